@@ -1,0 +1,32 @@
+# Two commands do all the set-up on a fresh machine: `make run` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# Keep PoCL's and pyopencl's caches out of the user's home during tests.
+TEST_ENV := POCL_CACHE_DIR=$(CURDIR)/.pytest_cache/pocl XDG_CACHE_HOME=$(CURDIR)/.pytest_cache/xdg
+
+.PHONY: run test bench lint clean setup
+
+setup: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev,opencl,cuda,metal]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/tgc run kernels/softmax.tg --random -D N=4 -D D=8
+
+test: $(STAMP)
+	$(TEST_ENV) $(BIN)/python -m pytest -n 2 -q
+
+bench: $(STAMP)
+	$(BIN)/python bench/bench.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,31 @@
+"""tgc: a command-line kernel compiler and runner for small tensor-expression (`.tg`) files.
+
+The Python API: `tgc.load(path)` / `tgc.loads(text)` give a `Program`; `Program.run(...)` executes it
+and `Program.compile(...)` returns its kernels. Heavy modules are imported on first use.
+"""
+
+from tgc.errors import TgcError
+
+__version__ = "0.1.0"
+
+
+def load(path: str):
+    """Parse a `.tg` file into a Program (raises TgcError on a bad file)."""
+    from tgc.api import load as _load
+    return _load(path)
+
+
+def loads(source: str, filename: str = "<string>"):
+    """Parse `.tg` source text into a Program."""
+    from tgc.api import loads as _loads
+    return _loads(source, filename)
+
+
+def __getattr__(name: str):
+    if name in ("Program", "Kernel"):
+        import tgc.api
+        return getattr(tgc.api, name)
+    raise AttributeError(name)
+
+
+__all__ = ["load", "loads", "TgcError", "__version__"]

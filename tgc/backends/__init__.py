@@ -1,0 +1,72 @@
+"""The device registry: a name like `CPU`, `CL:1` or `REMOTE` to a `Device` instance.
+
+Built-in backends are imported only when first used (start-up time matters). Third-party
+packages add one through the entry-point group `tgc.backends`: `NAME = module:DeviceClass`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from functools import cache
+
+from tgc.errors import TgcError
+
+# registry name -> "module:Class"
+BUILTIN = {
+    "CPU": "tgc.backends.cpu:CPUDevice",
+    "OPENCL": "tgc.backends.opencl:OpenCLDevice",
+    "CUDA": "tgc.backends.cuda:CUDADevice",
+    "METAL": "tgc.backends.metal:MetalDevice",
+    "PYTHON": "tgc.backends.python:PythonDevice",
+    "REMOTE": "tgc.backends.remote.client:RemoteDevice",
+}
+ALIASES = {"LLVM": "CPU", "CL": "OPENCL"}
+
+
+@cache
+def _entry_points() -> dict[str, str]:
+    from importlib.metadata import entry_points
+    try:
+        return {ep.name.upper(): ep.value for ep in entry_points(group="tgc.backends")}
+    except Exception:  # a broken third-party package must not break tgc
+        return {}
+
+
+def known_kinds() -> dict[str, str]:
+    return {**BUILTIN, **{k: v for k, v in _entry_points().items() if k not in BUILTIN}}
+
+
+def canonical(name: str) -> tuple[str, int]:
+    """`"cl:1"` -> `("OPENCL", 1)`; raises a user error with a did-you-mean for unknown names."""
+    kind, _, idx = name.strip().upper().partition(":")
+    kind = ALIASES.get(kind, kind)
+    kinds = known_kinds()
+    if kind not in kinds:
+        close = difflib.get_close_matches(kind, list(kinds) + list(ALIASES), n=1)
+        raise TgcError(f"unknown device '{name}'", hint=f"did you mean '{close[0]}'?" if close else
+                       "known devices: " + ", ".join(sorted(kinds)))
+    if idx and not idx.isdigit():
+        raise TgcError(f"bad device index in '{name}'", hint="write NAME:i, e.g. CPU:1")
+    return kind, int(idx or 0)
+
+
+def device_class(kind: str) -> type:
+    mod, _, cls = known_kinds()[kind].partition(":")
+    return getattr(importlib.import_module(mod), cls)
+
+
+_instances: dict[tuple[str, int], object] = {}
+
+
+def get_device(name: str):
+    """The (cached) device instance for a name such as `CPU`, `OPENCL:0`."""
+    key = canonical(name)
+    if key not in _instances:
+        _instances[key] = device_class(key[0])(key[1])
+    return _instances[key]
+
+
+def default_device() -> str:
+    import os
+    return os.environ.get("TGC_DEVICE", "CPU")

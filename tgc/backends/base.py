@@ -1,0 +1,157 @@
+"""The device surface every backend offers.
+
+A backend is one module that defines a `Device` subclass. Its parts:
+
+- `renderer`: turns a kernel's linear UOps into source text (`Renderer.render(name, uops) -> str`);
+- `compiler`: source text to bytes (`Compiler.compile(src) -> bytes`), or None where this machine
+  cannot compile for the device (then `compile_error` says why);
+- `allocator`: `alloc(nbytes) -> handle`, `free(handle, nbytes)`, `copyin(handle, memoryview)`,
+  `copyout(memoryview, handle)`;
+- `program(name, lib) -> Program`: a loaded binary; calling it launches the kernel.
+
+Launch convention, shared by every backend and by REMOTE:
+`prog(*handles, global_size=(x, y, z), local_size=(x, y, z) | None, vals=(ints...), wait=False)`.
+Buffers come in the order of the kernel's DEFINE_GLOBAL indices, `vals` in the order of its DEFINE_VARs.
+With `wait=True` the call blocks until the kernel is done and returns its time in seconds.
+On the CPU, `global_size[0]` is the number of threads; each gets its thread index as the first val
+(`core_id`), and the kernel splits its outer loop by that index.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Any
+
+from tgc.errors import DeviceError
+
+
+class Allocator:
+    """Device memory. Subclasses implement `_alloc`/`_free`; `LRUAllocator` adds reuse."""
+
+    def alloc(self, nbytes: int) -> Any:
+        return self._alloc(nbytes)
+
+    def free(self, handle: Any, nbytes: int) -> None:
+        self._free(handle, nbytes)
+
+    def _alloc(self, nbytes: int) -> Any:
+        raise NotImplementedError
+
+    def _free(self, handle: Any, nbytes: int) -> None:
+        pass
+
+    def copyin(self, handle: Any, src: memoryview) -> None:
+        raise NotImplementedError
+
+    def copyout(self, dest: memoryview, handle: Any) -> None:
+        raise NotImplementedError
+
+
+class LRUAllocator(Allocator):
+    """Keeps freed buffers by size and hands them out again, so a second run allocates nothing new.
+
+    `allocations` counts real device allocations (the tests read it).
+    """
+
+    def __init__(self) -> None:
+        self.cached: dict[int, list[Any]] = defaultdict(list)
+        self.allocations = 0
+
+    def alloc(self, nbytes: int) -> Any:
+        if self.cached[nbytes]:
+            return self.cached[nbytes].pop()
+        self.allocations += 1
+        try:
+            return self._alloc(nbytes)
+        except MemoryError:
+            self.free_cache()
+            return self._alloc(nbytes)
+
+    def free(self, handle: Any, nbytes: int) -> None:
+        self.cached[nbytes].append(handle)
+
+    def free_cache(self) -> None:
+        for nbytes, handles in self.cached.items():
+            for h in handles:
+                self._free(h, nbytes)
+        self.cached.clear()
+
+
+class Compiler:
+    """Source text to bytes. `name` and `version` go into the disk-cache key."""
+
+    name = "none"
+    version = "0"
+
+    def compile(self, src: str) -> bytes:
+        raise NotImplementedError
+
+    def disassemble(self, lib: bytes) -> str:
+        """Human-readable assembly of a compiled binary (for `--emit asm`)."""
+        raise NotImplementedError
+
+    @property
+    def cache_key(self) -> str:
+        return f"{self.name}-{self.version}"
+
+
+class Program:
+    """A compiled kernel loaded on a device."""
+
+    def __init__(self, device: Device, name: str, lib: bytes):
+        self.device, self.name, self.lib = device, name, lib
+
+    def __call__(self, *bufs: Any, global_size: tuple[int, ...] = (1, 1, 1),
+                 local_size: tuple[int, ...] | None = None, vals: tuple[int, ...] = (),
+                 wait: bool = False) -> float | None:
+        raise NotImplementedError
+
+
+class Device:
+    """One device instance, e.g. `CPU:0`. Subclasses set the class attributes and override what differs."""
+
+    kind = "NONE"  # the registry name, e.g. "CPU"
+    renderer: Any = None
+    compiler: Compiler | None = None
+    allocator: Allocator
+    # Launch shape: "cpu" (threads over the outer loop) or "gpu" (global/local grid).
+    launch_style = "cpu"
+
+    def __init__(self, index: int = 0):
+        self.index = index
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}:{self.index}" if self.index else self.kind
+
+    @classmethod
+    def probe(cls) -> tuple[bool, str]:
+        """(can it run here, why not). Cheap: no heavy imports beyond what the probe needs."""
+        return True, ""
+
+    @property
+    def compile_error(self) -> str | None:
+        """Why this machine cannot compile for the device, or None."""
+        return None
+
+    def program(self, name: str, lib: bytes) -> Program:
+        raise NotImplementedError
+
+    def synchronize(self) -> None:
+        pass
+
+    def info(self) -> dict[str, Any]:
+        """Facts for `tgc devices`: versions, peak figures where known."""
+        return {}
+
+
+def timed(fn, *args, **kwargs) -> float:
+    st = time.perf_counter()
+    fn(*args, **kwargs)
+    return time.perf_counter() - st
+
+
+def require(ok: bool, msg: str) -> None:
+    if not ok:
+        raise DeviceError(msg)

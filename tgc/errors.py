@@ -1,0 +1,58 @@
+"""The one exception type users see, with source positions for `.tg` errors."""
+
+from __future__ import annotations
+
+
+class TgcError(Exception):
+    """An error a user can act on.
+
+    `kind` is "user" (bad input: exit 2) or "runtime" (compile or device failure: exit 1).
+    Source errors carry `file`, `line`, `col` (1-based), `end_col` and the source `text` of that line,
+    so `format()` can print a clang-style diagnostic with carets under the span.
+    """
+
+    def __init__(self, msg: str, *, line: int | None = None, col: int | None = None, end_col: int | None = None,
+                 file: str | None = None, text: str | None = None, hint: str | None = None, kind: str = "user"):
+        super().__init__(msg)
+        self.msg, self.line, self.col, self.end_col = msg, line, col, end_col
+        self.file, self.text, self.hint, self.kind = file, text, hint, kind
+
+    @property
+    def exit_code(self) -> int:
+        return 2 if self.kind == "user" else 1
+
+    def format(self) -> str:
+        """`file:line:col: error: msg`, the source line, carets under the span, and a `help:` line."""
+        where = self.file or "<input>"
+        if self.line is None:
+            head = f"error: {self.msg}" if self.file is None else f"{where}: error: {self.msg}"
+            return head + (f"\n  help: {self.hint}" if self.hint else "")
+        out = [f"{where}:{self.line}:{self.col}: error: {self.msg}"]
+        if self.text is not None:
+            out.append("    " + self.text.rstrip("\n"))
+            start = max((self.col or 1) - 1, 0)
+            end = self.end_col if self.end_col and self.end_col > start + 1 else start + 1
+            end = min(end, max(len(self.text.rstrip()), start + 1))
+            out.append("    " + " " * start + "^" + "~" * (end - start - 1))
+        if self.hint:
+            out.append(f"  help: {self.hint}")
+        return "\n".join(out)
+
+    def __str__(self) -> str:
+        return self.format() if self.line is not None else self.msg
+
+
+class CompileError(TgcError):
+    """A backend compiler rejected a kernel (exit 1)."""
+
+    def __init__(self, msg: str, **kw):
+        kw.setdefault("kind", "runtime")
+        super().__init__(msg, **kw)
+
+
+class DeviceError(TgcError):
+    """A device is missing, unreachable or failed while running (exit 1)."""
+
+    def __init__(self, msg: str, **kw):
+        kw.setdefault("kind", "runtime")
+        super().__init__(msg, **kw)
