@@ -1,0 +1,414 @@
+"""The on-disk cache of compiled binaries and BEAM results.
+
+One SQLite file, `cache.db`, in `cache_dir()`. It holds one SQL table whose rows are grouped by a
+namespace, also called "table" in this API: `compile` (compiled binaries) and `beam` (JSON text of
+the chosen optimizations, stored as bytes). Values are always raw bytes, never pickles.
+
+The cache is an optimization, so it must never break a run. Any problem with the database (a corrupt
+file, a lock held too long by another process, an unwritable or missing directory) turns the cache
+off for the rest of the process: `get` returns None, `put` does nothing, and one warning goes to
+stderr. A corrupt file is left where it is; only an explicit `clear()` deletes it.
+
+Several processes may fill the cache at once: the database uses WAL journaling, a busy timeout, and
+one short autocommit transaction per call. One connection per process, opened lazily, shared by
+threads under a lock, and re-opened after a fork.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import os
+import re
+import sqlite3
+import sys
+import threading
+import time
+from pathlib import Path, PurePath
+from typing import Any
+
+__all__ = [
+    "TABLES", "busy_timeout_s", "cache_dir", "clear", "counters", "db_path", "enabled", "entries", "get",
+    "make_key", "put", "stats",
+]
+
+DB_NAME = "cache.db"
+TABLES = ("compile", "beam")  # the namespaces tgc uses; stats() always lists these
+KEY_PREFIX_LEN = 16  # how much of a key `entries()` shows
+
+# Seconds a call waits for another process's lock before giving up on the cache. Tests lower it.
+busy_timeout_s = 5.0
+
+# Counted in this process since import (or since `_reset_for_tests()`). A get returning None is a miss.
+counters = {"hits": 0, "misses": 0, "puts": 0}
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS cache (
+    tbl     TEXT NOT NULL,
+    key     TEXT NOT NULL,
+    value   BLOB NOT NULL,
+    meta    TEXT NOT NULL DEFAULT '',
+    created REAL NOT NULL,
+    PRIMARY KEY (tbl, key)
+)
+"""
+_TABLE_NAME = re.compile(r"[a-z][a-z0-9_]*")
+# Files SQLite may keep next to the database.
+_SIDE_SUFFIXES = ("-wal", "-shm", "-journal")
+
+# Module state, guarded by _lock.
+_lock = threading.RLock()
+_conn: sqlite3.Connection | None = None
+_conn_path: Path | None = None
+_conn_pid: int | None = None
+_broken_path: Path | None = None  # the database that failed; no cache for it in this process
+_warned = False
+# Connections inherited through fork. Closing them in the child could disturb the parent's locks, and
+# letting them be garbage-collected closes them, so they are kept here and never used.
+_abandoned: list[sqlite3.Connection] = []
+
+
+# ---------------------------------------------------------------------------------------------- paths
+
+
+def cache_dir() -> Path:
+    """`TGC_CACHE_DIR`, else `$XDG_CACHE_HOME/tgc`, else `~/.cache/tgc`. Read on every call; never created here."""
+    explicit = os.environ.get("TGC_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg and os.path.isabs(xdg):  # the XDG spec says to ignore relative paths
+        return Path(xdg) / "tgc"
+    return Path.home() / ".cache" / "tgc"
+
+
+def db_path() -> Path:
+    return cache_dir() / DB_NAME
+
+
+def enabled() -> bool:
+    """False when `DISABLE_COMPILER_CACHE` is set to anything but "" or "0". Only the `compile` table obeys it."""
+    return os.environ.get("DISABLE_COMPILER_CACHE", "") in ("", "0")
+
+
+# ------------------------------------------------------------------------------------------------ keys
+
+
+def _encodable(value: Any) -> Any:
+    """A JSON-able form of `value` in which every item carries its type, so that 1, "1", b"1" and
+    ("ab", "c") vs ("a", "bc") all encode differently."""
+    if value is None:
+        return ["none"]
+    if isinstance(value, bool):  # before int: bool is a subclass of int
+        return ["bool", value]
+    if isinstance(value, enum.Enum):
+        return ["enum", type(value).__qualname__, value.name]
+    if isinstance(value, int):
+        return ["int", value]
+    if isinstance(value, float):
+        return ["float", repr(value)]
+    if isinstance(value, str):
+        return ["str", value]
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return ["bytes", bytes(value).hex()]
+    if isinstance(value, PurePath):
+        return ["path", str(value)]
+    if isinstance(value, (list, tuple)):
+        return ["seq", [_encodable(v) for v in value]]
+    if isinstance(value, (set, frozenset)):
+        return ["set", sorted((_encodable(v) for v in value), key=_stable_text)]
+    if isinstance(value, dict):
+        items = [[_encodable(k), _encodable(v)] for k, v in value.items()]
+        return ["dict", sorted(items, key=lambda kv: _stable_text(kv[0]))]
+    raise TypeError(f"make_key: cannot encode {type(value).__name__!r} stably; pass a str instead")
+
+
+def _stable_text(encoded: Any) -> str:
+    return json.dumps(encoded, separators=(",", ":"), ensure_ascii=True)
+
+
+def make_key(*parts: object) -> str:
+    """sha256 hex digest of a stable text encoding of `parts` (the same in every process and version of Python).
+
+    Pass everything that changes the cached result: device, compiler name and version, flags, tgc
+    version, source. Supported: None, bool, int, float, str, bytes, enums, paths, and lists, tuples
+    (treated alike), sets and dicts of these.
+    """
+    return hashlib.sha256(_stable_text(_encodable(list(parts))).encode("ascii")).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------- connection
+
+
+def _warn_once(message: str) -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        sys.stderr.write(f"tgc: warning: {message}; continuing without the on-disk cache\n")
+        sys.stderr.flush()
+
+
+def _describe(path: Path, error: BaseException) -> str:
+    """The warning text for `error`, with the fix the user can apply."""
+    if isinstance(error, sqlite3.OperationalError) and "locked" in str(error):
+        return f"the cache database {path} is locked by another process ({error})"
+    if _is_corrupt(error):
+        return (f"the cache database {path} is corrupt ({error}); it was left in place, "
+                f"run `tgc cache clear` or delete the file to fix it")
+    return f"cannot use the cache database {path} ({error}); set TGC_CACHE_DIR to a writable directory"
+
+
+def _is_corrupt(error: BaseException) -> bool:
+    return isinstance(error, sqlite3.DatabaseError) and not isinstance(error, sqlite3.OperationalError)
+
+
+def _open(path: Path) -> sqlite3.Connection:
+    """Create the directory and the schema if needed. Raises on any problem."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # isolation_level=None: autocommit, so each statement is its own short transaction.
+    conn = sqlite3.connect(str(path), timeout=busy_timeout_s, isolation_level=None, check_same_thread=False)
+    try:
+        _set_up(conn)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _set_up(conn: sqlite3.Connection) -> None:
+    """Switch to WAL and create the schema, retrying while other processes do the same.
+
+    When several processes open a new database at once, switching the journal mode can fail with
+    "database is locked" at once, without waiting for the busy timeout (SQLite refuses to wait where
+    two connections could deadlock). So retry until the busy timeout has passed.
+    """
+    deadline = time.monotonic() + busy_timeout_s
+    while True:
+        try:
+            if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                conn.execute("PRAGMA journal_mode=WAL")  # persistent: stored in the file
+            conn.execute("PRAGMA synchronous=NORMAL")  # safe with WAL; losing the last entries on power loss is fine
+            conn.execute(_SCHEMA)
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
+def _drop_connection() -> None:
+    """Forget the current connection: close it if this process opened it, else abandon it (after a fork)."""
+    global _conn, _conn_path, _conn_pid
+    if _conn is not None:
+        if _conn_pid == os.getpid():
+            try:
+                _conn.close()
+            except sqlite3.Error:
+                pass
+        else:
+            _abandoned.append(_conn)
+    _conn, _conn_path, _conn_pid = None, None, None
+
+
+def _fail(path: Path, error: BaseException) -> None:
+    """Turn the cache at `path` off for this process and warn (once)."""
+    global _broken_path
+    _drop_connection()
+    _broken_path = path
+    _warn_once(_describe(path, error))
+
+
+def _connection() -> tuple[sqlite3.Connection, Path] | None:
+    """The open connection for the current `db_path()`, or None when the cache is unusable. Call with _lock held."""
+    try:
+        path = db_path()
+    except RuntimeError as error:  # Path.home() fails when HOME is unset and the user has no passwd entry
+        _warn_once(f"cannot find a cache directory ({error}); set TGC_CACHE_DIR")
+        return None
+    if _conn is not None and _conn_pid == os.getpid() and _conn_path == path:
+        return _conn, path
+    _drop_connection()
+    if path == _broken_path:
+        return None
+    try:
+        conn = _open(path)
+    except (sqlite3.Error, OSError, ValueError) as error:  # ValueError: a NUL byte in the path
+        _fail(path, error)
+        return None
+    _adopt(conn, path)
+    return conn, path
+
+
+def _adopt(conn: sqlite3.Connection, path: Path) -> None:
+    """Make `conn` (just opened on `path`) this process's connection."""
+    global _conn, _conn_path, _conn_pid
+    _conn, _conn_path, _conn_pid = conn, path, os.getpid()
+
+
+def _run(query: str, params: tuple = ()) -> list[tuple] | None:
+    """Run one statement and fetch its rows; None when the cache is unusable (after warning once)."""
+    with _lock:
+        opened = _connection()
+        if opened is None:
+            return None
+        conn, path = opened
+        try:
+            return conn.execute(query, params).fetchall()
+        except (sqlite3.Error, OSError) as error:
+            _fail(path, error)
+            return None
+
+
+def _check_table(table: str) -> None:
+    if not isinstance(table, str) or not _TABLE_NAME.fullmatch(table):
+        raise ValueError(f"bad cache table name {table!r}: use lowercase letters, digits and _")
+
+
+def _skipped(table: str) -> bool:
+    return table == "compile" and not enabled()
+
+
+# ------------------------------------------------------------------------------------------------- API
+
+
+def get(table: str, key: str) -> bytes | None:
+    """The bytes stored under `key` in `table`, or None (not stored, cache disabled, or cache unusable)."""
+    _check_table(table)
+    rows = None if _skipped(table) else _run("SELECT value FROM cache WHERE tbl = ? AND key = ?", (table, key))
+    with _lock:
+        if rows:
+            counters["hits"] += 1
+            return bytes(rows[0][0])
+        counters["misses"] += 1
+        return None
+
+
+def put(table: str, key: str, value: bytes, meta: str = "") -> None:
+    """Store `value` under `key` in `table`, replacing what was there. `meta` is a short description for
+    `tgc cache list`, e.g. kernel name and device. Does nothing when the cache is disabled or unusable."""
+    _check_table(table)
+    if not isinstance(value, (bytes, bytearray, memoryview)):
+        raise TypeError(f"cache values are bytes, got {type(value).__name__}")
+    if _skipped(table):
+        return
+    rows = _run("INSERT OR REPLACE INTO cache (tbl, key, value, meta, created) VALUES (?, ?, ?, ?, ?)",
+                (table, key, bytes(value), meta, time.time()))
+    if rows is not None:
+        with _lock:
+            counters["puts"] += 1
+
+
+def _disk_size(path: Path) -> int:
+    """Bytes used by the database and its WAL files."""
+    total = 0
+    for candidate in (path, *(Path(str(path) + suffix) for suffix in _SIDE_SUFFIXES)):
+        try:
+            total += candidate.stat().st_size
+        except OSError:
+            pass
+    return total
+
+
+def stats() -> dict[str, Any]:
+    """`path`, `size` (bytes on disk), `entries` ({table: count}, always with `compile` and `beam`),
+    `available` (False when the database is unusable), `enabled` (see `enabled()`), and this process's
+    `hits`, `misses` and `puts`."""
+    rows = _run("SELECT tbl, COUNT(*) FROM cache GROUP BY tbl ORDER BY tbl")
+    counts = dict.fromkeys(TABLES, 0)
+    counts.update({table: count for table, count in rows or []})
+    try:
+        path = db_path()
+    except RuntimeError:
+        path = Path(DB_NAME)
+    with _lock:
+        hits, misses, puts = counters["hits"], counters["misses"], counters["puts"]
+    return {"path": str(path), "size": _disk_size(path), "entries": counts, "available": rows is not None,
+            "enabled": enabled(), "hits": hits, "misses": misses, "puts": puts}
+
+
+def entries(table: str | None = None) -> list[dict[str, Any]]:
+    """One dict per stored value, newest first: `table`, `key` (the first 16 hex digits), `meta`,
+    `size` (bytes of the value) and `created` (Unix time). Empty when the cache is unusable."""
+    query = "SELECT tbl, key, meta, length(value), created FROM cache"
+    params: tuple = ()
+    if table is not None:
+        _check_table(table)
+        query, params = query + " WHERE tbl = ?", (table,)
+    rows = _run(query + " ORDER BY created DESC, tbl, key", params) or []
+    return [{"table": tbl, "key": key[:KEY_PREFIX_LEN], "meta": meta, "size": size, "created": created}
+            for tbl, key, meta, size, created in rows]
+
+
+def _delete_database(path: Path) -> None:
+    for candidate in (path, *(Path(str(path) + suffix) for suffix in _SIDE_SUFFIXES)):
+        try:
+            candidate.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def clear(table: str | None = None) -> int:
+    """Remove the entries of `table` (every table when None) and return how many went.
+
+    The user asked for this explicitly, so a corrupt database file is deleted and recreated (returning
+    0: its entries cannot be counted). Other problems warn once and return 0.
+    """
+    global _broken_path
+    if table is not None:
+        _check_table(table)
+    with _lock:
+        try:
+            path = db_path()
+        except RuntimeError as error:
+            _warn_once(f"cannot find a cache directory ({error}); set TGC_CACHE_DIR")
+            return 0
+        _drop_connection()
+        _broken_path = None  # try again: clearing may be what fixes it
+        try:
+            conn = _open(path)
+        except (sqlite3.Error, OSError, ValueError) as error:
+            if not _is_corrupt(error):
+                _fail(path, error)
+                return 0
+            try:
+                _delete_database(path)
+                _adopt(_open(path), path)
+            except (sqlite3.Error, OSError) as second_error:
+                _fail(path, second_error)
+            return 0
+        _adopt(conn, path)
+        try:
+            if table is None:
+                cursor = conn.execute("DELETE FROM cache")
+            else:
+                cursor = conn.execute("DELETE FROM cache WHERE tbl = ?", (table,))
+            return cursor.rowcount
+        except (sqlite3.Error, OSError) as error:
+            _fail(path, error)
+            return 0
+
+
+# ---------------------------------------------------------------------------------------- process state
+
+
+def _after_fork_in_child() -> None:
+    """A fork may happen while another thread holds the lock or uses the connection: start afresh."""
+    global _lock
+    _lock = threading.RLock()
+    _drop_connection()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _reset_for_tests() -> None:
+    """Close the connection and forget the warning, the broken database and the counters."""
+    global _broken_path, _warned
+    with _lock:
+        _drop_connection()
+        _broken_path = None
+        _warned = False
+        for name in counters:
+            counters[name] = 0
