@@ -1,0 +1,325 @@
+"""The OpenCL backend on whatever OpenCL device is here (PoCL on the CPU in CI), with hand-written kernels.
+
+PoCL and pyopencl write caches under `~/.cache`; this module points `POCL_CACHE_DIR` and `XDG_CACHE_HOME` at a
+temporary directory before pyopencl is first imported (the Makefile sets them too).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+if "POCL_CACHE_DIR" not in os.environ or "XDG_CACHE_HOME" not in os.environ:
+    _cache_root = tempfile.mkdtemp(prefix="tgc-test-opencl-")
+    atexit.register(shutil.rmtree, _cache_root, ignore_errors=True)
+    os.environ.setdefault("POCL_CACHE_DIR", os.path.join(_cache_root, "pocl"))
+    os.environ.setdefault("XDG_CACHE_HOME", os.path.join(_cache_root, "xdg"))
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from tgc.backends.opencl import OpenCLDevice  # noqa: E402
+from tgc.errors import CompileError, DeviceError, TgcError  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+AVAILABLE, WHY_NOT = OpenCLDevice.probe()
+needs_opencl = pytest.mark.skipif(not AVAILABLE, reason=f"no OpenCL here: {WHY_NOT}")
+
+ADD_SRC = """
+__kernel void add(__global float* out, __global const float* a, __global const float* b, int n) {
+  int i = get_global_id(0);
+  if (i < n) out[i] = a[i] + b[i];
+}
+"""
+
+HALF_SRC = """
+__kernel void scale_half(__global half* out, __global const half* a, int k) {
+  int i = get_global_id(0);
+  vstore_half(vload_half(i, a) * k, i, out);
+}
+"""
+
+# One partial sum per work-group of 64 items, through local memory and barriers.
+REDUCE_SRC = """
+__kernel void partial_sum(__global float* out, __global const float* a) {
+  __local float scratch[64];
+  int lid = get_local_id(0);
+  scratch[lid] = a[get_global_id(0)];
+  barrier(CLK_LOCAL_MEM_FENCE);
+  for (int stride = 32; stride > 0; stride >>= 1) {
+    if (lid < stride) scratch[lid] += scratch[lid + stride];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  if (lid == 0) out[get_group_id(0)] = scratch[0];
+}
+"""
+
+AFFINE2D_SRC = """
+__kernel void affine2d(__global int* out, int width, int mul, int add) {
+  int x = get_global_id(0), y = get_global_id(1);
+  out[y * width + x] = (y * width + x) * mul + add;
+}
+"""
+
+
+def env_for_subprocess(**extra: str) -> dict[str, str]:
+    env = {**os.environ, **extra}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    return env
+
+
+@pytest.fixture(scope="module")
+def dev() -> OpenCLDevice:
+    if not AVAILABLE:
+        pytest.skip(f"no OpenCL here: {WHY_NOT}")
+    return OpenCLDevice(0)
+
+
+def upload(dev: OpenCLDevice, arr: np.ndarray):
+    buf = dev.allocator.alloc(arr.nbytes)
+    dev.allocator.copyin(buf, memoryview(np.ascontiguousarray(arr)))
+    return buf
+
+
+def download(dev: OpenCLDevice, buf, shape, dtype) -> np.ndarray:
+    out = np.empty(shape, dtype=dtype)
+    dev.allocator.copyout(memoryview(out), buf)
+    return out
+
+
+def run_add(dev: OpenCLDevice, lib: bytes, n: int, **launch) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(n)
+    a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    out = dev.allocator.alloc(4 * n)
+    dev.program("add", lib)(out, upload(dev, a), upload(dev, b), vals=(n,), wait=True, **launch)
+    return download(dev, out, n, np.float32), a + b
+
+
+# --- no pyopencl / no platform -------------------------------------------------------------------------------------
+
+
+def test_module_import_does_not_import_pyopencl():
+    code = "import sys, tgc.backends.opencl; print('pyopencl' in sys.modules)"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env_for_subprocess())
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "False"
+
+
+def test_probe_without_pyopencl_says_how_to_install():
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["pyopencl"] = None  # makes `import pyopencl` raise ImportError
+        from tgc.backends.opencl import OpenCLDevice
+        ok, why = OpenCLDevice.probe()
+        print(ok); print(why)
+    """)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env_for_subprocess())
+    assert res.returncode == 0, res.stderr
+    ok, why = res.stdout.split("\n", 1)
+    assert ok == "False"
+    assert "pyopencl is not installed" in why and "pip install 'tgc[opencl]'" in why
+
+
+@needs_opencl
+def test_probe_without_platform(tmp_path):
+    # The ICD loader bundled with the pyopencl wheel falls back to its own PoCL when the vendors dir is empty,
+    # but a vendors path that does not exist leaves it with no platform at all.
+    code = "from tgc.backends.opencl import OpenCLDevice; ok, why = OpenCLDevice.probe(); print(ok); print(why)"
+    env = env_for_subprocess(OCL_ICD_VENDORS=str(tmp_path / "no-such-vendors-dir"))
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert res.returncode == 0, res.stderr
+    ok, why = res.stdout.split("\n", 1)
+    if ok == "True":
+        pytest.skip("this OpenCL loader ignores OCL_ICD_VENDORS; cannot simulate a machine without a platform")
+    assert "no OpenCL platform found" in why or "no OpenCL device found" in why
+    assert "pip install" in why
+
+
+@needs_opencl
+def test_device_index_out_of_range():
+    with pytest.raises(DeviceError, match="no OpenCL device 999"):
+        OpenCLDevice(999)
+
+
+# --- device facts ----------------------------------------------------------------------------------------------------
+
+
+def test_device_facts(dev):
+    info = dev.info()
+    for key in ("platform", "device", "driver_version", "opencl_c_version", "compute_units", "max_work_group_size",
+                "local_mem_size", "fp16", "fp64"):
+        assert key in info, key
+    assert info["compute_units"] >= 1 and info["max_work_group_size"] >= 1
+    assert info["opencl_c_version"].startswith("OpenCL C")
+    assert (dev.kind, dev.launch_style, dev.renderer) == ("OPENCL", "gpu", None)
+    assert dev.compiler.name == "opencl-" + info["platform"]
+    assert info["driver_version"] in dev.compiler.version and info["opencl_c_version"] in dev.compiler.version
+    assert dev.has_fp16 == info["fp16"] and dev.has_fp64 == info["fp64"]
+
+
+def test_fp16_flag_matches_what_the_compiler_accepts(dev):
+    # Arithmetic straight on `half` pointers only builds with cl_khr_fp16, which is what has_fp16 reports.
+    src = ("#pragma OPENCL EXTENSION cl_khr_fp16 : enable\n"
+           "__kernel void h(__global half* a) { a[0] = a[1] * a[2]; }")
+    if dev.has_fp16:
+        dev.compiler.compile(src)
+    else:
+        with pytest.raises(CompileError):
+            dev.compiler.compile(src)
+
+
+# --- compile and run -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 1000, 4096])
+def test_add_groups_times_local(dev, n):
+    lib = dev.compiler.compile(ADD_SRC)
+    assert isinstance(lib, bytes) and lib
+    got, want = run_add(dev, lib, n, global_size=(-(-n // 64), 1, 1), local_size=(64, 1, 1))
+    np.testing.assert_array_equal(got, want)
+
+
+def test_add_with_runtime_local_size(dev):
+    n = 777
+    got, want = run_add(dev, dev.compiler.compile(ADD_SRC), n, global_size=(n, 1, 1), local_size=None)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_int_vals_and_2d_grid(dev):
+    # 3 x 2 groups of 4 x 8 items: global range 12 x 16, so the launch must multiply groups by local size.
+    width, height = 12, 16
+    out = dev.allocator.alloc(4 * width * height)
+    prg = dev.program("affine2d", dev.compiler.compile(AFFINE2D_SRC))
+    prg(out, global_size=(3, 2, 1), local_size=(4, 8, 1), vals=(width, 3, -5), wait=True)
+    got = download(dev, out, (height, width), np.int32)
+    np.testing.assert_array_equal(got, np.arange(width * height, dtype=np.int32).reshape(height, width) * 3 - 5)
+
+
+def test_wait_returns_seconds_and_no_wait_returns_none(dev):
+    lib = dev.compiler.compile(ADD_SRC)
+    prg = dev.program("add", lib)
+    n = 256
+    bufs = [dev.allocator.alloc(4 * n) for _ in range(3)]
+    assert prg(*bufs, global_size=(4, 1, 1), local_size=(64, 1, 1), vals=(n,)) is None
+    dev.synchronize()
+    elapsed = prg(*bufs, global_size=(4, 1, 1), local_size=(64, 1, 1), vals=(n,), wait=True)
+    assert isinstance(elapsed, float) and elapsed >= 0
+
+
+def test_half_storage_with_vload_vstore(dev):
+    a = np.linspace(-4, 4, 300).astype(np.float16)
+    out = dev.allocator.alloc(a.nbytes)
+    prg = dev.program("scale_half", dev.compiler.compile(HALF_SRC))
+    prg(out, upload(dev, a), global_size=(a.size, 1, 1), local_size=None, vals=(3,), wait=True)
+    got = download(dev, out, a.shape, np.float16)
+    np.testing.assert_array_equal(got, (a.astype(np.float32) * 3).astype(np.float16))
+
+
+def test_local_memory_reduction(dev):
+    groups = 37
+    a = np.random.default_rng(0).integers(-100, 100, size=64 * groups).astype(np.float32)
+    out = dev.allocator.alloc(4 * groups)
+    prg = dev.program("partial_sum", dev.compiler.compile(REDUCE_SRC))
+    prg(out, upload(dev, a), global_size=(groups, 1, 1), local_size=(64, 1, 1), wait=True)
+    got = download(dev, out, groups, np.float32)
+    np.testing.assert_array_equal(got, a.reshape(groups, 64).sum(axis=1))  # small integers: exact in f32
+
+
+# --- binaries --------------------------------------------------------------------------------------------------------
+
+
+def test_binary_loads_in_another_device_instance(dev):
+    lib = dev.compiler.compile(ADD_SRC)
+    other = OpenCLDevice(0)  # a second context: the bytes alone must be enough
+    assert other.context is not dev.context
+    got, want = run_add(other, lib, 500, global_size=(8, 1, 1), local_size=(64, 1, 1))
+    np.testing.assert_array_equal(got, want)
+
+
+def test_binary_loads_in_another_process(dev, tmp_path):
+    (tmp_path / "add.bin").write_bytes(dev.compiler.compile(ADD_SRC))
+    code = textwrap.dedent(f"""
+        import numpy as np
+        from tgc.backends.opencl import OpenCLDevice
+        dev = OpenCLDevice(0)
+        lib = open({str(tmp_path / "add.bin")!r}, "rb").read()
+        n = 100
+        a = np.arange(n, dtype=np.float32); b = np.full(n, 0.5, dtype=np.float32)
+        bufs = [dev.allocator.alloc(4 * n) for _ in range(3)]
+        dev.allocator.copyin(bufs[1], memoryview(a)); dev.allocator.copyin(bufs[2], memoryview(b))
+        dev.program("add", lib)(*bufs, global_size=(2, 1, 1), local_size=(64, 1, 1), vals=(n,), wait=True)
+        out = np.empty(n, dtype=np.float32); dev.allocator.copyout(memoryview(out), bufs[0])
+        print(",".join(str(x) for x in out))
+    """)
+    # A fresh PoCL cache too, so the child cannot reuse what this process built.
+    env = env_for_subprocess(POCL_CACHE_DIR=str(tmp_path / "pocl"), XDG_CACHE_HOME=str(tmp_path / "xdg"))
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert res.returncode == 0, res.stderr
+    got = np.array([float(x) for x in res.stdout.strip().split(",")], dtype=np.float32)
+    np.testing.assert_array_equal(got, np.arange(100, dtype=np.float32) + 0.5)
+
+
+def test_disassemble_names_the_kernel(dev):
+    asm = dev.compiler.disassemble(dev.compiler.compile(ADD_SRC))
+    assert "add" in asm
+    if dev.info()["platform"] == "Portable Computing Language":
+        assert "define" in asm and "@add(" in asm  # LLVM IR from the bitcode inside the PoCL binary
+
+
+def test_missing_kernel_name(dev):
+    with pytest.raises(DeviceError, match="no kernel 'sub'.*add"):
+        dev.program("sub", dev.compiler.compile(ADD_SRC))
+
+
+def test_wrong_argument_count(dev):
+    prg = dev.program("add", dev.compiler.compile(ADD_SRC))
+    buf = dev.allocator.alloc(4)
+    with pytest.raises(DeviceError, match="takes 4 arguments"):
+        prg(buf, buf, vals=(1,))
+
+
+# --- errors and memory -----------------------------------------------------------------------------------------------
+
+
+def test_build_error_carries_the_log(dev):
+    src = "__kernel void bad(__global float* out) { out[0] = not_declared_anywhere; }"
+    with pytest.raises(CompileError) as info:
+        dev.compiler.compile(src)
+    assert "not_declared_anywhere" in str(info.value)
+    assert isinstance(info.value, TgcError) and info.value.exit_code == 1
+
+
+def test_allocator_reuses_freed_buffers():
+    if not AVAILABLE:
+        pytest.skip(f"no OpenCL here: {WHY_NOT}")
+    dev = OpenCLDevice(0)  # its own allocator, so the count starts at zero
+    alloc = dev.allocator
+    first = alloc.alloc(1024)
+    assert alloc.allocations == 1
+    alloc.free(first, 1024)
+    again = alloc.alloc(1024)
+    assert again is first and alloc.allocations == 1
+    alloc.alloc(2048)
+    assert alloc.allocations == 2
+    alloc.free(again, 1024)
+    alloc.free_cache()
+    assert alloc.alloc(1024) is not first and alloc.allocations == 3
+
+
+def test_zero_size_buffer(dev):
+    buf = dev.allocator.alloc(0)
+    empty = np.empty(0, dtype=np.float32)
+    dev.allocator.copyin(buf, memoryview(empty))
+    dev.allocator.copyout(memoryview(empty), buf)
+    dev.allocator.free(buf, 0)
+
+
+def test_copy_round_trip_keeps_bytes(dev):
+    a = np.random.default_rng(1).integers(0, 255, size=4099, dtype=np.uint8)
+    np.testing.assert_array_equal(download(dev, upload(dev, a), a.shape, np.uint8), a)
