@@ -1,0 +1,481 @@
+"""The CUDA backend: NVRTC (in-process, no GPU needed) compiles CUDA C to cubin; the driver API runs it.
+
+Compiling needs only the `cuda` extra (`nvidia-cuda-nvrtc` + `cuda-bindings`, both pinned to 13.0);
+running needs an NVIDIA GPU with its driver (`libcuda.so.1`). Nothing from `cuda.bindings` is imported
+until a compile or a launch needs it, so importing this module is cheap.
+
+Headers: the NVRTC wheel ships no CUDA headers (no `cuda_fp16.h`, `cuda_bf16.h`, not even `stdint.h`),
+so kernels must be self-contained. NVRTC still knows the device builtins (`threadIdx`, `__syncthreads`,
+`__shfl_*_sync`, `expf`, `__expf`, `__uint_as_float`, ...). Half and bf16 values are held as
+`unsigned short` bits and converted with inline PTX (`cvt.f32.f16`, `cvt.rn.f16.f32`, `cvt.rn.bf16.f32`;
+bf16 -> f32 is a 16-bit shift); `HALF_HELPERS` below is a ready-made set of such helpers.
+
+Launch convention (see `tgc.backends.base`): `global_size` is the grid in *blocks*, `local_size` the
+block in threads (as in `cuLaunchKernel`). Kernel parameters are the buffers' device pointers, then the
+`vals` as 32-bit ints.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import importlib.util
+import os
+import re
+from collections import OrderedDict
+from typing import Any
+
+from tgc.backends.base import Compiler, Device, LRUAllocator, Program
+from tgc.errors import CompileError, DeviceError
+
+INSTALL_HINT = "pip install 'tgc[cuda]'"
+DEFAULT_ARCH = "sm_90"
+
+# Half/bf16 helpers for header-free kernels (NVRTC has no cuda_fp16.h here): values travel as unsigned short.
+HALF_HELPERS = r"""
+__device__ __forceinline__ float tgc_half2float(unsigned short h) {
+  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+__device__ __forceinline__ unsigned short tgc_float2half(float f) {
+  unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+__device__ __forceinline__ float tgc_bf162float(unsigned short h) { return __uint_as_float(((unsigned int)h) << 16); }
+__device__ __forceinline__ unsigned short tgc_float2bf16(float f) {
+  unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+"""
+
+
+# ---------------------------------------------------------------- NVRTC (compile, no GPU needed)
+
+@functools.cache
+def _nvrtc() -> Any:
+    """The `cuda.bindings.nvrtc` module, imported on first use; CompileError when it is missing or broken."""
+    try:
+        from cuda.bindings import nvrtc
+        nvrtc.nvrtcVersion()  # proves that libnvrtc loads
+    except ImportError as e:
+        raise CompileError(f"NVRTC is not installed ({e})", hint=INSTALL_HINT) from None
+    except RuntimeError as e:  # cuda-bindings present, libnvrtc missing
+        raise CompileError(f"NVRTC could not be loaded ({e})", hint=INSTALL_HINT) from None
+    return nvrtc
+
+
+@functools.cache
+def nvrtc_error() -> str | None:
+    """Why NVRTC cannot be used here, or None when it can."""
+    try:
+        _nvrtc()
+    except CompileError as e:
+        return f"{e.msg}; install it with {INSTALL_HINT}"
+    return None
+
+
+@functools.cache
+def nvrtc_version() -> str:
+    """The NVRTC version, e.g. "13.0" (raises CompileError when NVRTC is missing)."""
+    err, major, minor = _nvrtc().nvrtcVersion()
+    return f"{major}.{minor}"
+
+
+def normalize_arch(arch: str) -> str:
+    """`"sm_90"`, `"90"`, `"9.0"`, `"compute_90"` -> `"sm_90"` (keeps an `a`/`f` suffix: `sm_90a`)."""
+    s = arch.strip().lower()
+    m = re.fullmatch(r"(?:sm_|compute_)?(\d+)\.?(\d)?([af]?)", s)
+    if not m:
+        raise CompileError(f"bad CUDA architecture '{arch}'", hint="write it like sm_90 (or 90, 9.0)")
+    major, minor, suffix = m.groups()
+    digits = major + minor if minor is not None else major
+    return f"sm_{digits}{suffix}"
+
+
+_KERNEL_NAME = re.compile(r"__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+(\w+)")
+
+
+class NVRTCCompiler(Compiler):
+    """CUDA C to cubin for one architecture, in-process with NVRTC.
+
+    `compile(src)` returns the cubin (an ELF file); `compile_ptx(src)` the PTX text. The PTX of every cubin
+    compiled in this process is remembered, so `disassemble(cubin)` returns it without recompiling.
+    """
+
+    name = "nvrtc"
+    # -default-device: functions without __device__/__host__ are device functions (helpers need no marks).
+    # No -use_fast_math: results must match numpy within DSL.md's tolerance; renderers use __expf etc. explicitly.
+    options: tuple[str, ...] = ("-default-device", "-std=c++17")
+    max_remembered_ptx = 512
+
+    def __init__(self, arch: str = DEFAULT_ARCH):
+        self.arch = normalize_arch(arch)
+        self._ptx: OrderedDict[bytes, str] = OrderedDict()
+        self.last_log = ""  # NVRTC's log (warnings) from the last successful compile
+
+    @property
+    def version(self) -> str:  # type: ignore[override]
+        return nvrtc_version()
+
+    @property
+    def cache_key(self) -> str:
+        return f"{self.name}-{self.version}-{self.arch}"
+
+    @property
+    def compute_arch(self) -> str:
+        return "compute_" + self.arch[3:]
+
+    def compile(self, src: str) -> bytes:
+        """CUDA C source to a cubin for `self.arch`; CompileError with NVRTC's log on failure."""
+        cubin, ptx = self._build(src, self.arch, want_cubin=True)
+        self._remember(cubin, ptx)
+        return cubin
+
+    def compile_ptx(self, src: str) -> str:
+        """CUDA C source to PTX text (virtual arch `compute_XX`)."""
+        return self._build(src, self.compute_arch, want_cubin=False)[1]
+
+    def ptx_for(self, src: str) -> str:
+        """The PTX of a source (what `--emit asm` prints)."""
+        return self.compile_ptx(src)
+
+    def disassemble(self, lib: bytes, src: str | None = None) -> str:
+        """The PTX behind a cubin from this process, else regenerated from `src` when given."""
+        if lib[:4] != b"\x7fELF":  # already PTX text
+            return lib.decode(errors="replace").rstrip("\0")
+        ptx = self._ptx.get(hashlib.sha256(lib).digest())
+        if ptx is not None:
+            return ptx
+        if src is not None:
+            return self.compile_ptx(src)
+        raise CompileError("the PTX of this cubin is unknown (it was not compiled in this process)",
+                           hint="pass the kernel source: disassemble(lib, src=...)")
+
+    def _remember(self, cubin: bytes, ptx: str) -> None:
+        self._ptx[hashlib.sha256(cubin).digest()] = ptx
+        while len(self._ptx) > self.max_remembered_ptx:
+            self._ptx.popitem(last=False)
+
+    def _build(self, src: str, arch: str, want_cubin: bool) -> tuple[bytes, str]:
+        nvrtc = _nvrtc()
+        ok = nvrtc.nvrtcResult.NVRTC_SUCCESS
+        m = _KERNEL_NAME.search(src)
+        filename = f"{m.group(1) if m else 'kernel'}.cu"
+        err, prog = nvrtc.nvrtcCreateProgram(src.encode(), filename.encode(), 0, None, None)
+        if err != ok:
+            raise CompileError(f"nvrtcCreateProgram failed: {_nvrtc_err(err)}")
+        try:
+            opts = [f"-arch={arch}".encode(), *(o.encode() for o in self.options)]
+            err, = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+            log = _read(prog, nvrtc.nvrtcGetProgramLogSize, nvrtc.nvrtcGetProgramLog).decode(errors="replace")
+            if err != ok:
+                hint = None
+                if err == nvrtc.nvrtcResult.NVRTC_ERROR_INVALID_OPTION and "arch" in log:
+                    hint = f"NVRTC {nvrtc_version()} supports {', '.join(_supported_archs())}; set TGC_CUDA_ARCH"
+                raise CompileError(f"NVRTC could not compile {filename} for {arch}:\n{log.strip()}", hint=hint)
+            self.last_log = log.strip()
+            ptx = _read(prog, nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX).decode()
+            cubin = _read(prog, nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN, text=False) if want_cubin else b""
+            return cubin, ptx
+        finally:
+            nvrtc.nvrtcDestroyProgram(prog)
+
+
+def _read(prog: Any, size_fn: Any, get_fn: Any, text: bool = True) -> bytes:
+    """One NVRTC output (log, PTX, cubin) as bytes, without the trailing NUL of text outputs."""
+    nvrtc = _nvrtc()
+    err, n = size_fn(prog)
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise CompileError(f"{size_fn.__name__} failed: {_nvrtc_err(err)}")
+    buf = bytearray(n)
+    if n:
+        err, = get_fn(prog, buf)
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise CompileError(f"{get_fn.__name__} failed: {_nvrtc_err(err)}")
+    return bytes(buf).rstrip(b"\0") if text else bytes(buf)
+
+
+def _nvrtc_err(err: Any) -> str:
+    try:
+        return _nvrtc().nvrtcGetErrorString(err)[1].decode()
+    except Exception:
+        return str(err)
+
+
+@functools.cache
+def _supported_archs() -> tuple[str, ...]:
+    err, archs = _nvrtc().nvrtcGetSupportedArchs()
+    return tuple(f"sm_{a}" for a in archs)
+
+
+def nvrtc_compiler(arch: str = DEFAULT_ARCH) -> NVRTCCompiler:
+    """The shared compiler instance for an architecture."""
+    return _compiler_for(normalize_arch(arch))
+
+
+@functools.cache
+def _compiler_for(arch: str) -> NVRTCCompiler:
+    return NVRTCCompiler(arch)
+
+
+# ---------------------------------------------------------------- the driver (needs a GPU)
+
+@functools.cache
+def _driver_probe() -> tuple[bool, str, int]:
+    """(usable, why not, device count), through ctypes on libcuda: no cuda-bindings import."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False, "no CUDA driver (libcuda.so.1 not found)", 0
+    rc = lib.cuInit(0)
+    if rc != 0:
+        return False, f"cuInit failed: {_ctypes_error_name(lib, rc)}", 0
+    count = ctypes.c_int(0)
+    rc = lib.cuDeviceGetCount(ctypes.byref(count))
+    if rc != 0:
+        return False, f"cuDeviceGetCount failed: {_ctypes_error_name(lib, rc)}", 0
+    if count.value == 0:
+        return False, "no CUDA device found (the driver is there, cuDeviceGetCount = 0)", 0
+    if importlib.util.find_spec("cuda.bindings") is None:
+        return False, f"cuda-bindings is not installed: {INSTALL_HINT}", count.value
+    return True, "", count.value
+
+
+def _ctypes_error_name(lib: Any, rc: int) -> str:
+    name = ctypes.c_char_p()
+    if lib.cuGetErrorName(rc, ctypes.byref(name)) == 0 and name.value:
+        return name.value.decode()
+    return f"CUresult {rc}"
+
+
+def _driver() -> Any:
+    """The `cuda.bindings.driver` module (tests replace this function with a fake driver)."""
+    from cuda.bindings import driver
+    return driver
+
+
+def _check(drv: Any, result: Any, what: str) -> Any:
+    """Unpack a cuda-bindings `(CUresult, *values)` tuple; DeviceError (MemoryError for OOM) on failure."""
+    err, *vals = result
+    if err != drv.CUresult.CUDA_SUCCESS:
+        name = getattr(err, "name", str(err))
+        if err == drv.CUresult.CUDA_ERROR_OUT_OF_MEMORY:
+            raise MemoryError(f"CUDA out of memory: {what}: {name}")
+        raise DeviceError(f"CUDA {what} failed: {name}")
+    if not vals:
+        return None
+    return vals[0] if len(vals) == 1 else tuple(vals)
+
+
+def _dims3(size: tuple[int, ...] | None) -> tuple[int, int, int]:
+    s = tuple(int(x) for x in (size or ()))
+    if len(s) > 3 or any(x < 1 for x in s):
+        raise DeviceError(f"bad CUDA launch size {size}: want up to 3 positive numbers")
+    return (*s, *(1,) * (3 - len(s)))  # type: ignore[return-value]
+
+
+class CUDAAllocator(LRUAllocator):
+    """Device memory through cuMemAlloc/cuMemFree; handles are device addresses (ints)."""
+
+    def __init__(self, device: CUDADevice):
+        super().__init__()
+        self.device = device
+
+    def _alloc(self, nbytes: int) -> int:
+        drv = self.device.activate()
+        return int(_check(drv, drv.cuMemAlloc(max(nbytes, 1)), f"cuMemAlloc({nbytes})"))
+
+    def _free(self, handle: int, nbytes: int) -> None:
+        drv = self.device.activate()
+        _check(drv, drv.cuMemFree(handle), "cuMemFree")
+
+    def copyin(self, handle: int, src: memoryview) -> None:
+        drv = self.device.activate()
+        src = memoryview(src).cast("B")
+        _check(drv, drv.cuMemcpyHtoD(handle, src, src.nbytes), "cuMemcpyHtoD")
+
+    def copyout(self, dest: memoryview, handle: int) -> None:
+        drv = self.device.activate()
+        dest = memoryview(dest).cast("B")
+        _check(drv, drv.cuMemcpyDtoH(dest, handle, dest.nbytes), "cuMemcpyDtoH")
+
+
+class CUDAProgram(Program):
+    """A cubin loaded into the device's context (cuModuleLoadData), launched with cuLaunchKernel."""
+
+    def __init__(self, device: CUDADevice, name: str, lib: bytes):
+        super().__init__(device, name, lib)
+        self.gpu = device
+        drv = self._drv = device.activate()
+        try:
+            self.module = _check(drv, drv.cuModuleLoadData(lib), "cuModuleLoadData")
+        except DeviceError as e:
+            raise DeviceError(f"{e.msg} (kernel '{name}')",
+                              hint=f"the binary must be a cubin for this GPU's architecture ({device.arch})") from None
+        self.function = _check(drv, drv.cuModuleGetFunction(self.module, name.encode()),
+                               f"cuModuleGetFunction('{name}')")
+
+    def __call__(self, *bufs: Any, global_size: tuple[int, ...] = (1, 1, 1),
+                 local_size: tuple[int, ...] | None = None, vals: tuple[int, ...] = (),
+                 wait: bool = False) -> float | None:
+        drv = self.gpu.activate()
+        grid, block = _dims3(global_size), _dims3(local_size or (1, 1, 1))
+        args = tuple(int(b) for b in bufs) + tuple(int(v) for v in vals)
+        types = (ctypes.c_void_p,) * len(bufs) + (ctypes.c_int32,) * len(vals)
+        params = (args, types) if args else None
+        if wait:
+            start, end = self.gpu.events()
+            _check(drv, drv.cuEventRecord(start, None), "cuEventRecord")
+        _check(drv, drv.cuLaunchKernel(self.function, *grid, *block, 0, None, params, 0),
+               f"cuLaunchKernel('{self.name}', grid={grid}, block={block})")
+        if not wait:
+            return None
+        _check(drv, drv.cuEventRecord(end, None), "cuEventRecord")
+        _check(drv, drv.cuEventSynchronize(end), f"running '{self.name}'")
+        return _check(drv, drv.cuEventElapsedTime(start, end), "cuEventElapsedTime") * 1e-3
+
+    def __del__(self) -> None:
+        module = getattr(self, "module", None)
+        if module is not None:
+            try:
+                self._drv.cuModuleUnload(module)
+            except Exception:  # interpreter shutdown, context gone: nothing to do
+                pass
+
+
+# FP32 lanes per SM, for the peak estimate in info(); by compute capability.
+_F32_LANES = {(7, 5): 64, (8, 0): 64}
+
+
+class CUDADevice(Device):
+    """An NVIDIA GPU. Compiling works without one (NVRTC); allocating or loading a program needs one.
+
+    Creating the device never touches the GPU beyond reading its compute capability, so `tgc compile -d CUDA`
+    works on machines without a GPU; the first allocation or program opens the primary context and raises
+    `DeviceError` when there is no GPU.
+    """
+
+    kind = "CUDA"
+    # The shared C-style renderer's CUDA dialect; the lead wires it in tgc/backends/__init__ or here.
+    renderer: Any = None
+    launch_style = "gpu"
+
+    def __init__(self, index: int = 0):
+        super().__init__(index)
+        self._drv: Any = None
+        self._ctx: Any = None
+        self._events: tuple[Any, Any] | None = None
+        self._cc: tuple[int, int] | None = None
+        ok, _, count = _driver_probe()
+        if ok and index < count:
+            try:
+                self._cc = self._compute_capability()
+            except (DeviceError, RuntimeError):
+                self._cc = None
+        if self._cc is not None:
+            self.arch = f"sm_{self._cc[0]}{self._cc[1]}"
+        else:
+            self.arch = normalize_arch(os.environ.get("TGC_CUDA_ARCH", DEFAULT_ARCH))
+        self.allocator = CUDAAllocator(self)
+
+    @classmethod
+    def probe(cls) -> tuple[bool, str]:
+        ok, why, _ = _driver_probe()
+        return ok, why
+
+    @property
+    def compiler(self) -> NVRTCCompiler | None:  # type: ignore[override]
+        return nvrtc_compiler(self.arch) if nvrtc_error() is None else None
+
+    @property
+    def compile_error(self) -> str | None:
+        return nvrtc_error()
+
+    def _compute_capability(self) -> tuple[int, int]:
+        drv = _driver()
+        _check(drv, drv.cuInit(0), "cuInit")
+        dev = _check(drv, drv.cuDeviceGet(self.index), f"cuDeviceGet({self.index})")
+        attr = drv.CUdevice_attribute
+        major = _check(drv, drv.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "attr")
+        minor = _check(drv, drv.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "attr")
+        return int(major), int(minor)
+
+    def activate(self) -> Any:
+        """Make this device's primary context current on this thread (opening it once); returns the driver."""
+        if self._ctx is None:
+            ok, why, count = _driver_probe()
+            if not ok:
+                raise DeviceError(f"no CUDA device is present: {why}",
+                                  hint="CUDA kernels still compile here (tgc compile -d CUDA); running needs a GPU")
+            if self.index >= count:
+                raise DeviceError(f"no CUDA device is present at index {self.index}: this machine has {count}")
+            try:
+                drv = _driver()
+                _check(drv, drv.cuInit(0), "cuInit")
+                self._dev = _check(drv, drv.cuDeviceGet(self.index), f"cuDeviceGet({self.index})")
+                self._ctx = _check(drv, drv.cuDevicePrimaryCtxRetain(self._dev), "cuDevicePrimaryCtxRetain")
+            except RuntimeError as e:  # cuda-bindings could not load libcuda
+                raise DeviceError(f"no CUDA device is present: {e}") from None
+            self._drv = drv
+        _check(self._drv, self._drv.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
+        return self._drv
+
+    def events(self) -> tuple[Any, Any]:
+        """A (start, end) event pair for timing launches, created once."""
+        if self._events is None:
+            drv = self.activate()
+            flags = drv.CUevent_flags.CU_EVENT_DEFAULT
+            self._events = (_check(drv, drv.cuEventCreate(flags), "cuEventCreate"),
+                            _check(drv, drv.cuEventCreate(flags), "cuEventCreate"))
+        return self._events
+
+    def program(self, name: str, lib: bytes) -> CUDAProgram:
+        return CUDAProgram(self, name, lib)
+
+    def synchronize(self) -> None:
+        if self._ctx is not None:
+            drv = self.activate()
+            _check(drv, drv.cuCtxSynchronize(), "cuCtxSynchronize")
+
+    def info(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"compiler": "nvrtc", "arch": self.arch}
+        err = nvrtc_error()
+        out["compiler_version"] = nvrtc_version() if err is None else None
+        if err is not None:
+            out["compile_error"] = err
+        ok, why, _ = _driver_probe()
+        if not ok:
+            out["available"], out["reason"] = False, why
+            return out
+        out["available"] = True
+        try:
+            out.update(self._gpu_info())
+        except (DeviceError, RuntimeError) as e:
+            out["gpu_info_error"] = str(e)
+        return out
+
+    def _gpu_info(self) -> dict[str, Any]:
+        drv = _driver()
+        _check(drv, drv.cuInit(0), "cuInit")
+        dev = _check(drv, drv.cuDeviceGet(self.index), "cuDeviceGet")
+        attr = drv.CUdevice_attribute
+
+        def get(a: str) -> int:
+            return int(_check(drv, drv.cuDeviceGetAttribute(getattr(attr, a), dev), a))
+
+        name = _check(drv, drv.cuDeviceGetName(256, dev), "cuDeviceGetName")
+        sms = get("CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT")
+        out: dict[str, Any] = {
+            "name": name.split(b"\0")[0].decode().strip(),
+            "compute_capability": ".".join(map(str, self._cc or ())),
+            "sm_count": sms,
+            "memory_bytes": int(_check(drv, drv.cuDeviceTotalMem(dev), "cuDeviceTotalMem")),
+            "driver_version": int(_check(drv, drv.cuDriverGetVersion(), "cuDriverGetVersion")),
+        }
+        try:  # peak estimates from clocks; these attributes may read 0 on some drivers
+            clock_khz = get("CU_DEVICE_ATTRIBUTE_CLOCK_RATE")
+            mem_khz = get("CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE")
+            bus_bits = get("CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH")
+        except DeviceError:
+            return out
+        lanes = _F32_LANES.get(self._cc or (0, 0), 128)
+        if clock_khz > 0:
+            out["peak_gflops"] = round(sms * lanes * 2 * clock_khz / 1e6, 1)  # f32 FMA = 2 flops
+        if mem_khz > 0 and bus_bits > 0:
+            out["peak_gbs"] = round(2 * mem_khz * 1e3 * bus_bits / 8 / 1e9, 1)  # double data rate
+        return out
