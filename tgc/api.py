@@ -1,0 +1,239 @@
+"""The Python API: `load`/`loads` give a `Program`; `Program.run` executes, `Program.compile` shows kernels."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from tgc.codegen.kernel import Kernel, build_kernel
+from tgc.dsl.frontend import InputDecl, Parsed, concrete_shape, dim_names, parse, trace
+from tgc.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16
+from tgc.engine.schedule import ScheduleItem, create_schedule
+from tgc.errors import TgcError
+from tgc.ir.shapes import prod, shape_of
+from tgc.ir.uop import Ops, UOp
+
+__all__ = ["Program", "Kernel", "load", "loads", "InputDecl"]
+
+
+def load(path: str | os.PathLike) -> Program:
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            source = f.read()
+    except FileNotFoundError:
+        raise TgcError(f"no such file: {path}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise TgcError(f"cannot read {path}: {e}") from None
+    prog = loads(source, filename=path)
+    prog.path = path
+    return prog
+
+
+def loads(source: str, filename: str = "<string>") -> Program:
+    return Program(source, filename)
+
+
+class Program:
+    """A parsed `.tg` program. Traced, scheduled and compiled lazily for each set of dims and device."""
+
+    def __init__(self, source: str, filename: str = "<string>"):
+        self.source, self.path = source, None
+        self.filename = filename
+        self.parsed: Parsed = parse(source, filename)
+        self._traces: dict[tuple, tuple[list[UOp], list[UOp]]] = {}
+        self._kernels: dict[tuple, list[Kernel]] = {}
+        self._check_without_dims()
+
+    @property
+    def inputs(self) -> list[InputDecl]:
+        return self.parsed.inputs
+
+    @property
+    def output_names(self) -> list[str]:
+        return self.parsed.output_names
+
+    @property
+    def dim_names(self) -> list[str]:
+        return dim_names(self.parsed)
+
+    def _check_without_dims(self) -> None:
+        """Report errors that do not depend on dim sizes at load time (unknown names, dtype errors, ...)."""
+        trial = {name: 2 + i for i, name in enumerate(self.dim_names)}  # distinct small sizes
+        try:
+            self._trace(trial)
+        except TgcError as e:
+            if not getattr(e, "shape_dependent", False):
+                raise
+        finally:
+            self._traces.clear()
+
+    # --- binding inputs
+    def bind(self, inputs: dict[str, Any], dims: dict[str, int] | None = None, cast: bool = False
+             ) -> tuple[dict[str, int], dict[str, np.ndarray]]:
+        """Check inputs against the declarations; return (dims, arrays in the declared dtypes)."""
+        dims = dict(dims or {})
+        for k, v in dims.items():
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise TgcError(f"dim {k} must be a non-negative integer, got {v!r}")
+        declared = {d.name for d in self.inputs}
+        for name in inputs:
+            if name not in declared:
+                import difflib
+                close = difflib.get_close_matches(name, declared, n=1)
+                raise TgcError(f"unknown input '{name}'", file=self.filename,
+                               hint=f"did you mean '{close[0]}'?" if close else
+                               "inputs: " + (", ".join(sorted(declared)) or "(none)"))
+        given_dims = dict(dims)
+        bound_by: dict[str, str] = {k: "-D" for k in dims}
+        arrays: dict[str, np.ndarray] = {}
+        for decl in self.inputs:
+            if decl.name not in inputs:
+                raise TgcError(f"missing input '{decl.name}' ({_decl_text(decl)})", file=self.filename,
+                               hint=f"give it with -i {decl.name}=FILE.npy, or use --random")
+            arr = _as_array(inputs[decl.name], decl, cast, self.filename)
+            if arr.ndim != len(decl.shape):
+                raise TgcError(f"input '{decl.name}' has {arr.ndim} dims {list(arr.shape)}, but is declared "
+                               f"{_decl_text(decl)} with {len(decl.shape)}", file=self.filename,
+                               line=decl.line, col=decl.col, end_col=decl.end_col,
+                               text=self.parsed.lines[decl.line - 1])
+            for axis, (want, have) in enumerate(zip(decl.shape, arr.shape)):
+                if isinstance(want, int):
+                    if want != have:
+                        raise TgcError(f"input '{decl.name}' axis {axis} has size {have}, but is declared {want}",
+                                       file=self.filename, line=decl.line, col=decl.col, end_col=decl.end_col,
+                                       text=self.parsed.lines[decl.line - 1])
+                elif want in dims:
+                    if dims[want] != have:
+                        source = "-D" if bound_by[want] == "-D" else f"input '{bound_by[want]}'"
+                        raise TgcError(f"dim {want} mismatch: input '{decl.name}' axis {axis} has size {have}, "
+                                       f"but {want} = {dims[want]} from {source}", file=self.filename,
+                                       line=decl.line, col=decl.col, end_col=decl.end_col,
+                                       text=self.parsed.lines[decl.line - 1])
+                else:
+                    dims[want] = have
+                    bound_by[want] = decl.name
+            arrays[decl.name] = arr
+        _ = given_dims
+        return dims, arrays
+
+    def resolve_dims(self, dims: dict[str, int] | None) -> dict[str, int]:
+        dims = dict(dims or {})
+        missing = [d for d in self.dim_names if d not in dims]
+        if missing:
+            raise TgcError(f"dim {missing[0]} is unknown", hint=f"give it with -D {missing[0]}=SIZE")
+        return dims
+
+    # --- tracing, scheduling, compiling
+    def _trace(self, dims: dict[str, int]) -> tuple[list[UOp], list[UOp]]:
+        key = tuple(sorted(dims.items()))
+        if key not in self._traces:
+            try:
+                outs, bufs = trace(self.parsed, dims)
+            except TgcError:
+                raise
+            # an output that is an input, or that repeats another output, still gets its own kernel
+            seen: set[UOp] = set()
+            fixed = []
+            for o in outs:
+                if o.op is Ops.BUFFER or o in seen:
+                    o = UOp(Ops.CAST, o.dtype, (o,))
+                    while o in seen:
+                        o = UOp(Ops.CAST, o.dtype, (o,))
+                seen.add(o)
+                fixed.append(o)
+            self._traces[key] = (fixed, bufs)
+        return self._traces[key]
+
+    def schedule(self, dims: dict[str, int] | None = None) -> list[ScheduleItem]:
+        outs, _ = self._trace(self.resolve_dims(dims))
+        return create_schedule(outs)
+
+    def compile(self, device: str | None = None, dims: dict[str, int] | None = None, beam: int | None = None
+                ) -> list[Kernel]:
+        """The program's kernels in launch order, rendered and (where this machine can) compiled."""
+        from tgc.backends import default_device, get_device
+        dev = get_device(device or default_device())
+        dims = self.resolve_dims(dims)
+        beam = int(os.environ.get("BEAM", "0") or 0) if beam is None else beam
+        key = (dev.name, tuple(sorted(dims.items())), beam)
+        if key not in self._kernels:
+            outs, _ = self._trace(dims)
+            items = create_schedule(outs)
+            names: dict[str, int] = {}
+            kernels = []
+            for item in items:
+                if not item.ast.src:  # nothing to compute (an empty output)
+                    continue
+                n = names.get(item.name, 0)
+                names[item.name] = n + 1
+                kernels.append(build_kernel(item, dev, beam=beam, name=f"{item.name}n{n}" if n else item.name))
+            self._kernels[key] = kernels
+        return self._kernels[key]
+
+    # --- running
+    def run(self, device: str | None = None, dims: dict[str, int] | None = None, cast: bool = False,
+            **inputs: Any) -> dict[str, np.ndarray]:
+        """Execute on a device; returns {output name: numpy array}."""
+        from tgc.engine.realize import run_program
+        dims, arrays = self.bind(inputs, dims, cast=cast)
+        return run_program(self, device, dims, arrays)
+
+    def reference(self, dims: dict[str, int] | None = None, **inputs: Any) -> dict[str, np.ndarray]:
+        """The program evaluated by numpy in float64 (ints exact), for `--check`."""
+        from tgc.engine.reference import evaluate
+        dims, arrays = self.bind(inputs, dims, cast=True)
+        outs, bufs = self._trace(dims)
+        env = {b: arrays[self.inputs[b.arg[0]].name] for b in bufs}
+        return {name: evaluate(o, env) for name, o in zip(self.output_names, outs)}
+
+    def output_types(self, dims: dict[str, int]) -> list[tuple[str, DType, tuple[int, ...]]]:
+        outs, _ = self._trace(self.resolve_dims(dims))
+        return [(n, o.dtype, shape_of(o)) for n, o in zip(self.output_names, outs)]
+
+    def bench(self, **kw):
+        from tgc.engine.bench import bench_program
+        return bench_program(self, **kw)
+
+    def beam(self, **kw):
+        from tgc.codegen.search import beam_program
+        return beam_program(self, **kw)
+
+
+def _decl_text(decl: InputDecl) -> str:
+    return f"{decl.dtype.name}[{', '.join(map(str, decl.shape))}]"
+
+
+def _as_array(value: Any, decl: InputDecl, cast: bool, filename: str) -> np.ndarray:
+    want = decl.dtype
+    if isinstance(value, (bool, int, float, np.generic)) or (isinstance(value, (list, tuple))):
+        value = np.asarray(value)
+        if value.dtype == np.float64 and want.is_float or value.dtype.kind in "iub" and not want.is_float:
+            cast = True
+    if not isinstance(value, np.ndarray):
+        raise TgcError(f"input '{decl.name}' must be a numpy array, got {type(value).__name__}")
+    if want == dtypes.bf16:
+        if value.dtype == np.uint16 and not cast:
+            return np.ascontiguousarray(value)
+        if value.dtype.kind == "f" or cast:
+            return f32_to_bf16(value.astype(np.float32))
+    if value.dtype != want.np:
+        if value.dtype.kind in "OVSUM" or value.dtype.kind == "c":
+            raise TgcError(f"input '{decl.name}' has dtype {value.dtype}, which tgc cannot use")
+        if not cast:
+            from tgc.dtype import dtypes as _d
+            got = _d.from_numpy(value.dtype)
+            raise TgcError(f"input '{decl.name}' is {got.name if got else value.dtype}, but is declared "
+                           f"{want.name}", file=filename, hint="pass --cast to convert it")
+        value = value.astype(want.np)
+    return np.ascontiguousarray(value)
+
+
+def to_user_array(arr: np.ndarray, dtype: DType) -> np.ndarray:
+    """Device bytes -> the array users see (bf16 becomes float32)."""
+    return bf16_to_f32(arr) if dtype == dtypes.bf16 else arr
+
+
+_ = (concrete_shape, prod)

@@ -1,0 +1,119 @@
+"""One kernel from AST to binary: legalize, optimize, linearize, render, compile (through the disk cache)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from tgc.codegen.legalize import legalize
+from tgc.codegen.linearize import linearize
+from tgc.engine.schedule import ScheduleItem
+from tgc.errors import CompileError
+from tgc.ir.uop import ALU, Ops, UOp, pretty
+
+
+@dataclass
+class Kernel:
+    """A kernel ready to launch (or, where this machine cannot compile for the device, ready to show)."""
+
+    name: str
+    src: str
+    binary: bytes | None
+    uops: list[UOp]
+    ast: UOp
+    bufs: list[UOp]  # tensor nodes held by DEFINE_GLOBAL 0, 1, ...
+    global_size: tuple[int, int, int] = (1, 1, 1)
+    local_size: tuple[int, int, int] | None = None
+    vals: tuple[int, ...] = ()
+    flops: int = 0
+    bytes_moved: int = 0
+    line: int | None = None
+    compile_error: str | None = None
+    device: Any = None
+    opts: list = field(default_factory=list)
+    _program: Any = None
+
+    def program(self):
+        if self._program is None:
+            if self.binary is None:
+                raise CompileError(self.compile_error or f"kernel {self.name} was not compiled")
+            self._program = self.device.program(self.name, self.binary)
+        return self._program
+
+    def uops_text(self) -> str:
+        lines = []
+        names: dict[UOp, str] = {}
+        for i, u in enumerate(self.uops):
+            names[u] = f"%{i}"
+            srcs = ", ".join(names.get(s, "?") for s in u.src)
+            arg = "" if u.arg is None else f" {u.arg!r}"
+            lines.append(f"{i:4d} {u.op.name:<14} {str(u.dtype):<6}{arg} ({srcs})")
+        return "\n".join(lines)
+
+    def ast_text(self) -> str:
+        return pretty(self.ast)
+
+    def asm(self) -> str:
+        comp = self.device.compiler
+        if comp is None:
+            raise CompileError(self.compile_error or "no compiler for this device")
+        if hasattr(comp, "assembly"):
+            return comp.assembly(self.src)
+        if self.binary is None:
+            raise CompileError(self.compile_error or "not compiled")
+        return comp.disassemble(self.binary)
+
+
+def count_work(uops: list[UOp]) -> int:
+    """Arithmetic operations executed, from the loop trip counts around each ALU op."""
+    flops, trips = 0, [1]
+    for u in uops:
+        if u.op is Ops.RANGE:
+            end = u.src[0]
+            trips.append(trips[-1] * (end.arg if end.op is Ops.CONST else max(int(end.vmax), 1)))
+        elif u.op is Ops.ENDRANGE:
+            trips.pop()
+        elif (u.op in ALU and u.dtype is not None and u.dtype.is_float) or u.op is Ops.ACCUMULATE:
+            flops += trips[-1]
+    return flops
+
+
+def build_kernel(item: ScheduleItem, device: Any, beam: int = 0, name: str | None = None) -> Kernel:
+    from tgc.codegen.opt import optimize
+    from tgc.ir.shapes import prod, shape_of
+
+    ast = legalize(item.ast)
+    ast, launch, opts = optimize(ast, device, beam=beam, bufs=item.bufs)
+    uops = linearize(ast)
+    name = name or item.name
+    src = device.renderer.render(name, uops)
+    binary, err = compile_cached(device, src)
+    nbytes = sum(prod(shape_of(b)) * b.dtype.itemsize for b in item.bufs)
+    flops = count_work(uops) * launch.get("global_size", (1, 1, 1))[0]
+    return Kernel(name=name, src=src, binary=binary, uops=uops, ast=ast, bufs=item.bufs,
+                  global_size=launch.get("global_size", (1, 1, 1)), local_size=launch.get("local_size"),
+                  vals=launch.get("vals", ()), flops=flops, bytes_moved=nbytes, line=item.line, compile_error=err,
+                  device=device, opts=opts)
+
+
+COMPILE_COUNTER = {"compiles": 0}
+
+
+def compile_cached(device: Any, src: str) -> tuple[bytes | None, str | None]:
+    """(binary, None) or (None, why not). Compiler errors in the kernel itself raise CompileError."""
+    comp = device.compiler
+    if comp is None:
+        return None, device.compile_error or f"no compiler for {device.kind} on this machine"
+    from tgc import __version__, cache
+    use_cache = os.environ.get("DISABLE_COMPILER_CACHE", "") in ("", "0")
+    key = cache.make_key(device.kind, comp.name, comp.cache_key, __version__, src) if use_cache else None
+    if key is not None:
+        hit = cache.get("compile", key)
+        if hit is not None:
+            return hit, None
+    COMPILE_COUNTER["compiles"] += 1
+    lib = comp.compile(src)
+    if key is not None:
+        cache.put("compile", key, lib, meta=f"{device.kind} {src[:60].splitlines()[0] if src else ''}")
+    return lib, None

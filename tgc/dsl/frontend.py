@@ -1,0 +1,442 @@
+"""The `.tg` front end: source text -> checked structure (`parse`) -> tensor graph for given dims (`trace`).
+
+A file parses with Python's `ast` module; nothing is ever evaluated as Python. Every error is a
+`TgcError` with the file, line, column and span of the offending node.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import inspect
+from dataclasses import dataclass, field
+from typing import Any
+
+from tgc.dsl import functions
+from tgc.dsl.tensor import DslError, Tensor, fmt_type
+from tgc.dtype import DType, dtypes
+from tgc.errors import TgcError
+from tgc.ir.uop import Ops, UOp
+
+
+@dataclass(frozen=True)
+class InputDecl:
+    name: str
+    dtype: DType
+    shape: tuple[int | str, ...]
+    line: int
+    col: int = 1
+    end_col: int = 1
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.dtype.name}[{', '.join(map(str, self.shape))}]"
+
+
+@dataclass
+class Parsed:
+    source: str
+    filename: str
+    inputs: list[InputDecl]
+    body: list[ast.stmt]  # assignments
+    returns: list[ast.expr]
+    output_names: list[str]
+    lines: list[str] = field(default_factory=list)
+
+
+class _Errors:
+    """Builds positioned TgcErrors for one file."""
+
+    def __init__(self, source: str, filename: str):
+        self.lines = source.splitlines()
+        self.filename = filename
+
+    def at(self, node: ast.AST | None, msg: str, hint: str | None = None) -> TgcError:
+        if node is None or not hasattr(node, "lineno"):
+            return TgcError(msg, file=self.filename, hint=hint)
+        line = node.lineno
+        text = self.lines[line - 1] if 0 < line <= len(self.lines) else ""
+        col = node.col_offset + 1
+        end_line = getattr(node, "end_lineno", line) or line
+        end_col = (node.end_col_offset or node.col_offset + 1) if end_line == line else len(text)
+        return TgcError(msg, file=self.filename, line=line, col=col, end_col=end_col, text=text, hint=hint)
+
+
+_CONSTRUCTS = {
+    ast.If: "if statements", ast.For: "for loops", ast.While: "while loops", ast.FunctionDef: "function definitions",
+    ast.AsyncFunctionDef: "function definitions", ast.ClassDef: "class definitions", ast.Import: "import",
+    ast.ImportFrom: "import", ast.Lambda: "lambda", ast.ListComp: "list comprehensions",
+    ast.SetComp: "set comprehensions", ast.DictComp: "dict comprehensions", ast.GeneratorExp: "generator expressions",
+    ast.With: "with statements", ast.Try: "try statements", ast.Raise: "raise", ast.Assert: "assert",
+    ast.Delete: "del", ast.Global: "global", ast.Nonlocal: "nonlocal", ast.Pass: "pass", ast.Break: "break",
+    ast.Continue: "continue", ast.Dict: "dicts", ast.Set: "sets", ast.JoinedStr: "f-strings",
+    ast.Await: "await", ast.Yield: "yield", ast.YieldFrom: "yield", ast.NamedExpr: "the walrus operator",
+    ast.Starred: "starred expressions", ast.BoolOp: "'and'/'or'",
+}
+
+
+def parse(source: str, filename: str = "<string>") -> Parsed:
+    """Check the file's structure: declarations, then assignments, then one return."""
+    err = _Errors(source, filename)
+    try:
+        tree = ast.parse(source, filename=filename)
+    except SyntaxError as e:
+        line = e.lineno or 1
+        text = err.lines[line - 1] if 0 < line <= len(err.lines) else ""
+        col = e.offset or 1
+        end = e.end_offset if e.end_offset and (e.end_lineno in (None, line)) else col + 1
+        msg = (e.msg or "invalid syntax").replace("invalid syntax. ", "")
+        raise TgcError(f"syntax error: {msg}", file=filename, line=line, col=col, end_col=end - 1 if end > col else col,
+                       text=text) from None
+
+    inputs: list[InputDecl] = []
+    body: list[ast.stmt] = []
+    returns: list[ast.expr] | None = None
+    seen_inputs: set[str] = set()
+    for i, stmt in enumerate(tree.body):
+        if returns is not None:
+            raise err.at(stmt, "statements after 'return'", hint="'return' must be the last statement")
+        if isinstance(stmt, ast.AnnAssign):
+            if body:
+                raise err.at(stmt, "input declarations must come before assignments")
+            decl = _parse_decl(stmt, err)
+            if decl.name in seen_inputs:
+                raise err.at(stmt.target, f"input '{decl.name}' is declared twice")
+            seen_inputs.add(decl.name)
+            inputs.append(decl)
+        elif isinstance(stmt, (ast.Assign, ast.AugAssign)):
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            if len(targets) != 1 or not isinstance(targets[0], ast.Name):
+                raise err.at(stmt, "an assignment needs exactly one name on the left", hint="write 'name = expr'")
+            if targets[0].id in seen_inputs:
+                raise err.at(targets[0], f"cannot assign to input '{targets[0].id}'",
+                             hint="inputs cannot be reassigned: use a new name")
+            body.append(stmt)
+        elif isinstance(stmt, ast.Return):
+            if stmt.value is None:
+                raise err.at(stmt, "'return' needs at least one value")
+            returns = list(stmt.value.elts) if isinstance(stmt.value, ast.Tuple) else [stmt.value]
+        elif isinstance(stmt, ast.Expr):
+            raise err.at(stmt, "an expression on its own does nothing", hint="assign it to a name or return it")
+        else:
+            what = _CONSTRUCTS.get(type(stmt), type(stmt).__name__)
+            raise err.at(stmt, f"{what} are not part of the .tg language" if what.endswith("s") else
+                         f"'{what}' is not part of the .tg language")
+    if returns is None:
+        last = tree.body[-1] if tree.body else None
+        raise err.at(last, "the program has no 'return'", hint="end the file with 'return value, ...'")
+    names: list[str] = []
+    for i, r in enumerate(returns):
+        name = r.id if isinstance(r, ast.Name) else f"out{i}"
+        if name in names:
+            raise err.at(r, f"two outputs are named '{name}'", hint="return distinct values or assign new names")
+        names.append(name)
+    for stmt in body:
+        _check_constructs(stmt, err)
+    for r in returns:
+        _check_constructs(r, err)
+    return Parsed(source, filename, inputs, body, returns, names, err.lines)
+
+
+def _check_constructs(node: ast.AST, err: _Errors) -> None:
+    for sub in ast.walk(node):
+        if type(sub) in _CONSTRUCTS:
+            what = _CONSTRUCTS[type(sub)]
+            hint = "use & and | on bool tensors" if isinstance(sub, ast.BoolOp) else None
+            raise err.at(sub, f"{what} are not part of the .tg language" if what.endswith("s") else
+                         f"{what} is not part of the .tg language", hint=hint)
+        if isinstance(sub, ast.Constant) and isinstance(sub.value, (str, bytes)):
+            raise err.at(sub, "strings are not part of the .tg language")
+        if isinstance(sub, ast.Constant) and isinstance(sub.value, complex):
+            raise err.at(sub, "complex numbers are not supported")
+        if isinstance(sub, ast.Compare) and len(sub.ops) > 1:
+            raise err.at(sub, "chained comparisons are not supported", hint="write (a < b) & (b < c)")
+        if isinstance(sub, ast.UnaryOp) and isinstance(sub.op, ast.Not):
+            raise err.at(sub, "'not' is not part of the .tg language", hint="use ~x on bool tensors")
+
+
+def _parse_decl(stmt: ast.AnnAssign, err: _Errors) -> InputDecl:
+    if not isinstance(stmt.target, ast.Name):
+        raise err.at(stmt.target, "an input declaration needs a plain name")
+    if stmt.value is not None:
+        raise err.at(stmt, "input declarations take no value", hint=f"write '{stmt.target.id}: f32[N]'")
+    ann = stmt.annotation
+    dtype_node, dims = (ann.value, ann.slice) if isinstance(ann, ast.Subscript) else (ann, None)
+    if not isinstance(dtype_node, ast.Name):
+        raise err.at(dtype_node, "expected a dtype such as f32 or i32")
+    dtype = dtypes.by_name.get(dtype_node.id)
+    if dtype is None:
+        close = difflib.get_close_matches(dtype_node.id, list(dtypes.by_name), n=1)
+        raise err.at(dtype_node, f"unknown dtype '{dtype_node.id}'",
+                     hint=f"did you mean '{close[0]}'?" if close else "dtypes: " + " ".join(dtypes.by_name))
+    shape: list[int | str] = []
+    if dims is not None:
+        for d in (dims.elts if isinstance(dims, ast.Tuple) else [dims]):
+            if isinstance(d, ast.Constant) and isinstance(d.value, int) and not isinstance(d.value, bool):
+                if d.value < 0:
+                    raise err.at(d, "a dim cannot be negative")
+                shape.append(d.value)
+            elif isinstance(d, ast.Name):
+                shape.append(d.id)
+            elif isinstance(d, ast.UnaryOp) and isinstance(d.op, ast.USub):
+                raise err.at(d, "a dim cannot be negative")
+            else:
+                raise err.at(d, "a dim is a non-negative integer or a dim name")
+    end = stmt.end_col_offset or stmt.col_offset + 1
+    return InputDecl(stmt.target.id, dtype, tuple(shape), stmt.lineno, stmt.col_offset + 1, end)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# tracing: evaluate the program for concrete dims into tensor-level UOps
+
+
+def dim_names(parsed: Parsed) -> list[str]:
+    out: list[str] = []
+    for decl in parsed.inputs:
+        for d in decl.shape:
+            if isinstance(d, str) and d not in out:
+                out.append(d)
+    return out
+
+
+def concrete_shape(decl: InputDecl, dims: dict[str, int]) -> tuple[int, ...]:
+    return tuple(d if isinstance(d, int) else dims[d] for d in decl.shape)
+
+
+def trace(parsed: Parsed, dims: dict[str, int]) -> tuple[list[UOp], list[UOp]]:
+    """(output UOps in return order, input BUFFER UOps in declaration order)."""
+    err = _Errors(parsed.source, parsed.filename)
+    env: dict[str, Any] = {}
+    buffers = []
+    for i, decl in enumerate(parsed.inputs):
+        buf = UOp(Ops.BUFFER, decl.dtype, (), (i, decl.name, concrete_shape(decl, dims)))
+        buffers.append(buf)
+        env[decl.name] = Tensor(buf)
+    ev = _Evaluator(env, err)
+    for stmt in parsed.body:
+        if isinstance(stmt, ast.Assign):
+            env[stmt.targets[0].id] = ev.eval(stmt.value)
+        else:  # augmented assignment: name op= expr
+            assert isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name)
+            fake = ast.BinOp(left=stmt.target, op=stmt.op, right=stmt.value)
+            ast.copy_location(fake, stmt)
+            fake.end_lineno, fake.end_col_offset = stmt.end_lineno, stmt.end_col_offset
+            env[stmt.target.id] = ev.eval(fake)
+    outs = []
+    for r in parsed.returns:
+        v = ev.eval(r)
+        if isinstance(v, (bool, int, float)):
+            v = Tensor.const(v, Tensor.literal_dtype(v))
+        if not isinstance(v, Tensor):
+            raise err.at(r, f"cannot return {_describe(v)}: outputs are tensors")
+        outs.append(v.uop)
+    return outs, buffers
+
+
+def _describe(v: Any) -> str:
+    if isinstance(v, Tensor):
+        return f"a tensor {v}"
+    if isinstance(v, DType):
+        return f"the dtype {v.name}"
+    if isinstance(v, tuple):
+        return "a tuple"
+    return type(v).__name__
+
+
+_BINOPS = {ast.Add: "__add__", ast.Sub: "__sub__", ast.Mult: "__mul__", ast.Div: "__truediv__",
+           ast.FloorDiv: "__floordiv__", ast.Mod: "__mod__", ast.Pow: "__pow__", ast.MatMult: "__matmul__",
+           ast.BitAnd: "__and__", ast.BitOr: "__or__", ast.BitXor: "__xor__", ast.LShift: "__lshift__",
+           ast.RShift: "__rshift__"}
+_CMPOPS = {ast.Lt: "__lt__", ast.LtE: "__le__", ast.Gt: "__gt__", ast.GtE: "__ge__", ast.Eq: "__eq__",
+           ast.NotEq: "__ne__"}
+_SYMBOLS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//", ast.Mod: "%",
+            ast.Pow: "**", ast.MatMult: "@", ast.BitAnd: "&", ast.BitOr: "|", ast.BitXor: "^", ast.LShift: "<<",
+            ast.RShift: ">>", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!="}
+
+
+class _Evaluator:
+    def __init__(self, env: dict[str, Any], err: _Errors):
+        self.env, self.err = env, err
+
+    def eval(self, node: ast.expr) -> Any:
+        try:
+            return self._eval(node)
+        except TgcError:
+            raise
+        except DslError as e:
+            raise self.err.at(node, e.msg, e.hint) from None
+        except RecursionError:
+            raise self.err.at(node, "expression is nested too deeply") from None
+
+    def _eval(self, node: ast.expr) -> Any:
+        if isinstance(node, ast.Constant):
+            if node.value is None or node.value is Ellipsis or isinstance(node.value, (bool, int, float)):
+                return node.value
+            raise self.err.at(node, f"unsupported literal {node.value!r}")
+        if isinstance(node, ast.Name):
+            return self._name(node)
+        if isinstance(node, ast.Tuple) or isinstance(node, ast.List):
+            return tuple(self.eval(e) for e in node.elts)
+        if isinstance(node, ast.BinOp):
+            left, right = self.eval(node.left), self.eval(node.right)
+            return self._binop(node, left, right)
+        if isinstance(node, ast.UnaryOp):
+            v = self.eval(node.operand)
+            if isinstance(node.op, ast.USub):
+                return -v if isinstance(v, (Tensor, int, float)) and not isinstance(v, bool) else self._neg_bool(node, v)
+            if isinstance(node.op, ast.UAdd):
+                return v
+            if isinstance(node.op, ast.Invert):
+                return ~v if isinstance(v, Tensor) else (~v if isinstance(v, int) and not isinstance(v, bool)
+                                                         else Tensor.const(v, Tensor.literal_dtype(v)).__invert__())
+        if isinstance(node, ast.Compare):
+            left, right = self.eval(node.left), self.eval(node.comparators[0])
+            op = node.ops[0]
+            if isinstance(op, (ast.Is, ast.IsNot, ast.In, ast.NotIn)):
+                raise self.err.at(node, f"'{type(op).__name__.lower()}' comparisons are not supported")
+            left, right = self._tensorize_pair(left, right)
+            return getattr(left, _CMPOPS[type(op)])(right)
+        if isinstance(node, ast.IfExp):
+            cond, a, b = self.eval(node.test), self.eval(node.body), self.eval(node.orelse)
+            return functions.where(cond, a, b)
+        if isinstance(node, ast.Call):
+            return self._call(node)
+        if isinstance(node, ast.Attribute):
+            return self._attribute(node)
+        if isinstance(node, ast.Subscript):
+            value = self.eval(node.value)
+            index = self._index(node.slice)
+            if isinstance(value, tuple):
+                if isinstance(index, int) or isinstance(index, slice):
+                    try:
+                        return value[index]
+                    except IndexError:
+                        raise self.err.at(node, f"index {index} is out of range for a tuple of {len(value)}") from None
+                raise self.err.at(node.slice, "a tuple takes one int or slice index")
+            if not isinstance(value, Tensor):
+                raise self.err.at(node.value, f"cannot index {_describe(value)}")
+            return functions.getitem(value, index)
+        if isinstance(node, ast.Slice):
+            return self._index(node)
+        what = _CONSTRUCTS.get(type(node), type(node).__name__)
+        raise self.err.at(node, f"{what} is not part of the .tg language")
+
+    def _neg_bool(self, node: ast.AST, v: Any) -> Any:
+        if isinstance(v, bool):
+            raise self.err.at(node, "unary - is not defined for bool", hint="use ~x for logical not")
+        raise self.err.at(node, f"cannot negate {_describe(v)}")
+
+    def _tensorize_pair(self, a: Any, b: Any) -> tuple[Any, Any]:
+        if not isinstance(a, Tensor) and not isinstance(b, Tensor):
+            if isinstance(a, (bool, int, float)):
+                a = Tensor.const(a, Tensor.literal_dtype(a))
+        return a, b
+
+    def _binop(self, node: ast.BinOp, left: Any, right: Any) -> Any:
+        sym = _SYMBOLS[type(node.op)]
+        for side, v in ((node.left, left), (node.right, right)):
+            if not isinstance(v, (Tensor, bool, int, float)):
+                raise self.err.at(side, f"cannot use {_describe(v)} with '{sym}'")
+        if not isinstance(left, Tensor) and not isinstance(right, Tensor):
+            # two compile-time numbers (e.g. sizes from x.shape): Python arithmetic, floor semantics
+            if isinstance(left, int) and isinstance(right, int) and not isinstance(left, bool) \
+                    and not isinstance(right, bool) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult,
+                                                                             ast.FloorDiv, ast.Mod)):
+                if isinstance(node.op, (ast.FloorDiv, ast.Mod)) and right == 0:
+                    return 0
+                return {ast.Add: left + right, ast.Sub: left - right, ast.Mult: left * right,
+                        ast.FloorDiv: left // right if right else 0, ast.Mod: left % right if right else 0
+                        }[type(node.op)]
+            left = Tensor.const(left, Tensor.literal_dtype(left))
+        if isinstance(node.op, ast.MatMult) and not (isinstance(left, Tensor) and isinstance(right, Tensor)):
+            raise self.err.at(node, "@ needs two tensors")
+        return getattr(left, _BINOPS[type(node.op)])(right) if isinstance(left, Tensor) else \
+            getattr(right, "__r" + _BINOPS[type(node.op)][2:])(left)
+
+    def _name(self, node: ast.Name) -> Any:
+        if node.id in self.env:
+            return self.env[node.id]
+        if node.id in dtypes.by_name:
+            return dtypes.by_name[node.id]
+        if node.id in ("True", "False"):
+            return node.id == "True"
+        if node.id in ("inf", "nan", "pi", "e"):
+            return {"inf": float("inf"), "nan": float("nan"), "pi": 3.141592653589793, "e": 2.718281828459045}[node.id]
+        if node.id in functions.FUNCTIONS:
+            raise self.err.at(node, f"'{node.id}' is a function", hint=f"call it: {node.id}(...)")
+        candidates = list(self.env) + list(functions.FUNCTIONS) + list(dtypes.by_name)
+        close = difflib.get_close_matches(node.id, candidates, n=1)
+        raise self.err.at(node, f"unknown name '{node.id}'", hint=f"did you mean '{close[0]}'?" if close else None)
+
+    def _attribute(self, node: ast.Attribute) -> Any:
+        value = self.eval(node.value)
+        if isinstance(value, Tensor):
+            if node.attr == "T":
+                return value.T
+            if node.attr == "shape":
+                return value.shape
+            if node.attr == "ndim":
+                return value.ndim
+            if node.attr == "dtype":
+                return value.dtype
+            if node.attr == "size":
+                return value.numel
+            if node.attr in functions.FUNCTIONS:
+                raise self.err.at(node, f"'{node.attr}' is a method", hint=f"call it: .{node.attr}(...)")
+        close = difflib.get_close_matches(node.attr, ["T", "shape", "ndim", "dtype", *functions.FUNCTIONS], n=1)
+        raise self.err.at(node, f"{_describe(value)} has no attribute '{node.attr}'",
+                          hint=f"did you mean '{close[0]}'?" if close else None)
+
+    def _call(self, node: ast.Call) -> Any:
+        if isinstance(node.func, ast.Attribute):
+            self_value = self.eval(node.func.value)
+            if not isinstance(self_value, Tensor):
+                raise self.err.at(node.func, f"{_describe(self_value)} has no method '{node.func.attr}'")
+            name, args = node.func.attr, [self_value]
+            fn_node = node.func
+        elif isinstance(node.func, ast.Name):
+            name, args, fn_node = node.func.id, [], node.func
+        else:
+            raise self.err.at(node.func, "only named functions can be called")
+        fn = functions.FUNCTIONS.get(name)
+        if fn is None:
+            close = difflib.get_close_matches(name, list(functions.FUNCTIONS), n=1)
+            kind = "method" if args else "function"
+            raise self.err.at(fn_node, f"unknown {kind} '{name}'", hint=f"did you mean '{close[0]}'?" if close else None)
+        if args and name in functions.NOT_METHODS:
+            raise self.err.at(fn_node, f"'{name}' is a function, not a method", hint=f"call it as {name}(...)")
+        args += [self.eval(a) for a in node.args]
+        kwargs = {}
+        for kw in node.keywords:
+            if kw.arg is None:
+                raise self.err.at(kw, "**kwargs are not part of the .tg language")
+            kwargs[kw.arg] = self.eval(kw.value)
+        try:
+            inspect.signature(fn).bind(*args, **kwargs)
+        except TypeError as e:
+            raise self.err.at(node, f"{name}(): {e}") from None
+        try:
+            return fn(*args, **kwargs)
+        except DslError as e:
+            raise self.err.at(node, e.msg, e.hint) from None
+
+    def _index(self, node: ast.expr) -> Any:
+        if isinstance(node, ast.Slice):
+            parts = [None if p is None else self.eval(p) for p in (node.lower, node.upper, node.step)]
+            for p, sub in zip(parts, (node.lower, node.upper, node.step)):
+                if p is not None and (not isinstance(p, int) or isinstance(p, bool)):
+                    raise self.err.at(sub, "slice bounds must be integers")
+            if parts[2] == 0:
+                raise self.err.at(node.step, "slice step cannot be zero")
+            return slice(*parts)
+        if isinstance(node, ast.Tuple):
+            return tuple(self._index(e) for e in node.elts)
+        v = self.eval(node)
+        if isinstance(v, Tensor):
+            raise self.err.at(node, "indexing with a tensor is not supported",
+                              hint="use basic indexing: ints, slices, None and ...")
+        if isinstance(v, bool) or not (v is None or v is Ellipsis or isinstance(v, int)):
+            raise self.err.at(node, f"cannot index with {_describe(v)}")
+        return v
+
+
+__all__ = ["parse", "trace", "InputDecl", "Parsed", "dim_names", "concrete_shape", "fmt_type"]

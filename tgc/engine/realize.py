@@ -1,0 +1,107 @@
+"""The realizer: allocate buffers, copy inputs in, launch a program's kernels in order, copy outputs out."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from tgc.errors import DeviceError, TgcError
+from tgc.ir.shapes import prod, shape_of
+from tgc.ir.uop import Ops, UOp
+
+
+def _debug() -> int:
+    try:
+        return int(os.environ.get("DEBUG", "0") or 0)
+    except ValueError:
+        return 0
+
+
+class Buffer:
+    """Device memory holding one tensor node's values (contiguous)."""
+
+    def __init__(self, device: Any, node: UOp):
+        self.device, self.node = device, node
+        self.nbytes = max(prod(shape_of(node)) * node.dtype.itemsize, 1)
+        self.handle = device.allocator.alloc(self.nbytes)
+
+    def copyin(self, arr: np.ndarray) -> None:
+        if arr.nbytes:
+            self.device.allocator.copyin(self.handle, memoryview(np.ascontiguousarray(arr)).cast("B"))
+
+    def numpy(self) -> np.ndarray:
+        out = np.empty(shape_of(self.node), dtype=self.node.dtype.np)
+        if out.nbytes:
+            self.device.allocator.copyout(memoryview(out).cast("B"), self.handle)
+        return out
+
+    def free(self) -> None:
+        self.device.allocator.free(self.handle, self.nbytes)
+
+
+def run_program(prog, device: str | None, dims: dict[str, int], arrays: dict[str, np.ndarray],
+                keep_buffers: bool = False) -> dict[str, np.ndarray]:
+    from tgc.api import to_user_array
+    from tgc.backends import default_device, get_device
+
+    name = device or default_device()
+    if "," in name:
+        from tgc.engine.multi import run_multi
+        return run_multi(prog, name, dims, arrays)
+    dev = get_device(name)
+    kernels = prog.compile(device=name, dims=dims)
+    outs, in_bufs = prog._trace(dims)
+    buffers: dict[UOp, Buffer] = {}
+    try:
+        for b in in_bufs:
+            buffers[b] = Buffer(dev, b)
+            buffers[b].copyin(arrays[prog.inputs[b.arg[0]].name])
+        for k in kernels:
+            for node in k.bufs:
+                if node not in buffers:
+                    buffers[node] = Buffer(dev, node)
+            launch(k, [buffers[n] for n in k.bufs])
+        result = {}
+        for out_name, node in zip(prog.output_names, outs):
+            if node in buffers:
+                arr = buffers[node].numpy()
+            else:  # an empty output: no kernel ran
+                arr = np.zeros(shape_of(node), dtype=node.dtype.np)
+            result[out_name] = to_user_array(arr, node.dtype)
+        dev.synchronize()
+        return result
+    finally:
+        for buf in buffers.values():
+            buf.free()
+
+
+def launch(k, bufs: list[Buffer]) -> float | None:
+    level = _debug()
+    if level >= 4:
+        print(k.src, file=sys.stderr)
+    if level >= 5:
+        print(k.uops_text(), file=sys.stderr)
+    prog = k.program()
+    wait = level >= 2
+    st = time.perf_counter()
+    try:
+        t = prog(*[b.handle for b in bufs], global_size=k.global_size, local_size=k.local_size, vals=k.vals,
+                 wait=wait)
+    except TgcError:
+        raise
+    except Exception as e:  # a device failure is a runtime error, not a crash
+        raise DeviceError(f"kernel {k.name} failed on {k.device.name}: {e}") from None
+    if wait:
+        t = t if t is not None else time.perf_counter() - st
+        gflops = k.flops / t / 1e9 if t > 0 else 0
+        gbs = k.bytes_moved / t / 1e9 if t > 0 else 0
+        print(f"*** {k.device.name:<8} {k.name:<28} launch {str(k.global_size):<14} {t * 1e6:9.2f} us "
+              f"{gflops:8.2f} GFLOP/s {gbs:8.2f} GB/s", file=sys.stderr)
+    return t
+
+
+_ = Ops

@@ -1,0 +1,250 @@
+"""The scheduler: cut a tensor graph into kernels, and write each kernel as an AST over loop ranges.
+
+Which nodes get a buffer of their own ("realized"):
+- every program output;
+- a reduction whose result is read more than once per output element of its consumer: behind an EXPAND
+  or WINDOW (a broadcast reuses it), or inside another reduction, or shared by several kernels.
+Everything else is fused: elementwise chains, elementwise work before a reduction (inside its loop) and
+after it (once per output), and movement ops, which become index arithmetic. Constants and broadcasts
+are never materialized.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tgc.dtype import DType, dtypes, min_max
+from tgc.ir.shapes import prod, shape_of, strides_for
+from tgc.ir.symbolic import simplify
+from tgc.ir.uop import ALU, Ops, RangeKind, UOp
+
+INDEX = dtypes.i32
+
+
+@dataclass
+class ScheduleItem:
+    """One kernel: `ast` is SINK(STORE(DEFINE_GLOBAL 0, index, value)); `bufs[i]` is the tensor node held
+    by DEFINE_GLOBAL i (bufs[0] is the output)."""
+
+    ast: UOp
+    bufs: list[UOp]
+    name: str = ""
+    line: int | None = None
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def output(self) -> UOp:
+        return self.bufs[0]
+
+
+_EXPANDING = {Ops.EXPAND, Ops.WINDOW}
+
+
+def find_realized(outputs: list[UOp]) -> list[UOp]:
+    """Kernel roots in dependency order (each after the roots it reads)."""
+    realized: set[UOp] = set(o for o in outputs)
+    reached_by: dict[UOp, int] = {}  # reduce -> how many times it was reached unrealized
+    changed = True
+    while changed:
+        changed = False
+        reached_by.clear()
+        for root in list(realized):
+            stack: list[tuple[UOp, bool]] = [(s, root.op in _EXPANDING or root.op is Ops.REDUCE_AXIS)
+                                             for s in root.src]
+            seen: set[tuple[UOp, bool]] = set()
+            while stack:
+                node, reused = stack.pop()
+                if (node, reused) in seen or node.op is Ops.BUFFER:
+                    continue
+                seen.add((node, reused))
+                if node in realized:
+                    continue
+                if node.op is Ops.REDUCE_AXIS:
+                    reached_by[node] = reached_by.get(node, 0) + 1
+                    if reused or reached_by[node] > 1:
+                        realized.add(node)
+                        changed = True
+                        continue
+                below_reused = reused or node.op in _EXPANDING or node.op is Ops.REDUCE_AXIS
+                stack.extend((s, below_reused) for s in node.src)
+    # order: toposort of the whole graph restricted to realized nodes
+    order: list[UOp] = []
+    seen_nodes: set[UOp] = set()
+    for out in outputs:
+        for node in out.toposort():
+            if node in realized and node not in seen_nodes:
+                seen_nodes.add(node)
+                order.append(node)
+    return order
+
+
+class _Lowerer:
+    """Writes one kernel: the value of `root` at an index vector, as index math over RANGEs."""
+
+    def __init__(self, root: UOp, realized: set[UOp]):
+        self.root, self.realized = root, realized
+        self.bufs: list[UOp] = [root]
+        self.globals: dict[UOp, UOp] = {}
+        self.memo: dict[tuple, UOp] = {}
+        self.range_id = 0
+        self.flops = 0
+
+    def new_range(self, size: int, kind: RangeKind) -> UOp:
+        r = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, size),), (self.range_id, kind))
+        self.range_id += 1
+        return r
+
+    def buffer(self, node: UOp) -> UOp:
+        if node not in self.globals:
+            idx = self.bufs.index(node) if node in self.bufs else len(self.bufs)
+            if node not in self.bufs:
+                self.bufs.append(node)
+            self.globals[node] = UOp(Ops.DEFINE_GLOBAL, mem_dtype(node.dtype).as_ptr(), (), idx)
+        return self.globals[node]
+
+    def build(self) -> UOp:
+        shape = shape_of(self.root)
+        idx = tuple(self.new_range(s, RangeKind.LOOP) if s != 1 else UOp.const(INDEX, 0) for s in shape)
+        out = self.buffer(self.root)
+        value = self.value(self.root, idx, UOp.const(dtypes.bool, True), top=True)
+        store = UOp(Ops.STORE, None, (out, flat_index(idx, shape), value))
+        return UOp(Ops.SINK, None, (store,))
+
+    def value(self, node: UOp, idx: tuple[UOp, ...], valid: UOp, top: bool = False) -> UOp:
+        key = (node, idx, valid)
+        if key in self.memo:
+            return self.memo[key]
+        out = self._value(node, idx, valid, top)
+        self.memo[key] = out
+        return out
+
+    def _value(self, node: UOp, idx: tuple[UOp, ...], valid: UOp, top: bool) -> UOp:
+        op, arg = node.op, node.arg
+        if node.op is Ops.BUFFER or (node in self.realized and not top):
+            index = simplify(flat_index(idx, shape_of(node)))
+            src = (self.buffer(node), index) if valid.op is Ops.CONST else (self.buffer(node), index, valid)
+            return UOp(Ops.LOAD, node.dtype, src)
+        if op is Ops.CONST:
+            return node
+        if op is Ops.IOTA:
+            return idx[0]
+        if op in ALU or op in (Ops.CAST, Ops.BITCAST):
+            return UOp(op, node.dtype, tuple(self.value(s, idx, valid) for s in node.src))
+        if op is Ops.REDUCE_AXIS:
+            reduce_op, axes = arg
+            src_shape = shape_of(node.src[0])
+            ranges, inner = [], list(idx)
+            for a in axes:
+                if src_shape[a] == 1:
+                    inner[a] = UOp.const(INDEX, 0)
+                else:
+                    r = self.new_range(src_shape[a], RangeKind.REDUCE)
+                    ranges.append(r)
+                    inner[a] = r
+            inner_value = self.value(node.src[0], tuple(inner), valid)
+            if prod(src_shape[a] for a in axes) == 0:
+                return UOp.const(node.dtype, identity(reduce_op, node.dtype))
+            if not ranges:
+                return inner_value
+            return UOp(Ops.REDUCE, node.dtype, (inner_value, *ranges), reduce_op)
+        src = node.src[0]
+        src_shape = shape_of(src)
+        if op is Ops.RESHAPE:
+            flat = flat_index(idx, shape_of(node))
+            new_idx = []
+            for s, st in zip(src_shape, strides_for(src_shape)):
+                new_idx.append(UOp.const(INDEX, 0) if s == 1 else simplify((flat // UOp.const(INDEX, st)) %
+                                                                           UOp.const(INDEX, s)))
+            return self.value(src, tuple(new_idx), valid)
+        if op is Ops.PERMUTE:
+            new_idx = [None] * len(arg)
+            for i, a in enumerate(arg):
+                new_idx[a] = idx[i]
+            return self.value(src, tuple(new_idx), valid)
+        if op is Ops.EXPAND:
+            return self.value(src, tuple(UOp.const(INDEX, 0) if s == 1 else i for i, s in zip(idx, src_shape)), valid)
+        if op is Ops.SHRINK:
+            return self.value(src, tuple(simplify(i + UOp.const(INDEX, b)) if b else i
+                                         for i, (b, _) in zip(idx, arg)), valid)
+        if op is Ops.FLIP:
+            return self.value(src, tuple(simplify(UOp.const(INDEX, s - 1) - i) if f else i
+                                         for i, s, f in zip(idx, src_shape, arg)), valid)
+        if op is Ops.STRIDE:
+            return self.value(src, tuple(simplify(i * UOp.const(INDEX, st)) if st != 1 else i
+                                         for i, st in zip(idx, arg)), valid)
+        if op is Ops.WINDOW:
+            axis, _, stride, dil = arg
+            h = simplify(idx[axis] * UOp.const(INDEX, stride) + idx[axis + 1] * UOp.const(INDEX, dil))
+            return self.value(src, idx[:axis] + (h,) + idx[axis + 2:], valid)
+        if op is Ops.PAD:
+            pads, fill = arg
+            new_idx, cond = [], None
+            for i, s, (b, _) in zip(idx, src_shape, pads):
+                j = simplify(i - UOp.const(INDEX, b)) if b else i
+                new_idx.append(j)
+                if b or _:
+                    c = simplify(UOp(Ops.AND, dtypes.bool, (_ge0(j), j < UOp.const(INDEX, s))))
+                    cond = c if cond is None else simplify(UOp(Ops.AND, dtypes.bool, (cond, c)))
+            if cond is None or (cond.op is Ops.CONST and cond.arg):
+                return self.value(src, tuple(new_idx), valid)
+            inner_valid = cond if valid.op is Ops.CONST else simplify(UOp(Ops.AND, dtypes.bool, (valid, cond)))
+            inner = self.value(src, tuple(new_idx), inner_valid)
+            return UOp(Ops.WHERE, node.dtype, (cond, inner, UOp.const(node.dtype, fill)))
+        raise NotImplementedError(f"cannot lower {op}")
+
+
+def _ge0(j: UOp) -> UOp:
+    """j >= 0 written as not (j < 0), folded when the bounds decide it."""
+    if j.vmin >= 0:
+        return UOp.const(dtypes.bool, True)
+    if j.vmax < 0:
+        return UOp.const(dtypes.bool, False)
+    return UOp(Ops.NOT, dtypes.bool, (j < UOp.const(INDEX, 0),))
+
+
+def mem_dtype(d: DType) -> DType:
+    """How a dtype is held in memory (bools as one byte; renderers map `bool` to u8 storage)."""
+    return d
+
+
+def flat_index(idx: tuple[UOp, ...], shape: tuple[int, ...]) -> UOp:
+    out = UOp.const(INDEX, 0)
+    for i, st, s in zip(idx, strides_for(shape), shape):
+        if s != 1:
+            out = out + i * UOp.const(INDEX, st)
+    return simplify(out)
+
+
+def identity(op: Ops, dtype: DType):
+    if op is Ops.ADD:
+        return 0
+    if op is Ops.MUL:
+        return 1
+    lo, _ = min_max(dtype)
+    return lo
+
+
+def kernel_name(ast: UOp) -> str:
+    ranges = sorted({u for u in ast.toposort() if u.op is Ops.RANGE}, key=lambda r: r.arg[0])
+    has_reduce = any(u.op is Ops.REDUCE for u in ast.toposort())
+    sizes = [str(r.src[0].arg) for r in ranges] or ["1"]
+    return ("r_" if has_reduce else "E_") + "_".join(sizes)
+
+
+def create_schedule(outputs: list[UOp]) -> list[ScheduleItem]:
+    roots = find_realized(outputs)
+    realized = set(roots)
+    items: list[ScheduleItem] = []
+    done: dict[UOp, ScheduleItem] = {}
+    for root in roots:
+        if root in done:
+            continue
+        if prod(shape_of(root)) == 0:
+            item = ScheduleItem(UOp(Ops.SINK, None, ()), [root], name="empty")
+        else:
+            low = _Lowerer(root, realized)
+            ast = low.build()
+            item = ScheduleItem(ast, low.bufs, name=kernel_name(ast))
+        done[root] = item
+        items.append(item)
+    return items

@@ -1,0 +1,178 @@
+"""Symbolic simplification of index arithmetic and constant folding, as pattern-matcher rules.
+
+Movement ops become index expressions full of `//` and `%`; these rules use the value bounds of each
+expression (`UOp.bounds`) to fold them back into plain loop variables where possible.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+
+from tgc.dtype import DType, dtypes, truncate
+from tgc.ir.uop import Ops, PatternMatcher, UOp, UPat, graph_rewrite
+
+
+def c_div(a: int, b: int) -> int:
+    """C integer division (truncates toward zero); division by zero gives 0 as DSL.md asks."""
+    if b == 0:
+        return 0
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b >= 0) else -q
+
+
+def c_mod(a: int, b: int) -> int:
+    return 0 if b == 0 else a - b * c_div(a, b)
+
+
+def _fdiv(a: float, b: float) -> float:
+    try:
+        return a / b
+    except ZeroDivisionError:
+        return math.nan if a == 0 or math.isnan(a) else math.copysign(math.inf, a) * math.copysign(1, b)
+
+
+_FOLD = {
+    Ops.ADD: operator.add, Ops.SUB: operator.sub, Ops.MUL: operator.mul, Ops.MAX: max,
+    Ops.IDIV: c_div, Ops.MOD: c_mod, Ops.FDIV: _fdiv,
+    Ops.CMPLT: operator.lt, Ops.CMPNE: operator.ne, Ops.CMPEQ: operator.eq,
+    Ops.AND: operator.and_, Ops.OR: operator.or_, Ops.XOR: operator.xor,
+    Ops.NEG: operator.neg,
+}
+
+
+def fold_constants(x: UOp) -> UOp | None:
+    """Evaluate an integer or bool ALU op whose sources are all constants (floats are left to the backend,
+    whose rounding we would otherwise have to imitate)."""
+    if x.op not in _FOLD or not all(s.op is Ops.CONST for s in x.src):
+        return None
+    if not all(s.dtype.is_int or s.dtype.is_bool for s in x.src):
+        return None
+    if x.op is Ops.FDIV:
+        return None
+    args = [s.arg for s in x.src]
+    if x.src[0].dtype.is_bool and x.op in (Ops.AND, Ops.OR, Ops.XOR):
+        args = [bool(a) for a in args]
+    try:
+        value = _FOLD[x.op](*args)
+    except (OverflowError, ValueError):
+        return None
+    return UOp.const(x.dtype, truncate(value, x.dtype))
+
+
+def _terms(u: UOp) -> tuple[list[tuple[UOp, int]], int]:
+    """An integer expression as sum(coef * node) + const, looking through ADD and MUL-by-constant."""
+    if u.op is Ops.CONST:
+        return [], int(u.arg)
+    if u.op is Ops.ADD:
+        (ta, ca), (tb, cb) = _terms(u.src[0]), _terms(u.src[1])
+        return ta + tb, ca + cb
+    if u.op is Ops.MUL and u.src[1].op is Ops.CONST:
+        t, c = _terms(u.src[0])
+        k = int(u.src[1].arg)
+        return [(n, coef * k) for n, coef in t], c * k
+    if u.op is Ops.MUL and u.src[0].op is Ops.CONST:
+        return _terms(u.src[1].alu(Ops.MUL, u.src[0]))
+    return [(u, 1)], 0
+
+
+def _build(terms: list[tuple[UOp, int]], const: int, dtype: DType) -> UOp:
+    merged: dict[UOp, int] = {}
+    for n, c in terms:
+        merged[n] = merged.get(n, 0) + c
+    out: UOp | None = None
+    for n, c in merged.items():
+        if c == 0:
+            continue
+        t = n if c == 1 else n * UOp.const(dtype, c)
+        out = t if out is None else out + t
+    if out is None:
+        return UOp.const(dtype, const)
+    return out if const == 0 else out + UOp.const(dtype, const)
+
+
+def div_rule(x: UOp, c: UOp) -> UOp | None:
+    d = int(c.arg)
+    if d == 1:
+        return x
+    if d <= 0 or x.vmin < 0:
+        return None
+    if x.vmax < d:
+        return UOp.const(x.dtype, 0)
+    terms, const = _terms(x)
+    outer = [(n, coef // d) for n, coef in terms if coef % d == 0]
+    rest = [(n, coef) for n, coef in terms if coef % d != 0]
+    outer_const, rest_const = divmod(const, d)
+    rest_expr = _build(rest, rest_const, x.dtype)
+    if rest_expr.vmin < 0:
+        return None
+    if not outer and outer_const == 0:
+        if x.op is Ops.IDIV and x.src[1].op is Ops.CONST and x.src[0].vmin >= 0:  # (a // b) // d -> a // (b*d)
+            return x.src[0] // UOp.const(x.dtype, int(x.src[1].arg) * d)
+        g = math.gcd(d, *[coef for _, coef in rest], rest_const) if rest else d
+        if g > 1 and rest_const % g == 0 and all(coef % g == 0 for _, coef in rest):
+            return _build([(n, coef // g) for n, coef in rest], rest_const // g, x.dtype) // UOp.const(x.dtype, d // g)
+        return None
+    quotient = _build(outer, outer_const, x.dtype)
+    if rest_expr.vmax < d:
+        return quotient
+    return quotient + rest_expr // c
+
+
+def mod_rule(x: UOp, c: UOp) -> UOp | None:
+    d = int(c.arg)
+    if d == 1:
+        return UOp.const(x.dtype, 0)
+    if d <= 0 or x.vmin < 0:
+        return None
+    if x.vmax < d:
+        return x
+    terms, const = _terms(x)
+    rest = [(n, coef % d) for n, coef in terms if coef % d != 0]
+    if len(rest) == len(terms) and 0 <= const < d and all(coef < d for _, coef in rest):
+        if x.op is Ops.MOD and x.src[1].op is Ops.CONST and int(x.src[1].arg) % d == 0:  # (a % (k*d)) % d
+            return x.src[0] % c
+        return None
+    rest_expr = _build(rest, const % d, x.dtype)
+    if rest_expr.vmin < 0:
+        return None
+    return rest_expr if rest_expr.vmax < d else rest_expr % c
+
+
+def lt_rule(x: UOp, c: UOp) -> UOp | None:
+    if x.vmax < c.arg:
+        return UOp.const(dtypes.bool, True)
+    if x.vmin >= c.arg:
+        return UOp.const(dtypes.bool, False)
+    return None
+
+
+def _is_int(u: UOp) -> bool:
+    return u.dtype is not None and (u.dtype.is_int)
+
+
+symbolic = PatternMatcher([
+    (UPat(set(_FOLD), name="x"), fold_constants),
+    # identities
+    (UPat(Ops.ADD, src=(UPat.var("x"), UPat.cvar("c"))), lambda x, c: x if c.arg == 0 and _is_int(x) else None),
+    (UPat(Ops.SUB, src=(UPat.var("x"), UPat.cvar("c"))), lambda x, c: x if c.arg == 0 and _is_int(x) else None),
+    (UPat(Ops.MUL, src=(UPat.var("x"), UPat.cvar("c"))),
+     lambda x, c: x if c.arg == 1 else (c if c.arg == 0 and _is_int(x) else None)),
+    (UPat(Ops.ADD, src=(UPat(Ops.ADD, src=(UPat.var("x"), UPat.cvar("c1"))), UPat.cvar("c2"))),
+     lambda x, c1, c2: x + UOp.const(x.dtype, c1.arg + c2.arg) if _is_int(x) else None),
+    (UPat(Ops.MUL, src=(UPat(Ops.MUL, src=(UPat.var("x"), UPat.cvar("c1"))), UPat.cvar("c2"))),
+     lambda x, c1, c2: x * UOp.const(x.dtype, c1.arg * c2.arg) if _is_int(x) else None),
+    # index division and remainder by constants
+    (UPat(Ops.IDIV, src=(UPat.var("x", "int"), UPat.cvar("c"))), div_rule),
+    (UPat(Ops.MOD, src=(UPat.var("x", "int"), UPat.cvar("c"))), mod_rule),
+    # comparisons decided by bounds
+    (UPat(Ops.CMPLT, src=(UPat.var("x", "int"), UPat.cvar("c"))), lt_rule),
+    # where with a known condition, logical and with a known side
+    (UPat(Ops.WHERE, src=(UPat.cvar("c"), UPat.var("a"), UPat.var("b"))), lambda c, a, b: a if c.arg else b),
+    (UPat(Ops.WHERE, src=(UPat.var("c"), UPat.var("a"), UPat.var("a"))), lambda c, a: a),
+    (UPat(Ops.AND, src=(UPat.var("x", "bool"), UPat.cvar("c", "bool"))), lambda x, c: x if c.arg else c),
+])
+
+
+def simplify(u: UOp) -> UOp:
+    return graph_rewrite(u, symbolic)

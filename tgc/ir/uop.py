@@ -1,0 +1,398 @@
+"""The one IR: `UOp(op, dtype, src, arg)`, immutable and hash-consed, plus a small pattern matcher.
+
+Tensor-level graphs (what the front end builds), kernel ASTs (what the scheduler cuts) and the linear
+lists that renderers print are all UOps; only the set of ops used differs by stage.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterable
+from enum import Enum, auto
+from typing import Any
+
+from tgc.dtype import DType, dtypes
+
+
+class Ops(Enum):
+    # --- tensor level: sources
+    BUFFER = auto()  # a program input; arg = (index, name, shape)
+    CONST = auto()  # a scalar constant; arg = value
+    IOTA = auto()  # 0, 1, ..., n-1 (i32); arg = n
+    # --- movement (tensor level only; they become index math, never copies)
+    RESHAPE = auto()  # arg = new shape
+    PERMUTE = auto()  # arg = order
+    EXPAND = auto()  # arg = new shape (size-1 dims grow)
+    PAD = auto()  # arg = (((before, after), ...), fill value)
+    SHRINK = auto()  # arg = ((start, end), ...)
+    FLIP = auto()  # arg = tuple of bools, one per dim
+    STRIDE = auto()  # arg = positive step per dim
+    WINDOW = auto()  # arg = (axis, kernel, stride, dilation): dim H -> (OH, K), h = oh*stride + k*dilation
+    REDUCE_AXIS = auto()  # arg = (reduce op, axes); keeps the reduced dims as size 1
+    # --- unary ALU
+    NEG = auto()
+    NOT = auto()  # logical not for bool, bitwise not for ints
+    EXP2 = auto()
+    LOG2 = auto()
+    SIN = auto()
+    SQRT = auto()
+    RECIP = auto()
+    TRUNC = auto()
+    CAST = auto()
+    BITCAST = auto()
+    # --- binary ALU
+    ADD = auto()
+    SUB = auto()
+    MUL = auto()
+    FDIV = auto()  # float division
+    IDIV = auto()  # C integer division (truncating); the front end guards zero and overflow
+    MOD = auto()  # C remainder
+    MAX = auto()
+    CMPLT = auto()
+    CMPNE = auto()
+    CMPEQ = auto()
+    AND = auto()
+    OR = auto()
+    XOR = auto()
+    SHL = auto()
+    SHR = auto()
+    # --- ternary
+    WHERE = auto()
+    MULACC = auto()  # a*b+c, fused where the backend has fma
+    # --- kernel level
+    SINK = auto()
+    DEFINE_GLOBAL = auto()  # arg = buffer index; dtype is a pointer
+    DEFINE_VAR = auto()  # an integer kernel argument; arg = name
+    SPECIAL = auto()  # a GPU index: arg = (name like "gidx0"/"lidx0", size)
+    RANGE = auto()  # a loop variable; src = (end,), arg = (id, kind)
+    LOAD = auto()  # src = (buffer, index) or (buffer, index, gate)
+    STORE = auto()  # src = (buffer, index, value) or with a gate
+    REDUCE = auto()  # src = (value, *ranges), arg = reduce op
+    VECTORIZE = auto()
+    GEP = auto()
+    # --- linear (after linearization)
+    ENDRANGE = auto()
+    DEFINE_ACC = auto()  # a mutable accumulator; src = (initial value,)
+    ACCUMULATE = auto()  # acc = op(acc, value); src = (acc, value), arg = op
+    READ_ACC = auto()  # the accumulator's value
+    DEFINE_LOCAL = auto()  # GPU shared memory: arg = (name, size)
+    BARRIER = auto()
+    IF = auto()
+    ENDIF = auto()
+
+
+UNARY = {Ops.NEG, Ops.NOT, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP, Ops.TRUNC}
+BINARY = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ,
+          Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR}
+ALU = UNARY | BINARY | {Ops.WHERE, Ops.MULACC}
+COMPARE = {Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ}
+MOVEMENT = {Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.FLIP, Ops.STRIDE, Ops.WINDOW}
+COMMUTATIVE = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR}
+
+
+class RangeKind(Enum):
+    LOOP = auto()  # an output loop
+    REDUCE = auto()  # a reduction loop
+    UPCAST = auto()  # an output loop unrolled into registers
+    UNROLL = auto()  # a reduction loop unrolled
+    THREAD = auto()  # split across CPU threads
+    GLOBAL = auto()  # a GPU grid index
+    LOCAL = auto()  # a GPU work-group index
+    GROUP = auto()  # a reduction split across a work-group (shared-memory reduce)
+
+
+class UOp:
+    """An immutable, hash-consed node. Build with `UOp(op, dtype, src, arg)`; equal nodes are the same object."""
+
+    __slots__ = ("op", "dtype", "src", "arg", "_hash", "__weakref__", "__dict__")
+    _cache: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+    def __new__(cls, op: Ops, dtype: DType | None = None, src: tuple[UOp, ...] = (), arg: Any = None):
+        key = (op, dtype, src, arg)
+        try:
+            hit = UOp._cache.get(key)
+        except TypeError:  # unhashable arg
+            raise TypeError(f"UOp arg must be hashable, got {arg!r}") from None
+        if hit is not None:
+            return hit
+        self = object.__new__(cls)
+        object.__setattr__(self, "op", op)
+        object.__setattr__(self, "dtype", dtype)
+        object.__setattr__(self, "src", src)
+        object.__setattr__(self, "arg", arg)
+        object.__setattr__(self, "_hash", hash(key))
+        UOp._cache[key] = self
+        return self
+
+    def __setattr__(self, name, value):
+        if name in ("op", "dtype", "src", "arg"):
+            raise AttributeError("UOp is immutable")
+        object.__setattr__(self, name, value)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other) -> bool:
+        return self is other
+
+    def __reduce__(self):
+        return UOp, (self.op, self.dtype, self.src, self.arg)
+
+    def __repr__(self) -> str:
+        return pretty(self)
+
+    def replace(self, **kw) -> UOp:
+        return UOp(kw.get("op", self.op), kw.get("dtype", self.dtype), kw.get("src", self.src), kw.get("arg", self.arg))
+
+    # --- building helpers (used by later passes; the front end has its own typed layer)
+    @staticmethod
+    def const(dtype: DType, value: Any) -> UOp:
+        return UOp(Ops.CONST, dtype, (), _normalize_const(dtype, value))
+
+    def alu(self, op: Ops, *others: UOp) -> UOp:
+        out_dtype = dtypes.bool if op in COMPARE else (others[-1].dtype if op is Ops.WHERE else self.dtype)
+        return UOp(op, out_dtype, (self, *others))
+
+    def __add__(self, x): return self.alu(Ops.ADD, self._c(x))
+    def __radd__(self, x): return self._c(x).alu(Ops.ADD, self)
+    def __sub__(self, x): return self.alu(Ops.SUB, self._c(x))
+    def __mul__(self, x): return self.alu(Ops.MUL, self._c(x))
+    def __rmul__(self, x): return self._c(x).alu(Ops.MUL, self)
+    def __floordiv__(self, x): return self.alu(Ops.IDIV, self._c(x))
+    def __mod__(self, x): return self.alu(Ops.MOD, self._c(x))
+    def __lt__(self, x): return self.alu(Ops.CMPLT, self._c(x))
+    def ne(self, x): return self.alu(Ops.CMPNE, self._c(x))
+    def eq(self, x): return self.alu(Ops.CMPEQ, self._c(x))
+    def logical_and(self, x): return self.alu(Ops.AND, self._c(x))
+    def where(self, a, b): return self.alu(Ops.WHERE, self._c(a), self._c(b))
+
+    def _c(self, x) -> UOp:
+        return x if isinstance(x, UOp) else UOp.const(self.dtype, x)
+
+    # --- analysis
+    def toposort(self) -> list[UOp]:
+        """Every node reachable from this one, sources before users."""
+        order: list[UOp] = []
+        seen: set[UOp] = set()
+        stack: list[tuple[UOp, bool]] = [(self, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if expanded:
+                order.append(node)
+                continue
+            if node in seen:
+                continue
+            seen.add(node)
+            stack.append((node, True))
+            for s in reversed(node.src):
+                if s not in seen:
+                    stack.append((s, False))
+        return order
+
+    @property
+    def vmin(self) -> int | float:
+        return self.bounds[0]
+
+    @property
+    def vmax(self) -> int | float:
+        return self.bounds[1]
+
+    @property
+    def bounds(self) -> tuple[Any, Any]:
+        """Conservative (min, max) of an integer index expression; used by symbolic simplification."""
+        b = self.__dict__.get("_bounds")
+        if b is None:
+            b = _bounds(self)
+            self.__dict__["_bounds"] = b
+        return b
+
+
+def _normalize_const(dtype: DType, value: Any) -> Any:
+    if dtype is None:
+        return value
+    if dtype.is_bool:
+        return bool(value)
+    if dtype.is_int:
+        from tgc.dtype import truncate
+        return truncate(value, dtype)
+    v = float(value)
+    return v
+
+
+INF = float("inf")
+
+
+def _bounds(u: UOp) -> tuple[Any, Any]:
+    if u.op is Ops.CONST:
+        return (u.arg, u.arg) if not isinstance(u.arg, bool) else (int(u.arg), int(u.arg))
+    if u.op is Ops.RANGE:
+        return 0, u.src[0].vmax - 1
+    if u.op is Ops.SPECIAL:
+        return 0, u.arg[1] - 1
+    if u.op is Ops.DEFINE_VAR and isinstance(u.arg, tuple):
+        return u.arg[1], u.arg[2]
+    if u.dtype is not None and u.dtype.is_bool:
+        return 0, 1
+    if u.op in (Ops.ADD, Ops.SUB, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX) and u.dtype is not None and u.dtype.is_int:
+        (a0, a1), (b0, b1) = u.src[0].bounds, u.src[1].bounds
+        if u.op is Ops.ADD:
+            return a0 + b0, a1 + b1
+        if u.op is Ops.SUB:
+            return a0 - b1, a1 - b0
+        if u.op is Ops.MUL:
+            prods = [a0 * b0, a0 * b1, a1 * b0, a1 * b1]
+            return min(prods), max(prods)
+        if u.op is Ops.MAX:
+            return max(a0, b0), max(a1, b1)
+        if u.op is Ops.IDIV and b0 == b1 and b0 > 0 and a0 >= 0:
+            return a0 // b0, a1 // b0
+        if u.op is Ops.MOD and b0 == b1 and b0 > 0:
+            if a0 >= 0:
+                return (a0, a1) if a1 < b0 else (0, b0 - 1)
+            return -(b0 - 1), b0 - 1
+    if u.op is Ops.WHERE:
+        (a0, a1), (b0, b1) = u.src[1].bounds, u.src[2].bounds
+        return min(a0, b0), max(a1, b1)
+    if u.op is Ops.CAST and u.src[0].dtype is not None and u.src[0].dtype.is_int and u.dtype.is_int:
+        return u.src[0].bounds
+    from tgc.dtype import min_max
+    return min_max(u.dtype) if u.dtype is not None else (-INF, INF)
+
+
+def pretty(u: UOp, limit: int = 8) -> str:
+    """A one-line-per-node listing of a graph, for debugging and `--emit uops`."""
+    lines, names = [], {}
+    for i, n in enumerate(u.toposort()):
+        names[n] = f"%{i}"
+        srcs = ", ".join(names[s] for s in n.src)
+        arg = "" if n.arg is None else f" {n.arg!r}"
+        lines.append(f"%{i} = {n.op.name} {n.dtype}{arg} ({srcs})")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Pattern matching
+
+
+class UPat:
+    """A pattern over UOps. `UPat(Ops.ADD, src=(UPat.var("x"), UPat.cvar("c")))` matches x + const and binds x, c.
+
+    `op` may be one op or a set; `src` a tuple matched in order (both orders are tried for commutative ops);
+    `arg` must be equal when given; `name` binds the matched node; `dtype` restricts the dtype (a set or a
+    predicate string "int"/"float"/"bool").
+    """
+
+    __slots__ = ("ops", "src", "arg", "name", "dtype")
+
+    def __init__(self, op: Ops | Iterable[Ops] | None = None, src: tuple[UPat, ...] | None = None,
+                 arg: Any = None, name: str | None = None, dtype: Any = None):
+        self.ops = None if op is None else (frozenset([op]) if isinstance(op, Ops) else frozenset(op))
+        self.src, self.arg, self.name, self.dtype = src, arg, name, dtype
+
+    @staticmethod
+    def var(name: str, dtype: Any = None) -> UPat:
+        return UPat(name=name, dtype=dtype)
+
+    @staticmethod
+    def cvar(name: str, dtype: Any = None) -> UPat:
+        return UPat(Ops.CONST, name=name, dtype=dtype)
+
+    def match(self, u: UOp, bound: dict[str, UOp]) -> bool:
+        if self.ops is not None and u.op not in self.ops:
+            return False
+        if self.arg is not None and u.arg != self.arg:
+            return False
+        if self.dtype is not None and not _dtype_ok(self.dtype, u.dtype):
+            return False
+        if self.name is not None:
+            prev = bound.get(self.name)
+            if prev is not None and prev is not u:
+                return False
+        if self.src is not None:
+            if len(self.src) != len(u.src):
+                return False
+            orders = [u.src]
+            if u.op in COMMUTATIVE and len(u.src) == 2:
+                orders.append((u.src[1], u.src[0]))
+            for srcs in orders:
+                trial = dict(bound)
+                if all(p.match(s, trial) for p, s in zip(self.src, srcs)):
+                    bound.clear()
+                    bound.update(trial)
+                    break
+            else:
+                return False
+        if self.name is not None:
+            bound[self.name] = u
+        return True
+
+
+def _dtype_ok(want: Any, d: DType | None) -> bool:
+    if d is None:
+        return False
+    if want == "int":
+        return d.is_int
+    if want == "float":
+        return d.is_float
+    if want == "bool":
+        return d.is_bool
+    return d in want if isinstance(want, (set, frozenset, tuple)) else d == want
+
+
+class PatternMatcher:
+    """An ordered list of (pattern, rewrite function). The function gets the bound names as keyword
+    arguments and returns a replacement UOp, or None to decline."""
+
+    def __init__(self, rules: list[tuple[UPat, Callable[..., UOp | None]]]):
+        self.rules = rules
+        self.by_op: dict[Ops | None, list[tuple[UPat, Callable]]] = {}
+        for pat, fn in rules:
+            for op in (pat.ops or [None]):
+                self.by_op.setdefault(op, []).append((pat, fn))
+
+    def __add__(self, other: PatternMatcher) -> PatternMatcher:
+        return PatternMatcher(self.rules + other.rules)
+
+    def rewrite(self, u: UOp, ctx: Any = None) -> UOp | None:
+        for pat, fn in self.by_op.get(u.op, []) + self.by_op.get(None, []):
+            bound: dict[str, UOp] = {}
+            if pat.match(u, bound):
+                out = fn(ctx, **bound) if ctx is not None else fn(**bound)
+                if out is not None and out is not u:
+                    return out
+        return None
+
+
+def graph_rewrite(root: UOp, pm: PatternMatcher, ctx: Any = None) -> UOp:
+    """Rewrite bottom-up until no rule applies anywhere (a fixed point)."""
+    memo: dict[UOp, UOp] = {}
+
+    def settle(u: UOp) -> UOp:
+        # u's sources are already rewritten; apply rules to u until none fires
+        for _ in range(1000):
+            out = pm.rewrite(u, ctx)
+            if out is None:
+                return u
+            u = rebuild(out)
+        raise RuntimeError(f"graph_rewrite did not converge on {u.op}")
+
+    def rebuild(u: UOp) -> UOp:
+        for node in u.toposort():
+            if node in memo:
+                continue
+            new = node.replace(src=tuple(memo[s] for s in node.src)) if node.src else node
+            memo[node] = result = settle(new) if new not in memo else memo[new]
+            memo.setdefault(result, result)
+        return memo[u]
+
+    return rebuild(root)
+
+
+def substitute(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
+    """Replace nodes by others everywhere below `root`."""
+    memo: dict[UOp, UOp] = dict(mapping)
+    for node in root.toposort():
+        if node in memo:
+            continue
+        memo[node] = node.replace(src=tuple(memo[s] for s in node.src)) if node.src else node
+    return memo[root]
