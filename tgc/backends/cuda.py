@@ -26,6 +26,7 @@ import re
 from collections import OrderedDict
 from typing import Any
 
+from tgc.backends.cstyle import CUDARenderer
 from tgc.backends.base import Compiler, Device, LRUAllocator, Program
 from tgc.errors import CompileError, DeviceError
 
@@ -352,7 +353,7 @@ class CUDADevice(Device):
 
     kind = "CUDA"
     # The shared C-style renderer's CUDA dialect; the lead wires it in tgc/backends/__init__ or here.
-    renderer: Any = None
+    renderer: Any = CUDARenderer()
     launch_style = "gpu"
 
     def __init__(self, index: int = 0):

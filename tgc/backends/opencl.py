@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tgc.backends.cstyle import OpenCLRenderer
 from tgc.backends.base import Compiler, Device, LRUAllocator, Program
 from tgc.errors import CompileError, DeviceError
 
@@ -224,7 +225,7 @@ class OpenCLDevice(Device):
 
     kind = "OPENCL"
     # The OpenCL C renderer is a dialect of the shared C-style renderer (written by the lead); it is attached there.
-    renderer: Any = None
+    renderer: Any = OpenCLRenderer()
     launch_style = "gpu"
 
     def __init__(self, index: int = 0):

@@ -14,7 +14,11 @@ HALF = (dtypes.f16, dtypes.bf16)
 
 
 def _f32(u: UOp) -> UOp:
-    return u if u.dtype == dtypes.f32 else UOp(Ops.CAST, dtypes.f32, (u,))
+    if u.dtype == dtypes.f32:
+        return u
+    if u.op is Ops.CONST:
+        return UOp.const(dtypes.f32, u.arg)
+    return UOp(Ops.CAST, dtypes.f32, (u,))
 
 
 def _promote_alu(x: UOp) -> UOp | None:

@@ -69,5 +69,30 @@ def optimize(ast: UOp, device: Any, beam: int = 0, bufs: list | None = None) -> 
             if threads > 1:
                 launch["global_size"] = (threads, 1, 1)
                 opts.append(("THREAD", 0, threads))
+    if getattr(device, "launch_style", "cpu") == "gpu":
+        ast, launch = map_to_grid(ast, max_local=getattr(device, "max_local_size", 256))
+        opts.append(("GRID", launch["global_size"], launch["local_size"]))
     _ = shape_of
     return ast, launch, opts
+
+
+def map_to_grid(ast: UOp, max_local: int = 256) -> tuple[UOp, dict]:
+    """Output loops -> GPU indices: one flat index split into work-groups of a size that divides it exactly
+    (so no thread is out of range and no guard is needed)."""
+    loops = loop_ranges(ast)
+    total = prod(r.src[0].arg for r in loops)
+    local = 1
+    for cand in range(min(max_local, total), 0, -1):
+        if total % cand == 0:
+            local = cand
+            break
+    groups = total // local
+    gidx = UOp(Ops.SPECIAL, INDEX, (), ("gidx0", groups))
+    lidx = UOp(Ops.SPECIAL, INDEX, (), ("lidx0", local))
+    flat = (gidx * UOp.const(INDEX, local) + lidx) if groups > 1 else lidx
+    mapping, stride = {}, total
+    for r in loops:
+        n = r.src[0].arg
+        stride //= n
+        mapping[r] = simplify((flat // UOp.const(INDEX, stride)) % UOp.const(INDEX, n))
+    return simplify(substitute(ast, mapping)), {"global_size": (groups, 1, 1), "local_size": (local, 1, 1)}

@@ -162,6 +162,10 @@ symbolic = PatternMatcher([
      lambda x, c1, c2: x + UOp.const(x.dtype, c1.arg + c2.arg) if _is_int(x) else None),
     (UPat(Ops.MUL, src=(UPat(Ops.MUL, src=(UPat.var("x"), UPat.cvar("c1"))), UPat.cvar("c2"))),
      lambda x, c1, c2: x * UOp.const(x.dtype, c1.arg * c2.arg) if _is_int(x) else None),
+    # (x // c) * c + x % c -> x
+    (UPat(Ops.ADD, src=(UPat(Ops.MUL, src=(UPat(Ops.IDIV, src=(UPat.var("x"), UPat.cvar("c"))), UPat.cvar("c2"))),
+                        UPat(Ops.MOD, src=(UPat.var("x"), UPat.cvar("c3"))))),
+     lambda x, c, c2, c3: x if c.arg == c2.arg == c3.arg and x.vmin >= 0 else None),
     # index division and remainder by constants
     (UPat(Ops.IDIV, src=(UPat.var("x", "int"), UPat.cvar("c"))), div_rule),
     (UPat(Ops.MOD, src=(UPat.var("x", "int"), UPat.cvar("c"))), mod_rule),

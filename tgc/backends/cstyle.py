@@ -1,0 +1,432 @@
+"""One C-style renderer for GPU-shaped devices, with dialects for OpenCL C, CUDA C and Metal.
+
+Every linear UOp becomes one line; a dialect supplies the kernel signature, index builtins, type names,
+math function names and how half floats are stored. Half floats (f16, bf16) are floats in registers
+and converted only at loads, stores and casts, so devices without half arithmetic (PoCL) work too.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+
+from tgc.dtype import DType
+from tgc.ir.uop import Ops, UOp
+
+_BINARY_SYMBOLS = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.FDIV: "/", Ops.IDIV: "/", Ops.MOD: "%",
+                   Ops.CMPLT: "<", Ops.CMPNE: "!=", Ops.CMPEQ: "==", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^"}
+
+
+class CStyleRenderer:
+    """The shared C renderer. Subclasses are dialects; the defaults are OpenCL C's."""
+
+    name = "c"
+    language = "c"
+    kernel_prefix = "__kernel void"
+    global_qualifier = "__global"
+    launch_style = "gpu"
+    has_threads = False
+    float_suffix = "f"
+    # index builtins by SPECIAL name prefix
+    group_index = "get_group_id({})"
+    local_index = "get_local_id({})"
+    types = {"bool": "bool", "i8": "char", "u8": "uchar", "i16": "short", "u16": "ushort", "i32": "int",
+             "u32": "uint", "i64": "long", "u64": "ulong", "f16": "float", "bf16": "float", "f32": "float",
+             "f64": "double"}
+    # how each dtype is held in memory (bools are bytes; half floats per dialect)
+    mem_types = {"bool": "uchar", "f16": "half", "bf16": "ushort"}
+
+    def ctype(self, d: DType) -> str:
+        return self.types[d.name]
+
+    def mtype(self, d: DType) -> str:
+        return self.mem_types.get(d.name, self.types[d.name])
+
+    # ---- pieces a dialect may override
+    def prelude(self, uops: list[UOp]) -> list[str]:
+        lines = []
+        if any(u.dtype is not None and u.dtype.name == "f64" for u in uops):
+            lines.append("#pragma OPENCL EXTENSION cl_khr_fp64 : enable")
+        lines += [
+            "inline float tg_f16(float x) { ushort b; vstore_half(x, 0, (half*)&b); return vload_half(0, (half*)&b); }",
+            "inline ushort tg_f16_bits(float x) { ushort b; vstore_half(x, 0, (half*)&b); return b; }",
+            "inline float tg_bits_f16(ushort b) { return vload_half(0, (half*)&b); }",
+            "inline ushort tg_f2bf(float x) { uint u = as_uint(x); if (isnan(x)) return (ushort)0x7fc0;"
+            " return (ushort)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16); }",
+            "inline float tg_bf2f(ushort h) { return as_float(((uint)h) << 16); }",
+        ]
+        return lines
+
+    def param(self, u: UOp, written: bool) -> str:
+        const = "" if written else "const "
+        return f"{self.global_qualifier} {const}{self.mtype(u.dtype)}* restrict data{u.arg}"
+
+    def signature(self, name: str, params: list[str], uops: list[UOp]) -> str:
+        return f"{self.kernel_prefix} {name}({', '.join(params)})"
+
+    def load(self, d: DType, buf: str, idx: str) -> str:
+        if d.name == "f16":
+            return f"vload_half({idx}, {buf})"
+        if d.name == "bf16":
+            return f"tg_bf2f({buf}[{idx}])"
+        if d.is_bool:
+            return f"({buf}[{idx}] != 0)"
+        return f"{buf}[{idx}]"
+
+    def store(self, d: DType, buf: str, idx: str, val: str) -> str:
+        if d.name == "f16":
+            return f"vstore_half({val}, {idx}, {buf});"
+        if d.name == "bf16":
+            return f"{buf}[{idx}] = tg_f2bf({val});"
+        if d.is_bool:
+            return f"{buf}[{idx}] = (uchar)({val});"
+        return f"{buf}[{idx}] = {val};"
+
+    def round_half(self, d: DType, val: str) -> str:
+        """A float value rounded to the precision of f16 or bf16."""
+        return f"tg_f16({val})" if d.name == "f16" else f"tg_bf2f(tg_f2bf({val}))"
+
+    def half_bits(self, d: DType, x: str) -> str:
+        """The 16 storage bits of a half value held as a float."""
+        return f"tg_f16_bits({x})" if d.name == "f16" else f"tg_f2bf({x})"
+
+    def half_from_bits(self, d: DType, bits: str) -> str:
+        return f"tg_bits_f16((ushort)({bits}))" if d.name == "f16" else f"tg_bf2f((ushort)({bits}))"
+
+    def math(self, op: Ops, d: DType, x: str) -> str:
+        fn = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt", Ops.TRUNC: "trunc"}[op]
+        return f"{fn}({x})"
+
+    def fmax(self, d: DType, a: str, b: str) -> str:
+        return f"fmax({a}, {b})" if d.is_float else f"max({a}, {b})"
+
+    def bitcast(self, src: DType, d: DType, x: str) -> str:
+        return f"as_{self.ctype(d)}({x})"
+
+    def cast(self, src: DType, d: DType, x: str) -> str:
+        return f"convert_{self.ctype(d)}({x})" if not d.is_bool else f"({x} != 0)"
+
+    def const(self, value, d: DType) -> str:
+        if d.is_bool:
+            return "true" if value else "false"
+        if d.is_int:
+            v = int(value)
+            if d.bits == 64:
+                if d.is_unsigned:
+                    return f"{v}ul"
+                return f"{v}l" if v != -(1 << 63) else f"({v + 1}l - 1l)"
+            if d.is_unsigned:
+                return f"{v}u"
+            return str(v) if v != -(1 << 31) else f"({v + 1} - 1)"
+        return self.float_const(float(value), d)
+
+    def float_const(self, v: float, d: DType) -> str:
+        suffix = "" if d.name == "f64" else self.float_suffix
+        if math.isnan(v):
+            return "NAN"
+        if math.isinf(v):
+            return "INFINITY" if v > 0 else "-INFINITY"
+        if d.name != "f64":
+            v = struct.unpack("f", struct.pack("f", v))[0]
+        return f"{v!r}{suffix}" if "e" in repr(v) or "." in repr(v) else f"{v!r}.0{suffix}"
+
+    def special(self, name: str) -> str:
+        kind, axis = name[:4], int(name[-1])
+        return (self.group_index if kind == "gidx" else self.local_index).format(axis)
+
+    # ---- the walk
+    def render(self, name: str, uops: list[UOp]) -> str:
+        written = {u.src[0] for u in uops if u.op is Ops.STORE}
+        params, lines = [], []
+        names: dict[UOp, str] = {}
+        depth = 1
+        counter = 0
+
+        def ref(u: UOp) -> str:
+            if u.op is Ops.CONST:
+                return self.const(u.arg, u.dtype)
+            return names[u]
+
+        def line(text: str) -> None:
+            lines.append("  " * depth + text)
+
+        def define(u: UOp, expr: str) -> None:
+            nonlocal counter
+            counter += 1
+            var = f"v{counter}"
+            names[u] = var
+            line(f"{self.ctype(u.dtype)} {var} = {expr};")
+
+        for u in uops:
+            if u.op is Ops.DEFINE_GLOBAL:
+                names[u] = f"data{u.arg}"
+                params.append(self.param(u, u in written))
+            elif u.op is Ops.DEFINE_VAR:
+                names[u] = u.arg[0] if isinstance(u.arg, tuple) else str(u.arg)
+                params.append(f"int {names[u]}")
+        for u in uops:
+            op, d = u.op, u.dtype
+            if op in (Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.CONST, Ops.SINK):
+                continue
+            if op is Ops.SPECIAL:
+                names[u] = u.arg[0]
+                line(f"int {u.arg[0]} = {self.special(u.arg[0])}; /* {u.arg[1]} */")
+            elif op is Ops.RANGE:
+                var = f"ridx{u.arg[0]}"
+                names[u] = var
+                line(f"for (int {var} = 0; {var} < {ref(u.src[0])}; {var}++) {{")
+                depth += 1
+            elif op is Ops.ENDRANGE:
+                depth -= 1
+                line("}")
+            elif op is Ops.DEFINE_ACC:
+                var = f"acc{u.arg}"
+                names[u] = var
+                line(f"{self.ctype(d)} {var} = {ref(u.src[0])};")
+            elif op is Ops.ACCUMULATE:
+                acc, v = names[u.src[0]], ref(u.src[1])
+                line(f"{acc} = {self.combine(u.arg, d, acc, v)};")
+            elif op is Ops.READ_ACC:
+                define(u, names[u.src[0]])
+            elif op is Ops.LOAD:
+                buf, idx = names[u.src[0]], ref(u.src[1])
+                expr = self.load(d, buf, idx)
+                if len(u.src) > 2:
+                    expr = f"({ref(u.src[2])} ? {expr} : {self.const(0, d)})"
+                define(u, expr)
+            elif op is Ops.STORE:
+                line(self.store(u.src[2].dtype, names[u.src[0]], ref(u.src[1]), ref(u.src[2])))
+            else:
+                define(u, self.alu(u, [ref(s) for s in u.src]))
+        body = [self.signature(name, params, uops) + " {", *lines, "}"]
+        return "\n".join(self.prelude(uops) + [""] + body) + "\n"
+
+    def combine(self, op: Ops, d: DType, a: str, b: str) -> str:
+        if op is Ops.ADD:
+            return f"({a} || {b})" if d.is_bool else f"({a} + {b})"
+        if op is Ops.MUL:
+            return f"({a} && {b})" if d.is_bool else f"({a} * {b})"
+        return f"({a} || {b})" if d.is_bool else self.fmax(d, a, b)
+
+    def alu(self, u: UOp, s: list[str]) -> str:
+        op, d = u.op, u.dtype
+        if op in (Ops.ADD, Ops.MUL) and d.is_bool:
+            return self.combine(op, d, *s)
+        if op in _BINARY_SYMBOLS:
+            return f"({s[0]} {_BINARY_SYMBOLS[op]} {s[1]})"
+        if op is Ops.MAX:
+            return self.combine(op, d, *s)
+        if op in (Ops.SHL, Ops.SHR):
+            bits = d.bits
+            sym = "<<" if op is Ops.SHL else ">>"
+            big = "0" if op is Ops.SHL or d.is_unsigned else f"({s[0]} >> {bits - 1})"
+            return f"(({s[1]}) >= {bits} ? {big} : ({s[0]} {sym} {s[1]}))"
+        if op is Ops.NEG:
+            return f"(-{s[0]})"
+        if op is Ops.NOT:
+            return f"(!{s[0]})" if d.is_bool else f"(~{s[0]})"
+        if op in (Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.TRUNC):
+            return self.math(op, d, s[0])
+        if op is Ops.RECIP:
+            return f"({self.const(1.0, d)} / {s[0]})"
+        if op is Ops.WHERE:
+            return f"({s[0]} ? {s[1]} : {s[2]})"
+        if op is Ops.MULACC:
+            return f"(({s[0]} * {s[1]}) + {s[2]})"
+        if op is Ops.CAST:
+            src = u.src[0].dtype
+            if d.name in ("f16", "bf16"):  # registers hold floats: rounding is the whole cast
+                return self.round_half(d, s[0] if src.is_float else f"(float)({s[0]})")
+            if src.name in ("f16", "bf16"):
+                return s[0] if d.name == "f32" else self.cast(src, d, s[0])
+            if src.is_bool and not d.is_bool:
+                return f"(({self.ctype(d)})({s[0]} ? 1 : 0))"
+            return self.cast(src, d, s[0])
+        if op is Ops.BITCAST:
+            src = u.src[0].dtype
+            if src.name in ("f16", "bf16") or d.name in ("f16", "bf16"):
+                bits = self.half_bits(src, s[0]) if src.name in ("f16", "bf16") else f"({self.ctype(src)})({s[0]})"
+                return self.half_from_bits(d, bits) if d.name in ("f16", "bf16") else f"(({self.ctype(d)})({bits}))"
+            return self.bitcast(src, d, s[0])
+        raise NotImplementedError(f"{self.name} renderer: {op}")
+
+
+class OpenCLRenderer(CStyleRenderer):
+    name = "opencl"
+
+    def cast(self, src: DType, d: DType, x: str) -> str:
+        if d.is_bool:
+            return f"({x} != 0)"
+        if src.is_float and not d.is_float:
+            return f"convert_{self.ctype(d)}_sat_rtz({x})"  # defined for out-of-range and nan
+        return f"({self.ctype(d)})({x})"
+
+    def bitcast(self, src: DType, d: DType, x: str) -> str:
+        if src.is_bool or d.is_bool:
+            return self.cast(src, d, x)
+        return f"as_{self.ctype(d)}({x})"
+
+
+class CUDARenderer(CStyleRenderer):
+    name = "cuda"
+    kernel_prefix = 'extern "C" __global__ void'
+    global_qualifier = ""
+    group_index = "blockIdx.{}"
+    local_index = "threadIdx.{}"
+    types = {**CStyleRenderer.types, "i8": "signed char", "u8": "unsigned char", "u16": "unsigned short",
+             "u32": "unsigned int", "i64": "long long", "u64": "unsigned long long"}
+    mem_types = {"bool": "unsigned char", "f16": "unsigned short", "bf16": "unsigned short"}
+
+    def special(self, name: str) -> str:
+        return (self.group_index if name.startswith("gidx") else self.local_index).format("xyz"[int(name[-1])])
+
+    def prelude(self, uops: list[UOp]) -> list[str]:
+        from tgc.backends.cuda import HALF_HELPERS
+        return [
+            "#define INFINITY __int_as_float(0x7f800000)",
+            "#define NAN __int_as_float(0x7fffffff)",
+            HALF_HELPERS.strip(),
+            "template <class T, class F> __device__ __forceinline__ T tg_bitcast(F x) "
+            "{ T y; __builtin_memcpy(&y, &x, sizeof(T)); return y; }",
+        ]
+
+    def param(self, u: UOp, written: bool) -> str:
+        const = "" if written else "const "
+        return f"{const}{self.mtype(u.dtype)}* __restrict__ data{u.arg}"
+
+    def half_bits(self, d: DType, x: str) -> str:
+        return f"tgc_float2half({x})" if d.name == "f16" else f"tgc_float2bf16({x})"
+
+    def half_from_bits(self, d: DType, bits: str) -> str:
+        return f"tgc_half2float((unsigned short)({bits}))" if d.name == "f16" else \
+            f"tgc_bf162float((unsigned short)({bits}))"
+
+    def load(self, d: DType, buf: str, idx: str) -> str:
+        if d.name == "f16":
+            return f"tgc_half2float({buf}[{idx}])"
+        if d.name == "bf16":
+            return f"tgc_bf162float({buf}[{idx}])"
+        if d.is_bool:
+            return f"({buf}[{idx}] != 0)"
+        return f"{buf}[{idx}]"
+
+    def store(self, d: DType, buf: str, idx: str, val: str) -> str:
+        if d.name == "f16":
+            return f"{buf}[{idx}] = tgc_float2half({val});"
+        if d.name == "bf16":
+            return f"{buf}[{idx}] = tgc_float2bf16({val});"
+        if d.is_bool:
+            return f"{buf}[{idx}] = (unsigned char)({val});"
+        return f"{buf}[{idx}] = {val};"
+
+    def round_half(self, d: DType, val: str) -> str:
+        return f"tgc_half2float(tgc_float2half({val}))" if d.name == "f16" else \
+            f"tgc_bf162float(tgc_float2bf16({val}))"
+
+    def math(self, op: Ops, d: DType, x: str) -> str:
+        fn = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt", Ops.TRUNC: "trunc"}[op]
+        return f"{fn}{'' if d.name == 'f64' else 'f'}({x})"
+
+    def fmax(self, d: DType, a: str, b: str) -> str:
+        if d.is_float:
+            return f"fmax{'' if d.name == 'f64' else 'f'}({a}, {b})"
+        return f"({a} > {b} ? {a} : {b})"
+
+    def float_const(self, v: float, d: DType) -> str:
+        if d.name == "f64" and not math.isfinite(v):
+            return f"__longlong_as_double({struct.unpack('<q', struct.pack('<d', v))[0]}ll)"
+        return super().float_const(v, d)
+
+    def const(self, value, d: DType) -> str:
+        if d.is_int and d.bits == 64:
+            v = int(value)
+            return f"{v}ull" if d.is_unsigned else (f"{v}ll" if v != -(1 << 63) else f"({v + 1}ll - 1ll)")
+        return super().const(value, d)
+
+    def cast(self, src: DType, d: DType, x: str) -> str:
+        if d.is_bool:
+            return f"({x} != 0)"
+        return f"(({self.ctype(d)})({x}))"
+
+    def bitcast(self, src: DType, d: DType, x: str) -> str:
+        if src.is_bool or d.is_bool:
+            return self.cast(src, d, x)
+        return f"tg_bitcast<{self.ctype(d)}>({x})"
+
+    def signature(self, name: str, params: list[str], uops: list[UOp]) -> str:
+        local = 1
+        for u in uops:
+            if u.op is Ops.SPECIAL and u.arg[0].startswith("lidx"):
+                local *= u.arg[1]
+        return f"{self.kernel_prefix} __launch_bounds__({local}) {name}({', '.join(params)})"
+
+
+class MetalRenderer(CStyleRenderer):
+    name = "metal"
+    kernel_prefix = "kernel void"
+    global_qualifier = "device"
+    types = {**CStyleRenderer.types, "i64": "long", "u64": "ulong"}
+    mem_types = {"bool": "uchar", "f16": "half", "bf16": "ushort"}
+
+    def prelude(self, uops: list[UOp]) -> list[str]:
+        return [
+            "#include <metal_stdlib>",
+            "using namespace metal;",
+            "inline ushort tg_f2bf(float x) { uint u = as_type<uint>(x); if (isnan(x)) return ushort(0x7fc0);"
+            " return ushort((u + 0x7fffu + ((u >> 16) & 1u)) >> 16); }",
+            "inline float tg_bf2f(ushort h) { return as_type<float>(uint(h) << 16); }",
+        ]
+
+    def param(self, u: UOp, written: bool) -> str:
+        const = "" if written else "const "
+        return f"{self.global_qualifier} {const}{self.mtype(u.dtype)}* data{u.arg} [[buffer({u.arg})]]"
+
+    def half_bits(self, d: DType, x: str) -> str:
+        return f"as_type<ushort>(half({x}))" if d.name == "f16" else f"tg_f2bf({x})"
+
+    def half_from_bits(self, d: DType, bits: str) -> str:
+        return f"float(as_type<half>(ushort({bits})))" if d.name == "f16" else f"tg_bf2f(ushort({bits}))"
+
+    def signature(self, name: str, params: list[str], uops: list[UOp]) -> str:
+        extra = ["uint3 gid [[threadgroup_position_in_grid]]", "uint3 lid [[thread_position_in_threadgroup]]"]
+        vals = [p for p in params if p.startswith("int ")]
+        bufs = [p for p in params if not p.startswith("int ")]
+        n = len(bufs)
+        consts = [f"constant int& {p[4:]} [[buffer({n + i})]]" for i, p in enumerate(vals)]
+        return f"{self.kernel_prefix} {name}({', '.join(bufs + consts + extra)})"
+
+    def special(self, name: str) -> str:
+        return f"int(({'gid' if name.startswith('gidx') else 'lid'}).{'xyz'[int(name[-1])]})"
+
+    def load(self, d: DType, buf: str, idx: str) -> str:
+        if d.name == "f16":
+            return f"float({buf}[{idx}])"
+        return super().load(d, buf, idx)
+
+    def store(self, d: DType, buf: str, idx: str, val: str) -> str:
+        if d.name == "f16":
+            return f"{buf}[{idx}] = half({val});"
+        if d.is_bool:
+            return f"{buf}[{idx}] = uchar({val});"
+        return super().store(d, buf, idx, val)
+
+    def round_half(self, d: DType, val: str) -> str:
+        return f"float(half({val}))" if d.name == "f16" else f"tg_bf2f(tg_f2bf({val}))"
+
+    def math(self, op: Ops, d: DType, x: str) -> str:
+        if d.name == "f64":
+            raise NotImplementedError("Metal has no 64-bit floats")
+        return super().math(op, d, x)
+
+    def fmax(self, d: DType, a: str, b: str) -> str:
+        return f"fmax({a}, {b})" if d.is_float else f"max({a}, {b})"
+
+    def cast(self, src: DType, d: DType, x: str) -> str:
+        if d.is_bool:
+            return f"({x} != 0)"
+        return f"{self.ctype(d)}({x})"
+
+    def bitcast(self, src: DType, d: DType, x: str) -> str:
+        if src.is_bool or d.is_bool:
+            return self.cast(src, d, x)
+        return f"as_type<{self.ctype(d)}>({x})"
