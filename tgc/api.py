@@ -134,6 +134,8 @@ class Program:
                 outs, bufs = trace(self.parsed, dims)
             except TgcError:
                 raise
+            from tgc.engine.schedule import split_large_reduces
+            outs = split_large_reduces(outs)
             # an output that is an input, or that repeats another output, still gets its own kernel
             seen: set[UOp] = set()
             fixed = []

@@ -387,6 +387,13 @@ class MetalRenderer(CStyleRenderer):
     def half_from_bits(self, d: DType, bits: str) -> str:
         return f"float(as_type<half>(ushort({bits})))" if d.name == "f16" else f"tg_bf2f(ushort({bits}))"
 
+    def render(self, name: str, uops: list[UOp]) -> str:
+        if any(u.dtype is not None and u.dtype.name == "f64" for u in uops):
+            from tgc.errors import CompileError
+            raise CompileError(f"Metal has no 64-bit floats: kernel '{name}' uses f64",
+                               hint="cast to f32 in the program, or run on a device with f64 (CPU, CUDA)")
+        return super().render(name, uops)
+
     def signature(self, name: str, params: list[str], uops: list[UOp]) -> str:
         extra = ["uint3 gid [[threadgroup_position_in_grid]]", "uint3 lid [[thread_position_in_threadgroup]]"]
         vals = [p for p in params if p.startswith("int ")]
@@ -419,7 +426,10 @@ class MetalRenderer(CStyleRenderer):
         return super().math(op, d, x)
 
     def fmax(self, d: DType, a: str, b: str) -> str:
-        return f"fmax({a}, {b})" if d.is_float else f"max({a}, {b})"
+        if d.is_float:
+            return f"fmax({a}, {b})"
+        t = self.ctype(d)  # Metal's max takes one integer type: an int literal next to a char does not deduce
+        return f"max({t}({a}), {t}({b}))"
 
     def cast(self, src: DType, d: DType, x: str) -> str:
         if d.is_bool:

@@ -26,8 +26,8 @@ import re
 from collections import OrderedDict
 from typing import Any
 
-from tgc.backends.cstyle import CUDARenderer
 from tgc.backends.base import Compiler, Device, LRUAllocator, Program
+from tgc.backends.cstyle import CUDARenderer
 from tgc.errors import CompileError, DeviceError
 
 INSTALL_HINT = "pip install 'tgc[cuda]'"

@@ -3,7 +3,8 @@
 The kernel is `void NAME(ptr %data0, ..., i32 %core_id)`: on the CPU each thread receives its index
 as the last argument. Accumulators live in allocas (LLVM's mem2reg makes them registers); loops are
 header/body/exit blocks with a phi for the index. Bools are i1 in registers and i8 in memory; bf16 is
-i16 bits.
+i16 bits. A dtype with `count > 1` is an LLVM vector (`<16 x float>`); scalars used with vectors are
+splatted by VECTORIZE.
 """
 
 from __future__ import annotations
@@ -16,18 +17,25 @@ from tgc.ir.uop import Ops, UOp
 
 _TYPES = {"bool": "i1", "i8": "i8", "u8": "i8", "i16": "i16", "u16": "i16", "i32": "i32", "u32": "i32", "i64": "i64",
           "u64": "i64", "f16": "half", "bf16": "i16", "f32": "float", "f64": "double"}
+# float arithmetic may be contracted into fma (what C compilers do by default); reductions may reassociate
+_CONTRACT = "contract "
+_REASSOC = "reassoc nsz contract "
+
+
+def _vec(base: str, d: DType) -> str:
+    return f"<{d.count} x {base}>" if d.count > 1 else base
 
 
 def ltype(d: DType) -> str:
-    return _TYPES[d.name]
+    return _vec(_TYPES[d.name], d)
 
 
 def mtype(d: DType) -> str:
     """Type in memory: bools are bytes."""
-    return "i8" if d.is_bool else ltype(d)
+    return _vec("i8" if d.is_bool else _TYPES[d.name], d)
 
 
-def lconst(value, d: DType) -> str:
+def _scalar_const(value, d: DType) -> str:
     if d.is_bool:
         return "true" if value else "false"
     if d.is_int or d.name == "bf16":
@@ -39,17 +47,26 @@ def lconst(value, d: DType) -> str:
     return "0x" + struct.pack(">d", value).hex().upper()
 
 
-def _fname(d: DType) -> str:
-    return {"f16": "f16", "f32": "f32", "f64": "f64"}[d.name]
+def lconst(value, d: DType) -> str:
+    """A literal of type `d`: scalars as themselves, vectors as a splat."""
+    lit = _scalar_const(value, d)
+    return f"splat ({_TYPES[d.name]} {lit})" if d.count > 1 else lit
+
+
+def _suffix(d: DType) -> str:
+    base = {"f16": "f16", "f32": "f32", "f64": "f64"}.get(d.name, f"i{d.bits}")
+    return f"v{d.count}{base}" if d.count > 1 else base
 
 
 class LLVMRenderer:
-    """Linear UOps -> LLVM IR. `device` is the device name shown in comments."""
+    """Linear UOps -> LLVM IR."""
 
     name = "llvm"
     language = "llvm"
     has_threads = True
     supports_float16 = True
+    supports_vectors = True
+    decompose_transcendentals = True  # polynomial exp2/log2/sin vectorize; libm calls do not
 
     def render(self, name: str, uops: list[UOp]) -> str:
         return _Renderer(name, uops).run()
@@ -65,6 +82,7 @@ class _Renderer:
         self.block = "entry"
         self.loops: list[dict] = []
         self.decls: set[str] = set()
+        self.range_count = 0
 
     def tmp(self) -> str:
         self.counter += 1
@@ -73,9 +91,6 @@ class _Renderer:
     def emit(self, line: str) -> None:
         self.lines.append("  " + line)
 
-    def declare(self, decl: str) -> None:
-        self.decls.add(decl)
-
     def ref(self, u: UOp) -> str:
         if u.op is Ops.CONST:
             return lconst(u.arg, u.dtype)
@@ -83,9 +98,8 @@ class _Renderer:
 
     def intrinsic(self, base: str, d: DType, nargs: int = 1) -> str:
         t = ltype(d)
-        suffix = _fname(d) if d.is_float else f"i{d.bits}"
-        fn = f"@llvm.{base}.{suffix}"
-        self.declare(f"declare {t} {fn}({', '.join([t] * nargs)})")
+        fn = f"@llvm.{base}.{_suffix(d)}"
+        self.decls.add(f"declare {t} {fn}({', '.join([t] * nargs)})")
         return fn
 
     def run(self) -> str:
@@ -100,7 +114,7 @@ class _Renderer:
         if not any(u.op is Ops.DEFINE_VAR for u in self.uops):
             params.append("i32 %core_id")
         for u in self.uops:
-            if u.op in (Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.CONST):
+            if u.op in (Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.CONST, Ops.SINK):
                 continue
             self.render_uop(u)
         body = ["entry:"] + ["  " + a for a in self.allocas] + self.lines + ["  ret void"]
@@ -111,23 +125,20 @@ class _Renderer:
     def render_uop(self, u: UOp) -> None:
         op, d = u.op, u.dtype
         if op is Ops.RANGE:
-            n = len([x for x in self.names if x.op is Ops.RANGE])
-            label = f"loop{n}"
+            label, var = f"loop{self.range_count}", f"%r{self.range_count}"
+            self.range_count += 1
             self.emit(f"br label %{label}_head")
             self.lines.append(f"{label}_head:")
-            var = f"%r{n}"
             self.names[u] = var
             phi_at = len(self.lines)
             self.emit("PHI")
-            end = self.ref(u.src[0])
             cond = self.tmp()
-            self.emit(f"{cond} = icmp slt i32 {var}, {end}")
+            self.emit(f"{cond} = icmp slt i32 {var}, {self.ref(u.src[0])}")
             self.emit(f"br i1 {cond}, label %{label}_body, label %{label}_exit")
             self.lines.append(f"{label}_body:")
-            self.loops.append({"range": u, "label": label, "phi_at": phi_at, "entry_block": self.block, "var": var})
+            self.loops.append({"label": label, "phi_at": phi_at, "entry_block": self.block, "var": var})
             self.block = f"{label}_body"
-            return
-        if op is Ops.ENDRANGE:
+        elif op is Ops.ENDRANGE:
             loop = self.loops.pop()
             nxt = self.tmp()
             self.emit(f"{nxt} = add nuw nsw i32 {loop['var']}, 1")
@@ -136,43 +147,49 @@ class _Renderer:
                                           f"[ {nxt}, %{self.block} ]")
             self.lines.append(f"{loop['label']}_exit:")
             self.block = f"{loop['label']}_exit"
-            return
-        if op is Ops.DEFINE_ACC:
+        elif op is Ops.DEFINE_ACC:
             name = f"%acc{u.arg}"
             self.names[u] = name
             self.allocas.append(f"{name} = alloca {ltype(d)}")
             self.emit(f"store {ltype(d)} {self.ref(u.src[0])}, ptr {name}")
-            return
-        if op is Ops.ACCUMULATE:
+        elif op is Ops.ACCUMULATE:
             acc, v = u.src
             cur = self.tmp()
             self.emit(f"{cur} = load {ltype(d)}, ptr {self.names[acc]}")
-            new = self.binary(u.arg, d, cur, self.ref(v), reduction=True)
+            new = self.binary(u.arg, d, cur, self.ref(v), flags=_REASSOC)
             self.emit(f"store {ltype(d)} {new}, ptr {self.names[acc]}")
-            return
-        if op is Ops.READ_ACC:
+        elif op is Ops.READ_ACC:
             out = self.tmp()
             self.emit(f"{out} = load {ltype(d)}, ptr {self.names[u.src[0]]}")
             self.names[u] = out
-            return
-        if op is Ops.LOAD:
+        elif op is Ops.LOAD:
             self.names[u] = self.load(u)
-            return
-        if op is Ops.STORE:
-            buf, idx, val = u.src[:3]
-            vd = val.dtype
-            ptr = self.tmp()
-            self.emit(f"{ptr} = getelementptr inbounds {mtype(vd)}, ptr {self.ref(buf)}, i32 {self.ref(idx)}")
-            v = self.ref(val)
-            if vd.is_bool:
-                z = self.tmp()
-                self.emit(f"{z} = zext i1 {v} to i8")
-                v = z
-            self.emit(f"store {mtype(vd)} {v}, ptr {ptr}")
-            return
-        if op is Ops.SINK:
-            return
-        self.names[u] = self.alu(u)
+        elif op is Ops.STORE:
+            self.store(u)
+        elif op is Ops.VECTORIZE:
+            self.names[u] = self.vectorize(u)
+        elif op is Ops.GEP:
+            out = self.tmp()
+            self.emit(f"{out} = extractelement {ltype(u.src[0].dtype)} {self.ref(u.src[0])}, i32 {u.arg}")
+            self.names[u] = out
+        else:
+            self.names[u] = self.alu(u)
+
+    def vectorize(self, u: UOp) -> str:
+        d, scalar = u.dtype, u.dtype.scalar()
+        if all(s.op is Ops.CONST for s in u.src):
+            return "<" + ", ".join(f"{ltype(scalar)} {_scalar_const(s.arg, scalar)}" for s in u.src) + ">"
+        if all(s is u.src[0] for s in u.src):  # a splat
+            one, out = self.tmp(), self.tmp()
+            self.emit(f"{one} = insertelement {ltype(d)} poison, {ltype(scalar)} {self.ref(u.src[0])}, i32 0")
+            self.emit(f"{out} = shufflevector {ltype(d)} {one}, {ltype(d)} poison, <{d.count} x i32> zeroinitializer")
+            return out
+        cur = "poison"
+        for i, s in enumerate(u.src):
+            nxt = self.tmp()
+            self.emit(f"{nxt} = insertelement {ltype(d)} {cur}, {ltype(scalar)} {self.ref(s)}, i32 {i}")
+            cur = nxt
+        return cur
 
     def load(self, u: UOp) -> str:
         buf, idx = u.src[0], self.ref(u.src[1])
@@ -183,57 +200,62 @@ class _Renderer:
             self.emit(f"{safe} = select i1 {self.ref(gate)}, i32 {idx}, i32 0")
             idx = safe
         ptr, val = self.tmp(), self.tmp()
-        self.emit(f"{ptr} = getelementptr inbounds {mtype(d)}, ptr {self.ref(buf)}, i32 {idx}")
-        self.emit(f"{val} = load {mtype(d)}, ptr {ptr}")
+        self.emit(f"{ptr} = getelementptr inbounds {mtype(d.scalar())}, ptr {self.ref(buf)}, i32 {idx}")
+        self.emit(f"{val} = load {mtype(d)}, ptr {ptr}, align {d.itemsize}")
         if d.is_bool:
             b = self.tmp()
-            self.emit(f"{b} = icmp ne i8 {val}, 0")
+            self.emit(f"{b} = icmp ne {mtype(d)} {val}, zeroinitializer")
             val = b
         if gate is not None:
             g = self.tmp()
-            self.emit(f"{g} = select i1 {self.ref(gate)}, {ltype(d)} {val}, {ltype(d)} {lconst(0, d)}")
+            self.emit(f"{g} = select i1 {self.ref(gate)}, {ltype(d)} {val}, {ltype(d)} zeroinitializer")
             val = g
         return val
 
-    def binary(self, op: Ops, d: DType, a: str, b: str, reduction: bool = False) -> str:
+    def store(self, u: UOp) -> None:
+        buf, idx, val = u.src[:3]
+        vd = val.dtype
+        ptr = self.tmp()
+        self.emit(f"{ptr} = getelementptr inbounds {mtype(vd.scalar())}, ptr {self.ref(buf)}, i32 {self.ref(idx)}")
+        v = self.ref(val)
+        if vd.is_bool:
+            z = self.tmp()
+            self.emit(f"{z} = zext {ltype(vd)} {v} to {mtype(vd)}")
+            v = z
+        self.emit(f"store {mtype(vd)} {v}, ptr {ptr}, align {vd.itemsize}")
+
+    def binary(self, op: Ops, d: DType, a: str, b: str, flags: str = _CONTRACT) -> str:
         t, out = ltype(d), self.tmp()
         fl = d.is_float
-        fm = "reassoc nsz contract " if reduction else ""
-        if op is Ops.ADD:
-            self.emit(f"{out} = {'fadd ' + fm if fl else 'add '}{t} {a}, {b}" if not d.is_bool else
-                      f"{out} = or i1 {a}, {b}")
-        elif op is Ops.MUL:
-            self.emit(f"{out} = {'fmul ' + fm if fl else 'mul '}{t} {a}, {b}" if not d.is_bool else
-                      f"{out} = and i1 {a}, {b}")
-        elif op is Ops.SUB:
-            self.emit(f"{out} = {'fsub' if fl else 'sub'} {t} {a}, {b}")
+        if d.is_bool and op in (Ops.ADD, Ops.MAX):
+            op = Ops.OR
+        elif d.is_bool and op is Ops.MUL:
+            op = Ops.AND
+        if op in (Ops.ADD, Ops.SUB, Ops.MUL):
+            name = {Ops.ADD: "add", Ops.SUB: "sub", Ops.MUL: "mul"}[op]
+            self.emit(f"{out} = f{name} {flags}{t} {a}, {b}" if fl else f"{out} = {name} {t} {a}, {b}")
         elif op is Ops.FDIV:
             self.emit(f"{out} = fdiv {t} {a}, {b}")
         elif op is Ops.IDIV:
-            self.emit(f"{out} = {'udiv' if d.is_unsigned or d.is_bool else 'sdiv'} {t} {a}, {b}")
+            self.emit(f"{out} = {'udiv' if d.is_unsigned else 'sdiv'} {t} {a}, {b}")
         elif op is Ops.MOD:
-            self.emit(f"{out} = {'urem' if d.is_unsigned or d.is_bool else 'srem'} {t} {a}, {b}")
+            self.emit(f"{out} = {'urem' if d.is_unsigned else 'srem'} {t} {a}, {b}")
         elif op is Ops.MAX:
-            if fl:
-                fn = self.intrinsic("maxnum", d, 2)
-                self.emit(f"{out} = call {fm}{t} {fn}({t} {a}, {t} {b})")
-            elif d.is_bool:
-                self.emit(f"{out} = or i1 {a}, {b}")
-            else:
-                fn = self.intrinsic("umax" if d.is_unsigned else "smax", d, 2)
-                self.emit(f"{out} = call {t} {fn}({t} {a}, {t} {b})")
+            fn = self.intrinsic("maxnum" if fl else ("umax" if d.is_unsigned else "smax"), d, 2)
+            self.emit(f"{out} = call {flags if fl else ''}{t} {fn}({t} {a}, {t} {b})")
         elif op in (Ops.AND, Ops.OR, Ops.XOR):
             self.emit(f"{out} = {op.name.lower()} {t} {a}, {b}")
         elif op in (Ops.SHL, Ops.SHR):
             # shifting by the width or more gives 0 (or the sign) instead of LLVM's poison
             inst = "shl" if op is Ops.SHL else ("lshr" if d.is_unsigned else "ashr")
             big, clamped, raw = self.tmp(), self.tmp(), self.tmp()
-            self.emit(f"{big} = icmp uge {t} {b}, {d.bits}")
-            self.emit(f"{clamped} = select i1 {big}, {t} {d.bits - 1}, {t} {b}")
+            cond_t = ltype(dtypes.bool.vec(d.count))
+            self.emit(f"{big} = icmp uge {t} {b}, {lconst(d.bits, d)}")
+            self.emit(f"{clamped} = select {cond_t} {big}, {t} {lconst(d.bits - 1, d)}, {t} {b}")
             self.emit(f"{raw} = {inst} {t} {a}, {clamped}")
             if inst == "ashr":
                 return raw
-            self.emit(f"{out} = select i1 {big}, {t} 0, {t} {raw}")
+            self.emit(f"{out} = select {cond_t} {big}, {t} zeroinitializer, {t} {raw}")
         else:
             raise NotImplementedError(op)
         return out
@@ -257,16 +279,16 @@ class _Renderer:
                 pred = {Ops.CMPLT: lt, Ops.CMPNE: "ne", Ops.CMPEQ: "eq"}[op]
                 self.emit(f"{out} = icmp {pred} {st} {srcs[0]}, {srcs[1]}")
         elif op is Ops.NEG:
-            self.emit(f"{out} = fneg {t} {srcs[0]}" if d.is_float else f"{out} = sub {t} 0, {srcs[0]}")
+            self.emit(f"{out} = fneg {t} {srcs[0]}" if d.is_float else f"{out} = sub {t} zeroinitializer, {srcs[0]}")
         elif op is Ops.NOT:
-            self.emit(f"{out} = xor {t} {srcs[0]}, {'true' if d.is_bool else -1}")
+            self.emit(f"{out} = xor {t} {srcs[0]}, {lconst(True if d.is_bool else -1, d)}")
         elif op in (Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.TRUNC):
             fn = self.intrinsic(op.name.lower(), d)
             self.emit(f"{out} = call {t} {fn}({t} {srcs[0]})")
         elif op is Ops.RECIP:
             self.emit(f"{out} = fdiv {t} {lconst(1.0, d)}, {srcs[0]}")
         elif op is Ops.WHERE:
-            self.emit(f"{out} = select i1 {srcs[0]}, {t} {srcs[1]}, {t} {srcs[2]}")
+            self.emit(f"{out} = select {ltype(u.src[0].dtype)} {srcs[0]}, {t} {srcs[1]}, {t} {srcs[2]}")
         elif op is Ops.MULACC:
             fn = self.intrinsic("fmuladd", d, 3)
             self.emit(f"{out} = call {t} {fn}({t} {srcs[0]}, {t} {srcs[1]}, {t} {srcs[2]})")
@@ -287,36 +309,38 @@ class _Renderer:
         st, dt = ltype(s), ltype(d)
         out = self.tmp()
         if d.is_bool:
-            self.emit(f"{out} = fcmp une {st} {v}, {lconst(0.0, s)}" if s.is_float and s.name != "bf16" else
-                      f"{out} = icmp ne {st} {v}, 0")
+            if s.is_float and s.name != "bf16":
+                self.emit(f"{out} = fcmp une {st} {v}, zeroinitializer")
+            else:
+                self.emit(f"{out} = icmp ne {st} {v}, zeroinitializer")
             return out
         if s.name == "bf16":  # bits -> f32 (legalize guarantees d is f32)
             w, sh = self.tmp(), self.tmp()
-            self.emit(f"{w} = zext i16 {v} to i32")
-            self.emit(f"{sh} = shl i32 {w}, 16")
-            self.emit(f"{out} = bitcast i32 {sh} to float")
+            i32 = _vec("i32", d)
+            self.emit(f"{w} = zext {st} {v} to {i32}")
+            self.emit(f"{sh} = shl {i32} {w}, {_vec_lit(16, 'i32', d)}")
+            self.emit(f"{out} = bitcast {i32} {sh} to {dt}")
             return out
         if d.name == "bf16":  # f32 -> bits, rounding to nearest even; nan stays nan
-            bits, lsb, bias, added, top, isnan = (self.tmp() for _ in range(6))
-            self.emit(f"{bits} = bitcast float {v} to i32")
-            self.emit(f"{lsb} = lshr i32 {bits}, 16")
-            self.emit(f"{bias} = and i32 {lsb}, 1")
-            self.emit(f"{added} = add i32 {bits}, 32767")
-            added2 = self.tmp()
-            self.emit(f"{added2} = add i32 {added}, {bias}")
-            self.emit(f"{top} = lshr i32 {added2}, 16")
-            tr = self.tmp()
-            self.emit(f"{tr} = trunc i32 {top} to i16")
-            self.emit(f"{isnan} = fcmp uno float {v}, 0.0")
-            self.emit(f"{out} = select i1 {isnan}, i16 32704, i16 {tr}")
+            i32, i16 = _vec("i32", d), _vec("i16", d)
+            bits, lsb, bias, added, added2, top, tr, isnan = (self.tmp() for _ in range(8))
+            self.emit(f"{bits} = bitcast {st} {v} to {i32}")
+            self.emit(f"{lsb} = lshr {i32} {bits}, {_vec_lit(16, 'i32', d)}")
+            self.emit(f"{bias} = and {i32} {lsb}, {_vec_lit(1, 'i32', d)}")
+            self.emit(f"{added} = add {i32} {bits}, {_vec_lit(32767, 'i32', d)}")
+            self.emit(f"{added2} = add {i32} {added}, {bias}")
+            self.emit(f"{top} = lshr {i32} {added2}, {_vec_lit(16, 'i32', d)}")
+            self.emit(f"{tr} = trunc {i32} {top} to {i16}")
+            self.emit(f"{isnan} = fcmp uno {st} {v}, zeroinitializer")
+            self.emit(f"{out} = select {_vec('i1', d)} {isnan}, {i16} {_vec_lit(32704, 'i16', d)}, {i16} {tr}")
             return out
         if s.is_bool:
-            self.emit(f"{out} = uitofp i1 {v} to {dt}" if d.is_float else f"{out} = zext i1 {v} to {dt}")
+            self.emit(f"{out} = uitofp {st} {v} to {dt}" if d.is_float else f"{out} = zext {st} {v} to {dt}")
         elif s.is_float and d.is_float:
             self.emit(f"{out} = {'fpext' if d.itemsize > s.itemsize else 'fptrunc'} {st} {v} to {dt}")
         elif s.is_float:
-            fn = f"@llvm.fpto{'u' if d.is_unsigned else 's'}i.sat.i{d.bits}.{_fname(s)}"
-            self.declare(f"declare {dt} {fn}({st})")
+            fn = f"@llvm.fpto{'u' if d.is_unsigned else 's'}i.sat.{_suffix(d)}.{_suffix(s)}"
+            self.decls.add(f"declare {dt} {fn}({st})")
             self.emit(f"{out} = call {dt} {fn}({st} {v})")
         elif d.is_float:
             self.emit(f"{out} = {'uitofp' if s.is_unsigned else 'sitofp'} {st} {v} to {dt}")
@@ -329,4 +353,5 @@ class _Renderer:
         return out
 
 
-_ = dtypes
+def _vec_lit(value: int, base: str, like: DType) -> str:
+    return f"splat ({base} {value})" if like.count > 1 else str(value)

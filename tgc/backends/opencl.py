@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tgc.backends.cstyle import OpenCLRenderer
 from tgc.backends.base import Compiler, Device, LRUAllocator, Program
+from tgc.backends.cstyle import OpenCLRenderer
 from tgc.errors import CompileError, DeviceError
 
 if TYPE_CHECKING:

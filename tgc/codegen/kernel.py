@@ -75,7 +75,7 @@ def count_work(uops: list[UOp]) -> int:
         elif u.op is Ops.ENDRANGE:
             trips.pop()
         elif (u.op in ALU and u.dtype is not None and u.dtype.is_float) or u.op is Ops.ACCUMULATE:
-            flops += trips[-1]
+            flops += trips[-1] * (u.dtype.count if u.dtype is not None else 1)
     return flops
 
 
@@ -84,8 +84,11 @@ def build_kernel(item: ScheduleItem, device: Any, beam: int = 0, name: str | Non
     from tgc.ir.shapes import prod, shape_of
 
     ast = legalize(item.ast)
+    if getattr(device.renderer, "decompose_transcendentals", False):
+        from tgc.codegen.transcendental import decompose_transcendentals
+        ast = decompose_transcendentals(ast)
     ast, launch, opts = optimize(ast, device, beam=beam, bufs=item.bufs)
-    uops = linearize(ast)
+    uops = linearize(ast, vectors=getattr(device.renderer, "supports_vectors", False))
     name = name or item.name
     src = device.renderer.render(name, uops)
     binary, err = compile_cached(device, src)

@@ -13,11 +13,13 @@ from tgc.ir.uop import Ops, RangeKind, UOp
 
 
 class _Linearizer:
-    def __init__(self) -> None:
+    def __init__(self, reduce_groups: dict[tuple[UOp, ...], list[UOp]] | None = None) -> None:
         self.out: list[UOp] = []
         self.scopes: list[dict[UOp, UOp]] = [{}]
         self.open_ranges: list[UOp] = []
         self.acc_count = 0
+        # reductions over the same loops share one loop nest (e.g. the accumulators of an upcast tile)
+        self.reduce_groups = reduce_groups or {}
 
     def lookup(self, u: UOp) -> UOp | None:
         for scope in reversed(self.scopes):
@@ -48,17 +50,8 @@ class _Linearizer:
         if u.op is Ops.RANGE:
             raise RuntimeError(f"range {u.arg} used outside its loop")
         if u.op is Ops.REDUCE:
-            value, ranges = u.src[0], u.src[1:]
-            init = self.emit(UOp.const(u.dtype, identity(u.arg, u.dtype)))
-            acc = self.push(UOp(Ops.DEFINE_ACC, u.dtype, (init,), self.acc_count))
-            self.acc_count += 1
-            for r in ranges:
-                self.open_range(r)
-            v = self.emit(value)
-            self.push(UOp(Ops.ACCUMULATE, u.dtype, (acc, v), u.arg))
-            for _ in ranges:
-                self.close_range()
-            lin = self.push(UOp(Ops.READ_ACC, u.dtype, (acc,)))
+            self.emit_reduce_group(u)
+            return self.scopes[-1][u]
         else:
             srcs = tuple(self.emit(s) for s in u.src)
             lin = self.push(u.replace(src=srcs))
@@ -66,10 +59,40 @@ class _Linearizer:
         return lin
 
 
-def linearize(ast: UOp) -> list[UOp]:
-    """The linear program of a kernel AST (a SINK of STOREs)."""
-    lin = _Linearizer()
+    def emit_reduce_group(self, first: UOp) -> None:
+        ranges = first.src[1:]
+        group = [r for r in self.reduce_groups.get(ranges, [first]) if self.lookup(r) is None]
+        if first not in group:
+            group = [first]
+        # a member that needs another member's result cannot share its loop
+        members = set(group)
+        group = [r for r in group if r is first or not any(n in members for n in r.src[0].toposort() if n is not r)]
+        accs = []
+        for r in group:
+            init = self.emit(UOp.const(r.dtype, identity(r.arg, r.dtype)))
+            accs.append(self.push(UOp(Ops.DEFINE_ACC, r.dtype, (init,), self.acc_count)))
+            self.acc_count += 1
+        for rng in ranges:
+            self.open_range(rng)
+        values = [self.emit(r.src[0]) for r in group]
+        for r, acc, v in zip(group, accs, values):
+            self.push(UOp(Ops.ACCUMULATE, r.dtype, (acc, v), r.arg))
+        for _ in ranges:
+            self.close_range()
+        for r, acc in zip(group, accs):
+            self.scopes[-1][r] = self.push(UOp(Ops.READ_ACC, r.dtype, (acc,)))
+
+
+def linearize(ast: UOp, vectors: bool = False) -> list[UOp]:
+    """The linear program of a kernel AST (a SINK of STOREs); `vectors` allows explicit vector types."""
+    from tgc.codegen.expand import expand
+    ast = expand(ast, vectors)
     nodes = ast.toposort()
+    groups: dict[tuple[UOp, ...], list[UOp]] = {}
+    for u in nodes:
+        if u.op is Ops.REDUCE:
+            groups.setdefault(u.src[1:], []).append(u)
+    lin = _Linearizer(groups)
     for g in sorted((u for u in nodes if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg):
         lin.scopes[0][g] = lin.push(g)
     for v in sorted((u for u in nodes if u.op is Ops.DEFINE_VAR), key=lambda u: str(u.arg)):

@@ -1,40 +1,218 @@
-"""Kernel optimizations on the AST's loop ranges.
+"""Kernel optimizations (OptOps) on the AST's loop ranges, the hand-coded heuristic, and launch mapping.
 
-Today: splitting the outer loop across CPU threads (THREAD). The AST keeps every loop as a RANGE, so an
-optimization is a substitution of ranges by expressions over new ranges.
+A kernel's loops are RANGE uops, so every optimization is a split or a relabelling of ranges:
+
+- UPCAST(axis, n): an output loop is split and its inner n iterations are unrolled into registers;
+- UNROLL(axis, n): the same for a reduction loop;
+- LOCAL(axis, n): on GPUs, the inner n iterations of an output loop become a work-group dimension;
+- GROUP(axis, n): on GPUs, a reduction split across n threads of a work-group (partial sums in
+  shared memory, combined after a barrier);
+- PADTO(axis, n): a reduction loop rounded up to a multiple of n, the extra iterations masked out;
+- SWAP(a, b): two output loops exchange their nesting order;
+- THREAD(axis, n): on the CPU, the outer loop is split across n threads.
+
+`axis` counts the kernel's "shape": its output loops first, then its reduction loops, in nesting order.
+Every opt checks that it applies and raises `OptError` with the reason otherwise.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from tgc.dtype import dtypes
-from tgc.ir.shapes import prod, shape_of
+from tgc.ir.shapes import prod
 from tgc.ir.symbolic import simplify
 from tgc.ir.uop import Ops, RangeKind, UOp, substitute
 
 INDEX = dtypes.i32
-# below this many inner-loop iterations a kernel is not worth a thread launch
+# below this many loop iterations a kernel is not worth a thread launch
 MIN_WORK_PER_THREAD = 1 << 15
+MAX_UNROLLED = 256  # limit on the product of UPCAST and UNROLL sizes (register pressure, code size)
 
 
-def loop_ranges(ast: UOp) -> list[UOp]:
-    return sorted((u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] is RangeKind.LOOP),
-                  key=lambda r: r.arg[0])
+class OptError(Exception):
+    pass
 
 
-def all_ranges(ast: UOp) -> list[UOp]:
-    return sorted((u for u in ast.toposort() if u.op is Ops.RANGE), key=lambda r: r.arg[0])
+@dataclass(frozen=True)
+class Opt:
+    op: str
+    axis: int
+    amount: int
+
+    def __str__(self) -> str:
+        return f"{self.op}({self.axis}, {self.amount})"
+
+    def to_json(self) -> list:
+        return [self.op, self.axis, self.amount]
+
+    @staticmethod
+    def from_json(v: list) -> Opt:
+        return Opt(str(v[0]), int(v[1]), int(v[2]))
 
 
-def total_work(ast: UOp) -> int:
-    return prod(r.src[0].arg for r in all_ranges(ast) if r.src[0].op is Ops.CONST)
+OPT_NAMES = ("UPCAST", "UNROLL", "LOCAL", "GROUP", "PADTO", "SWAP", "THREAD")
+
+
+class OptKernel:
+    """A kernel AST plus the opts applied to it."""
+
+    def __init__(self, ast: UOp, device: Any):
+        self.ast, self.device = ast, device
+        self.applied: list[Opt] = []
+        self.threads = 1
+        self.pads: dict[int, int] = {}
+
+    # --- the kernel's shape
+    def ranges(self) -> list[UOp]:
+        return sorted({u for u in self.ast.toposort() if u.op is Ops.RANGE}, key=lambda r: r.arg[0])
+
+    def loops(self) -> list[UOp]:
+        return [r for r in self.ranges() if r.arg[1] is RangeKind.LOOP]
+
+    def reduces(self) -> list[UOp]:
+        return [r for r in self.ranges() if r.arg[1] is RangeKind.REDUCE]
+
+    def axes(self) -> list[UOp]:
+        return self.loops() + self.reduces()
+
+    def unrolled_size(self) -> int:
+        return prod(r.src[0].arg for r in self.ranges() if r.arg[1] in (RangeKind.UPCAST, RangeKind.UNROLL))
+
+    def _next_id(self) -> int:
+        return max((r.arg[0] for r in self.ranges()), default=-1) + 1
+
+    def copy(self) -> OptKernel:
+        k = OptKernel(self.ast, self.device)
+        k.applied, k.threads, k.pads = list(self.applied), self.threads, dict(self.pads)
+        return k
+
+    # --- applying opts
+    def apply(self, opt: Opt) -> None:
+        if opt.op not in OPT_NAMES:
+            raise OptError(f"unknown opt {opt.op}")
+        axes = self.axes()
+        gpu = getattr(self.device, "launch_style", "cpu") == "gpu"
+        if opt.op == "SWAP":
+            loops = self.loops()
+            if not (0 <= opt.axis < len(loops) and 0 <= opt.amount < len(loops)) or opt.axis == opt.amount:
+                raise OptError(f"SWAP needs two distinct output axes < {len(loops)}")
+            a, b = loops[opt.axis], loops[opt.amount]
+            ta = UOp(Ops.RANGE, INDEX, a.src, (b.arg[0], RangeKind.LOOP))
+            tb = UOp(Ops.RANGE, INDEX, b.src, (a.arg[0], RangeKind.LOOP))
+            self.ast = substitute(self.ast, {a: ta, b: tb})
+            self.applied.append(opt)
+            return
+        if opt.op == "THREAD":
+            if gpu:
+                raise OptError("THREAD is for CPU devices")
+            if self.threads != 1:
+                raise OptError("THREAD was already applied")
+            if opt.axis != 0 or not self.loops():
+                raise OptError("THREAD splits the outermost output axis (axis 0)")
+            self.ast, self.threads = split_threads(self.ast, opt.amount)
+            self.applied.append(opt)
+            return
+        if not 0 <= opt.axis < len(axes):
+            raise OptError(f"axis {opt.axis} is out of range: the kernel has {len(axes)} axes")
+        r = axes[opt.axis]
+        n = r.src[0].arg
+        amt = opt.amount
+        if amt <= 1:
+            raise OptError("amount must be at least 2")
+        is_reduce = r.arg[1] is RangeKind.REDUCE
+        if opt.op == "PADTO":
+            if not is_reduce:
+                raise OptError("PADTO applies to reduction axes")
+            if n % amt == 0:
+                raise OptError(f"axis {opt.axis} (size {n}) is already a multiple of {amt}")
+            padded = -(-n // amt) * amt
+            new = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, padded),), r.arg)
+            self.ast = pad_reduce(self.ast, r, new)
+            self.applied.append(opt)
+            return
+        if n % amt:
+            raise OptError(f"axis {opt.axis} has size {n}, which {amt} does not divide")
+        if opt.op == "UPCAST":
+            if is_reduce:
+                raise OptError("UPCAST applies to output axes (use UNROLL for reductions)")
+            if self.unrolled_size() * amt > MAX_UNROLLED:
+                raise OptError(f"more than {MAX_UNROLLED} values would be unrolled")
+            kind = RangeKind.UPCAST
+        elif opt.op == "UNROLL":
+            if not is_reduce:
+                raise OptError("UNROLL applies to reduction axes")
+            if self.unrolled_size() * amt > MAX_UNROLLED:
+                raise OptError(f"more than {MAX_UNROLLED} values would be unrolled")
+            kind = RangeKind.UNROLL
+        elif opt.op == "LOCAL":
+            if not gpu:
+                raise OptError("LOCAL needs a GPU-shaped device")
+            if is_reduce:
+                raise OptError("LOCAL applies to output axes")
+            local = prod(x.src[0].arg for x in self.ranges() if x.arg[1] is RangeKind.LOCAL) * amt
+            if local > getattr(self.device, "max_local_size", 256):
+                raise OptError(f"a work-group of {local} threads is too large")
+            kind = RangeKind.LOCAL
+        else:  # GROUP
+            if not gpu:
+                raise OptError("GROUP needs a GPU-shaped device")
+            if not is_reduce:
+                raise OptError("GROUP applies to reduction axes")
+            raise OptError("GROUP (shared-memory reductions) is not implemented yet")
+        self.ast = split_range(self.ast, r, amt, kind, self._next_id())
+        self.applied.append(opt)
+
+
+def split_range(ast: UOp, r: UOp, amount: int, inner_kind: RangeKind, inner_id: int) -> UOp:
+    """Replace range r by outer * amount + inner; a REDUCE over r then reduces over both parts."""
+    n = r.src[0].arg
+    outer = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, n // amount),), r.arg)
+    inner = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, amount),), (inner_id, inner_kind))
+    replacement = outer * UOp.const(INDEX, amount) + inner
+    memo: dict[UOp, UOp] = {r: replacement}
+    for u in ast.toposort():
+        if u in memo:
+            continue
+        if u.op is Ops.REDUCE and r in u.src[1:]:
+            ranges = [x for s in u.src[1:] for x in ((outer, inner) if s is r else (memo.get(s, s),))]
+            memo[u] = UOp(Ops.REDUCE, u.dtype, (memo[u.src[0]], *ranges), u.arg)
+        else:
+            srcs = tuple(memo.get(s, s) for s in u.src)
+            memo[u] = u.replace(src=srcs) if srcs != u.src else u
+    return simplify(memo[ast])
+
+
+def pad_reduce(ast: UOp, r: UOp, new: UOp) -> UOp:
+    """Run a reduction loop to `new`'s size; iterations past the old size contribute the identity."""
+    from tgc.engine.schedule import identity
+    n = r.src[0].arg
+    mapping: dict[UOp, UOp] = {}
+    for u in ast.toposort():
+        if u.op is Ops.REDUCE and r in u.src[1:]:
+            valid = UOp(Ops.CMPLT, dtypes.bool, (new, UOp.const(INDEX, n)))
+            body = substitute(u.src[0], {r: new})
+            body = gate_loads(body, valid)
+            masked = UOp(Ops.WHERE, u.dtype, (valid, body, UOp.const(u.dtype, identity(u.arg, u.dtype))))
+            mapping[u] = UOp(Ops.REDUCE, u.dtype, (masked, *[new if s is r else s for s in u.src[1:]]), u.arg)
+    return simplify(substitute(ast, mapping))
+
+
+def gate_loads(u: UOp, valid: UOp) -> UOp:
+    mapping = {}
+    for n in u.toposort():
+        if n.op is Ops.LOAD:
+            gate = valid if len(n.src) == 2 else UOp(Ops.AND, dtypes.bool, (n.src[2], valid))
+            mapping[n] = UOp(Ops.LOAD, n.dtype, (n.src[0], n.src[1], gate))
+    return substitute(u, mapping)
 
 
 def split_threads(ast: UOp, threads: int) -> tuple[UOp, int]:
     """Give each of `threads` threads a contiguous chunk of the first output loop."""
-    loops = loop_ranges(ast)
+    loops = sorted((u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] is RangeKind.LOOP),
+                   key=lambda x: x.arg[0])
     if not loops or threads <= 1:
         return ast, 1
     r = loops[0]
@@ -47,52 +225,143 @@ def split_threads(ast: UOp, threads: int) -> tuple[UOp, int]:
     core = UOp(Ops.DEFINE_VAR, INDEX, (), ("core_id", 0, threads - 1))
     start = core * UOp.const(INDEX, chunk)
     left = UOp.const(INDEX, n) - start
-    end = (left < UOp.const(INDEX, chunk)).where(left, UOp.const(INDEX, chunk))
+    end = simplify((left < UOp.const(INDEX, chunk)).where(left, UOp.const(INDEX, chunk)))
     inner = UOp(Ops.RANGE, INDEX, (end,), (r.arg[0], RangeKind.LOOP))
     inner.__dict__["_bounds"] = (0, chunk - 1)
-    new = substitute(ast, {r: start + inner})
-    return simplify(new), threads
+    return simplify(substitute(ast, {r: start + inner})), threads
 
 
-def optimize(ast: UOp, device: Any, beam: int = 0, bufs: list | None = None) -> tuple[UOp, dict, list]:
-    """(optimized AST, launch facts, applied opts)."""
+# --------------------------------------------------------------------------------------------------------------
+# the hand-coded heuristic
+
+
+def _loads(ast: UOp) -> list[UOp]:
+    return [u for u in ast.toposort() if u.op is Ops.LOAD]
+
+
+def _stride(index: UOp, r: UOp) -> int | None:
+    """The coefficient of range r in an affine index (None when r appears non-linearly)."""
+    from tgc.ir.symbolic import _terms
+    terms, _ = _terms(index)
+    coef = 0
+    for node, c in terms:
+        if node is r:
+            coef += c
+        elif r in node.toposort():
+            return None
+    return coef
+
+
+def hand_coded(k: OptKernel) -> None:
+    """Register tiling for reductions with broadcast inputs (matmul, conv), vector-friendly upcasts."""
+    store = next(u for u in k.ast.toposort() if u.op is Ops.STORE)
+    loops, reduces = k.loops(), k.reduces()
+    if not reduces:
+        return
+    loads = _loads(k.ast)
+    # axes that some load does not depend on: values reused across them (the "broadcast" axes of matmul)
+    reuse = [i for i, r in enumerate(loops) if r.src[0].arg > 1 and any(r not in ld.src[1].toposort() for ld in loads)
+             and any(r in ld.src[1].toposort() for ld in loads)]
+    out_stride1 = [i for i, r in enumerate(loops) if _stride(store.src[1], r) == 1]
+    if len(reuse) >= 2 or (reuse and out_stride1):
+        # matmul-like: upcast the contiguous output axis by a vector width and another reuse axis by 4
+        vec_axis = out_stride1[0] if out_stride1 else reuse[-1]
+        for amt in (16, 8, 4):
+            if loops[vec_axis].src[0].arg % amt == 0:
+                _try(k, Opt("UPCAST", vec_axis, amt))
+                break
+        # a second vector's worth of columns, and 8 rows: 16 accumulators hide the FMA latency
+        if k.loops()[vec_axis].src[0].arg % 2 == 0 and k.loops()[vec_axis].src[0].arg >= 8:
+            _try(k, Opt("UPCAST", vec_axis, 2))
+        others = [i for i in reuse if i != vec_axis]
+        if others:
+            for amt in (8, 4, 2):
+                if k.loops()[others[-1]].src[0].arg % amt == 0 and _try(k, Opt("UPCAST", others[-1], amt)):
+                    break
+        return
+    # a reduction over a strided axis: compute 16 contiguous outputs side by side instead
+    red_contig = any(_stride(ld.src[1], r) == 1 for ld in loads for r in reduces)
+    if out_stride1 and not red_contig:
+        i = out_stride1[0]
+        for amt in (16, 8, 4):
+            if loops[i].src[0].arg % amt == 0:
+                _try(k, Opt("UPCAST", i, amt))
+                break
+
+
+def _try(k: OptKernel, opt: Opt) -> bool:
+    try:
+        k.apply(opt)
+        return True
+    except OptError:
+        return False
+
+
+def auto_threads(k: OptKernel) -> None:
+    cores = getattr(k.device, "cores", 1)
+    total = prod(r.src[0].arg for r in k.ranges() if r.src[0].op is Ops.CONST)
+    if k.threads == 1 and cores > 1 and total >= 2 * MIN_WORK_PER_THREAD and k.loops():
+        _try(k, Opt("THREAD", 0, min(cores, total // MIN_WORK_PER_THREAD)))
+
+
+def optimize(ast: UOp, device: Any, beam: int = 0, bufs: list | None = None,
+             opts: list[Opt] | None = None) -> tuple[UOp, dict, list]:
+    """(optimized AST, launch facts, applied opts). `opts` replays a known list (from BEAM search)."""
+    k = OptKernel(ast, device)
+    if opts is not None:
+        for o in opts:
+            k.apply(o)
+    elif os.environ.get("NOOPT", "") in ("", "0"):
+        hand_coded(k)
+    return finish(k)
+
+
+def finish(k: OptKernel) -> tuple[UOp, dict, list]:
+    """Launch mapping: threads on the CPU, the grid on GPUs."""
     launch: dict[str, Any] = {}
-    opts: list = []
-    if os.environ.get("NOOPT", "") not in ("", "0"):
-        return ast, launch, opts
-    if getattr(device, "launch_style", "cpu") == "cpu" and hasattr(device, "cores"):
-        cores = device.cores
-        work = total_work(ast)
-        if cores > 1 and work >= 2 * MIN_WORK_PER_THREAD:
-            threads = min(cores, work // MIN_WORK_PER_THREAD)
-            ast, threads = split_threads(ast, threads)
-            if threads > 1:
-                launch["global_size"] = (threads, 1, 1)
-                opts.append(("THREAD", 0, threads))
-    if getattr(device, "launch_style", "cpu") == "gpu":
-        ast, launch = map_to_grid(ast, max_local=getattr(device, "max_local_size", 256))
-        opts.append(("GRID", launch["global_size"], launch["local_size"]))
-    _ = shape_of
-    return ast, launch, opts
+    gpu = getattr(k.device, "launch_style", "cpu") == "gpu"
+    if not gpu and os.environ.get("NOOPT", "") in ("", "0") and not any(o.op == "THREAD" for o in k.applied):
+        auto_threads(k)
+    if k.threads > 1:
+        launch["global_size"] = (k.threads, 1, 1)
+    ast = k.ast
+    if gpu:
+        ast, launch = map_to_grid(ast, max_local=getattr(k.device, "max_local_size", 256))
+    return ast, launch, list(k.applied)
 
 
 def map_to_grid(ast: UOp, max_local: int = 256) -> tuple[UOp, dict]:
-    """Output loops -> GPU indices: one flat index split into work-groups of a size that divides it exactly
-    (so no thread is out of range and no guard is needed)."""
-    loops = loop_ranges(ast)
+    """Output loops -> GPU indices. LOCAL ranges form the work-group; the other output loops are flattened
+    into one index split into work-groups of a size that divides it exactly (no thread is out of range)."""
+    loops = sorted((u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] is RangeKind.LOOP),
+                   key=lambda x: x.arg[0])
+    locals_ = sorted((u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] is RangeKind.LOCAL),
+                     key=lambda x: x.arg[0])
     total = prod(r.src[0].arg for r in loops)
-    local = 1
-    for cand in range(min(max_local, total), 0, -1):
-        if total % cand == 0:
-            local = cand
-            break
-    groups = total // local
-    gidx = UOp(Ops.SPECIAL, INDEX, (), ("gidx0", groups))
-    lidx = UOp(Ops.SPECIAL, INDEX, (), ("lidx0", local))
-    flat = (gidx * UOp.const(INDEX, local) + lidx) if groups > 1 else lidx
-    mapping, stride = {}, total
+    mapping: dict[UOp, UOp] = {}
+    if locals_:
+        local = prod(r.src[0].arg for r in locals_)
+        lflat = UOp(Ops.SPECIAL, INDEX, (), ("lidx0", local))
+        stride = local
+        for r in locals_:
+            n = r.src[0].arg
+            stride //= n
+            mapping[r] = simplify((lflat // UOp.const(INDEX, stride)) % UOp.const(INDEX, n))
+        groups = total
+        gflat = UOp(Ops.SPECIAL, INDEX, (), ("gidx0", groups))
+    else:
+        local = 1
+        for cand in range(min(max_local, total), 0, -1):
+            if total % cand == 0:
+                local = cand
+                break
+        groups = total // local
+        gidx = UOp(Ops.SPECIAL, INDEX, (), ("gidx0", groups))
+        lidx = UOp(Ops.SPECIAL, INDEX, (), ("lidx0", local))
+        gflat = (gidx * UOp.const(INDEX, local) + lidx) if groups > 1 else lidx
+    stride = total
     for r in loops:
         n = r.src[0].arg
         stride //= n
-        mapping[r] = simplify((flat // UOp.const(INDEX, stride)) % UOp.const(INDEX, n))
+        mapping[r] = simplify((gflat // UOp.const(INDEX, stride)) % UOp.const(INDEX, n))
     return simplify(substitute(ast, mapping)), {"global_size": (groups, 1, 1), "local_size": (local, 1, 1)}

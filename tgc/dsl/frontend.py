@@ -92,7 +92,7 @@ def parse(source: str, filename: str = "<string>") -> Parsed:
     body: list[ast.stmt] = []
     returns: list[ast.expr] | None = None
     seen_inputs: set[str] = set()
-    for i, stmt in enumerate(tree.body):
+    for stmt in tree.body:
         if returns is not None:
             raise err.at(stmt, "statements after 'return'", hint="'return' must be the last statement")
         if isinstance(stmt, ast.AnnAssign):
@@ -248,6 +248,7 @@ _BINOPS = {ast.Add: "__add__", ast.Sub: "__sub__", ast.Mult: "__mul__", ast.Div:
            ast.RShift: "__rshift__"}
 _CMPOPS = {ast.Lt: "__lt__", ast.LtE: "__le__", ast.Gt: "__gt__", ast.GtE: "__ge__", ast.Eq: "__eq__",
            ast.NotEq: "__ne__"}
+_REFLECTED = {ast.Lt: ast.Gt, ast.LtE: ast.GtE, ast.Gt: ast.Lt, ast.GtE: ast.LtE, ast.Eq: ast.Eq, ast.NotEq: ast.NotEq}
 _SYMBOLS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//", ast.Mod: "%",
             ast.Pow: "**", ast.MatMult: "@", ast.BitAnd: "&", ast.BitOr: "|", ast.BitXor: "^", ast.LShift: "<<",
             ast.RShift: ">>", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!="}
@@ -282,7 +283,9 @@ class _Evaluator:
         if isinstance(node, ast.UnaryOp):
             v = self.eval(node.operand)
             if isinstance(node.op, ast.USub):
-                return -v if isinstance(v, (Tensor, int, float)) and not isinstance(v, bool) else self._neg_bool(node, v)
+                if isinstance(v, (Tensor, int, float)) and not isinstance(v, bool):
+                    return -v
+                return self._neg_bool(node, v)
             if isinstance(node.op, ast.UAdd):
                 return v
             if isinstance(node.op, ast.Invert):
@@ -293,6 +296,8 @@ class _Evaluator:
             op = node.ops[0]
             if isinstance(op, (ast.Is, ast.IsNot, ast.In, ast.NotIn)):
                 raise self.err.at(node, f"'{type(op).__name__.lower()}' comparisons are not supported")
+            if not isinstance(left, Tensor) and isinstance(right, Tensor):  # 2 < x is x > 2
+                left, right, op = right, left, _REFLECTED[type(op)]()
             left, right = self._tensorize_pair(left, right)
             return getattr(left, _CMPOPS[type(op)])(right)
         if isinstance(node, ast.IfExp):
@@ -401,7 +406,8 @@ class _Evaluator:
         if fn is None:
             close = difflib.get_close_matches(name, list(functions.FUNCTIONS), n=1)
             kind = "method" if args else "function"
-            raise self.err.at(fn_node, f"unknown {kind} '{name}'", hint=f"did you mean '{close[0]}'?" if close else None)
+            raise self.err.at(fn_node, f"unknown {kind} '{name}'",
+                              hint=f"did you mean '{close[0]}'?" if close else None)
         if args and name in functions.NOT_METHODS:
             raise self.err.at(fn_node, f"'{name}' is a function, not a method", hint=f"call it as {name}(...)")
         args += [self.eval(a) for a in node.args]

@@ -228,7 +228,7 @@ class Tensor:
         return self._fcast()._unary(Ops.SIN)
 
     def cos(self) -> Tensor:
-        return (math.pi / 2 - self._fcast()).sin()
+        return (self._fcast() + math.pi / 2).sin()  # backends see sin(x + pi/2) and may reduce it exactly
 
     def tan(self) -> Tensor:
         return self.sin() / self.cos()
@@ -332,8 +332,12 @@ class Tensor:
     def pow(self, other) -> Tensor:
         if isinstance(other, (int, float)) and not isinstance(other, bool) and float(other).is_integer() \
                 and abs(other) <= 64:
-            return self._int_pow(int(other))
+            # a float literal makes an int or bool base f32 (weak literals)
+            base = self.float() if isinstance(other, float) else self
+            return base._int_pow(int(other))
         base, exp = _pair(self, other)
+        if base.dtype.is_int:
+            return base._int_pow_tensor(exp)
         if not base.dtype.is_float:
             base, exp = base.float(), exp.float() if not exp.dtype.is_float else exp
             return base._float_pow(exp).cast(promote(self.dtype, _dtype_of(other)))
@@ -359,6 +363,20 @@ class Tensor:
                 base = base * base
         assert result is not None
         return result
+
+    def _int_pow_tensor(self, exp: Tensor) -> Tensor:
+        """Integer x ** y by square-and-multiply over every bit of y: exact, wrapping like numpy's int powers.
+
+        A negative y gives the integer part of x ** y: 1 for x == 1, +-1 for x == -1, else 0."""
+        one, zero = Tensor.const(1, self.dtype, self.shape), Tensor.const(0, self.dtype, self.shape)
+        result, base, e = one, self, exp
+        for _ in range(exp.dtype.bits):
+            result = ((e & 1) != 0).where(result * base, result)
+            base, e = base * base, e >> 1
+        if exp.dtype.is_unsigned:
+            return result
+        neg = (self == 1).where(one, (self == -1).where(((exp & 1) != 0).where(-one, one), zero))
+        return (exp < 0).where(neg, result)
 
     def _float_pow(self, exp: Tensor) -> Tensor:
         """C pow: a negative base with an integer exponent keeps the sign, with a non-integer one gives nan."""

@@ -231,6 +231,48 @@ def kernel_name(ast: UOp) -> str:
     return ("r_" if has_reduce else "E_") + "_".join(sizes)
 
 
+# a reduction of at least this many elements into a handful of outputs is split in two stages, so
+# that the first stage has enough independent rows for threads (and for GPU work-groups)
+SPLIT_REDUCE_MIN = 1 << 16
+SPLIT_REDUCE_MAX_OUTPUTS = 16
+
+
+def _split_size(n: int) -> int:
+    """How many partial results to make of n elements: a divisor of n, at most 256, rows of >= 1024."""
+    for groups in range(256, 1, -1):
+        if n % groups == 0 and n // groups >= 1024:
+            return groups
+    return 0
+
+
+def split_large_reduces(outputs: list[UOp]) -> list[UOp]:
+    """sum(x) over millions of elements -> sum(sum(x.reshape(G, n/G), 1)): the first stage parallelizes."""
+    memo: dict[UOp, UOp] = {}
+    for out in outputs:
+        for node in out.toposort():
+            if node in memo:
+                continue
+            new = node.replace(src=tuple(memo[s] for s in node.src)) if node.src else node
+            if new.op is Ops.REDUCE_AXIS:
+                src = new.src[0]
+                shape = shape_of(src)
+                op, axes = new.arg
+                n = prod(shape[a] for a in axes)
+                groups = _split_size(n) if n >= SPLIT_REDUCE_MIN and prod(shape_of(new)) <= SPLIT_REDUCE_MAX_OUTPUTS \
+                    else 0
+                if groups:
+                    keep = [i for i in range(len(shape)) if i not in axes]
+                    order = tuple(keep + list(axes))
+                    x = UOp(Ops.PERMUTE, src.dtype, (src,), order) if order != tuple(range(len(shape))) else src
+                    kept = tuple(shape[i] for i in keep)
+                    x = UOp(Ops.RESHAPE, src.dtype, (x,), kept + (groups, n // groups))
+                    part = UOp(Ops.REDUCE_AXIS, src.dtype, (x,), (op, (len(keep) + 1,)))
+                    total = UOp(Ops.REDUCE_AXIS, src.dtype, (part,), (op, (len(keep),)))
+                    new = UOp(Ops.RESHAPE, src.dtype, (total,), shape_of(node))
+            memo[node] = new
+    return [memo[o] for o in outputs]
+
+
 def create_schedule(outputs: list[UOp]) -> list[ScheduleItem]:
     roots = find_realized(outputs)
     realized = set(roots)

@@ -1,0 +1,686 @@
+"""PYTHON: a reference device that interprets a kernel's linear UOps with numpy, on any machine.
+
+It receives the same kernels as the CPU (launch style "cpu") and gives them the semantics of the LLVM
+renderer (`tgc.backends.llvmir`), so a lowering bug shows up here without a compiler:
+
+- the *renderer* writes the linear UOps as JSON text, one `[op, dtype, [src indices], arg]` per line;
+- the *compiler* checks that text (known ops, sources defined before use and inside their loops, balanced
+  loops) and returns its bytes; nothing is ever `eval`ed: the program interprets the list;
+- the *program* runs it on numpy views of the buffers (64-byte-free plain `uint8` arrays, like the CPU's).
+
+Speed comes from vectorizing loops instead of stepping through them: every RANGE is one numpy axis (axis
+`k` for a loop nested `k` deep) and every value is an array that broadcasts over the axes of the loops it
+depends on. A STORE scatters, an ACCUMULATE reduces over the axes of the loops opened since its DEFINE_ACC.
+Loops are run in blocks so that no array exceeds `BLOCK_ELEMENTS` lanes: the innermost loops are vectorized
+whole, the outer ones step through blocks (down to one index at a time) in Python. A kernel that reads a
+buffer it writes, or writes one buffer from two STOREs, runs one iteration at a time, in loop order.
+
+Semantics, from the LLVM renderer: ints wrap; IDIV/MOD are C's (truncating; the front end has guarded the
+divisors); floats are IEEE in the value's dtype (f16/bf16 arithmetic was legalized to f32); float MAX is
+maxnum; float->int casts saturate (nan -> 0); shifts by the width or more give 0 (or the sign); bools are
+bytes in memory; bf16 values are uint16 bits, converted to f32 exactly and back with round-to-nearest-even;
+a gated LOAD reads 0 where its gate is false. A LOAD or STORE outside its buffer (in a lane that runs) is a
+`DeviceError` naming the kernel, the UOp and the index, not a crash: that is a lowering bug.
+
+A kernel split across threads (`core_id`, `global_size[0] > 1`) runs each core index in turn. `cores` is 1
+unless `TGC_THREADS` says otherwise, so the optimizer normally hands this device single-thread kernels.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import numpy as np
+
+from tgc.backends.base import Compiler, Device, LRUAllocator, Program
+from tgc.dtype import DType, dtypes, min_max
+from tgc.errors import CompileError, DeviceError
+from tgc.ir.uop import BINARY, COMPARE, UNARY, Ops, UOp
+
+FORMAT = "tgc-python-uops/1"
+# The most lanes one vectorized block of loops may have (a few MB per temporary value).
+BLOCK_ELEMENTS = 1 << 18
+# Ops that produce no value.
+_NO_VALUE = {Ops.STORE, Ops.ENDRANGE, Ops.SINK, Ops.BARRIER}
+_REDUCE_OPS = {Ops.ADD, Ops.MUL, Ops.MAX}
+_SUPPORTED = UNARY | BINARY | {Ops.WHERE, Ops.MULACC, Ops.CAST, Ops.BITCAST, Ops.CONST, Ops.DEFINE_GLOBAL,
+                               Ops.DEFINE_VAR, Ops.RANGE, Ops.ENDRANGE, Ops.LOAD, Ops.STORE, Ops.DEFINE_ACC,
+                               Ops.ACCUMULATE, Ops.READ_ACC, Ops.SINK, Ops.BARRIER}
+_NSRC: dict[Ops, tuple[int, ...]] = {
+    **{op: (1,) for op in UNARY | {Ops.CAST, Ops.BITCAST, Ops.RANGE, Ops.ENDRANGE, Ops.DEFINE_ACC, Ops.READ_ACC}},
+    **{op: (2,) for op in BINARY | {Ops.ACCUMULATE}},
+    Ops.WHERE: (3,), Ops.MULACC: (3,), Ops.LOAD: (2, 3), Ops.STORE: (3, 4),
+    Ops.CONST: (0,), Ops.DEFINE_GLOBAL: (0,), Ops.DEFINE_VAR: (0,), Ops.BARRIER: (0,),
+}
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Rendering: linear UOps -> JSON text
+
+
+def _json_arg(arg: Any) -> Any:
+    if isinstance(arg, Enum):
+        return arg.name
+    if isinstance(arg, (tuple, list)):
+        return [_json_arg(a) for a in arg]
+    if arg is None or isinstance(arg, (bool, int, float, str)):
+        return arg
+    return str(arg)
+
+
+def _max_trips(end: UOp) -> int:
+    """An upper bound of a loop's trip count, from the bounds of its end (used to size vectorized blocks)."""
+    try:
+        hi = end.vmax
+    except Exception:  # bounds are a hint only
+        return 1 << 31
+    return int(max(0, min(hi, 1 << 31))) if isinstance(hi, (int, float)) and hi == hi else 1 << 31
+
+
+class PythonRenderer:
+    """Linear UOps -> JSON: `{"kernel", "format", "uops": [[op, dtype, [srcs], arg], ...]}`, one UOp a line.
+
+    A RANGE's arg is `[id, kind, max trips]`; dtypes are written as `repr(DType)` (`f32`, `f32*` for a buffer).
+    """
+
+    name = "python"
+    language = "json"
+    has_threads = True
+    supports_float16 = True
+
+    def render(self, name: str, uops: list[UOp]) -> str:
+        index = {u: i for i, u in enumerate(uops)}
+        lines = []
+        for u in uops:
+            try:
+                srcs = [index[s] for s in u.src]
+            except KeyError:
+                raise CompileError(f"PYTHON renderer: {u.op.name} in kernel {name} uses a value that is not in "
+                                   "the linear program") from None
+            arg = [*_json_arg(u.arg)[:2], _max_trips(u.src[0])] if u.op is Ops.RANGE else _json_arg(u.arg)
+            lines.append(json.dumps([u.op.name, None if u.dtype is None else repr(u.dtype), srcs, arg]))
+        body = ",\n  ".join(lines)
+        return (f'{{\n "kernel": {json.dumps(name)},\n "format": "{FORMAT}",\n "uops": [\n  {body}\n ]\n}}\n')
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Checking: JSON text -> instructions
+
+
+@dataclass(frozen=True)
+class Instr:
+    """One linear UOp as the interpreter reads it."""
+
+    op: Ops
+    dtype: DType | None
+    src: tuple[int, ...]
+    arg: Any
+    ptr: bool = False
+
+
+def _parse_dtype(text: Any, where: str) -> tuple[DType | None, bool]:
+    if text is None:
+        return None, False
+    if not isinstance(text, str):
+        raise CompileError(f"{where}: bad dtype {text!r}")
+    name, ptr = (text[:-1], True) if text.endswith("*") else (text, False)
+    if name not in dtypes.by_name:
+        raise CompileError(f"{where}: the PYTHON device has no dtype '{text}' (vectors are not supported)")
+    return dtypes.by_name[name], ptr
+
+
+def _is_half_math(ins: Instr, code: list[Instr]) -> bool:
+    """bf16 values are bits: arithmetic on them must have been legalized to f32."""
+    if ins.op not in UNARY | BINARY | {Ops.MULACC}:
+        return False
+    types = [ins.dtype, *(code[s].dtype for s in ins.src)]
+    return any(t is not None and t.name == "bf16" for t in types)
+
+
+def parse_program(text: str | bytes) -> tuple[str, list[Instr]]:
+    """(kernel name, instructions) of a rendered kernel, checked; raises CompileError on anything malformed."""
+    try:
+        doc = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CompileError(f"PYTHON: the kernel is not valid JSON: {e}") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("uops"), list):
+        raise CompileError(f"PYTHON: not a kernel in the format {FORMAT}")
+    name = str(doc.get("kernel", "kernel"))
+    code: list[Instr] = []
+    stack: list[int] = []  # open RANGEs
+    scope: list[tuple[int, ...]] = []  # the open RANGEs where each value is visible
+    for i, entry in enumerate(doc["uops"]):
+        where = f"PYTHON: kernel {name}, uop {i}"
+        if not (isinstance(entry, list) and len(entry) == 4 and isinstance(entry[0], str)
+                and isinstance(entry[2], list)):
+            raise CompileError(f"{where}: expected [op, dtype, [srcs], arg], got {entry!r}")
+        opname, dt, srcs, arg = entry
+        op = Ops.__members__.get(opname)
+        if op is None or op not in _SUPPORTED:
+            raise CompileError(f"{where}: the PYTHON device does not run {opname}")
+        dtype, ptr = _parse_dtype(dt, where)
+        if not all(isinstance(s, int) and 0 <= s < i for s in srcs):
+            raise CompileError(f"{where}: {opname} has sources {srcs} that are not earlier UOps")
+        if op in _NSRC and len(srcs) not in _NSRC[op]:
+            raise CompileError(f"{where}: {opname} takes {_NSRC[op]} sources, got {len(srcs)}")
+        for s in srcs:
+            if code[s].op in _NO_VALUE:
+                raise CompileError(f"{where}: source {s} ({code[s].op.name}) has no value")
+            if op is not Ops.ENDRANGE and scope[s] != tuple(stack[:len(scope[s])]):
+                raise CompileError(f"{where}: {opname} uses uop {s} outside the loop that computes it")
+        if op is not Ops.SINK and op not in _NO_VALUE and dtype is None:
+            raise CompileError(f"{where}: {opname} needs a dtype")
+        arg = _parse_arg(op, dtype, arg, where)
+        ins = Instr(op, dtype, tuple(srcs), arg, ptr)
+        if op in (Ops.LOAD, Ops.STORE) and code[srcs[0]].op is not Ops.DEFINE_GLOBAL:
+            raise CompileError(f"{where}: {opname} needs a DEFINE_GLOBAL as its first source")
+        if op in (Ops.ACCUMULATE, Ops.READ_ACC) and code[srcs[0]].op is not Ops.DEFINE_ACC:
+            raise CompileError(f"{where}: {opname} needs a DEFINE_ACC as its first source")
+        if _is_half_math(ins, code):
+            raise CompileError(f"{where}: {opname} on bf16 bits (legalize should have computed it in f32)")
+        if op is Ops.RANGE:
+            stack.append(i)
+        elif op is Ops.ENDRANGE:
+            if not stack or stack[-1] != srcs[0]:
+                raise CompileError(f"{where}: ENDRANGE does not close the innermost open loop")
+            stack.pop()
+        code.append(ins)
+        scope.append(tuple(stack))
+    if stack:
+        raise CompileError(f"PYTHON: kernel {name}: loop at uop {stack[-1]} is never closed")
+    return name, code
+
+
+def _parse_arg(op: Ops, dtype: DType | None, arg: Any, where: str) -> Any:
+    if op is Ops.ACCUMULATE:
+        red = Ops.__members__.get(arg) if isinstance(arg, str) else None
+        if red not in _REDUCE_OPS:
+            raise CompileError(f"{where}: ACCUMULATE with {arg!r}; the PYTHON device knows ADD, MUL, MAX")
+        return red
+    if op is Ops.DEFINE_VAR:
+        return arg[0] if isinstance(arg, list) and arg else str(arg)
+    if op is Ops.DEFINE_GLOBAL:
+        if not isinstance(arg, int):
+            raise CompileError(f"{where}: DEFINE_GLOBAL needs a buffer index")
+        return arg
+    if op is Ops.CONST:
+        if not isinstance(arg, (bool, int, float)):
+            raise CompileError(f"{where}: bad constant {arg!r}")
+        return _const(arg, dtype)
+    return arg
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Values
+
+
+def reg_dtype(d: DType) -> np.dtype:
+    """The numpy dtype of a value in a register: bool as bool, bf16 as its uint16 bits."""
+    return np.dtype(np.bool_) if d.is_bool else d.np
+
+
+def mem_dtype(d: DType) -> np.dtype:
+    """The numpy dtype of a value in memory: bools are bytes."""
+    return np.dtype(np.uint8) if d.is_bool else d.np
+
+
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    """f32 -> bf16 bits, round to nearest even, nan -> 0x7FC0 (the LLVM renderer's sequence, in u32)."""
+    bits = np.asarray(x, np.float32).view(np.uint32)
+    rounded = ((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+    return np.where(np.isnan(x), np.uint16(0x7FC0), rounded.astype(np.uint16))
+
+
+def bf16_value(bits: np.ndarray) -> np.ndarray:
+    """bf16 bits -> f32, exactly."""
+    return (np.asarray(bits, np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def _const(value: Any, d: DType | None) -> np.ndarray:
+    assert d is not None
+    if d.name == "bf16":
+        return bf16_bits(np.array(value, np.float32))
+    if d.is_bool:
+        return np.array(bool(value))
+    if d.is_int:
+        from tgc.dtype import truncate
+        return np.array(truncate(value, d), d.np)
+    return np.array(float(value), d.np)
+
+
+def cast(x: np.ndarray, s: DType, d: DType) -> np.ndarray:
+    """The LLVM renderer's `cast` on numpy values."""
+    if s == d:
+        return x
+    x = np.asarray(x)
+    if d.is_bool:
+        return x != 0
+    if s.name == "bf16":
+        return cast(bf16_value(x), dtypes.f32, d)
+    if d.name == "bf16":
+        return bf16_bits(cast(x, s, dtypes.f32))
+    if s.is_float and not d.is_float:
+        return _float_to_int(x, d)
+    return x.astype(d.np)  # bool -> 0/1, float <-> float (RNE), int -> float, int -> int (wraps)
+
+
+def _float_to_int(x: np.ndarray, d: DType) -> np.ndarray:
+    """fptosi/fptoui.sat: truncate toward zero, clamp to the type's range, nan -> 0."""
+    lo, hi = min_max(d)
+    f = x.astype(np.float64)  # exact for every float dtype
+    nan, small, big = np.isnan(f), f <= float(lo), f >= float(hi)
+    inside = np.trunc(np.where(nan | small | big, 0.0, f)).astype(d.np)
+    return np.where(nan, d.np.type(0), np.where(big, d.np.type(hi), np.where(small, d.np.type(lo), inside)))
+
+
+def bitcast(x: np.ndarray, s: DType, d: DType) -> np.ndarray:
+    if s.is_bool or d.is_bool:
+        return cast(x, s, d)
+    return np.asarray(x).view(reg_dtype(d))
+
+
+def _as_u8(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x).astype(np.uint8)
+
+
+def binary(op: Ops, d: DType, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """A binary ALU op with the result dtype `d` (comparisons: `d` is the operands' dtype)."""
+    if op in COMPARE:
+        fn = {Ops.CMPLT: np.less, Ops.CMPNE: np.not_equal, Ops.CMPEQ: np.equal}[op]
+        return fn(a, b)
+    if d.is_bool:  # i1 arithmetic, as the LLVM renderer writes it
+        if op in (Ops.ADD, Ops.MAX, Ops.OR):
+            return np.logical_or(a, b)
+        if op in (Ops.MUL, Ops.AND):
+            return np.logical_and(a, b)
+        if op in (Ops.SUB, Ops.XOR):
+            return np.logical_xor(a, b)
+        if op is Ops.IDIV:  # udiv i1: the divisor is 1
+            return np.logical_and(a, b)
+        if op is Ops.MOD:
+            return np.zeros(np.broadcast(a, b).shape, np.bool_)
+        if op is Ops.SHL:  # shifting by 1 (>= the width) gives 0
+            return np.logical_and(a, np.logical_not(b))
+        if op is Ops.SHR:  # ashr by min(b, 0)
+            return np.broadcast_to(a, np.broadcast(a, b).shape).copy()
+        raise CompileError(f"PYTHON: {op.name} on bool")
+    if op is Ops.ADD:
+        return np.add(a, b)
+    if op is Ops.SUB:
+        return np.subtract(a, b)
+    if op is Ops.MUL:
+        return np.multiply(a, b)
+    if op is Ops.FDIV:
+        if not d.is_float:
+            raise CompileError(f"PYTHON: FDIV on {d.name}")
+        return np.divide(a, b)
+    if op in (Ops.IDIV, Ops.MOD):
+        if d.is_float:
+            raise CompileError(f"PYTHON: {op.name} on {d.name}")
+        rem = np.fmod(a, b)  # C's remainder (0 for a zero divisor, which the front end never leaves)
+        if op is Ops.MOD:
+            return rem
+        return np.floor_divide(np.subtract(a, rem), b)  # exact, so floor == trunc
+    if op is Ops.MAX:
+        return np.fmax(a, b) if d.is_float else np.maximum(a, b)
+    if op in (Ops.AND, Ops.OR, Ops.XOR):
+        if d.is_float:
+            raise CompileError(f"PYTHON: {op.name} on {d.name}")
+        return {Ops.AND: np.bitwise_and, Ops.OR: np.bitwise_or, Ops.XOR: np.bitwise_xor}[op](a, b)
+    if op in (Ops.SHL, Ops.SHR):
+        if d.is_float:
+            raise CompileError(f"PYTHON: {op.name} on {d.name}")
+        big = np.asarray(b).view(np.dtype(f"u{d.itemsize}")) >= d.bits  # `icmp uge`
+        amount = np.where(big, d.np.type(d.bits - 1), b)
+        if op is Ops.SHR:
+            raw = np.right_shift(a, amount)  # arithmetic for signed ints, logical for unsigned
+            return raw if not d.is_unsigned else np.where(big, d.np.type(0), raw)
+        return np.where(big, d.np.type(0), np.left_shift(a, amount))
+    raise CompileError(f"PYTHON: unknown binary op {op.name}")
+
+
+def unary(op: Ops, d: DType, x: np.ndarray) -> np.ndarray:
+    if op is Ops.NEG:
+        return x if d.is_bool else np.negative(x)  # `sub i1 0, x` is x
+    if op is Ops.NOT:
+        if d.is_float:
+            raise CompileError(f"PYTHON: NOT on {d.name}")
+        return np.logical_not(x) if d.is_bool else np.invert(x)
+    if not d.is_float:
+        raise CompileError(f"PYTHON: {op.name} on {d.name}")
+    if op is Ops.RECIP:
+        return np.divide(d.np.type(1), x)
+    fn = {Ops.EXP2: np.exp2, Ops.LOG2: np.log2, Ops.SIN: np.sin, Ops.SQRT: np.sqrt, Ops.TRUNC: np.trunc}[op]
+    return fn(x)
+
+
+_REDUCERS: dict[tuple[Ops, str], tuple[np.ufunc, Callable[[DType], Any]]] = {
+    (Ops.ADD, "bool"): (np.logical_or, lambda d: False),
+    (Ops.MUL, "bool"): (np.logical_and, lambda d: True),
+    (Ops.MAX, "bool"): (np.logical_or, lambda d: False),
+    (Ops.ADD, "num"): (np.add, lambda d: d.np.type(0)),
+    (Ops.MUL, "num"): (np.multiply, lambda d: d.np.type(1)),
+    (Ops.MAX, "float"): (np.fmax, lambda d: d.np.type(-np.inf)),
+    (Ops.MAX, "int"): (np.maximum, lambda d: d.np.type(min_max(d)[0])),
+}
+
+
+def reducer(op: Ops, d: DType) -> tuple[np.ufunc, Any]:
+    """(ufunc, identity) of an ACCUMULATE: bool ADD/MAX are `or`, MUL `and`; float MAX is maxnum."""
+    if d.name == "bf16":
+        raise CompileError("PYTHON: ACCUMULATE on bf16 bits (legalize should accumulate in f32)")
+    kind = "bool" if d.is_bool else ("num" if op is not Ops.MAX else ("float" if d.is_float else "int"))
+    fn, ident = _REDUCERS[(op, kind)]
+    return fn, ident(d)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Planning: how each loop is run
+
+
+@dataclass
+class Plan:
+    """Static facts about a kernel's loops, computed once per program."""
+
+    ndim: int  # how deep loops nest: the number of axes of a value
+    depth: list[int]  # per uop: how many loops are open there
+    end_of: dict[int, int]  # RANGE -> its ENDRANGE
+    block: dict[int, int]  # RANGE -> lanes per vectorized block
+    acc_axes: dict[int, tuple[int, ...]]  # ACCUMULATE -> the axes it reduces
+    sequential: bool  # one iteration at a time (a buffer is read and written, or written twice)
+
+
+def make_plan(code: list[Instr], budget: int = BLOCK_ELEMENTS) -> Plan:
+    depth, end_of, children, parent = [], {}, {}, {}
+    stack: list[int] = []
+    roots: list[int] = []
+    for i, ins in enumerate(code):
+        if ins.op is Ops.RANGE:
+            depth.append(len(stack))
+            (children[stack[-1]] if stack else roots).append(i)
+            parent[i] = stack[-1] if stack else None
+            children[i] = []
+            stack.append(i)
+        elif ins.op is Ops.ENDRANGE:
+            end_of[stack.pop()] = i
+            depth.append(len(stack))
+        else:
+            depth.append(len(stack))
+    acc_axes = {i: tuple(range(depth[ins.src[0]], depth[i])) for i, ins in enumerate(code)
+                if ins.op is Ops.ACCUMULATE}
+    # a buffer read and written, or written by two STOREs, makes the order of iterations visible
+    loaded = {code[i].src[0] for i, ins in enumerate(code) if ins.op is Ops.LOAD}
+    stored = [ins.src[0] for ins in code if ins.op is Ops.STORE]
+    sequential = len(set(stored)) != len(stored) or bool(loaded & set(stored))
+    # a loop whose index decides another loop's trip count runs one index at a time
+    deps: list[frozenset[int]] = []
+    for i, ins in enumerate(code):
+        if ins.op is Ops.RANGE:
+            deps.append(frozenset([i]))
+        elif ins.op is Ops.READ_ACC:
+            deps.append(frozenset(r for r in parent if r < i and end_of[r] > i))  # every open loop
+        else:
+            deps.append(frozenset().union(*(deps[s] for s in ins.src)) if ins.src else frozenset())
+    stepped = set().union(*(deps[code[r].src[0]] for r in children)) if children else set()
+
+    block: dict[int, int] = {}
+
+    def size_up(r: int) -> tuple[int, bool]:
+        """(lanes of this loop's vectorized block times its inner loops', whether all of it is vectorized)."""
+        inner, whole = 1, True
+        for c in children[r]:
+            lanes, c_whole = size_up(c)
+            inner, whole = max(inner, lanes), whole and c_whole
+        trips = max(1, int(code[r].arg[2]) if isinstance(code[r].arg, list) and len(code[r].arg) > 2 else 1 << 31)
+        if sequential or r in stepped or not whole:  # vectorized loops stay innermost: loop order is kept
+            block[r] = 1
+        else:
+            block[r] = max(1, min(trips, budget // inner))
+        return block[r] * inner, whole and block[r] >= trips
+
+    for r in roots:
+        size_up(r)
+    ndim = max((depth[r] + 1 for r in children), default=0)
+    return Plan(ndim, depth, end_of, block, acc_axes, sequential)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Running
+
+
+class PythonProgram(Program):
+    """A checked kernel, interpreted on each launch."""
+
+    def __init__(self, device: PythonDevice, name: str, lib: bytes):
+        super().__init__(device, name, lib)
+        self.kernel, self.code = parse_program(lib)
+        self.plan = make_plan(self.code)
+        self.vars = [ins.arg for ins in self.code if ins.op is Ops.DEFINE_VAR]
+
+    def __call__(self, *bufs: Any, global_size: tuple[int, ...] = (1, 1, 1),
+                 local_size: tuple[int, ...] | None = None, vals: tuple[int, ...] = (),
+                 wait: bool = False) -> float | None:
+        st = time.perf_counter()
+        cores = max(1, int(global_size[0])) if "core_id" in self.vars else 1
+        others = [v for v in self.vars if v != "core_id"]
+        if len(vals) < len(others):
+            raise DeviceError(f"kernel {self.name} takes {len(others)} values ({', '.join(others)}), got {len(vals)}")
+        with np.errstate(all="ignore"):
+            for core in range(cores):
+                env_vars = dict(zip(others, vals))
+                env_vars["core_id"] = core
+                _Run(self, bufs, env_vars).block(0, len(self.code))
+        return time.perf_counter() - st if wait else None
+
+
+class _Run:
+    """One launch on one core: `env[i]` is the current value of uop i."""
+
+    def __init__(self, prog: PythonProgram, bufs: tuple[Any, ...], var_values: dict[str, int]):
+        self.prog, self.code, self.plan = prog, prog.code, prog.plan
+        self.bufs = bufs
+        self.views: dict[tuple[int, np.dtype], np.ndarray] = {}
+        self.vals = var_values
+        self.env: list[Any] = [None] * len(self.code)
+        self.sizes = [1] * self.plan.ndim  # the current block's length on each axis
+        self.dispatch: dict[Ops, Callable[[int, Instr], Any]] = {
+            Ops.CONST: lambda i, ins: ins.arg, Ops.DEFINE_GLOBAL: lambda i, ins: ins.arg,
+            Ops.DEFINE_VAR: self.define_var, Ops.LOAD: self.load, Ops.STORE: self.store,
+            Ops.DEFINE_ACC: lambda i, ins: self.env[ins.src[0]], Ops.ACCUMULATE: self.accumulate,
+            Ops.READ_ACC: lambda i, ins: self.env[ins.src[0]], Ops.SINK: lambda i, ins: None,
+            Ops.BARRIER: lambda i, ins: None, Ops.CAST: self.cast, Ops.BITCAST: self.bitcast,
+            Ops.WHERE: self.where, Ops.MULACC: self.mulacc,
+        }
+
+    def fail(self, i: int, msg: str) -> DeviceError:
+        return DeviceError(f"kernel {self.prog.name}, uop {i} ({self.code[i].op.name}): {msg}")
+
+    # --- control flow
+
+    def block(self, start: int, stop: int) -> None:
+        code, env, dispatch = self.code, self.env, self.dispatch
+        i = start
+        while i < stop:
+            ins = code[i]
+            if ins.op is Ops.RANGE:
+                self.loop(i, ins)
+                i = self.plan.end_of[i] + 1
+                continue
+            handler = dispatch.get(ins.op)
+            if handler is not None:
+                env[i] = handler(i, ins)
+            elif ins.op in BINARY:
+                a, b = env[ins.src[0]], env[ins.src[1]]
+                d = code[ins.src[0]].dtype if ins.op in COMPARE else ins.dtype
+                env[i] = self.typed(binary(ins.op, d, a, b), ins.dtype)
+            else:
+                env[i] = self.typed(unary(ins.op, ins.dtype, env[ins.src[0]]), ins.dtype)
+            i += 1
+
+    def loop(self, i: int, ins: Instr) -> None:
+        end = np.asarray(self.env[ins.src[0]])
+        if end.size != 1:
+            raise self.fail(i, "the loop's end differs between lanes")
+        n, axis, step = int(end.reshape(-1)[0]), self.plan.depth[i], self.plan.block[i]
+        shape = [1] * self.plan.ndim
+        for lo in range(0, n, step):
+            hi = min(lo + step, n)
+            shape[axis] = self.sizes[axis] = hi - lo
+            self.env[i] = np.arange(lo, hi, dtype=reg_dtype(ins.dtype)).reshape(shape)
+            self.block(i + 1, self.plan.end_of[i])
+        self.sizes[axis] = 1
+
+    # --- values
+
+    @staticmethod
+    def typed(x: Any, d: DType | None) -> np.ndarray:
+        x = np.asarray(x)
+        want = reg_dtype(d) if d is not None else x.dtype
+        return x if x.dtype == want else x.astype(want)
+
+    def define_var(self, i: int, ins: Instr) -> np.ndarray:
+        if ins.arg not in self.vals:
+            raise self.fail(i, f"no value for the kernel variable '{ins.arg}'")
+        return np.array(self.vals[ins.arg], reg_dtype(ins.dtype))
+
+    def cast(self, i: int, ins: Instr) -> np.ndarray:
+        return self.typed(cast(self.env[ins.src[0]], self.code[ins.src[0]].dtype, ins.dtype), ins.dtype)
+
+    def bitcast(self, i: int, ins: Instr) -> np.ndarray:
+        src = self.code[ins.src[0]].dtype
+        if src.itemsize != ins.dtype.itemsize:
+            raise self.fail(i, f"bitcast from {src.name} to {ins.dtype.name} changes the size")
+        return self.typed(bitcast(self.env[ins.src[0]], src, ins.dtype), ins.dtype)
+
+    def where(self, i: int, ins: Instr) -> np.ndarray:
+        c, a, b = (self.env[s] for s in ins.src)
+        return self.typed(np.where(c, a, b), ins.dtype)
+
+    def mulacc(self, i: int, ins: Instr) -> np.ndarray:
+        a, b, c = (self.env[s] for s in ins.src)
+        return self.typed(np.add(np.multiply(a, b), c), ins.dtype)
+
+    # --- memory
+
+    def view(self, i: int, buf: int, d: DType) -> np.ndarray:
+        md = mem_dtype(d)
+        key = (buf, md)
+        if key not in self.views:
+            if buf >= len(self.bufs):
+                raise self.fail(i, f"buffer {buf} was not passed ({len(self.bufs)} buffers)")
+            raw = self.bufs[buf]
+            if not isinstance(raw, np.ndarray) or raw.dtype != np.uint8 or raw.ndim != 1:
+                raise self.fail(i, "buffers must be 1-d uint8 numpy arrays (from this device's allocator)")
+            self.views[key] = raw[:raw.size - raw.size % md.itemsize].view(md)
+        return self.views[key]
+
+    def check_bounds(self, i: int, idx: np.ndarray, n: int, what: str) -> None:
+        if idx.size and (idx.min() < 0 or idx.max() >= n):
+            bad = idx[(idx < 0) | (idx >= n)].reshape(-1)[0]
+            raise self.fail(i, f"{what} out of bounds: index {int(bad)} of a buffer of {n} elements")
+
+    def load(self, i: int, ins: Instr) -> np.ndarray:
+        buf = self.view(i, self.env[ins.src[0]], ins.dtype)
+        idx = np.asarray(self.env[ins.src[1]])
+        gate = np.asarray(self.env[ins.src[2]]) if len(ins.src) > 2 else None
+        if gate is not None:
+            shape = np.broadcast(idx, gate).shape
+            live = np.broadcast_to(gate, shape)
+            idx = np.broadcast_to(idx, shape)
+            self.check_bounds(i, idx[live], buf.size, "LOAD")
+            out = np.zeros(shape, mem_dtype(ins.dtype))
+            out[live] = buf[idx[live]]
+        else:
+            self.check_bounds(i, idx, buf.size, "LOAD")
+            out = buf[idx]
+        return out != 0 if ins.dtype.is_bool else np.asarray(out)
+
+    def store(self, i: int, ins: Instr) -> None:
+        val_dtype = self.code[ins.src[2]].dtype
+        buf = self.view(i, self.env[ins.src[0]], val_dtype)
+        idx, val = np.asarray(self.env[ins.src[1]]), np.asarray(self.env[ins.src[2]])
+        if val_dtype.is_bool:
+            val = val.astype(np.uint8)
+        if len(ins.src) > 3:
+            idx, val, gate = np.broadcast_arrays(idx, val, np.asarray(self.env[ins.src[3]]))
+            idx, val = idx[gate], val[gate]
+        else:
+            idx, val = np.broadcast_arrays(idx, val)
+        idx, val = idx.reshape(-1), val.reshape(-1)
+        self.check_bounds(i, idx, buf.size, "STORE")
+        buf[idx] = val  # repeated indices: the last, in loop order, wins
+
+    def accumulate(self, i: int, ins: Instr) -> None:
+        acc_i, v_i = ins.src
+        fn, ident = reducer(ins.arg, ins.dtype)
+        v = np.asarray(self.env[v_i])
+        axes = self.plan.acc_axes[i]
+        if axes:
+            if v.ndim == 0:
+                v = v.reshape((1,) * self.plan.ndim)
+            full = list(v.shape)
+            for a in axes:
+                full[a] = self.sizes[a]
+            v = np.broadcast_to(v, full)
+            kw = {"dtype": v.dtype} if not ins.dtype.is_bool else {}
+            v = fn.reduce(v, axis=axes, keepdims=True, initial=ident, **kw)
+        self.env[acc_i] = self.typed(fn(self.env[acc_i], v), ins.dtype)
+
+
+class PythonCompiler(Compiler):
+    """Checks the JSON kernel and returns its bytes: there is nothing to translate."""
+
+    name = "numpy-interpreter"
+    version = FORMAT
+
+    def compile(self, src: str) -> bytes:
+        parse_program(src)
+        return src.encode()
+
+    def disassemble(self, lib: bytes) -> str:
+        return lib.decode()
+
+
+class PythonAllocator(LRUAllocator):
+    """Host memory as plain numpy byte arrays (the handle is the array)."""
+
+    def _alloc(self, nbytes: int) -> np.ndarray:
+        return np.empty(nbytes, dtype=np.uint8)
+
+    def copyin(self, handle: np.ndarray, src: memoryview) -> None:
+        np.copyto(handle, np.frombuffer(src, dtype=np.uint8))
+
+    def copyout(self, dest: memoryview, handle: np.ndarray) -> None:
+        np.copyto(np.frombuffer(dest, dtype=np.uint8), handle)
+
+
+class PythonDevice(Device):
+    kind = "PYTHON"
+    launch_style = "cpu"
+
+    def __init__(self, index: int = 0):
+        super().__init__(index)
+        self.renderer = PythonRenderer()
+        self.compiler = PythonCompiler()
+        self.allocator = PythonAllocator()
+
+    @property
+    def cores(self) -> int:
+        """1 (single-thread kernels) unless TGC_THREADS asks the optimizer to split work across cores."""
+        try:
+            return max(1, int(os.environ.get("TGC_THREADS", "") or 1))
+        except ValueError:
+            return 1
+
+    def program(self, name: str, lib: bytes) -> PythonProgram:
+        return PythonProgram(self, name, lib)
+
+    def info(self) -> dict[str, Any]:
+        return {"renderer": "JSON UOps", "compiler": f"none: interpreted with numpy {np.__version__}",
+                "cores": self.cores}

@@ -1,0 +1,576 @@
+"""The REMOTE device: a device served by `tgc serve`, spoken to over HTTP.
+
+It behaves as the device it serves: `renderer` is built locally for the served device's kind (renderers
+are pure code), `compiler` compiles on the server, `launch_style` and `info()` are the server's.
+
+Work that needs no answer (alloc, free, copy in, program load, launches without `wait`) is queued and
+sent in one `POST /batch` when an answer is needed: a copy out, a launch with `wait=True`, a compile,
+`synchronize()` or `flush()`. A program of k kernels thus costs one round trip. `round_trips` counts them.
+
+Environment: `TGC_REMOTE=host:port` (a comma list gives `REMOTE:i` the i-th server; with one server every
+`REMOTE:i` is its own session there), `TGC_REMOTE_TOKEN` or `TGC_REMOTE_TOKEN_FILE` (the bearer token),
+`TGC_REMOTE_TIMEOUT` (seconds to wait for an answer, default 120), `TGC_REMOTE_RETRY` (seconds to keep
+retrying a connection, with backoff, default 3).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import http.client
+import itertools
+import os
+import secrets
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from tgc.backends.base import Allocator, Compiler, Device, Program
+from tgc.backends.remote import protocol as P
+from tgc.errors import CompileError, DeviceError, TgcError
+
+ENV_ADDRESS, ENV_TOKEN, ENV_TOKEN_FILE = "TGC_REMOTE", "TGC_REMOTE_TOKEN", "TGC_REMOTE_TOKEN_FILE"
+ENV_TIMEOUT, ENV_RETRY = "TGC_REMOTE_TIMEOUT", "TGC_REMOTE_RETRY"
+DEFAULT_TIMEOUT, DEFAULT_RETRY = 120.0, 3.0
+MAX_QUEUE = 2048  # queued requests that trigger a flush
+BODY_SLACK = 1 << 20  # room left in a body for the request text
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """`"host:port"`, `"[::1]:port"`, `"http://host:port"` or `"host"` (port 6667) -> (host, port)."""
+    t = text.strip()
+    for prefix in ("http://", "https://"):
+        t = t.removeprefix(prefix)
+    t = t.rstrip("/")
+    if t.startswith("["):
+        host, _, rest = t[1:].partition("]")
+        port_text = rest.removeprefix(":")
+    elif t.count(":") == 1:
+        host, _, port_text = t.partition(":")
+    else:
+        host, port_text = t, ""
+    if not host:
+        raise TgcError(f"bad REMOTE address '{text}'", hint="write host:port, e.g. 127.0.0.1:6667")
+    if not port_text:
+        return host, P.DEFAULT_PORT
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise TgcError(f"bad port in REMOTE address '{text}'", hint="write host:port, e.g. 127.0.0.1:6667")
+    return host, int(port_text)
+
+
+def client_token(env: dict[str, str] | None = None) -> str | None:
+    """The token from `TGC_REMOTE_TOKEN`, else from the file named by `TGC_REMOTE_TOKEN_FILE`."""
+    env = os.environ if env is None else env
+    if env.get(ENV_TOKEN):
+        return env[ENV_TOKEN].strip()
+    path = env.get(ENV_TOKEN_FILE)
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip() or None
+    except OSError as e:
+        raise DeviceError(f"cannot read {ENV_TOKEN_FILE} '{path}': {e.strerror or e}") from None
+
+
+def _env_float(name: str, default: float) -> float:
+    text = os.environ.get(name)
+    if not text:
+        return default
+    try:
+        return max(float(text), 0.0)
+    except ValueError:
+        raise TgcError(f"{name} must be a number of seconds, got '{text}'") from None
+
+
+def _reason(e: BaseException) -> str:
+    if isinstance(e, (socket.timeout, TimeoutError)):
+        return "timed out"
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    return str(e) or type(e).__name__
+
+
+class Connection:
+    """One kept-alive HTTP connection to a server.
+
+    Connecting is retried with exponential backoff for `retry` seconds. Once a body is sent, a failure is
+    not retried (the server may have run part of it), except on a kept-alive connection that the server
+    had already closed, which is reopened once. Every failure is one DeviceError.
+    """
+
+    def __init__(self, host: str, port: int, token: str | None, session: str, timeout: float, retry: float):
+        self.host, self.port, self.token, self.session = host, port, token, session
+        self.timeout, self.retry = timeout, retry
+        self._conn: http.client.HTTPConnection | None = None
+
+    @property
+    def address(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _connect(self) -> http.client.HTTPConnection:
+        deadline, delay = time.monotonic() + self.retry, 0.05
+        while True:
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+            try:
+                conn.connect()
+                conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                return conn
+            except OSError as e:
+                conn.close()
+                if time.monotonic() + delay > deadline:
+                    tried = f" (retried for {self.retry:g}s)" if self.retry else ""
+                    raise DeviceError(f"cannot reach REMOTE server {self.address}: {_reason(e)}{tried}",
+                                      hint=f"start one with `tgc serve --port {self.port}` or check {ENV_ADDRESS}"
+                                      ) from None
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    def post(self, body: bytes | list[bytes | memoryview]) -> bytes:
+        """Send one batch body (or its parts); the response body, or a DeviceError/CompileError with the
+        server's message."""
+        parts = [body] if isinstance(body, bytes) else body
+        headers = {"Content-Type": "application/octet-stream", P.SESSION_HEADER: self.session,
+                   "Content-Length": str(sum(len(p) for p in parts))}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        for attempt in range(2):
+            reused = self._conn is not None
+            if self._conn is None:
+                self._conn = self._connect()
+            try:
+                self._conn.request("POST", P.BATCH_PATH, parts, headers)
+                resp = self._conn.getresponse()
+                data = resp.read()
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as e:
+                self.close()
+                if reused and attempt == 0:  # the server closed an idle connection: open a fresh one
+                    continue
+                raise DeviceError(f"lost the connection to REMOTE server {self.address}: {_reason(e)}") from None
+            except (OSError, http.client.HTTPException) as e:
+                self.close()
+                what = f"no answer within {self.timeout:g}s" if isinstance(e, TimeoutError) else _reason(e)
+                raise DeviceError(f"lost the connection to REMOTE server {self.address}: {what}") from None
+            if resp.will_close:
+                self.close()
+            if resp.status == 200:
+                return data
+            raise self._error(resp.status, resp.getheader(P.ERROR_HEADER), data)
+        raise AssertionError("unreachable")
+
+    def _error(self, status: int, kind: str | None, data: bytes) -> TgcError:
+        msg = data.decode("utf-8", "replace").removesuffix("\n") or f"HTTP {status}"  # the server adds one
+        if status == 401:
+            return DeviceError(f"REMOTE server {self.address} refused the request: missing or wrong token",
+                               hint=f"set {ENV_TOKEN} or {ENV_TOKEN_FILE} to the server's token")
+        if kind == "compile":
+            return CompileError(msg)
+        return DeviceError(f"REMOTE server {self.address}: {msg}")
+
+
+class RemoteAllocator(Allocator):
+    """Buffers on the server, named by per-session ids (the handles are those ints)."""
+
+    def __init__(self, device: RemoteDevice):
+        self.device = device
+
+    def alloc(self, nbytes: int) -> int:
+        limit = self.device.properties["max_buffer"]
+        if nbytes > limit:
+            raise DeviceError(f"a buffer of {nbytes} bytes exceeds the REMOTE server's limit of {limit} bytes")
+        num = self.device._new_id()
+        self.device._enqueue(P.BufferAlloc(buf=num, size=int(nbytes)))
+        return num
+
+    def free(self, handle: int, nbytes: int) -> None:
+        self.device._enqueue_free(P.BufferFree(buf=handle))
+
+    def copyin(self, handle: int, src: memoryview) -> None:
+        self.device._enqueue(P.CopyIn(buf=handle, datahash=""), bytes(src))
+
+    def copyout(self, dest: memoryview, handle: int) -> None:
+        results, blobs = self.device._submit(P.CopyOut(buf=handle))
+        data = blobs.get(results[-1]) if isinstance(results[-1], str) else None
+        out = dest if dest.format == "B" and dest.ndim == 1 else dest.cast("B")
+        if data is None or len(data) != len(out):
+            raise DeviceError(f"REMOTE server sent {'no' if data is None else len(data)} bytes for a "
+                              f"copy out of {len(out)} bytes")
+        out[:] = data
+
+    def offset(self, handle: int, nbytes: int, offset: int) -> int:
+        """A view of `nbytes` at `offset` into a buffer (where the served device has views)."""
+        if not self.device.properties.get("offset"):
+            raise DeviceError(f"the REMOTE device ({self.device.served}) has no buffer views")
+        num = self.device._new_id()
+        self.device._enqueue(P.BufferOffset(buf=handle, size=nbytes, offset=offset, sub=num))
+        return num
+
+    def transfer(self, dest: int, src: int, nbytes: int, src_dev: RemoteDevice, dest_dev: RemoteDevice) -> None:
+        """Copy `src` (on `src_dev`) into `dest` (on `dest_dev`): on the server when both share it."""
+        if src_dev.conn_address == dest_dev.conn_address:
+            dest_dev.flush()  # the destination buffer must exist first
+            src_dev._enqueue(P.Transfer(buf=src, dest_session=dest_dev.session, dest_buf=dest))
+            src_dev.flush()
+            return
+        data = bytearray(nbytes)
+        src_dev.allocator.copyout(memoryview(data), src)
+        dest_dev.allocator.copyin(dest, memoryview(data))
+
+
+class RemoteCompiler(Compiler):
+    """Compiles on the server with the served device's compiler."""
+
+    def __init__(self, device: RemoteDevice, name: str, version: str):
+        self.device, self.name, self.version = device, f"remote-{name}", version
+
+    def compile(self, src: str) -> bytes:
+        results, blobs = self.device._submit(P.Compile(src=src))
+        h = results[-1]
+        if not isinstance(h, str) or h not in blobs:
+            raise DeviceError("REMOTE server answered a compile without a binary")
+        return bytes(blobs[h])
+
+    def disassemble(self, lib: bytes) -> str:
+        results, _ = self.device._submit(P.Disassemble(datahash=""), lib)
+        return str(results[-1])
+
+    def assembly(self, src: str) -> str:
+        """The server compiler's assembly listing for `src`."""
+        results, _ = self.device._submit(P.Assembly(src=src))
+        return str(results[-1])
+
+
+class RemoteProgram(Program):
+    """A binary loaded on the server; calling it queues a launch (or runs it now with `wait=True`)."""
+
+    def __init__(self, device: RemoteDevice, name: str, lib: bytes):
+        super().__init__(device, name, lib)
+        self.num = device._new_id()
+        device._enqueue(P.ProgramAlloc(prog=self.num, name=name, datahash=""), bytes(lib))
+
+    def __call__(self, *bufs: Any, global_size: tuple[int, ...] = (1, 1, 1),
+                 local_size: tuple[int, ...] | None = None, vals: tuple[int, ...] = (),
+                 wait: bool = False) -> float | None:
+        dev: RemoteDevice = self.device
+        req = P.ProgramExec(prog=self.num, bufs=_ints(bufs, "buffer handles"),
+                            global_size=_ints(global_size, "global_size"),
+                            local_size=None if local_size is None else _ints(local_size, "local_size"),
+                            vals=_ints(vals, "vals"), wait=bool(wait))
+        if not wait:
+            dev._enqueue(req)
+            return None
+        results, _ = dev._submit(req)
+        return None if results[-1] is None else float(results[-1])
+
+    def __del__(self) -> None:
+        try:
+            self.device._enqueue_free(P.ProgramFree(prog=self.num))
+        except Exception:
+            pass
+
+
+class RemoteGraph:
+    """A fixed list of launches stored on the server: each call runs all of them with one request."""
+
+    def __init__(self, device: RemoteDevice, launches: Sequence[tuple]):
+        self.device, self.num = device, device._new_id()
+        kernels = []
+        for prog, bufs, global_size, local_size, vals in launches:
+            if not isinstance(prog, RemoteProgram) or prog.device is not device:
+                raise DeviceError("a REMOTE graph can only hold programs of its own device")
+            kernels.append(P.GraphKernel(prog=prog.num, bufs=_ints(bufs, "buffer handles"),
+                                         global_size=_ints(global_size, "global_size"),
+                                         local_size=None if local_size is None else _ints(local_size, "local_size"),
+                                         vals=_ints(vals, "vals")))
+        self._programs = [launch[0] for launch in launches]  # keep them loaded while the graph lives
+        device._enqueue(P.GraphAlloc(graph=self.num, kernels=tuple(kernels)))
+
+    def __call__(self, wait: bool = False) -> float | None:
+        req = P.GraphExec(graph=self.num, wait=bool(wait))
+        if not wait:
+            self.device._enqueue(req)
+            return None
+        results, _ = self.device._submit(req)
+        return None if results[-1] is None else float(results[-1])
+
+    def free(self) -> None:
+        self.device._enqueue_free(P.GraphFree(graph=self.num))
+
+
+def _ints(values: Sequence[Any], what: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in values)
+    except (TypeError, ValueError):
+        raise DeviceError(f"REMOTE {what} must be integers, got {values!r}") from None
+
+
+def _end_session(conn: Connection, state: dict[str, bool]) -> None:
+    """At exit: tell the server to free this session now (best effort, short timeout, no retry)."""
+    if not state.get("used"):
+        return
+    quick = Connection(conn.host, conn.port, conn.token, conn.session, timeout=2.0, retry=0.0)
+    try:
+        quick.post(P.encode_requests([P.EndSession()], {}))
+    except Exception:
+        pass
+    finally:
+        quick.close()
+        conn.close()
+
+
+class RemoteDevice(Device):
+    """`REMOTE`: the device served by `tgc serve` at `TGC_REMOTE` (or `--remote`), one session per instance."""
+
+    kind = "REMOTE"
+    _configured: str | None = None  # set by `configure` (the CLI's --remote)
+
+    def __init__(self, index: int = 0, *, address: str | None = None, token: str | None = None,
+                 timeout: float | None = None, retry: float | None = None):
+        super().__init__(index)
+        self.session = secrets.token_urlsafe(24)
+        self.allocator = RemoteAllocator(self)
+        self.round_trips = 0
+        self._address, self._token = address, token
+        self._timeout, self._retry = timeout, retry
+        self._lock = threading.RLock()
+        self._queue: list[P.Request] = []
+        self._blobs: dict[str, bytes] = {}
+        self._queued_bytes = 0
+        self._pending_launches = False
+        self._ids = itertools.count(1)
+        self._props: dict[str, Any] | None = None
+        self._renderer: Any = None
+        self._conn: Connection | None = None
+        self._used = {"used": False}
+
+    @classmethod
+    def configure(cls, address: str | None) -> None:
+        """Use this server (`host:port`) instead of `TGC_REMOTE` for devices that connect from now on."""
+        if address is not None:
+            parse_address(address.split(",")[0])  # a bad address is a user error now, not later
+        cls._configured = address
+
+    @classmethod
+    def _address_text(cls) -> str | None:
+        return cls._configured or os.environ.get(ENV_ADDRESS) or None
+
+    @classmethod
+    def probe(cls) -> tuple[bool, str]:
+        text = cls._address_text()
+        if not text:
+            return False, f"{ENV_ADDRESS} is not set"
+        try:
+            host, port = parse_address(text.split(",")[0])
+        except TgcError as e:
+            return False, e.msg
+        try:
+            socket.create_connection((host, port), timeout=2.0).close()
+        except OSError as e:
+            return False, f"cannot reach {host}:{port}: {_reason(e)}"
+        dev = cls(address=f"[{host}]:{port}" if ":" in host else f"{host}:{port}", timeout=5.0, retry=0.0)
+        try:
+            dev.properties  # noqa: B018 (checks the token and that it is a tgc server)
+        except TgcError as e:
+            return False, e.msg
+        finally:
+            dev.close()
+        return True, ""
+
+    # --- connection
+
+    @property
+    def conn_address(self) -> tuple[str, int]:
+        """(host, port) of the server this device talks to."""
+        text = self._address or self._address_text()
+        if not text:
+            raise DeviceError("the REMOTE device needs a server", hint=f"set {ENV_ADDRESS}=host:port or pass "
+                                                                        "--remote host:port (see `tgc serve`)")
+        addrs = [a for a in (t.strip() for t in text.split(",")) if a]
+        if len(addrs) > 1 and self.index >= len(addrs):
+            raise DeviceError(f"{self.name} needs a server {self.index}, but {ENV_ADDRESS} names {len(addrs)}")
+        return parse_address(addrs[self.index] if len(addrs) > 1 else addrs[0])
+
+    def _connection(self) -> Connection:
+        if self._conn is None:
+            host, port = self.conn_address
+            token = self._token if self._token is not None else client_token()
+            timeout = self._timeout if self._timeout is not None else _env_float(ENV_TIMEOUT, DEFAULT_TIMEOUT)
+            retry = self._retry if self._retry is not None else _env_float(ENV_RETRY, DEFAULT_RETRY)
+            self._conn = Connection(host, port, token, self.session, timeout, retry)
+            weakref.finalize(self, _end_session, self._conn, self._used)
+        return self._conn
+
+    def close(self) -> None:
+        """Free this session on the server now (otherwise it is freed after the server's idle timeout)."""
+        with self._lock:
+            self._queue, self._blobs, self._queued_bytes = [], {}, 0
+            if self._conn is not None:
+                _end_session(self._conn, self._used)
+                self._used["used"] = False
+
+    # --- the queue
+
+    def _new_id(self) -> int:
+        with self._lock:
+            return next(self._ids)
+
+    def _enqueue(self, req: P.Request, blob: bytes | None = None) -> None:
+        """Queue a request (with the blob it names, if any); flush first when the body would get too big."""
+        with self._lock:
+            if blob is not None:
+                budget = self.properties["max_body"] - BODY_SLACK
+                if len(blob) > budget:
+                    raise DeviceError(f"{len(blob)} bytes do not fit in a request to the REMOTE server "
+                                      f"(its body limit is {self.properties['max_body']} bytes)")
+                h = P.digest(blob)
+                req = dataclasses.replace(req, datahash=h)
+                if h not in self._blobs:
+                    if self._queued_bytes + len(blob) > budget:
+                        self.flush()
+                    self._blobs[h] = blob
+                    self._queued_bytes += len(blob)
+            try:
+                req.check()
+            except P.ProtocolError as e:
+                raise DeviceError(f"bad REMOTE request {type(req).__name__}: {e}") from None
+            self._queue.append(req)
+            if len(self._queue) >= MAX_QUEUE:
+                self.flush()
+
+    def _enqueue_free(self, req: P.Request) -> None:
+        """Queue a free; never sends anything (it may run from a finalizer)."""
+        if self._lock.acquire(timeout=1.0):
+            try:
+                self._queue.append(req)
+            finally:
+                self._lock.release()
+
+    def _submit(self, req: P.Request, blob: bytes | None = None) -> tuple[list[Any], dict[str, memoryview]]:
+        """Queue `req` and flush: the results of the batch (`req`'s is last) and the response blobs."""
+        with self._lock:
+            self._enqueue(req, blob)
+            return self._send()
+
+    def flush(self) -> None:
+        """Send everything queued now."""
+        with self._lock:
+            if self._queue:
+                self._send()
+
+    def _send(self) -> tuple[list[Any], dict[str, memoryview]]:
+        reqs, blobs = self._queue, self._blobs
+        self._queue, self._blobs, self._queued_bytes = [], {}, 0
+        body = P.body_parts(blobs, P.to_text(reqs))
+        conn = self._connection()
+        self._used["used"] = True
+        self.round_trips += 1
+        data = conn.post(body)
+        try:
+            results, out_blobs = P.decode_results(data, verify=False)  # the server is trusted; TCP checks bytes
+        except P.ProtocolError as e:
+            raise DeviceError(f"REMOTE server {conn.address} sent a bad answer: {e}") from None
+        if len(results) != len(reqs):
+            raise DeviceError(f"REMOTE server {conn.address} answered {len(results)} of {len(reqs)} requests")
+        for r in reqs:  # launches not yet known to be finished: those after the last copy out/wait/sync
+            if isinstance(r, (P.ProgramExec, P.GraphExec)):
+                self._pending_launches = not r.wait
+            elif isinstance(r, (P.CopyOut, P.Synchronize)):
+                self._pending_launches = False
+        return results, out_blobs
+
+    def synchronize(self) -> None:
+        """Send what is queued and wait until the server's device has finished it."""
+        with self._lock:
+            if self._queue or self._pending_launches:
+                self._submit(P.Synchronize())
+
+    # --- the served device's face
+
+    @property
+    def properties(self) -> dict[str, Any]:
+        """The served device's facts (fetched once): kind, device, launch_style, compiler, limits, info."""
+        with self._lock:
+            if self._props is None:
+                results, _ = self._submit(P.GetProperties())
+                if not isinstance(results[-1], dict) or not {"kind", "device", "max_body"} <= set(results[-1]):
+                    raise DeviceError("REMOTE server sent no device properties")
+                self._props = results[-1]
+            return self._props
+
+    @property
+    def served(self) -> str:
+        """The served device's name, e.g. `CPU`."""
+        return str(self.properties["device"])
+
+    @property
+    def launch_style(self) -> str:  # type: ignore[override]
+        return str(self.properties["launch_style"])
+
+    @property
+    def renderer(self) -> Any:  # type: ignore[override]
+        if self._renderer is None:
+            self._renderer = renderer_for(str(self.properties["kind"]))
+        return self._renderer
+
+    @property
+    def compiler(self) -> Compiler | None:  # type: ignore[override]
+        p = self.properties
+        if p.get("compiler") is None:
+            return None
+        return RemoteCompiler(self, str(p["compiler"]), str(p.get("compiler_version")))
+
+    @property
+    def compile_error(self) -> str | None:
+        p = self.properties
+        if p.get("compiler") is None:
+            return f"the REMOTE server's {p['device']} cannot compile: {p.get('compile_error')}"
+        return None
+
+    def program(self, name: str, lib: bytes) -> RemoteProgram:
+        return RemoteProgram(self, name, lib)
+
+    def graph(self, launches: Sequence[tuple]) -> RemoteGraph:
+        """A graph of `(program, bufs, global_size, local_size, vals)` launches, run with one request per call."""
+        return RemoteGraph(self, launches)
+
+    @property
+    def cores(self) -> int:
+        """The served device's core count (an AttributeError where it has none, as locally)."""
+        cores = self.properties.get("cores")
+        if cores is None:
+            raise AttributeError("cores")
+        return int(cores)
+
+    def info(self) -> dict[str, Any]:
+        """The served device's facts, plus `serves` (its name) and `server` (host:port)."""
+        p = self.properties
+        host, port = self.conn_address
+        out: dict[str, Any] = {"serves": p["device"], "server": f"{host}:{port}"}
+        if isinstance(p.get("info"), dict):
+            out.update({k: v for k, v in p["info"].items() if k not in out})
+        out.setdefault("renderer", p.get("renderer"))
+        out.setdefault("compiler", p.get("compiler"))
+        return out
+
+
+def renderer_for(kind: str) -> Any:
+    """The renderer of a device kind, built here: the class attribute, else the local device's."""
+    from tgc.backends import device_class, get_device
+    try:
+        cls = device_class(kind)
+    except Exception as e:
+        raise DeviceError(f"cannot load the {kind} backend here to render for the REMOTE server: {e}") from None
+    r = cls.__dict__.get("renderer") or getattr(cls, "renderer", None)
+    if r is not None and not isinstance(r, property):
+        return r() if isinstance(r, type) else r
+    try:
+        return get_device(kind).renderer
+    except Exception as e:
+        raise DeviceError(f"cannot build the {kind} renderer here for the REMOTE server: {e}") from None

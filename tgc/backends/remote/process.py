@@ -1,0 +1,88 @@
+"""Run a REMOTE server in a child process on a free loopback port (for tests and benchmarks)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from tgc.errors import DeviceError
+
+_SERVING = re.compile(r"serving (\S+) on http://127\.0\.0\.1:(\d+)")
+
+
+class ServerProcess:
+    """`python -m tgc.backends.remote.server` (or `tgc serve` with `cli=True`) on 127.0.0.1 and a port the OS
+    picks; a context manager.
+
+    stderr goes to a file (read it with `stderr()`), so a chatty server can never block on a full pipe.
+    """
+
+    def __init__(self, device: str = "CPU", *args: str, env: dict[str, str] | None = None, cli: bool = False):
+        self.device, self.args, self.cli = device, list(args), cli
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen | None = None
+        self.port = 0
+        self._log = tempfile.NamedTemporaryFile(prefix="tgc-serve-", suffix=".log", delete=False)
+        self._closed_log: str | None = None  # what the log held when the context ended
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def stderr(self) -> str:
+        if self._closed_log is not None:
+            return self._closed_log
+        with open(self._log.name, encoding="utf-8", errors="replace") as f:
+            return f.read()
+
+    def start(self, wait: float = 60.0) -> ServerProcess:
+        """Start the server and wait until it says where it listens."""
+        entry = ["tgc.cli.main", "serve"] if self.cli else ["tgc.backends.remote.server"]
+        cmd = [sys.executable, "-m", *entry, "--host", "127.0.0.1", "--port", "0", "-d", self.device, *self.args]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._log,
+                                     env=self.env)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            m = _SERVING.search(self.stderr())
+            if m:
+                self.port = int(m.group(2))
+                return self
+            if self.proc.poll() is not None:
+                raise DeviceError(f"the server exited with {self.proc.returncode}: {self.stderr().strip()}")
+            time.sleep(0.02)
+        self.kill()
+        raise DeviceError(f"the server did not start within {wait:g}s: {self.stderr().strip()}")
+
+    def stop(self, sig: int = signal.SIGINT, wait: float = 30.0) -> int:
+        """Send `sig` (Ctrl-C by default) and wait for the exit status (killing it after `wait` seconds)."""
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(wait)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        self._closed_log = self.stderr()
+        self._log.close()
+        try:
+            os.unlink(self._log.name)
+        except OSError:
+            pass

@@ -1,0 +1,551 @@
+"""The wire format of the REMOTE device: one `POST /batch` per round trip.
+
+A body (request or response) is
+
+    b"TGC1"                          4 bytes, the format's magic
+    blob count                       4 bytes, big-endian
+    count x (sha256 digest           32 bytes
+             length                  8 bytes, big-endian
+             bytes)                  `length` bytes
+    text                             the rest, UTF-8
+
+Blobs are content-addressed: each distinct kernel binary or buffer payload travels once per body,
+and requests name it by the hex digest. A request body's text is a list of request calls, e.g.
+`[BufferAlloc(buf=1, size=64), CopyIn(buf=1, datahash='ab12...')]`; a response body's text is the
+list of their results (None, numbers, strings, lists, dicts). Both are parsed by `parse_text`, which
+walks Python's `ast` and allows only literals, calls of the classes it is given (keyword arguments
+only, type-checked) and the few attributes in `ATTRIBUTES`: never pickle, never eval.
+
+Ids (`buf`, `prog`, `graph`) are chosen by the client and live in its session only.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import hashlib
+import math
+import threading
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from typing import Any, Union
+
+MAGIC = b"TGC1"
+DEFAULT_PORT = 6667
+SESSION_HEADER = "X-Tgc-Session"
+ERROR_HEADER = "X-Tgc-Error"  # the error's kind: auth, protocol, limit, session, compile, device, busy
+BATCH_PATH = "/batch"
+
+INT_MIN, INT_MAX = -(2**63), 2**63 - 1
+MAX_DEPTH = 32  # nesting of lists/calls in request text
+MAX_NODES = 2_000_000  # syntax nodes in one request text
+MAX_BLOBS = 1 << 16  # blobs in one body
+
+# The only attribute names request text may use, and the values they stand for.
+ATTRIBUTES: dict[str, float] = {"math.inf": math.inf, "math.nan": math.nan}
+
+
+_SESSION_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+
+
+def valid_session(session: str | None) -> bool:
+    """A session id is 16 to 128 characters of `[A-Za-z0-9_-]` (the client picks a random one)."""
+    return session is not None and 16 <= len(session) <= 128 and set(session) <= _SESSION_CHARS
+
+
+class ProtocolError(ValueError):
+    """A body or request text that does not follow the format (the server answers 400)."""
+
+
+def digest(data: bytes | memoryview) -> str:
+    """The hex sha256 that names a blob."""
+    return hashlib.sha256(data).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# requests
+
+
+def _check_id(value: int, what: str) -> None:
+    if value < 0:
+        raise ProtocolError(f"{what} must be >= 0, got {value}")
+
+
+def _check_hash(value: str) -> None:
+    if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
+        raise ProtocolError(f"datahash must be 64 lowercase hex digits, got {value[:80]!r}")
+
+
+def _check_launch(global_size: tuple[int, ...], local_size: tuple[int, ...] | None) -> None:
+    for what, size in (("global_size", global_size), ("local_size", local_size)):
+        if size is None:
+            continue
+        if not 1 <= len(size) <= 3 or any(not 1 <= s <= 2**31 - 1 for s in size):
+            raise ProtocolError(f"{what} must be 1 to 3 sizes in [1, 2**31), got {size}")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One step of a batch. `check` rejects out-of-range values (types are checked by `build`)."""
+
+    def check(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class GetProperties(Request):
+    """-> dict: the served device's kind, launch style, compiler, limits and `info()`."""
+
+
+@dataclass(frozen=True)
+class BufferAlloc(Request):
+    buf: int
+    size: int
+
+    def check(self) -> None:
+        _check_id(self.buf, "buf")
+        _check_id(self.size, "size")
+
+
+@dataclass(frozen=True)
+class BufferFree(Request):
+    buf: int
+
+
+@dataclass(frozen=True)
+class BufferOffset(Request):
+    """A view `sub` of `size` bytes at `offset` into `buf` (no copy; freed with its parent)."""
+
+    buf: int
+    size: int
+    offset: int
+    sub: int
+
+    def check(self) -> None:
+        for name in ("buf", "size", "offset", "sub"):
+            _check_id(getattr(self, name), name)
+
+
+@dataclass(frozen=True)
+class CopyIn(Request):
+    """Fill `buf` with the blob `datahash` (exactly the buffer's size)."""
+
+    buf: int
+    datahash: str
+
+    def check(self) -> None:
+        _check_hash(self.datahash)
+
+
+@dataclass(frozen=True)
+class CopyOut(Request):
+    """-> the hash of a response blob holding the buffer's bytes."""
+
+    buf: int
+
+
+@dataclass(frozen=True)
+class Transfer(Request):
+    """Copy `buf` into buffer `dest_buf` of the session `dest_session` (whose id the client must know)."""
+
+    buf: int
+    dest_session: str
+    dest_buf: int
+
+    def check(self) -> None:
+        if not valid_session(self.dest_session):
+            raise ProtocolError("dest_session is not a session id")
+
+
+@dataclass(frozen=True)
+class Disassemble(Request):
+    """-> the compiler's assembly listing of the blob `datahash` (a binary)."""
+
+    datahash: str
+
+    def check(self) -> None:
+        _check_hash(self.datahash)
+
+
+@dataclass(frozen=True)
+class Assembly(Request):
+    """-> the compiler's assembly listing for the source `src`."""
+
+    src: str
+
+
+@dataclass(frozen=True)
+class Compile(Request):
+    """-> the hash of a response blob holding the binary, or the compiler's message as a `compile` error."""
+
+    src: str
+
+
+@dataclass(frozen=True)
+class ProgramAlloc(Request):
+    prog: int
+    name: str
+    datahash: str
+
+    def check(self) -> None:
+        _check_id(self.prog, "prog")
+        _check_hash(self.datahash)
+
+
+@dataclass(frozen=True)
+class ProgramFree(Request):
+    prog: int
+
+
+@dataclass(frozen=True)
+class ProgramExec(Request):
+    """Launch `prog` on buffers `bufs`. -> the kernel's time in seconds with `wait=True`, else None."""
+
+    prog: int
+    bufs: tuple[int, ...]
+    global_size: tuple[int, ...] = (1, 1, 1)
+    local_size: tuple[int, ...] | None = None
+    vals: tuple[int, ...] = ()
+    wait: bool = False
+
+    def check(self) -> None:
+        _check_launch(self.global_size, self.local_size)
+
+
+@dataclass(frozen=True)
+class GraphKernel:
+    """One launch inside a graph (a value, not a request)."""
+
+    prog: int
+    bufs: tuple[int, ...]
+    global_size: tuple[int, ...] = (1, 1, 1)
+    local_size: tuple[int, ...] | None = None
+    vals: tuple[int, ...] = ()
+
+    def check(self) -> None:
+        _check_launch(self.global_size, self.local_size)
+
+
+@dataclass(frozen=True)
+class GraphAlloc(Request):
+    """A fixed list of launches that `GraphExec` runs in order with one request."""
+
+    graph: int
+    kernels: tuple[GraphKernel, ...]
+
+    def check(self) -> None:
+        _check_id(self.graph, "graph")
+
+
+@dataclass(frozen=True)
+class GraphExec(Request):
+    """-> the total time in seconds with `wait=True`, else None."""
+
+    graph: int
+    wait: bool = False
+
+
+@dataclass(frozen=True)
+class GraphFree(Request):
+    graph: int
+
+
+@dataclass(frozen=True)
+class Synchronize(Request):
+    """Wait until the device has finished all work of this session."""
+
+
+@dataclass(frozen=True)
+class EndSession(Request):
+    """Free everything the session holds (a client closing politely)."""
+
+
+REQUESTS: dict[str, type] = {cls.__name__: cls for cls in (
+    GetProperties, BufferAlloc, BufferFree, BufferOffset, CopyIn, CopyOut, Transfer, Compile, Disassemble, Assembly,
+    ProgramAlloc, ProgramFree, ProgramExec, GraphKernel, GraphAlloc, GraphExec, GraphFree, Synchronize, EndSession)}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# bodies: blobs + text
+
+
+def body_parts(blobs: Mapping[str, bytes | memoryview], text: str) -> list[bytes | memoryview]:
+    """A body as a list of pieces whose concatenation is the body (big blobs are not copied)."""
+    parts: list[bytes | memoryview] = []
+    head = MAGIC + len(blobs).to_bytes(4, "big")
+    for h, data in blobs.items():
+        head += bytes.fromhex(h) + len(data).to_bytes(8, "big")
+        if len(data) < 4096:
+            head += data
+        else:
+            parts += [head, data]
+            head = b""
+    parts.append(head + text.encode("utf-8"))
+    return parts
+
+
+def encode_body(blobs: Mapping[str, bytes | memoryview], text: str) -> bytes:
+    """Blobs (hex digest -> bytes) and text as one body."""
+    return b"".join(body_parts(blobs, text))
+
+
+def decode_body(body: bytes | memoryview, max_blobs: int = MAX_BLOBS,
+                verify: bool = True) -> tuple[dict[str, memoryview], str]:
+    """A body's blobs (hex digest -> bytes) and its text; `ProtocolError` if malformed.
+
+    With `verify` (what the server does) every blob's sha256 must match its bytes.
+    """
+    mv = memoryview(body)
+    if len(mv) < 8 or bytes(mv[:4]) != MAGIC:
+        raise ProtocolError("body does not start with the TGC1 header")
+    count = int.from_bytes(mv[4:8], "big")
+    if count > max_blobs:
+        raise ProtocolError(f"body declares {count} blobs, more than the limit of {max_blobs}")
+    pos, blobs = 8, {}
+    for i in range(count):
+        if len(mv) - pos < 40:
+            raise ProtocolError(f"blob {i}: header truncated")
+        want = bytes(mv[pos:pos + 32])
+        n = int.from_bytes(mv[pos + 32:pos + 40], "big")
+        pos += 40
+        if n > len(mv) - pos:
+            raise ProtocolError(f"blob {i}: length {n} runs past the end of the body ({len(mv) - pos} bytes left)")
+        data = mv[pos:pos + n]
+        pos += n
+        if verify and hashlib.sha256(data).digest() != want:
+            raise ProtocolError(f"blob {i}: sha256 does not match its {n} bytes")
+        blobs[want.hex()] = data
+    try:
+        text = bytes(mv[pos:]).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ProtocolError(f"request text is not UTF-8: {e.reason} at byte {e.start}") from None
+    return blobs, text
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# text: writing literals and parsing them back through a whitelist
+
+
+def to_text(value: Any) -> str:
+    """Write a value as text that `parse_text` reads back: literals, containers and request dataclasses."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return repr(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "math.nan"
+        if math.isinf(value):
+            return "math.inf" if value > 0 else "-math.inf"
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(to_text(v) for v in value) + "]"
+    if isinstance(value, tuple):
+        return "(" + "".join(to_text(v) + ", " for v in value) + ")"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{to_text(k)}: {to_text(v)}" for k, v in value.items()) + "}"
+    if dataclasses.is_dataclass(value) and type(value).__name__ in REQUESTS:
+        args = ", ".join(f"{f.name}={to_text(getattr(value, f.name))}" for f in dataclasses.fields(value))
+        return f"{type(value).__name__}({args})"
+    raise TypeError(f"cannot write a {type(value).__name__} as request text")
+
+
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _conform(value: Any, hint: Any, where: str) -> Any:
+    """`value` converted to the type `hint` (lists become tuples), or a ProtocolError naming `where`."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (Union, types.UnionType):
+        for arg in args:
+            try:
+                return _conform(value, arg, where)
+            except ProtocolError:
+                pass
+        raise ProtocolError(f"{where}: {to_short(value)} is not a {_type_name(hint)}")
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ProtocolError(f"{where}: expected a tuple, got {to_short(value)}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_conform(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
+        if len(value) != len(args):
+            raise ProtocolError(f"{where}: expected {len(args)} items, got {len(value)}")
+        return tuple(_conform(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+    if hint is type(None):
+        if value is not None:
+            raise ProtocolError(f"{where}: expected None, got {to_short(value)}")
+        return None
+    if hint is int:
+        if type(value) is not int:
+            raise ProtocolError(f"{where}: expected an integer, got {to_short(value)}")
+        if not INT_MIN <= value <= INT_MAX:
+            raise ProtocolError(f"{where}: {value} does not fit in 64 bits")
+        return value
+    if hint is float:
+        if type(value) not in (int, float):
+            raise ProtocolError(f"{where}: expected a number, got {to_short(value)}")
+        return float(value)
+    if hint in (bool, str):
+        if type(value) is not hint:
+            raise ProtocolError(f"{where}: expected a {hint.__name__}, got {to_short(value)}")
+        return value
+    if isinstance(hint, type):
+        if not isinstance(value, hint):
+            raise ProtocolError(f"{where}: expected a {hint.__name__}, got {to_short(value)}")
+        return value
+    raise TypeError(f"unsupported field type {hint!r}")  # a bug in this module, not in the request
+
+
+def _type_name(hint: Any) -> str:
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+
+
+def to_short(value: Any) -> str:
+    """A value for an error message, cut to a readable length."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def build(cls: type, kwargs: dict[str, Any]) -> Any:
+    """An instance of the dataclass `cls` from keyword arguments, type-checked and range-checked."""
+    hints, fields = _hints(cls), {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(kwargs) - set(fields))
+    if unknown:
+        raise ProtocolError(f"{cls.__name__} has no field '{unknown[0]}'")
+    values = {}
+    for name, f in fields.items():
+        if name in kwargs:
+            values[name] = _conform(kwargs[name], hints[name], f"{cls.__name__}.{name}")
+        elif f.default is dataclasses.MISSING:
+            raise ProtocolError(f"{cls.__name__} is missing the field '{name}'")
+    obj = cls(**values)
+    obj.check()
+    return obj
+
+
+def _dotted(node: ast.expr) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return f"{_dotted(node.value)}.{node.attr}"
+    if isinstance(node, ast.Call):
+        return f"{_dotted(node.func)}(...)"
+    return f"<{type(node).__name__}>"
+
+
+# CPython 3.11 keeps the AST constructor's recursion count in shared state, so two threads parsing at once
+# can fail with "SystemError: AST constructor recursion depth mismatch": parse one text at a time.
+_AST_LOCK = threading.Lock()
+
+
+def _parse(text: str) -> ast.Expression:
+    for attempt in range(2):
+        try:
+            with _AST_LOCK:
+                return ast.parse(text, mode="eval")
+        except SystemError as e:  # the race above, with a thread outside this module: try once more
+            if attempt or "recursion depth mismatch" not in str(e):
+                raise ProtocolError(f"request text does not parse: {e}") from None
+        except Exception as e:  # SyntaxError, ValueError (null bytes, huge ints), RecursionError, MemoryError
+            msg = getattr(e, "msg", None) or str(e) or type(e).__name__
+            raise ProtocolError(f"request text does not parse: {msg}") from None
+    raise AssertionError("unreachable")
+
+
+def parse_text(text: str, classes: Mapping[str, type] = REQUESTS, *, max_depth: int = MAX_DEPTH,
+               max_nodes: int = MAX_NODES) -> Any:
+    """The value that `text` writes, allowing only literals, calls of `classes` and `ATTRIBUTES`.
+
+    Raises ProtocolError for anything else (names, other calls, operators, comprehensions, lambdas,
+    dunders), for nesting deeper than `max_depth` and for more than `max_nodes` nodes.
+    """
+    tree = _parse(text)
+    count = 0
+
+    def conv(node: ast.expr, depth: int) -> Any:
+        nonlocal count
+        count += 1
+        if count > max_nodes:
+            raise ProtocolError(f"request text has more than {max_nodes} nodes")
+        if depth >= max_depth:
+            raise ProtocolError(f"request text is nested deeper than {max_depth} levels")
+        if isinstance(node, ast.Constant):
+            if type(node.value) not in (int, float, str, bool, type(None)):
+                raise ProtocolError(f"constant {to_short(node.value)} is not allowed")
+            return node.value
+        if isinstance(node, ast.List):
+            return [conv(e, depth + 1) for e in node.elts]
+        if isinstance(node, ast.Tuple):
+            return tuple(conv(e, depth + 1) for e in node.elts)
+        if isinstance(node, ast.Dict):
+            if any(k is None for k in node.keys):
+                raise ProtocolError("'**' is not allowed in request text")
+            out = {}
+            for k, v in zip(node.keys, node.values):
+                key = conv(k, depth + 1)
+                if not isinstance(key, (str, int)):
+                    raise ProtocolError(f"dict key {to_short(key)} is not a string or integer")
+                out[key] = conv(v, depth + 1)
+            return out
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+            operand = conv(node.operand, depth + 1)
+            if type(operand) not in (int, float):
+                raise ProtocolError(f"unary minus on {to_short(operand)} is not allowed")
+            return -operand if isinstance(node.op, ast.USub) else operand
+        if isinstance(node, ast.Attribute):
+            name = _dotted(node)
+            if name not in ATTRIBUTES:
+                raise ProtocolError(f"attribute '{name}' is not allowed")
+            return ATTRIBUTES[name]
+        if isinstance(node, ast.Call):
+            name = node.func.id if isinstance(node.func, ast.Name) else _dotted(node.func)
+            if name not in classes:
+                raise ProtocolError(f"call of '{name}' is not allowed")
+            if node.args:
+                raise ProtocolError(f"{name}: only keyword arguments are allowed")
+            kwargs = {}
+            for kw in node.keywords:
+                if kw.arg is None:
+                    raise ProtocolError(f"{name}: '**' is not allowed")
+                kwargs[kw.arg] = conv(kw.value, depth + 1)
+            return build(classes[name], kwargs)
+        if isinstance(node, ast.Name):
+            raise ProtocolError(f"name '{node.id}' is not allowed")
+        raise ProtocolError(f"{type(node).__name__} expressions are not allowed in request text")
+
+    try:
+        return conv(tree.body, 0)
+    except RecursionError:
+        raise ProtocolError("request text is nested too deeply") from None
+
+
+def encode_requests(requests: list[Request], blobs: Mapping[str, bytes | memoryview]) -> bytes:
+    """A request body: the blobs, then the requests as text."""
+    return encode_body(blobs, to_text(list(requests)))
+
+
+def decode_requests(body: bytes | memoryview, *, max_depth: int = MAX_DEPTH,
+                    max_nodes: int = MAX_NODES) -> tuple[list[Request], dict[str, memoryview]]:
+    """The requests of a body and its blobs; ProtocolError unless the text is a list of requests."""
+    blobs, text = decode_body(body)
+    value = parse_text(text, REQUESTS, max_depth=max_depth, max_nodes=max_nodes)
+    if not isinstance(value, list) or not all(isinstance(r, Request) for r in value):
+        raise ProtocolError("request text must be a list of requests")
+    return value, blobs
+
+
+def encode_results(results: list[Any], blobs: Mapping[str, bytes | memoryview]) -> bytes:
+    """A response body: the blobs (copied-out buffers, binaries), then one result per request."""
+    return encode_body(blobs, to_text(list(results)))
+
+
+def decode_results(body: bytes | memoryview, verify: bool = True) -> tuple[list[Any], dict[str, memoryview]]:
+    """The results of a response body and its blobs (hashes checked with `verify`)."""
+    blobs, text = decode_body(body, verify=verify)
+    value = parse_text(text, {})
+    if not isinstance(value, list):
+        raise ProtocolError("response text must be a list of results")
+    return value, blobs

@@ -1,0 +1,704 @@
+"""`tgc serve`: a local device served over HTTP for the REMOTE device.
+
+One endpoint, `POST /batch` (see `protocol`). Every request must carry `Authorization: Bearer TOKEN`
+when the server has a token (compared in constant time; anything else gets 401 and nothing more)
+and `X-Tgc-Session: ID`, a random id the client picks. Each session has its own tables of buffers,
+programs and graphs, numbered by the client, so no session can name another's objects. A session
+idle for `idle_timeout` seconds is freed.
+
+Every fault a client can cause comes back as an HTTP error with a one-line message and the kind in
+`X-Tgc-Error`: 400 protocol (a malformed body or request), 401 auth, 404 session (an unknown
+buffer/program/graph/session), 408/413 limit (request time, body size, buffer size, session
+memory), 422 compile (the compiler's message), 500 device (the device raised), 503 busy (too many
+sessions). Batches run one at a time (the device surface is not assumed thread-safe); bodies are read
+and parsed in parallel.
+
+Note: a token holder can run native code on this machine (that is what a device server is for).
+Without a token the server listens on loopback only.
+
+Run it as `tgc serve ...` or `python -m tgc.backends.remote.server ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import ipaddress
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from tgc.backends.remote import protocol as P
+from tgc.errors import DeviceError, TgcError
+
+MiB = 1 << 20
+
+
+@dataclass
+class Limits:
+    """What one client may ask of the server. Sizes in bytes, times in seconds."""
+
+    max_body: int = 512 * MiB  # one request body
+    max_buffer: int = 256 * MiB  # one buffer
+    max_session_memory: int = 1024 * MiB  # live buffers of one session
+    request_time: float = 60.0  # one batch's run (checked between requests) and socket reads
+    idle_timeout: float = 300.0  # a session unheard from this long is freed
+    max_sessions: int = 64
+    max_objects: int = 1 << 16  # buffers + programs + graphs of one session
+
+
+class Refusal(Exception):
+    """An answer the server gives instead of a result: HTTP status, error kind, message."""
+
+    def __init__(self, status: int, kind: str, msg: str):
+        super().__init__(msg)
+        self.status, self.kind, self.msg = status, kind, msg
+
+
+@dataclass
+class Buffer:
+    handle: Any
+    size: int
+    parent: int | None = None  # for a view: the buffer it points into
+    views: set[int] = field(default_factory=set)
+
+
+@dataclass
+class Session:
+    id: str
+    buffers: dict[int, Buffer] = field(default_factory=dict)
+    programs: dict[int, Any] = field(default_factory=dict)
+    graphs: dict[int, tuple[P.GraphKernel, ...]] = field(default_factory=dict)
+    memory: int = 0
+    last_seen: float = field(default_factory=time.monotonic)
+    busy: int = 0  # batches in flight
+
+    @property
+    def objects(self) -> int:
+        return len(self.buffers) + len(self.programs) + len(self.graphs)
+
+
+def is_loopback(host: str) -> bool:
+    """True for `localhost` and loopback IP addresses (127.0.0.0/8, ::1)."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def read_token(token_file: str | None = None, env: dict[str, str] | None = None) -> str | None:
+    """The token from `token_file`, else `TGC_REMOTE_TOKEN`, else the file in `TGC_REMOTE_TOKEN_FILE`."""
+    env = os.environ if env is None else env
+    if token_file is None and env.get("TGC_REMOTE_TOKEN"):
+        return env["TGC_REMOTE_TOKEN"].strip()
+    token_file = token_file or env.get("TGC_REMOTE_TOKEN_FILE") or None
+    if token_file is None:
+        return None
+    try:
+        with open(token_file, encoding="utf-8") as f:
+            token = f.read().strip()
+    except OSError as e:
+        raise TgcError(f"cannot read the token file '{token_file}': {e.strerror or e}") from None
+    if not token:
+        raise TgcError(f"the token file '{token_file}' is empty")
+    return token
+
+
+def _plain(value: Any, depth: int = 0) -> Any:
+    """`value` as literals that `protocol.to_text` can write (other objects become strings)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if depth > 8:
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): _plain(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, depth + 1) for v in value]
+    return str(value)
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+    app: RemoteServer
+
+
+class _HTTPServer6(_HTTPServer):
+    address_family = socket.AF_INET6
+
+
+class RemoteServer:
+    """Serves one local device. `serve_forever()` in this thread, or `start()` a background thread."""
+
+    def __init__(self, device: str, host: str = "127.0.0.1", port: int = P.DEFAULT_PORT, token: str | None = None,
+                 limits: Limits | None = None, verbose: bool = False):
+        if not token and not is_loopback(host):
+            raise TgcError(f"refusing to serve on the non-loopback address {host} without a token",
+                           hint="pass --token-file FILE (or set TGC_REMOTE_TOKEN), or serve on 127.0.0.1")
+        self.device_name, self.token, self.verbose = device, token, verbose
+        self.limits = limits or Limits()
+        self.lock = threading.RLock()  # held while a batch runs and while sessions change
+        self.sessions: dict[str, Session] = {}
+        self._device: Any = None
+        self._compiled: OrderedDict[str, tuple[bool, bytes | str]] = OrderedDict()  # sha256(src) -> (ok, lib|msg)
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        cls = _HTTPServer6 if ":" in host else _HTTPServer
+        try:
+            self.httpd = cls((host.strip("[]"), port), _Handler)
+        except OSError as e:
+            raise DeviceError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+        self.httpd.app = self
+        self.host, self.port = host, self.httpd.server_address[1]
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host.strip('[]')}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def device(self) -> Any:
+        """The served device, opened on first use."""
+        if self._device is None:
+            from tgc.backends import get_device
+            try:
+                self._device = get_device(self.device_name)
+            except TgcError:
+                raise
+            except Exception as e:
+                raise DeviceError(f"cannot open {self.device_name}: {type(e).__name__}: {e}") from None
+        return self._device
+
+    # --- lifetime
+
+    def serve_forever(self) -> None:
+        """Serve until `shutdown()` (from another thread) or KeyboardInterrupt; the idle reaper runs beside."""
+        self._start_reaper()
+        self.httpd.serve_forever(poll_interval=0.2)
+
+    def start(self) -> RemoteServer:
+        """Serve from a background thread (for tests and embedding)."""
+        t = threading.Thread(target=self.serve_forever, name="tgc-serve", daemon=True)
+        t.start()
+        self._threads.append(t)
+        return self
+
+    def shutdown(self) -> int:
+        """Stop serving, free every session; returns how many sessions were freed. Safe to call twice."""
+        self._stop.set()
+        if any(t.is_alive() for t in self._threads if t.name == "tgc-serve"):
+            self.httpd.shutdown()
+        return self.close()
+
+    def close(self) -> int:
+        self._stop.set()
+        self.httpd.server_close()
+        if not self.lock.acquire(timeout=5.0):  # a batch still running: the process is going away anyway
+            return len(self.sessions)
+        try:
+            n = len(self.sessions)
+            for s in list(self.sessions.values()):
+                self._end_session(s)
+        finally:
+            self.lock.release()
+        return n
+
+    def _start_reaper(self) -> None:
+        period = max(0.05, min(1.0, self.limits.idle_timeout / 4))
+
+        def loop() -> None:
+            while not self._stop.wait(period):
+                self.reap_idle()
+        t = threading.Thread(target=loop, name="tgc-serve-reaper", daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def reap_idle(self, now: float | None = None) -> int:
+        """Free the sessions idle for longer than `idle_timeout`; returns how many."""
+        now = time.monotonic() if now is None else now
+        with self.lock:
+            idle = [s for s in self.sessions.values()
+                    if not s.busy and now - s.last_seen > self.limits.idle_timeout]
+            for s in idle:
+                self._end_session(s)
+        if idle and self.verbose:
+            print(f"tgc serve: freed {len(idle)} idle session(s)", file=sys.stderr, flush=True)
+        return len(idle)
+
+    def authorized(self, header: str | None) -> bool:
+        """Whether an `Authorization` header carries the token (always true without a token)."""
+        if not self.token:
+            return True
+        want = f"Bearer {self.token}".encode()
+        return hmac.compare_digest((header or "").encode("utf-8", "replace"), want)
+
+    # --- batches
+
+    def _session(self, sid: str) -> Session:
+        s = self.sessions.get(sid)
+        if s is None:
+            if len(self.sessions) >= self.limits.max_sessions:
+                self.reap_idle()
+            if len(self.sessions) >= self.limits.max_sessions:
+                raise Refusal(503, "busy", f"the server holds {len(self.sessions)} sessions, its limit; try later")
+            s = self.sessions[sid] = Session(sid)
+        return s
+
+    def run_batch(self, sid: str, body: bytes) -> list[bytes | memoryview]:
+        """Run the requests of one body for session `sid`; the response body's parts, or a `Refusal`."""
+        try:
+            requests, blobs = P.decode_requests(body)
+        except P.ProtocolError as e:
+            raise Refusal(400, "protocol", str(e)) from None
+        with self.lock:
+            if self._stop.is_set():
+                raise Refusal(503, "busy", "the server is shutting down")
+            session = self._session(sid)
+            session.busy += 1
+            try:
+                results, out_blobs = self._run(session, requests, blobs)
+            finally:
+                session.busy -= 1
+                session.last_seen = time.monotonic()
+        return P.body_parts(out_blobs, P.to_text(results))
+
+    def _run(self, session: Session, requests: list[P.Request],
+             blobs: dict[str, memoryview]) -> tuple[list[Any], dict[str, bytes]]:
+        results: list[Any] = []
+        out_blobs: dict[str, bytes] = {}
+        start = time.monotonic()
+        for i, req in enumerate(requests):
+            name = type(req).__name__
+            if i and time.monotonic() - start >= self.limits.request_time:
+                raise Refusal(408, "limit", f"the batch ran past the request time limit of "
+                                            f"{self.limits.request_time:g}s; stopped before request {i} ({name})")
+            try:
+                results.append(getattr(self, "_do_" + name)(session, req, blobs, out_blobs))
+            except Refusal as e:
+                if e.kind == "compile":
+                    raise
+                raise Refusal(e.status, e.kind, f"request {i} ({name}): {e.msg}") from None
+            except P.ProtocolError as e:
+                raise Refusal(400, "protocol", f"request {i} ({name}): {e}") from None
+            except MemoryError:
+                raise Refusal(507, "device", f"request {i} ({name}): {self.device_name} is out of memory") from None
+            except Exception as e:
+                msg = e.msg if isinstance(e, TgcError) else f"{type(e).__name__}: {e}"
+                raise Refusal(500, "device", f"request {i} ({name}): {self.device_name} failed: {msg}") from None
+        return results, out_blobs
+
+    # --- lookups
+
+    @staticmethod
+    def _get(table: dict[int, Any], num: int, what: str) -> Any:
+        if num not in table:
+            raise Refusal(404, "session", f"no {what} {num} in this session")
+        return table[num]
+
+    def _new_id(self, session: Session, table: dict[int, Any], num: int, what: str) -> None:
+        if num in table:
+            raise Refusal(400, "protocol", f"{what} {num} already exists in this session")
+        if session.objects >= self.limits.max_objects:
+            raise Refusal(413, "limit", f"the session holds {session.objects} objects, the limit")
+
+    @staticmethod
+    def _blob(blobs: dict[str, memoryview], h: str) -> memoryview:
+        if h not in blobs:
+            raise Refusal(400, "protocol", f"no blob with hash {h[:16]}... in the body")
+        return blobs[h]
+
+    # --- one handler per request
+
+    def _do_GetProperties(self, session: Session, req: P.GetProperties, blobs, out) -> dict[str, Any]:
+        dev, lim = self.device, self.limits
+        comp = dev.compiler
+        try:
+            info = _plain(dev.info())
+        except Exception as e:  # facts for display must not fail a client
+            info = {"error": f"{type(e).__name__}: {e}"}
+        renderer = dev.renderer
+        return {"kind": dev.kind, "device": dev.name, "launch_style": dev.launch_style,
+                "renderer": None if renderer is None else type(renderer).__name__,
+                "compiler": comp.name if comp is not None else None,
+                "compiler_version": str(comp.version) if comp is not None else None,
+                "compile_error": dev.compile_error, "info": info,
+                "offset": callable(getattr(dev.allocator, "offset", None)), "cores": getattr(dev, "cores", None),
+                "max_body": lim.max_body, "max_buffer": lim.max_buffer,
+                "max_session_memory": lim.max_session_memory, "request_time": lim.request_time,
+                "idle_timeout": lim.idle_timeout}
+
+    def _do_BufferAlloc(self, session: Session, req: P.BufferAlloc, blobs, out) -> None:
+        self._new_id(session, session.buffers, req.buf, "buffer")
+        lim = self.limits
+        if req.size > lim.max_buffer:
+            raise Refusal(413, "limit", f"a buffer of {req.size} bytes exceeds the limit of {lim.max_buffer} bytes")
+        if session.memory + req.size > lim.max_session_memory:
+            raise Refusal(413, "limit", f"allocating {req.size} bytes would pass the session memory limit of "
+                                        f"{lim.max_session_memory} bytes ({session.memory} live)")
+        handle = self.device.allocator.alloc(req.size)
+        session.buffers[req.buf] = Buffer(handle, req.size)
+        session.memory += req.size
+
+    def _free_buffer(self, session: Session, num: int) -> None:
+        buf = session.buffers.pop(num)
+        if buf.parent is not None:
+            parent = session.buffers.get(buf.parent)
+            if parent is not None:
+                parent.views.discard(num)
+            return
+        for v in buf.views:  # views die with their buffer
+            session.buffers.pop(v, None)
+        session.memory -= buf.size
+        self.device.allocator.free(buf.handle, buf.size)
+
+    def _do_BufferFree(self, session: Session, req: P.BufferFree, blobs, out) -> None:
+        self._get(session.buffers, req.buf, "buffer")
+        self._free_buffer(session, req.buf)
+
+    def _do_BufferOffset(self, session: Session, req: P.BufferOffset, blobs, out) -> None:
+        base = self._get(session.buffers, req.buf, "buffer")
+        self._new_id(session, session.buffers, req.sub, "buffer")
+        offset_fn = getattr(self.device.allocator, "offset", None)
+        if not callable(offset_fn):
+            raise Refusal(400, "device", f"{self.device_name} does not support buffer views")
+        if req.offset + req.size > base.size:
+            raise Refusal(400, "protocol", f"a view of {req.size} bytes at {req.offset} runs past buffer "
+                                           f"{req.buf} of {base.size} bytes")
+        root = req.buf if base.parent is None else base.parent
+        session.buffers[req.sub] = Buffer(offset_fn(base.handle, req.size, req.offset), req.size, parent=root)
+        session.buffers[root].views.add(req.sub)
+
+    def _do_CopyIn(self, session: Session, req: P.CopyIn, blobs, out) -> None:
+        buf = self._get(session.buffers, req.buf, "buffer")
+        data = self._blob(blobs, req.datahash)
+        if len(data) != buf.size:
+            raise Refusal(400, "protocol", f"copying {len(data)} bytes into buffer {req.buf} of {buf.size} bytes")
+        self.device.allocator.copyin(buf.handle, data)
+
+    def _do_CopyOut(self, session: Session, req: P.CopyOut, blobs, out) -> str:
+        buf = self._get(session.buffers, req.buf, "buffer")
+        data = bytearray(buf.size)
+        self.device.allocator.copyout(memoryview(data), buf.handle)
+        h = P.digest(data)
+        out[h] = data
+        return h
+
+    def _do_Transfer(self, session: Session, req: P.Transfer, blobs, out) -> None:
+        src = self._get(session.buffers, req.buf, "buffer")
+        dest_session = self.sessions.get(req.dest_session)
+        if dest_session is None:
+            raise Refusal(404, "session", "no such destination session")
+        dest = self._get(dest_session.buffers, req.dest_buf, "destination buffer")
+        if dest.size != src.size:
+            raise Refusal(400, "protocol", f"transfer of {src.size} bytes into a buffer of {dest.size} bytes")
+        data = bytearray(src.size)
+        self.device.allocator.copyout(memoryview(data), src.handle)
+        self.device.allocator.copyin(dest.handle, memoryview(data))
+
+    def _do_Compile(self, session: Session, req: P.Compile, blobs, out) -> str:
+        comp = self.device.compiler
+        if comp is None:
+            raise Refusal(400, "device", f"{self.device_name} cannot compile here: {self.device.compile_error}")
+        key = P.digest(req.src.encode("utf-8", "surrogatepass"))
+        if key not in self._compiled:
+            try:
+                self._compiled[key] = (True, bytes(comp.compile(req.src)))
+            except Exception as e:  # the compiler's message goes back as is
+                self._compiled[key] = (False, e.msg if isinstance(e, TgcError) else str(e) or type(e).__name__)
+            while len(self._compiled) > 256:
+                self._compiled.popitem(last=False)
+        self._compiled.move_to_end(key)
+        ok, value = self._compiled[key]
+        if not ok:
+            raise Refusal(422, "compile", str(value))
+        h = P.digest(value)
+        out[h] = value
+        return h
+
+    def _do_Disassemble(self, session: Session, req: P.Disassemble, blobs, out) -> str:
+        comp = self.device.compiler
+        if comp is None:
+            raise Refusal(400, "device", f"{self.device_name} has no compiler here")
+        try:
+            return str(comp.disassemble(bytes(self._blob(blobs, req.datahash))))
+        except NotImplementedError:
+            raise Refusal(400, "device", f"the {comp.name} compiler cannot disassemble") from None
+
+    def _do_Assembly(self, session: Session, req: P.Assembly, blobs, out) -> str:
+        comp = self.device.compiler
+        if comp is None:
+            raise Refusal(400, "device", f"{self.device_name} has no compiler here")
+        try:
+            if callable(getattr(comp, "assembly", None)):
+                return str(comp.assembly(req.src))
+            return str(comp.disassemble(comp.compile(req.src)))
+        except NotImplementedError:
+            raise Refusal(400, "device", f"the {comp.name} compiler cannot show assembly") from None
+        except Exception as e:
+            raise Refusal(422, "compile", e.msg if isinstance(e, TgcError) else str(e)) from None
+
+    def _do_ProgramAlloc(self, session: Session, req: P.ProgramAlloc, blobs, out) -> None:
+        self._new_id(session, session.programs, req.prog, "program")
+        lib = bytes(self._blob(blobs, req.datahash))
+        try:
+            session.programs[req.prog] = self.device.program(req.name, lib)
+        except Exception as e:  # not a binary this device can load: the client's fault
+            msg = e.msg if isinstance(e, TgcError) else f"{type(e).__name__}: {e}"
+            raise Refusal(400, "device", f"cannot load program '{req.name[:80]}': {msg}") from None
+
+    def _do_ProgramFree(self, session: Session, req: P.ProgramFree, blobs, out) -> None:
+        self._get(session.programs, req.prog, "program")
+        del session.programs[req.prog]
+
+    def _launch(self, session: Session, k: P.ProgramExec | P.GraphKernel, wait: bool) -> float | None:
+        prog = self._get(session.programs, k.prog, "program")
+        handles = [self._get(session.buffers, b, "buffer").handle for b in k.bufs]
+        t = prog(*handles, global_size=k.global_size, local_size=k.local_size, vals=k.vals, wait=wait)
+        return float(t) if wait and t is not None else None
+
+    def _do_ProgramExec(self, session: Session, req: P.ProgramExec, blobs, out) -> float | None:
+        return self._launch(session, req, req.wait)
+
+    def _do_GraphAlloc(self, session: Session, req: P.GraphAlloc, blobs, out) -> None:
+        self._new_id(session, session.graphs, req.graph, "graph")
+        for i, k in enumerate(req.kernels):
+            if k.prog not in session.programs:
+                raise Refusal(404, "session", f"graph kernel {i}: no program {k.prog} in this session")
+            missing = [b for b in k.bufs if b not in session.buffers]
+            if missing:
+                raise Refusal(404, "session", f"graph kernel {i}: no buffer {missing[0]} in this session")
+        session.graphs[req.graph] = req.kernels
+
+    def _do_GraphExec(self, session: Session, req: P.GraphExec, blobs, out) -> float | None:
+        kernels = self._get(session.graphs, req.graph, "graph")
+        start, total = time.perf_counter(), 0.0
+        for i, k in enumerate(kernels):
+            try:
+                t = self._launch(session, k, req.wait)
+            except Refusal as e:
+                raise Refusal(e.status, e.kind, f"graph {req.graph} kernel {i}: {e.msg}") from None
+            total += t or 0.0
+        if not req.wait:
+            return None
+        return total or time.perf_counter() - start
+
+    def _do_GraphFree(self, session: Session, req: P.GraphFree, blobs, out) -> None:
+        self._get(session.graphs, req.graph, "graph")
+        del session.graphs[req.graph]
+
+    def _do_Synchronize(self, session: Session, req: P.Synchronize, blobs, out) -> None:
+        self.device.synchronize()
+
+    def _do_EndSession(self, session: Session, req: P.EndSession, blobs, out) -> None:
+        self._end_session(session)
+
+    def _end_session(self, session: Session) -> None:
+        """Free everything a session holds and forget it (errors while freeing are skipped)."""
+        self.sessions.pop(session.id, None)
+        session.graphs.clear()
+        session.programs.clear()
+        for num in [n for n, b in session.buffers.items() if b.parent is None]:
+            try:
+                self._free_buffer(session, num)
+            except Exception:
+                session.buffers.pop(num, None)
+        session.buffers.clear()
+        session.memory = 0
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "tgc-serve"
+    disable_nagle_algorithm = True  # answers are small writes; do not wait for the peer's delayed ACK
+    server: _HTTPServer
+
+    def setup(self) -> None:
+        self.timeout = max(self.server.app.limits.request_time, 1.0)  # socket reads; ends slow or idle peers
+        super().setup()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        if self.server.app.verbose:
+            sys.stderr.write(f"tgc serve: {self.address_string()} {format % args}\n")
+
+    def _answer(self, status: int, body: bytes | list[bytes | memoryview], kind: str | None = None,
+                close: bool = False) -> None:
+        parts = [body] if isinstance(body, bytes) else body
+        self.send_response(status)
+        self.send_header("Content-Type", "application/octet-stream" if kind is None else "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(sum(len(p) for p in parts)))
+        if kind is not None:
+            self.send_header(P.ERROR_HEADER, kind)
+        if status == 401:
+            self.send_header("WWW-Authenticate", "Bearer")
+        if close:
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        self.end_headers()
+        for part in parts:
+            self.wfile.write(part)
+
+    def _refuse(self, r: Refusal, close: bool = False) -> None:
+        self._answer(r.status, (r.msg + "\n").encode("utf-8", "replace"), r.kind, close)
+
+    def _length(self) -> int | None:
+        try:
+            n = int(self.headers.get("Content-Length", ""))
+        except ValueError:
+            return None
+        return n if n >= 0 else None
+
+    def _discard_body(self, limit: int = 1 << 20) -> bool:
+        """Read and drop a small body so the peer can read our answer; False if it is too big to bother."""
+        n = self._length()
+        if n is None or n > limit:
+            return False
+        try:
+            self.rfile.read(n)
+        except OSError:
+            return False
+        return True
+
+    def _authorized(self) -> bool:
+        if self.server.app.authorized(self.headers.get("Authorization")):
+            return True
+        keep = self._discard_body()
+        self._refuse(Refusal(401, "auth", "unauthorized"), close=not keep)
+        return False
+
+    def do_POST(self) -> None:
+        app = self.server.app
+        if not self._authorized():
+            return
+        if self.path != P.BATCH_PATH:
+            keep = self._discard_body()
+            return self._refuse(Refusal(404, "protocol", f"no endpoint {self.path[:80]}; POST {P.BATCH_PATH}"),
+                                close=not keep)
+        sid = self.headers.get(P.SESSION_HEADER)
+        if not P.valid_session(sid):
+            keep = self._discard_body()
+            return self._refuse(Refusal(400, "protocol", f"missing or bad {P.SESSION_HEADER} header "
+                                                         "(16 to 128 characters of A-Z a-z 0-9 - _)"), close=not keep)
+        n = self._length()
+        if n is None:
+            return self._refuse(Refusal(411, "protocol", "a request needs a Content-Length"), close=True)
+        if n > app.limits.max_body:
+            return self._refuse(Refusal(413, "limit", f"a request body of {n} bytes exceeds the limit of "
+                                                      f"{app.limits.max_body} bytes"), close=True)
+        try:
+            body = self.rfile.read(n)
+        except OSError:  # a timeout or a vanished peer: nobody to answer
+            self.close_connection = True
+            return
+        if len(body) != n:
+            self.close_connection = True
+            return
+        try:
+            parts = app.run_batch(sid, body)
+        except Refusal as r:
+            return self._refuse(r)
+        except Exception as e:  # never let one batch take the server down
+            return self._refuse(Refusal(500, "device", f"internal error: {type(e).__name__}: {e}"))
+        self._answer(200, parts)
+
+    def _not_allowed(self) -> None:
+        if self._authorized():
+            keep = self._discard_body()
+            self._refuse(Refusal(405, "protocol", f"use POST {P.BATCH_PATH}"), close=not keep)
+
+    do_GET = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _not_allowed
+
+
+def serve(host: str, port: int, device_name: str, token: str | None, limits: Limits | None = None,
+          verbose: bool = False) -> RemoteServer:
+    """A server for `device_name` listening on host:port (port 0 picks a free one); call `serve_forever()`."""
+    return RemoteServer(device_name, host, port, token, limits, verbose)
+
+
+def main_serve(host: str = "127.0.0.1", port: int = P.DEFAULT_PORT, device: str | None = None,
+               token_file: str | None = None, *, idle_timeout: float | None = None, max_body: int | None = None,
+               max_buffer: int | None = None, max_session_memory: int | None = None,
+               request_time: float | None = None, max_sessions: int | None = None, verbose: bool = False) -> int:
+    """What `tgc serve` runs: open the device, print `serving DEVICE on http://host:port` to stderr, serve
+    until Ctrl-C or SIGTERM, free every session and return 0.
+
+    The token comes from `token_file`, else `TGC_REMOTE_TOKEN`, else `TGC_REMOTE_TOKEN_FILE`.
+    Raises TgcError (a user error: exit 2) for a non-loopback host without a token or an unreadable token
+    file, and DeviceError (exit 1) when the device cannot be opened or the port cannot be bound.
+    Limits left as None keep the defaults of `Limits`.
+    """
+    from tgc.backends import canonical, default_device
+    token = read_token(token_file)
+    name = device or default_device()
+    kind, index = canonical(name)
+    if kind == "REMOTE":
+        raise TgcError("cannot serve REMOTE itself", hint="serve a local device, e.g. -d CPU")
+    chosen = {"idle_timeout": idle_timeout, "max_body": max_body, "max_buffer": max_buffer,
+              "max_session_memory": max_session_memory, "request_time": request_time, "max_sessions": max_sessions}
+    limits = Limits(**{k: v for k, v in chosen.items() if v is not None})
+    server = serve(host, port, name, token, limits, verbose)
+    try:
+        try:
+            dev = server.device
+            dev_name = dev.name
+        except TgcError:
+            raise
+        except Exception as e:
+            raise DeviceError(f"cannot open {name}: {type(e).__name__}: {e}") from None
+    except BaseException:
+        server.close()
+        raise
+    prev = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+    if prev is not None:
+        signal.signal(signal.SIGTERM, _interrupt)
+    print(f"serving {dev_name} on {server.url}" + (" (token required)" if token else ""), file=sys.stderr, flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        freed = server.close()
+        if prev is not None:
+            signal.signal(signal.SIGTERM, prev)
+    print(f"tgc serve: shutting down ({freed} session(s) freed)", file=sys.stderr, flush=True)
+    return 0
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m tgc.backends.remote.server`: the same options as `tgc serve`."""
+    ap = argparse.ArgumentParser(prog="python -m tgc.backends.remote.server", description=__doc__.splitlines()[0])
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=P.DEFAULT_PORT, help="0 picks a free port")
+    ap.add_argument("-d", "--device", default=None)
+    ap.add_argument("--token-file", default=None)
+    ap.add_argument("--idle-timeout", type=float, default=None)
+    ap.add_argument("--max-body", type=int, default=None)
+    ap.add_argument("--max-buffer", type=int, default=None)
+    ap.add_argument("--max-session-memory", type=int, default=None)
+    ap.add_argument("--request-time", type=float, default=None)
+    ap.add_argument("--max-sessions", type=int, default=None)
+    ap.add_argument("-v", "--verbose", action="store_true")
+    a = ap.parse_args(argv)
+    try:
+        return main_serve(a.host, a.port, a.device, a.token_file, idle_timeout=a.idle_timeout, max_body=a.max_body,
+                          max_buffer=a.max_buffer, max_session_memory=a.max_session_memory,
+                          request_time=a.request_time, max_sessions=a.max_sessions, verbose=a.verbose)
+    except TgcError as e:
+        print(e.format(), file=sys.stderr)
+        return e.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

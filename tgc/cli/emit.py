@@ -1,0 +1,156 @@
+"""What `tgc compile --emit WHAT` prints or writes for each kernel."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tgc.errors import TgcError
+
+EMITS = ("src", "uops", "schedule", "ir", "asm", "bin")
+
+# device kind -> (source language for highlighting, file extension of its source)
+SOURCE_KIND = {"CPU": ("llvm", ".ll"), "OPENCL": ("c", ".cl"), "CUDA": ("cuda", ".cu"), "METAL": ("cpp", ".metal")}
+
+
+@dataclass
+class Emitted:
+    """One kernel's text (or bytes) for the chosen `--emit`."""
+
+    name: str
+    header: str
+    body: str | bytes
+    lexer: str
+    ext: str
+
+
+def source_kind(device_kind: str, src: str) -> tuple[str, str]:
+    """(lexer, extension) of a kernel source; sniffed for devices not in the table (REMOTE, plugins)."""
+    if device_kind in SOURCE_KIND:
+        return SOURCE_KIND[device_kind]
+    if re.search(r"^\s*define\s", src, re.M) and "@" in src:
+        return "llvm", ".ll"
+    if "__global__" in src:
+        return "cuda", ".cu"
+    if "__kernel" in src:
+        return "c", ".cl"
+    if "metal_stdlib" in src:
+        return "cpp", ".metal"
+    return "text", ".txt"
+
+
+def comment(lexer: str) -> str:
+    return {"llvm": ";", "text": "#", "gas": "#"}.get(lexer, "//")
+
+
+def header(k: Any, filename: str, lexer: str) -> str:
+    """`// kernel r_4_8 (softmax.tg:3)`: the comment line above each kernel."""
+    line = getattr(k, "line", None)
+    where = f" ({filename}:{line})" if line else f" ({filename})"
+    return f"{comment(lexer)} kernel {getattr(k, 'name', '') or '?'}{where}"
+
+
+def format_uops(uops: Sequence[Any]) -> str:
+    """A linear UOp list, one per line: `  12 ADD f32 (%10, %11) arg`."""
+    index = {id(u): i for i, u in enumerate(uops)}
+    lines = []
+    for i, u in enumerate(uops):
+        srcs = ", ".join(f"%{index[id(s)]}" if id(s) in index else "?" for s in getattr(u, "src", ()))
+        arg = "" if getattr(u, "arg", None) is None else f" {u.arg!r}"
+        op = getattr(getattr(u, "op", None), "name", str(getattr(u, "op", u)))
+        lines.append(f"%{i:<4} {op:<16} {getattr(u, 'dtype', '')!s:<10} ({srcs}){arg}")
+    return "\n".join(lines)
+
+
+def emit_kernels(kernels: Sequence[Any], what: str, device: str, device_kind: str, filename: str) -> list[Emitted]:
+    """The `--emit` text of every kernel; errors for `ir` on a non-LLVM device and `asm`/`bin` without a binary."""
+    out = []
+    for k in kernels:
+        lexer, ext = source_kind(device_kind, k.src)
+        if what == "src":
+            body: str | bytes = k.src
+        elif what == "ir":
+            if lexer != "llvm":
+                raise TgcError(f"--emit ir: {device} does not use LLVM IR", hint="use --emit src for its source, "
+                               "or -d CPU for LLVM IR")
+            body = k.src
+        elif what == "uops":
+            lexer, ext = "text", ".txt"
+            body = k.uops_text() if hasattr(k, "uops_text") else format_uops(k.uops)
+        elif what in ("asm", "bin"):
+            if k.binary is None:
+                raise TgcError(f"--emit {what}: could not compile for {device}: {k.compile_error or 'no compiler'}",
+                               kind="runtime")
+            if what == "bin":
+                lexer, ext, body = "text", ".bin", k.binary
+            else:
+                try:
+                    body = k.asm()
+                except NotImplementedError:
+                    raise TgcError(f"--emit asm: the compiler of {device} cannot disassemble", kind="runtime") from None
+                lexer, ext = ("text", ".ptx") if device_kind == "CUDA" else ("gas", ".s")
+        else:
+            raise TgcError(f"unknown --emit '{what}'")
+        out.append(Emitted(k.name, header(k, filename, lexer), body, lexer, ext))
+    return out
+
+
+def emit_schedule(items: Sequence[Any], filename: str) -> list[Emitted]:
+    """`--emit schedule`: each schedule item's kernel AST, before optimization and lowering."""
+    return [Emitted(getattr(it, "name", "") or f"kernel{i}", header(it, filename, "text"), str(it.ast), "text", ".txt")
+            for i, it in enumerate(items)]
+
+
+def bin_summary(e: Emitted) -> str:
+    data = e.body if isinstance(e.body, bytes) else e.body.encode()
+    return f"{e.name}: {len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()[:16]}"
+
+
+def file_names(emitted: Sequence[Emitted]) -> list[str]:
+    """One file name per kernel, `NN_NAME.EXT`: NN is the launch order, so `ls` lists them as they run."""
+    width = max(2, len(str(len(emitted) - 1)))
+    return [f"{i:0{width}d}_{re.sub(r'[^A-Za-z0-9_.-]', '_', e.name) or 'kernel'}{e.ext}"
+            for i, e in enumerate(emitted)]
+
+
+def write_dir(directory: str, emitted: Sequence[Emitted]) -> list[str]:
+    """Write one file per kernel into `directory` (created if needed), atomically."""
+    from tgc.cli.outputs import write_files
+
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as e:
+        raise TgcError(f"-o {directory}: cannot create the directory: {e.strerror or e}") from None
+    files = []
+    for e, name in zip(emitted, file_names(emitted)):
+        data = e.body if isinstance(e.body, bytes) else (e.header + "\n" + e.body.rstrip("\n") + "\n").encode()
+        files.append((os.path.join(directory, name), (lambda d: lambda f: f.write(d))(data)))
+    write_files(files)
+    return [p for p, _ in files]
+
+
+def show(emitted: Sequence[Emitted], color: bool) -> None:
+    """Print every kernel to stdout, highlighted with rich when `color`."""
+    import sys
+
+    if not color:
+        for i, e in enumerate(emitted):
+            text = bin_summary(e) if isinstance(e.body, bytes) else f"{e.header}\n{e.body.rstrip()}"
+            sys.stdout.write(("\n" if i else "") + text + "\n")
+        return
+    from rich.console import Console
+    from rich.syntax import Syntax
+
+    console = Console()
+    for i, e in enumerate(emitted):
+        if i:
+            console.print()
+        if isinstance(e.body, bytes):
+            console.print(bin_summary(e), highlight=False)
+        else:
+            console.print(Syntax(f"{e.header}\n{e.body.rstrip()}", e.lexer, theme="ansi_dark",
+                                 background_color="default", word_wrap=False))

@@ -1,0 +1,285 @@
+"""Input arrays for `tgc run` and `tgc bench`: read `.npy`/`.npz` files, check them against the program's
+declarations, cast on request, and generate random ones.
+
+Every problem is a `TgcError(kind="user")` (exit 2) that names the input.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from tgc.dtype import DType, dtypes
+from tgc.errors import TgcError
+
+NPY_MAGIC = b"\x93NUMPY"
+ZIP_MAGIC = b"PK\x03\x04"
+
+
+def did_you_mean(name: str, choices: Iterable[str], what: str) -> str:
+    """A `help:` line: the closest known name, else the list of known names."""
+    choices = list(choices)
+    close = difflib.get_close_matches(name, choices, n=1)
+    if close:
+        return f"did you mean '{close[0]}'?"
+    if not choices:
+        return f"the program has no {what}s"
+    return f"the program's {what}s are: " + ", ".join(choices)
+
+
+def decl_type(decl: Any) -> str:
+    """`f32[N, D]` for a declaration (`f32` for a scalar)."""
+    if not decl.shape:
+        return decl.dtype.name
+    return f"{decl.dtype.name}[{', '.join(str(s) for s in decl.shape)}]"
+
+
+def decl_error(prog: Any, decl: Any, msg: str, hint: str | None = None) -> TgcError:
+    """A user error pointing at the declaration of an input in the `.tg` file (when its line is known)."""
+    line = getattr(decl, "line", None)
+    lines = (getattr(prog, "source", None) or "").splitlines()
+    if not line or line > len(lines):
+        return TgcError(msg, hint=hint)
+    text = lines[line - 1]
+    col = getattr(decl, "col", None) or text.find(decl.name) + 1 or 1
+    end_col = getattr(decl, "end_col", None)
+    if not end_col or end_col <= col:
+        end_col = col + len(decl.name)
+    return TgcError(msg, hint=hint, file=getattr(prog, "path", None), line=line, col=col, end_col=end_col, text=text)
+
+
+def _sniff(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(len(NPY_MAGIC))
+
+
+def _read_problem(path: str, label: str) -> str | None:
+    """Why `path` cannot be opened at all, or None."""
+    if not os.path.exists(path):
+        return f"{label}: no such file '{path}'"
+    if os.path.isdir(path):
+        return f"{label}: '{path}' is a directory"
+    if not os.access(path, os.R_OK):
+        return f"{label}: cannot read '{path}': permission denied"
+    return None
+
+
+def _load_reason(exc: Exception) -> str:
+    text = str(exc)
+    if "allow_pickle" in text or "pickled" in text:
+        return "it holds pickled Python objects, which tgc does not load"
+    return text or type(exc).__name__
+
+
+def read_npy(name: str, path: str) -> np.ndarray:
+    """One array from a `.npy` file (never unpickles)."""
+    label = f"input '{name}'"
+    problem = _read_problem(path, label)
+    if problem:
+        raise TgcError(problem)
+    try:
+        magic = _sniff(path)
+    except OSError as e:
+        raise TgcError(f"{label}: cannot read '{path}': {e.strerror or e}") from None
+    if magic.startswith(ZIP_MAGIC):
+        raise TgcError(f"{label}: '{path}' is an .npz archive, not a .npy file",
+                       hint="pass archives with --inputs PATH.npz")
+    if magic != NPY_MAGIC:
+        raise TgcError(f"{label}: '{path}' is not a .npy file", hint="write it with numpy.save")
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except Exception as e:  # numpy raises ValueError, OSError, EOFError, ... for damaged files
+        raise TgcError(f"{label}: cannot load '{path}': {_load_reason(e)}") from None
+    return _check_array(label, path, arr)
+
+
+def read_npz(path: str) -> dict[str, np.ndarray]:
+    """Every array of a `.npz` archive, by name (never unpickles)."""
+    label = "--inputs"
+    problem = _read_problem(path, label)
+    if problem:
+        raise TgcError(problem)
+    try:
+        magic = _sniff(path)
+    except OSError as e:
+        raise TgcError(f"{label}: cannot read '{path}': {e.strerror or e}") from None
+    if magic == NPY_MAGIC:
+        raise TgcError(f"{label}: '{path}' is a .npy file, not an .npz archive",
+                       hint="pass single arrays with -i NAME=PATH.npy")
+    if not magic.startswith(ZIP_MAGIC):
+        raise TgcError(f"{label}: '{path}' is not an .npz archive", hint="write it with numpy.savez")
+    out: dict[str, np.ndarray] = {}
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            for key in z.files:
+                try:
+                    out[key] = z[key]
+                except Exception as e:
+                    raise TgcError(f"input '{key}': cannot load it from '{path}': {_load_reason(e)}") from None
+    except TgcError:
+        raise
+    except Exception as e:
+        raise TgcError(f"{label}: cannot load '{path}': {_load_reason(e)}") from None
+    return {k: _check_array(f"input '{k}'", path, v) for k, v in out.items()}
+
+
+def _check_array(label: str, path: str, arr: Any) -> np.ndarray:
+    if not isinstance(arr, np.ndarray):
+        raise TgcError(f"{label}: '{path}' does not hold an array")
+    if arr.dtype.kind not in "biuf":
+        raise TgcError(f"{label}: '{path}' holds {arr.dtype} data, which tgc does not support",
+                       hint="inputs are bool, int or float arrays")
+    if not arr.dtype.isnative:
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    return arr
+
+
+def f32_to_bf16_bits(a: np.ndarray) -> np.ndarray:
+    """Round floats to bf16 (nearest even), returned as the uint16 bits tgc uses for bf16 arrays."""
+    a = np.asarray(a, dtype=np.float32)
+    u = a.view(np.uint32).astype(np.uint64)
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(np.isnan(a), np.uint16(0x7FC0), rounded)
+
+
+def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
+    """The float32 values of bf16 bits held as uint16."""
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def array_dtype(arr: np.ndarray) -> DType | None:
+    return dtypes.from_numpy(arr.dtype)
+
+
+def conform(prog: Any, decl: Any, arr: np.ndarray, cast: bool) -> np.ndarray:
+    """`arr` with the dtype `decl` declares; a mismatch is an error unless `cast`."""
+    want: DType = decl.dtype
+    have = array_dtype(arr)
+    if want.name == "bf16":
+        if arr.dtype == np.uint16:  # already bf16 bits
+            return arr
+        if cast or arr.dtype.kind == "f":
+            if not cast:
+                raise _dtype_error(prog, decl, have)
+            with np.errstate(all="ignore"):
+                return f32_to_bf16_bits(arr.astype(np.float32))
+        raise _dtype_error(prog, decl, have)
+    if have is not None and have.name == want.name:
+        return arr
+    if not cast:
+        raise _dtype_error(prog, decl, have)
+    with np.errstate(all="ignore"):
+        return arr.astype(want.np, casting="unsafe")
+
+
+def _dtype_error(prog: Any, decl: Any, have: DType | None) -> TgcError:
+    have_name = have.name if have is not None else "?"
+    return decl_error(prog, decl, f"input '{decl.name}' is {have_name}, but the program declares it "
+                      f"{decl_type(decl)}", hint=f"convert the array to {decl.dtype.name}, "
+                      "or pass --cast to cast it with numpy")
+
+
+def gather(prog: Any, npz: str | None, pairs: Iterable[tuple[str, str]], cast: bool) -> dict[str, np.ndarray]:
+    """The inputs named on the command line (`--inputs` first, `-i` overrides), checked and conformed."""
+    decls = {d.name: d for d in prog.inputs}
+    given: dict[str, np.ndarray] = {}
+    sources: dict[str, str] = {}
+    if npz:
+        for name, arr in read_npz(npz).items():
+            given[name], sources[name] = arr, npz
+    pairs = list(pairs)
+    for name, _ in pairs:  # unknown names first: cheaper than reading the files
+        if name not in decls:
+            raise TgcError(f"unknown input '{name}'", hint=did_you_mean(name, decls, "input"))
+    for name, path in pairs:
+        given[name], sources[name] = read_npy(name, path), path
+    for name in given:
+        if name not in decls:
+            raise TgcError(f"unknown input '{name}' in '{sources[name]}'", hint=did_you_mean(name, decls, "input"))
+    return {name: conform(prog, decls[name], arr, cast) for name, arr in given.items()}
+
+
+def known_dims(prog: Any, given: Mapping[str, np.ndarray], dims: Mapping[str, int]) -> dict[str, int]:
+    """Dim sizes from `-D` and from the arrays given (best effort: `Program.bind` does the real checking)."""
+    out = dict(dims)
+    for decl in prog.inputs:
+        arr = given.get(decl.name)
+        if arr is None or arr.ndim != len(decl.shape):
+            continue
+        for axis, size in enumerate(decl.shape):
+            if isinstance(size, str):
+                out.setdefault(size, int(arr.shape[axis]))
+    return out
+
+
+def dim_names(prog: Any) -> list[str]:
+    """Every dim name the program's inputs use, in order of first use."""
+    names: list[str] = []
+    for decl in prog.inputs:
+        for size in decl.shape:
+            if isinstance(size, str) and size not in names:
+                names.append(size)
+    return names
+
+
+def check_dims(prog: Any, dims: Mapping[str, int], require_all: bool) -> list[str]:
+    """Warnings for `-D` names the program does not use (a script may pass one set to many programs);
+    with `require_all`, every dim of the program must be given."""
+    names = dim_names(prog)
+    warnings = [f"warning: -D {name}={dims[name]}: the program has no dim {name}; "
+                f"{did_you_mean(name, names, 'dim')}" for name in dims if name not in names]
+    if require_all:
+        for name in names:
+            if name not in dims:
+                raise TgcError(f"dim {name} is unknown: give -D {name}=...")
+    return warnings
+
+
+def random_array(decl: Any, dims: Mapping[str, int], seed: int, index: int) -> np.ndarray:
+    """A deterministic random array for one input: floats standard normal, ints in a small range, bools 50/50.
+
+    Each input has its own stream (seeded by `seed` and its position), so giving one input from a file
+    does not change the random values of the others.
+    """
+    shape = []
+    for size in decl.shape:
+        if isinstance(size, str):
+            if size not in dims:
+                raise TgcError(f"dim {size} is unknown: give -D {size}=...",
+                               hint=f"the random input '{decl.name}' is {decl_type(decl)}")
+            size = dims[size]
+        shape.append(int(size))
+    rng = np.random.default_rng([seed, index])
+    dt: DType = decl.dtype
+    if dt.is_bool:
+        return rng.random(shape) < 0.5
+    if dt.is_int:
+        lo = 0 if dt.is_unsigned else -8
+        return rng.integers(lo, 9, size=shape).astype(dt.np)
+    values = rng.standard_normal(shape, dtype=np.float32 if dt.itemsize <= 4 else np.float64)
+    if dt.name == "bf16":
+        return f32_to_bf16_bits(values)
+    return values.astype(dt.np)
+
+
+def fill_random(prog: Any, given: dict[str, np.ndarray], dims: Mapping[str, int], seed: int) -> dict[str, np.ndarray]:
+    """`given` plus a random array for every missing input."""
+    resolved = known_dims(prog, given, dims)
+    out = dict(given)
+    for index, decl in enumerate(prog.inputs):
+        if decl.name not in out:
+            out[decl.name] = random_array(decl, resolved, seed, index)
+    return out
+
+
+def require_all(prog: Any, given: Mapping[str, np.ndarray]) -> None:
+    """Every declared input must be given (when `--random` is off)."""
+    for decl in prog.inputs:
+        if decl.name not in given:
+            raise decl_error(prog, decl, f"missing input '{decl.name}' ({decl_type(decl)})",
+                             hint=f"give it with -i {decl.name}=PATH.npy or --inputs PATH.npz, "
+                                  "or pass --random to fill it with random values")

@@ -1,0 +1,588 @@
+"""`tgc`: compile, run and time `.tg` tensor programs.
+
+A thin shell over the Python API. Start-up time matters (a warm `tgc run` is a whole process), so
+numpy, rich, the API and the backends are imported inside the commands that need them.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from tgc.errors import TgcError
+
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def _debug() -> bool:
+    return os.environ.get("DEBUG", "") not in ("", "0")
+
+
+def _color_stdout() -> bool:
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
+
+
+def _fill_location(e: TgcError, ctx: click.Context) -> None:
+    """Give a source error the file name and source line the command knows, where the raiser left them out."""
+    path = ctx.meta.get("tgc.path")
+    if e.line is None or path is None:
+        return
+    if e.file is None:
+        e.file = path
+    if e.text is None and e.file == path:
+        source = ctx.meta.get("tgc.source")
+        if source is None:
+            try:
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    source = f.read()
+            except OSError:
+                return
+        lines = source.splitlines()
+        if 0 < e.line <= len(lines):
+            e.text = lines[e.line - 1]
+
+
+class TgcGroup(click.Group):
+    """Turns errors into one message on stderr: `TgcError.format()` with its exit code, or an internal error."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort, KeyboardInterrupt):
+            raise
+        except TgcError as e:
+            _fill_location(e, ctx)
+            click.echo(e.format(), err=True)
+            ctx.exit(e.exit_code)
+        except Exception as e:
+            if isinstance(e, OSError) and e.errno == errno.EPIPE:
+                raise  # click closes quietly on a broken pipe (`tgc ... | head`)
+            if _debug():
+                import traceback
+
+                traceback.print_exc()
+            detail = str(e).splitlines()[0] if str(e) else ""
+            click.echo(f"error: internal error: {type(e).__name__}{': ' + detail if detail else ''}", err=True)
+            if not _debug():
+                click.echo("  help: set DEBUG=1 to see the traceback", err=True)
+            ctx.exit(1)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Shared options
+
+
+def _parse_dims(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, int]:
+    dims: dict[str, int] = {}
+    for text in values:
+        name, sep, size = text.partition("=")
+        name, size = name.strip(), size.strip()
+        if not sep or not name.isidentifier():
+            raise click.BadParameter(f"'{text}' is not NAME=INT (e.g. -D N=1024)", ctx, param)
+        try:
+            value = int(size, 0)
+        except ValueError:
+            raise click.BadParameter(f"'{text}': {size!r} is not an integer", ctx, param) from None
+        if value < 0:
+            raise click.BadParameter(f"'{text}': a dim cannot be negative", ctx, param)
+        if dims.get(name, value) != value:
+            raise click.BadParameter(f"{name} is given twice, as {dims[name]} and {value}", ctx, param)
+        dims[name] = value
+    return dims
+
+
+def _parse_pairs(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> list[tuple[str, str]]:
+    pairs = []
+    for text in values:
+        name, sep, path = text.partition("=")
+        if not sep or not name.strip().isidentifier() or not path:
+            raise click.BadParameter(f"'{text}' is not NAME=PATH.npy (e.g. -i x=x.npy)", ctx, param)
+        pairs.append((name.strip(), path))
+    return pairs
+
+
+def _parse_outs(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> list[Any]:
+    from tgc.cli.outputs import parse_out
+
+    try:
+        return [parse_out(v) for v in values]
+    except ValueError as e:
+        raise click.BadParameter(f"{e} (use -o PATH.npz or -o NAME=PATH.npy)", ctx, param) from None
+
+
+def _set_remote(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value:
+        os.environ["TGC_REMOTE"] = value
+
+
+def device_options(f: Callable) -> Callable:
+    f = click.option("--remote", metavar="HOST:PORT", callback=_set_remote, expose_value=False,
+                     help="Server of the REMOTE device (else $TGC_REMOTE).")(f)
+    return click.option("-d", "--device", metavar="DEV", envvar="TGC_DEVICE", show_envvar=True,
+                        help="Device: CPU (default), OPENCL, CUDA, METAL, PYTHON, REMOTE; NAME:i for the i-th.")(f)
+
+
+def dims_option(f: Callable) -> Callable:
+    return click.option("-D", "dims", multiple=True, metavar="NAME=INT", callback=_parse_dims,
+                        help="Size of a dim name (repeatable).")(f)
+
+
+def input_options(f: Callable) -> Callable:
+    f = click.option("--cast", is_flag=True, help="Cast inputs of another dtype to the declared one (numpy).")(f)
+    f = click.option("--inputs", "npz", metavar="PATH.npz", help="Inputs from an .npz archive, by name.")(f)
+    return click.option("-i", "--input", "pairs", multiple=True, metavar="NAME=PATH.npy", callback=_parse_pairs,
+                        help="One input from a .npy file (repeatable; overrides --inputs).")(f)
+
+
+def json_option(f: Callable) -> Callable:
+    return click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")(f)
+
+
+def _load(path: str) -> Any:
+    """Parse a `.tg` file; remember its name so that errors raised later can point into it."""
+    ctx = click.get_current_context()
+    ctx.meta["tgc.path"] = path
+    import tgc
+
+    prog = tgc.load(path)
+    ctx.meta["tgc.source"] = getattr(prog, "source", None)
+    return prog
+
+
+def _device_kind(device: str | None) -> tuple[str, str]:
+    """(the device name to show, its registry kind) for `-d` (first of a list) or the default device."""
+    from tgc.backends import canonical, default_device
+
+    name = device or default_device()
+    return name, canonical(name.split(",")[0])[0]
+
+
+def _output_dtypes(prog: Any, dims: dict[str, int], outs: dict[str, Any]) -> dict[str, str]:
+    """DSL dtype names of the outputs (the program knows bf16 from u16 bits), else from the numpy arrays."""
+    from tgc.dtype import dtypes
+
+    declared = {name: dt for name, dt, _ in prog.output_types(dims)} if hasattr(prog, "output_types") else {}
+    names = {}
+    for name, arr in outs.items():
+        dt = declared.get(name) or dtypes.from_numpy(arr.dtype)
+        names[name] = dt.name if dt is not None else str(arr.dtype)
+    return names
+
+
+def _echo_json(doc: Any) -> None:
+    def default(o: Any) -> Any:
+        if hasattr(o, "tolist"):
+            return o.tolist()
+        if hasattr(o, "name"):
+            return o.name
+        return str(o)
+
+    click.echo(json.dumps(doc, indent=2, default=default))
+
+
+def _err(msg: str) -> None:
+    click.echo(msg, err=True)
+
+
+def _warn(lines: list[str]) -> None:
+    for line in lines:
+        _err(line)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# tgc
+
+
+def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    import platform
+    from importlib import metadata
+
+    def version(dist: str) -> str:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    import tgc
+
+    click.echo(f"tgc {getattr(tgc, '__version__', None) or version('tgc')}")
+    click.echo(f"Python {platform.python_version()} ({sys.executable})")
+    click.echo(f"numpy {version('numpy')}")
+    click.echo(f"llvmlite {version('llvmlite')}")
+    click.echo("backends:")
+    for row in _probe_all(info=False):
+        state = "available" if row["available"] else f"unavailable: {row['why_not']}"
+        click.echo(f"  {row['device']:<8} {state}")
+    ctx.exit(0)
+
+
+@click.group(cls=TgcGroup, context_settings=CONTEXT_SETTINGS)
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Show the versions of tgc, Python, numpy, llvmlite and each backend, and exit.")
+def main() -> None:
+    """Compile, run and time `.tg` tensor-expression programs.
+
+    \b
+    Environment: TGC_DEVICE (default device), TGC_CACHE_DIR, TGC_REMOTE, NO_COLOR,
+    DEBUG (1..6; also shows tracebacks of internal errors), BEAM, NOOPT.
+    """
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# tgc run
+
+
+@main.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@device_options
+@dims_option
+@input_options
+@click.option("--random", "use_random", is_flag=True, help="Fill missing inputs with random values.")
+@click.option("--seed", type=click.IntRange(min=0), help="Seed for --random (default 0).")
+@click.option("-o", "--output", "outs", multiple=True, metavar="OUT", callback=_parse_outs,
+              help="PATH.npz for every output, NAME=PATH.npy for one (repeatable). Else print a table.")
+@click.option("--check", is_flag=True, help="Compare with the float64 numpy reference; exit 1 beyond tolerance.")
+@click.option("--rtol", type=click.FloatRange(min=0), help="Relative tolerance for --check (default by dtype).")
+def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[str, str]], npz: str | None,
+        cast: bool, use_random: bool, seed: int | None, outs: list[Any], check: bool, rtol: float | None) -> None:
+    """Run FILE on a device and print or save its outputs."""
+    from tgc.cli import inputs as inp
+    from tgc.cli.outputs import print_output_table, resolve_outs, save_outputs
+
+    if seed is not None and not use_random:
+        raise click.UsageError("--seed needs --random")
+    prog = _load(file)
+    _warn(inp.check_dims(prog, dims, require_all=False))
+    specs = resolve_outs(outs, prog.output_names)
+    given = inp.gather(prog, npz, pairs, cast)
+    if use_random:
+        arrays = inp.fill_random(prog, given, dims, seed or 0)
+    else:
+        inp.require_all(prog, given)
+        arrays = given
+    run_dims, arrays = prog.bind(arrays, dims)
+    results = prog.run(device=device, dims=run_dims, **arrays)
+    dtype_names = _output_dtypes(prog, run_dims, results)
+    failure = None
+    if check:
+        from tgc.cli.check import check_outputs
+
+        reference = prog.reference(dims=run_dims, **arrays)
+        bad, worst = check_outputs(results, reference, dtype_names, rtol)
+        if bad:
+            failure = TgcError("check failed: " + "\n  ".join(m.describe() for m in bad), kind="runtime",
+                               hint=None if not specs else "no output file was written")
+        else:
+            n = len(results)
+            _err(f"check: ok: {n} output{'s match' if n != 1 else ' matches'} the numpy reference "
+                 f"(worst error {worst:.2g} of the tolerance)")
+    if specs and failure is None:
+        for path in save_outputs(specs, results):
+            _err(f"wrote {path}")
+    elif not specs:
+        print_output_table(results, dtype_names)
+    if failure is not None:
+        raise failure
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# tgc compile
+
+
+@main.command("compile")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@device_options
+@dims_option
+@click.option("--emit", type=click.Choice(["src", "uops", "schedule", "ir", "asm", "bin"]), default="src",
+              show_default=True, help="What to print for each kernel.")
+@click.option("-o", "--output", "outdir", metavar="DIR", help="Write one file per kernel into DIR.")
+def compile_(file: str, device: str | None, dims: dict[str, int], emit: str, outdir: str | None) -> None:
+    """Compile every kernel of FILE and print their sources (or UOps, schedule, IR, assembly, binaries)."""
+    from tgc.cli import emit as em
+    from tgc.cli.inputs import check_dims
+
+    prog = _load(file)
+    _warn(check_dims(prog, dims, require_all=True))
+    name, kind = _device_kind(device)
+    if emit == "schedule":
+        emitted = em.emit_schedule(prog.schedule(dims), file)
+    else:
+        kernels = prog.compile(device=device, dims=dims)
+        emitted = em.emit_kernels(kernels, emit, name, kind, file)
+        failed = next((k for k in kernels if k.binary is None), None)
+        if failed is not None:
+            _err(f"note: could not compile for {name}: {failed.compile_error or 'no compiler on this machine'}")
+    if outdir:
+        paths = em.write_dir(outdir, emitted)
+        _err(f"wrote {len(paths)} file{'s' if len(paths) != 1 else ''} to {outdir}")
+    else:
+        em.show(emitted, _color_stdout())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# tgc bench, tgc beam
+
+
+@main.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@device_options
+@dims_option
+@input_options
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the random inputs.")
+@click.option("--repeat", type=click.IntRange(min=1), default=20, show_default=True, help="Timed runs per kernel.")
+@click.option("--beam", type=click.IntRange(min=0), help="BEAM-search width before timing (else $BEAM).")
+@click.option("--vs", type=click.Choice(["numpy"]), help="Also time numpy on the same inputs.")
+@click.option("--baseline", metavar="OLD.json", help="Compare with a saved `tgc bench --json`; exit 1 on regression.")
+@json_option
+def bench(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[str, str]], npz: str | None,
+          cast: bool, seed: int, repeat: int, beam: int | None, vs: str | None, baseline: str | None,
+          as_json: bool) -> None:
+    """Time each kernel of FILE and the whole program on device-resident inputs (random unless given)."""
+    from tgc.cli import inputs as inp
+    from tgc.cli import report
+
+    prog = _load(file)
+    _warn(inp.check_dims(prog, dims, require_all=False))
+    old = report.load_baseline(baseline) if baseline else None
+    arrays = inp.fill_random(prog, inp.gather(prog, npz, pairs, cast), dims, seed)
+    run_dims, arrays = prog.bind(arrays, dims)
+    kwargs: dict[str, Any] = {"device": device, "dims": run_dims, "repeat": repeat, "beam": beam, "inputs": arrays}
+    if vs == "numpy":
+        kwargs["vs_numpy"] = True
+    if not as_json and sys.stderr.isatty():
+        _err(f"timing {file} ({repeat} runs per kernel) ...")
+    result = prog.bench(**kwargs)
+    rows = report.compare_baseline(result, old) if old is not None else None
+    regressions = [r for r in rows or [] if r["regressed"]]
+    if as_json:
+        doc = dict(result)
+        ratio = report.numpy_ratio(result)
+        if ratio is not None:
+            doc.setdefault("numpy_ratio", ratio)
+        if rows is not None:
+            doc["baseline"] = {"path": baseline, "rows": rows, "regressions": len(regressions)}
+        _echo_json(doc)
+    else:
+        from tgc.cli.outputs import make_console
+
+        console = make_console()
+        console.print(report.bench_table(result, rows))
+        ratio = report.numpy_ratio(result)
+        if ratio is not None:
+            word = "faster" if ratio >= 1 else "slower"
+            console.print(f"numpy: {report.fmt_time(result['numpy'].get('median_s'))}; tgc is "
+                          f"{ratio if ratio >= 1 else 1 / ratio:.2f}x {word}", highlight=False)
+    if regressions:
+        names = ", ".join(f"{r['name']} ({100 * r['change']:+.0f}%)" for r in regressions)
+        raise TgcError(f"{len(regressions)} regression{'s' if len(regressions) > 1 else ''} against {baseline}: "
+                       f"{names}", kind="runtime")
+
+
+@main.command("beam")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@device_options
+@dims_option
+@click.option("--width", type=click.IntRange(min=1), default=4, show_default=True, help="Beam width.")
+@json_option
+def beam_(file: str, device: str | None, dims: dict[str, int], width: int, as_json: bool) -> None:
+    """BEAM-search the optimizations of every kernel of FILE and store the winners in the cache."""
+    from tgc.cli import report
+    from tgc.cli.inputs import check_dims
+
+    prog = _load(file)
+    _warn(check_dims(prog, dims, require_all=True))
+    progress, close = report.progress_bar(sys.stderr.isatty())
+    try:
+        result = prog.beam(device=device, dims=dims, width=width, progress=progress)
+    finally:
+        close()
+    if as_json:
+        _echo_json(result)
+    else:
+        from tgc.cli.outputs import make_console
+
+        make_console().print(report.beam_table(result))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# tgc devices
+
+
+def _name_of(obj: Any) -> str | None:
+    if obj is None or isinstance(obj, property):
+        return None
+    return obj.__name__ if isinstance(obj, type) else type(obj).__name__
+
+
+def _probe_all(info: bool) -> list[dict[str, Any]]:
+    """One row per registered backend: availability (cheap `probe()`), and with `info` the device's facts."""
+    from tgc.backends import device_class, get_device, known_kinds
+
+    rows = []
+    for kind in known_kinds():
+        row: dict[str, Any] = {"device": kind, "available": False, "why_not": "", "renderer": None,
+                               "compiler": None, "version": None, "peak_gflops": None, "peak_gbps": None, "info": {}}
+        try:
+            cls = device_class(kind)
+            ok, why = cls.probe()
+            row.update(available=bool(ok), why_not="" if ok else str(why))
+            row["renderer"] = _name_of(getattr(cls, "renderer", None))
+        except Exception as e:  # a backend that cannot even be imported is unavailable, not a crash
+            row["why_not"] = f"cannot load the backend: {type(e).__name__}: {e}"
+            rows.append(row)
+            continue
+        if info:
+            try:
+                dev = get_device(kind) if row["available"] else None
+                facts = dict(dev.info()) if dev is not None else {}
+                if dev is not None:
+                    row["renderer"] = facts.get("renderer") or _name_of(dev.renderer)
+                    comp = dev.compiler
+                    row["compiler"] = facts.get("compiler") or (f"{comp.name}" if comp is not None else None)
+                    row["version"] = facts.get("version") or (comp.version if comp is not None else None)
+                    if comp is None and not row["why_not"]:
+                        row["why_not"] = dev.compile_error or ""
+                row["peak_gflops"] = facts.get("peak_gflops")
+                row["peak_gbps"] = facts.get("peak_gbps")
+                row["info"] = facts
+            except Exception as e:
+                row["why_not"] = row["why_not"] or f"{type(e).__name__}: {e}"
+        rows.append(row)
+    return rows
+
+
+@main.command()
+@json_option
+def devices(as_json: bool) -> None:
+    """List every backend: available or not (and why), renderer, compiler, version, peak figures."""
+    rows = _probe_all(info=True)
+    if as_json:
+        _echo_json(rows)
+        return
+    from rich.table import Table
+
+    from tgc.cli.outputs import make_console
+
+    table = Table(show_edge=False, header_style="bold")
+    for col in ("device", "available", "why not", "renderer", "compiler", "version", "peak"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        peak = ", ".join(p for p in (f"{r['peak_gflops']:g} GFLOP/s" if r["peak_gflops"] else "",
+                                     f"{r['peak_gbps']:g} GB/s" if r["peak_gbps"] else "") if p)
+        table.add_row(r["device"], "[green]yes[/green]" if r["available"] else "[red]no[/red]", r["why_not"],
+                      r["renderer"] or "-", r["compiler"] or "-", str(r["version"] or "-"), peak or "-")
+    make_console().print(table)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# tgc cache
+
+CACHE_TABLES = ("compile", "beam")
+
+
+@main.group()
+def cache() -> None:
+    """The on-disk cache of compiled binaries and BEAM results ($TGC_CACHE_DIR)."""
+
+
+def _table_option(f: Callable) -> Callable:
+    return click.option("--table", type=click.Choice([*CACHE_TABLES, "all"]), default="all", show_default=True,
+                        help="Which part of the cache.")(f)
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+@cache.command("stats")
+@json_option
+def cache_stats(as_json: bool) -> None:
+    """Where the cache is, its size, and how many entries each table holds."""
+    from tgc import cache as c
+
+    stats = c.stats()
+    if as_json:
+        _echo_json({"cache_dir": str(c.cache_dir()), **stats})
+        return
+    click.echo(f"directory: {c.cache_dir()}")
+    click.echo(f"database:  {stats.get('path', c.db_path())} ({_fmt_bytes(int(stats.get('size') or 0))})")
+    for table, count in (stats.get("entries") or {}).items():
+        click.echo(f"{table + ':':<10} {count} entr{'y' if count == 1 else 'ies'}")
+    if not stats.get("available", True):
+        click.echo("state:     unusable (see the warning above)")
+    elif not stats.get("enabled", True):
+        click.echo("state:     compile cache off (DISABLE_COMPILER_CACHE)")
+
+
+@cache.command("list")
+@_table_option
+@json_option
+def cache_list(table: str, as_json: bool) -> None:
+    """List the cache entries, newest first."""
+    import time
+
+    from tgc import cache as c
+
+    rows = list(c.entries(None if table == "all" else table))
+    if as_json:
+        _echo_json(rows)
+        return
+    if not rows:
+        click.echo("the cache is empty" if table == "all" else f"no {table} entries")
+        return
+    from rich.table import Table
+
+    from tgc.cli.outputs import make_console
+
+    t = Table(show_edge=False, header_style="bold")
+    for col, justify in (("table", "left"), ("key", "left"), ("size", "right"), ("created", "left"),
+                         ("what", "left")):
+        t.add_column(col, justify=justify, overflow="fold")
+    for r in rows:
+        created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created"])) if r.get("created") else "-"
+        t.add_row(str(r.get("table")), str(r.get("key")), _fmt_bytes(int(r.get("size") or 0)), created,
+                  str(r.get("meta") or ""))
+    make_console().print(t)
+
+
+@cache.command("clear")
+@_table_option
+def cache_clear(table: str) -> None:
+    """Delete cache entries (all of them, or one table's)."""
+    from tgc import cache as c
+
+    removed = c.clear(None if table == "all" else table)
+    what = "the cache" if table == "all" else f"the {table} table"
+    click.echo(f"cleared {what}: {removed} entr{'y' if removed == 1 else 'ies'} removed")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# tgc serve
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=6667, show_default=True, help="Port to listen on.")
+@click.option("-d", "--device", metavar="DEV", envvar="TGC_DEVICE", show_envvar=True, help="The device to serve.")
+@click.option("--token-file", metavar="F", help="File holding the token clients must send.")
+def serve(host: str, port: int, device: str | None, token_file: str | None) -> None:
+    """Serve a device over HTTP for the REMOTE device of other machines."""
+    from tgc.backends.remote.server import main_serve
+
+    main_serve(host=host, port=port, device=device, token_file=token_file)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,213 @@
+"""Output files and the output table of `tgc run`.
+
+Files are written atomically: each goes to a temporary file in the target's directory, is flushed and
+fsynced, and only then renamed over the target. All files of one command are staged before any is
+renamed, so a failure leaves existing files untouched and no half-written file behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import IO, Any
+
+from tgc.errors import TgcError
+
+Writer = Callable[[IO[bytes]], None]
+
+
+@dataclass(frozen=True)
+class OutSpec:
+    """One `-o`: a whole-program `.npz` (name None) or one output to a `.npy`."""
+
+    path: str
+    name: str | None = None
+
+
+def parse_out(text: str) -> OutSpec:
+    """`out.npz`, `NAME=out.npy` or `out.npy` (the latter for a program with one output)."""
+    name, sep, path = text.partition("=")
+    if sep and name.isidentifier():
+        if not path or path.endswith(".npz"):
+            raise ValueError(f"'{text}': NAME=PATH writes one output to a .npy file")
+        return OutSpec(path, name)
+    if text.endswith(".npz") or text.endswith(".npy"):
+        return OutSpec(text)
+    raise ValueError(f"'{text}' is neither PATH.npz nor NAME=PATH.npy")
+
+
+def resolve_outs(specs: Sequence[OutSpec], output_names: Sequence[str]) -> list[OutSpec]:
+    """Check `-o` targets against the program's outputs and the file system before anything runs."""
+    from tgc.cli.inputs import did_you_mean
+
+    out = []
+    for spec in specs:
+        if spec.name is None and spec.path.endswith(".npy"):
+            if len(output_names) != 1:
+                raise TgcError(f"-o {spec.path}: the program has {len(output_names)} outputs "
+                               f"({', '.join(output_names)})", hint="write one with -o NAME=PATH.npy, "
+                               "or all of them with -o PATH.npz")
+            spec = OutSpec(spec.path, output_names[0])
+        if spec.name is not None and spec.name not in output_names:
+            raise TgcError(f"unknown output '{spec.name}' in -o {spec.name}={spec.path}",
+                           hint=did_you_mean(spec.name, output_names, "output"))
+        check_writable(spec.path)
+        out.append(spec)
+    return out
+
+
+def check_writable(path: str) -> None:
+    """A user error (exit 2) when `path` cannot be written: missing directory, a directory, no permission."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise TgcError(f"cannot write '{path}': it is a directory")
+    if not os.path.isdir(parent):
+        raise TgcError(f"cannot write '{path}': directory '{os.path.dirname(path) or parent}' does not exist")
+    if not os.access(parent, os.W_OK):
+        raise TgcError(f"cannot write '{path}': permission denied")
+
+
+def _file_mode(path: str) -> int:
+    try:
+        return os.stat(path).st_mode & 0o777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def _stage(path: str, write: Writer) -> str:
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, _file_mode(path))
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return tmp
+
+
+def write_files(files: Sequence[tuple[str, Writer]]) -> None:
+    """Write every `(path, writer)` atomically; on any failure no target is touched."""
+    staged: list[tuple[str, str]] = []
+    try:
+        for path, write in files:
+            staged.append((_stage(path, write), path))
+    except OSError as e:
+        for tmp, _ in staged:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        raise TgcError(f"cannot write '{path}': {e.strerror or e}", kind="runtime") from None
+    except BaseException:
+        for tmp, _ in staged:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        raise
+    for tmp, path in staged:
+        os.replace(tmp, path)
+        _fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def _fsync_dir(directory: str) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def save_outputs(specs: Sequence[OutSpec], outs: Mapping[str, Any]) -> list[str]:
+    """Write the `-o` files (all or nothing); returns the paths written."""
+    import numpy as np
+
+    def npz_writer(f: IO[bytes]) -> None:
+        np.savez(f, **outs)
+
+    def npy_writer(arr: Any) -> Writer:
+        return lambda f: np.save(f, arr, allow_pickle=False)
+
+    files: list[tuple[str, Writer]] = []
+    for spec in specs:
+        files.append((spec.path, npz_writer if spec.name is None else npy_writer(outs[spec.name])))
+    write_files(files)
+    return [p for p, _ in files]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The output table
+
+
+def display_values(arr: Any, dtype_name: str) -> Any:
+    """The values to show for an output (bf16 held as uint16 bits decoded to floats)."""
+    if dtype_name == "bf16" and arr.dtype == "uint16":
+        from tgc.cli.inputs import bf16_bits_to_f32
+
+        return bf16_bits_to_f32(arr)
+    return arr
+
+
+def fmt_value(v: Any) -> str:
+    import numpy as np
+
+    if isinstance(v, (bool, np.bool_)):
+        return "True" if v else "False"
+    if isinstance(v, (int, np.integer)):
+        return str(int(v))
+    return f"{float(v):.6g}"
+
+
+def summarize(arr: Any, first: int = 6) -> dict[str, str]:
+    """min, max, mean and the first few values of an array, as text."""
+    import numpy as np
+
+    flat = np.asarray(arr).reshape(-1)
+    if flat.size == 0:
+        return {"min": "-", "max": "-", "mean": "-", "values": "[]"}
+    with np.errstate(all="ignore"):
+        as_num = flat.astype(np.float64) if flat.dtype.kind == "b" else flat
+        stats = {"min": fmt_value(flat.min()), "max": fmt_value(flat.max()),
+                 "mean": f"{float(np.mean(as_num, dtype=np.float64)):.6g}"}
+    values = ", ".join(fmt_value(v) for v in flat[:first])
+    stats["values"] = f"[{values}{', ...' if flat.size > first else ''}]"
+    return stats
+
+
+def output_rows(outs: Mapping[str, Any], dtype_names: Mapping[str, str]) -> list[dict[str, str]]:
+    rows = []
+    for name, arr in outs.items():
+        dt = dtype_names.get(name, str(arr.dtype))
+        rows.append({"output": name, "dtype": dt, "shape": str(tuple(int(s) for s in arr.shape)),
+                     **summarize(display_values(arr, dt))})
+    return rows
+
+
+def print_output_table(outs: Mapping[str, Any], dtype_names: Mapping[str, str]) -> None:
+    """A table of the outputs on stdout (rich honours NO_COLOR and drops colours when piped)."""
+    from rich.table import Table
+
+    rows = output_rows(outs, dtype_names)
+    table = Table(show_edge=False, header_style="bold")
+    for col, justify in (("output", "left"), ("dtype", "left"), ("shape", "left"), ("min", "right"),
+                         ("max", "right"), ("mean", "right"), ("values", "left")):
+        table.add_column(col, justify=justify, overflow="fold")
+    for row in rows:
+        table.add_row(*row.values())
+    make_console().print(table)
+
+
+def make_console(stderr: bool = False) -> Any:
+    """A rich console; when piped (and COLUMNS is unset) 160 columns wide rather than rich's 80, so that
+    tables stay readable in logs."""
+    from rich.console import Console
+
+    piped = not os.isatty(2 if stderr else 1) and "COLUMNS" not in os.environ
+    return Console(stderr=stderr, width=160 if piped else None)

@@ -1,0 +1,188 @@
+"""Tables for `tgc bench` and `tgc beam`, and the comparison of a bench with a saved baseline.
+
+The dicts come from `Program.bench` and `Program.beam` (see README "bench" and "beam" for their shape);
+every key but the times is optional here, so a backend that cannot count flops still gets a table.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from tgc.errors import TgcError
+
+# A slowdown counts as a regression only beyond this fraction and beyond the measured spread.
+MIN_NOISE = 0.05
+
+
+def fmt_time(s: float | None) -> str:
+    """Seconds as `812 ns`, `15.3 us`, `4.07 ms` or `1.25 s`."""
+    if s is None:
+        return "-"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if s >= scale:
+            return f"{s / scale:.3g} {unit}"
+    return f"{s / 1e-9:.3g} ns"
+
+
+def fmt_num(v: float | None, digits: int = 3) -> str:
+    return "-" if v is None else f"{v:.{digits}g}"
+
+
+def fmt_share(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.1f}%"
+
+
+def spread(rec: Mapping[str, Any]) -> float:
+    """The relative spread of one timing record: its interquartile range over the median where the record
+    has one (robust to a single slow outlier), else (max - min) / median; 0 when unknown."""
+    med = rec.get("median_s")
+    if not med:
+        return 0.0
+    if rec.get("iqr_s") is not None:
+        return rec["iqr_s"] / med
+    lo, hi = rec.get("min_s"), rec.get("max_s")
+    return 0.0 if lo is None or hi is None else (hi - lo) / med
+
+
+def fmt_range(rec: Mapping[str, Any]) -> str:
+    lo, hi = rec.get("min_s"), rec.get("max_s")
+    if lo is not None and hi is not None:
+        return f"{fmt_time(lo)} .. {fmt_time(hi)}"
+    return fmt_time(lo if lo is not None else hi)
+
+
+def numpy_ratio(result: Mapping[str, Any]) -> float | None:
+    """numpy's median time over the program's: above 1 means tgc is faster."""
+    np_rec, prog = result.get("numpy"), result.get("program") or {}
+    if not np_rec or not prog.get("median_s") or not np_rec.get("median_s"):
+        return None
+    return np_rec["median_s"] / prog["median_s"]
+
+
+def compare_baseline(new: Mapping[str, Any], old: Mapping[str, Any], min_noise: float = MIN_NOISE
+                     ) -> list[dict[str, Any]]:
+    """One row per kernel (matched by position and name) and for the whole program.
+
+    `regressed` is set when the new median is slower than the old one by more than the larger of
+    `min_noise` and the relative spread (see `spread`) measured in either run.
+    """
+    rows = []
+    old_kernels = list(old.get("kernels") or [])
+    pairs: list[tuple[str, Mapping[str, Any], Mapping[str, Any] | None]] = []
+    for i, k in enumerate(new.get("kernels") or []):
+        match = None
+        if i < len(old_kernels) and old_kernels[i].get("name") == k.get("name"):
+            match = old_kernels[i]
+        else:
+            match = next((o for o in old_kernels if o.get("name") == k.get("name")), None)
+        pairs.append((str(k.get("name")), k, match))
+    if new.get("program"):
+        pairs.append(("(program)", new["program"], old.get("program")))
+    for what, rec, base in pairs:
+        row: dict[str, Any] = {"name": what, "new_s": rec.get("median_s"), "old_s": None, "change": None,
+                               "noise": None, "regressed": False}
+        if base and base.get("median_s") and rec.get("median_s"):
+            change = rec["median_s"] / base["median_s"] - 1
+            noise = max(min_noise, spread(rec), spread(base))
+            row.update(old_s=base["median_s"], change=change, noise=noise, regressed=change > noise)
+        rows.append(row)
+    return rows
+
+
+def load_baseline(path: str) -> dict[str, Any]:
+    """A previous `tgc bench --json` document."""
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except OSError as e:
+        raise TgcError(f"--baseline: cannot read '{path}': {e.strerror or e}") from None
+    except ValueError as e:
+        raise TgcError(f"--baseline: '{path}' is not JSON: {e}", hint="save one with tgc bench --json > FILE") from None
+    if not isinstance(doc, dict) or "kernels" not in doc:
+        raise TgcError(f"--baseline: '{path}' is not the output of tgc bench --json")
+    return doc
+
+
+def _table(title: str | None, columns: Sequence[tuple[str, str]]) -> Any:
+    from rich.table import Table
+
+    table = Table(title=title, show_edge=False, header_style="bold", title_justify="left")
+    for name, justify in columns:
+        table.add_column(name, justify=justify)
+    return table
+
+
+def bench_table(result: Mapping[str, Any], baseline_rows: list[dict[str, Any]] | None = None) -> Any:
+    """The rich table of `tgc bench`."""
+    cols = [("kernel", "left"), ("line", "right"), ("median", "right"), ("min .. max", "right"),
+            ("GFLOP/s", "right"), ("GB/s", "right"), ("of peak", "right")]
+    if baseline_rows is not None:
+        cols.append(("vs baseline", "right"))
+    by_name = {r["name"]: r for r in baseline_rows or []}
+    table = _table(f"{result.get('device', '')}  repeat {result.get('repeat', '?')}", cols)
+
+    def add(name: str, rec: Mapping[str, Any], line: Any = None, style: str | None = None) -> None:
+        cells = [name, "" if line is None else str(line), fmt_time(rec.get("median_s")),
+                 fmt_range(rec),
+                 fmt_num(rec.get("gflops")), fmt_num(rec.get("gbps")), fmt_share(rec.get("peak_share"))]
+        if baseline_rows is not None:
+            cells.append(_baseline_cell(by_name.get(name)))
+        table.add_row(*cells, style=style)
+
+    for k in result.get("kernels") or []:
+        add(str(k.get("name")), k, k.get("line"))
+    if result.get("program"):
+        add("(program)", result["program"], style="bold")
+    if result.get("numpy"):
+        add("numpy", result["numpy"], style="dim")
+    return table
+
+
+def _baseline_cell(row: dict[str, Any] | None) -> str:
+    if not row or row.get("change") is None:
+        return "new"
+    text = f"{100 * row['change']:+.1f}%"
+    return f"[red]{text} slower[/red]" if row["regressed"] else text
+
+
+def beam_table(result: Mapping[str, Any]) -> Any:
+    """The rich table of `tgc beam`: time before and after the search, per kernel."""
+    table = _table(f"{result.get('device', '')}  BEAM width {result.get('width', '?')}",
+                   [("kernel", "left"), ("line", "right"), ("before", "right"), ("after", "right"),
+                    ("speed-up", "right"), ("opts", "left")])
+
+    def speedup(rec: Mapping[str, Any]) -> str:
+        b, a = rec.get("before_s"), rec.get("after_s")
+        return f"{b / a:.2f}x" if a and b else "-"
+
+    for k in result.get("kernels") or []:
+        opts = k.get("opts") or []
+        note = " (cached)" if k.get("cached") else ""
+        table.add_row(str(k.get("name")), "" if k.get("line") is None else str(k.get("line")),
+                      fmt_time(k.get("before_s")), fmt_time(k.get("after_s")), speedup(k),
+                      ", ".join(str(o) for o in opts) + note)
+    if result.get("program"):
+        p = result["program"]
+        table.add_row("(program)", "", fmt_time(p.get("before_s")), fmt_time(p.get("after_s")), speedup(p), "",
+                      style="bold")
+    return table
+
+
+def progress_bar(enabled: bool) -> tuple[Callable[[int, int, str], None], Callable[[], None]]:
+    """A `progress(done, total, desc)` callback drawing a bar on stderr, and a function that closes it."""
+    if not enabled:
+        return (lambda done, total, desc="": None), (lambda: None)
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=Console(stderr=True), transient=True)
+    task = bar.add_task("beam", total=None)
+    bar.start()
+
+    def update(done: int, total: int, desc: str = "") -> None:
+        bar.update(task, completed=done, total=total, description=desc or "beam")
+
+    return update, bar.stop

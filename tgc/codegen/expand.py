@@ -1,0 +1,139 @@
+"""Unrolling: UPCAST ranges become copies of the stores, UNROLL ranges copies of the reduced values.
+
+After this pass no UPCAST or UNROLL range is left; the copies differ only in constants, so the backend
+compiler (LLVM's SLP vectorizer, a GPU compiler) keeps them in registers and vectorizes them.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from tgc.ir.symbolic import simplify
+from tgc.ir.uop import Ops, PatternMatcher, RangeKind, UOp, UPat, graph_rewrite, substitute
+
+UNROLLED = (RangeKind.UPCAST, RangeKind.UNROLL)
+
+
+def _ranges_of(u: UOp, kinds: tuple[RangeKind, ...]) -> list[UOp]:
+    return sorted({n for n in u.toposort() if n.op is Ops.RANGE and n.arg[1] in kinds}, key=lambda r: r.arg[0])
+
+
+def _copies(u: UOp, ranges: list[UOp]) -> list[UOp]:
+    out = []
+    for values in itertools.product(*(range(r.src[0].arg) for r in ranges)):
+        out.append(simplify(substitute(u, {r: UOp.const(r.dtype, v) for r, v in zip(ranges, values)})))
+    return out
+
+
+def _combine(op: Ops, values: list[UOp]) -> UOp:
+    """A balanced tree of `op` over the values (shorter dependency chains than a left fold)."""
+    while len(values) > 1:
+        nxt = [UOp(op, values[i].dtype, (values[i], values[i + 1])) for i in range(0, len(values) - 1, 2)]
+        if len(values) % 2:
+            nxt.append(values[-1])
+        values = nxt
+    return values[0]
+
+
+def _unroll_reduce(x: UOp) -> UOp | None:
+    unrolls = [r for r in x.src[1:] if r.arg[1] is RangeKind.UNROLL]
+    if not unrolls:
+        return None
+    rest = tuple(r for r in x.src[1:] if r.arg[1] is not RangeKind.UNROLL)
+    combined = _combine(x.arg, _copies(x.src[0], unrolls))
+    return UOp(Ops.REDUCE, x.dtype, (combined, *rest), x.arg) if rest else combined
+
+
+_unroll_rules = PatternMatcher([(UPat(Ops.REDUCE, name="x"), _unroll_reduce)])
+
+
+def expand(ast: UOp, vectors: bool = False) -> UOp:
+    ast = graph_rewrite(ast, _unroll_rules)
+    if vectors:
+        ast = vectorize(ast)
+    stores = []
+    for store in ast.src:
+        ups = _ranges_of(store, (RangeKind.UPCAST,))
+        stores.extend(_copies(store, ups) if ups else [store])
+    return UOp(Ops.SINK, None, tuple(stores))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# explicit vectors: one UPCAST range on a contiguous axis becomes the lanes of vector values
+
+
+def pick_vector_range(store: UOp, widths: tuple[int, ...]) -> UOp | None:
+    from tgc.codegen.opt import _stride
+    for r in _ranges_of(store, (RangeKind.UPCAST,)):
+        if r.src[0].arg in widths and _stride(store.src[1], r) == 1:
+            return r
+    return None
+
+
+class _Vectorizer:
+    def __init__(self, lane: UOp):
+        self.lane, self.width = lane, lane.src[0].arg
+        self.memo: dict[UOp, UOp] = {}
+        self.depends: set[UOp] = set()
+
+    def analyze(self, root: UOp) -> None:
+        for u in root.toposort():
+            if u is self.lane or any(s in self.depends for s in u.src):
+                self.depends.add(u)
+
+    def at(self, u: UOp, j: int) -> UOp:
+        return simplify(substitute(u, {self.lane: UOp.const(self.lane.dtype, j)}))
+
+    def contiguous_base(self, idx: UOp) -> UOp | None:
+        """The index at lane 0 when the lanes of `idx` are consecutive, else None."""
+        from tgc.codegen.opt import _stride
+        return self.at(idx, 0) if _stride(idx, self.lane) == 1 else None
+
+    def broadcast(self, u: UOp) -> UOp:
+        if u in self.depends or u.dtype is None or u.dtype.count > 1:
+            return self.vec(u)
+        return UOp(Ops.VECTORIZE, u.dtype.vec(self.width), (u,) * self.width)
+
+    def vec(self, u: UOp) -> UOp:
+        if u not in self.depends:
+            return u
+        if u in self.memo:
+            return self.memo[u]
+        w = self.width
+        if u is self.lane:
+            out = UOp(Ops.VECTORIZE, u.dtype.vec(w), tuple(UOp.const(u.dtype, j) for j in range(w)))
+        elif u.op is Ops.LOAD:
+            base = self.contiguous_base(u.src[1])
+            gate_ok = len(u.src) == 2 or u.src[2] not in self.depends
+            if base is not None and gate_ok:
+                out = UOp(Ops.LOAD, u.dtype.vec(w), (u.src[0], base, *u.src[2:]))
+            else:  # a gather: one scalar load per lane
+                out = UOp(Ops.VECTORIZE, u.dtype.vec(w), tuple(self.at(u, j) for j in range(w)))
+        elif u.op is Ops.REDUCE:
+            out = UOp(Ops.REDUCE, u.dtype.vec(w), (self.broadcast(u.src[0]), *u.src[1:]), u.arg)
+        else:
+            out = UOp(u.op, u.dtype.vec(w), tuple(self.broadcast(s) for s in u.src), u.arg)
+        self.memo[u] = out
+        return out
+
+    def store(self, st: UOp) -> list[UOp]:
+        buf, idx, val = st.src[:3]
+        base = self.contiguous_base(idx)
+        value = self.broadcast(val)
+        if base is not None:
+            return [UOp(Ops.STORE, None, (buf, base, value))]
+        return [UOp(Ops.STORE, None, (buf, self.at(idx, j), UOp(Ops.GEP, val.dtype, (value,), j))) for j in range(self.width)]
+
+
+def vectorize(ast: UOp, widths: tuple[int, ...] = (16, 8, 4)) -> UOp:
+    """Turn the contiguous UPCAST range of each store into vector lanes (the other UPCASTs become copies)."""
+    stores: list[UOp] = []
+    for st in ast.src:
+        lane = pick_vector_range(st, widths)
+        if lane is None:
+            stores.append(st)
+            continue
+        vz = _Vectorizer(lane)
+        vz.analyze(st)
+        stores.extend(vz.store(st))
+    return UOp(Ops.SINK, None, tuple(stores))

@@ -1,0 +1,693 @@
+"""A `.tg` program computed by plain numpy: the baseline that `tgc bench --vs numpy` times tgc against.
+
+`numpy_program(prog, dims)` walks the already-checked syntax tree once and turns every statement into a small
+Python closure; the callable it returns evaluates those closures on numpy arrays, in the inputs' own dtypes.
+Each construct maps to what a numpy user would write for it, so the comparison is fair:
+
+- `a @ b` is `np.matmul` (BLAS for float32/float64), reductions are `np.sum(x, axis, keepdims=...)` and friends;
+- `softmax`, `log_softmax`, `logsumexp`, `layernorm`, `var`, `std` are the usual max-shifted / `np.var`
+  expressions;
+- `conv2d` is im2col: `sliding_window_view` over the padded input, one copy into columns, then a single
+  (batched) `np.matmul`; pooling reduces `sliding_window_view` windows (a reshape when windows do not overlap);
+- elementwise functions are ufuncs, indexing is numpy basic indexing, casts are `astype`.
+
+Values follow DSL.md; dtypes follow numpy where it differs from tgc's lattice (`i32 / i32` is float64 here,
+`sum` of i32 is int64, ...), which does not matter for a speed baseline. Deliberate departures from the most
+literal numpy, each to keep values right:
+
+- transcendentals on int or bool inputs compute in float32, as tgc does (numpy would pick float16 for i8 and
+  bool, which is too coarse);
+- `erf` and `gelu` use numpy-only approximations (no scipy): the Chebyshev fit of erfc from Numerical
+  Recipes (`erfcc`, fractional error below 1.2e-7 everywhere), and for `erf` of |x| < 0.5 its Taylor series;
+  `gelu(x) = 0.5 x erfc(-x / sqrt(2))`, which stays accurate in relative terms for large negative x;
+- bf16 has no numpy type: it is held as float32, and `cast(x, bf16)` rounds to bf16 precision;
+- a Python int literal that does not fit a small int array's dtype wraps (numpy 2 would raise);
+- an int raised to negative int powers gives the integer part (1, +-1 or 0), as tgc does (numpy raises).
+
+Float `//` and `%` are numpy's `floor_divide` and `remainder`; they can differ from `floor(a / b)` by one where
+`a / b` rounds onto an integer. All floating-point warnings are silenced: overflow and division by zero give
+IEEE results, integer division by zero gives 0.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from tgc.dsl.frontend import Parsed, concrete_shape
+from tgc.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16
+
+__all__ = ["numpy_program", "NumpyProgram"]
+
+Env = dict[str, Any]
+Thunk = Callable[[Env], Any]
+Scalar = bool | int | float
+
+# --------------------------------------------------------------------------------------------------------------
+# dtypes and values
+
+
+def _np_dtype(d: Any) -> np.dtype:
+    """A dtype value (a tgc DType from a name like `f16`, or a numpy dtype from `x.dtype`) as a numpy dtype."""
+    if isinstance(d, DType):
+        return np.dtype(np.float32) if d == dtypes.bf16 else d.np
+    return np.dtype(d)
+
+
+def _literal_dtype(v: Scalar) -> np.dtype:
+    """The dtype of a literal on its own (DSL.md): bool, i32 or f32."""
+    if isinstance(v, bool):
+        return np.dtype(np.bool_)
+    return np.dtype(np.int32) if isinstance(v, int) else np.dtype(np.float32)
+
+
+def _is_scalar(v: Any) -> bool:
+    return type(v) in (bool, int, float)
+
+
+def _float(x: Any) -> Any:
+    """Transcendentals of ints and bools work in float32 (numpy would use float16 for i8/u8/bool)."""
+    if isinstance(x, (np.ndarray, np.generic)):
+        return x if x.dtype.kind in "fc" else x.astype(np.float32)
+    return float(x)
+
+
+def _axes(axis: int | Sequence[int] | None, ndim: int) -> tuple[int, ...]:
+    if axis is None:
+        return tuple(range(ndim))
+    if isinstance(axis, (tuple, list)):
+        return tuple(sorted(a % ndim for a in axis))
+    return (axis % ndim,)
+
+
+def _axis_arg(axis: Any) -> Any:
+    """numpy wants a tuple (not a list) of axes."""
+    return tuple(axis) if isinstance(axis, list) else axis
+
+
+def _shape_arg(args: tuple) -> tuple[int, ...]:
+    """`f(x, (2, 3))`, `f(x, 2, 3)` and `f(x, 6)` all name a shape, as in tgc's function table."""
+    if len(args) == 1 and isinstance(args[0], (tuple, list)):
+        return tuple(args[0])
+    return tuple(args)
+
+
+def _pair2(v: int | Sequence[int]) -> tuple[int, int]:
+    if isinstance(v, (tuple, list)):
+        return int(v[0]), int(v[1])
+    return int(v), int(v)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# operators
+
+
+def _wrap_literal(lit: Any, other: Any) -> Any:
+    """A Python int that does not fit `other`'s int dtype, wrapped two's-complement style into it."""
+    if type(lit) is int and isinstance(other, (np.ndarray, np.generic)) and other.dtype.kind in "iu":
+        return np.array(lit & ((1 << (8 * other.dtype.itemsize)) - 1), np.uint64).astype(other.dtype)
+    return lit
+
+
+_INT_EXACT = {operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod}
+
+
+def _binary(fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """`fn` on evaluated operands, with the language's rules for two Python numbers and oversized int literals."""
+
+    def apply(a: Any, b: Any) -> Any:
+        if _is_scalar(a) and _is_scalar(b):
+            if fn in _INT_EXACT and type(a) is int and type(b) is int:  # size arithmetic, e.g. x.shape[0] // 2
+                return 0 if fn in (operator.floordiv, operator.mod) and b == 0 else fn(a, b)
+            a = np.asarray(a, _literal_dtype(a))  # otherwise a literal alone is an i32/f32/bool value
+        try:
+            return fn(a, b)
+        except OverflowError:
+            return fn(_wrap_literal(a, b), _wrap_literal(b, a))
+
+    return apply
+
+
+def _power(a: Any, b: Any) -> Any:
+    try:
+        return a ** b
+    except ValueError:  # numpy refuses ints to negative int powers; the language gives the integer part
+        a, b = np.asarray(a), np.asarray(b)
+        positive = a ** np.maximum(b, 0)
+        odd = (b & 1) != 0
+        negative = np.where(a == 1, 1, np.where(a == -1, np.where(odd, -1, 1), 0)).astype(positive.dtype)
+        return np.where(b < 0, negative, positive)
+
+
+def _invert(v: Any) -> Any:
+    return (not v) if isinstance(v, bool) else ~v
+
+
+_BINARY: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Add: _binary(operator.add), ast.Sub: _binary(operator.sub), ast.Mult: _binary(operator.mul),
+    ast.Div: _binary(operator.truediv), ast.FloorDiv: _binary(operator.floordiv), ast.Mod: _binary(operator.mod),
+    ast.Pow: _binary(_power), ast.MatMult: np.matmul, ast.BitAnd: _binary(operator.and_),
+    ast.BitOr: _binary(operator.or_), ast.BitXor: _binary(operator.xor), ast.LShift: _binary(operator.lshift),
+    ast.RShift: _binary(operator.rshift),
+}
+_COMPARE: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Lt: _binary(operator.lt), ast.LtE: _binary(operator.le), ast.Gt: _binary(operator.gt),
+    ast.GtE: _binary(operator.ge), ast.Eq: _binary(operator.eq), ast.NotEq: _binary(operator.ne),
+}
+_UNARY: dict[type, Callable[[Any], Any]] = {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Invert: _invert}
+
+# --------------------------------------------------------------------------------------------------------------
+# elementwise functions
+
+
+def _ufunc(fn: np.ufunc) -> Callable[[Any], Any]:
+    def apply(x: Any) -> Any:
+        return fn(_float(x))
+
+    apply.__name__ = fn.__name__
+    return apply
+
+
+def _exact_for_ints(fn: np.ufunc) -> Callable[[Any], Any]:
+    """floor, ceil, trunc and round leave ints and bools as they are."""
+
+    def apply(x: Any) -> Any:
+        return fn(x) if np.asarray(x).dtype.kind == "f" else x
+
+    apply.__name__ = fn.__name__
+    return apply
+
+
+def _rsqrt(x: Any) -> Any:
+    return 1 / np.sqrt(_float(x))
+
+
+def _recip(x: Any) -> Any:
+    return 1 / _float(x)
+
+
+def _sigmoid(x: Any) -> Any:
+    return 1 / (1 + np.exp(-_float(x)))
+
+
+def _relu(x: Any) -> Any:
+    return np.maximum(x, 0)
+
+
+def _abs(x: Any) -> Any:
+    return np.abs(x)
+
+
+def _sign(x: Any) -> Any:
+    return x if np.asarray(x).dtype == np.bool_ else np.sign(x)
+
+
+def _square(x: Any) -> Any:
+    return x if np.asarray(x).dtype == np.bool_ else np.square(x)
+
+
+# Numerical Recipes' Chebyshev fit of erfc(z) for z >= 0: t * exp(-z^2 + P(t)) with t = 1 / (1 + z / 2);
+# the fractional error is below 1.2e-7 for every z. Coefficients of P from the constant term up.
+_ERFC_COEFFS = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807, -1.13520398,
+                1.48851587, -0.82215223, 0.17087277)
+# erf(x) = 2/sqrt(pi) * sum((-1)^n x^(2n+1) / (n! (2n+1))): for |x| < 0.5 the terms below reach 4e-10
+_ERF_TAYLOR = tuple(2 / math.sqrt(math.pi) * (-1) ** n / (math.factorial(n) * (2 * n + 1)) for n in range(7))
+
+
+def _work_dtype(x: np.ndarray) -> np.dtype:
+    """At least float32: the approximations' coefficients need more than float16."""
+    return np.result_type(x.dtype, np.float32)
+
+
+def _erfc_nonneg(z: np.ndarray) -> np.ndarray:
+    t = 1 / (1 + 0.5 * z)
+    poly = _ERFC_COEFFS[-1]
+    for c in reversed(_ERFC_COEFFS[:-1]):
+        poly = c + t * poly
+    return t * np.exp(poly - z * z)
+
+
+def _erfc(x: np.ndarray) -> np.ndarray:
+    tail = _erfc_nonneg(np.abs(x))
+    return np.where(x < 0, 2 - tail, tail)
+
+
+def _erf(x: Any) -> Any:
+    x = np.asarray(_float(x))
+    w = x.astype(_work_dtype(x), copy=False)
+    x2 = w * w
+    series = _ERF_TAYLOR[-1]
+    for c in reversed(_ERF_TAYLOR[:-1]):
+        series = c + x2 * series
+    big = np.copysign(1 - _erfc_nonneg(np.abs(w)), w)
+    return np.where(np.abs(w) < 0.5, w * series, big).astype(x.dtype, copy=False)
+
+
+def _gelu(x: Any) -> Any:
+    """The exact form 0.5 x (1 + erf(x / sqrt 2)), written as 0.5 x erfc(-x / sqrt 2)."""
+    x = np.asarray(_float(x))
+    w = x.astype(_work_dtype(x), copy=False)
+    return (0.5 * w * _erfc(w * -(1 / math.sqrt(2)))).astype(x.dtype, copy=False)
+
+
+def _maximum(a: Any, b: Any) -> Any:
+    return np.maximum(a, b)
+
+
+def _minimum(a: Any, b: Any) -> Any:
+    return np.minimum(a, b)
+
+
+def _pow(a: Any, b: Any) -> Any:
+    return _BINARY[ast.Pow](a, b)
+
+
+def _clip(x: Any, lo: Any, hi: Any) -> Any:
+    return np.clip(x, lo, hi)
+
+
+def _where(cond: Any, a: Any, b: Any) -> Any:
+    return np.where(cond, a, b)
+
+
+def _round_to_bf16(x: np.ndarray) -> np.ndarray:
+    return bf16_to_f32(f32_to_bf16(x))
+
+
+def _is_bf16(dtype: Any) -> bool:
+    return isinstance(dtype, DType) and dtype == dtypes.bf16
+
+
+def _cast(x: Any, dtype: Any) -> Any:
+    out = np.asarray(x).astype(_np_dtype(dtype))
+    return _round_to_bf16(out) if _is_bf16(dtype) else out
+
+
+def _bitcast(x: Any, dtype: Any) -> Any:
+    x = np.asarray(x)
+    if _is_bf16(dtype):  # bf16 values are held as float32: reinterpret the 16 bits, then widen
+        return bf16_to_f32(np.ascontiguousarray(x).view(np.uint16))
+    if x.dtype == np.float32 and _np_dtype(dtype).itemsize == 2:  # from bf16 (held as float32) to 16 bits
+        return f32_to_bf16(x).view(_np_dtype(dtype))
+    return x.view(_np_dtype(dtype))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# reductions
+
+
+def _sum(x: Any, axis: Any = None, keepdim: bool = False) -> Any:
+    return np.sum(x, axis=_axis_arg(axis), keepdims=keepdim)
+
+
+def _max(x: Any, axis: Any = None, keepdim: bool = False) -> Any:
+    return np.max(x, axis=_axis_arg(axis), keepdims=keepdim)
+
+
+def _min(x: Any, axis: Any = None, keepdim: bool = False) -> Any:
+    return np.min(x, axis=_axis_arg(axis), keepdims=keepdim)
+
+
+def _prod(x: Any, axis: Any = None, keepdim: bool = False) -> Any:
+    return np.prod(x, axis=_axis_arg(axis), keepdims=keepdim)
+
+
+def _mean(x: Any, axis: Any = None, keepdim: bool = False) -> Any:
+    return np.mean(x, axis=_axis_arg(axis), keepdims=keepdim)
+
+
+def _argmax(x: Any, axis: int | None = None, keepdim: bool = False) -> Any:
+    return np.argmax(x, axis=axis, keepdims=keepdim)
+
+
+def _argmin(x: Any, axis: int | None = None, keepdim: bool = False) -> Any:
+    return np.argmin(x, axis=axis, keepdims=keepdim)
+
+
+def _var(x: Any, axis: Any = None, keepdim: bool = False, correction: int = 1) -> Any:
+    return np.var(x, axis=_axis_arg(axis), ddof=correction, keepdims=keepdim)
+
+
+def _std(x: Any, axis: Any = None, keepdim: bool = False, correction: int = 1) -> Any:
+    return np.std(x, axis=_axis_arg(axis), ddof=correction, keepdims=keepdim)
+
+
+def _logsumexp(x: Any, axis: Any = None, keepdim: bool = False) -> Any:
+    x = np.asarray(_float(x))
+    axes = _axes(axis, x.ndim)
+    m = np.max(x, axis=axes, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0)  # an all -inf (or inf, nan) slice must not poison the shift
+    out = np.log(np.sum(np.exp(x - m), axis=axes, keepdims=True)) + m
+    return out if keepdim else out.reshape([s for i, s in enumerate(out.shape) if i not in axes])
+
+
+def _softmax(x: Any, axis: int = -1) -> Any:
+    e = np.asarray(_float(x))
+    e = e - e.max(axis=axis, keepdims=True)
+    np.exp(e, out=e)
+    e /= e.sum(axis=axis, keepdims=True)
+    return e
+
+
+def _log_softmax(x: Any, axis: int = -1) -> Any:
+    z = np.asarray(_float(x))
+    z = z - z.max(axis=axis, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=axis, keepdims=True))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# shapes
+
+
+def _reshape(x: Any, *shape: Any) -> Any:
+    return np.reshape(x, _shape_arg(shape))
+
+
+def _permute(x: Any, *order: Any) -> Any:
+    return np.transpose(x, _shape_arg(order))
+
+
+def _transpose(x: Any, a: int = -2, b: int = -1) -> Any:
+    return np.swapaxes(x, a, b) if np.ndim(x) >= 2 else x
+
+
+def _expand(x: Any, *shape: Any) -> Any:
+    x = np.asarray(x)
+    want = _shape_arg(shape)
+    have = (1,) * (len(want) - x.ndim) + x.shape
+    return np.broadcast_to(x, tuple(h if w == -1 else w for h, w in zip(have, want)))
+
+
+def _squeeze(x: Any, axis: Any = None) -> Any:
+    return np.squeeze(x, axis=_axis_arg(axis))
+
+
+def _unsqueeze(x: Any, axis: int) -> Any:
+    return np.expand_dims(x, axis)
+
+
+def _flatten(x: Any, start: int = 0, end: int = -1) -> Any:
+    x = np.asarray(x)
+    if x.ndim == 0:
+        return x.reshape(1)
+    s, e = start % x.ndim, end % x.ndim
+    return x.reshape(x.shape[:s] + (math.prod(x.shape[s:e + 1]),) + x.shape[e + 1:])
+
+
+def _pad(x: Any, pads: Sequence[tuple[int, int]], value: Scalar = 0) -> Any:
+    x = np.asarray(x)
+    if any(b < 0 or a < 0 for b, a in pads):  # negative padding crops
+        x = x[tuple(slice(max(-b, 0), s - max(-a, 0)) for (b, a), s in zip(pads, x.shape))]
+        pads = [(max(b, 0), max(a, 0)) for b, a in pads]
+    if all(b == 0 and a == 0 for b, a in pads):
+        return x
+    return np.pad(x, pads, constant_values=value)
+
+
+def _flip(x: Any, axis: Any = None) -> Any:
+    return np.flip(x, axis=_axis_arg(axis))
+
+
+def _items(tensors: tuple) -> list[Any]:
+    return list(tensors[0]) if len(tensors) == 1 and isinstance(tensors[0], (tuple, list)) else list(tensors)
+
+
+def _cat(*tensors: Any, axis: int = 0) -> Any:
+    return np.concatenate(_items(tensors), axis=axis)
+
+
+def _stack(*tensors: Any, axis: int = 0) -> Any:
+    return np.stack(_items(tensors), axis=axis)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# creation
+
+
+def _zeros(*shape: Any, dtype: Any = dtypes.f32) -> Any:
+    return np.zeros(_shape_arg(shape), _np_dtype(dtype))
+
+
+def _ones(*shape: Any, dtype: Any = dtypes.f32) -> Any:
+    return np.ones(_shape_arg(shape), _np_dtype(dtype))
+
+
+def _full(shape: Any, value: Scalar, dtype: Any = None) -> Any:
+    return np.full(_shape_arg((shape,)), value, _literal_dtype(value) if dtype is None else _np_dtype(dtype))
+
+
+def _arange(start: Scalar, stop: Scalar | None = None, step: Scalar = 1, dtype: Any = None) -> Any:
+    if dtype is None:
+        dtype = dtypes.f32 if any(isinstance(v, float) for v in (start, stop, step)) else dtypes.i32
+    if stop is None:
+        start, stop = 0, start
+    return np.arange(start, stop, step, dtype=_np_dtype(dtype))
+
+
+def _eye(n: int, m: int | None = None, dtype: Any = dtypes.f32) -> Any:
+    return np.eye(n, m, dtype=_np_dtype(dtype))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# neural-net helpers
+
+
+def _matmul(a: Any, b: Any) -> Any:
+    return np.matmul(a, b)
+
+
+def _conv2d(x: Any, w: Any, stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1) -> Any:
+    """im2col: windows of the padded input copied once into columns, then one batched matmul (BLAS for floats)."""
+    x, w = np.asarray(x), np.asarray(w)
+    (sh, sw), (ph, pw), (dh, dw) = _pair2(stride), _pair2(padding), _pair2(dilation)
+    if ph or pw:
+        x = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    n, c = x.shape[:2]
+    o, ci, kh, kw = w.shape
+    g = groups
+    # (N, C, OH, OW, KH, KW): every window, strided and dilated; windows that do not fit are dropped
+    span = (dh * (kh - 1) + 1, dw * (kw - 1) + 1)
+    win = sliding_window_view(x, span, axis=(2, 3))[:, :, ::sh, ::sw, ::dh, ::dw]
+    oh, ow = win.shape[2:4]
+    # columns (N, G, Ci*KH*KW, OH*OW) against weights (G, O/G, Ci*KH*KW): out is (N, G, O/G, OH*OW), i.e. NCHW
+    cols = win.reshape(n, g, ci, oh, ow, kh, kw).transpose(0, 1, 2, 5, 6, 3, 4).reshape(n, g, ci * kh * kw, oh * ow)
+    out = np.matmul(w.reshape(g, o // g, ci * kh * kw), cols)
+    return out.reshape(n, o, oh, ow)
+
+
+def _pool(x: Any, kernel: Any, stride: Any, reduce: Callable[..., Any]) -> Any:
+    x = np.asarray(x)
+    (kh, kw), (sh, sw) = _pair2(kernel), _pair2(kernel if stride is None else stride)
+    h, w = x.shape[-2:]
+    if (kh, kw) == (sh, sw):  # windows tile the input: a reshape, no window view needed
+        oh, ow = h // kh, w // kw
+        tiles = x[..., :oh * kh, :ow * kw].reshape(x.shape[:-2] + (oh, kh, ow, kw))
+        return reduce(tiles, axis=(-3, -1))
+    win = sliding_window_view(x, (kh, kw), axis=(-2, -1))[..., ::sh, ::sw, :, :]
+    return reduce(win, axis=(-2, -1))
+
+
+def _max_pool2d(x: Any, kernel: Any, stride: Any = None) -> Any:
+    return _pool(x, kernel, stride, np.max)
+
+
+def _avg_pool2d(x: Any, kernel: Any, stride: Any = None) -> Any:
+    return _pool(x, kernel, stride, np.mean)
+
+
+def _layernorm(x: Any, axis: Any = -1, eps: float = 1e-5) -> Any:
+    x = np.asarray(_float(x))
+    axes = _axis_arg(axis)
+    d = x - x.mean(axis=axes, keepdims=True)
+    var = np.mean(d * d, axis=axes, keepdims=True)
+    return d / np.sqrt(var + eps)
+
+
+# every function of tgc's table, with the same parameter names, so positional and keyword calls bind alike
+FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "exp": _ufunc(np.exp), "log": _ufunc(np.log), "exp2": _ufunc(np.exp2), "log2": _ufunc(np.log2),
+    "sqrt": _ufunc(np.sqrt), "rsqrt": _rsqrt, "sin": _ufunc(np.sin), "cos": _ufunc(np.cos), "tan": _ufunc(np.tan),
+    "tanh": _ufunc(np.tanh), "sigmoid": _sigmoid, "relu": _relu, "gelu": _gelu, "erf": _erf, "abs": _abs,
+    "sign": _sign, "recip": _recip, "floor": _exact_for_ints(np.floor), "ceil": _exact_for_ints(np.ceil),
+    "trunc": _exact_for_ints(np.trunc), "round": _exact_for_ints(np.round), "square": _square,
+    "sum": _sum, "max": _max, "min": _min, "prod": _prod, "mean": _mean,
+    "maximum": _maximum, "minimum": _minimum, "pow": _pow, "clip": _clip, "cast": _cast, "bitcast": _bitcast,
+    "where": _where, "argmax": _argmax, "argmin": _argmin, "logsumexp": _logsumexp, "softmax": _softmax,
+    "log_softmax": _log_softmax, "var": _var, "std": _std,
+    "reshape": _reshape, "permute": _permute, "transpose": _transpose, "expand": _expand, "squeeze": _squeeze,
+    "unsqueeze": _unsqueeze, "flatten": _flatten, "pad": _pad, "flip": _flip, "cat": _cat, "stack": _stack,
+    "zeros": _zeros, "ones": _ones, "full": _full, "arange": _arange, "eye": _eye, "matmul": _matmul,
+    "conv2d": _conv2d, "max_pool2d": _max_pool2d, "avg_pool2d": _avg_pool2d, "layernorm": _layernorm,
+}
+
+_CONSTANTS: dict[str, Any] = {"True": True, "False": False, "inf": math.inf, "nan": math.nan, "pi": math.pi,
+                              "e": math.e, **dtypes.by_name}
+_ATTRIBUTES = ("T", "shape", "ndim", "dtype", "size")
+
+# --------------------------------------------------------------------------------------------------------------
+# compiling the syntax tree into closures
+
+
+class _Const:
+    """A thunk whose value is known when the program is compiled (literals, dtype names, constant indices)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __call__(self, env: Env) -> Any:
+        return self.value
+
+
+class _Compiler:
+    """Turns checked expressions into `env -> value` closures; `defined` holds the names bound so far."""
+
+    def __init__(self, defined: set[str]):
+        self.defined = defined
+
+    def expr(self, node: ast.expr) -> Thunk:
+        compile_node = {
+            ast.Constant: self._constant, ast.Name: self._name, ast.Tuple: self._tuple, ast.List: self._tuple,
+            ast.BinOp: self._binop, ast.Compare: self._compare, ast.UnaryOp: self._unaryop, ast.IfExp: self._ifexp,
+            ast.Attribute: self._attribute, ast.Call: self._call, ast.Subscript: self._subscript,
+            ast.Slice: self._index,
+        }.get(type(node))
+        if compile_node is None:
+            raise NotImplementedError(f"numpy baseline: {type(node).__name__} expressions are not supported")
+        return compile_node(node)  # type: ignore[operator]
+
+    def _constant(self, node: ast.Constant) -> Thunk:
+        return _Const(node.value)
+
+    def _name(self, node: ast.Name) -> Thunk:
+        if node.id in self.defined:
+            return operator.itemgetter(node.id)
+        if node.id in _CONSTANTS:
+            return _Const(_CONSTANTS[node.id])
+        raise NameError(f"numpy baseline: unknown name '{node.id}'")
+
+    def _tuple(self, node: ast.Tuple | ast.List) -> Thunk:
+        items = [self.expr(e) for e in node.elts]
+        if all(isinstance(t, _Const) for t in items):
+            return _Const(tuple(t.value for t in items))  # type: ignore[attr-defined]
+        return lambda env: tuple(t(env) for t in items)
+
+    def _binop(self, node: ast.BinOp) -> Thunk:
+        fn, left, right = _BINARY[type(node.op)], self.expr(node.left), self.expr(node.right)
+        return lambda env: fn(left(env), right(env))
+
+    def _compare(self, node: ast.Compare) -> Thunk:
+        fn, left, right = _COMPARE[type(node.ops[0])], self.expr(node.left), self.expr(node.comparators[0])
+        return lambda env: fn(left(env), right(env))
+
+    def _unaryop(self, node: ast.UnaryOp) -> Thunk:
+        fn, operand = _UNARY[type(node.op)], self.expr(node.operand)
+        return lambda env: fn(operand(env))
+
+    def _ifexp(self, node: ast.IfExp) -> Thunk:
+        cond, a, b = self.expr(node.test), self.expr(node.body), self.expr(node.orelse)
+        return lambda env: np.where(cond(env), a(env), b(env))
+
+    def _attribute(self, node: ast.Attribute) -> Thunk:
+        if node.attr not in _ATTRIBUTES:
+            raise NotImplementedError(f"numpy baseline: attribute '{node.attr}' is not supported")
+        value, get = self.expr(node.value), operator.attrgetter(node.attr)
+        return lambda env: get(value(env))
+
+    def _call(self, node: ast.Call) -> Thunk:
+        if isinstance(node.func, ast.Attribute):  # x.f(...) is f(x, ...)
+            name, args = node.func.attr, [self.expr(node.func.value)]
+        elif isinstance(node.func, ast.Name):
+            name, args = node.func.id, []
+        else:
+            raise NotImplementedError("numpy baseline: only named functions can be called")
+        fn = FUNCTIONS.get(name)
+        if fn is None:
+            raise NotImplementedError(f"numpy baseline: function '{name}' is not supported")
+        args += [self.expr(a) for a in node.args]
+        kwargs = {kw.arg: self.expr(kw.value) for kw in node.keywords if kw.arg is not None}
+        if not kwargs:
+            return lambda env: fn(*[a(env) for a in args])
+        return lambda env: fn(*[a(env) for a in args], **{k: v(env) for k, v in kwargs.items()})
+
+    def _subscript(self, node: ast.Subscript) -> Thunk:
+        value, index = self.expr(node.value), self._index(node.slice)
+        if isinstance(index, _Const):
+            key = index.value
+            return lambda env: value(env)[key]
+        return lambda env: value(env)[index(env)]
+
+    def _index(self, node: ast.expr) -> Thunk:
+        if isinstance(node, ast.Slice):
+            parts = [_Const(None) if p is None else self.expr(p) for p in (node.lower, node.upper, node.step)]
+            if all(isinstance(p, _Const) for p in parts):
+                return _Const(slice(*(p.value for p in parts)))  # type: ignore[attr-defined]
+            return lambda env: slice(*(p(env) for p in parts))
+        if isinstance(node, ast.Tuple):
+            items = [self._index(e) for e in node.elts]
+            if all(isinstance(t, _Const) for t in items):
+                return _Const(tuple(t.value for t in items))  # type: ignore[attr-defined]
+            return lambda env: tuple(t(env) for t in items)
+        return self.expr(node)
+
+
+def _as_output(v: Any) -> np.ndarray:
+    if _is_scalar(v):
+        return np.asarray(v, _literal_dtype(v))
+    return np.asarray(v)
+
+
+class NumpyProgram:
+    """A `.tg` program compiled to numpy closures; call it with {input name: array} to get {output name: array}."""
+
+    def __init__(self, parsed: Parsed, dims: dict[str, int]):
+        self.output_names = list(parsed.output_names)
+        self._inputs: list[tuple[str, np.dtype, bool, tuple[int, ...] | None]] = []
+        for decl in parsed.inputs:
+            known = all(isinstance(d, int) or d in dims for d in decl.shape)
+            shape = concrete_shape(decl, dims) if known else None
+            self._inputs.append((decl.name, _np_dtype(decl.dtype), decl.dtype == dtypes.bf16, shape))
+        compiler = _Compiler({decl.name for decl in parsed.inputs})
+        self._steps: list[tuple[str, Thunk]] = []
+        for stmt in parsed.body:
+            if isinstance(stmt, ast.Assign):
+                name, value = stmt.targets[0].id, stmt.value  # type: ignore[attr-defined]
+            else:  # name op= expr, never in place: the name may still alias an input or another value
+                assert isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name)
+                name, value = stmt.target.id, ast.BinOp(left=ast.Name(stmt.target.id), op=stmt.op, right=stmt.value)
+            self._steps.append((name, compiler.expr(value)))
+            compiler.defined.add(name)
+        self._outputs = [compiler.expr(r) for r in parsed.returns]
+
+    def _input(self, name: str, value: Any, dtype: np.dtype, bf16: bool, shape: tuple[int, ...] | None) -> Any:
+        arr = np.asarray(value)
+        if bf16 and arr.dtype == np.uint16:  # bf16 given as its bits
+            arr = bf16_to_f32(arr)
+        elif arr.dtype != dtype:
+            arr = arr.astype(dtype)
+        if shape is not None and arr.shape != shape:
+            raise ValueError(f"input '{name}' has shape {arr.shape}, expected {shape}")
+        return arr
+
+    def __call__(self, inputs: dict[str, Any]) -> dict[str, np.ndarray]:
+        env: Env = {name: self._input(name, inputs[name], dt, bf16, shape) for name, dt, bf16, shape in self._inputs}
+        with np.errstate(all="ignore"):
+            for name, thunk in self._steps:
+                env[name] = thunk(env)
+            return {name: _as_output(out(env)) for name, out in zip(self.output_names, self._outputs)}
+
+
+def numpy_program(prog: Any, dims: dict[str, int]) -> Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]:
+    """`prog` (a `tgc.Program` or its `Parsed`) as a numpy function of {input name: array}.
+
+    The syntax tree is walked once, here; `dims` fixes the expected input shapes (dims it lacks are unchecked).
+    """
+    parsed = prog.parsed if hasattr(prog, "parsed") else prog
+    return NumpyProgram(parsed, dict(dims or {}))
