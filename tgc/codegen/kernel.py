@@ -79,15 +79,30 @@ def count_work(uops: list[UOp]) -> int:
     return flops
 
 
-def build_kernel(item: ScheduleItem, device: Any, beam: int = 0, name: str | None = None) -> Kernel:
-    from tgc.codegen.opt import optimize
-    from tgc.ir.shapes import prod, shape_of
-
-    ast = legalize(item.ast)
+def prepare_ast(ast: UOp, device: Any) -> UOp:
+    """The device-independent rewrites every kernel gets before optimization."""
+    ast = legalize(ast)
     if getattr(device.renderer, "decompose_transcendentals", False):
         from tgc.codegen.transcendental import decompose_transcendentals
         ast = decompose_transcendentals(ast)
-    ast, launch, opts = optimize(ast, device, beam=beam, bufs=item.bufs)
+    return ast
+
+
+def build_kernel(item: ScheduleItem, device: Any, beam: int = 0, name: str | None = None) -> Kernel:
+    from tgc.codegen import search
+    from tgc.codegen.opt import optimize
+    from tgc.ir.shapes import prod, shape_of
+
+    name = name or item.name
+    ast = prepare_ast(item.ast, device)
+    opts = None
+    if device.compiler is not None and os.environ.get("NOOPT", "") in ("", "0"):
+        opts = search.lookup(ast, device)  # a BEAM winner stored earlier
+        if opts is None and beam > 0:
+            res = search.beam_search(ast, device, item.bufs, beam, name=name)
+            search.store(ast, device, res.opts, res.after_s, name)
+            opts = res.opts
+    ast, launch, applied = optimize(ast, device, opts=opts)
     uops = linearize(ast, vectors=getattr(device.renderer, "supports_vectors", False))
     name = name or item.name
     src = device.renderer.render(name, uops)

@@ -29,7 +29,7 @@ from tgc.ir.uop import Ops, RangeKind, UOp, substitute
 INDEX = dtypes.i32
 # below this many loop iterations a kernel is not worth a thread launch
 MIN_WORK_PER_THREAD = 1 << 15
-MAX_UNROLLED = 256  # limit on the product of UPCAST and UNROLL sizes (register pressure, code size)
+MAX_UNROLLED = 512  # limit on the product of UPCAST and UNROLL sizes (register pressure, code size)
 
 
 class OptError(Exception):

@@ -1,0 +1,76 @@
+"""A compile worker process for BEAM search: reads JSON requests on stdin, writes JSON answers on stdout.
+
+Request: {"kind": "CPU", "src": "..."}; answer: {"ok": true, "bin": base64} or {"ok": false, "error": "..."}.
+Plain subprocesses (not multiprocessing) so that the parent's `__main__` and threads never matter.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+import threading
+from concurrent.futures import Future
+
+
+def main() -> None:
+    from tgc.backends import get_device
+    for line in sys.stdin:
+        req = json.loads(line)
+        try:
+            lib = get_device(req["kind"]).compiler.compile(req["src"])
+            ans = {"ok": True, "bin": base64.b64encode(lib).decode()}
+        except Exception as e:  # reported to the parent, which counts the candidate as failed
+            ans = {"ok": False, "error": str(e)}
+        sys.stdout.write(json.dumps(ans) + "\n")
+        sys.stdout.flush()
+
+
+class WorkerPool:
+    """N worker processes; `submit(kind, src)` returns a Future of the binary bytes."""
+
+    def __init__(self, workers: int):
+        self.procs = [subprocess.Popen([sys.executable, "-m", "tgc.codegen.compile_worker"], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, text=True, bufsize=1) for _ in range(workers)]
+        self.locks = [threading.Lock() for _ in self.procs]
+        self.next = 0
+        self.threads: list[threading.Thread] = []
+
+    def submit(self, kind: str, src: str) -> Future:
+        fut: Future = Future()
+        i = self.next % len(self.procs)
+        self.next += 1
+
+        def work() -> None:
+            with self.locks[i]:
+                proc = self.procs[i]
+                try:
+                    proc.stdin.write(json.dumps({"kind": kind, "src": src}) + "\n")
+                    proc.stdin.flush()
+                    ans = json.loads(proc.stdout.readline())
+                except (OSError, ValueError) as e:
+                    fut.set_exception(RuntimeError(f"compile worker died: {e}"))
+                    return
+            if ans["ok"]:
+                fut.set_result(base64.b64decode(ans["bin"]))
+            else:
+                fut.set_exception(RuntimeError(ans["error"]))
+
+        t = threading.Thread(target=work, daemon=True)
+        t.start()
+        self.threads.append(t)
+        return fut
+
+    def shutdown(self, cancel_futures: bool = True) -> None:
+        for p in self.procs:
+            try:
+                p.stdin.close()
+            except OSError:
+                pass
+            p.terminate()
+            p.wait(timeout=5)
+
+
+if __name__ == "__main__":
+    main()

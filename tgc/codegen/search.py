@@ -1,0 +1,339 @@
+"""BEAM search over kernel optimizations, and the on-disk store of its winners.
+
+Each round extends every kernel in the beam by every applicable opt, compiles the new candidates (in
+worker processes on the CPU, with a per-candidate timeout), times each on real buffers (stopping early
+when a candidate is clearly slower than the best), and keeps the fastest `width`. A candidate whose
+output differs from the unoptimized kernel's is rejected: a fast wrong kernel never wins. The search
+ends when a round brings no improvement; the winner's opts are stored in the disk cache (table `beam`)
+under the kernel's AST, device, compiler and tgc version, so later compiles reuse them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tgc.codegen.opt import Opt, OptError, OptKernel, finish, hand_coded
+from tgc.errors import CompileError
+from tgc.ir.shapes import prod, shape_of
+from tgc.ir.uop import UOp, pretty
+
+COMPILE_TIMEOUT_S = 20.0
+UPCAST_AMOUNTS = (2, 3, 4, 8, 16)
+UNROLL_AMOUNTS = (2, 4, 8, 16)
+LOCAL_AMOUNTS = (2, 4, 8, 16, 32)
+PAD_AMOUNTS = (8, 16, 32)
+
+
+# ------------------------------------------------------------------------------------------- the winners' store
+
+
+def beam_key(ast: UOp, device: Any) -> str:
+    from tgc import __version__, cache
+    comp = device.compiler
+    return cache.make_key("beam", device.kind, comp.cache_key if comp else "none", __version__, pretty(ast))
+
+
+def lookup(ast: UOp, device: Any) -> list[Opt] | None:
+    from tgc import cache
+    raw = cache.get("beam", beam_key(ast, device))
+    if raw is None:
+        return None
+    try:
+        return [Opt.from_json(o) for o in json.loads(raw)["opts"]]
+    except (ValueError, KeyError, TypeError, IndexError):
+        return None
+
+
+def store(ast: UOp, device: Any, opts: list[Opt], seconds: float, name: str) -> None:
+    from tgc import cache
+    value = json.dumps({"opts": [o.to_json() for o in opts], "time_s": seconds}).encode()
+    cache.put("beam", beam_key(ast, device), value, meta=f"{device.kind} {name} {' '.join(map(str, opts))}")
+
+
+# ------------------------------------------------------------------------------------------- candidates
+
+
+def actions(k: OptKernel) -> list[Opt]:
+    out: list[Opt] = []
+    gpu = getattr(k.device, "launch_style", "cpu") == "gpu"
+    loops, reduces = k.loops(), k.reduces()
+    for i, r in enumerate(loops):
+        out += [Opt("UPCAST", i, a) for a in UPCAST_AMOUNTS if r.src[0].arg % a == 0]
+        if gpu:
+            out += [Opt("LOCAL", i, a) for a in LOCAL_AMOUNTS if r.src[0].arg % a == 0]
+    for j, r in enumerate(reduces):
+        axis = len(loops) + j
+        out += [Opt("UNROLL", axis, a) for a in UNROLL_AMOUNTS if r.src[0].arg % a == 0]
+        out += [Opt("PADTO", axis, a) for a in PAD_AMOUNTS if r.src[0].arg % a and r.src[0].arg > a]
+    for a in range(len(loops)):
+        for b in range(a + 1, len(loops)):
+            out.append(Opt("SWAP", a, b))
+    return out
+
+
+@dataclass
+class Candidate:
+    opts: list[Opt]
+    kernel: OptKernel
+    src: str = ""
+    name: str = ""
+    launch: dict = field(default_factory=dict)
+    binary: bytes | None = None
+    time_s: float = float("inf")
+
+
+def _render(cand: Candidate, device: Any, name: str) -> None:
+    from tgc.codegen.linearize import linearize
+    ast, launch, _ = finish(cand.kernel.copy())
+    uops = linearize(ast, vectors=getattr(device.renderer, "supports_vectors", False))
+    cand.src, cand.launch, cand.name = device.renderer.render(name, uops), launch, name
+
+
+class _Timer:
+    """Buffers for one kernel and a reference output from its unoptimized version."""
+
+    def __init__(self, device: Any, bufs: list[UOp], seed: int = 0):
+        self.device, self.bufs = device, bufs
+        rng = np.random.default_rng(seed)
+        self.handles, self.sizes = [], []
+        for i, node in enumerate(bufs):
+            n = max(prod(shape_of(node)) * node.dtype.itemsize, 1)
+            h = device.allocator.alloc(n)
+            if i > 0:
+                data = _random_bytes(rng, node)
+                device.allocator.copyin(h, memoryview(data).cast("B"))
+            self.handles.append(h)
+            self.sizes.append(n)
+        self.reference: np.ndarray | None = None
+
+    def output(self) -> np.ndarray:
+        node = self.bufs[0]
+        out = np.empty(shape_of(node), dtype=node.dtype.np)
+        if out.nbytes:
+            self.device.allocator.copyout(memoryview(out).cast("B"), self.handles[0])
+        return out
+
+    def run(self, cand: Candidate, best: float, runs: int = 3) -> float:
+        prog = self.device.program(cand.name, cand.binary)
+        times = []
+        for _ in range(runs):
+            t = prog(*self.handles, global_size=cand.launch.get("global_size", (1, 1, 1)),
+                     local_size=cand.launch.get("local_size"), vals=cand.launch.get("vals", ()), wait=True)
+            times.append(t)
+            if t > 3 * best:  # clearly worse: stop early
+                break
+        return min(times)
+
+    def free(self) -> None:
+        for h, n in zip(self.handles, self.sizes):
+            self.device.allocator.free(h, n)
+
+
+def _random_bytes(rng: np.random.Generator, node: UOp) -> np.ndarray:
+    shape, d = shape_of(node), node.dtype
+    if d.is_bool:
+        return rng.random(shape) < 0.5
+    if d.is_int:
+        return rng.integers(0 if d.is_unsigned else -8, 9, size=shape).astype(d.np)
+    if d.name == "bf16":
+        from tgc.dtype import f32_to_bf16
+        return f32_to_bf16(rng.standard_normal(shape).astype(np.float32))
+    return rng.standard_normal(shape).astype(d.np)
+
+
+def _matches(out: np.ndarray, ref: np.ndarray, dtype) -> bool:
+    if not dtype.is_float:
+        return np.array_equal(out, ref)
+    a, b = out.astype(np.float64), ref.astype(np.float64)
+    if dtype.name == "bf16":
+        from tgc.dtype import bf16_to_f32
+        a, b = bf16_to_f32(out).astype(np.float64), bf16_to_f32(ref).astype(np.float64)
+    tol = 1e-2 if dtype.name in ("f16", "bf16") else 1e-3
+    scale = max(float(np.nanmax(np.abs(b))) if b.size else 0.0, 1.0)
+    return bool(np.allclose(a, b, rtol=tol, atol=tol * scale, equal_nan=True))
+
+
+@dataclass
+class SearchResult:
+    opts: list[Opt]
+    before_s: float
+    after_s: float
+    tried: int = 0
+    rejected: int = 0
+    failed: int = 0
+    interrupted: bool = False
+
+
+def beam_search(ast: UOp, device: Any, bufs: list[UOp], width: int, name: str = "kernel",
+                progress: Callable[[dict], None] | None = None, pool: Any = None
+                ) -> SearchResult:
+    timer = _Timer(device, bufs)
+    try:
+        return _search(ast, device, timer, width, name, progress, pool)
+    finally:
+        timer.free()
+
+
+def _search(ast, device, timer: _Timer, width, name, progress, pool) -> SearchResult:
+    start = time.perf_counter()
+    base = Candidate([], OptKernel(ast, device))
+    _render(base, device, name)
+    base.binary = device.compiler.compile(base.src)
+    base.time_s = timer.run(base, float("inf"), runs=1)
+    timer.reference = timer.output()
+    best = base
+    # start from the hand-coded heuristic's choice and its prefixes: their neighbours are the promising ones
+    # (the unoptimized kernel's neighbours are mostly as slow as it is, and each costs a full run)
+    seed = OptKernel(ast, device)
+    hand_coded(seed)
+    seeds = []
+    for n in range(1, len(seed.applied) + 1):
+        k = OptKernel(ast, device)
+        for o in seed.applied[:n]:
+            k.apply(o)
+        c = Candidate(list(seed.applied[:n]), k)
+        _render(c, device, name)
+        c.binary = device.compiler.compile(c.src)
+        c.time_s = timer.run(c, best.time_s)
+        if c.time_s < best.time_s and _matches(timer.output(), timer.reference, timer.bufs[0].dtype):
+            best = c
+        seeds.append(c)
+    beam = sorted(seeds, key=lambda c: c.time_s)[:width] if seeds else [base]
+    seen = {tuple(c.opts) for c in [base, *seeds]}
+    result = SearchResult([], base.time_s, base.time_s)
+    try:
+        for _round in range(32):
+            cands: list[Candidate] = []
+            for parent in beam:
+                for opt in actions(parent.kernel):
+                    key = tuple(parent.opts + [opt])
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                    k = parent.kernel.copy()
+                    try:
+                        k.apply(opt)
+                    except OptError:
+                        continue
+                    cands.append(Candidate(parent.opts + [opt], k))
+            if not cands:
+                break
+            for c in cands:
+                try:
+                    _render(c, device, name)
+                except Exception:  # an opt combination the renderer cannot express
+                    c.src = ""
+            _compile_all(cands, device, pool)
+            for i, c in enumerate(cands):
+                result.tried += 1
+                if c.binary is None:
+                    result.failed += 1
+                    continue
+                try:
+                    c.time_s = timer.run(c, best.time_s)
+                except Exception:
+                    result.failed += 1
+                    continue
+                if c.time_s < best.time_s:  # only a potential winner needs the correctness check
+                    if not _matches(timer.output(), timer.reference, timer.bufs[0].dtype):
+                        result.rejected += 1
+                        c.time_s = float("inf")
+                        continue
+                    best = c
+                if progress:
+                    elapsed = time.perf_counter() - start
+                    progress({"kernel": name, "round": _round, "tried": result.tried, "rejected": result.rejected,
+                              "best_s": best.time_s, "base_s": base.time_s, "candidate": i + 1,
+                              "candidates": len(cands), "elapsed_s": elapsed})
+            ranked = sorted((c for c in cands if c.time_s < float("inf")), key=lambda c: c.time_s)[:width]
+            if not ranked or ranked[0].time_s >= min(b.time_s for b in beam):
+                break
+            beam = ranked
+    except KeyboardInterrupt:
+        result.interrupted = True
+    result.opts, result.after_s = best.opts, best.time_s
+    return result
+
+
+def _compile_all(cands: list[Candidate], device: Any, pool: Any) -> None:
+    if pool is not None:
+        futures = [(c, pool.submit(device.kind, c.src)) for c in cands if c.src]
+        for c, fut in futures:
+            try:
+                c.binary = fut.result(timeout=COMPILE_TIMEOUT_S)
+            except (CompileError, FutureTimeout, Exception):
+                c.binary = None
+        return
+    for c in cands:
+        if not c.src:
+            continue
+        try:
+            c.binary = device.compiler.compile(c.src)
+        except Exception:
+            c.binary = None
+
+
+def make_pool(device: Any):
+    """Worker processes for compiling CPU candidates (GPU drivers compile in-process)."""
+    if device.kind != "CPU":
+        return None
+    from tgc.codegen.compile_worker import WorkerPool
+    return WorkerPool(max(1, min(os.cpu_count() or 1, 8)))
+
+
+# ------------------------------------------------------------------------------------------- the whole program
+
+
+def beam_program(prog, device: str | None = None, dims: dict[str, int] | None = None, width: int = 4,
+                 progress: Callable[[dict], None] | None = None, force: bool = False) -> dict[str, Any]:
+    """Search every kernel of a program; store the winners; report before/after per kernel."""
+    from tgc.backends import default_device, get_device
+    from tgc.codegen.kernel import prepare_ast
+    from tgc.engine.schedule import create_schedule
+
+    name = device or default_device()
+    dev = get_device(name)
+    if dev.compiler is None:
+        raise CompileError(dev.compile_error or f"cannot compile for {dev.kind} here, so it cannot be tuned here")
+    dims = prog.resolve_dims(dims)
+    outs, _ = prog._trace(dims)
+    items = [it for it in create_schedule(outs) if it.ast.src]
+    rows = []
+    pool = make_pool(dev)
+    start = time.perf_counter()
+    try:
+        for i, item in enumerate(items):
+            ast = prepare_ast(item.ast, dev)
+            cached = None if force else lookup(ast, dev)
+            if cached is not None:
+                rows.append({"name": item.name, "opts": [str(o) for o in cached], "cached": True})
+                if progress:
+                    progress({"kernel": item.name, "index": i, "total": len(items), "cached": True})
+                continue
+
+            def report(p: dict, i=i) -> None:
+                if progress:
+                    progress({**p, "index": i, "total": len(items), "elapsed_total_s": time.perf_counter() - start})
+
+            res = beam_search(ast, dev, item.bufs, width, name=item.name, progress=report, pool=pool)
+            store(ast, dev, res.opts, res.after_s, item.name)
+            rows.append({"name": item.name, "opts": [str(o) for o in res.opts], "before_s": res.before_s,
+                         "after_s": res.after_s, "speedup": res.before_s / res.after_s if res.after_s else 0.0,
+                         "tried": res.tried, "rejected": res.rejected, "failed": res.failed, "cached": False,
+                         "interrupted": res.interrupted})
+            if res.interrupted:
+                break
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+    prog._kernels.clear()  # later compiles pick up the stored winners
+    return {"device": dev.name, "dims": dims, "width": width, "kernels": rows,
+            "seconds": time.perf_counter() - start, "interrupted": any(r.get("interrupted") for r in rows)}
