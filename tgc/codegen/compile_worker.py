@@ -31,11 +31,15 @@ class WorkerPool:
     """N worker processes; `submit(kind, src)` returns a Future of the binary bytes."""
 
     def __init__(self, workers: int):
-        self.procs = [subprocess.Popen([sys.executable, "-m", "tgc.codegen.compile_worker"], stdin=subprocess.PIPE,
-                                       stdout=subprocess.PIPE, text=True, bufsize=1) for _ in range(workers)]
+        self.procs = [self._start() for _ in range(workers)]
         self.locks = [threading.Lock() for _ in self.procs]
         self.next = 0
         self.threads: list[threading.Thread] = []
+
+    @staticmethod
+    def _start() -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "tgc.codegen.compile_worker"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
 
     def submit(self, kind: str, src: str) -> Future:
         fut: Future = Future()
@@ -50,6 +54,9 @@ class WorkerPool:
                     proc.stdin.flush()
                     ans = json.loads(proc.stdout.readline())
                 except (OSError, ValueError) as e:
+                    # the compiler crashed on this source (LLVM can abort on an assertion): replace the worker
+                    proc.kill()
+                    self.procs[i] = self._start()
                     fut.set_exception(RuntimeError(f"compile worker died: {e}"))
                     return
             if ans["ok"]:

@@ -122,7 +122,8 @@ class _Vectorizer:
         value = self.broadcast(val)
         if base is not None:
             return [UOp(Ops.STORE, None, (buf, base, value))]
-        return [UOp(Ops.STORE, None, (buf, self.at(idx, j), UOp(Ops.GEP, val.dtype, (value,), j))) for j in range(self.width)]
+        return [UOp(Ops.STORE, None, (buf, self.at(idx, j), UOp(Ops.GEP, val.dtype, (value,), j)))
+                for j in range(self.width)]
 
 
 def vectorize(ast: UOp, widths: tuple[int, ...] = (16, 8, 4)) -> UOp:

@@ -112,7 +112,7 @@ def build_kernel(item: ScheduleItem, device: Any, beam: int = 0, name: str | Non
     return Kernel(name=name, src=src, binary=binary, uops=uops, ast=ast, bufs=item.bufs,
                   global_size=launch.get("global_size", (1, 1, 1)), local_size=launch.get("local_size"),
                   vals=launch.get("vals", ()), flops=flops, bytes_moved=nbytes, line=item.line, compile_error=err,
-                  device=device, opts=opts)
+                  device=device, opts=applied)
 
 
 COMPILE_COUNTER = {"compiles": 0}

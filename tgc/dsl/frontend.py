@@ -264,7 +264,7 @@ class _Evaluator:
         except TgcError:
             raise
         except DslError as e:
-            raise self.err.at(node, e.msg, e.hint) from None
+            raise self._positioned(node, e) from None
         except RecursionError:
             raise self.err.at(node, "expression is nested too deeply") from None
 
@@ -324,6 +324,12 @@ class _Evaluator:
             return self._index(node)
         what = _CONSTRUCTS.get(type(node), type(node).__name__)
         raise self.err.at(node, f"{what} is not part of the .tg language")
+
+    def _positioned(self, node: ast.AST, e: DslError) -> TgcError:
+        """The error at this node, remembering whether it depends on dim sizes (load time skips those)."""
+        out = self.err.at(node, e.msg, e.hint)
+        out.shape_dependent = e.shape_dependent
+        return out
 
     def _neg_bool(self, node: ast.AST, v: Any) -> Any:
         if isinstance(v, bool):
@@ -423,7 +429,7 @@ class _Evaluator:
         try:
             return fn(*args, **kwargs)
         except DslError as e:
-            raise self.err.at(node, e.msg, e.hint) from None
+            raise self._positioned(node, e) from None
 
     def _index(self, node: ast.expr) -> Any:
         if isinstance(node, ast.Slice):
