@@ -24,6 +24,8 @@ class CStyleRenderer:
     language = "c"
     kernel_prefix = "__kernel void"
     global_qualifier = "__global"
+    local_qualifier = "__local"
+    barrier = "barrier(CLK_LOCAL_MEM_FENCE);"
     launch_style = "gpu"
     has_threads = False
     float_suffix = "f"
@@ -188,6 +190,15 @@ class CStyleRenderer:
                 line(f"{acc} = {self.combine(u.arg, d, acc, v)};")
             elif op is Ops.READ_ACC:
                 define(u, names[u.src[0]])
+            elif op is Ops.DEFINE_LOCAL:
+                names[u] = u.arg[0]
+                line(f"{self.local_qualifier} {self.ctype(d)} {u.arg[0]}[{u.arg[1]}];")
+            elif op is Ops.BARRIER:
+                line(self.barrier)
+            elif op is Ops.LOAD and u.src[0].op is Ops.DEFINE_LOCAL:
+                define(u, f"{names[u.src[0]]}[{ref(u.src[1])}]")
+            elif op is Ops.STORE and u.src[0].op is Ops.DEFINE_LOCAL:
+                line(f"{names[u.src[0]]}[{ref(u.src[1])}] = {ref(u.src[2])};")
             elif op is Ops.LOAD:
                 buf, idx = names[u.src[0]], ref(u.src[1])
                 expr = self.load(d, buf, idx)
@@ -271,6 +282,8 @@ class CUDARenderer(CStyleRenderer):
     name = "cuda"
     kernel_prefix = 'extern "C" __global__ void'
     global_qualifier = ""
+    local_qualifier = "__shared__"
+    barrier = "__syncthreads();"
     group_index = "blockIdx.{}"
     local_index = "threadIdx.{}"
     types = {**CStyleRenderer.types, "i8": "signed char", "u8": "unsigned char", "u16": "unsigned short",
@@ -365,6 +378,8 @@ class MetalRenderer(CStyleRenderer):
     name = "metal"
     kernel_prefix = "kernel void"
     global_qualifier = "device"
+    local_qualifier = "threadgroup"
+    barrier = "threadgroup_barrier(mem_flags::mem_threadgroup);"
     types = {**CStyleRenderer.types, "i64": "long", "u64": "ulong"}
     mem_types = {"bool": "uchar", "f16": "half", "bf16": "ushort"}
 

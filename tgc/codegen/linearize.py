@@ -59,6 +59,19 @@ class _Linearizer:
         return lin
 
 
+    def free_ranges(self, u: UOp) -> frozenset[UOp]:
+        """The loop ranges a value depends on (a REDUCE binds its own)."""
+        memo = self.__dict__.setdefault("_free", {})
+        if u not in memo:
+            if u.op is Ops.RANGE:
+                out = frozenset([u]) | self.free_ranges(u.src[0])
+            else:
+                out = frozenset().union(*(self.free_ranges(s) for s in u.src)) if u.src else frozenset()
+                if u.op is Ops.REDUCE:
+                    out -= set(u.src[1:])
+            memo[u] = out
+        return memo[u]
+
     def emit_reduce_group(self, first: UOp) -> None:
         ranges = first.src[1:]
         group = [r for r in self.reduce_groups.get(ranges, [first]) if self.lookup(r) is None]
@@ -67,6 +80,13 @@ class _Linearizer:
         # a member that needs another member's result cannot share its loop
         members = set(group)
         group = [r for r in group if r is first or not any(n in members for n in r.src[0].toposort() if n is not r)]
+        # compute what does not depend on these loops before opening them (loop-invariant code, and the
+        # shared-memory partials a grouped reduction reads after its barrier)
+        open_now = set(self.open_ranges)
+        for r in group:
+            for n in r.src[0].toposort():
+                if n.op not in (Ops.CONST, Ops.RANGE) and self.lookup(n) is None and self.free_ranges(n) <= open_now:
+                    self.emit(n)
         accs = []
         for r in group:
             init = self.emit(UOp.const(r.dtype, identity(r.arg, r.dtype)))
@@ -97,6 +117,8 @@ def linearize(ast: UOp, vectors: bool = False) -> list[UOp]:
         lin.scopes[0][g] = lin.push(g)
     for v in sorted((u for u in nodes if u.op is Ops.DEFINE_VAR), key=lambda u: str(u.arg)):
         lin.scopes[0][v] = lin.push(v)
+    for loc in (u for u in nodes if u.op is Ops.DEFINE_LOCAL):  # shared memory is declared at the top
+        lin.scopes[0][loc] = lin.push(loc)
     for s in (u for u in nodes if u.op is Ops.SPECIAL):
         lin.scopes[0][s] = lin.push(s)
     reduce_ranges = {r for u in nodes if u.op is Ops.REDUCE for r in u.src[1:]}

@@ -161,7 +161,12 @@ class OptKernel:
                 raise OptError("GROUP needs a GPU-shaped device")
             if not is_reduce:
                 raise OptError("GROUP applies to reduction axes")
-            raise OptError("GROUP (shared-memory reductions) is not implemented yet")
+            if any(x.arg[1] is RangeKind.GROUP for x in self.ranges()):
+                raise OptError("only one GROUP per kernel")
+            local = prod(x.src[0].arg for x in self.ranges() if x.arg[1] in (RangeKind.LOCAL, RangeKind.GROUP)) * amt
+            if local > getattr(self.device, "max_local_size", 256):
+                raise OptError(f"a work-group of {local} threads is too large")
+            kind = RangeKind.GROUP
         self.ast = split_range(self.ast, r, amt, kind, self._next_id())
         self.applied.append(opt)
 
@@ -253,7 +258,16 @@ def _stride(index: UOp, r: UOp) -> int | None:
 
 
 def hand_coded(k: OptKernel) -> None:
-    """Register tiling for reductions with broadcast inputs (matmul, conv), vector-friendly upcasts."""
+    """Register tiling for reductions with broadcast inputs (matmul, conv), vector-friendly upcasts;
+    on GPUs, long reductions into few outputs are shared by a work-group (GROUP)."""
+    if getattr(k.device, "launch_style", "cpu") == "gpu":
+        outputs = prod(r.src[0].arg for r in k.loops())
+        for j, r in enumerate(k.reduces()):
+            if outputs <= 4096 and r.src[0].arg >= 256:
+                for amt in (256, 128, 64, 32, 16):
+                    if r.src[0].arg % amt == 0 and _try(k, Opt("GROUP", len(k.loops()) + j, amt)):
+                        return
+        return
     store = next(u for u in k.ast.toposort() if u.op is Ops.STORE)
     loops, reduces = k.loops(), k.reduces()
     if not reduces:
@@ -326,8 +340,39 @@ def finish(k: OptKernel) -> tuple[UOp, dict, list]:
         launch["global_size"] = (k.threads, 1, 1)
     ast = k.ast
     if gpu:
+        ast = lower_groups(ast)
         ast, launch = map_to_grid(ast, max_local=getattr(k.device, "max_local_size", 256))
     return ast, launch, list(k.applied)
+
+
+def lower_groups(ast: UOp) -> UOp:
+    """A reduction with a GROUP range: each thread of the work-group reduces its share, writes the partial
+    result to shared memory, and after a barrier every thread combines the partials (they all store the
+    same value)."""
+    from tgc.engine.schedule import flat_index
+    ranges = sorted({u for u in ast.toposort() if u.op is Ops.RANGE}, key=lambda r: r.arg[0])
+    locals_ = [r for r in ranges if r.arg[1] is RangeKind.LOCAL]
+    next_id = max((r.arg[0] for r in ranges), default=-1) + 1
+    mapping: dict[UOp, UOp] = {}
+    for i, u in enumerate(x for x in ast.toposort() if x.op is Ops.REDUCE):
+        groups = [r for r in u.src[1:] if r.arg[1] is RangeKind.GROUP]
+        if not groups:
+            continue
+        g = groups[0]
+        amt = g.src[0].arg
+        rest = tuple(r for r in u.src[1:] if r is not g)
+        partial = UOp(Ops.REDUCE, u.dtype, (u.src[0], *rest), u.arg) if rest else u.src[0]
+        lsizes = tuple(r.src[0].arg for r in locals_)
+        lflat = flat_index(tuple(locals_), lsizes) if locals_ else UOp.const(INDEX, 0)
+        temp = UOp(Ops.DEFINE_LOCAL, u.dtype.as_ptr(), (), (f"temp{i}", prod(lsizes) * amt))
+        base = simplify(lflat * UOp.const(INDEX, amt))
+        stored = UOp(Ops.STORE, None, (temp, simplify(base + g), partial))
+        barrier = UOp(Ops.BARRIER, None, (stored,))
+        j = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, amt),), (next_id, RangeKind.REDUCE))
+        next_id += 1
+        load = UOp(Ops.LOAD, u.dtype, (temp, simplify(base + j), barrier))
+        mapping[u] = UOp(Ops.REDUCE, u.dtype, (load, j), u.arg)
+    return substitute(ast, mapping) if mapping else ast
 
 
 def map_to_grid(ast: UOp, max_local: int = 256) -> tuple[UOp, dict]:
@@ -335,7 +380,7 @@ def map_to_grid(ast: UOp, max_local: int = 256) -> tuple[UOp, dict]:
     into one index split into work-groups of a size that divides it exactly (no thread is out of range)."""
     loops = sorted((u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] is RangeKind.LOOP),
                    key=lambda x: x.arg[0])
-    locals_ = sorted((u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] is RangeKind.LOCAL),
+    locals_ = sorted((u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] in (RangeKind.LOCAL, RangeKind.GROUP)),
                      key=lambda x: x.arg[0])
     total = prod(r.src[0].arg for r in loops)
     mapping: dict[UOp, UOp] = {}
