@@ -380,8 +380,8 @@ def map_to_grid(ast: UOp, max_local: int = 256) -> tuple[UOp, dict]:
     into one index split into work-groups of a size that divides it exactly (no thread is out of range)."""
     loops = sorted((u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] is RangeKind.LOOP),
                    key=lambda x: x.arg[0])
-    locals_ = sorted((u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] in (RangeKind.LOCAL, RangeKind.GROUP)),
-                     key=lambda x: x.arg[0])
+    in_group = (RangeKind.LOCAL, RangeKind.GROUP)
+    locals_ = sorted((u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] in in_group), key=lambda x: x.arg[0])
     total = prod(r.src[0].arg for r in loops)
     mapping: dict[UOp, UOp] = {}
     if locals_:

@@ -50,8 +50,8 @@ def run_program(prog, device: str | None, dims: dict[str, int], arrays: dict[str
 
     name = device or default_device()
     if "," in name:
-        from tgc.engine.multi import run_multi
-        return run_multi(prog, name, dims, arrays)
+        raise TgcError(f"device lists such as '{name}' (one program sharded across devices) are not supported yet",
+                       hint="run on one device, e.g. -d " + name.split(",")[0].strip())
     dev = get_device(name)
     kernels = prog.compile(device=name, dims=dims)
     outs, in_bufs = prog._trace(dims)
