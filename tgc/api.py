@@ -149,9 +149,12 @@ class Program:
             self._traces[key] = (fixed, bufs)
         return self._traces[key]
 
-    def schedule(self, dims: dict[str, int] | None = None) -> list[ScheduleItem]:
+    def schedule(self, dims: dict[str, int] | None = None, device: str | None = None) -> list[ScheduleItem]:
+        """The kernels' ASTs before optimization (what `--emit schedule` shows)."""
+        from tgc.backends import default_device, get_device
+        dev = get_device(device or default_device())
         outs, _ = self._trace(self.resolve_dims(dims))
-        return create_schedule(outs)
+        return create_schedule(outs, fuse_rows=getattr(dev, "launch_style", "cpu") == "cpu")
 
     def compile(self, device: str | None = None, dims: dict[str, int] | None = None, beam: int | None = None
                 ) -> list[Kernel]:
@@ -163,7 +166,7 @@ class Program:
         key = (dev.name, tuple(sorted(dims.items())), beam)
         if key not in self._kernels:
             outs, _ = self._trace(dims)
-            items = create_schedule(outs)
+            items = create_schedule(outs, fuse_rows=getattr(dev, "launch_style", "cpu") == "cpu")
             names: dict[str, int] = {}
             kernels = []
             for item in items:

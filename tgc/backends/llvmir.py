@@ -19,7 +19,7 @@ _TYPES = {"bool": "i1", "i8": "i8", "u8": "i8", "i16": "i16", "u16": "i16", "i32
           "u64": "i64", "f16": "half", "bf16": "i16", "f32": "float", "f64": "double"}
 # float arithmetic may be contracted into fma (what C compilers do by default); reductions may reassociate
 _CONTRACT = "contract "
-_REASSOC = "reassoc nsz contract "
+_REASSOC = "nnan reassoc nsz contract "  # max reductions vectorize only with nnan (nan handling of max is unspecified)
 
 
 def _vec(base: str, d: DType) -> str:

@@ -72,6 +72,12 @@ class _Linearizer:
             memo[u] = out
         return memo[u]
 
+    def hoist(self, root: UOp) -> None:
+        open_now = set(self.open_ranges)
+        for n in root.toposort():
+            if n.op is Ops.REDUCE and self.lookup(n) is None and self.free_ranges(n) <= open_now:
+                self.emit(n)
+
     def emit_reduce_group(self, first: UOp) -> None:
         ranges = first.src[1:]
         group = [r for r in self.reduce_groups.get(ranges, [first]) if self.lookup(r) is None]
@@ -124,6 +130,7 @@ def linearize(ast: UOp, vectors: bool = False) -> list[UOp]:
     reduce_ranges = {r for u in nodes if u.op is Ops.REDUCE for r in u.src[1:]}
     outer = sorted((u for u in nodes if u.op is Ops.RANGE and u not in reduce_ranges), key=lambda r: r.arg[0])
     for r in outer:
+        lin.hoist(ast)  # values that need only the loops open so far (per-row reductions) go here
         lin.open_range(r)
     for store in ast.src:
         lin.emit(store)

@@ -315,7 +315,7 @@ def beam_program(prog, device: str | None = None, dims: dict[str, int] | None = 
         raise CompileError(dev.compile_error or f"cannot compile for {dev.kind} here, so it cannot be tuned here")
     dims = prog.resolve_dims(dims)
     outs, _ = prog._trace(dims)
-    items = [it for it in create_schedule(outs) if it.ast.src]
+    items = [it for it in create_schedule(outs, fuse_rows=getattr(dev, 'launch_style', 'cpu') == 'cpu') if it.ast.src]
     rows = []
     pool = make_pool(dev)
     start = time.perf_counter()

@@ -40,33 +40,53 @@ class ScheduleItem:
 _EXPANDING = {Ops.EXPAND, Ops.WINDOW}
 
 
-def find_realized(outputs: list[UOp]) -> list[UOp]:
-    """Kernel roots in dependency order (each after the roots it reads)."""
+def _trailing(axes: tuple[int, ...], ndim: int) -> bool:
+    return bool(axes) and tuple(axes) == tuple(range(ndim - len(axes), ndim))
+
+
+def _row_axes(e: UOp) -> tuple[int, ...] | None:
+    """The trailing axes an EXPAND broadcasts a per-row value along (a softmax max, a layernorm mean),
+    or None when it broadcasts along other axes."""
+    if e.op is not Ops.EXPAND:
+        return None
+    src = shape_of(e.src[0])
+    axes = tuple(i for i, (a, b) in enumerate(zip(src, e.arg)) if a != b)
+    if not _trailing(axes, len(src)) or any(src[i] != 1 for i in range(axes[0], len(src))):
+        return None
+    return tuple(range(axes[0], len(src)))
+
+
+def find_realized(outputs: list[UOp], fuse_rows: bool = False) -> list[UOp]:
+    """Kernel roots in dependency order (each after the roots it reads).
+
+    With `fuse_rows` (CPU-style devices, where a kernel's outer loops run in order), a per-row reduction
+    that is broadcast back along its own row stays in the consumer's kernel: the linearizer computes it
+    once per row before the row's inner loop (softmax and layernorm become one kernel)."""
     realized: set[UOp] = set(o for o in outputs)
-    reached_by: dict[UOp, int] = {}  # reduce -> how many times it was reached unrealized
     changed = True
     while changed:
         changed = False
-        reached_by.clear()
+        reached_from: dict[UOp, set[UOp]] = {}
         for root in list(realized):
-            stack: list[tuple[UOp, bool]] = [(s, root.op in _EXPANDING or root.op is Ops.REDUCE_AXIS)
-                                             for s in root.src]
-            seen: set[tuple[UOp, bool]] = set()
+            # state: None (each value computed once per output), ("row", shape, axes) (inside a per-row
+            # reduction: only per-row values stay unrecomputed), or "general" (values recomputed)
+            stack: list[tuple[UOp, object]] = [(root, None)]
+            seen: set[tuple[UOp, object]] = set()
             while stack:
-                node, reused = stack.pop()
-                if (node, reused) in seen or node.op is Ops.BUFFER:
+                node, state = stack.pop()
+                if (node, state) in seen or node.op is Ops.BUFFER:
                     continue
-                seen.add((node, reused))
-                if node in realized:
+                seen.add((node, state))
+                if node in realized and node is not root:
                     continue
-                if node.op is Ops.REDUCE_AXIS:
-                    reached_by[node] = reached_by.get(node, 0) + 1
-                    if reused or reached_by[node] > 1:
+                if node.op is Ops.REDUCE_AXIS and node is not root:
+                    reached_from.setdefault(node, set()).add(root)
+                    if state is not None or len(reached_from[node]) > 1:
                         realized.add(node)
                         changed = True
                         continue
-                below_reused = reused or node.op in _EXPANDING or node.op is Ops.REDUCE_AXIS
-                stack.extend((s, below_reused) for s in node.src)
+                for child in node.src:
+                    stack.append((child, _child_state(node, child, state, fuse_rows)))
     # order: toposort of the whole graph restricted to realized nodes
     order: list[UOp] = []
     seen_nodes: set[UOp] = set()
@@ -76,6 +96,24 @@ def find_realized(outputs: list[UOp]) -> list[UOp]:
                 seen_nodes.add(node)
                 order.append(node)
     return order
+
+
+def _child_state(node: UOp, child: UOp, state: object, fuse_rows: bool) -> object:
+    if node.op in ALU or node.op in (Ops.CAST, Ops.BITCAST):
+        return state
+    if node.op is Ops.REDUCE_AXIS:
+        shape, axes = shape_of(child), node.arg[1]
+        if fuse_rows and _trailing(axes, len(shape)) and state in (None, ("row", shape, axes)):
+            return ("row", shape, axes)
+        return "general"
+    row_axes = _row_axes(node) if fuse_rows else None
+    if row_axes is not None:
+        if state is None or state == ("row", tuple(node.arg), row_axes):
+            return None  # the row value is computed once per row: treat it as fresh
+        return "general"
+    if node.op in _EXPANDING:
+        return "general"
+    return state if state is None else "general"
 
 
 class _Lowerer:
@@ -273,8 +311,8 @@ def split_large_reduces(outputs: list[UOp]) -> list[UOp]:
     return [memo[o] for o in outputs]
 
 
-def create_schedule(outputs: list[UOp]) -> list[ScheduleItem]:
-    roots = find_realized(outputs)
+def create_schedule(outputs: list[UOp], fuse_rows: bool = False) -> list[ScheduleItem]:
+    roots = find_realized(outputs, fuse_rows)
     realized = set(roots)
     items: list[ScheduleItem] = []
     done: dict[UOp, ScheduleItem] = {}
