@@ -287,7 +287,13 @@ def hand_coded(k: OptKernel) -> None:
         # a second vector's worth of columns, and 8 rows: 16 accumulators hide the FMA latency
         if k.loops()[vec_axis].src[0].arg % 2 == 0 and k.loops()[vec_axis].src[0].arg >= 8:
             _try(k, Opt("UPCAST", vec_axis, 2))
-        others = [i for i in reuse if i != vec_axis]
+        # reuse the vector loads across another axis: one those loads do not depend on (matmul's rows,
+        # a convolution's output channels)
+        vec_range = k.loops()[vec_axis]
+        vec_loads = [ld for ld in _loads(k.ast) if vec_range in ld.src[1].toposort()]
+        others = [i for i in reuse if i != vec_axis and vec_loads and
+                  all(k.loops()[i] not in ld.src[1].toposort() for ld in vec_loads)] or \
+                 [i for i in reuse if i != vec_axis]
         if others:
             for amt in (8, 4, 2):
                 if k.loops()[others[-1]].src[0].arg % amt == 0 and _try(k, Opt("UPCAST", others[-1], amt)):
