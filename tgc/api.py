@@ -45,6 +45,7 @@ class Program:
         self.parsed: Parsed = parse(source, filename)
         self._traces: dict[tuple, tuple[list[UOp], list[UOp]]] = {}
         self._kernels: dict[tuple, list[Kernel]] = {}
+        self._lines: dict[UOp, int] = {}  # tensor node -> the .tg line that first computed it
         self._check_without_dims()
 
     @property
@@ -130,10 +131,7 @@ class Program:
     def _trace(self, dims: dict[str, int]) -> tuple[list[UOp], list[UOp]]:
         key = tuple(sorted(dims.items()))
         if key not in self._traces:
-            try:
-                outs, bufs = trace(self.parsed, dims)
-            except TgcError:
-                raise
+            outs, bufs = trace(self.parsed, dims, self._lines)
             from tgc.engine.schedule import split_large_reduces
             outs = split_large_reduces(outs)
             # an output that is an input, or that repeats another output, still gets its own kernel
@@ -149,12 +147,24 @@ class Program:
             self._traces[key] = (fixed, bufs)
         return self._traces[key]
 
+    def line_of(self, node: UOp) -> int | None:
+        """The .tg line a kernel's output comes from (the nearest computed node with a known line)."""
+        if node in self._lines:
+            return self._lines[node]
+        for n in reversed(node.toposort()):
+            if n in self._lines:
+                return self._lines[n]
+        return None
+
     def schedule(self, dims: dict[str, int] | None = None, device: str | None = None) -> list[ScheduleItem]:
         """The kernels' ASTs before optimization (what `--emit schedule` shows)."""
         from tgc.backends import default_device, get_device
         dev = get_device(device or default_device())
         outs, _ = self._trace(self.resolve_dims(dims))
-        return create_schedule(outs, fuse_rows=getattr(dev, "launch_style", "cpu") == "cpu")
+        items = create_schedule(outs, fuse_rows=getattr(dev, "launch_style", "cpu") == "cpu")
+        for item in items:
+            item.line = self.line_of(item.output)
+        return items
 
     def compile(self, device: str | None = None, dims: dict[str, int] | None = None, beam: int | None = None
                 ) -> list[Kernel]:
@@ -174,16 +184,18 @@ class Program:
                     continue
                 n = names.get(item.name, 0)
                 names[item.name] = n + 1
+                item.line = self.line_of(item.output)
                 kernels.append(build_kernel(item, dev, beam=beam, name=f"{item.name}n{n}" if n else item.name))
             self._kernels[key] = kernels
         return self._kernels[key]
 
     # --- running
     def run(self, device: str | None = None, dims: dict[str, int] | None = None, cast: bool = False,
-            **inputs: Any) -> dict[str, np.ndarray]:
-        """Execute on a device; returns {output name: numpy array}."""
+            inputs: dict[str, Any] | None = None, **kw_inputs: Any) -> dict[str, np.ndarray]:
+        """Execute on a device; returns {output name: numpy array}. Inputs come as keywords (`x=arr`) or,
+        for names that clash with these parameters, as `inputs={"device": arr}`."""
         from tgc.engine.realize import run_program
-        dims, arrays = self.bind(inputs, dims, cast=cast)
+        dims, arrays = self.bind({**(inputs or {}), **kw_inputs}, dims, cast=cast)
         return run_program(self, device, dims, arrays)
 
     def reference(self, dims: dict[str, int] | None = None, **inputs: Any) -> dict[str, np.ndarray]:
@@ -221,7 +233,7 @@ def _as_array(value: Any, decl: InputDecl, cast: bool, filename: str) -> np.ndar
         raise TgcError(f"input '{decl.name}' must be a numpy array, got {type(value).__name__}")
     if want == dtypes.bf16:
         if value.dtype == np.uint16 and not cast:
-            return np.ascontiguousarray(value)
+            return np.require(value, requirements="C")
         if value.dtype.kind == "f" or cast:
             return f32_to_bf16(value.astype(np.float32))
     if value.dtype != want.np:
@@ -233,7 +245,7 @@ def _as_array(value: Any, decl: InputDecl, cast: bool, filename: str) -> np.ndar
             raise TgcError(f"input '{decl.name}' is {got.name if got else value.dtype}, but is declared "
                            f"{want.name}", file=filename, hint="pass --cast to convert it")
         value = value.astype(want.np)
-    return np.ascontiguousarray(value)
+    return np.require(value, requirements="C")  # (ascontiguousarray would turn a 0-d array into 1-d)
 
 
 def to_user_array(arr: np.ndarray, dtype: DType) -> np.ndarray:

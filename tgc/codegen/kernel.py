@@ -62,7 +62,10 @@ class Kernel:
             return comp.assembly(self.src)
         if self.binary is None:
             raise CompileError(self.compile_error or "not compiled")
-        return comp.disassemble(self.binary)
+        try:
+            return comp.disassemble(self.binary, src=self.src)  # compilers that regenerate text from source
+        except TypeError:
+            return comp.disassemble(self.binary)
 
 
 def count_work(uops: list[UOp]) -> int:

@@ -202,8 +202,17 @@ def concrete_shape(decl: InputDecl, dims: dict[str, int]) -> tuple[int, ...]:
     return tuple(d if isinstance(d, int) else dims[d] for d in decl.shape)
 
 
-def trace(parsed: Parsed, dims: dict[str, int]) -> tuple[list[UOp], list[UOp]]:
-    """(output UOps in return order, input BUFFER UOps in declaration order)."""
+def trace(parsed: Parsed, dims: dict[str, int], lines: dict[UOp, int] | None = None
+          ) -> tuple[list[UOp], list[UOp]]:
+    """(output UOps in return order, input BUFFER UOps in declaration order). `lines`, when given, gets
+    the source line of every node a statement created (for kernel names and headers)."""
+    lines = {} if lines is None else lines
+
+    def note(value: Any, line: int) -> None:
+        if isinstance(value, Tensor):
+            for n in value.uop.toposort():
+                lines.setdefault(n, line)
+
     err = _Errors(parsed.source, parsed.filename)
     env: dict[str, Any] = {}
     buffers = []
@@ -215,15 +224,18 @@ def trace(parsed: Parsed, dims: dict[str, int]) -> tuple[list[UOp], list[UOp]]:
     for stmt in parsed.body:
         if isinstance(stmt, ast.Assign):
             env[stmt.targets[0].id] = ev.eval(stmt.value)
+            note(env[stmt.targets[0].id], stmt.lineno)
         else:  # augmented assignment: name op= expr
             assert isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name)
             fake = ast.BinOp(left=stmt.target, op=stmt.op, right=stmt.value)
             ast.copy_location(fake, stmt)
             fake.end_lineno, fake.end_col_offset = stmt.end_lineno, stmt.end_col_offset
             env[stmt.target.id] = ev.eval(fake)
+            note(env[stmt.target.id], stmt.lineno)
     outs = []
     for r in parsed.returns:
         v = ev.eval(r)
+        note(v, r.lineno)
         if isinstance(v, (bool, int, float)):
             v = Tensor.const(v, Tensor.literal_dtype(v))
         if not isinstance(v, Tensor):
