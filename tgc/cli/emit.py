@@ -14,7 +14,8 @@ from tgc.errors import TgcError
 EMITS = ("src", "uops", "schedule", "ir", "asm", "bin")
 
 # device kind -> (source language for highlighting, file extension of its source)
-SOURCE_KIND = {"CPU": ("llvm", ".ll"), "OPENCL": ("c", ".cl"), "CUDA": ("cuda", ".cu"), "METAL": ("cpp", ".metal")}
+SOURCE_KIND = {"CPU": ("llvm", ".ll"), "OPENCL": ("c", ".cl"), "CUDA": ("cuda", ".cu"), "METAL": ("cpp", ".metal"),
+               "PYTHON": ("json", ".json")}
 
 
 @dataclass
@@ -40,6 +41,8 @@ def source_kind(device_kind: str, src: str) -> tuple[str, str]:
         return "c", ".cl"
     if "metal_stdlib" in src:
         return "cpp", ".metal"
+    if src.lstrip().startswith("{"):
+        return "json", ".json"
     return "text", ".txt"
 
 
@@ -117,6 +120,10 @@ def file_names(emitted: Sequence[Emitted]) -> list[str]:
             for i, e in enumerate(emitted)]
 
 
+def _bytes_writer(data: bytes) -> Any:
+    return lambda f: f.write(data)
+
+
 def write_dir(directory: str, emitted: Sequence[Emitted]) -> list[str]:
     """Write one file per kernel into `directory` (created if needed), atomically."""
     from tgc.cli.outputs import write_files
@@ -127,8 +134,11 @@ def write_dir(directory: str, emitted: Sequence[Emitted]) -> list[str]:
         raise TgcError(f"-o {directory}: cannot create the directory: {e.strerror or e}") from None
     files = []
     for e, name in zip(emitted, file_names(emitted)):
-        data = e.body if isinstance(e.body, bytes) else (e.header + "\n" + e.body.rstrip("\n") + "\n").encode()
-        files.append((os.path.join(directory, name), (lambda d: lambda f: f.write(d))(data)))
+        if isinstance(e.body, bytes):
+            data = e.body
+        else:  # JSON has no comments: its file goes without the header line
+            data = ("" if e.lexer == "json" else e.header + "\n").encode() + (e.body.rstrip("\n") + "\n").encode()
+        files.append((os.path.join(directory, name), _bytes_writer(data)))
     write_files(files)
     return [p for p, _ in files]
 

@@ -86,7 +86,7 @@ def _parse_dims(ctx: click.Context, param: click.Parameter, values: tuple[str, .
         if not sep or not name.isidentifier():
             raise click.BadParameter(f"'{text}' is not NAME=INT (e.g. -D N=1024)", ctx, param)
         try:
-            value = int(size, 0)
+            value = int(size)
         except ValueError:
             raise click.BadParameter(f"'{text}': {size!r} is not an integer", ctx, param) from None
         if value < 0:
@@ -410,6 +410,9 @@ def beam_(file: str, device: str | None, dims: dict[str, int], width: int, as_js
         from tgc.cli.outputs import make_console
 
         make_console().print(report.beam_table(result))
+    if result.get("interrupted"):
+        _err("beam: interrupted; the winners found so far are stored")
+        click.get_current_context().exit(130)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -576,12 +579,24 @@ def cache_clear(table: str) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=6667, show_default=True, help="Port to listen on.")
 @click.option("-d", "--device", metavar="DEV", envvar="TGC_DEVICE", show_envvar=True, help="The device to serve.")
-@click.option("--token-file", metavar="F", help="File holding the token clients must send.")
-def serve(host: str, port: int, device: str | None, token_file: str | None) -> None:
-    """Serve a device over HTTP for the REMOTE device of other machines."""
+@click.option("--token-file", metavar="F", help="File holding the token clients must send (else $TGC_REMOTE_TOKEN).")
+@click.option("--idle-timeout", type=click.FloatRange(min=0), metavar="SECONDS",
+              help="Drop a client session idle this long.")
+@click.option("--max-sessions", type=click.IntRange(min=1), metavar="N", help="Most client sessions at once.")
+@click.option("-v", "--verbose", is_flag=True, help="Log each request to stderr.")
+def serve(host: str, port: int, device: str | None, token_file: str | None, idle_timeout: float | None,
+          max_sessions: int | None, verbose: bool) -> None:
+    """Serve a device over HTTP for the REMOTE device of other machines (until Ctrl-C)."""
     from tgc.backends.remote.server import main_serve
 
-    main_serve(host=host, port=port, device=device, token_file=token_file)
+    try:
+        rc = main_serve(host=host, port=port, device=device, token_file=token_file, idle_timeout=idle_timeout,
+                        max_sessions=max_sessions, verbose=verbose)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM before the serve loop took over: still a clean stop
+        _err("tgc serve: interrupted")
+        rc = 0
+    if rc:
+        click.get_current_context().exit(rc)
 
 
 if __name__ == "__main__":

@@ -114,6 +114,14 @@ def _table(title: str | None, columns: Sequence[tuple[str, str]]) -> Any:
     return table
 
 
+def _drop_line_column(table: Any, kernels: Sequence[Mapping[str, Any]]) -> Any:
+    """Remove the `line` column when no kernel knows its `.tg` line."""
+    if any(k.get("line") is not None for k in kernels):
+        return table
+    table.columns = [c for c in table.columns if c.header != "line"]
+    return table
+
+
 def bench_table(result: Mapping[str, Any], baseline_rows: list[dict[str, Any]] | None = None) -> Any:
     """The rich table of `tgc bench`."""
     cols = [("kernel", "left"), ("line", "right"), ("median", "right"), ("min .. max", "right"),
@@ -137,7 +145,7 @@ def bench_table(result: Mapping[str, Any], baseline_rows: list[dict[str, Any]] |
         add("(program)", result["program"], style="bold")
     if result.get("numpy"):
         add("numpy", result["numpy"], style="dim")
-    return table
+    return _drop_line_column(table, result.get("kernels") or [])
 
 
 def _baseline_cell(row: dict[str, Any] | None) -> str:
@@ -151,7 +159,7 @@ def beam_table(result: Mapping[str, Any]) -> Any:
     """The rich table of `tgc beam`: time before and after the search, per kernel."""
     table = _table(f"{result.get('device', '')}  BEAM width {result.get('width', '?')}",
                    [("kernel", "left"), ("line", "right"), ("before", "right"), ("after", "right"),
-                    ("speed-up", "right"), ("opts", "left")])
+                    ("speed-up", "right"), ("tried", "right"), ("opts", "left")])
 
     def speedup(rec: Mapping[str, Any]) -> str:
         b, a = rec.get("before_s"), rec.get("after_s")
@@ -162,27 +170,40 @@ def beam_table(result: Mapping[str, Any]) -> Any:
         note = " (cached)" if k.get("cached") else ""
         table.add_row(str(k.get("name")), "" if k.get("line") is None else str(k.get("line")),
                       fmt_time(k.get("before_s")), fmt_time(k.get("after_s")), speedup(k),
-                      ", ".join(str(o) for o in opts) + note)
+                      "" if k.get("tried") is None else str(k["tried"]), ", ".join(str(o) for o in opts) + note)
     if result.get("program"):
         p = result["program"]
-        table.add_row("(program)", "", fmt_time(p.get("before_s")), fmt_time(p.get("after_s")), speedup(p), "",
+        table.add_row("(program)", "", fmt_time(p.get("before_s")), fmt_time(p.get("after_s")), speedup(p), "", "",
                       style="bold")
-    return table
+    return _drop_line_column(table, result.get("kernels") or [])
 
 
-def progress_bar(enabled: bool) -> tuple[Callable[[int, int, str], None], Callable[[], None]]:
-    """A `progress(done, total, desc)` callback drawing a bar on stderr, and a function that closes it."""
+def progress_bar(enabled: bool) -> tuple[Callable[[Mapping[str, Any]], None], Callable[[], None]]:
+    """A `progress(event)` callback for `Program.beam` drawing a bar on stderr, and a function that closes it.
+
+    An event is a dict with `kernel`, `index` and `total` (kernels), and while a kernel is searched
+    `round`, `candidate`/`candidates`, `best_s` and `base_s`; `cached` marks a kernel found in the cache.
+    """
     if not enabled:
-        return (lambda done, total, desc="": None), (lambda: None)
+        return (lambda event: None), (lambda: None)
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   console=Console(stderr=True), transient=True)
-    task = bar.add_task("beam", total=None)
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[kernels]}"),
+                   TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+    task = bar.add_task("beam", total=1.0, kernels="")
     bar.start()
 
-    def update(done: int, total: int, desc: str = "") -> None:
-        bar.update(task, completed=done, total=total, description=desc or "beam")
+    def update(event: Mapping[str, Any]) -> None:
+        total = max(int(event.get("total") or 1), 1)
+        index = int(event.get("index") or 0)
+        step = (event.get("candidate") or 0) / (event.get("candidates") or 1)
+        done = 1.0 if event.get("cached") else min(step, 1.0)
+        desc = str(event.get("kernel", "beam"))
+        if event.get("cached"):
+            desc += ": cached"
+        elif event.get("round") is not None:
+            desc += f" round {event['round']}: {fmt_time(event.get('best_s'))} (from {fmt_time(event.get('base_s'))})"
+        bar.update(task, completed=(index + done) / total, description=desc, kernels=f"kernel {index + 1}/{total}")
 
     return update, bar.stop

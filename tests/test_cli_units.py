@@ -1,0 +1,444 @@
+"""The CLI's helpers and commands over a stand-in Program (no compiler involved): inputs, outputs, --check,
+bench/beam reports, atomic writes. The real executable is exercised in test_cli.py."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import tgc
+from tgc.cli import check, inputs, outputs, report
+from tgc.cli.main import main
+from tgc.dtype import DType, dtypes
+from tgc.errors import TgcError
+
+
+@dataclass(frozen=True)
+class Decl:
+    name: str
+    dtype: DType
+    shape: tuple
+    line: int
+
+
+SOURCE = "# test\nx: f32[N, D]\nw: f32[D]\nn: i32[N]\ny = x * w\nreturn y, x.sum(axis=1)\n"
+
+
+@dataclass
+class FakeProgram:
+    """The part of `tgc.api.Program` the CLI uses; `run` computes with numpy, `off` perturbs one output element."""
+
+    path: str = "fake.tg"
+    source: str = SOURCE
+    inputs: list = field(default_factory=lambda: [Decl("x", dtypes.f32, ("N", "D"), 2),
+                                                  Decl("w", dtypes.f32, ("D",), 3), Decl("n", dtypes.i32, ("N",), 4)])
+    output_names: list = field(default_factory=lambda: ["y", "out1"])
+    off: float = 0.0
+    calls: list = field(default_factory=list)
+
+    def bind(self, arrays, dims=None):  # -> (dims, arrays) like tgc.api.Program.bind
+        dims = dict(dims or {})
+        for d in self.inputs:
+            arr = arrays[d.name]
+            if arr.ndim != len(d.shape):
+                raise TgcError(f"input '{d.name}' has rank {arr.ndim}, declared {len(d.shape)}")
+            for axis, s in enumerate(d.shape):
+                size = s if isinstance(s, int) else dims.setdefault(s, arr.shape[axis])
+                if size != arr.shape[axis]:
+                    raise TgcError(f"input '{d.name}' axis {axis}: {s} is {size} but the array has {arr.shape[axis]}")
+        return dims, arrays
+
+    def reference(self, dims=None, **a):
+        x, w = a["x"].astype(np.float64), a["w"].astype(np.float64)
+        return {"y": x * w, "out1": x.sum(axis=1)}
+
+    def run(self, device=None, dims=None, **a):
+        self.calls.append(("run", device, dims))
+        out = {k: v.astype(np.float32) for k, v in self.reference(dims, **a).items()}
+        out["y"].reshape(-1)[-1] += self.off
+        return out
+
+    def bench(self, **kw):
+        self.calls.append(("bench", kw))
+        k = {"name": "E_4_8", "line": 5, "median_s": 1e-5, "min_s": 0.9e-5, "max_s": 1.2e-5, "gflops": 1.5,
+             "gbps": 3.0, "peak_share": 0.01}
+        doc = {"device": "CPU", "dims": kw["dims"], "repeat": kw["repeat"], "kernels": [k],
+               "program": {"median_s": 2e-5, "min_s": 1.9e-5, "max_s": 2.5e-5}}
+        if kw.get("vs_numpy"):
+            doc["numpy"] = {"median_s": 4e-5, "min_s": 4e-5, "max_s": 5e-5}
+        return doc
+
+    def compile(self, device=None, dims=None):
+        self.calls.append(("compile", device, dims))
+        return [SimpleNamespace(name=f"E_{i}", line=5, src=f"__kernel void E_{i}() {{}}", binary=None,
+                                compile_error="no OpenCL compiler here", uops=[]) for i in range(2)]
+
+    def beam(self, device=None, dims=None, width=None, progress=None):
+        progress({"kernel": "E_4_8", "index": 0, "total": 1, "round": 0, "candidate": 1, "candidates": 2,
+                  "best_s": 1e-5, "base_s": 2e-5})
+        return {"device": "CPU", "width": width, "kernels": [{"name": "E_4_8", "before_s": 2e-5, "after_s": 1e-5,
+                                                              "opts": ["UPCAST(0,4)"]}]}
+
+
+@pytest.fixture
+def fake(monkeypatch, tmp_path):
+    prog = FakeProgram(path=str(tmp_path / "fake.tg"))
+    (tmp_path / "fake.tg").write_text(SOURCE)
+    monkeypatch.setattr(tgc, "load", lambda path: prog)
+    monkeypatch.chdir(tmp_path)
+    return prog
+
+
+def invoke(*args, env=None):
+    return CliRunner(env={"NO_COLOR": "1", "DEBUG": None, "TGC_DEVICE": None, **(env or {})}).invoke(main, list(args))
+
+
+def save(path, arr):
+    np.save(path, arr)
+    return str(path)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# inputs
+
+
+def test_read_npy_rejects_pickles_text_archives_and_missing_files(tmp_path):
+    obj = tmp_path / "obj.npy"
+    np.save(obj, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    text = tmp_path / "t.npy"
+    text.write_text("hello")
+    npz = tmp_path / "a.npz"
+    np.savez(npz, x=np.ones(2))
+    cases = {str(obj): "pickled", str(text): "not a .npy file", str(npz): ".npz archive",
+             str(tmp_path / "nope.npy"): "no such file", str(tmp_path): "directory"}
+    for path, words in cases.items():
+        with pytest.raises(TgcError) as e:
+            inputs.read_npy("x", path)
+        assert "input 'x'" in e.value.msg and words in e.value.msg and e.value.exit_code == 2
+
+
+def test_read_npy_truncated_and_complex(tmp_path):
+    good = save(tmp_path / "g.npy", np.arange(100, dtype=np.float32))
+    data = open(good, "rb").read()
+    (tmp_path / "cut.npy").write_bytes(data[:-40])
+    with pytest.raises(TgcError, match="cannot load"):
+        inputs.read_npy("x", str(tmp_path / "cut.npy"))
+    with pytest.raises(TgcError, match="complex128"):
+        inputs.read_npy("x", save(tmp_path / "c.npy", np.ones(3, np.complex128)))
+
+
+def test_big_endian_arrays_become_native(tmp_path):
+    arr = inputs.read_npy("x", save(tmp_path / "b.npy", np.arange(3, dtype=">f4")))
+    assert arr.dtype == np.float32 and arr.dtype.isnative and arr.tolist() == [0, 1, 2]
+
+
+def test_gather_unknown_names_suggest_the_closest():
+    prog = FakeProgram()
+    with pytest.raises(TgcError) as e:
+        inputs.gather(prog, None, [("xx", "whatever.npy")], cast=False)
+    assert "unknown input 'xx'" in e.value.msg and "did you mean 'x'" in e.value.hint
+
+
+def test_gather_dtype_mismatch_points_at_the_declaration(tmp_path):
+    prog = FakeProgram()
+    path = save(tmp_path / "x.npy", np.ones((2, 3), np.float64))
+    with pytest.raises(TgcError) as e:
+        inputs.gather(prog, None, [("x", path)], cast=False)
+    assert "input 'x' is f64" in e.value.msg and "--cast" in e.value.hint and e.value.line == 2
+    assert "x: f32[N, D]" in e.value.format()
+    got = inputs.gather(prog, None, [("x", path)], cast=True)
+    assert got["x"].dtype == np.float32
+
+
+def test_npz_and_overrides(tmp_path):
+    prog = FakeProgram()
+    npz = tmp_path / "in.npz"
+    np.savez(npz, x=np.zeros((2, 3), np.float32), w=np.ones(3, np.float32))
+    x2 = save(tmp_path / "x2.npy", np.full((2, 3), 7, np.float32))
+    got = inputs.gather(prog, str(npz), [("x", x2)], cast=False)
+    assert got["x"][0, 0] == 7 and got["w"].tolist() == [1, 1, 1]
+    np.savez(tmp_path / "extra.npz", x=np.zeros((2, 3), np.float32), bogus=np.ones(1))
+    with pytest.raises(TgcError, match="unknown input 'bogus'"):
+        inputs.gather(prog, str(tmp_path / "extra.npz"), [], cast=False)
+
+
+def test_random_is_deterministic_per_input_and_needs_dims():
+    prog = FakeProgram()
+    a = inputs.fill_random(prog, {}, {"N": 3, "D": 4}, seed=5)
+    b = inputs.fill_random(prog, {"x": a["x"] + 1}, {"N": 3, "D": 4}, seed=5)
+    c = inputs.fill_random(prog, {}, {"N": 3, "D": 4}, seed=6)
+    assert a["x"].shape == (3, 4) and a["x"].dtype == np.float32 and a["n"].dtype == np.int32
+    assert np.array_equal(a["w"], b["w"]) and not np.array_equal(a["w"], c["w"])
+    assert np.abs(a["n"]).max() <= 8
+    # dims come from the given arrays when not on the command line
+    d = inputs.fill_random(prog, {"x": np.zeros((5, 2), np.float32)}, {}, seed=0)
+    assert d["w"].shape == (2,) and d["n"].shape == (5,)
+    with pytest.raises(TgcError, match=r"dim D is unknown: give -D D=\.\.\."):
+        inputs.fill_random(prog, {}, {"N": 3}, seed=0)
+
+
+def test_random_bool_and_bf16():
+    b = inputs.random_array(Decl("m", dtypes.bool, (64,), 1), {}, 0, 0)
+    assert b.dtype == np.bool_ and 0 < b.sum() < 64
+    h = inputs.random_array(Decl("h", dtypes.bf16, (8,), 1), {}, 0, 0)
+    assert h.dtype == np.uint16
+
+
+def test_bf16_rounding_round_trips():
+    x = np.array([1.0, -2.5, 3.14159, np.inf, 1e-3], np.float32)
+    back = inputs.bf16_bits_to_f32(inputs.f32_to_bf16_bits(x))
+    assert np.allclose(back, x, rtol=1e-2) and np.isinf(back[3])
+    assert np.isnan(inputs.bf16_bits_to_f32(inputs.f32_to_bf16_bits(np.array([np.nan], np.float32))))[0]
+
+
+def test_check_dims_unknown_and_missing():
+    prog = FakeProgram()
+    [warning] = inputs.check_dims(prog, {"DD": 3, "N": 2}, require_all=False)
+    assert "no dim DD" in warning and "did you mean 'D'" in warning
+    with pytest.raises(TgcError, match="dim D is unknown"):
+        inputs.check_dims(prog, {"N": 3}, require_all=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# --check
+
+
+def test_compare_tolerance_and_worst_element():
+    ref = np.array([[1.0, 2.0], [3.0, 100.0]])
+    ok, ratio = check.compare("y", (ref * (1 + 5e-5)).astype(np.float32), ref, "f32")
+    assert ok is None and 0 < ratio < 1
+    got = ref.astype(np.float32).copy()
+    got[1, 0] = 3.5
+    bad, _ = check.compare("y", got, ref, "f32")
+    assert bad is not None and bad.index == (1, 0) and bad.bad == 1
+    assert "y[1, 0]: got 3.5, expected 3" in bad.describe()
+    assert check.compare("y", got, ref, "f16")[0] is None  # 1e-2 * (3 + 100) > 0.5
+    got[1, 0] = 5.0
+    assert check.compare("y", got, ref, "f16")[0] is not None
+    assert check.compare("y", got, ref, "f32", rtol=0.1)[0] is None
+    # the output's scale (max |ref|, at least 1) bounds elements near zero
+    small = np.array([1e-8, 1.0])
+    assert check.compare("y", np.array([5e-5, 1.0], np.float32), small, "f32")[0] is None
+    assert check.compare("y", np.array([3e-4, 1.0], np.float32), small, "f32")[0] is not None
+
+
+def test_compare_nan_inf_ints_and_shapes():
+    ref = np.array([np.nan, np.inf, -np.inf, 0.0])
+    assert check.compare("y", ref.astype(np.float32), ref, "f32")[0] is None
+    assert check.compare("y", np.array([np.nan, -np.inf, -np.inf, 0], np.float32), ref, "f32")[0] is not None
+    assert check.compare("i", np.array([1, 2], np.int32), np.array([1, 2]), "i32")[0] is None
+    m, _ = check.compare("i", np.array([1, 3], np.int32), np.array([1, 2]), "i32")
+    assert m.index == (1,) and m.got == 3
+    assert "shape" in check.compare("y", np.zeros(3), np.zeros(4), "f32")[0].describe()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# outputs
+
+
+def test_parse_out():
+    assert outputs.parse_out("o.npz") == outputs.OutSpec("o.npz")
+    assert outputs.parse_out("y=dir/y.npy") == outputs.OutSpec("dir/y.npy", "y")
+    for bad in ("y=", "out.txt", "y=o.npz"):
+        with pytest.raises(ValueError):
+            outputs.parse_out(bad)
+
+
+def test_write_files_leaves_targets_untouched_on_failure(tmp_path):
+    a, b = tmp_path / "a.bin", tmp_path / "b.bin"
+    a.write_bytes(b"old-a")
+    b.write_bytes(b"old-b")
+
+    def boom(f):
+        f.write(b"partial")
+        raise RuntimeError("disk on fire")
+
+    with pytest.raises(RuntimeError):
+        outputs.write_files([(str(a), lambda f: f.write(b"new-a")), (str(b), boom)])
+    assert a.read_bytes() == b"old-a" and b.read_bytes() == b"old-b"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.bin", "b.bin"]
+    outputs.write_files([(str(a), lambda f: f.write(b"new-a"))])
+    assert a.read_bytes() == b"new-a" and oct(a.stat().st_mode & 0o777) != "0o600"
+
+
+def test_summarize():
+    s = outputs.summarize(np.arange(10, dtype=np.int32))
+    assert s["min"] == "0" and s["max"] == "9" and s["mean"] == "4.5" and s["values"].endswith(", ...]")
+    assert outputs.summarize(np.zeros((0, 3)))["min"] == "-"
+    assert outputs.summarize(np.array([True, False]))["mean"] == "0.5"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# bench/beam reports
+
+
+def test_baseline_regression_needs_more_than_noise():
+    old = {"kernels": [{"name": "k", "median_s": 1.0, "min_s": 0.9, "max_s": 1.1}],
+           "program": {"median_s": 2.0, "min_s": 2.0, "max_s": 2.0}}
+    new = {"kernels": [{"name": "k", "median_s": 1.15, "min_s": 1.1, "max_s": 1.2}],
+           "program": {"median_s": 2.5, "min_s": 2.5, "max_s": 2.5}}
+    rows = {r["name"]: r for r in report.compare_baseline(new, old)}
+    assert not rows["k"]["regressed"]  # +15% but the spread was 20%
+    assert rows["(program)"]["regressed"]
+    # the interquartile range, where given, is the noise: one slow outlier does not hide a regression
+    new["program"]["max_s"] = 100.0
+    new["program"]["iqr_s"] = 0.1
+    assert report.compare_baseline(new, old)[-1]["regressed"]
+    new["kernels"].append({"name": "other", "median_s": 1.0})
+    assert report.compare_baseline(new, old)[1]["change"] is None
+
+
+def test_progress_bar_takes_beam_events():
+    update, close = report.progress_bar(True)
+    update({"kernel": "k", "index": 0, "total": 2, "round": 1, "candidate": 3, "candidates": 6, "best_s": 1e-3,
+            "base_s": 2e-3})
+    update({"kernel": "k2", "index": 1, "total": 2, "cached": True})
+    close()
+
+
+def test_fmt_time():
+    assert [report.fmt_time(t) for t in (2.0, 0.0123, 4.5e-6, 3e-9, None)] == ["2 s", "12.3 ms", "4.5 us", "3 ns",
+                                                                            "-"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# commands over the stand-in program
+
+
+def test_run_prints_a_table(fake):
+    r = invoke("run", "fake.tg", "--random", "-D", "N=2", "-D", "D=3")
+    assert r.exit_code == 0, r.output
+    assert "y" in r.stdout and "out1" in r.stdout and "(2, 3)" in r.stdout and "f32" in r.stdout
+
+
+def test_run_missing_input_names_it(fake):
+    r = invoke("run", "fake.tg")
+    assert r.exit_code == 2
+    assert "missing input 'x'" in r.stderr and "--random" in r.stderr and "Traceback" not in r.output
+
+
+def test_run_check_pass_and_fail(fake):
+    r = invoke("run", "fake.tg", "--random", "-D", "N=2", "-D", "D=3", "--check")
+    assert r.exit_code == 0 and "check: ok" in r.stderr
+    fake.off = 1.0
+    r = invoke("run", "fake.tg", "--random", "-D", "N=2", "-D", "D=3", "--check", "-o", "out.npz")
+    assert r.exit_code == 1 and "output 'y'" in r.stderr and "y[1, 2]" in r.stderr
+    assert not os.path.exists("out.npz")
+
+
+def test_run_writes_npz_and_npy(fake, tmp_path):
+    r = invoke("run", "fake.tg", "--random", "-D", "N=2", "-D", "D=3", "-o", "all.npz", "-o", "y=y.npy")
+    assert r.exit_code == 0, r.output
+    with np.load(tmp_path / "all.npz") as z:
+        assert sorted(z.files) == ["out1", "y"] and z["y"].shape == (2, 3)
+    assert np.load(tmp_path / "y.npy").shape == (2, 3)
+
+
+def test_run_bad_output_name_and_dir(fake):
+    r = invoke("run", "fake.tg", "--random", "-D", "N=2", "-D", "D=3", "-o", "yy=y.npy")
+    assert r.exit_code == 2 and "unknown output 'yy'" in r.stderr and "did you mean 'y'" in r.stderr
+    r = invoke("run", "fake.tg", "--random", "-D", "N=2", "-D", "D=3", "-o", "nodir/o.npz")
+    assert r.exit_code == 2 and "does not exist" in r.stderr
+    r = invoke("run", "fake.tg", "--random", "-D", "N=2", "-D", "D=3", "-o", "o.npy")
+    assert r.exit_code == 2 and "2 outputs" in r.stderr
+    assert fake.calls == []  # nothing ran
+
+
+def test_run_usage_errors(fake):
+    assert invoke("run", "fake.tg", "-D", "N").exit_code == 2
+    assert invoke("run", "fake.tg", "-D", "N=x").exit_code == 2
+    assert invoke("run", "fake.tg", "-i", "x.npy").exit_code == 2
+    assert invoke("run", "fake.tg", "--seed", "3").exit_code == 2
+    assert invoke("run", "missing.tg").exit_code == 2
+
+
+def test_run_size_mismatch_from_bind(fake, tmp_path):
+    x = save(tmp_path / "x.npy", np.zeros((2, 3), np.float32))
+    w = save(tmp_path / "w.npy", np.zeros(4, np.float32))
+    r = invoke("run", "fake.tg", "-i", f"x={x}", "-i", f"w={w}", "--random")
+    assert r.exit_code == 2 and "input 'w'" in r.stderr
+
+
+def test_internal_errors_are_one_line(fake, monkeypatch):
+    def broken(**kw):
+        raise ZeroDivisionError("boom")
+
+    monkeypatch.setattr(fake, "run", broken)
+    r = invoke("run", "fake.tg", "--random", "-D", "N=2", "-D", "D=3")
+    assert r.exit_code == 1 and "error: internal error: ZeroDivisionError: boom" in r.stderr
+    assert "Traceback" not in r.stderr
+    r = invoke("run", "fake.tg", "--random", "-D", "N=2", "-D", "D=3", env={"DEBUG": "1"})
+    assert r.exit_code == 1 and "Traceback" in r.stderr
+
+
+def test_tgc_error_gets_the_file_name(fake, monkeypatch):
+    def bad_bind(arrays, dims=None):  # a source error without a file name
+        raise TgcError("cannot broadcast", line=5, col=5, end_col=10)
+
+    monkeypatch.setattr(fake, "bind", bad_bind)
+    r = invoke("run", "fake.tg", "--random", "-D", "N=2", "-D", "D=3")
+    assert r.exit_code == 2
+    assert "fake.tg:5:5: error: cannot broadcast" in r.stderr and "y = x * w" in r.stderr and "^" in r.stderr
+
+
+def test_bench_json_and_baseline(fake, tmp_path):
+    r = invoke("bench", "fake.tg", "-D", "N=2", "-D", "D=3", "--json", "--vs", "numpy", "--repeat", "3")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["kernels"][0]["name"] == "E_4_8" and doc["numpy_ratio"] == pytest.approx(2.0)
+    kw = fake.calls[-1][1]
+    assert kw["repeat"] == 3 and kw["vs_numpy"] is True and kw["inputs"]["x"].shape == (2, 3)
+    slow = dict(doc, program={"median_s": 1e-5, "min_s": 1e-5, "max_s": 1e-5})
+    (tmp_path / "old.json").write_text(json.dumps(slow))
+    r = invoke("bench", "fake.tg", "-D", "N=2", "-D", "D=3", "--baseline", "old.json")
+    assert r.exit_code == 1 and "regression" in r.stderr and "(program)" in r.stderr
+    r = invoke("bench", "fake.tg", "-D", "N=2", "-D", "D=3")
+    assert r.exit_code == 0 and "E_4_8" in r.stdout
+
+
+def test_beam_json(fake):
+    r = invoke("beam", "fake.tg", "-D", "N=2", "-D", "D=3", "--json", "--width", "2")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["width"] == 2
+    r = invoke("beam", "fake.tg", "-D", "N=2")
+    assert r.exit_code == 2 and "dim D is unknown" in r.stderr
+
+
+def test_cache_commands(tmp_path):
+    env = {"TGC_CACHE_DIR": str(tmp_path / "c")}
+    from tgc import cache as c
+
+    c._reset_for_tests()
+    os.environ["TGC_CACHE_DIR"] = env["TGC_CACHE_DIR"]
+    try:
+        c.put("compile", c.make_key("k"), b"abc", meta="kern CPU")
+        r = invoke("cache", "stats", "--json", env=env)
+        assert r.exit_code == 0 and json.loads(r.stdout)["entries"]["compile"] == 1
+        r = invoke("cache", "list", env=env)
+        assert r.exit_code == 0 and "kern CPU" in r.stdout
+        r = invoke("cache", "clear", "--table", "compile", env=env)
+        assert r.exit_code == 0 and "1 entry removed" in r.stdout
+        assert json.loads(invoke("cache", "list", "--json", env=env).stdout) == []
+    finally:
+        del os.environ["TGC_CACHE_DIR"]
+        c._reset_for_tests()
+
+
+def test_compile_renders_without_a_compiler(fake, tmp_path):
+    r = invoke("compile", "fake.tg", "-d", "OPENCL", "-D", "N=2", "-D", "D=3")
+    assert r.exit_code == 0, r.output
+    assert "note: could not compile for OPENCL: no OpenCL compiler here" in r.stderr
+    assert "// kernel E_0 (fake.tg:5)" in r.stdout and "__kernel void E_1" in r.stdout
+    r = invoke("compile", "fake.tg", "-d", "OPENCL", "-D", "N=2", "-D", "D=3", "-o", "out")
+    assert r.exit_code == 0 and sorted(os.listdir(tmp_path / "out")) == ["00_E_0.cl", "01_E_1.cl"]
+    for emit in ("bin", "asm"):
+        r = invoke("compile", "fake.tg", "-d", "OPENCL", "-D", "N=2", "-D", "D=3", "--emit", emit)
+        assert r.exit_code == 1 and f"--emit {emit}: could not compile for OPENCL" in r.stderr
+    r = invoke("compile", "fake.tg", "-d", "OPENCL", "-D", "N=2", "-D", "D=3", "--emit", "ir")
+    assert r.exit_code == 2 and "LLVM IR" in r.stderr
