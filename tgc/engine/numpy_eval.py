@@ -8,7 +8,8 @@ Each construct maps to what a numpy user would write for it, so the comparison i
 - `softmax`, `log_softmax`, `logsumexp`, `layernorm`, `var`, `std` are the usual max-shifted / `np.var`
   expressions;
 - `conv2d` is im2col: `sliding_window_view` over the padded input, one copy into columns, then a single
-  (batched) `np.matmul`; pooling reduces `sliding_window_view` windows (a reshape when windows do not overlap);
+  `np.matmul` (one GEMM per group); pooling combines the kernel's shifted strided views with `np.maximum` /
+  `np.add` (large windows reduce a `sliding_window_view` instead);
 - elementwise functions are ufuncs, indexing is numpy basic indexing, casts are `astype`.
 
 Values follow DSL.md; dtypes follow numpy where it differs from tgc's lattice (`i32 / i32` is float64 here,
@@ -67,8 +68,11 @@ def _literal_dtype(v: Scalar) -> np.dtype:
     return np.dtype(np.int32) if isinstance(v, int) else np.dtype(np.float32)
 
 
+_PY_SCALARS = (bool, int, float)
+
+
 def _is_scalar(v: Any) -> bool:
-    return type(v) in (bool, int, float)
+    return type(v) in _PY_SCALARS
 
 
 def _float(x: Any) -> Any:
@@ -122,7 +126,7 @@ def _binary(fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
     """`fn` on evaluated operands, with the language's rules for two Python numbers and oversized int literals."""
 
     def apply(a: Any, b: Any) -> Any:
-        if _is_scalar(a) and _is_scalar(b):
+        if type(a) in _PY_SCALARS and type(b) in _PY_SCALARS:
             if fn in _INT_EXACT and type(a) is int and type(b) is int:  # size arithmetic, e.g. x.shape[0] // 2
                 return 0 if fn in (operator.floordiv, operator.mod) and b == 0 else fn(a, b)
             a = np.asarray(a, _literal_dtype(a))  # otherwise a literal alone is an i32/f32/bool value
@@ -463,42 +467,54 @@ def _matmul(a: Any, b: Any) -> Any:
 
 
 def _conv2d(x: Any, w: Any, stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1) -> Any:
-    """im2col: windows of the padded input copied once into columns, then one batched matmul (BLAS for floats)."""
+    """im2col: windows of the padded input copied once into columns, then one matmul per group (BLAS for floats)."""
     x, w = np.asarray(x), np.asarray(w)
     (sh, sw), (ph, pw), (dh, dw) = _pair2(stride), _pair2(padding), _pair2(dilation)
     if ph or pw:
         x = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
-    n, c = x.shape[:2]
+    n = x.shape[0]
     o, ci, kh, kw = w.shape
     g = groups
     # (N, C, OH, OW, KH, KW): every window, strided and dilated; windows that do not fit are dropped
     span = (dh * (kh - 1) + 1, dw * (kw - 1) + 1)
     win = sliding_window_view(x, span, axis=(2, 3))[:, :, ::sh, ::sw, ::dh, ::dw]
     oh, ow = win.shape[2:4]
-    # columns (N, G, Ci*KH*KW, OH*OW) against weights (G, O/G, Ci*KH*KW): out is (N, G, O/G, OH*OW), i.e. NCHW
-    cols = win.reshape(n, g, ci, oh, ow, kh, kw).transpose(0, 1, 2, 5, 6, 3, 4).reshape(n, g, ci * kh * kw, oh * ow)
-    out = np.matmul(w.reshape(g, o // g, ci * kh * kw), cols)
-    return out.reshape(n, o, oh, ow)
+    # columns (G, Ci*KH*KW, N*OH*OW): one wide GEMM per group, which OpenBLAS runs far faster than N narrow ones
+    cols = win.reshape(n, g, ci, oh, ow, kh, kw).transpose(1, 2, 5, 6, 0, 3, 4).reshape(g, ci * kh * kw, -1)
+    out = np.matmul(w.reshape(g, o // g, ci * kh * kw), cols)  # (G, O/G, N*OH*OW)
+    return out.reshape(o, n, oh, ow).transpose(1, 0, 2, 3)
 
 
-def _pool(x: Any, kernel: Any, stride: Any, reduce: Callable[..., Any]) -> Any:
-    x = np.asarray(x)
+# up to this many window positions, pooling combines shifted strided views of the input elementwise (a few fast
+# passes); a reduction over the small trailing axes of a window view is many times slower in numpy
+_MAX_SHIFTED_VIEWS = 49
+
+
+def _pool(x: np.ndarray, kernel: Any, stride: Any, combine: np.ufunc, reduce: Callable[..., Any]) -> Any:
     (kh, kw), (sh, sw) = _pair2(kernel), _pair2(kernel if stride is None else stride)
+    if kh * kw > _MAX_SHIFTED_VIEWS:
+        win = sliding_window_view(x, (kh, kw), axis=(-2, -1))[..., ::sh, ::sw, :, :]
+        return reduce(win, axis=(-2, -1))
     h, w = x.shape[-2:]
-    if (kh, kw) == (sh, sw):  # windows tile the input: a reshape, no window view needed
-        oh, ow = h // kh, w // kw
-        tiles = x[..., :oh * kh, :ow * kw].reshape(x.shape[:-2] + (oh, kh, ow, kw))
-        return reduce(tiles, axis=(-3, -1))
-    win = sliding_window_view(x, (kh, kw), axis=(-2, -1))[..., ::sh, ::sw, :, :]
-    return reduce(win, axis=(-2, -1))
+    oh, ow = (h - kh) // sh + 1, (w - kw) // sw + 1  # windows that do not fit are dropped
+    views = [x[..., i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw] for i in range(kh) for j in range(kw)]
+    if len(views) == 1:
+        return views[0].copy()
+    out = combine(views[0], views[1])
+    for v in views[2:]:
+        combine(out, v, out=out)
+    return out
 
 
 def _max_pool2d(x: Any, kernel: Any, stride: Any = None) -> Any:
-    return _pool(x, kernel, stride, np.max)
+    return _pool(np.asarray(x), kernel, stride, np.maximum, np.max)
 
 
 def _avg_pool2d(x: Any, kernel: Any, stride: Any = None) -> Any:
-    return _pool(x, kernel, stride, np.mean)
+    kh, kw = _pair2(kernel)
+    total = _pool(np.asarray(_float(x)), kernel, stride, np.add, np.sum)
+    total /= kh * kw
+    return total
 
 
 def _layernorm(x: Any, axis: Any = -1, eps: float = 1e-5) -> Any:
