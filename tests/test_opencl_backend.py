@@ -157,7 +157,7 @@ def test_device_facts(dev):
         assert key in info, key
     assert info["compute_units"] >= 1 and info["max_work_group_size"] >= 1
     assert info["opencl_c_version"].startswith("OpenCL C")
-    assert (dev.kind, dev.launch_style, dev.renderer) == ("OPENCL", "gpu", None)
+    assert (dev.kind, dev.launch_style, dev.renderer.name) == ("OPENCL", "gpu", "opencl")
     assert dev.compiler.name == "opencl-" + info["platform"]
     assert info["driver_version"] in dev.compiler.version and info["opencl_c_version"] in dev.compiler.version
     assert dev.has_fp16 == info["fp16"] and dev.has_fp64 == info["fp64"]
