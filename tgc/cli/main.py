@@ -444,7 +444,8 @@ def _probe_all(info: bool) -> list[dict[str, Any]]:
             continue
         if info:
             try:
-                dev = get_device(kind) if row["available"] else None
+                # an unavailable device may still render and compile here (CUDA without a GPU, METAL's lint)
+                dev = get_device(kind) if row["available"] or kind != "REMOTE" else None
                 facts = dict(dev.info()) if dev is not None else {}
                 if dev is not None:
                     row["renderer"] = facts.get("renderer") or _name_of(dev.renderer)
