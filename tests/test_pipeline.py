@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import tgc
-from tgc.codegen.opt import Opt, OptError, OptKernel
 from tgc.codegen.kernel import prepare_ast
+from tgc.codegen.opt import Opt, OptError, OptKernel
 
 RUN = """
 import json, sys, numpy as np, tgc
