@@ -38,7 +38,11 @@ def mtype(d: DType) -> str:
 def _scalar_const(value, d: DType) -> str:
     if d.is_bool:
         return "true" if value else "false"
-    if d.is_int or d.name == "bf16":
+    if d.name == "bf16":  # the 16 bits of the value, rounded to nearest even
+        import numpy as np
+        from tgc.dtype import f32_to_bf16
+        return str(int(f32_to_bf16(np.array([value], np.float32))[0]))
+    if d.is_int:
         return str(int(value))
     if d.name == "f16":
         return "0xH" + struct.pack(">e", value).hex().upper()
