@@ -6,14 +6,16 @@ renderer (`tgc.backends.llvmir`), so a lowering bug shows up here without a comp
 - the *renderer* writes the linear UOps as JSON text, one `[op, dtype, [src indices], arg]` per line;
 - the *compiler* checks that text (known ops, sources defined before use and inside their loops, balanced
   loops) and returns its bytes; nothing is ever `eval`ed: the program interprets the list;
-- the *program* runs it on numpy views of the buffers (64-byte-free plain `uint8` arrays, like the CPU's).
+- the *program* runs it on numpy views of the buffers (plain `uint8` numpy arrays, like the CPU's).
 
 Speed comes from vectorizing loops instead of stepping through them: every RANGE is one numpy axis (axis
 `k` for a loop nested `k` deep) and every value is an array that broadcasts over the axes of the loops it
 depends on. A STORE scatters, an ACCUMULATE reduces over the axes of the loops opened since its DEFINE_ACC.
 Loops are run in blocks so that no array exceeds `BLOCK_ELEMENTS` lanes: the innermost loops are vectorized
-whole, the outer ones step through blocks (down to one index at a time) in Python. A kernel that reads a
-buffer it writes, or writes one buffer from two STOREs, runs one iteration at a time, in loop order.
+whole, the outer ones step through blocks (down to one index at a time) in Python, so the lanes of a block
+are in loop order. Only an order between *different* memory operations can change: a kernel that reads a
+buffer it writes runs one iteration at a time; where two STOREs write one buffer, the run watches for an
+address written twice and, if one is, runs again one iteration at a time.
 
 Semantics, from the LLVM renderer: ints wrap; IDIV/MOD are C's (truncating; the front end has guarded the
 divisors); floats are IEEE in the value's dtype (f16/bf16 arithmetic was legalized to f32); float MAX is
@@ -95,14 +97,16 @@ class PythonRenderer:
     supports_float16 = True
 
     def render(self, name: str, uops: list[UOp]) -> str:
-        index = {u: i for i, u in enumerate(uops)}
+        # UOps are hash-consed, so one node may be emitted again in a later loop: a source is its latest copy
+        index: dict[UOp, int] = {}
         lines = []
-        for u in uops:
+        for i, u in enumerate(uops):
             try:
                 srcs = [index[s] for s in u.src]
             except KeyError:
-                raise CompileError(f"PYTHON renderer: {u.op.name} in kernel {name} uses a value that is not in "
-                                   "the linear program") from None
+                raise CompileError(f"PYTHON renderer: {u.op.name} in kernel {name} uses a value that is not "
+                                   "computed before it") from None
+            index[u] = i
             arg = [*_json_arg(u.arg)[:2], _max_trips(u.src[0])] if u.op is Ops.RANGE else _json_arg(u.arg)
             lines.append(json.dumps([u.op.name, None if u.dtype is None else repr(u.dtype), srcs, arg]))
         body = ",\n  ".join(lines)
@@ -285,10 +289,6 @@ def bitcast(x: np.ndarray, s: DType, d: DType) -> np.ndarray:
     return np.asarray(x).view(reg_dtype(d))
 
 
-def _as_u8(x: np.ndarray) -> np.ndarray:
-    return np.asarray(x).astype(np.uint8)
-
-
 def binary(op: Ops, d: DType, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """A binary ALU op with the result dtype `d` (comparisons: `d` is the operands' dtype)."""
     if op in COMPARE:
@@ -393,10 +393,13 @@ class Plan:
     end_of: dict[int, int]  # RANGE -> its ENDRANGE
     block: dict[int, int]  # RANGE -> lanes per vectorized block
     acc_axes: dict[int, tuple[int, ...]]  # ACCUMULATE -> the axes it reduces
-    sequential: bool  # one iteration at a time (a buffer is read and written, or written twice)
+    sequential: bool  # one iteration at a time, in loop order
 
 
-def make_plan(code: list[Instr], budget: int = BLOCK_ELEMENTS) -> Plan:
+def make_plan(code: list[Instr], budget: int | None = None, sequential: bool = False) -> Plan:
+    """Axes and block sizes of a kernel's loops (at most `budget` lanes, default `BLOCK_ELEMENTS`);
+    `sequential` (or a buffer both read and written) steps every loop one index at a time."""
+    budget = BLOCK_ELEMENTS if budget is None else budget
     depth, end_of, children, parent = [], {}, {}, {}
     stack: list[int] = []
     roots: list[int] = []
@@ -414,10 +417,9 @@ def make_plan(code: list[Instr], budget: int = BLOCK_ELEMENTS) -> Plan:
             depth.append(len(stack))
     acc_axes = {i: tuple(range(depth[ins.src[0]], depth[i])) for i, ins in enumerate(code)
                 if ins.op is Ops.ACCUMULATE}
-    # a buffer read and written, or written by two STOREs, makes the order of iterations visible
-    loaded = {code[i].src[0] for i, ins in enumerate(code) if ins.op is Ops.LOAD}
-    stored = [ins.src[0] for ins in code if ins.op is Ops.STORE]
-    sequential = len(set(stored)) != len(stored) or bool(loaded & set(stored))
+    # a buffer both read and written makes the order of iterations visible
+    loaded = {ins.src[0] for ins in code if ins.op is Ops.LOAD}
+    sequential = sequential or bool(loaded & {ins.src[0] for ins in code if ins.op is Ops.STORE})
     # a loop whose index decides another loop's trip count runs one index at a time
     deps: list[frozenset[int]] = []
     for i, ins in enumerate(code):
@@ -454,6 +456,10 @@ def make_plan(code: list[Instr], budget: int = BLOCK_ELEMENTS) -> Plan:
 # Running
 
 
+class _Overlap(Exception):
+    """Two STOREs of a vectorized run wrote one address, so the order of the writes matters."""
+
+
 class PythonProgram(Program):
     """A checked kernel, interpreted on each launch."""
 
@@ -461,7 +467,17 @@ class PythonProgram(Program):
         super().__init__(device, name, lib)
         self.kernel, self.code = parse_program(lib)
         self.plan = make_plan(self.code)
+        self._sequential_plan: Plan | None = None
         self.vars = [ins.arg for ins in self.code if ins.op is Ops.DEFINE_VAR]
+        stored = [ins.src[0] for ins in self.code if ins.op is Ops.STORE]
+        # buffers written by several STOREs: a vectorized run checks that no address is written twice
+        self.shared_outputs = {b for b in stored if stored.count(b) > 1}
+
+    @property
+    def sequential_plan(self) -> Plan:
+        if self._sequential_plan is None:
+            self._sequential_plan = make_plan(self.code, sequential=True)
+        return self._sequential_plan
 
     def __call__(self, *bufs: Any, global_size: tuple[int, ...] = (1, 1, 1),
                  local_size: tuple[int, ...] | None = None, vals: tuple[int, ...] = (),
@@ -473,19 +489,23 @@ class PythonProgram(Program):
             raise DeviceError(f"kernel {self.name} takes {len(others)} values ({', '.join(others)}), got {len(vals)}")
         with np.errstate(all="ignore"):
             for core in range(cores):
-                env_vars = dict(zip(others, vals))
-                env_vars["core_id"] = core
-                _Run(self, bufs, env_vars).block(0, len(self.code))
+                env_vars = {**dict(zip(others, vals)), "core_id": core}
+                try:
+                    _Run(self, self.plan, bufs, env_vars).block(0, len(self.code))
+                except _Overlap:  # run again in loop order: every address gets its last write again
+                    _Run(self, self.sequential_plan, bufs, env_vars).block(0, len(self.code))
         return time.perf_counter() - st if wait else None
 
 
 class _Run:
     """One launch on one core: `env[i]` is the current value of uop i."""
 
-    def __init__(self, prog: PythonProgram, bufs: tuple[Any, ...], var_values: dict[str, int]):
-        self.prog, self.code, self.plan = prog, prog.code, prog.plan
+    def __init__(self, prog: PythonProgram, plan: Plan, bufs: tuple[Any, ...], var_values: dict[str, int]):
+        self.prog, self.code, self.plan = prog, prog.code, plan
         self.bufs = bufs
         self.views: dict[tuple[int, np.dtype], np.ndarray] = {}
+        self.watch = set() if plan.sequential else prog.shared_outputs
+        self.written: dict[tuple[int, np.dtype], np.ndarray] = {}
         self.vals = var_values
         self.env: list[Any] = [None] * len(self.code)
         self.sizes = [1] * self.plan.ndim  # the current block's length on each axis
@@ -614,6 +634,11 @@ class _Run:
             idx, val = np.broadcast_arrays(idx, val)
         idx, val = idx.reshape(-1), val.reshape(-1)
         self.check_bounds(i, idx, buf.size, "STORE")
+        if ins.src[0] in self.watch:
+            seen = self.written.setdefault((ins.src[0], buf.dtype), np.zeros(buf.size, np.bool_))
+            if seen[idx].any():
+                raise _Overlap
+            seen[idx] = True
         buf[idx] = val  # repeated indices: the last, in loop order, wins
 
     def accumulate(self, i: int, ins: Instr) -> None:
