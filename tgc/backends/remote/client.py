@@ -35,7 +35,7 @@ ENV_ADDRESS, ENV_TOKEN, ENV_TOKEN_FILE = "TGC_REMOTE", "TGC_REMOTE_TOKEN", "TGC_
 ENV_TIMEOUT, ENV_RETRY = "TGC_REMOTE_TIMEOUT", "TGC_REMOTE_RETRY"
 DEFAULT_TIMEOUT, DEFAULT_RETRY = 120.0, 3.0
 MAX_QUEUE = 2048  # queued requests that trigger a flush
-BODY_SLACK = 1 << 20  # room left in a body for the request text
+BODY_SLACK = 1 << 20  # room left in a body for the request text (at most a quarter of the limit)
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -425,10 +425,11 @@ class RemoteDevice(Device):
         """Queue a request (with the blob it names, if any); flush first when the body would get too big."""
         with self._lock:
             if blob is not None:
-                budget = self.properties["max_body"] - BODY_SLACK
+                max_body = int(self.properties["max_body"])
+                budget = max_body - min(BODY_SLACK, max_body // 4)
                 if len(blob) > budget:
                     raise DeviceError(f"{len(blob)} bytes do not fit in a request to the REMOTE server "
-                                      f"(its body limit is {self.properties['max_body']} bytes)")
+                                      f"(its body limit is {max_body} bytes)")
                 h = P.digest(blob)
                 req = dataclasses.replace(req, datahash=h)
                 if h not in self._blobs:
@@ -540,13 +541,15 @@ class RemoteDevice(Device):
         """A graph of `(program, bufs, global_size, local_size, vals)` launches, run with one request per call."""
         return RemoteGraph(self, launches)
 
-    @property
-    def cores(self) -> int:
-        """The served device's core count (an AttributeError where it has none, as locally)."""
-        cores = self.properties.get("cores")
-        if cores is None:
-            raise AttributeError("cores")
-        return int(cores)
+    def __getattr__(self, name: str) -> Any:
+        """The served device's other plain facts (`cores`, `has_fp16`, ...): an AttributeError where it has none,
+        as locally."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+        attrs = self.properties.get("attrs")
+        if isinstance(attrs, dict) and name in attrs:
+            return attrs[name]
+        raise AttributeError(f"the device served over REMOTE has no attribute '{name}'")
 
     def info(self) -> dict[str, Any]:
         """The served device's facts, plus `serves` (its name) and `server` (host:port)."""

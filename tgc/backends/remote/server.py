@@ -7,14 +7,16 @@ programs and graphs, numbered by the client, so no session can name another's ob
 idle for `idle_timeout` seconds is freed.
 
 Every fault a client can cause comes back as an HTTP error with a one-line message and the kind in
-`X-Tgc-Error`: 400 protocol (a malformed body or request), 401 auth, 404 session (an unknown
-buffer/program/graph/session), 408/413 limit (request time, body size, buffer size, session
-memory), 422 compile (the compiler's message), 500 device (the device raised), 503 busy (too many
-sessions). Batches run one at a time (the device surface is not assumed thread-safe); bodies are read
-and parsed in parallel.
+`X-Tgc-Error`: 400 protocol (a malformed body or request, a binary the device cannot load), 401 auth,
+404 session (an unknown buffer/program/graph/session), 405/411 protocol, 408/413 limit (request time,
+body size, buffer size, session memory, objects), 422 compile (the compiler's message), 500 device (the
+device raised while running), 503 busy (too many sessions, shutting down), 507 device (out of memory).
+The requests of a batch run in order and stop at the first failure. Batches run one at a time (the
+device surface is not assumed thread-safe); bodies are read and parsed in parallel.
 
-Note: a token holder can run native code on this machine (that is what a device server is for).
-Without a token the server listens on loopback only.
+Note: a client can run native code on this machine (it sends kernel binaries; that is what a device
+server is for), and a kernel launched with the wrong buffers can crash it like any native code. Without
+a token the server listens on loopback only; give a token before serving anything wider.
 
 Run it as `tgc serve ...` or `python -m tgc.backends.remote.server ...`.
 """
@@ -124,6 +126,25 @@ def _plain(value: Any, depth: int = 0) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(v, depth + 1) for v in value]
     return str(value)
+
+
+_SURFACE = {"kind", "index", "name", "renderer", "compiler", "allocator", "launch_style", "compile_error"}
+
+
+def _device_attrs(dev: Any) -> dict[str, bool | int | float | str]:
+    """The served device's other public facts that are plain values (`cores`, `has_fp16`, ...), so the
+    client can show them as its own: optimizers and renderers may read them."""
+    out = {}
+    for name in sorted(set(dir(type(dev))) | set(vars(dev))):
+        if name.startswith("_") or name in _SURFACE:
+            continue
+        try:
+            value = getattr(dev, name)
+        except Exception:
+            continue
+        if type(value) in (bool, int, float, str):
+            out[name] = value
+    return out
 
 
 class _HTTPServer(ThreadingHTTPServer):
@@ -238,8 +259,9 @@ class RemoteServer:
         """Whether an `Authorization` header carries the token (always true without a token)."""
         if not self.token:
             return True
-        want = f"Bearer {self.token}".encode()
-        return hmac.compare_digest((header or "").encode("utf-8", "replace"), want)
+        scheme, _, value = (header or "").partition(" ")
+        ok = hmac.compare_digest(value.encode("utf-8", "replace"), self.token.encode("utf-8"))
+        return ok and scheme.lower() == "bearer"
 
     # --- batches
 
@@ -331,7 +353,7 @@ class RemoteServer:
                 "compiler": comp.name if comp is not None else None,
                 "compiler_version": str(comp.version) if comp is not None else None,
                 "compile_error": dev.compile_error, "info": info,
-                "offset": callable(getattr(dev.allocator, "offset", None)), "cores": getattr(dev, "cores", None),
+                "offset": callable(getattr(dev.allocator, "offset", None)), "attrs": _device_attrs(dev),
                 "max_body": lim.max_body, "max_buffer": lim.max_buffer,
                 "max_session_memory": lim.max_session_memory, "request_time": lim.request_time,
                 "idle_timeout": lim.idle_timeout}
@@ -635,12 +657,18 @@ def main_serve(host: str = "127.0.0.1", port: int = P.DEFAULT_PORT, device: str 
     file, and DeviceError (exit 1) when the device cannot be opened or the port cannot be bound.
     Limits left as None keep the defaults of `Limits`.
     """
-    from tgc.backends import canonical, default_device
+    from tgc.backends import canonical, default_device, device_class
     token = read_token(token_file)
     name = device or default_device()
-    kind, index = canonical(name)
+    kind, _ = canonical(name)
     if kind == "REMOTE":
         raise TgcError("cannot serve REMOTE itself", hint="serve a local device, e.g. -d CPU")
+    try:
+        ok, why = device_class(kind).probe()
+    except Exception as e:
+        ok, why = False, f"{type(e).__name__}: {e}"
+    if not ok:
+        raise DeviceError(f"cannot serve {name}: {why}")
     chosen = {"idle_timeout": idle_timeout, "max_body": max_body, "max_buffer": max_buffer,
               "max_session_memory": max_session_memory, "request_time": request_time, "max_sessions": max_sessions}
     limits = Limits(**{k: v for k, v in chosen.items() if v is not None})

@@ -1,0 +1,81 @@
+"""REMOTE overhead: round trips per program and time per run against the local device it serves.
+
+Starts `tgc serve -d DEV` in a subprocess on a free loopback port, runs a small and a large program
+through `-d REMOTE` and locally, and prints a table. Usage: `python bench/bench_remote.py [-d CPU] [-r 50]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import tgc  # noqa: E402
+from tgc.backends import get_device  # noqa: E402
+from tgc.backends.remote.process import ServerProcess  # noqa: E402
+
+SOFTMAX = """x: f32[N, D]
+m = x.max(axis=1, keepdim=True)
+e = exp(x - m)
+return e / sum(e, axis=1, keepdim=True)
+"""
+
+CASES = [  # name, source, input shapes
+    ("small: softmax 4x8", SOFTMAX, {"x": (4, 8)}),
+    ("small: mlp 16x32", "x: f32[N, D]\nw: f32[D, D]\nh = relu(x @ w)\nreturn h @ w\n", {"x": (16, 32), "w": (32, 32)}),
+    ("large: softmax 1024x1024", SOFTMAX, {"x": (1024, 1024)}),
+    ("large: matmul 256^3", "a: f32[M, K]\nb: f32[K, N]\nreturn a @ b\n", {"a": (256, 256), "b": (256, 256)}),
+]
+
+
+def timed_runs(prog, device: str, inputs: dict[str, np.ndarray], repeat: int) -> list[float]:
+    """Seconds per `prog.run`, after one untimed run that compiles and loads."""
+    times = []
+    for _ in range(repeat):
+        st = time.perf_counter()
+        prog.run(device=device, **inputs)
+        times.append(time.perf_counter() - st)
+    return times
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-d", "--device", default="CPU", help="the device to serve and to compare with")
+    ap.add_argument("-r", "--repeat", type=int, default=50)
+    a = ap.parse_args()
+    rng = np.random.default_rng(0)
+    rows = []
+    with ServerProcess(a.device) as srv:
+        os.environ["TGC_REMOTE"] = srv.address
+        remote = get_device("REMOTE")
+        for name, src, shapes in CASES:
+            inputs = {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+            prog = tgc.loads(src)
+            kernels = len(prog.compile(device=a.device, dims=prog.bind(inputs)[0]))
+            prog.run(device=a.device, **inputs)  # compile and load first
+            prog.run(device="REMOTE", **inputs)
+            local = timed_runs(prog, a.device, inputs, a.repeat)
+            before = remote.round_trips
+            there = timed_runs(prog, "REMOTE", inputs, a.repeat)
+            trips = (remote.round_trips - before) / a.repeat
+            nbytes = sum(x.nbytes for x in inputs.values())
+            lm, rm = statistics.median(local), statistics.median(there)
+            rows.append((name, kernels, nbytes, trips, lm, rm))
+        remote.close()
+    print(f"REMOTE serving {a.device} on 127.0.0.1, median of {a.repeat} runs")
+    print(f"{'program':<28}{'kernels':>8}{'input':>10}{'trips/run':>11}{'local':>11}{'REMOTE':>11}"
+          f"{'overhead':>11}{'ratio':>8}")
+    for name, kernels, nbytes, trips, lm, rm in rows:
+        print(f"{name:<28}{kernels:>8}{nbytes / 1e6:>8.2f}MB{trips:>11.2f}{lm * 1e3:>9.3f}ms{rm * 1e3:>9.3f}ms"
+              f"{(rm - lm) * 1e3:>9.3f}ms{rm / lm:>7.1f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,524 @@
+"""The REMOTE server's machinery: auth, sessions, limits, idle timeout, shutdown, client retry and faults.
+
+Servers listen on 127.0.0.1 only, on ports the OS picks. Tests that allocate memory use the real CPU
+device behind the server (skipped until it exists).
+"""
+
+from __future__ import annotations
+
+import http.client
+import importlib.util
+import os
+import signal
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from tgc.backends.remote import protocol as P
+from tgc.backends.remote.client import RemoteDevice, client_token, parse_address
+from tgc.backends.remote.process import ServerProcess
+from tgc.backends.remote.server import Limits, RemoteServer, is_loopback, main_serve, read_token, serve
+from tgc.errors import DeviceError, TgcError
+
+
+def _cpu_ready() -> bool:
+    if importlib.util.find_spec("tgc.backends.cpu") is None:
+        return False
+    from tgc.backends import device_class
+    return device_class("CPU").probe()[0]
+
+
+needs_cpu = pytest.mark.skipif(not _cpu_ready(), reason="the CPU device is not available yet")
+SESSION = "test-session-0123456789"
+
+
+def post(port: int, body: bytes, *, token: str | None = None, session: str | None = SESSION, path: str = "/batch",
+         method: str = "POST", headers: dict[str, str] | None = None) -> tuple[int, str | None, bytes]:
+    """One raw HTTP request to a server: (status, X-Tgc-Error kind, body)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    h = dict(headers or {})
+    if token is not None:
+        h["Authorization"] = f"Bearer {token}"
+    if session is not None:
+        h[P.SESSION_HEADER] = session
+    try:
+        conn.request(method, path, body, h)
+        resp = conn.getresponse()
+        return resp.status, resp.getheader(P.ERROR_HEADER), resp.read()
+    finally:
+        conn.close()
+
+
+def batch(*reqs: P.Request, blobs: dict[str, bytes] | None = None) -> bytes:
+    return P.encode_requests(list(reqs), blobs or {})
+
+
+def client(srv: RemoteServer, **kw) -> RemoteDevice:
+    kw.setdefault("retry", 0.0)
+    kw.setdefault("timeout", 30.0)
+    return RemoteDevice(address=f"127.0.0.1:{srv.port}", **kw)
+
+
+@pytest.fixture
+def server():
+    srv = serve("127.0.0.1", 0, "CPU", None).start()
+    yield srv
+    srv.shutdown()
+
+
+@pytest.fixture
+def token_server():
+    srv = serve("127.0.0.1", 0, "CPU", "s3cret-token").start()
+    yield srv
+    srv.shutdown()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --- addresses and tokens
+
+
+def test_parse_address():
+    assert parse_address("127.0.0.1:7000") == ("127.0.0.1", 7000)
+    assert parse_address("http://localhost:7001/") == ("localhost", 7001)
+    assert parse_address("[::1]:7002") == ("::1", 7002)
+    assert parse_address("127.0.0.1") == ("127.0.0.1", P.DEFAULT_PORT)
+    for bad in ["", ":80", "host:port", "host:0", "host:70000"]:
+        with pytest.raises(TgcError):
+            parse_address(bad)
+
+
+def test_loopback():
+    assert is_loopback("127.0.0.1") and is_loopback("127.1.2.3") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("10.0.0.1") and not is_loopback("example.com")
+
+
+def test_non_loopback_without_token_is_refused_before_binding():
+    with pytest.raises(TgcError, match="non-loopback address 0.0.0.0 without a token"):
+        RemoteServer("CPU", host="0.0.0.0", port=0)
+    with pytest.raises(TgcError, match="without a token") as e:
+        main_serve("0.0.0.0", 0, "CPU", None)
+    assert e.value.exit_code == 2
+
+
+def test_tokens_from_files_and_env(tmp_path):
+    f = tmp_path / "token"
+    f.write_text("  abc123\n")
+    assert read_token(str(f), env={}) == "abc123"
+    assert read_token(None, env={"TGC_REMOTE_TOKEN": "xyz"}) == "xyz"
+    assert read_token(None, env={"TGC_REMOTE_TOKEN_FILE": str(f)}) == "abc123"
+    assert read_token(None, env={}) is None
+    assert client_token({"TGC_REMOTE_TOKEN_FILE": str(f)}) == "abc123"
+    assert client_token({"TGC_REMOTE_TOKEN": "t", "TGC_REMOTE_TOKEN_FILE": str(f)}) == "t"
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(TgcError, match="is empty"):
+        read_token(str(tmp_path / "empty"), env={})
+    with pytest.raises(TgcError, match="cannot read the token file"):
+        read_token(str(tmp_path / "missing"), env={})
+
+
+def test_a_device_that_cannot_run_here_is_not_served():
+    from tgc.backends import device_class, known_kinds
+    for kind in known_kinds():
+        try:
+            ok, why = device_class(kind).probe()
+        except Exception:
+            continue
+        if kind != "REMOTE" and not ok:
+            with pytest.raises(DeviceError, match=f"cannot serve {kind}: ") as e:
+                main_serve("127.0.0.1", 0, kind, None)
+            assert why in e.value.msg
+            return
+    pytest.skip("every device runs here")
+
+
+def test_serving_the_remote_device_itself_is_refused():
+    with pytest.raises(TgcError, match="cannot serve REMOTE"):
+        main_serve("127.0.0.1", 0, "REMOTE", None)
+
+
+# --- auth
+
+
+def test_requests_without_the_token_get_401_and_nothing_else(token_server):
+    port = token_server.port
+    for token in [None, "wrong", "s3cret-token ", "S3CRET-TOKEN", ""]:
+        status, kind, body = post(port, batch(P.EndSession()), token=token)
+        assert (status, kind, body) == (401, "auth", b"unauthorized\n")
+    status, _, _ = post(port, b"garbage", token=None, method="GET", path="/anything")
+    assert status == 401
+    for header in ["Basic s3cret-token", "s3cret-token", "Bearer", "Bearer  s3cret-token"]:
+        assert post(port, batch(), headers={"Authorization": header})[0] == 401
+    assert post(port, batch(), headers={"Authorization": "bearer s3cret-token"}, session="b" * 16)[0] == 200
+    assert list(token_server.sessions) == ["b" * 16]
+    token_server.sessions.clear()
+    assert token_server.sessions == {}  # nothing was run, not even a session created
+    status, kind, body = post(port, batch(), token="s3cret-token")
+    assert status == 200 and P.decode_results(body)[0] == []
+    assert SESSION in token_server.sessions
+
+
+def test_client_sends_the_token(token_server, monkeypatch):
+    monkeypatch.setenv("TGC_REMOTE_TOKEN", "wrong")
+    with pytest.raises(DeviceError, match="missing or wrong token"):
+        client(token_server)._submit(P.Synchronize())
+    monkeypatch.setenv("TGC_REMOTE_TOKEN", "s3cret-token")
+    dev = client(token_server)
+    dev._submit(P.Synchronize())
+    assert dev.session in token_server.sessions
+
+
+def test_bad_paths_methods_and_headers(server):
+    assert post(server.port, batch(), path="/other")[0] == 404
+    assert post(server.port, b"", method="GET")[0] == 405
+    status, kind, body = post(server.port, batch(), session=None)
+    assert (status, kind) == (400, "protocol") and b"X-Tgc-Session" in body
+    assert post(server.port, batch(), session="../../etc")[0] == 400
+
+
+# --- limits
+
+
+def test_body_limit_is_checked_before_reading():
+    srv = serve("127.0.0.1", 0, "CPU", None, Limits(max_body=1000)).start()
+    try:
+        status, kind, body = post(srv.port, batch(P.Compile(src="x" * 2000)))
+        assert (status, kind) == (413, "limit") and b"exceeds the limit of 1000 bytes" in body
+        assert post(srv.port, batch())[0] == 200  # and it keeps serving
+    finally:
+        srv.shutdown()
+
+
+def test_request_time_limit_stops_a_batch_between_requests():
+    srv = serve("127.0.0.1", 0, "CPU", None, Limits(request_time=0.0)).start()
+    try:
+        status, kind, body = post(srv.port, batch(P.Synchronize(), P.Synchronize()))
+        assert (status, kind) == (408, "limit")
+        assert b"request time limit" in body and b"before request 1 (Synchronize)" in body
+    finally:
+        srv.shutdown()
+
+
+def test_errors_name_the_request(server):
+    status, kind, body = post(server.port, batch(P.Synchronize(), P.BufferFree(buf=7)))
+    assert (status, kind) == (404, "session") and body == b"request 1 (BufferFree): no buffer 7 in this session\n"
+    status, kind, body = post(server.port, batch(P.CopyIn(buf=1, datahash="0" * 64)))
+    assert status == 404
+    status, kind, body = post(server.port, batch(P.ProgramExec(prog=3, bufs=())))
+    assert (status, body) == (404, b"request 0 (ProgramExec): no program 3 in this session\n")
+
+
+@needs_cpu
+def test_buffer_and_session_memory_limits():
+    srv = serve("127.0.0.1", 0, "CPU", None, Limits(max_buffer=4096, max_session_memory=10_000)).start()
+    try:
+        status, kind, body = post(srv.port, batch(P.BufferAlloc(buf=1, size=4097)))
+        assert (status, kind) == (413, "limit") and b"exceeds the limit of 4096 bytes" in body
+        dev = client(srv)
+        with pytest.raises(DeviceError, match="exceeds the REMOTE server's limit of 4096 bytes"):
+            dev.allocator.alloc(5000)
+        a, b = dev.allocator.alloc(4000), dev.allocator.alloc(4000)
+        dev.allocator.alloc(4000)
+        with pytest.raises(DeviceError, match="session memory limit of 10000 bytes \\(8000 live\\)"):
+            dev.flush()
+        dev.allocator.free(a, 4000)
+        c = dev.allocator.alloc(4000)  # freeing gives the memory back
+        dev.allocator.copyin(c, memoryview(bytes(range(250)) * 16))
+        out = bytearray(4000)
+        dev.allocator.copyout(memoryview(out), c)
+        assert bytes(out) == bytes(range(250)) * 16
+        # another session has its own budget
+        other = client(srv)
+        other.allocator.alloc(4000)
+        other.flush()
+        assert srv.sessions[dev.session].memory == 8000 and srv.sessions[other.session].memory == 4000
+        del b
+    finally:
+        srv.shutdown()
+
+
+@needs_cpu
+def test_client_splits_big_copies_into_bodies_under_the_limit():
+    srv = serve("127.0.0.1", 0, "CPU", None, Limits(max_body=3 << 20)).start()
+    try:
+        dev = client(srv)
+        data = [np.random.default_rng(i).bytes(1 << 20) for i in range(4)]
+        bufs = [dev.allocator.alloc(1 << 20) for _ in data]
+        for b, d in zip(bufs, data):
+            dev.allocator.copyin(b, memoryview(d))
+        for b, d in zip(bufs, data):
+            out = bytearray(1 << 20)
+            dev.allocator.copyout(memoryview(out), b)
+            assert bytes(out) == d
+        with pytest.raises(DeviceError, match="do not fit in a request"):
+            dev.allocator.copyin(bufs[0], memoryview(bytes(3 << 20)))
+    finally:
+        srv.shutdown()
+
+
+@needs_cpu
+def test_a_small_body_limit_still_carries_small_copies():
+    srv = serve("127.0.0.1", 0, "CPU", None, Limits(max_body=4096)).start()
+    try:
+        dev = client(srv)
+        bufs = [dev.allocator.alloc(1000) for _ in range(5)]
+        for i, b in enumerate(bufs):  # 5000 bytes of blobs: split over two bodies
+            dev.allocator.copyin(b, memoryview(bytes([i]) * 1000))
+        out = bytearray(1000)
+        for i, b in enumerate(bufs):
+            dev.allocator.copyout(memoryview(out), b)
+            assert out == bytes([i]) * 1000
+        with pytest.raises(DeviceError, match="do not fit in a request .*body limit is 4096 bytes"):
+            dev.allocator.copyin(bufs[0], memoryview(bytes(4000)))
+    finally:
+        srv.shutdown()
+
+
+def test_too_many_sessions():
+    srv = serve("127.0.0.1", 0, "CPU", None, Limits(max_sessions=2)).start()
+    try:
+        assert post(srv.port, batch(), session="a" * 16)[0] == 200
+        assert post(srv.port, batch(), session="b" * 16)[0] == 200
+        status, kind, body = post(srv.port, batch(), session="c" * 16)
+        assert (status, kind) == (503, "busy") and b"2 sessions" in body
+        assert post(srv.port, batch(P.EndSession()), session="a" * 16)[0] == 200
+        assert post(srv.port, batch(), session="c" * 16)[0] == 200
+    finally:
+        srv.shutdown()
+
+
+# --- sessions
+
+
+@needs_cpu
+def test_sessions_cannot_touch_each_other(server):
+    a, b = client(server), client(server)
+    ha = a.allocator.alloc(64)
+    a.allocator.copyin(ha, memoryview(b"A" * 64))
+    a.flush()
+    out = bytearray(64)
+    with pytest.raises(DeviceError, match=f"no buffer {ha} in this session"):
+        b.allocator.copyout(memoryview(out), ha)  # same number, other session
+    b.allocator.free(ha, 64)
+    with pytest.raises(DeviceError, match="no buffer"):
+        b.flush()
+    hb = b.allocator.alloc(64)  # b's own buffer may reuse the number
+    assert hb == ha
+    b.allocator.copyin(hb, memoryview(b"B" * 64))
+    a.allocator.copyout(memoryview(out), ha)
+    assert bytes(out) == b"A" * 64
+    b.allocator.copyout(memoryview(out), hb)
+    assert bytes(out) == b"B" * 64
+    # programs are per session too
+    status, _, body = post(server.port, batch(P.ProgramExec(prog=1, bufs=(ha,))), session=b.session)
+    assert status == 404
+    # a transfer needs the destination's session id (a secret) and a buffer there
+    status, kind, body = post(server.port, batch(P.Transfer(buf=1, dest_session="z" * 20, dest_buf=1)),
+                              session=a.session)
+    assert (status, kind) == (404, "session") and b"no such destination session" in body
+
+
+@needs_cpu
+def test_transfer_between_sessions_on_one_server(server):
+    a, b = client(server), client(server)
+    src, dest = a.allocator.alloc(256), b.allocator.alloc(256)
+    a.allocator.copyin(src, memoryview(bytes(range(256))))
+    a.allocator.transfer(dest, src, 256, a, b)
+    out = bytearray(256)
+    b.allocator.copyout(memoryview(out), dest)
+    assert bytes(out) == bytes(range(256))
+
+
+@needs_cpu
+def test_views_where_the_device_has_none(server):
+    dev = client(server)
+    h = dev.allocator.alloc(64)
+    if dev.properties["offset"]:
+        pytest.skip("the served device has buffer views")
+    with pytest.raises(DeviceError, match="no buffer views"):
+        dev.allocator.offset(h, 16, 16)
+
+
+def test_explicit_reaping(server):
+    assert post(server.port, batch())[0] == 200
+    assert server.reap_idle() == 0
+    assert server.reap_idle(now=time.monotonic() + server.limits.idle_timeout + 1) == 1
+    assert server.sessions == {}
+
+
+@needs_cpu
+def test_idle_sessions_are_freed():
+    srv = serve("127.0.0.1", 0, "CPU", None, Limits(idle_timeout=0.2)).start()
+    try:
+        from tgc.backends import get_device
+        cpu = get_device("CPU")
+        size = 12_345  # a size nothing else uses, to find the buffer in the CPU allocator's free list
+        before = len(cpu.allocator.cached.get(size, []))
+        dev = client(srv)
+        h = dev.allocator.alloc(size)
+        dev.flush()
+        deadline = time.monotonic() + 30
+        while dev.session in srv.sessions and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert dev.session not in srv.sessions
+        assert len(cpu.allocator.cached.get(size, [])) == before + 1  # the memory went back to the device
+        with pytest.raises(DeviceError, match=f"no buffer {h}"):
+            dev.allocator.copyout(memoryview(bytearray(size)), h)
+    finally:
+        srv.shutdown()
+
+
+@needs_cpu
+def test_end_session_frees_everything(server):
+    dev = client(server)
+    dev.allocator.alloc(100)
+    dev.flush()
+    assert server.sessions[dev.session].memory == 100
+    dev.close()
+    assert dev.session not in server.sessions
+
+
+# --- lifetime and faults
+
+
+def test_shutdown_frees_sessions_and_stops_listening():
+    srv = serve("127.0.0.1", 0, "CPU", None).start()
+    dev = client(srv)
+    dev._submit(P.Synchronize())
+    assert srv.shutdown() == 1
+    with pytest.raises(DeviceError, match="cannot reach REMOTE server"):
+        client(srv)._submit(P.Synchronize())
+
+
+def test_client_retries_its_connection_with_backoff():
+    port = free_port()
+    dev = RemoteDevice(address=f"127.0.0.1:{port}", retry=0.0)
+    with pytest.raises(DeviceError, match=f"cannot reach REMOTE server 127.0.0.1:{port}: Connection refused"):
+        dev._submit(P.Synchronize())
+    started: list[RemoteServer] = []
+
+    def late_start() -> None:
+        time.sleep(0.3)
+        started.append(serve("127.0.0.1", port, "CPU", None).start())
+
+    t = threading.Thread(target=late_start)
+    t.start()
+    try:
+        patient = RemoteDevice(address=f"127.0.0.1:{port}", retry=60.0)
+        patient._submit(P.Synchronize())  # refused at first, then served
+        assert patient.round_trips == 1
+    finally:
+        t.join()
+        for s in started:
+            s.shutdown()
+
+
+def test_bounded_retry_gives_one_clear_error(monkeypatch):
+    monkeypatch.setenv("TGC_REMOTE_RETRY", "0.3")
+    dev = RemoteDevice(address=f"127.0.0.1:{free_port()}")
+    with pytest.raises(DeviceError, match=r"Connection refused \(retried for 0.3s\)"):
+        dev._submit(P.Synchronize())
+
+
+def test_probe(monkeypatch, server):
+    monkeypatch.delenv("TGC_REMOTE", raising=False)
+    monkeypatch.setattr(RemoteDevice, "_configured", None)
+    assert RemoteDevice.probe() == (False, "TGC_REMOTE is not set")
+    port = free_port()
+    monkeypatch.setenv("TGC_REMOTE", f"127.0.0.1:{port}")
+    ok, why = RemoteDevice.probe()
+    assert not ok and why.startswith(f"cannot reach 127.0.0.1:{port}: ")
+    monkeypatch.setenv("TGC_REMOTE", f"127.0.0.1:{server.port}")
+    if _cpu_ready():
+        assert RemoteDevice.probe() == (True, "")
+    RemoteDevice.configure(f"127.0.0.1:{port}")
+    try:
+        assert not RemoteDevice.probe()[0]  # --remote wins over the environment
+    finally:
+        RemoteDevice.configure(None)
+
+
+def test_remote_without_a_server_says_how_to_set_one(monkeypatch):
+    monkeypatch.delenv("TGC_REMOTE", raising=False)
+    monkeypatch.setattr(RemoteDevice, "_configured", None)
+    with pytest.raises(DeviceError, match="needs a server") as e:
+        RemoteDevice()._submit(P.Synchronize())
+    assert "TGC_REMOTE" in e.value.hint
+
+
+def test_server_process_exits_cleanly_on_ctrl_c():
+    with ServerProcess("CPU") as srv:
+        assert post(srv.port, batch())[0] == 200
+        assert srv.stop(signal.SIGINT) == 0
+        err = srv.stderr()
+    assert f"serving CPU on http://127.0.0.1:{srv.port}" in err
+    assert "shutting down (1 session(s) freed)" in err
+    assert "Traceback" not in err
+
+
+def test_server_process_exits_cleanly_on_sigterm():
+    with ServerProcess("CPU") as srv:
+        assert srv.stop(signal.SIGTERM) == 0
+        assert "shutting down" in srv.stderr()
+
+
+def test_server_process_reports_a_bad_device():
+    srv = ServerProcess("NOSUCHDEVICE")
+    with pytest.raises(DeviceError, match="exited with 2: .*unknown device"):
+        srv.start()
+
+
+def test_server_death_gives_one_clear_error():
+    srv = ServerProcess("CPU").start()
+    try:
+        dev = RemoteDevice(address=srv.address, retry=0.2, timeout=30.0)
+        dev._submit(P.Synchronize())
+        srv.kill()
+        with pytest.raises(DeviceError, match=f"REMOTE server {srv.address}"):
+            dev._submit(P.Synchronize())
+    finally:
+        srv.stop()
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="needs SIGSTOP")
+def test_a_hung_server_times_out_instead_of_hanging():
+    srv = ServerProcess("CPU").start()
+    try:
+        dev = RemoteDevice(address=srv.address, retry=0.0, timeout=1.0)
+        dev._submit(P.Synchronize())
+        os.kill(srv.proc.pid, signal.SIGSTOP)
+        with pytest.raises(DeviceError, match="lost the connection .*no answer within 1s"):
+            dev._submit(P.Synchronize())
+    finally:
+        os.kill(srv.proc.pid, signal.SIGKILL)
+        srv.stop()
+
+
+def test_a_kept_alive_connection_closed_by_the_server_is_reopened():
+    srv = serve("127.0.0.1", 0, "CPU", None, Limits(request_time=0.0)).start()  # 1 s socket timeout
+    try:
+        dev = client(srv)
+        dev._submit(P.Synchronize())
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # wait for the server to drop the idle connection
+            sock = dev._conn._conn.sock
+            sock.setblocking(False)
+            try:
+                if sock.recv(1, socket.MSG_PEEK) == b"":
+                    break
+            except BlockingIOError:
+                pass
+            finally:
+                sock.setblocking(True)
+            time.sleep(0.05)
+        dev._submit(P.Synchronize())
+        assert dev.round_trips == 2
+    finally:
+        srv.shutdown()
