@@ -20,6 +20,7 @@ Nothing heavy is imported at module import: libclang on the first lint, pyobjc w
 
 from __future__ import annotations
 
+import atexit
 import functools
 import re
 import shutil
@@ -90,9 +91,12 @@ def _libclang() -> tuple[Any, Any]:
     except ImportError as e:
         raise CompileError(f"libclang is not installed ({e})", hint=INSTALL_HINT) from None
     try:
-        return cindex, cindex.Index.create()
+        index = cindex.Index.create()
     except Exception as e:  # cindex.LibclangError: the Python bindings are there but the shared library is not
         raise CompileError(f"libclang could not be loaded ({e})", hint=INSTALL_HINT) from None
+    # drop the Index before interpreter teardown, while cindex can still free it
+    atexit.register(_libclang.cache_clear)
+    return cindex, index
 
 
 @functools.cache
@@ -170,7 +174,7 @@ class MetalLinter:
         with self._lock:
             tu = index.parse(path, args=list(CLANG_ARGS),
                              unsaved_files=[(path, src), (header_path, self.header)])
-            raw = [(d.severity, d.spelling, d.option, d.location) for d in tu.diagnostics]
+            raw = [(d.severity, _with_notes(d), d.option, _user_location(d, path)) for d in tu.diagnostics]
         texts = {path: src.splitlines(), header_path: self.header.splitlines()}
         out: list[LintDiagnostic] = []
         for severity, message, option, loc in raw:
@@ -179,14 +183,48 @@ class MetalLinter:
                 if m is None or m.group(1) in METAL_ATTRIBUTES:
                     continue
                 message = f"unknown Metal attribute '{m.group(1)}'"
-            elif message == "attempt to use a poisoned identifier":
+            elif message.startswith("attempt to use a poisoned identifier"):
                 message = "Metal has no 'double' (64-bit float) type"
             fname = loc.file.name if loc.file is not None else path
             lines = texts.get(fname, [])
             text = lines[loc.line - 1] if 0 < loc.line <= len(lines) else None
             shown = filename if fname == path else ("<metal_stdlib> (tgc's stub)" if fname == header_path else fname)
-            out.append(LintDiagnostic(shown, loc.line, loc.column, message, text))
+            out.append(LintDiagnostic(shown, loc.line, loc.column, _metal_words(message), text))
         return out
+
+
+_ADDRESS_SPACES = {"1": "device", "2": "constant", "3": "threadgroup"}
+
+
+def _with_notes(diag: Any) -> str:
+    """clang's message, with the notes that explain it (why a candidate function does not fit, say)."""
+    notes = [n.spelling for n in diag.children
+             if n.spelling != "candidate function"
+             and not n.spelling.startswith(("in file included from", "in instantiation of"))]
+    return diag.spelling + (f" ({'; '.join(notes[:3])})" if notes else "")
+
+
+def _metal_words(message: str) -> str:
+    """clang's names for the stub's address spaces, in Metal's words."""
+    message = re.sub(r"(?:const )?__attribute__\(\(address_space\((\d)\)\)\)",
+                     lambda m: _ADDRESS_SPACES.get(m.group(1), m.group(0)), message)
+    message = re.sub(r"address space '?(\d)'?",
+                     lambda m: f"{_ADDRESS_SPACES.get(m.group(1), m.group(1))} address space", message)
+    return message.replace("default address space", "thread address space").replace("generic address space",
+                                                                                      "thread address space")
+
+
+def _user_location(diag: Any, path: str) -> Any:
+    """Where in the kernel source an error is: an error inside the stub (a failed `static_assert` of
+    `as_type`, say) is reported at the kernel line its notes lead back to."""
+    loc = diag.location
+    if loc.file is not None and loc.file.name == path:
+        return loc
+    for note in diag.children:
+        at = note.location
+        if at.file is not None and at.file.name == path and not note.spelling.startswith("in file included from"):
+            return at
+    return loc
 
 
 def _default_filename(src: str) -> str:

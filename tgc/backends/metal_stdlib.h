@@ -7,6 +7,7 @@
 // What it maps:
 //   - address spaces `device`, `constant`, `threadgroup` -> clang address spaces (so a pointer into one
 //     space does not silently convert to another); `constant` also adds `const` (it is read-only in Metal);
+//     `threadgroup` also adds `static`, for kernel-scope arrays (so it does not fit a parameter);
 //     `thread` is the default space; `kernel` is dropped;
 //   - `half` -> `_Float16`, `uchar`/`ushort`/`uint`/`ulong`, and the vector types (`uint3`, `float4`, ...)
 //     -> `ext_vector_type`, which has `.x/.y/.z/.w` like Metal's vectors;
@@ -23,7 +24,8 @@
 #define kernel
 #define device __attribute__((address_space(1)))
 #define constant const __attribute__((address_space(2)))
-#define threadgroup __attribute__((address_space(3)))
+// `threadgroup` arrays are declared inside kernels, which clang allows only for statics in an address space
+#define threadgroup static __attribute__((address_space(3)))
 #define thread
 
 // ---- scalar types
@@ -117,7 +119,9 @@ template <class T> T select(T a, T b, bool c);
 template <class T, class F>
 inline T as_type(F x) {
   static_assert(sizeof(T) == sizeof(F), "as_type: the source and destination types differ in size");
-  return __builtin_bit_cast(T, x);
+  T y;
+  __builtin_memcpy(&y, &x, sizeof(T));  // not __builtin_bit_cast: one error for a size mismatch, not two
+  return y;
 }
 
 // ---- barriers

@@ -125,6 +125,7 @@ def compile_cached(device: Any, src: str) -> tuple[bytes | None, str | None]:
     """(binary, None) or (None, why not). Compiler errors in the kernel itself raise CompileError."""
     comp = device.compiler
     if comp is None:
+        getattr(device, "lint", lambda src: None)(src)  # a device that cannot compile here may still check (METAL)
         return None, device.compile_error or f"no compiler for {device.kind} on this machine"
     from tgc import __version__, cache
     use_cache = os.environ.get("DISABLE_COMPILER_CACHE", "") in ("", "0")
