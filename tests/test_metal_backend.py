@@ -4,26 +4,15 @@ Off macOS nothing can run: these tests render every kernel of many programs (eve
 renderer emits, the `kernels/*.tg` examples, and the programs of the language suite) and type-check each with
 clang against the stub `<metal_stdlib>`. The tests that run kernels need macOS with pyobjc-framework-Metal.
 
-This module is also a pytest plugin that type-checks the language suite on METAL:
-
-    TGC_TEST_DEVICES=METAL TGC_METAL_LINT_REPORT=lint.jsonl PYTHONPATH=tests \\
-        pytest -p test_metal_backend tests/test_lang_*.py
-
-With it, `Program.run(device="METAL")` renders and type-checks the program's kernels for METAL, writes one line
-to the report, and answers with the numpy reference (or the CPU), so a language test goes on to its next `run`
-and every program it runs is checked; the tests' own pass or fail does not matter there.
-`test_language_suite_type_checks` below does exactly that in a subprocess.
+The language suite's programs are type-checked by tests/test_suite_compiles.py.
 """
 
 from __future__ import annotations
 
 import glob
 import inspect
-import json
 import os
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -371,91 +360,6 @@ def test_cli_compile_shows_the_source_and_the_note():
     assert "kernel void" in result.output
     if not IS_MACOS:
         assert "macOS" in result.output
-
-
-# ---------------------------------------------------------------- the language suite (a subprocess)
-
-
-@needs_libclang
-@pytest.mark.slow
-def test_language_suite_type_checks(tmp_path):
-    """Every program the language suite runs renders for METAL and type-checks (run through this plugin)."""
-    files = sorted(glob.glob(str(ROOT / "tests" / "test_lang*.py")))
-    if not files:
-        pytest.skip("no language suite yet")
-    report = tmp_path / "lint.jsonl"
-    env = {**os.environ, "TGC_TEST_DEVICES": "METAL", "TGC_METAL_LINT_REPORT": str(report),
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "test_metal_backend", "-p", "no:cacheprovider",
-                           *files], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    if not report.exists():
-        pytest.fail(f"the language suite produced no lint report:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    rows = [json.loads(line) for line in report.read_text().splitlines() if line.strip()]
-    assert rows, "the language suite ran no program on METAL"
-    bad = [r for r in rows if r["errors"]]
-    kernels = sum(r["kernels"] for r in rows)
-    print(f"\nMETAL lint of the language suite: {len(rows)} runs, {kernels} kernels, "
-          f"{sum(1 for r in rows if r['unsupported'])} need f64, {len(bad)} with errors; "
-          f"{sum(1 for r in rows if r['answer'] == 'CPU')} answered by the CPU")
-    assert not bad, "\n\n".join(f"{r['test']}\n{r['src']}\n" + "\n".join(r["errors"][:5]) for r in bad[:10])
-
-
-def _lint_then_answer(report_path: str) -> None:
-    """Make `Program.run(device="METAL...")` type-check the kernels for METAL and write a report line, then answer
-    with the numpy reference (cast to the output dtypes) so that the test goes on to its next `run`; the CPU
-    answers where the reference cannot (running the suite on the CPU is many times slower)."""
-    from tgc import api
-    from tgc.dtype import bf16_to_f32, f32_to_bf16
-
-    original = api.Program.run
-
-    def reference(prog, dims, inputs) -> dict[str, np.ndarray] | None:
-        try:
-            ref = prog.reference(dims, **inputs)
-            out = {}
-            for name, dtype, _ in prog.output_types(dims):
-                arr = np.asarray(ref[name])
-                if dtype.name == "bf16":
-                    out[name] = bf16_to_f32(f32_to_bf16(arr.astype(np.float32)))
-                else:
-                    out[name] = arr.astype(dtype.np)
-            return out
-        except Exception:
-            return None
-
-    def run(self, device=None, dims=None, cast=False, **inputs):
-        if not (device or "").upper().startswith("METAL"):
-            return original(self, device, dims, cast, **inputs)
-        row = {"test": os.environ.get("PYTEST_CURRENT_TEST", "?"), "src": self.source, "kernels": 0,
-               "errors": [], "unsupported": None}
-        bound = None
-        try:
-            bound, _ = self.bind(inputs, dims, cast=cast)
-            kernels = self.compile(device=device, dims=bound)
-        except CompileError as e:
-            if "64-bit floats" in e.msg:
-                row["unsupported"] = e.msg
-            else:
-                row["errors"] = [e.format()]
-        except TgcError:  # an error of the program or its inputs, which the test expects: the CPU raises it too
-            return original(self, "CPU", dims, cast, **inputs)
-        else:
-            row["kernels"] = len(kernels)
-            row["errors"] = _lint_all(kernels)
-        out = reference(self, bound, inputs) if bound is not None else None
-        row["answer"] = "reference" if out is not None else "CPU"
-        with open(report_path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
-        return out if out is not None else original(self, "CPU", dims, cast, **inputs)
-
-    api.Program.run = run
-
-
-def pytest_configure(config):
-    """Plugin mode (`-p test_metal_backend`, see the module docstring); a no-op without the report variable."""
-    report = os.environ.get("TGC_METAL_LINT_REPORT")
-    if report:
-        _lint_then_answer(report)
 
 
 # ---------------------------------------------------------------- running (macOS with pyobjc only)

@@ -300,7 +300,7 @@ class CUDARenderer(CStyleRenderer):
             "#define NAN __int_as_float(0x7fffffff)",
             HALF_HELPERS.strip(),
             "template <class T, class F> __device__ __forceinline__ T tg_bitcast(F x) "
-            "{ T y; __builtin_memcpy(&y, &x, sizeof(T)); return y; }",
+            "{ union { F from; T to; } u; u.from = x; return u.to; }",
         ]
 
     def param(self, u: UOp, written: bool) -> str:

@@ -88,7 +88,7 @@ def normalize_arch(arch: str) -> str:
     return f"sm_{digits}{suffix}"
 
 
-_KERNEL_NAME = re.compile(r"__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+(\w+)")
+_KERNEL_NAME = re.compile(r"__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s+)?(\w+)\s*\(")
 
 
 class NVRTCCompiler(Compiler):
