@@ -19,8 +19,12 @@ $(STAMP): setup.cfg pyproject.toml
 run: $(STAMP)
 	$(BIN)/tgc run kernels/softmax.tg --random -D N=4 -D D=8
 
+# the language suite runs on every device this machine can run (REMOTE through a real `tgc serve`);
+# CUDA and METAL kernels are compiled and type-checked by tests/test_suite_compiles.py
+TEST_DEVICES ?= CPU,OPENCL,PYTHON,REMOTE
+
 test: $(STAMP)
-	$(TEST_ENV) $(BIN)/python -m pytest -n 2 -q
+	$(TEST_ENV) TGC_TEST_DEVICES=$(TEST_DEVICES) $(BIN)/python -m pytest -n 2 -q
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench.py

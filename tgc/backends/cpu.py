@@ -151,8 +151,9 @@ class CPUDevice(Device):
 
     @property
     def cores(self) -> int:
-        return int(os.environ.get("TGC_THREADS", 0)) or len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-            else (os.cpu_count() or 1)
+        if os.environ.get("TGC_THREADS"):
+            return max(1, int(os.environ["TGC_THREADS"]))
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
     def pool(self, threads: int) -> ThreadPoolExecutor:
         if self._pool is None or self._pool_size < threads:

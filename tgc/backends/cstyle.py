@@ -265,6 +265,10 @@ class CStyleRenderer:
 class OpenCLRenderer(CStyleRenderer):
     name = "opencl"
 
+    def fmax(self, d: DType, a: str, b: str) -> str:
+        # OpenCL's integer max has one overload per type: narrow ints need both sides of that type
+        return f"fmax({a}, {b})" if d.is_float else f"max(({self.ctype(d)})({a}), ({self.ctype(d)})({b}))"
+
     def cast(self, src: DType, d: DType, x: str) -> str:
         if d.is_bool:
             return f"({x} != 0)"

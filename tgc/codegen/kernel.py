@@ -106,16 +106,27 @@ def build_kernel(item: ScheduleItem, device: Any, beam: int = 0, name: str | Non
             search.store(ast, device, res.opts, res.after_s, name)
             opts = res.opts
     ast, launch, applied = optimize(ast, device, opts=opts)
+    ast, bufs = drop_unused_buffers(ast, item.bufs)
     uops = linearize(ast, vectors=getattr(device.renderer, "supports_vectors", False))
     name = name or item.name
     src = device.renderer.render(name, uops)
     binary, err = compile_cached(device, src)
-    nbytes = sum(prod(shape_of(b)) * b.dtype.itemsize for b in item.bufs)
+    nbytes = sum(prod(shape_of(b)) * b.dtype.itemsize for b in bufs)
     flops = count_work(uops) * launch.get("global_size", (1, 1, 1))[0]
-    return Kernel(name=name, src=src, binary=binary, uops=uops, ast=ast, bufs=item.bufs,
+    return Kernel(name=name, src=src, binary=binary, uops=uops, ast=ast, bufs=bufs,
                   global_size=launch.get("global_size", (1, 1, 1)), local_size=launch.get("local_size"),
                   vals=launch.get("vals", ()), flops=flops, bytes_moved=nbytes, line=item.line, compile_error=err,
                   device=device, opts=applied)
+
+
+def drop_unused_buffers(ast: UOp, bufs: list[UOp]) -> tuple[UOp, list[UOp]]:
+    """Buffers whose loads folded away (`a % -1` is 0) are not kernel parameters: renumber the rest."""
+    from tgc.ir.uop import substitute
+    used = sorted({u.arg for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL})
+    if used == list(range(len(bufs))):
+        return ast, bufs
+    mapping = {u: u.replace(arg=used.index(u.arg)) for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL}
+    return substitute(ast, mapping), [bufs[i] for i in used]
 
 
 COMPILE_COUNTER = {"compiles": 0}

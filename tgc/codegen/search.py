@@ -87,13 +87,17 @@ class Candidate:
     src: str = ""
     name: str = ""
     launch: dict = field(default_factory=dict)
+    buf_index: list[int] = field(default_factory=list)  # which of the kernel's buffers it takes, in order
     binary: bytes | None = None
     time_s: float = float("inf")
 
 
-def _render(cand: Candidate, device: Any, name: str) -> None:
+def _render(cand: Candidate, device: Any, name: str, bufs: list[UOp]) -> None:
+    from tgc.codegen.kernel import drop_unused_buffers
     from tgc.codegen.linearize import linearize
     ast, launch, _ = finish(cand.kernel.copy())
+    ast, used = drop_unused_buffers(ast, bufs)
+    cand.buf_index = [bufs.index(b) for b in used]
     uops = linearize(ast, vectors=getattr(device.renderer, "supports_vectors", False))
     cand.src, cand.launch, cand.name = device.renderer.render(name, uops), launch, name
 
@@ -126,7 +130,7 @@ class _Timer:
         prog = self.device.program(cand.name, cand.binary)
         times = []
         for _ in range(runs):
-            t = prog(*self.handles, global_size=cand.launch.get("global_size", (1, 1, 1)),
+            t = prog(*[self.handles[i] for i in cand.buf_index], global_size=cand.launch.get("global_size", (1, 1, 1)),
                      local_size=cand.launch.get("local_size"), vals=cand.launch.get("vals", ()), wait=True)
             times.append(t)
             if t > 3 * best:  # clearly worse: stop early
@@ -195,7 +199,7 @@ def _search(ast, device, timer: _Timer, width, name, progress, pool) -> SearchRe
     work = prod(r.src[0].arg for r in base.kernel.ranges())
     reference = seed if seed.applied and work > REFERENCE_MAX_WORK else base.kernel
     base = Candidate(list(reference.applied), reference)
-    _render(base, device, name)
+    _render(base, device, name, timer.bufs)
     base.binary = device.compiler.compile(base.src)
     base.time_s = timer.run(base, float("inf"), runs=1)
     timer.reference = timer.output()
@@ -208,7 +212,7 @@ def _search(ast, device, timer: _Timer, width, name, progress, pool) -> SearchRe
         for o in seed.applied[:n]:
             k.apply(o)
         c = Candidate(list(seed.applied[:n]), k)
-        _render(c, device, name)
+        _render(c, device, name, timer.bufs)
         c.binary = device.compiler.compile(c.src)
         c.time_s = timer.run(c, best.time_s)
         if c.time_s < best.time_s and _matches(timer.output(), timer.reference, timer.bufs[0].dtype):
@@ -238,7 +242,7 @@ def _search(ast, device, timer: _Timer, width, name, progress, pool) -> SearchRe
                 break
             for c in cands:
                 try:
-                    _render(c, device, name)
+                    _render(c, device, name, timer.bufs)
                 except Exception:  # an opt combination the renderer cannot express
                     c.src = ""
             _compile_all(cands, device, pool)

@@ -228,10 +228,16 @@ class Tensor:
         return self._fcast()._unary(Ops.SIN)
 
     def cos(self) -> Tensor:
-        return (self._fcast() + math.pi / 2).sin()  # backends see sin(x + pi/2) and may reduce it exactly
+        x = self._fcast()
+        if x.dtype.itemsize < 4:  # pi/2 rounded to f16/bf16 would shift the argument: work in f32
+            return x.cast(dtypes.f32).cos().cast(x.dtype)
+        return (x + math.pi / 2).sin()  # backends see sin(x + pi/2) and may reduce it exactly
 
     def tan(self) -> Tensor:
-        return self.sin() / self.cos()
+        x = self._fcast()
+        if x.dtype.itemsize < 4:  # ill-conditioned near the poles: round to f16/bf16 once, at the end
+            return x.cast(dtypes.f32).tan().cast(x.dtype)
+        return x.sin() / x.cos()
 
     def sqrt(self) -> Tensor:
         return self._fcast()._unary(Ops.SQRT)
