@@ -12,28 +12,13 @@ import numpy as np
 import pytest
 
 import tgc
-from tgc.dsl.frontend import concrete_shape
+from tgc.engine.bench import random_inputs
 from tgc.engine.numpy_eval import numpy_program
 
 KERNELS = sorted(pathlib.Path(__file__).resolve().parent.parent.joinpath("kernels").glob("*.tg"))
 # small sizes that satisfy every example's constraints (even spatial sizes for 2x2 pooling, ...)
 SIZES = {"N": 4, "D": 8, "K": 6, "M": 5, "B": 2, "H": 8, "W": 8, "C": 3, "O": 4, "T": 6, "F": 7, "R": 6,
          "IN": 12, "HID": 16, "OUT": 5}
-
-
-def _inputs(prog, dims):
-    rng = np.random.default_rng(7)
-    out = {}
-    for decl in prog.inputs:
-        shape = concrete_shape(decl, dims)
-        d = decl.dtype
-        if d.is_bool:
-            out[decl.name] = rng.random(shape) < 0.5
-        elif d.is_int:
-            out[decl.name] = rng.integers(-5, 6, size=shape).astype(d.np)
-        else:
-            out[decl.name] = rng.standard_normal(shape).astype(d.np if d.name != "bf16" else np.float32)
-    return out
 
 
 def test_there_are_at_least_twelve_examples():
@@ -47,7 +32,7 @@ def test_there_are_at_least_twelve_examples():
 def test_example_matches_numpy(path):
     prog = tgc.load(path)
     dims = {name: SIZES.get(name, 4) for name in prog.dim_names}
-    inputs = _inputs(prog, dims)
+    inputs = random_inputs(prog, dims, seed=7)
     got = prog.run(**inputs)
     want = numpy_program(prog, dims)(inputs)
     assert set(got) == set(want) == set(prog.output_names)

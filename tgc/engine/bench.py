@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from tgc.engine.realize import Buffer
+from tgc.engine.realize import allocate
 from tgc.ir.shapes import prod, shape_of
 
 
@@ -59,13 +59,7 @@ def bench_program(prog, device: str | None = None, dims: dict[str, int] | None =
     outs, in_bufs = prog._trace(dims)
     buffers: dict = {}
     try:
-        for b in in_bufs:
-            buffers[b] = Buffer(dev, b)
-            buffers[b].copyin(arrays[prog.inputs[b.arg[0]].name])
-        for k in kernels:
-            for node in k.bufs:
-                if node not in buffers:
-                    buffers[node] = Buffer(dev, node)
+        allocate(dev, prog, kernels, in_bufs, arrays, buffers)
         launches = [(k, k.program(), [buffers[n].handle for n in k.bufs]) for k in kernels]
 
         def run_all(wait: bool) -> list[float]:

@@ -57,13 +57,8 @@ def run_program(prog, device: str | None, dims: dict[str, int], arrays: dict[str
     outs, in_bufs = prog._trace(dims)
     buffers: dict[UOp, Buffer] = {}
     try:
-        for b in in_bufs:
-            buffers[b] = Buffer(dev, b)
-            buffers[b].copyin(arrays[prog.inputs[b.arg[0]].name])
+        allocate(dev, prog, kernels, in_bufs, arrays, buffers)
         for k in kernels:
-            for node in k.bufs:
-                if node not in buffers:
-                    buffers[node] = Buffer(dev, node)
             launch(k, [buffers[n] for n in k.bufs])
         result = {}
         for out_name, node in zip(prog.output_names, outs):
@@ -77,6 +72,19 @@ def run_program(prog, device: str | None, dims: dict[str, int], arrays: dict[str
     finally:
         for buf in buffers.values():
             buf.free()
+
+
+def allocate(dev: Any, prog, kernels: list, in_bufs: list[UOp], arrays: dict[str, np.ndarray],
+             buffers: dict[UOp, Buffer]) -> None:
+    """Device buffers for a program's inputs (filled from `arrays`) and for every kernel's outputs, into
+    `buffers` (passed in so that the caller can free whatever was allocated if this fails midway)."""
+    for b in in_bufs:
+        buffers[b] = Buffer(dev, b)
+        buffers[b].copyin(arrays[prog.inputs[b.arg[0]].name])
+    for k in kernels:
+        for node in k.bufs:
+            if node not in buffers:
+                buffers[node] = Buffer(dev, node)
 
 
 def launch(k, bufs: list[Buffer]) -> float | None:
