@@ -14,7 +14,7 @@ import struct
 from tgc.dtype import dtypes
 from tgc.ir.uop import Ops, PatternMatcher, UOp, UPat, graph_rewrite
 
-F32, F64, I32 = dtypes.f32, dtypes.f64, dtypes.i32
+F32, F64, I32, I64 = dtypes.f32, dtypes.f64, dtypes.i32, dtypes.i64
 
 # 2**f on [0, 1], degree 6 (fit on Chebyshev nodes; max relative error 8e-8 in float32)
 EXP2_POLY = [1.0000000025791755, 0.6931469288712472, 0.24023050092107232, 0.05548042914449793,
@@ -44,6 +44,12 @@ def _floor(x: UOp) -> UOp:
     return _where(_lt(x, t), _sub(t, _c(1.0)), t)
 
 
+def _float_to_int(x: UOp) -> UOp:
+    """An integral f32 in (-2**22, 2**22) as i32, through the bits of x + 1.5 * 2**23: unlike a cast, this
+    stays in vector registers (x86 has no saturating vector conversion, so LLVM would scalarize it)."""
+    return _sub(_bitcast(_add(x, _c(12582912.0)), I32), _c(0x4B400000, I32))
+
+
 def _poly(x: UOp, coefs: list[float]) -> UOp:
     """Horner's rule, highest coefficient first in the loop."""
     acc = _c(coefs[-1])
@@ -63,7 +69,7 @@ def exp2_f32(x: UOp) -> UOp:
     xi = _floor(clamped)
     frac = _sub(clamped, xi)
     p = _poly(frac, EXP2_POLY)
-    e = _cast(xi, I32)
+    e = _float_to_int(xi)
     e1 = _alu(Ops.SHR, e, _c(1, I32))  # split so both factors are normal numbers
     e2 = _sub(e, e1)
     out = _mul(_mul(p, _pow2i(e1)), _pow2i(e2))
@@ -104,7 +110,9 @@ def sin_f32(x: UOp, quarter_turns: int = 0) -> UOp:
     r2 = _mul(r, r)
     sin_r = _add(r, _mul(_mul(r, r2), _poly(r2, [-1 / 6, 1 / 120, -1 / 5040, 1 / 362880])))
     cos_r = _add(_sub(_c(1.0), _mul(r2, _c(0.5))), _mul(_mul(r2, r2), _poly(r2, [1 / 24, -1 / 720, 1 / 40320])))
-    q = _alu(Ops.AND, _add(_cast(kd, I32), _c(quarter_turns, I32)), _c(3, I32))
+    # the quadrant k mod 4 from the low mantissa bits of k + 1.5 * 2**52 (exact for |k| < 2**51)
+    k_bits = _cast(_bitcast(_add(kd, _c(6755399441055744.0, F64)), I64), I32)
+    q = _alu(Ops.AND, _add(k_bits, _c(quarter_turns, I32)), _c(3, I32))
     val = _where(_alu(Ops.CMPEQ, _alu(Ops.AND, q, _c(1, I32)), _c(1, I32)), cos_r, sin_r)
     neg = _alu(Ops.CMPEQ, _alu(Ops.AND, q, _c(2, I32)), _c(2, I32))
     out = _where(neg, UOp(Ops.NEG, F32, (val,)), val)
