@@ -169,7 +169,7 @@ attributes #0 = {{ nounwind "prefer-vector-width"="512" }}
 def measure_cpu_peak(dev) -> dict[str, float]:
     """FMA throughput with 12 independent accumulators per thread, and a multi-threaded copy's bandwidth."""
     from tgc.backends.cpu import CPUProgram
-    chains, iters = 12, 200_000
+    chains, iters = 12, 2_000_000  # ~20 ms a run: long enough that thread start-up does not count
     phis = "\n".join(f"  %a{j} = phi <16 x float> [ splat (float 1.0), %entry ], [ %b{j}, %loop ]"
                      for j in range(chains))
     fmas = "\n".join(f"  %b{j} = call <16 x float> @llvm.fma.v16f32(<16 x float> %a{j}, "
@@ -181,7 +181,7 @@ def measure_cpu_peak(dev) -> dict[str, float]:
     prog = CPUProgram(dev, "fma_peak", dev.compiler.compile(src))
     threads = dev.cores
     out = np.zeros(16 * threads, np.float32)
-    best = min(prog(out, global_size=(threads, 1, 1), wait=True) for _ in range(3))
+    best = min(prog(out, global_size=(threads, 1, 1), wait=True) for _ in range(5))
     gflops = threads * iters * chains * 16 * 2 / best / 1e9
     # bandwidth: a 2-way threaded copy of 64 MiB, compiled by tgc
     import tgc
