@@ -166,14 +166,15 @@ class Program:
             item.line = self.line_of(item.output)
         return items
 
-    def compile(self, device: str | None = None, dims: dict[str, int] | None = None, beam: int | None = None
-                ) -> list[Kernel]:
-        """The program's kernels in launch order, rendered and (where this machine can) compiled."""
+    def compile(self, device: str | None = None, dims: dict[str, int] | None = None, beam: int | None = None,
+                tuned: bool = True) -> list[Kernel]:
+        """The program's kernels in launch order, rendered and (where this machine can) compiled.
+        `beam=W` searches kernels without stored winners; `tuned=False` ignores stored winners."""
         from tgc.backends import default_device, get_device
         dev = get_device(device or default_device())
         dims = self.resolve_dims(dims)
         beam = int(os.environ.get("BEAM", "0") or 0) if beam is None else beam
-        key = (dev.name, tuple(sorted(dims.items())), beam)
+        key = (dev.name, tuple(sorted(dims.items())), beam, tuned)
         if key not in self._kernels:
             outs, _ = self._trace(dims)
             items = create_schedule(outs, fuse_rows=getattr(dev, "launch_style", "cpu") == "cpu")
@@ -185,7 +186,8 @@ class Program:
                 n = names.get(item.name, 0)
                 names[item.name] = n + 1
                 item.line = self.line_of(item.output)
-                kernels.append(build_kernel(item, dev, beam=beam, name=f"{item.name}n{n}" if n else item.name))
+                kernels.append(build_kernel(item, dev, beam=beam, name=f"{item.name}n{n}" if n else item.name,
+                                            tuned=tuned))
             self._kernels[key] = kernels
         return self._kernels[key]
 

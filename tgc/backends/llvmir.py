@@ -40,6 +40,7 @@ def _scalar_const(value, d: DType) -> str:
         return "true" if value else "false"
     if d.name == "bf16":  # the 16 bits of the value, rounded to nearest even
         import numpy as np
+
         from tgc.dtype import f32_to_bf16
         return str(int(f32_to_bf16(np.array([value], np.float32))[0]))
     if d.is_int:

@@ -91,7 +91,9 @@ def prepare_ast(ast: UOp, device: Any) -> UOp:
     return ast
 
 
-def build_kernel(item: ScheduleItem, device: Any, beam: int = 0, name: str | None = None) -> Kernel:
+def build_kernel(item: ScheduleItem, device: Any, beam: int = 0, name: str | None = None, tuned: bool = True
+                 ) -> Kernel:
+    """`tuned=False` ignores stored BEAM winners (what `make bench` shows as 'tgc default')."""
     from tgc.codegen import search
     from tgc.codegen.opt import optimize
     from tgc.ir.shapes import prod, shape_of
@@ -99,7 +101,7 @@ def build_kernel(item: ScheduleItem, device: Any, beam: int = 0, name: str | Non
     name = name or item.name
     ast = prepare_ast(item.ast, device)
     opts = None
-    if device.compiler is not None and os.environ.get("NOOPT", "") in ("", "0"):
+    if tuned and device.compiler is not None and os.environ.get("NOOPT", "") in ("", "0"):
         opts = search.lookup(ast, device)  # a BEAM winner stored earlier
         if opts is None and beam > 0:
             res = search.beam_search(ast, device, item.bufs, beam, name=name)

@@ -46,7 +46,7 @@ def _stats(times: list[float]) -> dict[str, float]:
 
 def bench_program(prog, device: str | None = None, dims: dict[str, int] | None = None, repeat: int = 10,
                   beam: int = 0, inputs: dict[str, np.ndarray] | None = None, vs_numpy: bool = False,
-                  warmup: int = 1) -> dict[str, Any]:
+                  warmup: int = 1, tuned: bool = True) -> dict[str, Any]:
     from tgc.backends import default_device, get_device
 
     name = device or default_device()
@@ -55,7 +55,7 @@ def bench_program(prog, device: str | None = None, dims: dict[str, int] | None =
         dims = prog.resolve_dims(dims)
         inputs = random_inputs(prog, dims)
     dims, arrays = prog.bind(inputs, dims, cast=True)
-    kernels = prog.compile(device=name, dims=dims, beam=beam)
+    kernels = prog.compile(device=name, dims=dims, beam=beam, tuned=tuned)
     outs, in_bufs = prog._trace(dims)
     buffers: dict = {}
     try:
