@@ -138,3 +138,15 @@ def test_beam_winners_persist_and_are_reused(tmp_path, monkeypatch):
     a = np.random.default_rng(3).standard_normal((32, 32)).astype(np.float32)
     np.testing.assert_allclose(p.run(a=a, b=a)["out0"], a @ a, rtol=1e-4, atol=1e-4)
     cache._reset_for_tests()
+
+
+@pytest.mark.parametrize("a_shape, b_shape", [((16, 512), (512, 512)), ((2, 8, 512), (512, 512)),
+                                              ((2, 8, 256), (2, 256, 1024)), ((512,), (512, 512))])
+def test_large_matmuls_read_a_packed_copy_and_match_numpy(a_shape, b_shape):
+    """Right-hand sides of >= 2^18 elements are packed into 32-column panels by a kernel of their own."""
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal(a_shape).astype(np.float32), rng.standard_normal(b_shape).astype(np.float32)
+    p = tgc.loads(f"a: f32[{', '.join(map(str, a_shape))}]\nb: f32[{', '.join(map(str, b_shape))}]\nreturn a @ b")
+    assert len(p.compile(dims={})) == 2  # the packing copy, then the matmul
+    np.testing.assert_allclose(p.run(a=a, b=b)["out0"], a @ b, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(p.run(a=a, b=b, device="PYTHON")["out0"], a @ b, rtol=1e-4, atol=1e-3)

@@ -57,6 +57,8 @@ def _eval(u: UOp, s: list[np.ndarray], env: dict[UOp, np.ndarray]) -> np.ndarray
         x = s[0].astype(src_d.np) if src_d.fmt else s[0]
         out = x.view(d.np) if d.fmt else x.view(np.uint16)
         return bf16_to_f32(out).astype(np.float64) if d.name == "bf16" else out.astype(nd)
+    if op is Ops.CONTIGUOUS:
+        return s[0]
     if op is Ops.RESHAPE:
         return s[0].reshape(arg)
     if op is Ops.PERMUTE:

@@ -63,6 +63,7 @@ def find_realized(outputs: list[UOp], fuse_rows: bool = False) -> list[UOp]:
     that is broadcast back along its own row stays in the consumer's kernel: the linearizer computes it
     once per row before the row's inner loop (softmax and layernorm become one kernel)."""
     realized: set[UOp] = set(o for o in outputs)
+    realized |= {n for o in outputs for n in o.toposort() if n.op is Ops.CONTIGUOUS}
     changed = True
     while changed:
         changed = False
@@ -166,6 +167,8 @@ class _Lowerer:
             return node
         if op is Ops.IOTA:
             return idx[0]
+        if op is Ops.CONTIGUOUS:  # the root of its own kernel: a plain copy of its source
+            return self.value(node.src[0], idx, valid)
         if op in ALU or op in (Ops.CAST, Ops.BITCAST):
             return UOp(op, node.dtype, tuple(self.value(s, idx, valid) for s in node.src))
         if op is Ops.REDUCE_AXIS:

@@ -21,7 +21,7 @@ def _shape(u: UOp) -> tuple[int, ...]:
         return ()
     if op is Ops.IOTA:
         return (arg,)
-    if op in ALU or op in (Ops.CAST, Ops.BITCAST):
+    if op in ALU or op in (Ops.CAST, Ops.BITCAST, Ops.CONTIGUOUS):
         return shape_of(u.src[-1]) if op is Ops.WHERE else shape_of(u.src[0])
     if op in (Ops.RESHAPE, Ops.EXPAND):
         return tuple(arg)

@@ -29,6 +29,7 @@ class Ops(Enum):
     STRIDE = auto()  # arg = positive step per dim
     WINDOW = auto()  # arg = (axis, kernel, stride, dilation): dim H -> (OH, K), h = oh*stride + k*dilation
     REDUCE_AXIS = auto()  # arg = (reduce op, axes); keeps the reduced dims as size 1
+    CONTIGUOUS = auto()  # a copy with its own buffer: the scheduler always realizes it (e.g. a packed layout)
     # --- unary ALU
     NEG = auto()
     NOT = auto()  # logical not for bool, bitwise not for ints
