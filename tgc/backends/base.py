@@ -78,6 +78,26 @@ class LRUAllocator(Allocator):
         self.cached.clear()
 
 
+class HostAllocator(LRUAllocator):
+    """Host memory as 64-byte-aligned numpy byte arrays (the handle is the array): CPU-side devices."""
+
+    align = 64
+
+    def _alloc(self, nbytes: int) -> Any:
+        import numpy as np
+        raw = np.empty(nbytes + self.align, dtype=np.uint8)
+        offset = (-raw.ctypes.data) % self.align
+        return raw[offset:offset + nbytes]
+
+    def copyin(self, handle: Any, src: memoryview) -> None:
+        import numpy as np
+        np.copyto(handle, np.frombuffer(src, dtype=np.uint8))
+
+    def copyout(self, dest: memoryview, handle: Any) -> None:
+        import numpy as np
+        np.copyto(np.frombuffer(dest, dtype=np.uint8), handle)
+
+
 class Compiler:
     """Source text to bytes. `name` and `version` go into the disk-cache key."""
 

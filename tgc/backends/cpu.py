@@ -13,28 +13,13 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import numpy as np
-
-from tgc.backends.base import Compiler, Device, LRUAllocator, Program
+from tgc.backends.base import Compiler, Device, HostAllocator, Program
 from tgc.backends.llvmir import LLVMRenderer
 from tgc.errors import CompileError
 
-ALIGN = 64
 
-
-class CPUAllocator(LRUAllocator):
-    """Host memory as 64-byte-aligned numpy byte arrays (the handle is the array)."""
-
-    def _alloc(self, nbytes: int) -> np.ndarray:
-        raw = np.empty(nbytes + ALIGN, dtype=np.uint8)
-        offset = (-raw.ctypes.data) % ALIGN
-        return raw[offset:offset + nbytes]
-
-    def copyin(self, handle: np.ndarray, src: memoryview) -> None:
-        np.copyto(handle, np.frombuffer(src, dtype=np.uint8))
-
-    def copyout(self, dest: memoryview, handle: np.ndarray) -> None:
-        np.copyto(np.frombuffer(dest, dtype=np.uint8), handle)
+class CPUAllocator(HostAllocator):
+    """Host memory for the CPU device (64-byte aligned for vector loads)."""
 
 
 class LLVMCompiler(Compiler):

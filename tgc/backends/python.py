@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from tgc.backends.base import Compiler, Device, LRUAllocator, Program
+from tgc.backends.base import Compiler, Device, HostAllocator, Program
 from tgc.dtype import DType, dtypes, min_max
 from tgc.errors import CompileError, DeviceError
 from tgc.ir.uop import BINARY, COMPARE, UNARY, Ops, UOp
@@ -672,17 +672,8 @@ class PythonCompiler(Compiler):
         return lib.decode()
 
 
-class PythonAllocator(LRUAllocator):
-    """Host memory as plain numpy byte arrays (the handle is the array)."""
-
-    def _alloc(self, nbytes: int) -> np.ndarray:
-        return np.empty(nbytes, dtype=np.uint8)
-
-    def copyin(self, handle: np.ndarray, src: memoryview) -> None:
-        np.copyto(handle, np.frombuffer(src, dtype=np.uint8))
-
-    def copyout(self, dest: memoryview, handle: np.ndarray) -> None:
-        np.copyto(np.frombuffer(dest, dtype=np.uint8), handle)
+class PythonAllocator(HostAllocator):
+    """Host memory for the interpreter (numpy views of it are what the kernels read and write)."""
 
 
 class PythonDevice(Device):
