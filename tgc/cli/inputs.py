@@ -75,16 +75,21 @@ def _load_reason(exc: Exception) -> str:
     return text or type(exc).__name__
 
 
-def read_npy(name: str, path: str) -> np.ndarray:
-    """One array from a `.npy` file (never unpickles)."""
-    label = f"input '{name}'"
+def _readable_magic(label: str, path: str) -> bytes:
+    """The first bytes of a file that exists and can be read; else one clear TgcError."""
     problem = _read_problem(path, label)
     if problem:
         raise TgcError(problem)
     try:
-        magic = _sniff(path)
+        return _sniff(path)
     except OSError as e:
         raise TgcError(f"{label}: cannot read '{path}': {e.strerror or e}") from None
+
+
+def read_npy(name: str, path: str) -> np.ndarray:
+    """One array from a `.npy` file (never unpickles)."""
+    label = f"input '{name}'"
+    magic = _readable_magic(label, path)
     if magic.startswith(ZIP_MAGIC):
         raise TgcError(f"{label}: '{path}' is an .npz archive, not a .npy file",
                        hint="pass archives with --inputs PATH.npz")
@@ -100,13 +105,7 @@ def read_npy(name: str, path: str) -> np.ndarray:
 def read_npz(path: str) -> dict[str, np.ndarray]:
     """Every array of a `.npz` archive, by name (never unpickles)."""
     label = "--inputs"
-    problem = _read_problem(path, label)
-    if problem:
-        raise TgcError(problem)
-    try:
-        magic = _sniff(path)
-    except OSError as e:
-        raise TgcError(f"{label}: cannot read '{path}': {e.strerror or e}") from None
+    magic = _readable_magic(label, path)
     if magic == NPY_MAGIC:
         raise TgcError(f"{label}: '{path}' is a .npy file, not an .npz archive",
                        hint="pass single arrays with -i NAME=PATH.npy")
