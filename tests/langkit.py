@@ -25,6 +25,21 @@ NP = {"bool": np.bool_, "i8": np.int8, "u8": np.uint8, "i16": np.int16, "u16": n
 RTOL = {"f16": 1e-2, "bf16": 1e-2, "f32": 1e-4, "f64": 1e-4}
 
 
+def device_skip_reason(device: str) -> str | None:
+    """Why the language suite cannot run on `device` here (the device's own probe, in one line), or None.
+    REMOTE is served by a CPU `tgc serve`, so it runs where the CPU does."""
+    from tgc.backends import canonical, device_class, get_device
+    kind, _ = canonical(device)
+    served = "CPU" if kind == "REMOTE" else device
+    ok, why = device_class(canonical(served)[0]).probe()
+    if ok and canonical(served)[1]:
+        try:
+            get_device(served).ensure_runnable()
+        except Exception as e:  # noqa: BLE001 - any failure to open is a reason to skip, shown as such
+            ok, why = False, str(e)
+    return None if ok else f"{device} cannot run here: {why}"
+
+
 def is_float(name: str) -> bool:
     return name in FLOATS
 

@@ -126,7 +126,6 @@ def test_probe_without_pyopencl_says_how_to_install():
     assert "pyopencl is not installed" in why and "pip install 'tgc[opencl]'" in why
 
 
-@needs_opencl
 def test_probe_without_platform(tmp_path):
     # The ICD loader bundled with the pyopencl wheel falls back to its own PoCL when the vendors dir is empty,
     # but a vendors path that does not exist leaves it with no platform at all.
@@ -141,10 +140,10 @@ def test_probe_without_platform(tmp_path):
     assert "pip install" in why
 
 
-@needs_opencl
-def test_device_index_out_of_range():
-    with pytest.raises(DeviceError, match="no OpenCL device 999"):
+def test_device_index_out_of_range_is_a_user_error():
+    with pytest.raises(TgcError, match="no OpenCL device 999") as info:
         OpenCLDevice(999)
+    assert info.value.exit_code == 2
 
 
 # --- device facts ----------------------------------------------------------------------------------------------------
@@ -323,3 +322,167 @@ def test_zero_size_buffer(dev):
 def test_copy_round_trip_keeps_bytes(dev):
     a = np.random.default_rng(1).integers(0, 255, size=4099, dtype=np.uint8)
     np.testing.assert_array_equal(download(dev, upload(dev, a), a.shape, np.uint8), a)
+
+
+# --- the probe tells the truth; a device that cannot build is not available ---------------------------------------
+
+POCL_ZEN5_LOG = "error: unknown target CPU 'generic'\nDevice pthread-AMD EPYC failed to build the program\n"
+POCL_VERSION = "OpenCL 3.0 PoCL 3.0-rc2  Linux, Release, RELOC, LLVM 14.0.6, SLEEF, DISTRO, POCL_DEBUG"
+
+
+def test_unknown_cpu_build_log_becomes_one_line(monkeypatch):
+    from tgc.backends import opencl
+    monkeypatch.setattr(opencl, "cpu_description", lambda: "AMD EPYC, family 26")
+    assert opencl.explain_build_failure(POCL_ZEN5_LOG, POCL_VERSION, "pthread-AMD EPYC") == \
+        "PoCL 3.0-rc2 cannot compile for this CPU (AMD EPYC, family 26): its LLVM does not know it"
+    other = opencl.explain_build_failure("\n  error: out of resources\nmore\n", "OpenCL 3.0 Vendor", "GPU X")
+    assert other == "OpenCL device 'GPU X' cannot build a test kernel: error: out of resources"
+
+
+def test_cpu_description_names_model_and_family():
+    from tgc.backends.opencl import cpu_description
+    text = cpu_description()
+    assert text and "\n" not in text
+    if Path("/proc/cpuinfo").exists() and "cpu family" in Path("/proc/cpuinfo").read_text():
+        assert ", family " in text
+
+
+def test_probe_builds_and_runs_for_real_and_is_cached(monkeypatch):
+    """The probe's answer comes from a real build and launch in a subprocess, once; later asks read the cache."""
+    from tgc import cache
+    from tgc.backends import opencl
+    try:
+        opencl._all_devices()
+    except DeviceError as e:
+        pytest.skip(f"no OpenCL device is listed here: {e.msg}")
+    opencl.probe_device.cache_clear()
+    cache.clear("probe")
+    calls = []
+    real = opencl._run_probe_subprocess
+    monkeypatch.setattr(opencl, "_run_probe_subprocess", lambda i: calls.append(i) or real(i))
+    first = opencl.probe_device(0)
+    opencl.probe_device.cache_clear()
+    second = opencl.probe_device(0)
+    opencl.probe_device.cache_clear()
+    assert first == second and calls == [0]  # the second answer came from the disk cache
+    # the subprocess's answer agrees with building the same kernel here, in this process
+    assert first == (AVAILABLE, WHY_NOT)
+    child = opencl._probe_child(0)
+    assert (child["ok"], child["why"]) == first
+
+
+def test_a_crashing_driver_is_unavailable_not_a_crash(monkeypatch):
+    from tgc.backends import opencl
+    monkeypatch.setattr(opencl, "PROBE_KERNEL", "this is not OpenCL C")
+
+    class Proc:
+        returncode, stdout, stderr = -11, "", "Segmentation fault\n"
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: Proc())
+    ok, why = opencl._run_probe_subprocess(0)
+    assert not ok and "exit -11" in why and "Segmentation fault" in why
+
+
+@pytest.fixture
+def failing_probe(monkeypatch):
+    """OPENCL as on a CPU PoCL's LLVM does not know: listed by pyopencl, but its probe fails."""
+    from tgc import backends
+    from tgc.backends import opencl
+    why = "PoCL 3.0-rc2 cannot compile for this CPU (AMD EPYC, family 26): its LLVM does not know it"
+    monkeypatch.setattr(opencl, "probe_device", lambda index=0: (False, why))
+    monkeypatch.setattr(backends, "_instances", {})
+    return why
+
+
+SOFTMAX = str(ROOT / "kernels" / "softmax.tg")
+
+
+def _cli(*args: str):
+    from click.testing import CliRunner
+
+    from tgc.cli.main import main
+    return CliRunner(env={"NO_COLOR": "1", "TGC_DEVICE": None}).invoke(main, list(args))
+
+
+def test_failing_probe_devices_says_why(failing_probe):
+    import json
+    res = _cli("devices", "--json")
+    assert res.exit_code == 0, res.output
+    row = next(r for r in json.loads(res.output) if r["device"] == "OPENCL")
+    assert row["available"] is False and row["why_not"] == failing_probe
+    assert "clang" in row["compiler"]
+
+
+def test_failing_probe_run_fails_with_the_reason_exit_1(failing_probe):
+    res = _cli("run", SOFTMAX, "--random", "-D", "N=4", "-D", "D=8", "-d", "OPENCL")
+    assert res.exit_code == 1, res.output
+    assert f"error: {failing_probe}" in res.output
+    assert "Traceback" not in res.output and "internal error" not in res.output
+
+
+def test_failing_probe_compile_still_prints_opencl_c(failing_probe):
+    res = _cli("compile", SOFTMAX, "-D", "N=4", "-D", "D=8", "-d", "OPENCL")
+    assert res.exit_code == 0, res.output
+    assert "__kernel void" in res.output and "get_local_id" in res.output or "get_group_id" in res.output
+    assert failing_probe in res.output  # the note says why nothing was built
+
+
+def test_failing_probe_skips_the_language_suite_with_the_reason(failing_probe):
+    from langkit import device_skip_reason
+    assert device_skip_reason("OPENCL") == f"OPENCL cannot run here: {failing_probe}"
+    assert device_skip_reason("CPU") is None
+
+
+def test_failing_probe_api_run_raises_device_error(failing_probe):
+    import tgc
+    prog = tgc.loads("x: f32[4]\nreturn x + 1\n")
+    with pytest.raises(DeviceError, match="cannot compile for this CPU"):
+        prog.run(device="OPENCL", x=np.zeros(4, np.float32))
+    kernels = prog.compile(device="OPENCL")  # rendering needs no device
+    assert kernels and all(k.binary is None and "__kernel" in k.src for k in kernels)
+
+
+# --- OpenCL C type-checked with clang where no driver compiles it ------------------------------------------------
+
+LINT_ERROR = None
+try:
+    from tgc.backends.clang_lint import libclang_error as _le
+    LINT_ERROR = _le()
+except ImportError as _e:  # pragma: no cover
+    LINT_ERROR = str(_e)
+needs_libclang = pytest.mark.skipif(LINT_ERROR is not None, reason=f"libclang missing: {LINT_ERROR}")
+
+
+@needs_libclang
+@pytest.mark.parametrize("src", [ADD_SRC, HALF_SRC, REDUCE_SRC, AFFINE2D_SRC])
+def test_handwritten_opencl_type_checks(src):
+    from tgc.backends.opencl import opencl_linter
+    assert opencl_linter().diagnostics(src) == []
+
+
+@needs_libclang
+@pytest.mark.parametrize("bad, message", [
+    ("out[i] = undefined_fn(a[i]);", "undefined_fn"),
+    ("out[i] = sqrt(a);", "sqrt"),  # no overload takes a pointer
+    ("out[i] = a[i] + b;", "invalid operands"),  # float + pointer
+    ("out[i] = as_int(a[i], 2);", "as_int"),
+    ("barrier(CLK_LOCAL_MEM_FENCE, 1);", "barrier"),
+])
+def test_broken_opencl_gives_clang_errors_at_the_line(bad, message):
+    from tgc.backends.opencl import opencl_linter
+    src = ("__kernel void k(__global float* out, __global const float* a, __global const float* b) {\n"
+           "  int i = get_global_id(0);\n  " + bad + "\n}\n")
+    with pytest.raises(CompileError) as info:
+        opencl_linter().lint(src)
+    assert info.value.line == 3 and info.value.file == "k.cl"
+    assert message in info.value.format() or message in str(getattr(info.value, "diagnostics", ""))
+
+
+@needs_libclang
+def test_rendered_kernels_of_every_dtype_type_check():
+    """Every dtype through loads, stores, casts, bitcasts, math and reductions, rendered and linted."""
+    import tgc
+    from tgc.backends.opencl import opencl_linter
+    for dt in ("bool", "i8", "u8", "i16", "u16", "i32", "u32", "i64", "u64", "f16", "bf16", "f32", "f64"):
+        src = f"x: {dt}[4, 8]\ny: f32[4, 8]\nreturn (x.cast(f32) * y).sum(axis=1), x.max(axis=0), y.cast({dt})\n"
+        for k in tgc.loads(src).compile(device="OPENCL", dims={}):
+            assert opencl_linter().diagnostics(k.src) == [], k.src

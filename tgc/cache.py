@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 DB_NAME = "cache.db"
-TABLES = ("compile", "beam")  # the namespaces tgc uses; stats() always lists these
+TABLES = ("compile", "beam", "probe")  # the namespaces tgc uses; stats() always lists these
 KEY_PREFIX_LEN = 16  # how much of a key `entries()` shows
 
 # Seconds a call waits for another process's lock before giving up on the cache. Tests lower it.

@@ -155,6 +155,10 @@ class Device:
         """Why this machine cannot compile for the device, or None."""
         return None
 
+    def ensure_runnable(self) -> None:
+        """Raise DeviceError (why, in one line) when kernels cannot run on this device here. Called before a
+        program allocates anything; devices that only find out on first use (a GPU context) may do nothing."""
+
     def program(self, name: str, lib: bytes) -> Program:
         raise NotImplementedError
 

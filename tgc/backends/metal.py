@@ -20,7 +20,6 @@ Nothing heavy is imported at module import: libclang on the first lint, pyobjc w
 
 from __future__ import annotations
 
-import atexit
 import functools
 import re
 import shutil
@@ -28,12 +27,12 @@ import struct
 import subprocess
 import sys
 import tempfile
-import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tgc.backends.base import Compiler, Device, LRUAllocator, Program
+from tgc.backends.clang_lint import ClangLinter, libclang_error, libclang_version
+from tgc.backends.clang_lint import LintDiagnostic as LintDiagnostic  # re-exported
 from tgc.backends.cstyle import MetalRenderer
 from tgc.errors import CompileError, DeviceError
 
@@ -69,66 +68,22 @@ SOURCE_LIB_MAGIC = b"tgc-msl\0"  # a "binary" that is MSL source, compiled by th
 
 # ---------------------------------------------------------------- clang type-check (any platform)
 
-@dataclass(frozen=True)
-class LintDiagnostic:
-    """One clang error in a kernel source (or in the stub header, which would be a tgc bug)."""
-
-    file: str
-    line: int
-    col: int
-    message: str
-    text: str | None = None  # the source line
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line}:{self.col}: error: {self.message}"
-
-
-@functools.cache
-def _libclang() -> tuple[Any, Any]:
-    """(clang.cindex, an Index), loaded once; CompileError when libclang is missing or cannot load."""
-    try:
-        from clang import cindex
-    except ImportError as e:
-        raise CompileError(f"libclang is not installed ({e})", hint=INSTALL_HINT) from None
-    try:
-        index = cindex.Index.create()
-    except Exception as e:  # cindex.LibclangError: the Python bindings are there but the shared library is not
-        raise CompileError(f"libclang could not be loaded ({e})", hint=INSTALL_HINT) from None
-    # drop the Index before interpreter teardown, while cindex can still free it
-    atexit.register(_libclang.cache_clear)
-    return cindex, index
-
-
-@functools.cache
-def libclang_error() -> str | None:
-    """Why the clang type-check cannot run here, or None when it can."""
-    try:
-        _libclang()
-    except CompileError as e:
-        return f"{e.msg}; install it with {INSTALL_HINT}"
-    return None
-
-
-@functools.cache
-def libclang_version() -> str | None:
-    """The version of the `libclang` package, or None when it is not installed."""
-    from importlib.metadata import PackageNotFoundError, version
-    try:
-        return version("libclang")
-    except PackageNotFoundError:
-        return None
-
-
 _KERNEL_NAME = re.compile(r"\bkernel\s+void\s+(\w+)")
 _UNKNOWN_ATTRIBUTE = re.compile(r"unknown attribute '([\w:]+)' ignored")
+_HEADER_PATH = f"{_VIRTUAL_INCLUDE}/metal_stdlib"
 
 
-class MetalLinter:
+class MetalLinter(ClangLinter):
     """Type-checks MSL as C++17 with libclang, in-process, against the stub `<metal_stdlib>`.
 
     `diagnostics(src)` gives the errors (an empty list when the source is clean); `lint(src)` raises
     CompileError carrying them. Results are cached by source text.
     """
+
+    what = "Metal"
+    root = _VIRTUAL_ROOT
+    args = CLANG_ARGS
+    header_names = {_HEADER_PATH: "<metal_stdlib> (tgc's stub)"}
 
     def __init__(self, header: Path = STUB_HEADER):
         try:
@@ -136,72 +91,28 @@ class MetalLinter:
         except OSError as e:
             raise CompileError(f"the stub <metal_stdlib> is missing from this install ({e})",
                                hint=f"reinstall tgc: {INSTALL_HINT}") from None
-        self._lock = threading.Lock()  # one parse at a time on the shared Index
-        self._cache: dict[tuple[str, str], tuple[LintDiagnostic, ...]] = {}
+        super().__init__({_HEADER_PATH: self.header})
 
     @property
-    def version(self) -> str:
-        return f"libclang-{libclang_version() or 'missing'}"
+    def note(self) -> str:
+        return "clang type-checked the Metal source as C++17 against tgc's stub <metal_stdlib>"
 
-    def diagnostics(self, src: str, filename: str | None = None) -> list[LintDiagnostic]:
-        filename = filename or _default_filename(src)
-        key = (filename, src)
-        if key not in self._cache:
-            if len(self._cache) > 512:
-                self._cache.clear()
-            self._cache[key] = tuple(self._parse(src, filename))
-        return list(self._cache[key])
+    def default_filename(self, src: str) -> str:
+        m = _KERNEL_NAME.search(src)
+        return f"{m.group(1) if m else 'kernel'}.metal"
 
-    def lint(self, src: str, filename: str | None = None) -> None:
-        """Raise CompileError (clang's message, at the first error's line and column) unless `src` type-checks."""
-        filename = filename or _default_filename(src)
-        errors = self.diagnostics(src, filename)
-        if not errors:
-            return
-        first = errors[0]
-        hint = "clang type-checked the Metal source as C++17 against tgc's stub <metal_stdlib>"
-        if len(errors) > 1:
-            hint += f"; {len(errors) - 1} more error{'s' if len(errors) > 2 else ''}:\n    " + \
-                "\n    ".join(str(d) for d in errors[1:10])
-        err = CompileError(first.message, file=first.file, line=first.line, col=first.col, text=first.text, hint=hint)
-        err.diagnostics = errors  # type: ignore[attr-defined]
-        raise err
-
-    def _parse(self, src: str, filename: str) -> list[LintDiagnostic]:
-        cindex, index = _libclang()
-        path = f"{_VIRTUAL_ROOT}/{filename}"
-        header_path = f"{_VIRTUAL_INCLUDE}/metal_stdlib"
-        with self._lock:
-            tu = index.parse(path, args=list(CLANG_ARGS),
-                             unsaved_files=[(path, src), (header_path, self.header)])
-            raw = [(d.severity, _with_notes(d), d.option, _user_location(d, path)) for d in tu.diagnostics]
-        texts = {path: src.splitlines(), header_path: self.header.splitlines()}
-        out: list[LintDiagnostic] = []
-        for severity, message, option, loc in raw:
-            if severity < cindex.Diagnostic.Error:
-                m = _UNKNOWN_ATTRIBUTE.fullmatch(message) if option == "-Wunknown-attributes" else None
-                if m is None or m.group(1) in METAL_ATTRIBUTES:
-                    continue
-                message = f"unknown Metal attribute '{m.group(1)}'"
-            elif message.startswith("attempt to use a poisoned identifier"):
-                message = "Metal has no 'double' (64-bit float) type"
-            fname = loc.file.name if loc.file is not None else path
-            lines = texts.get(fname, [])
-            text = lines[loc.line - 1] if 0 < loc.line <= len(lines) else None
-            shown = filename if fname == path else ("<metal_stdlib> (tgc's stub)" if fname == header_path else fname)
-            out.append(LintDiagnostic(shown, loc.line, loc.column, _metal_words(message), text))
-        return out
+    def keep(self, severity: int, message: str, option: str, cindex: Any) -> str | None:
+        if severity < cindex.Diagnostic.Error:
+            m = _UNKNOWN_ATTRIBUTE.fullmatch(message) if option == "-Wunknown-attributes" else None
+            if m is None or m.group(1) in METAL_ATTRIBUTES:
+                return None
+            message = f"unknown Metal attribute '{m.group(1)}'"
+        elif message.startswith("attempt to use a poisoned identifier"):
+            message = "Metal has no 'double' (64-bit float) type"
+        return _metal_words(message)
 
 
 _ADDRESS_SPACES = {"1": "device", "2": "constant", "3": "threadgroup"}
-
-
-def _with_notes(diag: Any) -> str:
-    """clang's message, with the notes that explain it (why a candidate function does not fit, say)."""
-    notes = [n.spelling for n in diag.children
-             if n.spelling != "candidate function"
-             and not n.spelling.startswith(("in file included from", "in instantiation of"))]
-    return diag.spelling + (f" ({'; '.join(notes[:3])})" if notes else "")
 
 
 def _metal_words(message: str) -> str:
@@ -212,24 +123,6 @@ def _metal_words(message: str) -> str:
                      lambda m: f"{_ADDRESS_SPACES.get(m.group(1), m.group(1))} address space", message)
     return message.replace("default address space", "thread address space").replace("generic address space",
                                                                                       "thread address space")
-
-
-def _user_location(diag: Any, path: str) -> Any:
-    """Where in the kernel source an error is: an error inside the stub (a failed `static_assert` of
-    `as_type`, say) is reported at the kernel line its notes lead back to."""
-    loc = diag.location
-    if loc.file is not None and loc.file.name == path:
-        return loc
-    for note in diag.children:
-        at = note.location
-        if at.file is not None and at.file.name == path and not note.spelling.startswith("in file included from"):
-            return at
-    return loc
-
-
-def _default_filename(src: str) -> str:
-    m = _KERNEL_NAME.search(src)
-    return f"{m.group(1) if m else 'kernel'}.metal"
 
 
 @functools.cache

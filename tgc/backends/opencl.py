@@ -11,22 +11,27 @@ pyopencl is imported only when a device is opened or probed, never at module imp
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import re
 import struct
 import warnings
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tgc.backends.base import Compiler, Device, LRUAllocator, Program
+from tgc.backends.clang_lint import ClangLinter, libclang_error, libclang_version
 from tgc.backends.cstyle import OpenCLRenderer
-from tgc.errors import CompileError, DeviceError
+from tgc.errors import CompileError, DeviceError, TgcError
 
 if TYPE_CHECKING:
     import pyopencl as cl
 
 INSTALL_HINT = "pip install 'tgc[opencl]'"
 LLVM_BITCODE_MAGIC = b"BC\xc0\xde"
+STUB_HEADER = Path(__file__).with_name("opencl_c_base.h")
 
 
 def _import_cl():
@@ -220,50 +225,301 @@ class OpenCLProgram(Program):
         return (event.profile.end - event.profile.start) * 1e-9
 
 
+class OpenCLLinter(ClangLinter):
+    """Type-checks OpenCL C 1.2 with libclang against clang's own builtin declarations (see `clang_lint`)."""
+
+    what = "OpenCL C"
+    root = "/tgc-opencl-lint"
+    args = ("-x", "cl", "-cl-std=CL1.2", "-target", "spir64", "-Xclang", "-fdeclare-opencl-builtins",
+            "-fsyntax-only", "-nostdinc", f"-I{root}/include", "-ferror-limit=50")
+    header_names = {f"{root}/include/opencl-c-base.h": "<opencl-c-base.h> (tgc's stub)"}
+
+    def __init__(self, header: Path = STUB_HEADER):
+        try:
+            text = header.read_text(encoding="utf-8")
+        except OSError as e:
+            raise CompileError(f"the stub <opencl-c-base.h> is missing from this install ({e})",
+                               hint="reinstall tgc") from None
+        super().__init__({f"{self.root}/include/opencl-c-base.h": text})
+
+    @property
+    def note(self) -> str:
+        return "clang type-checked the OpenCL C 1.2 source (no OpenCL compiler runs here)"
+
+    def default_filename(self, src: str) -> str:
+        m = re.search(r"__kernel\s+void\s+(\w+)", src)
+        return f"{m.group(1) if m else 'kernel'}.cl"
+
+
+@functools.cache
+def opencl_linter() -> OpenCLLinter:
+    """The shared linter (its result cache is shared too)."""
+    return OpenCLLinter()
+
+
+# ---------------------------------------------------------------- the probe: a real build and launch
+
+PROBE_KERNEL = "__kernel void tgc_probe(__global int* out, int k) { int i = get_global_id(0); out[i] = i * k + 1; }"
+PROBE_ITEMS = 16
+NOT_HERE_HINT = ("OpenCL C is still rendered and type-checked here (tgc compile -d OPENCL); "
+                 "run on another device, e.g. -d CPU")
+
+
+def cpu_description() -> str:
+    """`AMD EPYC, family 26`: the CPU's model name and family from /proc/cpuinfo (or platform's words)."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, sep, value = line.partition(":")
+                if sep and key.strip() in ("model name", "cpu family") and key.strip() not in fields:
+                    fields[key.strip()] = value.strip()
+                if not line.strip() and fields:
+                    break
+    except OSError:
+        pass
+    import platform
+    name = fields.get("model name") or platform.processor() or platform.machine() or "unknown CPU"
+    return f"{name}, family {fields['cpu family']}" if "cpu family" in fields else name
+
+
+def _cpu_identity() -> str:
+    """What distinguishes this CPU for the probe cache: vendor, family, model, stepping, model name."""
+    keep = ("vendor_id", "cpu family", "model", "stepping", "model name")
+    seen: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, sep, value = line.partition(":")
+                if not line.strip():
+                    break
+                if sep and key.strip() in keep:
+                    seen[key.strip()] = value.strip()
+    except OSError:
+        import platform
+        return platform.processor() or platform.machine()
+    return "|".join(f"{k}={seen.get(k, '')}" for k in keep)
+
+
+def explain_build_failure(log: str, platform_version: str, device_name: str) -> str:
+    """One line that says why a device cannot build kernels, from the driver's build log."""
+    if "unknown target CPU" in log:
+        m = re.search(r"PoCL\s+(\S+)", platform_version)
+        ver = m.group(1) if m else ""
+        return (f"PoCL {ver} cannot compile for this CPU ({cpu_description()}): its LLVM does not know it"
+                .replace("PoCL  ", "PoCL "))
+    first = next((ln.strip() for ln in log.splitlines() if ln.strip()), "no build log")
+    return f"OpenCL device '{device_name}' cannot build a test kernel: {first}"
+
+
+def _probe_child(index: int) -> dict[str, Any]:
+    """In the probe's subprocess: build and run PROBE_KERNEL on device `index`; what happened, as JSON-able."""
+    cl = _import_cl()
+    dev = _all_devices()[index]
+    ctx = cl.Context([dev])
+    prg = cl.Program(ctx, PROBE_KERNEL)
+    try:
+        prg.build(devices=[dev])
+    except cl.Error as e:
+        try:
+            log = prg.get_build_info(dev, cl.program_build_info.LOG) or ""
+        except cl.Error:
+            log = ""
+        return {"ok": False, "why": explain_build_failure(log or str(e), dev.platform.version, dev.name.strip())}
+    queue = cl.CommandQueue(ctx, dev)
+    out = np.zeros(PROBE_ITEMS, np.int32)
+    buf = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, out.nbytes)
+    knl = cl.Kernel(prg, "tgc_probe")
+    knl.set_arg(0, buf)
+    knl.set_arg(1, np.int32(3))
+    cl.enqueue_nd_range_kernel(queue, knl, (PROBE_ITEMS,), None)
+    cl.enqueue_copy(queue, out, buf, is_blocking=True)
+    want = np.arange(PROBE_ITEMS, dtype=np.int32) * 3 + 1
+    if not np.array_equal(out, want):
+        return {"ok": False, "why": f"OpenCL device '{dev.name.strip()}' ran a test kernel and gave wrong results"}
+    return {"ok": True, "why": ""}
+
+
+def _run_probe_subprocess(index: int) -> tuple[bool, str]:
+    """Probe in a child process, so a driver that crashes or hangs cannot take tgc down with it."""
+    import json
+    import subprocess
+    import sys
+    code = ("import json, sys; from tgc.backends.opencl import _probe_child; "
+            "print('TGC-PROBE ' + json.dumps(_probe_child(int(sys.argv[1]))))")
+    try:
+        proc = subprocess.run([sys.executable, "-c", code, str(index)], capture_output=True, text=True,
+                              timeout=PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return False, f"the OpenCL driver did not build a test kernel within {PROBE_TIMEOUT_S} s"
+    except OSError as e:
+        return False, f"could not start the OpenCL probe ({e})"
+    for line in proc.stdout.splitlines():
+        if line.startswith("TGC-PROBE "):
+            res = json.loads(line[len("TGC-PROBE "):])
+            return bool(res["ok"]), str(res["why"])
+    tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    return False, f"the OpenCL driver failed while building a test kernel (exit {proc.returncode}: {tail})"
+
+
+PROBE_TIMEOUT_S = 120
+
+
+@functools.cache
+def probe_device(index: int = 0) -> tuple[bool, str]:
+    """(True, "") when OpenCL device `index` really builds and runs a tiny kernel, else (False, why in one line).
+
+    The answer is kept in the disk cache (table `probe`), keyed by this CPU, the platform, device and driver
+    versions and pyopencl's and tgc's versions, so a machine probes once per driver; and per process here.
+    """
+    try:
+        devices = _all_devices()
+    except DeviceError as e:
+        return False, f"{e.msg}; {e.hint}" if e.hint else e.msg
+    if index >= len(devices):
+        return False, f"no OpenCL device {index}: this machine has {len(devices)}"
+    import json
+
+    from tgc import __version__, cache
+    d = devices[index]
+    cl = _import_cl()
+    key = cache.make_key("opencl-probe", index, d.platform.name, d.platform.version, d.name, d.driver_version,
+                         d.opencl_c_version, getattr(cl, "VERSION_TEXT", ""), __version__, _cpu_identity())
+    hit = cache.get("probe", key)
+    if hit is not None:
+        try:
+            ok, why = json.loads(hit)
+            return bool(ok), str(why)
+        except (ValueError, TypeError):
+            pass  # a damaged entry: probe again
+    ok, why = _run_probe_subprocess(index)
+    cache.put("probe", key, json.dumps([ok, why]).encode(), meta=f"OPENCL:{index} {d.name.strip()}")
+    return ok, why
+
+
 class OpenCLDevice(Device):
-    """`OPENCL:i`: the i-th OpenCL device over all platforms."""
+    """`OPENCL:i`: the i-th OpenCL device over all platforms.
+
+    Creating it opens nothing: rendering needs no device, so `tgc compile -d OPENCL` prints OpenCL C on every
+    machine. Where the device really builds and runs a kernel (`probe_device`), kernels compile with the driver
+    and run; elsewhere `compiler` is None, `compile_error` says why, each kernel is type-checked with libclang
+    (`lint`), and running raises DeviceError with the probe's reason.
+    """
 
     kind = "OPENCL"
-    # The OpenCL C renderer is a dialect of the shared C-style renderer (written by the lead); it is attached there.
+    # The OpenCL C renderer is a dialect of the shared C-style renderer.
     renderer: Any = OpenCLRenderer()
     launch_style = "gpu"
 
     def __init__(self, index: int = 0):
         super().__init__(index)
-        self.cl = _import_cl()
-        devices = _all_devices()
-        if index >= len(devices):
-            raise DeviceError(f"no OpenCL device {index}: this machine has {len(devices)}",
-                              hint=f"use OPENCL:0 .. OPENCL:{len(devices) - 1}")
-        self.cl_device = devices[index]
-        self.context = self.cl.Context([self.cl_device])
-        self.queue = self.cl.CommandQueue(self.context, self.cl_device,
-                                          properties=self.cl.command_queue_properties.PROFILING_ENABLE)
-        extensions = self.cl_device.extensions.split()
-        # Without cl_khr_fp16 (PoCL), `half` is storage only: the renderer must use vload_half/vstore_half.
-        self.has_fp16: bool = "cl_khr_fp16" in extensions
-        self.has_fp64: bool = "cl_khr_fp64" in extensions
-        self.compiler = OpenCLCompiler(self)
+        self._opened: dict[str, Any] | None = None
+        self._compiler: OpenCLCompiler | None = None
+        try:
+            count = len(_all_devices())
+        except DeviceError:
+            count = None
+        if index > 0 and (count is None or index >= count):
+            raise TgcError(f"no OpenCL device {index}: this machine has {count or 0}",
+                           hint=f"use OPENCL:0 .. OPENCL:{count - 1}" if count else "use OPENCL (index 0)")
         self.allocator = OpenCLAllocator(self)
 
     @classmethod
     def probe(cls) -> tuple[bool, str]:
-        """(True, "") when pyopencl is installed and at least one OpenCL device exists."""
-        try:
-            _all_devices()
-        except DeviceError as e:
-            return False, f"{e.msg}; {e.hint}" if e.hint else e.msg
-        return True, ""
+        """(True, "") when OpenCL device 0 builds and runs a tiny kernel; else why not, in one line."""
+        return probe_device(0)
+
+    @property
+    def available(self) -> tuple[bool, str]:
+        return probe_device(self.index)
+
+    def ensure_runnable(self) -> None:
+        ok, why = self.available
+        if not ok:
+            raise DeviceError(why, hint=NOT_HERE_HINT)
+
+    def _open(self) -> dict[str, Any]:
+        """pyopencl, the device, its context and queue: opened on first use, once the probe has passed."""
+        if self._opened is None:
+            self.ensure_runnable()
+            cl = _import_cl()
+            cl_device = _all_devices()[self.index]
+            context = cl.Context([cl_device])
+            queue = cl.CommandQueue(context, cl_device, properties=cl.command_queue_properties.PROFILING_ENABLE)
+            self._opened = {"cl": cl, "cl_device": cl_device, "context": context, "queue": queue}
+        return self._opened
+
+    @property
+    def cl(self) -> Any:
+        return self._open()["cl"]
+
+    @property
+    def cl_device(self) -> cl.Device:
+        return self._open()["cl_device"]
+
+    @property
+    def context(self) -> cl.Context:
+        return self._open()["context"]
+
+    @property
+    def queue(self) -> cl.CommandQueue:
+        return self._open()["queue"]
+
+    @property
+    def has_fp16(self) -> bool:
+        """`half` arithmetic (cl_khr_fp16); without it `half` is storage only (vload_half/vstore_half)."""
+        return self.available[0] and "cl_khr_fp16" in self.cl_device.extensions.split()
+
+    @property
+    def has_fp64(self) -> bool:
+        return not self.available[0] or "cl_khr_fp64" in self.cl_device.extensions.split()
+
+    @property
+    def compiler(self) -> OpenCLCompiler | None:  # type: ignore[override]
+        if self._compiler is None and self.available[0]:
+            self._compiler = OpenCLCompiler(self)
+        return self._compiler
+
+    @property
+    def compile_error(self) -> str | None:
+        ok, why = self.available
+        if ok:
+            return None
+        lint = libclang_error()
+        return f"{why}; the source was type-checked with clang" if lint is None else \
+            f"{why}; the source was not type-checked ({lint})"
+
+    def lint(self, src: str) -> None:
+        """Type-check a kernel source as OpenCL C 1.2 with clang; CompileError on an error (a no-op without
+        libclang, where `compile_error` says so)."""
+        if libclang_error() is None:
+            opencl_linter().lint(src)
 
     def program(self, name: str, lib: bytes) -> OpenCLProgram:
+        self.ensure_runnable()
         return OpenCLProgram(self, name, lib)
 
     def synchronize(self) -> None:
-        self.queue.finish()
+        if self._opened is not None:
+            self.queue.finish()
 
     def info(self) -> dict[str, Any]:
+        ok, why = self.available
+        if not ok:
+            out: dict[str, Any] = {"renderer": "opencl", "available": False, "reason": why,
+                                   "compiler": "clang type-check (OpenCL C 1.2)", "version": libclang_version()}
+            try:
+                d = _all_devices()[self.index]
+                out.update(platform=d.platform.name.strip(), platform_version=d.platform.version.strip(),
+                           device=d.name.strip(), driver_version=d.driver_version.strip())
+            except (DeviceError, IndexError):
+                pass
+            if libclang_error() is not None:
+                out["compile_error"] = libclang_error()
+            return out
         d = self.cl_device
         return {
+            "available": True,
             "platform": d.platform.name.strip(),
             "platform_version": d.platform.version.strip(),
             "device": d.name.strip(),

@@ -489,7 +489,7 @@ def devices(as_json: bool) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 # tgc cache
 
-CACHE_TABLES = ("compile", "beam")
+CACHE_TABLES = ("compile", "beam", "probe")
 
 
 @main.group()

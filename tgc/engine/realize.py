@@ -53,6 +53,7 @@ def run_program(prog, device: str | None, dims: dict[str, int], arrays: dict[str
         raise TgcError(f"device lists such as '{name}' (one program sharded across devices) are not supported yet",
                        hint="run on one device, e.g. -d " + name.split(",")[0].strip())
     dev = get_device(name)
+    dev.ensure_runnable()
     kernels = prog.compile(device=name, dims=dims)
     outs, in_bufs = prog._trace(dims)
     buffers: dict[UOp, Buffer] = {}
