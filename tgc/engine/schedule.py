@@ -18,7 +18,7 @@ from tgc.ir.shapes import prod, shape_of, strides_for
 from tgc.ir.symbolic import simplify
 from tgc.ir.uop import ALU, Ops, RangeKind, UOp
 
-INDEX = dtypes.i32
+INDEX = dtypes.index  # 64-bit while scheduling and optimizing; narrowed to i32 per kernel where it provably fits
 
 
 @dataclass
@@ -166,7 +166,7 @@ class _Lowerer:
         if op is Ops.CONST:
             return node
         if op is Ops.IOTA:
-            return idx[0]
+            return UOp(Ops.CAST, node.dtype, (idx[0],))
         if op is Ops.CONTIGUOUS:  # the root of its own kernel: a plain copy of its source
             return self.value(node.src[0], idx, valid)
         if op in ALU or op in (Ops.CAST, Ops.BITCAST):
