@@ -99,6 +99,18 @@ def test_grid_past_what_a_gpu_kernel_indexes_is_a_clear_error():
         _kernel(ADD1_U8, "CUDA", N=prime)
 
 
+def test_buffer_past_the_device_allocation_limit_is_a_clear_error(monkeypatch):
+    """OpenCL (CL_DEVICE_MAX_MEM_ALLOC_SIZE) and Metal (maxBufferLength) state a largest buffer: a program
+    that needs a larger one fails with that reason (here a CPU given such a limit stands in for them)."""
+    from tgc.backends import get_device
+    from tgc.errors import DeviceError
+    monkeypatch.setattr(get_device("CPU"), "max_buffer_bytes", 4096)
+    prog = tgc.loads(ADD1)
+    assert prog.run(device="CPU", x=np.ones(1024, np.float32))["out0"][0] == 2  # 4096 bytes: allowed
+    with pytest.raises(DeviceError, match=r"f32\[1025\] buffer takes 4100 bytes, more than the 4096 bytes CPU"):
+        prog.run(device="CPU", x=np.ones(1025, np.float32))
+
+
 # --- the i64 code paths, checked at a small size by forcing the width
 
 

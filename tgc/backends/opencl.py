@@ -255,6 +255,10 @@ class OpenCLDevice(Device):
             return False, f"{e.msg}; {e.hint}" if e.hint else e.msg
         return True, ""
 
+    @property
+    def max_buffer_bytes(self) -> int | None:  # type: ignore[override]
+        return int(self.cl_device.max_mem_alloc_size)
+
     def program(self, name: str, lib: bytes) -> OpenCLProgram:
         return OpenCLProgram(self, name, lib)
 
