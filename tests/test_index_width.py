@@ -111,6 +111,19 @@ def test_buffer_past_the_device_allocation_limit_is_a_clear_error(monkeypatch):
         prog.run(device="CPU", x=np.ones(1025, np.float32))
 
 
+@pytest.mark.parametrize("n", [1 << 63, (1 << 64) + 5])
+def test_tensor_past_64_bit_indexing_is_refused(n):
+    from tgc.errors import TgcError
+    with pytest.raises(TgcError, match="more than the 2\\^63 - 1 that tgc can index") as e:
+        _kernel(ADD1, "CPU", N=n)
+    assert e.value.kind == "user"
+
+
+def test_largest_64_bit_dim_still_compiles():
+    k = _kernel(ADD1, "CPU", N=(1 << 63) - 1)
+    assert "9223372036854775807" in k.src and k.binary is not None
+
+
 # --- the i64 code paths, checked at a small size by forcing the width
 
 

@@ -314,7 +314,26 @@ def split_large_reduces(outputs: list[UOp]) -> list[UOp]:
     return [memo[o] for o in outputs]
 
 
+MAX_ELEMENTS = (1 << 63) - 1  # flat indices of every tensor must fit the 64-bit index math
+
+
+def check_sizes(outputs: list[UOp]) -> None:
+    """A tensor with more elements than 64-bit index math addresses is refused (never indexed modulo 2^64)."""
+    from tgc.errors import TgcError
+    seen: set[UOp] = set()
+    for out in outputs:
+        for node in out.toposort():
+            if node in seen:
+                continue
+            seen.add(node)
+            shape = shape_of(node)
+            if prod(shape) > MAX_ELEMENTS:
+                raise TgcError(f"a tensor of shape {list(shape)} has {prod(shape)} elements, more than the "
+                               f"2^63 - 1 that tgc can index", hint="use smaller dims")
+
+
 def create_schedule(outputs: list[UOp], fuse_rows: bool = False) -> list[ScheduleItem]:
+    check_sizes(outputs)
     roots = find_realized(outputs, fuse_rows)
     realized = set(roots)
     items: list[ScheduleItem] = []
