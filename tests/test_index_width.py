@@ -43,7 +43,8 @@ def test_small_kernel_indexes_in_i32_on_the_cpu():
 def test_small_kernel_indexes_in_i32_on_gpus():
     k = _kernel(ADD1, "CUDA", N=1 << 20)
     for src in (k.src, OpenCLRenderer().render(k.name, k.uops), MetalRenderer().render(k.name, k.uops)):
-        assert "long" not in src.split("{", 1)[0] + src.split(k.name, 1)[1], src
+        body = src[src.rindex(f" {k.name}("):]  # the kernel, after any helper functions
+        assert "long" not in body and re.search(r"\bint v\d+ = ", body), body
 
 
 def test_small_kernel_indexes_in_i32_on_python():
