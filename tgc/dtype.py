@@ -71,6 +71,9 @@ class dtypes:
     bf16 = DType(10, 2, "bf16", None)
     f32 = DType(11, 4, "f32", "f")
     f64 = DType(12, 8, "f64", "d")
+    # Index arithmetic (loop variables, addresses) before codegen picks its width: every kernel's index
+    # math becomes i32 or i64 (`tgc.codegen.index`). Not a DSL type: it is in neither `all` nor `by_name`.
+    index = DType(7, 8, "index", "q")
 
     all: tuple[DType, ...] = ()
     by_name: dict[str, DType] = {}

@@ -137,6 +137,8 @@ class Device:
     allocator: Allocator
     # Launch shape: "cpu" (threads over the outer loop) or "gpu" (global/local grid).
     launch_style = "cpu"
+    # The largest buffer the device can allocate, where it states one (OpenCL, Metal); None: memory is the limit.
+    max_buffer_bytes: int | None = None
 
     def __init__(self, index: int = 0):
         self.index = index

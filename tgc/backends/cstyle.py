@@ -28,6 +28,9 @@ class CStyleRenderer:
     barrier = "barrier(CLK_LOCAL_MEM_FENCE);"
     launch_style = "gpu"
     has_threads = False
+    # work-group and work-item indices are `int` in the kernel (and CUDA's grid is at most 2^31 - 1 blocks
+    # wide): a launch past this many work-groups is refused; addresses past 2^31 use 64-bit math instead
+    max_groups = (1 << 31) - 1
     float_suffix = "f"
     # index builtins by SPECIAL name prefix
     group_index = "get_group_id({})"
@@ -170,13 +173,13 @@ class CStyleRenderer:
             op, d = u.op, u.dtype
             if op in (Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.CONST, Ops.SINK):
                 continue
-            if op is Ops.SPECIAL:
+            if op is Ops.SPECIAL:  # always i32 (tgc.codegen.index), cast to i64 in a wide kernel
                 names[u] = u.arg[0]
                 line(f"int {u.arg[0]} = {self.special(u.arg[0])}; /* {u.arg[1]} */")
             elif op is Ops.RANGE:
                 var = f"ridx{u.arg[0]}"
                 names[u] = var
-                line(f"for (int {var} = 0; {var} < {ref(u.src[0])}; {var}++) {{")
+                line(f"for ({self.ctype(d)} {var} = 0; {var} < {ref(u.src[0])}; {var}++) {{")
                 depth += 1
             elif op is Ops.ENDRANGE:
                 depth -= 1

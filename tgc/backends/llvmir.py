@@ -1,7 +1,8 @@
 """Renders linear UOps as LLVM IR text (no llvmlite needed to render; only to compile).
 
 The kernel is `void NAME(ptr %data0, ..., i32 %core_id)`: on the CPU each thread receives its index
-as the last argument. Accumulators live in allocas (LLVM's mem2reg makes them registers); loops are
+as the last argument. Loop variables and addresses are i32, or i64 in kernels whose indices may pass
+2^31 (`tgc.codegen.index`). Accumulators live in allocas (LLVM's mem2reg makes them registers); loops are
 header/body/exit blocks with a phi for the index. Bools are i1 in registers and i8 in memory; bf16 is
 i16 bits. A dtype with `count > 1` is an LLVM vector (`<16 x float>`); scalars used with vectors are
 splatted by VECTORIZE.
@@ -115,7 +116,7 @@ class _Renderer:
                 params.append(f"ptr noalias align 16 %data{u.arg}")
             elif u.op is Ops.DEFINE_VAR:
                 self.names[u] = f"%{u.arg if isinstance(u.arg, str) else u.arg[0]}"
-                params.append(f"i32 {self.names[u]}")
+                params.append(f"{ltype(u.dtype)} {self.names[u]}")
         if not any(u.op is Ops.DEFINE_VAR for u in self.uops):
             params.append("i32 %core_id")
         for u in self.uops:
@@ -137,18 +138,18 @@ class _Renderer:
             self.names[u] = var
             phi_at = len(self.lines)
             self.emit("PHI")
-            cond = self.tmp()
-            self.emit(f"{cond} = icmp slt i32 {var}, {self.ref(u.src[0])}")
+            cond, t = self.tmp(), ltype(d)  # i32, or i64 in a kernel whose indices may pass 2^31
+            self.emit(f"{cond} = icmp slt {t} {var}, {self.ref(u.src[0])}")
             self.emit(f"br i1 {cond}, label %{label}_body, label %{label}_exit")
             self.lines.append(f"{label}_body:")
-            self.loops.append({"label": label, "phi_at": phi_at, "entry_block": self.block, "var": var})
+            self.loops.append({"label": label, "phi_at": phi_at, "entry_block": self.block, "var": var, "type": t})
             self.block = f"{label}_body"
         elif op is Ops.ENDRANGE:
             loop = self.loops.pop()
             nxt = self.tmp()
-            self.emit(f"{nxt} = add nuw nsw i32 {loop['var']}, 1")
+            self.emit(f"{nxt} = add nuw nsw {loop['type']} {loop['var']}, 1")
             self.emit(f"br label %{loop['label']}_head")
-            self.lines[loop["phi_at"]] = (f"  {loop['var']} = phi i32 [ 0, %{loop['entry_block']} ], "
+            self.lines[loop["phi_at"]] = (f"  {loop['var']} = phi {loop['type']} [ 0, %{loop['entry_block']} ], "
                                           f"[ {nxt}, %{self.block} ]")
             self.lines.append(f"{loop['label']}_exit:")
             self.block = f"{loop['label']}_exit"
@@ -197,15 +198,15 @@ class _Renderer:
         return cur
 
     def load(self, u: UOp) -> str:
-        buf, idx = u.src[0], self.ref(u.src[1])
+        buf, idx, it = u.src[0], self.ref(u.src[1]), ltype(u.src[1].dtype)
         gate = u.src[2] if len(u.src) > 2 else None
         d = u.dtype
         if gate is not None:
             safe = self.tmp()
-            self.emit(f"{safe} = select i1 {self.ref(gate)}, i32 {idx}, i32 0")
+            self.emit(f"{safe} = select i1 {self.ref(gate)}, {it} {idx}, {it} 0")
             idx = safe
         ptr, val = self.tmp(), self.tmp()
-        self.emit(f"{ptr} = getelementptr inbounds {mtype(d.scalar())}, ptr {self.ref(buf)}, i32 {idx}")
+        self.emit(f"{ptr} = getelementptr inbounds {mtype(d.scalar())}, ptr {self.ref(buf)}, {it} {idx}")
         self.emit(f"{val} = load {mtype(d)}, ptr {ptr}, align {d.itemsize}")
         if d.is_bool:
             b = self.tmp()
@@ -221,7 +222,8 @@ class _Renderer:
         buf, idx, val = u.src[:3]
         vd = val.dtype
         ptr = self.tmp()
-        self.emit(f"{ptr} = getelementptr inbounds {mtype(vd.scalar())}, ptr {self.ref(buf)}, i32 {self.ref(idx)}")
+        self.emit(f"{ptr} = getelementptr inbounds {mtype(vd.scalar())}, ptr {self.ref(buf)}, {ltype(idx.dtype)} "
+                  f"{self.ref(idx)}")
         v = self.ref(val)
         if vd.is_bool:
             z = self.tmp()

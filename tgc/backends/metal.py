@@ -412,6 +412,18 @@ class MetalDevice(Device):
         return self._mtl
 
     @property
+    def max_buffer_bytes(self) -> int | None:  # type: ignore[override]
+        """`maxBufferLength` of the GPU (None off macOS, where nothing is allocated on a GPU)."""
+        if not IS_MACOS:
+            return None
+        try:
+            return int(self.mtl.maxBufferLength())
+        except DeviceError:
+            raise
+        except Exception:  # a pyobjc attribute missing on an older macOS
+            return None
+
+    @property
     def queue(self) -> Any:
         if self._queue is None:
             self._queue = self.mtl.newCommandQueue()

@@ -495,6 +495,10 @@ class OpenCLDevice(Device):
         if libclang_error() is None:
             opencl_linter().lint(src)
 
+    @property
+    def max_buffer_bytes(self) -> int | None:  # type: ignore[override]
+        return int(self.cl_device.max_mem_alloc_size)
+
     def program(self, name: str, lib: bytes) -> OpenCLProgram:
         self.ensure_runnable()
         return OpenCLProgram(self, name, lib)

@@ -81,8 +81,8 @@ def _max_trips(end: UOp) -> int:
     try:
         hi = end.vmax
     except Exception:  # bounds are a hint only
-        return 1 << 31
-    return int(max(0, min(hi, 1 << 31))) if isinstance(hi, (int, float)) and hi == hi else 1 << 31
+        return 1 << 62
+    return int(max(0, min(hi, 1 << 62))) if isinstance(hi, (int, float)) and hi == hi else 1 << 62
 
 
 class PythonRenderer:

@@ -112,7 +112,8 @@ class _Linearizer:
 def linearize(ast: UOp, vectors: bool = False) -> list[UOp]:
     """The linear program of a kernel AST (a SINK of STOREs); `vectors` allows explicit vector types."""
     from tgc.codegen.expand import expand
-    ast = expand(ast, vectors)
+    from tgc.codegen.index import narrow_index
+    ast = expand(narrow_index(ast), vectors)
     nodes = ast.toposort()
     groups: dict[tuple[UOp, ...], list[UOp]] = {}
     for u in nodes:

@@ -26,7 +26,7 @@ from tgc.ir.shapes import prod
 from tgc.ir.symbolic import simplify
 from tgc.ir.uop import Ops, RangeKind, UOp, substitute
 
-INDEX = dtypes.i32
+INDEX = dtypes.index
 # below this many loop iterations a kernel is not worth a thread launch
 MIN_WORK_PER_THREAD = 1 << 15
 MAX_UNROLLED = 512  # limit on the product of UPCAST and UNROLL sizes (register pressure, code size)
@@ -348,7 +348,18 @@ def finish(k: OptKernel) -> tuple[UOp, dict, list]:
     if gpu:
         ast = lower_groups(ast)
         ast, launch = map_to_grid(ast, max_local=getattr(k.device, "max_local_size", 256))
+        check_grid(launch, k.device)
     return ast, launch, list(k.applied)
+
+
+def check_grid(launch: dict, device: Any) -> None:
+    """A grid larger than the device's renderer can index (its `max_groups` work-groups) is an error."""
+    from tgc.errors import CompileError
+    groups, local = launch["global_size"][0], (launch.get("local_size") or (1, 1, 1))[0]
+    limit = getattr(device.renderer, "max_groups", (1 << 31) - 1)
+    if groups > limit:
+        raise CompileError(f"this kernel needs {groups} work-groups of {local} threads, but {device.kind} kernels "
+                           f"address at most {limit} work-groups", hint="split the work into smaller tensors")
 
 
 def lower_groups(ast: UOp) -> UOp:

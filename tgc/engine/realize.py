@@ -27,6 +27,11 @@ class Buffer:
     def __init__(self, device: Any, node: UOp):
         self.device, self.node = device, node
         self.nbytes = max(prod(shape_of(node)) * node.dtype.itemsize, 1)
+        limit = getattr(device, "max_buffer_bytes", None)
+        if limit is not None and self.nbytes > limit:
+            raise DeviceError(f"a {node.dtype.name}{list(shape_of(node))} buffer takes {self.nbytes} bytes, more than "
+                              f"the {limit} bytes {device.name} can allocate at once",
+                              hint="use smaller tensors, or a device without this limit (CPU, CUDA)")
         self.handle = device.allocator.alloc(self.nbytes)
 
     def copyin(self, arr: np.ndarray) -> None:

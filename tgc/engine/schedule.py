@@ -18,7 +18,7 @@ from tgc.ir.shapes import prod, shape_of, strides_for
 from tgc.ir.symbolic import simplify
 from tgc.ir.uop import ALU, Ops, RangeKind, UOp
 
-INDEX = dtypes.i32
+INDEX = dtypes.index  # 64-bit while scheduling and optimizing; narrowed to i32 per kernel where it provably fits
 
 
 @dataclass
@@ -166,7 +166,7 @@ class _Lowerer:
         if op is Ops.CONST:
             return node
         if op is Ops.IOTA:
-            return idx[0]
+            return UOp(Ops.CAST, node.dtype, (idx[0],))
         if op is Ops.CONTIGUOUS:  # the root of its own kernel: a plain copy of its source
             return self.value(node.src[0], idx, valid)
         if op in ALU or op in (Ops.CAST, Ops.BITCAST):
@@ -314,7 +314,26 @@ def split_large_reduces(outputs: list[UOp]) -> list[UOp]:
     return [memo[o] for o in outputs]
 
 
+MAX_ELEMENTS = (1 << 63) - 1  # flat indices of every tensor must fit the 64-bit index math
+
+
+def check_sizes(outputs: list[UOp]) -> None:
+    """A tensor with more elements than 64-bit index math addresses is refused (never indexed modulo 2^64)."""
+    from tgc.errors import TgcError
+    seen: set[UOp] = set()
+    for out in outputs:
+        for node in out.toposort():
+            if node in seen:
+                continue
+            seen.add(node)
+            shape = shape_of(node)
+            if prod(shape) > MAX_ELEMENTS:
+                raise TgcError(f"a tensor of shape {list(shape)} has {prod(shape)} elements, more than the "
+                               f"2^63 - 1 that tgc can index", hint="use smaller dims")
+
+
 def create_schedule(outputs: list[UOp], fuse_rows: bool = False) -> list[ScheduleItem]:
+    check_sizes(outputs)
     roots = find_realized(outputs, fuse_rows)
     realized = set(roots)
     items: list[ScheduleItem] = []
