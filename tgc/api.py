@@ -234,7 +234,7 @@ def _as_array(value: Any, decl: InputDecl, cast: bool, filename: str) -> np.ndar
     if not isinstance(value, np.ndarray):
         raise TgcError(f"input '{decl.name}' must be a numpy array, got {type(value).__name__}")
     if want == dtypes.bf16:
-        if value.dtype == np.uint16 and not cast:
+        if value.dtype == np.uint16:  # bf16 bit patterns (how tgc holds bf16), with or without cast
             return np.require(value, requirements="C")
         if value.dtype.kind == "f" or cast:
             return f32_to_bf16(value.astype(np.float32))
