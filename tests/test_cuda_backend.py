@@ -357,7 +357,11 @@ def test_fake_gpu_info(fake):
     assert info["name"] == "Fake H100" and info["sm_count"] == 132 and info["compute_capability"] == "9.0"
     assert info["memory_bytes"] == 80 << 30
     assert info["peak_gflops"] == pytest.approx(132 * 128 * 2 * 1.98, rel=1e-3)
-    assert info["peak_gbs"] == pytest.approx(3352.3, rel=1e-3)
+    assert info["peak_gbps"] == pytest.approx(3352.3, rel=1e-3)
+    # the one name bench and `tgc devices` read
+    from tgc.engine.bench import machine_peak
+    peak = machine_peak(cuda.CUDADevice())
+    assert peak["gbps"] == info["peak_gbps"] and peak["gflops"] == info["peak_gflops"]
 
 
 # ---------------------------------------------------------------- a real GPU

@@ -150,3 +150,65 @@ def test_large_matmuls_read_a_packed_copy_and_match_numpy(a_shape, b_shape):
     assert len(p.compile(dims={})) == 2  # the packing copy, then the matmul
     np.testing.assert_allclose(p.run(a=a, b=b)["out0"], a @ b, rtol=1e-4, atol=1e-3)
     np.testing.assert_allclose(p.run(a=a, b=b, device="PYTHON")["out0"], a @ b, rtol=1e-4, atol=1e-3)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# work counts: what GFLOP/s is computed from
+
+
+MATMUL = "a: f32[M, K]\nb: f32[K, N]\nreturn a @ b"
+
+
+@pytest.mark.parametrize("device", ["CPU", "PYTHON", "CUDA"])
+@pytest.mark.parametrize("m, k, n", [(3, 5, 7), (64, 64, 64), (1001, 3, 7), (1024, 1024, 1024)])
+def test_matmul_flops_are_2mnk(device, m, k, n):
+    """Every launch's work: per-thread work times every grid and block dimension on GPUs (CUDA renders and
+    compiles with NVRTC without a GPU), the per-thread slices of the CPU's threads (no double counting)."""
+    kernels = tgc.loads(MATMUL).compile(device=device, dims={"M": m, "K": k, "N": n})
+    assert sum(kern.flops for kern in kernels) == 2 * m * n * k
+
+
+def _flops_with(src: str, dims: dict, device: str, opts: list) -> tuple[int, dict]:
+    from tgc.backends import get_device
+    from tgc.codegen.kernel import kernel_flops
+    from tgc.codegen.linearize import linearize
+    from tgc.codegen.opt import optimize
+    dev = get_device(device)
+    item = tgc.loads(src).schedule(dims, device)[0]
+    ast, launch, applied = optimize(prepare_ast(item.ast, dev), dev, opts=opts)
+    assert [str(o) for o in applied] == [str(o) for o in opts]
+    return kernel_flops(linearize(ast), dev, launch), launch
+
+
+def test_cpu_threads_with_an_uneven_last_slice_count_exactly():
+    """1000 rows over 3 threads: slices of 334, 334 and 332 rows, not 3 x 334."""
+    flops, launch = _flops_with("x: f32[N, D]\nreturn x * 2.0 + 1.0", {"N": 1000, "D": 4}, "CPU",
+                                [Opt("THREAD", 0, 3)])
+    assert launch["global_size"][0] == 3 and flops == 2 * 1000 * 4
+
+
+@pytest.mark.parametrize("device", ["CUDA", "OPENCL"])
+@pytest.mark.parametrize("opts, combine", [
+    ([], 0),
+    ([Opt("GROUP", 1, 256)], 16 * 256),  # each row's 256 partials are added once, not by all 256 threads
+    ([Opt("LOCAL", 0, 4), Opt("GROUP", 1, 64)], 16 * 64),
+    ([Opt("GROUP", 1, 16), Opt("UNROLL", 1, 4)], 16 * 16),
+])
+def test_gpu_group_reduction_flops(device, opts, combine):
+    flops, _ = _flops_with("x: f32[M, N]\nreturn x.sum(axis=1)", {"M": 16, "N": 4096}, device, opts)
+    assert flops == 16 * 4096 + combine
+
+
+def test_gpu_flops_multiply_every_grid_and_block_dim():
+    from tgc.backends import get_device
+    from tgc.codegen.kernel import kernel_flops
+    from tgc.codegen.linearize import linearize
+    dev = get_device("CPU")
+    item = tgc.loads("x: f32[N]\nreturn x * 3.0").schedule({"N": 5})[0]
+    uops = linearize(prepare_ast(item.ast, dev))  # one loop of 5 multiplies per thread
+
+    class Gpu:
+        launch_style = "gpu"
+
+    assert kernel_flops(uops, Gpu(), {"global_size": (2, 3, 1), "local_size": (4, 1, 5)}) == 5 * 2 * 3 * 4 * 5
+    assert kernel_flops(uops, dev, {"global_size": (1, 1, 1)}) == 5

@@ -478,5 +478,5 @@ class CUDADevice(Device):
         if clock_khz > 0:
             out["peak_gflops"] = round(sms * lanes * 2 * clock_khz / 1e6, 1)  # f32 FMA = 2 flops
         if mem_khz > 0 and bus_bits > 0:
-            out["peak_gbs"] = round(2 * mem_khz * 1e3 * bus_bits / 8 / 1e9, 1)  # double data rate
+            out["peak_gbps"] = round(2 * mem_khz * 1e3 * bus_bits / 8 / 1e9, 1)  # double data rate
         return out
