@@ -302,6 +302,53 @@ def test_progress_bar_takes_beam_events():
     close()
 
 
+def test_rates_share_of_the_peak_that_applies():
+    from tgc.engine.bench import rates
+    peak = {"gflops": 100.0, "gbps": 10.0, "source": "measured", "cache_bytes": 1 << 20}
+    big = rates(flops=10**9, nbytes=4 * 10**9, seconds=1.0, peak=peak, working_set=64 << 20)
+    assert big["gbps"] == 4.0 and big["mem_share"] == pytest.approx(0.4) and big["flop_share"] == pytest.approx(0.01)
+    assert big["peak_share"] == pytest.approx(0.4) and big["bound"] == "memory" and not big["in_cache"]
+    # data that fits the cache: 30 GB/s "from memory" would be 300% of the peak; no memory share is given
+    small = rates(flops=10**9, nbytes=3 * 10**10, seconds=1.0, peak=peak, working_set=512 << 10)
+    assert small["in_cache"] and small["mem_share"] is None and small["bound"] == "compute"
+    assert small["peak_share"] == pytest.approx(0.01)
+    unknown = rates(flops=10**9, nbytes=10**9, seconds=1.0, peak={"gflops": None, "gbps": None}, working_set=8)
+    assert unknown["peak_share"] is None and unknown["bound"] is None and not unknown["in_cache"]
+
+
+def test_bench_table_marks_cache_and_unknown_peaks():
+    kernel = {"name": "k", "median_s": 1e-3, "gflops": 1.0, "gbps": 30.0, "peak_share": None, "in_cache": True}
+    doc = {"device": "CPU", "repeat": 3, "kernels": [kernel], "program": dict(kernel, name=None),
+           "peak": {"gflops": 100.0, "gbps": 10.0, "source": "measured", "cache_bytes": 32 << 20},
+           "working_set_bytes": 3 << 20}
+    text = _render(report.bench_table(doc))
+    assert "30 (cache)" in text and "in cache" in text and "%" not in text
+    note = report.peak_note(doc)
+    assert "100 GFLOP/s, 10 GB/s (measured on this machine)" in note and "3 MiB" in note and "32 MiB" in note
+    doc["kernels"] = [dict(kernel, in_cache=False, peak_share=0.5, bound="memory")]
+    assert "50.0% mem" in _render(report.bench_table(doc))
+    doc = {"device": "PYTHON", "kernels": [dict(kernel, in_cache=False)], "peak": {"gflops": None, "gbps": None}}
+    assert "%" not in _render(report.bench_table(doc))
+    assert report.peak_note(doc) == "peak: unknown for PYTHON, so no share of it is shown"
+
+
+def test_bench_of_a_device_without_a_peak_shows_no_share():
+    """PYTHON has no peak figures: every share is None, never 0%."""
+    p = tgc.loads("x: f32[N]\nreturn x[::16] * 2.0")
+    doc = p.bench(device="PYTHON", dims={"N": 4096}, repeat=1)
+    assert doc["peak"]["gflops"] is None and doc["peak"]["gbps"] is None and doc["peak"]["source"] == "unknown"
+    assert all(r["peak_share"] is None for r in (*doc["kernels"], doc["program"]))
+    assert doc["kernels"][0]["bytes"] == (256 + 256) * 4 and doc["kernels"][0]["flops"] == 256
+
+
+def _render(table) -> str:
+    from rich.console import Console
+    console = Console(width=200, no_color=True)
+    with console.capture() as cap:
+        console.print(table)
+    return cap.get()
+
+
 def test_fmt_time():
     assert [report.fmt_time(t) for t in (2.0, 0.0123, 4.5e-6, 3e-9, None)] == ["2 s", "12.3 ms", "4.5 us", "3 ns",
                                                                             "-"]

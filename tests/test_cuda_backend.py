@@ -204,12 +204,13 @@ class FakeDriver:
     class CUdevice_attribute(enum.IntEnum):
         CU_DEVICE_ATTRIBUTE_CLOCK_RATE = 13
         CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
+        CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE = 38
         CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE = 36
         CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH = 37
         CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
         CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
 
-    ATTRS = {13: 1_980_000, 16: 132, 36: 2_619_000, 37: 5120, 75: 9, 76: 0}
+    ATTRS = {13: 1_980_000, 16: 132, 36: 2_619_000, 37: 5120, 38: 50 << 20, 75: 9, 76: 0}
 
     def __init__(self, memory_limit: int = 1 << 20):
         self.memory: dict[int, bytearray] = {}
@@ -362,6 +363,7 @@ def test_fake_gpu_info(fake):
     from tgc.engine.bench import machine_peak
     peak = machine_peak(cuda.CUDADevice())
     assert peak["gbps"] == info["peak_gbps"] and peak["gflops"] == info["peak_gflops"]
+    assert info["cache_bytes"] == peak["cache_bytes"] == 50 << 20  # the L2: data that fits stays there
 
 
 # ---------------------------------------------------------------- a real GPU

@@ -212,3 +212,16 @@ def test_gpu_flops_multiply_every_grid_and_block_dim():
 
     assert kernel_flops(uops, Gpu(), {"global_size": (2, 3, 1), "local_size": (4, 1, 5)}) == 5 * 2 * 3 * 4 * 5
     assert kernel_flops(uops, dev, {"global_size": (1, 1, 1)}) == 5
+
+
+@pytest.mark.parametrize("src, dims, want", [
+    ("x: f32[N]\nreturn x[::16]", {"N": 4096}, (256 + 256) * 4),  # a sixteenth of x, not all of it
+    ("x: f32[N]\nreturn x[::-1] + x", {"N": 100}, 200 * 4),  # two reads of the same elements count once
+    ("v4: f32[4]\nreturn pad(v4, ((0, 3),), value=3.456)[2:6]", {}, (2 + 4) * 4),  # the gate keeps 2 in
+    (MATMUL, {"M": 64, "K": 32, "N": 16}, (64 * 32 + 32 * 16 + 64 * 16) * 4),  # operands once each
+    ("x: f32[N, D]\nreturn x[:, 0]", {"N": 50, "D": 7}, (50 + 50) * 4),
+])
+@pytest.mark.parametrize("device", ["CPU", "CUDA"])
+def test_bytes_count_each_reachable_element_once(src, dims, want, device):
+    kernels = tgc.loads(src).compile(device=device, dims=dims)
+    assert [k.bytes_moved for k in kernels] == [want]

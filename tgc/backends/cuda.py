@@ -468,6 +468,10 @@ class CUDADevice(Device):
             "memory_bytes": int(_check(drv, drv.cuDeviceTotalMem(dev), "cuDeviceTotalMem")),
             "driver_version": int(_check(drv, drv.cuDriverGetVersion(), "cuDriverGetVersion")),
         }
+        try:  # the L2 cache: data that fits stays there between timed runs (see tgc.engine.bench.rates)
+            out["cache_bytes"] = get("CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE") or None
+        except (DeviceError, AttributeError):
+            pass
         try:  # peak estimates from clocks; these attributes may read 0 on some drivers
             clock_khz = get("CU_DEVICE_ATTRIBUTE_CLOCK_RATE")
             mem_khz = get("CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE")

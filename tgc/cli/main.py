@@ -375,6 +375,7 @@ def bench(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple
 
         console = make_console()
         console.print(report.bench_table(result, rows))
+        console.print(report.peak_note(result), highlight=False, style="dim")
         ratio = report.numpy_ratio(result)
         if ratio is not None:
             word = "faster" if ratio >= 1 else "slower"

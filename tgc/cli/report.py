@@ -132,9 +132,11 @@ def bench_table(result: Mapping[str, Any], baseline_rows: list[dict[str, Any]] |
     table = _table(f"{result.get('device', '')}  repeat {result.get('repeat', '?')}", cols)
 
     def add(name: str, rec: Mapping[str, Any], line: Any = None, style: str | None = None) -> None:
+        gbps = fmt_num(rec.get("gbps"))
+        if rec.get("in_cache") and rec.get("gbps") is not None:
+            gbps += " (cache)"
         cells = [name, "" if line is None else str(line), fmt_time(rec.get("median_s")),
-                 fmt_range(rec),
-                 fmt_num(rec.get("gflops")), fmt_num(rec.get("gbps")), fmt_share(rec.get("peak_share"))]
+                 fmt_range(rec), fmt_num(rec.get("gflops")), gbps, _share_cell(rec)]
         if baseline_rows is not None:
             cells.append(_baseline_cell(by_name.get(name)))
         table.add_row(*cells, style=style)
@@ -146,6 +148,44 @@ def bench_table(result: Mapping[str, Any], baseline_rows: list[dict[str, Any]] |
     if result.get("numpy"):
         add("numpy", result["numpy"], style="dim")
     return _drop_line_column(table, result.get("kernels") or [])
+
+
+def _share_cell(rec: Mapping[str, Any]) -> str:
+    """`41.2% mem` / `12.0% flop`: the larger share of the peak and which peak; `-` where none is known."""
+    share = rec.get("peak_share")
+    if share is None:
+        return "in cache" if rec.get("in_cache") else "-"
+    bound = rec.get("bound")
+    return fmt_share(share) + {"memory": " mem", "compute": " flop"}.get(str(bound), "")
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.3g} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def peak_note(result: Mapping[str, Any]) -> str:
+    """The line under `tgc bench`'s table: the peak the shares are of, and what `(cache)` means."""
+    peak = result.get("peak") or {}
+    parts = []
+    if peak.get("gflops"):
+        parts.append(f"{peak['gflops']:.4g} GFLOP/s")
+    if peak.get("gbps"):
+        parts.append(f"{peak['gbps']:.4g} GB/s")
+    if not parts:
+        return f"peak: unknown for {result.get('device', 'this device')}, so no share of it is shown"
+    source = {"measured": "measured on this machine", "device": "the device's figures"}.get(
+        str(peak.get("source")), str(peak.get("source") or ""))
+    note = f"peak: {', '.join(parts)}" + (f" ({source})" if source else "")
+    if (result.get("program") or {}).get("in_cache") and peak.get("cache_bytes"):
+        size = result.get("working_set_bytes")
+        what = f"the program's {fmt_bytes(size)} of buffers" if size else "the program's buffers"
+        note += (f"; (cache): {what} fit the {fmt_bytes(peak['cache_bytes'])} cache and stay there between runs, "
+                 "so GB/s is not a share of the memory peak")
+    return note
 
 
 def _baseline_cell(row: dict[str, Any] | None) -> str:

@@ -174,7 +174,6 @@ def build_kernel(item: ScheduleItem, device: Any, beam: int = 0, name: str | Non
     """`tuned=False` ignores stored BEAM winners (what `make bench` shows as 'tgc default')."""
     from tgc.codegen import search
     from tgc.codegen.opt import optimize
-    from tgc.ir.shapes import prod, shape_of
 
     name = name or item.name
     ast = prepare_ast(item.ast, device)
@@ -191,12 +190,50 @@ def build_kernel(item: ScheduleItem, device: Any, beam: int = 0, name: str | Non
     name = name or item.name
     src = device.renderer.render(name, uops)
     binary, err = compile_cached(device, src)
-    nbytes = sum(prod(shape_of(b)) * b.dtype.itemsize for b in bufs)
+    nbytes = bytes_touched(ast, bufs)
     flops = kernel_flops(uops, device, launch)
     return Kernel(name=name, src=src, binary=binary, uops=uops, ast=ast, bufs=bufs,
                   global_size=launch.get("global_size", (1, 1, 1)), local_size=launch.get("local_size"),
                   vals=launch.get("vals", ()), flops=flops, bytes_moved=nbytes, line=item.line, compile_error=err,
                   device=device, opts=applied)
+
+
+def bytes_touched(ast: UOp, bufs: list[UOp]) -> int:
+    """Bytes a launch reads and writes, counting each element it can reach once (what GB/s is computed from).
+
+    Per buffer: the smallest of its size and the sum, over its loads and stores, of the elements each can
+    reach: at most one per combination of the loop, thread and kernel variables its index uses, and at most
+    the span of the index inside the buffer (a gated load outside the buffer reads nothing). An upper
+    bound: a strided slice `x[::16]` counts a sixteenth of `x`, a matmul's operands once each.
+    """
+    from tgc.ir.shapes import prod, shape_of
+    reach: dict[int, int] = {}
+    for u in ast.toposort():
+        if u.op not in (Ops.LOAD, Ops.STORE) or not u.src or u.src[0].op is not Ops.DEFINE_GLOBAL:
+            continue
+        i = u.src[0].arg
+        if not isinstance(i, int) or not 0 <= i < len(bufs):
+            continue
+        size = prod(shape_of(bufs[i]))
+        index = u.src[1]
+        nodes = index.toposort()
+        lo, hi = index.vmin, index.vmax
+        span = size
+        if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and abs(lo) != INF and abs(hi) != INF:
+            span = max(min(int(hi), size - 1) - max(int(lo), 0) + 1, 0)
+        if any(n.op is Ops.LOAD for n in nodes):  # a data-dependent index: anything in its span
+            count = span
+        else:
+            combos = 1
+            for n in nodes:
+                if n.op in (Ops.RANGE, Ops.SPECIAL, Ops.DEFINE_VAR):
+                    combos *= max(int(n.vmax) - int(n.vmin) + 1, 0)
+            count = min(combos, span)
+        reach[i] = min(reach.get(i, 0) + count, size)
+    return sum(n * bufs[i].dtype.itemsize for i, n in reach.items())
+
+
+INF = float("inf")
 
 
 def drop_unused_buffers(ast: UOp, bufs: list[UOp]) -> tuple[UOp, list[UOp]]:

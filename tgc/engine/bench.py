@@ -85,6 +85,9 @@ def bench_program(prog, device: str | None = None, dims: dict[str, int] | None =
             buf.free()
 
     peak = machine_peak(dev)
+    # between two runs of a kernel every other kernel runs: whether its data is still in the cache depends on
+    # all the program's buffers, whole (a strided read still brings in whole cache lines)
+    working_set = sum(prod(shape_of(b)) * b.dtype.itemsize for b in buffers)
     rows = []
     total_flops = sum(k.flops for k in kernels)
     total_bytes = sum(k.bytes_moved for k in kernels)
@@ -93,24 +96,36 @@ def bench_program(prog, device: str | None = None, dims: dict[str, int] | None =
         row = {"name": k.name, "line": k.line, "global_size": list(k.global_size),
                "local_size": list(k.local_size) if k.local_size else None, "opts": [str(o) for o in k.opts],
                "flops": k.flops, "bytes": k.bytes_moved, **st}
-        row.update(_rates(k.flops, k.bytes_moved, st["median_s"], peak))
+        row.update(rates(k.flops, k.bytes_moved, st["median_s"], peak, working_set))
         rows.append(row)
     prog_stats = _stats(whole)
     program = {**prog_stats, "flops": total_flops, "bytes": total_bytes,
-               **_rates(total_flops, total_bytes, prog_stats["median_s"], peak)}
+               **rates(total_flops, total_bytes, prog_stats["median_s"], peak, working_set)}
     result: dict[str, Any] = {"device": dev.name, "dims": dims, "repeat": repeat, "beam": beam, "kernels": rows,
-                              "program": program, "peak": peak}
+                              "program": program, "peak": peak, "working_set_bytes": working_set}
     if vs_numpy:
         result["numpy"] = _bench_numpy(prog, dims, inputs, repeat, program["median_s"])
     return result
 
 
-def _rates(flops: int, nbytes: int, seconds: float, peak: dict) -> dict[str, float]:
+def rates(flops: int, nbytes: int, seconds: float, peak: dict, working_set: int) -> dict[str, Any]:
+    """GFLOP/s, GB/s and the share of the peak they reach (None where the peak is unknown).
+
+    A program whose buffers (`working_set` bytes) fit the device's last-level cache (`peak["cache_bytes"]`)
+    keeps its data in that cache between the timed runs, so its GB/s is not a share of the memory peak:
+    `in_cache` is set and `mem_share` is None. `peak_share` is the larger of the two shares, `bound` says
+    which ("compute", "memory") or None.
+    """
     gflops = flops / seconds / 1e9 if seconds > 0 else 0.0
     gbps = nbytes / seconds / 1e9 if seconds > 0 else 0.0
-    share = max(gflops / peak["gflops"] if peak.get("gflops") else 0.0,
-                gbps / peak["gbps"] if peak.get("gbps") else 0.0)
-    return {"gflops": gflops, "gbps": gbps, "peak_share": share}
+    cache = peak.get("cache_bytes")
+    in_cache = bool(cache) and 0 < working_set <= cache
+    flop_share = gflops / peak["gflops"] if peak.get("gflops") and flops else None
+    mem_share = gbps / peak["gbps"] if peak.get("gbps") and nbytes and not in_cache else None
+    shares = [(v, what) for v, what in ((flop_share, "compute"), (mem_share, "memory")) if v is not None]
+    best = max(shares, key=lambda t: t[0]) if shares else (None, None)
+    return {"gflops": gflops, "gbps": gbps, "flop_share": flop_share, "mem_share": mem_share,
+            "peak_share": best[0], "bound": best[1], "in_cache": in_cache}
 
 
 def _bench_numpy(prog, dims, inputs, repeat, tgc_median) -> dict[str, float]:
@@ -127,21 +142,47 @@ def _bench_numpy(prog, dims, inputs, repeat, tgc_median) -> dict[str, float]:
     return {"median_s": med, "min_s": min(times), "ratio": med / tgc_median if tgc_median > 0 else 0.0}
 
 
-def machine_peak(dev) -> dict[str, float]:
-    """Peak FLOP/s and bandwidth of a device, measured once per machine and cached on disk."""
+def machine_peak(dev) -> dict[str, Any]:
+    """Peak FLOP/s and bandwidth of a device, measured once per machine and cached on disk (CPU), from the
+    device's own figures (GPUs), else None each (`source` "unknown": PYTHON, REMOTE). `cache_bytes` is
+    the last-level cache where known (see `rates`)."""
     from tgc import __version__, cache
     info = dev.info() if hasattr(dev, "info") else {}
-    if info.get("peak_gflops") and info.get("peak_gbps"):
-        return {"gflops": info["peak_gflops"], "gbps": info["peak_gbps"], "source": "device"}
     if dev.kind != "CPU":
-        return {"gflops": info.get("peak_gflops", 0.0), "gbps": info.get("peak_gbps", 0.0), "source": "unknown"}
+        gflops, gbps = info.get("peak_gflops") or None, info.get("peak_gbps") or None
+        return {"gflops": gflops, "gbps": gbps, "source": "device" if gflops or gbps else "unknown",
+                "cache_bytes": info.get("cache_bytes") or None}
     key = cache.make_key("peak", dev.kind, dev.compiler.cache_key, dev.cores, __version__)
     hit = cache.get("peak", key)
     if hit is not None:
-        return json.loads(hit)
-    peak = measure_cpu_peak(dev)
-    cache.put("peak", key, json.dumps(peak).encode(), meta=f"{dev.kind} peak")
-    return peak
+        peak = json.loads(hit)
+    else:
+        peak = measure_cpu_peak(dev)
+        cache.put("peak", key, json.dumps(peak).encode(), meta=f"{dev.kind} peak")
+    return {**peak, "cache_bytes": cpu_cache_bytes()}
+
+
+def cpu_cache_bytes() -> int | None:
+    """This machine's largest CPU cache (the last level, shared by the cores), or None where unknown."""
+    import glob
+    import os
+    best = 0
+    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+        digits = text[:-1] if scale > 1 else text
+        if digits.isdigit():
+            best = max(best, int(digits) * scale)
+    if not best:
+        try:
+            best = max(int(os.sysconf(n)) for n in ("SC_LEVEL3_CACHE_SIZE", "SC_LEVEL2_CACHE_SIZE"))
+        except (ValueError, OSError, AttributeError):
+            best = 0
+    return best or None
 
 
 _FMA_LOOP = """
@@ -200,5 +241,3 @@ def measure_cpu_peak(dev) -> dict[str, float]:
         dev.allocator.free(b, 4 * n)
     return {"gflops": gflops, "gbps": 8 * n / t / 1e9, "source": "measured"}
 
-
-_ = (prod, shape_of)
