@@ -225,3 +225,40 @@ def test_gpu_flops_multiply_every_grid_and_block_dim():
 def test_bytes_count_each_reachable_element_once(src, dims, want, device):
     kernels = tgc.loads(src).compile(device=device, dims=dims)
     assert [k.bytes_moved for k in kernels] == [want]
+
+
+def test_debug_2_times_a_warm_launch_and_labels_the_first(monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    from tgc.engine import realize
+    times = iter([0.5, 0.002])
+    calls = []
+
+    def prog(*handles, **kw):
+        calls.append(kw["wait"])
+        return next(times)
+
+    k = SimpleNamespace(src="", name="E_4", flops=4_000_000, bytes_moved=8_000_000, global_size=(1, 1, 1),
+                        local_size=None, vals=(), device=SimpleNamespace(name="CPU"), program=lambda: prog)
+    monkeypatch.setenv("DEBUG", "2")
+    assert realize.launch(k, []) == 0.002
+    line = capsys.readouterr().err
+    assert calls == [True, True]
+    assert "2000.00 us" in line and "2.00 GFLOP/s" in line and "4.00 GB/s" in line  # the warm launch's figures
+    assert "first launch 500000.00 us" in line and "warm" in line
+    monkeypatch.setenv("DEBUG", "0")
+    calls.clear()
+    times = iter([None])
+    assert realize.launch(k, []) is None and calls == [False]  # without DEBUG: one launch, no wait
+
+
+def test_debug_2_results_are_still_right(monkeypatch, capsys):
+    """Each kernel runs twice under DEBUG=2: the second run must leave the same outputs."""
+    x = np.random.default_rng(5).standard_normal((16, 64)).astype(np.float32)
+    src = "x: f32[N, D]\nreturn softmax(x, 1), x @ x.T, x.sum(0), var(x, axis=0)"
+    want = tgc.loads(src).run(x=x)
+    monkeypatch.setenv("DEBUG", "2")
+    got = tgc.loads(src).run(x=x)
+    assert capsys.readouterr().err.count("first launch") >= 3
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-6)
