@@ -68,8 +68,11 @@ class FakeProgram:
         self.calls.append(("bench", kw))
         k = {"name": "E_4_8", "line": 5, "median_s": 1e-5, "min_s": 0.9e-5, "max_s": 1.2e-5, "gflops": 1.5,
              "gbps": 3.0, "peak_share": 0.01}
+        from tgc.backends import get_device
+        from tgc.engine.bench import identity
         doc = {"device": "CPU", "dims": kw["dims"], "repeat": kw["repeat"], "kernels": [k],
-               "program": {"median_s": 2e-5, "min_s": 1.9e-5, "max_s": 2.5e-5}}
+               "program": {"median_s": 2e-5, "min_s": 1.9e-5, "max_s": 2.5e-5},
+               "identity": identity(self, get_device(kw["device"] or "CPU"), kw["dims"])}
         if kw.get("vs_numpy"):
             doc["numpy"] = {"median_s": 4e-5, "min_s": 4e-5, "max_s": 5e-5}
         return doc
@@ -447,6 +450,31 @@ def test_bench_json_and_baseline(fake, tmp_path):
     assert r.exit_code == 1 and "regression" in r.stderr and "(program)" in r.stderr
     r = invoke("bench", "fake.tg", "-D", "N=2", "-D", "D=3")
     assert r.exit_code == 0 and "E_4_8" in r.stdout
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"dims": {"D": 4, "N": 2}}, "other dims (D=4 N=2, not D=3 N=2)"),
+    ({"program_sha256": "0" * 64, "file": "other.tg"}, "another program (other.tg, not "),
+    ({"program_sha256": "0" * 64}, "another program (the source of "),
+    ({"device": "PYTHON"}, "another device (PYTHON, not CPU)"),
+    ({"device_model": "Some Other CPU (64 threads)"}, "another device (Some Other CPU (64 threads), not "),
+    ({"tgc_version": "0.0.1"}, "another tgc version (0.0.1, not "),
+    (None, "does not say which program"),
+])
+def test_baseline_of_another_run_is_refused(fake, tmp_path, change, words):
+    r = invoke("bench", "fake.tg", "-D", "N=2", "-D", "D=3", "--json")
+    doc = json.loads(r.stdout)
+    assert set(doc["identity"]) == {"program_sha256", "file", "dims", "device", "device_model", "tgc_version"}
+    if change is None:
+        del doc["identity"]
+    else:
+        doc["identity"].update(change)
+    (tmp_path / "old.json").write_text(json.dumps(doc))
+    runs = len(fake.calls)
+    r = invoke("bench", "fake.tg", "-D", "N=2", "-D", "D=3", "--baseline", "old.json")
+    assert r.exit_code == 2 and words in r.stderr and "cannot be compared" in r.stderr or change is None, r.stderr
+    assert r.exit_code == 2 and "--baseline: 'old.json'" in r.stderr and "tgc bench ... --json" in r.stderr
+    assert len(fake.calls) == runs  # refused before anything was timed
 
 
 def test_beam_json(fake):

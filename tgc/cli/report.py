@@ -105,6 +105,41 @@ def load_baseline(path: str) -> dict[str, Any]:
     return doc
 
 
+_IDENTITY_WORDS = (("program_sha256", "another program"), ("dims", "other dims"), ("device", "another device"),
+                   ("device_model", "another device"), ("tgc_version", "another tgc version"))
+
+
+def check_baseline(old: Mapping[str, Any], new: Mapping[str, Any], path: str) -> None:
+    """Refuse (TgcError, exit 2) a baseline timed for another program, other dims, another device or another
+    tgc version: `new` is `tgc.engine.bench.identity` of this run, `old["identity"]` the baseline's."""
+    hint = "save a baseline of this run with: tgc bench ... --json > FILE"
+    base = old.get("identity")
+    if not isinstance(base, Mapping):
+        raise TgcError(f"--baseline: '{path}' does not say which program, dims, device and tgc version it timed "
+                       "(saved by an older tgc)", hint=hint)
+    diffs: list[str] = []
+    for key, words in _IDENTITY_WORDS:
+        a, b = base.get(key), new.get(key)
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            a, b = dict(a), dict(b)
+        if a == b:
+            continue
+        if key == "program_sha256":
+            was, now = base.get("file") or "?", new.get("file") or "?"
+            text = f"{words} ({was}, not {now})" if was != now else f"{words} (the source of {now} has changed)"
+        elif key == "dims":
+            def show(d: Any) -> str:
+                return " ".join(f"{k}={v}" for k, v in d.items()) if isinstance(d, Mapping) else str(d)
+            text = f"{words} ({show(a)}, not {show(b)})"
+        else:
+            text = f"{words} ({a}, not {b})"
+        if text not in diffs and not (key == "device_model" and any(d.startswith("another device") for d in diffs)):
+            diffs.append(text)
+    if diffs:
+        raise TgcError(f"--baseline: '{path}' was timed for {'; '.join(diffs)}, so its times cannot be compared",
+                       hint=hint)
+
+
 def _table(title: str | None, columns: Sequence[tuple[str, str]]) -> Any:
     from rich.table import Table
 

@@ -102,10 +102,47 @@ def bench_program(prog, device: str | None = None, dims: dict[str, int] | None =
     program = {**prog_stats, "flops": total_flops, "bytes": total_bytes,
                **rates(total_flops, total_bytes, prog_stats["median_s"], peak, working_set)}
     result: dict[str, Any] = {"device": dev.name, "dims": dims, "repeat": repeat, "beam": beam, "kernels": rows,
-                              "program": program, "peak": peak, "working_set_bytes": working_set}
+                              "program": program, "peak": peak, "working_set_bytes": working_set,
+                              "identity": identity(prog, dev, dims)}
     if vs_numpy:
         result["numpy"] = _bench_numpy(prog, dims, inputs, repeat, program["median_s"])
     return result
+
+
+def identity(prog, dev, dims: dict[str, int]) -> dict[str, Any]:
+    """What a timing depends on beyond the kernels' code: which program (its source's hash), its dims, the
+    device (its kind and model) and the tgc version. `tgc bench --baseline` compares only equal identities."""
+    import hashlib
+
+    from tgc import __version__
+    source = getattr(prog, "source", None) or ""
+    return {"program_sha256": hashlib.sha256(source.encode()).hexdigest(),
+            "file": getattr(prog, "path", None) or getattr(prog, "filename", None),
+            "dims": dict(sorted((dims or {}).items())), "device": dev.name, "device_model": device_model(dev),
+            "tgc_version": __version__}
+
+
+def device_model(dev) -> str:
+    """The device's model: the CPU's name from /proc/cpuinfo and its thread count, a GPU's name, else the kind."""
+    if dev.kind == "CPU":
+        name = ""
+        try:
+            with open("/proc/cpuinfo") as f:
+                name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+        except OSError:
+            pass
+        if not name:
+            import platform
+            name = platform.processor() or platform.machine()
+        return f"{name} ({dev.cores} threads)"
+    try:
+        info = dev.info() if hasattr(dev, "info") else {}
+    except Exception:  # a device that cannot describe itself still has a kind
+        info = {}
+    model = info.get("name") or info.get("device") or ""
+    if info.get("serves"):
+        model = f"{info['serves']} on {info.get('server', '?')}" + (f": {model}" if model else "")
+    return str(model or dev.kind)
 
 
 def rates(flops: int, nbytes: int, seconds: float, peak: dict, working_set: int) -> dict[str, Any]:
