@@ -82,7 +82,8 @@ class FakeProgram:
         return [SimpleNamespace(name=f"E_{i}", line=5, src=f"__kernel void E_{i}() {{}}", binary=None,
                                 compile_error="no OpenCL compiler here", uops=[]) for i in range(2)]
 
-    def beam(self, device=None, dims=None, width=None, progress=None):
+    def beam(self, device=None, dims=None, width=None, progress=None, force=False):
+        self.calls.append(("beam", width, force))
         progress({"kernel": "E_4_8", "index": 0, "total": 1, "round": 0, "candidate": 1, "candidates": 2,
                   "best_s": 1e-5, "base_s": 2e-5})
         return {"device": "CPU", "width": width, "kernels": [{"name": "E_4_8", "before_s": 2e-5, "after_s": 1e-5,
@@ -481,6 +482,10 @@ def test_beam_json(fake):
     r = invoke("beam", "fake.tg", "-D", "N=2", "-D", "D=3", "--json", "--width", "2")
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["width"] == 2
+    assert fake.calls[-1] == ("beam", 2, False)
+    r = invoke("beam", "fake.tg", "-D", "N=2", "-D", "D=3", "--width", "8", "--force")
+    assert r.exit_code == 0, r.output
+    assert fake.calls[-1] == ("beam", 8, True)
     r = invoke("beam", "fake.tg", "-D", "N=2")
     assert r.exit_code == 2 and "dim D is unknown" in r.stderr
 

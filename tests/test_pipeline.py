@@ -262,3 +262,70 @@ def test_debug_2_results_are_still_right(monkeypatch, capsys):
     assert capsys.readouterr().err.count("first launch") >= 3
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-6)
+
+
+@pytest.fixture
+def fake_search(tmp_path, monkeypatch):
+    """BEAM's store with a stand-in search (instant; records the widths searched)."""
+    from tgc import cache
+    from tgc.codegen import search
+    monkeypatch.setenv("TGC_CACHE_DIR", str(tmp_path / "beamcache"))
+    cache._reset_for_tests()
+    widths: list[int] = []
+
+    def beam_search(ast, device, bufs, width, name="kernel", progress=None, pool=None):
+        widths.append(width)
+        if progress:
+            progress({"kernel": name, "round": 0, "candidate": 1, "candidates": 1, "best_s": 1e-6, "base_s": 2e-6})
+        return search.SearchResult([Opt("UPCAST", 0, 2)], 2e-6, 1e-6)
+
+    monkeypatch.setattr(search, "beam_search", beam_search)
+    yield widths
+    cache._reset_for_tests()
+
+
+def test_beam_cache_reuses_only_a_search_at_least_as_wide(fake_search):
+    src, dims = "x: f32[N, D]\nreturn x.sum(axis=1) * 2.0", {"N": 64, "D": 32}
+
+    def beam(width, force=False):
+        return tgc.loads(src).beam(dims=dims, width=width, force=force)["kernels"][0]
+
+    assert not beam(2)["cached"] and fake_search == [2]
+    assert beam(2)["cached"] and beam(1)["cached"] and fake_search == [2]
+    assert not beam(8)["cached"] and fake_search == [2, 8]  # wider: searched again
+    row = beam(4)
+    assert row["cached"] and row["width"] == 8 and fake_search == [2, 8]
+    assert not beam(4, force=True)["cached"] and fake_search == [2, 8, 4]  # --force: searched again
+    # BEAM=W on compile/run/bench follows the same rule, and reports progress like `tgc beam`
+    events: list[dict] = []
+    k = tgc.loads(src).compile(dims=dims, beam=8, progress=events.append)[0]
+    assert fake_search == [2, 8, 4, 8] and events and events[0]["index"] == 0 and events[0]["total"] == 1
+    assert [str(o) for o in k.opts if o.op != "THREAD"] == ["UPCAST(0, 2)"]
+    events.clear()
+    tgc.loads(src).compile(dims=dims, beam=2, progress=events.append)
+    assert fake_search == [2, 8, 4, 8] and events == [{"kernel": k.name, "cached": True, "index": 0, "total": 1}]
+    tgc.loads(src).compile(dims=dims)  # no BEAM: any stored winner is used, nothing is searched
+    assert fake_search == [2, 8, 4, 8]
+
+
+def test_beam_progress_on_run_and_bench_at_a_terminal(fake_search, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from tgc.cli import main as cli
+    from tgc.cli import report
+    events: list[dict] = []
+    closed: list[bool] = []
+    monkeypatch.setattr(cli, "_stderr_tty", lambda: True)
+    monkeypatch.setattr(report, "progress_bar", lambda enabled: (events.append, lambda: closed.append(enabled)))
+    (tmp_path / "p.tg").write_text("x: f32[N, D]\nreturn x.sum(axis=1) * 2.0\n")
+    runner = CliRunner(env={"NO_COLOR": "1", "DEBUG": None, "TGC_DEVICE": None, "BEAM": "3"})
+    r = runner.invoke(cli.main, ["run", str(tmp_path / "p.tg"), "--random", "-D", "N=64", "-D", "D=32"])
+    assert r.exit_code == 0, r.output
+    assert fake_search == [3] and closed == [True] and any(e.get("round") == 0 for e in events)
+    r = runner.invoke(cli.main, ["bench", str(tmp_path / "p.tg"), "-D", "N=64", "-D", "D=32", "--beam", "5",
+                                 "--repeat", "1"])
+    assert r.exit_code == 0, r.output
+    assert fake_search == [3, 5] and closed == [True, True]
+    runner = CliRunner(env={"NO_COLOR": "1", "DEBUG": None, "TGC_DEVICE": None, "BEAM": None})
+    r = runner.invoke(cli.main, ["run", str(tmp_path / "p.tg"), "--random", "-D", "N=64", "-D", "D=32"])
+    assert r.exit_code == 0 and closed == [True, True]  # no BEAM: no bar

@@ -169,9 +169,11 @@ def prepare_ast(ast: UOp, device: Any) -> UOp:
     return ast
 
 
-def build_kernel(item: ScheduleItem, device: Any, beam: int = 0, name: str | None = None, tuned: bool = True
-                 ) -> Kernel:
-    """`tuned=False` ignores stored BEAM winners (what `make bench` shows as 'tgc default')."""
+def build_kernel(item: ScheduleItem, device: Any, beam: int = 0, name: str | None = None, tuned: bool = True,
+                 progress: Any = None) -> Kernel:
+    """`tuned=False` ignores stored BEAM winners (what `make bench` shows as 'tgc default'). With `beam=W`
+    a stored winner is used only if its search was at least W wide, else the kernel is searched again;
+    `progress` gets the search's events (see `tgc.cli.report.progress_bar`)."""
     from tgc.codegen import search
     from tgc.codegen.opt import optimize
 
@@ -179,11 +181,13 @@ def build_kernel(item: ScheduleItem, device: Any, beam: int = 0, name: str | Non
     ast = prepare_ast(item.ast, device)
     opts = None
     if tuned and device.compiler is not None and os.environ.get("NOOPT", "") in ("", "0"):
-        opts = search.lookup(ast, device)  # a BEAM winner stored earlier
+        opts = search.lookup(ast, device, width=beam)  # a BEAM winner stored earlier (wide enough)
         if opts is None and beam > 0:
-            res = search.beam_search(ast, device, item.bufs, beam, name=name)
-            search.store(ast, device, res.opts, res.after_s, name)
+            res = search.beam_search(ast, device, item.bufs, beam, name=name, progress=progress)
+            search.store(ast, device, res.opts, res.after_s, name, beam)
             opts = res.opts
+        elif opts is not None and progress is not None:
+            progress({"kernel": name, "cached": True})
     ast, launch, applied = optimize(ast, device, opts=opts)
     ast, bufs = drop_unused_buffers(ast, item.bufs)
     uops = linearize(ast, vectors=getattr(device.renderer, "supports_vectors", False))
