@@ -326,6 +326,9 @@ def test_beam_progress_on_run_and_bench_at_a_terminal(fake_search, tmp_path, mon
                                  "--repeat", "1"])
     assert r.exit_code == 0, r.output
     assert fake_search == [3, 5] and closed == [True, True]
+    r = runner.invoke(cli.main, ["compile", str(tmp_path / "p.tg"), "-D", "N=64", "-D", "D=32"])
+    assert r.exit_code == 0, r.output
+    assert fake_search == [3, 5] and closed == [True, True, True]  # the stored width-5 winner serves BEAM=3
     runner = CliRunner(env={"NO_COLOR": "1", "DEBUG": None, "TGC_DEVICE": None, "BEAM": None})
     r = runner.invoke(cli.main, ["run", str(tmp_path / "p.tg"), "--random", "-D", "N=64", "-D", "D=32"])
-    assert r.exit_code == 0 and closed == [True, True]  # no BEAM: no bar
+    assert r.exit_code == 0 and closed == [True, True, True]  # no BEAM: no bar

@@ -339,6 +339,7 @@ def compile_(file: str, device: str | None, dims: dict[str, int], emit: str, out
     if emit == "schedule":
         emitted = em.emit_schedule(prog.schedule(dims), file)
     else:
+        _search_with_progress(prog, device, dims, None)
         kernels = prog.compile(device=device, dims=dims)
         emitted = em.emit_kernels(kernels, emit, name, kind, file)
         failed = next((k for k in kernels if k.binary is None), None)
