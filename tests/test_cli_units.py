@@ -316,6 +316,9 @@ def test_rates_share_of_the_peak_that_applies():
     small = rates(flops=10**9, nbytes=3 * 10**10, seconds=1.0, peak=peak, working_set=512 << 10)
     assert small["in_cache"] and small["mem_share"] is None and small["bound"] == "compute"
     assert small["peak_share"] == pytest.approx(0.01)
+    # up to 4 times the cache, part of the data is still served from it
+    assert rates(10**9, 3 * 10**10, 1.0, peak, working_set=4 << 20)["in_cache"]
+    assert not rates(10**9, 3 * 10**10, 1.0, peak, working_set=(4 << 20) + 1)["in_cache"]
     unknown = rates(flops=10**9, nbytes=10**9, seconds=1.0, peak={"gflops": None, "gbps": None}, working_set=8)
     assert unknown["peak_share"] is None and unknown["bound"] is None and not unknown["in_cache"]
 
@@ -329,6 +332,7 @@ def test_bench_table_marks_cache_and_unknown_peaks():
     assert "30 (cache)" in text and "in cache" in text and "%" not in text
     note = report.peak_note(doc)
     assert "100 GFLOP/s, 10 GB/s (measured on this machine)" in note and "3 MiB" in note and "32 MiB" in note
+    assert "not a share of the memory peak" in note
     doc["kernels"] = [dict(kernel, in_cache=False, peak_share=0.5, bound="memory")]
     assert "50.0% mem" in _render(report.bench_table(doc))
     doc = {"device": "PYTHON", "kernels": [dict(kernel, in_cache=False)], "peak": {"gflops": None, "gbps": None}}
@@ -522,3 +526,13 @@ def test_compile_renders_without_a_compiler(fake, tmp_path):
         assert r.exit_code == 1 and f"--emit {emit}: could not compile for OPENCL" in r.stderr
     r = invoke("compile", "fake.tg", "-d", "OPENCL", "-D", "N=2", "-D", "D=3", "--emit", "ir")
     assert r.exit_code == 2 and "LLVM IR" in r.stderr
+
+
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_read_bandwidth_kernel_reads_every_element(monkeypatch, threads):
+    """The CPU's memory peak includes a threaded read; it checks its own sum (every element read once)."""
+    from tgc.backends import get_device
+    from tgc.engine.bench import measure_read_bandwidth
+    monkeypatch.setenv("TGC_THREADS", threads)
+    gbps = measure_read_bandwidth(get_device("CPU"), nbytes=3 << 20)
+    assert 0 < gbps < float("inf")

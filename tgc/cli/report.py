@@ -218,8 +218,8 @@ def peak_note(result: Mapping[str, Any]) -> str:
     if (result.get("program") or {}).get("in_cache") and peak.get("cache_bytes"):
         size = result.get("working_set_bytes")
         what = f"the program's {fmt_bytes(size)} of buffers" if size else "the program's buffers"
-        note += (f"; (cache): {what} fit the {fmt_bytes(peak['cache_bytes'])} cache and stay there between runs, "
-                 "so GB/s is not a share of the memory peak")
+        note += (f"; (cache): {what} fit or nearly fit (up to 4x) the {fmt_bytes(peak['cache_bytes'])} cache, "
+                 "which serves part or all of them between runs, so GB/s is not a share of the memory peak")
     return note
 
 
