@@ -80,6 +80,23 @@ def test_run_check_and_outputs(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["all.npz", "p.npy", "x.npy"]  # no temp files left
 
 
+def test_run_check_with_bf16_inputs(tmp_path):
+    """bf16 inputs are uint16 bits on the numpy side: the reference must read them as bf16, not as ints."""
+    (tmp_path / "b.tg").write_text("x: bf16[N]\ny: f32[N]\nreturn x * 1, x + y\n")
+    r = tgc("run", "b.tg", "--random", "-D", "N=4", "--check", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "check: ok" in r.stderr
+    bits = np.array([0x3F80, 0xC000, 0x4049, 0x0000], np.uint16)  # 1.0, -2.0, 3.140625, 0.0
+    np.save(tmp_path / "x.npy", bits)
+    np.save(tmp_path / "y.npy", np.ones(4, np.float32))
+    for extra in ((), ("--cast",)):
+        r = tgc("run", "b.tg", "-i", "x=x.npy", "-i", "y=y.npy", "--check", "-o", "o.npz", *extra, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        with np.load(tmp_path / "o.npz") as z:
+            assert z["out0"].tolist() == [1.0, -2.0, 3.140625, 0.0]
+            assert z["out1"].tolist() == [2.0, -1.0, 4.140625, 1.0]
+
+
 def test_run_inputs_npz_and_seed(tmp_path):
     np.savez(tmp_path / "in.npz", x=np.zeros((2, 4), np.float32))
     r = tgc("run", SOFTMAX, "--inputs", "in.npz", "-o", "o.npz", cwd=tmp_path)

@@ -68,8 +68,11 @@ class FakeProgram:
         self.calls.append(("bench", kw))
         k = {"name": "E_4_8", "line": 5, "median_s": 1e-5, "min_s": 0.9e-5, "max_s": 1.2e-5, "gflops": 1.5,
              "gbps": 3.0, "peak_share": 0.01}
+        from tgc.backends import get_device
+        from tgc.engine.bench import identity
         doc = {"device": "CPU", "dims": kw["dims"], "repeat": kw["repeat"], "kernels": [k],
-               "program": {"median_s": 2e-5, "min_s": 1.9e-5, "max_s": 2.5e-5}}
+               "program": {"median_s": 2e-5, "min_s": 1.9e-5, "max_s": 2.5e-5},
+               "identity": identity(self, get_device(kw["device"] or "CPU"), kw["dims"])}
         if kw.get("vs_numpy"):
             doc["numpy"] = {"median_s": 4e-5, "min_s": 4e-5, "max_s": 5e-5}
         return doc
@@ -79,7 +82,8 @@ class FakeProgram:
         return [SimpleNamespace(name=f"E_{i}", line=5, src=f"__kernel void E_{i}() {{}}", binary=None,
                                 compile_error="no OpenCL compiler here", uops=[]) for i in range(2)]
 
-    def beam(self, device=None, dims=None, width=None, progress=None):
+    def beam(self, device=None, dims=None, width=None, progress=None, force=False):
+        self.calls.append(("beam", width, force))
         progress({"kernel": "E_4_8", "index": 0, "total": 1, "round": 0, "candidate": 1, "candidates": 2,
                   "best_s": 1e-5, "base_s": 2e-5})
         return {"device": "CPU", "width": width, "kernels": [{"name": "E_4_8", "before_s": 2e-5, "after_s": 1e-5,
@@ -302,6 +306,57 @@ def test_progress_bar_takes_beam_events():
     close()
 
 
+def test_rates_share_of_the_peak_that_applies():
+    from tgc.engine.bench import rates
+    peak = {"gflops": 100.0, "gbps": 10.0, "source": "measured", "cache_bytes": 1 << 20}
+    big = rates(flops=10**9, nbytes=4 * 10**9, seconds=1.0, peak=peak, working_set=64 << 20)
+    assert big["gbps"] == 4.0 and big["mem_share"] == pytest.approx(0.4) and big["flop_share"] == pytest.approx(0.01)
+    assert big["peak_share"] == pytest.approx(0.4) and big["bound"] == "memory" and not big["in_cache"]
+    # data that fits the cache: 30 GB/s "from memory" would be 300% of the peak; no memory share is given
+    small = rates(flops=10**9, nbytes=3 * 10**10, seconds=1.0, peak=peak, working_set=512 << 10)
+    assert small["in_cache"] and small["mem_share"] is None and small["bound"] == "compute"
+    assert small["peak_share"] == pytest.approx(0.01)
+    # up to 4 times the cache, part of the data is still served from it
+    assert rates(10**9, 3 * 10**10, 1.0, peak, working_set=4 << 20)["in_cache"]
+    assert not rates(10**9, 3 * 10**10, 1.0, peak, working_set=(4 << 20) + 1)["in_cache"]
+    unknown = rates(flops=10**9, nbytes=10**9, seconds=1.0, peak={"gflops": None, "gbps": None}, working_set=8)
+    assert unknown["peak_share"] is None and unknown["bound"] is None and not unknown["in_cache"]
+
+
+def test_bench_table_marks_cache_and_unknown_peaks():
+    kernel = {"name": "k", "median_s": 1e-3, "gflops": 1.0, "gbps": 30.0, "peak_share": None, "in_cache": True}
+    doc = {"device": "CPU", "repeat": 3, "kernels": [kernel], "program": dict(kernel, name=None),
+           "peak": {"gflops": 100.0, "gbps": 10.0, "source": "measured", "cache_bytes": 32 << 20},
+           "working_set_bytes": 3 << 20}
+    text = _render(report.bench_table(doc))
+    assert "30 (cache)" in text and "in cache" in text and "%" not in text
+    note = report.peak_note(doc)
+    assert "100 GFLOP/s, 10 GB/s (measured on this machine)" in note and "3 MiB" in note and "32 MiB" in note
+    assert "not a share of the memory peak" in note
+    doc["kernels"] = [dict(kernel, in_cache=False, peak_share=0.5, bound="memory")]
+    assert "50.0% mem" in _render(report.bench_table(doc))
+    doc = {"device": "PYTHON", "kernels": [dict(kernel, in_cache=False)], "peak": {"gflops": None, "gbps": None}}
+    assert "%" not in _render(report.bench_table(doc))
+    assert report.peak_note(doc) == "peak: unknown for PYTHON, so no share of it is shown"
+
+
+def test_bench_of_a_device_without_a_peak_shows_no_share():
+    """PYTHON has no peak figures: every share is None, never 0%."""
+    p = tgc.loads("x: f32[N]\nreturn x[::16] * 2.0")
+    doc = p.bench(device="PYTHON", dims={"N": 4096}, repeat=1)
+    assert doc["peak"]["gflops"] is None and doc["peak"]["gbps"] is None and doc["peak"]["source"] == "unknown"
+    assert all(r["peak_share"] is None for r in (*doc["kernels"], doc["program"]))
+    assert doc["kernels"][0]["bytes"] == (256 + 256) * 4 and doc["kernels"][0]["flops"] == 256
+
+
+def _render(table) -> str:
+    from rich.console import Console
+    console = Console(width=200, no_color=True)
+    with console.capture() as cap:
+        console.print(table)
+    return cap.get()
+
+
 def test_fmt_time():
     assert [report.fmt_time(t) for t in (2.0, 0.0123, 4.5e-6, 3e-9, None)] == ["2 s", "12.3 ms", "4.5 us", "3 ns",
                                                                             "-"]
@@ -402,10 +457,39 @@ def test_bench_json_and_baseline(fake, tmp_path):
     assert r.exit_code == 0 and "E_4_8" in r.stdout
 
 
+@pytest.mark.parametrize("change, words", [
+    ({"dims": {"D": 4, "N": 2}}, "other dims (D=4 N=2, not D=3 N=2)"),
+    ({"program_sha256": "0" * 64, "file": "other.tg"}, "another program (other.tg, not "),
+    ({"program_sha256": "0" * 64}, "another program (the source of "),
+    ({"device": "PYTHON"}, "another device (PYTHON, not CPU)"),
+    ({"device_model": "Some Other CPU (64 threads)"}, "another device (Some Other CPU (64 threads), not "),
+    ({"tgc_version": "0.0.1"}, "another tgc version (0.0.1, not "),
+    (None, "does not say which program"),
+])
+def test_baseline_of_another_run_is_refused(fake, tmp_path, change, words):
+    r = invoke("bench", "fake.tg", "-D", "N=2", "-D", "D=3", "--json")
+    doc = json.loads(r.stdout)
+    assert set(doc["identity"]) == {"program_sha256", "file", "dims", "device", "device_model", "tgc_version"}
+    if change is None:
+        del doc["identity"]
+    else:
+        doc["identity"].update(change)
+    (tmp_path / "old.json").write_text(json.dumps(doc))
+    runs = len(fake.calls)
+    r = invoke("bench", "fake.tg", "-D", "N=2", "-D", "D=3", "--baseline", "old.json")
+    assert r.exit_code == 2 and words in r.stderr and "cannot be compared" in r.stderr or change is None, r.stderr
+    assert r.exit_code == 2 and "--baseline: 'old.json'" in r.stderr and "tgc bench ... --json" in r.stderr
+    assert len(fake.calls) == runs  # refused before anything was timed
+
+
 def test_beam_json(fake):
     r = invoke("beam", "fake.tg", "-D", "N=2", "-D", "D=3", "--json", "--width", "2")
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["width"] == 2
+    assert fake.calls[-1] == ("beam", 2, False)
+    r = invoke("beam", "fake.tg", "-D", "N=2", "-D", "D=3", "--width", "8", "--force")
+    assert r.exit_code == 0, r.output
+    assert fake.calls[-1] == ("beam", 8, True)
     r = invoke("beam", "fake.tg", "-D", "N=2")
     assert r.exit_code == 2 and "dim D is unknown" in r.stderr
 
@@ -442,3 +526,13 @@ def test_compile_renders_without_a_compiler(fake, tmp_path):
         assert r.exit_code == 1 and f"--emit {emit}: could not compile for OPENCL" in r.stderr
     r = invoke("compile", "fake.tg", "-d", "OPENCL", "-D", "N=2", "-D", "D=3", "--emit", "ir")
     assert r.exit_code == 2 and "LLVM IR" in r.stderr
+
+
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_read_bandwidth_kernel_reads_every_element(monkeypatch, threads):
+    """The CPU's memory peak includes a threaded read; it checks its own sum (every element read once)."""
+    from tgc.backends import get_device
+    from tgc.engine.bench import measure_read_bandwidth
+    monkeypatch.setenv("TGC_THREADS", threads)
+    gbps = measure_read_bandwidth(get_device("CPU"), nbytes=3 << 20)
+    assert 0 < gbps < float("inf")

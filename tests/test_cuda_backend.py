@@ -204,12 +204,13 @@ class FakeDriver:
     class CUdevice_attribute(enum.IntEnum):
         CU_DEVICE_ATTRIBUTE_CLOCK_RATE = 13
         CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
+        CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE = 38
         CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE = 36
         CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH = 37
         CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
         CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
 
-    ATTRS = {13: 1_980_000, 16: 132, 36: 2_619_000, 37: 5120, 75: 9, 76: 0}
+    ATTRS = {13: 1_980_000, 16: 132, 36: 2_619_000, 37: 5120, 38: 50 << 20, 75: 9, 76: 0}
 
     def __init__(self, memory_limit: int = 1 << 20):
         self.memory: dict[int, bytearray] = {}
@@ -357,7 +358,12 @@ def test_fake_gpu_info(fake):
     assert info["name"] == "Fake H100" and info["sm_count"] == 132 and info["compute_capability"] == "9.0"
     assert info["memory_bytes"] == 80 << 30
     assert info["peak_gflops"] == pytest.approx(132 * 128 * 2 * 1.98, rel=1e-3)
-    assert info["peak_gbs"] == pytest.approx(3352.3, rel=1e-3)
+    assert info["peak_gbps"] == pytest.approx(3352.3, rel=1e-3)
+    # the one name bench and `tgc devices` read
+    from tgc.engine.bench import machine_peak
+    peak = machine_peak(cuda.CUDADevice())
+    assert peak["gbps"] == info["peak_gbps"] and peak["gflops"] == info["peak_gflops"]
+    assert info["cache_bytes"] == peak["cache_bytes"] == 50 << 20  # the L2: data that fits stays there
 
 
 # ---------------------------------------------------------------- a real GPU

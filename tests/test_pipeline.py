@@ -150,3 +150,185 @@ def test_large_matmuls_read_a_packed_copy_and_match_numpy(a_shape, b_shape):
     assert len(p.compile(dims={})) == 2  # the packing copy, then the matmul
     np.testing.assert_allclose(p.run(a=a, b=b)["out0"], a @ b, rtol=1e-4, atol=1e-3)
     np.testing.assert_allclose(p.run(a=a, b=b, device="PYTHON")["out0"], a @ b, rtol=1e-4, atol=1e-3)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# work counts: what GFLOP/s is computed from
+
+
+MATMUL = "a: f32[M, K]\nb: f32[K, N]\nreturn a @ b"
+
+
+@pytest.mark.parametrize("device", ["CPU", "PYTHON", "CUDA"])
+@pytest.mark.parametrize("m, k, n", [(3, 5, 7), (64, 64, 64), (1001, 3, 7), (1024, 1024, 1024)])
+def test_matmul_flops_are_2mnk(device, m, k, n):
+    """Every launch's work: per-thread work times every grid and block dimension on GPUs (CUDA renders and
+    compiles with NVRTC without a GPU), the per-thread slices of the CPU's threads (no double counting)."""
+    kernels = tgc.loads(MATMUL).compile(device=device, dims={"M": m, "K": k, "N": n})
+    assert sum(kern.flops for kern in kernels) == 2 * m * n * k
+
+
+def _flops_with(src: str, dims: dict, device: str, opts: list) -> tuple[int, dict]:
+    from tgc.backends import get_device
+    from tgc.codegen.kernel import kernel_flops
+    from tgc.codegen.linearize import linearize
+    from tgc.codegen.opt import optimize
+    dev = get_device(device)
+    item = tgc.loads(src).schedule(dims, device)[0]
+    ast, launch, applied = optimize(prepare_ast(item.ast, dev), dev, opts=opts)
+    assert [str(o) for o in applied] == [str(o) for o in opts]
+    return kernel_flops(linearize(ast), dev, launch), launch
+
+
+def test_cpu_threads_with_an_uneven_last_slice_count_exactly():
+    """1000 rows over 3 threads: slices of 334, 334 and 332 rows, not 3 x 334."""
+    flops, launch = _flops_with("x: f32[N, D]\nreturn x * 2.0 + 1.0", {"N": 1000, "D": 4}, "CPU",
+                                [Opt("THREAD", 0, 3)])
+    assert launch["global_size"][0] == 3 and flops == 2 * 1000 * 4
+
+
+@pytest.mark.parametrize("device", ["CUDA", "OPENCL"])
+@pytest.mark.parametrize("opts, combine", [
+    ([], 0),
+    ([Opt("GROUP", 1, 256)], 16 * 256),  # each row's 256 partials are added once, not by all 256 threads
+    ([Opt("LOCAL", 0, 4), Opt("GROUP", 1, 64)], 16 * 64),
+    ([Opt("GROUP", 1, 16), Opt("UNROLL", 1, 4)], 16 * 16),
+])
+def test_gpu_group_reduction_flops(device, opts, combine):
+    flops, _ = _flops_with("x: f32[M, N]\nreturn x.sum(axis=1)", {"M": 16, "N": 4096}, device, opts)
+    assert flops == 16 * 4096 + combine
+
+
+def test_gpu_flops_multiply_every_grid_and_block_dim():
+    from tgc.backends import get_device
+    from tgc.codegen.kernel import kernel_flops
+    from tgc.codegen.linearize import linearize
+    dev = get_device("CPU")
+    item = tgc.loads("x: f32[N]\nreturn x * 3.0").schedule({"N": 5})[0]
+    uops = linearize(prepare_ast(item.ast, dev))  # one loop of 5 multiplies per thread
+
+    class Gpu:
+        launch_style = "gpu"
+
+    assert kernel_flops(uops, Gpu(), {"global_size": (2, 3, 1), "local_size": (4, 1, 5)}) == 5 * 2 * 3 * 4 * 5
+    assert kernel_flops(uops, dev, {"global_size": (1, 1, 1)}) == 5
+
+
+@pytest.mark.parametrize("src, dims, want", [
+    ("x: f32[N]\nreturn x[::16]", {"N": 4096}, (256 + 256) * 4),  # a sixteenth of x, not all of it
+    ("x: f32[N]\nreturn x[::-1] + x", {"N": 100}, 200 * 4),  # two reads of the same elements count once
+    ("v4: f32[4]\nreturn pad(v4, ((0, 3),), value=3.456)[2:6]", {}, (2 + 4) * 4),  # the gate keeps 2 in
+    (MATMUL, {"M": 64, "K": 32, "N": 16}, (64 * 32 + 32 * 16 + 64 * 16) * 4),  # operands once each
+    ("x: f32[N, D]\nreturn x[:, 0]", {"N": 50, "D": 7}, (50 + 50) * 4),
+])
+@pytest.mark.parametrize("device", ["CPU", "CUDA"])
+def test_bytes_count_each_reachable_element_once(src, dims, want, device):
+    kernels = tgc.loads(src).compile(device=device, dims=dims)
+    assert [k.bytes_moved for k in kernels] == [want]
+
+
+def test_debug_2_times_a_warm_launch_and_labels_the_first(monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    from tgc.engine import realize
+    times = iter([0.5, 0.002])
+    calls = []
+
+    def prog(*handles, **kw):
+        calls.append(kw["wait"])
+        return next(times)
+
+    k = SimpleNamespace(src="", name="E_4", flops=4_000_000, bytes_moved=8_000_000, global_size=(1, 1, 1),
+                        local_size=None, vals=(), device=SimpleNamespace(name="CPU"), program=lambda: prog)
+    monkeypatch.setenv("DEBUG", "2")
+    assert realize.launch(k, []) == 0.002
+    line = capsys.readouterr().err
+    assert calls == [True, True]
+    assert "2000.00 us" in line and "2.00 GFLOP/s" in line and "4.00 GB/s" in line  # the warm launch's figures
+    assert "first launch 500000.00 us" in line and "warm" in line
+    monkeypatch.setenv("DEBUG", "0")
+    calls.clear()
+    times = iter([None])
+    assert realize.launch(k, []) is None and calls == [False]  # without DEBUG: one launch, no wait
+
+
+def test_debug_2_results_are_still_right(monkeypatch, capsys):
+    """Each kernel runs twice under DEBUG=2: the second run must leave the same outputs."""
+    x = np.random.default_rng(5).standard_normal((16, 64)).astype(np.float32)
+    src = "x: f32[N, D]\nreturn softmax(x, 1), x @ x.T, x.sum(0), var(x, axis=0)"
+    want = tgc.loads(src).run(x=x)
+    monkeypatch.setenv("DEBUG", "2")
+    got = tgc.loads(src).run(x=x)
+    assert capsys.readouterr().err.count("first launch") >= 3
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-6)
+
+
+@pytest.fixture
+def fake_search(tmp_path, monkeypatch):
+    """BEAM's store with a stand-in search (instant; records the widths searched)."""
+    from tgc import cache
+    from tgc.codegen import search
+    monkeypatch.setenv("TGC_CACHE_DIR", str(tmp_path / "beamcache"))
+    cache._reset_for_tests()
+    widths: list[int] = []
+
+    def beam_search(ast, device, bufs, width, name="kernel", progress=None, pool=None):
+        widths.append(width)
+        if progress:
+            progress({"kernel": name, "round": 0, "candidate": 1, "candidates": 1, "best_s": 1e-6, "base_s": 2e-6})
+        return search.SearchResult([Opt("UPCAST", 0, 2)], 2e-6, 1e-6)
+
+    monkeypatch.setattr(search, "beam_search", beam_search)
+    yield widths
+    cache._reset_for_tests()
+
+
+def test_beam_cache_reuses_only_a_search_at_least_as_wide(fake_search):
+    src, dims = "x: f32[N, D]\nreturn x.sum(axis=1) * 2.0", {"N": 64, "D": 32}
+
+    def beam(width, force=False):
+        return tgc.loads(src).beam(dims=dims, width=width, force=force)["kernels"][0]
+
+    assert not beam(2)["cached"] and fake_search == [2]
+    assert beam(2)["cached"] and beam(1)["cached"] and fake_search == [2]
+    assert not beam(8)["cached"] and fake_search == [2, 8]  # wider: searched again
+    row = beam(4)
+    assert row["cached"] and row["width"] == 8 and fake_search == [2, 8]
+    assert not beam(4, force=True)["cached"] and fake_search == [2, 8, 4]  # --force: searched again
+    # BEAM=W on compile/run/bench follows the same rule, and reports progress like `tgc beam`
+    events: list[dict] = []
+    k = tgc.loads(src).compile(dims=dims, beam=8, progress=events.append)[0]
+    assert fake_search == [2, 8, 4, 8] and events and events[0]["index"] == 0 and events[0]["total"] == 1
+    assert [str(o) for o in k.opts if o.op != "THREAD"] == ["UPCAST(0, 2)"]
+    events.clear()
+    tgc.loads(src).compile(dims=dims, beam=2, progress=events.append)
+    assert fake_search == [2, 8, 4, 8] and events == [{"kernel": k.name, "cached": True, "index": 0, "total": 1}]
+    tgc.loads(src).compile(dims=dims)  # no BEAM: any stored winner is used, nothing is searched
+    assert fake_search == [2, 8, 4, 8]
+
+
+def test_beam_progress_on_run_and_bench_at_a_terminal(fake_search, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from tgc.cli import main as cli
+    from tgc.cli import report
+    events: list[dict] = []
+    closed: list[bool] = []
+    monkeypatch.setattr(cli, "_stderr_tty", lambda: True)
+    monkeypatch.setattr(report, "progress_bar", lambda enabled: (events.append, lambda: closed.append(enabled)))
+    (tmp_path / "p.tg").write_text("x: f32[N, D]\nreturn x.sum(axis=1) * 2.0\n")
+    runner = CliRunner(env={"NO_COLOR": "1", "DEBUG": None, "TGC_DEVICE": None, "BEAM": "3"})
+    r = runner.invoke(cli.main, ["run", str(tmp_path / "p.tg"), "--random", "-D", "N=64", "-D", "D=32"])
+    assert r.exit_code == 0, r.output
+    assert fake_search == [3] and closed == [True] and any(e.get("round") == 0 for e in events)
+    r = runner.invoke(cli.main, ["bench", str(tmp_path / "p.tg"), "-D", "N=64", "-D", "D=32", "--beam", "5",
+                                 "--repeat", "1"])
+    assert r.exit_code == 0, r.output
+    assert fake_search == [3, 5] and closed == [True, True]
+    r = runner.invoke(cli.main, ["compile", str(tmp_path / "p.tg"), "-D", "N=64", "-D", "D=32"])
+    assert r.exit_code == 0, r.output
+    assert fake_search == [3, 5] and closed == [True, True, True]  # the stored width-5 winner serves BEAM=3
+    runner = CliRunner(env={"NO_COLOR": "1", "DEBUG": None, "TGC_DEVICE": None, "BEAM": None})
+    r = runner.invoke(cli.main, ["run", str(tmp_path / "p.tg"), "--random", "-D", "N=64", "-D", "D=32"])
+    assert r.exit_code == 0 and closed == [True, True, True]  # no BEAM: no bar

@@ -167,9 +167,10 @@ class Program:
         return items
 
     def compile(self, device: str | None = None, dims: dict[str, int] | None = None, beam: int | None = None,
-                tuned: bool = True) -> list[Kernel]:
+                tuned: bool = True, progress: Any = None) -> list[Kernel]:
         """The program's kernels in launch order, rendered and (where this machine can) compiled.
-        `beam=W` searches kernels without stored winners; `tuned=False` ignores stored winners."""
+        `beam=W` searches kernels without a stored winner from a search at least W wide; `tuned=False`
+        ignores stored winners; `progress(event)` follows the searches as in `Program.beam`."""
         from tgc.backends import default_device, get_device
         dev = get_device(device or default_device())
         dims = self.resolve_dims(dims)
@@ -180,14 +181,17 @@ class Program:
             items = create_schedule(outs, fuse_rows=getattr(dev, "launch_style", "cpu") == "cpu")
             names: dict[str, int] = {}
             kernels = []
-            for item in items:
-                if not item.ast.src:  # nothing to compute (an empty output)
-                    continue
+            items = [item for item in items if item.ast.src]  # (an empty output computes nothing)
+            for i, item in enumerate(items):
                 n = names.get(item.name, 0)
                 names[item.name] = n + 1
                 item.line = self.line_of(item.output)
+
+                def report(event: dict, i: int = i) -> None:
+                    progress({**event, "index": i, "total": len(items)})
+
                 kernels.append(build_kernel(item, dev, beam=beam, name=f"{item.name}n{n}" if n else item.name,
-                                            tuned=tuned))
+                                            tuned=tuned, progress=report if progress is not None else None))
             self._kernels[key] = kernels
         return self._kernels[key]
 
@@ -234,7 +238,7 @@ def _as_array(value: Any, decl: InputDecl, cast: bool, filename: str) -> np.ndar
     if not isinstance(value, np.ndarray):
         raise TgcError(f"input '{decl.name}' must be a numpy array, got {type(value).__name__}")
     if want == dtypes.bf16:
-        if value.dtype == np.uint16 and not cast:
+        if value.dtype == np.uint16:  # bf16 bit patterns (how tgc holds bf16), with or without cast
             return np.require(value, requirements="C")
         if value.dtype.kind == "f" or cast:
             return f32_to_bf16(value.astype(np.float32))

@@ -468,6 +468,10 @@ class CUDADevice(Device):
             "memory_bytes": int(_check(drv, drv.cuDeviceTotalMem(dev), "cuDeviceTotalMem")),
             "driver_version": int(_check(drv, drv.cuDriverGetVersion(), "cuDriverGetVersion")),
         }
+        try:  # the L2 cache: data that fits stays there between timed runs (see tgc.engine.bench.rates)
+            out["cache_bytes"] = get("CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE") or None
+        except (DeviceError, AttributeError):
+            pass
         try:  # peak estimates from clocks; these attributes may read 0 on some drivers
             clock_khz = get("CU_DEVICE_ATTRIBUTE_CLOCK_RATE")
             mem_khz = get("CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE")
@@ -478,5 +482,5 @@ class CUDADevice(Device):
         if clock_khz > 0:
             out["peak_gflops"] = round(sms * lanes * 2 * clock_khz / 1e6, 1)  # f32 FMA = 2 flops
         if mem_khz > 0 and bus_bits > 0:
-            out["peak_gbs"] = round(2 * mem_khz * 1e3 * bus_bits / 8 / 1e9, 1)  # double data rate
+            out["peak_gbps"] = round(2 * mem_khz * 1e3 * bus_bits / 8 / 1e9, 1)  # double data rate
         return out

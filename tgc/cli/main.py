@@ -186,6 +186,29 @@ def _echo_json(doc: Any) -> None:
     click.echo(json.dumps(doc, indent=2, default=default))
 
 
+def _stderr_tty() -> bool:
+    return sys.stderr.isatty()
+
+
+def _search_with_progress(prog: Any, device: str | None, dims: dict[str, int], beam: int | None) -> None:
+    """Where BEAM (or `--beam`) will search kernels and stderr is a terminal, compile first with the progress
+    bar of `tgc beam`; the run or bench that follows reuses these kernels."""
+    if beam is None:
+        try:
+            beam = int(os.environ.get("BEAM", "0") or 0)
+        except ValueError:
+            return  # the compile that follows reports the bad value
+    if beam <= 0 or not _stderr_tty():
+        return
+    from tgc.cli import report
+
+    progress, close = report.progress_bar(True)
+    try:
+        prog.compile(device=device, dims=dims, beam=beam, progress=progress)
+    finally:
+        close()
+
+
 def _err(msg: str) -> None:
     click.echo(msg, err=True)
 
@@ -269,6 +292,7 @@ def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[s
         inp.require_all(prog, given)
         arrays = given
     run_dims, arrays = prog.bind(arrays, dims)
+    _search_with_progress(prog, device, run_dims, None)
     results = prog.run(device=device, dims=run_dims, **arrays)
     dtype_names = _output_dtypes(prog, run_dims, results)
     failure = None
@@ -315,6 +339,7 @@ def compile_(file: str, device: str | None, dims: dict[str, int], emit: str, out
     if emit == "schedule":
         emitted = em.emit_schedule(prog.schedule(dims), file)
     else:
+        _search_with_progress(prog, device, dims, None)
         kernels = prog.compile(device=device, dims=dims)
         emitted = em.emit_kernels(kernels, emit, name, kind, file)
         failed = next((k for k in kernels if k.binary is None), None)
@@ -354,10 +379,16 @@ def bench(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple
     old = report.load_baseline(baseline) if baseline else None
     arrays = inp.fill_random(prog, inp.gather(prog, npz, pairs, cast), dims, seed)
     run_dims, arrays = prog.bind(arrays, dims)
+    if old is not None:  # refuse a baseline of another program, dims, device or tgc version before timing
+        from tgc.backends import default_device, get_device
+        from tgc.engine.bench import identity
+
+        report.check_baseline(old, identity(prog, get_device(device or default_device()), run_dims), baseline)
     kwargs: dict[str, Any] = {"device": device, "dims": run_dims, "repeat": repeat, "beam": beam, "inputs": arrays}
     if vs == "numpy":
         kwargs["vs_numpy"] = True
-    if not as_json and sys.stderr.isatty():
+    _search_with_progress(prog, device, run_dims, beam)
+    if not as_json and _stderr_tty():
         _err(f"timing {file} ({repeat} runs per kernel) ...")
     result = prog.bench(**kwargs)
     rows = report.compare_baseline(result, old) if old is not None else None
@@ -375,6 +406,7 @@ def bench(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple
 
         console = make_console()
         console.print(report.bench_table(result, rows))
+        console.print(report.peak_note(result), highlight=False, style="dim")
         ratio = report.numpy_ratio(result)
         if ratio is not None:
             word = "faster" if ratio >= 1 else "slower"
@@ -391,17 +423,21 @@ def bench(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple
 @device_options
 @dims_option
 @click.option("--width", type=click.IntRange(min=1), default=4, show_default=True, help="Beam width.")
+@click.option("--force", is_flag=True, help="Search again even where a stored winner is wide enough.")
 @json_option
-def beam_(file: str, device: str | None, dims: dict[str, int], width: int, as_json: bool) -> None:
-    """BEAM-search the optimizations of every kernel of FILE and store the winners in the cache."""
+def beam_(file: str, device: str | None, dims: dict[str, int], width: int, force: bool, as_json: bool) -> None:
+    """BEAM-search the optimizations of every kernel of FILE and store the winners in the cache.
+
+    A kernel whose stored winner came from a search at least as wide is not searched again (unless --force).
+    """
     from tgc.cli import report
     from tgc.cli.inputs import check_dims
 
     prog = _load(file)
     _warn(check_dims(prog, dims, require_all=True))
-    progress, close = report.progress_bar(sys.stderr.isatty())
+    progress, close = report.progress_bar(_stderr_tty())
     try:
-        result = prog.beam(device=device, dims=dims, width=width, progress=progress)
+        result = prog.beam(device=device, dims=dims, width=width, progress=progress, force=force)
     finally:
         close()
     if as_json:

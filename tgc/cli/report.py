@@ -105,6 +105,41 @@ def load_baseline(path: str) -> dict[str, Any]:
     return doc
 
 
+_IDENTITY_WORDS = (("program_sha256", "another program"), ("dims", "other dims"), ("device", "another device"),
+                   ("device_model", "another device"), ("tgc_version", "another tgc version"))
+
+
+def check_baseline(old: Mapping[str, Any], new: Mapping[str, Any], path: str) -> None:
+    """Refuse (TgcError, exit 2) a baseline timed for another program, other dims, another device or another
+    tgc version: `new` is `tgc.engine.bench.identity` of this run, `old["identity"]` the baseline's."""
+    hint = "save a baseline of this run with: tgc bench ... --json > FILE"
+    base = old.get("identity")
+    if not isinstance(base, Mapping):
+        raise TgcError(f"--baseline: '{path}' does not say which program, dims, device and tgc version it timed "
+                       "(saved by an older tgc)", hint=hint)
+    diffs: list[str] = []
+    for key, words in _IDENTITY_WORDS:
+        a, b = base.get(key), new.get(key)
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            a, b = dict(a), dict(b)
+        if a == b:
+            continue
+        if key == "program_sha256":
+            was, now = base.get("file") or "?", new.get("file") or "?"
+            text = f"{words} ({was}, not {now})" if was != now else f"{words} (the source of {now} has changed)"
+        elif key == "dims":
+            def show(d: Any) -> str:
+                return " ".join(f"{k}={v}" for k, v in d.items()) if isinstance(d, Mapping) else str(d)
+            text = f"{words} ({show(a)}, not {show(b)})"
+        else:
+            text = f"{words} ({a}, not {b})"
+        if text not in diffs and not (key == "device_model" and any(d.startswith("another device") for d in diffs)):
+            diffs.append(text)
+    if diffs:
+        raise TgcError(f"--baseline: '{path}' was timed for {'; '.join(diffs)}, so its times cannot be compared",
+                       hint=hint)
+
+
 def _table(title: str | None, columns: Sequence[tuple[str, str]]) -> Any:
     from rich.table import Table
 
@@ -132,9 +167,11 @@ def bench_table(result: Mapping[str, Any], baseline_rows: list[dict[str, Any]] |
     table = _table(f"{result.get('device', '')}  repeat {result.get('repeat', '?')}", cols)
 
     def add(name: str, rec: Mapping[str, Any], line: Any = None, style: str | None = None) -> None:
+        gbps = fmt_num(rec.get("gbps"))
+        if rec.get("in_cache") and rec.get("gbps") is not None:
+            gbps += " (cache)"
         cells = [name, "" if line is None else str(line), fmt_time(rec.get("median_s")),
-                 fmt_range(rec),
-                 fmt_num(rec.get("gflops")), fmt_num(rec.get("gbps")), fmt_share(rec.get("peak_share"))]
+                 fmt_range(rec), fmt_num(rec.get("gflops")), gbps, _share_cell(rec)]
         if baseline_rows is not None:
             cells.append(_baseline_cell(by_name.get(name)))
         table.add_row(*cells, style=style)
@@ -146,6 +183,44 @@ def bench_table(result: Mapping[str, Any], baseline_rows: list[dict[str, Any]] |
     if result.get("numpy"):
         add("numpy", result["numpy"], style="dim")
     return _drop_line_column(table, result.get("kernels") or [])
+
+
+def _share_cell(rec: Mapping[str, Any]) -> str:
+    """`41.2% mem` / `12.0% flop`: the larger share of the peak and which peak; `-` where none is known."""
+    share = rec.get("peak_share")
+    if share is None:
+        return "in cache" if rec.get("in_cache") else "-"
+    bound = rec.get("bound")
+    return fmt_share(share) + {"memory": " mem", "compute": " flop"}.get(str(bound), "")
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.3g} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def peak_note(result: Mapping[str, Any]) -> str:
+    """The line under `tgc bench`'s table: the peak the shares are of, and what `(cache)` means."""
+    peak = result.get("peak") or {}
+    parts = []
+    if peak.get("gflops"):
+        parts.append(f"{peak['gflops']:.4g} GFLOP/s")
+    if peak.get("gbps"):
+        parts.append(f"{peak['gbps']:.4g} GB/s")
+    if not parts:
+        return f"peak: unknown for {result.get('device', 'this device')}, so no share of it is shown"
+    source = {"measured": "measured on this machine", "device": "the device's figures"}.get(
+        str(peak.get("source")), str(peak.get("source") or ""))
+    note = f"peak: {', '.join(parts)}" + (f" ({source})" if source else "")
+    if (result.get("program") or {}).get("in_cache") and peak.get("cache_bytes"):
+        size = result.get("working_set_bytes")
+        what = f"the program's {fmt_bytes(size)} of buffers" if size else "the program's buffers"
+        note += (f"; (cache): {what} fit or nearly fit (up to 4x) the {fmt_bytes(peak['cache_bytes'])} cache, "
+                 "which serves part or all of them between runs, so GB/s is not a share of the memory peak")
+    return note
 
 
 def _baseline_cell(row: dict[str, Any] | None) -> str:
@@ -167,7 +242,7 @@ def beam_table(result: Mapping[str, Any]) -> Any:
 
     for k in result.get("kernels") or []:
         opts = k.get("opts") or []
-        note = " (cached)" if k.get("cached") else ""
+        note = (f" (cached, width {k['width']})" if k.get("width") else " (cached)") if k.get("cached") else ""
         table.add_row(str(k.get("name")), "" if k.get("line") is None else str(k.get("line")),
                       fmt_time(k.get("before_s")), fmt_time(k.get("after_s")), speedup(k),
                       "" if k.get("tried") is None else str(k["tried"]), ", ".join(str(o) for o in opts) + note)

@@ -68,18 +68,96 @@ class Kernel:
             return comp.disassemble(self.binary)
 
 
-def count_work(uops: list[UOp]) -> int:
-    """Arithmetic operations executed, from the loop trip counts around each ALU op."""
-    flops, trips = 0, [1]
+def count_work(uops: list[UOp], env: dict[str, int] | None = None) -> float:
+    """Float operations one thread executes, from the loop trip counts around each ALU op.
+
+    `env` gives kernel variables (the CPU's `core_id`) so that a loop whose end depends on them gets its
+    real trip count (else the end's largest value). The combine step of a GROUP reduction, which every
+    thread of the group repeats on the same shared-memory partials, counts once per group: a value read
+    from shared memory at an index over a combine loop of n iterations, and whatever follows from it
+    without varying by thread, weighs 1/n.
+    """
+    flops, trips = 0.0, [1]
+    varying: dict[UOp, bool] = {}  # differs between the threads of a work-group
+    factor: dict[UOp, int] = {}  # how many threads of the group compute the same value
     for u in uops:
         if u.op is Ops.RANGE:
             end = u.src[0]
-            trips.append(trips[-1] * (end.arg if end.op is Ops.CONST else max(int(end.vmax), 1)))
-        elif u.op is Ops.ENDRANGE:
+            n = end.arg if end.op is Ops.CONST else _eval_int(end, env or {})
+            trips.append(trips[-1] * (n if n is not None else max(int(end.vmax), 1)))
+            continue
+        if u.op is Ops.ENDRANGE:
             trips.pop()
-        elif (u.op in ALU and u.dtype is not None and u.dtype.is_float) or u.op is Ops.ACCUMULATE:
-            flops += trips[-1] * (u.dtype.count if u.dtype is not None else 1)
+            continue
+        if u.op is Ops.SPECIAL:
+            varying[u] = str(u.arg[0]).startswith("lidx")
+            continue
+        if u.op is Ops.LOAD and u.src and u.src[0].op is Ops.DEFINE_LOCAL:
+            varying[u] = False
+            factor[u] = max(prod_ranges(u.src[1]), 1) if len(u.src) > 1 else 1
+        else:
+            varying[u] = any(varying.get(s, False) for s in u.src)
+            factor[u] = max((factor.get(s, 1) for s in u.src), default=1)
+        if u.op is Ops.ACCUMULATE:  # the accumulator carries what goes into it to its READ_ACC
+            acc = u.src[0]
+            varying[acc] = varying.get(acc, False) or varying[u]
+            factor[acc] = max(factor.get(acc, 1), factor[u])
+        if (u.op in ALU and u.dtype is not None and u.dtype.is_float) or u.op is Ops.ACCUMULATE:
+            ops = (u.dtype.count if u.dtype is not None else 1) * (2 if u.op is Ops.MULACC else 1)
+            weight = 1 if varying[u] else factor[u]
+            flops += trips[-1] * ops / weight
     return flops
+
+
+def prod_ranges(index: UOp) -> int:
+    """The product of the trip counts of the loops an index expression uses."""
+    out = 1
+    for n in index.toposort():
+        if n.op is Ops.RANGE:
+            out *= int(n.vmax) + 1
+    return out
+
+
+def _eval_int(u: UOp, env: dict[str, int]) -> int | None:
+    """The value of an integer expression of constants and named kernel variables, or None."""
+    if u.op is Ops.CONST:
+        return int(u.arg)
+    if u.op is Ops.DEFINE_VAR:
+        name = u.arg[0] if isinstance(u.arg, tuple) else u.arg
+        return env.get(name)
+    vals = [_eval_int(s, env) for s in u.src]
+    if any(v is None for v in vals):
+        return None
+    if u.op is Ops.WHERE:
+        return vals[1] if vals[0] else vals[2]
+    a, b = (vals + [0, 0])[:2]
+    ops = {Ops.ADD: lambda: a + b, Ops.SUB: lambda: a - b, Ops.MUL: lambda: a * b, Ops.MAX: lambda: max(a, b),
+           Ops.CMPLT: lambda: int(a < b), Ops.CMPNE: lambda: int(a != b), Ops.CMPEQ: lambda: int(a == b),
+           Ops.IDIV: lambda: _cdiv(a, b), Ops.MOD: lambda: a - b * _cdiv(a, b) if b else None,
+           Ops.CAST: lambda: a, Ops.NEG: lambda: -a}
+    f = ops.get(u.op)
+    return f() if f is not None else None
+
+
+def _cdiv(a: int, b: int) -> int | None:
+    """C's integer division (truncating), None for a zero divisor."""
+    if not b:
+        return None
+    q = abs(a) // abs(b)
+    return q if (a < 0) == (b < 0) else -q
+
+
+def kernel_flops(uops: list[UOp], device: Any, launch: dict) -> int:
+    """Float operations of a whole launch. On GPUs every thread of the grid runs the per-thread program:
+    the work is multiplied by every global (work-groups) and local (threads per group) dimension. On the
+    CPU `global_size[0]` threads each run their slice of the outer loop (its end depends on `core_id`)."""
+    gsize = tuple(launch.get("global_size", (1, 1, 1)))
+    if getattr(device, "launch_style", "cpu") == "gpu":
+        threads = 1
+        for n in (*gsize, *(launch.get("local_size") or ())):
+            threads *= int(n)
+        return round(count_work(uops) * threads)
+    return round(sum(count_work(uops, {"core_id": c}) for c in range(max(int(gsize[0]), 1))))
 
 
 def prepare_ast(ast: UOp, device: Any) -> UOp:
@@ -91,34 +169,75 @@ def prepare_ast(ast: UOp, device: Any) -> UOp:
     return ast
 
 
-def build_kernel(item: ScheduleItem, device: Any, beam: int = 0, name: str | None = None, tuned: bool = True
-                 ) -> Kernel:
-    """`tuned=False` ignores stored BEAM winners (what `make bench` shows as 'tgc default')."""
+def build_kernel(item: ScheduleItem, device: Any, beam: int = 0, name: str | None = None, tuned: bool = True,
+                 progress: Any = None) -> Kernel:
+    """`tuned=False` ignores stored BEAM winners (what `make bench` shows as 'tgc default'). With `beam=W`
+    a stored winner is used only if its search was at least W wide, else the kernel is searched again;
+    `progress` gets the search's events (see `tgc.cli.report.progress_bar`)."""
     from tgc.codegen import search
     from tgc.codegen.opt import optimize
-    from tgc.ir.shapes import prod, shape_of
 
     name = name or item.name
     ast = prepare_ast(item.ast, device)
     opts = None
     if tuned and device.compiler is not None and os.environ.get("NOOPT", "") in ("", "0"):
-        opts = search.lookup(ast, device)  # a BEAM winner stored earlier
+        opts = search.lookup(ast, device, width=beam)  # a BEAM winner stored earlier (wide enough)
         if opts is None and beam > 0:
-            res = search.beam_search(ast, device, item.bufs, beam, name=name)
-            search.store(ast, device, res.opts, res.after_s, name)
+            res = search.beam_search(ast, device, item.bufs, beam, name=name, progress=progress)
+            search.store(ast, device, res.opts, res.after_s, name, beam)
             opts = res.opts
+        elif opts is not None and progress is not None:
+            progress({"kernel": name, "cached": True})
     ast, launch, applied = optimize(ast, device, opts=opts)
     ast, bufs = drop_unused_buffers(ast, item.bufs)
     uops = linearize(ast, vectors=getattr(device.renderer, "supports_vectors", False))
     name = name or item.name
     src = device.renderer.render(name, uops)
     binary, err = compile_cached(device, src)
-    nbytes = sum(prod(shape_of(b)) * b.dtype.itemsize for b in bufs)
-    flops = count_work(uops) * launch.get("global_size", (1, 1, 1))[0]
+    nbytes = bytes_touched(ast, bufs)
+    flops = kernel_flops(uops, device, launch)
     return Kernel(name=name, src=src, binary=binary, uops=uops, ast=ast, bufs=bufs,
                   global_size=launch.get("global_size", (1, 1, 1)), local_size=launch.get("local_size"),
                   vals=launch.get("vals", ()), flops=flops, bytes_moved=nbytes, line=item.line, compile_error=err,
                   device=device, opts=applied)
+
+
+def bytes_touched(ast: UOp, bufs: list[UOp]) -> int:
+    """Bytes a launch reads and writes, counting each element it can reach once (what GB/s is computed from).
+
+    Per buffer: the smallest of its size and the sum, over its loads and stores, of the elements each can
+    reach: at most one per combination of the loop, thread and kernel variables its index uses, and at most
+    the span of the index inside the buffer (a gated load outside the buffer reads nothing). An upper
+    bound: a strided slice `x[::16]` counts a sixteenth of `x`, a matmul's operands once each.
+    """
+    from tgc.ir.shapes import prod, shape_of
+    reach: dict[int, int] = {}
+    for u in ast.toposort():
+        if u.op not in (Ops.LOAD, Ops.STORE) or not u.src or u.src[0].op is not Ops.DEFINE_GLOBAL:
+            continue
+        i = u.src[0].arg
+        if not isinstance(i, int) or not 0 <= i < len(bufs):
+            continue
+        size = prod(shape_of(bufs[i]))
+        index = u.src[1]
+        nodes = index.toposort()
+        lo, hi = index.vmin, index.vmax
+        span = size
+        if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and abs(lo) != INF and abs(hi) != INF:
+            span = max(min(int(hi), size - 1) - max(int(lo), 0) + 1, 0)
+        if any(n.op is Ops.LOAD for n in nodes):  # a data-dependent index: anything in its span
+            count = span
+        else:
+            combos = 1
+            for n in nodes:
+                if n.op in (Ops.RANGE, Ops.SPECIAL, Ops.DEFINE_VAR):
+                    combos *= max(int(n.vmax) - int(n.vmin) + 1, 0)
+            count = min(combos, span)
+        reach[i] = min(reach.get(i, 0) + count, size)
+    return sum(n * bufs[i].dtype.itemsize for i, n in reach.items())
+
+
+INF = float("inf")
 
 
 def drop_unused_buffers(ast: UOp, bufs: list[UOp]) -> tuple[UOp, list[UOp]]:

@@ -42,21 +42,36 @@ def beam_key(ast: UOp, device: Any) -> str:
     return cache.make_key("beam", device.kind, comp.cache_key if comp else "none", __version__, pretty(ast))
 
 
-def lookup(ast: UOp, device: Any) -> list[Opt] | None:
+def lookup_entry(ast: UOp, device: Any) -> dict[str, Any] | None:
+    """The stored winner of a kernel: {"opts": [Opt, ...], "width": the beam width searched (0 when an
+    older entry did not record it), "time_s": ...}, or None."""
     from tgc import cache
     raw = cache.get("beam", beam_key(ast, device))
     if raw is None:
         return None
     try:
-        return [Opt.from_json(o) for o in json.loads(raw)["opts"]]
-    except (ValueError, KeyError, TypeError, IndexError):
+        doc = json.loads(raw)
+        width = doc.get("width", 0)
+        return {"opts": [Opt.from_json(o) for o in doc["opts"]], "width": width if isinstance(width, int) else 0,
+                "time_s": doc.get("time_s")}
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
         return None
 
 
-def store(ast: UOp, device: Any, opts: list[Opt], seconds: float, name: str) -> None:
+def lookup(ast: UOp, device: Any, width: int = 0) -> list[Opt] | None:
+    """A stored winner's opts; with `width`, only one found by a search at least that wide (a narrower
+    search may have missed what a wider one finds)."""
+    entry = lookup_entry(ast, device)
+    if entry is None or (width > 0 and entry["width"] < width):
+        return None
+    return entry["opts"]
+
+
+def store(ast: UOp, device: Any, opts: list[Opt], seconds: float, name: str, width: int = 0) -> None:
     from tgc import cache
-    value = json.dumps({"opts": [o.to_json() for o in opts], "time_s": seconds}).encode()
-    cache.put("beam", beam_key(ast, device), value, meta=f"{device.kind} {name} {' '.join(map(str, opts))}")
+    value = json.dumps({"opts": [o.to_json() for o in opts], "time_s": seconds, "width": width}).encode()
+    cache.put("beam", beam_key(ast, device), value,
+              meta=f"{device.kind} {name} width {width}: {' '.join(map(str, opts))}")
 
 
 # ------------------------------------------------------------------------------------------- candidates
@@ -326,9 +341,10 @@ def beam_program(prog, device: str | None = None, dims: dict[str, int] | None = 
     try:
         for i, item in enumerate(items):
             ast = prepare_ast(item.ast, dev)
-            cached = None if force else lookup(ast, dev)
-            if cached is not None:
-                rows.append({"name": item.name, "opts": [str(o) for o in cached], "cached": True})
+            entry = None if force else lookup_entry(ast, dev)
+            if entry is not None and entry["width"] >= width:
+                rows.append({"name": item.name, "opts": [str(o) for o in entry["opts"]], "cached": True,
+                             "width": entry["width"]})
                 if progress:
                     progress({"kernel": item.name, "index": i, "total": len(items), "cached": True})
                 continue
@@ -338,9 +354,10 @@ def beam_program(prog, device: str | None = None, dims: dict[str, int] | None = 
                     progress({**p, "index": i, "total": len(items), "elapsed_total_s": time.perf_counter() - start})
 
             res = beam_search(ast, dev, item.bufs, width, name=item.name, progress=report, pool=pool)
-            store(ast, dev, res.opts, res.after_s, item.name)
-            rows.append({"name": item.name, "opts": [str(o) for o in res.opts], "before_s": res.before_s,
-                         "after_s": res.after_s, "speedup": res.before_s / res.after_s if res.after_s else 0.0,
+            store(ast, dev, res.opts, res.after_s, item.name, width)
+            rows.append({"name": item.name, "opts": [str(o) for o in res.opts], "width": width,
+                         "before_s": res.before_s, "after_s": res.after_s,
+                         "speedup": res.before_s / res.after_s if res.after_s else 0.0,
                          "tried": res.tried, "rejected": res.rejected, "failed": res.failed, "cached": False,
                          "reference": res.reference,
                          "interrupted": res.interrupted})

@@ -94,6 +94,9 @@ def allocate(dev: Any, prog, kernels: list, in_bufs: list[UOp], arrays: dict[str
 
 
 def launch(k, bufs: list[Buffer]) -> float | None:
+    """Run one kernel. With DEBUG>=2 it runs twice and prints a line with the second (warm) launch's time,
+    its GFLOP/s and GB/s, and the first launch's time (which includes loading the binary and cold caches);
+    a kernel only writes its output buffer, so the second run leaves the same values."""
     level = _debug()
     if level >= 4:
         print(k.src, file=sys.stderr)
@@ -101,20 +104,26 @@ def launch(k, bufs: list[Buffer]) -> float | None:
         print(k.uops_text(), file=sys.stderr)
     prog = k.program()
     wait = level >= 2
-    st = time.perf_counter()
-    try:
-        t = prog(*[b.handle for b in bufs], global_size=k.global_size, local_size=k.local_size, vals=k.vals,
-                 wait=wait)
-    except TgcError:
-        raise
-    except Exception as e:  # a device failure is a runtime error, not a crash
-        raise DeviceError(f"kernel {k.name} failed on {k.device.name}: {e}") from None
-    if wait:
-        t = t if t is not None else time.perf_counter() - st
-        gflops = k.flops / t / 1e9 if t > 0 else 0
-        gbs = k.bytes_moved / t / 1e9 if t > 0 else 0
-        print(f"*** {k.device.name:<8} {k.name:<28} launch {str(k.global_size):<14} {t * 1e6:9.2f} us "
-              f"{gflops:8.2f} GFLOP/s {gbs:8.2f} GB/s", file=sys.stderr)
+
+    def once() -> float | None:
+        st = time.perf_counter()
+        try:
+            t = prog(*[b.handle for b in bufs], global_size=k.global_size, local_size=k.local_size, vals=k.vals,
+                     wait=wait)
+        except TgcError:
+            raise
+        except Exception as e:  # a device failure is a runtime error, not a crash
+            raise DeviceError(f"kernel {k.name} failed on {k.device.name}: {e}") from None
+        return (t if t is not None else time.perf_counter() - st) if wait else t
+
+    first = once()
+    if not wait:
+        return first
+    t = once()
+    gflops = k.flops / t / 1e9 if t > 0 else 0
+    gbs = k.bytes_moved / t / 1e9 if t > 0 else 0
+    print(f"*** {k.device.name:<8} {k.name:<28} launch {str(k.global_size):<14} {t * 1e6:9.2f} us "
+          f"{gflops:8.2f} GFLOP/s {gbs:8.2f} GB/s  (warm; first launch {first * 1e6:.2f} us)", file=sys.stderr)
     return t
 
 
