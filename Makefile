@@ -26,7 +26,14 @@ TEST_DEVICES ?= CPU,OPENCL,PYTHON,REMOTE
 test: $(STAMP)
 	$(TEST_ENV) TGC_TEST_DEVICES=$(TEST_DEVICES) $(BIN)/python -m pytest -n 2 -q
 
-bench: $(STAMP)
+BENCH_STAMP := $(VENV)/.installed-bench
+
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/pip install -q -e '.[bench]'
+	touch $(BENCH_STAMP)
+
+# numpy with its best BLAS kernels and XLA (jax.jit) beside tgc, in one run (see bench/bench.py)
+bench: $(BENCH_STAMP)
 	$(BIN)/python bench/bench.py
 
 lint: $(STAMP)

@@ -19,6 +19,8 @@ KERNELS = sorted(pathlib.Path(__file__).resolve().parent.parent.joinpath("kernel
 # small sizes that satisfy every example's constraints (even spatial sizes for 2x2 pooling, ...)
 SIZES = {"N": 4, "D": 8, "K": 6, "M": 5, "B": 2, "H": 8, "W": 8, "C": 3, "O": 4, "T": 6, "F": 7, "R": 6,
          "IN": 12, "HID": 16, "OUT": 5}
+# programs whose dims are tied (C3 = 3C, heads of C // 4)
+SIZES_OF = {"transformer_block.tg": {"B": 2, "T": 6, "C": 8, "C3": 24, "C4": 32}}
 
 
 def test_there_are_at_least_twelve_examples():
@@ -31,7 +33,7 @@ def test_there_are_at_least_twelve_examples():
 @pytest.mark.parametrize("path", KERNELS, ids=[p.name for p in KERNELS])
 def test_example_matches_numpy(path):
     prog = tgc.load(path)
-    dims = {name: SIZES.get(name, 4) for name in prog.dim_names}
+    dims = {name: SIZES_OF.get(path.name, SIZES).get(name, SIZES.get(name, 4)) for name in prog.dim_names}
     inputs = random_inputs(prog, dims, seed=7)
     got = prog.run(**inputs)
     want = numpy_program(prog, dims)(inputs)
@@ -46,3 +48,30 @@ def test_example_matches_numpy(path):
             scale = max(1.0, float(np.max(np.abs(w)))) if w.size else 1.0
             np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=tol, atol=tol * scale,
                                        err_msg=f"{path.name}: {name}")
+
+
+def _bench_models():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bench_models", KERNELS[0].parent.parent / "bench" / "models.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("b, t, c", [(2, 8, 16), (1, 5, 12), (3, 17, 8)])
+def test_transformer_block_matches_the_numpy_model(b, t, c):
+    """The bench's transformer block, against the same block written with numpy (bench/models.py)."""
+    models = _bench_models()
+    inputs = models.transformer_inputs(b, t, c, seed=b + t)
+    got = tgc.load(KERNELS[0].parent / "transformer_block.tg").run(dims=models.transformer_dims(b, t, c), **inputs)
+    want = models.transformer_block(np, *(inputs[k].astype(np.float64) for k in ("x", *models.TRANSFORMER_WEIGHTS)))
+    np.testing.assert_allclose(got["out0"], want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+
+
+def test_small_kernels_is_twenty_kernels_and_matches_numpy():
+    models = _bench_models()
+    prog = tgc.load(KERNELS[0].parent / "small_kernels.tg")
+    x = np.random.default_rng(3).standard_normal((16, 64)).astype(np.float32)
+    assert len(prog.compile(device="CPU", dims={"R": 16, "N": 64})) == 20
+    np.testing.assert_allclose(prog.run(x=x)["y19"], models.small_kernels(np, x.astype(np.float64)), rtol=1e-4,
+                               atol=1e-5)
