@@ -3,7 +3,12 @@
 Which nodes get a buffer of their own ("realized"):
 - every program output;
 - a reduction whose result is read more than once per output element of its consumer: behind an EXPAND
-  or WINDOW (a broadcast reuses it), or inside another reduction, or shared by several kernels.
+  or WINDOW (a broadcast reuses it), or inside another reduction, or shared by several kernels;
+- elementwise work that a broadcast would make its consumer recompute, where that costs more than a round
+  trip through memory: its ALU cost (a transcendental counts `TRANSCENDENTAL_COST`) times the extra times it
+  would be recomputed (the broadcast factor minus one) is at least `RECOMPUTE_LIMIT`. The GELU before a
+  matmul (`gelu(x @ w1 + b1) @ w2`) is computed once, not once per output column; a per-row value a
+  CPU kernel computes once per row is not a recomputation.
 Everything else is fused: elementwise chains, elementwise work before a reduction (inside its loop) and
 after it (once per output), and movement ops, which become index arithmetic. Constants and broadcasts
 are never materialized.
@@ -38,6 +43,36 @@ class ScheduleItem:
 
 
 _EXPANDING = {Ops.EXPAND, Ops.WINDOW}
+TRANSCENDENTAL_COST = 10  # exp2, log2, sin, sqrt become ~10-25 ops (polynomials on the CPU)
+_TRANSCENDENTAL = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT}
+RECOMPUTE_LIMIT = 64  # ALU ops recomputed per element above which the value gets its own buffer
+_REP_CAP = 1 << 20
+
+
+def _fused_cost(node: UOp, realized: set[UOp], memo: dict[UOp, int]) -> int:
+    """ALU ops to compute `node` from buffers and realized values (each fused node counted once); 0 for a value
+    that reads no buffer (constants fold; index arithmetic is cheaper to recompute than to load)."""
+    total, stack, seen, reads = 0, [node], set(), False
+    while stack:
+        n = stack.pop()
+        if n in seen or n.op is Ops.CONST:
+            continue
+        if n.op is Ops.BUFFER or (n in realized and n is not node):
+            reads = True
+            continue
+        seen.add(n)
+        if n.op in ALU:
+            total += TRANSCENDENTAL_COST if n.op in _TRANSCENDENTAL else 1
+        stack.extend(n.src)
+    memo[node] = total if reads else 0
+    return memo[node]
+
+
+def _broadcast_factor(node: UOp) -> int:
+    """How many times an EXPAND or WINDOW reads each element of its source (1 for other nodes)."""
+    if node.op not in _EXPANDING:
+        return 1
+    return max(1, prod(shape_of(node)) // max(1, prod(shape_of(node.src[0]))))
 
 
 def _trailing(axes: tuple[int, ...], ndim: int) -> bool:
@@ -64,6 +99,7 @@ def find_realized(outputs: list[UOp], fuse_rows: bool = False) -> list[UOp]:
     once per row before the row's inner loop (softmax and layernorm become one kernel)."""
     realized: set[UOp] = set(o for o in outputs)
     realized |= {n for o in outputs for n in o.toposort() if n.op is Ops.CONTIGUOUS}
+    cost_memo: dict[UOp, int] = {}
     changed = True
     while changed:
         changed = False
@@ -71,13 +107,14 @@ def find_realized(outputs: list[UOp], fuse_rows: bool = False) -> list[UOp]:
         for root in list(realized):
             # state: None (each value computed once per output), ("row", shape, axes) (inside a per-row
             # reduction: only per-row values stay unrecomputed), or "general" (values recomputed)
-            stack: list[tuple[UOp, object]] = [(root, None)]
-            seen: set[tuple[UOp, object]] = set()
+            # rep: how many times a broadcast on the way down makes the consumer recompute this value
+            stack: list[tuple[UOp, object, int]] = [(root, None, 1)]
+            seen: set[tuple[UOp, object, int]] = set()
             while stack:
-                node, state = stack.pop()
-                if (node, state) in seen or node.op is Ops.BUFFER:
+                node, state, rep = stack.pop()
+                if (node, state, rep) in seen or node.op is Ops.BUFFER:
                     continue
-                seen.add((node, state))
+                seen.add((node, state, rep))
                 if node in realized and node is not root:
                     continue
                 if node.op is Ops.REDUCE_AXIS and node is not root:
@@ -86,8 +123,19 @@ def find_realized(outputs: list[UOp], fuse_rows: bool = False) -> list[UOp]:
                         realized.add(node)
                         changed = True
                         continue
+                if (rep > 1 and node is not root and (node.op in ALU or node.op is Ops.CAST)
+                        and (cost_memo.get(node) or _fused_cost(node, realized, cost_memo)) * (rep - 1)
+                        >= RECOMPUTE_LIMIT):
+                    realized.add(node)
+                    cost_memo.clear()
+                    changed = True
+                    continue
                 for child in node.src:
-                    stack.append((child, _child_state(node, child, state, fuse_rows)))
+                    child_state = _child_state(node, child, state, fuse_rows)
+                    row_fused = fuse_rows and node.op is Ops.EXPAND and _row_axes(node) is not None \
+                        and child_state is None
+                    factor = 1 if row_fused else _broadcast_factor(node)
+                    stack.append((child, child_state, min(rep * factor, _REP_CAP)))
     # order: toposort of the whole graph restricted to realized nodes
     order: list[UOp] = []
     seen_nodes: set[UOp] = set()
