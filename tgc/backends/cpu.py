@@ -134,10 +134,18 @@ class CPUDevice(Device):
         self._pool: ThreadPoolExecutor | None = None
         self._pool_size = 0
 
+    @classmethod
+    def device_count(cls) -> int:
+        """One CPU device (its cores are threads of one launch): `CPU:1` is an error."""
+        return 1
+
     @property
     def cores(self) -> int:
-        if os.environ.get("TGC_THREADS"):
-            return max(1, int(os.environ["TGC_THREADS"]))
+        from tgc.env import env_int
+
+        threads = env_int("TGC_THREADS", 0)
+        if threads:
+            return threads
         return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
     def pool(self, threads: int) -> ThreadPoolExecutor:

@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from tgc.env import help_text as env_help_text
 from tgc.errors import TgcError
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -48,13 +49,39 @@ def _fill_location(e: TgcError, ctx: click.Context) -> None:
             e.text = lines[e.line - 1]
 
 
+def _show_click_error(e: click.ClickException, file: Any = None) -> None:
+    """click's own errors (bad option, bad value) in tgc's style: `error: ...` and a `help:` line."""
+    msg = e.format_message()
+    msg = (msg[:1].lower() + msg[1:]).removesuffix(".")
+    ctx = getattr(e, "ctx", None)
+    lines = [f"error: {msg}"]
+    if isinstance(e, click.UsageError):
+        lines.append(f"  help: see '{ctx.command_path if ctx is not None else 'tgc'} --help'")
+    click.echo("\n".join(lines), err=True)
+
+
+def _restyle(e: click.ClickException) -> click.ClickException:
+    e.show = lambda file=None: _show_click_error(e, file)  # type: ignore[method-assign]
+    return e
+
+
 class TgcGroup(click.Group):
-    """Turns errors into one message on stderr: `TgcError.format()` with its exit code, or an internal error."""
+    """Turns errors into one message on stderr: `TgcError.format()` with its exit code, or an internal error.
+    click's usage errors keep their exit code (2) and get the same `error:`/`help:` style."""
+
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.ClickException as e:
+            raise _restyle(e) from None
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort, KeyboardInterrupt):
+        except click.ClickException as e:
+            raise _restyle(e) from None
+        except (click.exceptions.Exit, click.exceptions.Abort, KeyboardInterrupt):
             raise
         except TgcError as e:
             _fill_location(e, ctx)
@@ -224,16 +251,14 @@ def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> N
     ctx.exit(0)
 
 
-@click.group(cls=TgcGroup, context_settings=CONTEXT_SETTINGS)
+@click.group(cls=TgcGroup, context_settings=CONTEXT_SETTINGS, epilog="\b\n" + env_help_text())
 @click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
               help="Show the versions of tgc, Python, numpy, llvmlite and each backend, and exit.")
 def main() -> None:
-    """Compile, run and time `.tg` tensor-expression programs.
+    """Compile, run and time `.tg` tensor-expression programs."""
+    from tgc.env import check_all
 
-    \b
-    Environment: TGC_DEVICE (default device), TGC_CACHE_DIR, TGC_REMOTE, NO_COLOR,
-    DEBUG (1..6; also shows tracebacks of internal errors), BEAM, NOOPT.
-    """
+    check_all()  # a bad TGC_THREADS, DEBUG, ... is one clear error (exit 2) before anything runs
 
 
 # ---------------------------------------------------------------------------------------------------------------
