@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+import tgc
+import tgc.api
+
 from tgc.cli.main import main
 from tgc.errors import TgcError
 
@@ -175,3 +178,41 @@ def test_click_errors_in_tgc_style(args, words):
     r = invoke(*args)
     assert_clean(r, 2, *words)
     assert "Usage:" not in r.stderr and "Try '" not in r.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# sizes
+
+
+@pytest.fixture
+def add_tg(tmp_path):
+    p = tmp_path / "add.tg"
+    p.write_text("x: f32[N]\nreturn x + 1\n")
+    return str(p)
+
+
+def test_input_too_large_for_memory(add_tg):
+    r = invoke("run", add_tg, "-D", "N=10000000000", "--random")
+    assert_clean(r, 1, "input 'x'", "40000000000 bytes", "memory")
+
+
+def test_numpy_refusing_an_allocation_names_the_input(add_tg, monkeypatch):
+    from tgc.cli import inputs
+
+    monkeypatch.setattr(inputs, "physical_memory", lambda: None)  # the platform does not say: numpy refuses
+    r = invoke("run", add_tg, "-D", "N=100000000000000", "--random")
+    assert_clean(r, 1, "input 'x'", "400000000000000 bytes")
+
+
+@pytest.mark.parametrize("dim, words", [("N=1e11", "not an integer"), ("N=12345678901234567890123456", "below 2^48"),
+                                        ("N=281474976710656", "below 2^48"), ("N=" + "9" * 5000, "below 2^48")])
+def test_absurd_dims(add_tg, dim, words):
+    assert_clean(invoke("run", add_tg, "-D", dim, "--random"), 2, words)
+
+
+def test_out_of_memory_anywhere_is_one_clear_error(add_tg, monkeypatch):
+    def boom(*a, **k):
+        raise MemoryError("Unable to allocate 12 GiB")
+
+    monkeypatch.setattr(tgc.api.Program, "run", boom)
+    assert_clean(invoke("run", add_tg, "-D", "N=4", "--random"), 1, "out of memory", "12 GiB")

@@ -252,8 +252,48 @@ def random_array(decl: Any, dims: Mapping[str, int], seed: int, index: int) -> n
                                hint=f"the random input '{decl.name}' is {decl_type(decl)}")
             size = dims[size]
         shape.append(int(size))
-    rng = np.random.default_rng([seed, index])
     dt: DType = decl.dtype
+    nbytes = _check_memory(decl, shape)
+    try:
+        return _random_values(dt, shape, seed, index)
+    except (MemoryError, ValueError) as e:  # ValueError: numpy's "array is too big" / "maximum dimension"
+        raise _too_large(decl, shape, nbytes, str(e)) from None
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n} bytes ({n / size:.1f} {unit})"
+    return f"{n} bytes"
+
+
+def physical_memory() -> int | None:
+    """This machine's RAM in bytes, or None where the platform does not say."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _too_large(decl: Any, shape: list[int], nbytes: int, why: str) -> TgcError:
+    return TgcError(f"input '{decl.name}' ({decl.dtype.name}{list(shape)}) needs {_fmt_bytes(nbytes)}: {why}",
+                    hint="use smaller dims (-D)", kind="runtime")
+
+
+def _check_memory(decl: Any, shape: list[int]) -> int:
+    """The bytes of a random input of `shape`; more than this machine's memory is a runtime error (exit 1)
+    raised before numpy tries (and the kernel's overcommit lets it start and be killed half-way)."""
+    nbytes = decl.dtype.itemsize
+    for s in shape:
+        nbytes *= s
+    ram = physical_memory()
+    if ram is not None and nbytes > ram:
+        raise _too_large(decl, shape, nbytes, f"more than this machine's memory, {_fmt_bytes(ram)}")
+    return nbytes
+
+
+def _random_values(dt: DType, shape: list[int], seed: int, index: int) -> np.ndarray:
+    rng = np.random.default_rng([seed, index])
     if dt.is_bool:
         return rng.random(shape) < 0.5
     if dt.is_int:

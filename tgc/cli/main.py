@@ -87,6 +87,11 @@ class TgcGroup(click.Group):
             _fill_location(e, ctx)
             click.echo(e.format(), err=True)
             ctx.exit(e.exit_code)
+        except MemoryError as e:
+            detail = str(e).splitlines()[0] if str(e) else ""
+            click.echo(f"error: out of memory{': ' + detail if detail else ''}", err=True)
+            click.echo("  help: use smaller dims (-D) or inputs", err=True)
+            ctx.exit(1)
         except Exception as e:
             if isinstance(e, OSError) and e.errno == errno.EPIPE:
                 raise  # click closes quietly on a broken pipe (`tgc ... | head`)
@@ -105,6 +110,9 @@ class TgcGroup(click.Group):
 # Shared options
 
 
+MAX_DIM_BITS = 48  # 2^48 elements of one axis: beyond any machine's memory, well inside int64 arithmetic
+
+
 def _parse_dims(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, int]:
     dims: dict[str, int] = {}
     for text in values:
@@ -112,12 +120,17 @@ def _parse_dims(ctx: click.Context, param: click.Parameter, values: tuple[str, .
         name, size = name.strip(), size.strip()
         if not sep or not name.isidentifier():
             raise click.BadParameter(f"'{text}' is not NAME=INT (e.g. -D N=1024)", ctx, param)
+        if len(size.lstrip("+-")) > 20:  # int() of a huge string is slow, and no dim is that large
+            raise click.BadParameter(f"'{text}': a dim must be below 2^{MAX_DIM_BITS}", ctx, param)
         try:
             value = int(size)
         except ValueError:
-            raise click.BadParameter(f"'{text}': {size!r} is not an integer", ctx, param) from None
+            raise click.BadParameter(f"'{text}': {size!r} is not an integer (write it in digits)", ctx,
+                                     param) from None
         if value < 0:
             raise click.BadParameter(f"'{text}': a dim cannot be negative", ctx, param)
+        if value >= 1 << MAX_DIM_BITS:
+            raise click.BadParameter(f"'{text}': a dim must be below 2^{MAX_DIM_BITS}", ctx, param)
         if dims.get(name, value) != value:
             raise click.BadParameter(f"{name} is given twice, as {dims[name]} and {value}", ctx, param)
         dims[name] = value
