@@ -13,7 +13,6 @@ from click.testing import CliRunner
 
 import tgc
 import tgc.api
-
 from tgc.cli.main import main
 from tgc.errors import TgcError
 
