@@ -8,6 +8,7 @@ import os
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -215,3 +216,110 @@ def test_out_of_memory_anywhere_is_one_clear_error(add_tg, monkeypatch):
 
     monkeypatch.setattr(tgc.api.Program, "run", boom)
     assert_clean(invoke("run", add_tg, "-D", "N=4", "--random"), 1, "out of memory", "12 GiB")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# options, input files and output files
+
+
+@pytest.mark.parametrize("rtol", ["nan", "inf", "-1"])
+def test_rtol_must_be_finite(add_tg, rtol):
+    assert_clean(invoke("run", add_tg, "-D", "N=4", "--random", "--check", "--rtol", rtol), 2, "--rtol")
+
+
+def test_input_from_a_pipe(add_tg, tmp_path):
+    import io
+    import threading
+
+    for opt, name, write in (("-i", "x=", lambda f, a: np.save(f, a)), ("--inputs", "", lambda f, a: np.savez(f, x=a))):
+        buf = io.BytesIO()
+        write(buf, np.arange(4, dtype=np.float32))
+        r_fd, w_fd = os.pipe()
+
+        def feed(data: bytes, w_fd: int) -> None:
+            with os.fdopen(w_fd, "wb") as w:
+                w.write(data)
+
+        t = threading.Thread(target=feed, args=(buf.getvalue(), w_fd))
+        t.start()
+        try:
+            r = invoke("run", add_tg, opt, f"{name}/dev/fd/{r_fd}", "-o", f"out0={tmp_path / 'o.npy'}")
+        finally:
+            t.join()
+            os.close(r_fd)
+        assert r.exit_code == 0, r.stderr
+        np.testing.assert_array_equal(np.load(tmp_path / "o.npy"), np.arange(4, dtype=np.float32) + 1)
+
+
+def test_an_endless_device_file_is_refused_not_read(add_tg):
+    assert_clean(invoke("run", add_tg, "-i", "x=/dev/zero"), 2, "is not a .npy file")
+
+
+def test_utf8_bom_is_accepted(tmp_path):
+    p = tmp_path / "bom.tg"
+    p.write_bytes(b"\xef\xbb\xbfx: f32[N]\nreturn x + 1\n")
+    out = tgc.load(str(p)).run(x=np.ones(3, np.float32), device="PYTHON")
+    np.testing.assert_array_equal(out["out0"], np.full(3, 2, np.float32))
+    assert tgc.loads("\ufeffx: f32[N]\nreturn x * 2\n").output_names == ["out0"]
+    r = invoke("run", str(p), "-D", "N=3", "--random")
+    assert r.exit_code == 0, r.stderr
+    # a later error still points at the right column of line 1
+    p.write_bytes(b"\xef\xbb\xbfx: f32[N]\nreturn x + y\n")
+    r = invoke("run", str(p), "-D", "N=3", "--random")
+    assert r.exit_code == 2 and "bom.tg:2:12" in r.stderr, r.stderr
+
+
+@pytest.fixture
+def two_tg(tmp_path):
+    p = tmp_path / "two.tg"
+    p.write_text("x: f32[N]\ny = x * 2\nreturn y, x + 1\n")
+    return str(p)
+
+
+@pytest.mark.parametrize("second", ["same", "dotted", "npz"])
+def test_two_outputs_to_one_file_are_refused(two_tg, tmp_path, second):
+    first = tmp_path / "o.npy"
+    other = {"same": f"out1={first}", "dotted": f"out1={tmp_path / '.' / 'o.npy'}", "npz": str(tmp_path / "a.npz")}
+    args = ["-o", f"y={first}", "-o", other[second]]
+    if second == "npz":
+        args = ["-o", other[second], "-o", other[second]]
+    r = invoke("run", two_tg, "-D", "N=4", "--random", *args)
+    assert_clean(r, 2, "the same file")
+    assert not first.exists() and not (tmp_path / "a.npz").exists()
+
+
+def test_unwritable_output_directory_is_exit_2_for_run_and_compile(add_tg, tmp_path, monkeypatch):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **k: False if (mode & os.W_OK and str(p) == str(ro))
+                        else real_access(p, mode, **k))
+    assert_clean(invoke("run", add_tg, "-D", "N=4", "--random", "-o", str(ro / "o.npz")), 2, "cannot write")
+    assert_clean(invoke("compile", add_tg, "-D", "N=4", "-o", str(ro)), 2, "cannot write")
+    assert list(ro.iterdir()) == []
+
+
+@pytest.mark.parametrize("err, code", [(13, 2), (30, 2), (28, 1)])  # EACCES, EROFS: the user's; ENOSPC: not
+def test_write_failures_agree_between_run_and_compile(add_tg, tmp_path, monkeypatch, err, code):
+    import tempfile
+
+    def refuse(*a, **k):
+        raise OSError(err, os.strerror(err))
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    r1 = invoke("run", add_tg, "-D", "N=4", "--random", "-o", str(tmp_path / "o.npz"))
+    r2 = invoke("compile", add_tg, "-D", "N=4", "-o", str(tmp_path / "k"))
+    assert_clean(r1, code, "cannot write", os.strerror(err))
+    assert_clean(r2, code, "cannot write", os.strerror(err))
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+def test_read_only_directory_for_real(add_tg, tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        assert_clean(invoke("compile", add_tg, "-D", "N=4", "-o", str(ro)), 2)
+        assert_clean(invoke("run", add_tg, "-D", "N=4", "--random", "-o", str(ro / "o.npz")), 2)
+    finally:
+        ro.chmod(0o755)

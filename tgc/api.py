@@ -22,7 +22,7 @@ __all__ = ["Program", "Kernel", "load", "loads", "InputDecl"]
 def load(path: str | os.PathLike) -> Program:
     path = os.fspath(path)
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:  # -sig: a leading byte-order mark is not source
             source = f.read()
     except FileNotFoundError:
         raise TgcError(f"no such file: {path}") from None

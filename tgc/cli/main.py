@@ -40,7 +40,7 @@ def _fill_location(e: TgcError, ctx: click.Context) -> None:
         source = ctx.meta.get("tgc.source")
         if source is None:
             try:
-                with open(path, encoding="utf-8", errors="replace") as f:
+                with open(path, encoding="utf-8-sig", errors="replace") as f:
                     source = f.read()
             except OSError:
                 return
@@ -154,6 +154,14 @@ def _parse_outs(ctx: click.Context, param: click.Parameter, values: tuple[str, .
         return [parse_out(v) for v in values]
     except ValueError as e:
         raise click.BadParameter(f"{e} (use -o PATH.npz or -o NAME=PATH.npy)", ctx, param) from None
+
+
+def _finite(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    import math
+
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a finite number", ctx, param)
+    return value
 
 
 def _set_remote(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
@@ -288,7 +296,8 @@ def main() -> None:
 @click.option("-o", "--output", "outs", multiple=True, metavar="OUT", callback=_parse_outs,
               help="PATH.npz for every output, NAME=PATH.npy for one (repeatable). Else print a table.")
 @click.option("--check", is_flag=True, help="Compare with the float64 numpy reference; exit 1 beyond tolerance.")
-@click.option("--rtol", type=click.FloatRange(min=0), help="Relative tolerance for --check (default by dtype).")
+@click.option("--rtol", type=click.FloatRange(min=0), callback=_finite,
+              help="Relative tolerance for --check (default by dtype).")
 def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[str, str]], npz: str | None,
         cast: bool, use_random: bool, seed: int | None, outs: list[Any], check: bool, rtol: float | None) -> None:
     """Run FILE on a device and print or save its outputs."""

@@ -76,6 +76,7 @@ _CONSTRUCTS = {
 
 def parse(source: str, filename: str = "<string>") -> Parsed:
     """Check the file's structure: declarations, then assignments, then one return."""
+    source = source.removeprefix("\ufeff")  # a UTF-8 byte-order mark (`tgc.loads` of a file's text)
     err = _Errors(source, filename)
     try:
         tree = ast.parse(source, filename=filename)
