@@ -323,3 +323,70 @@ def test_read_only_directory_for_real(add_tg, tmp_path):
         assert_clean(invoke("run", add_tg, "-D", "N=4", "--random", "-o", str(ro / "o.npz")), 2)
     finally:
         ro.chmod(0o755)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the cache: clear and peak
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    from tgc import cache
+
+    monkeypatch.setenv("TGC_CACHE_DIR", str(tmp_path / "cache"))
+    cache._reset_for_tests()
+    yield cache
+    cache._reset_for_tests()
+
+
+def test_cache_clear_on_a_read_only_database_fails(fresh_cache, monkeypatch):
+    import sqlite3
+
+    fresh_cache.put("beam", "k", b"v")
+    fresh_cache._reset_for_tests()
+
+    def read_only(path):
+        return sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None, check_same_thread=False)
+
+    real_open = fresh_cache._open
+    monkeypatch.setattr(fresh_cache, "_open", read_only)
+    r = invoke("cache", "clear")
+    assert_clean(r, 1, "could not clear", "readonly")
+    assert "cleared" not in r.stdout
+    monkeypatch.setattr(fresh_cache, "_open", real_open)
+    fresh_cache._reset_for_tests()
+    assert fresh_cache.get("beam", "k") == b"v"  # nothing was removed
+    assert fresh_cache.clear(strict=True) == 1
+
+
+def test_cache_clear_table_peak(fresh_cache):
+    fresh_cache.put("peak", "k", b"{}")
+    fresh_cache.put("beam", "k", b"{}")
+    r = invoke("cache", "clear", "--table", "peak")
+    assert r.exit_code == 0 and "1 entry removed" in r.stdout, (r.stdout, r.stderr)
+    assert fresh_cache.get("peak", "k") is None and fresh_cache.get("beam", "k") == b"{}"
+    assert invoke("cache", "list", "--table", "peak").exit_code == 0
+
+
+@pytest.mark.parametrize("stored", [b"\xff\xfe", b"not json", b"[]", b'{"gflops": "x", "gbps": 1}',
+                                    b'{"gflops": 1}', b'{"gflops": NaN, "gbps": 1}', b'{"gflops": 0, "gbps": 1}'])
+def test_corrupt_peak_entry_is_measured_again(fresh_cache, monkeypatch, stored):
+    from tgc import __version__
+    from tgc.backends import get_device
+    from tgc.engine import bench
+
+    dev = get_device("CPU")
+    measured = {"gflops": 100.0, "gbps": 10.0, "source": "measured"}
+    monkeypatch.setattr(bench, "measure_cpu_peak", lambda d: dict(measured))
+    key = fresh_cache.make_key("peak", dev.kind, dev.compiler.cache_key, dev.cores, __version__)
+    fresh_cache.put("peak", key, stored)
+    assert bench.machine_peak(dev) == measured
+    assert json_of(fresh_cache.get("peak", key)) == measured  # the damaged entry was replaced
+    r = invoke("bench", SOFTMAX, "-D", "N=4", "-D", "D=8", "--repeat", "1", "--json")
+    assert r.exit_code == 0, r.stderr
+
+
+def json_of(raw: bytes):
+    import json
+
+    return json.loads(raw)

@@ -536,7 +536,7 @@ def devices(as_json: bool) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 # tgc cache
 
-CACHE_TABLES = ("compile", "beam")
+CACHE_TABLES = ("compile", "beam", "peak")
 
 
 @main.group()
@@ -614,7 +614,11 @@ def cache_clear(table: str) -> None:
     """Delete cache entries (all of them, or one table's)."""
     from tgc import cache as c
 
-    removed = c.clear(None if table == "all" else table)
+    try:
+        removed = c.clear(None if table == "all" else table, strict=True)
+    except c.ClearError as e:
+        raise TgcError(str(e), kind="runtime",
+                       hint="check the file's permissions, or wait for the process that holds it") from None
     what = "the cache" if table == "all" else f"the {table} table"
     click.echo(f"cleared {what}: {removed} entr{'y' if removed == 1 else 'ies'} removed")
 

@@ -127,6 +127,15 @@ def _bench_numpy(prog, dims, inputs, repeat, tgc_median) -> dict[str, float]:
     return {"median_s": med, "min_s": min(times), "ratio": med / tgc_median if tgc_median > 0 else 0.0}
 
 
+def valid_peak(value: Any) -> bool:
+    """A stored peak is usable: {"gflops": >0, "gbps": >0, ...} with finite numbers (else it is measured again)."""
+    import math
+
+    return isinstance(value, dict) and all(
+        isinstance(value.get(k), (int, float)) and not isinstance(value.get(k), bool) and math.isfinite(value[k])
+        and value[k] > 0 for k in ("gflops", "gbps"))
+
+
 def machine_peak(dev) -> dict[str, float]:
     """Peak FLOP/s and bandwidth of a device, measured once per machine and cached on disk."""
     from tgc import __version__, cache
@@ -136,9 +145,9 @@ def machine_peak(dev) -> dict[str, float]:
     if dev.kind != "CPU":
         return {"gflops": info.get("peak_gflops", 0.0), "gbps": info.get("peak_gbps", 0.0), "source": "unknown"}
     key = cache.make_key("peak", dev.kind, dev.compiler.cache_key, dev.cores, __version__)
-    hit = cache.get("peak", key)
+    hit = cache.get_json("peak", key, valid_peak)
     if hit is not None:
-        return json.loads(hit)
+        return hit
     peak = measure_cpu_peak(dev)
     cache.put("peak", key, json.dumps(peak).encode(), meta=f"{dev.kind} peak")
     return peak
