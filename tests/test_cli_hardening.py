@@ -390,3 +390,62 @@ def json_of(raw: bytes):
     import json
 
     return json.loads(raw)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# DSL: every function whose first argument is a tensor is also a method
+
+# (function form, method form) over x: f32[2, 3, 4, 4], c: bool[2, 3, 4, 4], w: f32[3, 3, 2, 2], v: f32[4, 4]
+METHOD_FORMS = [
+    ("cat(x, x + 1, x * 2, axis=1)", "x.cat(x + 1, x * 2, axis=1)"),
+    ("cat(x, x)", "x.cat(x)"),
+    ("stack(x, x + 1, axis=2)", "x.stack(x + 1, axis=2)"),
+    ("where(c, x, -x)", "c.where(x, -x)"),
+    ("maximum(x, 0.5)", "x.maximum(0.5)"), ("minimum(x, 0.5)", "x.minimum(0.5)"),
+    ("pow(abs(x), 1.5)", "x.abs().pow(1.5)"), ("clip(x, -0.5, 0.5)", "x.clip(-0.5, 0.5)"),
+    ("cast(x, f16)", "x.cast(f16)"), ("bitcast(x, i32)", "x.bitcast(i32)"),
+    ("argmax(x, axis=1)", "x.argmax(axis=1)"), ("argmin(x, axis=1)", "x.argmin(axis=1)"),
+    ("logsumexp(x, axis=1)", "x.logsumexp(axis=1)"), ("softmax(x)", "x.softmax()"),
+    ("log_softmax(x, axis=2)", "x.log_softmax(axis=2)"), ("var(x, axis=3)", "x.var(axis=3)"),
+    ("std(x, axis=3)", "x.std(axis=3)"), ("reshape(x, 6, 16)", "x.reshape(6, 16)"),
+    ("permute(x, 3, 2, 1, 0)", "x.permute(3, 2, 1, 0)"), ("transpose(x, 0, 1)", "x.transpose(0, 1)"),
+    ("expand(sum(x, axis=0, keepdim=True), 2, 3, 4, 4)", "x.sum(axis=0, keepdim=True).expand(2, 3, 4, 4)"),
+    ("squeeze(unsqueeze(x, 0), 0)", "x.unsqueeze(0).squeeze(0)"), ("unsqueeze(x, 1)", "x.unsqueeze(1)"),
+    ("flatten(x, 1)", "x.flatten(1)"),
+    ("pad(x, ((0, 0), (0, 0), (1, 1), (0, 2)))", "x.pad(((0, 0), (0, 0), (1, 1), (0, 2)))"),
+    ("flip(x, 2)", "x.flip(2)"), ("matmul(x, v)", "x.matmul(v)"),
+    ("conv2d(x, w)", "x.conv2d(w)"), ("max_pool2d(x, 2)", "x.max_pool2d(2)"), ("avg_pool2d(x, 2)", "x.avg_pool2d(2)"),
+    ("layernorm(x)", "x.layernorm()"), ("exp(x)", "x.exp()"), ("sum(x, axis=1)", "x.sum(axis=1)"),
+    ("mean(x)", "x.mean()"), ("prod(x, axis=0)", "x.prod(axis=0)"),
+    *[(f"{n}(abs(x) + 0.5)", f"(abs(x) + 0.5).{n}()") for n in (
+        "log", "exp2", "log2", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh", "sigmoid", "relu", "gelu", "abs", "sign",
+        "recip", "floor", "ceil", "trunc", "round", "square", "erf")],
+    *[(f"{n}(x, axis=1)", f"x.{n}(axis=1)") for n in ("max", "min")],
+]
+HEADER = "x: f32[2, 3, 4, 4]\nc: bool[2, 3, 4, 4]\nw: f32[3, 3, 2, 2]\nv: f32[4, 4]\n"
+
+
+def test_every_tensor_function_has_a_method_form():
+    from tgc.dsl.functions import FUNCTIONS, NOT_METHODS
+
+    covered = {re.match(r"\w+", f).group(0) for f, _ in METHOD_FORMS}
+    assert set(FUNCTIONS) - NOT_METHODS - covered == set()
+    assert "cat" not in NOT_METHODS and "stack" not in NOT_METHODS
+
+
+@pytest.mark.parametrize("func, method", METHOD_FORMS)
+def test_method_form_equals_function_form(func, method):
+    rng = np.random.default_rng(0)
+    arrays = {"x": rng.standard_normal((2, 3, 4, 4)).astype(np.float32), "c": rng.random((2, 3, 4, 4)) < 0.5,
+              "w": rng.standard_normal((3, 3, 2, 2)).astype(np.float32),
+              "v": rng.standard_normal((4, 4)).astype(np.float32)}
+    want = tgc.loads(HEADER + f"return {func}\n").reference(**arrays)["out0"]
+    got = tgc.loads(HEADER + f"return {method}\n").reference(**arrays)["out0"]
+    np.testing.assert_array_equal(got, want)
+
+
+def test_cat_method_runs_on_a_device():
+    prog = tgc.loads("x: f32[2, 3]\ny: f32[2, 1]\nz: f32[2, 2]\nreturn x.cat(y, z, axis=1)\n")
+    x, y, z = (np.arange(n, dtype=np.float32).reshape(2, -1) for n in (6, 2, 4))
+    out = prog.run(x=x, y=y, z=z, device="CPU")["out0"]
+    np.testing.assert_array_equal(out, np.concatenate([x, y, z], axis=1))
