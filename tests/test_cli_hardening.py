@@ -449,3 +449,72 @@ def test_cat_method_runs_on_a_device():
     x, y, z = (np.arange(n, dtype=np.float32).reshape(2, -1) for n in (6, 2, 4))
     out = prog.run(x=x, y=y, z=z, device="CPU")["out0"]
     np.testing.assert_array_equal(out, np.concatenate([x, y, z], axis=1))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# --check: contractions without the product
+
+
+def test_check_reference_of_a_matmul_stays_near_the_inputs_size():
+    import tracemalloc
+
+    n = 512
+    prog = tgc.loads("a: f32[M, K]\nb: f32[K, N]\nreturn a @ b\n")
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
+    tracemalloc.start()
+    try:
+        out = prog.reference(a=a, b=b)["out0"]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    inputs_f64 = 2 * n * n * 8
+    assert peak < 4 * inputs_f64, f"peak {peak} bytes for {inputs_f64} bytes of float64 inputs"  # was 512^3 * 8
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-12, atol=1e-12)
+
+
+CONTRACTIONS = [
+    ("a: f32[3, 4]\nb: f32[4, 5]\nreturn a @ b", {"a": (3, 4), "b": (4, 5)}),
+    ("a: f32[2, 3, 4]\nb: f32[4, 5]\nreturn a @ b", {"a": (2, 3, 4), "b": (4, 5)}),
+    ("a: f32[1, 3, 4]\nb: f32[2, 4, 5]\nreturn a @ b", {"a": (1, 3, 4), "b": (2, 4, 5)}),
+    ("a: f32[4]\nb: f32[4, 5]\nreturn a @ b, b.T @ a, a @ a", {"a": (4,), "b": (4, 5)}),
+    ("a: f32[3, 4]\nreturn (a * 2).sum(), (a * a).sum(axis=0), (a * 3.0).sum(axis=1)", {"a": (3, 4)}),
+    ("a: f32[3, 4]\nb: f32[4]\nreturn (a * b).sum(axis=1), (a * b).sum(axis=0), (a * b).mean()",
+     {"a": (3, 4), "b": (4,)}),
+    ("a: f16[3, 4]\nb: f16[4, 2]\nreturn a @ b, (a.cast(f32) @ b.cast(f32)).sum()", {"a": (3, 4), "b": (4, 2)}),
+    ("a: i32[3, 4]\nb: i32[4, 2]\nreturn a @ b", {"a": (3, 4), "b": (4, 2)}),
+    ("x: f32[2, 3, 6, 5]\nw: f32[4, 3, 3, 2]\nreturn conv2d(x, w), conv2d(x, w, padding=1, stride=2)",
+     {"x": (2, 3, 6, 5), "w": (4, 3, 3, 2)}),
+    ("q: f32[2, 5, 8]\nk: f32[2, 5, 8]\nv: f32[2, 5, 8]\nreturn softmax(q @ k.transpose(1, 2) / 2.8) @ v",
+     {"q": (2, 5, 8), "k": (2, 5, 8), "v": (2, 5, 8)}),
+    ("a: f32[3, 4]\nb: f32[4, 5]\nc = a @ b\nreturn c * 2, (a * 1).sum(axis=1)", {"a": (3, 4), "b": (4, 5)}),
+    ("a: f32[3, 0]\nb: f32[0, 5]\nreturn a @ b", {"a": (3, 0), "b": (0, 5)}),
+]
+
+
+@pytest.mark.parametrize("src, shapes", CONTRACTIONS)
+def test_contractions_equal_the_product_then_sum(src, shapes, monkeypatch):
+    from tgc.engine import reference
+
+    rng = np.random.default_rng(1)
+    prog = tgc.loads(src + "\n")
+    arrays = {}
+    for d in prog.inputs:
+        shape = shapes[d.name]
+        arrays[d.name] = (rng.integers(-5, 6, shape) if d.dtype.is_int else rng.standard_normal(shape)).astype(
+            d.dtype.np)
+    fused = prog.reference(**arrays)
+    monkeypatch.setattr(reference, "_contractions", lambda order: {})
+    plain = tgc.loads(src + "\n").reference(**arrays)
+    assert fused.keys() == plain.keys()
+    for name in fused:
+        assert fused[name].shape == plain[name].shape and fused[name].dtype == plain[name].dtype, name
+        np.testing.assert_allclose(fused[name], plain[name], rtol=1e-12, atol=1e-12)
+
+
+def test_contractions_are_used_for_matmul():
+    from tgc.engine import reference
+
+    prog = tgc.loads("a: f32[3, 4]\nb: f32[4, 5]\nreturn a @ b\n")
+    outs, _ = prog._trace({"M": 3})
+    assert len(reference._contractions(outs[0].toposort())) == 1
