@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +30,7 @@ def invoke(*args: str, env: dict | None = None):
 def assert_clean(r, code: int, *words: str) -> None:
     """Exit `code` with one `error:` message holding `words`, never a traceback or an internal error."""
     assert r.exit_code == code, (r.exit_code, r.stderr, r.exception)
-    assert r.stderr.startswith("error: "), r.stderr
+    assert re.match(r"(\S+: )?error: ", r.stderr), r.stderr
     assert "internal error" not in r.stderr and "Traceback" not in r.stderr, r.stderr
     for w in words:
         assert w in r.stderr, (w, r.stderr)
@@ -518,3 +519,55 @@ def test_contractions_are_used_for_matmul():
     prog = tgc.loads("a: f32[3, 4]\nb: f32[4, 5]\nreturn a @ b\n")
     outs, _ = prog._trace({"M": 3})
     assert len(reference._contractions(outs[0].toposort())) == 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# deep programs
+
+
+def _chain(n: int) -> str:
+    return "\n".join(["x: f32[N]", "y0 = x", *(f"y{i} = y{i - 1} * 1.0001 + 1" for i in range(1, n + 1)),
+                      f"return y{n}"]) + "\n"
+
+
+def test_200_chained_statements_compile_and_run():
+    x = np.linspace(-1, 1, 5).astype(np.float32)
+    out = list(tgc.loads(_chain(200)).run(x=x, device="CPU").values())[0]
+    want = x.astype(np.float64)
+    for _ in range(200):
+        want = want * 1.0001 + 1
+    np.testing.assert_allclose(out, want, rtol=1e-5)
+
+
+def test_200_chained_statements_through_the_cli(tmp_path):
+    p = tmp_path / "chain.tg"
+    p.write_text(_chain(200))
+    r = invoke("run", str(p), "-D", "N=4", "--random", "--check")
+    assert r.exit_code == 0 and "check: ok" in r.stderr, r.stderr
+
+
+def test_a_chain_beyond_the_depth_limit_is_refused(tmp_path):
+    from tgc.dsl.frontend import MAX_DEPTH
+
+    p = tmp_path / "deep.tg"
+    p.write_text(_chain(MAX_DEPTH // 2 + 10))
+    assert_clean(invoke("run", str(p), "-D", "N=4", "--random"), 2, "too deep", f"limit is {MAX_DEPTH}")
+
+
+def test_a_long_sum_compiles_and_an_absurd_one_is_refused(tmp_path):
+    p = tmp_path / "wide.tg"
+    p.write_text("x: f32[N]\nreturn " + " + ".join(["x"] * 1000) + "\n")
+    out = list(tgc.load(str(p)).run(x=np.ones(3, np.float32), device="CPU").values())[0]
+    np.testing.assert_array_equal(out, np.full(3, 1000, np.float32))
+    p.write_text("x: f32[N]\nreturn " + " + ".join(["x"] * 20000) + "\n")
+    r = invoke("run", str(p), "-D", "N=4", "--random")
+    assert_clean(r, 2, "nested too deeply", "wide.tg")
+    assert sys.getrecursionlimit() >= 1000  # restored after parsing
+
+
+def test_the_parse_limit_is_restored_after_an_error():
+    from tgc.dsl.frontend import RECURSION_LIMIT
+
+    with pytest.raises(TgcError):
+        tgc.loads("x: f32[N]\nreturn " + " + ".join(["x"] * 20000) + "\n")
+    assert sys.getrecursionlimit() >= RECURSION_LIMIT
