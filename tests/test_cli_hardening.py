@@ -571,3 +571,89 @@ def test_the_parse_limit_is_restored_after_an_error():
     with pytest.raises(TgcError):
         tgc.loads("x: f32[N]\nreturn " + " + ".join(["x"] * 20000) + "\n")
     assert sys.getrecursionlimit() >= RECURSION_LIMIT
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Ctrl-C during a kernel
+
+# `tgc run` with a marker on stderr just before the CPU launches the reduction kernel of a matmul
+_MARKED_TGC = """
+import sys
+from tgc.backends import cpu
+original = cpu.CPUProgram.__call__
+def marked(self, *a, **k):
+    if self.name.startswith("r_"):
+        sys.stderr.write("LAUNCH\\n"); sys.stderr.flush()
+    return original(self, *a, **k)
+cpu.CPUProgram.__call__ = marked
+from tgc.cli.main import main
+main(prog_name="tgc")
+"""
+
+
+def test_ctrl_c_during_a_threaded_kernel_exits_130(tmp_path):
+    import signal
+    import subprocess
+
+    p = tmp_path / "mm.tg"
+    p.write_text("a: f32[N, N]\nb: f32[N, N]\nreturn a @ b\n")
+    env = {**os.environ, "TGC_THREADS": "2", "NO_COLOR": "1", "PYTHONFAULTHANDLER": "1",
+           "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.pop("DEBUG", None)
+    proc = subprocess.Popen([sys.executable, "-c", _MARKED_TGC, "run", str(p), "-D", "N=3072", "--random"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        assert proc.stderr.readline() == "LAUNCH\n"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, (proc.returncode, err)  # was -11 (SIGSEGV)
+    assert "tgc run: interrupted" in err and "Fatal Python error" not in err and "Traceback" not in err, err
+
+
+def test_an_interrupted_launch_keeps_its_code_and_buffers_alive(monkeypatch):
+    """In-process (the API): KeyboardInterrupt while the threads run; what they use stays alive and is not
+    handed out again until they finish."""
+    import signal
+    import threading
+    import time
+
+    from tgc.backends import cpu, get_device
+
+    dev = get_device("CPU")
+    finished = threading.Event()
+    started = threading.Barrier(3)
+
+    def slow_kernel(*args):
+        started.wait()
+        time.sleep(1.0)
+        if args[-1] == 1:
+            finished.set()
+
+    program = cpu.CPUProgram.__new__(cpu.CPUProgram)
+    program.device, program.name = dev, "r_fake"
+    monkeypatch.setattr(program, "_fn", lambda nbufs, nvals: slow_kernel, raising=False)
+    buf = dev.allocator.alloc(4096)
+
+    main_thread = threading.get_ident()
+
+    def interrupt():  # a real SIGINT, which wakes the main thread from its wait as Ctrl-C does
+        started.wait()
+        time.sleep(0.2)  # the main thread is waiting for the kernel by now
+        signal.pthread_kill(main_thread, signal.SIGINT)
+
+    threading.Thread(target=interrupt).start()
+    with pytest.raises(KeyboardInterrupt):
+        program(buf, global_size=(2, 1, 1))
+    assert cpu.kernels_running()
+    dev.allocator.free(buf, 4096)
+    assert buf.ctypes.data not in [h.ctypes.data for h in dev.allocator.cached[4096]]  # not recycled yet
+    assert finished.wait(10)
+    deadline = time.time() + 10
+    while cpu.kernels_running() and time.time() < deadline:
+        time.sleep(0.01)
+    assert not cpu.kernels_running() and buf.ctypes.data not in dev.allocator.busy

@@ -65,6 +65,23 @@ def _restyle(e: click.ClickException) -> click.ClickException:
     return e
 
 
+def _interrupted(ctx: click.Context) -> None:
+    """Ctrl-C: one line and exit 130. Where a kernel still runs on CPU threads (native code cannot be
+    stopped), leave at once with os._exit: a normal exit would wait for the kernel, and must never free its
+    memory under it."""
+    sub = ctx.invoked_subcommand
+    _err(f"tgc{' ' + sub if sub else ''}: interrupted")
+    cpu = sys.modules.get("tgc.backends.cpu")
+    if cpu is not None and cpu.kernels_running():
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(130)
+    ctx.exit(130)
+
+
 class TgcGroup(click.Group):
     """Turns errors into one message on stderr: `TgcError.format()` with its exit code, or an internal error.
     click's usage errors keep their exit code (2) and get the same `error:`/`help:` style."""
@@ -81,8 +98,10 @@ class TgcGroup(click.Group):
             return super().invoke(ctx)
         except click.ClickException as e:
             raise _restyle(e) from None
-        except (click.exceptions.Exit, click.exceptions.Abort, KeyboardInterrupt):
+        except (click.exceptions.Exit, click.exceptions.Abort):
             raise
+        except KeyboardInterrupt:
+            _interrupted(ctx)
         except TgcError as e:
             _fill_location(e, ctx)
             click.echo(e.format(), err=True)
