@@ -657,3 +657,9 @@ def test_an_interrupted_launch_keeps_its_code_and_buffers_alive(monkeypatch):
     while cpu.kernels_running() and time.time() < deadline:
         time.sleep(0.01)
     assert not cpu.kernels_running() and buf.ctypes.data not in dev.allocator.busy
+
+
+def test_a_group_alone_still_prints_its_help():
+    for args in ((), ("cache",)):
+        r = invoke(*args)
+        assert "Usage:" in r.output and "error:" not in r.output, r.output

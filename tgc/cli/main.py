@@ -61,6 +61,9 @@ def _show_click_error(e: click.ClickException, file: Any = None) -> None:
 
 
 def _restyle(e: click.ClickException) -> click.ClickException:
+    no_args = getattr(click.exceptions, "NoArgsIsHelpError", None)
+    if no_args is not None and isinstance(e, no_args):  # `tgc` alone prints the help: not an error
+        return e
     e.show = lambda file=None: _show_click_error(e, file)  # type: ignore[method-assign]
     return e
 
