@@ -142,7 +142,8 @@ def _parse_dims(ctx: click.Context, param: click.Parameter, values: tuple[str, .
         name, size = name.strip(), size.strip()
         if not sep or not name.isidentifier():
             raise click.BadParameter(f"'{text}' is not NAME=INT (e.g. -D N=1024)", ctx, param)
-        if len(size.lstrip("+-")) > 20:  # int() of a huge string is slow, and no dim is that large
+        digits = size.lstrip("+-")
+        if digits.isdigit() and len(digits) > 20:  # int() of a huge string is slow; no dim is that large
             raise click.BadParameter(f"'{text}': a dim must be below 2^{MAX_DIM_BITS}", ctx, param)
         try:
             value = int(size)
