@@ -11,6 +11,7 @@ from tgc.codegen.kernel import Kernel, build_kernel
 from tgc.dsl.frontend import InputDecl, Parsed, concrete_shape, dim_names, parse, trace
 from tgc.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16
 from tgc.engine.schedule import ScheduleItem, create_schedule
+from tgc.env import env_int
 from tgc.errors import TgcError
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.uop import Ops, UOp
@@ -21,7 +22,7 @@ __all__ = ["Program", "Kernel", "load", "loads", "InputDecl"]
 def load(path: str | os.PathLike) -> Program:
     path = os.fspath(path)
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:  # -sig: a leading byte-order mark is not source
             source = f.read()
     except FileNotFoundError:
         raise TgcError(f"no such file: {path}") from None
@@ -174,7 +175,7 @@ class Program:
         from tgc.backends import default_device, get_device
         dev = get_device(device or default_device())
         dims = self.resolve_dims(dims)
-        beam = int(os.environ.get("BEAM", "0") or 0) if beam is None else beam
+        beam = env_int("BEAM", 0) if beam is None else beam
         key = (dev.name, tuple(sorted(dims.items())), beam, tuned)
         if key not in self._kernels:
             outs, _ = self._trace(dims)

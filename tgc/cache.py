@@ -29,8 +29,8 @@ from pathlib import Path, PurePath
 from typing import Any
 
 __all__ = [
-    "TABLES", "busy_timeout_s", "cache_dir", "clear", "counters", "db_path", "enabled", "entries", "get",
-    "make_key", "put", "stats",
+    "TABLES", "ClearError", "busy_timeout_s", "cache_dir", "clear", "counters", "db_path", "enabled", "entries", "get",
+    "get_json", "make_key", "put", "stats",
 ]
 
 DB_NAME = "cache.db"
@@ -340,6 +340,22 @@ def entries(table: str | None = None) -> list[dict[str, Any]]:
             for tbl, key, meta, size, created in rows]
 
 
+def get_json(table: str, key: str, valid: Any = None) -> Any:
+    """The JSON value stored under `key`, or None when it is missing, not JSON, or `valid(value)` is false:
+    a damaged entry is a miss (the caller recomputes and overwrites it), never a crash."""
+    raw = get(table, key)
+    if raw is None:
+        return None
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    try:
+        return value if valid is None or valid(value) else None
+    except Exception:
+        return None
+
+
 def _delete_database(path: Path) -> None:
     for candidate in (path, *(Path(str(path) + suffix) for suffix in _SIDE_SUFFIXES)):
         try:
@@ -348,13 +364,26 @@ def _delete_database(path: Path) -> None:
             pass
 
 
-def clear(table: str | None = None) -> int:
+class ClearError(Exception):
+    """`clear(strict=True)` could not delete the entries (read-only or locked database)."""
+
+
+def clear(table: str | None = None, strict: bool = False) -> int:
     """Remove the entries of `table` (every table when None) and return how many went.
 
     The user asked for this explicitly, so a corrupt database file is deleted and recreated (returning
-    0: its entries cannot be counted). Other problems warn once and return 0.
+    0: its entries cannot be counted). Other problems warn once and return 0; with `strict` (`tgc cache
+    clear`) they raise `ClearError` instead: a read-only or locked database was not cleared.
     """
     global _broken_path
+
+    def failed(path: Path, error: BaseException) -> int:
+        if strict:
+            _drop_connection()
+            raise ClearError(f"could not clear the cache database {path}: {error}") from None
+        _fail(path, error)
+        return 0
+
     if table is not None:
         _check_table(table)
     with _lock:
@@ -369,13 +398,12 @@ def clear(table: str | None = None) -> int:
             conn = _open(path)
         except (sqlite3.Error, OSError, ValueError) as error:
             if not _is_corrupt(error):
-                _fail(path, error)
-                return 0
+                return failed(path, error)
             try:
                 _delete_database(path)
                 _adopt(_open(path), path)
             except (sqlite3.Error, OSError) as second_error:
-                _fail(path, second_error)
+                return failed(path, second_error)
             return 0
         _adopt(conn, path)
         try:
@@ -385,8 +413,7 @@ def clear(table: str | None = None) -> int:
                 cursor = conn.execute("DELETE FROM cache WHERE tbl = ?", (table,))
             return cursor.rowcount
         except (sqlite3.Error, OSError) as error:
-            _fail(path, error)
-            return 0
+            return failed(path, error)
 
 
 # ---------------------------------------------------------------------------------------- process state

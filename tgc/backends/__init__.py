@@ -47,7 +47,7 @@ def canonical(name: str) -> tuple[str, int]:
         raise TgcError(f"unknown device '{name}'", hint=f"did you mean '{close[0]}'?" if close else
                        "known devices: " + ", ".join(sorted(kinds)))
     if idx and not idx.isdigit():
-        raise TgcError(f"bad device index in '{name}'", hint="write NAME:i, e.g. CPU:1")
+        raise TgcError(f"bad device index in '{name}'", hint="write NAME:i, e.g. OPENCL:1")
     return kind, int(idx or 0)
 
 
@@ -60,11 +60,35 @@ _instances: dict[tuple[str, int], object] = {}
 
 
 def get_device(name: str):
-    """The (cached) device instance for a name such as `CPU`, `OPENCL:0`."""
+    """The (cached) device instance for a name such as `CPU`, `OPENCL:0`.
+
+    An index beyond the devices of its kind is a user error (exit 2): checked against the class's
+    `device_count()` where it has one, else by the constructor failing for `KIND:i` where `KIND:0` works.
+    """
     key = canonical(name)
     if key not in _instances:
-        _instances[key] = device_class(key[0])(key[1])
+        kind, idx = key
+        cls = device_class(kind)
+        counter = getattr(cls, "device_count", None)
+        count = counter() if counter is not None else None
+        if count is not None and idx >= count:
+            raise _index_error(name, kind, idx, count)
+        try:
+            _instances[key] = cls(idx)
+        except TgcError as e:
+            if idx == 0 or e.kind == "user":
+                raise
+            try:
+                get_device(kind)
+            except Exception:
+                raise e from None  # the kind itself does not work here: its own (runtime) error
+            raise TgcError(e.msg, hint=e.hint or f"{kind}:0 works on this machine") from None
     return _instances[key]
+
+
+def _index_error(name: str, kind: str, idx: int, count: int) -> TgcError:
+    return TgcError(f"no device '{name}': this machine has {count} {kind} device{'s' if count != 1 else ''}",
+                    hint=f"use {kind}" if count == 1 else f"use {kind}:0 .. {kind}:{count - 1}")
 
 
 def default_device() -> str:

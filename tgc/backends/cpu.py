@@ -19,7 +19,64 @@ from tgc.errors import CompileError
 
 
 class CPUAllocator(HostAllocator):
-    """Host memory for the CPU device (64-byte aligned for vector loads)."""
+    """Host memory for the CPU device (64-byte aligned for vector loads).
+
+    A buffer that an interrupted kernel may still be writing (see `_Abandoned`) is not handed out again
+    when freed: it is dropped from the pool and released once that kernel is done."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.busy: set[int] = set()  # data addresses of buffers that abandoned kernels still use
+
+    def free(self, handle: Any, nbytes: int) -> None:
+        if handle.ctypes.data in self.busy:
+            return
+        super().free(handle, nbytes)
+
+
+class _Abandoned:
+    """Launches interrupted by Ctrl-C (KeyboardInterrupt) while their threads still run native code.
+
+    A running kernel cannot be stopped, so its program (the loaded code) and its buffers are kept alive
+    here until its threads finish: freeing them under the threads is what crashed (exit 139). `running()`
+    tells the CLI to leave at once with os._exit (memory is never freed under a kernel) instead of a normal
+    exit, which would first wait for the kernel to finish."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._launches: list[tuple[Any, list[Any], list[Any]]] = []  # (program, buffers, futures)
+
+    def add(self, program: Any, bufs: list[Any], futures: list[Any]) -> None:
+        allocator = program.device.allocator
+        with self._lock:
+            self._launches.append((program, bufs, futures))
+            allocator.busy.update(b.ctypes.data for b in bufs)
+        for f in futures:
+            f.add_done_callback(lambda _f: self._reap())
+        self._reap()
+
+    def _reap(self) -> None:
+        with self._lock:
+            done = [entry for entry in self._launches if all(f.done() for f in entry[2])]
+            for entry in done:
+                self._launches.remove(entry)
+            still = {b.ctypes.data for _, bufs, _ in self._launches for b in bufs}
+            for program, bufs, _ in done:
+                program.device.allocator.busy.difference_update(b.ctypes.data for b in bufs
+                                                                if b.ctypes.data not in still)
+
+    def running(self) -> bool:
+        self._reap()
+        with self._lock:
+            return bool(self._launches)
+
+
+ABANDONED = _Abandoned()
+
+
+def kernels_running() -> bool:
+    """True while a kernel interrupted by Ctrl-C still runs on some thread (see `_Abandoned`)."""
+    return ABANDONED.running()
 
 
 class LLVMCompiler(Compiler):
@@ -118,7 +175,19 @@ class CPUProgram(Program):
             fn(*ptrs, *vals, 0)
         else:
             pool = self.device.pool(threads)
-            list(pool.map(lambda core: fn(*ptrs, *vals, core), range(threads)))
+            futures: list[Any] = []
+            try:
+                for core in range(threads):
+                    futures.append(pool.submit(fn, *ptrs, *vals, core))
+                for f in futures:
+                    f.result()
+            except BaseException:  # Ctrl-C while waiting: the threads run on; keep what they use alive
+                for f in futures:
+                    f.cancel()
+                running = [f for f in futures if not f.done()]
+                if running:
+                    ABANDONED.add(self, list(bufs), running)
+                raise
         return time.perf_counter() - st if wait else None
 
 
@@ -134,10 +203,18 @@ class CPUDevice(Device):
         self._pool: ThreadPoolExecutor | None = None
         self._pool_size = 0
 
+    @classmethod
+    def device_count(cls) -> int:
+        """One CPU device (its cores are threads of one launch): `CPU:1` is an error."""
+        return 1
+
     @property
     def cores(self) -> int:
-        if os.environ.get("TGC_THREADS"):
-            return max(1, int(os.environ["TGC_THREADS"]))
+        from tgc.env import env_int
+
+        threads = env_int("TGC_THREADS", 0)
+        if threads:
+            return threads
         return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
     def pool(self, threads: int) -> ThreadPoolExecutor:

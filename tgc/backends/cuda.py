@@ -21,13 +21,13 @@ import ctypes
 import functools
 import hashlib
 import importlib.util
-import os
 import re
 from collections import OrderedDict
 from typing import Any
 
 from tgc.backends.base import Compiler, Device, LRUAllocator, Program
 from tgc.backends.cstyle import CUDARenderer
+from tgc.env import env_str
 from tgc.errors import CompileError, DeviceError
 
 INSTALL_HINT = "pip install 'tgc[cuda]'"
@@ -371,7 +371,7 @@ class CUDADevice(Device):
         if self._cc is not None:
             self.arch = f"sm_{self._cc[0]}{self._cc[1]}"
         else:
-            self.arch = normalize_arch(os.environ.get("TGC_CUDA_ARCH", DEFAULT_ARCH))
+            self.arch = normalize_arch(env_str("TGC_CUDA_ARCH", DEFAULT_ARCH) or DEFAULT_ARCH)
         self.allocator = CUDAAllocator(self)
 
     @classmethod

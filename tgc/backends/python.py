@@ -31,7 +31,6 @@ unless `TGC_THREADS` says otherwise, so the optimizer normally hands this device
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -686,13 +685,17 @@ class PythonDevice(Device):
         self.compiler = PythonCompiler()
         self.allocator = PythonAllocator()
 
+    @classmethod
+    def device_count(cls) -> int:
+        """One PYTHON device: `PYTHON:1` is an error."""
+        return 1
+
     @property
     def cores(self) -> int:
         """1 (single-thread kernels) unless TGC_THREADS asks the optimizer to split work across cores."""
-        try:
-            return max(1, int(os.environ.get("TGC_THREADS", "") or 1))
-        except ValueError:
-            return 1
+        from tgc.env import env_int
+
+        return env_int("TGC_THREADS", 1)
 
     def program(self, name: str, lib: bytes) -> PythonProgram:
         return PythonProgram(self, name, lib)

@@ -132,6 +132,8 @@ def write_dir(directory: str, emitted: Sequence[Emitted]) -> list[str]:
         os.makedirs(directory, exist_ok=True)
     except OSError as e:
         raise TgcError(f"-o {directory}: cannot create the directory: {e.strerror or e}") from None
+    if not os.access(directory, os.W_OK):
+        raise TgcError(f"-o {directory}: cannot write into the directory: permission denied")
     files = []
     for e, name in zip(emitted, file_names(emitted)):
         if isinstance(e.body, bytes):

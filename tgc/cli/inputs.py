@@ -7,7 +7,9 @@ Every problem is a `TgcError(kind="user")` (exit 2) that names the input.
 from __future__ import annotations
 
 import difflib
+import io
 import os
+import stat
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -52,9 +54,19 @@ def decl_error(prog: Any, decl: Any, msg: str, hint: str | None = None) -> TgcEr
     return TgcError(msg, hint=hint, file=getattr(prog, "path", None), line=line, col=col, end_col=end_col, text=text)
 
 
-def _sniff(path: str) -> bytes:
+def _sniff(path: str) -> bytes | io.BytesIO:
+    """The first bytes of a regular file; the whole content (as a BytesIO) of a pipe or other stream, which
+    cannot be read twice (`-i x=<(cat x.npy)`), once its first bytes are those of a .npy or .npz file (so that
+    `/dev/zero` is refused, not read forever)."""
     with open(path, "rb") as f:
-        return f.read(len(NPY_MAGIC))
+        magic = f.read(len(NPY_MAGIC))
+        if stat.S_ISREG(os.fstat(f.fileno()).st_mode) or not (magic == NPY_MAGIC or magic.startswith(ZIP_MAGIC)):
+            return magic
+        return io.BytesIO(magic + f.read())
+
+
+def _magic(data: bytes | io.BytesIO) -> bytes:
+    return data.getvalue()[:len(NPY_MAGIC)] if isinstance(data, io.BytesIO) else data
 
 
 def _read_problem(path: str, label: str) -> str | None:
@@ -75,8 +87,9 @@ def _load_reason(exc: Exception) -> str:
     return text or type(exc).__name__
 
 
-def _readable_magic(label: str, path: str) -> bytes:
-    """The first bytes of a file that exists and can be read; else one clear TgcError."""
+def _readable_magic(label: str, path: str) -> bytes | io.BytesIO:
+    """The first bytes of a file that exists and can be read (all of it for a pipe: see `_sniff`); else one
+    clear TgcError."""
     problem = _read_problem(path, label)
     if problem:
         raise TgcError(problem)
@@ -89,14 +102,15 @@ def _readable_magic(label: str, path: str) -> bytes:
 def read_npy(name: str, path: str) -> np.ndarray:
     """One array from a `.npy` file (never unpickles)."""
     label = f"input '{name}'"
-    magic = _readable_magic(label, path)
+    data = _readable_magic(label, path)
+    magic = _magic(data)
     if magic.startswith(ZIP_MAGIC):
         raise TgcError(f"{label}: '{path}' is an .npz archive, not a .npy file",
                        hint="pass archives with --inputs PATH.npz")
     if magic != NPY_MAGIC:
         raise TgcError(f"{label}: '{path}' is not a .npy file", hint="write it with numpy.save")
     try:
-        arr = np.load(path, allow_pickle=False)
+        arr = np.load(data if isinstance(data, io.BytesIO) else path, allow_pickle=False)
     except Exception as e:  # numpy raises ValueError, OSError, EOFError, ... for damaged files
         raise TgcError(f"{label}: cannot load '{path}': {_load_reason(e)}") from None
     return _check_array(label, path, arr)
@@ -105,7 +119,8 @@ def read_npy(name: str, path: str) -> np.ndarray:
 def read_npz(path: str) -> dict[str, np.ndarray]:
     """Every array of a `.npz` archive, by name (never unpickles)."""
     label = "--inputs"
-    magic = _readable_magic(label, path)
+    data = _readable_magic(label, path)
+    magic = _magic(data)
     if magic == NPY_MAGIC:
         raise TgcError(f"{label}: '{path}' is a .npy file, not an .npz archive",
                        hint="pass single arrays with -i NAME=PATH.npy")
@@ -113,7 +128,7 @@ def read_npz(path: str) -> dict[str, np.ndarray]:
         raise TgcError(f"{label}: '{path}' is not an .npz archive", hint="write it with numpy.savez")
     out: dict[str, np.ndarray] = {}
     try:
-        with np.load(path, allow_pickle=False) as z:
+        with np.load(data if isinstance(data, io.BytesIO) else path, allow_pickle=False) as z:
             for key in z.files:
                 try:
                     out[key] = z[key]
@@ -252,8 +267,48 @@ def random_array(decl: Any, dims: Mapping[str, int], seed: int, index: int) -> n
                                hint=f"the random input '{decl.name}' is {decl_type(decl)}")
             size = dims[size]
         shape.append(int(size))
-    rng = np.random.default_rng([seed, index])
     dt: DType = decl.dtype
+    nbytes = _check_memory(decl, shape)
+    try:
+        return _random_values(dt, shape, seed, index)
+    except (MemoryError, ValueError) as e:  # ValueError: numpy's "array is too big" / "maximum dimension"
+        raise _too_large(decl, shape, nbytes, str(e)) from None
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n} bytes ({n / size:.1f} {unit})"
+    return f"{n} bytes"
+
+
+def physical_memory() -> int | None:
+    """This machine's RAM in bytes, or None where the platform does not say."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _too_large(decl: Any, shape: list[int], nbytes: int, why: str) -> TgcError:
+    return TgcError(f"input '{decl.name}' ({decl.dtype.name}{list(shape)}) needs {_fmt_bytes(nbytes)}: {why}",
+                    hint="use smaller dims (-D)", kind="runtime")
+
+
+def _check_memory(decl: Any, shape: list[int]) -> int:
+    """The bytes of a random input of `shape`; more than this machine's memory is a runtime error (exit 1)
+    raised before numpy tries (and the kernel's overcommit lets it start and be killed half-way)."""
+    nbytes = decl.dtype.itemsize
+    for s in shape:
+        nbytes *= s
+    ram = physical_memory()
+    if ram is not None and nbytes > ram:
+        raise _too_large(decl, shape, nbytes, f"more than this machine's memory, {_fmt_bytes(ram)}")
+    return nbytes
+
+
+def _random_values(dt: DType, shape: list[int], seed: int, index: int) -> np.ndarray:
+    rng = np.random.default_rng([seed, index])
     if dt.is_bool:
         return rng.random(shape) < 0.5
     if dt.is_int:

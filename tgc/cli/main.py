@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from tgc.env import help_text as env_help_text
 from tgc.errors import TgcError
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -39,7 +40,7 @@ def _fill_location(e: TgcError, ctx: click.Context) -> None:
         source = ctx.meta.get("tgc.source")
         if source is None:
             try:
-                with open(path, encoding="utf-8", errors="replace") as f:
+                with open(path, encoding="utf-8-sig", errors="replace") as f:
                     source = f.read()
             except OSError:
                 return
@@ -48,18 +49,71 @@ def _fill_location(e: TgcError, ctx: click.Context) -> None:
             e.text = lines[e.line - 1]
 
 
+def _show_click_error(e: click.ClickException, file: Any = None) -> None:
+    """click's own errors (bad option, bad value) in tgc's style: `error: ...` and a `help:` line."""
+    msg = e.format_message()
+    msg = (msg[:1].lower() + msg[1:]).removesuffix(".")
+    ctx = getattr(e, "ctx", None)
+    lines = [f"error: {msg}"]
+    if isinstance(e, click.UsageError):
+        lines.append(f"  help: see '{ctx.command_path if ctx is not None else 'tgc'} --help'")
+    click.echo("\n".join(lines), err=True)
+
+
+def _restyle(e: click.ClickException) -> click.ClickException:
+    no_args = getattr(click.exceptions, "NoArgsIsHelpError", None)
+    if no_args is not None and isinstance(e, no_args):  # `tgc` alone prints the help: not an error
+        return e
+    e.show = lambda file=None: _show_click_error(e, file)  # type: ignore[method-assign]
+    return e
+
+
+def _interrupted(ctx: click.Context) -> None:
+    """Ctrl-C: one line and exit 130. Where a kernel still runs on CPU threads (native code cannot be
+    stopped), leave at once with os._exit: a normal exit would wait for the kernel, and must never free its
+    memory under it."""
+    sub = ctx.invoked_subcommand
+    _err(f"tgc{' ' + sub if sub else ''}: interrupted")
+    cpu = sys.modules.get("tgc.backends.cpu")
+    if cpu is not None and cpu.kernels_running():
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(130)
+    ctx.exit(130)
+
+
 class TgcGroup(click.Group):
-    """Turns errors into one message on stderr: `TgcError.format()` with its exit code, or an internal error."""
+    """Turns errors into one message on stderr: `TgcError.format()` with its exit code, or an internal error.
+    click's usage errors keep their exit code (2) and get the same `error:`/`help:` style."""
+
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.ClickException as e:
+            raise _restyle(e) from None
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort, KeyboardInterrupt):
+        except click.ClickException as e:
+            raise _restyle(e) from None
+        except (click.exceptions.Exit, click.exceptions.Abort):
             raise
+        except KeyboardInterrupt:
+            _interrupted(ctx)
         except TgcError as e:
             _fill_location(e, ctx)
             click.echo(e.format(), err=True)
             ctx.exit(e.exit_code)
+        except MemoryError as e:
+            detail = str(e).splitlines()[0] if str(e) else ""
+            click.echo(f"error: out of memory{': ' + detail if detail else ''}", err=True)
+            click.echo("  help: use smaller dims (-D) or inputs", err=True)
+            ctx.exit(1)
         except Exception as e:
             if isinstance(e, OSError) and e.errno == errno.EPIPE:
                 raise  # click closes quietly on a broken pipe (`tgc ... | head`)
@@ -78,6 +132,9 @@ class TgcGroup(click.Group):
 # Shared options
 
 
+MAX_DIM_BITS = 48  # 2^48 elements of one axis: beyond any machine's memory, well inside int64 arithmetic
+
+
 def _parse_dims(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, int]:
     dims: dict[str, int] = {}
     for text in values:
@@ -85,12 +142,18 @@ def _parse_dims(ctx: click.Context, param: click.Parameter, values: tuple[str, .
         name, size = name.strip(), size.strip()
         if not sep or not name.isidentifier():
             raise click.BadParameter(f"'{text}' is not NAME=INT (e.g. -D N=1024)", ctx, param)
+        digits = size.lstrip("+-")
+        if digits.isdigit() and len(digits) > 20:  # int() of a huge string is slow; no dim is that large
+            raise click.BadParameter(f"'{text}': a dim must be below 2^{MAX_DIM_BITS}", ctx, param)
         try:
             value = int(size)
         except ValueError:
-            raise click.BadParameter(f"'{text}': {size!r} is not an integer", ctx, param) from None
+            raise click.BadParameter(f"'{text}': {size!r} is not an integer (write it in digits)", ctx,
+                                     param) from None
         if value < 0:
             raise click.BadParameter(f"'{text}': a dim cannot be negative", ctx, param)
+        if value >= 1 << MAX_DIM_BITS:
+            raise click.BadParameter(f"'{text}': a dim must be below 2^{MAX_DIM_BITS}", ctx, param)
         if dims.get(name, value) != value:
             raise click.BadParameter(f"{name} is given twice, as {dims[name]} and {value}", ctx, param)
         dims[name] = value
@@ -114,6 +177,14 @@ def _parse_outs(ctx: click.Context, param: click.Parameter, values: tuple[str, .
         return [parse_out(v) for v in values]
     except ValueError as e:
         raise click.BadParameter(f"{e} (use -o PATH.npz or -o NAME=PATH.npy)", ctx, param) from None
+
+
+def _finite(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    import math
+
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a finite number", ctx, param)
+    return value
 
 
 def _set_remote(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
@@ -247,16 +318,14 @@ def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> N
     ctx.exit(0)
 
 
-@click.group(cls=TgcGroup, context_settings=CONTEXT_SETTINGS)
+@click.group(cls=TgcGroup, context_settings=CONTEXT_SETTINGS, epilog="\b\n" + env_help_text())
 @click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
               help="Show the versions of tgc, Python, numpy, llvmlite and each backend, and exit.")
 def main() -> None:
-    """Compile, run and time `.tg` tensor-expression programs.
+    """Compile, run and time `.tg` tensor-expression programs."""
+    from tgc.env import check_all
 
-    \b
-    Environment: TGC_DEVICE (default device), TGC_CACHE_DIR, TGC_REMOTE, NO_COLOR,
-    DEBUG (1..6; also shows tracebacks of internal errors), BEAM, NOOPT.
-    """
+    check_all()  # a bad TGC_THREADS, DEBUG, ... is one clear error (exit 2) before anything runs
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -273,7 +342,8 @@ def main() -> None:
 @click.option("-o", "--output", "outs", multiple=True, metavar="OUT", callback=_parse_outs,
               help="PATH.npz for every output, NAME=PATH.npy for one (repeatable). Else print a table.")
 @click.option("--check", is_flag=True, help="Compare with the float64 numpy reference; exit 1 beyond tolerance.")
-@click.option("--rtol", type=click.FloatRange(min=0), help="Relative tolerance for --check (default by dtype).")
+@click.option("--rtol", type=click.FloatRange(min=0), callback=_finite,
+              help="Relative tolerance for --check (default by dtype).")
 def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[str, str]], npz: str | None,
         cast: bool, use_random: bool, seed: int | None, outs: list[Any], check: bool, rtol: float | None) -> None:
     """Run FILE on a device and print or save its outputs."""
@@ -525,7 +595,7 @@ def devices(as_json: bool) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 # tgc cache
 
-CACHE_TABLES = ("compile", "beam", "probe")
+CACHE_TABLES = ("compile", "beam", "peak", "probe")
 
 
 @main.group()
@@ -603,7 +673,11 @@ def cache_clear(table: str) -> None:
     """Delete cache entries (all of them, or one table's)."""
     from tgc import cache as c
 
-    removed = c.clear(None if table == "all" else table)
+    try:
+        removed = c.clear(None if table == "all" else table, strict=True)
+    except c.ClearError as e:
+        raise TgcError(str(e), kind="runtime",
+                       hint="check the file's permissions, or wait for the process that holds it") from None
     what = "the cache" if table == "all" else f"the {table} table"
     click.echo(f"cleared {what}: {removed} entr{'y' if removed == 1 else 'ies'} removed")
 

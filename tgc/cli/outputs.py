@@ -8,6 +8,7 @@ renamed, so a failure leaves existing files untouched and no half-written file b
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -44,7 +45,13 @@ def resolve_outs(specs: Sequence[OutSpec], output_names: Sequence[str]) -> list[
     from tgc.cli.inputs import did_you_mean
 
     out = []
+    seen: dict[str, str] = {}
     for spec in specs:
+        real = os.path.realpath(spec.path)
+        if real in seen:
+            raise TgcError(f"-o {spec.path}: the same file as -o {seen[real]}",
+                           hint="give each -o its own file")
+        seen[real] = spec.path
         if spec.name is None and spec.path.endswith(".npy"):
             if len(output_names) != 1:
                 raise TgcError(f"-o {spec.path}: the program has {len(output_names)} outputs "
@@ -95,6 +102,16 @@ def _stage(path: str, write: Writer) -> str:
     return tmp
 
 
+# a path the user named cannot be written (exit 2); other failures (disk full, I/O error) are runtime ones
+_USER_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT, errno.ENOTDIR, errno.EISDIR,
+                errno.ENAMETOOLONG}
+
+
+def write_error_kind(e: OSError) -> str:
+    """"user" for an unwritable path (permission, read-only file system, missing directory), else "runtime"."""
+    return "user" if e.errno in _USER_ERRNOS else "runtime"
+
+
 def write_files(files: Sequence[tuple[str, Writer]]) -> None:
     """Write every `(path, writer)` atomically; on any failure no target is touched."""
     staged: list[tuple[str, str]] = []
@@ -105,7 +122,7 @@ def write_files(files: Sequence[tuple[str, Writer]]) -> None:
         for tmp, _ in staged:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
-        raise TgcError(f"cannot write '{path}': {e.strerror or e}", kind="runtime") from None
+        raise TgcError(f"cannot write '{path}': {e.strerror or e}", kind=write_error_kind(e)) from None
     except BaseException:
         for tmp, _ in staged:
             with contextlib.suppress(OSError):

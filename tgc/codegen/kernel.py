@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from tgc.codegen.legalize import legalize
 from tgc.codegen.linearize import linearize
 from tgc.engine.schedule import ScheduleItem
+from tgc.env import env_flag
 from tgc.errors import CompileError
 from tgc.ir.uop import ALU, Ops, UOp, pretty
 
@@ -180,7 +180,7 @@ def build_kernel(item: ScheduleItem, device: Any, beam: int = 0, name: str | Non
     name = name or item.name
     ast = prepare_ast(item.ast, device)
     opts = None
-    if tuned and device.compiler is not None and os.environ.get("NOOPT", "") in ("", "0"):
+    if tuned and device.compiler is not None and not env_flag("NOOPT"):
         opts = search.lookup(ast, device, width=beam)  # a BEAM winner stored earlier (wide enough)
         if opts is None and beam > 0:
             res = search.beam_search(ast, device, item.bufs, beam, name=name, progress=progress)
@@ -260,7 +260,7 @@ def compile_cached(device: Any, src: str) -> tuple[bytes | None, str | None]:
         getattr(device, "lint", lambda src: None)(src)  # a device that cannot compile here may still check (METAL)
         return None, device.compile_error or f"no compiler for {device.kind} on this machine"
     from tgc import __version__, cache
-    use_cache = os.environ.get("DISABLE_COMPILER_CACHE", "") in ("", "0")
+    use_cache = not env_flag("DISABLE_COMPILER_CACHE")
     key = cache.make_key(device.kind, comp.name, comp.cache_key, __version__, src) if use_cache else None
     if key is not None:
         hit = cache.get("compile", key)

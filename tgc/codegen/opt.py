@@ -17,11 +17,11 @@ Every opt checks that it applies and raises `OptError` with the reason otherwise
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
 from tgc.dtype import dtypes
+from tgc.env import env_flag
 from tgc.ir.shapes import prod
 from tgc.ir.symbolic import simplify
 from tgc.ir.uop import Ops, RangeKind, UOp, substitute
@@ -331,7 +331,7 @@ def optimize(ast: UOp, device: Any, beam: int = 0, bufs: list | None = None,
     if opts is not None:
         for o in opts:
             k.apply(o)
-    elif os.environ.get("NOOPT", "") in ("", "0"):
+    elif not env_flag("NOOPT"):
         hand_coded(k)
     return finish(k)
 
@@ -340,7 +340,7 @@ def finish(k: OptKernel) -> tuple[UOp, dict, list]:
     """Launch mapping: threads on the CPU, the grid on GPUs."""
     launch: dict[str, Any] = {}
     gpu = getattr(k.device, "launch_style", "cpu") == "gpu"
-    if not gpu and os.environ.get("NOOPT", "") in ("", "0") and not any(o.op == "THREAD" for o in k.applied):
+    if not gpu and not env_flag("NOOPT") and not any(o.op == "THREAD" for o in k.applied):
         auto_threads(k)
     if k.threads > 1:
         launch["global_size"] = (k.threads, 1, 1)

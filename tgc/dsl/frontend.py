@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import difflib
 import inspect
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,47 @@ from tgc.dsl.tensor import DslError, Tensor, fmt_type
 from tgc.dtype import DType, dtypes
 from tgc.errors import TgcError
 from tgc.ir.uop import Ops, UOp
+
+# Depth of the operation graph a program may build (a chain of N statements like `y = y * 2 + 1` is 2N
+# deep). The scheduler and the code generator recurse about 3 Python frames per level, so the recursion
+# limit is raised to fit (Python 3.11 frames of Python-to-Python calls cost no C stack). Deeper programs
+# are refused with a clear message instead of an internal RecursionError.
+MAX_DEPTH = 4000
+RECURSION_LIMIT = 5 * MAX_DEPTH + 2000
+# the C parser recurses over the nesting of one expression: it runs under this (CPython's default) limit,
+# so `x + x + ... + x` of thousands of terms is refused before it can exhaust the C stack
+PARSE_RECURSION_LIMIT = 1000
+if sys.getrecursionlimit() < RECURSION_LIMIT:
+    sys.setrecursionlimit(RECURSION_LIMIT)
+
+
+def _parse_ast(source: str, filename: str) -> ast.Module:
+    old = sys.getrecursionlimit()
+    try:
+        sys.setrecursionlimit(min(old, PARSE_RECURSION_LIMIT))
+    except RecursionError:  # already deeper than that: parse under the current limit
+        pass
+    try:
+        return ast.parse(source, filename=filename)
+    except (RecursionError, MemoryError):
+        raise TgcError("an expression is nested too deeply to parse", file=filename,
+                       hint="split long expressions into several statements (y = a + b, then y = y + c ...)") \
+            from None
+    finally:
+        sys.setrecursionlimit(old)
+
+
+def check_depth(outs: list[UOp]) -> None:
+    """Refuse a graph deeper than MAX_DEPTH (computed without recursion)."""
+    depth: dict[UOp, int] = {}
+    for out in outs:
+        for u in out.toposort():
+            if u not in depth:
+                depth[u] = 1 + max((depth[s] for s in u.src), default=0)
+    deepest = max((depth[o] for o in outs), default=0)
+    if deepest > MAX_DEPTH:
+        raise TgcError(f"the program is too deep: a chain of {deepest} operations (the limit is {MAX_DEPTH})",
+                       hint="split it into several programs, or compute intermediate results in fewer steps")
 
 
 @dataclass(frozen=True)
@@ -76,9 +118,10 @@ _CONSTRUCTS = {
 
 def parse(source: str, filename: str = "<string>") -> Parsed:
     """Check the file's structure: declarations, then assignments, then one return."""
+    source = source.removeprefix("\ufeff")  # a UTF-8 byte-order mark (`tgc.loads` of a file's text)
     err = _Errors(source, filename)
     try:
-        tree = ast.parse(source, filename=filename)
+        tree = _parse_ast(source, filename)
     except SyntaxError as e:
         line = e.lineno or 1
         text = err.lines[line - 1] if 0 < line <= len(err.lines) else ""
@@ -209,9 +252,17 @@ def trace(parsed: Parsed, dims: dict[str, int], lines: dict[UOp, int] | None = N
     lines = {} if lines is None else lines
 
     def note(value: Any, line: int) -> None:
-        if isinstance(value, Tensor):
-            for n in value.uop.toposort():
-                lines.setdefault(n, line)
+        """Give the nodes a statement created its line; stops at nodes already noted (their sources were
+        noted with them), so a long chain of statements costs linear time, not quadratic."""
+        if not isinstance(value, Tensor):
+            return
+        stack = [value.uop]
+        while stack:
+            n = stack.pop()
+            if n in lines:
+                continue
+            lines[n] = line
+            stack.extend(s for s in n.src if s not in lines)
 
     err = _Errors(parsed.source, parsed.filename)
     env: dict[str, Any] = {}
@@ -241,6 +292,7 @@ def trace(parsed: Parsed, dims: dict[str, int], lines: dict[UOp, int] | None = N
         if not isinstance(v, Tensor):
             raise err.at(r, f"cannot return {_describe(v)}: outputs are tensors")
         outs.append(v.uop)
+    check_depth(outs)
     return outs, buffers
 
 

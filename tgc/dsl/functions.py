@@ -312,7 +312,7 @@ FUNCTIONS: dict[str, Callable] = {
     "zeros": zeros, "ones": ones, "full": full, "arange": arange, "eye": eye, "matmul": matmul,
     "conv2d": conv2d, "max_pool2d": max_pool2d, "avg_pool2d": avg_pool2d, "layernorm": layernorm,
 }
-# functions whose first argument is not a tensor: no method form
-NOT_METHODS = {"zeros", "ones", "full", "arange", "eye", "cat", "stack"}
+# functions whose first argument is not a tensor: no method form (`x.cat(y, axis=1)` is cat(x, y, axis=1))
+NOT_METHODS = {"zeros", "ones", "full", "arange", "eye"}
 
 __all__ = ["FUNCTIONS", "NOT_METHODS", "getitem", "where", "broadcast_shapes"]

@@ -183,10 +183,19 @@ def _bench_numpy(prog, dims, inputs, repeat, tgc_median) -> dict[str, float]:
     return {"median_s": med, "min_s": min(times), "ratio": med / tgc_median if tgc_median > 0 else 0.0}
 
 
+def valid_peak(value: Any) -> bool:
+    """A stored peak is usable: {"gflops": >0, "gbps": >0, ...} with finite numbers (else it is measured again)."""
+    import math
+
+    return isinstance(value, dict) and all(
+        isinstance(value.get(k), (int, float)) and not isinstance(value.get(k), bool) and math.isfinite(value[k])
+        and value[k] > 0 for k in ("gflops", "gbps"))
+
+
 def machine_peak(dev) -> dict[str, Any]:
     """Peak FLOP/s and bandwidth of a device, measured once per machine and cached on disk (CPU), from the
     device's own figures (GPUs), else None each (`source` "unknown": PYTHON, REMOTE). `cache_bytes` is
-    the last-level cache where known (see `rates`)."""
+    the last-level cache where known (see `rates`). A damaged cache entry is measured again."""
     from tgc import __version__, cache
     info = dev.info() if hasattr(dev, "info") else {}
     if dev.kind != "CPU":
@@ -194,10 +203,8 @@ def machine_peak(dev) -> dict[str, Any]:
         return {"gflops": gflops, "gbps": gbps, "source": "device" if gflops or gbps else "unknown",
                 "cache_bytes": info.get("cache_bytes") or None}
     key = cache.make_key("peak", 2, dev.kind, dev.compiler.cache_key, dev.cores, __version__)  # 2: with read_gbps
-    hit = cache.get("peak", key)
-    if hit is not None:
-        peak = json.loads(hit)
-    else:
+    peak = cache.get_json("peak", key, valid_peak)
+    if peak is None:
         peak = measure_cpu_peak(dev)
         cache.put("peak", key, json.dumps(peak).encode(), meta=f"{dev.kind} peak")
     return {**peak, "cache_bytes": cpu_cache_bytes()}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from typing import Any
@@ -15,9 +14,11 @@ from tgc.ir.uop import Ops, UOp
 
 
 def _debug() -> int:
+    from tgc.env import env_int
+
     try:
-        return int(os.environ.get("DEBUG", "0") or 0)
-    except ValueError:
+        return env_int("DEBUG", 0)
+    except TgcError:  # the CLI refuses a bad DEBUG up front; the API runs as without it
         return 0
 
 

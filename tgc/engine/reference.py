@@ -24,11 +24,81 @@ def _c_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def evaluate(root: UOp, env: dict[UOp, np.ndarray]) -> np.ndarray:
+    order = root.toposort()
+    contractions = _contractions(order)
+    skipped = {n for chain in contractions.values() for n in chain}
     memo: dict[UOp, np.ndarray] = {}
     with np.errstate(all="ignore"):
-        for node in root.toposort():
-            memo[node] = _eval(node, [memo[s] for s in node.src], env)
+        for node in order:
+            if node in skipped:
+                continue
+            chain = contractions.get(node)
+            if chain is not None:
+                mul = chain[-1]
+                memo[node] = _contract(memo[mul.src[0]], memo[mul.src[1]], node.arg[1], _np_dtype(node.dtype))
+            else:
+                memo[node] = _eval(node, [memo[s] for s in node.src], env)
     return memo[root]
+
+
+# ------------------------------------------------------------------------------------------- contractions
+# A matmul is `(a.expand(M, K, N) * b.expand(M, K, N)).sum(axis=1)`: evaluated node by node, the product
+# is an M x K x N float64 array (2 GiB at 512^3). A sum of a product is evaluated instead as one einsum of
+# the operands with their broadcast (stride 0) axes dropped, which never builds the product.
+
+
+def _contractions(order: list[UOp]) -> dict[UOp, list[UOp]]:
+    """{REDUCE_AXIS(ADD) node: [its float casts..., the MUL]} for sums of products whose intermediate nodes
+    have no other user (so they need not be evaluated at all)."""
+    users: dict[UOp, int] = {}
+    for node in order:
+        for s in node.src:
+            users[s] = users.get(s, 0) + 1
+    found: dict[UOp, list[UOp]] = {}
+    for node in order:
+        if node.op is not Ops.REDUCE_AXIS or node.arg[0] is not Ops.ADD or node.dtype is None:
+            continue
+        chain, x = [], node.src[0]
+        while x.op is Ops.CAST and x.dtype is not None and x.dtype.is_float and x.src[0].dtype is not None \
+                and x.src[0].dtype.is_float and users.get(x, 0) == 1:
+            chain.append(x)
+            x = x.src[0]
+        if x.op is Ops.MUL and users.get(x, 0) == 1 and x.dtype is not None and not x.dtype.is_bool \
+                and node.dtype.is_float == x.dtype.is_float:
+            found[node] = [*chain, x]
+    return found
+
+
+_LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def _contract(a: np.ndarray, b: np.ndarray, axes: tuple[int, ...], nd: np.dtype) -> np.ndarray:
+    """`np.sum(a * b, axis=axes, keepdims=True)` without materializing `a * b`."""
+    shape = np.broadcast_shapes(a.shape, b.shape)
+    ndim = len(shape)
+    if ndim > len(_LETTERS):
+        return np.sum(a * b, axis=axes, keepdims=True, dtype=nd)
+    reduced = {ax % ndim if ndim else ax for ax in axes}
+    operands, subscripts, present = [], [], set()
+    for x in (a, b):
+        x = x.reshape((1,) * (ndim - x.ndim) + x.shape) if x.ndim < ndim else x
+        keep = [i for i in range(ndim) if x.shape[i] != 1 and x.strides[i] != 0]
+        index = tuple(slice(None) if i in keep else 0 for i in range(ndim))
+        operands.append(x[index])
+        subscripts.append("".join(_LETTERS[i] for i in keep))
+        present.update(keep)
+    out_axes = [i for i in range(ndim) if i in present and i not in reduced]
+    spec = f"{subscripts[0]},{subscripts[1]}->{''.join(_LETTERS[i] for i in out_axes)}"
+    result = np.asarray(np.einsum(spec, *operands, optimize=True)).astype(nd, copy=False)
+    repeat = 1  # a summed axis along which both operands are broadcast adds up equal terms
+    for i in reduced:
+        if i not in present:
+            repeat *= shape[i]
+    if repeat != 1:
+        result = (result * repeat).astype(nd, copy=False)
+    result = result.reshape(tuple(shape[i] if i in out_axes else 1 for i in range(ndim)))
+    full = tuple(1 if i in reduced else shape[i] for i in range(ndim))
+    return result if result.shape == full else np.broadcast_to(result, full)
 
 
 def _eval(u: UOp, s: list[np.ndarray], env: dict[UOp, np.ndarray]) -> np.ndarray:

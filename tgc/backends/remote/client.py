@@ -76,13 +76,9 @@ def client_token(env: dict[str, str] | None = None) -> str | None:
 
 
 def _env_float(name: str, default: float) -> float:
-    text = os.environ.get(name)
-    if not text:
-        return default
-    try:
-        return max(float(text), 0.0)
-    except ValueError:
-        raise TgcError(f"{name} must be a number of seconds, got '{text}'") from None
+    from tgc.env import env_float
+
+    return env_float(name, default)
 
 
 def _reason(e: BaseException) -> str:

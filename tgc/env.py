@@ -1,0 +1,139 @@
+"""Every environment variable tgc reads, in one place: what it means and how its value is checked.
+
+Code reads settings through `env_int`, `env_float`, `env_flag` and `env_str`; a malformed value is one
+`TgcError` (kind "user": exit 2) naming the variable, never a ValueError deep inside a backend.
+`check_all()` validates every variable that is set (the CLI calls it before any command runs), and
+`ENV_VARS` is the table behind `tgc --help` and the README's environment section.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tgc.errors import TgcError
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    kind: str  # "int", "float", "flag", "str"
+    help: str
+    check: Callable[[str], None] | None = None  # extra validation of a "str" value (raises TgcError)
+
+
+def _cuda_arch(text: str) -> None:
+    import re
+
+    if not re.fullmatch(r"(?:sm_|compute_)?\d+\.?\d?[af]?", text.strip().lower()):
+        raise TgcError(f"TGC_CUDA_ARCH={text!r} is not a CUDA architecture", hint="write it like sm_90 (or 90, 9.0)")
+
+
+def _remote(text: str) -> None:
+    from tgc.backends.remote.client import parse_address
+
+    for part in text.split(","):
+        try:
+            parse_address(part)
+        except TgcError as e:
+            raise TgcError(f"TGC_REMOTE={text!r}: {e.msg}", hint=e.hint) from None
+
+
+# name -> (kind, bounds) of the numeric ones; order is the order of `tgc --help` and the README.
+ENV_VARS: dict[str, EnvVar] = {v.name: v for v in (
+    EnvVar("TGC_DEVICE", "str", "the default device (-d overrides it); CPU when unset"),
+    EnvVar("TGC_CACHE_DIR", "str", "where the cache lives (default $XDG_CACHE_HOME/tgc, else ~/.cache/tgc)"),
+    EnvVar("TGC_THREADS", "int", "threads a CPU kernel uses (an integer >= 1; default: the cores tgc may run on)"),
+    EnvVar("TGC_CUDA_ARCH", "str", "the CUDA architecture to compile for where no GPU says (default sm_90)",
+           _cuda_arch),
+    EnvVar("TGC_REMOTE", "str", "host:port of the REMOTE server (a comma list: REMOTE:i is the i-th)", _remote),
+    EnvVar("TGC_REMOTE_TOKEN", "str", "the token sent to the REMOTE server"),
+    EnvVar("TGC_REMOTE_TOKEN_FILE", "str", "a file holding that token"),
+    EnvVar("TGC_REMOTE_TIMEOUT", "float", "seconds to wait for a REMOTE answer (a finite number > 0; default 120)"),
+    EnvVar("TGC_REMOTE_RETRY", "float", "seconds to keep retrying a refused REMOTE connection (>= 0; default 3)"),
+    EnvVar("DEBUG", "int", "0..6 (2: a line per kernel run, 4: sources, 5: UOps; any: tracebacks of "
+           "internal errors)"),
+    EnvVar("BEAM", "int", "BEAM width for every run and bench (an integer >= 0; 0: off)"),
+    EnvVar("NOOPT", "flag", "any value but empty or 0: no optimizations"),
+    EnvVar("DISABLE_COMPILER_CACHE", "flag", "any value but empty or 0: no compile cache"),
+    EnvVar("NO_COLOR", "flag", "no colours or syntax highlighting, even on a terminal"),
+)}
+
+# lower bounds (inclusive unless noted) and upper bounds of the numeric variables
+_INT_RANGE: dict[str, tuple[int, int | None]] = {"TGC_THREADS": (1, 4096), "DEBUG": (0, 6), "BEAM": (0, 1 << 16)}
+_FLOAT_MIN: dict[str, tuple[float, bool]] = {"TGC_REMOTE_TIMEOUT": (0.0, False), "TGC_REMOTE_RETRY": (0.0, True)}
+
+
+def _raw(name: str) -> str | None:
+    text = os.environ.get(name)
+    return None if text is None or text.strip() == "" else text
+
+
+def env_int(name: str, default: int) -> int:
+    """The integer in `$name`, or `default` when unset or empty; a bad or out-of-range value is a TgcError."""
+    text = _raw(name)
+    if text is None:
+        return default
+    lo, hi = _INT_RANGE.get(name, (None, None))  # type: ignore[assignment]
+    want = "an integer" + (f" from {lo} to {hi}" if lo is not None and hi is not None else
+                           f" >= {lo}" if lo is not None else "")
+    try:
+        value = int(text.strip(), 10)
+    except ValueError:
+        raise TgcError(f"{name}={text!r} is not an integer", hint=f"{name} must be {want}") from None
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise TgcError(f"{name}={text!r} is out of range", hint=f"{name} must be {want}")
+    return value
+
+
+def env_float(name: str, default: float) -> float:
+    """The finite number in `$name`, or `default` when unset or empty; nan, inf, a value below the variable's
+    minimum or text that is not a number is a TgcError."""
+    text = _raw(name)
+    if text is None:
+        return default
+    lo, inclusive = _FLOAT_MIN.get(name, (None, True))  # type: ignore[assignment]
+    want = "a finite number" + ("" if lo is None else f" {'>=' if inclusive else '>'} {lo:g}")
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise TgcError(f"{name}={text!r} is not a number", hint=f"{name} must be {want}") from None
+    if not math.isfinite(value) or (lo is not None and (value < lo or (value == lo and not inclusive))):
+        raise TgcError(f"{name}={text!r} is out of range", hint=f"{name} must be {want}")
+    return value
+
+
+def env_flag(name: str) -> bool:
+    """True when `$name` is set to anything but "" or "0"."""
+    return os.environ.get(name, "").strip() not in ("", "0")
+
+
+def env_str(name: str, default: str | None = None) -> str | None:
+    """`$name` (checked by its validator, if any), or `default` when unset or empty."""
+    text = _raw(name)
+    if text is None:
+        return default
+    var = ENV_VARS.get(name)
+    if var is not None and var.check is not None:
+        var.check(text)
+    return text
+
+
+def check_all() -> None:
+    """Validate every variable of `ENV_VARS` that is set: the first bad one is a TgcError (exit 2)."""
+    for var in ENV_VARS.values():
+        if var.kind == "int":
+            env_int(var.name, 0)
+        elif var.kind == "float":
+            env_float(var.name, 0.0)
+        elif var.kind == "str":
+            env_str(var.name)
+
+
+def help_text() -> str:
+    """The `Environment:` epilog of `tgc --help`: one line per variable."""
+    width = max(len(n) for n in ENV_VARS)
+    lines = ["Environment:"] + [f"  {v.name:<{width}}  {v.help}" for v in ENV_VARS.values()]
+    return "\n".join(lines)
