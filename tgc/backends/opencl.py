@@ -421,7 +421,8 @@ class OpenCLDevice(Device):
             count = None
         if index > 0 and (count is None or index >= count):
             raise TgcError(f"no OpenCL device {index}: this machine has {count or 0}",
-                           hint=f"use OPENCL:0 .. OPENCL:{count - 1}" if count else "use OPENCL (index 0)")
+                           hint=f"use OPENCL:0 .. OPENCL:{count - 1}" if count and count > 1 else
+                           "use OPENCL (index 0)")
         self.allocator = OpenCLAllocator(self)
 
     @classmethod
