@@ -522,3 +522,59 @@ def test_a_kept_alive_connection_closed_by_the_server_is_reopened():
         assert dev.round_trips == 2
     finally:
         srv.shutdown()
+
+
+# --- the client's disk cache never mixes servers
+
+
+@needs_cpu
+def test_binaries_from_one_server_are_never_sent_to_another(monkeypatch, tmp_path):
+    """A binary cached from server A (here: poisoned, computing x * 2) is never used with server B."""
+    import tgc
+    from tgc import backends, cache
+    from tgc.backends import get_device
+    from tgc.codegen.kernel import compile_key
+    monkeypatch.setenv("TGC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("DISABLE_COMPILER_CACHE", raising=False)
+    cache._reset_for_tests()
+    a, b = serve("127.0.0.1", 0, "CPU", None).start(), serve("127.0.0.1", 0, "CPU", None).start()
+
+    def use(srv: RemoteServer) -> RemoteDevice:
+        for key in [k for k in backends._instances if k[0] == "REMOTE"]:
+            backends._instances.pop(key).close()
+        monkeypatch.setenv("TGC_REMOTE", f"127.0.0.1:{srv.port}")
+        return get_device("REMOTE")
+
+    try:
+        plus, times = tgc.loads("x: f32[N]\nreturn x + 1\n"), tgc.loads("x: f32[N]\nreturn x * 2\n")
+        x = np.arange(8, dtype=np.float32)
+        use(a)
+        np.testing.assert_array_equal(plus.run(device="REMOTE", x=x)["out0"], x + 1)
+        np.testing.assert_array_equal(times.run(device="REMOTE", x=x)["out0"], x * 2)
+        assert cache.stats()["entries"]["compile"] == 2
+        # server A was malicious: it answered the compile of x + 1 with the binary of x * 2
+        src_plus, src_times = _kernel_sources(plus, "REMOTE", x)[0], _kernel_sources(times, "REMOTE", x)[0]
+        dev_a = get_device("REMOTE")
+        key_plus, key_times = compile_key(dev_a, src_plus), compile_key(dev_a, src_times)
+        cache.put("compile", key_plus, cache.get("compile", key_times))
+        fresh = tgc.loads("x: f32[N]\nreturn x + 1\n")
+        np.testing.assert_array_equal(fresh.run(device="REMOTE", x=x)["out0"], x * 2)  # A's clients see the damage
+        dev_b = use(b)
+        assert compile_key(dev_b, src_plus) != key_plus
+        assert compile_key(get_device("CPU"), src_plus) != key_plus  # nor is it the local CPU's key
+        fresh = tgc.loads("x: f32[N]\nreturn x + 1\n")
+        np.testing.assert_array_equal(fresh.run(device="REMOTE", x=x)["out0"], x + 1)  # B compiled its own
+        assert len(b._compiled) == 1
+    finally:
+        for key in [k for k in backends._instances if k[0] == "REMOTE"]:
+            backends._instances.pop(key).close()
+        a.shutdown()
+        b.shutdown()
+        cache._reset_for_tests()
+
+
+def _kernel_sources(prog, device: str, x) -> list[str]:
+    from tgc.backends import get_device
+    from tgc.codegen.kernel import build_kernel
+    dev = get_device(device)
+    return [build_kernel(item, dev).src for item in prog.schedule({"N": len(x)})]

@@ -32,13 +32,22 @@ class Kernel:
     compile_error: str | None = None
     device: Any = None
     opts: list = field(default_factory=list)
+    cache_key: str | None = None  # the disk-cache key `binary` came from (None: compiled now, or not cached)
     _program: Any = None
 
     def program(self):
         if self._program is None:
             if self.binary is None:
                 raise CompileError(self.compile_error or f"kernel {self.name} was not compiled")
-            self._program = self.device.program(self.name, self.binary)
+            try:
+                self._program = self.device.program(self.name, self.binary)
+            except Exception as e:
+                if self.cache_key is None:
+                    raise
+                # a cached binary that does not load (truncated, or built by another loader): a miss
+                self.binary = recompile(self.device, self.src, self.cache_key, f"does not load ({type(e).__name__})")
+                self.cache_key = None
+                self._program = self.device.program(self.name, self.binary)
         return self._program
 
     def uops_text(self) -> str:
@@ -112,13 +121,13 @@ def build_kernel(item: ScheduleItem, device: Any, beam: int = 0, name: str | Non
     uops = linearize(ast, vectors=getattr(device.renderer, "supports_vectors", False))
     name = name or item.name
     src = device.renderer.render(name, uops)
-    binary, err = compile_cached(device, src)
+    binary, err, key = _compile_cached(device, src)
     nbytes = sum(prod(shape_of(b)) * b.dtype.itemsize for b in bufs)
     flops = count_work(uops) * launch.get("global_size", (1, 1, 1))[0]
     return Kernel(name=name, src=src, binary=binary, uops=uops, ast=ast, bufs=bufs,
                   global_size=launch.get("global_size", (1, 1, 1)), local_size=launch.get("local_size"),
                   vals=launch.get("vals", ()), flops=flops, bytes_moved=nbytes, line=item.line, compile_error=err,
-                  device=device, opts=applied)
+                  device=device, opts=applied, cache_key=key)
 
 
 def drop_unused_buffers(ast: UOp, bufs: list[UOp]) -> tuple[UOp, list[UOp]]:
@@ -134,21 +143,58 @@ def drop_unused_buffers(ast: UOp, bufs: list[UOp]) -> tuple[UOp, list[UOp]]:
 COMPILE_COUNTER = {"compiles": 0}
 
 
+def compile_key(device: Any, src: str) -> str | None:
+    """The disk-cache key of `src` compiled for `device`, or None when the compile cache is off.
+
+    It names the compiler and its version, and for a device that compiles elsewhere (REMOTE) the
+    identity of that compiler (`cache_identity`: the server's address, compiler and version as it reports
+    them), so that a binary returned by one server is never sent to another.
+    """
+    from tgc import __version__, cache
+    if os.environ.get("DISABLE_COMPILER_CACHE", "") not in ("", "0"):
+        return None
+    comp = device.compiler
+    parts: list[Any] = [device.kind, comp.name, comp.cache_key, __version__, src]
+    identity = getattr(comp, "cache_identity", None)
+    if identity is not None:
+        parts.append(identity)
+    return cache.make_key(*parts)
+
+
+def _meta(device: Any, src: str) -> str:
+    return f"{device.kind} {src[:60].splitlines()[0] if src else ''}"
+
+
+def recompile(device: Any, src: str, key: str, why: str) -> bytes:
+    """Compile `src` again because the cached binary under `key` was unusable: drop it, store the new one."""
+    from tgc import cache
+    cache.invalidate("compile", key, why)
+    COMPILE_COUNTER["compiles"] += 1
+    lib = device.compiler.compile(src)
+    cache.put("compile", key, lib, meta=_meta(device, src))
+    return lib
+
+
 def compile_cached(device: Any, src: str) -> tuple[bytes | None, str | None]:
     """(binary, None) or (None, why not). Compiler errors in the kernel itself raise CompileError."""
+    binary, err, _ = _compile_cached(device, src)
+    return binary, err
+
+
+def _compile_cached(device: Any, src: str) -> tuple[bytes | None, str | None, str | None]:
+    """(binary, None, key of the cache hit or None) or (None, why not, None)."""
     comp = device.compiler
     if comp is None:
         getattr(device, "lint", lambda src: None)(src)  # a device that cannot compile here may still check (METAL)
-        return None, device.compile_error or f"no compiler for {device.kind} on this machine"
-    from tgc import __version__, cache
-    use_cache = os.environ.get("DISABLE_COMPILER_CACHE", "") in ("", "0")
-    key = cache.make_key(device.kind, comp.name, comp.cache_key, __version__, src) if use_cache else None
+        return None, device.compile_error or f"no compiler for {device.kind} on this machine", None
+    from tgc import cache
+    key = compile_key(device, src)
     if key is not None:
         hit = cache.get("compile", key)
         if hit is not None:
-            return hit, None
+            return hit, None, key
     COMPILE_COUNTER["compiles"] += 1
     lib = comp.compile(src)
     if key is not None:
-        cache.put("compile", key, lib, meta=f"{device.kind} {src[:60].splitlines()[0] if src else ''}")
-    return lib, None
+        cache.put("compile", key, lib, meta=_meta(device, src))
+    return lib, None, None

@@ -230,6 +230,16 @@ class RemoteCompiler(Compiler):
     def __init__(self, device: RemoteDevice, name: str, version: str):
         self.device, self.name, self.version = device, f"remote-{name}", version
 
+    @property
+    def cache_identity(self) -> tuple[str, ...]:
+        """What names this compiler in the disk-cache key: the server's address, its compiler and version as
+        it reports them, and its instance id (new at every start), so that a binary is only ever sent back
+        to the server process that compiled it."""
+        p = self.device.properties
+        host, port = self.device.conn_address
+        return (f"{host}:{port}", str(p.get("kind")), str(p.get("compiler")), str(p.get("compiler_version")),
+                str(p.get("instance", "")))
+
     def compile(self, src: str) -> bytes:
         results, blobs = self.device._submit(P.Compile(src=src))
         h = results[-1]

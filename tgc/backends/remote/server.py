@@ -27,6 +27,7 @@ import argparse
 import hmac
 import ipaddress
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -169,6 +170,7 @@ class RemoteServer:
         self.limits = limits or Limits()
         self.lock = threading.RLock()  # held while a batch runs and while sessions change
         self.sessions: dict[str, Session] = {}
+        self.instance = secrets.token_hex(16)  # names this server process in clients' cache keys
         self._device: Any = None
         self._compiled: OrderedDict[str, tuple[bool, bytes | str]] = OrderedDict()  # sha256(src) -> (ok, lib|msg)
         self._stop = threading.Event()
@@ -356,7 +358,7 @@ class RemoteServer:
                 "offset": callable(getattr(dev.allocator, "offset", None)), "attrs": _device_attrs(dev),
                 "max_body": lim.max_body, "max_buffer": lim.max_buffer,
                 "max_session_memory": lim.max_session_memory, "request_time": lim.request_time,
-                "idle_timeout": lim.idle_timeout}
+                "idle_timeout": lim.idle_timeout, "instance": self.instance}
 
     def _do_BufferAlloc(self, session: Session, req: P.BufferAlloc, blobs, out) -> None:
         self._new_id(session, session.buffers, req.buf, "buffer")
