@@ -578,3 +578,121 @@ def _kernel_sources(prog, device: str, x) -> list[str]:
     from tgc.codegen.kernel import build_kernel
     dev = get_device(device)
     return [build_kernel(item, dev).src for item in prog.schedule({"N": len(x)})]
+
+
+# --- hostile launches and compiles: refused with a reason, never a crash (a server subprocess: a crash shows)
+
+ABORTING_SRC = """declare i32 @llvm.amdgcn.workitem.id.x()
+define void @k(ptr %data0, i32 %core_id) {
+entry:
+  %v = call i32 @llvm.amdgcn.workitem.id.x()
+  store i32 %v, ptr %data0
+  ret void
+}
+"""
+
+
+def _plus_one_source(n: int) -> tuple[str, str, tuple[int, ...]]:
+    """(name, source, global_size) of the CPU kernel of `x + 1` over `n` floats, as tgc renders it."""
+    import tgc
+    from tgc.backends import get_device
+    from tgc.codegen.kernel import build_kernel
+    (item,) = tgc.loads("x: f32[N]\nreturn x + 1\n").schedule({"N": n})
+    k = build_kernel(item, get_device("CPU"))
+    return k.name, k.src, tuple(k.global_size)
+
+
+@pytest.fixture(scope="module")
+def server_process():
+    with ServerProcess("CPU") as srv:
+        yield srv
+
+
+def _raw(srv, session: str, *reqs: P.Request, blobs: dict[str, bytes] | None = None) -> tuple[int, str | None, bytes]:
+    return post(srv.port, batch(*reqs, blobs=blobs), session=session)
+
+
+def _compiled(srv, session: str, src: str) -> tuple[str, bytes]:
+    status, kind, body = _raw(srv, session, P.Compile(src=src))
+    assert status == 200, body
+    results, blobs = P.decode_results(body)
+    return results[0], bytes(blobs[results[0]])
+
+
+@needs_cpu
+def test_launches_that_do_not_fit_the_kernel_are_refused(server_process):
+    srv, sid = server_process, "hostile-launch-0123456789"
+    n = 100_000
+    name, src, grid = _plus_one_source(n)
+    assert grid[0] > 1 or _cpu_cores() == 1
+    h, lib = _compiled(srv, sid, src)
+    x = np.arange(n, dtype=np.float32)
+    setup = [P.ProgramAlloc(prog=1, name=name, datahash=h), P.BufferAlloc(buf=1, size=4 * n),
+             P.BufferAlloc(buf=2, size=4 * n), P.CopyIn(buf=2, datahash=P.digest(x.tobytes())),
+             P.BufferAlloc(buf=3, size=16)]
+    assert _raw(srv, sid, *setup, blobs={h: lib, P.digest(x.tobytes()): x.tobytes()})[0] == 200
+    hostile = {
+        "buffers": P.ProgramExec(prog=1, bufs=(1,), global_size=grid, wait=True),
+        "buffers too many": P.ProgramExec(prog=1, bufs=(1, 2, 2), global_size=grid, wait=True),
+        "too small": P.ProgramExec(prog=1, bufs=(1, 3), global_size=grid, wait=True),
+        "global_size": P.ProgramExec(prog=1, bufs=(1, 2), global_size=(grid[0] + 1, 1, 1), wait=True),
+        "local": P.ProgramExec(prog=1, bufs=(1, 2), global_size=grid, local_size=(4, 1, 1), wait=True),
+        "vals": P.ProgramExec(prog=1, bufs=(1, 2), global_size=grid, vals=(7,), wait=True),
+        "limit": P.ProgramExec(prog=1, bufs=(1, 2), global_size=(1_000_000, 1, 1), wait=True),
+        "graph": P.GraphAlloc(graph=1, kernels=(P.GraphKernel(prog=1, bufs=(1, 3), global_size=grid),)),
+    }
+    for what, req in hostile.items():
+        status, kind, body = _raw(srv, sid, req)
+        assert 400 <= status < 500 and body.strip(), (what, status, body)
+        assert srv.proc.poll() is None, f"the server died on the launch with bad {what}"
+    # a view too small for the kernel is refused as well (the view's size counts, not its parent's)
+    status, _, body = _raw(srv, sid, P.BufferFree(buf=3), P.BufferAlloc(buf=3, size=4 * n))
+    assert status == 200
+    status, _, body = _raw(srv, sid, P.ProgramExec(prog=1, bufs=(1, 2), global_size=grid, wait=True),
+                           P.CopyOut(buf=1))
+    assert status == 200, body
+    results, blobs = P.decode_results(body)
+    np.testing.assert_array_equal(np.frombuffer(blobs[results[1]], np.float32), x + 1)
+
+
+def _cpu_cores() -> int:
+    from tgc.backends import get_device
+    return get_device("CPU").cores
+
+
+@needs_cpu
+def test_binaries_the_server_did_not_compile_or_that_lie_are_refused(server_process):
+    from tgc.backends import get_device
+    srv, sid = server_process, "hostile-binary-0123456789"
+    name, src, grid = _plus_one_source(64)
+    lib = get_device("CPU").compiler.compile(src)  # a good binary, but not from this server
+    status, _, body = _raw(srv, sid, P.ProgramAlloc(prog=1, name=name, datahash=P.digest(lib)),
+                           blobs={P.digest(lib): lib})
+    assert status == 400 and b"did not compile" in body
+    # a contract that does not match the kernel's parameters
+    lying = src.replace('"bufs":[256,256]', '"bufs":[256]')
+    assert lying != src
+    h, lib = _compiled(srv, sid, lying)
+    status, _, body = _raw(srv, sid, P.ProgramAlloc(prog=1, name=name, datahash=h), blobs={h: lib})
+    assert status == 400 and b"takes 2 buffers" in body
+    status, _, body = _raw(srv, sid, P.ProgramAlloc(prog=1, name="other", datahash=h), blobs={h: lib})
+    assert status == 400 and b"no kernel 'other'" in body
+    for bad in ["not json", "[1]", '{"bufs":"x","global_size":[1],"local_size":null,"vals":0}',
+                '{"bufs":[1],"global_size":[0],"local_size":null,"vals":0}']:
+        status, kind, body = _raw(srv, sid, P.Compile(src=src.split("; tgc-launch:")[0] + "; tgc-launch: " + bad))
+        assert (status, kind) == (422, "compile") and b"contract" in body, (bad, body)
+    assert srv.proc.poll() is None
+
+
+@needs_cpu
+def test_a_compiler_abort_loses_a_worker_not_the_server(server_process):
+    srv, sid = server_process, "hostile-compile-0123456789"
+    for _ in range(2):
+        status, kind, body = _raw(srv, sid, P.Compile(src=ABORTING_SRC))
+        assert (status, kind) == (422, "compile") and b"crashed" in body, body
+        status, kind, body = _raw(srv, sid, P.Assembly(src=ABORTING_SRC))
+        assert (status, kind) == (422, "compile"), body
+        assert srv.proc.poll() is None
+    name, src, grid = _plus_one_source(64)
+    h, lib = _compiled(srv, sid, src)  # the next compile gets a fresh worker
+    assert lib.startswith(b"\x7fELF")

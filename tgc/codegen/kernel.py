@@ -120,7 +120,7 @@ def build_kernel(item: ScheduleItem, device: Any, beam: int = 0, name: str | Non
     ast, bufs = drop_unused_buffers(ast, item.bufs)
     uops = linearize(ast, vectors=getattr(device.renderer, "supports_vectors", False))
     name = name or item.name
-    src = device.renderer.render(name, uops)
+    src = render_kernel(device, name, uops, bufs, launch)
     binary, err, key = _compile_cached(device, src)
     nbytes = sum(prod(shape_of(b)) * b.dtype.itemsize for b in bufs)
     flops = count_work(uops) * launch.get("global_size", (1, 1, 1))[0]
@@ -128,6 +128,32 @@ def build_kernel(item: ScheduleItem, device: Any, beam: int = 0, name: str | Non
                   global_size=launch.get("global_size", (1, 1, 1)), local_size=launch.get("local_size"),
                   vals=launch.get("vals", ()), flops=flops, bytes_moved=nbytes, line=item.line, compile_error=err,
                   device=device, opts=applied, cache_key=key)
+
+
+CONTRACT_TAG = "tgc-launch:"
+_COMMENT = {"llvm": ";", "c": "//"}  # renderer language -> line comment
+
+
+def launch_contract(bufs: list[UOp], launch: dict) -> dict[str, Any]:
+    """What a launch of this kernel must provide: the bytes of each buffer (in parameter order), the most
+    work-items per dimension, the local size, and the number of `vals`."""
+    from tgc.ir.shapes import prod, shape_of
+    local = launch.get("local_size")
+    return {"bufs": [int(prod(shape_of(b)) * b.dtype.itemsize) for b in bufs],
+            "global_size": [int(g) for g in launch.get("global_size", (1, 1, 1))],
+            "local_size": None if local is None else [int(v) for v in local], "vals": len(launch.get("vals", ()))}
+
+
+def render_kernel(device: Any, name: str, uops: list[UOp], bufs: list[UOp], launch: dict) -> str:
+    """The renderer's source, ending in a comment that states the launch contract (`launch_contract`),
+    which a REMOTE server checks every launch against."""
+    import json
+    src = device.renderer.render(name, uops)
+    prefix = _COMMENT.get(getattr(device.renderer, "language", ""))
+    if prefix is None:
+        return src
+    text = json.dumps(launch_contract(bufs, launch), separators=(",", ":"))
+    return src.rstrip("\n") + f"\n{prefix} {CONTRACT_TAG} {text}\n"
 
 
 def drop_unused_buffers(ast: UOp, bufs: list[UOp]) -> tuple[UOp, list[UOp]]:

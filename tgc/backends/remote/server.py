@@ -27,6 +27,7 @@ import argparse
 import hmac
 import ipaddress
 import os
+import re
 import secrets
 import signal
 import socket
@@ -79,6 +80,7 @@ class Session:
     buffers: dict[int, Buffer] = field(default_factory=dict)
     programs: dict[int, Any] = field(default_factory=dict)
     graphs: dict[int, tuple[P.GraphKernel, ...]] = field(default_factory=dict)
+    known: OrderedDict[str, Known] = field(default_factory=OrderedDict)  # binaries this session compiled
     memory: int = 0
     last_seen: float = field(default_factory=time.monotonic)
     busy: int = 0  # batches in flight
@@ -86,6 +88,79 @@ class Session:
     @property
     def objects(self) -> int:
         return len(self.buffers) + len(self.programs) + len(self.graphs)
+
+
+@dataclass(frozen=True)
+class Contract:
+    """What a launch of a kernel must provide, from the `tgc-launch:` comment that ends its source (see
+    `tgc.codegen.kernel.launch_contract`): the least bytes of each buffer, the most work-items per
+    dimension, the local size and the number of `vals`."""
+
+    bufs: tuple[int, ...]
+    global_size: tuple[int, int, int]
+    local_size: tuple[int, int, int] | None
+    vals: int
+
+
+@dataclass(frozen=True)
+class Known:
+    """What the server knows of a binary it compiled: its contract and, for LLVM IR, the parameters of each
+    function (pointers, integers) as the source defines them."""
+
+    contract: Contract | None
+    params: dict[str, tuple[int, int]] | None
+
+
+MAX_CONTRACT_BUFS = 1024
+_DEFINE = re.compile(r"^define\s[^@]*@\"?([\w.$-]+)\"?\(([^)]*)\)", re.M)
+
+
+def _dims(value: Any, what: str) -> tuple[int, int, int]:
+    if not isinstance(value, list) or not 1 <= len(value) <= 3 or any(
+            type(v) is not int or not 1 <= v <= 2**31 - 1 for v in value):
+        raise ValueError(f"the launch contract's {what} must be 1 to 3 sizes in [1, 2**31)")
+    return tuple([*value, 1, 1][:3])  # type: ignore[return-value]
+
+
+def parse_contract(src: str, language: str | None) -> Known:
+    """The launch contract at the end of a kernel's source and the functions it defines (LLVM IR only).
+
+    Raises ValueError for a malformed contract or one that does not match the kernel's parameters.
+    """
+    from tgc.codegen.kernel import _COMMENT, CONTRACT_TAG
+    prefix = _COMMENT.get(language or "")
+    contract = None
+    if prefix is not None:
+        marker = f"{prefix} {CONTRACT_TAG}"
+        for line in reversed(src[-65536:].splitlines()[-8:]):
+            if line.startswith(marker):
+                contract = _contract(line[len(marker):])
+                break
+    params = None
+    if language == "llvm":
+        params = {}
+        for m in _DEFINE.finditer(src):
+            args = [a.strip() for a in m.group(2).split(",") if a.strip()]
+            params[m.group(1)] = (sum(a.startswith("ptr") for a in args), sum(a.startswith("i32") for a in args))
+    return Known(contract, params)
+
+
+def _contract(text: str) -> Contract:
+    import json
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        raise ValueError("the launch contract is not JSON") from None
+    if not isinstance(raw, dict):
+        raise ValueError("the launch contract is not a JSON object")
+    bufs, vals, local = raw.get("bufs"), raw.get("vals"), raw.get("local_size")
+    if not isinstance(bufs, list) or len(bufs) > MAX_CONTRACT_BUFS or any(
+            type(b) is not int or not 0 <= b <= 2**63 - 1 for b in bufs):
+        raise ValueError(f"the launch contract's bufs must be at most {MAX_CONTRACT_BUFS} byte counts")
+    if type(vals) is not int or not 0 <= vals <= 64:
+        raise ValueError("the launch contract's vals must be a count from 0 to 64")
+    return Contract(tuple(bufs), _dims(raw.get("global_size"), "global_size"),
+                    None if local is None else _dims(local, "local_size"), vals)
 
 
 def is_loopback(host: str) -> bool:
@@ -148,6 +223,16 @@ def _device_attrs(dev: Any) -> dict[str, bool | int | float | str]:
     return out
 
 
+def _remember(table: OrderedDict[str, Known], key: str, value: Known, cap: int, replace: bool) -> None:
+    """Record `value` under `key` in a table of at most `cap` entries (the least recently set go first)."""
+    if key in table and not replace:
+        return
+    table[key] = value
+    table.move_to_end(key)
+    while len(table) > cap:
+        table.popitem(last=False)
+
+
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
@@ -173,6 +258,9 @@ class RemoteServer:
         self.instance = secrets.token_hex(16)  # names this server process in clients' cache keys
         self._device: Any = None
         self._compiled: OrderedDict[str, tuple[bool, bytes | str]] = OrderedDict()  # sha256(src) -> (ok, lib|msg)
+        self._known: OrderedDict[str, Known] = OrderedDict()  # sha256(binary) -> what the source said, first wins
+        self._workers: Any = None  # compile worker processes (CPU), started on the first compile
+        self._workers_lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         cls = _HTTPServer6 if ":" in host else _HTTPServer
@@ -225,6 +313,13 @@ class RemoteServer:
     def close(self) -> int:
         self._stop.set()
         self.httpd.server_close()
+        with self._workers_lock:
+            if self._workers is not None:
+                try:
+                    self._workers.shutdown()
+                except Exception:
+                    pass
+                self._workers = None
         if not self.lock.acquire(timeout=5.0):  # a batch still running: the process is going away anyway
             return len(self.sessions)
         try:
@@ -428,14 +523,48 @@ class RemoteServer:
         self.device.allocator.copyout(memoryview(data), src.handle)
         self.device.allocator.copyin(dest.handle, memoryview(data))
 
+    def _compile_text(self, src: str, op: str = "compile") -> bytes:
+        """Compile (or list the assembly of) `src` with the device's compiler. For the CPU it runs in a worker
+        process, so that a compiler that aborts (LLVM's fatal errors) loses that process, not the server."""
+        dev = self.device
+        comp = dev.compiler
+        if not getattr(dev, "native_launch", False):
+            return bytes(comp.compile(src)) if op == "compile" else str(comp.assembly(src)).encode()
+        from tgc.codegen.compile_worker import WorkerPool
+        with self._workers_lock:
+            if self._workers is None:
+                self._workers = WorkerPool(1)
+            workers = self._workers
+        fut = workers.submit(dev.kind, src, op)
+        try:
+            return fut.result(timeout=max(self.limits.request_time, 1.0))
+        except TimeoutError:
+            workers.kill()
+            raise Refusal(408, "limit", f"the compiler ran past the request time limit of "
+                                        f"{self.limits.request_time:g}s") from None
+        except RuntimeError as e:
+            msg = str(e)
+            if msg.startswith("compile worker died"):
+                raise Refusal(422, "compile", "the compiler crashed on this source (its process died); "
+                                              "the server goes on") from None
+            raise Refusal(422, "compile", msg) from None
+
     def _do_Compile(self, session: Session, req: P.Compile, blobs, out) -> str:
         comp = self.device.compiler
         if comp is None:
             raise Refusal(400, "device", f"{self.device_name} cannot compile here: {self.device.compile_error}")
+        try:
+            known = parse_contract(req.src, getattr(self.device.renderer, "language", None))
+        except ValueError as e:
+            raise Refusal(422, "compile", str(e)) from None
         key = P.digest(req.src.encode("utf-8", "surrogatepass"))
         if key not in self._compiled:
             try:
-                self._compiled[key] = (True, bytes(comp.compile(req.src)))
+                self._compiled[key] = (True, self._compile_text(req.src))
+            except Refusal as r:
+                if r.kind != "compile":
+                    raise
+                self._compiled[key] = (False, r.msg)
             except Exception as e:  # the compiler's message goes back as is
                 self._compiled[key] = (False, e.msg if isinstance(e, TgcError) else str(e) or type(e).__name__)
             while len(self._compiled) > 256:
@@ -445,6 +574,8 @@ class RemoteServer:
         if not ok:
             raise Refusal(422, "compile", str(value))
         h = P.digest(value)
+        _remember(session.known, h, known, 4096, replace=True)
+        _remember(self._known, h, known, 1 << 16, replace=False)
         out[h] = value
         return h
 
@@ -463,29 +594,87 @@ class RemoteServer:
             raise Refusal(400, "device", f"{self.device_name} has no compiler here")
         try:
             if callable(getattr(comp, "assembly", None)):
-                return str(comp.assembly(req.src))
-            return str(comp.disassemble(comp.compile(req.src)))
+                return self._compile_text(req.src, "assembly").decode("utf-8", "replace")
+            return str(comp.disassemble(self._compile_text(req.src)))
         except NotImplementedError:
             raise Refusal(400, "device", f"the {comp.name} compiler cannot show assembly") from None
+        except Refusal:
+            raise
         except Exception as e:
             raise Refusal(422, "compile", e.msg if isinstance(e, TgcError) else str(e)) from None
 
     def _do_ProgramAlloc(self, session: Session, req: P.ProgramAlloc, blobs, out) -> None:
         self._new_id(session, session.programs, req.prog, "program")
         lib = bytes(self._blob(blobs, req.datahash))
+        known = session.known.get(req.datahash) or self._known.get(req.datahash)
+        contract = known.contract if known is not None else None
+        if getattr(self.device, "native_launch", False):
+            # launches run as native code in this process: only binaries whose launches can be checked
+            if known is None or contract is None:
+                raise Refusal(400, "protocol", f"program '{req.name[:80]}': this server did not compile that "
+                                               "binary (or has forgotten it); send its source in a Compile first")
+            if known.params is not None:
+                params = known.params.get(req.name)
+                if params is None:
+                    raise Refusal(400, "protocol", f"the binary defines no kernel '{req.name[:80]}'")
+                if params != (len(contract.bufs), contract.vals + 1):
+                    raise Refusal(400, "protocol", f"kernel '{req.name[:80]}' takes {params[0]} buffers and "
+                                                   f"{params[1]} integers, not what its launch contract says")
         try:
-            session.programs[req.prog] = self.device.program(req.name, lib)
+            program = self.device.program(req.name, lib)
         except Exception as e:  # not a binary this device can load: the client's fault
             msg = e.msg if isinstance(e, TgcError) else f"{type(e).__name__}: {e}"
             raise Refusal(400, "device", f"cannot load program '{req.name[:80]}': {msg}") from None
+        session.programs[req.prog] = (program, contract)
 
     def _do_ProgramFree(self, session: Session, req: P.ProgramFree, blobs, out) -> None:
         self._get(session.programs, req.prog, "program")
         del session.programs[req.prog]
 
+    def _check_launch(self, session: Session, k: P.ProgramExec | P.GraphKernel, contract: Contract | None) -> list:
+        """The buffers' handles for launch `k`, after checking it against the program's contract and the
+        device's limits (a Refusal otherwise)."""
+        bufs = [self._get(session.buffers, b, "buffer") for b in k.bufs]
+        glob = tuple([*k.global_size, 1, 1][:3])
+        work = glob[0] * glob[1] * glob[2]
+        cap = self._max_work_items()
+        if cap is not None and work > cap:
+            raise Refusal(400, "limit", f"a launch of {work} work-items exceeds {self.device_name}'s limit of {cap}")
+        if contract is not None:
+            if len(bufs) != len(contract.bufs):
+                raise Refusal(400, "protocol", f"the kernel takes {len(contract.bufs)} buffers, the launch gave "
+                                               f"{len(bufs)}")
+            for i, (b, need) in enumerate(zip(bufs, contract.bufs)):
+                if b.size < need:
+                    raise Refusal(400, "protocol", f"buffer {k.bufs[i]} has {b.size} bytes; the kernel's "
+                                                   f"parameter {i} needs {need}")
+            if any(g > c for g, c in zip(glob, contract.global_size)):
+                raise Refusal(400, "protocol", f"global_size {glob} is larger than the kernel's "
+                                               f"{contract.global_size}")
+            local = None if k.local_size is None else tuple([*k.local_size, 1, 1][:3])
+            if local != contract.local_size:
+                raise Refusal(400, "protocol", f"local_size {local} is not the kernel's {contract.local_size}")
+            if len(k.vals) != contract.vals:
+                raise Refusal(400, "protocol", f"the kernel takes {contract.vals} vals, the launch gave "
+                                               f"{len(k.vals)}")
+            if any(not -(2**31) <= v < 2**31 for v in k.vals):
+                raise Refusal(400, "protocol", "vals must fit in 32 bits")
+        return [b.handle for b in bufs]
+
+    def _max_work_items(self) -> int | None:
+        """The most work-items one launch may ask for: on a CPU-style device, threads (a few per core)."""
+        dev = self.device
+        if dev.launch_style != "cpu":
+            return getattr(dev, "max_work_items", None)
+        try:
+            cores = int(getattr(dev, "cores", 1))
+        except Exception:
+            cores = 1
+        return max(64, 4 * cores)
+
     def _launch(self, session: Session, k: P.ProgramExec | P.GraphKernel, wait: bool) -> float | None:
-        prog = self._get(session.programs, k.prog, "program")
-        handles = [self._get(session.buffers, b, "buffer").handle for b in k.bufs]
+        prog, contract = self._get(session.programs, k.prog, "program")
+        handles = self._check_launch(session, k, contract)
         t = prog(*handles, global_size=k.global_size, local_size=k.local_size, vals=k.vals, wait=wait)
         return float(t) if wait and t is not None else None
 
@@ -500,6 +689,10 @@ class RemoteServer:
             missing = [b for b in k.bufs if b not in session.buffers]
             if missing:
                 raise Refusal(404, "session", f"graph kernel {i}: no buffer {missing[0]} in this session")
+            try:
+                self._check_launch(session, k, session.programs[k.prog][1])
+            except Refusal as e:
+                raise Refusal(e.status, e.kind, f"graph kernel {i}: {e.msg}") from None
         session.graphs[req.graph] = req.kernels
 
     def _do_GraphExec(self, session: Session, req: P.GraphExec, blobs, out) -> float | None:
