@@ -281,17 +281,80 @@ def test_a_small_body_limit_still_carries_small_copies():
         srv.shutdown()
 
 
+@needs_cpu
 def test_too_many_sessions():
     srv = serve("127.0.0.1", 0, "CPU", None, Limits(max_sessions=2)).start()
-    try:
-        assert post(srv.port, batch(), session="a" * 16)[0] == 200
-        assert post(srv.port, batch(), session="b" * 16)[0] == 200
+    try:  # sessions that hold something and were used just now are not evicted
+        assert post(srv.port, batch(P.BufferAlloc(buf=1, size=8)), session="a" * 16)[0] == 200
+        assert post(srv.port, batch(P.BufferAlloc(buf=1, size=8)), session="b" * 16)[0] == 200
         status, kind, body = post(srv.port, batch(), session="c" * 16)
         assert (status, kind) == (503, "busy") and b"2 sessions" in body
         assert post(srv.port, batch(P.EndSession()), session="a" * 16)[0] == 200
         assert post(srv.port, batch(), session="c" * 16)[0] == 200
     finally:
         srv.shutdown()
+
+
+@needs_cpu
+def test_a_full_table_evicts_empty_then_idle_sessions_first():
+    """64 empty sessions once locked every other client out for the idle timeout."""
+    srv = serve("127.0.0.1", 0, "CPU", None, Limits(max_sessions=4, evict_after=0.5)).start()
+    try:
+        for i in range(10):  # a flood of empty sessions: each new one replaces an empty one
+            assert post(srv.port, batch(), session=f"flood-{i:02d}-0123456789")[0] == 200
+        assert len(srv.sessions) == 4
+        for i in range(4):  # sessions that hold memory are kept while in use
+            assert post(srv.port, batch(P.BufferAlloc(buf=1, size=8)), session=f"busy-{i}-0123456789")[0] == 200
+        status, kind, _ = post(srv.port, batch(), session="late-client-0123456789")
+        assert (status, kind) == (503, "busy")
+        for s in srv.sessions.values():  # ... until they have been idle for `evict_after`
+            s.last_seen -= 1.0
+        assert post(srv.port, batch(P.BufferAlloc(buf=1, size=8)), session="late-client-0123456789")[0] == 200
+        assert "late-client-0123456789" in srv.sessions and len(srv.sessions) == 4
+    finally:
+        srv.shutdown()
+
+
+@needs_cpu
+def test_sessions_per_client_are_limited():
+    srv = serve("127.0.0.1", 0, "CPU", None, Limits(max_sessions=8, max_sessions_per_client=2)).start()
+    try:
+        for i in range(2):
+            assert post(srv.port, batch(P.BufferAlloc(buf=1, size=8)), session=f"mine-{i}-0123456789")[0] == 200
+        status, kind, body = post(srv.port, batch(P.BufferAlloc(buf=1, size=8)), session="mine-2-0123456789")
+        assert (status, kind) == (503, "busy") and b"per client" in body
+    finally:
+        srv.shutdown()
+
+
+@needs_cpu
+def test_server_wide_memory_limit_and_pool_release():
+    srv = serve("127.0.0.1", 0, "CPU", None, Limits(max_memory=3000, max_pooled=1500,
+                                                   max_session_memory=2000)).start()
+    try:
+        assert post(srv.port, batch(P.BufferAlloc(buf=1, size=2000)), session="mem-a-0123456789")[0] == 200
+        status, kind, body = post(srv.port, batch(P.BufferAlloc(buf=1, size=1500)), session="mem-b-0123456789")
+        assert (status, kind) == (413, "limit") and b"server's memory limit" in body
+        assert post(srv.port, batch(P.BufferAlloc(buf=1, size=1000)), session="mem-b-0123456789")[0] == 200
+        from tgc.backends import get_device
+        cached = get_device("CPU").allocator.cached
+        assert post(srv.port, batch(P.BufferFree(buf=1)), session="mem-a-0123456789")[0] == 200
+        assert not cached.get(2000)  # 2000 freed bytes are more than max_pooled: the pool was released
+    finally:
+        srv.shutdown()
+
+
+@needs_cpu
+def test_fresh_buffers_never_show_another_sessions_bytes(server):
+    secret = b"S3CRET!!" * 512
+    assert post(server.port, batch(P.BufferAlloc(buf=1, size=len(secret)),
+                                   P.CopyIn(buf=1, datahash=P.digest(secret)), P.BufferFree(buf=1),
+                                   blobs={P.digest(secret): secret}), session="victim-0123456789")[0] == 200
+    status, _, body = post(server.port, batch(P.BufferAlloc(buf=7, size=len(secret)), P.CopyOut(buf=7)),
+                           session="snooper-0123456789")
+    assert status == 200
+    results, blobs = P.decode_results(body)
+    assert bytes(blobs[results[1]]) == bytes(len(secret))
 
 
 # --- sessions

@@ -55,7 +55,14 @@ class Limits:
     request_time: float = 60.0  # one batch's run (checked between requests) and socket reads
     idle_timeout: float = 300.0  # a session unheard from this long is freed
     max_sessions: int = 64
+    max_sessions_per_client: int = 32  # sessions of one client address
+    evict_after: float = 10.0  # a full table frees sessions idle this long (empty ones at once), oldest first
+    max_memory: int = 4096 * MiB  # live buffers of all sessions together
+    max_pooled: int = 256 * MiB  # freed memory the device may keep for reuse; beyond it, the pool is released
+    max_connections: int = 128  # open connections; more are answered 503 and closed
     max_objects: int = 1 << 16  # buffers + programs + graphs of one session
+    max_text: int = P.MAX_TEXT  # characters of one request text (the request list and kernel sources)
+    max_nodes: int = P.MAX_NODES  # syntax nodes of one request text
 
 
 class Refusal(Exception):
@@ -82,6 +89,7 @@ class Session:
     graphs: dict[int, tuple[P.GraphKernel, ...]] = field(default_factory=dict)
     known: OrderedDict[str, Known] = field(default_factory=OrderedDict)  # binaries this session compiled
     memory: int = 0
+    client: str = ""  # the peer's address
     last_seen: float = field(default_factory=time.monotonic)
     busy: int = 0  # batches in flight
 
@@ -233,10 +241,39 @@ def _remember(table: OrderedDict[str, Known], key: str, value: Known, cap: int, 
         table.popitem(last=False)
 
 
+_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nX-Tgc-Error: busy\r\n"
+         b"Content-Length: 47\r\nConnection: close\r\n\r\nthe server has too many connections; try later\n")
+
+
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
     app: RemoteServer
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        """Take a connection only while fewer than `max_connections` are open (else answer 503 and close)."""
+        with self.app.conn_lock:
+            if len(self.app.conns) < self.app.limits.max_connections:
+                self.app.conns[request] = time.monotonic() + self.app.limits.request_time
+                return True
+        try:
+            request.setblocking(False)
+            request.send(_BUSY)
+        except OSError:
+            pass
+        return False
+
+    def shutdown_request(self, request: Any) -> None:
+        with self.app.conn_lock:
+            self.app.conns.pop(request, None)
+        super().shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """One line, never a traceback: a client that vanished mid-request is not the server's problem."""
+        error = sys.exc_info()[1]
+        if isinstance(error, OSError) and not self.app.verbose:
+            return
+        print(f"tgc serve: {client_address[0]}: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
 
 
 class _HTTPServer6(_HTTPServer):
@@ -261,6 +298,10 @@ class RemoteServer:
         self._known: OrderedDict[str, Known] = OrderedDict()  # sha256(binary) -> what the source said, first wins
         self._workers: Any = None  # compile worker processes (CPU), started on the first compile
         self._workers_lock = threading.Lock()
+        # open connections -> the time by which the request being read (or answer being written) must be done,
+        # or None while a batch runs; the watchdog closes connections past it (slow or idle peers)
+        self.conns: dict[Any, float | None] = {}
+        self.conn_lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         cls = _HTTPServer6 if ":" in host else _HTTPServer
@@ -331,14 +372,33 @@ class RemoteServer:
         return n
 
     def _start_reaper(self) -> None:
-        period = max(0.05, min(1.0, self.limits.idle_timeout / 4))
+        period = max(0.05, min(1.0, self.limits.idle_timeout / 4, self.limits.request_time / 4))
 
         def loop() -> None:
             while not self._stop.wait(period):
+                self.close_late_connections()
                 self.reap_idle()
         t = threading.Thread(target=loop, name="tgc-serve-reaper", daemon=True)
         t.start()
         self._threads.append(t)
+
+    def close_late_connections(self, now: float | None = None) -> int:
+        """Shut the connections whose request (or answer) has taken longer than `request_time`: a slow client
+        cannot hold a thread longer than that. Returns how many."""
+        now = time.monotonic() if now is None else now
+        with self.conn_lock:
+            late = [c for c, deadline in self.conns.items() if deadline is not None and now > deadline]
+        for c in late:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        return len(late)
+
+    def set_deadline(self, conn: Any, seconds: float | None) -> None:
+        with self.conn_lock:
+            if conn in self.conns:
+                self.conns[conn] = None if seconds is None else time.monotonic() + seconds
 
     def reap_idle(self, now: float | None = None) -> int:
         """Free the sessions idle for longer than `idle_timeout`; returns how many."""
@@ -348,6 +408,8 @@ class RemoteServer:
                     if not s.busy and now - s.last_seen > self.limits.idle_timeout]
             for s in idle:
                 self._end_session(s)
+            if idle:
+                self._trim_pool()
         if idle and self.verbose:
             print(f"tgc serve: freed {len(idle)} idle session(s)", file=sys.stderr, flush=True)
         return len(idle)
@@ -362,33 +424,63 @@ class RemoteServer:
 
     # --- batches
 
-    def _session(self, sid: str) -> Session:
+    def _session(self, sid: str, client: str = "") -> Session:
         s = self.sessions.get(sid)
         if s is None:
-            if len(self.sessions) >= self.limits.max_sessions:
+            lim = self.limits
+            mine = [x for x in self.sessions.values() if x.client == client]
+            if len(mine) >= lim.max_sessions_per_client and not self._evict(mine):
+                raise Refusal(503, "busy", f"this client holds {len(mine)} sessions, the limit per client; "
+                                           "end one or try later")
+            if len(self.sessions) >= lim.max_sessions:
                 self.reap_idle()
-            if len(self.sessions) >= self.limits.max_sessions:
+            if len(self.sessions) >= lim.max_sessions and not self._evict(list(self.sessions.values())):
                 raise Refusal(503, "busy", f"the server holds {len(self.sessions)} sessions, its limit; try later")
-            s = self.sessions[sid] = Session(sid)
+            s = self.sessions[sid] = Session(sid, client=client)
         return s
 
-    def run_batch(self, sid: str, body: bytes) -> list[bytes | memoryview]:
+    def _evict(self, candidates: list[Session]) -> bool:
+        """Free one of `candidates` to make room: an empty one, else the one idle longest (at least
+        `evict_after` seconds). False when none may go."""
+        now = time.monotonic()
+        idle = sorted((s for s in candidates if not s.busy), key=lambda s: s.last_seen)
+        victim = next((s for s in idle if not s.objects), None)
+        if victim is None:
+            victim = next((s for s in idle if now - s.last_seen >= self.limits.evict_after), None)
+        if victim is None:
+            return False
+        self._end_session(victim)
+        if self.verbose:
+            print("tgc serve: evicted an idle session to make room", file=sys.stderr, flush=True)
+        return True
+
+    def run_batch(self, sid: str, body: bytes, client: str = "") -> list[bytes | memoryview]:
         """Run the requests of one body for session `sid`; the response body's parts, or a `Refusal`."""
         try:
-            requests, blobs = P.decode_requests(body)
+            requests, blobs = P.decode_requests(body, max_text=self.limits.max_text, max_nodes=self.limits.max_nodes)
         except P.ProtocolError as e:
             raise Refusal(400, "protocol", str(e)) from None
         with self.lock:
             if self._stop.is_set():
                 raise Refusal(503, "busy", "the server is shutting down")
-            session = self._session(sid)
+            session = self._session(sid, client)
             session.busy += 1
             try:
                 results, out_blobs = self._run(session, requests, blobs)
             finally:
                 session.busy -= 1
                 session.last_seen = time.monotonic()
+                self._trim_pool()
         return P.body_parts(out_blobs, P.to_text(results))
+
+    def _trim_pool(self) -> None:
+        """Release the device's pool of freed buffers when it holds more than `max_pooled` bytes."""
+        alloc = self._device.allocator if self._device is not None else None
+        cached = getattr(alloc, "cached", None)
+        if not isinstance(cached, dict) or not callable(getattr(alloc, "free_cache", None)):
+            return
+        if sum(size * len(handles) for size, handles in cached.items()) > self.limits.max_pooled:
+            alloc.free_cache()
 
     def _run(self, session: Session, requests: list[P.Request],
              blobs: dict[str, memoryview]) -> tuple[list[Any], dict[str, bytes]]:
@@ -463,7 +555,16 @@ class RemoteServer:
         if session.memory + req.size > lim.max_session_memory:
             raise Refusal(413, "limit", f"allocating {req.size} bytes would pass the session memory limit of "
                                         f"{lim.max_session_memory} bytes ({session.memory} live)")
+        total = sum(x.memory for x in self.sessions.values())
+        if total + req.size > lim.max_memory:
+            raise Refusal(413, "limit", f"allocating {req.size} bytes would pass the server's memory limit of "
+                                        f"{lim.max_memory} bytes ({total} live in all sessions)")
         handle = self.device.allocator.alloc(req.size)
+        try:  # a reused buffer holds what an earlier session left there: never show it to this one
+            self.device.allocator.copyin(handle, memoryview(bytearray(req.size)))
+        except BaseException:
+            self.device.allocator.free(handle, req.size)
+            raise
         session.buffers[req.buf] = Buffer(handle, req.size)
         session.memory += req.size
 
@@ -732,15 +833,38 @@ class RemoteServer:
         session.memory = 0
 
 
+_CONTENT_LENGTH = re.compile(r"[0-9]{1,18}")
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "tgc-serve"
+    sys_version = ""  # no Python version in the Server header
     disable_nagle_algorithm = True  # answers are small writes; do not wait for the peer's delayed ACK
     server: _HTTPServer
 
     def setup(self) -> None:
         self.timeout = max(self.server.app.limits.request_time, 1.0)  # socket reads; ends slow or idle peers
         super().setup()
+
+    def version_string(self) -> str:
+        return self.server_version
+
+    def handle_one_request(self) -> None:
+        # reading the next request (and waiting for it on a kept-alive connection) has `request_time` in all
+        self.server.app.set_deadline(self.connection, self.server.app.limits.request_time)
+        super().handle_one_request()
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The standard library's errors (bad request line, unknown method, headers too long) in this server's
+        plain format; an unknown method from a client without the token gets 401 like everything else."""
+        headers = getattr(self, "headers", None)
+        if code == 501 and headers is not None and not self.server.app.authorized(headers.get("Authorization")):
+            return self._refuse(Refusal(401, "auth", "unauthorized"), close=True)
+        if code == 501:
+            code, message = 405, f"use POST {P.BATCH_PATH}"
+        text = message or "bad request"
+        self._refuse(Refusal(code, "protocol", text.replace("\n", " ")[:200]), close=True)
 
     def log_message(self, format: str, *args: Any) -> None:
         if self.server.app.verbose:
@@ -767,11 +891,12 @@ class _Handler(BaseHTTPRequestHandler):
         self._answer(r.status, (r.msg + "\n").encode("utf-8", "replace"), r.kind, close)
 
     def _length(self) -> int | None:
-        try:
-            n = int(self.headers.get("Content-Length", ""))
-        except ValueError:
+        """The one Content-Length, written as decimal digits; None for none, several, or any other form."""
+        values = self.headers.get_all("Content-Length") or []
+        if len(values) != 1 or self.headers.get("Transfer-Encoding") is not None:
             return None
-        return n if n >= 0 else None
+        text = values[0].strip()
+        return int(text) if _CONTENT_LENGTH.fullmatch(text) else None
 
     def _discard_body(self, limit: int = 1 << 20) -> bool:
         """Read and drop a small body so the peer can read our answer; False if it is too big to bother."""
@@ -806,7 +931,8 @@ class _Handler(BaseHTTPRequestHandler):
                                                          "(16 to 128 characters of A-Z a-z 0-9 - _)"), close=not keep)
         n = self._length()
         if n is None:
-            return self._refuse(Refusal(411, "protocol", "a request needs a Content-Length"), close=True)
+            return self._refuse(Refusal(411, "protocol", "a request needs one Content-Length of decimal digits "
+                                                         "(and no Transfer-Encoding)"), close=True)
         if n > app.limits.max_body:
             return self._refuse(Refusal(413, "limit", f"a request body of {n} bytes exceeds the limit of "
                                                       f"{app.limits.max_body} bytes"), close=True)
@@ -818,12 +944,16 @@ class _Handler(BaseHTTPRequestHandler):
         if len(body) != n:
             self.close_connection = True
             return
+        app.set_deadline(self.connection, None)  # the batch's own time limit applies while it runs
         try:
-            parts = app.run_batch(sid, body)
+            parts = app.run_batch(sid, body, self.client_address[0])
         except Refusal as r:
+            app.set_deadline(self.connection, app.limits.request_time)
             return self._refuse(r)
         except Exception as e:  # never let one batch take the server down
+            app.set_deadline(self.connection, app.limits.request_time)
             return self._refuse(Refusal(500, "device", f"internal error: {type(e).__name__}: {e}"))
+        app.set_deadline(self.connection, app.limits.request_time)  # writing the answer
         self._answer(200, parts)
 
     def _not_allowed(self) -> None:
