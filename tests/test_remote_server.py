@@ -759,3 +759,100 @@ def test_a_compiler_abort_loses_a_worker_not_the_server(server_process):
     name, src, grid = _plus_one_source(64)
     h, lib = _compiled(srv, sid, src)  # the next compile gets a fresh worker
     assert lib.startswith(b"\x7fELF")
+
+
+# --- slow, greedy and sloppy clients
+
+
+def _raw_http(port: int, data: bytes, timeout: float = 10.0) -> bytes:
+    """Send raw bytes and read until the server closes (or `timeout`)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(data)
+        out = b""
+        try:
+            while chunk := s.recv(65536):
+                out += chunk
+        except (socket.timeout, ConnectionResetError):
+            pass
+        return out
+
+
+def test_a_slow_client_is_cut_off_by_the_request_deadline_while_others_are_served():
+    srv = serve("127.0.0.1", 0, "CPU", None, Limits(request_time=1.0)).start()
+    try:
+        slow = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+        slow.sendall(b"POST /batch HTTP/1.1\r\n")
+        start, closed = time.monotonic(), False
+        while time.monotonic() - start < 8:  # a byte every 0.2 s: no single read ever times out
+            try:
+                slow.sendall(b"X")
+            except OSError:
+                closed = True
+                break
+            assert post(srv.port, batch())[0] == 200  # a good client beside it
+            slow.settimeout(0.2)
+            try:
+                if slow.recv(1024) == b"":
+                    closed = True
+                    break
+            except socket.timeout:
+                pass
+        slow.close()
+        assert closed, "the slow client still held its connection"
+    finally:
+        srv.shutdown()
+
+
+def test_connections_beyond_the_cap_get_503():
+    srv = serve("127.0.0.1", 0, "CPU", None, Limits(max_connections=3)).start()
+    try:
+        idle = [socket.create_connection(("127.0.0.1", srv.port), timeout=10) for _ in range(3)]
+        deadline = time.monotonic() + 10
+        while len(srv.conns) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        answer = _raw_http(srv.port, b"")
+        assert answer.startswith(b"HTTP/1.1 503") and b"too many connections" in answer
+        for s in idle:
+            s.close()
+        deadline = time.monotonic() + 10
+        while srv.conns and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert post(srv.port, batch())[0] == 200
+    finally:
+        srv.shutdown()
+
+
+def test_unknown_methods_are_refused_in_plain_text_after_the_token_check(token_server):
+    for auth in (b"", b"Authorization: Bearer s3cret-token\r\n"):
+        answer = _raw_http(token_server.port, b"FROB /batch HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\n")
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 401" if not auth else b"HTTP/1.1 405"), answer
+        assert b"Python" not in head and b"<" not in body and body.strip()
+    answer = _raw_http(token_server.port, b"GARBAGE\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 400") and b"Python" not in answer and b"<html" not in answer.lower()
+
+
+@pytest.mark.parametrize("lengths", [["+12"], ["1_0"], ["12", "12"], ["0x10"], ["-1"], [" "], ["1" * 30]])
+def test_content_length_is_parsed_strictly(server, lengths):
+    headers = b"".join(b"Content-Length: " + v.encode() + b"\r\n" for v in lengths)
+    head = f"POST /batch HTTP/1.1\r\nHost: x\r\n{P.SESSION_HEADER}: {SESSION}\r\n".encode()
+    answer = _raw_http(server.port, head + headers + b"\r\n" + b"x" * 12)
+    assert answer.startswith(b"HTTP/1.1 411"), answer
+
+
+@needs_cpu
+def test_clients_vanishing_mid_request_print_no_tracebacks():
+    with ServerProcess("CPU") as srv:
+        head = f"POST /batch HTTP/1.1\r\nHost: x\r\n{P.SESSION_HEADER}: {SESSION}\r\n".encode()
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:  # body cut short
+            s.sendall(head + b"Content-Length: 1000\r\n\r\n" + b"TGC1")
+        big = batch(P.BufferAlloc(buf=1, size=32 << 20), P.CopyOut(buf=1))
+        for _ in range(3):  # gone before the (32 MiB) answer is written
+            s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            s.sendall(head + f"Content-Length: {len(big)}\r\n\r\n".encode() + big)
+            s.recv(10)
+            s.close()
+        assert post(srv.port, batch(P.EndSession()))[0] == 200
+        assert srv.proc.poll() is None
+    assert "Traceback" not in srv.stderr(), srv.stderr()

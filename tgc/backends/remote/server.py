@@ -858,6 +858,8 @@ class _Handler(BaseHTTPRequestHandler):
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """The standard library's errors (bad request line, unknown method, headers too long) in this server's
         plain format; an unknown method from a client without the token gets 401 like everything else."""
+        if getattr(self, "request_version", "HTTP/0.9") == "HTTP/0.9":  # a garbled request line: answer in HTTP/1.1
+            self.request_version = "HTTP/1.1"
         headers = getattr(self, "headers", None)
         if code == 501 and headers is not None and not self.server.app.authorized(headers.get("Authorization")):
             return self._refuse(Refusal(401, "auth", "unauthorized"), close=True)
