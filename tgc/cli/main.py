@@ -471,6 +471,7 @@ def devices(as_json: bool) -> None:
     if as_json:
         _echo_json(rows)
         return
+    from rich.markup import escape
     from rich.table import Table
 
     from tgc.cli.outputs import make_console
@@ -481,8 +482,9 @@ def devices(as_json: bool) -> None:
     for r in rows:
         peak = ", ".join(p for p in (f"{r['peak_gflops']:g} GFLOP/s" if r["peak_gflops"] else "",
                                      f"{r['peak_gbps']:g} GB/s" if r["peak_gbps"] else "") if p)
-        table.add_row(r["device"], "[green]yes[/green]" if r["available"] else "[red]no[/red]", r["why_not"],
-                      r["renderer"] or "-", r["compiler"] or "-", str(r["version"] or "-"), peak or "-")
+        cells = [str(c) for c in (r["why_not"], r["renderer"] or "-", r["compiler"] or "-", r["version"] or "-")]
+        table.add_row(escape(r["device"]), "[green]yes[/green]" if r["available"] else "[red]no[/red]",
+                      *(escape(c) for c in cells), peak or "-")  # a REMOTE server's words are not markup
     make_console().print(table)
 
 

@@ -58,6 +58,57 @@ def valid_session(session: str | None) -> bool:
     return session is not None and 16 <= len(session) <= 128 and set(session) <= _SESSION_CHARS
 
 
+_TOKEN_CHARS = frozenset(chr(c) for c in range(0x21, 0x7f))  # printable ASCII without spaces
+
+
+def token_problem(token: str) -> str | None:
+    """Why `token` cannot go in an `Authorization` header (None when it can): it must be one line of
+    printable ASCII without spaces."""
+    if not token:
+        return "it is empty"
+    if "\n" in token or "\r" in token:
+        return "it holds more than one line"
+    bad = next((c for c in token if c not in _TOKEN_CHARS), None)
+    if bad is not None:
+        return f"it holds the character {bad!r}; use printable ASCII without spaces"
+    return None
+
+
+def read_token_file(path: str) -> str:
+    """The token in the file `path` (surrounding whitespace dropped); TgcError (exit 2) with the reason
+    when it cannot be read or is not one line of printable ASCII."""
+    from tgc.errors import TgcError
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(1 << 16)
+    except OSError as e:
+        raise TgcError(f"cannot read the token file '{path}': {e.strerror or e}") from None
+    try:
+        token = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise TgcError(f"the token file '{path}' is not UTF-8 text") from None
+    if not token:
+        raise TgcError(f"the token file '{path}' is empty")
+    why = token_problem(token)
+    if why is not None:
+        raise TgcError(f"the token in '{path}' cannot be used: {why}")
+    return token
+
+
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def safe_text(text: Any, multiline: bool = True, limit: int | None = 4000) -> str:
+    """What a server said, safe to print: control characters (terminal escapes) and bidi overrides written
+    as `\\xNN`, newlines too unless `multiline`, and cut to `limit` characters."""
+    text = text if isinstance(text, str) else str(text)
+    if limit is not None and len(text) > limit:
+        text = text[:limit] + "..."
+    out = _UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256 else f"\\u{ord(m.group()):04x}",
+                      text)
+    return out if multiline else out.replace("\n", "\\n")
+
+
 class ProtocolError(ValueError):
     """A body or request text that does not follow the format (the server answers 400)."""
 

@@ -182,21 +182,19 @@ def is_loopback(host: str) -> bool:
 
 
 def read_token(token_file: str | None = None, env: dict[str, str] | None = None) -> str | None:
-    """The token from `token_file`, else `TGC_REMOTE_TOKEN`, else the file in `TGC_REMOTE_TOKEN_FILE`."""
+    """The token from `token_file`, else `TGC_REMOTE_TOKEN`, else the file in `TGC_REMOTE_TOKEN_FILE`.
+    TgcError (exit 2) for a file that cannot be read or a token that cannot go in an HTTP header."""
     env = os.environ if env is None else env
     if token_file is None and env.get("TGC_REMOTE_TOKEN"):
-        return env["TGC_REMOTE_TOKEN"].strip()
+        token = env["TGC_REMOTE_TOKEN"].strip()
+        why = P.token_problem(token)
+        if why is not None:
+            raise TgcError(f"TGC_REMOTE_TOKEN cannot be used: {why}")
+        return token
     token_file = token_file or env.get("TGC_REMOTE_TOKEN_FILE") or None
     if token_file is None:
         return None
-    try:
-        with open(token_file, encoding="utf-8") as f:
-            token = f.read().strip()
-    except OSError as e:
-        raise TgcError(f"cannot read the token file '{token_file}': {e.strerror or e}") from None
-    if not token:
-        raise TgcError(f"the token file '{token_file}' is empty")
-    return token
+    return P.read_token_file(token_file)
 
 
 def _plain(value: Any, depth: int = 0) -> Any:
