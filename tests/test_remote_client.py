@@ -213,7 +213,8 @@ def test_bad_token_files_are_user_errors(tmp_path, content, message):
 
 
 def test_bad_token_variables_are_user_errors():
-    for read in (lambda t: read_token(None, env={"TGC_REMOTE_TOKEN": t}), lambda t: client_token({"TGC_REMOTE_TOKEN": t})):
+    for read in (lambda t: read_token(None, env={"TGC_REMOTE_TOKEN": t}),
+                 lambda t: client_token({"TGC_REMOTE_TOKEN": t})):
         with pytest.raises(TgcError, match="cannot be used") as e:
             read("tök€n")
         assert e.value.exit_code == 2
