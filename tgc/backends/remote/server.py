@@ -973,7 +973,9 @@ def serve(host: str, port: int, device_name: str, token: str | None, limits: Lim
 def main_serve(host: str = "127.0.0.1", port: int = P.DEFAULT_PORT, device: str | None = None,
                token_file: str | None = None, *, idle_timeout: float | None = None, max_body: int | None = None,
                max_buffer: int | None = None, max_session_memory: int | None = None,
-               request_time: float | None = None, max_sessions: int | None = None, verbose: bool = False) -> int:
+               request_time: float | None = None, max_sessions: int | None = None, verbose: bool = False,
+               max_memory: int | None = None, max_connections: int | None = None,
+               max_sessions_per_client: int | None = None) -> int:
     """What `tgc serve` runs: open the device, print `serving DEVICE on http://host:port` to stderr, serve
     until Ctrl-C or SIGTERM, free every session and return 0.
 
@@ -995,7 +997,9 @@ def main_serve(host: str = "127.0.0.1", port: int = P.DEFAULT_PORT, device: str 
     if not ok:
         raise DeviceError(f"cannot serve {name}: {why}")
     chosen = {"idle_timeout": idle_timeout, "max_body": max_body, "max_buffer": max_buffer,
-              "max_session_memory": max_session_memory, "request_time": request_time, "max_sessions": max_sessions}
+              "max_session_memory": max_session_memory, "request_time": request_time, "max_sessions": max_sessions,
+              "max_memory": max_memory, "max_connections": max_connections,
+              "max_sessions_per_client": max_sessions_per_client}
     limits = Limits(**{k: v for k, v in chosen.items() if v is not None})
     server = serve(host, port, name, token, limits, verbose)
     try:
@@ -1042,12 +1046,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-session-memory", type=int, default=None)
     ap.add_argument("--request-time", type=float, default=None)
     ap.add_argument("--max-sessions", type=int, default=None)
+    ap.add_argument("--max-sessions-per-client", type=int, default=None)
+    ap.add_argument("--max-memory", type=int, default=None)
+    ap.add_argument("--max-connections", type=int, default=None)
     ap.add_argument("-v", "--verbose", action="store_true")
     a = ap.parse_args(argv)
     try:
         return main_serve(a.host, a.port, a.device, a.token_file, idle_timeout=a.idle_timeout, max_body=a.max_body,
                           max_buffer=a.max_buffer, max_session_memory=a.max_session_memory,
-                          request_time=a.request_time, max_sessions=a.max_sessions, verbose=a.verbose)
+                          request_time=a.request_time, max_sessions=a.max_sessions, verbose=a.verbose,
+                          max_memory=a.max_memory, max_connections=a.max_connections,
+                          max_sessions_per_client=a.max_sessions_per_client)
     except TgcError as e:
         print(e.format(), file=sys.stderr)
         return e.exit_code
