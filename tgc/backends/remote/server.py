@@ -14,9 +14,13 @@ device raised while running), 503 busy (too many sessions, shutting down), 507 d
 The requests of a batch run in order and stop at the first failure. Batches run one at a time (the
 device surface is not assumed thread-safe); bodies are read and parsed in parallel.
 
-Note: a client can run native code on this machine (it sends kernel binaries; that is what a device
-server is for), and a kernel launched with the wrong buffers can crash it like any native code. Without
-a token the server listens on loopback only; give a token before serving anything wider.
+Launches are checked: a kernel's source ends in its launch contract (see `parse_contract`); for the CPU
+the server loads only binaries it compiled, and refuses launches with the wrong buffers, too-small
+buffers, a larger grid than the kernel's or more work-items than the device allows. Compiles of the CPU
+run in a worker process. Still, a client can run native code on this machine (a contract is what the
+client's source declares), so without a token the server listens on loopback only; give a token before
+serving anything wider. Fresh buffers are zeroed; requests have a deadline (`request_time`) enforced by a
+watchdog; sessions, connections and memory are capped (see `Limits`).
 
 Run it as `tgc serve ...` or `python -m tgc.backends.remote.server ...`.
 """
