@@ -563,7 +563,10 @@ class RemoteServer:
                                         f"{lim.max_memory} bytes ({total} live in all sessions)")
         handle = self.device.allocator.alloc(req.size)
         try:  # a reused buffer holds what an earlier session left there: never show it to this one
-            self.device.allocator.copyin(handle, memoryview(bytearray(req.size)))
+            if callable(getattr(handle, "fill", None)):  # host memory (a numpy array): no temporary
+                handle.fill(0)
+            else:
+                self.device.allocator.copyin(handle, memoryview(bytearray(req.size)))
         except BaseException:
             self.device.allocator.free(handle, req.size)
             raise
