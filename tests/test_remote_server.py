@@ -856,3 +856,14 @@ def test_clients_vanishing_mid_request_print_no_tracebacks():
         assert post(srv.port, batch(P.EndSession()))[0] == 200
         assert srv.proc.poll() is None
     assert "Traceback" not in srv.stderr(), srv.stderr()
+
+
+@needs_cpu
+def test_tgc_serve_takes_the_new_limits():
+    with ServerProcess("CPU", "--max-memory", "100", "--max-sessions-per-client", "1", "--max-connections", "4",
+                       cli=True) as srv:
+        status, kind, body = post(srv.port, batch(P.BufferAlloc(buf=1, size=200)))
+        assert (status, kind) == (413, "limit") and b"server's memory limit of 100 bytes" in body
+        assert post(srv.port, batch(P.BufferAlloc(buf=1, size=50)))[0] == 200
+        status, kind, body = post(srv.port, batch(P.BufferAlloc(buf=1, size=50)), session="other-0123456789")
+        assert (status, kind) == (503, "busy") and b"per client" in body

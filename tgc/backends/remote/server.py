@@ -256,7 +256,7 @@ class _HTTPServer(ThreadingHTTPServer):
         """Take a connection only while fewer than `max_connections` are open (else answer 503 and close)."""
         with self.app.conn_lock:
             if len(self.app.conns) < self.app.limits.max_connections:
-                self.app.conns[request] = time.monotonic() + self.app.limits.request_time
+                self.app.conns[request] = time.monotonic() + max(self.app.limits.request_time, 1.0)
                 return True
         try:
             request.setblocking(False)
@@ -400,7 +400,7 @@ class RemoteServer:
     def set_deadline(self, conn: Any, seconds: float | None) -> None:
         with self.conn_lock:
             if conn in self.conns:
-                self.conns[conn] = None if seconds is None else time.monotonic() + seconds
+                self.conns[conn] = None if seconds is None else time.monotonic() + max(seconds, 1.0)
 
     def reap_idle(self, now: float | None = None) -> int:
         """Free the sessions idle for longer than `idle_timeout`; returns how many."""
