@@ -124,7 +124,7 @@ class Known:
 
 
 MAX_CONTRACT_BUFS = 1024
-_DEFINE = re.compile(r"^define\s[^@]*@\"?([\w.$-]+)\"?\(([^)]*)\)", re.M)
+_DEFINE = re.compile(r"^define\s[^@\n]*@\"?([\w.$-]+)\"?\(", re.M)
 
 
 def _dims(value: Any, what: str) -> tuple[int, int, int]:
@@ -135,10 +135,8 @@ def _dims(value: Any, what: str) -> tuple[int, int, int]:
 
 
 def parse_contract(src: str, language: str | None) -> Known:
-    """The launch contract at the end of a kernel's source and the functions it defines (LLVM IR only).
-
-    Raises ValueError for a malformed contract or one that does not match the kernel's parameters.
-    """
+    """The launch contract at the end of a kernel's source, and for LLVM IR the parameters (pointers, others)
+    of each function it defines. Raises ValueError for a malformed contract."""
     from tgc.codegen.kernel import _COMMENT, CONTRACT_TAG
     prefix = _COMMENT.get(language or "")
     contract = None
@@ -152,9 +150,31 @@ def parse_contract(src: str, language: str | None) -> Known:
     if language == "llvm":
         params = {}
         for m in _DEFINE.finditer(src):
-            args = [a.strip() for a in m.group(2).split(",") if a.strip()]
-            params[m.group(1)] = (sum(a.startswith("ptr") for a in args), sum(a.startswith("i32") for a in args))
+            args = _top_level_args(src, m.end())
+            if args is not None:
+                params[m.group(1)] = (sum(a.startswith("ptr") for a in args),
+                                      sum(not a.startswith("ptr") for a in args))
     return Known(contract, params)
+
+
+def _top_level_args(src: str, start: int) -> list[str] | None:
+    """The comma-separated parameters from `src[start]` (just after a function's `(`) to its matching `)`."""
+    depth, args, cur = 0, [], start
+    for i in range(start, min(len(src), start + 65536)):
+        c = src[i]
+        if c in "([{<":
+            depth += 1
+        elif c in ")]}>":
+            if depth == 0:
+                if c != ")":
+                    return None
+                last = src[cur:i].strip()
+                return [*args, last] if last or args else args
+            depth -= 1
+        elif c == "," and depth == 0:
+            args.append(src[cur:i].strip())
+            cur = i + 1
+    return None
 
 
 def _contract(text: str) -> Contract:
