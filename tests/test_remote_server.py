@@ -867,3 +867,19 @@ def test_tgc_serve_takes_the_new_limits():
         assert post(srv.port, batch(P.BufferAlloc(buf=1, size=50)))[0] == 200
         status, kind, body = post(srv.port, batch(P.BufferAlloc(buf=1, size=50)), session="other-0123456789")
         assert (status, kind) == (503, "busy") and b"per client" in body
+
+
+def test_contracts_and_parameters_are_read_from_the_source():
+    from tgc.backends.remote.server import parse_contract
+    src = ('define void @k(ptr noalias align(16) %a, ptr dereferenceable(8) %b, <4 x i32> %v, i64 %core_id) #0 {\n'
+           '}\ndefine void @other() {\n}\n; tgc-launch: {"bufs":[1,2],"global_size":[2],"local_size":null,"vals":1}\n')
+    known = parse_contract(src, "llvm")
+    assert known.params == {"k": (2, 2), "other": (0, 0)}
+    assert known.contract.bufs == (1, 2) and known.contract.global_size == (2, 1, 1) and known.contract.vals == 1
+    assert parse_contract("define void @k(ptr %a) {\n}\n", "llvm").contract is None
+    c_src = '__kernel void k(__global float* a) {}\n// tgc-launch: {"bufs":[4],"global_size":[8,1,1],' \
+            '"local_size":[8,1,1],"vals":0}\n'
+    known = parse_contract(c_src, "c")
+    assert known.params is None and known.contract.local_size == (8, 1, 1)
+    with pytest.raises(ValueError, match="vals"):
+        parse_contract('; tgc-launch: {"bufs":[],"global_size":[1],"local_size":null,"vals":-1}', "llvm")
