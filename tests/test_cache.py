@@ -484,3 +484,72 @@ def test_module_imports_only_the_standard_library() -> None:
         elif isinstance(node, ast.ImportFrom) and node.module:
             imported.add(node.module.split(".")[0])
     assert imported - {"__future__"} <= set(sys.stdlib_module_names)
+
+
+# ------------------------------------------------------------------------------ integrity of stored values
+
+
+def _raw_set(cache_dir: Path, table: str, key: str, value: bytes) -> None:
+    """Write a row's stored bytes behind the cache's back (what damage or tampering on disk does)."""
+    conn = sqlite3.connect(str(cache_dir / "cache.db"))
+    with conn:
+        conn.execute("UPDATE cache SET value = ? WHERE tbl = ? AND key = ?", (value, table, key))
+    conn.close()
+
+
+def _raw_get(cache_dir: Path, table: str, key: str) -> bytes | None:
+    conn = sqlite3.connect(str(cache_dir / "cache.db"))
+    rows = conn.execute("SELECT value FROM cache WHERE tbl = ? AND key = ?", (table, key)).fetchall()
+    conn.close()
+    return bytes(rows[0][0]) if rows else None
+
+
+def test_a_changed_value_is_a_miss_that_drops_the_entry(cache_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    cache.put("compile", "k", b"the binary of x + 1")
+    stored = _raw_get(cache_dir, "compile", "k")
+    assert stored is not None and stored.endswith(b"the binary of x + 1")
+    cache._drop_connection()
+    _raw_set(cache_dir, "compile", "k", stored.replace(b"x + 1", b"x * 2"))
+    assert cache.get("compile", "k") is None
+    assert cache.get("compile", "k") is None  # dropped: the second read is a plain miss
+    assert _raw_get(cache_dir, "compile", "k") is None
+    err = capsys.readouterr().err
+    assert len(warning_lines(err)) == 1 and "checksum" in err
+    cache.put("compile", "k", b"good")  # replaced by the next put
+    assert cache.get("compile", "k") == b"good"
+
+
+def test_a_truncated_or_headerless_value_is_a_miss(cache_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    cache.put("compile", "a", b"0123456789" * 10)
+    cache.put("compile", "b", b"0123456789" * 10)
+    cache._drop_connection()
+    _raw_set(cache_dir, "compile", "a", _raw_get(cache_dir, "compile", "a")[:-7])
+    _raw_set(cache_dir, "compile", "b", b"0123456789" * 10)  # a value without the header (an older cache)
+    assert cache.get("compile", "a") is None
+    assert cache.get("compile", "b") is None
+    assert len(warning_lines(capsys.readouterr().err)) == 1
+
+
+def test_values_swapped_between_keys_do_not_match(cache_dir: Path) -> None:
+    cache.put("compile", "plus_one", b"binary of x + 1")
+    cache.put("compile", "times_two", b"binary of x * 2")
+    cache._drop_connection()
+    swapped = _raw_get(cache_dir, "compile", "times_two")
+    _raw_set(cache_dir, "compile", "plus_one", swapped)
+    assert cache.get("compile", "plus_one") is None
+    assert cache.get("compile", "times_two") == b"binary of x * 2"
+
+
+def test_entries_show_the_size_of_the_value_not_the_header(cache_dir: Path) -> None:
+    cache.put("beam", "k", b"12345")
+    assert [e["size"] for e in cache.entries()] == [5]
+
+
+def test_invalidate_drops_one_entry_and_warns_once(cache_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    cache.put("compile", "a", b"1")
+    cache.put("compile", "b", b"2")
+    cache.invalidate("compile", "a", "does not load")
+    cache.invalidate("compile", "zz", "does not load")
+    assert cache.get("compile", "a") is None and cache.get("compile", "b") == b"2"
+    err = capsys.readouterr().err
+    assert len(warning_lines(err)) == 1 and "does not load" in err

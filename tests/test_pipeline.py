@@ -332,3 +332,45 @@ def test_beam_progress_on_run_and_bench_at_a_terminal(fake_search, tmp_path, mon
     runner = CliRunner(env={"NO_COLOR": "1", "DEBUG": None, "TGC_DEVICE": None, "BEAM": None})
     r = runner.invoke(cli.main, ["run", str(tmp_path / "p.tg"), "--random", "-D", "N=64", "-D", "D=32"])
     assert r.exit_code == 0 and closed == [True, True, True]  # no BEAM: no bar
+
+
+def _compile_rows(tmp_path) -> list[tuple[str, bytes]]:
+    import sqlite3
+    conn = sqlite3.connect(str(tmp_path / "cache" / "cache.db"))
+    rows = conn.execute("SELECT key, value FROM cache WHERE tbl = 'compile'").fetchall()
+    conn.close()
+    return [(k, bytes(v)) for k, v in rows]
+
+
+def test_damaged_cached_binaries_are_recompiled_with_one_warning(cache_env, tmp_path):
+    import sqlite3
+    first, _ = _run(cache_env)
+    rows = _compile_rows(tmp_path)
+    assert len(rows) >= 2
+    conn = sqlite3.connect(str(tmp_path / "cache" / "cache.db"))
+    with conn:  # truncate one binary and swap two others' bytes: both are misses, never run
+        conn.execute("UPDATE cache SET value = ? WHERE key = ?", (rows[0][1][:len(rows[0][1]) // 2], rows[0][0]))
+        conn.execute("UPDATE cache SET value = ? WHERE key = ?", (rows[0][1], rows[1][0]))
+    conn.close()
+    out, err = _run(cache_env)
+    assert out["sum"] == first["sum"] and out["compiles"] == 2
+    assert err.count("warning") == 1 and "checksum" in err
+    again, err = _run(cache_env)
+    assert again["compiles"] == 0 and err == ""
+
+
+def test_cached_binary_that_does_not_load_is_a_miss(cache_env, tmp_path, monkeypatch):
+    from tgc import cache
+    _run(cache_env)
+    monkeypatch.setenv("TGC_CACHE_DIR", cache_env["TGC_CACHE_DIR"])
+    cache._reset_for_tests()
+    try:
+        for key, _ in _compile_rows(tmp_path):  # well-sealed entries whose bytes are no object file
+            cache.put("compile", key, b"\x7fELF truncated")
+    finally:
+        cache._reset_for_tests()
+    out, err = _run(cache_env)
+    assert out["sum"] == 128.0 and out["compiles"] >= 2
+    assert err.count("warning") == 1 and "does not load" in err
+    again, _ = _run(cache_env)
+    assert again["compiles"] == 0

@@ -29,6 +29,7 @@ pytestmark = pytest.mark.skipif(not _cpu_ready(), reason="the CPU device is not 
 
 TOKEN = "fuzz-token-" + "7" * 24
 SESSION = "fuzz-session-0123456789"
+LAUNCH_SESSION = "fuzz-launches-0123456789"  # holds a real program and buffers (the other session holds nothing)
 DATA = b"0123456789"
 VALID = P.encode_requests([P.CopyIn(buf=1, datahash=P.digest(DATA))], {P.digest(DATA): DATA})
 HEADER = 48  # magic, count, one blob header
@@ -85,7 +86,18 @@ def _is_batch(text: str) -> bool:
 
 
 def _case(body: bytes, **kw) -> dict:
-    return {"body": body, "method": "POST", "path": "/batch", "token": TOKEN, "session": SESSION, "want": None, **kw}
+    return {"body": body, "method": "POST", "path": "/batch", "token": TOKEN, "session": SESSION, "want": None,
+            "may_run": False, "big": False, **kw}
+
+
+sizes = st.lists(st.integers(1, 2**31 - 1) | st.integers(1, 64), min_size=1, max_size=3).map(tuple)
+launches = st.builds(  # launches of the launch session's real program 1 (buffers 1 and 2 fit it): any shape
+    P.ProgramExec, prog=st.just(1), bufs=st.lists(st.integers(1, 4), max_size=4).map(tuple), global_size=sizes,
+    local_size=st.none() | sizes, vals=st.lists(st.integers(-(2**31), 2**31 - 1), max_size=3).map(tuple),
+    wait=st.booleans())
+graphs = st.lists(st.builds(P.GraphKernel, prog=st.just(1), bufs=st.lists(st.integers(1, 4), max_size=3).map(tuple),
+                            global_size=sizes), min_size=1, max_size=3).map(
+    lambda ks: P.GraphAlloc(graph=1, kernels=tuple(ks)))
 
 
 cases = st.one_of(
@@ -108,6 +120,10 @@ cases = st.one_of(
     st.text(max_size=40).filter(lambda s: not P.valid_session(s) and s.isprintable() and s.strip() == s and s.isascii())
     .map(lambda s: _case(VALID, session=s or None, want=400)),
     st.sampled_from(["GET", "PUT", "DELETE", "PATCH"]).map(lambda m: _case(b"", method=m, want=405)),
+    st.lists(launches | graphs, min_size=1, max_size=3).map(lambda reqs: _case(P.encode_requests(reqs, {}),
+                                                                               may_run=True, session=LAUNCH_SESSION)),
+    st.integers(P.MAX_NODES + 1, 2 * P.MAX_NODES).map(  # oversized request lists: refused before parsing
+        lambda n: _case(P.encode_body({}, "[" + "BufferFree(buf=1)," * n + "]"), want=400, big=True)),
     st.text("abc/._-", max_size=20).filter(lambda p: p != "batch").map(lambda p: _case(VALID, path="/" + p, want=404)),
 )
 
@@ -155,12 +171,26 @@ def test_fuzzed_requests_get_4xx_and_a_good_client_keeps_getting_correct_results
 
         answers: dict[int, int] = {}
 
+        # the launch session's program 1 (x + 1 over 64 floats, compiled by the server) and buffers 1 and 2
+        from tgc.backends import get_device
+        from tgc.codegen.kernel import build_kernel
+        (item,) = tgc.loads("x: f32[N]\nreturn x + 1\n").schedule({"N": 64})
+        k = build_kernel(item, get_device("CPU"))
+        compiled = _send(srv.port, _case(P.encode_requests([P.Compile(src=k.src)], {}), session=LAUNCH_SESSION))
+        assert compiled[0] == 200
+        (h,), libs = P.decode_results(compiled[1])
+        setup = [P.ProgramAlloc(prog=1, name=k.name, datahash=h), P.BufferAlloc(buf=1, size=256),
+                 P.BufferAlloc(buf=2, size=256)]
+        assert _send(srv.port, _case(P.encode_requests(setup, {h: bytes(libs[h])}), session=LAUNCH_SESSION))[0] == 200
+
         @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck), database=None)
         @given(case=cases)
         def check(case: dict) -> None:
-            assume(len(case["body"]) < 1 << 20)
+            assume(len(case["body"]) < 1 << 20 or case["big"])
             status, body = _send(srv.port, case)
             answers[status] = answers.get(status, 0) + 1
+            if case["may_run"] and status == 200:
+                return
             assert 400 <= status < 500, (status, body[:300])
             if case["want"] is not None:
                 assert status == case["want"], (status, body[:300])

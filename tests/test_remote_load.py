@@ -66,3 +66,89 @@ def test_sixteen_clients_a_hundred_programs_each(monkeypatch):
             d.close()
         assert srv.stop() == 0
     assert "shutting down (0 session(s) freed)" in srv.stderr()
+
+
+def test_floods_of_sessions_hostile_launches_and_slow_clients_beside_good_clients(monkeypatch):
+    """Empty and memory-holding session floods, hostile launches, oversized request lists and trickling
+    connections, all at once, while four good clients keep getting exact results."""
+    import http.client
+    import socket
+    import time
+
+    import tgc
+    from tgc import backends
+    from tgc.backends.remote import protocol as P
+    with ServerProcess("CPU", "--max-sessions", "24", "--max-sessions-per-client", "24", "--request-time", "2",
+                       "--max-connections", "48") as srv:
+        monkeypatch.setenv("TGC_REMOTE", srv.address)
+        monkeypatch.delenv("TGC_REMOTE_TOKEN", raising=False)
+        monkeypatch.delenv("TGC_REMOTE_TOKEN_FILE", raising=False)
+        for key in [k for k in backends._instances if k[0] == "REMOTE"]:
+            backends._instances.pop(key)
+        good = 4
+        programs = [tgc.loads(SRC) for _ in range(good)]
+        for i in range(good):  # the good clients' sessions exist (and hold memory) before the floods
+            programs[i].run(device=f"REMOTE:{i}", x=np.ones(8, np.float32), y=np.ones(8, np.float32))
+        stop, errors, runs = threading.Event(), [], [0] * good
+
+        def client(i: int) -> None:
+            rng = np.random.default_rng(i)
+            try:
+                while not stop.is_set():
+                    x = rng.integers(-50, 50, 8 + i).astype(np.float32)
+                    y = rng.integers(-50, 50, 8 + i).astype(np.float32)
+                    out = programs[i].run(device=f"REMOTE:{i}", x=x, y=y)
+                    np.testing.assert_array_equal(out["out0"], x * y + 1)
+                    runs[i] += 1
+            except BaseException as e:  # reported by the main thread
+                errors.append(e)
+
+        def post(session: str, body: bytes) -> int:
+            conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
+            try:
+                conn.request("POST", "/batch", body, {P.SESSION_HEADER: session})
+                resp = conn.getresponse()
+                resp.read()
+                return resp.status
+            finally:
+                conn.close()
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(good)]
+        for t in threads:
+            t.start()
+        slow = []
+        try:
+            for _ in range(8):  # trickling connections that never finish their headers
+                s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+                s.sendall(b"POST /batch HTTP/1.1\r\n")
+                slow.append(s)
+            statuses = set()
+            for i in range(60):  # sessions: empty ones, then ones holding memory
+                body = P.encode_requests([P.BufferAlloc(buf=1, size=1024)] if i % 2 else [], {})
+                statuses.add(post(f"flood-{i:03d}-0123456789", body))
+                for s in slow:
+                    try:
+                        s.sendall(b"X")
+                    except OSError:
+                        pass
+            assert statuses <= {200, 503}
+            launches = [P.ProgramExec(prog=1, bufs=(1,), global_size=(10**6, 1, 1)),
+                        P.ProgramExec(prog=1, bufs=(), global_size=(2**31 - 1, 2**31 - 1, 2**31 - 1))]
+            for req in launches:  # refused (or, with the table full of live sessions, 503): never a crash
+                assert post("hostile-0123456789", P.encode_requests([req], {})) in (400, 404, 503)
+            huge = P.encode_body({}, "[" + "BufferFree(buf=1), " * 400_000 + "]")
+            assert post("hostile-0123456789", huge) == 400  # refused before parsing, before any session
+            time.sleep(0.5)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(120)
+            for s in slow:
+                s.close()
+        assert not errors, errors[0]
+        assert all(r > 0 for r in runs), runs
+        assert srv.proc.poll() is None
+        for i in range(good):
+            backends.get_device(f"REMOTE:{i}").close()
+        assert srv.stop() == 0
+    assert "Traceback" not in srv.stderr()

@@ -122,7 +122,8 @@ def test_truncated_blob_and_wrong_hash_and_long_length():
     ("[lambda: 1]", "Lambda"),
     ("[i for i in range(3)]", "ListComp"),
     ("[1 + 1]", "BinOp"),
-    ("[b'bytes']", "constant b'bytes' is not allowed"),
+    ("[b'bytes']", "constant b'bytes' is not allowed|string prefixes"),
+    ("[f'{[0, 0, 0]}']", "string prefixes"),
     ("[1j]", "constant 1j is not allowed"),
     ("[...]", "constant Ellipsis is not allowed"),
     ("[BufferAlloc(1, 2)]", "only keyword arguments"),
@@ -175,6 +176,30 @@ def test_node_limit():
     with pytest.raises(P.ProtocolError, match="more than 500 nodes"):
         P.parse_text(text, max_nodes=500)
     assert len(P.parse_text(text)) == 1000
+
+
+def test_size_limits_apply_before_parsing(monkeypatch):
+    """A long request list is refused before `ast.parse` sees it (a 40 MB list once took 19 GB to parse)."""
+    parsed = []
+
+    def parse(text: str) -> None:
+        parsed.append(len(text))
+        raise P.ProtocolError("parsed")
+    monkeypatch.setattr(P, "_parse", parse)
+    many = "[" + "0," * (P.MAX_NODES + 1) + "]"
+    with pytest.raises(P.ProtocolError, match="more than .* nodes"):
+        P.decode_requests(P.encode_body({}, many))
+    with pytest.raises(P.ProtocolError, match="exceeds the limit"):
+        P.decode_requests(P.encode_body({}, "[" + " " * 100 + "]"), max_text=50)
+    with pytest.raises(P.ProtocolError, match="exceeds the limit"):  # bytes: refused before decoding
+        P.decode_body(P.encode_body({}, "x" * 1000), max_text=100)
+    assert parsed == []
+
+
+def test_separators_inside_strings_do_not_count():
+    src = "define void @k(ptr %a, ptr %b) { [(,,,)] }" * 50
+    assert P.parse_text(to_text := P.to_text([P.Compile(src=src)]), max_nodes=20) == [P.Compile(src=src)]
+    assert "'" in to_text
 
 
 def test_parsing_never_runs_code(tmp_path):

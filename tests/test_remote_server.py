@@ -281,17 +281,80 @@ def test_a_small_body_limit_still_carries_small_copies():
         srv.shutdown()
 
 
+@needs_cpu
 def test_too_many_sessions():
     srv = serve("127.0.0.1", 0, "CPU", None, Limits(max_sessions=2)).start()
-    try:
-        assert post(srv.port, batch(), session="a" * 16)[0] == 200
-        assert post(srv.port, batch(), session="b" * 16)[0] == 200
+    try:  # sessions that hold something and were used just now are not evicted
+        assert post(srv.port, batch(P.BufferAlloc(buf=1, size=8)), session="a" * 16)[0] == 200
+        assert post(srv.port, batch(P.BufferAlloc(buf=1, size=8)), session="b" * 16)[0] == 200
         status, kind, body = post(srv.port, batch(), session="c" * 16)
         assert (status, kind) == (503, "busy") and b"2 sessions" in body
         assert post(srv.port, batch(P.EndSession()), session="a" * 16)[0] == 200
         assert post(srv.port, batch(), session="c" * 16)[0] == 200
     finally:
         srv.shutdown()
+
+
+@needs_cpu
+def test_a_full_table_evicts_empty_then_idle_sessions_first():
+    """64 empty sessions once locked every other client out for the idle timeout."""
+    srv = serve("127.0.0.1", 0, "CPU", None, Limits(max_sessions=4, evict_after=0.5)).start()
+    try:
+        for i in range(10):  # a flood of empty sessions: each new one replaces an empty one
+            assert post(srv.port, batch(), session=f"flood-{i:02d}-0123456789")[0] == 200
+        assert len(srv.sessions) == 4
+        for i in range(4):  # sessions that hold memory are kept while in use
+            assert post(srv.port, batch(P.BufferAlloc(buf=1, size=8)), session=f"busy-{i}-0123456789")[0] == 200
+        status, kind, _ = post(srv.port, batch(), session="late-client-0123456789")
+        assert (status, kind) == (503, "busy")
+        for s in srv.sessions.values():  # ... until they have been idle for `evict_after`
+            s.last_seen -= 1.0
+        assert post(srv.port, batch(P.BufferAlloc(buf=1, size=8)), session="late-client-0123456789")[0] == 200
+        assert "late-client-0123456789" in srv.sessions and len(srv.sessions) == 4
+    finally:
+        srv.shutdown()
+
+
+@needs_cpu
+def test_sessions_per_client_are_limited():
+    srv = serve("127.0.0.1", 0, "CPU", None, Limits(max_sessions=8, max_sessions_per_client=2)).start()
+    try:
+        for i in range(2):
+            assert post(srv.port, batch(P.BufferAlloc(buf=1, size=8)), session=f"mine-{i}-0123456789")[0] == 200
+        status, kind, body = post(srv.port, batch(P.BufferAlloc(buf=1, size=8)), session="mine-2-0123456789")
+        assert (status, kind) == (503, "busy") and b"per client" in body
+    finally:
+        srv.shutdown()
+
+
+@needs_cpu
+def test_server_wide_memory_limit_and_pool_release():
+    srv = serve("127.0.0.1", 0, "CPU", None, Limits(max_memory=3000, max_pooled=1500,
+                                                   max_session_memory=2000)).start()
+    try:
+        assert post(srv.port, batch(P.BufferAlloc(buf=1, size=2000)), session="mem-a-0123456789")[0] == 200
+        status, kind, body = post(srv.port, batch(P.BufferAlloc(buf=1, size=1500)), session="mem-b-0123456789")
+        assert (status, kind) == (413, "limit") and b"server's memory limit" in body
+        assert post(srv.port, batch(P.BufferAlloc(buf=1, size=1000)), session="mem-b-0123456789")[0] == 200
+        from tgc.backends import get_device
+        cached = get_device("CPU").allocator.cached
+        assert post(srv.port, batch(P.BufferFree(buf=1)), session="mem-a-0123456789")[0] == 200
+        assert not cached.get(2000)  # 2000 freed bytes are more than max_pooled: the pool was released
+    finally:
+        srv.shutdown()
+
+
+@needs_cpu
+def test_fresh_buffers_never_show_another_sessions_bytes(server):
+    secret = b"S3CRET!!" * 512
+    assert post(server.port, batch(P.BufferAlloc(buf=1, size=len(secret)),
+                                   P.CopyIn(buf=1, datahash=P.digest(secret)), P.BufferFree(buf=1),
+                                   blobs={P.digest(secret): secret}), session="victim-0123456789")[0] == 200
+    status, _, body = post(server.port, batch(P.BufferAlloc(buf=7, size=len(secret)), P.CopyOut(buf=7)),
+                           session="snooper-0123456789")
+    assert status == 200
+    results, blobs = P.decode_results(body)
+    assert bytes(blobs[results[1]]) == bytes(len(secret))
 
 
 # --- sessions
@@ -522,3 +585,301 @@ def test_a_kept_alive_connection_closed_by_the_server_is_reopened():
         assert dev.round_trips == 2
     finally:
         srv.shutdown()
+
+
+# --- the client's disk cache never mixes servers
+
+
+@needs_cpu
+def test_binaries_from_one_server_are_never_sent_to_another(monkeypatch, tmp_path):
+    """A binary cached from server A (here: poisoned, computing x * 2) is never used with server B."""
+    import tgc
+    from tgc import backends, cache
+    from tgc.backends import get_device
+    from tgc.codegen.kernel import compile_key
+    monkeypatch.setenv("TGC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("DISABLE_COMPILER_CACHE", raising=False)
+    cache._reset_for_tests()
+    a, b = serve("127.0.0.1", 0, "CPU", None).start(), serve("127.0.0.1", 0, "CPU", None).start()
+
+    def use(srv: RemoteServer) -> RemoteDevice:
+        for key in [k for k in backends._instances if k[0] == "REMOTE"]:
+            backends._instances.pop(key).close()
+        monkeypatch.setenv("TGC_REMOTE", f"127.0.0.1:{srv.port}")
+        return get_device("REMOTE")
+
+    try:
+        plus, times = tgc.loads("x: f32[N]\nreturn x + 1\n"), tgc.loads("x: f32[N]\nreturn x * 2\n")
+        x = np.arange(8, dtype=np.float32)
+        use(a)
+        np.testing.assert_array_equal(plus.run(device="REMOTE", x=x)["out0"], x + 1)
+        np.testing.assert_array_equal(times.run(device="REMOTE", x=x)["out0"], x * 2)
+        assert cache.stats()["entries"]["compile"] == 2
+        # server A was malicious: it answered the compile of x + 1 with the binary of x * 2
+        src_plus, src_times = _kernel_sources(plus, "REMOTE", x)[0], _kernel_sources(times, "REMOTE", x)[0]
+        dev_a = get_device("REMOTE")
+        key_plus, key_times = compile_key(dev_a, src_plus), compile_key(dev_a, src_times)
+        cache.put("compile", key_plus, cache.get("compile", key_times))
+        fresh = tgc.loads("x: f32[N]\nreturn x + 1\n")
+        np.testing.assert_array_equal(fresh.run(device="REMOTE", x=x)["out0"], x * 2)  # A's clients see the damage
+        dev_b = use(b)
+        assert compile_key(dev_b, src_plus) != key_plus
+        assert compile_key(get_device("CPU"), src_plus) != key_plus  # nor is it the local CPU's key
+        fresh = tgc.loads("x: f32[N]\nreturn x + 1\n")
+        np.testing.assert_array_equal(fresh.run(device="REMOTE", x=x)["out0"], x + 1)  # B compiled its own
+        assert len(b._compiled) == 1
+    finally:
+        for key in [k for k in backends._instances if k[0] == "REMOTE"]:
+            backends._instances.pop(key).close()
+        a.shutdown()
+        b.shutdown()
+        cache._reset_for_tests()
+
+
+def _kernel_sources(prog, device: str, x) -> list[str]:
+    from tgc.backends import get_device
+    from tgc.codegen.kernel import build_kernel
+    dev = get_device(device)
+    return [build_kernel(item, dev).src for item in prog.schedule({"N": len(x)})]
+
+
+# --- hostile launches and compiles: refused with a reason, never a crash (a server subprocess: a crash shows)
+
+ABORTING_SRC = """declare i32 @llvm.amdgcn.workitem.id.x()
+define void @k(ptr %data0, i32 %core_id) {
+entry:
+  %v = call i32 @llvm.amdgcn.workitem.id.x()
+  store i32 %v, ptr %data0
+  ret void
+}
+"""
+
+
+def _plus_one_source(n: int) -> tuple[str, str, tuple[int, ...]]:
+    """(name, source, global_size) of the CPU kernel of `x + 1` over `n` floats, as tgc renders it."""
+    import tgc
+    from tgc.backends import get_device
+    from tgc.codegen.kernel import build_kernel
+    (item,) = tgc.loads("x: f32[N]\nreturn x + 1\n").schedule({"N": n})
+    k = build_kernel(item, get_device("CPU"))
+    return k.name, k.src, tuple(k.global_size)
+
+
+@pytest.fixture(scope="module")
+def server_process():
+    with ServerProcess("CPU") as srv:
+        yield srv
+
+
+def _raw(srv, session: str, *reqs: P.Request, blobs: dict[str, bytes] | None = None) -> tuple[int, str | None, bytes]:
+    return post(srv.port, batch(*reqs, blobs=blobs), session=session)
+
+
+def _compiled(srv, session: str, src: str) -> tuple[str, bytes]:
+    status, kind, body = _raw(srv, session, P.Compile(src=src))
+    assert status == 200, body
+    results, blobs = P.decode_results(body)
+    return results[0], bytes(blobs[results[0]])
+
+
+@needs_cpu
+def test_launches_that_do_not_fit_the_kernel_are_refused(server_process):
+    srv, sid = server_process, "hostile-launch-0123456789"
+    n = 100_000
+    name, src, grid = _plus_one_source(n)
+    assert grid[0] > 1 or _cpu_cores() == 1
+    h, lib = _compiled(srv, sid, src)
+    x = np.arange(n, dtype=np.float32)
+    setup = [P.ProgramAlloc(prog=1, name=name, datahash=h), P.BufferAlloc(buf=1, size=4 * n),
+             P.BufferAlloc(buf=2, size=4 * n), P.CopyIn(buf=2, datahash=P.digest(x.tobytes())),
+             P.BufferAlloc(buf=3, size=16)]
+    assert _raw(srv, sid, *setup, blobs={h: lib, P.digest(x.tobytes()): x.tobytes()})[0] == 200
+    hostile = {
+        "buffers": P.ProgramExec(prog=1, bufs=(1,), global_size=grid, wait=True),
+        "buffers too many": P.ProgramExec(prog=1, bufs=(1, 2, 2), global_size=grid, wait=True),
+        "too small": P.ProgramExec(prog=1, bufs=(1, 3), global_size=grid, wait=True),
+        "global_size": P.ProgramExec(prog=1, bufs=(1, 2), global_size=(grid[0] + 1, 1, 1), wait=True),
+        "local": P.ProgramExec(prog=1, bufs=(1, 2), global_size=grid, local_size=(4, 1, 1), wait=True),
+        "vals": P.ProgramExec(prog=1, bufs=(1, 2), global_size=grid, vals=(7,), wait=True),
+        "limit": P.ProgramExec(prog=1, bufs=(1, 2), global_size=(1_000_000, 1, 1), wait=True),
+        "graph": P.GraphAlloc(graph=1, kernels=(P.GraphKernel(prog=1, bufs=(1, 3), global_size=grid),)),
+    }
+    for what, req in hostile.items():
+        status, kind, body = _raw(srv, sid, req)
+        assert 400 <= status < 500 and body.strip(), (what, status, body)
+        assert srv.proc.poll() is None, f"the server died on the launch with bad {what}"
+    # a view too small for the kernel is refused as well (the view's size counts, not its parent's)
+    status, _, body = _raw(srv, sid, P.BufferFree(buf=3), P.BufferAlloc(buf=3, size=4 * n))
+    assert status == 200
+    status, _, body = _raw(srv, sid, P.ProgramExec(prog=1, bufs=(1, 2), global_size=grid, wait=True),
+                           P.CopyOut(buf=1))
+    assert status == 200, body
+    results, blobs = P.decode_results(body)
+    np.testing.assert_array_equal(np.frombuffer(blobs[results[1]], np.float32), x + 1)
+
+
+def _cpu_cores() -> int:
+    from tgc.backends import get_device
+    return get_device("CPU").cores
+
+
+@needs_cpu
+def test_binaries_the_server_did_not_compile_or_that_lie_are_refused(server_process):
+    from tgc.backends import get_device
+    srv, sid = server_process, "hostile-binary-0123456789"
+    name, src, grid = _plus_one_source(64)
+    lib = get_device("CPU").compiler.compile(src)  # a good binary, but not from this server
+    status, _, body = _raw(srv, sid, P.ProgramAlloc(prog=1, name=name, datahash=P.digest(lib)),
+                           blobs={P.digest(lib): lib})
+    assert status == 400 and b"did not compile" in body
+    # a contract that does not match the kernel's parameters
+    lying = src.replace('"bufs":[256,256]', '"bufs":[256]')
+    assert lying != src
+    h, lib = _compiled(srv, sid, lying)
+    status, _, body = _raw(srv, sid, P.ProgramAlloc(prog=1, name=name, datahash=h), blobs={h: lib})
+    assert status == 400 and b"takes 2 buffers" in body
+    status, _, body = _raw(srv, sid, P.ProgramAlloc(prog=1, name="other", datahash=h), blobs={h: lib})
+    assert status == 400 and b"no kernel 'other'" in body
+    for bad in ["not json", "[1]", '{"bufs":"x","global_size":[1],"local_size":null,"vals":0}',
+                '{"bufs":[1],"global_size":[0],"local_size":null,"vals":0}']:
+        status, kind, body = _raw(srv, sid, P.Compile(src=src.split("; tgc-launch:")[0] + "; tgc-launch: " + bad))
+        assert (status, kind) == (422, "compile") and b"contract" in body, (bad, body)
+    assert srv.proc.poll() is None
+
+
+@needs_cpu
+def test_a_compiler_abort_loses_a_worker_not_the_server(server_process):
+    srv, sid = server_process, "hostile-compile-0123456789"
+    for _ in range(2):
+        status, kind, body = _raw(srv, sid, P.Compile(src=ABORTING_SRC))
+        assert (status, kind) == (422, "compile") and b"crashed" in body, body
+        status, kind, body = _raw(srv, sid, P.Assembly(src=ABORTING_SRC))
+        assert (status, kind) == (422, "compile"), body
+        assert srv.proc.poll() is None
+    name, src, grid = _plus_one_source(64)
+    h, lib = _compiled(srv, sid, src)  # the next compile gets a fresh worker
+    assert lib.startswith(b"\x7fELF")
+
+
+# --- slow, greedy and sloppy clients
+
+
+def _raw_http(port: int, data: bytes, timeout: float = 10.0) -> bytes:
+    """Send raw bytes and read until the server closes (or `timeout`)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(data)
+        out = b""
+        try:
+            while chunk := s.recv(65536):
+                out += chunk
+        except (TimeoutError, ConnectionResetError):
+            pass
+        return out
+
+
+def test_a_slow_client_is_cut_off_by_the_request_deadline_while_others_are_served():
+    srv = serve("127.0.0.1", 0, "CPU", None, Limits(request_time=1.0)).start()
+    try:
+        slow = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+        slow.sendall(b"POST /batch HTTP/1.1\r\n")
+        start, closed = time.monotonic(), False
+        while time.monotonic() - start < 8:  # a byte every 0.2 s: no single read ever times out
+            try:
+                slow.sendall(b"X")
+            except OSError:
+                closed = True
+                break
+            assert post(srv.port, batch())[0] == 200  # a good client beside it
+            slow.settimeout(0.2)
+            try:
+                if slow.recv(1024) == b"":
+                    closed = True
+                    break
+            except TimeoutError:
+                pass
+        slow.close()
+        assert closed, "the slow client still held its connection"
+    finally:
+        srv.shutdown()
+
+
+def test_connections_beyond_the_cap_get_503():
+    srv = serve("127.0.0.1", 0, "CPU", None, Limits(max_connections=3)).start()
+    try:
+        idle = [socket.create_connection(("127.0.0.1", srv.port), timeout=10) for _ in range(3)]
+        deadline = time.monotonic() + 10
+        while len(srv.conns) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        answer = _raw_http(srv.port, b"")
+        assert answer.startswith(b"HTTP/1.1 503") and b"too many connections" in answer
+        for s in idle:
+            s.close()
+        deadline = time.monotonic() + 10
+        while srv.conns and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert post(srv.port, batch())[0] == 200
+    finally:
+        srv.shutdown()
+
+
+def test_unknown_methods_are_refused_in_plain_text_after_the_token_check(token_server):
+    for auth in (b"", b"Authorization: Bearer s3cret-token\r\n"):
+        answer = _raw_http(token_server.port, b"FROB /batch HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\n")
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 401" if not auth else b"HTTP/1.1 405"), answer
+        assert b"Python" not in head and b"<" not in body and body.strip()
+    answer = _raw_http(token_server.port, b"GARBAGE\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 400") and b"Python" not in answer and b"<html" not in answer.lower()
+
+
+@pytest.mark.parametrize("lengths", [["+12"], ["1_0"], ["12", "12"], ["0x10"], ["-1"], [" "], ["1" * 30]])
+def test_content_length_is_parsed_strictly(server, lengths):
+    headers = b"".join(b"Content-Length: " + v.encode() + b"\r\n" for v in lengths)
+    head = f"POST /batch HTTP/1.1\r\nHost: x\r\n{P.SESSION_HEADER}: {SESSION}\r\n".encode()
+    answer = _raw_http(server.port, head + headers + b"\r\n" + b"x" * 12)
+    assert answer.startswith(b"HTTP/1.1 411"), answer
+
+
+@needs_cpu
+def test_clients_vanishing_mid_request_print_no_tracebacks():
+    with ServerProcess("CPU") as srv:
+        head = f"POST /batch HTTP/1.1\r\nHost: x\r\n{P.SESSION_HEADER}: {SESSION}\r\n".encode()
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:  # body cut short
+            s.sendall(head + b"Content-Length: 1000\r\n\r\n" + b"TGC1")
+        big = batch(P.BufferAlloc(buf=1, size=32 << 20), P.CopyOut(buf=1))
+        for _ in range(3):  # gone before the (32 MiB) answer is written
+            s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            s.sendall(head + f"Content-Length: {len(big)}\r\n\r\n".encode() + big)
+            s.recv(10)
+            s.close()
+        assert post(srv.port, batch(P.EndSession()))[0] == 200
+        assert srv.proc.poll() is None
+    assert "Traceback" not in srv.stderr(), srv.stderr()
+
+
+@needs_cpu
+def test_tgc_serve_takes_the_new_limits():
+    with ServerProcess("CPU", "--max-memory", "100", "--max-sessions-per-client", "1", "--max-connections", "4",
+                       cli=True) as srv:
+        status, kind, body = post(srv.port, batch(P.BufferAlloc(buf=1, size=200)))
+        assert (status, kind) == (413, "limit") and b"server's memory limit of 100 bytes" in body
+        assert post(srv.port, batch(P.BufferAlloc(buf=1, size=50)))[0] == 200
+        status, kind, body = post(srv.port, batch(P.BufferAlloc(buf=1, size=50)), session="other-0123456789")
+        assert (status, kind) == (503, "busy") and b"per client" in body
+
+
+def test_contracts_and_parameters_are_read_from_the_source():
+    from tgc.backends.remote.server import parse_contract
+    src = ('define void @k(ptr noalias align(16) %a, ptr dereferenceable(8) %b, <4 x i32> %v, i64 %core_id) #0 {\n'
+           '}\ndefine void @other() {\n}\n; tgc-launch: {"bufs":[1,2],"global_size":[2],"local_size":null,"vals":1}\n')
+    known = parse_contract(src, "llvm")
+    assert known.params == {"k": (2, 2), "other": (0, 0)}
+    assert known.contract.bufs == (1, 2) and known.contract.global_size == (2, 1, 1) and known.contract.vals == 1
+    assert parse_contract("define void @k(ptr %a) {\n}\n", "llvm").contract is None
+    c_src = '__kernel void k(__global float* a) {}\n// tgc-launch: {"bufs":[4],"global_size":[8,1,1],' \
+            '"local_size":[8,1,1],"vals":0}\n'
+    known = parse_contract(c_src, "c")
+    assert known.params is None and known.contract.local_size == (8, 1, 1)
+    with pytest.raises(ValueError, match="vals"):
+        parse_contract('; tgc-launch: {"bufs":[],"global_size":[1],"local_size":null,"vals":-1}', "llvm")

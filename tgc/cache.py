@@ -9,6 +9,11 @@ file, a lock held too long by another process, an unwritable or missing director
 off for the rest of the process: `get` returns None, `put` does nothing, and one warning goes to
 stderr. A corrupt file is left where it is; only an explicit `clear()` deletes it.
 
+Each value is stored behind a header holding the sha256 of its table, key and bytes, checked on every
+`get`: an entry whose bytes were changed, truncated or swapped with another entry's is deleted and
+reported as a miss (with one warning), so the caller recompiles and stores a good one. `invalidate`
+does the same for an entry whose bytes check out but cannot be used (a binary that fails to load).
+
 Several processes may fill the cache at once: the database uses WAL journaling, a busy timeout, and
 one short autocommit transaction per call. One connection per process, opened lazily, shared by
 threads under a lock, and re-opened after a fork.
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import hmac
 import json
 import os
 import re
@@ -30,7 +36,7 @@ from typing import Any
 
 __all__ = [
     "TABLES", "ClearError", "busy_timeout_s", "cache_dir", "clear", "counters", "db_path", "enabled", "entries", "get",
-    "get_json", "make_key", "put", "stats",
+    "get_json", "invalidate", "make_key", "put", "stats",
 ]
 
 DB_NAME = "cache.db"
@@ -53,6 +59,9 @@ CREATE TABLE IF NOT EXISTS cache (
     PRIMARY KEY (tbl, key)
 )
 """
+# A stored value is _VALUE_MAGIC + sha256(table, key, value) + value.
+_VALUE_MAGIC = b"TGV1"
+_HEADER_LEN = len(_VALUE_MAGIC) + 32
 _TABLE_NAME = re.compile(r"[a-z][a-z0-9_]*")
 # Files SQLite may keep next to the database.
 _SIDE_SUFFIXES = ("-wal", "-shm", "-journal")
@@ -64,6 +73,7 @@ _conn_path: Path | None = None
 _conn_pid: int | None = None
 _broken_path: Path | None = None  # the database that failed; no cache for it in this process
 _warned = False
+_warned_bad_entry = False
 # Connections inherited through fork. Closing them in the child could disturb the parent's locks, and
 # letting them be garbage-collected closes them, so they are kept here and never used.
 _abandoned: list[sqlite3.Connection] = []
@@ -265,6 +275,41 @@ def _check_table(table: str) -> None:
         raise ValueError(f"bad cache table name {table!r}: use lowercase letters, digits and _")
 
 
+def _seal(table: str, key: str, value: bytes) -> bytes:
+    """The digest that binds `value` to its table and key (a value moved to another key does not match)."""
+    h = hashlib.sha256()
+    for part in (table.encode(), key.encode("utf-8", "surrogatepass")):
+        h.update(len(part).to_bytes(8, "big") + part)
+    h.update(value)
+    return h.digest()
+
+
+def _unwrap(table: str, key: str, stored: bytes) -> bytes | None:
+    """The value inside a stored row, or None when its header or digest does not match."""
+    if len(stored) < _HEADER_LEN or not stored.startswith(_VALUE_MAGIC):
+        return None
+    value = stored[_HEADER_LEN:]
+    if not hmac.compare_digest(stored[len(_VALUE_MAGIC):_HEADER_LEN], _seal(table, key, value)):
+        return None
+    return value
+
+
+def _warn_bad_entry(table: str, key: str, why: str) -> None:
+    global _warned_bad_entry
+    if not _warned_bad_entry:
+        _warned_bad_entry = True
+        sys.stderr.write(f"tgc: warning: the cache entry {table}/{key[:KEY_PREFIX_LEN]} {why}; "
+                         f"it was dropped and will be rebuilt\n")
+        sys.stderr.flush()
+
+
+def invalidate(table: str, key: str, why: str = "could not be used") -> None:
+    """Delete one entry that turned out to be unusable (e.g. a binary that does not load) and warn once."""
+    _check_table(table)
+    _warn_bad_entry(table, key, why)
+    _run("DELETE FROM cache WHERE tbl = ? AND key = ?", (table, key))
+
+
 def _skipped(table: str) -> bool:
     return table == "compile" and not enabled()
 
@@ -273,13 +318,19 @@ def _skipped(table: str) -> bool:
 
 
 def get(table: str, key: str) -> bytes | None:
-    """The bytes stored under `key` in `table`, or None (not stored, cache disabled, or cache unusable)."""
+    """The bytes stored under `key` in `table`, or None (not stored, cache disabled, cache unusable, or an
+    entry whose digest does not match its bytes: that one is deleted, with one warning)."""
     _check_table(table)
     rows = None if _skipped(table) else _run("SELECT value FROM cache WHERE tbl = ? AND key = ?", (table, key))
+    value = None
+    if rows:
+        value = _unwrap(table, key, bytes(rows[0][0]))
+        if value is None:
+            invalidate(table, key, "does not match its checksum (changed or damaged on disk)")
     with _lock:
-        if rows:
+        if value is not None:
             counters["hits"] += 1
-            return bytes(rows[0][0])
+            return value
         counters["misses"] += 1
         return None
 
@@ -293,7 +344,7 @@ def put(table: str, key: str, value: bytes, meta: str = "") -> None:
     if _skipped(table):
         return
     rows = _run("INSERT OR REPLACE INTO cache (tbl, key, value, meta, created) VALUES (?, ?, ?, ?, ?)",
-                (table, key, bytes(value), meta, time.time()))
+                (table, key, _VALUE_MAGIC + _seal(table, key, bytes(value)) + bytes(value), meta, time.time()))
     if rows is not None:
         with _lock:
             counters["puts"] += 1
@@ -330,7 +381,7 @@ def stats() -> dict[str, Any]:
 def entries(table: str | None = None) -> list[dict[str, Any]]:
     """One dict per stored value, newest first: `table`, `key` (the first 16 hex digits), `meta`,
     `size` (bytes of the value) and `created` (Unix time). Empty when the cache is unusable."""
-    query = "SELECT tbl, key, meta, length(value), created FROM cache"
+    query = f"SELECT tbl, key, meta, max(length(value) - {_HEADER_LEN}, 0), created FROM cache"
     params: tuple = ()
     if table is not None:
         _check_table(table)
@@ -432,10 +483,10 @@ if hasattr(os, "register_at_fork"):
 
 def _reset_for_tests() -> None:
     """Close the connection and forget the warning, the broken database and the counters."""
-    global _broken_path, _warned
+    global _broken_path, _warned, _warned_bad_entry
     with _lock:
         _drop_connection()
         _broken_path = None
-        _warned = False
+        _warned = _warned_bad_entry = False
         for name in counters:
             counters[name] = 0

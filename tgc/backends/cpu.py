@@ -194,6 +194,7 @@ class CPUProgram(Program):
 class CPUDevice(Device):
     kind = "CPU"
     launch_style = "cpu"
+    native_launch = True  # kernels run as native code in this process: `tgc serve` checks every launch
 
     def __init__(self, index: int = 0):
         super().__init__(index)

@@ -577,6 +577,7 @@ def devices(as_json: bool) -> None:
     if as_json:
         _echo_json(rows)
         return
+    from rich.markup import escape
     from rich.table import Table
 
     from tgc.cli.outputs import make_console
@@ -587,8 +588,9 @@ def devices(as_json: bool) -> None:
     for r in rows:
         peak = ", ".join(p for p in (f"{r['peak_gflops']:g} GFLOP/s" if r["peak_gflops"] else "",
                                      f"{r['peak_gbps']:g} GB/s" if r["peak_gbps"] else "") if p)
-        table.add_row(r["device"], "[green]yes[/green]" if r["available"] else "[red]no[/red]", r["why_not"],
-                      r["renderer"] or "-", r["compiler"] or "-", str(r["version"] or "-"), peak or "-")
+        cells = [str(c) for c in (r["why_not"], r["renderer"] or "-", r["compiler"] or "-", r["version"] or "-")]
+        table.add_row(escape(r["device"]), "[green]yes[/green]" if r["available"] else "[red]no[/red]",
+                      *(escape(c) for c in cells), peak or "-")  # a REMOTE server's words are not markup
     make_console().print(table)
 
 
@@ -699,17 +701,25 @@ def cache_clear(table: str) -> None:
 @click.option("--max-session-memory", type=click.IntRange(min=1), metavar="BYTES",
               help="Most live device memory per client session.")
 @click.option("--request-time", type=click.FloatRange(min=0), metavar="SECONDS", help="Longest time for one request.")
+@click.option("--max-memory", type=click.IntRange(min=1), metavar="BYTES",
+              help="Most live device memory of all sessions together.")
+@click.option("--max-sessions-per-client", type=click.IntRange(min=1), metavar="N",
+              help="Most sessions of one client address.")
+@click.option("--max-connections", type=click.IntRange(min=1), metavar="N", help="Most open connections.")
 @click.option("-v", "--verbose", is_flag=True, help="Log each request to stderr.")
 def serve(host: str, port: int, device: str | None, token_file: str | None, idle_timeout: float | None,
           max_sessions: int | None, max_body: int | None, max_buffer: int | None, max_session_memory: int | None,
-          request_time: float | None, verbose: bool) -> None:
+          request_time: float | None, max_memory: int | None, max_sessions_per_client: int | None,
+          max_connections: int | None, verbose: bool) -> None:
     """Serve a device over HTTP for the REMOTE device of other machines (until Ctrl-C)."""
     from tgc.backends.remote.server import main_serve
 
     try:
         rc = main_serve(host=host, port=port, device=device, token_file=token_file, idle_timeout=idle_timeout,
                         max_sessions=max_sessions, max_body=max_body, max_buffer=max_buffer,
-                        max_session_memory=max_session_memory, request_time=request_time, verbose=verbose)
+                        max_session_memory=max_session_memory, request_time=request_time, verbose=verbose,
+                        max_memory=max_memory, max_sessions_per_client=max_sessions_per_client,
+                        max_connections=max_connections)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM before the serve loop took over: still a clean stop
         _err("tgc serve: interrupted")
         rc = 0

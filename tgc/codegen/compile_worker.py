@@ -1,6 +1,8 @@
 """A compile worker process for BEAM search: reads JSON requests on stdin, writes JSON answers on stdout.
 
 Request: {"kind": "CPU", "src": "..."}; answer: {"ok": true, "bin": base64} or {"ok": false, "error": "..."}.
+With `"op": "assembly"` the answer's `bin` holds the compiler's assembly listing (UTF-8). A compiler that
+aborts (LLVM's fatal errors) kills only the worker; the pool starts a new one.
 Plain subprocesses (not multiprocessing) so that the parent's `__main__` and threads never matter.
 """
 
@@ -19,10 +21,14 @@ def main() -> None:
     for line in sys.stdin:
         req = json.loads(line)
         try:
-            lib = get_device(req["kind"]).compiler.compile(req["src"])
+            comp = get_device(req["kind"]).compiler
+            if req.get("op") == "assembly":
+                lib = str(comp.assembly(req["src"])).encode("utf-8", "replace")
+            else:
+                lib = comp.compile(req["src"])
             ans = {"ok": True, "bin": base64.b64encode(lib).decode()}
         except Exception as e:  # reported to the parent, which counts the candidate as failed
-            ans = {"ok": False, "error": str(e)}
+            ans = {"ok": False, "error": getattr(e, "msg", None) or str(e) or type(e).__name__}
         sys.stdout.write(json.dumps(ans) + "\n")
         sys.stdout.flush()
 
@@ -41,7 +47,7 @@ class WorkerPool:
         return subprocess.Popen([sys.executable, "-m", "tgc.codegen.compile_worker"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
 
-    def submit(self, kind: str, src: str) -> Future:
+    def submit(self, kind: str, src: str, op: str = "compile") -> Future:
         fut: Future = Future()
         i = self.next % len(self.procs)
         self.next += 1
@@ -50,12 +56,13 @@ class WorkerPool:
             with self.locks[i]:
                 proc = self.procs[i]
                 try:
-                    proc.stdin.write(json.dumps({"kind": kind, "src": src}) + "\n")
+                    proc.stdin.write(json.dumps({"kind": kind, "src": src, "op": op}) + "\n")
                     proc.stdin.flush()
                     ans = json.loads(proc.stdout.readline())
                 except (OSError, ValueError) as e:
                     # the compiler crashed on this source (LLVM can abort on an assertion): replace the worker
                     proc.kill()
+                    proc.wait()
                     self.procs[i] = self._start()
                     fut.set_exception(RuntimeError(f"compile worker died: {e}"))
                     return
@@ -66,8 +73,13 @@ class WorkerPool:
 
         t = threading.Thread(target=work, daemon=True)
         t.start()
-        self.threads.append(t)
+        self.threads = [*(old for old in self.threads if old.is_alive()), t]
         return fut
+
+    def kill(self) -> None:
+        """Kill every worker (one stuck on a source); the calls waiting on them fail and new workers start."""
+        for p in self.procs:
+            p.kill()
 
     def shutdown(self, cancel_futures: bool = True) -> None:
         for p in self.procs:

@@ -32,13 +32,22 @@ class Kernel:
     compile_error: str | None = None
     device: Any = None
     opts: list = field(default_factory=list)
+    cache_key: str | None = None  # the disk-cache key `binary` came from (None: compiled now, or not cached)
     _program: Any = None
 
     def program(self):
         if self._program is None:
             if self.binary is None:
                 raise CompileError(self.compile_error or f"kernel {self.name} was not compiled")
-            self._program = self.device.program(self.name, self.binary)
+            try:
+                self._program = self.device.program(self.name, self.binary)
+            except Exception as e:
+                if self.cache_key is None:
+                    raise
+                # a cached binary that does not load (truncated, or built by another loader): a miss
+                self.binary = recompile(self.device, self.src, self.cache_key, f"does not load ({type(e).__name__})")
+                self.cache_key = None
+                self._program = self.device.program(self.name, self.binary)
         return self._program
 
     def uops_text(self) -> str:
@@ -192,14 +201,40 @@ def build_kernel(item: ScheduleItem, device: Any, beam: int = 0, name: str | Non
     ast, bufs = drop_unused_buffers(ast, item.bufs)
     uops = linearize(ast, vectors=getattr(device.renderer, "supports_vectors", False))
     name = name or item.name
-    src = device.renderer.render(name, uops)
-    binary, err = compile_cached(device, src)
+    src = render_kernel(device, name, uops, bufs, launch)
+    binary, err, key = _compile_cached(device, src)
     nbytes = bytes_touched(ast, bufs)
     flops = kernel_flops(uops, device, launch)
     return Kernel(name=name, src=src, binary=binary, uops=uops, ast=ast, bufs=bufs,
                   global_size=launch.get("global_size", (1, 1, 1)), local_size=launch.get("local_size"),
                   vals=launch.get("vals", ()), flops=flops, bytes_moved=nbytes, line=item.line, compile_error=err,
-                  device=device, opts=applied)
+                  device=device, opts=applied, cache_key=key)
+
+
+CONTRACT_TAG = "tgc-launch:"
+_COMMENT = {"llvm": ";", "c": "//"}  # renderer language -> line comment
+
+
+def launch_contract(bufs: list[UOp], launch: dict) -> dict[str, Any]:
+    """What a launch of this kernel must provide: the bytes of each buffer (in parameter order), the most
+    work-items per dimension, the local size, and the number of `vals`."""
+    from tgc.ir.shapes import prod, shape_of
+    local = launch.get("local_size")
+    return {"bufs": [int(prod(shape_of(b)) * b.dtype.itemsize) for b in bufs],
+            "global_size": [int(g) for g in launch.get("global_size", (1, 1, 1))],
+            "local_size": None if local is None else [int(v) for v in local], "vals": len(launch.get("vals", ()))}
+
+
+def render_kernel(device: Any, name: str, uops: list[UOp], bufs: list[UOp], launch: dict) -> str:
+    """The renderer's source, ending in a comment that states the launch contract (`launch_contract`),
+    which a REMOTE server checks every launch against."""
+    import json
+    src = device.renderer.render(name, uops)
+    prefix = _COMMENT.get(getattr(device.renderer, "language", ""))
+    if prefix is None:
+        return src
+    text = json.dumps(launch_contract(bufs, launch), separators=(",", ":"))
+    return src.rstrip("\n") + f"\n{prefix} {CONTRACT_TAG} {text}\n"
 
 
 def bytes_touched(ast: UOp, bufs: list[UOp]) -> int:
@@ -253,21 +288,58 @@ def drop_unused_buffers(ast: UOp, bufs: list[UOp]) -> tuple[UOp, list[UOp]]:
 COMPILE_COUNTER = {"compiles": 0}
 
 
+def compile_key(device: Any, src: str) -> str | None:
+    """The disk-cache key of `src` compiled for `device`, or None when the compile cache is off.
+
+    It names the compiler and its version, and for a device that compiles elsewhere (REMOTE) the
+    identity of that compiler (`cache_identity`: the server's address, compiler and version as it reports
+    them), so that a binary returned by one server is never sent to another.
+    """
+    from tgc import __version__, cache
+    if env_flag("DISABLE_COMPILER_CACHE"):
+        return None
+    comp = device.compiler
+    parts: list[Any] = [device.kind, comp.name, comp.cache_key, __version__, src]
+    identity = getattr(comp, "cache_identity", None)
+    if identity is not None:
+        parts.append(identity)
+    return cache.make_key(*parts)
+
+
+def _meta(device: Any, src: str) -> str:
+    return f"{device.kind} {src[:60].splitlines()[0] if src else ''}"
+
+
+def recompile(device: Any, src: str, key: str, why: str) -> bytes:
+    """Compile `src` again because the cached binary under `key` was unusable: drop it, store the new one."""
+    from tgc import cache
+    cache.invalidate("compile", key, why)
+    COMPILE_COUNTER["compiles"] += 1
+    lib = device.compiler.compile(src)
+    cache.put("compile", key, lib, meta=_meta(device, src))
+    return lib
+
+
 def compile_cached(device: Any, src: str) -> tuple[bytes | None, str | None]:
     """(binary, None) or (None, why not). Compiler errors in the kernel itself raise CompileError."""
+    binary, err, _ = _compile_cached(device, src)
+    return binary, err
+
+
+def _compile_cached(device: Any, src: str) -> tuple[bytes | None, str | None, str | None]:
+    """(binary, None, key of the cache hit or None) or (None, why not, None)."""
     comp = device.compiler
     if comp is None:
         getattr(device, "lint", lambda src: None)(src)  # a device that cannot compile here may still check (METAL)
-        return None, device.compile_error or f"no compiler for {device.kind} on this machine"
-    from tgc import __version__, cache
-    use_cache = not env_flag("DISABLE_COMPILER_CACHE")
-    key = cache.make_key(device.kind, comp.name, comp.cache_key, __version__, src) if use_cache else None
+        return None, device.compile_error or f"no compiler for {device.kind} on this machine", None
+    from tgc import cache
+    key = compile_key(device, src)
     if key is not None:
         hit = cache.get("compile", key)
         if hit is not None:
-            return hit, None
+            return hit, None, key
     COMPILE_COUNTER["compiles"] += 1
     lib = comp.compile(src)
     if key is not None:
-        cache.put("compile", key, lib, meta=f"{device.kind} {src[:60].splitlines()[0] if src else ''}")
-    return lib, None
+        cache.put("compile", key, lib, meta=_meta(device, src))
+    return lib, None, None

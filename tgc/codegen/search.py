@@ -108,13 +108,13 @@ class Candidate:
 
 
 def _render(cand: Candidate, device: Any, name: str, bufs: list[UOp]) -> None:
-    from tgc.codegen.kernel import drop_unused_buffers
+    from tgc.codegen.kernel import drop_unused_buffers, render_kernel
     from tgc.codegen.linearize import linearize
     ast, launch, _ = finish(cand.kernel.copy())
     ast, used = drop_unused_buffers(ast, bufs)
     cand.buf_index = [bufs.index(b) for b in used]
     uops = linearize(ast, vectors=getattr(device.renderer, "supports_vectors", False))
-    cand.src, cand.launch, cand.name = device.renderer.render(name, uops), launch, name
+    cand.src, cand.launch, cand.name = render_kernel(device, name, uops, used, launch), launch, name
 
 
 class _Timer:

@@ -19,6 +19,7 @@ import dataclasses
 import http.client
 import itertools
 import os
+import re
 import secrets
 import socket
 import threading
@@ -36,6 +37,11 @@ ENV_TIMEOUT, ENV_RETRY = "TGC_REMOTE_TIMEOUT", "TGC_REMOTE_RETRY"
 DEFAULT_TIMEOUT, DEFAULT_RETRY = 120.0, 3.0
 MAX_QUEUE = 2048  # queued requests that trigger a flush
 BODY_SLACK = 1 << 20  # room left in a body for the request text (at most a quarter of the limit)
+# What an answer may hold beyond the bytes of the buffers copied out: the result text of each request, and
+# for a compile, assembly or disassembly listing, or the device's properties, this much more.
+ANSWER_BASE, ANSWER_PER_REQUEST, ANSWER_PER_LISTING = 1 << 20, 256, 64 << 20
+ERROR_LIMIT = 1 << 20  # bytes of an error message
+LISTINGS = (P.Compile, P.Assembly, P.Disassemble)
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -61,18 +67,19 @@ def parse_address(text: str) -> tuple[str, int]:
 
 
 def client_token(env: dict[str, str] | None = None) -> str | None:
-    """The token from `TGC_REMOTE_TOKEN`, else from the file named by `TGC_REMOTE_TOKEN_FILE`."""
+    """The token from `TGC_REMOTE_TOKEN`, else from the file named by `TGC_REMOTE_TOKEN_FILE`. TgcError (exit 2)
+    for a file that cannot be read or a token that cannot go in an HTTP header."""
     env = os.environ if env is None else env
     if env.get(ENV_TOKEN):
-        return env[ENV_TOKEN].strip()
+        token = env[ENV_TOKEN].strip()
+        why = P.token_problem(token)
+        if why is not None:
+            raise TgcError(f"{ENV_TOKEN} cannot be used: {why}")
+        return token
     path = env.get(ENV_TOKEN_FILE)
     if not path:
         return None
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read().strip() or None
-    except OSError as e:
-        raise DeviceError(f"cannot read {ENV_TOKEN_FILE} '{path}': {e.strerror or e}") from None
+    return P.read_token_file(path)
 
 
 def _env_float(name: str, default: float) -> float:
@@ -129,9 +136,10 @@ class Connection:
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
-    def post(self, body: bytes | list[bytes | memoryview]) -> bytes:
+    def post(self, body: bytes | list[bytes | memoryview], limit: int = 1 << 30) -> bytes:
         """Send one batch body (or its parts); the response body, or a DeviceError/CompileError with the
-        server's message."""
+        server's message. An answer longer than `limit` bytes (what the requests can need) is refused
+        before it is read."""
         parts = [body] if isinstance(body, bytes) else body
         headers = {"Content-Type": "application/octet-stream", P.SESSION_HEADER: self.session,
                    "Content-Length": str(sum(len(p) for p in parts))}
@@ -144,7 +152,16 @@ class Connection:
             try:
                 self._conn.request("POST", P.BATCH_PATH, parts, headers)
                 resp = self._conn.getresponse()
-                data = resp.read()
+                cap = limit if resp.status == 200 else ERROR_LIMIT
+                if resp.length is not None and resp.length > cap:
+                    self.close()
+                    raise DeviceError(f"REMOTE server {self.address} sent an answer of {resp.length} bytes, more "
+                                      f"than the {cap} its requests can need")
+                data = resp.read(cap + 1)
+                if len(data) > cap:
+                    self.close()
+                    raise DeviceError(f"REMOTE server {self.address} sent an answer of more than the {cap} bytes "
+                                      "its requests can need")
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as e:
                 self.close()
                 if reused and attempt == 0:  # the server closed an idle connection: open a fresh one
@@ -163,6 +180,7 @@ class Connection:
 
     def _error(self, status: int, kind: str | None, data: bytes) -> TgcError:
         msg = data.decode("utf-8", "replace").removesuffix("\n") or f"HTTP {status}"  # the server adds one
+        msg = P.safe_text(msg)
         if status == 401:
             return DeviceError(f"REMOTE server {self.address} refused the request: missing or wrong token",
                                hint=f"set {ENV_TOKEN} or {ENV_TOKEN_FILE} to the server's token")
@@ -183,9 +201,11 @@ class RemoteAllocator(Allocator):
             raise DeviceError(f"a buffer of {nbytes} bytes exceeds the REMOTE server's limit of {limit} bytes")
         num = self.device._new_id()
         self.device._enqueue(P.BufferAlloc(buf=num, size=int(nbytes)))
+        self.device._sizes[num] = int(nbytes)
         return num
 
     def free(self, handle: int, nbytes: int) -> None:
+        self.device._sizes.pop(handle, None)
         self.device._enqueue_free(P.BufferFree(buf=handle))
 
     def copyin(self, handle: int, src: memoryview) -> None:
@@ -206,6 +226,7 @@ class RemoteAllocator(Allocator):
             raise DeviceError(f"the REMOTE device ({self.device.served}) has no buffer views")
         num = self.device._new_id()
         self.device._enqueue(P.BufferOffset(buf=handle, size=nbytes, offset=offset, sub=num))
+        self.device._sizes[num] = int(nbytes)
         return num
 
     def transfer(self, dest: int, src: int, nbytes: int, src_dev: RemoteDevice, dest_dev: RemoteDevice) -> None:
@@ -226,6 +247,16 @@ class RemoteCompiler(Compiler):
     def __init__(self, device: RemoteDevice, name: str, version: str):
         self.device, self.name, self.version = device, f"remote-{name}", version
 
+    @property
+    def cache_identity(self) -> tuple[str, ...]:
+        """What names this compiler in the disk-cache key: the server's address, its compiler and version as
+        it reports them, and its instance id (new at every start), so that a binary is only ever sent back
+        to the server process that compiled it."""
+        p = self.device.properties
+        host, port = self.device.conn_address
+        return (f"{host}:{port}", str(p.get("kind")), str(p.get("compiler")), str(p.get("compiler_version")),
+                str(p.get("instance", "")))
+
     def compile(self, src: str) -> bytes:
         results, blobs = self.device._submit(P.Compile(src=src))
         h = results[-1]
@@ -235,12 +266,12 @@ class RemoteCompiler(Compiler):
 
     def disassemble(self, lib: bytes) -> str:
         results, _ = self.device._submit(P.Disassemble(datahash=""), lib)
-        return str(results[-1])
+        return P.safe_text(results[-1], limit=None)
 
     def assembly(self, src: str) -> str:
         """The server compiler's assembly listing for `src`."""
         results, _ = self.device._submit(P.Assembly(src=src))
-        return str(results[-1])
+        return P.safe_text(results[-1], limit=None)
 
 
 class RemoteProgram(Program):
@@ -339,6 +370,7 @@ class RemoteDevice(Device):
         self._queue: list[P.Request] = []
         self._blobs: dict[str, bytes] = {}
         self._queued_bytes = 0
+        self._sizes: dict[int, int] = {}  # bytes of each buffer and view (to bound what a copy out may return)
         self._pending_launches = False
         self._ids = itertools.count(1)
         self._props: dict[str, Any] | None = None
@@ -468,11 +500,18 @@ class RemoteDevice(Device):
         conn = self._connection()
         self._used["used"] = True
         self.round_trips += 1
-        data = conn.post(body)
+        limit = ANSWER_BASE + ANSWER_PER_REQUEST * len(reqs)
+        for r in reqs:
+            if isinstance(r, P.CopyOut):
+                limit += 40 + self._sizes.get(r.buf, 0)
+            elif isinstance(r, LISTINGS):
+                limit += ANSWER_PER_LISTING
+        data = conn.post(body, limit)
         try:
-            results, out_blobs = P.decode_results(data, verify=False)  # the server is trusted; TCP checks bytes
+            results, out_blobs = P.decode_results(data, verify=False, max_text=limit,
+                                                  max_nodes=10_000 + 16 * len(reqs))
         except P.ProtocolError as e:
-            raise DeviceError(f"REMOTE server {conn.address} sent a bad answer: {e}") from None
+            raise DeviceError(f"REMOTE server {conn.address} sent a bad answer: {P.safe_text(e)}") from None
         if len(results) != len(reqs):
             raise DeviceError(f"REMOTE server {conn.address} answered {len(results)} of {len(reqs)} requests")
         for r in reqs:  # launches not yet known to be finished: those after the last copy out/wait/sync
@@ -496,9 +535,7 @@ class RemoteDevice(Device):
         with self._lock:
             if self._props is None:
                 results, _ = self._submit(P.GetProperties())
-                if not isinstance(results[-1], dict) or not {"kind", "device", "max_body"} <= set(results[-1]):
-                    raise DeviceError("REMOTE server sent no device properties")
-                self._props = results[-1]
+                self._props = checked_properties(results[-1], self._connection().address)
             return self._props
 
     @property
@@ -557,6 +594,64 @@ class RemoteDevice(Device):
         out.setdefault("renderer", p.get("renderer"))
         out.setdefault("compiler", p.get("compiler"))
         return out
+
+
+_KIND = re.compile(r"[A-Z][A-Z0-9_]{0,31}")
+LAUNCH_STYLES = ("cpu", "gpu")
+
+
+def checked_properties(raw: Any, address: str) -> dict[str, Any]:
+    """The device properties a server sent, checked field by field (a DeviceError naming the first bad
+    one), with every text made safe to print (`protocol.safe_text`)."""
+    def bad(what: str) -> DeviceError:
+        return DeviceError(f"REMOTE server {address} sent malformed device properties: {what}")
+
+    if not isinstance(raw, dict):
+        raise bad("not a dict")
+    p = dict(raw)
+    kind = p.get("kind")
+    if not isinstance(kind, str) or not _KIND.fullmatch(kind):
+        raise bad(f"kind {P.to_short(kind)} is not a device kind")
+    if kind == "REMOTE":
+        raise DeviceError(f"REMOTE server {address} says it serves REMOTE itself; a server must serve a local "
+                          "device", hint="point TGC_REMOTE at a `tgc serve` of a real device (e.g. -d CPU)")
+    if p.get("launch_style") not in LAUNCH_STYLES:
+        raise bad(f"launch_style {P.to_short(p.get('launch_style'))} is not one of {', '.join(LAUNCH_STYLES)}")
+    for name, least in (("max_body", 1), ("max_buffer", 0), ("max_session_memory", 0)):
+        value = p.get(name, 0 if name == "max_session_memory" else None)
+        if type(value) is not int or value < least:
+            raise bad(f"{name} {P.to_short(value)} is not an integer >= {least}")
+    for name in ("request_time", "idle_timeout"):
+        if name in p and (type(p[name]) not in (int, float) or not p[name] >= 0):
+            raise bad(f"{name} {P.to_short(p[name])} is not a number of seconds")
+    if not isinstance(p.get("device"), str):
+        raise bad(f"device {P.to_short(p.get('device'))} is not a name")
+    p["device"] = P.safe_text(p["device"], multiline=False, limit=200)
+    for name in ("renderer", "compiler", "compiler_version", "compile_error", "instance"):
+        if p.get(name) is not None and not isinstance(p[name], str):
+            raise bad(f"{name} {P.to_short(p[name])} is not text")
+        if p.get(name) is not None:
+            p[name] = P.safe_text(p[name], multiline=name == "compile_error", limit=2000)
+    p["offset"] = p.get("offset") is True
+    info, attrs = p.get("info", {}), p.get("attrs", {})
+    if not isinstance(info, dict) or not isinstance(attrs, dict):
+        raise bad("info and attrs must be dicts")
+    p["info"] = {P.safe_text(k, False, 200): _safe_value(v) for k, v in list(info.items())[:256]}
+    p["attrs"] = {k: P.safe_text(v, False, 2000) if isinstance(v, str) else v for k, v in list(attrs.items())[:256]
+                  if isinstance(k, str) and k.isidentifier() and type(v) in (bool, int, float, str)}
+    return p
+
+
+def _safe_value(value: Any, depth: int = 0) -> Any:
+    if isinstance(value, str):
+        return P.safe_text(value, multiline=False, limit=2000)
+    if isinstance(value, dict) and depth < 4:
+        return {P.safe_text(k, False, 200): _safe_value(v, depth + 1) for k, v in list(value.items())[:256]}
+    if isinstance(value, (list, tuple)) and depth < 4:
+        return [_safe_value(v, depth + 1) for v in value[:256]]
+    if value is None or type(value) in (bool, int, float):
+        return value
+    return P.safe_text(repr(value), multiline=False, limit=200)
 
 
 def renderer_for(kind: str) -> Any:

@@ -25,6 +25,7 @@ import ast
 import dataclasses
 import hashlib
 import math
+import re
 import threading
 import types
 import typing
@@ -41,7 +42,8 @@ BATCH_PATH = "/batch"
 
 INT_MIN, INT_MAX = -(2**63), 2**63 - 1
 MAX_DEPTH = 32  # nesting of lists/calls in request text
-MAX_NODES = 2_000_000  # syntax nodes in one request text
+MAX_NODES = 200_000  # syntax nodes in one request text (counted roughly before parsing, exactly after)
+MAX_TEXT = 16 << 20  # characters of one request text (kernel sources included), checked before parsing
 MAX_BLOBS = 1 << 16  # blobs in one body
 
 # The only attribute names request text may use, and the values they stand for.
@@ -54,6 +56,57 @@ _SESSION_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz
 def valid_session(session: str | None) -> bool:
     """A session id is 16 to 128 characters of `[A-Za-z0-9_-]` (the client picks a random one)."""
     return session is not None and 16 <= len(session) <= 128 and set(session) <= _SESSION_CHARS
+
+
+_TOKEN_CHARS = frozenset(chr(c) for c in range(0x21, 0x7f))  # printable ASCII without spaces
+
+
+def token_problem(token: str) -> str | None:
+    """Why `token` cannot go in an `Authorization` header (None when it can): it must be one line of
+    printable ASCII without spaces."""
+    if not token:
+        return "it is empty"
+    if "\n" in token or "\r" in token:
+        return "it holds more than one line"
+    bad = next((c for c in token if c not in _TOKEN_CHARS), None)
+    if bad is not None:
+        return f"it holds the character {bad!r}; use printable ASCII without spaces"
+    return None
+
+
+def read_token_file(path: str) -> str:
+    """The token in the file `path` (surrounding whitespace dropped); TgcError (exit 2) with the reason
+    when it cannot be read or is not one line of printable ASCII."""
+    from tgc.errors import TgcError
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(1 << 16)
+    except OSError as e:
+        raise TgcError(f"cannot read the token file '{path}': {e.strerror or e}") from None
+    try:
+        token = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise TgcError(f"the token file '{path}' is not UTF-8 text") from None
+    if not token:
+        raise TgcError(f"the token file '{path}' is empty")
+    why = token_problem(token)
+    if why is not None:
+        raise TgcError(f"the token in '{path}' cannot be used: {why}")
+    return token
+
+
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def safe_text(text: Any, multiline: bool = True, limit: int | None = 4000) -> str:
+    """What a server said, safe to print: control characters (terminal escapes) and bidi overrides written
+    as `\\xNN`, newlines too unless `multiline`, and cut to `limit` characters."""
+    text = text if isinstance(text, str) else str(text)
+    if limit is not None and len(text) > limit:
+        text = text[:limit] + "..."
+    out = _UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256 else f"\\u{ord(m.group()):04x}",
+                      text)
+    return out if multiline else out.replace("\n", "\\n")
 
 
 class ProtocolError(ValueError):
@@ -292,8 +345,8 @@ def encode_body(blobs: Mapping[str, bytes | memoryview], text: str) -> bytes:
     return b"".join(body_parts(blobs, text))
 
 
-def decode_body(body: bytes | memoryview, max_blobs: int = MAX_BLOBS,
-                verify: bool = True) -> tuple[dict[str, memoryview], str]:
+def decode_body(body: bytes | memoryview, max_blobs: int = MAX_BLOBS, verify: bool = True,
+                max_text: int | None = None) -> tuple[dict[str, memoryview], str]:
     """A body's blobs (hex digest -> bytes) and its text; `ProtocolError` if malformed.
 
     With `verify` (what the server does) every blob's sha256 must match its bytes.
@@ -318,6 +371,8 @@ def decode_body(body: bytes | memoryview, max_blobs: int = MAX_BLOBS,
         if verify and hashlib.sha256(data).digest() != want:
             raise ProtocolError(f"blob {i}: sha256 does not match its {n} bytes")
         blobs[want.hex()] = data
+    if max_text is not None and len(mv) - pos > 4 * max_text:  # before decoding: at most 4 bytes a character
+        raise ProtocolError(f"request text of {len(mv) - pos} bytes exceeds the limit of {max_text} characters")
     try:
         text = bytes(mv[pos:]).decode("utf-8")
     except UnicodeDecodeError as e:
@@ -455,13 +510,33 @@ def _parse(text: str) -> ast.Expression:
     raise AssertionError("unreachable")
 
 
+# String literals as `to_text` writes them (repr: one line, backslash escapes), to skip when counting.
+_STRINGS = re.compile(r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"")
+_SEPARATOR_CHARS = ",([{:="
+_PREFIXED = re.compile(r"[A-Za-z0-9_]''")
+
+
+def check_size(text: str, max_text: int = MAX_TEXT, max_nodes: int = MAX_NODES) -> None:
+    """Refuse a text too long, or with more separators (outside string literals) than `max_nodes`, before
+    `ast.parse` spends memory on it (about 1 KB per node)."""
+    if len(text) > max_text:
+        raise ProtocolError(f"request text of {len(text)} characters exceeds the limit of {max_text}")
+    bare = _STRINGS.sub("''", text)
+    if _PREFIXED.search(bare):  # f-strings hold code, and `to_text` never writes prefixes
+        raise ProtocolError("string prefixes (f'', b'', r'') are not allowed in request text")
+    if sum(bare.count(c) for c in _SEPARATOR_CHARS) > max_nodes:
+        raise ProtocolError(f"request text has more than {max_nodes} nodes")
+
+
 def parse_text(text: str, classes: Mapping[str, type] = REQUESTS, *, max_depth: int = MAX_DEPTH,
-               max_nodes: int = MAX_NODES) -> Any:
+               max_nodes: int = MAX_NODES, max_text: int = MAX_TEXT) -> Any:
     """The value that `text` writes, allowing only literals, calls of `classes` and `ATTRIBUTES`.
 
     Raises ProtocolError for anything else (names, other calls, operators, comprehensions, lambdas,
-    dunders), for nesting deeper than `max_depth` and for more than `max_nodes` nodes.
+    dunders), for nesting deeper than `max_depth`, for more than `max_nodes` nodes and for more than
+    `max_text` characters (the last two checked before parsing).
     """
+    check_size(text, max_text, max_nodes)
     tree = _parse(text)
     count = 0
 
@@ -527,11 +602,11 @@ def encode_requests(requests: list[Request], blobs: Mapping[str, bytes | memoryv
     return encode_body(blobs, to_text(list(requests)))
 
 
-def decode_requests(body: bytes | memoryview, *, max_depth: int = MAX_DEPTH,
-                    max_nodes: int = MAX_NODES) -> tuple[list[Request], dict[str, memoryview]]:
+def decode_requests(body: bytes | memoryview, *, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NODES,
+                    max_text: int = MAX_TEXT) -> tuple[list[Request], dict[str, memoryview]]:
     """The requests of a body and its blobs; ProtocolError unless the text is a list of requests."""
-    blobs, text = decode_body(body)
-    value = parse_text(text, REQUESTS, max_depth=max_depth, max_nodes=max_nodes)
+    blobs, text = decode_body(body, max_text=max_text)
+    value = parse_text(text, REQUESTS, max_depth=max_depth, max_nodes=max_nodes, max_text=max_text)
     if not isinstance(value, list) or not all(isinstance(r, Request) for r in value):
         raise ProtocolError("request text must be a list of requests")
     return value, blobs
@@ -542,10 +617,11 @@ def encode_results(results: list[Any], blobs: Mapping[str, bytes | memoryview]) 
     return encode_body(blobs, to_text(list(results)))
 
 
-def decode_results(body: bytes | memoryview, verify: bool = True) -> tuple[list[Any], dict[str, memoryview]]:
+def decode_results(body: bytes | memoryview, verify: bool = True, max_text: int = MAX_TEXT,
+                   max_nodes: int = MAX_NODES) -> tuple[list[Any], dict[str, memoryview]]:
     """The results of a response body and its blobs (hashes checked with `verify`)."""
-    blobs, text = decode_body(body, verify=verify)
-    value = parse_text(text, {})
+    blobs, text = decode_body(body, verify=verify, max_text=max_text)
+    value = parse_text(text, {}, max_text=max_text, max_nodes=max_nodes)
     if not isinstance(value, list):
         raise ProtocolError("response text must be a list of results")
     return value, blobs

@@ -14,9 +14,13 @@ device raised while running), 503 busy (too many sessions, shutting down), 507 d
 The requests of a batch run in order and stop at the first failure. Batches run one at a time (the
 device surface is not assumed thread-safe); bodies are read and parsed in parallel.
 
-Note: a client can run native code on this machine (it sends kernel binaries; that is what a device
-server is for), and a kernel launched with the wrong buffers can crash it like any native code. Without
-a token the server listens on loopback only; give a token before serving anything wider.
+Launches are checked: a kernel's source ends in its launch contract (see `parse_contract`); for the CPU
+the server loads only binaries it compiled, and refuses launches with the wrong buffers, too-small
+buffers, a larger grid than the kernel's or more work-items than the device allows. Compiles of the CPU
+run in a worker process. Still, a client can run native code on this machine (a contract is what the
+client's source declares), so without a token the server listens on loopback only; give a token before
+serving anything wider. Fresh buffers are zeroed; requests have a deadline (`request_time`) enforced by a
+watchdog; sessions, connections and memory are capped (see `Limits`).
 
 Run it as `tgc serve ...` or `python -m tgc.backends.remote.server ...`.
 """
@@ -27,6 +31,8 @@ import argparse
 import hmac
 import ipaddress
 import os
+import re
+import secrets
 import signal
 import socket
 import sys
@@ -53,7 +59,14 @@ class Limits:
     request_time: float = 60.0  # one batch's run (checked between requests) and socket reads
     idle_timeout: float = 300.0  # a session unheard from this long is freed
     max_sessions: int = 64
+    max_sessions_per_client: int = 32  # sessions of one client address
+    evict_after: float = 10.0  # a full table frees sessions idle this long (empty ones at once), oldest first
+    max_memory: int = 4096 * MiB  # live buffers of all sessions together
+    max_pooled: int = 256 * MiB  # freed memory the device may keep for reuse; beyond it, the pool is released
+    max_connections: int = 128  # open connections; more are answered 503 and closed
     max_objects: int = 1 << 16  # buffers + programs + graphs of one session
+    max_text: int = P.MAX_TEXT  # characters of one request text (the request list and kernel sources)
+    max_nodes: int = P.MAX_NODES  # syntax nodes of one request text
 
 
 class Refusal(Exception):
@@ -78,13 +91,108 @@ class Session:
     buffers: dict[int, Buffer] = field(default_factory=dict)
     programs: dict[int, Any] = field(default_factory=dict)
     graphs: dict[int, tuple[P.GraphKernel, ...]] = field(default_factory=dict)
+    known: OrderedDict[str, Known] = field(default_factory=OrderedDict)  # binaries this session compiled
     memory: int = 0
+    client: str = ""  # the peer's address
     last_seen: float = field(default_factory=time.monotonic)
     busy: int = 0  # batches in flight
 
     @property
     def objects(self) -> int:
         return len(self.buffers) + len(self.programs) + len(self.graphs)
+
+
+@dataclass(frozen=True)
+class Contract:
+    """What a launch of a kernel must provide, from the `tgc-launch:` comment that ends its source (see
+    `tgc.codegen.kernel.launch_contract`): the least bytes of each buffer, the most work-items per
+    dimension, the local size and the number of `vals`."""
+
+    bufs: tuple[int, ...]
+    global_size: tuple[int, int, int]
+    local_size: tuple[int, int, int] | None
+    vals: int
+
+
+@dataclass(frozen=True)
+class Known:
+    """What the server knows of a binary it compiled: its contract and, for LLVM IR, the parameters of each
+    function (pointers, integers) as the source defines them."""
+
+    contract: Contract | None
+    params: dict[str, tuple[int, int]] | None
+
+
+MAX_CONTRACT_BUFS = 1024
+_DEFINE = re.compile(r"^define\s[^@\n]*@\"?([\w.$-]+)\"?\(", re.M)
+
+
+def _dims(value: Any, what: str) -> tuple[int, int, int]:
+    if not isinstance(value, list) or not 1 <= len(value) <= 3 or any(
+            type(v) is not int or not 1 <= v <= 2**31 - 1 for v in value):
+        raise ValueError(f"the launch contract's {what} must be 1 to 3 sizes in [1, 2**31)")
+    return tuple([*value, 1, 1][:3])  # type: ignore[return-value]
+
+
+def parse_contract(src: str, language: str | None) -> Known:
+    """The launch contract at the end of a kernel's source, and for LLVM IR the parameters (pointers, others)
+    of each function it defines. Raises ValueError for a malformed contract."""
+    from tgc.codegen.kernel import _COMMENT, CONTRACT_TAG
+    prefix = _COMMENT.get(language or "")
+    contract = None
+    if prefix is not None:
+        marker = f"{prefix} {CONTRACT_TAG}"
+        for line in reversed(src[-65536:].splitlines()[-8:]):
+            if line.startswith(marker):
+                contract = _contract(line[len(marker):])
+                break
+    params = None
+    if language == "llvm":
+        params = {}
+        for m in _DEFINE.finditer(src):
+            args = _top_level_args(src, m.end())
+            if args is not None:
+                params[m.group(1)] = (sum(a.startswith("ptr") for a in args),
+                                      sum(not a.startswith("ptr") for a in args))
+    return Known(contract, params)
+
+
+def _top_level_args(src: str, start: int) -> list[str] | None:
+    """The comma-separated parameters from `src[start]` (just after a function's `(`) to its matching `)`."""
+    depth, args, cur = 0, [], start
+    for i in range(start, min(len(src), start + 65536)):
+        c = src[i]
+        if c in "([{<":
+            depth += 1
+        elif c in ")]}>":
+            if depth == 0:
+                if c != ")":
+                    return None
+                last = src[cur:i].strip()
+                return [*args, last] if last or args else args
+            depth -= 1
+        elif c == "," and depth == 0:
+            args.append(src[cur:i].strip())
+            cur = i + 1
+    return None
+
+
+def _contract(text: str) -> Contract:
+    import json
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        raise ValueError("the launch contract is not JSON") from None
+    if not isinstance(raw, dict):
+        raise ValueError("the launch contract is not a JSON object")
+    bufs, vals, local = raw.get("bufs"), raw.get("vals"), raw.get("local_size")
+    if not isinstance(bufs, list) or len(bufs) > MAX_CONTRACT_BUFS or any(
+            type(b) is not int or not 0 <= b <= 2**63 - 1 for b in bufs):
+        raise ValueError(f"the launch contract's bufs must be at most {MAX_CONTRACT_BUFS} byte counts")
+    if type(vals) is not int or not 0 <= vals <= 64:
+        raise ValueError("the launch contract's vals must be a count from 0 to 64")
+    return Contract(tuple(bufs), _dims(raw.get("global_size"), "global_size"),
+                    None if local is None else _dims(local, "local_size"), vals)
 
 
 def is_loopback(host: str) -> bool:
@@ -98,21 +206,19 @@ def is_loopback(host: str) -> bool:
 
 
 def read_token(token_file: str | None = None, env: dict[str, str] | None = None) -> str | None:
-    """The token from `token_file`, else `TGC_REMOTE_TOKEN`, else the file in `TGC_REMOTE_TOKEN_FILE`."""
+    """The token from `token_file`, else `TGC_REMOTE_TOKEN`, else the file in `TGC_REMOTE_TOKEN_FILE`.
+    TgcError (exit 2) for a file that cannot be read or a token that cannot go in an HTTP header."""
     env = os.environ if env is None else env
     if token_file is None and env.get("TGC_REMOTE_TOKEN"):
-        return env["TGC_REMOTE_TOKEN"].strip()
+        token = env["TGC_REMOTE_TOKEN"].strip()
+        why = P.token_problem(token)
+        if why is not None:
+            raise TgcError(f"TGC_REMOTE_TOKEN cannot be used: {why}")
+        return token
     token_file = token_file or env.get("TGC_REMOTE_TOKEN_FILE") or None
     if token_file is None:
         return None
-    try:
-        with open(token_file, encoding="utf-8") as f:
-            token = f.read().strip()
-    except OSError as e:
-        raise TgcError(f"cannot read the token file '{token_file}': {e.strerror or e}") from None
-    if not token:
-        raise TgcError(f"the token file '{token_file}' is empty")
-    return token
+    return P.read_token_file(token_file)
 
 
 def _plain(value: Any, depth: int = 0) -> Any:
@@ -147,10 +253,49 @@ def _device_attrs(dev: Any) -> dict[str, bool | int | float | str]:
     return out
 
 
+def _remember(table: OrderedDict[str, Known], key: str, value: Known, cap: int, replace: bool) -> None:
+    """Record `value` under `key` in a table of at most `cap` entries (the least recently set go first)."""
+    if key in table and not replace:
+        return
+    table[key] = value
+    table.move_to_end(key)
+    while len(table) > cap:
+        table.popitem(last=False)
+
+
+_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nX-Tgc-Error: busy\r\n"
+         b"Content-Length: 47\r\nConnection: close\r\n\r\nthe server has too many connections; try later\n")
+
+
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
     app: RemoteServer
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        """Take a connection only while fewer than `max_connections` are open (else answer 503 and close)."""
+        with self.app.conn_lock:
+            if len(self.app.conns) < self.app.limits.max_connections:
+                self.app.conns[request] = time.monotonic() + max(self.app.limits.request_time, 1.0)
+                return True
+        try:
+            request.setblocking(False)
+            request.send(_BUSY)
+        except OSError:
+            pass
+        return False
+
+    def shutdown_request(self, request: Any) -> None:
+        with self.app.conn_lock:
+            self.app.conns.pop(request, None)
+        super().shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """One line, never a traceback: a client that vanished mid-request is not the server's problem."""
+        error = sys.exc_info()[1]
+        if isinstance(error, OSError) and not self.app.verbose:
+            return
+        print(f"tgc serve: {client_address[0]}: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
 
 
 class _HTTPServer6(_HTTPServer):
@@ -169,8 +314,16 @@ class RemoteServer:
         self.limits = limits or Limits()
         self.lock = threading.RLock()  # held while a batch runs and while sessions change
         self.sessions: dict[str, Session] = {}
+        self.instance = secrets.token_hex(16)  # names this server process in clients' cache keys
         self._device: Any = None
         self._compiled: OrderedDict[str, tuple[bool, bytes | str]] = OrderedDict()  # sha256(src) -> (ok, lib|msg)
+        self._known: OrderedDict[str, Known] = OrderedDict()  # sha256(binary) -> what the source said, first wins
+        self._workers: Any = None  # compile worker processes (CPU), started on the first compile
+        self._workers_lock = threading.Lock()
+        # open connections -> the time by which the request being read (or answer being written) must be done,
+        # or None while a batch runs; the watchdog closes connections past it (slow or idle peers)
+        self.conns: dict[Any, float | None] = {}
+        self.conn_lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         cls = _HTTPServer6 if ":" in host else _HTTPServer
@@ -223,6 +376,13 @@ class RemoteServer:
     def close(self) -> int:
         self._stop.set()
         self.httpd.server_close()
+        with self._workers_lock:
+            if self._workers is not None:
+                try:
+                    self._workers.shutdown()
+                except Exception:
+                    pass
+                self._workers = None
         if not self.lock.acquire(timeout=5.0):  # a batch still running: the process is going away anyway
             return len(self.sessions)
         try:
@@ -234,14 +394,33 @@ class RemoteServer:
         return n
 
     def _start_reaper(self) -> None:
-        period = max(0.05, min(1.0, self.limits.idle_timeout / 4))
+        period = max(0.05, min(1.0, self.limits.idle_timeout / 4, self.limits.request_time / 4))
 
         def loop() -> None:
             while not self._stop.wait(period):
+                self.close_late_connections()
                 self.reap_idle()
         t = threading.Thread(target=loop, name="tgc-serve-reaper", daemon=True)
         t.start()
         self._threads.append(t)
+
+    def close_late_connections(self, now: float | None = None) -> int:
+        """Shut the connections whose request (or answer) has taken longer than `request_time`: a slow client
+        cannot hold a thread longer than that. Returns how many."""
+        now = time.monotonic() if now is None else now
+        with self.conn_lock:
+            late = [c for c, deadline in self.conns.items() if deadline is not None and now > deadline]
+        for c in late:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        return len(late)
+
+    def set_deadline(self, conn: Any, seconds: float | None) -> None:
+        with self.conn_lock:
+            if conn in self.conns:
+                self.conns[conn] = None if seconds is None else time.monotonic() + max(seconds, 1.0)
 
     def reap_idle(self, now: float | None = None) -> int:
         """Free the sessions idle for longer than `idle_timeout`; returns how many."""
@@ -251,6 +430,8 @@ class RemoteServer:
                     if not s.busy and now - s.last_seen > self.limits.idle_timeout]
             for s in idle:
                 self._end_session(s)
+            if idle:
+                self._trim_pool()
         if idle and self.verbose:
             print(f"tgc serve: freed {len(idle)} idle session(s)", file=sys.stderr, flush=True)
         return len(idle)
@@ -265,33 +446,63 @@ class RemoteServer:
 
     # --- batches
 
-    def _session(self, sid: str) -> Session:
+    def _session(self, sid: str, client: str = "") -> Session:
         s = self.sessions.get(sid)
         if s is None:
-            if len(self.sessions) >= self.limits.max_sessions:
+            lim = self.limits
+            mine = [x for x in self.sessions.values() if x.client == client]
+            if len(mine) >= lim.max_sessions_per_client and not self._evict(mine):
+                raise Refusal(503, "busy", f"this client holds {len(mine)} sessions, the limit per client; "
+                                           "end one or try later")
+            if len(self.sessions) >= lim.max_sessions:
                 self.reap_idle()
-            if len(self.sessions) >= self.limits.max_sessions:
+            if len(self.sessions) >= lim.max_sessions and not self._evict(list(self.sessions.values())):
                 raise Refusal(503, "busy", f"the server holds {len(self.sessions)} sessions, its limit; try later")
-            s = self.sessions[sid] = Session(sid)
+            s = self.sessions[sid] = Session(sid, client=client)
         return s
 
-    def run_batch(self, sid: str, body: bytes) -> list[bytes | memoryview]:
+    def _evict(self, candidates: list[Session]) -> bool:
+        """Free one of `candidates` to make room: an empty one, else the one idle longest (at least
+        `evict_after` seconds). False when none may go."""
+        now = time.monotonic()
+        idle = sorted((s for s in candidates if not s.busy), key=lambda s: s.last_seen)
+        victim = next((s for s in idle if not s.objects), None)
+        if victim is None:
+            victim = next((s for s in idle if now - s.last_seen >= self.limits.evict_after), None)
+        if victim is None:
+            return False
+        self._end_session(victim)
+        if self.verbose:
+            print("tgc serve: evicted an idle session to make room", file=sys.stderr, flush=True)
+        return True
+
+    def run_batch(self, sid: str, body: bytes, client: str = "") -> list[bytes | memoryview]:
         """Run the requests of one body for session `sid`; the response body's parts, or a `Refusal`."""
         try:
-            requests, blobs = P.decode_requests(body)
+            requests, blobs = P.decode_requests(body, max_text=self.limits.max_text, max_nodes=self.limits.max_nodes)
         except P.ProtocolError as e:
             raise Refusal(400, "protocol", str(e)) from None
         with self.lock:
             if self._stop.is_set():
                 raise Refusal(503, "busy", "the server is shutting down")
-            session = self._session(sid)
+            session = self._session(sid, client)
             session.busy += 1
             try:
                 results, out_blobs = self._run(session, requests, blobs)
             finally:
                 session.busy -= 1
                 session.last_seen = time.monotonic()
+                self._trim_pool()
         return P.body_parts(out_blobs, P.to_text(results))
+
+    def _trim_pool(self) -> None:
+        """Release the device's pool of freed buffers when it holds more than `max_pooled` bytes."""
+        alloc = self._device.allocator if self._device is not None else None
+        cached = getattr(alloc, "cached", None)
+        if not isinstance(cached, dict) or not callable(getattr(alloc, "free_cache", None)):
+            return
+        if sum(size * len(handles) for size, handles in cached.items()) > self.limits.max_pooled:
+            alloc.free_cache()
 
     def _run(self, session: Session, requests: list[P.Request],
              blobs: dict[str, memoryview]) -> tuple[list[Any], dict[str, bytes]]:
@@ -356,7 +567,7 @@ class RemoteServer:
                 "offset": callable(getattr(dev.allocator, "offset", None)), "attrs": _device_attrs(dev),
                 "max_body": lim.max_body, "max_buffer": lim.max_buffer,
                 "max_session_memory": lim.max_session_memory, "request_time": lim.request_time,
-                "idle_timeout": lim.idle_timeout}
+                "idle_timeout": lim.idle_timeout, "instance": self.instance}
 
     def _do_BufferAlloc(self, session: Session, req: P.BufferAlloc, blobs, out) -> None:
         self._new_id(session, session.buffers, req.buf, "buffer")
@@ -366,7 +577,19 @@ class RemoteServer:
         if session.memory + req.size > lim.max_session_memory:
             raise Refusal(413, "limit", f"allocating {req.size} bytes would pass the session memory limit of "
                                         f"{lim.max_session_memory} bytes ({session.memory} live)")
+        total = sum(x.memory for x in self.sessions.values())
+        if total + req.size > lim.max_memory:
+            raise Refusal(413, "limit", f"allocating {req.size} bytes would pass the server's memory limit of "
+                                        f"{lim.max_memory} bytes ({total} live in all sessions)")
         handle = self.device.allocator.alloc(req.size)
+        try:  # a reused buffer holds what an earlier session left there: never show it to this one
+            if callable(getattr(handle, "fill", None)):  # host memory (a numpy array): no temporary
+                handle.fill(0)
+            else:
+                self.device.allocator.copyin(handle, memoryview(bytearray(req.size)))
+        except BaseException:
+            self.device.allocator.free(handle, req.size)
+            raise
         session.buffers[req.buf] = Buffer(handle, req.size)
         session.memory += req.size
 
@@ -426,14 +649,48 @@ class RemoteServer:
         self.device.allocator.copyout(memoryview(data), src.handle)
         self.device.allocator.copyin(dest.handle, memoryview(data))
 
+    def _compile_text(self, src: str, op: str = "compile") -> bytes:
+        """Compile (or list the assembly of) `src` with the device's compiler. For the CPU it runs in a worker
+        process, so that a compiler that aborts (LLVM's fatal errors) loses that process, not the server."""
+        dev = self.device
+        comp = dev.compiler
+        if not getattr(dev, "native_launch", False):
+            return bytes(comp.compile(src)) if op == "compile" else str(comp.assembly(src)).encode()
+        from tgc.codegen.compile_worker import WorkerPool
+        with self._workers_lock:
+            if self._workers is None:
+                self._workers = WorkerPool(1)
+            workers = self._workers
+        fut = workers.submit(dev.kind, src, op)
+        try:
+            return fut.result(timeout=max(self.limits.request_time, 1.0))
+        except TimeoutError:
+            workers.kill()
+            raise Refusal(408, "limit", f"the compiler ran past the request time limit of "
+                                        f"{self.limits.request_time:g}s") from None
+        except RuntimeError as e:
+            msg = str(e)
+            if msg.startswith("compile worker died"):
+                raise Refusal(422, "compile", "the compiler crashed on this source (its process died); "
+                                              "the server goes on") from None
+            raise Refusal(422, "compile", msg) from None
+
     def _do_Compile(self, session: Session, req: P.Compile, blobs, out) -> str:
         comp = self.device.compiler
         if comp is None:
             raise Refusal(400, "device", f"{self.device_name} cannot compile here: {self.device.compile_error}")
+        try:
+            known = parse_contract(req.src, getattr(self.device.renderer, "language", None))
+        except ValueError as e:
+            raise Refusal(422, "compile", str(e)) from None
         key = P.digest(req.src.encode("utf-8", "surrogatepass"))
         if key not in self._compiled:
             try:
-                self._compiled[key] = (True, bytes(comp.compile(req.src)))
+                self._compiled[key] = (True, self._compile_text(req.src))
+            except Refusal as r:
+                if r.kind != "compile":
+                    raise
+                self._compiled[key] = (False, r.msg)
             except Exception as e:  # the compiler's message goes back as is
                 self._compiled[key] = (False, e.msg if isinstance(e, TgcError) else str(e) or type(e).__name__)
             while len(self._compiled) > 256:
@@ -443,6 +700,8 @@ class RemoteServer:
         if not ok:
             raise Refusal(422, "compile", str(value))
         h = P.digest(value)
+        _remember(session.known, h, known, 4096, replace=True)
+        _remember(self._known, h, known, 1 << 16, replace=False)
         out[h] = value
         return h
 
@@ -461,29 +720,87 @@ class RemoteServer:
             raise Refusal(400, "device", f"{self.device_name} has no compiler here")
         try:
             if callable(getattr(comp, "assembly", None)):
-                return str(comp.assembly(req.src))
-            return str(comp.disassemble(comp.compile(req.src)))
+                return self._compile_text(req.src, "assembly").decode("utf-8", "replace")
+            return str(comp.disassemble(self._compile_text(req.src)))
         except NotImplementedError:
             raise Refusal(400, "device", f"the {comp.name} compiler cannot show assembly") from None
+        except Refusal:
+            raise
         except Exception as e:
             raise Refusal(422, "compile", e.msg if isinstance(e, TgcError) else str(e)) from None
 
     def _do_ProgramAlloc(self, session: Session, req: P.ProgramAlloc, blobs, out) -> None:
         self._new_id(session, session.programs, req.prog, "program")
         lib = bytes(self._blob(blobs, req.datahash))
+        known = session.known.get(req.datahash) or self._known.get(req.datahash)
+        contract = known.contract if known is not None else None
+        if getattr(self.device, "native_launch", False):
+            # launches run as native code in this process: only binaries whose launches can be checked
+            if known is None or contract is None:
+                raise Refusal(400, "protocol", f"program '{req.name[:80]}': this server did not compile that "
+                                               "binary (or has forgotten it); send its source in a Compile first")
+            if known.params is not None:
+                params = known.params.get(req.name)
+                if params is None:
+                    raise Refusal(400, "protocol", f"the binary defines no kernel '{req.name[:80]}'")
+                if params != (len(contract.bufs), contract.vals + 1):
+                    raise Refusal(400, "protocol", f"kernel '{req.name[:80]}' takes {params[0]} buffers and "
+                                                   f"{params[1]} integers, not what its launch contract says")
         try:
-            session.programs[req.prog] = self.device.program(req.name, lib)
+            program = self.device.program(req.name, lib)
         except Exception as e:  # not a binary this device can load: the client's fault
             msg = e.msg if isinstance(e, TgcError) else f"{type(e).__name__}: {e}"
             raise Refusal(400, "device", f"cannot load program '{req.name[:80]}': {msg}") from None
+        session.programs[req.prog] = (program, contract)
 
     def _do_ProgramFree(self, session: Session, req: P.ProgramFree, blobs, out) -> None:
         self._get(session.programs, req.prog, "program")
         del session.programs[req.prog]
 
+    def _check_launch(self, session: Session, k: P.ProgramExec | P.GraphKernel, contract: Contract | None) -> list:
+        """The buffers' handles for launch `k`, after checking it against the program's contract and the
+        device's limits (a Refusal otherwise)."""
+        bufs = [self._get(session.buffers, b, "buffer") for b in k.bufs]
+        glob = tuple([*k.global_size, 1, 1][:3])
+        work = glob[0] * glob[1] * glob[2]
+        cap = self._max_work_items()
+        if cap is not None and work > cap:
+            raise Refusal(400, "limit", f"a launch of {work} work-items exceeds {self.device_name}'s limit of {cap}")
+        if contract is not None:
+            if len(bufs) != len(contract.bufs):
+                raise Refusal(400, "protocol", f"the kernel takes {len(contract.bufs)} buffers, the launch gave "
+                                               f"{len(bufs)}")
+            for i, (b, need) in enumerate(zip(bufs, contract.bufs)):
+                if b.size < need:
+                    raise Refusal(400, "protocol", f"buffer {k.bufs[i]} has {b.size} bytes; the kernel's "
+                                                   f"parameter {i} needs {need}")
+            if any(g > c for g, c in zip(glob, contract.global_size)):
+                raise Refusal(400, "protocol", f"global_size {glob} is larger than the kernel's "
+                                               f"{contract.global_size}")
+            local = None if k.local_size is None else tuple([*k.local_size, 1, 1][:3])
+            if local != contract.local_size:
+                raise Refusal(400, "protocol", f"local_size {local} is not the kernel's {contract.local_size}")
+            if len(k.vals) != contract.vals:
+                raise Refusal(400, "protocol", f"the kernel takes {contract.vals} vals, the launch gave "
+                                               f"{len(k.vals)}")
+            if any(not -(2**31) <= v < 2**31 for v in k.vals):
+                raise Refusal(400, "protocol", "vals must fit in 32 bits")
+        return [b.handle for b in bufs]
+
+    def _max_work_items(self) -> int | None:
+        """The most work-items one launch may ask for: on a CPU-style device, threads (a few per core)."""
+        dev = self.device
+        if dev.launch_style != "cpu":
+            return getattr(dev, "max_work_items", None)
+        try:
+            cores = int(getattr(dev, "cores", 1))
+        except Exception:
+            cores = 1
+        return max(64, 4 * cores)
+
     def _launch(self, session: Session, k: P.ProgramExec | P.GraphKernel, wait: bool) -> float | None:
-        prog = self._get(session.programs, k.prog, "program")
-        handles = [self._get(session.buffers, b, "buffer").handle for b in k.bufs]
+        prog, contract = self._get(session.programs, k.prog, "program")
+        handles = self._check_launch(session, k, contract)
         t = prog(*handles, global_size=k.global_size, local_size=k.local_size, vals=k.vals, wait=wait)
         return float(t) if wait and t is not None else None
 
@@ -498,6 +815,10 @@ class RemoteServer:
             missing = [b for b in k.bufs if b not in session.buffers]
             if missing:
                 raise Refusal(404, "session", f"graph kernel {i}: no buffer {missing[0]} in this session")
+            try:
+                self._check_launch(session, k, session.programs[k.prog][1])
+            except Refusal as e:
+                raise Refusal(e.status, e.kind, f"graph kernel {i}: {e.msg}") from None
         session.graphs[req.graph] = req.kernels
 
     def _do_GraphExec(self, session: Session, req: P.GraphExec, blobs, out) -> float | None:
@@ -537,15 +858,40 @@ class RemoteServer:
         session.memory = 0
 
 
+_CONTENT_LENGTH = re.compile(r"[0-9]{1,18}")
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "tgc-serve"
+    sys_version = ""  # no Python version in the Server header
     disable_nagle_algorithm = True  # answers are small writes; do not wait for the peer's delayed ACK
     server: _HTTPServer
 
     def setup(self) -> None:
         self.timeout = max(self.server.app.limits.request_time, 1.0)  # socket reads; ends slow or idle peers
         super().setup()
+
+    def version_string(self) -> str:
+        return self.server_version
+
+    def handle_one_request(self) -> None:
+        # reading the next request (and waiting for it on a kept-alive connection) has `request_time` in all
+        self.server.app.set_deadline(self.connection, self.server.app.limits.request_time)
+        super().handle_one_request()
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The standard library's errors (bad request line, unknown method, headers too long) in this server's
+        plain format; an unknown method from a client without the token gets 401 like everything else."""
+        if getattr(self, "request_version", "HTTP/0.9") == "HTTP/0.9":  # a garbled request line: answer in HTTP/1.1
+            self.request_version = "HTTP/1.1"
+        headers = getattr(self, "headers", None)
+        if code == 501 and headers is not None and not self.server.app.authorized(headers.get("Authorization")):
+            return self._refuse(Refusal(401, "auth", "unauthorized"), close=True)
+        if code == 501:
+            code, message = 405, f"use POST {P.BATCH_PATH}"
+        text = message or "bad request"
+        self._refuse(Refusal(code, "protocol", text.replace("\n", " ")[:200]), close=True)
 
     def log_message(self, format: str, *args: Any) -> None:
         if self.server.app.verbose:
@@ -572,11 +918,12 @@ class _Handler(BaseHTTPRequestHandler):
         self._answer(r.status, (r.msg + "\n").encode("utf-8", "replace"), r.kind, close)
 
     def _length(self) -> int | None:
-        try:
-            n = int(self.headers.get("Content-Length", ""))
-        except ValueError:
+        """The one Content-Length, written as decimal digits; None for none, several, or any other form."""
+        values = self.headers.get_all("Content-Length") or []
+        if len(values) != 1 or self.headers.get("Transfer-Encoding") is not None:
             return None
-        return n if n >= 0 else None
+        text = values[0].strip()
+        return int(text) if _CONTENT_LENGTH.fullmatch(text) else None
 
     def _discard_body(self, limit: int = 1 << 20) -> bool:
         """Read and drop a small body so the peer can read our answer; False if it is too big to bother."""
@@ -611,7 +958,8 @@ class _Handler(BaseHTTPRequestHandler):
                                                          "(16 to 128 characters of A-Z a-z 0-9 - _)"), close=not keep)
         n = self._length()
         if n is None:
-            return self._refuse(Refusal(411, "protocol", "a request needs a Content-Length"), close=True)
+            return self._refuse(Refusal(411, "protocol", "a request needs one Content-Length of decimal digits "
+                                                         "(and no Transfer-Encoding)"), close=True)
         if n > app.limits.max_body:
             return self._refuse(Refusal(413, "limit", f"a request body of {n} bytes exceeds the limit of "
                                                       f"{app.limits.max_body} bytes"), close=True)
@@ -623,12 +971,16 @@ class _Handler(BaseHTTPRequestHandler):
         if len(body) != n:
             self.close_connection = True
             return
+        app.set_deadline(self.connection, None)  # the batch's own time limit applies while it runs
         try:
-            parts = app.run_batch(sid, body)
+            parts = app.run_batch(sid, body, self.client_address[0])
         except Refusal as r:
+            app.set_deadline(self.connection, app.limits.request_time)
             return self._refuse(r)
         except Exception as e:  # never let one batch take the server down
+            app.set_deadline(self.connection, app.limits.request_time)
             return self._refuse(Refusal(500, "device", f"internal error: {type(e).__name__}: {e}"))
+        app.set_deadline(self.connection, app.limits.request_time)  # writing the answer
         self._answer(200, parts)
 
     def _not_allowed(self) -> None:
@@ -648,7 +1000,9 @@ def serve(host: str, port: int, device_name: str, token: str | None, limits: Lim
 def main_serve(host: str = "127.0.0.1", port: int = P.DEFAULT_PORT, device: str | None = None,
                token_file: str | None = None, *, idle_timeout: float | None = None, max_body: int | None = None,
                max_buffer: int | None = None, max_session_memory: int | None = None,
-               request_time: float | None = None, max_sessions: int | None = None, verbose: bool = False) -> int:
+               request_time: float | None = None, max_sessions: int | None = None, verbose: bool = False,
+               max_memory: int | None = None, max_connections: int | None = None,
+               max_sessions_per_client: int | None = None) -> int:
     """What `tgc serve` runs: open the device, print `serving DEVICE on http://host:port` to stderr, serve
     until Ctrl-C or SIGTERM, free every session and return 0.
 
@@ -670,7 +1024,9 @@ def main_serve(host: str = "127.0.0.1", port: int = P.DEFAULT_PORT, device: str 
     if not ok:
         raise DeviceError(f"cannot serve {name}: {why}")
     chosen = {"idle_timeout": idle_timeout, "max_body": max_body, "max_buffer": max_buffer,
-              "max_session_memory": max_session_memory, "request_time": request_time, "max_sessions": max_sessions}
+              "max_session_memory": max_session_memory, "request_time": request_time, "max_sessions": max_sessions,
+              "max_memory": max_memory, "max_connections": max_connections,
+              "max_sessions_per_client": max_sessions_per_client}
     limits = Limits(**{k: v for k, v in chosen.items() if v is not None})
     server = serve(host, port, name, token, limits, verbose)
     try:
@@ -717,12 +1073,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-session-memory", type=int, default=None)
     ap.add_argument("--request-time", type=float, default=None)
     ap.add_argument("--max-sessions", type=int, default=None)
+    ap.add_argument("--max-sessions-per-client", type=int, default=None)
+    ap.add_argument("--max-memory", type=int, default=None)
+    ap.add_argument("--max-connections", type=int, default=None)
     ap.add_argument("-v", "--verbose", action="store_true")
     a = ap.parse_args(argv)
     try:
         return main_serve(a.host, a.port, a.device, a.token_file, idle_timeout=a.idle_timeout, max_body=a.max_body,
                           max_buffer=a.max_buffer, max_session_memory=a.max_session_memory,
-                          request_time=a.request_time, max_sessions=a.max_sessions, verbose=a.verbose)
+                          request_time=a.request_time, max_sessions=a.max_sessions, verbose=a.verbose,
+                          max_memory=a.max_memory, max_connections=a.max_connections,
+                          max_sessions_per_client=a.max_sessions_per_client)
     except TgcError as e:
         print(e.format(), file=sys.stderr)
         return e.exit_code
