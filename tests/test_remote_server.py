@@ -554,8 +554,11 @@ def test_server_death_gives_one_clear_error():
 def test_a_hung_server_times_out_instead_of_hanging():
     srv = ServerProcess("CPU").start()
     try:
-        dev = RemoteDevice(address=srv.address, retry=0.0, timeout=1.0)
-        dev._submit(P.Synchronize())
+        dev = RemoteDevice(address=srv.address, retry=0.0, timeout=30.0)
+        dev._submit(P.Synchronize())  # the first answer may be slow on a busy machine: a generous timeout
+        dev._conn.timeout = 1.0  # then 1 s for the hung server, on this connection and any reopened one
+        if dev._conn._conn is not None and dev._conn._conn.sock is not None:
+            dev._conn._conn.sock.settimeout(1.0)
         os.kill(srv.proc.pid, signal.SIGSTOP)
         with pytest.raises(DeviceError, match="lost the connection .*no answer within 1s"):
             dev._submit(P.Synchronize())

@@ -196,18 +196,24 @@ def machine_peak(dev) -> dict[str, Any]:
     """Peak FLOP/s and bandwidth of a device, measured once per machine and cached on disk (CPU), from the
     device's own figures (GPUs), else None each (`source` "unknown": PYTHON, REMOTE). `cache_bytes` is
     the last-level cache where known (see `rates`). A damaged cache entry is measured again."""
-    from tgc import __version__, cache
+    from tgc import cache
     info = dev.info() if hasattr(dev, "info") else {}
     if dev.kind != "CPU":
         gflops, gbps = info.get("peak_gflops") or None, info.get("peak_gbps") or None
         return {"gflops": gflops, "gbps": gbps, "source": "device" if gflops or gbps else "unknown",
                 "cache_bytes": info.get("cache_bytes") or None}
-    key = cache.make_key("peak", 2, dev.kind, dev.compiler.cache_key, dev.cores, __version__)  # 2: with read_gbps
+    key = peak_key(dev)
     peak = cache.get_json("peak", key, valid_peak)
     if peak is None:
         peak = measure_cpu_peak(dev)
         cache.put("peak", key, json.dumps(peak).encode(), meta=f"{dev.kind} peak")
     return {**peak, "cache_bytes": cpu_cache_bytes()}
+
+
+def peak_key(dev) -> str:
+    """The cache key of a CPU device's measured peak (2: the version that measures read_gbps too)."""
+    from tgc import __version__, cache
+    return cache.make_key("peak", 2, dev.kind, dev.compiler.cache_key, dev.cores, __version__)
 
 
 def cpu_cache_bytes() -> int | None:
