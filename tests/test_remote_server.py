@@ -886,3 +886,27 @@ def test_contracts_and_parameters_are_read_from_the_source():
     assert known.params is None and known.contract.local_size == (8, 1, 1)
     with pytest.raises(ValueError, match="vals"):
         parse_contract('; tgc-launch: {"bufs":[],"global_size":[1],"local_size":null,"vals":-1}', "llvm")
+
+
+def test_one_binary_compiled_from_sources_with_different_sizes_runs_under_each(monkeypatch, tmp_path):
+    """`y: i32[3]` and `y: i32[1]`, each returning `y[0] + 0`, compile to the same binary with different launch
+    contracts. A session that runs the second from the client's cache (no Compile) must not be held to the
+    first's contract (it was: 'buffer has 4 bytes; the kernel's parameter 1 needs 12')."""
+    import tgc
+    from tgc import backends, cache
+    monkeypatch.setenv("TGC_CACHE_DIR", str(tmp_path / "cache"))
+    cache._reset_for_tests()
+    srv = serve("127.0.0.1", 0, "CPU", None, Limits()).start()
+    monkeypatch.setenv("TGC_REMOTE", f"127.0.0.1:{srv.port}")
+    try:
+        def run_in_new_session(n: int) -> np.ndarray:
+            monkeypatch.setattr(backends, "_instances", {})  # a new RemoteDevice: a new session
+            y = np.arange(7, 7 + n, dtype=np.int32)
+            return tgc.loads(f"y: i32[{n}]\nreturn y[0] + 0\n").run(device="REMOTE", y=y)["out0"]
+        assert int(run_in_new_session(3)) == 7  # compiled first: the server's contract needs 12 bytes
+        assert int(run_in_new_session(1)) == 7  # same binary, compiled again from its own source
+        assert int(run_in_new_session(1)) == 7  # from the client's cache: no Compile in this session
+        assert int(run_in_new_session(3)) == 7
+    finally:
+        srv.shutdown()
+        cache._reset_for_tests()

@@ -117,10 +117,19 @@ class Contract:
 @dataclass(frozen=True)
 class Known:
     """What the server knows of a binary it compiled: its contract and, for LLVM IR, the parameters of each
-    function (pointers, integers) as the source defines them."""
+    function (pointers, integers) as the source defines them. Different sources (declared sizes) can compile
+    to the same binary, so the server keeps every contract a binary was compiled under (`contracts`, the
+    newest last, at most MAX_CONTRACTS): each was enough for the same code, so a launch meeting any is safe."""
 
     contract: Contract | None
     params: dict[str, tuple[int, int]] | None
+    contracts: tuple[Contract, ...] = ()
+
+    def all_contracts(self) -> tuple[Contract, ...]:
+        return self.contracts or ((self.contract,) if self.contract is not None else ())
+
+
+MAX_CONTRACTS = 16
 
 
 MAX_CONTRACT_BUFS = 1024
@@ -253,10 +262,33 @@ def _device_attrs(dev: Any) -> dict[str, bool | int | float | str]:
     return out
 
 
+def _breach(k: P.ProgramExec | P.GraphKernel, bufs: list, glob: tuple[int, int, int],
+            contract: Contract) -> Refusal | None:
+    """Why launch `k` does not meet `contract` (a Refusal to raise), or None when it does."""
+    if len(bufs) != len(contract.bufs):
+        return Refusal(400, "protocol", f"the kernel takes {len(contract.bufs)} buffers, the launch gave {len(bufs)}")
+    for i, (b, need) in enumerate(zip(bufs, contract.bufs)):
+        if b.size < need:
+            return Refusal(400, "protocol", f"buffer {k.bufs[i]} has {b.size} bytes; the kernel's parameter {i} "
+                                            f"needs {need}")
+    if any(g > c for g, c in zip(glob, contract.global_size)):
+        return Refusal(400, "protocol", f"global_size {glob} is larger than the kernel's {contract.global_size}")
+    local = None if k.local_size is None else tuple([*k.local_size, 1, 1][:3])
+    if local != contract.local_size:
+        return Refusal(400, "protocol", f"local_size {local} is not the kernel's {contract.local_size}")
+    if len(k.vals) != contract.vals:
+        return Refusal(400, "protocol", f"the kernel takes {contract.vals} vals, the launch gave {len(k.vals)}")
+    return None
+
+
 def _remember(table: OrderedDict[str, Known], key: str, value: Known, cap: int, replace: bool) -> None:
-    """Record `value` under `key` in a table of at most `cap` entries (the least recently set go first)."""
-    if key in table and not replace:
-        return
+    """Record `value` under `key` in a table of at most `cap` entries (the least recently set go first). A
+    binary already known keeps its contracts and gains the new one (see `Known`)."""
+    old = table.get(key)
+    if old is not None:
+        merged = tuple(dict.fromkeys([*old.all_contracts(), *value.all_contracts()]))[-MAX_CONTRACTS:]
+        value = Known(value.contract if replace or old.contract is None else old.contract,
+                      old.params if old.params is not None else value.params, merged)
     table[key] = value
     table.move_to_end(key)
     while len(table) > cap:
@@ -733,17 +765,18 @@ class RemoteServer:
         self._new_id(session, session.programs, req.prog, "program")
         lib = bytes(self._blob(blobs, req.datahash))
         known = session.known.get(req.datahash) or self._known.get(req.datahash)
-        contract = known.contract if known is not None else None
+        contracts = known.all_contracts() if known is not None else ()
         if getattr(self.device, "native_launch", False):
             # launches run as native code in this process: only binaries whose launches can be checked
-            if known is None or contract is None:
+            if not contracts:
                 raise Refusal(400, "protocol", f"program '{req.name[:80]}': this server did not compile that "
                                                "binary (or has forgotten it); send its source in a Compile first")
             if known.params is not None:
                 params = known.params.get(req.name)
                 if params is None:
                     raise Refusal(400, "protocol", f"the binary defines no kernel '{req.name[:80]}'")
-                if params != (len(contract.bufs), contract.vals + 1):
+                contracts = tuple(c for c in contracts if params == (len(c.bufs), c.vals + 1))
+                if not contracts:
                     raise Refusal(400, "protocol", f"kernel '{req.name[:80]}' takes {params[0]} buffers and "
                                                    f"{params[1]} integers, not what its launch contract says")
         try:
@@ -751,40 +784,31 @@ class RemoteServer:
         except Exception as e:  # not a binary this device can load: the client's fault
             msg = e.msg if isinstance(e, TgcError) else f"{type(e).__name__}: {e}"
             raise Refusal(400, "device", f"cannot load program '{req.name[:80]}': {msg}") from None
-        session.programs[req.prog] = (program, contract)
+        session.programs[req.prog] = (program, contracts)
 
     def _do_ProgramFree(self, session: Session, req: P.ProgramFree, blobs, out) -> None:
         self._get(session.programs, req.prog, "program")
         del session.programs[req.prog]
 
-    def _check_launch(self, session: Session, k: P.ProgramExec | P.GraphKernel, contract: Contract | None) -> list:
-        """The buffers' handles for launch `k`, after checking it against the program's contract and the
-        device's limits (a Refusal otherwise)."""
+    def _check_launch(self, session: Session, k: P.ProgramExec | P.GraphKernel,
+                      contracts: tuple[Contract, ...]) -> list:
+        """The buffers' handles for launch `k`, after checking it against the program's contracts (it must
+        meet one of them) and the device's limits (a Refusal otherwise)."""
         bufs = [self._get(session.buffers, b, "buffer") for b in k.bufs]
         glob = tuple([*k.global_size, 1, 1][:3])
         work = glob[0] * glob[1] * glob[2]
         cap = self._max_work_items()
         if cap is not None and work > cap:
             raise Refusal(400, "limit", f"a launch of {work} work-items exceeds {self.device_name}'s limit of {cap}")
-        if contract is not None:
-            if len(bufs) != len(contract.bufs):
-                raise Refusal(400, "protocol", f"the kernel takes {len(contract.bufs)} buffers, the launch gave "
-                                               f"{len(bufs)}")
-            for i, (b, need) in enumerate(zip(bufs, contract.bufs)):
-                if b.size < need:
-                    raise Refusal(400, "protocol", f"buffer {k.bufs[i]} has {b.size} bytes; the kernel's "
-                                                   f"parameter {i} needs {need}")
-            if any(g > c for g, c in zip(glob, contract.global_size)):
-                raise Refusal(400, "protocol", f"global_size {glob} is larger than the kernel's "
-                                               f"{contract.global_size}")
-            local = None if k.local_size is None else tuple([*k.local_size, 1, 1][:3])
-            if local != contract.local_size:
-                raise Refusal(400, "protocol", f"local_size {local} is not the kernel's {contract.local_size}")
-            if len(k.vals) != contract.vals:
-                raise Refusal(400, "protocol", f"the kernel takes {contract.vals} vals, the launch gave "
-                                               f"{len(k.vals)}")
-            if any(not -(2**31) <= v < 2**31 for v in k.vals):
-                raise Refusal(400, "protocol", "vals must fit in 32 bits")
+        if any(not -(2**31) <= v < 2**31 for v in k.vals):
+            raise Refusal(400, "protocol", "vals must fit in 32 bits")
+        refusal = None
+        for contract in reversed(contracts):  # the newest first: the one the client most likely compiled
+            refusal = _breach(k, bufs, glob, contract)
+            if refusal is None:
+                break
+        if refusal is not None:
+            raise refusal
         return [b.handle for b in bufs]
 
     def _max_work_items(self) -> int | None:
