@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from tgc.codegen import verify
 from tgc.codegen.legalize import legalize
 from tgc.codegen.linearize import linearize
 from tgc.engine.schedule import ScheduleItem
@@ -111,6 +112,8 @@ def build_kernel(item: ScheduleItem, device: Any, beam: int = 0, name: str | Non
     ast, bufs = drop_unused_buffers(ast, item.bufs)
     uops = linearize(ast, vectors=getattr(device.renderer, "supports_vectors", False))
     name = name or item.name
+    if verify.enabled():
+        verify.verify_kernel(name, uops, bufs, launch)
     src = device.renderer.render(name, uops)
     binary, err = compile_cached(device, src)
     nbytes = sum(prod(shape_of(b)) * b.dtype.itemsize for b in bufs)

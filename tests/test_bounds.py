@@ -1,0 +1,118 @@
+"""No out-of-bounds access: gates that fold, the padded examples of issue 9 on CPU and PYTHON against numpy,
+and the bounds verifier (tgc/codegen/verify.py) that the whole suite runs under, shown able to fail."""
+
+from __future__ import annotations
+
+import pytest
+
+import tgc
+from tgc.codegen import verify
+from tgc.codegen.verify import BoundsError, verify_bounds, verify_kernel
+from tgc.dtype import dtypes
+from tgc.ir.uop import Ops, UOp
+
+HOST_DEVICES = ["CPU", "PYTHON"]
+
+
+@pytest.fixture(autouse=True)
+def _verify_on(monkeypatch):
+    monkeypatch.setenv("TGC_VERIFY_BOUNDS", "1")
+
+
+# --- the verifier
+
+
+def _kernel(src: str, device: str = "CPU", dims: dict | None = None, index: int = 0):
+    return tgc.loads(src).compile(device=device, dims=dims)[index]
+
+
+def _rebuild(uops: list[UOp], fn) -> list[UOp]:
+    """The linear list with `fn(uop)` applied in order (sources follow the replacements); `fn` returns None
+    (keep it), a replacement, or a list of uops ending with the replacement (the new values it needs)."""
+    out, memo = [], {}
+    for u in uops:
+        new = u.replace(src=tuple(memo.get(s, s) for s in u.src))
+        got = fn(new) or new
+        got = got if isinstance(got, list) else [got]
+        memo[u] = got[-1]
+        out.extend(got)
+    return out
+
+
+def test_a_removed_gate_is_caught():
+    k = _kernel("v: f32[N]\nreturn pad(v, ((1, 2),), value=1.5) * 2", dims={"N": 10})
+    assert any(len(u.src) == 3 for u in k.uops if u.op is Ops.LOAD)
+    verify_kernel(k.name, k.uops, k.bufs, {"global_size": k.global_size})  # as compiled: fine
+    bad = _rebuild(k.uops, lambda u: u.replace(src=u.src[:2]) if u.op is Ops.LOAD else None)
+    with pytest.raises(BoundsError, match=r"LOAD .* of buffer 1 \(v: f32\[10\]\) at index (-1|10), outside \[0, 10\)"):
+        verify_kernel(k.name, bad, k.bufs, {"global_size": k.global_size})
+
+
+def _shift_index(kind: Ops, by: int):
+    def fn(u: UOp):
+        if u.op is kind and u.src[0].op is Ops.DEFINE_GLOBAL:
+            c = UOp.const(dtypes.i32, by)
+            idx = u.src[1] + c
+            return [c, idx, u.replace(src=(u.src[0], idx, *u.src[2:]))]
+        return None
+    return fn
+
+
+@pytest.mark.parametrize("device", ["CPU", "PYTHON", "CUDA", "METAL"])
+def test_an_index_one_past_the_end_is_caught(device):
+    """Every kernel shape: CPU vectors and upcasts, the PYTHON device's scalar code, GPU grids (rendered only)."""
+    k = _kernel("a: f32[16, 24]\nb: f32[24, 8]\nreturn (a @ b).relu()", device=device)
+    launch = {"global_size": k.global_size, "local_size": k.local_size}
+    verify_kernel(k.name, k.uops, k.bufs, launch)
+    with pytest.raises(BoundsError, match=rf"kernel {k.name}: LOAD .* of buffer \d \([ab]: f32\[.*\]\) at ind"):
+        verify_kernel(k.name, _rebuild(k.uops, _shift_index(Ops.LOAD, 1)), k.bufs, launch)
+    with pytest.raises(BoundsError, match=r"STORE .* of buffer 0 \(output: f32\[16, 8\]\) at ind.*outside \[0, 128\)"):
+        verify_kernel(k.name, _rebuild(k.uops, _shift_index(Ops.STORE, -1)), k.bufs, launch)
+
+
+def test_threaded_kernels_check_every_core(monkeypatch):
+    """A kernel split across threads: each core's loop ends where its chunk does (a range whose end depends on
+    core_id, so the last core runs a shorter loop); every chunk as long as the first runs past the end."""
+    monkeypatch.setenv("TGC_THREADS", "3")
+    k = _kernel("x: f32[N]\nreturn x * 2", device="PYTHON", dims={"N": 100_000})
+    assert k.global_size[0] == 3 and any(u.op is Ops.DEFINE_VAR for u in k.uops)
+    for cores in (1, 3, 5):  # extra cores find their loops empty
+        verify_kernel(k.name, k.uops, k.bufs, {"global_size": (cores, 1, 1)})
+    chunk = UOp.const(dtypes.i32, 33334)
+    same_chunks = _rebuild(k.uops, lambda u: [chunk, u.replace(src=(chunk,))] if u.op is Ops.RANGE else None)
+    with pytest.raises(BoundsError, match=r"LOAD .* at index 100000, outside \[0, 100000\) \(at core_id=2, r0=33332"):
+        verify_kernel(k.name, same_chunks, k.bufs, {"global_size": k.global_size})
+
+
+def test_big_kernels_fall_back_to_symbolic_bounds():
+    k = _kernel("x: f32[64, 64]\nreturn x.T + 1")
+    before = dict(verify.STATS)
+    verify_bounds(k.name, k.uops, [4096, 4096], points=16)
+    assert verify.STATS["by_bounds"] > before["by_bounds"] and verify.STATS["enumerated"] == before["enumerated"]
+    # an ungated index the bounds put wholly outside is still an error
+    with pytest.raises(BoundsError, match=r"at indices in \[4096, 8191\], outside \[0, 4096\)"):
+        verify_bounds(k.name, _rebuild(k.uops, _shift_index(Ops.LOAD, 4096)), [4096, 4096], points=16)
+    # a gated one the bounds cannot decide is counted as unverified, never passed silently
+    k = _kernel("x: f32[64, 64]\nreturn pad(x, ((1, 1), (1, 1)))")
+    before = verify.STATS["unverified"]
+    verify_bounds(k.name, k.uops, [66 * 66, 4096], points=16)
+    assert verify.STATS["unverified"] > before
+
+
+def test_builds_are_verified_only_when_asked(monkeypatch):
+    calls = []
+    monkeypatch.setattr(verify, "verify_kernel", lambda *a, **kw: calls.append(a[0]))
+    src = "x: f32[5]\nreturn x + 1.25"
+    monkeypatch.setenv("TGC_VERIFY_BOUNDS", "0")
+    tgc.loads(src).compile(device="PYTHON")
+    assert calls == []
+    monkeypatch.setenv("TGC_VERIFY_BOUNDS", "1")
+    tgc.loads(src).compile(device="PYTHON")
+    assert len(calls) == 1
+
+
+def test_a_bad_points_setting_is_a_user_error(monkeypatch):
+    monkeypatch.setenv("TGC_VERIFY_BOUNDS_POINTS", "lots")
+    with pytest.raises(tgc.TgcError, match="TGC_VERIFY_BOUNDS_POINTS must be a positive integer") as e:
+        tgc.loads("x: f32[5]\nreturn x + 1").compile(device="PYTHON")
+    assert e.value.kind == "user"
