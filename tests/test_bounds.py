@@ -3,12 +3,14 @@ and the bounds verifier (tgc/codegen/verify.py) that the whole suite runs under,
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import tgc
 from tgc.codegen import verify
 from tgc.codegen.verify import BoundsError, verify_bounds, verify_kernel
 from tgc.dtype import dtypes
+from tgc.ir.symbolic import simplify
 from tgc.ir.uop import Ops, UOp
 
 HOST_DEVICES = ["CPU", "PYTHON"]
@@ -17,6 +19,63 @@ HOST_DEVICES = ["CPU", "PYTHON"]
 @pytest.fixture(autouse=True)
 def _verify_on(monkeypatch):
     monkeypatch.setenv("TGC_VERIFY_BOUNDS", "1")
+
+
+# --- the examples of issue 9
+
+
+@pytest.mark.parametrize("device", HOST_DEVICES)
+def test_a_slice_of_only_padding_is_the_fill_value(device):
+    v4 = np.array([1.5, -2.0, 3.25, 4.0], np.float32)
+    out = tgc.loads("v4: f32[4]\nreturn pad(v4, ((0, 3),), value=3.456)[4:6]").run(device=device, v4=v4)["out0"]
+    np.testing.assert_array_equal(out, np.pad(v4, ((0, 3),), constant_values=np.float32(3.456))[4:6])
+
+
+@pytest.mark.parametrize("device", HOST_DEVICES)
+def test_a_column_of_only_padding_is_the_fill_value(device):
+    m = np.arange(16, dtype=np.float32).reshape(4, 4) - 7.5
+    out = tgc.loads("m: f32[4, 4]\nreturn pad(m, ((1, 2), (3, 4)), value=3.456)[:, 1]").run(device=device, m=m)
+    np.testing.assert_array_equal(out["out0"], np.pad(m, ((1, 2), (3, 4)), constant_values=np.float32(3.456))[:, 1])
+
+
+@pytest.mark.parametrize("device", HOST_DEVICES)
+def test_padded_matmul(device):
+    rng = np.random.default_rng(9)
+    c, d = (rng.uniform(-2, 2, (9, 9)).astype(np.float32) for _ in range(2))
+    src = "c: f32[9, 9]\nd: f32[9, 9]\nreturn pad(c, ((0, 7), (0, 7))) @ pad(d, ((0, 7), (0, 7)))"
+    out = tgc.loads(src).run(device=device, c=c, d=d)["out0"]
+    want = np.pad(c.astype(np.float64), ((0, 7), (0, 7))) @ np.pad(d.astype(np.float64), ((0, 7), (0, 7)))
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", HOST_DEVICES)
+def test_padding_around_padding_and_slices_of_it(device):
+    x = np.arange(12, dtype=np.int32).reshape(3, 4) - 5
+    src = "x: i32[3, 4]\nreturn pad(pad(x, ((1, 1), (0, 2)), value=7), ((2, 0), (1, 1)), value=-3)[:3, 4:]"
+    out = tgc.loads(src).run(device=device, x=x)["out0"]
+    want = np.pad(np.pad(x, ((1, 1), (0, 2)), constant_values=7), ((2, 0), (1, 1)), constant_values=-3)[:3, 4:]
+    np.testing.assert_array_equal(out, want)
+
+
+def test_no_kernel_loads_what_only_padding_covers():
+    """The fix is in the lowering, not in a backend: the kernel of a padding-only slice has no LOAD at all."""
+    (k,) = tgc.loads("v4: f32[4]\nreturn pad(v4, ((0, 3),), value=3.456)[4:6]").compile(device="CPU")
+    assert not [u for u in k.uops if u.op is Ops.LOAD]
+
+
+def test_a_load_whose_gate_folds_becomes_its_else_value_or_loses_the_gate():
+    buf = UOp(Ops.DEFINE_GLOBAL, dtypes.f32.as_ptr(), (), 1)
+    idx = UOp.const(dtypes.i32, 4)
+    dead = UOp(Ops.LOAD, dtypes.f32, (buf, idx, UOp.const(dtypes.bool, False)))
+    live = UOp(Ops.LOAD, dtypes.f32, (buf, idx, UOp.const(dtypes.bool, True)))
+    assert simplify(dead) is UOp.const(dtypes.f32, 0.0)
+    assert simplify(live) is UOp(Ops.LOAD, dtypes.f32, (buf, idx))
+    vec = UOp(Ops.LOAD, dtypes.f32.vec(4), (buf, idx, UOp.const(dtypes.bool, False)))
+    assert simplify(vec) is UOp(Ops.VECTORIZE, dtypes.f32.vec(4), (UOp.const(dtypes.f32, 0.0),) * 4)
+    # a shared-memory load's third source is its barrier, not a gate: untouched
+    barrier = UOp(Ops.BARRIER, None, ())
+    shared = UOp(Ops.LOAD, dtypes.f32, (buf, idx, barrier))
+    assert simplify(shared) is shared
 
 
 # --- the verifier
