@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_lang_properties import random_program
 
 import tgc
 from tgc.codegen import verify
@@ -170,8 +173,62 @@ def test_builds_are_verified_only_when_asked(monkeypatch):
     assert len(calls) == 1
 
 
+def test_a_bad_verify_setting_is_a_user_error(monkeypatch):
+    monkeypatch.setenv("TGC_VERIFY_BOUNDS", "yes")
+    with pytest.raises(tgc.TgcError, match="TGC_VERIFY_BOUNDS must be 0 or 1, got 'yes'") as e:
+        tgc.loads("x: f32[5]\nreturn x + 1").compile(device="PYTHON")
+    assert e.value.kind == "user"
+
+
 def test_a_bad_points_setting_is_a_user_error(monkeypatch):
     monkeypatch.setenv("TGC_VERIFY_BOUNDS_POINTS", "lots")
     with pytest.raises(tgc.TgcError, match="TGC_VERIFY_BOUNDS_POINTS must be a positive integer") as e:
         tgc.loads("x: f32[5]\nreturn x + 1").compile(device="PYTHON")
     assert e.value.kind == "user"
+
+
+# --- random programs under random optimizations (what BEAM may pick), verified for CPU, PYTHON and GPU kernels
+
+
+@settings(max_examples=40, deadline=None, database=None)
+@given(prog=random_program(), device=st.sampled_from(["CPU", "PYTHON", "CUDA"]), data=st.data())
+def test_random_programs_under_random_opts_stay_in_bounds(prog, device, data):
+    from tgc.backends import get_device
+    from tgc.codegen.kernel import drop_unused_buffers, prepare_ast
+    from tgc.codegen.linearize import linearize
+    from tgc.codegen.opt import Opt, OptError, OptKernel, finish
+    from tgc.codegen.search import actions
+    from tgc.engine.schedule import create_schedule
+
+    shape, lines, _ = prog
+    last = f"t{len(lines) - 1}" if lines else "x + 0"
+    src = "\n".join([f"x: f32[{', '.join(map(str, shape))}]", *lines, f"return {last}"])
+    dev = get_device(device)
+    gpu = dev.launch_style == "gpu"
+    program = tgc.loads(src)
+    outs, _ = program._trace(program.resolve_dims({}))
+    for item in create_schedule(outs, fuse_rows=not gpu):  # as Program.compile schedules for this device
+        if not item.ast.src:
+            continue
+        k = OptKernel(prepare_ast(item.ast, dev), dev)
+        for _ in range(data.draw(st.integers(0, 4))):
+            choices = actions(k) + ([Opt("GROUP", len(k.loops()) + j, a) for j, r in enumerate(k.reduces())
+                                     for a in (2, 4, 8) if r.src[0].arg % a == 0] if gpu else [])
+            if not choices:
+                break
+            try:
+                k.apply(data.draw(st.sampled_from(choices)))
+            except OptError:
+                pass
+        ast, launch, _ = finish(k)
+        ast, bufs = drop_unused_buffers(ast, item.bufs)
+        uops = linearize(ast, vectors=getattr(dev.renderer, "supports_vectors", False))
+        verify_kernel(item.name, uops, bufs, launch)
+
+
+def test_a_kernel_without_loops_is_checked_too():
+    k = _kernel("x: f32[3]\nreturn x[2] + 1")
+    assert not [u for u in k.uops if u.op is Ops.RANGE]
+    verify_kernel(k.name, k.uops, k.bufs, {})
+    with pytest.raises(BoundsError, match=r"LOAD .* of buffer 1 \(x: f32\[3\]\) at index 3, outside \[0, 3\)$"):
+        verify_kernel(k.name, _rebuild(k.uops, _shift_index(Ops.LOAD, 1)), k.bufs, {})

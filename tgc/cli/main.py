@@ -232,7 +232,8 @@ def main() -> None:
 
     \b
     Environment: TGC_DEVICE (default device), TGC_CACHE_DIR, TGC_REMOTE, NO_COLOR,
-    DEBUG (1..6; also shows tracebacks of internal errors), BEAM, NOOPT.
+    DEBUG (1..6; also shows tracebacks of internal errors), BEAM, NOOPT,
+    TGC_VERIFY_BOUNDS=1 (check every kernel for out-of-bounds accesses).
     """
 
 

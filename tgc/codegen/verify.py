@@ -48,8 +48,11 @@ class BoundsError(CompileError):
 
 
 def enabled() -> bool:
-    """Whether `TGC_VERIFY_BOUNDS` asks for every kernel to be verified."""
-    return os.environ.get("TGC_VERIFY_BOUNDS", "") not in ("", "0")
+    """Whether `TGC_VERIFY_BOUNDS` (unset, 0 or 1) asks for every kernel to be verified."""
+    text = os.environ.get("TGC_VERIFY_BOUNDS", "").strip()
+    if text not in ("", "0", "1"):
+        raise CompileError(f"TGC_VERIFY_BOUNDS must be 0 or 1, got '{text}'", kind="user")
+    return text == "1"
 
 
 def max_points() -> int:
@@ -328,8 +331,8 @@ class _Verifier:
             if live is not None:
                 bad = np.logical_and(bad, live)
             if np.any(bad):
-                at = tuple(int(c[0]) for c in np.nonzero(bad))
                 shape = np.shape(bad)
+                at = tuple(int(c[0]) for c in np.nonzero(bad)) if shape else ()
                 value = int(np.broadcast_to(ix, shape)[at])
                 where = ", ".join(f"{a.name}={at[k]}" for k, a in enumerate(self.axes)
                                   if k < len(shape) and shape[k] > 1)
