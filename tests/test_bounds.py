@@ -154,10 +154,21 @@ def test_big_kernels_fall_back_to_symbolic_bounds():
     # an ungated index the bounds put wholly outside is still an error
     with pytest.raises(BoundsError, match=r"at indices in \[4096, 8191\], outside \[0, 4096\)"):
         verify_bounds(k.name, _rebuild(k.uops, _shift_index(Ops.LOAD, 4096)), [4096, 4096], points=16)
-    # a gated one the bounds cannot decide is counted as unverified, never passed silently
-    k = _kernel("x: f32[64, 64]\nreturn pad(x, ((1, 1), (1, 1)))")
+    # a gated one the bounds cannot decide is enumerated again in chunks (up to 16 * points iterations) ...
+    k = _kernel("x: f32[30, 30]\nreturn pad(x, ((1, 1), (1, 1)))")
+    before = dict(verify.STATS)
+    verify_bounds(k.name, k.uops, [32 * 32, 900], points=100)
+    assert verify.STATS["enumerated"] > before["enumerated"] and verify.STATS["unverified"] == before["unverified"]
+    no_gates = _rebuild(k.uops, lambda u: u.replace(src=u.src[:2]) if u.op is Ops.LOAD else None)
+    with pytest.raises(BoundsError, match=r"LOAD .* of buffer 1 at index -31, outside \[0, 900\) \(at r0=0, r1=0\)"):
+        verify_bounds(k.name, no_gates, [32 * 32, 900], points=100)
+    k = _kernel("x: f32[30, 30]\nreturn pad(x, ((0, 2), (0, 0)))")  # only the last rows are padding
+    no_gates = _rebuild(k.uops, lambda u: u.replace(src=u.src[:2]) if u.op is Ops.LOAD else None)
+    with pytest.raises(BoundsError, match=r"at index 900, outside \[0, 900\) \(at r0=30, r1=0\)"):
+        verify_bounds(k.name, no_gates, [32 * 30, 900], points=100)
+    # ... and in bigger kernels it is counted as unverified, never passed silently
     before = verify.STATS["unverified"]
-    verify_bounds(k.name, k.uops, [66 * 66, 4096], points=16)
+    verify_bounds(k.name, k.uops, [32 * 30, 900], points=50)  # 960 iterations > 16 * 50
     assert verify.STATS["unverified"] > before
 
 

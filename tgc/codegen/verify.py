@@ -16,10 +16,13 @@ the loop indices where it happens. Dead accesses (gate false) may hold any index
 How: the index and gate of each access are evaluated with numpy over the whole iteration space at once
 (one array axis per loop, GPU index and core, broadcast, so an index that depends on two loops costs the
 product of those two trip counts only), with the PYTHON device's ALU semantics (`tgc.backends.python`: i32
-wraps, C division), not a third copy of them. Where one value would exceed `max_points` elements (default
-`1 << 22`, `TGC_VERIFY_BOUNDS_POINTS`), or depends on loaded data, the access is checked with the
-symbolic bounds (`UOp.vmin`/`vmax`) of its index instead; if those cannot prove it in bounds either, it
-is counted in `STATS["unverified"]` (never silently called verified, never a false error).
+wraps, C division), not a third copy of them. No value may exceed `max_points` elements (default `1 << 22`,
+`TGC_VERIFY_BOUNDS_POINTS`) and a pass may compute `8 * max_points` in all; an access over those limits is
+first checked with the symbolic bounds (`UOp.vmin`/`vmax`) of its index, and where they do not prove it, the
+kernel is enumerated again in chunks of its longest loop (or GPU/core index), each chunk within the limits,
+up to `16 * max_points` iterations. What is left (bigger kernels whose bounds prove nothing, indices that
+depend on loaded data) is counted in `STATS["unverified"]`, never silently called verified; an ungated
+index whose symbolic bounds lie wholly outside its buffer is an error at any size.
 
 `TGC_VERIFY_BOUNDS=1` makes every kernel built for any device (`tgc.codegen.kernel.build_kernel`, and the
 candidates of BEAM search) go through `verify_bounds` before it is rendered; tests/conftest.py sets it, so
@@ -39,6 +42,8 @@ from tgc.errors import CompileError
 from tgc.ir.uop import ALU, BINARY, COMPARE, UNARY, Ops, UOp
 
 DEFAULT_MAX_POINTS = 1 << 22
+KERNEL_BUDGET = 8  # a pass over a kernel may compute at most this many times max_points elements in all
+CHUNKED_POINTS = 16  # kernels of up to this many times max_points iterations are enumerated in chunks
 # what the verifier has done in this process (tests and `DEBUG` read it)
 STATS = {"kernels": 0, "accesses": 0, "enumerated": 0, "by_bounds": 0, "unverified": 0}
 
@@ -86,6 +91,7 @@ Value = Any  # np.ndarray | list[np.ndarray] (vector lanes) | _Unknown
 class _Axis:
     name: str  # how a report names it: "r0" for a loop, "gidx0", "core_id"
     size: int
+    offset: int = 0  # the first value (a chunked pass enumerates part of a loop)
 
 
 def _sources(uops: list[UOp]) -> list[list[int | None]]:
@@ -136,18 +142,43 @@ def verify_bounds(name: str, uops: list[UOp], buffer_sizes: list[int], global_si
                   local_size: tuple[int, ...] | None = None, vals: tuple[int, ...] = (),
                   buffer_names: list[str] | None = None, points: int | None = None) -> None:
     """Raise BoundsError if any live LOAD or STORE of the kernel would be outside its buffer (see the module doc)."""
-    _Verifier(name, uops, buffer_sizes, tuple(global_size), None if local_size is None else tuple(local_size),
-              tuple(vals), buffer_names, max_points() if points is None else points).run()
+    points = max_points() if points is None else points
+    args = (name, uops, buffer_sizes, tuple(global_size), None if local_size is None else tuple(local_size),
+            tuple(vals), buffer_names, points)
+    STATS["kernels"] += 1
+    first = _Verifier(*args)
+    deferred = first.run()
+    if not deferred:
+        return
+    # values too big to hold at once: enumerate again in chunks of the largest loop (or GPU/core index)
+    sizes = {**{pos: first.axes[k].size for pos, k in first.axis_of.items()}, **first.big_ranges}
+    total = int(np.prod(list(sizes.values()), dtype=np.float64))
+    split = max(sizes, key=lambda pos: sizes[pos], default=None)
+    left = set(deferred)
+    if split is not None and total <= CHUNKED_POINTS * points:
+        step = max(1, sizes[split] * points // max(total, 1))  # each chunk has at most `points` iterations
+        left = set()
+        for lo in range(0, sizes[split], step):
+            left |= set(_Verifier(*args, restrict=(split, lo, lo + step), only=set(deferred)).run())
+    STATS["unverified"] += len(left)
+    STATS["enumerated"] += len(set(deferred) - left)
 
 
 class _Verifier:
     def __init__(self, name: str, uops: list[UOp], sizes: list[int], global_size: tuple[int, ...],
-                 local_size: tuple[int, ...] | None, vals: tuple[int, ...], names: list[str] | None, points: int):
+                 local_size: tuple[int, ...] | None, vals: tuple[int, ...], names: list[str] | None, points: int,
+                 restrict: tuple[int, int, int] | None = None, only: set[int] | None = None):
         from tgc.backends import python as interp  # the numpy ALU semantics of the PYTHON device
         self.interp = interp
         self.name, self.uops, self.sizes, self.names = name, uops, sizes, names
         self.global_size, self.local_size, self.vals, self.points = global_size, local_size, vals, points
         self.axes: list[_Axis] = []
+        self.spent = 0  # elements computed so far
+        # a chunked pass: (uop position, start, stop) of the one loop or index it enumerates in part, and the
+        # accesses it checks
+        self.restrict, self.only = restrict, only
+        self.big_ranges: dict[int, int] = {}  # loops too long to enumerate at once -> their trip counts
+        self.deferred: list[int] = []  # accesses too big for this pass that the symbolic bounds do not prove
         self.axis_of: dict[int, int] = {}  # uop position -> its axis
         # the ndim of every value: one axis per RANGE, SPECIAL and enumerated DEFINE_VAR
         self.ndim = sum(1 for u in uops if u.op in (Ops.RANGE, Ops.SPECIAL, Ops.DEFINE_VAR))
@@ -155,19 +186,29 @@ class _Verifier:
     # --- values
 
     def new_axis(self, i: int, name: str, values: np.ndarray) -> np.ndarray:
+        offset = 0
+        if self.restrict is not None and self.restrict[0] == i:
+            offset = self.restrict[1]
+            values = values[self.restrict[1]:self.restrict[2]]
         k = len(self.axes)
-        self.axes.append(_Axis(name, len(values)))
+        self.axes.append(_Axis(name, len(values), offset))
         self.axis_of[i] = k
         shape = [1] * self.ndim
         shape[k] = len(values)
         return values.reshape(shape)
 
     def too_big(self, *arrays: Any) -> bool:
+        """Whether a value computed from these would be over the cap, or the kernel's budget is spent (each
+        value computed counts against `KERNEL_BUDGET * points`)."""
         try:
             shape = np.broadcast_shapes(*(np.shape(a) for a in arrays))
         except ValueError:
             return True
-        return int(np.prod(shape, dtype=np.int64)) > self.points
+        size = int(np.prod(shape, dtype=np.int64))
+        if size > self.points or self.spent + size > KERNEL_BUDGET * self.points:
+            return True
+        self.spent += size
+        return False
 
     def evaluate(self, u: UOp, srcs: list[Value]) -> Value:
         op, d = u.op, u.dtype
@@ -224,8 +265,8 @@ class _Verifier:
 
     # --- the walk
 
-    def run(self) -> None:
-        STATS["kernels"] += 1
+    def run(self) -> list[int]:
+        """Check every access (or those of `only`); returns the accesses left for a chunked pass."""
         uops = self.uops
         src_pos = _sources(uops)
         need = _needed(uops, src_pos)
@@ -263,6 +304,7 @@ class _Verifier:
                 for j in src_pos[i]:  # values no later uop reads are freed (they may be large)
                     if j is not None and last_use.get(j) == i:
                         env.pop(j, None)
+        return self.deferred
 
     def define_var(self, i: int, u: UOp, var_values: dict[str, int]) -> Value:
         name = _var_name(u)
@@ -283,7 +325,8 @@ class _Verifier:
             return end if isinstance(end, _Unknown) else DATA
         end = np.asarray(end)
         n = max(0, int(end.max())) if end.size else 0
-        if n > self.points:
+        if n > self.points and not (self.restrict is not None and self.restrict[0] == i):
+            self.big_ranges[i] = n
             open_masks.append(0)
             return TOO_BIG
         r = self.new_axis(i, f"r{u.arg[0]}" if isinstance(u.arg, tuple) else f"r{i}",
@@ -298,7 +341,10 @@ class _Verifier:
     # --- the check
 
     def check(self, i: int, u: UOp, srcs: list[Value], masks: list[Value]) -> None:
-        STATS["accesses"] += 1
+        if self.only is not None and i not in self.only:
+            return
+        if self.only is None:
+            STATS["accesses"] += 1
         buf = u.src[0]
         if buf.op is Ops.DEFINE_LOCAL:
             n, what = int(buf.arg[1]), f"shared memory '{buf.arg[0]}'"
@@ -316,12 +362,18 @@ class _Verifier:
         gate = srcs[2 if u.op is Ops.LOAD else 3] if gate_u is not None else None
         parts = [idx, *([gate] if gate is not None else []), *masks]
         lanes = idx if isinstance(idx, list) else None
-        if any(isinstance(p, _Unknown) for p in parts) or any(isinstance(p, list) for p in parts[1:]) or \
-                (lanes is None and self.too_big(*parts)) or \
+        data = any(p is DATA for p in parts) or any(isinstance(p, list) for p in parts[1:])
+        if data or any(p is TOO_BIG for p in parts) or (lanes is None and self.too_big(*parts)) or \
                 (lanes is not None and any(self.too_big(x, *parts[1:]) for x in lanes)):
-            self.by_bounds(i, u, idx_src, n, width, what)
+            if self.only is None and self.by_bounds(i, u, idx_src, n, width, what):
+                STATS["by_bounds"] += 1
+            elif data:
+                STATS["unverified"] += 1
+            else:
+                self.deferred.append(i)
             return
-        STATS["enumerated"] += 1
+        if self.only is None:
+            STATS["enumerated"] += 1
         live = None
         for m in parts[1:]:
             live = m if live is None else np.logical_and(live, m)
@@ -334,7 +386,7 @@ class _Verifier:
                 shape = np.shape(bad)
                 at = tuple(int(c[0]) for c in np.nonzero(bad)) if shape else ()
                 value = int(np.broadcast_to(ix, shape)[at])
-                where = ", ".join(f"{a.name}={at[k]}" for k, a in enumerate(self.axes)
+                where = ", ".join(f"{a.name}={at[k] + a.offset}" for k, a in enumerate(self.axes)
                                   if k < len(shape) and shape[k] > 1)
                 span = f"index {value}" if width == 1 or lanes is not None else \
                     f"indices {value}..{value + width - 1} ({width} lanes)"
@@ -342,8 +394,9 @@ class _Verifier:
                 raise BoundsError(f"kernel {self.name}: {u.op.name} (uop {i}){lane_txt} of {what} at {span}, "
                                   f"outside [0, {n})" + (f" (at {where})" if where else ""))
 
-    def by_bounds(self, i: int, u: UOp, idx: UOp, n: int, width: int, what: str) -> None:
-        """Too big to enumerate, or data-dependent: the index's symbolic bounds must prove it."""
+    def by_bounds(self, i: int, u: UOp, idx: UOp, n: int, width: int, what: str) -> bool:
+        """Too big to enumerate, or data-dependent: whether the index's symbolic bounds prove it in bounds (an
+        ungated index whose bounds lie wholly outside the buffer is an error)."""
         try:
             lo, hi = idx.vmin, idx.vmax
         except Exception:  # bounds of an unusual node: not provable
@@ -352,12 +405,11 @@ class _Verifier:
             lo, hi = min(s.vmin for s in idx.src), max(s.vmax for s in idx.src)
             width = 1
         if lo >= 0 and hi + width <= n:
-            STATS["by_bounds"] += 1
-            return
-        if _gate(u) is None and (lo >= n or hi < 0):  # every iteration is outside, gate or not
+            return True
+        if _gate(u) is None and (lo >= n or hi < 0):  # every iteration is outside
             raise BoundsError(f"kernel {self.name}: {u.op.name} (uop {i}) of {what} at indices in [{lo}, {hi}], "
                               f"outside [0, {n})")
-        STATS["unverified"] += 1
+        return False
 
 
 def _var_name(u: UOp) -> str:
