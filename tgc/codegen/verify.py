@@ -44,7 +44,7 @@ from tgc.ir.uop import ALU, BINARY, COMPARE, UNARY, Ops, UOp
 DEFAULT_MAX_POINTS = 1 << 22
 KERNEL_BUDGET = 8  # a pass over a kernel may compute at most this many times max_points elements in all
 CHUNKED_POINTS = 16  # kernels of up to this many times max_points iterations are enumerated in chunks
-# what the verifier has done in this process (tests and `DEBUG` read it)
+# what the verifier has done in this process (counted per access; tests read it)
 STATS = {"kernels": 0, "accesses": 0, "enumerated": 0, "by_bounds": 0, "unverified": 0}
 
 
