@@ -2,6 +2,7 @@
 
 The language suite runs once per device named in `TGC_TEST_DEVICES` (comma-separated, default "CPU"),
 so the same tests check OPENCL and PYTHON later: `TGC_TEST_DEVICES=CPU,PYTHON pytest tests/test_lang_*.py`.
+Every kernel built in the session is checked for out-of-bounds accesses (`TGC_VERIFY_BOUNDS`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ _CACHE_ROOT = tempfile.mkdtemp(prefix="tgc-tests-")
 os.environ["TGC_CACHE_DIR"] = os.path.join(_CACHE_ROOT, "tgc")
 os.environ["POCL_CACHE_DIR"] = os.path.join(_CACHE_ROOT, "pocl")
 os.environ["XDG_CACHE_HOME"] = _CACHE_ROOT
+# every kernel any test builds, for any device, goes through the bounds verifier (tgc/codegen/verify.py): a
+# kernel that would touch memory outside a buffer fails its test even where the hardware forgives it
+# (TGC_VERIFY_BOUNDS=0 in the environment turns it off, e.g. to measure its cost)
+os.environ.setdefault("TGC_VERIFY_BOUNDS", "1")
 atexit.register(shutil.rmtree, _CACHE_ROOT, ignore_errors=True)
 
 DEVICES = [d.strip() for d in os.environ.get("TGC_TEST_DEVICES", "CPU").split(",") if d.strip()]

@@ -41,6 +41,11 @@ def _remote(text: str) -> None:
             raise TgcError(f"TGC_REMOTE={text!r}: {e.msg}", hint=e.hint) from None
 
 
+def _zero_or_one(text: str) -> None:
+    if text.strip() not in ("0", "1"):
+        raise TgcError(f"TGC_VERIFY_BOUNDS must be 0 or 1, got {text!r}")
+
+
 # name -> (kind, bounds) of the numeric ones; order is the order of `tgc --help` and the README.
 ENV_VARS: dict[str, EnvVar] = {v.name: v for v in (
     EnvVar("TGC_DEVICE", "str", "the default device (-d overrides it); CPU when unset"),
@@ -59,10 +64,15 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in (
     EnvVar("NOOPT", "flag", "any value but empty or 0: no optimizations"),
     EnvVar("DISABLE_COMPILER_CACHE", "flag", "any value but empty or 0: no compile cache"),
     EnvVar("NO_COLOR", "flag", "no colours or syntax highlighting, even on a terminal"),
+    EnvVar("TGC_VERIFY_BOUNDS", "str", "1: check every kernel for reads and writes outside its buffers before it "
+           "runs (the tests set it)", _zero_or_one),
+    EnvVar("TGC_VERIFY_BOUNDS_POINTS", "int", "index points the bounds check enumerates per value (an integer >= 1; "
+           "default 4194304)"),
 )}
 
 # lower bounds (inclusive unless noted) and upper bounds of the numeric variables
-_INT_RANGE: dict[str, tuple[int, int | None]] = {"TGC_THREADS": (1, 4096), "DEBUG": (0, 6), "BEAM": (0, 1 << 16)}
+_INT_RANGE: dict[str, tuple[int, int | None]] = {"TGC_THREADS": (1, 4096), "DEBUG": (0, 6), "BEAM": (0, 1 << 16),
+                                                 "TGC_VERIFY_BOUNDS_POINTS": (1, 1 << 40)}
 _FLOAT_MIN: dict[str, tuple[float, bool]] = {"TGC_REMOTE_TIMEOUT": (0.0, False), "TGC_REMOTE_RETRY": (0.0, True)}
 
 

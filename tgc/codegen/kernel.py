@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tgc.codegen import verify
 from tgc.codegen.legalize import legalize
 from tgc.codegen.linearize import linearize
 from tgc.engine.schedule import ScheduleItem
@@ -201,6 +202,8 @@ def build_kernel(item: ScheduleItem, device: Any, beam: int = 0, name: str | Non
     ast, bufs = drop_unused_buffers(ast, item.bufs)
     uops = linearize(ast, vectors=getattr(device.renderer, "supports_vectors", False))
     name = name or item.name
+    if verify.enabled():
+        verify.verify_kernel(name, uops, bufs, launch)
     src = render_kernel(device, name, uops, bufs, launch)
     binary, err, key = _compile_cached(device, src)
     nbytes = bytes_touched(ast, bufs)

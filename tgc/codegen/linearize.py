@@ -83,6 +83,10 @@ class _Linearizer:
         group = [r for r in self.reduce_groups.get(ranges, [first]) if self.lookup(r) is None]
         if first not in group:
             group = [first]
+        # only members that need no loop besides the open ones may share this loop nest now (the copies of an
+        # unrolled tile whose padding check folded differ in the loops they use: some are hoisted earlier)
+        open_now = set(self.open_ranges)
+        group = [r for r in group if r is first or self.free_ranges(r) <= open_now]
         # a member that needs another member's result cannot share its loop
         members = set(group)
         group = [r for r in group if r is first or not any(n in members for n in r.src[0].toposort() if n is not r)]

@@ -108,12 +108,15 @@ class Candidate:
 
 
 def _render(cand: Candidate, device: Any, name: str, bufs: list[UOp]) -> None:
+    from tgc.codegen import verify
     from tgc.codegen.kernel import drop_unused_buffers, render_kernel
     from tgc.codegen.linearize import linearize
     ast, launch, _ = finish(cand.kernel.copy())
     ast, used = drop_unused_buffers(ast, bufs)
     cand.buf_index = [bufs.index(b) for b in used]
     uops = linearize(ast, vectors=getattr(device.renderer, "supports_vectors", False))
+    if verify.enabled():
+        verify.verify_kernel(name, uops, used, launch)
     cand.src, cand.launch, cand.name = render_kernel(device, name, uops, used, launch), launch, name
 
 

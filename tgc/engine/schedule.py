@@ -207,6 +207,8 @@ class _Lowerer:
 
     def _value(self, node: UOp, idx: tuple[UOp, ...], valid: UOp, top: bool) -> UOp:
         op, arg = node.op, node.arg
+        if valid.op is Ops.CONST and not valid.arg:  # never read (padding): any value will do, and no load
+            return UOp.const(node.dtype, 0)
         if node.op is Ops.BUFFER or (node in self.realized and not top):
             index = simplify(flat_index(idx, shape_of(node)))
             src = (self.buffer(node), index) if valid.op is Ops.CONST else (self.buffer(node), index, valid)
@@ -276,6 +278,8 @@ class _Lowerer:
                     cond = c if cond is None else simplify(UOp(Ops.AND, dtypes.bool, (cond, c)))
             if cond is None or (cond.op is Ops.CONST and cond.arg):
                 return self.value(src, tuple(new_idx), valid)
+            if cond.op is Ops.CONST:  # only padding is read here: the fill value, and no load at all
+                return UOp.const(node.dtype, fill)
             inner_valid = cond if valid.op is Ops.CONST else simplify(UOp(Ops.AND, dtypes.bool, (valid, cond)))
             inner = self.value(src, tuple(new_idx), inner_valid)
             return UOp(Ops.WHERE, node.dtype, (cond, inner, UOp.const(node.dtype, fill)))

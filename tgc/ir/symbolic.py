@@ -147,6 +147,18 @@ def lt_rule(x: UOp, c: UOp) -> UOp | None:
     return None
 
 
+def load_gate_rule(x: UOp) -> UOp | None:
+    """A LOAD whose gate is a constant: true drops the gate; false makes the LOAD its else value (0), never an
+    ungated load (its index is out of range exactly where the gate is false). A third source that is not a
+    bool (a BARRIER on a shared-memory load) is an ordering edge, not a gate."""
+    if len(x.src) != 3 or x.src[2].op is not Ops.CONST or not x.src[2].dtype.is_bool:
+        return None
+    if x.src[2].arg:
+        return x.replace(src=x.src[:2])
+    zero = UOp.const(x.dtype.scalar(), 0)
+    return zero if x.dtype.count == 1 else UOp(Ops.VECTORIZE, x.dtype, (zero,) * x.dtype.count)
+
+
 def _is_int(u: UOp) -> bool:
     return u.dtype is not None and (u.dtype.is_int)
 
@@ -175,6 +187,8 @@ symbolic = PatternMatcher([
     (UPat(Ops.WHERE, src=(UPat.cvar("c"), UPat.var("a"), UPat.var("b"))), lambda c, a, b: a if c.arg else b),
     (UPat(Ops.WHERE, src=(UPat.var("c"), UPat.var("a"), UPat.var("a"))), lambda c, a: a),
     (UPat(Ops.AND, src=(UPat.var("x", "bool"), UPat.cvar("c", "bool"))), lambda x, c: x if c.arg else c),
+    # a gated LOAD whose gate is known
+    (UPat(Ops.LOAD, name="x"), load_gate_rule),
 ])
 
 
