@@ -368,10 +368,15 @@ def lower_groups(ast: UOp) -> UOp:
         amt = g.src[0].arg
         rest = tuple(r for r in u.src[1:] if r is not g)
         partial = UOp(Ops.REDUCE, u.dtype, (u.src[0], *rest), u.arg) if rest else u.src[0]
-        lsizes = tuple(r.src[0].arg for r in locals_)
-        lflat = flat_index(tuple(locals_), lsizes) if locals_ else UOp.const(INDEX, 0)
-        temp = UOp(Ops.DEFINE_LOCAL, u.dtype.as_ptr(), (), (f"temp{i}", prod(lsizes) * amt))
-        base = simplify(lflat * UOp.const(INDEX, amt))
+        # one slot per thread of the work-group and per UPCAST lane: the lanes are unrolled into separate
+        # stores later, which must not share a slot
+        ups = sorted({r for r in u.src[0].toposort() if r.op is Ops.RANGE and r.arg[1] is RangeKind.UPCAST},
+                     key=lambda r: r.arg[0])
+        slots = tuple(locals_) + tuple(ups)
+        sizes = tuple(r.src[0].arg for r in slots)
+        flat = flat_index(slots, sizes) if slots else UOp.const(INDEX, 0)
+        temp = UOp(Ops.DEFINE_LOCAL, u.dtype.as_ptr(), (), (f"temp{i}", prod(sizes) * amt))
+        base = simplify(flat * UOp.const(INDEX, amt))
         stored = UOp(Ops.STORE, None, (temp, simplify(base + g), partial))
         barrier = UOp(Ops.BARRIER, None, (stored,))
         j = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, amt),), (next_id, RangeKind.REDUCE))
