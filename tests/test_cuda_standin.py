@@ -106,6 +106,10 @@ check(mm, [("GROUP", 2, 8), ("UNROLL", 2, 4), ("UPCAST", 0, 2), ("UPCAST", 1, 3)
 s = rng.standard_normal((4, 512)).astype(np.float32)
 e = np.exp(s - s.max(1, keepdims=True))
 check("x: f32[M, N]\\nreturn softmax(x, 1)", [], e / e.sum(1, keepdims=True), x=s)
+p = rng.standard_normal(65537).astype(np.float32)  # a prime: a rounded-up grid with clamped threads
+check("x: f32[N]\\nreturn x * 2.0", [], p * 2, x=p)
+r = rng.standard_normal((257, 33)).astype(np.float32)
+check("x: f32[M, N]\\nreturn x.sum(axis=1)", [], r.sum(1), x=r)
 print(json.dumps(results))
 '''
 
@@ -114,4 +118,4 @@ def test_group_local_upcast_combinations_match_numpy():
     results = script_json(OPT_CASES)
     wrong = [r for r in results if r[2] != r[3]]
     assert not wrong, f"[expression, opts, right, outputs]: {wrong}"
-    assert len(results) == 9
+    assert len(results) == 11
