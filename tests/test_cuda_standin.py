@@ -119,3 +119,94 @@ def test_group_local_upcast_combinations_match_numpy():
     wrong = [r for r in results if r[2] != r[3]]
     assert not wrong, f"[expression, opts, right, outputs]: {wrong}"
     assert len(results) == 11
+
+
+# ---------------------------------------------------------------- the runtime's error paths on the stand-in
+
+FAULT = '''
+import ctypes, json, os
+import numpy as np
+import tgc
+from tgc.backends import get_device
+from tgc.errors import DeviceError
+
+def stats():
+    out = (ctypes.c_long * 4)()
+    ctypes.CDLL("libcuda.so.1").tgc_standin_stats(out)
+    return list(out)
+
+dev = get_device("CUDA")
+x = np.arange(1000, dtype=np.float32)
+bad = tgc.loads("x: f32[N]\\nreturn x * 2.0")
+good = tgc.loads("x: f32[N]\\nreturn x + 1.0")
+name = bad.compile(device="CUDA", dims={"N": 1000})[0].name
+old = dev.allocator.alloc(64)  # a buffer of the context that the fault will reset
+os.environ["TGC_STANDIN_FAULT"] = name
+res = {"kernel": name}
+try:
+    bad.run(device="CUDA", x=x)
+except DeviceError as e:
+    res["fault"] = e.msg
+os.environ.pop("TGC_STANDIN_FAULT")
+try:
+    dev.allocator.copyout(memoryview(bytearray(64)), old)
+except DeviceError as e:
+    res["stale"] = e.msg
+res["after"] = float(next(iter(good.run(device="CUDA", x=x).values()))[-1])
+res["again"] = float(next(iter(bad.run(device="CUDA", x=x).values()))[-1])  # its module is loaded again
+res["stats"] = stats()
+print(json.dumps(res))
+'''
+
+
+def test_a_faulting_kernel_is_named_and_the_context_recovers():
+    res = script_json(FAULT)
+    assert f"kernel '{res['kernel']}'" in res["fault"] and "CUDA_ERROR_ILLEGAL_ADDRESS" in res["fault"]
+    assert "context was reset" in res["fault"]
+    assert "buffer is gone" in res["stale"]
+    assert res["after"] == 1000.0 and res["again"] == 1998.0
+    assert res["stats"][3] == 1  # one cuDevicePrimaryCtxReset
+
+
+def test_an_old_driver_is_reported_with_the_version_it_needs():
+    code = '''
+    import json, numpy as np, tgc
+    from tgc.backends.cuda import CUDADevice
+    from tgc.errors import DeviceError
+    ok, why = CUDADevice.probe()
+    try:
+        tgc.loads("x: f32[N]\\nreturn x * 2.0").run(device="CUDA", x=np.ones(4, np.float32))
+        err = None
+    except DeviceError as e:
+        err = e.msg
+    print(json.dumps([ok, why, err]))
+    '''
+    ok, why, err = script_json(code, TGC_STANDIN_DRIVER_VERSION="12040")
+    assert ok is False
+    assert "CUDA 12.4" in why and "R580" in why
+    assert err is not None and "CUDA 12.4" in err
+
+
+def test_modules_are_unloaded_with_the_context_current_and_events_are_per_thread():
+    code = '''
+    import ctypes, gc, json, threading
+    from tgc.backends import get_device
+    dev = get_device("CUDA")
+    src = 'extern "C" __global__ void k(float* a) { a[threadIdx.x] = 1.0f; }'
+    prog = dev.program("k", dev.compiler.compile(src))
+    main_events = dev.events()
+    other = []
+    def work():
+        global prog
+        other.append(dev.events())
+        del prog  # unloaded on a thread that never made the context current
+        gc.collect()
+    t = threading.Thread(target=work)
+    t.start(); t.join()
+    out = (ctypes.c_long * 4)()
+    ctypes.CDLL("libcuda.so.1").tgc_standin_stats(out)
+    print(json.dumps({"stats": list(out), "same_events": other[0] == main_events}))
+    '''
+    res = script_json(code)
+    assert res["stats"][0] == 0 and res["stats"][1] == 0  # no module left, none unloaded without a context
+    assert res["same_events"] is False

@@ -85,3 +85,27 @@ def test_awkward_sizes_get_full_work_groups(n, local, groups):
     assert kernels[0].local_size[0] == local and kernels[0].global_size[0] == groups
     if local * groups != n:  # the threads past the end are clamped onto the last output
         assert f"{n - 1}" in kernels[0].src
+
+
+def test_beam_times_warm_launches_only():
+    """The first launch of a candidate (lazy module loading, cold caches) is not timed."""
+    from tgc.backends.base import HostAllocator
+    from tgc.codegen.search import Candidate, _Timer
+
+    class Prog:
+        calls = 0
+
+        def __call__(self, *bufs, global_size=(1, 1, 1), local_size=None, vals=(), wait=False):
+            Prog.calls += 1
+            return 1.0 if Prog.calls == 1 else 0.001
+
+    class Dev:
+        allocator = HostAllocator()
+
+        def program(self, name, lib):
+            return Prog()
+
+    item = tgc.loads("x: f32[N]\nreturn x * 2.0").schedule({"N": 8}, device="CPU")[0]
+    timer = _Timer(Dev(), item.bufs)
+    cand = Candidate(opts=[], kernel=None, name="k", launch={}, buf_index=list(range(len(item.bufs))))
+    assert timer.run(cand, best=0.002) == 0.001
