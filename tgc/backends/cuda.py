@@ -530,6 +530,7 @@ class CUDADevice(Device):
             self._tls = threading.local()
             self.last_launch = None
             reset = drv.cuDevicePrimaryCtxReset(self._dev)
+            self._ctx = None  # retained again at the next use
         where = f"kernel '{kernel}' (the last one launched)" if kernel else "a kernel"
         err = getattr(fault, "msg", str(fault)).split("failed: ")[-1]
         msg = (f"CUDA {where} faulted: {err}, reported by {what}. The GPU context was reset: buffers and "
