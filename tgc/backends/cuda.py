@@ -10,6 +10,9 @@ so kernels must be self-contained. NVRTC still knows the device builtins (`threa
 `unsigned short` bits and converted with inline PTX (`cvt.f32.f16`, `cvt.rn.f16.f32`, `cvt.rn.bf16.f32`;
 bf16 -> f32 is a 16-bit shift); `HALF_HELPERS` below is a ready-made set of such helpers.
 
+Without a GPU, the tests run this module end to end against a CPU stand-in for `libcuda.so.1`
+(tests/cuda_standin.py).
+
 Launch convention (see `tgc.backends.base`): `global_size` is the grid in *blocks*, `local_size` the
 block in threads (as in `cuLaunchKernel`). Kernel parameters are the buffers' device pointers, then the
 `vals` as 32-bit ints.
@@ -499,7 +502,7 @@ class CUDADevice(Device):
     def _open(self) -> None:
         ok, why, count = _driver_probe()
         if not ok:
-            raise DeviceError(f"no CUDA device is present: {why}",
+            raise DeviceError(f"{'the CUDA device cannot be used' if count else 'no CUDA device is present'}: {why}",
                               hint="CUDA kernels still compile here (tgc compile -d CUDA); running needs a GPU")
         if self.index >= count:
             raise DeviceError(f"no CUDA device is present at index {self.index}: this machine has {count}")
