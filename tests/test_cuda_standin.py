@@ -211,3 +211,17 @@ def test_modules_are_unloaded_with_the_context_current_and_events_are_per_thread
     res = script_json(code)
     assert res["stats"][0] == 0 and res["stats"][1] == 0  # no module left, none unloaded without a context
     assert res["same_events"] is False
+
+
+def test_beam_on_cuda_launches_every_candidate_and_keeps_results():
+    code = '''
+    import json, numpy as np, tgc
+    p = tgc.loads("x: f32[M, N]\\nreturn x.sum(axis=1)")
+    res = p.beam(device="CUDA", dims={"M": 16, "N": 1024}, width=2)
+    x = np.random.default_rng(0).standard_normal((16, 1024)).astype(np.float32)
+    err = float(np.abs(next(iter(p.run(device="CUDA", x=x).values())) - x.sum(1)).max())
+    print(json.dumps([res["kernels"][0]["tried"], res["kernels"][0]["failed"], res["kernels"][0]["rejected"], err]))
+    '''
+    tried, failed, rejected, err = script_json(code)
+    assert tried > 1 and failed == 0 and rejected == 0
+    assert err < 1e-3
