@@ -109,3 +109,13 @@ def test_beam_times_warm_launches_only():
     timer = _Timer(Dev(), item.bufs)
     cand = Candidate(opts=[], kernel=None, name="k", launch={}, buf_index=list(range(len(item.bufs))))
     assert timer.run(cand, best=0.002) == 0.001
+
+
+def test_a_grid_beyond_the_limit_is_a_clear_compile_error():
+    from tgc.codegen.opt import map_to_grid
+    from tgc.errors import CompileError
+    k = _kernel("CUDA", "x: f32[N]\nreturn x * 2.0", {"N": 4096})
+    with pytest.raises(CompileError, match="16 work-groups, more than the device's 8"):
+        map_to_grid(k.ast, max_local=256, max_grid=8)
+    _, launch = map_to_grid(k.ast, max_local=256, max_grid=16)
+    assert launch["global_size"] == (16, 1, 1)
