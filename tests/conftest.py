@@ -25,6 +25,10 @@ os.environ["XDG_CACHE_HOME"] = _CACHE_ROOT
 os.environ.setdefault("TGC_VERIFY_BOUNDS", "1")
 atexit.register(shutil.rmtree, _CACHE_ROOT, ignore_errors=True)
 
+if os.environ.get("TGC_STANDIN_DIR"):  # CUDA through the CPU stand-in driver (tests/cuda_standin.py)
+    import cuda_standin
+    cuda_standin.install()
+
 DEVICES = [d.strip() for d in os.environ.get("TGC_TEST_DEVICES", "CPU").split(",") if d.strip()]
 
 

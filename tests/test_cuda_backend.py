@@ -261,11 +261,18 @@ class FakeDriver:
             return (self.CUresult.CUDA_ERROR_INVALID_IMAGE, None)
         return (self.CUresult.CUDA_SUCCESS, "module")
 
+    SIGNATURES = {"add": (ctypes.c_void_p,) * 3 + (ctypes.c_int32,),
+                  "scale": (ctypes.c_void_p,) * 2 + (ctypes.c_int32,) * 2}
+
     def cuLaunchKernel(self, fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
-        self.launches.append((fn, (gx, gy, gz), (bx, by, bz), params))
+        # params: the address of a void** array (packed by the runtime), decoded with the kernel's signature
+        types = self.SIGNATURES[fn]
+        ptrs = (ctypes.c_void_p * len(types)).from_address(params)
+        args = tuple((ctypes.c_uint64 if t is ctypes.c_void_p else t).from_address(p).value
+                     for t, p in zip(types, ptrs))
+        self.launches.append((fn, (gx, gy, gz), (bx, by, bz), (args, types)))
         if bx * by * bz > 1024:
             return (self.CUresult.CUDA_ERROR_INVALID_VALUE,)
-        args, types = params
         threads = gx * bx
         f32 = lambda addr: np.frombuffer(self.memory[addr], np.float32)  # noqa: E731
         if fn == "add":
@@ -364,6 +371,44 @@ def test_fake_gpu_info(fake):
     peak = machine_peak(cuda.CUDADevice())
     assert peak["gbps"] == info["peak_gbps"] and peak["gflops"] == info["peak_gflops"]
     assert info["cache_bytes"] == peak["cache_bytes"] == 50 << 20  # the L2: data that fits stays there
+
+
+def test_fake_gpu_context_is_opened_once_across_threads(fake):
+    import threading
+    import time
+    calls = []
+
+    def retain(dev):
+        calls.append(dev)
+        time.sleep(0.05)  # a slow first open: other threads arrive meanwhile
+        return (fake.CUresult.CUDA_SUCCESS, f"ctx{dev}")
+    fake.cuDevicePrimaryCtxRetain = retain
+    dev = cuda.CUDADevice()
+    threads = [threading.Thread(target=dev.activate) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1
+
+
+def test_fake_gpu_arch_from_env_wins_over_the_gpu(fake, monkeypatch):
+    assert cuda.CUDADevice().arch == "sm_90"
+    monkeypatch.setenv("TGC_CUDA_ARCH", "8.0")
+    assert cuda.CUDADevice().arch == "sm_80"
+
+
+def test_fake_gpu_timed_launch_records_start_right_before_the_launch(fake):
+    order = []
+    record = fake.cuEventRecord
+    fake.cuEventRecord = lambda ev, stream: (order.append("record"), record(ev, stream))[1]
+    launch = fake.cuLaunchKernel
+    fake.cuLaunchKernel = lambda *a: (order.append(("launch", type(a[-2]))), launch(*a))[1]
+    dev = cuda.CUDADevice()
+    a = np.arange(10, dtype=np.float32)
+    ha, hout = _upload(dev, a), dev.allocator.alloc(a.nbytes)
+    dev.program("scale", b"\x7fELF")(hout, ha, global_size=(10,), vals=(10, 2), wait=True)
+    assert order == ["record", ("launch", int), "record"]  # parameters packed before the start event
 
 
 # ---------------------------------------------------------------- a real GPU

@@ -28,9 +28,12 @@ class CStyleRenderer:
     barrier = "barrier(CLK_LOCAL_MEM_FENCE);"
     launch_style = "gpu"
     has_threads = False
-    # work-group and work-item indices are `int` in the kernel (and CUDA's grid is at most 2^31 - 1 blocks
-    # wide): a launch past this many work-groups is refused; addresses past 2^31 use 64-bit math instead
-    max_groups = (1 << 31) - 1
+    # launch limits checked by every opt (tgc.codegen.opt.launch_limits): OpenCL's guaranteed minimums.
+    # Work-group and work-item indices are `int` in the kernel, so the grid is at most 2^31 - 1 groups wide
+    # (a larger launch is refused); addresses past 2^31 use 64-bit math instead.
+    max_threads_per_block = 256
+    max_shared_bytes = 32768
+    max_grid = (2**31 - 1, 65535, 65535)
     float_suffix = "f"
     # index builtins by SPECIAL name prefix
     group_index = "get_group_id({})"
@@ -293,6 +296,8 @@ class CUDARenderer(CStyleRenderer):
     barrier = "__syncthreads();"
     group_index = "blockIdx.{}"
     local_index = "threadIdx.{}"
+    max_threads_per_block = 1024
+    max_shared_bytes = 48 * 1024  # static __shared__ arrays; more needs dynamic shared memory
     types = {**CStyleRenderer.types, "i8": "signed char", "u8": "unsigned char", "u16": "unsigned short",
              "u32": "unsigned int", "i64": "long long", "u64": "unsigned long long"}
     mem_types = {"bool": "unsigned char", "f16": "unsigned short", "bf16": "unsigned short"}
@@ -387,6 +392,8 @@ class MetalRenderer(CStyleRenderer):
     global_qualifier = "device"
     local_qualifier = "threadgroup"
     barrier = "threadgroup_barrier(mem_flags::mem_threadgroup);"
+    max_threads_per_block = 1024
+    max_shared_bytes = 32768
     types = {**CStyleRenderer.types, "i64": "long", "u64": "ulong"}
     mem_types = {"bool": "uchar", "f16": "half", "bf16": "ushort"}
 

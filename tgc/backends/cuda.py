@@ -10,6 +10,9 @@ so kernels must be self-contained. NVRTC still knows the device builtins (`threa
 `unsigned short` bits and converted with inline PTX (`cvt.f32.f16`, `cvt.rn.f16.f32`, `cvt.rn.bf16.f32`;
 bf16 -> f32 is a 16-bit shift); `HALF_HELPERS` below is a ready-made set of such helpers.
 
+Without a GPU, the tests run this module end to end against a CPU stand-in for `libcuda.so.1`
+(tests/cuda_standin.py).
+
 Launch convention (see `tgc.backends.base`): `global_size` is the grid in *blocks*, `local_size` the
 block in threads (as in `cuLaunchKernel`). Kernel parameters are the buffers' device pointers, then the
 `vals` as 32-bit ints.
@@ -22,6 +25,7 @@ import functools
 import hashlib
 import importlib.util
 import re
+import threading
 from collections import OrderedDict
 from typing import Any
 
@@ -216,6 +220,18 @@ def _compiler_for(arch: str) -> NVRTCCompiler:
 
 # ---------------------------------------------------------------- the driver (needs a GPU)
 
+# cuDriverGetVersion of the oldest driver that loads NVRTC 13's cubins (CUDA 13.0: driver R580 or newer)
+MIN_DRIVER_VERSION = 13000
+# errors of an asynchronous launch that leave the context unusable until it is reset ("sticky" errors):
+# ILLEGAL_ADDRESS, LAUNCH_TIMEOUT, HARDWARE_STACK_ERROR, ILLEGAL_INSTRUCTION, MISALIGNED_ADDRESS,
+# INVALID_ADDRESS_SPACE, INVALID_PC, LAUNCH_FAILED
+STICKY_ERRORS = frozenset({700, 702, 714, 715, 716, 717, 718, 719})
+
+
+def _version_text(v: int) -> str:
+    return f"{v // 1000}.{v % 1000 // 10}"
+
+
 @functools.cache
 def _driver_probe() -> tuple[bool, str, int]:
     """(usable, why not, device count), through ctypes on libcuda: no cuda-bindings import."""
@@ -232,6 +248,11 @@ def _driver_probe() -> tuple[bool, str, int]:
         return False, f"cuDeviceGetCount failed: {_ctypes_error_name(lib, rc)}", 0
     if count.value == 0:
         return False, "no CUDA device found (the driver is there, cuDeviceGetCount = 0)", 0
+    version = ctypes.c_int(0)
+    if lib.cuDriverGetVersion(ctypes.byref(version)) == 0 and version.value < MIN_DRIVER_VERSION:
+        return (False, f"the NVIDIA driver supports CUDA {_version_text(version.value)} only; kernels from NVRTC "
+                f"{_version_text(MIN_DRIVER_VERSION)} need CUDA {_version_text(MIN_DRIVER_VERSION)} (driver R580 "
+                "or newer): update the driver", count.value)
     if importlib.util.find_spec("cuda.bindings") is None:
         return False, f"cuda-bindings is not installed: {INSTALL_HINT}", count.value
     return True, "", count.value
@@ -250,13 +271,28 @@ def _driver() -> Any:
     return driver
 
 
+class CUDAFault(DeviceError):
+    """A sticky error: a kernel faulted, and the context must be reset before the GPU can be used again."""
+
+    def __init__(self, msg: str, code: int, **kw: Any):
+        super().__init__(msg, **kw)
+        self.code = code
+
+
+class CUDAContextReset(DeviceError):
+    """What a user sees after a fault: which kernel faulted, and that the context was reset."""
+
+
 def _check(drv: Any, result: Any, what: str) -> Any:
-    """Unpack a cuda-bindings `(CUresult, *values)` tuple; DeviceError (MemoryError for OOM) on failure."""
+    """Unpack a cuda-bindings `(CUresult, *values)` tuple; DeviceError (MemoryError for OOM, CUDAFault for a
+    sticky error) on failure."""
     err, *vals = result
     if err != drv.CUresult.CUDA_SUCCESS:
         name = getattr(err, "name", str(err))
         if err == drv.CUresult.CUDA_ERROR_OUT_OF_MEMORY:
             raise MemoryError(f"CUDA out of memory: {what}: {name}")
+        if int(err) in STICKY_ERRORS:
+            raise CUDAFault(f"CUDA {what} failed: {name}", int(err))
         raise DeviceError(f"CUDA {what} failed: {name}")
     if not vals:
         return None
@@ -271,72 +307,124 @@ def _dims3(size: tuple[int, ...] | None) -> tuple[int, int, int]:
 
 
 class CUDAAllocator(LRUAllocator):
-    """Device memory through cuMemAlloc/cuMemFree; handles are device addresses (ints)."""
+    """Device memory through cuMemAlloc/cuMemFree; handles are device addresses (ints).
+
+    `live` maps the handles of the current context to their sizes: after a context reset (a faulted kernel)
+    the old handles are gone (`stale`), and using one is an error instead of a stray access."""
 
     def __init__(self, device: CUDADevice):
         super().__init__()
         self.device = device
+        self.live: dict[int, int] = {}
+        self.stale: set[int] = set()  # handles of reset contexts (until an allocation reuses the address)
 
     def _alloc(self, nbytes: int) -> int:
-        drv = self.device.activate()
-        return int(_check(drv, drv.cuMemAlloc(max(nbytes, 1)), f"cuMemAlloc({nbytes})"))
+        dev = self.device
+        dev.activate()
+        h = int(dev.check(dev._drv.cuMemAlloc(max(nbytes, 1)), f"cuMemAlloc({nbytes})"))
+        self.live[h] = nbytes
+        self.stale.discard(h)
+        return h
 
     def _free(self, handle: int, nbytes: int) -> None:
-        drv = self.device.activate()
-        _check(drv, drv.cuMemFree(handle), "cuMemFree")
+        if self.live.pop(handle, None) is None:  # a buffer of a context that was reset: already gone
+            return
+        dev = self.device
+        dev.activate()
+        dev.check(dev._drv.cuMemFree(handle), "cuMemFree")
+
+    def free(self, handle: int, nbytes: int) -> None:
+        if handle in self.live:  # buffers of a reset context are not cached for reuse
+            super().free(handle, nbytes)
+
+    def drop(self) -> None:
+        """Forget every buffer without freeing it (the context that held them was reset)."""
+        self.cached.clear()
+        self.stale.update(self.live)
+        self.live.clear()
+
+    def require(self, handle: int, what: str) -> None:
+        if int(handle) in self.stale:
+            raise DeviceError(f"CUDA {what}: the buffer is gone (the GPU context was reset after a kernel fault)",
+                              hint="allocate and upload the data again")
 
     def copyin(self, handle: int, src: memoryview) -> None:
-        drv = self.device.activate()
+        dev = self.device
+        dev.activate()
+        self.require(handle, "cuMemcpyHtoD")
         src = memoryview(src).cast("B")
-        _check(drv, drv.cuMemcpyHtoD(handle, src, src.nbytes), "cuMemcpyHtoD")
+        dev.check(dev._drv.cuMemcpyHtoD(handle, src, src.nbytes), "cuMemcpyHtoD")
 
     def copyout(self, dest: memoryview, handle: int) -> None:
-        drv = self.device.activate()
+        dev = self.device
+        dev.activate()
+        self.require(handle, "cuMemcpyDtoH")
         dest = memoryview(dest).cast("B")
-        _check(drv, drv.cuMemcpyDtoH(dest, handle, dest.nbytes), "cuMemcpyDtoH")
+        dev.check(dev._drv.cuMemcpyDtoH(dest, handle, dest.nbytes), "cuMemcpyDtoH")
 
 
 class CUDAProgram(Program):
-    """A cubin loaded into the device's context (cuModuleLoadData), launched with cuLaunchKernel."""
+    """A cubin loaded into the device's context (cuModuleLoadData), launched with cuLaunchKernel.
+    After a context reset the module is loaded again at the next launch."""
 
     def __init__(self, device: CUDADevice, name: str, lib: bytes):
         super().__init__(device, name, lib)
         self.gpu = device
-        drv = self._drv = device.activate()
+        self.module: Any = None
+        self._load()
+
+    def _load(self) -> None:
+        dev = self.gpu
+        dev.activate()
         try:
-            self.module = _check(drv, drv.cuModuleLoadData(lib), "cuModuleLoadData")
+            module = dev.check(dev._drv.cuModuleLoadData(self.lib), "cuModuleLoadData")
+        except CUDAContextReset:
+            raise
         except DeviceError as e:
-            raise DeviceError(f"{e.msg} (kernel '{name}')",
-                              hint=f"the binary must be a cubin for this GPU's architecture ({device.arch})") from None
-        self.function = _check(drv, drv.cuModuleGetFunction(self.module, name.encode()),
-                               f"cuModuleGetFunction('{name}')")
+            raise DeviceError(f"{e.msg} (kernel '{self.name}')",
+                              hint=f"the binary must be a cubin for this GPU's architecture ({dev.arch}); "
+                                   "TGC_CUDA_ARCH chooses the architecture kernels are compiled for") from None
+        self.module, self.generation = module, dev.generation
+        self.function = dev.check(dev._drv.cuModuleGetFunction(module, self.name.encode()),
+                                  f"cuModuleGetFunction('{self.name}')")
 
     def __call__(self, *bufs: Any, global_size: tuple[int, ...] = (1, 1, 1),
                  local_size: tuple[int, ...] | None = None, vals: tuple[int, ...] = (),
                  wait: bool = False) -> float | None:
-        drv = self.gpu.activate()
+        dev = self.gpu
+        drv = dev.activate()
+        if self.generation != dev.generation:
+            self._load()
         grid, block = _dims3(global_size), _dims3(local_size or (1, 1, 1))
-        args = tuple(int(b) for b in bufs) + tuple(int(v) for v in vals)
-        types = (ctypes.c_void_p,) * len(bufs) + (ctypes.c_int32,) * len(vals)
-        params = (args, types) if args else None
-        if wait:
-            start, end = self.gpu.events()
-            _check(drv, drv.cuEventRecord(start, None), "cuEventRecord")
-        _check(drv, drv.cuLaunchKernel(self.function, *grid, *block, 0, None, params, 0),
-               f"cuLaunchKernel('{self.name}', grid={grid}, block={block})")
+        for b in bufs:
+            dev.allocator.require(b, f"launching '{self.name}'")
+        # the kernel parameters packed here (a void** array of pointers to the values), not by cuda-bindings
+        # inside the timed region
+        values = [ctypes.c_uint64(int(b)) for b in bufs] + [ctypes.c_int32(int(v)) for v in vals]
+        pointers = (ctypes.c_void_p * max(len(values), 1))(*[ctypes.addressof(v) for v in values])
+        params = ctypes.addressof(pointers) if values else None
+        what = f"cuLaunchKernel('{self.name}', grid={grid}, block={block})"
         if not wait:
+            dev.check(drv.cuLaunchKernel(self.function, *grid, *block, 0, None, params, 0), what)
+            dev.last_launch = self.name
             return None
-        _check(drv, drv.cuEventRecord(end, None), "cuEventRecord")
-        _check(drv, drv.cuEventSynchronize(end), f"running '{self.name}'")
-        return _check(drv, drv.cuEventElapsedTime(start, end), "cuEventElapsedTime") * 1e-3
+        start, end = dev.events()
+        dev.check(drv.cuEventRecord(start, None), "cuEventRecord")  # right before the launch
+        dev.check(drv.cuLaunchKernel(self.function, *grid, *block, 0, None, params, 0), what)
+        dev.last_launch = self.name
+        dev.check(drv.cuEventRecord(end, None), "cuEventRecord")
+        dev.check(drv.cuEventSynchronize(end), f"running '{self.name}'")
+        return dev.check(drv.cuEventElapsedTime(start, end), "cuEventElapsedTime") * 1e-3
 
     def __del__(self) -> None:
-        module = getattr(self, "module", None)
-        if module is not None:
-            try:
-                self._drv.cuModuleUnload(module)
-            except Exception:  # interpreter shutdown, context gone: nothing to do
-                pass
+        gpu, module = getattr(self, "gpu", None), getattr(self, "module", None)
+        if gpu is None or module is None or gpu._ctx is None or self.generation != gpu.generation:
+            return  # never loaded, or its context was reset (which unloaded it)
+        try:  # the context current on this thread (GC may run anywhere), then unload
+            gpu._drv.cuCtxSetCurrent(gpu._ctx)
+            gpu._drv.cuModuleUnload(module)
+        except Exception:  # interpreter shutdown: nothing to do
+            pass
 
 
 # FP32 lanes per SM, for the peak estimate in info(); by compute capability.
@@ -360,7 +448,10 @@ class CUDADevice(Device):
         super().__init__(index)
         self._drv: Any = None
         self._ctx: Any = None
-        self._events: tuple[Any, Any] | None = None
+        self._lock = threading.Lock()  # the context's first-use set-up, and a reset, happen once
+        self._tls = threading.local()  # per-thread timing events
+        self.generation = 0  # bumped by each context reset: modules and buffers of older ones are gone
+        self.last_launch: str | None = None
         self._cc: tuple[int, int] | None = None
         ok, _, count = _driver_probe()
         if ok and index < count:
@@ -368,10 +459,13 @@ class CUDADevice(Device):
                 self._cc = self._compute_capability()
             except (DeviceError, RuntimeError):
                 self._cc = None
-        if self._cc is not None:
+        env_arch = (env_str("TGC_CUDA_ARCH", "") or "").strip()
+        if env_arch:  # the user's choice wins, GPU or not (a cubin for an older minor version runs too)
+            self.arch = normalize_arch(env_arch)
+        elif self._cc is not None:
             self.arch = f"sm_{self._cc[0]}{self._cc[1]}"
         else:
-            self.arch = normalize_arch(env_str("TGC_CUDA_ARCH", DEFAULT_ARCH) or DEFAULT_ARCH)
+            self.arch = DEFAULT_ARCH
         self.allocator = CUDAAllocator(self)
 
     @classmethod
@@ -399,31 +493,66 @@ class CUDADevice(Device):
     def activate(self) -> Any:
         """Make this device's primary context current on this thread (opening it once); returns the driver."""
         if self._ctx is None:
-            ok, why, count = _driver_probe()
-            if not ok:
-                raise DeviceError(f"no CUDA device is present: {why}",
-                                  hint="CUDA kernels still compile here (tgc compile -d CUDA); running needs a GPU")
-            if self.index >= count:
-                raise DeviceError(f"no CUDA device is present at index {self.index}: this machine has {count}")
-            try:
-                drv = _driver()
-                _check(drv, drv.cuInit(0), "cuInit")
-                self._dev = _check(drv, drv.cuDeviceGet(self.index), f"cuDeviceGet({self.index})")
-                self._ctx = _check(drv, drv.cuDevicePrimaryCtxRetain(self._dev), "cuDevicePrimaryCtxRetain")
-            except RuntimeError as e:  # cuda-bindings could not load libcuda
-                raise DeviceError(f"no CUDA device is present: {e}") from None
-            self._drv = drv
+            with self._lock:
+                if self._ctx is None:
+                    self._open()
         _check(self._drv, self._drv.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
         return self._drv
 
+    def _open(self) -> None:
+        ok, why, count = _driver_probe()
+        if not ok:
+            raise DeviceError(f"{'the CUDA device cannot be used' if count else 'no CUDA device is present'}: {why}",
+                              hint="CUDA kernels still compile here (tgc compile -d CUDA); running needs a GPU")
+        if self.index >= count:
+            raise DeviceError(f"no CUDA device is present at index {self.index}: this machine has {count}")
+        try:
+            drv = _driver()
+            _check(drv, drv.cuInit(0), "cuInit")
+            self._dev = _check(drv, drv.cuDeviceGet(self.index), f"cuDeviceGet({self.index})")
+            ctx = _check(drv, drv.cuDevicePrimaryCtxRetain(self._dev), "cuDevicePrimaryCtxRetain")
+        except RuntimeError as e:  # cuda-bindings could not load libcuda
+            raise DeviceError(f"no CUDA device is present: {e}") from None
+        self._drv, self._ctx = drv, ctx
+
+    def check(self, result: Any, what: str) -> Any:
+        """`_check` for calls in this device's context: a sticky error (a kernel faulted) resets the context
+        and raises a DeviceError naming the kernel; the device is usable again afterwards."""
+        try:
+            return _check(self._drv, result, what)
+        except CUDAFault as e:
+            raise self.recover(e, what) from None
+
+    def recover(self, fault: CUDAFault, what: str) -> CUDAContextReset:
+        """Reset the primary context after a fault: its buffers, modules and events are gone."""
+        kernel = self.last_launch
+        with self._lock:
+            drv = self._drv
+            self.generation += 1
+            self.allocator.drop()
+            self._tls = threading.local()
+            self.last_launch = None
+            reset = drv.cuDevicePrimaryCtxReset(self._dev)
+            self._ctx = None  # retained again at the next use
+        where = f"kernel '{kernel}' (the last one launched)" if kernel else "a kernel"
+        err = getattr(fault, "msg", str(fault)).split("failed: ")[-1]
+        msg = (f"CUDA {where} faulted: {err}, reported by {what}. The GPU context was reset: buffers and "
+               "loaded kernels of this device are gone")
+        if reset[0] != drv.CUresult.CUDA_SUCCESS:
+            msg += f" (the reset failed too: {getattr(reset[0], 'name', reset[0])}; restart the process)"
+        return CUDAContextReset(msg, hint="an out-of-bounds access in a kernel is a tgc bug: please report it "
+                                          "with the program and its inputs' shapes")
+
     def events(self) -> tuple[Any, Any]:
-        """A (start, end) event pair for timing launches, created once."""
-        if self._events is None:
+        """A (start, end) event pair for timing launches, one per thread (created on its first use)."""
+        pair = getattr(self._tls, "events", None)
+        if pair is None:
             drv = self.activate()
             flags = drv.CUevent_flags.CU_EVENT_DEFAULT
-            self._events = (_check(drv, drv.cuEventCreate(flags), "cuEventCreate"),
-                            _check(drv, drv.cuEventCreate(flags), "cuEventCreate"))
-        return self._events
+            pair = (self.check(drv.cuEventCreate(flags), "cuEventCreate"),
+                    self.check(drv.cuEventCreate(flags), "cuEventCreate"))
+            self._tls.events = pair
+        return pair
 
     def program(self, name: str, lib: bytes) -> CUDAProgram:
         return CUDAProgram(self, name, lib)
@@ -431,7 +560,7 @@ class CUDADevice(Device):
     def synchronize(self) -> None:
         if self._ctx is not None:
             drv = self.activate()
-            _check(drv, drv.cuCtxSynchronize(), "cuCtxSynchronize")
+            self.check(drv.cuCtxSynchronize(), "cuCtxSynchronize")
 
     def info(self) -> dict[str, Any]:
         out: dict[str, Any] = {"compiler": "nvrtc", "arch": self.arch}

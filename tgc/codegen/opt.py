@@ -37,6 +37,42 @@ class OptError(Exception):
 
 
 @dataclass(frozen=True)
+class LaunchLimits:
+    """What one launch of a GPU kernel may use: threads per work-group, shared memory per work-group (bytes),
+    and work-groups along the first grid dimension. Renderers declare them (`max_threads_per_block`,
+    `max_shared_bytes`, `max_grid`); a device may lower them (`max_local_size`, `max_shared_bytes`)."""
+    threads: int = 256
+    shared_bytes: int = 32768
+    grid: int = 2**31 - 1
+
+
+def launch_limits(device: Any) -> LaunchLimits:
+    r = getattr(device, "renderer", None)
+    threads = getattr(r, "max_threads_per_block", LaunchLimits.threads)
+    shared = getattr(r, "max_shared_bytes", LaunchLimits.shared_bytes)
+    grid = getattr(r, "max_grid", (LaunchLimits.grid,))[0]
+    dev_threads, dev_shared = getattr(device, "max_local_size", None), getattr(device, "max_shared_bytes", None)
+    return LaunchLimits(min(threads, dev_threads or threads), min(shared, dev_shared or shared), grid)
+
+
+def shared_bytes(ast: UOp) -> int:
+    """The shared memory `lower_groups` will declare for this AST: per GROUP reduction, one slot per thread of the
+    work-group and per UPCAST lane of the reduced value (half floats are held as 4-byte floats)."""
+    ranges = {u for u in ast.toposort() if u.op is Ops.RANGE}
+    local = prod(r.src[0].arg for r in ranges if r.arg[1] is RangeKind.LOCAL)
+    total = 0
+    for u in ast.toposort():
+        if u.op is not Ops.REDUCE:
+            continue
+        for g in (r for r in u.src[1:] if r.arg[1] is RangeKind.GROUP):
+            lanes = prod(r.src[0].arg for r in u.src[0].toposort()
+                         if r.op is Ops.RANGE and r.arg[1] is RangeKind.UPCAST)
+            size = 4 if u.dtype.name in ("f16", "bf16") else u.dtype.itemsize
+            total += local * lanes * g.src[0].arg * size
+    return total
+
+
+@dataclass(frozen=True)
 class Opt:
     op: str
     axis: int
@@ -91,6 +127,28 @@ class OptKernel:
 
     # --- applying opts
     def apply(self, opt: Opt) -> None:
+        """Apply one opt; OptError (and the kernel unchanged) when it does not apply or breaks a launch limit."""
+        ast, applied, threads = self.ast, list(self.applied), self.threads
+        self._apply(opt)
+        if getattr(self.device, "launch_style", "cpu") == "gpu":
+            try:
+                self.check_limits()
+            except OptError:
+                self.ast, self.applied, self.threads = ast, applied, threads
+                raise
+
+    def check_limits(self) -> None:
+        """The work-group size and shared memory against the device's launch limits (GPUs)."""
+        lim = launch_limits(self.device)
+        ranges = self.ranges()
+        group = prod(r.src[0].arg for r in ranges if r.arg[1] in (RangeKind.LOCAL, RangeKind.GROUP))
+        if group > lim.threads:
+            raise OptError(f"a work-group of {group} threads is too large (at most {lim.threads})")
+        shared = shared_bytes(self.ast)
+        if shared > lim.shared_bytes:
+            raise OptError(f"{shared} bytes of shared memory is too much (at most {lim.shared_bytes})")
+
+    def _apply(self, opt: Opt) -> None:
         if opt.op not in OPT_NAMES:
             raise OptError(f"unknown opt {opt.op}")
         axes = self.axes()
@@ -152,9 +210,6 @@ class OptKernel:
                 raise OptError("LOCAL needs a GPU-shaped device")
             if is_reduce:
                 raise OptError("LOCAL applies to output axes")
-            local = prod(x.src[0].arg for x in self.ranges() if x.arg[1] is RangeKind.LOCAL) * amt
-            if local > getattr(self.device, "max_local_size", 256):
-                raise OptError(f"a work-group of {local} threads is too large")
             kind = RangeKind.LOCAL
         else:  # GROUP
             if not gpu:
@@ -163,9 +218,6 @@ class OptKernel:
                 raise OptError("GROUP applies to reduction axes")
             if any(x.arg[1] is RangeKind.GROUP for x in self.ranges()):
                 raise OptError("only one GROUP per kernel")
-            local = prod(x.src[0].arg for x in self.ranges() if x.arg[1] in (RangeKind.LOCAL, RangeKind.GROUP)) * amt
-            if local > getattr(self.device, "max_local_size", 256):
-                raise OptError(f"a work-group of {local} threads is too large")
             kind = RangeKind.GROUP
         self.ast = split_range(self.ast, r, amt, kind, self._next_id())
         self.applied.append(opt)
@@ -347,19 +399,10 @@ def finish(k: OptKernel) -> tuple[UOp, dict, list]:
     ast = k.ast
     if gpu:
         ast = lower_groups(ast)
-        ast, launch = map_to_grid(ast, max_local=getattr(k.device, "max_local_size", 256))
-        check_grid(launch, k.device)
+        lim = launch_limits(k.device)
+        ast, launch = map_to_grid(ast, max_local=min(getattr(k.device, "max_local_size", 256), lim.threads),
+                                  max_grid=lim.grid)
     return ast, launch, list(k.applied)
-
-
-def check_grid(launch: dict, device: Any) -> None:
-    """A grid larger than the device's renderer can index (its `max_groups` work-groups) is an error."""
-    from tgc.errors import CompileError
-    groups, local = launch["global_size"][0], (launch.get("local_size") or (1, 1, 1))[0]
-    limit = getattr(device.renderer, "max_groups", (1 << 31) - 1)
-    if groups > limit:
-        raise CompileError(f"this kernel needs {groups} work-groups of {local} threads, but {device.kind} kernels "
-                           f"address at most {limit} work-groups", hint="split the work into smaller tensors")
 
 
 def lower_groups(ast: UOp) -> UOp:
@@ -379,10 +422,15 @@ def lower_groups(ast: UOp) -> UOp:
         amt = g.src[0].arg
         rest = tuple(r for r in u.src[1:] if r is not g)
         partial = UOp(Ops.REDUCE, u.dtype, (u.src[0], *rest), u.arg) if rest else u.src[0]
-        lsizes = tuple(r.src[0].arg for r in locals_)
-        lflat = flat_index(tuple(locals_), lsizes) if locals_ else UOp.const(INDEX, 0)
-        temp = UOp(Ops.DEFINE_LOCAL, u.dtype.as_ptr(), (), (f"temp{i}", prod(lsizes) * amt))
-        base = simplify(lflat * UOp.const(INDEX, amt))
+        # one slot per thread of the work-group and per UPCAST lane: the lanes are unrolled into separate
+        # stores later, which must not share a slot
+        ups = sorted({r for r in u.src[0].toposort() if r.op is Ops.RANGE and r.arg[1] is RangeKind.UPCAST},
+                     key=lambda r: r.arg[0])
+        slots = tuple(locals_) + tuple(ups)
+        sizes = tuple(r.src[0].arg for r in slots)
+        flat = flat_index(slots, sizes) if slots else UOp.const(INDEX, 0)
+        temp = UOp(Ops.DEFINE_LOCAL, u.dtype.as_ptr(), (), (f"temp{i}", prod(sizes) * amt))
+        base = simplify(flat * UOp.const(INDEX, amt))
         stored = UOp(Ops.STORE, None, (temp, simplify(base + g), partial))
         barrier = UOp(Ops.BARRIER, None, (stored,))
         j = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, amt),), (next_id, RangeKind.REDUCE))
@@ -392,9 +440,10 @@ def lower_groups(ast: UOp) -> UOp:
     return substitute(ast, mapping) if mapping else ast
 
 
-def map_to_grid(ast: UOp, max_local: int = 256) -> tuple[UOp, dict]:
+def map_to_grid(ast: UOp, max_local: int = 256, max_grid: int = 2**31 - 1) -> tuple[UOp, dict]:
     """Output loops -> GPU indices. LOCAL ranges form the work-group; the other output loops are flattened
-    into one index split into work-groups of a size that divides it exactly (no thread is out of range)."""
+    into one index split into work-groups of up to `max_local` threads: of a size that divides it exactly
+    when one is at least half that, else a grid rounded up whose extra threads are clamped to the last index."""
     loops = sorted((u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] is RangeKind.LOOP),
                    key=lambda x: x.arg[0])
     in_group = (RangeKind.LOCAL, RangeKind.GROUP)
@@ -412,15 +461,22 @@ def map_to_grid(ast: UOp, max_local: int = 256) -> tuple[UOp, dict]:
         groups = total
         gflat = UOp(Ops.SPECIAL, INDEX, (), ("gidx0", groups))
     else:
-        local = 1
-        for cand in range(min(max_local, total), 0, -1):
-            if total % cand == 0:
-                local = cand
-                break
-        groups = total // local
+        local = min(max_local, total)
+        exact = next(c for c in range(local, 0, -1) if total % c == 0)
+        if 2 * exact >= local:  # a divisor of the size makes full work-groups with no thread out of range
+            local = exact
+        groups = -(-total // local)
         gidx = UOp(Ops.SPECIAL, INDEX, (), ("gidx0", groups))
         lidx = UOp(Ops.SPECIAL, INDEX, (), ("lidx0", local))
         gflat = (gidx * UOp.const(INDEX, local) + lidx) if groups > 1 else lidx
+        if groups * local != total:
+            # an awkward size (a prime): the grid is rounded up and the threads past the end redo the last
+            # output (the same value to the same place) instead of blocks of a few threads
+            last = UOp.const(INDEX, total - 1)
+            gflat = (gflat < last).where(gflat, last)
+    if groups > max_grid:
+        from tgc.errors import CompileError
+        raise CompileError(f"the kernel needs {groups} work-groups, more than the device's {max_grid}")
     stride = total
     for r in loops:
         n = r.src[0].arg

@@ -1,0 +1,136 @@
+"""The CPU stand-in for the CUDA driver, for tests on machines without a GPU (see tests/standin/libcuda.c).
+
+`libcuda.so.1` here is a small C library that cuda-bindings loads like the real driver when its directory is
+first on `LD_LIBRARY_PATH` (so only in a subprocess started with `env()`). Its `cuModuleLoadData` receives a
+real cubin from NVRTC and cannot run it; instead it loads a host build of the same kernel's CUDA C, found in
+`$TGC_STANDIN_DIR` by a hash (FNV-1a 64) of the cubin. `install()` (called by conftest.py when
+`TGC_STANDIN_DIR` is set) makes every NVRTC compile of the process also write that host build with g++.
+
+What runs through it is the real path of tgc's CUDA backend: the CUDA C the renderer emits (compiled by NVRTC
+to a cubin, and by g++ with tests/standin/kernel.h), the cuda-bindings calls of tgc/backends/cuda.py, their
+argument packing, the launch geometry, and the kernel's indexing, barriers and shared memory with one host
+thread per GPU thread. Not proven: the cubin itself (PTX semantics, ptxas, register or shared memory limits of
+a real GPU), warp-level behaviour, memory ordering without barriers, real asynchrony, timings.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).parent / "standin"
+_SIGNATURE = re.compile(r"__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s+)?(\w+)\s*\(([^)]*)\)")
+
+
+def why_unavailable() -> str | None:
+    """Why the stand-in cannot be built or used here, or None."""
+    if shutil.which("gcc") is None or shutil.which("g++") is None:
+        return "the CUDA stand-in needs gcc and g++"
+    from tgc.backends.cuda import nvrtc_error
+    return nvrtc_error()
+
+
+def _root() -> Path:
+    return Path(tempfile.gettempdir()) / f"tgc-cuda-standin-{os.getuid()}"
+
+
+def _digest(*parts: bytes) -> str:
+    return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
+
+
+@functools.cache
+def driver_dir() -> Path:
+    """The directory holding the built `libcuda.so.1` (built once per version of libcuda.c)."""
+    src = (HERE / "libcuda.c").read_bytes()
+    out = _root() / f"driver-{_digest(src)}"
+    lib = out / "libcuda.so.1"
+    if not lib.exists():
+        out.mkdir(parents=True, exist_ok=True)
+        tmp = out / f".libcuda.{os.getpid()}.so"
+        subprocess.run(["gcc", "-O1", "-shared", "-fPIC", "-o", str(tmp), str(HERE / "libcuda.c"), "-ldl",
+                        "-lpthread"], check=True, capture_output=True, text=True)
+        os.replace(tmp, lib)
+    return out
+
+
+def kernel_dir() -> Path:
+    """Where host builds of kernels go (per version of kernel.h)."""
+    out = _root() / f"kernels-{_digest((HERE / 'kernel.h').read_bytes(), Path(__file__).read_bytes())}"
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def env(base: dict[str, str] | None = None, **extra: str) -> dict[str, str]:
+    """An environment for a subprocess that runs CUDA through the stand-in."""
+    e = dict(os.environ if base is None else base)
+    e["LD_LIBRARY_PATH"] = os.pathsep.join([str(driver_dir()), *filter(None, [e.get("LD_LIBRARY_PATH")])])
+    e["TGC_STANDIN_DIR"] = str(kernel_dir())
+    e.update(extra)
+    return e
+
+
+def fnv1a64(data: bytes) -> int:
+    h = 1469598103934665603
+    for b in data:
+        h = ((h ^ b) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def host_source(src: str) -> str:
+    """The CUDA C of a kernel made host C++ (with kernel.h), plus `tgc_entry_<name>(void** params)`."""
+    from tgc.backends.cuda import HALF_HELPERS
+    body = src.replace(HALF_HELPERS.strip(), "")
+    if "asm(" in body:
+        raise ValueError("the CUDA stand-in cannot run inline PTX")
+    m = _SIGNATURE.search(body)
+    if m is None:
+        raise ValueError("no __global__ function in the kernel source")
+    name, params = m.group(1), [p.strip() for p in m.group(2).split(",") if p.strip()]
+    args = []
+    for i, p in enumerate(params):
+        ctype = re.sub(r"\b__restrict__\b", "", p.rsplit(None, 1)[0]).strip() if " " in p else p
+        args.append(f"*({ctype} *)p[{i}]")
+    return f'{body}\nextern "C" void tgc_entry_{name}(void **p) {{ {name}({", ".join(args)}); }}\n'
+
+
+def host_build(src: str, cubin: bytes, out: Path | None = None) -> Path:
+    """Compile the host copy of a kernel to `<fnv1a64(cubin)>.so` in the kernel directory (once)."""
+    out = out or kernel_dir()
+    so = out / f"{fnv1a64(cubin):016x}.so"
+    if so.exists():
+        return so
+    cpp = out / f".{so.stem}.{os.getpid()}.cpp"
+    cpp.write_text(host_source(src))
+    tmp = out / f".{so.stem}.{os.getpid()}.so"
+    try:
+        r = subprocess.run(["g++", "-std=c++17", "-O1", "-shared", "-fPIC", "-w", "-include",
+                            str(HERE / "kernel.h"), "-o", str(tmp), str(cpp), "-lpthread"],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"host build of a CUDA kernel failed:\n{r.stderr}\n{cpp.read_text()}")
+        os.replace(tmp, so)
+    finally:
+        cpp.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
+    return so
+
+
+def install() -> None:
+    """Make NVRTC compiles of this process also build the host copy the stand-in runs."""
+    from tgc.backends import cuda
+    if getattr(cuda.NVRTCCompiler.compile, "_standin", False):
+        return
+    compile_cubin = cuda.NVRTCCompiler.compile
+
+    def compile(self, src: str) -> bytes:
+        cubin = compile_cubin(self, src)
+        host_build(src, cubin)
+        return cubin
+    compile._standin = True  # type: ignore[attr-defined]
+    cuda.NVRTCCompiler.compile = compile  # type: ignore[method-assign]

@@ -1,0 +1,85 @@
+/* Host build of a generated CUDA C kernel for the CPU stand-in driver (see libcuda.c, tests/cuda_standin.py).
+ * CUDA's thread ids are thread-local variables, __shared__ arrays are statics (blocks run one at a time),
+ * __syncthreads() is a pthread barrier over the threads of a block. */
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+struct tgc_dim3 { unsigned x, y, z; };
+static thread_local tgc_dim3 threadIdx, blockIdx;
+static tgc_dim3 blockDim, gridDim;
+static pthread_barrier_t tgc_barrier;
+static unsigned tgc_threads = 1;
+
+static inline void __syncthreads() { if (tgc_threads > 1) pthread_barrier_wait(&tgc_barrier); }
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+
+template <class T, class F> static inline T tgc_bits(F x) { T t; memcpy(&t, &x, sizeof t); return t; }
+static inline float __int_as_float(int x) { return tgc_bits<float>(x); }
+static inline float __uint_as_float(unsigned x) { return tgc_bits<float>(x); }
+static inline int __float_as_int(float x) { return tgc_bits<int>(x); }
+static inline unsigned __float_as_uint(float x) { return tgc_bits<unsigned>(x); }
+static inline double __longlong_as_double(long long x) { return tgc_bits<double>(x); }
+
+/* host versions of cuda.py's HALF_HELPERS (which use inline PTX) */
+static inline float tgc_half2float(unsigned short h) { return (float)tgc_bits<_Float16>(h); }
+static inline unsigned short tgc_float2half(float f) { return tgc_bits<unsigned short>((_Float16)f); }
+static inline float tgc_bf162float(unsigned short h) { return __uint_as_float(((unsigned)h) << 16); }
+static inline unsigned short tgc_float2bf16(float f) {
+  unsigned u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fff;  /* cvt.rn.bf16.f32 gives the canonical NaN */
+  return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+struct tgc_thread { void (*entry)(void **); void **params; unsigned id; };
+
+static void tgc_run_blocks(void (*entry)(void **), void **params) {
+  for (unsigned z = 0; z < gridDim.z; z++)
+    for (unsigned y = 0; y < gridDim.y; y++)
+      for (unsigned x = 0; x < gridDim.x; x++) {
+        blockIdx = {x, y, z};
+        entry(params);
+        __syncthreads();  /* no thread starts the next block while another still reads this one's shared memory */
+      }
+}
+
+static void *tgc_thread_main(void *arg) {
+  tgc_thread *t = (tgc_thread *)arg;
+  threadIdx = {t->id % blockDim.x, t->id / blockDim.x % blockDim.y, t->id / (blockDim.x * blockDim.y)};
+  tgc_run_blocks(t->entry, t->params);
+  return nullptr;
+}
+
+extern "C" int tgc_launch(void (*entry)(void **), const unsigned *g, const unsigned *b, void **params) {
+  gridDim = {g[0], g[1], g[2]};
+  blockDim = {b[0], b[1], b[2]};
+  tgc_threads = b[0] * b[1] * b[2];
+  if (tgc_threads == 1) {
+    threadIdx = {0, 0, 0};
+    tgc_run_blocks(entry, params);
+    return 0;
+  }
+  pthread_barrier_init(&tgc_barrier, nullptr, tgc_threads);
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, 1 << 20);
+  tgc_thread *ts = new tgc_thread[tgc_threads];
+  pthread_t *ids = new pthread_t[tgc_threads];
+  int rc = 0;
+  for (unsigned i = 0; i < tgc_threads; i++) {
+    ts[i] = {entry, params, i};
+    if (pthread_create(&ids[i], &attr, tgc_thread_main, &ts[i]) != 0) { rc = 1; break; }  /* cannot recover */
+  }
+  for (unsigned i = 0; i < tgc_threads && rc == 0; i++) pthread_join(ids[i], nullptr);
+  pthread_attr_destroy(&attr);
+  pthread_barrier_destroy(&tgc_barrier);
+  delete[] ts;
+  delete[] ids;
+  return rc;
+}

@@ -1,0 +1,281 @@
+/* A CPU stand-in for the CUDA driver (libcuda.so.1), for tests on machines without a GPU.
+ *
+ * cuda-bindings loads it like the real driver (first on LD_LIBRARY_PATH) and resolves its entry points
+ * through cuGetProcAddress_v2. Memory is host memory; a "module" is a host shared library built from the
+ * kernel's CUDA C by tests/cuda_standin.py and found by a hash of the cubin in $TGC_STANDIN_DIR; a launch
+ * runs that copy with one host thread per GPU thread of a block (blocks one after another), synchronously.
+ *
+ * Knobs for tests (environment):
+ *   TGC_STANDIN_DIR             where the host-built kernels lie (<fnv1a64 of the cubin>.so)
+ *   TGC_STANDIN_DRIVER_VERSION  what cuDriverGetVersion reports (default 13000)
+ *   TGC_STANDIN_FAULT           a kernel name: its launches "fault" like an illegal address, reported
+ *                               asynchronously (the launch succeeds, later calls fail until a context reset)
+ *   TGC_STANDIN_DEVICES         how many devices cuDeviceGetCount reports (default 1)
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef struct ctx_s *CUcontext;
+typedef struct module_s *CUmodule;
+typedef struct func_s *CUfunction;
+typedef struct event_s *CUevent;
+typedef void *CUstream;
+
+enum {
+  OK = 0, INVALID_VALUE = 1, OUT_OF_MEMORY = 2, NOT_INITIALIZED = 3, NO_DEVICE = 100, INVALID_DEVICE = 101,
+  INVALID_IMAGE = 200, INVALID_CONTEXT = 201, INVALID_HANDLE = 400, NOT_FOUND = 500, NOT_READY = 600,
+  ILLEGAL_ADDRESS = 700, LAUNCH_OUT_OF_RESOURCES = 701, UNKNOWN = 999
+};
+
+struct ctx_s { int device; CUresult sticky; int generation; };
+struct module_s { void *so; int generation; };
+struct func_s { CUmodule module; void (*entry)(void **); int (*launch)(void (*)(void **), const unsigned *, const unsigned *, void **); char name[256]; };
+struct event_s { double t; };
+
+static struct ctx_s primary = {0, OK, 0};
+static int initialized = 0;
+static __thread CUcontext current = NULL;
+static pthread_mutex_t launch_lock = PTHREAD_MUTEX_INITIALIZER;
+static long n_modules_live = 0, n_unload_without_ctx = 0, n_launches = 0, n_resets = 0;
+
+static double now(void) { struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts); return ts.tv_sec + ts.tv_nsec * 1e-9; }
+static int n_devices(void) { const char *s = getenv("TGC_STANDIN_DEVICES"); return s ? atoi(s) : 1; }
+
+/* a call that needs the current context: no context -> INVALID_CONTEXT; a pending fault -> that fault */
+static CUresult need_ctx(void) {
+  if (!initialized) return NOT_INITIALIZED;
+  if (current == NULL) return INVALID_CONTEXT;
+  return current->sticky;
+}
+
+CUresult cuInit(unsigned flags) { (void)flags; initialized = 1; return OK; }
+CUresult cuDriverGetVersion(int *v) {
+  const char *s = getenv("TGC_STANDIN_DRIVER_VERSION");
+  *v = s ? atoi(s) : 13000;
+  return OK;
+}
+CUresult cuDeviceGetCount(int *n) { if (!initialized) return NOT_INITIALIZED; *n = n_devices(); return OK; }
+CUresult cuDeviceGet(CUdevice *d, int ordinal) {
+  if (!initialized) return NOT_INITIALIZED;
+  if (ordinal < 0 || ordinal >= n_devices()) return INVALID_DEVICE;
+  *d = ordinal; return OK;
+}
+CUresult cuDeviceGetName(char *name, int len, CUdevice d) { (void)d; snprintf(name, len, "tgc CPU stand-in"); return OK; }
+CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) { (void)d; *bytes = (size_t)1 << 30; return OK; }
+CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d) {
+  (void)d;
+  switch (attr) {
+    case 1: *v = 1024; break;                       /* max threads per block */
+    case 2: case 3: *v = 1024; break;               /* max block dim x, y */
+    case 4: *v = 64; break;                         /* max block dim z */
+    case 5: *v = 2147483647; break;                 /* max grid dim x */
+    case 6: case 7: *v = 65535; break;              /* max grid dim y, z */
+    case 8: *v = 49152; break;                      /* max shared memory per block */
+    case 10: *v = 32; break;                        /* warp size */
+    case 13: *v = 1000000; break;                   /* clock rate, kHz */
+    case 16: *v = 2; break;                         /* multiprocessor count */
+    case 36: *v = 1000000; break;                   /* memory clock rate, kHz */
+    case 37: *v = 256; break;                       /* memory bus width, bits */
+    case 75: *v = 9; break;                         /* compute capability major */
+    case 76: *v = 0; break;                         /* compute capability minor */
+    default: *v = 0;
+  }
+  return OK;
+}
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
+  if (!initialized) return NOT_INITIALIZED;
+  if (d < 0 || d >= n_devices()) return INVALID_DEVICE;
+  *c = &primary; return OK;
+}
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { (void)d; return OK; }
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice d) {
+  (void)d;
+  primary.sticky = OK; primary.generation++; n_resets++;
+  return OK;
+}
+CUresult cuCtxSetCurrent(CUcontext c) { current = c; return OK; }
+CUresult cuCtxGetCurrent(CUcontext *c) { *c = current; return OK; }
+CUresult cuCtxPushCurrent_v2(CUcontext c) { current = c; return OK; }
+CUresult cuCtxPopCurrent_v2(CUcontext *c) { if (c) *c = current; current = NULL; return OK; }
+CUresult cuCtxSynchronize(void) { return need_ctx(); }
+
+CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
+  CUresult r = need_ctx(); if (r) return r;
+  void *m = calloc(1, n ? n : 1);
+  if (!m) return OUT_OF_MEMORY;
+  *p = (CUdeviceptr)(uintptr_t)m; return OK;
+}
+CUresult cuMemFree_v2(CUdeviceptr p) {
+  CUresult r = need_ctx(); if (r) return r;
+  free((void *)(uintptr_t)p); return OK;
+}
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
+  CUresult r = need_ctx(); if (r) return r;
+  memcpy((void *)(uintptr_t)dst, src, n); return OK;
+}
+CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
+  CUresult r = need_ctx(); if (r) return r;
+  memcpy(dst, (const void *)(uintptr_t)src, n); return OK;
+}
+
+/* the size of an ELF image from its header (section headers are last in a cubin) */
+static size_t image_size(const unsigned char *p) {
+  if (memcmp(p, "\x7f" "ELF", 4) != 0) return strlen((const char *)p);  /* PTX text */
+  uint64_t shoff, phoff; uint16_t shentsize, shnum, phentsize, phnum;
+  memcpy(&phoff, p + 32, 8); memcpy(&shoff, p + 40, 8);
+  memcpy(&phentsize, p + 54, 2); memcpy(&phnum, p + 56, 2); memcpy(&shentsize, p + 58, 2); memcpy(&shnum, p + 60, 2);
+  uint64_t a = shoff + (uint64_t)shentsize * shnum, b = phoff + (uint64_t)phentsize * phnum;
+  return a > b ? a : b;
+}
+
+static uint64_t fnv1a(const unsigned char *p, size_t n) {
+  uint64_t h = 1469598103934665603ULL;
+  for (size_t i = 0; i < n; i++) { h ^= p[i]; h *= 1099511628211ULL; }
+  return h;
+}
+
+CUresult cuModuleLoadData(CUmodule *m, const void *image) {
+  CUresult r = need_ctx(); if (r) return r;
+  const char *dir = getenv("TGC_STANDIN_DIR");
+  if (!dir) { fprintf(stderr, "tgc stand-in: TGC_STANDIN_DIR is not set\n"); return INVALID_IMAGE; }
+  char path[4096];
+  uint64_t h = fnv1a((const unsigned char *)image, image_size((const unsigned char *)image));
+  snprintf(path, sizeof path, "%s/%016llx.so", dir, (unsigned long long)h);
+  void *so = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!so) { fprintf(stderr, "tgc stand-in: no host build of this cubin: %s\n", dlerror()); return INVALID_IMAGE; }
+  struct module_s *mod = calloc(1, sizeof *mod);
+  mod->so = so; mod->generation = current->generation;
+  n_modules_live++;
+  *m = mod; return OK;
+}
+CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
+  CUresult r = need_ctx(); if (r) return r;
+  char sym[300];
+  snprintf(sym, sizeof sym, "tgc_entry_%s", name);
+  void *entry = dlsym(m->so, sym), *launch = dlsym(m->so, "tgc_launch");
+  if (!entry || !launch) return NOT_FOUND;
+  struct func_s *fn = calloc(1, sizeof *fn);
+  fn->module = m; fn->entry = (void (*)(void **))entry;
+  fn->launch = (int (*)(void (*)(void **), const unsigned *, const unsigned *, void **))launch;
+  snprintf(fn->name, sizeof fn->name, "%s", name);
+  *f = fn; return OK;
+}
+CUresult cuModuleUnload(CUmodule m) {
+  if (current == NULL) { n_unload_without_ctx++; return INVALID_CONTEXT; }
+  n_modules_live--;
+  (void)m;  /* the host library stays loaded: functions of it may still be referenced */
+  return OK;
+}
+CUresult cuFuncGetAttribute(int *v, int attr, CUfunction f) {
+  (void)f;
+  *v = attr == 0 ? 1024 : 0;  /* CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK */
+  return OK;
+}
+
+CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                        unsigned shmem, CUstream stream, void **params, void **extra) {
+  (void)shmem; (void)stream; (void)extra;
+  CUresult r = need_ctx(); if (r) return r;
+  if (f == NULL) return INVALID_HANDLE;
+  if (f->module->generation != current->generation) return INVALID_HANDLE;  /* a module of a reset context */
+  if (!gx || !gy || !gz || !bx || !by || !bz) return INVALID_VALUE;
+  if ((unsigned long long)bx * by * bz > 1024 || bz > 64 || gy > 65535 || gz > 65535 || gx > 2147483647u)
+    return INVALID_VALUE;
+  const char *fault = getenv("TGC_STANDIN_FAULT");
+  if (fault && strcmp(fault, f->name) == 0) { current->sticky = ILLEGAL_ADDRESS; return OK; }  /* reported later */
+  unsigned g[3] = {gx, gy, gz}, b[3] = {bx, by, bz};
+  pthread_mutex_lock(&launch_lock);
+  int rc = f->launch(f->entry, g, b, params);
+  n_launches++;
+  pthread_mutex_unlock(&launch_lock);
+  return rc ? LAUNCH_OUT_OF_RESOURCES : OK;
+}
+
+CUresult cuEventCreate(CUevent *e, unsigned flags) {
+  (void)flags; CUresult r = need_ctx(); if (r) return r;
+  *e = calloc(1, sizeof(struct event_s)); return OK;
+}
+CUresult cuEventRecord(CUevent e, CUstream s) { (void)s; CUresult r = need_ctx(); if (r) return r; e->t = now(); return OK; }
+CUresult cuEventSynchronize(CUevent e) { (void)e; return need_ctx(); }
+CUresult cuEventElapsedTime_v2(float *ms, CUevent a, CUevent b) {
+  CUresult r = need_ctx(); if (r) return r;
+  *ms = (float)((b->t - a->t) * 1e3); return OK;
+}
+CUresult cuEventDestroy_v2(CUevent e) { free(e); return OK; }
+
+static const char *error_name(CUresult r) {
+  switch (r) {
+    case OK: return "CUDA_SUCCESS";
+    case INVALID_VALUE: return "CUDA_ERROR_INVALID_VALUE";
+    case OUT_OF_MEMORY: return "CUDA_ERROR_OUT_OF_MEMORY";
+    case NOT_INITIALIZED: return "CUDA_ERROR_NOT_INITIALIZED";
+    case NO_DEVICE: return "CUDA_ERROR_NO_DEVICE";
+    case INVALID_DEVICE: return "CUDA_ERROR_INVALID_DEVICE";
+    case INVALID_IMAGE: return "CUDA_ERROR_INVALID_IMAGE";
+    case INVALID_CONTEXT: return "CUDA_ERROR_INVALID_CONTEXT";
+    case INVALID_HANDLE: return "CUDA_ERROR_INVALID_HANDLE";
+    case NOT_FOUND: return "CUDA_ERROR_NOT_FOUND";
+    case ILLEGAL_ADDRESS: return "CUDA_ERROR_ILLEGAL_ADDRESS";
+    case LAUNCH_OUT_OF_RESOURCES: return "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES";
+    default: return NULL;
+  }
+}
+CUresult cuGetErrorName(CUresult r, const char **s) { *s = error_name(r); return *s ? OK : INVALID_VALUE; }
+CUresult cuGetErrorString(CUresult r, const char **s) { *s = error_name(r); return *s ? OK : INVALID_VALUE; }
+
+/* counters for tests, read through ctypes: live modules, unloads without a current context, launches, resets */
+void tgc_standin_stats(long *out) {
+  out[0] = n_modules_live; out[1] = n_unload_without_ctx; out[2] = n_launches; out[3] = n_resets;
+}
+
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsigned long long flags, int *status);
+
+struct entry { const char *name; void *fn; int max_version; };
+static const struct entry table[] = {
+  {"cuInit", (void *)cuInit, 0}, {"cuDriverGetVersion", (void *)cuDriverGetVersion, 0},
+  {"cuDeviceGetCount", (void *)cuDeviceGetCount, 0}, {"cuDeviceGet", (void *)cuDeviceGet, 0},
+  {"cuDeviceGetName", (void *)cuDeviceGetName, 0}, {"cuDeviceTotalMem", (void *)cuDeviceTotalMem_v2, 0},
+  {"cuDeviceGetAttribute", (void *)cuDeviceGetAttribute, 0},
+  {"cuDevicePrimaryCtxRetain", (void *)cuDevicePrimaryCtxRetain, 0},
+  {"cuDevicePrimaryCtxRelease", (void *)cuDevicePrimaryCtxRelease_v2, 0},
+  {"cuDevicePrimaryCtxReset", (void *)cuDevicePrimaryCtxReset_v2, 0},
+  {"cuCtxSetCurrent", (void *)cuCtxSetCurrent, 0}, {"cuCtxGetCurrent", (void *)cuCtxGetCurrent, 0},
+  {"cuCtxPushCurrent", (void *)cuCtxPushCurrent_v2, 0}, {"cuCtxPopCurrent", (void *)cuCtxPopCurrent_v2, 0},
+  {"cuCtxSynchronize", (void *)cuCtxSynchronize, 12999},  /* the 13.0 cuCtxSynchronize_v2 takes a context */
+  {"cuMemAlloc", (void *)cuMemAlloc_v2, 0}, {"cuMemFree", (void *)cuMemFree_v2, 0},
+  {"cuMemcpyHtoD", (void *)cuMemcpyHtoD_v2, 0}, {"cuMemcpyDtoH", (void *)cuMemcpyDtoH_v2, 0},
+  {"cuModuleLoadData", (void *)cuModuleLoadData, 0}, {"cuModuleGetFunction", (void *)cuModuleGetFunction, 0},
+  {"cuModuleUnload", (void *)cuModuleUnload, 0}, {"cuFuncGetAttribute", (void *)cuFuncGetAttribute, 0},
+  {"cuLaunchKernel", (void *)cuLaunchKernel, 0},
+  {"cuEventCreate", (void *)cuEventCreate, 0}, {"cuEventRecord", (void *)cuEventRecord, 0},
+  {"cuEventSynchronize", (void *)cuEventSynchronize, 0}, {"cuEventElapsedTime", (void *)cuEventElapsedTime_v2, 0},
+  {"cuEventDestroy", (void *)cuEventDestroy_v2, 0},
+  {"cuGetErrorName", (void *)cuGetErrorName, 0}, {"cuGetErrorString", (void *)cuGetErrorString, 0},
+  {"cuGetProcAddress", (void *)cuGetProcAddress_v2, 0},
+};
+
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsigned long long flags, int *status) {
+  (void)flags;
+  for (size_t i = 0; i < sizeof table / sizeof *table; i++) {
+    if (strcmp(table[i].name, symbol) == 0 && (table[i].max_version == 0 || version <= table[i].max_version)) {
+      *pfn = table[i].fn;
+      if (status) *status = 0;
+      return OK;
+    }
+  }
+  *pfn = NULL;
+  if (status) *status = 1;  /* CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND */
+  return NOT_FOUND;
+}
+
+CUresult cuGetExportTable(const void **table_out, const void *id) { (void)id; *table_out = NULL; return NOT_FOUND; }

@@ -1,0 +1,227 @@
+"""CUDA end to end without a GPU: the real cuda-bindings layer over a CPU stand-in for libcuda.so.1
+(tests/cuda_standin.py, tests/standin/). Each test runs a subprocess whose LD_LIBRARY_PATH starts with the
+stand-in's directory; the kernels are NVRTC cubins for the driver calls and host builds of the same CUDA C
+for the launches."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import cuda_standin
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.skipif(cuda_standin.why_unavailable() is not None,
+                                reason=str(cuda_standin.why_unavailable()))
+
+# A representative part of the language suite (the whole suite takes minutes through the stand-in): every
+# dtype family, division semantics, half and bf16 conversions, special floats, reductions (grouped on GPUs),
+# argmax, softmax, convolution, layernorm, indexing and empty reductions.
+LANGUAGE_SUBSET = [
+    "tests/test_lang_ops.py::test_floor_division_and_modulo_of_negative_ints",
+    "tests/test_lang_ops.py::test_unsigned_division_by_zero_gives_zero",
+    "tests/test_lang_ops.py::test_float_arithmetic",
+    "tests/test_lang_types.py::test_cast_to_bf16_rounds_to_nearest_even",
+    "tests/test_lang_types.py::test_bitcast_bf16",
+    "tests/test_lang_types.py::test_out_of_range_float_to_int_cast_does_not_crash",
+    "tests/test_lang_functions.py::test_special_float_values",
+    "tests/test_lang_functions.py::test_softmax_and_log_softmax",
+    "tests/test_lang_functions.py::test_argmax_argmin_first_index_of_ties[CUDA-f16]",
+    "tests/test_lang_functions.py::test_argmax_argmin_first_index_of_ties[CUDA-u64]",
+    "tests/test_lang_functions.py::test_reductions_of_f64_and_half_types",
+    "tests/test_lang_nn.py::test_conv2d",
+    "tests/test_lang_nn.py::test_layernorm",
+    "tests/test_lang_shapes.py::test_basic_indexing_matches_numpy",
+    "tests/test_lang_programs.py::test_zero_size_reductions",
+]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = cuda_standin.env(**extra)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests")])
+    return env
+
+
+def run_script(code: str, **extra: str) -> subprocess.CompletedProcess:
+    """Run Python code in a subprocess on the stand-in (its NVRTC compiles also build the host copies)."""
+    prelude = "import cuda_standin; cuda_standin.install()\n"
+    return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], env=_env(**extra), cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+
+
+def script_json(code: str, **extra: str):
+    r = run_script(code, **extra)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_language_subset_runs_on_cuda_through_the_stand_in(tmp_path):
+    env = _env(TGC_TEST_DEVICES="CUDA")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
+                        "-x", *LANGUAGE_SUBSET], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
+    assert " passed" in r.stdout and "skipped" not in r.stdout, r.stdout[-2000:]
+
+
+# GROUP, LOCAL and UPCAST combinations, each checked against numpy
+OPT_CASES = '''
+import json
+import numpy as np
+import tgc
+import tgc.codegen.opt as O
+from tgc.codegen.opt import Opt
+
+orig = O.optimize
+rng = np.random.default_rng(0)
+results = []
+
+def check(src, opts, want, **inputs):
+    O.optimize = lambda ast, device, beam=0, bufs=None, opts=None: orig(ast, device, opts=cur)
+    cur = [Opt(*o) for o in opts]
+    try:
+        got = next(iter(tgc.loads(src).run(device="CUDA", **inputs).values()))
+    finally:
+        O.optimize = orig
+    ok = np.isclose(got, want, rtol=1e-4, atol=1e-3)
+    results.append([src.splitlines()[-1], opts, int(ok.sum()), int(ok.size)])
+
+x = rng.standard_normal((16, 4096)).astype(np.float32)
+check("x: f32[M, N]\\nreturn x.sum(axis=1)", [("GROUP", 1, 256), ("UPCAST", 0, 4)], x.sum(1), x=x)
+check("x: f32[M, N]\\nreturn x.sum(axis=1)", [("GROUP", 1, 64), ("UPCAST", 0, 2), ("UPCAST", 0, 4)], x.sum(1), x=x)
+check("x: f32[M, N]\\nreturn x.sum(axis=1)", [("GROUP", 1, 32), ("LOCAL", 0, 4), ("UPCAST", 0, 2)], x.sum(1), x=x)
+d = rng.standard_normal((8, 1024))
+check("x: f64[M, N]\\nreturn x.max(axis=1)", [("UPCAST", 0, 8), ("GROUP", 1, 128)], d.max(1), x=d)
+a = rng.standard_normal((32, 64)).astype(np.float32)
+b = rng.standard_normal((64, 48)).astype(np.float32)
+mm = "a: f32[N, K]\\nb: f32[K, M]\\nreturn a @ b"
+check(mm, [("LOCAL", 1, 16), ("UPCAST", 0, 4)], a @ b, a=a, b=b)
+check(mm, [("LOCAL", 0, 8), ("LOCAL", 1, 4), ("UPCAST", 1, 4)], a @ b, a=a, b=b)
+check(mm, [("GROUP", 2, 16), ("UPCAST", 1, 4), ("LOCAL", 0, 2)], a @ b, a=a, b=b)
+check(mm, [("GROUP", 2, 8), ("UNROLL", 2, 4), ("UPCAST", 0, 2), ("UPCAST", 1, 3)], a @ b, a=a, b=b)
+s = rng.standard_normal((4, 512)).astype(np.float32)
+e = np.exp(s - s.max(1, keepdims=True))
+check("x: f32[M, N]\\nreturn softmax(x, 1)", [], e / e.sum(1, keepdims=True), x=s)
+p = rng.standard_normal(65537).astype(np.float32)  # a prime: a rounded-up grid with clamped threads
+check("x: f32[N]\\nreturn x * 2.0", [], p * 2, x=p)
+r = rng.standard_normal((257, 33)).astype(np.float32)
+check("x: f32[M, N]\\nreturn x.sum(axis=1)", [], r.sum(1), x=r)
+print(json.dumps(results))
+'''
+
+
+def test_group_local_upcast_combinations_match_numpy():
+    results = script_json(OPT_CASES)
+    wrong = [r for r in results if r[2] != r[3]]
+    assert not wrong, f"[expression, opts, right, outputs]: {wrong}"
+    assert len(results) == 11
+
+
+# ---------------------------------------------------------------- the runtime's error paths on the stand-in
+
+FAULT = '''
+import ctypes, json, os
+import numpy as np
+import tgc
+from tgc.backends import get_device
+from tgc.errors import DeviceError
+
+def stats():
+    out = (ctypes.c_long * 4)()
+    ctypes.CDLL("libcuda.so.1").tgc_standin_stats(out)
+    return list(out)
+
+dev = get_device("CUDA")
+x = np.arange(1000, dtype=np.float32)
+bad = tgc.loads("x: f32[N]\\nreturn x * 2.0")
+good = tgc.loads("x: f32[N]\\nreturn x + 1.0")
+name = bad.compile(device="CUDA", dims={"N": 1000})[0].name
+old = dev.allocator.alloc(64)  # a buffer of the context that the fault will reset
+os.environ["TGC_STANDIN_FAULT"] = name
+res = {"kernel": name}
+try:
+    bad.run(device="CUDA", x=x)
+except DeviceError as e:
+    res["fault"] = e.msg
+os.environ.pop("TGC_STANDIN_FAULT")
+try:
+    dev.allocator.copyout(memoryview(bytearray(64)), old)
+except DeviceError as e:
+    res["stale"] = e.msg
+res["after"] = float(next(iter(good.run(device="CUDA", x=x).values()))[-1])
+res["again"] = float(next(iter(bad.run(device="CUDA", x=x).values()))[-1])  # its module is loaded again
+res["stats"] = stats()
+print(json.dumps(res))
+'''
+
+
+def test_a_faulting_kernel_is_named_and_the_context_recovers():
+    res = script_json(FAULT)
+    assert f"kernel '{res['kernel']}'" in res["fault"] and "CUDA_ERROR_ILLEGAL_ADDRESS" in res["fault"]
+    assert "context was reset" in res["fault"]
+    assert "buffer is gone" in res["stale"]
+    assert res["after"] == 1000.0 and res["again"] == 1998.0
+    assert res["stats"][3] == 1  # one cuDevicePrimaryCtxReset
+
+
+def test_an_old_driver_is_reported_with_the_version_it_needs():
+    code = '''
+    import json, numpy as np, tgc
+    from tgc.backends.cuda import CUDADevice
+    from tgc.errors import DeviceError
+    ok, why = CUDADevice.probe()
+    try:
+        tgc.loads("x: f32[N]\\nreturn x * 2.0").run(device="CUDA", x=np.ones(4, np.float32))
+        err = None
+    except DeviceError as e:
+        err = e.msg
+    print(json.dumps([ok, why, err]))
+    '''
+    ok, why, err = script_json(code, TGC_STANDIN_DRIVER_VERSION="12040")
+    assert ok is False
+    assert "CUDA 12.4" in why and "R580" in why
+    assert err is not None and "CUDA 12.4" in err
+
+
+def test_modules_are_unloaded_with_the_context_current_and_events_are_per_thread():
+    code = '''
+    import ctypes, gc, json, threading
+    from tgc.backends import get_device
+    dev = get_device("CUDA")
+    src = 'extern "C" __global__ void k(float* a) { a[threadIdx.x] = 1.0f; }'
+    prog = dev.program("k", dev.compiler.compile(src))
+    main_events = dev.events()
+    other = []
+    def work():
+        global prog
+        other.append(dev.events())
+        del prog  # unloaded on a thread that never made the context current
+        gc.collect()
+    t = threading.Thread(target=work)
+    t.start(); t.join()
+    out = (ctypes.c_long * 4)()
+    ctypes.CDLL("libcuda.so.1").tgc_standin_stats(out)
+    print(json.dumps({"stats": list(out), "same_events": other[0] == main_events}))
+    '''
+    res = script_json(code)
+    assert res["stats"][0] == 0 and res["stats"][1] == 0  # no module left, none unloaded without a context
+    assert res["same_events"] is False
+
+
+def test_beam_on_cuda_launches_every_candidate_and_keeps_results():
+    code = '''
+    import json, numpy as np, tgc
+    p = tgc.loads("x: f32[M, N]\\nreturn x.sum(axis=1)")
+    res = p.beam(device="CUDA", dims={"M": 16, "N": 1024}, width=2)
+    x = np.random.default_rng(0).standard_normal((16, 1024)).astype(np.float32)
+    err = float(np.abs(next(iter(p.run(device="CUDA", x=x).values())) - x.sum(1)).max())
+    print(json.dumps([res["kernels"][0]["tried"], res["kernels"][0]["failed"], res["kernels"][0]["rejected"], err]))
+    '''
+    tried, failed, rejected, err = script_json(code)
+    assert tried > 1 and failed == 0 and rejected == 0
+    assert err < 1e-3
