@@ -95,9 +95,10 @@ def test_c_dialects_for_a_big_buffer_use_64_bit_indices(renderer):
 
 
 def test_grid_past_what_a_gpu_kernel_indexes_is_a_clear_error():
-    prime = 2147483659  # 2^31 + 11: no work-group size divides it, so it needs 2^31 + 11 groups of one
+    n = 2**31 * 256  # 2^31 work-groups even of the largest size tgc maps to: one more than a grid indexes
     with pytest.raises(CompileError, match="work-groups"):
-        _kernel(ADD1_U8, "CUDA", N=prime)
+        _kernel(ADD1_U8, "CUDA", N=n)
+    assert _kernel(ADD1_U8, "CUDA", N=2147483659)  # 2^31 + 11, a prime: a rounded-up grid of full groups
 
 
 def test_buffer_past_the_device_allocation_limit_is_a_clear_error(monkeypatch):

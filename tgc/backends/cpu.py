@@ -7,6 +7,7 @@ last argument (`core_id`) and the kernel splits its outer loop by it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import threading
@@ -72,6 +73,21 @@ class _Abandoned:
 
 
 ABANDONED = _Abandoned()
+
+
+@contextlib.contextmanager
+def _sigint_deferred():
+    """Block SIGINT on this thread for the block's duration (where the platform can); a Ctrl-C in between is
+    delivered, as KeyboardInterrupt, right after it."""
+    import signal
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def kernels_running() -> bool:
@@ -177,8 +193,12 @@ class CPUProgram(Program):
             pool = self.device.pool(threads)
             futures: list[Any] = []
             try:
-                for core in range(threads):
-                    futures.append(pool.submit(fn, *ptrs, *vals, core))
+                # Ctrl-C is held back while the threads are handed their work, so that it arrives while waiting
+                # below, when every running thread's future is known (a future lost between submit() and
+                # append() would let the buffers be freed under its thread)
+                with _sigint_deferred():
+                    for core in range(threads):
+                        futures.append(pool.submit(fn, *ptrs, *vals, core))
                 for f in futures:
                     f.result()
             except BaseException:  # Ctrl-C while waiting: the threads run on; keep what they use alive
