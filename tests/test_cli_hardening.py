@@ -625,12 +625,12 @@ def test_an_interrupted_launch_keeps_its_code_and_buffers_alive(monkeypatch):
     from tgc.backends import cpu, get_device
 
     dev = get_device("CPU")
-    finished = threading.Event()
+    finished, release = threading.Event(), threading.Event()
     started = threading.Barrier(3)
 
-    def slow_kernel(*args):
+    def slow_kernel(*args):  # runs until the test releases it, however slow the machine is
         started.wait()
-        time.sleep(1.0)
+        release.wait(60)
         if args[-1] == 1:
             finished.set()
 
@@ -652,6 +652,7 @@ def test_an_interrupted_launch_keeps_its_code_and_buffers_alive(monkeypatch):
     assert cpu.kernels_running()
     dev.allocator.free(buf, 4096)
     assert buf.ctypes.data not in [h.ctypes.data for h in dev.allocator.cached[4096]]  # not recycled yet
+    release.set()
     assert finished.wait(10)
     deadline = time.time() + 10
     while cpu.kernels_running() and time.time() < deadline:
