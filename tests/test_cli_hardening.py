@@ -664,3 +664,35 @@ def test_a_group_alone_still_prints_its_help():
     for args in ((), ("cache",)):
         r = invoke(*args)
         assert "Usage:" in r.output and "error:" not in r.output, r.output
+
+
+def test_native_libraries_leave_ctrl_c_able_to_interrupt_a_wait():
+    """NVRTC re-installs SIGINT with SA_RESTART and PoCL replaces it: Ctrl-C then no longer interrupts a CPU
+    launch's wait (the interrupt came only when the kernel ended). After compiling for CUDA and listing OpenCL
+    devices, SIGINT must still be Python's handler, installed without SA_RESTART."""
+    import ctypes
+    import signal
+
+    import tgc
+
+    class SigAction(ctypes.Structure):
+        _fields_ = [("handler", ctypes.c_void_p), ("mask", ctypes.c_ulong * 16), ("flags", ctypes.c_int),
+                    ("restorer", ctypes.c_void_p)]
+
+    libc = ctypes.CDLL(None)
+
+    def disposition() -> tuple[int, int]:
+        sa = SigAction()
+        assert libc.sigaction(signal.SIGINT, None, ctypes.byref(sa)) == 0
+        return sa.handler or 0, sa.flags & 0x10000000  # SA_RESTART
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    before = disposition()
+    assert before[1] == 0
+    prog = tgc.loads("x: f32[4]\nreturn x + 1\n")
+    for device in ("CUDA", "OPENCL"):
+        try:
+            prog.compile(device=device)
+        except tgc.TgcError:
+            pass  # no NVRTC or no OpenCL here: nothing changed the handler either
+        assert disposition() == before, device

@@ -172,6 +172,24 @@ class Device:
         return {}
 
 
+def keep_python_sigint() -> None:
+    """Put Python's own SIGINT handler back after a native library changed it.
+
+    NVRTC re-installs it with SA_RESTART and PoCL replaces it with its own: after either, Ctrl-C no longer
+    interrupts a blocked wait (a CPU launch waiting for its threads), so KeyboardInterrupt arrives only when
+    the kernel ends. Only the main thread can set handlers; elsewhere this does nothing."""
+    import signal
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        handler = signal.getsignal(signal.SIGINT)
+        if handler is not None:  # None: installed outside Python, leave it
+            signal.signal(signal.SIGINT, handler)
+    except (ValueError, OSError, TypeError):
+        pass
+
+
 def timed(fn, *args, **kwargs) -> float:
     st = time.perf_counter()
     fn(*args, **kwargs)

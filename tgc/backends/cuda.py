@@ -29,7 +29,7 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-from tgc.backends.base import Compiler, Device, LRUAllocator, Program
+from tgc.backends.base import Compiler, Device, LRUAllocator, Program, keep_python_sigint
 from tgc.backends.cstyle import CUDARenderer
 from tgc.env import env_str
 from tgc.errors import CompileError, DeviceError
@@ -61,6 +61,7 @@ def _nvrtc() -> Any:
         raise CompileError(f"NVRTC is not installed ({e})", hint=INSTALL_HINT) from None
     except RuntimeError as e:  # cuda-bindings present, libnvrtc missing
         raise CompileError(f"NVRTC could not be loaded ({e})", hint=INSTALL_HINT) from None
+    keep_python_sigint()
     return nvrtc
 
 
@@ -167,6 +168,7 @@ class NVRTCCompiler(Compiler):
         try:
             opts = [f"-arch={arch}".encode(), *(o.encode() for o in self.options)]
             err, = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+            keep_python_sigint()  # NVRTC re-installs SIGINT with SA_RESTART (Ctrl-C would wait for kernels)
             log = _read(prog, nvrtc.nvrtcGetProgramLogSize, nvrtc.nvrtcGetProgramLog).decode(errors="replace")
             if err != ok:
                 hint = None

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tgc.backends.base import Compiler, Device, LRUAllocator, Program
+from tgc.backends.base import Compiler, Device, LRUAllocator, Program, keep_python_sigint
 from tgc.backends.clang_lint import ClangLinter, libclang_error, libclang_version
 from tgc.backends.cstyle import OpenCLRenderer
 from tgc.errors import CompileError, DeviceError, TgcError
@@ -48,6 +48,7 @@ def _all_devices() -> list[cl.Device]:
     cl = _import_cl()
     try:
         platforms = cl.get_platforms()
+        keep_python_sigint()  # PoCL installs its own SIGINT handler when it loads (Ctrl-C would wait for kernels)
     except cl.Error as e:
         raise DeviceError(f"no OpenCL platform found ({e})",
                           hint=f"install an OpenCL driver, e.g. PoCL: {INSTALL_HINT}") from e
