@@ -62,8 +62,6 @@ def narrow_index(ast: UOp) -> UOp:
                 new = leaf if width == dtypes.i32 else UOp(Ops.CAST, width, (leaf,))
             else:
                 new = UOp(u.op, width.vec(u.dtype.count), srcs, u.arg)
-                if u.op is Ops.RANGE and "_bounds" in u.__dict__:  # keeps a bound set by hand (CPU thread chunks)
-                    new.__dict__["_bounds"] = u.__dict__["_bounds"]  # (a computed one is the same value)
         elif u.op is Ops.CAST and is_index(u.src[0].dtype) and srcs[0].dtype == u.dtype:  # IOTA in an i32 kernel
             new = srcs[0]
         else:

@@ -18,6 +18,7 @@ Every opt checks that it applies and raises `OptError` with the reason otherwise
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from tgc.dtype import dtypes
@@ -72,24 +73,50 @@ def shared_bytes(ast: UOp) -> int:
     return total
 
 
+class OptOps(str, Enum):
+    """The optimizations (see the module docstring). A stored or printed opt names its op by `.name` (a member
+    also equals that string, so BEAM's stored winners read as before)."""
+    UPCAST = "UPCAST"
+    UNROLL = "UNROLL"
+    LOCAL = "LOCAL"
+    GROUP = "GROUP"
+    PADTO = "PADTO"
+    SWAP = "SWAP"
+    THREAD = "THREAD"
+
+
 @dataclass(frozen=True)
 class Opt:
-    op: str
+    """One optimization: `Opt(OptOps.UPCAST, 0, 4)`. A known name as a string (`Opt("UPCAST", 0, 4)`) becomes the
+    enum member; an unknown one stays a string, which `OptKernel.apply` refuses with a reason."""
+    op: OptOps
     axis: int
     amount: int
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.op, OptOps) and isinstance(self.op, str) and self.op in OptOps.__members__:
+            object.__setattr__(self, "op", OptOps[self.op])
+
+    @property
+    def name(self) -> str:
+        return self.op.name if isinstance(self.op, OptOps) else str(self.op)
+
     def __str__(self) -> str:
-        return f"{self.op}({self.axis}, {self.amount})"
+        return f"{self.name}({self.axis}, {self.amount})"
 
     def to_json(self) -> list:
-        return [self.op, self.axis, self.amount]
+        return [self.name, self.axis, self.amount]
 
     @staticmethod
     def from_json(v: list) -> Opt:
-        return Opt(str(v[0]), int(v[1]), int(v[2]))
+        """The opt a stored list names; ValueError for an op this version does not know (a stale entry)."""
+        name = str(v[0])
+        if name not in OptOps.__members__:
+            raise ValueError(f"unknown opt {name}")
+        return Opt(OptOps[name], int(v[1]), int(v[2]))
 
 
-OPT_NAMES = ("UPCAST", "UNROLL", "LOCAL", "GROUP", "PADTO", "SWAP", "THREAD")
+OPT_NAMES = tuple(OptOps.__members__)
 
 
 class OptKernel:
@@ -97,6 +124,7 @@ class OptKernel:
 
     def __init__(self, ast: UOp, device: Any):
         self.ast, self.device = ast, device
+        self.base = ast  # the AST before any opt: `applied` replayed on it gives `ast`
         self.applied: list[Opt] = []
         self.threads = 1
         self.pads: dict[int, int] = {}
@@ -122,7 +150,7 @@ class OptKernel:
 
     def copy(self) -> OptKernel:
         k = OptKernel(self.ast, self.device)
-        k.applied, k.threads, k.pads = list(self.applied), self.threads, dict(self.pads)
+        k.base, k.applied, k.threads, k.pads = self.base, list(self.applied), self.threads, dict(self.pads)
         return k
 
     # --- applying opts
@@ -149,11 +177,11 @@ class OptKernel:
             raise OptError(f"{shared} bytes of shared memory is too much (at most {lim.shared_bytes})")
 
     def _apply(self, opt: Opt) -> None:
-        if opt.op not in OPT_NAMES:
+        if not isinstance(opt.op, OptOps):
             raise OptError(f"unknown opt {opt.op}")
         axes = self.axes()
         gpu = getattr(self.device, "launch_style", "cpu") == "gpu"
-        if opt.op == "SWAP":
+        if opt.op is OptOps.SWAP:
             loops = self.loops()
             if not (0 <= opt.axis < len(loops) and 0 <= opt.amount < len(loops)) or opt.axis == opt.amount:
                 raise OptError(f"SWAP needs two distinct output axes < {len(loops)}")
@@ -163,7 +191,7 @@ class OptKernel:
             self.ast = substitute(self.ast, {a: ta, b: tb})
             self.applied.append(opt)
             return
-        if opt.op == "THREAD":
+        if opt.op is OptOps.THREAD:
             if gpu:
                 raise OptError("THREAD is for CPU devices")
             if self.threads != 1:
@@ -181,7 +209,7 @@ class OptKernel:
         if amt <= 1:
             raise OptError("amount must be at least 2")
         is_reduce = r.arg[1] is RangeKind.REDUCE
-        if opt.op == "PADTO":
+        if opt.op is OptOps.PADTO:
             if not is_reduce:
                 raise OptError("PADTO applies to reduction axes")
             if n % amt == 0:
@@ -193,19 +221,19 @@ class OptKernel:
             return
         if n % amt:
             raise OptError(f"axis {opt.axis} has size {n}, which {amt} does not divide")
-        if opt.op == "UPCAST":
+        if opt.op is OptOps.UPCAST:
             if is_reduce:
                 raise OptError("UPCAST applies to output axes (use UNROLL for reductions)")
             if self.unrolled_size() * amt > MAX_UNROLLED:
                 raise OptError(f"more than {MAX_UNROLLED} values would be unrolled")
             kind = RangeKind.UPCAST
-        elif opt.op == "UNROLL":
+        elif opt.op is OptOps.UNROLL:
             if not is_reduce:
                 raise OptError("UNROLL applies to reduction axes")
             if self.unrolled_size() * amt > MAX_UNROLLED:
                 raise OptError(f"more than {MAX_UNROLLED} values would be unrolled")
             kind = RangeKind.UNROLL
-        elif opt.op == "LOCAL":
+        elif opt.op is OptOps.LOCAL:
             if not gpu:
                 raise OptError("LOCAL needs a GPU-shaped device")
             if is_reduce:
@@ -283,8 +311,7 @@ def split_threads(ast: UOp, threads: int) -> tuple[UOp, int]:
     start = core * UOp.const(INDEX, chunk)
     left = UOp.const(INDEX, n) - start
     end = simplify((left < UOp.const(INDEX, chunk)).where(left, UOp.const(INDEX, chunk)))
-    inner = UOp(Ops.RANGE, INDEX, (end,), (r.arg[0], RangeKind.LOOP))
-    inner.__dict__["_bounds"] = (0, chunk - 1)
+    inner = UOp(Ops.RANGE, INDEX, (end,), (r.arg[0], RangeKind.LOOP))  # `end` is min(left, chunk): its bounds
     return simplify(substitute(ast, {r: start + inner})), threads
 
 
@@ -317,7 +344,7 @@ def hand_coded(k: OptKernel) -> None:
         for j, r in enumerate(k.reduces()):
             if outputs <= 4096 and r.src[0].arg >= 256:
                 for amt in (256, 128, 64, 32, 16):
-                    if r.src[0].arg % amt == 0 and _try(k, Opt("GROUP", len(k.loops()) + j, amt)):
+                    if r.src[0].arg % amt == 0 and _try(k, Opt(OptOps.GROUP, len(k.loops()) + j, amt)):
                         return
         return
     store = next(u for u in k.ast.toposort() if u.op is Ops.STORE)
@@ -334,11 +361,11 @@ def hand_coded(k: OptKernel) -> None:
         vec_axis = out_stride1[0] if out_stride1 else reuse[-1]
         for amt in (16, 8, 4):
             if loops[vec_axis].src[0].arg % amt == 0:
-                _try(k, Opt("UPCAST", vec_axis, amt))
+                _try(k, Opt(OptOps.UPCAST, vec_axis, amt))
                 break
         # a second vector's worth of columns, and 8 rows: 16 accumulators hide the FMA latency
         if k.loops()[vec_axis].src[0].arg % 2 == 0 and k.loops()[vec_axis].src[0].arg >= 8:
-            _try(k, Opt("UPCAST", vec_axis, 2))
+            _try(k, Opt(OptOps.UPCAST, vec_axis, 2))
         # reuse the vector loads across another axis: one those loads do not depend on (matmul's rows,
         # a convolution's output channels)
         vec_range = k.loops()[vec_axis]
@@ -348,7 +375,7 @@ def hand_coded(k: OptKernel) -> None:
                  [i for i in reuse if i != vec_axis]
         if others:
             for amt in (8, 4, 2):
-                if k.loops()[others[-1]].src[0].arg % amt == 0 and _try(k, Opt("UPCAST", others[-1], amt)):
+                if k.loops()[others[-1]].src[0].arg % amt == 0 and _try(k, Opt(OptOps.UPCAST, others[-1], amt)):
                     break
         return
     # a reduction over a strided axis: compute 16 contiguous outputs side by side instead
@@ -357,7 +384,7 @@ def hand_coded(k: OptKernel) -> None:
         i = out_stride1[0]
         for amt in (16, 8, 4):
             if loops[i].src[0].arg % amt == 0:
-                _try(k, Opt("UPCAST", i, amt))
+                _try(k, Opt(OptOps.UPCAST, i, amt))
                 break
 
 
@@ -373,36 +400,23 @@ def auto_threads(k: OptKernel) -> None:
     cores = getattr(k.device, "cores", 1)
     total = prod(r.src[0].arg for r in k.ranges() if r.src[0].op is Ops.CONST)
     if k.threads == 1 and cores > 1 and total >= 2 * MIN_WORK_PER_THREAD and k.loops():
-        _try(k, Opt("THREAD", 0, min(cores, total // MIN_WORK_PER_THREAD)))
+        _try(k, Opt(OptOps.THREAD, 0, min(cores, total // MIN_WORK_PER_THREAD)))
 
 
-def optimize(ast: UOp, device: Any, beam: int = 0, bufs: list | None = None,
-             opts: list[Opt] | None = None) -> tuple[UOp, dict, list]:
-    """(optimized AST, launch facts, applied opts). `opts` replays a known list (from BEAM search)."""
+def apply_opts(ast: UOp, device: Any, opts: list[Opt] | None = None) -> tuple[UOp, int, list[Opt]]:
+    """(optimized AST, CPU threads, applied opts): `opts` replays a known list (BEAM's, a stored winner's);
+    None runs the hand-coded heuristic (nothing under NOOPT). On the CPU the outer loop is then split across
+    threads unless an opt chose how (THREAD) or NOOPT is set."""
     k = OptKernel(ast, device)
     if opts is not None:
         for o in opts:
             k.apply(o)
     elif not env_flag("NOOPT"):
         hand_coded(k)
-    return finish(k)
-
-
-def finish(k: OptKernel) -> tuple[UOp, dict, list]:
-    """Launch mapping: threads on the CPU, the grid on GPUs."""
-    launch: dict[str, Any] = {}
     gpu = getattr(k.device, "launch_style", "cpu") == "gpu"
-    if not gpu and not env_flag("NOOPT") and not any(o.op == "THREAD" for o in k.applied):
+    if not gpu and not env_flag("NOOPT") and not any(o.op is OptOps.THREAD for o in k.applied):
         auto_threads(k)
-    if k.threads > 1:
-        launch["global_size"] = (k.threads, 1, 1)
-    ast = k.ast
-    if gpu:
-        ast = lower_groups(ast)
-        lim = launch_limits(k.device)
-        ast, launch = map_to_grid(ast, max_local=min(getattr(k.device, "max_local_size", 256), lim.threads),
-                                  max_grid=lim.grid)
-    return ast, launch, list(k.applied)
+    return k.ast, k.threads, list(k.applied)
 
 
 def lower_groups(ast: UOp) -> UOp:
