@@ -353,3 +353,16 @@ def test_results_stay_right_through_the_pipeline():
     for dev in ("CPU", "PYTHON"):
         np.testing.assert_allclose(tgc.loads(MATMUL).run(device=dev, a=a, b=b)["out0"], a @ b, rtol=1e-4,
                                    atol=1e-4)
+
+
+def test_unused_buffers_are_dropped_and_the_rest_renumbered_once():
+    from tgc.codegen.kernel import drop_unused_buffers
+    g = [UOp(Ops.DEFINE_GLOBAL, dtypes.f32.as_ptr(), (), i) for i in range(4)]
+    r = rng(0, 4)
+    val = UOp(Ops.LOAD, dtypes.f32, (g[2], r)) + UOp(Ops.LOAD, dtypes.f32, (g[3], r))
+    ast = UOp(Ops.SINK, None, (UOp(Ops.STORE, None, (g[0], r, val)),))
+    bufs = [UOp.const(dtypes.f32, float(i)) for i in range(4)]  # stand-ins for the tensor nodes
+    out, kept = drop_unused_buffers(ast, bufs)
+    assert kept == [bufs[0], bufs[2], bufs[3]]
+    loads = sorted(u.src[0].arg for u in out.toposort() if u.op is Ops.LOAD)
+    assert loads == [1, 2]  # 2 -> 1 and 3 -> 2, not 3 -> 2 -> 1

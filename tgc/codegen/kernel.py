@@ -262,7 +262,8 @@ INF = float("inf")
 
 
 def drop_unused_buffers(ast: UOp, bufs: list[UOp]) -> tuple[UOp, list[UOp]]:
-    """Buffers whose loads folded away (`a % -1` is 0) are not kernel parameters: renumber the rest."""
+    """Buffers whose loads folded away (`a % -1` is 0) are not kernel parameters: renumber the rest. A
+    substitution, not a rewrite: DEFINE_GLOBAL 3 -> 2 while 2 -> 1 would apply twice to a hash-consed node."""
     from tgc.ir.uop import substitute
     used = sorted({u.arg for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL})
     if used == list(range(len(bufs))):

@@ -25,7 +25,7 @@ from tgc.dtype import dtypes
 from tgc.env import env_flag
 from tgc.ir.shapes import prod
 from tgc.ir.symbolic import simplify
-from tgc.ir.uop import Ops, RangeKind, UOp, substitute
+from tgc.ir.uop import Ops, PatternMatcher, RangeKind, UOp, UPat, graph_rewrite, substitute
 
 INDEX = dtypes.index
 # below this many loop iterations a kernel is not worth a thread launch
@@ -252,46 +252,71 @@ class OptKernel:
 
 
 def split_range(ast: UOp, r: UOp, amount: int, inner_kind: RangeKind, inner_id: int) -> UOp:
-    """Replace range r by outer * amount + inner; a REDUCE over r then reduces over both parts."""
+    """Replace range r by outer * amount + inner; a REDUCE over r then reduces over both parts (a rewrite)."""
     n = r.src[0].arg
     outer = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, n // amount),), r.arg)
     inner = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, amount),), (inner_id, inner_kind))
-    replacement = outer * UOp.const(INDEX, amount) + inner
-    memo: dict[UOp, UOp] = {r: replacement}
-    for u in ast.toposort():
-        if u in memo:
-            continue
-        if u.op is Ops.REDUCE and r in u.src[1:]:
-            ranges = [x for s in u.src[1:] for x in ((outer, inner) if s is r else (memo.get(s, s),))]
-            memo[u] = UOp(Ops.REDUCE, u.dtype, (memo[u.src[0]], *ranges), u.arg)
-        else:
-            srcs = tuple(memo.get(s, s) for s in u.src)
-            memo[u] = u.replace(src=srcs) if srcs != u.src else u
-    return simplify(memo[ast])
+    ctx = _Split(r, outer * UOp.const(INDEX, amount) + inner, (outer, inner))
+    return simplify(graph_rewrite(ast, _split_rules, ctx))
+
+
+@dataclass(frozen=True)
+class _Split:
+    old: UOp  # the range split
+    value: UOp  # what its uses become
+    parts: tuple[UOp, ...]  # what a REDUCE over it reduces over instead
+
+
+def _split_reduce(ctx: _Split, x: UOp) -> UOp | None:
+    if ctx.value not in x.src[1:]:
+        return None
+    ranges = [p for s in x.src[1:] for p in (ctx.parts if s is ctx.value else (s,))]
+    return UOp(Ops.REDUCE, x.dtype, (x.src[0], *ranges), x.arg)
+
+
+_split_rules = PatternMatcher([
+    (UPat(Ops.RANGE, name="x"), lambda ctx, x: ctx.value if x is ctx.old else None),
+    (UPat(Ops.REDUCE, name="x"), _split_reduce),
+])
+
+
+@dataclass(frozen=True)
+class _Pad:
+    old: UOp  # the reduction range
+    new: UOp  # the same range, run to a multiple of the opt's amount
+
+
+def _pad_reduce(ctx: _Pad, x: UOp) -> UOp | None:
+    from tgc.engine.schedule import identity
+    if ctx.old not in x.src[1:]:
+        return None
+    valid = UOp(Ops.CMPLT, dtypes.bool, (ctx.new, UOp.const(INDEX, ctx.old.src[0].arg)))
+    body = gate_loads(substitute(x.src[0], {ctx.old: ctx.new}), valid)
+    masked = UOp(Ops.WHERE, x.dtype, (valid, body, UOp.const(x.dtype, identity(x.arg, x.dtype))))
+    return UOp(Ops.REDUCE, x.dtype, (masked, *[ctx.new if s is ctx.old else s for s in x.src[1:]]), x.arg)
+
+
+_pad_rules = PatternMatcher([(UPat(Ops.REDUCE, name="x"), _pad_reduce)])
 
 
 def pad_reduce(ast: UOp, r: UOp, new: UOp) -> UOp:
-    """Run a reduction loop to `new`'s size; iterations past the old size contribute the identity."""
-    from tgc.engine.schedule import identity
-    n = r.src[0].arg
-    mapping: dict[UOp, UOp] = {}
-    for u in ast.toposort():
-        if u.op is Ops.REDUCE and r in u.src[1:]:
-            valid = UOp(Ops.CMPLT, dtypes.bool, (new, UOp.const(INDEX, n)))
-            body = substitute(u.src[0], {r: new})
-            body = gate_loads(body, valid)
-            masked = UOp(Ops.WHERE, u.dtype, (valid, body, UOp.const(u.dtype, identity(u.arg, u.dtype))))
-            mapping[u] = UOp(Ops.REDUCE, u.dtype, (masked, *[new if s is r else s for s in u.src[1:]]), u.arg)
-    return simplify(substitute(ast, mapping))
+    """Run a reduction loop to `new`'s size; iterations past the old size contribute the identity (a rewrite)."""
+    return simplify(graph_rewrite(ast, _pad_rules, _Pad(r, new)))
+
+
+def _gate_load(valid: UOp, x: UOp) -> UOp | None:
+    if len(x.src) == 3 and valid in x.src[2].toposort():
+        return None  # gated already
+    gate = valid if len(x.src) == 2 else UOp(Ops.AND, dtypes.bool, (x.src[2], valid))
+    return UOp(Ops.LOAD, x.dtype, (x.src[0], x.src[1], gate))
+
+
+_gate_rules = PatternMatcher([(UPat(Ops.LOAD, name="x"), _gate_load)])
 
 
 def gate_loads(u: UOp, valid: UOp) -> UOp:
-    mapping = {}
-    for n in u.toposort():
-        if n.op is Ops.LOAD:
-            gate = valid if len(n.src) == 2 else UOp(Ops.AND, dtypes.bool, (n.src[2], valid))
-            mapping[n] = UOp(Ops.LOAD, n.dtype, (n.src[0], n.src[1], gate))
-    return substitute(u, mapping)
+    """Every LOAD under `u` reads only where `valid` holds (a rewrite)."""
+    return graph_rewrite(u, _gate_rules, valid)
 
 
 def split_threads(ast: UOp, threads: int) -> tuple[UOp, int]:
@@ -419,39 +444,55 @@ def apply_opts(ast: UOp, device: Any, opts: list[Opt] | None = None) -> tuple[UO
     return k.ast, k.threads, list(k.applied)
 
 
+@dataclass
+class _Groups:
+    locals_: tuple[UOp, ...]  # the work-group's LOCAL ranges
+    next_id: int  # the next free range id
+    index: dict[UOp, int]  # REDUCE -> its position among the kernel's reductions (names its shared memory)
+
+
+def _lower_group(ctx: _Groups, u: UOp) -> UOp | None:
+    from tgc.engine.schedule import flat_index
+    groups = [r for r in u.src[1:] if r.arg[1] is RangeKind.GROUP]
+    if not groups:
+        return None
+    g = groups[0]
+    amt = g.src[0].arg
+    rest = tuple(r for r in u.src[1:] if r is not g)
+    partial = UOp(Ops.REDUCE, u.dtype, (u.src[0], *rest), u.arg) if rest else u.src[0]
+    # one slot per thread of the work-group and per UPCAST lane: the lanes are unrolled into separate
+    # stores later, which must not share a slot
+    ups = sorted({r for r in u.src[0].toposort() if r.op is Ops.RANGE and r.arg[1] is RangeKind.UPCAST},
+                 key=lambda r: r.arg[0])
+    slots = ctx.locals_ + tuple(ups)
+    sizes = tuple(r.src[0].arg for r in slots)
+    flat = flat_index(slots, sizes) if slots else UOp.const(INDEX, 0)
+    i = ctx.index.get(u, len(ctx.index))
+    temp = UOp(Ops.DEFINE_LOCAL, u.dtype.as_ptr(), (), (f"temp{i}", prod(sizes) * amt))
+    base = simplify(flat * UOp.const(INDEX, amt))
+    stored = UOp(Ops.STORE, None, (temp, simplify(base + g), partial))
+    barrier = UOp(Ops.BARRIER, None, (stored,))
+    j = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, amt),), (ctx.next_id, RangeKind.REDUCE))
+    ctx.next_id += 1
+    load = UOp(Ops.LOAD, u.dtype, (temp, simplify(base + j), barrier))
+    return UOp(Ops.REDUCE, u.dtype, (load, j), u.arg)
+
+
+_group_rules = PatternMatcher([(UPat(Ops.REDUCE, name="u"), _lower_group)])
+
+
 def lower_groups(ast: UOp) -> UOp:
     """A reduction with a GROUP range: each thread of the work-group reduces its share, writes the partial
     result to shared memory, and after a barrier every thread combines the partials (they all store the
-    same value)."""
-    from tgc.engine.schedule import flat_index
-    ranges = sorted({u for u in ast.toposort() if u.op is Ops.RANGE}, key=lambda r: r.arg[0])
-    locals_ = [r for r in ranges if r.arg[1] is RangeKind.LOCAL]
-    next_id = max((r.arg[0] for r in ranges), default=-1) + 1
-    mapping: dict[UOp, UOp] = {}
-    for i, u in enumerate(x for x in ast.toposort() if x.op is Ops.REDUCE):
-        groups = [r for r in u.src[1:] if r.arg[1] is RangeKind.GROUP]
-        if not groups:
-            continue
-        g = groups[0]
-        amt = g.src[0].arg
-        rest = tuple(r for r in u.src[1:] if r is not g)
-        partial = UOp(Ops.REDUCE, u.dtype, (u.src[0], *rest), u.arg) if rest else u.src[0]
-        # one slot per thread of the work-group and per UPCAST lane: the lanes are unrolled into separate
-        # stores later, which must not share a slot
-        ups = sorted({r for r in u.src[0].toposort() if r.op is Ops.RANGE and r.arg[1] is RangeKind.UPCAST},
-                     key=lambda r: r.arg[0])
-        slots = tuple(locals_) + tuple(ups)
-        sizes = tuple(r.src[0].arg for r in slots)
-        flat = flat_index(slots, sizes) if slots else UOp.const(INDEX, 0)
-        temp = UOp(Ops.DEFINE_LOCAL, u.dtype.as_ptr(), (), (f"temp{i}", prod(sizes) * amt))
-        base = simplify(flat * UOp.const(INDEX, amt))
-        stored = UOp(Ops.STORE, None, (temp, simplify(base + g), partial))
-        barrier = UOp(Ops.BARRIER, None, (stored,))
-        j = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, amt),), (next_id, RangeKind.REDUCE))
-        next_id += 1
-        load = UOp(Ops.LOAD, u.dtype, (temp, simplify(base + j), barrier))
-        mapping[u] = UOp(Ops.REDUCE, u.dtype, (load, j), u.arg)
-    return substitute(ast, mapping) if mapping else ast
+    same value). A rewrite of each such REDUCE."""
+    nodes = ast.toposort()
+    ranges = sorted({u for u in nodes if u.op is Ops.RANGE}, key=lambda r: r.arg[0])
+    if not any(r.arg[1] is RangeKind.GROUP for r in ranges):
+        return ast
+    ctx = _Groups(tuple(r for r in ranges if r.arg[1] is RangeKind.LOCAL),
+                  max((r.arg[0] for r in ranges), default=-1) + 1,
+                  {u: i for i, u in enumerate(x for x in nodes if x.op is Ops.REDUCE)})
+    return graph_rewrite(ast, _group_rules, ctx)
 
 
 def map_to_grid(ast: UOp, max_local: int = 256, max_grid: int = 2**31 - 1) -> tuple[UOp, dict]:

@@ -11,7 +11,7 @@ Every kernel goes through `lower`: the heuristic (`tgc.codegen.kernel.build_kern
                                          then CPU threads (`opt.OptKernel`: a search state, not a rewrite)
     lower_groups               rewrite   GROUP reductions through shared memory (GPUs)
     map_to_grid                function  output loops -> GPU indices (one decision over all loops at once)
-    drop_unused_buffers        rewrite   renumber the buffers left after folding
+    drop_unused_buffers        function  renumber the buffers left after folding (a substitution)
   lower to linear
     narrow_index               rewrite   index arithmetic in i32 where it provably fits, else i64
     unroll_reduce              rewrite   UNROLL ranges -> copies of the reduced value
@@ -155,7 +155,7 @@ OPTIMIZE = [
     Pass("apply_opts", _apply_opts, "function"),
     Pass("lower_groups", _lower_groups, "rewrite", lambda ctx: ctx.gpu),
     Pass("map_to_grid", _map_to_grid, "function", lambda ctx: ctx.gpu),
-    Pass("drop_unused_buffers", _drop_unused, "rewrite"),
+    Pass("drop_unused_buffers", _drop_unused, "function"),
 ]
 TO_LINEAR = [
     Pass("narrow_index", _narrow_index, "rewrite"),
