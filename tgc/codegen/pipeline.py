@@ -175,8 +175,8 @@ def _debug() -> int:
         return 0
 
 
-def run_passes(ast: UOp, ctx: LowerCtx, passes: list[Pass]) -> UOp:
-    show = ctx.trace is not None or _debug() >= 6
+def run_passes(ast: UOp, ctx: LowerCtx, passes: list[Pass], quiet: bool = False) -> UOp:
+    show = not quiet and (ctx.trace is not None or _debug() >= 6)
     for p in passes:
         if not p.when(ctx):
             continue
@@ -203,7 +203,7 @@ def prepare(ast: UOp, device: Any) -> UOp:
     hit = _PREPARED.get(key)
     if hit is not None:
         return hit
-    out = run_passes(ast, LowerCtx(device, "kernel", []), PREPARE)
+    out = run_passes(ast, LowerCtx(device, "kernel", []), PREPARE, quiet=True)  # `lower` shows them
     if len(_PREPARED) > 4096:
         _PREPARED.clear()
     _PREPARED[key] = _PREPARED[(out, key[1])] = out
