@@ -404,3 +404,15 @@ def test_prepare_is_idempotent(device):
         once = pipeline.prepare(item.ast, dev)
         pipeline._PREPARED.clear()
         assert pipeline.prepare(once, dev) is once
+
+
+def test_spec_rejects_untyped_values_and_a_lane_past_the_vector():
+    uops = _good()
+    store = next(i for i, u in enumerate(uops) if u.op is Ops.STORE)
+    val = uops[store].src[2]
+    with pytest.raises(SpecError, match="a value without a type"):
+        verify_spec("k", uops[:store] + [UOp(Ops.NEG, None, (val,))] + uops[store:])
+    vec = UOp(Ops.VECTORIZE, dtypes.f32.vec(2), (val, val))
+    with pytest.raises(SpecError, match="lane 2 of a"):
+        verify_spec("k", uops[:store] + [vec, UOp(Ops.GEP, dtypes.f32, (vec,), 2)] + uops[store:])
+    verify_spec("k", uops[:store] + [vec, UOp(Ops.GEP, dtypes.f32, (vec,), 1)] + uops[store:])

@@ -7,7 +7,8 @@
   computed inside a loop is used only while that loop is open (an accumulator carries values out: DEFINE_ACC
   before the loop, ACCUMULATE inside, READ_ACC after);
 - arity: each op has the number of sources it is printed with;
-- types: a RANGE's end and every index is an integer; binary ALU sources have the result's type (shifts aside),
+- types: every value has one (pointers for buffers, integers for loops, launch indices and kernel variables);
+  a RANGE's end and every index is an integer; unary and binary ALU sources have the result's type (shifts aside),
   comparisons take equal types and give bool; WHERE takes a bool condition and arms of its type; ACCUMULATE
   and READ_ACC have their accumulator's type; a STORE has no type;
 - memory: LOAD and STORE address a DEFINE_GLOBAL or DEFINE_LOCAL, their gate (a LOAD's third source, a STORE's
@@ -82,7 +83,20 @@ def verify_spec(name: str, uops: list[UOp]) -> None:
 
 def _check_types(i: int, u: UOp, fail) -> None:
     op, d = u.op, u.dtype
-    if op is Ops.RANGE:
+    if op not in (Ops.STORE, Ops.ENDRANGE, Ops.BARRIER) and d is None:
+        fail(i, u, "a value without a type")
+    if op in _MEMORY and not d.ptr:
+        fail(i, u, "a buffer must have a pointer type")
+    if op in (Ops.SPECIAL, Ops.DEFINE_VAR) and not _is_int(u):
+        fail(i, u, "a launch index or kernel variable must be an integer")
+    if op is Ops.GEP:
+        src = u.src[0].dtype
+        if src is None or not isinstance(u.arg, int) or not 0 <= u.arg < src.count or d != src.scalar():
+            fail(i, u, f"lane {u.arg!r} of a {src}")
+    elif op in UNARY and op is not Ops.CAST:
+        if u.src[0].dtype != d:
+            fail(i, u, f"a source of type {u.src[0].dtype}, expected {d}")
+    elif op is Ops.RANGE:
         if not _is_int(u) or not _is_int(u.src[0]):
             fail(i, u, "a RANGE and its end must be integers")
     elif op is Ops.VECTORIZE:
