@@ -22,7 +22,7 @@ Every kernel goes through `lower`: the heuristic (`tgc.codegen.kernel.build_kern
     render                     function  the renderer's source and the launch contract
 
 `DEBUG=6` prints the AST after every pass and the linear UOps (stderr), one pass at a time;
-`passes_text` returns the same text (tests, `tgc.codegen.pipeline.trace`).
+`passes_text` returns the same text.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tgc.ir.uop import Ops, UOp, pretty
+from tgc.ir.uop import UOp, pretty
 
 
 def fuses_rows(device: Any) -> bool:
@@ -255,4 +255,4 @@ def uops_text(uops: list[UOp]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["PASSES", "Lowered", "Pass", "fuses_rows", "lower", "passes_text", "prepare", "uops_text", "Ops"]
+__all__ = ["PASSES", "Lowered", "Pass", "fuses_rows", "lower", "passes_text", "prepare", "uops_text"]
