@@ -205,9 +205,9 @@ def test_a_bad_points_setting_is_a_user_error(monkeypatch):
 @given(prog=random_program(), device=st.sampled_from(["CPU", "PYTHON", "CUDA"]), data=st.data())
 def test_random_programs_under_random_opts_stay_in_bounds(prog, device, data):
     from tgc.backends import get_device
-    from tgc.codegen.kernel import drop_unused_buffers, prepare_ast
-    from tgc.codegen.linearize import linearize
-    from tgc.codegen.opt import Opt, OptError, OptKernel, finish
+    from tgc.codegen.kernel import prepare_ast
+    from tgc.codegen.opt import Opt, OptError, OptKernel
+    from tgc.codegen.pipeline import lower
     from tgc.codegen.search import actions
     from tgc.engine.schedule import create_schedule
 
@@ -231,10 +231,8 @@ def test_random_programs_under_random_opts_stay_in_bounds(prog, device, data):
                 k.apply(data.draw(st.sampled_from(choices)))
             except OptError:
                 pass
-        ast, launch, _ = finish(k)
-        ast, bufs = drop_unused_buffers(ast, item.bufs)
-        uops = linearize(ast, vectors=getattr(dev.renderer, "supports_vectors", False))
-        verify_kernel(item.name, uops, bufs, launch)
+        low = lower(item.ast, dev, item.bufs, item.name, opts=k.applied)  # as BEAM lowers its candidates
+        verify_kernel(item.name, low.uops, low.bufs, low.launch)
 
 
 def test_a_kernel_without_loops_is_checked_too():

@@ -74,20 +74,20 @@ OPT_CASES = '''
 import json
 import numpy as np
 import tgc
-import tgc.codegen.opt as O
+import tgc.codegen.search as S
 from tgc.codegen.opt import Opt
 
-orig = O.optimize
+orig = S.lookup
 rng = np.random.default_rng(0)
 results = []
 
 def check(src, opts, want, **inputs):
-    O.optimize = lambda ast, device, beam=0, bufs=None, opts=None: orig(ast, device, opts=cur)
+    S.lookup = lambda ast, device, width=0: cur  # as if BEAM had stored these opts
     cur = [Opt(*o) for o in opts]
     try:
         got = next(iter(tgc.loads(src).run(device="CUDA", **inputs).values()))
     finally:
-        O.optimize = orig
+        S.lookup = orig
     ok = np.isclose(got, want, rtol=1e-4, atol=1e-3)
     results.append([src.splitlines()[-1], opts, int(ok.sum()), int(ok.size)])
 

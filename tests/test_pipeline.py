@@ -102,14 +102,13 @@ def test_illegal_opts_are_rejected_with_a_reason(opt, reason):
     [Opt("THREAD", 0, 2), Opt("UPCAST", 1, 16)],
 ])
 def test_every_legal_opt_keeps_results(opts, monkeypatch):
-    import tgc.codegen.opt as O
-    orig = O.optimize
-    monkeypatch.setattr(O, "optimize", lambda ast, device, beam=0, bufs=None, opts=None: orig(ast, device, opts=_opts))
-    _opts = opts
+    import tgc.codegen.search as S
+    monkeypatch.setattr(S, "lookup", lambda ast, device, width=0: opts)  # as if BEAM had stored these
     rng = np.random.default_rng(1)
     a, b = rng.standard_normal((8, 13)).astype(np.float32), rng.standard_normal((13, 16)).astype(np.float32)
     p = tgc.loads("a: f32[N, K]\nb: f32[K, M]\nreturn a @ b")
     np.testing.assert_allclose(p.run(a=a, b=b)["out0"], a @ b, rtol=1e-4, atol=1e-4)
+    assert p.compile(dims={"N": 8, "K": 13, "M": 16})[0].opts[:len(opts)] == opts
 
 
 def test_noopt_gives_the_same_results(monkeypatch):
@@ -171,13 +170,12 @@ def test_matmul_flops_are_2mnk(device, m, k, n):
 def _flops_with(src: str, dims: dict, device: str, opts: list) -> tuple[int, dict]:
     from tgc.backends import get_device
     from tgc.codegen.kernel import kernel_flops
-    from tgc.codegen.linearize import linearize
-    from tgc.codegen.opt import optimize
+    from tgc.codegen.pipeline import lower
     dev = get_device(device)
     item = tgc.loads(src).schedule(dims, device)[0]
-    ast, launch, applied = optimize(prepare_ast(item.ast, dev), dev, opts=opts)
-    assert [str(o) for o in applied] == [str(o) for o in opts]
-    return kernel_flops(linearize(ast), dev, launch), launch
+    low = lower(item.ast, dev, item.bufs, item.name, opts=opts)
+    assert [str(o) for o in low.applied] == [str(o) for o in opts]
+    return kernel_flops(low.uops, dev, low.launch), low.launch
 
 
 def test_cpu_threads_with_an_uneven_last_slice_count_exactly():
@@ -202,10 +200,10 @@ def test_gpu_group_reduction_flops(device, opts, combine):
 def test_gpu_flops_multiply_every_grid_and_block_dim():
     from tgc.backends import get_device
     from tgc.codegen.kernel import kernel_flops
-    from tgc.codegen.linearize import linearize
+    from tgc.codegen.pipeline import lower
     dev = get_device("CPU")
     item = tgc.loads("x: f32[N]\nreturn x * 3.0").schedule({"N": 5})[0]
-    uops = linearize(prepare_ast(item.ast, dev))  # one loop of 5 multiplies per thread
+    uops = lower(item.ast, dev, item.bufs, item.name, opts=[]).uops  # one loop of 5 multiplies per thread
 
     class Gpu:
         launch_style = "gpu"

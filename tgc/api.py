@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from tgc.codegen.kernel import Kernel, build_kernel
+from tgc.codegen.pipeline import fuses_rows
 from tgc.dsl.frontend import InputDecl, Parsed, concrete_shape, dim_names, parse, trace
 from tgc.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16
 from tgc.engine.schedule import ScheduleItem, create_schedule
@@ -162,7 +163,7 @@ class Program:
         from tgc.backends import default_device, get_device
         dev = get_device(device or default_device())
         outs, _ = self._trace(self.resolve_dims(dims))
-        items = create_schedule(outs, fuse_rows=getattr(dev, "launch_style", "cpu") == "cpu")
+        items = create_schedule(outs, fuse_rows=fuses_rows(dev))
         for item in items:
             item.line = self.line_of(item.output)
         return items
@@ -179,7 +180,7 @@ class Program:
         key = (dev.name, tuple(sorted(dims.items())), beam, tuned)
         if key not in self._kernels:
             outs, _ = self._trace(dims)
-            items = create_schedule(outs, fuse_rows=getattr(dev, "launch_style", "cpu") == "cpu")
+            items = create_schedule(outs, fuse_rows=fuses_rows(dev))
             names: dict[str, int] = {}
             kernels = []
             items = [item for item in items if item.ast.src]  # (an empty output computes nothing)

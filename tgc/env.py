@@ -58,8 +58,8 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in (
     EnvVar("TGC_REMOTE_TOKEN_FILE", "str", "a file holding that token"),
     EnvVar("TGC_REMOTE_TIMEOUT", "float", "seconds to wait for a REMOTE answer (a finite number > 0; default 120)"),
     EnvVar("TGC_REMOTE_RETRY", "float", "seconds to keep retrying a refused REMOTE connection (>= 0; default 3)"),
-    EnvVar("DEBUG", "int", "0..6 (2: a line per kernel run, 4: sources, 5: UOps; any: tracebacks of "
-           "internal errors)"),
+    EnvVar("DEBUG", "int", "0..6 (2: a line per kernel run, 4: sources, 5: UOps, 6: each codegen pass; any: "
+           "tracebacks of internal errors)"),
     EnvVar("BEAM", "int", "BEAM width for every run and bench (an integer >= 0; 0: off)"),
     EnvVar("NOOPT", "flag", "any value but empty or 0: no optimizations"),
     EnvVar("DISABLE_COMPILER_CACHE", "flag", "any value but empty or 0: no compile cache"),

@@ -47,10 +47,14 @@ def _unroll_reduce(x: UOp) -> UOp | None:
 _unroll_rules = PatternMatcher([(UPat(Ops.REDUCE, name="x"), _unroll_reduce)])
 
 
-def expand(ast: UOp, vectors: bool = False) -> UOp:
-    ast = graph_rewrite(ast, _unroll_rules)
-    if vectors:
-        ast = vectorize(ast)
+def unroll_reduces(ast: UOp) -> UOp:
+    """UNROLL ranges -> a balanced tree of copies of the reduced value (a rewrite pass)."""
+    return graph_rewrite(ast, _unroll_rules)
+
+
+def upcast_stores(ast: UOp) -> UOp:
+    """Each store with UPCAST ranges -> one copy per combination of their values. A function, not a rewrite:
+    a store becomes several stores of the SINK, and the copies substitute constants into whole subgraphs."""
     stores = []
     for store in ast.src:
         ups = _ranges_of(store, (RangeKind.UPCAST,))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from tgc.dtype import DType, dtypes
 from tgc.errors import CompileError
-from tgc.ir.uop import Ops, UOp
+from tgc.ir.uop import Ops, PatternMatcher, UOp, UPat, graph_rewrite
 
 I32_MIN, I32_MAX = -(1 << 31), (1 << 31) - 1
 I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
@@ -50,23 +50,20 @@ def index_width(ast: UOp) -> DType:
     return dtypes.i64 if wide else dtypes.i32
 
 
+def _narrow(width: DType, u: UOp) -> UOp | None:
+    if is_index(u.dtype):
+        if u.op in _LEAVES:
+            leaf = UOp(u.op, dtypes.i32, u.src, u.arg)
+            return leaf if width == dtypes.i32 else UOp(Ops.CAST, width, (leaf,))
+        return UOp(u.op, width.vec(u.dtype.count), u.src, u.arg)
+    if u.op is Ops.CAST and u.src[0].dtype == u.dtype and u.dtype.is_int:  # IOTA (an index cast) in an i32 kernel
+        return u.src[0]
+    return None
+
+
+_narrow_rules = PatternMatcher([(UPat(name="u"), _narrow)])
+
+
 def narrow_index(ast: UOp) -> UOp:
-    """`ast` with every `dtypes.index` value in the kernel's index width (see the module docstring)."""
-    width = index_width(ast)
-    memo: dict[UOp, UOp] = {}
-    for u in ast.toposort():
-        srcs = tuple(memo[s] for s in u.src)
-        if is_index(u.dtype):
-            if u.op in _LEAVES:
-                leaf = UOp(u.op, dtypes.i32, srcs, u.arg)
-                new = leaf if width == dtypes.i32 else UOp(Ops.CAST, width, (leaf,))
-            else:
-                new = UOp(u.op, width.vec(u.dtype.count), srcs, u.arg)
-                if u.op is Ops.RANGE and "_bounds" in u.__dict__:  # keeps a bound set by hand (CPU thread chunks)
-                    new.__dict__["_bounds"] = u.__dict__["_bounds"]  # (a computed one is the same value)
-        elif u.op is Ops.CAST and is_index(u.src[0].dtype) and srcs[0].dtype == u.dtype:  # IOTA in an i32 kernel
-            new = srcs[0]
-        else:
-            new = u.replace(src=srcs) if srcs != u.src else u
-        memo[u] = new
-    return memo[ast]
+    """`ast` with every `dtypes.index` value in the kernel's index width (see the module docstring); a rewrite."""
+    return graph_rewrite(ast, _narrow_rules, index_width(ast))

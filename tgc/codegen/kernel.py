@@ -5,9 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tgc.codegen import verify
-from tgc.codegen.legalize import legalize
-from tgc.codegen.linearize import linearize
 from tgc.engine.schedule import ScheduleItem
 from tgc.env import env_flag
 from tgc.errors import CompileError
@@ -52,14 +49,8 @@ class Kernel:
         return self._program
 
     def uops_text(self) -> str:
-        lines = []
-        names: dict[UOp, str] = {}
-        for i, u in enumerate(self.uops):
-            names[u] = f"%{i}"
-            srcs = ", ".join(names.get(s, "?") for s in u.src)
-            arg = "" if u.arg is None else f" {u.arg!r}"
-            lines.append(f"{i:4d} {u.op.name:<14} {str(u.dtype):<6}{arg} ({srcs})")
-        return "\n".join(lines)
+        from tgc.codegen.pipeline import uops_text
+        return uops_text(self.uops)
 
     def ast_text(self) -> str:
         return pretty(self.ast)
@@ -171,21 +162,18 @@ def kernel_flops(uops: list[UOp], device: Any, launch: dict) -> int:
 
 
 def prepare_ast(ast: UOp, device: Any) -> UOp:
-    """The device-independent rewrites every kernel gets before optimization."""
-    ast = legalize(ast)
-    if getattr(device.renderer, "decompose_transcendentals", False):
-        from tgc.codegen.transcendental import decompose_transcendentals
-        ast = decompose_transcendentals(ast)
-    return ast
+    """The device-independent passes every kernel gets before optimization (`pipeline.PREPARE`)."""
+    from tgc.codegen.pipeline import prepare
+    return prepare(ast, device)
 
 
 def build_kernel(item: ScheduleItem, device: Any, beam: int = 0, name: str | None = None, tuned: bool = True,
                  progress: Any = None) -> Kernel:
     """`tuned=False` ignores stored BEAM winners (what `make bench` shows as 'tgc default'). With `beam=W`
     a stored winner is used only if its search was at least W wide, else the kernel is searched again;
-    `progress` gets the search's events (see `tgc.cli.report.progress_bar`)."""
+    `progress` gets the search's events (see `tgc.cli.report.progress_bar`). Lowering is `pipeline.lower`."""
     from tgc.codegen import search
-    from tgc.codegen.opt import optimize
+    from tgc.codegen.pipeline import lower
 
     name = name or item.name
     ast = prepare_ast(item.ast, device)
@@ -198,20 +186,15 @@ def build_kernel(item: ScheduleItem, device: Any, beam: int = 0, name: str | Non
             opts = res.opts
         elif opts is not None and progress is not None:
             progress({"kernel": name, "cached": True})
-    ast, launch, applied = optimize(ast, device, opts=opts)
-    ast, bufs = drop_unused_buffers(ast, item.bufs)
-    uops = linearize(ast, vectors=getattr(device.renderer, "supports_vectors", False))
-    name = name or item.name
-    if verify.enabled():
-        verify.verify_kernel(name, uops, bufs, launch)
-    src = render_kernel(device, name, uops, bufs, launch)
-    binary, err, key = _compile_cached(device, src)
-    nbytes = bytes_touched(ast, bufs)
-    flops = kernel_flops(uops, device, launch)
-    return Kernel(name=name, src=src, binary=binary, uops=uops, ast=ast, bufs=bufs,
+    low = lower(ast, device, item.bufs, name, opts=opts)
+    binary, err, key = _compile_cached(device, low.src)
+    nbytes = bytes_touched(low.ast, low.bufs)
+    flops = kernel_flops(low.uops, device, low.launch)
+    launch = low.launch
+    return Kernel(name=name, src=low.src, binary=binary, uops=low.uops, ast=low.ast, bufs=low.bufs,
                   global_size=launch.get("global_size", (1, 1, 1)), local_size=launch.get("local_size"),
                   vals=launch.get("vals", ()), flops=flops, bytes_moved=nbytes, line=item.line, compile_error=err,
-                  device=device, opts=applied, cache_key=key)
+                  device=device, opts=low.applied, cache_key=key)
 
 
 CONTRACT_TAG = "tgc-launch:"
@@ -279,7 +262,8 @@ INF = float("inf")
 
 
 def drop_unused_buffers(ast: UOp, bufs: list[UOp]) -> tuple[UOp, list[UOp]]:
-    """Buffers whose loads folded away (`a % -1` is 0) are not kernel parameters: renumber the rest."""
+    """Buffers whose loads folded away (`a % -1` is 0) are not kernel parameters: renumber the rest. A
+    substitution, not a rewrite: DEFINE_GLOBAL 3 -> 2 while 2 -> 1 would apply twice to a hash-consed node."""
     from tgc.ir.uop import substitute
     used = sorted({u.arg for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL})
     if used == list(range(len(bufs))):

@@ -113,11 +113,10 @@ class _Linearizer:
             self.scopes[-1][r] = self.push(UOp(Ops.READ_ACC, r.dtype, (acc,)))
 
 
-def linearize(ast: UOp, vectors: bool = False) -> list[UOp]:
-    """The linear program of a kernel AST (a SINK of STOREs); `vectors` allows explicit vector types."""
-    from tgc.codegen.expand import expand
-    from tgc.codegen.index import narrow_index
-    ast = expand(narrow_index(ast), vectors)
+def linearize(ast: UOp) -> list[UOp]:
+    """The linear program of a kernel AST (a SINK of STOREs) that has been through the pipeline's passes up to
+    here (`tgc.codegen.pipeline`: no UPCAST or UNROLL range left, indices in their final width). A function,
+    not a rewrite: it schedules (where each value is computed, which loops share a nest), it does not rewrite."""
     nodes = ast.toposort()
     groups: dict[tuple[UOp, ...], list[UOp]] = {}
     for u in nodes:

@@ -18,13 +18,14 @@ Every opt checks that it applies and raises `OptError` with the reason otherwise
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from tgc.dtype import dtypes
 from tgc.env import env_flag
 from tgc.ir.shapes import prod
 from tgc.ir.symbolic import simplify
-from tgc.ir.uop import Ops, RangeKind, UOp, substitute
+from tgc.ir.uop import Ops, PatternMatcher, RangeKind, UOp, UPat, graph_rewrite, substitute
 
 INDEX = dtypes.index
 # below this many loop iterations a kernel is not worth a thread launch
@@ -72,24 +73,50 @@ def shared_bytes(ast: UOp) -> int:
     return total
 
 
+class OptOps(str, Enum):
+    """The optimizations (see the module docstring). A stored or printed opt names its op by `.name` (a member
+    also equals that string, so BEAM's stored winners read as before)."""
+    UPCAST = "UPCAST"
+    UNROLL = "UNROLL"
+    LOCAL = "LOCAL"
+    GROUP = "GROUP"
+    PADTO = "PADTO"
+    SWAP = "SWAP"
+    THREAD = "THREAD"
+
+
 @dataclass(frozen=True)
 class Opt:
-    op: str
+    """One optimization: `Opt(OptOps.UPCAST, 0, 4)`. A known name as a string (`Opt("UPCAST", 0, 4)`) becomes the
+    enum member; an unknown one stays a string, which `OptKernel.apply` refuses with a reason."""
+    op: OptOps
     axis: int
     amount: int
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.op, OptOps) and isinstance(self.op, str) and self.op in OptOps.__members__:
+            object.__setattr__(self, "op", OptOps[self.op])
+
+    @property
+    def name(self) -> str:
+        return self.op.name if isinstance(self.op, OptOps) else str(self.op)
+
     def __str__(self) -> str:
-        return f"{self.op}({self.axis}, {self.amount})"
+        return f"{self.name}({self.axis}, {self.amount})"
 
     def to_json(self) -> list:
-        return [self.op, self.axis, self.amount]
+        return [self.name, self.axis, self.amount]
 
     @staticmethod
     def from_json(v: list) -> Opt:
-        return Opt(str(v[0]), int(v[1]), int(v[2]))
+        """The opt a stored list names; ValueError for an op this version does not know (a stale entry)."""
+        name = str(v[0])
+        if name not in OptOps.__members__:
+            raise ValueError(f"unknown opt {name}")
+        return Opt(OptOps[name], int(v[1]), int(v[2]))
 
 
-OPT_NAMES = ("UPCAST", "UNROLL", "LOCAL", "GROUP", "PADTO", "SWAP", "THREAD")
+OPT_NAMES = tuple(OptOps.__members__)
 
 
 class OptKernel:
@@ -97,6 +124,7 @@ class OptKernel:
 
     def __init__(self, ast: UOp, device: Any):
         self.ast, self.device = ast, device
+        self.base = ast  # the AST before any opt: `applied` replayed on it gives `ast`
         self.applied: list[Opt] = []
         self.threads = 1
         self.pads: dict[int, int] = {}
@@ -122,7 +150,7 @@ class OptKernel:
 
     def copy(self) -> OptKernel:
         k = OptKernel(self.ast, self.device)
-        k.applied, k.threads, k.pads = list(self.applied), self.threads, dict(self.pads)
+        k.base, k.applied, k.threads, k.pads = self.base, list(self.applied), self.threads, dict(self.pads)
         return k
 
     # --- applying opts
@@ -149,11 +177,11 @@ class OptKernel:
             raise OptError(f"{shared} bytes of shared memory is too much (at most {lim.shared_bytes})")
 
     def _apply(self, opt: Opt) -> None:
-        if opt.op not in OPT_NAMES:
+        if not isinstance(opt.op, OptOps):
             raise OptError(f"unknown opt {opt.op}")
         axes = self.axes()
         gpu = getattr(self.device, "launch_style", "cpu") == "gpu"
-        if opt.op == "SWAP":
+        if opt.op is OptOps.SWAP:
             loops = self.loops()
             if not (0 <= opt.axis < len(loops) and 0 <= opt.amount < len(loops)) or opt.axis == opt.amount:
                 raise OptError(f"SWAP needs two distinct output axes < {len(loops)}")
@@ -163,7 +191,7 @@ class OptKernel:
             self.ast = substitute(self.ast, {a: ta, b: tb})
             self.applied.append(opt)
             return
-        if opt.op == "THREAD":
+        if opt.op is OptOps.THREAD:
             if gpu:
                 raise OptError("THREAD is for CPU devices")
             if self.threads != 1:
@@ -181,7 +209,7 @@ class OptKernel:
         if amt <= 1:
             raise OptError("amount must be at least 2")
         is_reduce = r.arg[1] is RangeKind.REDUCE
-        if opt.op == "PADTO":
+        if opt.op is OptOps.PADTO:
             if not is_reduce:
                 raise OptError("PADTO applies to reduction axes")
             if n % amt == 0:
@@ -193,19 +221,19 @@ class OptKernel:
             return
         if n % amt:
             raise OptError(f"axis {opt.axis} has size {n}, which {amt} does not divide")
-        if opt.op == "UPCAST":
+        if opt.op is OptOps.UPCAST:
             if is_reduce:
                 raise OptError("UPCAST applies to output axes (use UNROLL for reductions)")
             if self.unrolled_size() * amt > MAX_UNROLLED:
                 raise OptError(f"more than {MAX_UNROLLED} values would be unrolled")
             kind = RangeKind.UPCAST
-        elif opt.op == "UNROLL":
+        elif opt.op is OptOps.UNROLL:
             if not is_reduce:
                 raise OptError("UNROLL applies to reduction axes")
             if self.unrolled_size() * amt > MAX_UNROLLED:
                 raise OptError(f"more than {MAX_UNROLLED} values would be unrolled")
             kind = RangeKind.UNROLL
-        elif opt.op == "LOCAL":
+        elif opt.op is OptOps.LOCAL:
             if not gpu:
                 raise OptError("LOCAL needs a GPU-shaped device")
             if is_reduce:
@@ -224,46 +252,71 @@ class OptKernel:
 
 
 def split_range(ast: UOp, r: UOp, amount: int, inner_kind: RangeKind, inner_id: int) -> UOp:
-    """Replace range r by outer * amount + inner; a REDUCE over r then reduces over both parts."""
+    """Replace range r by outer * amount + inner; a REDUCE over r then reduces over both parts (a rewrite)."""
     n = r.src[0].arg
     outer = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, n // amount),), r.arg)
     inner = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, amount),), (inner_id, inner_kind))
-    replacement = outer * UOp.const(INDEX, amount) + inner
-    memo: dict[UOp, UOp] = {r: replacement}
-    for u in ast.toposort():
-        if u in memo:
-            continue
-        if u.op is Ops.REDUCE and r in u.src[1:]:
-            ranges = [x for s in u.src[1:] for x in ((outer, inner) if s is r else (memo.get(s, s),))]
-            memo[u] = UOp(Ops.REDUCE, u.dtype, (memo[u.src[0]], *ranges), u.arg)
-        else:
-            srcs = tuple(memo.get(s, s) for s in u.src)
-            memo[u] = u.replace(src=srcs) if srcs != u.src else u
-    return simplify(memo[ast])
+    ctx = _Split(r, outer * UOp.const(INDEX, amount) + inner, (outer, inner))
+    return simplify(graph_rewrite(ast, _split_rules, ctx))
+
+
+@dataclass(frozen=True)
+class _Split:
+    old: UOp  # the range split
+    value: UOp  # what its uses become
+    parts: tuple[UOp, ...]  # what a REDUCE over it reduces over instead
+
+
+def _split_reduce(ctx: _Split, x: UOp) -> UOp | None:
+    if ctx.value not in x.src[1:]:
+        return None
+    ranges = [p for s in x.src[1:] for p in (ctx.parts if s is ctx.value else (s,))]
+    return UOp(Ops.REDUCE, x.dtype, (x.src[0], *ranges), x.arg)
+
+
+_split_rules = PatternMatcher([
+    (UPat(Ops.RANGE, name="x"), lambda ctx, x: ctx.value if x is ctx.old else None),
+    (UPat(Ops.REDUCE, name="x"), _split_reduce),
+])
+
+
+@dataclass(frozen=True)
+class _Pad:
+    old: UOp  # the reduction range
+    new: UOp  # the same range, run to a multiple of the opt's amount
+
+
+def _pad_reduce(ctx: _Pad, x: UOp) -> UOp | None:
+    from tgc.engine.schedule import identity
+    if ctx.old not in x.src[1:]:
+        return None
+    valid = UOp(Ops.CMPLT, dtypes.bool, (ctx.new, UOp.const(INDEX, ctx.old.src[0].arg)))
+    body = gate_loads(substitute(x.src[0], {ctx.old: ctx.new}), valid)
+    masked = UOp(Ops.WHERE, x.dtype, (valid, body, UOp.const(x.dtype, identity(x.arg, x.dtype))))
+    return UOp(Ops.REDUCE, x.dtype, (masked, *[ctx.new if s is ctx.old else s for s in x.src[1:]]), x.arg)
+
+
+_pad_rules = PatternMatcher([(UPat(Ops.REDUCE, name="x"), _pad_reduce)])
 
 
 def pad_reduce(ast: UOp, r: UOp, new: UOp) -> UOp:
-    """Run a reduction loop to `new`'s size; iterations past the old size contribute the identity."""
-    from tgc.engine.schedule import identity
-    n = r.src[0].arg
-    mapping: dict[UOp, UOp] = {}
-    for u in ast.toposort():
-        if u.op is Ops.REDUCE and r in u.src[1:]:
-            valid = UOp(Ops.CMPLT, dtypes.bool, (new, UOp.const(INDEX, n)))
-            body = substitute(u.src[0], {r: new})
-            body = gate_loads(body, valid)
-            masked = UOp(Ops.WHERE, u.dtype, (valid, body, UOp.const(u.dtype, identity(u.arg, u.dtype))))
-            mapping[u] = UOp(Ops.REDUCE, u.dtype, (masked, *[new if s is r else s for s in u.src[1:]]), u.arg)
-    return simplify(substitute(ast, mapping))
+    """Run a reduction loop to `new`'s size; iterations past the old size contribute the identity (a rewrite)."""
+    return simplify(graph_rewrite(ast, _pad_rules, _Pad(r, new)))
+
+
+def _gate_load(valid: UOp, x: UOp) -> UOp | None:
+    if len(x.src) == 3 and valid in x.src[2].toposort():
+        return None  # gated already
+    gate = valid if len(x.src) == 2 else UOp(Ops.AND, dtypes.bool, (x.src[2], valid))
+    return UOp(Ops.LOAD, x.dtype, (x.src[0], x.src[1], gate))
+
+
+_gate_rules = PatternMatcher([(UPat(Ops.LOAD, name="x"), _gate_load)])
 
 
 def gate_loads(u: UOp, valid: UOp) -> UOp:
-    mapping = {}
-    for n in u.toposort():
-        if n.op is Ops.LOAD:
-            gate = valid if len(n.src) == 2 else UOp(Ops.AND, dtypes.bool, (n.src[2], valid))
-            mapping[n] = UOp(Ops.LOAD, n.dtype, (n.src[0], n.src[1], gate))
-    return substitute(u, mapping)
+    """Every LOAD under `u` reads only where `valid` holds (a rewrite)."""
+    return graph_rewrite(u, _gate_rules, valid)
 
 
 def split_threads(ast: UOp, threads: int) -> tuple[UOp, int]:
@@ -283,8 +336,7 @@ def split_threads(ast: UOp, threads: int) -> tuple[UOp, int]:
     start = core * UOp.const(INDEX, chunk)
     left = UOp.const(INDEX, n) - start
     end = simplify((left < UOp.const(INDEX, chunk)).where(left, UOp.const(INDEX, chunk)))
-    inner = UOp(Ops.RANGE, INDEX, (end,), (r.arg[0], RangeKind.LOOP))
-    inner.__dict__["_bounds"] = (0, chunk - 1)
+    inner = UOp(Ops.RANGE, INDEX, (end,), (r.arg[0], RangeKind.LOOP))  # `end` is min(left, chunk): its bounds
     return simplify(substitute(ast, {r: start + inner})), threads
 
 
@@ -317,7 +369,7 @@ def hand_coded(k: OptKernel) -> None:
         for j, r in enumerate(k.reduces()):
             if outputs <= 4096 and r.src[0].arg >= 256:
                 for amt in (256, 128, 64, 32, 16):
-                    if r.src[0].arg % amt == 0 and _try(k, Opt("GROUP", len(k.loops()) + j, amt)):
+                    if r.src[0].arg % amt == 0 and _try(k, Opt(OptOps.GROUP, len(k.loops()) + j, amt)):
                         return
         return
     store = next(u for u in k.ast.toposort() if u.op is Ops.STORE)
@@ -334,11 +386,11 @@ def hand_coded(k: OptKernel) -> None:
         vec_axis = out_stride1[0] if out_stride1 else reuse[-1]
         for amt in (16, 8, 4):
             if loops[vec_axis].src[0].arg % amt == 0:
-                _try(k, Opt("UPCAST", vec_axis, amt))
+                _try(k, Opt(OptOps.UPCAST, vec_axis, amt))
                 break
         # a second vector's worth of columns, and 8 rows: 16 accumulators hide the FMA latency
         if k.loops()[vec_axis].src[0].arg % 2 == 0 and k.loops()[vec_axis].src[0].arg >= 8:
-            _try(k, Opt("UPCAST", vec_axis, 2))
+            _try(k, Opt(OptOps.UPCAST, vec_axis, 2))
         # reuse the vector loads across another axis: one those loads do not depend on (matmul's rows,
         # a convolution's output channels)
         vec_range = k.loops()[vec_axis]
@@ -348,7 +400,7 @@ def hand_coded(k: OptKernel) -> None:
                  [i for i in reuse if i != vec_axis]
         if others:
             for amt in (8, 4, 2):
-                if k.loops()[others[-1]].src[0].arg % amt == 0 and _try(k, Opt("UPCAST", others[-1], amt)):
+                if k.loops()[others[-1]].src[0].arg % amt == 0 and _try(k, Opt(OptOps.UPCAST, others[-1], amt)):
                     break
         return
     # a reduction over a strided axis: compute 16 contiguous outputs side by side instead
@@ -357,7 +409,7 @@ def hand_coded(k: OptKernel) -> None:
         i = out_stride1[0]
         for amt in (16, 8, 4):
             if loops[i].src[0].arg % amt == 0:
-                _try(k, Opt("UPCAST", i, amt))
+                _try(k, Opt(OptOps.UPCAST, i, amt))
                 break
 
 
@@ -373,71 +425,74 @@ def auto_threads(k: OptKernel) -> None:
     cores = getattr(k.device, "cores", 1)
     total = prod(r.src[0].arg for r in k.ranges() if r.src[0].op is Ops.CONST)
     if k.threads == 1 and cores > 1 and total >= 2 * MIN_WORK_PER_THREAD and k.loops():
-        _try(k, Opt("THREAD", 0, min(cores, total // MIN_WORK_PER_THREAD)))
+        _try(k, Opt(OptOps.THREAD, 0, min(cores, total // MIN_WORK_PER_THREAD)))
 
 
-def optimize(ast: UOp, device: Any, beam: int = 0, bufs: list | None = None,
-             opts: list[Opt] | None = None) -> tuple[UOp, dict, list]:
-    """(optimized AST, launch facts, applied opts). `opts` replays a known list (from BEAM search)."""
+def apply_opts(ast: UOp, device: Any, opts: list[Opt] | None = None) -> tuple[UOp, int, list[Opt]]:
+    """(optimized AST, CPU threads, applied opts): `opts` replays a known list (BEAM's, a stored winner's);
+    None runs the hand-coded heuristic (nothing under NOOPT). On the CPU the outer loop is then split across
+    threads unless an opt chose how (THREAD) or NOOPT is set."""
     k = OptKernel(ast, device)
     if opts is not None:
         for o in opts:
             k.apply(o)
     elif not env_flag("NOOPT"):
         hand_coded(k)
-    return finish(k)
-
-
-def finish(k: OptKernel) -> tuple[UOp, dict, list]:
-    """Launch mapping: threads on the CPU, the grid on GPUs."""
-    launch: dict[str, Any] = {}
     gpu = getattr(k.device, "launch_style", "cpu") == "gpu"
-    if not gpu and not env_flag("NOOPT") and not any(o.op == "THREAD" for o in k.applied):
+    if not gpu and not env_flag("NOOPT") and not any(o.op is OptOps.THREAD for o in k.applied):
         auto_threads(k)
-    if k.threads > 1:
-        launch["global_size"] = (k.threads, 1, 1)
-    ast = k.ast
-    if gpu:
-        ast = lower_groups(ast)
-        lim = launch_limits(k.device)
-        ast, launch = map_to_grid(ast, max_local=min(getattr(k.device, "max_local_size", 256), lim.threads),
-                                  max_grid=lim.grid)
-    return ast, launch, list(k.applied)
+    return k.ast, k.threads, list(k.applied)
+
+
+@dataclass
+class _Groups:
+    locals_: tuple[UOp, ...]  # the work-group's LOCAL ranges
+    next_id: int  # the next free range id
+    index: dict[UOp, int]  # REDUCE -> its position among the kernel's reductions (names its shared memory)
+
+
+def _lower_group(ctx: _Groups, u: UOp) -> UOp | None:
+    from tgc.engine.schedule import flat_index
+    groups = [r for r in u.src[1:] if r.arg[1] is RangeKind.GROUP]
+    if not groups:
+        return None
+    g = groups[0]
+    amt = g.src[0].arg
+    rest = tuple(r for r in u.src[1:] if r is not g)
+    partial = UOp(Ops.REDUCE, u.dtype, (u.src[0], *rest), u.arg) if rest else u.src[0]
+    # one slot per thread of the work-group and per UPCAST lane: the lanes are unrolled into separate
+    # stores later, which must not share a slot
+    ups = sorted({r for r in u.src[0].toposort() if r.op is Ops.RANGE and r.arg[1] is RangeKind.UPCAST},
+                 key=lambda r: r.arg[0])
+    slots = ctx.locals_ + tuple(ups)
+    sizes = tuple(r.src[0].arg for r in slots)
+    flat = flat_index(slots, sizes) if slots else UOp.const(INDEX, 0)
+    i = ctx.index.get(u, len(ctx.index))
+    temp = UOp(Ops.DEFINE_LOCAL, u.dtype.as_ptr(), (), (f"temp{i}", prod(sizes) * amt))
+    base = simplify(flat * UOp.const(INDEX, amt))
+    stored = UOp(Ops.STORE, None, (temp, simplify(base + g), partial))
+    barrier = UOp(Ops.BARRIER, None, (stored,))
+    j = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, amt),), (ctx.next_id, RangeKind.REDUCE))
+    ctx.next_id += 1
+    load = UOp(Ops.LOAD, u.dtype, (temp, simplify(base + j), barrier))
+    return UOp(Ops.REDUCE, u.dtype, (load, j), u.arg)
+
+
+_group_rules = PatternMatcher([(UPat(Ops.REDUCE, name="u"), _lower_group)])
 
 
 def lower_groups(ast: UOp) -> UOp:
     """A reduction with a GROUP range: each thread of the work-group reduces its share, writes the partial
     result to shared memory, and after a barrier every thread combines the partials (they all store the
-    same value)."""
-    from tgc.engine.schedule import flat_index
-    ranges = sorted({u for u in ast.toposort() if u.op is Ops.RANGE}, key=lambda r: r.arg[0])
-    locals_ = [r for r in ranges if r.arg[1] is RangeKind.LOCAL]
-    next_id = max((r.arg[0] for r in ranges), default=-1) + 1
-    mapping: dict[UOp, UOp] = {}
-    for i, u in enumerate(x for x in ast.toposort() if x.op is Ops.REDUCE):
-        groups = [r for r in u.src[1:] if r.arg[1] is RangeKind.GROUP]
-        if not groups:
-            continue
-        g = groups[0]
-        amt = g.src[0].arg
-        rest = tuple(r for r in u.src[1:] if r is not g)
-        partial = UOp(Ops.REDUCE, u.dtype, (u.src[0], *rest), u.arg) if rest else u.src[0]
-        # one slot per thread of the work-group and per UPCAST lane: the lanes are unrolled into separate
-        # stores later, which must not share a slot
-        ups = sorted({r for r in u.src[0].toposort() if r.op is Ops.RANGE and r.arg[1] is RangeKind.UPCAST},
-                     key=lambda r: r.arg[0])
-        slots = tuple(locals_) + tuple(ups)
-        sizes = tuple(r.src[0].arg for r in slots)
-        flat = flat_index(slots, sizes) if slots else UOp.const(INDEX, 0)
-        temp = UOp(Ops.DEFINE_LOCAL, u.dtype.as_ptr(), (), (f"temp{i}", prod(sizes) * amt))
-        base = simplify(flat * UOp.const(INDEX, amt))
-        stored = UOp(Ops.STORE, None, (temp, simplify(base + g), partial))
-        barrier = UOp(Ops.BARRIER, None, (stored,))
-        j = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, amt),), (next_id, RangeKind.REDUCE))
-        next_id += 1
-        load = UOp(Ops.LOAD, u.dtype, (temp, simplify(base + j), barrier))
-        mapping[u] = UOp(Ops.REDUCE, u.dtype, (load, j), u.arg)
-    return substitute(ast, mapping) if mapping else ast
+    same value). A rewrite of each such REDUCE."""
+    nodes = ast.toposort()
+    ranges = sorted({u for u in nodes if u.op is Ops.RANGE}, key=lambda r: r.arg[0])
+    if not any(r.arg[1] is RangeKind.GROUP for r in ranges):
+        return ast
+    ctx = _Groups(tuple(r for r in ranges if r.arg[1] is RangeKind.LOCAL),
+                  max((r.arg[0] for r in ranges), default=-1) + 1,
+                  {u: i for i, u in enumerate(x for x in nodes if x.op is Ops.REDUCE)})
+    return graph_rewrite(ast, _group_rules, ctx)
 
 
 def map_to_grid(ast: UOp, max_local: int = 256, max_grid: int = 2**31 - 1) -> tuple[UOp, dict]:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from tgc.codegen.opt import Opt, OptError, OptKernel, finish, hand_coded
+from tgc.codegen.opt import Opt, OptError, OptKernel, OptOps, hand_coded
 from tgc.errors import CompileError
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.uop import UOp, pretty
@@ -82,16 +82,16 @@ def actions(k: OptKernel) -> list[Opt]:
     gpu = getattr(k.device, "launch_style", "cpu") == "gpu"
     loops, reduces = k.loops(), k.reduces()
     for i, r in enumerate(loops):
-        out += [Opt("UPCAST", i, a) for a in UPCAST_AMOUNTS if r.src[0].arg % a == 0]
+        out += [Opt(OptOps.UPCAST, i, a) for a in UPCAST_AMOUNTS if r.src[0].arg % a == 0]
         if gpu:
-            out += [Opt("LOCAL", i, a) for a in LOCAL_AMOUNTS if r.src[0].arg % a == 0]
+            out += [Opt(OptOps.LOCAL, i, a) for a in LOCAL_AMOUNTS if r.src[0].arg % a == 0]
     for j, r in enumerate(reduces):
         axis = len(loops) + j
-        out += [Opt("UNROLL", axis, a) for a in UNROLL_AMOUNTS if r.src[0].arg % a == 0]
-        out += [Opt("PADTO", axis, a) for a in PAD_AMOUNTS if r.src[0].arg % a and r.src[0].arg > a]
+        out += [Opt(OptOps.UNROLL, axis, a) for a in UNROLL_AMOUNTS if r.src[0].arg % a == 0]
+        out += [Opt(OptOps.PADTO, axis, a) for a in PAD_AMOUNTS if r.src[0].arg % a and r.src[0].arg > a]
     for a in range(len(loops)):
         for b in range(a + 1, len(loops)):
-            out.append(Opt("SWAP", a, b))
+            out.append(Opt(OptOps.SWAP, a, b))
     return out
 
 
@@ -108,16 +108,11 @@ class Candidate:
 
 
 def _render(cand: Candidate, device: Any, name: str, bufs: list[UOp]) -> None:
-    from tgc.codegen import verify
-    from tgc.codegen.kernel import drop_unused_buffers, render_kernel
-    from tgc.codegen.linearize import linearize
-    ast, launch, _ = finish(cand.kernel.copy())
-    ast, used = drop_unused_buffers(ast, bufs)
-    cand.buf_index = [bufs.index(b) for b in used]
-    uops = linearize(ast, vectors=getattr(device.renderer, "supports_vectors", False))
-    if verify.enabled():
-        verify.verify_kernel(name, uops, used, launch)
-    cand.src, cand.launch, cand.name = render_kernel(device, name, uops, used, launch), launch, name
+    """A candidate's source, through the one lowering every kernel takes (`pipeline.lower`)."""
+    from tgc.codegen.pipeline import lower
+    low = lower(cand.kernel.base, device, bufs, name, opts=cand.opts)
+    cand.buf_index = [bufs.index(b) for b in low.bufs]
+    cand.src, cand.launch, cand.name = low.src, low.launch, name
 
 
 class _Timer:
@@ -334,6 +329,7 @@ def beam_program(prog, device: str | None = None, dims: dict[str, int] | None = 
     """Search every kernel of a program; store the winners; report before/after per kernel."""
     from tgc.backends import default_device, get_device
     from tgc.codegen.kernel import prepare_ast
+    from tgc.codegen.pipeline import fuses_rows
     from tgc.engine.schedule import create_schedule
 
     name = device or default_device()
@@ -342,7 +338,7 @@ def beam_program(prog, device: str | None = None, dims: dict[str, int] | None = 
         raise CompileError(dev.compile_error or f"cannot compile for {dev.kind} here, so it cannot be tuned here")
     dims = prog.resolve_dims(dims)
     outs, _ = prog._trace(dims)
-    items = [it for it in create_schedule(outs, fuse_rows=getattr(dev, 'launch_style', 'cpu') == 'cpu') if it.ast.src]
+    items = [it for it in create_schedule(outs, fuse_rows=fuses_rows(dev)) if it.ast.src]
     rows = []
     pool = make_pool(dev)
     start = time.perf_counter()

@@ -24,9 +24,9 @@ up to `16 * max_points` iterations. What is left (bigger kernels whose bounds pr
 depend on loaded data) is counted in `STATS["unverified"]`, never silently called verified; an ungated
 index whose symbolic bounds lie wholly outside its buffer is an error at any size.
 
-`TGC_VERIFY_BOUNDS=1` makes every kernel built for any device (`tgc.codegen.kernel.build_kernel`, and the
-candidates of BEAM search) go through `verify_bounds` before it is rendered; tests/conftest.py sets it, so
-the whole test suite runs under it.
+`TGC_VERIFY_BOUNDS=1` makes every kernel built for any device (`tgc.codegen.pipeline.lower`: the heuristic's
+kernels and the candidates of BEAM search) go through `verify_bounds`, after the structural spec check of
+`tgc.codegen.spec`, before it is rendered; tests/conftest.py sets it, so the whole test suite runs under it.
 """
 
 from __future__ import annotations

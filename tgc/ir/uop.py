@@ -253,6 +253,9 @@ def _bounds(u: UOp) -> tuple[Any, Any]:
             return -(b0 - 1), b0 - 1
     if u.op is Ops.WHERE:
         (a0, a1), (b0, b1) = u.src[1].bounds, u.src[2].bounds
+        c = u.src[0]
+        if c.op is Ops.CMPLT and c.src == u.src[1:]:  # (a < b).where(a, b) is min(a, b)
+            return min(a0, b0), min(a1, b1)
         return min(a0, b0), max(a1, b1)
     if u.op is Ops.CAST and u.src[0].dtype is not None and u.src[0].dtype.is_int and u.dtype.is_int:
         return u.src[0].bounds
@@ -364,17 +367,27 @@ class PatternMatcher:
         return None
 
 
+MAX_REWRITE_DEPTH = 150
+
+
 def graph_rewrite(root: UOp, pm: PatternMatcher, ctx: Any = None) -> UOp:
     """Rewrite bottom-up until no rule applies anywhere (a fixed point)."""
     memo: dict[UOp, UOp] = {}
+    depth = [0]  # rewrites of rewrites' results in progress: rules that never settle must not overflow the stack
 
     def settle(u: UOp) -> UOp:
         # u's sources are already rewritten; apply rules to u until none fires
-        for _ in range(1000):
-            out = pm.rewrite(u, ctx)
-            if out is None:
-                return u
-            u = rebuild(out)
+        if depth[0] > MAX_REWRITE_DEPTH:
+            raise RuntimeError(f"graph_rewrite did not converge on {u.op}")
+        depth[0] += 1
+        try:
+            for _ in range(1000):
+                out = pm.rewrite(u, ctx)
+                if out is None:
+                    return u
+                u = rebuild(out)
+        finally:
+            depth[0] -= 1
         raise RuntimeError(f"graph_rewrite did not converge on {u.op}")
 
     def rebuild(u: UOp) -> UOp:

@@ -1,0 +1,258 @@
+"""The one way from a kernel AST to linear UOps and source: `lower`, a list of named passes.
+
+Every kernel goes through `lower`: the heuristic (`tgc.codegen.kernel.build_kernel`, so `tgc run` and
+`tgc compile`) and every BEAM candidate (`tgc.codegen.search`). The passes, in order:
+
+  prepare (device-independent; the BEAM store keys a kernel by the AST after these)
+    legalize_half              rewrite   f16/bf16 arithmetic in f32 (`legalize.half_rules`)
+    decompose_transcendentals  rewrite   exp2/log2/sin as polynomials (renderers that ask for it)
+  optimize
+    apply_opts                 function  the given opts (BEAM's, a stored winner's) or the hand-coded heuristic,
+                                         then CPU threads (`opt.OptKernel`: a search state, not a rewrite)
+    lower_groups               rewrite   GROUP reductions through shared memory (GPUs)
+    map_to_grid                function  output loops -> GPU indices (one decision over all loops at once)
+    drop_unused_buffers        function  renumber the buffers left after folding (a substitution)
+  lower to linear
+    narrow_index               rewrite   index arithmetic in i32 where it provably fits, else i64
+    unroll_reduce              rewrite   UNROLL ranges -> copies of the reduced value
+    vectorize                  function  one contiguous UPCAST range -> vector lanes (renderers with vectors)
+    upcast_stores              function  the remaining UPCAST ranges -> copies of the stores
+    linearize                  function  the AST -> a list of UOps with explicit loops (`linearize.py`)
+    verify                     function  the spec and bounds verifiers (`TGC_VERIFY_BOUNDS=1`)
+    render                     function  the renderer's source and the launch contract
+
+`DEBUG=6` prints the AST after every pass and the linear UOps (stderr), one pass at a time;
+`passes_text` returns the same text.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tgc.ir.uop import UOp, pretty
+
+
+def fuses_rows(device: Any) -> bool:
+    """Whether the scheduler keeps a per-row reduction in its consumer's kernel for this device: on CPU-style
+    devices a kernel's outer loops run in order, so a row's reduction can be computed before the row is used.
+    The one place this choice is made (the API's compile, its schedule, and BEAM ask here)."""
+    return getattr(device, "launch_style", "cpu") == "cpu"
+
+
+@dataclass
+class LowerCtx:
+    """What the passes share: the device, the kernel's buffers (tensor nodes of DEFINE_GLOBAL 0, 1, ...), the
+    opts to apply (None: the heuristic), and what the passes decide (applied opts, launch facts)."""
+
+    device: Any
+    name: str
+    bufs: list[UOp]
+    opts: list | None = None
+    applied: list = field(default_factory=list)
+    launch: dict = field(default_factory=dict)
+    trace: list[tuple[str, str]] | None = None  # (pass name, text after it), when asked for
+
+    @property
+    def gpu(self) -> bool:
+        return getattr(self.device, "launch_style", "cpu") == "gpu"
+
+    @property
+    def vectors(self) -> bool:
+        return bool(getattr(self.device.renderer, "supports_vectors", False))
+
+
+@dataclass(frozen=True)
+class Pass:
+    name: str
+    run: Callable[[UOp, LowerCtx], UOp]
+    kind: str  # "rewrite" (a graph_rewrite with a PatternMatcher) or "function"
+    when: Callable[[LowerCtx], bool] = lambda ctx: True
+
+
+@dataclass
+class Lowered:
+    """A kernel lowered for a device: the optimized AST, its linear UOps, the source and launch facts."""
+
+    name: str
+    ast: UOp
+    uops: list[UOp]
+    src: str
+    bufs: list[UOp]
+    launch: dict
+    applied: list
+
+
+# ---------------------------------------------------------------------------------------------------- the passes
+
+
+def _legalize(ast: UOp, ctx: LowerCtx) -> UOp:
+    from tgc.codegen.legalize import legalize
+    return legalize(ast)
+
+
+def _transcendentals(ast: UOp, ctx: LowerCtx) -> UOp:
+    from tgc.codegen.transcendental import decompose_transcendentals
+    return decompose_transcendentals(ast)
+
+
+def _apply_opts(ast: UOp, ctx: LowerCtx) -> UOp:
+    from tgc.codegen.opt import apply_opts
+    ast, threads, ctx.applied = apply_opts(ast, ctx.device, ctx.opts)
+    if threads > 1:
+        ctx.launch["global_size"] = (threads, 1, 1)
+    return ast
+
+
+def _lower_groups(ast: UOp, ctx: LowerCtx) -> UOp:
+    from tgc.codegen.opt import lower_groups
+    return lower_groups(ast)
+
+
+def _map_to_grid(ast: UOp, ctx: LowerCtx) -> UOp:
+    from tgc.codegen.opt import launch_limits, map_to_grid
+    lim = launch_limits(ctx.device)
+    ast, launch = map_to_grid(ast, max_local=min(getattr(ctx.device, "max_local_size", 256), lim.threads),
+                              max_grid=lim.grid)
+    ctx.launch.update(launch)
+    return ast
+
+
+def _drop_unused(ast: UOp, ctx: LowerCtx) -> UOp:
+    from tgc.codegen.kernel import drop_unused_buffers
+    ast, ctx.bufs = drop_unused_buffers(ast, ctx.bufs)
+    return ast
+
+
+def _narrow_index(ast: UOp, ctx: LowerCtx) -> UOp:
+    from tgc.codegen.index import narrow_index
+    return narrow_index(ast)
+
+
+def _unroll_reduce(ast: UOp, ctx: LowerCtx) -> UOp:
+    from tgc.codegen.expand import unroll_reduces
+    return unroll_reduces(ast)
+
+
+def _vectorize(ast: UOp, ctx: LowerCtx) -> UOp:
+    from tgc.codegen.expand import vectorize
+    return vectorize(ast)
+
+
+def _upcast_stores(ast: UOp, ctx: LowerCtx) -> UOp:
+    from tgc.codegen.expand import upcast_stores
+    return upcast_stores(ast)
+
+
+PREPARE = [
+    Pass("legalize_half", _legalize, "rewrite"),
+    Pass("decompose_transcendentals", _transcendentals, "rewrite",
+         lambda ctx: bool(getattr(ctx.device.renderer, "decompose_transcendentals", False))),
+]
+OPTIMIZE = [
+    Pass("apply_opts", _apply_opts, "function"),
+    Pass("lower_groups", _lower_groups, "rewrite", lambda ctx: ctx.gpu),
+    Pass("map_to_grid", _map_to_grid, "function", lambda ctx: ctx.gpu),
+    Pass("drop_unused_buffers", _drop_unused, "function"),
+]
+TO_LINEAR = [
+    Pass("narrow_index", _narrow_index, "rewrite"),
+    Pass("unroll_reduce", _unroll_reduce, "rewrite"),
+    Pass("vectorize", _vectorize, "function", lambda ctx: ctx.vectors),
+    Pass("upcast_stores", _upcast_stores, "function"),
+]
+PASSES = PREPARE + OPTIMIZE + TO_LINEAR  # then linearize, verify and render
+
+
+def _debug() -> int:
+    from tgc.env import env_int
+    from tgc.errors import TgcError
+    try:
+        return env_int("DEBUG", 0)
+    except TgcError:
+        return 0
+
+
+def run_passes(ast: UOp, ctx: LowerCtx, passes: list[Pass], quiet: bool = False) -> UOp:
+    show = not quiet and (ctx.trace is not None or _debug() >= 6)
+    for p in passes:
+        if not p.when(ctx):
+            continue
+        ast = p.run(ast, ctx)
+        if show:
+            _show(ctx, p.name, pretty(ast))
+    return ast
+
+
+def _show(ctx: LowerCtx, name: str, text: str) -> None:
+    if ctx.trace is not None:
+        ctx.trace.append((name, text))
+    if _debug() >= 6:
+        print(f"--- {ctx.name}: after {name}\n{text}", file=sys.stderr)
+
+
+_PREPARED: dict[tuple[UOp, bool], UOp] = {}
+
+
+def prepare(ast: UOp, device: Any) -> UOp:
+    """The device-independent passes every kernel gets before optimization (memoized: BEAM prepares a kernel's
+    AST once and lowers many candidates of it; preparing a prepared AST returns it unchanged)."""
+    key = (ast, bool(getattr(device.renderer, "decompose_transcendentals", False)))
+    hit = _PREPARED.get(key)
+    if hit is not None:
+        return hit
+    out = run_passes(ast, LowerCtx(device, "kernel", []), PREPARE, quiet=True)  # `lower` shows them
+    if len(_PREPARED) > 4096:
+        _PREPARED.clear()
+    _PREPARED[key] = _PREPARED[(out, key[1])] = out
+    return out
+
+
+def lower(ast: UOp, device: Any, bufs: list[UOp], name: str, opts: list | None = None,
+          trace: list[tuple[str, str]] | None = None) -> Lowered:
+    """Kernel AST (as scheduled, or already prepared) -> linear UOps and source for `device`. `opts` replays a
+    list of opts (BEAM's); None runs the hand-coded heuristic (nothing with NOOPT). `trace`, when a list, gets
+    (pass name, text after the pass) for every pass that ran."""
+    from tgc.codegen import verify
+    from tgc.codegen.kernel import render_kernel
+    from tgc.codegen.linearize import linearize
+    from tgc.codegen.spec import verify_spec
+    ctx = LowerCtx(device, name, list(bufs), opts=None if opts is None else list(opts), trace=trace)
+    if trace is not None or _debug() >= 6:
+        ast = run_passes(ast, ctx, PREPARE)
+    else:
+        ast = prepare(ast, device)
+    optimized = run_passes(ast, ctx, OPTIMIZE)
+    ast = run_passes(optimized, ctx, TO_LINEAR)
+    uops = linearize(ast)
+    if ctx.trace is not None or _debug() >= 6:
+        _show(ctx, "linearize", uops_text(uops))
+    if verify.enabled():
+        verify_spec(name, uops)
+        verify.verify_kernel(name, uops, ctx.bufs, ctx.launch)
+    src = render_kernel(device, name, uops, ctx.bufs, ctx.launch)
+    return Lowered(name, optimized, uops, src, ctx.bufs, ctx.launch, list(ctx.applied))
+
+
+def passes_text(ast: UOp, device: Any, bufs: list[UOp], name: str = "kernel", opts: list | None = None) -> str:
+    """The AST after every pass and the linear UOps, as DEBUG=6 prints them."""
+    trace: list[tuple[str, str]] = []
+    lower(ast, device, bufs, name, opts=opts, trace=trace)
+    return "\n".join(f"--- {name}: after {p}\n{text}" for p, text in trace)
+
+
+def uops_text(uops: list[UOp]) -> str:
+    """Linear UOps one per line: index, op, dtype, arg, sources by index."""
+    lines = []
+    names: dict[UOp, str] = {}
+    for i, u in enumerate(uops):
+        names[u] = f"%{i}"
+        srcs = ", ".join(names.get(s, "?") for s in u.src)
+        arg = "" if u.arg is None else f" {u.arg!r}"
+        lines.append(f"{i:4d} {u.op.name:<14} {str(u.dtype):<6}{arg} ({srcs})")
+    return "\n".join(lines)
+
+
+__all__ = ["PASSES", "Lowered", "Pass", "fuses_rows", "lower", "passes_text", "prepare", "uops_text"]
