@@ -15,7 +15,7 @@ from click.testing import CliRunner
 import tgc
 from tgc.cli import check, inputs, outputs, report
 from tgc.cli.main import main
-from tgc.dtype import DType, dtypes
+from tgc.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16
 from tgc.errors import TgcError
 
 
@@ -196,9 +196,9 @@ def test_random_bool_and_bf16():
 
 def test_bf16_rounding_round_trips():
     x = np.array([1.0, -2.5, 3.14159, np.inf, 1e-3], np.float32)
-    back = inputs.bf16_bits_to_f32(inputs.f32_to_bf16_bits(x))
+    back = bf16_to_f32(f32_to_bf16(x))
     assert np.allclose(back, x, rtol=1e-2) and np.isinf(back[3])
-    assert np.isnan(inputs.bf16_bits_to_f32(inputs.f32_to_bf16_bits(np.array([np.nan], np.float32))))[0]
+    assert np.isnan(bf16_to_f32(f32_to_bf16(np.array([np.nan], np.float32))))[0]
 
 
 def test_check_dims_unknown_and_missing():

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from tgc.dtype import DType, dtypes
+from tgc.dtype import DType, dtypes, f32_to_bf16
 from tgc.errors import TgcError
 
 NPY_MAGIC = b"\x93NUMPY"
@@ -152,19 +152,6 @@ def _check_array(label: str, path: str, arr: Any) -> np.ndarray:
     return arr
 
 
-def f32_to_bf16_bits(a: np.ndarray) -> np.ndarray:
-    """Round floats to bf16 (nearest even), returned as the uint16 bits tgc uses for bf16 arrays."""
-    a = np.asarray(a, dtype=np.float32)
-    u = a.view(np.uint32).astype(np.uint64)
-    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    return np.where(np.isnan(a), np.uint16(0x7FC0), rounded)
-
-
-def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
-    """The float32 values of bf16 bits held as uint16."""
-    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
-
-
 def array_dtype(arr: np.ndarray) -> DType | None:
     return dtypes.from_numpy(arr.dtype)
 
@@ -180,7 +167,7 @@ def conform(prog: Any, decl: Any, arr: np.ndarray, cast: bool) -> np.ndarray:
             if not cast:
                 raise _dtype_error(prog, decl, have)
             with np.errstate(all="ignore"):
-                return f32_to_bf16_bits(arr.astype(np.float32))
+                return f32_to_bf16(arr.astype(np.float32))
         raise _dtype_error(prog, decl, have)
     if have is not None and have.name == want.name:
         return arr
@@ -316,7 +303,7 @@ def _random_values(dt: DType, shape: list[int], seed: int, index: int) -> np.nda
         return rng.integers(lo, 9, size=shape).astype(dt.np)
     values = rng.standard_normal(shape, dtype=np.float32 if dt.itemsize <= 4 else np.float64)
     if dt.name == "bf16":
-        return f32_to_bf16_bits(values)
+        return f32_to_bf16(values)
     return values.astype(dt.np)
 
 

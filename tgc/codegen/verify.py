@@ -156,8 +156,8 @@ class _Verifier:
     def __init__(self, name: str, uops: list[UOp], sizes: list[int], global_size: tuple[int, ...],
                  local_size: tuple[int, ...] | None, vals: tuple[int, ...], names: list[str] | None, points: int,
                  restrict: tuple[int, int, int] | None = None, only: set[int] | None = None):
-        from tgc.backends import python as interp  # the numpy ALU semantics of the PYTHON device
-        self.interp = interp
+        from tgc.ir import alu  # the one ALU table (the PYTHON device's semantics)
+        self.interp = alu
         self.name, self.uops, self.sizes, self.names = name, uops, sizes, names
         self.global_size, self.local_size, self.vals, self.points = global_size, local_size, vals, points
         self.axes: list[_Axis] = []
@@ -205,7 +205,7 @@ class _Verifier:
         if any(s is TOO_BIG for s in srcs):
             return TOO_BIG
         if op is Ops.CONST:
-            return self.interp._const(u.arg, d.scalar())
+            return self.interp.const(u.arg, d.scalar())
         if op is Ops.VECTORIZE:
             return [s[0] if isinstance(s, list) else s for s in srcs]
         if op is Ops.GEP:
@@ -222,17 +222,13 @@ class _Verifier:
         if self.too_big(*srcs):
             return TOO_BIG
         if op in COMPARE:
-            return np.asarray(ip.binary(op, src_dtypes[0], srcs[0], srcs[1]))
-        if op in BINARY:
-            return self.typed(ip.binary(op, d, srcs[0], srcs[1]), d)
-        if op in UNARY:
-            return self.typed(ip.unary(op, d, srcs[0]), d)
+            return ip.exec_alu(op, src_dtypes[0], srcs)
+        if op in BINARY or op in UNARY or op is Ops.WHERE:
+            return ip.exec_alu(op, d, srcs)
         if op is Ops.CAST:
             return self.typed(ip.cast(srcs[0], src_dtypes[0], d), d)
         if op is Ops.BITCAST:
             return self.typed(ip.bitcast(srcs[0], src_dtypes[0], d), d)
-        if op is Ops.WHERE:
-            return self.typed(np.where(*srcs), d)
         if op is Ops.MULACC:
             return self.typed(np.add(np.multiply(srcs[0], srcs[1]), srcs[2]), d)
         return DATA  # anything else (loads, accumulators) is data
