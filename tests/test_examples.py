@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tgc
-from tgc.engine.bench import random_inputs
+from tgc.engine.inputs import random_inputs
 from tgc.engine.numpy_eval import numpy_program
 
 KERNELS = sorted(pathlib.Path(__file__).resolve().parent.parent.joinpath("kernels").glob("*.tg"))

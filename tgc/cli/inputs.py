@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from tgc.dtype import DType, dtypes, f32_to_bf16
+from tgc.engine.inputs import random_values
 from tgc.errors import TgcError
 
 NPY_MAGIC = b"\x93NUMPY"
@@ -241,11 +242,8 @@ def check_dims(prog: Any, dims: Mapping[str, int], require_all: bool) -> list[st
 
 
 def random_array(decl: Any, dims: Mapping[str, int], seed: int, index: int) -> np.ndarray:
-    """A deterministic random array for one input: floats standard normal, ints in a small range, bools 50/50.
-
-    Each input has its own stream (seeded by `seed` and its position), so giving one input from a file
-    does not change the random values of the others.
-    """
+    """The random array for one input (`tgc.engine.inputs.random_values`, the generator bench and BEAM use),
+    after checking its dims are known and that it fits in memory."""
     shape = []
     for size in decl.shape:
         if isinstance(size, str):
@@ -257,7 +255,7 @@ def random_array(decl: Any, dims: Mapping[str, int], seed: int, index: int) -> n
     dt: DType = decl.dtype
     nbytes = _check_memory(decl, shape)
     try:
-        return _random_values(dt, shape, seed, index)
+        return random_values(dt, shape, seed, index)
     except (MemoryError, ValueError) as e:  # ValueError: numpy's "array is too big" / "maximum dimension"
         raise _too_large(decl, shape, nbytes, str(e)) from None
 
@@ -292,19 +290,6 @@ def _check_memory(decl: Any, shape: list[int]) -> int:
     if ram is not None and nbytes > ram:
         raise _too_large(decl, shape, nbytes, f"more than this machine's memory, {_fmt_bytes(ram)}")
     return nbytes
-
-
-def _random_values(dt: DType, shape: list[int], seed: int, index: int) -> np.ndarray:
-    rng = np.random.default_rng([seed, index])
-    if dt.is_bool:
-        return rng.random(shape) < 0.5
-    if dt.is_int:
-        lo = 0 if dt.is_unsigned else -8
-        return rng.integers(lo, 9, size=shape).astype(dt.np)
-    values = rng.standard_normal(shape, dtype=np.float32 if dt.itemsize <= 4 else np.float64)
-    if dt.name == "bf16":
-        return f32_to_bf16(values)
-    return values.astype(dt.np)
 
 
 def fill_random(prog: Any, given: dict[str, np.ndarray], dims: Mapping[str, int], seed: int) -> dict[str, np.ndarray]:

@@ -13,28 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from tgc.engine.inputs import random_inputs
 from tgc.engine.realize import allocate
 from tgc.ir.shapes import prod, shape_of
-
-
-def random_inputs(prog, dims: dict[str, int], seed: int = 0) -> dict[str, np.ndarray]:
-    """Inputs for every declaration: standard normal floats, small ints, random bools."""
-    from tgc.dsl.frontend import concrete_shape
-    rng = np.random.default_rng(seed)
-    out = {}
-    for decl in prog.inputs:
-        shape = concrete_shape(decl, dims)
-        d = decl.dtype
-        if d.is_bool:
-            out[decl.name] = rng.random(shape) < 0.5
-        elif d.is_int:
-            lo = 0 if d.is_unsigned else -8
-            out[decl.name] = rng.integers(lo, 9, size=shape).astype(d.np)
-        elif d.name == "bf16":
-            out[decl.name] = rng.standard_normal(shape).astype(np.float32)
-        else:
-            out[decl.name] = rng.standard_normal(shape).astype(d.np)
-    return out
 
 
 def _stats(times: list[float]) -> dict[str, float]:
