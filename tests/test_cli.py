@@ -233,6 +233,15 @@ def test_compile_renders_where_it_cannot_compile(tmp_path):
     assert r.returncode == 1 and "--emit bin: could not compile for METAL" in r.stderr and r.stdout == ""
 
 
+def test_emit_ir_is_the_optimized_ir_not_the_source():
+    src = tgc("compile", SOFTMAX, "-D", "N=4", "-D", "D=8", "-d", "CPU", "--emit", "src")
+    ir = tgc("compile", SOFTMAX, "-D", "N=4", "-D", "D=8", "-d", "CPU", "--emit", "ir")
+    assert src.returncode == ir.returncode == 0, ir.stderr
+    assert ir.stdout != src.stdout and "define" in ir.stdout
+    # the IR LLVM hands back carries the function attributes its optimizer inferred; tgc never writes them
+    assert "; Function Attrs:" in ir.stdout and "; Function Attrs:" not in src.stdout
+
+
 def test_compile_python_device_writes_json(tmp_path):
     r = tgc("compile", SOFTMAX, "-D", "N=4", "-D", "D=8", "-d", "PYTHON", "-o", str(tmp_path / "p"))
     assert r.returncode == 0, r.stderr

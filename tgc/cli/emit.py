@@ -80,7 +80,11 @@ def emit_kernels(kernels: Sequence[Any], what: str, device: str, device_kind: st
             if lexer != "llvm":
                 raise TgcError(f"--emit ir: {device} does not use LLVM IR", hint="use --emit src for its source, "
                                "or -d CPU for LLVM IR")
-            body = k.src
+            try:
+                body = k.device.compiler.optimized_ir(k.src)
+            except NotImplementedError:
+                raise TgcError(f"--emit ir: the compiler of {device} cannot show its optimized IR",
+                               hint="use --emit src for the IR tgc wrote", kind="runtime") from None
         elif what == "uops":
             lexer, ext = "text", ".txt"
             body = k.uops_text() if hasattr(k, "uops_text") else format_uops(k.uops)
