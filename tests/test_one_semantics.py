@@ -60,3 +60,17 @@ def test_one_tolerance_rule_for_check_and_beam():
     assert search._matches(f32_to_bf16(x * 1.004), f32_to_bf16(x), dtypes.bf16)
     assert not search._matches(f32_to_bf16(x + 0.1), f32_to_bf16(x), dtypes.bf16)
     assert compare.matches(bf16_to_f32(f32_to_bf16(x)), x, "bf16")
+
+
+def test_one_uop_printer():
+    from tgc.cli.emit import emit_kernels
+    from tgc.ir.uop import format_uops, pretty
+
+    a = UOp.const(dtypes.i32, 2)
+    b = a.alu(Ops.ADD, UOp.const(dtypes.i32, 3))
+    assert format_uops([a, b]).splitlines() == ["   0 CONST          i32    2 ()", "   1 ADD            i32    (%0, ?)"]
+    assert repr(b) == pretty(b) == format_uops(b.toposort())
+    prog = tgc.loads("x: f32[4]\nreturn x * 2.0")
+    kernels = prog.compile(device="CPU", dims={})
+    emitted = emit_kernels(kernels, "uops", "CPU", "CPU", "<string>")
+    assert [e.body for e in emitted] == [format_uops(k.uops) for k in kernels] == [k.uops_text() for k in kernels]

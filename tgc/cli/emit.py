@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tgc.errors import TgcError
+from tgc.ir.uop import format_uops
 
 EMITS = ("src", "uops", "schedule", "ir", "asm", "bin")
 
@@ -57,18 +58,6 @@ def header(k: Any, filename: str, lexer: str) -> str:
     return f"{comment(lexer)} kernel {getattr(k, 'name', '') or '?'}{where}"
 
 
-def format_uops(uops: Sequence[Any]) -> str:
-    """A linear UOp list, one per line: `  12 ADD f32 (%10, %11) arg`."""
-    index = {id(u): i for i, u in enumerate(uops)}
-    lines = []
-    for i, u in enumerate(uops):
-        srcs = ", ".join(f"%{index[id(s)]}" if id(s) in index else "?" for s in getattr(u, "src", ()))
-        arg = "" if getattr(u, "arg", None) is None else f" {u.arg!r}"
-        op = getattr(getattr(u, "op", None), "name", str(getattr(u, "op", u)))
-        lines.append(f"%{i:<4} {op:<16} {getattr(u, 'dtype', '')!s:<10} ({srcs}){arg}")
-    return "\n".join(lines)
-
-
 def emit_kernels(kernels: Sequence[Any], what: str, device: str, device_kind: str, filename: str) -> list[Emitted]:
     """The `--emit` text of every kernel; errors for `ir` on a non-LLVM device and `asm`/`bin` without a binary."""
     out = []
@@ -87,7 +76,7 @@ def emit_kernels(kernels: Sequence[Any], what: str, device: str, device_kind: st
                                hint="use --emit src for the IR tgc wrote", kind="runtime") from None
         elif what == "uops":
             lexer, ext = "text", ".txt"
-            body = k.uops_text() if hasattr(k, "uops_text") else format_uops(k.uops)
+            body = format_uops(k.uops)
         elif what in ("asm", "bin"):
             if k.binary is None:
                 raise TgcError(f"--emit {what}: could not compile for {device}: {k.compile_error or 'no compiler'}",

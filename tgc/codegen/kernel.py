@@ -11,7 +11,7 @@ from tgc.codegen.linearize import linearize
 from tgc.engine.schedule import ScheduleItem
 from tgc.env import env_flag
 from tgc.errors import CompileError
-from tgc.ir.uop import ALU, Ops, UOp, pretty
+from tgc.ir.uop import ALU, Ops, UOp, format_uops, pretty
 
 
 @dataclass
@@ -52,14 +52,7 @@ class Kernel:
         return self._program
 
     def uops_text(self) -> str:
-        lines = []
-        names: dict[UOp, str] = {}
-        for i, u in enumerate(self.uops):
-            names[u] = f"%{i}"
-            srcs = ", ".join(names.get(s, "?") for s in u.src)
-            arg = "" if u.arg is None else f" {u.arg!r}"
-            lines.append(f"{i:4d} {u.op.name:<14} {str(u.dtype):<6}{arg} ({srcs})")
-        return "\n".join(lines)
+        return format_uops(self.uops)
 
     def ast_text(self) -> str:
         return pretty(self.ast)
