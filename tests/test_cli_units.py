@@ -73,8 +73,6 @@ class FakeProgram:
         doc = {"device": "CPU", "dims": kw["dims"], "repeat": kw["repeat"], "kernels": [k],
                "program": {"median_s": 2e-5, "min_s": 1.9e-5, "max_s": 2.5e-5},
                "identity": identity(self, get_device(kw["device"] or "CPU"), kw["dims"])}
-        if kw.get("vs_numpy"):
-            doc["numpy"] = {"median_s": 4e-5, "min_s": 4e-5, "max_s": 5e-5}
         return doc
 
     def compile(self, device=None, dims=None):
@@ -442,13 +440,19 @@ def test_tgc_error_gets_the_file_name(fake, monkeypatch):
     assert "fake.tg:5:5: error: cannot broadcast" in r.stderr and "y = x * w" in r.stderr and "^" in r.stderr
 
 
-def test_bench_json_and_baseline(fake, tmp_path):
+def test_bench_json_and_baseline(fake, tmp_path, monkeypatch):
+    from tgc.baselines import numpy_eval
+
+    timed = []
+    monkeypatch.setattr(numpy_eval, "time_numpy", lambda prog, dims, inputs, repeat, median: timed.append(
+        (dims, inputs, repeat)) or {"median_s": 4e-5, "min_s": 4e-5, "max_s": 5e-5})
     r = invoke("bench", "fake.tg", "-D", "N=2", "-D", "D=3", "--json", "--vs", "numpy", "--repeat", "3")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["kernels"][0]["name"] == "E_4_8" and doc["numpy_ratio"] == pytest.approx(2.0)
     kw = fake.calls[-1][1]
-    assert kw["repeat"] == 3 and kw["vs_numpy"] is True and kw["inputs"]["x"].shape == (2, 3)
+    assert kw["repeat"] == 3 and kw["inputs"]["x"].shape == (2, 3)
+    assert len(timed) == 1 and timed[0][1] is kw["inputs"] and timed[0][2] == 3
     slow = dict(doc, program={"median_s": 1e-5, "min_s": 1e-5, "max_s": 1e-5})
     (tmp_path / "old.json").write_text(json.dumps(slow))
     r = invoke("bench", "fake.tg", "-D", "N=2", "-D", "D=3", "--baseline", "old.json")

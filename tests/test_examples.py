@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import tgc
+from tgc.baselines.numpy_eval import numpy_program
 from tgc.engine.inputs import random_inputs
-from tgc.engine.numpy_eval import numpy_program
 
 KERNELS = sorted(pathlib.Path(__file__).resolve().parent.parent.joinpath("kernels").glob("*.tg"))
 # small sizes that satisfy every example's constraints (even spatial sizes for 2x2 pooling, ...)

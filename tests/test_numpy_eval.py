@@ -1,4 +1,4 @@
-"""The numpy baseline of `tgc bench --vs numpy` (tgc/engine/numpy_eval.py) against tgc's own CPU results.
+"""The numpy baseline of `tgc bench --vs numpy` (tgc/baselines/numpy_eval.py) against tgc's own CPU results.
 
 Dtypes may differ (numpy's promotion, not tgc's), values may not: ints and bools exactly, floats within the
 tolerances of DSL.md (relative to the largest magnitude of the result, which covers reductions).
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import tgc
+from tgc.baselines.numpy_eval import numpy_program
 from tgc.dtype import bf16_to_f32, f32_to_bf16
-from tgc.engine.numpy_eval import numpy_program
 
 RNG = np.random.default_rng(1234)
 
@@ -336,14 +336,14 @@ def test_matmul_goes_to_blas():
 
 
 def test_bench_numpy_uses_it():
-    from tgc.engine.bench import _bench_numpy
+    from tgc.baselines.numpy_eval import time_numpy
     prog = tgc.loads("a: f32[N]\nb: f32[N]\nc: f32[N]\nreturn exp(a * b + c) * 0.5 - a")
     inputs = {k: normal(1000) for k in "abc"}
-    res = _bench_numpy(prog, {"N": 1000}, inputs, 3, 1e-3)
+    res = time_numpy(prog, {"N": 1000}, inputs, 3, 1e-3)
     assert res["median_s"] > 0 and res["ratio"] > 0
 
 
 def test_every_function_of_the_language_has_a_numpy_form():
+    from tgc.baselines.numpy_eval import FUNCTIONS
     from tgc.dsl import functions
-    from tgc.engine.numpy_eval import FUNCTIONS
     assert set(FUNCTIONS) == set(functions.FUNCTIONS)

@@ -74,3 +74,22 @@ def test_one_uop_printer():
     kernels = prog.compile(device="CPU", dims={})
     emitted = emit_kernels(kernels, "uops", "CPU", "CPU", "<string>")
     assert [e.body for e in emitted] == [format_uops(k.uops) for k in kernels] == [k.uops_text() for k in kernels]
+
+
+def test_no_core_module_imports_the_numpy_baseline():
+    import ast
+    from pathlib import Path
+
+    root = Path(tgc.__file__).parent
+    offenders = []
+    for path in root.rglob("*.py"):
+        rel = path.relative_to(root).parts
+        if rel[0] in ("baselines", "cli"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(n.startswith("tgc.baselines") or "numpy_eval" in n for n in names):
+                offenders.append(str(path.relative_to(root)))
+    assert not offenders
+    assert not (root / "engine" / "numpy_eval.py").exists()

@@ -26,7 +26,7 @@ def _stats(times: list[float]) -> dict[str, float]:
 
 
 def bench_program(prog, device: str | None = None, dims: dict[str, int] | None = None, repeat: int = 10,
-                  beam: int = 0, inputs: dict[str, np.ndarray] | None = None, vs_numpy: bool = False,
+                  beam: int = 0, inputs: dict[str, np.ndarray] | None = None,
                   warmup: int = 1, tuned: bool = True) -> dict[str, Any]:
     from tgc.backends import default_device, get_device
 
@@ -85,8 +85,6 @@ def bench_program(prog, device: str | None = None, dims: dict[str, int] | None =
     result: dict[str, Any] = {"device": dev.name, "dims": dims, "repeat": repeat, "beam": beam, "kernels": rows,
                               "program": program, "peak": peak, "working_set_bytes": working_set,
                               "identity": identity(prog, dev, dims)}
-    if vs_numpy:
-        result["numpy"] = _bench_numpy(prog, dims, inputs, repeat, program["median_s"])
     return result
 
 
@@ -148,20 +146,6 @@ def rates(flops: int, nbytes: int, seconds: float, peak: dict, working_set: int)
     best = max(shares, key=lambda t: t[0]) if shares else (None, None)
     return {"gflops": gflops, "gbps": gbps, "flop_share": flop_share, "mem_share": mem_share,
             "peak_share": best[0], "bound": best[1], "in_cache": in_cache}
-
-
-def _bench_numpy(prog, dims, inputs, repeat, tgc_median) -> dict[str, float]:
-    """numpy on the same inputs (float64 reference path avoided: numpy in the inputs' own dtypes)."""
-    from tgc.engine.numpy_eval import numpy_program
-    fn = numpy_program(prog, dims)
-    fn(inputs)
-    times = []
-    for _ in range(max(repeat, 1)):
-        st = time.perf_counter()
-        fn(inputs)
-        times.append(time.perf_counter() - st)
-    med = statistics.median(times)
-    return {"median_s": med, "min_s": min(times), "ratio": med / tgc_median if tgc_median > 0 else 0.0}
 
 
 def valid_peak(value: Any) -> bool:
