@@ -16,7 +16,7 @@ import tgc
 from tgc.cli import check, inputs, outputs, report
 from tgc.cli.main import main
 from tgc.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16
-from tgc.errors import TgcError
+from tgc.errors import BindError, TgcError
 
 
 @dataclass(frozen=True)
@@ -42,9 +42,14 @@ class FakeProgram:
     off: float = 0.0
     calls: list = field(default_factory=list)
 
+    def conform(self, name, value, cast=False):  # the real binder's dtype rule, on this program's source
+        return tgc.loads(self.source, self.path).conform(name, value, cast)
+
     def bind(self, arrays, dims=None):  # -> (dims, arrays) like tgc.api.Program.bind
         dims = dict(dims or {})
         for d in self.inputs:
+            if d.name not in arrays:
+                raise BindError(f"missing input '{d.name}'", need="input", name=d.name, hint="pass an array")
             arr = arrays[d.name]
             if arr.ndim != len(d.shape):
                 raise TgcError(f"input '{d.name}' has rank {arr.ndim}, declared {len(d.shape)}")

@@ -93,3 +93,35 @@ def test_no_core_module_imports_the_numpy_baseline():
                 offenders.append(str(path.relative_to(root)))
     assert not offenders
     assert not (root / "engine" / "numpy_eval.py").exists()
+
+
+def test_the_api_binder_hints_in_neutral_words_and_the_cli_names_its_flags():
+    import re
+
+    import pytest
+
+    from tgc.errors import BindError
+
+    prog = tgc.loads("x: f32[N]\nn: i32[N]\nreturn x + n")
+    flags = re.compile(r"(^|\s)--?[A-Za-z]")
+    cases = [
+        (lambda: prog.bind({"x": np.zeros(3, np.float32)}), "input", "n"),
+        (lambda: prog.bind({"x": np.zeros(3), "n": np.zeros(3, np.int32)}), "cast", "x"),
+        (lambda: prog.bind({"x": np.zeros(3, np.float32), "n": np.zeros(3, np.int32)}, {"N": 4}), None, None),
+        (lambda: prog.resolve_dims({}), "dim", "N"),
+        (lambda: prog.conform("x", np.zeros(3, np.int64)), "cast", "x"),
+    ]
+    for call, need, name in cases:
+        with pytest.raises(tgc.TgcError) as info:
+            call()
+        e = info.value
+        assert not flags.search(e.msg) and not flags.search(e.hint or ""), (e.msg, e.hint)
+        if need is not None:
+            assert isinstance(e, BindError) and (e.need, e.name) == (need, name)
+            cli = cli_inputs.flag_hint(e)
+            assert {"input": "--random", "cast": "--cast", "dim": "-D N="}[need] in cli.hint
+    # the dtype error points at the declaration, for the API and the command line alike
+    with pytest.raises(BindError) as info:
+        prog.conform("n", np.zeros(3, np.float32))
+    assert info.value.line == 2 and "n: i32[N]" in info.value.format() and "f32" in info.value.msg
+    assert prog.conform("x", [1.0, 2.0]).dtype == np.float32 and prog.conform("n", [1, 2]).dtype == np.int32

@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from tgc.dtype import DType, dtypes, f32_to_bf16
+from tgc.dtype import DType
 from tgc.engine.inputs import random_values
-from tgc.errors import TgcError
+from tgc.errors import BindError, TgcError
 
 NPY_MAGIC = b"\x93NUMPY"
 ZIP_MAGIC = b"PK\x03\x04"
@@ -39,20 +39,6 @@ def decl_type(decl: Any) -> str:
     if not decl.shape:
         return decl.dtype.name
     return f"{decl.dtype.name}[{', '.join(str(s) for s in decl.shape)}]"
-
-
-def decl_error(prog: Any, decl: Any, msg: str, hint: str | None = None) -> TgcError:
-    """A user error pointing at the declaration of an input in the `.tg` file (when its line is known)."""
-    line = getattr(decl, "line", None)
-    lines = (getattr(prog, "source", None) or "").splitlines()
-    if not line or line > len(lines):
-        return TgcError(msg, hint=hint)
-    text = lines[line - 1]
-    col = getattr(decl, "col", None) or text.find(decl.name) + 1 or 1
-    end_col = getattr(decl, "end_col", None)
-    if not end_col or end_col <= col:
-        end_col = col + len(decl.name)
-    return TgcError(msg, hint=hint, file=getattr(prog, "path", None), line=line, col=col, end_col=end_col, text=text)
 
 
 def _sniff(path: str) -> bytes | io.BytesIO:
@@ -153,36 +139,22 @@ def _check_array(label: str, path: str, arr: Any) -> np.ndarray:
     return arr
 
 
-def array_dtype(arr: np.ndarray) -> DType | None:
-    return dtypes.from_numpy(arr.dtype)
+def flag_hint(e: BindError) -> BindError:
+    """The API's error with the command line's words for the fix: the flags that give an input, a dim or a cast."""
+    hints = {"input": f"give it with -i {e.name}=PATH.npy or --inputs PATH.npz, "
+                      "or pass --random to fill it with random values",
+             "dim": f"give it with -D {e.name}=SIZE",
+             "cast": f"convert the array to {e.dtype}, or pass --cast to cast it with numpy"}
+    e.hint = hints.get(e.need, e.hint)
+    return e
 
 
-def conform(prog: Any, decl: Any, arr: np.ndarray, cast: bool) -> np.ndarray:
-    """`arr` with the dtype `decl` declares; a mismatch is an error unless `cast`."""
-    want: DType = decl.dtype
-    have = array_dtype(arr)
-    if want.name == "bf16":
-        if arr.dtype == np.uint16:  # already bf16 bits
-            return arr
-        if cast or arr.dtype.kind == "f":
-            if not cast:
-                raise _dtype_error(prog, decl, have)
-            with np.errstate(all="ignore"):
-                return f32_to_bf16(arr.astype(np.float32))
-        raise _dtype_error(prog, decl, have)
-    if have is not None and have.name == want.name:
-        return arr
-    if not cast:
-        raise _dtype_error(prog, decl, have)
-    with np.errstate(all="ignore"):
-        return arr.astype(want.np, casting="unsafe")
-
-
-def _dtype_error(prog: Any, decl: Any, have: DType | None) -> TgcError:
-    have_name = have.name if have is not None else "?"
-    return decl_error(prog, decl, f"input '{decl.name}' is {have_name}, but the program declares it "
-                      f"{decl_type(decl)}", hint=f"convert the array to {decl.dtype.name}, "
-                      "or pass --cast to cast it with numpy")
+def bind(prog: Any, arrays: dict[str, np.ndarray], dims: Mapping[str, int]) -> tuple[dict[str, int], dict]:
+    """`Program.bind` (the one input binder), its errors worded for the command line."""
+    try:
+        return prog.bind(arrays, dict(dims))
+    except BindError as e:
+        raise flag_hint(e) from None
 
 
 def gather(prog: Any, npz: str | None, pairs: Iterable[tuple[str, str]], cast: bool) -> dict[str, np.ndarray]:
@@ -202,7 +174,13 @@ def gather(prog: Any, npz: str | None, pairs: Iterable[tuple[str, str]], cast: b
     for name in given:
         if name not in decls:
             raise TgcError(f"unknown input '{name}' in '{sources[name]}'", hint=did_you_mean(name, decls, "input"))
-    return {name: conform(prog, decls[name], arr, cast) for name, arr in given.items()}
+    out = {}
+    for name, arr in given.items():
+        try:
+            out[name] = prog.conform(name, arr, cast)
+        except BindError as e:
+            raise flag_hint(e) from None
+    return out
 
 
 def known_dims(prog: Any, given: Mapping[str, np.ndarray], dims: Mapping[str, int]) -> dict[str, int]:
@@ -300,12 +278,3 @@ def fill_random(prog: Any, given: dict[str, np.ndarray], dims: Mapping[str, int]
         if decl.name not in out:
             out[decl.name] = random_array(decl, resolved, seed, index)
     return out
-
-
-def require_all(prog: Any, given: Mapping[str, np.ndarray]) -> None:
-    """Every declared input must be given (when `--random` is off)."""
-    for decl in prog.inputs:
-        if decl.name not in given:
-            raise decl_error(prog, decl, f"missing input '{decl.name}' ({decl_type(decl)})",
-                             hint=f"give it with -i {decl.name}=PATH.npy or --inputs PATH.npz, "
-                                  "or pass --random to fill it with random values")
