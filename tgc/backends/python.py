@@ -51,13 +51,13 @@ BLOCK_ELEMENTS = 1 << 18
 # Ops that produce no value.
 _NO_VALUE = {Ops.STORE, Ops.ENDRANGE, Ops.SINK, Ops.BARRIER}
 _REDUCE_OPS = {Ops.ADD, Ops.MUL, Ops.MAX}
-_SUPPORTED = UNARY | BINARY | {Ops.WHERE, Ops.MULACC, Ops.CAST, Ops.BITCAST, Ops.CONST, Ops.DEFINE_GLOBAL,
+_SUPPORTED = UNARY | BINARY | {Ops.WHERE, Ops.CAST, Ops.BITCAST, Ops.CONST, Ops.DEFINE_GLOBAL,
                                Ops.DEFINE_VAR, Ops.RANGE, Ops.ENDRANGE, Ops.LOAD, Ops.STORE, Ops.DEFINE_ACC,
                                Ops.ACCUMULATE, Ops.READ_ACC, Ops.SINK, Ops.BARRIER}
 _NSRC: dict[Ops, tuple[int, ...]] = {
     **{op: (1,) for op in UNARY | {Ops.CAST, Ops.BITCAST, Ops.RANGE, Ops.ENDRANGE, Ops.DEFINE_ACC, Ops.READ_ACC}},
     **{op: (2,) for op in BINARY | {Ops.ACCUMULATE}},
-    Ops.WHERE: (3,), Ops.MULACC: (3,), Ops.LOAD: (2, 3), Ops.STORE: (3, 4),
+    Ops.WHERE: (3,), Ops.LOAD: (2, 3), Ops.STORE: (3, 4),
     Ops.CONST: (0,), Ops.DEFINE_GLOBAL: (0,), Ops.DEFINE_VAR: (0,), Ops.BARRIER: (0,),
 }
 
@@ -93,8 +93,6 @@ class PythonRenderer:
 
     name = "python"
     language = "json"
-    has_threads = True
-    supports_float16 = True
 
     def render(self, name: str, uops: list[UOp]) -> str:
         # UOps are hash-consed, so one node may be emitted again in a later loop: a source is its latest copy
@@ -141,7 +139,7 @@ def _parse_dtype(text: Any, where: str) -> tuple[DType | None, bool]:
 
 def _is_half_math(ins: Instr, code: list[Instr]) -> bool:
     """bf16 values are bits: arithmetic on them must have been legalized to f32."""
-    if ins.op not in UNARY | BINARY | {Ops.MULACC}:
+    if ins.op not in UNARY | BINARY:
         return False
     types = [ins.dtype, *(code[s].dtype for s in ins.src)]
     return any(t is not None and t.name == "bf16" for t in types)
@@ -364,7 +362,6 @@ class _Run:
             Ops.DEFINE_ACC: lambda i, ins: self.env[ins.src[0]], Ops.ACCUMULATE: self.accumulate,
             Ops.READ_ACC: lambda i, ins: self.env[ins.src[0]], Ops.SINK: lambda i, ins: None,
             Ops.BARRIER: lambda i, ins: None, Ops.CAST: self.cast, Ops.BITCAST: self.bitcast,
-            Ops.MULACC: self.mulacc,
         }
 
     def fail(self, i: int, msg: str) -> DeviceError:
@@ -426,10 +423,6 @@ class _Run:
         if src.itemsize != ins.dtype.itemsize:
             raise self.fail(i, f"bitcast from {src.name} to {ins.dtype.name} changes the size")
         return self.typed(bitcast(self.env[ins.src[0]], src, ins.dtype), ins.dtype)
-
-    def mulacc(self, i: int, ins: Instr) -> np.ndarray:
-        a, b, c = (self.env[s] for s in ins.src)
-        return self.typed(np.add(np.multiply(a, b), c), ins.dtype)
 
     # --- memory
 

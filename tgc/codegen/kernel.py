@@ -106,7 +106,7 @@ def count_work(uops: list[UOp], env: dict[str, int] | None = None) -> float:
             varying[acc] = varying.get(acc, False) or varying[u]
             factor[acc] = max(factor.get(acc, 1), factor[u])
         if (u.op in ALU and u.dtype is not None and u.dtype.is_float) or u.op is Ops.ACCUMULATE:
-            ops = (u.dtype.count if u.dtype is not None else 1) * (2 if u.op is Ops.MULACC else 1)
+            ops = u.dtype.count if u.dtype is not None else 1
             weight = 1 if varying[u] else factor[u]
             flops += trips[-1] * ops / weight
     return flops

@@ -59,7 +59,6 @@ class Ops(Enum):
     SHR = auto()
     # --- ternary
     WHERE = auto()
-    MULACC = auto()  # a*b+c, fused where the backend has fma
     # --- kernel level
     SINK = auto()
     DEFINE_GLOBAL = auto()  # arg = buffer index; dtype is a pointer
@@ -78,14 +77,12 @@ class Ops(Enum):
     READ_ACC = auto()  # the accumulator's value
     DEFINE_LOCAL = auto()  # GPU shared memory: arg = (name, size)
     BARRIER = auto()
-    IF = auto()
-    ENDIF = auto()
 
 
 UNARY = {Ops.NEG, Ops.NOT, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP, Ops.TRUNC}
 BINARY = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ,
           Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR}
-ALU = UNARY | BINARY | {Ops.WHERE, Ops.MULACC}
+ALU = UNARY | BINARY | {Ops.WHERE}
 COMPARE = {Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ}
 MOVEMENT = {Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.FLIP, Ops.STRIDE, Ops.WINDOW}
 COMMUTATIVE = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR}
