@@ -88,7 +88,6 @@ class Program:
                 raise TgcError(f"unknown input '{name}'", file=self.filename,
                                hint=f"did you mean '{close[0]}'?" if close else
                                "inputs: " + (", ".join(sorted(declared)) or "(none)"))
-        given_dims = dict(dims)
         bound_by: dict[str, str] = {k: "-D" for k in dims}
         arrays: dict[str, np.ndarray] = {}
         for decl in self.inputs:
@@ -118,7 +117,6 @@ class Program:
                     dims[want] = have
                     bound_by[want] = decl.name
             arrays[decl.name] = arr
-        _ = given_dims
         return dims, arrays
 
     def conform(self, name: str, value: Any, cast: bool = False) -> np.ndarray:

@@ -11,7 +11,7 @@ from tgc.codegen.linearize import linearize
 from tgc.engine.schedule import ScheduleItem
 from tgc.env import env_flag
 from tgc.errors import CompileError
-from tgc.ir.uop import ALU, Ops, UOp, format_uops, pretty
+from tgc.ir.uop import ALU, Ops, UOp, format_uops
 
 
 @dataclass
@@ -53,9 +53,6 @@ class Kernel:
 
     def uops_text(self) -> str:
         return format_uops(self.uops)
-
-    def ast_text(self) -> str:
-        return pretty(self.ast)
 
     def asm(self) -> str:
         comp = self.device.compiler
