@@ -42,6 +42,13 @@ class FakeProgram:
     off: float = 0.0
     calls: list = field(default_factory=list)
 
+    @property
+    def dim_names(self):
+        return tgc.loads(self.source, self.path).dim_names
+
+    def resolve_dims(self, dims):
+        return tgc.loads(self.source, self.path).resolve_dims(dims)
+
     def conform(self, name, value, cast=False):  # the real binder's dtype rule, on this program's source
         return tgc.loads(self.source, self.path).conform(name, value, cast)
 

@@ -196,26 +196,17 @@ def known_dims(prog: Any, given: Mapping[str, np.ndarray], dims: Mapping[str, in
     return out
 
 
-def dim_names(prog: Any) -> list[str]:
-    """Every dim name the program's inputs use, in order of first use."""
-    names: list[str] = []
-    for decl in prog.inputs:
-        for size in decl.shape:
-            if isinstance(size, str) and size not in names:
-                names.append(size)
-    return names
-
-
 def check_dims(prog: Any, dims: Mapping[str, int], require_all: bool) -> list[str]:
     """Warnings for `-D` names the program does not use (a script may pass one set to many programs);
     with `require_all`, every dim of the program must be given."""
-    names = dim_names(prog)
+    names = prog.dim_names
     warnings = [f"warning: -D {name}={dims[name]}: the program has no dim {name}; "
                 f"{did_you_mean(name, names, 'dim')}" for name in dims if name not in names]
     if require_all:
-        for name in names:
-            if name not in dims:
-                raise TgcError(f"dim {name} is unknown: give -D {name}=...")
+        try:
+            prog.resolve_dims(dict(dims))
+        except BindError as e:
+            raise flag_hint(e) from None
     return warnings
 
 
