@@ -133,3 +133,34 @@ def test_constant_folding_uses_the_table(op, d):
         with np.errstate(all="ignore"):
             want = alu.exec_alu(op, d, [np.array(x, d.np), np.array(y, d.np)]).item()
         assert out.arg == want, (x, y)
+
+
+def test_float_casts_round_to_nearest_even_and_bitcasts_keep_the_bits():
+    x = np.array([1.0 + 2.0 ** -11, 1.0 + 3 * 2.0 ** -11, 70000.0, -np.inf, np.nan], np.float64)
+    with np.errstate(all="ignore"):
+        f16, want = alu.cast(x, dtypes.f64, dtypes.f16), x.astype(np.float16)
+    assert f16.dtype == np.float16 and np.array_equal(f16, want, equal_nan=True)
+    assert list(f16[:3]) == [1.0, 1.001953125, np.inf]
+    assert np.array_equal(alu.cast(np.array([True, False]), dtypes.bool, dtypes.f32), [1.0, 0.0])
+    bits = alu.bitcast(np.array([1.0, -2.0], np.float32), dtypes.f32, dtypes.i32)
+    assert bits.dtype == np.int32 and list(bits) == [0x3F800000, -0x40000000]
+    assert np.array_equal(alu.bitcast(bits, dtypes.i32, dtypes.f32), [1.0, -2.0])
+    assert alu.bitcast(np.uint16(0x3F80), dtypes.bf16, dtypes.u16) == 0x3F80
+    assert alu.cast(np.uint16(0x3F80), dtypes.bf16, dtypes.f32) == 1.0
+
+
+@pytest.mark.parametrize("d", INTS + FLOATS + [dtypes.bool], ids=lambda d: d.name)
+def test_reductions_use_the_binary_op_and_its_identity(d):
+    x = (_ints(d, 16) if d.is_int else np.array([True, False, True]) if d.is_bool
+         else np.array([1.5, np.nan, -3.0], d.np))
+    for op in (Ops.ADD, Ops.MUL, Ops.MAX):
+        fn, ident = alu.reducer(op, d)
+        with np.errstate(all="ignore"):
+            got = fn.reduce(x, initial=ident, **({} if d.is_bool else {"dtype": x.dtype}))  # as the callers do
+            want = x[0]
+            for v in x[1:]:
+                want = alu.exec_alu(op, d, [want, v])
+        assert got == want or (np.isnan(got) and np.isnan(want)), op
+        assert fn.reduce(x[:0], initial=ident) == ident
+    with pytest.raises(alu.AluError):
+        alu.reducer(Ops.ADD, dtypes.bf16)
