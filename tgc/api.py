@@ -88,7 +88,7 @@ class Program:
                 raise TgcError(f"unknown input '{name}'", file=self.filename,
                                hint=f"did you mean '{close[0]}'?" if close else
                                "inputs: " + (", ".join(sorted(declared)) or "(none)"))
-        bound_by: dict[str, str] = {k: "-D" for k in dims}
+        bound_by: dict[str, str] = {k: "" for k in dims}  # "": from the dims given
         arrays: dict[str, np.ndarray] = {}
         for decl in self.inputs:
             if decl.name not in inputs:
@@ -108,7 +108,7 @@ class Program:
                                        text=self.parsed.lines[decl.line - 1])
                 elif want in dims:
                     if dims[want] != have:
-                        source = "the dims given" if bound_by[want] == "-D" else f"input '{bound_by[want]}'"
+                        source = f"input '{bound_by[want]}'" if bound_by[want] else "the dims given"
                         raise TgcError(f"dim {want} mismatch: input '{decl.name}' axis {axis} has size {have}, "
                                        f"but {want} = {dims[want]} from {source}", file=self.filename,
                                        line=decl.line, col=decl.col, end_col=decl.end_col,

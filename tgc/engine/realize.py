@@ -57,7 +57,7 @@ def run_program(prog, device: str | None, dims: dict[str, int], arrays: dict[str
     name = device or default_device()
     if "," in name:
         raise TgcError(f"device lists such as '{name}' (one program sharded across devices) are not supported yet",
-                       hint="run on one device, e.g. -d " + name.split(",")[0].strip())
+                       hint="run on one device, e.g. " + name.split(",")[0].strip())
     dev = get_device(name)
     dev.ensure_runnable()
     kernels = prog.compile(device=name, dims=dims)
