@@ -371,3 +371,15 @@ def test_beam_json_stores_winners(tmp_path):
     assert json.loads(tgc("cache", "stats", "--json", env=env).stdout)["entries"]["beam"] == len(doc["kernels"])
     r = tgc("beam", SOFTMAX, "-D", "N=8", env=env)
     assert r.returncode == 2 and "dim D is unknown" in r.stderr
+
+
+def test_run_random_draws_the_inputs_bench_and_the_api_draw(tmp_path):
+    import tgc as api
+    from tgc.engine.inputs import random_inputs
+
+    r = tgc("run", SOFTMAX, "-D", "N=3", "-D", "D=5", "--random", "--seed", "11", "-o", str(tmp_path / "o.npz"))
+    assert r.returncode == 0, r.stderr
+    prog = api.load(SOFTMAX)
+    want = prog.run(**random_inputs(prog, {"N": 3, "D": 5}, seed=11))
+    with np.load(tmp_path / "o.npz") as z:
+        assert set(z.files) == set(want) and all(np.array_equal(z[k], want[k]) for k in want)
