@@ -164,3 +164,18 @@ def test_reductions_use_the_binary_op_and_its_identity(d):
         assert fn.reduce(x[:0], initial=ident) == ident
     with pytest.raises(alu.AluError):
         alu.reducer(Ops.ADD, dtypes.bf16)
+
+
+def test_the_reference_evaluates_with_the_table():
+    import tgc
+
+    prog = tgc.loads("x: f32[4]\ny: f32[4]\nreturn maximum(x, y), x.max(), cast(x, i32), cast(x, u8)")
+    x = np.array([np.nan, 1.0, np.inf, -np.inf], np.float32)
+    y = np.array([2.0, np.nan, 0.0, 0.0], np.float32)
+    ref = prog.reference(x=x, y=y)
+    got = prog.run(device="PYTHON", x=x, y=y)
+    mx, top, i32, u8 = (ref[n] for n in prog.output_names)
+    assert list(mx) == [2.0, 1.0, np.inf, 0.0] and top == np.inf  # maxnum: a nan loses
+    assert list(i32) == [0, 1, 2 ** 31 - 1, -2 ** 31] and list(u8) == [0, 1, 255, 0]  # saturating casts
+    for name in prog.output_names:
+        assert np.array_equal(np.asarray(got[name], np.float64), np.asarray(ref[name], np.float64)), name

@@ -17,12 +17,11 @@ are in loop order. Only an order between *different* memory operations can chang
 buffer it writes runs one iteration at a time; where two STOREs write one buffer, the run watches for an
 address written twice and, if one is, runs again one iteration at a time.
 
-Semantics, from the LLVM renderer: ints wrap; IDIV/MOD are C's (truncating; the front end has guarded the
-divisors); floats are IEEE in the value's dtype (f16/bf16 arithmetic was legalized to f32); float MAX is
-maxnum; float->int casts saturate (nan -> 0); shifts by the width or more give 0 (or the sign); bools are
-bytes in memory; bf16 values are uint16 bits, converted to f32 exactly and back with round-to-nearest-even;
-a gated LOAD reads 0 where its gate is false. A LOAD or STORE outside its buffer (in a lane that runs) is a
-`DeviceError` naming the kernel, the UOp and the index, not a crash: that is a lowering bug.
+Semantics: every ALU op, cast and reduction is evaluated by the one ALU table (`tgc/ir/alu.py`, the LLVM
+renderer's semantics: wrapping ints, C division, saturating float->int casts, maxnum, bf16 as bits), which
+constant folding and the float64 reference use too. Bools are bytes in memory; a gated LOAD reads 0 where its
+gate is false. A LOAD or STORE outside its buffer (in a lane that runs) is a `DeviceError` naming the kernel,
+the UOp and the index, not a crash: that is a lowering bug.
 
 A kernel split across threads (`core_id`, `global_size[0] > 1`) runs each core index in turn. `cores` is 1
 unless `TGC_THREADS` says otherwise, so the optimizer normally hands this device single-thread kernels.
