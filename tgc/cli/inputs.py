@@ -1,5 +1,6 @@
-"""Input arrays for `tgc run` and `tgc bench`: read `.npy`/`.npz` files, check them against the program's
-declarations, cast on request, and generate random ones.
+"""Input arrays for `tgc run` and `tgc bench`: read `.npy`/`.npz` files and hand them to the API's one binder
+(`Program.conform`, `Program.bind`), whose errors this module words with the command line's flags; random
+inputs come from the engine's one generator (`tgc.engine.inputs`).
 
 Every problem is a `TgcError(kind="user")` (exit 2) that names the input.
 """
