@@ -14,6 +14,7 @@ import pytest
 import tgc
 from tgc.baselines.numpy_eval import numpy_program
 from tgc.dtype import bf16_to_f32, f32_to_bf16
+from tgc.engine.compare import compare
 
 RNG = np.random.default_rng(1234)
 
@@ -37,12 +38,9 @@ def assert_matches(got: np.ndarray, want: np.ndarray, rtol: float | None = None,
     if want.dtype.kind in "biu" and got.dtype.kind in "biu":
         np.testing.assert_array_equal(got, want, err_msg=what)
         return
-    if rtol is None:
-        rtol = 1e-2 if np.float16 in (got.dtype, want.dtype) else 1e-4
-    w = want.astype(np.float64)
-    finite = np.abs(w[np.isfinite(w)])
-    scale = max(1.0, float(finite.max())) if finite.size else 1.0
-    np.testing.assert_allclose(got.astype(np.float64), w, rtol=rtol, atol=rtol * scale, err_msg=what)
+    # the engine's one tolerance rule (the one `--check` applies), at f16's or f32's rtol
+    bad, _ = compare(what, got, want, "f16" if np.float16 in (got.dtype, want.dtype) else "f32", rtol)
+    assert bad is None, bad.describe()
 
 
 def check(src: str, rtol: float | None = None, **inputs: np.ndarray) -> dict[str, np.ndarray]:
