@@ -376,8 +376,7 @@ def auto_threads(k: OptKernel) -> None:
         _try(k, Opt("THREAD", 0, min(cores, total // MIN_WORK_PER_THREAD)))
 
 
-def optimize(ast: UOp, device: Any, beam: int = 0, bufs: list | None = None,
-             opts: list[Opt] | None = None) -> tuple[UOp, dict, list]:
+def optimize(ast: UOp, device: Any, opts: list[Opt] | None = None) -> tuple[UOp, dict, list]:
     """(optimized AST, launch facts, applied opts). `opts` replays a known list (from BEAM search)."""
     k = OptKernel(ast, device)
     if opts is not None:
