@@ -49,8 +49,8 @@ class Buffer:
         self.device.allocator.free(self.handle, self.nbytes)
 
 
-def run_program(prog, device: str | None, dims: dict[str, int], arrays: dict[str, np.ndarray],
-                keep_buffers: bool = False) -> dict[str, np.ndarray]:
+def run_program(prog, device: str | None, dims: dict[str, int], arrays: dict[str, np.ndarray]
+                ) -> dict[str, np.ndarray]:
     from tgc.api import to_user_array
     from tgc.backends import default_device, get_device
 
