@@ -12,8 +12,6 @@ from typing import Any
 from tgc.errors import TgcError
 from tgc.ir.uop import format_uops
 
-EMITS = ("src", "uops", "schedule", "ir", "asm", "bin")
-
 # device kind -> (source language for highlighting, file extension of its source)
 SOURCE_KIND = {"CPU": ("llvm", ".ll"), "OPENCL": ("c", ".cl"), "CUDA": ("cuda", ".cu"), "METAL": ("cpp", ".metal"),
                "PYTHON": ("json", ".json")}

@@ -84,7 +84,6 @@ BINARY = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.C
           Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR}
 ALU = UNARY | BINARY | {Ops.WHERE}
 COMPARE = {Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ}
-MOVEMENT = {Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.FLIP, Ops.STRIDE, Ops.WINDOW}
 COMMUTATIVE = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR}
 
 
