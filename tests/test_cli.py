@@ -233,6 +233,15 @@ def test_compile_renders_where_it_cannot_compile(tmp_path):
     assert r.returncode == 1 and "--emit bin: could not compile for METAL" in r.stderr and r.stdout == ""
 
 
+def test_emit_ir_is_the_optimized_ir_not_the_source():
+    src = tgc("compile", SOFTMAX, "-D", "N=4", "-D", "D=8", "-d", "CPU", "--emit", "src")
+    ir = tgc("compile", SOFTMAX, "-D", "N=4", "-D", "D=8", "-d", "CPU", "--emit", "ir")
+    assert src.returncode == ir.returncode == 0, ir.stderr
+    assert ir.stdout != src.stdout and "define" in ir.stdout
+    # the IR LLVM hands back carries the function attributes its optimizer inferred; tgc never writes them
+    assert "; Function Attrs:" in ir.stdout and "; Function Attrs:" not in src.stdout
+
+
 def test_compile_python_device_writes_json(tmp_path):
     r = tgc("compile", SOFTMAX, "-D", "N=4", "-D", "D=8", "-d", "PYTHON", "-o", str(tmp_path / "p"))
     assert r.returncode == 0, r.stderr
@@ -362,3 +371,15 @@ def test_beam_json_stores_winners(tmp_path):
     assert json.loads(tgc("cache", "stats", "--json", env=env).stdout)["entries"]["beam"] == len(doc["kernels"])
     r = tgc("beam", SOFTMAX, "-D", "N=8", env=env)
     assert r.returncode == 2 and "dim D is unknown" in r.stderr
+
+
+def test_run_random_draws_the_inputs_bench_and_the_api_draw(tmp_path):
+    import tgc as api
+    from tgc.engine.inputs import random_inputs
+
+    r = tgc("run", SOFTMAX, "-D", "N=3", "-D", "D=5", "--random", "--seed", "11", "-o", str(tmp_path / "o.npz"))
+    assert r.returncode == 0, r.stderr
+    prog = api.load(SOFTMAX)
+    want = prog.run(**random_inputs(prog, {"N": 3, "D": 5}, seed=11))
+    with np.load(tmp_path / "o.npz") as z:
+        assert set(z.files) == set(want) and all(np.array_equal(z[k], want[k]) for k in want)

@@ -15,8 +15,8 @@ from click.testing import CliRunner
 import tgc
 from tgc.cli import check, inputs, outputs, report
 from tgc.cli.main import main
-from tgc.dtype import DType, dtypes
-from tgc.errors import TgcError
+from tgc.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16
+from tgc.errors import BindError, TgcError
 
 
 @dataclass(frozen=True)
@@ -42,9 +42,21 @@ class FakeProgram:
     off: float = 0.0
     calls: list = field(default_factory=list)
 
+    @property
+    def dim_names(self):
+        return tgc.loads(self.source, self.path).dim_names
+
+    def resolve_dims(self, dims):
+        return tgc.loads(self.source, self.path).resolve_dims(dims)
+
+    def conform(self, name, value, cast=False):  # the real binder's dtype rule, on this program's source
+        return tgc.loads(self.source, self.path).conform(name, value, cast)
+
     def bind(self, arrays, dims=None):  # -> (dims, arrays) like tgc.api.Program.bind
         dims = dict(dims or {})
         for d in self.inputs:
+            if d.name not in arrays:
+                raise BindError(f"missing input '{d.name}'", need="input", name=d.name, hint="pass an array")
             arr = arrays[d.name]
             if arr.ndim != len(d.shape):
                 raise TgcError(f"input '{d.name}' has rank {arr.ndim}, declared {len(d.shape)}")
@@ -73,8 +85,6 @@ class FakeProgram:
         doc = {"device": "CPU", "dims": kw["dims"], "repeat": kw["repeat"], "kernels": [k],
                "program": {"median_s": 2e-5, "min_s": 1.9e-5, "max_s": 2.5e-5},
                "identity": identity(self, get_device(kw["device"] or "CPU"), kw["dims"])}
-        if kw.get("vs_numpy"):
-            doc["numpy"] = {"median_s": 4e-5, "min_s": 4e-5, "max_s": 5e-5}
         return doc
 
     def compile(self, device=None, dims=None):
@@ -196,9 +206,9 @@ def test_random_bool_and_bf16():
 
 def test_bf16_rounding_round_trips():
     x = np.array([1.0, -2.5, 3.14159, np.inf, 1e-3], np.float32)
-    back = inputs.bf16_bits_to_f32(inputs.f32_to_bf16_bits(x))
+    back = bf16_to_f32(f32_to_bf16(x))
     assert np.allclose(back, x, rtol=1e-2) and np.isinf(back[3])
-    assert np.isnan(inputs.bf16_bits_to_f32(inputs.f32_to_bf16_bits(np.array([np.nan], np.float32))))[0]
+    assert np.isnan(bf16_to_f32(f32_to_bf16(np.array([np.nan], np.float32))))[0]
 
 
 def test_check_dims_unknown_and_missing():
@@ -442,13 +452,19 @@ def test_tgc_error_gets_the_file_name(fake, monkeypatch):
     assert "fake.tg:5:5: error: cannot broadcast" in r.stderr and "y = x * w" in r.stderr and "^" in r.stderr
 
 
-def test_bench_json_and_baseline(fake, tmp_path):
+def test_bench_json_and_baseline(fake, tmp_path, monkeypatch):
+    from tgc.baselines import numpy_eval
+
+    timed = []
+    monkeypatch.setattr(numpy_eval, "time_numpy", lambda prog, dims, inputs, repeat, median: timed.append(
+        (dims, inputs, repeat)) or {"median_s": 4e-5, "min_s": 4e-5, "max_s": 5e-5})
     r = invoke("bench", "fake.tg", "-D", "N=2", "-D", "D=3", "--json", "--vs", "numpy", "--repeat", "3")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["kernels"][0]["name"] == "E_4_8" and doc["numpy_ratio"] == pytest.approx(2.0)
     kw = fake.calls[-1][1]
-    assert kw["repeat"] == 3 and kw["vs_numpy"] is True and kw["inputs"]["x"].shape == (2, 3)
+    assert kw["repeat"] == 3 and kw["inputs"]["x"].shape == (2, 3)
+    assert len(timed) == 1 and timed[0][1] is kw["inputs"] and timed[0][2] == 3
     slow = dict(doc, program={"median_s": 1e-5, "min_s": 1e-5, "max_s": 1e-5})
     (tmp_path / "old.json").write_text(json.dumps(slow))
     r = invoke("bench", "fake.tg", "-D", "N=2", "-D", "D=3", "--baseline", "old.json")

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 import tgc
-from tgc.engine.bench import random_inputs
-from tgc.engine.numpy_eval import numpy_program
+from tgc.baselines.numpy_eval import numpy_program
+from tgc.engine.compare import compare
+from tgc.engine.inputs import random_inputs
 
 KERNELS = sorted(pathlib.Path(__file__).resolve().parent.parent.joinpath("kernels").glob("*.tg"))
 # small sizes that satisfy every example's constraints (even spatial sizes for 2x2 pooling, ...)
@@ -44,10 +45,8 @@ def test_example_matches_numpy(path):
         if g.dtype.kind in "iub":
             np.testing.assert_array_equal(g, w.astype(g.dtype), err_msg=f"{path.name}: {name}")
         else:
-            tol = 1e-2 if g.dtype == np.float16 else 1e-4
-            scale = max(1.0, float(np.max(np.abs(w)))) if w.size else 1.0
-            np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=tol, atol=tol * scale,
-                                       err_msg=f"{path.name}: {name}")
+            bad, _ = compare(name, g, w, "f16" if g.dtype == np.float16 else "f32")  # the engine's one rule
+            assert bad is None, f"{path.name}: {bad.describe()}"
 
 
 def _bench_models():
@@ -65,7 +64,8 @@ def test_transformer_block_matches_the_numpy_model(b, t, c):
     inputs = models.transformer_inputs(b, t, c, seed=b + t)
     got = tgc.load(KERNELS[0].parent / "transformer_block.tg").run(dims=models.transformer_dims(b, t, c), **inputs)
     want = models.transformer_block(np, *(inputs[k].astype(np.float64) for k in ("x", *models.TRANSFORMER_WEIGHTS)))
-    np.testing.assert_allclose(got["out0"], want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+    bad, _ = compare("out0", got["out0"], want, "f32")
+    assert bad is None, bad.describe()
 
 
 def test_small_kernels_is_twenty_kernels_and_matches_numpy():

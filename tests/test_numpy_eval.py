@@ -1,4 +1,4 @@
-"""The numpy baseline of `tgc bench --vs numpy` (tgc/engine/numpy_eval.py) against tgc's own CPU results.
+"""The numpy baseline of `tgc bench --vs numpy` (tgc/baselines/numpy_eval.py) against tgc's own CPU results.
 
 Dtypes may differ (numpy's promotion, not tgc's), values may not: ints and bools exactly, floats within the
 tolerances of DSL.md (relative to the largest magnitude of the result, which covers reductions).
@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 import tgc
+from tgc.baselines.numpy_eval import numpy_program
 from tgc.dtype import bf16_to_f32, f32_to_bf16
-from tgc.engine.numpy_eval import numpy_program
+from tgc.engine.compare import compare
 
 RNG = np.random.default_rng(1234)
 
@@ -37,12 +38,9 @@ def assert_matches(got: np.ndarray, want: np.ndarray, rtol: float | None = None,
     if want.dtype.kind in "biu" and got.dtype.kind in "biu":
         np.testing.assert_array_equal(got, want, err_msg=what)
         return
-    if rtol is None:
-        rtol = 1e-2 if np.float16 in (got.dtype, want.dtype) else 1e-4
-    w = want.astype(np.float64)
-    finite = np.abs(w[np.isfinite(w)])
-    scale = max(1.0, float(finite.max())) if finite.size else 1.0
-    np.testing.assert_allclose(got.astype(np.float64), w, rtol=rtol, atol=rtol * scale, err_msg=what)
+    # the engine's one tolerance rule (the one `--check` applies), at f16's or f32's rtol
+    bad, _ = compare(what, got, want, "f16" if np.float16 in (got.dtype, want.dtype) else "f32", rtol)
+    assert bad is None, bad.describe()
 
 
 def check(src: str, rtol: float | None = None, **inputs: np.ndarray) -> dict[str, np.ndarray]:
@@ -336,14 +334,14 @@ def test_matmul_goes_to_blas():
 
 
 def test_bench_numpy_uses_it():
-    from tgc.engine.bench import _bench_numpy
+    from tgc.baselines.numpy_eval import time_numpy
     prog = tgc.loads("a: f32[N]\nb: f32[N]\nc: f32[N]\nreturn exp(a * b + c) * 0.5 - a")
     inputs = {k: normal(1000) for k in "abc"}
-    res = _bench_numpy(prog, {"N": 1000}, inputs, 3, 1e-3)
+    res = time_numpy(prog, {"N": 1000}, inputs, 3, 1e-3)
     assert res["median_s"] > 0 and res["ratio"] > 0
 
 
 def test_every_function_of_the_language_has_a_numpy_form():
+    from tgc.baselines.numpy_eval import FUNCTIONS
     from tgc.dsl import functions
-    from tgc.engine.numpy_eval import FUNCTIONS
     assert set(FUNCTIONS) == set(functions.FUNCTIONS)

@@ -13,7 +13,7 @@ from tgc.dsl.frontend import InputDecl, Parsed, concrete_shape, dim_names, parse
 from tgc.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16
 from tgc.engine.schedule import ScheduleItem, create_schedule
 from tgc.env import env_int
-from tgc.errors import TgcError
+from tgc.errors import BindError, TgcError
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.uop import Ops, UOp
 
@@ -89,14 +89,13 @@ class Program:
                 raise TgcError(f"unknown input '{name}'", file=self.filename,
                                hint=f"did you mean '{close[0]}'?" if close else
                                "inputs: " + (", ".join(sorted(declared)) or "(none)"))
-        given_dims = dict(dims)
-        bound_by: dict[str, str] = {k: "-D" for k in dims}
+        bound_by: dict[str, str] = {k: "" for k in dims}  # "": from the dims given
         arrays: dict[str, np.ndarray] = {}
         for decl in self.inputs:
             if decl.name not in inputs:
-                raise TgcError(f"missing input '{decl.name}' ({_decl_text(decl)})", file=self.filename,
-                               hint=f"give it with -i {decl.name}=FILE.npy, or use --random")
-            arr = _as_array(inputs[decl.name], decl, cast, self.filename)
+                raise BindError(f"missing input '{decl.name}' ({_decl_text(decl)})", need="input", name=decl.name,
+                                hint="pass an array for it", **self._at(decl))
+            arr = self.conform(decl.name, inputs[decl.name], cast)
             if arr.ndim != len(decl.shape):
                 raise TgcError(f"input '{decl.name}' has {arr.ndim} dims {list(arr.shape)}, but is declared "
                                f"{_decl_text(decl)} with {len(decl.shape)}", file=self.filename,
@@ -110,7 +109,7 @@ class Program:
                                        text=self.parsed.lines[decl.line - 1])
                 elif want in dims:
                     if dims[want] != have:
-                        source = "-D" if bound_by[want] == "-D" else f"input '{bound_by[want]}'"
+                        source = f"input '{bound_by[want]}'" if bound_by[want] else "the dims given"
                         raise TgcError(f"dim {want} mismatch: input '{decl.name}' axis {axis} has size {have}, "
                                        f"but {want} = {dims[want]} from {source}", file=self.filename,
                                        line=decl.line, col=decl.col, end_col=decl.end_col,
@@ -119,14 +118,26 @@ class Program:
                     dims[want] = have
                     bound_by[want] = decl.name
             arrays[decl.name] = arr
-        _ = given_dims
         return dims, arrays
+
+    def conform(self, name: str, value: Any, cast: bool = False) -> np.ndarray:
+        """One input as a C-contiguous array of its declared dtype (bf16 as its bits); a different dtype is an
+        error unless `cast` (Python scalars and lists are cast to the declared kind)."""
+        decl = next((d for d in self.inputs if d.name == name), None)
+        if decl is None:
+            raise TgcError(f"unknown input '{name}'", file=self.filename)
+        return _as_array(value, decl, cast, self._at(decl))
+
+    def _at(self, decl: InputDecl) -> dict[str, Any]:
+        """Where an input is declared, for an error that points at it."""
+        return {"file": self.filename, "line": decl.line, "col": decl.col, "end_col": decl.end_col,
+                "text": self.parsed.lines[decl.line - 1]}
 
     def resolve_dims(self, dims: dict[str, int] | None) -> dict[str, int]:
         dims = dict(dims or {})
         missing = [d for d in self.dim_names if d not in dims]
         if missing:
-            raise TgcError(f"dim {missing[0]} is unknown", hint=f"give it with -D {missing[0]}=SIZE")
+            raise BindError(f"dim {missing[0]} is unknown", need="dim", name=missing[0], hint="give its size in dims")
         return dims
 
     # --- tracing, scheduling, compiling
@@ -231,7 +242,7 @@ def _decl_text(decl: InputDecl) -> str:
     return f"{decl.dtype.name}[{', '.join(map(str, decl.shape))}]"
 
 
-def _as_array(value: Any, decl: InputDecl, cast: bool, filename: str) -> np.ndarray:
+def _as_array(value: Any, decl: InputDecl, cast: bool, at: dict[str, Any]) -> np.ndarray:
     want = decl.dtype
     if isinstance(value, (bool, int, float, np.generic)) or (isinstance(value, (list, tuple))):
         value = np.asarray(value)
@@ -248,10 +259,10 @@ def _as_array(value: Any, decl: InputDecl, cast: bool, filename: str) -> np.ndar
         if value.dtype.kind in "OVSUM" or value.dtype.kind == "c":
             raise TgcError(f"input '{decl.name}' has dtype {value.dtype}, which tgc cannot use")
         if not cast:
-            from tgc.dtype import dtypes as _d
-            got = _d.from_numpy(value.dtype)
-            raise TgcError(f"input '{decl.name}' is {got.name if got else value.dtype}, but is declared "
-                           f"{want.name}", file=filename, hint="pass --cast to convert it")
+            got = dtypes.from_numpy(value.dtype)
+            raise BindError(f"input '{decl.name}' is {got.name if got else value.dtype}, but the program declares it "
+                            f"{_decl_text(decl)}", need="cast", name=decl.name, dtype=want.name,
+                            hint=f"convert the array to {want.name}, or bind with cast=True", **at)
         value = value.astype(want.np)
     return np.require(value, requirements="C")  # (ascontiguousarray would turn a 0-d array into 1-d)
 

@@ -162,14 +162,14 @@ def min_max(d: DType) -> tuple[float | int, float | int]:
 
 
 def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
-    return (bits.astype(np.uint32) << 16).view(np.float32)
+    """bf16 bits (uint16) -> f32, exactly. The one conversion this way (any shape, 0-d included)."""
+    return (np.asarray(bits, np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
 def f32_to_bf16(x: np.ndarray) -> np.ndarray:
-    """Round-to-nearest-even f32 -> bf16 bits (uint16)."""
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-    nan = np.isnan(x)
-    out = rounded.astype(np.uint16)
-    out[nan] = 0x7FC0
-    return out
+    """f32 -> bf16 bits (uint16), round to nearest even, nan -> 0x7FC0: the renderers' sequence. The one
+    conversion this way (any shape, 0-d included)."""
+    f = np.asarray(x, np.float32)
+    u = f.view(np.uint32).astype(np.uint64)
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(np.isnan(f), np.uint16(0x7FC0), rounded)

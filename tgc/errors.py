@@ -42,6 +42,16 @@ class TgcError(Exception):
         return self.format() if self.line is not None else self.msg
 
 
+class BindError(TgcError):
+    """An input or dim that `Program.bind` cannot use. `need` says what would fix it ("input": an array for
+    input `name`; "dim": the size of dim `name`; "cast": input `name` converted to `dtype`), so that a front
+    end can word the hint in its own terms (the command line names its flags); the API's hint is neutral."""
+
+    def __init__(self, msg: str, *, need: str, name: str, dtype: str | None = None, **kw):
+        super().__init__(msg, **kw)
+        self.need, self.name, self.dtype = need, name, dtype
+
+
 class CompileError(TgcError):
     """A backend compiler rejected a kernel (exit 1)."""
 

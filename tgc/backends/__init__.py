@@ -72,7 +72,7 @@ def get_device(name: str):
         counter = getattr(cls, "device_count", None)
         count = counter() if counter is not None else None
         if count is not None and idx >= count:
-            raise _index_error(name, kind, idx, count)
+            raise _index_error(name, kind, count)
         try:
             _instances[key] = cls(idx)
         except TgcError as e:
@@ -86,7 +86,7 @@ def get_device(name: str):
     return _instances[key]
 
 
-def _index_error(name: str, kind: str, idx: int, count: int) -> TgcError:
+def _index_error(name: str, kind: str, count: int) -> TgcError:
     return TgcError(f"no device '{name}': this machine has {count} {kind} device{'s' if count != 1 else ''}",
                     hint=f"use {kind}" if count == 1 else f"use {kind}:0 .. {kind}:{count - 1}")
 

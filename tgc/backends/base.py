@@ -111,6 +111,10 @@ class Compiler:
         """Human-readable assembly of a compiled binary (for `--emit asm`)."""
         raise NotImplementedError
 
+    def optimized_ir(self, src: str) -> str:
+        """The compiler's IR after its optimizer ran on `src` (for `--emit ir`; LLVM compilers only)."""
+        raise NotImplementedError
+
     @property
     def cache_key(self) -> str:
         return f"{self.name}-{self.version}"

@@ -27,7 +27,6 @@ class CStyleRenderer:
     local_qualifier = "__local"
     barrier = "barrier(CLK_LOCAL_MEM_FENCE);"
     launch_style = "gpu"
-    has_threads = False
     # launch limits checked by every opt (tgc.codegen.opt.launch_limits): OpenCL's guaranteed minimums.
     # Work-group and work-item indices are `int` in the kernel, so the grid is at most 2^31 - 1 groups wide
     # (a larger launch is refused); addresses past 2^31 use 64-bit math instead.
@@ -248,8 +247,6 @@ class CStyleRenderer:
             return f"({self.const(1.0, d)} / {s[0]})"
         if op is Ops.WHERE:
             return f"({s[0]} ? {s[1]} : {s[2]})"
-        if op is Ops.MULACC:
-            return f"(({s[0]} * {s[1]}) + {s[2]})"
         if op is Ops.CAST:
             src = u.src[0].dtype
             if d.name in ("f16", "bf16"):  # registers hold floats: rounding is the whole cast

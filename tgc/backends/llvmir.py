@@ -69,8 +69,6 @@ class LLVMRenderer:
 
     name = "llvm"
     language = "llvm"
-    has_threads = True
-    supports_float16 = True
     supports_vectors = True
     decompose_transcendentals = True  # polynomial exp2/log2/sin vectorize; libm calls do not
 
@@ -296,9 +294,6 @@ class _Renderer:
             self.emit(f"{out} = fdiv {t} {lconst(1.0, d)}, {srcs[0]}")
         elif op is Ops.WHERE:
             self.emit(f"{out} = select {ltype(u.src[0].dtype)} {srcs[0]}, {t} {srcs[1]}, {t} {srcs[2]}")
-        elif op is Ops.MULACC:
-            fn = self.intrinsic("fmuladd", d, 3)
-            self.emit(f"{out} = call {t} {fn}({t} {srcs[0]}, {t} {srcs[1]}, {t} {srcs[2]})")
         elif op is Ops.CAST:
             return self.cast(u.src[0].dtype, d, srcs[0])
         elif op is Ops.BITCAST:

@@ -17,12 +17,11 @@ are in loop order. Only an order between *different* memory operations can chang
 buffer it writes runs one iteration at a time; where two STOREs write one buffer, the run watches for an
 address written twice and, if one is, runs again one iteration at a time.
 
-Semantics, from the LLVM renderer: ints wrap; IDIV/MOD are C's (truncating; the front end has guarded the
-divisors); floats are IEEE in the value's dtype (f16/bf16 arithmetic was legalized to f32); float MAX is
-maxnum; float->int casts saturate (nan -> 0); shifts by the width or more give 0 (or the sign); bools are
-bytes in memory; bf16 values are uint16 bits, converted to f32 exactly and back with round-to-nearest-even;
-a gated LOAD reads 0 where its gate is false. A LOAD or STORE outside its buffer (in a lane that runs) is a
-`DeviceError` naming the kernel, the UOp and the index, not a crash: that is a lowering bug.
+Semantics: every ALU op, cast and reduction is evaluated by the one ALU table (`tgc/ir/alu.py`, the LLVM
+renderer's semantics: wrapping ints, C division, saturating float->int casts, maxnum, bf16 as bits), which
+constant folding and the float64 reference use too. Bools are bytes in memory; a gated LOAD reads 0 where its
+gate is false. A LOAD or STORE outside its buffer (in a lane that runs) is a `DeviceError` naming the kernel,
+the UOp and the index, not a crash: that is a lowering bug.
 
 A kernel split across threads (`core_id`, `global_size[0] > 1`) runs each core index in turn. `cores` is 1
 unless `TGC_THREADS` says otherwise, so the optimizer normally hands this device single-thread kernels.
@@ -40,8 +39,9 @@ from typing import Any
 import numpy as np
 
 from tgc.backends.base import Compiler, Device, HostAllocator, Program
-from tgc.dtype import DType, dtypes, min_max
+from tgc.dtype import DType, dtypes
 from tgc.errors import CompileError, DeviceError
+from tgc.ir.alu import AluError, bitcast, cast, const, exec_alu, reducer, reg_dtype
 from tgc.ir.uop import BINARY, COMPARE, UNARY, Ops, UOp
 
 FORMAT = "tgc-python-uops/1"
@@ -50,13 +50,13 @@ BLOCK_ELEMENTS = 1 << 18
 # Ops that produce no value.
 _NO_VALUE = {Ops.STORE, Ops.ENDRANGE, Ops.SINK, Ops.BARRIER}
 _REDUCE_OPS = {Ops.ADD, Ops.MUL, Ops.MAX}
-_SUPPORTED = UNARY | BINARY | {Ops.WHERE, Ops.MULACC, Ops.CAST, Ops.BITCAST, Ops.CONST, Ops.DEFINE_GLOBAL,
+_SUPPORTED = UNARY | BINARY | {Ops.WHERE, Ops.CAST, Ops.BITCAST, Ops.CONST, Ops.DEFINE_GLOBAL,
                                Ops.DEFINE_VAR, Ops.RANGE, Ops.ENDRANGE, Ops.LOAD, Ops.STORE, Ops.DEFINE_ACC,
                                Ops.ACCUMULATE, Ops.READ_ACC, Ops.SINK, Ops.BARRIER}
 _NSRC: dict[Ops, tuple[int, ...]] = {
     **{op: (1,) for op in UNARY | {Ops.CAST, Ops.BITCAST, Ops.RANGE, Ops.ENDRANGE, Ops.DEFINE_ACC, Ops.READ_ACC}},
     **{op: (2,) for op in BINARY | {Ops.ACCUMULATE}},
-    Ops.WHERE: (3,), Ops.MULACC: (3,), Ops.LOAD: (2, 3), Ops.STORE: (3, 4),
+    Ops.WHERE: (3,), Ops.LOAD: (2, 3), Ops.STORE: (3, 4),
     Ops.CONST: (0,), Ops.DEFINE_GLOBAL: (0,), Ops.DEFINE_VAR: (0,), Ops.BARRIER: (0,),
 }
 
@@ -92,8 +92,6 @@ class PythonRenderer:
 
     name = "python"
     language = "json"
-    has_threads = True
-    supports_float16 = True
 
     def render(self, name: str, uops: list[UOp]) -> str:
         # UOps are hash-consed, so one node may be emitted again in a later loop: a source is its latest copy
@@ -140,7 +138,7 @@ def _parse_dtype(text: Any, where: str) -> tuple[DType | None, bool]:
 
 def _is_half_math(ins: Instr, code: list[Instr]) -> bool:
     """bf16 values are bits: arithmetic on them must have been legalized to f32."""
-    if ins.op not in UNARY | BINARY | {Ops.MULACC}:
+    if ins.op not in UNARY | BINARY:
         return False
     types = [ins.dtype, *(code[s].dtype for s in ins.src)]
     return any(t is not None and t.name == "bf16" for t in types)
@@ -215,7 +213,7 @@ def _parse_arg(op: Ops, dtype: DType | None, arg: Any, where: str) -> Any:
     if op is Ops.CONST:
         if not isinstance(arg, (bool, int, float)):
             raise CompileError(f"{where}: bad constant {arg!r}")
-        return _const(arg, dtype)
+        return const(arg, dtype)
     return arg
 
 
@@ -223,160 +221,9 @@ def _parse_arg(op: Ops, dtype: DType | None, arg: Any, where: str) -> Any:
 # Values
 
 
-def reg_dtype(d: DType) -> np.dtype:
-    """The numpy dtype of a value in a register: bool as bool, bf16 as its uint16 bits."""
-    return np.dtype(np.bool_) if d.is_bool else d.np
-
-
 def mem_dtype(d: DType) -> np.dtype:
     """The numpy dtype of a value in memory: bools are bytes."""
     return np.dtype(np.uint8) if d.is_bool else d.np
-
-
-def bf16_bits(x: np.ndarray) -> np.ndarray:
-    """f32 -> bf16 bits, round to nearest even, nan -> 0x7FC0 (the LLVM renderer's sequence, in u32)."""
-    bits = np.asarray(x, np.float32).view(np.uint32)
-    rounded = ((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
-    return np.where(np.isnan(x), np.uint16(0x7FC0), rounded.astype(np.uint16))
-
-
-def bf16_value(bits: np.ndarray) -> np.ndarray:
-    """bf16 bits -> f32, exactly."""
-    return (np.asarray(bits, np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
-
-
-def _const(value: Any, d: DType | None) -> np.ndarray:
-    assert d is not None
-    if d.name == "bf16":
-        return bf16_bits(np.array(value, np.float32))
-    if d.is_bool:
-        return np.array(bool(value))
-    if d.is_int:
-        from tgc.dtype import truncate
-        return np.array(truncate(value, d), d.np)
-    return np.array(float(value), d.np)
-
-
-def cast(x: np.ndarray, s: DType, d: DType) -> np.ndarray:
-    """The LLVM renderer's `cast` on numpy values."""
-    if s == d:
-        return x
-    x = np.asarray(x)
-    if d.is_bool:
-        return x != 0
-    if s.name == "bf16":
-        return cast(bf16_value(x), dtypes.f32, d)
-    if d.name == "bf16":
-        return bf16_bits(cast(x, s, dtypes.f32))
-    if s.is_float and not d.is_float:
-        return _float_to_int(x, d)
-    return x.astype(d.np)  # bool -> 0/1, float <-> float (RNE), int -> float, int -> int (wraps)
-
-
-def _float_to_int(x: np.ndarray, d: DType) -> np.ndarray:
-    """fptosi/fptoui.sat: truncate toward zero, clamp to the type's range, nan -> 0."""
-    lo, hi = min_max(d)
-    f = x.astype(np.float64)  # exact for every float dtype
-    nan, small, big = np.isnan(f), f <= float(lo), f >= float(hi)
-    inside = np.trunc(np.where(nan | small | big, 0.0, f)).astype(d.np)
-    return np.where(nan, d.np.type(0), np.where(big, d.np.type(hi), np.where(small, d.np.type(lo), inside)))
-
-
-def bitcast(x: np.ndarray, s: DType, d: DType) -> np.ndarray:
-    if s.is_bool or d.is_bool:
-        return cast(x, s, d)
-    return np.asarray(x).view(reg_dtype(d))
-
-
-def binary(op: Ops, d: DType, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """A binary ALU op with the result dtype `d` (comparisons: `d` is the operands' dtype)."""
-    if op in COMPARE:
-        fn = {Ops.CMPLT: np.less, Ops.CMPNE: np.not_equal, Ops.CMPEQ: np.equal}[op]
-        return fn(a, b)
-    if d.is_bool:  # i1 arithmetic, as the LLVM renderer writes it
-        if op in (Ops.ADD, Ops.MAX, Ops.OR):
-            return np.logical_or(a, b)
-        if op in (Ops.MUL, Ops.AND):
-            return np.logical_and(a, b)
-        if op in (Ops.SUB, Ops.XOR):
-            return np.logical_xor(a, b)
-        if op is Ops.IDIV:  # udiv i1: the divisor is 1
-            return np.logical_and(a, b)
-        if op is Ops.MOD:
-            return np.zeros(np.broadcast(a, b).shape, np.bool_)
-        if op is Ops.SHL:  # shifting by 1 (>= the width) gives 0
-            return np.logical_and(a, np.logical_not(b))
-        if op is Ops.SHR:  # ashr by min(b, 0)
-            return np.broadcast_to(a, np.broadcast(a, b).shape).copy()
-        raise CompileError(f"PYTHON: {op.name} on bool")
-    if op is Ops.ADD:
-        return np.add(a, b)
-    if op is Ops.SUB:
-        return np.subtract(a, b)
-    if op is Ops.MUL:
-        return np.multiply(a, b)
-    if op is Ops.FDIV:
-        if not d.is_float:
-            raise CompileError(f"PYTHON: FDIV on {d.name}")
-        return np.divide(a, b)
-    if op in (Ops.IDIV, Ops.MOD):
-        if d.is_float:
-            raise CompileError(f"PYTHON: {op.name} on {d.name}")
-        rem = np.fmod(a, b)  # C's remainder (0 for a zero divisor, which the front end never leaves)
-        if op is Ops.MOD:
-            return rem
-        return np.floor_divide(np.subtract(a, rem), b)  # exact, so floor == trunc
-    if op is Ops.MAX:
-        return np.fmax(a, b) if d.is_float else np.maximum(a, b)
-    if op in (Ops.AND, Ops.OR, Ops.XOR):
-        if d.is_float:
-            raise CompileError(f"PYTHON: {op.name} on {d.name}")
-        return {Ops.AND: np.bitwise_and, Ops.OR: np.bitwise_or, Ops.XOR: np.bitwise_xor}[op](a, b)
-    if op in (Ops.SHL, Ops.SHR):
-        if d.is_float:
-            raise CompileError(f"PYTHON: {op.name} on {d.name}")
-        big = np.asarray(b).view(np.dtype(f"u{d.itemsize}")) >= d.bits  # `icmp uge`
-        amount = np.where(big, d.np.type(d.bits - 1), b)
-        if op is Ops.SHR:
-            raw = np.right_shift(a, amount)  # arithmetic for signed ints, logical for unsigned
-            return raw if not d.is_unsigned else np.where(big, d.np.type(0), raw)
-        return np.where(big, d.np.type(0), np.left_shift(a, amount))
-    raise CompileError(f"PYTHON: unknown binary op {op.name}")
-
-
-def unary(op: Ops, d: DType, x: np.ndarray) -> np.ndarray:
-    if op is Ops.NEG:
-        return x if d.is_bool else np.negative(x)  # `sub i1 0, x` is x
-    if op is Ops.NOT:
-        if d.is_float:
-            raise CompileError(f"PYTHON: NOT on {d.name}")
-        return np.logical_not(x) if d.is_bool else np.invert(x)
-    if not d.is_float:
-        raise CompileError(f"PYTHON: {op.name} on {d.name}")
-    if op is Ops.RECIP:
-        return np.divide(d.np.type(1), x)
-    fn = {Ops.EXP2: np.exp2, Ops.LOG2: np.log2, Ops.SIN: np.sin, Ops.SQRT: np.sqrt, Ops.TRUNC: np.trunc}[op]
-    return fn(x)
-
-
-_REDUCERS: dict[tuple[Ops, str], tuple[np.ufunc, Callable[[DType], Any]]] = {
-    (Ops.ADD, "bool"): (np.logical_or, lambda d: False),
-    (Ops.MUL, "bool"): (np.logical_and, lambda d: True),
-    (Ops.MAX, "bool"): (np.logical_or, lambda d: False),
-    (Ops.ADD, "num"): (np.add, lambda d: d.np.type(0)),
-    (Ops.MUL, "num"): (np.multiply, lambda d: d.np.type(1)),
-    (Ops.MAX, "float"): (np.fmax, lambda d: d.np.type(-np.inf)),
-    (Ops.MAX, "int"): (np.maximum, lambda d: d.np.type(min_max(d)[0])),
-}
-
-
-def reducer(op: Ops, d: DType) -> tuple[np.ufunc, Any]:
-    """(ufunc, identity) of an ACCUMULATE: bool ADD/MAX are `or`, MUL `and`; float MAX is maxnum."""
-    if d.name == "bf16":
-        raise CompileError("PYTHON: ACCUMULATE on bf16 bits (legalize should accumulate in f32)")
-    kind = "bool" if d.is_bool else ("num" if op is not Ops.MAX else ("float" if d.is_float else "int"))
-    fn, ident = _REDUCERS[(op, kind)]
-    return fn, ident(d)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -514,7 +361,6 @@ class _Run:
             Ops.DEFINE_ACC: lambda i, ins: self.env[ins.src[0]], Ops.ACCUMULATE: self.accumulate,
             Ops.READ_ACC: lambda i, ins: self.env[ins.src[0]], Ops.SINK: lambda i, ins: None,
             Ops.BARRIER: lambda i, ins: None, Ops.CAST: self.cast, Ops.BITCAST: self.bitcast,
-            Ops.WHERE: self.where, Ops.MULACC: self.mulacc,
         }
 
     def fail(self, i: int, msg: str) -> DeviceError:
@@ -534,12 +380,12 @@ class _Run:
             handler = dispatch.get(ins.op)
             if handler is not None:
                 env[i] = handler(i, ins)
-            elif ins.op in BINARY:
-                a, b = env[ins.src[0]], env[ins.src[1]]
-                d = code[ins.src[0]].dtype if ins.op in COMPARE else ins.dtype
-                env[i] = self.typed(binary(ins.op, d, a, b), ins.dtype)
             else:
-                env[i] = self.typed(unary(ins.op, ins.dtype, env[ins.src[0]]), ins.dtype)
+                d = code[ins.src[0]].dtype if ins.op in COMPARE else ins.dtype
+                try:
+                    env[i] = exec_alu(ins.op, d, [env[s] for s in ins.src])
+                except AluError as e:
+                    raise CompileError(f"PYTHON: {e}") from None
             i += 1
 
     def loop(self, i: int, ins: Instr) -> None:
@@ -576,14 +422,6 @@ class _Run:
         if src.itemsize != ins.dtype.itemsize:
             raise self.fail(i, f"bitcast from {src.name} to {ins.dtype.name} changes the size")
         return self.typed(bitcast(self.env[ins.src[0]], src, ins.dtype), ins.dtype)
-
-    def where(self, i: int, ins: Instr) -> np.ndarray:
-        c, a, b = (self.env[s] for s in ins.src)
-        return self.typed(np.where(c, a, b), ins.dtype)
-
-    def mulacc(self, i: int, ins: Instr) -> np.ndarray:
-        a, b, c = (self.env[s] for s in ins.src)
-        return self.typed(np.add(np.multiply(a, b), c), ins.dtype)
 
     # --- memory
 
@@ -642,7 +480,10 @@ class _Run:
 
     def accumulate(self, i: int, ins: Instr) -> None:
         acc_i, v_i = ins.src
-        fn, ident = reducer(ins.arg, ins.dtype)
+        try:
+            fn, ident = reducer(ins.arg, ins.dtype)
+        except AluError as e:
+            raise CompileError(f"PYTHON: {e}") from None
         v = np.asarray(self.env[v_i])
         axes = self.plan.acc_axes[i]
         if axes:

@@ -10,8 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tgc.errors import TgcError
-
-EMITS = ("src", "uops", "schedule", "ir", "asm", "bin")
+from tgc.ir.uop import format_uops
 
 # device kind -> (source language for highlighting, file extension of its source)
 SOURCE_KIND = {"CPU": ("llvm", ".ll"), "OPENCL": ("c", ".cl"), "CUDA": ("cuda", ".cu"), "METAL": ("cpp", ".metal"),
@@ -57,18 +56,6 @@ def header(k: Any, filename: str, lexer: str) -> str:
     return f"{comment(lexer)} kernel {getattr(k, 'name', '') or '?'}{where}"
 
 
-def format_uops(uops: Sequence[Any]) -> str:
-    """A linear UOp list, one per line: `  12 ADD f32 (%10, %11) arg`."""
-    index = {id(u): i for i, u in enumerate(uops)}
-    lines = []
-    for i, u in enumerate(uops):
-        srcs = ", ".join(f"%{index[id(s)]}" if id(s) in index else "?" for s in getattr(u, "src", ()))
-        arg = "" if getattr(u, "arg", None) is None else f" {u.arg!r}"
-        op = getattr(getattr(u, "op", None), "name", str(getattr(u, "op", u)))
-        lines.append(f"%{i:<4} {op:<16} {getattr(u, 'dtype', '')!s:<10} ({srcs}){arg}")
-    return "\n".join(lines)
-
-
 def emit_kernels(kernels: Sequence[Any], what: str, device: str, device_kind: str, filename: str) -> list[Emitted]:
     """The `--emit` text of every kernel; errors for `ir` on a non-LLVM device and `asm`/`bin` without a binary."""
     out = []
@@ -80,10 +67,14 @@ def emit_kernels(kernels: Sequence[Any], what: str, device: str, device_kind: st
             if lexer != "llvm":
                 raise TgcError(f"--emit ir: {device} does not use LLVM IR", hint="use --emit src for its source, "
                                "or -d CPU for LLVM IR")
-            body = k.src
+            try:
+                body = k.device.compiler.optimized_ir(k.src)
+            except NotImplementedError:
+                raise TgcError(f"--emit ir: the compiler of {device} cannot show its optimized IR",
+                               hint="use --emit src for the IR tgc wrote", kind="runtime") from None
         elif what == "uops":
             lexer, ext = "text", ".txt"
-            body = k.uops_text() if hasattr(k, "uops_text") else format_uops(k.uops)
+            body = format_uops(k.uops)
         elif what in ("asm", "bin"):
             if k.binary is None:
                 raise TgcError(f"--emit {what}: could not compile for {device}: {k.compile_error or 'no compiler'}",

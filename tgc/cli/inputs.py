@@ -1,5 +1,6 @@
-"""Input arrays for `tgc run` and `tgc bench`: read `.npy`/`.npz` files, check them against the program's
-declarations, cast on request, and generate random ones.
+"""Input arrays for `tgc run` and `tgc bench`: read `.npy`/`.npz` files and hand them to the API's one binder
+(`Program.conform`, `Program.bind`), whose errors this module words with the command line's flags; random
+inputs come from the engine's one generator (`tgc.engine.inputs`).
 
 Every problem is a `TgcError(kind="user")` (exit 2) that names the input.
 """
@@ -15,8 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from tgc.dtype import DType, dtypes
-from tgc.errors import TgcError
+from tgc.dtype import DType
+from tgc.engine.inputs import random_values
+from tgc.errors import BindError, TgcError
 
 NPY_MAGIC = b"\x93NUMPY"
 ZIP_MAGIC = b"PK\x03\x04"
@@ -38,20 +40,6 @@ def decl_type(decl: Any) -> str:
     if not decl.shape:
         return decl.dtype.name
     return f"{decl.dtype.name}[{', '.join(str(s) for s in decl.shape)}]"
-
-
-def decl_error(prog: Any, decl: Any, msg: str, hint: str | None = None) -> TgcError:
-    """A user error pointing at the declaration of an input in the `.tg` file (when its line is known)."""
-    line = getattr(decl, "line", None)
-    lines = (getattr(prog, "source", None) or "").splitlines()
-    if not line or line > len(lines):
-        return TgcError(msg, hint=hint)
-    text = lines[line - 1]
-    col = getattr(decl, "col", None) or text.find(decl.name) + 1 or 1
-    end_col = getattr(decl, "end_col", None)
-    if not end_col or end_col <= col:
-        end_col = col + len(decl.name)
-    return TgcError(msg, hint=hint, file=getattr(prog, "path", None), line=line, col=col, end_col=end_col, text=text)
 
 
 def _sniff(path: str) -> bytes | io.BytesIO:
@@ -152,49 +140,22 @@ def _check_array(label: str, path: str, arr: Any) -> np.ndarray:
     return arr
 
 
-def f32_to_bf16_bits(a: np.ndarray) -> np.ndarray:
-    """Round floats to bf16 (nearest even), returned as the uint16 bits tgc uses for bf16 arrays."""
-    a = np.asarray(a, dtype=np.float32)
-    u = a.view(np.uint32).astype(np.uint64)
-    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    return np.where(np.isnan(a), np.uint16(0x7FC0), rounded)
+def flag_hint(e: BindError) -> BindError:
+    """The API's error with the command line's words for the fix: the flags that give an input, a dim or a cast."""
+    hints = {"input": f"give it with -i {e.name}=PATH.npy or --inputs PATH.npz, "
+                      "or pass --random to fill it with random values",
+             "dim": f"give it with -D {e.name}=SIZE",
+             "cast": f"convert the array to {e.dtype}, or pass --cast to cast it with numpy"}
+    e.hint = hints.get(e.need, e.hint)
+    return e
 
 
-def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
-    """The float32 values of bf16 bits held as uint16."""
-    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
-
-
-def array_dtype(arr: np.ndarray) -> DType | None:
-    return dtypes.from_numpy(arr.dtype)
-
-
-def conform(prog: Any, decl: Any, arr: np.ndarray, cast: bool) -> np.ndarray:
-    """`arr` with the dtype `decl` declares; a mismatch is an error unless `cast`."""
-    want: DType = decl.dtype
-    have = array_dtype(arr)
-    if want.name == "bf16":
-        if arr.dtype == np.uint16:  # already bf16 bits
-            return arr
-        if cast or arr.dtype.kind == "f":
-            if not cast:
-                raise _dtype_error(prog, decl, have)
-            with np.errstate(all="ignore"):
-                return f32_to_bf16_bits(arr.astype(np.float32))
-        raise _dtype_error(prog, decl, have)
-    if have is not None and have.name == want.name:
-        return arr
-    if not cast:
-        raise _dtype_error(prog, decl, have)
-    with np.errstate(all="ignore"):
-        return arr.astype(want.np, casting="unsafe")
-
-
-def _dtype_error(prog: Any, decl: Any, have: DType | None) -> TgcError:
-    have_name = have.name if have is not None else "?"
-    return decl_error(prog, decl, f"input '{decl.name}' is {have_name}, but the program declares it "
-                      f"{decl_type(decl)}", hint=f"convert the array to {decl.dtype.name}, "
-                      "or pass --cast to cast it with numpy")
+def bind(prog: Any, arrays: dict[str, np.ndarray], dims: Mapping[str, int]) -> tuple[dict[str, int], dict]:
+    """`Program.bind` (the one input binder), its errors worded for the command line."""
+    try:
+        return prog.bind(arrays, dict(dims))
+    except BindError as e:
+        raise flag_hint(e) from None
 
 
 def gather(prog: Any, npz: str | None, pairs: Iterable[tuple[str, str]], cast: bool) -> dict[str, np.ndarray]:
@@ -214,7 +175,13 @@ def gather(prog: Any, npz: str | None, pairs: Iterable[tuple[str, str]], cast: b
     for name in given:
         if name not in decls:
             raise TgcError(f"unknown input '{name}' in '{sources[name]}'", hint=did_you_mean(name, decls, "input"))
-    return {name: conform(prog, decls[name], arr, cast) for name, arr in given.items()}
+    out = {}
+    for name, arr in given.items():
+        try:
+            out[name] = prog.conform(name, arr, cast)
+        except BindError as e:
+            raise flag_hint(e) from None
+    return out
 
 
 def known_dims(prog: Any, given: Mapping[str, np.ndarray], dims: Mapping[str, int]) -> dict[str, int]:
@@ -230,35 +197,23 @@ def known_dims(prog: Any, given: Mapping[str, np.ndarray], dims: Mapping[str, in
     return out
 
 
-def dim_names(prog: Any) -> list[str]:
-    """Every dim name the program's inputs use, in order of first use."""
-    names: list[str] = []
-    for decl in prog.inputs:
-        for size in decl.shape:
-            if isinstance(size, str) and size not in names:
-                names.append(size)
-    return names
-
-
 def check_dims(prog: Any, dims: Mapping[str, int], require_all: bool) -> list[str]:
     """Warnings for `-D` names the program does not use (a script may pass one set to many programs);
     with `require_all`, every dim of the program must be given."""
-    names = dim_names(prog)
+    names = prog.dim_names
     warnings = [f"warning: -D {name}={dims[name]}: the program has no dim {name}; "
                 f"{did_you_mean(name, names, 'dim')}" for name in dims if name not in names]
     if require_all:
-        for name in names:
-            if name not in dims:
-                raise TgcError(f"dim {name} is unknown: give -D {name}=...")
+        try:
+            prog.resolve_dims(dict(dims))
+        except BindError as e:
+            raise flag_hint(e) from None
     return warnings
 
 
 def random_array(decl: Any, dims: Mapping[str, int], seed: int, index: int) -> np.ndarray:
-    """A deterministic random array for one input: floats standard normal, ints in a small range, bools 50/50.
-
-    Each input has its own stream (seeded by `seed` and its position), so giving one input from a file
-    does not change the random values of the others.
-    """
+    """The random array for one input (`tgc.engine.inputs.random_values`, the generator bench and BEAM use),
+    after checking its dims are known and that it fits in memory."""
     shape = []
     for size in decl.shape:
         if isinstance(size, str):
@@ -270,7 +225,7 @@ def random_array(decl: Any, dims: Mapping[str, int], seed: int, index: int) -> n
     dt: DType = decl.dtype
     nbytes = _check_memory(decl, shape)
     try:
-        return _random_values(dt, shape, seed, index)
+        return random_values(dt, shape, seed, index)
     except (MemoryError, ValueError) as e:  # ValueError: numpy's "array is too big" / "maximum dimension"
         raise _too_large(decl, shape, nbytes, str(e)) from None
 
@@ -307,19 +262,6 @@ def _check_memory(decl: Any, shape: list[int]) -> int:
     return nbytes
 
 
-def _random_values(dt: DType, shape: list[int], seed: int, index: int) -> np.ndarray:
-    rng = np.random.default_rng([seed, index])
-    if dt.is_bool:
-        return rng.random(shape) < 0.5
-    if dt.is_int:
-        lo = 0 if dt.is_unsigned else -8
-        return rng.integers(lo, 9, size=shape).astype(dt.np)
-    values = rng.standard_normal(shape, dtype=np.float32 if dt.itemsize <= 4 else np.float64)
-    if dt.name == "bf16":
-        return f32_to_bf16_bits(values)
-    return values.astype(dt.np)
-
-
 def fill_random(prog: Any, given: dict[str, np.ndarray], dims: Mapping[str, int], seed: int) -> dict[str, np.ndarray]:
     """`given` plus a random array for every missing input."""
     resolved = known_dims(prog, given, dims)
@@ -328,12 +270,3 @@ def fill_random(prog: Any, given: dict[str, np.ndarray], dims: Mapping[str, int]
         if decl.name not in out:
             out[decl.name] = random_array(decl, resolved, seed, index)
     return out
-
-
-def require_all(prog: Any, given: Mapping[str, np.ndarray]) -> None:
-    """Every declared input must be given (when `--random` is off)."""
-    for decl in prog.inputs:
-        if decl.name not in given:
-            raise decl_error(prog, decl, f"missing input '{decl.name}' ({decl_type(decl)})",
-                             hint=f"give it with -i {decl.name}=PATH.npy or --inputs PATH.npz, "
-                                  "or pass --random to fill it with random values")

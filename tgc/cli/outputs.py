@@ -166,9 +166,9 @@ def save_outputs(specs: Sequence[OutSpec], outs: Mapping[str, Any]) -> list[str]
 def display_values(arr: Any, dtype_name: str) -> Any:
     """The values to show for an output (bf16 held as uint16 bits decoded to floats)."""
     if dtype_name == "bf16" and arr.dtype == "uint16":
-        from tgc.cli.inputs import bf16_bits_to_f32
+        from tgc.dtype import bf16_to_f32
 
-        return bf16_bits_to_f32(arr)
+        return bf16_to_f32(arr)
     return arr
 
 

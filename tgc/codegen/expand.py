@@ -11,8 +11,6 @@ import itertools
 from tgc.ir.symbolic import simplify
 from tgc.ir.uop import Ops, PatternMatcher, RangeKind, UOp, UPat, graph_rewrite, substitute
 
-UNROLLED = (RangeKind.UPCAST, RangeKind.UNROLL)
-
 
 def _ranges_of(u: UOp, kinds: tuple[RangeKind, ...]) -> list[UOp]:
     return sorted({n for n in u.toposort() if n.op is Ops.RANGE and n.arg[1] in kinds}, key=lambda r: r.arg[0])

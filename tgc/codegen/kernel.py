@@ -8,7 +8,7 @@ from typing import Any
 from tgc.engine.schedule import ScheduleItem
 from tgc.env import env_flag
 from tgc.errors import CompileError
-from tgc.ir.uop import ALU, Ops, UOp, pretty
+from tgc.ir.uop import ALU, Ops, UOp, format_uops
 
 
 @dataclass
@@ -49,11 +49,7 @@ class Kernel:
         return self._program
 
     def uops_text(self) -> str:
-        from tgc.codegen.pipeline import uops_text
-        return uops_text(self.uops)
-
-    def ast_text(self) -> str:
-        return pretty(self.ast)
+        return format_uops(self.uops)
 
     def asm(self) -> str:
         comp = self.device.compiler
@@ -104,7 +100,7 @@ def count_work(uops: list[UOp], env: dict[str, int] | None = None) -> float:
             varying[acc] = varying.get(acc, False) or varying[u]
             factor[acc] = max(factor.get(acc, 1), factor[u])
         if (u.op in ALU and u.dtype is not None and u.dtype.is_float) or u.op is Ops.ACCUMULATE:
-            ops = (u.dtype.count if u.dtype is not None else 1) * (2 if u.op is Ops.MULACC else 1)
+            ops = u.dtype.count if u.dtype is not None else 1
             weight = 1 if varying[u] else factor[u]
             flops += trips[-1] * ops / weight
     return flops

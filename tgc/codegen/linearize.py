@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from tgc.dtype import dtypes
 from tgc.engine.schedule import identity
-from tgc.ir.uop import Ops, RangeKind, UOp
+from tgc.ir.uop import Ops, UOp
 
 
 class _Linearizer:
@@ -141,10 +141,6 @@ def linearize(ast: UOp) -> list[UOp]:
     while lin.open_ranges:
         lin.close_range()
     return lin.out
-
-
-def range_kind(r: UOp) -> RangeKind:
-    return r.arg[1]
 
 
 __all__ = ["linearize", "dtypes"]

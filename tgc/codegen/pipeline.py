@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tgc.ir.uop import UOp, pretty
+from tgc.ir.uop import UOp, format_uops, pretty
 
 
 def fuses_rows(device: Any) -> bool:
@@ -244,15 +244,8 @@ def passes_text(ast: UOp, device: Any, bufs: list[UOp], name: str = "kernel", op
 
 
 def uops_text(uops: list[UOp]) -> str:
-    """Linear UOps one per line: index, op, dtype, arg, sources by index."""
-    lines = []
-    names: dict[UOp, str] = {}
-    for i, u in enumerate(uops):
-        names[u] = f"%{i}"
-        srcs = ", ".join(names.get(s, "?") for s in u.src)
-        arg = "" if u.arg is None else f" {u.arg!r}"
-        lines.append(f"{i:4d} {u.op.name:<14} {str(u.dtype):<6}{arg} ({srcs})")
-    return "\n".join(lines)
+    """Linear UOps one per line (the one UOp printer, `tgc.ir.uop.format_uops`)."""
+    return format_uops(uops)
 
 
 __all__ = ["PASSES", "Lowered", "Pass", "fuses_rows", "lower", "passes_text", "prepare", "uops_text"]

@@ -21,6 +21,9 @@ from typing import Any
 import numpy as np
 
 from tgc.codegen.opt import Opt, OptError, OptKernel, OptOps, hand_coded
+from tgc.dtype import bf16_to_f32
+from tgc.engine.compare import matches
+from tgc.engine.inputs import random_values
 from tgc.errors import CompileError
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.uop import UOp, pretty
@@ -120,13 +123,12 @@ class _Timer:
 
     def __init__(self, device: Any, bufs: list[UOp], seed: int = 0):
         self.device, self.bufs = device, bufs
-        rng = np.random.default_rng(seed)
         self.handles, self.sizes = [], []
         for i, node in enumerate(bufs):
             n = max(prod(shape_of(node)) * node.dtype.itemsize, 1)
             h = device.allocator.alloc(n)
             if i > 0:
-                data = _random_bytes(rng, node)
+                data = random_values(node.dtype, shape_of(node), seed, i)
                 device.allocator.copyin(h, memoryview(data).cast("B"))
             self.handles.append(h)
             self.sizes.append(n)
@@ -160,28 +162,10 @@ class _Timer:
             self.device.allocator.free(h, n)
 
 
-def _random_bytes(rng: np.random.Generator, node: UOp) -> np.ndarray:
-    shape, d = shape_of(node), node.dtype
-    if d.is_bool:
-        return rng.random(shape) < 0.5
-    if d.is_int:
-        return rng.integers(0 if d.is_unsigned else -8, 9, size=shape).astype(d.np)
-    if d.name == "bf16":
-        from tgc.dtype import f32_to_bf16
-        return f32_to_bf16(rng.standard_normal(shape).astype(np.float32))
-    return rng.standard_normal(shape).astype(d.np)
-
-
 def _matches(out: np.ndarray, ref: np.ndarray, dtype) -> bool:
-    if not dtype.is_float:
-        return np.array_equal(out, ref)
-    a, b = out.astype(np.float64), ref.astype(np.float64)
     if dtype.name == "bf16":
-        from tgc.dtype import bf16_to_f32
-        a, b = bf16_to_f32(out).astype(np.float64), bf16_to_f32(ref).astype(np.float64)
-    tol = 1e-2 if dtype.name in ("f16", "bf16") else 1e-3
-    scale = max(float(np.nanmax(np.abs(b))) if b.size else 0.0, 1.0)
-    return bool(np.allclose(a, b, rtol=tol, atol=tol * scale, equal_nan=True))
+        out, ref = bf16_to_f32(out), bf16_to_f32(ref)
+    return matches(out, ref, dtype.name)
 
 
 @dataclass

@@ -8,7 +8,7 @@ included), the number of elements of each buffer (`buffer_sizes[i]` for `DEFINE_
 sizes come from the DEFINE_LOCALs) and the launch it gets. It considers every iteration the launch runs:
 every value of every loop (including loops whose trip count depends on the thread), every `core_id`, every
 GPU group and thread index. An access is *live* at an iteration when its gate (a LOAD's third source, a
-STORE's fourth) and every enclosing loop bound and IF hold there; a live access of width `w` (a vector
+STORE's fourth) and every enclosing loop bound hold there; a live access of width `w` (a vector
 load or store) at index `i` must satisfy `0 <= i` and `i + w <= n`. The first live violation raises
 `BoundsError` (a `CompileError`: exit 1) naming the kernel, the op, the buffer, the index, the bound and
 the loop indices where it happens. Dead accesses (gate false) may hold any index: that is what gates are for.
@@ -94,14 +94,14 @@ def _sources(uops: list[UOp]) -> list[list[int | None]]:
 
 
 def _needed(uops: list[UOp], srcs: list[list[int | None]]) -> set[int]:
-    """Positions of the uops that indices, gates, loop ends and IF conditions depend on."""
+    """Positions of the uops that indices, gates and loop ends depend on."""
     stack: list[int | None] = []
     for i, u in enumerate(uops):
         if u.op in (Ops.LOAD, Ops.STORE):
             stack.append(srcs[i][1])
             if _gate(u) is not None:
                 stack.append(srcs[i][2 if u.op is Ops.LOAD else 3])
-        elif u.op is Ops.RANGE or u.op is Ops.IF:
+        elif u.op is Ops.RANGE:
             stack.append(srcs[i][0])
     need: set[int] = set()
     while stack:
@@ -156,8 +156,8 @@ class _Verifier:
     def __init__(self, name: str, uops: list[UOp], sizes: list[int], global_size: tuple[int, ...],
                  local_size: tuple[int, ...] | None, vals: tuple[int, ...], names: list[str] | None, points: int,
                  restrict: tuple[int, int, int] | None = None, only: set[int] | None = None):
-        from tgc.backends import python as interp  # the numpy ALU semantics of the PYTHON device
-        self.interp = interp
+        from tgc.ir import alu  # the one ALU table (the PYTHON device's semantics)
+        self.interp = alu
         self.name, self.uops, self.sizes, self.names = name, uops, sizes, names
         self.global_size, self.local_size, self.vals, self.points = global_size, local_size, vals, points
         self.axes: list[_Axis] = []
@@ -205,7 +205,7 @@ class _Verifier:
         if any(s is TOO_BIG for s in srcs):
             return TOO_BIG
         if op is Ops.CONST:
-            return self.interp._const(u.arg, d.scalar())
+            return self.interp.const(u.arg, d.scalar())
         if op is Ops.VECTORIZE:
             return [s[0] if isinstance(s, list) else s for s in srcs]
         if op is Ops.GEP:
@@ -222,19 +222,13 @@ class _Verifier:
         if self.too_big(*srcs):
             return TOO_BIG
         if op in COMPARE:
-            return np.asarray(ip.binary(op, src_dtypes[0], srcs[0], srcs[1]))
-        if op in BINARY:
-            return self.typed(ip.binary(op, d, srcs[0], srcs[1]), d)
-        if op in UNARY:
-            return self.typed(ip.unary(op, d, srcs[0]), d)
+            return ip.exec_alu(op, src_dtypes[0], srcs)
+        if op in BINARY or op in UNARY or op is Ops.WHERE:
+            return ip.exec_alu(op, d, srcs)
         if op is Ops.CAST:
             return self.typed(ip.cast(srcs[0], src_dtypes[0], d), d)
         if op is Ops.BITCAST:
             return self.typed(ip.bitcast(srcs[0], src_dtypes[0], d), d)
-        if op is Ops.WHERE:
-            return self.typed(np.where(*srcs), d)
-        if op is Ops.MULACC:
-            return self.typed(np.add(np.multiply(srcs[0], srcs[1]), srcs[2]), d)
         return DATA  # anything else (loads, accumulators) is data
 
     def typed(self, x: Any, d: DType) -> np.ndarray:
@@ -259,8 +253,8 @@ class _Verifier:
         src_pos = _sources(uops)
         need = _needed(uops, src_pos)
         env: dict[int, Value] = {}
-        masks: list[Value] = []  # loop bounds and IF conditions that hold around the current uop
-        open_masks: list[int] = []  # how many masks each open RANGE / IF pushed
+        masks: list[Value] = []  # loop bounds that hold around the current uop
+        open_masks: list[int] = []  # how many masks each open RANGE pushed
         others = [u for u in uops if u.op is Ops.DEFINE_VAR and _var_name(u) != "core_id"]
         var_values = dict(zip((_var_name(u) for u in others), self.vals))
         last_use: dict[int, int] = {}
@@ -273,12 +267,9 @@ class _Verifier:
                 srcs = [DATA if j is None else env.get(j, DATA) for j in src_pos[i]]
                 if u.op is Ops.RANGE:
                     env[i] = self.open_range(i, u, srcs[0], masks, open_masks)
-                elif u.op is Ops.ENDRANGE or u.op is Ops.ENDIF:
+                elif u.op is Ops.ENDRANGE:
                     for _ in range(open_masks.pop()):
                         masks.pop()
-                elif u.op is Ops.IF:
-                    masks.append(srcs[0])
-                    open_masks.append(1)
                 elif u.op is Ops.SPECIAL:
                     n = self.launch_dim(u.arg[0], int(u.arg[1]))
                     env[i] = self.new_axis(i, u.arg[0], np.arange(n, dtype=np.int32))

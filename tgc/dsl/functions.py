@@ -292,13 +292,6 @@ def getitem(x: Tensor, index: Any) -> Tensor:
     return t.reshape(tuple(out_shape))
 
 
-def _method_only(name: str) -> Callable:
-    def fn(x, *args):
-        return getattr(_tensor(x), name)(*args)
-    fn.__name__ = name
-    return fn
-
-
 FUNCTIONS: dict[str, Callable] = {
     **{n: _elementwise(n) for n in ("exp", "log", "exp2", "log2", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh",
                                      "sigmoid", "relu", "gelu", "abs", "sign", "recip", "floor", "ceil", "trunc",

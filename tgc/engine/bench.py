@@ -13,28 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from tgc.engine.inputs import random_inputs
 from tgc.engine.realize import allocate
 from tgc.ir.shapes import prod, shape_of
-
-
-def random_inputs(prog, dims: dict[str, int], seed: int = 0) -> dict[str, np.ndarray]:
-    """Inputs for every declaration: standard normal floats, small ints, random bools."""
-    from tgc.dsl.frontend import concrete_shape
-    rng = np.random.default_rng(seed)
-    out = {}
-    for decl in prog.inputs:
-        shape = concrete_shape(decl, dims)
-        d = decl.dtype
-        if d.is_bool:
-            out[decl.name] = rng.random(shape) < 0.5
-        elif d.is_int:
-            lo = 0 if d.is_unsigned else -8
-            out[decl.name] = rng.integers(lo, 9, size=shape).astype(d.np)
-        elif d.name == "bf16":
-            out[decl.name] = rng.standard_normal(shape).astype(np.float32)
-        else:
-            out[decl.name] = rng.standard_normal(shape).astype(d.np)
-    return out
 
 
 def _stats(times: list[float]) -> dict[str, float]:
@@ -45,7 +26,7 @@ def _stats(times: list[float]) -> dict[str, float]:
 
 
 def bench_program(prog, device: str | None = None, dims: dict[str, int] | None = None, repeat: int = 10,
-                  beam: int = 0, inputs: dict[str, np.ndarray] | None = None, vs_numpy: bool = False,
+                  beam: int = 0, inputs: dict[str, np.ndarray] | None = None,
                   warmup: int = 1, tuned: bool = True) -> dict[str, Any]:
     from tgc.backends import default_device, get_device
 
@@ -104,8 +85,6 @@ def bench_program(prog, device: str | None = None, dims: dict[str, int] | None =
     result: dict[str, Any] = {"device": dev.name, "dims": dims, "repeat": repeat, "beam": beam, "kernels": rows,
                               "program": program, "peak": peak, "working_set_bytes": working_set,
                               "identity": identity(prog, dev, dims)}
-    if vs_numpy:
-        result["numpy"] = _bench_numpy(prog, dims, inputs, repeat, program["median_s"])
     return result
 
 
@@ -167,20 +146,6 @@ def rates(flops: int, nbytes: int, seconds: float, peak: dict, working_set: int)
     best = max(shares, key=lambda t: t[0]) if shares else (None, None)
     return {"gflops": gflops, "gbps": gbps, "flop_share": flop_share, "mem_share": mem_share,
             "peak_share": best[0], "bound": best[1], "in_cache": in_cache}
-
-
-def _bench_numpy(prog, dims, inputs, repeat, tgc_median) -> dict[str, float]:
-    """numpy on the same inputs (float64 reference path avoided: numpy in the inputs' own dtypes)."""
-    from tgc.engine.numpy_eval import numpy_program
-    fn = numpy_program(prog, dims)
-    fn(inputs)
-    times = []
-    for _ in range(max(repeat, 1)):
-        st = time.perf_counter()
-        fn(inputs)
-        times.append(time.perf_counter() - st)
-    med = statistics.median(times)
-    return {"median_s": med, "min_s": min(times), "ratio": med / tgc_median if tgc_median > 0 else 0.0}
 
 
 def valid_peak(value: Any) -> bool:

@@ -49,15 +49,15 @@ class Buffer:
         self.device.allocator.free(self.handle, self.nbytes)
 
 
-def run_program(prog, device: str | None, dims: dict[str, int], arrays: dict[str, np.ndarray],
-                keep_buffers: bool = False) -> dict[str, np.ndarray]:
+def run_program(prog, device: str | None, dims: dict[str, int], arrays: dict[str, np.ndarray]
+                ) -> dict[str, np.ndarray]:
     from tgc.api import to_user_array
     from tgc.backends import default_device, get_device
 
     name = device or default_device()
     if "," in name:
         raise TgcError(f"device lists such as '{name}' (one program sharded across devices) are not supported yet",
-                       hint="run on one device, e.g. -d " + name.split(",")[0].strip())
+                       hint="run on one device, e.g. " + name.split(",")[0].strip())
     dev = get_device(name)
     dev.ensure_runnable()
     kernels = prog.compile(device=name, dims=dims)

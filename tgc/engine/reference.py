@@ -9,18 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from tgc.dtype import DType, bf16_to_f32
-from tgc.ir.uop import Ops, UOp
+from tgc.dtype import DType, bf16_to_f32, dtypes
+from tgc.ir.alu import cast, exec_alu, reducer
+from tgc.ir.uop import ALU, Ops, UOp
 
 
 def _np_dtype(d: DType) -> np.dtype:
     return np.dtype(np.float64) if d.is_float else d.np
-
-
-def _c_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    q = np.floor_divide(a, b)
-    fix = (np.remainder(a, b) != 0) & ((a < 0) != (b < 0))
-    return np.where(fix, q + 1, q).astype(a.dtype)
 
 
 def evaluate(root: UOp, env: dict[UOp, np.ndarray]) -> np.ndarray:
@@ -112,16 +107,8 @@ def _eval(u: UOp, s: list[np.ndarray], env: dict[UOp, np.ndarray]) -> np.ndarray
     if op is Ops.IOTA:
         return np.arange(arg, dtype=np.int32)
     if op is Ops.CAST:
-        x = s[0]
-        if d.is_float:
-            return x.astype(np.float64)
-        if d.is_bool:
-            return x != 0
-        if x.dtype.kind == "f":
-            x = np.nan_to_num(np.trunc(x), nan=0, posinf=0, neginf=0)
-            info = np.iinfo(d.np)
-            x = np.clip(x, info.min, info.max)
-        return x.astype(d.np)
+        src = u.src[0].dtype
+        return cast(s[0], dtypes.f64 if src.is_float else src.scalar(), dtypes.f64 if d.is_float else d.scalar())
     if op is Ops.BITCAST:
         src_d = u.src[0].dtype
         x = s[0].astype(src_d.np) if src_d.fmt else s[0]
@@ -154,63 +141,10 @@ def _eval(u: UOp, s: list[np.ndarray], env: dict[UOp, np.ndarray]) -> np.ndarray
     if op is Ops.REDUCE_AXIS:
         rop, axes = arg
         x = s[0]
-        if rop is Ops.ADD:
-            return np.sum(x, axis=axes, keepdims=True, dtype=x.dtype)
-        if rop is Ops.MUL:
-            return np.prod(x, axis=axes, keepdims=True, dtype=x.dtype)
-        return np.max(x, axis=axes, keepdims=True)
-    a = s[0]
-    b = s[1] if len(s) > 1 else None
-    if op is Ops.ADD:
-        return (a + b).astype(nd)
-    if op is Ops.SUB:
-        return (a - b).astype(nd)
-    if op is Ops.MUL:
-        return (a * b).astype(nd)
-    if op is Ops.FDIV:
-        return a / b
-    if op is Ops.IDIV:
-        return _c_div(a, b)
-    if op is Ops.MOD:
-        return (a - b * _c_div(a, b)).astype(nd)
-    if op is Ops.MAX:
-        return np.maximum(a, b)
-    if op is Ops.CMPLT:
-        return a < b
-    if op is Ops.CMPNE:
-        return a != b
-    if op is Ops.CMPEQ:
-        return a == b
-    if op is Ops.AND:
-        return a & b
-    if op is Ops.OR:
-        return a | b
-    if op is Ops.XOR:
-        return a ^ b
-    if op in (Ops.SHL, Ops.SHR):
-        bits = d.bits
-        big = b.astype(np.int64) >= bits
-        sh = np.where(big, bits - 1, b).astype(a.dtype)
-        r = np.left_shift(a, sh) if op is Ops.SHL else np.right_shift(a, sh)
-        return np.where(big & ((op is Ops.SHL) | d.is_unsigned), 0, r).astype(nd)
-    if op is Ops.NEG:
-        return (-a).astype(nd)
-    if op is Ops.NOT:
-        return np.logical_not(a) if d.is_bool else ~a
-    if op is Ops.EXP2:
-        return np.exp2(a)
-    if op is Ops.LOG2:
-        return np.log2(a)
-    if op is Ops.SIN:
-        return np.sin(a)
-    if op is Ops.SQRT:
-        return np.sqrt(a)
-    if op is Ops.RECIP:
-        return 1.0 / a
-    if op is Ops.TRUNC:
-        return np.trunc(a)
-    if op is Ops.WHERE:
-        return np.where(a, b, s[2]).astype(nd)
-    if op is Ops.MULACC:
-        return a * b + s[2]
+        fn, ident = reducer(rop, dtypes.f64 if d.is_float else d.scalar())
+        kw = {} if d.is_bool else {"dtype": x.dtype}
+        return fn.reduce(x, axis=axes, keepdims=True, initial=ident, **kw)
+    if op in ALU:  # floats are computed in float64, ints and bools in their own dtype
+        cd = u.src[1].dtype if op is Ops.WHERE else u.src[0].dtype
+        return exec_alu(op, dtypes.f64 if cd.is_float else cd.scalar(), s)
     raise NotImplementedError(f"reference: {op}")

@@ -7,57 +7,32 @@ expression (`UOp.bounds`) to fold them back into plain loop variables where poss
 from __future__ import annotations
 
 import math
-import operator
+
+import numpy as np
 
 from tgc.dtype import DType, dtypes, truncate
-from tgc.ir.uop import Ops, PatternMatcher, UOp, UPat, graph_rewrite
+from tgc.ir.alu import AluError, const, exec_alu
+from tgc.ir.uop import BINARY, COMPARE, UNARY, Ops, PatternMatcher, UOp, UPat, graph_rewrite
 
-
-def c_div(a: int, b: int) -> int:
-    """C integer division (truncates toward zero); division by zero gives 0 as DSL.md asks."""
-    if b == 0:
-        return 0
-    q = abs(a) // abs(b)
-    return q if (a >= 0) == (b >= 0) else -q
-
-
-def c_mod(a: int, b: int) -> int:
-    return 0 if b == 0 else a - b * c_div(a, b)
-
-
-def _fdiv(a: float, b: float) -> float:
-    try:
-        return a / b
-    except ZeroDivisionError:
-        return math.nan if a == 0 or math.isnan(a) else math.copysign(math.inf, a) * math.copysign(1, b)
-
-
-_FOLD = {
-    Ops.ADD: operator.add, Ops.SUB: operator.sub, Ops.MUL: operator.mul, Ops.MAX: max,
-    Ops.IDIV: c_div, Ops.MOD: c_mod, Ops.FDIV: _fdiv,
-    Ops.CMPLT: operator.lt, Ops.CMPNE: operator.ne, Ops.CMPEQ: operator.eq,
-    Ops.AND: operator.and_, Ops.OR: operator.or_, Ops.XOR: operator.xor,
-    Ops.NEG: operator.neg,
-}
+# every unary and binary op on constants except FDIV and the float transcendentals (floats are left to the backend)
+_FOLDABLE = (BINARY | UNARY) - {Ops.FDIV, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP, Ops.TRUNC}
 
 
 def fold_constants(x: UOp) -> UOp | None:
-    """Evaluate an integer or bool ALU op whose sources are all constants (floats are left to the backend,
-    whose rounding we would otherwise have to imitate)."""
-    if x.op not in _FOLD or not all(s.op is Ops.CONST for s in x.src):
+    """Evaluate an integer or bool ALU op whose sources are all constants, with the one ALU table
+    (`tgc.ir.alu`); floats are left to the backend, whose rounding we would otherwise have to imitate."""
+    if x.op not in _FOLDABLE or not all(s.op is Ops.CONST for s in x.src) or x.dtype is None:
         return None
-    if not all(s.dtype.is_int or s.dtype.is_bool for s in x.src):
+    if not all(s.dtype is not None and s.dtype.count == 1 and (s.dtype.is_int or s.dtype.is_bool) for s in x.src):
         return None
-    if x.op is Ops.FDIV:
-        return None
-    args = [s.arg for s in x.src]
-    if x.src[0].dtype.is_bool and x.op in (Ops.AND, Ops.OR, Ops.XOR):
-        args = [bool(a) for a in args]
+    d = x.src[0].dtype if x.op in COMPARE else x.dtype  # the dtype the op computes in
+    args = [const(s.arg, d) for s in x.src]
     try:
-        value = _FOLD[x.op](*args)
-    except (OverflowError, ValueError):
+        with np.errstate(all="ignore"):
+            value = exec_alu(x.op, d, args)
+    except AluError:
         return None
-    return UOp.const(x.dtype, truncate(value, x.dtype))
+    return UOp.const(x.dtype, truncate(value.item(), x.dtype))
 
 
 def _terms(u: UOp) -> tuple[list[tuple[UOp, int]], int]:
@@ -164,7 +139,7 @@ def _is_int(u: UOp) -> bool:
 
 
 symbolic = PatternMatcher([
-    (UPat(set(_FOLD), name="x"), fold_constants),
+    (UPat(set(_FOLDABLE), name="x"), fold_constants),
     # identities
     (UPat(Ops.ADD, src=(UPat.var("x"), UPat.cvar("c"))), lambda x, c: x if c.arg == 0 and _is_int(x) else None),
     (UPat(Ops.SUB, src=(UPat.var("x"), UPat.cvar("c"))), lambda x, c: x if c.arg == 0 and _is_int(x) else None),

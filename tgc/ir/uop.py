@@ -7,7 +7,7 @@ lists that renderers print are all UOps; only the set of ops used differs by sta
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from enum import Enum, auto
 from typing import Any
 
@@ -59,7 +59,6 @@ class Ops(Enum):
     SHR = auto()
     # --- ternary
     WHERE = auto()
-    MULACC = auto()  # a*b+c, fused where the backend has fma
     # --- kernel level
     SINK = auto()
     DEFINE_GLOBAL = auto()  # arg = buffer index; dtype is a pointer
@@ -78,16 +77,13 @@ class Ops(Enum):
     READ_ACC = auto()  # the accumulator's value
     DEFINE_LOCAL = auto()  # GPU shared memory: arg = (name, size)
     BARRIER = auto()
-    IF = auto()
-    ENDIF = auto()
 
 
 UNARY = {Ops.NEG, Ops.NOT, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP, Ops.TRUNC}
 BINARY = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ,
           Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR}
-ALU = UNARY | BINARY | {Ops.WHERE, Ops.MULACC}
+ALU = UNARY | BINARY | {Ops.WHERE}
 COMPARE = {Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ}
-MOVEMENT = {Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.FLIP, Ops.STRIDE, Ops.WINDOW}
 COMMUTATIVE = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR}
 
 
@@ -263,15 +259,21 @@ def _bounds(u: UOp) -> tuple[Any, Any]:
     return min_max(u.dtype) if u.dtype is not None else (-INF, INF)
 
 
-def pretty(u: UOp, limit: int = 8) -> str:
-    """A one-line-per-node listing of a graph, for debugging and `--emit uops`."""
+def format_uops(uops: Sequence[UOp]) -> str:
+    """The one UOp listing: one line per node, `   4 ADD            f32 (%2, %3)`, sources named by position
+    (`?` for a source outside the list). `--emit uops`, `DEBUG` and `repr(UOp)` all print this."""
     lines, names = [], {}
-    for i, n in enumerate(u.toposort()):
-        names[n] = f"%{i}"
-        srcs = ", ".join(names[s] for s in n.src)
-        arg = "" if n.arg is None else f" {n.arg!r}"
-        lines.append(f"%{i} = {n.op.name} {n.dtype}{arg} ({srcs})")
+    for i, u in enumerate(uops):
+        names[u] = f"%{i}"
+        srcs = ", ".join(names.get(s, "?") for s in u.src)
+        arg = "" if u.arg is None else f" {u.arg!r}"
+        lines.append(f"{i:4d} {u.op.name:<14} {str(u.dtype):<6}{arg} ({srcs})")
     return "\n".join(lines)
+
+
+def pretty(u: UOp) -> str:
+    """A graph listed in topological order (`format_uops`), for debugging and cache keys."""
+    return format_uops(u.toposort())
 
 
 # ------------------------------------------------------------------------------------------------------------------

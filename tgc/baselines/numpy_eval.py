@@ -35,6 +35,8 @@ from __future__ import annotations
 import ast
 import math
 import operator
+import statistics
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -707,3 +709,18 @@ def numpy_program(prog: Any, dims: dict[str, int]) -> Callable[[dict[str, np.nda
     """
     parsed = prog.parsed if hasattr(prog, "parsed") else prog
     return NumpyProgram(parsed, dict(dims or {}))
+
+
+def time_numpy(prog: Any, dims: dict[str, int], inputs: dict[str, np.ndarray], repeat: int,
+               tgc_median: float) -> dict[str, float]:
+    """`tgc bench --vs numpy`: the program run by numpy (in the inputs' own dtypes) on the same inputs, and
+    its median time over tgc's (`ratio`)."""
+    fn = numpy_program(prog, dims)
+    fn(inputs)
+    times = []
+    for _ in range(max(repeat, 1)):
+        st = time.perf_counter()
+        fn(inputs)
+        times.append(time.perf_counter() - st)
+    med = statistics.median(times)
+    return {"median_s": med, "min_s": min(times), "ratio": med / tgc_median if tgc_median > 0 else 0.0}
