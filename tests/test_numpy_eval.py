@@ -336,7 +336,7 @@ def test_matmul_goes_to_blas():
 
 
 def test_bench_numpy_uses_it():
-    from tgc.engine.bench import _bench_numpy
+    from tgc.engine.bench import bench_numpy as _bench_numpy
     prog = tgc.loads("a: f32[N]\nb: f32[N]\nc: f32[N]\nreturn exp(a * b + c) * 0.5 - a")
     inputs = {k: normal(1000) for k in "abc"}
     res = _bench_numpy(prog, {"N": 1000}, inputs, 3, 1e-3)

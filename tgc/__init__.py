@@ -5,8 +5,7 @@ and `Program.compile(...)` returns its kernels. Heavy modules are imported on fi
 """
 
 from tgc.errors import TgcError
-
-__version__ = "0.1.0"
+from tgc.version import __version__
 
 
 def load(path: str):

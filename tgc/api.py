@@ -7,12 +7,14 @@ from typing import Any
 
 import numpy as np
 
+from tgc.backends import default_device, get_device
 from tgc.codegen.kernel import Kernel, build_kernel
 from tgc.dsl.frontend import InputDecl, Parsed, concrete_shape, dim_names, parse, trace
-from tgc.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16
+from tgc.dtype import DType, dtypes, f32_to_bf16
+from tgc.engine.realize import Lowered, run_program, to_user_array
 from tgc.engine.schedule import ScheduleItem, create_schedule
 from tgc.env import env_int
-from tgc.errors import TgcError
+from tgc.errors import CompileError, TgcError
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.uop import Ops, UOp
 
@@ -159,8 +161,7 @@ class Program:
 
     def schedule(self, dims: dict[str, int] | None = None, device: str | None = None) -> list[ScheduleItem]:
         """The kernels' ASTs before optimization (what `--emit schedule` shows)."""
-        from tgc.backends import default_device, get_device
-        dev = get_device(device or default_device())
+        dev = _device(device)
         outs, _ = self._trace(self.resolve_dims(dims))
         items = create_schedule(outs, fuse_rows=getattr(dev, "launch_style", "cpu") == "cpu")
         for item in items:
@@ -172,8 +173,7 @@ class Program:
         """The program's kernels in launch order, rendered and (where this machine can) compiled.
         `beam=W` searches kernels without a stored winner from a search at least W wide; `tuned=False`
         ignores stored winners; `progress(event)` follows the searches as in `Program.beam`."""
-        from tgc.backends import default_device, get_device
-        dev = get_device(device or default_device())
+        dev = _device(device)
         dims = self.resolve_dims(dims)
         beam = env_int("BEAM", 0) if beam is None else beam
         key = (dev.name, tuple(sorted(dims.items())), beam, tuned)
@@ -196,14 +196,28 @@ class Program:
             self._kernels[key] = kernels
         return self._kernels[key]
 
+    def lower(self, device: str | None = None, dims: dict[str, int] | None = None, beam: int | None = None,
+              tuned: bool = True) -> Lowered:
+        """The program compiled for one device and set of dims, as the realizer and bench run it."""
+        dev = _device(device)
+        dims = self.resolve_dims(dims)
+        kernels = self.compile(device=dev.name, dims=dims, beam=beam, tuned=tuned)
+        outs, in_bufs = self._trace(dims)
+        return Lowered(dev, kernels, [(b, self.inputs[b.arg[0]].name) for b in in_bufs],
+                       list(zip(self.output_names, outs)))
+
     # --- running
     def run(self, device: str | None = None, dims: dict[str, int] | None = None, cast: bool = False,
             inputs: dict[str, Any] | None = None, **kw_inputs: Any) -> dict[str, np.ndarray]:
         """Execute on a device; returns {output name: numpy array}. Inputs come as keywords (`x=arr`) or,
         for names that clash with these parameters, as `inputs={"device": arr}`."""
-        from tgc.engine.realize import run_program
         dims, arrays = self.bind({**(inputs or {}), **kw_inputs}, dims, cast=cast)
-        return run_program(self, device, dims, arrays)
+        name = device or default_device()
+        if "," in name:
+            raise TgcError(f"device lists such as '{name}' (one program sharded across devices) are not supported "
+                           "yet", hint="run on one device, e.g. -d " + name.split(",")[0].strip())
+        _device(name).ensure_runnable()
+        return run_program(self.lower(name, dims), arrays)
 
     def reference(self, dims: dict[str, int] | None = None, **inputs: Any) -> dict[str, np.ndarray]:
         """The program evaluated by numpy in float64 (ints exact), for `--check`."""
@@ -217,13 +231,40 @@ class Program:
         outs, _ = self._trace(self.resolve_dims(dims))
         return [(n, o.dtype, shape_of(o)) for n, o in zip(self.output_names, outs)]
 
-    def bench(self, **kw):
-        from tgc.engine.bench import bench_program
-        return bench_program(self, **kw)
+    def bench(self, device: str | None = None, dims: dict[str, int] | None = None, repeat: int = 10,
+              beam: int = 0, inputs: dict[str, np.ndarray] | None = None, vs_numpy: bool = False,
+              warmup: int = 1, tuned: bool = True) -> dict[str, Any]:
+        """Time the program on device-resident inputs (random ones by default); see `tgc bench --json`."""
+        from tgc.engine import bench
+        dev = _device(device)
+        if inputs is None:
+            dims = self.resolve_dims(dims)
+            inputs = bench.random_inputs(self, dims)
+        dims, arrays = self.bind(inputs, dims, cast=True)
+        timing = bench.bench_lowered(self.lower(dev.name, dims, beam=beam, tuned=tuned), arrays, repeat=repeat,
+                                     warmup=warmup)
+        result: dict[str, Any] = {"device": dev.name, "dims": dims, "repeat": repeat, "beam": beam, **timing,
+                                  "identity": bench.identity(self, dev, dims)}
+        if vs_numpy:
+            result["numpy"] = bench.bench_numpy(self, dims, inputs, repeat, timing["program"]["median_s"])
+        return result
 
-    def beam(self, **kw):
-        from tgc.codegen.search import beam_program
-        return beam_program(self, **kw)
+    def beam(self, device: str | None = None, dims: dict[str, int] | None = None, width: int = 4,
+             progress: Any = None, force: bool = False) -> dict[str, Any]:
+        """Search every kernel of the program (BEAM); store the winners; report before/after per kernel."""
+        from tgc.codegen.search import beam_items
+        dev = _device(device)
+        if dev.compiler is None:
+            raise CompileError(dev.compile_error or f"cannot compile for {dev.kind} here, so it cannot be tuned here")
+        dims = self.resolve_dims(dims)
+        rows, seconds = beam_items(self.schedule(dims, dev.name), dev, width, progress=progress, force=force)
+        self._kernels.clear()  # later compiles pick up the stored winners
+        return {"device": dev.name, "dims": dims, "width": width, "kernels": rows, "seconds": seconds,
+                "interrupted": any(r.get("interrupted") for r in rows)}
+
+
+def _device(device: str | None) -> Any:
+    return get_device(device or default_device())
 
 
 def _decl_text(decl: InputDecl) -> str:
@@ -255,9 +296,4 @@ def _as_array(value: Any, decl: InputDecl, cast: bool, filename: str) -> np.ndar
     return np.require(value, requirements="C")  # (ascontiguousarray would turn a 0-d array into 1-d)
 
 
-def to_user_array(arr: np.ndarray, dtype: DType) -> np.ndarray:
-    """Device bytes -> the array users see (bf16 becomes float32)."""
-    return bf16_to_f32(arr) if dtype == dtypes.bf16 else arr
-
-
-_ = (concrete_shape, prod)
+_ = (concrete_shape, prod, to_user_array)

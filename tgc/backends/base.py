@@ -167,6 +167,10 @@ class Device:
     def synchronize(self) -> None:
         pass
 
+    def compile_pool(self, workers: int) -> Any:
+        """Worker processes that compile many sources at once (BEAM), or None: compile in-process."""
+        return None
+
     def info(self) -> dict[str, Any]:
         """Facts for `tgc devices`: versions, peak figures where known."""
         return {}

@@ -380,7 +380,8 @@ def probe_device(index: int = 0) -> tuple[bool, str]:
         return False, f"no OpenCL device {index}: this machine has {len(devices)}"
     import json
 
-    from tgc import __version__, cache
+    from tgc import cache
+    from tgc.version import __version__
     d = devices[index]
     cl = _import_cl()
     key = cache.make_key("opencl-probe", index, d.platform.name, d.platform.version, d.name, d.driver_version,

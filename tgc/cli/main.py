@@ -219,9 +219,9 @@ def _load(path: str) -> Any:
     """Parse a `.tg` file; remember its name so that errors raised later can point into it."""
     ctx = click.get_current_context()
     ctx.meta["tgc.path"] = path
-    import tgc
+    from tgc.api import load
 
-    prog = tgc.load(path)
+    prog = load(path)
     ctx.meta["tgc.source"] = getattr(prog, "source", None)
     return prog
 
@@ -305,9 +305,9 @@ def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> N
         except metadata.PackageNotFoundError:
             return "not installed"
 
-    import tgc
+    from tgc.version import __version__
 
-    click.echo(f"tgc {getattr(tgc, '__version__', None) or version('tgc')}")
+    click.echo(f"tgc {__version__ or version('tgc')}")
     click.echo(f"Python {platform.python_version()} ({sys.executable})")
     click.echo(f"numpy {version('numpy')}")
     click.echo(f"llvmlite {version('llvmlite')}")

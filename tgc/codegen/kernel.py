@@ -8,9 +8,9 @@ from typing import Any
 from tgc.codegen import verify
 from tgc.codegen.legalize import legalize
 from tgc.codegen.linearize import linearize
-from tgc.engine.schedule import ScheduleItem
 from tgc.env import env_flag
 from tgc.errors import CompileError
+from tgc.ir.kernel import ScheduleItem
 from tgc.ir.uop import ALU, Ops, UOp, pretty
 
 
@@ -298,7 +298,8 @@ def compile_key(device: Any, src: str) -> str | None:
     identity of that compiler (`cache_identity`: the server's address, compiler and version as it reports
     them), so that a binary returned by one server is never sent to another.
     """
-    from tgc import __version__, cache
+    from tgc import cache
+    from tgc.version import __version__
     if env_flag("DISABLE_COMPILER_CACHE"):
         return None
     comp = device.compiler

@@ -22,6 +22,7 @@ from typing import Any
 
 from tgc.dtype import dtypes
 from tgc.env import env_flag
+from tgc.ir.kernel import flat_index, identity
 from tgc.ir.shapes import prod
 from tgc.ir.symbolic import simplify
 from tgc.ir.uop import Ops, RangeKind, UOp, substitute
@@ -244,7 +245,6 @@ def split_range(ast: UOp, r: UOp, amount: int, inner_kind: RangeKind, inner_id: 
 
 def pad_reduce(ast: UOp, r: UOp, new: UOp) -> UOp:
     """Run a reduction loop to `new`'s size; iterations past the old size contribute the identity."""
-    from tgc.engine.schedule import identity
     n = r.src[0].arg
     mapping: dict[UOp, UOp] = {}
     for u in ast.toposort():
@@ -409,7 +409,6 @@ def lower_groups(ast: UOp) -> UOp:
     """A reduction with a GROUP range: each thread of the work-group reduces its share, writes the partial
     result to shared memory, and after a barrier every thread combines the partials (they all store the
     same value)."""
-    from tgc.engine.schedule import flat_index
     ranges = sorted({u for u in ast.toposort() if u.op is Ops.RANGE}, key=lambda r: r.arg[0])
     locals_ = [r for r in ranges if r.arg[1] is RangeKind.LOCAL]
     next_id = max((r.arg[0] for r in ranges), default=-1) + 1

@@ -16,31 +16,11 @@ are never materialized.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from tgc.dtype import DType, dtypes, min_max
+from tgc.dtype import DType, dtypes
+from tgc.ir.kernel import INDEX, ScheduleItem, flat_index, identity
 from tgc.ir.shapes import prod, shape_of, strides_for
 from tgc.ir.symbolic import simplify
 from tgc.ir.uop import ALU, Ops, RangeKind, UOp
-
-INDEX = dtypes.index  # 64-bit while scheduling and optimizing; narrowed to i32 per kernel where it provably fits
-
-
-@dataclass
-class ScheduleItem:
-    """One kernel: `ast` is SINK(STORE(DEFINE_GLOBAL 0, index, value)); `bufs[i]` is the tensor node held
-    by DEFINE_GLOBAL i (bufs[0] is the output)."""
-
-    ast: UOp
-    bufs: list[UOp]
-    name: str = ""
-    line: int | None = None
-    meta: dict = field(default_factory=dict)
-
-    @property
-    def output(self) -> UOp:
-        return self.bufs[0]
-
 
 _EXPANDING = {Ops.EXPAND, Ops.WINDOW}
 TRANSCENDENTAL_COST = 10  # exp2, log2, sin, sqrt become ~10-25 ops (polynomials on the CPU)
@@ -298,23 +278,6 @@ def _ge0(j: UOp) -> UOp:
 def mem_dtype(d: DType) -> DType:
     """How a dtype is held in memory (bools as one byte; renderers map `bool` to u8 storage)."""
     return d
-
-
-def flat_index(idx: tuple[UOp, ...], shape: tuple[int, ...]) -> UOp:
-    out = UOp.const(INDEX, 0)
-    for i, st, s in zip(idx, strides_for(shape), shape):
-        if s != 1:
-            out = out + i * UOp.const(INDEX, st)
-    return simplify(out)
-
-
-def identity(op: Ops, dtype: DType):
-    if op is Ops.ADD:
-        return 0
-    if op is Ops.MUL:
-        return 1
-    lo, _ = min_max(dtype)
-    return lo
 
 
 def kernel_name(ast: UOp) -> str:

@@ -30,6 +30,7 @@ from typing import Any
 
 from tgc.backends.base import Allocator, Compiler, Device, Program
 from tgc.backends.remote import protocol as P
+from tgc.env import parse_address
 from tgc.errors import CompileError, DeviceError, TgcError
 
 ENV_ADDRESS, ENV_TOKEN, ENV_TOKEN_FILE = "TGC_REMOTE", "TGC_REMOTE_TOKEN", "TGC_REMOTE_TOKEN_FILE"
@@ -42,28 +43,6 @@ BODY_SLACK = 1 << 20  # room left in a body for the request text (at most a quar
 ANSWER_BASE, ANSWER_PER_REQUEST, ANSWER_PER_LISTING = 1 << 20, 256, 64 << 20
 ERROR_LIMIT = 1 << 20  # bytes of an error message
 LISTINGS = (P.Compile, P.Assembly, P.Disassemble)
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    """`"host:port"`, `"[::1]:port"`, `"http://host:port"` or `"host"` (port 6667) -> (host, port)."""
-    t = text.strip()
-    for prefix in ("http://", "https://"):
-        t = t.removeprefix(prefix)
-    t = t.rstrip("/")
-    if t.startswith("["):
-        host, _, rest = t[1:].partition("]")
-        port_text = rest.removeprefix(":")
-    elif t.count(":") == 1:
-        host, _, port_text = t.partition(":")
-    else:
-        host, port_text = t, ""
-    if not host:
-        raise TgcError(f"bad REMOTE address '{text}'", hint="write host:port, e.g. 127.0.0.1:6667")
-    if not port_text:
-        return host, P.DEFAULT_PORT
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise TgcError(f"bad port in REMOTE address '{text}'", hint="write host:port, e.g. 127.0.0.1:6667")
-    return host, int(port_text)
 
 
 def client_token(env: dict[str, str] | None = None) -> str | None:

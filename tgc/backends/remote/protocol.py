@@ -34,8 +34,10 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, Union
 
+from tgc.env import REMOTE_DEFAULT_PORT
+
 MAGIC = b"TGC1"
-DEFAULT_PORT = 6667
+DEFAULT_PORT = REMOTE_DEFAULT_PORT
 SESSION_HEADER = "X-Tgc-Session"
 ERROR_HEADER = "X-Tgc-Error"  # the error's kind: auth, protocol, limit, session, compile, device, busy
 BATCH_PATH = "/batch"

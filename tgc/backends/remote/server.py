@@ -688,7 +688,7 @@ class RemoteServer:
         comp = dev.compiler
         if not getattr(dev, "native_launch", False):
             return bytes(comp.compile(src)) if op == "compile" else str(comp.assembly(src)).encode()
-        from tgc.codegen.compile_worker import WorkerPool
+        from tgc.backends.compile_worker import WorkerPool
         with self._workers_lock:
             if self._workers is None:
                 self._workers = WorkerPool(1)

@@ -1,0 +1,112 @@
+"""The import rule (docs/DESIGN.md, "Layers"): a module imports only from its own layer or the layers below
+it, at module level and inside functions alike. Imports are read with `ast`, never executed."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent / "tgc"
+
+# bottom to top; a module belongs to the longest prefix listed
+LAYERS: list[tuple[str, ...]] = [
+    ("tgc.errors", "tgc.dtype", "tgc.env", "tgc.cache", "tgc.version"),  # 0 base: errors, dtypes, settings, cache
+    ("tgc.ir",),  # 1 UOps, the pattern matcher, symbolic folding, kernel ASTs
+    ("tgc.dsl",),  # 2 front end: .tg source -> tensor graph
+    ("tgc.engine",),  # 3 scheduler, realizer (on a lowered program), bench timing, references
+    ("tgc.codegen",),  # 4 optimizer, lowering, linear UOps, BEAM (on device objects it is given)
+    ("tgc.backends",),  # 5 renderers, compilers, runtimes, the device registry, REMOTE
+    ("tgc.api",),  # 6 Program: binds the layers together for one program
+    ("tgc.cli",),  # 7 the command line
+    ("tgc",),  # 8 the package facade (`tgc.load` etc. import tgc.api on first use)
+]
+
+# (importer, imported) pairs allowed to point upward until their reason is gone; each must still exist
+EXCEPTIONS: dict[tuple[str, str], str] = {
+    ("tgc.codegen.verify", "tgc.backends.python"):
+        "the bounds verifier evaluates index math with the PYTHON device's ALU semantics until the one ALU "
+        "table (issue 11, item 4) lives in tgc.ir",
+}
+
+
+def layer_of(module: str) -> int:
+    best, level = -1, None
+    for i, names in enumerate(LAYERS):
+        for name in names:
+            if (module == name or module.startswith(name + ".")) and len(name) > best:
+                best, level = len(name), i
+    if level is None:
+        raise KeyError(module)
+    return level
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(source: str, module: str, is_package: bool = False) -> list[tuple[str, int]]:
+    """Every tgc module `source` imports (anywhere in it), with its line."""
+    package = module if is_package else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            # `from tgc.backends import python` names a module: count the deepest one
+            found += [(f"{target}.{a.name}" if (ROOT.parent / f"{target}.{a.name}".replace(".", "/")).with_suffix(
+                ".py").exists() else target, node.lineno) for a in node.names]
+    return [(m, line) for m, line in found if m == "tgc" or m.startswith("tgc.")]
+
+
+def violations(source: str, module: str, is_package: bool = False) -> list[str]:
+    out = []
+    for target, line in imports_of(source, module, is_package):
+        if layer_of(target) > layer_of(module) and (module, target) not in EXCEPTIONS:
+            out.append(f"{module}:{line} imports {target} (layer {layer_of(target)} above {layer_of(module)})")
+    return out
+
+
+def sources() -> list[tuple[str, str, bool]]:
+    return [(module_name(p), p.read_text(encoding="utf-8"), p.name == "__init__.py")
+            for p in sorted(ROOT.rglob("*.py"))]
+
+
+def test_every_module_has_a_layer():
+    for module, _, _ in sources():
+        layer_of(module)  # KeyError names a package that is not placed in LAYERS
+
+
+def test_no_module_imports_a_higher_layer():
+    bad = [v for module, src, pkg in sources() for v in violations(src, module, pkg)]
+    assert not bad, "\n".join(bad)
+
+
+def test_exceptions_are_still_needed():
+    used = {(module, target) for module, src, pkg in sources() for target, _ in imports_of(src, module, pkg)}
+    assert set(EXCEPTIONS) <= used, f"stale entries: {set(EXCEPTIONS) - used}"
+
+
+@pytest.mark.parametrize("src", [
+    "from tgc.api import Program\n",  # module level
+    "def f():\n    from tgc.backends import get_device\n",  # inside a function
+    "def f():\n    import tgc.codegen.kernel\n",
+    "from ..backends import cpu\n",  # relative
+])
+def test_the_checker_sees_upward_imports(src):
+    assert violations(src, "tgc.engine.realize")
+
+
+def test_the_checker_allows_downward_imports():
+    src = "from tgc.ir.uop import UOp\nfrom ..dsl import frontend\ndef f():\n    from tgc.engine.schedule import x\n"
+    assert violations(src, "tgc.engine.bench") == []
+    assert imports_of("from . import schedule\n", "tgc.engine.bench") == [("tgc.engine.schedule", 1)]
