@@ -288,6 +288,18 @@ class OpenCLRenderer(CStyleRenderer):
         return f"as_{self.ctype(d)}({x})"
 
 
+# f16/bf16 <-> f32 conversions for CUDA C by inline PTX (NVRTC has no cuda_fp16.h without the toolkit headers)
+HALF_HELPERS = r"""
+__device__ __forceinline__ float tgc_half2float(unsigned short h) {
+  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+__device__ __forceinline__ unsigned short tgc_float2half(float f) {
+  unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+__device__ __forceinline__ float tgc_bf162float(unsigned short h) { return __uint_as_float(((unsigned int)h) << 16); }
+__device__ __forceinline__ unsigned short tgc_float2bf16(float f) {
+  unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+"""
+
+
 class CUDARenderer(CStyleRenderer):
     name = "cuda"
     kernel_prefix = 'extern "C" __global__ void'
@@ -306,7 +318,6 @@ class CUDARenderer(CStyleRenderer):
         return (self.group_index if name.startswith("gidx") else self.local_index).format("xyz"[int(name[-1])])
 
     def prelude(self, uops: list[UOp]) -> list[str]:
-        from tgc.backends.cuda import HALF_HELPERS
         return [
             "#define INFINITY __int_as_float(0x7f800000)",
             "#define NAN __int_as_float(0x7fffffff)",
