@@ -218,7 +218,8 @@ def test_random_programs_under_random_opts_stay_in_bounds(prog, device, data):
     gpu = dev.launch_style == "gpu"
     program = tgc.loads(src)
     outs, _ = program._trace(program.resolve_dims({}))
-    for item in create_schedule(outs, fuse_rows=not gpu):  # as Program.compile schedules for this device
+    # as Program.compile schedules for this device
+    for item in create_schedule(outs, fuse_rows=dev.caps.fuse_rows, pack_matmul=dev.caps.pack_matmul):
         if not item.ast.src:
             continue
         k = OptKernel(prepare_ast(item.ast, dev), dev)
@@ -233,7 +234,7 @@ def test_random_programs_under_random_opts_stay_in_bounds(prog, device, data):
                 pass
         ast, launch, _ = finish(k)
         ast, bufs = drop_unused_buffers(ast, item.bufs)
-        uops = linearize(ast, vectors=getattr(dev.renderer, "supports_vectors", False))
+        uops = linearize(ast, vectors=dev.caps.vectors)
         verify_kernel(item.name, uops, bufs, launch)
 
 

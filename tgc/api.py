@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from tgc.backends import default_device, get_device
+from tgc.backends import default_device, device_class, get_device, known_kinds
 from tgc.codegen.kernel import Kernel, build_kernel
 from tgc.dsl.frontend import InputDecl, Parsed, concrete_shape, dim_names, parse, trace
 from tgc.dtype import DType, dtypes, f32_to_bf16
@@ -18,7 +18,7 @@ from tgc.errors import CompileError, TgcError
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.uop import Ops, UOp
 
-__all__ = ["Program", "Kernel", "load", "loads", "InputDecl"]
+__all__ = ["Program", "Kernel", "load", "loads", "InputDecl", "devices"]
 
 
 def load(path: str | os.PathLike) -> Program:
@@ -163,9 +163,9 @@ class Program:
         """The kernels' ASTs before optimization (what `--emit schedule` shows)."""
         dev = _device(device)
         outs, _ = self._trace(self.resolve_dims(dims))
-        items = create_schedule(outs, fuse_rows=getattr(dev, "launch_style", "cpu") == "cpu")
+        items = create_schedule(outs, fuse_rows=dev.caps.fuse_rows, pack_matmul=dev.caps.pack_matmul)
         for item in items:
-            item.line = self.line_of(item.output)
+            item.line = self.line_of(item.meta.get("serves", item.output))
         return items
 
     def compile(self, device: str | None = None, dims: dict[str, int] | None = None, beam: int | None = None,
@@ -179,14 +179,14 @@ class Program:
         key = (dev.name, tuple(sorted(dims.items())), beam, tuned)
         if key not in self._kernels:
             outs, _ = self._trace(dims)
-            items = create_schedule(outs, fuse_rows=getattr(dev, "launch_style", "cpu") == "cpu")
+            items = create_schedule(outs, fuse_rows=dev.caps.fuse_rows, pack_matmul=dev.caps.pack_matmul)
             names: dict[str, int] = {}
             kernels = []
             items = [item for item in items if item.ast.src]  # (an empty output computes nothing)
             for i, item in enumerate(items):
                 n = names.get(item.name, 0)
                 names[item.name] = n + 1
-                item.line = self.line_of(item.output)
+                item.line = self.line_of(item.meta.get("serves", item.output))
 
                 def report(event: dict, i: int = i) -> None:
                     progress({**event, "index": i, "total": len(items)})
@@ -261,6 +261,52 @@ class Program:
         self._kernels.clear()  # later compiles pick up the stored winners
         return {"device": dev.name, "dims": dims, "width": width, "kernels": rows, "seconds": seconds,
                 "interrupted": any(r.get("interrupted") for r in rows)}
+
+
+def _name_of(obj: Any) -> str | None:
+    if obj is None or isinstance(obj, property):
+        return None
+    return obj.__name__ if isinstance(obj, type) else type(obj).__name__
+
+
+def devices(info: bool = True) -> list[dict[str, Any]]:
+    """One row per registered backend (what `tgc devices` and `tgc --version` list): `device`, `available`
+    (its cheap `probe()`) and `why_not`, `renderer`; with `info` also `compiler`, `version`, `peak_gflops`,
+    `peak_gbps` and the device's own facts (`info`). Never raises for a backend that does not work here."""
+
+    rows = []
+    for kind in known_kinds():
+        row: dict[str, Any] = {"device": kind, "available": False, "why_not": "", "renderer": None,
+                               "compiler": None, "version": None, "peak_gflops": None, "peak_gbps": None, "info": {}}
+        try:
+            cls = device_class(kind)
+            ok, why = cls.probe()
+            row.update(available=bool(ok), why_not="" if ok else str(why))
+            row["renderer"] = _name_of(getattr(cls, "renderer", None))
+        except Exception as e:  # a backend that cannot even be imported is unavailable, not a crash
+            row["why_not"] = f"cannot load the backend: {type(e).__name__}: {e}"
+            rows.append(row)
+            continue
+        if info:
+            try:
+                # an unavailable device may still render and compile here (CUDA without a GPU, METAL's lint)
+                dev = get_device(kind) if row["available"] or kind != "REMOTE" else None
+                facts = dict(dev.info()) if dev is not None else {}
+                if dev is not None:
+                    row["renderer"] = facts.get("renderer") or _name_of(dev.renderer)
+                    comp = dev.compiler
+                    row["compiler"] = facts.get("compiler") or (f"{comp.name}" if comp is not None else None)
+                    row["version"] = facts.get("version") or (comp.version if comp is not None else None)
+                    if comp is None and not row["why_not"]:
+                        row["why_not"] = dev.compile_error or ""
+                row["peak_gflops"] = facts.get("peak_gflops")
+                row["peak_gbps"] = facts.get("peak_gbps")
+                row["info"] = facts
+            except Exception as e:
+                row["why_not"] = row["why_not"] or f"{type(e).__name__}: {e}"
+        rows.append(row)
+    return rows
+
 
 
 def _device(device: str | None) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import struct
 
+from tgc.capabilities import Capabilities
 from tgc.dtype import DType
 from tgc.ir.uop import Ops, UOp
 
@@ -34,6 +35,12 @@ class CStyleRenderer:
     max_threads_per_block = 256
     max_shared_bytes = 32768
     max_grid = (2**31 - 1, 65535, 65535)
+
+    @property
+    def caps(self) -> Capabilities:
+        """GPU launches within this dialect's limits (above); no vector UOps, the device's own transcendentals."""
+        return Capabilities(launch="gpu", fuse_rows=False, max_threads_per_block=self.max_threads_per_block,
+                            max_shared_bytes=self.max_shared_bytes, max_grid=self.max_grid[0])
     float_suffix = "f"
     # index builtins by SPECIAL name prefix
     group_index = "get_group_id({})"

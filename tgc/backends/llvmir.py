@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import struct
 
+from tgc.capabilities import Capabilities
 from tgc.dtype import DType, dtypes
 from tgc.ir.uop import Ops, UOp
 
@@ -73,6 +74,7 @@ class LLVMRenderer:
     supports_float16 = True
     supports_vectors = True
     decompose_transcendentals = True  # polynomial exp2/log2/sin vectorize; libm calls do not
+    caps = Capabilities(vectors=True, decompose_transcendentals=True, fuse_rows=True, pack_matmul=True)
 
     def render(self, name: str, uops: list[UOp]) -> str:
         return _Renderer(name, uops).run()

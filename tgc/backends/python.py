@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from tgc.backends.base import Compiler, Device, HostAllocator, Program
+from tgc.capabilities import Capabilities
 from tgc.dtype import DType, dtypes, min_max
 from tgc.errors import CompileError, DeviceError
 from tgc.ir.uop import BINARY, COMPARE, UNARY, Ops, UOp
@@ -93,6 +94,7 @@ class PythonRenderer:
     name = "python"
     language = "json"
     has_threads = True
+    caps = Capabilities()  # CPU-style launches; no vectors, and no panel packing (no caches to speak of)
     supports_float16 = True
 
     def render(self, name: str, uops: list[UOp]) -> str:

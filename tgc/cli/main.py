@@ -312,7 +312,9 @@ def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> N
     click.echo(f"numpy {version('numpy')}")
     click.echo(f"llvmlite {version('llvmlite')}")
     click.echo("backends:")
-    for row in _probe_all(info=False):
+    from tgc.api import devices
+
+    for row in devices(info=False):
         state = "available" if row["available"] else f"unavailable: {row['why_not']}"
         click.echo(f"  {row['device']:<8} {state}")
     ctx.exit(0)
@@ -525,55 +527,13 @@ def beam_(file: str, device: str | None, dims: dict[str, int], width: int, force
 # tgc devices
 
 
-def _name_of(obj: Any) -> str | None:
-    if obj is None or isinstance(obj, property):
-        return None
-    return obj.__name__ if isinstance(obj, type) else type(obj).__name__
-
-
-def _probe_all(info: bool) -> list[dict[str, Any]]:
-    """One row per registered backend: availability (cheap `probe()`), and with `info` the device's facts."""
-    from tgc.backends import device_class, get_device, known_kinds
-
-    rows = []
-    for kind in known_kinds():
-        row: dict[str, Any] = {"device": kind, "available": False, "why_not": "", "renderer": None,
-                               "compiler": None, "version": None, "peak_gflops": None, "peak_gbps": None, "info": {}}
-        try:
-            cls = device_class(kind)
-            ok, why = cls.probe()
-            row.update(available=bool(ok), why_not="" if ok else str(why))
-            row["renderer"] = _name_of(getattr(cls, "renderer", None))
-        except Exception as e:  # a backend that cannot even be imported is unavailable, not a crash
-            row["why_not"] = f"cannot load the backend: {type(e).__name__}: {e}"
-            rows.append(row)
-            continue
-        if info:
-            try:
-                # an unavailable device may still render and compile here (CUDA without a GPU, METAL's lint)
-                dev = get_device(kind) if row["available"] or kind != "REMOTE" else None
-                facts = dict(dev.info()) if dev is not None else {}
-                if dev is not None:
-                    row["renderer"] = facts.get("renderer") or _name_of(dev.renderer)
-                    comp = dev.compiler
-                    row["compiler"] = facts.get("compiler") or (f"{comp.name}" if comp is not None else None)
-                    row["version"] = facts.get("version") or (comp.version if comp is not None else None)
-                    if comp is None and not row["why_not"]:
-                        row["why_not"] = dev.compile_error or ""
-                row["peak_gflops"] = facts.get("peak_gflops")
-                row["peak_gbps"] = facts.get("peak_gbps")
-                row["info"] = facts
-            except Exception as e:
-                row["why_not"] = row["why_not"] or f"{type(e).__name__}: {e}"
-        rows.append(row)
-    return rows
-
-
 @main.command()
 @json_option
 def devices(as_json: bool) -> None:
     """List every backend: available or not (and why), renderer, compiler, version, peak figures."""
-    rows = _probe_all(info=True)
+    from tgc.api import devices as list_devices
+
+    rows = list_devices(info=True)
     if as_json:
         _echo_json(rows)
         return

@@ -162,7 +162,7 @@ def kernel_flops(uops: list[UOp], device: Any, launch: dict) -> int:
     the work is multiplied by every global (work-groups) and local (threads per group) dimension. On the
     CPU `global_size[0]` threads each run their slice of the outer loop (its end depends on `core_id`)."""
     gsize = tuple(launch.get("global_size", (1, 1, 1)))
-    if getattr(device, "launch_style", "cpu") == "gpu":
+    if device.caps.gpu:
         threads = 1
         for n in (*gsize, *(launch.get("local_size") or ())):
             threads *= int(n)
@@ -173,7 +173,7 @@ def kernel_flops(uops: list[UOp], device: Any, launch: dict) -> int:
 def prepare_ast(ast: UOp, device: Any) -> UOp:
     """The device-independent rewrites every kernel gets before optimization."""
     ast = legalize(ast)
-    if getattr(device.renderer, "decompose_transcendentals", False):
+    if device.caps.decompose_transcendentals:
         from tgc.codegen.transcendental import decompose_transcendentals
         ast = decompose_transcendentals(ast)
     return ast
@@ -200,7 +200,7 @@ def build_kernel(item: ScheduleItem, device: Any, beam: int = 0, name: str | Non
             progress({"kernel": name, "cached": True})
     ast, launch, applied = optimize(ast, device, opts=opts)
     ast, bufs = drop_unused_buffers(ast, item.bufs)
-    uops = linearize(ast, vectors=getattr(device.renderer, "supports_vectors", False))
+    uops = linearize(ast, vectors=device.caps.vectors)
     name = name or item.name
     if verify.enabled():
         verify.verify_kernel(name, uops, bufs, launch)

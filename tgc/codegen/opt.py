@@ -40,20 +40,16 @@ class OptError(Exception):
 @dataclass(frozen=True)
 class LaunchLimits:
     """What one launch of a GPU kernel may use: threads per work-group, shared memory per work-group (bytes),
-    and work-groups along the first grid dimension. Renderers declare them (`max_threads_per_block`,
-    `max_shared_bytes`, `max_grid`); a device may lower them (`max_local_size`, `max_shared_bytes`)."""
+    and work-groups along the first grid dimension. Read from the device's `caps` (tgc/capabilities.py: the
+    renderer's declaration, lowered where the device states `max_local_size` or `max_shared_bytes`)."""
     threads: int = 256
     shared_bytes: int = 32768
     grid: int = 2**31 - 1
 
 
 def launch_limits(device: Any) -> LaunchLimits:
-    r = getattr(device, "renderer", None)
-    threads = getattr(r, "max_threads_per_block", LaunchLimits.threads)
-    shared = getattr(r, "max_shared_bytes", LaunchLimits.shared_bytes)
-    grid = getattr(r, "max_grid", (LaunchLimits.grid,))[0]
-    dev_threads, dev_shared = getattr(device, "max_local_size", None), getattr(device, "max_shared_bytes", None)
-    return LaunchLimits(min(threads, dev_threads or threads), min(shared, dev_shared or shared), grid)
+    caps = device.caps
+    return LaunchLimits(caps.max_threads_per_block, caps.max_shared_bytes, caps.max_grid)
 
 
 def shared_bytes(ast: UOp) -> int:
@@ -131,7 +127,7 @@ class OptKernel:
         """Apply one opt; OptError (and the kernel unchanged) when it does not apply or breaks a launch limit."""
         ast, applied, threads = self.ast, list(self.applied), self.threads
         self._apply(opt)
-        if getattr(self.device, "launch_style", "cpu") == "gpu":
+        if self.device.caps.gpu:
             try:
                 self.check_limits()
             except OptError:
@@ -153,7 +149,7 @@ class OptKernel:
         if opt.op not in OPT_NAMES:
             raise OptError(f"unknown opt {opt.op}")
         axes = self.axes()
-        gpu = getattr(self.device, "launch_style", "cpu") == "gpu"
+        gpu = self.device.caps.gpu
         if opt.op == "SWAP":
             loops = self.loops()
             if not (0 <= opt.axis < len(loops) and 0 <= opt.amount < len(loops)) or opt.axis == opt.amount:
@@ -312,7 +308,7 @@ def _stride(index: UOp, r: UOp) -> int | None:
 def hand_coded(k: OptKernel) -> None:
     """Register tiling for reductions with broadcast inputs (matmul, conv), vector-friendly upcasts;
     on GPUs, long reductions into few outputs are shared by a work-group (GROUP)."""
-    if getattr(k.device, "launch_style", "cpu") == "gpu":
+    if k.device.caps.gpu:
         outputs = prod(r.src[0].arg for r in k.loops())
         for j, r in enumerate(k.reduces()):
             if outputs <= 4096 and r.src[0].arg >= 256:
@@ -391,7 +387,7 @@ def optimize(ast: UOp, device: Any, beam: int = 0, bufs: list | None = None,
 def finish(k: OptKernel) -> tuple[UOp, dict, list]:
     """Launch mapping: threads on the CPU, the grid on GPUs."""
     launch: dict[str, Any] = {}
-    gpu = getattr(k.device, "launch_style", "cpu") == "gpu"
+    gpu = k.device.caps.gpu
     if not gpu and not env_flag("NOOPT") and not any(o.op == "THREAD" for o in k.applied):
         auto_threads(k)
     if k.threads > 1:
@@ -400,7 +396,7 @@ def finish(k: OptKernel) -> tuple[UOp, dict, list]:
     if gpu:
         ast = lower_groups(ast)
         lim = launch_limits(k.device)
-        ast, launch = map_to_grid(ast, max_local=min(getattr(k.device, "max_local_size", 256), lim.threads),
+        ast, launch = map_to_grid(ast, max_local=min(k.device.caps.preferred_local_size, lim.threads),
                                   max_grid=lim.grid)
     return ast, launch, list(k.applied)
 

@@ -81,7 +81,7 @@ def store(ast: UOp, device: Any, opts: list[Opt], seconds: float, name: str, wid
 
 def actions(k: OptKernel) -> list[Opt]:
     out: list[Opt] = []
-    gpu = getattr(k.device, "launch_style", "cpu") == "gpu"
+    gpu = k.device.caps.gpu
     loops, reduces = k.loops(), k.reduces()
     for i, r in enumerate(loops):
         out += [Opt("UPCAST", i, a) for a in UPCAST_AMOUNTS if r.src[0].arg % a == 0]
@@ -116,7 +116,7 @@ def _render(cand: Candidate, device: Any, name: str, bufs: list[UOp]) -> None:
     ast, launch, _ = finish(cand.kernel.copy())
     ast, used = drop_unused_buffers(ast, bufs)
     cand.buf_index = [bufs.index(b) for b in used]
-    uops = linearize(ast, vectors=getattr(device.renderer, "supports_vectors", False))
+    uops = linearize(ast, vectors=device.caps.vectors)
     if verify.enabled():
         verify.verify_kernel(name, uops, used, launch)
     cand.src, cand.launch, cand.name = render_kernel(device, name, uops, used, launch), launch, name

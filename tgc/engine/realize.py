@@ -32,7 +32,7 @@ class Buffer:
     def __init__(self, device: Any, node: UOp):
         self.device, self.node = device, node
         self.nbytes = max(prod(shape_of(node)) * node.dtype.itemsize, 1)
-        limit = getattr(device, "max_buffer_bytes", None)
+        limit = device.max_buffer_bytes
         if limit is not None and self.nbytes > limit:
             raise DeviceError(f"a {node.dtype.name}{list(shape_of(node))} buffer takes {self.nbytes} bytes, more than "
                               f"the {limit} bytes {device.name} can allocate at once",
