@@ -12,7 +12,7 @@ from tgc.codegen.kernel import Kernel, build_kernel
 from tgc.dsl.frontend import InputDecl, Parsed, concrete_shape, dim_names, parse, trace
 from tgc.dtype import DType, dtypes, f32_to_bf16
 from tgc.engine.realize import Lowered, run_program, to_user_array
-from tgc.engine.schedule import ScheduleItem, create_schedule
+from tgc.engine.schedule import ScheduleItem, create_schedule, split_large_reduces
 from tgc.env import env_int
 from tgc.errors import CompileError, TgcError
 from tgc.ir.shapes import prod, shape_of
@@ -135,7 +135,6 @@ class Program:
         key = tuple(sorted(dims.items()))
         if key not in self._traces:
             outs, bufs = trace(self.parsed, dims, self._lines)
-            from tgc.engine.schedule import split_large_reduces
             outs = split_large_reduces(outs)
             # an output that is an input, or that repeats another output, still gets its own kernel
             seen: set[UOp] = set()
@@ -334,8 +333,7 @@ def _as_array(value: Any, decl: InputDecl, cast: bool, filename: str) -> np.ndar
         if value.dtype.kind in "OVSUM" or value.dtype.kind == "c":
             raise TgcError(f"input '{decl.name}' has dtype {value.dtype}, which tgc cannot use")
         if not cast:
-            from tgc.dtype import dtypes as _d
-            got = _d.from_numpy(value.dtype)
+            got = dtypes.from_numpy(value.dtype)
             raise TgcError(f"input '{decl.name}' is {got.name if got else value.dtype}, but is declared "
                            f"{want.name}", file=filename, hint="pass --cast to convert it")
         value = value.astype(want.np)

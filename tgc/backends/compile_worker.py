@@ -15,9 +15,10 @@ import sys
 import threading
 from concurrent.futures import Future
 
+from tgc.backends import get_device
+
 
 def main() -> None:
-    from tgc.backends import get_device  # (the worker process only: the pool's users never import the registry)
     for line in sys.stdin:
         req = json.loads(line)
         try:

@@ -12,6 +12,7 @@ import struct
 
 from tgc.capabilities import Capabilities
 from tgc.dtype import DType
+from tgc.errors import CompileError
 from tgc.ir.uop import Ops, UOp
 
 _BINARY_SYMBOLS = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.FDIV: "/", Ops.IDIV: "/", Ops.MOD: "%",
@@ -436,7 +437,6 @@ class MetalRenderer(CStyleRenderer):
 
     def render(self, name: str, uops: list[UOp]) -> str:
         if any(u.dtype is not None and u.dtype.name == "f64" for u in uops):
-            from tgc.errors import CompileError
             raise CompileError(f"Metal has no 64-bit floats: kernel '{name}' uses f64",
                                hint="cast to f32 in the program, or run on a device with f64 (CPU, CUDA)")
         return super().render(name, uops)

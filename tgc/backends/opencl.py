@@ -25,6 +25,7 @@ from tgc.backends.base import Compiler, Device, LRUAllocator, Program
 from tgc.backends.clang_lint import ClangLinter, libclang_error, libclang_version
 from tgc.backends.cstyle import OpenCLRenderer
 from tgc.errors import CompileError, DeviceError, TgcError
+from tgc.version import __version__
 
 if TYPE_CHECKING:
     import pyopencl as cl
@@ -381,7 +382,6 @@ def probe_device(index: int = 0) -> tuple[bool, str]:
     import json
 
     from tgc import cache
-    from tgc.version import __version__
     d = devices[index]
     cl = _import_cl()
     key = cache.make_key("opencl-probe", index, d.platform.name, d.platform.version, d.name, d.driver_version,

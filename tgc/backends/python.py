@@ -41,7 +41,7 @@ import numpy as np
 
 from tgc.backends.base import Compiler, Device, HostAllocator, Program
 from tgc.capabilities import Capabilities
-from tgc.dtype import DType, dtypes, min_max
+from tgc.dtype import DType, dtypes, min_max, truncate
 from tgc.errors import CompileError, DeviceError
 from tgc.ir.uop import BINARY, COMPARE, UNARY, Ops, UOp
 
@@ -254,7 +254,6 @@ def _const(value: Any, d: DType | None) -> np.ndarray:
     if d.is_bool:
         return np.array(bool(value))
     if d.is_int:
-        from tgc.dtype import truncate
         return np.array(truncate(value, d), d.np)
     return np.array(float(value), d.np)
 

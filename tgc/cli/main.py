@@ -15,8 +15,10 @@ from typing import Any
 
 import click
 
+from tgc.env import check_all
 from tgc.env import help_text as env_help_text
 from tgc.errors import TgcError
+from tgc.version import __version__
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -305,7 +307,6 @@ def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> N
         except metadata.PackageNotFoundError:
             return "not installed"
 
-    from tgc.version import __version__
 
     click.echo(f"tgc {__version__ or version('tgc')}")
     click.echo(f"Python {platform.python_version()} ({sys.executable})")
@@ -325,7 +326,6 @@ def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> N
               help="Show the versions of tgc, Python, numpy, llvmlite and each backend, and exit.")
 def main() -> None:
     """Compile, run and time `.tg` tensor-expression programs."""
-    from tgc.env import check_all
 
     check_all()  # a bad TGC_THREADS, DEBUG, ... is one clear error (exit 2) before anything runs
 

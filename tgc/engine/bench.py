@@ -18,6 +18,7 @@ import numpy as np
 
 from tgc.engine.realize import Lowered, allocate
 from tgc.ir.shapes import prod, shape_of
+from tgc.version import __version__
 
 
 def random_inputs(prog, dims: dict[str, int], seed: int = 0) -> dict[str, np.ndarray]:
@@ -104,7 +105,6 @@ def identity(prog, dev, dims: dict[str, int]) -> dict[str, Any]:
     device (its kind and model) and the tgc version. `tgc bench --baseline` compares only equal identities."""
     import hashlib
 
-    from tgc.version import __version__
     source = getattr(prog, "source", None) or ""
     return {"program_sha256": hashlib.sha256(source.encode()).hexdigest(),
             "file": getattr(prog, "path", None) or getattr(prog, "filename", None),
@@ -203,7 +203,6 @@ def machine_peak(dev) -> dict[str, Any]:
 def peak_key(dev) -> str:
     """The cache key of a CPU device's measured peak (3: the copy is a hand-written kernel too)."""
     from tgc import cache
-    from tgc.version import __version__
     return cache.make_key("peak", 3, dev.kind, dev.compiler.cache_key, dev.cores, __version__)
 
 

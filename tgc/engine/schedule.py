@@ -17,6 +17,7 @@ are never materialized.
 from __future__ import annotations
 
 from tgc.dtype import DType, dtypes
+from tgc.errors import TgcError
 from tgc.ir.kernel import INDEX, ScheduleItem, flat_index, identity
 from tgc.ir.shapes import prod, shape_of, strides_for
 from tgc.ir.symbolic import simplify
@@ -334,7 +335,6 @@ MAX_ELEMENTS = (1 << 63) - 1  # flat indices of every tensor must fit the 64-bit
 
 def check_sizes(outputs: list[UOp]) -> None:
     """A tensor with more elements than 64-bit index math addresses is refused (never indexed modulo 2^64)."""
-    from tgc.errors import TgcError
     seen: set[UOp] = set()
     for out in outputs:
         for node in out.toposort():

@@ -28,9 +28,10 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
+from tgc.backends import device_class, get_device
 from tgc.backends.base import Allocator, Compiler, Device, Program
 from tgc.backends.remote import protocol as P
-from tgc.env import parse_address
+from tgc.env import env_float, parse_address
 from tgc.errors import CompileError, DeviceError, TgcError
 
 ENV_ADDRESS, ENV_TOKEN, ENV_TOKEN_FILE = "TGC_REMOTE", "TGC_REMOTE_TOKEN", "TGC_REMOTE_TOKEN_FILE"
@@ -62,7 +63,6 @@ def client_token(env: dict[str, str] | None = None) -> str | None:
 
 
 def _env_float(name: str, default: float) -> float:
-    from tgc.env import env_float
 
     return env_float(name, default)
 
@@ -635,7 +635,6 @@ def _safe_value(value: Any, depth: int = 0) -> Any:
 
 def renderer_for(kind: str) -> Any:
     """The renderer of a device kind, built here: the class attribute, else the local device's."""
-    from tgc.backends import device_class, get_device
     try:
         cls = device_class(kind)
     except Exception as e:

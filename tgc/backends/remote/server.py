@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from tgc.backends import canonical, default_device, device_class, get_device
 from tgc.backends.remote import protocol as P
 from tgc.errors import DeviceError, TgcError
 
@@ -375,7 +376,6 @@ class RemoteServer:
     def device(self) -> Any:
         """The served device, opened on first use."""
         if self._device is None:
-            from tgc.backends import get_device
             try:
                 self._device = get_device(self.device_name)
             except TgcError:
@@ -1035,7 +1035,6 @@ def main_serve(host: str = "127.0.0.1", port: int = P.DEFAULT_PORT, device: str 
     file, and DeviceError (exit 1) when the device cannot be opened or the port cannot be bound.
     Limits left as None keep the defaults of `Limits`.
     """
-    from tgc.backends import canonical, default_device, device_class
     token = read_token(token_file)
     name = device or default_device()
     kind, _ = canonical(name)
