@@ -187,6 +187,10 @@ class Device:
         """Facts for `tgc devices`: versions, peak figures where known."""
         return {}
 
+    def lint(self, src: str) -> None:
+        """Check a kernel's source without compiling it (CompileError), where this machine cannot compile for
+        the device but can still type-check (OpenCL and Metal through libclang); else nothing."""
+
 
 def timed(fn, *args, **kwargs) -> float:
     st = time.perf_counter()

@@ -233,7 +233,7 @@ def render_kernel(device: Any, name: str, uops: list[UOp], bufs: list[UOp], laun
     which a REMOTE server checks every launch against."""
     import json
     src = device.renderer.render(name, uops)
-    prefix = _COMMENT.get(getattr(device.renderer, "language", ""))
+    prefix = _COMMENT.get(device.renderer.language)
     if prefix is None:
         return src
     text = json.dumps(launch_contract(bufs, launch), separators=(",", ":"))
@@ -334,7 +334,7 @@ def _compile_cached(device: Any, src: str) -> tuple[bytes | None, str | None, st
     """(binary, None, key of the cache hit or None) or (None, why not, None)."""
     comp = device.compiler
     if comp is None:
-        getattr(device, "lint", lambda src: None)(src)  # a device that cannot compile here may still check (METAL)
+        device.lint(src)  # a device that cannot compile here may still check (METAL)
         return None, device.compile_error or f"no compiler for {device.kind} on this machine", None
     from tgc import cache
     key = compile_key(device, src)

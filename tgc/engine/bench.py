@@ -126,7 +126,7 @@ def device_model(dev) -> str:
             name = platform.processor() or platform.machine()
         return f"{name} ({dev.cores} threads)"
     try:
-        info = dev.info() if hasattr(dev, "info") else {}
+        info = dev.info()
     except Exception:  # a device that cannot describe itself still has a kind
         info = {}
     model = info.get("name") or info.get("device") or ""
@@ -187,7 +187,7 @@ def machine_peak(dev) -> dict[str, Any]:
     device's own figures (GPUs), else None each (`source` "unknown": PYTHON, REMOTE). `cache_bytes` is
     the last-level cache where known (see `rates`). A damaged cache entry is measured again."""
     from tgc import cache
-    info = dev.info() if hasattr(dev, "info") else {}
+    info = dev.info()
     if dev.kind != "CPU":
         gflops, gbps = info.get("peak_gflops") or None, info.get("peak_gbps") or None
         return {"gflops": gflops, "gbps": gbps, "source": "device" if gflops or gbps else "unknown",
