@@ -64,6 +64,11 @@ class FakeProgram:
         out["y"].reshape(-1)[-1] += self.off
         return out
 
+    def identity(self, device, dims):
+        from tgc.backends import get_device
+        from tgc.engine.bench import identity
+        return identity(self, get_device(device or "CPU"), dims)
+
     def bench(self, **kw):
         self.calls.append(("bench", kw))
         k = {"name": "E_4_8", "line": 5, "median_s": 1e-5, "min_s": 0.9e-5, "max_s": 1.2e-5, "gflops": 1.5,

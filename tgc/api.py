@@ -243,10 +243,16 @@ class Program:
         timing = bench.bench_lowered(self.lower(dev.name, dims, beam=beam, tuned=tuned), arrays, repeat=repeat,
                                      warmup=warmup)
         result: dict[str, Any] = {"device": dev.name, "dims": dims, "repeat": repeat, "beam": beam, **timing,
-                                  "identity": bench.identity(self, dev, dims)}
+                                  "identity": self.identity(dev.name, dims)}
         if vs_numpy:
             result["numpy"] = bench.bench_numpy(self, dims, inputs, repeat, timing["program"]["median_s"])
         return result
+
+    def identity(self, device: str | None, dims: dict[str, int]) -> dict[str, Any]:
+        """What a timing of this program depends on beyond its kernels' code (`tgc bench --baseline` compares
+        only equal identities): the source's hash, dims, the device and its model, the tgc version."""
+        from tgc.engine.bench import identity
+        return identity(self, _device(device), dims)
 
     def beam(self, device: str | None = None, dims: dict[str, int] | None = None, width: int = 4,
              progress: Any = None, force: bool = False) -> dict[str, Any]:

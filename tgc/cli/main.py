@@ -452,10 +452,7 @@ def bench(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple
     arrays = inp.fill_random(prog, inp.gather(prog, npz, pairs, cast), dims, seed)
     run_dims, arrays = prog.bind(arrays, dims)
     if old is not None:  # refuse a baseline of another program, dims, device or tgc version before timing
-        from tgc.backends import default_device, get_device
-        from tgc.engine.bench import identity
-
-        report.check_baseline(old, identity(prog, get_device(device or default_device()), run_dims), baseline)
+        report.check_baseline(old, prog.identity(device, run_dims), baseline)
     kwargs: dict[str, Any] = {"device": device, "dims": run_dims, "repeat": repeat, "beam": beam, "inputs": arrays}
     if vs == "numpy":
         kwargs["vs_numpy"] = True
