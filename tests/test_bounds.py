@@ -219,7 +219,7 @@ def test_random_programs_under_random_opts_stay_in_bounds(prog, device, data):
     program = tgc.loads(src)
     outs, _ = program._trace(program.resolve_dims({}))
     # as Program.compile schedules for this device
-    for item in create_schedule(outs, fuse_rows=dev.caps.fuse_rows, pack_matmul=dev.caps.pack_matmul):
+    for item in create_schedule(outs, dev.caps):
         if not item.ast.src:
             continue
         k = OptKernel(prepare_ast(item.ast, dev), dev)

@@ -162,7 +162,7 @@ class Program:
         """The kernels' ASTs before optimization (what `--emit schedule` shows)."""
         dev = _device(device)
         outs, _ = self._trace(self.resolve_dims(dims))
-        items = create_schedule(outs, fuse_rows=dev.caps.fuse_rows, pack_matmul=dev.caps.pack_matmul)
+        items = create_schedule(outs, dev.caps)
         for item in items:
             item.line = self.line_of(item.meta.get("serves", item.output))
         return items
@@ -178,7 +178,7 @@ class Program:
         key = (dev.name, tuple(sorted(dims.items())), beam, tuned)
         if key not in self._kernels:
             outs, _ = self._trace(dims)
-            items = create_schedule(outs, fuse_rows=dev.caps.fuse_rows, pack_matmul=dev.caps.pack_matmul)
+            items = create_schedule(outs, dev.caps)
             names: dict[str, int] = {}
             kernels = []
             items = [item for item in items if item.ast.src]  # (an empty output computes nothing)

@@ -16,6 +16,7 @@ are never materialized.
 
 from __future__ import annotations
 
+from tgc.capabilities import Capabilities
 from tgc.dtype import DType, dtypes
 from tgc.errors import TgcError
 from tgc.ir.kernel import INDEX, ScheduleItem, flat_index, identity
@@ -424,11 +425,12 @@ def pack_matmul_operands(outputs: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp],
     return [memo[o] for o in outputs], original, serves
 
 
-def create_schedule(outputs: list[UOp], fuse_rows: bool = False, pack_matmul: bool = False) -> list[ScheduleItem]:
-    """The kernels computing `outputs`, in launch order. `fuse_rows` and `pack_matmul` are the device's
-    declared capabilities (`Capabilities.fuse_rows`, `.pack_matmul`); the tensor graph itself is
-    device-neutral. Each item's `bufs` are nodes of the graph given (a packed copy is a node of its own)."""
+def create_schedule(outputs: list[UOp], caps: Capabilities | None = None) -> list[ScheduleItem]:
+    """The kernels computing `outputs`, in launch order, for a device that declares `caps` (its row fusion and
+    matmul packing; None: neither). The tensor graph itself is device-neutral. Each item's `bufs` are nodes
+    of the graph given (a packed copy is a node of its own)."""
     check_sizes(outputs)
+    fuse_rows, pack_matmul = (caps.fuse_rows, caps.pack_matmul) if caps is not None else (False, False)
     original: dict[UOp, UOp] = {}
     serves: dict[UOp, UOp] = {}
     if pack_matmul:
