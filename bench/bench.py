@@ -41,7 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models  # noqa: E402
 
 import tgc  # noqa: E402
-from tgc.engine.bench import bench_program, measure_cpu_peak  # noqa: E402
+from tgc.backends.cpu_peak import measure_peak as measure_cpu_peak  # noqa: E402
 
 
 def blas_note() -> str:
@@ -265,13 +265,13 @@ def main() -> None:
         dims = w.get("dims")
         names = [d.name for d in prog.inputs]
         print(f"... {w['name']}", file=sys.stderr)
-        default = bench_program(prog, inputs=w["inputs"], dims=dims, repeat=5, tuned=False)["program"]["median_s"]
+        default = prog.bench(inputs=w["inputs"], dims=dims, repeat=5, tuned=False)["program"]["median_s"]
         tuned = None
         if not args.no_beam:
             st = time.perf_counter()
             prog.beam(dims=prog.bind(w["inputs"], dims)[0], width=4)
             beam_s = time.perf_counter() - st
-            tuned = bench_program(prog, inputs=w["inputs"], dims=dims, repeat=5)["program"]["median_s"]
+            tuned = prog.bench(inputs=w["inputs"], dims=dims, repeat=5)["program"]["median_s"]
         args_np = [w["inputs"][n] for n in names]
         numpy_s = timeit(w.get("numpy") or (lambda w=w, args_np=args_np: w["model"](np, *args_np)))
         xla = xla_timer(w["model"], w["inputs"], names) if not args.no_xla else None

@@ -36,7 +36,7 @@ DEVICES = [d.strip() for d in os.environ.get("TGC_TEST_DEVICES", "CPU").split(",
 def remote_server():
     """A real `tgc serve` subprocess on loopback serving the CPU, for REMOTE in TGC_TEST_DEVICES."""
     from tgc.backends.remote.process import ServerProcess
-    with ServerProcess("CPU", cli=True) as server:
+    with ServerProcess("CPU") as server:
         old = os.environ.get("TGC_REMOTE")
         os.environ["TGC_REMOTE"] = server.address
         yield server

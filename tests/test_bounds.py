@@ -218,7 +218,8 @@ def test_random_programs_under_random_opts_stay_in_bounds(prog, device, data):
     gpu = dev.launch_style == "gpu"
     program = tgc.loads(src)
     outs, _ = program._trace(program.resolve_dims({}))
-    for item in create_schedule(outs, fuse_rows=not gpu):  # as Program.compile schedules for this device
+    # as Program.compile schedules for this device
+    for item in create_schedule(outs, dev.caps):
         if not item.ast.src:
             continue
         k = OptKernel(prepare_ast(item.ast, dev), dev)

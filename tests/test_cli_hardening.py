@@ -377,7 +377,7 @@ def test_corrupt_peak_entry_is_measured_again(fresh_cache, monkeypatch, stored):
 
     dev = get_device("CPU")
     measured = {"gflops": 100.0, "gbps": 10.0, "source": "measured"}
-    monkeypatch.setattr(bench, "measure_cpu_peak", lambda d: dict(measured))
+    monkeypatch.setattr(type(dev), "measure_peak", lambda d: dict(measured))
     key = bench.peak_key(dev)
     fresh_cache.put("peak", key, stored)
     got = bench.machine_peak(dev)

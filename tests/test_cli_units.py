@@ -76,6 +76,11 @@ class FakeProgram:
         out["y"].reshape(-1)[-1] += self.off
         return out
 
+    def identity(self, device, dims):
+        from tgc.backends import get_device
+        from tgc.engine.bench import identity
+        return identity(self, get_device(device or "CPU"), dims)
+
     def bench(self, **kw):
         self.calls.append(("bench", kw))
         k = {"name": "E_4_8", "line": 5, "median_s": 1e-5, "min_s": 0.9e-5, "max_s": 1.2e-5, "gflops": 1.5,
@@ -104,7 +109,7 @@ class FakeProgram:
 def fake(monkeypatch, tmp_path):
     prog = FakeProgram(path=str(tmp_path / "fake.tg"))
     (tmp_path / "fake.tg").write_text(SOURCE)
-    monkeypatch.setattr(tgc, "load", lambda path: prog)
+    monkeypatch.setattr(tgc.api, "load", lambda path: prog)
     monkeypatch.chdir(tmp_path)
     return prog
 
@@ -548,7 +553,17 @@ def test_compile_renders_without_a_compiler(fake, tmp_path):
 def test_read_bandwidth_kernel_reads_every_element(monkeypatch, threads):
     """The CPU's memory peak includes a threaded read; it checks its own sum (every element read once)."""
     from tgc.backends import get_device
-    from tgc.engine.bench import measure_read_bandwidth
+    from tgc.backends.cpu_peak import measure_read_bandwidth
     monkeypatch.setenv("TGC_THREADS", threads)
     gbps = measure_read_bandwidth(get_device("CPU"), nbytes=3 << 20)
+    assert 0 < gbps < float("inf")
+
+
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_copy_bandwidth_kernel_copies_every_element(monkeypatch, threads):
+    """The CPU's memory peak includes a hand-written threaded copy; it checks that every element arrived."""
+    from tgc.backends import get_device
+    from tgc.backends.cpu_peak import measure_copy_bandwidth
+    monkeypatch.setenv("TGC_THREADS", threads)
+    gbps = measure_copy_bandwidth(get_device("CPU"), n=3 << 18)
     assert 0 < gbps < float("inf")

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import tgc
+from tgc.capabilities import Capabilities
 from tgc.codegen.kernel import prepare_ast
 from tgc.codegen.opt import Opt, OptError, OptKernel
 
@@ -206,7 +207,7 @@ def test_gpu_flops_multiply_every_grid_and_block_dim():
     uops = lower(item.ast, dev, item.bufs, item.name, opts=[]).uops  # one loop of 5 multiplies per thread
 
     class Gpu:
-        launch_style = "gpu"
+        caps = Capabilities(launch="gpu")
 
     assert kernel_flops(uops, Gpu(), {"global_size": (2, 3, 1), "local_size": (4, 1, 5)}) == 5 * 2 * 3 * 4 * 5
     assert kernel_flops(uops, dev, {"global_size": (1, 1, 1)}) == 5

@@ -256,7 +256,7 @@ def _tgc(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 def test_cli_against_tgc_serve(tmp_path):
     src = tmp_path / "softmax.tg"
     src.write_text(SOFTMAX)
-    with ServerProcess("CPU", cli=True) as srv:
+    with ServerProcess("CPU") as srv:
         env = {"TGC_REMOTE": srv.address}
         run = _tgc("run", str(src), "-d", "REMOTE", "--random", "-D", "N=4", "-D", "D=8", "--check", env=env)
         assert run.returncode == 0, run.stderr

@@ -863,8 +863,7 @@ def test_clients_vanishing_mid_request_print_no_tracebacks():
 
 @needs_cpu
 def test_tgc_serve_takes_the_new_limits():
-    with ServerProcess("CPU", "--max-memory", "100", "--max-sessions-per-client", "1", "--max-connections", "4",
-                       cli=True) as srv:
+    with ServerProcess("CPU", "--max-memory", "100", "--max-sessions-per-client", "1", "--max-connections", "4") as srv:
         status, kind, body = post(srv.port, batch(P.BufferAlloc(buf=1, size=200)))
         assert (status, kind) == (413, "limit") and b"server's memory limit of 100 bytes" in body
         assert post(srv.port, batch(P.BufferAlloc(buf=1, size=50)))[0] == 200
@@ -910,3 +909,11 @@ def test_one_binary_compiled_from_sources_with_different_sizes_runs_under_each(m
     finally:
         srv.shutdown()
         cache._reset_for_tests()
+
+
+def test_serve_has_one_option_parser():
+    """`tgc serve`'s options live in the CLI only: the server module has no command line of its own."""
+    import tgc.backends.remote.server as server_module
+    assert not hasattr(server_module, "main")
+    src = open(server_module.__file__, encoding="utf-8").read()
+    assert "argparse" not in src and "__main__" not in src

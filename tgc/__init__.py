@@ -5,8 +5,7 @@ and `Program.compile(...)` returns its kernels. Heavy modules are imported on fi
 """
 
 from tgc.errors import TgcError
-
-__version__ = "0.1.0"
+from tgc.version import __version__
 
 
 def load(path: str):
@@ -21,6 +20,12 @@ def loads(source: str, filename: str = "<string>"):
     return _loads(source, filename)
 
 
+def devices(info: bool = True) -> list:
+    """Every registered backend: available here or not (and why), renderer, compiler, version, peak figures."""
+    from tgc.api import devices as _devices
+    return _devices(info)
+
+
 def __getattr__(name: str):
     if name in ("Program", "Kernel"):
         import tgc.api
@@ -28,4 +33,4 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-__all__ = ["load", "loads", "TgcError", "__version__"]
+__all__ = ["load", "loads", "devices", "TgcError", "__version__"]

@@ -7,17 +7,18 @@ from typing import Any
 
 import numpy as np
 
+from tgc.backends import default_device, device_class, get_device, known_kinds
 from tgc.codegen.kernel import Kernel, build_kernel
-from tgc.codegen.pipeline import fuses_rows
 from tgc.dsl.frontend import InputDecl, Parsed, concrete_shape, dim_names, parse, trace
-from tgc.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16
-from tgc.engine.schedule import ScheduleItem, create_schedule
+from tgc.dtype import DType, dtypes, f32_to_bf16
+from tgc.engine.realize import Lowered, run_program, to_user_array
+from tgc.engine.schedule import ScheduleItem, create_schedule, split_large_reduces
 from tgc.env import env_int
-from tgc.errors import BindError, TgcError
+from tgc.errors import BindError, CompileError, TgcError
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.uop import Ops, UOp
 
-__all__ = ["Program", "Kernel", "load", "loads", "InputDecl"]
+__all__ = ["Program", "Kernel", "load", "loads", "InputDecl", "devices"]
 
 
 def load(path: str | os.PathLike) -> Program:
@@ -145,7 +146,6 @@ class Program:
         key = tuple(sorted(dims.items()))
         if key not in self._traces:
             outs, bufs = trace(self.parsed, dims, self._lines)
-            from tgc.engine.schedule import split_large_reduces
             outs = split_large_reduces(outs)
             # an output that is an input, or that repeats another output, still gets its own kernel
             seen: set[UOp] = set()
@@ -171,12 +171,11 @@ class Program:
 
     def schedule(self, dims: dict[str, int] | None = None, device: str | None = None) -> list[ScheduleItem]:
         """The kernels' ASTs before optimization (what `--emit schedule` shows)."""
-        from tgc.backends import default_device, get_device
-        dev = get_device(device or default_device())
+        dev = _device(device)
         outs, _ = self._trace(self.resolve_dims(dims))
-        items = create_schedule(outs, fuse_rows=fuses_rows(dev))
+        items = create_schedule(outs, dev.caps)
         for item in items:
-            item.line = self.line_of(item.output)
+            item.line = self.line_of(item.meta.get("serves", item.output))
         return items
 
     def compile(self, device: str | None = None, dims: dict[str, int] | None = None, beam: int | None = None,
@@ -184,21 +183,20 @@ class Program:
         """The program's kernels in launch order, rendered and (where this machine can) compiled.
         `beam=W` searches kernels without a stored winner from a search at least W wide; `tuned=False`
         ignores stored winners; `progress(event)` follows the searches as in `Program.beam`."""
-        from tgc.backends import default_device, get_device
-        dev = get_device(device or default_device())
+        dev = _device(device)
         dims = self.resolve_dims(dims)
         beam = env_int("BEAM", 0) if beam is None else beam
         key = (dev.name, tuple(sorted(dims.items())), beam, tuned)
         if key not in self._kernels:
             outs, _ = self._trace(dims)
-            items = create_schedule(outs, fuse_rows=fuses_rows(dev))
+            items = create_schedule(outs, dev.caps)
             names: dict[str, int] = {}
             kernels = []
             items = [item for item in items if item.ast.src]  # (an empty output computes nothing)
             for i, item in enumerate(items):
                 n = names.get(item.name, 0)
                 names[item.name] = n + 1
-                item.line = self.line_of(item.output)
+                item.line = self.line_of(item.meta.get("serves", item.output))
 
                 def report(event: dict, i: int = i) -> None:
                     progress({**event, "index": i, "total": len(items)})
@@ -208,14 +206,28 @@ class Program:
             self._kernels[key] = kernels
         return self._kernels[key]
 
+    def lower(self, device: str | None = None, dims: dict[str, int] | None = None, beam: int | None = None,
+              tuned: bool = True) -> Lowered:
+        """The program compiled for one device and set of dims, as the realizer and bench run it."""
+        dev = _device(device)
+        dims = self.resolve_dims(dims)
+        kernels = self.compile(device=dev.name, dims=dims, beam=beam, tuned=tuned)
+        outs, in_bufs = self._trace(dims)
+        return Lowered(dev, kernels, [(b, self.inputs[b.arg[0]].name) for b in in_bufs],
+                       list(zip(self.output_names, outs)))
+
     # --- running
     def run(self, device: str | None = None, dims: dict[str, int] | None = None, cast: bool = False,
             inputs: dict[str, Any] | None = None, **kw_inputs: Any) -> dict[str, np.ndarray]:
         """Execute on a device; returns {output name: numpy array}. Inputs come as keywords (`x=arr`) or,
         for names that clash with these parameters, as `inputs={"device": arr}`."""
-        from tgc.engine.realize import run_program
         dims, arrays = self.bind({**(inputs or {}), **kw_inputs}, dims, cast=cast)
-        return run_program(self, device, dims, arrays)
+        name = device or default_device()
+        if "," in name:
+            raise TgcError(f"device lists such as '{name}' (one program sharded across devices) are not supported "
+                           "yet", hint="run on one device, e.g. -d " + name.split(",")[0].strip())
+        _device(name).ensure_runnable()
+        return run_program(self.lower(name, dims), arrays)
 
     def reference(self, dims: dict[str, int] | None = None, **inputs: Any) -> dict[str, np.ndarray]:
         """The program evaluated by numpy in float64 (ints exact), for `--check`."""
@@ -229,13 +241,92 @@ class Program:
         outs, _ = self._trace(self.resolve_dims(dims))
         return [(n, o.dtype, shape_of(o)) for n, o in zip(self.output_names, outs)]
 
-    def bench(self, **kw):
-        from tgc.engine.bench import bench_program
-        return bench_program(self, **kw)
+    def bench(self, device: str | None = None, dims: dict[str, int] | None = None, repeat: int = 10,
+              beam: int = 0, inputs: dict[str, np.ndarray] | None = None,
+              warmup: int = 1, tuned: bool = True) -> dict[str, Any]:
+        """Time the program on device-resident inputs (random ones by default, `tgc.engine.inputs`); see
+        `tgc bench --json`. numpy's time beside it is the CLI's (`tgc.baselines.numpy_eval.time_numpy`)."""
+        from tgc.engine import bench
+        from tgc.engine.inputs import random_inputs
+        dev = _device(device)
+        if inputs is None:
+            dims = self.resolve_dims(dims)
+            inputs = random_inputs(self, dims)
+        dims, arrays = self.bind(inputs, dims, cast=True)
+        timing = bench.bench_lowered(self.lower(dev.name, dims, beam=beam, tuned=tuned), arrays, repeat=repeat,
+                                     warmup=warmup)
+        result: dict[str, Any] = {"device": dev.name, "dims": dims, "repeat": repeat, "beam": beam, **timing,
+                                  "identity": self.identity(dev.name, dims)}
+        return result
 
-    def beam(self, **kw):
-        from tgc.codegen.search import beam_program
-        return beam_program(self, **kw)
+    def identity(self, device: str | None, dims: dict[str, int]) -> dict[str, Any]:
+        """What a timing of this program depends on beyond its kernels' code (`tgc bench --baseline` compares
+        only equal identities): the source's hash, dims, the device and its model, the tgc version."""
+        from tgc.engine.bench import identity
+        return identity(self, _device(device), dims)
+
+    def beam(self, device: str | None = None, dims: dict[str, int] | None = None, width: int = 4,
+             progress: Any = None, force: bool = False) -> dict[str, Any]:
+        """Search every kernel of the program (BEAM); store the winners; report before/after per kernel."""
+        from tgc.codegen.search import beam_items
+        dev = _device(device)
+        if dev.compiler is None:
+            raise CompileError(dev.compile_error or f"cannot compile for {dev.kind} here, so it cannot be tuned here")
+        dims = self.resolve_dims(dims)
+        rows, seconds = beam_items(self.schedule(dims, dev.name), dev, width, progress=progress, force=force)
+        self._kernels.clear()  # later compiles pick up the stored winners
+        return {"device": dev.name, "dims": dims, "width": width, "kernels": rows, "seconds": seconds,
+                "interrupted": any(r.get("interrupted") for r in rows)}
+
+
+def _name_of(obj: Any) -> str | None:
+    if obj is None or isinstance(obj, property):
+        return None
+    return obj.__name__ if isinstance(obj, type) else type(obj).__name__
+
+
+def devices(info: bool = True) -> list[dict[str, Any]]:
+    """One row per registered backend (what `tgc devices` and `tgc --version` list): `device`, `available`
+    (its cheap `probe()`) and `why_not`, `renderer`; with `info` also `compiler`, `version`, `peak_gflops`,
+    `peak_gbps` and the device's own facts (`info`). Never raises for a backend that does not work here."""
+
+    rows = []
+    for kind in known_kinds():
+        row: dict[str, Any] = {"device": kind, "available": False, "why_not": "", "renderer": None,
+                               "compiler": None, "version": None, "peak_gflops": None, "peak_gbps": None, "info": {}}
+        try:
+            cls = device_class(kind)
+            ok, why = cls.probe()
+            row.update(available=bool(ok), why_not="" if ok else str(why))
+            row["renderer"] = _name_of(getattr(cls, "renderer", None))
+        except Exception as e:  # a backend that cannot even be imported is unavailable, not a crash
+            row["why_not"] = f"cannot load the backend: {type(e).__name__}: {e}"
+            rows.append(row)
+            continue
+        if info:
+            try:
+                # an unavailable device may still render and compile here (CUDA without a GPU, METAL's lint)
+                dev = get_device(kind) if row["available"] or kind != "REMOTE" else None
+                facts = dict(dev.info()) if dev is not None else {}
+                if dev is not None:
+                    row["renderer"] = facts.get("renderer") or _name_of(dev.renderer)
+                    comp = dev.compiler
+                    row["compiler"] = facts.get("compiler") or (f"{comp.name}" if comp is not None else None)
+                    row["version"] = facts.get("version") or (comp.version if comp is not None else None)
+                    if comp is None and not row["why_not"]:
+                        row["why_not"] = dev.compile_error or ""
+                row["peak_gflops"] = facts.get("peak_gflops")
+                row["peak_gbps"] = facts.get("peak_gbps")
+                row["info"] = facts
+            except Exception as e:
+                row["why_not"] = row["why_not"] or f"{type(e).__name__}: {e}"
+        rows.append(row)
+    return rows
+
+
+
+def _device(device: str | None) -> Any:
+    return get_device(device or default_device())
 
 
 def _decl_text(decl: InputDecl) -> str:
@@ -267,9 +358,4 @@ def _as_array(value: Any, decl: InputDecl, cast: bool, at: dict[str, Any]) -> np
     return np.require(value, requirements="C")  # (ascontiguousarray would turn a 0-d array into 1-d)
 
 
-def to_user_array(arr: np.ndarray, dtype: DType) -> np.ndarray:
-    """Device bytes -> the array users see (bf16 becomes float32)."""
-    return bf16_to_f32(arr) if dtype == dtypes.bf16 else arr
-
-
-_ = (concrete_shape, prod)
+_ = (concrete_shape, prod, to_user_array)

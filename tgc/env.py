@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 from tgc.errors import TgcError
 
+REMOTE_DEFAULT_PORT = 6667  # `tgc serve`'s port, and a REMOTE address's when it names none
+
 
 @dataclass(frozen=True)
 class EnvVar:
@@ -31,9 +33,30 @@ def _cuda_arch(text: str) -> None:
         raise TgcError(f"TGC_CUDA_ARCH={text!r} is not a CUDA architecture", hint="write it like sm_90 (or 90, 9.0)")
 
 
-def _remote(text: str) -> None:
-    from tgc.backends.remote.client import parse_address
+def parse_address(text: str) -> tuple[str, int]:
+    """A `TGC_REMOTE` address: `"host:port"`, `"[::1]:port"`, `"http://host:port"` or `"host"` (port 6667)
+    -> (host, port)."""
+    t = text.strip()
+    for prefix in ("http://", "https://"):
+        t = t.removeprefix(prefix)
+    t = t.rstrip("/")
+    if t.startswith("["):
+        host, _, rest = t[1:].partition("]")
+        port_text = rest.removeprefix(":")
+    elif t.count(":") == 1:
+        host, _, port_text = t.partition(":")
+    else:
+        host, port_text = t, ""
+    if not host:
+        raise TgcError(f"bad REMOTE address '{text}'", hint="write host:port, e.g. 127.0.0.1:6667")
+    if not port_text:
+        return host, REMOTE_DEFAULT_PORT
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise TgcError(f"bad port in REMOTE address '{text}'", hint="write host:port, e.g. 127.0.0.1:6667")
+    return host, int(port_text)
 
+
+def _remote(text: str) -> None:
     for part in text.split(","):
         try:
             parse_address(part)

@@ -23,6 +23,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
+from tgc.capabilities import Capabilities
 from tgc.errors import DeviceError
 
 
@@ -143,6 +144,10 @@ class Device:
     launch_style = "cpu"
     # The largest buffer the device can allocate, where it states one (OpenCL, Metal); None: memory is the limit.
     max_buffer_bytes: int | None = None
+    # Lower launch limits than the renderer's, where this device states them (threads per work-group, bytes of
+    # shared memory per work-group); None: the renderer's.
+    max_local_size: int | None = None
+    max_shared_bytes: int | None = None
 
     def __init__(self, index: int = 0):
         self.index = index
@@ -161,6 +166,13 @@ class Device:
         """Why this machine cannot compile for the device, or None."""
         return None
 
+    @property
+    def caps(self) -> Capabilities:
+        """What this device can do (tgc/capabilities.py): its renderer's declaration within the device's limits.
+        The scheduler and the optimizer read this, never the device's kind."""
+        declared = self.renderer.caps if self.renderer is not None else Capabilities()
+        return declared.limited(self.max_local_size, self.max_shared_bytes)
+
     def ensure_runnable(self) -> None:
         """Raise DeviceError (why, in one line) when kernels cannot run on this device here. Called before a
         program allocates anything; devices that only find out on first use (a GPU context) may do nothing."""
@@ -171,9 +183,17 @@ class Device:
     def synchronize(self) -> None:
         pass
 
+    def compile_pool(self, workers: int) -> Any:
+        """Worker processes that compile many sources at once (BEAM), or None: compile in-process."""
+        return None
+
     def info(self) -> dict[str, Any]:
         """Facts for `tgc devices`: versions, peak figures where known."""
         return {}
+
+    def lint(self, src: str) -> None:
+        """Check a kernel's source without compiling it (CompileError), where this machine cannot compile for
+        the device but can still type-check (OpenCL and Metal through libclang); else nothing."""
 
 
 def keep_python_sigint() -> None:

@@ -247,6 +247,21 @@ class CPUDevice(Device):
     def program(self, name: str, lib: bytes) -> CPUProgram:
         return CPUProgram(self, name, lib)
 
+    def compile_pool(self, workers: int) -> Any:
+        """LLVM compiles in worker processes (a fatal LLVM error kills only a worker)."""
+        from tgc.backends.compile_worker import WorkerPool
+        return WorkerPool(workers)
+
+    def measure_peak(self) -> dict[str, Any]:
+        """Peak FLOP/s and memory bandwidth, measured now (`tgc.engine.bench.machine_peak` caches it)."""
+        from tgc.backends.cpu_peak import measure_peak
+        return measure_peak(self)
+
+    def cache_bytes(self) -> int | None:
+        """This machine's last-level cache in bytes, or None where unknown."""
+        from tgc.backends.cpu_peak import cpu_cache_bytes
+        return cpu_cache_bytes()
+
     def info(self) -> dict[str, Any]:
         import llvmlite
         return {"renderer": "LLVM IR", "compiler": f"llvmlite {llvmlite.__version__}", "cores": self.cores}

@@ -10,7 +10,9 @@ from __future__ import annotations
 import math
 import struct
 
+from tgc.capabilities import Capabilities
 from tgc.dtype import DType
+from tgc.errors import CompileError
 from tgc.ir.uop import Ops, UOp
 
 _BINARY_SYMBOLS = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.FDIV: "/", Ops.IDIV: "/", Ops.MOD: "%",
@@ -33,6 +35,12 @@ class CStyleRenderer:
     max_threads_per_block = 256
     max_shared_bytes = 32768
     max_grid = (2**31 - 1, 65535, 65535)
+
+    @property
+    def caps(self) -> Capabilities:
+        """GPU launches within this dialect's limits (above); no vector UOps, the device's own transcendentals."""
+        return Capabilities(launch="gpu", fuse_rows=False, max_threads_per_block=self.max_threads_per_block,
+                            max_shared_bytes=self.max_shared_bytes, max_grid=self.max_grid[0])
     float_suffix = "f"
     # index builtins by SPECIAL name prefix
     group_index = "get_group_id({})"
@@ -285,6 +293,18 @@ class OpenCLRenderer(CStyleRenderer):
         return f"as_{self.ctype(d)}({x})"
 
 
+# f16/bf16 <-> f32 conversions for CUDA C by inline PTX (NVRTC has no cuda_fp16.h without the toolkit headers)
+HALF_HELPERS = r"""
+__device__ __forceinline__ float tgc_half2float(unsigned short h) {
+  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+__device__ __forceinline__ unsigned short tgc_float2half(float f) {
+  unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+__device__ __forceinline__ float tgc_bf162float(unsigned short h) { return __uint_as_float(((unsigned int)h) << 16); }
+__device__ __forceinline__ unsigned short tgc_float2bf16(float f) {
+  unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+"""
+
+
 class CUDARenderer(CStyleRenderer):
     name = "cuda"
     kernel_prefix = 'extern "C" __global__ void'
@@ -303,7 +323,6 @@ class CUDARenderer(CStyleRenderer):
         return (self.group_index if name.startswith("gidx") else self.local_index).format("xyz"[int(name[-1])])
 
     def prelude(self, uops: list[UOp]) -> list[str]:
-        from tgc.backends.cuda import HALF_HELPERS
         return [
             "#define INFINITY __int_as_float(0x7f800000)",
             "#define NAN __int_as_float(0x7fffffff)",
@@ -415,7 +434,6 @@ class MetalRenderer(CStyleRenderer):
 
     def render(self, name: str, uops: list[UOp]) -> str:
         if any(u.dtype is not None and u.dtype.name == "f64" for u in uops):
-            from tgc.errors import CompileError
             raise CompileError(f"Metal has no 64-bit floats: kernel '{name}' uses f64",
                                hint="cast to f32 in the program, or run on a device with f64 (CPU, CUDA)")
         return super().render(name, uops)

@@ -8,7 +8,7 @@ Headers: the NVRTC wheel ships no CUDA headers (no `cuda_fp16.h`, `cuda_bf16.h`,
 so kernels must be self-contained. NVRTC still knows the device builtins (`threadIdx`, `__syncthreads`,
 `__shfl_*_sync`, `expf`, `__expf`, `__uint_as_float`, ...). Half and bf16 values are held as
 `unsigned short` bits and converted with inline PTX (`cvt.f32.f16`, `cvt.rn.f16.f32`, `cvt.rn.bf16.f32`;
-bf16 -> f32 is a 16-bit shift); `HALF_HELPERS` below is a ready-made set of such helpers.
+bf16 -> f32 is a 16-bit shift); `HALF_HELPERS` (in tgc.backends.cstyle, with the renderer) is the set of such helpers.
 
 Without a GPU, the tests run this module end to end against a CPU stand-in for `libcuda.so.1`
 (tests/cuda_standin.py).
@@ -30,6 +30,7 @@ from collections import OrderedDict
 from typing import Any
 
 from tgc.backends.base import Compiler, Device, LRUAllocator, Program, keep_python_sigint
+from tgc.backends.cstyle import HALF_HELPERS as HALF_HELPERS  # re-exported (tests, the stand-in)
 from tgc.backends.cstyle import CUDARenderer
 from tgc.env import env_str
 from tgc.errors import CompileError, DeviceError
@@ -38,15 +39,6 @@ INSTALL_HINT = "pip install 'tgc[cuda]'"
 DEFAULT_ARCH = "sm_90"
 
 # Half/bf16 helpers for header-free kernels (NVRTC has no cuda_fp16.h here): values travel as unsigned short.
-HALF_HELPERS = r"""
-__device__ __forceinline__ float tgc_half2float(unsigned short h) {
-  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
-__device__ __forceinline__ unsigned short tgc_float2half(float f) {
-  unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
-__device__ __forceinline__ float tgc_bf162float(unsigned short h) { return __uint_as_float(((unsigned int)h) << 16); }
-__device__ __forceinline__ unsigned short tgc_float2bf16(float f) {
-  unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
-"""
 
 
 # ---------------------------------------------------------------- NVRTC (compile, no GPU needed)

@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 import struct
 
-from tgc.dtype import DType, dtypes
+from tgc.capabilities import Capabilities
+from tgc.dtype import DType, dtypes, f32_to_bf16
 from tgc.ir.uop import Ops, UOp
 
 _TYPES = {"bool": "i1", "i8": "i8", "u8": "i8", "i16": "i16", "u16": "i16", "i32": "i32", "u32": "i32", "i64": "i64",
@@ -42,7 +43,6 @@ def _scalar_const(value, d: DType) -> str:
     if d.name == "bf16":  # the 16 bits of the value, rounded to nearest even
         import numpy as np
 
-        from tgc.dtype import f32_to_bf16
         return str(int(f32_to_bf16(np.array([value], np.float32))[0]))
     if d.is_int:
         return str(int(value))
@@ -71,6 +71,7 @@ class LLVMRenderer:
     language = "llvm"
     supports_vectors = True
     decompose_transcendentals = True  # polynomial exp2/log2/sin vectorize; libm calls do not
+    caps = Capabilities(vectors=True, decompose_transcendentals=True, fuse_rows=True, pack_matmul=True)
 
     def render(self, name: str, uops: list[UOp]) -> str:
         return _Renderer(name, uops).run()

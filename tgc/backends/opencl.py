@@ -25,6 +25,7 @@ from tgc.backends.base import Compiler, Device, LRUAllocator, Program, keep_pyth
 from tgc.backends.clang_lint import ClangLinter, libclang_error, libclang_version
 from tgc.backends.cstyle import OpenCLRenderer
 from tgc.errors import CompileError, DeviceError, TgcError
+from tgc.version import __version__
 
 if TYPE_CHECKING:
     import pyopencl as cl
@@ -381,7 +382,7 @@ def probe_device(index: int = 0) -> tuple[bool, str]:
         return False, f"no OpenCL device {index}: this machine has {len(devices)}"
     import json
 
-    from tgc import __version__, cache
+    from tgc import cache
     d = devices[index]
     cl = _import_cl()
     key = cache.make_key("opencl-probe", index, d.platform.name, d.platform.version, d.name, d.driver_version,

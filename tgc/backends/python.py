@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from tgc.backends.base import Compiler, Device, HostAllocator, Program
+from tgc.capabilities import Capabilities
 from tgc.dtype import DType, dtypes
 from tgc.errors import CompileError, DeviceError
 from tgc.ir.alu import AluError, bitcast, cast, const, exec_alu, reducer, reg_dtype
@@ -92,6 +93,7 @@ class PythonRenderer:
 
     name = "python"
     language = "json"
+    caps = Capabilities()  # CPU-style launches; no vectors, and no panel packing (no caches to speak of)
 
     def render(self, name: str, uops: list[UOp]) -> str:
         # UOps are hash-consed, so one node may be emitted again in a later loop: a source is its latest copy

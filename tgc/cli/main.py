@@ -15,8 +15,10 @@ from typing import Any
 
 import click
 
+from tgc.env import check_all
 from tgc.env import help_text as env_help_text
 from tgc.errors import TgcError
+from tgc.version import __version__
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -219,9 +221,9 @@ def _load(path: str) -> Any:
     """Parse a `.tg` file; remember its name so that errors raised later can point into it."""
     ctx = click.get_current_context()
     ctx.meta["tgc.path"] = path
-    import tgc
+    from tgc.api import load
 
-    prog = tgc.load(path)
+    prog = load(path)
     ctx.meta["tgc.source"] = getattr(prog, "source", None)
     return prog
 
@@ -305,14 +307,15 @@ def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> N
         except metadata.PackageNotFoundError:
             return "not installed"
 
-    import tgc
 
-    click.echo(f"tgc {getattr(tgc, '__version__', None) or version('tgc')}")
+    click.echo(f"tgc {__version__ or version('tgc')}")
     click.echo(f"Python {platform.python_version()} ({sys.executable})")
     click.echo(f"numpy {version('numpy')}")
     click.echo(f"llvmlite {version('llvmlite')}")
     click.echo("backends:")
-    for row in _probe_all(info=False):
+    from tgc.api import devices
+
+    for row in devices(info=False):
         state = "available" if row["available"] else f"unavailable: {row['why_not']}"
         click.echo(f"  {row['device']:<8} {state}")
     ctx.exit(0)
@@ -323,7 +326,6 @@ def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> N
               help="Show the versions of tgc, Python, numpy, llvmlite and each backend, and exit.")
 def main() -> None:
     """Compile, run and time `.tg` tensor-expression programs."""
-    from tgc.env import check_all
 
     check_all()  # a bad TGC_THREADS, DEBUG, ... is one clear error (exit 2) before anything runs
 
@@ -446,10 +448,7 @@ def bench(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple
     arrays = inp.fill_random(prog, inp.gather(prog, npz, pairs, cast), dims, seed)
     run_dims, arrays = inp.bind(prog, arrays, dims)
     if old is not None:  # refuse a baseline of another program, dims, device or tgc version before timing
-        from tgc.backends import default_device, get_device
-        from tgc.engine.bench import identity
-
-        report.check_baseline(old, identity(prog, get_device(device or default_device()), run_dims), baseline)
+        report.check_baseline(old, prog.identity(device, run_dims), baseline)
     kwargs: dict[str, Any] = {"device": device, "dims": run_dims, "repeat": repeat, "beam": beam, "inputs": arrays}
     _search_with_progress(prog, device, run_dims, beam)
     if not as_json and _stderr_tty():
@@ -523,55 +522,13 @@ def beam_(file: str, device: str | None, dims: dict[str, int], width: int, force
 # tgc devices
 
 
-def _name_of(obj: Any) -> str | None:
-    if obj is None or isinstance(obj, property):
-        return None
-    return obj.__name__ if isinstance(obj, type) else type(obj).__name__
-
-
-def _probe_all(info: bool) -> list[dict[str, Any]]:
-    """One row per registered backend: availability (cheap `probe()`), and with `info` the device's facts."""
-    from tgc.backends import device_class, get_device, known_kinds
-
-    rows = []
-    for kind in known_kinds():
-        row: dict[str, Any] = {"device": kind, "available": False, "why_not": "", "renderer": None,
-                               "compiler": None, "version": None, "peak_gflops": None, "peak_gbps": None, "info": {}}
-        try:
-            cls = device_class(kind)
-            ok, why = cls.probe()
-            row.update(available=bool(ok), why_not="" if ok else str(why))
-            row["renderer"] = _name_of(getattr(cls, "renderer", None))
-        except Exception as e:  # a backend that cannot even be imported is unavailable, not a crash
-            row["why_not"] = f"cannot load the backend: {type(e).__name__}: {e}"
-            rows.append(row)
-            continue
-        if info:
-            try:
-                # an unavailable device may still render and compile here (CUDA without a GPU, METAL's lint)
-                dev = get_device(kind) if row["available"] or kind != "REMOTE" else None
-                facts = dict(dev.info()) if dev is not None else {}
-                if dev is not None:
-                    row["renderer"] = facts.get("renderer") or _name_of(dev.renderer)
-                    comp = dev.compiler
-                    row["compiler"] = facts.get("compiler") or (f"{comp.name}" if comp is not None else None)
-                    row["version"] = facts.get("version") or (comp.version if comp is not None else None)
-                    if comp is None and not row["why_not"]:
-                        row["why_not"] = dev.compile_error or ""
-                row["peak_gflops"] = facts.get("peak_gflops")
-                row["peak_gbps"] = facts.get("peak_gbps")
-                row["info"] = facts
-            except Exception as e:
-                row["why_not"] = row["why_not"] or f"{type(e).__name__}: {e}"
-        rows.append(row)
-    return rows
-
-
 @main.command()
 @json_option
 def devices(as_json: bool) -> None:
     """List every backend: available or not (and why), renderer, compiler, version, peak figures."""
-    rows = _probe_all(info=True)
+    from tgc.api import devices as list_devices
+
+    rows = list_devices(info=True)
     if as_json:
         _echo_json(rows)
         return

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tgc.engine.schedule import ScheduleItem
 from tgc.env import env_flag
 from tgc.errors import CompileError
+from tgc.ir.kernel import ScheduleItem
 from tgc.ir.uop import ALU, Ops, UOp, format_uops
 
 
@@ -149,7 +149,7 @@ def kernel_flops(uops: list[UOp], device: Any, launch: dict) -> int:
     the work is multiplied by every global (work-groups) and local (threads per group) dimension. On the
     CPU `global_size[0]` threads each run their slice of the outer loop (its end depends on `core_id`)."""
     gsize = tuple(launch.get("global_size", (1, 1, 1)))
-    if getattr(device, "launch_style", "cpu") == "gpu":
+    if device.caps.gpu:
         threads = 1
         for n in (*gsize, *(launch.get("local_size") or ())):
             threads *= int(n)
@@ -212,7 +212,7 @@ def render_kernel(device: Any, name: str, uops: list[UOp], bufs: list[UOp], laun
     which a REMOTE server checks every launch against."""
     import json
     src = device.renderer.render(name, uops)
-    prefix = _COMMENT.get(getattr(device.renderer, "language", ""))
+    prefix = _COMMENT.get(device.renderer.language)
     if prefix is None:
         return src
     text = json.dumps(launch_contract(bufs, launch), separators=(",", ":"))
@@ -278,7 +278,8 @@ def compile_key(device: Any, src: str) -> str | None:
     identity of that compiler (`cache_identity`: the server's address, compiler and version as it reports
     them), so that a binary returned by one server is never sent to another.
     """
-    from tgc import __version__, cache
+    from tgc import cache
+    from tgc.version import __version__
     if env_flag("DISABLE_COMPILER_CACHE"):
         return None
     comp = device.compiler
@@ -313,7 +314,7 @@ def _compile_cached(device: Any, src: str) -> tuple[bytes | None, str | None, st
     """(binary, None, key of the cache hit or None) or (None, why not, None)."""
     comp = device.compiler
     if comp is None:
-        getattr(device, "lint", lambda src: None)(src)  # a device that cannot compile here may still check (METAL)
+        device.lint(src)  # a device that cannot compile here may still check (METAL)
         return None, device.compile_error or f"no compiler for {device.kind} on this machine", None
     from tgc import cache
     key = compile_key(device, src)

@@ -8,7 +8,7 @@ current when first needed; a value computed inside a loop is not reused after th
 from __future__ import annotations
 
 from tgc.dtype import dtypes
-from tgc.engine.schedule import identity
+from tgc.ir.kernel import identity
 from tgc.ir.uop import Ops, UOp
 
 

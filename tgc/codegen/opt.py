@@ -23,6 +23,7 @@ from typing import Any
 
 from tgc.dtype import dtypes
 from tgc.env import env_flag
+from tgc.ir.kernel import flat_index
 from tgc.ir.shapes import prod
 from tgc.ir.symbolic import simplify
 from tgc.ir.uop import Ops, PatternMatcher, RangeKind, UOp, UPat, graph_rewrite, substitute
@@ -40,20 +41,16 @@ class OptError(Exception):
 @dataclass(frozen=True)
 class LaunchLimits:
     """What one launch of a GPU kernel may use: threads per work-group, shared memory per work-group (bytes),
-    and work-groups along the first grid dimension. Renderers declare them (`max_threads_per_block`,
-    `max_shared_bytes`, `max_grid`); a device may lower them (`max_local_size`, `max_shared_bytes`)."""
+    and work-groups along the first grid dimension. Read from the device's `caps` (tgc/capabilities.py: the
+    renderer's declaration, lowered where the device states `max_local_size` or `max_shared_bytes`)."""
     threads: int = 256
     shared_bytes: int = 32768
     grid: int = 2**31 - 1
 
 
 def launch_limits(device: Any) -> LaunchLimits:
-    r = getattr(device, "renderer", None)
-    threads = getattr(r, "max_threads_per_block", LaunchLimits.threads)
-    shared = getattr(r, "max_shared_bytes", LaunchLimits.shared_bytes)
-    grid = getattr(r, "max_grid", (LaunchLimits.grid,))[0]
-    dev_threads, dev_shared = getattr(device, "max_local_size", None), getattr(device, "max_shared_bytes", None)
-    return LaunchLimits(min(threads, dev_threads or threads), min(shared, dev_shared or shared), grid)
+    caps = device.caps
+    return LaunchLimits(caps.max_threads_per_block, caps.max_shared_bytes, caps.max_grid)
 
 
 def shared_bytes(ast: UOp) -> int:
@@ -158,7 +155,7 @@ class OptKernel:
         """Apply one opt; OptError (and the kernel unchanged) when it does not apply or breaks a launch limit."""
         ast, applied, threads = self.ast, list(self.applied), self.threads
         self._apply(opt)
-        if getattr(self.device, "launch_style", "cpu") == "gpu":
+        if self.device.caps.gpu:
             try:
                 self.check_limits()
             except OptError:
@@ -180,7 +177,7 @@ class OptKernel:
         if not isinstance(opt.op, OptOps):
             raise OptError(f"unknown opt {opt.op}")
         axes = self.axes()
-        gpu = getattr(self.device, "launch_style", "cpu") == "gpu"
+        gpu = self.device.caps.gpu
         if opt.op is OptOps.SWAP:
             loops = self.loops()
             if not (0 <= opt.axis < len(loops) and 0 <= opt.amount < len(loops)) or opt.axis == opt.amount:
@@ -364,7 +361,7 @@ def _stride(index: UOp, r: UOp) -> int | None:
 def hand_coded(k: OptKernel) -> None:
     """Register tiling for reductions with broadcast inputs (matmul, conv), vector-friendly upcasts;
     on GPUs, long reductions into few outputs are shared by a work-group (GROUP)."""
-    if getattr(k.device, "launch_style", "cpu") == "gpu":
+    if k.device.caps.gpu:
         outputs = prod(r.src[0].arg for r in k.loops())
         for j, r in enumerate(k.reduces()):
             if outputs <= 4096 and r.src[0].arg >= 256:
@@ -438,7 +435,7 @@ def apply_opts(ast: UOp, device: Any, opts: list[Opt] | None = None) -> tuple[UO
             k.apply(o)
     elif not env_flag("NOOPT"):
         hand_coded(k)
-    gpu = getattr(k.device, "launch_style", "cpu") == "gpu"
+    gpu = k.device.caps.gpu
     if not gpu and not env_flag("NOOPT") and not any(o.op is OptOps.THREAD for o in k.applied):
         auto_threads(k)
     return k.ast, k.threads, list(k.applied)
@@ -452,7 +449,6 @@ class _Groups:
 
 
 def _lower_group(ctx: _Groups, u: UOp) -> UOp | None:
-    from tgc.engine.schedule import flat_index
     groups = [r for r in u.src[1:] if r.arg[1] is RangeKind.GROUP]
     if not groups:
         return None

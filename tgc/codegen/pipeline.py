@@ -38,8 +38,8 @@ from tgc.ir.uop import UOp, format_uops, pretty
 def fuses_rows(device: Any) -> bool:
     """Whether the scheduler keeps a per-row reduction in its consumer's kernel for this device: on CPU-style
     devices a kernel's outer loops run in order, so a row's reduction can be computed before the row is used.
-    The one place this choice is made (the API's compile, its schedule, and BEAM ask here)."""
-    return getattr(device, "launch_style", "cpu") == "cpu"
+    The device declares it (`caps.fuse_rows`); the scheduler reads the same capability."""
+    return bool(device.caps.fuse_rows)
 
 
 @dataclass
@@ -57,11 +57,11 @@ class LowerCtx:
 
     @property
     def gpu(self) -> bool:
-        return getattr(self.device, "launch_style", "cpu") == "gpu"
+        return self.device.caps.gpu
 
     @property
     def vectors(self) -> bool:
-        return bool(getattr(self.device.renderer, "supports_vectors", False))
+        return self.device.caps.vectors
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ def _lower_groups(ast: UOp, ctx: LowerCtx) -> UOp:
 def _map_to_grid(ast: UOp, ctx: LowerCtx) -> UOp:
     from tgc.codegen.opt import launch_limits, map_to_grid
     lim = launch_limits(ctx.device)
-    ast, launch = map_to_grid(ast, max_local=min(getattr(ctx.device, "max_local_size", 256), lim.threads),
+    ast, launch = map_to_grid(ast, max_local=min(ctx.device.caps.preferred_local_size, lim.threads),
                               max_grid=lim.grid)
     ctx.launch.update(launch)
     return ast
@@ -149,7 +149,7 @@ def _upcast_stores(ast: UOp, ctx: LowerCtx) -> UOp:
 PREPARE = [
     Pass("legalize_half", _legalize, "rewrite"),
     Pass("decompose_transcendentals", _transcendentals, "rewrite",
-         lambda ctx: bool(getattr(ctx.device.renderer, "decompose_transcendentals", False))),
+         lambda ctx: ctx.device.caps.decompose_transcendentals),
 ]
 OPTIMIZE = [
     Pass("apply_opts", _apply_opts, "function"),
@@ -199,7 +199,7 @@ _PREPARED: dict[tuple[UOp, bool], UOp] = {}
 def prepare(ast: UOp, device: Any) -> UOp:
     """The device-independent passes every kernel gets before optimization (memoized: BEAM prepares a kernel's
     AST once and lowers many candidates of it; preparing a prepared AST returns it unchanged)."""
-    key = (ast, bool(getattr(device.renderer, "decompose_transcendentals", False)))
+    key = (ast, device.caps.decompose_transcendentals)
     hit = _PREPARED.get(key)
     if hit is not None:
         return hit

@@ -25,6 +25,7 @@ from tgc.dtype import bf16_to_f32
 from tgc.engine.compare import matches
 from tgc.engine.inputs import random_values
 from tgc.errors import CompileError
+from tgc.ir.kernel import ScheduleItem
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.uop import UOp, pretty
 
@@ -40,7 +41,8 @@ PAD_AMOUNTS = (8, 16, 32)
 
 
 def beam_key(ast: UOp, device: Any) -> str:
-    from tgc import __version__, cache
+    from tgc import cache
+    from tgc.version import __version__
     comp = device.compiler
     return cache.make_key("beam", device.kind, comp.cache_key if comp else "none", __version__, pretty(ast))
 
@@ -82,7 +84,7 @@ def store(ast: UOp, device: Any, opts: list[Opt], seconds: float, name: str, wid
 
 def actions(k: OptKernel) -> list[Opt]:
     out: list[Opt] = []
-    gpu = getattr(k.device, "launch_style", "cpu") == "gpu"
+    gpu = k.device.caps.gpu
     loops, reduces = k.loops(), k.reduces()
     for i, r in enumerate(loops):
         out += [Opt(OptOps.UPCAST, i, a) for a in UPCAST_AMOUNTS if r.src[0].arg % a == 0]
@@ -299,30 +301,21 @@ def _compile_all(cands: list[Candidate], device: Any, pool: Any) -> None:
 
 def make_pool(device: Any):
     """Worker processes for compiling CPU candidates (GPU drivers compile in-process)."""
-    if device.kind != "CPU":
-        return None
-    from tgc.codegen.compile_worker import WorkerPool
-    return WorkerPool(max(1, min(os.cpu_count() or 1, 8)))
+    return device.compile_pool(max(1, min(os.cpu_count() or 1, 8)))
 
 
 # ------------------------------------------------------------------------------------------- the whole program
 
 
-def beam_program(prog, device: str | None = None, dims: dict[str, int] | None = None, width: int = 4,
-                 progress: Callable[[dict], None] | None = None, force: bool = False) -> dict[str, Any]:
-    """Search every kernel of a program; store the winners; report before/after per kernel."""
-    from tgc.backends import default_device, get_device
+def beam_items(items: list[ScheduleItem], dev: Any, width: int = 4, progress: Callable[[dict], None] | None = None,
+               force: bool = False) -> tuple[list[dict[str, Any]], float]:
+    """Search every kernel of a schedule on `dev`; store the winners; rows of before/after per kernel and the
+    seconds it took (`Program.beam` schedules, calls this and drops its compiled kernels)."""
     from tgc.codegen.kernel import prepare_ast
-    from tgc.codegen.pipeline import fuses_rows
-    from tgc.engine.schedule import create_schedule
 
-    name = device or default_device()
-    dev = get_device(name)
     if dev.compiler is None:
         raise CompileError(dev.compile_error or f"cannot compile for {dev.kind} here, so it cannot be tuned here")
-    dims = prog.resolve_dims(dims)
-    outs, _ = prog._trace(dims)
-    items = [it for it in create_schedule(outs, fuse_rows=fuses_rows(dev)) if it.ast.src]
+    items = [it for it in items if it.ast.src]
     rows = []
     pool = make_pool(dev)
     start = time.perf_counter()
@@ -354,6 +347,4 @@ def beam_program(prog, device: str | None = None, dims: dict[str, int] | None = 
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
-    prog._kernels.clear()  # later compiles pick up the stored winners
-    return {"device": dev.name, "dims": dims, "width": width, "kernels": rows,
-            "seconds": time.perf_counter() - start, "interrupted": any(r.get("interrupted") for r in rows)}
+    return rows, time.perf_counter() - start

@@ -15,8 +15,6 @@ from tgc.ir.shapes import prod, shape_of
 from tgc.ir.uop import COMPARE, Ops, UOp
 
 LOG2_E = 1.4426950408889634
-PACK_PANEL = 32  # matmul: right-hand sides are packed into panels of this many columns ...
-PACK_MIN_ELEMENTS = 1 << 18  # ... when they have at least this many elements
 LN_2 = 0.6931471805599453
 
 
@@ -519,7 +517,6 @@ class Tensor:
             raise _shape_error(f"matmul: inner dims differ: {self} @ {other} ({a.shape[-1]} != {b.shape[-2]})")
         batch = broadcast_shapes(a.shape[:-2], b.shape[:-2])
         m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-        b = b._packed_columns()
         a3 = a.broadcast_to(batch + (m, k)).reshape(batch + (m, k, 1)).expand(batch + (m, k, n))
         b3 = b.broadcast_to(batch + (k, n)).reshape(batch + (1, k, n)).expand(batch + (m, k, n))
         out = (a3 * b3).sum(axis=len(batch) + 1)
@@ -533,19 +530,6 @@ class Tensor:
 
     def contiguous(self) -> Tensor:
         return Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
-
-    def _packed_columns(self, panel: int = PACK_PANEL) -> Tensor:
-        """The same matrix, read from a copy laid out as panels of `panel` columns, each panel contiguous
-        over the rows: a matmul kernel then streams its right-hand side sequentially instead of one row
-        stride (often a page) per step. Only worth its copy for large operands."""
-        *batch, k, n = self.shape
-        if n % panel or k * n < PACK_MIN_ELEMENTS or n == panel:
-            return self
-        nb = len(batch)
-        split = self.reshape(tuple(batch) + (k, n // panel, panel))
-        order = tuple(range(nb)) + (nb + 1, nb, nb + 2)
-        packed = split.permute(order).contiguous()  # (..., n / panel, k, panel)
-        return packed.permute(order).reshape(tuple(batch) + (k, n))
 
     # --- NN helpers
     def layernorm(self, axis=-1, eps: float = 1e-5) -> Tensor:

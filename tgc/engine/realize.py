@@ -1,21 +1,25 @@
-"""The realizer: allocate buffers, copy inputs in, launch a program's kernels in order, copy outputs out."""
+"""The realizer: allocate buffers, copy inputs in, launch a program's kernels in order, copy outputs out.
+
+It takes a lowered program (`Lowered`: the device object, compiled kernels, input and output nodes) and
+imports nothing above the scheduler: `Program.run` (tgc.api) looks the device up and compiles."""
 
 from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from tgc.dtype import DType, bf16_to_f32, dtypes
+from tgc.env import env_int
 from tgc.errors import DeviceError, TgcError
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.uop import Ops, UOp
 
 
 def _debug() -> int:
-    from tgc.env import env_int
-
     try:
         return env_int("DEBUG", 0)
     except TgcError:  # the CLI refuses a bad DEBUG up front; the API runs as without it
@@ -28,7 +32,7 @@ class Buffer:
     def __init__(self, device: Any, node: UOp):
         self.device, self.node = device, node
         self.nbytes = max(prod(shape_of(node)) * node.dtype.itemsize, 1)
-        limit = getattr(device, "max_buffer_bytes", None)
+        limit = device.max_buffer_bytes
         if limit is not None and self.nbytes > limit:
             raise DeviceError(f"a {node.dtype.name}{list(shape_of(node))} buffer takes {self.nbytes} bytes, more than "
                               f"the {limit} bytes {device.name} can allocate at once",
@@ -49,26 +53,28 @@ class Buffer:
         self.device.allocator.free(self.handle, self.nbytes)
 
 
-def run_program(prog, device: str | None, dims: dict[str, int], arrays: dict[str, np.ndarray]
-                ) -> dict[str, np.ndarray]:
-    from tgc.api import to_user_array
-    from tgc.backends import default_device, get_device
+@dataclass
+class Lowered:
+    """A program lowered for one device: what the realizer and `tgc bench` run. `kernels` in launch order
+    (each with its `program()`, `bufs`, launch sizes and `vals`), `inputs` the input tensor nodes with the
+    names their arrays come under, `outputs` the output names with their tensor nodes."""
 
-    name = device or default_device()
-    if "," in name:
-        raise TgcError(f"device lists such as '{name}' (one program sharded across devices) are not supported yet",
-                       hint="run on one device, e.g. " + name.split(",")[0].strip())
-    dev = get_device(name)
-    dev.ensure_runnable()
-    kernels = prog.compile(device=name, dims=dims)
-    outs, in_bufs = prog._trace(dims)
+    device: Any
+    kernels: list
+    inputs: list[tuple[UOp, str]]
+    outputs: list[tuple[str, UOp]]
+
+
+def run_program(low: Lowered, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Allocate, copy `arrays` (by input name) in, launch every kernel in order, copy the outputs out."""
+    dev = low.device
     buffers: dict[UOp, Buffer] = {}
     try:
-        allocate(dev, prog, kernels, in_bufs, arrays, buffers)
-        for k in kernels:
+        allocate(low, arrays, buffers)
+        for k in low.kernels:
             launch(k, [buffers[n] for n in k.bufs])
         result = {}
-        for out_name, node in zip(prog.output_names, outs):
+        for out_name, node in low.outputs:
             if node in buffers:
                 arr = buffers[node].numpy()
             else:  # an empty output: no kernel ran
@@ -81,17 +87,21 @@ def run_program(prog, device: str | None, dims: dict[str, int], arrays: dict[str
             buf.free()
 
 
-def allocate(dev: Any, prog, kernels: list, in_bufs: list[UOp], arrays: dict[str, np.ndarray],
-             buffers: dict[UOp, Buffer]) -> None:
+def to_user_array(arr: np.ndarray, dtype: DType) -> np.ndarray:
+    """Device bytes -> the array users see (bf16 becomes float32)."""
+    return bf16_to_f32(arr) if dtype == dtypes.bf16 else arr
+
+
+def allocate(low: Lowered, arrays: dict[str, np.ndarray], buffers: dict[UOp, Buffer]) -> None:
     """Device buffers for a program's inputs (filled from `arrays`) and for every kernel's outputs, into
     `buffers` (passed in so that the caller can free whatever was allocated if this fails midway)."""
-    for b in in_bufs:
-        buffers[b] = Buffer(dev, b)
-        buffers[b].copyin(arrays[prog.inputs[b.arg[0]].name])
-    for k in kernels:
+    for b, name in low.inputs:
+        buffers[b] = Buffer(low.device, b)
+        buffers[b].copyin(arrays[name])
+    for k in low.kernels:
         for node in k.bufs:
             if node not in buffers:
-                buffers[node] = Buffer(dev, node)
+                buffers[node] = Buffer(low.device, node)
 
 
 def launch(k, bufs: list[Buffer]) -> float | None:

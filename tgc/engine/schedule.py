@@ -16,31 +16,13 @@ are never materialized.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from tgc.dtype import DType, dtypes, min_max
+from tgc.capabilities import Capabilities
+from tgc.dtype import DType, dtypes
+from tgc.errors import TgcError
+from tgc.ir.kernel import INDEX, ScheduleItem, flat_index, identity
 from tgc.ir.shapes import prod, shape_of, strides_for
 from tgc.ir.symbolic import simplify
 from tgc.ir.uop import ALU, Ops, RangeKind, UOp
-
-INDEX = dtypes.index  # 64-bit while scheduling and optimizing; narrowed to i32 per kernel where it provably fits
-
-
-@dataclass
-class ScheduleItem:
-    """One kernel: `ast` is SINK(STORE(DEFINE_GLOBAL 0, index, value)); `bufs[i]` is the tensor node held
-    by DEFINE_GLOBAL i (bufs[0] is the output)."""
-
-    ast: UOp
-    bufs: list[UOp]
-    name: str = ""
-    line: int | None = None
-    meta: dict = field(default_factory=dict)
-
-    @property
-    def output(self) -> UOp:
-        return self.bufs[0]
-
 
 _EXPANDING = {Ops.EXPAND, Ops.WINDOW}
 TRANSCENDENTAL_COST = 10  # exp2, log2, sin, sqrt become ~10-25 ops (polynomials on the CPU)
@@ -300,23 +282,6 @@ def mem_dtype(d: DType) -> DType:
     return d
 
 
-def flat_index(idx: tuple[UOp, ...], shape: tuple[int, ...]) -> UOp:
-    out = UOp.const(INDEX, 0)
-    for i, st, s in zip(idx, strides_for(shape), shape):
-        if s != 1:
-            out = out + i * UOp.const(INDEX, st)
-    return simplify(out)
-
-
-def identity(op: Ops, dtype: DType):
-    if op is Ops.ADD:
-        return 0
-    if op is Ops.MUL:
-        return 1
-    lo, _ = min_max(dtype)
-    return lo
-
-
 def kernel_name(ast: UOp) -> str:
     ranges = sorted({u for u in ast.toposort() if u.op is Ops.RANGE}, key=lambda r: r.arg[0])
     has_reduce = any(u.op is Ops.REDUCE for u in ast.toposort())
@@ -371,7 +336,6 @@ MAX_ELEMENTS = (1 << 63) - 1  # flat indices of every tensor must fit the 64-bit
 
 def check_sizes(outputs: list[UOp]) -> None:
     """A tensor with more elements than 64-bit index math addresses is refused (never indexed modulo 2^64)."""
-    from tgc.errors import TgcError
     seen: set[UOp] = set()
     for out in outputs:
         for node in out.toposort():
@@ -384,8 +348,102 @@ def check_sizes(outputs: list[UOp]) -> None:
                                f"2^63 - 1 that tgc can index", hint="use smaller dims")
 
 
-def create_schedule(outputs: list[UOp], fuse_rows: bool = False) -> list[ScheduleItem]:
+PACK_PANEL = 32  # matmul: right-hand sides are packed into panels of this many columns ...
+PACK_MIN_ELEMENTS = 1 << 18  # ... when they have at least this many elements
+
+
+def _broadcast(u: UOp) -> list[UOp] | None:
+    """[EXPAND, RESHAPE] or [RESHAPE] (an expand to the same shape is no node): the nodes that broadcast an
+    operand into a matmul's (..., m, k, n) product, top first; None for anything else."""
+    chain = [u] if u.op is Ops.EXPAND else []
+    last = u.src[0] if chain else u
+    return chain + [last] if last.op is Ops.RESHAPE else None
+
+
+def _matmul_rhs(r: UOp) -> list[UOp] | None:
+    """The nodes broadcasting the right-hand side b of a matmul `r` (as `Tensor.matmul` builds it: the sum
+    over k of a[..., m, k, 1] * b[..., 1, k, n], both expanded to (..., m, k, n)), top first, or None when
+    `r` is not a matmul."""
+    if r.op is not Ops.REDUCE_AXIS or r.arg[0] is not Ops.ADD or r.src[0].op is not Ops.MUL:
+        return None
+    shape = shape_of(r.src[0])
+    if len(shape) < 3 or r.arg[1] != (len(shape) - 2,):
+        return None
+    x, y = (_broadcast(u) for u in r.src[0].src)
+    if x is None or y is None:
+        return None
+    xs, ys = shape_of(x[-1].src[0]), shape_of(y[-1].src[0])
+    if shape_of(x[-1]) != xs + (1,) or shape_of(y[-1]) != ys[:-2] + (1,) + ys[-2:]:
+        return None
+    return y
+
+
+def _packed_columns(b: UOp, panel: int = PACK_PANEL) -> UOp | None:
+    """`b` (..., k, n) read from a copy laid out as panels of `panel` columns, each panel contiguous over the
+    rows: a matmul kernel then streams its right-hand side sequentially instead of one row stride (often a
+    page) per step. None where it is not worth its copy (small operands) or does not apply."""
+    *batch, k, n = shape_of(b)
+    if n % panel or k * n < PACK_MIN_ELEMENTS or n == panel:
+        return None
+    nb = len(batch)
+    split = UOp(Ops.RESHAPE, b.dtype, (b,), tuple(batch) + (k, n // panel, panel))
+    order = tuple(range(nb)) + (nb + 1, nb, nb + 2)
+    packed = UOp(Ops.CONTIGUOUS, b.dtype, (UOp(Ops.PERMUTE, b.dtype, (split,), order),))  # (..., n/panel, k, panel)
+    return UOp(Ops.RESHAPE, b.dtype, (UOp(Ops.PERMUTE, b.dtype, (packed,), order),), tuple(batch) + (k, n))
+
+
+def pack_matmul_operands(outputs: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp], dict[UOp, UOp]]:
+    """A CPU cache choice (`caps.pack_matmul`): every large matmul reads its right-hand side from a copy packed
+    into column panels (`_packed_columns`), one packing kernel per operand. Returns the new outputs, the
+    original node of every rebuilt one, and for each packed copy the matmul it serves (for its .tg line)."""
+    replace: dict[UOp, UOp] = {}
+    serves: dict[UOp, UOp] = {}
+    for node in UOp(Ops.SINK, None, tuple(outputs)).toposort():
+        chain = _matmul_rhs(node)  # then the broadcasts and reshapes above b that keep its last two axes
+        if chain is None or chain[0] in replace:
+            continue
+        y = chain[0]
+        kn, b = shape_of(y)[-2:], chain[-1].src[0]
+        while b.op in (Ops.EXPAND, Ops.RESHAPE) and shape_of(b.src[0])[-2:] == kn:
+            chain.append(b)
+            b = b.src[0]
+        packed = _packed_columns(b)
+        if packed is None:
+            continue
+        serves.setdefault(packed.src[0].src[0], node)
+        new = packed
+        for u in reversed(chain):
+            new = u.replace(src=(new,))
+        replace[y] = new
+    if not replace:
+        return outputs, {}, {}
+    memo: dict[UOp, UOp] = dict(replace)
+    for node in UOp(Ops.SINK, None, tuple(outputs)).toposort():
+        if node not in memo:
+            memo[node] = node.replace(src=tuple(memo[s] for s in node.src)) if node.src else node
+    original = {new: old for old, new in memo.items() if new is not old and old not in replace}
+    return [memo[o] for o in outputs], original, serves
+
+
+def create_schedule(outputs: list[UOp], caps: Capabilities | None = None) -> list[ScheduleItem]:
+    """The kernels computing `outputs`, in launch order, for a device that declares `caps` (its row fusion and
+    matmul packing; None: neither). The tensor graph itself is device-neutral. Each item's `bufs` are nodes
+    of the graph given (a packed copy is a node of its own)."""
     check_sizes(outputs)
+    fuse_rows, pack_matmul = (caps.fuse_rows, caps.pack_matmul) if caps is not None else (False, False)
+    original: dict[UOp, UOp] = {}
+    serves: dict[UOp, UOp] = {}
+    if pack_matmul:
+        outputs, original, serves = pack_matmul_operands(outputs)
+    items = _schedule(outputs, fuse_rows)
+    for item in items:
+        item.bufs = [original.get(b, b) for b in item.bufs]
+        if item.output in serves:
+            item.meta["serves"] = original.get(serves[item.output], serves[item.output])
+    return items
+
+
+def _schedule(outputs: list[UOp], fuse_rows: bool) -> list[ScheduleItem]:
     roots = find_realized(outputs, fuse_rows)
     realized = set(roots)
     items: list[ScheduleItem] = []

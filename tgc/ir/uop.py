@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Sequence
 from enum import Enum, auto
 from typing import Any
 
-from tgc.dtype import DType, dtypes
+from tgc.dtype import DType, dtypes, min_max, truncate
 
 
 class Ops(Enum):
@@ -210,7 +210,6 @@ def _normalize_const(dtype: DType, value: Any) -> Any:
     if dtype.is_bool:
         return bool(value)
     if dtype.is_int:
-        from tgc.dtype import truncate
         return truncate(value, dtype)
     v = float(value)
     return v
@@ -255,7 +254,6 @@ def _bounds(u: UOp) -> tuple[Any, Any]:
         return min(a0, b0), max(a1, b1)
     if u.op is Ops.CAST and u.src[0].dtype is not None and u.src[0].dtype.is_int and u.dtype.is_int:
         return u.src[0].bounds
-    from tgc.dtype import min_max
     return min_max(u.dtype) if u.dtype is not None else (-INF, INF)
 
 

@@ -28,8 +28,10 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
+from tgc.backends import device_class, get_device
 from tgc.backends.base import Allocator, Compiler, Device, Program
 from tgc.backends.remote import protocol as P
+from tgc.env import env_float, parse_address
 from tgc.errors import CompileError, DeviceError, TgcError
 
 ENV_ADDRESS, ENV_TOKEN, ENV_TOKEN_FILE = "TGC_REMOTE", "TGC_REMOTE_TOKEN", "TGC_REMOTE_TOKEN_FILE"
@@ -42,28 +44,6 @@ BODY_SLACK = 1 << 20  # room left in a body for the request text (at most a quar
 ANSWER_BASE, ANSWER_PER_REQUEST, ANSWER_PER_LISTING = 1 << 20, 256, 64 << 20
 ERROR_LIMIT = 1 << 20  # bytes of an error message
 LISTINGS = (P.Compile, P.Assembly, P.Disassemble)
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    """`"host:port"`, `"[::1]:port"`, `"http://host:port"` or `"host"` (port 6667) -> (host, port)."""
-    t = text.strip()
-    for prefix in ("http://", "https://"):
-        t = t.removeprefix(prefix)
-    t = t.rstrip("/")
-    if t.startswith("["):
-        host, _, rest = t[1:].partition("]")
-        port_text = rest.removeprefix(":")
-    elif t.count(":") == 1:
-        host, _, port_text = t.partition(":")
-    else:
-        host, port_text = t, ""
-    if not host:
-        raise TgcError(f"bad REMOTE address '{text}'", hint="write host:port, e.g. 127.0.0.1:6667")
-    if not port_text:
-        return host, P.DEFAULT_PORT
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise TgcError(f"bad port in REMOTE address '{text}'", hint="write host:port, e.g. 127.0.0.1:6667")
-    return host, int(port_text)
 
 
 def client_token(env: dict[str, str] | None = None) -> str | None:
@@ -83,7 +63,6 @@ def client_token(env: dict[str, str] | None = None) -> str | None:
 
 
 def _env_float(name: str, default: float) -> float:
-    from tgc.env import env_float
 
     return env_float(name, default)
 
@@ -656,7 +635,6 @@ def _safe_value(value: Any, depth: int = 0) -> Any:
 
 def renderer_for(kind: str) -> Any:
     """The renderer of a device kind, built here: the class attribute, else the local device's."""
-    from tgc.backends import device_class, get_device
     try:
         cls = device_class(kind)
     except Exception as e:

@@ -16,14 +16,13 @@ _SERVING = re.compile(r"serving (\S+) on http://127\.0\.0\.1:(\d+)")
 
 
 class ServerProcess:
-    """`python -m tgc.backends.remote.server` (or `tgc serve` with `cli=True`) on 127.0.0.1 and a port the OS
-    picks; a context manager.
+    """`tgc serve` (as `python -m tgc.cli.main serve`) on 127.0.0.1 and a port the OS picks; a context manager.
 
     stderr goes to a file (read it with `stderr()`), so a chatty server can never block on a full pipe.
     """
 
-    def __init__(self, device: str = "CPU", *args: str, env: dict[str, str] | None = None, cli: bool = False):
-        self.device, self.args, self.cli = device, list(args), cli
+    def __init__(self, device: str = "CPU", *args: str, env: dict[str, str] | None = None):
+        self.device, self.args = device, list(args)
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen | None = None
         self.port = 0
@@ -42,8 +41,8 @@ class ServerProcess:
 
     def start(self, wait: float = 60.0) -> ServerProcess:
         """Start the server and wait until it says where it listens."""
-        entry = ["tgc.cli.main", "serve"] if self.cli else ["tgc.backends.remote.server"]
-        cmd = [sys.executable, "-m", *entry, "--host", "127.0.0.1", "--port", "0", "-d", self.device, *self.args]
+        cmd = [sys.executable, "-m", "tgc.cli.main", "serve", "--host", "127.0.0.1", "--port", "0", "-d", self.device,
+               *self.args]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._log,
                                      env=self.env)
         deadline = time.monotonic() + wait

@@ -34,8 +34,11 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, Union
 
+from tgc.env import REMOTE_DEFAULT_PORT
+from tgc.errors import TgcError
+
 MAGIC = b"TGC1"
-DEFAULT_PORT = 6667
+DEFAULT_PORT = REMOTE_DEFAULT_PORT
 SESSION_HEADER = "X-Tgc-Session"
 ERROR_HEADER = "X-Tgc-Error"  # the error's kind: auth, protocol, limit, session, compile, device, busy
 BATCH_PATH = "/batch"
@@ -77,7 +80,6 @@ def token_problem(token: str) -> str | None:
 def read_token_file(path: str) -> str:
     """The token in the file `path` (surrounding whitespace dropped); TgcError (exit 2) with the reason
     when it cannot be read or is not one line of printable ASCII."""
-    from tgc.errors import TgcError
     try:
         with open(path, "rb") as f:
             raw = f.read(1 << 16)

@@ -22,16 +22,16 @@ client's source declares), so without a token the server listens on loopback onl
 serving anything wider. Fresh buffers are zeroed; requests have a deadline (`request_time`) enforced by a
 watchdog; sessions, connections and memory are capped (see `Limits`).
 
-Run it as `tgc serve ...` or `python -m tgc.backends.remote.server ...`.
+Run it as `tgc serve ...` (tgc/cli/main.py holds its only option parser). Modules: `server` (this one: the
+request executor, `RemoteServer`, and `main_serve`), `transport` (HTTP), `session` (per-client tables),
+`contract` (launch contracts), `limits` (`Limits`, `Refusal`).
 """
 
 from __future__ import annotations
 
-import argparse
 import hmac
 import ipaddress
 import os
-import re
 import secrets
 import signal
 import socket
@@ -39,169 +39,23 @@ import sys
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from tgc.backends import canonical, default_device, device_class, get_device
 from tgc.backends.remote import protocol as P
+from tgc.backends.remote.contract import MAX_CONTRACT_BUFS as MAX_CONTRACT_BUFS
+from tgc.backends.remote.contract import MAX_CONTRACTS as MAX_CONTRACTS
+from tgc.backends.remote.contract import Contract as Contract
+from tgc.backends.remote.contract import Known as Known
+from tgc.backends.remote.contract import breach, remember
+from tgc.backends.remote.contract import parse_contract as parse_contract
+from tgc.backends.remote.limits import Limits as Limits
+from tgc.backends.remote.limits import MiB as MiB
+from tgc.backends.remote.limits import Refusal as Refusal
+from tgc.backends.remote.session import Buffer as Buffer
+from tgc.backends.remote.session import Session as Session
+from tgc.backends.remote.transport import _Handler, _HTTPServer, _HTTPServer6
 from tgc.errors import DeviceError, TgcError
-
-MiB = 1 << 20
-
-
-@dataclass
-class Limits:
-    """What one client may ask of the server. Sizes in bytes, times in seconds."""
-
-    max_body: int = 512 * MiB  # one request body
-    max_buffer: int = 256 * MiB  # one buffer
-    max_session_memory: int = 1024 * MiB  # live buffers of one session
-    request_time: float = 60.0  # one batch's run (checked between requests) and socket reads
-    idle_timeout: float = 300.0  # a session unheard from this long is freed
-    max_sessions: int = 64
-    max_sessions_per_client: int = 32  # sessions of one client address
-    evict_after: float = 10.0  # a full table frees sessions idle this long (empty ones at once), oldest first
-    max_memory: int = 4096 * MiB  # live buffers of all sessions together
-    max_pooled: int = 256 * MiB  # freed memory the device may keep for reuse; beyond it, the pool is released
-    max_connections: int = 128  # open connections; more are answered 503 and closed
-    max_objects: int = 1 << 16  # buffers + programs + graphs of one session
-    max_text: int = P.MAX_TEXT  # characters of one request text (the request list and kernel sources)
-    max_nodes: int = P.MAX_NODES  # syntax nodes of one request text
-
-
-class Refusal(Exception):
-    """An answer the server gives instead of a result: HTTP status, error kind, message."""
-
-    def __init__(self, status: int, kind: str, msg: str):
-        super().__init__(msg)
-        self.status, self.kind, self.msg = status, kind, msg
-
-
-@dataclass
-class Buffer:
-    handle: Any
-    size: int
-    parent: int | None = None  # for a view: the buffer it points into
-    views: set[int] = field(default_factory=set)
-
-
-@dataclass
-class Session:
-    id: str
-    buffers: dict[int, Buffer] = field(default_factory=dict)
-    programs: dict[int, Any] = field(default_factory=dict)
-    graphs: dict[int, tuple[P.GraphKernel, ...]] = field(default_factory=dict)
-    known: OrderedDict[str, Known] = field(default_factory=OrderedDict)  # binaries this session compiled
-    memory: int = 0
-    client: str = ""  # the peer's address
-    last_seen: float = field(default_factory=time.monotonic)
-    busy: int = 0  # batches in flight
-
-    @property
-    def objects(self) -> int:
-        return len(self.buffers) + len(self.programs) + len(self.graphs)
-
-
-@dataclass(frozen=True)
-class Contract:
-    """What a launch of a kernel must provide, from the `tgc-launch:` comment that ends its source (see
-    `tgc.codegen.kernel.launch_contract`): the least bytes of each buffer, the most work-items per
-    dimension, the local size and the number of `vals`."""
-
-    bufs: tuple[int, ...]
-    global_size: tuple[int, int, int]
-    local_size: tuple[int, int, int] | None
-    vals: int
-
-
-@dataclass(frozen=True)
-class Known:
-    """What the server knows of a binary it compiled: its contract and, for LLVM IR, the parameters of each
-    function (pointers, integers) as the source defines them. Different sources (declared sizes) can compile
-    to the same binary, so the server keeps every contract a binary was compiled under (`contracts`, the
-    newest last, at most MAX_CONTRACTS): each was enough for the same code, so a launch meeting any is safe."""
-
-    contract: Contract | None
-    params: dict[str, tuple[int, int]] | None
-    contracts: tuple[Contract, ...] = ()
-
-    def all_contracts(self) -> tuple[Contract, ...]:
-        return self.contracts or ((self.contract,) if self.contract is not None else ())
-
-
-MAX_CONTRACTS = 16
-
-
-MAX_CONTRACT_BUFS = 1024
-_DEFINE = re.compile(r"^define\s[^@\n]*@\"?([\w.$-]+)\"?\(", re.M)
-
-
-def _dims(value: Any, what: str) -> tuple[int, int, int]:
-    if not isinstance(value, list) or not 1 <= len(value) <= 3 or any(
-            type(v) is not int or not 1 <= v <= 2**31 - 1 for v in value):
-        raise ValueError(f"the launch contract's {what} must be 1 to 3 sizes in [1, 2**31)")
-    return tuple([*value, 1, 1][:3])  # type: ignore[return-value]
-
-
-def parse_contract(src: str, language: str | None) -> Known:
-    """The launch contract at the end of a kernel's source, and for LLVM IR the parameters (pointers, others)
-    of each function it defines. Raises ValueError for a malformed contract."""
-    from tgc.codegen.kernel import _COMMENT, CONTRACT_TAG
-    prefix = _COMMENT.get(language or "")
-    contract = None
-    if prefix is not None:
-        marker = f"{prefix} {CONTRACT_TAG}"
-        for line in reversed(src[-65536:].splitlines()[-8:]):
-            if line.startswith(marker):
-                contract = _contract(line[len(marker):])
-                break
-    params = None
-    if language == "llvm":
-        params = {}
-        for m in _DEFINE.finditer(src):
-            args = _top_level_args(src, m.end())
-            if args is not None:
-                params[m.group(1)] = (sum(a.startswith("ptr") for a in args),
-                                      sum(not a.startswith("ptr") for a in args))
-    return Known(contract, params)
-
-
-def _top_level_args(src: str, start: int) -> list[str] | None:
-    """The comma-separated parameters from `src[start]` (just after a function's `(`) to its matching `)`."""
-    depth, args, cur = 0, [], start
-    for i in range(start, min(len(src), start + 65536)):
-        c = src[i]
-        if c in "([{<":
-            depth += 1
-        elif c in ")]}>":
-            if depth == 0:
-                if c != ")":
-                    return None
-                last = src[cur:i].strip()
-                return [*args, last] if last or args else args
-            depth -= 1
-        elif c == "," and depth == 0:
-            args.append(src[cur:i].strip())
-            cur = i + 1
-    return None
-
-
-def _contract(text: str) -> Contract:
-    import json
-    try:
-        raw = json.loads(text)
-    except ValueError:
-        raise ValueError("the launch contract is not JSON") from None
-    if not isinstance(raw, dict):
-        raise ValueError("the launch contract is not a JSON object")
-    bufs, vals, local = raw.get("bufs"), raw.get("vals"), raw.get("local_size")
-    if not isinstance(bufs, list) or len(bufs) > MAX_CONTRACT_BUFS or any(
-            type(b) is not int or not 0 <= b <= 2**63 - 1 for b in bufs):
-        raise ValueError(f"the launch contract's bufs must be at most {MAX_CONTRACT_BUFS} byte counts")
-    if type(vals) is not int or not 0 <= vals <= 64:
-        raise ValueError("the launch contract's vals must be a count from 0 to 64")
-    return Contract(tuple(bufs), _dims(raw.get("global_size"), "global_size"),
-                    None if local is None else _dims(local, "local_size"), vals)
 
 
 def is_loopback(host: str) -> bool:
@@ -262,81 +116,6 @@ def _device_attrs(dev: Any) -> dict[str, bool | int | float | str]:
     return out
 
 
-def _breach(k: P.ProgramExec | P.GraphKernel, bufs: list, glob: tuple[int, int, int],
-            contract: Contract) -> Refusal | None:
-    """Why launch `k` does not meet `contract` (a Refusal to raise), or None when it does."""
-    if len(bufs) != len(contract.bufs):
-        return Refusal(400, "protocol", f"the kernel takes {len(contract.bufs)} buffers, the launch gave {len(bufs)}")
-    for i, (b, need) in enumerate(zip(bufs, contract.bufs)):
-        if b.size < need:
-            return Refusal(400, "protocol", f"buffer {k.bufs[i]} has {b.size} bytes; the kernel's parameter {i} "
-                                            f"needs {need}")
-    if any(g > c for g, c in zip(glob, contract.global_size)):
-        return Refusal(400, "protocol", f"global_size {glob} is larger than the kernel's {contract.global_size}")
-    local = None if k.local_size is None else tuple([*k.local_size, 1, 1][:3])
-    if local != contract.local_size:
-        return Refusal(400, "protocol", f"local_size {local} is not the kernel's {contract.local_size}")
-    if len(k.vals) != contract.vals:
-        return Refusal(400, "protocol", f"the kernel takes {contract.vals} vals, the launch gave {len(k.vals)}")
-    return None
-
-
-def _remember(table: OrderedDict[str, Known], key: str, value: Known, cap: int, replace: bool) -> None:
-    """Record `value` under `key` in a table of at most `cap` entries (the least recently set go first). A
-    binary already known keeps its contracts and gains the new one (see `Known`)."""
-    old = table.get(key)
-    if old is not None:
-        merged = tuple(dict.fromkeys([*old.all_contracts(), *value.all_contracts()]))[-MAX_CONTRACTS:]
-        value = Known(value.contract if replace or old.contract is None else old.contract,
-                      old.params if old.params is not None else value.params, merged)
-    table[key] = value
-    table.move_to_end(key)
-    while len(table) > cap:
-        table.popitem(last=False)
-
-
-_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nX-Tgc-Error: busy\r\n"
-         b"Content-Length: 47\r\nConnection: close\r\n\r\nthe server has too many connections; try later\n")
-
-
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-    block_on_close = False
-    # the listen backlog: socketserver's default of 5 drops or resets connections when many clients connect
-    # at once (16 load-test clients saw 'Connection reset by peer'); the connection cap applies after accept
-    request_queue_size = 128
-    app: RemoteServer
-
-    def verify_request(self, request: Any, client_address: Any) -> bool:
-        """Take a connection only while fewer than `max_connections` are open (else answer 503 and close)."""
-        with self.app.conn_lock:
-            if len(self.app.conns) < self.app.limits.max_connections:
-                self.app.conns[request] = time.monotonic() + max(self.app.limits.request_time, 1.0)
-                return True
-        try:
-            request.setblocking(False)
-            request.send(_BUSY)
-        except OSError:
-            pass
-        return False
-
-    def shutdown_request(self, request: Any) -> None:
-        with self.app.conn_lock:
-            self.app.conns.pop(request, None)
-        super().shutdown_request(request)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """One line, never a traceback: a client that vanished mid-request is not the server's problem."""
-        error = sys.exc_info()[1]
-        if isinstance(error, OSError) and not self.app.verbose:
-            return
-        print(f"tgc serve: {client_address[0]}: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
-
-
-class _HTTPServer6(_HTTPServer):
-    address_family = socket.AF_INET6
-
-
 class RemoteServer:
     """Serves one local device. `serve_forever()` in this thread, or `start()` a background thread."""
 
@@ -378,7 +157,6 @@ class RemoteServer:
     def device(self) -> Any:
         """The served device, opened on first use."""
         if self._device is None:
-            from tgc.backends import get_device
             try:
                 self._device = get_device(self.device_name)
             except TgcError:
@@ -691,7 +469,7 @@ class RemoteServer:
         comp = dev.compiler
         if not getattr(dev, "native_launch", False):
             return bytes(comp.compile(src)) if op == "compile" else str(comp.assembly(src)).encode()
-        from tgc.codegen.compile_worker import WorkerPool
+        from tgc.backends.compile_worker import WorkerPool
         with self._workers_lock:
             if self._workers is None:
                 self._workers = WorkerPool(1)
@@ -735,8 +513,8 @@ class RemoteServer:
         if not ok:
             raise Refusal(422, "compile", str(value))
         h = P.digest(value)
-        _remember(session.known, h, known, 4096, replace=True)
-        _remember(self._known, h, known, 1 << 16, replace=False)
+        remember(session.known, h, known, 4096, replace=True)
+        remember(self._known, h, known, 1 << 16, replace=False)
         out[h] = value
         return h
 
@@ -807,7 +585,7 @@ class RemoteServer:
             raise Refusal(400, "protocol", "vals must fit in 32 bits")
         refusal = None
         for contract in reversed(contracts):  # the newest first: the one the client most likely compiled
-            refusal = _breach(k, bufs, glob, contract)
+            refusal = breach(k, bufs, glob, contract)
             if refusal is None:
                 break
         if refusal is not None:
@@ -885,139 +663,6 @@ class RemoteServer:
         session.memory = 0
 
 
-_CONTENT_LENGTH = re.compile(r"[0-9]{1,18}")
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server_version = "tgc-serve"
-    sys_version = ""  # no Python version in the Server header
-    disable_nagle_algorithm = True  # answers are small writes; do not wait for the peer's delayed ACK
-    server: _HTTPServer
-
-    def setup(self) -> None:
-        self.timeout = max(self.server.app.limits.request_time, 1.0)  # socket reads; ends slow or idle peers
-        super().setup()
-
-    def version_string(self) -> str:
-        return self.server_version
-
-    def handle_one_request(self) -> None:
-        # reading the next request (and waiting for it on a kept-alive connection) has `request_time` in all
-        self.server.app.set_deadline(self.connection, self.server.app.limits.request_time)
-        super().handle_one_request()
-
-    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        """The standard library's errors (bad request line, unknown method, headers too long) in this server's
-        plain format; an unknown method from a client without the token gets 401 like everything else."""
-        if getattr(self, "request_version", "HTTP/0.9") == "HTTP/0.9":  # a garbled request line: answer in HTTP/1.1
-            self.request_version = "HTTP/1.1"
-        headers = getattr(self, "headers", None)
-        if code == 501 and headers is not None and not self.server.app.authorized(headers.get("Authorization")):
-            return self._refuse(Refusal(401, "auth", "unauthorized"), close=True)
-        if code == 501:
-            code, message = 405, f"use POST {P.BATCH_PATH}"
-        text = message or "bad request"
-        self._refuse(Refusal(code, "protocol", text.replace("\n", " ")[:200]), close=True)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        if self.server.app.verbose:
-            sys.stderr.write(f"tgc serve: {self.address_string()} {format % args}\n")
-
-    def _answer(self, status: int, body: bytes | list[bytes | memoryview], kind: str | None = None,
-                close: bool = False) -> None:
-        parts = [body] if isinstance(body, bytes) else body
-        self.send_response(status)
-        self.send_header("Content-Type", "application/octet-stream" if kind is None else "text/plain; charset=utf-8")
-        self.send_header("Content-Length", str(sum(len(p) for p in parts)))
-        if kind is not None:
-            self.send_header(P.ERROR_HEADER, kind)
-        if status == 401:
-            self.send_header("WWW-Authenticate", "Bearer")
-        if close:
-            self.send_header("Connection", "close")
-            self.close_connection = True
-        self.end_headers()
-        for part in parts:
-            self.wfile.write(part)
-
-    def _refuse(self, r: Refusal, close: bool = False) -> None:
-        self._answer(r.status, (r.msg + "\n").encode("utf-8", "replace"), r.kind, close)
-
-    def _length(self) -> int | None:
-        """The one Content-Length, written as decimal digits; None for none, several, or any other form."""
-        values = self.headers.get_all("Content-Length") or []
-        if len(values) != 1 or self.headers.get("Transfer-Encoding") is not None:
-            return None
-        text = values[0].strip()
-        return int(text) if _CONTENT_LENGTH.fullmatch(text) else None
-
-    def _discard_body(self, limit: int = 1 << 20) -> bool:
-        """Read and drop a small body so the peer can read our answer; False if it is too big to bother."""
-        n = self._length()
-        if n is None or n > limit:
-            return False
-        try:
-            self.rfile.read(n)
-        except OSError:
-            return False
-        return True
-
-    def _authorized(self) -> bool:
-        if self.server.app.authorized(self.headers.get("Authorization")):
-            return True
-        keep = self._discard_body()
-        self._refuse(Refusal(401, "auth", "unauthorized"), close=not keep)
-        return False
-
-    def do_POST(self) -> None:
-        app = self.server.app
-        if not self._authorized():
-            return
-        if self.path != P.BATCH_PATH:
-            keep = self._discard_body()
-            return self._refuse(Refusal(404, "protocol", f"no endpoint {self.path[:80]}; POST {P.BATCH_PATH}"),
-                                close=not keep)
-        sid = self.headers.get(P.SESSION_HEADER)
-        if not P.valid_session(sid):
-            keep = self._discard_body()
-            return self._refuse(Refusal(400, "protocol", f"missing or bad {P.SESSION_HEADER} header "
-                                                         "(16 to 128 characters of A-Z a-z 0-9 - _)"), close=not keep)
-        n = self._length()
-        if n is None:
-            return self._refuse(Refusal(411, "protocol", "a request needs one Content-Length of decimal digits "
-                                                         "(and no Transfer-Encoding)"), close=True)
-        if n > app.limits.max_body:
-            return self._refuse(Refusal(413, "limit", f"a request body of {n} bytes exceeds the limit of "
-                                                      f"{app.limits.max_body} bytes"), close=True)
-        try:
-            body = self.rfile.read(n)
-        except OSError:  # a timeout or a vanished peer: nobody to answer
-            self.close_connection = True
-            return
-        if len(body) != n:
-            self.close_connection = True
-            return
-        app.set_deadline(self.connection, None)  # the batch's own time limit applies while it runs
-        try:
-            parts = app.run_batch(sid, body, self.client_address[0])
-        except Refusal as r:
-            app.set_deadline(self.connection, app.limits.request_time)
-            return self._refuse(r)
-        except Exception as e:  # never let one batch take the server down
-            app.set_deadline(self.connection, app.limits.request_time)
-            return self._refuse(Refusal(500, "device", f"internal error: {type(e).__name__}: {e}"))
-        app.set_deadline(self.connection, app.limits.request_time)  # writing the answer
-        self._answer(200, parts)
-
-    def _not_allowed(self) -> None:
-        if self._authorized():
-            keep = self._discard_body()
-            self._refuse(Refusal(405, "protocol", f"use POST {P.BATCH_PATH}"), close=not keep)
-
-    do_GET = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _not_allowed
-
-
 def serve(host: str, port: int, device_name: str, token: str | None, limits: Limits | None = None,
           verbose: bool = False) -> RemoteServer:
     """A server for `device_name` listening on host:port (port 0 picks a free one); call `serve_forever()`."""
@@ -1038,7 +683,6 @@ def main_serve(host: str = "127.0.0.1", port: int = P.DEFAULT_PORT, device: str 
     file, and DeviceError (exit 1) when the device cannot be opened or the port cannot be bound.
     Limits left as None keep the defaults of `Limits`.
     """
-    from tgc.backends import canonical, default_device, device_class
     token = read_token(token_file)
     name = device or default_device()
     kind, _ = canonical(name)
@@ -1085,36 +729,3 @@ def main_serve(host: str = "127.0.0.1", port: int = P.DEFAULT_PORT, device: str 
 
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m tgc.backends.remote.server`: the same options as `tgc serve`."""
-    ap = argparse.ArgumentParser(prog="python -m tgc.backends.remote.server", description=__doc__.splitlines()[0])
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=P.DEFAULT_PORT, help="0 picks a free port")
-    ap.add_argument("-d", "--device", default=None)
-    ap.add_argument("--token-file", default=None)
-    ap.add_argument("--idle-timeout", type=float, default=None)
-    ap.add_argument("--max-body", type=int, default=None)
-    ap.add_argument("--max-buffer", type=int, default=None)
-    ap.add_argument("--max-session-memory", type=int, default=None)
-    ap.add_argument("--request-time", type=float, default=None)
-    ap.add_argument("--max-sessions", type=int, default=None)
-    ap.add_argument("--max-sessions-per-client", type=int, default=None)
-    ap.add_argument("--max-memory", type=int, default=None)
-    ap.add_argument("--max-connections", type=int, default=None)
-    ap.add_argument("-v", "--verbose", action="store_true")
-    a = ap.parse_args(argv)
-    try:
-        return main_serve(a.host, a.port, a.device, a.token_file, idle_timeout=a.idle_timeout, max_body=a.max_body,
-                          max_buffer=a.max_buffer, max_session_memory=a.max_session_memory,
-                          request_time=a.request_time, max_sessions=a.max_sessions, verbose=a.verbose,
-                          max_memory=a.max_memory, max_connections=a.max_connections,
-                          max_sessions_per_client=a.max_sessions_per_client)
-    except TgcError as e:
-        print(e.format(), file=sys.stderr)
-        return e.exit_code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

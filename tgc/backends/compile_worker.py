@@ -15,9 +15,10 @@ import sys
 import threading
 from concurrent.futures import Future
 
+from tgc.backends import get_device
+
 
 def main() -> None:
-    from tgc.backends import get_device
     for line in sys.stdin:
         req = json.loads(line)
         try:
@@ -44,7 +45,7 @@ class WorkerPool:
 
     @staticmethod
     def _start() -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "tgc.codegen.compile_worker"], stdin=subprocess.PIPE,
+        return subprocess.Popen([sys.executable, "-m", "tgc.backends.compile_worker"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
 
     def submit(self, kind: str, src: str, op: str = "compile") -> Future:

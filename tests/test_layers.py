@@ -1,0 +1,184 @@
+"""The import rule (docs/DESIGN.md, "Layers"): a module imports only from its own layer or the layers below
+it, at module level and inside functions alike. Imports are read with `ast`, never executed."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent / "tgc"
+
+# bottom to top; a module belongs to the longest prefix listed
+LAYERS: list[tuple[str, ...]] = [
+    ("tgc.errors", "tgc.dtype", "tgc.env", "tgc.cache", "tgc.version", "tgc.capabilities"),  # 0 base
+    ("tgc.ir",),  # 1 UOps, the pattern matcher, symbolic folding, kernel ASTs
+    ("tgc.dsl",),  # 2 front end: .tg source -> tensor graph
+    ("tgc.engine",),  # 3 scheduler, realizer (on a lowered program), bench timing, references
+    ("tgc.codegen",),  # 4 optimizer, lowering, linear UOps, BEAM (on device objects it is given)
+    ("tgc.backends",),  # 5 renderers, compilers, runtimes, the device registry, REMOTE
+    ("tgc.api",),  # 6 Program: binds the layers together for one program
+    ("tgc.cli",),  # 7 the command line
+    ("tgc",),  # 8 the package facade (`tgc.load` etc. import tgc.api on first use)
+]
+
+# (importer, imported) pairs allowed to point upward until their reason is gone; each must still exist
+EXCEPTIONS: dict[tuple[str, str], str] = {
+    ("tgc.codegen.verify", "tgc.backends.python"):
+        "the bounds verifier evaluates index math with the PYTHON device's ALU semantics until the one ALU "
+        "table (issue 11, item 4) lives in tgc.ir",
+}
+
+
+def layer_of(module: str) -> int:
+    best, level = -1, None
+    for i, names in enumerate(LAYERS):
+        for name in names:
+            if (module == name or module.startswith(name + ".")) and len(name) > best:
+                best, level = len(name), i
+    if level is None:
+        raise KeyError(module)
+    return level
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(source: str, module: str, is_package: bool = False) -> list[tuple[str, int]]:
+    """Every tgc module `source` imports (anywhere in it), with its line."""
+    package = module if is_package else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            # `from tgc.backends import python` names a module: count the deepest one
+            found += [(f"{target}.{a.name}" if (ROOT.parent / f"{target}.{a.name}".replace(".", "/")).with_suffix(
+                ".py").exists() else target, node.lineno) for a in node.names]
+    return [(m, line) for m, line in found if m == "tgc" or m.startswith("tgc.")]
+
+
+def violations(source: str, module: str, is_package: bool = False) -> list[str]:
+    out = []
+    for target, line in imports_of(source, module, is_package):
+        if layer_of(target) > layer_of(module) and (module, target) not in EXCEPTIONS:
+            out.append(f"{module}:{line} imports {target} (layer {layer_of(target)} above {layer_of(module)})")
+    return out
+
+
+def sources() -> list[tuple[str, str, bool]]:
+    return [(module_name(p), p.read_text(encoding="utf-8"), p.name == "__init__.py")
+            for p in sorted(ROOT.rglob("*.py"))]
+
+
+def test_every_module_has_a_layer():
+    for module, _, _ in sources():
+        layer_of(module)  # KeyError names a package that is not placed in LAYERS
+
+
+def test_no_module_imports_a_higher_layer():
+    bad = [v for module, src, pkg in sources() for v in violations(src, module, pkg)]
+    assert not bad, "\n".join(bad)
+
+
+def test_exceptions_are_still_needed():
+    used = {(module, target) for module, src, pkg in sources() for target, _ in imports_of(src, module, pkg)}
+    assert set(EXCEPTIONS) <= used, f"stale entries: {set(EXCEPTIONS) - used}"
+
+
+@pytest.mark.parametrize("src", [
+    "from tgc.api import Program\n",  # module level
+    "def f():\n    from tgc.backends import get_device\n",  # inside a function
+    "def f():\n    import tgc.codegen.kernel\n",
+    "from ..backends import cpu\n",  # relative
+])
+def test_the_checker_sees_upward_imports(src):
+    assert violations(src, "tgc.engine.realize")
+
+
+def test_the_checker_allows_downward_imports():
+    src = "from tgc.ir.uop import UOp\nfrom ..dsl import frontend\ndef f():\n    from tgc.engine.schedule import x\n"
+    assert violations(src, "tgc.engine.bench") == []
+    assert imports_of("from . import schedule\n", "tgc.engine.bench") == [("tgc.engine.schedule", 1)]
+
+
+# module import cycles (any import, inside functions too) still to be untied, each with its reason
+KNOWN_CYCLES: dict[frozenset[str], str] = {
+    frozenset({"tgc.codegen.kernel", "tgc.codegen.search"}):
+        "build_kernel calls BEAM and BEAM renders through build_kernel's stages, until one function is the only "
+        "way from a kernel AST to source (issue 11, item 1)",
+}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[frozenset[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = set()
+            while True:
+                w = stack.pop()
+                comp.add(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(frozenset(comp))
+
+    for v in list(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for module, src, pkg in sources():
+        graph.setdefault(module, set()).update(t for t, _ in imports_of(src, module, pkg) if t != module)
+    return graph
+
+
+def test_no_import_cycles():
+    found = cycles(import_graph())
+    assert set(found) <= set(KNOWN_CYCLES), [sorted(c) for c in found if c not in KNOWN_CYCLES]
+
+
+def test_the_cycle_finder_sees_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [frozenset("abc")]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_realizer_runs_a_lowered_program_without_the_api():
+    """`Program.lower` hands the realizer the device, the kernels and the input/output nodes; nothing else."""
+    import numpy as np
+
+    import tgc
+    from tgc.engine.realize import Lowered, run_program
+    prog = tgc.loads("x: f32[N]\ny: f32[N]\nreturn (x * y).sum(), x + 1.0")
+    low = prog.lower("CPU", {"N": 1000})
+    assert isinstance(low, Lowered) and [name for _, name in low.inputs] == ["x", "y"]
+    x, y = np.arange(1000, dtype=np.float32), np.ones(1000, np.float32)
+    got = run_program(low, {"x": x, "y": y})
+    np.testing.assert_allclose(got["out0"], (x * y).sum(), rtol=1e-6)
+    np.testing.assert_array_equal(got["out1"], x + 1)

@@ -1,0 +1,159 @@
+"""The CPU's peak FLOP/s and memory bandwidth, measured with hand-written LLVM IR kernels (what `tgc bench`
+compares kernels with; `tgc.engine.bench.machine_peak` keeps the result in the disk cache)."""
+
+from __future__ import annotations
+
+import glob
+import os
+from typing import Any
+
+import numpy as np
+
+
+def cpu_cache_bytes() -> int | None:
+    """This machine's largest CPU cache (the last level, shared by the cores), or None where unknown."""
+    best = 0
+    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+        digits = text[:-1] if scale > 1 else text
+        if digits.isdigit():
+            best = max(best, int(digits) * scale)
+    if not best:
+        try:
+            best = max(int(os.sysconf(n)) for n in ("SC_LEVEL3_CACHE_SIZE", "SC_LEVEL2_CACHE_SIZE"))
+        except (ValueError, OSError, AttributeError):
+            best = 0
+    return best or None
+
+
+_FMA_LOOP = """
+define void @fma_peak(ptr %out, i32 %core_id) #0 {{
+entry:
+  br label %loop
+loop:
+  %i = phi i32 [ 0, %entry ], [ %next, %loop ]
+{phis}
+{fmas}
+  %next = add i32 %i, 1
+  %done = icmp eq i32 %next, {iters}
+  br i1 %done, label %exit, label %loop
+exit:
+{sum}
+  %slot = getelementptr <16 x float>, ptr %out, i32 %core_id
+  store <16 x float> %s{last}, ptr %slot, align 4
+  ret void
+}}
+declare <16 x float> @llvm.fma.v16f32(<16 x float>, <16 x float>, <16 x float>)
+attributes #0 = {{ nounwind "prefer-vector-width"="512" }}
+"""
+
+
+_READ_LOOP = """
+define void @read_peak(ptr %out, ptr %x, i32 %chunk, i32 %core_id) #0 {{
+entry:
+  %base = mul i32 %core_id, %chunk
+  br label %loop
+loop:
+  %i = phi i32 [ 0, %entry ], [ %next, %loop ]
+{phis}
+  %at = add i32 %base, %i
+{loads}
+  %next = add i32 %i, {chains}
+  %done = icmp sge i32 %next, %chunk
+  br i1 %done, label %exit, label %loop
+exit:
+{sum}
+  %slot = getelementptr <16 x float>, ptr %out, i32 %core_id
+  store <16 x float> %s{last}, ptr %slot, align 4
+  ret void
+}}
+attributes #0 = {{ nounwind "prefer-vector-width"="512" }}
+"""
+
+
+def measure_read_bandwidth(dev: Any, nbytes: int | None = None) -> float:
+    """GB/s of every thread summing its share of a buffer far larger than the caches (8 times the last level,
+    at least 64 MiB, at most 1 GiB), with 8 independent vector accumulators: memory read bandwidth (a copy
+    also pays for reading each destination line in)."""
+    if nbytes is None:
+        nbytes = min(max(64 << 20, 8 * (cpu_cache_bytes() or 0)), 1 << 30)
+    chains, threads = 8, dev.cores
+    chunk = (nbytes // 64 // threads) // chains * chains  # 64-byte vectors per thread
+    phis = "\n".join(f"  %a{j} = phi <16 x float> [ zeroinitializer, %entry ], [ %b{j}, %loop ]"
+                     for j in range(chains))
+    loads = "\n".join(f"  %i{j} = add i32 %at, {j}\n  %p{j} = getelementptr <16 x float>, ptr %x, i32 %i{j}\n"
+                      f"  %v{j} = load <16 x float>, ptr %p{j}, align 4\n  %b{j} = fadd <16 x float> %a{j}, %v{j}"
+                      for j in range(chains))
+    sums = ["  %s0 = fadd <16 x float> %b0, %b1"] + [f"  %s{j - 1} = fadd <16 x float> %s{j - 2}, %b{j}"
+                                                    for j in range(2, chains)]
+    src = _READ_LOOP.format(phis=phis, loads=loads, chains=chains, sum="\n".join(sums), last=chains - 2)
+    prog = dev.program("read_peak", dev.compiler.compile(src))
+    x = np.ones(chunk * threads * 16, np.float32)
+    out = np.zeros(16 * threads, np.float32)
+    best = min(prog(out, x, global_size=(threads, 1, 1), vals=(chunk,), wait=True) for _ in range(5))
+    if float(out.astype(np.float64).sum()) != x.size:  # every element read once (sums of ones are exact here)
+        raise RuntimeError(f"read_peak summed {out.sum()} instead of {x.size}")
+    return x.nbytes / best / 1e9
+
+
+def measure_peak(dev: Any) -> dict[str, Any]:
+    """FMA throughput with 12 independent accumulators per thread; the memory bandwidth is the better of a
+    multi-threaded copy (counted as 8 bytes a float) and a multi-threaded read."""
+    chains, iters = 12, 2_000_000  # ~20 ms a run: long enough that thread start-up does not count
+    phis = "\n".join(f"  %a{j} = phi <16 x float> [ splat (float 1.0), %entry ], [ %b{j}, %loop ]"
+                     for j in range(chains))
+    fmas = "\n".join(f"  %b{j} = call <16 x float> @llvm.fma.v16f32(<16 x float> %a{j}, "
+                     f"<16 x float> splat (float 0x3FEFFFFFE0000000), <16 x float> splat (float 0x3F50624DE0000000))"
+                     for j in range(chains))
+    sums = ["  %s0 = fadd <16 x float> %b0, %b1"] + [f"  %s{j - 1} = fadd <16 x float> %s{j - 2}, %b{j}"
+                                                    for j in range(2, chains)]
+    src = _FMA_LOOP.format(phis=phis, fmas=fmas, iters=iters, sum="\n".join(sums), last=chains - 2)
+    prog = dev.program("fma_peak", dev.compiler.compile(src))
+    threads = dev.cores
+    out = np.zeros(16 * threads, np.float32)
+    best = min(prog(out, global_size=(threads, 1, 1), wait=True) for _ in range(5))
+    gflops = threads * iters * chains * 16 * 2 / best / 1e9
+    copy_gbps, read_gbps = measure_copy_bandwidth(dev), measure_read_bandwidth(dev)
+    return {"gflops": gflops, "gbps": max(copy_gbps, read_gbps), "copy_gbps": copy_gbps, "read_gbps": read_gbps,
+            "source": "measured"}
+
+
+_COPY_LOOP = """
+define void @copy_peak(ptr %dst, ptr %src, i32 %chunk, i32 %core_id) #0 {
+entry:
+  %base = mul i32 %core_id, %chunk
+  br label %loop
+loop:
+  %i = phi i32 [ 0, %entry ], [ %next, %loop ]
+  %at = add i32 %base, %i
+  %ps = getelementptr <16 x float>, ptr %src, i32 %at
+  %v = load <16 x float>, ptr %ps, align 4
+  %pd = getelementptr <16 x float>, ptr %dst, i32 %at
+  store <16 x float> %v, ptr %pd, align 4
+  %next = add i32 %i, 1
+  %done = icmp sge i32 %next, %chunk
+  br i1 %done, label %exit, label %loop
+exit:
+  ret void
+}
+attributes #0 = { nounwind "prefer-vector-width"="512" }
+"""
+
+
+def measure_copy_bandwidth(dev: Any, n: int = 1 << 24) -> float:
+    """GB/s of every thread copying its share of an `n`-float buffer (64 MiB) to another: each float counts
+    8 bytes (read and written)."""
+    threads = dev.cores
+    chunk = max(n // 16 // threads, 1)  # 64-byte vectors per thread
+    x = np.ones(chunk * threads * 16, np.float32)
+    y = np.zeros_like(x)
+    prog = dev.program("copy_peak", dev.compiler.compile(_COPY_LOOP))
+    t = min(prog(y, x, global_size=(threads, 1, 1), vals=(chunk,), wait=True) for _ in range(5))
+    if not np.array_equal(x, y):
+        raise RuntimeError("copy_peak did not copy every element")
+    return 8 * x.size / t / 1e9

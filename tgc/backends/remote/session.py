@@ -1,0 +1,37 @@
+"""One client session of `tgc serve`: its own tables of buffers, programs and graphs (numbered by the
+client), the binaries it compiled, and its memory."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from tgc.backends.remote import protocol as P
+from tgc.backends.remote.contract import Known
+
+
+@dataclass
+class Buffer:
+    handle: Any
+    size: int
+    parent: int | None = None  # for a view: the buffer it points into
+    views: set[int] = field(default_factory=set)
+
+
+@dataclass
+class Session:
+    id: str
+    buffers: dict[int, Buffer] = field(default_factory=dict)
+    programs: dict[int, Any] = field(default_factory=dict)
+    graphs: dict[int, tuple[P.GraphKernel, ...]] = field(default_factory=dict)
+    known: OrderedDict[str, Known] = field(default_factory=OrderedDict)  # binaries this session compiled
+    memory: int = 0
+    client: str = ""  # the peer's address
+    last_seen: float = field(default_factory=time.monotonic)
+    busy: int = 0  # batches in flight
+
+    @property
+    def objects(self) -> int:
+        return len(self.buffers) + len(self.programs) + len(self.graphs)

@@ -1,0 +1,189 @@
+"""HTTP transport of `tgc serve`: the threading HTTP server (connection cap, one-line errors) and the request
+handler (`POST /batch`: authorization, session header, body length), which hands each batch to the
+`RemoteServer` it serves (`server.app`)."""
+
+from __future__ import annotations
+
+import re
+import socket
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from tgc.backends.remote import protocol as P
+from tgc.backends.remote.limits import Refusal
+
+_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nX-Tgc-Error: busy\r\n"
+         b"Content-Length: 47\r\nConnection: close\r\n\r\nthe server has too many connections; try later\n")
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+    # the listen backlog: socketserver's default of 5 drops or resets connections when many clients connect
+    # at once (16 load-test clients saw 'Connection reset by peer'); the connection cap applies after accept
+    request_queue_size = 128
+    app: Any  # the RemoteServer whose batches this server carries
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        """Take a connection only while fewer than `max_connections` are open (else answer 503 and close)."""
+        with self.app.conn_lock:
+            if len(self.app.conns) < self.app.limits.max_connections:
+                self.app.conns[request] = time.monotonic() + max(self.app.limits.request_time, 1.0)
+                return True
+        try:
+            request.setblocking(False)
+            request.send(_BUSY)
+        except OSError:
+            pass
+        return False
+
+    def shutdown_request(self, request: Any) -> None:
+        with self.app.conn_lock:
+            self.app.conns.pop(request, None)
+        super().shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """One line, never a traceback: a client that vanished mid-request is not the server's problem."""
+        error = sys.exc_info()[1]
+        if isinstance(error, OSError) and not self.app.verbose:
+            return
+        print(f"tgc serve: {client_address[0]}: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+
+
+class _HTTPServer6(_HTTPServer):
+    address_family = socket.AF_INET6
+
+
+_CONTENT_LENGTH = re.compile(r"[0-9]{1,18}")
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "tgc-serve"
+    sys_version = ""  # no Python version in the Server header
+    disable_nagle_algorithm = True  # answers are small writes; do not wait for the peer's delayed ACK
+    server: _HTTPServer
+
+    def setup(self) -> None:
+        self.timeout = max(self.server.app.limits.request_time, 1.0)  # socket reads; ends slow or idle peers
+        super().setup()
+
+    def version_string(self) -> str:
+        return self.server_version
+
+    def handle_one_request(self) -> None:
+        # reading the next request (and waiting for it on a kept-alive connection) has `request_time` in all
+        self.server.app.set_deadline(self.connection, self.server.app.limits.request_time)
+        super().handle_one_request()
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The standard library's errors (bad request line, unknown method, headers too long) in this server's
+        plain format; an unknown method from a client without the token gets 401 like everything else."""
+        if getattr(self, "request_version", "HTTP/0.9") == "HTTP/0.9":  # a garbled request line: answer in HTTP/1.1
+            self.request_version = "HTTP/1.1"
+        headers = getattr(self, "headers", None)
+        if code == 501 and headers is not None and not self.server.app.authorized(headers.get("Authorization")):
+            return self._refuse(Refusal(401, "auth", "unauthorized"), close=True)
+        if code == 501:
+            code, message = 405, f"use POST {P.BATCH_PATH}"
+        text = message or "bad request"
+        self._refuse(Refusal(code, "protocol", text.replace("\n", " ")[:200]), close=True)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        if self.server.app.verbose:
+            sys.stderr.write(f"tgc serve: {self.address_string()} {format % args}\n")
+
+    def _answer(self, status: int, body: bytes | list[bytes | memoryview], kind: str | None = None,
+                close: bool = False) -> None:
+        parts = [body] if isinstance(body, bytes) else body
+        self.send_response(status)
+        self.send_header("Content-Type", "application/octet-stream" if kind is None else "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(sum(len(p) for p in parts)))
+        if kind is not None:
+            self.send_header(P.ERROR_HEADER, kind)
+        if status == 401:
+            self.send_header("WWW-Authenticate", "Bearer")
+        if close:
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        self.end_headers()
+        for part in parts:
+            self.wfile.write(part)
+
+    def _refuse(self, r: Refusal, close: bool = False) -> None:
+        self._answer(r.status, (r.msg + "\n").encode("utf-8", "replace"), r.kind, close)
+
+    def _length(self) -> int | None:
+        """The one Content-Length, written as decimal digits; None for none, several, or any other form."""
+        values = self.headers.get_all("Content-Length") or []
+        if len(values) != 1 or self.headers.get("Transfer-Encoding") is not None:
+            return None
+        text = values[0].strip()
+        return int(text) if _CONTENT_LENGTH.fullmatch(text) else None
+
+    def _discard_body(self, limit: int = 1 << 20) -> bool:
+        """Read and drop a small body so the peer can read our answer; False if it is too big to bother."""
+        n = self._length()
+        if n is None or n > limit:
+            return False
+        try:
+            self.rfile.read(n)
+        except OSError:
+            return False
+        return True
+
+    def _authorized(self) -> bool:
+        if self.server.app.authorized(self.headers.get("Authorization")):
+            return True
+        keep = self._discard_body()
+        self._refuse(Refusal(401, "auth", "unauthorized"), close=not keep)
+        return False
+
+    def do_POST(self) -> None:
+        app = self.server.app
+        if not self._authorized():
+            return
+        if self.path != P.BATCH_PATH:
+            keep = self._discard_body()
+            return self._refuse(Refusal(404, "protocol", f"no endpoint {self.path[:80]}; POST {P.BATCH_PATH}"),
+                                close=not keep)
+        sid = self.headers.get(P.SESSION_HEADER)
+        if not P.valid_session(sid):
+            keep = self._discard_body()
+            return self._refuse(Refusal(400, "protocol", f"missing or bad {P.SESSION_HEADER} header "
+                                                         "(16 to 128 characters of A-Z a-z 0-9 - _)"), close=not keep)
+        n = self._length()
+        if n is None:
+            return self._refuse(Refusal(411, "protocol", "a request needs one Content-Length of decimal digits "
+                                                         "(and no Transfer-Encoding)"), close=True)
+        if n > app.limits.max_body:
+            return self._refuse(Refusal(413, "limit", f"a request body of {n} bytes exceeds the limit of "
+                                                      f"{app.limits.max_body} bytes"), close=True)
+        try:
+            body = self.rfile.read(n)
+        except OSError:  # a timeout or a vanished peer: nobody to answer
+            self.close_connection = True
+            return
+        if len(body) != n:
+            self.close_connection = True
+            return
+        app.set_deadline(self.connection, None)  # the batch's own time limit applies while it runs
+        try:
+            parts = app.run_batch(sid, body, self.client_address[0])
+        except Refusal as r:
+            app.set_deadline(self.connection, app.limits.request_time)
+            return self._refuse(r)
+        except Exception as e:  # never let one batch take the server down
+            app.set_deadline(self.connection, app.limits.request_time)
+            return self._refuse(Refusal(500, "device", f"internal error: {type(e).__name__}: {e}"))
+        app.set_deadline(self.connection, app.limits.request_time)  # writing the answer
+        self._answer(200, parts)
+
+    def _not_allowed(self) -> None:
+        if self._authorized():
+            keep = self._discard_body()
+            self._refuse(Refusal(405, "protocol", f"use POST {P.BATCH_PATH}"), close=not keep)
+
+    do_GET = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _not_allowed

@@ -1,0 +1,43 @@
+"""What a device can do, declared in one place: the scheduler and the optimizer read these, never the
+device's class or kind. Each renderer declares its `caps` (a `Capabilities`); a device may lower its
+launch limits (`Device.caps` combines the two, without opening the device: rendering never needs it).
+Runtime facts stay on the device (`max_buffer_bytes`, which may need the driver). Base layer: imports
+nothing from tgc."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    # how a kernel is launched: "cpu" (global_size[0] threads split the outer loop, `core_id` tells each its
+    # slice) or "gpu" (a grid of work-groups of threads, with shared memory and barriers)
+    launch: str = "cpu"
+    vectors: bool = False  # vector UOps (UPCAST lanes become <N x T> operations); else every lane is scalar
+    decompose_transcendentals: bool = False  # exp2/log2/sin as polynomials (vectorizable) instead of device calls
+    # scheduling (tgc/engine/schedule.py): choices for a cache hierarchy walked by few threads
+    fuse_rows: bool = True  # a per-row reduction broadcast along its own row stays in its consumer kernel
+    pack_matmul: bool = False  # a large matmul's right-hand side is copied into 32-column panels first
+    # GPU launch limits (tgc/codegen/opt.py): threads per work-group, shared memory per work-group (bytes),
+    # work-groups along the first grid dimension, and the work-group size preferred where opts leave it open
+    max_threads_per_block: int = 256
+    max_shared_bytes: int = 32768
+    max_grid: int = 2**31 - 1
+    preferred_local_size: int = 256
+
+    @property
+    def gpu(self) -> bool:
+        return self.launch == "gpu"
+
+    def limited(self, threads: int | None = None, shared_bytes: int | None = None) -> Capabilities:
+        """These capabilities with a device's own (lower) limits applied; None leaves a limit as it is."""
+        return replace(
+            self,
+            max_threads_per_block=min(self.max_threads_per_block, threads or self.max_threads_per_block),
+            preferred_local_size=threads or self.preferred_local_size,
+            max_shared_bytes=min(self.max_shared_bytes, shared_bytes or self.max_shared_bytes))
+
+
+CPU = Capabilities()  # what a device declares that does not say (and the PYTHON interpreter)
+GPU = Capabilities(launch="gpu", fuse_rows=False)
