@@ -15,7 +15,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("tgc.errors", "tgc.dtype", "tgc.env", "tgc.cache", "tgc.version", "tgc.capabilities"),  # 0 base
     ("tgc.ir",),  # 1 UOps, the pattern matcher, symbolic folding, kernel ASTs
     ("tgc.dsl",),  # 2 front end: .tg source -> tensor graph
-    ("tgc.engine",),  # 3 scheduler, realizer (on a lowered program), bench timing, references
+    ("tgc.engine", "tgc.baselines"),  # 3 scheduler, realizer (on a lowered program), bench timing, references;
+    # numpy baselines of a parsed program (bench and `tgc bench --vs numpy` only, never the core)
     ("tgc.codegen",),  # 4 optimizer, lowering, linear UOps, BEAM (on device objects it is given)
     ("tgc.backends",),  # 5 renderers, compilers, runtimes, the device registry, REMOTE
     ("tgc.api",),  # 6 Program: binds the layers together for one program
@@ -24,11 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
 ]
 
 # (importer, imported) pairs allowed to point upward until their reason is gone; each must still exist
-EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("tgc.codegen.verify", "tgc.backends.python"):
-        "the bounds verifier evaluates index math with the PYTHON device's ALU semantics until the one ALU "
-        "table (issue 11, item 4) lives in tgc.ir",
-}
+EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 
 def layer_of(module: str) -> int:
@@ -113,11 +110,7 @@ def test_the_checker_allows_downward_imports():
 
 
 # module import cycles (any import, inside functions too) still to be untied, each with its reason
-KNOWN_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"tgc.codegen.kernel", "tgc.codegen.search"}):
-        "build_kernel calls BEAM and BEAM renders through build_kernel's stages, until one function is the only "
-        "way from a kernel AST to source (issue 11, item 1)",
-}
+KNOWN_CYCLES: dict[frozenset[str], str] = {}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:

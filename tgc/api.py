@@ -225,7 +225,7 @@ class Program:
         name = device or default_device()
         if "," in name:
             raise TgcError(f"device lists such as '{name}' (one program sharded across devices) are not supported "
-                           "yet", hint="run on one device, e.g. -d " + name.split(",")[0].strip())
+                           "yet", hint="run on one device, e.g. " + name.split(",")[0].strip())
         _device(name).ensure_runnable()
         return run_program(self.lower(name, dims), arrays)
 

@@ -5,6 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tgc.codegen.pipeline import _COMMENT as _COMMENT  # re-exported
+from tgc.codegen.pipeline import CONTRACT_TAG as CONTRACT_TAG  # re-exported
+from tgc.codegen.pipeline import drop_unused_buffers as drop_unused_buffers  # re-exported
+from tgc.codegen.pipeline import launch_contract as launch_contract  # re-exported
+from tgc.codegen.pipeline import render_kernel as render_kernel  # re-exported
 from tgc.env import env_flag
 from tgc.errors import CompileError
 from tgc.ir.kernel import ScheduleItem
@@ -193,32 +198,6 @@ def build_kernel(item: ScheduleItem, device: Any, beam: int = 0, name: str | Non
                   device=device, opts=low.applied, cache_key=key)
 
 
-CONTRACT_TAG = "tgc-launch:"
-_COMMENT = {"llvm": ";", "c": "//"}  # renderer language -> line comment
-
-
-def launch_contract(bufs: list[UOp], launch: dict) -> dict[str, Any]:
-    """What a launch of this kernel must provide: the bytes of each buffer (in parameter order), the most
-    work-items per dimension, the local size, and the number of `vals`."""
-    from tgc.ir.shapes import prod, shape_of
-    local = launch.get("local_size")
-    return {"bufs": [int(prod(shape_of(b)) * b.dtype.itemsize) for b in bufs],
-            "global_size": [int(g) for g in launch.get("global_size", (1, 1, 1))],
-            "local_size": None if local is None else [int(v) for v in local], "vals": len(launch.get("vals", ()))}
-
-
-def render_kernel(device: Any, name: str, uops: list[UOp], bufs: list[UOp], launch: dict) -> str:
-    """The renderer's source, ending in a comment that states the launch contract (`launch_contract`),
-    which a REMOTE server checks every launch against."""
-    import json
-    src = device.renderer.render(name, uops)
-    prefix = _COMMENT.get(device.renderer.language)
-    if prefix is None:
-        return src
-    text = json.dumps(launch_contract(bufs, launch), separators=(",", ":"))
-    return src.rstrip("\n") + f"\n{prefix} {CONTRACT_TAG} {text}\n"
-
-
 def bytes_touched(ast: UOp, bufs: list[UOp]) -> int:
     """Bytes a launch reads and writes, counting each element it can reach once (what GB/s is computed from).
 
@@ -255,17 +234,6 @@ def bytes_touched(ast: UOp, bufs: list[UOp]) -> int:
 
 
 INF = float("inf")
-
-
-def drop_unused_buffers(ast: UOp, bufs: list[UOp]) -> tuple[UOp, list[UOp]]:
-    """Buffers whose loads folded away (`a % -1` is 0) are not kernel parameters: renumber the rest. A
-    substitution, not a rewrite: DEFINE_GLOBAL 3 -> 2 while 2 -> 1 would apply twice to a hash-consed node."""
-    from tgc.ir.uop import substitute
-    used = sorted({u.arg for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL})
-    if used == list(range(len(bufs))):
-        return ast, bufs
-    mapping = {u: u.replace(arg=used.index(u.arg)) for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL}
-    return substitute(ast, mapping), [bufs[i] for i in used]
 
 
 COMPILE_COUNTER = {"compiles": 0}

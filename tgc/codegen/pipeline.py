@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tgc.ir.uop import UOp, format_uops, pretty
+from tgc.ir.uop import Ops, UOp, format_uops, pretty
 
 
 def fuses_rows(device: Any) -> bool:
@@ -121,7 +121,6 @@ def _map_to_grid(ast: UOp, ctx: LowerCtx) -> UOp:
 
 
 def _drop_unused(ast: UOp, ctx: LowerCtx) -> UOp:
-    from tgc.codegen.kernel import drop_unused_buffers
     ast, ctx.bufs = drop_unused_buffers(ast, ctx.bufs)
     return ast
 
@@ -216,7 +215,6 @@ def lower(ast: UOp, device: Any, bufs: list[UOp], name: str, opts: list | None =
     list of opts (BEAM's); None runs the hand-coded heuristic (nothing with NOOPT). `trace`, when a list, gets
     (pass name, text after the pass) for every pass that ran."""
     from tgc.codegen import verify
-    from tgc.codegen.kernel import render_kernel
     from tgc.codegen.linearize import linearize
     from tgc.codegen.spec import verify_spec
     ctx = LowerCtx(device, name, list(bufs), opts=None if opts is None else list(opts), trace=trace)
@@ -246,6 +244,45 @@ def passes_text(ast: UOp, device: Any, bufs: list[UOp], name: str = "kernel", op
 def uops_text(uops: list[UOp]) -> str:
     """Linear UOps one per line (the one UOp printer, `tgc.ir.uop.format_uops`)."""
     return format_uops(uops)
+
+
+# ---- rendering with the launch contract, and renumbering buffers (used by `lower`)
+
+CONTRACT_TAG = "tgc-launch:"
+_COMMENT = {"llvm": ";", "c": "//"}  # renderer language -> line comment
+
+
+def launch_contract(bufs: list[UOp], launch: dict) -> dict[str, Any]:
+    """What a launch of this kernel must provide: the bytes of each buffer (in parameter order), the most
+    work-items per dimension, the local size, and the number of `vals`."""
+    from tgc.ir.shapes import prod, shape_of
+    local = launch.get("local_size")
+    return {"bufs": [int(prod(shape_of(b)) * b.dtype.itemsize) for b in bufs],
+            "global_size": [int(g) for g in launch.get("global_size", (1, 1, 1))],
+            "local_size": None if local is None else [int(v) for v in local], "vals": len(launch.get("vals", ()))}
+
+
+def render_kernel(device: Any, name: str, uops: list[UOp], bufs: list[UOp], launch: dict) -> str:
+    """The renderer's source, ending in a comment that states the launch contract (`launch_contract`),
+    which a REMOTE server checks every launch against."""
+    import json
+    src = device.renderer.render(name, uops)
+    prefix = _COMMENT.get(device.renderer.language)
+    if prefix is None:
+        return src
+    text = json.dumps(launch_contract(bufs, launch), separators=(",", ":"))
+    return src.rstrip("\n") + f"\n{prefix} {CONTRACT_TAG} {text}\n"
+
+
+def drop_unused_buffers(ast: UOp, bufs: list[UOp]) -> tuple[UOp, list[UOp]]:
+    """Buffers whose loads folded away (`a % -1` is 0) are not kernel parameters: renumber the rest. A
+    substitution, not a rewrite: DEFINE_GLOBAL 3 -> 2 while 2 -> 1 would apply twice to a hash-consed node."""
+    from tgc.ir.uop import substitute
+    used = sorted({u.arg for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL})
+    if used == list(range(len(bufs))):
+        return ast, bufs
+    mapping = {u: u.replace(arg=used.index(u.arg)) for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL}
+    return substitute(ast, mapping), [bufs[i] for i in used]
 
 
 __all__ = ["PASSES", "Lowered", "Pass", "fuses_rows", "lower", "passes_text", "prepare", "uops_text"]

@@ -311,7 +311,7 @@ def beam_items(items: list[ScheduleItem], dev: Any, width: int = 4, progress: Ca
                force: bool = False) -> tuple[list[dict[str, Any]], float]:
     """Search every kernel of a schedule on `dev`; store the winners; rows of before/after per kernel and the
     seconds it took (`Program.beam` schedules, calls this and drops its compiled kernels)."""
-    from tgc.codegen.kernel import prepare_ast
+    from tgc.codegen.pipeline import prepare as prepare_ast
 
     if dev.compiler is None:
         raise CompileError(dev.compile_error or f"cannot compile for {dev.kind} here, so it cannot be tuned here")

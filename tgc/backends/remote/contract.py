@@ -56,7 +56,7 @@ def _dims(value: Any, what: str) -> tuple[int, int, int]:
 def parse_contract(src: str, language: str | None) -> Known:
     """The launch contract at the end of a kernel's source, and for LLVM IR the parameters (pointers, others)
     of each function it defines. Raises ValueError for a malformed contract."""
-    from tgc.codegen.kernel import _COMMENT, CONTRACT_TAG
+    from tgc.codegen.pipeline import _COMMENT, CONTRACT_TAG
     prefix = _COMMENT.get(language or "")
     contract = None
     if prefix is not None:
