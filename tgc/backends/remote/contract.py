@@ -15,7 +15,7 @@ from tgc.backends.remote.limits import Refusal
 @dataclass(frozen=True)
 class Contract:
     """What a launch of a kernel must provide, from the `tgc-launch:` comment that ends its source (see
-    `tgc.codegen.kernel.launch_contract`): the least bytes of each buffer, the most work-items per
+    `tgc.codegen.pipeline.launch_contract`): the least bytes of each buffer, the most work-items per
     dimension, the local size and the number of `vals`."""
 
     bufs: tuple[int, ...]
