@@ -277,23 +277,29 @@ def main() -> None:
         xla = xla_timer(w["model"], w["inputs"], names) if not args.no_xla else None
         xla_s = timeit(xla) if xla is not None else None
         best = min(t for t in (default, tuned) if t is not None)
-        if w["bound"] == "flops":
-            share = w["flops"] / best / 1e9 / peak["gflops"]
-            rate = f"{w['flops'] / best / 1e9:.1f} GFLOP/s"
-        else:
-            share = w["bytes"] / best / 1e9 / copy_gbs
-            rate = f"{w['bytes'] / best / 1e9:.1f} GB/s"
         mem, io = peak_memory(prog, w["inputs"], dims)
         r = {"name": w["name"], "default_ms": default * 1e3, "beam_ms": tuned * 1e3 if tuned else None,
              "beam_search_s": beam_s if tuned else None, "numpy_ms": numpy_s * 1e3,
              "xla_ms": xla_s * 1e3 if xla_s is not None else None, "ratio": numpy_s / best,
-             "xla_ratio": xla_s / best if xla_s is not None else None, "rate": rate, "peak_share": share,
+             "xla_ratio": xla_s / best if xla_s is not None else None,
              "peak_mem_ratio": mem / io, "memory_met": mem / io <= MEMORY_TARGET}
+        rows.append((w, best, r))
+    # the peaks again at the end, keeping the better of the two: one measurement on a busy or still-waking
+    # machine reads low, and every share of peak would then read high (above 100%)
+    again = measure_cpu_peak(dev)
+    peak = {k: max(peak[k], again[k]) if isinstance(peak.get(k), (int, float)) else peak[k] for k in peak}
+    copy_gbs = max(copy_gbs, copy_bandwidth())
+    done = []
+    for w, best, r in rows:
+        amount = w["flops"] if w["bound"] == "flops" else w["bytes"]
+        r["peak_share"] = amount / best / 1e9 / (peak["gflops"] if w["bound"] == "flops" else copy_gbs)
+        r["rate"] = f"{amount / best / 1e9:.1f} {'GFLOP/s' if w['bound'] == 'flops' else 'GB/s'}"
         checks = [(_target_text(k, v), _target_met(k, v, r)) for k, v in w["targets"]]
         r["targets"] = [{"target": t, "met": m} for t, m in checks]
         r["met"] = None if all(m is None for _, m in checks) else all(m is not False for _, m in checks)
         r["limit"] = w["limit"] if r["met"] is False else ""
-        rows.append(r)
+        done.append(r)
+    rows = done
     startup = startup_time()
     if args.json:
         print(json.dumps({"peak": peak, "copy_gbs": copy_gbs, "rows": rows, "startup_s": startup,
