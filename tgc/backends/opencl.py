@@ -267,49 +267,51 @@ NOT_HERE_HINT = ("OpenCL C is still rendered and type-checked here (tgc compile 
                  "run on another device, e.g. -d CPU")
 
 
-def cpu_description() -> str:
-    """`AMD EPYC, family 26`: the CPU's model name and family from /proc/cpuinfo (or platform's words)."""
+@functools.cache
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo ({} where there is none)."""
     fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
+                if not line.strip():
+                    if fields:
+                        break
+                    continue
                 key, sep, value = line.partition(":")
-                if sep and key.strip() in ("model name", "cpu family") and key.strip() not in fields:
-                    fields[key.strip()] = value.strip()
-                if not line.strip() and fields:
-                    break
+                if sep:
+                    fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
+    return fields
+
+
+def _platform_cpu() -> str:
     import platform
-    name = fields.get("model name") or platform.processor() or platform.machine() or "unknown CPU"
-    return f"{name}, family {fields['cpu family']}" if "cpu family" in fields else name
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def cpu_description() -> str:
+    """`AMD EPYC, family 26`: the CPU's model name and family from /proc/cpuinfo (or platform's words)."""
+    info = _cpuinfo()
+    name = info.get("model name") or _platform_cpu()
+    return f"{name}, family {info['cpu family']}" if "cpu family" in info else name
 
 
 def _cpu_identity() -> str:
     """What distinguishes this CPU for the probe cache: vendor, family, model, stepping, model name."""
-    keep = ("vendor_id", "cpu family", "model", "stepping", "model name")
-    seen: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                key, sep, value = line.partition(":")
-                if not line.strip():
-                    break
-                if sep and key.strip() in keep:
-                    seen[key.strip()] = value.strip()
-    except OSError:
-        import platform
-        return platform.processor() or platform.machine()
-    return "|".join(f"{k}={seen.get(k, '')}" for k in keep)
+    info = _cpuinfo()
+    if not info:
+        return _platform_cpu()
+    return "|".join(f"{k}={info.get(k, '')}" for k in ("vendor_id", "cpu family", "model", "stepping", "model name"))
 
 
 def explain_build_failure(log: str, platform_version: str, device_name: str) -> str:
     """One line that says why a device cannot build kernels, from the driver's build log."""
     if "unknown target CPU" in log:
         m = re.search(r"PoCL\s+(\S+)", platform_version)
-        ver = m.group(1) if m else ""
-        return (f"PoCL {ver} cannot compile for this CPU ({cpu_description()}): its LLVM does not know it"
-                .replace("PoCL  ", "PoCL "))
+        pocl = f"PoCL {m.group(1)}" if m else "PoCL"
+        return f"{pocl} cannot compile for this CPU ({cpu_description()}): its LLVM does not know it"
     first = next((ln.strip() for ln in log.splitlines() if ln.strip()), "no build log")
     return f"OpenCL device '{device_name}' cannot build a test kernel: {first}"
 
@@ -387,13 +389,9 @@ def probe_device(index: int = 0) -> tuple[bool, str]:
     cl = _import_cl()
     key = cache.make_key("opencl-probe", index, d.platform.name, d.platform.version, d.name, d.driver_version,
                          d.opencl_c_version, getattr(cl, "VERSION_TEXT", ""), __version__, _cpu_identity())
-    hit = cache.get("probe", key)
+    hit = cache.get_json("probe", key, lambda v: isinstance(v, list) and len(v) == 2)  # damaged: probe again
     if hit is not None:
-        try:
-            ok, why = json.loads(hit)
-            return bool(ok), str(why)
-        except (ValueError, TypeError):
-            pass  # a damaged entry: probe again
+        return bool(hit[0]), str(hit[1])
     ok, why = _run_probe_subprocess(index)
     cache.put("probe", key, json.dumps([ok, why]).encode(), meta=f"OPENCL:{index} {d.name.strip()}")
     return ok, why
