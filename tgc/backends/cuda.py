@@ -53,7 +53,6 @@ def _nvrtc() -> Any:
         raise CompileError(f"NVRTC is not installed ({e})", hint=INSTALL_HINT) from None
     except RuntimeError as e:  # cuda-bindings present, libnvrtc missing
         raise CompileError(f"NVRTC could not be loaded ({e})", hint=INSTALL_HINT) from None
-    keep_python_sigint()
     return nvrtc
 
 
