@@ -76,6 +76,17 @@ attributes #0 = {{ nounwind "prefer-vector-width"="512" }}
 """
 
 
+
+def _phis(chains: int, init: str) -> str:
+    """The loop's `chains` independent <16 x float> accumulators %a0.. (from `init`, then %b0..)."""
+    return "\n".join(f"  %a{j} = phi <16 x float> [ {init}, %entry ], [ %b{j}, %loop ]" for j in range(chains))
+
+
+def _sum_chains(chains: int) -> str:
+    """%b0 + %b1 + ... as %s0 .. %s{chains-2}, the last of which the templates store."""
+    return "\n".join(["  %s0 = fadd <16 x float> %b0, %b1"] +
+                     [f"  %s{j - 1} = fadd <16 x float> %s{j - 2}, %b{j}" for j in range(2, chains)])
+
 def measure_read_bandwidth(dev: Any, nbytes: int | None = None) -> float:
     """GB/s of every thread summing its share of a buffer far larger than the caches (8 times the last level,
     at least 64 MiB, at most 1 GiB), with 8 independent vector accumulators: memory read bandwidth (a copy
@@ -84,14 +95,11 @@ def measure_read_bandwidth(dev: Any, nbytes: int | None = None) -> float:
         nbytes = min(max(64 << 20, 8 * (cpu_cache_bytes() or 0)), 1 << 30)
     chains, threads = 8, dev.cores
     chunk = (nbytes // 64 // threads) // chains * chains  # 64-byte vectors per thread
-    phis = "\n".join(f"  %a{j} = phi <16 x float> [ zeroinitializer, %entry ], [ %b{j}, %loop ]"
-                     for j in range(chains))
+    phis = _phis(chains, "zeroinitializer")
     loads = "\n".join(f"  %i{j} = add i32 %at, {j}\n  %p{j} = getelementptr <16 x float>, ptr %x, i32 %i{j}\n"
                       f"  %v{j} = load <16 x float>, ptr %p{j}, align 4\n  %b{j} = fadd <16 x float> %a{j}, %v{j}"
                       for j in range(chains))
-    sums = ["  %s0 = fadd <16 x float> %b0, %b1"] + [f"  %s{j - 1} = fadd <16 x float> %s{j - 2}, %b{j}"
-                                                    for j in range(2, chains)]
-    src = _READ_LOOP.format(phis=phis, loads=loads, chains=chains, sum="\n".join(sums), last=chains - 2)
+    src = _READ_LOOP.format(phis=phis, loads=loads, chains=chains, sum=_sum_chains(chains), last=chains - 2)
     prog = dev.program("read_peak", dev.compiler.compile(src))
     x = np.ones(chunk * threads * 16, np.float32)
     out = np.zeros(16 * threads, np.float32)
@@ -105,14 +113,11 @@ def measure_peak(dev: Any) -> dict[str, Any]:
     """FMA throughput with 12 independent accumulators per thread; the memory bandwidth is the better of a
     multi-threaded copy (counted as 8 bytes a float) and a multi-threaded read."""
     chains, iters = 12, 2_000_000  # ~20 ms a run: long enough that thread start-up does not count
-    phis = "\n".join(f"  %a{j} = phi <16 x float> [ splat (float 1.0), %entry ], [ %b{j}, %loop ]"
-                     for j in range(chains))
+    phis = _phis(chains, "splat (float 1.0)")
     fmas = "\n".join(f"  %b{j} = call <16 x float> @llvm.fma.v16f32(<16 x float> %a{j}, "
                      f"<16 x float> splat (float 0x3FEFFFFFE0000000), <16 x float> splat (float 0x3F50624DE0000000))"
                      for j in range(chains))
-    sums = ["  %s0 = fadd <16 x float> %b0, %b1"] + [f"  %s{j - 1} = fadd <16 x float> %s{j - 2}, %b{j}"
-                                                    for j in range(2, chains)]
-    src = _FMA_LOOP.format(phis=phis, fmas=fmas, iters=iters, sum="\n".join(sums), last=chains - 2)
+    src = _FMA_LOOP.format(phis=phis, fmas=fmas, iters=iters, sum=_sum_chains(chains), last=chains - 2)
     prog = dev.program("fma_peak", dev.compiler.compile(src))
     threads = dev.cores
     out = np.zeros(16 * threads, np.float32)
