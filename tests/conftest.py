@@ -46,16 +46,13 @@ def remote_server():
             os.environ["TGC_REMOTE"] = old
 
 
-_skip_reasons: dict[str, str | None] = {}
-
-
 @pytest.fixture(scope="session", params=DEVICES)
 def device(request: pytest.FixtureRequest) -> str:
     """The device a language test runs on; one run of the test per entry of TGC_TEST_DEVICES.
     REMOTE runs against a real `tgc serve` subprocess serving the CPU. A device whose probe fails here (PoCL
     on a CPU its LLVM does not know, say) skips every test with the probe's reason, shown in pytest's summary."""
     from langkit import device_skip_reason
-    why = _skip_reasons.setdefault(request.param, device_skip_reason(request.param))
+    why = device_skip_reason(request.param)  # once per device: a session fixture's skip is cached by pytest
     if why is not None:
         pytest.skip(why)
     if request.param.upper().startswith("REMOTE") and not os.environ.get("TGC_REMOTE"):
