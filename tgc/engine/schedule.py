@@ -31,9 +31,10 @@ RECOMPUTE_LIMIT = 64  # ALU ops recomputed per element above which the value get
 _REP_CAP = 1 << 20
 
 
-def _fused_cost(node: UOp, realized: set[UOp], memo: dict[UOp, int]) -> int:
-    """ALU ops to compute `node` from buffers and realized values (each fused node counted once); 0 for a value
-    that reads no buffer (constants fold; index arithmetic is cheaper to recompute than to load)."""
+def _costs_at_least(node: UOp, realized: set[UOp], need: int) -> bool:
+    """Whether computing `node` from buffers and realized values takes at least `need` ALU ops (each fused node
+    counted once; a transcendental counts TRANSCENDENTAL_COST). A value that reads no buffer costs nothing
+    (constants fold; index arithmetic is cheaper to recompute than to load). The walk stops once it knows."""
     total, stack, seen, reads = 0, [node], set(), False
     while stack:
         n = stack.pop()
@@ -41,13 +42,16 @@ def _fused_cost(node: UOp, realized: set[UOp], memo: dict[UOp, int]) -> int:
             continue
         if n.op is Ops.BUFFER or (n in realized and n is not node):
             reads = True
+            if total >= need:
+                return True
             continue
         seen.add(n)
         if n.op in ALU:
             total += TRANSCENDENTAL_COST if n.op in _TRANSCENDENTAL else 1
+            if reads and total >= need:
+                return True
         stack.extend(n.src)
-    memo[node] = total if reads else 0
-    return memo[node]
+    return reads and total >= need
 
 
 def _broadcast_factor(node: UOp) -> int:
@@ -81,7 +85,6 @@ def find_realized(outputs: list[UOp], fuse_rows: bool = False) -> list[UOp]:
     once per row before the row's inner loop (softmax and layernorm become one kernel)."""
     realized: set[UOp] = set(o for o in outputs)
     realized |= {n for o in outputs for n in o.toposort() if n.op is Ops.CONTIGUOUS}
-    cost_memo: dict[UOp, int] = {}
     changed = True
     while changed:
         changed = False
@@ -106,10 +109,8 @@ def find_realized(outputs: list[UOp], fuse_rows: bool = False) -> list[UOp]:
                         changed = True
                         continue
                 if (rep > 1 and node is not root and (node.op in ALU or node.op is Ops.CAST)
-                        and (cost_memo.get(node) or _fused_cost(node, realized, cost_memo)) * (rep - 1)
-                        >= RECOMPUTE_LIMIT):
+                        and _costs_at_least(node, realized, -(-RECOMPUTE_LIMIT // (rep - 1)))):
                     realized.add(node)
-                    cost_memo.clear()
                     changed = True
                     continue
                 for child in node.src:
