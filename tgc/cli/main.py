@@ -566,11 +566,8 @@ def _table_option(f: Callable) -> Callable:
 
 
 def _fmt_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
+    from tgc.cli.report import fmt_bytes
+    return fmt_bytes(n, ".1f")
 
 
 @cache.command("stats")

@@ -194,10 +194,11 @@ def _share_cell(rec: Mapping[str, Any]) -> str:
     return fmt_share(share) + {"memory": " mem", "compute": " flop"}.get(str(bound), "")
 
 
-def fmt_bytes(n: float) -> str:
+def fmt_bytes(n: float, precision: str = ".3g") -> str:
+    """`n` bytes in B, KiB, MiB or GiB (whole bytes; the larger units with `precision`)."""
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.3g} {unit}"
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:{precision}} {unit}"
         n /= 1024
     return str(n)
 
