@@ -52,14 +52,21 @@ class Allocator:
 class LRUAllocator(Allocator):
     """Keeps freed buffers by size and hands them out again, so a second run allocates nothing new.
 
-    `allocations` counts real device allocations (the tests read it).
+    `allocations` counts real device allocations; `live_bytes` the bytes handed out and not yet freed, and
+    `peak_bytes` its largest value since `reset_peak()` (the tests compare it with a memory plan's peak).
     """
 
     def __init__(self) -> None:
         self.cached: dict[int, list[Any]] = defaultdict(list)
         self.allocations = 0
+        self.live_bytes = self.peak_bytes = 0
+
+    def reset_peak(self) -> None:
+        self.peak_bytes = self.live_bytes
 
     def alloc(self, nbytes: int) -> Any:
+        self.live_bytes += nbytes
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
         if self.cached[nbytes]:
             return self.cached[nbytes].pop()
         self.allocations += 1
@@ -70,6 +77,7 @@ class LRUAllocator(Allocator):
             return self._alloc(nbytes)
 
     def free(self, handle: Any, nbytes: int) -> None:
+        self.live_bytes -= nbytes
         self.cached[nbytes].append(handle)
 
     def free_cache(self) -> None:
@@ -89,6 +97,10 @@ class HostAllocator(LRUAllocator):
         raw = np.empty(nbytes + self.align, dtype=np.uint8)
         offset = (-raw.ctypes.data) % self.align
         return raw[offset:offset + nbytes]
+
+    def view(self, handle: Any, nbytes: int) -> Any:
+        """The first `nbytes` of an allocation (a memory plan's slot shared by smaller buffers)."""
+        return handle[:nbytes]
 
     def copyin(self, handle: Any, src: memoryview) -> None:
         import numpy as np
