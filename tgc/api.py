@@ -10,7 +10,8 @@ import numpy as np
 from tgc.backends import default_device, device_class, get_device, known_kinds
 from tgc.codegen.kernel import Kernel, build_kernel
 from tgc.dsl.frontend import InputDecl, Parsed, concrete_shape, dim_names, parse, trace
-from tgc.dtype import DType, dtypes, f32_to_bf16
+from tgc.dtype import DType
+from tgc.engine.conform import as_array as _as_array
 from tgc.engine.realize import Lowered, run_program, to_user_array
 from tgc.engine.schedule import ScheduleItem, create_schedule, split_large_reduces
 from tgc.env import env_int
@@ -331,31 +332,6 @@ def _device(device: str | None) -> Any:
 
 def _decl_text(decl: InputDecl) -> str:
     return f"{decl.dtype.name}[{', '.join(map(str, decl.shape))}]"
-
-
-def _as_array(value: Any, decl: InputDecl, cast: bool, at: dict[str, Any]) -> np.ndarray:
-    want = decl.dtype
-    if isinstance(value, (bool, int, float, np.generic)) or (isinstance(value, (list, tuple))):
-        value = np.asarray(value)
-        if value.dtype == np.float64 and want.is_float or value.dtype.kind in "iub" and not want.is_float:
-            cast = True
-    if not isinstance(value, np.ndarray):
-        raise TgcError(f"input '{decl.name}' must be a numpy array, got {type(value).__name__}")
-    if want == dtypes.bf16:
-        if value.dtype == np.uint16:  # bf16 bit patterns (how tgc holds bf16), with or without cast
-            return np.require(value, requirements="C")
-        if value.dtype.kind == "f" or cast:
-            return f32_to_bf16(value.astype(np.float32))
-    if value.dtype != want.np:
-        if value.dtype.kind in "OVSUM" or value.dtype.kind == "c":
-            raise TgcError(f"input '{decl.name}' has dtype {value.dtype}, which tgc cannot use")
-        if not cast:
-            got = dtypes.from_numpy(value.dtype)
-            raise BindError(f"input '{decl.name}' is {got.name if got else value.dtype}, but the program declares it "
-                            f"{_decl_text(decl)}", need="cast", name=decl.name, dtype=want.name,
-                            hint=f"convert the array to {want.name}, or bind with cast=True", **at)
-        value = value.astype(want.np)
-    return np.require(value, requirements="C")  # (ascontiguousarray would turn a 0-d array into 1-d)
 
 
 _ = (concrete_shape, prod, to_user_array)

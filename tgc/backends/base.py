@@ -185,6 +185,11 @@ class Device:
         declared = self.renderer.caps if self.renderer is not None else Capabilities()
         return declared.limited(self.max_local_size, self.max_shared_bytes)
 
+    def binary_target(self) -> str:
+        """What a compiled binary must have been built for to load here (a package records it): by default the
+        compiler's identity (name and version)."""
+        return self.compiler.cache_key if self.compiler is not None else self.kind
+
     def ensure_runnable(self) -> None:
         """Raise DeviceError (why, in one line) when kernels cannot run on this device here. Called before a
         program allocates anything; devices that only find out on first use (a GPU context) may do nothing."""

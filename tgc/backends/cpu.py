@@ -244,6 +244,12 @@ class CPUDevice(Device):
             self._pool_size = threads
         return self._pool
 
+    def binary_target(self) -> str:
+        """x86-64 objects for this CPU's model and features: what `tgc.backends.elf` loads, whichever llvmlite
+        built them (read without importing llvmlite)."""
+        import platform
+        return f"{platform.machine()}-{_cpu_fingerprint()}"
+
     def program(self, name: str, lib: bytes) -> CPUProgram:
         return CPUProgram(self, name, lib)
 

@@ -228,6 +228,21 @@ def _load(path: str) -> Any:
     return prog
 
 
+def _load_any(path: str) -> Any:
+    """A compiled package (`.tgpkg`, or any zip archive) or a `.tg` program."""
+    from tgc.package import is_package
+
+    if is_package(path):
+        from tgc.package import load_package
+
+        return load_package(path)
+    return _load(path)
+
+
+def _is_pkg(prog: Any) -> bool:
+    return type(prog).__name__ == "Package"
+
+
 def _device_kind(device: str | None) -> tuple[str, str]:
     """(the device name to show, its registry kind) for `-d` (first of a list) or the default device."""
     from tgc.backends import canonical, default_device
@@ -348,19 +363,25 @@ def main() -> None:
               help="Relative tolerance for --check (default by dtype).")
 def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[str, str]], npz: str | None,
         cast: bool, use_random: bool, seed: int | None, outs: list[Any], check: bool, rtol: float | None) -> None:
-    """Run FILE on a device and print or save its outputs."""
+    """Run FILE (a `.tg` program, or a package from `tgc compile --package`) and print or save its outputs."""
     from tgc.cli import inputs as inp
     from tgc.cli.outputs import print_output_table, resolve_outs, save_outputs
 
     if seed is not None and not use_random:
         raise click.UsageError("--seed needs --random")
-    prog = _load(file)
+    prog = _load_any(file)
+    pkg = _is_pkg(prog)
+    if pkg and check:
+        raise TgcError("--check needs the program's source: a package holds no numpy reference",
+                       hint="run --check on the .tg file")
     _warn(inp.check_dims(prog, dims, require_all=False))
     specs = resolve_outs(outs, prog.output_names)
     given = inp.gather(prog, npz, pairs, cast)
-    arrays = inp.fill_random(prog, given, dims, seed or 0) if use_random else given
+    known = prog.resolve_dims(dims) if pkg else dims
+    arrays = inp.fill_random(prog, given, known, seed or 0) if use_random else given
     run_dims, arrays = inp.bind(prog, arrays, dims)
-    _search_with_progress(prog, device, run_dims, None)
+    if not pkg:
+        _search_with_progress(prog, device, run_dims, None)
     results = prog.run(device=device, dims=run_dims, **arrays)
     dtype_names = _output_dtypes(prog, run_dims, results)
     failure = None
@@ -396,14 +417,30 @@ def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[s
 @click.option("--emit", type=click.Choice(["src", "uops", "schedule", "ir", "asm", "bin"]), default="src",
               show_default=True, help="What to print for each kernel.")
 @click.option("-o", "--output", "outdir", metavar="DIR", help="Write one file per kernel into DIR.")
-def compile_(file: str, device: str | None, dims: dict[str, int], emit: str, outdir: str | None) -> None:
-    """Compile every kernel of FILE and print their sources (or UOps, schedule, IR, assembly, binaries)."""
+@click.option("--package", "package", metavar="OUT.tgpkg",
+              help="Write one package file (signature, launch plan, binaries) for `tgc run`/`bench`/`inspect`.")
+def compile_(file: str, device: str | None, dims: dict[str, int], emit: str, outdir: str | None,
+             package: str | None) -> None:
+    """Compile every kernel of FILE and print their sources (or UOps, schedule, IR, assembly, binaries), or
+    write a package (--package) that runs later without FILE and without compiling."""
     from tgc.cli import emit as em
     from tgc.cli.inputs import check_dims
 
+    if package and (outdir or emit != "src"):
+        raise click.UsageError("--package writes one file: it does not combine with --emit or -o")
     prog = _load(file)
     _warn(check_dims(prog, dims, require_all=True))
     name, kind = _device_kind(device)
+    if package:
+        from tgc.cli.report import fmt_bytes
+        from tgc.package import write
+
+        _search_with_progress(prog, device, dims, None)
+        pkg = write(prog, package, name, dims)
+        n = len(pkg.kernels)
+        _err(f"wrote {package}: {n} kernel{'s' if n != 1 else ''} for {pkg.device_name}, "
+             f"planned peak memory {fmt_bytes(pkg.peak_bytes)}")
+        return
     if emit == "schedule":
         emitted = em.emit_schedule(prog.schedule(dims), file)
     else:
@@ -438,19 +475,25 @@ def compile_(file: str, device: str | None, dims: dict[str, int], emit: str, out
 def bench(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[str, str]], npz: str | None,
           cast: bool, seed: int, repeat: int, beam: int | None, vs: str | None, baseline: str | None,
           as_json: bool) -> None:
-    """Time each kernel of FILE and the whole program on device-resident inputs (random unless given)."""
+    """Time each kernel of FILE (a `.tg` program or a package) and the whole program on device-resident inputs
+    (random unless given)."""
     from tgc.cli import inputs as inp
     from tgc.cli import report
 
-    prog = _load(file)
+    prog = _load_any(file)
+    pkg = _is_pkg(prog)
+    if pkg and (beam or vs):
+        raise click.UsageError(f"{'--beam' if beam else '--vs numpy'} needs the program's source, not a package")
     _warn(inp.check_dims(prog, dims, require_all=False))
     old = report.load_baseline(baseline) if baseline else None
-    arrays = inp.fill_random(prog, inp.gather(prog, npz, pairs, cast), dims, seed)
+    arrays = inp.fill_random(prog, inp.gather(prog, npz, pairs, cast), prog.resolve_dims(dims) if pkg else dims,
+                             seed)
     run_dims, arrays = inp.bind(prog, arrays, dims)
     if old is not None:  # refuse a baseline of another program, dims, device or tgc version before timing
         report.check_baseline(old, prog.identity(device, run_dims), baseline)
     kwargs: dict[str, Any] = {"device": device, "dims": run_dims, "repeat": repeat, "beam": beam, "inputs": arrays}
-    _search_with_progress(prog, device, run_dims, beam)
+    if not pkg:
+        _search_with_progress(prog, device, run_dims, beam)
     if not as_json and _stderr_tty():
         _err(f"timing {file} ({repeat} runs per kernel) ...")
     result = prog.bench(**kwargs)
@@ -516,6 +559,53 @@ def beam_(file: str, device: str | None, dims: dict[str, int], width: int, force
     if result.get("interrupted"):
         _err("beam: interrupted; the winners found so far are stored")
         click.get_current_context().exit(130)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# tgc inspect
+
+
+@main.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@json_option
+def inspect(file: str, as_json: bool) -> None:
+    """Show a package: its device, dims, signature, kernels and planned peak memory (after validating it)."""
+    from tgc.package import load_package
+
+    doc = load_package(file).describe()
+    if as_json:
+        _echo_json(doc)
+        return
+    from tgc.cli.report import fmt_bytes
+
+    dev = doc["device"]
+    click.echo(f"package: {file} (format {doc['format_version']}, tgc {doc['tgc_version']}, "
+               f"sha256 {doc['content_hash'][:16]})")
+    click.echo(f"program: {doc['program']['file']}")
+    click.echo(f"device:  {dev['name']} (binaries for {dev['target']}; compiler {dev['compiler']})")
+    click.echo("dims:    " + (", ".join(f"{k}={v}" for k, v in doc["dims"].items()) or "(none)"))
+
+    def io_line(d: dict) -> str:
+        declared = f"[{', '.join(d['declared'])}]"
+        concrete = f"[{', '.join(map(str, d['shape']))}]"
+        return f"  {d['name']:<12} {d['dtype']}{declared}" + (f" = {concrete}" if declared != concrete else "")
+
+    click.echo(f"inputs ({len(doc['inputs'])}):")
+    for d in doc["inputs"]:
+        click.echo(io_line(d))
+    click.echo(f"outputs ({len(doc['outputs'])}):")
+    for d in doc["outputs"]:
+        click.echo(io_line(d))
+    click.echo(f"kernels ({len(doc['kernels'])}):")
+    for i, k in enumerate(doc["kernels"]):
+        local = f" local {k['local_size']}" if k["local_size"] else ""
+        click.echo(f"  {i:>3} {k['name']:<28} global {k['global_size']}{local} buffers {k['buffers']} "
+                   f"binary {fmt_bytes(k['binary_bytes'])}")
+    mem = doc["memory"]
+    click.echo(f"memory:  planned peak {fmt_bytes(mem['peak_bytes'])} in {len(mem['slots'])} allocations "
+               f"(inputs {fmt_bytes(mem['input_bytes'])}, outputs {fmt_bytes(mem['output_bytes'])}; "
+               f"{mem['intermediates']} intermediates share {mem['intermediate_slots']} allocations; "
+               f"one allocation per buffer would take {fmt_bytes(mem['unshared_bytes'])})")
 
 
 # ---------------------------------------------------------------------------------------------------------------
