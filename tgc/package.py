@@ -11,11 +11,14 @@ A package is a zip archive of data only (never pickle, nothing runs on load):
 - `kernels/<i>.bin` and `kernels/<i>.src`: each kernel's binary and its source.
 
 The manifest's `content_hash` is the SHA-256 of the manifest itself without that field (canonical JSON), which
-names every member's hash: one flipped byte anywhere is found. Reading validates before it uses anything: the
-archive's size and member count, member names (no paths outside the archive, no unexpected or duplicate
-members), uncompressed sizes and compression ratios (zip bombs), every field's type and range, the memory plan
-(buffers fit their slots, slots are never shared by buffers alive at once). The kernels' binaries are native
-code for the device: running a package runs them, as running any program does, so run packages you trust.
+names every member's hash: the package's identity. The archive's comment, its last 64 bytes, is the SHA-256 of
+every byte before it: one flipped byte anywhere in the file is found, even in a zip field readers ignore.
+
+Reading validates before it uses anything: the archive's size and member count, member names (no paths
+outside the archive, no unexpected or duplicate members), uncompressed sizes and compression ratios (zip
+bombs), every field's type and range, the memory plan (buffers fit their slots, slots are never shared by
+buffers alive at once). The kernels' binaries are native code for the device: running a package runs them,
+as running any program does, so run packages you trust.
 
 This module imports neither the compiler nor llvmlite on the load path (`load_package`, `Package.run`).
 """
@@ -43,6 +46,7 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 SUFFIX = ".tgpkg"
 ZIP_MAGIC = b"PK\x03\x04"
+CHECKSUM_LEN = 64
 
 MAX_FILE = 2 << 30  # the archive
 MAX_MEMBERS = 4096
@@ -172,7 +176,15 @@ def build(prog: Any, device: str | None = None, dims: dict[str, int] | None = No
             info.compress_type = zipfile.ZIP_DEFLATED
             info.external_attr = 0o644 << 16
             z.writestr(info, data)
-    return out.getvalue()
+        z.comment = b"0" * CHECKSUM_LEN  # replaced below: the file's checksum
+    data = out.getvalue()
+    return data[:-CHECKSUM_LEN] + file_checksum(data)
+
+
+def file_checksum(data: bytes) -> bytes:
+    """The archive's comment, its last bytes: the SHA-256 (hex) of every byte before it. Fields of the zip
+    container that readers ignore (times, attributes, the container's own headers) are covered too."""
+    return hashlib.sha256(data[:-CHECKSUM_LEN]).hexdigest().encode()
 
 
 def _decl_shape(shape: Any) -> list:
@@ -238,6 +250,8 @@ def read_members(data: bytes, path: str) -> tuple[dict, dict[str, bytes]]:
         raise _bad(path, "it is too large")
     if not data.startswith(ZIP_MAGIC):
         raise _bad(path, "it is not a zip archive" if data else "it is empty")
+    if len(data) < CHECKSUM_LEN + 22 or data[-CHECKSUM_LEN:] != file_checksum(data):
+        raise _bad(path, "its checksum does not match its bytes (damaged, truncated or changed)")
     try:
         z = zipfile.ZipFile(io.BytesIO(data))
     except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError, EOFError) as e:
@@ -672,8 +686,8 @@ class Package:
         """Execute the launch plan; {output name: numpy array}, as `Program.run`."""
         from tgc.engine.realize import run_program
 
+        low = self.lower(device)  # a package for another device is refused before its inputs are read
         _, arrays = self.bind({**(inputs or {}), **kw_inputs}, dims, cast=cast)
-        low = self.lower(device)
         low.device.ensure_runnable()
         return run_program(low, arrays)
 
