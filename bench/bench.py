@@ -4,7 +4,8 @@ For each workload: tgc's default kernels, tgc after `tgc beam` (winners come fro
 the first run), numpy on the same inputs, XLA (`jax.jit` of the same program written with `jax.numpy`, inputs
 already on the device, `block_until_ready`), tgc's ratio to each, and the share of the machine's peak FLOP/s
 (compute-bound work) or of a plain 2-thread copy's bandwidth (memory-bound work), both measured in this run.
-Also: peak memory above the inputs and outputs, and the start-up time of a small `tgc run`.
+Also: peak memory above the inputs and outputs, the start-up time of a small `tgc run`, and a compiled package run
+cold in a fresh process against `tgc run FILE` with a warm cache (`--only package` runs just that).
 
 numpy runs with its best BLAS kernels: where the environment forces an OpenBLAS core type
 (`OPENBLAS_CORETYPE`, with `OPENBLAS_L2_SIZE`), this script says so and starts itself again without both, in
@@ -241,6 +242,51 @@ def startup_time() -> float | None:
     return statistics.median(times)
 
 
+PACKAGE_CASES = [("softmax", "kernels/softmax.tg", ["N=256", "D=1024"]),
+                 ("matmul", "kernels/matmul.tg", ["M=256", "K=256", "N=256"])]
+
+
+def package_times(repeat: int = 5) -> list[dict] | None:
+    """Compile once, run anywhere: the time of a whole `tgc run PKG --random` process that starts cold (a fresh
+    process, an empty compile cache: nothing to compile, nothing cached) against `tgc run FILE --random` with
+    a warm compile cache, for softmax and matmul (medians of `repeat` processes)."""
+    import tempfile
+
+    exe = os.path.join(os.path.dirname(sys.executable), "tgc")
+    if not os.path.exists(exe):
+        return None
+    out = []
+    with tempfile.TemporaryDirectory(prefix="tgc-bench-pkg-") as tmp:
+        for name, path, dims in PACKAGE_CASES:
+            pkg = os.path.join(tmp, f"{name}.tgpkg")
+            path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), path)
+            d_args = [a for dim in dims for a in ("-D", dim)]
+            subprocess.run([exe, "compile", path, *d_args, "-d", "CPU", "--package", pkg], capture_output=True,
+                           check=True)
+            file_cmd = [exe, "run", path, "--random", *d_args]
+            subprocess.run(file_cmd, capture_output=True, check=True)  # warm the compile cache
+
+            def median(cmd: list[str], env: dict | None = None) -> float:
+                times = []
+                for _ in range(repeat):
+                    st = time.perf_counter()
+                    subprocess.run(cmd, capture_output=True, check=True, env=env)
+                    times.append(time.perf_counter() - st)
+                return statistics.median(times)
+
+            cold = []
+            for i in range(repeat):  # each process gets its own empty cache directory
+                env = {**os.environ, "TGC_CACHE_DIR": os.path.join(tmp, f"cold-{name}-{i}")}
+                st = time.perf_counter()
+                subprocess.run([exe, "run", pkg, "--random"], capture_output=True, check=True, env=env)
+                cold.append(time.perf_counter() - st)
+            warm = median(file_cmd)
+            pkg_s = statistics.median(cold)
+            out.append({"name": name, "dims": dims, "package_cold_s": pkg_s, "file_warm_s": warm,
+                        "ratio": pkg_s / warm})
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
@@ -301,8 +347,9 @@ def main() -> None:
         done.append(r)
     rows = done
     startup = startup_time()
+    packages = package_times() if not args.only or args.only == "package" else None
     if args.json:
-        print(json.dumps({"peak": peak, "copy_gbs": copy_gbs, "rows": rows, "startup_s": startup,
+        print(json.dumps({"peak": peak, "copy_gbs": copy_gbs, "rows": rows, "startup_s": startup, "packages": packages,
                           "blas": blas_note(), "xla_missing": XLA_MISSING[0] or None}, indent=1))
         return
     head = ("| workload | tgc default | tgc beam | numpy | XLA | x numpy | x XLA | rate | share of peak | targets |"
@@ -336,6 +383,10 @@ def main() -> None:
     print(f"\nFMA peak {peak['gflops']:.0f} GFLOP/s, 2-thread copy {copy_gbs:.1f} GB/s (measured in this run)")
     if startup is not None:
         print(f"warm `tgc run kernels/softmax.tg --random` as a whole process: {startup * 1e3:.0f} ms")
+    for p in packages or []:
+        print(f"{p['name']} ({' '.join(p['dims'])}): `tgc run PKG --random` cold (fresh process, empty cache) "
+              f"{p['package_cold_s'] * 1e3:.0f} ms vs `tgc run FILE --random` warm cache "
+              f"{p['file_warm_s'] * 1e3:.0f} ms ({p['ratio']:.2f}x)")
 
 
 if __name__ == "__main__":
