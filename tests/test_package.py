@@ -346,3 +346,19 @@ def test_every_language_suite_program_runs_from_its_package(tmp_path):
     assert summary["packages"] > 300
     assert not summary["bad"], f"{len(summary['bad'])} packages differ:\n" + "\n".join(summary["bad"][:10])
     assert not summary["llvmlite"] and not summary["codegen"] and not summary["api"]
+
+
+def test_a_device_whose_copies_move_whole_buffers_gets_one_slot_per_buffer():
+    """REMOTE copies a whole buffer out (`shared_slots = False`): its plan shares nothing."""
+    from types import SimpleNamespace
+
+    from tgc.backends.remote.client import RemoteAllocator
+    from tgc.engine.realize import plan_for
+
+    prog = tgc.load(MLP)
+    low = prog.lower("CPU", MLP_DIMS)
+    shared = plan_for(low.device, low.kernels, low.inputs, low.outputs)
+    assert RemoteAllocator.shared_slots is False
+    alone = plan_for(SimpleNamespace(allocator=RemoteAllocator.__new__(RemoteAllocator)), low.kernels, low.inputs,
+                     low.outputs)
+    assert shared.peak_bytes < alone.peak_bytes == alone.unshared_bytes == shared.unshared_bytes
