@@ -62,32 +62,32 @@ def plan_memory(kernel_bufs: Sequence[Sequence[Hashable]], sizes: dict, inputs: 
     """Assign each buffer (a key of `sizes`, bytes >= 1) to a slot. Greedy in order of first use: a buffer takes
     the smallest free slot that holds it, else the largest free slot (which grows to fit), else a new slot.
     A slot is free once its last buffer's lifetime has ended. `share=False`: one slot per buffer."""
+    import heapq
+
     spans = lifetimes(kernel_bufs, inputs, outputs)
     plan = MemoryPlan(sizes={k: int(sizes[k]) for k in spans}, lifetimes=spans)
-    busy_until: list[int] = []  # per slot: the last kernel index its current buffer needs it
     fixed = set(inputs)
-    fixed_slots: set[int] = set()  # the slots of inputs: never shared
+    busy: list[tuple[int, int]] = []  # heap of (last kernel index its current buffer needs, slot)
+    free: list[int] = []  # slots no live buffer holds
     order = sorted(spans, key=lambda k: spans[k][0])  # stable: ties keep first-use order
     for key in order:
         first, last = spans[key]
+        while busy and busy[0][0] < first:
+            free.append(heapq.heappop(busy)[1])
         need = plan.sizes[key]
         slot = None
-        if share and key not in fixed:
-            free = [s for s, until in enumerate(busy_until) if until < first and s not in fixed_slots]
+        if share and key not in fixed and free:
             fits = [s for s in free if plan.slots[s] >= need]
             if fits:
                 slot = min(fits, key=lambda s: (plan.slots[s], s))
-            elif free:
+            else:
                 slot = max(free, key=lambda s: (plan.slots[s], -s))
                 plan.slots[slot] = need
+            free.remove(slot)
         if slot is None:
             slot = len(plan.slots)
             plan.slots.append(need)
-            busy_until.append(last)
-            if key in fixed:
-                fixed_slots.add(slot)
-        else:
-            busy_until[slot] = last
+        heapq.heappush(busy, (last, slot))
         plan.slot_of[key] = slot
     return plan
 

@@ -149,13 +149,16 @@ def allocate(low: Lowered, arrays: dict[str, np.ndarray], buffers: dict[Any, Buf
     the memory plan, each allocated once and owned (freed) by the first buffer placed in it."""
     plan = low.memory_plan()
     slots: dict[int, Slot] = {}
+    largest: dict[int, Any] = {}  # per slot, its largest buffer (what a too-large allocation is reported as)
+    for k, i in plan.slot_of.items():
+        if i not in largest or plan.sizes[k] > plan.sizes[largest[i]]:
+            largest[i] = k
 
     def place(key: Any) -> None:
         index = plan.slot_of[key]
         owns = index not in slots
         if owns:
-            largest = max((k for k, i in plan.slot_of.items() if i == index), key=lambda k: plan.sizes[k])
-            slots[index] = Slot(low.device, plan.slots[index], largest)
+            slots[index] = Slot(low.device, plan.slots[index], largest[index])
         buffers[key] = Buffer(low.device, key, slots[index], owns)
 
     for b, name in low.inputs:
