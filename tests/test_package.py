@@ -338,7 +338,7 @@ def test_every_language_suite_program_runs_from_its_package(tmp_path):
            "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "package_suite", "-p", "no:cacheprovider",
                            "-p", "no:xdist", *files], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
-    assert (tmp_path / "index.jsonl").exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0 and (tmp_path / "index.jsonl").exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     check = subprocess.run([sys.executable, str(ROOT / "tests" / "package_suite.py"), str(tmp_path)], env=env,
                            capture_output=True, text=True, timeout=1200)
     assert check.returncode == 0, check.stderr[-3000:]
