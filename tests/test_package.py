@@ -226,6 +226,8 @@ def test_cli_refuses_a_tampered_package_with_exit_2(mlp_pkg, tmp_path):
     bad.write_bytes(_rezip(mlp_pkg.read_bytes(), version))
     r = _cli("run", bad, "--random")
     assert r.returncode == 2 and "format version 99" in r.stderr
+    r = _cli("run", mlp_pkg, "--random", "-d", "PYTHON")
+    assert r.returncode == 2 and "compiled for CPU, not PYTHON" in r.stderr
 
 
 def test_the_content_hash_covers_the_manifest_and_every_member(mlp_pkg):
@@ -362,3 +364,34 @@ def test_a_device_whose_copies_move_whole_buffers_gets_one_slot_per_buffer():
     alone = plan_for(SimpleNamespace(allocator=RemoteAllocator.__new__(RemoteAllocator)), low.kernels, low.inputs,
                      low.outputs)
     assert shared.peak_bytes < alone.peak_bytes == alone.unshared_bytes == shared.unshared_bytes
+
+
+def test_a_cuda_package_runs_through_the_standin_driver(tmp_path):
+    """CUDA without a GPU (tests/cuda_standin.py): a package of cubins for `cubin-sm_XX` runs with the CUDA
+    allocator and gives the program's own CUDA results (the stand-in builds its host copies when NVRTC compiles,
+    so the package is written and run in one process)."""
+    import cuda_standin
+
+    why = cuda_standin.why_unavailable()
+    if why is not None:
+        pytest.skip(str(why))
+    code = f"""
+import cuda_standin; cuda_standin.install()
+import json, numpy as np, tgc
+from tgc import package
+from tgc.engine.inputs import random_inputs
+prog = tgc.load({str(MLP)!r})
+dims = {MLP_DIMS!r}
+arrays = prog.bind(random_inputs(prog, dims), dims)[1]
+want = prog.run(device="CUDA", dims=dims, **arrays)
+package.write(prog, {str(tmp_path / "standin.tgpkg")!r}, "CUDA", dims)
+pkg = tgc.load_package({str(tmp_path / "standin.tgpkg")!r})
+got = pkg.run(**arrays)
+print(json.dumps({{"same": all(np.array_equal(want[k], got[k]) for k in want), "target": pkg.target}}))
+"""
+    env = cuda_standin.env()
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests")])
+    r = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(r.stdout.strip().splitlines()[-1])
+    assert doc["same"] and doc["target"].startswith("cubin-sm_")
