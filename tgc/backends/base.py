@@ -65,16 +65,18 @@ class LRUAllocator(Allocator):
         self.peak_bytes = self.live_bytes
 
     def alloc(self, nbytes: int) -> Any:
+        if self.cached[nbytes]:
+            handle = self.cached[nbytes].pop()
+        else:
+            self.allocations += 1
+            try:
+                handle = self._alloc(nbytes)
+            except MemoryError:
+                self.free_cache()
+                handle = self._alloc(nbytes)
         self.live_bytes += nbytes
         self.peak_bytes = max(self.peak_bytes, self.live_bytes)
-        if self.cached[nbytes]:
-            return self.cached[nbytes].pop()
-        self.allocations += 1
-        try:
-            return self._alloc(nbytes)
-        except MemoryError:
-            self.free_cache()
-            return self._alloc(nbytes)
+        return handle
 
     def free(self, handle: Any, nbytes: int) -> None:
         self.live_bytes -= nbytes

@@ -28,7 +28,7 @@ def _debug() -> int:
 
 
 def buffer_type(key: Any) -> tuple[DType, tuple[int, ...]]:
-    """The dtype and shape of a buffer key: a tensor node, or a package's `PlanBuffer` (its own `.shape`)."""
+    """The dtype and shape of a buffer key: a tensor node, or a package's `PlanBuffer` (its own `plan_shape`)."""
     shape = getattr(key, "plan_shape", None)
     return key.dtype, (tuple(shape) if shape is not None else shape_of(key))
 
