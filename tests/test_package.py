@@ -144,9 +144,14 @@ def test_inspect_json_and_text(mlp_pkg):
     assert doc["inputs"][0] == {"name": "x", "dtype": "f32", "shape": [4, 8], "declared": ["B", "IN"]}
     assert [d["shape"] for d in doc["outputs"]] == [[4, 8]]
     assert [k["name"] for k in doc["kernels"]] == [k.name for k in pkg.kernels] and len(doc["kernels"]) >= 2
+    assert [b["role"] for b in doc["buffers"]].count("temp") == 2
+    temps = [b["slot"] for b in doc["buffers"] if b["role"] in ("temp", "output")]
+    assert len(set(temps)) < len(temps)  # an output reuses a dead intermediate's allocation
     mem = doc["memory"]
     assert mem["peak_bytes"] == sum(mem["slots"]) == pkg.peak_bytes
     assert mem["peak_bytes"] < mem["unshared_bytes"]  # the intermediates share memory
+    r = _cli("inspect", MLP)
+    assert r.returncode == 2 and "is not a package" in r.stderr
     text = _cli("inspect", mlp_pkg)
     assert text.returncode == 0 and "planned peak" in text.stdout and "x            f32[B, IN] = [4, 8]" in text.stdout
 

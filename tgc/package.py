@@ -736,6 +736,9 @@ class Package:
                          "buffers": [b.index for b in k.bufs], "binary_bytes": len(k.binary),
                          "source_bytes": len(k.src.encode()), "flops": k.flops, "bytes": k.bytes_moved,
                          "line": k.line} for k in self.kernels],
+            "buffers": [{"index": b.index, "role": b.role, "name": b.name, "dtype": b.dtype.name,
+                         "shape": list(b.plan_shape), "nbytes": b.nbytes, "slot": mem.slot_of.get(b)}
+                        for b in self.buffers],
             "memory": {"peak_bytes": mem.peak_bytes, "unshared_bytes": mem.unshared_bytes,
                        "slots": list(mem.slots), "buffers": len(mem.slot_of),
                        "intermediates": len(temps), "intermediate_slots": len({mem.slot_of[b] for b in temps}),

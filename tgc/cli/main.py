@@ -570,8 +570,10 @@ def beam_(file: str, device: str | None, dims: dict[str, int], width: int, force
 @json_option
 def inspect(file: str, as_json: bool) -> None:
     """Show a package: its device, dims, signature, kernels and planned peak memory (after validating it)."""
-    from tgc.package import load_package
+    from tgc.package import is_package, load_package
 
+    if not is_package(file):
+        raise TgcError(f"{file} is not a package", hint="write one with: tgc compile FILE -D ... --package OUT.tgpkg")
     doc = load_package(file).describe()
     if as_json:
         _echo_json(doc)
@@ -601,10 +603,15 @@ def inspect(file: str, as_json: bool) -> None:
         local = f" local {k['local_size']}" if k["local_size"] else ""
         click.echo(f"  {i:>3} {k['name']:<28} global {k['global_size']}{local} buffers {k['buffers']} "
                    f"binary {fmt_bytes(k['binary_bytes'])}")
+    click.echo(f"buffers ({len(doc['buffers'])}):")
+    for b in doc["buffers"]:
+        where = f"allocation {b['slot']}" if b["slot"] is not None else "not allocated (no kernel writes it)"
+        click.echo(f"  {b['index']:>3} {b['role']:<6} {b['name'] or '':<12} {b['dtype']}{b['shape']} "
+                   f"{fmt_bytes(b['nbytes'])}, {where}")
     mem = doc["memory"]
     click.echo(f"memory:  planned peak {fmt_bytes(mem['peak_bytes'])} in {len(mem['slots'])} allocations "
-               f"(inputs {fmt_bytes(mem['input_bytes'])}, outputs {fmt_bytes(mem['output_bytes'])}; "
-               f"{mem['intermediates']} intermediates share {mem['intermediate_slots']} allocations; "
+               f"(inputs {fmt_bytes(mem['input_bytes'])}, outputs {fmt_bytes(mem['output_bytes'])}, "
+               f"{mem['intermediates']} intermediates in {mem['intermediate_slots']}; "
                f"one allocation per buffer would take {fmt_bytes(mem['unshared_bytes'])})")
 
 
