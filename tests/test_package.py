@@ -400,3 +400,8 @@ print(json.dumps({{"same": all(np.array_equal(want[k], got[k]) for k in want), "
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads(r.stdout.strip().splitlines()[-1])
     assert doc["same"] and doc["target"].startswith("cubin-sm_")
+
+
+def test_declared_shapes_keep_dim_names_and_fall_back_to_sizes():
+    assert package._decl_shape(["N", 3, "3 * C", ["*", 3, "C"], object()], [4, 3, 12, 12, 7]) == \
+        ["N", 3, 12, ["*", 3, "C"], 7]

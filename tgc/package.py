@@ -135,8 +135,9 @@ def build(prog: Any, device: str | None = None, dims: dict[str, int] | None = No
         return index[node]
 
     decls = {d.name: d for d in prog.inputs}
-    inputs = [{"name": name, "dtype": decls[name].dtype.name, "shape": _decl_shape(decls[name].shape),
-               "buffer": buf(node)} for node, name in low.inputs]
+    inputs = [{"name": name, "dtype": decls[name].dtype.name, "buffer": buf(node)} for node, name in low.inputs]
+    for d in inputs:
+        d["shape"] = _decl_shape(decls[d["name"]].shape, buffers[d["buffer"]]["shape"])
     files: dict[str, dict] = {}
     blobs: dict[str, bytes] = {}
     kernels = []
@@ -187,8 +188,21 @@ def file_checksum(data: bytes) -> bytes:
     return hashlib.sha256(data[:-CHECKSUM_LEN]).hexdigest().encode()
 
 
-def _decl_shape(shape: Any) -> list:
-    return [s if isinstance(s, (int, str)) else sizeexpr.validate(s) for s in shape]
+def _decl_shape(declared: Any, concrete: list[int]) -> list:
+    """An input's declared shape as size expressions: its dim names kept, anything else (a declaration this
+    format cannot spell) by its concrete size."""
+    out = []
+    for s, n in zip(declared, concrete):
+        if isinstance(s, int) and not isinstance(s, bool):
+            out.append(int(s))
+        elif isinstance(s, str) and s.isidentifier():
+            out.append(s)
+        else:
+            try:
+                out.append(sizeexpr.validate(s))
+            except TgcError:
+                out.append(int(n))
+    return out
 
 
 def write(prog: Any, path: str | os.PathLike, device: str | None = None, dims: dict[str, int] | None = None
