@@ -112,6 +112,12 @@ def test_tgc_run_and_bench_of_a_package_with_npy_inputs(mlp_pkg, tmp_path):
         assert za.files == zb.files
         for k in za.files:
             np.testing.assert_array_equal(za[k], zb[k])
+    d_args = [a for k, v in MLP_DIMS.items() for a in ("-D", f"{k}={v}")]
+    a = _cli("run", mlp_pkg, "--random", "--seed", "2", "-o", tmp_path / "ra.npz")
+    b = _cli("run", MLP, "--random", "--seed", "2", *d_args, "-o", tmp_path / "rb.npz")
+    assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
+    with np.load(tmp_path / "ra.npz") as za, np.load(tmp_path / "rb.npz") as zb:
+        np.testing.assert_array_equal(za["logp"], zb["logp"])  # the same random inputs as for the source
     bench = _cli("bench", mlp_pkg, "--repeat", "2", "--json")
     assert bench.returncode == 0, bench.stderr
     doc = json.loads(bench.stdout)
