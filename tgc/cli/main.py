@@ -201,6 +201,30 @@ def device_options(f: Callable) -> Callable:
                         help="Device: CPU (default), OPENCL, CUDA, METAL, PYTHON, REMOTE; NAME:i for the i-th.")(f)
 
 
+def _parse_shard(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, int]:
+    shard: dict[str, int] = {}
+    for text in values:
+        name, sep, axis = text.partition("=")
+        name, axis = name.strip(), axis.strip()
+        if not sep or not name.isidentifier() or not axis.lstrip("-").isdigit() or len(axis) > 6:
+            raise click.BadParameter(f"'{text}' is not NAME=AXIS (e.g. --shard x=0)", ctx, param)
+        if shard.get(name, int(axis)) != int(axis):
+            raise click.BadParameter(f"{name} is given twice, as {shard[name]} and {axis}", ctx, param)
+        shard[name] = int(axis)
+    return shard
+
+
+def shard_option(f: Callable) -> Callable:
+    return click.option("--shard", multiple=True, metavar="NAME=AXIS", callback=_parse_shard,
+                        help="With a device list (-d CPU:0,CPU:1): split input NAME along AXIS across the devices "
+                             "(repeatable); inputs not named are replicated.")(f)
+
+
+def _is_list(device: str | None) -> bool:
+    from tgc.backends import default_device
+    return "," in (device or default_device())
+
+
 def dims_option(f: Callable) -> Callable:
     return click.option("-D", "dims", multiple=True, metavar="NAME=INT", callback=_parse_dims,
                         help="Size of a dim name (repeatable).")(f)
@@ -271,7 +295,7 @@ def _search_with_progress(prog: Any, device: str | None, dims: dict[str, int], b
             beam = int(os.environ.get("BEAM", "0") or 0)
         except ValueError:
             return  # the compile that follows reports the bad value
-    if beam <= 0 or not _stderr_tty():
+    if beam <= 0 or not _stderr_tty() or _is_list(device):
         return
     from tgc.cli import report
 
@@ -346,8 +370,10 @@ def main() -> None:
 @click.option("--check", is_flag=True, help="Compare with the float64 numpy reference; exit 1 beyond tolerance.")
 @click.option("--rtol", type=click.FloatRange(min=0), callback=_finite,
               help="Relative tolerance for --check (default by dtype).")
+@shard_option
 def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[str, str]], npz: str | None,
-        cast: bool, use_random: bool, seed: int | None, outs: list[Any], check: bool, rtol: float | None) -> None:
+        cast: bool, use_random: bool, seed: int | None, outs: list[Any], check: bool, rtol: float | None,
+        shard: dict[str, int]) -> None:
     """Run FILE on a device and print or save its outputs."""
     from tgc.cli import inputs as inp
     from tgc.cli.outputs import print_output_table, resolve_outs, save_outputs
@@ -361,7 +387,7 @@ def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[s
     arrays = inp.fill_random(prog, given, dims, seed or 0) if use_random else given
     run_dims, arrays = inp.bind(prog, arrays, dims)
     _search_with_progress(prog, device, run_dims, None)
-    results = prog.run(device=device, dims=run_dims, **arrays)
+    results = prog.run(device=device, dims=run_dims, shard=shard, inputs=arrays)
     dtype_names = _output_dtypes(prog, run_dims, results)
     failure = None
     if check:
