@@ -180,12 +180,20 @@ class Program:
             item.line = self.line_of(item.meta.get("serves", item.output))
         return items
 
-    def compile(self, device: str | None = None, dims: dict[str, int] | None = None, beam: int | None = None,
-                tuned: bool = True, progress: Any = None) -> list[Kernel]:
+    def compile(self, device: str | list[str] | None = None, dims: dict[str, int] | None = None,
+                beam: int | None = None, tuned: bool = True, progress: Any = None,
+                shard: dict[str, int] | None = None) -> list[Kernel]:
         """The program's kernels in launch order, rendered and (where this machine can) compiled.
         `beam=W` searches kernels without a stored winner from a search at least W wide; `tuned=False`
-        ignores stored winners; `progress(event)` follows the searches as in `Program.beam`."""
-        dev = _device(device)
+        ignores stored winners; `progress(event)` follows the searches as in `Program.beam`. For a device
+        list (with `shard`), each distinct kernel once (`device_kernels` says which device runs which)."""
+        names = device_names(device)
+        if len(names) > 1:
+            seen: dict[tuple, Kernel] = {}
+            for _, k in self.device_kernels(names, dims, shard, beam, tuned):
+                seen.setdefault((k.device.kind, k.src), k)
+            return list(seen.values())
+        dev = _device(names[0])
         dims = self.resolve_dims(dims)
         beam = env_int("BEAM", 0) if beam is None else beam
         key = (dev.name, tuple(sorted(dims.items())), beam, tuned)
@@ -235,6 +243,15 @@ class Program:
         return run_multi(self.lower_multi(names, dims, shard_axes), arrays).outputs
 
     # --- many devices
+    def device_kernels(self, device: str | list[str], dims: dict[str, int] | None = None,
+                       shard: dict[str, int] | None = None, beam: int | None = None, tuned: bool = True
+                       ) -> list[tuple[str, Kernel]]:
+        """(device name, kernel) for every launch of the program on a device list, in launch order."""
+        names = device_names(device)
+        dims = self.resolve_dims(dims)
+        ml = self.lower_multi(names, dims, self.shard_axes(shard, dims, len(names)), beam, tuned)
+        return [(names[d], k) for d, k in ml.kernels()]
+
     def shard_axes(self, shard: dict[str, int] | None, dims: dict[str, int], n: int) -> dict[str, int]:
         """Check `shard` ({input name: axis}) against the declarations, dims and the device count; the axes
         made non-negative."""
@@ -290,7 +307,7 @@ class Program:
             kernels = []
             for item in items:
                 item.line = None
-                mk = (id(dev), item.ast)
+                mk = (id(dev), item.ast, tuple(item.bufs))  # (equal ASTs may read different buffers)
                 if mk not in memo:
                     memo[mk] = build_kernel(item, dev, beam=beam, tuned=tuned)
                 kernels.append(memo[mk])

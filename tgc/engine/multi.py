@@ -87,27 +87,15 @@ def plan(outputs: list[UOp], inputs: list[UOp], shard: dict[int, int], n: int) -
     input_bounds: dict[int, tuple[int, Bounds]] = {}
 
     def new_buffer(dtype: DType, shape: tuple[int, ...], tag: str) -> UOp:
-        return UOp(Ops.BUFFER, dtype, (), (_BUF_BASE + len(steps), tag, shape))
+        return UOp(Ops.BUFFER, dtype, (), (_BUF_BASE + len(steps), tag, tuple(shape)))
 
     def gather(node: UOp, p: Placed, why: str) -> Placed:
+        """Every device receives every shard into one whole buffer (a collective step)."""
         assert p.axis is not None and p.bounds is not None
         notes.append(f"gather {node.dtype.name}{list(shape_of(node))} sharded on axis {p.axis}: {why}")
-        full = shape_of(node)
-        k = len(steps)
-        bufs = []
-        for j, (s, e) in enumerate(p.bounds):
-            shp = tuple(e - s if i == p.axis else x for i, x in enumerate(full))
-            bufs.append(UOp(Ops.BUFFER, node.dtype, (), (_BUF_BASE + 64 * k + j, f"_gather{k}_{j}", shp)))
-        steps.append(Step("gather", (p.axis, p.bounds), list(p.locals), [list(bufs) for _ in range(n)]))
-        whole: UOp | None = None
-        join = Ops.OR if node.dtype.is_bool else Ops.ADD
-        for j, (s, e) in enumerate(p.bounds):
-            pads = tuple((s, full[i] - e) if i == p.axis else (0, 0) for i in range(len(full)))
-            zero = False if node.dtype.is_bool else (0.0 if node.dtype.is_float else 0)
-            part = UOp(Ops.PAD, node.dtype, (bufs[j],), (pads, zero))
-            whole = part if whole is None else UOp(join, node.dtype, (whole, part))
-        assert whole is not None
-        return Placed(None, None, [whole] * n)
+        buf = new_buffer(node.dtype, shape_of(node), f"_gather{len(steps)}")
+        steps.append(Step("gather", (p.axis, p.bounds), list(p.locals), [[buf] for _ in range(n)]))
+        return Placed(None, None, [buf] * n)
 
     def replicated(node: UOp) -> Placed:
         p = placed[node]
@@ -375,6 +363,39 @@ def ring_allreduce(devices: list[Any], handles: list[Any], nbytes: int, dtype: D
     return stats
 
 
+def gather_shards(devices: list[Any], shards: list[Any], outs: list[Any], shape: tuple[int, ...], dtype: DType,
+                  axis: int, bounds: Bounds, stats: Transfers | None = None) -> Transfers:
+    """Every device's `outs` buffer receives the whole tensor from the shards (`shards[j]` on device j holds
+    rows `bounds[j]` along `axis`). Shards of the outermost axis are byte ranges, copied device to device
+    (`copy_between`); others are assembled in host memory and written to each device. Each device sends its
+    shard to the n-1 others."""
+    n = len(devices)
+    stats = stats or Transfers.for_devices(n)
+    st = time.perf_counter()
+    row = prod(shape[axis + 1:]) * dtype.itemsize
+    if prod(shape[:axis]) == 1:
+        for d in range(n):
+            for j, (s, e) in enumerate(bounds):
+                copy_between(devices[j], shards[j], devices[d], outs[d], (e - s) * row, 0, s * row, stats, (j, d))
+    else:
+        host = np.empty(shape, dtype=np.uint8 if dtype.itemsize == 1 else dtype.np)
+        for j, (s, e) in enumerate(bounds):
+            part = tuple(e - s if i == axis else x for i, x in enumerate(shape))
+            data = _read(devices[j], shards[j], 0, prod(part) * dtype.itemsize)
+            host[(slice(None),) * axis + (slice(s, e),)] = data.view(host.dtype).reshape(part)
+        flat = np.ascontiguousarray(host).reshape(-1).view(np.uint8)
+        for d in range(n):
+            _write(devices[d], outs[d], 0, flat)
+            for j, (s, e) in enumerate(bounds):
+                if j != d:
+                    nbytes = prod(shape) // shape[axis] * (e - s) * dtype.itemsize
+                    stats.sent[j] += nbytes
+                    stats.received[d] += nbytes
+                    stats.copies += 1
+    stats.seconds += time.perf_counter() - st
+    return stats
+
+
 def _debug() -> int:
     from tgc.engine.realize import _debug as level
     return level()
@@ -477,13 +498,10 @@ def run_multi(ml: MultiLowered, arrays: dict[str, np.ndarray], timed: bool = Fal
                                node.dtype, step.arg, stats)
                 what = f"all-reduce ({step.arg.name.lower()}) {node.dtype.name}{list(shape_of(node))}"
             else:
-                for d in range(n):
-                    for j in range(n):
-                        dst = ensure(d, step.outs[d][j])
-                        copy_between(ml.devices[j], srcs[j].handle, ml.devices[d], dst.handle, dst.nbytes if
-                                     prod(shape_of(step.outs[d][j])) else 0, stats=stats, ids=(j, d))
+                outs = [ensure(d, step.outs[d][0]) for d in range(n)]
+                gather_shards(ml.devices, [b.handle for b in srcs], [b.handle for b in outs],
+                              shape_of(step.outs[0][0]), step.outs[0][0].dtype, step.arg[0], step.arg[1], stats)
                 what = f"gather axis {step.arg[0]}"
-            stats.seconds += 0 if step.kind == "allreduce" else time.perf_counter() - st
             if level >= 2:
                 moved = ", ".join(f"{dev.name} sent {stats.sent[d] - before[d]} B" for d, dev in enumerate(ml.devices))
                 print(f"*** {what}: {moved} ({(time.perf_counter() - st) * 1e6:.2f} us)", file=sys.stderr)
