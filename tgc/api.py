@@ -297,6 +297,7 @@ class Program:
         index = {d.name: i for i, d in enumerate(self.inputs)}
         p = plan_multi(outs, in_bufs, {index[k]: v for k, v in shard.items()}, len(devs))
         memo: dict[tuple, Kernel] = {}
+        items_of: list[list[ScheduleItem]] = [[] for _ in devs]
 
         def build(d: int, nodes: list[UOp]) -> tuple[list[UOp], list[Kernel]]:
             """Device d's kernels computing `nodes`; the nodes that then hold them (split reductions differ)."""
@@ -304,6 +305,7 @@ class Program:
             todo = [n for n in dict.fromkeys(nodes) if n.op is not Ops.BUFFER]
             split = dict(zip(todo, split_large_reduces(todo))) if todo else {}
             items = [it for it in create_schedule(list(dict.fromkeys(split.values())), dev.caps) if it.ast.src]
+            items_of[d].extend(items)
             kernels = []
             for item in items:
                 item.line = None
@@ -326,7 +328,7 @@ class Program:
             out_nodes.append([next(it) if m is not None else None for m in mine])
             out_kernels.append(kernels)
         ml = MultiLowered(devs, p, step_nodes, step_kernels, out_nodes, out_kernels,
-                          {i: d.name for i, d in enumerate(self.inputs)}, list(self.output_names))
+                          {i: d.name for i, d in enumerate(self.inputs)}, list(self.output_names), items_of)
         if env_int("DEBUG", 0) >= 2:
             import sys
             for note in p.notes:
@@ -346,18 +348,28 @@ class Program:
         outs, _ = self._trace(self.resolve_dims(dims))
         return [(n, o.dtype, shape_of(o)) for n, o in zip(self.output_names, outs)]
 
-    def bench(self, device: str | None = None, dims: dict[str, int] | None = None, repeat: int = 10,
+    def bench(self, device: str | list[str] | None = None, dims: dict[str, int] | None = None, repeat: int = 10,
               beam: int = 0, inputs: dict[str, np.ndarray] | None = None,
-              warmup: int = 1, tuned: bool = True) -> dict[str, Any]:
+              warmup: int = 1, tuned: bool = True, shard: dict[str, int] | None = None) -> dict[str, Any]:
         """Time the program on device-resident inputs (random ones by default, `tgc.engine.inputs`); see
-        `tgc bench --json`. numpy's time beside it is the CLI's (`tgc.baselines.numpy_eval.time_numpy`)."""
+        `tgc bench --json`. numpy's time beside it is the CLI's (`tgc.baselines.numpy_eval.time_numpy`).
+        On a device list: per-device kernel time, the collectives' time and bandwidth, the whole program."""
         from tgc.engine import bench
         from tgc.engine.inputs import random_inputs
-        dev = _device(device)
         if inputs is None:
             dims = self.resolve_dims(dims)
             inputs = random_inputs(self, dims)
         dims, arrays = self.bind(inputs, dims, cast=True)
+        names = device_names(device)
+        if len(names) > 1:
+            from tgc.engine.multi import bench_multi
+            axes = self.shard_axes(shard, dims, len(names))
+            timing = bench_multi(self.lower_multi(names, dims, axes, beam=beam, tuned=tuned), arrays,
+                                 repeat=repeat, warmup=warmup)
+            return {"device": ",".join(names), "dims": dims, "repeat": repeat, "beam": beam, "shard": axes,
+                    **timing, "identity": {**self.identity(names[0], dims), "device": ",".join(names),
+                                           "shard": axes}}
+        dev = _device(names[0])
         timing = bench.bench_lowered(self.lower(dev.name, dims, beam=beam, tuned=tuned), arrays, repeat=repeat,
                                      warmup=warmup)
         result: dict[str, Any] = {"device": dev.name, "dims": dims, "repeat": repeat, "beam": beam, **timing,
@@ -368,13 +380,40 @@ class Program:
         """What a timing of this program depends on beyond its kernels' code (`tgc bench --baseline` compares
         only equal identities): the source's hash, dims, the device and its model, the tgc version."""
         from tgc.engine.bench import identity
-        return identity(self, _device(device), dims)
+        names = device_names(device)
+        ident = identity(self, _device(names[0]), dims)
+        return ident if len(names) == 1 else {**ident, "device": ",".join(names)}
 
-    def beam(self, device: str | None = None, dims: dict[str, int] | None = None, width: int = 4,
-             progress: Any = None, force: bool = False) -> dict[str, Any]:
-        """Search every kernel of the program (BEAM); store the winners; report before/after per kernel."""
+    def beam(self, device: str | list[str] | None = None, dims: dict[str, int] | None = None, width: int = 4,
+             progress: Any = None, force: bool = False, shard: dict[str, int] | None = None) -> dict[str, Any]:
+        """Search every kernel of the program (BEAM); store the winners; report before/after per kernel.
+        On a device list: each device's per-shard kernels, searched once per device kind (on the first device
+        of that kind, with its share of the cores); winners are stored per kind, so every device uses them."""
         from tgc.codegen.search import beam_items
-        dev = _device(device)
+        names = device_names(device)
+        if len(names) > 1:
+            dims = self.resolve_dims(dims)
+            ml = self.lower_multi(names, dims, self.shard_axes(shard, dims, len(names)), beam=0)
+            rows, seconds = [], 0.0
+            kinds: dict[str, int] = {}
+            for d, dev in enumerate(ml.devices):
+                kinds.setdefault(dev.kind, d)
+            for kind, first in kinds.items():
+                dev = ml.devices[first]
+                if dev.compiler is None:
+                    raise CompileError(dev.compile_error or f"cannot compile for {kind} here, so it cannot be tuned")
+                items = {}
+                for d, its in enumerate(ml.items):
+                    if ml.devices[d].kind == kind:
+                        for it in its:
+                            items.setdefault(it.ast, it)
+                r, sec = beam_items(list(items.values()), dev, width, progress=progress, force=force)
+                rows += [{**row, "device": kind} for row in r]
+                seconds += sec
+            self._multi.clear()
+            return {"device": ",".join(names), "dims": dims, "width": width, "kernels": rows, "seconds": seconds,
+                    "interrupted": any(r.get("interrupted") for r in rows)}
+        dev = _device(names[0])
         if dev.compiler is None:
             raise CompileError(dev.compile_error or f"cannot compile for {dev.kind} here, so it cannot be tuned here")
         dims = self.resolve_dims(dims)

@@ -422,7 +422,9 @@ def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[s
 @click.option("--emit", type=click.Choice(["src", "uops", "schedule", "ir", "asm", "bin"]), default="src",
               show_default=True, help="What to print for each kernel.")
 @click.option("-o", "--output", "outdir", metavar="DIR", help="Write one file per kernel into DIR.")
-def compile_(file: str, device: str | None, dims: dict[str, int], emit: str, outdir: str | None) -> None:
+@shard_option
+def compile_(file: str, device: str | None, dims: dict[str, int], emit: str, outdir: str | None,
+             shard: dict[str, int]) -> None:
     """Compile every kernel of FILE and print their sources (or UOps, schedule, IR, assembly, binaries)."""
     from tgc.cli import emit as em
     from tgc.cli.inputs import check_dims
@@ -434,7 +436,13 @@ def compile_(file: str, device: str | None, dims: dict[str, int], emit: str, out
         emitted = em.emit_schedule(prog.schedule(dims), file)
     else:
         _search_with_progress(prog, device, dims, None)
-        kernels = prog.compile(device=device, dims=dims)
+        kernels = prog.compile(device=device, dims=dims, shard=shard)
+        if _is_list(device):  # which device runs which kernel (each distinct kernel is shown once below)
+            runs: dict[str, list[str]] = {}
+            for dev_name, k in prog.device_kernels(device, dims, shard):
+                runs.setdefault(dev_name, []).append(k.name)
+            for dev_name, ks in runs.items():
+                _err(f"{dev_name} runs {len(ks)} kernel{'s' if len(ks) != 1 else ''}: {', '.join(ks)}")
         emitted = em.emit_kernels(kernels, emit, name, kind, file)
         failed = next((k for k in kernels if k.binary is None), None)
         if failed is not None:
@@ -460,10 +468,11 @@ def compile_(file: str, device: str | None, dims: dict[str, int], emit: str, out
 @click.option("--beam", type=click.IntRange(min=0), help="BEAM-search width before timing (else $BEAM).")
 @click.option("--vs", type=click.Choice(["numpy"]), help="Also time numpy on the same inputs.")
 @click.option("--baseline", metavar="OLD.json", help="Compare with a saved `tgc bench --json`; exit 1 on regression.")
+@shard_option
 @json_option
 def bench(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[str, str]], npz: str | None,
           cast: bool, seed: int, repeat: int, beam: int | None, vs: str | None, baseline: str | None,
-          as_json: bool) -> None:
+          shard: dict[str, int], as_json: bool) -> None:
     """Time each kernel of FILE and the whole program on device-resident inputs (random unless given)."""
     from tgc.cli import inputs as inp
     from tgc.cli import report
@@ -476,6 +485,8 @@ def bench(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple
     if old is not None:  # refuse a baseline of another program, dims, device or tgc version before timing
         report.check_baseline(old, prog.identity(device, run_dims), baseline)
     kwargs: dict[str, Any] = {"device": device, "dims": run_dims, "repeat": repeat, "beam": beam, "inputs": arrays}
+    if _is_list(device):
+        kwargs["shard"] = shard
     _search_with_progress(prog, device, run_dims, beam)
     if not as_json and _stderr_tty():
         _err(f"timing {file} ({repeat} runs per kernel) ...")
@@ -499,7 +510,10 @@ def bench(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple
 
         console = make_console()
         console.print(report.bench_table(result, rows))
-        console.print(report.peak_note(result), highlight=False, style="dim")
+        if "collectives" in result:
+            console.print(report.collectives_note(result), highlight=False)
+        else:
+            console.print(report.peak_note(result), highlight=False, style="dim")
         ratio = report.numpy_ratio(result)
         if ratio is not None:
             word = "faster" if ratio >= 1 else "slower"
@@ -517,8 +531,10 @@ def bench(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple
 @dims_option
 @click.option("--width", type=click.IntRange(min=1), default=4, show_default=True, help="Beam width.")
 @click.option("--force", is_flag=True, help="Search again even where a stored winner is wide enough.")
+@shard_option
 @json_option
-def beam_(file: str, device: str | None, dims: dict[str, int], width: int, force: bool, as_json: bool) -> None:
+def beam_(file: str, device: str | None, dims: dict[str, int], width: int, force: bool, shard: dict[str, int],
+          as_json: bool) -> None:
     """BEAM-search the optimizations of every kernel of FILE and store the winners in the cache.
 
     A kernel whose stored winner came from a search at least as wide is not searched again (unless --force).
@@ -530,7 +546,8 @@ def beam_(file: str, device: str | None, dims: dict[str, int], width: int, force
     _warn(check_dims(prog, dims, require_all=True))
     progress, close = report.progress_bar(_stderr_tty())
     try:
-        result = prog.beam(device=device, dims=dims, width=width, progress=progress, force=force)
+        extra = {"shard": shard} if _is_list(device) else {}
+        result = prog.beam(device=device, dims=dims, width=width, progress=progress, force=force, **extra)
     finally:
         close()
     if as_json:

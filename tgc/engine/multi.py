@@ -417,6 +417,7 @@ class MultiLowered:
     out_kernels: list[list]
     inputs: dict[int, str]  # input index -> name
     output_names: list[str]
+    items: list[list] = field(default_factory=list)  # per device: its schedule items (what BEAM searches)
 
     def kernels(self) -> list[tuple[int, Any]]:
         """(device position, kernel) in launch order."""
@@ -428,9 +429,9 @@ class MultiLowered:
 class MultiRun:
     outputs: dict[str, np.ndarray]
     transfers: Transfers
-    kernel_seconds: list[float]  # per device (only with timing)
+    kernel_seconds: list[float]  # per device: its kernels' wall time (only with timing)
     collective_seconds: float
-    total_seconds: float
+    compute_seconds: float  # inputs on the devices .. every kernel and collective done (outputs not read back)
 
 
 def run_multi(ml: MultiLowered, arrays: dict[str, np.ndarray], timed: bool = False) -> MultiRun:
@@ -443,7 +444,6 @@ def run_multi(ml: MultiLowered, arrays: dict[str, np.ndarray], timed: bool = Fal
     stats = Transfers.for_devices(n)
     ktime = [0.0] * n
     level = _debug()
-    t0 = time.perf_counter()
 
     def ensure(d: int, node: UOp) -> Any:
         b = bufs[d].get(node)
@@ -482,6 +482,13 @@ def run_multi(ml: MultiLowered, arrays: dict[str, np.ndarray], timed: bool = Fal
     from concurrent.futures import ThreadPoolExecutor
     pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="tgc-dev")
     try:
+        for d in range(n):  # each device's part of the inputs, before the clock starts
+            for ks in [s[d] for s in ml.step_kernels] + [ml.out_kernels[d]]:
+                for kern in ks:
+                    for node in kern.bufs:
+                        if node.op is Ops.BUFFER and node.arg[0] < _BUF_BASE:
+                            ensure(d, node)
+        t0 = time.perf_counter()
         for k, step in enumerate(ml.plan.steps):
             each_device(ml.step_kernels[k])
             srcs = [ensure(d, ml.step_nodes[k][d]) for d in range(n)]
@@ -506,6 +513,9 @@ def run_multi(ml: MultiLowered, arrays: dict[str, np.ndarray], timed: bool = Fal
                 moved = ", ".join(f"{dev.name} sent {stats.sent[d] - before[d]} B" for d, dev in enumerate(ml.devices))
                 print(f"*** {what}: {moved} ({(time.perf_counter() - st) * 1e6:.2f} us)", file=sys.stderr)
         each_device(ml.out_kernels)
+        for dev in ml.devices:
+            dev.synchronize()
+        compute = time.perf_counter() - t0
         result: dict[str, np.ndarray] = {}
         for i, (name, p) in enumerate(zip(ml.output_names, ml.plan.outputs)):
             holders = [d for d in range(n) if ml.out_nodes[d][i] is not None]
@@ -520,8 +530,52 @@ def run_multi(ml: MultiLowered, arrays: dict[str, np.ndarray], timed: bool = Fal
             result[name] = to_user_array(arr, dtype)
         for dev in ml.devices:
             dev.synchronize()
-        return MultiRun(result, stats, ktime, stats.seconds, time.perf_counter() - t0)
+        return MultiRun(result, stats, ktime, stats.seconds, compute)
     finally:
         pool.shutdown(wait=True)
         for b in owned:
             b.free()
+
+
+def bench_multi(ml: MultiLowered, arrays: dict[str, np.ndarray], repeat: int = 10, warmup: int = 1
+                ) -> dict[str, Any]:
+    """`tgc bench` on a device list: per device its kernels' time, the collectives' time and bandwidth (bytes
+    each device sent over that time), and the whole program (inputs already on the devices, outputs not read
+    back), each as median/min/max over `repeat` runs after `warmup`."""
+    import statistics
+
+    for _ in range(warmup):
+        run_multi(ml, arrays)
+    runs = [run_multi(ml, arrays, timed=True) for _ in range(max(repeat, 1))]
+
+    def stats(xs: list[float]) -> dict[str, float]:
+        xs = sorted(xs)
+        return {"median_s": statistics.median(xs), "min_s": xs[0], "max_s": xs[-1]}
+
+    names = [dev.name for dev in ml.devices]
+    kernels = [k for _, k in ml.kernels()]
+    rows = []
+    for d, name in enumerate(names):
+        mine = [k for dd, k in ml.kernels() if dd == d]
+        st = stats([r.kernel_seconds[d] for r in runs])
+        flops = sum(k.flops for k in mine)
+        nbytes = sum(k.bytes_moved for k in mine)
+        rows.append({"name": f"{name} kernels ({len(mine)})", "device": name, "kernels": len(mine), "flops": flops,
+                     "bytes": nbytes, **st, "gflops": flops / st["median_s"] / 1e9 if st["median_s"] else None,
+                     "gbps": nbytes / st["median_s"] / 1e9 if st["median_s"] else None})
+    last = runs[-1].transfers
+    coll = stats([r.collective_seconds for r in runs])
+    per_dev = max(last.sent) if last.sent else 0
+    collectives = {"steps": [s.kind for s in ml.plan.steps], "sent_bytes": list(last.sent),
+                   "received_bytes": list(last.received), **coll,
+                   "gbps": per_dev / coll["median_s"] / 1e9 if coll["median_s"] and per_dev else None}
+    if ml.plan.steps:
+        rows.append({"name": "collectives (" + ", ".join(collectives["steps"]) + ")", **coll,
+                     "flops": 0, "bytes": per_dev, "gflops": None, "gbps": collectives["gbps"]})
+    prog = stats([r.compute_seconds for r in runs])
+    flops = sum(k.flops for k in kernels)
+    prog.update({"flops": flops, "bytes": sum(k.bytes_moved for k in kernels),
+                 "gflops": flops / prog["median_s"] / 1e9 if prog["median_s"] else None})
+    share = coll["median_s"] / prog["median_s"] if prog["median_s"] else None
+    return {"devices": names, "kernels": rows, "collectives": {**collectives, "share_of_program": share},
+            "program": prog, "peak": {"gflops": None, "gbps": None, "source": "unknown"}}
