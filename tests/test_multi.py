@@ -291,3 +291,10 @@ def test_cli_compile_lists_each_distinct_kernel_once():
     kernels = prog.device_kernels("CPU:0,CPU:1,CPU:2", {"N": 8, "D": 4}, {"x": 0})
     assert [d for d, _ in kernels] == ["CPU:0", "CPU:1", "CPU:2"]
     assert len(prog.compile(device="CPU:0,CPU:1,CPU:2", dims={"N": 8, "D": 4}, shard={"x": 0})) == 2  # 3, 3, 2 rows
+
+
+def test_tgc_devices_says_how_cpu_devices_split_the_cores(monkeypatch):
+    monkeypatch.setenv("TGC_THREADS", "3")
+    r = invoke("devices", env={"TGC_THREADS": "3"})
+    assert r.exit_code == 0, r.stderr
+    assert "split the 3 cores between them" in r.stdout and "(CPU:0,CPU:1: 2 + 1)" in r.stdout

@@ -273,7 +273,12 @@ class CPUDevice(Device):
 
     def info(self) -> dict[str, Any]:
         import llvmlite
-        return {"renderer": "LLVM IR", "compiler": f"llvmlite {llvmlite.__version__}", "cores": self.cores}
+        cores = self.cores
+        two = [max(1, cores // 2 + (1 if i < cores % 2 else 0)) for i in range(2)]
+        return {"renderer": "LLVM IR", "compiler": f"llvmlite {llvmlite.__version__}", "cores": cores,
+                "device_list": f"CPU:0 .. CPU:{self.device_count() - 1} in a device list split the {cores} "
+                               f"core{'s' if cores != 1 else ''} between them, each with its own threads "
+                               f"(CPU:0,CPU:1: {two[0]} + {two[1]})"}
 
 
 def machine_cores() -> int:

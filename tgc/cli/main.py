@@ -589,7 +589,11 @@ def devices(as_json: bool) -> None:
         cells = [str(c) for c in (r["why_not"], r["renderer"] or "-", r["compiler"] or "-", r["version"] or "-")]
         table.add_row(escape(r["device"]), "[green]yes[/green]" if r["available"] else "[red]no[/red]",
                       *(escape(c) for c in cells), peak or "-")  # a REMOTE server's words are not markup
-    make_console().print(table)
+    console = make_console()
+    console.print(table)
+    for r in rows:
+        if (r.get("info") or {}).get("device_list"):
+            console.print(f"{r['device']}: {r['info']['device_list']}", highlight=False, markup=False)
 
 
 # ---------------------------------------------------------------------------------------------------------------
