@@ -10,7 +10,7 @@ numpy runs with its best BLAS kernels: where the environment forces an OpenBLAS 
 (`OPENBLAS_CORETYPE`, with `OPENBLAS_L2_SIZE`), this script says so and starts itself again without both, in
 this process alone (OpenBLAS reads them when numpy loads), and prints the kernel OpenBLAS then uses.
 
-    python bench/bench.py [--quick] [--no-beam] [--only NAME] [--json]
+    python bench/bench.py [--quick] [--no-beam] [--only NAME] [--json] [--multi-only]
 """
 
 from __future__ import annotations
@@ -241,6 +241,60 @@ def startup_time() -> float | None:
     return statistics.median(times)
 
 
+def _with_threads(threads: int, fn):
+    """fn() with TGC_THREADS set (the CPU's core count as tgc sees it), then the old value back."""
+    old = os.environ.get("TGC_THREADS")
+    os.environ["TGC_THREADS"] = str(threads)
+    try:
+        return fn()
+    finally:
+        if old is None:
+            os.environ.pop("TGC_THREADS", None)
+        else:
+            os.environ["TGC_THREADS"] = old
+
+
+def multi_device(quick: bool) -> list[dict]:
+    """Many devices: a data-parallel matmul with its rows sharded on CPU:0,CPU:1 (one core each: TGC_THREADS=2
+    split between them) against one CPU device with one thread, and a sum of 64M floats sharded the same way
+    (the all-reduce's share of the program). Default kernels (no BEAM winners) on both sides."""
+    rng = np.random.default_rng(0)
+    size = 512 if quick else 2048
+    a = rng.standard_normal((size, size), dtype=np.float32)
+    b = rng.standard_normal((size, size), dtype=np.float32)
+    src = "a: f32[M, K]\nb: f32[K, N]\nreturn a @ b"
+    one = _with_threads(1, lambda: tgc.loads(src).bench(device="CPU", inputs={"a": a, "b": b}, repeat=3,
+                                                         tuned=False))["program"]["median_s"]
+    two = _with_threads(2, lambda: tgc.loads(src).bench(device="CPU:0,CPU:1", shard={"a": 0},
+                                                         inputs={"a": a, "b": b}, repeat=3, tuned=False))
+    rows = [{"name": f"matmul {size}^3, rows sharded", "one_ms": one * 1e3,
+             "two_ms": two["program"]["median_s"] * 1e3, "speedup": one / two["program"]["median_s"],
+             "target": 1.8, "allreduce_share": two["collectives"]["share_of_program"]}]
+    n = (4 if quick else 64) << 20
+    x = rng.standard_normal(n, dtype=np.float32)
+    src = "x: f32[N]\nreturn sum(x)"
+    one = _with_threads(1, lambda: tgc.loads(src).bench(device="CPU", inputs={"x": x}, repeat=3,
+                                                         tuned=False))["program"]["median_s"]
+    two = _with_threads(2, lambda: tgc.loads(src).bench(device="CPU:0,CPU:1", shard={"x": 0}, inputs={"x": x},
+                                                         repeat=3, tuned=False))
+    rows.append({"name": f"sum of {n >> 20}M f32, sharded", "one_ms": one * 1e3,
+                 "two_ms": two["program"]["median_s"] * 1e3, "speedup": one / two["program"]["median_s"],
+                 "target": None, "allreduce_share": two["collectives"]["share_of_program"],
+                 "allreduce_ms": two["collectives"]["median_s"] * 1e3})
+    return rows
+
+
+def print_multi(rows: list[dict]) -> None:
+    print("\nMany devices (CPU:0,CPU:1 with one core each against one CPU device with one thread):")
+    print("| workload | 1 device, 1 thread | CPU:0,CPU:1 | speed-up | target | all-reduce share |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        target = "-" if r["target"] is None else f">= {r['target']}x: {'yes' if r['speedup'] >= r['target'] else 'no'}"
+        share = "-" if r["allreduce_share"] is None else f"{100 * r['allreduce_share']:.2f}%"
+        print(f"| {r['name']} | {r['one_ms']:.2f} ms | {r['two_ms']:.2f} ms | {r['speedup']:.2f}x | {target} | "
+              f"{share} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
@@ -248,7 +302,12 @@ def main() -> None:
     ap.add_argument("--no-xla", action="store_true", help="skip XLA (jax) even where it is installed")
     ap.add_argument("--only", default=None)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--multi-only", action="store_true", help="only the many-devices section")
     args = ap.parse_args()
+    if args.multi_only:
+        rows = multi_device(args.quick)
+        print(json.dumps(rows, indent=1)) if args.json else print_multi(rows)
+        return
 
     from tgc.backends import get_device
     dev = get_device("CPU")
@@ -301,9 +360,11 @@ def main() -> None:
         done.append(r)
     rows = done
     startup = startup_time()
+    multi = multi_device(args.quick) if not args.only or args.only in "many devices" else []
     if args.json:
         print(json.dumps({"peak": peak, "copy_gbs": copy_gbs, "rows": rows, "startup_s": startup,
-                          "blas": blas_note(), "xla_missing": XLA_MISSING[0] or None}, indent=1))
+                          "blas": blas_note(), "xla_missing": XLA_MISSING[0] or None, "multi_device": multi},
+                         indent=1))
         return
     head = ("| workload | tgc default | tgc beam | numpy | XLA | x numpy | x XLA | rate | share of peak | targets |"
             " peak mem / io |")
@@ -336,6 +397,8 @@ def main() -> None:
     print(f"\nFMA peak {peak['gflops']:.0f} GFLOP/s, 2-thread copy {copy_gbs:.1f} GB/s (measured in this run)")
     if startup is not None:
         print(f"warm `tgc run kernels/softmax.tg --random` as a whole process: {startup * 1e3:.0f} ms")
+    if multi:
+        print_multi(multi)
 
 
 if __name__ == "__main__":

@@ -298,3 +298,12 @@ def test_tgc_devices_says_how_cpu_devices_split_the_cores(monkeypatch):
     r = invoke("devices", env={"TGC_THREADS": "3"})
     assert r.exit_code == 0, r.stderr
     assert "split the 3 cores between them" in r.stdout and "(CPU:0,CPU:1: 2 + 1)" in r.stdout
+
+
+def test_a_replicated_broadcast_is_expanded_to_the_shard_not_sliced():
+    """The matmul's replicated right-hand side stays a plain broadcast on each device (so the scheduler still
+    sees a matmul and packs it), not a slice of the whole broadcast."""
+    from tgc.ir.uop import Ops
+    p = placed("a: f32[M, K]\nb: f32[K, N]\nreturn a @ b", {"M": 6, "K": 4, "N": 5}, {"a": 0})
+    for local in p.outputs[0].locals:
+        assert not any(u.op is Ops.SHRINK for u in local.toposort())

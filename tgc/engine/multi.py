@@ -108,6 +108,9 @@ def plan(outputs: list[UOp], inputs: list[UOp], shard: dict[int, int], n: int) -
         assert p.axis is None
         shp = shape_of(node)
         s, e = bounds[d]
+        local = p.locals[d]
+        if local.op is Ops.EXPAND and shape_of(local.src[0])[axis] == 1:  # a broadcast along the axis: expand less
+            return UOp(Ops.EXPAND, node.dtype, (local.src[0],), sized(shp, axis, bounds, d))
         return UOp(Ops.SHRINK, node.dtype, (p.locals[d],),
                    tuple((s, e) if i == axis else (0, x) for i, x in enumerate(shp)))
 
