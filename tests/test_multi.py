@@ -307,3 +307,55 @@ def test_a_replicated_broadcast_is_expanded_to_the_shard_not_sliced():
     p = placed("a: f32[M, K]\nb: f32[K, N]\nreturn a @ b", {"M": 6, "K": 4, "N": 5}, {"a": 0})
     for local in p.outputs[0].locals:
         assert not any(u.op is Ops.SHRINK for u in local.toposort())
+
+
+class _WholeCopies:
+    """An allocator with only whole-buffer copies (as CUDA's, OpenCL's): collectives stage whole buffers."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def alloc(self, nbytes):
+        return self.inner.alloc(nbytes)
+
+    def copyin(self, handle, src):
+        self.inner.copyin(handle, src)
+
+    def copyout(self, dest, handle):
+        self.inner.copyout(dest, handle)
+
+
+class _Dev:
+    def __init__(self, i):
+        self.name, self.allocator = f"FAKE:{i}", _WholeCopies(get_device("CPU").allocator)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_collectives_without_ranged_copies(n):
+    devs = [_Dev(i) for i in range(n)]
+    values = [np.arange(7, dtype=np.float32) * (d + 1) for d in range(n)]
+    handles = []
+    for dev, v in zip(devs, values):
+        h = dev.allocator.alloc(v.nbytes)
+        dev.allocator.copyin(h, memoryview(v).cast("B"))
+        handles.append(h)
+    stats = ring_allreduce(devs, handles, 28, dtypes.f32, "sum")
+    assert sum(stats.sent) == 2 * (n - 1) * 28
+    for dev, h in zip(devs, handles):
+        got = np.empty(7, np.float32)
+        dev.allocator.copyout(memoryview(got).cast("B"), h)
+        np.testing.assert_array_equal(got, sum(values))
+    x = np.arange(12, dtype=np.int32).reshape(4, 3)
+    bounds = even_bounds(4, n)
+    shards, outs = [], []
+    for dev, (s, e) in zip(devs, bounds):
+        part = np.ascontiguousarray(x[s:e])
+        h = dev.allocator.alloc(part.nbytes)
+        dev.allocator.copyin(h, memoryview(part).cast("B"))
+        shards.append(h)
+        outs.append(dev.allocator.alloc(x.nbytes))
+    gather_shards(devs, shards, outs, x.shape, dtypes.i32, 0, bounds)
+    for dev, h in zip(devs, outs):
+        got = np.empty_like(x)
+        dev.allocator.copyout(memoryview(got).cast("B"), h)
+        np.testing.assert_array_equal(got, x)

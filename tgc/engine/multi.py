@@ -27,7 +27,6 @@ from typing import Any
 import numpy as np
 
 from tgc.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16
-from tgc.errors import TgcError
 from tgc.ir.alu import reducer
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.uop import ALU, Ops, UOp
@@ -271,34 +270,47 @@ class Transfers:
         return cls([0] * n, [0] * n)
 
 
-def _read(dev: Any, handle: Any, offset: int, nbytes: int) -> np.ndarray:
+def _read(dev: Any, handle: Any, offset: int, nbytes: int, total: int) -> np.ndarray:
+    """Bytes offset .. offset + nbytes of a `total`-byte buffer: a ranged copy where the allocator has one
+    (host memory), else the whole buffer through host memory."""
     out = np.empty(nbytes, dtype=np.uint8)
     alloc = dev.allocator
     if hasattr(alloc, "copyout_range"):
         alloc.copyout_range(memoryview(out), handle, offset)
-    else:
-        raise TgcError(f"{dev.name} cannot copy part of a buffer", kind="runtime")
+        return out
+    whole = np.empty(total, dtype=np.uint8)
+    alloc.copyout(memoryview(whole), handle)
+    out[:] = whole[offset:offset + nbytes]
     return out
 
 
-def _write(dev: Any, handle: Any, offset: int, data: np.ndarray) -> None:
+def _write(dev: Any, handle: Any, offset: int, data: np.ndarray, total: int) -> None:
     alloc = dev.allocator
     if hasattr(alloc, "copyin_range"):
         alloc.copyin_range(handle, offset, memoryview(data))
-    else:
-        raise TgcError(f"{dev.name} cannot copy into part of a buffer", kind="runtime")
+        return
+    if offset == 0 and data.nbytes == total:
+        alloc.copyin(handle, memoryview(data))
+        return
+    whole = np.empty(total, dtype=np.uint8)
+    alloc.copyout(memoryview(whole), handle)
+    whole[offset:offset + data.nbytes] = data
+    alloc.copyin(handle, memoryview(whole))
 
 
 def copy_between(src_dev: Any, src_handle: Any, dst_dev: Any, dst_handle: Any, nbytes: int, src_offset: int = 0,
-                 dst_offset: int = 0, stats: Transfers | None = None, ids: tuple[int, int] | None = None) -> None:
+                 dst_offset: int = 0, stats: Transfers | None = None, ids: tuple[int, int] | None = None,
+                 sizes: tuple[int, int] | None = None) -> None:
     """Copy `nbytes` from one device's buffer to another's: directly where the source device offers
     `copy_to(src_handle, dst_dev, dst_handle, nbytes, src_offset, dst_offset)` and accepts, else through host
-    memory. `ids` (the devices' positions in the list) is where `stats` counts the bytes."""
+    memory. `ids` (the devices' positions in the list) is where `stats` counts the bytes; `sizes` the two
+    buffers' sizes (default: `nbytes` past each offset), for allocators without ranged copies."""
     if nbytes <= 0:
         return
+    src_size, dst_size = sizes or (src_offset + nbytes, dst_offset + nbytes)
     direct = getattr(src_dev, "copy_to", None)
     if direct is None or not direct(src_handle, dst_dev, dst_handle, nbytes, src_offset, dst_offset):
-        _write(dst_dev, dst_handle, dst_offset, _read(src_dev, src_handle, src_offset, nbytes))
+        _write(dst_dev, dst_handle, dst_offset, _read(src_dev, src_handle, src_offset, nbytes, src_size), dst_size)
     if stats is not None and ids is not None and ids[0] != ids[1]:
         stats.sent[ids[0]] += nbytes
         stats.received[ids[1]] += nbytes
@@ -346,13 +358,13 @@ def ring_allreduce(devices: list[Any], handles: list[Any], nbytes: int, dtype: D
             moves.append((d, (d + 1) % n, lo, hi - lo))
         incoming = []
         for d, r, lo, size in moves:  # every send of a step is read before any device writes
-            data = _read(devices[d], handles[d], lo, size) if size else np.empty(0, np.uint8)
+            data = _read(devices[d], handles[d], lo, size, nbytes) if size else np.empty(0, np.uint8)
             incoming.append((d, r, lo, size, data))
         for d, r, lo, size, data in incoming:
             if not size:
                 continue
-            mine = _read(devices[r], handles[r], lo, size)
-            _write(devices[r], handles[r], lo, _combine(op, dtype, mine, data))
+            mine = _read(devices[r], handles[r], lo, size, nbytes)
+            _write(devices[r], handles[r], lo, _combine(op, dtype, mine, data), nbytes)
             stats.sent[d] += size
             stats.received[r] += size
             stats.copies += 1
@@ -361,7 +373,7 @@ def ring_allreduce(devices: list[Any], handles: list[Any], nbytes: int, dtype: D
             c = (d + 1 - s) % n
             lo, hi = chunks[c]
             copy_between(devices[d], handles[d], devices[(d + 1) % n], handles[(d + 1) % n], hi - lo, lo, lo,
-                         stats, (d, (d + 1) % n))
+                         stats, (d, (d + 1) % n), (nbytes, nbytes))
     stats.seconds += time.perf_counter() - st
     return stats
 
@@ -379,16 +391,17 @@ def gather_shards(devices: list[Any], shards: list[Any], outs: list[Any], shape:
     if prod(shape[:axis]) == 1:
         for d in range(n):
             for j, (s, e) in enumerate(bounds):
-                copy_between(devices[j], shards[j], devices[d], outs[d], (e - s) * row, 0, s * row, stats, (j, d))
+                copy_between(devices[j], shards[j], devices[d], outs[d], (e - s) * row, 0, s * row, stats, (j, d),
+                             ((e - s) * row, prod(shape) * dtype.itemsize))
     else:
         host = np.empty(shape, dtype=np.uint8 if dtype.itemsize == 1 else dtype.np)
         for j, (s, e) in enumerate(bounds):
             part = tuple(e - s if i == axis else x for i, x in enumerate(shape))
-            data = _read(devices[j], shards[j], 0, prod(part) * dtype.itemsize)
+            data = _read(devices[j], shards[j], 0, prod(part) * dtype.itemsize, prod(part) * dtype.itemsize)
             host[(slice(None),) * axis + (slice(s, e),)] = data.view(host.dtype).reshape(part)
         flat = np.ascontiguousarray(host).reshape(-1).view(np.uint8)
         for d in range(n):
-            _write(devices[d], outs[d], 0, flat)
+            _write(devices[d], outs[d], 0, flat, flat.nbytes)
             for j, (s, e) in enumerate(bounds):
                 if j != d:
                     nbytes = prod(shape) // shape[axis] * (e - s) * dtype.itemsize
