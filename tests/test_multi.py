@@ -359,3 +359,8 @@ def test_collectives_without_ranged_copies(n):
         got = np.empty_like(x)
         dev.allocator.copyout(memoryview(got).cast("B"), h)
         np.testing.assert_array_equal(got, x)
+
+
+def test_shard_without_a_device_list_is_a_usage_error():
+    r = invoke("run", SOFTMAX, "--random", "-D", "N=4", "-D", "D=3", "--shard", "x=0")
+    assert r.exit_code == 2 and "--shard needs a device list" in r.stderr, r.stderr

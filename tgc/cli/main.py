@@ -220,9 +220,13 @@ def shard_option(f: Callable) -> Callable:
                              "(repeatable); inputs not named are replicated.")(f)
 
 
-def _is_list(device: str | None) -> bool:
+def _is_list(device: str | None, shard: dict[str, int] | None = None) -> bool:
+    """Whether `-d` (or TGC_DEVICE) names a device list; `--shard` without one is a usage error."""
     from tgc.backends import default_device
-    return "," in (device or default_device())
+    listed = "," in (device or default_device())
+    if shard and not listed:
+        raise click.UsageError("--shard needs a device list, e.g. -d CPU:0,CPU:1")
+    return listed
 
 
 def dims_option(f: Callable) -> Callable:
@@ -387,7 +391,10 @@ def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[s
     arrays = inp.fill_random(prog, given, dims, seed or 0) if use_random else given
     run_dims, arrays = inp.bind(prog, arrays, dims)
     _search_with_progress(prog, device, run_dims, None)
-    results = prog.run(device=device, dims=run_dims, shard=shard, inputs=arrays)
+    if _is_list(device, shard):
+        results = prog.run(device=device, dims=run_dims, shard=shard, inputs=arrays)
+    else:
+        results = prog.run(device=device, dims=run_dims, **arrays)
     dtype_names = _output_dtypes(prog, run_dims, results)
     failure = None
     if check:
@@ -436,8 +443,10 @@ def compile_(file: str, device: str | None, dims: dict[str, int], emit: str, out
         emitted = em.emit_schedule(prog.schedule(dims), file)
     else:
         _search_with_progress(prog, device, dims, None)
-        kernels = prog.compile(device=device, dims=dims, shard=shard)
-        if _is_list(device):  # which device runs which kernel (each distinct kernel is shown once below)
+        listed = _is_list(device, shard)
+        kernels = prog.compile(device=device, dims=dims, shard=shard) if listed else prog.compile(device=device,
+                                                                                                 dims=dims)
+        if listed:  # which device runs which kernel (each distinct kernel is shown once below)
             runs: dict[str, list[str]] = {}
             for dev_name, k in prog.device_kernels(device, dims, shard):
                 runs.setdefault(dev_name, []).append(k.name)
@@ -485,7 +494,7 @@ def bench(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple
     if old is not None:  # refuse a baseline of another program, dims, device or tgc version before timing
         report.check_baseline(old, prog.identity(device, run_dims), baseline)
     kwargs: dict[str, Any] = {"device": device, "dims": run_dims, "repeat": repeat, "beam": beam, "inputs": arrays}
-    if _is_list(device):
+    if _is_list(device, shard):
         kwargs["shard"] = shard
     _search_with_progress(prog, device, run_dims, beam)
     if not as_json and _stderr_tty():
@@ -546,7 +555,7 @@ def beam_(file: str, device: str | None, dims: dict[str, int], width: int, force
     _warn(check_dims(prog, dims, require_all=True))
     progress, close = report.progress_bar(_stderr_tty())
     try:
-        extra = {"shard": shard} if _is_list(device) else {}
+        extra = {"shard": shard} if _is_list(device, shard) else {}
         result = prog.beam(device=device, dims=dims, width=width, progress=progress, force=force, **extra)
     finally:
         close()
