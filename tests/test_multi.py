@@ -364,3 +364,10 @@ def test_collectives_without_ranged_copies(n):
 def test_shard_without_a_device_list_is_a_usage_error():
     r = invoke("run", SOFTMAX, "--random", "-D", "N=4", "-D", "D=3", "--shard", "x=0")
     assert r.exit_code == 2 and "--shard needs a device list" in r.stderr, r.stderr
+
+
+def test_schedule_of_a_device_list_names_one_device():
+    r = invoke("compile", SOFTMAX, "-D", "N=4", "-D", "D=3", "--emit", "schedule", env={"TGC_DEVICE": "CPU:0,CPU:1"})
+    assert r.exit_code == 0, r.stderr  # the schedule does not depend on the device
+    with pytest.raises(tgc.TgcError, match="device list"):
+        tgc.load(SOFTMAX).lower("CPU:0,CPU:1", {"N": 4, "D": 3})

@@ -172,8 +172,9 @@ class Program:
         return None
 
     def schedule(self, dims: dict[str, int] | None = None, device: str | None = None) -> list[ScheduleItem]:
-        """The kernels' ASTs before optimization (what `--emit schedule` shows)."""
-        dev = _device(device)
+        """The kernels' ASTs before optimization (what `--emit schedule` shows); for a device list, the whole
+        program's schedule on its first device (before sharding)."""
+        dev = _device(device_names(device)[0])
         outs, _ = self._trace(self.resolve_dims(dims))
         items = create_schedule(outs, dev.caps)
         for item in items:
@@ -470,7 +471,11 @@ def devices(info: bool = True) -> list[dict[str, Any]]:
 
 
 def _device(device: str | None) -> Any:
-    return get_device(device or default_device())
+    name = device or default_device()
+    if "," in name:
+        raise TgcError(f"'{name}' is a device list; this needs one device",
+                       hint="name one device, e.g. " + name.split(",")[0].strip())
+    return get_device(name)
 
 
 def device_names(device: str | list[str] | tuple[str, ...] | None) -> list[str]:
