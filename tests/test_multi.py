@@ -371,3 +371,60 @@ def test_schedule_of_a_device_list_names_one_device():
     assert r.exit_code == 0, r.stderr  # the schedule does not depend on the device
     with pytest.raises(tgc.TgcError, match="device list"):
         tgc.load(SOFTMAX).lower("CPU:0,CPU:1", {"N": 4, "D": 3})
+
+
+class _BatchDev(_Dev):
+    """A device class that does a whole step's copies in one call (as REMOTE servers would, one round trip)."""
+
+    calls: list[int] = []
+    reduces: list[int] = []
+
+    @classmethod
+    def reduce_batch(cls, devices, handles, moves, op, dtype) -> bool:
+        cls.reduces.append(len(moves))
+        from tgc.engine.multi import _combine
+        datas = []
+        for m in moves:
+            whole = np.empty(m.src_size, np.uint8)
+            devices[m.src].allocator.copyout(memoryview(whole), handles[m.src])
+            datas.append(whole[m.src_offset:m.src_offset + m.nbytes].copy())
+        for m, data in zip(moves, datas):
+            out = np.empty(m.dst_size, np.uint8)
+            devices[m.dst].allocator.copyout(memoryview(out), handles[m.dst])
+            out[m.dst_offset:m.dst_offset + m.nbytes] = _combine(op, dtype, out[m.dst_offset:m.dst_offset + m.nbytes],
+                                                                 data)
+            devices[m.dst].allocator.copyin(handles[m.dst], memoryview(out))
+        return True
+
+    @classmethod
+    def copy_batch(cls, devices, src_handles, dst_handles, moves) -> bool:
+        cls.calls.append(len(moves))
+        for m in moves:
+            src, dst = src_handles[m.src], dst_handles[m.dst]
+            whole = np.empty(m.src_size, np.uint8)
+            devices[m.src].allocator.copyout(memoryview(whole), src)
+            out = np.empty(m.dst_size, np.uint8)
+            devices[m.dst].allocator.copyout(memoryview(out), dst)
+            out[m.dst_offset:m.dst_offset + m.nbytes] = whole[m.src_offset:m.src_offset + m.nbytes]
+            devices[m.dst].allocator.copyin(dst, memoryview(out))
+        return True
+
+
+def test_a_backend_can_take_each_collective_step_in_one_batch():
+    n = 4
+    _BatchDev.calls, _BatchDev.reduces = [], []
+    devs = [_BatchDev(i) for i in range(n)]
+    values = [np.arange(10, dtype=np.float32) + d for d in range(n)]
+    handles = []
+    for dev, v in zip(devs, values):
+        h = dev.allocator.alloc(v.nbytes)
+        dev.allocator.copyin(h, memoryview(v).cast("B"))
+        handles.append(h)
+    stats = ring_allreduce(devs, handles, 40, dtypes.f32, "max")
+    assert _BatchDev.calls == [n] * (n - 1)  # the all-gather: one batch of n copies per step
+    assert _BatchDev.reduces == [n] * (n - 1)  # the reduce-scatter likewise
+    assert sum(stats.sent) == 2 * (n - 1) * 40
+    for dev, h in zip(devs, handles):
+        got = np.empty(10, np.float32)
+        dev.allocator.copyout(memoryview(got).cast("B"), h)
+        np.testing.assert_array_equal(got, values[-1])

@@ -319,6 +319,40 @@ def copy_between(src_dev: Any, src_handle: Any, dst_dev: Any, dst_handle: Any, n
         print(f"*** copy {nbytes} bytes {src_dev.name} -> {dst_dev.name}", file=sys.stderr)
 
 
+@dataclass
+class Move:
+    """One copy of a collective step: `nbytes` from device `src` (at `src_offset` of its `src_size`-byte
+    buffer) to device `dst` (at `dst_offset` of its `dst_size`-byte buffer); devices by list position."""
+
+    src: int
+    dst: int
+    src_offset: int
+    dst_offset: int
+    nbytes: int
+    src_size: int
+    dst_size: int
+
+
+def copy_step(devices: list[Any], src_handles: list[Any], dst_handles: list[Any], moves: list[Move],
+              stats: Transfers) -> None:
+    """The copies of one collective step. Where every device involved is of one class that offers
+    `copy_batch(devices, src_handles, dst_handles, moves) -> bool` (one round trip for the whole step, e.g.
+    between REMOTE servers) and it accepts, that does them; else `copy_between` each."""
+    cls = type(devices[0])
+    batch = getattr(cls, "copy_batch", None)
+    done = (batch is not None and all(type(devices[m.src]) is cls and type(devices[m.dst]) is cls for m in moves)
+            and batch(devices, src_handles, dst_handles, moves))
+    for m in moves:
+        if done:
+            if m.src != m.dst and m.nbytes > 0:
+                stats.sent[m.src] += m.nbytes
+                stats.received[m.dst] += m.nbytes
+                stats.copies += 1
+        else:
+            copy_between(devices[m.src], src_handles[m.src], devices[m.dst], dst_handles[m.dst], m.nbytes,
+                         m.src_offset, m.dst_offset, stats, (m.src, m.dst), (m.src_size, m.dst_size))
+
+
 REDUCE_OPS = {"sum": Ops.ADD, "prod": Ops.MUL, "max": Ops.MAX, "min": None}
 
 
@@ -350,30 +384,35 @@ def ring_allreduce(devices: list[Any], handles: list[Any], nbytes: int, dtype: D
     stats = stats or Transfers.for_devices(n)
     st = time.perf_counter()
     chunks = chunk_bounds(nbytes, dtype.itemsize, n)
+    cls = type(devices[0])
+    batch = getattr(cls, "reduce_batch", None) if all(type(dev) is cls for dev in devices) else None
     for s in range(n - 1):  # reduce-scatter: device d sends chunk d-s to d+1, which reduces it into its own
         moves = []
         for d in range(n):
-            c = (d - s) % n
-            lo, hi = chunks[c]
-            moves.append((d, (d + 1) % n, lo, hi - lo))
-        incoming = []
-        for d, r, lo, size in moves:  # every send of a step is read before any device writes
-            data = _read(devices[d], handles[d], lo, size, nbytes) if size else np.empty(0, np.uint8)
-            incoming.append((d, r, lo, size, data))
-        for d, r, lo, size, data in incoming:
-            if not size:
-                continue
-            mine = _read(devices[r], handles[r], lo, size, nbytes)
-            _write(devices[r], handles[r], lo, _combine(op, dtype, mine, data), nbytes)
-            stats.sent[d] += size
-            stats.received[r] += size
-            stats.copies += 1
+            lo, hi = chunks[(d - s) % n]
+            moves.append(Move(d, (d + 1) % n, lo, lo, hi - lo, nbytes, nbytes))
+        # a backend may do a whole step in one call (`reduce_batch(devices, handles, moves, op, dtype) -> bool`:
+        # dst chunk = op(dst chunk, src chunk) for every move at once, e.g. between REMOTE servers)
+        if not (batch is not None and batch(devices, handles, moves, op, dtype)):
+            incoming = []
+            for m in moves:  # every send of a step is read before any device writes
+                data = _read(devices[m.src], handles[m.src], m.src_offset, m.nbytes, nbytes) if m.nbytes else None
+                incoming.append((m, data))
+            for m, data in incoming:
+                if data is not None:
+                    mine = _read(devices[m.dst], handles[m.dst], m.dst_offset, m.nbytes, nbytes)
+                    _write(devices[m.dst], handles[m.dst], m.dst_offset, _combine(op, dtype, mine, data), nbytes)
+        for m in moves:
+            if m.nbytes:
+                stats.sent[m.src] += m.nbytes
+                stats.received[m.dst] += m.nbytes
+                stats.copies += 1
     for s in range(n - 1):  # all-gather: device d passes on the finished chunk d+1-s
+        moves = []
         for d in range(n):
-            c = (d + 1 - s) % n
-            lo, hi = chunks[c]
-            copy_between(devices[d], handles[d], devices[(d + 1) % n], handles[(d + 1) % n], hi - lo, lo, lo,
-                         stats, (d, (d + 1) % n), (nbytes, nbytes))
+            lo, hi = chunks[(d + 1 - s) % n]
+            moves.append(Move(d, (d + 1) % n, lo, lo, hi - lo, nbytes, nbytes))
+        copy_step(devices, handles, handles, moves, stats)
     stats.seconds += time.perf_counter() - st
     return stats
 
@@ -389,10 +428,9 @@ def gather_shards(devices: list[Any], shards: list[Any], outs: list[Any], shape:
     st = time.perf_counter()
     row = prod(shape[axis + 1:]) * dtype.itemsize
     if prod(shape[:axis]) == 1:
-        for d in range(n):
-            for j, (s, e) in enumerate(bounds):
-                copy_between(devices[j], shards[j], devices[d], outs[d], (e - s) * row, 0, s * row, stats, (j, d),
-                             ((e - s) * row, prod(shape) * dtype.itemsize))
+        whole = prod(shape) * dtype.itemsize
+        copy_step(devices, shards, outs, [Move(j, d, 0, s * row, (e - s) * row, (e - s) * row, whole)
+                                          for d in range(n) for j, (s, e) in enumerate(bounds)], stats)
     else:
         host = np.empty(shape, dtype=np.uint8 if dtype.itemsize == 1 else dtype.np)
         for j, (s, e) in enumerate(bounds):
