@@ -254,38 +254,50 @@ def _with_threads(threads: int, fn):
             os.environ["TGC_THREADS"] = old
 
 
+def _alternate(one, two, rounds: int) -> tuple[float, dict]:
+    """Best time of `one()` and the result of `two()` with the best program time, run alternately (so that
+    both see the same load on a shared machine)."""
+    best_one, best_two = float("inf"), None
+    for _ in range(rounds):
+        best_one = min(best_one, one()["program"]["min_s"])
+        r = two()
+        if best_two is None or r["program"]["min_s"] < best_two["program"]["min_s"]:
+            best_two = r
+    assert best_two is not None
+    return best_one, best_two
+
+
 def multi_device(quick: bool) -> list[dict]:
     """Many devices: a data-parallel matmul with its rows sharded on CPU:0,CPU:1 (one core each: TGC_THREADS=2
     split between them) against one CPU device with one thread, and a sum of 64M floats sharded the same way
-    (the all-reduce's share of the program). Default kernels (no BEAM winners) on both sides."""
+    (the all-reduce's share of the program). Default kernels (no BEAM winners) on both sides; the best of a
+    few alternating runs of each (this machine may be shared)."""
     rng = np.random.default_rng(0)
+    rows = []
     size = 512 if quick else 2048
     a = rng.standard_normal((size, size), dtype=np.float32)
     b = rng.standard_normal((size, size), dtype=np.float32)
-    src = "a: f32[M, K]\nb: f32[K, N]\nreturn a @ b"
-    one = _with_threads(1, lambda: tgc.loads(src).bench(device="CPU", inputs={"a": a, "b": b}, repeat=3,
-                                                         tuned=False))["program"]["median_s"]
-    two = _with_threads(2, lambda: tgc.loads(src).bench(device="CPU:0,CPU:1", shard={"a": 0},
-                                                         inputs={"a": a, "b": b}, repeat=3, tuned=False))
-    rows = [{"name": f"matmul {size}^3, rows sharded", "one_ms": one * 1e3,
-             "two_ms": two["program"]["median_s"] * 1e3, "speedup": one / two["program"]["median_s"],
-             "target": 1.8, "allreduce_share": two["collectives"]["share_of_program"]}]
     n = (4 if quick else 64) << 20
     x = rng.standard_normal(n, dtype=np.float32)
-    src = "x: f32[N]\nreturn sum(x)"
-    one = _with_threads(1, lambda: tgc.loads(src).bench(device="CPU", inputs={"x": x}, repeat=3,
-                                                         tuned=False))["program"]["median_s"]
-    two = _with_threads(2, lambda: tgc.loads(src).bench(device="CPU:0,CPU:1", shard={"x": 0}, inputs={"x": x},
-                                                         repeat=3, tuned=False))
-    rows.append({"name": f"sum of {n >> 20}M f32, sharded", "one_ms": one * 1e3,
-                 "two_ms": two["program"]["median_s"] * 1e3, "speedup": one / two["program"]["median_s"],
-                 "target": None, "allreduce_share": two["collectives"]["share_of_program"],
-                 "allreduce_ms": two["collectives"]["median_s"] * 1e3})
+    cases = [(f"matmul {size}^3, rows sharded", "a: f32[M, K]\nb: f32[K, N]\nreturn a @ b", {"a": a, "b": b},
+              {"a": 0}, 1.8),
+             (f"sum of {n >> 20}M f32, sharded", "x: f32[N]\nreturn sum(x)", {"x": x}, {"x": 0}, None)]
+    for name, src, inputs, shard, target in cases:
+        single, multi = tgc.loads(src), tgc.loads(src)
+        one, two = _alternate(
+            lambda single=single, inputs=inputs: _with_threads(1, lambda: single.bench(
+                device="CPU", inputs=inputs, repeat=1, warmup=1, tuned=False)),
+            lambda multi=multi, inputs=inputs, shard=shard: _with_threads(2, lambda: multi.bench(
+                device="CPU:0,CPU:1", shard=shard, inputs=inputs, repeat=1, warmup=1, tuned=False)), 3)
+        t2 = two["program"]["min_s"]
+        rows.append({"name": name, "one_ms": one * 1e3, "two_ms": t2 * 1e3, "speedup": one / t2, "target": target,
+                     "allreduce_share": two["collectives"]["median_s"] / t2 if two["collectives"]["steps"] else None,
+                     "per_device_ms": [k["median_s"] * 1e3 for k in two["kernels"] if "device" in k]})
     return rows
 
 
 def print_multi(rows: list[dict]) -> None:
-    print("\nMany devices (CPU:0,CPU:1 with one core each against one CPU device with one thread):")
+    print("\nMany devices (CPU:0,CPU:1 with one core each against one CPU device with one thread; best of 3):")
     print("| workload | 1 device, 1 thread | CPU:0,CPU:1 | speed-up | target | all-reduce share |")
     print("|---|---|---|---|---|---|")
     for r in rows:

@@ -472,6 +472,13 @@ class MultiLowered:
     inputs: dict[int, str]  # input index -> name
     output_names: list[str]
     items: list[list] = field(default_factory=list)  # per device: its schedule items (what BEAM searches)
+    pool: Any = None  # one host thread per device, started on the first run and kept
+
+    def threads(self) -> Any:
+        if self.pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+            self.pool = ThreadPoolExecutor(max_workers=len(self.devices), thread_name_prefix="tgc-dev")
+        return self.pool
 
     def kernels(self) -> list[tuple[int, Any]]:
         """(device position, kernel) in launch order."""
@@ -523,18 +530,20 @@ def run_multi(ml: MultiLowered, arrays: dict[str, np.ndarray], timed: bool = Fal
             ml.devices[d].synchronize()
             ktime[d] += time.perf_counter() - st
 
+    pending: list[Any] = []
+
     def each_device(kernels: list[list]) -> None:
         """Every device runs its kernels at once, each from its own host thread (a CPU kernel releases the GIL)."""
         if n == 1 or sum(1 for ks in kernels if ks) <= 1 or level >= 2:  # (DEBUG lines one device at a time)
             for d in range(n):
                 run_kernels(d, kernels[d])
             return
-        futures = [pool.submit(run_kernels, d, kernels[d]) for d in range(n)]
-        for f in futures:
+        pending[:] = [pool.submit(run_kernels, d, kernels[d]) for d in range(n)]
+        for f in pending:
             f.result()
+        pending.clear()
 
-    from concurrent.futures import ThreadPoolExecutor
-    pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="tgc-dev")
+    pool = ml.threads()
     try:
         for d in range(n):  # each device's part of the inputs, before the clock starts
             for ks in [s[d] for s in ml.step_kernels] + [ml.out_kernels[d]]:
@@ -586,7 +595,9 @@ def run_multi(ml: MultiLowered, arrays: dict[str, np.ndarray], timed: bool = Fal
             dev.synchronize()
         return MultiRun(result, stats, ktime, stats.seconds, compute)
     finally:
-        pool.shutdown(wait=True)
+        if pending:  # an interrupted or failed run: no buffer is freed under a kernel still running
+            from concurrent.futures import wait
+            wait(pending)
         for b in owned:
             b.free()
 
