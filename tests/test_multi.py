@@ -428,3 +428,15 @@ def test_a_backend_can_take_each_collective_step_in_one_batch():
         got = np.empty(10, np.float32)
         dev.allocator.copyout(memoryview(got).cast("B"), h)
         np.testing.assert_array_equal(got, values[-1])
+
+
+def test_beam_on_a_device_list_tunes_each_distinct_shard_kernel_once_per_kind(tmp_path, monkeypatch):
+    monkeypatch.setenv("TGC_CACHE_DIR", str(tmp_path))
+    prog = tgc.load(SOFTMAX)
+    dims = {"N": 8, "D": 4}
+    result = prog.beam(device="CPU:0,CPU:1,PYTHON:2", dims=dims, width=1, shard={"x": 0})
+    kinds = [r["device"] for r in result["kernels"]]
+    # CPU:0 and CPU:1 hold 3 rows each (one kernel, searched once), PYTHON:2 holds 2 rows
+    assert kinds.count("CPU") == 1 and kinds.count("PYTHON") == 1, result["kernels"]
+    out = prog.run(device="CPU:0,CPU:1,PYTHON:2", shard={"x": 0}, x=np.ones((8, 4), np.float32))
+    np.testing.assert_allclose(out["out0"], np.full((8, 4), 0.25), rtol=1e-6)
