@@ -112,6 +112,15 @@ class HostAllocator(LRUAllocator):
         import numpy as np
         np.copyto(np.frombuffer(dest, dtype=np.uint8), handle)
 
+    def copyout_range(self, dest: memoryview, handle: Any, offset: int) -> None:
+        """Bytes `offset .. offset + len(dest)` of a buffer (the multi-device collectives copy chunks)."""
+        import numpy as np
+        np.copyto(np.frombuffer(dest, dtype=np.uint8), handle[offset:offset + dest.nbytes])
+
+    def copyin_range(self, handle: Any, offset: int, src: memoryview) -> None:
+        import numpy as np
+        np.copyto(handle[offset:offset + src.nbytes], np.frombuffer(src, dtype=np.uint8))
+
 
 class Compiler:
     """Source text to bytes. `name` and `version` go into the disk-cache key."""
@@ -166,9 +175,14 @@ class Device:
     def __init__(self, index: int = 0):
         self.index = index
 
+    def shared(self, position: int, count: int) -> Device:
+        """This device as the `position`-th of `count` devices of its kind in one device list (the CPU gives
+        each its own share of the cores; other kinds are used as they are)."""
+        return self
+
     @property
     def name(self) -> str:
-        return f"{self.kind}:{self.index}" if self.index else self.kind
+        return f"{self.kind}:{self.index}" if self.index or getattr(self, "share", None) else self.kind
 
     @classmethod
     def probe(cls) -> tuple[bool, str]:
