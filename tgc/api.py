@@ -9,7 +9,19 @@ import numpy as np
 
 from tgc.backends import default_device, device_class, get_device, known_kinds
 from tgc.codegen.kernel import Kernel, build_kernel
-from tgc.dsl.frontend import InputDecl, Parsed, concrete_shape, dim_names, parse, trace
+from tgc.dsl.frontend import (
+    DimError,
+    DimExpr,
+    InputDecl,
+    Parsed,
+    concrete_shape,
+    decl_shape,
+    dim_names,
+    dim_value,
+    parse,
+    solve_dim,
+    trace,
+)
 from tgc.dtype import DType, dtypes, f32_to_bf16
 from tgc.engine.realize import Lowered, run_program, to_user_array
 from tgc.engine.schedule import ScheduleItem, create_schedule, split_large_reduces
@@ -70,7 +82,12 @@ class Program:
             self._trace(trial)
         except TgcError as e:
             if not getattr(e, "shape_dependent", False):
-                raise
+                # dims are values (`zeros(N - 4)`): an error that larger sizes do not repeat is not the program's
+                try:
+                    self._trace({name: 64 + i for i, name in enumerate(self.dim_names)})
+                except TgcError as again:
+                    if (again.msg, again.line, again.col) == (e.msg, e.line, e.col):
+                        raise e from None
         finally:
             self._traces.clear()
 
@@ -92,6 +109,7 @@ class Program:
                                "inputs: " + (", ".join(sorted(declared)) or "(none)"))
         bound_by: dict[str, str] = {k: "" for k in dims}  # "": from the dims given
         arrays: dict[str, np.ndarray] = {}
+        deferred: list[tuple[InputDecl, int, DimExpr, int]] = []  # expression dims, checked once names are bound
         for decl in self.inputs:
             if decl.name not in inputs:
                 raise BindError(f"missing input '{decl.name}' ({_decl_text(decl)})", need="input", name=decl.name,
@@ -106,20 +124,60 @@ class Program:
                 if isinstance(want, int):
                     if want != have:
                         raise TgcError(f"input '{decl.name}' axis {axis} has size {have}, but is declared {want}",
-                                       file=self.filename, line=decl.line, col=decl.col, end_col=decl.end_col,
-                                       text=self.parsed.lines[decl.line - 1])
+                                       **self._at_dim(decl, axis))
+                elif isinstance(want, DimExpr):
+                    deferred.append((decl, axis, want, have))
                 elif want in dims:
                     if dims[want] != have:
                         source = f"input '{bound_by[want]}'" if bound_by[want] else "the dims given"
                         raise TgcError(f"dim {want} mismatch: input '{decl.name}' axis {axis} has size {have}, "
-                                       f"but {want} = {dims[want]} from {source}", file=self.filename,
-                                       line=decl.line, col=decl.col, end_col=decl.end_col,
-                                       text=self.parsed.lines[decl.line - 1])
+                                       f"but {want} = {dims[want]} from {source}", **self._at_dim(decl, axis))
                 else:
                     dims[want] = have
                     bound_by[want] = decl.name
             arrays[decl.name] = arr
+        self._bind_expressions(deferred, dims, bound_by)
         return dims, arrays
+
+    def _bind_expressions(self, deferred: list[tuple[InputDecl, int, DimExpr, int]], dims: dict[str, int],
+                          bound_by: dict[str, str]) -> None:
+        """Check the expression dims (`3 * C`) once the plain dim names are bound; an expression with one
+        unbound dim reached through + - * only binds it (`C + 1` of size 9 gives C = 8)."""
+        while deferred:
+            progress = False
+            for item in list(deferred):
+                decl, axis, expr, have = item
+                unknown = [n for n in expr.names() if n not in dims]
+                try:
+                    if unknown:
+                        solved = solve_dim(expr, have, dims)
+                        if solved is None:
+                            continue
+                        dims[solved[0]] = solved[1]
+                        bound_by[solved[0]] = f"{decl.name}' axis {axis} ('{expr}"
+                    value = dim_value(expr, dims)
+                except DimError as e:
+                    raise TgcError(f"input '{decl.name}' axis {axis} has size {have}: {e}",
+                                   **self._at_dim(decl, axis)) from None
+                if value != have:
+                    sources = ", ".join(f"{n} = {dims[n]} from " + (f"input '{bound_by[n]}'" if bound_by[n] else
+                                                                     "the dims given") for n in expr.names())
+                    raise TgcError(f"input '{decl.name}' axis {axis} has size {have}, but is declared {expr} = "
+                                   f"{value} ({sources})", **self._at_dim(decl, axis))
+                deferred.remove(item)
+                progress = True
+            if not progress:
+                decl, axis, expr, _ = deferred[0]
+                name = next(n for n in expr.names() if n not in dims)
+                raise BindError(f"dim {name} is unknown: input '{decl.name}' axis {axis} is declared {expr}, which "
+                                f"does not determine {name} by itself", need="dim", name=name,
+                                hint=f"give {name}'s size, or an input with a plain {name} axis",
+                                **self._at_dim(decl, axis))
+
+    def _at_dim(self, decl: InputDecl, axis: int) -> dict[str, Any]:
+        """Where one dim of a declaration is, for an error that points at it."""
+        col, end = decl.span_of(axis)
+        return {**self._at(decl), "col": col, "end_col": end}
 
     def conform(self, name: str, value: Any, cast: bool = False) -> np.ndarray:
         """One input as a C-contiguous array of its declared dtype (bf16 as its bits); a different dtype is an
@@ -139,6 +197,8 @@ class Program:
         missing = [d for d in self.dim_names if d not in dims]
         if missing:
             raise BindError(f"dim {missing[0]} is unknown", need="dim", name=missing[0], hint="give its size in dims")
+        for decl in self.inputs:  # every expression dim has a size (no division by zero, nothing negative)
+            decl_shape(decl, dims, filename=self.filename, lines=self.parsed.lines)
         return dims
 
     # --- tracing, scheduling, compiling

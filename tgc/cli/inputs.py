@@ -214,14 +214,17 @@ def check_dims(prog: Any, dims: Mapping[str, int], require_all: bool) -> list[st
 def random_array(decl: Any, dims: Mapping[str, int], seed: int, index: int) -> np.ndarray:
     """The random array for one input (`tgc.engine.inputs.random_values`, the generator bench and BEAM use),
     after checking its dims are known and that it fits in memory."""
+    from tgc.dsl.frontend import DimError, DimExpr, dim_value
     shape = []
     for size in decl.shape:
-        if isinstance(size, str):
-            if size not in dims:
-                raise TgcError(f"dim {size} is unknown: give -D {size}=...",
+        for name in ([size] if isinstance(size, str) else size.names() if isinstance(size, DimExpr) else []):
+            if name not in dims:
+                raise TgcError(f"dim {name} is unknown: give -D {name}=...",
                                hint=f"the random input '{decl.name}' is {decl_type(decl)}")
-            size = dims[size]
-        shape.append(int(size))
+        try:
+            shape.append(dim_value(size, dict(dims)))
+        except DimError as e:
+            raise TgcError(f"the random input '{decl.name}' ({decl_type(decl)}) has no size: {e}") from None
     dt: DType = decl.dtype
     nbytes = _check_memory(decl, shape)
     try:
