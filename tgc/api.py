@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace as _dc_replace
 from typing import Any
 
 import numpy as np
@@ -61,6 +62,8 @@ class Program:
         self._traces: dict[tuple, tuple[list[UOp], list[UOp]]] = {}
         self._kernels: dict[tuple, list[Kernel]] = {}
         self._lines: dict[UOp, int] = {}  # tensor node -> the .tg line that first computed it
+        self._plans: dict[tuple, SymbolicPlan | str] = {}  # (device, size class) -> symbolic kernels or why none
+        self.last_run = ""  # "symbolic" or "specialized[: why]": which kernels the last `run` used
         self._check_without_dims()
 
     @property
@@ -276,17 +279,93 @@ class Program:
         return Lowered(dev, kernels, [(b, self.inputs[b.arg[0]].name) for b in in_bufs],
                        list(zip(self.output_names, outs)))
 
+    # --- symbolic sizes (tgc/codegen/sizes.py)
+    def compile_symbolic(self, device: str | None = None, size_class: Any = None) -> SymbolicPlan:
+        """The program's kernels compiled once for every size of a size class (default: every dim 2 or more),
+        their sizes kernel arguments. TgcError (kind "user") when the program has no symbolic form."""
+        from tgc.codegen import sizes
+        dev = _device(device)
+        cls = size_class if size_class is not None else tuple((n, "n") for n in self.dim_names)
+        plan = self._symbolic(dev, tuple(cls))
+        if isinstance(plan, str):
+            raise TgcError(f"the program has no kernels valid for every size ({sizes.class_text(tuple(cls))}): "
+                           f"{plan}", hint="give its dims (-D NAME=INT) to compile it for one size", kind="user")
+        return plan
+
+    def _symbolic(self, dev: Any, cls: tuple) -> SymbolicPlan | str:
+        key = (dev.name, cls)
+        if key not in self._plans:
+            self._plans[key] = self._build_symbolic(dev, cls)
+        return self._plans[key]
+
+    def _build_symbolic(self, dev: Any, cls: tuple) -> SymbolicPlan | str:
+        """The plan for one size class, or why there is none."""
+        from tgc.codegen import sizes
+        from tgc.codegen.kernel import build_symbolic_kernel
+        p1, p2 = sizes.probes(cls)
+        symbolic = [n for n, c in cls if c == "n"]
+        bound = sizes.var_bound(len(symbolic))
+        runs = []
+        for probe in (p1, p2):
+            try:
+                outs, _ = self._trace(probe)
+                items = [i for i in create_schedule(outs, dev.caps) if i.ast.src]
+            except TgcError as e:
+                return f"at sizes {probe}: {e.msg}"
+            asts = [sizes.symbolize_ast(i.ast, probe, symbolic, bound) for i in items]
+            slots, kslots, oslots = sizes.slots_of(items, outs, probe, symbolic)
+            runs.append((outs, items, asts, slots, kslots, oslots))
+        (outs1, items1, asts1, slots1, k1, o1), (_, items2, asts2, slots2, k2, o2) = runs
+        if len(items1) != len(items2) or any(a is not b for a, b in zip(asts1, asts2)):
+            return "its kernels change with the sizes in ways that are not products of dims"
+        if not sizes.same_slots(slots1, slots2) or k1 != k2 or o1 != o2:
+            return "its buffers change with the sizes in ways that are not products of dims"
+        signature = sizes.graph_signature(outs1, p1, symbolic)
+        if sizes.instantiate_signature(signature, p2) != sizes.graph_signature(self._trace(p2)[0]):
+            return "its operations change with the sizes"
+        kernels = []
+        names: dict[str, int] = {}
+        for item, ast in zip(items1, asts1):
+            base = sizes.symbolic_name(item.name, p1, symbolic)
+            n = names.get(base, 0)
+            names[base] = n + 1
+            item.line = self.line_of(item.meta.get("serves", item.output))
+            sym_item = ScheduleItem(ast, item.bufs, base, item.line, item.meta)
+            kernels.append(build_symbolic_kernel(sym_item, dev, p1, f"{base}n{n}" if n else base))
+        return SymbolicPlan(dev, cls, kernels, slots1, k1, o1, signature, bound, symbolic)
+
+    def lower_symbolic(self, device: str | None, dims: dict[str, int]) -> tuple[Lowered | None, str]:
+        """The program's symbolic kernels bound to these dims, as the realizer runs them, and "" ; or (None, why
+        not) where the launch-time checks fail (the caller runs the size-specialized kernels instead)."""
+        from tgc.codegen import sizes
+        dev = _device(device)
+        dims = self.resolve_dims(dims)
+        cls = sizes.size_class(self.dim_names, dims)
+        plan = self._symbolic(dev, cls)
+        if isinstance(plan, str):
+            return None, plan
+        return plan.bind(self, dims)
+
     # --- running
     def run(self, device: str | None = None, dims: dict[str, int] | None = None, cast: bool = False,
-            inputs: dict[str, Any] | None = None, **kw_inputs: Any) -> dict[str, np.ndarray]:
+            inputs: dict[str, Any] | None = None, symbolic: bool = False, **kw_inputs: Any) -> dict[str, np.ndarray]:
         """Execute on a device; returns {output name: numpy array}. Inputs come as keywords (`x=arr`) or,
-        for names that clash with these parameters, as `inputs={"device": arr}`."""
+        for names that clash with these parameters, as `inputs={"device": arr}`. `symbolic=True` runs the
+        kernels compiled once for the dims' size class (`compile_symbolic`) where the launch-time checks
+        allow, else the size-specialized ones; `last_run` says which ran."""
         dims, arrays = self.bind({**(inputs or {}), **kw_inputs}, dims, cast=cast)
         name = device or default_device()
         if "," in name:
             raise TgcError(f"device lists such as '{name}' (one program sharded across devices) are not supported "
                            "yet", hint="run on one device, e.g. " + name.split(",")[0].strip())
         _device(name).ensure_runnable()
+        if symbolic:
+            low, why = self.lower_symbolic(name, dims)
+            self.last_run = "symbolic" if low is not None else f"specialized: {why}"
+            if low is not None:
+                return run_program(low, arrays)
+        else:
+            self.last_run = "specialized"
         return run_program(self.lower(name, dims), arrays)
 
     def reference(self, dims: dict[str, int] | None = None, **inputs: Any) -> dict[str, np.ndarray]:
@@ -337,6 +416,43 @@ class Program:
         self._kernels.clear()  # later compiles pick up the stored winners
         return {"device": dev.name, "dims": dims, "width": width, "kernels": rows, "seconds": seconds,
                 "interrupted": any(r.get("interrupted") for r in rows)}
+
+
+class SymbolicPlan:
+    """A program's kernels for every size of one size class: the kernels (dim variables as arguments), the
+    buffers they use (`tgc.codegen.sizes.Slot`: shapes as products of dims), and the tensor graph's signature
+    that a launch at given dims must reproduce."""
+
+    def __init__(self, device: Any, cls: tuple, kernels: list[Kernel], slots: list, kernel_slots: list[list[int]],
+                 output_slots: list[int], signature: tuple, bound: int, symbolic: list[str]):
+        self.device, self.size_class, self.kernels, self.slots = device, cls, kernels, slots
+        self.kernel_slots, self.output_slots, self.signature = kernel_slots, output_slots, signature
+        self.bound, self.symbolic = bound, symbolic
+
+    def bind(self, prog: Program, dims: dict[str, int]) -> tuple[Lowered | None, str]:
+        """The launch-time checks, then the kernels bound to `dims`: (Lowered, "") or (None, why not)."""
+        from tgc.codegen import sizes
+        from tgc.ir.uop import Ops, UOp
+        for n in self.symbolic:
+            if not 2 <= dims[n] <= self.bound:
+                return None, f"dim {n} = {dims[n]} is outside the symbolic kernels' range 2..{self.bound}"
+        outs, in_bufs = prog._trace(dims)
+        if sizes.instantiate_signature(self.signature, dims) != sizes.graph_signature(outs):
+            return None, "the program's operations differ at these sizes (a slice or index that clamps)"
+        nodes: list[UOp] = []
+        for i, slot in enumerate(self.slots):
+            shape = tuple(sizes.mono_value(m, dims) for m in slot.shape)
+            if slot.input is not None:
+                nodes.append(in_bufs[slot.input])
+            else:
+                nodes.append(UOp(Ops.BUFFER, slot.dtype, (), (-1 - i, f"tmp{i}", shape)))
+        kernels = []
+        for k, ks in zip(self.kernels, self.kernel_slots):
+            if k.binary is not None:
+                k.program()  # load once; the copies share it
+            kernels.append(_dc_replace(k, bufs=[nodes[j] for j in ks], vals=tuple(dims[n] for n in k.var_names)))
+        return Lowered(self.device, kernels, [(b, prog.inputs[b.arg[0]].name) for b in in_bufs],
+                       [(name, nodes[j]) for name, j in zip(prog.output_names, self.output_slots)]), ""
 
 
 def _name_of(obj: Any) -> str | None:

@@ -36,6 +36,7 @@ class Kernel:
     device: Any = None
     opts: list = field(default_factory=list)
     cache_key: str | None = None  # the disk-cache key `binary` came from (None: compiled now, or not cached)
+    var_names: tuple[str, ...] = ()  # a symbolic kernel's dim variables, in the order `vals` gives them
     _program: Any = None
 
     def program(self):
@@ -196,6 +197,34 @@ def build_kernel(item: ScheduleItem, device: Any, beam: int = 0, name: str | Non
                   global_size=launch.get("global_size", (1, 1, 1)), local_size=launch.get("local_size"),
                   vals=launch.get("vals", ()), flops=flops, bytes_moved=nbytes, line=item.line, compile_error=err,
                   device=device, opts=low.applied, cache_key=key)
+
+
+def build_symbolic_kernel(item: ScheduleItem, device: Any, probe: dict[str, int], name: str) -> Kernel:
+    """A kernel whose sizes are dim variables (`tgc.codegen.sizes`), lowered without optimizations (valid for
+    every size) and checked by the bounds verifier at the probe sizes. `vals` holds the probe values; a launch
+    replaces them with the dims' values in the order of `Kernel.var_names`."""
+    from tgc.codegen.pipeline import lower
+    from tgc.codegen.sizes import VAR_PREFIX
+
+    def var_names(nodes: list[UOp]) -> list[str]:
+        vs = sorted({u.arg for u in nodes if u.op is Ops.DEFINE_VAR and u.arg[0] != "core_id"}, key=str)
+        return [v[0][len(VAR_PREFIX):] for v in vs]
+
+    ast = prepare_ast(item.ast, device)
+    names = var_names(ast.toposort())
+    low = lower(ast, device, item.bufs, name, opts=[], vals=tuple(probe[n] for n in names))
+    final = var_names(low.uops)
+    if final != names:  # a pass folded a variable away: lower again with the values in their final order
+        names = final
+        low = lower(ast, device, item.bufs, name, opts=[], vals=tuple(probe[n] for n in names))
+    binary, err, key = _compile_cached(device, low.src)
+    launch = low.launch
+    k = Kernel(name=name, src=low.src, binary=binary, uops=low.uops, ast=low.ast, bufs=low.bufs,
+               global_size=launch.get("global_size", (1, 1, 1)), local_size=launch.get("local_size"),
+               vals=tuple(probe[n] for n in names), flops=0, bytes_moved=0, line=item.line, compile_error=err,
+               device=device, opts=[], cache_key=key)
+    k.var_names = tuple(names)
+    return k
 
 
 def bytes_touched(ast: UOp, bufs: list[UOp]) -> int:

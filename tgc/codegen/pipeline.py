@@ -210,14 +210,17 @@ def prepare(ast: UOp, device: Any) -> UOp:
 
 
 def lower(ast: UOp, device: Any, bufs: list[UOp], name: str, opts: list | None = None,
-          trace: list[tuple[str, str]] | None = None) -> Lowered:
+          trace: list[tuple[str, str]] | None = None, vals: tuple[int, ...] = ()) -> Lowered:
     """Kernel AST (as scheduled, or already prepared) -> linear UOps and source for `device`. `opts` replays a
     list of opts (BEAM's); None runs the hand-coded heuristic (nothing with NOOPT). `trace`, when a list, gets
-    (pass name, text after the pass) for every pass that ran."""
+    (pass name, text after the pass) for every pass that ran. `vals`: the values of the kernel's dim variables
+    (DEFINE_VARs other than core_id, in their linear order) that the bounds verifier checks the kernel at."""
     from tgc.codegen import verify
     from tgc.codegen.linearize import linearize
     from tgc.codegen.spec import verify_spec
     ctx = LowerCtx(device, name, list(bufs), opts=None if opts is None else list(opts), trace=trace)
+    if vals:
+        ctx.launch["vals"] = tuple(vals)
     if trace is not None or _debug() >= 6:
         ast = run_passes(ast, ctx, PREPARE)
     else:

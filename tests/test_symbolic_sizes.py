@@ -1,0 +1,125 @@
+"""Symbolic sizes (tgc/codegen/sizes.py): every example program compiled once per size class, without dims, and
+run at several sizes (odd ones, and sizes of 1) against numpy (`numpy_program`, independent of tgc); the
+launch-time checks that fall back to size-specialized kernels; kernels that take their sizes as arguments."""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+import pytest
+
+import tgc
+from tgc.baselines.numpy_eval import numpy_program
+from tgc.codegen import sizes
+from tgc.engine.compare import compare
+from tgc.engine.inputs import random_inputs
+
+KERNELS = sorted(pathlib.Path(__file__).resolve().parent.parent.joinpath("kernels").glob("*.tg"))
+# programs without a symbolic form: sizes that need floor division (pooling windows, slicing halves) or
+# divisibility (4 heads of C // 4) run size-specialized kernels, and say so
+NOT_SYMBOLIC = {"pooling.tg", "slicing.tg", "transformer_block.tg"}
+ODD = {"N": 3, "D": 5, "K": 7, "M": 5, "B": 3, "H": 9, "W": 7, "C": 3, "O": 5, "T": 7, "F": 5, "R": 3,
+       "IN": 9, "HID": 11, "OUT": 5}
+OTHER = {name: size + 2 for name, size in ODD.items()}
+ONES = {name: 1 if i % 2 == 0 else size for i, (name, size) in enumerate(ODD.items())}
+FIXED = {"pooling.tg": {"H": 8, "W": 6}, "transformer_block.tg": {"C": 8}, "slicing.tg": {"N": 10}}
+
+
+def _dims(prog: tgc.Program, path: pathlib.Path, table: dict[str, int]) -> dict[str, int]:
+    return {n: FIXED.get(path.name, {}).get(n, table.get(n, 3)) for n in prog.dim_names}
+
+
+def _check(prog: tgc.Program, got: dict, dims: dict, inputs: dict, what: str) -> None:
+    want = numpy_program(prog, dims)(inputs)
+    for name in prog.output_names:
+        g, w = np.asarray(got[name]), np.asarray(want[name])
+        assert g.shape == w.shape, (what, name)
+        if g.dtype.kind in "iub":
+            np.testing.assert_array_equal(g, w.astype(g.dtype), err_msg=f"{what}: {name}")
+        else:
+            bad, _ = compare(name, g, w, "f16" if g.dtype == np.float16 else "f32")
+            assert bad is None, f"{what}: {bad.describe()}"
+
+
+@pytest.mark.parametrize("path", KERNELS, ids=[p.name for p in KERNELS])
+def test_example_compiled_once_runs_at_every_size(path):
+    prog = tgc.load(path)
+    if path.name in NOT_SYMBOLIC:
+        with pytest.raises(tgc.TgcError, match="no kernels valid for every size"):
+            prog.compile_symbolic("CPU")
+    else:
+        plan = prog.compile_symbolic("CPU")
+        assert all(k.binary is not None for k in plan.kernels)
+    ran = []
+    for table in (ODD, OTHER, ONES):
+        dims = _dims(prog, path, table)
+        inputs = random_inputs(prog, dims, seed=3)
+        got = prog.run(device="CPU", symbolic=True, **inputs)
+        ran.append(prog.last_run)
+        _check(prog, got, dims, inputs, f"{path.name} at {dims}")
+    if path.name in NOT_SYMBOLIC:
+        assert all(r.startswith("specialized") for r in ran)
+    else:
+        assert ran == ["symbolic"] * 3, ran
+        # the two runs of dims >= 2 used one plan (compiled once); sizes of 1 are a size class of their own
+        classes = {key[1] for key, plan in prog._plans.items() if not isinstance(plan, str)}
+        assert len(classes) == 2
+
+
+def test_kernels_take_their_sizes_as_arguments():
+    prog = tgc.load(KERNELS[0].parent / "softmax.tg")
+    plan = prog.compile_symbolic("CPU")
+    (k,) = plan.kernels
+    assert k.name == "r_N_D_D_D" and set(k.var_names) == {"N", "D"}
+    assert "%D_N" in k.src and "%D_D" in k.src
+    for p in sizes.probes(plan.size_class)[0].values():
+        assert str(p) not in k.src.split("tgc-launch:")[0]  # no size is a constant of the code
+
+
+def test_sizes_classes_and_probes():
+    cls = sizes.size_class(["N", "D", "E"], {"N": 7, "D": 1, "E": 0})
+    assert cls == (("N", "n"), ("D", "1"), ("E", "0"))
+    p1, p2 = sizes.probes((("N", "n"), ("D", "n"), ("E", "1")))
+    assert p1["E"] == p2["E"] == 1 and p1["N"] < p1["D"] and p2["N"] > p2["D"]
+    assert sizes.factor(3 * 211 * 223 - 1, p1, ["N", "D"]) == (3, ("D", "N"), -1)
+    assert sizes.factor(17, p1, ["N", "D"]) == (17, (), 0)
+
+
+def test_a_slice_that_clamps_falls_back_to_specialized_kernels():
+    """`x[:5]` is 5 elements at the probe sizes but N when N < 5: the launch-time check sees the difference."""
+    prog = tgc.loads("x: f32[N]\nreturn sum(x[:5]) + x[0], x[:5] * 2")
+    prog.compile_symbolic("CPU")
+    for n in (9, 3):
+        x = np.arange(n, dtype=np.float32) + 1
+        out = prog.run(device="CPU", symbolic=True, x=x)
+        np.testing.assert_allclose(out["out0"], x[:5].sum() + x[0])
+        np.testing.assert_allclose(out["out1"], x[:5] * 2)
+        assert prog.last_run == ("symbolic" if n >= 5 else
+                                 "specialized: the program's operations differ at these sizes "
+                                 "(a slice or index that clamps)")
+
+
+def test_a_size_beyond_the_variables_bound_falls_back():
+    src = "a: f32[A, B, C, D, E]\nreturn a.sum(axis=0) * 2"
+    prog = tgc.loads(src)
+    plan = prog.compile_symbolic("CPU")
+    assert plan.bound == 2 ** 12
+    a = np.ones((4100, 2, 2, 2, 2), np.float32)
+    out = prog.run(device="CPU", symbolic=True, a=a)["out0"]
+    np.testing.assert_array_equal(out, np.full((2, 2, 2, 2), 8200, np.float32))
+    assert prog.last_run.startswith("specialized: dim A = 4100 is outside the symbolic kernels' range")
+    out = prog.run(device="CPU", symbolic=True, a=a[:7])["out0"]
+    np.testing.assert_array_equal(out, np.full((2, 2, 2, 2), 14, np.float32))
+    assert prog.last_run == "symbolic"
+
+
+def test_dim_values_in_expressions_are_symbolic_too():
+    prog = tgc.loads("x: f32[N, D]\nw: f32[2 * D]\nreturn x * D + w[:D] - N, x.mean(axis=1)")
+    prog.compile_symbolic("CPU")
+    for n, d in ((3, 5), (6, 2)):
+        x, w = np.random.default_rng(n).standard_normal((n, d)).astype(np.float32), np.arange(2 * d, dtype=np.float32)
+        out = prog.run(device="CPU", symbolic=True, x=x, w=w)
+        assert prog.last_run == "symbolic"
+        np.testing.assert_allclose(out["out0"], x * d + w[:d] - n, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(out["out1"], x.mean(axis=1), rtol=1e-5, atol=1e-6)
