@@ -82,8 +82,13 @@ def test_sizes_classes_and_probes():
     assert cls == (("N", "n"), ("D", "1"), ("E", "0"))
     p1, p2 = sizes.probes((("N", "n"), ("D", "n"), ("E", "1")))
     assert p1["E"] == p2["E"] == 1 and p1["N"] < p1["D"] and p2["N"] > p2["D"]
-    assert sizes.factor(3 * 211 * 223 - 1, p1, ["N", "D"]) == (3, ("D", "N"), -1)
-    assert sizes.factor(17, p1, ["N", "D"]) == (17, (), 0)
+    assert sizes.factor(3 * 211 * 223 - 1, p1, ["N", "D"]) == (3, ("D", "N"), -1, 1)
+    assert sizes.factor(17, p1, ["N", "D"]) == (17, (), 0, 1)
+    q1, _ = sizes.probes((("N", "32n"), ("D", "n")))
+    assert q1 == {"N": 32 * 211, "D": 223}
+    assert sizes.factor(211 * 5, q1, ["N", "D"]) == (5, ("N",), 0, 32)  # 5 * N // 32: N's panels of 32
+    assert sizes.mono_value((5, ("N",), 0, 32), {"N": 64}) == 10
+    assert sizes.size_class(["A", "B"], {"A": 64, "B": 48}) == (("A", "32n"), ("B", "n"))
 
 
 def test_a_slice_that_clamps_falls_back_to_specialized_kernels():
@@ -123,3 +128,32 @@ def test_dim_values_in_expressions_are_symbolic_too():
         assert prog.last_run == "symbolic"
         np.testing.assert_allclose(out["out0"], x * d + w[:d] - n, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(out["out1"], x.mean(axis=1), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name, dims", [
+    ("matmul.tg", {"M": 64, "K": 96, "N": 128}), ("matmul.tg", {"M": 96, "K": 32, "N": 64}),
+    ("softmax.tg", {"N": 256, "D": 320}), ("layernorm.tg", {"N": 128, "D": 544}),
+    ("batched_matmul.tg", {"B": 2, "M": 64, "K": 32, "N": 96}), ("mlp.tg", {"B": 64, "IN": 96, "HID": 128, "OUT": 32}),
+])
+def test_multiples_of_32_run_the_optimized_symbolic_kernels(name, dims):
+    """Sizes that are multiples of 32 are a class of their own, whose kernels carry the heuristic's opts (vector
+    upcasts, threads, matmul's packed panels) behind launch checks; large enough ones pass them."""
+    prog = tgc.load(KERNELS[0].parent / name)
+    inputs = random_inputs(prog, dims, seed=5)
+    got = prog.run(device="CPU", symbolic=True, **inputs)
+    assert prog.last_run == "symbolic"
+    plan = prog._plans[("CPU", sizes.size_class(prog.dim_names, dims))]
+    assert all(c == ("32n" if dims[n] % 32 == 0 else "n") for n, c in plan.size_class)
+    assert "fast" in plan.chosen, plan.chosen
+    _check(prog, got, dims, inputs, f"{name} at {dims}")
+
+
+def test_a_launch_check_that_fails_runs_the_general_kernel():
+    """matmul's fast kernel is threaded: a product too small to split across threads runs the general one."""
+    prog = tgc.load(KERNELS[0].parent / "matmul.tg")
+    dims = {"M": 32, "K": 32, "N": 32}
+    inputs = random_inputs(prog, dims, seed=1)
+    got = prog.run(device="CPU", symbolic=True, **inputs)
+    plan = prog._plans[("CPU", sizes.size_class(prog.dim_names, dims))]
+    assert all(f is not None for f in plan.fast) and plan.chosen == ["general"] * len(plan.kernels)
+    _check(prog, got, dims, inputs, "matmul 32^3")

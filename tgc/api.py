@@ -26,7 +26,7 @@ from tgc.dsl.frontend import (
 from tgc.dtype import DType, dtypes, f32_to_bf16
 from tgc.engine.realize import Lowered, run_program, to_user_array
 from tgc.engine.schedule import ScheduleItem, create_schedule, split_large_reduces
-from tgc.env import env_int
+from tgc.env import env_flag, env_int
 from tgc.errors import BindError, CompileError, TgcError
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.uop import Ops, UOp
@@ -303,7 +303,7 @@ class Program:
         from tgc.codegen import sizes
         from tgc.codegen.kernel import build_symbolic_kernel
         p1, p2 = sizes.probes(cls)
-        symbolic = [n for n, c in cls if c == "n"]
+        symbolic = [n for n, c in cls if c in sizes.SYMBOLIC]
         bound = sizes.var_bound(len(symbolic))
         runs = []
         for probe in (p1, p2):
@@ -323,16 +323,32 @@ class Program:
         signature = sizes.graph_signature(outs1, p1, symbolic)
         if sizes.instantiate_signature(signature, p2) != sizes.graph_signature(self._trace(p2)[0]):
             return "its operations change with the sizes"
-        kernels = []
+        # the optimizations the heuristic picks at a representative size, each kernel's fast variant where they
+        # apply to its symbolic form (launched where its checks hold at the dims given)
+        rep = {n: sizes.REPRESENTATIVE[c] if c in sizes.SYMBOLIC else int(c) for n, c in cls}
+        rep_items = None
+        if not dev.caps.gpu and not env_flag("NOOPT"):
+            try:
+                rep_items = [i for i in create_schedule(self._trace(rep)[0], dev.caps) if i.ast.src]
+            except TgcError:
+                rep_items = None
+            if rep_items is not None and [sizes.name_shape(i.name) for i in rep_items] != \
+                    [sizes.name_shape(i.name) for i in items1]:
+                rep_items = None
+        kernels, fast = [], []
         names: dict[str, int] = {}
-        for item, ast in zip(items1, asts1):
+        for i, (item, ast) in enumerate(zip(items1, asts1)):
             base = sizes.symbolic_name(item.name, p1, symbolic)
             n = names.get(base, 0)
             names[base] = n + 1
             item.line = self.line_of(item.meta.get("serves", item.output))
             sym_item = ScheduleItem(ast, item.bufs, base, item.line, item.meta)
-            kernels.append(build_symbolic_kernel(sym_item, dev, p1, f"{base}n{n}" if n else base))
-        return SymbolicPlan(dev, cls, kernels, slots1, k1, o1, signature, bound, symbolic)
+            kname = f"{base}n{n}" if n else base
+            kernels.append(build_symbolic_kernel(sym_item, dev, p1, kname))
+            fast.append(None)
+            if rep_items is not None:
+                fast[-1] = _fast_variant(sym_item, rep_items[i], dev, rep, kname)
+        return SymbolicPlan(dev, cls, kernels, slots1, k1, o1, signature, bound, symbolic, fast)
 
     def lower_symbolic(self, device: str | None, dims: dict[str, int]) -> tuple[Lowered | None, str]:
         """The program's symbolic kernels bound to these dims, as the realizer runs them, and "" ; or (None, why
@@ -382,9 +398,11 @@ class Program:
 
     def bench(self, device: str | None = None, dims: dict[str, int] | None = None, repeat: int = 10,
               beam: int = 0, inputs: dict[str, np.ndarray] | None = None,
-              warmup: int = 1, tuned: bool = True) -> dict[str, Any]:
+              warmup: int = 1, tuned: bool = True, symbolic: bool = False) -> dict[str, Any]:
         """Time the program on device-resident inputs (random ones by default, `tgc.engine.inputs`); see
-        `tgc bench --json`. numpy's time beside it is the CLI's (`tgc.baselines.numpy_eval.time_numpy`)."""
+        `tgc bench --json`. numpy's time beside it is the CLI's (`tgc.baselines.numpy_eval.time_numpy`).
+        `symbolic=True` times the kernels compiled for the dims' size class (`run(symbolic=True)`); the
+        result's `kernels_for` says "size class" or "these sizes" (when the launch checks fell back)."""
         from tgc.engine import bench
         from tgc.engine.inputs import random_inputs
         dev = _device(device)
@@ -392,10 +410,13 @@ class Program:
             dims = self.resolve_dims(dims)
             inputs = random_inputs(self, dims)
         dims, arrays = self.bind(inputs, dims, cast=True)
-        timing = bench.bench_lowered(self.lower(dev.name, dims, beam=beam, tuned=tuned), arrays, repeat=repeat,
-                                     warmup=warmup)
+        low = self.lower_symbolic(dev.name, dims)[0] if symbolic else None
+        kernels_for = "size class" if low is not None else "these sizes"
+        if low is None:
+            low = self.lower(dev.name, dims, beam=beam, tuned=tuned)
+        timing = bench.bench_lowered(low, arrays, repeat=repeat, warmup=warmup)
         result: dict[str, Any] = {"device": dev.name, "dims": dims, "repeat": repeat, "beam": beam, **timing,
-                                  "identity": self.identity(dev.name, dims)}
+                                  "identity": self.identity(dev.name, dims), "kernels_for": kernels_for}
         return result
 
     def identity(self, device: str | None, dims: dict[str, int]) -> dict[str, Any]:
@@ -424,10 +445,13 @@ class SymbolicPlan:
     that a launch at given dims must reproduce."""
 
     def __init__(self, device: Any, cls: tuple, kernels: list[Kernel], slots: list, kernel_slots: list[list[int]],
-                 output_slots: list[int], signature: tuple, bound: int, symbolic: list[str]):
+                 output_slots: list[int], signature: tuple, bound: int, symbolic: list[str],
+                 fast: list[Kernel | None] | None = None):
         self.device, self.size_class, self.kernels, self.slots = device, cls, kernels, slots
         self.kernel_slots, self.output_slots, self.signature = kernel_slots, output_slots, signature
         self.bound, self.symbolic = bound, symbolic
+        self.fast = fast or [None] * len(kernels)  # per kernel, its optimized variant (launch-checked) or None
+        self.chosen: list[str] = []  # per kernel of the last `bind`: "fast" or "general"
 
     def bind(self, prog: Program, dims: dict[str, int]) -> tuple[Lowered | None, str]:
         """The launch-time checks, then the kernels bound to `dims`: (Lowered, "") or (None, why not)."""
@@ -446,13 +470,34 @@ class SymbolicPlan:
                 nodes.append(in_bufs[slot.input])
             else:
                 nodes.append(UOp(Ops.BUFFER, slot.dtype, (), (-1 - i, f"tmp{i}", shape)))
+        from tgc.codegen.kernel import launch_allows
         kernels = []
-        for k, ks in zip(self.kernels, self.kernel_slots):
+        self.chosen = []
+        for general, fast, ks in zip(self.kernels, self.fast, self.kernel_slots):
+            use_fast = fast is not None and fast.binary is not None and launch_allows(fast, dims)
+            k = fast if use_fast else general
+            self.chosen.append("fast" if use_fast else "general")
             if k.binary is not None:
                 k.program()  # load once; the copies share it
             kernels.append(_dc_replace(k, bufs=[nodes[j] for j in ks], vals=tuple(dims[n] for n in k.var_names)))
         return Lowered(self.device, kernels, [(b, prog.inputs[b.arg[0]].name) for b in in_bufs],
                        [(name, nodes[j]) for name, j in zip(prog.output_names, self.output_slots)]), ""
+
+
+def _fast_variant(item: ScheduleItem, rep_item: ScheduleItem, dev: Any, rep: dict[str, int], name: str
+                  ) -> Kernel | None:
+    """A symbolic kernel with the opts the heuristic picks for `rep_item` (the same kernel at a representative
+    size), or None when there are none or they do not apply to the symbolic form."""
+    from tgc.codegen.kernel import build_symbolic_kernel, prepare_ast
+    from tgc.codegen.opt import OptError
+    from tgc.codegen.pipeline import heuristic_opts
+    opts = heuristic_opts(prepare_ast(rep_item.ast, dev), dev)
+    if not opts:
+        return None
+    try:
+        return build_symbolic_kernel(item, dev, rep, name, opts=opts)
+    except (OptError, CompileError):
+        return None
 
 
 def _name_of(obj: Any) -> str | None:

@@ -397,14 +397,27 @@ def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[s
               show_default=True, help="What to print for each kernel.")
 @click.option("-o", "--output", "outdir", metavar="DIR", help="Write one file per kernel into DIR.")
 def compile_(file: str, device: str | None, dims: dict[str, int], emit: str, outdir: str | None) -> None:
-    """Compile every kernel of FILE and print their sources (or UOps, schedule, IR, assembly, binaries)."""
+    """Compile every kernel of FILE and print their sources (or UOps, schedule, IR, assembly, binaries).
+    Without -D, a program with dims compiles once for every size: its sizes are kernel arguments."""
     from tgc.cli import emit as em
     from tgc.cli.inputs import check_dims
 
     prog = _load(file)
-    _warn(check_dims(prog, dims, require_all=True))
+    symbolic = not dims and bool(prog.dim_names) and emit != "schedule"
+    if not symbolic:
+        _warn(check_dims(prog, dims, require_all=True))
     name, kind = _device_kind(device)
-    if emit == "schedule":
+    if symbolic:
+        from tgc.codegen.sizes import class_text
+        plan = prog.compile_symbolic(device=device)
+        kernels = plan.kernels
+        _err(f"note: compiled for every size ({class_text(plan.size_class)}): sizes are kernel arguments; "
+             "give -D NAME=INT for kernels specialized to one size")
+        emitted = em.emit_kernels(kernels, emit, name, kind, file)
+        failed = next((k for k in kernels if k.binary is None), None)
+        if failed is not None:
+            _err(f"note: could not compile for {name}: {failed.compile_error or 'no compiler on this machine'}")
+    elif emit == "schedule":
         emitted = em.emit_schedule(prog.schedule(dims), file)
     else:
         _search_with_progress(prog, device, dims, None)

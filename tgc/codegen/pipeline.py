@@ -106,6 +106,12 @@ def _apply_opts(ast: UOp, ctx: LowerCtx) -> UOp:
     return ast
 
 
+def heuristic_opts(ast: UOp, device: Any) -> list:
+    """The opts `lower` would apply to a prepared AST without a list (the hand-coded heuristic, then threads)."""
+    from tgc.codegen.opt import apply_opts
+    return apply_opts(ast, device, None)[2]
+
+
 def _lower_groups(ast: UOp, ctx: LowerCtx) -> UOp:
     from tgc.codegen.opt import lower_groups
     return lower_groups(ast)
@@ -288,4 +294,5 @@ def drop_unused_buffers(ast: UOp, bufs: list[UOp]) -> tuple[UOp, list[UOp]]:
     return substitute(ast, mapping), [bufs[i] for i in used]
 
 
-__all__ = ["PASSES", "Lowered", "Pass", "fuses_rows", "lower", "passes_text", "prepare", "uops_text"]
+__all__ = ["PASSES", "Lowered", "Pass", "fuses_rows", "heuristic_opts", "lower", "passes_text", "prepare",
+           "uops_text"]

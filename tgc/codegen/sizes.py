@@ -41,25 +41,31 @@ def _primes(n: int, start: int = 211) -> list[int]:
 
 
 SizeClass = tuple[tuple[str, str], ...]
+SYMBOLIC = ("n", "32n")  # the classes whose dims are kernel arguments
 
 
 def size_class(names: Sequence[str], dims: Mapping[str, int]) -> SizeClass:
-    """Each dim as "0", "1" or "n" (2 or more): the sizes one symbolic compile serves."""
-    return tuple((n, "0" if dims[n] == 0 else "1" if dims[n] == 1 else "n") for n in names)
+    """Each dim as "0", "1", "32n" (a multiple of 32) or "n" (any other size of 2 or more): the sizes one
+    symbolic compile serves."""
+    return tuple((n, "0" if dims[n] == 0 else "1" if dims[n] == 1 else "32n" if dims[n] % UNIT == 0 else "n")
+                 for n in names)
 
 
 def class_text(cls: SizeClass) -> str:
-    return ", ".join(f"{n}={'>=2' if c == 'n' else c}" for n, c in cls) or "(no dims)"
+    words = {"n": ">=2", "32n": "a multiple of 32"}
+    return ", ".join(f"{n}={words.get(c, c)}" for n, c in cls) or "(no dims)"
 
 
 def probes(cls: SizeClass) -> tuple[dict[str, int], dict[str, int]]:
     """Two probe dims for a class: fixed dims at their size, symbolic ones at primes (ascending, then another
-    set descending)."""
-    sym = [n for n, c in cls if c == "n"]
+    set descending), times 32 for "32n" dims."""
+    sym = [n for n, c in cls if c in SYMBOLIC]
     primes = _primes(2 * len(sym))
+    unit = {n: UNIT if c == "32n" else 1 for n, c in cls}
     first, second = primes[:len(sym)], primes[len(sym):][::-1]
-    fixed = {n: int(c) for n, c in cls if c != "n"}
-    return {**fixed, **dict(zip(sym, first))}, {**fixed, **dict(zip(sym, second))}
+    fixed = {n: int(c) for n, c in cls if c not in SYMBOLIC}
+    return ({**fixed, **{n: p * unit[n] for n, p in zip(sym, first)}},
+            {**fixed, **{n: p * unit[n] for n, p in zip(sym, second)}})
 
 
 def var_bound(k: int) -> int:
@@ -67,48 +73,65 @@ def var_bound(k: int) -> int:
     return min(2 ** 31 - 1, 2 ** (62 // max(k, 1)))
 
 
-Mono = tuple[int, tuple[str, ...], int]  # coef * product of dims (names sorted, repeated for powers) + offset
+Mono = tuple[int, tuple[str, ...], int, int]  # coef * product of dims // div + offset (names sorted, repeated)
 MAX_OFFSET = 4  # `N - 1`, `N + 2`: a product of dims plus or minus at most this much
+UNIT = 32  # class "32n": the dim is a multiple of this, so kernels may assume it (vector widths, packed layouts)
 
 
-def _product(v: int, probe: Mapping[str, int], symbolic: Sequence[str]) -> tuple[int, tuple[str, ...]]:
+def _prime(n: str, probe: Mapping[str, int]) -> tuple[int, int]:
+    """(the probe's prime, the dim's unit): a "32n" dim is probed at UNIT * prime."""
+    p = probe[n]
+    return (p // UNIT, UNIT) if p % UNIT == 0 else (p, 1)
+
+
+def _product(v: int, probe: Mapping[str, int], symbolic: Sequence[str]) -> tuple[int, tuple[str, ...], int]:
     names: list[str] = []
     sign, v = (-1 if v < 0 else 1), abs(v)
+    div = 1
     if v:
         for n in symbolic:
-            p = probe[n]
+            p, unit = _prime(n, probe)
             while v % p == 0:
                 v //= p
+                div *= unit
                 names.append(n)
-    return sign * v, tuple(sorted(names))
+    g = _gcd(v, div)
+    return sign * (v // g), tuple(sorted(names)), div // g
+
+
+def _gcd(a: int, b: int) -> int:
+    import math
+    return math.gcd(a, b) or 1
 
 
 def factor(v: int, probe: Mapping[str, int], symbolic: Sequence[str]) -> Mono:
-    """`v` as coef * product of the symbolic dims' probe primes + a small offset (`(v, (), 0)` when it is not
-    one). The first fit wins; a wrong one (a literal 212 read as N + 1) is caught by the second probe."""
+    """`v` as coef * product of the symbolic dims // div + a small offset (`(v, (), 0, 1)` when it is not one;
+    div > 1 only for "32n" dims, which it divides exactly). The first fit wins; a wrong one (a literal 212
+    read as N + 1) is caught by the second probe."""
     for off in sorted(range(-MAX_OFFSET, MAX_OFFSET + 1), key=abs):
-        coef, names = _product(v - off, probe, symbolic)
+        coef, names, div = _product(v - off, probe, symbolic)
         if names:
-            return coef, names, off
-    return v, (), 0
+            return coef, names, off, div
+    return v, (), 0, 1
 
 
 def mono_value(m: Mono, dims: Mapping[str, int]) -> int:
     out = m[0]
     for n in m[1]:
         out *= dims[n]
-    return out + m[2]
+    return out // m[3] + m[2]
 
 
-def dim_var(name: str, bound: int) -> UOp:
-    return UOp(Ops.DEFINE_VAR, INDEX, (), (VAR_PREFIX + name, 2, bound))
+def dim_var(name: str, bound: int, low: int = 2) -> UOp:
+    return UOp(Ops.DEFINE_VAR, INDEX, (), (VAR_PREFIX + name, low, bound))
 
 
-def _mono_uop(m: Mono, bound: int) -> UOp:
-    out = dim_var(m[1][0], bound)
+def _mono_uop(m: Mono, bound: int, lows: Mapping[str, int]) -> UOp:
+    out = dim_var(m[1][0], bound, lows.get(m[1][0], 2))
     for n in m[1][1:]:
-        out = out * dim_var(n, bound)
+        out = out * dim_var(n, bound, lows.get(n, 2))
     out = out if m[0] == 1 else out * UOp.const(INDEX, m[0])
+    out = out if m[3] == 1 else out // UOp.const(INDEX, m[3])
     return out if m[2] == 0 else out + UOp.const(INDEX, m[2])
 
 
@@ -140,7 +163,7 @@ def symbolize_ast(ast: UOp, probe: Mapping[str, int], symbolic: Sequence[str], b
         m = factor(v, probe, symbolic)
         if not m[1]:
             continue
-        expr = _mono_uop(m, bound)
+        expr = _mono_uop(m, bound, {n: _prime(n, probe)[1] for n in symbolic})
         if recip:
             expr = UOp(Ops.FDIV, u.dtype, (UOp.const(u.dtype, 1.0), UOp(Ops.CAST, u.dtype, (expr,))))
         mapping[u] = expr if u.dtype == INDEX else expr if recip else UOp(Ops.CAST, u.dtype, (expr,))
@@ -226,9 +249,19 @@ def same_slots(a: list[Slot], b: list[Slot]) -> bool:
     return [(s.dtype, s.shape, s.input) for s in a] == [(s.dtype, s.shape, s.input) for s in b]
 
 
+# the size of each symbolic dim where the heuristic picks a symbolic kernel's opts, by class
+REPRESENTATIVE = {"n": 509, "32n": 512}
+
+
+def name_shape(name: str) -> str:
+    """A kernel name with its sizes blanked (`r_512_512` -> `r_#_#`): kernels of one shape at two sizes."""
+    return "_".join("#" if part.isdigit() else part for part in name.split("_"))
+
+
 def symbolic_name(name: str, probe: Mapping[str, int], symbolic: Sequence[str]) -> str:
     """A kernel name whose probe sizes read as the dims' names (`r_101_103` -> `r_N_D`)."""
     by_value = {str(probe[n]): n for n in symbolic}
+    by_value.update({str(probe[n] // UNIT): f"{n}d{UNIT}" for n in symbolic if probe[n] % UNIT == 0})
     return "_".join(by_value.get(part, part) for part in name.split("_"))
 
 
