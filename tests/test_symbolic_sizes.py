@@ -157,3 +157,38 @@ def test_a_launch_check_that_fails_runs_the_general_kernel():
     plan = prog._plans[("CPU", sizes.size_class(prog.dim_names, dims))]
     assert all(f is not None for f in plan.fast) and plan.chosen == ["general"] * len(plan.kernels)
     _check(prog, got, dims, inputs, "matmul 32^3")
+
+
+def test_a_beam_winner_serves_its_whole_size_class(tmp_path, monkeypatch):
+    """BEAM at one size stores each winner for the size class too; a nearby size of the class, in a program
+    loaded afresh, builds its fast kernels from that winner (here one stored directly, as a search would)."""
+    from tgc.backends import get_device
+    from tgc.codegen import search
+    from tgc.codegen.kernel import prepare_ast
+    from tgc.codegen.opt import Opt, OptOps
+    monkeypatch.setenv("TGC_CACHE_DIR", str(tmp_path))
+    dev = get_device("CPU")
+    path = KERNELS[0].parent / "softmax.tg"
+    prog = tgc.load(path)
+    dims = {"N": 64, "D": 96}
+    (item,) = [i for i in prog.schedule(dims, "CPU") if i.ast.src]
+    winner = [Opt(OptOps.UPCAST, 1, 8)]  # not what the heuristic picks (UPCAST 16, UPCAST 2, THREAD)
+    search.store(prepare_ast(item.ast, dev), dev, winner, 1e-3, item.name, 2)
+    assert prog._store_class_winners(dev, dims) == 1
+    other = tgc.load(path)
+    x = np.random.default_rng(2).standard_normal((160, 224)).astype(np.float32)
+    got = other.run(device="CPU", symbolic=True, x=x)["out0"]
+    plan = other._plans[("CPU", (("N", "32n"), ("D", "32n")))]
+    assert [str(o) for o in plan.fast[0].opts] == ["UPCAST(1, 8)"] and plan.chosen == ["fast"]
+    want = np.exp(x - x.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(got, want / want.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+
+def test_program_beam_stores_the_class_winner(tmp_path, monkeypatch):
+    from tgc.backends import get_device
+    from tgc.codegen import search
+    monkeypatch.setenv("TGC_CACHE_DIR", str(tmp_path))
+    prog = tgc.load(KERNELS[0].parent / "softmax.tg")
+    prog.beam("CPU", dims={"N": 32, "D": 64}, width=1)
+    plan = prog.compile_symbolic("CPU", (("N", "32n"), ("D", "32n")))
+    assert search.lookup(plan.kernels[0].template, get_device("CPU")) is not None

@@ -348,7 +348,30 @@ class Program:
             fast.append(None)
             if rep_items is not None:
                 fast[-1] = _fast_variant(sym_item, rep_items[i], dev, rep, kname)
-        return SymbolicPlan(dev, cls, kernels, slots1, k1, o1, signature, bound, symbolic, fast)
+        plan = SymbolicPlan(dev, cls, kernels, slots1, k1, o1, signature, bound, symbolic, fast)
+        plan.shapes = [sizes.name_shape(i.name) for i in items1]
+        return plan
+
+    def _store_class_winners(self, dev: Any, dims: dict[str, int]) -> int:
+        """After BEAM at `dims`: each kernel's stored winner also becomes the winner of its symbolic form for the
+        dims' size class (so a later run at a nearby size uses it). Returns how many were stored."""
+        from tgc.codegen import search, sizes
+        from tgc.codegen.kernel import prepare_ast
+        cls = sizes.size_class(self.dim_names, dims)
+        plan = self._symbolic(dev, cls)
+        if isinstance(plan, str):
+            return 0
+        items = [i for i in self.schedule(dims, dev.name) if i.ast.src]
+        if [sizes.name_shape(i.name) for i in items] != plan.shapes:
+            return 0
+        stored = 0
+        for item, k in zip(items, plan.kernels):
+            entry = search.lookup_entry(prepare_ast(item.ast, dev), dev)
+            if entry is not None:
+                search.store(k.template, dev, entry["opts"], entry.get("time_s") or 0.0, k.name, entry["width"])
+                stored += 1
+        self._plans.pop((dev.name, cls), None)  # rebuilt with the class winners on its next use
+        return stored
 
     def lower_symbolic(self, device: str | None, dims: dict[str, int]) -> tuple[Lowered | None, str]:
         """The program's symbolic kernels bound to these dims, as the realizer runs them, and "" ; or (None, why
@@ -435,6 +458,8 @@ class Program:
         dims = self.resolve_dims(dims)
         rows, seconds = beam_items(self.schedule(dims, dev.name), dev, width, progress=progress, force=force)
         self._kernels.clear()  # later compiles pick up the stored winners
+        if not dev.caps.gpu and not any(r.get("interrupted") for r in rows):
+            self._store_class_winners(dev, dims)  # and symbolic kernels of the dims' size class
         return {"device": dev.name, "dims": dims, "width": width, "kernels": rows, "seconds": seconds,
                 "interrupted": any(r.get("interrupted") for r in rows)}
 
@@ -452,6 +477,7 @@ class SymbolicPlan:
         self.bound, self.symbolic = bound, symbolic
         self.fast = fast or [None] * len(kernels)  # per kernel, its optimized variant (launch-checked) or None
         self.chosen: list[str] = []  # per kernel of the last `bind`: "fast" or "general"
+        self.shapes: list[str] = []  # per kernel, its name with sizes blanked (`r_#_#`): matches a schedule
 
     def bind(self, prog: Program, dims: dict[str, int]) -> tuple[Lowered | None, str]:
         """The launch-time checks, then the kernels bound to `dims`: (Lowered, "") or (None, why not)."""
@@ -491,7 +517,12 @@ def _fast_variant(item: ScheduleItem, rep_item: ScheduleItem, dev: Any, rep: dic
     from tgc.codegen.kernel import build_symbolic_kernel, prepare_ast
     from tgc.codegen.opt import OptError
     from tgc.codegen.pipeline import heuristic_opts
-    opts = heuristic_opts(prepare_ast(rep_item.ast, dev), dev)
+    from tgc.codegen.search import lookup
+    # a BEAM winner stored for this size class (`Program.beam` at a size of the class), else the heuristic's
+    # choice at the representative size
+    opts = lookup(prepare_ast(item.ast, dev), dev)
+    if opts is None:
+        opts = heuristic_opts(prepare_ast(rep_item.ast, dev), dev)
     if not opts:
         return None
     try:

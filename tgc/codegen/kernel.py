@@ -39,6 +39,7 @@ class Kernel:
     cache_key: str | None = None  # the disk-cache key `binary` came from (None: compiled now, or not cached)
     var_names: tuple[str, ...] = ()  # a symbolic kernel's dim variables, in the order `vals` gives them
     checks: list = field(default_factory=list)  # a symbolic kernel's launch checks (`build_symbolic_kernel`)
+    template: UOp | None = None  # a symbolic kernel's prepared AST before opts (its BEAM winners' key)
     _program: Any = None
 
     def program(self):
@@ -240,7 +241,8 @@ def build_symbolic_kernel(item: ScheduleItem, device: Any, probe: dict[str, int]
     kern = Kernel(name=name, src=low.src, binary=binary, uops=low.uops, ast=low.ast, bufs=low.bufs,
                   global_size=launch.get("global_size", (1, 1, 1)), local_size=launch.get("local_size"),
                   vals=tuple(probe[n] for n in names), flops=0, bytes_moved=0, line=item.line, compile_error=err,
-                  device=device, opts=low.applied, cache_key=key, var_names=tuple(names), checks=checks)
+                  device=device, opts=low.applied, cache_key=key, var_names=tuple(names), checks=checks,
+                  template=ast)
     return kern
 
 
