@@ -302,6 +302,9 @@ class Program:
         """The plan for one size class, or why there is none."""
         from tgc.codegen import sizes
         from tgc.codegen.kernel import build_symbolic_kernel
+        if dev.caps.gpu or dev.kind == "REMOTE":
+            # GPU grids are sized when compiling, and a REMOTE server checks launches against buffer sizes
+            return f"kernels with symbolic sizes are built for the CPU and PYTHON devices only, not {dev.kind} yet"
         p1, p2 = sizes.probes(cls)
         symbolic = [n for n, c in cls if c in sizes.SYMBOLIC]
         bound = sizes.var_bound(len(symbolic))
