@@ -192,3 +192,29 @@ def test_program_beam_stores_the_class_winner(tmp_path, monkeypatch):
     prog.beam("CPU", dims={"N": 32, "D": 64}, width=1)
     plan = prog.compile_symbolic("CPU", (("N", "32n"), ("D", "32n")))
     assert search.lookup(plan.kernels[0].template, get_device("CPU")) is not None
+
+
+def test_cli_compile_without_dims_compiles_for_every_size():
+    import subprocess
+    import sys
+    root = pathlib.Path(__file__).resolve().parent.parent
+    env = {"NO_COLOR": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(root)}
+    r = subprocess.run([sys.executable, "-m", "tgc.cli.main", "compile", str(root / "kernels" / "softmax.tg"),
+                        "-d", "CPU"], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "; kernel r_N_D_D_D" in r.stdout and "i32 %D_N" in r.stdout
+    assert "compiled for every size (N=>=2, D=>=2)" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "tgc.cli.main", "compile", str(root / "kernels" / "pooling.tg"),
+                        "-d", "CPU"], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 2 and "no kernels valid for every size" in r.stderr and "-D NAME=INT" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_symbolic_launches_count_the_work_of_their_sizes():
+    prog = tgc.load(KERNELS[0].parent / "matmul.tg")
+    dims = {"M": 65, "K": 64, "N": 63}
+    sym = prog.bench("CPU", dims=dims, repeat=1, symbolic=True, tuned=False)
+    spec = prog.bench("CPU", dims=dims, repeat=1, tuned=False)
+    assert sym["kernels_for"] == "size class" and spec["kernels_for"] == "these sizes"
+    assert [k["flops"] for k in sym["kernels"]] == [k["flops"] for k in spec["kernels"]]
+    assert sym["kernels"][0]["flops"] >= 2 * 65 * 64 * 63 and sym["kernels"][0]["bytes"] > 0

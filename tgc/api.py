@@ -499,7 +499,7 @@ class SymbolicPlan:
                 nodes.append(in_bufs[slot.input])
             else:
                 nodes.append(UOp(Ops.BUFFER, slot.dtype, (), (-1 - i, f"tmp{i}", shape)))
-        from tgc.codegen.kernel import launch_allows
+        from tgc.codegen.kernel import launch_allows, symbolic_work
         kernels = []
         self.chosen = []
         for general, fast, ks in zip(self.kernels, self.fast, self.kernel_slots):
@@ -508,7 +508,10 @@ class SymbolicPlan:
             self.chosen.append("fast" if use_fast else "general")
             if k.binary is not None:
                 k.program()  # load once; the copies share it
-            kernels.append(_dc_replace(k, bufs=[nodes[j] for j in ks], vals=tuple(dims[n] for n in k.var_names)))
+            bufs = [nodes[j] for j in ks]
+            flops, nbytes = symbolic_work(k, dims, bufs)
+            kernels.append(_dc_replace(k, bufs=bufs, vals=tuple(dims[n] for n in k.var_names), flops=flops,
+                                       bytes_moved=nbytes))
         return Lowered(self.device, kernels, [(b, prog.inputs[b.arg[0]].name) for b in in_bufs],
                        [(name, nodes[j]) for name, j in zip(prog.output_names, self.output_slots)]), ""
 

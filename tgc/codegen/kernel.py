@@ -246,6 +246,15 @@ def build_symbolic_kernel(item: ScheduleItem, device: Any, probe: dict[str, int]
     return kern
 
 
+def symbolic_work(k: Kernel, dims: dict[str, int], bufs: list[UOp]) -> tuple[int, int]:
+    """(flops, bytes moved) of a symbolic kernel's launch at these dims (`Kernel.flops`, `bytes_moved`)."""
+    from tgc.codegen.sizes import VAR_PREFIX
+    env = {VAR_PREFIX + n: v for n, v in dims.items()}
+    cores = max(int(k.global_size[0]), 1) if not k.device.caps.gpu else 1
+    flops = round(sum(count_work(k.uops, {**env, "core_id": c}) for c in range(cores)))
+    return flops, bytes_touched(k.ast, bufs)
+
+
 def launch_allows(k: Kernel, dims: dict[str, int]) -> bool:
     """Whether a symbolic kernel's launch checks hold at these dims (`build_symbolic_kernel`)."""
     from tgc.codegen.sizes import VAR_PREFIX
