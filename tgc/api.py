@@ -353,6 +353,7 @@ class Program:
                 fast[-1] = _fast_variant(sym_item, rep_items[i], dev, rep, kname)
         plan = SymbolicPlan(dev, cls, kernels, slots1, k1, o1, signature, bound, symbolic, fast)
         plan.shapes = [sizes.name_shape(i.name) for i in items1]
+        plan.asts = asts1
         return plan
 
     def _store_class_winners(self, dev: Any, dims: dict[str, int]) -> int:
@@ -481,6 +482,7 @@ class SymbolicPlan:
         self.fast = fast or [None] * len(kernels)  # per kernel, its optimized variant (launch-checked) or None
         self.chosen: list[str] = []  # per kernel of the last `bind`: "fast" or "general"
         self.shapes: list[str] = []  # per kernel, its name with sizes blanked (`r_#_#`): matches a schedule
+        self.asts: list[UOp] = []  # per kernel, its symbolic AST as scheduled (before any pass)
 
     def bind(self, prog: Program, dims: dict[str, int]) -> tuple[Lowered | None, str]:
         """The launch-time checks, then the kernels bound to `dims`: (Lowered, "") or (None, why not)."""
@@ -492,6 +494,13 @@ class SymbolicPlan:
         outs, in_bufs = prog._trace(dims)
         if sizes.instantiate_signature(self.signature, dims) != sizes.graph_signature(outs):
             return None, "the program's operations differ at these sizes (a slice or index that clamps)"
+        # where the scheduler cuts the same kernels at these sizes (it may not: small matmuls are not packed,
+        # which the plan's kernels still compute right), each must be the plan's kernel at these sizes
+        items = [i for i in create_schedule(outs, self.device.caps) if i.ast.src]
+        if [sizes.name_shape(i.name) for i in items] == self.shapes:
+            for item, ast in zip(items, self.asts):
+                if sizes.instantiate_ast(ast, dims) is not item.ast:
+                    return None, f"kernel {item.name} differs from the size class's kernel at these sizes"
         nodes: list[UOp] = []
         for i, slot in enumerate(self.slots):
             shape = tuple(sizes.mono_value(m, dims) for m in slot.shape)

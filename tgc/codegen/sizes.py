@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tgc.dtype import dtypes
-from tgc.ir.uop import Ops, UOp, substitute
+from tgc.ir.uop import Ops, PatternMatcher, UOp, UPat, graph_rewrite, substitute
 
 INDEX = dtypes.index
 VAR_PREFIX = "D_"  # kernel argument names: upper case, so they sort before the CPU's core_id (linearize order)
@@ -163,7 +163,7 @@ def symbolize_ast(ast: UOp, probe: Mapping[str, int], symbolic: Sequence[str], b
         m = factor(v, probe, symbolic)
         if not m[1]:
             continue
-        expr = _mono_uop(m, bound, {n: _prime(n, probe)[1] for n in symbolic})
+        expr = _mono_uop(m, bound, {n: max(2, _prime(n, probe)[1]) for n in symbolic})
         if recip:
             expr = UOp(Ops.FDIV, u.dtype, (UOp.const(u.dtype, 1.0), UOp(Ops.CAST, u.dtype, (expr,))))
         mapping[u] = expr if u.dtype == INDEX else expr if recip else UOp(Ops.CAST, u.dtype, (expr,))
@@ -250,6 +250,37 @@ def same_slots(a: list[Slot], b: list[Slot]) -> bool:
 
 
 # the size of each symbolic dim where the heuristic picks a symbolic kernel's opts, by class
+def instantiate_ast(ast: UOp, dims: Mapping[str, int]) -> UOp:
+    """A symbolic AST with its dim variables replaced by these sizes, simplified (the kernel the scheduler cuts
+    at these sizes, when the symbolic form is right for them)."""
+    from tgc.ir.symbolic import simplify
+    mapping = {u: UOp.const(u.dtype, dims[u.arg[0][len(VAR_PREFIX):]]) for u in ast.toposort()
+               if u.op is Ops.DEFINE_VAR and u.arg[0].startswith(VAR_PREFIX)}
+    if not mapping:
+        return ast
+    # constants first (a size cast to i32 or f32 is the constant of that dtype the scheduler wrote), then the
+    # folds the scheduler's own simplification made
+    out = graph_rewrite(substitute(ast, mapping), _fold_casts)
+    return simplify(out)
+
+
+def _cast_const(x: UOp, c: UOp) -> UOp | None:
+    if c.dtype != INDEX or x.dtype is None or x.dtype.count != 1 or x.dtype.is_bool:
+        return None  # only the casts symbolize_ast wrote (of index-typed sizes)
+    return UOp.const(x.dtype, float(c.arg) if x.dtype.is_float else int(c.arg))
+
+
+def _recip_const(x: UOp, one: UOp, c: UOp) -> UOp | None:
+    """`1.0 / n` as symbolize_ast wrote a mean's reciprocal: the double the front end computed."""
+    return UOp.const(x.dtype, 1.0 / c.arg) if one.arg == 1.0 and c.arg else None
+
+
+_fold_casts = PatternMatcher([
+    (UPat(Ops.CAST, src=(UPat.cvar("c"),), name="x"), _cast_const),
+    (UPat(Ops.FDIV, src=(UPat.cvar("one"), UPat.cvar("c")), name="x"), _recip_const),
+])
+
+
 REPRESENTATIVE = {"n": 509, "32n": 512}
 
 
