@@ -228,3 +228,23 @@ def test_symbolic_launches_count_the_work_of_their_sizes():
     assert sym["kernels_for"] == "size class" and spec["kernels_for"] == "these sizes"
     assert [k["flops"] for k in sym["kernels"]] == [k["flops"] for k in spec["kernels"]]
     assert sym["kernels"][0]["flops"] >= 2 * 65 * 64 * 63 and sym["kernels"][0]["bytes"] > 0
+
+
+def test_the_compile_cache_holds_one_entry_per_size_class(tmp_path, monkeypatch):
+    """Sizes of one class compile nothing new: the kernels' sources (and so their cache keys) are the same."""
+    from tgc import cache
+    monkeypatch.setenv("TGC_CACHE_DIR", str(tmp_path))
+    path = KERNELS[0].parent / "softmax.tg"
+
+    def entries() -> int:
+        return len(cache.entries("compile"))
+    tgc.load(path).run(device="CPU", symbolic=True, x=np.ones((3, 5), np.float32))
+    first = entries()
+    assert first >= 1
+    for n, d in ((7, 9), (11, 3), (2, 2)):  # the same class, each in a program loaded afresh
+        prog = tgc.load(path)
+        prog.run(device="CPU", symbolic=True, x=np.ones((n, d), np.float32))
+        assert prog.last_run == "symbolic"
+    assert entries() == first
+    tgc.load(path).run(device="CPU", x=np.ones((7, 9), np.float32))  # size-specialized: an entry per size
+    assert entries() > first
