@@ -248,3 +248,16 @@ def test_the_compile_cache_holds_one_entry_per_size_class(tmp_path, monkeypatch)
     assert entries() == first
     tgc.load(path).run(device="CPU", x=np.ones((7, 9), np.float32))  # size-specialized: an entry per size
     assert entries() > first
+
+
+@pytest.mark.parametrize("shape", [(3, 0), (0, 5), (0, 0), (1, 0), (4, 5)])
+def test_sizes_of_zero_are_a_class_and_unused_buffers_are_no_parameters(shape):
+    """With D = 0 the sum's kernel stores zeros and reads nothing: its unused input is no kernel parameter, so
+    the launch must pass the buffers the kernel kept, not every buffer the scheduler gave it."""
+    prog = tgc.loads("x: f32[N, D]\nreturn x.sum(axis=1), x * 2, x")
+    x = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    out = prog.run(device="CPU", symbolic=True, x=x)
+    assert prog.last_run == "symbolic"
+    np.testing.assert_array_equal(out["out0"], x.sum(axis=1))
+    np.testing.assert_array_equal(out["out1"], x * 2)
+    np.testing.assert_array_equal(out["x"], x)

@@ -354,6 +354,7 @@ class Program:
         plan = SymbolicPlan(dev, cls, kernels, slots1, k1, o1, signature, bound, symbolic, fast)
         plan.shapes = [sizes.name_shape(i.name) for i in items1]
         plan.asts = asts1
+        plan.item_bufs = [list(i.bufs) for i in items1]
         return plan
 
     def _store_class_winners(self, dev: Any, dims: dict[str, int]) -> int:
@@ -483,6 +484,7 @@ class SymbolicPlan:
         self.chosen: list[str] = []  # per kernel of the last `bind`: "fast" or "general"
         self.shapes: list[str] = []  # per kernel, its name with sizes blanked (`r_#_#`): matches a schedule
         self.asts: list[UOp] = []  # per kernel, its symbolic AST as scheduled (before any pass)
+        self.item_bufs: list[list[UOp]] = []  # per kernel, the probe's buffer nodes (kernel_slots' order)
 
     def bind(self, prog: Program, dims: dict[str, int]) -> tuple[Lowered | None, str]:
         """The launch-time checks, then the kernels bound to `dims`: (Lowered, "") or (None, why not)."""
@@ -511,13 +513,14 @@ class SymbolicPlan:
         from tgc.codegen.kernel import launch_allows, symbolic_work
         kernels = []
         self.chosen = []
-        for general, fast, ks in zip(self.kernels, self.fast, self.kernel_slots):
+        for general, fast, ks, item_bufs in zip(self.kernels, self.fast, self.kernel_slots, self.item_bufs):
             use_fast = fast is not None and fast.binary is not None and launch_allows(fast, dims)
             k = fast if use_fast else general
             self.chosen.append("fast" if use_fast else "general")
             if k.binary is not None:
                 k.program()  # load once; the copies share it
-            bufs = [nodes[j] for j in ks]
+            # the kernel's parameters: the scheduled buffers less those its code does not use (dropped)
+            bufs = [nodes[ks[next(i for i, b in enumerate(item_bufs) if b is kb)]] for kb in k.bufs]
             flops, nbytes = symbolic_work(k, dims, bufs)
             kernels.append(_dc_replace(k, bufs=bufs, vals=tuple(dims[n] for n in k.var_names), flops=flops,
                                        bytes_moved=nbytes))
