@@ -261,3 +261,25 @@ def test_sizes_of_zero_are_a_class_and_unused_buffers_are_no_parameters(shape):
     np.testing.assert_array_equal(out["out0"], x.sum(axis=1))
     np.testing.assert_array_equal(out["out1"], x * 2)
     np.testing.assert_array_equal(out["x"], x)
+
+
+def test_cli_run_and_bench_symbolic():
+    import json
+    import subprocess
+    import sys
+    root = pathlib.Path(__file__).resolve().parent.parent
+    env = {"NO_COLOR": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(root)}
+    cli = [sys.executable, "-m", "tgc.cli.main"]
+    r = subprocess.run([*cli, "run", str(root / "kernels" / "matmul.tg"), "--random", "-D", "M=5", "-D", "K=7",
+                        "-D", "N=3", "--symbolic", "--check", "-d", "CPU"], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.returncode == 0 and "check: ok" in r.stderr and "note:" not in r.stderr, r.stderr
+    r = subprocess.run([*cli, "run", str(root / "kernels" / "pooling.tg"), "--random", "-D", "N=2", "-D", "C=2",
+                        "-D", "H=4", "-D", "W=4", "--symbolic", "--check", "-d", "CPU"], capture_output=True,
+                       text=True, timeout=120, env=env)
+    assert r.returncode == 0 and "note: ran kernels compiled for these sizes" in r.stderr, r.stderr
+    r = subprocess.run([*cli, "bench", str(root / "kernels" / "softmax.tg"), "-D", "N=64", "-D", "D=64",
+                        "--symbolic", "--repeat", "2", "--json", "-d", "CPU"], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["kernels_for"] == "size class"

@@ -346,8 +346,11 @@ def main() -> None:
 @click.option("--check", is_flag=True, help="Compare with the float64 numpy reference; exit 1 beyond tolerance.")
 @click.option("--rtol", type=click.FloatRange(min=0), callback=_finite,
               help="Relative tolerance for --check (default by dtype).")
+@click.option("--symbolic", is_flag=True,
+              help="Run the kernels compiled once for the sizes' class (sizes as kernel arguments).")
 def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[str, str]], npz: str | None,
-        cast: bool, use_random: bool, seed: int | None, outs: list[Any], check: bool, rtol: float | None) -> None:
+        cast: bool, use_random: bool, seed: int | None, outs: list[Any], check: bool, rtol: float | None,
+        symbolic: bool) -> None:
     """Run FILE on a device and print or save its outputs."""
     from tgc.cli import inputs as inp
     from tgc.cli.outputs import print_output_table, resolve_outs, save_outputs
@@ -360,8 +363,14 @@ def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[s
     given = inp.gather(prog, npz, pairs, cast)
     arrays = inp.fill_random(prog, given, dims, seed or 0) if use_random else given
     run_dims, arrays = inp.bind(prog, arrays, dims)
-    _search_with_progress(prog, device, run_dims, None)
-    results = prog.run(device=device, dims=run_dims, **arrays)
+    if not symbolic:
+        _search_with_progress(prog, device, run_dims, None)
+    if symbolic:  # (an input may be called `symbolic`: the flag goes in only when given)
+        results = prog.run(device=device, dims=run_dims, symbolic=True, inputs=arrays)
+    else:
+        results = prog.run(device=device, dims=run_dims, **arrays)
+    if symbolic and prog.last_run != "symbolic":
+        _err(f"note: ran kernels compiled for these sizes ({prog.last_run.split(': ', 1)[-1]})")
     dtype_names = _output_dtypes(prog, run_dims, results)
     failure = None
     if check:
@@ -447,10 +456,11 @@ def compile_(file: str, device: str | None, dims: dict[str, int], emit: str, out
 @click.option("--beam", type=click.IntRange(min=0), help="BEAM-search width before timing (else $BEAM).")
 @click.option("--vs", type=click.Choice(["numpy"]), help="Also time numpy on the same inputs.")
 @click.option("--baseline", metavar="OLD.json", help="Compare with a saved `tgc bench --json`; exit 1 on regression.")
+@click.option("--symbolic", is_flag=True, help="Time the kernels compiled once for the sizes' class.")
 @json_option
 def bench(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[str, str]], npz: str | None,
           cast: bool, seed: int, repeat: int, beam: int | None, vs: str | None, baseline: str | None,
-          as_json: bool) -> None:
+          symbolic: bool, as_json: bool) -> None:
     """Time each kernel of FILE and the whole program on device-resident inputs (random unless given)."""
     from tgc.cli import inputs as inp
     from tgc.cli import report
@@ -463,6 +473,8 @@ def bench(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple
     if old is not None:  # refuse a baseline of another program, dims, device or tgc version before timing
         report.check_baseline(old, prog.identity(device, run_dims), baseline)
     kwargs: dict[str, Any] = {"device": device, "dims": run_dims, "repeat": repeat, "beam": beam, "inputs": arrays}
+    if symbolic:
+        kwargs["symbolic"] = True
     _search_with_progress(prog, device, run_dims, beam)
     if not as_json and _stderr_tty():
         _err(f"timing {file} ({repeat} runs per kernel) ...")
