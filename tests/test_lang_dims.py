@@ -220,3 +220,16 @@ def test_cli_reports_a_disagreeing_expression_dim_with_exit_2(tmp_path):
                             "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     assert r.returncode == 0, r.stderr
     assert "(2, 9)" in r.stdout
+
+
+def test_cli_random_inputs_take_dims_an_expression_binds(tmp_path):
+    """`w: f32[3 * C]` from a file binds C = 4, so the random `x: f32[C]` has 4 elements."""
+    prog = tmp_path / "p.tg"
+    prog.write_text("w: f32[3 * C]\nx: f32[C]\nreturn sum(w) + x\n")
+    np.save(tmp_path / "w.npy", np.ones(12, np.float32))
+    r = subprocess.run([sys.executable, "-m", "tgc.cli.main", "run", str(prog), "-i", f"w={tmp_path / 'w.npy'}",
+                        "--random", "-d", "PYTHON"], capture_output=True, text=True, timeout=120,
+                       env={"NO_COLOR": "1", "PATH": "/usr/bin:/bin",
+                            "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert r.returncode == 0, r.stderr
+    assert "(4,)" in r.stdout

@@ -194,6 +194,19 @@ def known_dims(prog: Any, given: Mapping[str, np.ndarray], dims: Mapping[str, in
         for axis, size in enumerate(decl.shape):
             if isinstance(size, str):
                 out.setdefault(size, int(arr.shape[axis]))
+    from tgc.dsl.frontend import DimError, DimExpr, solve_dim
+    for decl in prog.inputs:  # then dims that an expression with one unbound dim determines (`C + 1`)
+        arr = given.get(decl.name)
+        if arr is None or arr.ndim != len(decl.shape):
+            continue
+        for axis, size in enumerate(decl.shape):
+            if isinstance(size, DimExpr):
+                try:
+                    solved = solve_dim(size, int(arr.shape[axis]), out)
+                except DimError:
+                    solved = None  # Program.bind reports it
+                if solved is not None:
+                    out[solved[0]] = solved[1]
     return out
 
 
