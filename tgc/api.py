@@ -295,7 +295,10 @@ class Program:
     def _symbolic(self, dev: Any, cls: tuple) -> SymbolicPlan | str:
         key = (dev.name, cls)
         if key not in self._plans:
-            self._plans[key] = self._build_symbolic(dev, cls)
+            try:
+                self._plans[key] = self._build_symbolic(dev, cls)
+            except Exception as e:  # noqa: BLE001 - no symbolic form is a reason to compile per size, not a crash
+                self._plans[key] = f"its symbolic kernels could not be built ({type(e).__name__}: {e})"
         return self._plans[key]
 
     def _build_symbolic(self, dev: Any, cls: tuple) -> SymbolicPlan | str:
