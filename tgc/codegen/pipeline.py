@@ -106,6 +106,12 @@ def _apply_opts(ast: UOp, ctx: LowerCtx) -> UOp:
     return ast
 
 
+def heuristic_opts(ast: UOp, device: Any) -> list:
+    """The opts `lower` would apply to a prepared AST without a list (the hand-coded heuristic, then threads)."""
+    from tgc.codegen.opt import apply_opts
+    return apply_opts(ast, device, None)[2]
+
+
 def _lower_groups(ast: UOp, ctx: LowerCtx) -> UOp:
     from tgc.codegen.opt import lower_groups
     return lower_groups(ast)
@@ -210,14 +216,17 @@ def prepare(ast: UOp, device: Any) -> UOp:
 
 
 def lower(ast: UOp, device: Any, bufs: list[UOp], name: str, opts: list | None = None,
-          trace: list[tuple[str, str]] | None = None) -> Lowered:
+          trace: list[tuple[str, str]] | None = None, vals: tuple[int, ...] = ()) -> Lowered:
     """Kernel AST (as scheduled, or already prepared) -> linear UOps and source for `device`. `opts` replays a
     list of opts (BEAM's); None runs the hand-coded heuristic (nothing with NOOPT). `trace`, when a list, gets
-    (pass name, text after the pass) for every pass that ran."""
+    (pass name, text after the pass) for every pass that ran. `vals`: the values of the kernel's dim variables
+    (DEFINE_VARs other than core_id, in their linear order) that the bounds verifier checks the kernel at."""
     from tgc.codegen import verify
     from tgc.codegen.linearize import linearize
     from tgc.codegen.spec import verify_spec
     ctx = LowerCtx(device, name, list(bufs), opts=None if opts is None else list(opts), trace=trace)
+    if vals:
+        ctx.launch["vals"] = tuple(vals)
     if trace is not None or _debug() >= 6:
         ast = run_passes(ast, ctx, PREPARE)
     else:
@@ -285,4 +294,5 @@ def drop_unused_buffers(ast: UOp, bufs: list[UOp]) -> tuple[UOp, list[UOp]]:
     return substitute(ast, mapping), [bufs[i] for i in used]
 
 
-__all__ = ["PASSES", "Lowered", "Pass", "fuses_rows", "lower", "passes_text", "prepare", "uops_text"]
+__all__ = ["PASSES", "Lowered", "Pass", "fuses_rows", "heuristic_opts", "lower", "passes_text", "prepare",
+           "uops_text"]
