@@ -11,7 +11,7 @@ from tgc.backends import default_device, device_class, get_device, known_kinds
 from tgc.codegen.kernel import Kernel, build_kernel
 from tgc.dsl.frontend import InputDecl, Parsed, concrete_shape, dim_names, parse, trace
 from tgc.dtype import DType, dtypes, f32_to_bf16
-from tgc.engine.realize import Lowered, run_program, to_user_array
+from tgc.engine.realize import LaunchPlan, Lowered, run_program, to_user_array
 from tgc.engine.schedule import ScheduleItem, create_schedule, split_large_reduces
 from tgc.env import env_int
 from tgc.errors import BindError, CompileError, TgcError
@@ -48,6 +48,7 @@ class Program:
         self.parsed: Parsed = parse(source, filename)
         self._traces: dict[tuple, tuple[list[UOp], list[UOp]]] = {}
         self._kernels: dict[tuple, list[Kernel]] = {}
+        self._plans: dict[tuple, LaunchPlan] = {}  # launch plans of the last runs, oldest first (MAX_PLANS)
         self._lines: dict[UOp, int] = {}  # tensor node -> the .tg line that first computed it
         self._check_without_dims()
 
@@ -226,8 +227,38 @@ class Program:
         if "," in name:
             raise TgcError(f"device lists such as '{name}' (one program sharded across devices) are not supported "
                            "yet", hint="run on one device, e.g. " + name.split(",")[0].strip())
-        _device(name).ensure_runnable()
-        return run_program(self.lower(name, dims), arrays)
+        dev = _device(name)
+        dev.ensure_runnable()
+        plan = self._plan(dev, dims)
+        if not plan.lock.acquire(blocking=False):  # another thread runs this plan now: buffers of this run's own
+            return run_program(plan.low, arrays)
+        try:
+            return plan.run(arrays)
+        finally:
+            plan.lock.release()
+
+    MAX_PLANS = 4  # launch plans (with their device buffers) kept per program, for the sizes run last
+
+    def _plan(self, dev: Any, dims: dict[str, int]) -> LaunchPlan:
+        """The launch plan of these dims on `dev` (kept for the next run with the same dims and device: its
+        buffers stay allocated and, from its second run, it runs as a device graph; see LaunchPlan)."""
+        key = (dev.name, tuple(sorted(dims.items())), env_int("BEAM", 0))
+        plan = self._plans.pop(key, None)
+        if plan is not None and plan.broken:
+            _release(plan)
+            plan = None
+        if plan is None:
+            plan = LaunchPlan(self.lower(dev.name, dims))
+        self._plans[key] = plan  # (re)inserted last: the most recently used
+        while len(self._plans) > self.MAX_PLANS:
+            _release(self._plans.pop(next(iter(self._plans))))
+        return plan
+
+    def release(self) -> None:
+        """Give back the device buffers that this program's launch plans keep between runs."""
+        plans, self._plans = self._plans, {}
+        for plan in plans.values():
+            _release(plan)
 
     def reference(self, dims: dict[str, int] | None = None, **inputs: Any) -> dict[str, np.ndarray]:
         """The program evaluated by numpy in float64 (ints exact), for `--check`."""
@@ -275,6 +306,7 @@ class Program:
         dims = self.resolve_dims(dims)
         rows, seconds = beam_items(self.schedule(dims, dev.name), dev, width, progress=progress, force=force)
         self._kernels.clear()  # later compiles pick up the stored winners
+        self.release()  # (and later runs)
         return {"device": dev.name, "dims": dims, "width": width, "kernels": rows, "seconds": seconds,
                 "interrupted": any(r.get("interrupted") for r in rows)}
 
@@ -323,6 +355,15 @@ def devices(info: bool = True) -> list[dict[str, Any]]:
         rows.append(row)
     return rows
 
+
+
+def _release(plan: LaunchPlan) -> None:
+    """Free a plan's buffers unless a run holds it now (then they go with the plan, once unused)."""
+    if plan.lock.acquire(blocking=False):
+        try:
+            plan.free()
+        finally:
+            plan.lock.release()
 
 
 def _device(device: str | None) -> Any:

@@ -223,6 +223,7 @@ class CPUDevice(Device):
         self.allocator = CPUAllocator()
         self._pool: ThreadPoolExecutor | None = None
         self._pool_size = 0
+        self.graph_lock = threading.Lock()  # one multi-thread graph at a time (see tgc.backends.cpu_graph)
 
     @classmethod
     def device_count(cls) -> int:
@@ -246,6 +247,11 @@ class CPUDevice(Device):
 
     def program(self, name: str, lib: bytes) -> CPUProgram:
         return CPUProgram(self, name, lib)
+
+    def graph(self, launches: list[tuple]) -> Any:
+        """One native call running every kernel of `launches` in order (tgc.backends.cpu_graph)."""
+        from tgc.backends.cpu_graph import CPUGraph
+        return CPUGraph(self, launches, ABANDONED, _sigint_deferred)
 
     def compile_pool(self, workers: int) -> Any:
         """LLVM compiles in worker processes (a fatal LLVM error kills only a worker)."""
