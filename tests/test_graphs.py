@@ -219,3 +219,21 @@ def test_the_graph_runner_ir_calls_kernels_of_any_arity():
     from tgc.backends.cpu_graph import MAX_ARGS, graph_ir
     ir = graph_ir()
     assert ir.count("select i1") == MAX_ARGS and "@sched_yield" in ir
+
+
+def test_a_plan_that_cannot_allocate_reports_the_devices_error_and_gives_back_what_it_had(monkeypatch):
+    from tgc.backends import get_device
+    alloc = get_device("CPU").allocator
+    prog = tgc.loads("x: f32[N]\nreturn (x * 2.0).sum()")
+    real, given = alloc.alloc, []
+
+    def failing(nbytes):
+        if given:
+            raise DeviceError("out of device memory (test)")
+        given.append(real(nbytes))
+        return given[-1]
+
+    monkeypatch.setattr(alloc, "alloc", failing)
+    with pytest.raises(DeviceError, match="out of device memory"):
+        prog.run(x=np.ones(4, F32))
+    assert any(h is given[0] for h in alloc.cached[given[0].nbytes])  # the input buffer went back to the pool

@@ -111,6 +111,7 @@ class LaunchPlan:
     def __init__(self, low: Lowered):
         self.low, self.device = low, low.device
         self.buffers: dict[UOp, Buffer] = {}
+        self.graph: Any = None
         try:
             allocate(low, None, self.buffers)
         except BaseException:
@@ -119,7 +120,6 @@ class LaunchPlan:
         self.handles = [[self.buffers[n].handle for n in k.bufs] for k in low.kernels]
         self.lock = threading.Lock()
         self.runs = 0
-        self.graph: Any = None
         self.graph_error: str | None = None  # why the device could not make a graph of this plan
         self.broken = False  # a run failed: the buffers may be gone (a CUDA context reset); never run it again
 
