@@ -5,6 +5,7 @@ imports nothing above the scheduler: `Program.run` (tgc.api) looks the device up
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -176,7 +177,7 @@ class LaunchPlan:
             for k, h in zip(kernels, self.handles):
                 launch(k, h, handles=True)
             return
-        level = _debug()
+        level = _debug() if os.environ.get("DEBUG") else 0
         try:
             t = graph(wait=level >= 2)
         except TgcError:
