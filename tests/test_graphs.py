@@ -237,3 +237,22 @@ def test_a_plan_that_cannot_allocate_reports_the_devices_error_and_gives_back_wh
     with pytest.raises(DeviceError, match="out of device memory"):
         prog.run(x=np.ones(4, F32))
     assert any(h is given[0] for h in alloc.cached[given[0].nbytes])  # the input buffer went back to the pool
+
+
+def test_a_program_keeps_the_plans_of_its_last_sizes_and_frees_the_others():
+    from tgc.backends import get_device
+    alloc = get_device("CPU").allocator
+    prog = tgc.loads("x: f32[N]\nreturn x * 3.0")
+    first = None
+    for n in range(1, 7):
+        x = np.arange(n, dtype=F32) + 100 * n
+        assert prog.run(x=x)["out0"].tolist() == (x * 3).tolist()
+        if first is None:
+            first = _plan(prog)
+            handles = [b.handle for b in first.buffers.values()]
+    assert [dict(k[1])["N"] for k in prog._plans] == [3, 4, 5, 6]  # the last MAX_PLANS sizes, oldest first
+    # the plan of N=1 was freed: its buffers went back to the allocator's pool
+    assert first.buffers == {} and len(handles) == 2
+    assert all(any(h is c for c in alloc.cached[4]) for h in handles)
+    prog.run(x=np.ones(4, F32))  # a kept size moves to the end
+    assert [dict(k[1])["N"] for k in prog._plans] == [3, 5, 6, 4]

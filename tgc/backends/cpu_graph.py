@@ -156,9 +156,10 @@ def runner(compiler: Any) -> Any:
 class CPUGraph:
     """A fixed list of CPU launches `(program, buffers, global_size, local_size, vals)` run by one native call per
     thread. The buffers are bound when the graph is built: it must be built again for other buffers.
-    `abandoned` and `defer_sigint` are tgc.backends.cpu's ABANDONED and _sigint_deferred (Ctrl-C handling)."""
+    `abandoned` and `defer_sigint` are tgc.backends.cpu's ABANDONED and _sigint_deferred (Ctrl-C handling),
+    `address` its `data_address` (a buffer handle's data address)."""
 
-    def __init__(self, device: Any, launches: list[tuple], abandoned: Any, defer_sigint: Any):
+    def __init__(self, device: Any, launches: list[tuple], abandoned: Any, defer_sigint: Any, address: Any):
         self.device, self.abandoned, self.defer_sigint = device, abandoned, defer_sigint
         self.fn = runner(device.compiler)
         self.programs = [launch[0] for launch in launches]  # keep the loaded code alive while the graph lives
@@ -168,7 +169,7 @@ class CPUGraph:
         threads = [max(1, int(gs[0])) for _, _, gs, _, _ in launches]
         self.threads = max(threads, default=1)
         for i, (prog, bufs, _gs, _ls, vals) in enumerate(launches):
-            args = [b.ctypes.data for b in bufs] + [int(v) for v in vals]
+            args = [address(b) for b in bufs] + [int(v) for v in vals]
             if len(args) >= MAX_ARGS:
                 raise ValueError(f"kernel {prog.name} takes {len(args) + 1} arguments; a CPU graph calls at most "
                                  f"{MAX_ARGS}")

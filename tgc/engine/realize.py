@@ -205,6 +205,13 @@ class LaunchPlan:
                 pass
 
 
+    def __del__(self) -> None:  # a plan dropped while another thread ran it (see Program._plan): give back
+        try:
+            self.free()
+        except Exception:  # interpreter shutdown
+            pass
+
+
 def _names(kernels: list) -> str:
     names = [k.name for k in kernels]
     return ", ".join(names) if len(names) <= 3 else f"{names[0]}, ..., {names[-1]}"
