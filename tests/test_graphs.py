@@ -256,3 +256,25 @@ def test_a_program_keeps_the_plans_of_its_last_sizes_and_frees_the_others():
     assert all(any(h is c for c in alloc.cached[4]) for h in handles)
     prog.run(x=np.ones(4, F32))  # a kept size moves to the end
     assert [dict(k[1])["N"] for k in prog._plans] == [3, 5, 6, 4]
+
+
+def test_cpu_buffers_carry_their_address_and_views_fall_back():
+    from tgc.backends import get_device
+    from tgc.backends.cpu import data_address
+    h = get_device("CPU").allocator.alloc(256)
+    try:
+        assert h.address == h.ctypes.data == data_address(h)
+        view = h[64:]  # a view knows no address of its own: the launch asks numpy
+        assert getattr(view, "address", None) is None and data_address(view) == h.ctypes.data + 64
+    finally:
+        get_device("CPU").allocator.free(h, 256)
+
+
+def test_a_kernel_launched_on_a_view_of_a_buffer_reads_the_view():
+    from tgc.backends import get_device
+    dev = get_device("CPU")
+    (k,) = tgc.loads("x: f32[N]\nreturn x * 2.0").compile(device="CPU", dims={"N": 4})
+    src, out = dev.allocator.alloc(32), dev.allocator.alloc(16)
+    src.view(F32)[:] = np.arange(8, dtype=F32)
+    k.program()(out, src[16:], global_size=k.global_size, local_size=k.local_size, vals=k.vals)
+    assert out.view(F32).tolist() == [8.0, 10.0, 12.0, 14.0]
