@@ -340,7 +340,7 @@ def main() -> None:
     print("|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|")
 
     def ms(v: float | None) -> str:
-        return "-" if v is None else f"{v:.2f} ms"
+        return "-" if v is None else f"{v * 1e3:.1f} us" if v < 0.1 else f"{v:.2f} ms"
     for r in rows:
         xr = "-" if r["xla_ratio"] is None else f"{r['xla_ratio']:.2f}x"
         targets = "; ".join(f"{t['target']}: {'-' if t['met'] is None else 'yes' if t['met'] else 'no'}"

@@ -26,6 +26,7 @@ class HostBuffer(np.ndarray):
     numpy's `.ctypes.data` costs about a microsecond per call, per buffer, per launch). Views and results of
     operations on it carry no `address`; `data_address` falls back to `.ctypes.data` for them."""
 
+    __slots__ = ("address",)  # (no per-buffer __dict__)
     address: int
 
 
