@@ -278,3 +278,50 @@ def test_a_kernel_launched_on_a_view_of_a_buffer_reads_the_view():
     src.view(F32)[:] = np.arange(8, dtype=F32)
     k.program()(out, src[16:], global_size=k.global_size, local_size=k.local_size, vals=k.vals)
     assert out.view(F32).tolist() == [8.0, 10.0, 12.0, 14.0]
+
+
+def test_an_interrupted_cpu_graph_keeps_its_buffers_until_its_threads_finish():
+    """Ctrl-C while a multi-thread graph's other threads still run: what they use stays alive and is not handed
+    out again until they finish (as for a single interrupted launch)."""
+    import signal
+    import threading
+    import time
+
+    from tgc.backends import cpu, get_device
+    from tgc.backends.cpu_graph import CPUGraph
+
+    dev = get_device("CPU")
+    finished, release = threading.Event(), threading.Event()
+    started = threading.Barrier(3)
+
+    def slow_runner(tab, n, core, bar, threads):  # core 0 (this thread) returns, core 1 runs until released
+        started.wait()
+        if core == 1:
+            release.wait(60)
+            finished.set()
+
+    buf = dev.allocator.alloc(4096)
+    graph = CPUGraph.__new__(CPUGraph)
+    graph.device, graph.abandoned, graph.defer_sigint = dev, cpu.ABANDONED, cpu._sigint_deferred
+    graph.fn, graph.threads, graph.n, graph.bufs = slow_runner, 2, 1, [buf]
+    graph._args, graph._bar = (0, 1), 0
+    main_thread = threading.get_ident()
+
+    def interrupt():
+        started.wait()
+        time.sleep(0.2)  # the main thread waits for core 1 by now
+        signal.pthread_kill(main_thread, signal.SIGINT)
+
+    threading.Thread(target=interrupt).start()
+    with pytest.raises(KeyboardInterrupt):
+        graph()
+    assert cpu.kernels_running()
+    dev.allocator.free(buf, 4096)
+    assert all(h is not buf for h in dev.allocator.cached[4096])  # not recycled while core 1 runs
+    release.set()
+    assert finished.wait(10)
+    deadline = time.time() + 10
+    while cpu.kernels_running() and time.time() < deadline:
+        time.sleep(0.01)
+    assert not cpu.kernels_running() and buf.address not in dev.allocator.busy
+    assert not dev.graph_lock.locked()  # the next graph can run
