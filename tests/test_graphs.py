@@ -325,3 +325,11 @@ def test_an_interrupted_cpu_graph_keeps_its_buffers_until_its_threads_finish():
         time.sleep(0.01)
     assert not cpu.kernels_running() and buf.address not in dev.allocator.busy
     assert not dev.graph_lock.locked()  # the next graph can run
+
+
+def test_a_program_without_kernels_runs_again_without_a_graph(monkeypatch, capsys):
+    monkeypatch.setenv("DEBUG", "2")
+    prog = tgc.loads("x: f32[N]\nreturn x * 2.0")
+    for _ in range(3):
+        assert prog.run(x=np.zeros(0, F32))["out0"].shape == (0,)
+    assert _plan(prog).graph_error == "no kernels to run"

@@ -162,7 +162,7 @@ class LaunchPlan:
             except Exception as e:  # no graph (a kernel with too many arguments, no compiler): launch each
                 self.graph_error = f"{type(e).__name__}: {e}"
             if self.graph is None and self.graph_error is None:
-                self.graph_error = f"{self.device.name} has no device graphs"
+                self.graph_error = f"{self.device.name} has no device graphs" if launches else "no kernels to run"
             if self.graph_error is not None and _debug() >= 2:
                 print(f"*** {self.device.name:<8} no graph for {len(launches)} kernels: {self.graph_error}",
                       file=sys.stderr)
