@@ -333,3 +333,21 @@ def test_a_program_without_kernels_runs_again_without_a_graph(monkeypatch, capsy
     for _ in range(3):
         assert prog.run(x=np.zeros(0, F32))["out0"].shape == (0,)
     assert _plan(prog).graph_error == "no kernels to run"
+
+
+def test_threads_that_sleep_at_the_barrier_are_woken(monkeypatch):
+    """With no spinning and no yielding, every wait at a barrier sleeps on the futex: the graph must still finish
+    with the right results (a lost wake-up would hang here)."""
+    from tgc.backends import cpu_graph
+    monkeypatch.setattr(cpu_graph, "SPINS", 0)
+    monkeypatch.setattr(cpu_graph, "YIELDS", 0)
+    monkeypatch.setattr(cpu_graph, "_RUNNER", None)  # built again with these settings (another cache key)
+    monkeypatch.setenv("TGC_THREADS", "3")
+    prog = tgc.loads("x: f32[N, D]\nreturn softmax(x, 1), x.T @ x, x.sum(0)")
+    for _ in range(20):
+        x = RNG.standard_normal((96, 32)).astype(F32)
+        out = prog.run(x=x)
+        np.testing.assert_allclose(out["out0"], _softmax(x, 1), rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(out["out1"], x.T @ x, rtol=1e-4, atol=1e-3)
+    assert _plan(prog).graph.threads == 3
+    assert "icmp ult i32 %k1, 0" in cpu_graph.graph_ir()

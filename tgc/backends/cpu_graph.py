@@ -13,7 +13,8 @@ calls kernels of any arity up to MAX_ARGS - 1. Kernels with more arguments make 
 Parallel kernels stay parallel: a graph whose widest kernel runs on T threads is run by T threads at once,
 each calling `tgc_graph_run` with its core id (core 0 on the calling thread, the others on the device's pool,
 one hand-off per graph run instead of one per kernel). Thread c runs the kernels with more than c threads;
-a barrier (a counter and a generation word; spinning with `pause`, then yielding) separates two kernels
+a barrier (a counter and a generation word; spinning with `pause`, then yielding, then sleeping on a futex,
+so that threads oversubscribing the cores do not spin away the time of the thread they wait for) separates two kernels
 unless both run on core 0 alone. Only one multi-thread graph runs at a time on a device: two graphs sharing
 the pool could otherwise each hold workers that wait at a barrier for a thread queued behind the other.
 """
@@ -30,7 +31,11 @@ import numpy as np
 MAX_ARGS = 64
 HEAD = 4  # entry, threads, barrier before, nargs
 ROW = HEAD + MAX_ARGS
-IR_VERSION = 1  # bump when the IR below changes (the compiled object is cached under it)
+IR_VERSION = 2  # bump when the IR below changes (the compiled object is cached under it)
+# the barrier's wait: SPINS rounds of `pause`, then sched_yield until YIELDS rounds, then sleep on a futex
+# (Linux x86-64: syscall 202; FUTEX_WAIT/WAKE with FUTEX_PRIVATE_FLAG) until the generation word changes
+SPINS, YIELDS = 64, 96
+SYS_FUTEX, FUTEX_WAIT, FUTEX_WAKE = 202, 128, 129
 SYMBOL = "tgc_graph_run"
 
 
@@ -47,11 +52,13 @@ def graph_ir() -> str:
     loads = "\n".join(lines)
     return f"""
 declare i32 @sched_yield()
+declare i64 @syscall(i64, ...)
 declare void @llvm.x86.sse2.pause()
 
 define internal void @tgc_barrier(ptr %bar, i64 %n) {{
 entry:
   %genp = getelementptr i32, ptr %bar, i64 1
+  %sleepp = getelementptr i32, ptr %bar, i64 2
   %g = load atomic i32, ptr %genp acquire, align 4
   %old = atomicrmw add ptr %bar, i32 1 acq_rel
   %n32 = trunc i64 %n to i32
@@ -60,7 +67,14 @@ entry:
   br i1 %islast, label %release, label %spin
 release:
   store atomic i32 0, ptr %bar monotonic, align 4
-  %x = atomicrmw add ptr %genp, i32 1 release
+  %x = atomicrmw add ptr %genp, i32 1 seq_cst
+  %sleepers = load atomic i32, ptr %sleepp seq_cst, align 4
+  %anyone = icmp ne i32 %sleepers, 0
+  br i1 %anyone, label %wake, label %done
+wake:
+  %w = call i64 (i64, ...) @syscall(i64 {SYS_FUTEX}, ptr %genp, i32 {FUTEX_WAKE}, i32 2147483647)
+  br label %done
+done:
   ret void
 spin:
   %k = phi i32 [0, %entry], [%k1, %again]
@@ -69,13 +83,21 @@ spin:
   br i1 %same, label %wait, label %out
 wait:
   %k1 = add i32 %k, 1
-  %many = icmp ugt i32 %k1, 200
-  br i1 %many, label %yield, label %pause
+  %few = icmp ult i32 %k1, {SPINS}
+  br i1 %few, label %pause, label %notfew
+notfew:
+  %some = icmp ult i32 %k1, {YIELDS}
+  br i1 %some, label %yield, label %sleep
+pause:
+  call void @llvm.x86.sse2.pause()
+  br label %again
 yield:
   %y = call i32 @sched_yield()
   br label %again
-pause:
-  call void @llvm.x86.sse2.pause()
+sleep:
+  %s0 = atomicrmw add ptr %sleepp, i32 1 seq_cst
+  %z = call i64 (i64, ...) @syscall(i64 {SYS_FUTEX}, ptr %genp, i32 {FUTEX_WAIT}, i32 %g, ptr null)
+  %s1 = atomicrmw sub ptr %sleepp, i32 1 seq_cst
   br label %again
 again:
   br label %spin
@@ -135,7 +157,7 @@ def runner(compiler: Any) -> Any:
         if _RUNNER is None:
             from tgc import cache
             from tgc.backends.elf import load_object
-            key = cache.make_key("cpu-graph", IR_VERSION, MAX_ARGS, compiler.cache_key)
+            key = cache.make_key("cpu-graph", IR_VERSION, MAX_ARGS, SPINS, YIELDS, compiler.cache_key)
             lib = cache.get("compile", key)
             image = None
             if lib is not None:
@@ -179,7 +201,7 @@ class CPUGraph:
             table[i, 3] = len(args)
             table[i, HEAD:HEAD + len(args)] = np.array(args, dtype=np.uint64).view(np.int64)
         self.table, self.n = table, n
-        self.barrier = np.zeros(2, dtype=np.int32)
+        self.barrier = np.zeros(4, dtype=np.int32)  # arrivals, generation, sleepers
         self.kernels = n
         self._args = (table.ctypes.data, n)  # (numpy's .ctypes costs a microsecond a call: taken once)
         self._bar = self.barrier.ctypes.data
