@@ -128,7 +128,8 @@ LIMITS = {
     "attention": "the score matrix is materialized between the two matmuls (no flash-attention fusion)",
     "layernorm": "two passes over each row (mean, then variance and output) with the row reductions recomputed",
     "mlp": "the erf GELU epilogue is fused into the matmul's output loop; XLA's matmul kernel is better blocked",
-    "small": "each kernel launch costs a thread-pool dispatch (~10-20 us on 2 threads); XLA fuses the chain",
+    "small": "the 20 kernels run as one CPU graph (one native call); XLA fuses the chain into fewer kernels, and "
+             "each of tgc's kernels recomputes the column means before it",
     "transformer": "the GELU of the hidden layer is recomputed inside the next matmul's loop, once per output "
                    "column, and the attention scores go through memory (see issue 'Fast without asking')",
 }
@@ -195,7 +196,7 @@ def workloads(quick: bool) -> list[dict]:
     sx = rng.standard_normal((16, 64)).astype(f32)
     out.append(dict(name="20 small kernels 16x64", path="kernels/small_kernels.tg", inputs={"x": sx},
                     model=models.small_kernels, bytes=20 * 2 * sx.nbytes, bound="bytes", targets=[("xla", 1.0)],
-                    limit=LIMITS["small"]))
+                    limit=LIMITS["small"], launch_overhead=True))
     tb, tt, tc = (2, 64, 128) if quick else (8, 256, 512)
     tin = models.transformer_inputs(tb, tt, tc)
     tflops = 2 * tb * tt * tc * (3 * tc + tc + 8 * tc) + 4 * tb * tt * tt * tc
@@ -221,6 +222,7 @@ def peak_memory(prog, inputs, dims=None) -> tuple[int, int]:
     outs = prog.run(dims=dims, inputs=inputs)  # warm: compile and fill the allocator's cache
     io = sum(v.nbytes for v in inputs.values()) + sum(v.nbytes for v in outs.values())
     from tgc.backends import get_device
+    prog.release()  # a first run's allocations: not the buffers a launch plan keeps between runs
     get_device("CPU").allocator.free_cache()
     del outs
     tracemalloc.start()
@@ -229,6 +231,31 @@ def peak_memory(prog, inputs, dims=None) -> tuple[int, int]:
     peak = tracemalloc.get_traced_memory()[1] - base
     tracemalloc.stop()
     return peak, io
+
+
+LAUNCH_TARGET_US = 2.0  # launch overhead per kernel of a program of small kernels on the CPU
+
+
+def launch_overhead(prog, inputs: dict, dims=None) -> dict:
+    """Launch cost per kernel of a program of small kernels, in one run: the whole program's median time divided
+    by its kernel count, run as one CPU graph (what `Program.run` does from a program's second run) and with every
+    kernel launched from Python (`TGC_GRAPH=0`), and the time of a whole `Program.run` call (binding, copies in
+    and out, the graph). Both per-kernel figures are upper bounds: they include the kernels' own work."""
+    graphed = prog.bench(inputs=inputs, dims=dims, repeat=50)
+    old = os.environ.get("TGC_GRAPH")
+    os.environ["TGC_GRAPH"] = "0"
+    try:
+        single = prog.bench(inputs=inputs, dims=dims, repeat=50)["program"]["median_s"]
+    finally:
+        if old is None:
+            os.environ.pop("TGC_GRAPH")
+        else:
+            os.environ["TGC_GRAPH"] = old
+    n = len(graphed["kernels"])
+    run_s = timeit(lambda: prog.run(dims=dims, inputs=inputs), repeat=200)
+    per = graphed["program"]["median_s"] / n * 1e6
+    return {"kernels": n, "graph": graphed["program"]["graph"], "us_per_kernel": per,
+            "us_per_kernel_no_graph": single / n * 1e6, "run_us": run_s * 1e6, "met": per <= LAUNCH_TARGET_US}
 
 
 def startup_time() -> float | None:
@@ -463,6 +490,8 @@ def main() -> None:
              "xla_ms": xla_s * 1e3 if xla_s is not None else None, "ratio": numpy_s / best,
              "xla_ratio": xla_s / best if xla_s is not None else None,
              "peak_mem_ratio": mem / io, "memory_met": mem / io <= MEMORY_TARGET}
+        if w.get("launch_overhead"):
+            r["launch"] = launch_overhead(prog, w["inputs"], dims)
         rows.append((w, best, r))
     # the peaks again at the end, keeping the better of the two: one measurement on a busy or still-waking
     # machine reads low, and every share of peak would then read high (above 100%)
@@ -496,7 +525,7 @@ def main() -> None:
     print("|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|")
 
     def ms(v: float | None) -> str:
-        return "-" if v is None else f"{v:.2f} ms"
+        return "-" if v is None else f"{v * 1e3:.1f} us" if v < 0.1 else f"{v:.2f} ms"
     for r in rows:
         xr = "-" if r["xla_ratio"] is None else f"{r['xla_ratio']:.2f}x"
         targets = "; ".join(f"{t['target']}: {'-' if t['met'] is None else 'yes' if t['met'] else 'no'}"
@@ -504,6 +533,14 @@ def main() -> None:
         print(f"| {r['name']} | {ms(r['default_ms'])} | {ms(r['beam_ms'])} | {ms(r['numpy_ms'])} | "
               f"{ms(r['xla_ms'])} | {r['ratio']:.2f}x | {xr} | {r['rate']} | {100 * r['peak_share']:.0f}% | "
               f"{targets} | {r['peak_mem_ratio']:.2f} |")
+    for r in rows:
+        if "launch" in r:
+            lo = r["launch"]
+            how = "as one CPU graph" if lo["graph"] else "launched one by one (no graph was made)"
+            print(f"\n{r['name']}: {lo['us_per_kernel']:.2f} us per kernel {how} (target <= {LAUNCH_TARGET_US} us: "
+                  f"{'met' if lo['met'] else 'no'}), {lo['us_per_kernel_no_graph']:.2f} us per kernel launched one "
+                  f"by one (TGC_GRAPH=0): {lo['us_per_kernel_no_graph'] / lo['us_per_kernel']:.0f}x; both include "
+                  f"the kernels' own work. A whole Program.run call: {lo['run_us']:.1f} us")
     missed = [r for r in rows if r["met"] is False or not r["memory_met"]]
     if missed:
         print("\nMissed targets and what limits them:")

@@ -57,9 +57,24 @@ SYMBOLIC = os.environ.get("TGC_TEST_SYMBOLIC", "") not in ("", "0")
 
 
 def run(src: str, device: str, dims: dict[str, int] | None = None, **inputs) -> dict[str, np.ndarray]:
+    """Run a program twice: the first run launches kernel by kernel, the second runs the program's launch plan
+    as one device graph where the device has them (tgc.engine.realize.LaunchPlan); both must agree exactly.
+    Devices without graphs (PYTHON, OPENCL) run once. With TGC_TEST_SYMBOLIC, CPU and PYTHON run once through
+    the kernels compiled for the size class."""
     if SYMBOLIC and device in ("CPU", "PYTHON"):
         return tgc.loads(src).run(device=device, dims=dims, symbolic=True, **inputs)
     return tgc.loads(src).run(device=device, dims=dims, **inputs)
+    from tgc.backends import get_device
+    from tgc.backends.base import Device
+    prog = tgc.loads(src)
+    first = prog.run(device=device, dims=dims, **inputs)
+    if type(get_device(device)).graph is Device.graph:
+        return first
+    again = prog.run(device=device, dims=dims, **inputs)
+    assert list(again) == list(first)
+    for name, value in first.items():
+        np.testing.assert_array_equal(again[name], value, err_msg=f"output {name}: graph run != first run")
+    return again
 
 
 def run1(src: str, device: str, dims: dict[str, int] | None = None, **inputs) -> np.ndarray:

@@ -225,3 +225,82 @@ def test_beam_on_cuda_launches_every_candidate_and_keeps_results():
     tried, failed, rejected, err = script_json(code)
     assert tried > 1 and failed == 0 and rejected == 0
     assert err < 1e-3
+
+
+# ---------------------------------------------------------------- launch plans as CUDA graphs
+
+GRAPHS = '''
+import ctypes, json, os
+import numpy as np
+import tgc
+from tgc.errors import DeviceError
+
+lib = ctypes.CDLL("libcuda.so.1")
+lib.tgc_standin_graph_launches.restype = ctypes.c_long
+
+def counts():
+    out = (ctypes.c_long * 4)()
+    lib.tgc_standin_stats(out)
+    return {"launches": out[2], "graphs": lib.tgc_standin_graph_launches()}
+
+def softmax(x):
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+rng = np.random.default_rng(3)
+res = {"ok": []}
+prog = tgc.load("kernels/small_kernels.tg")
+sm = tgc.loads("x: f32[N, D]\\nreturn softmax(x, 1), x.sum(0)")
+for i in range(3):  # the 2nd and 3rd run are one graph launch each, with new input values each time
+    x = rng.standard_normal((16, 64)).astype(np.float32)
+    before = counts()
+    got = next(iter(prog.run(device="CUDA", x=x).values()))
+    y = x
+    for _ in range(19):
+        y = (y - y.mean(axis=0)) * 1.001
+    after = counts()
+    res["ok"].append(bool(np.allclose(got, y, rtol=1e-4, atol=1e-4)))
+    res.setdefault("per_run", []).append({k: after[k] - before[k] for k in after})
+    x = rng.standard_normal((5, 37)).astype(np.float32)
+    out = sm.run(device="CUDA", x=x)
+    res["ok"].append(bool(np.allclose(out["out0"], softmax(x), rtol=1e-4, atol=1e-6)
+                          and np.allclose(out["out1"], x.sum(0), rtol=1e-4, atol=1e-5)))
+name = prog.compile(device="CUDA", dims={"R": 16, "N": 64})[5].name
+os.environ["TGC_STANDIN_FAULT"] = name
+try:
+    prog.run(device="CUDA", x=rng.standard_normal((16, 64)).astype(np.float32))
+except DeviceError as e:
+    res["fault"] = e.msg
+os.environ.pop("TGC_STANDIN_FAULT")
+x = rng.standard_normal((16, 64)).astype(np.float32)
+for _ in range(2):  # a fresh plan (and graph) after the context reset
+    got = next(iter(prog.run(device="CUDA", x=x).values()))
+y = x
+for _ in range(19):
+    y = (y - y.mean(axis=0)) * 1.001
+res["after_fault"] = bool(np.allclose(got, y, rtol=1e-4, atol=1e-4))
+print(json.dumps(res))
+'''
+
+
+def test_a_plan_run_again_is_one_cuda_graph_launch():
+    res = script_json(GRAPHS)
+    assert all(res["ok"]), res["ok"]
+    assert res["per_run"][0] == {"launches": 20, "graphs": 0}  # the first run: kernel by kernel
+    assert res["per_run"][1] == {"launches": 20, "graphs": 1}  # then: one graph launch running the 20 kernels
+    assert res["per_run"][2] == {"launches": 20, "graphs": 1}
+    # the stand-in reports the fault from the launch of the graph holding the faulting kernel
+    assert "reported by cuGraphLaunch(graph of 20 kernels (r_64_16, ..., E_16_64))" in res["fault"], res["fault"]
+    assert "CUDA_ERROR_ILLEGAL_ADDRESS" in res["fault"] and "context was reset" in res["fault"]
+    assert res["after_fault"]
+
+
+def test_debug_2_names_the_cuda_graph():
+    r = run_script('''
+    import numpy as np, tgc
+    p = tgc.loads("x: f32[N]\\nreturn (x * 2.0).sum(), x + 1.0")
+    for _ in range(2):
+        p.run(device="CUDA", x=np.ones(100, np.float32))
+    ''', DEBUG="2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "CUDA     graph of 2 kernels" in r.stderr and "ran in one launch" in r.stderr, r.stderr[-3000:]

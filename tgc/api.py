@@ -26,7 +26,7 @@ from tgc.dsl.frontend import (
 from tgc.dtype import DType
 from tgc.engine.conform import as_array as _as_array
 from tgc.engine.multi import MultiLowered, run_multi
-from tgc.engine.realize import Lowered, run_program, to_user_array
+from tgc.engine.realize import LaunchPlan, Lowered, run_program, to_user_array
 from tgc.engine.schedule import ScheduleItem, create_schedule, split_large_reduces
 from tgc.env import env_flag, env_int
 from tgc.errors import BindError, CompileError, TgcError
@@ -63,6 +63,7 @@ class Program:
         self.parsed: Parsed = parse(source, filename)
         self._traces: dict[tuple, tuple[list[UOp], list[UOp]]] = {}
         self._kernels: dict[tuple, list[Kernel]] = {}
+        self._launch_plans: dict[tuple, LaunchPlan] = {}  # launch plans of the last runs, oldest first (MAX_PLANS)
         self._lines: dict[UOp, int] = {}  # tensor node -> the .tg line that first computed it
         self._multi: dict[tuple, MultiLowered] = {}
         self._plans: dict[tuple, SymbolicPlan | str] = {}  # (device, size class) -> symbolic kernels or why none
@@ -425,7 +426,8 @@ class Program:
             self.last_run = "specialized"
             return run_multi(self.lower_multi(names, dims, shard_axes), arrays).outputs
         name = names[0]
-        _device(name).ensure_runnable()
+        dev = _device(name)
+        dev.ensure_runnable()
         if symbolic:
             low, why = self.lower_symbolic(name, dims)
             self.last_run = "symbolic" if low is not None else f"specialized: {why}"
@@ -433,7 +435,36 @@ class Program:
                 return run_program(low, arrays)
         else:
             self.last_run = "specialized"
-        return run_program(self.lower(name, dims), arrays)
+        plan = self._launch_plan(dev, dims)
+        if not plan.lock.acquire(blocking=False):  # another thread runs this plan now: buffers of this run's own
+            return run_program(plan.low, arrays)
+        try:
+            return plan.run(arrays)
+        finally:
+            plan.lock.release()
+
+    MAX_PLANS = 4  # launch plans (with their device buffers) kept per program, for the sizes run last
+
+    def _launch_plan(self, dev: Any, dims: dict[str, int]) -> LaunchPlan:
+        """The launch plan of these dims on `dev` (kept for the next run with the same dims and device: its
+        buffers stay allocated and, from its second run, it runs as a device graph; see LaunchPlan)."""
+        key = (dev.name, tuple(sorted(dims.items())), env_int("BEAM", 0))
+        plan = self._launch_plans.pop(key, None)
+        if plan is not None and plan.broken:
+            _release(plan)
+            plan = None
+        if plan is None:
+            plan = LaunchPlan(self.lower(dev.name, dims))
+        self._launch_plans[key] = plan  # (re)inserted last: the most recently used
+        while len(self._launch_plans) > self.MAX_PLANS:
+            _release(self._launch_plans.pop(next(iter(self._launch_plans))))
+        return plan
+
+    def release(self) -> None:
+        """Give back the device buffers that this program's launch plans keep between runs."""
+        plans, self._launch_plans = self._launch_plans, {}
+        for plan in plans.values():
+            _release(plan)
 
     # --- many devices
     def device_kernels(self, device: str | list[str], dims: dict[str, int] | None = None,
@@ -623,6 +654,7 @@ class Program:
         self._kernels.clear()  # later compiles pick up the stored winners
         if not dev.caps.gpu and not any(r.get("interrupted") for r in rows):
             self._store_class_winners(dev, dims)  # and symbolic kernels of the dims' size class
+        self.release()  # (and later runs)
         return {"device": dev.name, "dims": dims, "width": width, "kernels": rows, "seconds": seconds,
                 "interrupted": any(r.get("interrupted") for r in rows)}
 
@@ -751,6 +783,15 @@ def devices(info: bool = True) -> list[dict[str, Any]]:
         rows.append(row)
     return rows
 
+
+
+def _release(plan: LaunchPlan) -> None:
+    """Free a plan's buffers unless a run holds it now (then they go with the plan, once unused)."""
+    if plan.lock.acquire(blocking=False):
+        try:
+            plan.free()
+        finally:
+            plan.lock.release()
 
 
 def _device(device: str | None) -> Any:

@@ -81,8 +81,11 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in (
     EnvVar("TGC_REMOTE_TOKEN_FILE", "str", "a file holding that token"),
     EnvVar("TGC_REMOTE_TIMEOUT", "float", "seconds to wait for a REMOTE answer (a finite number > 0; default 120)"),
     EnvVar("TGC_REMOTE_RETRY", "float", "seconds to keep retrying a refused REMOTE connection (>= 0; default 3)"),
-    EnvVar("DEBUG", "int", "0..6 (2: a line per kernel run, 4: sources, 5: UOps, 6: each codegen pass; any: "
+    EnvVar("DEBUG", "int", "0..6 (2: a line per kernel run and per graph run, 4: sources, 5: UOps, 6: each codegen "
+           "pass; any: "
            "tracebacks of internal errors)"),
+    EnvVar("TGC_GRAPH", "int", "0: launch every kernel on its own; 1 (default): a program run again runs as one "
+           "device graph where the device has them"),
     EnvVar("BEAM", "int", "BEAM width for every run and bench (an integer >= 0; 0: off)"),
     EnvVar("NOOPT", "flag", "any value but empty or 0: no optimizations"),
     EnvVar("DISABLE_COMPILER_CACHE", "flag", "any value but empty or 0: no compile cache"),
@@ -94,7 +97,8 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in (
 )}
 
 # lower bounds (inclusive unless noted) and upper bounds of the numeric variables
-_INT_RANGE: dict[str, tuple[int, int | None]] = {"TGC_THREADS": (1, 4096), "DEBUG": (0, 6), "BEAM": (0, 1 << 16),
+_INT_RANGE: dict[str, tuple[int, int | None]] = {"TGC_THREADS": (1, 4096), "DEBUG": (0, 6), "TGC_GRAPH": (0, 1),
+                                                 "BEAM": (0, 1 << 16),
                                                  "TGC_VERIFY_BOUNDS_POINTS": (1, 1 << 40)}
 _FLOAT_MIN: dict[str, tuple[float, bool]] = {"TGC_REMOTE_TIMEOUT": (0.0, False), "TGC_REMOTE_RETRY": (0.0, True)}
 

@@ -11,6 +11,11 @@
  *   TGC_STANDIN_FAULT           a kernel name: its launches "fault" like an illegal address, reported
  *                               asynchronously (the launch succeeds, later calls fail until a context reset)
  *   TGC_STANDIN_DEVICES         how many devices cuDeviceGetCount reports (default 1)
+ *
+ * Graphs (cuGraphCreate, cuGraphAddKernelNode with the 12.0+ node parameters, cuGraphInstantiateWithFlags,
+ * cuGraphLaunch) hold kernel nodes in the order added (each may depend only on nodes added before it) and
+ * run them with cuLaunchKernel, in that order. Unlike the real driver, a node keeps the caller's kernelParams
+ * pointers instead of copying the values (tgc keeps them alive as long as the graph).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -29,6 +34,9 @@ typedef struct module_s *CUmodule;
 typedef struct func_s *CUfunction;
 typedef struct event_s *CUevent;
 typedef void *CUstream;
+typedef struct graph_s *CUgraph;
+typedef struct graph_s *CUgraphExec;
+typedef void *CUgraphNode;  /* (void *)(index + 1) in its graph */
 
 enum {
   OK = 0, INVALID_VALUE = 1, OUT_OF_MEMORY = 2, NOT_INITIALIZED = 3, NO_DEVICE = 100, INVALID_DEVICE = 101,
@@ -201,6 +209,57 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
   return rc ? LAUNCH_OUT_OF_RESOURCES : OK;
 }
 
+/* CUDA_KERNEL_NODE_PARAMS (v2, CUDA 12.0+) */
+typedef struct {
+  CUfunction func; unsigned gx, gy, gz, bx, by, bz, shmem; void **kernelParams; void **extra; void *kern; CUcontext ctx;
+} kernel_node;
+struct graph_s { size_t n, cap; kernel_node *nodes; int generation; };
+static long n_graph_launches = 0;
+
+CUresult cuGraphCreate(CUgraph *g, unsigned flags) {
+  if (flags) return INVALID_VALUE;
+  CUresult r = need_ctx(); if (r) return r;
+  *g = calloc(1, sizeof(struct graph_s)); (*g)->generation = current->generation; return OK;
+}
+CUresult cuGraphAddKernelNode_v2(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+                                 const kernel_node *p) {
+  CUresult r = need_ctx(); if (r) return r;
+  if (g == NULL || p == NULL || node == NULL || p->func == NULL || (ndeps && deps == NULL)) return INVALID_VALUE;
+  for (size_t i = 0; i < ndeps; i++)
+    if ((size_t)deps[i] == 0 || (size_t)deps[i] > g->n) return INVALID_VALUE;  /* not a node of this graph */
+  if (g->n == g->cap) {
+    g->cap = g->cap ? 2 * g->cap : 8;
+    g->nodes = realloc(g->nodes, g->cap * sizeof(kernel_node));
+  }
+  g->nodes[g->n++] = *p;
+  *node = (CUgraphNode)(size_t)g->n;
+  return OK;
+}
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long flags) {
+  (void)flags; CUresult r = need_ctx(); if (r) return r;
+  if (g == NULL) return INVALID_VALUE;
+  struct graph_s *x = calloc(1, sizeof(struct graph_s));
+  x->n = x->cap = g->n; x->generation = current->generation;
+  x->nodes = malloc((g->n ? g->n : 1) * sizeof(kernel_node));
+  memcpy(x->nodes, g->nodes, g->n * sizeof(kernel_node));
+  *e = x; return OK;
+}
+CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
+  CUresult r = need_ctx(); if (r) return r;
+  if (e == NULL || e->generation != current->generation) return INVALID_HANDLE;  /* a graph of a reset context */
+  n_graph_launches++;
+  for (size_t i = 0; i < e->n; i++) {
+    kernel_node *k = &e->nodes[i];
+    r = cuLaunchKernel(k->func, k->gx, k->gy, k->gz, k->bx, k->by, k->bz, k->shmem, s, k->kernelParams, k->extra);
+    if (r) return r;
+  }
+  return OK;
+}
+static void graph_free(struct graph_s *g) { if (g) { free(g->nodes); free(g); } }
+CUresult cuGraphExecDestroy(CUgraphExec e) { graph_free(e); return OK; }
+CUresult cuGraphDestroy(CUgraph g) { graph_free(g); return OK; }
+long tgc_standin_graph_launches(void) { return n_graph_launches; }
+
 CUresult cuEventCreate(CUevent *e, unsigned flags) {
   (void)flags; CUresult r = need_ctx(); if (r) return r;
   *e = calloc(1, sizeof(struct event_s)); return OK;
@@ -257,6 +316,10 @@ static const struct entry table[] = {
   {"cuModuleLoadData", (void *)cuModuleLoadData, 0}, {"cuModuleGetFunction", (void *)cuModuleGetFunction, 0},
   {"cuModuleUnload", (void *)cuModuleUnload, 0}, {"cuFuncGetAttribute", (void *)cuFuncGetAttribute, 0},
   {"cuLaunchKernel", (void *)cuLaunchKernel, 0},
+  {"cuGraphCreate", (void *)cuGraphCreate, 0}, {"cuGraphAddKernelNode", (void *)cuGraphAddKernelNode_v2, 0},
+  {"cuGraphInstantiateWithFlags", (void *)cuGraphInstantiateWithFlags, 0},
+  {"cuGraphLaunch", (void *)cuGraphLaunch, 0}, {"cuGraphExecDestroy", (void *)cuGraphExecDestroy, 0},
+  {"cuGraphDestroy", (void *)cuGraphDestroy, 0},
   {"cuEventCreate", (void *)cuEventCreate, 0}, {"cuEventRecord", (void *)cuEventRecord, 0},
   {"cuEventSynchronize", (void *)cuEventSynchronize, 0}, {"cuEventElapsedTime", (void *)cuEventElapsedTime_v2, 0},
   {"cuEventDestroy", (void *)cuEventDestroy_v2, 0},

@@ -216,6 +216,13 @@ class Device:
     def synchronize(self) -> None:
         pass
 
+    def graph(self, launches: list[tuple]) -> Any:
+        """One device graph running `launches` (each `(program, handles, global_size, local_size, vals)`) in
+        order, called as `graph(wait=False) -> seconds | None` and released by `graph.free()`; None where the
+        device has none (the launch plan then launches each kernel, waiting once at the end). A graph binds
+        the buffers given: other buffers need another graph."""
+        return None
+
     def compile_pool(self, workers: int) -> Any:
         """Worker processes that compile many sources at once (BEAM), or None: compile in-process."""
         return None

@@ -14,9 +14,26 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
+
 from tgc.backends.base import Compiler, Device, HostAllocator, Program
 from tgc.backends.llvmir import LLVMRenderer
 from tgc.errors import CompileError
+
+
+class HostBuffer(np.ndarray):
+    """A CPU buffer (the allocator's handle) that knows its data's address (`address`, taken once at allocation:
+    numpy's `.ctypes.data` costs about a microsecond per call, per buffer, per launch). Views and results of
+    operations on it carry no `address`; `data_address` falls back to `.ctypes.data` for them."""
+
+    __slots__ = ("address",)  # (no per-buffer __dict__)
+    address: int
+
+
+def data_address(buf: Any) -> int:
+    """The data address of a CPU buffer handle (any C-contiguous numpy array)."""
+    addr = getattr(buf, "address", None)
+    return addr if addr is not None else buf.ctypes.data
 
 
 class CPUAllocator(HostAllocator):
@@ -29,8 +46,19 @@ class CPUAllocator(HostAllocator):
         super().__init__()
         self.busy: set[int] = set()  # data addresses of buffers that abandoned kernels still use
 
+    def _alloc(self, nbytes: int) -> Any:
+        handle = super()._alloc(nbytes).view(HostBuffer)
+        handle.address = handle.ctypes.data
+        return handle
+
+    def view(self, handle: Any, nbytes: int) -> Any:
+        """The first `nbytes` of a slot, knowing its address as the slot does."""
+        view = handle[:nbytes]
+        view.address = data_address(handle)
+        return view
+
     def free(self, handle: Any, nbytes: int) -> None:
-        if handle.ctypes.data in self.busy:
+        if data_address(handle) in self.busy:
             return
         super().free(handle, nbytes)
 
@@ -183,7 +211,7 @@ class CPUProgram(Program):
 
     def __call__(self, *bufs: Any, global_size=(1, 1, 1), local_size=None, vals=(), wait=False) -> float | None:
         import time
-        ptrs = [b.ctypes.data for b in bufs]
+        ptrs = [data_address(b) for b in bufs]
         threads = max(1, int(global_size[0]))
         fn = self._fn(len(ptrs), len(vals) + 1)
         st = time.perf_counter()
@@ -224,6 +252,7 @@ class CPUDevice(Device):
         self._pool: ThreadPoolExecutor | None = None
         self._pool_size = 0
         self.share: int | None = None  # in a device list: this device's part of the cores (`shared`)
+        self.graph_lock = threading.Lock()  # one multi-thread graph at a time (see tgc.backends.cpu_graph)
 
     @classmethod
     def device_count(cls) -> int:
@@ -261,6 +290,11 @@ class CPUDevice(Device):
 
     def program(self, name: str, lib: bytes) -> CPUProgram:
         return CPUProgram(self, name, lib)
+
+    def graph(self, launches: list[tuple]) -> Any:
+        """One native call running every kernel of `launches` in order (tgc.backends.cpu_graph)."""
+        from tgc.backends.cpu_graph import CPUGraph
+        return CPUGraph(self, launches, ABANDONED, _sigint_deferred, data_address)
 
     def compile_pool(self, workers: int) -> Any:
         """LLVM compiles in worker processes (a fatal LLVM error kills only a worker)."""

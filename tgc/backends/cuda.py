@@ -420,6 +420,83 @@ class CUDAProgram(Program):
             pass
 
 
+class CUDAGraph:
+    """A launch plan as one CUDA graph: a kernel node per launch, each depending on the one before (the plan's
+    order), instantiated once (cuGraphInstantiate); each call is one cuGraphLaunch. Kernel parameters are
+    bound when the graph is built (the buffers' device pointers and the vals), so other buffers need another
+    graph. A graph of a context that was reset since (a kernel fault) refuses to run: build it again."""
+
+    def __init__(self, device: CUDADevice, launches: list[tuple]):
+        dev = self.device = device
+        drv = dev.activate()
+        self.generation = dev.generation
+        names = [prog.name for prog, *_ in launches]
+        shown = ", ".join(names) if len(names) <= 3 else f"{names[0]}, ..., {names[-1]}"
+        self.label = f"graph of {len(names)} kernels ({shown})"
+        self.programs = [launch[0] for launch in launches]  # their modules stay loaded while the graph lives
+        self._keep: list[Any] = []  # the parameter values and pointer arrays the nodes point at
+        self.exec: Any = None
+        graph = dev.check(drv.cuGraphCreate(0), "cuGraphCreate")
+        try:
+            prev: list[Any] = []
+            for prog, bufs, global_size, local_size, vals in launches:
+                if not isinstance(prog, CUDAProgram) or prog.gpu is not dev:
+                    raise DeviceError("a CUDA graph can only hold programs of its own device")
+                if prog.generation != dev.generation:
+                    prog._load()
+                for b in bufs:
+                    dev.allocator.require(b, f"building the {self.label}")
+                grid, block = _dims3(global_size), _dims3(local_size or (1, 1, 1))
+                values = [ctypes.c_uint64(int(b)) for b in bufs] + [ctypes.c_int32(int(v)) for v in vals]
+                pointers = (ctypes.c_void_p * max(len(values), 1))(*[ctypes.addressof(v) for v in values])
+                p = drv.CUDA_KERNEL_NODE_PARAMS()
+                p.func = prog.function
+                p.gridDimX, p.gridDimY, p.gridDimZ = grid
+                p.blockDimX, p.blockDimY, p.blockDimZ = block
+                p.sharedMemBytes = 0
+                p.kernelParams = ctypes.addressof(pointers) if values else 0
+                self._keep.append((values, pointers, p))
+                node = dev.check(drv.cuGraphAddKernelNode(graph, prev, len(prev), p),
+                                 f"cuGraphAddKernelNode('{prog.name}', grid={grid}, block={block})")
+                prev = [node]
+            self.exec = dev.check(drv.cuGraphInstantiate(graph, 0), f"cuGraphInstantiate({self.label})")
+        finally:
+            drv.cuGraphDestroy(graph)  # the executable graph holds its own copy
+
+    def __call__(self, wait: bool = False) -> float | None:
+        dev = self.device
+        drv = dev.activate()
+        if self.generation != dev.generation:
+            raise DeviceError(f"the CUDA {self.label} belongs to a GPU context that was reset after a kernel fault",
+                              hint="run the program again: its launch plan and graph are built anew")
+        what = f"cuGraphLaunch({self.label})"
+        if not wait:
+            dev.check(drv.cuGraphLaunch(self.exec, None), what)
+            dev.last_launch = self.label
+            return None
+        start, end = dev.events()
+        dev.check(drv.cuEventRecord(start, None), "cuEventRecord")
+        dev.check(drv.cuGraphLaunch(self.exec, None), what)
+        dev.last_launch = self.label
+        dev.check(drv.cuEventRecord(end, None), "cuEventRecord")
+        dev.check(drv.cuEventSynchronize(end), f"running the {self.label}")
+        return dev.check(drv.cuEventElapsedTime(start, end), "cuEventElapsedTime") * 1e-3
+
+    def free(self) -> None:
+        dev, exe = self.device, self.exec
+        self.exec = None
+        if exe is None or dev._ctx is None or self.generation != dev.generation:
+            return  # never instantiated, or its context was reset (which destroyed it)
+        try:
+            dev._drv.cuCtxSetCurrent(dev._ctx)
+            dev._drv.cuGraphExecDestroy(exe)
+        except Exception:  # interpreter shutdown: nothing to do
+            pass
+
+    def __del__(self) -> None:
+        self.free()
+
+
 # FP32 lanes per SM, for the peak estimate in info(); by compute capability.
 _F32_LANES = {(7, 5): 64, (8, 0): 64}
 
@@ -527,7 +604,8 @@ class CUDADevice(Device):
             self.last_launch = None
             reset = drv.cuDevicePrimaryCtxReset(self._dev)
             self._ctx = None  # retained again at the next use
-        where = f"kernel '{kernel}' (the last one launched)" if kernel else "a kernel"
+        where = (f"a kernel of the {kernel} (the last launch)" if kernel and kernel.startswith("graph of ") else
+                 f"kernel '{kernel}' (the last one launched)" if kernel else "a kernel")
         err = getattr(fault, "msg", str(fault)).split("failed: ")[-1]
         msg = (f"CUDA {where} faulted: {err}, reported by {what}. The GPU context was reset: buffers and "
                "loaded kernels of this device are gone")
@@ -553,6 +631,10 @@ class CUDADevice(Device):
 
     def program(self, name: str, lib: bytes) -> CUDAProgram:
         return CUDAProgram(self, name, lib)
+
+    def graph(self, launches: list[tuple]) -> CUDAGraph:
+        """A CUDA graph of `launches` (cuGraphAddKernelNode per launch, in order), run by one cuGraphLaunch."""
+        return CUDAGraph(self, launches)
 
     def synchronize(self) -> None:
         if self._ctx is not None:

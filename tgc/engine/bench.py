@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from tgc.engine.realize import Lowered, allocate
+from tgc.engine.realize import LaunchPlan, Lowered, graphs_enabled
 from tgc.ir.shapes import prod
 from tgc.version import __version__
 
@@ -31,12 +31,15 @@ def _stats(times: list[float]) -> dict[str, float]:
 def bench_lowered(low: Lowered, arrays: dict[str, np.ndarray], repeat: int = 10, warmup: int = 1
                   ) -> dict[str, Any]:
     """Time a lowered program on its device-resident inputs: `repeat` timed runs after `warmup` untimed ones;
-    per-kernel and whole-program statistics, rates and the device's peak (`Program.bench` adds the rest)."""
+    per-kernel and whole-program statistics, rates and the device's peak (`Program.bench` adds the rest).
+    Each kernel is timed on its own (a launch that waits); the whole program runs as `Program.run` runs it:
+    one device graph where the device has them (`program["graph"]` says), else every kernel launched and
+    waited for once."""
     dev, kernels = low.device, low.kernels
-    buffers: dict = {}
+    plan = LaunchPlan(low)
     try:
-        allocate(low, arrays, buffers)
-        launches = [(k, k.program(), [buffers[n].handle for n in k.bufs]) for k in kernels]
+        plan.copy_in(arrays)
+        launches = [(k, k.program(), h) for k, h in zip(kernels, plan.handles)]
 
         def run_all(wait: bool) -> list[float]:
             ts = []
@@ -45,20 +48,30 @@ def bench_lowered(low: Lowered, arrays: dict[str, np.ndarray], repeat: int = 10,
                 ts.append(t or 0.0)
             return ts
 
+        # the whole program runs as the plan runs it in Program.run: one device graph where the device has them
+        graph = plan.capture() if graphs_enabled() else None
+
+        def run_program() -> None:
+            if graph is not None:
+                graph(wait=False)
+            else:
+                run_all(False)
+            dev.synchronize()
+
         for _ in range(warmup):
             run_all(True)
+            run_program()
         per_kernel: list[list[float]] = [[] for _ in kernels]
         whole: list[float] = []
         for _ in range(max(repeat, 1)):
-            st = time.perf_counter()
-            ts = run_all(True)
-            dev.synchronize()
-            whole.append(time.perf_counter() - st)
-            for i, t in enumerate(ts):
+            for i, t in enumerate(run_all(True)):
                 per_kernel[i].append(t)
+            st = time.perf_counter()
+            run_program()
+            whole.append(time.perf_counter() - st)
+        buffers = dict(plan.buffers)
     finally:
-        for buf in buffers.values():
-            buf.free()
+        plan.free()
 
     peak = machine_peak(dev)
     # between two runs of a kernel every other kernel runs: whether its data is still in the cache depends on
@@ -75,7 +88,7 @@ def bench_lowered(low: Lowered, arrays: dict[str, np.ndarray], repeat: int = 10,
         row.update(rates(k.flops, k.bytes_moved, st["median_s"], peak, working_set))
         rows.append(row)
     prog_stats = _stats(whole)
-    program = {**prog_stats, "flops": total_flops, "bytes": total_bytes,
+    program = {**prog_stats, "flops": total_flops, "bytes": total_bytes, "graph": graph is not None,
                **rates(total_flops, total_bytes, prog_stats["median_s"], peak, working_set)}
     return {"kernels": rows, "program": program, "peak": peak, "working_set_bytes": working_set}
 

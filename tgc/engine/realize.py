@@ -5,7 +5,9 @@ imports nothing above the scheduler: `Program.run` (tgc.api) looks the device up
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -138,13 +140,142 @@ def run_program(low: Lowered, arrays: dict[str, np.ndarray]) -> dict[str, np.nda
             buf.free()
 
 
+def graphs_enabled() -> bool:
+    """`TGC_GRAPH` (default 1): 0 launches each kernel on its own, never as a device graph."""
+    try:
+        return env_int("TGC_GRAPH", 1) != 0
+    except TgcError:
+        return True
+
+
+class LaunchPlan:
+    """A lowered program bound to device buffers of its own, for running it again and again: the kernels in
+    order with their buffer handles. `run(arrays)` copies the inputs in, launches, copies the outputs out.
+
+    From its second run on (`GRAPH_AFTER`) a plan runs as one device graph where the device has them
+    (`Device.graph`: one native call on the CPU, a CUDA graph, one REMOTE request); elsewhere it launches every
+    kernel without waiting and waits once. The graph binds the plan's buffers, which stay the same for the
+    plan's life, so it is captured once and reused; new input values are copied into the same input buffers.
+    A plan serves one run at a time (`lock`); `free()` gives its buffers back to the device's allocator."""
+
+    GRAPH_AFTER = 1  # runs launched kernel by kernel before the plan is captured as a graph
+
+    def __init__(self, low: Lowered):
+        self.low, self.device = low, low.device
+        self.buffers: dict[Any, Buffer] = {}
+        self.graph: Any = None
+        try:
+            allocate(low, None, self.buffers)
+        except BaseException:
+            self.free()
+            raise
+        self.handles = [[self.buffers[n].handle for n in k.bufs] for k in low.kernels]
+        self.lock = threading.Lock()
+        self.runs = 0
+        self.graph_error: str | None = None  # why the device could not make a graph of this plan
+        self.broken = False  # a run failed: the buffers may be gone (a CUDA context reset); never run it again
+
+    def copy_in(self, arrays: dict[str, np.ndarray]) -> None:
+        for b, name in self.low.inputs:
+            self.buffers[b].copyin(arrays[name])
+
+    def outputs(self) -> dict[str, np.ndarray]:
+        result = {}
+        for out_name, node in self.low.outputs:
+            if node in self.buffers:
+                arr = self.buffers[node].numpy()
+            else:  # an empty output: no kernel ran
+                dtype, shape = buffer_type(node)
+                arr = np.zeros(shape, dtype=dtype.np)
+            result[out_name] = to_user_array(arr, buffer_type(node)[0])
+        return result
+
+    def run(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Copy `arrays` (by input name) in, run every kernel, copy the outputs out."""
+        try:
+            self.copy_in(arrays)
+            self.execute()
+            result = self.outputs()
+            self.device.synchronize()
+        except BaseException:
+            self.broken = True
+            raise
+        return result
+
+    def capture(self) -> Any:
+        """The plan's device graph (built on first use), or None where the device has none or refused this plan."""
+        if self.graph is None and self.graph_error is None:
+            launches = [(k.program(), h, k.global_size, k.local_size, k.vals)
+                        for k, h in zip(self.low.kernels, self.handles)]
+            try:
+                self.graph = self.device.graph(launches) if launches else None
+            except TgcError as e:
+                self.graph_error = e.msg
+            except Exception as e:  # no graph (a kernel with too many arguments, no compiler): launch each
+                self.graph_error = f"{type(e).__name__}: {e}"
+            if self.graph is None and self.graph_error is None:
+                self.graph_error = f"{self.device.name} has no device graphs" if launches else "no kernels to run"
+            if self.graph_error is not None and _debug() >= 2:
+                print(f"*** {self.device.name:<8} no graph for {len(launches)} kernels: {self.graph_error}",
+                      file=sys.stderr)
+        return self.graph
+
+    def execute(self) -> None:
+        """Launch every kernel once: as the device graph from the plan's second run on, else one by one."""
+        self.runs += 1
+        kernels = self.low.kernels
+        graph = self.capture() if self.runs > self.GRAPH_AFTER and graphs_enabled() else None
+        if graph is None:
+            for k, h in zip(kernels, self.handles):
+                launch(k, h, handles=True)
+            return
+        level = _debug() if os.environ.get("DEBUG") else 0
+        try:
+            t = graph(wait=level >= 2)
+        except TgcError:
+            raise
+        except Exception as e:  # a device failure is a runtime error, not a crash
+            raise DeviceError(f"the graph of {len(kernels)} kernels ({_names(kernels)}) failed on "
+                              f"{self.device.name}: {e}") from None
+        if level >= 2:
+            t = t or 0.0
+            print(f"*** {self.device.name:<8} graph of {len(kernels)} kernels ({_names(kernels)}) ran in one launch: "
+                  f"{t * 1e6:9.2f} us, {t * 1e6 / max(len(kernels), 1):.2f} us per kernel", file=sys.stderr)
+
+    def free(self) -> None:
+        graph, self.graph = self.graph, None
+        if graph is not None:
+            try:
+                graph.free()
+            except Exception:
+                pass
+        buffers, self.buffers = self.buffers, {}
+        for buf in buffers.values():
+            try:
+                buf.free()
+            except Exception:  # a device that lost its memory (a CUDA context reset): nothing to give back
+                pass
+
+
+    def __del__(self) -> None:  # a plan dropped while another thread ran it (see Program._plan): give back
+        try:
+            self.free()
+        except Exception:  # interpreter shutdown
+            pass
+
+
+def _names(kernels: list) -> str:
+    names = [k.name for k in kernels]
+    return ", ".join(names) if len(names) <= 3 else f"{names[0]}, ..., {names[-1]}"
+
+
 def to_user_array(arr: np.ndarray, dtype: DType) -> np.ndarray:
     """Device bytes -> the array users see (bf16 becomes float32)."""
     return bf16_to_f32(arr) if dtype == dtypes.bf16 else arr
 
 
-def allocate(low: Lowered, arrays: dict[str, np.ndarray], buffers: dict[Any, Buffer]) -> None:
-    """Device buffers for a program's inputs (filled from `arrays`) and for every kernel's outputs, into
+def allocate(low: Lowered, arrays: dict[str, np.ndarray] | None, buffers: dict[Any, Buffer]) -> None:
+    """Device buffers for a program's inputs (filled from `arrays`, unless None) and for every kernel's outputs, into
     `buffers` (passed in so that the caller can free whatever was allocated if this fails midway): the slots of
     the memory plan, each allocated once and owned (freed) by the first buffer placed in it."""
     plan = low.memory_plan()
@@ -163,15 +294,17 @@ def allocate(low: Lowered, arrays: dict[str, np.ndarray], buffers: dict[Any, Buf
 
     for b, name in low.inputs:
         place(b)
-        buffers[b].copyin(arrays[name])
+        if arrays is not None:
+            buffers[b].copyin(arrays[name])
     for k in low.kernels:
         for node in k.bufs:
             if node not in buffers:
                 place(node)
 
 
-def launch(k, bufs: list[Buffer]) -> float | None:
-    """Run one kernel. With DEBUG>=2 it runs twice and prints a line with the second (warm) launch's time,
+def launch(k, bufs: list, handles: bool = False) -> float | None:
+    """Run one kernel on `bufs` (Buffers, or their device handles with `handles`). With DEBUG>=2 it runs twice
+    and prints a line with the second (warm) launch's time,
     its GFLOP/s and GB/s, and the first launch's time (which includes loading the binary and cold caches);
     a kernel only writes its output buffer, so the second run leaves the same values."""
     level = _debug()
@@ -181,11 +314,12 @@ def launch(k, bufs: list[Buffer]) -> float | None:
         print(k.uops_text(), file=sys.stderr)
     prog = k.program()
     wait = level >= 2
+    handles = bufs if handles else [b.handle for b in bufs]
 
     def once() -> float | None:
         st = time.perf_counter()
         try:
-            t = prog(*[b.handle for b in bufs], global_size=k.global_size, local_size=k.local_size, vals=k.vals,
+            t = prog(*handles, global_size=k.global_size, local_size=k.local_size, vals=k.vals,
                      wait=wait)
         except TgcError:
             raise
