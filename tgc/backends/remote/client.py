@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import http.client
 import itertools
+import operator
 import os
 import re
 import secrets
@@ -46,9 +47,11 @@ ERROR_LIMIT = 1 << 20  # bytes of an error message
 LISTINGS = (P.Compile, P.Assembly, P.Disassemble)
 
 
-def client_token(env: dict[str, str] | None = None) -> str | None:
-    """The token from `TGC_REMOTE_TOKEN`, else from the file named by `TGC_REMOTE_TOKEN_FILE`. TgcError (exit 2)
-    for a file that cannot be read or a token that cannot go in an HTTP header."""
+def client_token(env: dict[str, str] | None = None, address: tuple[str, int] | None = None) -> str | None:
+    """The token for the server at `address` (host, port): `TGC_REMOTE_TOKEN` (one token for every server), else
+    from the file named by `TGC_REMOTE_TOKEN_FILE`: that server's line in a per-server file (see
+    `read_token_table`), else its `*` line, else None; a one-token file gives its token to every server.
+    TgcError (exit 2) for a file that cannot be read or a token that cannot go in an HTTP header."""
     env = os.environ if env is None else env
     if env.get(ENV_TOKEN):
         token = env[ENV_TOKEN].strip()
@@ -59,7 +62,55 @@ def client_token(env: dict[str, str] | None = None) -> str | None:
     path = env.get(ENV_TOKEN_FILE)
     if not path:
         return None
-    return P.read_token_file(path)
+    table = read_token_table(path)
+    if address is None:
+        return table.get(ANY_SERVER)
+    return table.get(_server_key(*address), table.get(ANY_SERVER))
+
+
+ANY_SERVER = ("*", 0)  # the key of a token file's default token
+_ADDRESS_WORD = re.compile(r"(?:\[[^\s\]]+\]|[^\s:\[\]]+):[0-9]+|\*")
+
+
+def _server_key(host: str, port: int) -> tuple[str, int]:
+    return host.strip("[]").lower(), int(port)
+
+
+def read_token_table(path: str) -> dict[tuple[str, int], str]:
+    """The tokens of a token file, by server: `{(host, port): token}` plus `ANY_SERVER` for the default.
+
+    Two forms. One token (the whole file, one line): every server's token. Or one line per server,
+    `HOST:PORT TOKEN` (`[::1]:PORT` for IPv6), with `* TOKEN` for every server not named; blank lines and
+    lines starting with `#` are skipped. A server is matched by the host and port written in `TGC_REMOTE`
+    (no name lookup: `localhost:6667` and `127.0.0.1:6667` are different lines). TgcError (exit 2) naming the
+    line for anything else."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(1 << 16)
+    except OSError as e:
+        raise TgcError(f"cannot read the token file '{path}': {e.strerror or e}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise TgcError(f"the token file '{path}' is not UTF-8 text") from None
+    lines = [(i, line.split()) for i, line in enumerate(text.splitlines(), 1)
+             if line.strip() and not line.lstrip().startswith("#")]
+    if not any(len(words) == 2 and _ADDRESS_WORD.fullmatch(words[0]) for _, words in lines):
+        return {ANY_SERVER: P.read_token_file(path)}  # the one-token form (and its errors)
+    table: dict[tuple[str, int], str] = {}
+    for i, words in lines:
+        where = f"line {i} of the token file '{path}'"
+        if len(words) != 2 or not _ADDRESS_WORD.fullmatch(words[0]):
+            raise TgcError(f"{where} is not `HOST:PORT TOKEN`",
+                           hint="one server per line (`* TOKEN` for every server not named), or a file of one token")
+        key = ANY_SERVER if words[0] == "*" else _server_key(*parse_address(words[0]))
+        if key in table:
+            raise TgcError(f"{where} names {words[0]} a second time")
+        why = P.token_problem(words[1])
+        if why is not None:
+            raise TgcError(f"the token on {where} cannot be used: {why}")
+        table[key] = words[1]
+    return table
 
 
 def _env_float(name: str, default: float) -> float:
@@ -162,7 +213,8 @@ class Connection:
         msg = P.safe_text(msg)
         if status == 401:
             return DeviceError(f"REMOTE server {self.address} refused the request: missing or wrong token",
-                               hint=f"set {ENV_TOKEN} or {ENV_TOKEN_FILE} to the server's token")
+                               hint=f"set {ENV_TOKEN} or {ENV_TOKEN_FILE} to the server's token (in a file of "
+                                    f"several: a line `{self.address} TOKEN`)")
         if kind == "compile":
             return CompileError(msg)
         return DeviceError(f"REMOTE server {self.address}: {msg}")
@@ -332,17 +384,48 @@ def _end_session(conn: Connection, state: dict[str, bool]) -> None:
 
 
 class RemoteDevice(Device):
-    """`REMOTE`: the device served by `tgc serve` at `TGC_REMOTE` (or `--remote`), one session per instance."""
+    """`REMOTE`: the device served by `tgc serve` at `TGC_REMOTE` (or `--remote`), one session per instance.
+
+    With several servers (`TGC_REMOTE=h1:p1,h2:p2`) `REMOTE:i` is the i-th (an index past them is a user error);
+    with one, every `REMOTE:i` is a session of its own on it.
+
+    Copies between devices (what a multi-device all-reduce calls): `supports_batch_copy` is True, and
+
+    - `RemoteDevice.copy_batch([(src_dev, src_handle, src_offset, dst_dev, dst_handle, dst_offset, nbytes), ...],
+      wait=False) -> int` copies byte ranges between buffers of REMOTE devices (any servers, any sessions)
+      through this client: one request per source device reads all its ranges (the requests already queued
+      there ride along), the sources are read in parallel, then the ranges are queued on each destination
+      and go with its next batch (`wait=True` sends them now). So one ring step over n servers costs one round
+      trip per server, in parallel, not one per chunk. Returns the bytes copied. The writes are ordered before
+      anything later queued on the destination (a launch that reads them, a copy out, the next step's reads).
+    - `RemoteDevice.copy_between(src_dev, src_handle, src_offset, dst_dev, dst_handle, dst_offset, nbytes)`:
+      one such copy.
+    - `dev.read_range(handle, offset, nbytes) -> bytes` and `dev.write_range(handle, offset, data)`: a range to
+      and from host memory (for copies with a local device; the write is queued like the above).
+
+    Handles are the ints `allocator.alloc` returns (a view from `allocator.offset` is a handle too). Ranges are
+    checked here against the buffers' sizes (DeviceError) and again on the server, which refuses a range past a
+    buffer's end. `bytes_read` and `bytes_written` count the bytes each device sent and received this way.
+    A server that dies mid-copy gives one DeviceError naming it (never a hang: connections and answers have
+    time limits, `TGC_REMOTE_RETRY` and `TGC_REMOTE_TIMEOUT`).
+    """
 
     kind = "REMOTE"
+    supports_batch_copy = True
     _configured: str | None = None  # set by `configure` (the CLI's --remote)
 
     def __init__(self, index: int = 0, *, address: str | None = None, token: str | None = None,
                  timeout: float | None = None, retry: float | None = None):
         super().__init__(index)
+        if address is None:
+            addrs = self.addresses()
+            if len(addrs) > 1 and index >= len(addrs):
+                raise TgcError(f"no device 'REMOTE:{index}': {ENV_ADDRESS} names {len(addrs)} servers",
+                               hint=f"use REMOTE:0 .. REMOTE:{len(addrs) - 1}, or add a server to {ENV_ADDRESS}")
         self.session = secrets.token_urlsafe(24)
         self.allocator = RemoteAllocator(self)
         self.round_trips = 0
+        self.bytes_read = self.bytes_written = 0  # bytes of ranges read and written by `copy_batch`
         self._address, self._token = address, token
         self._timeout, self._retry = timeout, retry
         self._lock = threading.RLock()
@@ -361,7 +444,9 @@ class RemoteDevice(Device):
     def configure(cls, address: str | None) -> None:
         """Use this server (`host:port`) instead of `TGC_REMOTE` for devices that connect from now on."""
         if address is not None:
-            parse_address(address.split(",")[0])  # a bad address is a user error now, not later
+            for part in address.split(","):  # a bad address is a user error now, not later
+                if part.strip():
+                    parse_address(part)
         cls._configured = address
 
     @classmethod
@@ -369,14 +454,23 @@ class RemoteDevice(Device):
         return cls._configured or os.environ.get(ENV_ADDRESS) or None
 
     @classmethod
-    def probe(cls) -> tuple[bool, str]:
-        text = cls._address_text()
-        if not text:
+    def addresses(cls) -> list[str]:
+        """The servers named by `--remote` or `TGC_REMOTE` (a comma list), in order: `REMOTE:i` uses the i-th."""
+        text = cls._address_text() or ""
+        return [a for a in (t.strip() for t in text.split(",")) if a]
+
+    @classmethod
+    def probe(cls, index: int = 0) -> tuple[bool, str]:
+        """Whether the server of `REMOTE:index` answers as a tgc server with this token (the first by default)."""
+        addrs = cls.addresses()
+        if not addrs:
             return False, f"{ENV_ADDRESS} is not set"
         try:
-            host, port = parse_address(text.split(",")[0])
+            host, port = parse_address(addrs[index if len(addrs) > 1 else 0])
         except TgcError as e:
             return False, e.msg
+        except IndexError:
+            return False, f"{ENV_ADDRESS} names {len(addrs)} servers"
         try:
             socket.create_connection((host, port), timeout=2.0).close()
         except OSError as e:
@@ -400,6 +494,8 @@ class RemoteDevice(Device):
             raise DeviceError("the REMOTE device needs a server", hint=f"set {ENV_ADDRESS}=host:port or pass "
                                                                         "--remote host:port (see `tgc serve`)")
         addrs = [a for a in (t.strip() for t in text.split(",")) if a]
+        if not addrs:
+            raise DeviceError("the REMOTE device needs a server", hint=f"set {ENV_ADDRESS}=host:port")
         if len(addrs) > 1 and self.index >= len(addrs):
             raise DeviceError(f"{self.name} needs a server {self.index}, but {ENV_ADDRESS} names {len(addrs)}")
         return parse_address(addrs[self.index] if len(addrs) > 1 else addrs[0])
@@ -407,7 +503,7 @@ class RemoteDevice(Device):
     def _connection(self) -> Connection:
         if self._conn is None:
             host, port = self.conn_address
-            token = self._token if self._token is not None else client_token()
+            token = self._token if self._token is not None else client_token(address=(host, port))
             timeout = self._timeout if self._timeout is not None else _env_float(ENV_TIMEOUT, DEFAULT_TIMEOUT)
             retry = self._retry if self._retry is not None else _env_float(ENV_RETRY, DEFAULT_RETRY)
             self._conn = Connection(host, port, token, self.session, timeout, retry)
@@ -483,6 +579,8 @@ class RemoteDevice(Device):
         for r in reqs:
             if isinstance(r, P.CopyOut):
                 limit += 40 + self._sizes.get(r.buf, 0)
+            elif isinstance(r, P.ReadRange):
+                limit += 40 + r.size
             elif isinstance(r, LISTINGS):
                 limit += ANSWER_PER_LISTING
         data = conn.post(body, limit)
@@ -505,6 +603,106 @@ class RemoteDevice(Device):
         with self._lock:
             if self._queue or self._pending_launches:
                 self._submit(P.Synchronize())
+
+    # --- copies of byte ranges (see the class docstring)
+
+    def _check_range(self, handle: int, offset: int, nbytes: int, what: str) -> None:
+        if type(handle) is not int or type(offset) is not int or type(nbytes) is not int or offset < 0 or nbytes < 0:
+            raise DeviceError(f"a REMOTE {what} range needs integer handle, offset >= 0 and size >= 0, got "
+                              f"{handle!r}, {offset!r}, {nbytes!r}")
+        size = self._sizes.get(handle)
+        if size is None:
+            raise DeviceError(f"{self.name} has no buffer {handle} (freed, or from another device)")
+        if offset + nbytes > size:
+            raise DeviceError(f"a {what} range of {nbytes} bytes at offset {offset} runs past buffer {handle} of "
+                              f"{size} bytes on {self.name}")
+
+    def _read_ranges(self, ranges: Sequence[tuple[int, int, int]]) -> list[memoryview]:
+        """The bytes of `(handle, offset, nbytes)` ranges: one request per body's worth (usually one), with what
+        is already queued."""
+        out: list[memoryview] = []
+        with self._lock:
+            budget = max(1, int(self.properties["max_body"]) - min(BODY_SLACK, int(self.properties["max_body"]) // 4))
+            i = 0
+            while i < len(ranges):
+                batch: list[P.ReadRange] = []
+                total = 0
+                while i < len(ranges) and len(batch) < MAX_QUEUE and (not batch or total + ranges[i][2] <= budget):
+                    handle, offset, nbytes = ranges[i]
+                    batch.append(P.ReadRange(buf=handle, offset=offset, size=nbytes))
+                    total += nbytes
+                    i += 1
+                self._queue.extend(batch)
+                results, blobs = self._send()
+                for req, h in zip(batch, results[len(results) - len(batch):]):
+                    data = blobs.get(h) if isinstance(h, str) else None
+                    if data is None or len(data) != req.size:
+                        raise DeviceError(f"REMOTE server {self._connection().address} sent "
+                                          f"{'no' if data is None else len(data)} bytes for a range of {req.size}")
+                    out.append(data)
+                self.bytes_read += total
+        return out
+
+    def read_range(self, handle: int, offset: int, nbytes: int) -> bytes:
+        """`nbytes` bytes of buffer `handle` from byte `offset` (one round trip, with what is queued)."""
+        handle, offset, nbytes = _index(handle), _index(offset), _index(nbytes)
+        self._check_range(handle, offset, nbytes, "read")
+        return bytes(self._read_ranges([(handle, offset, nbytes)])[0])
+
+    def write_range(self, handle: int, offset: int, data: bytes | memoryview) -> None:
+        """Queue writing `data` into buffer `handle` from byte `offset` (sent with the next batch)."""
+        data, handle, offset = bytes(data), _index(handle), _index(offset)
+        self._check_range(handle, offset, len(data), "write")
+        if data:
+            self._enqueue(P.WriteRange(buf=handle, offset=offset, datahash=""), data)
+            self.bytes_written += len(data)
+
+    @staticmethod
+    def copy_batch(copies: Sequence[tuple[Any, int, int, Any, int, int, int]], wait: bool = False) -> int:
+        """Copy byte ranges between REMOTE buffers: `(src_dev, src_handle, src_offset, dst_dev, dst_handle,
+        dst_offset, nbytes)` each. One request per source device (in parallel), then the writes are queued on each
+        destination (sent now, in parallel, with `wait`). Returns the bytes copied. See the class docstring."""
+        items = []
+        for c in copies:
+            if len(c) != 7:
+                raise DeviceError(f"a copy is (src_dev, src_handle, src_offset, dst_dev, dst_handle, dst_offset, "
+                                  f"nbytes), got {len(c)} items")
+            src, sh, so, dst, dh, do, n = c
+            sh, so, dh, do, n = (_index(v) for v in (sh, so, dh, do, n))
+            items.append((src, sh, so, dst, dh, do, n))
+            for dev in (src, dst):
+                if not isinstance(dev, RemoteDevice):
+                    raise DeviceError(f"copy_batch copies between REMOTE devices, not {getattr(dev, 'name', dev)}")
+            src._check_range(sh, so, n, "source")
+            dst._check_range(dh, do, n, "destination")
+        by_src: dict[RemoteDevice, list[int]] = {}
+        for i, c in enumerate(items):
+            by_src.setdefault(c[0], []).append(i)
+        data: list[Any] = [None] * len(items)
+
+        def read(dev: RemoteDevice) -> None:
+            idx = [i for i in by_src[dev] if items[i][6]]
+            for i, chunk in zip(idx, dev._read_ranges([(items[i][1], items[i][2], items[i][6]) for i in idx])):
+                data[i] = chunk
+
+        _each(read, list(by_src))
+        dsts: list[RemoteDevice] = []
+        for i, (_, _, _, dst, dh, do, n) in enumerate(items):
+            if n:
+                dst._enqueue(P.WriteRange(buf=dh, offset=do, datahash=""), bytes(data[i]))
+                dst.bytes_written += n
+                if dst not in dsts:
+                    dsts.append(dst)
+        if wait:
+            _each(lambda d: d.flush(), dsts)
+        return sum(c[6] for c in items)
+
+    @staticmethod
+    def copy_between(src_dev: Any, src_handle: int, src_offset: int, dst_dev: Any, dst_handle: int,
+                     dst_offset: int, nbytes: int, wait: bool = False) -> int:
+        """One copy of `nbytes` from a REMOTE buffer to another (see `copy_batch`)."""
+        return RemoteDevice.copy_batch([(src_dev, src_handle, src_offset, dst_dev, dst_handle, dst_offset, nbytes)],
+                                       wait=wait)
 
     # --- the served device's face
 
@@ -573,6 +771,39 @@ class RemoteDevice(Device):
         out.setdefault("renderer", p.get("renderer"))
         out.setdefault("compiler", p.get("compiler"))
         return out
+
+
+def _index(value: Any) -> Any:
+    """An integer-like value (a numpy integer too) as an int; anything else as is (the range check refuses it)."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        return value
+
+
+def _each(fn: Any, devices: list[RemoteDevice]) -> None:
+    """`fn(dev)` for each device, in parallel threads when there are several (each device has its own connection);
+    the first error is raised after all have finished."""
+    if len(devices) <= 1:
+        for d in devices:
+            fn(d)
+        return
+    errors: list[BaseException | None] = [None] * len(devices)
+
+    def run(i: int) -> None:
+        try:
+            fn(devices[i])
+        except BaseException as e:  # handed to the caller's thread below
+            errors[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(devices))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    first = next((e for e in errors if e is not None), None)
+    if first is not None:
+        raise first
 
 
 _KIND = re.compile(r"[A-Z][A-Z0-9_]{0,31}")
