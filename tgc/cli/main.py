@@ -544,7 +544,8 @@ def devices(as_json: bool) -> None:
         peak = ", ".join(p for p in (f"{r['peak_gflops']:g} GFLOP/s" if r["peak_gflops"] else "",
                                      f"{r['peak_gbps']:g} GB/s" if r["peak_gbps"] else "") if p)
         cells = [str(c) for c in (r["why_not"], r["renderer"] or "-", r["compiler"] or "-", r["version"] or "-")]
-        table.add_row(escape(r["device"]), "[green]yes[/green]" if r["available"] else "[red]no[/red]",
+        device = f"{r['device']} ({r['server']})" if r.get("server") else r["device"]  # one of several servers
+        table.add_row(escape(device), "[green]yes[/green]" if r["available"] else "[red]no[/red]",
                       *(escape(c) for c in cells), peak or "-")  # a REMOTE server's words are not markup
     make_console().print(table)
 

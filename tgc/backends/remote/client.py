@@ -7,8 +7,9 @@ Work that needs no answer (alloc, free, copy in, program load, launches without 
 sent in one `POST /batch` when an answer is needed: a copy out, a launch with `wait=True`, a compile,
 `synchronize()` or `flush()`. A program of k kernels thus costs one round trip. `round_trips` counts them.
 
-Environment: `TGC_REMOTE=host:port` (a comma list gives `REMOTE:i` the i-th server; with one server every
-`REMOTE:i` is its own session there), `TGC_REMOTE_TOKEN` or `TGC_REMOTE_TOKEN_FILE` (the bearer token),
+Environment: `TGC_REMOTE=host:port` (a comma list gives `REMOTE:i` the i-th server, an index past them is a
+user error; with one server every `REMOTE:i` is its own session there), `TGC_REMOTE_TOKEN` (one bearer token for
+every server) or `TGC_REMOTE_TOKEN_FILE` (a file of one token, or of one `HOST:PORT TOKEN` line per server),
 `TGC_REMOTE_TIMEOUT` (seconds to wait for an answer, default 120), `TGC_REMOTE_RETRY` (seconds to keep
 retrying a connection, with backoff, default 3).
 """
