@@ -234,6 +234,16 @@ def test_copy_between_and_host_ranges(pair):
     assert r1.read_range(hb, 248, 8) == b"\x00\x00\x01\x02\x03\x04\x05\x06"
 
 
+def test_allocator_transfer_between_servers(pair):
+    r0, r1 = pair
+    a = np.arange(300, dtype=np.uint8)
+    ha, hb = _buffer(r0, a), _buffer(r1, np.zeros(300, np.uint8))
+    t0 = r0.round_trips
+    r0.allocator.transfer(hb, ha, 300, r0, r1)
+    assert r0.round_trips - t0 == 1  # one read; the write goes with r1's next request
+    np.testing.assert_array_equal(_read(r1, hb, 300), a)
+
+
 def test_ranges_past_a_buffer_are_refused(pair):
     from tgc.backends.remote.client import RemoteDevice
     r0, r1 = pair
@@ -331,3 +341,56 @@ def test_cli_run_on_a_dead_server_exits_1_with_one_line(servers, tmp_path):
     assert r.returncode == 1, r.stderr
     assert f"cannot reach REMOTE server {dead}" in r.stderr and "Traceback" not in r.stderr
     assert len([line for line in r.stderr.splitlines() if line.startswith("error")]) == 1, r.stderr
+
+
+def test_a_stopped_server_times_out_instead_of_hanging(servers, monkeypatch):
+    """A server that stops answering (SIGSTOP: the connection stays open) is one error after TGC_REMOTE_TIMEOUT."""
+    from tgc.backends import get_device
+    with ServerProcess("CPU") as frozen:
+        monkeypatch.setenv("TGC_REMOTE", f"{servers[0].address},{frozen.address}")
+        monkeypatch.setenv("TGC_REMOTE_TIMEOUT", "1")
+        for name in ("TGC_REMOTE_TOKEN", "TGC_REMOTE_TOKEN_FILE"):
+            monkeypatch.delenv(name, raising=False)
+        drop_remote_instances()
+        r1 = get_device("REMOTE:1")
+        h = _buffer(r1, np.ones(64, np.uint8))
+        r1.flush()
+        frozen.proc.send_signal(signal.SIGSTOP)
+        try:
+            with pytest.raises(DeviceError, match=f"lost the connection to REMOTE server {frozen.address}: no answer "
+                                                  "within 1s") as e:
+                r1.read_range(h, 0, 64)
+            assert e.value.exit_code == 1
+        finally:
+            frozen.proc.send_signal(signal.SIGCONT)
+            drop_remote_instances()
+
+
+def test_a_connection_that_is_never_accepted_times_out(monkeypatch):
+    """A host that drops the connection attempt (here: a listener whose backlog is full) is an error after the
+    connect timeout, not after the answer timeout."""
+    import socket
+
+    from tgc.backends.remote import client as C
+    monkeypatch.setattr(C, "CONNECT_TIMEOUT", 0.5)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = listener.getsockname()[1]
+        fillers = []
+        try:
+            for _ in range(8):  # fill the accept queue: later attempts are dropped, so they hang in connect
+                s = socket.socket()
+                s.settimeout(0.2)
+                try:
+                    s.connect(("127.0.0.1", port))
+                except OSError:
+                    s.close()
+                    break
+                fillers.append(s)
+            dev = C.RemoteDevice(address=f"127.0.0.1:{port}", token="", timeout=600.0, retry=0.0)
+            with pytest.raises(DeviceError, match=f"cannot reach REMOTE server 127.0.0.1:{port}: timed out"):
+                dev.properties  # noqa: B018
+        finally:
+            for s in fillers:
+                s.close()

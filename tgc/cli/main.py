@@ -196,7 +196,7 @@ def _set_remote(ctx: click.Context, param: click.Parameter, value: str | None) -
 
 def device_options(f: Callable) -> Callable:
     f = click.option("--remote", metavar="HOST:PORT", callback=_set_remote, expose_value=False,
-                     help="Server of the REMOTE device (else $TGC_REMOTE).")(f)
+                     help="Server of the REMOTE device, a comma list for REMOTE:i (else $TGC_REMOTE).")(f)
     return click.option("-d", "--device", metavar="DEV", envvar="TGC_DEVICE", show_envvar=True,
                         help="Device: CPU (default), OPENCL, CUDA, METAL, PYTHON, REMOTE; NAME:i for the i-th.")(f)
 

@@ -39,6 +39,7 @@ from tgc.errors import CompileError, DeviceError, TgcError
 ENV_ADDRESS, ENV_TOKEN, ENV_TOKEN_FILE = "TGC_REMOTE", "TGC_REMOTE_TOKEN", "TGC_REMOTE_TOKEN_FILE"
 ENV_TIMEOUT, ENV_RETRY = "TGC_REMOTE_TIMEOUT", "TGC_REMOTE_RETRY"
 DEFAULT_TIMEOUT, DEFAULT_RETRY = 120.0, 3.0
+CONNECT_TIMEOUT = 10.0  # seconds one connection attempt may take (a host that drops packets, a full backlog)
 MAX_QUEUE = 2048  # queued requests that trigger a flush
 BODY_SLACK = 1 << 20  # room left in a body for the request text (at most a quarter of the limit)
 # What an answer may hold beyond the bytes of the buffers copied out: the result text of each request, and
@@ -152,9 +153,10 @@ class Connection:
     def _connect(self) -> http.client.HTTPConnection:
         deadline, delay = time.monotonic() + self.retry, 0.05
         while True:
-            conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=min(self.timeout, CONNECT_TIMEOUT))
             try:
                 conn.connect()
+                conn.sock.settimeout(self.timeout)
                 conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 return conn
             except OSError as e:
@@ -268,9 +270,7 @@ class RemoteAllocator(Allocator):
             src_dev._enqueue(P.Transfer(buf=src, dest_session=dest_dev.session, dest_buf=dest))
             src_dev.flush()
             return
-        data = bytearray(nbytes)
-        src_dev.allocator.copyout(memoryview(data), src)
-        dest_dev.allocator.copyin(dest, memoryview(data))
+        RemoteDevice.copy_between(src_dev, src, 0, dest_dev, dest, 0, nbytes)  # one read; the write is queued
 
 
 class RemoteCompiler(Compiler):
