@@ -394,3 +394,71 @@ def test_a_connection_that_is_never_accepted_times_out(monkeypatch):
         finally:
             for s in fillers:
                 s.close()
+
+
+@pytest.mark.parametrize("how", ["whole buffer", "view"])
+def test_ranges_on_devices_without_host_arrays(monkeypatch, how):
+    """Where the served device's buffers are not host arrays, a range goes through an `allocator.offset` view, or
+    (without views) a read of the whole buffer (and for a write, a rewrite of it)."""
+    from tgc.backends.remote import server as S
+    from tgc.backends.remote.client import RemoteDevice
+    srv = S.serve("127.0.0.1", 0, "CPU", None).start()
+    try:
+        monkeypatch.setattr(S, "_is_host_array", lambda handle: False)
+        alloc = srv.device.allocator
+        if how == "view":
+            views = []
+            monkeypatch.setattr(alloc, "offset", lambda h, n, o: views.append((n, o)) or h[o:o + n], raising=False)
+        dev = RemoteDevice(address=f"127.0.0.1:{srv.port}", retry=0.0, timeout=30.0)
+        a = np.arange(200, dtype=np.uint8)
+        h = _buffer(dev, a)
+        assert dev.read_range(h, 50, 20) == bytes(a[50:70])
+        dev.write_range(h, 190, b"\xff" * 10)
+        want = a.copy()
+        want[190:] = 255
+        np.testing.assert_array_equal(_read(dev, h, 200), want)
+        if how == "view":
+            assert views == [(20, 50), (10, 190)]
+        dev.close()
+    finally:
+        srv.shutdown()
+
+
+def test_raw_range_requests_are_checked(monkeypatch):
+    """What a client that skips the client's checks gets: 404 for a buffer not in its session, 400 past the end,
+    400 for a negative offset (the request text does not parse into a request)."""
+    import http.client
+
+    from tgc.backends.remote.server import serve
+    srv = serve("127.0.0.1", 0, "CPU", None).start()
+
+    def post(*reqs: P.Request, blobs: dict | None = None) -> tuple[int, str | None, bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
+        try:
+            conn.request("POST", "/batch", P.encode_requests(list(reqs), blobs or {}),
+                         {P.SESSION_HEADER: "raw-range-session-0123"})
+            resp = conn.getresponse()
+            return resp.status, resp.getheader(P.ERROR_HEADER), resp.read()
+        finally:
+            conn.close()
+
+    try:
+        assert post(P.BufferAlloc(buf=1, size=16))[0] == 200
+        status, kind, body = post(P.ReadRange(buf=2, offset=0, size=1))
+        assert (status, kind) == (404, "session") and b"no buffer 2" in body
+        status, kind, body = post(P.ReadRange(buf=1, offset=8, size=9))
+        assert (status, kind) == (400, "protocol") and b"runs past buffer 1 of 16 bytes" in body
+        data = b"x" * 17
+        status, kind, body = post(P.WriteRange(buf=1, offset=0, datahash=P.digest(data)), blobs={P.digest(data): data})
+        assert (status, kind) == (400, "protocol") and b"a range of 17 bytes at offset 0" in body
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=30)
+        conn.request("POST", "/batch", P.encode_body({}, "[ReadRange(buf=1, offset=-4, size=4)]"),
+                     {P.SESSION_HEADER: "raw-range-session-0123"})
+        resp = conn.getresponse()
+        assert resp.status == 400 and b"offset must be >= 0" in resp.read()
+        conn.close()
+        status, _, body = post(P.ReadRange(buf=1, offset=4, size=4))
+        results, blobs = P.decode_results(body)
+        assert status == 200 and bytes(blobs[results[0]]) == bytes(4)
+    finally:
+        srv.shutdown()
