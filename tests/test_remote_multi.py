@@ -234,6 +234,35 @@ def test_copy_between_and_host_ranges(pair):
     assert r1.read_range(hb, 248, 8) == b"\x00\x00\x01\x02\x03\x04\x05\x06"
 
 
+def test_read_batch_reads_each_device_once(pair):
+    from tgc.backends.remote.client import RemoteDevice
+    r0, r1 = pair
+    a, b = np.arange(100, dtype=np.uint8), np.arange(100, 200, dtype=np.uint8)
+    ha, hb = _buffer(r0, a), _buffer(r1, b)
+    t0, t1 = r0.round_trips, r1.round_trips
+    got = RemoteDevice.read_batch([(r0, ha, 10, 5), (r1, hb, 0, 3), (r0, ha, 90, 10), (r1, hb, 50, 0)])
+    assert got == [bytes(a[10:15]), bytes(b[:3]), bytes(a[90:]), b""]
+    assert (r0.round_trips - t0, r1.round_trips - t1) == (1, 1)
+    with pytest.raises(DeviceError, match="read range of 5 bytes at offset 96 runs past buffer"):
+        RemoteDevice.read_batch([(r0, ha, 96, 5)])
+
+
+def test_the_multi_device_hooks(pair):
+    """What a multi-device all-reduce calls: ranged copies on the allocator and `copy_to` on the device."""
+    r0, r1 = pair
+    a = np.arange(64, dtype=np.uint8)
+    ha, hb = _buffer(r0, a), _buffer(r1, np.zeros(64, np.uint8))
+    out = np.zeros(8, np.uint8)
+    r0.allocator.copyout_range(memoryview(out), ha, 40)
+    np.testing.assert_array_equal(out, a[40:48])
+    r1.allocator.copyin_range(hb, 60, memoryview(np.full(4, 9, np.uint8)))
+    assert r0.copy_to(ha, r1, hb, 16, 0, 8) is True
+    assert r0.copy_to(ha, object(), 0, 16) is False  # not REMOTE: the caller stages through the host
+    want = np.zeros(64, np.uint8)
+    want[8:24], want[60:] = a[:16], 9
+    np.testing.assert_array_equal(_read(r1, hb, 64), want)
+
+
 def test_allocator_transfer_between_servers(pair):
     r0, r1 = pair
     a = np.arange(300, dtype=np.uint8)

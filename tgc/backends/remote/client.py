@@ -254,6 +254,15 @@ class RemoteAllocator(Allocator):
                               f"copy out of {len(out)} bytes")
         out[:] = data
 
+    def copyout_range(self, dest: memoryview, handle: int, offset: int) -> None:
+        """Bytes `offset .. offset + len(dest)` of a buffer (one round trip; see `RemoteDevice.read_range`)."""
+        out = dest if dest.format == "B" and dest.ndim == 1 else dest.cast("B")
+        out[:] = self.device.read_range(handle, offset, len(out))
+
+    def copyin_range(self, handle: int, offset: int, src: memoryview) -> None:
+        """Write `src` into a buffer from byte `offset` (queued; see `RemoteDevice.write_range`)."""
+        self.device.write_range(handle, offset, src)
+
     def offset(self, handle: int, nbytes: int, offset: int) -> int:
         """A view of `nbytes` at `offset` into a buffer (where the served device has views)."""
         if not self.device.properties.get("offset"):
@@ -401,8 +410,13 @@ class RemoteDevice(Device):
       anything later queued on the destination (a launch that reads them, a copy out, the next step's reads).
     - `RemoteDevice.copy_between(src_dev, src_handle, src_offset, dst_dev, dst_handle, dst_offset, nbytes)`:
       one such copy.
+    - `RemoteDevice.read_batch([(dev, handle, offset, nbytes), ...]) -> [bytes, ...]`: many ranges of many
+      devices, one request per device, in parallel (a reduce-scatter step that combines chunks on the host).
     - `dev.read_range(handle, offset, nbytes) -> bytes` and `dev.write_range(handle, offset, data)`: a range to
-      and from host memory (for copies with a local device; the write is queued like the above).
+      and from host memory (for copies with a local device; the write is queued like the above); the same as
+      `allocator.copyout_range(dest, handle, offset)` and `allocator.copyin_range(handle, offset, src)`.
+    - `dev.copy_to(src_handle, dst_dev, dst_handle, nbytes, src_offset=0, dst_offset=0) -> bool`: a direct copy
+      when `dst_dev` is REMOTE too (True), else False (stage it through the host).
 
     Handles are the ints `allocator.alloc` returns (a view from `allocator.offset` is a handle too). Ranges are
     checked here against the buffers' sizes (DeviceError) and again on the server, which refuses a range past a
@@ -676,17 +690,7 @@ class RemoteDevice(Device):
                     raise DeviceError(f"copy_batch copies between REMOTE devices, not {getattr(dev, 'name', dev)}")
             src._check_range(sh, so, n, "source")
             dst._check_range(dh, do, n, "destination")
-        by_src: dict[RemoteDevice, list[int]] = {}
-        for i, c in enumerate(items):
-            by_src.setdefault(c[0], []).append(i)
-        data: list[Any] = [None] * len(items)
-
-        def read(dev: RemoteDevice) -> None:
-            idx = [i for i in by_src[dev] if items[i][6]]
-            for i, chunk in zip(idx, dev._read_ranges([(items[i][1], items[i][2], items[i][6]) for i in idx])):
-                data[i] = chunk
-
-        _each(read, list(by_src))
+        data = RemoteDevice._read_batch([(c[0], c[1], c[2], c[6]) for c in items])
         dsts: list[RemoteDevice] = []
         for i, (_, _, _, dst, dh, do, n) in enumerate(items):
             if n:
@@ -697,6 +701,47 @@ class RemoteDevice(Device):
         if wait:
             _each(lambda d: d.flush(), dsts)
         return sum(c[6] for c in items)
+
+    @staticmethod
+    def read_batch(ranges: Sequence[tuple[Any, int, int, int]]) -> list[bytes]:
+        """The bytes of `(dev, handle, offset, nbytes)` ranges on REMOTE devices: one request per device (with what
+        is queued there), the devices in parallel. For a step that reads many chunks to combine them on the host
+        (a ring's reduce-scatter); write the results back with `write_range` (queued)."""
+        items = []
+        for r in ranges:
+            if len(r) != 4 or not isinstance(r[0], RemoteDevice):
+                raise DeviceError(f"read_batch takes (REMOTE device, handle, offset, nbytes) ranges, got {r!r}")
+            dev, handle, offset, nbytes = r[0], _index(r[1]), _index(r[2]), _index(r[3])
+            dev._check_range(handle, offset, nbytes, "read")
+            items.append((dev, handle, offset, nbytes))
+        return [bytes(d) for d in RemoteDevice._read_batch(items)]
+
+    @staticmethod
+    def _read_batch(items: list[tuple[Any, int, int, int]]) -> list[Any]:
+        """The bytes (memoryviews) of checked `(dev, handle, offset, nbytes)` ranges, one request per device, in
+        parallel."""
+        by_dev: dict[RemoteDevice, list[int]] = {}
+        for i, item in enumerate(items):
+            if item[3]:
+                by_dev.setdefault(item[0], []).append(i)
+        data: list[Any] = [b""] * len(items)
+
+        def read(dev: RemoteDevice) -> None:
+            idx = by_dev[dev]
+            for i, chunk in zip(idx, dev._read_ranges([items[i][1:] for i in idx])):
+                data[i] = chunk
+
+        _each(read, list(by_dev))
+        return data
+
+    def copy_to(self, src_handle: int, dst_dev: Any, dst_handle: int, nbytes: int, src_offset: int = 0,
+                dst_offset: int = 0) -> bool:
+        """A direct copy to another REMOTE device (`copy_between`; True), or False for any other device (the
+        caller then stages through host memory, with `allocator.copyout_range`/`copyin_range`)."""
+        if not isinstance(dst_dev, RemoteDevice):
+            return False
+        RemoteDevice.copy_between(self, src_handle, src_offset, dst_dev, dst_handle, dst_offset, nbytes)
+        return True
 
     @staticmethod
     def copy_between(src_dev: Any, src_handle: int, src_offset: int, dst_dev: Any, dst_handle: int,
