@@ -263,6 +263,44 @@ def test_the_multi_device_hooks(pair):
     np.testing.assert_array_equal(_read(r1, hb, 64), want)
 
 
+def _move(src: int, dst: int, src_offset: int, dst_offset: int, nbytes: int, size: int):
+    from types import SimpleNamespace
+    return SimpleNamespace(src=src, dst=dst, src_offset=src_offset, dst_offset=dst_offset, nbytes=nbytes,
+                           src_size=size, dst_size=size)
+
+
+def test_the_engine_step_form_of_copy_batch(pair):
+    """`copy_batch(devices, src_handles, dst_handles, moves)`: a collective step's copies, by list position."""
+    from tgc.backends.remote.client import RemoteDevice
+    r0, r1 = pair
+    a, b = np.arange(40, dtype=np.uint8), np.arange(100, 140, dtype=np.uint8)
+    h = [_buffer(r0, a), _buffer(r1, b)]
+    t0, t1 = r0.round_trips, r1.round_trips
+    assert RemoteDevice.copy_batch([r0, r1], h, h, [_move(0, 1, 0, 0, 20, 40), _move(1, 0, 20, 20, 20, 40),
+                                                    _move(0, 1, 0, 0, 0, 40)]) is True
+    assert (r0.round_trips - t0, r1.round_trips - t1) == (1, 1)
+    np.testing.assert_array_equal(_read(r0, h[0], 40), np.concatenate([a[:20], b[20:]]))
+    np.testing.assert_array_equal(_read(r1, h[1], 40), np.concatenate([a[:20], b[20:]]))
+
+
+def test_reduce_batch_combines_a_whole_step(pair):
+    pytest.importorskip("tgc.engine.multi", reason="the multi-device engine is not in this tree")
+    from tgc.backends.remote.client import RemoteDevice
+    from tgc.dtype import dtypes
+    r0, r1 = pair
+    x, y = np.arange(10, dtype=np.float32), np.arange(10, dtype=np.float32) * 10
+    h = [_buffer(r0, x.view(np.uint8)), _buffer(r1, y.view(np.uint8))]
+    t0, t1 = r0.round_trips, r1.round_trips
+    # device 0 sends elements 0..4 to device 1, device 1 sends 5..9 to device 0 (a 2-device reduce-scatter step)
+    assert RemoteDevice.reduce_batch([r0, r1], h, [_move(0, 1, 0, 0, 20, 40), _move(1, 0, 20, 20, 20, 40)], "sum",
+                                     dtypes.f32) is True
+    assert (r0.round_trips - t0, r1.round_trips - t1) == (1, 1)
+    got0, got1 = _read(r0, h[0], 40).view(np.float32), _read(r1, h[1], 40).view(np.float32)
+    np.testing.assert_array_equal(got0[5:], (x + y)[5:])
+    np.testing.assert_array_equal(got0[:5], x[:5])
+    np.testing.assert_array_equal(got1[:5], (x + y)[:5])
+
+
 def test_allocator_transfer_between_servers(pair):
     r0, r1 = pair
     a = np.arange(300, dtype=np.uint8)

@@ -673,10 +673,19 @@ class RemoteDevice(Device):
             self.bytes_written += len(data)
 
     @staticmethod
-    def copy_batch(copies: Sequence[tuple[Any, int, int, Any, int, int, int]], wait: bool = False) -> int:
+    def copy_batch(copies: Sequence[Any], *step: Any, wait: bool = False) -> int | bool:
         """Copy byte ranges between REMOTE buffers: `(src_dev, src_handle, src_offset, dst_dev, dst_handle,
         dst_offset, nbytes)` each. One request per source device (in parallel), then the writes are queued on each
-        destination (sent now, in parallel, with `wait`). Returns the bytes copied. See the class docstring."""
+        destination (sent now, in parallel, with `wait`). Returns the bytes copied. See the class docstring.
+
+        Also called as the multi-device engine's step hook, `copy_batch(devices, src_handles, dst_handles, moves)`
+        (moves with `src`, `dst` list positions, `src_offset`, `dst_offset`, `nbytes`): the same copies; True."""
+        if step:
+            devices, (src_handles, dst_handles, moves) = copies, step
+            RemoteDevice.copy_batch([(devices[m.src], src_handles[m.src], m.src_offset, devices[m.dst],
+                                      dst_handles[m.dst], m.dst_offset, m.nbytes) for m in moves if m.nbytes > 0],
+                                    wait=wait)
+            return True
         items = []
         for c in copies:
             if len(c) != 7:
@@ -733,6 +742,26 @@ class RemoteDevice(Device):
 
         _each(read, list(by_dev))
         return data
+
+    @staticmethod
+    def reduce_batch(devices: Sequence[Any], handles: Sequence[int], moves: Sequence[Any], op: Any,
+                     dtype: Any) -> bool:
+        """The multi-device engine's reduce-scatter step hook: for every move, the destination's chunk becomes
+        `op(its chunk, the source's chunk)`. Every chunk of the step is read in one request per device (in
+        parallel), combined on this host, and written back queued (it goes with the next step's reads). False
+        (the engine then does it chunk by chunk) where the engine's combine is not there to call."""
+        try:
+            from tgc.engine.multi import _combine
+        except ImportError:
+            return False
+        import numpy as np
+        live = [m for m in moves if m.nbytes > 0]
+        data = RemoteDevice.read_batch([(devices[m.src], handles[m.src], m.src_offset, m.nbytes) for m in live] +
+                                       [(devices[m.dst], handles[m.dst], m.dst_offset, m.nbytes) for m in live])
+        for i, m in enumerate(live):
+            theirs, mine = np.frombuffer(data[i], np.uint8), np.frombuffer(data[len(live) + i], np.uint8)
+            devices[m.dst].write_range(handles[m.dst], m.dst_offset, _combine(op, dtype, mine, theirs).tobytes())
+        return True
 
     def copy_to(self, src_handle: int, dst_dev: Any, dst_handle: int, nbytes: int, src_offset: int = 0,
                 dst_offset: int = 0) -> bool:
