@@ -234,6 +234,28 @@ def test_copy_between_and_host_ranges(pair):
     assert r1.read_range(hb, 248, 8) == b"\x00\x00\x01\x02\x03\x04\x05\x06"
 
 
+def test_a_copy_within_one_device_stays_there(pair):
+    """Same-device copies are queued on the server (no round trip); one whose source the batch writes reads
+    first, so every copy sees the data from before the batch."""
+    from tgc.backends.remote.client import RemoteDevice
+    r0, r1 = pair
+    a = np.arange(100, dtype=np.uint8)
+    h, other = _buffer(r0, a), _buffer(r1, np.full(100, 7, np.uint8))
+    r0.flush(), r1.flush()
+    t0 = r0.round_trips
+    RemoteDevice.copy_batch([(r0, h, 0, r0, h, 50, 10), (r0, h, 20, r0, h, 25, 20)])  # the second overlaps itself
+    assert r0.round_trips == t0 and isinstance(r0._queue[-1], P.CopyRange)
+    want = a.copy()
+    want[50:60], want[25:45] = a[0:10], a[20:40]
+    np.testing.assert_array_equal(_read(r0, h, 100), want)
+    # (r1 -> r0 writes [0, 10); r0's own copy reads [5, 15)): the copy must read before the write lands
+    before = _read(r0, h, 100)
+    RemoteDevice.copy_batch([(r1, other, 0, r0, h, 0, 10), (r0, h, 5, r0, h, 90, 10)])
+    want = before.copy()
+    want[:10], want[90:] = 7, before[5:15]
+    np.testing.assert_array_equal(_read(r0, h, 100), want)
+
+
 def test_read_batch_reads_each_device_once(pair):
     from tgc.backends.remote.client import RemoteDevice
     r0, r1 = pair
@@ -524,6 +546,11 @@ def test_raw_range_requests_are_checked(monkeypatch):
         resp = conn.getresponse()
         assert resp.status == 400 and b"offset must be >= 0" in resp.read()
         conn.close()
+        status, kind, body = post(P.BufferAlloc(buf=3, size=8), P.CopyRange(buf=1, offset=0, dest_buf=3,
+                                                                              dest_offset=4, size=5))
+        assert (status, kind) == (400, "protocol") and b"a range of 5 bytes at offset 4 runs past buffer 3" in body
+        status, kind, body = post(P.CopyRange(buf=1, offset=0, dest_buf=9, dest_offset=0, size=1))
+        assert (status, kind) == (404, "session")
         status, _, body = post(P.ReadRange(buf=1, offset=4, size=4))
         results, blobs = P.decode_results(body)
         assert status == 200 and bytes(blobs[results[0]]) == bytes(4)

@@ -408,6 +408,9 @@ class RemoteDevice(Device):
       and go with its next batch (`wait=True` sends them now). So one ring step over n servers costs one round
       trip per server, in parallel, not one per chunk. Returns the bytes copied. The writes are ordered before
       anything later queued on the destination (a launch that reads them, a copy out, the next step's reads).
+      Every range is read before any is written, and writes land in the batch's order. A copy within one
+      device is done on its server with no round trip (`CopyRange`, queued) where no other copy of the batch
+      writes into its ranges.
     - `RemoteDevice.copy_between(src_dev, src_handle, src_offset, dst_dev, dst_handle, dst_offset, nbytes)`:
       one such copy.
     - `RemoteDevice.read_batch([(dev, handle, offset, nbytes), ...]) -> [bytes, ...]`: many ranges of many
@@ -427,6 +430,9 @@ class RemoteDevice(Device):
 
     kind = "REMOTE"
     supports_batch_copy = True
+    # attributes generic code may probe with getattr(dev, name, None): answered here, so that probing them never
+    # asks the server (`__getattr__` fetches the served device's properties for any other name)
+    share: Any = None
     _configured: str | None = None  # set by `configure` (the CLI's --remote)
 
     def __init__(self, index: int = 0, *, address: str | None = None, token: str | None = None,
@@ -699,10 +705,21 @@ class RemoteDevice(Device):
                     raise DeviceError(f"copy_batch copies between REMOTE devices, not {getattr(dev, 'name', dev)}")
             src._check_range(sh, so, n, "source")
             dst._check_range(dh, do, n, "destination")
-        data = RemoteDevice._read_batch([(c[0], c[1], c[2], c[6]) for c in items])
+        # a copy within one device is done there (queued, no round trip) unless another copy of the batch writes
+        # where it reads or writes (then the batch's order holds: every read before every write, writes in order)
+        def touched(i: int, dev: Any, handle: int, lo: int, hi: int) -> bool:
+            return any(j != i and c[3] is dev and c[4] == handle and c[5] < hi and lo < c[5] + c[6]
+                       for j, c in enumerate(items) if c[6])
+
+        local = [c[0] is c[3] and c[6] > 0 and not touched(i, c[0], c[1], c[2], c[2] + c[6])
+                 and not touched(i, c[3], c[4], c[5], c[5] + c[6]) for i, c in enumerate(items)]
+        data = RemoteDevice._read_batch([(c[0], c[1], c[2], 0 if here else c[6]) for c, here in zip(items, local)])
+        for c, here in zip(items, local):  # before the writes: they must not see what the writes bring
+            if here:
+                c[0]._enqueue(P.CopyRange(buf=c[1], offset=c[2], dest_buf=c[4], dest_offset=c[5], size=c[6]))
         dsts: list[RemoteDevice] = []
         for i, (_, _, _, dst, dh, do, n) in enumerate(items):
-            if n:
+            if n and not local[i]:
                 dst._enqueue(P.WriteRange(buf=dh, offset=do, datahash=""), bytes(data[i]))
                 dst.bytes_written += n
                 if dst not in dsts:

@@ -478,40 +478,58 @@ class RemoteServer:
         use(view)
         return True
 
+    def _read_bytes(self, buf: Buffer, offset: int, size: int) -> bytearray:
+        """`size` bytes of `buf` from `offset` (checked by `_range`)."""
+        data = bytearray(size)
+        alloc, handle = self.device.allocator, buf.handle
+        if _is_host_array(handle):  # host memory (a numpy byte array): copy just the range
+            import numpy as np
+            np.copyto(np.frombuffer(data, dtype=np.uint8), handle[offset:offset + size])
+        elif size and not self._range_view(buf, offset, size, lambda v: alloc.copyout(memoryview(data), v)):
+            whole = bytearray(buf.size)
+            alloc.copyout(memoryview(whole), handle)
+            data[:] = whole[offset:offset + size]
+        return data
+
+    def _write_bytes(self, buf: Buffer, offset: int, data: bytes | bytearray | memoryview) -> None:
+        """Write `data` into `buf` from `offset` (checked by `_range`)."""
+        alloc, handle, n = self.device.allocator, buf.handle, len(data)
+        if not n:
+            return
+        if _is_host_array(handle):
+            import numpy as np
+            np.copyto(handle[offset:offset + n], np.frombuffer(data, dtype=np.uint8))
+        elif not self._range_view(buf, offset, n, lambda v: alloc.copyin(v, memoryview(data))):
+            # no view of this range on this device: read the buffer, patch the range, write it back
+            whole = bytearray(buf.size)
+            alloc.copyout(memoryview(whole), handle)
+            whole[offset:offset + n] = data
+            alloc.copyin(handle, memoryview(whole))
+
     def _do_ReadRange(self, session: Session, req: P.ReadRange, blobs, out) -> str:
         buf = self._range(session, req.buf, req.offset, req.size)
         if session.answer_bytes + req.size > self.limits.max_body:
             raise Refusal(413, "limit", f"the ranges read in one batch pass the body limit of "
                                         f"{self.limits.max_body} bytes")
         session.answer_bytes += req.size
-        data = bytearray(req.size)
-        alloc, handle = self.device.allocator, buf.handle
-        if _is_host_array(handle):  # host memory (a numpy byte array): copy just the range
-            import numpy as np
-            np.copyto(np.frombuffer(data, dtype=np.uint8), handle[req.offset:req.offset + req.size])
-        elif req.size and not self._range_view(buf, req.offset, req.size, lambda v: alloc.copyout(memoryview(data), v)):
-            whole = bytearray(buf.size)
-            alloc.copyout(memoryview(whole), handle)
-            data[:] = whole[req.offset:req.offset + req.size]
+        data = self._read_bytes(buf, req.offset, req.size)
         h = P.digest(data)
         out[h] = data
         return h
 
     def _do_WriteRange(self, session: Session, req: P.WriteRange, blobs, out) -> None:
         data = self._blob(blobs, req.datahash)
-        buf = self._range(session, req.buf, req.offset, len(data))
-        alloc, handle, n = self.device.allocator, buf.handle, len(data)
-        if not n:
-            return
-        if _is_host_array(handle):
+        self._write_bytes(self._range(session, req.buf, req.offset, len(data)), req.offset, data)
+
+    def _do_CopyRange(self, session: Session, req: P.CopyRange, blobs, out) -> None:
+        src = self._range(session, req.buf, req.offset, req.size)
+        dst = self._range(session, req.dest_buf, req.dest_offset, req.size)
+        if _is_host_array(src.handle) and _is_host_array(dst.handle):  # numpy copies overlapping ranges right
             import numpy as np
-            np.copyto(handle[req.offset:req.offset + n], np.frombuffer(data, dtype=np.uint8))
-        elif not self._range_view(buf, req.offset, n, lambda v: alloc.copyin(v, data)):
-            # no view of this range on this device: read the buffer, patch the range, write it back
-            whole = bytearray(buf.size)
-            alloc.copyout(memoryview(whole), handle)
-            whole[req.offset:req.offset + n] = data
-            alloc.copyin(handle, memoryview(whole))
+            np.copyto(dst.handle[req.dest_offset:req.dest_offset + req.size],
+                      src.handle[req.offset:req.offset + req.size])
+            return
+        self._write_bytes(dst, req.dest_offset, self._read_bytes(src, req.offset, req.size))
 
     def _do_Transfer(self, session: Session, req: P.Transfer, blobs, out) -> None:
         src = self._get(session.buffers, req.buf, "buffer")
