@@ -556,3 +556,62 @@ def test_raw_range_requests_are_checked(monkeypatch):
         assert status == 200 and bytes(blobs[results[0]]) == bytes(4)
     finally:
         srv.shutdown()
+
+
+# --- programs sharded across the two servers (needs the multi-device engine)
+
+REDUCTIONS = [  # source, input shapes, shard
+    ("x: f32[N, D]\nreturn sum(x, axis=0)\n", {"x": (37, 300)}, {"x": 0}),
+    ("x: f32[N, D]\nreturn x.max(axis=0), x.min(axis=0)\n", {"x": (21, 17)}, {"x": 0}),
+    ("x: f32[N, D]\nreturn sum(x * x, axis=1), x.max()\n", {"x": (11, 40)}, {"x": 1}),
+    ("x: i32[N]\nreturn sum(x), x.max()\n", {"x": (1001,)}, {"x": 0}),
+    ("a: f32[M, K]\nb: f32[K, N]\nreturn a @ b\n", {"a": (6, 33), "b": (33, 5)}, {"a": 1, "b": 0}),
+    ("x: f32[N, D]\nm = x.max(axis=1, keepdim=True)\ne = exp(x - m)\nreturn e / sum(e, axis=1, keepdim=True)\n",
+     {"x": (9, 31)}, {"x": 0}),
+]
+
+
+@pytest.mark.parametrize("src, shapes, shard", REDUCTIONS)
+def test_reductions_sharded_across_two_servers(pair, src, shapes, shard):
+    pytest.importorskip("tgc.engine.multi", reason="the multi-device engine is not in this tree")
+    import tgc
+    rng = np.random.default_rng(5)
+    prog = tgc.loads(src)
+    inputs = {}
+    for decl in prog.inputs:
+        dt = decl.dtype.np
+        size = shapes[decl.name]
+        inputs[decl.name] = (rng.integers(-50, 50, size=size) if np.issubdtype(dt, np.integer)
+                             else rng.standard_normal(size)).astype(dt)
+    want = prog.run(device="CPU", **inputs)
+    got = prog.run(device="REMOTE:0,REMOTE:1", shard=shard, **inputs)
+    assert got.keys() == want.keys()
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-4)
+
+
+def test_a_server_dying_mid_run_is_one_error_exit_1(servers, tmp_path):
+    """`tgc run` sharded on REMOTE:0,REMOTE:1 whose second server is stopped and then killed while the run waits
+    on it: exit 1, one error line naming the server, no traceback, no hang."""
+    pytest.importorskip("tgc.engine.multi", reason="the multi-device engine is not in this tree")
+    prog = tmp_path / "p.tg"
+    prog.write_text("x: f32[N, D]\nreturn sum(x, axis=0)\n")
+    with ServerProcess("CPU") as victim:
+        env = {**os.environ, "TGC_REMOTE": f"{servers[0].address},{victim.address}", "TGC_REMOTE_TIMEOUT": "600",
+               "TGC_REMOTE_RETRY": "0.2"}
+        cmd = [sys.executable, "-m", "tgc.cli.main", "run", str(prog), "-d", "REMOTE:0,REMOTE:1", "--shard", "x=0",
+               "--random", "-D", "N=64", "-D", "D=1000"]
+        ok = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+        assert ok.returncode == 0, ok.stderr
+        victim.proc.send_signal(signal.SIGSTOP)
+        run = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        try:
+            run.wait(2.0)  # it cannot finish: the stopped server never answers
+        except subprocess.TimeoutExpired:
+            pass
+        victim.proc.kill()
+        victim.proc.wait()
+        _, err = run.communicate(timeout=60)
+    assert run.returncode == 1, err
+    assert victim.address in err and "Traceback" not in err and "internal error" not in err
+    assert len([line for line in err.splitlines() if line.startswith("error")]) == 1, err
