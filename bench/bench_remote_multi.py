@@ -91,7 +91,11 @@ def _program_rows(repeat: int, quick: bool) -> list[dict[str, Any]]:
                 def run(d: str = devices, prog: Any = prog, shard: dict = {sharded: axis},  # noqa: B006
                         inputs: dict = inputs) -> None:
                     prog.run(device=d, shard=shard, **inputs)
+                remotes = [get_device(d) for d in devices.split(",")] if devices.startswith("REMOTE") else []
+                trips = sum(r.round_trips for r in remotes)
                 times[devices] = _median_time(run, repeat)
+                if remotes:
+                    row["round_trips"] = (sum(r.round_trips for r in remotes) - trips) / (repeat + 1)
             row.update(local_s=times["CPU:0,CPU:1"], remote_s=times["REMOTE:0,REMOTE:1"])
         except (TgcError, TypeError) as e:  # no device lists yet (or no `shard=`): say so
             row["skipped"] = getattr(e, "msg", str(e))
@@ -100,7 +104,8 @@ def _program_rows(repeat: int, quick: bool) -> list[dict[str, Any]]:
 
 
 def remote_pair_overhead(quick: bool = False, repeat: int | None = None) -> list[dict[str, Any]]:
-    """Rows of {what, bytes, local_s, remote_s[, round_trips]} (or `skipped`: why), measured in one run."""
+    """Rows of {what, bytes, local_s, remote_s[, round_trips]} (or `skipped`: why), measured in one run;
+    `round_trips` are those of both servers together, per copy or run."""
     repeat = repeat or (3 if quick else 10)
     sizes = [4096, 1 << 20] if quick else [4096, 32 << 20]
     saved = os.environ.get("TGC_REMOTE")
