@@ -256,6 +256,19 @@ def test_a_copy_within_one_device_stays_there(pair):
     np.testing.assert_array_equal(_read(r0, h, 100), want)
 
 
+def test_a_digest_from_the_source_server_is_checked_by_the_destination(pair, monkeypatch):
+    """The client passes the source server's digest on with the bytes; a wrong one is refused where they land."""
+    from tgc.backends.remote.client import RemoteDevice
+    r0, r1 = pair
+    ha, hb = _buffer(r0, np.arange(32, dtype=np.uint8)), _buffer(r1, np.zeros(32, np.uint8))
+    real = RemoteDevice._read_ranges
+    monkeypatch.setattr(RemoteDevice, "_read_ranges",
+                        lambda self, ranges: [("0" * 64, data) for _, data in real(self, ranges)])
+    with pytest.raises(DeviceError, match=f"REMOTE server {r1.conn_address[0]}:{r1.conn_address[1]}: .*sha256 does "
+                                          "not match"):
+        RemoteDevice.copy_batch([(r0, ha, 0, r1, hb, 0, 32)], wait=True)
+
+
 def test_read_batch_reads_each_device_once(pair):
     from tgc.backends.remote.client import RemoteDevice
     r0, r1 = pair

@@ -545,7 +545,7 @@ class RemoteDevice(Device):
         with self._lock:
             return next(self._ids)
 
-    def _enqueue(self, req: P.Request, blob: bytes | None = None) -> None:
+    def _enqueue(self, req: P.Request, blob: bytes | memoryview | None = None, digest: str | None = None) -> None:
         """Queue a request (with the blob it names, if any); flush first when the body would get too big."""
         with self._lock:
             if blob is not None:
@@ -554,7 +554,7 @@ class RemoteDevice(Device):
                 if len(blob) > budget:
                     raise DeviceError(f"{len(blob)} bytes do not fit in a request to the REMOTE server "
                                       f"(its body limit is {max_body} bytes)")
-                h = P.digest(blob)
+                h = digest or P.digest(blob)  # a digest a server gave for these bytes: the next one checks it
                 req = dataclasses.replace(req, datahash=h)
                 if h not in self._blobs:
                     if self._queued_bytes + len(blob) > budget:
@@ -638,10 +638,10 @@ class RemoteDevice(Device):
             raise DeviceError(f"a {what} range of {nbytes} bytes at offset {offset} runs past buffer {handle} of "
                               f"{size} bytes on {self.name}")
 
-    def _read_ranges(self, ranges: Sequence[tuple[int, int, int]]) -> list[memoryview]:
-        """The bytes of `(handle, offset, nbytes)` ranges: one request per body's worth (usually one), with what
-        is already queued."""
-        out: list[memoryview] = []
+    def _read_ranges(self, ranges: Sequence[tuple[int, int, int]]) -> list[tuple[str, memoryview]]:
+        """The (digest, bytes) of `(handle, offset, nbytes)` ranges: one request per body's worth (usually one),
+        with what is already queued."""
+        out: list[tuple[str, memoryview]] = []
         with self._lock:
             budget = max(1, int(self.properties["max_body"]) - min(BODY_SLACK, int(self.properties["max_body"]) // 4))
             i = 0
@@ -660,7 +660,7 @@ class RemoteDevice(Device):
                     if data is None or len(data) != req.size:
                         raise DeviceError(f"REMOTE server {self._connection().address} sent "
                                           f"{'no' if data is None else len(data)} bytes for a range of {req.size}")
-                    out.append(data)
+                    out.append((h, data))
                 self.bytes_read += total
         return out
 
@@ -668,7 +668,7 @@ class RemoteDevice(Device):
         """`nbytes` bytes of buffer `handle` from byte `offset` (one round trip, with what is queued)."""
         handle, offset, nbytes = _index(handle), _index(offset), _index(nbytes)
         self._check_range(handle, offset, nbytes, "read")
-        return bytes(self._read_ranges([(handle, offset, nbytes)])[0])
+        return bytes(self._read_ranges([(handle, offset, nbytes)])[0][1])
 
     def write_range(self, handle: int, offset: int, data: bytes | memoryview) -> None:
         """Queue writing `data` into buffer `handle` from byte `offset` (sent with the next batch)."""
@@ -720,7 +720,7 @@ class RemoteDevice(Device):
         dsts: list[RemoteDevice] = []
         for i, (_, _, _, dst, dh, do, n) in enumerate(items):
             if n and not local[i]:
-                dst._enqueue(P.WriteRange(buf=dh, offset=do, datahash=""), bytes(data[i]))
+                dst._enqueue(P.WriteRange(buf=dh, offset=do, datahash=""), data[i][1], digest=data[i][0])
                 dst.bytes_written += n
                 if dst not in dsts:
                     dsts.append(dst)
@@ -740,17 +740,17 @@ class RemoteDevice(Device):
             dev, handle, offset, nbytes = r[0], _index(r[1]), _index(r[2]), _index(r[3])
             dev._check_range(handle, offset, nbytes, "read")
             items.append((dev, handle, offset, nbytes))
-        return [bytes(d) for d in RemoteDevice._read_batch(items)]
+        return [bytes(d) for _, d in RemoteDevice._read_batch(items)]
 
     @staticmethod
-    def _read_batch(items: list[tuple[Any, int, int, int]]) -> list[Any]:
-        """The bytes (memoryviews) of checked `(dev, handle, offset, nbytes)` ranges, one request per device, in
+    def _read_batch(items: list[tuple[Any, int, int, int]]) -> list[tuple[str, Any]]:
+        """The (digest, bytes) of checked `(dev, handle, offset, nbytes)` ranges, one request per device, in
         parallel."""
         by_dev: dict[RemoteDevice, list[int]] = {}
         for i, item in enumerate(items):
             if item[3]:
                 by_dev.setdefault(item[0], []).append(i)
-        data: list[Any] = [b""] * len(items)
+        data: list[tuple[str, Any]] = [("", b"")] * len(items)
 
         def read(dev: RemoteDevice) -> None:
             idx = by_dev[dev]
