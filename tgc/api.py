@@ -781,7 +781,42 @@ def devices(info: bool = True) -> list[dict[str, Any]]:
             except Exception as e:
                 row["why_not"] = row["why_not"] or f"{type(e).__name__}: {e}"
         rows.append(row)
-    return rows
+    return _remote_servers(rows, info)
+
+
+def _remote_servers(rows: list[dict[str, Any]], info: bool) -> list[dict[str, Any]]:
+    """`rows` with REMOTE's row replaced by one per server (`REMOTE:i`, with `server`: host:port) when
+    `TGC_REMOTE` names several."""
+    try:
+        cls = device_class("REMOTE")
+        addrs = cls.addresses()
+    except Exception:
+        return rows
+    if len(addrs) <= 1:
+        return rows
+    out = []
+    for row in rows:
+        if row["device"] != "REMOTE":
+            out.append(row)
+            continue
+        for i, addr in enumerate(addrs):
+            ok, why = cls.probe(i)
+            r = {**row, "device": f"REMOTE:{i}", "server": addr, "available": ok, "why_not": "" if ok else why,
+                 "renderer": None, "compiler": None, "version": None, "peak_gflops": None, "peak_gbps": None,
+                 "info": {}}
+            if ok and info:
+                try:
+                    dev = get_device(f"REMOTE:{i}")
+                    facts = dict(dev.info())
+                    comp = dev.compiler
+                    r.update(renderer=facts.get("renderer") or _name_of(dev.renderer), info=facts,
+                             compiler=facts.get("compiler") or (comp.name if comp is not None else None),
+                             version=facts.get("version") or (comp.version if comp is not None else None),
+                             peak_gflops=facts.get("peak_gflops"), peak_gbps=facts.get("peak_gbps"))
+                except Exception as e:
+                    r["why_not"] = f"{type(e).__name__}: {e}"
+            out.append(r)
+    return out
 
 
 

@@ -196,7 +196,7 @@ def _set_remote(ctx: click.Context, param: click.Parameter, value: str | None) -
 
 def device_options(f: Callable) -> Callable:
     f = click.option("--remote", metavar="HOST:PORT", callback=_set_remote, expose_value=False,
-                     help="Server of the REMOTE device (else $TGC_REMOTE).")(f)
+                     help="Server of the REMOTE device, a comma list for REMOTE:i (else $TGC_REMOTE).")(f)
     return click.option("-d", "--device", metavar="DEV", envvar="TGC_DEVICE", show_envvar=True,
                         help="Device: CPU (default), OPENCL, CUDA, METAL, PYTHON, REMOTE; NAME:i for the i-th.")(f)
 
@@ -738,7 +738,8 @@ def devices(as_json: bool) -> None:
         peak = ", ".join(p for p in (f"{r['peak_gflops']:g} GFLOP/s" if r["peak_gflops"] else "",
                                      f"{r['peak_gbps']:g} GB/s" if r["peak_gbps"] else "") if p)
         cells = [str(c) for c in (r["why_not"], r["renderer"] or "-", r["compiler"] or "-", r["version"] or "-")]
-        table.add_row(escape(r["device"]), "[green]yes[/green]" if r["available"] else "[red]no[/red]",
+        device = f"{r['device']} ({r['server']})" if r.get("server") else r["device"]  # one of several servers
+        table.add_row(escape(device), "[green]yes[/green]" if r["available"] else "[red]no[/red]",
                       *(escape(c) for c in cells), peak or "-")  # a REMOTE server's words are not markup
     console = make_console()
     console.print(table)

@@ -7,8 +7,9 @@ Work that needs no answer (alloc, free, copy in, program load, launches without 
 sent in one `POST /batch` when an answer is needed: a copy out, a launch with `wait=True`, a compile,
 `synchronize()` or `flush()`. A program of k kernels thus costs one round trip. `round_trips` counts them.
 
-Environment: `TGC_REMOTE=host:port` (a comma list gives `REMOTE:i` the i-th server; with one server every
-`REMOTE:i` is its own session there), `TGC_REMOTE_TOKEN` or `TGC_REMOTE_TOKEN_FILE` (the bearer token),
+Environment: `TGC_REMOTE=host:port` (a comma list gives `REMOTE:i` the i-th server, an index past them is a
+user error; with one server every `REMOTE:i` is its own session there), `TGC_REMOTE_TOKEN` (one bearer token for
+every server) or `TGC_REMOTE_TOKEN_FILE` (a file of one token, or of one `HOST:PORT TOKEN` line per server),
 `TGC_REMOTE_TIMEOUT` (seconds to wait for an answer, default 120), `TGC_REMOTE_RETRY` (seconds to keep
 retrying a connection, with backoff, default 3).
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import http.client
 import itertools
+import operator
 import os
 import re
 import secrets
@@ -37,6 +39,7 @@ from tgc.errors import CompileError, DeviceError, TgcError
 ENV_ADDRESS, ENV_TOKEN, ENV_TOKEN_FILE = "TGC_REMOTE", "TGC_REMOTE_TOKEN", "TGC_REMOTE_TOKEN_FILE"
 ENV_TIMEOUT, ENV_RETRY = "TGC_REMOTE_TIMEOUT", "TGC_REMOTE_RETRY"
 DEFAULT_TIMEOUT, DEFAULT_RETRY = 120.0, 3.0
+CONNECT_TIMEOUT = 10.0  # seconds one connection attempt may take (a host that drops packets, a full backlog)
 MAX_QUEUE = 2048  # queued requests that trigger a flush
 BODY_SLACK = 1 << 20  # room left in a body for the request text (at most a quarter of the limit)
 # What an answer may hold beyond the bytes of the buffers copied out: the result text of each request, and
@@ -46,9 +49,11 @@ ERROR_LIMIT = 1 << 20  # bytes of an error message
 LISTINGS = (P.Compile, P.Assembly, P.Disassemble)
 
 
-def client_token(env: dict[str, str] | None = None) -> str | None:
-    """The token from `TGC_REMOTE_TOKEN`, else from the file named by `TGC_REMOTE_TOKEN_FILE`. TgcError (exit 2)
-    for a file that cannot be read or a token that cannot go in an HTTP header."""
+def client_token(env: dict[str, str] | None = None, address: tuple[str, int] | None = None) -> str | None:
+    """The token for the server at `address` (host, port): `TGC_REMOTE_TOKEN` (one token for every server), else
+    from the file named by `TGC_REMOTE_TOKEN_FILE`: that server's line in a per-server file (see
+    `read_token_table`), else its `*` line, else None; a one-token file gives its token to every server.
+    TgcError (exit 2) for a file that cannot be read or a token that cannot go in an HTTP header."""
     env = os.environ if env is None else env
     if env.get(ENV_TOKEN):
         token = env[ENV_TOKEN].strip()
@@ -59,7 +64,55 @@ def client_token(env: dict[str, str] | None = None) -> str | None:
     path = env.get(ENV_TOKEN_FILE)
     if not path:
         return None
-    return P.read_token_file(path)
+    table = read_token_table(path)
+    if address is None:
+        return table.get(ANY_SERVER)
+    return table.get(_server_key(*address), table.get(ANY_SERVER))
+
+
+ANY_SERVER = ("*", 0)  # the key of a token file's default token
+_ADDRESS_WORD = re.compile(r"(?:\[[^\s\]]+\]|[^\s:\[\]]+):[0-9]+|\*")
+
+
+def _server_key(host: str, port: int) -> tuple[str, int]:
+    return host.strip("[]").lower(), int(port)
+
+
+def read_token_table(path: str) -> dict[tuple[str, int], str]:
+    """The tokens of a token file, by server: `{(host, port): token}` plus `ANY_SERVER` for the default.
+
+    Two forms. One token (the whole file, one line): every server's token. Or one line per server,
+    `HOST:PORT TOKEN` (`[::1]:PORT` for IPv6), with `* TOKEN` for every server not named; blank lines and
+    lines starting with `#` are skipped. A server is matched by the host and port written in `TGC_REMOTE`
+    (no name lookup: `localhost:6667` and `127.0.0.1:6667` are different lines). TgcError (exit 2) naming the
+    line for anything else."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(1 << 16)
+    except OSError as e:
+        raise TgcError(f"cannot read the token file '{path}': {e.strerror or e}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise TgcError(f"the token file '{path}' is not UTF-8 text") from None
+    lines = [(i, line.split()) for i, line in enumerate(text.splitlines(), 1)
+             if line.strip() and not line.lstrip().startswith("#")]
+    if not any(len(words) == 2 and _ADDRESS_WORD.fullmatch(words[0]) for _, words in lines):
+        return {ANY_SERVER: P.read_token_file(path)}  # the one-token form (and its errors)
+    table: dict[tuple[str, int], str] = {}
+    for i, words in lines:
+        where = f"line {i} of the token file '{path}'"
+        if len(words) != 2 or not _ADDRESS_WORD.fullmatch(words[0]):
+            raise TgcError(f"{where} is not `HOST:PORT TOKEN`",
+                           hint="one server per line (`* TOKEN` for every server not named), or a file of one token")
+        key = ANY_SERVER if words[0] == "*" else _server_key(*parse_address(words[0]))
+        if key in table:
+            raise TgcError(f"{where} names {words[0]} a second time")
+        why = P.token_problem(words[1])
+        if why is not None:
+            raise TgcError(f"the token on {where} cannot be used: {why}")
+        table[key] = words[1]
+    return table
 
 
 def _env_float(name: str, default: float) -> float:
@@ -100,9 +153,10 @@ class Connection:
     def _connect(self) -> http.client.HTTPConnection:
         deadline, delay = time.monotonic() + self.retry, 0.05
         while True:
-            conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=min(self.timeout, CONNECT_TIMEOUT))
             try:
                 conn.connect()
+                conn.sock.settimeout(self.timeout)
                 conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 return conn
             except OSError as e:
@@ -162,7 +216,8 @@ class Connection:
         msg = P.safe_text(msg)
         if status == 401:
             return DeviceError(f"REMOTE server {self.address} refused the request: missing or wrong token",
-                               hint=f"set {ENV_TOKEN} or {ENV_TOKEN_FILE} to the server's token")
+                               hint=f"set {ENV_TOKEN} or {ENV_TOKEN_FILE} to the server's token (in a file of "
+                                    f"several: a line `{self.address} TOKEN`)")
         if kind == "compile":
             return CompileError(msg)
         return DeviceError(f"REMOTE server {self.address}: {msg}")
@@ -201,6 +256,15 @@ class RemoteAllocator(Allocator):
                               f"copy out of {len(out)} bytes")
         out[:] = data
 
+    def copyout_range(self, dest: memoryview, handle: int, offset: int) -> None:
+        """Bytes `offset .. offset + len(dest)` of a buffer (one round trip; see `RemoteDevice.read_range`)."""
+        out = dest if dest.format == "B" and dest.ndim == 1 else dest.cast("B")
+        out[:] = self.device.read_range(handle, offset, len(out))
+
+    def copyin_range(self, handle: int, offset: int, src: memoryview) -> None:
+        """Write `src` into a buffer from byte `offset` (queued; see `RemoteDevice.write_range`)."""
+        self.device.write_range(handle, offset, src)
+
     def offset(self, handle: int, nbytes: int, offset: int) -> int:
         """A view of `nbytes` at `offset` into a buffer (where the served device has views)."""
         if not self.device.properties.get("offset"):
@@ -217,9 +281,7 @@ class RemoteAllocator(Allocator):
             src_dev._enqueue(P.Transfer(buf=src, dest_session=dest_dev.session, dest_buf=dest))
             src_dev.flush()
             return
-        data = bytearray(nbytes)
-        src_dev.allocator.copyout(memoryview(data), src)
-        dest_dev.allocator.copyin(dest, memoryview(data))
+        RemoteDevice.copy_between(src_dev, src, 0, dest_dev, dest, 0, nbytes)  # one read; the write is queued
 
 
 class RemoteCompiler(Compiler):
@@ -334,17 +396,59 @@ def _end_session(conn: Connection, state: dict[str, bool]) -> None:
 
 
 class RemoteDevice(Device):
-    """`REMOTE`: the device served by `tgc serve` at `TGC_REMOTE` (or `--remote`), one session per instance."""
+    """`REMOTE`: the device served by `tgc serve` at `TGC_REMOTE` (or `--remote`), one session per instance.
+
+    With several servers (`TGC_REMOTE=h1:p1,h2:p2`) `REMOTE:i` is the i-th (an index past them is a user error);
+    with one, every `REMOTE:i` is a session of its own on it.
+
+    Copies between devices (what a multi-device all-reduce calls): `supports_batch_copy` is True, and
+
+    - `RemoteDevice.copy_batch([(src_dev, src_handle, src_offset, dst_dev, dst_handle, dst_offset, nbytes), ...],
+      wait=False) -> int` copies byte ranges between buffers of REMOTE devices (any servers, any sessions)
+      through this client: one request per source device reads all its ranges (the requests already queued
+      there ride along), the sources are read in parallel, then the ranges are queued on each destination
+      and go with its next batch (`wait=True` sends them now). So one ring step over n servers costs one round
+      trip per server, in parallel, not one per chunk. Returns the bytes copied. The writes are ordered before
+      anything later queued on the destination (a launch that reads them, a copy out, the next step's reads).
+      Every range is read before any is written, and writes land in the batch's order. A copy within one
+      device is done on its server with no round trip (`CopyRange`, queued) where no other copy of the batch
+      writes into its ranges.
+    - `RemoteDevice.copy_between(src_dev, src_handle, src_offset, dst_dev, dst_handle, dst_offset, nbytes)`:
+      one such copy.
+    - `RemoteDevice.read_batch([(dev, handle, offset, nbytes), ...]) -> [bytes, ...]`: many ranges of many
+      devices, one request per device, in parallel (a reduce-scatter step that combines chunks on the host).
+    - `dev.read_range(handle, offset, nbytes) -> bytes` and `dev.write_range(handle, offset, data)`: a range to
+      and from host memory (for copies with a local device; the write is queued like the above); the same as
+      `allocator.copyout_range(dest, handle, offset)` and `allocator.copyin_range(handle, offset, src)`.
+    - `dev.copy_to(src_handle, dst_dev, dst_handle, nbytes, src_offset=0, dst_offset=0) -> bool`: a direct copy
+      when `dst_dev` is REMOTE too (True), else False (stage it through the host).
+
+    Handles are the ints `allocator.alloc` returns (a view from `allocator.offset` is a handle too). Ranges are
+    checked here against the buffers' sizes (DeviceError) and again on the server, which refuses a range past a
+    buffer's end. `bytes_read` and `bytes_written` count the bytes each device sent and received this way.
+    A server that dies mid-copy gives one DeviceError naming it (never a hang: connections and answers have
+    time limits, `TGC_REMOTE_RETRY` and `TGC_REMOTE_TIMEOUT`).
+    """
 
     kind = "REMOTE"
+    supports_batch_copy = True
+    # attributes generic code may probe with getattr(dev, name, None): answered here, so that probing them never
+    # asks the server (`__getattr__` fetches the served device's properties for any other name)
+    share: Any = None
     _configured: str | None = None  # set by `configure` (the CLI's --remote)
 
     def __init__(self, index: int = 0, *, address: str | None = None, token: str | None = None,
                  timeout: float | None = None, retry: float | None = None):
         super().__init__(index)
+        if address is None:
+            addrs = self.addresses()
+            if len(addrs) > 1 and index >= len(addrs):
+                raise TgcError(f"no device 'REMOTE:{index}': {ENV_ADDRESS} names {len(addrs)} servers",
+                               hint=f"use REMOTE:0 .. REMOTE:{len(addrs) - 1}, or add a server to {ENV_ADDRESS}")
         self.session = secrets.token_urlsafe(24)
         self.allocator = RemoteAllocator(self)
         self.round_trips = 0
+        self.bytes_read = self.bytes_written = 0  # bytes of ranges read and written by `copy_batch`
         self._address, self._token = address, token
         self._timeout, self._retry = timeout, retry
         self._lock = threading.RLock()
@@ -363,7 +467,9 @@ class RemoteDevice(Device):
     def configure(cls, address: str | None) -> None:
         """Use this server (`host:port`) instead of `TGC_REMOTE` for devices that connect from now on."""
         if address is not None:
-            parse_address(address.split(",")[0])  # a bad address is a user error now, not later
+            for part in address.split(","):  # a bad address is a user error now, not later
+                if part.strip():
+                    parse_address(part)
         cls._configured = address
 
     @classmethod
@@ -371,14 +477,23 @@ class RemoteDevice(Device):
         return cls._configured or os.environ.get(ENV_ADDRESS) or None
 
     @classmethod
-    def probe(cls) -> tuple[bool, str]:
-        text = cls._address_text()
-        if not text:
+    def addresses(cls) -> list[str]:
+        """The servers named by `--remote` or `TGC_REMOTE` (a comma list), in order: `REMOTE:i` uses the i-th."""
+        text = cls._address_text() or ""
+        return [a for a in (t.strip() for t in text.split(",")) if a]
+
+    @classmethod
+    def probe(cls, index: int = 0) -> tuple[bool, str]:
+        """Whether the server of `REMOTE:index` answers as a tgc server with this token (the first by default)."""
+        addrs = cls.addresses()
+        if not addrs:
             return False, f"{ENV_ADDRESS} is not set"
         try:
-            host, port = parse_address(text.split(",")[0])
+            host, port = parse_address(addrs[index if len(addrs) > 1 else 0])
         except TgcError as e:
             return False, e.msg
+        except IndexError:
+            return False, f"{ENV_ADDRESS} names {len(addrs)} servers"
         try:
             socket.create_connection((host, port), timeout=2.0).close()
         except OSError as e:
@@ -402,6 +517,8 @@ class RemoteDevice(Device):
             raise DeviceError("the REMOTE device needs a server", hint=f"set {ENV_ADDRESS}=host:port or pass "
                                                                         "--remote host:port (see `tgc serve`)")
         addrs = [a for a in (t.strip() for t in text.split(",")) if a]
+        if not addrs:
+            raise DeviceError("the REMOTE device needs a server", hint=f"set {ENV_ADDRESS}=host:port")
         if len(addrs) > 1 and self.index >= len(addrs):
             raise DeviceError(f"{self.name} needs a server {self.index}, but {ENV_ADDRESS} names {len(addrs)}")
         return parse_address(addrs[self.index] if len(addrs) > 1 else addrs[0])
@@ -409,7 +526,7 @@ class RemoteDevice(Device):
     def _connection(self) -> Connection:
         if self._conn is None:
             host, port = self.conn_address
-            token = self._token if self._token is not None else client_token()
+            token = self._token if self._token is not None else client_token(address=(host, port))
             timeout = self._timeout if self._timeout is not None else _env_float(ENV_TIMEOUT, DEFAULT_TIMEOUT)
             retry = self._retry if self._retry is not None else _env_float(ENV_RETRY, DEFAULT_RETRY)
             self._conn = Connection(host, port, token, self.session, timeout, retry)
@@ -430,7 +547,7 @@ class RemoteDevice(Device):
         with self._lock:
             return next(self._ids)
 
-    def _enqueue(self, req: P.Request, blob: bytes | None = None) -> None:
+    def _enqueue(self, req: P.Request, blob: bytes | memoryview | None = None, digest: str | None = None) -> None:
         """Queue a request (with the blob it names, if any); flush first when the body would get too big."""
         with self._lock:
             if blob is not None:
@@ -439,7 +556,7 @@ class RemoteDevice(Device):
                 if len(blob) > budget:
                     raise DeviceError(f"{len(blob)} bytes do not fit in a request to the REMOTE server "
                                       f"(its body limit is {max_body} bytes)")
-                h = P.digest(blob)
+                h = digest or P.digest(blob)  # a digest a server gave for these bytes: the next one checks it
                 req = dataclasses.replace(req, datahash=h)
                 if h not in self._blobs:
                     if self._queued_bytes + len(blob) > budget:
@@ -485,6 +602,8 @@ class RemoteDevice(Device):
         for r in reqs:
             if isinstance(r, P.CopyOut):
                 limit += 40 + self._sizes.get(r.buf, 0)
+            elif isinstance(r, P.ReadRange):
+                limit += 40 + r.size
             elif isinstance(r, LISTINGS):
                 limit += ANSWER_PER_LISTING
         data = conn.post(body, limit)
@@ -507,6 +626,177 @@ class RemoteDevice(Device):
         with self._lock:
             if self._queue or self._pending_launches:
                 self._submit(P.Synchronize())
+
+    # --- copies of byte ranges (see the class docstring)
+
+    def _check_range(self, handle: int, offset: int, nbytes: int, what: str) -> None:
+        if type(handle) is not int or type(offset) is not int or type(nbytes) is not int or offset < 0 or nbytes < 0:
+            raise DeviceError(f"a REMOTE {what} range needs integer handle, offset >= 0 and size >= 0, got "
+                              f"{handle!r}, {offset!r}, {nbytes!r}")
+        size = self._sizes.get(handle)
+        if size is None:
+            raise DeviceError(f"{self.name} has no buffer {handle} (freed, or from another device)")
+        if offset + nbytes > size:
+            raise DeviceError(f"a {what} range of {nbytes} bytes at offset {offset} runs past buffer {handle} of "
+                              f"{size} bytes on {self.name}")
+
+    def _read_ranges(self, ranges: Sequence[tuple[int, int, int]]) -> list[tuple[str, memoryview]]:
+        """The (digest, bytes) of `(handle, offset, nbytes)` ranges: one request per body's worth (usually one),
+        with what is already queued."""
+        out: list[tuple[str, memoryview]] = []
+        with self._lock:
+            budget = max(1, int(self.properties["max_body"]) - min(BODY_SLACK, int(self.properties["max_body"]) // 4))
+            i = 0
+            while i < len(ranges):
+                batch: list[P.ReadRange] = []
+                total = 0
+                while i < len(ranges) and len(batch) < MAX_QUEUE and (not batch or total + ranges[i][2] <= budget):
+                    handle, offset, nbytes = ranges[i]
+                    batch.append(P.ReadRange(buf=handle, offset=offset, size=nbytes))
+                    total += nbytes
+                    i += 1
+                self._queue.extend(batch)
+                results, blobs = self._send()
+                for req, h in zip(batch, results[len(results) - len(batch):]):
+                    data = blobs.get(h) if isinstance(h, str) else None
+                    if data is None or len(data) != req.size:
+                        raise DeviceError(f"REMOTE server {self._connection().address} sent "
+                                          f"{'no' if data is None else len(data)} bytes for a range of {req.size}")
+                    out.append((h, data))
+                self.bytes_read += total
+        return out
+
+    def read_range(self, handle: int, offset: int, nbytes: int) -> bytes:
+        """`nbytes` bytes of buffer `handle` from byte `offset` (one round trip, with what is queued)."""
+        handle, offset, nbytes = _index(handle), _index(offset), _index(nbytes)
+        self._check_range(handle, offset, nbytes, "read")
+        return bytes(self._read_ranges([(handle, offset, nbytes)])[0][1])
+
+    def write_range(self, handle: int, offset: int, data: bytes | memoryview) -> None:
+        """Queue writing `data` into buffer `handle` from byte `offset` (sent with the next batch)."""
+        data, handle, offset = bytes(data), _index(handle), _index(offset)
+        self._check_range(handle, offset, len(data), "write")
+        if data:
+            self._enqueue(P.WriteRange(buf=handle, offset=offset, datahash=""), data)
+            self.bytes_written += len(data)
+
+    @staticmethod
+    def copy_batch(copies: Sequence[Any], *step: Any, wait: bool = False) -> int | bool:
+        """Copy byte ranges between REMOTE buffers: `(src_dev, src_handle, src_offset, dst_dev, dst_handle,
+        dst_offset, nbytes)` each. One request per source device (in parallel), then the writes are queued on each
+        destination (sent now, in parallel, with `wait`). Returns the bytes copied. See the class docstring.
+
+        Also called as the multi-device engine's step hook, `copy_batch(devices, src_handles, dst_handles, moves)`
+        (moves with `src`, `dst` list positions, `src_offset`, `dst_offset`, `nbytes`): the same copies; True."""
+        if step:
+            devices, (src_handles, dst_handles, moves) = copies, step
+            RemoteDevice.copy_batch([(devices[m.src], src_handles[m.src], m.src_offset, devices[m.dst],
+                                      dst_handles[m.dst], m.dst_offset, m.nbytes) for m in moves if m.nbytes > 0],
+                                    wait=wait)
+            return True
+        items = []
+        for c in copies:
+            if len(c) != 7:
+                raise DeviceError(f"a copy is (src_dev, src_handle, src_offset, dst_dev, dst_handle, dst_offset, "
+                                  f"nbytes), got {len(c)} items")
+            src, sh, so, dst, dh, do, n = c
+            sh, so, dh, do, n = (_index(v) for v in (sh, so, dh, do, n))
+            items.append((src, sh, so, dst, dh, do, n))
+            for dev in (src, dst):
+                if not isinstance(dev, RemoteDevice):
+                    raise DeviceError(f"copy_batch copies between REMOTE devices, not {getattr(dev, 'name', dev)}")
+            src._check_range(sh, so, n, "source")
+            dst._check_range(dh, do, n, "destination")
+        # a copy within one device is done there (queued, no round trip) unless another copy of the batch writes
+        # where it reads or writes (then the batch's order holds: every read before every write, writes in order)
+        def touched(i: int, dev: Any, handle: int, lo: int, hi: int) -> bool:
+            return any(j != i and c[3] is dev and c[4] == handle and c[5] < hi and lo < c[5] + c[6]
+                       for j, c in enumerate(items) if c[6])
+
+        local = [c[0] is c[3] and c[6] > 0 and not touched(i, c[0], c[1], c[2], c[2] + c[6])
+                 and not touched(i, c[3], c[4], c[5], c[5] + c[6]) for i, c in enumerate(items)]
+        data = RemoteDevice._read_batch([(c[0], c[1], c[2], 0 if here else c[6]) for c, here in zip(items, local)])
+        for c, here in zip(items, local):  # before the writes: they must not see what the writes bring
+            if here:
+                c[0]._enqueue(P.CopyRange(buf=c[1], offset=c[2], dest_buf=c[4], dest_offset=c[5], size=c[6]))
+        dsts: list[RemoteDevice] = []
+        for i, (_, _, _, dst, dh, do, n) in enumerate(items):
+            if n and not local[i]:
+                dst._enqueue(P.WriteRange(buf=dh, offset=do, datahash=""), data[i][1], digest=data[i][0])
+                dst.bytes_written += n
+                if dst not in dsts:
+                    dsts.append(dst)
+        if wait:
+            _each(lambda d: d.flush(), dsts)
+        return sum(c[6] for c in items)
+
+    @staticmethod
+    def read_batch(ranges: Sequence[tuple[Any, int, int, int]]) -> list[bytes]:
+        """The bytes of `(dev, handle, offset, nbytes)` ranges on REMOTE devices: one request per device (with what
+        is queued there), the devices in parallel. For a step that reads many chunks to combine them on the host
+        (a ring's reduce-scatter); write the results back with `write_range` (queued)."""
+        items = []
+        for r in ranges:
+            if len(r) != 4 or not isinstance(r[0], RemoteDevice):
+                raise DeviceError(f"read_batch takes (REMOTE device, handle, offset, nbytes) ranges, got {r!r}")
+            dev, handle, offset, nbytes = r[0], _index(r[1]), _index(r[2]), _index(r[3])
+            dev._check_range(handle, offset, nbytes, "read")
+            items.append((dev, handle, offset, nbytes))
+        return [bytes(d) for _, d in RemoteDevice._read_batch(items)]
+
+    @staticmethod
+    def _read_batch(items: list[tuple[Any, int, int, int]]) -> list[tuple[str, Any]]:
+        """The (digest, bytes) of checked `(dev, handle, offset, nbytes)` ranges, one request per device, in
+        parallel."""
+        by_dev: dict[RemoteDevice, list[int]] = {}
+        for i, item in enumerate(items):
+            if item[3]:
+                by_dev.setdefault(item[0], []).append(i)
+        data: list[tuple[str, Any]] = [("", b"")] * len(items)
+
+        def read(dev: RemoteDevice) -> None:
+            idx = by_dev[dev]
+            for i, chunk in zip(idx, dev._read_ranges([items[i][1:] for i in idx])):
+                data[i] = chunk
+
+        _each(read, list(by_dev))
+        return data
+
+    @staticmethod
+    def reduce_batch(devices: Sequence[Any], handles: Sequence[int], moves: Sequence[Any], op: Any,
+                     dtype: Any) -> bool:
+        """The multi-device engine's reduce-scatter step hook: for every move, the destination's chunk becomes
+        `op(its chunk, the source's chunk)`. Every chunk of the step is read in one request per device (in
+        parallel), combined on this host, and written back queued (it goes with the next step's reads). False
+        (the engine then does it chunk by chunk) where the engine's combine is not there to call."""
+        try:
+            from tgc.engine.multi import _combine
+        except ImportError:
+            return False
+        import numpy as np
+        live = [m for m in moves if m.nbytes > 0]
+        data = RemoteDevice.read_batch([(devices[m.src], handles[m.src], m.src_offset, m.nbytes) for m in live] +
+                                       [(devices[m.dst], handles[m.dst], m.dst_offset, m.nbytes) for m in live])
+        for i, m in enumerate(live):
+            theirs, mine = np.frombuffer(data[i], np.uint8), np.frombuffer(data[len(live) + i], np.uint8)
+            devices[m.dst].write_range(handles[m.dst], m.dst_offset, _combine(op, dtype, mine, theirs).tobytes())
+        return True
+
+    def copy_to(self, src_handle: int, dst_dev: Any, dst_handle: int, nbytes: int, src_offset: int = 0,
+                dst_offset: int = 0) -> bool:
+        """A direct copy to another REMOTE device (`copy_between`; True), or False for any other device (the
+        caller then stages through host memory, with `allocator.copyout_range`/`copyin_range`)."""
+        if not isinstance(dst_dev, RemoteDevice):
+            return False
+        RemoteDevice.copy_between(self, src_handle, src_offset, dst_dev, dst_handle, dst_offset, nbytes)
+        return True
+
+    @staticmethod
+    def copy_between(src_dev: Any, src_handle: int, src_offset: int, dst_dev: Any, dst_handle: int,
+                     dst_offset: int, nbytes: int, wait: bool = False) -> int:
+        """One copy of `nbytes` from a REMOTE buffer to another (see `copy_batch`)."""
+        return RemoteDevice.copy_batch([(src_dev, src_handle, src_offset, dst_dev, dst_handle, dst_offset, nbytes)],
+                                       wait=wait)
 
     # --- the served device's face
 
@@ -575,6 +865,39 @@ class RemoteDevice(Device):
         out.setdefault("renderer", p.get("renderer"))
         out.setdefault("compiler", p.get("compiler"))
         return out
+
+
+def _index(value: Any) -> Any:
+    """An integer-like value (a numpy integer too) as an int; anything else as is (the range check refuses it)."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        return value
+
+
+def _each(fn: Any, devices: list[RemoteDevice]) -> None:
+    """`fn(dev)` for each device, in parallel threads when there are several (each device has its own connection);
+    the first error is raised after all have finished."""
+    if len(devices) <= 1:
+        for d in devices:
+            fn(d)
+        return
+    errors: list[BaseException | None] = [None] * len(devices)
+
+    def run(i: int) -> None:
+        try:
+            fn(devices[i])
+        except BaseException as e:  # handed to the caller's thread below
+            errors[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(devices))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    first = next((e for e in errors if e is not None), None)
+    if first is not None:
+        raise first
 
 
 _KIND = re.compile(r"[A-Z][A-Z0-9_]{0,31}")

@@ -203,6 +203,51 @@ class CopyOut(Request):
 
 
 @dataclass(frozen=True)
+class ReadRange(Request):
+    """-> the hash of a response blob holding `size` bytes of `buf` from byte `offset` (a chunk of a buffer, for
+    copies between servers through the client; the server refuses a range past the buffer's end)."""
+
+    buf: int
+    offset: int
+    size: int
+
+    def check(self) -> None:
+        for name in ("buf", "offset", "size"):
+            _check_id(getattr(self, name), name)
+
+
+@dataclass(frozen=True)
+class WriteRange(Request):
+    """Write the blob `datahash` into `buf` from byte `offset` (the server refuses a range past the buffer's
+    end)."""
+
+    buf: int
+    offset: int
+    datahash: str
+
+    def check(self) -> None:
+        _check_id(self.buf, "buf")
+        _check_id(self.offset, "offset")
+        _check_hash(self.datahash)
+
+
+@dataclass(frozen=True)
+class CopyRange(Request):
+    """Copy `size` bytes of `buf` from `offset` into `dest_buf` of the same session from `dest_offset` (a copy
+    within one device, with no round trip; both ranges checked by the server)."""
+
+    buf: int
+    offset: int
+    dest_buf: int
+    dest_offset: int
+    size: int
+
+    def check(self) -> None:
+        for name in ("buf", "offset", "dest_buf", "dest_offset", "size"):
+            _check_id(getattr(self, name), name)
+
+
+@dataclass(frozen=True)
 class Transfer(Request):
     """Copy `buf` into buffer `dest_buf` of the session `dest_session` (whose id the client must know)."""
 
@@ -319,8 +364,9 @@ class EndSession(Request):
 
 
 REQUESTS: dict[str, type] = {cls.__name__: cls for cls in (
-    GetProperties, BufferAlloc, BufferFree, BufferOffset, CopyIn, CopyOut, Transfer, Compile, Disassemble, Assembly,
-    ProgramAlloc, ProgramFree, ProgramExec, GraphKernel, GraphAlloc, GraphExec, GraphFree, Synchronize, EndSession)}
+    GetProperties, BufferAlloc, BufferFree, BufferOffset, CopyIn, CopyOut, ReadRange, WriteRange, CopyRange, Transfer,
+    Compile, Disassemble, Assembly, ProgramAlloc, ProgramFree, ProgramExec, GraphKernel, GraphAlloc, GraphExec,
+    GraphFree, Synchronize, EndSession)}
 
 
 # ---------------------------------------------------------------------------------------------------------------------

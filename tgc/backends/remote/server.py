@@ -116,6 +116,12 @@ def _device_attrs(dev: Any) -> dict[str, bool | int | float | str]:
     return out
 
 
+def _is_host_array(handle: Any) -> bool:
+    """Whether a buffer handle is a 1-D numpy byte array (host memory, `HostAllocator`)."""
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(handle, np.ndarray) and handle.dtype == np.uint8 and handle.ndim == 1
+
+
 class RemoteServer:
     """Serves one local device. `serve_forever()` in this thread, or `start()` a background thread."""
 
@@ -322,6 +328,7 @@ class RemoteServer:
         results: list[Any] = []
         out_blobs: dict[str, bytes] = {}
         start = time.monotonic()
+        session.answer_bytes = 0
         for i, req in enumerate(requests):
             name = type(req).__name__
             if i and time.monotonic() - start >= self.limits.request_time:
@@ -449,6 +456,80 @@ class RemoteServer:
         h = P.digest(data)
         out[h] = data
         return h
+
+    def _range(self, session: Session, num: int, offset: int, size: int) -> Buffer:
+        """Buffer `num`, after checking that `size` bytes from `offset` lie inside it."""
+        buf = self._get(session.buffers, num, "buffer")
+        if offset + size > buf.size:
+            raise Refusal(400, "protocol", f"a range of {size} bytes at offset {offset} runs past buffer {num} of "
+                                           f"{buf.size} bytes")
+        return buf
+
+    def _range_view(self, buf: Buffer, offset: int, size: int, use: Any) -> bool:
+        """Call `use` with a view of the range where the device makes one (False where it has no views, or
+        refuses this one, e.g. an offset its alignment rules do not allow)."""
+        offset_fn = getattr(self.device.allocator, "offset", None)
+        if not callable(offset_fn):
+            return False
+        try:
+            view = offset_fn(buf.handle, size, offset)
+        except Exception:
+            return False
+        use(view)
+        return True
+
+    def _read_bytes(self, buf: Buffer, offset: int, size: int) -> bytearray:
+        """`size` bytes of `buf` from `offset` (checked by `_range`)."""
+        data = bytearray(size)
+        alloc, handle = self.device.allocator, buf.handle
+        if _is_host_array(handle):  # host memory (a numpy byte array): copy just the range
+            import numpy as np
+            np.copyto(np.frombuffer(data, dtype=np.uint8), handle[offset:offset + size])
+        elif size and not self._range_view(buf, offset, size, lambda v: alloc.copyout(memoryview(data), v)):
+            whole = bytearray(buf.size)
+            alloc.copyout(memoryview(whole), handle)
+            data[:] = whole[offset:offset + size]
+        return data
+
+    def _write_bytes(self, buf: Buffer, offset: int, data: bytes | bytearray | memoryview) -> None:
+        """Write `data` into `buf` from `offset` (checked by `_range`)."""
+        alloc, handle, n = self.device.allocator, buf.handle, len(data)
+        if not n:
+            return
+        if _is_host_array(handle):
+            import numpy as np
+            np.copyto(handle[offset:offset + n], np.frombuffer(data, dtype=np.uint8))
+        elif not self._range_view(buf, offset, n, lambda v: alloc.copyin(v, memoryview(data))):
+            # no view of this range on this device: read the buffer, patch the range, write it back
+            whole = bytearray(buf.size)
+            alloc.copyout(memoryview(whole), handle)
+            whole[offset:offset + n] = data
+            alloc.copyin(handle, memoryview(whole))
+
+    def _do_ReadRange(self, session: Session, req: P.ReadRange, blobs, out) -> str:
+        buf = self._range(session, req.buf, req.offset, req.size)
+        if session.answer_bytes + req.size > self.limits.max_body:
+            raise Refusal(413, "limit", f"the ranges read in one batch pass the body limit of "
+                                        f"{self.limits.max_body} bytes")
+        session.answer_bytes += req.size
+        data = self._read_bytes(buf, req.offset, req.size)
+        h = P.digest(data)
+        out[h] = data
+        return h
+
+    def _do_WriteRange(self, session: Session, req: P.WriteRange, blobs, out) -> None:
+        data = self._blob(blobs, req.datahash)
+        self._write_bytes(self._range(session, req.buf, req.offset, len(data)), req.offset, data)
+
+    def _do_CopyRange(self, session: Session, req: P.CopyRange, blobs, out) -> None:
+        src = self._range(session, req.buf, req.offset, req.size)
+        dst = self._range(session, req.dest_buf, req.dest_offset, req.size)
+        if _is_host_array(src.handle) and _is_host_array(dst.handle):  # numpy copies overlapping ranges right
+            import numpy as np
+            np.copyto(dst.handle[req.dest_offset:req.dest_offset + req.size],
+                      src.handle[req.offset:req.offset + req.size])
+            return
+        self._write_bytes(dst, req.dest_offset, self._read_bytes(src, req.offset, req.size))
 
     def _do_Transfer(self, session: Session, req: P.Transfer, blobs, out) -> None:
         src = self._get(session.buffers, req.buf, "buffer")

@@ -31,6 +31,7 @@ class Session:
     client: str = ""  # the peer's address
     last_seen: float = field(default_factory=time.monotonic)
     busy: int = 0  # batches in flight
+    answer_bytes: int = 0  # bytes of ranges read in the batch running now (bounded by the body limit)
 
     @property
     def objects(self) -> int:
