@@ -438,6 +438,16 @@ def print_symbolic(rows: list[dict]) -> None:
               f"{r['specialized_ms']:.3f} ms | {r['ratio']:.2f}x | {target} |")
 
 
+def remote_rows(quick: bool) -> list[dict]:
+    """Two `tgc serve` processes on loopback as REMOTE:0,REMOTE:1 against local devices (bench_remote_multi)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_remote_multi import remote_pair_overhead
+    try:
+        return remote_pair_overhead(quick)
+    except Exception as e:  # noqa: BLE001 - a bench section that cannot run says why, the rest still prints
+        return [{"what": "REMOTE pair", "skipped": f"{type(e).__name__}: {e}"}]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
@@ -512,11 +522,12 @@ def main() -> None:
     startup = startup_time()
     packages = package_times() if not args.only or args.only == "package" else None
     multi = multi_device(args.quick) if not args.only or args.only in "many devices" else []
+    remote = remote_rows(args.quick) if not args.only or args.only in "many devices remote" else []
     sym_rows = symbolic_rows(args.quick) if not args.no_symbolic and not args.only else []
     if args.json:
         print(json.dumps({"peak": peak, "copy_gbs": copy_gbs, "rows": rows, "startup_s": startup, "packages": packages,
                           "blas": blas_note(), "xla_missing": XLA_MISSING[0] or None, "multi_device": multi,
-                          "symbolic": sym_rows},
+                          "remote_pair": remote, "symbolic": sym_rows},
                          indent=1))
         return
     head = ("| workload | tgc default | tgc beam | numpy | XLA | x numpy | x XLA | rate | share of peak | targets |"
@@ -564,6 +575,10 @@ def main() -> None:
               f"{p['file_warm_s'] * 1e3:.0f} ms ({p['ratio']:.2f}x)")
     if multi:
         print_multi(multi)
+    if remote:
+        from bench_remote_multi import format_rows
+        print()
+        print(format_rows(remote))
     if sym_rows:
         print_symbolic(sym_rows)
 
