@@ -110,7 +110,7 @@ def test_the_api_binder_hints_in_neutral_words_and_the_cli_names_its_flags():
         (lambda: prog.bind({"x": np.zeros(3, np.float32), "n": np.zeros(3, np.int32)}, {"N": 4}), None, None),
         (lambda: prog.resolve_dims({}), "dim", "N"),
         (lambda: prog.conform("x", np.zeros(3, np.int64)), "cast", "x"),
-        (lambda: prog.run(device="CPU,PYTHON", x=np.zeros(3, np.float32), n=np.zeros(3, np.int32)), None, None),
+        (lambda: prog.run(device="CPU:0,CPU:0", x=np.zeros(3, np.float32), n=np.zeros(3, np.int32)), None, None),
     ]
     for call, need, name in cases:
         with pytest.raises(tgc.TgcError) as info:
