@@ -298,7 +298,7 @@ def devices(info: bool = True) -> list[dict[str, Any]]:
             cls = device_class(kind)
             ok, why = cls.probe()
             row.update(available=bool(ok), why_not="" if ok else str(why))
-            row["renderer"] = _name_of(getattr(cls, "renderer", None))
+            row["renderer"] = _name_of(cls.renderer)
         except Exception as e:  # a backend that cannot even be imported is unavailable, not a crash
             row["why_not"] = f"cannot load the backend: {type(e).__name__}: {e}"
             rows.append(row)

@@ -60,8 +60,9 @@ class Kernel:
         comp = self.device.compiler
         if comp is None:
             raise CompileError(self.compile_error or "no compiler for this device")
-        if hasattr(comp, "assembly"):
-            return comp.assembly(self.src)
+        text = comp.assembly(self.src)
+        if text is not None:
+            return text
         if self.binary is None:
             raise CompileError(self.compile_error or "not compiled")
         try:
@@ -252,9 +253,8 @@ def compile_key(device: Any, src: str) -> str | None:
         return None
     comp = device.compiler
     parts: list[Any] = [device.kind, comp.name, comp.cache_key, __version__, src]
-    identity = getattr(comp, "cache_identity", None)
-    if identity is not None:
-        parts.append(identity)
+    if comp.cache_identity is not None:
+        parts.append(comp.cache_identity)
     return cache.make_key(*parts)
 
 

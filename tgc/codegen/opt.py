@@ -419,7 +419,7 @@ def _try(k: OptKernel, opt: Opt) -> bool:
 
 
 def auto_threads(k: OptKernel) -> None:
-    cores = getattr(k.device, "cores", 1)
+    cores = k.device.cores
     total = prod(r.src[0].arg for r in k.ranges() if r.src[0].op is Ops.CONST)
     if k.threads == 1 and cores > 1 and total >= 2 * MIN_WORK_PER_THREAD and k.loops():
         _try(k, Opt(OptOps.THREAD, 0, min(cores, total // MIN_WORK_PER_THREAD)))

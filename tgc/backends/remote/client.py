@@ -553,6 +553,13 @@ class RemoteDevice(Device):
         """A graph of `(program, bufs, global_size, local_size, vals)` launches, run with one request per call."""
         return RemoteGraph(self, launches)
 
+    @property
+    def cores(self) -> int:  # type: ignore[override]
+        """The served device's threads per launch (what the optimizer splits a CPU kernel across)."""
+        attrs = self.properties.get("attrs")
+        value = attrs.get("cores", 1) if isinstance(attrs, dict) else 1
+        return value if isinstance(value, int) and value > 0 else 1
+
     def __getattr__(self, name: str) -> Any:
         """The served device's other plain facts (`cores`, `has_fp16`, ...): an AttributeError where it has none,
         as locally."""

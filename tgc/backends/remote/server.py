@@ -598,7 +598,7 @@ class RemoteServer:
         if dev.launch_style != "cpu":
             return getattr(dev, "max_work_items", None)
         try:
-            cores = int(getattr(dev, "cores", 1))
+            cores = int(dev.cores)
         except Exception:
             cores = 1
         return max(64, 4 * cores)
