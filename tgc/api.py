@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 from typing import Any
 
@@ -9,9 +10,13 @@ import numpy as np
 
 from tgc.backends import default_device, device_class, get_device, known_kinds
 from tgc.codegen.kernel import Kernel, build_kernel
+from tgc.codegen.search import beam_items
 from tgc.dsl.frontend import InputDecl, Parsed, concrete_shape, dim_names, parse, trace
 from tgc.dtype import DType, dtypes, f32_to_bf16
+from tgc.engine import bench
+from tgc.engine.inputs import random_inputs
 from tgc.engine.realize import Lowered, run_program, to_user_array
+from tgc.engine.reference import evaluate
 from tgc.engine.schedule import ScheduleItem, create_schedule, split_large_reduces
 from tgc.env import env_int
 from tgc.errors import BindError, CompileError, TgcError
@@ -85,7 +90,6 @@ class Program:
         declared = {d.name for d in self.inputs}
         for name in inputs:
             if name not in declared:
-                import difflib
                 close = difflib.get_close_matches(name, declared, n=1)
                 raise TgcError(f"unknown input '{name}'", file=self.filename,
                                hint=f"did you mean '{close[0]}'?" if close else
@@ -231,7 +235,6 @@ class Program:
 
     def reference(self, dims: dict[str, int] | None = None, **inputs: Any) -> dict[str, np.ndarray]:
         """The program evaluated by numpy in float64 (ints exact), for `--check`."""
-        from tgc.engine.reference import evaluate
         dims, arrays = self.bind(inputs, dims, cast=True)
         outs, bufs = self._trace(dims)
         env = {b: arrays[self.inputs[b.arg[0]].name] for b in bufs}
@@ -246,8 +249,6 @@ class Program:
               warmup: int = 1, tuned: bool = True) -> dict[str, Any]:
         """Time the program on device-resident inputs (random ones by default, `tgc.engine.inputs`); see
         `tgc bench --json`. numpy's time beside it is the CLI's (`tgc.baselines.numpy_eval.time_numpy`)."""
-        from tgc.engine import bench
-        from tgc.engine.inputs import random_inputs
         dev = _device(device)
         if inputs is None:
             dims = self.resolve_dims(dims)
@@ -262,13 +263,11 @@ class Program:
     def identity(self, device: str | None, dims: dict[str, int]) -> dict[str, Any]:
         """What a timing of this program depends on beyond its kernels' code (`tgc bench --baseline` compares
         only equal identities): the source's hash, dims, the device and its model, the tgc version."""
-        from tgc.engine.bench import identity
-        return identity(self, _device(device), dims)
+        return bench.identity(self, _device(device), dims)
 
     def beam(self, device: str | None = None, dims: dict[str, int] | None = None, width: int = 4,
              progress: Any = None, force: bool = False) -> dict[str, Any]:
         """Search every kernel of the program (BEAM); store the winners; report before/after per kernel."""
-        from tgc.codegen.search import beam_items
         dev = _device(device)
         if dev.compiler is None:
             raise CompileError(dev.compile_error or f"cannot compile for {dev.kind} here, so it cannot be tuned here")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -27,7 +28,6 @@ class EnvVar:
 
 
 def _cuda_arch(text: str) -> None:
-    import re
 
     if not re.fullmatch(r"(?:sm_|compute_)?\d+\.?\d?[af]?", text.strip().lower()):
         raise TgcError(f"TGC_CUDA_ARCH={text!r} is not a CUDA architecture", hint="write it like sm_90 (or 90, 9.0)")

@@ -5,15 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tgc import cache
+from tgc.codegen import search
 from tgc.codegen.pipeline import _COMMENT as _COMMENT  # re-exported
 from tgc.codegen.pipeline import CONTRACT_TAG as CONTRACT_TAG  # re-exported
 from tgc.codegen.pipeline import drop_unused_buffers as drop_unused_buffers  # re-exported
 from tgc.codegen.pipeline import launch_contract as launch_contract  # re-exported
+from tgc.codegen.pipeline import lower, prepare
 from tgc.codegen.pipeline import render_kernel as render_kernel  # re-exported
 from tgc.env import env_flag
 from tgc.errors import CompileError
 from tgc.ir.kernel import ScheduleItem
+from tgc.ir.shapes import prod, shape_of
 from tgc.ir.uop import ALU, Ops, UOp, format_uops
+from tgc.version import __version__
 
 
 @dataclass
@@ -165,7 +170,6 @@ def kernel_flops(uops: list[UOp], device: Any, launch: dict) -> int:
 
 def prepare_ast(ast: UOp, device: Any) -> UOp:
     """The device-independent passes every kernel gets before optimization (`pipeline.PREPARE`)."""
-    from tgc.codegen.pipeline import prepare
     return prepare(ast, device)
 
 
@@ -174,9 +178,6 @@ def build_kernel(item: ScheduleItem, device: Any, beam: int = 0, name: str | Non
     """`tuned=False` ignores stored BEAM winners (what `make bench` shows as 'tgc default'). With `beam=W`
     a stored winner is used only if its search was at least W wide, else the kernel is searched again;
     `progress` gets the search's events (see `tgc.cli.report.progress_bar`). Lowering is `pipeline.lower`."""
-    from tgc.codegen import search
-    from tgc.codegen.pipeline import lower
-
     name = name or item.name
     ast = prepare_ast(item.ast, device)
     opts = None
@@ -207,7 +208,6 @@ def bytes_touched(ast: UOp, bufs: list[UOp]) -> int:
     the span of the index inside the buffer (a gated load outside the buffer reads nothing). An upper
     bound: a strided slice `x[::16]` counts a sixteenth of `x`, a matmul's operands once each.
     """
-    from tgc.ir.shapes import prod, shape_of
     reach: dict[int, int] = {}
     for u in ast.toposort():
         if u.op not in (Ops.LOAD, Ops.STORE) or not u.src or u.src[0].op is not Ops.DEFINE_GLOBAL:
@@ -247,8 +247,6 @@ def compile_key(device: Any, src: str) -> str | None:
     identity of that compiler (`cache_identity`: the server's address, compiler and version as it reports
     them), so that a binary returned by one server is never sent to another.
     """
-    from tgc import cache
-    from tgc.version import __version__
     if env_flag("DISABLE_COMPILER_CACHE"):
         return None
     comp = device.compiler
@@ -264,7 +262,6 @@ def _meta(device: Any, src: str) -> str:
 
 def recompile(device: Any, src: str, key: str, why: str) -> bytes:
     """Compile `src` again because the cached binary under `key` was unusable: drop it, store the new one."""
-    from tgc import cache
     cache.invalidate("compile", key, why)
     COMPILE_COUNTER["compiles"] += 1
     lib = device.compiler.compile(src)
@@ -284,7 +281,6 @@ def _compile_cached(device: Any, src: str) -> tuple[bytes | None, str | None, st
     if comp is None:
         device.lint(src)  # a device that cannot compile here may still check (METAL)
         return None, device.compile_error or f"no compiler for {device.kind} on this machine", None
-    from tgc import cache
     key = compile_key(device, src)
     if key is not None:
         hit = cache.get("compile", key)
