@@ -496,7 +496,8 @@ class CUDADevice(Device):
         ok, why, count = _driver_probe()
         if not ok:
             raise DeviceError(f"{'the CUDA device cannot be used' if count else 'no CUDA device is present'}: {why}",
-                              hint="CUDA kernels still compile here (tgc compile -d CUDA); running needs a GPU")
+                              hint="CUDA kernels still compile here (Program.compile(\"CUDA\")); running needs a GPU",
+                              cli_hint="CUDA kernels still compile here (tgc compile -d CUDA); running needs a GPU")
         if self.index >= count:
             raise DeviceError(f"no CUDA device is present at index {self.index}: this machine has {count}")
         try:

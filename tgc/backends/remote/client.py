@@ -110,7 +110,9 @@ class Connection:
                 if time.monotonic() + delay > deadline:
                     tried = f" (retried for {self.retry:g}s)" if self.retry else ""
                     raise DeviceError(f"cannot reach REMOTE server {self.address}: {_reason(e)}{tried}",
-                                      hint=f"start one with `tgc serve --port {self.port}` or check {ENV_ADDRESS}"
+                                      hint=f"start a server there (`tgc serve`, port {self.port}) or check "
+                                           f"{ENV_ADDRESS}",
+                                      cli_hint=f"start one with `tgc serve --port {self.port}` or check {ENV_ADDRESS}"
                                       ) from None
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
@@ -397,8 +399,9 @@ class RemoteDevice(Device):
         """(host, port) of the server this device talks to."""
         text = self._address or self._address_text()
         if not text:
-            raise DeviceError("the REMOTE device needs a server", hint=f"set {ENV_ADDRESS}=host:port or pass "
-                                                                        "--remote host:port (see `tgc serve`)")
+            raise DeviceError("the REMOTE device needs a server",
+                              hint=f"set {ENV_ADDRESS}=host:port, the address of a running `tgc serve`",
+                              cli_hint=f"set {ENV_ADDRESS}=host:port or pass --remote host:port (see `tgc serve`)")
         addrs = [a for a in (t.strip() for t in text.split(",")) if a]
         if len(addrs) > 1 and self.index >= len(addrs):
             raise DeviceError(f"{self.name} needs a server {self.index}, but {ENV_ADDRESS} names {len(addrs)}")
@@ -600,7 +603,8 @@ def checked_properties(raw: Any, address: str) -> dict[str, Any]:
         raise bad(f"kind {P.to_short(kind)} is not a device kind")
     if kind == "REMOTE":
         raise DeviceError(f"REMOTE server {address} says it serves REMOTE itself; a server must serve a local "
-                          "device", hint="point TGC_REMOTE at a `tgc serve` of a real device (e.g. -d CPU)")
+                          "device", hint="point TGC_REMOTE at a server of a local device (CPU, CUDA, ...)",
+                          cli_hint="point TGC_REMOTE at a `tgc serve` of a real device (e.g. -d CPU)")
     if p.get("launch_style") not in LAUNCH_STYLES:
         raise bad(f"launch_style {P.to_short(p.get('launch_style'))} is not one of {', '.join(LAUNCH_STYLES)}")
     for name, least in (("max_body", 1), ("max_buffer", 0), ("max_session_memory", 0)):

@@ -123,7 +123,8 @@ class RemoteServer:
                  limits: Limits | None = None, verbose: bool = False):
         if not token and not is_loopback(host):
             raise TgcError(f"refusing to serve on the non-loopback address {host} without a token",
-                           hint="pass --token-file FILE (or set TGC_REMOTE_TOKEN), or serve on 127.0.0.1")
+                           hint="give it a token (token=..., or set TGC_REMOTE_TOKEN), or serve on 127.0.0.1",
+                           cli_hint="pass --token-file FILE (or set TGC_REMOTE_TOKEN), or serve on 127.0.0.1")
         self.device_name, self.token, self.verbose = device, token, verbose
         self.limits = limits or Limits()
         self.lock = threading.RLock()  # held while a batch runs and while sessions change
@@ -687,7 +688,8 @@ def main_serve(host: str = "127.0.0.1", port: int = P.DEFAULT_PORT, device: str 
     name = device or default_device()
     kind, _ = canonical(name)
     if kind == "REMOTE":
-        raise TgcError("cannot serve REMOTE itself", hint="serve a local device, e.g. -d CPU")
+        raise TgcError("cannot serve REMOTE itself", hint="serve a local device, e.g. CPU",
+                       cli_hint="serve a local device, e.g. -d CPU")
     try:
         ok, why = device_class(kind).probe()
     except Exception as e:
