@@ -106,6 +106,7 @@ class Compiler:
     version = "0"
     # what else names this compiler in the disk-cache key, for a compiler that runs elsewhere (REMOTE); None: nothing
     cache_identity: tuple[str, ...] | None = None
+    source_assembly = False  # `assembly(src)` lists the assembly from the source (else: `disassemble(binary)`)
 
     def compile(self, src: str) -> bytes:
         raise NotImplementedError
@@ -114,9 +115,10 @@ class Compiler:
         """Human-readable assembly of a compiled binary (for `--emit asm`)."""
         raise NotImplementedError
 
-    def assembly(self, src: str) -> str | None:
-        """Assembly for `src` made from the source (for `--emit asm`), or None: disassemble the binary instead."""
-        return None
+    def assembly(self, src: str) -> str:
+        """The assembly listing of `src`, made from the source (for `--emit asm`): compilers that say
+        `source_assembly`; the others' listing is the disassembly of the binary."""
+        raise NotImplementedError
 
     def optimized_ir(self, src: str) -> str:
         """The compiler's IR after its optimizer ran on `src` (for `--emit ir`; LLVM compilers only)."""

@@ -65,9 +65,8 @@ class Kernel:
         comp = self.device.compiler
         if comp is None:
             raise CompileError(self.compile_error or "no compiler for this device")
-        text = comp.assembly(self.src)
-        if text is not None:
-            return text
+        if comp.source_assembly:
+            return comp.assembly(self.src)
         if self.binary is None:
             raise CompileError(self.compile_error or "not compiled")
         try:

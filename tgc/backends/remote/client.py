@@ -249,6 +249,8 @@ class RemoteCompiler(Compiler):
         results, _ = self.device._submit(P.Disassemble(datahash=""), lib)
         return P.safe_text(results[-1], limit=None)
 
+    source_assembly = True
+
     def assembly(self, src: str) -> str:
         """The server compiler's assembly listing for `src`."""
         results, _ = self.device._submit(P.Assembly(src=src))

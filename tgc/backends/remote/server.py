@@ -489,10 +489,15 @@ class RemoteServer:
                                               "the server goes on") from None
             raise Refusal(422, "compile", msg) from None
 
-    def _do_Compile(self, session: Session, req: P.Compile, blobs, out) -> str:
+    def _compiler(self) -> Any:
+        """The served device's compiler, or a refusal saying why it has none here (Compile, Disassemble, Assembly)."""
         comp = self.device.compiler
         if comp is None:
             raise Refusal(400, "device", f"{self.device_name} cannot compile here: {self.device.compile_error}")
+        return comp
+
+    def _do_Compile(self, session: Session, req: P.Compile, blobs, out) -> str:
+        self._compiler()
         try:
             known = parse_contract(req.src, getattr(self.device.renderer, "language", None))
         except ValueError as e:
@@ -520,20 +525,16 @@ class RemoteServer:
         return h
 
     def _do_Disassemble(self, session: Session, req: P.Disassemble, blobs, out) -> str:
-        comp = self.device.compiler
-        if comp is None:
-            raise Refusal(400, "device", f"{self.device_name} has no compiler here")
+        comp = self._compiler()
         try:
             return str(comp.disassemble(bytes(self._blob(blobs, req.datahash))))
         except NotImplementedError:
             raise Refusal(400, "device", f"the {comp.name} compiler cannot disassemble") from None
 
     def _do_Assembly(self, session: Session, req: P.Assembly, blobs, out) -> str:
-        comp = self.device.compiler
-        if comp is None:
-            raise Refusal(400, "device", f"{self.device_name} has no compiler here")
+        comp = self._compiler()
         try:
-            if callable(getattr(comp, "assembly", None)):
+            if comp.source_assembly:
                 return self._compile_text(req.src, "assembly").decode("utf-8", "replace")
             return str(comp.disassemble(self._compile_text(req.src)))
         except NotImplementedError:
