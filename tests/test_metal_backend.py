@@ -340,7 +340,7 @@ def test_stub_header_ships_with_the_package():
 @off_macos
 @needs_libclang
 def test_compile_runs_the_lint_when_kernel_py_calls_it(monkeypatch):
-    """`compile_cached` type-checks what it cannot compile (the `device.lint` hook)."""
+    """The kernel compile step type-checks what it cannot compile (the `device.lint` hook)."""
     dev = get_device("METAL")
     render = MetalRenderer.render
     monkeypatch.setattr(dev, "renderer", type("Broken", (MetalRenderer,), {

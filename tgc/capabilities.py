@@ -38,6 +38,3 @@ class Capabilities:
             preferred_local_size=threads or self.preferred_local_size,
             max_shared_bytes=min(self.max_shared_bytes, shared_bytes or self.max_shared_bytes))
 
-
-CPU = Capabilities()  # what a device declares that does not say (and the PYTHON interpreter)
-GPU = Capabilities(launch="gpu", fuse_rows=False)

@@ -28,7 +28,6 @@ class CStyleRenderer:
     global_qualifier = "__global"
     local_qualifier = "__local"
     barrier = "barrier(CLK_LOCAL_MEM_FENCE);"
-    launch_style = "gpu"
     # launch limits checked by every opt (tgc.codegen.opt.launch_limits): OpenCL's guaranteed minimums.
     # Work-group and work-item indices are `int` in the kernel, so the grid is at most 2^31 - 1 groups wide
     # (a larger launch is refused); addresses past 2^31 use 64-bit math instead.

@@ -127,10 +127,6 @@ class NVRTCCompiler(Compiler):
         """CUDA C source to PTX text (virtual arch `compute_XX`)."""
         return self._build(src, self.compute_arch, want_cubin=False)[1]
 
-    def ptx_for(self, src: str) -> str:
-        """The PTX of a source (what `--emit asm` prints)."""
-        return self.compile_ptx(src)
-
     def disassemble(self, lib: bytes, src: str | None = None) -> str:
         """The PTX behind a cubin from this process, else regenerated from `src` when given."""
         if lib[:4] != b"\x7fELF":  # already PTX text

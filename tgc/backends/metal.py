@@ -8,7 +8,8 @@ Elsewhere no Metal compiler exists. `tgc compile -d METAL` still renders every k
 clang (libclang from pip, in-process, a few ms a kernel) as C++17 against `metal_stdlib.h`, a stub of Apple's
 header kept in step with `MetalRenderer`; this catches syntax and type errors, not Metal-only rules. The device
 then has no compiler (`compiler is None`): kernels carry `binary=None` and `compile_error` says that running
-needs macOS; `lint(src)` is the type-check, for `compile_cached` to call on sources it cannot compile.
+needs macOS; `lint(src)` is the type-check, which the kernel compile step (`tgc.codegen.kernel`) calls on sources
+it cannot compile.
 
 Launch convention (see `tgc.backends.base`): `global_size` is the number of threadgroups per dimension and
 `local_size` the threads per threadgroup (`dispatchThreadgroups:threadsPerThreadgroup:`); `local_size=None`

@@ -268,12 +268,6 @@ def recompile(device: Any, src: str, key: str, why: str) -> bytes:
     return lib
 
 
-def compile_cached(device: Any, src: str) -> tuple[bytes | None, str | None]:
-    """(binary, None) or (None, why not). Compiler errors in the kernel itself raise CompileError."""
-    binary, err, _ = _compile_cached(device, src)
-    return binary, err
-
-
 def _compile_cached(device: Any, src: str) -> tuple[bytes | None, str | None, str | None]:
     """(binary, None, key of the cache hit or None) or (None, why not, None)."""
     comp = device.compiler

@@ -114,8 +114,6 @@ class Opt:
         return Opt(OptOps[name], int(v[1]), int(v[2]))
 
 
-OPT_NAMES = tuple(OptOps.__members__)
-
 
 class OptKernel:
     """A kernel AST plus the opts applied to it."""

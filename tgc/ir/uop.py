@@ -92,8 +92,6 @@ class RangeKind(Enum):
     REDUCE = auto()  # a reduction loop
     UPCAST = auto()  # an output loop unrolled into registers
     UNROLL = auto()  # a reduction loop unrolled
-    THREAD = auto()  # split across CPU threads
-    GLOBAL = auto()  # a GPU grid index
     LOCAL = auto()  # a GPU work-group index
     GROUP = auto()  # a reduction split across a work-group (shared-memory reduce)
 
