@@ -11,7 +11,7 @@ import pytest
 import tgc
 from tgc.backends import get_device
 from tgc.codegen.opt import Opt, OptError, OptKernel, OptOps, split_threads
-from tgc.codegen.pipeline import PASSES, fuses_rows, lower, passes_text
+from tgc.codegen.pipeline import PASSES, lower, passes_text
 from tgc.codegen.spec import SpecError, verify_spec
 from tgc.dtype import dtypes
 from tgc.ir.symbolic import simplify
@@ -231,8 +231,8 @@ def test_a_kernel_compiles_to_what_its_lowering_rendered():
 
 
 def test_row_fusion_is_decided_by_the_device_once():
-    assert fuses_rows(get_device("CPU")) and fuses_rows(get_device("PYTHON"))
-    assert not fuses_rows(get_device("CUDA"))
+    assert get_device("CPU").caps.fuse_rows and get_device("PYTHON").caps.fuse_rows
+    assert not get_device("CUDA").caps.fuse_rows
     prog = tgc.loads("x: f32[N, D]\nreturn softmax(x, 1)")
     assert len(prog.schedule({"N": 4, "D": 8}, "CPU")) == 1  # the row's max and sum stay in the kernel
     assert len(prog.schedule({"N": 4, "D": 8}, "CUDA")) == 3  # realized: a GPU thread has no row order

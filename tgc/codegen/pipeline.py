@@ -47,13 +47,6 @@ from tgc.ir.shapes import prod, shape_of
 from tgc.ir.uop import Ops, UOp, format_uops, pretty, substitute
 
 
-def fuses_rows(device: Any) -> bool:
-    """Whether the scheduler keeps a per-row reduction in its consumer's kernel for this device: on CPU-style
-    devices a kernel's outer loops run in order, so a row's reduction can be computed before the row is used.
-    The device declares it (`caps.fuse_rows`); the scheduler reads the same capability."""
-    return bool(device.caps.fuse_rows)
-
-
 @dataclass
 class LowerCtx:
     """What the passes share: the device, the kernel's buffers (tensor nodes of DEFINE_GLOBAL 0, 1, ...), the
@@ -280,4 +273,4 @@ def drop_unused_buffers(ast: UOp, bufs: list[UOp]) -> tuple[UOp, list[UOp]]:
     return substitute(ast, mapping), [bufs[i] for i in used]
 
 
-__all__ = ["PASSES", "Lowered", "Pass", "fuses_rows", "lower", "passes_text", "prepare", "uops_text"]
+__all__ = ["PASSES", "Lowered", "Pass", "lower", "passes_text", "prepare", "uops_text"]
