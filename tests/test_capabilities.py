@@ -116,3 +116,30 @@ def test_a_device_declares_its_cores_and_the_optimizer_splits_across_them(monkey
     monkeypatch.setenv("TGC_THREADS", "3")
     k = tgc.loads("a: f32[N]\nreturn a * 2").compile("PYTHON", dims={"N": 1 << 17})[0]
     assert k.global_size[0] == 3
+
+
+def test_vector_widths_are_the_devices_declaration(monkeypatch):
+    import dataclasses
+
+    from tgc.codegen.opt import Opt, OptOps
+    from tgc.codegen.pipeline import lower
+    dev = get_device("CPU")
+    item = tgc.loads("a: f32[N]\nreturn a * 2").schedule({"N": 64}, "CPU")[0]
+
+    def widest() -> int:
+        uops = lower(item.ast, dev, item.bufs, "k", opts=[Opt(OptOps.UPCAST, 0, 16)]).uops
+        return max(u.dtype.count for u in uops if u.dtype is not None)
+
+    assert widest() == 16
+    caps = dataclasses.replace(dev.renderer.caps, vector_widths=(8, 4))
+    narrow = type("Narrow", (type(dev.renderer),), {"caps": caps})
+    monkeypatch.setattr(dev, "renderer", narrow())
+    assert dev.caps.vector_widths == (8, 4) and widest() == 1  # 16 lanes are not a width it has: scalar copies
+
+
+def test_a_malformed_debug_setting_reads_as_zero_in_the_library(monkeypatch):
+    from tgc.env import debug_level
+    monkeypatch.setenv("DEBUG", "lots")
+    assert debug_level() == 0
+    monkeypatch.setenv("DEBUG", "6")
+    assert debug_level() == 6

@@ -121,6 +121,15 @@ def env_int(name: str, default: int) -> int:
     return value
 
 
+def debug_level() -> int:
+    """`DEBUG` (0 to 6) for the library's own printing: a malformed value reads as 0 here (the CLI refuses it up
+    front; the API runs as without it)."""
+    try:
+        return env_int("DEBUG", 0)
+    except TgcError:
+        return 0
+
+
 def env_float(name: str, default: float) -> float:
     """The finite number in `$name`, or `default` when unset or empty; nan, inf, a value below the variable's
     minimum or text that is not a number is a TgcError."""

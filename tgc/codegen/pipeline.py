@@ -41,8 +41,7 @@ from tgc.codegen.linearize import linearize
 from tgc.codegen.opt import apply_opts, launch_limits, lower_groups, map_to_grid
 from tgc.codegen.spec import verify_spec
 from tgc.codegen.transcendental import decompose_transcendentals
-from tgc.env import env_int
-from tgc.errors import TgcError
+from tgc.env import debug_level
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.uop import Ops, UOp, format_uops, pretty, substitute
 
@@ -134,7 +133,7 @@ def _unroll_reduce(ast: UOp, ctx: LowerCtx) -> UOp:
 
 
 def _vectorize(ast: UOp, ctx: LowerCtx) -> UOp:
-    return vectorize(ast)
+    return vectorize(ast, ctx.device.caps.vector_widths)
 
 
 def _upcast_stores(ast: UOp, ctx: LowerCtx) -> UOp:
@@ -161,15 +160,8 @@ TO_LINEAR = [
 PASSES = PREPARE + OPTIMIZE + TO_LINEAR  # then linearize, verify and render
 
 
-def _debug() -> int:
-    try:
-        return env_int("DEBUG", 0)
-    except TgcError:
-        return 0
-
-
 def run_passes(ast: UOp, ctx: LowerCtx, passes: list[Pass], quiet: bool = False) -> UOp:
-    show = not quiet and (ctx.trace is not None or _debug() >= 6)
+    show = not quiet and (ctx.trace is not None or debug_level() >= 6)
     for p in passes:
         if not p.when(ctx):
             continue
@@ -182,7 +174,7 @@ def run_passes(ast: UOp, ctx: LowerCtx, passes: list[Pass], quiet: bool = False)
 def _show(ctx: LowerCtx, name: str, text: str) -> None:
     if ctx.trace is not None:
         ctx.trace.append((name, text))
-    if _debug() >= 6:
+    if debug_level() >= 6:
         print(f"--- {ctx.name}: after {name}\n{text}", file=sys.stderr)
 
 
@@ -209,14 +201,14 @@ def lower(ast: UOp, device: Any, bufs: list[UOp], name: str, opts: list | None =
     list of opts (BEAM's); None runs the hand-coded heuristic (nothing with NOOPT). `trace`, when a list, gets
     (pass name, text after the pass) for every pass that ran."""
     ctx = LowerCtx(device, name, list(bufs), opts=None if opts is None else list(opts), trace=trace)
-    if trace is not None or _debug() >= 6:
+    if trace is not None or debug_level() >= 6:
         ast = run_passes(ast, ctx, PREPARE)
     else:
         ast = prepare(ast, device)
     optimized = run_passes(ast, ctx, OPTIMIZE)
     ast = run_passes(optimized, ctx, TO_LINEAR)
     uops = linearize(ast)
-    if ctx.trace is not None or _debug() >= 6:
+    if ctx.trace is not None or debug_level() >= 6:
         _show(ctx, "linearize", uops_text(uops))
     if verify.enabled():
         verify_spec(name, uops)

@@ -13,17 +13,10 @@ from typing import Any
 import numpy as np
 
 from tgc.dtype import DType, bf16_to_f32, dtypes
-from tgc.env import env_int
+from tgc.env import debug_level
 from tgc.errors import DeviceError, TgcError
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.uop import Ops, UOp
-
-
-def _debug() -> int:
-    try:
-        return env_int("DEBUG", 0)
-    except TgcError:  # the CLI refuses a bad DEBUG up front; the API runs as without it
-        return 0
 
 
 class Buffer:
@@ -108,7 +101,7 @@ def launch(k, bufs: list[Buffer]) -> float | None:
     """Run one kernel. With DEBUG>=2 it runs twice and prints a line with the second (warm) launch's time,
     its GFLOP/s and GB/s, and the first launch's time (which includes loading the binary and cold caches);
     a kernel only writes its output buffer, so the second run leaves the same values."""
-    level = _debug()
+    level = debug_level()
     if level >= 4:
         print(k.src, file=sys.stderr)
     if level >= 5:
