@@ -4,13 +4,14 @@ For each workload: tgc's default kernels, tgc after `tgc beam` (winners come fro
 the first run), numpy on the same inputs, XLA (`jax.jit` of the same program written with `jax.numpy`, inputs
 already on the device, `block_until_ready`), tgc's ratio to each, and the share of the machine's peak FLOP/s
 (compute-bound work) or of a plain 2-thread copy's bandwidth (memory-bound work), both measured in this run.
-Also: peak memory above the inputs and outputs, and the start-up time of a small `tgc run`.
+Also: peak memory above the inputs and outputs, the start-up time of a small `tgc run`, and a compiled package run
+cold in a fresh process against `tgc run FILE` with a warm cache (`--only package` runs just that).
 
 numpy runs with its best BLAS kernels: where the environment forces an OpenBLAS core type
 (`OPENBLAS_CORETYPE`, with `OPENBLAS_L2_SIZE`), this script says so and starts itself again without both, in
 this process alone (OpenBLAS reads them when numpy loads), and prints the kernel OpenBLAS then uses.
 
-    python bench/bench.py [--quick] [--no-beam] [--only NAME] [--json]
+    python bench/bench.py [--quick] [--no-beam] [--only NAME] [--json] [--multi-only]
 """
 
 from __future__ import annotations
@@ -241,6 +242,117 @@ def startup_time() -> float | None:
     return statistics.median(times)
 
 
+PACKAGE_CASES = [("softmax", "kernels/softmax.tg", ["N=256", "D=1024"]),
+                 ("matmul", "kernels/matmul.tg", ["M=256", "K=256", "N=256"])]
+
+
+def package_times(repeat: int = 5) -> list[dict] | None:
+    """Compile once, run anywhere: the time of a whole `tgc run PKG --random` process that starts cold (a fresh
+    process, an empty compile cache: nothing to compile, nothing cached) against `tgc run FILE --random` with
+    a warm compile cache, for softmax and matmul (medians of `repeat` processes)."""
+    import tempfile
+
+    exe = os.path.join(os.path.dirname(sys.executable), "tgc")
+    if not os.path.exists(exe):
+        return None
+    out = []
+    with tempfile.TemporaryDirectory(prefix="tgc-bench-pkg-") as tmp:
+        for name, path, dims in PACKAGE_CASES:
+            pkg = os.path.join(tmp, f"{name}.tgpkg")
+            path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), path)
+            d_args = [a for dim in dims for a in ("-D", dim)]
+            subprocess.run([exe, "compile", path, *d_args, "-d", "CPU", "--package", pkg], capture_output=True,
+                           check=True)
+            file_cmd = [exe, "run", path, "--random", *d_args]
+            subprocess.run(file_cmd, capture_output=True, check=True)  # warm the compile cache
+
+            def median(cmd: list[str], env: dict | None = None) -> float:
+                times = []
+                for _ in range(repeat):
+                    st = time.perf_counter()
+                    subprocess.run(cmd, capture_output=True, check=True, env=env)
+                    times.append(time.perf_counter() - st)
+                return statistics.median(times)
+
+            cold = []
+            for i in range(repeat):  # each process gets its own empty cache directory
+                env = {**os.environ, "TGC_CACHE_DIR": os.path.join(tmp, f"cold-{name}-{i}")}
+                st = time.perf_counter()
+                subprocess.run([exe, "run", pkg, "--random"], capture_output=True, check=True, env=env)
+                cold.append(time.perf_counter() - st)
+            warm = median(file_cmd)
+            pkg_s = statistics.median(cold)
+            out.append({"name": name, "dims": dims, "package_cold_s": pkg_s, "file_warm_s": warm,
+                        "ratio": pkg_s / warm})
+    return out
+
+
+def _with_threads(threads: int, fn):
+    """fn() with TGC_THREADS set (the CPU's core count as tgc sees it), then the old value back."""
+    old = os.environ.get("TGC_THREADS")
+    os.environ["TGC_THREADS"] = str(threads)
+    try:
+        return fn()
+    finally:
+        if old is None:
+            os.environ.pop("TGC_THREADS", None)
+        else:
+            os.environ["TGC_THREADS"] = old
+
+
+def _alternate(one, two, rounds: int) -> tuple[float, dict]:
+    """Best time of `one()` and the result of `two()` with the best program time, run alternately (so that
+    both see the same load on a shared machine)."""
+    best_one, best_two = float("inf"), None
+    for _ in range(rounds):
+        best_one = min(best_one, one()["program"]["min_s"])
+        r = two()
+        if best_two is None or r["program"]["min_s"] < best_two["program"]["min_s"]:
+            best_two = r
+    assert best_two is not None
+    return best_one, best_two
+
+
+def multi_device(quick: bool) -> list[dict]:
+    """Many devices: a data-parallel matmul with its rows sharded on CPU:0,CPU:1 (one core each: TGC_THREADS=2
+    split between them) against one CPU device with one thread, and a sum of 64M floats sharded the same way
+    (the all-reduce's share of the program). Default kernels (no BEAM winners) on both sides; the best of a
+    few alternating runs of each (this machine may be shared)."""
+    rng = np.random.default_rng(0)
+    rows = []
+    size = 512 if quick else 2048
+    a = rng.standard_normal((size, size), dtype=np.float32)
+    b = rng.standard_normal((size, size), dtype=np.float32)
+    n = (4 if quick else 64) << 20
+    x = rng.standard_normal(n, dtype=np.float32)
+    cases = [(f"matmul {size}^3, rows sharded", "a: f32[M, K]\nb: f32[K, N]\nreturn a @ b", {"a": a, "b": b},
+              {"a": 0}, 1.8),
+             (f"sum of {n >> 20}M f32, sharded", "x: f32[N]\nreturn sum(x)", {"x": x}, {"x": 0}, None)]
+    for name, src, inputs, shard, target in cases:
+        single, multi = tgc.loads(src), tgc.loads(src)
+        one, two = _alternate(
+            lambda single=single, inputs=inputs: _with_threads(1, lambda: single.bench(
+                device="CPU", inputs=inputs, repeat=1, warmup=1, tuned=False)),
+            lambda multi=multi, inputs=inputs, shard=shard: _with_threads(2, lambda: multi.bench(
+                device="CPU:0,CPU:1", shard=shard, inputs=inputs, repeat=1, warmup=1, tuned=False)), 3)
+        t2 = two["program"]["min_s"]
+        rows.append({"name": name, "one_ms": one * 1e3, "two_ms": t2 * 1e3, "speedup": one / t2, "target": target,
+                     "allreduce_share": two["collectives"]["median_s"] / t2 if two["collectives"]["steps"] else None,
+                     "per_device_ms": [k["median_s"] * 1e3 for k in two["kernels"] if "device" in k]})
+    return rows
+
+
+def print_multi(rows: list[dict]) -> None:
+    print("\nMany devices (CPU:0,CPU:1 with one core each against one CPU device with one thread; best of 3):")
+    print("| workload | 1 device, 1 thread | CPU:0,CPU:1 | speed-up | target | all-reduce share |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        target = "-" if r["target"] is None else f">= {r['target']}x: {'yes' if r['speedup'] >= r['target'] else 'no'}"
+        share = "-" if r["allreduce_share"] is None else f"{100 * r['allreduce_share']:.2f}%"
+        print(f"| {r['name']} | {r['one_ms']:.2f} ms | {r['two_ms']:.2f} ms | {r['speedup']:.2f}x | {target} | "
+              f"{share} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
@@ -248,7 +360,12 @@ def main() -> None:
     ap.add_argument("--no-xla", action="store_true", help="skip XLA (jax) even where it is installed")
     ap.add_argument("--only", default=None)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--multi-only", action="store_true", help="only the many-devices section")
     args = ap.parse_args()
+    if args.multi_only:
+        rows = multi_device(args.quick)
+        print(json.dumps(rows, indent=1)) if args.json else print_multi(rows)
+        return
 
     from tgc.backends import get_device
     dev = get_device("CPU")
@@ -301,9 +418,12 @@ def main() -> None:
         done.append(r)
     rows = done
     startup = startup_time()
+    packages = package_times() if not args.only or args.only == "package" else None
+    multi = multi_device(args.quick) if not args.only or args.only in "many devices" else []
     if args.json:
-        print(json.dumps({"peak": peak, "copy_gbs": copy_gbs, "rows": rows, "startup_s": startup,
-                          "blas": blas_note(), "xla_missing": XLA_MISSING[0] or None}, indent=1))
+        print(json.dumps({"peak": peak, "copy_gbs": copy_gbs, "rows": rows, "startup_s": startup, "packages": packages,
+                          "blas": blas_note(), "xla_missing": XLA_MISSING[0] or None, "multi_device": multi},
+                         indent=1))
         return
     head = ("| workload | tgc default | tgc beam | numpy | XLA | x numpy | x XLA | rate | share of peak | targets |"
             " peak mem / io |")
@@ -336,6 +456,12 @@ def main() -> None:
     print(f"\nFMA peak {peak['gflops']:.0f} GFLOP/s, 2-thread copy {copy_gbs:.1f} GB/s (measured in this run)")
     if startup is not None:
         print(f"warm `tgc run kernels/softmax.tg --random` as a whole process: {startup * 1e3:.0f} ms")
+    for p in packages or []:
+        print(f"{p['name']} ({' '.join(p['dims'])}): `tgc run PKG --random` cold (fresh process, empty cache) "
+              f"{p['package_cold_s'] * 1e3:.0f} ms vs `tgc run FILE --random` warm cache "
+              f"{p['file_warm_s'] * 1e3:.0f} ms ({p['ratio']:.2f}x)")
+    if multi:
+        print_multi(multi)
 
 
 if __name__ == "__main__":

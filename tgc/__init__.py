@@ -20,6 +20,13 @@ def loads(source: str, filename: str = "<string>"):
     return _loads(source, filename)
 
 
+def load_package(path: str):
+    """Read and validate a compiled package (`tgc compile FILE --package OUT`): `.run(...)` runs it without the
+    source and without compiling."""
+    from tgc.package import load_package as _load_package
+    return _load_package(path)
+
+
 def devices(info: bool = True) -> list:
     """Every registered backend: available here or not (and why), renderer, compiler, version, peak figures."""
     from tgc.api import devices as _devices
@@ -33,4 +40,4 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-__all__ = ["load", "loads", "devices", "TgcError", "__version__"]
+__all__ = ["load", "loads", "load_package", "devices", "TgcError", "__version__"]

@@ -52,24 +52,34 @@ class Allocator:
 class LRUAllocator(Allocator):
     """Keeps freed buffers by size and hands them out again, so a second run allocates nothing new.
 
-    `allocations` counts real device allocations (the tests read it).
+    `allocations` counts real device allocations; `live_bytes` the bytes handed out and not yet freed, and
+    `peak_bytes` its largest value since `reset_peak()` (the tests compare it with a memory plan's peak).
     """
 
     def __init__(self) -> None:
         self.cached: dict[int, list[Any]] = defaultdict(list)
         self.allocations = 0
+        self.live_bytes = self.peak_bytes = 0
+
+    def reset_peak(self) -> None:
+        self.peak_bytes = self.live_bytes
 
     def alloc(self, nbytes: int) -> Any:
         if self.cached[nbytes]:
-            return self.cached[nbytes].pop()
-        self.allocations += 1
-        try:
-            return self._alloc(nbytes)
-        except MemoryError:
-            self.free_cache()
-            return self._alloc(nbytes)
+            handle = self.cached[nbytes].pop()
+        else:
+            self.allocations += 1
+            try:
+                handle = self._alloc(nbytes)
+            except MemoryError:
+                self.free_cache()
+                handle = self._alloc(nbytes)
+        self.live_bytes += nbytes
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        return handle
 
     def free(self, handle: Any, nbytes: int) -> None:
+        self.live_bytes -= nbytes
         self.cached[nbytes].append(handle)
 
     def free_cache(self) -> None:
@@ -90,6 +100,10 @@ class HostAllocator(LRUAllocator):
         offset = (-raw.ctypes.data) % self.align
         return raw[offset:offset + nbytes]
 
+    def view(self, handle: Any, nbytes: int) -> Any:
+        """The first `nbytes` of an allocation (a memory plan's slot shared by smaller buffers)."""
+        return handle[:nbytes]
+
     def copyin(self, handle: Any, src: memoryview) -> None:
         import numpy as np
         np.copyto(handle, np.frombuffer(src, dtype=np.uint8))
@@ -97,6 +111,15 @@ class HostAllocator(LRUAllocator):
     def copyout(self, dest: memoryview, handle: Any) -> None:
         import numpy as np
         np.copyto(np.frombuffer(dest, dtype=np.uint8), handle)
+
+    def copyout_range(self, dest: memoryview, handle: Any, offset: int) -> None:
+        """Bytes `offset .. offset + len(dest)` of a buffer (the multi-device collectives copy chunks)."""
+        import numpy as np
+        np.copyto(np.frombuffer(dest, dtype=np.uint8), handle[offset:offset + dest.nbytes])
+
+    def copyin_range(self, handle: Any, offset: int, src: memoryview) -> None:
+        import numpy as np
+        np.copyto(handle[offset:offset + src.nbytes], np.frombuffer(src, dtype=np.uint8))
 
 
 class Compiler:
@@ -160,9 +183,14 @@ class Device:
     def __init__(self, index: int = 0):
         self.index = index
 
+    def shared(self, position: int, count: int) -> Device:
+        """This device as the `position`-th of `count` devices of its kind in one device list (the CPU gives
+        each its own share of the cores; other kinds are used as they are)."""
+        return self
+
     @property
     def name(self) -> str:
-        return f"{self.kind}:{self.index}" if self.index else self.kind
+        return f"{self.kind}:{self.index}" if self.index or getattr(self, "share", None) else self.kind
 
     @classmethod
     def probe(cls) -> tuple[bool, str]:
@@ -186,6 +214,11 @@ class Device:
         The scheduler and the optimizer read this, never the device's kind."""
         declared = self.renderer.caps if self.renderer is not None else Capabilities()
         return declared.limited(self.max_local_size, self.max_shared_bytes)
+
+    def binary_target(self) -> str:
+        """What a compiled binary must have been built for to load here (a package records it): by default the
+        compiler's identity (name and version)."""
+        return self.compiler.cache_key if self.compiler is not None else self.kind
 
     def ensure_runnable(self) -> None:
         """Raise DeviceError (why, in one line) when kernels cannot run on this device here. Called before a

@@ -225,26 +225,41 @@ class CPUDevice(Device):
         self.allocator = CPUAllocator()
         self._pool: ThreadPoolExecutor | None = None
         self._pool_size = 0
+        self.share: int | None = None  # in a device list: this device's part of the cores (`shared`)
 
     @classmethod
     def device_count(cls) -> int:
-        """One CPU device (its cores are threads of one launch): `CPU:1` is an error."""
-        return 1
+        """CPU:0 .. CPU:(max(8, cores) - 1): alone, a CPU device uses every core; in a device list the CPU
+        devices split the cores between them (`shared`)."""
+        return max(8, machine_cores())
 
     @property
     def cores(self) -> int:
         from tgc.env import env_int
 
-        threads = env_int("TGC_THREADS", 0)
-        if threads:
-            return threads
-        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        threads = env_int("TGC_THREADS", 0) or machine_cores()
+        return min(threads, self.share) if self.share else threads
+
+    def shared(self, position: int, count: int) -> CPUDevice:
+        """This device as the `position`-th of `count` CPU devices in one list: its own instance with its own
+        thread pool and cores // count of the cores (the first cores % count one more; at least one)."""
+        dev = CPUDevice(self.index)
+        total = CPUDevice(self.index).cores
+        q, r = divmod(total, count)
+        dev.share = max(1, q + (1 if position < r else 0))
+        return dev
 
     def pool(self, threads: int) -> ThreadPoolExecutor:
         if self._pool is None or self._pool_size < threads:
             self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tgc-cpu")
             self._pool_size = threads
         return self._pool
+
+    def binary_target(self) -> str:
+        """x86-64 objects for this CPU's model and features: what `tgc.backends.elf` loads, whichever llvmlite
+        built them (read without importing llvmlite)."""
+        import platform
+        return f"{platform.machine()}-{_cpu_fingerprint()}"
 
     def program(self, name: str, lib: bytes) -> CPUProgram:
         return CPUProgram(self, name, lib)
@@ -266,7 +281,16 @@ class CPUDevice(Device):
 
     def info(self) -> dict[str, Any]:
         import llvmlite
-        return {"renderer": "LLVM IR", "compiler": f"llvmlite {llvmlite.__version__}", "cores": self.cores}
+        cores = self.cores
+        two = [max(1, cores // 2 + (1 if i < cores % 2 else 0)) for i in range(2)]
+        return {"renderer": "LLVM IR", "compiler": f"llvmlite {llvmlite.__version__}", "cores": cores,
+                "device_list": f"CPU:0 .. CPU:{self.device_count() - 1} in a device list split the {cores} "
+                               f"core{'s' if cores != 1 else ''} between them, each with its own threads "
+                               f"(CPU:0,CPU:1: {two[0]} + {two[1]})"}
+
+
+def machine_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 _COMPILER = LLVMCompiler()

@@ -544,6 +544,10 @@ class CUDADevice(Device):
             self._tls.events = pair
         return pair
 
+    def binary_target(self) -> str:
+        """Cubins for this device's architecture load whichever NVRTC built them (a package records it)."""
+        return f"cubin-{self.arch}"
+
     def program(self, name: str, lib: bytes) -> CUDAProgram:
         return CUDAProgram(self, name, lib)
 

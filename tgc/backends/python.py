@@ -531,8 +531,8 @@ class PythonDevice(Device):
 
     @classmethod
     def device_count(cls) -> int:
-        """One PYTHON device: `PYTHON:1` is an error."""
-        return 1
+        """PYTHON:0 .. PYTHON:7 (each an interpreter like the others, for device lists)."""
+        return 8
 
     @property
     def cores(self) -> int:

@@ -203,6 +203,34 @@ def device_options(f: Callable) -> Callable:
                         help="Device: CPU (default), OPENCL, CUDA, METAL, PYTHON, REMOTE; NAME:i for the i-th.")(f)
 
 
+def _parse_shard(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, int]:
+    shard: dict[str, int] = {}
+    for text in values:
+        name, sep, axis = text.partition("=")
+        name, axis = name.strip(), axis.strip()
+        if not sep or not name.isidentifier() or not axis.lstrip("-").isdigit() or len(axis) > 6:
+            raise click.BadParameter(f"'{text}' is not NAME=AXIS (e.g. --shard x=0)", ctx, param)
+        if shard.get(name, int(axis)) != int(axis):
+            raise click.BadParameter(f"{name} is given twice, as {shard[name]} and {axis}", ctx, param)
+        shard[name] = int(axis)
+    return shard
+
+
+def shard_option(f: Callable) -> Callable:
+    return click.option("--shard", multiple=True, metavar="NAME=AXIS", callback=_parse_shard,
+                        help="With a device list (-d CPU:0,CPU:1): split input NAME along AXIS across the devices "
+                             "(repeatable); inputs not named are replicated.")(f)
+
+
+def _is_list(device: str | None, shard: dict[str, int] | None = None) -> bool:
+    """Whether `-d` (or TGC_DEVICE) names a device list; `--shard` without one is a usage error."""
+    from tgc.backends import default_device
+    listed = "," in (device or default_device())
+    if shard and not listed:
+        raise click.UsageError("--shard needs a device list, e.g. -d CPU:0,CPU:1")
+    return listed
+
+
 def dims_option(f: Callable) -> Callable:
     return click.option("-D", "dims", multiple=True, metavar="NAME=INT", callback=_parse_dims,
                         help="Size of a dim name (repeatable).")(f)
@@ -228,6 +256,28 @@ def _load(path: str) -> Any:
     prog = load(path)
     ctx.meta["tgc.source"] = getattr(prog, "source", None)
     return prog
+
+
+def _load_any(path: str) -> Any:
+    """A compiled package (`.tgpkg`, or any zip archive) or a `.tg` program."""
+    from tgc.package import is_package
+
+    if is_package(path):
+        from tgc.package import load_package
+
+        return load_package(path)
+    return _load(path)
+
+
+def _is_pkg(prog: Any) -> bool:
+    return type(prog).__name__ == "Package"
+
+
+def _no_list_for_package(device: str | None, shard: dict[str, int] | None) -> None:
+    """A package is compiled for one device: a device list (or --shard) with it is a usage error."""
+    if _is_list(device, shard):
+        raise click.UsageError("a package runs on the one device it was compiled for; device lists and --shard "
+                               "need the .tg program")
 
 
 def _device_kind(device: str | None) -> tuple[str, str]:
@@ -273,7 +323,7 @@ def _search_with_progress(prog: Any, device: str | None, dims: dict[str, int], b
             beam = int(os.environ.get("BEAM", "0") or 0)
         except ValueError:
             return  # the compile that follows reports the bad value
-    if beam <= 0 or not _stderr_tty():
+    if beam <= 0 or not _stderr_tty() or _is_list(device):
         return
     from tgc.cli import report
 
@@ -348,22 +398,35 @@ def main() -> None:
 @click.option("--check", is_flag=True, help="Compare with the float64 numpy reference; exit 1 beyond tolerance.")
 @click.option("--rtol", type=click.FloatRange(min=0), callback=_finite,
               help="Relative tolerance for --check (default by dtype).")
+@shard_option
 def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[str, str]], npz: str | None,
-        cast: bool, use_random: bool, seed: int | None, outs: list[Any], check: bool, rtol: float | None) -> None:
-    """Run FILE on a device and print or save its outputs."""
+        cast: bool, use_random: bool, seed: int | None, outs: list[Any], check: bool, rtol: float | None,
+        shard: dict[str, int]) -> None:
+    """Run FILE (a `.tg` program, or a package from `tgc compile --package`) and print or save its outputs."""
     from tgc.cli import inputs as inp
     from tgc.cli.outputs import print_output_table, resolve_outs, save_outputs
 
     if seed is not None and not use_random:
         raise click.UsageError("--seed needs --random")
-    prog = _load(file)
+    prog = _load_any(file)
+    pkg = _is_pkg(prog)
+    if pkg:
+        _no_list_for_package(device, shard)
+    if pkg and check:
+        raise TgcError("--check needs the program's source: a package holds no numpy reference",
+                       hint="run --check on the .tg file")
     _warn(inp.check_dims(prog, dims, require_all=False))
     specs = resolve_outs(outs, prog.output_names)
     given = inp.gather(prog, npz, pairs, cast)
-    arrays = inp.fill_random(prog, given, dims, seed or 0) if use_random else given
+    known = prog.resolve_dims(dims) if pkg else dims
+    arrays = inp.fill_random(prog, given, known, seed or 0) if use_random else given
     run_dims, arrays = inp.bind(prog, arrays, dims)
-    _search_with_progress(prog, device, run_dims, None)
-    results = prog.run(device=device, dims=run_dims, **arrays)
+    if not pkg:
+        _search_with_progress(prog, device, run_dims, None)
+    if _is_list(device, shard):
+        results = prog.run(device=device, dims=run_dims, shard=shard, inputs=arrays)
+    else:
+        results = prog.run(device=device, dims=run_dims, **arrays)
     dtype_names = _output_dtypes(prog, run_dims, results)
     failure = None
     if check:
@@ -398,19 +461,45 @@ def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[s
 @click.option("--emit", type=click.Choice(["src", "uops", "schedule", "ir", "asm", "bin"]), default="src",
               show_default=True, help="What to print for each kernel.")
 @click.option("-o", "--output", "outdir", metavar="DIR", help="Write one file per kernel into DIR.")
-def compile_(file: str, device: str | None, dims: dict[str, int], emit: str, outdir: str | None) -> None:
-    """Compile every kernel of FILE and print their sources (or UOps, schedule, IR, assembly, binaries)."""
+@click.option("--package", "package", metavar="OUT.tgpkg",
+              help="Write one package file (signature, launch plan, binaries) for `tgc run`/`bench`/`inspect`.")
+@shard_option
+def compile_(file: str, device: str | None, dims: dict[str, int], emit: str, outdir: str | None,
+             package: str | None, shard: dict[str, int]) -> None:
+    """Compile every kernel of FILE and print their sources (or UOps, schedule, IR, assembly, binaries), or
+    write a package (--package) that runs later without FILE and without compiling."""
     from tgc.cli import emit as em
     from tgc.cli.inputs import check_dims
 
+    if package and (outdir or emit != "src"):
+        raise click.UsageError("--package writes one file: it does not combine with --emit or -o")
     prog = _load(file)
     _warn(check_dims(prog, dims, require_all=True))
     name, kind = _device_kind(device)
+    if package:
+        _no_list_for_package(device, shard)
+        from tgc.cli.report import fmt_bytes
+        from tgc.package import write
+
+        _search_with_progress(prog, device, dims, None)
+        pkg = write(prog, package, name, dims)
+        n = len(pkg.kernels)
+        _err(f"wrote {package}: {n} kernel{'s' if n != 1 else ''} for {pkg.device_name}, "
+             f"planned peak memory {fmt_bytes(pkg.peak_bytes)}")
+        return
     if emit == "schedule":
         emitted = em.emit_schedule(prog.schedule(dims), file)
     else:
         _search_with_progress(prog, device, dims, None)
-        kernels = prog.compile(device=device, dims=dims)
+        listed = _is_list(device, shard)
+        kernels = prog.compile(device=device, dims=dims, shard=shard) if listed else prog.compile(device=device,
+                                                                                                 dims=dims)
+        if listed:  # which device runs which kernel (each distinct kernel is shown once below)
+            runs: dict[str, list[str]] = {}
+            for dev_name, k in prog.device_kernels(device, dims, shard):
+                runs.setdefault(dev_name, []).append(k.name)
+            for dev_name, ks in runs.items():
+                _err(f"{dev_name} runs {len(ks)} kernel{'s' if len(ks) != 1 else ''}: {', '.join(ks)}")
         emitted = em.emit_kernels(kernels, emit, name, kind, file)
         failed = next((k for k in kernels if k.binary is None), None)
         if failed is not None:
@@ -436,23 +525,34 @@ def compile_(file: str, device: str | None, dims: dict[str, int], emit: str, out
 @click.option("--beam", type=click.IntRange(min=0), help="BEAM-search width before timing (else $BEAM).")
 @click.option("--vs", type=click.Choice(["numpy"]), help="Also time numpy on the same inputs.")
 @click.option("--baseline", metavar="OLD.json", help="Compare with a saved `tgc bench --json`; exit 1 on regression.")
+@shard_option
 @json_option
 def bench(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[str, str]], npz: str | None,
           cast: bool, seed: int, repeat: int, beam: int | None, vs: str | None, baseline: str | None,
-          as_json: bool) -> None:
-    """Time each kernel of FILE and the whole program on device-resident inputs (random unless given)."""
+          shard: dict[str, int], as_json: bool) -> None:
+    """Time each kernel of FILE (a `.tg` program or a package) and the whole program on device-resident inputs
+    (random unless given)."""
     from tgc.cli import inputs as inp
     from tgc.cli import report
 
-    prog = _load(file)
+    prog = _load_any(file)
+    pkg = _is_pkg(prog)
+    if pkg:
+        _no_list_for_package(device, shard)
+    if pkg and (beam or vs):
+        raise click.UsageError(f"{'--beam' if beam else '--vs numpy'} needs the program's source, not a package")
     _warn(inp.check_dims(prog, dims, require_all=False))
     old = report.load_baseline(baseline) if baseline else None
-    arrays = inp.fill_random(prog, inp.gather(prog, npz, pairs, cast), dims, seed)
+    arrays = inp.fill_random(prog, inp.gather(prog, npz, pairs, cast), prog.resolve_dims(dims) if pkg else dims,
+                             seed)
     run_dims, arrays = inp.bind(prog, arrays, dims)
     if old is not None:  # refuse a baseline of another program, dims, device or tgc version before timing
         report.check_baseline(old, prog.identity(device, run_dims), baseline)
     kwargs: dict[str, Any] = {"device": device, "dims": run_dims, "repeat": repeat, "beam": beam, "inputs": arrays}
-    _search_with_progress(prog, device, run_dims, beam)
+    if _is_list(device, shard):
+        kwargs["shard"] = shard
+    if not pkg:
+        _search_with_progress(prog, device, run_dims, beam)
     if not as_json and _stderr_tty():
         _err(f"timing {file} ({repeat} runs per kernel) ...")
     result = prog.bench(**kwargs)
@@ -475,7 +575,10 @@ def bench(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple
 
         console = make_console()
         console.print(report.bench_table(result, rows))
-        console.print(report.peak_note(result), highlight=False, style="dim")
+        if "collectives" in result:
+            console.print(report.collectives_note(result), highlight=False)
+        else:
+            console.print(report.peak_note(result), highlight=False, style="dim")
         ratio = report.numpy_ratio(result)
         if ratio is not None:
             word = "faster" if ratio >= 1 else "slower"
@@ -493,8 +596,10 @@ def bench(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple
 @dims_option
 @click.option("--width", type=click.IntRange(min=1), default=4, show_default=True, help="Beam width.")
 @click.option("--force", is_flag=True, help="Search again even where a stored winner is wide enough.")
+@shard_option
 @json_option
-def beam_(file: str, device: str | None, dims: dict[str, int], width: int, force: bool, as_json: bool) -> None:
+def beam_(file: str, device: str | None, dims: dict[str, int], width: int, force: bool, shard: dict[str, int],
+          as_json: bool) -> None:
     """BEAM-search the optimizations of every kernel of FILE and store the winners in the cache.
 
     A kernel whose stored winner came from a search at least as wide is not searched again (unless --force).
@@ -506,7 +611,8 @@ def beam_(file: str, device: str | None, dims: dict[str, int], width: int, force
     _warn(check_dims(prog, dims, require_all=True))
     progress, close = report.progress_bar(_stderr_tty())
     try:
-        result = prog.beam(device=device, dims=dims, width=width, progress=progress, force=force)
+        extra = {"shard": shard} if _is_list(device, shard) else {}
+        result = prog.beam(device=device, dims=dims, width=width, progress=progress, force=force, **extra)
     finally:
         close()
     if as_json:
@@ -518,6 +624,60 @@ def beam_(file: str, device: str | None, dims: dict[str, int], width: int, force
     if result.get("interrupted"):
         _err("beam: interrupted; the winners found so far are stored")
         click.get_current_context().exit(130)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# tgc inspect
+
+
+@main.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@json_option
+def inspect(file: str, as_json: bool) -> None:
+    """Show a package: its device, dims, signature, kernels and planned peak memory (after validating it)."""
+    from tgc.package import is_package, load_package
+
+    if not is_package(file):
+        raise TgcError(f"{file} is not a package", hint="write one with: tgc compile FILE -D ... --package OUT.tgpkg")
+    doc = load_package(file).describe()
+    if as_json:
+        _echo_json(doc)
+        return
+    from tgc.cli.report import fmt_bytes
+
+    dev = doc["device"]
+    click.echo(f"package: {file} (format {doc['format_version']}, tgc {doc['tgc_version']}, "
+               f"sha256 {doc['content_hash'][:16]})")
+    click.echo(f"program: {doc['program']['file']}")
+    click.echo(f"device:  {dev['name']} (binaries for {dev['target']}; compiler {dev['compiler']})")
+    click.echo("dims:    " + (", ".join(f"{k}={v}" for k, v in doc["dims"].items()) or "(none)"))
+
+    def io_line(d: dict) -> str:
+        declared = f"[{', '.join(d['declared'])}]"
+        concrete = f"[{', '.join(map(str, d['shape']))}]"
+        return f"  {d['name']:<12} {d['dtype']}{declared}" + (f" = {concrete}" if declared != concrete else "")
+
+    click.echo(f"inputs ({len(doc['inputs'])}):")
+    for d in doc["inputs"]:
+        click.echo(io_line(d))
+    click.echo(f"outputs ({len(doc['outputs'])}):")
+    for d in doc["outputs"]:
+        click.echo(io_line(d))
+    click.echo(f"kernels ({len(doc['kernels'])}):")
+    for i, k in enumerate(doc["kernels"]):
+        local = f" local {k['local_size']}" if k["local_size"] else ""
+        click.echo(f"  {i:>3} {k['name']:<28} global {k['global_size']}{local} buffers {k['buffers']} "
+                   f"binary {fmt_bytes(k['binary_bytes'])}")
+    click.echo(f"buffers ({len(doc['buffers'])}):")
+    for b in doc["buffers"]:
+        where = f"allocation {b['slot']}" if b["slot"] is not None else "not allocated (no kernel writes it)"
+        click.echo(f"  {b['index']:>3} {b['role']:<6} {b['name'] or '':<12} {b['dtype']}{b['shape']} "
+                   f"{fmt_bytes(b['nbytes'])}, {where}")
+    mem = doc["memory"]
+    click.echo(f"memory:  planned peak {fmt_bytes(mem['peak_bytes'])} in {len(mem['slots'])} allocations "
+               f"(inputs {fmt_bytes(mem['input_bytes'])}, outputs {fmt_bytes(mem['output_bytes'])}, "
+               f"{mem['intermediates']} intermediates in {mem['intermediate_slots']}; "
+               f"one allocation per buffer would take {fmt_bytes(mem['unshared_bytes'])})")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -548,7 +708,11 @@ def devices(as_json: bool) -> None:
         cells = [str(c) for c in (r["why_not"], r["renderer"] or "-", r["compiler"] or "-", r["version"] or "-")]
         table.add_row(escape(r["device"]), "[green]yes[/green]" if r["available"] else "[red]no[/red]",
                       *(escape(c) for c in cells), peak or "-")  # a REMOTE server's words are not markup
-    make_console().print(table)
+    console = make_console()
+    console.print(table)
+    for r in rows:
+        if (r.get("info") or {}).get("device_list"):
+            console.print(f"{r['device']}: {r['info']['device_list']}", highlight=False, markup=False)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -203,6 +203,17 @@ def fmt_bytes(n: float, precision: str = ".3g") -> str:
     return str(n)
 
 
+def collectives_note(result: Mapping[str, Any]) -> str:
+    """The line under `tgc bench`'s table on a device list: bytes each device sent and the collectives' share."""
+    coll = result.get("collectives") or {}
+    if not coll.get("steps"):
+        return "collectives: none (no value crosses devices)"
+    sent = ", ".join(f"{d} {fmt_bytes(b)}" for d, b in zip(result.get("devices") or [], coll.get("sent_bytes") or []))
+    share = coll.get("share_of_program")
+    return (f"collectives: {', '.join(coll['steps'])}; sent per run: {sent}; "
+            f"{fmt_time(coll.get('median_s'))}" + (f", {fmt_share(share)} of the program" if share is not None else ""))
+
+
 def peak_note(result: Mapping[str, Any]) -> str:
     """The line under `tgc bench`'s table: the peak the shares are of, and what `(cache)` means."""
     peak = result.get("peak") or {}

@@ -21,7 +21,7 @@ import numpy as np
 
 from tgc import cache
 from tgc.engine.realize import Lowered, allocate
-from tgc.ir.shapes import prod, shape_of
+from tgc.ir.shapes import prod
 from tgc.version import __version__
 
 
@@ -67,7 +67,7 @@ def bench_lowered(low: Lowered, arrays: dict[str, np.ndarray], repeat: int = 10,
     peak = machine_peak(dev)
     # between two runs of a kernel every other kernel runs: whether its data is still in the cache depends on
     # all the program's buffers, whole (a strided read still brings in whole cache lines)
-    working_set = sum(prod(shape_of(b)) * b.dtype.itemsize for b in buffers)
+    working_set = sum(prod(b.shape) * b.dtype.itemsize for b in buffers.values())
     rows = []
     total_flops = sum(k.flops for k in kernels)
     total_bytes = sum(k.bytes_moved for k in kernels)

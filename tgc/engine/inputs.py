@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from tgc.dsl.frontend import concrete_shape
 from tgc.dtype import DType, f32_to_bf16
 
 
@@ -35,5 +34,7 @@ def random_values(dtype: DType, shape: Sequence[int], seed: int = 0, index: int 
 
 def random_inputs(prog: Any, dims: Mapping[str, int], seed: int = 0) -> dict[str, np.ndarray]:
     """A random array for every input the program declares, its dims resolved from `dims`."""
+    from tgc.dsl.frontend import concrete_shape  # (here: a package's run needs no parser)
+
     return {decl.name: random_values(decl.dtype, concrete_shape(decl, dims), seed, index)
             for index, decl in enumerate(prog.inputs)}

@@ -13,55 +13,105 @@ from typing import Any
 import numpy as np
 
 from tgc.dtype import DType, bf16_to_f32, dtypes
+from tgc.engine.memplan import MemoryPlan, plan_memory
 from tgc.env import debug_level
 from tgc.errors import DeviceError, TgcError
 from tgc.ir.shapes import prod, shape_of
-from tgc.ir.uop import Ops, UOp
+from tgc.ir.uop import Ops
+
+
+def buffer_type(key: Any) -> tuple[DType, tuple[int, ...]]:
+    """The dtype and shape of a buffer key: a tensor node, or a package's `PlanBuffer` (its own `plan_shape`)."""
+    shape = getattr(key, "plan_shape", None)
+    return key.dtype, (tuple(shape) if shape is not None else shape_of(key))
+
+
+def buffer_nbytes(key: Any) -> int:
+    dtype, shape = buffer_type(key)
+    return max(prod(shape) * dtype.itemsize, 1)
+
+
+class Slot:
+    """One device allocation of a memory plan, shared by buffers whose lifetimes do not overlap."""
+
+    def __init__(self, device: Any, nbytes: int, largest: Any):
+        self.device, self.nbytes = device, nbytes
+        limit = device.max_buffer_bytes
+        if limit is not None and nbytes > limit:
+            dtype, shape = buffer_type(largest)
+            raise DeviceError(f"a {dtype.name}{list(shape)} buffer takes {nbytes} bytes, more than "
+                              f"the {limit} bytes {device.name} can allocate at once",
+                              hint="use smaller tensors, or a device without this limit (CPU, CUDA)")
+        self.handle = device.allocator.alloc(nbytes)
+
+    def free(self) -> None:
+        self.device.allocator.free(self.handle, self.nbytes)
 
 
 class Buffer:
-    """Device memory holding one tensor node's values (contiguous)."""
+    """Device memory holding one tensor's values (contiguous): the start of a slot, which it frees if it
+    `owns` it (one buffer per slot does)."""
 
-    def __init__(self, device: Any, node: UOp):
+    def __init__(self, device: Any, node: Any, slot: Slot | None = None, owns: bool = True):
         self.device, self.node = device, node
-        self.nbytes = max(prod(shape_of(node)) * node.dtype.itemsize, 1)
-        limit = device.max_buffer_bytes
-        if limit is not None and self.nbytes > limit:
-            raise DeviceError(f"a {node.dtype.name}{list(shape_of(node))} buffer takes {self.nbytes} bytes, more than "
-                              f"the {limit} bytes {device.name} can allocate at once",
-                              hint="use smaller tensors, or a device without this limit (CPU, CUDA)")
-        self.handle = device.allocator.alloc(self.nbytes)
+        self.dtype, self.shape = buffer_type(node)
+        self.nbytes = max(prod(self.shape) * self.dtype.itemsize, 1)
+        if slot is None:
+            slot = Slot(device, self.nbytes, node)
+        self.slot, self.owns = slot, owns
+        view = getattr(device.allocator, "view", None)
+        self.handle = view(slot.handle, self.nbytes) if view is not None and slot.nbytes != self.nbytes \
+            else slot.handle
 
     def copyin(self, arr: np.ndarray) -> None:
         if arr.nbytes:
             self.device.allocator.copyin(self.handle, memoryview(np.ascontiguousarray(arr)).cast("B"))
 
     def numpy(self) -> np.ndarray:
-        out = np.empty(shape_of(self.node), dtype=self.node.dtype.np)
+        out = np.empty(self.shape, dtype=self.dtype.np)
         if out.nbytes:
             self.device.allocator.copyout(memoryview(out).cast("B"), self.handle)
         return out
 
     def free(self) -> None:
-        self.device.allocator.free(self.handle, self.nbytes)
+        if self.owns:
+            self.slot.free()
 
 
 @dataclass
 class Lowered:
     """A program lowered for one device: what the realizer and `tgc bench` run. `kernels` in launch order
-    (each with its `program()`, `bufs`, launch sizes and `vals`), `inputs` the input tensor nodes with the
-    names their arrays come under, `outputs` the output names with their tensor nodes."""
+    (each with its `program()`, `bufs`, launch sizes and `vals`), `inputs` the input buffer keys (tensor nodes,
+    or a package's `PlanBuffer`s) with the names their arrays come under, `outputs` the output names with their
+    keys. `memory` is the memory plan (computed on first use, or given by a package)."""
 
     device: Any
     kernels: list
-    inputs: list[tuple[UOp, str]]
-    outputs: list[tuple[str, UOp]]
+    inputs: list[tuple[Any, str]]
+    outputs: list[tuple[str, Any]]
+    memory: MemoryPlan | None = None
+
+    def memory_plan(self) -> MemoryPlan:
+        if self.memory is None:
+            self.memory = plan_for(self.device, self.kernels, self.inputs, self.outputs)
+        return self.memory
+
+
+def plan_for(device: Any, kernels: list, inputs: list[tuple[Any, str]], outputs: list[tuple[str, Any]]
+             ) -> MemoryPlan:
+    """The memory plan of a lowered program: its buffers share slots where the device's allocator can hand a
+    buffer the start of a larger allocation (`shared_slots`, true unless the allocator says otherwise)."""
+    kernel_bufs = [list(k.bufs) for k in kernels]
+    keys = {key: None for key, _ in inputs} | {key: None for bufs in kernel_bufs for key in bufs}
+    return plan_memory(kernel_bufs, {key: buffer_nbytes(key) for key in keys}, [key for key, _ in inputs],
+                       [key for _, key in outputs], share=getattr(device.allocator, "shared_slots", True))
 
 
 def run_program(low: Lowered, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Allocate, copy `arrays` (by input name) in, launch every kernel in order, copy the outputs out."""
+    """Allocate the memory plan's slots, copy `arrays` (by input name) in, launch every kernel in order, copy the
+    outputs out."""
     dev = low.device
-    buffers: dict[UOp, Buffer] = {}
+    buffers: dict[Any, Buffer] = {}
     try:
         allocate(low, arrays, buffers)
         for k in low.kernels:
@@ -71,8 +121,9 @@ def run_program(low: Lowered, arrays: dict[str, np.ndarray]) -> dict[str, np.nda
             if node in buffers:
                 arr = buffers[node].numpy()
             else:  # an empty output: no kernel ran
-                arr = np.zeros(shape_of(node), dtype=node.dtype.np)
-            result[out_name] = to_user_array(arr, node.dtype)
+                dtype, shape = buffer_type(node)
+                arr = np.zeros(shape, dtype=dtype.np)
+            result[out_name] = to_user_array(arr, buffer_type(node)[0])
         dev.synchronize()
         return result
     finally:
@@ -85,16 +136,31 @@ def to_user_array(arr: np.ndarray, dtype: DType) -> np.ndarray:
     return bf16_to_f32(arr) if dtype == dtypes.bf16 else arr
 
 
-def allocate(low: Lowered, arrays: dict[str, np.ndarray], buffers: dict[UOp, Buffer]) -> None:
+def allocate(low: Lowered, arrays: dict[str, np.ndarray], buffers: dict[Any, Buffer]) -> None:
     """Device buffers for a program's inputs (filled from `arrays`) and for every kernel's outputs, into
-    `buffers` (passed in so that the caller can free whatever was allocated if this fails midway)."""
+    `buffers` (passed in so that the caller can free whatever was allocated if this fails midway): the slots of
+    the memory plan, each allocated once and owned (freed) by the first buffer placed in it."""
+    plan = low.memory_plan()
+    slots: dict[int, Slot] = {}
+    largest: dict[int, Any] = {}  # per slot, its largest buffer (what a too-large allocation is reported as)
+    for k, i in plan.slot_of.items():
+        if i not in largest or plan.sizes[k] > plan.sizes[largest[i]]:
+            largest[i] = k
+
+    def place(key: Any) -> None:
+        index = plan.slot_of[key]
+        owns = index not in slots
+        if owns:
+            slots[index] = Slot(low.device, plan.slots[index], largest[index])
+        buffers[key] = Buffer(low.device, key, slots[index], owns)
+
     for b, name in low.inputs:
-        buffers[b] = Buffer(low.device, b)
+        place(b)
         buffers[b].copyin(arrays[name])
     for k in low.kernels:
         for node in k.bufs:
             if node not in buffers:
-                buffers[node] = Buffer(low.device, node)
+                place(node)
 
 
 def launch(k, bufs: list[Buffer]) -> float | None:

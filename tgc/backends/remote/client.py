@@ -173,6 +173,8 @@ class Connection:
 class RemoteAllocator(Allocator):
     """Buffers on the server, named by per-session ids (the handles are those ints)."""
 
+    shared_slots = False  # a copy out returns the whole buffer: a memory plan gives each buffer its own
+
     def __init__(self, device: RemoteDevice):
         self.device = device
 

@@ -1,0 +1,40 @@
+"""One input value as the array a program declares: its dtype (bf16 as its uint16 bits), C-contiguous. Shared
+by `Program.bind` (tgc.api) and packages (tgc.package), which must not import the compiler."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tgc.dtype import dtypes, f32_to_bf16
+from tgc.errors import BindError, TgcError
+
+
+def _decl_text(decl: Any) -> str:
+    return f"{decl.dtype.name}[{', '.join(map(str, decl.shape))}]"
+
+
+def as_array(value: Any, decl: Any, cast: bool, at: dict[str, Any]) -> np.ndarray:
+    want = decl.dtype
+    if isinstance(value, (bool, int, float, np.generic)) or (isinstance(value, (list, tuple))):
+        value = np.asarray(value)
+        if value.dtype == np.float64 and want.is_float or value.dtype.kind in "iub" and not want.is_float:
+            cast = True
+    if not isinstance(value, np.ndarray):
+        raise TgcError(f"input '{decl.name}' must be a numpy array, got {type(value).__name__}")
+    if want == dtypes.bf16:
+        if value.dtype == np.uint16:  # bf16 bit patterns (how tgc holds bf16), with or without cast
+            return np.require(value, requirements="C")
+        if value.dtype.kind == "f" or cast:
+            return f32_to_bf16(value.astype(np.float32))
+    if value.dtype != want.np:
+        if value.dtype.kind in "OVSUM" or value.dtype.kind == "c":
+            raise TgcError(f"input '{decl.name}' has dtype {value.dtype}, which tgc cannot use")
+        if not cast:
+            got = dtypes.from_numpy(value.dtype)
+            raise BindError(f"input '{decl.name}' is {got.name if got else value.dtype}, but the program declares it "
+                            f"{_decl_text(decl)}", need="cast", name=decl.name, dtype=want.name,
+                            hint=f"convert the array to {want.name}, or bind with cast=True", **at)
+        value = value.astype(want.np)
+    return np.require(value, requirements="C")  # (ascontiguousarray would turn a 0-d array into 1-d)

@@ -1,0 +1,771 @@
+"""Compiled packages (`.tgpkg`): a program compiled once for one device, run later without its source and
+without a compiler.
+
+A package is a zip archive of data only (never pickle, nothing runs on load):
+
+- `manifest.json`: the format and its version, the tgc version, the device (kind, binary target, compiler),
+  the dims it was compiled for, the signature (inputs and outputs: names, dtypes, shapes), the buffers (dtype,
+  shape, bytes), the launch plan (kernels in order: buffers, launch sizes, values), the memory plan (which
+  buffers share an allocation, the peak), and the size and SHA-256 of every other member. Every size is an
+  expression of the dims (`tgc.sizeexpr`: plain integers when every dim was given).
+- `kernels/<i>.bin` and `kernels/<i>.src`: each kernel's binary and its source.
+
+The manifest's `content_hash` is the SHA-256 of the manifest itself without that field (canonical JSON), which
+names every member's hash: the package's identity. The archive's comment, its last 64 bytes, is the SHA-256 of
+every byte before it: one flipped byte anywhere in the file is found, even in a zip field readers ignore.
+
+Reading validates before it uses anything: the archive's size and member count, member names (no paths
+outside the archive, no unexpected or duplicate members), uncompressed sizes and compression ratios (zip
+bombs), every field's type and range, the memory plan (buffers fit their slots, slots are never shared by
+buffers alive at once). The kernels' binaries are native code for the device: running a package runs them,
+as running any program does, so run packages you trust.
+
+This module imports neither the compiler nor llvmlite on the load path (`load_package`, `Package.run`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import zipfile
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tgc import sizeexpr
+from tgc.dtype import DType, dtypes
+from tgc.errors import BindError, TgcError
+from tgc.version import __version__
+
+FORMAT = "tgpkg"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+SUFFIX = ".tgpkg"
+ZIP_MAGIC = b"PK\x03\x04"
+CHECKSUM_LEN = 64
+
+MAX_FILE = 2 << 30  # the archive
+MAX_MEMBERS = 4096
+MAX_KERNELS = (MAX_MEMBERS - 1) // 2
+MAX_MANIFEST = 16 << 20
+MAX_MEMBER = 512 << 20
+MAX_TOTAL = 1 << 30  # uncompressed, all members
+MAX_RATIO = 200  # uncompressed / compressed, for members over RATIO_FREE bytes
+RATIO_FREE = 1 << 20
+MAX_BUFFER = 1 << 48  # bytes of one buffer
+MAX_BUFFERS = 1 << 16
+MAX_RANK = 16
+MAX_LAUNCH = (1 << 31) - 1
+MAX_DIM = 1 << 48
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
+_MEMBER = re.compile(r"kernels/(0|[1-9][0-9]{0,5})\.(bin|src)\Z")
+_HEX = re.compile(r"[0-9a-f]{64}\Z")
+_ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed: the same program and device give the same bytes
+
+
+class PackageError(TgcError):
+    """A package that cannot be used here: damaged, tampered with, for another device or format (exit 2)."""
+
+    def __init__(self, msg: str, **kw: Any):
+        kw.setdefault("kind", "user")
+        super().__init__(msg, **kw)
+
+
+def is_package(path: str | os.PathLike) -> bool:
+    """A path names a package: its suffix is .tgpkg, or it starts as a zip archive does."""
+    path = os.fspath(path)
+    if path.endswith(SUFFIX):
+        return True
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == ZIP_MAGIC
+    except OSError:
+        return False
+
+
+def canonical(doc: Any) -> bytes:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
+
+
+def content_hash(manifest: dict) -> str:
+    return hashlib.sha256(canonical({k: v for k, v in manifest.items() if k != "content_hash"})).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# writing
+
+
+def build(prog: Any, device: str | None = None, dims: dict[str, int] | None = None) -> bytes:
+    """The package of a `tgc.api.Program` compiled for `device` with every dim in `dims`, as bytes."""
+    from tgc.api import _device
+    from tgc.backends import default_device
+    from tgc.errors import CompileError
+
+    dev = _device(device or default_device())
+    dims = prog.resolve_dims(dims)
+    low = prog.lower(dev.name, dims)
+    missing = next((k for k in low.kernels if k.binary is None), None)
+    if missing is not None:
+        raise CompileError(f"cannot package for {dev.name}: kernel {missing.name} could not be compiled here: "
+                           f"{missing.compile_error or 'no compiler on this machine'}",
+                           hint="package on a machine that can compile for this device")
+    plan = low.memory_plan()
+    index: dict[Any, int] = {}
+    buffers: list[dict] = []
+    roles: dict[Any, tuple[str, str | None]] = {}
+    for node, name in low.inputs:
+        roles[node] = ("input", name)
+    for name, node in low.outputs:
+        roles.setdefault(node, ("output", name))
+
+    def buf(node: Any) -> int:
+        if node not in index:
+            from tgc.engine.realize import buffer_type
+            dtype, shape = buffer_type(node)
+            role, name = roles.get(node, ("temp", None))
+            index[node] = len(buffers)
+            buffers.append({"dtype": dtype.name, "shape": [int(s) for s in shape],
+                            "nbytes": max(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize, 1),
+                            "role": role, "name": name})
+        return index[node]
+
+    decls = {d.name: d for d in prog.inputs}
+    inputs = [{"name": name, "dtype": decls[name].dtype.name, "buffer": buf(node)} for node, name in low.inputs]
+    for d in inputs:
+        d["shape"] = _decl_shape(decls[d["name"]].shape, buffers[d["buffer"]]["shape"])
+    files: dict[str, dict] = {}
+    blobs: dict[str, bytes] = {}
+    kernels = []
+    for i, k in enumerate(low.kernels):
+        bin_name, src_name = f"kernels/{i}.bin", f"kernels/{i}.src"
+        for member, data in ((bin_name, bytes(k.binary)), (src_name, k.src.encode())):
+            blobs[member] = data
+            files[member] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        kernels.append({"name": k.name, "binary": bin_name, "source": src_name, "bufs": [buf(n) for n in k.bufs],
+                        "global_size": [int(x) for x in k.global_size],
+                        "local_size": [int(x) for x in k.local_size] if k.local_size else None,
+                        "vals": [int(v) for v in k.vals], "flops": int(k.flops), "bytes": int(k.bytes_moved),
+                        "line": k.line, "opts": [str(o) for o in k.opts]})
+    outputs = [{"name": name, "dtype": buffers[buf(node)]["dtype"], "shape": buffers[buf(node)]["shape"],
+                "buffer": buf(node)} for name, node in low.outputs]
+    slots = [0] * len(buffers)
+    for node, i in index.items():
+        slots[i] = plan.slot_of.get(node, -1)
+    manifest = {
+        "format": FORMAT, "format_version": FORMAT_VERSION, "tgc_version": __version__,
+        "device": {"kind": dev.kind, "name": dev.name, "target": dev.binary_target(),
+                   "compiler": dev.compiler.cache_key if dev.compiler is not None else None},
+        "program": {"file": os.path.basename(prog.path or prog.filename),
+                    "source_sha256": hashlib.sha256(prog.source.encode()).hexdigest()},
+        "dims": {k: int(v) for k, v in sorted(dims.items())},
+        "signature": {"inputs": inputs, "outputs": outputs},
+        "buffers": buffers,
+        "kernels": kernels,
+        "memory": {"slots": list(plan.slots), "slot_of": slots, "peak_bytes": plan.peak_bytes},
+        "files": files,
+    }
+    manifest["content_hash"] = content_hash(manifest)
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        for member, data in [(MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode()), *blobs.items()]:
+            info = zipfile.ZipInfo(member, date_time=_ZIP_TIME)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            z.writestr(info, data)
+        z.comment = b"0" * CHECKSUM_LEN  # replaced below: the file's checksum
+    data = out.getvalue()
+    return data[:-CHECKSUM_LEN] + file_checksum(data)
+
+
+def file_checksum(data: bytes) -> bytes:
+    """The archive's comment, its last bytes: the SHA-256 (hex) of every byte before it. Fields of the zip
+    container that readers ignore (times, attributes, the container's own headers) are covered too."""
+    return hashlib.sha256(data[:-CHECKSUM_LEN]).hexdigest().encode()
+
+
+def _decl_shape(declared: Any, concrete: list[int]) -> list:
+    """An input's declared shape as size expressions: its dim names kept, anything else (a declaration this
+    format cannot spell) by its concrete size."""
+    out = []
+    for s, n in zip(declared, concrete):
+        if isinstance(s, int) and not isinstance(s, bool):
+            out.append(int(s))
+        elif isinstance(s, str) and s.isidentifier():
+            out.append(s)
+        else:
+            try:
+                out.append(sizeexpr.validate(s))
+            except TgcError:
+                out.append(int(n))
+    return out
+
+
+def write(prog: Any, path: str | os.PathLike, device: str | None = None, dims: dict[str, int] | None = None
+          ) -> Package:
+    """Build a package and write it to `path` (atomically: a failed write leaves no partial file); return it
+    as loaded back from the bytes written."""
+    data = build(prog, device, dims)
+    path = os.fspath(path)
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise TgcError(f"cannot write {path}: {e.strerror or e}") from None
+    return loads_package(data, path)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# reading and validating
+
+
+def _bad(path: str, why: str) -> PackageError:
+    return PackageError(f"{path}: not a usable package: {why}",
+                        hint="the file is damaged or was changed after `tgc compile --package` wrote it; "
+                             "compile it again")
+
+
+def load_package(path: str | os.PathLike) -> Package:
+    """Read, validate and return a package (`tgc.load_package`)."""
+    path = os.fspath(path)
+    try:
+        size = os.stat(path).st_size
+        if size > MAX_FILE:
+            raise _bad(path, f"it is {size} bytes, more than the {MAX_FILE} a package may take")
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise PackageError(f"no such file: {path}") from None
+    except IsADirectoryError:
+        raise PackageError(f"{path} is a directory, not a package") from None
+    except OSError as e:
+        raise PackageError(f"cannot read {path}: {e.strerror or e}") from None
+    return loads_package(data, path)
+
+
+def loads_package(data: bytes, path: str = "<bytes>") -> Package:
+    manifest, members = read_members(data, path)
+    return Package(manifest, members, path)
+
+
+def read_members(data: bytes, path: str) -> tuple[dict, dict[str, bytes]]:
+    """The validated manifest and every member's bytes (hashes checked)."""
+    if len(data) > MAX_FILE:
+        raise _bad(path, "it is too large")
+    if not data.startswith(ZIP_MAGIC):
+        raise _bad(path, "it is not a zip archive" if data else "it is empty")
+    if len(data) < CHECKSUM_LEN + 22 or data[-CHECKSUM_LEN:] != file_checksum(data):
+        raise _bad(path, "its checksum does not match its bytes (damaged, truncated or changed)")
+    try:
+        z = zipfile.ZipFile(io.BytesIO(data))
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError, EOFError) as e:
+        raise _bad(path, f"the archive is damaged or truncated ({e})") from None
+    with z:
+        infos = z.infolist()
+        if len(infos) > MAX_MEMBERS:
+            raise _bad(path, f"it has {len(infos)} members, more than {MAX_MEMBERS}")
+        names = [i.filename for i in infos]
+        if len(set(names)) != len(names):
+            raise _bad(path, "a member appears twice")
+        total = 0
+        for info in infos:
+            name = info.filename
+            if name != MANIFEST and not _MEMBER.match(name):
+                raise _bad(path, f"unexpected member {name[:80]!r}")
+            if info.flag_bits & 0x1:
+                raise _bad(path, f"member {name} is encrypted")
+            if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+                raise _bad(path, f"member {name} uses an unsupported compression")
+            limit = MAX_MANIFEST if name == MANIFEST else MAX_MEMBER
+            if info.file_size > limit:
+                raise _bad(path, f"member {name} is {info.file_size} bytes, more than {limit}")
+            if info.file_size > RATIO_FREE and info.file_size > MAX_RATIO * max(info.compress_size, 1):
+                raise _bad(path, f"member {name} expands more than {MAX_RATIO} times (a zip bomb?)")
+            total += info.file_size
+            if total > MAX_TOTAL:
+                raise _bad(path, f"its members expand to more than {MAX_TOTAL} bytes")
+        if MANIFEST not in names:
+            raise _bad(path, f"it has no {MANIFEST}")
+        members: dict[str, bytes] = {}
+        for info in infos:
+            try:
+                with z.open(info) as f:
+                    blob = f.read(info.file_size + 1)
+            except (zipfile.BadZipFile, ValueError, OSError, EOFError, RuntimeError) as e:
+                raise _bad(path, f"member {info.filename} is damaged ({e})") from None
+            except Exception as e:  # zlib.error and friends: any failure to inflate is damage
+                raise _bad(path, f"member {info.filename} is damaged ({type(e).__name__})") from None
+            if len(blob) != info.file_size:
+                raise _bad(path, f"member {info.filename} is not the size the archive states")
+            members[info.filename] = blob
+    manifest = _parse_manifest(members.pop(MANIFEST), path)
+    _check_format(manifest, path)
+    if manifest.get("content_hash") != content_hash(manifest):
+        raise _bad(path, "its content hash does not match its manifest")
+    files = _obj(manifest.get("files"), "files", path)
+    if set(files) != set(members):
+        extra = sorted(set(members) - set(files)) or sorted(set(files) - set(members))
+        raise _bad(path, f"member {extra[0]} is {'not listed' if extra[0] in members else 'missing'}")
+    for name, meta in files.items():
+        meta = _obj(meta, f"files.{name}", path)
+        if meta.get("size") != len(members[name]) or meta.get("sha256") != hashlib.sha256(members[name]).hexdigest():
+            raise _bad(path, f"member {name} does not match its hash")
+    return manifest, members
+
+
+def _parse_manifest(blob: bytes, path: str) -> dict:
+    def no_dupes(pairs: list[tuple[str, Any]]) -> dict:
+        out = dict(pairs)
+        if len(out) != len(pairs):
+            raise ValueError("a key appears twice")
+        return out
+
+    def no_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not a number JSON allows")
+
+    try:
+        doc = json.loads(blob.decode("utf-8"), object_pairs_hook=no_dupes, parse_constant=no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise _bad(path, f"its manifest is not valid JSON ({str(e)[:120]})") from None
+    if not isinstance(doc, dict):
+        raise _bad(path, "its manifest is not a JSON object")
+    return doc
+
+
+def _check_format(manifest: dict, path: str) -> None:
+    if manifest.get("format") != FORMAT:
+        raise _bad(path, "its manifest is not a tgc package's")
+    version = manifest.get("format_version")
+    if version != FORMAT_VERSION:
+        made = manifest.get("tgc_version")
+        raise PackageError(
+            f"{path}: package format version {version!r} (written by tgc {str(made)[:40]}), but this tgc "
+            f"({__version__}) reads version {FORMAT_VERSION}",
+            hint="compile the package again with this tgc")
+
+
+def _obj(v: Any, where: str, path: str) -> dict:
+    if not isinstance(v, dict):
+        raise _bad(path, f"{where} is not an object")
+    return v
+
+
+def _list(v: Any, where: str, path: str, most: int) -> list:
+    if not isinstance(v, list) or len(v) > most:
+        raise _bad(path, f"{where} is not a list of at most {most} entries")
+    return v
+
+
+def _int(v: Any, where: str, path: str, lo: int, hi: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise _bad(path, f"{where} is not an integer in [{lo}, {hi}]")
+    return v
+
+
+def _name(v: Any, where: str, path: str) -> str:
+    if not isinstance(v, str) or not _NAME.match(v):
+        raise _bad(path, f"{where} is not a valid name")
+    return v
+
+
+def _dtype(v: Any, where: str, path: str) -> DType:
+    dt = dtypes.by_name.get(v) if isinstance(v, str) else None
+    if dt is None:
+        raise _bad(path, f"{where}: {str(v)[:20]!r} is not a dtype")
+    return dt
+
+
+def _size(e: Any, dims: dict[str, int], where: str, path: str, lo: int, hi: int) -> int:
+    try:
+        v = sizeexpr.evaluate(e, dims, where)
+    except TgcError as err:
+        raise _bad(path, err.msg) from None
+    return _int(v, where, path, lo, hi)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the package
+
+
+@dataclass
+class PackageInput:
+    """An input of the signature, as `tgc.cli.inputs` reads declarations: name, dtype, shape (ints and dim
+    names), `expr` the stored expressions."""
+
+    name: str
+    dtype: DType
+    shape: list
+    expr: list
+    buffer: int
+
+
+@dataclass(eq=False)
+class PlanBuffer:
+    """One buffer of a package's launch plan: the realizer's buffer key (`plan_shape` its concrete shape)."""
+
+    index: int
+    dtype: DType
+    plan_shape: tuple[int, ...]
+    nbytes: int
+    role: str
+    name: str | None
+
+
+@dataclass
+class PackagedKernel:
+    """A kernel of a package, with what the realizer and bench read from a compiled `Kernel`."""
+
+    name: str
+    src: str
+    binary: bytes
+    bufs: list
+    global_size: tuple[int, int, int]
+    local_size: tuple[int, int, int] | None
+    vals: tuple[int, ...]
+    flops: int
+    bytes_moved: int
+    line: int | None
+    opts: list
+    device: Any = None
+    index: int = 0
+    _program: Any = field(default=None, repr=False)
+
+    def program(self) -> Any:
+        if self._program is None:
+            try:
+                self._program = self.device.program(self.name, self.binary)
+            except TgcError:
+                raise
+            except Exception as e:
+                raise PackageError(f"kernel {self.name} of the package does not load on {self.device.name}: "
+                                   f"{type(e).__name__}: {str(e)[:200]}",
+                                   hint="compile the package again on this machine") from None
+        return self._program
+
+    def uops_text(self) -> str:
+        return "(a packaged kernel keeps its source and binary, not its UOps)"
+
+
+class Package:
+    """A validated package: its signature, launch plan and memory plan; `run` and `bench` on its device."""
+
+    def __init__(self, manifest: dict, members: dict[str, bytes], path: str = "<bytes>"):
+        self.manifest, self.path, self.filename = manifest, path, path
+        self._members = members
+        m = manifest
+        dev = _obj(m.get("device"), "device", path)
+        self.device_kind = _name(dev.get("kind"), "device.kind", path)
+        self.device_name = str(dev.get("name") or self.device_kind)[:64]
+        self.target = dev.get("target")
+        if not isinstance(self.target, str) or len(self.target) > 256:
+            raise _bad(path, "device.target is not a string")
+        self.tgc_version = str(m.get("tgc_version"))[:40]
+        dims = _obj(m.get("dims"), "dims", path)
+        self.dims = {_name(k, "a dim name", path): _int(v, f"dim {k}", path, 0, MAX_DIM) for k, v in dims.items()}
+        sig = _obj(m.get("signature"), "signature", path)
+        self.buffers = self._read_buffers(m.get("buffers"))
+        self.inputs = [self._read_io(d, f"input {i}", "input") for i, d in
+                       enumerate(_list(sig.get("inputs"), "signature.inputs", path, MAX_BUFFERS))]
+        self.outputs = [self._read_io(d, f"output {i}", "output") for i, d in
+                        enumerate(_list(sig.get("outputs"), "signature.outputs", path, MAX_BUFFERS))]
+        for what, group in (("input", self.inputs), ("output", self.outputs)):
+            names = [d.name for d in group]
+            if len(set(names)) != len(names):
+                raise _bad(path, f"two {what}s have the same name")
+        if len({d.buffer for d in self.inputs + self.outputs}) != len(self.inputs) + len(self.outputs):
+            raise _bad(path, "two inputs or outputs share a buffer")
+        self.kernels = [self._read_kernel(k, i) for i, k in
+                        enumerate(_list(m.get("kernels"), "kernels", path, MAX_KERNELS))]
+        self.memory = self._read_memory(_obj(m.get("memory"), "memory", path))
+        self.content_hash = m["content_hash"]
+
+    # --- validation of the manifest's parts
+    def _read_buffers(self, raw: Any) -> list[PlanBuffer]:
+        out = []
+        for i, b in enumerate(_list(raw, "buffers", self.path, MAX_BUFFERS)):
+            b = _obj(b, f"buffer {i}", self.path)
+            dt = _dtype(b.get("dtype"), f"buffer {i}", self.path)
+            shape = tuple(_size(s, self.dims, f"buffer {i} shape", self.path, 0, MAX_DIM)
+                          for s in _list(b.get("shape"), f"buffer {i} shape", self.path, MAX_RANK))
+            n = dt.itemsize
+            for s in shape:
+                n = min(n * s, MAX_BUFFER + 1)
+            nbytes = max(n, 1)
+            if nbytes > MAX_BUFFER:
+                raise _bad(self.path, f"buffer {i} takes more than {MAX_BUFFER} bytes")
+            if _size(b.get("nbytes"), self.dims, f"buffer {i} bytes", self.path, 1, MAX_BUFFER) != nbytes:
+                raise _bad(self.path, f"buffer {i}'s size does not match its shape")
+            role = b.get("role")
+            if role not in ("input", "output", "temp"):
+                raise _bad(self.path, f"buffer {i} has no valid role")
+            name = b.get("name")
+            if name is not None:
+                _name(name, f"buffer {i} name", self.path)
+            out.append(PlanBuffer(i, dt, shape, nbytes, role, name))
+        return out
+
+    def _read_io(self, d: Any, where: str, role: str) -> PackageInput:
+        d = _obj(d, where, self.path)
+        name = _name(d.get("name"), f"{where} name", self.path)
+        dt = _dtype(d.get("dtype"), where, self.path)
+        exprs = _list(d.get("shape"), f"{where} shape", self.path, MAX_RANK)
+        shape = []
+        for e in exprs:
+            v = _size(e, self.dims, f"{where} shape", self.path, 0, MAX_DIM)
+            shape.append(e if isinstance(e, str) else v)
+        b = _int(d.get("buffer"), f"{where} buffer", self.path, 0, len(self.buffers) - 1)
+        buf = self.buffers[b]
+        concrete = tuple(sizeexpr.evaluate(e, self.dims) for e in exprs)
+        if buf.role != role or buf.dtype != dt or buf.plan_shape != concrete or buf.name != name:
+            raise _bad(self.path, f"{where} does not match its buffer")
+        return PackageInput(name, dt, shape, exprs, b)
+
+    def _read_kernel(self, k: Any, i: int) -> PackagedKernel:
+        where, path = f"kernel {i}", self.path
+        k = _obj(k, where, path)
+        name = _name(k.get("name"), f"{where} name", path)
+        members = []
+        for key in ("binary", "source"):
+            member = k.get(key)
+            if not isinstance(member, str) or member not in self._members:
+                raise _bad(path, f"{where}'s {key} is not a member of the package")
+            members.append(member)
+        bufs = [self.buffers[_int(b, f"{where} buffer", path, 0, len(self.buffers) - 1)]
+                for b in _list(k.get("bufs"), f"{where} buffers", path, MAX_BUFFERS)]
+        gs = _list(k.get("global_size"), f"{where} global size", path, 3)
+        if len(gs) != 3:
+            raise _bad(path, f"{where} global size is not 3 sizes")
+        global_size = tuple(_size(s, self.dims, f"{where} global size", path, 1, MAX_LAUNCH) for s in gs)
+        ls = k.get("local_size")
+        local_size = None
+        if ls is not None:
+            ls = _list(ls, f"{where} local size", path, 3)
+            if len(ls) != 3:
+                raise _bad(path, f"{where} local size is not 3 sizes")
+            local_size = tuple(_size(s, self.dims, f"{where} local size", path, 1, MAX_LAUNCH) for s in ls)
+        vals = tuple(_size(v, self.dims, f"{where} value", path, -(1 << 31), (1 << 31) - 1)
+                     for v in _list(k.get("vals"), f"{where} values", path, 64))
+        flops = _int(k.get("flops"), f"{where} flops", path, 0, 1 << 62)
+        nbytes = _int(k.get("bytes"), f"{where} bytes", path, 0, 1 << 62)
+        line = k.get("line")
+        if line is not None:
+            line = _int(line, f"{where} line", path, 0, 1 << 31)
+        opts = [str(o)[:200] for o in _list(k.get("opts", []), f"{where} opts", path, 256)]
+        try:
+            src = self._members[members[1]].decode("utf-8")
+        except UnicodeDecodeError:
+            raise _bad(path, f"{where}'s source is not UTF-8 text") from None
+        return PackagedKernel(name, src, self._members[members[0]], bufs, global_size, local_size, vals, flops,
+                              nbytes, line, opts, index=i)  # type: ignore[arg-type]
+
+    def _read_memory(self, mem: dict) -> Any:
+        from tgc.engine.memplan import MemoryPlan, check_plan, lifetimes
+
+        path = self.path
+        slots = [_size(s, self.dims, "memory slot", path, 1, MAX_BUFFER)
+                 for s in _list(mem.get("slots"), "memory.slots", path, MAX_BUFFERS)]
+        slot_of = _list(mem.get("slot_of"), "memory.slot_of", path, MAX_BUFFERS)
+        if len(slot_of) != len(self.buffers):
+            raise _bad(path, "the memory plan does not cover every buffer")
+        inputs = [self.buffers[d.buffer] for d in self.inputs]
+        spans = lifetimes([k.bufs for k in self.kernels], inputs, [self.buffers[d.buffer] for d in self.outputs])
+        plan = MemoryPlan(slots=slots, lifetimes=spans)
+        for buf, slot in zip(self.buffers, slot_of):
+            if buf in spans:
+                plan.slot_of[buf] = _int(slot, "memory slot", path, 0, len(slots) - 1)
+                plan.sizes[buf] = buf.nbytes
+            elif slot != -1:
+                raise _bad(path, "the memory plan places a buffer no kernel uses")
+        fixed = {plan.slot_of[b] for b in inputs}
+        if len(fixed) != len(inputs) or any(s in fixed for b, s in plan.slot_of.items() if b not in inputs):
+            raise _bad(path, "the memory plan shares an input's memory")
+        why = check_plan(plan)
+        if why is not None:
+            raise _bad(path, f"its memory plan is unsafe: {why}")
+        if set(plan.slot_of.values()) != set(range(len(slots))):
+            raise _bad(path, "the memory plan has slots no buffer uses")
+        peak = _size(mem.get("peak_bytes"), self.dims, "memory.peak_bytes", path, 0, 1 << 62)
+        if peak != plan.peak_bytes:
+            raise _bad(path, "the memory plan's peak does not match its slots")
+        return plan
+
+    # --- what `tgc.cli.inputs` and the commands read, as from a Program
+    @property
+    def output_names(self) -> list[str]:
+        return [d.name for d in self.outputs]
+
+    @property
+    def dim_names(self) -> list[str]:
+        return list(self.dims)
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.memory.peak_bytes
+
+    def resolve_dims(self, dims: dict[str, int] | None = None) -> dict[str, int]:
+        """The package's dims; a dim given with another size is an error (the package holds one size)."""
+        for k, v in (dims or {}).items():
+            if k in self.dims and v != self.dims[k]:
+                raise TgcError(f"dim {k} = {v}, but the package {self.path} was compiled for {k} = {self.dims[k]}",
+                               hint=f"compile a package for it: tgc compile FILE -D {k}={v} ... --package OUT")
+        return dict(self.dims)
+
+    def conform(self, name: str, value: Any, cast: bool = False) -> np.ndarray:
+        from tgc.engine.conform import as_array
+
+        decl = next((d for d in self.inputs if d.name == name), None)
+        if decl is None:
+            raise TgcError(f"unknown input '{name}'", file=self.path)
+        return as_array(value, decl, cast, {"file": self.path})
+
+    def bind(self, inputs: dict[str, Any], dims: dict[str, int] | None = None, cast: bool = False
+             ) -> tuple[dict[str, int], dict[str, np.ndarray]]:
+        """Check inputs against the signature; return (dims, arrays in the declared dtypes)."""
+        dims = self.resolve_dims(dims)
+        declared = [d.name for d in self.inputs]
+        for name in inputs:
+            if name not in declared:
+                import difflib
+                close = difflib.get_close_matches(name, declared, n=1)
+                raise TgcError(f"unknown input '{name}'", file=self.path,
+                               hint=f"did you mean '{close[0]}'?" if close else
+                               "inputs: " + (", ".join(declared) or "(none)"))
+        arrays = {}
+        for decl in self.inputs:
+            if decl.name not in inputs:
+                raise BindError(f"missing input '{decl.name}' ({_type_text(decl)})", need="input", name=decl.name,
+                                hint="pass an array for it", file=self.path)
+            arr = self.conform(decl.name, inputs[decl.name], cast)
+            want = self.buffers[decl.buffer].plan_shape
+            if arr.ndim != len(want):
+                raise TgcError(f"input '{decl.name}' has {arr.ndim} dims {list(arr.shape)}, but the package "
+                               f"declares it {_type_text(decl)} with {len(want)}", file=self.path)
+            for axis, (w, have, e) in enumerate(zip(want, arr.shape, decl.expr)):
+                if w != have:
+                    named = f" ({sizeexpr.text(e)} = {w})" if not isinstance(e, int) else ""
+                    raise TgcError(f"input '{decl.name}' axis {axis} has size {have}, but the package declares "
+                                   f"{w}{named}", file=self.path,
+                                   hint="the package holds the sizes it was compiled for; compile another for "
+                                        "these sizes")
+            arrays[decl.name] = arr
+        return dims, arrays
+
+    def output_types(self, dims: dict[str, int] | None = None) -> list[tuple[str, DType, tuple[int, ...]]]:
+        return [(d.name, d.dtype, self.buffers[d.buffer].plan_shape) for d in self.outputs]
+
+    # --- running
+    def open_device(self, device: str | None = None) -> Any:
+        """The device to run on: the package's own kind (any index), after checking the binaries load there."""
+        from tgc.backends import canonical, get_device
+
+        name = device or self.device_name
+        if "," in name:
+            raise TgcError(f"device lists such as '{name}' are not supported for packages",
+                           hint=f"run on one {self.device_kind} device")
+        kind, _ = canonical(name)
+        if kind != self.device_kind:
+            raise PackageError(f"{self.path} was compiled for {self.device_kind}, not {kind}",
+                               hint=f"run it with -d {self.device_kind}, or compile a package for {kind}")
+        dev = get_device(name)
+        here = dev.binary_target()
+        if here != self.target:
+            raise PackageError(f"{self.path} holds {self.device_kind} binaries for {self.target}, but {dev.name} "
+                               f"here needs {here}",
+                               hint="compile the package again on (or for) this machine")
+        return dev
+
+    def lower(self, device: str | None = None) -> Any:
+        """The launch plan on a device, as the realizer runs it (`tgc.engine.realize.Lowered`)."""
+        from tgc.engine.realize import Lowered
+
+        dev = self.open_device(device)
+        for k in self.kernels:
+            if k.device is not dev:
+                k.device, k._program = dev, None
+        return Lowered(dev, self.kernels, [(self.buffers[d.buffer], d.name) for d in self.inputs],
+                       [(d.name, self.buffers[d.buffer]) for d in self.outputs], memory=self.memory)
+
+    def run(self, device: str | None = None, dims: dict[str, int] | None = None, cast: bool = False,
+            inputs: dict[str, Any] | None = None, **kw_inputs: Any) -> dict[str, np.ndarray]:
+        """Execute the launch plan; {output name: numpy array}, as `Program.run`."""
+        from tgc.engine.realize import run_program
+
+        low = self.lower(device)  # a package for another device is refused before its inputs are read
+        _, arrays = self.bind({**(inputs or {}), **kw_inputs}, dims, cast=cast)
+        low.device.ensure_runnable()
+        return run_program(low, arrays)
+
+    def bench(self, device: str | None = None, dims: dict[str, int] | None = None, repeat: int = 10,
+              inputs: dict[str, np.ndarray] | None = None, warmup: int = 1, **_: Any) -> dict[str, Any]:
+        """Time the launch plan on device-resident inputs (random by default), as `Program.bench`."""
+        from tgc.engine import bench
+        from tgc.engine.inputs import random_values
+
+        if inputs is None:
+            inputs = {d.name: random_values(d.dtype, self.buffers[d.buffer].plan_shape, 0, i)
+                      for i, d in enumerate(self.inputs)}
+        dims, arrays = self.bind(inputs, dims, cast=True)
+        low = self.lower(device)
+        low.device.ensure_runnable()
+        timing = bench.bench_lowered(low, arrays, repeat=repeat, warmup=warmup)
+        return {"device": low.device.name, "dims": dims, "repeat": repeat, "beam": None, **timing,
+                "identity": self.identity(low.device, dims)}
+
+    def identity(self, device: Any, dims: dict[str, int]) -> dict[str, Any]:
+        from tgc.engine.bench import device_model
+
+        dev = device if not isinstance(device, (str, type(None))) else self.open_device(device)
+        return {"program_sha256": self.manifest["program"].get("source_sha256") if isinstance(
+                    self.manifest.get("program"), dict) else None,
+                "file": self.path, "dims": dict(sorted(dims.items())), "device": dev.name,
+                "device_model": device_model(dev), "tgc_version": __version__, "package": self.content_hash}
+
+    # --- inspect
+    def describe(self) -> dict[str, Any]:
+        """What `tgc inspect --json` prints."""
+        mem = self.memory
+        temps = [b for b in self.buffers if b.role == "temp" and b in mem.slot_of]
+        prog = self.manifest.get("program") if isinstance(self.manifest.get("program"), dict) else {}
+        return {
+            "path": self.path, "format": FORMAT, "format_version": FORMAT_VERSION, "tgc_version": self.tgc_version,
+            "content_hash": self.content_hash,
+            "device": {"kind": self.device_kind, "name": self.device_name, "target": self.target,
+                       "compiler": self.manifest["device"].get("compiler")},
+            "program": {"file": prog.get("file"), "source_sha256": prog.get("source_sha256")},
+            "dims": dict(self.dims),
+            "inputs": [_io_doc(d, self.buffers[d.buffer]) for d in self.inputs],
+            "outputs": [_io_doc(d, self.buffers[d.buffer]) for d in self.outputs],
+            "kernels": [{"name": k.name, "global_size": list(k.global_size),
+                         "local_size": list(k.local_size) if k.local_size else None, "vals": list(k.vals),
+                         "buffers": [b.index for b in k.bufs], "binary_bytes": len(k.binary),
+                         "source_bytes": len(k.src.encode()), "flops": k.flops, "bytes": k.bytes_moved,
+                         "line": k.line} for k in self.kernels],
+            "buffers": [{"index": b.index, "role": b.role, "name": b.name, "dtype": b.dtype.name,
+                         "shape": list(b.plan_shape), "nbytes": b.nbytes, "slot": mem.slot_of.get(b)}
+                        for b in self.buffers],
+            "memory": {"peak_bytes": mem.peak_bytes, "unshared_bytes": mem.unshared_bytes,
+                       "slots": list(mem.slots), "buffers": len(mem.slot_of),
+                       "intermediates": len(temps), "intermediate_slots": len({mem.slot_of[b] for b in temps}),
+                       "input_bytes": sum(self.buffers[d.buffer].nbytes for d in self.inputs),
+                       "output_bytes": sum(self.buffers[d.buffer].nbytes for d in self.outputs
+                                           if self.buffers[d.buffer] in mem.slot_of)},
+        }
+
+
+def _type_text(decl: PackageInput) -> str:
+    return f"{decl.dtype.name}[{', '.join(map(str, decl.shape))}]"
+
+
+def _io_doc(d: PackageInput, buf: PlanBuffer) -> dict[str, Any]:
+    return {"name": d.name, "dtype": d.dtype.name, "shape": list(buf.plan_shape),
+            "declared": [sizeexpr.text(e) for e in d.expr]}
