@@ -11,7 +11,10 @@ numpy runs with its best BLAS kernels: where the environment forces an OpenBLAS 
 (`OPENBLAS_CORETYPE`, with `OPENBLAS_L2_SIZE`), this script says so and starts itself again without both, in
 this process alone (OpenBLAS reads them when numpy loads), and prints the kernel OpenBLAS then uses.
 
-    python bench/bench.py [--quick] [--no-beam] [--only NAME] [--json] [--multi-only]
+    python bench/bench.py [--quick] [--no-beam] [--no-symbolic] [--only NAME|symbolic] [--json] [--multi-only]
+
+Symbolic sizes: softmax and matmul at five sizes each, the kernels compiled once for the size's class
+(`Program.run(symbolic=True)`) against those compiled for the size (`--only symbolic` runs just this table).
 """
 
 from __future__ import annotations
@@ -353,6 +356,61 @@ def print_multi(rows: list[dict]) -> None:
               f"{share} |")
 
 
+SYMBOLIC_TARGET = 1.2  # symbolic kernels' time over the size-specialized ones, at the two largest sizes
+
+
+def symbolic_sizes(quick: bool) -> list[tuple[str, str, list[dict[str, int]]]]:
+    """Five sizes each of softmax and matmul: small, odd ones (the size class of sizes >= 2) and multiples of 32
+    (their own class, with the optimized symbolic kernels)."""
+    if quick:
+        return [("softmax", "kernels/softmax.tg", [{"N": n, "D": d} for n, d in
+                                                   ((7, 9), (33, 65), (64, 64), (100, 129), (128, 256))]),
+                ("matmul", "kernels/matmul.tg", [{"M": m, "K": m, "N": m} for m in (7, 33, 64, 100, 128)])]
+    return [("softmax", "kernels/softmax.tg", [{"N": n, "D": d} for n, d in
+                                               ((64, 100), (333, 777), (256, 256), (1024, 1024), (2048, 2048))]),
+            ("matmul", "kernels/matmul.tg", [{"M": m, "K": m, "N": m} for m in (33, 100, 128, 512, 1024)])]
+
+
+def symbolic_rows(quick: bool) -> list[dict]:
+    """Each size: the kernels compiled once for its size class (`Program.run(symbolic=True)`) against kernels
+    compiled for that size, both with default opts (no BEAM winners), timed in this run."""
+    rows = []
+    for name, path, dimsets in symbolic_sizes(quick):
+        prog = tgc.load(path)
+        for i, dims in enumerate(dimsets):
+            from tgc.engine.inputs import random_inputs
+            inputs = random_inputs(prog, dims, seed=0)
+            sym = prog.bench(inputs=inputs, dims=dims, repeat=5, tuned=False, symbolic=True)
+            spec = prog.bench(inputs=inputs, dims=dims, repeat=5, tuned=False)
+            plan = next((p for (dev, cls), p in prog._plans.items() if not isinstance(p, str)
+                         and cls == tgc_sizes().size_class(prog.dim_names, dims)), None)
+            sym_s, spec_s = sym["program"]["median_s"], spec["program"]["median_s"]
+            large = i >= len(dimsets) - 2
+            rows.append({"name": f"{name} {'x'.join(str(v) for v in dims.values())}",
+                         "size_class": tgc_sizes().class_text(tgc_sizes().size_class(prog.dim_names, dims)),
+                         "kernels": sym["kernels_for"] + (f" ({', '.join(plan.chosen)})" if plan else ""),
+                         "symbolic_ms": sym_s * 1e3, "specialized_ms": spec_s * 1e3, "ratio": sym_s / spec_s,
+                         "target": SYMBOLIC_TARGET if large else None,
+                         "met": (sym_s / spec_s <= SYMBOLIC_TARGET) if large else None})
+    return rows
+
+
+def tgc_sizes():
+    from tgc.codegen import sizes
+    return sizes
+
+
+def print_symbolic(rows: list[dict]) -> None:
+    print("\nSymbolic sizes: kernels compiled once per size class vs compiled for the size (default opts)")
+    head = "| workload | size class | kernels | symbolic | specialized | symbolic / specialized | target |"
+    print(head)
+    print("|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|")
+    for r in rows:
+        target = "-" if r["target"] is None else f"<= {r['target']}x: {'yes' if r['met'] else 'no'}"
+        print(f"| {r['name']} | {r['size_class']} | {r['kernels']} | {r['symbolic_ms']:.3f} ms | "
+              f"{r['specialized_ms']:.3f} ms | {r['ratio']:.2f}x | {target} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
@@ -361,10 +419,15 @@ def main() -> None:
     ap.add_argument("--only", default=None)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--multi-only", action="store_true", help="only the many-devices section")
+    ap.add_argument("--no-symbolic", action="store_true", help="skip the symbolic-vs-specialized sizes")
     args = ap.parse_args()
     if args.multi_only:
         rows = multi_device(args.quick)
         print(json.dumps(rows, indent=1)) if args.json else print_multi(rows)
+        return
+    if args.only == "symbolic":  # only the symbolic-sizes table
+        rows = symbolic_rows(args.quick)
+        print(json.dumps({"symbolic": rows}, indent=1)) if args.json else print_symbolic(rows)
         return
 
     from tgc.backends import get_device
@@ -420,9 +483,11 @@ def main() -> None:
     startup = startup_time()
     packages = package_times() if not args.only or args.only == "package" else None
     multi = multi_device(args.quick) if not args.only or args.only in "many devices" else []
+    sym_rows = symbolic_rows(args.quick) if not args.no_symbolic and not args.only else []
     if args.json:
         print(json.dumps({"peak": peak, "copy_gbs": copy_gbs, "rows": rows, "startup_s": startup, "packages": packages,
-                          "blas": blas_note(), "xla_missing": XLA_MISSING[0] or None, "multi_device": multi},
+                          "blas": blas_note(), "xla_missing": XLA_MISSING[0] or None, "multi_device": multi,
+                          "symbolic": sym_rows},
                          indent=1))
         return
     head = ("| workload | tgc default | tgc beam | numpy | XLA | x numpy | x XLA | rate | share of peak | targets |"
@@ -462,6 +527,8 @@ def main() -> None:
               f"{p['file_warm_s'] * 1e3:.0f} ms ({p['ratio']:.2f}x)")
     if multi:
         print_multi(multi)
+    if sym_rows:
+        print_symbolic(sym_rows)
 
 
 if __name__ == "__main__":

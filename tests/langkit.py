@@ -8,6 +8,8 @@ float32 holding bf16 values.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 import tgc
@@ -49,7 +51,14 @@ def int_range(name: str) -> tuple[int, int]:
     return (0, (1 << bits) - 1) if name[0] == "u" else (-(1 << (bits - 1)), (1 << (bits - 1)) - 1)
 
 
+# TGC_TEST_SYMBOLIC=1 runs every program through the kernels compiled for its size class (symbolic sizes,
+# falling back to size-specialized kernels where the launch checks say so): the language suite, once more
+SYMBOLIC = os.environ.get("TGC_TEST_SYMBOLIC", "") not in ("", "0")
+
+
 def run(src: str, device: str, dims: dict[str, int] | None = None, **inputs) -> dict[str, np.ndarray]:
+    if SYMBOLIC and device in ("CPU", "PYTHON"):
+        return tgc.loads(src).run(device=device, dims=dims, symbolic=True, **inputs)
     return tgc.loads(src).run(device=device, dims=dims, **inputs)
 
 

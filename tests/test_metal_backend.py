@@ -111,8 +111,8 @@ def _lint_all(kernels: list) -> list[str]:
     return errors
 
 
-# programs whose dims are tied to each other (C3 = 3 * C, heads of C // 4)
-TIED_DIMS = {"transformer_block.tg": {"B": 2, "T": 6, "C": 8, "C3": 24, "C4": 32}}
+# programs whose dims are tied to each other (4 heads of C // 4)
+TIED_DIMS = {"transformer_block.tg": {"B": 2, "T": 6, "C": 8}}
 
 
 def _dims_for(prog: tgc.Program) -> dict[str, int]:

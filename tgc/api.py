@@ -5,14 +5,37 @@ from __future__ import annotations
 import difflib
 import os
 import sys
+from dataclasses import replace as _dc_replace
 from typing import Any
 
 import numpy as np
 
 from tgc.backends import canonical, default_device, device_class, get_device, known_kinds
-from tgc.codegen.kernel import Kernel, build_kernel
-from tgc.codegen.search import beam_items
-from tgc.dsl.frontend import InputDecl, Parsed, concrete_shape, dim_names, parse, trace
+from tgc.codegen import search, sizes
+from tgc.codegen.kernel import (
+    Kernel,
+    build_kernel,
+    build_symbolic_kernel,
+    launch_allows,
+    prepare_ast,
+    symbolic_work,
+)
+from tgc.codegen.opt import OptError
+from tgc.codegen.pipeline import heuristic_opts
+from tgc.codegen.search import beam_items, lookup
+from tgc.dsl.frontend import (
+    DimError,
+    DimExpr,
+    InputDecl,
+    Parsed,
+    concrete_shape,
+    decl_shape,
+    dim_names,
+    dim_value,
+    parse,
+    solve_dim,
+    trace,
+)
 from tgc.dtype import DType
 from tgc.engine import bench
 from tgc.engine.conform import as_array as _as_array
@@ -22,7 +45,7 @@ from tgc.engine.multi import plan as plan_multi
 from tgc.engine.realize import Lowered, run_program, to_user_array
 from tgc.engine.reference import evaluate
 from tgc.engine.schedule import ScheduleItem, create_schedule, split_large_reduces
-from tgc.env import env_int
+from tgc.env import env_flag, env_int
 from tgc.errors import BindError, CompileError, TgcError
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.uop import Ops, UOp
@@ -59,6 +82,8 @@ class Program:
         self._kernels: dict[tuple, list[Kernel]] = {}
         self._lines: dict[UOp, int] = {}  # tensor node -> the .tg line that first computed it
         self._multi: dict[tuple, MultiLowered] = {}
+        self._plans: dict[tuple, SymbolicPlan | str] = {}  # (device, size class) -> symbolic kernels or why none
+        self.last_run = ""  # "symbolic" or "specialized[: why]": which kernels the last `run` used
         self._check_without_dims()
 
     @property
@@ -80,7 +105,12 @@ class Program:
             self._trace(trial)
         except TgcError as e:
             if not getattr(e, "shape_dependent", False):
-                raise
+                # dims are values (`zeros(N - 4)`): an error that larger sizes do not repeat is not the program's
+                try:
+                    self._trace({name: 64 + i for i, name in enumerate(self.dim_names)})
+                except TgcError as again:
+                    if (again.msg, again.line, again.col) == (e.msg, e.line, e.col):
+                        raise e from None
         finally:
             self._traces.clear()
 
@@ -101,6 +131,7 @@ class Program:
                                "inputs: " + (", ".join(sorted(declared)) or "(none)"))
         bound_by: dict[str, str] = {k: "" for k in dims}  # "": from the dims given
         arrays: dict[str, np.ndarray] = {}
+        deferred: list[tuple[InputDecl, int, DimExpr, int]] = []  # expression dims, checked once names are bound
         for decl in self.inputs:
             if decl.name not in inputs:
                 raise BindError(f"missing input '{decl.name}' ({_decl_text(decl)})", need="input", name=decl.name,
@@ -115,20 +146,60 @@ class Program:
                 if isinstance(want, int):
                     if want != have:
                         raise TgcError(f"input '{decl.name}' axis {axis} has size {have}, but is declared {want}",
-                                       file=self.filename, line=decl.line, col=decl.col, end_col=decl.end_col,
-                                       text=self.parsed.lines[decl.line - 1])
+                                       **self._at_dim(decl, axis))
+                elif isinstance(want, DimExpr):
+                    deferred.append((decl, axis, want, have))
                 elif want in dims:
                     if dims[want] != have:
                         source = f"input '{bound_by[want]}'" if bound_by[want] else "the dims given"
                         raise TgcError(f"dim {want} mismatch: input '{decl.name}' axis {axis} has size {have}, "
-                                       f"but {want} = {dims[want]} from {source}", file=self.filename,
-                                       line=decl.line, col=decl.col, end_col=decl.end_col,
-                                       text=self.parsed.lines[decl.line - 1])
+                                       f"but {want} = {dims[want]} from {source}", **self._at_dim(decl, axis))
                 else:
                     dims[want] = have
                     bound_by[want] = decl.name
             arrays[decl.name] = arr
+        self._bind_expressions(deferred, dims, bound_by)
         return dims, arrays
+
+    def _bind_expressions(self, deferred: list[tuple[InputDecl, int, DimExpr, int]], dims: dict[str, int],
+                          bound_by: dict[str, str]) -> None:
+        """Check the expression dims (`3 * C`) once the plain dim names are bound; an expression with one
+        unbound dim reached through + - * only binds it (`C + 1` of size 9 gives C = 8)."""
+        while deferred:
+            progress = False
+            for item in list(deferred):
+                decl, axis, expr, have = item
+                unknown = [n for n in expr.names() if n not in dims]
+                try:
+                    if unknown:
+                        solved = solve_dim(expr, have, dims)
+                        if solved is None:
+                            continue
+                        dims[solved[0]] = solved[1]
+                        bound_by[solved[0]] = f"{decl.name}' axis {axis} ('{expr}"
+                    value = dim_value(expr, dims)
+                except DimError as e:
+                    raise TgcError(f"input '{decl.name}' axis {axis} has size {have}: {e}",
+                                   **self._at_dim(decl, axis)) from None
+                if value != have:
+                    sources = ", ".join(f"{n} = {dims[n]} from " + (f"input '{bound_by[n]}'" if bound_by[n] else
+                                                                     "the dims given") for n in expr.names())
+                    raise TgcError(f"input '{decl.name}' axis {axis} has size {have}, but is declared {expr} = "
+                                   f"{value} ({sources})", **self._at_dim(decl, axis))
+                deferred.remove(item)
+                progress = True
+            if not progress:
+                decl, axis, expr, _ = deferred[0]
+                name = next(n for n in expr.names() if n not in dims)
+                raise BindError(f"dim {name} is unknown: input '{decl.name}' axis {axis} is declared {expr}, which "
+                                f"does not determine {name} by itself", need="dim", name=name,
+                                hint=f"give {name}'s size, or an input with a plain {name} axis",
+                                **self._at_dim(decl, axis))
+
+    def _at_dim(self, decl: InputDecl, axis: int) -> dict[str, Any]:
+        """Where one dim of a declaration is, for an error that points at it."""
+        col, end = decl.span_of(axis)
+        return {**self._at(decl), "col": col, "end_col": end}
 
     def conform(self, name: str, value: Any, cast: bool = False) -> np.ndarray:
         """One input as a C-contiguous array of its declared dtype (bf16 as its bits); a different dtype is an
@@ -148,6 +219,8 @@ class Program:
         missing = [d for d in self.dim_names if d not in dims]
         if missing:
             raise BindError(f"dim {missing[0]} is unknown", need="dim", name=missing[0], hint="give its size in dims")
+        for decl in self.inputs:  # every expression dim has a size (no division by zero, nothing negative)
+            decl_shape(decl, dims, filename=self.filename, lines=self.parsed.lines)
         return dims
 
     # --- tracing, scheduling, compiling
@@ -234,21 +307,143 @@ class Program:
         return Lowered(dev, kernels, [(b, self.inputs[b.arg[0]].name) for b in in_bufs],
                        list(zip(self.output_names, outs)))
 
+    # --- symbolic sizes (tgc/codegen/sizes.py)
+    def compile_symbolic(self, device: str | None = None, size_class: Any = None) -> SymbolicPlan:
+        """The program's kernels compiled once for every size of a size class (default: every dim 2 or more),
+        their sizes kernel arguments. TgcError (kind "user") when the program has no symbolic form."""
+        dev = _device(device)
+        cls = size_class if size_class is not None else tuple((n, "n") for n in self.dim_names)
+        plan = self._symbolic(dev, tuple(cls))
+        if isinstance(plan, str):
+            raise TgcError(f"the program has no kernels valid for every size ({sizes.class_text(tuple(cls))}): "
+                           f"{plan}", hint="give its dims (-D NAME=INT) to compile it for one size", kind="user")
+        return plan
+
+    def _symbolic(self, dev: Any, cls: tuple) -> SymbolicPlan | str:
+        key = (dev.name, cls)
+        if key not in self._plans:
+            try:
+                self._plans[key] = self._build_symbolic(dev, cls)
+            except Exception as e:  # noqa: BLE001 - no symbolic form is a reason to compile per size, not a crash
+                self._plans[key] = f"its symbolic kernels could not be built ({type(e).__name__}: {e})"
+        return self._plans[key]
+
+    def _build_symbolic(self, dev: Any, cls: tuple) -> SymbolicPlan | str:
+        """The plan for one size class, or why there is none."""
+        if dev.caps.gpu or dev.kind == "REMOTE":
+            # GPU grids are sized when compiling, and a REMOTE server checks launches against buffer sizes
+            return f"kernels with symbolic sizes are built for the CPU and PYTHON devices only, not {dev.kind} yet"
+        p1, p2 = sizes.probes(cls)
+        symbolic = [n for n, c in cls if c in sizes.SYMBOLIC]
+        bound = sizes.var_bound(len(symbolic))
+        runs = []
+        for probe in (p1, p2):
+            try:
+                outs, _ = self._trace(probe)
+                items = [i for i in create_schedule(outs, dev.caps) if i.ast.src]
+            except TgcError as e:
+                return f"at sizes {probe}: {e.msg}"
+            asts = [sizes.symbolize_ast(i.ast, probe, symbolic, bound) for i in items]
+            slots, kslots, oslots = sizes.slots_of(items, outs, probe, symbolic)
+            runs.append((outs, items, asts, slots, kslots, oslots))
+        (outs1, items1, asts1, slots1, k1, o1), (_, items2, asts2, slots2, k2, o2) = runs
+        if len(items1) != len(items2) or any(a is not b for a, b in zip(asts1, asts2)):
+            return "its kernels change with the sizes in ways that are not products of dims"
+        if not sizes.same_slots(slots1, slots2) or k1 != k2 or o1 != o2:
+            return "its buffers change with the sizes in ways that are not products of dims"
+        signature = sizes.graph_signature(outs1, p1, symbolic)
+        if sizes.instantiate_signature(signature, p2) != sizes.graph_signature(self._trace(p2)[0]):
+            return "its operations change with the sizes"
+        # the optimizations the heuristic picks at a representative size, each kernel's fast variant where they
+        # apply to its symbolic form (launched where its checks hold at the dims given)
+        rep = {n: sizes.REPRESENTATIVE[c] if c in sizes.SYMBOLIC else int(c) for n, c in cls}
+        rep_items = None
+        if not dev.caps.gpu and not env_flag("NOOPT"):
+            try:
+                rep_items = [i for i in create_schedule(self._trace(rep)[0], dev.caps) if i.ast.src]
+            except TgcError:
+                rep_items = None
+            if rep_items is not None and [sizes.name_shape(i.name) for i in rep_items] != \
+                    [sizes.name_shape(i.name) for i in items1]:
+                rep_items = None
+        kernels, fast = [], []
+        names: dict[str, int] = {}
+        for i, (item, ast) in enumerate(zip(items1, asts1)):
+            base = sizes.symbolic_name(item.name, p1, symbolic)
+            n = names.get(base, 0)
+            names[base] = n + 1
+            item.line = self.line_of(item.meta.get("serves", item.output))
+            sym_item = ScheduleItem(ast, item.bufs, base, item.line, item.meta)
+            kname = f"{base}n{n}" if n else base
+            kernels.append(build_symbolic_kernel(sym_item, dev, p1, kname))
+            fast.append(None)
+            if rep_items is not None:
+                fast[-1] = _fast_variant(sym_item, rep_items[i], dev, rep, kname)
+        plan = SymbolicPlan(dev, cls, kernels, slots1, k1, o1, signature, bound, symbolic, fast)
+        plan.shapes = [sizes.name_shape(i.name) for i in items1]
+        plan.asts = asts1
+        plan.item_bufs = [list(i.bufs) for i in items1]
+        return plan
+
+    def _store_class_winners(self, dev: Any, dims: dict[str, int]) -> int:
+        """After BEAM at `dims`: each kernel's stored winner also becomes the winner of its symbolic form for the
+        dims' size class (so a later run at a nearby size uses it). Returns how many were stored."""
+        cls = sizes.size_class(self.dim_names, dims)
+        plan = self._symbolic(dev, cls)
+        if isinstance(plan, str):
+            return 0
+        items = [i for i in self.schedule(dims, dev.name) if i.ast.src]
+        if [sizes.name_shape(i.name) for i in items] != plan.shapes:
+            return 0
+        stored = 0
+        for item, k in zip(items, plan.kernels):
+            entry = search.lookup_entry(prepare_ast(item.ast, dev), dev)
+            if entry is not None:
+                search.store(k.template, dev, entry["opts"], entry.get("time_s") or 0.0, k.name, entry["width"])
+                stored += 1
+        self._plans.pop((dev.name, cls), None)  # rebuilt with the class winners on its next use
+        return stored
+
+    def lower_symbolic(self, device: str | None, dims: dict[str, int]) -> tuple[Lowered | None, str]:
+        """The program's symbolic kernels bound to these dims, as the realizer runs them, and "" ; or (None, why
+        not) where the launch-time checks fail (the caller runs the size-specialized kernels instead)."""
+        dev = _device(device)
+        dims = self.resolve_dims(dims)
+        cls = sizes.size_class(self.dim_names, dims)
+        plan = self._symbolic(dev, cls)
+        if isinstance(plan, str):
+            return None, plan
+        return plan.bind(self, dims)
+
     # --- running
     def run(self, device: str | list[str] | None = None, dims: dict[str, int] | None = None, cast: bool = False,
-            inputs: dict[str, Any] | None = None, shard: dict[str, int] | None = None,
+            inputs: dict[str, Any] | None = None, shard: dict[str, int] | None = None, symbolic: bool = False,
             **kw_inputs: Any) -> dict[str, np.ndarray]:
         """Execute on a device; returns {output name: numpy array}. Inputs come as keywords (`x=arr`) or,
         for names that clash with these parameters, as `inputs={"device": arr}`. A device list
         (`"CPU:0,CPU:1"` or a list) runs the program sharded: `shard={"x": 0}` splits input x along axis 0
-        across the devices, inputs not named are replicated; outputs come back whole."""
+        across the devices, inputs not named are replicated; outputs come back whole. `symbolic=True` (one
+        device) runs the kernels compiled once for the dims' size class (`compile_symbolic`) where the
+        launch-time checks allow, else the size-specialized ones; `last_run` says which ran."""
         dims, arrays = self.bind({**(inputs or {}), **kw_inputs}, dims, cast=cast)
         names = device_names(device)
         shard_axes = self.shard_axes(shard, dims, len(names))
-        if len(names) == 1:
-            _device(names[0]).ensure_runnable()
-            return run_program(self.lower(names[0], dims), arrays)
-        return run_multi(self.lower_multi(names, dims, shard_axes), arrays).outputs
+        if len(names) > 1:
+            if symbolic:
+                raise TgcError("symbolic sizes run on one device, not a device list",
+                               hint="drop symbolic=True to run sharded")
+            self.last_run = "specialized"
+            return run_multi(self.lower_multi(names, dims, shard_axes), arrays).outputs
+        name = names[0]
+        _device(name).ensure_runnable()
+        if symbolic:
+            low, why = self.lower_symbolic(name, dims)
+            self.last_run = "symbolic" if low is not None else f"specialized: {why}"
+            if low is not None:
+                return run_program(low, arrays)
+        else:
+            self.last_run = "specialized"
+        return run_program(self.lower(name, dims), arrays)
 
     # --- many devices
     def device_kernels(self, device: str | list[str], dims: dict[str, int] | None = None,
@@ -354,16 +549,22 @@ class Program:
 
     def bench(self, device: str | list[str] | None = None, dims: dict[str, int] | None = None, repeat: int = 10,
               beam: int = 0, inputs: dict[str, np.ndarray] | None = None,
-              warmup: int = 1, tuned: bool = True, shard: dict[str, int] | None = None) -> dict[str, Any]:
+              warmup: int = 1, tuned: bool = True, shard: dict[str, int] | None = None,
+              symbolic: bool = False) -> dict[str, Any]:
         """Time the program on device-resident inputs (random ones by default, `tgc.engine.inputs`); see
         `tgc bench --json`. numpy's time beside it is the CLI's (`tgc.baselines.numpy_eval.time_numpy`).
-        On a device list: per-device kernel time, the collectives' time and bandwidth, the whole program."""
+        On a device list: per-device kernel time, the collectives' time and bandwidth, the whole program.
+        `symbolic=True` times the kernels compiled for the dims' size class (`run(symbolic=True)`); the
+        result's `kernels_for` says "size class" or "these sizes" (when the launch checks fell back)."""
         if inputs is None:
             dims = self.resolve_dims(dims)
             inputs = random_inputs(self, dims)
         dims, arrays = self.bind(inputs, dims, cast=True)
         names = device_names(device)
         if len(names) > 1:
+            if symbolic:
+                raise TgcError("symbolic sizes run on one device, not a device list",
+                               hint="drop symbolic=True to time it sharded")
             axes = self.shard_axes(shard, dims, len(names))
             timing = bench_multi(self.lower_multi(names, dims, axes, beam=beam, tuned=tuned), arrays,
                                  repeat=repeat, warmup=warmup)
@@ -371,10 +572,13 @@ class Program:
                     **timing, "identity": {**self.identity(names[0], dims), "device": ",".join(names),
                                            "shard": axes}}
         dev = _device(names[0])
-        timing = bench.bench_lowered(self.lower(dev.name, dims, beam=beam, tuned=tuned), arrays, repeat=repeat,
-                                     warmup=warmup)
+        low = self.lower_symbolic(dev.name, dims)[0] if symbolic else None
+        kernels_for = "size class" if low is not None else "these sizes"
+        if low is None:
+            low = self.lower(dev.name, dims, beam=beam, tuned=tuned)
+        timing = bench.bench_lowered(low, arrays, repeat=repeat, warmup=warmup)
         result: dict[str, Any] = {"device": dev.name, "dims": dims, "repeat": repeat, "beam": beam, **timing,
-                                  "identity": self.identity(dev.name, dims)}
+                                  "identity": self.identity(dev.name, dims), "kernels_for": kernels_for}
         return result
 
     def identity(self, device: str | None, dims: dict[str, int]) -> dict[str, Any]:
@@ -418,8 +622,83 @@ class Program:
         dims = self.resolve_dims(dims)
         rows, seconds = beam_items(self.schedule(dims, dev.name), dev, width, progress=progress, force=force)
         self._kernels.clear()  # later compiles pick up the stored winners
+        if not dev.caps.gpu and not any(r.get("interrupted") for r in rows):
+            self._store_class_winners(dev, dims)  # and symbolic kernels of the dims' size class
         return {"device": dev.name, "dims": dims, "width": width, "kernels": rows, "seconds": seconds,
                 "interrupted": any(r.get("interrupted") for r in rows)}
+
+
+class SymbolicPlan:
+    """A program's kernels for every size of one size class: the kernels (dim variables as arguments), the
+    buffers they use (`tgc.codegen.sizes.Slot`: shapes as products of dims), and the tensor graph's signature
+    that a launch at given dims must reproduce."""
+
+    def __init__(self, device: Any, cls: tuple, kernels: list[Kernel], slots: list, kernel_slots: list[list[int]],
+                 output_slots: list[int], signature: tuple, bound: int, symbolic: list[str],
+                 fast: list[Kernel | None] | None = None):
+        self.device, self.size_class, self.kernels, self.slots = device, cls, kernels, slots
+        self.kernel_slots, self.output_slots, self.signature = kernel_slots, output_slots, signature
+        self.bound, self.symbolic = bound, symbolic
+        self.fast = fast or [None] * len(kernels)  # per kernel, its optimized variant (launch-checked) or None
+        self.chosen: list[str] = []  # per kernel of the last `bind`: "fast" or "general"
+        self.shapes: list[str] = []  # per kernel, its name with sizes blanked (`r_#_#`): matches a schedule
+        self.asts: list[UOp] = []  # per kernel, its symbolic AST as scheduled (before any pass)
+        self.item_bufs: list[list[UOp]] = []  # per kernel, the probe's buffer nodes (kernel_slots' order)
+
+    def bind(self, prog: Program, dims: dict[str, int]) -> tuple[Lowered | None, str]:
+        """The launch-time checks, then the kernels bound to `dims`: (Lowered, "") or (None, why not)."""
+        for n in self.symbolic:
+            if not 2 <= dims[n] <= self.bound:
+                return None, f"dim {n} = {dims[n]} is outside the symbolic kernels' range 2..{self.bound}"
+        outs, in_bufs = prog._trace(dims)
+        if sizes.instantiate_signature(self.signature, dims) != sizes.graph_signature(outs):
+            return None, "the program's operations differ at these sizes (a slice or index that clamps)"
+        # where the scheduler cuts the same kernels at these sizes (it may not: small matmuls are not packed,
+        # which the plan's kernels still compute right), each must be the plan's kernel at these sizes
+        items = [i for i in create_schedule(outs, self.device.caps) if i.ast.src]
+        if [sizes.name_shape(i.name) for i in items] == self.shapes:
+            for item, ast in zip(items, self.asts):
+                if sizes.instantiate_ast(ast, dims) is not item.ast:
+                    return None, f"kernel {item.name} differs from the size class's kernel at these sizes"
+        nodes: list[UOp] = []
+        for i, slot in enumerate(self.slots):
+            shape = tuple(sizes.mono_value(m, dims) for m in slot.shape)
+            if slot.input is not None:
+                nodes.append(in_bufs[slot.input])
+            else:
+                nodes.append(UOp(Ops.BUFFER, slot.dtype, (), (-1 - i, f"tmp{i}", shape)))
+        kernels = []
+        self.chosen = []
+        for general, fast, ks, item_bufs in zip(self.kernels, self.fast, self.kernel_slots, self.item_bufs):
+            use_fast = fast is not None and fast.binary is not None and launch_allows(fast, dims)
+            k = fast if use_fast else general
+            self.chosen.append("fast" if use_fast else "general")
+            if k.binary is not None:
+                k.program()  # load once; the copies share it
+            # the kernel's parameters: the scheduled buffers less those its code does not use (dropped)
+            bufs = [nodes[ks[next(i for i, b in enumerate(item_bufs) if b is kb)]] for kb in k.bufs]
+            flops, nbytes = symbolic_work(k, dims, bufs)
+            kernels.append(_dc_replace(k, bufs=bufs, vals=tuple(dims[n] for n in k.var_names), flops=flops,
+                                       bytes_moved=nbytes))
+        return Lowered(self.device, kernels, [(b, prog.inputs[b.arg[0]].name) for b in in_bufs],
+                       [(name, nodes[j]) for name, j in zip(prog.output_names, self.output_slots)]), ""
+
+
+def _fast_variant(item: ScheduleItem, rep_item: ScheduleItem, dev: Any, rep: dict[str, int], name: str
+                  ) -> Kernel | None:
+    """A symbolic kernel with the opts the heuristic picks for `rep_item` (the same kernel at a representative
+    size), or None when there are none or they do not apply to the symbolic form."""
+    # a BEAM winner stored for this size class (`Program.beam` at a size of the class), else the heuristic's
+    # choice at the representative size
+    opts = lookup(prepare_ast(item.ast, dev), dev)
+    if opts is None:
+        opts = heuristic_opts(prepare_ast(rep_item.ast, dev), dev)
+    if not opts:
+        return None
+    try:
+        return build_symbolic_kernel(item, dev, rep, name, opts=opts)
+    except (OptError, CompileError):
+        return None
 
 
 def _name_of(obj: Any) -> str | None:

@@ -115,7 +115,8 @@ class _Renderer:
             elif u.op is Ops.DEFINE_VAR:
                 self.names[u] = f"%{u.arg if isinstance(u.arg, str) else u.arg[0]}"
                 params.append(f"{ltype(u.dtype)} {self.names[u]}")
-        if not any(u.op is Ops.DEFINE_VAR for u in self.uops):
+        if not any(u.op is Ops.DEFINE_VAR and (u.arg if isinstance(u.arg, str) else u.arg[0]) == "core_id"
+                   for u in self.uops):  # the runtime passes the core index last (after dim variables)
             params.append("i32 %core_id")
         for u in self.uops:
             if u.op in (Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.CONST, Ops.SINK):

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from tgc.dsl.frontend import Parsed, concrete_shape
+from tgc.dsl.frontend import DimExpr, Parsed, concrete_shape, dim_names, solve_dim
 from tgc.dsl.functions import FUNCTIONS as DSL_FUNCTIONS
 from tgc.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16
 
@@ -669,11 +669,15 @@ class NumpyProgram:
     def __init__(self, parsed: Parsed, dims: dict[str, int]):
         self.output_names = list(parsed.output_names)
         self._inputs: list[tuple[str, np.dtype, bool, tuple[int, ...] | None]] = []
+        self._decls, self._dims = list(parsed.inputs), dict(dims)
+        self._dim_names = dim_names(parsed)
         for decl in parsed.inputs:
-            known = all(isinstance(d, int) or d in dims for d in decl.shape)
+            known = all(n in dims for d in decl.shape
+                        for n in ([d] if isinstance(d, str) else d.names() if isinstance(d, DimExpr) else []))
             shape = concrete_shape(decl, dims) if known else None
             self._inputs.append((decl.name, _np_dtype(decl.dtype), decl.dtype == dtypes.bf16, shape))
-        compiler = _Compiler({decl.name for decl in parsed.inputs})
+        # dim names are integer values: read from the environment, where __call__ puts them
+        compiler = _Compiler({decl.name for decl in parsed.inputs} | set(self._dim_names))
         self._steps: list[tuple[str, Thunk]] = []
         for stmt in parsed.body:
             if isinstance(stmt, ast.Assign):
@@ -695,8 +699,25 @@ class NumpyProgram:
             raise ValueError(f"input '{name}' has shape {arr.shape}, expected {shape}")
         return arr
 
+    def _dim_values(self, inputs: dict[str, Any]) -> dict[str, int]:
+        """The dims given, then those the inputs' shapes bind (plain names, then simply solvable expressions)."""
+        dims = dict(self._dims)
+        for decl in self._decls:
+            shape = np.shape(inputs[decl.name])
+            for want, have in zip(decl.shape, shape):
+                if isinstance(want, str):
+                    dims.setdefault(want, int(have))
+        for decl in self._decls:
+            for want, have in zip(decl.shape, np.shape(inputs[decl.name])):
+                if isinstance(want, DimExpr) and (solved := solve_dim(want, int(have), dims)) is not None:
+                    dims[solved[0]] = solved[1]
+        return dims
+
     def __call__(self, inputs: dict[str, Any]) -> dict[str, np.ndarray]:
         env: Env = {name: self._input(name, inputs[name], dt, bf16, shape) for name, dt, bf16, shape in self._inputs}
+        if self._dim_names:
+            dims = self._dim_values(inputs)
+            env.update((n, dims[n]) for n in self._dim_names if n in dims)
         with np.errstate(all="ignore"):
             for name, thunk in self._steps:
                 env[name] = thunk(env)

@@ -194,6 +194,19 @@ def known_dims(prog: Any, given: Mapping[str, np.ndarray], dims: Mapping[str, in
         for axis, size in enumerate(decl.shape):
             if isinstance(size, str):
                 out.setdefault(size, int(arr.shape[axis]))
+    from tgc.dsl.frontend import DimError, DimExpr, solve_dim
+    for decl in prog.inputs:  # then dims that an expression with one unbound dim determines (`C + 1`)
+        arr = given.get(decl.name)
+        if arr is None or arr.ndim != len(decl.shape):
+            continue
+        for axis, size in enumerate(decl.shape):
+            if isinstance(size, DimExpr):
+                try:
+                    solved = solve_dim(size, int(arr.shape[axis]), out)
+                except DimError:
+                    solved = None  # Program.bind reports it
+                if solved is not None:
+                    out[solved[0]] = solved[1]
     return out
 
 
@@ -214,14 +227,17 @@ def check_dims(prog: Any, dims: Mapping[str, int], require_all: bool) -> list[st
 def random_array(decl: Any, dims: Mapping[str, int], seed: int, index: int) -> np.ndarray:
     """The random array for one input (`tgc.engine.inputs.random_values`, the generator bench and BEAM use),
     after checking its dims are known and that it fits in memory."""
+    from tgc.dsl.frontend import DimError, DimExpr, dim_value
     shape = []
     for size in decl.shape:
-        if isinstance(size, str):
-            if size not in dims:
-                raise TgcError(f"dim {size} is unknown: give -D {size}=...",
+        for name in ([size] if isinstance(size, str) else size.names() if isinstance(size, DimExpr) else []):
+            if name not in dims:
+                raise TgcError(f"dim {name} is unknown: give -D {name}=...",
                                hint=f"the random input '{decl.name}' is {decl_type(decl)}")
-            size = dims[size]
-        shape.append(int(size))
+        try:
+            shape.append(dim_value(size, dict(dims)))
+        except DimError as e:
+            raise TgcError(f"the random input '{decl.name}' ({decl_type(decl)}) has no size: {e}") from None
     dt: DType = decl.dtype
     nbytes = _check_memory(decl, shape)
     try:

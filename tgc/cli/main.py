@@ -399,9 +399,11 @@ def main() -> None:
 @click.option("--rtol", type=click.FloatRange(min=0), callback=_finite,
               help="Relative tolerance for --check (default by dtype).")
 @shard_option
+@click.option("--symbolic", is_flag=True,
+              help="Run the kernels compiled once for the sizes' class (sizes as kernel arguments).")
 def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[str, str]], npz: str | None,
         cast: bool, use_random: bool, seed: int | None, outs: list[Any], check: bool, rtol: float | None,
-        shard: dict[str, int]) -> None:
+        shard: dict[str, int], symbolic: bool) -> None:
     """Run FILE (a `.tg` program, or a package from `tgc compile --package`) and print or save its outputs."""
     from tgc.cli import inputs as inp
     from tgc.cli.outputs import print_output_table, resolve_outs, save_outputs
@@ -421,12 +423,20 @@ def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[s
     known = prog.resolve_dims(dims) if pkg else dims
     arrays = inp.fill_random(prog, given, known, seed or 0) if use_random else given
     run_dims, arrays = inp.bind(prog, arrays, dims)
-    if not pkg:
+    if not pkg and not symbolic:
         _search_with_progress(prog, device, run_dims, None)
     if _is_list(device, shard):
+        if symbolic:
+            raise click.UsageError("--symbolic runs on one device, not a device list")
         results = prog.run(device=device, dims=run_dims, shard=shard, inputs=arrays)
+    elif symbolic:  # (an input may be called `symbolic`: the flag goes in only when given)
+        if pkg:
+            raise click.UsageError("--symbolic needs the .tg program: a package holds kernels for its own sizes")
+        results = prog.run(device=device, dims=run_dims, symbolic=True, inputs=arrays)
     else:
         results = prog.run(device=device, dims=run_dims, **arrays)
+    if symbolic and prog.last_run != "symbolic":
+        _err(f"note: ran kernels compiled for these sizes ({prog.last_run.split(': ', 1)[-1]})")
     dtype_names = _output_dtypes(prog, run_dims, results)
     failure = None
     if check:
@@ -467,27 +477,44 @@ def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[s
 def compile_(file: str, device: str | None, dims: dict[str, int], emit: str, outdir: str | None,
              package: str | None, shard: dict[str, int]) -> None:
     """Compile every kernel of FILE and print their sources (or UOps, schedule, IR, assembly, binaries), or
-    write a package (--package) that runs later without FILE and without compiling."""
+    write a package (--package) that runs later without FILE and without compiling. Without -D, a program
+    with dims compiles once for every size: its sizes are kernel arguments."""
     from tgc.cli import emit as em
     from tgc.cli.inputs import check_dims
 
     if package and (outdir or emit != "src"):
         raise click.UsageError("--package writes one file: it does not combine with --emit or -o")
     prog = _load(file)
-    _warn(check_dims(prog, dims, require_all=True))
+    symbolic = not dims and bool(prog.dim_names) and emit != "schedule"
+    if not symbolic:
+        _warn(check_dims(prog, dims, require_all=True))
     name, kind = _device_kind(device)
     if package:
         _no_list_for_package(device, shard)
         from tgc.cli.report import fmt_bytes
         from tgc.package import write
 
+        _warn(check_dims(prog, dims, require_all=True))  # a package holds kernels for the sizes given
         _search_with_progress(prog, device, dims, None)
         pkg = write(prog, package, name, dims)
         n = len(pkg.kernels)
         _err(f"wrote {package}: {n} kernel{'s' if n != 1 else ''} for {pkg.device_name}, "
              f"planned peak memory {fmt_bytes(pkg.peak_bytes)}")
         return
-    if emit == "schedule":
+    if symbolic and _is_list(device, shard):
+        symbolic = False
+        _warn(check_dims(prog, dims, require_all=True))
+    if symbolic:
+        from tgc.codegen.sizes import class_text
+        plan = prog.compile_symbolic(device=device)
+        kernels = plan.kernels
+        _err(f"note: compiled for every size ({class_text(plan.size_class)}): sizes are kernel arguments; "
+             "give -D NAME=INT for kernels specialized to one size")
+        emitted = em.emit_kernels(kernels, emit, name, kind, file)
+        failed = next((k for k in kernels if k.binary is None), None)
+        if failed is not None:
+            _err(f"note: could not compile for {name}: {failed.compile_error or 'no compiler on this machine'}")
+    elif emit == "schedule":
         emitted = em.emit_schedule(prog.schedule(dims), file)
     else:
         _search_with_progress(prog, device, dims, None)
@@ -526,10 +553,11 @@ def compile_(file: str, device: str | None, dims: dict[str, int], emit: str, out
 @click.option("--vs", type=click.Choice(["numpy"]), help="Also time numpy on the same inputs.")
 @click.option("--baseline", metavar="OLD.json", help="Compare with a saved `tgc bench --json`; exit 1 on regression.")
 @shard_option
+@click.option("--symbolic", is_flag=True, help="Time the kernels compiled once for the sizes' class.")
 @json_option
 def bench(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[str, str]], npz: str | None,
           cast: bool, seed: int, repeat: int, beam: int | None, vs: str | None, baseline: str | None,
-          shard: dict[str, int], as_json: bool) -> None:
+          shard: dict[str, int], symbolic: bool, as_json: bool) -> None:
     """Time each kernel of FILE (a `.tg` program or a package) and the whole program on device-resident inputs
     (random unless given)."""
     from tgc.cli import inputs as inp
@@ -550,7 +578,13 @@ def bench(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple
         report.check_baseline(old, prog.identity(device, run_dims), baseline)
     kwargs: dict[str, Any] = {"device": device, "dims": run_dims, "repeat": repeat, "beam": beam, "inputs": arrays}
     if _is_list(device, shard):
+        if symbolic:
+            raise click.UsageError("--symbolic runs on one device, not a device list")
         kwargs["shard"] = shard
+    if symbolic:
+        if pkg:
+            raise click.UsageError("--symbolic needs the .tg program: a package holds kernels for its own sizes")
+        kwargs["symbolic"] = True
     if not pkg:
         _search_with_progress(prog, device, run_dims, beam)
     if not as_json and _stderr_tty():

@@ -7,12 +7,15 @@ from typing import Any
 
 from tgc import cache
 from tgc.codegen import search
+from tgc.codegen.opt import MIN_WORK_PER_THREAD, OptKernel, OptOps
 from tgc.codegen.pipeline import _COMMENT as _COMMENT  # re-exported
 from tgc.codegen.pipeline import CONTRACT_TAG as CONTRACT_TAG  # re-exported
 from tgc.codegen.pipeline import drop_unused_buffers as drop_unused_buffers  # re-exported
 from tgc.codegen.pipeline import launch_contract as launch_contract  # re-exported
 from tgc.codegen.pipeline import lower, prepare
 from tgc.codegen.pipeline import render_kernel as render_kernel  # re-exported
+from tgc.codegen.sizes import VAR_PREFIX
+from tgc.dtype import dtypes
 from tgc.env import env_flag
 from tgc.errors import CompileError
 from tgc.ir.kernel import ScheduleItem
@@ -41,6 +44,9 @@ class Kernel:
     device: Any = None
     opts: list = field(default_factory=list)
     cache_key: str | None = None  # the disk-cache key `binary` came from (None: compiled now, or not cached)
+    var_names: tuple[str, ...] = ()  # a symbolic kernel's dim variables, in the order `vals` gives them
+    checks: list = field(default_factory=list)  # a symbolic kernel's launch checks (`build_symbolic_kernel`)
+    template: UOp | None = None  # a symbolic kernel's prepared AST before opts (its BEAM winners' key)
     _program: Any = None
 
     def program(self):
@@ -197,6 +203,65 @@ def build_kernel(item: ScheduleItem, device: Any, beam: int = 0, name: str | Non
                   global_size=launch.get("global_size", (1, 1, 1)), local_size=launch.get("local_size"),
                   vals=launch.get("vals", ()), flops=flops, bytes_moved=nbytes, line=item.line, compile_error=err,
                   device=device, opts=low.applied, cache_key=key)
+
+
+def build_symbolic_kernel(item: ScheduleItem, device: Any, probe: dict[str, int], name: str,
+                          opts: list | None = None) -> Kernel:
+    """A kernel whose sizes are dim variables (`tgc.codegen.sizes`), checked by the bounds verifier at the
+    `probe` sizes. Without `opts` it is the general kernel (no optimization: valid for every size); with
+    them (the heuristic's choice at a representative size) it holds `checks`, what a launch must satisfy
+    (sizes its splits divide, the least work its threads need), and `probe` must satisfy them. `vals` holds
+    the probe values; a launch replaces them with the dims' values in the order of `Kernel.var_names`.
+    OptError when an opt does not apply to the symbolic kernel."""
+
+    def var_names(nodes: list[UOp]) -> list[str]:
+        vs = sorted({u.arg for u in nodes if u.op is Ops.DEFINE_VAR and u.arg[0] != "core_id"}, key=str)
+        return [v[0][len(VAR_PREFIX):] for v in vs]
+
+    ast = prepare_ast(item.ast, device)
+    checks: list[tuple[str, UOp, int]] = []
+    if opts:
+        k = OptKernel(ast, device)
+        for o in opts:
+            k.apply(o)
+        checks += [("divides", expr, amt) for expr, amt in k.assumptions]
+        if any(o.op is OptOps.THREAD for o in opts):
+            work = UOp.const(dtypes.index, 1)
+            for r in OptKernel(ast, device).ranges():
+                work = work * r.src[0]
+            checks.append(("at least", work, 2 * MIN_WORK_PER_THREAD))
+    names = var_names(ast.toposort())
+    low = lower(ast, device, item.bufs, name, opts=list(opts or []), vals=tuple(probe[n] for n in names))
+    final = var_names(low.uops)
+    if final != names:  # a pass folded a variable away: lower again with the values in their final order
+        names = final
+        low = lower(ast, device, item.bufs, name, opts=list(opts or []), vals=tuple(probe[n] for n in names))
+    binary, err, key = _compile_cached(device, low.src)
+    launch = low.launch
+    kern = Kernel(name=name, src=low.src, binary=binary, uops=low.uops, ast=low.ast, bufs=low.bufs,
+                  global_size=launch.get("global_size", (1, 1, 1)), local_size=launch.get("local_size"),
+                  vals=tuple(probe[n] for n in names), flops=0, bytes_moved=0, line=item.line, compile_error=err,
+                  device=device, opts=low.applied, cache_key=key, var_names=tuple(names), checks=checks,
+                  template=ast)
+    return kern
+
+
+def symbolic_work(k: Kernel, dims: dict[str, int], bufs: list[UOp]) -> tuple[int, int]:
+    """(flops, bytes moved) of a symbolic kernel's launch at these dims (`Kernel.flops`, `bytes_moved`)."""
+    env = {VAR_PREFIX + n: v for n, v in dims.items()}
+    cores = max(int(k.global_size[0]), 1) if not k.device.caps.gpu else 1
+    flops = round(sum(count_work(k.uops, {**env, "core_id": c}) for c in range(cores)))
+    return flops, bytes_touched(k.ast, bufs)
+
+
+def launch_allows(k: Kernel, dims: dict[str, int]) -> bool:
+    """Whether a symbolic kernel's launch checks hold at these dims (`build_symbolic_kernel`)."""
+    env = {VAR_PREFIX + n: v for n, v in dims.items()}
+    for what, expr, value in k.checks:
+        got = _eval_int(expr, env)
+        if got is None or (got % value if what == "divides" else got < value):
+            return False
+    return True
 
 
 def bytes_touched(ast: UOp, bufs: list[UOp]) -> int:

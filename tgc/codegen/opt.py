@@ -124,6 +124,8 @@ class OptKernel:
         self.applied: list[Opt] = []
         self.threads = 1
         self.pads: dict[int, int] = {}
+        # a symbolic kernel's launch assumptions: (size expression, divisor) pairs that must divide evenly
+        self.assumptions: list[tuple[UOp, int]] = []
 
     # --- the kernel's shape
     def ranges(self) -> list[UOp]:
@@ -147,6 +149,7 @@ class OptKernel:
     def copy(self) -> OptKernel:
         k = OptKernel(self.ast, self.device)
         k.base, k.applied, k.threads, k.pads = self.base, list(self.applied), self.threads, dict(self.pads)
+        k.assumptions = list(self.assumptions)
         return k
 
     # --- applying opts
@@ -200,11 +203,14 @@ class OptKernel:
         if not 0 <= opt.axis < len(axes):
             raise OptError(f"axis {opt.axis} is out of range: the kernel has {len(axes)} axes")
         r = axes[opt.axis]
-        n = r.src[0].arg
+        # a symbolic size (an expression of dim variables): the split assumes it divides, checked at launch
+        n = r.src[0].arg if r.src[0].op is Ops.CONST else None
         amt = opt.amount
         if amt <= 1:
             raise OptError("amount must be at least 2")
         is_reduce = r.arg[1] is RangeKind.REDUCE
+        if n is None and opt.op not in (OptOps.UPCAST, OptOps.UNROLL):
+            raise OptError(f"{opt.op.name} needs a constant size")
         if opt.op is OptOps.PADTO:
             if not is_reduce:
                 raise OptError("PADTO applies to reduction axes")
@@ -215,7 +221,7 @@ class OptKernel:
             self.ast = pad_reduce(self.ast, r, new)
             self.applied.append(opt)
             return
-        if n % amt:
+        if n is not None and n % amt:
             raise OptError(f"axis {opt.axis} has size {n}, which {amt} does not divide")
         if opt.op is OptOps.UPCAST:
             if is_reduce:
@@ -243,14 +249,19 @@ class OptKernel:
             if any(x.arg[1] is RangeKind.GROUP for x in self.ranges()):
                 raise OptError("only one GROUP per kernel")
             kind = RangeKind.GROUP
+        if n is None:
+            self.assumptions.append((r.src[0], amt))
         self.ast = split_range(self.ast, r, amt, kind, self._next_id())
         self.applied.append(opt)
 
 
 def split_range(ast: UOp, r: UOp, amount: int, inner_kind: RangeKind, inner_id: int) -> UOp:
-    """Replace range r by outer * amount + inner; a REDUCE over r then reduces over both parts (a rewrite)."""
-    n = r.src[0].arg
-    outer = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, n // amount),), r.arg)
+    """Replace range r by outer * amount + inner; a REDUCE over r then reduces over both parts (a rewrite).
+    A symbolic size (not a CONST) is divided as an expression: the caller has checked that `amount` divides it."""
+    end = r.src[0]
+    outer_end = UOp.const(INDEX, end.arg // amount) if end.op is Ops.CONST else \
+        simplify(end // UOp.const(INDEX, amount))
+    outer = UOp(Ops.RANGE, INDEX, (outer_end,), r.arg)
     inner = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, amount),), (inner_id, inner_kind))
     ctx = _Split(r, outer * UOp.const(INDEX, amount) + inner, (outer, inner))
     return simplify(graph_rewrite(ast, _split_rules, ctx))
@@ -321,6 +332,15 @@ def split_threads(ast: UOp, threads: int) -> tuple[UOp, int]:
     if not loops or threads <= 1:
         return ast, 1
     r = loops[0]
+    if r.src[0].op is not Ops.CONST:  # a symbolic size: chunks of ceil(n / threads), empty past the end
+        n_expr = r.src[0]
+        chunk_expr = simplify((n_expr + UOp.const(INDEX, threads - 1)) // UOp.const(INDEX, threads))
+        core = UOp(Ops.DEFINE_VAR, INDEX, (), ("core_id", 0, threads - 1))
+        start = core * chunk_expr
+        left = n_expr - start
+        end = simplify((left < chunk_expr).where(left, chunk_expr))
+        inner = UOp(Ops.RANGE, INDEX, (end,), (r.arg[0], RangeKind.LOOP))
+        return simplify(substitute(ast, {r: start + inner})), threads
     n = r.src[0].arg
     threads = min(threads, n)
     if threads <= 1:

@@ -107,6 +107,11 @@ def _apply_opts(ast: UOp, ctx: LowerCtx) -> UOp:
     return ast
 
 
+def heuristic_opts(ast: UOp, device: Any) -> list:
+    """The opts `lower` would apply to a prepared AST without a list (the hand-coded heuristic, then threads)."""
+    return apply_opts(ast, device, None)[2]
+
+
 def _lower_groups(ast: UOp, ctx: LowerCtx) -> UOp:
     return lower_groups(ast)
 
@@ -196,11 +201,14 @@ def prepare(ast: UOp, device: Any) -> UOp:
 
 
 def lower(ast: UOp, device: Any, bufs: list[UOp], name: str, opts: list | None = None,
-          trace: list[tuple[str, str]] | None = None) -> Lowered:
+          trace: list[tuple[str, str]] | None = None, vals: tuple[int, ...] = ()) -> Lowered:
     """Kernel AST (as scheduled, or already prepared) -> linear UOps and source for `device`. `opts` replays a
     list of opts (BEAM's); None runs the hand-coded heuristic (nothing with NOOPT). `trace`, when a list, gets
-    (pass name, text after the pass) for every pass that ran."""
+    (pass name, text after the pass) for every pass that ran. `vals`: the values of the kernel's dim variables
+    (DEFINE_VARs other than core_id, in their linear order) that the bounds verifier checks the kernel at."""
     ctx = LowerCtx(device, name, list(bufs), opts=None if opts is None else list(opts), trace=trace)
+    if vals:
+        ctx.launch["vals"] = tuple(vals)
     if trace is not None or debug_level() >= 6:
         ast = run_passes(ast, ctx, PREPARE)
     else:
@@ -265,4 +273,4 @@ def drop_unused_buffers(ast: UOp, bufs: list[UOp]) -> tuple[UOp, list[UOp]]:
     return substitute(ast, mapping), [bufs[i] for i in used]
 
 
-__all__ = ["PASSES", "Lowered", "Pass", "lower", "passes_text", "prepare", "uops_text"]
+__all__ = ["PASSES", "Lowered", "Pass", "heuristic_opts", "lower", "passes_text", "prepare", "uops_text"]

@@ -61,17 +61,121 @@ def check_depth(outs: list[UOp]) -> None:
                        hint="split it into several programs, or compute intermediate results in fewer steps")
 
 
+class DimError(Exception):
+    """A dim expression that has no size for the dims given (division by zero, a negative size, an unknown
+    dim); `Program.bind` and `trace` place it at the dim's span."""
+
+
+_DIM_OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "//"}
+_DIM_PREC = {"+": 1, "-": 1, "*": 2, "//": 2}
+
+
+@dataclass(frozen=True)
+class DimExpr:
+    """Integer arithmetic of dims in a declaration (`3 * C`, `(N + 1) // 2`): `op` is one of + - * //, the
+    operands are ints, dim names or DimExprs. Floor division, as in Python."""
+    op: str
+    a: int | str | DimExpr
+    b: int | str | DimExpr
+
+    def __str__(self) -> str:
+        def side(v: int | str | DimExpr, right: bool) -> str:
+            if isinstance(v, DimExpr) and (_DIM_PREC[v.op] < _DIM_PREC[self.op] or
+                                           (right and _DIM_PREC[v.op] == _DIM_PREC[self.op])):
+                return f"({v})"
+            return f"({v})" if isinstance(v, int) and v < 0 else str(v)
+        return f"{side(self.a, False)} {self.op} {side(self.b, True)}"
+
+    def names(self) -> list[str]:
+        out: list[str] = []
+        for v in (self.a, self.b):
+            for n in ([v] if isinstance(v, str) else v.names() if isinstance(v, DimExpr) else []):
+                if n not in out:
+                    out.append(n)
+        return out
+
+
+Dim = int | str | DimExpr
+
+
+def dim_value(d: Dim, dims: dict[str, int]) -> int:
+    """The size a declared dim has for these dims (DimError if it has none)."""
+    value = _dim_eval(d, dims)
+    if value < 0:
+        raise DimError(f"the dim {d} is {value}: a size cannot be negative" if isinstance(d, DimExpr) else
+                       f"dim {d} = {value} is negative")
+    return value
+
+
+def _dim_eval(d: Dim, dims: dict[str, int]) -> int:
+    if isinstance(d, int):
+        return d
+    if isinstance(d, str):
+        if d not in dims:
+            raise DimError(f"dim {d} is unknown")
+        return int(dims[d])
+    a, b = _dim_eval(d.a, dims), _dim_eval(d.b, dims)
+    if d.op == "//":
+        if b == 0:
+            raise DimError(f"the dim {d} divides by zero ({d.b} = 0)")
+        return a // b
+    return a + b if d.op == "+" else a - b if d.op == "-" else a * b
+
+
+def solve_dim(d: DimExpr, size: int, dims: dict[str, int]) -> tuple[str, int] | None:
+    """(name, value) such that `d` has `size`, when `d` holds exactly one dim not in `dims`, once, reached
+    through + - * only (so its value is unique); None when it cannot be solved that simply (`N // 2`, `N * N`,
+    two unknown dims); DimError when no non-negative integer fits (a size 20 for `3 * C`)."""
+    unknown = [n for n in d.names() if n not in dims]
+    if len(unknown) != 1 or _count(d, unknown[0]) != 1:
+        return None
+    name, target, node = unknown[0], size, d
+    while isinstance(node, DimExpr):
+        if node.op == "//":
+            return None
+        left_has = isinstance(node.a, str) and node.a == name or isinstance(node.a, DimExpr) and \
+            name in node.a.names()
+        known = _dim_eval(node.b if left_has else node.a, dims)
+        if node.op == "+":
+            target -= known
+        elif node.op == "-":
+            target = target + known if left_has else known - target
+        else:  # *
+            if known == 0:
+                return None
+            if target % known:
+                raise DimError(f"no size of {name} makes {d} equal {size}")
+            target //= known
+        node = node.a if left_has else node.b
+    if node != name:
+        return None
+    if target < 0:
+        raise DimError(f"no size of {name} makes {d} equal {size} ({name} would be {target})")
+    return name, target
+
+
+def _count(d: Dim, name: str) -> int:
+    if isinstance(d, DimExpr):
+        return _count(d.a, name) + _count(d.b, name)
+    return int(d == name)
+
+
 @dataclass(frozen=True)
 class InputDecl:
     name: str
     dtype: DType
-    shape: tuple[int | str, ...]
+    shape: tuple[Dim, ...]
     line: int
     col: int = 1
     end_col: int = 1
+    dim_spans: tuple[tuple[int, int], ...] = ()  # per dim: (col, end_col), 1-based, for errors at that dim
 
     def __str__(self) -> str:
         return f"{self.name}: {self.dtype.name}[{', '.join(map(str, self.shape))}]"
+
+    def span_of(self, axis: int) -> tuple[int, int]:
+        """The columns of one dim in the declaration (the whole declaration when unknown)."""
+        return self.dim_spans[axis] if axis < len(self.dim_spans) else (self.col, self.end_col)
 
 
 @dataclass
@@ -167,6 +271,17 @@ def parse(source: str, filename: str = "<string>") -> Parsed:
     if returns is None:
         last = tree.body[-1] if tree.body else None
         raise err.at(last, "the program has no 'return'", hint="end the file with 'return value, ...'")
+    dims = {n for decl in inputs for d in decl.shape
+            for n in ([d] if isinstance(d, str) else d.names() if isinstance(d, DimExpr) else [])}
+    for decl, stmt in zip(inputs, [s for s in tree.body if isinstance(s, ast.AnnAssign)]):
+        if decl.name in dims:
+            raise err.at(stmt.target, f"'{decl.name}' is both an input and a dim name",
+                         hint="dim names are integer values in expressions: give the input another name")
+    for stmt in body:
+        target = stmt.targets[0] if isinstance(stmt, ast.Assign) else stmt.target
+        if isinstance(target, ast.Name) and target.id in dims:
+            raise err.at(target, f"cannot assign to dim '{target.id}'",
+                         hint="a dim is the size the inputs give it: use a new name")
     names: list[str] = []
     for i, r in enumerate(returns):
         name = r.id if isinstance(r, ast.Name) else f"out{i}"
@@ -211,21 +326,54 @@ def _parse_decl(stmt: ast.AnnAssign, err: _Errors) -> InputDecl:
         close = difflib.get_close_matches(dtype_node.id, list(dtypes.by_name), n=1)
         raise err.at(dtype_node, f"unknown dtype '{dtype_node.id}'",
                      hint=f"did you mean '{close[0]}'?" if close else "dtypes: " + " ".join(dtypes.by_name))
-    shape: list[int | str] = []
+    shape: list[Dim] = []
+    spans: list[tuple[int, int]] = []
     if dims is not None:
         for d in (dims.elts if isinstance(dims, ast.Tuple) else [dims]):
-            if isinstance(d, ast.Constant) and isinstance(d.value, int) and not isinstance(d.value, bool):
-                if d.value < 0:
-                    raise err.at(d, "a dim cannot be negative")
-                shape.append(d.value)
-            elif isinstance(d, ast.Name):
-                shape.append(d.id)
-            elif isinstance(d, ast.UnaryOp) and isinstance(d.op, ast.USub):
-                raise err.at(d, "a dim cannot be negative")
-            else:
-                raise err.at(d, "a dim is a non-negative integer or a dim name")
+            dim = _parse_dim(d, err)
+            if isinstance(dim, int) and dim < 0:
+                raise err.at(d, "a dim cannot be negative" if not isinstance(d, ast.BinOp) else
+                             f"this dim is {dim}: a size cannot be negative")
+            shape.append(dim)
+            spans.append((d.col_offset + 1, d.end_col_offset or d.col_offset + 1))
     end = stmt.end_col_offset or stmt.col_offset + 1
-    return InputDecl(stmt.target.id, dtype, tuple(shape), stmt.lineno, stmt.col_offset + 1, end)
+    return InputDecl(stmt.target.id, dtype, tuple(shape), stmt.lineno, stmt.col_offset + 1, end, tuple(spans))
+
+
+_DIM_HELP = "a dim is a non-negative integer, a dim name, or integer arithmetic of them (+ - * //, parentheses)"
+
+
+def _parse_dim(d: ast.expr, err: _Errors) -> Dim:
+    """One declared dim: an int, a name, or + - * // of them (folded to an int when it names no dim)."""
+    if isinstance(d, ast.Constant) and isinstance(d.value, int) and not isinstance(d.value, bool):
+        return d.value
+    if isinstance(d, ast.Name):
+        if d.id in dtypes.by_name or d.id in functions.FUNCTIONS:
+            what = "dtype" if d.id in dtypes.by_name else "function"
+            raise err.at(d, f"'{d.id}' cannot be a dim name: it names a {what}", hint=_DIM_HELP)
+        return d.id
+    if isinstance(d, ast.UnaryOp) and isinstance(d.op, ast.USub):
+        inner = _parse_dim(d.operand, err)
+        return -inner if isinstance(inner, int) else DimExpr("-", 0, inner)
+    if isinstance(d, ast.UnaryOp) and isinstance(d.op, ast.UAdd):
+        return _parse_dim(d.operand, err)
+    if isinstance(d, ast.BinOp):
+        op = _DIM_OPS.get(type(d.op))
+        if op is None:
+            sym = _SYMBOLS.get(type(d.op), "this operator")
+            raise err.at(d, f"'{sym}' is not allowed in a dim", hint="dims are integers: use // for division"
+                         if sym == "/" else _DIM_HELP)
+        a, b = _parse_dim(d.left, err), _parse_dim(d.right, err)
+        if isinstance(a, int) and isinstance(b, int):
+            if op == "//" and b == 0:
+                raise err.at(d, "division by zero in a dim")
+            return _dim_eval(DimExpr(op, a, b), {})
+        if op == "//" and b == 0:
+            raise err.at(d, "division by zero in a dim")
+        return DimExpr(op, a, b)
+    if isinstance(d, ast.Constant) and isinstance(d.value, float):
+        raise err.at(d, f"a dim is an integer, not {d.value!r}", hint=_DIM_HELP)
+    raise err.at(d, "a dim is a non-negative integer or a dim name", hint=_DIM_HELP)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -236,13 +384,33 @@ def dim_names(parsed: Parsed) -> list[str]:
     out: list[str] = []
     for decl in parsed.inputs:
         for d in decl.shape:
-            if isinstance(d, str) and d not in out:
-                out.append(d)
+            for n in ([d] if isinstance(d, str) else d.names() if isinstance(d, DimExpr) else []):
+                if n not in out:
+                    out.append(n)
     return out
 
 
 def concrete_shape(decl: InputDecl, dims: dict[str, int]) -> tuple[int, ...]:
-    return tuple(d if isinstance(d, int) else dims[d] for d in decl.shape)
+    """The declared shape for these dims (DimError where an expression has no size)."""
+    return tuple(dim_value(d, dims) for d in decl.shape)
+
+
+def decl_shape(decl: InputDecl, dims: dict[str, int], err: _Errors | None = None, filename: str = "<string>",
+               lines: list[str] | None = None) -> tuple[int, ...]:
+    """`concrete_shape`, with a DimError turned into a TgcError at the dim's span (marked shape dependent)."""
+    out = []
+    for axis, d in enumerate(decl.shape):
+        try:
+            out.append(dim_value(d, dims))
+        except DimError as e:
+            col, end = decl.span_of(axis)
+            lines = err.lines if err is not None else (lines or [])
+            text = lines[decl.line - 1] if 0 < decl.line <= len(lines) else None
+            exc = TgcError(f"input '{decl.name}': {e}", file=err.filename if err is not None else filename,
+                           line=decl.line, col=col, end_col=end, text=text)
+            exc.shape_dependent = True
+            raise exc from None
+    return tuple(out)
 
 
 def trace(parsed: Parsed, dims: dict[str, int], lines: dict[UOp, int] | None = None
@@ -267,8 +435,11 @@ def trace(parsed: Parsed, dims: dict[str, int], lines: dict[UOp, int] | None = N
     err = _Errors(parsed.source, parsed.filename)
     env: dict[str, Any] = {}
     buffers = []
+    for name in dim_names(parsed):  # dims are integer values in expressions
+        if name in dims:
+            env[name] = int(dims[name])
     for i, decl in enumerate(parsed.inputs):
-        buf = UOp(Ops.BUFFER, decl.dtype, (), (i, decl.name, concrete_shape(decl, dims)))
+        buf = UOp(Ops.BUFFER, decl.dtype, (), (i, decl.name, decl_shape(decl, dims, err)))
         buffers.append(buf)
         env[decl.name] = Tensor(buf)
     ev = _Evaluator(env, err)
@@ -515,4 +686,5 @@ class _Evaluator:
         return v
 
 
-__all__ = ["parse", "trace", "InputDecl", "Parsed", "dim_names", "concrete_shape", "fmt_type"]
+__all__ = ["parse", "trace", "InputDecl", "Parsed", "dim_names", "concrete_shape", "decl_shape", "fmt_type",
+           "DimExpr", "DimError", "dim_value", "solve_dim"]

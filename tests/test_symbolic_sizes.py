@@ -1,0 +1,285 @@
+"""Symbolic sizes (tgc/codegen/sizes.py): every example program compiled once per size class, without dims, and
+run at several sizes (odd ones, and sizes of 1) against numpy (`numpy_program`, independent of tgc); the
+launch-time checks that fall back to size-specialized kernels; kernels that take their sizes as arguments."""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+import pytest
+
+import tgc
+from tgc.baselines.numpy_eval import numpy_program
+from tgc.codegen import sizes
+from tgc.engine.compare import compare
+from tgc.engine.inputs import random_inputs
+
+KERNELS = sorted(pathlib.Path(__file__).resolve().parent.parent.joinpath("kernels").glob("*.tg"))
+# programs without a symbolic form: sizes that need floor division (pooling windows, slicing halves) or
+# divisibility (4 heads of C // 4) run size-specialized kernels, and say so
+NOT_SYMBOLIC = {"pooling.tg", "slicing.tg", "transformer_block.tg"}
+# the scheduler realizes a broadcast mean or recomputes it depending on the sizes: at small sizes it cuts other
+# kernels than the size class's, which the launch check sees (and runs specialized kernels); large sizes match
+SCHEDULE_BY_SIZE = {"small_kernels.tg": {"R": 301, "N": 303}}
+ODD = {"N": 3, "D": 5, "K": 7, "M": 5, "B": 3, "H": 9, "W": 7, "C": 3, "O": 5, "T": 7, "F": 5, "R": 3,
+       "IN": 9, "HID": 11, "OUT": 5}
+OTHER = {name: size + 2 for name, size in ODD.items()}
+ONES = {name: 1 if i % 2 == 0 else size for i, (name, size) in enumerate(ODD.items())}
+FIXED = {"pooling.tg": {"H": 8, "W": 6}, "transformer_block.tg": {"C": 8}, "slicing.tg": {"N": 10}}
+
+
+def _dims(prog: tgc.Program, path: pathlib.Path, table: dict[str, int]) -> dict[str, int]:
+    return {n: FIXED.get(path.name, {}).get(n, table.get(n, 3)) for n in prog.dim_names}
+
+
+def _check(prog: tgc.Program, got: dict, dims: dict, inputs: dict, what: str) -> None:
+    want = numpy_program(prog, dims)(inputs)
+    for name in prog.output_names:
+        g, w = np.asarray(got[name]), np.asarray(want[name])
+        assert g.shape == w.shape, (what, name)
+        if g.dtype.kind in "iub":
+            np.testing.assert_array_equal(g, w.astype(g.dtype), err_msg=f"{what}: {name}")
+        else:
+            bad, _ = compare(name, g, w, "f16" if g.dtype == np.float16 else "f32")
+            assert bad is None, f"{what}: {bad.describe()}"
+
+
+@pytest.mark.parametrize("path", KERNELS, ids=[p.name for p in KERNELS])
+def test_example_compiled_once_runs_at_every_size(path):
+    prog = tgc.load(path)
+    if path.name in NOT_SYMBOLIC:
+        with pytest.raises(tgc.TgcError, match="no kernels valid for every size"):
+            prog.compile_symbolic("CPU")
+    else:
+        plan = prog.compile_symbolic("CPU")
+        assert all(k.binary is not None for k in plan.kernels)
+    ran = []
+    for table in (ODD, OTHER, ONES):
+        dims = _dims(prog, path, table)
+        inputs = random_inputs(prog, dims, seed=3)
+        got = prog.run(device="CPU", symbolic=True, **inputs)
+        ran.append(prog.last_run)
+        _check(prog, got, dims, inputs, f"{path.name} at {dims}")
+    if path.name in NOT_SYMBOLIC:
+        assert all(r.startswith("specialized") for r in ran)
+    elif path.name in SCHEDULE_BY_SIZE:
+        assert all(r.startswith("specialized: kernel") for r in ran), ran
+        dims = SCHEDULE_BY_SIZE[path.name]
+        inputs = random_inputs(prog, dims, seed=3)
+        got = prog.run(device="CPU", symbolic=True, **inputs)
+        assert prog.last_run == "symbolic"
+        _check(prog, got, dims, inputs, f"{path.name} at {dims}")
+    else:
+        assert ran == ["symbolic"] * 3, ran
+        # the two runs of dims >= 2 used one plan (compiled once); sizes of 1 are a size class of their own
+        classes = {key[1] for key, plan in prog._plans.items() if not isinstance(plan, str)}
+        assert len(classes) == 2
+
+
+def test_kernels_take_their_sizes_as_arguments():
+    prog = tgc.load(KERNELS[0].parent / "softmax.tg")
+    plan = prog.compile_symbolic("CPU")
+    (k,) = plan.kernels
+    assert k.name == "r_N_D_D_D" and set(k.var_names) == {"N", "D"}
+    assert "%D_N" in k.src and "%D_D" in k.src
+    for p in sizes.probes(plan.size_class)[0].values():
+        assert str(p) not in k.src.split("tgc-launch:")[0]  # no size is a constant of the code
+
+
+def test_sizes_classes_and_probes():
+    cls = sizes.size_class(["N", "D", "E"], {"N": 7, "D": 1, "E": 0})
+    assert cls == (("N", "n"), ("D", "1"), ("E", "0"))
+    p1, p2 = sizes.probes((("N", "n"), ("D", "n"), ("E", "1")))
+    assert p1["E"] == p2["E"] == 1 and p1["N"] < p1["D"] and p2["N"] > p2["D"]
+    assert sizes.factor(3 * 211 * 223 - 1, p1, ["N", "D"]) == (3, ("D", "N"), -1, 1)
+    assert sizes.factor(17, p1, ["N", "D"]) == (17, (), 0, 1)
+    q1, _ = sizes.probes((("N", "32n"), ("D", "n")))
+    assert q1 == {"N": 32 * 211, "D": 223}
+    assert sizes.factor(211 * 5, q1, ["N", "D"]) == (5, ("N",), 0, 32)  # 5 * N // 32: N's panels of 32
+    assert sizes.mono_value((5, ("N",), 0, 32), {"N": 64}) == 10
+    assert sizes.size_class(["A", "B"], {"A": 64, "B": 48}) == (("A", "32n"), ("B", "n"))
+
+
+def test_a_slice_that_clamps_falls_back_to_specialized_kernels():
+    """`x[:5]` is 5 elements at the probe sizes but N when N < 5: the launch-time check sees the difference."""
+    prog = tgc.loads("x: f32[N]\nreturn sum(x[:5]) + x[0], x[:5] * 2")
+    prog.compile_symbolic("CPU")
+    for n in (9, 3):
+        x = np.arange(n, dtype=np.float32) + 1
+        out = prog.run(device="CPU", symbolic=True, x=x)
+        np.testing.assert_allclose(out["out0"], x[:5].sum() + x[0])
+        np.testing.assert_allclose(out["out1"], x[:5] * 2)
+        assert prog.last_run == ("symbolic" if n >= 5 else
+                                 "specialized: the program's operations differ at these sizes "
+                                 "(a slice or index that clamps)")
+
+
+def test_a_size_beyond_the_variables_bound_falls_back():
+    src = "a: f32[A, B, C, D, E]\nreturn a.sum(axis=0) * 2"
+    prog = tgc.loads(src)
+    plan = prog.compile_symbolic("CPU")
+    assert plan.bound == 2 ** 12
+    a = np.ones((4100, 2, 2, 2, 2), np.float32)
+    out = prog.run(device="CPU", symbolic=True, a=a)["out0"]
+    np.testing.assert_array_equal(out, np.full((2, 2, 2, 2), 8200, np.float32))
+    assert prog.last_run.startswith("specialized: dim A = 4100 is outside the symbolic kernels' range")
+    out = prog.run(device="CPU", symbolic=True, a=a[:7])["out0"]
+    np.testing.assert_array_equal(out, np.full((2, 2, 2, 2), 14, np.float32))
+    assert prog.last_run == "symbolic"
+
+
+def test_dim_values_in_expressions_are_symbolic_too():
+    prog = tgc.loads("x: f32[N, D]\nw: f32[2 * D]\nreturn x * D + w[:D] - N, x.mean(axis=1)")
+    prog.compile_symbolic("CPU")
+    for n, d in ((3, 5), (6, 2)):
+        x, w = np.random.default_rng(n).standard_normal((n, d)).astype(np.float32), np.arange(2 * d, dtype=np.float32)
+        out = prog.run(device="CPU", symbolic=True, x=x, w=w)
+        assert prog.last_run == "symbolic"
+        np.testing.assert_allclose(out["out0"], x * d + w[:d] - n, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(out["out1"], x.mean(axis=1), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name, dims", [
+    ("matmul.tg", {"M": 64, "K": 96, "N": 128}), ("matmul.tg", {"M": 96, "K": 32, "N": 64}),
+    ("softmax.tg", {"N": 256, "D": 320}), ("layernorm.tg", {"N": 128, "D": 544}),
+    ("batched_matmul.tg", {"B": 2, "M": 64, "K": 32, "N": 96}), ("mlp.tg", {"B": 64, "IN": 96, "HID": 128, "OUT": 32}),
+])
+def test_multiples_of_32_run_the_optimized_symbolic_kernels(name, dims):
+    """Sizes that are multiples of 32 are a class of their own, whose kernels carry the heuristic's opts (vector
+    upcasts, threads, matmul's packed panels) behind launch checks; large enough ones pass them."""
+    prog = tgc.load(KERNELS[0].parent / name)
+    inputs = random_inputs(prog, dims, seed=5)
+    got = prog.run(device="CPU", symbolic=True, **inputs)
+    assert prog.last_run == "symbolic"
+    plan = prog._plans[("CPU", sizes.size_class(prog.dim_names, dims))]
+    assert all(c == ("32n" if dims[n] % 32 == 0 else "n") for n, c in plan.size_class)
+    assert "fast" in plan.chosen, plan.chosen
+    _check(prog, got, dims, inputs, f"{name} at {dims}")
+
+
+def test_a_launch_check_that_fails_runs_the_general_kernel():
+    """matmul's fast kernel is threaded: a product too small to split across threads runs the general one."""
+    prog = tgc.load(KERNELS[0].parent / "matmul.tg")
+    dims = {"M": 32, "K": 32, "N": 32}
+    inputs = random_inputs(prog, dims, seed=1)
+    got = prog.run(device="CPU", symbolic=True, **inputs)
+    plan = prog._plans[("CPU", sizes.size_class(prog.dim_names, dims))]
+    assert all(f is not None for f in plan.fast) and plan.chosen == ["general"] * len(plan.kernels)
+    _check(prog, got, dims, inputs, "matmul 32^3")
+
+
+def test_a_beam_winner_serves_its_whole_size_class(tmp_path, monkeypatch):
+    """BEAM at one size stores each winner for the size class too; a nearby size of the class, in a program
+    loaded afresh, builds its fast kernels from that winner (here one stored directly, as a search would)."""
+    from tgc.backends import get_device
+    from tgc.codegen import search
+    from tgc.codegen.kernel import prepare_ast
+    from tgc.codegen.opt import Opt, OptOps
+    monkeypatch.setenv("TGC_CACHE_DIR", str(tmp_path))
+    dev = get_device("CPU")
+    path = KERNELS[0].parent / "softmax.tg"
+    prog = tgc.load(path)
+    dims = {"N": 64, "D": 96}
+    (item,) = [i for i in prog.schedule(dims, "CPU") if i.ast.src]
+    winner = [Opt(OptOps.UPCAST, 1, 8)]  # not what the heuristic picks (UPCAST 16, UPCAST 2, THREAD)
+    search.store(prepare_ast(item.ast, dev), dev, winner, 1e-3, item.name, 2)
+    assert prog._store_class_winners(dev, dims) == 1
+    other = tgc.load(path)
+    x = np.random.default_rng(2).standard_normal((160, 224)).astype(np.float32)
+    got = other.run(device="CPU", symbolic=True, x=x)["out0"]
+    plan = other._plans[("CPU", (("N", "32n"), ("D", "32n")))]
+    assert [str(o) for o in plan.fast[0].opts] == ["UPCAST(1, 8)"] and plan.chosen == ["fast"]
+    want = np.exp(x - x.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(got, want / want.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+
+def test_program_beam_stores_the_class_winner(tmp_path, monkeypatch):
+    from tgc.backends import get_device
+    from tgc.codegen import search
+    monkeypatch.setenv("TGC_CACHE_DIR", str(tmp_path))
+    prog = tgc.load(KERNELS[0].parent / "softmax.tg")
+    prog.beam("CPU", dims={"N": 32, "D": 64}, width=1)
+    plan = prog.compile_symbolic("CPU", (("N", "32n"), ("D", "32n")))
+    assert search.lookup(plan.kernels[0].template, get_device("CPU")) is not None
+
+
+def test_cli_compile_without_dims_compiles_for_every_size():
+    import subprocess
+    import sys
+    root = pathlib.Path(__file__).resolve().parent.parent
+    env = {"NO_COLOR": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(root)}
+    r = subprocess.run([sys.executable, "-m", "tgc.cli.main", "compile", str(root / "kernels" / "softmax.tg"),
+                        "-d", "CPU"], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "; kernel r_N_D_D_D" in r.stdout and "i32 %D_N" in r.stdout
+    assert "compiled for every size (N=>=2, D=>=2)" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "tgc.cli.main", "compile", str(root / "kernels" / "pooling.tg"),
+                        "-d", "CPU"], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 2 and "no kernels valid for every size" in r.stderr and "-D NAME=INT" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_symbolic_launches_count_the_work_of_their_sizes():
+    prog = tgc.load(KERNELS[0].parent / "matmul.tg")
+    dims = {"M": 65, "K": 64, "N": 63}
+    sym = prog.bench("CPU", dims=dims, repeat=1, symbolic=True, tuned=False)
+    spec = prog.bench("CPU", dims=dims, repeat=1, tuned=False)
+    assert sym["kernels_for"] == "size class" and spec["kernels_for"] == "these sizes"
+    assert [k["flops"] for k in sym["kernels"]] == [k["flops"] for k in spec["kernels"]]
+    assert sym["kernels"][0]["flops"] >= 2 * 65 * 64 * 63 and sym["kernels"][0]["bytes"] > 0
+
+
+def test_the_compile_cache_holds_one_entry_per_size_class(tmp_path, monkeypatch):
+    """Sizes of one class compile nothing new: the kernels' sources (and so their cache keys) are the same."""
+    from tgc import cache
+    monkeypatch.setenv("TGC_CACHE_DIR", str(tmp_path))
+    path = KERNELS[0].parent / "softmax.tg"
+
+    def entries() -> int:
+        return len(cache.entries("compile"))
+    tgc.load(path).run(device="CPU", symbolic=True, x=np.ones((3, 5), np.float32))
+    first = entries()
+    assert first >= 1
+    for n, d in ((7, 9), (11, 3), (2, 2)):  # the same class, each in a program loaded afresh
+        prog = tgc.load(path)
+        prog.run(device="CPU", symbolic=True, x=np.ones((n, d), np.float32))
+        assert prog.last_run == "symbolic"
+    assert entries() == first
+    tgc.load(path).run(device="CPU", x=np.ones((7, 9), np.float32))  # size-specialized: an entry per size
+    assert entries() > first
+
+
+@pytest.mark.parametrize("shape", [(3, 0), (0, 5), (0, 0), (1, 0), (4, 5)])
+def test_sizes_of_zero_are_a_class_and_unused_buffers_are_no_parameters(shape):
+    """With D = 0 the sum's kernel stores zeros and reads nothing: its unused input is no kernel parameter, so
+    the launch must pass the buffers the kernel kept, not every buffer the scheduler gave it."""
+    prog = tgc.loads("x: f32[N, D]\nreturn x.sum(axis=1), x * 2, x")
+    x = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    out = prog.run(device="CPU", symbolic=True, x=x)
+    assert prog.last_run == "symbolic"
+    np.testing.assert_array_equal(out["out0"], x.sum(axis=1))
+    np.testing.assert_array_equal(out["out1"], x * 2)
+    np.testing.assert_array_equal(out["x"], x)
+
+
+def test_cli_run_and_bench_symbolic():
+    import json
+    import subprocess
+    import sys
+    root = pathlib.Path(__file__).resolve().parent.parent
+    env = {"NO_COLOR": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(root)}
+    cli = [sys.executable, "-m", "tgc.cli.main"]
+    r = subprocess.run([*cli, "run", str(root / "kernels" / "matmul.tg"), "--random", "-D", "M=5", "-D", "K=7",
+                        "-D", "N=3", "--symbolic", "--check", "-d", "CPU"], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.returncode == 0 and "check: ok" in r.stderr and "note:" not in r.stderr, r.stderr
+    r = subprocess.run([*cli, "run", str(root / "kernels" / "pooling.tg"), "--random", "-D", "N=2", "-D", "C=2",
+                        "-D", "H=4", "-D", "W=4", "--symbolic", "--check", "-d", "CPU"], capture_output=True,
+                       text=True, timeout=120, env=env)
+    assert r.returncode == 0 and "note: ran kernels compiled for these sizes" in r.stderr, r.stderr
+    r = subprocess.run([*cli, "bench", str(root / "kernels" / "softmax.tg"), "-D", "N=64", "-D", "D=64",
+                        "--symbolic", "--repeat", "2", "--json", "-d", "CPU"], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["kernels_for"] == "size class"

@@ -1,0 +1,301 @@
+"""Symbolic sizes: a program's kernels compiled once for every size of its dims, the sizes passed as integer
+kernel arguments (DEFINE_VAR).
+
+How: the program is traced and scheduled twice at *probe* dims, distinct primes of at least 211 (the first
+probe ascending, the second another set in descending order, so that no order between two dims holds at
+both). In each kernel AST every integer constant that factors over the probe primes (a size, a stride, a
+product of sizes, times a coefficient) becomes that product of dim variables; an integral float constant the
+same, cast. When both probes give the *same* symbolic ASTs, buffer shapes and buffer roles, those kernels are
+the program's kernels for every size of its size class; otherwise (a reshape that needs divisibility, a
+constant such as `N - 1` or `1 / N` that is not a product of dims, a schedule that changes with the size) the
+program has no symbolic form and is compiled per size, as before.
+
+Size classes: each dim is `0`, `1` or `n` (2 or more). Dims of size 0 or 1 change the program's graph
+(broadcasting a size-1 axis needs no EXPAND), so they are part of the class and compiled as constants; every
+size of 2 or more of a dim shares one kernel. A dim variable is bounded by `var_bound(k)` (the product of the
+program's k symbolic dims must fit the 64-bit index math); a larger size is checked at launch and runs the
+size-specialized kernels instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tgc.dtype import dtypes
+from tgc.ir.shapes import shape_of
+from tgc.ir.symbolic import simplify
+from tgc.ir.uop import Ops, PatternMatcher, UOp, UPat, graph_rewrite, substitute
+
+INDEX = dtypes.index
+VAR_PREFIX = "D_"  # kernel argument names: upper case, so they sort before the CPU's core_id (linearize order)
+
+
+def _primes(n: int, start: int = 211) -> list[int]:
+    out: list[int] = []
+    k = start
+    while len(out) < n:
+        if all(k % p for p in range(2, int(k ** 0.5) + 1)):
+            out.append(k)
+        k += 1
+    return out
+
+
+SizeClass = tuple[tuple[str, str], ...]
+SYMBOLIC = ("n", "32n")  # the classes whose dims are kernel arguments
+
+
+def size_class(names: Sequence[str], dims: Mapping[str, int]) -> SizeClass:
+    """Each dim as "0", "1", "32n" (a multiple of 32) or "n" (any other size of 2 or more): the sizes one
+    symbolic compile serves."""
+    return tuple((n, "0" if dims[n] == 0 else "1" if dims[n] == 1 else "32n" if dims[n] % UNIT == 0 else "n")
+                 for n in names)
+
+
+def class_text(cls: SizeClass) -> str:
+    words = {"n": ">=2", "32n": "a multiple of 32"}
+    return ", ".join(f"{n}={words.get(c, c)}" for n, c in cls) or "(no dims)"
+
+
+def probes(cls: SizeClass) -> tuple[dict[str, int], dict[str, int]]:
+    """Two probe dims for a class: fixed dims at their size, symbolic ones at primes (ascending, then another
+    set descending), times 32 for "32n" dims."""
+    sym = [n for n, c in cls if c in SYMBOLIC]
+    primes = _primes(2 * len(sym))
+    unit = {n: UNIT if c == "32n" else 1 for n, c in cls}
+    first, second = primes[:len(sym)], primes[len(sym):][::-1]
+    fixed = {n: int(c) for n, c in cls if c not in SYMBOLIC}
+    return ({**fixed, **{n: p * unit[n] for n, p in zip(sym, first)}},
+            {**fixed, **{n: p * unit[n] for n, p in zip(sym, second)}})
+
+
+def var_bound(k: int) -> int:
+    """The largest size a dim variable may take when a kernel has k of them: their product fits 62 bits."""
+    return min(2 ** 31 - 1, 2 ** (62 // max(k, 1)))
+
+
+Mono = tuple[int, tuple[str, ...], int, int]  # coef * product of dims // div + offset (names sorted, repeated)
+MAX_OFFSET = 4  # `N - 1`, `N + 2`: a product of dims plus or minus at most this much
+UNIT = 32  # class "32n": the dim is a multiple of this, so kernels may assume it (vector widths, packed layouts)
+
+
+def _prime(n: str, probe: Mapping[str, int]) -> tuple[int, int]:
+    """(the probe's prime, the dim's unit): a "32n" dim is probed at UNIT * prime."""
+    p = probe[n]
+    return (p // UNIT, UNIT) if p % UNIT == 0 else (p, 1)
+
+
+def _product(v: int, probe: Mapping[str, int], symbolic: Sequence[str]) -> tuple[int, tuple[str, ...], int]:
+    names: list[str] = []
+    sign, v = (-1 if v < 0 else 1), abs(v)
+    div = 1
+    if v:
+        for n in symbolic:
+            p, unit = _prime(n, probe)
+            while v % p == 0:
+                v //= p
+                div *= unit
+                names.append(n)
+    g = _gcd(v, div)
+    return sign * (v // g), tuple(sorted(names)), div // g
+
+
+def _gcd(a: int, b: int) -> int:
+    import math
+    return math.gcd(a, b) or 1
+
+
+def factor(v: int, probe: Mapping[str, int], symbolic: Sequence[str]) -> Mono:
+    """`v` as coef * product of the symbolic dims // div + a small offset (`(v, (), 0, 1)` when it is not one;
+    div > 1 only for "32n" dims, which it divides exactly). The first fit wins; a wrong one (a literal 212
+    read as N + 1) is caught by the second probe."""
+    for off in sorted(range(-MAX_OFFSET, MAX_OFFSET + 1), key=abs):
+        coef, names, div = _product(v - off, probe, symbolic)
+        if names:
+            return coef, names, off, div
+    return v, (), 0, 1
+
+
+def mono_value(m: Mono, dims: Mapping[str, int]) -> int:
+    out = m[0]
+    for n in m[1]:
+        out *= dims[n]
+    return out // m[3] + m[2]
+
+
+def dim_var(name: str, bound: int, low: int = 2) -> UOp:
+    return UOp(Ops.DEFINE_VAR, INDEX, (), (VAR_PREFIX + name, low, bound))
+
+
+def _mono_uop(m: Mono, bound: int, lows: Mapping[str, int]) -> UOp:
+    out = dim_var(m[1][0], bound, lows.get(m[1][0], 2))
+    for n in m[1][1:]:
+        out = out * dim_var(n, bound, lows.get(n, 2))
+    out = out if m[0] == 1 else out * UOp.const(INDEX, m[0])
+    out = out if m[3] == 1 else out // UOp.const(INDEX, m[3])
+    return out if m[2] == 0 else out + UOp.const(INDEX, m[2])
+
+
+def _reciprocal(v: float) -> int | None:
+    """m when v is exactly the double 1.0 / m (how the front end writes a mean's 1 / n)."""
+    if not 0 < abs(v) < 1:
+        return None
+    m = round(1.0 / v)
+    return m if m and 1.0 / m == v else None
+
+
+def symbolize_ast(ast: UOp, probe: Mapping[str, int], symbolic: Sequence[str], bound: int) -> UOp:
+    """Every constant of `ast` that is a product of probe sizes (plus a small offset), as that expression of
+    dim variables; an integral float constant the same, cast; a float 1 / (such a product) as a division."""
+    mapping: dict[UOp, UOp] = {}
+    for u in ast.toposort():
+        if u.op is not Ops.CONST or u.dtype is None or u.dtype.is_bool or u.dtype.count != 1:
+            continue
+        v, recip = u.arg, False
+        if isinstance(v, float):
+            if v.is_integer() and abs(v) < 2 ** 53:
+                v = int(v)
+            elif (r := _reciprocal(v)) is not None:
+                v, recip = r, True
+            else:
+                continue
+        if not isinstance(v, int) or isinstance(v, bool):
+            continue
+        m = factor(v, probe, symbolic)
+        if not m[1]:
+            continue
+        expr = _mono_uop(m, bound, {n: max(2, _prime(n, probe)[1]) for n in symbolic})
+        if recip:
+            expr = UOp(Ops.FDIV, u.dtype, (UOp.const(u.dtype, 1.0), UOp(Ops.CAST, u.dtype, (expr,))))
+        mapping[u] = expr if u.dtype == INDEX else expr if recip else UOp(Ops.CAST, u.dtype, (expr,))
+    return substitute(ast, mapping) if mapping else ast
+
+
+def symbolize_value(v: Any, probe: Mapping[str, int], symbolic: Sequence[str]) -> Any:
+    """A nested arg (tuples of ints, floats, bools, strings) with every int as a Mono."""
+    if isinstance(v, tuple):
+        return tuple(symbolize_value(x, probe, symbolic) for x in v)
+    if isinstance(v, int) and not isinstance(v, bool):
+        return ("#", factor(v, probe, symbolic))
+    if isinstance(v, float) and v.is_integer() and abs(v) < 2 ** 53 and factor(int(v), probe, symbolic)[1]:
+        return ("#f", factor(int(v), probe, symbolic))
+    if isinstance(v, float) and (r := _reciprocal(v)) is not None and factor(r, probe, symbolic)[1]:
+        return ("#r", factor(r, probe, symbolic))
+    return v
+
+
+def instantiate_value(v: Any, dims: Mapping[str, int]) -> Any:
+    """`symbolize_value`'s result at these dims (the value the arg has there)."""
+    if isinstance(v, tuple) and len(v) == 2 and v[0] == "#":
+        return mono_value(v[1], dims)
+    if isinstance(v, tuple) and len(v) == 2 and v[0] == "#f":
+        return float(mono_value(v[1], dims))
+    if isinstance(v, tuple) and len(v) == 2 and v[0] == "#r":
+        n = mono_value(v[1], dims)
+        return 1.0 / n if n else None
+    if isinstance(v, tuple):
+        return tuple(instantiate_value(x, dims) for x in v)
+    return v
+
+
+def graph_signature(outs: Sequence[UOp], probe: Mapping[str, int] | None = None,
+                    symbolic: Sequence[str] = ()) -> tuple:
+    """The tensor graph as a tuple of (op, dtype, arg, sources by position) in topological order; with a
+    probe, every int in the args as a Mono (so the signature holds for every size of the class)."""
+    order: dict[UOp, int] = {}
+    rows = []
+    for o in outs:
+        for u in o.toposort():
+            if u in order:
+                continue
+            order[u] = len(order)
+            arg = u.arg if probe is None else symbolize_value(u.arg, probe, symbolic)
+            rows.append((u.op, u.dtype, arg, tuple(order[s] for s in u.src)))
+    rows.append(("outs", tuple(order[o] for o in outs)))
+    return tuple(rows)
+
+
+def instantiate_signature(sig: tuple, dims: Mapping[str, int]) -> tuple:
+    return tuple(r if r[0] == "outs" else (r[0], r[1], instantiate_value(r[2], dims), r[3]) for r in sig)
+
+
+@dataclass
+class Slot:
+    """A buffer of the launch plan: an input (`input` its declaration index) or a buffer a kernel writes."""
+    dtype: Any
+    shape: tuple[Mono, ...]
+    input: int | None = None
+
+
+def slots_of(items: Sequence[Any], outs: Sequence[UOp], probe: Mapping[str, int], symbolic: Sequence[str]
+             ) -> tuple[list[Slot], list[list[int]], list[int]]:
+    """(slots, per kernel its buffers as slot numbers, per output its slot)."""
+    index: dict[UOp, int] = {}
+    slots: list[Slot] = []
+
+    def slot(node: UOp) -> int:
+        if node not in index:
+            index[node] = len(slots)
+            shape = tuple(factor(int(s), probe, symbolic) for s in shape_of(node))
+            inp = node.arg[0] if node.op is Ops.BUFFER else None
+            slots.append(Slot(node.dtype, shape, inp))
+        return index[node]
+
+    per_kernel = [[slot(b) for b in item.bufs] for item in items]
+    return slots, per_kernel, [slot(o) for o in outs]
+
+
+def same_slots(a: list[Slot], b: list[Slot]) -> bool:
+    return [(s.dtype, s.shape, s.input) for s in a] == [(s.dtype, s.shape, s.input) for s in b]
+
+
+# the size of each symbolic dim where the heuristic picks a symbolic kernel's opts, by class
+def instantiate_ast(ast: UOp, dims: Mapping[str, int]) -> UOp:
+    """A symbolic AST with its dim variables replaced by these sizes, simplified (the kernel the scheduler cuts
+    at these sizes, when the symbolic form is right for them)."""
+    mapping = {u: UOp.const(u.dtype, dims[u.arg[0][len(VAR_PREFIX):]]) for u in ast.toposort()
+               if u.op is Ops.DEFINE_VAR and u.arg[0].startswith(VAR_PREFIX)}
+    if not mapping:
+        return ast
+    # constants first (a size cast to i32 or f32 is the constant of that dtype the scheduler wrote), then the
+    # folds the scheduler's own simplification made
+    out = graph_rewrite(substitute(ast, mapping), _fold_casts)
+    return simplify(out)
+
+
+def _cast_const(x: UOp, c: UOp) -> UOp | None:
+    if c.dtype != INDEX or x.dtype is None or x.dtype.count != 1 or x.dtype.is_bool:
+        return None  # only the casts symbolize_ast wrote (of index-typed sizes)
+    return UOp.const(x.dtype, float(c.arg) if x.dtype.is_float else int(c.arg))
+
+
+def _recip_const(x: UOp, one: UOp, c: UOp) -> UOp | None:
+    """`1.0 / n` as symbolize_ast wrote a mean's reciprocal: the double the front end computed."""
+    return UOp.const(x.dtype, 1.0 / c.arg) if one.arg == 1.0 and c.arg else None
+
+
+_fold_casts = PatternMatcher([
+    (UPat(Ops.CAST, src=(UPat.cvar("c"),), name="x"), _cast_const),
+    (UPat(Ops.FDIV, src=(UPat.cvar("one"), UPat.cvar("c")), name="x"), _recip_const),
+])
+
+
+REPRESENTATIVE = {"n": 509, "32n": 512}
+
+
+def name_shape(name: str) -> str:
+    """A kernel name with its sizes blanked (`r_512_512` -> `r_#_#`): kernels of one shape at two sizes."""
+    return "_".join("#" if part.isdigit() else part for part in name.split("_"))
+
+
+def symbolic_name(name: str, probe: Mapping[str, int], symbolic: Sequence[str]) -> str:
+    """A kernel name whose probe sizes read as the dims' names (`r_101_103` -> `r_N_D`)."""
+    by_value = {str(probe[n]): n for n in symbolic}
+    by_value.update({str(probe[n] // UNIT): f"{n}d{UNIT}" for n in symbolic if probe[n] % UNIT == 0})
+    return "_".join(by_value.get(part, part) for part in name.split("_"))
+
+
+__all__ = ["SizeClass", "size_class", "class_text", "probes", "var_bound", "factor", "mono_value", "symbolize_ast",
+           "graph_signature", "instantiate_signature", "Slot", "slots_of", "same_slots", "symbolic_name",
+           "VAR_PREFIX"]
