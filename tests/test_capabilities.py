@@ -91,3 +91,55 @@ def test_the_api_lists_devices_as_the_cli_does():
     out = CliRunner().invoke(main, ["devices", "--json"])
     assert out.exit_code == 0
     assert [r["device"] for r in json.loads(out.output)] == [r["device"] for r in full]
+
+
+def test_codegen_and_the_api_read_declared_facts_not_getattr():
+    """The optimizer, the pipeline and the API ask a device or compiler only for what the base classes declare
+    (`Device.caps`, `Device.cores`, `Compiler.assembly`, `Compiler.cache_identity`): no getattr/hasattr probing."""
+    import ast
+    import pathlib
+    root = pathlib.Path(tgc.__file__).parent
+    found = []
+    for f in [*(root / "codegen").glob("*.py"), root / "api.py"]:
+        for node in ast.walk(ast.parse(f.read_text())):
+            probe = isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            if probe and node.func.id in ("getattr", "hasattr"):
+                what = ast.unparse(node.args[0]) if node.args else ""
+                if "dev" in what or "comp" in what or "cls" in what:
+                    found.append(f"{f.name}:{node.lineno} {ast.unparse(node)}")
+    assert found == []
+
+
+def test_a_device_declares_its_cores_and_the_optimizer_splits_across_them(monkeypatch):
+    from tgc.backends.base import Device
+    assert Device().cores == 1  # declared by every device, not probed
+    monkeypatch.setenv("TGC_THREADS", "3")
+    k = tgc.loads("a: f32[N]\nreturn a * 2").compile("PYTHON", dims={"N": 1 << 17})[0]
+    assert k.global_size[0] == 3
+
+
+def test_vector_widths_are_the_devices_declaration(monkeypatch):
+    import dataclasses
+
+    from tgc.codegen.opt import Opt, OptOps
+    from tgc.codegen.pipeline import lower
+    dev = get_device("CPU")
+    item = tgc.loads("a: f32[N]\nreturn a * 2").schedule({"N": 64}, "CPU")[0]
+
+    def widest() -> int:
+        uops = lower(item.ast, dev, item.bufs, "k", opts=[Opt(OptOps.UPCAST, 0, 16)]).uops
+        return max(u.dtype.count for u in uops if u.dtype is not None)
+
+    assert widest() == 16
+    caps = dataclasses.replace(dev.renderer.caps, vector_widths=(8, 4))
+    narrow = type("Narrow", (type(dev.renderer),), {"caps": caps})
+    monkeypatch.setattr(dev, "renderer", narrow())
+    assert dev.caps.vector_widths == (8, 4) and widest() == 1  # 16 lanes are not a width it has: scalar copies
+
+
+def test_a_malformed_debug_setting_reads_as_zero_in_the_library(monkeypatch):
+    from tgc.env import debug_level
+    monkeypatch.setenv("DEBUG", "lots")
+    assert debug_level() == 0
+    monkeypatch.setenv("DEBUG", "6")
+    assert debug_level() == 6

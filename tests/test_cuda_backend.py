@@ -85,7 +85,7 @@ def test_disassemble_a_cubin_from_elsewhere_needs_the_source():
     with pytest.raises(CompileError, match="PTX of this cubin is unknown"):
         fresh.disassemble(cubin)
     assert ".entry add(" in fresh.disassemble(cubin, src=ADD)
-    assert ".entry add(" in fresh.ptx_for(ADD)
+    assert ".entry add(" in fresh.compile_ptx(ADD)
 
 
 @needs_nvrtc

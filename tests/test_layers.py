@@ -175,3 +175,35 @@ def test_the_realizer_runs_a_lowered_program_without_the_api():
     got = run_program(low, {"x": x, "y": y})
     np.testing.assert_allclose(got["out0"], (x * y).sum(), rtol=1e-6)
     np.testing.assert_array_equal(got["out1"], x + 1)
+
+
+def function_level_imports(source: str) -> list[tuple[str, int]]:
+    """tgc modules imported inside a function (module-level imports excluded), with their line."""
+    out = []
+    for fn in ast.walk(ast.parse(source)):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(fn):
+                if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("tgc")):
+                    out.append((node.module or ".", node.lineno))
+                elif isinstance(node, ast.Import):
+                    out += [(a.name, node.lineno) for a in node.names if a.name.startswith("tgc")]
+    return out
+
+
+def test_codegen_and_the_api_import_tgc_modules_at_module_level():
+    """No import inside a function to dodge a cycle: codegen, the engine and the API import the tgc modules they
+    use at the top (the CLI and the `tgc` facade import lazily on purpose, for start-up time)."""
+    found = [f"{module}:{line} imports {target}" for module, src, _ in sources()
+             if module.startswith(("tgc.codegen", "tgc.engine", "tgc.api", "tgc.ir", "tgc.dsl"))
+             for target, line in function_level_imports(src) if (module, target) not in LAZY]
+    assert found == []
+
+
+# deliberate lazy imports in those layers, each with its reason
+LAZY: dict[tuple[str, str], str] = {
+    ("tgc.engine.inputs", "tgc.dsl.frontend"): "running a package draws random inputs without loading the parser",
+}
+
+
+def test_the_function_level_import_finder_sees_one():
+    assert function_level_imports("import tgc.ir\ndef f():\n    from tgc.ir import uop\n") == [("tgc.ir", 3)]

@@ -178,7 +178,8 @@ def test_running_needs_macos():
     prog = tgc.loads("x: f32[N]\nreturn x + 1")
     with pytest.raises(DeviceError, match="macOS") as e:
         prog.run(device="METAL", x=np.ones(4, np.float32))
-    assert "tgc compile -d METAL" in (e.value.hint or "")
+    assert 'Program.compile("METAL")' in (e.value.hint or "")  # the API's words; the CLI names its flag
+    assert "tgc compile -d METAL" in (e.value.cli_hint or "")
     with pytest.raises(DeviceError, match="macOS"):
         get_device("METAL").program("E_4", b"")
 
@@ -339,7 +340,7 @@ def test_stub_header_ships_with_the_package():
 @off_macos
 @needs_libclang
 def test_compile_runs_the_lint_when_kernel_py_calls_it(monkeypatch):
-    """`compile_cached` type-checks what it cannot compile (the `device.lint` hook)."""
+    """The kernel compile step type-checks what it cannot compile (the `device.lint` hook)."""
     dev = get_device("METAL")
     render = MetalRenderer.render
     monkeypatch.setattr(dev, "renderer", type("Broken", (MetalRenderer,), {

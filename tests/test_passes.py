@@ -11,11 +11,11 @@ import pytest
 import tgc
 from tgc.backends import get_device
 from tgc.codegen.opt import Opt, OptError, OptKernel, OptOps, split_threads
-from tgc.codegen.pipeline import PASSES, fuses_rows, lower, passes_text
+from tgc.codegen.pipeline import PASSES, lower, passes_text
 from tgc.codegen.spec import SpecError, verify_spec
 from tgc.dtype import dtypes
 from tgc.ir.symbolic import simplify
-from tgc.ir.uop import Ops, PatternMatcher, RangeKind, UOp, UPat, graph_rewrite
+from tgc.ir.uop import Ops, PatternMatcher, RangeKind, UOp, UPat, graph_rewrite, rebuild, substitute
 
 I = dtypes.i32
 IDX = dtypes.index
@@ -76,6 +76,34 @@ def test_graph_rewrite_that_never_settles_is_an_error():
                           lambda x, k: x + c(k.arg + 1))])
     with pytest.raises(RuntimeError, match="did not converge"):
         graph_rewrite(rng(0, 8) + c(1), pm)
+
+
+def test_rebuild_replaces_once_and_substitute_is_a_seeded_rebuild():
+    x, y = rng(0, 8), rng(1, 4)
+    memo: dict = {}
+    # fn runs once per rebuilt node, not again on its result (x + 1 would become x + 2 if it did)
+    bump = lambda u: u + c(1) if u.op is Ops.RANGE else u  # noqa: E731
+    assert rebuild(x * c(3), memo, bump) is (x + c(1)) * c(3)
+    assert memo[x] is x + c(1)
+    assert substitute(x * y, {x: y}) is y * y
+
+
+def test_the_rebuild_loop_is_written_once():
+    """graph_rewrite, substitute and the scheduler's graph edits share `tgc.ir.uop.rebuild`: no other module
+    rebuilds nodes on memoized new sources (`node.replace(src=tuple(memo[...] ...))`)."""
+    import pathlib
+    import re
+    root = pathlib.Path(tgc.__file__).parent
+    loop = re.compile(r"replace\(src=tuple\(\w+\[\w+\] for \w+ in \w+\.src\)\)")
+    found = sorted(str(f.relative_to(root)) for f in root.rglob("*.py") for _ in loop.finditer(f.read_text()))
+    assert found == ["ir/uop.py"]
+
+
+def test_nothing_can_be_attached_to_a_hash_consed_uop():
+    u = rng(0, 8)
+    with pytest.raises(AttributeError):
+        u.note = 1
+    assert not hasattr(u, "__dict__")
 
 
 # ------------------------------------------------------------------------------------------- symbolic rules
@@ -203,8 +231,8 @@ def test_a_kernel_compiles_to_what_its_lowering_rendered():
 
 
 def test_row_fusion_is_decided_by_the_device_once():
-    assert fuses_rows(get_device("CPU")) and fuses_rows(get_device("PYTHON"))
-    assert not fuses_rows(get_device("CUDA"))
+    assert get_device("CPU").caps.fuse_rows and get_device("PYTHON").caps.fuse_rows
+    assert not get_device("CUDA").caps.fuse_rows
     prog = tgc.loads("x: f32[N, D]\nreturn softmax(x, 1)")
     assert len(prog.schedule({"N": 4, "D": 8}, "CPU")) == 1  # the row's max and sum stay in the kernel
     assert len(prog.schedule({"N": 4, "D": 8}, "CUDA")) == 3  # realized: a GPU thread has no row order

@@ -513,7 +513,19 @@ def test_remote_without_a_server_says_how_to_set_one(monkeypatch):
     monkeypatch.setattr(RemoteDevice, "_configured", None)
     with pytest.raises(DeviceError, match="needs a server") as e:
         RemoteDevice()._submit(P.Synchronize())
-    assert "TGC_REMOTE" in e.value.hint
+    assert "TGC_REMOTE" in e.value.hint and "--" not in e.value.hint  # a Python user has no --remote flag
+    assert "--remote host:port" in e.value.cli_hint  # what `tgc` shows
+
+
+def test_the_cli_words_an_api_hint_with_its_flag(monkeypatch, tmp_path):
+    from click.testing import CliRunner
+
+    from tgc.cli.main import main
+    monkeypatch.delenv("TGC_REMOTE", raising=False)
+    monkeypatch.setattr(RemoteDevice, "_configured", None)
+    (tmp_path / "p.tg").write_text("x: f32[4]\nreturn x + 1\n")
+    res = CliRunner().invoke(main, ["run", str(tmp_path / "p.tg"), "-d", "REMOTE", "--random"])
+    assert res.exit_code == 1 and "needs a server" in res.output and "--remote host:port" in res.output
 
 
 def test_server_process_exits_cleanly_on_ctrl_c():

@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+import difflib
 import os
+import sys
 from dataclasses import replace as _dc_replace
 from typing import Any
 
 import numpy as np
 
 from tgc.backends import canonical, default_device, device_class, get_device, known_kinds
-from tgc.codegen.kernel import Kernel, build_kernel
+from tgc.codegen import search, sizes
+from tgc.codegen.kernel import (
+    Kernel,
+    build_kernel,
+    build_symbolic_kernel,
+    launch_allows,
+    prepare_ast,
+    symbolic_work,
+)
+from tgc.codegen.opt import OptError
+from tgc.codegen.pipeline import heuristic_opts
+from tgc.codegen.search import beam_items, lookup
 from tgc.dsl.frontend import (
     DimError,
     DimExpr,
@@ -24,9 +37,13 @@ from tgc.dsl.frontend import (
     trace,
 )
 from tgc.dtype import DType
+from tgc.engine import bench
 from tgc.engine.conform import as_array as _as_array
-from tgc.engine.multi import MultiLowered, run_multi
+from tgc.engine.inputs import random_inputs
+from tgc.engine.multi import MultiLowered, bench_multi, run_multi
+from tgc.engine.multi import plan as plan_multi
 from tgc.engine.realize import LaunchPlan, Lowered, run_program, to_user_array
+from tgc.engine.reference import evaluate
 from tgc.engine.schedule import ScheduleItem, create_schedule, split_large_reduces
 from tgc.env import env_flag, env_int
 from tgc.errors import BindError, CompileError, TgcError
@@ -109,7 +126,6 @@ class Program:
         declared = {d.name for d in self.inputs}
         for name in inputs:
             if name not in declared:
-                import difflib
                 close = difflib.get_close_matches(name, declared, n=1)
                 raise TgcError(f"unknown input '{name}'", file=self.filename,
                                hint=f"did you mean '{close[0]}'?" if close else
@@ -296,7 +312,6 @@ class Program:
     def compile_symbolic(self, device: str | None = None, size_class: Any = None) -> SymbolicPlan:
         """The program's kernels compiled once for every size of a size class (default: every dim 2 or more),
         their sizes kernel arguments. TgcError (kind "user") when the program has no symbolic form."""
-        from tgc.codegen import sizes
         dev = _device(device)
         cls = size_class if size_class is not None else tuple((n, "n") for n in self.dim_names)
         plan = self._symbolic(dev, tuple(cls))
@@ -316,8 +331,6 @@ class Program:
 
     def _build_symbolic(self, dev: Any, cls: tuple) -> SymbolicPlan | str:
         """The plan for one size class, or why there is none."""
-        from tgc.codegen import sizes
-        from tgc.codegen.kernel import build_symbolic_kernel
         if dev.caps.gpu or dev.kind == "REMOTE":
             # GPU grids are sized when compiling, and a REMOTE server checks launches against buffer sizes
             return f"kernels with symbolic sizes are built for the CPU and PYTHON devices only, not {dev.kind} yet"
@@ -376,8 +389,6 @@ class Program:
     def _store_class_winners(self, dev: Any, dims: dict[str, int]) -> int:
         """After BEAM at `dims`: each kernel's stored winner also becomes the winner of its symbolic form for the
         dims' size class (so a later run at a nearby size uses it). Returns how many were stored."""
-        from tgc.codegen import search, sizes
-        from tgc.codegen.kernel import prepare_ast
         cls = sizes.size_class(self.dim_names, dims)
         plan = self._symbolic(dev, cls)
         if isinstance(plan, str):
@@ -397,7 +408,6 @@ class Program:
     def lower_symbolic(self, device: str | None, dims: dict[str, int]) -> tuple[Lowered | None, str]:
         """The program's symbolic kernels bound to these dims, as the realizer runs them, and "" ; or (None, why
         not) where the launch-time checks fail (the caller runs the size-specialized kernels instead)."""
-        from tgc.codegen import sizes
         dev = _device(device)
         dims = self.resolve_dims(dims)
         cls = sizes.size_class(self.dim_names, dims)
@@ -484,7 +494,6 @@ class Program:
         for name, axis in (shard or {}).items():
             decl = declared.get(name)
             if decl is None:
-                import difflib
                 close = difflib.get_close_matches(name, declared, n=1)
                 raise TgcError(f"cannot shard '{name}': the program has no input of that name", file=self.filename,
                                hint=f"did you mean '{close[0]}'?" if close else
@@ -508,7 +517,6 @@ class Program:
                     tuned: bool = True) -> MultiLowered:
         """The program planned across a device list (`tgc.engine.multi.plan`) with each device's part compiled
         through the single-device pipeline; kernels compiled once per device and distinct kernel."""
-        from tgc.engine.multi import plan as plan_multi
         dims = self.resolve_dims(dims)
         beam = env_int("BEAM", 0) if beam is None else beam
         key = (tuple(devices), tuple(sorted(dims.items())), tuple(sorted(shard.items())), beam, tuned)
@@ -554,7 +562,6 @@ class Program:
         ml = MultiLowered(devs, p, step_nodes, step_kernels, out_nodes, out_kernels,
                           {i: d.name for i, d in enumerate(self.inputs)}, list(self.output_names), items_of)
         if env_int("DEBUG", 0) >= 2:
-            import sys
             for note in p.notes:
                 print(f"*** multi: {note}", file=sys.stderr)
         self._multi[key] = ml
@@ -562,7 +569,6 @@ class Program:
 
     def reference(self, dims: dict[str, int] | None = None, **inputs: Any) -> dict[str, np.ndarray]:
         """The program evaluated by numpy in float64 (ints exact), for `--check`."""
-        from tgc.engine.reference import evaluate
         dims, arrays = self.bind(inputs, dims, cast=True)
         outs, bufs = self._trace(dims)
         env = {b: arrays[self.inputs[b.arg[0]].name] for b in bufs}
@@ -581,8 +587,6 @@ class Program:
         On a device list: per-device kernel time, the collectives' time and bandwidth, the whole program.
         `symbolic=True` times the kernels compiled for the dims' size class (`run(symbolic=True)`); the
         result's `kernels_for` says "size class" or "these sizes" (when the launch checks fell back)."""
-        from tgc.engine import bench
-        from tgc.engine.inputs import random_inputs
         if inputs is None:
             dims = self.resolve_dims(dims)
             inputs = random_inputs(self, dims)
@@ -592,7 +596,6 @@ class Program:
             if symbolic:
                 raise TgcError("symbolic sizes run on one device, not a device list",
                                hint="drop symbolic=True to time it sharded")
-            from tgc.engine.multi import bench_multi
             axes = self.shard_axes(shard, dims, len(names))
             timing = bench_multi(self.lower_multi(names, dims, axes, beam=beam, tuned=tuned), arrays,
                                  repeat=repeat, warmup=warmup)
@@ -612,9 +615,8 @@ class Program:
     def identity(self, device: str | None, dims: dict[str, int]) -> dict[str, Any]:
         """What a timing of this program depends on beyond its kernels' code (`tgc bench --baseline` compares
         only equal identities): the source's hash, dims, the device and its model, the tgc version."""
-        from tgc.engine.bench import identity
         names = device_names(device)
-        ident = identity(self, _device(names[0]), dims)
+        ident = bench.identity(self, _device(names[0]), dims)
         return ident if len(names) == 1 else {**ident, "device": ",".join(names)}
 
     def beam(self, device: str | list[str] | None = None, dims: dict[str, int] | None = None, width: int = 4,
@@ -622,7 +624,6 @@ class Program:
         """Search every kernel of the program (BEAM); store the winners; report before/after per kernel.
         On a device list: each device's per-shard kernels, searched once per device kind (on the first device
         of that kind, with its share of the cores); winners are stored per kind, so every device uses them."""
-        from tgc.codegen.search import beam_items
         names = device_names(device)
         if len(names) > 1:
             dims = self.resolve_dims(dims)
@@ -678,8 +679,6 @@ class SymbolicPlan:
 
     def bind(self, prog: Program, dims: dict[str, int]) -> tuple[Lowered | None, str]:
         """The launch-time checks, then the kernels bound to `dims`: (Lowered, "") or (None, why not)."""
-        from tgc.codegen import sizes
-        from tgc.ir.uop import Ops, UOp
         for n in self.symbolic:
             if not 2 <= dims[n] <= self.bound:
                 return None, f"dim {n} = {dims[n]} is outside the symbolic kernels' range 2..{self.bound}"
@@ -700,7 +699,6 @@ class SymbolicPlan:
                 nodes.append(in_bufs[slot.input])
             else:
                 nodes.append(UOp(Ops.BUFFER, slot.dtype, (), (-1 - i, f"tmp{i}", shape)))
-        from tgc.codegen.kernel import launch_allows, symbolic_work
         kernels = []
         self.chosen = []
         for general, fast, ks, item_bufs in zip(self.kernels, self.fast, self.kernel_slots, self.item_bufs):
@@ -722,10 +720,6 @@ def _fast_variant(item: ScheduleItem, rep_item: ScheduleItem, dev: Any, rep: dic
                   ) -> Kernel | None:
     """A symbolic kernel with the opts the heuristic picks for `rep_item` (the same kernel at a representative
     size), or None when there are none or they do not apply to the symbolic form."""
-    from tgc.codegen.kernel import build_symbolic_kernel, prepare_ast
-    from tgc.codegen.opt import OptError
-    from tgc.codegen.pipeline import heuristic_opts
-    from tgc.codegen.search import lookup
     # a BEAM winner stored for this size class (`Program.beam` at a size of the class), else the heuristic's
     # choice at the representative size
     opts = lookup(prepare_ast(item.ast, dev), dev)
@@ -758,7 +752,7 @@ def devices(info: bool = True) -> list[dict[str, Any]]:
             cls = device_class(kind)
             ok, why = cls.probe()
             row.update(available=bool(ok), why_not="" if ok else str(why))
-            row["renderer"] = _name_of(getattr(cls, "renderer", None))
+            row["renderer"] = _name_of(cls.renderer)
         except Exception as e:  # a backend that cannot even be imported is unavailable, not a crash
             row["why_not"] = f"cannot load the backend: {type(e).__name__}: {e}"
             rows.append(row)

@@ -15,6 +15,7 @@ class Capabilities:
     # slice) or "gpu" (a grid of work-groups of threads, with shared memory and barriers)
     launch: str = "cpu"
     vectors: bool = False  # vector UOps (UPCAST lanes become <N x T> operations); else every lane is scalar
+    vector_widths: tuple[int, ...] = (16, 8, 4)  # the lane counts a vector UOp may have, widest first
     decompose_transcendentals: bool = False  # exp2/log2/sin as polynomials (vectorizable) instead of device calls
     # scheduling (tgc/engine/schedule.py): choices for a cache hierarchy walked by few threads
     fuse_rows: bool = True  # a per-row reduction broadcast along its own row stays in its consumer kernel
@@ -38,6 +39,3 @@ class Capabilities:
             preferred_local_size=threads or self.preferred_local_size,
             max_shared_bytes=min(self.max_shared_bytes, shared_bytes or self.max_shared_bytes))
 
-
-CPU = Capabilities()  # what a device declares that does not say (and the PYTHON interpreter)
-GPU = Capabilities(launch="gpu", fuse_rows=False)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -27,7 +28,6 @@ class EnvVar:
 
 
 def _cuda_arch(text: str) -> None:
-    import re
 
     if not re.fullmatch(r"(?:sm_|compute_)?\d+\.?\d?[af]?", text.strip().lower()):
         raise TgcError(f"TGC_CUDA_ARCH={text!r} is not a CUDA architecture", hint="write it like sm_90 (or 90, 9.0)")
@@ -123,6 +123,15 @@ def env_int(name: str, default: int) -> int:
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         raise TgcError(f"{name}={text!r} is out of range", hint=f"{name} must be {want}")
     return value
+
+
+def debug_level() -> int:
+    """`DEBUG` (0 to 6) for the library's own printing: a malformed value reads as 0 here (the CLI refuses it up
+    front; the API runs as without it)."""
+    try:
+        return env_int("DEBUG", 0)
+    except TgcError:
+        return 0
 
 
 def env_float(name: str, default: float) -> float:

@@ -9,13 +9,17 @@ class TgcError(Exception):
     `kind` is "user" (bad input: exit 2) or "runtime" (compile or device failure: exit 1).
     Source errors carry `file`, `line`, `col` (1-based), `end_col` and the source `text` of that line,
     so `format()` can print a clang-style diagnostic with carets under the span.
+    `hint` is worded for any caller (the Python API); `cli_hint`, where given, is the same advice as the command
+    line words it (naming its flags), and the CLI shows it instead.
     """
 
     def __init__(self, msg: str, *, line: int | None = None, col: int | None = None, end_col: int | None = None,
-                 file: str | None = None, text: str | None = None, hint: str | None = None, kind: str = "user"):
+                 file: str | None = None, text: str | None = None, hint: str | None = None, kind: str = "user",
+                 cli_hint: str | None = None):
         super().__init__(msg)
         self.msg, self.line, self.col, self.end_col = msg, line, col, end_col
         self.file, self.text, self.hint, self.kind = file, text, hint, kind
+        self.cli_hint = cli_hint
 
     @property
     def exit_code(self) -> int:

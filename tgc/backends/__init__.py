@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import os
 from functools import cache
 
 from tgc.errors import TgcError
@@ -92,5 +93,4 @@ def _index_error(name: str, kind: str, count: int) -> TgcError:
 
 
 def default_device() -> str:
-    import os
     return os.environ.get("TGC_DEVICE", "CPU")

@@ -127,12 +127,20 @@ class Compiler:
 
     name = "none"
     version = "0"
+    # what else names this compiler in the disk-cache key, for a compiler that runs elsewhere (REMOTE); None: nothing
+    cache_identity: tuple[str, ...] | None = None
+    source_assembly = False  # `assembly(src)` lists the assembly from the source (else: `disassemble(binary)`)
 
     def compile(self, src: str) -> bytes:
         raise NotImplementedError
 
     def disassemble(self, lib: bytes) -> str:
         """Human-readable assembly of a compiled binary (for `--emit asm`)."""
+        raise NotImplementedError
+
+    def assembly(self, src: str) -> str:
+        """The assembly listing of `src`, made from the source (for `--emit asm`): compilers that say
+        `source_assembly`; the others' listing is the disassembly of the binary."""
         raise NotImplementedError
 
     def optimized_ir(self, src: str) -> str:
@@ -193,6 +201,12 @@ class Device:
     def compile_error(self) -> str | None:
         """Why this machine cannot compile for the device, or None."""
         return None
+
+    @property
+    def cores(self) -> int:
+        """Threads one CPU-style launch may split its outer loop across (`core_id`): 1 unless the device has more
+        (the CPU: its cores or TGC_THREADS). A runtime fact of the device, read by the optimizer's thread split."""
+        return 1
 
     @property
     def caps(self) -> Capabilities:

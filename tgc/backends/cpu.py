@@ -173,6 +173,8 @@ class LLVMCompiler(Compiler):
         with self._lock:
             return str(self._module(src))
 
+    source_assembly = True
+
     def assembly(self, src: str) -> str:
         with self._lock:
             return self._target_machine().emit_assembly(self._module(src))

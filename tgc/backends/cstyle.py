@@ -28,7 +28,6 @@ class CStyleRenderer:
     global_qualifier = "__global"
     local_qualifier = "__local"
     barrier = "barrier(CLK_LOCAL_MEM_FENCE);"
-    launch_style = "gpu"
     # launch limits checked by every opt (tgc.codegen.opt.launch_limits): OpenCL's guaranteed minimums.
     # Work-group and work-item indices are `int` in the kernel, so the grid is at most 2^31 - 1 groups wide
     # (a larger launch is refused); addresses past 2^31 use 64-bit math instead.
@@ -79,34 +78,44 @@ class CStyleRenderer:
     def signature(self, name: str, params: list[str], uops: list[UOp]) -> str:
         return f"{self.kernel_prefix} {name}({', '.join(params)})"
 
+    # Half floats are floats in registers, converted where memory holds them by two functions per type: (16 bits
+    # -> float, float -> 16 bits); bools are bytes. `u16` and `u8` write a cast to those storage types. A dialect
+    # that reads, writes or converts a half otherwise says how in `half_special`: (what, dtype name) -> a template
+    # over the buffer {b}, index {i} and value {v}.
+    half_fns = {"f16": ("tg_bits_f16", "tg_f16_bits"), "bf16": ("tg_bf2f", "tg_f2bf")}
+    u16, u8 = "(ushort)({})", "(uchar)({})"
+    half_special = {("load", "f16"): "vload_half({i}, {b})", ("store", "f16"): "vstore_half({v}, {i}, {b});",
+                    ("round", "f16"): "tg_f16({v})"}
+
+    def _half(self, what: str, d: DType, default: str, **parts: str) -> str:
+        t = self.half_special.get((what, d.name))
+        return t.format(**parts) if t is not None else default
+
     def load(self, d: DType, buf: str, idx: str) -> str:
-        if d.name == "f16":
-            return f"vload_half({idx}, {buf})"
-        if d.name == "bf16":
-            return f"tg_bf2f({buf}[{idx}])"
         if d.is_bool:
             return f"({buf}[{idx}] != 0)"
-        return f"{buf}[{idx}]"
+        if d.name not in self.half_fns:
+            return f"{buf}[{idx}]"
+        return self._half("load", d, f"{self.half_fns[d.name][0]}({buf}[{idx}])", b=buf, i=idx)
 
     def store(self, d: DType, buf: str, idx: str, val: str) -> str:
-        if d.name == "f16":
-            return f"vstore_half({val}, {idx}, {buf});"
-        if d.name == "bf16":
-            return f"{buf}[{idx}] = tg_f2bf({val});"
         if d.is_bool:
-            return f"{buf}[{idx}] = (uchar)({val});"
-        return f"{buf}[{idx}] = {val};"
+            return f"{buf}[{idx}] = {self.u8.format(val)};"
+        if d.name not in self.half_fns:
+            return f"{buf}[{idx}] = {val};"
+        return self._half("store", d, f"{buf}[{idx}] = {self.half_fns[d.name][1]}({val});", b=buf, i=idx, v=val)
 
     def round_half(self, d: DType, val: str) -> str:
         """A float value rounded to the precision of f16 or bf16."""
-        return f"tg_f16({val})" if d.name == "f16" else f"tg_bf2f(tg_f2bf({val}))"
+        to_float, to_half = self.half_fns[d.name]
+        return self._half("round", d, f"{to_float}({to_half}({val}))", v=val)
 
     def half_bits(self, d: DType, x: str) -> str:
         """The 16 storage bits of a half value held as a float."""
-        return f"tg_f16_bits({x})" if d.name == "f16" else f"tg_f2bf({x})"
+        return self._half("bits", d, f"{self.half_fns[d.name][1]}({x})", v=x)
 
     def half_from_bits(self, d: DType, bits: str) -> str:
-        return f"tg_bits_f16((ushort)({bits}))" if d.name == "f16" else f"tg_bf2f((ushort)({bits}))"
+        return self._half("from_bits", d, f"{self.half_fns[d.name][0]}({self.u16.format(bits)})", v=bits)
 
     def math(self, op: Ops, d: DType, x: str) -> str:
         fn = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt", Ops.TRUNC: "trunc"}[op]
@@ -115,11 +124,16 @@ class CStyleRenderer:
     def fmax(self, d: DType, a: str, b: str) -> str:
         return f"fmax({a}, {b})" if d.is_float else f"max({a}, {b})"
 
+    cast_fmt = "convert_{t}({x})"  # a value `x` converted to the type `t`
+    bitcast_fmt = "as_{t}({x})"  # the bits of `x` read as the type `t`
+
     def bitcast(self, src: DType, d: DType, x: str) -> str:
-        return f"as_{self.ctype(d)}({x})"
+        if src.is_bool or d.is_bool:  # a bool has no bits of a fixed width: a conversion
+            return self.cast(src, d, x)
+        return self.bitcast_fmt.format(t=self.ctype(d), x=x)
 
     def cast(self, src: DType, d: DType, x: str) -> str:
-        return f"convert_{self.ctype(d)}({x})" if not d.is_bool else f"({x} != 0)"
+        return self.cast_fmt.format(t=self.ctype(d), x=x) if not d.is_bool else f"({x} != 0)"
 
     def const(self, value, d: DType) -> str:
         if d.is_bool:
@@ -287,11 +301,6 @@ class OpenCLRenderer(CStyleRenderer):
             return f"convert_{self.ctype(d)}_sat_rtz({x})"  # defined for out-of-range and nan
         return f"({self.ctype(d)})({x})"
 
-    def bitcast(self, src: DType, d: DType, x: str) -> str:
-        if src.is_bool or d.is_bool:
-            return self.cast(src, d, x)
-        return f"as_{self.ctype(d)}({x})"
-
 
 # f16/bf16 <-> f32 conversions for CUDA C by inline PTX (NVRTC has no cuda_fp16.h without the toolkit headers)
 HALF_HELPERS = r"""
@@ -335,34 +344,9 @@ class CUDARenderer(CStyleRenderer):
         const = "" if written else "const "
         return f"{const}{self.mtype(u.dtype)}* __restrict__ data{u.arg}"
 
-    def half_bits(self, d: DType, x: str) -> str:
-        return f"tgc_float2half({x})" if d.name == "f16" else f"tgc_float2bf16({x})"
-
-    def half_from_bits(self, d: DType, bits: str) -> str:
-        return f"tgc_half2float((unsigned short)({bits}))" if d.name == "f16" else \
-            f"tgc_bf162float((unsigned short)({bits}))"
-
-    def load(self, d: DType, buf: str, idx: str) -> str:
-        if d.name == "f16":
-            return f"tgc_half2float({buf}[{idx}])"
-        if d.name == "bf16":
-            return f"tgc_bf162float({buf}[{idx}])"
-        if d.is_bool:
-            return f"({buf}[{idx}] != 0)"
-        return f"{buf}[{idx}]"
-
-    def store(self, d: DType, buf: str, idx: str, val: str) -> str:
-        if d.name == "f16":
-            return f"{buf}[{idx}] = tgc_float2half({val});"
-        if d.name == "bf16":
-            return f"{buf}[{idx}] = tgc_float2bf16({val});"
-        if d.is_bool:
-            return f"{buf}[{idx}] = (unsigned char)({val});"
-        return f"{buf}[{idx}] = {val};"
-
-    def round_half(self, d: DType, val: str) -> str:
-        return f"tgc_half2float(tgc_float2half({val}))" if d.name == "f16" else \
-            f"tgc_bf162float(tgc_float2bf16({val}))"
+    half_fns = {"f16": ("tgc_half2float", "tgc_float2half"), "bf16": ("tgc_bf162float", "tgc_float2bf16")}
+    u16, u8 = "(unsigned short)({})", "(unsigned char)({})"
+    half_special: dict[tuple[str, str], str] = {}
 
     def math(self, op: Ops, d: DType, x: str) -> str:
         fn = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt", Ops.TRUNC: "trunc"}[op]
@@ -384,15 +368,8 @@ class CUDARenderer(CStyleRenderer):
             return f"{v}ull" if d.is_unsigned else (f"{v}ll" if v != -(1 << 63) else f"({v + 1}ll - 1ll)")
         return super().const(value, d)
 
-    def cast(self, src: DType, d: DType, x: str) -> str:
-        if d.is_bool:
-            return f"({x} != 0)"
-        return f"(({self.ctype(d)})({x}))"
-
-    def bitcast(self, src: DType, d: DType, x: str) -> str:
-        if src.is_bool or d.is_bool:
-            return self.cast(src, d, x)
-        return f"tg_bitcast<{self.ctype(d)}>({x})"
+    cast_fmt = "(({t})({x}))"
+    bitcast_fmt = "tg_bitcast<{t}>({x})"
 
     def signature(self, name: str, params: list[str], uops: list[UOp]) -> str:
         local = 1
@@ -426,11 +403,10 @@ class MetalRenderer(CStyleRenderer):
         const = "" if written else "const "
         return f"{self.global_qualifier} {const}{self.mtype(u.dtype)}* data{u.arg} [[buffer({u.arg})]]"
 
-    def half_bits(self, d: DType, x: str) -> str:
-        return f"as_type<ushort>(half({x}))" if d.name == "f16" else f"tg_f2bf({x})"
-
-    def half_from_bits(self, d: DType, bits: str) -> str:
-        return f"float(as_type<half>(ushort({bits})))" if d.name == "f16" else f"tg_bf2f(ushort({bits}))"
+    half_fns = {"f16": ("float", "half"), "bf16": ("tg_bf2f", "tg_f2bf")}  # f16 is Metal's own `half`
+    u16, u8 = "ushort({})", "uchar({})"
+    half_special = {("bits", "f16"): "as_type<ushort>(half({v}))",
+                    ("from_bits", "f16"): "float(as_type<half>(ushort({v})))"}
 
     def render(self, name: str, uops: list[UOp]) -> str:
         if any(u.dtype is not None and u.dtype.name == "f64" for u in uops):
@@ -449,21 +425,6 @@ class MetalRenderer(CStyleRenderer):
     def special(self, name: str) -> str:
         return f"int(({'gid' if name.startswith('gidx') else 'lid'}).{'xyz'[int(name[-1])]})"
 
-    def load(self, d: DType, buf: str, idx: str) -> str:
-        if d.name == "f16":
-            return f"float({buf}[{idx}])"
-        return super().load(d, buf, idx)
-
-    def store(self, d: DType, buf: str, idx: str, val: str) -> str:
-        if d.name == "f16":
-            return f"{buf}[{idx}] = half({val});"
-        if d.is_bool:
-            return f"{buf}[{idx}] = uchar({val});"
-        return super().store(d, buf, idx, val)
-
-    def round_half(self, d: DType, val: str) -> str:
-        return f"float(half({val}))" if d.name == "f16" else f"tg_bf2f(tg_f2bf({val}))"
-
     def math(self, op: Ops, d: DType, x: str) -> str:
         if d.name == "f64":
             raise NotImplementedError("Metal has no 64-bit floats")
@@ -475,12 +436,5 @@ class MetalRenderer(CStyleRenderer):
         t = self.ctype(d)  # Metal's max takes one integer type: an int literal next to a char does not deduce
         return f"max({t}({a}), {t}({b}))"
 
-    def cast(self, src: DType, d: DType, x: str) -> str:
-        if d.is_bool:
-            return f"({x} != 0)"
-        return f"{self.ctype(d)}({x})"
-
-    def bitcast(self, src: DType, d: DType, x: str) -> str:
-        if src.is_bool or d.is_bool:
-            return self.cast(src, d, x)
-        return f"as_type<{self.ctype(d)}>({x})"
+    cast_fmt = "{t}({x})"
+    bitcast_fmt = "as_type<{t}>({x})"

@@ -127,10 +127,6 @@ class NVRTCCompiler(Compiler):
         """CUDA C source to PTX text (virtual arch `compute_XX`)."""
         return self._build(src, self.compute_arch, want_cubin=False)[1]
 
-    def ptx_for(self, src: str) -> str:
-        """The PTX of a source (what `--emit asm` prints)."""
-        return self.compile_ptx(src)
-
     def disassemble(self, lib: bytes, src: str | None = None) -> str:
         """The PTX behind a cubin from this process, else regenerated from `src` when given."""
         if lib[:4] != b"\x7fELF":  # already PTX text
@@ -573,7 +569,8 @@ class CUDADevice(Device):
         ok, why, count = _driver_probe()
         if not ok:
             raise DeviceError(f"{'the CUDA device cannot be used' if count else 'no CUDA device is present'}: {why}",
-                              hint="CUDA kernels still compile here (tgc compile -d CUDA); running needs a GPU")
+                              hint="CUDA kernels still compile here (Program.compile(\"CUDA\")); running needs a GPU",
+                              cli_hint="CUDA kernels still compile here (tgc compile -d CUDA); running needs a GPU")
         if self.index >= count:
             raise DeviceError(f"no CUDA device is present at index {self.index}: this machine has {count}")
         try:

@@ -69,8 +69,7 @@ class LLVMRenderer:
 
     name = "llvm"
     language = "llvm"
-    supports_vectors = True
-    decompose_transcendentals = True  # polynomial exp2/log2/sin vectorize; libm calls do not
+    # polynomial exp2/log2/sin vectorize, libm calls do not; a large matmul's operand is packed for the caches
     caps = Capabilities(vectors=True, decompose_transcendentals=True, fuse_rows=True, pack_matmul=True)
 
     def render(self, name: str, uops: list[UOp]) -> str:

@@ -8,7 +8,8 @@ Elsewhere no Metal compiler exists. `tgc compile -d METAL` still renders every k
 clang (libclang from pip, in-process, a few ms a kernel) as C++17 against `metal_stdlib.h`, a stub of Apple's
 header kept in step with `MetalRenderer`; this catches syntax and type errors, not Metal-only rules. The device
 then has no compiler (`compiler is None`): kernels carry `binary=None` and `compile_error` says that running
-needs macOS; `lint(src)` is the type-check, for `compile_cached` to call on sources it cannot compile.
+needs macOS; `lint(src)` is the type-check, which the kernel compile step (`tgc.codegen.kernel`) calls on sources
+it cannot compile.
 
 Launch convention (see `tgc.backends.base`): `global_size` is the number of threadgroups per dimension and
 `local_size` the threads per threadgroup (`dispatchThreadgroups:threadsPerThreadgroup:`); `local_size=None`
@@ -42,7 +43,8 @@ STUB_HEADER = Path(__file__).with_name("metal_stdlib.h")
 
 NOT_MACOS = "Metal kernels run only on macOS; the source was type-checked with clang against a stub <metal_stdlib>"
 PROBE_NOT_MACOS = "Metal runs only on macOS (rendering and clang type-checking work here)"
-RUN_HINT = "`tgc compile -d METAL` renders and type-checks the kernels here; run them on a Mac, or on another device"
+RUN_HINT = "Program.compile(\"METAL\") renders and type-checks the kernels here; run them on a Mac or another device"
+CLI_RUN_HINT = "`tgc compile -d METAL` renders and type-checks the kernels here; run them on a Mac or another device"
 
 # Where the lint's in-memory files live (libclang maps them in; nothing is written to disk).
 _VIRTUAL_ROOT = "/tgc-metal-lint"
@@ -217,7 +219,7 @@ class MetalSourceCompiler(Compiler):
 def _pyobjc_metal() -> Any:
     """The pyobjc `Metal` module; DeviceError off macOS or when pyobjc-framework-Metal is missing."""
     if not IS_MACOS:
-        raise DeviceError(f"{NOT_MACOS} (this is {sys.platform})", hint=RUN_HINT)
+        raise DeviceError(f"{NOT_MACOS} (this is {sys.platform})", hint=RUN_HINT, cli_hint=CLI_RUN_HINT)
     try:
         import Metal
     except ImportError as e:
@@ -284,7 +286,7 @@ class OffMacAllocator(LRUAllocator):
     """Off macOS: every allocation says that running needs macOS."""
 
     def _alloc(self, nbytes: int) -> Any:
-        raise DeviceError(f"{NOT_MACOS} (this is {sys.platform})", hint=RUN_HINT)
+        raise DeviceError(f"{NOT_MACOS} (this is {sys.platform})", hint=RUN_HINT, cli_hint=CLI_RUN_HINT)
 
 
 class MetalProgram(Program):
@@ -451,7 +453,7 @@ class MetalDevice(Device):
 
     def program(self, name: str, lib: bytes) -> Program:
         if not IS_MACOS:
-            raise DeviceError(f"{NOT_MACOS} (this is {sys.platform})", hint=RUN_HINT)
+            raise DeviceError(f"{NOT_MACOS} (this is {sys.platform})", hint=RUN_HINT, cli_hint=CLI_RUN_HINT)
         return MetalProgram(self, name, lib)
 
     def check(self, name: str, cb: Any) -> None:

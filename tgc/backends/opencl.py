@@ -263,8 +263,10 @@ def opencl_linter() -> OpenCLLinter:
 
 PROBE_KERNEL = "__kernel void tgc_probe(__global int* out, int k) { int i = get_global_id(0); out[i] = i * k + 1; }"
 PROBE_ITEMS = 16
-NOT_HERE_HINT = ("OpenCL C is still rendered and type-checked here (tgc compile -d OPENCL); "
-                 "run on another device, e.g. -d CPU")
+NOT_HERE_HINT = ("OpenCL C is still rendered and type-checked here (Program.compile(\"OPENCL\")); "
+                 "run on another device, e.g. CPU")
+CLI_NOT_HERE_HINT = ("OpenCL C is still rendered and type-checked here (tgc compile -d OPENCL); "
+                     "run on another device, e.g. -d CPU")
 
 
 @functools.cache
@@ -437,7 +439,7 @@ class OpenCLDevice(Device):
     def ensure_runnable(self) -> None:
         ok, why = self.available
         if not ok:
-            raise DeviceError(why, hint=NOT_HERE_HINT)
+            raise DeviceError(why, hint=NOT_HERE_HINT, cli_hint=CLI_NOT_HERE_HINT)
 
     def _open(self) -> dict[str, Any]:
         """pyopencl, the device, its context and queue: opened on first use, once the probe has passed."""

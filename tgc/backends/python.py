@@ -41,6 +41,7 @@ import numpy as np
 from tgc.backends.base import Compiler, Device, HostAllocator, Program
 from tgc.capabilities import Capabilities
 from tgc.dtype import DType, dtypes
+from tgc.env import env_int
 from tgc.errors import CompileError, DeviceError
 from tgc.ir.alu import AluError, bitcast, cast, const, exec_alu, reducer, reg_dtype
 from tgc.ir.uop import BINARY, COMPARE, UNARY, Ops, UOp
@@ -536,7 +537,6 @@ class PythonDevice(Device):
     @property
     def cores(self) -> int:
         """1 (single-thread kernels) unless TGC_THREADS asks the optimizer to split work across cores."""
-        from tgc.env import env_int
 
         return env_int("TGC_THREADS", 1)
 

@@ -44,6 +44,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from tgc.dsl.frontend import DimExpr, Parsed, concrete_shape, dim_names, solve_dim
+from tgc.dsl.functions import FUNCTIONS as DSL_FUNCTIONS
 from tgc.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16
 
 __all__ = ["numpy_program", "NumpyProgram"]
@@ -527,22 +528,22 @@ def _layernorm(x: Any, axis: Any = -1, eps: float = 1e-5) -> Any:
     return d / np.sqrt(var + eps)
 
 
-# every function of tgc's table, with the same parameter names, so positional and keyword calls bind alike
-FUNCTIONS: dict[str, Callable[..., Any]] = {
-    "exp": _ufunc(np.exp), "log": _ufunc(np.log), "exp2": _ufunc(np.exp2), "log2": _ufunc(np.log2),
-    "sqrt": _ufunc(np.sqrt), "rsqrt": _rsqrt, "sin": _ufunc(np.sin), "cos": _ufunc(np.cos), "tan": _ufunc(np.tan),
-    "tanh": _ufunc(np.tanh), "sigmoid": _sigmoid, "relu": _relu, "gelu": _gelu, "erf": _erf, "abs": _abs,
-    "sign": _sign, "recip": _recip, "floor": _exact_for_ints(np.floor), "ceil": _exact_for_ints(np.ceil),
-    "trunc": _exact_for_ints(np.trunc), "round": _exact_for_ints(np.round), "square": _square,
-    "sum": _sum, "max": _max, "min": _min, "prod": _prod, "mean": _mean,
-    "maximum": _maximum, "minimum": _minimum, "pow": _pow, "clip": _clip, "cast": _cast, "bitcast": _bitcast,
-    "where": _where, "argmax": _argmax, "argmin": _argmin, "logsumexp": _logsumexp, "softmax": _softmax,
-    "log_softmax": _log_softmax, "var": _var, "std": _std,
-    "reshape": _reshape, "permute": _permute, "transpose": _transpose, "expand": _expand, "squeeze": _squeeze,
-    "unsqueeze": _unsqueeze, "flatten": _flatten, "pad": _pad, "flip": _flip, "cat": _cat, "stack": _stack,
-    "zeros": _zeros, "ones": _ones, "full": _full, "arange": _arange, "eye": _eye, "matmul": _matmul,
-    "conv2d": _conv2d, "max_pool2d": _max_pool2d, "avg_pool2d": _avg_pool2d, "layernorm": _layernorm,
-}
+_UFUNCS = ("exp", "log", "exp2", "log2", "sqrt", "sin", "cos", "tan", "tanh")  # numpy's own, on floats
+_INT_EXACT = ("floor", "ceil", "trunc", "round")  # numpy's own; ints and bools pass through
+
+
+def _twin(name: str) -> Callable[..., Any]:
+    """The numpy twin of tgc's function `name`: numpy's ufunc, or this module's `_name`, which takes the same
+    parameter names, so positional and keyword calls bind alike."""
+    if name in _UFUNCS:
+        return _ufunc(getattr(np, name))
+    if name in _INT_EXACT:
+        return _exact_for_ints(getattr(np, name))
+    return globals()[f"_{name}"]
+
+
+# every function of tgc's table (`tgc.dsl.functions.FUNCTIONS`, the one list of names), by its numpy twin
+FUNCTIONS: dict[str, Callable[..., Any]] = {name: _twin(name) for name in DSL_FUNCTIONS}
 
 _CONSTANTS: dict[str, Any] = {"True": True, "False": False, "inf": math.inf, "nan": math.nan, "pi": math.pi,
                               "e": math.e, **dtypes.by_name}

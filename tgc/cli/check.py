@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tgc.cli.outputs import display_values
 from tgc.engine.compare import RTOL, Mismatch, compare
 
 __all__ = ["RTOL", "Mismatch", "check_outputs", "compare"]
@@ -14,8 +15,6 @@ __all__ = ["RTOL", "Mismatch", "check_outputs", "compare"]
 def check_outputs(outs: dict[str, np.ndarray], ref: dict[str, np.ndarray], dtype_names: dict[str, str],
                   rtol: float | None = None) -> tuple[list[Mismatch], float]:
     """Every mismatch over all outputs, and the worst error/tolerance ratio seen (for the `ok` line)."""
-    from tgc.cli.outputs import display_values
-
     bad, worst = [], 0.0
     for name, got in outs.items():
         if name not in ref:

@@ -1,4 +1,5 @@
-"""What `tgc compile --emit WHAT` prints or writes for each kernel."""
+"""What `tgc compile --emit WHAT` prints or writes for each kernel. rich is imported where it prints (the CLI's
+start-up imports neither numpy nor rich: see tgc/cli/main.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tgc.cli.outputs import write_files
 from tgc.errors import TgcError
 from tgc.ir.uop import format_uops
 
@@ -117,8 +119,6 @@ def _bytes_writer(data: bytes) -> Any:
 
 def write_dir(directory: str, emitted: Sequence[Emitted]) -> list[str]:
     """Write one file per kernel into `directory` (created if needed), atomically."""
-    from tgc.cli.outputs import write_files
-
     try:
         os.makedirs(directory, exist_ok=True)
     except OSError as e:

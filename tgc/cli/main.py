@@ -109,6 +109,8 @@ class TgcGroup(click.Group):
             _interrupted(ctx)
         except TgcError as e:
             _fill_location(e, ctx)
+            if e.cli_hint:  # the same advice, naming the command line's flags
+                e.hint = e.cli_hint
             click.echo(e.format(), err=True)
             ctx.exit(e.exit_code)
         except MemoryError as e:

@@ -3,6 +3,9 @@
 Files are written atomically: each goes to a temporary file in the target's directory, is flushed and
 fsynced, and only then renamed over the target. All files of one command are staged before any is
 renamed, so a failure leaves existing files untouched and no half-written file behind.
+
+numpy, rich and `tgc.cli.inputs` (which imports numpy) are imported inside the functions that need them: the
+CLI's start-up imports this module for option parsing and neither numpy nor rich (see tgc/cli/main.py).
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 
+from tgc.codegen.opt import _stride
 from tgc.ir.symbolic import simplify
 from tgc.ir.uop import Ops, PatternMatcher, RangeKind, UOp, UPat, graph_rewrite, substitute
 
@@ -65,7 +66,6 @@ def upcast_stores(ast: UOp) -> UOp:
 
 
 def pick_vector_range(store: UOp, widths: tuple[int, ...]) -> UOp | None:
-    from tgc.codegen.opt import _stride
     for r in _ranges_of(store, (RangeKind.UPCAST,)):
         if r.src[0].arg in widths and _stride(store.src[1], r) == 1:
             return r
@@ -88,7 +88,6 @@ class _Vectorizer:
 
     def contiguous_base(self, idx: UOp) -> UOp | None:
         """The index at lane 0 when the lanes of `idx` are consecutive, else None."""
-        from tgc.codegen.opt import _stride
         return self.at(idx, 0) if _stride(idx, self.lane) == 1 else None
 
     def broadcast(self, u: UOp) -> UOp:

@@ -5,16 +5,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tgc import cache
+from tgc.codegen import search
+from tgc.codegen.opt import MIN_WORK_PER_THREAD, OptKernel, OptOps
 from tgc.codegen.pipeline import _COMMENT as _COMMENT  # re-exported
 from tgc.codegen.pipeline import CONTRACT_TAG as CONTRACT_TAG  # re-exported
 from tgc.codegen.pipeline import drop_unused_buffers as drop_unused_buffers  # re-exported
 from tgc.codegen.pipeline import launch_contract as launch_contract  # re-exported
+from tgc.codegen.pipeline import lower, prepare
 from tgc.codegen.pipeline import render_kernel as render_kernel  # re-exported
+from tgc.codegen.sizes import VAR_PREFIX
 from tgc.dtype import dtypes
 from tgc.env import env_flag
 from tgc.errors import CompileError
 from tgc.ir.kernel import ScheduleItem
+from tgc.ir.shapes import prod, shape_of
 from tgc.ir.uop import ALU, Ops, UOp, format_uops
+from tgc.version import __version__
 
 
 @dataclass
@@ -64,7 +71,7 @@ class Kernel:
         comp = self.device.compiler
         if comp is None:
             raise CompileError(self.compile_error or "no compiler for this device")
-        if hasattr(comp, "assembly"):
+        if comp.source_assembly:
             return comp.assembly(self.src)
         if self.binary is None:
             raise CompileError(self.compile_error or "not compiled")
@@ -168,7 +175,6 @@ def kernel_flops(uops: list[UOp], device: Any, launch: dict) -> int:
 
 def prepare_ast(ast: UOp, device: Any) -> UOp:
     """The device-independent passes every kernel gets before optimization (`pipeline.PREPARE`)."""
-    from tgc.codegen.pipeline import prepare
     return prepare(ast, device)
 
 
@@ -177,9 +183,6 @@ def build_kernel(item: ScheduleItem, device: Any, beam: int = 0, name: str | Non
     """`tuned=False` ignores stored BEAM winners (what `make bench` shows as 'tgc default'). With `beam=W`
     a stored winner is used only if its search was at least W wide, else the kernel is searched again;
     `progress` gets the search's events (see `tgc.cli.report.progress_bar`). Lowering is `pipeline.lower`."""
-    from tgc.codegen import search
-    from tgc.codegen.pipeline import lower
-
     name = name or item.name
     ast = prepare_ast(item.ast, device)
     opts = None
@@ -210,9 +213,6 @@ def build_symbolic_kernel(item: ScheduleItem, device: Any, probe: dict[str, int]
     (sizes its splits divide, the least work its threads need), and `probe` must satisfy them. `vals` holds
     the probe values; a launch replaces them with the dims' values in the order of `Kernel.var_names`.
     OptError when an opt does not apply to the symbolic kernel."""
-    from tgc.codegen.opt import MIN_WORK_PER_THREAD, OptKernel, OptOps
-    from tgc.codegen.pipeline import lower
-    from tgc.codegen.sizes import VAR_PREFIX
 
     def var_names(nodes: list[UOp]) -> list[str]:
         vs = sorted({u.arg for u in nodes if u.op is Ops.DEFINE_VAR and u.arg[0] != "core_id"}, key=str)
@@ -248,7 +248,6 @@ def build_symbolic_kernel(item: ScheduleItem, device: Any, probe: dict[str, int]
 
 def symbolic_work(k: Kernel, dims: dict[str, int], bufs: list[UOp]) -> tuple[int, int]:
     """(flops, bytes moved) of a symbolic kernel's launch at these dims (`Kernel.flops`, `bytes_moved`)."""
-    from tgc.codegen.sizes import VAR_PREFIX
     env = {VAR_PREFIX + n: v for n, v in dims.items()}
     cores = max(int(k.global_size[0]), 1) if not k.device.caps.gpu else 1
     flops = round(sum(count_work(k.uops, {**env, "core_id": c}) for c in range(cores)))
@@ -257,7 +256,6 @@ def symbolic_work(k: Kernel, dims: dict[str, int], bufs: list[UOp]) -> tuple[int
 
 def launch_allows(k: Kernel, dims: dict[str, int]) -> bool:
     """Whether a symbolic kernel's launch checks hold at these dims (`build_symbolic_kernel`)."""
-    from tgc.codegen.sizes import VAR_PREFIX
     env = {VAR_PREFIX + n: v for n, v in dims.items()}
     for what, expr, value in k.checks:
         got = _eval_int(expr, env)
@@ -274,7 +272,6 @@ def bytes_touched(ast: UOp, bufs: list[UOp]) -> int:
     the span of the index inside the buffer (a gated load outside the buffer reads nothing). An upper
     bound: a strided slice `x[::16]` counts a sixteenth of `x`, a matmul's operands once each.
     """
-    from tgc.ir.shapes import prod, shape_of
     reach: dict[int, int] = {}
     for u in ast.toposort():
         if u.op not in (Ops.LOAD, Ops.STORE) or not u.src or u.src[0].op is not Ops.DEFINE_GLOBAL:
@@ -314,15 +311,12 @@ def compile_key(device: Any, src: str) -> str | None:
     identity of that compiler (`cache_identity`: the server's address, compiler and version as it reports
     them), so that a binary returned by one server is never sent to another.
     """
-    from tgc import cache
-    from tgc.version import __version__
     if env_flag("DISABLE_COMPILER_CACHE"):
         return None
     comp = device.compiler
     parts: list[Any] = [device.kind, comp.name, comp.cache_key, __version__, src]
-    identity = getattr(comp, "cache_identity", None)
-    if identity is not None:
-        parts.append(identity)
+    if comp.cache_identity is not None:
+        parts.append(comp.cache_identity)
     return cache.make_key(*parts)
 
 
@@ -332,18 +326,11 @@ def _meta(device: Any, src: str) -> str:
 
 def recompile(device: Any, src: str, key: str, why: str) -> bytes:
     """Compile `src` again because the cached binary under `key` was unusable: drop it, store the new one."""
-    from tgc import cache
     cache.invalidate("compile", key, why)
     COMPILE_COUNTER["compiles"] += 1
     lib = device.compiler.compile(src)
     cache.put("compile", key, lib, meta=_meta(device, src))
     return lib
-
-
-def compile_cached(device: Any, src: str) -> tuple[bytes | None, str | None]:
-    """(binary, None) or (None, why not). Compiler errors in the kernel itself raise CompileError."""
-    binary, err, _ = _compile_cached(device, src)
-    return binary, err
 
 
 def _compile_cached(device: Any, src: str) -> tuple[bytes | None, str | None, str | None]:
@@ -352,7 +339,6 @@ def _compile_cached(device: Any, src: str) -> tuple[bytes | None, str | None, st
     if comp is None:
         device.lint(src)  # a device that cannot compile here may still check (METAL)
         return None, device.compile_error or f"no compiler for {device.kind} on this machine", None
-    from tgc import cache
     key = compile_key(device, src)
     if key is not None:
         hit = cache.get("compile", key)

@@ -20,6 +20,7 @@ class _Linearizer:
         self.acc_count = 0
         # reductions over the same loops share one loop nest (e.g. the accumulators of an upcast tile)
         self.reduce_groups = reduce_groups or {}
+        self.free: dict[UOp, frozenset[UOp]] = {}  # free_ranges, per value
 
     def lookup(self, u: UOp) -> UOp | None:
         for scope in reversed(self.scopes):
@@ -61,7 +62,7 @@ class _Linearizer:
 
     def free_ranges(self, u: UOp) -> frozenset[UOp]:
         """The loop ranges a value depends on (a REDUCE binds its own)."""
-        memo = self.__dict__.setdefault("_free", {})
+        memo = self.free
         if u not in memo:
             if u.op is Ops.RANGE:
                 out = frozenset([u]) | self.free_ranges(u.src[0])

@@ -23,9 +23,10 @@ from typing import Any
 
 from tgc.dtype import dtypes
 from tgc.env import env_flag
-from tgc.ir.kernel import flat_index
+from tgc.errors import CompileError
+from tgc.ir.kernel import flat_index, identity
 from tgc.ir.shapes import prod
-from tgc.ir.symbolic import simplify
+from tgc.ir.symbolic import _terms, simplify
 from tgc.ir.uop import Ops, PatternMatcher, RangeKind, UOp, UPat, graph_rewrite, substitute
 
 INDEX = dtypes.index
@@ -112,8 +113,6 @@ class Opt:
             raise ValueError(f"unknown opt {name}")
         return Opt(OptOps[name], int(v[1]), int(v[2]))
 
-
-OPT_NAMES = tuple(OptOps.__members__)
 
 
 class OptKernel:
@@ -295,7 +294,6 @@ class _Pad:
 
 
 def _pad_reduce(ctx: _Pad, x: UOp) -> UOp | None:
-    from tgc.engine.schedule import identity
     if ctx.old not in x.src[1:]:
         return None
     valid = UOp(Ops.CMPLT, dtypes.bool, (ctx.new, UOp.const(INDEX, ctx.old.src[0].arg)))
@@ -367,7 +365,6 @@ def _loads(ast: UOp) -> list[UOp]:
 
 def _stride(index: UOp, r: UOp) -> int | None:
     """The coefficient of range r in an affine index (None when r appears non-linearly)."""
-    from tgc.ir.symbolic import _terms
     terms, _ = _terms(index)
     coef = 0
     for node, c in terms:
@@ -439,7 +436,7 @@ def _try(k: OptKernel, opt: Opt) -> bool:
 
 
 def auto_threads(k: OptKernel) -> None:
-    cores = getattr(k.device, "cores", 1)
+    cores = k.device.cores
     total = prod(r.src[0].arg for r in k.ranges() if r.src[0].op is Ops.CONST)
     if k.threads == 1 and cores > 1 and total >= 2 * MIN_WORK_PER_THREAD and k.loops():
         _try(k, Opt(OptOps.THREAD, 0, min(cores, total // MIN_WORK_PER_THREAD)))
@@ -546,7 +543,6 @@ def map_to_grid(ast: UOp, max_local: int = 256, max_grid: int = 2**31 - 1) -> tu
             last = UOp.const(INDEX, total - 1)
             gflat = (gflat < last).where(gflat, last)
     if groups > max_grid:
-        from tgc.errors import CompileError
         raise CompileError(f"the kernel needs {groups} work-groups, more than the device's {max_grid}")
     stride = total
     for r in loops:

@@ -27,19 +27,23 @@ Every kernel goes through `lower`: the heuristic (`tgc.codegen.kernel.build_kern
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tgc.ir.uop import Ops, UOp, format_uops, pretty
-
-
-def fuses_rows(device: Any) -> bool:
-    """Whether the scheduler keeps a per-row reduction in its consumer's kernel for this device: on CPU-style
-    devices a kernel's outer loops run in order, so a row's reduction can be computed before the row is used.
-    The device declares it (`caps.fuse_rows`); the scheduler reads the same capability."""
-    return bool(device.caps.fuse_rows)
+from tgc.codegen import verify
+from tgc.codegen.expand import unroll_reduces, upcast_stores, vectorize
+from tgc.codegen.index import narrow_index
+from tgc.codegen.legalize import legalize
+from tgc.codegen.linearize import linearize
+from tgc.codegen.opt import apply_opts, launch_limits, lower_groups, map_to_grid
+from tgc.codegen.spec import verify_spec
+from tgc.codegen.transcendental import decompose_transcendentals
+from tgc.env import debug_level
+from tgc.ir.shapes import prod, shape_of
+from tgc.ir.uop import Ops, UOp, format_uops, pretty, substitute
 
 
 @dataclass
@@ -89,17 +93,14 @@ class Lowered:
 
 
 def _legalize(ast: UOp, ctx: LowerCtx) -> UOp:
-    from tgc.codegen.legalize import legalize
     return legalize(ast)
 
 
 def _transcendentals(ast: UOp, ctx: LowerCtx) -> UOp:
-    from tgc.codegen.transcendental import decompose_transcendentals
     return decompose_transcendentals(ast)
 
 
 def _apply_opts(ast: UOp, ctx: LowerCtx) -> UOp:
-    from tgc.codegen.opt import apply_opts
     ast, threads, ctx.applied = apply_opts(ast, ctx.device, ctx.opts)
     if threads > 1:
         ctx.launch["global_size"] = (threads, 1, 1)
@@ -108,17 +109,14 @@ def _apply_opts(ast: UOp, ctx: LowerCtx) -> UOp:
 
 def heuristic_opts(ast: UOp, device: Any) -> list:
     """The opts `lower` would apply to a prepared AST without a list (the hand-coded heuristic, then threads)."""
-    from tgc.codegen.opt import apply_opts
     return apply_opts(ast, device, None)[2]
 
 
 def _lower_groups(ast: UOp, ctx: LowerCtx) -> UOp:
-    from tgc.codegen.opt import lower_groups
     return lower_groups(ast)
 
 
 def _map_to_grid(ast: UOp, ctx: LowerCtx) -> UOp:
-    from tgc.codegen.opt import launch_limits, map_to_grid
     lim = launch_limits(ctx.device)
     ast, launch = map_to_grid(ast, max_local=min(ctx.device.caps.preferred_local_size, lim.threads),
                               max_grid=lim.grid)
@@ -132,22 +130,18 @@ def _drop_unused(ast: UOp, ctx: LowerCtx) -> UOp:
 
 
 def _narrow_index(ast: UOp, ctx: LowerCtx) -> UOp:
-    from tgc.codegen.index import narrow_index
     return narrow_index(ast)
 
 
 def _unroll_reduce(ast: UOp, ctx: LowerCtx) -> UOp:
-    from tgc.codegen.expand import unroll_reduces
     return unroll_reduces(ast)
 
 
 def _vectorize(ast: UOp, ctx: LowerCtx) -> UOp:
-    from tgc.codegen.expand import vectorize
-    return vectorize(ast)
+    return vectorize(ast, ctx.device.caps.vector_widths)
 
 
 def _upcast_stores(ast: UOp, ctx: LowerCtx) -> UOp:
-    from tgc.codegen.expand import upcast_stores
     return upcast_stores(ast)
 
 
@@ -171,17 +165,8 @@ TO_LINEAR = [
 PASSES = PREPARE + OPTIMIZE + TO_LINEAR  # then linearize, verify and render
 
 
-def _debug() -> int:
-    from tgc.env import env_int
-    from tgc.errors import TgcError
-    try:
-        return env_int("DEBUG", 0)
-    except TgcError:
-        return 0
-
-
 def run_passes(ast: UOp, ctx: LowerCtx, passes: list[Pass], quiet: bool = False) -> UOp:
-    show = not quiet and (ctx.trace is not None or _debug() >= 6)
+    show = not quiet and (ctx.trace is not None or debug_level() >= 6)
     for p in passes:
         if not p.when(ctx):
             continue
@@ -194,7 +179,7 @@ def run_passes(ast: UOp, ctx: LowerCtx, passes: list[Pass], quiet: bool = False)
 def _show(ctx: LowerCtx, name: str, text: str) -> None:
     if ctx.trace is not None:
         ctx.trace.append((name, text))
-    if _debug() >= 6:
+    if debug_level() >= 6:
         print(f"--- {ctx.name}: after {name}\n{text}", file=sys.stderr)
 
 
@@ -221,20 +206,17 @@ def lower(ast: UOp, device: Any, bufs: list[UOp], name: str, opts: list | None =
     list of opts (BEAM's); None runs the hand-coded heuristic (nothing with NOOPT). `trace`, when a list, gets
     (pass name, text after the pass) for every pass that ran. `vals`: the values of the kernel's dim variables
     (DEFINE_VARs other than core_id, in their linear order) that the bounds verifier checks the kernel at."""
-    from tgc.codegen import verify
-    from tgc.codegen.linearize import linearize
-    from tgc.codegen.spec import verify_spec
     ctx = LowerCtx(device, name, list(bufs), opts=None if opts is None else list(opts), trace=trace)
     if vals:
         ctx.launch["vals"] = tuple(vals)
-    if trace is not None or _debug() >= 6:
+    if trace is not None or debug_level() >= 6:
         ast = run_passes(ast, ctx, PREPARE)
     else:
         ast = prepare(ast, device)
     optimized = run_passes(ast, ctx, OPTIMIZE)
     ast = run_passes(optimized, ctx, TO_LINEAR)
     uops = linearize(ast)
-    if ctx.trace is not None or _debug() >= 6:
+    if ctx.trace is not None or debug_level() >= 6:
         _show(ctx, "linearize", uops_text(uops))
     if verify.enabled():
         verify_spec(name, uops)
@@ -264,7 +246,6 @@ _COMMENT = {"llvm": ";", "c": "//"}  # renderer language -> line comment
 def launch_contract(bufs: list[UOp], launch: dict) -> dict[str, Any]:
     """What a launch of this kernel must provide: the bytes of each buffer (in parameter order), the most
     work-items per dimension, the local size, and the number of `vals`."""
-    from tgc.ir.shapes import prod, shape_of
     local = launch.get("local_size")
     return {"bufs": [int(prod(shape_of(b)) * b.dtype.itemsize) for b in bufs],
             "global_size": [int(g) for g in launch.get("global_size", (1, 1, 1))],
@@ -274,7 +255,6 @@ def launch_contract(bufs: list[UOp], launch: dict) -> dict[str, Any]:
 def render_kernel(device: Any, name: str, uops: list[UOp], bufs: list[UOp], launch: dict) -> str:
     """The renderer's source, ending in a comment that states the launch contract (`launch_contract`),
     which a REMOTE server checks every launch against."""
-    import json
     src = device.renderer.render(name, uops)
     prefix = _COMMENT.get(device.renderer.language)
     if prefix is None:
@@ -286,7 +266,6 @@ def render_kernel(device: Any, name: str, uops: list[UOp], bufs: list[UOp], laun
 def drop_unused_buffers(ast: UOp, bufs: list[UOp]) -> tuple[UOp, list[UOp]]:
     """Buffers whose loads folded away (`a % -1` is 0) are not kernel parameters: renumber the rest. A
     substitution, not a rewrite: DEFINE_GLOBAL 3 -> 2 while 2 -> 1 would apply twice to a hash-consed node."""
-    from tgc.ir.uop import substitute
     used = sorted({u.arg for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL})
     if used == list(range(len(bufs))):
         return ast, bufs
@@ -294,5 +273,4 @@ def drop_unused_buffers(ast: UOp, bufs: list[UOp]) -> tuple[UOp, list[UOp]]:
     return substitute(ast, mapping), [bufs[i] for i in used]
 
 
-__all__ = ["PASSES", "Lowered", "Pass", "fuses_rows", "heuristic_opts", "lower", "passes_text", "prepare",
-           "uops_text"]
+__all__ = ["PASSES", "Lowered", "Pass", "heuristic_opts", "lower", "passes_text", "prepare", "uops_text"]

@@ -20,7 +20,10 @@ from typing import Any
 
 import numpy as np
 
+from tgc import cache
 from tgc.codegen.opt import Opt, OptError, OptKernel, OptOps, hand_coded
+from tgc.codegen.pipeline import lower
+from tgc.codegen.pipeline import prepare as prepare_ast
 from tgc.dtype import bf16_to_f32
 from tgc.engine.compare import matches
 from tgc.engine.inputs import random_values
@@ -28,6 +31,7 @@ from tgc.errors import CompileError
 from tgc.ir.kernel import ScheduleItem
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.uop import UOp, pretty
+from tgc.version import __version__
 
 COMPILE_TIMEOUT_S = 20.0
 REFERENCE_MAX_WORK = 1 << 28  # loop iterations above which the unoptimized kernel is too slow to run
@@ -41,8 +45,6 @@ PAD_AMOUNTS = (8, 16, 32)
 
 
 def beam_key(ast: UOp, device: Any) -> str:
-    from tgc import cache
-    from tgc.version import __version__
     comp = device.compiler
     return cache.make_key("beam", device.kind, comp.cache_key if comp else "none", __version__, pretty(ast))
 
@@ -50,7 +52,6 @@ def beam_key(ast: UOp, device: Any) -> str:
 def lookup_entry(ast: UOp, device: Any) -> dict[str, Any] | None:
     """The stored winner of a kernel: {"opts": [Opt, ...], "width": the beam width searched (0 when an
     older entry did not record it), "time_s": ...}, or None."""
-    from tgc import cache
     raw = cache.get("beam", beam_key(ast, device))
     if raw is None:
         return None
@@ -73,7 +74,6 @@ def lookup(ast: UOp, device: Any, width: int = 0) -> list[Opt] | None:
 
 
 def store(ast: UOp, device: Any, opts: list[Opt], seconds: float, name: str, width: int = 0) -> None:
-    from tgc import cache
     value = json.dumps({"opts": [o.to_json() for o in opts], "time_s": seconds, "width": width}).encode()
     cache.put("beam", beam_key(ast, device), value,
               meta=f"{device.kind} {name} width {width}: {' '.join(map(str, opts))}")
@@ -114,7 +114,6 @@ class Candidate:
 
 def _render(cand: Candidate, device: Any, name: str, bufs: list[UOp]) -> None:
     """A candidate's source, through the one lowering every kernel takes (`pipeline.lower`)."""
-    from tgc.codegen.pipeline import lower
     low = lower(cand.kernel.base, device, bufs, name, opts=cand.opts)
     cand.buf_index = [bufs.index(b) for b in low.bufs]
     cand.src, cand.launch, cand.name = low.src, low.launch, name
@@ -311,7 +310,6 @@ def beam_items(items: list[ScheduleItem], dev: Any, width: int = 4, progress: Ca
                force: bool = False) -> tuple[list[dict[str, Any]], float]:
     """Search every kernel of a schedule on `dev`; store the winners; rows of before/after per kernel and the
     seconds it took (`Program.beam` schedules, calls this and drops its compiled kernels)."""
-    from tgc.codegen.pipeline import prepare as prepare_ast
 
     if dev.compiler is None:
         raise CompileError(dev.compile_error or f"cannot compile for {dev.kind} here, so it cannot be tuned here")

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tgc.dtype import dtypes
+from tgc.ir.shapes import shape_of
+from tgc.ir.symbolic import simplify
 from tgc.ir.uop import Ops, PatternMatcher, UOp, UPat, graph_rewrite, substitute
 
 INDEX = dtypes.index
@@ -229,7 +231,6 @@ class Slot:
 def slots_of(items: Sequence[Any], outs: Sequence[UOp], probe: Mapping[str, int], symbolic: Sequence[str]
              ) -> tuple[list[Slot], list[list[int]], list[int]]:
     """(slots, per kernel its buffers as slot numbers, per output its slot)."""
-    from tgc.ir.shapes import shape_of
     index: dict[UOp, int] = {}
     slots: list[Slot] = []
 
@@ -253,7 +254,6 @@ def same_slots(a: list[Slot], b: list[Slot]) -> bool:
 def instantiate_ast(ast: UOp, dims: Mapping[str, int]) -> UOp:
     """A symbolic AST with its dim variables replaced by these sizes, simplified (the kernel the scheduler cuts
     at these sizes, when the symbolic form is right for them)."""
-    from tgc.ir.symbolic import simplify
     mapping = {u: UOp.const(u.dtype, dims[u.arg[0][len(VAR_PREFIX):]]) for u in ast.toposort()
                if u.op is Ops.DEFINE_VAR and u.arg[0].startswith(VAR_PREFIX)}
     if not mapping:

@@ -39,6 +39,8 @@ import numpy as np
 from tgc.dtype import DType
 from tgc.env import env_int, env_str
 from tgc.errors import CompileError
+from tgc.ir import alu  # the one ALU table (the PYTHON device's semantics)
+from tgc.ir.shapes import prod, shape_of
 from tgc.ir.uop import ALU, BINARY, COMPARE, UNARY, Ops, UOp
 
 DEFAULT_MAX_POINTS = 1 << 22
@@ -156,7 +158,6 @@ class _Verifier:
     def __init__(self, name: str, uops: list[UOp], sizes: list[int], global_size: tuple[int, ...],
                  local_size: tuple[int, ...] | None, vals: tuple[int, ...], names: list[str] | None, points: int,
                  restrict: tuple[int, int, int] | None = None, only: set[int] | None = None):
-        from tgc.ir import alu  # the one ALU table (the PYTHON device's semantics)
         self.interp = alu
         self.name, self.uops, self.sizes, self.names = name, uops, sizes, names
         self.global_size, self.local_size, self.vals, self.points = global_size, local_size, vals, points
@@ -397,7 +398,6 @@ def _var_name(u: UOp) -> str:
 
 def buffer_label(node: UOp, i: int) -> str:
     """How a report names a kernel's buffer: an input's name, else its role, with its dtype and shape."""
-    from tgc.ir.shapes import shape_of
     shape = ", ".join(str(s) for s in shape_of(node))
     kind = node.arg[1] if node.op is Ops.BUFFER and isinstance(node.arg, tuple) else ("output" if i == 0 else
                                                                                       "intermediate")
@@ -406,7 +406,6 @@ def buffer_label(node: UOp, i: int) -> str:
 
 def verify_kernel(name: str, uops: list[UOp], bufs: list[UOp], launch: dict) -> None:
     """`verify_bounds` for a kernel of `build_kernel` (its buffers as tensor nodes, its launch dict)."""
-    from tgc.ir.shapes import prod, shape_of
     verify_bounds(name, uops, [prod(shape_of(b)) for b in bufs], launch.get("global_size", (1, 1, 1)),
                   launch.get("local_size"), launch.get("vals", ()),
                   buffer_names=[buffer_label(b, i) for i, b in enumerate(bufs)])

@@ -9,13 +9,17 @@ on the device object it holds, and never compiles or looks up a device itself (`
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
+import platform
 import statistics
 import time
 from typing import Any
 
 import numpy as np
 
+from tgc import cache
 from tgc.engine.realize import LaunchPlan, Lowered, graphs_enabled
 from tgc.ir.shapes import prod
 from tgc.version import __version__
@@ -96,7 +100,6 @@ def bench_lowered(low: Lowered, arrays: dict[str, np.ndarray], repeat: int = 10,
 def identity(prog, dev, dims: dict[str, int]) -> dict[str, Any]:
     """What a timing depends on beyond the kernels' code: which program (its source's hash), its dims, the
     device (its kind and model) and the tgc version. `tgc bench --baseline` compares only equal identities."""
-    import hashlib
 
     source = getattr(prog, "source", None) or ""
     return {"program_sha256": hashlib.sha256(source.encode()).hexdigest(),
@@ -115,7 +118,6 @@ def device_model(dev) -> str:
         except OSError:
             pass
         if not name:
-            import platform
             name = platform.processor() or platform.machine()
         return f"{name} ({dev.cores} threads)"
     try:
@@ -154,7 +156,6 @@ def rates(flops: int, nbytes: int, seconds: float, peak: dict, working_set: int)
 
 def valid_peak(value: Any) -> bool:
     """A stored peak is usable: {"gflops": >0, "gbps": >0, ...} with finite numbers (else it is measured again)."""
-    import math
 
     return isinstance(value, dict) and all(
         isinstance(value.get(k), (int, float)) and not isinstance(value.get(k), bool) and math.isfinite(value[k])
@@ -165,7 +166,6 @@ def machine_peak(dev) -> dict[str, Any]:
     """Peak FLOP/s and bandwidth of a device, measured once per machine and cached on disk (CPU), from the
     device's own figures (GPUs), else None each (`source` "unknown": PYTHON, REMOTE). `cache_bytes` is
     the last-level cache where known (see `rates`). A damaged cache entry is measured again."""
-    from tgc import cache
     info = dev.info()
     if dev.kind != "CPU":
         gflops, gbps = info.get("peak_gflops") or None, info.get("peak_gbps") or None
@@ -181,7 +181,6 @@ def machine_peak(dev) -> dict[str, Any]:
 
 def peak_key(dev) -> str:
     """The cache key of a CPU device's measured peak (3: the copy is a hand-written kernel too)."""
-    from tgc import cache
     return cache.make_key("peak", 3, dev.kind, dev.compiler.cache_key, dev.cores, __version__)
 
 

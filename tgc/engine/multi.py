@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 
 from tgc.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16
+from tgc.engine.realize import Buffer, launch, to_user_array
+from tgc.env import debug_level
 from tgc.ir.alu import reducer
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.uop import ALU, Ops, UOp
@@ -315,7 +317,7 @@ def copy_between(src_dev: Any, src_handle: Any, dst_dev: Any, dst_handle: Any, n
         stats.sent[ids[0]] += nbytes
         stats.received[ids[1]] += nbytes
         stats.copies += 1
-    if _debug() >= 3:
+    if debug_level() >= 3:
         print(f"*** copy {nbytes} bytes {src_dev.name} -> {dst_dev.name}", file=sys.stderr)
 
 
@@ -450,11 +452,6 @@ def gather_shards(devices: list[Any], shards: list[Any], outs: list[Any], shape:
     return stats
 
 
-def _debug() -> int:
-    from tgc.engine.realize import _debug as level
-    return level()
-
-
 # --- the multi-device realizer
 
 @dataclass
@@ -497,14 +494,12 @@ class MultiRun:
 
 def run_multi(ml: MultiLowered, arrays: dict[str, np.ndarray], timed: bool = False) -> MultiRun:
     """Copy each device's part of the inputs in, run every step's kernels and collectives, bring outputs back."""
-    from tgc.engine.realize import Buffer, launch, to_user_array
-
     n = len(ml.devices)
     bufs: list[dict[UOp, Any]] = [{} for _ in range(n)]
     owned: list[Any] = []
     stats = Transfers.for_devices(n)
     ktime = [0.0] * n
-    level = _debug()
+    level = debug_level()
 
     def ensure(d: int, node: UOp) -> Any:
         b = bufs[d].get(node)

@@ -16,17 +16,10 @@ import numpy as np
 
 from tgc.dtype import DType, bf16_to_f32, dtypes
 from tgc.engine.memplan import MemoryPlan, plan_memory
-from tgc.env import env_int
+from tgc.env import debug_level, env_int
 from tgc.errors import DeviceError, TgcError
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.uop import Ops
-
-
-def _debug() -> int:
-    try:
-        return env_int("DEBUG", 0)
-    except TgcError:  # the CLI refuses a bad DEBUG up front; the API runs as without it
-        return 0
 
 
 def buffer_type(key: Any) -> tuple[DType, tuple[int, ...]]:
@@ -215,7 +208,7 @@ class LaunchPlan:
                 self.graph_error = f"{type(e).__name__}: {e}"
             if self.graph is None and self.graph_error is None:
                 self.graph_error = f"{self.device.name} has no device graphs" if launches else "no kernels to run"
-            if self.graph_error is not None and _debug() >= 2:
+            if self.graph_error is not None and debug_level() >= 2:
                 print(f"*** {self.device.name:<8} no graph for {len(launches)} kernels: {self.graph_error}",
                       file=sys.stderr)
         return self.graph
@@ -229,7 +222,7 @@ class LaunchPlan:
             for k, h in zip(kernels, self.handles):
                 launch(k, h, handles=True)
             return
-        level = _debug() if os.environ.get("DEBUG") else 0
+        level = debug_level() if os.environ.get("DEBUG") else 0
         try:
             t = graph(wait=level >= 2)
         except TgcError:
@@ -307,7 +300,7 @@ def launch(k, bufs: list, handles: bool = False) -> float | None:
     and prints a line with the second (warm) launch's time,
     its GFLOP/s and GB/s, and the first launch's time (which includes loading the binary and cold caches);
     a kernel only writes its output buffer, so the second run leaves the same values."""
-    level = _debug()
+    level = debug_level()
     if level >= 4:
         print(k.src, file=sys.stderr)
     if level >= 5:

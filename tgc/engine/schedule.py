@@ -22,7 +22,7 @@ from tgc.errors import TgcError
 from tgc.ir.kernel import INDEX, ScheduleItem, flat_index, identity
 from tgc.ir.shapes import prod, shape_of, strides_for
 from tgc.ir.symbolic import simplify
-from tgc.ir.uop import ALU, Ops, RangeKind, UOp
+from tgc.ir.uop import ALU, Ops, RangeKind, UOp, rebuild
 
 _EXPANDING = {Ops.EXPAND, Ops.WINDOW}
 TRANSCENDENTAL_COST = 10  # exp2, log2, sin, sqrt become ~10-25 ops (polynomials on the CPU)
@@ -304,32 +304,32 @@ def _split_size(n: int) -> int:
     return 0
 
 
+def _split_reduce(new: UOp) -> UOp:
+    """A node rebuilt on its new sources, as a two-stage reduction when it is a large one into few outputs."""
+    if new.op is not Ops.REDUCE_AXIS:
+        return new
+    src = new.src[0]
+    shape = shape_of(src)
+    op, axes = new.arg
+    n = prod(shape[a] for a in axes)
+    groups = _split_size(n) if n >= SPLIT_REDUCE_MIN and prod(shape_of(new)) <= SPLIT_REDUCE_MAX_OUTPUTS else 0
+    if not groups:
+        return new
+    keep = [i for i in range(len(shape)) if i not in axes]
+    order = tuple(keep + list(axes))
+    x = UOp(Ops.PERMUTE, src.dtype, (src,), order) if order != tuple(range(len(shape))) else src
+    kept = tuple(shape[i] for i in keep)
+    x = UOp(Ops.RESHAPE, src.dtype, (x,), kept + (groups, n // groups))
+    part = UOp(Ops.REDUCE_AXIS, src.dtype, (x,), (op, (len(keep) + 1,)))
+    total = UOp(Ops.REDUCE_AXIS, src.dtype, (part,), (op, (len(keep),)))
+    return UOp(Ops.RESHAPE, src.dtype, (total,), shape_of(new))
+
+
 def split_large_reduces(outputs: list[UOp]) -> list[UOp]:
-    """sum(x) over millions of elements -> sum(sum(x.reshape(G, n/G), 1)): the first stage parallelizes."""
+    """sum(x) over millions of elements -> sum(sum(x.reshape(G, n/G), 1)): the first stage parallelizes.
+    One bottom-up pass (`rebuild`), not a rewrite to a fixed point: the stages it makes are not split again."""
     memo: dict[UOp, UOp] = {}
-    for out in outputs:
-        for node in out.toposort():
-            if node in memo:
-                continue
-            new = node.replace(src=tuple(memo[s] for s in node.src)) if node.src else node
-            if new.op is Ops.REDUCE_AXIS:
-                src = new.src[0]
-                shape = shape_of(src)
-                op, axes = new.arg
-                n = prod(shape[a] for a in axes)
-                groups = _split_size(n) if n >= SPLIT_REDUCE_MIN and prod(shape_of(new)) <= SPLIT_REDUCE_MAX_OUTPUTS \
-                    else 0
-                if groups:
-                    keep = [i for i in range(len(shape)) if i not in axes]
-                    order = tuple(keep + list(axes))
-                    x = UOp(Ops.PERMUTE, src.dtype, (src,), order) if order != tuple(range(len(shape))) else src
-                    kept = tuple(shape[i] for i in keep)
-                    x = UOp(Ops.RESHAPE, src.dtype, (x,), kept + (groups, n // groups))
-                    part = UOp(Ops.REDUCE_AXIS, src.dtype, (x,), (op, (len(keep) + 1,)))
-                    total = UOp(Ops.REDUCE_AXIS, src.dtype, (part,), (op, (len(keep),)))
-                    new = UOp(Ops.RESHAPE, src.dtype, (total,), shape_of(node))
-            memo[node] = new
-    return [memo[o] for o in outputs]
+    return [rebuild(o, memo, _split_reduce) for o in outputs]
 
 
 MAX_ELEMENTS = (1 << 63) - 1  # flat indices of every tensor must fit the 64-bit index math
@@ -419,9 +419,7 @@ def pack_matmul_operands(outputs: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp],
     if not replace:
         return outputs, {}, {}
     memo: dict[UOp, UOp] = dict(replace)
-    for node in UOp(Ops.SINK, None, tuple(outputs)).toposort():
-        if node not in memo:
-            memo[node] = node.replace(src=tuple(memo[s] for s in node.src)) if node.src else node
+    rebuild(UOp(Ops.SINK, None, tuple(outputs)), memo)
     original = {new: old for old, new in memo.items() if new is not old and old not in replace}
     return [memo[o] for o in outputs], original, serves
 

@@ -6,11 +6,11 @@ from tgc.ir.uop import ALU, Ops, UOp
 
 
 def shape_of(u: UOp) -> tuple[int, ...]:
-    cached = u.__dict__.get("_shape")
-    if cached is None:
-        cached = _shape(u)
-        u.__dict__["_shape"] = cached
-    return cached
+    try:
+        return u._shape
+    except AttributeError:
+        u._shape = shape = _shape(u)  # a value derived from the node alone (see `UOp.__slots__`)
+        return shape
 
 
 def _shape(u: UOp) -> tuple[int, ...]:

@@ -92,8 +92,6 @@ class RangeKind(Enum):
     REDUCE = auto()  # a reduction loop
     UPCAST = auto()  # an output loop unrolled into registers
     UNROLL = auto()  # a reduction loop unrolled
-    THREAD = auto()  # split across CPU threads
-    GLOBAL = auto()  # a GPU grid index
     LOCAL = auto()  # a GPU work-group index
     GROUP = auto()  # a reduction split across a work-group (shared-memory reduce)
 
@@ -101,7 +99,9 @@ class RangeKind(Enum):
 class UOp:
     """An immutable, hash-consed node. Build with `UOp(op, dtype, src, arg)`; equal nodes are the same object."""
 
-    __slots__ = ("op", "dtype", "src", "arg", "_hash", "__weakref__", "__dict__")
+    # `_bounds` and `_shape` cache values derived from the node alone (its op, dtype, arg and sources), set on first
+    # use; a node has no other state, and nothing else may be attached to a node shared by every graph using it
+    __slots__ = ("op", "dtype", "src", "arg", "_hash", "_bounds", "_shape", "__weakref__")
     _cache: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
     def __new__(cls, op: Ops, dtype: DType | None = None, src: tuple[UOp, ...] = (), arg: Any = None):
@@ -197,11 +197,11 @@ class UOp:
     @property
     def bounds(self) -> tuple[Any, Any]:
         """Conservative (min, max) of an integer index expression; used by symbolic simplification."""
-        b = self.__dict__.get("_bounds")
-        if b is None:
-            b = _bounds(self)
-            self.__dict__["_bounds"] = b
-        return b
+        try:
+            return self._bounds
+        except AttributeError:
+            self._bounds = b = _bounds(self)
+            return b
 
 
 def _normalize_const(dtype: DType, value: Any) -> Any:
@@ -370,6 +370,18 @@ class PatternMatcher:
 MAX_REWRITE_DEPTH = 150
 
 
+def rebuild(root: UOp, memo: dict[UOp, UOp], fn: Callable[[UOp], UOp] | None = None) -> UOp:
+    """The one bottom-up rebuild: every node below `root` not yet in `memo`, sources first, is rebuilt on its
+    sources' new nodes and `fn` (if given) picks what it becomes; `memo` maps each old node to its new one and
+    may be seeded with replacements. `graph_rewrite`, `substitute` and the scheduler's graph edits all use it."""
+    for node in root.toposort():
+        if node in memo:
+            continue
+        new = node.replace(src=tuple(memo[s] for s in node.src)) if node.src else node
+        memo[node] = new if fn is None else fn(new)
+    return memo[root]
+
+
 def graph_rewrite(root: UOp, pm: PatternMatcher, ctx: Any = None) -> UOp:
     """Rewrite bottom-up until no rule applies anywhere (a fixed point)."""
     memo: dict[UOp, UOp] = {}
@@ -385,28 +397,19 @@ def graph_rewrite(root: UOp, pm: PatternMatcher, ctx: Any = None) -> UOp:
                 out = pm.rewrite(u, ctx)
                 if out is None:
                     return u
-                u = rebuild(out)
+                u = rebuild(out, memo, step)
         finally:
             depth[0] -= 1
         raise RuntimeError(f"graph_rewrite did not converge on {u.op}")
 
-    def rebuild(u: UOp) -> UOp:
-        for node in u.toposort():
-            if node in memo:
-                continue
-            new = node.replace(src=tuple(memo[s] for s in node.src)) if node.src else node
-            memo[node] = result = settle(new) if new not in memo else memo[new]
-            memo.setdefault(result, result)
-        return memo[u]
+    def step(new: UOp) -> UOp:
+        result = memo[new] if new in memo else settle(new)
+        memo.setdefault(result, result)
+        return result
 
-    return rebuild(root)
+    return rebuild(root, memo, step)
 
 
 def substitute(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
-    """Replace nodes by others everywhere below `root`."""
-    memo: dict[UOp, UOp] = dict(mapping)
-    for node in root.toposort():
-        if node in memo:
-            continue
-        memo[node] = node.replace(src=tuple(memo[s] for s in node.src)) if node.src else node
-    return memo[root]
+    """Replace nodes by others everywhere below `root` (once: no rule runs on the result)."""
+    return rebuild(root, dict(mapping))

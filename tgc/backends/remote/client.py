@@ -164,7 +164,9 @@ class Connection:
                 if time.monotonic() + delay > deadline:
                     tried = f" (retried for {self.retry:g}s)" if self.retry else ""
                     raise DeviceError(f"cannot reach REMOTE server {self.address}: {_reason(e)}{tried}",
-                                      hint=f"start one with `tgc serve --port {self.port}` or check {ENV_ADDRESS}"
+                                      hint=f"start a server there (`tgc serve`, port {self.port}) or check "
+                                           f"{ENV_ADDRESS}",
+                                      cli_hint=f"start one with `tgc serve --port {self.port}` or check {ENV_ADDRESS}"
                                       ) from None
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
@@ -310,6 +312,8 @@ class RemoteCompiler(Compiler):
     def disassemble(self, lib: bytes) -> str:
         results, _ = self.device._submit(P.Disassemble(datahash=""), lib)
         return P.safe_text(results[-1], limit=None)
+
+    source_assembly = True
 
     def assembly(self, src: str) -> str:
         """The server compiler's assembly listing for `src`."""
@@ -514,8 +518,9 @@ class RemoteDevice(Device):
         """(host, port) of the server this device talks to."""
         text = self._address or self._address_text()
         if not text:
-            raise DeviceError("the REMOTE device needs a server", hint=f"set {ENV_ADDRESS}=host:port or pass "
-                                                                        "--remote host:port (see `tgc serve`)")
+            raise DeviceError("the REMOTE device needs a server",
+                              hint=f"set {ENV_ADDRESS}=host:port, the address of a running `tgc serve`",
+                              cli_hint=f"set {ENV_ADDRESS}=host:port or pass --remote host:port (see `tgc serve`)")
         addrs = [a for a in (t.strip() for t in text.split(",")) if a]
         if not addrs:
             raise DeviceError("the REMOTE device needs a server", hint=f"set {ENV_ADDRESS}=host:port")
@@ -845,6 +850,13 @@ class RemoteDevice(Device):
         """A graph of `(program, bufs, global_size, local_size, vals)` launches, run with one request per call."""
         return RemoteGraph(self, launches)
 
+    @property
+    def cores(self) -> int:  # type: ignore[override]
+        """The served device's threads per launch (what the optimizer splits a CPU kernel across)."""
+        attrs = self.properties.get("attrs")
+        value = attrs.get("cores", 1) if isinstance(attrs, dict) else 1
+        return value if isinstance(value, int) and value > 0 else 1
+
     def __getattr__(self, name: str) -> Any:
         """The served device's other plain facts (`cores`, `has_fp16`, ...): an AttributeError where it has none,
         as locally."""
@@ -918,7 +930,8 @@ def checked_properties(raw: Any, address: str) -> dict[str, Any]:
         raise bad(f"kind {P.to_short(kind)} is not a device kind")
     if kind == "REMOTE":
         raise DeviceError(f"REMOTE server {address} says it serves REMOTE itself; a server must serve a local "
-                          "device", hint="point TGC_REMOTE at a `tgc serve` of a real device (e.g. -d CPU)")
+                          "device", hint="point TGC_REMOTE at a server of a local device (CPU, CUDA, ...)",
+                          cli_hint="point TGC_REMOTE at a `tgc serve` of a real device (e.g. -d CPU)")
     if p.get("launch_style") not in LAUNCH_STYLES:
         raise bad(f"launch_style {P.to_short(p.get('launch_style'))} is not one of {', '.join(LAUNCH_STYLES)}")
     for name, least in (("max_body", 1), ("max_buffer", 0), ("max_session_memory", 0)):

@@ -3,6 +3,7 @@ ends its source (and, for LLVM IR, its parameters), and the check of a launch ag
 
 from __future__ import annotations
 
+import json
 import re
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from typing import Any
 
 from tgc.backends.remote import protocol as P
 from tgc.backends.remote.limits import Refusal
+from tgc.codegen.pipeline import _COMMENT, CONTRACT_TAG
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,6 @@ def _dims(value: Any, what: str) -> tuple[int, int, int]:
 def parse_contract(src: str, language: str | None) -> Known:
     """The launch contract at the end of a kernel's source, and for LLVM IR the parameters (pointers, others)
     of each function it defines. Raises ValueError for a malformed contract."""
-    from tgc.codegen.pipeline import _COMMENT, CONTRACT_TAG
     prefix = _COMMENT.get(language or "")
     contract = None
     if prefix is not None:
@@ -97,7 +98,6 @@ def _top_level_args(src: str, start: int) -> list[str] | None:
 
 
 def _contract(text: str) -> Contract:
-    import json
     try:
         raw = json.loads(text)
     except ValueError:

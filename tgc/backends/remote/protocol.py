@@ -32,7 +32,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
-from typing import Any, Union
+from typing import Any, ClassVar, Union
 
 from tgc.env import REMOTE_DEFAULT_PORT
 from tgc.errors import TgcError
@@ -144,10 +144,16 @@ def _check_launch(global_size: tuple[int, ...], local_size: tuple[int, ...] | No
 
 @dataclass(frozen=True)
 class Request:
-    """One step of a batch. `check` rejects out-of-range values (types are checked by `build`)."""
+    """One step of a batch. `check` rejects out-of-range values (types are checked by `build`): the fields named in
+    `ids` must be >= 0 and a `datahash` field must name a blob (a subclass adds what else it checks)."""
+
+    ids: ClassVar[tuple[str, ...]] = ()
 
     def check(self) -> None:
-        pass
+        for name in self.ids:
+            _check_id(getattr(self, name), name)
+        if "datahash" in self.__dataclass_fields__:
+            _check_hash(self.datahash)  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -157,12 +163,9 @@ class GetProperties(Request):
 
 @dataclass(frozen=True)
 class BufferAlloc(Request):
+    ids = ("buf", "size")
     buf: int
     size: int
-
-    def check(self) -> None:
-        _check_id(self.buf, "buf")
-        _check_id(self.size, "size")
 
 
 @dataclass(frozen=True)
@@ -174,14 +177,11 @@ class BufferFree(Request):
 class BufferOffset(Request):
     """A view `sub` of `size` bytes at `offset` into `buf` (no copy; freed with its parent)."""
 
+    ids = ("buf", "size", "offset", "sub")
     buf: int
     size: int
     offset: int
     sub: int
-
-    def check(self) -> None:
-        for name in ("buf", "size", "offset", "sub"):
-            _check_id(getattr(self, name), name)
 
 
 @dataclass(frozen=True)
@@ -190,9 +190,6 @@ class CopyIn(Request):
 
     buf: int
     datahash: str
-
-    def check(self) -> None:
-        _check_hash(self.datahash)
 
 
 @dataclass(frozen=True)
@@ -266,9 +263,6 @@ class Disassemble(Request):
 
     datahash: str
 
-    def check(self) -> None:
-        _check_hash(self.datahash)
-
 
 @dataclass(frozen=True)
 class Assembly(Request):
@@ -286,13 +280,10 @@ class Compile(Request):
 
 @dataclass(frozen=True)
 class ProgramAlloc(Request):
+    ids = ("prog",)
     prog: int
     name: str
     datahash: str
-
-    def check(self) -> None:
-        _check_id(self.prog, "prog")
-        _check_hash(self.datahash)
 
 
 @dataclass(frozen=True)
@@ -333,11 +324,9 @@ class GraphKernel:
 class GraphAlloc(Request):
     """A fixed list of launches that `GraphExec` runs in order with one request."""
 
+    ids = ("graph",)
     graph: int
     kernels: tuple[GraphKernel, ...]
-
-    def check(self) -> None:
-        _check_id(self.graph, "graph")
 
 
 @dataclass(frozen=True)

@@ -129,7 +129,8 @@ class RemoteServer:
                  limits: Limits | None = None, verbose: bool = False):
         if not token and not is_loopback(host):
             raise TgcError(f"refusing to serve on the non-loopback address {host} without a token",
-                           hint="pass --token-file FILE (or set TGC_REMOTE_TOKEN), or serve on 127.0.0.1")
+                           hint="give it a token (token=..., or set TGC_REMOTE_TOKEN), or serve on 127.0.0.1",
+                           cli_hint="pass --token-file FILE (or set TGC_REMOTE_TOKEN), or serve on 127.0.0.1")
         self.device_name, self.token, self.verbose = device, token, verbose
         self.limits = limits or Limits()
         self.lock = threading.RLock()  # held while a batch runs and while sessions change
@@ -569,10 +570,15 @@ class RemoteServer:
                                               "the server goes on") from None
             raise Refusal(422, "compile", msg) from None
 
-    def _do_Compile(self, session: Session, req: P.Compile, blobs, out) -> str:
+    def _compiler(self) -> Any:
+        """The served device's compiler, or a refusal saying why it has none here (Compile, Disassemble, Assembly)."""
         comp = self.device.compiler
         if comp is None:
             raise Refusal(400, "device", f"{self.device_name} cannot compile here: {self.device.compile_error}")
+        return comp
+
+    def _do_Compile(self, session: Session, req: P.Compile, blobs, out) -> str:
+        self._compiler()
         try:
             known = parse_contract(req.src, getattr(self.device.renderer, "language", None))
         except ValueError as e:
@@ -600,20 +606,16 @@ class RemoteServer:
         return h
 
     def _do_Disassemble(self, session: Session, req: P.Disassemble, blobs, out) -> str:
-        comp = self.device.compiler
-        if comp is None:
-            raise Refusal(400, "device", f"{self.device_name} has no compiler here")
+        comp = self._compiler()
         try:
             return str(comp.disassemble(bytes(self._blob(blobs, req.datahash))))
         except NotImplementedError:
             raise Refusal(400, "device", f"the {comp.name} compiler cannot disassemble") from None
 
     def _do_Assembly(self, session: Session, req: P.Assembly, blobs, out) -> str:
-        comp = self.device.compiler
-        if comp is None:
-            raise Refusal(400, "device", f"{self.device_name} has no compiler here")
+        comp = self._compiler()
         try:
-            if callable(getattr(comp, "assembly", None)):
+            if comp.source_assembly:
                 return self._compile_text(req.src, "assembly").decode("utf-8", "replace")
             return str(comp.disassemble(self._compile_text(req.src)))
         except NotImplementedError:
@@ -679,7 +681,7 @@ class RemoteServer:
         if dev.launch_style != "cpu":
             return getattr(dev, "max_work_items", None)
         try:
-            cores = int(getattr(dev, "cores", 1))
+            cores = int(dev.cores)
         except Exception:
             cores = 1
         return max(64, 4 * cores)
@@ -768,7 +770,8 @@ def main_serve(host: str = "127.0.0.1", port: int = P.DEFAULT_PORT, device: str 
     name = device or default_device()
     kind, _ = canonical(name)
     if kind == "REMOTE":
-        raise TgcError("cannot serve REMOTE itself", hint="serve a local device, e.g. -d CPU")
+        raise TgcError("cannot serve REMOTE itself", hint="serve a local device, e.g. CPU",
+                       cli_hint="serve a local device, e.g. -d CPU")
     try:
         ok, why = device_class(kind).probe()
     except Exception as e:
