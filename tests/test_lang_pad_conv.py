@@ -105,3 +105,19 @@ def test_random_pad_add_strided_conv_match_numpy(device, case, seed):
     want = conv2d_ref(full, w, stride)
     got = run1(src, device, w=w, **{f"x{i}": x for i, x in enumerate(xs)})
     assert_close(got, want, "f32", scale=np.abs(full).max() * np.abs(w).sum() + 1)
+
+
+@pytest.mark.parametrize("device", ["CPU", "CUDA", "OPENCL", "METAL", "PYTHON"])
+@pytest.mark.parametrize("opts", [[("UPCAST", 0, 2)], [("UPCAST", 0, 2), ("UPCAST", 1, 2)]])
+def test_every_renderer_gets_dense_parameters_when_an_upcast_folds_a_buffer_away(device, opts):
+    """Compile only: upcasting the output rows (as BEAM may on any device) folds x1's loads away; every
+    renderer names parameters by buffer number, so the kernel must declare exactly data0..data3."""
+    from tgc.backends import get_device
+    from tgc.codegen.opt import Opt
+    from tgc.codegen.pipeline import lower
+    item = tgc.loads(THREE_PADS).schedule({}, "CPU")[0]
+    low = lower(item.ast, get_device(device), item.bufs, item.name, opts=[Opt(*o) for o in opts])
+    assert sorted(u.arg for u in low.uops if u.op.name == "DEFINE_GLOBAL") == [0, 1, 2, 3]
+    assert [item.bufs.index(b) for b in low.bufs] == [0, 1, 3, 4]  # out, x0, x2, w: x1 dropped
+    if device != "PYTHON":
+        assert "data3" in low.src and "data4" not in low.src
