@@ -179,6 +179,10 @@ class CStyleRenderer:
         def line(text: str) -> None:
             lines.append("  " * depth + text)
 
+        def guard(store: UOp, stmt: str) -> str:
+            """A gated store (a fourth source) writes only where its gate is on."""
+            return f"if ({ref(store.src[3])}) {{ {stmt} }}" if len(store.src) > 3 else stmt
+
         def define(u: UOp, expr: str) -> None:
             nonlocal counter
             counter += 1
@@ -225,7 +229,7 @@ class CStyleRenderer:
             elif op is Ops.LOAD and u.src[0].op is Ops.DEFINE_LOCAL:
                 define(u, f"{names[u.src[0]]}[{ref(u.src[1])}]")
             elif op is Ops.STORE and u.src[0].op is Ops.DEFINE_LOCAL:
-                line(f"{names[u.src[0]]}[{ref(u.src[1])}] = {ref(u.src[2])};")
+                line(guard(u, f"{names[u.src[0]]}[{ref(u.src[1])}] = {ref(u.src[2])};"))
             elif op is Ops.LOAD:
                 buf, idx = names[u.src[0]], ref(u.src[1])
                 expr = self.load(d, buf, idx)
@@ -233,7 +237,7 @@ class CStyleRenderer:
                     expr = f"({ref(u.src[2])} ? {expr} : {self.const(0, d)})"
                 define(u, expr)
             elif op is Ops.STORE:
-                line(self.store(u.src[2].dtype, names[u.src[0]], ref(u.src[1]), ref(u.src[2])))
+                line(guard(u, self.store(u.src[2].dtype, names[u.src[0]], ref(u.src[1]), ref(u.src[2]))))
             else:
                 define(u, self.alu(u, [ref(s) for s in u.src]))
         body = [self.signature(name, params, uops) + " {", *lines, "}"]

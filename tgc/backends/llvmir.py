@@ -196,7 +196,29 @@ class _Renderer:
             cur = nxt
         return cur
 
+    def splat_gate(self, gate: UOp, count: int) -> str:
+        one, out = self.tmp(), self.tmp()
+        self.emit(f"{one} = insertelement <{count} x i1> poison, i1 {self.ref(gate)}, i32 0")
+        self.emit(f"{out} = shufflevector <{count} x i1> {one}, <{count} x i1> poison, <{count} x i32> "
+                  "zeroinitializer")
+        return out
+
+    def masked(self, kind: str, d: DType) -> str:
+        """`llvm.masked.load`/`store` for memory type `mtype(d)` (with the i32 alignment operand, which
+        LLVM 22 still reads and upgrades)."""
+        m = mtype(d)
+        scalar = m.split(" x ")[1].rstrip(">")
+        suffix = f"v{d.count}{'f' + str(d.itemsize * 8) if scalar in ('half', 'float', 'double') else scalar}"
+        fn = f"@llvm.masked.{kind}.{suffix}.p0"
+        mask = f"<{d.count} x i1>"
+        self.decls.add(f"declare {m} {fn}(ptr, i32, {mask}, {m})" if kind == "load"
+                       else f"declare void {fn}({m}, ptr, i32, {mask})")
+        return fn
+
     def load(self, u: UOp) -> str:
+        """A gated scalar load reads index 0 where its gate is off (in bounds: a buffer has an element) and
+        selects 0; a gated vector load is a masked load, which reads nothing where its gate is off (a vector
+        from index 0 could pass the end of a buffer shorter than the vector)."""
         buf, idx, it = u.src[0], self.ref(u.src[1]), ltype(u.src[1].dtype)
         gate = u.src[2] if len(u.src) > 2 else None
         d = u.dtype
@@ -206,19 +228,34 @@ class _Renderer:
             idx = safe
         ptr, val = self.tmp(), self.tmp()
         self.emit(f"{ptr} = getelementptr inbounds {mtype(d.scalar())}, ptr {self.ref(buf)}, {it} {idx}")
-        self.emit(f"{val} = load {mtype(d)}, ptr {ptr}, align {d.itemsize}")
+        if gate is not None and d.count > 1:
+            mask = self.splat_gate(gate, d.count)
+            self.emit(f"{val} = call {mtype(d)} {self.masked('load', d)}(ptr {ptr}, i32 {d.itemsize}, "
+                      f"<{d.count} x i1> {mask}, {mtype(d)} zeroinitializer)")
+        else:
+            self.emit(f"{val} = load {mtype(d)}, ptr {ptr}, align {d.itemsize}")
         if d.is_bool:
             b = self.tmp()
             self.emit(f"{b} = icmp ne {mtype(d)} {val}, zeroinitializer")
             val = b
-        if gate is not None:
+        if gate is not None and d.count == 1:
             g = self.tmp()
             self.emit(f"{g} = select i1 {self.ref(gate)}, {ltype(d)} {val}, {ltype(d)} zeroinitializer")
             val = g
         return val
 
     def store(self, u: UOp) -> None:
+        """A gated store (a fourth source) runs in a block its gate branches to: nothing is written, and no
+        address is formed, where the gate is off."""
         buf, idx, val = u.src[:3]
+        gate = u.src[3] if len(u.src) > 3 else None
+        done = ""
+        if gate is not None:
+            label = f"store{self.counter + 1}"
+            self.counter += 1
+            done = f"{label}_done"
+            self.emit(f"br i1 {self.ref(gate)}, label %{label}, label %{done}")
+            self.lines.append(f"{label}:")
         vd = val.dtype
         ptr = self.tmp()
         self.emit(f"{ptr} = getelementptr inbounds {mtype(vd.scalar())}, ptr {self.ref(buf)}, {ltype(idx.dtype)} "
@@ -229,6 +266,10 @@ class _Renderer:
             self.emit(f"{z} = zext {ltype(vd)} {v} to {mtype(vd)}")
             v = z
         self.emit(f"store {mtype(vd)} {v}, ptr {ptr}, align {vd.itemsize}")
+        if gate is not None:
+            self.emit(f"br label %{done}")
+            self.lines.append(f"{done}:")
+            self.block = done
 
     def binary(self, op: Ops, d: DType, a: str, b: str, flags: str = _CONTRACT) -> str:
         t, out = ltype(d), self.tmp()

@@ -118,12 +118,16 @@ class _Vectorizer:
         return out
 
     def store(self, st: UOp) -> list[UOp]:
+        """One vector store, or one scalar store per lane; a store's gate (fourth source) is kept: whole on a
+        vector store when it does not vary with the lane, else each lane's own."""
         buf, idx, val = st.src[:3]
+        gate = st.src[3:]
         base = self.contiguous_base(idx)
         value = self.broadcast(val)
-        if base is not None:
-            return [UOp(Ops.STORE, None, (buf, base, value))]
-        return [UOp(Ops.STORE, None, (buf, self.at(idx, j), UOp(Ops.GEP, val.dtype, (value,), j)))
+        if base is not None and not (gate and gate[0] in self.depends):
+            return [UOp(Ops.STORE, None, (buf, base, value, *gate))]
+        return [UOp(Ops.STORE, None, (buf, self.at(idx, j), UOp(Ops.GEP, val.dtype, (value,), j),
+                                      *(self.at(g, j) for g in gate)))
                 for j in range(self.width)]
 
 

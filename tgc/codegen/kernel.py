@@ -32,7 +32,7 @@ class Kernel:
     src: str
     binary: bytes | None
     uops: list[UOp]
-    ast: UOp
+    ast: UOp  # the optimized AST; its DEFINE_GLOBALs number `Lowered.ast_bufs` (a later fold may drop one)
     bufs: list[UOp]  # tensor nodes held by DEFINE_GLOBAL 0, 1, ...
     global_size: tuple[int, int, int] = (1, 1, 1)
     local_size: tuple[int, int, int] | None = None
@@ -196,7 +196,7 @@ def build_kernel(item: ScheduleItem, device: Any, beam: int = 0, name: str | Non
             progress({"kernel": name, "cached": True})
     low = lower(ast, device, item.bufs, name, opts=opts)
     binary, err, key = _compile_cached(device, low.src)
-    nbytes = bytes_touched(low.ast, low.bufs)
+    nbytes = bytes_touched(low.ast, [b if b in low.bufs else None for b in low.ast_bufs])
     flops = kernel_flops(low.uops, device, low.launch)
     launch = low.launch
     return Kernel(name=name, src=low.src, binary=binary, uops=low.uops, ast=low.ast, bufs=low.bufs,
@@ -264,7 +264,7 @@ def launch_allows(k: Kernel, dims: dict[str, int]) -> bool:
     return True
 
 
-def bytes_touched(ast: UOp, bufs: list[UOp]) -> int:
+def bytes_touched(ast: UOp, bufs: list[UOp | None]) -> int:
     """Bytes a launch reads and writes, counting each element it can reach once (what GB/s is computed from).
 
     Per buffer: the smallest of its size and the sum, over its loads and stores, of the elements each can
@@ -277,8 +277,8 @@ def bytes_touched(ast: UOp, bufs: list[UOp]) -> int:
         if u.op not in (Ops.LOAD, Ops.STORE) or not u.src or u.src[0].op is not Ops.DEFINE_GLOBAL:
             continue
         i = u.src[0].arg
-        if not isinstance(i, int) or not 0 <= i < len(bufs):
-            continue
+        if not isinstance(i, int) or not 0 <= i < len(bufs) or bufs[i] is None:
+            continue  # (None: a buffer whose loads the lowering folded away later)
         size = prod(shape_of(bufs[i]))
         index = u.src[1]
         nodes = index.toposort()

@@ -11,12 +11,14 @@ Every kernel goes through `lower`: the heuristic (`tgc.codegen.kernel.build_kern
                                          then CPU threads (`opt.OptKernel`: a search state, not a rewrite)
     lower_groups               rewrite   GROUP reductions through shared memory (GPUs)
     map_to_grid                function  output loops -> GPU indices (one decision over all loops at once)
-    drop_unused_buffers        function  renumber the buffers left after folding (a substitution)
   lower to linear
     narrow_index               rewrite   index arithmetic in i32 where it provably fits, else i64
     unroll_reduce              rewrite   UNROLL ranges -> copies of the reduced value
     vectorize                  function  one contiguous UPCAST range -> vector lanes (renderers with vectors)
     upcast_stores              function  the remaining UPCAST ranges -> copies of the stores
+    drop_unused_buffers        function  renumber the buffers left after folding (a substitution); last, since
+                                         every pass before it may fold a buffer's loads away (an UPCAST copy's
+                                         constant decides a pad's gate)
     linearize                  function  the AST -> a list of UOps with explicit loops (`linearize.py`)
     verify                     function  the spec and bounds verifiers (`TGC_VERIFY_BOUNDS=1`)
     render                     function  the renderer's source and the launch contract
@@ -78,7 +80,9 @@ class Pass:
 
 @dataclass
 class Lowered:
-    """A kernel lowered for a device: the optimized AST, its linear UOps, the source and launch facts."""
+    """A kernel lowered for a device: the optimized AST, its linear UOps, the source and launch facts. `bufs`
+    are the kernel's parameters (DEFINE_GLOBAL 0, 1, ... of `uops`); `ast` numbers its buffers as `ast_bufs`
+    does, which may hold more (buffers whose loads the passes after optimization folded away)."""
 
     name: str
     ast: UOp
@@ -87,6 +91,7 @@ class Lowered:
     bufs: list[UOp]
     launch: dict
     applied: list
+    ast_bufs: list[UOp] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------------------------------- the passes
@@ -154,13 +159,13 @@ OPTIMIZE = [
     Pass("apply_opts", _apply_opts, "function"),
     Pass("lower_groups", _lower_groups, "rewrite", lambda ctx: ctx.gpu),
     Pass("map_to_grid", _map_to_grid, "function", lambda ctx: ctx.gpu),
-    Pass("drop_unused_buffers", _drop_unused, "function"),
 ]
 TO_LINEAR = [
     Pass("narrow_index", _narrow_index, "rewrite"),
     Pass("unroll_reduce", _unroll_reduce, "rewrite"),
     Pass("vectorize", _vectorize, "function", lambda ctx: ctx.vectors),
     Pass("upcast_stores", _upcast_stores, "function"),
+    Pass("drop_unused_buffers", _drop_unused, "function"),  # last: the passes above fold loads away
 ]
 PASSES = PREPARE + OPTIMIZE + TO_LINEAR  # then linearize, verify and render
 
@@ -214,15 +219,27 @@ def lower(ast: UOp, device: Any, bufs: list[UOp], name: str, opts: list | None =
     else:
         ast = prepare(ast, device)
     optimized = run_passes(ast, ctx, OPTIMIZE)
+    ast_bufs = list(ctx.bufs)
     ast = run_passes(optimized, ctx, TO_LINEAR)
     uops = linearize(ast)
+    check_parameters(name, uops, ctx.bufs)
     if ctx.trace is not None or debug_level() >= 6:
         _show(ctx, "linearize", uops_text(uops))
     if verify.enabled():
         verify_spec(name, uops)
         verify.verify_kernel(name, uops, ctx.bufs, ctx.launch)
     src = render_kernel(device, name, uops, ctx.bufs, ctx.launch)
-    return Lowered(name, optimized, uops, src, ctx.bufs, ctx.launch, list(ctx.applied))
+    return Lowered(name, optimized, uops, src, ctx.bufs, ctx.launch, list(ctx.applied), ast_bufs)
+
+
+def check_parameters(name: str, uops: list[UOp], bufs: list[UOp]) -> None:
+    """Renderers make DEFINE_GLOBAL i the i-th parameter and a launch passes `bufs` in order, so the kernel's
+    DEFINE_GLOBALs must be exactly 0 .. len(bufs)-1. A gap (a buffer whose loads folded away after it was
+    renumbered) would shift every later buffer by one parameter: a wrong answer, not an error."""
+    from tgc.errors import CompileError
+    args = sorted(u.arg for u in uops if u.op is Ops.DEFINE_GLOBAL)
+    if args != list(range(len(bufs))):
+        raise CompileError(f"kernel {name}: parameters {args} do not match its {len(bufs)} buffers (a tgc bug)")
 
 
 def passes_text(ast: UOp, device: Any, bufs: list[UOp], name: str = "kernel", opts: list | None = None) -> str:
