@@ -33,9 +33,9 @@ _LOG2E = 1 / math.log(2)
 _FLOOR = -200.0  # exp2 arguments are clamped here: exp2(-200) is 0 in f32, and -inf - -inf never reaches exp2
 
 
-def _ph(name: str) -> UOp:
+def _ph(name: str, w: int = 1) -> UOp:
     """A placeholder for an accumulator's value, bound to a READ_ACC while linearizing."""
-    return UOp(Ops.READ_ACC, dtypes.f32, (), ("attn", name))
+    return UOp(Ops.READ_ACC, dtypes.f32.vec(w), (), ("attn", name))
 
 
 def _f32(u: UOp) -> UOp:
@@ -172,6 +172,122 @@ def build(sp: Any, block: int = BLOCK, width: int = 1, decompose: bool = False) 
     return UOp(Ops.SINK, None, (bm, alpha, lsum, *cols, *stores)), jb, w
 
 
+ROW_LANES = 16  # query rows per vector on devices with vectors (`build_rows`)
+MAX_UNROLL = 128  # head dimensions up to this are unrolled in `build_rows`
+
+
+def _row_vectorizer(lane: UOp, cache: dict | None = None) -> Any:
+    """The `tgc.codegen.expand` vectorizer, except that integer and bool values varying by lane (index math, a
+    causal mask's comparison) are computed lane by lane as scalars: index math stays scalar, with its bounds."""
+    from tgc.codegen.expand import _Vectorizer
+
+    shared: dict = {} if cache is None else cache  # (value, lane) -> the value at that lane, across vectorizers
+
+    class _Rows(_Vectorizer):
+        def at(self, u: UOp, j: int) -> UOp:
+            key = (u, j)
+            if key not in shared:
+                shared[key] = super().at(u, j)
+            return shared[key]
+
+        def vec(self, u: UOp) -> UOp:
+            if (u in self.depends and u.op is not Ops.LOAD and u.dtype is not None and u.dtype.count == 1
+                    and not u.dtype.is_float):
+                if u not in self.memo:
+                    self.memo[u] = UOp(Ops.VECTORIZE, u.dtype.vec(self.width),
+                                       tuple(self.at(u, j) for j in range(self.width)))
+                return self.memo[u]
+            return super().vec(u)
+
+    return _Rows(lane)
+
+
+def build_rows(sp: Any, decompose: bool, w: int = ROW_LANES, block: int = BLOCK) -> tuple[UOp, UOp, int] | None:
+    """The kernel with `w` query rows as the lanes of every value (devices with vectors): per key, the scores of
+    w rows are one vector (the head dimension unrolled, q gathered once per tile of rows, each k element
+    broadcast), and the output row is Dv vector accumulators. None where it does not apply (half types, a long
+    head dimension, one query row)."""
+    from tgc.codegen.legalize import HALF
+    if not sp.loops or sp.loops[-1].arg[1] is not RangeKind.LOOP or sp.dtype != dtypes.f32 or sp.dv > MAX_UNROLL:
+        return None
+    ri = sp.loops[-1]
+    if any(u.dtype is not None and u.dtype.scalar() in HALF for e in (sp.x, sp.v) for u in e.toposort()):
+        return None
+    for red in (u for u in sp.x.toposort() if u.op is Ops.REDUCE):
+        rs = red.src[1:]
+        if red.arg is not Ops.ADD or len(rs) != 1 or rs[0].src[0].op is not Ops.CONST or rs[0].src[0].arg > MAX_UNROLL:
+            return None
+    tq = ri.src[0].arg
+    ids = [u.arg[0] for e in (sp.x, sp.v, *sp.loops) for u in e.toposort() if u.op is Ops.RANGE]
+    next_id = max(ids, default=0) + 1
+    tile = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, -(-tq // w)),), ri.arg)
+    lane = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, w),), (next_id + 1, RangeKind.UPCAST))
+    rows = simplify(tile * UOp.const(INDEX, w) + lane)
+    rows_c = simplify((rows < UOp.const(INDEX, tq)).where(rows, UOp.const(INDEX, tq - 1))) if tq % w else rows
+    bk = min(block, sp.tk)
+    nblocks = -(-sp.tk // bk)
+    jb = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, nblocks),), (next_id, RangeKind.REDUCE))
+    ragged = sp.tk % bk != 0
+    vf = dtypes.f32.vec(w)
+    scores, keys = [], []
+    chains: dict[int, list[UOp]] = {}
+    lanes_at: dict = {}  # the partial sums of every key's inner products, term by term
+    for jj in range(bk):
+        j = simplify(jb * UOp.const(INDEX, bk) + UOp.const(INDEX, jj)) if nblocks > 1 else UOp.const(INDEX, jj)
+        jc = simplify((j < UOp.const(INDEX, sp.tk)).where(j, UOp.const(INDEX, sp.tk - 1))) if ragged else j
+        xs = simplify(substitute(sp.x, {sp.rj: jc, ri: rows_c}))
+        vz = _row_vectorizer(lane, lanes_at)
+        vz.analyze(xs)
+        for red in (u for u in xs.toposort() if u.op is Ops.REDUCE):  # written out, one partial sum per term
+            r, total = red.src[1], None
+            for d in range(r.src[0].arg):
+                term = simplify(substitute(red.src[0], {r: UOp.const(INDEX, d)}))
+                vt = _row_vectorizer(lane, lanes_at)
+                vt.analyze(term)
+                term = vt.broadcast(term)
+                total = term if total is None else UOp(Ops.ADD, term.dtype, (total, term))
+                chains.setdefault(d, []).append(total)
+            vz.memo[red] = total
+            vz.depends.add(red)
+        sv = vz.broadcast(_f32(xs))
+        if ragged:
+            sv = UOp(Ops.WHERE, vf, (_splat(j < UOp.const(INDEX, sp.tk), w), sv, _splat(_c(-math.inf), w)))
+        scores.append(sv)
+        keys.append(jc)
+    bm = scores[0]
+    for sv in scores[1:]:
+        bm = UOp(Ops.MAX, vf, (bm, sv))
+    m_old, m_new = _ph("m_old", w), _ph("m_new", w)
+    m_safe = UOp(Ops.WHERE, vf, (UOp(Ops.CMPNE, dtypes.bool.vec(w), (m_new, _splat(_c(-math.inf), w))), m_new,
+                                 _splat(_c(0.0), w)))
+    z = _ph("z")
+    pz = _exp(z)
+    if decompose:
+        from tgc.codegen.transcendental import decompose_transcendentals
+        pz = decompose_transcendentals(UOp(Ops.SINK, None, (pz,))).src[0]
+    alpha = _widen(pz, z, m_old - m_safe, w)
+    ps = [_widen(pz, z, sv - m_safe, w) for sv in scores]
+    lsum = ps[0]
+    for p in ps[1:]:
+        lsum = lsum + p
+    cols, stores = [], []
+    for c in range(sp.dv):
+        vc = substitute(sp.v, {sp.rdv: UOp.const(INDEX, c)})
+        acc = None
+        for p, jc in zip(ps, keys):
+            term = p * _splat(_f32(simplify(substitute(vc, {sp.rj: jc}))), w)
+            acc = term if acc is None else acc + term
+        cols.append(acc)
+        value = UOp(Ops.FDIV, vf, (_ph(f"o{c}", w), _ph("l", w)))
+        for t in range(min(w, tq)):
+            # a lane past the last row computed the last row (its index is clamped): it stores that same value
+            row = simplify(substitute(rows_c, {lane: UOp.const(INDEX, t)}))
+            idx = simplify(substitute(sp.out_index, {sp.rdv: UOp.const(INDEX, c), ri: row}))
+            stores.append(UOp(Ops.STORE, None, (sp.out, idx, UOp(Ops.GEP, dtypes.f32, (value,), t))))
+    order = [u for d in sorted(chains) for u in chains[d]]
+    return UOp(Ops.SINK, None, (bm, alpha, lsum, *cols, *stores, *order)), jb, len(order)
+
+
 def lower_attention(item: Any, device: Any, name: str) -> Any:
     """The fused attention kernel of `item` lowered for `device` (a `tgc.codegen.pipeline.Lowered`)."""
     from tgc.codegen import verify
@@ -184,14 +300,19 @@ def lower_attention(item: Any, device: Any, name: str) -> Any:
     from tgc.env import env_flag
 
     sp = item.meta["attention"]
-    width = 16 if device.caps.vectors and not env_flag("NOOPT") else 1
-    ast, jb, w = build(sp, width=width, decompose=device.caps.decompose_transcendentals)
+    vectors = device.caps.vectors and not env_flag("NOOPT")
+    by_rows = build_rows(sp, device.caps.decompose_transcendentals) if vectors else None
+    norder = 0
+    if by_rows is not None:
+        (ast, jb, norder), w = by_rows, 1
+    else:
+        ast, jb, w = build(sp, width=16 if vectors else 1, decompose=device.caps.decompose_transcendentals)
     ast = legalize(ast)
     if device.caps.decompose_transcendentals:
         ast = decompose_transcendentals(ast)
     launch: dict = {}
     rows = 1
-    for r in sp.loops:
+    for r in {u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] is RangeKind.LOOP}:
         rows *= r.src[0].arg
     if device.caps.gpu:
         if sp.loops:
@@ -200,7 +321,7 @@ def lower_attention(item: Any, device: Any, name: str) -> Any:
                                       max_grid=lim.grid)
     elif sp.loops and not env_flag("NOOPT"):
         cores = getattr(device, "cores", 1)
-        work = rows * sp.tk * max(sp.dv, 1) * 4
+        work = rows * sp.tk * max(sp.dv, 1) * 4 * (ROW_LANES if by_rows is not None else 1)
         threads = min(cores, rows, max(1, work // MIN_WORK_PER_THREAD))
         if threads > 1:
             ast, threads = split_threads(ast, threads)
@@ -209,7 +330,7 @@ def lower_attention(item: Any, device: Any, name: str) -> Any:
     bufs = list(item.bufs)
     ast, bufs = drop_unused_buffers(ast, bufs)
     ast = narrow_index(ast)
-    uops = _linearize(ast, jb.arg, sp.dv // w)
+    uops = _linearize(ast, jb.arg, sp.dv // w, hoist=by_rows is not None, norder=norder)
     if verify.enabled():
         verify_spec(name, uops)
         verify.verify_kernel(name, uops, bufs, launch)
@@ -217,12 +338,18 @@ def lower_attention(item: Any, device: Any, name: str) -> Any:
     return Lowered(name, ast, uops, src, bufs, launch, [])
 
 
-def _linearize(ast: UOp, jb_arg: Any, ncols: int) -> list[UOp]:
+def _linearize(ast: UOp, jb_arg: Any, ncols: int, hoist: bool = False, norder: int = 0) -> list[UOp]:
+    """The linear UOps: outer loops, the accumulators, the key-block loop with the online update, the stores.
+    `hoist` computes the loads (and gathers) that do not depend on the key block before its loop; the last
+    `norder` sources of `ast` are emitted first inside it, in that order (the inner products term by term,
+    interleaved across keys, so that independent partial sums follow each other)."""
     from tgc.codegen.linearize import _Linearizer
 
     nodes = ast.toposort()
     bm, alpha, lsum = ast.src[:3]
-    cols, stores = ast.src[3:3 + ncols], ast.src[3 + ncols:]
+    cols = ast.src[3:3 + ncols]
+    stores = ast.src[3 + ncols:len(ast.src) - norder]
+    order = ast.src[len(ast.src) - norder:] if norder else ()
     groups: dict[tuple[UOp, ...], list[UOp]] = {}
     for u in nodes:
         if u.op is Ops.REDUCE:
@@ -238,9 +365,8 @@ def _linearize(ast: UOp, jb_arg: Any, ncols: int) -> list[UOp]:
     outer = sorted((u for u in nodes if u.op is Ops.RANGE and u.arg[1] is RangeKind.LOOP), key=lambda r: r.arg[0])
     for r in outer:
         lin.open_range(r)
-    f32 = dtypes.f32
 
-    def acc(init: float, d=f32) -> UOp:
+    def acc(init: float, d) -> UOp:
         a = lin.push(UOp(Ops.DEFINE_ACC, d, (lin.emit(UOp.const(d, init)),), lin.acc_count))
         lin.acc_count += 1
         return a
@@ -248,27 +374,40 @@ def _linearize(ast: UOp, jb_arg: Any, ncols: int) -> list[UOp]:
     def read(a: UOp, tag: str) -> UOp:
         return lin.push(UOp(Ops.READ_ACC, a.dtype, (a,), tag))
 
-    m, lacc = acc(-math.inf), acc(0.0)
+    def ph(name: str, d) -> UOp:
+        return UOp(Ops.READ_ACC, d, (), ("attn", name))
+
+    m, lacc = acc(-math.inf, bm.dtype), acc(0.0, lsum.dtype)
     o = [acc(0.0, c.dtype) for c in cols]
+    if hoist and jb is not None:
+        inside: set[UOp] = set()  # what depends on the key block or on an accumulator
+        for u in nodes:
+            if u is jb or (u.op is Ops.READ_ACC and not u.src) or any(x in inside for x in u.src):
+                inside.add(u)
+        for u in nodes:
+            if u.op is Ops.LOAD and u not in inside and u.dtype is not None:
+                lin.emit(u)
     if jb is not None:
         lin.open_range(jb)
+    for u in order:
+        lin.emit(u)
     bm_l = lin.emit(bm)
-    lin.scopes[-1][_ph("m_old")] = read(m, "m_old")
-    lin.push(UOp(Ops.ACCUMULATE, f32, (m, bm_l), Ops.MAX))
-    lin.scopes[-1][_ph("m_new")] = read(m, "m_new")
+    lin.scopes[-1][ph("m_old", bm.dtype)] = read(m, "m_old")
+    lin.push(UOp(Ops.ACCUMULATE, m.dtype, (m, bm_l), Ops.MAX))
+    lin.scopes[-1][ph("m_new", bm.dtype)] = read(m, "m_new")
     alpha_l, lsum_l = lin.emit(alpha), lin.emit(lsum)
     cols_l = [lin.emit(c) for c in cols]
-    lin.push(UOp(Ops.ACCUMULATE, f32, (lacc, alpha_l), Ops.MUL))
-    lin.push(UOp(Ops.ACCUMULATE, f32, (lacc, lsum_l), Ops.ADD))
+    lin.push(UOp(Ops.ACCUMULATE, lacc.dtype, (lacc, alpha_l), Ops.MUL))
+    lin.push(UOp(Ops.ACCUMULATE, lacc.dtype, (lacc, lsum_l), Ops.ADD))
     for a, c in zip(o, cols_l):
-        scale = alpha_l if a.dtype.count == 1 else lin.emit(_splat(alpha, a.dtype.count))
+        scale = alpha_l if a.dtype == alpha.dtype else lin.emit(_splat(alpha, a.dtype.count))
         lin.push(UOp(Ops.ACCUMULATE, a.dtype, (a, scale), Ops.MUL))
         lin.push(UOp(Ops.ACCUMULATE, a.dtype, (a, c), Ops.ADD))
     if jb is not None:
         lin.close_range()
-    lin.scopes[-1][_ph("l")] = read(lacc, "l")
+    lin.scopes[-1][ph("l", lacc.dtype)] = read(lacc, "l")
     for i, a in enumerate(o):
-        lin.scopes[-1][UOp(Ops.READ_ACC, a.dtype, (), ("attn", f"o{i}"))] = read(a, f"o{i}")
+        lin.scopes[-1][ph(f"o{i}", a.dtype)] = read(a, f"o{i}")
     for st in stores:
         lin.emit(st)
     while lin.open_ranges:
@@ -276,4 +415,4 @@ def _linearize(ast: UOp, jb_arg: Any, ncols: int) -> list[UOp]:
     return lin.out
 
 
-__all__ = ["BLOCK", "build", "lower_attention"]
+__all__ = ["BLOCK", "ROW_LANES", "build", "build_rows", "lower_attention"]
