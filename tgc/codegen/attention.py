@@ -12,6 +12,11 @@ index. This module writes its linear UOps directly, for every device:
         l = l * alpha + sum_j p_j; o[c] = o[c] * alpha + sum_j p_j v[j, c]
       out[i, c] = o[c] / l
 
+That is the per-row form (`build`: PYTHON, the GPU dialects one thread per row, and half inputs on the CPU;
+with vectors, inner products 16 lanes of the head dimension at a time). On devices with vectors (the CPU)
+`build_rows` makes 16 query rows the lanes of every value instead: no horizontal sums, q gathered once per
+tile of rows, each k and v element broadcast, the block's exps one vector polynomial per key.
+
 The scores live in registers for one block and are never stored; the accumulators are updated with
 ACCUMULATE MUL then ADD (no new op: every renderer and the PYTHON device run it; the PYTHON device steps a
 loop that reads an accumulator it updates one index at a time). Keys past the end of the last block read the
@@ -173,6 +178,7 @@ def build(sp: Any, block: int = BLOCK, width: int = 1, decompose: bool = False) 
 
 
 ROW_LANES = 16  # query rows per vector on devices with vectors (`build_rows`)
+ROW_BLOCK = 16  # keys per block there
 MAX_UNROLL = 128  # head dimensions up to this are unrolled in `build_rows`
 
 
@@ -202,7 +208,7 @@ def _row_vectorizer(lane: UOp, cache: dict | None = None) -> Any:
     return _Rows(lane)
 
 
-def build_rows(sp: Any, decompose: bool, w: int = ROW_LANES, block: int = BLOCK) -> tuple[UOp, UOp, int] | None:
+def build_rows(sp: Any, decompose: bool, w: int = ROW_LANES, block: int | None = None) -> tuple[UOp, UOp, int] | None:
     """The kernel with `w` query rows as the lanes of every value (devices with vectors): per key, the scores of
     w rows are one vector (the head dimension unrolled, q gathered once per tile of rows, each k element
     broadcast), and the output row is Dv vector accumulators. None where it does not apply (half types, a long
@@ -224,7 +230,7 @@ def build_rows(sp: Any, decompose: bool, w: int = ROW_LANES, block: int = BLOCK)
     lane = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, w),), (next_id + 1, RangeKind.UPCAST))
     rows = simplify(tile * UOp.const(INDEX, w) + lane)
     rows_c = simplify((rows < UOp.const(INDEX, tq)).where(rows, UOp.const(INDEX, tq - 1))) if tq % w else rows
-    bk = min(block, sp.tk)
+    bk = min(ROW_BLOCK if block is None else block, sp.tk)
     nblocks = -(-sp.tk // bk)
     jb = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, nblocks),), (next_id, RangeKind.REDUCE))
     ragged = sp.tk % bk != 0
