@@ -402,13 +402,13 @@ def _linearize(ast: UOp, jb_arg: Any, ncols: int, hoist: bool = False, norder: i
     lin.push(UOp(Ops.ACCUMULATE, m.dtype, (m, bm_l), Ops.MAX))
     lin.scopes[-1][ph("m_new", bm.dtype)] = read(m, "m_new")
     alpha_l, lsum_l = lin.emit(alpha), lin.emit(lsum)
-    cols_l = [lin.emit(c) for c in cols]
     lin.push(UOp(Ops.ACCUMULATE, lacc.dtype, (lacc, alpha_l), Ops.MUL))
     lin.push(UOp(Ops.ACCUMULATE, lacc.dtype, (lacc, lsum_l), Ops.ADD))
-    for a, c in zip(o, cols_l):
+    for a, c in zip(o, cols):  # each column's sum goes into its accumulator at once (few values live)
+        c_l = lin.emit(c)
         scale = alpha_l if a.dtype == alpha.dtype else lin.emit(_splat(alpha, a.dtype.count))
         lin.push(UOp(Ops.ACCUMULATE, a.dtype, (a, scale), Ops.MUL))
-        lin.push(UOp(Ops.ACCUMULATE, a.dtype, (a, c), Ops.ADD))
+        lin.push(UOp(Ops.ACCUMULATE, a.dtype, (a, c_l), Ops.ADD))
     if jb is not None:
         lin.close_range()
     lin.scopes[-1][ph("l", lacc.dtype)] = read(lacc, "l")
