@@ -300,7 +300,7 @@ def lower_attention(item: Any, device: Any, name: str) -> Any:
     from tgc.codegen.index import narrow_index
     from tgc.codegen.legalize import legalize
     from tgc.codegen.opt import MIN_WORK_PER_THREAD, launch_limits, map_to_grid, split_threads
-    from tgc.codegen.pipeline import Lowered, drop_unused_buffers, render_kernel
+    from tgc.codegen.pipeline import Lowered, _debug, drop_unused_buffers, render_kernel, uops_text
     from tgc.codegen.spec import verify_spec
     from tgc.codegen.transcendental import decompose_transcendentals
     from tgc.env import env_flag
@@ -337,6 +337,10 @@ def lower_attention(item: Any, device: Any, name: str) -> Any:
     ast, bufs = drop_unused_buffers(ast, bufs)
     ast = narrow_index(ast)
     uops = _linearize(ast, jb.arg, sp.dv // w, hoist=by_rows is not None, norder=norder)
+    if _debug() >= 6:  # the pipeline's passes do not run here: show what this lowering made
+        import sys
+        print(f"--- {name}: fused attention (tgc/codegen/attention.py), linear UOps\n{uops_text(uops)}",
+              file=sys.stderr)
     if verify.enabled():
         verify_spec(name, uops)
         verify.verify_kernel(name, uops, bufs, launch)
