@@ -169,19 +169,22 @@ import numpy as np
 import tgc
 from test_attention_fused import SRC, CAUSAL, inputs, reference
 out = []
-for masked in (False, True):
+for masked, t in ((False, 21), (True, 21), (False, 70), (True, 70)):
     p = tgc.loads(SRC.format(t="f32", mask=CAUSAL if masked else "",
                              x="where(causal, scores, -1e30)" if masked else "scores"))
-    q, k, v = inputs(2, 21, 8, 5)
-    names = [kk.name for kk in p.compile("CUDA", dims={"B": 2, "T": 21, "D": 8, "E": 5})]
+    q, k, v = inputs(2, t, 8, 5)
+    kernels = p.compile("CUDA", dims={"B": 2, "T": t, "D": 8, "E": 5})
+    names = [kk.name for kk in kernels]
+    shared = sum(kk.src.count("__shared__") for kk in kernels)
     got = p.run("CUDA", q=q, k=k, v=v)[p.output_names[0]]
-    out.append([masked, names, float(np.abs(got - reference(q, k, v, masked)).max())])
+    out.append([masked, names, shared, float(np.abs(got - reference(q, k, v, masked)).max())])
 print(json.dumps(out))
 '''
 
 
 def test_fused_attention_runs_on_cuda_through_the_cpu_stand_in():
-    """The CUDA kernel (one thread per query row) compiled by NVRTC and run by the stand-in's host build."""
+    """The CUDA kernel (one thread per query row, a work-group's rows sharing each block of k and v through shared
+    memory) compiled by NVRTC and run by the stand-in's host build: one and two row tiles, ragged blocks."""
     import json
     import os
     import subprocess
@@ -197,6 +200,9 @@ def test_fused_attention_runs_on_cuda_through_the_cpu_stand_in():
     r = subprocess.run([sys.executable, "-c", "import cuda_standin; cuda_standin.install()\n" + CUDA_RUN], env=env,
                        cwd=root, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-4000:]
-    for masked, names, err in json.loads(r.stdout.strip().splitlines()[-1]):
+    rows = json.loads(r.stdout.strip().splitlines()[-1])
+    assert len(rows) == 4
+    for masked, names, shared, err in rows:
         assert len(names) == 1 and names[0].startswith("attn_"), names
+        assert shared == 2, shared  # k and v blocks staged in shared memory
         assert err < 2e-5, (masked, err)

@@ -12,7 +12,8 @@ index. This module writes its linear UOps directly, for every device:
         l = l * alpha + sum_j p_j; o[c] = o[c] * alpha + sum_j p_j v[j, c]
       out[i, c] = o[c] / l
 
-That is the per-row form (`build`: PYTHON, the GPU dialects one thread per row, and half inputs on the CPU;
+That is the per-row form (`build`: PYTHON, the GPU dialects one thread per row with each block of k and v
+staged in shared memory by the work-group (`_stage_shared`), and half inputs on the CPU;
 with vectors, inner products 16 lanes of the head dimension at a time). On devices with vectors (the CPU)
 `build_rows` makes 16 query rows the lanes of every value instead: no horizontal sums, q gathered once per
 tile of rows, each k and v element broadcast, the block's exps one vector polynomial per key.
@@ -34,6 +35,7 @@ from tgc.ir.symbolic import simplify
 from tgc.ir.uop import Ops, RangeKind, UOp, substitute
 
 BLOCK = 16  # keys per block: scores held in registers at once
+SHARED_ROWS = 64  # GPU: query rows per work-group sharing each block's keys and values in shared memory
 _LOG2E = 1 / math.log(2)
 _FLOOR = -200.0  # exp2 arguments are clamped here: exp2(-200) is 0 in f32, and -inf - -inf never reaches exp2
 
@@ -108,7 +110,68 @@ def _widen(u: UOp, z: UOp, zv: UOp, w: int) -> UOp:
     return memo.get(u, _splat(u, w))
 
 
-def build(sp: Any, block: int = BLOCK, width: int = 1, decompose: bool = False) -> tuple[UOp, UOp, int]:
+def _stage_shared(sp: Any, jb: UOp, bk: int, group: int, next_id: int) -> tuple:
+    """GPU work-groups of `group` query rows share each block's keys and values through shared memory: every
+    load of X or v that varies with the key but not with the query row is staged, per block, into a
+    DEFINE_LOCAL by all threads of the group (STOREs, then one BARRIER), and read from there. Returns X, v and
+    the query row with those loads replaced, the in-block key placeholder and the staging STOREs (in order)."""
+    ri = sp.loops[-1]
+    tq = ri.src[0].arg
+    tile = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, -(-tq // group)),), ri.arg)
+    lane = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, group),), (next_id + 1, RangeKind.LOCAL))
+    rows = simplify(tile * UOp.const(INDEX, group) + lane)
+    # rows past the end compute the last row again (and store its value again): every thread reaches the barriers
+    rows_c = simplify((rows < UOp.const(INDEX, tq)).where(rows, UOp.const(INDEX, tq - 1))) if tq % group else rows
+    rjl = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, bk),), (next_id + 2, RangeKind.REDUCE))
+    outer = set(sp.loops)
+    stores: list[UOp] = []
+    mapping: dict[UOp, UOp] = {}
+    for ld in [u for e in (sp.x, sp.v) for u in e.toposort() if u.op is Ops.LOAD]:
+        if ld in mapping:
+            continue
+        rs = {u for u in ld.src[1].toposort() if u.op is Ops.RANGE}
+        if sp.rj not in rs or ri in rs:
+            continue
+        inner = sorted((r for r in rs if r is not sp.rj and r not in outer), key=lambda r: r.arg[0])
+        if any(r.src[0].op is not Ops.CONST for r in inner):
+            continue
+        sizes = [r.src[0].arg for r in inner]
+        per_key = 1
+        for n in sizes:
+            per_key *= n
+        n = bk * per_key
+        local = UOp(Ops.DEFINE_LOCAL, ld.dtype.as_ptr(), (), (f"kv{len(mapping)}", n))
+        for e in range(-(-n // group)):
+            flat = simplify(UOp.const(INDEX, e * group) + lane)
+            if (e + 1) * group > n:
+                flat = simplify((flat < UOp.const(INDEX, n)).where(flat, UOp.const(INDEX, n - 1)))
+            sub = {sp.rj: None}
+            rest = flat
+            for r, size in zip(reversed(inner), reversed(sizes)):
+                sub[r] = simplify(rest % UOp.const(INDEX, size))
+                rest = simplify(rest // UOp.const(INDEX, size))
+            j = simplify(jb * UOp.const(INDEX, bk) + rest)
+            if sp.tk % bk:
+                j = simplify((j < UOp.const(INDEX, sp.tk)).where(j, UOp.const(INDEX, sp.tk - 1)))
+            sub[sp.rj] = j
+            stores.append(UOp(Ops.STORE, None, (local, flat, simplify(substitute(ld, sub)))))
+        idx = rjl * UOp.const(INDEX, per_key)
+        stride = per_key
+        for r, size in zip(inner, sizes):
+            stride //= size
+            idx = idx + r * UOp.const(INDEX, stride)
+        mapping[ld] = (local, simplify(idx))
+    if not stores:
+        return None
+    barrier = UOp(Ops.BARRIER, None, (stores[-1],))
+    loads = {ld: UOp(Ops.LOAD, ld.dtype, (local, idx, barrier)) for ld, (local, idx) in mapping.items()}
+    x = substitute(sp.x, {**loads, ri: rows_c})
+    v = substitute(sp.v, loads)
+    return x, v, ri, rows_c, rjl, stores
+
+
+def build(sp: Any, block: int = BLOCK, width: int = 1, decompose: bool = False,
+          group: int = 0) -> tuple[UOp, UOp, int, int]:
     """The kernel as one SINK of its values (AST level, before the pipeline's rewrites) and the key-block range:
     sources are [block max, alpha, sum of p, each column group's sum of p*v, then the stores]. `width` > 1
     (devices with vectors) computes inner products and output columns that many lanes at a time. Returns the
@@ -119,17 +182,23 @@ def build(sp: Any, block: int = BLOCK, width: int = 1, decompose: bool = False) 
     nblocks = -(-sp.tk // bk)
     jb = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, nblocks),), (next_id, RangeKind.REDUCE))
     x = _vector_scores(sp.x, width, next_id + 1) if width > 1 else sp.x
+    v_src, staged = sp.v, None
+    if group and sp.loops and sp.loops[-1].op is Ops.RANGE and sp.loops[-1].arg[1] is RangeKind.LOOP:
+        staged = _stage_shared(sp, jb, bk, min(group, sp.loops[-1].src[0].arg), next_id + 3)
+    if staged is not None:
+        x, v_src, ri, rows_c, rjl, stage_stores = staged
     ragged = sp.tk % bk != 0
     scores, keys = [], []
     for jj in range(bk):
         j = simplify(jb * UOp.const(INDEX, bk) + UOp.const(INDEX, jj)) if nblocks > 1 else UOp.const(INDEX, jj)
         last = UOp.const(INDEX, sp.tk - 1)
         jc = simplify((j < UOp.const(INDEX, sp.tk)).where(j, last)) if ragged else j
-        s = _f32(simplify(substitute(x, {sp.rj: jc})))
+        key_sub = {sp.rj: jc, rjl: UOp.const(INDEX, jj)} if staged is not None else {sp.rj: jc}
+        s = _f32(simplify(substitute(x, key_sub)))
         if ragged:
             s = UOp(Ops.WHERE, dtypes.f32, (j < UOp.const(INDEX, sp.tk), s, _c(-math.inf)))
         scores.append(s)
-        keys.append(jc)
+        keys.append(key_sub)
     bm = scores[0]
     for s in scores[1:]:
         bm = UOp(Ops.MAX, dtypes.f32, (bm, s))
@@ -151,7 +220,7 @@ def build(sp: Any, block: int = BLOCK, width: int = 1, decompose: bool = False) 
         lsum = ps[0]
         for p in ps[1:]:
             lsum = lsum + p
-    w = width if width > 1 and sp.dv % width == 0 and sp.dtype == dtypes.f32 else 1
+    w = width if width > 1 and sp.dv % width == 0 and sp.dtype == dtypes.f32 and staged is None else 1
     vw = _lanes(sp.v, sp.rdv, w, next_id + 2) if w > 1 else None
     if vw is None:
         w = 1
@@ -161,20 +230,24 @@ def build(sp: Any, block: int = BLOCK, width: int = 1, decompose: bool = False) 
             outer = next(u for u in vw.toposort() if u.op is Ops.RANGE and u.arg == sp.rdv.arg)
             vc = substitute(vw, {outer: UOp.const(INDEX, c)})
         else:
-            vc = substitute(sp.v, {sp.rdv: UOp.const(INDEX, c)})
+            vc = substitute(v_src, {sp.rdv: UOp.const(INDEX, c)})
         acc = None
-        for p, jc in zip(ps, keys):
-            term = _splat(p, w) * _f32(simplify(substitute(vc, {sp.rj: jc}))) if w == 1 else \
-                _splat(p, w) * simplify(substitute(vc, {sp.rj: jc}))
+        for p, key_sub in zip(ps, keys):
+            term = _splat(p, w) * _f32(simplify(substitute(vc, key_sub))) if w == 1 else \
+                _splat(p, w) * simplify(substitute(vc, key_sub))
             acc = term if acc is None else acc + term
         cols.append(acc)
         o = UOp(Ops.READ_ACC, dtypes.f32.vec(w), (), ("attn", f"o{c}"))
         value = UOp(Ops.FDIV, dtypes.f32.vec(w), (o, _splat(_ph("l"), w)))
         if sp.dtype != dtypes.f32:
             value = UOp(Ops.CAST, sp.dtype, (value,))
-        idx = simplify(substitute(sp.out_index, {sp.rdv: UOp.const(INDEX, c * w)}))
+        out_sub = {sp.rdv: UOp.const(INDEX, c * w)}
+        if staged is not None:
+            out_sub[ri] = rows_c
+        idx = simplify(substitute(sp.out_index, out_sub))
         stores.append(UOp(Ops.STORE, None, (sp.out, idx, value)))
-    return UOp(Ops.SINK, None, (bm, alpha, lsum, *cols, *stores)), jb, w
+    order = stage_stores if staged is not None else []
+    return UOp(Ops.SINK, None, (bm, alpha, lsum, *cols, *stores, *order)), jb, w, len(order)
 
 
 ROW_LANES = 16  # query rows per vector on devices with vectors (`build_rows`)
@@ -312,7 +385,9 @@ def lower_attention(item: Any, device: Any, name: str) -> Any:
     if by_rows is not None:
         (ast, jb, norder), w = by_rows, 1
     else:
-        ast, jb, w = build(sp, width=16 if vectors else 1, decompose=device.caps.decompose_transcendentals)
+        group = min(SHARED_ROWS, launch_limits(device).threads) if device.caps.gpu and not env_flag("NOOPT") else 0
+        ast, jb, w, norder = build(sp, width=16 if vectors else 1, decompose=device.caps.decompose_transcendentals,
+                                   group=group)
     ast = legalize(ast)
     if device.caps.decompose_transcendentals:
         ast = decompose_transcendentals(ast)
@@ -336,7 +411,8 @@ def lower_attention(item: Any, device: Any, name: str) -> Any:
     bufs = list(item.bufs)
     ast, bufs = drop_unused_buffers(ast, bufs)
     ast = narrow_index(ast)
-    uops = _linearize(ast, jb.arg, sp.dv // w, hoist=by_rows is not None, norder=norder)
+    uops = _linearize(ast, jb.arg, sp.dv // w, hoist=by_rows is not None, norder=norder,
+                      barrier=device.caps.gpu and norder > 0)
     if _debug() >= 6:  # the pipeline's passes do not run here: show what this lowering made
         import sys
         print(f"--- {name}: fused attention (tgc/codegen/attention.py), linear UOps\n{uops_text(uops)}",
@@ -348,7 +424,8 @@ def lower_attention(item: Any, device: Any, name: str) -> Any:
     return Lowered(name, ast, uops, src, bufs, launch, [])
 
 
-def _linearize(ast: UOp, jb_arg: Any, ncols: int, hoist: bool = False, norder: int = 0) -> list[UOp]:
+def _linearize(ast: UOp, jb_arg: Any, ncols: int, hoist: bool = False, norder: int = 0,
+               barrier: bool = False) -> list[UOp]:
     """The linear UOps: outer loops, the accumulators, the key-block loop with the online update, the stores.
     `hoist` computes the loads (and gathers) that do not depend on the key block before its loop; the last
     `norder` sources of `ast` are emitted first inside it, in that order (the inner products term by term,
@@ -369,6 +446,8 @@ def _linearize(ast: UOp, jb_arg: Any, ncols: int, hoist: bool = False, norder: i
         lin.scopes[0][g] = lin.push(g)
     for v in sorted((u for u in nodes if u.op is Ops.DEFINE_VAR), key=lambda u: str(u.arg)):
         lin.scopes[0][v] = lin.push(v)
+    for loc in (u for u in nodes if u.op is Ops.DEFINE_LOCAL):  # shared memory is declared at the top
+        lin.scopes[0][loc] = lin.push(loc)
     for s in (u for u in nodes if u.op is Ops.SPECIAL):
         lin.scopes[0][s] = lin.push(s)
     jb = next((u for u in nodes if u.op is Ops.RANGE and u.arg == jb_arg), None)  # None: a single block
@@ -412,7 +491,9 @@ def _linearize(ast: UOp, jb_arg: Any, ncols: int, hoist: bool = False, norder: i
         c_l = lin.emit(c)
         scale = alpha_l if a.dtype == alpha.dtype else lin.emit(_splat(alpha, a.dtype.count))
         lin.push(UOp(Ops.ACCUMULATE, a.dtype, (a, scale), Ops.MUL))
-        lin.push(UOp(Ops.ACCUMULATE, a.dtype, (a, c_l), Ops.ADD))
+        last = lin.push(UOp(Ops.ACCUMULATE, a.dtype, (a, c_l), Ops.ADD))
+    if barrier and jb is not None:  # the next block's staging must not overwrite what slower threads still read
+        lin.push(UOp(Ops.BARRIER, None, (last,)))
     if jb is not None:
         lin.close_range()
     lin.scopes[-1][ph("l", lacc.dtype)] = read(lacc, "l")
