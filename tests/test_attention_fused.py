@@ -178,6 +178,14 @@ for masked, t in ((False, 21), (True, 21), (False, 70), (True, 70)):
     shared = sum(kk.src.count("__shared__") for kk in kernels)
     got = p.run("CUDA", q=q, k=k, v=v)[p.output_names[0]]
     out.append([masked, names, shared, float(np.abs(got - reference(q, k, v, masked)).max())])
+blk = tgc.load("kernels/transformer_block.tg")
+dims = {"B": 2, "T": 21, "C": 16, "C3": 48, "C4": 64}
+rng = np.random.default_rng(1)
+ins = {d.name: (rng.standard_normal([dims[s] if isinstance(s, str) else s for s in d.shape]) * 0.3)
+       .astype(np.float32) for d in blk.inputs}
+got, want = blk.run("CUDA", dims=dims, **ins), blk.reference(dims=dims, **ins)
+names = [kk.name for kk in blk.compile("CUDA", dims=dims)]
+out.append(["block", names, 2, max(float(np.abs(got[n] - want[n]).max()) for n in got)])
 print(json.dumps(out))
 '''
 
@@ -201,8 +209,10 @@ def test_fused_attention_runs_on_cuda_through_the_cpu_stand_in():
                        cwd=root, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-4000:]
     rows = json.loads(r.stdout.strip().splitlines()[-1])
-    assert len(rows) == 4
-    for masked, names, shared, err in rows:
+    assert len(rows) == 5
+    for masked, names, shared, err in rows[:4]:
         assert len(names) == 1 and names[0].startswith("attn_"), names
         assert shared == 2, shared  # k and v blocks staged in shared memory
         assert err < 2e-5, (masked, err)
+    _, names, _, err = rows[4]  # the transformer block, its causal attention one fused kernel
+    assert sum(n.startswith("attn_") for n in names) == 1 and err < 1e-4, (names, err)
