@@ -129,6 +129,23 @@ def test_softmax_over_another_axis_is_not_fused():
     assert not any(n.startswith("attn_") for n in names) and len(names) > 1
 
 
+@pytest.mark.parametrize("src", [
+    SRC.format(t="f32", mask="", x="scores").replace("softmax(", "log_softmax("),  # not a softmax
+    SRC.format(t="f32", mask="", x="scores").replace("return weights @ v", "return weights"),  # no matmul after
+    SRC.format(t="f32", mask="", x="scores").replace("return weights @ v", "return weights.transpose(-2, -1) @ v"),
+])
+def test_other_chains_keep_the_ordinary_schedule(src):
+    items = tgc.loads(src).schedule({"B": 1, "T": 8, "D": 4, "E": 4})
+    assert not any("attention" in it.meta for it in items)
+
+
+def test_a_head_dimension_past_the_register_limit_is_not_fused():
+    from tgc.engine.attention import MAX_HEAD_DIM
+    p = program(False)
+    assert "attention" in p.schedule({"B": 1, "T": 8, "D": 4, "E": MAX_HEAD_DIM})[-1].meta
+    assert not any("attention" in it.meta for it in p.schedule({"B": 1, "T": 8, "D": 4, "E": MAX_HEAD_DIM + 1}))
+
+
 def test_the_plain_ast_of_the_fused_kernel_is_kept_as_its_reference():
     """`--emit schedule` shows the chain's plain lowering (max and sum as nested reductions) for the kernel."""
     from tgc.ir.uop import Ops

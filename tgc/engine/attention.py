@@ -119,6 +119,8 @@ def match(p: UOp) -> Match | None:
     pshape = shape_of(p)
     if x is None or shape_of(x) != pshape[:-2] + (shape_of(x)[-1],) or shape_of(wb.src[0]) != shape_of(w) + (1,):
         return None
+    if not all(isinstance(n, int) for n in pshape + shape_of(x)):  # symbolic sizes: not fused (yet)
+        return None
     if pshape[-1] > MAX_HEAD_DIM or shape_of(x)[-1] < 1:
         return None
     inline: set[UOp] = set()
