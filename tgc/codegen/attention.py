@@ -369,12 +369,10 @@ def build_rows(sp: Any, decompose: bool, w: int = ROW_LANES, block: int | None =
 
 def lower_attention(item: Any, device: Any, name: str) -> Any:
     """The fused attention kernel of `item` lowered for `device` (a `tgc.codegen.pipeline.Lowered`)."""
-    from tgc.codegen import verify
     from tgc.codegen.index import narrow_index
     from tgc.codegen.legalize import legalize
     from tgc.codegen.opt import MIN_WORK_PER_THREAD, launch_limits, map_to_grid, split_threads
-    from tgc.codegen.pipeline import Lowered, _debug, drop_unused_buffers, render_kernel, uops_text
-    from tgc.codegen.spec import verify_spec
+    from tgc.codegen.pipeline import _debug, drop_unused_buffers, finish, uops_text
     from tgc.codegen.transcendental import decompose_transcendentals
     from tgc.env import env_flag
 
@@ -417,11 +415,7 @@ def lower_attention(item: Any, device: Any, name: str) -> Any:
         import sys
         print(f"--- {name}: fused attention (tgc/codegen/attention.py), linear UOps\n{uops_text(uops)}",
               file=sys.stderr)
-    if verify.enabled():
-        verify_spec(name, uops)
-        verify.verify_kernel(name, uops, bufs, launch)
-    src = render_kernel(device, name, uops, bufs, launch)
-    return Lowered(name, ast, uops, src, bufs, launch, [])
+    return finish(device, name, ast, uops, bufs, launch)
 
 
 def _linearize(ast: UOp, jb_arg: Any, ncols: int, hoist: bool = False, norder: int = 0,

@@ -214,9 +214,7 @@ def lower(ast: UOp, device: Any, bufs: list[UOp], name: str, opts: list | None =
     """Kernel AST (as scheduled, or already prepared) -> linear UOps and source for `device`. `opts` replays a
     list of opts (BEAM's); None runs the hand-coded heuristic (nothing with NOOPT). `trace`, when a list, gets
     (pass name, text after the pass) for every pass that ran."""
-    from tgc.codegen import verify
     from tgc.codegen.linearize import linearize
-    from tgc.codegen.spec import verify_spec
     ctx = LowerCtx(device, name, list(bufs), opts=None if opts is None else list(opts), trace=trace)
     if trace is not None or _debug() >= 6:
         ast = run_passes(ast, ctx, PREPARE)
@@ -227,11 +225,21 @@ def lower(ast: UOp, device: Any, bufs: list[UOp], name: str, opts: list | None =
     uops = linearize(ast)
     if ctx.trace is not None or _debug() >= 6:
         _show(ctx, "linearize", uops_text(uops))
+    return finish(device, name, optimized, uops, ctx.bufs, ctx.launch, list(ctx.applied))
+
+
+def finish(device: Any, name: str, ast: UOp, uops: list[UOp], bufs: list[UOp], launch: dict,
+           applied: list | None = None) -> Lowered:
+    """Linear UOps -> a `Lowered` kernel: the spec and bounds verifiers (`TGC_VERIFY_BOUNDS=1`), then the
+    renderer's source with its launch contract. The end of `lower`, and of the kernels written as linear UOps
+    directly (the fused attention, `tgc.codegen.attention`)."""
+    from tgc.codegen import verify
+    from tgc.codegen.spec import verify_spec
     if verify.enabled():
         verify_spec(name, uops)
-        verify.verify_kernel(name, uops, ctx.bufs, ctx.launch)
-    src = render_kernel(device, name, uops, ctx.bufs, ctx.launch)
-    return Lowered(name, optimized, uops, src, ctx.bufs, ctx.launch, list(ctx.applied))
+        verify.verify_kernel(name, uops, bufs, launch)
+    src = render_kernel(device, name, uops, bufs, launch)
+    return Lowered(name, ast, uops, src, bufs, launch, list(applied or []))
 
 
 def passes_text(ast: UOp, device: Any, bufs: list[UOp], name: str = "kernel", opts: list | None = None) -> str:
@@ -285,4 +293,4 @@ def drop_unused_buffers(ast: UOp, bufs: list[UOp]) -> tuple[UOp, list[UOp]]:
     return substitute(ast, mapping), [bufs[i] for i in used]
 
 
-__all__ = ["PASSES", "Lowered", "Pass", "fuses_rows", "lower", "passes_text", "prepare", "uops_text"]
+__all__ = ["PASSES", "Lowered", "Pass", "finish", "fuses_rows", "lower", "passes_text", "prepare", "uops_text"]
