@@ -279,6 +279,10 @@ def make_plan(code: list[Instr], budget: int | None = None, sequential: bool = F
         else:
             deps.append(frozenset().union(*(deps[s] for s in ins.src)) if ins.src else frozenset())
     stepped = set().union(*(deps[code[r].src[0]] for r in children)) if children else set()
+    # a loop that reads an accumulator defined outside it (an online softmax's running max) carries a value from
+    # one iteration to the next: it runs one index at a time
+    stepped |= {r for i, ins in enumerate(code) if ins.op is Ops.READ_ACC
+                for r in parent if ins.src[0] < r < i < end_of[r]}
 
     block: dict[int, int] = {}
 

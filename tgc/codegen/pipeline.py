@@ -44,6 +44,7 @@ from tgc.codegen.opt import apply_opts, launch_limits, lower_groups, map_to_grid
 from tgc.codegen.spec import verify_spec
 from tgc.codegen.transcendental import decompose_transcendentals
 from tgc.env import debug_level
+from tgc.errors import CompileError
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.uop import Ops, UOp, format_uops, pretty, substitute
 
@@ -225,18 +226,26 @@ def lower(ast: UOp, device: Any, bufs: list[UOp], name: str, opts: list | None =
     check_parameters(name, uops, ctx.bufs)
     if ctx.trace is not None or debug_level() >= 6:
         _show(ctx, "linearize", uops_text(uops))
+    return finish(device, name, optimized, uops, ctx.bufs, ctx.launch, list(ctx.applied), ast_bufs)
+
+
+def finish(device: Any, name: str, ast: UOp, uops: list[UOp], bufs: list[UOp], launch: dict,
+           applied: list | None = None, ast_bufs: list[UOp] | None = None) -> Lowered:
+    """Linear UOps -> a `Lowered` kernel: the spec and bounds verifiers (`TGC_VERIFY_BOUNDS=1`), then the
+    renderer's source with its launch contract. The end of `lower`, and of the kernels written as linear UOps
+    directly (the fused attention, `tgc.codegen.attention`)."""
     if verify.enabled():
         verify_spec(name, uops)
-        verify.verify_kernel(name, uops, ctx.bufs, ctx.launch)
-    src = render_kernel(device, name, uops, ctx.bufs, ctx.launch)
-    return Lowered(name, optimized, uops, src, ctx.bufs, ctx.launch, list(ctx.applied), ast_bufs)
+        verify.verify_kernel(name, uops, bufs, launch)
+    src = render_kernel(device, name, uops, bufs, launch)
+    return Lowered(name, ast, uops, src, bufs, launch, list(applied or []),
+                   list(bufs) if ast_bufs is None else ast_bufs)
 
 
 def check_parameters(name: str, uops: list[UOp], bufs: list[UOp]) -> None:
     """Renderers make DEFINE_GLOBAL i the i-th parameter and a launch passes `bufs` in order, so the kernel's
     DEFINE_GLOBALs must be exactly 0 .. len(bufs)-1. A gap (a buffer whose loads folded away after it was
     renumbered) would shift every later buffer by one parameter: a wrong answer, not an error."""
-    from tgc.errors import CompileError
     args = sorted(u.arg for u in uops if u.op is Ops.DEFINE_GLOBAL)
     if args != list(range(len(bufs))):
         raise CompileError(f"kernel {name}: parameters {args} do not match its {len(bufs)} buffers (a tgc bug)")
@@ -290,4 +299,4 @@ def drop_unused_buffers(ast: UOp, bufs: list[UOp]) -> tuple[UOp, list[UOp]]:
     return substitute(ast, mapping), [bufs[i] for i in used]
 
 
-__all__ = ["PASSES", "Lowered", "Pass", "heuristic_opts", "lower", "passes_text", "prepare", "uops_text"]
+__all__ = ["PASSES", "Lowered", "Pass", "finish", "heuristic_opts", "lower", "passes_text", "prepare", "uops_text"]

@@ -313,7 +313,7 @@ def beam_items(items: list[ScheduleItem], dev: Any, width: int = 4, progress: Ca
 
     if dev.compiler is None:
         raise CompileError(dev.compile_error or f"cannot compile for {dev.kind} here, so it cannot be tuned here")
-    items = [it for it in items if it.ast.src]
+    items = [it for it in items if it.ast.src and "attention" not in it.meta]  # fused attention: no opts
     rows = []
     pool = make_pool(dev)
     start = time.perf_counter()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from tgc.capabilities import Capabilities
 from tgc.dtype import DType, dtypes
+from tgc.engine import attention
 from tgc.errors import TgcError
 from tgc.ir.kernel import INDEX, ScheduleItem, flat_index, identity
 from tgc.ir.shapes import prod, shape_of, strides_for
@@ -77,12 +78,17 @@ def _row_axes(e: UOp) -> tuple[int, ...] | None:
     return tuple(range(axes[0], len(src)))
 
 
-def find_realized(outputs: list[UOp], fuse_rows: bool = False) -> list[UOp]:
+def find_realized(outputs: list[UOp], fuse_rows: bool = False,
+                  fused: dict[UOp, attention.Match] | None = None) -> list[UOp]:
     """Kernel roots in dependency order (each after the roots it reads).
 
     With `fuse_rows` (CPU-style devices, where a kernel's outer loops run in order), a per-row reduction
     that is broadcast back along its own row stays in the consumer's kernel: the linearizer computes it
-    once per row before the row's inner loop (softmax and layernorm become one kernel)."""
+    once per row before the row's inner loop (softmax and layernorm become one kernel).
+
+    `fused` (attention.find) marks the `softmax(X) @ v` chains computed by one fused kernel: the walk reads
+    their operands (q, k, v, a mask) instead of the chain, each as a value read many times."""
+    fused = fused or {}
     realized: set[UOp] = set(o for o in outputs)
     realized |= {n for o in outputs for n in o.toposort() if n.op is Ops.CONTIGUOUS}
     changed = True
@@ -112,6 +118,13 @@ def find_realized(outputs: list[UOp], fuse_rows: bool = False) -> list[UOp]:
                         and _costs_at_least(node, realized, -(-RECOMPUTE_LIMIT // (rep - 1)))):
                     realized.add(node)
                     changed = True
+                    continue
+                if node in fused:  # one fused kernel (of its own): its operands are read many times each
+                    if node is not root and attention.output_of(root, fused) is not node:
+                        realized.add(node)
+                        changed = True
+                        continue
+                    stack.extend((child, "general", rep) for child in fused[node].operands)
                     continue
                 for child in node.src:
                     child_state = _child_state(node, child, state, fuse_rows)
@@ -443,7 +456,8 @@ def create_schedule(outputs: list[UOp], caps: Capabilities | None = None) -> lis
 
 
 def _schedule(outputs: list[UOp], fuse_rows: bool) -> list[ScheduleItem]:
-    roots = find_realized(outputs, fuse_rows)
+    fused = attention.find(outputs)
+    roots = find_realized(outputs, fuse_rows, fused)
     realized = set(roots)
     items: list[ScheduleItem] = []
     done: dict[UOp, ScheduleItem] = {}
@@ -456,6 +470,11 @@ def _schedule(outputs: list[UOp], fuse_rows: bool) -> list[ScheduleItem]:
             low = _Lowerer(root, realized)
             ast = low.build()
             item = ScheduleItem(ast, low.bufs, name=kernel_name(ast))
+            p = attention.output_of(root, fused)
+            if p is not None:  # lowered as one online-softmax kernel (tgc.codegen.attention); `ast` is its reference
+                item.meta["attention"] = attention.spec(low, root, fused[p])
+                item.bufs = low.bufs
+                item.name = "attn_" + item.name
         done[root] = item
         items.append(item)
     return items

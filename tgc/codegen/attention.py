@@ -1,0 +1,499 @@
+"""Attention fusion, codegen side: one kernel computing `softmax(X) @ v` as an online softmax.
+
+The scheduler (`tgc.engine.attention`) hands a kernel whose `meta["attention"]` holds the score X at
+(query row, key j) (its inner products as REDUCEs over the head dimension), v at (j, column) and the output
+index. This module writes its linear UOps directly, for every device:
+
+    for each batch index and query row i (CPU: rows split across threads; GPU: one thread per row)
+      m = -inf; l = 0; o[0..Dv) = 0                 accumulators (DEFINE_ACC)
+      for each block of BLOCK keys j0..j0+BLOCK
+        s_j = X(i, j)  (j past the end: -inf)       BLOCK inner products sharing one loop over the head dim
+        m' = max(m, max_j s_j); alpha = exp(m - m'); p_j = exp(s_j - m')
+        l = l * alpha + sum_j p_j; o[c] = o[c] * alpha + sum_j p_j v[j, c]
+      out[i, c] = o[c] / l
+
+That is the per-row form (`build`: PYTHON, the GPU dialects one thread per row with each block of k and v
+staged in shared memory by the work-group (`_stage_shared`), and half inputs on the CPU;
+with vectors, inner products 16 lanes of the head dimension at a time). On devices with vectors (the CPU)
+`build_rows` makes 16 query rows the lanes of every value instead: no horizontal sums, q gathered once per
+tile of rows, each k and v element broadcast, the block's exps one vector polynomial per key.
+
+The scores live in registers for one block and are never stored; the accumulators are updated with
+ACCUMULATE MUL then ADD (no new op: every renderer and the PYTHON device run it; the PYTHON device steps a
+loop that reads an accumulator it updates one index at a time). Keys past the end of the last block read the
+last key (clamped index) and get weight 0, so no load leaves its buffer.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from tgc.codegen.expand import _Vectorizer
+from tgc.codegen.index import narrow_index
+from tgc.codegen.legalize import HALF, legalize
+from tgc.codegen.linearize import _Linearizer
+from tgc.codegen.opt import MIN_WORK_PER_THREAD, launch_limits, map_to_grid, split_threads
+from tgc.codegen.pipeline import drop_unused_buffers, finish, uops_text
+from tgc.codegen.transcendental import decompose_transcendentals
+from tgc.dtype import dtypes
+from tgc.env import debug_level, env_flag
+from tgc.ir.kernel import INDEX
+from tgc.ir.symbolic import simplify
+from tgc.ir.uop import Ops, RangeKind, UOp, substitute
+
+BLOCK = 16  # keys per block: scores held in registers at once
+SHARED_ROWS = 64  # GPU: query rows per work-group sharing each block's keys and values in shared memory
+_LOG2E = 1 / math.log(2)
+_FLOOR = -200.0  # exp2 arguments are clamped here: exp2(-200) is 0 in f32, and -inf - -inf never reaches exp2
+
+
+def _ph(name: str, w: int = 1) -> UOp:
+    """A placeholder for an accumulator's value, bound to a READ_ACC while linearizing."""
+    return UOp(Ops.READ_ACC, dtypes.f32.vec(w), (), ("attn", name))
+
+
+def _f32(u: UOp) -> UOp:
+    return u if u.dtype == dtypes.f32 else UOp(Ops.CAST, dtypes.f32, (u,))
+
+
+def _c(v: float) -> UOp:
+    return UOp.const(dtypes.f32, v)
+
+
+def _exp(x: UOp) -> UOp:
+    return UOp(Ops.EXP2, dtypes.f32, (UOp(Ops.MAX, dtypes.f32, (x * _c(_LOG2E), _c(_FLOOR))),))
+
+
+def _splat(u: UOp, w: int) -> UOp:
+    return u if w == 1 else UOp(Ops.VECTORIZE, u.dtype.vec(w), (u,) * w)
+
+
+def _hsum(v: UOp) -> UOp:
+    """The sum of a vector's lanes, as a balanced tree."""
+    lanes = [UOp(Ops.GEP, v.dtype.scalar(), (v,), i) for i in range(v.dtype.count)]
+    while len(lanes) > 1:
+        lanes = [lanes[i] + lanes[i + 1] if i + 1 < len(lanes) else lanes[i] for i in range(0, len(lanes), 2)]
+    return lanes[0]
+
+
+def _lanes(u: UOp, r: UOp, w: int, lane_id: int) -> UOp | None:
+    """`u` with range `r` split as r = r' * w + lane and the lane made vector lanes (contiguous loads become
+    vector loads, the `tgc.codegen.expand` vectorizer), or None where `u` does not vary with the lane."""
+    lane = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, w),), (lane_id, RangeKind.UPCAST))
+    outer = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, r.src[0].arg // w),), r.arg)
+    inner = simplify(substitute(u, {r: outer * UOp.const(INDEX, w) + lane}))
+    vz = _Vectorizer(lane)
+    vz.analyze(inner)
+    out = vz.vec(inner)
+    return out if out.dtype is not None and out.dtype.count == w else None
+
+
+def _vector_scores(x: UOp, w: int, lane_id: int) -> UOp:
+    """x with each f32 inner product over a multiple of `w` computed `w` lanes at a time (then summed)."""
+    mapping = {}
+    for red in (u for u in x.toposort() if u.op is Ops.REDUCE):
+        if (red.arg is not Ops.ADD or red.dtype != dtypes.f32 or len(red.src) != 2
+                or red.src[1].src[0].op is not Ops.CONST or red.src[1].src[0].arg % w):
+            continue
+        vin = _lanes(red.src[0], red.src[1], w, lane_id)
+        if vin is not None:
+            outer = vin.toposort()
+            r = next(u for u in outer if u.op is Ops.RANGE and u.arg == red.src[1].arg)
+            mapping[red] = _hsum(UOp(Ops.REDUCE, vin.dtype, (vin, r), Ops.ADD))
+    return substitute(x, mapping) if mapping else x
+
+
+def _widen(u: UOp, z: UOp, zv: UOp, w: int) -> UOp:
+    """`u`, a function of the scalar `z`, computed on the lanes of the vector `zv` (others broadcast)."""
+    memo: dict[UOp, UOp] = {z: zv}
+    for n in u.toposort():
+        if n in memo:
+            continue
+        if not any(s in memo for s in n.src):
+            continue
+        srcs = tuple(memo[s] if s in memo else _splat(s, w) for s in n.src)
+        memo[n] = UOp(n.op, n.dtype.vec(w), srcs, n.arg)
+    return memo.get(u, _splat(u, w))
+
+
+def _stage_shared(sp: Any, jb: UOp, bk: int, group: int, next_id: int) -> tuple:
+    """GPU work-groups of `group` query rows share each block's keys and values through shared memory: every
+    load of X or v that varies with the key but not with the query row is staged, per block, into a
+    DEFINE_LOCAL by all threads of the group (STOREs, then one BARRIER), and read from there. Returns X, v and
+    the query row with those loads replaced, the in-block key placeholder and the staging STOREs (in order)."""
+    ri = sp.loops[-1]
+    tq = ri.src[0].arg
+    tile = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, -(-tq // group)),), ri.arg)
+    lane = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, group),), (next_id + 1, RangeKind.LOCAL))
+    rows = simplify(tile * UOp.const(INDEX, group) + lane)
+    # rows past the end compute the last row again (and store its value again): every thread reaches the barriers
+    rows_c = simplify((rows < UOp.const(INDEX, tq)).where(rows, UOp.const(INDEX, tq - 1))) if tq % group else rows
+    rjl = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, bk),), (next_id + 2, RangeKind.REDUCE))
+    outer = set(sp.loops)
+    stores: list[UOp] = []
+    mapping: dict[UOp, UOp] = {}
+    for ld in [u for e in (sp.x, sp.v) for u in e.toposort() if u.op is Ops.LOAD]:
+        if ld in mapping:
+            continue
+        rs = {u for u in ld.src[1].toposort() if u.op is Ops.RANGE}
+        if sp.rj not in rs or ri in rs:
+            continue
+        inner = sorted((r for r in rs if r is not sp.rj and r not in outer), key=lambda r: r.arg[0])
+        if any(r.src[0].op is not Ops.CONST for r in inner):
+            continue
+        sizes = [r.src[0].arg for r in inner]
+        per_key = 1
+        for n in sizes:
+            per_key *= n
+        n = bk * per_key
+        local = UOp(Ops.DEFINE_LOCAL, ld.dtype.as_ptr(), (), (f"kv{len(mapping)}", n))
+        for e in range(-(-n // group)):
+            flat = simplify(UOp.const(INDEX, e * group) + lane)
+            if (e + 1) * group > n:
+                flat = simplify((flat < UOp.const(INDEX, n)).where(flat, UOp.const(INDEX, n - 1)))
+            sub = {sp.rj: None}
+            rest = flat
+            for r, size in zip(reversed(inner), reversed(sizes)):
+                sub[r] = simplify(rest % UOp.const(INDEX, size))
+                rest = simplify(rest // UOp.const(INDEX, size))
+            j = simplify(jb * UOp.const(INDEX, bk) + rest)
+            if sp.tk % bk:
+                j = simplify((j < UOp.const(INDEX, sp.tk)).where(j, UOp.const(INDEX, sp.tk - 1)))
+            sub[sp.rj] = j
+            stores.append(UOp(Ops.STORE, None, (local, flat, simplify(substitute(ld, sub)))))
+        idx = rjl * UOp.const(INDEX, per_key)
+        stride = per_key
+        for r, size in zip(inner, sizes):
+            stride //= size
+            idx = idx + r * UOp.const(INDEX, stride)
+        mapping[ld] = (local, simplify(idx))
+    if not stores:
+        return None
+    barrier = UOp(Ops.BARRIER, None, (stores[-1],))
+    loads = {ld: UOp(Ops.LOAD, ld.dtype, (local, idx, barrier)) for ld, (local, idx) in mapping.items()}
+    x = substitute(sp.x, {**loads, ri: rows_c})
+    v = substitute(sp.v, loads)
+    return x, v, ri, rows_c, rjl, stores
+
+
+def build(sp: Any, block: int = BLOCK, width: int = 1, decompose: bool = False,
+          group: int = 0) -> tuple[UOp, UOp, int, int]:
+    """The kernel as one SINK of its values (AST level, before the pipeline's rewrites) and the key-block range:
+    sources are [block max, alpha, sum of p, each column group's sum of p*v, then the stores]. `width` > 1
+    (devices with vectors) computes inner products and output columns that many lanes at a time. Returns the
+    SINK, the key-block range and the output columns per accumulator."""
+    ids = [u.arg[0] for e in (sp.x, sp.v, *sp.loops) for u in e.toposort() if u.op is Ops.RANGE]
+    next_id = max(ids, default=0) + 1
+    bk = min(block, sp.tk)
+    nblocks = -(-sp.tk // bk)
+    jb = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, nblocks),), (next_id, RangeKind.REDUCE))
+    x = _vector_scores(sp.x, width, next_id + 1) if width > 1 else sp.x
+    v_src, staged = sp.v, None
+    if group and sp.loops and sp.loops[-1].op is Ops.RANGE and sp.loops[-1].arg[1] is RangeKind.LOOP:
+        staged = _stage_shared(sp, jb, bk, min(group, sp.loops[-1].src[0].arg), next_id + 3)
+    if staged is not None:
+        x, v_src, ri, rows_c, rjl, stage_stores = staged
+    ragged = sp.tk % bk != 0
+    scores, keys = [], []
+    for jj in range(bk):
+        j = simplify(jb * UOp.const(INDEX, bk) + UOp.const(INDEX, jj)) if nblocks > 1 else UOp.const(INDEX, jj)
+        last = UOp.const(INDEX, sp.tk - 1)
+        jc = simplify((j < UOp.const(INDEX, sp.tk)).where(j, last)) if ragged else j
+        key_sub = {sp.rj: jc, rjl: UOp.const(INDEX, jj)} if staged is not None else {sp.rj: jc}
+        s = _f32(simplify(substitute(x, key_sub)))
+        if ragged:
+            s = UOp(Ops.WHERE, dtypes.f32, (j < UOp.const(INDEX, sp.tk), s, _c(-math.inf)))
+        scores.append(s)
+        keys.append(key_sub)
+    bm = scores[0]
+    for s in scores[1:]:
+        bm = UOp(Ops.MAX, dtypes.f32, (bm, s))
+    m_old, m_new = _ph("m_old"), _ph("m_new")
+    m_safe = UOp(Ops.WHERE, dtypes.f32, (UOp(Ops.CMPNE, dtypes.bool, (m_new, _c(-math.inf))), m_new, _c(0.0)))
+    alpha = _exp(m_old - m_safe)
+    if width > 1 and bk == width:  # the block's exps as one vector (the polynomial, widened: `_widen`)
+        z = _ph("z")
+        pz = _exp(z)
+        if decompose:
+            pz = decompose_transcendentals(UOp(Ops.SINK, None, (pz,))).src[0]
+        sv = UOp(Ops.VECTORIZE, dtypes.f32.vec(bk), tuple(scores)) - _splat(m_safe, bk)
+        pv = _widen(pz, z, sv, bk)
+        ps = [UOp(Ops.GEP, dtypes.f32, (pv,), i) for i in range(bk)]
+        lsum = _hsum(pv)
+    else:
+        ps = [_exp(s - m_safe) for s in scores]
+        lsum = ps[0]
+        for p in ps[1:]:
+            lsum = lsum + p
+    w = width if width > 1 and sp.dv % width == 0 and sp.dtype == dtypes.f32 and staged is None else 1
+    vw = _lanes(sp.v, sp.rdv, w, next_id + 2) if w > 1 else None
+    if vw is None:
+        w = 1
+    cols, stores = [], []
+    for c in range(sp.dv // w):
+        if w > 1:
+            outer = next(u for u in vw.toposort() if u.op is Ops.RANGE and u.arg == sp.rdv.arg)
+            vc = substitute(vw, {outer: UOp.const(INDEX, c)})
+        else:
+            vc = substitute(v_src, {sp.rdv: UOp.const(INDEX, c)})
+        acc = None
+        for p, key_sub in zip(ps, keys):
+            term = _splat(p, w) * _f32(simplify(substitute(vc, key_sub))) if w == 1 else \
+                _splat(p, w) * simplify(substitute(vc, key_sub))
+            acc = term if acc is None else acc + term
+        cols.append(acc)
+        o = UOp(Ops.READ_ACC, dtypes.f32.vec(w), (), ("attn", f"o{c}"))
+        value = UOp(Ops.FDIV, dtypes.f32.vec(w), (o, _splat(_ph("l"), w)))
+        if sp.dtype != dtypes.f32:
+            value = UOp(Ops.CAST, sp.dtype, (value,))
+        out_sub = {sp.rdv: UOp.const(INDEX, c * w)}
+        if staged is not None:
+            out_sub[ri] = rows_c
+        idx = simplify(substitute(sp.out_index, out_sub))
+        stores.append(UOp(Ops.STORE, None, (sp.out, idx, value)))
+    order = stage_stores if staged is not None else []
+    return UOp(Ops.SINK, None, (bm, alpha, lsum, *cols, *stores, *order)), jb, w, len(order)
+
+
+ROW_LANES = 16  # query rows per vector on devices with vectors (`build_rows`)
+ROW_BLOCK = 16  # keys per block there
+MAX_UNROLL = 128  # head dimensions up to this are unrolled in `build_rows`
+
+
+def _row_vectorizer(lane: UOp, cache: dict | None = None) -> Any:
+    """The `tgc.codegen.expand` vectorizer, except that integer and bool values varying by lane (index math, a
+    causal mask's comparison) are computed lane by lane as scalars: index math stays scalar, with its bounds."""
+
+    shared: dict = {} if cache is None else cache  # (value, lane) -> the value at that lane, across vectorizers
+
+    class _Rows(_Vectorizer):
+        def at(self, u: UOp, j: int) -> UOp:
+            key = (u, j)
+            if key not in shared:
+                shared[key] = super().at(u, j)
+            return shared[key]
+
+        def vec(self, u: UOp) -> UOp:
+            if (u in self.depends and u.op is not Ops.LOAD and u.dtype is not None and u.dtype.count == 1
+                    and not u.dtype.is_float):
+                if u not in self.memo:
+                    self.memo[u] = UOp(Ops.VECTORIZE, u.dtype.vec(self.width),
+                                       tuple(self.at(u, j) for j in range(self.width)))
+                return self.memo[u]
+            return super().vec(u)
+
+    return _Rows(lane)
+
+
+def build_rows(sp: Any, decompose: bool, w: int = ROW_LANES, block: int | None = None) -> tuple[UOp, UOp, int] | None:
+    """The kernel with `w` query rows as the lanes of every value (devices with vectors): per key, the scores of
+    w rows are one vector (the head dimension unrolled, q gathered once per tile of rows, each k element
+    broadcast), and the output row is Dv vector accumulators. None where it does not apply (half types, a long
+    head dimension, one query row)."""
+    if not sp.loops or sp.loops[-1].arg[1] is not RangeKind.LOOP or sp.dtype != dtypes.f32 or sp.dv > MAX_UNROLL:
+        return None
+    ri = sp.loops[-1]
+    if any(u.dtype is not None and u.dtype.scalar() in HALF for e in (sp.x, sp.v) for u in e.toposort()):
+        return None
+    for red in (u for u in sp.x.toposort() if u.op is Ops.REDUCE):
+        rs = red.src[1:]
+        if red.arg is not Ops.ADD or len(rs) != 1 or rs[0].src[0].op is not Ops.CONST or rs[0].src[0].arg > MAX_UNROLL:
+            return None
+    tq = ri.src[0].arg
+    ids = [u.arg[0] for e in (sp.x, sp.v, *sp.loops) for u in e.toposort() if u.op is Ops.RANGE]
+    next_id = max(ids, default=0) + 1
+    tile = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, -(-tq // w)),), ri.arg)
+    lane = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, w),), (next_id + 1, RangeKind.UPCAST))
+    rows = simplify(tile * UOp.const(INDEX, w) + lane)
+    rows_c = simplify((rows < UOp.const(INDEX, tq)).where(rows, UOp.const(INDEX, tq - 1))) if tq % w else rows
+    bk = min(ROW_BLOCK if block is None else block, sp.tk)
+    nblocks = -(-sp.tk // bk)
+    jb = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, nblocks),), (next_id, RangeKind.REDUCE))
+    ragged = sp.tk % bk != 0
+    vf = dtypes.f32.vec(w)
+    scores, keys = [], []
+    chains: dict[int, list[UOp]] = {}
+    lanes_at: dict = {}  # the partial sums of every key's inner products, term by term
+    for jj in range(bk):
+        j = simplify(jb * UOp.const(INDEX, bk) + UOp.const(INDEX, jj)) if nblocks > 1 else UOp.const(INDEX, jj)
+        jc = simplify((j < UOp.const(INDEX, sp.tk)).where(j, UOp.const(INDEX, sp.tk - 1))) if ragged else j
+        xs = simplify(substitute(sp.x, {sp.rj: jc, ri: rows_c}))
+        vz = _row_vectorizer(lane, lanes_at)
+        vz.analyze(xs)
+        for red in (u for u in xs.toposort() if u.op is Ops.REDUCE):  # written out, one partial sum per term
+            r, total = red.src[1], None
+            for d in range(r.src[0].arg):
+                term = simplify(substitute(red.src[0], {r: UOp.const(INDEX, d)}))
+                vt = _row_vectorizer(lane, lanes_at)
+                vt.analyze(term)
+                term = vt.broadcast(term)
+                total = term if total is None else UOp(Ops.ADD, term.dtype, (total, term))
+                chains.setdefault(d, []).append(total)
+            vz.memo[red] = total
+            vz.depends.add(red)
+        sv = vz.broadcast(_f32(xs))
+        if ragged:
+            sv = UOp(Ops.WHERE, vf, (_splat(j < UOp.const(INDEX, sp.tk), w), sv, _splat(_c(-math.inf), w)))
+        scores.append(sv)
+        keys.append(jc)
+    bm = scores[0]
+    for sv in scores[1:]:
+        bm = UOp(Ops.MAX, vf, (bm, sv))
+    m_old, m_new = _ph("m_old", w), _ph("m_new", w)
+    m_safe = UOp(Ops.WHERE, vf, (UOp(Ops.CMPNE, dtypes.bool.vec(w), (m_new, _splat(_c(-math.inf), w))), m_new,
+                                 _splat(_c(0.0), w)))
+    z = _ph("z")
+    pz = _exp(z)
+    if decompose:
+        pz = decompose_transcendentals(UOp(Ops.SINK, None, (pz,))).src[0]
+    alpha = _widen(pz, z, m_old - m_safe, w)
+    ps = [_widen(pz, z, sv - m_safe, w) for sv in scores]
+    lsum = ps[0]
+    for p in ps[1:]:
+        lsum = lsum + p
+    cols, stores = [], []
+    for c in range(sp.dv):
+        vc = substitute(sp.v, {sp.rdv: UOp.const(INDEX, c)})
+        acc = None
+        for p, jc in zip(ps, keys):
+            term = p * _splat(_f32(simplify(substitute(vc, {sp.rj: jc}))), w)
+            acc = term if acc is None else acc + term
+        cols.append(acc)
+        value = UOp(Ops.FDIV, vf, (_ph(f"o{c}", w), _ph("l", w)))
+        for t in range(min(w, tq)):
+            # a lane past the last row computed the last row (its index is clamped): it stores that same value
+            row = simplify(substitute(rows_c, {lane: UOp.const(INDEX, t)}))
+            idx = simplify(substitute(sp.out_index, {sp.rdv: UOp.const(INDEX, c), ri: row}))
+            stores.append(UOp(Ops.STORE, None, (sp.out, idx, UOp(Ops.GEP, dtypes.f32, (value,), t))))
+    order = [u for d in sorted(chains) for u in chains[d]]
+    return UOp(Ops.SINK, None, (bm, alpha, lsum, *cols, *stores, *order)), jb, len(order)
+
+
+def lower_attention(item: Any, device: Any, name: str) -> Any:
+    """The fused attention kernel of `item` lowered for `device` (a `tgc.codegen.pipeline.Lowered`)."""
+
+    sp = item.meta["attention"]
+    vectors = device.caps.vectors and not env_flag("NOOPT")
+    by_rows = build_rows(sp, device.caps.decompose_transcendentals) if vectors else None
+    norder = 0
+    if by_rows is not None:
+        (ast, jb, norder), w = by_rows, 1
+    else:
+        group = min(SHARED_ROWS, launch_limits(device).threads) if device.caps.gpu and not env_flag("NOOPT") else 0
+        ast, jb, w, norder = build(sp, width=16 if vectors else 1, decompose=device.caps.decompose_transcendentals,
+                                   group=group)
+    ast = legalize(ast)
+    if device.caps.decompose_transcendentals:
+        ast = decompose_transcendentals(ast)
+    launch: dict = {}
+    rows = 1
+    for r in {u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] is RangeKind.LOOP}:
+        rows *= r.src[0].arg
+    if device.caps.gpu:
+        if sp.loops:
+            lim = launch_limits(device)
+            ast, launch = map_to_grid(ast, max_local=min(device.caps.preferred_local_size, lim.threads, 64),
+                                      max_grid=lim.grid)
+    elif sp.loops and not env_flag("NOOPT"):
+        cores = getattr(device, "cores", 1)
+        work = rows * sp.tk * max(sp.dv, 1) * 4 * (ROW_LANES if by_rows is not None else 1)
+        threads = min(cores, rows, max(1, work // MIN_WORK_PER_THREAD))
+        if threads > 1:
+            ast, threads = split_threads(ast, threads)
+            if threads > 1:
+                launch["global_size"] = (threads, 1, 1)
+    bufs = list(item.bufs)
+    ast, bufs = drop_unused_buffers(ast, bufs)
+    ast = narrow_index(ast)
+    uops = _linearize(ast, jb.arg, sp.dv // w, hoist=by_rows is not None, norder=norder,
+                      barrier=device.caps.gpu and norder > 0)
+    if debug_level() >= 6:  # the pipeline's passes do not run here: show what this lowering made
+        import sys
+        print(f"--- {name}: fused attention (tgc/codegen/attention.py), linear UOps\n{uops_text(uops)}",
+              file=sys.stderr)
+    return finish(device, name, ast, uops, bufs, launch)
+
+
+def _linearize(ast: UOp, jb_arg: Any, ncols: int, hoist: bool = False, norder: int = 0,
+               barrier: bool = False) -> list[UOp]:
+    """The linear UOps: outer loops, the accumulators, the key-block loop with the online update, the stores.
+    `hoist` computes the loads (and gathers) that do not depend on the key block before its loop; the last
+    `norder` sources of `ast` are emitted first inside it, in that order (the inner products term by term,
+    interleaved across keys, so that independent partial sums follow each other)."""
+
+    nodes = ast.toposort()
+    bm, alpha, lsum = ast.src[:3]
+    cols = ast.src[3:3 + ncols]
+    stores = ast.src[3 + ncols:len(ast.src) - norder]
+    order = ast.src[len(ast.src) - norder:] if norder else ()
+    groups: dict[tuple[UOp, ...], list[UOp]] = {}
+    for u in nodes:
+        if u.op is Ops.REDUCE:
+            groups.setdefault(u.src[1:], []).append(u)
+    lin = _Linearizer(groups)
+    for g in sorted((u for u in nodes if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg):
+        lin.scopes[0][g] = lin.push(g)
+    for v in sorted((u for u in nodes if u.op is Ops.DEFINE_VAR), key=lambda u: str(u.arg)):
+        lin.scopes[0][v] = lin.push(v)
+    for loc in (u for u in nodes if u.op is Ops.DEFINE_LOCAL):  # shared memory is declared at the top
+        lin.scopes[0][loc] = lin.push(loc)
+    for s in (u for u in nodes if u.op is Ops.SPECIAL):
+        lin.scopes[0][s] = lin.push(s)
+    jb = next((u for u in nodes if u.op is Ops.RANGE and u.arg == jb_arg), None)  # None: a single block
+    outer = sorted((u for u in nodes if u.op is Ops.RANGE and u.arg[1] is RangeKind.LOOP), key=lambda r: r.arg[0])
+    for r in outer:
+        lin.open_range(r)
+
+    def acc(init: float, d) -> UOp:
+        a = lin.push(UOp(Ops.DEFINE_ACC, d, (lin.emit(UOp.const(d, init)),), lin.acc_count))
+        lin.acc_count += 1
+        return a
+
+    def read(a: UOp, tag: str) -> UOp:
+        return lin.push(UOp(Ops.READ_ACC, a.dtype, (a,), tag))
+
+    def ph(name: str, d) -> UOp:
+        return UOp(Ops.READ_ACC, d, (), ("attn", name))
+
+    m, lacc = acc(-math.inf, bm.dtype), acc(0.0, lsum.dtype)
+    o = [acc(0.0, c.dtype) for c in cols]
+    if hoist and jb is not None:
+        inside: set[UOp] = set()  # what depends on the key block or on an accumulator
+        for u in nodes:
+            if u is jb or (u.op is Ops.READ_ACC and not u.src) or any(x in inside for x in u.src):
+                inside.add(u)
+        for u in nodes:
+            if u.op is Ops.LOAD and u not in inside and u.dtype is not None:
+                lin.emit(u)
+    if jb is not None:
+        lin.open_range(jb)
+    for u in order:
+        lin.emit(u)
+    bm_l = lin.emit(bm)
+    lin.scopes[-1][ph("m_old", bm.dtype)] = read(m, "m_old")
+    lin.push(UOp(Ops.ACCUMULATE, m.dtype, (m, bm_l), Ops.MAX))
+    lin.scopes[-1][ph("m_new", bm.dtype)] = read(m, "m_new")
+    alpha_l, lsum_l = lin.emit(alpha), lin.emit(lsum)
+    lin.push(UOp(Ops.ACCUMULATE, lacc.dtype, (lacc, alpha_l), Ops.MUL))
+    lin.push(UOp(Ops.ACCUMULATE, lacc.dtype, (lacc, lsum_l), Ops.ADD))
+    for a, c in zip(o, cols):  # each column's sum goes into its accumulator at once (few values live)
+        c_l = lin.emit(c)
+        scale = alpha_l if a.dtype == alpha.dtype else lin.emit(_splat(alpha, a.dtype.count))
+        lin.push(UOp(Ops.ACCUMULATE, a.dtype, (a, scale), Ops.MUL))
+        last = lin.push(UOp(Ops.ACCUMULATE, a.dtype, (a, c_l), Ops.ADD))
+    if barrier and jb is not None:  # the next block's staging must not overwrite what slower threads still read
+        lin.push(UOp(Ops.BARRIER, None, (last,)))
+    if jb is not None:
+        lin.close_range()
+    lin.scopes[-1][ph("l", lacc.dtype)] = read(lacc, "l")
+    for i, a in enumerate(o):
+        lin.scopes[-1][ph(f"o{i}", a.dtype)] = read(a, f"o{i}")
+    for st in stores:
+        lin.emit(st)
+    while lin.open_ranges:
+        lin.close_range()
+    return lin.out
+
+
+__all__ = ["BLOCK", "ROW_LANES", "build", "build_rows", "lower_attention"]
