@@ -4,7 +4,8 @@ For each workload: tgc's default kernels, tgc after `tgc beam` (winners come fro
 the first run), numpy on the same inputs, XLA (`jax.jit` of the same program written with `jax.numpy`, inputs
 already on the device, `block_until_ready`), tgc's ratio to each, and the share of the machine's peak FLOP/s
 (compute-bound work) or of a plain 2-thread copy's bandwidth (memory-bound work), both measured in this run.
-Also: peak memory above the inputs and outputs, and the start-up time of a small `tgc run`.
+Also: peak memory while running (the inputs plus all the run allocates) against inputs plus outputs, met or not,
+and the start-up time of a small `tgc run`.
 
 numpy runs with its best BLAS kernels: where the environment forces an OpenBLAS core type
 (`OPENBLAS_CORETYPE`, with `OPENBLAS_L2_SIZE`), this script says so and starts itself again without both, in
@@ -128,12 +129,21 @@ LIMITS = {
     "transformer": "the GELU of the hidden layer is recomputed inside the next matmul's loop, once per output "
                    "column, and the attention scores go through memory (see issue 'Fast without asking')",
 }
-MEMORY_TARGET = 1.5
+MEMORY_TARGET = 1.5  # peak memory / (inputs + outputs); elementwise work and softmax keep nothing else alive
+MEMORY_TARGETS = {"exp": 1.1, "softmax": 1.1}
 MEMORY_LIMITS = {
     "attention": LIMITS["attention"],
-    "matmul": "the packed copy of the right-hand side (one extra B-sized buffer), on top of the input copies",
-    "default": "each input is copied into device memory and each output back out (no zero-copy host buffers)",
+    "transformer": "every intermediate of the block (QKV, the attention scores, the MLP's hidden layer) is a "
+                   "buffer of its own while the block runs",
+    "matmul": "the packed copy of the right-hand side (one extra B-sized buffer)",
+    "mlp": "the packed copy of the weight (one extra w-sized buffer)",
+    "20": "each of the 20 kernels writes an intermediate buffer of its own (the data is tiny: 4 KiB a buffer)",
+    "default": "intermediate buffers between the program's kernels",
 }
+
+
+def memory_target(name: str) -> float:
+    return MEMORY_TARGETS.get(name.split()[0], MEMORY_TARGET)
 
 
 def _np(fn):
@@ -213,9 +223,12 @@ def _target_met(kind: str, want: float, r: dict) -> bool | None:
 
 
 def peak_memory(prog, inputs, dims=None) -> tuple[int, int]:
-    """(bytes allocated above the baseline while running, bytes of inputs plus outputs)."""
-    outs = prog.run(dims=dims, inputs=inputs)  # warm: compile and fill the allocator's cache
-    io = sum(v.nbytes for v in inputs.values()) + sum(v.nbytes for v in outs.values())
+    """(peak bytes while running: the inputs, already in memory, plus everything allocated during the run,
+    bytes of inputs plus outputs). Memory is traced from an empty allocator pool, so that intermediates a
+    previous run left in the pool count."""
+    outs = prog.run(dims=dims, inputs=inputs)  # warm: compile
+    in_bytes = sum(v.nbytes for v in inputs.values())
+    io = in_bytes + sum(v.nbytes for v in outs.values())
     from tgc.backends import get_device
     get_device("CPU").allocator.free_cache()
     del outs
@@ -224,7 +237,7 @@ def peak_memory(prog, inputs, dims=None) -> tuple[int, int]:
     prog.run(dims=dims, inputs=inputs)
     peak = tracemalloc.get_traced_memory()[1] - base
     tracemalloc.stop()
-    return peak, io
+    return in_bytes + peak, io
 
 
 def startup_time() -> float | None:
@@ -282,7 +295,8 @@ def main() -> None:
              "beam_search_s": beam_s if tuned else None, "numpy_ms": numpy_s * 1e3,
              "xla_ms": xla_s * 1e3 if xla_s is not None else None, "ratio": numpy_s / best,
              "xla_ratio": xla_s / best if xla_s is not None else None,
-             "peak_mem_ratio": mem / io, "memory_met": mem / io <= MEMORY_TARGET}
+             "peak_mem_ratio": mem / io, "memory_target": memory_target(w["name"]),
+             "memory_met": mem / io <= memory_target(w["name"])}
         rows.append((w, best, r))
     # the peaks again at the end, keeping the better of the two: one measurement on a busy or still-waking
     # machine reads low, and every share of peak would then read high (above 100%)
@@ -318,7 +332,8 @@ def main() -> None:
                             for t in r["targets"]) or "-"
         print(f"| {r['name']} | {ms(r['default_ms'])} | {ms(r['beam_ms'])} | {ms(r['numpy_ms'])} | "
               f"{ms(r['xla_ms'])} | {r['ratio']:.2f}x | {xr} | {r['rate']} | {100 * r['peak_share']:.0f}% | "
-              f"{targets} | {r['peak_mem_ratio']:.2f} |")
+              f"{targets} | {r['peak_mem_ratio']:.2f} (<= {r['memory_target']}: "
+              f"{'yes' if r['memory_met'] else 'no'}) |")
     missed = [r for r in rows if r["met"] is False or not r["memory_met"]]
     if missed:
         print("\nMissed targets and what limits them:")
@@ -329,7 +344,7 @@ def main() -> None:
             if not r["memory_met"]:
                 why = MEMORY_LIMITS.get(r["name"].split()[0], MEMORY_LIMITS["default"])
                 print(f"- {r['name']}: peak memory {r['peak_mem_ratio']:.2f}x inputs+outputs "
-                      f"(target {MEMORY_TARGET}x): {why}")
+                      f"(target {r['memory_target']}x): {why}")
     if XLA_MISSING[0]:
         print(f"\nXLA column empty: {XLA_MISSING[0]}")
     print(blas_note())

@@ -98,6 +98,26 @@ class HostAllocator(LRUAllocator):
         import numpy as np
         np.copyto(np.frombuffer(dest, dtype=np.uint8), handle)
 
+    # Zero-copy host buffers (see docs/DESIGN.md, "Zero-copy CPU buffers"): where `zero_copy_align` is set, a
+    # handle is any C-contiguous uint8 numpy array whose data starts at a multiple of it, so a user's input
+    # array runs in place and an output's memory is handed to the user. None: every buffer is a copy.
+    zero_copy_align: int | None = None
+
+    def wrap(self, arr: Any) -> Any | None:
+        """A handle on `arr`'s own memory (read-only use: kernels never write an input), or None where it must
+        be copied (zero-copy off, not C-contiguous, misaligned, or empty)."""
+        align = self.zero_copy_align
+        if align is None or not arr.flags.c_contiguous or not arr.nbytes or arr.ctypes.data % align:
+            return None
+        return arr.reshape(-1).view("uint8")
+
+    def give(self, handle: Any, dtype: Any, shape: tuple[int, ...]) -> Any | None:
+        """An allocated buffer's memory as the user's array (numpy owns it from here on: it is never freed into
+        the pool), or None where outputs must be copied out."""
+        if self.zero_copy_align is None:
+            return None
+        return handle.view(dtype).reshape(shape)
+
 
 class Compiler:
     """Source text to bytes. `name` and `version` go into the disk-cache key."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,9 +28,13 @@ def _debug() -> int:
 
 
 class Buffer:
-    """Device memory holding one tensor node's values (contiguous)."""
+    """Device memory holding one tensor node's values (contiguous).
 
-    def __init__(self, device: Any, node: UOp):
+    On a device with zero-copy host buffers (the CPU, see docs/DESIGN.md) a buffer may instead borrow a
+    user's input array (`Buffer.borrow`: `owned` is False, and freeing it leaves the array alone) or hand its
+    own memory to the user as an output (`numpy(give=True)`: it is then never freed into the pool)."""
+
+    def __init__(self, device: Any, node: UOp, handle: Any = None):
         self.device, self.node = device, node
         self.nbytes = max(prod(shape_of(node)) * node.dtype.itemsize, 1)
         limit = device.max_buffer_bytes
@@ -37,20 +42,41 @@ class Buffer:
             raise DeviceError(f"a {node.dtype.name}{list(shape_of(node))} buffer takes {self.nbytes} bytes, more than "
                               f"the {limit} bytes {device.name} can allocate at once",
                               hint="use smaller tensors, or a device without this limit (CPU, CUDA)")
-        self.handle = device.allocator.alloc(self.nbytes)
+        self.owned = handle is None
+        self.handle = device.allocator.alloc(self.nbytes) if handle is None else handle
+
+    @classmethod
+    def borrow(cls, device: Any, node: UOp, arr: np.ndarray) -> Buffer | None:
+        """A buffer on `arr`'s own memory, or None where it must be copied in (the device copies, or `arr` is
+        misaligned, strided, empty, or not laid out as the node's dtype)."""
+        wrap = getattr(device.allocator, "wrap", None)
+        if wrap is None or arr.dtype != node.dtype.np or arr.nbytes != prod(shape_of(node)) * node.dtype.itemsize:
+            return None
+        handle = wrap(arr)
+        return None if handle is None else cls(device, node, handle)
 
     def copyin(self, arr: np.ndarray) -> None:
         if arr.nbytes:
             self.device.allocator.copyin(self.handle, memoryview(np.ascontiguousarray(arr)).cast("B"))
 
-    def numpy(self) -> np.ndarray:
-        out = np.empty(shape_of(self.node), dtype=self.node.dtype.np)
+    def numpy(self, give: bool = False) -> np.ndarray:
+        """The values as a numpy array: a copy, or with `give` (an owned buffer on a zero-copy device) the
+        buffer's memory itself, which from then on belongs to the returned array."""
+        shape, dtype = shape_of(self.node), self.node.dtype.np
+        if give and self.owned and prod(shape):
+            give_fn = getattr(self.device.allocator, "give", None)
+            arr = give_fn(self.handle, dtype, shape) if give_fn is not None else None
+            if arr is not None:
+                self.owned = False
+                return arr
+        out = np.empty(shape, dtype=dtype)
         if out.nbytes:
             self.device.allocator.copyout(memoryview(out).cast("B"), self.handle)
         return out
 
     def free(self) -> None:
-        self.device.allocator.free(self.handle, self.nbytes)
+        if self.owned:
+            self.device.allocator.free(self.handle, self.nbytes)
 
 
 @dataclass
@@ -76,7 +102,8 @@ def run_program(low: Lowered, arrays: dict[str, np.ndarray]) -> dict[str, np.nda
         result = {}
         for out_name, node in low.outputs:
             if node in buffers:
-                arr = buffers[node].numpy()
+                # an output that no kernel wrote (an input) is copied: a user's array is never returned as another
+                arr = buffers[node].numpy(give=True)
             else:  # an empty output: no kernel ran
                 arr = np.zeros(shape_of(node), dtype=node.dtype.np)
             result[out_name] = to_user_array(arr, node.dtype)
@@ -94,14 +121,36 @@ def to_user_array(arr: np.ndarray, dtype: DType) -> np.ndarray:
 
 def allocate(low: Lowered, arrays: dict[str, np.ndarray], buffers: dict[UOp, Buffer]) -> None:
     """Device buffers for a program's inputs (filled from `arrays`) and for every kernel's outputs, into
-    `buffers` (passed in so that the caller can free whatever was allocated if this fails midway)."""
+    `buffers` (passed in so that the caller can free whatever was allocated if this fails midway).
+
+    An input runs in place (no copy) where the device allows it (`Buffer.borrow`) and no kernel stores to it;
+    a kernel that did would write the user's array, so such an input gets its own copy."""
+    written = {k.bufs[i] for k in low.kernels for i in stored_indices(k.ast) if i < len(k.bufs)}
     for b, name in low.inputs:
-        buffers[b] = Buffer(low.device, b)
-        buffers[b].copyin(arrays[name])
+        buf = Buffer.borrow(low.device, b, arrays[name]) if b not in written else None
+        if buf is None:
+            buf = Buffer(low.device, b)
+            buf.copyin(arrays[name])
+        buffers[b] = buf
     for k in low.kernels:
         for node in k.bufs:
             if node not in buffers:
                 buffers[node] = Buffer(low.device, node)
+
+
+_STORED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def stored_indices(ast: UOp) -> frozenset[int]:
+    """The DEFINE_GLOBAL indices a kernel's AST stores to (the buffers it writes), memoized per AST."""
+    got = _STORED.get(ast)
+    if got is None:
+        found = set()
+        for u in ast.toposort():
+            if u.op is Ops.STORE and u.src:
+                found.update(g.arg for g in u.src[0].toposort() if g.op is Ops.DEFINE_GLOBAL)
+        got = _STORED[ast] = frozenset(i for i in found if isinstance(i, int))
+    return got
 
 
 def launch(k, bufs: list[Buffer]) -> float | None:
@@ -137,5 +186,3 @@ def launch(k, bufs: list[Buffer]) -> float | None:
           f"{gflops:8.2f} GFLOP/s {gbs:8.2f} GB/s  (warm; first launch {first * 1e6:.2f} us)", file=sys.stderr)
     return t
 
-
-_ = Ops
