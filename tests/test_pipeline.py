@@ -375,3 +375,47 @@ def test_cached_binary_that_does_not_load_is_a_miss(cache_env, tmp_path, monkeyp
     assert err.count("warning") == 1 and "does not load" in err
     again, _ = _run(cache_env)
     assert again["compiles"] == 0
+
+
+def _search_with_fake_times(monkeypatch, times):
+    """A real BEAM search of one small kernel (compiled and run, outputs checked) whose timer reports
+    `times(opts, nth)` (nth: how often those opts were timed before) instead of the clock. Returns the
+    result, the default kernel's opts and the timing counts."""
+    from tgc.backends import get_device
+    from tgc.codegen import search
+    from tgc.codegen.opt import hand_coded
+    dev = get_device("CPU")
+    item = tgc.loads("a: f32[N, N]\nb: f32[N, N]\nreturn a @ b").schedule(dims={"N": 32})[0]
+    ast = prepare_ast(item.ast, dev)
+    seed = OptKernel(ast, dev)
+    hand_coded(seed)
+    default = tuple(seed.applied)
+    assert default, "the heuristic optimizes this kernel"
+    counts: dict[tuple, int] = {}
+    real = search._Timer.run
+
+    def fake(self, cand, best, runs=3):
+        real(self, cand, float("inf"), runs=1)  # the kernel really runs: its output is still checked
+        key = tuple(cand.opts)
+        counts[key] = counts.get(key, 0) + 1
+        return times(key == default, counts[key] - 1)
+    monkeypatch.setattr(search._Timer, "run", fake)
+    return search.beam_search(ast, dev, item.bufs, width=1), list(default), counts
+
+
+def test_beam_keeps_the_default_when_a_winner_was_only_lucky(monkeypatch):
+    # every other kernel is timed fast once (a lucky measurement), slower than the default after that
+    res, default, counts = _search_with_fake_times(monkeypatch, lambda is_default, nth: 1.0 if is_default else
+                                                   (0.5 if nth == 0 else 2.0))
+    assert res.opts == default and res.before_s == res.after_s == 1.0
+    assert sum(n > 1 for k, n in counts.items() if list(k) != default) == 1  # the lucky winner was timed again
+
+
+def test_beam_keeps_the_default_when_it_is_fastest(monkeypatch):
+    res, default, counts = _search_with_fake_times(monkeypatch, lambda is_default, nth: 1.0 if is_default else 2.0)
+    assert res.opts == default and res.after_s == 1.0 and len(counts) > 2
+
+
+def test_beam_winner_replaces_the_default_when_faster_again(monkeypatch):
+    res, default, _ = _search_with_fake_times(monkeypatch, lambda is_default, nth: 1.0 if is_default else 0.5)
+    assert res.opts != default and res.before_s == 1.0 and res.after_s == 0.5
