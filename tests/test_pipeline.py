@@ -419,3 +419,29 @@ def test_beam_keeps_the_default_when_it_is_fastest(monkeypatch):
 def test_beam_winner_replaces_the_default_when_faster_again(monkeypatch):
     res, default, _ = _search_with_fake_times(monkeypatch, lambda is_default, nth: 1.0 if is_default else 0.5)
     assert res.opts != default and res.before_s == 1.0 and res.after_s == 0.5
+
+
+@pytest.mark.parametrize("src, dims, tile", [
+    ("a: f32[M, K]\nb: f32[K, N]\nreturn a @ b", {"M": 64, "K": 32, "N": 256},
+     ["UPCAST(1, 16)", "UPCAST(1, 2)", "UPCAST(0, 8)"]),  # 8 rows x 32 columns
+    ("a: f32[M, K]\nb: f32[K, N]\nreturn a @ b", {"M": 64, "K": 32, "N": 64},
+     ["UPCAST(1, 16)", "UPCAST(0, 8)"]),  # 8 rows x 16 columns (64 columns are 4 vectors: too few to take 2)
+    # 24-wide image rows take 8 vector lanes: 32 output channels make up the tile (it took 8 before)
+    ("x: f32[N, C, H, W]\nw: f32[O, C, 3, 3]\nreturn conv2d(x, w, padding=1)",
+     {"N": 2, "C": 8, "H": 6, "W": 24, "O": 64}, ["UPCAST(3, 8)", "UPCAST(1, 32)"]),
+])
+def test_heuristic_register_tile_of_matmul_and_conv(src, dims, tile):
+    prog = tgc.loads(src)
+    k = prog.compile(device="CPU", dims=dims, tuned=False)[-1]
+    assert [str(o) for o in k.opts if o.op != "THREAD"] == tile
+    rng = np.random.default_rng(3)
+    inputs = {d.name: rng.standard_normal([dims[s] if isinstance(s, str) else s for s in d.shape]).astype(np.float32)
+              for d in prog.inputs}
+    got = prog.run(**inputs)["out0"]
+    if "conv2d" in src:
+        x, w = inputs["x"], inputs["w"]
+        win = np.lib.stride_tricks.sliding_window_view(np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1))), (3, 3), (2, 3))
+        want = np.einsum("nchwij,ocij->nohw", win, w)
+    else:
+        want = inputs["a"] @ inputs["b"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

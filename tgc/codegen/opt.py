@@ -32,6 +32,7 @@ INDEX = dtypes.index
 # below this many loop iterations a kernel is not worth a thread launch
 MIN_WORK_PER_THREAD = 1 << 15
 MAX_UNROLLED = 512  # limit on the product of UPCAST and UNROLL sizes (register pressure, code size)
+TILE_VALUES = 256  # the heuristic's register tile for matmul-like kernels (values computed side by side)
 
 
 class OptError(Exception):
@@ -396,8 +397,13 @@ def hand_coded(k: OptKernel) -> None:
                   all(k.loops()[i] not in ld.src[1].toposort() for ld in vec_loads)] or \
                  [i for i in reuse if i != vec_axis]
         if others:
-            for amt in (8, 4, 2):
-                if k.loops()[others[-1]].src[0].arg % amt == 0 and _try(k, Opt(OptOps.UPCAST, others[-1], amt)):
+            # 8 rows; where the vector axis took less than a full vector (a convolution's 56-wide image rows
+            # take 8 lanes), more of the other axis instead, for a tile of TILE_VALUES (8 x 32 channels)
+            up = k.unrolled_size()
+            rows = 8 if up >= 16 else min(32, TILE_VALUES // up)
+            for amt in (32, 16, 8, 4, 2):
+                if amt <= rows and k.loops()[others[-1]].src[0].arg % amt == 0 and \
+                        _try(k, Opt(OptOps.UPCAST, others[-1], amt)):
                     break
         return
     # a reduction over a strided axis: compute 16 contiguous outputs side by side instead
