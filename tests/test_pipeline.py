@@ -429,6 +429,9 @@ def test_beam_winner_replaces_the_default_when_faster_again(monkeypatch):
     # 24-wide image rows take 8 vector lanes: 32 output channels make up the tile (it took 8 before)
     ("x: f32[N, C, H, W]\nw: f32[O, C, 3, 3]\nreturn conv2d(x, w, padding=1)",
      {"N": 2, "C": 8, "H": 6, "W": 24, "O": 64}, ["UPCAST(3, 8)", "UPCAST(1, 32)"]),
+    # q @ k^T gathers each vector of k's rows (a stride of D): one vector's columns, shared by 32 rows
+    ("a: f32[H, S, D]\nb: f32[H, T, D]\nreturn a @ b.transpose(1, 2)", {"H": 2, "S": 64, "T": 64, "D": 16},
+     ["UPCAST(2, 16)", "UPCAST(1, 32)"]),
 ])
 def test_heuristic_register_tile_of_matmul_and_conv(src, dims, tile):
     prog = tgc.loads(src)
@@ -443,5 +446,5 @@ def test_heuristic_register_tile_of_matmul_and_conv(src, dims, tile):
         win = np.lib.stride_tricks.sliding_window_view(np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1))), (3, 3), (2, 3))
         want = np.einsum("nchwij,ocij->nohw", win, w)
     else:
-        want = inputs["a"] @ inputs["b"]
+        want = inputs["a"] @ (inputs["b"].transpose(0, 2, 1) if "transpose" in src else inputs["b"])
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

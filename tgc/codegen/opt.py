@@ -382,12 +382,16 @@ def hand_coded(k: OptKernel) -> None:
     if len(reuse) >= 2 or (reuse and out_stride1):
         # matmul-like: upcast the contiguous output axis by a vector width and another reuse axis by 4
         vec_axis = out_stride1[0] if out_stride1 else reuse[-1]
+        # the loads along the vector axis are all strided (q @ k^T reads k's rows across its columns): each
+        # vector is gathered, so it is reused across more rows instead of taking a second vector's columns
+        strided = all(isinstance(st := _stride(ld.src[1], loops[vec_axis]), int) and st > 1
+                      for ld in loads if loops[vec_axis] in ld.src[1].toposort())
         for amt in (16, 8, 4):
             if loops[vec_axis].src[0].arg % amt == 0:
                 _try(k, Opt(OptOps.UPCAST, vec_axis, amt))
                 break
         # a second vector's worth of columns, and 8 rows: 16 accumulators hide the FMA latency
-        if k.loops()[vec_axis].src[0].arg % 2 == 0 and k.loops()[vec_axis].src[0].arg >= 8:
+        if k.loops()[vec_axis].src[0].arg % 2 == 0 and k.loops()[vec_axis].src[0].arg >= 8 and not strided:
             _try(k, Opt(OptOps.UPCAST, vec_axis, 2))
         # reuse the vector loads across another axis: one those loads do not depend on (matmul's rows,
         # a convolution's output channels)
@@ -398,9 +402,10 @@ def hand_coded(k: OptKernel) -> None:
                  [i for i in reuse if i != vec_axis]
         if others:
             # 8 rows; where the vector axis took less than a full vector (a convolution's 56-wide image rows
-            # take 8 lanes), more of the other axis instead, for a tile of TILE_VALUES (8 x 32 channels)
+            # take 8 lanes), more of the other axis instead, for a tile of TILE_VALUES (8 x 32 channels); 32
+            # rows share each gathered vector of a strided one
             up = k.unrolled_size()
-            rows = 8 if up >= 16 else min(32, TILE_VALUES // up)
+            rows = 32 if strided else 8 if up >= 16 else min(32, TILE_VALUES // up)
             for amt in (32, 16, 8, 4, 2):
                 if amt <= rows and k.loops()[others[-1]].src[0].arg % amt == 0 and \
                         _try(k, Opt(OptOps.UPCAST, others[-1], amt)):
