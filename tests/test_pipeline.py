@@ -448,3 +448,17 @@ def test_heuristic_register_tile_of_matmul_and_conv(src, dims, tile):
     else:
         want = inputs["a"] @ (inputs["b"].transpose(0, 2, 1) if "transpose" in src else inputs["b"])
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_heuristic_packing_copy_is_vectorized_and_large_matmuls_put_column_panels_outermost():
+    # the packing copy's rows of 32 are written as 16-wide vectors (LLVM left them mostly scalar); a right-hand
+    # side of 2^20 elements or more is walked panel by panel (SWAP), smaller ones row block by row block
+    rng = np.random.default_rng(4)
+    prog = tgc.loads("a: f32[M, K]\nb: f32[K, N]\nreturn a @ b")
+    for k_dim, swapped in ((512, False), (1024, True)):
+        dims = {"M": 16, "K": k_dim, "N": 1024}
+        pack, mm = prog.compile(device="CPU", dims=dims, tuned=False)
+        assert [str(o) for o in pack.opts if o.op != "THREAD"] == ["UPCAST(2, 16)"]
+        assert ("SWAP(0, 1)" in [str(o) for o in mm.opts]) == swapped
+        a, b = (rng.standard_normal(s).astype(np.float32) for s in ((16, k_dim), (k_dim, 1024)))
+        np.testing.assert_allclose(prog.run(a=a, b=b)["out0"], a @ b, rtol=1e-4, atol=1e-3)

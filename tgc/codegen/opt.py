@@ -33,6 +33,7 @@ INDEX = dtypes.index
 MIN_WORK_PER_THREAD = 1 << 15
 MAX_UNROLLED = 512  # limit on the product of UPCAST and UNROLL sizes (register pressure, code size)
 TILE_VALUES = 256  # the heuristic's register tile for matmul-like kernels (values computed side by side)
+SWAP_RHS_ELEMENTS = 1 << 20  # a matmul's right-hand side from this size on: column panels outermost
 
 
 class OptError(Exception):
@@ -373,6 +374,7 @@ def hand_coded(k: OptKernel) -> None:
     store = next(u for u in k.ast.toposort() if u.op is Ops.STORE)
     loops, reduces = k.loops(), k.reduces()
     if not reduces:
+        _short_rows(k, store)
         return
     loads = _loads(k.ast)
     # axes that some load does not depend on: values reused across them (the "broadcast" axes of matmul)
@@ -410,6 +412,13 @@ def hand_coded(k: OptKernel) -> None:
                 if amt <= rows and k.loops()[others[-1]].src[0].arg % amt == 0 and \
                         _try(k, Opt(OptOps.UPCAST, others[-1], amt)):
                     break
+        # a plain matmul (rows, columns) whose right-hand side is larger than the caches hold: column panels
+        # outermost, so each panel stays in cache while every row block passes over it (row blocks outermost
+        # stream the whole right-hand side once per 8 rows: the 2048^3 matmul ran at half BEAM's speed)
+        panel_rows = prod(r.src[0].arg for r in reduces)
+        if len(loops) == 2 and vec_axis == 1 and others == [0] and not strided and \
+                panel_rows * loops[1].src[0].arg >= SWAP_RHS_ELEMENTS and k.loops()[1].src[0].arg >= 16:
+            _try(k, Opt(OptOps.SWAP, 0, 1))
         return
     # a reduction over a strided axis: compute 16 contiguous outputs side by side instead
     red_contig = any(_stride(ld.src[1], r) == 1 for ld in loads for r in reduces)
@@ -419,6 +428,24 @@ def hand_coded(k: OptKernel) -> None:
             if loops[i].src[0].arg % amt == 0:
                 _try(k, Opt(OptOps.UPCAST, i, amt))
                 break
+
+
+SHORT_ROW = 256  # an elementwise kernel's contiguous innermost loop up to this long is written as vectors
+
+
+def _short_rows(k: OptKernel, store: UOp) -> None:
+    """An elementwise kernel whose innermost loop is short and contiguous for the store and every load on it
+    (matmul's packing copy: rows of 32): one 16-wide vector per step. LLVM's loop vectorizer leaves such short
+    inner loops mostly scalar (the 1024^2 packing copy ran 20x slower); long loops it vectorizes itself."""
+    loops = k.loops()
+    if len(loops) < 2:
+        return
+    last = loops[-1]
+    n = last.src[0].arg
+    if n % 16 or n > SHORT_ROW or _stride(store.src[1], last) != 1:
+        return
+    if all(_stride(ld.src[1], last) == 1 for ld in _loads(k.ast) if last in ld.src[1].toposort()):
+        _try(k, Opt(OptOps.UPCAST, len(loops) - 1, 16))
 
 
 def _try(k: OptKernel, opt: Opt) -> bool:
