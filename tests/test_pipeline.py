@@ -428,7 +428,7 @@ def test_beam_winner_replaces_the_default_when_faster_again(monkeypatch):
      ["UPCAST(1, 16)", "UPCAST(0, 8)"]),  # 8 rows x 16 columns (64 columns are 4 vectors: too few to take 2)
     # 24-wide image rows take 8 vector lanes: 32 output channels make up the tile (it took 8 before)
     ("x: f32[N, C, H, W]\nw: f32[O, C, 3, 3]\nreturn conv2d(x, w, padding=1)",
-     {"N": 2, "C": 8, "H": 6, "W": 24, "O": 64}, ["UPCAST(3, 8)", "UPCAST(1, 32)"]),
+     {"N": 2, "C": 8, "H": 6, "W": 24, "O": 64}, ["UPCAST(3, 8)", "UPCAST(1, 32)", "UNROLL(4, 2)"]),
     # q @ k^T gathers each vector of k's rows (a stride of D): one vector's columns, shared by 32 rows
     ("a: f32[H, S, D]\nb: f32[H, T, D]\nreturn a @ b.transpose(1, 2)", {"H": 2, "S": 64, "T": 64, "D": 16},
      ["UPCAST(2, 16)", "UPCAST(1, 32)"]),
