@@ -120,11 +120,12 @@ MEMORY_TARGET = 1.5  # peak memory / (inputs + outputs); elementwise work and so
 MEMORY_TARGETS = {"exp": 1.1, "softmax": 1.1}
 MEMORY_LIMITS = {
     "attention": LIMITS["attention"],
-    "transformer": "every intermediate of the block (QKV, the attention scores, the MLP's hidden layer) is a "
-                   "buffer of its own while the block runs",
+    "transformer": "the block's large intermediates (QKV, the attention scores, the MLP's hidden layer) are "
+                   "each live for a few kernels; several are alive at once",
     "matmul": "the packed copy of the right-hand side (one extra B-sized buffer)",
     "mlp": "the packed copy of the weight (one extra w-sized buffer)",
-    "20": "each of the 20 kernels writes an intermediate buffer of its own (the data is tiny: 4 KiB a buffer)",
+    "20": "the data is tiny (4 KiB a buffer): two or three live intermediates of the chain and the run's own "
+          "Python objects weigh more than the input and output",
     "default": "intermediate buffers between the program's kernels",
 }
 

@@ -143,3 +143,17 @@ def test_a_packed_matmul_reads_its_input_in_place(launched):
     assert len(launched) >= 2 and b.ctypes.data in launched[0]  # the packing kernel reads b in place
     np.testing.assert_array_equal(b, b0)
     np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-3)
+
+
+def test_a_chain_of_kernels_reuses_its_intermediate_buffers(launched):
+    # each intermediate goes back to the pool after its last kernel, so a later one of its size reuses it
+    p = tgc.loads("x: f32[N, N]\na = x @ x\nb = a @ a\nc = b @ b\nd = c @ c\nreturn d @ d")
+    x = (np.random.default_rng(5).standard_normal((16, 16)) * 0.2).astype(np.float32)
+    got = p.run(x=x)["out0"]
+    written = [bufs[0] for bufs in launched]
+    # a and b, then c in a's buffer (a is dead once b is computed), d in b's, the output in c's: two buffers
+    assert len(written) == 5 and len(set(written)) == 2
+    want = x.astype(np.float64)
+    for _ in range(5):
+        want = want @ want
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-6)

@@ -96,9 +96,12 @@ def run_program(low: Lowered, arrays: dict[str, np.ndarray]) -> dict[str, np.nda
     dev = low.device
     buffers: dict[UOp, Buffer] = {}
     try:
-        allocate(low, arrays, buffers)
-        for k in low.kernels:
-            launch(k, [buffers[n] for n in k.bufs])
+        if getattr(dev.allocator, "zero_copy_align", None) is None:
+            allocate(low, arrays, buffers)
+            for k in low.kernels:
+                launch(k, [buffers[n] for n in k.bufs])
+        else:
+            _run_host(low, arrays, buffers)
         result = {}
         for out_name, node in low.outputs:
             if node in buffers:
@@ -114,6 +117,23 @@ def run_program(low: Lowered, arrays: dict[str, np.ndarray]) -> dict[str, np.nda
             buf.free()
 
 
+def _run_host(low: Lowered, arrays: dict[str, np.ndarray], buffers: dict[UOp, Buffer]) -> None:
+    """The launches on a device whose kernels have finished when `launch` returns (the CPU): an intermediate
+    buffer is allocated just before its first kernel and goes back to the pool right after its last, so a
+    later kernel's buffer of the same size reuses it (a chain of kernels keeps two intermediates, not all)."""
+    allocate_inputs(low, arrays, buffers)
+    keep = set(buffers) | {node for _, node in low.outputs}
+    last = {n: i for i, k in enumerate(low.kernels) for n in k.bufs}
+    for i, k in enumerate(low.kernels):
+        for n in k.bufs:
+            if n not in buffers:
+                buffers[n] = Buffer(low.device, n)
+        launch(k, [buffers[n] for n in k.bufs])
+        for n in set(k.bufs):
+            if last[n] == i and n not in keep:
+                buffers.pop(n).free()
+
+
 def to_user_array(arr: np.ndarray, dtype: DType) -> np.ndarray:
     """Device bytes -> the array users see (bf16 becomes float32)."""
     return bf16_to_f32(arr) if dtype == dtypes.bf16 else arr
@@ -125,6 +145,16 @@ def allocate(low: Lowered, arrays: dict[str, np.ndarray], buffers: dict[UOp, Buf
 
     An input runs in place (no copy) where the device allows it (`Buffer.borrow`) and no kernel stores to it;
     a kernel that did would write the user's array, so such an input gets its own copy."""
+    allocate_inputs(low, arrays, buffers)
+    for k in low.kernels:
+        for node in k.bufs:
+            if node not in buffers:
+                buffers[node] = Buffer(low.device, node)
+
+
+def allocate_inputs(low: Lowered, arrays: dict[str, np.ndarray], buffers: dict[UOp, Buffer]) -> None:
+    """The input buffers of `allocate`: borrowed where allowed and no kernel of `low` stores to them, else
+    copies."""
     written = {k.bufs[i] for k in low.kernels for i in stored_indices(k.ast) if i < len(k.bufs)}
     for b, name in low.inputs:
         buf = Buffer.borrow(low.device, b, arrays[name]) if b not in written else None
@@ -132,10 +162,6 @@ def allocate(low: Lowered, arrays: dict[str, np.ndarray], buffers: dict[UOp, Buf
             buf = Buffer(low.device, b)
             buf.copyin(arrays[name])
         buffers[b] = buf
-    for k in low.kernels:
-        for node in k.bufs:
-            if node not in buffers:
-                buffers[node] = Buffer(low.device, node)
 
 
 _STORED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
