@@ -63,14 +63,24 @@ def test_corrupt_cache_warns_once_and_still_runs(cache_env, tmp_path):
     assert db.read_bytes() == b"this is not a database" * 100  # the user's file is left alone
 
 
-def test_second_run_allocates_nothing():
+def test_a_one_off_run_allocates_only_its_outputs_and_a_plan_allocates_once():
+    # a first run at some dims: intermediates come from the pool again, each output's memory is handed to the
+    # caller (zero-copy), the input runs in place: it allocates exactly its outputs. Runs again at the same dims
+    # go through a launch plan, which allocates its buffers once and then nothing
     from tgc.backends import get_device
     p = tgc.loads("x: f32[N, D]\nreturn softmax(x, 1), x.T @ x")
     x = np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32)
     p.run(x=x)
+    p.release()  # (forget that it ran: the next run is a first run again)
     alloc = get_device("CPU").allocator
     before = alloc.allocations
     out = p.run(x=x)
+    assert alloc.allocations == before + 2
+    np.testing.assert_allclose(out["out1"], x.T @ x, rtol=1e-4, atol=1e-3)
+    p.run(x=x)  # the plan
+    before = alloc.allocations
+    for _ in range(3):
+        out = p.run(x=x)
     assert alloc.allocations == before
     np.testing.assert_allclose(out["out1"], x.T @ x, rtol=1e-4, atol=1e-3)
 
@@ -373,3 +383,90 @@ def test_cached_binary_that_does_not_load_is_a_miss(cache_env, tmp_path, monkeyp
     assert err.count("warning") == 1 and "does not load" in err
     again, _ = _run(cache_env)
     assert again["compiles"] == 0
+
+
+def _search_with_fake_times(monkeypatch, times):
+    """A real BEAM search of one small kernel (compiled and run, outputs checked) whose timer reports
+    `times(opts, nth)` (nth: how often those opts were timed before) instead of the clock. Returns the
+    result, the default kernel's opts and the timing counts."""
+    from tgc.backends import get_device
+    from tgc.codegen import search
+    from tgc.codegen.opt import hand_coded
+    dev = get_device("CPU")
+    item = tgc.loads("a: f32[N, N]\nb: f32[N, N]\nreturn a @ b").schedule(dims={"N": 32})[0]
+    ast = prepare_ast(item.ast, dev)
+    seed = OptKernel(ast, dev)
+    hand_coded(seed)
+    default = tuple(seed.applied)
+    assert default, "the heuristic optimizes this kernel"
+    counts: dict[tuple, int] = {}
+    real = search._Timer.run
+
+    def fake(self, cand, best, runs=3):
+        real(self, cand, float("inf"), runs=1)  # the kernel really runs: its output is still checked
+        key = tuple(cand.opts)
+        counts[key] = counts.get(key, 0) + 1
+        return times(key == default, counts[key] - 1)
+    monkeypatch.setattr(search._Timer, "run", fake)
+    return search.beam_search(ast, dev, item.bufs, width=1), list(default), counts
+
+
+def test_beam_keeps_the_default_when_a_winner_was_only_lucky(monkeypatch):
+    # every other kernel is timed fast once (a lucky measurement), slower than the default after that
+    res, default, counts = _search_with_fake_times(monkeypatch, lambda is_default, nth: 1.0 if is_default else
+                                                   (0.5 if nth == 0 else 2.0))
+    assert res.opts == default and res.before_s == res.after_s == 1.0
+    assert sum(n > 1 for k, n in counts.items() if list(k) != default) == 1  # the lucky winner was timed again
+
+
+def test_beam_keeps_the_default_when_it_is_fastest(monkeypatch):
+    res, default, counts = _search_with_fake_times(monkeypatch, lambda is_default, nth: 1.0 if is_default else 2.0)
+    assert res.opts == default and res.after_s == 1.0 and len(counts) > 2
+
+
+def test_beam_winner_replaces_the_default_when_faster_again(monkeypatch):
+    res, default, _ = _search_with_fake_times(monkeypatch, lambda is_default, nth: 1.0 if is_default else 0.5)
+    assert res.opts != default and res.before_s == 1.0 and res.after_s == 0.5
+
+
+@pytest.mark.parametrize("src, dims, tile", [
+    ("a: f32[M, K]\nb: f32[K, N]\nreturn a @ b", {"M": 64, "K": 32, "N": 256},
+     ["UPCAST(1, 16)", "UPCAST(1, 2)", "UPCAST(0, 8)"]),  # 8 rows x 32 columns
+    ("a: f32[M, K]\nb: f32[K, N]\nreturn a @ b", {"M": 64, "K": 32, "N": 64},
+     ["UPCAST(1, 16)", "UPCAST(0, 8)"]),  # 8 rows x 16 columns (64 columns are 4 vectors: too few to take 2)
+    # 24-wide image rows take 8 vector lanes: 32 output channels make up the tile (it took 8 before)
+    ("x: f32[N, C, H, W]\nw: f32[O, C, 3, 3]\nreturn conv2d(x, w, padding=1)",
+     {"N": 2, "C": 8, "H": 6, "W": 24, "O": 64}, ["UPCAST(3, 8)", "UPCAST(1, 32)", "UNROLL(4, 2)"]),
+    # q @ k^T gathers each vector of k's rows (a stride of D): one vector's columns, shared by 32 rows
+    ("a: f32[H, S, D]\nb: f32[H, T, D]\nreturn a @ b.transpose(1, 2)", {"H": 2, "S": 64, "T": 64, "D": 16},
+     ["UPCAST(2, 16)", "UPCAST(1, 32)"]),
+])
+def test_heuristic_register_tile_of_matmul_and_conv(src, dims, tile):
+    prog = tgc.loads(src)
+    k = prog.compile(device="CPU", dims=dims, tuned=False)[-1]
+    assert [str(o) for o in k.opts if o.op != "THREAD"] == tile
+    rng = np.random.default_rng(3)
+    inputs = {d.name: rng.standard_normal([dims[s] if isinstance(s, str) else s for s in d.shape]).astype(np.float32)
+              for d in prog.inputs}
+    got = prog.run(**inputs)["out0"]
+    if "conv2d" in src:
+        x, w = inputs["x"], inputs["w"]
+        win = np.lib.stride_tricks.sliding_window_view(np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1))), (3, 3), (2, 3))
+        want = np.einsum("nchwij,ocij->nohw", win, w)
+    else:
+        want = inputs["a"] @ (inputs["b"].transpose(0, 2, 1) if "transpose" in src else inputs["b"])
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_heuristic_packing_copy_is_vectorized_and_large_matmuls_put_column_panels_outermost():
+    # the packing copy's rows of 32 are written as 16-wide vectors (LLVM left them mostly scalar); a right-hand
+    # side of 2^20 elements or more is walked panel by panel (SWAP), smaller ones row block by row block
+    rng = np.random.default_rng(4)
+    prog = tgc.loads("a: f32[M, K]\nb: f32[K, N]\nreturn a @ b")
+    for k_dim, swapped in ((512, False), (1024, True)):
+        dims = {"M": 16, "K": k_dim, "N": 1024}
+        pack, mm = prog.compile(device="CPU", dims=dims, tuned=False)
+        assert [str(o) for o in pack.opts if o.op != "THREAD"] == ["UPCAST(2, 16)"]
+        assert ("SWAP(0, 1)" in [str(o) for o in mm.opts]) == swapped
+        a, b = (rng.standard_normal(s).astype(np.float32) for s in ((16, k_dim), (k_dim, 1024)))
+        np.testing.assert_allclose(prog.run(a=a, b=b)["out0"], a @ b, rtol=1e-4, atol=1e-3)

@@ -80,6 +80,7 @@ class Program:
         self.parsed: Parsed = parse(source, filename)
         self._traces: dict[tuple, tuple[list[UOp], list[UOp]]] = {}
         self._kernels: dict[tuple, list[Kernel]] = {}
+        self._ran_once: dict[tuple, None] = {}  # (device, dims, BEAM) run once without a plan (see `run`)
         self._launch_plans: dict[tuple, LaunchPlan] = {}  # launch plans of the last runs, oldest first (MAX_PLANS)
         self._lines: dict[UOp, int] = {}  # tensor node -> the .tg line that first computed it
         self._multi: dict[tuple, MultiLowered] = {}
@@ -445,6 +446,14 @@ class Program:
                 return run_program(low, arrays)
         else:
             self.last_run = "specialized"
+        key = (dev.name, tuple(sorted(dims.items())), env_int("BEAM", 0))
+        if key not in self._launch_plans and key not in self._ran_once:
+            # a first run at these dims: zero-copy where the device allows, nothing kept; a second one makes the
+            # launch plan (buffers kept, one device graph per run from then on)
+            self._ran_once[key] = None
+            while len(self._ran_once) > 4 * self.MAX_PLANS:
+                self._ran_once.pop(next(iter(self._ran_once)))
+            return run_program(self.lower(name, dims), arrays)
         plan = self._launch_plan(dev, dims)
         if not plan.lock.acquire(blocking=False):  # another thread runs this plan now: buffers of this run's own
             return run_program(plan.low, arrays)
@@ -464,7 +473,7 @@ class Program:
             _release(plan)
             plan = None
         if plan is None:
-            plan = LaunchPlan(self.lower(dev.name, dims))
+            plan = LaunchPlan(self.lower(dev.name, dims), graph_after=0)
         self._launch_plans[key] = plan  # (re)inserted last: the most recently used
         while len(self._launch_plans) > self.MAX_PLANS:
             _release(self._launch_plans.pop(next(iter(self._launch_plans))))
@@ -473,6 +482,7 @@ class Program:
     def release(self) -> None:
         """Give back the device buffers that this program's launch plans keep between runs."""
         plans, self._launch_plans = self._launch_plans, {}
+        self._ran_once.clear()
         for plan in plans.values():
             _release(plan)
 

@@ -82,6 +82,11 @@ class LRUAllocator(Allocator):
         self.live_bytes -= nbytes
         self.cached[nbytes].append(handle)
 
+    def disown(self, handle: Any, nbytes: int) -> None:
+        """A buffer whose memory now belongs to someone else (a zero-copy output handed to the user): no longer
+        live here, and never handed out again."""
+        self.live_bytes -= nbytes
+
     def free_cache(self) -> None:
         for nbytes, handles in self.cached.items():
             for h in handles:
@@ -120,6 +125,27 @@ class HostAllocator(LRUAllocator):
     def copyin_range(self, handle: Any, offset: int, src: memoryview) -> None:
         import numpy as np
         np.copyto(handle[offset:offset + src.nbytes], np.frombuffer(src, dtype=np.uint8))
+
+    # Zero-copy host buffers (see docs/DESIGN.md, "Zero-copy CPU buffers"): where `zero_copy_align` is set, a
+    # handle is any C-contiguous uint8 numpy array whose data starts at a multiple of it, so a user's input
+    # array runs in place and an output's memory is handed to the user. None: every buffer is a copy.
+    zero_copy_align: int | None = None
+
+    def wrap(self, arr: Any) -> Any | None:
+        """A handle on `arr`'s own memory (read-only use: kernels never write an input), or None where it must
+        be copied (zero-copy off, not C-contiguous, misaligned, or empty)."""
+        align = self.zero_copy_align
+        if align is None or not arr.flags.c_contiguous or not arr.nbytes or arr.ctypes.data % align:
+            return None
+        return arr.reshape(-1).view("uint8")
+
+    def give(self, handle: Any, dtype: Any, shape: tuple[int, ...]) -> Any | None:
+        """An allocated buffer's memory as the user's array (numpy owns it from here on: it is never freed into
+        the pool), or None where outputs must be copied out."""
+        if self.zero_copy_align is None:
+            return None
+        import numpy as np
+        return np.asarray(handle).view(dtype).reshape(shape)  # (a plain ndarray, not the allocator's type)
 
 
 class Compiler:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from tgc.backends.base import Compiler, Device, HostAllocator, Program
-from tgc.backends.llvmir import LLVMRenderer
+from tgc.backends.llvmir import PARAM_ALIGN, LLVMRenderer
 from tgc.errors import CompileError
 
 
@@ -37,10 +37,13 @@ def data_address(buf: Any) -> int:
 
 
 class CPUAllocator(HostAllocator):
-    """Host memory for the CPU device (64-byte aligned for vector loads).
+    """Host memory for the CPU device (64-byte aligned for vector loads); zero-copy for the user's arrays.
 
     A buffer that an interrupted kernel may still be writing (see `_Abandoned`) is not handed out again
     when freed: it is dropped from the pool and released once that kernel is done."""
+
+    # inputs run in place when aligned as the LLVM renderer declares its buffer parameters
+    zero_copy_align = PARAM_ALIGN
 
     def __init__(self) -> None:
         super().__init__()

@@ -20,6 +20,9 @@ from tgc.ir.uop import Ops, UOp
 _TYPES = {"bool": "i1", "i8": "i8", "u8": "i8", "i16": "i16", "u16": "i16", "i32": "i32", "u32": "i32", "i64": "i64",
           "u64": "i64", "f16": "half", "bf16": "i16", "f32": "float", "f64": "double"}
 # float arithmetic may be contracted into fma (what C compilers do by default); reductions may reassociate
+# every buffer parameter is declared `align PARAM_ALIGN`: the CPU runs a user's array in place only when its data
+# address is a multiple of it (`CPUAllocator.zero_copy_align`), else it copies
+PARAM_ALIGN = 16
 _CONTRACT = "contract "
 _REASSOC = "nnan reassoc nsz contract "  # max reductions vectorize only with nnan (nan handling of max is unspecified)
 
@@ -111,7 +114,7 @@ class _Renderer:
         for u in self.uops:
             if u.op is Ops.DEFINE_GLOBAL:
                 self.names[u] = f"%data{u.arg}"
-                params.append(f"ptr noalias align 16 %data{u.arg}")
+                params.append(f"ptr noalias align {PARAM_ALIGN} %data{u.arg}")
             elif u.op is Ops.DEFINE_VAR:
                 self.names[u] = f"%{u.arg if isinstance(u.arg, str) else u.arg[0]}"
                 params.append(f"{ltype(u.dtype)} {self.names[u]}")

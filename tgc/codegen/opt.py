@@ -33,6 +33,8 @@ INDEX = dtypes.index
 # below this many loop iterations a kernel is not worth a thread launch
 MIN_WORK_PER_THREAD = 1 << 15
 MAX_UNROLLED = 512  # limit on the product of UPCAST and UNROLL sizes (register pressure, code size)
+TILE_VALUES = 256  # the heuristic's register tile for matmul-like kernels (values computed side by side)
+SWAP_RHS_ELEMENTS = 1 << 20  # a matmul's right-hand side from this size on: column panels outermost
 
 
 class OptError(Exception):
@@ -389,6 +391,7 @@ def hand_coded(k: OptKernel) -> None:
     store = next(u for u in k.ast.toposort() if u.op is Ops.STORE)
     loops, reduces = k.loops(), k.reduces()
     if not reduces:
+        _short_rows(k, store)
         return
     loads = _loads(k.ast)
     # axes that some load does not depend on: values reused across them (the "broadcast" axes of matmul)
@@ -398,12 +401,16 @@ def hand_coded(k: OptKernel) -> None:
     if len(reuse) >= 2 or (reuse and out_stride1):
         # matmul-like: upcast the contiguous output axis by a vector width and another reuse axis by 4
         vec_axis = out_stride1[0] if out_stride1 else reuse[-1]
+        # the loads along the vector axis are all strided (q @ k^T reads k's rows across its columns): each
+        # vector is gathered, so it is reused across more rows instead of taking a second vector's columns
+        strided = all(isinstance(st := _stride(ld.src[1], loops[vec_axis]), int) and st > 1
+                      for ld in loads if loops[vec_axis] in ld.src[1].toposort())
         for amt in (16, 8, 4):
             if loops[vec_axis].src[0].arg % amt == 0:
                 _try(k, Opt(OptOps.UPCAST, vec_axis, amt))
                 break
         # a second vector's worth of columns, and 8 rows: 16 accumulators hide the FMA latency
-        if k.loops()[vec_axis].src[0].arg % 2 == 0 and k.loops()[vec_axis].src[0].arg >= 8:
+        if k.loops()[vec_axis].src[0].arg % 2 == 0 and k.loops()[vec_axis].src[0].arg >= 8 and not strided:
             _try(k, Opt(OptOps.UPCAST, vec_axis, 2))
         # reuse the vector loads across another axis: one those loads do not depend on (matmul's rows,
         # a convolution's output channels)
@@ -413,9 +420,26 @@ def hand_coded(k: OptKernel) -> None:
                   all(k.loops()[i] not in ld.src[1].toposort() for ld in vec_loads)] or \
                  [i for i in reuse if i != vec_axis]
         if others:
-            for amt in (8, 4, 2):
-                if k.loops()[others[-1]].src[0].arg % amt == 0 and _try(k, Opt(OptOps.UPCAST, others[-1], amt)):
+            # 8 rows; where the vector axis took less than a full vector (a convolution's 56-wide image rows
+            # take 8 lanes), more of the other axis instead, for a tile of TILE_VALUES (8 x 32 channels); 32
+            # rows share each gathered vector of a strided one
+            up = k.unrolled_size()
+            rows = 32 if strided else 8 if up >= 16 else min(32, TILE_VALUES // up)
+            for amt in (32, 16, 8, 4, 2):
+                if amt <= rows and k.loops()[others[-1]].src[0].arg % amt == 0 and \
+                        _try(k, Opt(OptOps.UPCAST, others[-1], amt)):
                     break
+            if up < 16 and not strided and k.reduces() and k.reduces()[0].src[0].arg % 2 == 0:
+                # and two steps of the outer reduction (conv2d's input channels) per loop iteration: what BEAM
+                # picks there, about 10% faster
+                _try(k, Opt(OptOps.UNROLL, len(k.loops()), 2))
+        # a plain matmul (rows, columns) whose right-hand side is larger than the caches hold: column panels
+        # outermost, so each panel stays in cache while every row block passes over it (row blocks outermost
+        # stream the whole right-hand side once per 8 rows: the 2048^3 matmul ran at half BEAM's speed)
+        panel_rows = prod(r.src[0].arg for r in reduces)
+        if len(loops) == 2 and vec_axis == 1 and others == [0] and not strided and \
+                panel_rows * loops[1].src[0].arg >= SWAP_RHS_ELEMENTS and k.loops()[1].src[0].arg >= 16:
+            _try(k, Opt(OptOps.SWAP, 0, 1))
         return
     # a reduction over a strided axis: compute 16 contiguous outputs side by side instead
     red_contig = any(_stride(ld.src[1], r) == 1 for ld in loads for r in reduces)
@@ -425,6 +449,24 @@ def hand_coded(k: OptKernel) -> None:
             if loops[i].src[0].arg % amt == 0:
                 _try(k, Opt(OptOps.UPCAST, i, amt))
                 break
+
+
+SHORT_ROW = 256  # an elementwise kernel's contiguous innermost loop up to this long is written as vectors
+
+
+def _short_rows(k: OptKernel, store: UOp) -> None:
+    """An elementwise kernel whose innermost loop is short and contiguous for the store and every load on it
+    (matmul's packing copy: rows of 32): one 16-wide vector per step. LLVM's loop vectorizer leaves such short
+    inner loops mostly scalar (the 1024^2 packing copy ran 20x slower); long loops it vectorizes itself."""
+    loops = k.loops()
+    if len(loops) < 2:
+        return
+    last = loops[-1]
+    n = last.src[0].arg
+    if n % 16 or n > SHORT_ROW or _stride(store.src[1], last) != 1:
+        return
+    if all(_stride(ld.src[1], last) == 1 for ld in _loads(k.ast) if last in ld.src[1].toposort()):
+        _try(k, Opt(OptOps.UPCAST, len(loops) - 1, 16))
 
 
 def _try(k: OptKernel, opt: Opt) -> bool:

@@ -4,7 +4,9 @@ Each round extends every kernel in the beam by every applicable opt, compiles th
 worker processes on the CPU, with a per-candidate timeout), times each on real buffers (stopping early
 when a candidate is clearly slower than the best), and keeps the fastest `width`. A candidate whose
 output differs from the unoptimized kernel's is rejected: a fast wrong kernel never wins. The search
-ends when a round brings no improvement; the winner's opts are stored in the disk cache (table `beam`)
+ends when a round brings no improvement. The default (hand-coded) kernel is always a candidate, and the
+winner is timed again against it, alternating, before it is kept (`_confirm`): BEAM never stores a kernel
+slower than what a run without it gets. The winner's opts are stored in the disk cache (table `beam`)
 under the kernel's AST, device, compiler and tgc version, so later compiles reuse them.
 """
 
@@ -223,7 +225,8 @@ def _search(ast, device, timer: _Timer, width, name, progress, pool) -> SearchRe
         seeds.append(c)
     beam = sorted(seeds, key=lambda c: c.time_s)[:width] if seeds else [base]
     seen = {tuple(c.opts) for c in [base, *seeds]}
-    default_s = seeds[-1].time_s if seeds else base.time_s  # what a run without BEAM gets
+    default = seeds[-1] if seeds else base  # what a run without BEAM gets: always a candidate
+    default_s = default.time_s
     result = SearchResult(list(base.opts), default_s, default_s, reference="unoptimized" if not base.opts
                           else "hand-coded")
     try:
@@ -276,8 +279,30 @@ def _search(ast, device, timer: _Timer, width, name, progress, pool) -> SearchRe
             beam = ranked
     except KeyboardInterrupt:
         result.interrupted = True
-    result.opts, result.after_s = best.opts, best.time_s
+    try:
+        best, result.before_s, result.after_s = _confirm(timer, best, default)
+    except KeyboardInterrupt:  # interrupted while confirming: the default is the safe choice
+        result.interrupted = True
+        best, result.after_s = default, default.time_s
+    result.opts = best.opts
     return result
+
+
+CONFIRM_ROUNDS = 5
+
+
+def _confirm(timer: _Timer, best: Candidate, default: Candidate) -> tuple[Candidate, float, float]:
+    """The search's winner timed again against the default (hand-coded) kernel, alternating on the same
+    buffers in this run: a winner that only looked faster (one lucky measurement, a busy machine while the
+    default ran) never replaces the default. Returns (the faster of the two, the default's time, its time)."""
+    if best is default or best.opts == default.opts:
+        return default, default.time_s, default.time_s
+    inf = float("inf")
+    d, w = [], []
+    for _ in range(CONFIRM_ROUNDS):
+        d.append(timer.run(default, inf, runs=1))
+        w.append(timer.run(best, inf, runs=1))
+    return (best, min(d), min(w)) if min(w) < min(d) else (default, min(d), min(d))
 
 
 def _compile_all(cands: list[Candidate], device: Any, pool: Any) -> None:

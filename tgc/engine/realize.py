@@ -9,6 +9,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,19 +46,30 @@ class Slot:
                               f"the {limit} bytes {device.name} can allocate at once",
                               hint="use smaller tensors, or a device without this limit (CPU, CUDA)")
         self.handle = device.allocator.alloc(nbytes)
+        self.given = False  # handed to the user as an output's memory (zero-copy): never freed into the pool
 
     def free(self) -> None:
-        self.device.allocator.free(self.handle, self.nbytes)
+        if not self.given:
+            self.device.allocator.free(self.handle, self.nbytes)
+        elif hasattr(self.device.allocator, "disown"):
+            self.device.allocator.disown(self.handle, self.nbytes)
 
 
 class Buffer:
-    """Device memory holding one tensor's values (contiguous): the start of a slot, which it frees if it
-    `owns` it (one buffer per slot does)."""
+    """Device memory holding one tensor's values (contiguous): the start of a memory-plan slot, which it frees
+    if it `owns` it (one buffer per slot does).
 
-    def __init__(self, device: Any, node: Any, slot: Slot | None = None, owns: bool = True):
+    On a device with zero-copy host buffers (the CPU, see docs/DESIGN.md) a buffer may instead borrow a user's
+    input array (`handle` given: no slot, and freeing it leaves the array alone), and an output's memory may be
+    handed to the user (`numpy(give=True)`: its slot is then never freed into the pool)."""
+
+    def __init__(self, device: Any, node: Any, slot: Slot | None = None, owns: bool = True, handle: Any = None):
         self.device, self.node = device, node
         self.dtype, self.shape = buffer_type(node)
         self.nbytes = max(prod(self.shape) * self.dtype.itemsize, 1)
+        if handle is not None:  # borrowed: the user's array
+            self.slot, self.owns, self.handle = None, False, handle
+            return
         if slot is None:
             slot = Slot(device, self.nbytes, node)
         self.slot, self.owns = slot, owns
@@ -65,12 +77,34 @@ class Buffer:
         self.handle = view(slot.handle, self.nbytes) if view is not None and slot.nbytes != self.nbytes \
             else slot.handle
 
+    @classmethod
+    def borrow(cls, device: Any, node: Any, arr: np.ndarray) -> Buffer | None:
+        """A buffer on `arr`'s own memory, or None where it must be copied in (the device copies, or `arr` is
+        misaligned, strided, empty, or not laid out as the node's dtype)."""
+        wrap = getattr(device.allocator, "wrap", None)
+        if wrap is None:
+            return None
+        dtype, shape = buffer_type(node)
+        if arr.dtype != dtype.np or arr.nbytes != prod(shape) * dtype.itemsize:
+            return None
+        handle = wrap(arr)
+        return None if handle is None else cls(device, node, handle=handle)
+
     def copyin(self, arr: np.ndarray) -> None:
         if arr.nbytes:
             self.device.allocator.copyin(self.handle, memoryview(np.ascontiguousarray(arr)).cast("B"))
 
-    def numpy(self) -> np.ndarray:
-        out = np.empty(self.shape, dtype=self.dtype.np)
+    def numpy(self, give: bool = False) -> np.ndarray:
+        """The values as a numpy array: a copy, or with `give` (a buffer of a slot on a zero-copy device) the
+        buffer's memory itself, which from then on belongs to the returned array (the slot is never freed)."""
+        shape, dtype = self.shape, self.dtype.np
+        if give and self.slot is not None and not self.slot.given and prod(shape):
+            give_fn = getattr(self.device.allocator, "give", None)
+            arr = give_fn(self.handle, dtype, shape) if give_fn is not None else None
+            if arr is not None:
+                self.slot.given = True
+                return arr
+        out = np.empty(shape, dtype=dtype)
         if out.nbytes:
             self.device.allocator.copyout(memoryview(out).cast("B"), self.handle)
         return out
@@ -121,7 +155,8 @@ def run_program(low: Lowered, arrays: dict[str, np.ndarray]) -> dict[str, np.nda
         result = {}
         for out_name, node in low.outputs:
             if node in buffers:
-                arr = buffers[node].numpy()
+                # an output that no kernel wrote (an input) is copied: a user's array is never returned as another
+                arr = buffers[node].numpy(give=True)
             else:  # an empty output: no kernel ran
                 dtype, shape = buffer_type(node)
                 arr = np.zeros(shape, dtype=dtype.np)
@@ -145,7 +180,8 @@ class LaunchPlan:
     """A lowered program bound to device buffers of its own, for running it again and again: the kernels in
     order with their buffer handles. `run(arrays)` copies the inputs in, launches, copies the outputs out.
 
-    From its second run on (`GRAPH_AFTER`) a plan runs as one device graph where the device has them
+    After `graph_after` runs (`Program.run` makes a plan at a program's second run at some dims and runs it as a
+    graph at once; `tgc bench` after one run) a plan runs as one device graph where the device has them
     (`Device.graph`: one native call on the CPU, a CUDA graph, one REMOTE request); elsewhere it launches every
     kernel without waiting and waits once. The graph binds the plan's buffers, which stay the same for the
     plan's life, so it is captured once and reused; new input values are copied into the same input buffers.
@@ -153,8 +189,9 @@ class LaunchPlan:
 
     GRAPH_AFTER = 1  # runs launched kernel by kernel before the plan is captured as a graph
 
-    def __init__(self, low: Lowered):
+    def __init__(self, low: Lowered, graph_after: int = GRAPH_AFTER):
         self.low, self.device = low, low.device
+        self.graph_after = graph_after
         self.buffers: dict[Any, Buffer] = {}
         self.graph: Any = None
         try:
@@ -217,7 +254,7 @@ class LaunchPlan:
         """Launch every kernel once: as the device graph from the plan's second run on, else one by one."""
         self.runs += 1
         kernels = self.low.kernels
-        graph = self.capture() if self.runs > self.GRAPH_AFTER and graphs_enabled() else None
+        graph = self.capture() if self.runs > self.graph_after and graphs_enabled() else None
         if graph is None:
             for k, h in zip(kernels, self.handles):
                 launch(k, h, handles=True)
@@ -270,7 +307,8 @@ def to_user_array(arr: np.ndarray, dtype: DType) -> np.ndarray:
 def allocate(low: Lowered, arrays: dict[str, np.ndarray] | None, buffers: dict[Any, Buffer]) -> None:
     """Device buffers for a program's inputs (filled from `arrays`, unless None) and for every kernel's outputs, into
     `buffers` (passed in so that the caller can free whatever was allocated if this fails midway): the slots of
-    the memory plan, each allocated once and owned (freed) by the first buffer placed in it."""
+    the memory plan, each allocated once and owned (freed) by the first buffer placed in it; inputs borrowed in
+    place where the device allows (zero-copy CPU buffers) allocate nothing."""
     plan = low.memory_plan()
     slots: dict[int, Slot] = {}
     largest: dict[int, Any] = {}  # per slot, its largest buffer (what a too-large allocation is reported as)
@@ -285,7 +323,15 @@ def allocate(low: Lowered, arrays: dict[str, np.ndarray] | None, buffers: dict[A
             slots[index] = Slot(low.device, plan.slots[index], largest[index])
         buffers[key] = Buffer(low.device, key, slots[index], owns)
 
+    # an input runs in place (no copy) where the device allows it (`Buffer.borrow`) and no kernel stores to it;
+    # a kernel that did would write the user's array, so such an input gets its own copy
+    written = {k.bufs[i] for k in low.kernels for i in written_indices(k) if i < len(k.bufs)} \
+        if arrays is not None else set()
     for b, name in low.inputs:
+        buf = Buffer.borrow(low.device, b, arrays[name]) if arrays is not None and b not in written else None
+        if buf is not None:
+            buffers[b] = buf
+            continue
         place(b)
         if arrays is not None:
             buffers[b].copyin(arrays[name])
@@ -293,6 +339,30 @@ def allocate(low: Lowered, arrays: dict[str, np.ndarray] | None, buffers: dict[A
         for node in k.bufs:
             if node not in buffers:
                 place(node)
+
+
+_STORED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def written_indices(k: Any) -> frozenset[int]:
+    """The buffer indices a kernel writes: from its AST's stores, or (a package's kernel, which carries no AST)
+    the buffers its launch plan says it writes (`writes`, else its output, buffer 0)."""
+    ast = getattr(k, "ast", None)
+    if ast is not None:
+        return stored_indices(ast)
+    return frozenset(getattr(k, "writes", (0,)))
+
+
+def stored_indices(ast: Any) -> frozenset[int]:
+    """The DEFINE_GLOBAL indices a kernel's AST stores to (the buffers it writes), memoized per AST."""
+    got = _STORED.get(ast)
+    if got is None:
+        found = set()
+        for u in ast.toposort():
+            if u.op is Ops.STORE and u.src:
+                found.update(g.arg for g in u.src[0].toposort() if g.op is Ops.DEFINE_GLOBAL)
+        got = _STORED[ast] = frozenset(i for i in found if isinstance(i, int))
+    return got
 
 
 def launch(k, bufs: list, handles: bool = False) -> float | None:
@@ -330,5 +400,3 @@ def launch(k, bufs: list, handles: bool = False) -> float | None:
           f"{gflops:8.2f} GFLOP/s {gbs:8.2f} GB/s  (warm; first launch {first * 1e6:.2f} us)", file=sys.stderr)
     return t
 
-
-_ = Ops
