@@ -9,6 +9,11 @@ A package is a zip archive of data only (never pickle, nothing runs on load):
   buffers share an allocation, the peak), and the size and SHA-256 of every other member. Every size is an
   expression of the dims (`tgc.sizeexpr`: plain integers when every dim was given).
 - `kernels/<i>.bin` and `kernels/<i>.src`: each kernel's binary and its source.
+- `runtime/cpu_graph.bin` (CPU packages): the object of the CPU graph runner (`tgc.backends.cpu_graph`, one
+  small generic function that calls every kernel of a launch plan in order), described by the manifest's
+  `graph_runner` (the table layout it was built for). A package run repeatedly runs its launch plan as one
+  device graph from its second run on: on the CPU with the compile cache's runner, else the shipped one
+  (loaded by `tgc.backends.elf`), else (a runner for another table layout) kernel by kernel; never compiling.
 
 The manifest's `content_hash` is the SHA-256 of the manifest itself without that field (canonical JSON), which
 names every member's hash: the package's identity. The archive's comment, its last 64 bytes, is the SHA-256 of
@@ -63,7 +68,8 @@ MAX_LAUNCH = (1 << 31) - 1
 MAX_DIM = 1 << 48
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
-_MEMBER = re.compile(r"kernels/(0|[1-9][0-9]{0,5})\.(bin|src)\Z")
+_MEMBER = re.compile(r"kernels/(0|[1-9][0-9]{0,5})\.(bin|src)\Z|runtime/cpu_graph\.bin\Z")
+RUNNER_MEMBER = "runtime/cpu_graph.bin"
 _HEX = re.compile(r"[0-9a-f]{64}\Z")
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed: the same program and device give the same bytes
 
@@ -156,6 +162,10 @@ def build(prog: Any, device: str | None = None, dims: dict[str, int] | None = No
     slots = [0] * len(buffers)
     for node, i in index.items():
         slots[i] = plan.slot_of.get(node, -1)
+    runner = _graph_runner(dev)
+    if runner is not None:
+        blobs[RUNNER_MEMBER] = runner[1]
+        files[RUNNER_MEMBER] = {"size": len(runner[1]), "sha256": hashlib.sha256(runner[1]).hexdigest()}
     manifest = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "tgc_version": __version__,
         "device": {"kind": dev.kind, "name": dev.name, "target": dev.binary_target(),
@@ -169,6 +179,8 @@ def build(prog: Any, device: str | None = None, dims: dict[str, int] | None = No
         "memory": {"slots": list(plan.slots), "slot_of": slots, "peak_bytes": plan.peak_bytes},
         "files": files,
     }
+    if runner is not None:
+        manifest["graph_runner"] = runner[0]
     manifest["content_hash"] = content_hash(manifest)
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as z:
@@ -180,6 +192,21 @@ def build(prog: Any, device: str | None = None, dims: dict[str, int] | None = No
         z.comment = b"0" * CHECKSUM_LEN  # replaced below: the file's checksum
     data = out.getvalue()
     return data[:-CHECKSUM_LEN] + file_checksum(data)
+
+
+def _graph_runner(dev: Any) -> tuple[dict, bytes] | None:
+    """On the CPU: the graph runner's object (`tgc.backends.cpu_graph`: one small generic function that calls
+    every kernel of a launch plan in order), shipped so that a package runs as one native call per run without
+    the compile cache and without llvmlite; with the table layout it was built for. None elsewhere, or where it
+    cannot be compiled (the package then launches kernel by kernel where the cache lacks the runner)."""
+    if dev.kind != "CPU" or dev.compiler is None:
+        return None
+    from tgc.backends import cpu_graph
+    try:
+        obj = cpu_graph.runner_object(dev.compiler)
+    except Exception:  # noqa: BLE001 - no runner: the package runs kernel by kernel
+        return None
+    return {"member": RUNNER_MEMBER, **cpu_graph.ABI}, obj
 
 
 def file_checksum(data: bytes) -> bytes:
@@ -488,8 +515,25 @@ class Package:
                         enumerate(_list(m.get("kernels"), "kernels", path, MAX_KERNELS))]
         self.memory = self._read_memory(_obj(m.get("memory"), "memory", path))
         self.content_hash = m["content_hash"]
+        self.graph_runner = self._read_runner(m.get("graph_runner"))
+        self._launch_plans: dict[tuple, Any] = {}  # launch plans of the last runs, oldest first (MAX_PLANS)
 
     # --- validation of the manifest's parts
+    def _read_runner(self, doc: Any) -> bytes | None:
+        """The CPU graph runner's object the package ships (None: none, or one built for another table layout:
+        then the runner comes from the compile cache, or the kernels launch one by one)."""
+        if doc is None:
+            if RUNNER_MEMBER in self._members:
+                raise _bad(self.path, f"member {RUNNER_MEMBER} is not described")
+            return None
+        doc = _obj(doc, "graph_runner", self.path)
+        if doc.get("member") != RUNNER_MEMBER or RUNNER_MEMBER not in self._members:
+            raise _bad(self.path, "graph_runner names no member of the package")
+        from tgc.backends.cpu_graph import ABI
+        if self.device_kind != "CPU" or any(doc.get(k) != v for k, v in ABI.items()):
+            return None
+        return self._members[RUNNER_MEMBER]
+
     def _read_buffers(self, raw: Any) -> list[PlanBuffer]:
         out = []
         for i, b in enumerate(_list(raw, "buffers", self.path, MAX_BUFFERS)):
@@ -692,18 +736,52 @@ class Package:
         for k in self.kernels:
             if k.device is not dev:
                 k.device, k._program = dev, None
+        # a CPU package runs its launch plan as one native call (the graph runner it ships, or the compile
+        # cache's), never compiling it: without either, kernel by kernel
+        options = {"runner_object": self.graph_runner, "compile_runner": False} if dev.kind == "CPU" else None
         return Lowered(dev, self.kernels, [(self.buffers[d.buffer], d.name) for d in self.inputs],
-                       [(d.name, self.buffers[d.buffer]) for d in self.outputs], memory=self.memory)
+                       [(d.name, self.buffers[d.buffer]) for d in self.outputs], memory=self.memory,
+                       graph_options=options)
+
+    MAX_PLANS = 4  # launch plans (with their device buffers) kept between runs, per device
 
     def run(self, device: str | None = None, dims: dict[str, int] | None = None, cast: bool = False,
             inputs: dict[str, Any] | None = None, **kw_inputs: Any) -> dict[str, np.ndarray]:
-        """Execute the launch plan; {output name: numpy array}, as `Program.run`."""
+        """Execute the launch plan; {output name: numpy array}, as `Program.run`. The plan is kept with its
+        buffers between runs and, from its second run on, runs as one device graph (`LaunchPlan`)."""
         from tgc.engine.realize import run_program
 
         low = self.lower(device)  # a package for another device is refused before its inputs are read
         _, arrays = self.bind({**(inputs or {}), **kw_inputs}, dims, cast=cast)
         low.device.ensure_runnable()
-        return run_program(low, arrays)
+        plan = self._launch_plan(low)
+        if not plan.lock.acquire(blocking=False):  # another thread runs this plan now: buffers of this run's own
+            return run_program(low, arrays)
+        try:
+            return plan.run(arrays)
+        finally:
+            plan.lock.release()
+
+    def _launch_plan(self, low: Any) -> Any:
+        from tgc.engine.realize import LaunchPlan
+
+        key = (low.device.name,)
+        plan = self._launch_plans.pop(key, None)
+        if plan is not None and plan.broken:
+            _release(plan)
+            plan = None
+        if plan is None:
+            plan = LaunchPlan(low)
+        self._launch_plans[key] = plan
+        while len(self._launch_plans) > self.MAX_PLANS:
+            _release(self._launch_plans.pop(next(iter(self._launch_plans))))
+        return plan
+
+    def release(self) -> None:
+        """Give back the device buffers that the package's launch plans keep between runs."""
+        plans, self._launch_plans = self._launch_plans, {}
+        for plan in plans.values():
+            _release(plan)
 
     def bench(self, device: str | None = None, dims: dict[str, int] | None = None, repeat: int = 10,
               inputs: dict[str, np.ndarray] | None = None, warmup: int = 1, **_: Any) -> dict[str, Any]:
@@ -717,7 +795,7 @@ class Package:
         dims, arrays = self.bind(inputs, dims, cast=True)
         low = self.lower(device)
         low.device.ensure_runnable()
-        timing = bench.bench_lowered(low, arrays, repeat=repeat, warmup=warmup)
+        timing = bench.bench_lowered(low, arrays, repeat=repeat, warmup=warmup, measure_peak=False)
         return {"device": low.device.name, "dims": dims, "repeat": repeat, "beam": None, **timing,
                 "identity": self.identity(low.device, dims)}
 
@@ -743,6 +821,7 @@ class Package:
                        "compiler": self.manifest["device"].get("compiler")},
             "program": {"file": prog.get("file"), "source_sha256": prog.get("source_sha256")},
             "dims": dict(self.dims),
+            "graph_runner": self.graph_runner is not None,
             "inputs": [_io_doc(d, self.buffers[d.buffer]) for d in self.inputs],
             "outputs": [_io_doc(d, self.buffers[d.buffer]) for d in self.outputs],
             "kernels": [{"name": k.name, "global_size": list(k.global_size),
@@ -760,6 +839,15 @@ class Package:
                        "output_bytes": sum(self.buffers[d.buffer].nbytes for d in self.outputs
                                            if self.buffers[d.buffer] in mem.slot_of)},
         }
+
+
+def _release(plan: Any) -> None:
+    """Free a plan's buffers unless a run holds it now (then they go with the plan, once unused)."""
+    if plan.lock.acquire(blocking=False):
+        try:
+            plan.free()
+        finally:
+            plan.lock.release()
 
 
 def _type_text(decl: PackageInput) -> str:
