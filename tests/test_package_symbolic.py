@@ -236,3 +236,12 @@ def _rezip(data: bytes, edit) -> bytes:
         z.comment = b"0" * 64
     raw = out.getvalue()
     return raw[:-64] + package.file_checksum(raw)
+
+
+def test_dims_that_disagree_with_the_inputs_are_clear(sm_pkg):
+    pkg = tgc.load_package(sm_pkg)
+    with pytest.raises(tgc.TgcError, match="axis 0 has size 3, but N = 4") as e:
+        pkg.run(dims={"N": 4}, x=np.zeros((3, 5), np.float32))
+    assert e.value.exit_code == 2
+    with pytest.raises(tgc.TgcError, match="missing input 'x'|dim N is unknown"):
+        pkg.run()

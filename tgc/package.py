@@ -1307,7 +1307,10 @@ class SymbolicPackage:
                 continue
             for axis, e in enumerate(d.expr):
                 if isinstance(e, str) and e in self.dims_names:
-                    out.setdefault(e, int(np.shape(arr)[axis]))
+                    have = int(np.shape(arr)[axis])
+                    if out.setdefault(e, have) != have:
+                        raise TgcError(f"input '{d.name}' axis {axis} has size {have}, but {e} = {out[e]}",
+                                       file=self.path, hint=f"give arrays whose sizes agree on {e}")
         missing = [n for n in self.dims_names if n not in out]
         if missing:
             raise BindError(f"dim {missing[0]} is unknown: no input's shape gives it", need="dim", name=missing[0],
