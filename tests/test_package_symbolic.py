@@ -245,3 +245,82 @@ def test_dims_that_disagree_with_the_inputs_are_clear(sm_pkg):
     assert e.value.exit_code == 2
     with pytest.raises(tgc.TgcError, match="missing input 'x'|dim N is unknown"):
         pkg.run()
+
+
+_SUITE_RUN = """
+import sys, json, glob, os, numpy as np, tgc
+from tgc.package import PackageError
+d = sys.argv[1]
+result = {}
+for path in sorted(glob.glob(os.path.join(d, "*.tgpkg"))):
+    name = os.path.basename(path)[:-6]
+    pkg = tgc.load_package(path)
+    rows = []
+    for i in range(3):
+        f = os.path.join(d, f"{name}.{i}.in.npz")
+        if not os.path.exists(f):
+            rows.append("no reference")
+            continue
+        with np.load(f) as z:
+            arrays = {k[2:]: z[k] for k in z.files}
+        try:
+            out = pkg.run(**arrays)
+        except PackageError as e:
+            rows.append("refused: " + e.msg)
+            continue
+        np.savez(os.path.join(d, f"{name}.{i}.got.npz"), **{"a_" + k: v for k, v in out.items()})
+        rows.append("ran")
+    result[name] = rows
+print(json.dumps({"rows": result, "llvmlite": "llvmlite" in sys.modules,
+                  "compiler": [m for m in sys.modules if m.startswith(("tgc.codegen", "tgc.api", "tgc.dsl"))]}))
+"""
+
+
+def test_every_example_program_packaged_once_runs_at_three_sizes_in_a_fresh_process(tmp_path):
+    """Each kernels/*.tg program with dims, packaged once without -D, runs in one fresh process (no llvmlite,
+    no compiler) at all dims 1, at distinct odd sizes and at distinct even sizes, against the source's numpy
+    reference; a size outside the packaged classes is refused with the clear error, never run wrong."""
+    from tgc.engine.inputs import random_inputs
+    sizes = ([1] * 9, [3, 5, 7, 9, 11, 13, 15, 17, 19], [6, 10, 14, 22, 26, 30, 34, 38, 42])
+    no_form, want = [], {}
+    for path in sorted((ROOT / "kernels").glob("*.tg")):
+        prog = tgc.load(path)
+        if not prog.dim_names:
+            continue
+        try:
+            package.write(prog, tmp_path / f"{path.stem}.tgpkg", "CPU", {})
+        except tgc.TgcError as e:
+            assert e.exit_code == 2 and "no kernels valid for every size" in e.msg
+            no_form.append(path.stem)
+            continue
+        for i, s in enumerate(sizes):
+            dims = dict(zip(prog.dim_names, s))
+            try:
+                arrays = prog.bind(random_inputs(prog, dims, i), dims)[1]
+                want[path.stem, i] = prog.reference(dims=dims, **arrays)
+            except tgc.TgcError:
+                continue  # sizes this program does not take (a divisibility, a kernel size)
+            np.savez(tmp_path / f"{path.stem}.{i}.in.npz", **{"a_" + k: v for k, v in arrays.items()})
+    assert len(no_form) <= 4 and "softmax" not in no_form
+    env = _env(TGC_CACHE_DIR=str(tmp_path / "empty-cache"))
+    proc = subprocess.run([sys.executable, "-c", _SUITE_RUN, str(tmp_path)], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert doc["llvmlite"] is False and doc["compiler"] == []
+    assert len(doc["rows"]) >= 10
+    for name, rows in doc["rows"].items():
+        ndims = len(tgc.load(ROOT / "kernels" / f"{name}.tg").dim_names)
+        for i, row in enumerate(rows):
+            if row == "ran":
+                with np.load(tmp_path / f"{name}.{i}.got.npz") as z:
+                    for k, ref in want[name, i].items():
+                        np.testing.assert_allclose(np.asarray(z["a_" + k], np.float64), np.asarray(ref, np.float64),
+                                                   rtol=2e-3, atol=1e-4, equal_nan=True, err_msg=f"{name} {i} {k}")
+            elif row.startswith("refused: "):
+                assert "outside the size classes" in row, row
+                if i == 0:
+                    assert ndims > package.MAX_ONES, f"{name}: all dims at 1 is a packaged class: {row}"
+            else:
+                assert row == "no reference", row
+        assert "ran" in rows[1:], f"{name} ran at no size above 1: {rows}"
