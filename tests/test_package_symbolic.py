@@ -324,3 +324,17 @@ def test_every_example_program_packaged_once_runs_at_three_sizes_in_a_fresh_proc
             else:
                 assert row == "no reference", row
         assert "ran" in rows[1:], f"{name} ran at no size above 1: {rows}"
+
+
+def test_a_packaged_fast_variant_runs_at_large_sizes_and_the_general_kernel_at_small_ones(tmp_path):
+    """Built without the bounds verifier on every kernel (as users build: the package builder verifies each
+    fast variant itself at the probe sizes and ships only those in bounds), softmax has a fast variant."""
+    path = tmp_path / "sm.tgpkg"
+    r = _cli("compile", SOFTMAX, "--package", path, TGC_VERIFY_BOUNDS="0", TGC_CACHE_DIR=str(tmp_path / "c"))
+    assert r.returncode == 0, r.stderr
+    pkg = tgc.load_package(path)
+    assert pkg.classes[0].doc["kernels"][0]["fast"] is not None
+    for dims, fast in (({"N": 3, "D": 5}, False), ({"N": 64, "D": 67}, True)):
+        assert bool(pkg.at(dims).kernels[0].opts) == fast
+        x = np.random.default_rng(4).standard_normal((dims["N"], dims["D"])).astype(np.float32)
+        np.testing.assert_allclose(pkg.run(x=x)["out0"], _softmax(x), rtol=1e-5, atol=1e-6)

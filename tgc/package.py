@@ -1076,6 +1076,21 @@ def build_symbolic(prog: Any, dev: Any) -> bytes:
                 out.append(_mono_expr(m) if sizes.mono_value(m, p2) == b else 0)
             return out[0], out[1]
 
+        def in_bounds(k: Any) -> bool:
+            """Whether the bounds verifier (tgc/codegen/verify.py) finds every access of a fast variant inside
+            its buffers at the first probe's sizes (its buffers' and, where the launch checks allow, its dims'): a
+            package ships no variant it flags."""
+            from tgc.codegen import verify
+            from tgc.codegen.kernel import launch_allows
+            if not launch_allows(k, p1):
+                return True  # (not verifiable at the probe; the launch checks guard it as they do for `run`)
+            try:
+                verify.verify_kernel(k.name, k.uops, k.bufs, {"global_size": k.global_size, "local_size":
+                                                             k.local_size, "vals": tuple(p1[n] for n in k.var_names)})
+            except TgcError:
+                return False
+            return True
+
         def buf_index(k: Any, ks: list[int], item_bufs: list) -> list[int]:
             return [ks[next(i for i, b in enumerate(item_bufs) if b is kb)] for kb in k.bufs]
 
@@ -1094,7 +1109,7 @@ def build_symbolic(prog: Any, dev: Any) -> bytes:
             doc["fast"] = None
             if fast is not None:
                 checks = [[what, _uop_expr(expr), int(value)] for what, expr, value in fast.checks]
-                if all(c[1] is not None for c in checks) and \
+                if all(c[1] is not None for c in checks) and in_bounds(fast) and \
                         sorted(buf_index(fast, ks, item_bufs)) == sorted(doc["bufs"]):
                     doc["fast"] = {**kernel_doc(fast, ks, item_bufs), "checks": checks}
             kernels.append(doc)
