@@ -63,7 +63,6 @@ def run(src: str, device: str, dims: dict[str, int] | None = None, **inputs) -> 
     the kernels compiled for the size class."""
     if SYMBOLIC and device in ("CPU", "PYTHON"):
         return tgc.loads(src).run(device=device, dims=dims, symbolic=True, **inputs)
-    return tgc.loads(src).run(device=device, dims=dims, **inputs)
     from tgc.backends import get_device
     from tgc.backends.base import Device
     prog = tgc.loads(src)

@@ -217,9 +217,9 @@ def test_wrong_device_target_and_format_version(mlp_pkg):
         loads_package(_rezip(data, target)).run()
 
     def version(m):
-        m["format_version"] = 2
+        m["format_version"] = 3
 
-    _refused(_rezip(data, version), "package format version 2")
+    _refused(_rezip(data, version), "package format version 3")
     _refused(_rezip(data, lambda m: m.update(format="zip")), "not a tgc package")
 
 
@@ -316,7 +316,11 @@ def test_the_planned_peak_is_what_a_run_allocates(path, dims, tmp_path):
         prog.run(device="CPU", dims=dims, **arrays)
         prog.release()
 
-    for runner in (run_source, lambda: pkg.run(**arrays)):
+    def run_package() -> None:  # (so does a package)
+        pkg.run(**arrays)
+        pkg.release()
+
+    for runner in (run_source, run_package):
         alloc = tgc.api._device("CPU").allocator
         alloc.reset_peak()
         base = alloc.live_bytes
@@ -419,3 +423,80 @@ print(json.dumps({{"same": all(np.array_equal(want[k], got[k]) for k in want), "
 def test_declared_shapes_keep_dim_names_and_fall_back_to_sizes():
     assert package._decl_shape(["N", 3, "3 * C", ["*", 3, "C"], object()], [4, 3, 12, 12, 7]) == \
         ["N", 3, 12, ["*", 3, "C"], 7]
+
+
+# --- launch plans of packages run as device graphs
+
+
+_GRAPH_SCRIPT = """
+import sys, json, numpy as np, tgc
+pkg = tgc.load_package(sys.argv[1])
+z = np.load(sys.argv[2])
+outs = [pkg.run(**{k: z[k] for k in z.files}) for _ in range(3)]
+np.savez(sys.argv[3], **outs[-1])
+same = all(np.array_equal(o[k], outs[0][k]) for o in outs for k in o)
+print(json.dumps({"llvmlite": "llvmlite" in sys.modules, "same": same,
+                  "compiled": [m for m in sys.modules if m.startswith(("tgc.codegen", "tgc.api", "tgc.dsl"))]}))
+"""
+
+
+def _graph_run(pkg_path, tmp_path, cache: str) -> tuple[dict, str]:
+    prog = tgc.load(MLP)
+    arrays = _inputs(prog, MLP_DIMS, seed=5)
+    want = prog.run(device="CPU", **arrays)
+    np.savez(tmp_path / "gin.npz", **arrays)
+    env = {**_env(), "DEBUG": "2", "TGC_CACHE_DIR": str(tmp_path / cache)}  # an empty cache: no runner there
+    proc = subprocess.run([sys.executable, "-c", _GRAPH_SCRIPT, str(pkg_path), str(tmp_path / "gin.npz"),
+                           str(tmp_path / "gout.npz")], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    with np.load(tmp_path / "gout.npz") as z:
+        for name in want:
+            np.testing.assert_array_equal(z[name], want[name])
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+def test_a_package_run_repeatedly_runs_as_one_cpu_graph_without_llvmlite(mlp_pkg, tmp_path):
+    pkg = tgc.load_package(mlp_pkg)
+    assert pkg.graph_runner is not None and pkg.describe()["graph_runner"] is True
+    doc, err = _graph_run(mlp_pkg, tmp_path, "empty-cache")
+    assert doc == {"llvmlite": False, "same": True, "compiled": []}
+    n = len(pkg.kernels)
+    assert f"graph of {n} kernels" in err and "ran in one launch" in err, err  # from the second run on
+    assert err.count("ran in one launch") == 2
+
+
+def test_a_package_without_a_usable_runner_launches_kernel_by_kernel(mlp_pkg, tmp_path):
+    """A runner built for another table layout is not used; with no runner in the cache the package launches
+    its kernels one by one (never compiling one): same results, no llvmlite."""
+    def other_layout(m):
+        m["graph_runner"]["ir_version"] = -1
+
+    path = tmp_path / "old.tgpkg"
+    path.write_bytes(_rezip(mlp_pkg.read_bytes(), other_layout))
+    assert tgc.load_package(path).graph_runner is None
+    doc, err = _graph_run(path, tmp_path, "empty-cache-2")
+    assert doc == {"llvmlite": False, "same": True, "compiled": []}
+    assert "ran in one launch" not in err and "no graph for" in err and "does not compile" in err, err
+
+
+def test_tgc_bench_of_a_package_times_the_graph_without_llvmlite(mlp_pkg, tmp_path):
+    code = ("import sys, atexit\n"
+            "atexit.register(lambda: sys.stderr.write('LLVMLITE=%s\\n' % ('llvmlite' in sys.modules)))\n"
+            "from tgc.cli.main import main\n"
+            f"main([\"bench\", {str(mlp_pkg)!r}, \"--repeat\", \"2\", \"--json\"])\n")
+    env = {**_env(), "TGC_CACHE_DIR": str(tmp_path / "empty-cache")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["program"]["graph"] is True
+    assert "LLVMLITE=False" in proc.stderr
+
+
+def test_a_tampered_graph_runner_is_refused(mlp_pkg):
+    data = mlp_pkg.read_bytes()
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    obj = members[package.RUNNER_MEMBER]
+    members[package.RUNNER_MEMBER] = obj[:-1] + bytes([obj[-1] ^ 1])
+    _refused(_zip(members), "does not match its hash")
+    del members[package.RUNNER_MEMBER]
+    _refused(_zip(members), "missing")

@@ -9,6 +9,11 @@ A package is a zip archive of data only (never pickle, nothing runs on load):
   buffers share an allocation, the peak), and the size and SHA-256 of every other member. Every size is an
   expression of the dims (`tgc.sizeexpr`: plain integers when every dim was given).
 - `kernels/<i>.bin` and `kernels/<i>.src`: each kernel's binary and its source.
+- `runtime/cpu_graph.bin` (CPU packages): the object of the CPU graph runner (`tgc.backends.cpu_graph`, one
+  small generic function that calls every kernel of a launch plan in order), described by the manifest's
+  `graph_runner` (the table layout it was built for). A package run repeatedly runs its launch plan as one
+  device graph from its second run on: on the CPU with the compile cache's runner, else the shipped one
+  (loaded by `tgc.backends.elf`), else (a runner for another table layout) kernel by kernel; never compiling.
 
 The manifest's `content_hash` is the SHA-256 of the manifest itself without that field (canonical JSON), which
 names every member's hash: the package's identity. The archive's comment, its last 64 bytes, is the SHA-256 of
@@ -63,7 +68,8 @@ MAX_LAUNCH = (1 << 31) - 1
 MAX_DIM = 1 << 48
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
-_MEMBER = re.compile(r"kernels/(0|[1-9][0-9]{0,5})\.(bin|src)\Z")
+_MEMBER = re.compile(r"kernels/(0|[1-9][0-9]{0,5})\.(bin|src)\Z|runtime/cpu_graph\.bin\Z")
+RUNNER_MEMBER = "runtime/cpu_graph.bin"
 _HEX = re.compile(r"[0-9a-f]{64}\Z")
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed: the same program and device give the same bytes
 
@@ -156,6 +162,10 @@ def build(prog: Any, device: str | None = None, dims: dict[str, int] | None = No
     slots = [0] * len(buffers)
     for node, i in index.items():
         slots[i] = plan.slot_of.get(node, -1)
+    runner = _graph_runner(dev)
+    if runner is not None:
+        blobs[RUNNER_MEMBER] = runner[1]
+        files[RUNNER_MEMBER] = {"size": len(runner[1]), "sha256": hashlib.sha256(runner[1]).hexdigest()}
     manifest = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "tgc_version": __version__,
         "device": {"kind": dev.kind, "name": dev.name, "target": dev.binary_target(),
@@ -169,6 +179,8 @@ def build(prog: Any, device: str | None = None, dims: dict[str, int] | None = No
         "memory": {"slots": list(plan.slots), "slot_of": slots, "peak_bytes": plan.peak_bytes},
         "files": files,
     }
+    if runner is not None:
+        manifest["graph_runner"] = runner[0]
     manifest["content_hash"] = content_hash(manifest)
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as z:
@@ -180,6 +192,21 @@ def build(prog: Any, device: str | None = None, dims: dict[str, int] | None = No
         z.comment = b"0" * CHECKSUM_LEN  # replaced below: the file's checksum
     data = out.getvalue()
     return data[:-CHECKSUM_LEN] + file_checksum(data)
+
+
+def _graph_runner(dev: Any) -> tuple[dict, bytes] | None:
+    """On the CPU: the graph runner's object (`tgc.backends.cpu_graph`: one small generic function that calls
+    every kernel of a launch plan in order), shipped so that a package runs as one native call per run without
+    the compile cache and without llvmlite; with the table layout it was built for. None elsewhere, or where it
+    cannot be compiled (the package then launches kernel by kernel where the cache lacks the runner)."""
+    if dev.kind != "CPU" or dev.compiler is None:
+        return None
+    from tgc.backends import cpu_graph
+    try:
+        obj = cpu_graph.runner_object(dev.compiler)
+    except Exception:  # noqa: BLE001 - no runner: the package runs kernel by kernel
+        return None
+    return {"member": RUNNER_MEMBER, **cpu_graph.ABI}, obj
 
 
 def file_checksum(data: bytes) -> bytes:
@@ -201,15 +228,25 @@ def _decl_shape(declared: Any, concrete: list[int]) -> list:
             try:
                 out.append(sizeexpr.validate(s))
             except TgcError:
-                out.append(int(n))
+                out.append(None if n is None else int(n))
     return out
 
 
 def write(prog: Any, path: str | os.PathLike, device: str | None = None, dims: dict[str, int] | None = None
-          ) -> Package:
+          ) -> Package | SymbolicPackage:
     """Build a package and write it to `path` (atomically: a failed write leaves no partial file); return it
-    as loaded back from the bytes written."""
-    data = build(prog, device, dims)
+    as loaded back from the bytes written. Without dims, a program with dims is packaged symbolically (its
+    kernels for every size of its size classes, CPU and PYTHON: `build_symbolic`)."""
+    if not dims and prog.dim_names:
+        from tgc.api import _device
+        from tgc.backends import default_device
+        dev = _device(device or default_device())
+        if dev.caps.gpu or dev.kind not in ("CPU", "PYTHON"):
+            raise TgcError(f"a package for {dev.kind} needs every dim: kernels with symbolic sizes are built for "
+                           "the CPU and PYTHON devices only", hint="give its dims (-D NAME=INT)")
+        data = build_symbolic(prog, dev)
+    else:
+        data = build(prog, device, dims)
     path = os.fspath(path)
     tmp = f"{path}.tmp{os.getpid()}"
     try:
@@ -253,8 +290,10 @@ def load_package(path: str | os.PathLike) -> Package:
     return loads_package(data, path)
 
 
-def loads_package(data: bytes, path: str = "<bytes>") -> Package:
+def loads_package(data: bytes, path: str = "<bytes>") -> Package | SymbolicPackage:
     manifest, members = read_members(data, path)
+    if manifest.get("format_version") == SYMBOLIC_VERSION:
+        return SymbolicPackage(manifest, members, path)
     return Package(manifest, members, path)
 
 
@@ -346,11 +385,11 @@ def _check_format(manifest: dict, path: str) -> None:
     if manifest.get("format") != FORMAT:
         raise _bad(path, "its manifest is not a tgc package's")
     version = manifest.get("format_version")
-    if version != FORMAT_VERSION:
+    if version not in (FORMAT_VERSION, SYMBOLIC_VERSION):
         made = manifest.get("tgc_version")
         raise PackageError(
             f"{path}: package format version {version!r} (written by tgc {str(made)[:40]}), but this tgc "
-            f"({__version__}) reads version {FORMAT_VERSION}",
+            f"({__version__}) reads versions {FORMAT_VERSION} and {SYMBOLIC_VERSION}",
             hint="compile the package again with this tgc")
 
 
@@ -459,6 +498,8 @@ class PackagedKernel:
 class Package:
     """A validated package: its signature, launch plan and memory plan; `run` and `bench` on its device."""
 
+    symbolic = False
+
     def __init__(self, manifest: dict, members: dict[str, bytes], path: str = "<bytes>"):
         self.manifest, self.path, self.filename = manifest, path, path
         self._members = members
@@ -488,8 +529,26 @@ class Package:
                         enumerate(_list(m.get("kernels"), "kernels", path, MAX_KERNELS))]
         self.memory = self._read_memory(_obj(m.get("memory"), "memory", path))
         self.content_hash = m["content_hash"]
+        self.graph_runner = self._read_runner(m.get("graph_runner"))
+        self._launch_plans: dict[tuple, Any] = {}  # launch plans of the last runs, oldest first (MAX_PLANS)
+        self._ran_once: set[str] = set()  # devices this package ran on once without a plan (see `run`)
 
     # --- validation of the manifest's parts
+    def _read_runner(self, doc: Any) -> bytes | None:
+        """The CPU graph runner's object the package ships (None: none, or one built for another table layout:
+        then the runner comes from the compile cache, or the kernels launch one by one)."""
+        if doc is None:
+            if RUNNER_MEMBER in self._members:
+                raise _bad(self.path, f"member {RUNNER_MEMBER} is not described")
+            return None
+        doc = _obj(doc, "graph_runner", self.path)
+        if doc.get("member") != RUNNER_MEMBER or RUNNER_MEMBER not in self._members:
+            raise _bad(self.path, "graph_runner names no member of the package")
+        from tgc.backends.cpu_graph import ABI
+        if self.device_kind != "CPU" or any(doc.get(k) != v for k, v in ABI.items()):
+            return None
+        return self._members[RUNNER_MEMBER]
+
     def _read_buffers(self, raw: Any) -> list[PlanBuffer]:
         out = []
         for i, b in enumerate(_list(raw, "buffers", self.path, MAX_BUFFERS)):
@@ -555,8 +614,8 @@ class Package:
             local_size = tuple(_size(s, self.dims, f"{where} local size", path, 1, MAX_LAUNCH) for s in ls)
         vals = tuple(_size(v, self.dims, f"{where} value", path, -(1 << 31), (1 << 31) - 1)
                      for v in _list(k.get("vals"), f"{where} values", path, 64))
-        flops = _int(k.get("flops"), f"{where} flops", path, 0, 1 << 62)
-        nbytes = _int(k.get("bytes"), f"{where} bytes", path, 0, 1 << 62)
+        flops = _size(k.get("flops"), self.dims, f"{where} flops", path, 0, 1 << 62)
+        nbytes = _size(k.get("bytes"), self.dims, f"{where} bytes", path, 0, 1 << 62)
         line = k.get("line")
         if line is not None:
             line = _int(line, f"{where} line", path, 0, 1 << 31)
@@ -692,18 +751,56 @@ class Package:
         for k in self.kernels:
             if k.device is not dev:
                 k.device, k._program = dev, None
+        # a CPU package runs its launch plan as one native call (the graph runner it ships, or the compile
+        # cache's), never compiling it: without either, kernel by kernel
+        options = {"runner_object": self.graph_runner, "compile_runner": False} if dev.kind == "CPU" else None
         return Lowered(dev, self.kernels, [(self.buffers[d.buffer], d.name) for d in self.inputs],
-                       [(d.name, self.buffers[d.buffer]) for d in self.outputs], memory=self.memory)
+                       [(d.name, self.buffers[d.buffer]) for d in self.outputs], memory=self.memory,
+                       graph_options=options)
+
+    MAX_PLANS = 4  # launch plans (with their device buffers) kept between runs, per device
 
     def run(self, device: str | None = None, dims: dict[str, int] | None = None, cast: bool = False,
             inputs: dict[str, Any] | None = None, **kw_inputs: Any) -> dict[str, np.ndarray]:
-        """Execute the launch plan; {output name: numpy array}, as `Program.run`."""
+        """Execute the launch plan; {output name: numpy array}, as `Program.run`. The plan is kept with its
+        buffers between runs and, from its second run on, runs as one device graph (`LaunchPlan`)."""
         from tgc.engine.realize import run_program
 
         low = self.lower(device)  # a package for another device is refused before its inputs are read
         _, arrays = self.bind({**(inputs or {}), **kw_inputs}, dims, cast=cast)
         low.device.ensure_runnable()
-        return run_program(low, arrays)
+        if (low.device.name,) not in self._launch_plans and low.device.name not in self._ran_once:
+            self._ran_once.add(low.device.name)  # a first run: zero-copy where the device allows, nothing kept
+            return run_program(low, arrays)
+        plan = self._launch_plan(low)
+        if not plan.lock.acquire(blocking=False):  # another thread runs this plan now: buffers of this run's own
+            return run_program(low, arrays)
+        try:
+            return plan.run(arrays)
+        finally:
+            plan.lock.release()
+
+    def _launch_plan(self, low: Any) -> Any:
+        from tgc.engine.realize import LaunchPlan
+
+        key = (low.device.name,)
+        plan = self._launch_plans.pop(key, None)
+        if plan is not None and plan.broken:
+            _release(plan)
+            plan = None
+        if plan is None:
+            plan = LaunchPlan(low, graph_after=0)
+        self._launch_plans[key] = plan
+        while len(self._launch_plans) > self.MAX_PLANS:
+            _release(self._launch_plans.pop(next(iter(self._launch_plans))))
+        return plan
+
+    def release(self) -> None:
+        """Give back the device buffers that the package's launch plans keep between runs."""
+        plans, self._launch_plans = self._launch_plans, {}
+        self._ran_once.clear()
+        for plan in plans.values():
+            _release(plan)
 
     def bench(self, device: str | None = None, dims: dict[str, int] | None = None, repeat: int = 10,
               inputs: dict[str, np.ndarray] | None = None, warmup: int = 1, **_: Any) -> dict[str, Any]:
@@ -717,7 +814,7 @@ class Package:
         dims, arrays = self.bind(inputs, dims, cast=True)
         low = self.lower(device)
         low.device.ensure_runnable()
-        timing = bench.bench_lowered(low, arrays, repeat=repeat, warmup=warmup)
+        timing = bench.bench_lowered(low, arrays, repeat=repeat, warmup=warmup, measure_peak=False)
         return {"device": low.device.name, "dims": dims, "repeat": repeat, "beam": None, **timing,
                 "identity": self.identity(low.device, dims)}
 
@@ -743,6 +840,7 @@ class Package:
                        "compiler": self.manifest["device"].get("compiler")},
             "program": {"file": prog.get("file"), "source_sha256": prog.get("source_sha256")},
             "dims": dict(self.dims),
+            "graph_runner": self.graph_runner is not None,
             "inputs": [_io_doc(d, self.buffers[d.buffer]) for d in self.inputs],
             "outputs": [_io_doc(d, self.buffers[d.buffer]) for d in self.outputs],
             "kernels": [{"name": k.name, "global_size": list(k.global_size),
@@ -762,6 +860,15 @@ class Package:
         }
 
 
+def _release(plan: Any) -> None:
+    """Free a plan's buffers unless a run holds it now (then they go with the plan, once unused)."""
+    if plan.lock.acquire(blocking=False):
+        try:
+            plan.free()
+        finally:
+            plan.lock.release()
+
+
 def _type_text(decl: PackageInput) -> str:
     return f"{decl.dtype.name}[{', '.join(map(str, decl.shape))}]"
 
@@ -769,3 +876,622 @@ def _type_text(decl: PackageInput) -> str:
 def _io_doc(d: PackageInput, buf: PlanBuffer) -> dict[str, Any]:
     return {"name": d.name, "dtype": d.dtype.name, "shape": list(buf.plan_shape),
             "declared": [sizeexpr.text(e) for e in d.expr]}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# symbolic packages: the program's kernels for every size of its size classes (format version 2)
+
+SYMBOLIC_VERSION = 2
+MAX_CLASSES = 16
+MAX_ONES = 3  # programs of at most this many dims package every class of dims at 1; more: one dim at 1 at a time
+
+
+def _size_classes(names: list[str]) -> list[tuple[tuple[str, str], ...]]:
+    """The classes a symbolic package holds: every dim "n" (2 or more) first, then dims at 1 (a dim of 1 changes
+    the program's graph: its own kernels). Multiples of 32 run the "n" kernels (valid for every size)."""
+    from itertools import combinations
+    most = len(names) if len(names) <= MAX_ONES else 1
+    out = []
+    for r in range(most + 1):
+        for ones in combinations(names, r):
+            out.append(tuple((n, "1" if n in ones else "n") for n in names))
+    return out[:MAX_CLASSES]
+
+
+def _mul(a: Any, b: Any) -> Any:
+    """a * b as a size expression, integers folded."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a * b
+    if a == 1:
+        return b
+    if b == 1:
+        return a
+    if isinstance(b, int) and not isinstance(a, int):
+        a, b = b, a
+    return ["*", a, b]
+
+
+def _mono_expr(m: tuple) -> Any:
+    """A size of tgc.codegen.sizes (coef * product of dims // div + offset) as a size expression."""
+    coef, names, off, div = m
+    e: Any = 1
+    for n in names:
+        e = _mul(e, n)
+    e = _mul(coef, e)
+    if div != 1:
+        e = e // div if isinstance(e, int) else ["//", e, div]
+    return e + off if isinstance(e, int) else (e if off == 0 else ["+", e, off])
+
+
+def _product_expr(parts: list, scale: int) -> Any:
+    """scale * the product of `parts` (every size of a packaged class is 1 or more: so is the product)."""
+    e: Any = scale
+    for p in parts:
+        e = _mul(e, p)
+    return e
+
+
+def _uop_expr(u: Any) -> Any:
+    """A launch check's integer expression (kernel variables `D_name`, constants, + * // % max) as a size
+    expression; None where it has anything else (the fast variant is then left out: never a wrong answer)."""
+    from tgc.codegen.sizes import VAR_PREFIX
+    from tgc.ir.uop import Ops
+    if u.op is Ops.CONST and isinstance(u.arg, int) and not isinstance(u.arg, bool):
+        return int(u.arg)
+    if u.op is Ops.DEFINE_VAR and isinstance(u.arg, tuple) and str(u.arg[0]).startswith(VAR_PREFIX):
+        return str(u.arg[0])[len(VAR_PREFIX):]
+    ops = {Ops.ADD: "+", Ops.MUL: "*", Ops.MAX: "max", Ops.IDIV: "//", Ops.MOD: "%"}
+    if u.op in ops and len(u.src) == 2:
+        a, b = _uop_expr(u.src[0]), _uop_expr(u.src[1])
+        if a is None or b is None:
+            return None
+        if u.op in (Ops.IDIV, Ops.MOD) and not (isinstance(b, int) and b > 0):
+            return None  # (C's truncating division equals floor division for the non-negative sizes here)
+        return _mul(a, b) if u.op is Ops.MUL else [ops[u.op], a, b]
+    if u.op is Ops.CAST and len(u.src) == 1:
+        return _uop_expr(u.src[0])
+    return None
+
+
+def _signature_max_constant(sig: tuple) -> int:
+    """The largest plain integer (not a size of the dims) in a symbolic graph signature's arguments."""
+    best = 0
+
+    def walk(v: Any) -> None:
+        nonlocal best
+        if isinstance(v, tuple) and len(v) == 2 and v[0] in ("#", "#f", "#r"):
+            if not v[1][1]:  # a Mono without dims: a plain constant
+                best = max(best, abs(int(v[1][0])))
+            return
+        if isinstance(v, tuple):
+            for x in v:
+                walk(x)
+        elif isinstance(v, int) and not isinstance(v, bool):
+            best = max(best, abs(v))
+
+    for row in sig:
+        if row[0] != "outs":
+            walk(row[2])
+    return best
+
+
+def _class_minimum(prog: Any, plan: Any, cls: tuple) -> dict[str, int]:
+    """Per symbolic dim, the least size the package accepts. At the probes (primes of 211 and more) every
+    symbolic dim exceeds every constant of the program, so the symbolic kernels hold wherever each dim exceeds
+    the largest constant of the graph plus the sizes' offsets (`T`). Below T a slice or index may clamp, or the
+    scheduler cut another kernel: each dim alone at 2 .. T-1 (the others at T, T+1, ...) is checked with the
+    source (`SymbolicPlan.bind`), its least size the one above its last failure; then every dim at once at its
+    least size (else every dim at T). The dims are kept distinct: equal dims can merge equal nodes of the
+    graph, which `bind` reads as another graph, whatever the sizes."""
+    from tgc.codegen import sizes
+    sym = list(plan.symbolic)
+    top = max(2, _signature_max_constant(plan.signature) + sizes.MAX_OFFSET + 1)
+    fixed = {n: int(c) for n, c in cls if c not in sizes.SYMBOLIC}
+
+    def holds(dims: dict[str, int]) -> bool:
+        try:
+            return plan.bind(prog, {**fixed, **dims})[0] is not None
+        except TgcError:
+            return False
+
+    least = {}
+    for n in sym:
+        least[n] = 2
+        for v in range(2, top):
+            if not holds({m: (v if m == n else top + j) for j, m in enumerate(sym)}):
+                least[n] = v + 1
+    taken: set[int] = set()
+    together = {}
+    for n in sym:  # every dim at its least size at once, distinct
+        v = least[n]
+        while v in taken:
+            v += 1
+        taken.add(v)
+        together[n] = v
+    return least if holds(together) else {n: top for n in sym}
+
+
+def build_symbolic(prog: Any, dev: Any) -> bytes:
+    """The symbolic package of a program (no dims given) for a CPU or PYTHON device, as bytes."""
+    from tgc.codegen import sizes
+    from tgc.codegen.kernel import symbolic_work
+    from tgc.engine.memplan import plan_memory
+    from tgc.errors import CompileError
+    from tgc.ir.uop import Ops, UOp
+
+    names = list(prog.dim_names)
+    decls = list(prog.inputs)
+    files: dict[str, dict] = {}
+    blobs: dict[str, bytes] = {}
+    classes, skipped = [], []
+
+    def member(data: bytes) -> str:
+        name = f"kernels/{len(blobs)}.{'bin' if len(blobs) % 2 == 0 else 'src'}"
+        blobs[name] = data
+        files[name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        return name
+
+    def one_class(cls: tuple, plan: Any) -> dict | str:
+        """The package's doc of one size class, or why it is left out."""
+        p1, p2 = sizes.probes(cls)
+        rep = {n: sizes.REPRESENTATIVE[c] if c in sizes.SYMBOLIC else int(c) for n, c in cls}
+        sym = list(plan.symbolic)
+        # the buffers: the plan's slots, then any declared input no kernel reads
+        roles: dict[int, tuple[str, str | None]] = {}
+        bufs: list[dict] = []
+        shapes: list[list] = []
+        for s in plan.slots:
+            shapes.append([_mono_expr(m) for m in s.shape])
+            bufs.append({"dtype": s.dtype.name, "shape": shapes[-1],
+                         "nbytes": _product_expr(shapes[-1], s.dtype.itemsize)})
+        input_buf: dict[int, int] = {s.input: i for i, s in enumerate(plan.slots) if s.input is not None}
+        why = None
+        for j, d in enumerate(decls):
+            if j not in input_buf:  # (no kernel reads it: its declared shape, which must be expressible)
+                shape = _decl_shape(d.shape, [None] * len(d.shape))
+                if any(e is None for e in shape):
+                    why = f"input {d.name} is read by no kernel and its shape is not expressible"
+                    break
+                input_buf[j] = len(bufs)
+                bufs.append({"dtype": d.dtype.name, "shape": shape,
+                             "nbytes": _product_expr(shape, d.dtype.itemsize)})
+            roles[input_buf[j]] = ("input", d.name)
+        for name, j in zip(prog.output_names, plan.output_slots):
+            if j in roles:
+                why = f"output {name} is an input or another output"
+            roles[j] = ("output", name)
+        if why is not None:
+            return why
+        for i, b in enumerate(bufs):
+            b["role"], b["name"] = roles.get(i, ("temp", None))
+
+        def slot_nodes(dims: dict[str, int]) -> list:
+            return [UOp(Ops.BUFFER, s.dtype, (), (-1 - i, f"tmp{i}", tuple(sizes.mono_value(m, dims)
+                                                                            for m in s.shape)))
+                    for i, s in enumerate(plan.slots)]
+
+        nodes1, nodes2 = slot_nodes(p1), slot_nodes(p2)
+
+        def work(k: Any, idx: list[int]) -> tuple[Any, Any]:
+            """(flops, bytes) of a launch as expressions of the dims where they are one product of dims, else 0."""
+            out = []
+            for a, b in zip(symbolic_work(k, p1, [nodes1[i] for i in idx]),
+                            symbolic_work(k, p2, [nodes2[i] for i in idx])):
+                m = sizes.factor(int(a), p1, sym)
+                out.append(_mono_expr(m) if sizes.mono_value(m, p2) == b else 0)
+            return out[0], out[1]
+
+        def in_bounds(k: Any) -> bool:
+            """Whether the bounds verifier (tgc/codegen/verify.py) finds every access of a fast variant inside
+            its buffers at the first probe's sizes (its buffers' and, where the launch checks allow, its dims'): a
+            package ships no variant it flags."""
+            from tgc.codegen import verify
+            from tgc.codegen.kernel import launch_allows
+            if not launch_allows(k, p1):
+                return True  # (not verifiable at the probe; the launch checks guard it as they do for `run`)
+            try:
+                verify.verify_kernel(k.name, k.uops, k.bufs, {"global_size": k.global_size, "local_size":
+                                                             k.local_size, "vals": tuple(p1[n] for n in k.var_names)})
+            except TgcError:
+                return False
+            return True
+
+        def buf_index(k: Any, ks: list[int], item_bufs: list) -> list[int]:
+            return [ks[next(i for i, b in enumerate(item_bufs) if b is kb)] for kb in k.bufs]
+
+        def kernel_doc(k: Any, ks: list[int], item_bufs: list) -> dict:
+            idx = buf_index(k, ks, item_bufs)
+            flops, nbytes = work(k, idx)
+            return {"name": k.name, "binary": member(bytes(k.binary)), "source": member(k.src.encode()),
+                    "bufs": idx, "global_size": [int(x) for x in k.global_size],
+                    "local_size": [int(x) for x in k.local_size] if k.local_size else None,
+                    "vals": list(k.var_names), "flops": flops, "bytes": nbytes, "line": k.line,
+                    "opts": [str(o) for o in k.opts]}
+
+        kernels = []
+        for general, fast, ks, item_bufs in zip(plan.kernels, plan.fast, plan.kernel_slots, plan.item_bufs):
+            doc = kernel_doc(general, ks, item_bufs)
+            doc["fast"] = None
+            if fast is not None:
+                checks = [[what, _uop_expr(expr), int(value)] for what, expr, value in fast.checks]
+                if all(c[1] is not None for c in checks) and in_bounds(fast) and \
+                        sorted(buf_index(fast, ks, item_bufs)) == sorted(doc["bufs"]):
+                    doc["fast"] = {**kernel_doc(fast, ks, item_bufs), "checks": checks}
+            kernels.append(doc)
+        # the memory plan: which buffers share an allocation (decided at the representative size; safe at
+        # every size: an allocation is as large as its largest buffer there, an expression of the dims)
+        used = [d["bufs"] for d in kernels]
+        inputs = [input_buf[j] for j in range(len(decls))]
+        outputs = list(plan.output_slots)
+        rep_bytes = {i: max(sizeexpr.evaluate(b["nbytes"], rep), 1) for i, b in enumerate(bufs)}
+        mp = plan_memory(used, rep_bytes, inputs, outputs, share=getattr(dev.allocator, "shared_slots", True))
+        slot_exprs: list[Any] = [None] * len(mp.slots)
+        slot_of = [-1] * len(bufs)
+        for i, s in mp.slot_of.items():
+            slot_of[i] = s
+            e = bufs[i]["nbytes"]
+            old = slot_exprs[s]
+            slot_exprs[s] = e if old is None or old == e else max(old, e) if isinstance(old, int) and \
+                isinstance(e, int) else ["max", old, e]
+        peak: Any = 0
+        for e in slot_exprs:
+            peak = e if peak == 0 else peak + e if isinstance(peak, int) and isinstance(e, int) else ["+", peak, e]
+        sig_in = [{"name": d.name, "dtype": d.dtype.name, "buffer": input_buf[j],
+                   "shape": _decl_shape(d.shape, bufs[input_buf[j]]["shape"])} for j, d in enumerate(decls)]
+        for d in sig_in:
+            if any(e is None for e in d["shape"]):  # a declaration this format cannot spell: the buffer's sizes
+                d["shape"] = bufs[d["buffer"]]["shape"]
+        sig_out = [{"name": name, "dtype": bufs[j]["dtype"], "shape": bufs[j]["shape"], "buffer": j}
+                   for name, j in zip(prog.output_names, plan.output_slots)]
+        return {
+            "class": dict(cls), "min": _class_minimum(prog, plan, cls) if sym else {},
+            "max": {n: int(plan.bound) for n in sym},
+            "signature": {"inputs": sig_in, "outputs": sig_out}, "buffers": bufs, "kernels": kernels,
+            "memory": {"slots": slot_exprs, "slot_of": slot_of, "peak_bytes": peak}}
+
+    for cls in _size_classes(names):
+        text = sizes.class_text(cls)
+        plan = prog._symbolic(dev, cls)
+        if isinstance(plan, str):
+            if all(c == "n" for _, c in cls):
+                raise TgcError(f"the program has no kernels valid for every size ({text}): {plan}", kind="user",
+                               hint="give its dims (-D NAME=INT) to package it for one size")
+            skipped.append({"class": dict(cls), "why": plan[:300]})
+            continue
+        bad = next((k for k in [*plan.kernels, *[f for f in plan.fast if f]] if k.binary is None), None)
+        if bad is not None:
+            raise CompileError(f"cannot package for {dev.name}: kernel {bad.name} could not be compiled here: "
+                               f"{bad.compile_error or 'no compiler on this machine'}")
+        doc = one_class(cls, plan)
+        if isinstance(doc, str):
+            skipped.append({"class": dict(cls), "why": doc})
+        else:
+            classes.append(doc)
+    runner = _graph_runner(dev)
+    if runner is not None:
+        blobs[RUNNER_MEMBER] = runner[1]
+        files[RUNNER_MEMBER] = {"size": len(runner[1]), "sha256": hashlib.sha256(runner[1]).hexdigest()}
+    manifest = {
+        "format": FORMAT, "format_version": SYMBOLIC_VERSION, "tgc_version": __version__,
+        "device": {"kind": dev.kind, "name": dev.name, "target": dev.binary_target(),
+                   "compiler": dev.compiler.cache_key if dev.compiler is not None else None},
+        "program": {"file": os.path.basename(prog.path or prog.filename),
+                    "source_sha256": hashlib.sha256(prog.source.encode()).hexdigest()},
+        "dims": {},
+        "symbolic": {"dims": names, "classes": classes, "skipped": skipped},
+        "signature": {"inputs": [{"name": d.name, "dtype": d.dtype.name,
+                                  "shape": _decl_shape(d.shape, [None] * len(d.shape))} for d in decls],
+                      "outputs": [{"name": n} for n in prog.output_names]},
+        "files": files,
+    }
+    if runner is not None:
+        manifest["graph_runner"] = runner[0]
+    return _archive(manifest, blobs)
+
+
+def _archive(manifest: dict, blobs: dict[str, bytes]) -> bytes:
+    manifest["content_hash"] = content_hash(manifest)
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        for member, data in [(MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode()), *blobs.items()]:
+            info = zipfile.ZipInfo(member, date_time=_ZIP_TIME)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            z.writestr(info, data)
+        z.comment = b"0" * CHECKSUM_LEN  # replaced below: the file's checksum
+    data = out.getvalue()
+    return data[:-CHECKSUM_LEN] + file_checksum(data)
+
+
+def _check_text(what: str, e: Any, v: int) -> str:
+    return f"{sizeexpr.text(e)} % {v} == 0" if what == "divides" else f"{sizeexpr.text(e)} >= {v}"
+
+
+@dataclass
+class SizeClassPlan:
+    """One size class of a symbolic package: each dim "n" (its sizes `min` .. `max`) or "1"."""
+
+    cls: dict[str, str]
+    min: dict[str, int]
+    max: dict[str, int]
+    doc: dict
+
+    def text(self) -> str:
+        return ", ".join(f"{n}={self.min.get(n, 2)}..{self.max.get(n)}" if c == "n" else f"{n}={c}"
+                         for n, c in self.cls.items()) or "(no dims)"
+
+
+class SymbolicPackage:
+    """A package of a program's kernels for every size of its size classes (`tgc compile FILE --package OUT`
+    without -D): the dims come from the inputs' shapes at each run; the class's plan is instantiated at those
+    dims (sizes, buffers and the memory plan are expressions of the dims) and run as a `Package` of those
+    sizes, each kernel's fast variant where its launch checks hold there, else its general kernel."""
+
+    symbolic = True
+    MAX_SIZES = 4  # instantiations (with their launch plans and buffers) kept, for the sizes run last
+
+    def __init__(self, manifest: dict, members: dict[str, bytes], path: str = "<bytes>"):
+        self.manifest, self.path, self.filename = manifest, path, path
+        self._members = members
+        m = manifest
+        dev = _obj(m.get("device"), "device", path)
+        self.device_kind = _name(dev.get("kind"), "device.kind", path)
+        self.device_name = str(dev.get("name") or self.device_kind)[:64]
+        self.target = dev.get("target")
+        if not isinstance(self.target, str) or len(self.target) > 256:
+            raise _bad(path, "device.target is not a string")
+        self.tgc_version = str(m.get("tgc_version"))[:40]
+        self.content_hash = m["content_hash"]
+        if _obj(m.get("dims"), "dims", path):
+            raise _bad(path, "a symbolic package fixes no dims")
+        sym = _obj(m.get("symbolic"), "symbolic", path)
+        self.dims_names = [_name(n, "a dim name", path) for n in _list(sym.get("dims"), "symbolic.dims", path, 64)]
+        if len(set(self.dims_names)) != len(self.dims_names):
+            raise _bad(path, "a dim name appears twice")
+        sig = _obj(m.get("signature"), "signature", path)
+        self.inputs: list[PackageInput] = []
+        for i, d in enumerate(_list(sig.get("inputs"), "signature.inputs", path, MAX_BUFFERS)):
+            d = _obj(d, f"input {i}", path)
+            exprs = _list(d.get("shape"), f"input {i} shape", path, MAX_RANK)
+            for e in exprs:
+                if e is not None:
+                    try:
+                        sizeexpr.validate(e, f"input {i} shape")
+                    except TgcError as err:
+                        raise _bad(path, err.msg) from None
+            self.inputs.append(PackageInput(_name(d.get("name"), f"input {i} name", path),
+                                            _dtype(d.get("dtype"), f"input {i}", path),
+                                            [e if isinstance(e, (int, str)) else "?" for e in exprs], exprs, i))
+        self.output_names = [_name(_obj(d, f"output {i}", path).get("name"), f"output {i} name", path)
+                             for i, d in enumerate(_list(sig.get("outputs"), "signature.outputs", path,
+                                                         MAX_BUFFERS))]
+        self.classes: list[SizeClassPlan] = []
+        for i, c in enumerate(_list(sym.get("classes"), "symbolic.classes", path, MAX_CLASSES)):
+            c = _obj(c, f"class {i}", path)
+            cls = _obj(c.get("class"), f"class {i}", path)
+            if set(cls) != set(self.dims_names) or any(v not in ("n", "1") for v in cls.values()):
+                raise _bad(path, f"class {i} is not a size class of the dims")
+            cls = {n: cls[n] for n in self.dims_names}
+            lo = {n: _int(v, f"class {i} min", path, 2, MAX_DIM) for n, v in _obj(c.get("min"), "min", path).items()}
+            hi = {n: _int(v, f"class {i} max", path, 2, MAX_DIM) for n, v in _obj(c.get("max"), "max", path).items()}
+            want = {n for n, v in cls.items() if v == "n"}
+            if set(lo) != want or set(hi) != want or any(lo[n] > hi[n] for n in want):
+                raise _bad(path, f"class {i}'s size ranges do not match its dims")
+            self.classes.append(SizeClassPlan(dict(cls), lo, hi, c))
+        if not self.classes or len({tuple(c.cls.values()) for c in self.classes}) != len(self.classes):
+            raise _bad(path, "its size classes are missing or repeated")
+        self.skipped = [{"class": str(_obj(s, "skipped", path).get("class"))[:200], "why": str(s.get("why"))[:300]}
+                        for s in _list(sym.get("skipped", []), "symbolic.skipped", path, MAX_CLASSES)]
+        runner = m.get("graph_runner")
+        self._runner_doc = runner
+        self._sizes: dict[tuple, Package] = {}
+        # every class validated now (every member, every expression at the class's least sizes), both variants
+        used: set[str] = set()
+        pkg: Package | None = None
+        for c in self.classes:
+            dims = {n: (c.min[n] if v == "n" else 1) for n, v in c.cls.items()}
+            for fast in (False, True):
+                pkg = self._instantiate(c, dims, force=fast)
+                used |= {k.binary_member for k in pkg.kernels} | {k.source_member for k in pkg.kernels}
+        unused = set(members) - used - {RUNNER_MEMBER}
+        if unused:
+            raise _bad(path, f"member {sorted(unused)[0]} is used by no kernel")
+        self.graph_runner = pkg.graph_runner if pkg is not None else None
+
+    # --- the size classes
+    def size_class(self, dims: dict[str, int]) -> SizeClassPlan:
+        """The class holding these dims; PackageError (exit 2) for sizes outside every packaged class."""
+        key = {n: "1" if dims[n] == 1 else "0" if dims[n] == 0 else "n" for n in self.dims_names}
+        c = next((c for c in self.classes if c.cls == key), None)
+        given = ", ".join(f"{n}={dims[n]}" for n in self.dims_names)
+        classes = "; ".join(c.text() for c in self.classes)
+        if c is not None:
+            out = [n for n in c.min if not c.min[n] <= dims[n] <= c.max[n]]
+            if not out:
+                return c
+        raise PackageError(f"{self.path}: the sizes {given} are outside the size classes this package holds "
+                           f"({classes})",
+                           hint="compile a package for these sizes: tgc compile FILE "
+                                + " ".join(f"-D {n}={dims[n]}" for n in self.dims_names) + " --package OUT")
+
+    def infer_dims(self, arrays: dict[str, np.ndarray], dims: dict[str, int] | None = None) -> dict[str, int]:
+        """The dims: given ones, then each input axis declared by a dim name gives its size."""
+        out = dict(dims or {})
+        for k in out:
+            if k not in self.dims_names:
+                raise TgcError(f"the package has no dim {k}",
+                               hint="dims: " + (", ".join(self.dims_names) or "(none)"))
+        for d in self.inputs:
+            arr = arrays.get(d.name)
+            if arr is None or np.ndim(arr) != len(d.expr):
+                continue
+            for axis, e in enumerate(d.expr):
+                if isinstance(e, str) and e in self.dims_names:
+                    have = int(np.shape(arr)[axis])
+                    if out.setdefault(e, have) != have:
+                        raise TgcError(f"input '{d.name}' axis {axis} has size {have}, but {e} = {out[e]}",
+                                       file=self.path, hint=f"give arrays whose sizes agree on {e}")
+        missing = [n for n in self.dims_names if n not in out]
+        if missing:
+            raise BindError(f"dim {missing[0]} is unknown: no input's shape gives it", need="dim", name=missing[0],
+                            hint=f"give it (-D {missing[0]}=INT)", file=self.path)
+        return out
+
+    def _instantiate(self, c: SizeClassPlan, dims: dict[str, int], force: bool = False) -> Package:
+        """The class's plan at these dims as a package of fixed sizes (validated as any package is): each
+        kernel's fast variant where its launch checks hold (all of them with `force`, to validate them)."""
+        doc, path = c.doc, self.path
+        kernels = []
+        for i, k in enumerate(_list(doc.get("kernels"), "kernels", path, MAX_KERNELS)):
+            k = _obj(k, f"kernel {i}", path)
+            use = k
+            fast = k.get("fast")
+            if fast is not None:
+                fast = _obj(fast, f"kernel {i} fast", path)
+                checks = _list(fast.get("checks"), f"kernel {i} checks", path, 64)
+                ok = True
+                for check in checks:
+                    check = _list(check, f"kernel {i} check", path, 3)
+                    if len(check) != 3 or check[0] not in ("divides", "at least"):
+                        raise _bad(path, f"kernel {i} has a malformed launch check")
+                    got = _size(check[1], dims, f"kernel {i} check", path, -(1 << 62), 1 << 62)
+                    value = _int(check[2], f"kernel {i} check value", path, 1, 1 << 62)
+                    ok = ok and (got % value == 0 if check[0] == "divides" else got >= value)
+                if ok or force:
+                    use = fast
+            kernels.append({key: v for key, v in use.items() if key not in ("fast", "checks")})
+        manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "tgc_version": self.tgc_version,
+                    "device": self.manifest["device"], "program": self.manifest.get("program"),
+                    "dims": dict(dims), "signature": doc.get("signature"), "buffers": doc.get("buffers"),
+                    "kernels": kernels, "memory": doc.get("memory"), "files": self.manifest["files"],
+                    "content_hash": self.content_hash}
+        if self._runner_doc is not None:
+            manifest["graph_runner"] = self._runner_doc
+        pkg = Package(manifest, self._members, path)
+        for k, kd in zip(pkg.kernels, kernels):
+            k.binary_member, k.source_member = kd["binary"], kd["source"]
+        return pkg
+
+    def at(self, dims: dict[str, int]) -> Package:
+        """The package of these sizes (kept for the sizes run last, with its launch plan and buffers)."""
+        key = tuple(dims[n] for n in self.dims_names)
+        pkg = self._sizes.pop(key, None)
+        if pkg is None:
+            pkg = self._instantiate(self.size_class(dims), {n: dims[n] for n in self.dims_names})
+        self._sizes[key] = pkg
+        while len(self._sizes) > self.MAX_SIZES:
+            self._sizes.pop(next(iter(self._sizes))).release()
+        return pkg
+
+    # --- what the commands read, as from a Program or a Package
+    @property
+    def dim_names(self) -> list[str]:
+        return list(self.dims_names)
+
+    @property
+    def dims(self) -> dict[str, int]:
+        return {}
+
+    @property
+    def peak_bytes(self) -> None:
+        return None
+
+    def peak_text(self) -> str:
+        """The planned peak memory of each class, as an expression of the dims."""
+        return "; ".join(f"{c.text()}: {sizeexpr.text(c.doc['memory']['peak_bytes'])} bytes" for c in self.classes)
+
+    @property
+    def kernels(self) -> list:
+        return [k for c in self.classes for k in c.doc["kernels"]]
+
+    def resolve_dims(self, dims: dict[str, int] | None = None) -> dict[str, int]:
+        return dict(dims or {})
+
+    def conform(self, name: str, value: Any, cast: bool = False) -> np.ndarray:
+        from tgc.engine.conform import as_array
+
+        decl = next((d for d in self.inputs if d.name == name), None)
+        if decl is None:
+            raise TgcError(f"unknown input '{name}'", file=self.path)
+        return as_array(value, decl, cast, {"file": self.path})
+
+    def bind(self, inputs: dict[str, Any], dims: dict[str, int] | None = None, cast: bool = False
+             ) -> tuple[dict[str, int], dict[str, np.ndarray]]:
+        declared = [d.name for d in self.inputs]
+        for name in inputs:
+            if name not in declared:
+                raise TgcError(f"unknown input '{name}'", file=self.path,
+                               hint="inputs: " + (", ".join(declared) or "(none)"))
+        arrays = {n: self.conform(n, v, cast) for n, v in inputs.items()}
+        dims = self.infer_dims(arrays, dims)
+        return self.at(dims).bind(arrays, dims, cast)
+
+    def output_types(self, dims: dict[str, int] | None = None) -> list[tuple[str, DType, tuple[int, ...]]]:
+        return self.at(self.infer_dims({}, dims)).output_types()
+
+    def open_device(self, device: str | None = None) -> Any:
+        c = self.classes[0]
+        return self._instantiate(c, {n: (c.min[n] if v == "n" else 1) for n, v in c.cls.items()}
+                                 ).open_device(device)
+
+    def run(self, device: str | None = None, dims: dict[str, int] | None = None, cast: bool = False,
+            inputs: dict[str, Any] | None = None, **kw_inputs: Any) -> dict[str, np.ndarray]:
+        """Run at the sizes of the inputs (and `dims`), as `Package.run`."""
+        self.open_device(device)  # a package for another device is refused before its inputs are read
+        given = {**(inputs or {}), **kw_inputs}
+        dims, arrays = self.bind(given, dims, cast=cast)
+        return self.at(dims).run(device, dims, False, arrays)
+
+    def bench(self, device: str | None = None, dims: dict[str, int] | None = None, repeat: int = 10,
+              inputs: dict[str, np.ndarray] | None = None, warmup: int = 1, **kw: Any) -> dict[str, Any]:
+        if inputs is None:
+            raise TgcError("a symbolic package is timed at the sizes of its inputs: give them, or its dims (-D)")
+        dims, arrays = self.bind(inputs, dims, cast=True)
+        return self.at(dims).bench(device, dims, repeat, arrays, warmup, **kw)
+
+    def identity(self, device: Any, dims: dict[str, int]) -> dict[str, Any]:
+        return self.at(self.infer_dims({}, dims)).identity(device, dims)
+
+    def release(self) -> None:
+        for pkg in self._sizes.values():
+            pkg.release()
+
+    def describe(self, dims: dict[str, int] | None = None) -> dict[str, Any]:
+        """What `tgc inspect --json` prints: the signature with symbolic shapes, each size class's kernels
+        (general and fast variants with their launch checks) and its planned peak memory as an expression of
+        the dims; with `dims`, `at` is the package of those sizes described (its peak in bytes)."""
+        prog = self.manifest.get("program") if isinstance(self.manifest.get("program"), dict) else {}
+        classes = []
+        for c in self.classes:
+            kernels = []
+            for k in c.doc["kernels"]:
+                fast = k.get("fast")
+                kernels.append({"name": k["name"], "vals": k["vals"], "global_size": k["global_size"],
+                                "fast": None if fast is None else {
+                                    "global_size": fast["global_size"], "opts": fast.get("opts", []),
+                                    "checks": [_check_text(w, e, v) for w, e, v in fast["checks"]]}})
+            mem = c.doc["memory"]
+            classes.append({"class": dict(c.cls), "sizes": c.text(), "min": dict(c.min), "max": dict(c.max),
+                            "kernels": kernels,
+                            "buffers": [{"index": i, "role": b["role"], "name": b["name"], "dtype": b["dtype"],
+                                         "shape": [sizeexpr.text(e) for e in b["shape"]],
+                                         "slot": mem["slot_of"][i]} for i, b in enumerate(c.doc["buffers"])],
+                            "memory": {"peak_bytes": sizeexpr.text(mem["peak_bytes"]),
+                                       "slots": [sizeexpr.text(e) for e in mem["slots"]]}})
+        doc: dict[str, Any] = {
+            "path": self.path, "format": FORMAT, "format_version": SYMBOLIC_VERSION,
+            "tgc_version": self.tgc_version, "content_hash": self.content_hash,
+            "device": {"kind": self.device_kind, "name": self.device_name, "target": self.target,
+                       "compiler": self.manifest["device"].get("compiler")},
+            "program": {"file": prog.get("file"), "source_sha256": prog.get("source_sha256")},
+            "dims": {}, "symbolic": True, "dim_names": list(self.dims_names),
+            "graph_runner": self.graph_runner is not None,
+            "inputs": [{"name": d.name, "dtype": d.dtype.name,
+                        "declared": [sizeexpr.text(e) if e is not None else "?" for e in d.expr]}
+                       for d in self.inputs],
+            "outputs": [{"name": n} for n in self.output_names],
+            "classes": classes, "skipped": self.skipped,
+        }
+        if dims:
+            doc["at"] = self.at(self.infer_dims({}, dims)).describe()
+        return doc

@@ -296,10 +296,11 @@ class CPUDevice(Device):
     def program(self, name: str, lib: bytes) -> CPUProgram:
         return CPUProgram(self, name, lib)
 
-    def graph(self, launches: list[tuple]) -> Any:
-        """One native call running every kernel of `launches` in order (tgc.backends.cpu_graph)."""
+    def graph(self, launches: list[tuple], runner_object: bytes | None = None, compile_runner: bool = True) -> Any:
+        """One native call running every kernel of `launches` in order (tgc.backends.cpu_graph); a package
+        passes the runner's object it ships and `compile_runner=False` (it never compiles)."""
         from tgc.backends.cpu_graph import CPUGraph
-        return CPUGraph(self, launches, ABANDONED, _sigint_deferred, data_address)
+        return CPUGraph(self, launches, ABANDONED, _sigint_deferred, data_address, runner_object, compile_runner)
 
     def compile_pool(self, workers: int) -> Any:
         """LLVM compiles in worker processes (a fatal LLVM error kills only a worker)."""
@@ -317,10 +318,10 @@ class CPUDevice(Device):
         return cpu_cache_bytes()
 
     def info(self) -> dict[str, Any]:
-        import llvmlite
+        from importlib.metadata import version  # (llvmlite's version without importing it: packages run without)
         cores = self.cores
         two = [max(1, cores // 2 + (1 if i < cores % 2 else 0)) for i in range(2)]
-        return {"renderer": "LLVM IR", "compiler": f"llvmlite {llvmlite.__version__}", "cores": cores,
+        return {"renderer": "LLVM IR", "compiler": f"llvmlite {version('llvmlite')}", "cores": cores,
                 "device_list": f"CPU:0 .. CPU:{self.device_count() - 1} in a device list split the {cores} "
                                f"core{'s' if cores != 1 else ''} between them, each with its own threads "
                                f"(CPU:0,CPU:1: {two[0]} + {two[1]})"}

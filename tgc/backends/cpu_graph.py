@@ -146,18 +146,44 @@ exit:
 
 _LOCK = threading.Lock()
 _RUNNER: tuple[Any, Any] | None = None  # (the loaded object, its ctypes function), once per process
+ABI = {"ir_version": IR_VERSION, "max_args": MAX_ARGS, "row": ROW}  # what a packaged runner object must match
 
 
-def runner(compiler: Any) -> Any:
-    """The ctypes function of `tgc_graph_run`: from the disk cache, else compiled by `compiler` (the CPU device's
-    LLVM compiler) and stored there.
-    Raises an exception (CompileError, ElfLoadError, ImportError) when it can be neither loaded nor compiled."""
+def runner_key(compiler: Any) -> str:
+    from tgc import cache
+    return cache.make_key("cpu-graph", IR_VERSION, MAX_ARGS, SPINS, YIELDS, compiler.cache_key)
+
+
+def runner_object(compiler: Any) -> bytes:
+    """The compiled object of `tgc_graph_run` (from the disk cache, else compiled now and stored there): what a
+    CPU package ships so that it runs as a graph where the cache lacks it, without llvmlite."""
+    from tgc import cache
+    from tgc.backends.elf import load_object
+    key = runner_key(compiler)
+    lib = cache.get("compile", key)
+    if lib is not None:
+        try:
+            load_object(lib)
+            return bytes(lib)
+        except ValueError:
+            cache.invalidate("compile", key, "does not load")
+    lib = compiler.compile(graph_ir())
+    cache.put("compile", key, lib, meta="CPU graph runner")
+    return bytes(lib)
+
+
+def runner(compiler: Any, obj: bytes | None = None, may_compile: bool = True) -> Any:
+    """The ctypes function of `tgc_graph_run`: the one loaded already in this process, else from the disk cache,
+    else `obj` (the runner object a package ships, loaded by tgc.backends.elf), else (with `may_compile`)
+    compiled by `compiler` (the CPU device's LLVM compiler) and stored in the cache.
+    Raises an exception (CompileError, ElfLoadError, ImportError, RuntimeError) when it can be neither loaded
+    nor compiled."""
     global _RUNNER
     with _LOCK:
         if _RUNNER is None:
             from tgc import cache
             from tgc.backends.elf import load_object
-            key = cache.make_key("cpu-graph", IR_VERSION, MAX_ARGS, SPINS, YIELDS, compiler.cache_key)
+            key = runner_key(compiler)
             lib = cache.get("compile", key)
             image = None
             if lib is not None:
@@ -165,7 +191,12 @@ def runner(compiler: Any) -> Any:
                     image = load_object(lib)
                 except ValueError:
                     cache.invalidate("compile", key, "does not load")
+            if image is None and obj is not None:
+                image = load_object(obj)  # (an ElfLoadError: no graph, per-kernel launches)
             if image is None:
+                if not may_compile:
+                    raise RuntimeError("no compiled CPU graph runner here (not in the compile cache, not in the "
+                                       "package), and a package run does not compile")
                 lib = compiler.compile(graph_ir())
                 cache.put("compile", key, lib, meta="CPU graph runner")
                 image = load_object(lib)
@@ -181,9 +212,10 @@ class CPUGraph:
     `abandoned` and `defer_sigint` are tgc.backends.cpu's ABANDONED and _sigint_deferred (Ctrl-C handling),
     `address` its `data_address` (a buffer handle's data address)."""
 
-    def __init__(self, device: Any, launches: list[tuple], abandoned: Any, defer_sigint: Any, address: Any):
+    def __init__(self, device: Any, launches: list[tuple], abandoned: Any, defer_sigint: Any, address: Any,
+                 runner_object: bytes | None = None, compile_runner: bool = True):
         self.device, self.abandoned, self.defer_sigint = device, abandoned, defer_sigint
-        self.fn = runner(device.compiler)
+        self.fn = runner(device.compiler, runner_object, compile_runner)
         self.programs = [launch[0] for launch in launches]  # keep the loaded code alive while the graph lives
         self.bufs = [b for launch in launches for b in launch[1]]
         n = len(launches)

@@ -493,11 +493,19 @@ def compile_(file: str, device: str | None, dims: dict[str, int], emit: str, out
         _no_list_for_package(device, shard)
         from tgc.cli.report import fmt_bytes
         from tgc.package import write
+        from tgc.sizeexpr import text as sizeexpr_text
 
-        _warn(check_dims(prog, dims, require_all=True))  # a package holds kernels for the sizes given
-        _search_with_progress(prog, device, dims, None)
-        pkg = write(prog, package, name, dims)
+        if dims or not prog.dim_names:  # a package holds kernels for the sizes given
+            _warn(check_dims(prog, dims, require_all=True))
+            _search_with_progress(prog, device, dims, None)
+        pkg = write(prog, package, name, dims)  # (no -D: kernels for every size of its size classes)
         n = len(pkg.kernels)
+        if pkg.symbolic:
+            _err(f"wrote {package}: {n} kernel{'s' if n != 1 else ''} for {pkg.device_name} for every size of "
+                 f"{len(pkg.classes)} size class{'es' if len(pkg.classes) != 1 else ''} "
+                 f"({'; '.join(c.text() for c in pkg.classes)}); planned peak memory "
+                 "(bytes): " + "; ".join(sizeexpr_text(c.doc["memory"]["peak_bytes"]) for c in pkg.classes))
+            return
         _err(f"wrote {package}: {n} kernel{'s' if n != 1 else ''} for {pkg.device_name}, "
              f"planned peak memory {fmt_bytes(pkg.peak_bytes)}")
         return
@@ -666,17 +674,33 @@ def beam_(file: str, device: str | None, dims: dict[str, int], width: int, force
 
 @main.command()
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@dims_option
 @json_option
-def inspect(file: str, as_json: bool) -> None:
-    """Show a package: its device, dims, signature, kernels and planned peak memory (after validating it)."""
+def inspect(file: str, dims: dict[str, int], as_json: bool) -> None:
+    """Show a package: its device, dims, signature, kernels and planned peak memory (after validating it).
+    A package for every size (compiled without -D) shows its size classes, symbolic shapes and peak memory as
+    an expression of the dims; with -D, also the package at those sizes."""
     from tgc.package import is_package, load_package
 
     if not is_package(file):
         raise TgcError(f"{file} is not a package", hint="write one with: tgc compile FILE -D ... --package OUT.tgpkg")
-    doc = load_package(file).describe()
-    if as_json:
-        _echo_json(doc)
-        return
+    pkg = load_package(file)
+    if pkg.symbolic:
+        doc = pkg.describe(dims or None)
+        if as_json:
+            _echo_json(doc)
+            return
+        _inspect_symbolic(file, doc)
+        if "at" not in doc:
+            return
+        doc = doc["at"]
+        click.echo(f"at {', '.join(f'{k}={v}' for k, v in doc['dims'].items())}:")
+    else:
+        pkg.resolve_dims(dims)
+        doc = pkg.describe()
+        if as_json:
+            _echo_json(doc)
+            return
     from tgc.cli.report import fmt_bytes
 
     dev = doc["device"]
@@ -712,6 +736,33 @@ def inspect(file: str, as_json: bool) -> None:
                f"(inputs {fmt_bytes(mem['input_bytes'])}, outputs {fmt_bytes(mem['output_bytes'])}, "
                f"{mem['intermediates']} intermediates in {mem['intermediate_slots']}; "
                f"one allocation per buffer would take {fmt_bytes(mem['unshared_bytes'])})")
+
+
+def _inspect_symbolic(file: str, doc: dict) -> None:
+    dev = doc["device"]
+    click.echo(f"package: {file} (format {doc['format_version']}, tgc {doc['tgc_version']}, "
+               f"sha256 {doc['content_hash'][:16]})")
+    click.echo(f"program: {doc['program']['file']}")
+    click.echo(f"device:  {dev['name']} (binaries for {dev['target']}; compiler {dev['compiler']})")
+    click.echo(f"dims:    {', '.join(doc['dim_names'])} (symbolic: sizes come from the inputs at each run)")
+    click.echo(f"inputs ({len(doc['inputs'])}):")
+    for d in doc["inputs"]:
+        click.echo(f"  {d['name']:<12} {d['dtype']}[{', '.join(d['declared'])}]")
+    click.echo(f"outputs ({len(doc['outputs'])}): " + ", ".join(d["name"] for d in doc["outputs"]))
+    for c in doc["classes"]:
+        click.echo(f"size class {c['sizes']}:")
+        for i, k in enumerate(c["kernels"]):
+            fast = k["fast"]
+            extra = "" if fast is None else (f"; fast variant (global {fast['global_size']}) where "
+                                             + (" and ".join(fast["checks"]) or "always"))
+            click.echo(f"  {i:>3} {k['name']:<28} sizes ({', '.join(k['vals'])}){extra}")
+        for b in c["buffers"]:
+            click.echo(f"      buffer {b['index']:>3} {b['role']:<6} {b['name'] or '':<12} {b['dtype']}"
+                       f"[{', '.join(b['shape'])}] allocation {b['slot']}")
+        click.echo(f"  memory: planned peak {c['memory']['peak_bytes']} bytes in {len(c['memory']['slots'])} "
+                   "allocations")
+    for s in doc["skipped"]:
+        click.echo(f"not packaged: {s['class']}: {s['why']}")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -32,8 +32,8 @@ def _stats(times: list[float]) -> dict[str, float]:
     return {"median_s": statistics.median(times), "min_s": times[0], "max_s": times[-1], "iqr_s": q3 - q1}
 
 
-def bench_lowered(low: Lowered, arrays: dict[str, np.ndarray], repeat: int = 10, warmup: int = 1
-                  ) -> dict[str, Any]:
+def bench_lowered(low: Lowered, arrays: dict[str, np.ndarray], repeat: int = 10, warmup: int = 1,
+                  measure_peak: bool = True) -> dict[str, Any]:
     """Time a lowered program on its device-resident inputs: `repeat` timed runs after `warmup` untimed ones;
     per-kernel and whole-program statistics, rates and the device's peak (`Program.bench` adds the rest).
     Each kernel is timed on its own (a launch that waits); the whole program runs as `Program.run` runs it:
@@ -77,7 +77,7 @@ def bench_lowered(low: Lowered, arrays: dict[str, np.ndarray], repeat: int = 10,
     finally:
         plan.free()
 
-    peak = machine_peak(dev)
+    peak = machine_peak(dev, measure_peak)
     # between two runs of a kernel every other kernel runs: whether its data is still in the cache depends on
     # all the program's buffers, whole (a strided read still brings in whole cache lines)
     working_set = sum(prod(b.shape) * b.dtype.itemsize for b in buffers.values())
@@ -162,10 +162,11 @@ def valid_peak(value: Any) -> bool:
         and value[k] > 0 for k in ("gflops", "gbps"))
 
 
-def machine_peak(dev) -> dict[str, Any]:
+def machine_peak(dev, measure: bool = True) -> dict[str, Any]:
     """Peak FLOP/s and bandwidth of a device, measured once per machine and cached on disk (CPU), from the
     device's own figures (GPUs), else None each (`source` "unknown": PYTHON, REMOTE). `cache_bytes` is
-    the last-level cache where known (see `rates`). A damaged cache entry is measured again."""
+    the last-level cache where known (see `rates`). A damaged cache entry is measured again. Without
+    `measure` (a package's bench, which compiles nothing) an uncached CPU peak is None each ("not measured")."""
     info = dev.info()
     if dev.kind != "CPU":
         gflops, gbps = info.get("peak_gflops") or None, info.get("peak_gbps") or None
@@ -173,6 +174,9 @@ def machine_peak(dev) -> dict[str, Any]:
                 "cache_bytes": info.get("cache_bytes") or None}
     key = peak_key(dev)
     peak = cache.get_json("peak", key, valid_peak)
+    if peak is None and not measure:
+        return {"gflops": None, "gbps": None, "source": "not measured (a package compiles nothing)",
+                "cache_bytes": dev.cache_bytes()}
     if peak is None:
         peak = dev.measure_peak()
         cache.put("peak", key, json.dumps(peak).encode(), meta=f"{dev.kind} peak")

@@ -126,6 +126,7 @@ class Lowered:
     inputs: list[tuple[Any, str]]
     outputs: list[tuple[str, Any]]
     memory: MemoryPlan | None = None
+    graph_options: dict | None = None  # extra keywords for `Device.graph` (a CPU package: its runner object)
 
     def memory_plan(self) -> MemoryPlan:
         if self.memory is None:
@@ -238,7 +239,7 @@ class LaunchPlan:
             launches = [(k.program(), h, k.global_size, k.local_size, k.vals)
                         for k, h in zip(self.low.kernels, self.handles)]
             try:
-                self.graph = self.device.graph(launches) if launches else None
+                self.graph = self.device.graph(launches, **(self.low.graph_options or {})) if launches else None
             except TgcError as e:
                 self.graph_error = e.msg
             except Exception as e:  # no graph (a kernel with too many arguments, no compiler): launch each

@@ -1,0 +1,342 @@
+"""Symbolic packages (`tgc compile FILE --package OUT` without -D, tgc/package.py `build_symbolic` and
+`SymbolicPackage`): one package runs at every size of its size classes, in a fresh process, without compiling
+and without llvmlite, against numpy; the fast variant of a kernel runs only where its launch checks hold;
+sizes outside the packaged classes are refused (exit 2); `tgc inspect` shows symbolic shapes and the peak
+memory as an expression of the dims, or for given dims."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+
+import tgc
+from tgc import package, sizeexpr
+from tgc.package import PackageError, content_hash, loads_package
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TGC = [sys.executable, "-m", "tgc.cli.main"]
+SOFTMAX = ROOT / "kernels" / "softmax.tg"
+MLP = ROOT / "kernels" / "mlp.tg"
+
+
+def _env(**extra: str) -> dict:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), **extra}
+
+
+def _cli(*args, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([*TGC, *map(str, args)], capture_output=True, text=True, env=_env(**env), timeout=120)
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+@pytest.fixture(scope="module")
+def sm_pkg(tmp_path_factory) -> pathlib.Path:
+    path = tmp_path_factory.mktemp("sym") / "softmax.tgpkg"
+    r = _cli("compile", SOFTMAX, "--package", path)
+    assert r.returncode == 0, r.stderr
+    assert "for every size of 4 size classes" in r.stderr
+    return path
+
+
+_RUN = """
+import sys, json, numpy as np, tgc
+pkg = tgc.load_package(sys.argv[1])
+shapes = json.loads(sys.argv[2])
+rng = np.random.default_rng(0)
+out = {}
+for i, shape in enumerate(shapes):
+    x = rng.standard_normal(shape).astype(np.float32)
+    np.save(sys.argv[3] + f"/x{i}.npy", x)
+    for _ in range(3):  # run repeatedly: the graph from the second run on
+        y = pkg.run(x=x)["out0"]
+    np.save(sys.argv[3] + f"/y{i}.npy", y)
+print(json.dumps({"llvmlite": "llvmlite" in sys.modules,
+                  "compiler": [m for m in sys.modules if m.startswith(("tgc.codegen", "tgc.api", "tgc.dsl"))]}))
+"""
+
+
+def test_one_symbolic_package_runs_at_many_sizes_in_a_fresh_process_without_llvmlite(sm_pkg, tmp_path):
+    shapes = [[1, 1], [1, 7], [3, 5], [33, 17], [2, 64]]
+    env = _env(DEBUG="2", TGC_CACHE_DIR=str(tmp_path / "empty-cache"))
+    proc = subprocess.run([sys.executable, "-c", _RUN, str(sm_pkg), json.dumps(shapes), str(tmp_path)],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"llvmlite": False, "compiler": []}
+    for i, _ in enumerate(shapes):
+        x, y = np.load(tmp_path / f"x{i}.npy"), np.load(tmp_path / f"y{i}.npy")
+        np.testing.assert_allclose(y, _softmax(x), rtol=1e-5, atol=1e-6)
+    assert proc.stderr.count("ran in one launch") == 2 * len(shapes), proc.stderr
+
+
+def test_tgc_run_of_a_symbolic_package_with_npy_inputs_matches_the_source(sm_pkg, tmp_path):
+    for shape in ([1, 9], [5, 3], [7, 1]):
+        x = np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)
+        np.save(tmp_path / "x.npy", x)
+        a = _cli("run", sm_pkg, "-i", f"x={tmp_path / 'x.npy'}", "-o", tmp_path / "a.npz")
+        b = _cli("run", SOFTMAX, "-i", f"x={tmp_path / 'x.npy'}", "-o", tmp_path / "b.npz")
+        assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
+        with np.load(tmp_path / "a.npz") as za, np.load(tmp_path / "b.npz") as zb:
+            np.testing.assert_allclose(za["out0"], zb["out0"], rtol=1e-6, atol=1e-7)
+            np.testing.assert_allclose(za["out0"], _softmax(x), rtol=1e-5, atol=1e-6)
+    bench = _cli("bench", sm_pkg, "-i", f"x={tmp_path / 'x.npy'}", "--repeat", "2", "--json")
+    assert bench.returncode == 0, bench.stderr
+    assert json.loads(bench.stdout)["dims"] == {"N": 7, "D": 1}
+
+
+def test_the_fast_variant_runs_only_where_its_launch_checks_hold(sm_pkg):
+    """A kernel's fast variant (here its general kernel marked, as the bounds verifier the tests run with may
+    leave a class without one) runs where every launch check holds, else the general kernel."""
+    def with_fast(m):
+        k = m["symbolic"]["classes"][0]["kernels"][0]
+        k["fast"] = {**k, "fast": None, "opts": ["MARK"], "checks": [["at least", ["*", "N", "D"], 100],
+                                                                    ["divides", "D", 4]]}
+        del k["fast"]["fast"]
+
+    pkg = loads_package(_rezip(sm_pkg.read_bytes(), with_fast), "p.tgpkg")
+    for dims, fast in (({"N": 3, "D": 5}, False), ({"N": 30, "D": 5}, False), ({"N": 3, "D": 8}, False),
+                       ({"N": 30, "D": 8}, True)):
+        assert (pkg.at(dims).kernels[0].opts == ["MARK"]) == fast, dims
+        x = np.random.default_rng(1).standard_normal((dims["N"], dims["D"])).astype(np.float32)
+        np.testing.assert_allclose(pkg.run(x=x)["out0"], _softmax(x), rtol=1e-5, atol=1e-6)
+    text = _cli("inspect", sm_pkg)
+    assert text.returncode == 0
+
+
+def test_launch_checks_become_size_expressions():
+    from tgc.codegen.sizes import dim_var
+    from tgc.ir.uop import UOp
+    n, d = dim_var("N", 1 << 20), dim_var("D", 1 << 20)
+    one = UOp.const(n.dtype, 1)
+    e = package._uop_expr(one * n * d * d)
+    assert sizeexpr.evaluate(e, {"N": 3, "D": 5}) == 75 and sizeexpr.text(e) == "(N * D) * D"
+    assert package._uop_expr((n + d) // UOp.const(n.dtype, 4)) == ["//", ["+", "N", "D"], 4]
+    assert package._uop_expr(n // d) is None  # a divisor that is not a positive constant: no fast variant
+
+
+def test_sizes_outside_the_packaged_classes_are_refused(sm_pkg, tmp_path):
+    pkg = tgc.load_package(sm_pkg)
+    with pytest.raises(PackageError, match="N=0, D=3 are outside the size classes") as e:
+        pkg.run(x=np.zeros((0, 3), np.float32))
+    assert e.value.exit_code == 2
+    np.save(tmp_path / "x.npy", np.zeros((0, 3), np.float32))
+    r = _cli("run", sm_pkg, "-i", f"x={tmp_path / 'x.npy'}")
+    assert r.returncode == 2 and "outside the size classes" in r.stderr and "Traceback" not in r.stderr
+
+    def narrower(m):  # a class whose least size is 5 (as for a program that slices 4 rows)
+        m["symbolic"]["classes"][0]["min"]["N"] = 5
+    data = _rezip(sm_pkg.read_bytes(), narrower)
+    pkg = loads_package(data, "p.tgpkg")
+    with pytest.raises(PackageError, match=r"N=3, D=4 are outside .*N=5\.\."):
+        pkg.run(x=np.zeros((3, 4), np.float32))
+    assert pkg.run(x=np.zeros((5, 4), np.float32))["out0"].shape == (5, 4)
+    with pytest.raises(tgc.TgcError, match="package has no dim Q"):
+        pkg.run(dims={"Q": 3}, x=np.zeros((5, 4), np.float32))
+
+
+def test_inspect_shows_symbolic_shapes_and_the_peak_as_an_expression(sm_pkg):
+    r = _cli("inspect", sm_pkg, "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["symbolic"] is True and doc["format_version"] == package.SYMBOLIC_VERSION
+    assert doc["inputs"] == [{"name": "x", "dtype": "f32", "declared": ["N", "D"]}]
+    assert [c["class"] for c in doc["classes"]] == [{"N": "n", "D": "n"}, {"N": "1", "D": "n"},
+                                                   {"N": "n", "D": "1"}, {"N": "1", "D": "1"}]
+    assert doc["classes"][0]["memory"]["peak_bytes"] == "(4 * N * D) + (4 * N * D)" or \
+        "N" in doc["classes"][0]["memory"]["peak_bytes"]
+    r = _cli("inspect", sm_pkg, "--json", "-D", "N=3", "-D", "D=5")
+    at = json.loads(r.stdout)["at"]
+    assert at["dims"] == {"N": 3, "D": 5} and at["memory"]["peak_bytes"] == 2 * 4 * 3 * 5
+    text = _cli("inspect", sm_pkg, "-D", "N=3", "-D", "D=5")
+    assert text.returncode == 0 and "size class N=2.." in text.stdout and "planned peak" in text.stdout
+    assert "at N=3, D=5" in text.stdout and "120 B" in text.stdout
+
+
+def test_the_planned_peak_expression_is_what_a_run_allocates(sm_pkg):
+    pkg = tgc.load_package(sm_pkg)
+    from tgc.api import _device
+    alloc = _device("CPU").allocator
+    for n, d in ((1, 1), (3, 5), (4, 1), (1, 6)):
+        c = pkg.size_class({"N": n, "D": d})
+        want = sizeexpr.evaluate(c.doc["memory"]["peak_bytes"], {"N": n, "D": d})
+        x = np.ones((n, d), np.float32)
+        borrowed = x.nbytes if x.ctypes.data % alloc.zero_copy_align == 0 else 0  # (zero-copy: runs in place)
+        alloc.reset_peak()
+        base = alloc.live_bytes
+        pkg.run(x=x)
+        pkg.release()
+        assert alloc.peak_bytes - base == want - borrowed
+        assert alloc.live_bytes == base
+
+
+def test_a_program_of_four_dims_runs_from_one_package(tmp_path):
+    prog = tgc.load(MLP)
+    pkg = package.write(prog, tmp_path / "mlp.tgpkg", "CPU", {})
+    assert pkg.symbolic and [c.cls for c in pkg.classes][0] == {n: "n" for n in prog.dim_names}
+    assert len(pkg.classes) == 1 + len(prog.dim_names)  # every dim "n", then each dim alone at 1
+    from tgc.engine.inputs import random_inputs
+    for dims in ({"B": 1, "IN": 3, "HID": 5, "OUT": 7}, {"B": 3, "IN": 2, "HID": 9, "OUT": 4}):
+        arrays = prog.bind(random_inputs(prog, dims, 2), dims)[1]
+        want = prog.run(device="CPU", **arrays)
+        got = pkg.run(**arrays)
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)
+    arrays = prog.bind(random_inputs(prog, {"B": 1, "IN": 1, "HID": 5, "OUT": 7}, 2),
+                       {"B": 1, "IN": 1, "HID": 5, "OUT": 7})[1]
+    with pytest.raises(PackageError, match="outside the size classes"):
+        pkg.run(**arrays)
+
+
+def test_damaged_symbolic_manifests_are_refused(sm_pkg):
+    data = sm_pkg.read_bytes()
+
+    def bad_check(m):
+        k = m["symbolic"]["classes"][0]["kernels"][0]
+        k["fast"] = {**k, "checks": [["at least", ["**", "N", 2], 1]]}
+
+    def bad_class(m):
+        m["symbolic"]["classes"][0]["class"]["N"] = "7"
+
+    def bad_slot(m):
+        m["symbolic"]["classes"][0]["memory"]["slots"][0] = 1
+
+    def dropped_kernel(m):
+        m["symbolic"]["classes"][0]["kernels"].pop()
+
+    for edit, match in ((bad_check, "not a size expression"), (bad_class, "not a size class"),
+                        (bad_slot, "buffers fit|memory plan"), (dropped_kernel, "no kernel uses|used by no kernel")):
+        with pytest.raises(PackageError, match=match):
+            loads_package(_rezip(data, edit), "p.tgpkg")
+
+
+def test_a_package_for_a_gpu_needs_its_dims(tmp_path):
+    r = _cli("compile", SOFTMAX, "-d", "CUDA", "--package", tmp_path / "p.tgpkg")
+    assert r.returncode == 2 and "needs every dim" in r.stderr, r.stderr
+
+
+def _rezip(data: bytes, edit) -> bytes:
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    manifest = json.loads(members["manifest.json"])
+    edit(manifest)
+    manifest["content_hash"] = content_hash(manifest)
+    members["manifest.json"] = json.dumps(manifest).encode()
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
+        for n, blob in members.items():
+            z.writestr(n, blob)
+        z.comment = b"0" * 64
+    raw = out.getvalue()
+    return raw[:-64] + package.file_checksum(raw)
+
+
+def test_dims_that_disagree_with_the_inputs_are_clear(sm_pkg):
+    pkg = tgc.load_package(sm_pkg)
+    with pytest.raises(tgc.TgcError, match="axis 0 has size 3, but N = 4") as e:
+        pkg.run(dims={"N": 4}, x=np.zeros((3, 5), np.float32))
+    assert e.value.exit_code == 2
+    with pytest.raises(tgc.TgcError, match="missing input 'x'|dim N is unknown"):
+        pkg.run()
+
+
+_SUITE_RUN = """
+import sys, json, glob, os, numpy as np, tgc
+from tgc.package import PackageError
+d = sys.argv[1]
+result = {}
+for path in sorted(glob.glob(os.path.join(d, "*.tgpkg"))):
+    name = os.path.basename(path)[:-6]
+    pkg = tgc.load_package(path)
+    rows = []
+    for i in range(3):
+        f = os.path.join(d, f"{name}.{i}.in.npz")
+        if not os.path.exists(f):
+            rows.append("no reference")
+            continue
+        with np.load(f) as z:
+            arrays = {k[2:]: z[k] for k in z.files}
+        try:
+            out = pkg.run(**arrays)
+        except PackageError as e:
+            rows.append("refused: " + e.msg)
+            continue
+        np.savez(os.path.join(d, f"{name}.{i}.got.npz"), **{"a_" + k: v for k, v in out.items()})
+        rows.append("ran")
+    result[name] = rows
+print(json.dumps({"rows": result, "llvmlite": "llvmlite" in sys.modules,
+                  "compiler": [m for m in sys.modules if m.startswith(("tgc.codegen", "tgc.api", "tgc.dsl"))]}))
+"""
+
+
+def test_every_example_program_packaged_once_runs_at_three_sizes_in_a_fresh_process(tmp_path):
+    """Each kernels/*.tg program with dims, packaged once without -D, runs in one fresh process (no llvmlite,
+    no compiler) at all dims 1, at distinct odd sizes and at distinct even sizes, against the source's numpy
+    reference; a size outside the packaged classes is refused with the clear error, never run wrong."""
+    from tgc.engine.inputs import random_inputs
+    sizes = ([1] * 9, [3, 5, 7, 9, 11, 13, 15, 17, 19], [6, 10, 14, 22, 26, 30, 34, 38, 42])
+    no_form, want = [], {}
+    for path in sorted((ROOT / "kernels").glob("*.tg")):
+        prog = tgc.load(path)
+        if not prog.dim_names:
+            continue
+        try:
+            package.write(prog, tmp_path / f"{path.stem}.tgpkg", "CPU", {})
+        except tgc.TgcError as e:
+            assert e.exit_code == 2 and "no kernels valid for every size" in e.msg
+            no_form.append(path.stem)
+            continue
+        for i, s in enumerate(sizes):
+            dims = dict(zip(prog.dim_names, s))
+            try:
+                arrays = prog.bind(random_inputs(prog, dims, i), dims)[1]
+                want[path.stem, i] = prog.reference(dims=dims, **arrays)
+            except tgc.TgcError:
+                continue  # sizes this program does not take (a divisibility, a kernel size)
+            np.savez(tmp_path / f"{path.stem}.{i}.in.npz", **{"a_" + k: v for k, v in arrays.items()})
+    assert len(no_form) <= 4 and "softmax" not in no_form
+    env = _env(TGC_CACHE_DIR=str(tmp_path / "empty-cache"))
+    proc = subprocess.run([sys.executable, "-c", _SUITE_RUN, str(tmp_path)], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert doc["llvmlite"] is False and doc["compiler"] == []
+    assert len(doc["rows"]) >= 10
+    for name, rows in doc["rows"].items():
+        ndims = len(tgc.load(ROOT / "kernels" / f"{name}.tg").dim_names)
+        for i, row in enumerate(rows):
+            if row == "ran":
+                with np.load(tmp_path / f"{name}.{i}.got.npz") as z:
+                    for k, ref in want[name, i].items():
+                        np.testing.assert_allclose(np.asarray(z["a_" + k], np.float64), np.asarray(ref, np.float64),
+                                                   rtol=2e-3, atol=1e-4, equal_nan=True, err_msg=f"{name} {i} {k}")
+            elif row.startswith("refused: "):
+                assert "outside the size classes" in row, row
+                if i == 0:
+                    assert ndims > package.MAX_ONES, f"{name}: all dims at 1 is a packaged class: {row}"
+            else:
+                assert row == "no reference", row
+        assert "ran" in rows[1:], f"{name} ran at no size above 1: {rows}"
+
+
+def test_a_packaged_fast_variant_runs_at_large_sizes_and_the_general_kernel_at_small_ones(tmp_path):
+    """Built without the bounds verifier on every kernel (as users build: the package builder verifies each
+    fast variant itself at the probe sizes and ships only those in bounds), softmax has a fast variant."""
+    path = tmp_path / "sm.tgpkg"
+    r = _cli("compile", SOFTMAX, "--package", path, TGC_VERIFY_BOUNDS="0", TGC_CACHE_DIR=str(tmp_path / "c"))
+    assert r.returncode == 0, r.stderr
+    pkg = tgc.load_package(path)
+    assert pkg.classes[0].doc["kernels"][0]["fast"] is not None
+    for dims, fast in (({"N": 3, "D": 5}, False), ({"N": 64, "D": 67}, True)):
+        assert bool(pkg.at(dims).kernels[0].opts) == fast
+        x = np.random.default_rng(4).standard_normal((dims["N"], dims["D"])).astype(np.float32)
+        np.testing.assert_allclose(pkg.run(x=x)["out0"], _softmax(x), rtol=1e-5, atol=1e-6)
