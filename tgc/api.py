@@ -318,9 +318,10 @@ class Program:
         """The plan for one size class, or why there is none."""
         from tgc.codegen import sizes
         from tgc.codegen.kernel import build_symbolic_kernel
-        if dev.caps.gpu or dev.kind == "REMOTE":
-            # GPU grids are sized when compiling, and a REMOTE server checks launches against buffer sizes
-            return f"kernels with symbolic sizes are built for the CPU and PYTHON devices only, not {dev.kind} yet"
+        if dev.kind == "REMOTE":
+            # a REMOTE server checks every launch against the buffer sizes and grid its kernel source states
+            return "kernels with symbolic sizes are not built for REMOTE devices: a server checks each launch " \
+                   "against the sizes its kernel was compiled for"
         p1, p2 = sizes.probes(cls)
         symbolic = [n for n, c in cls if c in sizes.SYMBOLIC]
         bound = sizes.var_bound(len(symbolic))
@@ -346,7 +347,7 @@ class Program:
         # apply to its symbolic form (launched where its checks hold at the dims given)
         rep = {n: sizes.REPRESENTATIVE[c] if c in sizes.SYMBOLIC else int(c) for n, c in cls}
         rep_items = None
-        if not dev.caps.gpu and not env_flag("NOOPT"):
+        if not env_flag("NOOPT"):
             try:
                 rep_items = [i for i in create_schedule(self._trace(rep)[0], dev.caps) if i.ast.src]
             except TgcError:
@@ -700,20 +701,27 @@ class SymbolicPlan:
                 nodes.append(in_bufs[slot.input])
             else:
                 nodes.append(UOp(Ops.BUFFER, slot.dtype, (), (-1 - i, f"tmp{i}", shape)))
-        from tgc.codegen.kernel import launch_allows, symbolic_work
+        from tgc.codegen.kernel import launch_allows, symbolic_grid, symbolic_work
         kernels = []
         self.chosen = []
         for general, fast, ks, item_bufs in zip(self.kernels, self.fast, self.kernel_slots, self.item_bufs):
             use_fast = fast is not None and fast.binary is not None and launch_allows(fast, dims)
             k = fast if use_fast else general
             self.chosen.append("fast" if use_fast else "general")
+            grid = symbolic_grid(k, dims)  # GPUs: the work-groups these dims need
+            if k.grid is not None:
+                if max(grid) > self.device.caps.max_grid:
+                    return None, (f"kernel {k.name} needs {max(grid)} work-groups at these sizes, more than the "
+                                  f"device's {self.device.caps.max_grid}")
+                if min(grid) == 0:
+                    continue  # no output at these sizes: nothing to launch
             if k.binary is not None:
                 k.program()  # load once; the copies share it
             # the kernel's parameters: the scheduled buffers less those its code does not use (dropped)
             bufs = [nodes[ks[next(i for i, b in enumerate(item_bufs) if b is kb)]] for kb in k.bufs]
             flops, nbytes = symbolic_work(k, dims, bufs)
             kernels.append(_dc_replace(k, bufs=bufs, vals=tuple(dims[n] for n in k.var_names), flops=flops,
-                                       bytes_moved=nbytes))
+                                       bytes_moved=nbytes, global_size=grid))
         return Lowered(self.device, kernels, [(b, prog.inputs[b.arg[0]].name) for b in in_bufs],
                        [(name, nodes[j]) for name, j in zip(prog.output_names, self.output_slots)]), ""
 

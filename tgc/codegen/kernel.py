@@ -40,6 +40,7 @@ class Kernel:
     var_names: tuple[str, ...] = ()  # a symbolic kernel's dim variables, in the order `vals` gives them
     checks: list = field(default_factory=list)  # a symbolic kernel's launch checks (`build_symbolic_kernel`)
     template: UOp | None = None  # a symbolic kernel's prepared AST before opts (its BEAM winners' key)
+    grid: tuple | None = None  # a symbolic GPU kernel's work-groups per dimension, expressions of its dim variables
     _program: Any = None
 
     def program(self):
@@ -238,19 +239,39 @@ def build_symbolic_kernel(item: ScheduleItem, device: Any, probe: dict[str, int]
         low = lower(ast, device, item.bufs, name, opts=list(opts or []), vals=tuple(probe[n] for n in names))
     binary, err, key = _compile_cached(device, low.src)
     launch = low.launch
+    grid = launch.get("grid")
     kern = Kernel(name=name, src=low.src, binary=binary, uops=low.uops, ast=low.ast, bufs=low.bufs,
                   global_size=launch.get("global_size", (1, 1, 1)), local_size=launch.get("local_size"),
                   vals=tuple(probe[n] for n in names), flops=0, bytes_moved=0, line=item.line, compile_error=err,
                   device=device, opts=low.applied, cache_key=key, var_names=tuple(names), checks=checks,
-                  template=ast)
+                  template=ast, grid=grid)
+    if grid is not None:  # the grid at the probe sizes, as `vals` holds the probe values
+        kern.global_size = symbolic_grid(kern, probe)
     return kern
+
+
+def symbolic_grid(k: Kernel, dims: dict[str, int]) -> tuple[int, int, int]:
+    """A symbolic kernel's `global_size` at these dims: its grid expressions evaluated (GPUs), else as built."""
+    if k.grid is None:
+        return k.global_size
+    from tgc.codegen.sizes import VAR_PREFIX
+    env = {VAR_PREFIX + n: v for n, v in dims.items()}
+    vals = [_eval_int(e, env) for e in k.grid]
+    if any(v is None for v in vals):
+        raise CompileError(f"kernel {k.name}: its grid depends on values the launch does not give")
+    return (int(vals[0]), int(vals[1]), int(vals[2]))  # type: ignore[arg-type]
 
 
 def symbolic_work(k: Kernel, dims: dict[str, int], bufs: list[UOp]) -> tuple[int, int]:
     """(flops, bytes moved) of a symbolic kernel's launch at these dims (`Kernel.flops`, `bytes_moved`)."""
     from tgc.codegen.sizes import VAR_PREFIX
     env = {VAR_PREFIX + n: v for n, v in dims.items()}
-    cores = max(int(k.global_size[0]), 1) if not k.device.caps.gpu else 1
+    if k.device.caps.gpu:  # every thread of the grid runs the per-thread program (`kernel_flops`)
+        threads = 1
+        for n in (*symbolic_grid(k, dims), *(k.local_size or ())):
+            threads *= int(n)
+        return round(count_work(k.uops, env) * threads), bytes_touched(k.ast, bufs)
+    cores = max(int(k.global_size[0]), 1)
     flops = round(sum(count_work(k.uops, {**env, "core_id": c}) for c in range(cores)))
     return flops, bytes_touched(k.ast, bufs)
 

@@ -238,9 +238,23 @@ def lower(ast: UOp, device: Any, bufs: list[UOp], name: str, opts: list | None =
         _show(ctx, "linearize", uops_text(uops))
     if verify.enabled():
         verify_spec(name, uops)
-        verify.verify_kernel(name, uops, ctx.bufs, ctx.launch)
+        verify.verify_kernel(name, uops, ctx.bufs, _launch_at_vals(ctx.launch, uops))
     src = render_kernel(device, name, uops, ctx.bufs, ctx.launch)
     return Lowered(name, optimized, uops, src, ctx.bufs, ctx.launch, list(ctx.applied))
+
+
+def _launch_at_vals(launch: dict, uops: list[UOp]) -> dict:
+    """The launch the bounds verifier checks: a symbolic GPU kernel's grid (`launch["grid"]`, expressions of its
+    dim variables) evaluated at `launch["vals"]`, the sizes it is verified at."""
+    if "grid" not in launch or "vals" not in launch:
+        return launch
+    from tgc.codegen.kernel import _eval_int
+    names = [u.arg[0] for u in uops if u.op is Ops.DEFINE_VAR and u.arg[0] != "core_id"]
+    env = dict(zip(names, launch["vals"]))
+    grid = tuple(_eval_int(e, env) for e in launch["grid"])
+    if any(g is None for g in grid):
+        return launch
+    return {**launch, "global_size": grid}
 
 
 def passes_text(ast: UOp, device: Any, bufs: list[UOp], name: str = "kernel", opts: list | None = None) -> str:
