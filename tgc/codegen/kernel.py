@@ -10,6 +10,7 @@ from tgc.codegen.pipeline import CONTRACT_TAG as CONTRACT_TAG  # re-exported
 from tgc.codegen.pipeline import drop_unused_buffers as drop_unused_buffers  # re-exported
 from tgc.codegen.pipeline import launch_contract as launch_contract  # re-exported
 from tgc.codegen.pipeline import render_kernel as render_kernel  # re-exported
+from tgc.codegen.sizes import eval_int as _eval_int
 from tgc.dtype import dtypes
 from tgc.env import env_flag
 from tgc.errors import CompileError
@@ -123,35 +124,6 @@ def prod_ranges(index: UOp) -> int:
         if n.op is Ops.RANGE:
             out *= int(n.vmax) + 1
     return out
-
-
-def _eval_int(u: UOp, env: dict[str, int]) -> int | None:
-    """The value of an integer expression of constants and named kernel variables, or None."""
-    if u.op is Ops.CONST:
-        return int(u.arg)
-    if u.op is Ops.DEFINE_VAR:
-        name = u.arg[0] if isinstance(u.arg, tuple) else u.arg
-        return env.get(name)
-    vals = [_eval_int(s, env) for s in u.src]
-    if any(v is None for v in vals):
-        return None
-    if u.op is Ops.WHERE:
-        return vals[1] if vals[0] else vals[2]
-    a, b = (vals + [0, 0])[:2]
-    ops = {Ops.ADD: lambda: a + b, Ops.SUB: lambda: a - b, Ops.MUL: lambda: a * b, Ops.MAX: lambda: max(a, b),
-           Ops.CMPLT: lambda: int(a < b), Ops.CMPNE: lambda: int(a != b), Ops.CMPEQ: lambda: int(a == b),
-           Ops.IDIV: lambda: _cdiv(a, b), Ops.MOD: lambda: a - b * _cdiv(a, b) if b else None,
-           Ops.CAST: lambda: a, Ops.NEG: lambda: -a}
-    f = ops.get(u.op)
-    return f() if f is not None else None
-
-
-def _cdiv(a: int, b: int) -> int | None:
-    """C's integer division (truncating), None for a zero divisor."""
-    if not b:
-        return None
-    q = abs(a) // abs(b)
-    return q if (a < 0) == (b < 0) else -q
 
 
 def kernel_flops(uops: list[UOp], device: Any, launch: dict) -> int:

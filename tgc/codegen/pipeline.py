@@ -248,10 +248,10 @@ def _launch_at_vals(launch: dict, uops: list[UOp]) -> dict:
     dim variables) evaluated at `launch["vals"]`, the sizes it is verified at."""
     if "grid" not in launch or "vals" not in launch:
         return launch
-    from tgc.codegen.kernel import _eval_int
+    from tgc.codegen.sizes import eval_int
     names = [u.arg[0] for u in uops if u.op is Ops.DEFINE_VAR and u.arg[0] != "core_id"]
     env = dict(zip(names, launch["vals"]))
-    grid = tuple(_eval_int(e, env) for e in launch["grid"])
+    grid = tuple(eval_int(e, env) for e in launch["grid"])
     if any(g is None for g in grid):
         return launch
     return {**launch, "global_size": grid}
