@@ -178,6 +178,15 @@ for n, d in ((64, 96), (40, 36)):  # 40 = 8 * 5 and 36 = 4 * 9, but not multiple
     plan = plan_of(prog, {"N": n, "D": d})
     out["runs"].append(["local", [n, d], prog.last_run, float(np.abs(got - (x * 2 + 1)).max()), plan.chosen])
 
+# a loop end of N - 2: no output at N = 2 (a grid of 0 work-groups is not launched), 257 outputs at N = 259
+prog = tgc.loads("x: f32[N]\\nreturn x[2:] * 2.0")
+for n in (2, 259):
+    x = np.arange(n, dtype=np.float32)
+    got = prog.run(device="CUDA", symbolic=True, x=x)["out0"]
+    low, _ = plan_of(prog, {"N": n}).bind(prog, {"N": n})
+    out["runs"].append(["tail", [n], prog.last_run, float(np.abs(got - x[2:] * 2).max(initial=0)) + 9 * (
+        got.shape != x[2:].shape), [list(k.global_size) for k in low.kernels]])
+
 # more work-groups than the device launches: the plan refuses these sizes (the caller runs specialized kernels)
 prog = tgc.load("kernels/softmax.tg")
 plan = prog.compile_symbolic("CUDA")
@@ -202,6 +211,7 @@ def test_symbolic_kernels_run_on_cuda_at_every_size():
     assert softmax_300[4] == [[2, 1, 1], [2, 1, 1], [39, 1, 1]]  # 300 rows, 9900 elements, by 256
     assert [r[4] for r in runs if r[0] == "group"] == [["fast", "fast"], ["general", "general"]]
     assert [r[4] for r in runs if r[0] == "local"] == [["fast"], ["general"]]
+    assert [r[4] for r in runs if r[0] == "tail"] == [[], [[2, 1, 1]]]
     assert res["too_many_groups"][0] and "more than the device's 3" in res["too_many_groups"][1]
 
 
