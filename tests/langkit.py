@@ -59,9 +59,9 @@ SYMBOLIC = os.environ.get("TGC_TEST_SYMBOLIC", "") not in ("", "0")
 def run(src: str, device: str, dims: dict[str, int] | None = None, **inputs) -> dict[str, np.ndarray]:
     """Run a program twice: the first run launches kernel by kernel, the second runs the program's launch plan
     as one device graph where the device has them (tgc.engine.realize.LaunchPlan); both must agree exactly.
-    Devices without graphs (PYTHON, OPENCL) run once. With TGC_TEST_SYMBOLIC, CPU and PYTHON run once through
-    the kernels compiled for the size class."""
-    if SYMBOLIC and device in ("CPU", "PYTHON"):
+    Devices without graphs (PYTHON, OPENCL) run once. With TGC_TEST_SYMBOLIC, every device but REMOTE runs once
+    through the kernels compiled for the size class."""
+    if SYMBOLIC and not device.upper().startswith("REMOTE"):
         return tgc.loads(src).run(device=device, dims=dims, symbolic=True, **inputs)
     from tgc.backends import get_device
     from tgc.backends.base import Device

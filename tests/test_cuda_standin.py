@@ -122,6 +122,100 @@ def test_group_local_upcast_combinations_match_numpy():
     assert len(results) == 11
 
 
+# ---------------------------------------------------------------- symbolic sizes (tgc/codegen/sizes.py)
+
+SYMBOLIC = '''
+import dataclasses, json
+import numpy as np
+import tgc
+import tgc.codegen.search as S
+from tgc.baselines.numpy_eval import numpy_program
+from tgc.codegen import sizes
+from tgc.codegen.opt import Opt
+from tgc.engine.inputs import random_inputs
+
+def err(prog, got, dims, inputs):
+    want = numpy_program(prog, dims)(inputs)
+    return max(float(np.max(np.abs(np.asarray(got[n]) - np.asarray(want[n])), initial=0)) for n in prog.output_names)
+
+def plan_of(prog, dims):
+    return prog._plans[("CUDA", sizes.size_class(prog.dim_names, dims))]
+
+out = {"runs": [], "classes": {}}
+# odd sizes, a size of 1, and sizes whose grid ends in a partial work-group (300 rows, 33 * 65 outputs)
+for path, table in (("kernels/softmax.tg", [{"N": 3, "D": 5}, {"N": 1, "D": 7}, {"N": 300, "D": 33}]),
+                    ("kernels/matmul.tg", [{"M": 3, "K": 5, "N": 7}, {"M": 1, "K": 3, "N": 1},
+                                           {"M": 33, "K": 9, "N": 65}])):
+    prog = tgc.load(path)
+    for dims in table:
+        inputs = random_inputs(prog, dims, seed=1)
+        got = prog.run(device="CUDA", symbolic=True, **inputs)
+        plan = plan_of(prog, dims)
+        out["runs"].append([path, dims, prog.last_run, err(prog, got, dims, inputs),
+                            [list(k.global_size) for k in plan.bind(prog, dims)[0].kernels]])
+    out["classes"][path] = len([p for p in prog._plans.values() if not isinstance(p, str)])
+
+# the heuristic's GROUP reduction as a fast variant: launched where 256 divides the row, else the general kernel
+prog = tgc.loads("x: f32[R, N]\\nreturn x.sum(axis=1), x.max(axis=1)")
+for r, n in ((2, 1536), (3, 96)):
+    x = np.random.default_rng(n).standard_normal((r, n)).astype(np.float32)
+    got = prog.run(device="CUDA", symbolic=True, x=x)
+    plan = plan_of(prog, {"R": r, "N": n})
+    out["runs"].append(["group", [r, n], prog.last_run, max(float(np.abs(got["out0"] - x.sum(1)).max()),
+                        float(np.abs(got["out1"] - x.max(1)).max())), plan.chosen])
+
+# LOCAL and UPCAST (as a BEAM winner for the class would give them) on symbolic output axes
+import tgc.api as A
+orig = S.lookup
+S.lookup = A.lookup = lambda ast, device, width=0: [Opt("LOCAL", 0, 8), Opt("UPCAST", 1, 4)]
+try:
+    prog = tgc.loads("x: f32[N, D]\\nreturn x * 2.0 + 1.0")
+    prog.compile_symbolic("CUDA", (("N", "32n"), ("D", "32n")))
+finally:
+    S.lookup = A.lookup = orig
+for n, d in ((64, 96), (40, 36)):  # 40 = 8 * 5 and 36 = 4 * 9, but not multiples of 32: another class
+    x = np.random.default_rng(n).standard_normal((n, d)).astype(np.float32)
+    got = prog.run(device="CUDA", symbolic=True, x=x)["out0"]
+    plan = plan_of(prog, {"N": n, "D": d})
+    out["runs"].append(["local", [n, d], prog.last_run, float(np.abs(got - (x * 2 + 1)).max()), plan.chosen])
+
+# a loop end of N - 2: no output at N = 2 (a grid of 0 work-groups is not launched), 257 outputs at N = 259
+prog = tgc.loads("x: f32[N]\\nreturn x[2:] * 2.0")
+for n in (2, 259):
+    x = np.arange(n, dtype=np.float32)
+    got = prog.run(device="CUDA", symbolic=True, x=x)["out0"]
+    low, _ = plan_of(prog, {"N": n}).bind(prog, {"N": n})
+    out["runs"].append(["tail", [n], prog.last_run, float(np.abs(got - x[2:] * 2).max(initial=0)) + 9 * (
+        got.shape != x[2:].shape), [list(k.global_size) for k in low.kernels]])
+
+# more work-groups than the device launches: the plan refuses these sizes (the caller runs specialized kernels)
+prog = tgc.load("kernels/softmax.tg")
+plan = prog.compile_symbolic("CUDA")
+dev = plan.device
+real = dev.caps
+type(dev).caps = property(lambda self: dataclasses.replace(real, max_grid=3))
+low, why = plan.bind(prog, {"N": 300, "D": 7})
+out["too_many_groups"] = [low is None, why]
+print(json.dumps(out))
+'''
+
+
+def test_symbolic_kernels_run_on_cuda_at_every_size():
+    """Kernels compiled once without sizes (int arguments, the grid computed at launch from the dims) give
+    numpy's results at odd sizes, sizes of 1 and sizes that end in a partial work-group."""
+    res = script_json(SYMBOLIC)
+    runs = res["runs"]
+    bad = [r for r in runs if r[2] != "symbolic" or r[3] > 1e-4]
+    assert not bad, bad
+    assert res["classes"] == {"kernels/softmax.tg": 2, "kernels/matmul.tg": 2}  # dims >= 2 share one plan
+    softmax_300 = runs[2]
+    assert softmax_300[4] == [[2, 1, 1], [2, 1, 1], [39, 1, 1]]  # 300 rows, 9900 elements, by 256
+    assert [r[4] for r in runs if r[0] == "group"] == [["fast", "fast"], ["general", "general"]]
+    assert [r[4] for r in runs if r[0] == "local"] == [["fast"], ["general"]]
+    assert [r[4] for r in runs if r[0] == "tail"] == [[], [[2, 1, 1]]]
+    assert res["too_many_groups"][0] and "more than the device's 3" in res["too_many_groups"][1]
+
+
 # ---------------------------------------------------------------- the runtime's error paths on the stand-in
 
 FAULT = '''

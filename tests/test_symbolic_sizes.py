@@ -5,6 +5,7 @@ launch-time checks that fall back to size-specialized kernels; kernels that take
 from __future__ import annotations
 
 import pathlib
+import re
 
 import numpy as np
 import pytest
@@ -154,7 +155,7 @@ def test_multiples_of_32_run_the_optimized_symbolic_kernels(name, dims):
     assert prog.last_run == "symbolic"
     plan = prog._plans[("CPU", sizes.size_class(prog.dim_names, dims))]
     assert all(c == ("32n" if dims[n] % 32 == 0 else "n") for n, c in plan.size_class)
-    assert "fast" in plan.chosen, plan.chosen
+    assert "fast" in plan.chosen or "split" in plan.chosen, plan.chosen  # split: B = 2 is of class n
     _check(prog, got, dims, inputs, f"{name} at {dims}")
 
 
@@ -226,8 +227,9 @@ def test_symbolic_launches_count_the_work_of_their_sizes():
     sym = prog.bench("CPU", dims=dims, repeat=1, symbolic=True, tuned=False)
     spec = prog.bench("CPU", dims=dims, repeat=1, tuned=False)
     assert sym["kernels_for"] == "size class" and spec["kernels_for"] == "these sizes"
-    assert [k["flops"] for k in sym["kernels"]] == [k["flops"] for k in spec["kernels"]]
-    assert sym["kernels"][0]["flops"] >= 2 * 65 * 64 * 63 and sym["kernels"][0]["bytes"] > 0
+    # the odd sizes run a split kernel (a main kernel and tails): together they do the specialized kernel's work
+    assert sum(k["flops"] for k in sym["kernels"]) == sum(k["flops"] for k in spec["kernels"])
+    assert sum(k["flops"] for k in sym["kernels"]) >= 2 * 65 * 64 * 63 and sym["kernels"][0]["bytes"] > 0
 
 
 def test_the_compile_cache_holds_one_entry_per_size_class(tmp_path, monkeypatch):
@@ -283,3 +285,87 @@ def test_cli_run_and_bench_symbolic():
                        timeout=120, env=env)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["kernels_for"] == "size class"
+
+
+GPU_TARGETS = ["CUDA", "OPENCL", "METAL"]
+
+
+@pytest.mark.parametrize("target", GPU_TARGETS)
+def test_gpu_kernels_take_their_sizes_and_grid_from_the_launch(target):
+    """On the C-style GPU backends a symbolic kernel takes its sizes as `int` arguments and its grid is an
+    expression of them, evaluated at each launch (the work-groups the dims need, the last one partial); its
+    source names no probe size. OpenCL and Metal are type-checked with clang here, CUDA compiled by NVRTC."""
+    from tgc.codegen.kernel import symbolic_grid
+    prog = tgc.load(KERNELS[0].parent / "softmax.tg")
+    plan = prog.compile_symbolic(target)
+    assert [k.name for k in plan.kernels] == ["r_N_D", "r_N_Dn1", "E_N_D"]
+    for k in plan.kernels:
+        assert k.grid is not None and k.local_size == (256, 1, 1)
+        assert set(k.var_names) == {"N", "D"}
+        code = k.src.split("tgc-launch:")[0]
+        assert re.search(r"\bint&? D_N\b", code) and re.search(r"\bint&? D_D\b", code)  # Metal: constant int&
+        for p in sizes.probes(plan.size_class)[0].values():
+            assert str(p) not in code
+        if k.binary is None:  # no driver for it here: the source must still have passed the compiler's check
+            assert target != "CUDA" or "nvrtc" in (k.compile_error or ""), k.compile_error
+            assert "type-checked" in (k.compile_error or "") or target == "CUDA", k.compile_error
+    rows, elems = plan.kernels[0], plan.kernels[2]
+    assert symbolic_grid(rows, {"N": 300, "D": 7}) == (2, 1, 1)  # 300 rows in work-groups of 256
+    assert symbolic_grid(elems, {"N": 300, "D": 7}) == (9, 1, 1)  # 2100 elements
+    assert symbolic_grid(elems, {"N": 2, "D": 128}) == (1, 1, 1)
+
+
+def test_gpu_grid_index_bounds_with_size_divisors():
+    """Index math of a symbolic GPU kernel (`gidx // D % N`) keeps bounds that fit 64 bits: the division and
+    remainder by a dim variable are bounded by its range."""
+    from tgc.dtype import dtypes
+    from tgc.ir.uop import Ops, UOp
+    n = UOp(Ops.DEFINE_VAR, dtypes.index, (), ("D_N", 2, 1000))
+    x = UOp(Ops.DEFINE_VAR, dtypes.index, (), ("x", 0, 10 ** 9))
+    assert (x % n).bounds == (0, 999)
+    assert (x // n).bounds == (0, 5 * 10 ** 8)
+    y = UOp(Ops.DEFINE_VAR, dtypes.index, (), ("y", -5, 10))
+    assert (y % n).bounds[0] < 0  # a negative dividend: no claim beyond the generic bounds
+
+
+def test_cli_compile_for_cuda_without_dims():
+    import subprocess
+    import sys
+
+    from tgc.backends.cuda import nvrtc_error
+    root = pathlib.Path(__file__).resolve().parent.parent
+    env = {"NO_COLOR": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(root)}
+    r = subprocess.run([sys.executable, "-m", "tgc.cli.main", "compile", str(root / "kernels" / "softmax.tg"),
+                        "-d", "CUDA"], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "r_N_D(float* __restrict__ data0, const float* __restrict__ data1, int D_D, int D_N)" in r.stdout
+    assert "compiled for every size (N=>=2, D=>=2)" in r.stderr
+    assert ("could not compile" not in r.stderr) == (nvrtc_error() is None), r.stderr
+
+
+@pytest.mark.parametrize("dims", [{"M": 7, "K": 5, "N": 9}, {"M": 33, "K": 3, "N": 65}, {"M": 101, "K": 99, "N": 103},
+                                  {"M": 40, "K": 7, "N": 37}])
+def test_odd_sizes_run_a_split_kernel_main_part_and_remainders(dims):
+    """Class `n` (odd sizes): the heuristic's upcasts (vector columns, 8 rows) on a main kernel over the part of
+    each loop they divide, and tail kernels for the remainder rows and columns (empty ones are not launched)."""
+    prog = tgc.load(KERNELS[0].parent / "matmul.tg")
+    inputs = random_inputs(prog, dims, seed=4)
+    got = prog.run(device="CPU", symbolic=True, **inputs)
+    assert prog.last_run == "symbolic"
+    _check(prog, got, dims, inputs, f"matmul at {dims}")
+    plan = prog._plans[("CPU", sizes.size_class(prog.dim_names, dims))]
+    assert plan.chosen == ["split"]
+    assert any(o.op.name == "UPCAST" for o in plan.fast[0].opts) and len(plan.tails[0]) == 2
+    low, _ = plan.bind(prog, dims)
+    rest = [dims["M"] % 8, dims["N"] % 32]
+    assert len(low.kernels) == 1 + sum(r > 0 for r in rest)
+
+
+def test_a_reduction_shared_along_the_columns_is_not_split():
+    """softmax's fused kernel reduces each row once for all its columns: a tail over the last columns would
+    reduce the rows again, so odd sizes keep the unsplit fast kernel."""
+    prog = tgc.load(KERNELS[0].parent / "softmax.tg")
+    x = np.random.default_rng(0).standard_normal((33, 65)).astype(np.float32)
+    prog.run(device="CPU", symbolic=True, x=x)
+    plan = prog._plans[("CPU", (("N", "n"), ("D", "n")))]
+    assert all(not t for t in plan.tails) and "split" not in plan.chosen

@@ -18,9 +18,10 @@ from tgc.codegen.kernel import (
     build_symbolic_kernel,
     launch_allows,
     prepare_ast,
+    symbolic_grid,
     symbolic_work,
 )
-from tgc.codegen.opt import OptError
+from tgc.codegen.opt import OptError, OptOps
 from tgc.codegen.pipeline import heuristic_opts
 from tgc.codegen.search import beam_items, lookup
 from tgc.dsl.frontend import (
@@ -332,9 +333,10 @@ class Program:
 
     def _build_symbolic(self, dev: Any, cls: tuple) -> SymbolicPlan | str:
         """The plan for one size class, or why there is none."""
-        if dev.caps.gpu or dev.kind == "REMOTE":
-            # GPU grids are sized when compiling, and a REMOTE server checks launches against buffer sizes
-            return f"kernels with symbolic sizes are built for the CPU and PYTHON devices only, not {dev.kind} yet"
+        if dev.kind == "REMOTE":
+            # a REMOTE server checks every launch against the buffer sizes and grid its kernel source states
+            return "kernels with symbolic sizes are not built for REMOTE devices: a server checks each launch " \
+                   "against the sizes its kernel was compiled for"
         p1, p2 = sizes.probes(cls)
         symbolic = [n for n, c in cls if c in sizes.SYMBOLIC]
         bound = sizes.var_bound(len(symbolic))
@@ -360,7 +362,7 @@ class Program:
         # apply to its symbolic form (launched where its checks hold at the dims given)
         rep = {n: sizes.REPRESENTATIVE[c] if c in sizes.SYMBOLIC else int(c) for n, c in cls}
         rep_items = None
-        if not dev.caps.gpu and not env_flag("NOOPT"):
+        if not env_flag("NOOPT"):
             try:
                 rep_items = [i for i in create_schedule(self._trace(rep)[0], dev.caps) if i.ast.src]
             except TgcError:
@@ -369,6 +371,9 @@ class Program:
                     [sizes.name_shape(i.name) for i in items1]:
                 rep_items = None
         kernels, fast = [], []
+        tails: list[list[Kernel]] = []  # per kernel, the tail kernels its fast variant needs (class n splits)
+        alt: dict[int, Kernel | None] = {}  # per split kernel, its main kernel without threads (small sizes)
+        derived: dict[str, tuple] = {}  # the splits' derived kernel arguments (`sizes.Split`)
         names: dict[str, int] = {}
         for i, (item, ast) in enumerate(zip(items1, asts1)):
             base = sizes.symbolic_name(item.name, p1, symbolic)
@@ -379,9 +384,18 @@ class Program:
             kname = f"{base}n{n}" if n else base
             kernels.append(build_symbolic_kernel(sym_item, dev, p1, kname))
             fast.append(None)
-            if rep_items is not None:
+            tails.append([])
+            split = None
+            if rep_items is not None and not dev.caps.gpu and any(c == "n" for _, c in cls):
+                split = _split_variant(sym_item, dev, cls, p1, kname, f"k{i}", bound)
+            if split is not None:
+                fast[-1], alt[i], tails[-1], more = split
+                derived.update(more)
+            elif rep_items is not None:
                 fast[-1] = _fast_variant(sym_item, rep_items[i], dev, rep, kname)
         plan = SymbolicPlan(dev, cls, kernels, slots1, k1, o1, signature, bound, symbolic, fast)
+        plan.tails, plan.derived = tails, derived
+        plan.unthreaded = [alt.get(i) for i in range(len(kernels))]
         plan.shapes = [sizes.name_shape(i.name) for i in items1]
         plan.asts = asts1
         plan.item_bufs = [list(i.bufs) for i in items1]
@@ -682,6 +696,9 @@ class SymbolicPlan:
         self.kernel_slots, self.output_slots, self.signature = kernel_slots, output_slots, signature
         self.bound, self.symbolic = bound, symbolic
         self.fast = fast or [None] * len(kernels)  # per kernel, its optimized variant (launch-checked) or None
+        self.tails: list[list[Kernel]] = [[] for _ in kernels]  # per kernel, its fast variant's tail kernels
+        self.derived: dict[str, tuple] = {}  # the tails' derived kernel arguments (`sizes.Split.derived`)
+        self.unthreaded: list[Kernel | None] = [None] * len(kernels)  # per split kernel, its main without threads
         self.chosen: list[str] = []  # per kernel of the last `bind`: "fast" or "general"
         self.shapes: list[str] = []  # per kernel, its name with sizes blanked (`r_#_#`): matches a schedule
         self.asts: list[UOp] = []  # per kernel, its symbolic AST as scheduled (before any pass)
@@ -709,21 +726,67 @@ class SymbolicPlan:
                 nodes.append(in_bufs[slot.input])
             else:
                 nodes.append(UOp(Ops.BUFFER, slot.dtype, (), (-1 - i, f"tmp{i}", shape)))
-        kernels = []
+        env = sizes.derived_values(self.derived, dims) if self.derived else dims
+        launches = []
         self.chosen = []
-        for general, fast, ks, item_bufs in zip(self.kernels, self.fast, self.kernel_slots, self.item_bufs):
-            use_fast = fast is not None and fast.binary is not None and launch_allows(fast, dims)
-            k = fast if use_fast else general
-            self.chosen.append("fast" if use_fast else "general")
+        for general, fast, plain, tails, ks, item_bufs in zip(self.kernels, self.fast, self.unthreaded, self.tails,
+                                                              self.kernel_slots, self.item_bufs):
+            if fast is not None and plain is not None and not launch_allows(fast, env):
+                fast = plain  # a split's main kernel without threads, for sizes too small for them
+            use_fast = all(f is not None and f.binary is not None and launch_allows(f, env) for f in [fast, *tails])
+            self.chosen.append(("split" if tails else "fast") if use_fast else "general")
+            # a tail whose remainder is 0 at these sizes (a dim its splits divide) has nothing to do
+            launches += [(f, ks, item_bufs) for f in ([fast, *tails] if use_fast else [general])
+                         if not any(self.derived.get(n, ("",))[0] == "rest" and env[n] == 0 for n in f.var_names)]
+        kernels = []
+        for k, ks, item_bufs in launches:
+            grid = symbolic_grid(k, dims)  # GPUs: the work-groups these dims need
+            if k.grid is not None:
+                if max(grid) > self.device.caps.max_grid:
+                    return None, (f"kernel {k.name} needs {max(grid)} work-groups at these sizes, more than the "
+                                  f"device's {self.device.caps.max_grid}")
+                if min(grid) == 0:
+                    continue  # no output at these sizes: nothing to launch
             if k.binary is not None:
                 k.program()  # load once; the copies share it
             # the kernel's parameters: the scheduled buffers less those its code does not use (dropped)
             bufs = [nodes[ks[next(i for i, b in enumerate(item_bufs) if b is kb)]] for kb in k.bufs]
-            flops, nbytes = symbolic_work(k, dims, bufs)
-            kernels.append(_dc_replace(k, bufs=bufs, vals=tuple(dims[n] for n in k.var_names), flops=flops,
-                                       bytes_moved=nbytes))
+            flops, nbytes = symbolic_work(k, env, bufs)
+            kernels.append(_dc_replace(k, bufs=bufs, vals=tuple(env[n] for n in k.var_names), flops=flops,
+                                       bytes_moved=nbytes, global_size=grid))
         return Lowered(self.device, kernels, [(b, prog.inputs[b.arg[0]].name) for b in in_bufs],
                        [(name, nodes[j]) for name, j in zip(prog.output_names, self.output_slots)]), ""
+
+
+def _split_variant(item: ScheduleItem, dev: Any, cls: tuple, probe: dict[str, int], name: str, key: str,
+                   bound: int) -> tuple[Kernel, Kernel | None, list[Kernel], dict] | None:
+    """For a class with odd dims (`n`): the opts the heuristic picks for this kernel where every symbolic dim is
+    512, on a main kernel over the part of each split loop its splits divide, plus a tail kernel per split loop
+    for the remainder (`sizes.split_remainders`); None where there is no stored BEAM winner to prefer, no split
+    or an opt that does not apply."""
+    if lookup(prepare_ast(item.ast, dev), dev) is not None:
+        return None  # a BEAM winner stored for the class: `_fast_variant` uses it
+    at = {n: 512 if c in sizes.SYMBOLIC else int(c) for n, c in cls}
+    ast = prepare_ast(item.ast, dev)
+    opts = heuristic_opts(prepare_ast(sizes.instantiate_ast(item.ast, at), dev), dev)
+    split = sizes.split_remainders(ast, opts, key, bound) if opts else None
+    if split is None:
+        return None
+    values = sizes.derived_values(split.derived, probe)
+    try:
+        main = build_symbolic_kernel(ScheduleItem(split.main, item.bufs, name, item.line, item.meta), dev, values,
+                                     name, opts=split.main_opts)
+        tails = [build_symbolic_kernel(ScheduleItem(t, item.bufs, f"{name}t{j}", item.line, item.meta), dev,
+                                       values, f"{name}t{j}", opts=o) for j, (t, o) in enumerate(split.tails)]
+        # small sizes fail the threads' launch check: the same main kernel without threads serves them
+        plain = [o for o in split.main_opts if o.op is not OptOps.THREAD]
+        alt = None if plain == split.main_opts else build_symbolic_kernel(
+            ScheduleItem(split.main, item.bufs, name, item.line, item.meta), dev, values, f"{name}s", opts=plain)
+    except (OptError, CompileError):
+        return None
+    if main.binary is None or any(t.binary is None for t in tails):
+        return None
+    return main, (alt if alt is not None and alt.binary is not None else None), tails, split.derived
 
 
 def _fast_variant(item: ScheduleItem, rep_item: ScheduleItem, dev: Any, rep: dict[str, int], name: str

@@ -1109,10 +1109,13 @@ def build_symbolic(prog: Any, dev: Any) -> bytes:
                     "opts": [str(o) for o in k.opts]}
 
         kernels = []
-        for general, fast, ks, item_bufs in zip(plan.kernels, plan.fast, plan.kernel_slots, plan.item_bufs):
+        for general, fast, tails, ks, item_bufs in zip(plan.kernels, plan.fast, plan.tails, plan.kernel_slots,
+                                                        plan.item_bufs):
             doc = kernel_doc(general, ks, item_bufs)
             doc["fast"] = None
-            if fast is not None:
+            # a split's main kernel covers only part of its loops (its remainder kernels the rest) and takes sizes
+            # derived at launch: not packaged (the general kernel serves those sizes)
+            if fast is not None and not tails and set(fast.var_names) <= set(prog.dim_names):
                 checks = [[what, _uop_expr(expr), int(value)] for what, expr, value in fast.checks]
                 if all(c[1] is not None for c in checks) and in_bounds(fast) and \
                         sorted(buf_index(fast, ks, item_bufs)) == sorted(doc["bufs"]):

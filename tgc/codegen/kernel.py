@@ -16,6 +16,7 @@ from tgc.codegen.pipeline import launch_contract as launch_contract  # re-export
 from tgc.codegen.pipeline import lower, prepare
 from tgc.codegen.pipeline import render_kernel as render_kernel  # re-exported
 from tgc.codegen.sizes import VAR_PREFIX
+from tgc.codegen.sizes import eval_int as _eval_int
 from tgc.dtype import dtypes
 from tgc.env import env_flag
 from tgc.errors import CompileError
@@ -48,6 +49,7 @@ class Kernel:
     var_names: tuple[str, ...] = ()  # a symbolic kernel's dim variables, in the order `vals` gives them
     checks: list = field(default_factory=list)  # a symbolic kernel's launch checks (`build_symbolic_kernel`)
     template: UOp | None = None  # a symbolic kernel's prepared AST before opts (its BEAM winners' key)
+    grid: tuple | None = None  # a symbolic GPU kernel's work-groups per dimension, expressions of its dim variables
     _program: Any = None
 
     def program(self):
@@ -130,35 +132,6 @@ def prod_ranges(index: UOp) -> int:
         if n.op is Ops.RANGE:
             out *= int(n.vmax) + 1
     return out
-
-
-def _eval_int(u: UOp, env: dict[str, int]) -> int | None:
-    """The value of an integer expression of constants and named kernel variables, or None."""
-    if u.op is Ops.CONST:
-        return int(u.arg)
-    if u.op is Ops.DEFINE_VAR:
-        name = u.arg[0] if isinstance(u.arg, tuple) else u.arg
-        return env.get(name)
-    vals = [_eval_int(s, env) for s in u.src]
-    if any(v is None for v in vals):
-        return None
-    if u.op is Ops.WHERE:
-        return vals[1] if vals[0] else vals[2]
-    a, b = (vals + [0, 0])[:2]
-    ops = {Ops.ADD: lambda: a + b, Ops.SUB: lambda: a - b, Ops.MUL: lambda: a * b, Ops.MAX: lambda: max(a, b),
-           Ops.CMPLT: lambda: int(a < b), Ops.CMPNE: lambda: int(a != b), Ops.CMPEQ: lambda: int(a == b),
-           Ops.IDIV: lambda: _cdiv(a, b), Ops.MOD: lambda: a - b * _cdiv(a, b) if b else None,
-           Ops.CAST: lambda: a, Ops.NEG: lambda: -a}
-    f = ops.get(u.op)
-    return f() if f is not None else None
-
-
-def _cdiv(a: int, b: int) -> int | None:
-    """C's integer division (truncating), None for a zero divisor."""
-    if not b:
-        return None
-    q = abs(a) // abs(b)
-    return q if (a < 0) == (b < 0) else -q
 
 
 def kernel_flops(uops: list[UOp], device: Any, launch: dict) -> int:
@@ -247,18 +220,37 @@ def build_symbolic_kernel(item: ScheduleItem, device: Any, probe: dict[str, int]
         low = lower(ast, device, item.bufs, name, opts=list(opts or []), vals=tuple(probe[n] for n in names))
     binary, err, key = _compile_cached(device, low.src)
     launch = low.launch
+    grid = launch.get("grid")
     kern = Kernel(name=name, src=low.src, binary=binary, uops=low.uops, ast=low.ast, bufs=low.bufs,
                   global_size=launch.get("global_size", (1, 1, 1)), local_size=launch.get("local_size"),
                   vals=tuple(probe[n] for n in names), flops=0, bytes_moved=0, line=item.line, compile_error=err,
                   device=device, opts=low.applied, cache_key=key, var_names=tuple(names), checks=checks,
-                  template=ast)
+                  template=ast, grid=grid)
+    if grid is not None:  # the grid at the probe sizes, as `vals` holds the probe values
+        kern.global_size = symbolic_grid(kern, probe)
     return kern
+
+
+def symbolic_grid(k: Kernel, dims: dict[str, int]) -> tuple[int, int, int]:
+    """A symbolic kernel's `global_size` at these dims: its grid expressions evaluated (GPUs), else as built."""
+    if k.grid is None:
+        return k.global_size
+    env = {VAR_PREFIX + n: v for n, v in dims.items()}
+    vals = [_eval_int(e, env) for e in k.grid]
+    if any(v is None for v in vals):
+        raise CompileError(f"kernel {k.name}: its grid depends on values the launch does not give")
+    return (int(vals[0]), int(vals[1]), int(vals[2]))  # type: ignore[arg-type]
 
 
 def symbolic_work(k: Kernel, dims: dict[str, int], bufs: list[UOp]) -> tuple[int, int]:
     """(flops, bytes moved) of a symbolic kernel's launch at these dims (`Kernel.flops`, `bytes_moved`)."""
     env = {VAR_PREFIX + n: v for n, v in dims.items()}
-    cores = max(int(k.global_size[0]), 1) if not k.device.caps.gpu else 1
+    if k.device.caps.gpu:  # every thread of the grid runs the per-thread program (`kernel_flops`)
+        threads = 1
+        for n in (*symbolic_grid(k, dims), *(k.local_size or ())):
+            threads *= int(n)
+        return round(count_work(k.uops, env) * threads), bytes_touched(k.ast, bufs)
+    cores = max(int(k.global_size[0]), 1)
     flops = round(sum(count_work(k.uops, {**env, "core_id": c}) for c in range(cores)))
     return flops, bytes_touched(k.ast, bufs)
 

@@ -211,7 +211,7 @@ class OptKernel:
         if amt <= 1:
             raise OptError("amount must be at least 2")
         is_reduce = r.arg[1] is RangeKind.REDUCE
-        if n is None and opt.op not in (OptOps.UPCAST, OptOps.UNROLL):
+        if n is None and opt.op not in (OptOps.UPCAST, OptOps.UNROLL, OptOps.LOCAL, OptOps.GROUP):
             raise OptError(f"{opt.op.name} needs a constant size")
         if opt.op is OptOps.PADTO:
             if not is_reduce:
@@ -558,6 +558,8 @@ def map_to_grid(ast: UOp, max_local: int = 256, max_grid: int = 2**31 - 1) -> tu
                    key=lambda x: x.arg[0])
     in_group = (RangeKind.LOCAL, RangeKind.GROUP)
     locals_ = sorted((u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] in in_group), key=lambda x: x.arg[0])
+    if any(r.src[0].op is not Ops.CONST for r in loops):
+        return _map_to_symbolic_grid(ast, loops, locals_, max_local, max_grid)
     total = prod(r.src[0].arg for r in loops)
     mapping: dict[UOp, UOp] = {}
     if locals_:
@@ -592,3 +594,48 @@ def map_to_grid(ast: UOp, max_local: int = 256, max_grid: int = 2**31 - 1) -> tu
         stride //= n
         mapping[r] = simplify((gflat // UOp.const(INDEX, stride)) % UOp.const(INDEX, n))
     return simplify(substitute(ast, mapping)), {"global_size": (groups, 1, 1), "local_size": (local, 1, 1)}
+
+
+def _map_to_symbolic_grid(ast: UOp, loops: list[UOp], locals_: list[UOp], max_local: int, max_grid: int
+                          ) -> tuple[UOp, dict]:
+    """`map_to_grid` for output loops whose ends are dim variables (`tgc.codegen.sizes`): the work-group size is
+    a constant (the LOCAL ranges', else `max_local`), the number of work-groups an expression of the dims
+    (`launch["grid"]`, evaluated at each launch; `global_size` holds its largest value, at most `max_grid`,
+    which the launch checks). Without LOCAL ranges the grid is rounded up and the threads of the partial last
+    work-group are clamped to the last output, as `map_to_grid` does at a prime size."""
+    one = UOp.const(INDEX, 1)
+    total = one
+    for r in loops:
+        total = total * r.src[0]
+    total = simplify(total)
+    mapping: dict[UOp, UOp] = {}
+    if locals_:
+        local = prod(r.src[0].arg for r in locals_)
+        lflat = UOp(Ops.SPECIAL, INDEX, (), ("lidx0", local))
+        stride = local
+        for r in locals_:
+            n = r.src[0].arg
+            stride //= n
+            mapping[r] = simplify((lflat // UOp.const(INDEX, stride)) % UOp.const(INDEX, n))
+        groups = total
+        gflat = UOp(Ops.SPECIAL, INDEX, (), ("gidx0", min(int(total.vmax), max_grid)))
+    else:
+        local = max_local
+        groups = simplify((total + UOp.const(INDEX, local - 1)) // UOp.const(INDEX, local))
+        most = min(-(-int(total.vmax) // local), max_grid)
+        gidx = UOp(Ops.SPECIAL, INDEX, (), ("gidx0", most))
+        lidx = UOp(Ops.SPECIAL, INDEX, (), ("lidx0", local))
+        last = simplify(total - one)
+        gflat = (gidx * UOp.const(INDEX, local) + lidx)
+        gflat = (gflat < last).where(gflat, last)
+    for i, r in enumerate(loops):
+        stride = one
+        for inner in loops[i + 1:]:
+            stride = stride * inner.src[0]
+        # `% end` on the outer loop too (gflat < total makes it a no-op, but it bounds the index for the width),
+        # unless it is the only loop (gflat is clamped to its end, which bounds it)
+        idx = gflat // simplify(stride)
+        mapping[r] = simplify(idx if len(loops) == 1 else idx % r.src[0])
+    most = min(int(groups.vmax), max_grid)
+    return simplify(substitute(ast, mapping)), {"global_size": (most, 1, 1), "local_size": (local, 1, 1),
+                                                "grid": (groups, one, one)}

@@ -41,6 +41,7 @@ from tgc.codegen.index import narrow_index
 from tgc.codegen.legalize import legalize
 from tgc.codegen.linearize import linearize
 from tgc.codegen.opt import apply_opts, launch_limits, lower_groups, map_to_grid
+from tgc.codegen.sizes import eval_int
 from tgc.codegen.spec import verify_spec
 from tgc.codegen.transcendental import decompose_transcendentals
 from tgc.env import debug_level
@@ -236,7 +237,7 @@ def finish(device: Any, name: str, ast: UOp, uops: list[UOp], bufs: list[UOp], l
     directly (the fused attention, `tgc.codegen.attention`)."""
     if verify.enabled():
         verify_spec(name, uops)
-        verify.verify_kernel(name, uops, bufs, launch)
+        verify.verify_kernel(name, uops, bufs, _launch_at_vals(launch, uops))
     src = render_kernel(device, name, uops, bufs, launch)
     return Lowered(name, ast, uops, src, bufs, launch, list(applied or []),
                    list(bufs) if ast_bufs is None else ast_bufs)
@@ -249,6 +250,19 @@ def check_parameters(name: str, uops: list[UOp], bufs: list[UOp]) -> None:
     args = sorted(u.arg for u in uops if u.op is Ops.DEFINE_GLOBAL)
     if args != list(range(len(bufs))):
         raise CompileError(f"kernel {name}: parameters {args} do not match its {len(bufs)} buffers (a tgc bug)")
+
+
+def _launch_at_vals(launch: dict, uops: list[UOp]) -> dict:
+    """The launch the bounds verifier checks: a symbolic GPU kernel's grid (`launch["grid"]`, expressions of its
+    dim variables) evaluated at `launch["vals"]`, the sizes it is verified at."""
+    if "grid" not in launch or "vals" not in launch:
+        return launch
+    names = [u.arg[0] for u in uops if u.op is Ops.DEFINE_VAR and u.arg[0] != "core_id"]
+    env = dict(zip(names, launch["vals"]))
+    grid = tuple(eval_int(e, env) for e in launch["grid"])
+    if any(g is None for g in grid):
+        return launch
+    return {**launch, "global_size": grid}
 
 
 def passes_text(ast: UOp, device: Any, bufs: list[UOp], name: str = "kernel", opts: list | None = None) -> str:

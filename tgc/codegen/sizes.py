@@ -23,10 +23,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tgc.codegen.opt import OptOps
 from tgc.dtype import dtypes
 from tgc.ir.shapes import shape_of
 from tgc.ir.symbolic import simplify
-from tgc.ir.uop import Ops, PatternMatcher, UOp, UPat, graph_rewrite, substitute
+from tgc.ir.uop import Ops, PatternMatcher, RangeKind, UOp, UPat, graph_rewrite, substitute
 
 INDEX = dtypes.index
 VAR_PREFIX = "D_"  # kernel argument names: upper case, so they sort before the CPU's core_id (linearize order)
@@ -115,6 +116,35 @@ def factor(v: int, probe: Mapping[str, int], symbolic: Sequence[str]) -> Mono:
         if names:
             return coef, names, off, div
     return v, (), 0, 1
+
+
+def eval_int(u: UOp, env: Mapping[str, int]) -> int | None:
+    """The value of an integer expression of constants and named kernel variables, or None."""
+    if u.op is Ops.CONST:
+        return int(u.arg)
+    if u.op is Ops.DEFINE_VAR:
+        name = u.arg[0] if isinstance(u.arg, tuple) else u.arg
+        return env.get(name)
+    vals = [eval_int(s, env) for s in u.src]
+    if any(v is None for v in vals):
+        return None
+    if u.op is Ops.WHERE:
+        return vals[1] if vals[0] else vals[2]
+    a, b = (vals + [0, 0])[:2]
+    ops = {Ops.ADD: lambda: a + b, Ops.SUB: lambda: a - b, Ops.MUL: lambda: a * b, Ops.MAX: lambda: max(a, b),
+           Ops.CMPLT: lambda: int(a < b), Ops.CMPNE: lambda: int(a != b), Ops.CMPEQ: lambda: int(a == b),
+           Ops.IDIV: lambda: _cdiv(a, b), Ops.MOD: lambda: a - b * _cdiv(a, b) if b else None,
+           Ops.CAST: lambda: a, Ops.NEG: lambda: -a}
+    f = ops.get(u.op)
+    return f() if f is not None else None
+
+
+def _cdiv(a: int, b: int) -> int | None:
+    """C's integer division (truncating), None for a zero divisor."""
+    if not b:
+        return None
+    q = abs(a) // abs(b)
+    return q if (a < 0) == (b < 0) else -q
 
 
 def mono_value(m: Mono, dims: Mapping[str, int]) -> int:
@@ -282,6 +312,82 @@ _fold_casts = PatternMatcher([
 
 
 REPRESENTATIVE = {"n": 509, "32n": 512}
+
+
+@dataclass
+class Split:
+    """A kernel of class `n` split for its upcasts: the *main* kernel runs each split output loop over the
+    largest multiple of its split (a derived kernel argument `<key>m<i>` = end // split * split), with every
+    opt; one *tail* kernel per split loop runs its remainder (`<key>r<i>` = end - main, its loop shifted by the
+    main part), earlier split loops over their main part, later ones whole, with the opts of the loops that
+    divide there. `derived` maps each derived argument to (kind "main"/"rest", end expression, split)."""
+    main: UOp
+    main_opts: list
+    tails: list[tuple[UOp, list]]
+    derived: dict[str, tuple[str, UOp, int]]
+
+
+def split_remainders(ast: UOp, opts: list, key: str, bound: int) -> Split | None:
+    """`ast` (prepared, symbolic) and the opts the heuristic picks for it where its sizes divide, as a main
+    kernel and tail kernels (`Split`); None when no output loop of symbolic size is split, an opt does not
+    fit (a split reduction, a SWAP or LOCAL) or a reduction is shared along a split loop."""
+    ranges = sorted({u for u in ast.toposort() if u.op is Ops.RANGE}, key=lambda r: r.arg[0])
+    loops = [r for r in ranges if r.arg[1] is RangeKind.LOOP]
+    reduces = [r for r in ranges if r.arg[1] is RangeKind.REDUCE]
+    per_axis: dict[int, int] = {}
+    for o in opts:
+        if o.op is OptOps.THREAD:
+            continue
+        if o.op is OptOps.UPCAST and o.axis < len(loops):
+            per_axis[o.axis] = per_axis.get(o.axis, 1) * o.amount
+        elif o.op is OptOps.UNROLL and len(loops) <= o.axis < len(loops) + len(reduces) \
+                and reduces[o.axis - len(loops)].src[0].op is Ops.CONST:
+            continue
+        else:
+            return None
+    split = [i for i in sorted(per_axis) if loops[i].src[0].op is not Ops.CONST]
+    if not split:
+        return None
+    # a reduction shared along a split loop (softmax's row max, fused into its columns' kernel) would be
+    # computed again by the tail: not worth it
+    for red in (u for u in ast.toposort() if u.op is Ops.REDUCE):
+        if any(loops[i] not in red.toposort() for i in split):
+            return None
+    derived: dict[str, tuple[str, UOp, int]] = {}
+    main_var: dict[int, UOp] = {}
+    rest_var: dict[int, UOp] = {}
+    for i in split:
+        end, m = loops[i].src[0], per_axis[i]
+        hi = min(int(end.vmax), 2 ** 62)
+        derived[f"{key}m{i}"] = ("main", end, m)
+        derived[f"{key}r{i}"] = ("rest", end, m)
+        main_var[i] = UOp(Ops.DEFINE_VAR, INDEX, (), (VAR_PREFIX + f"{key}m{i}", 0, hi))
+        rest_var[i] = UOp(Ops.DEFINE_VAR, INDEX, (), (VAR_PREFIX + f"{key}r{i}", 0, m - 1))
+
+    def over(i: int, end: UOp) -> UOp:
+        return UOp(Ops.RANGE, INDEX, (end,), loops[i].arg)
+
+    main = substitute(ast, {loops[i]: over(i, main_var[i]) for i in split})
+    tails = []
+    for t in split:
+        mapping = {loops[i]: over(i, main_var[i]) for i in split if i < t}
+        mapping[loops[t]] = over(t, rest_var[t]) + main_var[t]
+        keep = [o for o in opts if o.op is not OptOps.THREAD and
+                not (o.op is OptOps.UPCAST and o.axis in split and o.axis >= t)]
+        tails.append((substitute(ast, mapping), keep))
+    return Split(main, list(opts), tails, derived)
+
+
+def derived_values(derived: Mapping[str, tuple[str, UOp, int]], dims: Mapping[str, int]) -> dict[str, int]:
+    """The derived kernel arguments of `Split`s at these dims (with the dims themselves)."""
+    env = {VAR_PREFIX + n: v for n, v in dims.items()}
+    out = dict(dims)
+    for name, (kind, end, m) in derived.items():
+        n = eval_int(end, env)
+        if n is None:
+            raise ValueError(f"the size {name} depends on values the launch does not give")
+        out[name] = n // m * m if kind == "main" else n - n // m * m
+    return out
 
 
 def name_shape(name: str) -> str:

@@ -246,6 +246,11 @@ def _bounds(u: UOp) -> tuple[Any, Any]:
             if a0 >= 0:
                 return (a0, a1) if a1 < b0 else (0, b0 - 1)
             return -(b0 - 1), b0 - 1
+        # a divisor that is a kernel variable (a symbolic size): both sides non-negative, the divisor positive
+        if u.op is Ops.IDIV and b0 > 0 and a0 >= 0:
+            return a0 // b1, a1 // b0
+        if u.op is Ops.MOD and b0 > 0 and a0 >= 0:
+            return 0, min(a1, b1 - 1)
     if u.op is Ops.WHERE:
         (a0, a1), (b0, b1) = u.src[1].bounds, u.src[2].bounds
         c = u.src[0]
