@@ -113,7 +113,7 @@ def test_devices_lists_each_server(pair, servers):
     assert "REMOTE" not in rows
     for i, srv in enumerate(servers):
         assert rows[f"REMOTE:{i}"]["server"] == srv.address and rows[f"REMOTE:{i}"]["available"]
-    r = CliRunner().invoke(main, ["devices"])
+    r = CliRunner().invoke(main, ["devices"], env={"COLUMNS": "400"})  # (a narrow table would wrap the name)
     assert r.exit_code == 0 and f"REMOTE:1 ({servers[1].address})" in r.output
 
 

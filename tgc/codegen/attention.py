@@ -396,7 +396,7 @@ def lower_attention(item: Any, device: Any, name: str) -> Any:
             ast, launch = map_to_grid(ast, max_local=min(device.caps.preferred_local_size, lim.threads, 64),
                                       max_grid=lim.grid)
     elif sp.loops and not env_flag("NOOPT"):
-        cores = getattr(device, "cores", 1)
+        cores = device.cores
         work = rows * sp.tk * max(sp.dv, 1) * 4 * (ROW_LANES if by_rows is not None else 1)
         threads = min(cores, rows, max(1, work // MIN_WORK_PER_THREAD))
         if threads > 1:
