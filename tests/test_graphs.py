@@ -61,7 +61,7 @@ def _first(out: dict) -> np.ndarray:
 
 
 def _plan(prog: tgc.Program):
-    (plan,) = prog._launch_plans.values()
+    (plan,) = prog._launch_plans.plans.values()
     return plan
 
 
@@ -116,9 +116,9 @@ def test_the_graph_is_captured_once_and_new_inputs_flow_through_it(monkeypatch):
     x = RNG.standard_normal((8, 64)).astype(F32)  # other dims: another plan, another graph
     prog.run(x=x)
     np.testing.assert_allclose(_first(prog.run(x=x)), _small(x), rtol=1e-4, atol=1e-4)
-    assert made == [20, 20] and len(prog._launch_plans) == 2
+    assert made == [20, 20] and len(prog._launch_plans.plans) == 2
     prog.release()
-    assert prog._launch_plans == {}
+    assert prog._launch_plans.plans == {}
 
 
 def test_outputs_are_copies_not_the_plans_buffers():
@@ -253,12 +253,12 @@ def test_a_program_keeps_the_plans_of_its_last_sizes_and_frees_the_others():
         if first is None:
             first = _plan(prog)
             handles = [b.handle for b in first.buffers.values()]
-    assert [dict(k[1])["N"] for k in prog._launch_plans] == [3, 4, 5, 6]  # the last MAX_PLANS sizes, oldest first
+    assert [dict(k[1])["N"] for k in prog._launch_plans.plans] == [3, 4, 5, 6]  # the last MAX_PLANS sizes, oldest first
     # the plan of N=1 was freed: its buffers went back to the allocator's pool
     assert first.buffers == {} and len(handles) == 2
     assert all(any(h is c for c in alloc.cached[4]) for h in handles)
     prog.run(x=np.ones(4, F32))  # a kept size moves to the end
-    assert [dict(k[1])["N"] for k in prog._launch_plans] == [3, 5, 6, 4]
+    assert [dict(k[1])["N"] for k in prog._launch_plans.plans] == [3, 5, 6, 4]
 
 
 def test_cpu_buffers_carry_their_address_and_views_fall_back():

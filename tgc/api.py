@@ -43,7 +43,7 @@ from tgc.engine.conform import as_array as _as_array
 from tgc.engine.inputs import random_inputs
 from tgc.engine.multi import MultiLowered, bench_multi, run_multi
 from tgc.engine.multi import plan as plan_multi
-from tgc.engine.realize import LaunchPlan, Lowered, run_program, to_user_array
+from tgc.engine.realize import LaunchPlans, Lowered, run_program, to_user_array
 from tgc.engine.reference import evaluate
 from tgc.engine.schedule import ScheduleItem, create_schedule, split_large_reduces
 from tgc.env import env_flag, env_int
@@ -81,8 +81,7 @@ class Program:
         self.parsed: Parsed = parse(source, filename)
         self._traces: dict[tuple, tuple[list[UOp], list[UOp]]] = {}
         self._kernels: dict[tuple, list[Kernel]] = {}
-        self._ran_once: dict[tuple, None] = {}  # (device, dims, BEAM) run once without a plan (see `run`)
-        self._launch_plans: dict[tuple, LaunchPlan] = {}  # launch plans of the last runs, oldest first (MAX_PLANS)
+        self._launch_plans = LaunchPlans(self.MAX_PLANS)  # by (device, dims, BEAM): see `run`
         self._lines: dict[UOp, int] = {}  # tensor node -> the .tg line that first computed it
         self._multi: dict[tuple, MultiLowered] = {}
         self._plans: dict[tuple, SymbolicPlan | str] = {}  # (device, size class) -> symbolic kernels or why none
@@ -461,44 +460,13 @@ class Program:
         else:
             self.last_run = "specialized"
         key = (dev.name, tuple(sorted(dims.items())), env_int("BEAM", 0))
-        if key not in self._launch_plans and key not in self._ran_once:
-            # a first run at these dims: zero-copy where the device allows, nothing kept; a second one makes the
-            # launch plan (buffers kept, one device graph per run from then on)
-            self._ran_once[key] = None
-            while len(self._ran_once) > 4 * self.MAX_PLANS:
-                self._ran_once.pop(next(iter(self._ran_once)))
-            return run_program(self.lower(name, dims), arrays)
-        plan = self._launch_plan(dev, dims)
-        if not plan.lock.acquire(blocking=False):  # another thread runs this plan now: buffers of this run's own
-            return run_program(plan.low, arrays)
-        try:
-            return plan.run(arrays)
-        finally:
-            plan.lock.release()
+        return self._launch_plans.run(key, lambda: self.lower(name, dims), arrays)
 
     MAX_PLANS = 4  # launch plans (with their device buffers) kept per program, for the sizes run last
 
-    def _launch_plan(self, dev: Any, dims: dict[str, int]) -> LaunchPlan:
-        """The launch plan of these dims on `dev` (kept for the next run with the same dims and device: its
-        buffers stay allocated and, from its second run, it runs as a device graph; see LaunchPlan)."""
-        key = (dev.name, tuple(sorted(dims.items())), env_int("BEAM", 0))
-        plan = self._launch_plans.pop(key, None)
-        if plan is not None and plan.broken:
-            _release(plan)
-            plan = None
-        if plan is None:
-            plan = LaunchPlan(self.lower(dev.name, dims), graph_after=0)
-        self._launch_plans[key] = plan  # (re)inserted last: the most recently used
-        while len(self._launch_plans) > self.MAX_PLANS:
-            _release(self._launch_plans.pop(next(iter(self._launch_plans))))
-        return plan
-
     def release(self) -> None:
         """Give back the device buffers that this program's launch plans keep between runs."""
-        plans, self._launch_plans = self._launch_plans, {}
-        self._ran_once.clear()
-        for plan in plans.values():
-            _release(plan)
+        self._launch_plans.release()
 
     # --- many devices
     def device_kernels(self, device: str | list[str], dims: dict[str, int] | None = None,
@@ -885,15 +853,6 @@ def _remote_servers(rows: list[dict[str, Any]], info: bool) -> list[dict[str, An
             out.append(r)
     return out
 
-
-
-def _release(plan: LaunchPlan) -> None:
-    """Free a plan's buffers unless a run holds it now (then they go with the plan, once unused)."""
-    if plan.lock.acquire(blocking=False):
-        try:
-            plan.free()
-        finally:
-            plan.lock.release()
 
 
 def _device(device: str | None) -> Any:

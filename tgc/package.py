@@ -181,17 +181,7 @@ def build(prog: Any, device: str | None = None, dims: dict[str, int] | None = No
     }
     if runner is not None:
         manifest["graph_runner"] = runner[0]
-    manifest["content_hash"] = content_hash(manifest)
-    out = io.BytesIO()
-    with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as z:
-        for member, data in [(MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode()), *blobs.items()]:
-            info = zipfile.ZipInfo(member, date_time=_ZIP_TIME)
-            info.compress_type = zipfile.ZIP_DEFLATED
-            info.external_attr = 0o644 << 16
-            z.writestr(info, data)
-        z.comment = b"0" * CHECKSUM_LEN  # replaced below: the file's checksum
-    data = out.getvalue()
-    return data[:-CHECKSUM_LEN] + file_checksum(data)
+    return _archive(manifest, blobs)
 
 
 def _graph_runner(dev: Any) -> tuple[dict, bytes] | None:
@@ -530,8 +520,8 @@ class Package:
         self.memory = self._read_memory(_obj(m.get("memory"), "memory", path))
         self.content_hash = m["content_hash"]
         self.graph_runner = self._read_runner(m.get("graph_runner"))
-        self._launch_plans: dict[tuple, Any] = {}  # launch plans of the last runs, oldest first (MAX_PLANS)
-        self._ran_once: set[str] = set()  # devices this package ran on once without a plan (see `run`)
+        from tgc.engine.realize import LaunchPlans
+        self._launch_plans = LaunchPlans(self.MAX_PLANS)  # by device: see `run`
 
     # --- validation of the manifest's parts
     def _read_runner(self, doc: Any) -> bytes | None:
@@ -764,43 +754,15 @@ class Package:
             inputs: dict[str, Any] | None = None, **kw_inputs: Any) -> dict[str, np.ndarray]:
         """Execute the launch plan; {output name: numpy array}, as `Program.run`. The plan is kept with its
         buffers between runs and, from its second run on, runs as one device graph (`LaunchPlan`)."""
-        from tgc.engine.realize import run_program
 
         low = self.lower(device)  # a package for another device is refused before its inputs are read
         _, arrays = self.bind({**(inputs or {}), **kw_inputs}, dims, cast=cast)
         low.device.ensure_runnable()
-        if (low.device.name,) not in self._launch_plans and low.device.name not in self._ran_once:
-            self._ran_once.add(low.device.name)  # a first run: zero-copy where the device allows, nothing kept
-            return run_program(low, arrays)
-        plan = self._launch_plan(low)
-        if not plan.lock.acquire(blocking=False):  # another thread runs this plan now: buffers of this run's own
-            return run_program(low, arrays)
-        try:
-            return plan.run(arrays)
-        finally:
-            plan.lock.release()
-
-    def _launch_plan(self, low: Any) -> Any:
-        from tgc.engine.realize import LaunchPlan
-
-        key = (low.device.name,)
-        plan = self._launch_plans.pop(key, None)
-        if plan is not None and plan.broken:
-            _release(plan)
-            plan = None
-        if plan is None:
-            plan = LaunchPlan(low, graph_after=0)
-        self._launch_plans[key] = plan
-        while len(self._launch_plans) > self.MAX_PLANS:
-            _release(self._launch_plans.pop(next(iter(self._launch_plans))))
-        return plan
+        return self._launch_plans.run((low.device.name,), lambda: low, arrays)
 
     def release(self) -> None:
         """Give back the device buffers that the package's launch plans keep between runs."""
-        plans, self._launch_plans = self._launch_plans, {}
-        self._ran_once.clear()
-        for plan in plans.values():
-            _release(plan)
+        self._launch_plans.release()
 
     def bench(self, device: str | None = None, dims: dict[str, int] | None = None, repeat: int = 10,
               inputs: dict[str, np.ndarray] | None = None, warmup: int = 1, **_: Any) -> dict[str, Any]:
@@ -858,15 +820,6 @@ class Package:
                        "output_bytes": sum(self.buffers[d.buffer].nbytes for d in self.outputs
                                            if self.buffers[d.buffer] in mem.slot_of)},
         }
-
-
-def _release(plan: Any) -> None:
-    """Free a plan's buffers unless a run holds it now (then they go with the plan, once unused)."""
-    if plan.lock.acquire(blocking=False):
-        try:
-            plan.free()
-        finally:
-            plan.lock.release()
 
 
 def _type_text(decl: PackageInput) -> str:

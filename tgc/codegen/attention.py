@@ -32,7 +32,7 @@ from typing import Any
 from tgc.codegen.expand import _Vectorizer
 from tgc.codegen.index import narrow_index
 from tgc.codegen.legalize import HALF, legalize
-from tgc.codegen.linearize import _Linearizer
+from tgc.codegen.linearize import start_linearizer
 from tgc.codegen.opt import MIN_WORK_PER_THREAD, launch_limits, map_to_grid, split_threads
 from tgc.codegen.pipeline import drop_unused_buffers, finish, uops_text
 from tgc.codegen.transcendental import decompose_transcendentals
@@ -427,19 +427,7 @@ def _linearize(ast: UOp, jb_arg: Any, ncols: int, hoist: bool = False, norder: i
     cols = ast.src[3:3 + ncols]
     stores = ast.src[3 + ncols:len(ast.src) - norder]
     order = ast.src[len(ast.src) - norder:] if norder else ()
-    groups: dict[tuple[UOp, ...], list[UOp]] = {}
-    for u in nodes:
-        if u.op is Ops.REDUCE:
-            groups.setdefault(u.src[1:], []).append(u)
-    lin = _Linearizer(groups)
-    for g in sorted((u for u in nodes if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg):
-        lin.scopes[0][g] = lin.push(g)
-    for v in sorted((u for u in nodes if u.op is Ops.DEFINE_VAR), key=lambda u: str(u.arg)):
-        lin.scopes[0][v] = lin.push(v)
-    for loc in (u for u in nodes if u.op is Ops.DEFINE_LOCAL):  # shared memory is declared at the top
-        lin.scopes[0][loc] = lin.push(loc)
-    for s in (u for u in nodes if u.op is Ops.SPECIAL):
-        lin.scopes[0][s] = lin.push(s)
+    lin = start_linearizer(nodes)
     jb = next((u for u in nodes if u.op is Ops.RANGE and u.arg == jb_arg), None)  # None: a single block
     outer = sorted((u for u in nodes if u.op is Ops.RANGE and u.arg[1] is RangeKind.LOOP), key=lambda r: r.arg[0])
     for r in outer:

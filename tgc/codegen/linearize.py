@@ -114,11 +114,10 @@ class _Linearizer:
             self.scopes[-1][r] = self.push(UOp(Ops.READ_ACC, r.dtype, (acc,)))
 
 
-def linearize(ast: UOp) -> list[UOp]:
-    """The linear program of a kernel AST (a SINK of STOREs) that has been through the pipeline's passes up to
-    here (`tgc.codegen.pipeline`: no UPCAST or UNROLL range left, indices in their final width). A function,
-    not a rewrite: it schedules (where each value is computed, which loops share a nest), it does not rewrite."""
-    nodes = ast.toposort()
+def start_linearizer(nodes: list[UOp]) -> _Linearizer:
+    """A linearizer for a kernel's nodes (toposorted) with its declarations placed first: buffers in parameter
+    order, dim variables, shared memory, then the GPU indices. Shared by `linearize` and kernels written as linear
+    UOps directly (the fused attention)."""
     groups: dict[tuple[UOp, ...], list[UOp]] = {}
     for u in nodes:
         if u.op is Ops.REDUCE:
@@ -132,6 +131,15 @@ def linearize(ast: UOp) -> list[UOp]:
         lin.scopes[0][loc] = lin.push(loc)
     for s in (u for u in nodes if u.op is Ops.SPECIAL):
         lin.scopes[0][s] = lin.push(s)
+    return lin
+
+
+def linearize(ast: UOp) -> list[UOp]:
+    """The linear program of a kernel AST (a SINK of STOREs) that has been through the pipeline's passes up to
+    here (`tgc.codegen.pipeline`: no UPCAST or UNROLL range left, indices in their final width). A function,
+    not a rewrite: it schedules (where each value is computed, which loops share a nest), it does not rewrite."""
+    nodes = ast.toposort()
+    lin = start_linearizer(nodes)
     reduce_ranges = {r for u in nodes if u.op is Ops.REDUCE for r in u.src[1:]}
     outer = sorted((u for u in nodes if u.op is Ops.RANGE and u not in reduce_ranges), key=lambda r: r.arg[0])
     for r in outer:

@@ -295,6 +295,57 @@ class LaunchPlan:
             pass
 
 
+class LaunchPlans:
+    """The launch plans a program (or a package) keeps between runs, by key (device, dims, ...). The first run at
+    a key keeps nothing (`run_program`: zero-copy where the device allows); the second makes the key's plan (its
+    buffers kept, run as one device graph at once and on every later run). Plans of the last `most` keys are
+    kept (oldest first in `plans`); older ones, and all on `release()`, free their buffers."""
+
+    def __init__(self, most: int = 4):
+        self.most = most
+        self.plans: dict[Any, LaunchPlan] = {}
+        self.seen: dict[Any, None] = {}  # keys run once without a plan, the last 4 * most
+
+    def run(self, key: Any, lower: Any, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run at `key` (`lower()` gives its `Lowered` when a run or a plan needs it)."""
+        if key not in self.plans and key not in self.seen:
+            self.seen[key] = None
+            while len(self.seen) > 4 * self.most:
+                self.seen.pop(next(iter(self.seen)))
+            return run_program(lower(), arrays)
+        plan = self.plans.pop(key, None)
+        if plan is not None and plan.broken:
+            _release_plan(plan)
+            plan = None
+        if plan is None:
+            plan = LaunchPlan(lower(), graph_after=0)
+        self.plans[key] = plan  # (re)inserted last: the most recently used
+        while len(self.plans) > self.most:
+            _release_plan(self.plans.pop(next(iter(self.plans))))
+        if not plan.lock.acquire(blocking=False):  # another thread runs this plan now: buffers of this run's own
+            return run_program(plan.low, arrays)
+        try:
+            return plan.run(arrays)
+        finally:
+            plan.lock.release()
+
+    def release(self) -> None:
+        """Give back the device buffers the plans keep, and forget which keys ran."""
+        plans, self.plans = self.plans, {}
+        self.seen.clear()
+        for plan in plans.values():
+            _release_plan(plan)
+
+
+def _release_plan(plan: LaunchPlan) -> None:
+    """Free a plan's buffers unless a run holds it now (then they go with the plan, once unused)."""
+    if plan.lock.acquire(blocking=False):
+        try:
+            plan.free()
+        finally:
+            plan.lock.release()
+
+
 def _names(kernels: list) -> str:
     names = [k.name for k in kernels]
     return ", ".join(names) if len(names) <= 3 else f"{names[0]}, ..., {names[-1]}"
