@@ -485,22 +485,27 @@ class PackagedKernel:
         return "(a packaged kernel keeps its source and binary, not its UOps)"
 
 
+def _read_header(pkg: Any, manifest: dict, members: dict[str, bytes], path: str) -> dict:
+    """The parts every package (fixed-size or symbolic) starts with: its device and tgc version, checked."""
+    pkg.manifest, pkg.path, pkg.filename = manifest, path, path
+    pkg._members = members
+    dev = _obj(manifest.get("device"), "device", path)
+    pkg.device_kind = _name(dev.get("kind"), "device.kind", path)
+    pkg.device_name = str(dev.get("name") or pkg.device_kind)[:64]
+    pkg.target = dev.get("target")
+    if not isinstance(pkg.target, str) or len(pkg.target) > 256:
+        raise _bad(path, "device.target is not a string")
+    pkg.tgc_version = str(manifest.get("tgc_version"))[:40]
+    return manifest
+
+
 class Package:
     """A validated package: its signature, launch plan and memory plan; `run` and `bench` on its device."""
 
     symbolic = False
 
     def __init__(self, manifest: dict, members: dict[str, bytes], path: str = "<bytes>"):
-        self.manifest, self.path, self.filename = manifest, path, path
-        self._members = members
-        m = manifest
-        dev = _obj(m.get("device"), "device", path)
-        self.device_kind = _name(dev.get("kind"), "device.kind", path)
-        self.device_name = str(dev.get("name") or self.device_kind)[:64]
-        self.target = dev.get("target")
-        if not isinstance(self.target, str) or len(self.target) > 256:
-            raise _bad(path, "device.target is not a string")
-        self.tgc_version = str(m.get("tgc_version"))[:40]
+        m = _read_header(self, manifest, members, path)
         dims = _obj(m.get("dims"), "dims", path)
         self.dims = {_name(k, "a dim name", path): _int(v, f"dim {k}", path, 0, MAX_DIM) for k, v in dims.items()}
         sig = _obj(m.get("signature"), "signature", path)
@@ -1187,16 +1192,7 @@ class SymbolicPackage:
     MAX_SIZES = 4  # instantiations (with their launch plans and buffers) kept, for the sizes run last
 
     def __init__(self, manifest: dict, members: dict[str, bytes], path: str = "<bytes>"):
-        self.manifest, self.path, self.filename = manifest, path, path
-        self._members = members
-        m = manifest
-        dev = _obj(m.get("device"), "device", path)
-        self.device_kind = _name(dev.get("kind"), "device.kind", path)
-        self.device_name = str(dev.get("name") or self.device_kind)[:64]
-        self.target = dev.get("target")
-        if not isinstance(self.target, str) or len(self.target) > 256:
-            raise _bad(path, "device.target is not a string")
-        self.tgc_version = str(m.get("tgc_version"))[:40]
+        m = _read_header(self, manifest, members, path)
         self.content_hash = m["content_hash"]
         if _obj(m.get("dims"), "dims", path):
             raise _bad(path, "a symbolic package fixes no dims")
