@@ -52,6 +52,7 @@ from langkit import NP, RTOL, bf16_round
 
 import tgc
 import tgc.api
+from tgc.codegen import sizes
 from tgc.engine.compare import compare
 from tgc.engine.inputs import random_values
 
@@ -325,3 +326,21 @@ def test_reference_bitcasts_a_bf16_input_to_its_own_bits():
     np.testing.assert_array_equal(ref["out0"], bits.astype(np.uint16))
     np.testing.assert_array_equal(ref["out1"], bits.astype(np.uint16).view(np.int16))
     np.testing.assert_array_equal(prog.run(device="CPU", x=x)["out0"], ref["out0"])
+
+
+def test_a_dim_multiplied_by_itself_gets_a_smaller_bound_not_specialized_kernels():
+    """Found here: `w: f32[C, 3 * C]` indexes about 3 * C**2 * N, past 64 bits at the bound of two dims (2**31
+    each), so the program had no symbolic kernels at all ("could not be built"); its plan is now built with a
+    smaller bound, and sizes beyond it fall back at launch, saying why."""
+    prog = tgc.loads("x: f32[N, C]\nw: f32[C, 3 * C]\nb: f32[3 * C]\nreturn x @ w + b")
+    rng = np.random.default_rng(5)
+    for n, c in [(3, 5), (2, 7), (1, 33)]:
+        x, w, b = (rng.standard_normal(s).astype(np.float32) for s in [(n, c), (c, 3 * c), (3 * c,)])
+        got = prog.run(device="CPU", symbolic=True, x=x, w=w, b=b)["out0"]
+        assert prog.last_run == "symbolic", prog.last_run
+        bad, _ = compare("out0", got, x.astype(np.float64) @ w + b, "f32")
+        assert bad is None, bad.describe()
+    plan = prog.compile_symbolic("CPU")
+    assert 2 ** 8 <= plan.bound < sizes.var_bound(2)
+    low, why = plan.bind(prog, {"N": 2, "C": plan.bound + 1})
+    assert low is None and "outside the symbolic kernels' range" in why
