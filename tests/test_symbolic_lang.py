@@ -28,10 +28,11 @@ other sizes). Tolerances: the suite's (tests/langkit.py `RTOL`: ints and bools e
 
 Which kernels ran: `prog.last_run` after each run, "symbolic" or "specialized: why". `test_summary` asserts
 that at least `MIN_SYMBOLIC_SHARE` of the runs used symbolic kernels and that every fallback says why.
-Measured (pytest -s prints the report): 1043 runs, 925 symbolic (89%), 118 fell back, 10 size sets skipped.
-The fallbacks' reasons: sizes that are not products of dims (`N // 2`, `(C + 2) * 3`, `N * M - 1`), programs
-whose dims must be equal or small (`x + y` of N and M, conv2d windows, `10 - C`, literal reshapes), small
-sizes where the scheduler cuts other kernels than the size class's, and a 64-bit index bound (below).
+Measured (pytest -s prints the report): about 1045 runs, 923 symbolic (88%), 124 fell back, 3 size sets
+skipped (the sample's count moves by a few: some suite tests draw their programs at random). The fallbacks'
+reasons: sizes that are not products of dims (`N // 2`, `(C + 2) * 3`, `N * M - 1`), programs whose dims
+must be equal or small (`x + y` of N and M, conv2d windows, `10 - C`, literal reshapes), and small sizes where
+the scheduler cuts other kernels than the size class's. About 45 s cold on two cores (75 s when busy).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ MODULES = ["test_lang_programs", "test_lang_dims", "test_lang_shapes", "test_lan
            "test_lang_nn", "test_lang_pad_conv", "test_lang_types", "test_lang_errors"]
 ODD = [3, 5, 7, 9, 11, 13]
 LARGE = [33, 64, 17, 21, 45, 19]
-MIN_SYMBOLIC_SHARE = 0.85  # of all runs; measured 0.89 (sampled) and about 0.88 (all)
+MIN_SYMBOLIC_SHARE = 0.85  # of all runs; measured 0.88 (sampled) and about 0.88 (all)
 
 
 # --- collecting the suite's programs
