@@ -331,14 +331,26 @@ class Program:
         return self._plans[key]
 
     def _build_symbolic(self, dev: Any, cls: tuple) -> SymbolicPlan | str:
-        """The plan for one size class, or why there is none."""
+        """The plan for one size class, or why there is none. The dim variables' bound (`sizes.var_bound`)
+        assumes a kernel's index multiplies each dim once; where one multiplies a dim by itself (`w: f32[C, 3 *
+        C]` indexes c * 3C + j, about 3 * C**2 * N) and its index range passes 64 bits at that bound, the plan is
+        built again with a smaller bound (larger sizes run size-specialized kernels, checked at launch)."""
+        bound = sizes.var_bound(sum(1 for _, c in cls if c in sizes.SYMBOLIC))
+        while True:
+            try:
+                return self._build_symbolic_at(dev, cls, bound)
+            except CompileError as e:
+                if not e.msg.endswith("past 64 bits") or bound < 2 ** 8:
+                    raise
+                bound = 2 ** (2 * (bound.bit_length() - 1) // 3)
+
+    def _build_symbolic_at(self, dev: Any, cls: tuple, bound: int) -> SymbolicPlan | str:
         if dev.kind == "REMOTE":
             # a REMOTE server checks every launch against the buffer sizes and grid its kernel source states
             return "kernels with symbolic sizes are not built for REMOTE devices: a server checks each launch " \
                    "against the sizes its kernel was compiled for"
         p1, p2 = sizes.probes(cls)
         symbolic = [n for n, c in cls if c in sizes.SYMBOLIC]
-        bound = sizes.var_bound(len(symbolic))
         runs = []
         for probe in (p1, p2):
             try:

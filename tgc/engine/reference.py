@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tgc.dtype import DType, bf16_to_f32, dtypes
+from tgc.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16
 from tgc.ir.alu import cast, exec_alu, reducer
 from tgc.ir.uop import ALU, Ops, UOp
 
@@ -111,7 +111,8 @@ def _eval(u: UOp, s: list[np.ndarray], env: dict[UOp, np.ndarray]) -> np.ndarray
         return cast(s[0], dtypes.f64 if src.is_float else src.scalar(), dtypes.f64 if d.is_float else d.scalar())
     if op is Ops.BITCAST:
         src_d = u.src[0].dtype
-        x = s[0].astype(src_d.np) if src_d.fmt else s[0]
+        # a bf16 source is held as float64 here: its bits are those of the value as bf16 (2 bytes, not 8)
+        x = s[0].astype(src_d.np) if src_d.fmt else f32_to_bf16(s[0].astype(np.float32))
         out = x.view(d.np) if d.fmt else x.view(np.uint16)
         return bf16_to_f32(out).astype(np.float64) if d.name == "bf16" else out.astype(nd)
     if op is Ops.CONTIGUOUS:
