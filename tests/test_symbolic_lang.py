@@ -26,8 +26,8 @@ suite's own numpy expressions are written inline for the suite's one size each, 
 other sizes). Tolerances: the suite's (tests/langkit.py `RTOL`: ints and bools exact, f32/f64 1e-4, f16/bf16
 1e-2), measured against |want| + max(1, max |want|) (`tgc.engine.compare`), the suite's scale for reductions.
 
-Which kernels ran: `prog.last_run` after each run, "symbolic" or "specialized: why". `test_suite_programs_at_three_sizes` asserts
-that at least `MIN_SYMBOLIC_SHARE` of the runs used symbolic kernels and that every fallback says why.
+Which kernels ran: `prog.last_run` after each run, "symbolic" or "specialized: why". The test asserts that
+at least `MIN_SYMBOLIC_SHARE` of the runs used symbolic kernels and that every fallback says why.
 Measured (pytest -s prints the report): about 1045 runs, 923 symbolic (88%), 124 fell back, 3 size sets
 skipped (the sample's count moves by a few: some suite tests draw their programs at random). The fallbacks'
 reasons: sizes that are not products of dims (`N // 2`, `(C + 2) * 3`, `N * M - 1`), programs whose dims
