@@ -249,6 +249,16 @@ def test_dims_that_disagree_with_the_inputs_are_clear(sm_pkg):
         pkg.run()
 
 
+def test_a_symbolic_package_run_without_its_input_names_the_input(sm_pkg):
+    # the input is what is missing, not a dim: -D alone would not help
+    r = _cli("run", sm_pkg)
+    assert r.returncode == 2
+    assert "missing input 'x' (f32[N, D])" in r.stderr and "-i x=PATH.npy" in r.stderr
+    assert "Traceback" not in r.stderr and "dim N is unknown" not in r.stderr
+    with pytest.raises(tgc.TgcError, match=r"missing input 'x' \(f32\[N, D\]\)"):
+        tgc.load_package(sm_pkg).run(dims={"N": 2, "D": 3})
+
+
 _SUITE_RUN = """
 import sys, json, glob, os, numpy as np, tgc
 from tgc.package import PackageError

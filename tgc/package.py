@@ -1425,6 +1425,11 @@ class SymbolicPackage:
             if name not in declared:
                 raise TgcError(f"unknown input '{name}'", file=self.path,
                                hint="inputs: " + (", ".join(declared) or "(none)"))
+        for decl in self.inputs:  # a missing input first: its shape is what gives the dims
+            if decl.name not in inputs:
+                shape = ", ".join(sizeexpr.text(e) if e is not None else "?" for e in decl.expr)
+                raise BindError(f"missing input '{decl.name}' ({decl.dtype.name}[{shape}])", need="input",
+                                name=decl.name, hint="pass an array for it", file=self.path)
         arrays = {n: self.conform(n, v, cast) for n, v in inputs.items()}
         dims = self.infer_dims(arrays, dims)
         return self.at(dims).bind(arrays, dims, cast)
