@@ -500,3 +500,23 @@ def test_a_tampered_graph_runner_is_refused(mlp_pkg):
     _refused(_zip(members), "does not match its hash")
     del members[package.RUNNER_MEMBER]
     _refused(_zip(members), "missing")
+
+
+def test_compile_package_never_overwrites_the_program_or_a_file_that_is_not_a_package(tmp_path):
+    src = tmp_path / "sm.tg"
+    text = (ROOT / "kernels" / "softmax.tg").read_text()
+    src.write_text(text)
+    r = _cli("compile", str(src), "-D", "N=2", "-D", "D=3", "--package", str(src))
+    assert r.returncode == 2 and "would overwrite the program" in r.stderr and "Traceback" not in r.stderr
+    assert src.read_text() == text
+    data = tmp_path / "x.npy"
+    np.save(data, np.arange(6, dtype=np.float32))
+    before = data.read_bytes()
+    r = _cli("compile", str(src), "-D", "N=2", "-D", "D=3", "--package", str(data))
+    assert r.returncode == 2 and "is not a tgc package; not overwriting it" in r.stderr
+    assert data.read_bytes() == before
+    pkg = tmp_path / "sm.tgpkg"  # an older package is replaced, as before
+    for _ in range(2):
+        r = _cli("compile", str(src), "-D", "N=2", "-D", "D=3", "--package", str(pkg))
+        assert r.returncode == 0, r.stderr
+    assert tgc.load_package(pkg).run(x=np.zeros((2, 3), np.float32))["out0"].shape == (2, 3)

@@ -280,6 +280,33 @@ def _no_list_for_package(device: str | None, shard: dict[str, int] | None) -> No
                                "need the .tg program")
 
 
+def _check_package_target(package: str, file: str) -> None:
+    """Before compiling: `--package OUT` may replace an older package, never the program itself or another
+    file the user has (an input array, a note): those are user errors (exit 2) and the file stays as it was."""
+    import zipfile
+
+    from tgc.cli.outputs import check_writable
+
+    check_writable(package)
+    if not os.path.exists(package):
+        return
+    try:
+        same = os.path.samefile(package, file)
+    except OSError:
+        same = False
+    if same:
+        raise TgcError(f"--package {package} would overwrite the program {file}",
+                       hint="name the package OUT.tgpkg")
+    try:
+        with zipfile.ZipFile(package) as z:
+            ours = "manifest.json" in z.namelist()
+    except (OSError, zipfile.BadZipFile, ValueError):
+        ours = False
+    if not ours:
+        raise TgcError(f"--package {package}: the file exists and is not a tgc package; not overwriting it",
+                       hint="remove it first, or name another OUT.tgpkg")
+
+
 def _device_kind(device: str | None) -> tuple[str, str]:
     """(the device name to show, its registry kind) for `-d` (first of a list) or the default device."""
     from tgc.backends import canonical, default_device
@@ -491,6 +518,7 @@ def compile_(file: str, device: str | None, dims: dict[str, int], emit: str, out
     name, kind = _device_kind(device)
     if package:
         _no_list_for_package(device, shard)
+        _check_package_target(package, file)
         from tgc.cli.report import fmt_bytes
         from tgc.package import write
         from tgc.sizeexpr import text as sizeexpr_text
