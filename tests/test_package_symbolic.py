@@ -350,3 +350,40 @@ def test_a_packaged_fast_variant_runs_at_large_sizes_and_the_general_kernel_at_s
         assert bool(pkg.at(dims).kernels[0].opts) == fast
         x = np.random.default_rng(4).standard_normal((dims["N"], dims["D"])).astype(np.float32)
         np.testing.assert_allclose(pkg.run(x=x)["out0"], _softmax(x), rtol=1e-5, atol=1e-6)
+
+
+_QKV = "x: f32[B, C]\nw: f32[C, 3 * C]\nreturn x @ w\n"
+
+
+def test_a_dim_expression_in_a_declaration_packages_symbolically(tmp_path):
+    # `w: f32[C, 3 * C]` in a matmul indexes C * C * B: the dims' bound shrinks so the index fits 64 bits
+    # (it was "no kernels valid for every size"), and the declaration is kept as an expression (it was an
+    # internal error writing the package)
+    src = tmp_path / "qkv.tg"
+    src.write_text(_QKV)
+    tgc.load(src).compile_symbolic(device="CPU")
+    path = tmp_path / "qkv.tgpkg"
+    r = _cli("compile", src, "--package", path)
+    assert r.returncode == 0, r.stderr
+    pkg = tgc.load_package(path)
+    assert pkg.symbolic
+    rng = np.random.default_rng(1)
+    for b, c in ((4, 6), (1, 5), (3, 2)):
+        x = rng.standard_normal((b, c)).astype(np.float32)
+        w = rng.standard_normal((c, 3 * c)).astype(np.float32)
+        np.testing.assert_allclose(pkg.run(x=x, w=w)["out0"], x @ w, rtol=1e-5, atol=1e-5)
+    with pytest.raises(tgc.TgcError, match=r"axis 1 has size 17, but the package declares 18 \(3 \* C = 18\)") as e:
+        pkg.run(x=np.zeros((4, 6), np.float32), w=np.zeros((6, 17), np.float32))
+    assert e.value.exit_code == 2 and "agree with their declarations at B=4, C=6" in e.value.hint
+    r = _cli("inspect", path)
+    assert r.returncode == 0 and "w            f32[C, 3 * C]" in r.stdout, r.stdout
+
+
+def test_an_elementwise_program_of_a_dim_expression_packages_symbolically(tmp_path):
+    src = tmp_path / "twice.tg"
+    src.write_text("w: f32[C, 2 * C]\nreturn w * 2\n")
+    path = tmp_path / "twice.tgpkg"
+    r = _cli("compile", src, "--package", path)
+    assert r.returncode == 0 and "internal error" not in r.stderr, r.stderr
+    w = np.arange(18, dtype=np.float32).reshape(3, 6)
+    np.testing.assert_array_equal(tgc.load_package(path).run(w=w)["out0"], w * 2)

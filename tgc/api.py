@@ -53,6 +53,8 @@ from tgc.ir.uop import Ops, UOp
 
 __all__ = ["Program", "Kernel", "load", "loads", "InputDecl", "devices"]
 
+_MAX_EXTRA_DEGREE = 4  # symbolic kernels: how many more dim factors than dims an index may multiply
+
 
 def load(path: str | os.PathLike) -> Program:
     path = os.fspath(path)
@@ -325,21 +327,32 @@ class Program:
     def _symbolic(self, dev: Any, cls: tuple) -> SymbolicPlan | str:
         key = (dev.name, cls)
         if key not in self._plans:
-            try:
-                self._plans[key] = self._build_symbolic(dev, cls)
-            except Exception as e:  # noqa: BLE001 - no symbolic form is a reason to compile per size, not a crash
-                self._plans[key] = f"its symbolic kernels could not be built ({type(e).__name__}: {e})"
+            k = sum(c in sizes.SYMBOLIC for _, c in cls)
+            for extra in range(_MAX_EXTRA_DEGREE + 1):
+                try:
+                    self._plans[key] = self._build_symbolic(dev, cls, k + extra)
+                except CompileError as e:
+                    # an index past 64 bits at the dims' bound: a dim that appears squared (`w: f32[C, 3 * C]`
+                    # in a matmul indexes C * C * ...) needs a smaller bound; larger sizes are compiled per size
+                    self._plans[key] = f"its symbolic kernels could not be built (CompileError: {e.msg})"
+                    if "past 64 bits" in e.msg:
+                        continue
+                except Exception as e:  # noqa: BLE001 - no symbolic form is a reason to compile per size
+                    self._plans[key] = f"its symbolic kernels could not be built ({type(e).__name__}: {e})"
+                break
         return self._plans[key]
 
-    def _build_symbolic(self, dev: Any, cls: tuple) -> SymbolicPlan | str:
-        """The plan for one size class, or why there is none."""
+    def _build_symbolic(self, dev: Any, cls: tuple, degree: int | None = None) -> SymbolicPlan | str:
+        """The plan for one size class, or why there is none. Each dim variable is bounded by
+        `sizes.var_bound(degree)` (default: the number of symbolic dims), so that a product of `degree` of them
+        fits the 64-bit index math."""
         if dev.kind == "REMOTE":
             # a REMOTE server checks every launch against the buffer sizes and grid its kernel source states
             return "kernels with symbolic sizes are not built for REMOTE devices: a server checks each launch " \
                    "against the sizes its kernel was compiled for"
         p1, p2 = sizes.probes(cls)
         symbolic = [n for n, c in cls if c in sizes.SYMBOLIC]
-        bound = sizes.var_bound(len(symbolic))
+        bound = sizes.var_bound(len(symbolic) if degree is None else degree)
         runs = []
         for probe in (p1, p2):
             try:

@@ -226,10 +226,18 @@ def _decl_shape(declared: Any, concrete: list[int]) -> list:
             out.append(s)
         else:
             try:
-                out.append(sizeexpr.validate(s))
+                out.append(sizeexpr.validate(_dim_expr(s)))
             except TgcError:
-                out.append(None if n is None else int(n))
+                out.append(None if n is None else n if isinstance(n, list) else int(n))
     return out
+
+
+def _dim_expr(d: Any) -> Any:
+    """A declaration's dim (`tgc.dsl.frontend.DimExpr`, `3 * C`) as a size expression (`["*", 3, "C"]`)."""
+    op = getattr(d, "op", None)
+    if isinstance(op, str) and hasattr(d, "a") and hasattr(d, "b"):
+        return [op, _dim_expr(d.a), _dim_expr(d.b)]
+    return d
 
 
 def write(prog: Any, path: str | os.PathLike, device: str | None = None, dims: dict[str, int] | None = None
@@ -1432,7 +1440,13 @@ class SymbolicPackage:
                                 name=decl.name, hint="pass an array for it", file=self.path)
         arrays = {n: self.conform(n, v, cast) for n, v in inputs.items()}
         dims = self.infer_dims(arrays, dims)
-        return self.at(dims).bind(arrays, dims, cast)
+        try:
+            return self.at(dims).bind(arrays, dims, cast)
+        except TgcError as e:
+            if e.hint and e.hint.startswith("the package holds the sizes"):  # one size's words: not ours
+                e.hint = ("the inputs' shapes must agree with their declarations at "
+                          + ", ".join(f"{n}={dims[n]}" for n in self.dims_names))
+            raise
 
     def output_types(self, dims: dict[str, int] | None = None) -> list[tuple[str, DType, tuple[int, ...]]]:
         return self.at(self.infer_dims({}, dims)).output_types()
