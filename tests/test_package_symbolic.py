@@ -387,3 +387,20 @@ def test_an_elementwise_program_of_a_dim_expression_packages_symbolically(tmp_pa
     assert r.returncode == 0 and "internal error" not in r.stderr, r.stderr
     w = np.arange(18, dtype=np.float32).reshape(3, 6)
     np.testing.assert_array_equal(tgc.load_package(path).run(w=w)["out0"], w * 2)
+
+
+@pytest.mark.parametrize("args, message", [
+    (("run", "--check"), "--check needs the program's source"),
+    (("run", "--symbolic"), "this package already runs at every size"),
+    (("bench", "--vs", "numpy", "--repeat", "1"), "--vs numpy needs the program's source"),
+    (("bench", "--beam", "2", "--repeat", "1"), "--beam needs the program's source"),
+    (("run", "-d", "CPU:0,CPU:1"), "a package runs on the one device it was compiled for"),
+])
+def test_options_that_need_the_source_are_refused_for_a_symbolic_package(sm_pkg, tmp_path, args, message):
+    # a symbolic package was taken for a .tg program here: internal errors (--check, --vs numpy) or
+    # "unknown input 'symbolic'"
+    x = tmp_path / "x.npy"
+    np.save(x, np.ones((3, 4), np.float32))
+    r = _cli(args[0], sm_pkg, "-i", f"x={x}", *args[1:])
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr and "internal error" not in r.stderr and "Traceback" not in r.stderr

@@ -270,7 +270,15 @@ def _load_any(path: str) -> Any:
 
 
 def _is_pkg(prog: Any) -> bool:
-    return type(prog).__name__ == "Package"
+    """A package, of fixed sizes or symbolic (not a `.tg` program: no source, no compiler)."""
+    return type(prog).__name__ in ("Package", "SymbolicPackage")
+
+
+def _no_symbolic_flag(prog: Any) -> click.UsageError:
+    if getattr(prog, "symbolic", False):
+        return click.UsageError("--symbolic needs the .tg program: this package already runs at every size of its "
+                                "size classes")
+    return click.UsageError("--symbolic needs the .tg program: a package holds kernels for its own sizes")
 
 
 def _no_list_for_package(device: str | None, shard: dict[str, int] | None) -> None:
@@ -458,7 +466,7 @@ def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[s
         results = prog.run(device=device, dims=run_dims, shard=shard, inputs=arrays)
     elif symbolic:  # (an input may be called `symbolic`: the flag goes in only when given)
         if pkg:
-            raise click.UsageError("--symbolic needs the .tg program: a package holds kernels for its own sizes")
+            raise _no_symbolic_flag(prog)
         results = prog.run(device=device, dims=run_dims, symbolic=True, inputs=arrays)
     else:
         results = prog.run(device=device, dims=run_dims, **arrays)
@@ -619,7 +627,7 @@ def bench(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple
         kwargs["shard"] = shard
     if symbolic:
         if pkg:
-            raise click.UsageError("--symbolic needs the .tg program: a package holds kernels for its own sizes")
+            raise _no_symbolic_flag(prog)
         kwargs["symbolic"] = True
     if not pkg:
         _search_with_progress(prog, device, run_dims, beam)
