@@ -228,6 +228,15 @@ def test_shard_errors(args, words):
     assert_clean(invoke("run", SOFTMAX, "--random", *dims, "-d", "CPU:0,CPU:1", *args), 2, *words)
 
 
+def test_api_shard_that_is_not_a_dict_is_a_user_error():
+    import tgc
+    prog = tgc.load(SOFTMAX)
+    x = np.ones((4, 3), np.float32)
+    with pytest.raises(tgc.TgcError, match="shard must be a dict of input name to axis") as e:
+        prog.run(device="CPU:0,CPU:1", shard=[("x", 0)], x=x)  # was an AttributeError
+    assert e.value.exit_code == 2
+
+
 @pytest.mark.parametrize("device, words", [
     ("CPU:0,CPU:999", ["CPU:999"]),
     ("CPU:0,CPU:0", ["twice"]),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import replace as _dc_replace
 from typing import Any
 
@@ -528,6 +529,9 @@ class Program:
         made non-negative."""
         out: dict[str, int] = {}
         declared = {d.name: d for d in self.inputs}
+        if shard is not None and not isinstance(shard, Mapping):
+            raise TgcError(f"shard must be a dict of input name to axis, e.g. {{'x': 0}}, not a "
+                           f"{type(shard).__name__}")
         for name, axis in (shard or {}).items():
             decl = declared.get(name)
             if decl is None:
