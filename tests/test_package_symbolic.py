@@ -404,3 +404,10 @@ def test_options_that_need_the_source_are_refused_for_a_symbolic_package(sm_pkg,
     r = _cli(args[0], sm_pkg, "-i", f"x={x}", *args[1:])
     assert r.returncode == 2, r.stderr
     assert message in r.stderr and "internal error" not in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("command", ["compile", "beam"])
+def test_compile_and_beam_of_a_package_say_it_is_a_package(sm_pkg, command):
+    r = _cli(command, sm_pkg)  # was "cannot read ...: 'utf-8' codec can't decode byte ..."
+    assert r.returncode == 2
+    assert f"is a compiled package: tgc {command} needs the .tg program" in r.stderr and "codec" not in r.stderr

@@ -250,6 +250,11 @@ def json_option(f: Callable) -> Callable:
 def _load(path: str) -> Any:
     """Parse a `.tg` file; remember its name so that errors raised later can point into it."""
     ctx = click.get_current_context()
+    from tgc.package import is_package
+
+    if os.path.isfile(path) and is_package(path):  # not a .tg file: say so, not "cannot read: utf-8 codec"
+        raise TgcError(f"{path} is a compiled package: tgc {ctx.info_name} needs the .tg program",
+                       hint="tgc inspect shows a package's kernels; tgc run and tgc bench run it")
     ctx.meta["tgc.path"] = path
     from tgc.api import load
 
