@@ -55,8 +55,8 @@ def size_class(names: Sequence[str], dims: Mapping[str, int]) -> SizeClass:
 
 
 def class_text(cls: SizeClass) -> str:
-    words = {"n": ">=2", "32n": "a multiple of 32"}
-    return ", ".join(f"{n}={words.get(c, c)}" for n, c in cls) or "(no dims)"
+    words = {"n": " >= 2", "32n": " a multiple of 32"}
+    return ", ".join(f"{n}{words.get(c, '=' + c)}" for n, c in cls) or "(no dims)"
 
 
 def probes(cls: SizeClass) -> tuple[dict[str, int], dict[str, int]]:
