@@ -369,3 +369,13 @@ def test_a_reduction_shared_along_the_columns_is_not_split():
     prog.run(device="CPU", symbolic=True, x=x)
     plan = prog._plans[("CPU", (("N", "n"), ("D", "n")))]
     assert all(not t for t in plan.tails) and "split" not in plan.chosen
+
+
+def test_kernel_names_read_multiples_of_dims_not_probe_sizes():
+    # `w: f32[C, 3 * C]` gave kernels named r_B_669_C (669 = 3 * the probe of C)
+    from tgc.codegen.sizes import probes, symbolic_name
+    p, _ = probes((("B", "n"), ("C", "n")))
+    b, c = p["B"], p["C"]
+    assert symbolic_name(f"r_{b}_{3 * c}_{c}", p, ["B", "C"]) == "r_B_3C_C"
+    assert symbolic_name(f"E_{b * c}", p, ["B", "C"]) == "E_BC"
+    assert symbolic_name("r_4_5", p, ["B", "C"]) == "r_4_5"  # plain sizes stay
