@@ -641,3 +641,17 @@ def test_a_server_dying_mid_run_is_one_error_exit_1(servers, tmp_path):
     assert run.returncode == 1, err
     assert victim.address in err and "Traceback" not in err and "internal error" not in err
     assert len([line for line in err.splitlines() if line.startswith("error")]) == 1, err
+
+
+def test_a_remote_package_runs_on_a_server_that_did_not_compile_it(pair, tmp_path):
+    # a server loads only binaries it compiled: a package from REMOTE:1 run on REMOTE:0 (or on a restarted
+    # server) was refused ("this server did not compile that binary"); the server now compiles its source
+    import tgc
+    from tgc.package import write
+    prog = tgc.loads("x: f32[N, D]\nreturn exp(x - x.max(axis=1, keepdim=True))\n")
+    path = tmp_path / "r.tgpkg"
+    write(prog, path, "REMOTE:1", {"N": 4, "D": 8})
+    x = np.arange(32, dtype=np.float32).reshape(4, 8) / 7
+    want = np.exp(x - x.max(axis=1, keepdims=True))
+    for dev in ("REMOTE:0", "REMOTE:1"):
+        np.testing.assert_allclose(tgc.load_package(path).run(device=dev, x=x)["out0"], want, rtol=1e-6)

@@ -490,7 +490,13 @@ class PackagedKernel:
     def program(self) -> Any:
         if self._program is None:
             try:
-                self._program = self.device.program(self.name, self.binary)
+                binary = self.binary
+                if self.device.kind == "REMOTE":
+                    # a server loads only binaries it compiled itself (and forgets them when it restarts, or
+                    # never saw them: another server of TGC_REMOTE): it compiles the packaged source (cached
+                    # there by source), nothing compiles here
+                    binary = self.device.compiler.compile(self.src)
+                self._program = self.device.program(self.name, binary)
             except TgcError:
                 raise
             except Exception as e:
