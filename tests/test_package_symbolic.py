@@ -411,3 +411,9 @@ def test_compile_and_beam_of_a_package_say_it_is_a_package(sm_pkg, command):
     r = _cli(command, sm_pkg)  # was "cannot read ...: 'utf-8' codec can't decode byte ..."
     assert r.returncode == 2
     assert f"is a compiled package: tgc {command} needs the .tg program" in r.stderr and "codec" not in r.stderr
+
+
+def test_an_unknown_input_of_a_symbolic_package_suggests_the_close_name(sm_pkg):
+    with pytest.raises(tgc.TgcError, match="unknown input 'xx'") as e:
+        tgc.load_package(sm_pkg).run(xx=np.ones((2, 3), np.float32))
+    assert e.value.hint == "did you mean 'x'?" and e.value.exit_code == 2  # as a package of fixed sizes says

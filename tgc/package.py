@@ -1437,8 +1437,11 @@ class SymbolicPackage:
         declared = [d.name for d in self.inputs]
         for name in inputs:
             if name not in declared:
+                import difflib
+                close = difflib.get_close_matches(name, declared, n=1)
                 raise TgcError(f"unknown input '{name}'", file=self.path,
-                               hint="inputs: " + (", ".join(declared) or "(none)"))
+                               hint=f"did you mean '{close[0]}'?" if close else
+                               "inputs: " + (", ".join(declared) or "(none)"))
         for decl in self.inputs:  # a missing input first: its shape is what gives the dims
             if decl.name not in inputs:
                 shape = ", ".join(sizeexpr.text(e) if e is not None else "?" for e in decl.expr)
