@@ -417,3 +417,10 @@ def test_an_unknown_input_of_a_symbolic_package_suggests_the_close_name(sm_pkg):
     with pytest.raises(tgc.TgcError, match="unknown input 'xx'") as e:
         tgc.load_package(sm_pkg).run(xx=np.ones((2, 3), np.float32))
     assert e.value.hint == "did you mean 'x'?" and e.value.exit_code == 2  # as a package of fixed sizes says
+
+
+def test_an_input_of_another_rank_names_its_dims_not_an_unknown_dim(sm_pkg):
+    with pytest.raises(tgc.TgcError, match=r"input 'x' has 3 dims \[2, 4, 8\], but the package declares it "
+                                           r"f32\[N, D\] with 2") as e:  # was "dim N is unknown"
+        tgc.load_package(sm_pkg).run(x=np.ones((2, 4, 8), np.float32))
+    assert e.value.exit_code == 2

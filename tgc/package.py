@@ -1340,8 +1340,12 @@ class SymbolicPackage:
                                hint="dims: " + (", ".join(self.dims_names) or "(none)"))
         for d in self.inputs:
             arr = arrays.get(d.name)
-            if arr is None or np.ndim(arr) != len(d.expr):
+            if arr is None:
                 continue
+            if np.ndim(arr) != len(d.expr):
+                shape = ", ".join(sizeexpr.text(e) if e is not None else "?" for e in d.expr)
+                raise TgcError(f"input '{d.name}' has {np.ndim(arr)} dims {list(np.shape(arr))}, but the package "
+                               f"declares it {d.dtype.name}[{shape}] with {len(d.expr)}", file=self.path)
             for axis, e in enumerate(d.expr):
                 if isinstance(e, str) and e in self.dims_names:
                     have = int(np.shape(arr)[axis])
