@@ -515,7 +515,8 @@ def test_compile_package_never_overwrites_the_program_or_a_file_that_is_not_a_pa
     r = _cli("compile", str(src), "-D", "N=2", "-D", "D=3", "--package", str(data))
     assert r.returncode == 2 and "is not a tgc package; not overwriting it" in r.stderr
     assert data.read_bytes() == before
-    pkg = tmp_path / "sm.tgpkg"  # an older package is replaced, as before
+    pkg = tmp_path / "sm.tgpkg"  # an older package is replaced, as before, and a damaged one
+    pkg.write_bytes(b"PK\x03\x04 truncated")
     for _ in range(2):
         r = _cli("compile", str(src), "-D", "N=2", "-D", "D=3", "--package", str(pkg))
         assert r.returncode == 0, r.stderr

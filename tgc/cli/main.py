@@ -310,11 +310,12 @@ def _check_package_target(package: str, file: str) -> None:
     if same:
         raise TgcError(f"--package {package} would overwrite the program {file}",
                        hint="name the package OUT.tgpkg")
+    ours = package.endswith(".tgpkg")  # (a damaged package is replaced too)
     try:
         with zipfile.ZipFile(package) as z:
-            ours = "manifest.json" in z.namelist()
+            ours = ours or "manifest.json" in z.namelist()
     except (OSError, zipfile.BadZipFile, ValueError):
-        ours = False
+        pass
     if not ours:
         raise TgcError(f"--package {package}: the file exists and is not a tgc package; not overwriting it",
                        hint="remove it first, or name another OUT.tgpkg")
