@@ -521,3 +521,10 @@ def test_compile_package_never_overwrites_the_program_or_a_file_that_is_not_a_pa
         r = _cli("compile", str(src), "-D", "N=2", "-D", "D=3", "--package", str(pkg))
         assert r.returncode == 0, r.stderr
     assert tgc.load_package(pkg).run(x=np.zeros((2, 3), np.float32))["out0"].shape == (2, 3)
+
+
+def test_compile_package_warns_once_about_a_dim_the_program_lacks(tmp_path):
+    r = _cli("compile", str(ROOT / "kernels" / "softmax.tg"), "-D", "N=2", "-D", "D=3", "-D", "Q=3",
+             "--package", str(tmp_path / "p.tgpkg"))
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("the program has no dim Q") == 1, r.stderr  # was printed twice

@@ -537,8 +537,7 @@ def compile_(file: str, device: str | None, dims: dict[str, int], emit: str, out
         from tgc.package import write
         from tgc.sizeexpr import text as sizeexpr_text
 
-        if dims or not prog.dim_names:  # a package holds kernels for the sizes given
-            _warn(check_dims(prog, dims, require_all=True))
+        if dims or not prog.dim_names:  # a package holds kernels for the sizes given (dims checked above)
             _search_with_progress(prog, device, dims, None)
         pkg = write(prog, package, name, dims)  # (no -D: kernels for every size of its size classes)
         n = len(pkg.kernels)
