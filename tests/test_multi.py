@@ -247,6 +247,18 @@ def test_bad_device_lists(device, words):
     assert_clean(invoke("run", SOFTMAX, "--random", "-D", "N=4", "-D", "D=3", "-d", device), 2, *words)
 
 
+def test_a_remote_device_in_a_list_without_tgc_remote_is_a_user_error(monkeypatch):
+    monkeypatch.delenv("TGC_REMOTE", raising=False)
+    from tgc import backends
+    from tgc.backends.remote.client import RemoteDevice
+    monkeypatch.setattr(RemoteDevice, "_configured", None)  # (no --remote of an earlier test)
+    for key in [k for k in backends._instances if k[0] == "REMOTE"]:
+        backends._instances.pop(key)
+    # was exit 1 ("the REMOTE device needs a server"), unlike any other unavailable device of a list
+    assert_clean(invoke("run", SOFTMAX, "--random", "-D", "N=4", "-D", "D=3", "-d", "CPU:0,REMOTE:0",
+                        "--shard", "x=0"), 2, "REMOTE:0", "not available", "TGC_REMOTE is not set")
+
+
 def test_unavailable_device_in_a_list(monkeypatch):
     from tgc.backends.python import PythonDevice
     monkeypatch.setattr(PythonDevice, "probe", classmethod(lambda cls: (False, "switched off for the test")))

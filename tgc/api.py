@@ -945,6 +945,10 @@ def device_list(names: list[str]) -> list[Any]:
         keys.append(key)
     devs = [get_device(name) for name in names]
     for name, dev in zip(names, devs):
+        if dev.kind == "REMOTE" and not device_class("REMOTE").addresses():  # (not a server that is down: exit 1)
+            raise TgcError(f"device {name} in the device list is not available here: TGC_REMOTE is not set",
+                           hint="set TGC_REMOTE=host1:port,host2:port (the servers of REMOTE:0, REMOTE:1, ...) "
+                                "or pass --remote")
         if dev.compiler is None or not device_class(dev.kind).probe()[0]:
             why = dev.compile_error or device_class(dev.kind).probe()[1]
             raise TgcError(f"device {name} in the device list is not available here: {why}",
