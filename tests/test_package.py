@@ -528,3 +528,18 @@ def test_compile_package_warns_once_about_a_dim_the_program_lacks(tmp_path):
              "--package", str(tmp_path / "p.tgpkg"))
     assert r.returncode == 0, r.stderr
     assert r.stderr.count("the program has no dim Q") == 1, r.stderr  # was printed twice
+
+
+def test_run_never_writes_an_output_over_the_program_or_package(tmp_path):
+    src = tmp_path / "sm.tg"
+    text = (ROOT / "kernels" / "softmax.tg").read_text()
+    src.write_text(text)
+    r = _cli("run", str(src), "--random", "-D", "N=2", "-D", "D=3", "-o", f"out0={src}")
+    assert r.returncode == 2 and "would overwrite the program" in r.stderr, r.stderr  # was "wrote sm.tg"
+    assert src.read_text() == text
+    pkg = tmp_path / "sm.tgpkg"
+    assert _cli("compile", str(src), "-D", "N=2", "-D", "D=3", "--package", str(pkg)).returncode == 0
+    before = pkg.read_bytes()
+    r = _cli("run", str(pkg), "--random", "-o", f"out0={pkg}")
+    assert r.returncode == 2 and "would overwrite the program" in r.stderr, r.stderr
+    assert pkg.read_bytes() == before

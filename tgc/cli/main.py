@@ -293,6 +293,17 @@ def _no_list_for_package(device: str | None, shard: dict[str, int] | None) -> No
                                "need the .tg program")
 
 
+def _not_the_program(path: str, file: str, flag: str) -> None:
+    """A user error (exit 2) when `path`, about to be written, is the program (or package) FILE itself."""
+    try:
+        same = os.path.exists(path) and os.path.samefile(path, file)
+    except OSError:
+        same = False
+    if same:
+        raise TgcError(f"{flag} {path} would overwrite the program {file}",
+                       hint="write outputs to another file" if flag == "-o" else "name the package OUT.tgpkg")
+
+
 def _check_package_target(package: str, file: str) -> None:
     """Before compiling: `--package OUT` may replace an older package, never the program itself or another
     file the user has (an input array, a note): those are user errors (exit 2) and the file stays as it was."""
@@ -303,13 +314,7 @@ def _check_package_target(package: str, file: str) -> None:
     check_writable(package)
     if not os.path.exists(package):
         return
-    try:
-        same = os.path.samefile(package, file)
-    except OSError:
-        same = False
-    if same:
-        raise TgcError(f"--package {package} would overwrite the program {file}",
-                       hint="name the package OUT.tgpkg")
+    _not_the_program(package, file, "--package")
     ours = package.endswith(".tgpkg")  # (a damaged package is replaced too)
     try:
         with zipfile.ZipFile(package) as z:
@@ -460,6 +465,8 @@ def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[s
                        hint="run --check on the .tg file")
     _warn(inp.check_dims(prog, dims, require_all=False))
     specs = resolve_outs(outs, prog.output_names)
+    for spec in specs:
+        _not_the_program(spec.path, file, "-o")
     given = inp.gather(prog, npz, pairs, cast)
     known = prog.resolve_dims(dims) if pkg else dims
     arrays = inp.fill_random(prog, given, known, seed or 0) if use_random else given
