@@ -424,3 +424,15 @@ def test_an_input_of_another_rank_names_its_dims_not_an_unknown_dim(sm_pkg):
                                            r"f32\[N, D\] with 2") as e:  # was "dim N is unknown"
         tgc.load_package(sm_pkg).run(x=np.ones((2, 4, 8), np.float32))
     assert e.value.exit_code == 2
+
+
+def test_a_dim_the_program_lacks_is_a_warning_for_a_symbolic_package_as_for_a_program(sm_pkg, tmp_path):
+    # was a warning and then "error: the package has no dim Q" (exit 2)
+    x = tmp_path / "x.npy"
+    np.save(x, np.ones((3, 4), np.float32))
+    for args in (("run", sm_pkg, "-i", f"x={x}", "-D", "Q=3"), ("inspect", sm_pkg, "-D", "Q=3")):
+        r = _cli(*args)
+        assert r.returncode == 0, r.stderr
+        assert r.stderr.count("the program has no dim Q") == 1 and "error" not in r.stderr, r.stderr
+    r = _cli("bench", sm_pkg, "-D", "N=3", "-D", "D=4", "-D", "Q=3", "--repeat", "1")
+    assert r.returncode == 0 and r.stderr.count("the program has no dim Q") == 1, r.stderr

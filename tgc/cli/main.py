@@ -464,6 +464,8 @@ def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[s
         raise TgcError("--check needs the program's source: a package holds no numpy reference",
                        hint="run --check on the .tg file")
     _warn(inp.check_dims(prog, dims, require_all=False))
+    if pkg:  # a -D the program lacks: the warning above, as for a .tg program (not an error after it)
+        dims = {k: v for k, v in dims.items() if k in prog.dim_names}
     specs = resolve_outs(outs, prog.output_names)
     for spec in specs:
         _not_the_program(spec.path, file, "-o")
@@ -626,6 +628,8 @@ def bench(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple
     if pkg and (beam or vs):
         raise click.UsageError(f"{'--beam' if beam else '--vs numpy'} needs the program's source, not a package")
     _warn(inp.check_dims(prog, dims, require_all=False))
+    if pkg:  # a -D the program lacks: the warning above, as for a .tg program (not an error after it)
+        dims = {k: v for k, v in dims.items() if k in prog.dim_names}
     old = report.load_baseline(baseline) if baseline else None
     arrays = inp.fill_random(prog, inp.gather(prog, npz, pairs, cast), prog.resolve_dims(dims) if pkg else dims,
                              seed)
@@ -733,6 +737,10 @@ def inspect(file: str, dims: dict[str, int], as_json: bool) -> None:
     if not is_package(file):
         raise TgcError(f"{file} is not a package", hint="write one with: tgc compile FILE -D ... --package OUT.tgpkg")
     pkg = load_package(file)
+    from tgc.cli.inputs import check_dims
+
+    _warn(check_dims(pkg, dims, require_all=False))  # a -D the program lacks: a warning, as for tgc run
+    dims = {k: v for k, v in dims.items() if k in pkg.dim_names}
     if pkg.symbolic:
         doc = pkg.describe(dims or None)
         if as_json:
