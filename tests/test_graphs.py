@@ -142,6 +142,15 @@ def test_debug_2_says_when_a_graph_ran(monkeypatch, capsys):
     np.testing.assert_allclose(_first(out), _small(x), rtol=1e-4, atol=1e-4)
 
 
+def test_debug_2_counts_a_graph_of_one_kernel_in_the_singular(monkeypatch, capsys):
+    prog = tgc.loads("x: f32[N]\nreturn x * 2.0")
+    monkeypatch.setenv("DEBUG", "2")
+    for _ in range(2):
+        prog.run(device="CPU", x=np.ones(8, F32))
+    err = capsys.readouterr().err
+    assert "graph of 1 kernel (E_8) ran in one launch" in err, err  # was "graph of 1 kernels"
+
+
 def test_tgc_graph_0_launches_kernel_by_kernel(monkeypatch, capsys):
     monkeypatch.setenv("TGC_GRAPH", "0")
     monkeypatch.setenv("DEBUG", "2")

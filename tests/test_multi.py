@@ -228,6 +228,15 @@ def test_shard_errors(args, words):
     assert_clean(invoke("run", SOFTMAX, "--random", *dims, "-d", "CPU:0,CPU:1", *args), 2, *words)
 
 
+def test_api_shard_that_is_not_a_dict_is_a_user_error():
+    import tgc
+    prog = tgc.load(SOFTMAX)
+    x = np.ones((4, 3), np.float32)
+    with pytest.raises(tgc.TgcError, match="shard must be a dict of input name to axis") as e:
+        prog.run(device="CPU:0,CPU:1", shard=[("x", 0)], x=x)  # was an AttributeError
+    assert e.value.exit_code == 2
+
+
 @pytest.mark.parametrize("device, words", [
     ("CPU:0,CPU:999", ["CPU:999"]),
     ("CPU:0,CPU:0", ["twice"]),
@@ -236,6 +245,18 @@ def test_shard_errors(args, words):
 ])
 def test_bad_device_lists(device, words):
     assert_clean(invoke("run", SOFTMAX, "--random", "-D", "N=4", "-D", "D=3", "-d", device), 2, *words)
+
+
+def test_a_remote_device_in_a_list_without_tgc_remote_is_a_user_error(monkeypatch):
+    monkeypatch.delenv("TGC_REMOTE", raising=False)
+    from tgc import backends
+    from tgc.backends.remote.client import RemoteDevice
+    monkeypatch.setattr(RemoteDevice, "_configured", None)  # (no --remote of an earlier test)
+    for key in [k for k in backends._instances if k[0] == "REMOTE"]:
+        backends._instances.pop(key)
+    # was exit 1 ("the REMOTE device needs a server"), unlike any other unavailable device of a list
+    assert_clean(invoke("run", SOFTMAX, "--random", "-D", "N=4", "-D", "D=3", "-d", "CPU:0,REMOTE:0",
+                        "--shard", "x=0"), 2, "REMOTE:0", "not available", "TGC_REMOTE is not set")
 
 
 def test_unavailable_device_in_a_list(monkeypatch):

@@ -500,3 +500,46 @@ def test_a_tampered_graph_runner_is_refused(mlp_pkg):
     _refused(_zip(members), "does not match its hash")
     del members[package.RUNNER_MEMBER]
     _refused(_zip(members), "missing")
+
+
+def test_compile_package_never_overwrites_the_program_or_a_file_that_is_not_a_package(tmp_path):
+    src = tmp_path / "sm.tg"
+    text = (ROOT / "kernels" / "softmax.tg").read_text()
+    src.write_text(text)
+    r = _cli("compile", str(src), "-D", "N=2", "-D", "D=3", "--package", str(src))
+    assert r.returncode == 2 and "would overwrite the program" in r.stderr and "Traceback" not in r.stderr
+    assert src.read_text() == text
+    data = tmp_path / "x.npy"
+    np.save(data, np.arange(6, dtype=np.float32))
+    before = data.read_bytes()
+    r = _cli("compile", str(src), "-D", "N=2", "-D", "D=3", "--package", str(data))
+    assert r.returncode == 2 and "is not a tgc package; not overwriting it" in r.stderr
+    assert data.read_bytes() == before
+    pkg = tmp_path / "sm.tgpkg"  # an older package is replaced, as before, and a damaged one
+    pkg.write_bytes(b"PK\x03\x04 truncated")
+    for _ in range(2):
+        r = _cli("compile", str(src), "-D", "N=2", "-D", "D=3", "--package", str(pkg))
+        assert r.returncode == 0, r.stderr
+    assert tgc.load_package(pkg).run(x=np.zeros((2, 3), np.float32))["out0"].shape == (2, 3)
+
+
+def test_compile_package_warns_once_about_a_dim_the_program_lacks(tmp_path):
+    r = _cli("compile", str(ROOT / "kernels" / "softmax.tg"), "-D", "N=2", "-D", "D=3", "-D", "Q=3",
+             "--package", str(tmp_path / "p.tgpkg"))
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("the program has no dim Q") == 1, r.stderr  # was printed twice
+
+
+def test_run_never_writes_an_output_over_the_program_or_package(tmp_path):
+    src = tmp_path / "sm.tg"
+    text = (ROOT / "kernels" / "softmax.tg").read_text()
+    src.write_text(text)
+    r = _cli("run", str(src), "--random", "-D", "N=2", "-D", "D=3", "-o", f"out0={src}")
+    assert r.returncode == 2 and "would overwrite the program" in r.stderr, r.stderr  # was "wrote sm.tg"
+    assert src.read_text() == text
+    pkg = tmp_path / "sm.tgpkg"
+    assert _cli("compile", str(src), "-D", "N=2", "-D", "D=3", "--package", str(pkg)).returncode == 0
+    before = pkg.read_bytes()
+    r = _cli("run", str(pkg), "--random", "-o", f"out0={pkg}")
+    assert r.returncode == 2 and "would overwrite the program" in r.stderr, r.stderr
+    assert pkg.read_bytes() == before

@@ -249,6 +249,16 @@ def test_dims_that_disagree_with_the_inputs_are_clear(sm_pkg):
         pkg.run()
 
 
+def test_a_symbolic_package_run_without_its_input_names_the_input(sm_pkg):
+    # the input is what is missing, not a dim: -D alone would not help
+    r = _cli("run", sm_pkg)
+    assert r.returncode == 2
+    assert "missing input 'x' (f32[N, D])" in r.stderr and "-i x=PATH.npy" in r.stderr
+    assert "Traceback" not in r.stderr and "dim N is unknown" not in r.stderr
+    with pytest.raises(tgc.TgcError, match=r"missing input 'x' \(f32\[N, D\]\)"):
+        tgc.load_package(sm_pkg).run(dims={"N": 2, "D": 3})
+
+
 _SUITE_RUN = """
 import sys, json, glob, os, numpy as np, tgc
 from tgc.package import PackageError
@@ -340,3 +350,89 @@ def test_a_packaged_fast_variant_runs_at_large_sizes_and_the_general_kernel_at_s
         assert bool(pkg.at(dims).kernels[0].opts) == fast
         x = np.random.default_rng(4).standard_normal((dims["N"], dims["D"])).astype(np.float32)
         np.testing.assert_allclose(pkg.run(x=x)["out0"], _softmax(x), rtol=1e-5, atol=1e-6)
+
+
+_QKV = "x: f32[B, C]\nw: f32[C, 3 * C]\nreturn x @ w\n"
+
+
+def test_a_dim_expression_in_a_declaration_packages_symbolically(tmp_path):
+    # `w: f32[C, 3 * C]` in a matmul indexes C * C * B: the dims' bound shrinks so the index fits 64 bits
+    # (it was "no kernels valid for every size"), and the declaration is kept as an expression (it was an
+    # internal error writing the package)
+    src = tmp_path / "qkv.tg"
+    src.write_text(_QKV)
+    tgc.load(src).compile_symbolic(device="CPU")
+    path = tmp_path / "qkv.tgpkg"
+    r = _cli("compile", src, "--package", path)
+    assert r.returncode == 0, r.stderr
+    pkg = tgc.load_package(path)
+    assert pkg.symbolic
+    rng = np.random.default_rng(1)
+    for b, c in ((4, 6), (1, 5), (3, 2)):
+        x = rng.standard_normal((b, c)).astype(np.float32)
+        w = rng.standard_normal((c, 3 * c)).astype(np.float32)
+        np.testing.assert_allclose(pkg.run(x=x, w=w)["out0"], x @ w, rtol=1e-5, atol=1e-5)
+    with pytest.raises(tgc.TgcError, match=r"axis 1 has size 17, but the package declares 18 \(3 \* C = 18\)") as e:
+        pkg.run(x=np.zeros((4, 6), np.float32), w=np.zeros((6, 17), np.float32))
+    assert e.value.exit_code == 2 and "agree with their declarations at B=4, C=6" in e.value.hint
+    r = _cli("inspect", path)
+    assert r.returncode == 0 and "w            f32[C, 3 * C]" in r.stdout, r.stdout
+
+
+def test_an_elementwise_program_of_a_dim_expression_packages_symbolically(tmp_path):
+    src = tmp_path / "twice.tg"
+    src.write_text("w: f32[C, 2 * C]\nreturn w * 2\n")
+    path = tmp_path / "twice.tgpkg"
+    r = _cli("compile", src, "--package", path)
+    assert r.returncode == 0 and "internal error" not in r.stderr, r.stderr
+    w = np.arange(18, dtype=np.float32).reshape(3, 6)
+    np.testing.assert_array_equal(tgc.load_package(path).run(w=w)["out0"], w * 2)
+
+
+@pytest.mark.parametrize("args, message", [
+    (("run", "--check"), "--check needs the program's source"),
+    (("run", "--symbolic"), "this package already runs at every size"),
+    (("bench", "--vs", "numpy", "--repeat", "1"), "--vs numpy needs the program's source"),
+    (("bench", "--beam", "2", "--repeat", "1"), "--beam needs the program's source"),
+    (("run", "-d", "CPU:0,CPU:1"), "a package runs on the one device it was compiled for"),
+])
+def test_options_that_need_the_source_are_refused_for_a_symbolic_package(sm_pkg, tmp_path, args, message):
+    # a symbolic package was taken for a .tg program here: internal errors (--check, --vs numpy) or
+    # "unknown input 'symbolic'"
+    x = tmp_path / "x.npy"
+    np.save(x, np.ones((3, 4), np.float32))
+    r = _cli(args[0], sm_pkg, "-i", f"x={x}", *args[1:])
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr and "internal error" not in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("command", ["compile", "beam"])
+def test_compile_and_beam_of_a_package_say_it_is_a_package(sm_pkg, command):
+    r = _cli(command, sm_pkg)  # was "cannot read ...: 'utf-8' codec can't decode byte ..."
+    assert r.returncode == 2
+    assert f"is a compiled package: tgc {command} needs the .tg program" in r.stderr and "codec" not in r.stderr
+
+
+def test_an_unknown_input_of_a_symbolic_package_suggests_the_close_name(sm_pkg):
+    with pytest.raises(tgc.TgcError, match="unknown input 'xx'") as e:
+        tgc.load_package(sm_pkg).run(xx=np.ones((2, 3), np.float32))
+    assert e.value.hint == "did you mean 'x'?" and e.value.exit_code == 2  # as a package of fixed sizes says
+
+
+def test_an_input_of_another_rank_names_its_dims_not_an_unknown_dim(sm_pkg):
+    with pytest.raises(tgc.TgcError, match=r"input 'x' has 3 dims \[2, 4, 8\], but the package declares it "
+                                           r"f32\[N, D\] with 2") as e:  # was "dim N is unknown"
+        tgc.load_package(sm_pkg).run(x=np.ones((2, 4, 8), np.float32))
+    assert e.value.exit_code == 2
+
+
+def test_a_dim_the_program_lacks_is_a_warning_for_a_symbolic_package_as_for_a_program(sm_pkg, tmp_path):
+    # was a warning and then "error: the package has no dim Q" (exit 2)
+    x = tmp_path / "x.npy"
+    np.save(x, np.ones((3, 4), np.float32))
+    for args in (("run", sm_pkg, "-i", f"x={x}", "-D", "Q=3"), ("inspect", sm_pkg, "-D", "Q=3")):
+        r = _cli(*args)
+        assert r.returncode == 0, r.stderr
+        assert r.stderr.count("the program has no dim Q") == 1 and "error" not in r.stderr, r.stderr
+    r = _cli("bench", sm_pkg, "-D", "N=3", "-D", "D=4", "-D", "Q=3", "--repeat", "1")
+    assert r.returncode == 0 and r.stderr.count("the program has no dim Q") == 1, r.stderr

@@ -85,6 +85,19 @@ def test_remote_i_is_the_ith_server(pair, servers):
         np.testing.assert_array_equal(prog.run(device=name, x=x)["out0"], x * 2 + 1)
 
 
+def test_each_server_is_named_by_its_index_in_debug_output(pair, capsys, monkeypatch):
+    # DEBUG=2 names each launch's device: REMOTE:0 and REMOTE:1 of a list (REMOTE:0 was printed as `REMOTE`)
+    import tgc
+    r0, r1 = pair
+    assert (r0.name, r1.name) == ("REMOTE:0", "REMOTE:1")
+    monkeypatch.setenv("DEBUG", "2")
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    out = tgc.loads("x: f32[N, D]\nreturn x.sum(axis=0)\n").run(device="REMOTE:0,REMOTE:1", shard={"x": 0}, x=x)
+    np.testing.assert_array_equal(out["out0"], x.sum(axis=0))
+    err = capsys.readouterr().err
+    assert "*** REMOTE:0 " in err and "*** REMOTE:1 " in err, err
+
+
 def test_an_index_past_the_servers_is_a_user_error(pair):
     from tgc.backends import get_device
     with pytest.raises(TgcError, match="no device 'REMOTE:5': TGC_REMOTE names 2 servers") as e:
@@ -628,3 +641,17 @@ def test_a_server_dying_mid_run_is_one_error_exit_1(servers, tmp_path):
     assert run.returncode == 1, err
     assert victim.address in err and "Traceback" not in err and "internal error" not in err
     assert len([line for line in err.splitlines() if line.startswith("error")]) == 1, err
+
+
+def test_a_remote_package_runs_on_a_server_that_did_not_compile_it(pair, tmp_path):
+    # a server loads only binaries it compiled: a package from REMOTE:1 run on REMOTE:0 (or on a restarted
+    # server) was refused ("this server did not compile that binary"); the server now compiles its source
+    import tgc
+    from tgc.package import write
+    prog = tgc.loads("x: f32[N, D]\nreturn exp(x - x.max(axis=1, keepdim=True))\n")
+    path = tmp_path / "r.tgpkg"
+    write(prog, path, "REMOTE:1", {"N": 4, "D": 8})
+    x = np.arange(32, dtype=np.float32).reshape(4, 8) / 7
+    want = np.exp(x - x.max(axis=1, keepdims=True))
+    for dev in ("REMOTE:0", "REMOTE:1"):
+        np.testing.assert_allclose(tgc.load_package(path).run(device=dev, x=x)["out0"], want, rtol=1e-6)

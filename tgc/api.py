@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import replace as _dc_replace
 from typing import Any
 
@@ -52,6 +53,7 @@ from tgc.ir.shapes import prod, shape_of
 from tgc.ir.uop import Ops, UOp
 
 __all__ = ["Program", "Kernel", "load", "loads", "InputDecl", "devices"]
+
 
 
 def load(path: str | os.PathLike) -> Program:
@@ -495,6 +497,9 @@ class Program:
         made non-negative."""
         out: dict[str, int] = {}
         declared = {d.name: d for d in self.inputs}
+        if shard is not None and not isinstance(shard, Mapping):
+            raise TgcError(f"shard must be a dict of input name to axis, e.g. {{'x': 0}}, not a "
+                           f"{type(shard).__name__}")
         for name, axis in (shard or {}).items():
             decl = declared.get(name)
             if decl is None:
@@ -899,6 +904,10 @@ def device_list(names: list[str]) -> list[Any]:
         keys.append(key)
     devs = [get_device(name) for name in names]
     for name, dev in zip(names, devs):
+        if dev.kind == "REMOTE" and not device_class("REMOTE").addresses():  # (not a server that is down: exit 1)
+            raise TgcError(f"device {name} in the device list is not available here: TGC_REMOTE is not set",
+                           hint="set TGC_REMOTE=host1:port,host2:port (the servers of REMOTE:0, REMOTE:1, ...) "
+                                "or pass --remote")
         if dev.compiler is None or not device_class(dev.kind).probe()[0]:
             why = dev.compile_error or device_class(dev.kind).probe()[1]
             raise TgcError(f"device {name} in the device list is not available here: {why}",

@@ -216,10 +216,18 @@ def _decl_shape(declared: Any, concrete: list[int]) -> list:
             out.append(s)
         else:
             try:
-                out.append(sizeexpr.validate(s))
+                out.append(sizeexpr.validate(_dim_expr(s)))
             except TgcError:
-                out.append(None if n is None else int(n))
+                out.append(None if n is None else n if isinstance(n, list) else int(n))
     return out
+
+
+def _dim_expr(d: Any) -> Any:
+    """A declaration's dim (`tgc.dsl.frontend.DimExpr`, `3 * C`) as a size expression (`["*", 3, "C"]`)."""
+    op = getattr(d, "op", None)
+    if isinstance(op, str) and hasattr(d, "a") and hasattr(d, "b"):
+        return [op, _dim_expr(d.a), _dim_expr(d.b)]
+    return d
 
 
 def write(prog: Any, path: str | os.PathLike, device: str | None = None, dims: dict[str, int] | None = None
@@ -472,7 +480,13 @@ class PackagedKernel:
     def program(self) -> Any:
         if self._program is None:
             try:
-                self._program = self.device.program(self.name, self.binary)
+                binary = self.binary
+                if self.device.kind == "REMOTE":
+                    # a server loads only binaries it compiled itself (and forgets them when it restarts, or
+                    # never saw them: another server of TGC_REMOTE): it compiles the packaged source (cached
+                    # there by source), nothing compiles here
+                    binary = self.device.compiler.compile(self.src)
+                self._program = self.device.program(self.name, binary)
             except TgcError:
                 raise
             except Exception as e:
@@ -1275,8 +1289,12 @@ class SymbolicPackage:
                                hint="dims: " + (", ".join(self.dims_names) or "(none)"))
         for d in self.inputs:
             arr = arrays.get(d.name)
-            if arr is None or np.ndim(arr) != len(d.expr):
+            if arr is None:
                 continue
+            if np.ndim(arr) != len(d.expr):
+                shape = ", ".join(sizeexpr.text(e) if e is not None else "?" for e in d.expr)
+                raise TgcError(f"input '{d.name}' has {np.ndim(arr)} dims {list(np.shape(arr))}, but the package "
+                               f"declares it {d.dtype.name}[{shape}] with {len(d.expr)}", file=self.path)
             for axis, e in enumerate(d.expr):
                 if isinstance(e, str) and e in self.dims_names:
                     have = int(np.shape(arr)[axis])
@@ -1372,11 +1390,25 @@ class SymbolicPackage:
         declared = [d.name for d in self.inputs]
         for name in inputs:
             if name not in declared:
+                import difflib
+                close = difflib.get_close_matches(name, declared, n=1)
                 raise TgcError(f"unknown input '{name}'", file=self.path,
-                               hint="inputs: " + (", ".join(declared) or "(none)"))
+                               hint=f"did you mean '{close[0]}'?" if close else
+                               "inputs: " + (", ".join(declared) or "(none)"))
+        for decl in self.inputs:  # a missing input first: its shape is what gives the dims
+            if decl.name not in inputs:
+                shape = ", ".join(sizeexpr.text(e) if e is not None else "?" for e in decl.expr)
+                raise BindError(f"missing input '{decl.name}' ({decl.dtype.name}[{shape}])", need="input",
+                                name=decl.name, hint="pass an array for it", file=self.path)
         arrays = {n: self.conform(n, v, cast) for n, v in inputs.items()}
         dims = self.infer_dims(arrays, dims)
-        return self.at(dims).bind(arrays, dims, cast)
+        try:
+            return self.at(dims).bind(arrays, dims, cast)
+        except TgcError as e:
+            if e.hint and e.hint.startswith("the package holds the sizes"):  # one size's words: not ours
+                e.hint = ("the inputs' shapes must agree with their declarations at "
+                          + ", ".join(f"{n}={dims[n]}" for n in self.dims_names))
+            raise
 
     def output_types(self, dims: dict[str, int] | None = None) -> list[tuple[str, DType, tuple[int, ...]]]:
         return self.at(self.infer_dims({}, dims)).output_types()

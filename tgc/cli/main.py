@@ -250,6 +250,11 @@ def json_option(f: Callable) -> Callable:
 def _load(path: str) -> Any:
     """Parse a `.tg` file; remember its name so that errors raised later can point into it."""
     ctx = click.get_current_context()
+    from tgc.package import is_package
+
+    if os.path.isfile(path) and is_package(path):  # not a .tg file: say so, not "cannot read: utf-8 codec"
+        raise TgcError(f"{path} is a compiled package: tgc {ctx.info_name} needs the .tg program",
+                       hint="tgc inspect shows a package's kernels; tgc run and tgc bench run it")
     ctx.meta["tgc.path"] = path
     from tgc.api import load
 
@@ -270,7 +275,15 @@ def _load_any(path: str) -> Any:
 
 
 def _is_pkg(prog: Any) -> bool:
-    return type(prog).__name__ == "Package"
+    """A package, of fixed sizes or symbolic (not a `.tg` program: no source, no compiler)."""
+    return type(prog).__name__ in ("Package", "SymbolicPackage")
+
+
+def _no_symbolic_flag(prog: Any) -> click.UsageError:
+    if getattr(prog, "symbolic", False):
+        return click.UsageError("--symbolic needs the .tg program: this package already runs at every size of its "
+                                "size classes")
+    return click.UsageError("--symbolic needs the .tg program: a package holds kernels for its own sizes")
 
 
 def _no_list_for_package(device: str | None, shard: dict[str, int] | None) -> None:
@@ -278,6 +291,39 @@ def _no_list_for_package(device: str | None, shard: dict[str, int] | None) -> No
     if _is_list(device, shard):
         raise click.UsageError("a package runs on the one device it was compiled for; device lists and --shard "
                                "need the .tg program")
+
+
+def _not_the_program(path: str, file: str, flag: str) -> None:
+    """A user error (exit 2) when `path`, about to be written, is the program (or package) FILE itself."""
+    try:
+        same = os.path.exists(path) and os.path.samefile(path, file)
+    except OSError:
+        same = False
+    if same:
+        raise TgcError(f"{flag} {path} would overwrite the program {file}",
+                       hint="write outputs to another file" if flag == "-o" else "name the package OUT.tgpkg")
+
+
+def _check_package_target(package: str, file: str) -> None:
+    """Before compiling: `--package OUT` may replace an older package, never the program itself or another
+    file the user has (an input array, a note): those are user errors (exit 2) and the file stays as it was."""
+    import zipfile
+
+    from tgc.cli.outputs import check_writable
+
+    check_writable(package)
+    if not os.path.exists(package):
+        return
+    _not_the_program(package, file, "--package")
+    ours = package.endswith(".tgpkg")  # (a damaged package is replaced too)
+    try:
+        with zipfile.ZipFile(package) as z:
+            ours = ours or "manifest.json" in z.namelist()
+    except (OSError, zipfile.BadZipFile, ValueError):
+        pass
+    if not ours:
+        raise TgcError(f"--package {package}: the file exists and is not a tgc package; not overwriting it",
+                       hint="remove it first, or name another OUT.tgpkg")
 
 
 def _device_kind(device: str | None) -> tuple[str, str]:
@@ -418,7 +464,11 @@ def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[s
         raise TgcError("--check needs the program's source: a package holds no numpy reference",
                        hint="run --check on the .tg file")
     _warn(inp.check_dims(prog, dims, require_all=False))
+    if pkg:  # a -D the program lacks: the warning above, as for a .tg program (not an error after it)
+        dims = {k: v for k, v in dims.items() if k in prog.dim_names}
     specs = resolve_outs(outs, prog.output_names)
+    for spec in specs:
+        _not_the_program(spec.path, file, "-o")
     given = inp.gather(prog, npz, pairs, cast)
     known = prog.resolve_dims(dims) if pkg else dims
     arrays = inp.fill_random(prog, given, known, seed or 0) if use_random else given
@@ -431,7 +481,7 @@ def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[s
         results = prog.run(device=device, dims=run_dims, shard=shard, inputs=arrays)
     elif symbolic:  # (an input may be called `symbolic`: the flag goes in only when given)
         if pkg:
-            raise click.UsageError("--symbolic needs the .tg program: a package holds kernels for its own sizes")
+            raise _no_symbolic_flag(prog)
         results = prog.run(device=device, dims=run_dims, symbolic=True, inputs=arrays)
     else:
         results = prog.run(device=device, dims=run_dims, **arrays)
@@ -491,12 +541,12 @@ def compile_(file: str, device: str | None, dims: dict[str, int], emit: str, out
     name, kind = _device_kind(device)
     if package:
         _no_list_for_package(device, shard)
+        _check_package_target(package, file)
         from tgc.cli.report import fmt_bytes
         from tgc.package import write
         from tgc.sizeexpr import text as sizeexpr_text
 
-        if dims or not prog.dim_names:  # a package holds kernels for the sizes given
-            _warn(check_dims(prog, dims, require_all=True))
+        if dims or not prog.dim_names:  # a package holds kernels for the sizes given (dims checked above)
             _search_with_progress(prog, device, dims, None)
         pkg = write(prog, package, name, dims)  # (no -D: kernels for every size of its size classes)
         n = len(pkg.kernels)
@@ -578,6 +628,8 @@ def bench(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple
     if pkg and (beam or vs):
         raise click.UsageError(f"{'--beam' if beam else '--vs numpy'} needs the program's source, not a package")
     _warn(inp.check_dims(prog, dims, require_all=False))
+    if pkg:  # a -D the program lacks: the warning above, as for a .tg program (not an error after it)
+        dims = {k: v for k, v in dims.items() if k in prog.dim_names}
     old = report.load_baseline(baseline) if baseline else None
     arrays = inp.fill_random(prog, inp.gather(prog, npz, pairs, cast), prog.resolve_dims(dims) if pkg else dims,
                              seed)
@@ -591,7 +643,7 @@ def bench(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple
         kwargs["shard"] = shard
     if symbolic:
         if pkg:
-            raise click.UsageError("--symbolic needs the .tg program: a package holds kernels for its own sizes")
+            raise _no_symbolic_flag(prog)
         kwargs["symbolic"] = True
     if not pkg:
         _search_with_progress(prog, device, run_dims, beam)
@@ -685,6 +737,10 @@ def inspect(file: str, dims: dict[str, int], as_json: bool) -> None:
     if not is_package(file):
         raise TgcError(f"{file} is not a package", hint="write one with: tgc compile FILE -D ... --package OUT.tgpkg")
     pkg = load_package(file)
+    from tgc.cli.inputs import check_dims
+
+    _warn(check_dims(pkg, dims, require_all=False))  # a -D the program lacks: a warning, as for tgc run
+    dims = {k: v for k, v in dims.items() if k in pkg.dim_names}
     if pkg.symbolic:
         doc = pkg.describe(dims or None)
         if as_json:

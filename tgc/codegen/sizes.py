@@ -55,8 +55,8 @@ def size_class(names: Sequence[str], dims: Mapping[str, int]) -> SizeClass:
 
 
 def class_text(cls: SizeClass) -> str:
-    words = {"n": ">=2", "32n": "a multiple of 32"}
-    return ", ".join(f"{n}={words.get(c, c)}" for n, c in cls) or "(no dims)"
+    words = {"n": " >= 2", "32n": " a multiple of 32"}
+    return ", ".join(f"{n}{words.get(c, '=' + c)}" for n, c in cls) or "(no dims)"
 
 
 def probes(cls: SizeClass) -> tuple[dict[str, int], dict[str, int]]:
@@ -399,7 +399,15 @@ def symbolic_name(name: str, probe: Mapping[str, int], symbolic: Sequence[str]) 
     """A kernel name whose probe sizes read as the dims' names (`r_101_103` -> `r_N_D`)."""
     by_value = {str(probe[n]): n for n in symbolic}
     by_value.update({str(probe[n] // UNIT): f"{n}d{UNIT}" for n in symbolic if probe[n] % UNIT == 0})
-    return "_".join(by_value.get(part, part) for part in name.split("_"))
+
+    def part_name(part: str) -> str:
+        if part in by_value or not part.isdigit():
+            return by_value.get(part, part)
+        coef, names, off, div = factor(int(part), probe, symbolic)  # `3 * C` at the probe: `3C`, not `669`
+        if not names or off or div != 1 or coef <= 0:
+            return part
+        return (str(coef) if coef != 1 else "") + "".join(names)
+    return "_".join(part_name(part) for part in name.split("_"))
 
 
 __all__ = ["SizeClass", "size_class", "class_text", "probes", "var_bound", "factor", "mono_value", "symbolize_ast",

@@ -266,11 +266,11 @@ class LaunchPlan:
         except TgcError:
             raise
         except Exception as e:  # a device failure is a runtime error, not a crash
-            raise DeviceError(f"the graph of {len(kernels)} kernels ({_names(kernels)}) failed on "
+            raise DeviceError(f"the graph of {_count(kernels)} ({_names(kernels)}) failed on "
                               f"{self.device.name}: {e}") from None
         if level >= 2:
             t = t or 0.0
-            print(f"*** {self.device.name:<8} graph of {len(kernels)} kernels ({_names(kernels)}) ran in one launch: "
+            print(f"*** {self.device.name:<8} graph of {_count(kernels)} ({_names(kernels)}) ran in one launch: "
                   f"{t * 1e6:9.2f} us, {t * 1e6 / max(len(kernels), 1):.2f} us per kernel", file=sys.stderr)
 
     def free(self) -> None:
@@ -344,6 +344,10 @@ def _release_plan(plan: LaunchPlan) -> None:
             plan.free()
         finally:
             plan.lock.release()
+
+
+def _count(kernels: Any) -> str:
+    return f"{len(kernels)} kernel{'' if len(kernels) == 1 else 's'}"
 
 
 def _names(kernels: list) -> str:

@@ -467,6 +467,12 @@ class RemoteDevice(Device):
         self._conn: Connection | None = None
         self._used = {"used": False}
 
+    @property
+    def name(self) -> str:
+        """`REMOTE:i` wherever TGC_REMOTE names several servers (so DEBUG=2 and `tgc bench` tell REMOTE:0 from
+        REMOTE:1 in a device list), `REMOTE` for the one server."""
+        return f"REMOTE:{self.index}" if self.index or len(self.addresses()) > 1 else "REMOTE"
+
     @classmethod
     def configure(cls, address: str | None) -> None:
         """Use this server (`host:port`) instead of `TGC_REMOTE` for devices that connect from now on."""
