@@ -461,3 +461,25 @@ def test_beam_on_a_device_list_tunes_each_distinct_shard_kernel_once_per_kind(tm
     assert kinds.count("CPU") == 1 and kinds.count("PYTHON") == 1, result["kernels"]
     out = prog.run(device="CPU:0,CPU:1,PYTHON:2", shard={"x": 0}, x=np.ones((8, 4), np.float32))
     np.testing.assert_allclose(out["out0"], np.full((8, 4), 0.25), rtol=1e-6)
+
+
+def test_shard_on_one_device_is_an_error_not_ignored():
+    prog = tgc.loads("a: f32[M, K]\nb: f32[K, N]\nreturn a @ b")
+    a, b = np.ones((4, 3), np.float32), np.ones((3, 2), np.float32)
+    for call in (lambda: prog.run(device="CPU", shard={"a": 0}, a=a, b=b),
+                 lambda: prog.bench(device="CPU", shard={"a": 0}, inputs={"a": a, "b": b}, repeat=1)):
+        with pytest.raises(tgc.TgcError, match="needs a device list"):
+            call()
+
+
+def test_debug_2_names_each_transfer_between_host_and_devices_with_its_bytes(monkeypatch, capsys):
+    monkeypatch.setenv("DEBUG", "2")
+    prog = tgc.loads("a: f32[M, K]\nb: f32[K, N]\nreturn a @ b")
+    a, b = np.ones((5, 3), np.float32), np.ones((3, 2), np.float32)
+    out = prog.run(device="CPU:0,CPU:1", shard={"a": 0}, a=a, b=b)["out0"]
+    np.testing.assert_allclose(out, a @ b)
+    err = capsys.readouterr().err
+    assert "copy in  a (rows 0:3 of axis 0): 36 B host -> CPU:0" in err
+    assert "copy in  a (rows 3:5 of axis 0): 24 B host -> CPU:1" in err
+    assert "copy in  b (replicated): 24 B host -> CPU:1" in err
+    assert "copy out out0: 24 B CPU:0 -> host" in err and "copy out out0: 16 B CPU:1 -> host" in err

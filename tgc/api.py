@@ -494,8 +494,11 @@ class Program:
 
     def shard_axes(self, shard: dict[str, int] | None, dims: dict[str, int], n: int) -> dict[str, int]:
         """Check `shard` ({input name: axis}) against the declarations, dims and the device count; the axes
-        made non-negative."""
+        made non-negative. Sharding on one device is an error (it would silently do nothing)."""
         out: dict[str, int] = {}
+        if shard and n == 1:
+            raise TgcError("sharding an input needs a device list, not one device",
+                           hint="give a device list, e.g. device='CPU:0,CPU:1', or drop shard=")
         declared = {d.name: d for d in self.inputs}
         if shard is not None and not isinstance(shard, Mapping):
             raise TgcError(f"shard must be a dict of input name to axis, e.g. {{'x': 0}}, not a "
@@ -601,6 +604,8 @@ class Program:
             inputs = random_inputs(self, dims)
         dims, arrays = self.bind(inputs, dims, cast=True)
         names = device_names(device)
+        if shard and len(names) == 1:
+            self.shard_axes(shard, dims, 1)  # (the error)
         if len(names) > 1:
             if symbolic:
                 raise TgcError("symbolic sizes run on one device, not a device list",

@@ -515,6 +515,11 @@ def run_multi(ml: MultiLowered, arrays: dict[str, np.ndarray], timed: bool = Fal
                     s, e = bounds[d]
                     arr = arr[(slice(None),) * ax + (slice(s, e),)]
                 b.copyin(arr)
+                if level >= 2:
+                    part = f"rows {bounds[d][0]}:{bounds[d][1]} of axis {ml.plan.input_bounds[idx][0]}" \
+                        if idx in ml.plan.input_bounds else "replicated"
+                    print(f"*** copy in  {ml.inputs[idx]} ({part}): {arr.nbytes} B host -> {ml.devices[d].name}",
+                          file=sys.stderr)
         return b
 
     def run_kernels(d: int, kernels: list) -> None:
@@ -583,6 +588,8 @@ def run_multi(ml: MultiLowered, arrays: dict[str, np.ndarray], timed: bool = Fal
                 assert node is not None
                 parts.append(ensure(d, node).numpy() if prod(shape_of(node)) else
                              np.zeros(shape_of(node), dtype=node.dtype.np))
+                if level >= 2:
+                    print(f"*** copy out {name}: {parts[-1].nbytes} B {ml.devices[d].name} -> host", file=sys.stderr)
             arr = parts[0] if p.axis is None else np.concatenate(parts, axis=p.axis)
             dtype = (ml.out_nodes[holders[0]][i] or p.locals[0]).dtype
             result[name] = to_user_array(arr, dtype)
