@@ -363,3 +363,16 @@ def test_threads_that_sleep_at_the_barrier_are_woken(monkeypatch):
         np.testing.assert_allclose(out["out1"], x.T @ x, rtol=1e-4, atol=1e-3)
     assert _plan(prog).graph.threads == 3
     assert "icmp ult i32 %k1, 0" in cpu_graph.graph_ir()
+
+
+def test_symbolic_runs_repeated_run_as_a_graph(monkeypatch, capsys):
+    prog = tgc.load("kernels/softmax.tg")
+    x = RNG.standard_normal((5, 7)).astype(F32)
+    want = np.exp(x - x.max(1, keepdims=True))
+    want /= want.sum(1, keepdims=True)
+    monkeypatch.setenv("DEBUG", "2")
+    for _ in range(3):
+        got = _first(prog.run(symbolic=True, x=x))
+        assert prog.last_run == "symbolic"
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert "ran in one launch" in capsys.readouterr().err

@@ -44,7 +44,7 @@ from tgc.engine.conform import as_array as _as_array
 from tgc.engine.inputs import random_inputs
 from tgc.engine.multi import MultiLowered, bench_multi, run_multi
 from tgc.engine.multi import plan as plan_multi
-from tgc.engine.realize import LaunchPlans, Lowered, run_program, to_user_array
+from tgc.engine.realize import LaunchPlans, Lowered, to_user_array
 from tgc.engine.reference import evaluate
 from tgc.engine.schedule import ScheduleItem, create_schedule, split_large_reduces
 from tgc.env import env_flag, env_int
@@ -469,8 +469,9 @@ class Program:
         if symbolic:
             low, why = self.lower_symbolic(name, dims)
             self.last_run = "symbolic" if low is not None else f"specialized: {why}"
-            if low is not None:
-                return run_program(low, arrays)
+            if low is not None:  # (run again at these dims: one launch plan, as one device graph)
+                key = (dev.name, tuple(sorted(dims.items())), "symbolic")
+                return self._launch_plans.run(key, lambda: low, arrays)
         else:
             self.last_run = "specialized"
         key = (dev.name, tuple(sorted(dims.items())), env_int("BEAM", 0))
