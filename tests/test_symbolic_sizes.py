@@ -178,6 +178,7 @@ def test_a_beam_winner_serves_its_whole_size_class(tmp_path, monkeypatch):
     from tgc.codegen.kernel import prepare_ast
     from tgc.codegen.opt import Opt, OptOps
     monkeypatch.setenv("TGC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TGC_THREADS", "2")
     dev = get_device("CPU")
     path = KERNELS[0].parent / "softmax.tg"
     prog = tgc.load(path)
@@ -190,9 +191,42 @@ def test_a_beam_winner_serves_its_whole_size_class(tmp_path, monkeypatch):
     x = np.random.default_rng(2).standard_normal((160, 224)).astype(np.float32)
     got = other.run(device="CPU", symbolic=True, x=x)["out0"]
     plan = other._plans[("CPU", (("N", "32n"), ("D", "32n")))]
-    assert [str(o) for o in plan.fast[0].opts] == ["UPCAST(1, 8)"] and plan.chosen == ["fast"]
+    # the winner's opts, and the threads the size-specialized kernel gets from the automatic split (a stored
+    # winner has no THREAD; without it the symbolic kernel ran on one core, 1.5-1.7x the specialized one)
+    assert [str(o) for o in plan.fast[0].opts] == ["UPCAST(1, 8)", "THREAD(0, 2)"] and plan.chosen == ["fast"]
+    assert plan.fast[0].global_size[0] == 2
     want = np.exp(x - x.max(axis=1, keepdims=True))
     np.testing.assert_allclose(got, want / want.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+
+def test_a_class_winner_gets_threads_and_runs_without_them_at_small_sizes(tmp_path, monkeypatch):
+    """A stored winner's symbolic kernel gets the threads the heuristic picks at the representative size; sizes
+    with too little work for them run the winner without threads (not the general kernel)."""
+    from tgc.backends import get_device
+    from tgc.codegen import search
+    from tgc.codegen.kernel import prepare_ast
+    from tgc.codegen.opt import Opt, OptOps
+    monkeypatch.setenv("TGC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TGC_THREADS", "2")
+    dev = get_device("CPU")
+    path = tmp_path / "scale.tg"
+    path.write_text("x: f32[N, D]\nreturn x * 2 + 1\n")
+    prog = tgc.load(path)
+    (item,) = [i for i in prog.schedule({"N": 64, "D": 64}, "CPU") if i.ast.src]
+    search.store(prepare_ast(item.ast, dev), dev, [Opt(OptOps.UPCAST, 1, 8)], 1e-3, item.name, 2)
+    assert prog._store_class_winners(dev, {"N": 64, "D": 64}) == 1
+    other = tgc.load(path)
+    rng = np.random.default_rng(3)
+    for shape, threads in (((32, 64), 1), ((512, 256), 2)):
+        x = rng.standard_normal(shape).astype(np.float32)
+        (got,) = other.run(device="CPU", symbolic=True, x=x).values()
+        plan = other._plans[("CPU", (("N", "32n"), ("D", "32n")))]
+        assert plan.chosen == ["fast"]
+        assert [str(o) for o in plan.fast[0].opts] == ["UPCAST(1, 8)", "THREAD(0, 2)"]
+        assert [str(o) for o in plan.unthreaded[0].opts] == ["UPCAST(1, 8)"]
+        low, why = other.lower_symbolic("CPU", {"N": shape[0], "D": shape[1]})
+        assert why == "" and [k.global_size[0] for k in low.kernels] == [threads]
+        np.testing.assert_allclose(got, x * 2 + 1, rtol=1e-6)
 
 
 def test_program_beam_stores_the_class_winner(tmp_path, monkeypatch):

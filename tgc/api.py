@@ -405,7 +405,9 @@ class Program:
                 fast[-1], alt[i], tails[-1], more = split
                 derived.update(more)
             elif rep_items is not None:
-                fast[-1] = _fast_variant(sym_item, rep_items[i], dev, rep, kname)
+                fast[-1], plain = _fast_variant(sym_item, rep_items[i], dev, rep, kname)
+                if plain is not None:
+                    alt[i] = plain
         plan = SymbolicPlan(dev, cls, kernels, slots1, k1, o1, signature, bound, symbolic, fast)
         plan.tails, plan.derived = tails, derived
         plan.unthreaded = [alt.get(i) for i in range(len(kernels))]
@@ -781,20 +783,35 @@ def _split_variant(item: ScheduleItem, dev: Any, cls: tuple, probe: dict[str, in
 
 
 def _fast_variant(item: ScheduleItem, rep_item: ScheduleItem, dev: Any, rep: dict[str, int], name: str
-                  ) -> Kernel | None:
-    """A symbolic kernel with the opts the heuristic picks for `rep_item` (the same kernel at a representative
-    size), or None when there are none or they do not apply to the symbolic form."""
+                  ) -> tuple[Kernel | None, Kernel | None]:
+    """(a symbolic kernel with the opts the heuristic picks for `rep_item` (the same kernel at a representative
+    size), or None when there are none or they do not apply to the symbolic form; the same kernel without
+    threads where they were added to a stored winner's opts, else None)."""
     # a BEAM winner stored for this size class (`Program.beam` at a size of the class), else the heuristic's
     # choice at the representative size
     opts = lookup(prepare_ast(item.ast, dev), dev)
     if opts is None:
         opts = heuristic_opts(prepare_ast(rep_item.ast, dev), dev)
+        if not opts:
+            return None, None
+    elif not dev.caps.gpu and not any(o.op is OptOps.THREAD for o in opts):
+        # a stored winner has no THREAD (BEAM leaves threads to the automatic split at its constant size, which
+        # a symbolic loop never gets): the threads the heuristic picks at the representative size, and the
+        # winner alone for sizes too small for them
+        threads = [o for o in heuristic_opts(prepare_ast(rep_item.ast, dev), dev) if o.op is OptOps.THREAD]
+        if threads:
+            try:
+                fast = build_symbolic_kernel(item, dev, rep, name, opts=[*opts, *threads])
+                plain = build_symbolic_kernel(item, dev, rep, f"{name}s", opts=opts)
+                return fast, (plain if plain.binary is not None else None)
+            except (OptError, CompileError):
+                pass  # the winner alone, as stored
     if not opts:
-        return None
+        return None, None
     try:
-        return build_symbolic_kernel(item, dev, rep, name, opts=opts)
+        return build_symbolic_kernel(item, dev, rep, name, opts=opts), None
     except (OptError, CompileError):
-        return None
+        return None, None
 
 
 def _name_of(obj: Any) -> str | None:
