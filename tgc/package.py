@@ -162,26 +162,13 @@ def build(prog: Any, device: str | None = None, dims: dict[str, int] | None = No
     slots = [0] * len(buffers)
     for node, i in index.items():
         slots[i] = plan.slot_of.get(node, -1)
-    runner = _graph_runner(dev)
-    if runner is not None:
-        blobs[RUNNER_MEMBER] = runner[1]
-        files[RUNNER_MEMBER] = {"size": len(runner[1]), "sha256": hashlib.sha256(runner[1]).hexdigest()}
-    manifest = {
-        "format": FORMAT, "format_version": FORMAT_VERSION, "tgc_version": __version__,
-        "device": {"kind": dev.kind, "name": dev.name, "target": dev.binary_target(),
-                   "compiler": dev.compiler.cache_key if dev.compiler is not None else None},
-        "program": {"file": os.path.basename(prog.path or prog.filename),
-                    "source_sha256": hashlib.sha256(prog.source.encode()).hexdigest()},
+    return _archive(prog, dev, FORMAT_VERSION, {
         "dims": {k: int(v) for k, v in sorted(dims.items())},
         "signature": {"inputs": inputs, "outputs": outputs},
         "buffers": buffers,
         "kernels": kernels,
         "memory": {"slots": list(plan.slots), "slot_of": slots, "peak_bytes": plan.peak_bytes},
-        "files": files,
-    }
-    if runner is not None:
-        manifest["graph_runner"] = runner[0]
-    return _archive(manifest, blobs)
+    }, blobs, files)
 
 
 def _graph_runner(dev: Any) -> tuple[dict, bytes] | None:
@@ -1142,29 +1129,34 @@ def build_symbolic(prog: Any, dev: Any) -> bytes:
             skipped.append({"class": dict(cls), "why": doc})
         else:
             classes.append(doc)
-    runner = _graph_runner(dev)
-    if runner is not None:
-        blobs[RUNNER_MEMBER] = runner[1]
-        files[RUNNER_MEMBER] = {"size": len(runner[1]), "sha256": hashlib.sha256(runner[1]).hexdigest()}
-    manifest = {
-        "format": FORMAT, "format_version": SYMBOLIC_VERSION, "tgc_version": __version__,
-        "device": {"kind": dev.kind, "name": dev.name, "target": dev.binary_target(),
-                   "compiler": dev.compiler.cache_key if dev.compiler is not None else None},
-        "program": {"file": os.path.basename(prog.path or prog.filename),
-                    "source_sha256": hashlib.sha256(prog.source.encode()).hexdigest()},
+    return _archive(prog, dev, SYMBOLIC_VERSION, {
         "dims": {},
         "symbolic": {"dims": names, "classes": classes, "skipped": skipped},
         "signature": {"inputs": [{"name": d.name, "dtype": d.dtype.name,
                                   "shape": _decl_shape(d.shape, [None] * len(d.shape))} for d in decls],
                       "outputs": [{"name": n} for n in prog.output_names]},
+    }, blobs, files)
+
+
+def _archive(prog: Any, dev: Any, version: int, body: dict, blobs: dict[str, bytes],
+             files: dict[str, dict]) -> bytes:
+    """The package file: the manifest (what every package holds, the device's CPU graph runner where it has
+    one, then `body`) with its content hash, and the blobs, zipped, ending in the file's checksum."""
+    runner = _graph_runner(dev)
+    if runner is not None:
+        blobs[RUNNER_MEMBER] = runner[1]
+        files[RUNNER_MEMBER] = {"size": len(runner[1]), "sha256": hashlib.sha256(runner[1]).hexdigest()}
+    manifest = {
+        "format": FORMAT, "format_version": version, "tgc_version": __version__,
+        "device": {"kind": dev.kind, "name": dev.name, "target": dev.binary_target(),
+                   "compiler": dev.compiler.cache_key if dev.compiler is not None else None},
+        "program": {"file": os.path.basename(prog.path or prog.filename),
+                    "source_sha256": hashlib.sha256(prog.source.encode()).hexdigest()},
+        **body,
         "files": files,
     }
     if runner is not None:
         manifest["graph_runner"] = runner[0]
-    return _archive(manifest, blobs)
-
-
-def _archive(manifest: dict, blobs: dict[str, bytes]) -> bytes:
     manifest["content_hash"] = content_hash(manifest)
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as z:
