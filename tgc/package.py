@@ -1369,13 +1369,7 @@ class SymbolicPackage:
     def resolve_dims(self, dims: dict[str, int] | None = None) -> dict[str, int]:
         return dict(dims or {})
 
-    def conform(self, name: str, value: Any, cast: bool = False) -> np.ndarray:
-        from tgc.engine.conform import as_array
-
-        decl = next((d for d in self.inputs if d.name == name), None)
-        if decl is None:
-            raise TgcError(f"unknown input '{name}'", file=self.path)
-        return as_array(value, decl, cast, {"file": self.path})
+    conform = Package.conform  # (the same signature checks)
 
     def bind(self, inputs: dict[str, Any], dims: dict[str, int] | None = None, cast: bool = False
              ) -> tuple[dict[str, int], dict[str, np.ndarray]]:

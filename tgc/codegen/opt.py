@@ -563,13 +563,7 @@ def map_to_grid(ast: UOp, max_local: int = 256, max_grid: int = 2**31 - 1) -> tu
     total = prod(r.src[0].arg for r in loops)
     mapping: dict[UOp, UOp] = {}
     if locals_:
-        local = prod(r.src[0].arg for r in locals_)
-        lflat = UOp(Ops.SPECIAL, INDEX, (), ("lidx0", local))
-        stride = local
-        for r in locals_:
-            n = r.src[0].arg
-            stride //= n
-            mapping[r] = simplify((lflat // UOp.const(INDEX, stride)) % UOp.const(INDEX, n))
+        local = _local_ids(locals_, mapping)
         groups = total
         gflat = UOp(Ops.SPECIAL, INDEX, (), ("gidx0", groups))
     else:
@@ -596,6 +590,19 @@ def map_to_grid(ast: UOp, max_local: int = 256, max_grid: int = 2**31 - 1) -> tu
     return simplify(substitute(ast, mapping)), {"global_size": (groups, 1, 1), "local_size": (local, 1, 1)}
 
 
+def _local_ids(locals_: list[UOp], mapping: dict[UOp, UOp]) -> int:
+    """The work-group's size: the LOCAL ranges' product, each range mapped (into `mapping`) to its digit of the
+    flat local index lidx0."""
+    local = prod(r.src[0].arg for r in locals_)
+    lflat = UOp(Ops.SPECIAL, INDEX, (), ("lidx0", local))
+    stride = local
+    for r in locals_:
+        n = r.src[0].arg
+        stride //= n
+        mapping[r] = simplify((lflat // UOp.const(INDEX, stride)) % UOp.const(INDEX, n))
+    return local
+
+
 def _map_to_symbolic_grid(ast: UOp, loops: list[UOp], locals_: list[UOp], max_local: int, max_grid: int
                           ) -> tuple[UOp, dict]:
     """`map_to_grid` for output loops whose ends are dim variables (`tgc.codegen.sizes`): the work-group size is
@@ -610,13 +617,7 @@ def _map_to_symbolic_grid(ast: UOp, loops: list[UOp], locals_: list[UOp], max_lo
     total = simplify(total)
     mapping: dict[UOp, UOp] = {}
     if locals_:
-        local = prod(r.src[0].arg for r in locals_)
-        lflat = UOp(Ops.SPECIAL, INDEX, (), ("lidx0", local))
-        stride = local
-        for r in locals_:
-            n = r.src[0].arg
-            stride //= n
-            mapping[r] = simplify((lflat // UOp.const(INDEX, stride)) % UOp.const(INDEX, n))
+        local = _local_ids(locals_, mapping)
         groups = total
         gflat = UOp(Ops.SPECIAL, INDEX, (), ("gidx0", min(int(total.vmax), max_grid)))
     else:
