@@ -11,29 +11,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
+from clikit import assert_clean, invoke
 
 import tgc
 import tgc.api
-from tgc.cli.main import main
 from tgc.errors import TgcError
 
 ROOT = Path(__file__).resolve().parents[1]
 SOFTMAX = str(ROOT / "kernels" / "softmax.tg")
-
-
-def invoke(*args: str, env: dict | None = None):
-    return CliRunner(env={"NO_COLOR": "1", "DEBUG": None, "TGC_DEVICE": None, **(env or {})}).invoke(
-        main, list(args), prog_name="tgc")
-
-
-def assert_clean(r, code: int, *words: str) -> None:
-    """Exit `code` with one `error:` message holding `words`, never a traceback or an internal error."""
-    assert r.exit_code == code, (r.exit_code, r.stderr, r.exception)
-    assert re.match(r"(\S+: )?error: ", r.stderr), r.stderr
-    assert "internal error" not in r.stderr and "Traceback" not in r.stderr, r.stderr
-    for w in words:
-        assert w in r.stderr, (w, r.stderr)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -8,29 +8,15 @@ import re
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
+from clikit import assert_clean, invoke
 
 import tgc
 from tgc.backends import get_device
-from tgc.cli.main import main
 from tgc.dsl.frontend import trace
 from tgc.dtype import dtypes
 from tgc.engine.multi import Transfers, even_bounds, gather_shards, plan, ring_allreduce
 
 OPS = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
-
-
-def invoke(*args: str, env: dict | None = None):
-    return CliRunner(env={"NO_COLOR": "1", "DEBUG": None, "TGC_DEVICE": None, **(env or {})}).invoke(
-        main, list(args), prog_name="tgc")
-
-
-def assert_clean(r, code: int, *words: str) -> None:
-    assert r.exit_code == code, (r.exit_code, r.stderr, r.exception)
-    assert re.match(r"(\S+: )?error: ", r.stderr), r.stderr
-    assert "internal error" not in r.stderr and "Traceback" not in r.stderr, r.stderr
-    for w in words:
-        assert w in r.stderr, (w, r.stderr)
 
 
 def cpu_list(n: int) -> list:
