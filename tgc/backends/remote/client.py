@@ -86,19 +86,11 @@ def read_token_table(path: str) -> dict[tuple[str, int], str]:
     lines starting with `#` are skipped. A server is matched by the host and port written in `TGC_REMOTE`
     (no name lookup: `localhost:6667` and `127.0.0.1:6667` are different lines). TgcError (exit 2) naming the
     line for anything else."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(1 << 16)
-    except OSError as e:
-        raise TgcError(f"cannot read the token file '{path}': {e.strerror or e}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise TgcError(f"the token file '{path}' is not UTF-8 text") from None
+    text = P.read_token_text(path)
     lines = [(i, line.split()) for i, line in enumerate(text.splitlines(), 1)
              if line.strip() and not line.lstrip().startswith("#")]
     if not any(len(words) == 2 and _ADDRESS_WORD.fullmatch(words[0]) for _, words in lines):
-        return {ANY_SERVER: P.read_token_file(path)}  # the one-token form (and its errors)
+        return {ANY_SERVER: P.read_token_file(path, text)}  # the one-token form (and its errors)
     table: dict[tuple[str, int], str] = {}
     for i, words in lines:
         where = f"line {i} of the token file '{path}'"

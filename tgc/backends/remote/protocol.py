@@ -77,18 +77,23 @@ def token_problem(token: str) -> str | None:
     return None
 
 
-def read_token_file(path: str) -> str:
-    """The token in the file `path` (surrounding whitespace dropped); TgcError (exit 2) with the reason
-    when it cannot be read or is not one line of printable ASCII."""
+def read_token_text(path: str) -> str:
+    """The text of a token file (its first 64 KiB); TgcError (exit 2) when it cannot be read or is not UTF-8."""
     try:
         with open(path, "rb") as f:
             raw = f.read(1 << 16)
     except OSError as e:
         raise TgcError(f"cannot read the token file '{path}': {e.strerror or e}") from None
     try:
-        token = raw.decode("utf-8").strip()
+        return raw.decode("utf-8")
     except UnicodeDecodeError:
         raise TgcError(f"the token file '{path}' is not UTF-8 text") from None
+
+
+def read_token_file(path: str, text: str | None = None) -> str:
+    """The token in the file `path` (surrounding whitespace dropped; `text`: the file's text, already read);
+    TgcError (exit 2) with the reason when it cannot be read or is not one line of printable ASCII."""
+    token = (read_token_text(path) if text is None else text).strip()
     if not token:
         raise TgcError(f"the token file '{path}' is empty")
     why = token_problem(token)
