@@ -167,7 +167,8 @@ def build(prog: Any, device: str | None = None, dims: dict[str, int] | None = No
         "signature": {"inputs": inputs, "outputs": outputs},
         "buffers": buffers,
         "kernels": kernels,
-        "memory": {"slots": list(plan.slots), "slot_of": slots, "peak_bytes": plan.peak_bytes},
+        "memory": {"slots": list(plan.slots), "slot_of": slots, "peak_bytes": plan.peak_bytes,
+                   **({"inplace": [[index[o], index[i]] for o, i in plan.inplace]} if plan.inplace else {})},
     }, blobs, files)
 
 
@@ -641,6 +642,14 @@ class Package:
                 plan.sizes[buf] = buf.nbytes
             elif slot != -1:
                 raise _bad(path, "the memory plan places a buffer no kernel uses")
+        # in-place pairs (an elementwise kernel writing its output over an input that dies there): buffer indices
+        for pair in _list(mem.get("inplace", []), "memory.inplace", path, MAX_BUFFERS):
+            if len(_list(pair, "memory.inplace pair", path, 2)) != 2:
+                raise _bad(path, "a memory.inplace pair is not [output buffer, input buffer]")
+            out, src = (_int(i, "memory.inplace buffer", path, 0, len(self.buffers) - 1) for i in pair)
+            if self.buffers[out] not in plan.slot_of or self.buffers[src] not in plan.slot_of:
+                raise _bad(path, "the memory plan's in-place pair is not two buffers its kernels use")
+            plan.inplace.append((self.buffers[out], self.buffers[src]))
         fixed = {plan.slot_of[b] for b in inputs}
         if len(fixed) != len(inputs) or any(s in fixed for b, s in plan.slot_of.items() if b not in inputs):
             raise _bad(path, "the memory plan shares an input's memory")

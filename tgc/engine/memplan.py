@@ -23,12 +23,14 @@ from dataclasses import dataclass, field
 @dataclass
 class MemoryPlan:
     """`slots[i]`: the bytes of allocation i; `slot_of[key]`: the slot holding a buffer; `sizes[key]`: its bytes;
-    `lifetimes[key]`: (first, last) kernel index (-1 .. n for inputs)."""
+    `lifetimes[key]`: (first, last) kernel index (-1 .. n for inputs); `inplace`: (output, input) pairs that share
+    a slot although both are live at the kernel that reads the input last and writes the output first."""
 
     slots: list[int] = field(default_factory=list)
     slot_of: dict = field(default_factory=dict)
     sizes: dict = field(default_factory=dict)
     lifetimes: dict = field(default_factory=dict)
+    inplace: list = field(default_factory=list)
 
     @property
     def peak_bytes(self) -> int:
@@ -58,43 +60,117 @@ def lifetimes(kernel_bufs: Sequence[Sequence[Hashable]], inputs: Sequence[Hashab
 
 
 def plan_memory(kernel_bufs: Sequence[Sequence[Hashable]], sizes: dict, inputs: Sequence[Hashable] = (),
-                outputs: Sequence[Hashable] = (), share: bool = True) -> MemoryPlan:
-    """Assign each buffer (a key of `sizes`, bytes >= 1) to a slot. Greedy in order of first use: a buffer takes
-    the smallest free slot that holds it, else the largest free slot (which grows to fit), else a new slot.
-    A slot is free once its last buffer's lifetime has ended. `share=False`: one slot per buffer."""
-    import heapq
+                outputs: Sequence[Hashable] = (), share: bool = True,
+                inplace: Sequence[tuple[Hashable, Hashable]] = ()) -> MemoryPlan:
+    """Assign each buffer (a key of `sizes`, bytes >= 1) to a slot: the better (smaller sum of slots) of two
+    greedy placements, largest buffer first (each into the smallest slot that is free for its whole lifetime)
+    and first use first (each into a free slot, grown where none holds it). `share=False`: one slot per buffer.
 
+    `inplace`: (output, input) pairs that may share memory although both are live at one kernel: an elementwise
+    kernel that reads `input` only at exactly the index it writes `output`, where `input` dies (see
+    `tgc.engine.realize.inplace_pairs`). A pair is kept (`plan.inplace`) where the input is no input of the
+    plan, its last kernel is the output's first and both have the same size; the two are then one buffer."""
     spans = lifetimes(kernel_bufs, inputs, outputs)
     plan = MemoryPlan(sizes={k: int(sizes[k]) for k in spans}, lifetimes=spans)
     fixed = set(inputs)
-    busy: list[tuple[int, int]] = []  # heap of (last kernel index its current buffer needs, slot)
-    free: list[int] = []  # slots no live buffer holds
-    order = sorted(spans, key=lambda k: spans[k][0])  # stable: ties keep first-use order
-    for key in order:
-        first, last = spans[key]
-        while busy and busy[0][0] < first:
-            free.append(heapq.heappop(busy)[1])
-        need = plan.sizes[key]
-        slot = None
-        if share and key not in fixed and free:
-            fits = [s for s in free if plan.slots[s] >= need]
-            if fits:
-                slot = min(fits, key=lambda s: (plan.slots[s], s))
-            else:
-                slot = max(free, key=lambda s: (plan.slots[s], -s))
-                plan.slots[slot] = need
-            free.remove(slot)
-        if slot is None:
-            slot = len(plan.slots)
-            plan.slots.append(need)
-        heapq.heappush(busy, (last, slot))
-        plan.slot_of[key] = slot
+    if not share:
+        for key in spans:
+            plan.slot_of[key] = len(plan.slots)
+            plan.slots.append(plan.sizes[key])
+        return plan
+    # units: a buffer, or a chain of in-place pairs, placed as one
+    unit_of: dict = {key: key for key in spans}
+    members: dict = {key: [key] for key in spans}
+    for out, src in inplace:
+        if out not in spans or src not in spans or out in fixed or src in fixed or unit_of[src] == unit_of[out] \
+                or plan.sizes[out] != plan.sizes[src] or spans[src][1] != spans[out][0] \
+                or unit_of[out] != out or any(src == s for _, s in plan.inplace):
+            continue
+        u = unit_of[src]
+        for key in members.pop(out):
+            unit_of[key] = u
+            members[u].append(key)
+        plan.inplace.append((out, src))
+    units = [(u, min(spans[k][0] for k in ks), max(spans[k][1] for k in ks), max(plan.sizes[k] for k in ks))
+             for u, ks in members.items()]
+    best: tuple[list[int], dict] | None = None
+    for place in (_largest_first, _first_use_first):
+        got = place(units, fixed)
+        if best is None or sum(got[0]) < sum(best[0]):
+            best = got
+    assert best is not None
+    slots, slot_of_unit = best
+    first: dict[int, int] = {}  # slots numbered in order of first use (inputs first)
+    for u, start, _end, _size in units:
+        first[slot_of_unit[u]] = min(first.get(slot_of_unit[u], start), start)
+    renumber = {s: i for i, s in enumerate(sorted(first, key=lambda s: (first[s], s)))}
+    plan.slots = [0] * len(renumber)
+    for s, i in renumber.items():
+        plan.slots[i] = slots[s]
+    for key in spans:
+        plan.slot_of[key] = renumber[slot_of_unit[unit_of[key]]]
     return plan
 
 
+def _largest_first(units: list, fixed: set) -> tuple[list[int], dict]:
+    """Largest unit first, each into the smallest slot no unit of an overlapping lifetime holds (a slot only
+    takes units no larger than its first, so none grows), else a new slot. Inputs get slots of their own."""
+    slots: list[int] = []
+    held: list[list[tuple[int, int]]] = []  # per slot: the (first, last) of its units
+    slot_of: dict = {}
+    own: set[int] = set()
+    for i in sorted(range(len(units)), key=lambda i: (-units[i][3], units[i][1], i)):
+        u, start, end, size = units[i]
+        slot = None
+        if u not in fixed:
+            for s, spans in enumerate(held):
+                if s not in own and slots[s] >= size and all(end < a or b < start for a, b in spans) \
+                        and (slot is None or slots[s] < slots[slot]):
+                    slot = s
+        if slot is None:
+            slot = len(slots)
+            slots.append(size)
+            held.append([])
+            if u in fixed:
+                own.add(slot)
+        held[slot].append((start, end))
+        slot_of[u] = slot
+    return slots, slot_of
+
+
+def _first_use_first(units: list, fixed: set) -> tuple[list[int], dict]:
+    """In order of first use: the smallest free slot that holds the unit, else the largest free slot (which
+    grows to fit), else a new slot. A slot is free once its last unit's lifetime has ended."""
+    import heapq
+
+    slots: list[int] = []
+    slot_of: dict = {}
+    busy: list[tuple[int, int]] = []  # heap of (last kernel index its current unit needs, slot)
+    free: list[int] = []  # slots no live unit holds
+    for u, start, end, size in sorted(units, key=lambda t: t[1]):  # stable: ties keep first-use order
+        while busy and busy[0][0] < start:
+            free.append(heapq.heappop(busy)[1])
+        slot = None
+        if u not in fixed and free:
+            fits = [s for s in free if slots[s] >= size]
+            if fits:
+                slot = min(fits, key=lambda s: (slots[s], s))
+            else:
+                slot = max(free, key=lambda s: (slots[s], -s))
+                slots[slot] = size
+            free.remove(slot)
+        if slot is None:
+            slot = len(slots)
+            slots.append(size)
+        heapq.heappush(busy, (end, slot))
+        slot_of[u] = slot
+    return slots, slot_of
+
+
 def check_plan(plan: MemoryPlan) -> str | None:
-    """Why a plan (e.g. one read from a package) is unsafe, or None: every buffer fits its slot, and buffers
-    that share a slot never live at the same time."""
+    """Why a plan (e.g. one read from a package) is unsafe, or None: every buffer fits its slot, buffers that
+    share a slot never live at the same time, except an in-place pair (`plan.inplace`) at the one kernel where
+    its input's life ends and its output's begins, and each buffer is the input of at most one pair."""
     by_slot: dict[int, list] = {}
     for key, slot in plan.slot_of.items():
         if not 0 <= slot < len(plan.slots):
@@ -102,9 +178,20 @@ def check_plan(plan: MemoryPlan) -> str | None:
         if plan.sizes[key] > plan.slots[slot]:
             return f"buffer {key} ({plan.sizes[key]} bytes) does not fit slot {slot} ({plan.slots[slot]} bytes)"
         by_slot.setdefault(slot, []).append(key)
+    pairs = set()
+    for out, src in plan.inplace:
+        if out not in plan.slot_of or src not in plan.slot_of or plan.slot_of[out] != plan.slot_of[src] \
+                or plan.lifetimes[src][1] != plan.lifetimes[out][0] or plan.sizes[out] != plan.sizes[src] \
+                or any(s == src for _, s in pairs):
+            return f"the in-place pair ({out}, {src}) is not one buffer ending where the other begins in one slot"
+        pairs.add((out, src))
     for slot, keys in by_slot.items():
-        spans = sorted(plan.lifetimes[k] for k in keys)
-        for (_, last), (first, _) in zip(spans, spans[1:]):
-            if first <= last:
+        spans = sorted((plan.lifetimes[k], i, k) for i, k in enumerate(keys))
+        last_key = None
+        for (first, last), _, key in spans:
+            if last_key is not None and first <= plan.lifetimes[last_key][1] \
+                    and not ((key, last_key) in pairs and first == plan.lifetimes[last_key][1]):
                 return f"slot {slot} holds buffers that are needed at the same time"
+            if last_key is None or last > plan.lifetimes[last_key][1]:
+                last_key = key
     return None

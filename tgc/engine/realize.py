@@ -20,7 +20,7 @@ from tgc.engine.memplan import MemoryPlan, plan_memory
 from tgc.env import debug_level, env_int
 from tgc.errors import DeviceError, TgcError
 from tgc.ir.shapes import prod, shape_of
-from tgc.ir.uop import Ops
+from tgc.ir.uop import Ops, RangeKind
 
 
 def buffer_type(key: Any) -> tuple[DType, tuple[int, ...]]:
@@ -141,7 +141,53 @@ def plan_for(device: Any, kernels: list, inputs: list[tuple[Any, str]], outputs:
     kernel_bufs = [list(k.bufs) for k in kernels]
     keys = {key: None for key, _ in inputs} | {key: None for bufs in kernel_bufs for key in bufs}
     return plan_memory(kernel_bufs, {key: buffer_nbytes(key) for key in keys}, [key for key, _ in inputs],
-                       [key for _, key in outputs], share=getattr(device.allocator, "shared_slots", True))
+                       [key for _, key in outputs], share=getattr(device.allocator, "shared_slots", True),
+                       inplace=[pair for k in kernels for pair in inplace_pairs(k)])
+
+
+_NOT_ELEMENTWISE = {Ops.REDUCE, Ops.DEFINE_ACC, Ops.ACCUMULATE, Ops.READ_ACC, Ops.DEFINE_LOCAL, Ops.BARRIER}
+
+
+def inplace_pairs(k: Any) -> list[tuple[Any, Any]]:
+    """(output, input) buffers of kernel `k` that may share memory (the memory plan keeps a pair only where the
+    input dies at `k`): `k` is elementwise (its linear UOps, what runs, have no reduction, accumulator, shared
+    memory or barrier), it stores only to its output, never gated, and it reads the input only at exactly the
+    index UOps it stores to, as wide as that store, each before the first store at that index. Every element
+    of the input is then read only to compute the same element of the output, before it is written: writing
+    the output over the input changes no value the kernel reads. Kernels without UOps (a package's): none."""
+    uops = getattr(k, "uops", None)
+    if not uops:
+        return []
+    stores: dict[Any, tuple[int, Any]] = {}  # index UOp -> (position of its first store, stored dtype)
+    out = None
+    for pos, u in enumerate(uops):
+        if u.op in _NOT_ELEMENTWISE or (u.op is Ops.RANGE and u.arg[1] not in (RangeKind.LOOP, RangeKind.UPCAST)):
+            return []
+        if u.op is Ops.STORE:
+            if len(u.src) != 3 or u.src[0].op is not Ops.DEFINE_GLOBAL or out not in (None, u.src[0]):
+                return []
+            out = u.src[0]
+            stores.setdefault(u.src[1], (pos, u.src[2].dtype))
+    if out is None or not isinstance(out.arg, int) or not 0 <= out.arg < len(k.bufs):
+        return []
+    loads: dict[Any, bool] = {}  # DEFINE_GLOBAL -> read only at its store indices
+    for pos, u in enumerate(uops):
+        for j, g in enumerate(u.src):
+            if g.op is not Ops.DEFINE_GLOBAL or g is out:
+                continue
+            ok = u.op is Ops.LOAD and j == 0 and len(u.src) == 2 and u.src[1] in stores \
+                and pos < stores[u.src[1]][0] and u.dtype == stores[u.src[1]][1]
+            loads[g] = loads.get(g, True) and ok
+    dst = k.bufs[out.arg]
+    pairs = []
+    for g, ok in loads.items():
+        if not ok or not isinstance(g.arg, int) or not 0 <= g.arg < len(k.bufs):
+            continue
+        src = k.bufs[g.arg]
+        if src is not dst and sum(b is src for b in k.bufs) == 1 and buffer_type(src)[0] == buffer_type(dst)[0] \
+                and buffer_nbytes(src) == buffer_nbytes(dst):
+            pairs.append((dst, src))
+    return pairs
 
 
 def run_program(low: Lowered, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

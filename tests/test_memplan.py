@@ -1,0 +1,143 @@
+"""The memory plan (tgc/engine/memplan.py): slots placed largest first, and elementwise kernels that write their
+output over an intermediate input that dies there (in place), end to end on CPU and PYTHON and in packages."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tgc
+from tests.test_package import _rezip
+from tgc import package
+from tgc.dsl.tensor import Tensor
+from tgc.engine.memplan import MemoryPlan, check_plan, plan_memory
+from tgc.engine.realize import inplace_pairs
+from tgc.package import PackageError, loads_package
+
+N = 1000
+DIMS = {"N": N}
+
+
+def test_the_largest_buffer_is_placed_first_so_a_small_one_does_not_take_its_slot():
+    # q [0,1] 12 bytes, t [2,4] 4, h [3,4] 16, out [4,5] 4: the most live at once is t + h + out = 24 bytes.
+    # Placed in order of first use, t took q's freed 12-byte slot and h needed a new one (32 bytes in all).
+    kb = [["q"], ["q"], ["t"], ["t", "h"], ["out", "t", "h"]]
+    sizes = {"q": 12, "t": 4, "h": 16, "out": 4}
+    plan = plan_memory(kb, sizes, outputs=["out"])
+    assert plan.peak_bytes == 24
+    assert plan.slot_of["q"] == plan.slot_of["h"] and len(plan.slots) == 3
+    assert check_plan(plan) is None
+
+
+def test_an_inplace_chain_is_one_slot_and_only_declared_pairs_may_overlap():
+    # x -> a -> b -> c -> out, each an elementwise kernel reading the buffer before it at its own index
+    kb = [["a", "x"], ["b", "a"], ["c", "b"], ["out", "c"]]
+    sizes = {"x": 64, "a": 64, "b": 64, "c": 64, "out": 64}
+    pairs = [("a", "x"), ("b", "a"), ("c", "b"), ("out", "c")]
+    plan = plan_memory(kb, sizes, inputs=["x"], outputs=["out"], inplace=pairs)
+    assert plan.peak_bytes == 128 and len(plan.slots) == 2  # the input, and one slot for the whole chain
+    assert plan.inplace == pairs[1:]  # never over the plan's input
+    assert len({plan.slot_of[k] for k in "abc"} | {plan.slot_of["out"]}) == 1
+    assert check_plan(plan) is None
+    assert plan_memory(kb, sizes, inputs=["x"], outputs=["out"]).peak_bytes == 192  # without: two slots alternate
+    # a pair whose sizes differ, or whose input lives on past the kernel, is not kept
+    assert plan_memory(kb, {**sizes, "b": 32}, ["x"], ["out"], inplace=[("b", "a")]).inplace == []
+    assert plan_memory(kb + [["a"]], sizes, ["x"], ["out"], inplace=[("b", "a")]).inplace == []
+    # check_plan: overlapping buffers in one slot are refused unless declared, and a declared pair must touch
+    base = dict(slots=[64], sizes={"a": 64, "b": 64}, slot_of={"a": 0, "b": 0})
+    assert "at the same time" in check_plan(MemoryPlan(**base, lifetimes={"a": (0, 1), "b": (1, 2)}))
+    assert check_plan(MemoryPlan(**base, lifetimes={"a": (0, 1), "b": (1, 2)}, inplace=[("b", "a")])) is None
+    assert "in-place pair" in check_plan(MemoryPlan(**base, lifetimes={"a": (0, 2), "b": (1, 3)},
+                                                    inplace=[("b", "a")]))
+
+
+def _chain(steps: int, flip: bool = False) -> tgc.Program:
+    """A program of `steps` elementwise kernels each realizing exp(t / 2) / 2 - 1/4 of the one before (a DSL program
+    fuses them into one kernel; here each gets a buffer, as the scheduler does for values it will not
+    recompute), then out = 3 t. `flip`: each step reads its input reversed (not at the index it writes)."""
+    prog = tgc.loads("a: f32[N]\nreturn a * 2.0\n")
+    outs, bufs = prog._trace(DIMS)
+    t = Tensor(bufs[0])
+    for _ in range(steps):
+        if flip:
+            t = t.flip(0)
+        t = ((t * 0.5).exp() * 0.5 - 0.25).contiguous()
+    prog._traces[tuple(sorted(DIMS.items()))] = ([(t * 3.0).uop], bufs)
+    return prog
+
+
+def _want(a: np.ndarray, steps: int, flip: bool = False) -> np.ndarray:
+    t = a.astype(np.float64)
+    for _ in range(steps):
+        t = np.exp((t[::-1] if flip else t) * 0.5) * 0.5 - 0.25
+    return t * 3.0
+
+
+@pytest.mark.parametrize("device", ["CPU", "PYTHON"])
+def test_a_chain_of_elementwise_kernels_runs_in_place_in_one_slot(device):
+    prog = _chain(4)
+    low = prog.lower(device, DIMS)
+    assert len(low.kernels) == 5
+    plan = low.memory_plan()
+    # the input's slot and one more: every intermediate and the output write over the one before
+    assert len(plan.slots) == 2 and plan.peak_bytes == 2 * 4 * N
+    assert len(plan.inplace) == 4 and check_plan(plan) is None
+    rng = np.random.default_rng(0)
+    for _ in range(3):  # the first run, the launch plan's first run, and its graph
+        a = rng.standard_normal(N).astype(np.float32)
+        before = a.copy()
+        got = prog.run(device=device, dims=DIMS, a=a)[prog.output_names[0]]
+        np.testing.assert_allclose(got, _want(before, 4), rtol=1e-5)
+        np.testing.assert_array_equal(a, before)  # the user's input is never written
+    prog.release()
+
+
+def test_the_planned_peak_of_an_inplace_chain_is_what_a_run_allocates():
+    prog = _chain(4)
+    a = np.random.default_rng(1).standard_normal(N).astype(np.float32)
+    alloc = tgc.api._device("CPU").allocator
+    borrowed = a.nbytes if a.ctypes.data % alloc.zero_copy_align == 0 else 0
+    alloc.reset_peak()
+    base = alloc.live_bytes
+    prog.run(device="CPU", dims=DIMS, a=a)
+    prog.release()
+    assert alloc.peak_bytes - base == prog.lower("CPU", DIMS).memory_plan().peak_bytes - borrowed == 4 * N
+
+
+def test_a_kernel_reading_its_input_at_another_index_is_not_in_place():
+    prog = _chain(3, flip=True)
+    low = prog.lower("CPU", DIMS)
+    assert all(inplace_pairs(k) == [] for k in low.kernels[:-1])  # each reads the buffer before it reversed
+    assert len(inplace_pairs(low.kernels[-1])) == 1  # out = 3 t reads t where it writes
+    plan = low.memory_plan()
+    assert len(plan.inplace) == 1 and plan.peak_bytes == 3 * 4 * N  # the input and two alternating slots
+    a = np.random.default_rng(2).standard_normal(N).astype(np.float32)
+    got = prog.run(device="CPU", dims=DIMS, a=a)[prog.output_names[0]]
+    np.testing.assert_allclose(got, _want(a, 3, flip=True), rtol=1e-5)
+
+
+def test_a_package_keeps_its_inplace_pairs_and_refuses_bad_ones(tmp_path):
+    prog = _chain(4)
+    path = tmp_path / "chain.tgpkg"
+    package.write(prog, path, "CPU", DIMS)
+    pkg = package.load_package(path)
+    assert len(pkg.memory.inplace) == 4 and pkg.peak_bytes == 2 * 4 * N
+    a = np.random.default_rng(3).standard_normal(N).astype(np.float32)
+    before = a.copy()
+    for _ in range(2):
+        np.testing.assert_allclose(pkg.run(a=a)[pkg.output_names[0]], _want(before, 4), rtol=1e-5)
+    np.testing.assert_array_equal(a, before)
+    pkg.release()
+    data = path.read_bytes()
+
+    def refused(edit, match: str) -> None:
+        with pytest.raises(PackageError, match=match) as e:
+            loads_package(_rezip(data, edit), "p.tgpkg")
+        assert e.value.exit_code == 2
+
+    refused(lambda m: m["memory"].update(inplace=[]), "at the same time")  # the plan needs its pairs
+    refused(lambda m: m["memory"].update(inplace=[[1]]), "pair")
+    refused(lambda m: m["memory"].update(inplace=[[0, 999]]), "memory.inplace buffer")
+    refused(lambda m: m["memory"].update(inplace="x"), "memory.inplace is not a list")
+    # a pair of buffers whose lives do not meet at one kernel
+    refused(lambda m: m["memory"]["inplace"].append(m["memory"]["inplace"][0][::-1]), "in-place pair")
