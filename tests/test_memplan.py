@@ -141,3 +141,30 @@ def test_a_package_keeps_its_inplace_pairs_and_refuses_bad_ones(tmp_path):
     refused(lambda m: m["memory"].update(inplace="x"), "memory.inplace is not a list")
     # a pair of buffers whose lives do not meet at one kernel
     refused(lambda m: m["memory"]["inplace"].append(m["memory"]["inplace"][0][::-1]), "in-place pair")
+
+
+@pytest.mark.parametrize("device", ["CPU", "PYTHON"])
+def test_a_matmul_adds_a_dying_residual_in_place(device):
+    """out = a @ w + r, r an intermediate read only where out is written, after the reduction: out takes r's
+    memory."""
+    n = 48
+    dims = {"N": n}
+    prog = tgc.loads("a: f32[N, N]\nw: f32[N, N]\nreturn a @ w\n")
+    outs, bufs = prog._trace(dims)
+    a, w = Tensor(bufs[0]), Tensor(bufs[1])
+    r = ((a * 0.5).exp() - 1.0).contiguous()
+    prog._traces[tuple(sorted(dims.items()))] = [(a @ w + r).uop], bufs
+    low = prog.lower(device, dims)
+    plan = low.memory_plan()
+    assert [len(inplace_pairs(k)) for k in low.kernels][-1] == 1 and len(plan.inplace) == 1
+    assert plan.peak_bytes == 3 * 4 * n * n  # a, w, and one slot for r and then the output
+    rng = np.random.default_rng(4)
+    for _ in range(3):
+        x, y = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
+        before = x.copy(), y.copy()
+        got = prog.run(device=device, dims=dims, a=x, w=y)[prog.output_names[0]]
+        want = before[0].astype(np.float64) @ before[1] + np.exp(before[0] * 0.5) - 1.0
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        np.testing.assert_array_equal(x, before[0])
+        np.testing.assert_array_equal(y, before[1])
+    prog.release()

@@ -145,23 +145,26 @@ def plan_for(device: Any, kernels: list, inputs: list[tuple[Any, str]], outputs:
                        inplace=[pair for k in kernels for pair in inplace_pairs(k)])
 
 
-_NOT_ELEMENTWISE = {Ops.REDUCE, Ops.DEFINE_ACC, Ops.ACCUMULATE, Ops.READ_ACC, Ops.DEFINE_LOCAL, Ops.BARRIER}
+_SHARED = {Ops.DEFINE_LOCAL, Ops.BARRIER}  # threads that share work (a work-group reduction)
+_PER_ITERATION = (RangeKind.LOOP, RangeKind.UPCAST, RangeKind.REDUCE, RangeKind.UNROLL)
 
 
 def inplace_pairs(k: Any) -> list[tuple[Any, Any]]:
     """(output, input) buffers of kernel `k` that may share memory (the memory plan keeps a pair only where the
-    input dies at `k`): `k` is elementwise (its linear UOps, what runs, have no reduction, accumulator, shared
-    memory or barrier), it stores only to its output, never gated, and it reads the input only at exactly the
-    index UOps it stores to, as wide as that store, each before the first store at that index. Every element
-    of the input is then read only to compute the same element of the output, before it is written: writing
-    the output over the input changes no value the kernel reads. Kernels without UOps (a package's): none."""
+    input dies at `k`). Read from the kernel's linear UOps (what runs): no thread shares work with another
+    (no shared memory, barrier or work-group range), the kernel stores only to its output, never gated, and
+    never reads it back; it reads the input only at exactly the index UOps it stores to, as wide as that
+    store, each before the first store at that index. Every element of the input is then read only to
+    compute the same element of the output (an elementwise kernel; or a reduction's epilogue, e.g. the
+    residual added after a matmul), before that element is written: writing the output over the input
+    changes no value the kernel reads. Kernels without UOps (a package's): none."""
     uops = getattr(k, "uops", None)
     if not uops:
         return []
     stores: dict[Any, tuple[int, Any]] = {}  # index UOp -> (position of its first store, stored dtype)
     out = None
     for pos, u in enumerate(uops):
-        if u.op in _NOT_ELEMENTWISE or (u.op is Ops.RANGE and u.arg[1] not in (RangeKind.LOOP, RangeKind.UPCAST)):
+        if u.op in _SHARED or (u.op is Ops.RANGE and u.arg[1] not in _PER_ITERATION):
             return []
         if u.op is Ops.STORE:
             if len(u.src) != 3 or u.src[0].op is not Ops.DEFINE_GLOBAL or out not in (None, u.src[0]):
@@ -173,7 +176,11 @@ def inplace_pairs(k: Any) -> list[tuple[Any, Any]]:
     loads: dict[Any, bool] = {}  # DEFINE_GLOBAL -> read only at its store indices
     for pos, u in enumerate(uops):
         for j, g in enumerate(u.src):
-            if g.op is not Ops.DEFINE_GLOBAL or g is out:
+            if g.op is not Ops.DEFINE_GLOBAL:
+                continue
+            if g is out and not (u.op is Ops.STORE and j == 0):  # the output read back: partial results
+                return []
+            if g is out:
                 continue
             ok = u.op is Ops.LOAD and j == 0 and len(u.src) == 2 and u.src[1] in stores \
                 and pos < stores[u.src[1]][0] and u.dtype == stores[u.src[1]][1]
