@@ -125,10 +125,11 @@ MEMORY_TARGET = 1.5  # peak memory / (inputs + outputs); elementwise work and so
 MEMORY_TARGETS = {"exp": 1.1, "softmax": 1.1}
 MEMORY_LIMITS = {
     "attention": "the score matrix between the two matmuls when attention is not fused",
-    "transformer": "below the bound unless the MLP runs in row blocks: the GELU hidden layer [8,256,2048] is "
-                   "realized once (16 MiB) and the last matmul needs it with the output (4 MiB) and the inputs "
-                   "(16.0 MiB incl. weights), so >= 1.80x of the 20.0 MiB inputs+outputs (1.5x leaves 14.0 MiB "
-                   "for everything the run allocates); the plan reaches its kernels' bound, 28 MiB live at the "
+    "transformer": "1.5x (14.0 MiB for all the run allocates, beside the 16.0 MiB of inputs) is below the "
+                   "bound unless the MLP and the attention run in row blocks: the GELU hidden layer [8,256,2048] "
+                   "is realized once (16 MiB) and the last matmul needs it with the output (4 MiB): >= 1.80x of "
+                   "the 20.0 MiB inputs+outputs; the QKV projection (12 MiB) with the attention's output "
+                   "(4 MiB) alone is 1.60x. The plan reaches its kernels' bound, 28 MiB live at the "
                    "first MLP matmul (the hidden layer, LN2's output, the packed w_fc, and attn @ w_o, from which "
                    "both residual sums are recomputed): 2.20x",
     "matmul": "the packed copy of the right-hand side (one extra B-sized buffer)",
