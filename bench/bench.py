@@ -236,7 +236,8 @@ def peak_memory(prog, inputs, dims=None) -> tuple[int, int]:
     left in the pool count. Only numpy's data (tracemalloc's numpy domain: buffers with their alignment
     padding, copies) counts, not the run's Python objects (a few hundred bytes per kernel, whatever the
     sizes). The pool frees nothing during a run (a freed buffer waits there for the next), so the data it
-    holds after the run, with the outputs, is the most the run held at once."""
+    holds after the run, with the outputs, is the most the run held at once; a copy made and dropped within
+    the run (an input that must be cast or made contiguous) would not count, and the inputs here need none."""
     outs = prog.run(dims=dims, inputs=inputs)  # warm: compile
     in_bytes = sum(v.nbytes for v in inputs.values())
     io = in_bytes + sum(v.nbytes for v in outs.values())
