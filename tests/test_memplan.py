@@ -168,3 +168,14 @@ def test_a_matmul_adds_a_dying_residual_in_place(device):
         np.testing.assert_array_equal(x, before[0])
         np.testing.assert_array_equal(y, before[1])
     prog.release()
+
+
+def test_a_plan_of_many_buffers_places_them_in_first_use_order_and_is_safe():
+    """Above LARGEST_FIRST_UNITS buffers only the first-use placement runs (largest first is quadratic)."""
+    from tgc.engine.memplan import LARGEST_FIRST_UNITS
+    n = LARGEST_FIRST_UNITS + 50
+    # kernel i writes m_i from x and the m before it; the last reads them all (every m lives to the end)
+    kb = [[f"m{i}", "x"] + [f"m{j}" for j in range(i)][-1:] for i in range(n)] + [["out"] + [f"m{i}" for i in range(n)]]
+    sizes = {f"m{i}": 256 for i in range(n)} | {"x": 4096, "out": 4096}
+    plan = plan_memory(kb, sizes, ["x"], ["out"])
+    assert check_plan(plan) is None and plan.peak_bytes == plan.unshared_bytes == 2 * 4096 + 256 * n

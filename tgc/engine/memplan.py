@@ -59,6 +59,9 @@ def lifetimes(kernel_bufs: Sequence[Sequence[Hashable]], inputs: Sequence[Hashab
     return out
 
 
+LARGEST_FIRST_UNITS = 256  # above this many buffers only the first-use placement runs (the other is quadratic)
+
+
 def plan_memory(kernel_bufs: Sequence[Sequence[Hashable]], sizes: dict, inputs: Sequence[Hashable] = (),
                 outputs: Sequence[Hashable] = (), share: bool = True,
                 inplace: Sequence[tuple[Hashable, Hashable]] = ()) -> MemoryPlan:
@@ -81,20 +84,23 @@ def plan_memory(kernel_bufs: Sequence[Sequence[Hashable]], sizes: dict, inputs: 
     # units: a buffer, or a chain of in-place pairs, placed as one
     unit_of: dict = {key: key for key in spans}
     members: dict = {key: [key] for key in spans}
+    paired: set = set()  # inputs of the pairs kept
     for out, src in inplace:
         if out not in spans or src not in spans or out in fixed or src in fixed or unit_of[src] == unit_of[out] \
                 or plan.sizes[out] != plan.sizes[src] or spans[src][1] != spans[out][0] \
-                or unit_of[out] != out or any(src == s for _, s in plan.inplace):
+                or unit_of[out] != out or src in paired:
             continue
         u = unit_of[src]
         for key in members.pop(out):
             unit_of[key] = u
             members[u].append(key)
         plan.inplace.append((out, src))
+        paired.add(src)
     units = [(u, min(spans[k][0] for k in ks), max(spans[k][1] for k in ks), max(plan.sizes[k] for k in ks))
              for u, ks in members.items()]
     best: tuple[list[int], dict] | None = None
-    for place in (_largest_first, _first_use_first):
+    placements = (_largest_first, _first_use_first) if len(units) <= LARGEST_FIRST_UNITS else (_first_use_first,)
+    for place in placements:
         got = place(units, fixed)
         if best is None or sum(got[0]) < sum(best[0]):
             best = got
@@ -114,7 +120,8 @@ def plan_memory(kernel_bufs: Sequence[Sequence[Hashable]], sizes: dict, inputs: 
 
 def _largest_first(units: list, fixed: set) -> tuple[list[int], dict]:
     """Largest unit first, each into the smallest slot no unit of an overlapping lifetime holds (a slot only
-    takes units no larger than its first, so none grows), else a new slot. Inputs get slots of their own."""
+    takes units no larger than its first, so none grows), else a new slot. Inputs get slots of their own.
+    Slots are made in order of non-increasing size, so the newest that is free is the smallest."""
     slots: list[int] = []
     held: list[list[tuple[int, int]]] = []  # per slot: the (first, last) of its units
     slot_of: dict = {}
@@ -123,10 +130,10 @@ def _largest_first(units: list, fixed: set) -> tuple[list[int], dict]:
         u, start, end, size = units[i]
         slot = None
         if u not in fixed:
-            for s, spans in enumerate(held):
-                if s not in own and slots[s] >= size and all(end < a or b < start for a, b in spans) \
-                        and (slot is None or slots[s] < slots[slot]):
+            for s in reversed(range(len(slots))):
+                if s not in own and all(end < a or b < start for a, b in held[s]):
                     slot = s
+                    break
         if slot is None:
             slot = len(slots)
             slots.append(size)
