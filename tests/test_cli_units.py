@@ -355,6 +355,14 @@ def test_bench_table_marks_cache_and_unknown_peaks():
     assert report.peak_note(doc) == "peak: unknown for PYTHON, so no share of it is shown"
 
 
+def test_bench_peak_note_names_the_copy_and_the_read():
+    """The CPU's memory peak is a copy counted as bytes read + written; the read peak is named beside it."""
+    doc = {"device": "CPU", "peak": {"gflops": 100.0, "gbps": 20.0, "copy_gbps": 20.0, "read_gbps": 30.0,
+                                     "source": "measured"}}
+    assert report.peak_note(doc) == ("peak: 100 GFLOP/s, 20 GB/s (a threaded copy, bytes read + written; a threaded "
+                                     "read: 30 GB/s) (measured on this machine)")
+
+
 def test_bench_of_a_device_without_a_peak_shows_no_share():
     """PYTHON has no peak figures: every share is None, never 0%."""
     p = tgc.loads("x: f32[N]\nreturn x[::16] * 2.0")
@@ -565,5 +573,51 @@ def test_copy_bandwidth_kernel_copies_every_element(monkeypatch, threads):
     from tgc.backends import get_device
     from tgc.backends.cpu_peak import measure_copy_bandwidth
     monkeypatch.setenv("TGC_THREADS", threads)
-    gbps = measure_copy_bandwidth(get_device("CPU"), n=3 << 18)
+    gbps = measure_copy_bandwidth(get_device("CPU"), nbytes=3 << 20)
     assert 0 < gbps < float("inf")
+
+
+class _TimedCopy:
+    """A stand-in CPU device whose `copy_peak` copies with numpy and reports one second per launch."""
+
+    cores = 2
+
+    def __init__(self, copy: bool = True):
+        self.copy, self.launches = copy, []
+        self.compiler = type("C", (), {"compile": staticmethod(lambda src: src.encode())})()
+
+    def program(self, name, lib):
+        assert name == "copy_peak" and b"store <16 x float>" in lib
+
+        def run(dst, src, global_size, vals, wait):
+            self.launches.append((global_size, vals, src.nbytes))
+            if self.copy:
+                dst[:] = src
+            return 1.0
+        return run
+
+
+def test_copy_bandwidth_counts_bytes_read_plus_bytes_written():
+    """Every float of the buffer counts 8 bytes (4 read, 4 written): one second for 2 x 4 MiB is 8.39 GB/s."""
+    from tgc.backends.cpu_peak import copy_bytes_counted, measure_copy_bandwidth, peak_buffer_bytes
+    dev = _TimedCopy()
+    assert measure_copy_bandwidth(dev, nbytes=4 << 20) == 2 * (4 << 20) / 1e9
+    (grid, (chunk,), nbytes), *_ = dev.launches
+    assert grid == (2, 1, 1) and chunk * 2 * 64 == nbytes == 4 << 20 and len(dev.launches) == 5
+    assert copy_bytes_counted(3) == 6
+    assert peak_buffer_bytes() >= 64 << 20
+
+
+def test_copy_bandwidth_refuses_a_copy_that_did_not_arrive():
+    from tgc.backends.cpu_peak import measure_copy_bandwidth
+    with pytest.raises(RuntimeError, match="did not copy every element"):
+        measure_copy_bandwidth(_TimedCopy(copy=False), nbytes=1 << 20)
+
+
+def test_the_memory_peak_is_the_copy_bandwidth(monkeypatch):
+    """`gbps` (what `tgc bench` and bench/bench.py take shares of) is the copy's, with the read's beside it."""
+    from tgc.backends import cpu_peak, get_device
+    monkeypatch.setattr(cpu_peak, "measure_copy_bandwidth", lambda dev: 20.0)
+    monkeypatch.setattr(cpu_peak, "measure_read_bandwidth", lambda dev: 30.0)
+    peak = cpu_peak.measure_peak(get_device("CPU"))
+    assert (peak["gbps"], peak["copy_gbps"], peak["read_gbps"]) == (20.0, 20.0, 30.0) and peak["gflops"] > 0

@@ -186,8 +186,9 @@ def _item(src: str, dims: dict, device: str = "CPU"):
 
 def test_the_pipeline_is_a_list_of_named_passes_in_order():
     names = [p.name for p in PASSES]
-    assert names == ["legalize_half", "decompose_transcendentals", "apply_opts", "lower_groups", "map_to_grid",
-                     "narrow_index", "unroll_reduce", "vectorize", "upcast_stores", "drop_unused_buffers"]
+    assert names == ["legalize_half", "tee_row_values", "decompose_transcendentals", "apply_opts",
+                     "resolve_row_values", "lower_groups", "map_to_grid", "narrow_index", "unroll_reduce",
+                     "vectorize", "upcast_stores", "drop_unused_buffers"]
     assert {p.kind for p in PASSES} == {"rewrite", "function"}
 
 
@@ -195,7 +196,8 @@ def test_passes_text_shows_each_pass_that_ran_for_the_device():
     item = _item(MATMUL, {"N": 8, "K": 16, "M": 8})
     cpu = passes_text(item.ast, get_device("CPU"), item.bufs, opts=[Opt("UPCAST", 1, 4), Opt("UNROLL", 2, 4)])
     ran = [line.split("after ")[1] for line in cpu.splitlines() if line.startswith("--- ")]
-    assert ran == ["legalize_half", "decompose_transcendentals", "apply_opts", "narrow_index", "unroll_reduce",
+    assert ran == ["legalize_half", "tee_row_values", "decompose_transcendentals", "apply_opts",
+                   "resolve_row_values", "narrow_index", "unroll_reduce",
                    "vectorize", "upcast_stores", "drop_unused_buffers", "linearize"]
     assert "UNROLL" in cpu.split("after narrow_index")[1].split("after unroll_reduce")[0]  # still there
     assert "UNROLL" not in cpu.split("after unroll_reduce")[1]  # gone after its pass

@@ -221,7 +221,10 @@ def peak_note(result: Mapping[str, Any]) -> str:
     if peak.get("gflops"):
         parts.append(f"{peak['gflops']:.4g} GFLOP/s")
     if peak.get("gbps"):
-        parts.append(f"{peak['gbps']:.4g} GB/s")
+        mem = f"{peak['gbps']:.4g} GB/s"
+        if peak.get("copy_gbps") == peak["gbps"] and peak.get("read_gbps"):  # the CPU's: a copy, a read beside it
+            mem += f" (a threaded copy, bytes read + written; a threaded read: {peak['read_gbps']:.4g} GB/s)"
+        parts.append(mem)
     if not parts:
         return f"peak: unknown for {result.get('device', 'this device')}, so no share of it is shown"
     source = {"measured": "measured on this machine", "device": "the device's figures"}.get(

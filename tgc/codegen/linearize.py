@@ -2,7 +2,8 @@
 
 Loops are explicit: RANGE opens one, ENDRANGE closes it. A REDUCE becomes DEFINE_ACC before its loops,
 ACCUMULATE inside them and READ_ACC after. Values are computed in the innermost open loop that is
-current when first needed; a value computed inside a loop is not reused after the loop closes.
+current when first needed; a value computed inside a loop is not reused after the loop closes. A TEE (a
+value also stored into a buffer, `tgc.codegen.rowreuse`) becomes a STORE where the value is computed.
 """
 
 from __future__ import annotations
@@ -53,6 +54,13 @@ class _Linearizer:
         if u.op is Ops.REDUCE:
             self.emit_reduce_group(u)
             return self.scopes[-1][u]
+        if u.op is Ops.TEE:  # the value, stored where it is computed (`tgc.codegen.rowreuse`)
+            buf, idx, value = (self.emit(s) for s in u.src)
+            self.push(UOp(Ops.STORE, None, (buf, idx, value)))
+            self.scopes[-1][u] = value
+            return value
+        if u.op is Ops.REREAD:
+            raise RuntimeError("REREAD left in a kernel (resolve_row_values did not run)")
         else:
             srcs = tuple(self.emit(s) for s in u.src)
             lin = self.push(u.replace(src=srcs))

@@ -5,10 +5,14 @@ Every kernel goes through `lower`: the heuristic (`tgc.codegen.kernel.build_kern
 
   prepare (device-independent; the BEAM store keys a kernel by the AST after these)
     legalize_half              rewrite   f16/bf16 arithmetic in f32 (`legalize.half_rules`)
+    tee_row_values             function  an expensive value a row reduction and its output pass both compute:
+                                         stored by the reduction's pass, reread by the output pass (`rowreuse`)
     decompose_transcendentals  rewrite   exp2/log2/sin as polynomials (renderers that ask for it)
   optimize
     apply_opts                 function  the given opts (BEAM's, a stored winner's) or the hand-coded heuristic,
                                          then CPU threads (`opt.OptKernel`: a search state, not a rewrite)
+    resolve_row_values         function  that stored form kept where the loop order makes it correct (CPU rows
+                                         outside their columns), else the value recomputed
     lower_groups               rewrite   GROUP reductions through shared memory (GPUs)
     map_to_grid                function  output loops -> GPU indices (one decision over all loops at once)
   lower to linear
@@ -41,6 +45,7 @@ from tgc.codegen.index import narrow_index
 from tgc.codegen.legalize import legalize
 from tgc.codegen.linearize import linearize
 from tgc.codegen.opt import apply_opts, launch_limits, lower_groups, map_to_grid
+from tgc.codegen.rowreuse import resolve_row_values, tee_row_values
 from tgc.codegen.sizes import eval_int
 from tgc.codegen.spec import verify_spec
 from tgc.codegen.transcendental import decompose_transcendentals
@@ -114,6 +119,14 @@ def _apply_opts(ast: UOp, ctx: LowerCtx) -> UOp:
     return ast
 
 
+def _tee_rows(ast: UOp, ctx: LowerCtx) -> UOp:
+    return tee_row_values(ast)
+
+
+def _resolve_rows(ast: UOp, ctx: LowerCtx) -> UOp:
+    return resolve_row_values(ast, ctx.gpu)
+
+
 def heuristic_opts(ast: UOp, device: Any) -> list:
     """The opts `lower` would apply to a prepared AST without a list (the hand-coded heuristic, then threads)."""
     return apply_opts(ast, device, None)[2]
@@ -154,11 +167,13 @@ def _upcast_stores(ast: UOp, ctx: LowerCtx) -> UOp:
 
 PREPARE = [
     Pass("legalize_half", _legalize, "rewrite"),
+    Pass("tee_row_values", _tee_rows, "function"),
     Pass("decompose_transcendentals", _transcendentals, "rewrite",
          lambda ctx: ctx.device.caps.decompose_transcendentals),
 ]
 OPTIMIZE = [
     Pass("apply_opts", _apply_opts, "function"),
+    Pass("resolve_row_values", _resolve_rows, "function"),
     Pass("lower_groups", _lower_groups, "rewrite", lambda ctx: ctx.gpu),
     Pass("map_to_grid", _map_to_grid, "function", lambda ctx: ctx.gpu),
 ]

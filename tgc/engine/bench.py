@@ -1,7 +1,8 @@
 """Timing a program: each kernel and the whole program on device-resident inputs, against the machine's peak.
 
 Peak figures are measured once per machine and kept in the disk cache (table `peak`): on the CPU by the
-device's own `measure_peak()` (an FMA-bound kernel for FLOP/s, a threaded copy and read for bandwidth).
+device's own `measure_peak()` (an FMA-bound kernel for FLOP/s; for bandwidth a threaded copy, counted as
+bytes read plus written, which `gbps` and every memory share are of, and a threaded read beside it).
 
 This module is below codegen and the backends: it times a lowered program (`tgc.engine.realize.Lowered`)
 on the device object it holds, and never compiles or looks up a device itself (`Program.bench` does).
@@ -184,7 +185,8 @@ def machine_peak(dev, measure: bool = True) -> dict[str, Any]:
 
 
 def peak_key(dev) -> str:
-    """The cache key of a CPU device's measured peak (3: the copy is a hand-written kernel too)."""
-    return cache.make_key("peak", 3, dev.kind, dev.compiler.cache_key, dev.cores, __version__)
+    """The cache key of a CPU device's measured peak (4: `gbps` is the copy's, bytes read plus written, of a
+    buffer 8 times the last-level cache)."""
+    return cache.make_key("peak", 4, dev.kind, dev.compiler.cache_key, dev.cores, __version__)
 
 

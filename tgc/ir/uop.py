@@ -70,6 +70,8 @@ class Ops(Enum):
     REDUCE = auto()  # src = (value, *ranges), arg = reduce op
     VECTORIZE = auto()
     GEP = auto()
+    TEE = auto()  # src = (buffer, index, value): stores value at buffer[index] where it is computed, and is value
+    REREAD = auto()  # src = (LOAD of what a TEE stored, the same value recomputed): `tgc.codegen.rowreuse`
     # --- linear (after linearization)
     ENDRANGE = auto()
     DEFINE_ACC = auto()  # a mutable accumulator; src = (initial value,)
