@@ -466,7 +466,33 @@ def test_heuristic_packing_copy_is_vectorized_and_large_matmuls_put_column_panel
     for k_dim, swapped in ((512, False), (1024, True)):
         dims = {"M": 16, "K": k_dim, "N": 1024}
         pack, mm = prog.compile(device="CPU", dims=dims, tuned=False)
-        assert [str(o) for o in pack.opts if o.op != "THREAD"] == ["UPCAST(2, 16)"]
+        assert [str(o) for o in pack.opts if o.op != "THREAD"] == ["UPCAST(2, 16)", "UPCAST(0, 8)"]
         assert ("SWAP(0, 1)" in [str(o) for o in mm.opts]) == swapped
         a, b = (rng.standard_normal(s).astype(np.float32) for s in ((16, k_dim), (k_dim, 1024)))
         np.testing.assert_allclose(prog.run(a=a, b=b)["out0"], a @ b, rtol=1e-4, atol=1e-3)
+
+
+def test_heuristic_opts_of_the_2048_matmul():
+    # what `make bench`'s matmul 2048^3 runs with default kernels: the packing copy reads 8 panels' worth of each
+    # row of b side by side (1 KiB runs), the matmul an 8 x 32 register tile with column panels outermost
+    pack, mm = tgc.loads(MATMUL).compile(device="CPU", dims={"M": 2048, "K": 2048, "N": 2048}, tuned=False)
+    assert [str(o) for o in pack.opts if o.op != "THREAD"] == ["UPCAST(2, 16)", "UPCAST(0, 8)"]
+    assert [str(o) for o in mm.opts if o.op != "THREAD"] == ["UPCAST(1, 16)", "UPCAST(1, 2)", "UPCAST(0, 8)",
+                                                              "SWAP(0, 1)"]
+
+
+@pytest.mark.parametrize("a_shape, b_shape, panels_side_by_side", [
+    ((7, 2048), (2048, 160), None),  # 5 panels: none side by side
+    ((5, 2048), (2048, 192), "UPCAST(0, 2)"),  # 6 panels: 2 at a time
+    ((3, 1024), (1024, 384), "UPCAST(0, 4)"),  # 12 panels: 4 at a time
+    ((2, 3, 256), (2, 256, 1024), "UPCAST(1, 8)"),  # batched: the panel axis follows the batch axis
+    ((2, 4, 33), (2, 33, 8192), "UPCAST(1, 8)")])  # k = 33
+def test_packing_copies_read_panels_side_by_side_and_match_numpy(a_shape, b_shape, panels_side_by_side):
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal(a_shape).astype(np.float32), rng.standard_normal(b_shape).astype(np.float32)
+    p = tgc.loads(f"a: f32[{', '.join(map(str, a_shape))}]\nb: f32[{', '.join(map(str, b_shape))}]\nreturn a @ b")
+    pack = p.compile(device="CPU", dims={}, tuned=False)[0]
+    want = [f"UPCAST({len(b_shape)}, 16)", *([panels_side_by_side] if panels_side_by_side else [])]
+    assert [str(o) for o in pack.opts if o.op != "THREAD"] == want
+    for device in ("CPU", "PYTHON"):
+        np.testing.assert_allclose(p.run(a=a, b=b, device=device)["out0"], a @ b, rtol=1e-4, atol=1e-3)
