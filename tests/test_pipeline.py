@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -496,3 +497,30 @@ def test_packing_copies_read_panels_side_by_side_and_match_numpy(a_shape, b_shap
     assert [str(o) for o in pack.opts if o.op != "THREAD"] == want
     for device in ("CPU", "PYTHON"):
         np.testing.assert_allclose(p.run(a=a, b=b, device=device)["out0"], a @ b, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("src, shapes, tile", [
+    ("a: f32[33, 512]\nb: f32[1024, 512]\nreturn a @ b.transpose(1, 0)", [(33, 512), (1024, 512)],
+     ["UPCAST(2, 16)", "UPCAST(1, 8)"]),
+    ("a: f32[2, 7, 512]\nb: f32[2, 1024, 512]\nreturn a @ b.transpose(1, 2)", [(2, 7, 512), (2, 1024, 512)],
+     ["UPCAST(3, 16)", "UPCAST(2, 8)"]),
+    ("x: f32[33, 512]\nw: f32[1024, 512]\nb: f32[1024]\nreturn gelu(x @ w.transpose(1, 0) + b)",
+     [(33, 512), (1024, 512), (1024,)], ["UPCAST(2, 16)", "UPCAST(1, 8)"]),
+    ("x: f32[64, 128]\nreturn x.transpose(0, 1) + 1.0", [(64, 128)], ["UPCAST(1, 16)", "UPCAST(0, 8)"]),
+    ("x: f32[60, 128]\nreturn x.transpose(0, 1) + 1.0", [(60, 128)], []),  # 60 rows: 8 does not divide, no tile
+])
+def test_transposing_copies_take_a_16x8_tile_and_match_numpy(src, shapes, tile):
+    # the packing copy of a transposed right-hand side (and any copy whose store is contiguous along a short
+    # last axis and whose loads along another): 16 x 8 values a step, vector loads and shuffles
+    rng = np.random.default_rng(6)
+    p = tgc.loads(src)
+    args = dict(zip([d.name for d in p.inputs], (rng.standard_normal(s).astype(np.float32) for s in shapes)))
+    first = p.compile(device="CPU", dims={}, tuned=False)[0]
+    assert [str(o) for o in first.opts if o.op != "THREAD"] == tile
+    if "gelu" in src:  # the exact (erf) GELU
+        h = (args["x"].astype(np.float64) @ args["w"].T + args["b"])
+        want = 0.5 * h * (1 + np.vectorize(math.erf)(h / math.sqrt(2)))
+    else:
+        want = (args["a"] @ np.swapaxes(args["b"], -1, -2)) if "a" in args else args["x"].T + 1.0
+    for device in ("CPU", "PYTHON"):
+        np.testing.assert_allclose(p.run(device=device, **args)["out0"], want, rtol=1e-4, atol=1e-3)
