@@ -6,7 +6,8 @@ already on the device, `block_until_ready`), tgc's ratio to each, and the share 
 (compute-bound work) or of its read bandwidth (memory-bound work), both measured in this run by the CPU
 backend's own peak kernels (`tgc/backends/cpu_peak.py`: an FMA loop, a threaded read of a buffer far larger
 than the caches), the same figures `tgc bench` compares with. A compute-bound workload's share is of the FMA
-peak measured beside its own timings (before each), so a busy moment slows both sides of the ratio.
+peak measured beside its own timings (after each, in runs as long as the workload's, their median like the
+workload's), so a busy moment slows both sides of the ratio alike.
 Also: peak memory while running (the inputs plus all the run allocates) against inputs plus outputs, met or not,
 the start-up time of a small `tgc run`, and a compiled package run cold in a fresh process against
 `tgc run FILE` with a warm cache (`--only package` runs just that).
@@ -494,12 +495,13 @@ def main() -> None:
         names = [d.name for d in prog.inputs]
         print(f"... {w['name']}", file=sys.stderr)
 
-        beside: list[float] = []  # a flops-bound workload: the FMA peak measured before each of its timings
+        beside: list[float] = []  # a flops-bound workload: the FMA peak measured after each of its timings
 
         def time_tgc(tuned: bool, prog=prog, w=w, dims=dims, beside=beside) -> float:
-            if w["bound"] == "flops":
-                beside.append(measure_fma_peak(dev))
-            return prog.bench(inputs=w["inputs"], dims=dims, repeat=5, tuned=tuned)["program"]["median_s"]
+            t = prog.bench(inputs=w["inputs"], dims=dims, repeat=5, tuned=tuned)["program"]["median_s"]
+            if w["bound"] == "flops":  # timed the same way: runs as long as the workload's, their median
+                beside.append(measure_fma_peak(dev, seconds=t))
+            return t
         tuned = None
         if args.no_beam:
             default = time_tgc(False)

@@ -567,3 +567,31 @@ def test_copy_bandwidth_kernel_copies_every_element(monkeypatch, threads):
     monkeypatch.setenv("TGC_THREADS", threads)
     gbps = measure_copy_bandwidth(get_device("CPU"), n=3 << 18)
     assert 0 < gbps < float("inf")
+
+
+def test_fma_peak_timed_like_a_workload_scales_its_runs_and_takes_their_median(monkeypatch):
+    """bench/bench.py compares a kernel's median time with FMA runs about as long as its own (`seconds`): the
+    loop count is a launch value scaled from two short calibration runs, and the median of 5 runs counts."""
+    from tgc.backends import cpu_peak, get_device
+    dev = get_device("CPU")
+    calls, times = [], iter([0.001, 0.002] + [0.004, 0.005, 0.0045, 0.006, 0.0041] + [0.002, 0.001, 0.003, 0.004,
+                                                                                    0.005])
+
+    class Prog:
+        def __call__(self, out, global_size, vals, wait):
+            calls.append(vals)
+            return next(times)
+    monkeypatch.setattr(dev, "program", lambda name, binary: Prog())
+    got = cpu_peak.measure_fma_peak(dev, seconds=0.004)
+    assert calls == [(2_000_000,)] * 2 + [(8_000_000,)] * 5  # 2e6 iterations took 1 ms: 4 ms is 8e6
+    assert got == pytest.approx(dev.cores * 8_000_000 * 12 * 32 / 0.0045 / 1e9)
+    calls.clear()
+    assert cpu_peak.measure_fma_peak(dev) == pytest.approx(dev.cores * 2_000_000 * 12 * 32 / 0.001 / 1e9)
+    assert calls == [(2_000_000,)] * 5  # without `seconds`: the best of 5 short runs
+
+
+def test_fma_peak_kernel_runs_on_real_threads(monkeypatch):
+    from tgc.backends import get_device
+    from tgc.backends.cpu_peak import measure_fma_peak
+    monkeypatch.setenv("TGC_THREADS", "3")
+    assert 0 < measure_fma_peak(get_device("CPU"), seconds=0.001) < float("inf")
