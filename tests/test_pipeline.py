@@ -473,13 +473,33 @@ def test_heuristic_packing_copy_is_vectorized_and_large_matmuls_put_column_panel
         np.testing.assert_allclose(prog.run(a=a, b=b)["out0"], a @ b, rtol=1e-4, atol=1e-3)
 
 
-def test_heuristic_opts_of_the_2048_matmul():
-    # what `make bench`'s matmul 2048^3 runs with default kernels: the packing copy reads 8 panels' worth of each
-    # row of b side by side (1 KiB runs), the matmul an 8 x 32 register tile with column panels outermost
-    pack, mm = tgc.loads(MATMUL).compile(device="CPU", dims={"M": 2048, "K": 2048, "N": 2048}, tuned=False)
-    assert [str(o) for o in pack.opts if o.op != "THREAD"] == ["UPCAST(2, 16)", "UPCAST(0, 8)"]
-    assert [str(o) for o in mm.opts if o.op != "THREAD"] == ["UPCAST(1, 16)", "UPCAST(1, 2)", "UPCAST(0, 8)",
-                                                              "SWAP(0, 1)"]
+@pytest.mark.parametrize("m, k, n, tile", [
+    # what `make bench`'s matmul 2048^3 runs with default kernels: a 4 x 64 register tile, column panels outermost
+    (2048, 2048, 2048, ["UPCAST(1, 16)", "UPCAST(1, 4)", "UPCAST(0, 4)", "SWAP(0, 1)"]),
+    (4096, 1024, 1024, ["UPCAST(1, 16)", "UPCAST(1, 4)", "UPCAST(0, 4)", "SWAP(0, 1)"]),  # 2^20 elements of b
+    (2048, 1024, 512, ["UPCAST(1, 16)", "UPCAST(1, 2)", "UPCAST(0, 8)"]),  # b too small for panels outermost
+    # 15 panels of 64 would be too few to swap; 30 of 32 are not
+    (2048, 16384, 960, ["UPCAST(1, 16)", "UPCAST(1, 2)", "UPCAST(0, 8)", "SWAP(0, 1)"]),
+    (2050, 1024, 2048, ["UPCAST(1, 16)", "UPCAST(1, 2)", "UPCAST(0, 2)", "SWAP(0, 1)"]),  # 4 does not divide m
+])
+def test_heuristic_opts_of_large_matmuls(m, k, n, tile):
+    # the packing copy reads 8 panels' worth of each row of b side by side (1 KiB runs); the matmul keeps 16
+    # accumulators, as 4 rows x 64 columns where its column panels go outermost (the left-hand side then
+    # streams once per 64 columns), else 8 x 32
+    pack, mm = tgc.loads(MATMUL).compile(device="CPU", dims={"M": m, "K": k, "N": n}, tuned=False)
+    assert [str(o) for o in pack.opts if o.op != "THREAD"][:1] == ["UPCAST(2, 16)"]
+    assert [str(o) for o in mm.opts if o.op != "THREAD"] == tile
+
+
+@pytest.mark.parametrize("m, k, n", [(4, 1024, 1024), (12, 2048, 1024), (2052, 512, 2048)])
+def test_wide_register_tile_matches_numpy(m, k, n):
+    rng = np.random.default_rng(7)
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    prog = tgc.loads(MATMUL)
+    mm = prog.compile(device="CPU", dims={"M": m, "K": k, "N": n}, tuned=False)[-1]
+    assert "UPCAST(1, 4)" in [str(o) for o in mm.opts]
+    for device in ("CPU", "PYTHON"):
+        np.testing.assert_allclose(prog.run(device=device, a=a, b=b)["out0"], a @ b, rtol=1e-4, atol=2e-3)
 
 
 @pytest.mark.parametrize("a_shape, b_shape, panels_side_by_side", [
