@@ -5,10 +5,10 @@ the first run), numpy on the same inputs, XLA (`jax.jit` of the same program wri
 already on the device, `block_until_ready`), tgc's ratio to each, and the share of the machine's peak FLOP/s
 (compute-bound work) or of its read bandwidth (memory-bound work), both measured in this run by the CPU
 backend's own peak kernels (`tgc/backends/cpu_peak.py`: an FMA loop, a threaded read of a buffer far larger
-than the caches), the same figures `tgc bench` compares with. A compute-bound workload's share pairs each of
-its timings with the FMA peak measured right after it (in runs as long as the workload's, their median like
-the workload's) and takes the median of the pairs' ratios (`paired_share`): both sides of a pair see about the
-same load on a shared machine.
+than the caches), the same figures `tgc bench` compares with. A compute-bound workload's share compares each
+of its timings with the FMA peaks measured just before and after it (in runs as long as the workload's, their
+median like the workload's) and takes the median of those ratios (`paired_share`): on a shared machine they
+see about the same load.
 Also: peak memory while running (the inputs plus all the run allocates) against inputs plus outputs, met or not,
 the start-up time of a small `tgc run`, and a compiled package run cold in a fresh process against
 `tgc run FILE` with a warm cache (`--only package` runs just that).
@@ -219,13 +219,17 @@ DEFAULT_LIMIT = ("the hand-coded heuristic picks another tile than BEAM's winner
 
 
 def paired_share(flops: float, pairs: list[list]) -> float:
-    """A compute-bound workload's share of the FMA peak from its timings, each paired with the FMA peak measured
-    right after it ([tuned, seconds, peak GFLOP/s]): the median of the pairs' ratios for the default kernels
-    and for BEAM's, the better of the two. On a shared machine the run's overall peak may come from a quiet
-    moment while the workload ran busy (matmul 2048 read 61% that way); a pair sees about the same load."""
+    """A compute-bound workload's share of the FMA peak from its timings in the order taken, each with the FMA
+    peak measured right after it ([tuned, seconds, peak GFLOP/s]): a timing's ratio is to the better of the
+    peaks measured just before and just after it (the previous timing's and its own), the share the median of
+    those ratios for the default kernels and for BEAM's, the better of the two. On a shared machine the run's
+    overall peak may come from a quiet moment while the workload ran busy (matmul 2048 read 61% that way);
+    the peaks beside a timing see about the same load, and the better of two keeps a busy one from reading
+    the share high."""
     ratios: dict[bool, list[float]] = {}
-    for tuned, t, fma in pairs:
-        ratios.setdefault(tuned, []).append(flops / t / 1e9 / fma)
+    for i, (tuned, t, fma) in enumerate(pairs):
+        beside = max(fma, pairs[i - 1][2]) if i else fma
+        ratios.setdefault(tuned, []).append(flops / t / 1e9 / beside)
     return max(statistics.median(v) for v in ratios.values())
 
 

@@ -595,3 +595,20 @@ def test_fma_peak_kernel_runs_on_real_threads(monkeypatch):
     from tgc.backends.cpu_peak import measure_fma_peak
     monkeypatch.setenv("TGC_THREADS", "3")
     assert 0 < measure_fma_peak(get_device("CPU"), seconds=0.001) < float("inf")
+
+
+def test_bench_paired_share_uses_the_better_peak_beside_each_timing(monkeypatch):
+    """bench/bench.py: a compute-bound share compares each timing with the better of the FMA peaks measured just
+    before and after it, the median per kernel (default, BEAM), the better kernel's."""
+    import importlib.util
+    monkeypatch.setenv("TGC_BENCH_UNFORCED", "test")  # the module re-executes itself without forced BLAS cores
+    bench_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+    monkeypatch.syspath_prepend(bench_dir)
+    spec = importlib.util.spec_from_file_location("tgc_bench_script", os.path.join(bench_dir, "bench.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    # [tuned, seconds, GFLOP/s of the FMA peak right after]; 1 GFLOP of work
+    pairs = [[False, 0.1, 100.0], [True, 0.1, 200.0], [False, 0.05, 150.0], [True, 0.2, 50.0], [False, 0.1, 10.0]]
+    # default: 10/100, 20/max(150, 200), 10/max(10, 150): median 0.1; BEAM: 10/200, 5/150
+    assert mod.paired_share(1e9, pairs) == pytest.approx(0.1)
+    assert mod.paired_share(1e9, [[True, 0.5, 4.0]]) == pytest.approx(0.5)
