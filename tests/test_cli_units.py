@@ -621,3 +621,48 @@ def test_the_memory_peak_is_the_copy_bandwidth(monkeypatch):
     monkeypatch.setattr(cpu_peak, "measure_read_bandwidth", lambda dev: 30.0)
     peak = cpu_peak.measure_peak(get_device("CPU"))
     assert (peak["gbps"], peak["copy_gbps"], peak["read_gbps"]) == (20.0, 20.0, 30.0) and peak["gflops"] > 0
+
+
+def test_fma_peak_timed_like_a_workload_scales_its_runs_and_takes_their_median(monkeypatch):
+    """bench/bench.py compares a kernel's median time with FMA runs about as long as its own (`seconds`): the
+    loop count is a launch value scaled from two short calibration runs, and the median of 5 runs counts."""
+    from tgc.backends import cpu_peak, get_device
+    dev = get_device("CPU")
+    calls, times = [], iter([0.001, 0.002] + [0.004, 0.005, 0.0045, 0.006, 0.0041] + [0.002, 0.001, 0.003, 0.004,
+                                                                                    0.005])
+
+    class Prog:
+        def __call__(self, out, global_size, vals, wait):
+            calls.append(vals)
+            return next(times)
+    monkeypatch.setattr(dev, "program", lambda name, binary: Prog())
+    got = cpu_peak.measure_fma_peak(dev, seconds=0.004)
+    assert calls == [(2_000_000,)] * 2 + [(8_000_000,)] * 5  # 2e6 iterations took 1 ms: 4 ms is 8e6
+    assert got == pytest.approx(dev.cores * 8_000_000 * 12 * 32 / 0.0045 / 1e9)
+    calls.clear()
+    assert cpu_peak.measure_fma_peak(dev) == pytest.approx(dev.cores * 2_000_000 * 12 * 32 / 0.001 / 1e9)
+    assert calls == [(2_000_000,)] * 5  # without `seconds`: the best of 5 short runs
+
+
+def test_fma_peak_kernel_runs_on_real_threads(monkeypatch):
+    from tgc.backends import get_device
+    from tgc.backends.cpu_peak import measure_fma_peak
+    monkeypatch.setenv("TGC_THREADS", "3")
+    assert 0 < measure_fma_peak(get_device("CPU"), seconds=0.001) < float("inf")
+
+
+def test_bench_paired_share_uses_the_better_peak_beside_each_timing(monkeypatch):
+    """bench/bench.py: a compute-bound share compares each timing with the better of the FMA peaks measured just
+    before and after it, the median per kernel (default, BEAM), the better kernel's."""
+    import importlib.util
+    monkeypatch.setenv("TGC_BENCH_UNFORCED", "test")  # the module re-executes itself without forced BLAS cores
+    bench_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+    monkeypatch.syspath_prepend(bench_dir)
+    spec = importlib.util.spec_from_file_location("tgc_bench_script", os.path.join(bench_dir, "bench.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    # [tuned, seconds, GFLOP/s of the FMA peak right after]; 1 GFLOP of work
+    pairs = [[False, 0.1, 100.0], [True, 0.1, 200.0], [False, 0.05, 150.0], [True, 0.2, 50.0], [False, 0.1, 10.0]]
+    # default: 10/100, 20/max(150, 200), 10/max(10, 150): median 0.1; BEAM: 10/200, 5/150
+    assert mod.paired_share(1e9, pairs) == pytest.approx(0.1)
+    assert mod.paired_share(1e9, [[True, 0.5, 4.0]]) == pytest.approx(0.5)

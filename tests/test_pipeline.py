@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -466,7 +467,80 @@ def test_heuristic_packing_copy_is_vectorized_and_large_matmuls_put_column_panel
     for k_dim, swapped in ((512, False), (1024, True)):
         dims = {"M": 16, "K": k_dim, "N": 1024}
         pack, mm = prog.compile(device="CPU", dims=dims, tuned=False)
-        assert [str(o) for o in pack.opts if o.op != "THREAD"] == ["UPCAST(2, 16)"]
+        assert [str(o) for o in pack.opts if o.op != "THREAD"] == ["UPCAST(2, 16)", "UPCAST(0, 8)"]
         assert ("SWAP(0, 1)" in [str(o) for o in mm.opts]) == swapped
         a, b = (rng.standard_normal(s).astype(np.float32) for s in ((16, k_dim), (k_dim, 1024)))
         np.testing.assert_allclose(prog.run(a=a, b=b)["out0"], a @ b, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("m, k, n, tile", [
+    # what `make bench`'s matmul 2048^3 runs with default kernels: a 4 x 64 register tile, column panels outermost
+    (2048, 2048, 2048, ["UPCAST(1, 16)", "UPCAST(1, 4)", "UPCAST(0, 4)", "SWAP(0, 1)"]),
+    (4096, 1024, 1024, ["UPCAST(1, 16)", "UPCAST(1, 4)", "UPCAST(0, 4)", "SWAP(0, 1)"]),  # 2^20 elements of b
+    (2048, 1024, 512, ["UPCAST(1, 16)", "UPCAST(1, 2)", "UPCAST(0, 8)"]),  # b too small for panels outermost
+    # 15 panels of 64 would be too few to swap; 30 of 32 are not
+    (2048, 16384, 960, ["UPCAST(1, 16)", "UPCAST(1, 2)", "UPCAST(0, 8)", "SWAP(0, 1)"]),
+    (2050, 1024, 2048, ["UPCAST(1, 16)", "UPCAST(1, 2)", "UPCAST(0, 2)", "SWAP(0, 1)"]),  # 4 does not divide m
+])
+def test_heuristic_opts_of_large_matmuls(m, k, n, tile):
+    # the packing copy reads 8 panels' worth of each row of b side by side (1 KiB runs); the matmul keeps 16
+    # accumulators, as 4 rows x 64 columns where its column panels go outermost (the left-hand side then
+    # streams once per 64 columns), else 8 x 32
+    pack, mm = tgc.loads(MATMUL).compile(device="CPU", dims={"M": m, "K": k, "N": n}, tuned=False)
+    assert [str(o) for o in pack.opts if o.op != "THREAD"][:1] == ["UPCAST(2, 16)"]
+    assert [str(o) for o in mm.opts if o.op != "THREAD"] == tile
+
+
+@pytest.mark.parametrize("m, k, n", [(4, 1024, 1024), (12, 2048, 1024), (2052, 512, 2048)])
+def test_wide_register_tile_matches_numpy(m, k, n):
+    rng = np.random.default_rng(7)
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    prog = tgc.loads(MATMUL)
+    mm = prog.compile(device="CPU", dims={"M": m, "K": k, "N": n}, tuned=False)[-1]
+    assert "UPCAST(1, 4)" in [str(o) for o in mm.opts]
+    for device in ("CPU", "PYTHON"):
+        np.testing.assert_allclose(prog.run(device=device, a=a, b=b)["out0"], a @ b, rtol=1e-4, atol=2e-3)
+
+
+@pytest.mark.parametrize("a_shape, b_shape, panels_side_by_side", [
+    ((7, 2048), (2048, 160), None),  # 5 panels: none side by side
+    ((5, 2048), (2048, 192), "UPCAST(0, 2)"),  # 6 panels: 2 at a time
+    ((3, 1024), (1024, 384), "UPCAST(0, 4)"),  # 12 panels: 4 at a time
+    ((2, 3, 256), (2, 256, 1024), "UPCAST(1, 8)"),  # batched: the panel axis follows the batch axis
+    ((2, 4, 33), (2, 33, 8192), "UPCAST(1, 8)")])  # k = 33
+def test_packing_copies_read_panels_side_by_side_and_match_numpy(a_shape, b_shape, panels_side_by_side):
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal(a_shape).astype(np.float32), rng.standard_normal(b_shape).astype(np.float32)
+    p = tgc.loads(f"a: f32[{', '.join(map(str, a_shape))}]\nb: f32[{', '.join(map(str, b_shape))}]\nreturn a @ b")
+    pack = p.compile(device="CPU", dims={}, tuned=False)[0]
+    want = [f"UPCAST({len(b_shape)}, 16)", *([panels_side_by_side] if panels_side_by_side else [])]
+    assert [str(o) for o in pack.opts if o.op != "THREAD"] == want
+    for device in ("CPU", "PYTHON"):
+        np.testing.assert_allclose(p.run(a=a, b=b, device=device)["out0"], a @ b, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("src, shapes, tile", [
+    ("a: f32[33, 512]\nb: f32[1024, 512]\nreturn a @ b.transpose(1, 0)", [(33, 512), (1024, 512)],
+     ["UPCAST(2, 16)", "UPCAST(1, 8)"]),
+    ("a: f32[2, 7, 512]\nb: f32[2, 1024, 512]\nreturn a @ b.transpose(1, 2)", [(2, 7, 512), (2, 1024, 512)],
+     ["UPCAST(3, 16)", "UPCAST(2, 8)"]),
+    ("x: f32[33, 512]\nw: f32[1024, 512]\nb: f32[1024]\nreturn gelu(x @ w.transpose(1, 0) + b)",
+     [(33, 512), (1024, 512), (1024,)], ["UPCAST(2, 16)", "UPCAST(1, 8)"]),
+    ("x: f32[64, 128]\nreturn x.transpose(0, 1) + 1.0", [(64, 128)], ["UPCAST(1, 16)", "UPCAST(0, 8)"]),
+    ("x: f32[60, 128]\nreturn x.transpose(0, 1) + 1.0", [(60, 128)], []),  # 60 rows: 8 does not divide, no tile
+])
+def test_transposing_copies_take_a_16x8_tile_and_match_numpy(src, shapes, tile):
+    # the packing copy of a transposed right-hand side (and any copy whose store is contiguous along a short
+    # last axis and whose loads along another): 16 x 8 values a step, vector loads and shuffles
+    rng = np.random.default_rng(6)
+    p = tgc.loads(src)
+    args = dict(zip([d.name for d in p.inputs], (rng.standard_normal(s).astype(np.float32) for s in shapes)))
+    first = p.compile(device="CPU", dims={}, tuned=False)[0]
+    assert [str(o) for o in first.opts if o.op != "THREAD"] == tile
+    if "gelu" in src:  # the exact (erf) GELU
+        h = (args["x"].astype(np.float64) @ args["w"].T + args["b"])
+        want = 0.5 * h * (1 + np.vectorize(math.erf)(h / math.sqrt(2)))
+    else:
+        want = (args["a"] @ np.swapaxes(args["b"], -1, -2)) if "a" in args else args["x"].T + 1.0
+    for device in ("CPU", "PYTHON"):
+        np.testing.assert_allclose(p.run(device=device, **args)["out0"], want, rtol=1e-4, atol=1e-3)

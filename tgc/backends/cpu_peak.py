@@ -32,7 +32,7 @@ def cpu_cache_bytes() -> int | None:
 
 
 _FMA_LOOP = """
-define void @fma_peak(ptr %out, i32 %core_id) #0 {{
+define void @fma_peak(ptr %out, i32 %iters, i32 %core_id) #0 {{
 entry:
   br label %loop
 loop:
@@ -40,7 +40,7 @@ loop:
 {phis}
 {fmas}
   %next = add i32 %i, 1
-  %done = icmp eq i32 %next, {iters}
+  %done = icmp sge i32 %next, %iters
   br i1 %done, label %exit, label %loop
 exit:
 {sum}
@@ -108,22 +108,37 @@ def measure_read_bandwidth(dev: Any, nbytes: int | None = None) -> float:
     return x.nbytes / best / 1e9
 
 
-def measure_peak(dev: Any) -> dict[str, Any]:
-    """FMA throughput with 12 independent accumulators per thread, and two memory bandwidths: a threaded copy
-    (`copy_gbps`, bytes read plus bytes written) and a threaded read (`read_gbps`). `gbps`, what shares of
-    the memory peak are of (`tgc bench`, bench/bench.py), is the copy's: a kernel reads its inputs and writes
-    its outputs, as a copy does (a read-only kernel, a sum, may then pass 100%)."""
-    chains, iters = 12, 2_000_000  # ~20 ms a run: long enough that thread start-up does not count
+def measure_fma_peak(dev: Any, seconds: float | None = None) -> float:
+    """GFLOP/s of every thread running FMAs on 12 independent vector accumulators: the best of 5 runs of a few
+    ms. With `seconds`, timed like a workload that takes that long instead: runs of about `seconds` each, the
+    median of 5 (`bench/bench.py` compares a kernel's median with this; on a shared machine a run of a few ms
+    often escapes the other processes that a longer one meets)."""
+    chains, iters = 12, 2_000_000  # a few ms a run: long enough that thread start-up does not count
     phis = _phis(chains, "splat (float 1.0)")
     fmas = "\n".join(f"  %b{j} = call <16 x float> @llvm.fma.v16f32(<16 x float> %a{j}, "
                      f"<16 x float> splat (float 0x3FEFFFFFE0000000), <16 x float> splat (float 0x3F50624DE0000000))"
                      for j in range(chains))
-    src = _FMA_LOOP.format(phis=phis, fmas=fmas, iters=iters, sum=_sum_chains(chains), last=chains - 2)
+    src = _FMA_LOOP.format(phis=phis, fmas=fmas, sum=_sum_chains(chains), last=chains - 2)
     prog = dev.program("fma_peak", dev.compiler.compile(src))
     threads = dev.cores
     out = np.zeros(16 * threads, np.float32)
-    best = min(prog(out, global_size=(threads, 1, 1), wait=True) for _ in range(5))
-    gflops = threads * iters * chains * 16 * 2 / best / 1e9
+
+    def run(n: int) -> float:
+        return prog(out, global_size=(threads, 1, 1), vals=(n,), wait=True)
+    if seconds is None:
+        t = min(run(iters) for _ in range(5))
+    else:
+        iters = max(iters, min(int(iters * seconds / min(run(iters) for _ in range(2))), 2**31 - 1))
+        t = float(np.median([run(iters) for _ in range(5)]))
+    return threads * iters * chains * 16 * 2 / t / 1e9
+
+
+def measure_peak(dev: Any) -> dict[str, Any]:
+    """FMA throughput (`measure_fma_peak`) and two memory bandwidths: a threaded copy (`copy_gbps`, bytes read
+    plus bytes written) and a threaded read (`read_gbps`). `gbps`, what shares of the memory peak are of
+    (`tgc bench`, bench/bench.py), is the copy's: a kernel reads its inputs and writes its outputs, as a copy
+    does (a read-only kernel, a sum, may then pass 100%)."""
+    gflops = measure_fma_peak(dev)
     copy_gbps, read_gbps = measure_copy_bandwidth(dev), measure_read_bandwidth(dev)
     return {"gflops": gflops, "gbps": copy_gbps, "copy_gbps": copy_gbps, "read_gbps": read_gbps,
             "source": "measured"}

@@ -405,13 +405,21 @@ def hand_coded(k: OptKernel) -> None:
         # vector is gathered, so it is reused across more rows instead of taking a second vector's columns
         strided = all(isinstance(st := _stride(ld.src[1], loops[vec_axis]), int) and st > 1
                       for ld in loads if loops[vec_axis] in ld.src[1].toposort())
+        # a plain matmul whose column panels go outermost (SWAP below): 4 rows x 4 vectors of columns instead of
+        # 8 x 2, the same 16 accumulators, so the left-hand side (from the L3, which other processes share)
+        # streams through once per 64 columns instead of per 32: the same speed on a quiet machine, about 10%
+        # faster at 2048^3 with other processes running (paired runs, one and two threads)
+        wide = len(loops) == 2 and vec_axis == 1 and reuse == [0, 1] and not strided and \
+            all(r.src[0].op is Ops.CONST for r in loops + reduces) and loops[0].src[0].arg % 4 == 0 and \
+            loops[1].src[0].arg % 64 == 0 and loops[1].src[0].arg >= 64 * 16 and \
+            prod(r.src[0].arg for r in reduces) * loops[1].src[0].arg >= SWAP_RHS_ELEMENTS
         for amt in (16, 8, 4):
             if loops[vec_axis].src[0].arg % amt == 0:
                 _try(k, Opt(OptOps.UPCAST, vec_axis, amt))
                 break
         # a second vector's worth of columns, and 8 rows: 16 accumulators hide the FMA latency
         if k.loops()[vec_axis].src[0].arg % 2 == 0 and k.loops()[vec_axis].src[0].arg >= 8 and not strided:
-            _try(k, Opt(OptOps.UPCAST, vec_axis, 2))
+            _try(k, Opt(OptOps.UPCAST, vec_axis, 4 if wide else 2))
         # reuse the vector loads across another axis: one those loads do not depend on (matmul's rows,
         # a convolution's output channels)
         vec_range = k.loops()[vec_axis]
@@ -424,7 +432,7 @@ def hand_coded(k: OptKernel) -> None:
             # take 8 lanes), more of the other axis instead, for a tile of TILE_VALUES (8 x 32 channels); 32
             # rows share each gathered vector of a strided one
             up = k.unrolled_size()
-            rows = 32 if strided else 8 if up >= 16 else min(32, TILE_VALUES // up)
+            rows = 4 if wide else 32 if strided else 8 if up >= 16 else min(32, TILE_VALUES // up)
             for amt in (32, 16, 8, 4, 2):
                 if amt <= rows and k.loops()[others[-1]].src[0].arg % amt == 0 and \
                         _try(k, Opt(OptOps.UPCAST, others[-1], amt)):
@@ -452,6 +460,7 @@ def hand_coded(k: OptKernel) -> None:
 
 
 SHORT_ROW = 256  # an elementwise kernel's contiguous innermost loop up to this long is written as vectors
+PACK_ROWS = 8  # ... and this many of its rows side by side where the loads continue along an outer axis
 
 
 def _short_rows(k: OptKernel, store: UOp) -> None:
@@ -465,8 +474,28 @@ def _short_rows(k: OptKernel, store: UOp) -> None:
     n = last.src[0].arg
     if n % 16 or n > SHORT_ROW or _stride(store.src[1], last) != 1:
         return
-    if all(_stride(ld.src[1], last) == 1 for ld in _loads(k.ast) if last in ld.src[1].toposort()):
-        _try(k, Opt(OptOps.UPCAST, len(loops) - 1, 16))
+    loads = [ld for ld in _loads(k.ast) if last in ld.src[1].toposort()]
+    if not all(_stride(ld.src[1], last) == 1 for ld in loads):
+        # a transpose (the packing copy of a transposed right-hand side, `a @ b.transpose(1, 0)`): every load
+        # is contiguous along one outer axis instead. 16 of the row by 8 of that axis: LLVM writes the tile with
+        # vector loads and shuffles (the 2048^2 copy: ~8.3 -> ~1.7 ms on one thread), one value at a time else
+        along = [i for i, r in enumerate(loops[:-1])
+                 if r.src[0].op is Ops.CONST and loads and all(_stride(ld.src[1], r) == 1 for ld in loads)]
+        if along and loops[along[0]].src[0].arg % PACK_ROWS == 0 and _try(k, Opt(OptOps.UPCAST, len(loops) - 1, 16)):
+            _try(k, Opt(OptOps.UPCAST, along[0], PACK_ROWS))
+        return
+    _try(k, Opt(OptOps.UPCAST, len(loops) - 1, 16))
+    # an outer axis along which the loads' rows continue (stride n) while the store jumps: the packing copy's
+    # column panels. PACK_ROWS of them side by side read each source row in runs of PACK_ROWS * n contiguous
+    # elements; one panel at a time reads 128 bytes a row, a page apart, which the prefetchers do not follow
+    # (the 2048^2 packing copy: ~1.1 ms -> ~0.9 ms on one thread, ~2.0 -> ~1.2 ms on two)
+    for i, r in enumerate(loops[:-1]):
+        if r.src[0].op is Ops.CONST and loads and all(_stride(ld.src[1], r) == n for ld in loads) and \
+                _stride(store.src[1], r) != n:
+            for amt in (PACK_ROWS, PACK_ROWS // 2, 2):
+                if r.src[0].arg % amt == 0 and _try(k, Opt(OptOps.UPCAST, i, amt)):
+                    return
+            return
 
 
 def _try(k: OptKernel, opt: Opt) -> bool:
