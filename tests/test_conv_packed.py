@@ -1,0 +1,138 @@
+"""conv2d on the CPU: weights packed 16 output channels to a vector (tgc/engine/schedule.py `pack_conv_operands`),
+output channels as the vector lanes (tgc/codegen/expand.py `pick_vector_range`) and the heuristic's lane tile
+(tgc/codegen/opt.py `_lane_tile`). Results against numpy at shapes the packing must handle (input channels
+not a multiple of 16, odd sizes, padding 0/1/2, stride 2, dilation, groups) and the kernels it makes."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import tgc
+from tgc.backends import python as pyb
+from tgc.codegen.opt import OptOps
+from tgc.engine import schedule
+from tgc.ir.uop import Ops
+
+
+def conv_np(x: np.ndarray, w: np.ndarray, stride: int, pad: int, dil: int, groups: int) -> np.ndarray:
+    """Direct float64 convolution (N, C, H, W) x (O, C/groups, KH, KW), for checking."""
+    x, w = x.astype(np.float64), w.astype(np.float64)
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    oh = (h + 2 * pad - dil * (kh - 1) - 1) // stride + 1
+    ow = (wd + 2 * pad - dil * (kw - 1) - 1) // stride + 1
+    out = np.zeros((n, o, oh, ow))
+    og = o // groups
+    for g in range(groups):
+        xs = xp[:, g * cg:(g + 1) * cg]
+        for i in range(kh):
+            for j in range(kw):
+                hi, wi = i * dil, j * dil
+                patch = xs[:, :, hi:hi + stride * (oh - 1) + 1:stride, wi:wi + stride * (ow - 1) + 1:stride]
+                out[:, g * og:(g + 1) * og] += np.einsum("nchw,oc->nohw", patch, w[g * og:(g + 1) * og, :, i, j])
+    return out
+
+
+SHAPES = [  # (N, C, H, W, O, K, stride, padding, dilation, groups)
+    (2, 3, 9, 11, 16, 3, 1, 1, 1, 1),  # 3 input channels, odd sizes
+    (1, 20, 7, 13, 32, 3, 2, 2, 1, 1),  # stride 2, padding 2
+    (2, 8, 10, 10, 48, 3, 1, 0, 1, 1),  # padding 0, 3 vectors of output channels
+    (1, 32, 9, 9, 64, 3, 1, 1, 1, 2),  # 2 groups of 32 output channels: not packed (see pack_conv_operands)
+    (1, 4, 6, 5, 16, 1, 1, 0, 1, 1),  # 1x1
+    (1, 5, 12, 11, 32, 3, 1, 2, 2, 1),  # dilation 2
+    (3, 17, 5, 7, 16, 5, 1, 2, 1, 1),  # 5x5, 17 input channels
+    (2, 6, 8, 9, 24, 3, 1, 1, 1, 1),  # 24 output channels: not packed, still right
+]
+
+
+def _src(k: int, stride: int, pad: int, dil: int, groups: int) -> str:
+    return (f"x: f32[N, C, H, W]\nw: f32[O, CG, {k}, {k}]\n"
+            f"return conv2d(x, w, stride={stride}, padding={pad}, dilation={dil}, groups={groups})")
+
+
+def _inputs(shape: tuple, seed: int = 0) -> tuple[dict[str, int], dict[str, np.ndarray]]:
+    n, c, h, w, o, k, _, _, _, groups = shape
+    rng = np.random.default_rng(seed)
+    dims = {"N": n, "C": c, "H": h, "W": w, "O": o, "CG": c // groups}
+    return dims, {"x": rng.standard_normal((n, c, h, w)).astype(np.float32),
+                  "w": rng.standard_normal((o, c // groups, k, k)).astype(np.float32)}
+
+
+@pytest.fixture
+def pack_small(monkeypatch):
+    """Pack convolutions of every size (the test shapes are below the size where packing pays)."""
+    monkeypatch.setattr(schedule, "CONV_MIN_FLOPS", 0)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_conv2d_against_numpy_on_the_cpu(shape, pack_small):
+    *_, k, stride, pad, dil, groups = shape
+    prog = tgc.loads(_src(k, stride, pad, dil, groups))
+    dims, inputs = _inputs(shape)
+    got = prog.run(device="CPU", dims=dims, **inputs)["out0"]
+    np.testing.assert_allclose(got, conv_np(inputs["x"], inputs["w"], stride, pad, dil, groups), rtol=1e-4, atol=1e-4)
+    kernels = prog.compile(device="CPU", dims=dims)
+    packed = shape[4] % 16 == 0 and groups == 1
+    assert len(kernels) == (2 if packed else 1)  # the packing copy of the weight, then the convolution
+    if packed:
+        conv = kernels[-1]
+        assert conv.opts[0].op is OptOps.UPCAST and conv.opts[0].amount == 16  # output channels as 16 lanes
+        assert "load <16 x float>" in conv.src and "<16 x float> @" not in conv.src  # vector weights, no calls
+
+
+@pytest.mark.parametrize("shape", [SHAPES[1], SHAPES[5]], ids=["stride2", "dilation2"])
+def test_packed_conv_kernels_on_the_python_device(shape, pack_small, monkeypatch):
+    """The PYTHON device checks every access against its buffer: the packed kernels with the CPU's choices."""
+    monkeypatch.setattr(pyb.PythonRenderer, "caps", replace(pyb.PythonRenderer.caps, pack_matmul=True))
+    *_, k, stride, pad, dil, groups = shape
+    prog = tgc.loads(_src(k, stride, pad, dil, groups))
+    dims, inputs = _inputs(shape, seed=1)
+    assert len(prog.schedule(dims, device="PYTHON")) == 2
+    got = prog.run(device="PYTHON", dims=dims, **inputs)["out0"]
+    np.testing.assert_allclose(got, conv_np(inputs["x"], inputs["w"], stride, pad, dil, groups), rtol=1e-4, atol=1e-4)
+
+
+def test_the_packing_copy_happens_once_per_weight(pack_small):
+    src = ("x: f32[2, 8, 10, 10]\ny: f32[2, 8, 10, 10]\nw: f32[32, 8, 3, 3]\n"
+           "return conv2d(x, w, padding=1) + conv2d(y, w, padding=1)")
+    items = tgc.loads(src).schedule(device="CPU")
+    copies = [i for i in items if i.output.op is Ops.CONTIGUOUS]
+    assert len(copies) == 1 and len(items) == 2  # one packing kernel; both convolutions fuse into one kernel
+    assert items[0].line == 4  # the copy is named after the line of the conv it serves
+
+
+def test_a_conv_of_a_conv_packs_both_weights_and_keeps_its_outputs(pack_small):
+    src = ("x: f32[1, 4, 8, 8]\nw1: f32[16, 4, 3, 3]\nw2: f32[32, 16, 3, 3]\n"
+           "h = conv2d(x, w1, padding=1)\nreturn conv2d(h, w2, padding=1), h")
+    prog = tgc.loads(src)
+    items = prog.schedule(device="CPU")
+    assert sum(i.output.op is Ops.CONTIGUOUS for i in items) == 2 and len(items) == 4
+    outs, _ = prog._trace({})
+    assert {i.output for i in items} >= set(outs)  # outputs keep their node: the realizer finds them
+    rng = np.random.default_rng(2)
+    x, w1, w2 = (rng.standard_normal(s).astype(np.float32) for s in ((1, 4, 8, 8), (16, 4, 3, 3), (32, 16, 3, 3)))
+    got = prog.run(device="CPU", x=x, w1=w1, w2=w2)
+    h = conv_np(x, w1, 1, 1, 1, 1)
+    np.testing.assert_allclose(got["h"], h, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got["out0"], conv_np(h.astype(np.float32), w2, 1, 1, 1, 1), rtol=1e-4, atol=1e-3)
+
+
+def test_small_convs_and_other_devices_are_not_packed():
+    src = "x: f32[1, 8, 8, 8]\nw: f32[16, 8, 3, 3]\nreturn conv2d(x, w, padding=1)"
+    assert len(tgc.loads(src).schedule(device="CPU")) == 1  # below CONV_MIN_FLOPS: no copy
+    big = "x: f32[8, 64, 56, 56]\nw: f32[64, 64, 3, 3]\nreturn conv2d(x, w, padding=1)"
+    assert len(tgc.loads(big).schedule(device="CPU")) == 2
+    for device in ("PYTHON", "CUDA", "OPENCL", "METAL"):
+        assert len(tgc.loads(big).schedule(device=device)) == 1
+
+
+def test_the_benchmark_conv_takes_output_channels_as_lanes():
+    """The heuristic's tile for the bench's conv: 16 lanes x 2 vectors of output channels x 8 image columns."""
+    big = "x: f32[8, 64, 56, 56]\nw: f32[64, 64, 3, 3]\nreturn conv2d(x, w, padding=1)"
+    conv = tgc.loads(big).compile(device="CPU")[-1]
+    assert [(o.op, o.axis, o.amount) for o in conv.opts if o.op is not OptOps.THREAD] == \
+        [(OptOps.UPCAST, 1, 16), (OptOps.UPCAST, 1, 2), (OptOps.UPCAST, 3, 8)]
