@@ -136,3 +136,19 @@ def test_the_benchmark_conv_takes_output_channels_as_lanes():
     conv = tgc.loads(big).compile(device="CPU")[-1]
     assert [(o.op, o.axis, o.amount) for o in conv.opts if o.op is not OptOps.THREAD] == \
         [(OptOps.UPCAST, 1, 16), (OptOps.UPCAST, 1, 2), (OptOps.UPCAST, 3, 8)]
+
+
+@pytest.mark.parametrize("dtype, np_dtype", [("i32", np.int32), ("f64", np.float64), ("f16", np.float16)])
+def test_conv2d_of_other_dtypes(dtype, np_dtype, pack_small):
+    prog = tgc.loads(f"x: {dtype}[2, 5, 9, 7]\nw: {dtype}[32, 5, 3, 3]\nreturn conv2d(x, w, padding=1)")
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((2, 5, 9, 7)) * 3).astype(np_dtype)
+    w = (rng.standard_normal((32, 5, 3, 3)) * 3).astype(np_dtype)
+    got = prog.run(device="CPU", x=x, w=w)["out0"].astype(np.float64)
+    want = conv_np(x, w, 1, 1, 1, 1)
+    if dtype == "i32":
+        np.testing.assert_array_equal(got, want)  # exact: the packed kernel sums the same integers
+    elif dtype == "f64":
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-10)
+    else:
+        np.testing.assert_allclose(got, want, rtol=1e-2, atol=0.2)
