@@ -41,7 +41,9 @@ SHAPES = [  # (N, C, H, W, O, K, stride, padding, dilation, groups)
     (2, 3, 9, 11, 16, 3, 1, 1, 1, 1),  # 3 input channels, odd sizes
     (1, 20, 7, 13, 32, 3, 2, 2, 1, 1),  # stride 2, padding 2
     (2, 8, 10, 10, 48, 3, 1, 0, 1, 1),  # padding 0, 3 vectors of output channels
-    (1, 32, 9, 9, 64, 3, 1, 1, 1, 2),  # 2 groups of 32 output channels: not packed (see pack_conv_operands)
+    (1, 32, 9, 9, 64, 3, 1, 1, 1, 2),  # 2 groups of 32 output channels
+    (2, 24, 6, 7, 48, 3, 1, 1, 1, 3),  # 3 groups of 16 output channels
+    (1, 12, 6, 6, 24, 3, 1, 1, 1, 3),  # 3 groups of 8 output channels: not packed
     (1, 4, 6, 5, 16, 1, 1, 0, 1, 1),  # 1x1
     (1, 5, 12, 11, 32, 3, 1, 2, 2, 1),  # dilation 2
     (3, 17, 5, 7, 16, 5, 1, 2, 1, 1),  # 5x5, 17 input channels
@@ -76,7 +78,7 @@ def test_conv2d_against_numpy_on_the_cpu(shape, pack_small):
     got = prog.run(device="CPU", dims=dims, **inputs)["out0"]
     np.testing.assert_allclose(got, conv_np(inputs["x"], inputs["w"], stride, pad, dil, groups), rtol=1e-4, atol=1e-4)
     kernels = prog.compile(device="CPU", dims=dims)
-    packed = shape[4] % 16 == 0 and groups == 1
+    packed = shape[4] // groups % 16 == 0
     assert len(kernels) == (2 if packed else 1)  # the packing copy of the weight, then the convolution
     if packed:
         conv = kernels[-1]
@@ -84,7 +86,7 @@ def test_conv2d_against_numpy_on_the_cpu(shape, pack_small):
         assert "load <16 x float>" in conv.src and "<16 x float> @" not in conv.src  # vector weights, no calls
 
 
-@pytest.mark.parametrize("shape", [SHAPES[1], SHAPES[5]], ids=["stride2", "dilation2"])
+@pytest.mark.parametrize("shape", [SHAPES[1], SHAPES[3], SHAPES[7]], ids=["stride2", "groups2", "dilation2"])
 def test_packed_conv_kernels_on_the_python_device(shape, pack_small, monkeypatch):
     """The PYTHON device checks every access against its buffer: the packed kernels with the CPU's choices."""
     monkeypatch.setattr(pyb.PythonRenderer, "caps", replace(pyb.PythonRenderer.caps, pack_matmul=True))
@@ -152,3 +154,36 @@ def test_conv2d_of_other_dtypes(dtype, np_dtype, pack_small):
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-10)
     else:
         np.testing.assert_allclose(got, want, rtol=1e-2, atol=0.2)
+
+
+def _range(i: int, n: int):
+    from tgc.dtype import dtypes
+    from tgc.ir.uop import RangeKind, UOp
+    return UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, n),), (i, RangeKind.LOOP))
+
+
+def test_a_low_part_below_the_divisor_folds_out_of_div_and_mod():
+    """(16a + i) // 32 -> a // 2 and (16a + i) % 32 -> 16 (a % 2) + i for 0 <= i < 16: what makes a grouped conv's
+    channel group lane-free; and every such fold agrees with the arithmetic at every value."""
+    import itertools
+
+    from tgc.dtype import dtypes
+    from tgc.ir.symbolic import simplify
+    from tgc.ir.uop import UOp, substitute
+    c = lambda v: UOp.const(dtypes.index, v)  # noqa: E731
+    a, i = _range(0, 4), _range(1, 16)
+    x = a * c(16) + i
+    assert simplify(x // c(32)) is simplify(a // c(2))
+    assert simplify(x % c(32)) is simplify((a % c(2)) * c(16) + i)
+    assert simplify((x + c(16)) // c(16)) is simplify(a + c(1))  # the folds that were there stay
+    b = _range(2, 3)
+    for coefs, const, d in [((16, 1, 4), 0, 32), ((8, 1, 2), 1, 16), ((6, 3, 1), 0, 12), ((32, 16, 1), 5, 64)]:
+        e = c(const)
+        for r, k in zip((a, i, b), coefs):
+            e = e + r * c(k)
+        for op in ("//", "%"):
+            s = simplify(e // c(d) if op == "//" else e % c(d))
+            for va, vi, vb in itertools.product(range(4), range(16), range(3)):
+                v = const + coefs[0] * va + coefs[1] * vi + coefs[2] * vb
+                got = simplify(substitute(s, {a: c(va), i: c(vi), b: c(vb)}))
+                assert got.op is Ops.CONST and got.arg == (v // d if op == "//" else v % d), (coefs, const, d, op)

@@ -474,20 +474,20 @@ def _packed_lanes(w: UOp, lanes: int) -> UOp:
 
 
 def pack_conv_operands(outputs: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp], dict[UOp, UOp]]:
-    """A CPU choice (with `caps.pack_matmul`): a large conv2d (one group) whose output channels are a multiple of
+    """A CPU choice (with `caps.pack_matmul`): a large conv2d whose output channels per group are a multiple of
     CONV_LANES reads its weight from a copy packed into vectors of CONV_LANES output channels (`_packed_lanes`,
     one small kernel per weight), so that the conv kernel takes output channels as vector lanes and broadcasts
     each input value (`tgc.codegen.opt._lane_tile`). The padded input is not copied: its gates are per input
     value, outside the lanes, and LLVM hoists them out of the channel loop (a padded copy cost more than it
-    saved). Grouped convolutions are left alone: their channel index (o // Og) does not fold to a lane-free
-    value, so the lanes would gather the input. Returns the new outputs, the original node of every rebuilt
-    one, and for each copy the conv it serves."""
+    saved). A grouped convolution is packed where its output channels per group are a multiple of CONV_LANES:
+    its input channel group (o // Og) then folds to a lane-free value (`symbolic._split_low`). Returns the new
+    outputs, the original node of every rebuilt one, and for each copy the conv it serves."""
     serves: dict[UOp, UOp] = {}
 
     def pack(new: UOp) -> UOp:  # `new` is rebuilt on its sources' new nodes: a conv inside x is packed too
         ops = _conv_operands(new)
         full = shape_of(new.src[0]) if ops is not None else ()
-        if ops is None or full[1] != 1 or full[2] % CONV_LANES or prod(full) < CONV_MIN_FLOPS:
+        if ops is None or full[2] % CONV_LANES or prod(full) < CONV_MIN_FLOPS:
             return new
         packed = _packed_lanes(ops[0], CONV_LANES)
         out = substitute(new, {ops[0]: packed})
