@@ -187,3 +187,12 @@ def test_a_low_part_below_the_divisor_folds_out_of_div_and_mod():
                 v = const + coefs[0] * va + coefs[1] * vi + coefs[2] * vb
                 got = simplify(substitute(s, {a: c(va), i: c(vi), b: c(vb)}))
                 assert got.op is Ops.CONST and got.arg == (v // d if op == "//" else v % d), (coefs, const, d, op)
+
+
+def test_one_image_of_one_channel_vector_keeps_a_loop_for_the_threads(monkeypatch):
+    """One image and 16 output channels leave the tile's outermost loop of size 1, which threads cannot split:
+    the longest loop (the image rows) goes outermost."""
+    monkeypatch.setenv("TGC_THREADS", "2")
+    src = "x: f32[1, 32, 112, 112]\nw: f32[16, 32, 3, 3]\nreturn conv2d(x, w, padding=1)"
+    conv = tgc.loads(src).compile(device="CPU")[-1]
+    assert [str(o) for o in conv.opts] == ["UPCAST(0, 16)", "UPCAST(2, 16)", "SWAP(0, 1)", "THREAD(0, 2)"]

@@ -499,6 +499,12 @@ def _lane_tile(k: OptKernel, store: UOp) -> bool:
             want //= amt
         if want < 2:
             break
+    # threads split the outermost loop: where the tile left it shorter than the cores (one image, one vector of
+    # output channels), the longest loop goes outermost instead
+    sizes = [r.src[0].arg if r.src[0].op is Ops.CONST else 0 for r in k.loops()]
+    longest = max(range(len(sizes)), key=lambda i: sizes[i])
+    if sizes and sizes[0] < k.device.cores <= sizes[longest]:
+        _try(k, Opt(OptOps.SWAP, 0, longest))
     return True
 
 
