@@ -111,9 +111,9 @@ LIMITS = {
     "chain": "polynomial exp2 is compute-heavy (~25 vector ops per 16 values); the 2 cores saturate before memory",
     "sum": "one pass at the 2 cores' read bandwidth; XLA's reduction reads as fast (memory-bound either way)",
     "softmax": "exp is computed twice per element (sum pass and output pass)",
-    "conv": "output channels as 16-lane vectors over weights packed (O/16, C, 3, 3, 16), a tile of 2x16 channels x "
-            "8 columns (about 90% of the FMA peak alone on a quiet machine); a miss comes from the shared cores: "
-            "the 8 images are split statically over 2 threads, so a busy core holds back the whole kernel",
+    "conv": "output channels as 16-lane vectors over weights packed (O/16, C, 3, 3, 16), a tile of 2x16 channels "
+            "x 8 columns (~470 GFLOP/s, ~90% of peak, the kernel alone in a quiet moment); a miss comes from the "
+            "shared cores: the 8 images are split statically over 2 threads, so a busy core holds back the kernel",
     "attention": "one fused online-softmax kernel (16 query rows per vector, tgc/codegen/attention.py) that BEAM "
                  "does not tune; the vector exp per key and the per-block rescale cost about half the FMA peak",
     "layernorm": "two passes over each row (mean, then variance and output) with the row reductions recomputed",
