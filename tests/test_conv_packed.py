@@ -196,3 +196,34 @@ def test_one_image_of_one_channel_vector_keeps_a_loop_for_the_threads(monkeypatc
     src = "x: f32[1, 32, 112, 112]\nw: f32[16, 32, 3, 3]\nreturn conv2d(x, w, padding=1)"
     conv = tgc.loads(src).compile(device="CPU")[-1]
     assert [str(o) for o in conv.opts] == ["UPCAST(0, 16)", "UPCAST(2, 16)", "SWAP(0, 1)", "THREAD(0, 2)"]
+
+
+def test_packed_conv_with_an_epilogue_on_two_devices_and_in_a_package(pack_small, tmp_path):
+    """A bias and relu after the conv fuse into its kernel; the packed program also runs sharded over two CPU
+    devices (each schedules its part) and from a compiled package (the packing kernel is one of its kernels)."""
+    src = ("x: f32[4, 6, 9, 10]\nw: f32[32, 6, 3, 3]\nb: f32[32]\n"
+           "return relu(conv2d(x, w, padding=1) + b.reshape(1, 32, 1, 1))")
+    rng = np.random.default_rng(4)
+    x, w = rng.standard_normal((4, 6, 9, 10)).astype(np.float32), rng.standard_normal((32, 6, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(32).astype(np.float32)
+    want = np.maximum(conv_np(x, w, 1, 1, 1, 1) + b.reshape(1, 32, 1, 1), 0)
+    prog = tgc.loads(src)
+    assert len(prog.compile(device="CPU")) == 2
+    np.testing.assert_allclose(prog.run(device="CPU", x=x, w=w, b=b)["out0"], want, rtol=1e-4, atol=1e-4)
+    got = prog.run(device=["CPU:0", "CPU:1"], shard={"x": 0}, x=x, w=w, b=b)["out0"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    from tgc.package import write
+    path = tmp_path / "conv.tgpkg"
+    write(prog, str(path), device="CPU", dims={})
+    got = tgc.load_package(str(path)).run(x=x, w=w, b=b)["out0"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_conv_with_dims_runs_symbolically_and_right(pack_small):
+    """A conv2d program with dims, run with symbolic=True: its packing depends on the sizes (16 | O), so the plan
+    is the size-specialized one where the kernels differ; either way the answer is numpy's."""
+    prog = tgc.loads(_src(3, 1, 1, 1, 1))
+    for shape in (SHAPES[0], SHAPES[9]):  # packed (16 channels) and not (24 channels)
+        dims, inputs = _inputs(shape, seed=5)
+        got = prog.run(device="CPU", dims=dims, symbolic=True, **inputs)["out0"]
+        np.testing.assert_allclose(got, conv_np(inputs["x"], inputs["w"], 1, 1, 1, 1), rtol=1e-4, atol=1e-4)
