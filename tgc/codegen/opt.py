@@ -487,9 +487,7 @@ def _lane_tile(k: OptKernel, store: UOp) -> bool:
     if axis is None:
         return False
     k.apply(Opt(OptOps.UPCAST, axis, 16))
-    vecs = 2 if k.loops()[axis].src[0].arg % 2 == 0 else 1
-    if vecs > 1:
-        k.apply(Opt(OptOps.UPCAST, axis, vecs))
+    vecs = 2 if k.loops()[axis].src[0].arg % 2 == 0 and _try(k, Opt(OptOps.UPCAST, axis, 2)) else 1
     cols = [i for i, r in enumerate(k.loops()) if i != axis and _stride(store.src[1], r) == 1]
     want = LANE_TILE // vecs
     for i in cols + [i for i in range(len(k.loops()) - 1, -1, -1) if i != axis and i not in cols]:
@@ -502,7 +500,7 @@ def _lane_tile(k: OptKernel, store: UOp) -> bool:
     # threads split the outermost loop: where the tile left it shorter than the cores (one image, one vector of
     # output channels), the longest loop goes outermost instead
     sizes = [r.src[0].arg if r.src[0].op is Ops.CONST else 0 for r in k.loops()]
-    longest = max(range(len(sizes)), key=lambda i: sizes[i])
+    longest = max(range(len(sizes)), key=lambda i: sizes[i], default=0)
     if sizes and sizes[0] < k.device.cores <= sizes[longest]:
         _try(k, Opt(OptOps.SWAP, 0, longest))
     return True
