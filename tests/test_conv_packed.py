@@ -227,3 +227,20 @@ def test_a_conv_with_dims_runs_symbolically_and_right(pack_small):
         dims, inputs = _inputs(shape, seed=5)
         got = prog.run(device="CPU", dims=dims, symbolic=True, **inputs)["out0"]
         np.testing.assert_allclose(got, conv_np(inputs["x"], inputs["w"], 1, 1, 1, 1), rtol=1e-4, atol=1e-4)
+
+
+def test_a_conv_whose_weight_is_a_packed_matmul(pack_small):
+    """Both packings in one program: the matmul's right-hand side in column panels, the conv's weight (the
+    matmul's product) in channel vectors; each copy names its own line."""
+    src = ("x: f32[1, 32, 6, 6]\na: f32[32, 1024]\nb: f32[1024, 288]\n"
+           "w = (a @ b).reshape(32, 32, 3, 3)\nreturn conv2d(x, w, padding=1)")
+    prog = tgc.loads(src)
+    items = prog.schedule(device="CPU")
+    copies = [i for i in items if i.output.op is Ops.CONTIGUOUS]
+    assert len(copies) == 2 and sorted(c.line for c in copies) == [4, 5]  # b's panels (line 4), w's vectors
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((1, 32, 6, 6)).astype(np.float32)
+    a, b = rng.standard_normal((32, 1024)).astype(np.float32), rng.standard_normal((1024, 288)).astype(np.float32)
+    w = (a.astype(np.float64) @ b).reshape(32, 32, 3, 3)
+    got = prog.run(device="CPU", x=x, a=a, b=b)["out0"]
+    np.testing.assert_allclose(got, conv_np(x, w, 1, 1, 1, 1), rtol=1e-3, atol=1e-1)

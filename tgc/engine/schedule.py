@@ -514,7 +514,7 @@ def create_schedule(outputs: list[UOp], caps: Capabilities | None = None) -> lis
         outputs, original, serves = pack_matmul_operands(outputs)
         outputs, original_c, serves_c = pack_conv_operands(outputs)
         original = {new: original.get(old, old) for new, old in original_c.items()} | original
-        serves |= {copy: original.get(conv, conv) for copy, conv in serves_c.items()}  # (old nodes already)
+        serves |= {copy: original.get(conv, conv) for copy, conv in serves_c.items()}  # through both maps
     items = _schedule(outputs, fuse_rows)
     for item in items:
         item.bufs = [original.get(b, b) for b in item.bufs]
