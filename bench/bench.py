@@ -113,7 +113,8 @@ LIMITS = {
     "softmax": "exp is computed twice per element (sum pass and output pass)",
     "conv": "output channels as 16-lane vectors over weights packed (O/16, C, 3, 3, 16), a tile of 2x16 channels "
             "x 8 columns (~470 GFLOP/s, ~90% of peak, the kernel alone in a quiet moment); a miss comes from the "
-            "shared cores: the 8 images are split statically over 2 threads, so a busy core holds back the kernel",
+            "shared cores: the 8 images are split statically over 2 threads, so a busy core holds back the kernel, "
+            "while the share is of the best peak measured in the run",
     "attention": "one fused online-softmax kernel (16 query rows per vector, tgc/codegen/attention.py) that BEAM "
                  "does not tune; the vector exp per key and the per-block rescale cost about half the FMA peak",
     "layernorm": "two passes over each row (mean, then variance and output) with the row reductions recomputed",
