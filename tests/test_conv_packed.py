@@ -146,6 +146,7 @@ def test_conv2d_of_other_dtypes(dtype, np_dtype, pack_small):
     rng = np.random.default_rng(3)
     x = (rng.standard_normal((2, 5, 9, 7)) * 3).astype(np_dtype)
     w = (rng.standard_normal((32, 5, 3, 3)) * 3).astype(np_dtype)
+    assert len(prog.compile(device="CPU")) == 2  # packed (half floats: the product is summed in f32)
     got = prog.run(device="CPU", x=x, w=w)["out0"].astype(np.float64)
     want = conv_np(x, w, 1, 1, 1, 1)
     if dtype == "i32":

@@ -443,15 +443,16 @@ CONV_MIN_FLOPS = 1 << 24  # ... for a convolution of at least this many multiply
 
 def _conv_operands(r: UOp) -> tuple[UOp, UOp] | None:
     """For a conv2d `r` as `Tensor.conv2d` builds it (the sum over Ci, KH, KW of windows of the padded input
-    (N, G, 1, Ci, OH, OW, KH, KW) times the weight reshaped to (1, G, Og, Ci, 1, 1, KH, KW)): (the weight
+    (N, G, 1, Ci, OH, OW, KH, KW) times the weight reshaped to (1, G, Og, Ci, 1, 1, KH, KW), cast to f32 first
+    for half floats): (the weight
     node (O, Ci, KH, KW), the node the windows are taken of (the padded input)); None for anything else."""
-    if r.op is not Ops.REDUCE_AXIS or r.arg[0] is not Ops.ADD or r.arg[1] != (3, 6, 7) or r.src[0].op is not Ops.MUL:
+    if r.op is not Ops.REDUCE_AXIS or r.arg[0] is not Ops.ADD or r.arg[1] != (3, 6, 7):
         return None
-    full = shape_of(r.src[0])
-    if len(full) != 8:
+    mul = r.src[0].src[0] if r.src[0].op is Ops.CAST else r.src[0]  # half floats: summed in f32
+    if mul.op is not Ops.MUL or len(full := shape_of(mul)) != 8:
         return None
     w = x = None
-    for u in r.src[0].src:
+    for u in mul.src:
         v = u.src[0] if u.op is Ops.EXPAND else u
         if v.op is not Ops.RESHAPE:
             return None
@@ -486,7 +487,7 @@ def pack_conv_operands(outputs: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp], d
 
     def pack(new: UOp) -> UOp:  # `new` is rebuilt on its sources' new nodes: a conv inside x is packed too
         ops = _conv_operands(new)
-        full = shape_of(new.src[0]) if ops is not None else ()
+        full = shape_of(new.src[0]) if ops is not None else ()  # (a CAST keeps the shape)
         if ops is None or full[2] % CONV_LANES or prod(full) < CONV_MIN_FLOPS:
             return new
         packed = _packed_lanes(ops[0], CONV_LANES)
