@@ -65,11 +65,43 @@ def upcast_stores(ast: UOp) -> UOp:
 # explicit vectors: one UPCAST range on a contiguous axis becomes the lanes of vector values
 
 
+def _lane_cost(store: UOp, lane: UOp) -> tuple[int, int, int]:
+    """What taking `lane` as the vector lanes costs: (loads inside a reduction loop that become gathers, other
+    gathered loads plus a scattered store, minus the vector loads inside reduction loops). A load that does
+    not depend on the lane is a broadcast (free); one whose index steps by 1 along it, with a gate that does
+    not, is one vector load."""
+    inner = outer = vectors = 0
+    for u in store.toposort():
+        if u.op is not Ops.LOAD or lane not in u.toposort():
+            continue
+        in_loop = any(r.op is Ops.RANGE and r.arg[1] in (RangeKind.REDUCE, RangeKind.UNROLL) for r in u.toposort())
+        gate = u.src[2] if len(u.src) > 2 else None
+        if _stride(u.src[1], lane) == 1 and (gate is None or lane not in gate.toposort()):
+            vectors += in_loop
+        elif in_loop:
+            inner += 1
+        else:
+            outer += 1
+    return inner, outer + (_stride(store.src[1], lane) != 1), -vectors
+
+
 def pick_vector_range(store: UOp, widths: tuple[int, ...]) -> UOp | None:
-    for r in _ranges_of(store, (RangeKind.UPCAST,)):
-        if r.src[0].arg in widths and _stride(store.src[1], r) == 1:
-            return r
-    return None
+    """The UPCAST range that becomes the vector lanes: of those of a vector width, the one that gathers the
+    fewest loads inside the reduction loops, then the widest, then the one with the fewest other scalar
+    accesses, then the first contiguous for the store (a matmul's columns, an elementwise kernel's rows). A
+    convolution over packed weights takes 16 output channels as lanes (input values are broadcast, weights one
+    vector load) rather than 8 or 4 image columns, and stores the lanes one by one, once per output."""
+    cands = [r for r in _ranges_of(store, (RangeKind.UPCAST,)) if r.src[0].arg in widths]
+    contiguous = [r for r in cands if _stride(store.src[1], r) == 1]
+    if len(cands) <= 1 and contiguous:
+        return contiguous[0]
+    costs = {r: _lane_cost(store, r) for r in cands}
+    # a lane the store is not contiguous for only where it gathers nothing in the loops and loads vectors there
+    cands = [r for r in cands if r in contiguous or (costs[r][0] == 0 and costs[r][2] < 0)]
+    if not cands:
+        return None
+    order = {r: i for i, r in enumerate(contiguous)}
+    return min(cands, key=lambda r: (costs[r][0], -r.src[0].arg, costs[r][1], r not in order, order.get(r, 0)))
 
 
 class _Vectorizer:

@@ -23,7 +23,7 @@ from tgc.errors import TgcError
 from tgc.ir.kernel import INDEX, ScheduleItem, flat_index, identity
 from tgc.ir.shapes import prod, shape_of, strides_for
 from tgc.ir.symbolic import simplify
-from tgc.ir.uop import ALU, Ops, RangeKind, UOp, rebuild
+from tgc.ir.uop import ALU, Ops, RangeKind, UOp, rebuild, substitute
 
 _EXPANDING = {Ops.EXPAND, Ops.WINDOW}
 TRANSCENDENTAL_COST = 10  # exp2, log2, sin, sqrt become ~10-25 ops (polynomials on the CPU)
@@ -437,6 +437,72 @@ def pack_matmul_operands(outputs: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp],
     return [memo[o] for o in outputs], original, serves
 
 
+CONV_LANES = 16  # conv2d: output channels per vector of the packed weights (one AVX-512 vector of f32) ...
+CONV_MIN_FLOPS = 1 << 24  # ... for a convolution of at least this many multiply-adds
+
+
+def _conv_operands(r: UOp) -> tuple[UOp, UOp] | None:
+    """For a conv2d `r` as `Tensor.conv2d` builds it (the sum over Ci, KH, KW of windows of the padded input
+    (N, G, 1, Ci, OH, OW, KH, KW) times the weight reshaped to (1, G, Og, Ci, 1, 1, KH, KW), cast to f32 first
+    for half floats): (the weight
+    node (O, Ci, KH, KW), the node the windows are taken of (the padded input)); None for anything else."""
+    if r.op is not Ops.REDUCE_AXIS or r.arg[0] is not Ops.ADD or r.arg[1] != (3, 6, 7):
+        return None
+    mul = r.src[0].src[0] if r.src[0].op is Ops.CAST else r.src[0]  # half floats: summed in f32
+    if mul.op is not Ops.MUL or len(full := shape_of(mul)) != 8:
+        return None
+    w = x = None
+    for u in mul.src:
+        v = u.src[0] if u.op is Ops.EXPAND else u
+        if v.op is not Ops.RESHAPE:
+            return None
+        src = v.src[0]
+        if v.arg == (1, full[1], full[2], full[3], 1, 1, full[6], full[7]) and \
+                shape_of(src) == (full[1] * full[2], full[3], full[6], full[7]):
+            w = src
+        elif src.op is Ops.PERMUTE and src.src[0].op is Ops.WINDOW and src.src[0].src[0].op is Ops.WINDOW:
+            x = src.src[0].src[0].src[0]
+    return (w, x) if w is not None and x is not None else None
+
+
+def _packed_lanes(w: UOp, lanes: int) -> UOp:
+    """`w` (O, Ci, KH, KW) read from a copy laid out (O/lanes, Ci, KH, KW, lanes): the `lanes` output channels
+    that share an input value are one contiguous vector for every (ci, kh, kw)."""
+    o, *rest = shape_of(w)
+    split = UOp(Ops.RESHAPE, w.dtype, (w,), (o // lanes, lanes, *rest))
+    packed = UOp(Ops.CONTIGUOUS, w.dtype, (UOp(Ops.PERMUTE, w.dtype, (split,), (0, 2, 3, 4, 1)),))
+    return UOp(Ops.RESHAPE, w.dtype, (UOp(Ops.PERMUTE, w.dtype, (packed,), (0, 4, 1, 2, 3)),), tuple(shape_of(w)))
+
+
+def pack_conv_operands(outputs: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp], dict[UOp, UOp]]:
+    """A CPU choice (with `caps.pack_matmul`): a large conv2d whose output channels per group are a multiple of
+    CONV_LANES reads its weight from a copy packed into vectors of CONV_LANES output channels (`_packed_lanes`,
+    one small kernel per weight), so that the conv kernel takes output channels as vector lanes and broadcasts
+    each input value (`tgc.codegen.opt._lane_tile`). The padded input is not copied: its gates are per input
+    value, outside the lanes, and LLVM hoists them out of the channel loop (a padded copy cost more than it
+    saved). A grouped convolution is packed where its output channels per group are a multiple of CONV_LANES:
+    its input channel group (o // Og) then folds to a lane-free value (`symbolic._split_low`). Returns the new
+    outputs, the original node of every rebuilt one, and for each copy the conv it serves."""
+    serves: dict[UOp, UOp] = {}
+
+    def pack(new: UOp) -> UOp:  # `new` is rebuilt on its sources' new nodes: a conv inside x is packed too
+        ops = _conv_operands(new)
+        full = shape_of(new.src[0]) if ops is not None else ()  # (a CAST keeps the shape)
+        if ops is None or full[2] % CONV_LANES or prod(full) < CONV_MIN_FLOPS:
+            return new
+        packed = _packed_lanes(ops[0], CONV_LANES)
+        out = substitute(new, {ops[0]: packed})
+        serves[packed.src[0].src[0]] = out
+        return out
+
+    memo: dict[UOp, UOp] = {}
+    new_outputs = [rebuild(o, memo, pack) for o in outputs]
+    if not serves:
+        return outputs, {}, {}
+    original = {new: old for old, new in memo.items() if new is not old}
+    return new_outputs, original, {copy: original.get(conv, conv) for copy, conv in serves.items()}
+
+
 def create_schedule(outputs: list[UOp], caps: Capabilities | None = None) -> list[ScheduleItem]:
     """The kernels computing `outputs`, in launch order, for a device that declares `caps` (its row fusion and
     matmul packing; None: neither). The tensor graph itself is device-neutral. Each item's `bufs` are nodes
@@ -447,6 +513,9 @@ def create_schedule(outputs: list[UOp], caps: Capabilities | None = None) -> lis
     serves: dict[UOp, UOp] = {}
     if pack_matmul:
         outputs, original, serves = pack_matmul_operands(outputs)
+        outputs, original_c, serves_c = pack_conv_operands(outputs)
+        original = {new: original.get(old, old) for new, old in original_c.items()} | original
+        serves |= {copy: original.get(conv, conv) for copy, conv in serves_c.items()}  # through both maps
     items = _schedule(outputs, fuse_rows)
     for item in items:
         item.bufs = [original.get(b, b) for b in item.bufs]

@@ -66,6 +66,21 @@ def _build(terms: list[tuple[UOp, int]], const: int, dtype: DType) -> UOp:
     return out if const == 0 else out + UOp.const(dtype, const)
 
 
+def _split_low(terms: list[tuple[UOp, int]], const: int, d: int, dtype: DType) -> tuple[UOp, UOp, int] | None:
+    """x = g*high + low with g > 1 dividing d, high >= 0 and 0 <= low < g (from x's affine terms), or None: a
+    16-lane split (16*a + i) of a channel read as (channel // 32, channel % 32) becomes (a // 2, 16*(a % 2) + i),
+    where i stays a lane of stride 1."""
+    for g in sorted({math.gcd(d, abs(coef)) for _, coef in terms} - {1}, reverse=True):
+        high = [(n, coef // g) for n, coef in terms if coef % g == 0]
+        low = [(n, coef) for n, coef in terms if coef % g != 0]
+        if not high:
+            continue
+        lo, hi = _build(low, const, dtype), _build(high, 0, dtype)
+        if lo.vmin >= 0 and lo.vmax < g and hi.vmin >= 0:
+            return hi, lo, g
+    return None
+
+
 def div_rule(x: UOp, c: UOp) -> UOp | None:
     d = int(c.arg)
     if d == 1:
@@ -87,6 +102,10 @@ def div_rule(x: UOp, c: UOp) -> UOp | None:
         g = math.gcd(d, *[coef for _, coef in rest], rest_const) if rest else d
         if g > 1 and rest_const % g == 0 and all(coef % g == 0 for _, coef in rest):
             return _build([(n, coef // g) for n, coef in rest], rest_const // g, x.dtype) // UOp.const(x.dtype, d // g)
+        split = _split_low(terms, const, d, x.dtype)
+        if split is not None:  # (g*b + s) // (g*m) with 0 <= s < g: s never carries into the quotient
+            high, _, g = split
+            return high // UOp.const(x.dtype, d // g) if d // g > 1 else high
         return None
     quotient = _build(outer, outer_const, x.dtype)
     if rest_expr.vmax < d:
@@ -107,6 +126,10 @@ def mod_rule(x: UOp, c: UOp) -> UOp | None:
     if len(rest) == len(terms) and 0 <= const < d and all(coef < d for _, coef in rest):
         if x.op is Ops.MOD and x.src[1].op is Ops.CONST and int(x.src[1].arg) % d == 0:  # (a % (k*d)) % d
             return x.src[0] % c
+        split = _split_low(terms, const, d, x.dtype)
+        if split is not None and d // split[2] > 1:  # (g*b + s) % (g*m) with 0 <= s < g: g*(b % m) + s
+            high, low, g = split
+            return (high % UOp.const(x.dtype, d // g)) * UOp.const(x.dtype, g) + low
         return None
     rest_expr = _build(rest, const % d, x.dtype)
     if rest_expr.vmin < 0:
