@@ -21,7 +21,7 @@ from typing import Any
 
 from tgc.engine.multi import even_bounds
 from tgc.engine.multi import plan as plan_multi
-from tgc.engine.realize import Lowered, buffer_nbytes
+from tgc.engine.realize import Lowered, buffer_nbytes, writes_in_place
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.uop import Ops, UOp
 
@@ -94,9 +94,12 @@ def local_inputs(in_bufs: list[UOp], shard: dict[int, int], count: int) -> list[
 
 def chunked_peak(low: Lowered, whole_io: int) -> int:
     """The planned peak of a chunked run: the whole inputs and outputs, and the slots of one chunk's plan that
-    hold neither (its intermediates; every chunk takes the same ones)."""
+    hold neither (its intermediates; every chunk takes the same ones), nor an output written in place in the
+    whole output (`realize.writes_in_place`; else it has a slot, copied)."""
     plan = low.memory_plan()
-    io_keys = {key for key, _ in low.inputs} | {key for _, key in low.outputs}
+    alloc = low.device.allocator
+    io_keys = {key for key, _ in low.inputs} | \
+        {key for _, key in low.outputs if writes_in_place(alloc, buffer_nbytes(key))}
     io_slots = {plan.slot_of[k] for k in io_keys if k in plan.slot_of}
     return whole_io + sum(s for i, s in enumerate(plan.slots) if i not in io_slots)
 

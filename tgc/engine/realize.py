@@ -233,6 +233,13 @@ class _Whole:
         self.dtype, self.plan_shape = dtype, shape
 
 
+def writes_in_place(alloc: Any, nbytes: int) -> bool:
+    """Whether a chunked run writes a chunk's `nbytes`-byte output straight into the whole output (a host
+    allocator with zero-copy buffers, and every chunk's part starting at the alignment its kernels need)."""
+    align = getattr(alloc, "zero_copy_align", None)
+    return hasattr(alloc, "wrap") and align is not None and nbytes % align == 0
+
+
 def run_chunked(low: Lowered, count: int, sliced: set[str], arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Run a program separable along axis 0 (see `tgc.engine.chunk`) as `count` runs of `low`, its program on
     one chunk: inputs named in `sliced` are cut into `count` equal axis-0 slices (contiguous views, used in
@@ -261,7 +268,7 @@ def run_chunked(low: Lowered, count: int, sliced: set[str], arrays: dict[str, np
                 for name, node in low.outputs:
                     n = buffer_nbytes(node)
                     dest = wholes[name].handle[i * n:(i + 1) * n]
-                    handle = alloc.wrap(dest) if hasattr(alloc, "wrap") else None
+                    handle = alloc.wrap(dest) if writes_in_place(alloc, n) else None
                     if handle is not None:
                         buffers[node] = Buffer(dev, node, handle=handle)
                     else:
