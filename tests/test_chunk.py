@@ -164,3 +164,13 @@ def test_a_small_transformer_block_chunked_matches_numpy_and_the_whole_run(monke
     monkeypatch.setenv("TGC_CHUNK", "0")
     whole = prog.run(dims=dims, inputs=inputs)[prog.output_names[0]]
     np.testing.assert_allclose(got, whole, rtol=1e-5, atol=1e-5)
+
+
+def test_bench_times_the_chunked_run(monkeypatch):
+    prog = _chain()
+    x = _x(6)
+    r = prog.bench(dims=DIMS, inputs={"x": x}, repeat=2)
+    assert r["program"]["chunks"] == 4 and not r["program"]["graph"] and r["program"]["median_s"] > 0
+    assert r["program"]["flops"] == 4 * sum(k["flops"] for k in r["kernels"])
+    monkeypatch.setenv("TGC_CHUNK", "0")
+    assert "chunks" not in prog.bench(dims=DIMS, inputs={"x": x}, repeat=2)["program"]

@@ -664,9 +664,13 @@ class Program:
         dev = _device(names[0])
         low = self.lower_symbolic(dev.name, dims)[0] if symbolic else None
         kernels_for = "size class" if low is not None else "these sizes"
-        if low is None:
-            low = self.lower(dev.name, dims, beam=beam, tuned=tuned)
-        timing = bench.bench_lowered(low, arrays, repeat=repeat, warmup=warmup)
+        ch = self.chunking(dev.name, dims, beam=beam, tuned=tuned) if low is None else None
+        if ch is not None:  # timed as `run` runs it: in chunks
+            timing = bench.bench_chunked(ch, arrays, repeat=repeat, warmup=warmup)
+        else:
+            if low is None:
+                low = self.lower(dev.name, dims, beam=beam, tuned=tuned)
+            timing = bench.bench_lowered(low, arrays, repeat=repeat, warmup=warmup)
         result: dict[str, Any] = {"device": dev.name, "dims": dims, "repeat": repeat, "beam": beam, **timing,
                                   "identity": self.identity(dev.name, dims), "kernels_for": kernels_for}
         return result
