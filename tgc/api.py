@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 
 from tgc.backends import canonical, default_device, device_class, get_device, known_kinds
-from tgc.backends.base import HostAllocator
 from tgc.codegen import search, sizes
 from tgc.codegen.kernel import (
     Kernel,
@@ -318,7 +317,7 @@ class Program:
         if env_int("TGC_CHUNK", 1) == 0:
             return None
         dev = _device(device)
-        if not isinstance(dev.allocator, HostAllocator) or not getattr(dev.allocator, "shared_slots", True):
+        if not chunk.host_memory(dev):
             return None
         dims = self.resolve_dims(dims)
         beam = env_int("BEAM", 0) if beam is None else beam

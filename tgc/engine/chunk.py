@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tgc.backends.base import HostAllocator
 from tgc.engine.multi import even_bounds
 from tgc.engine.multi import plan as plan_multi
 from tgc.engine.realize import Lowered, buffer_nbytes, writes_in_place
@@ -53,6 +54,12 @@ class Chunking:
         return (f"chunked along {self.dim} into {self.count} chunks of {self.size // self.count}: planned peak "
                 f"{self.before / mib:.1f} MiB ({self.before / self.io:.2f}x inputs+outputs) -> "
                 f"{self.after / mib:.1f} MiB ({self.after / self.io:.2f}x)")
+
+
+def host_memory(dev: Any) -> bool:
+    """Whether `dev` can run chunked: its buffers are host memory (numpy arrays: a chunk's output is a view of
+    the whole one) whose memory plans share slots."""
+    return isinstance(dev.allocator, HostAllocator) and getattr(dev.allocator, "shared_slots", True)
 
 
 def batch_dims(decls: list[Any], dims: dict[str, int]) -> list[str]:
