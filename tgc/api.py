@@ -314,13 +314,12 @@ class Program:
         """How `run` splits the program along a batch axis to lower its peak memory (`tgc.engine.chunk`), or
         None where it runs whole: `TGC_CHUNK=0`, a device whose buffers are not host memory, a program whose
         planned peak is within `chunk.LIMIT` x its inputs+outputs, or one not separable along axis 0."""
-        if env_int("TGC_CHUNK", 1) == 0:
+        return self._chunking(_device(device), self.resolve_dims(dims), env_int("BEAM", 0) if beam is None else beam,
+                              tuned)
+
+    def _chunking(self, dev: Any, dims: dict[str, int], beam: int, tuned: bool) -> Chunking | None:
+        if env_int("TGC_CHUNK", 1) == 0 or not chunk.host_memory(dev):
             return None
-        dev = _device(device)
-        if not chunk.host_memory(dev):
-            return None
-        dims = self.resolve_dims(dims)
-        beam = env_int("BEAM", 0) if beam is None else beam
         key = (dev.name, tuple(sorted(dims.items())), beam, tuned)
         if key not in self._chunks:
             whole = self.lower(dev.name, dims, beam=beam, tuned=tuned)
@@ -514,7 +513,7 @@ class Program:
                 return self._launch_plans.run(key, lambda: low, arrays)
         else:
             self.last_run = "specialized"
-        ch = self.last_chunking = self.chunking(name, dims)
+        ch = self.last_chunking = self._chunking(dev, dims, env_int("BEAM", 0), True)
         if ch is not None:
             return run_chunked(ch.low, ch.count, ch.sliced, arrays)
         key = (dev.name, tuple(sorted(dims.items())), env_int("BEAM", 0))
