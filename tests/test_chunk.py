@@ -174,3 +174,17 @@ def test_bench_times_the_chunked_run(monkeypatch):
     assert r["program"]["flops"] == 4 * sum(k["flops"] for k in r["kernels"])
     monkeypatch.setenv("TGC_CHUNK", "0")
     assert "chunks" not in prog.bench(dims=DIMS, inputs={"x": x}, repeat=2)["program"]
+
+
+def test_a_broadcast_weight_stays_whole_per_shard_and_sharded_runs_stay_right():
+    """multi.plan narrows a batched matmul's broadcast weight (reshape, expand, reshape, expand) instead of
+    slicing it per shard: every shard's graph is the same (what chunking needs), and a sharded run is right."""
+    prog = tgc.loads("x: f32[B, T, C]\nw: f32[C, D]\nreturn (x @ w) * 2.0\n")
+    dims = {"B": 4, "T": 3, "C": 5, "D": 6}
+    outs, bufs = prog._trace(dims)
+    assert chunk.separable(outs, bufs, {0: 0}, 4, 2) is not None
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((4, 3, 5)).astype(np.float32)
+    w = rng.standard_normal((5, 6)).astype(np.float32)
+    got = prog.run(device="CPU:0,CPU:1", dims=dims, shard={"x": 0}, x=x, w=w)[prog.output_names[0]]
+    np.testing.assert_allclose(got, (x.astype(np.float64) @ w) * 2.0, rtol=1e-5, atol=1e-5)
