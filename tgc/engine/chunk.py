@@ -19,7 +19,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tgc.backends.base import HostAllocator
 from tgc.engine.multi import even_bounds
 from tgc.engine.multi import plan as plan_multi
 from tgc.engine.realize import Lowered, buffer_nbytes, writes_in_place
@@ -59,7 +58,8 @@ class Chunking:
 def host_memory(dev: Any) -> bool:
     """Whether `dev` can run chunked: its buffers are host memory (numpy arrays: a chunk's output is a view of
     the whole one) whose memory plans share slots."""
-    return isinstance(dev.allocator, HostAllocator) and getattr(dev.allocator, "shared_slots", True)
+    alloc = dev.allocator  # (a host allocator, `tgc.backends.base.HostAllocator`, is the one that can `wrap`)
+    return callable(getattr(alloc, "wrap", None)) and getattr(alloc, "shared_slots", True)
 
 
 def batch_dims(decls: list[Any], dims: dict[str, int]) -> list[str]:
