@@ -139,13 +139,11 @@ MEMORY_TARGET = 1.5  # peak memory / (inputs + outputs); elementwise work and so
 MEMORY_TARGETS = {"exp": 1.1, "softmax": 1.1}
 MEMORY_LIMITS = {
     "attention": "the score matrix between the two matmuls when attention is not fused",
-    "transformer": "1.5x (14.0 MiB for all the run allocates, beside the 16.0 MiB of inputs) is below the "
-                   "bound unless the MLP and the attention run in row blocks: the GELU hidden layer [8,256,2048] "
-                   "is realized once (16 MiB) and the last matmul needs it with the output (4 MiB): >= 1.80x of "
-                   "the 20.0 MiB inputs+outputs; the QKV projection (12 MiB) with the attention's output "
-                   "(4 MiB) alone is 1.60x. The plan reaches its kernels' bound, 28 MiB live at the "
-                   "first MLP matmul (the hidden layer, LN2's output, the packed w_fc, and attn @ w_o, from which "
-                   "both residual sums are recomputed): 2.20x",
+    "transformer": "runs in 4 chunks of 2 batch rows (tgc/engine/chunk.py; TGC_CHUNK=0: whole, 2.20x): one chunk's "
+                   "intermediates are 10 MiB beside the 20.0 MiB of inputs+outputs, 1.50x, at the bound; most of "
+                   "it is the packed copies of w_fc and w_proj (4 MiB each), which do not shrink with the chunks "
+                   "(8 chunks: 1.35x); whole-batch kernels cannot go below 1.80x (the GELU hidden layer "
+                   "[8,256,2048], 16 MiB, with the output)",
     "matmul": "the packed copy of the right-hand side (one extra B-sized buffer)",
     "mlp": "the packed copy of the weight (one extra w-sized buffer)",
     "20": "each kernel recomputes the chain from x and the 19 column means (256 B each), so all 19 are read "

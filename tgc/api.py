@@ -39,15 +39,16 @@ from tgc.dsl.frontend import (
     trace,
 )
 from tgc.dtype import DType
-from tgc.engine import bench
+from tgc.engine import bench, chunk
+from tgc.engine.chunk import Chunking
 from tgc.engine.conform import as_array as _as_array
 from tgc.engine.inputs import random_inputs
 from tgc.engine.multi import MultiLowered, bench_multi, run_multi
 from tgc.engine.multi import plan as plan_multi
-from tgc.engine.realize import LaunchPlans, Lowered, to_user_array
+from tgc.engine.realize import LaunchPlans, Lowered, plan_for, run_chunked, to_user_array
 from tgc.engine.reference import evaluate
 from tgc.engine.schedule import ScheduleItem, create_schedule, split_large_reduces
-from tgc.env import env_flag, env_int
+from tgc.env import debug_level, env_flag, env_int
 from tgc.errors import BindError, CompileError, TgcError
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.uop import Ops, UOp
@@ -88,6 +89,8 @@ class Program:
         self._multi: dict[tuple, MultiLowered] = {}
         self._plans: dict[tuple, SymbolicPlan | str] = {}  # (device, size class) -> symbolic kernels or why none
         self.last_run = ""  # "symbolic" or "specialized[: why]": which kernels the last `run` used
+        self._chunks: dict[tuple, Chunking | None] = {}  # (device, dims, BEAM, tuned) -> how `run` chunks
+        self.last_chunking: Chunking | None = None  # the chunking the last single-device `run` used, if any
         self._check_without_dims()
 
     @property
@@ -284,22 +287,55 @@ class Program:
         key = (dev.name, tuple(sorted(dims.items())), beam, tuned)
         if key not in self._kernels:
             outs, _ = self._trace(dims)
-            items = create_schedule(outs, dev.caps)
-            names: dict[str, int] = {}
-            kernels = []
-            items = [item for item in items if item.ast.src]  # (an empty output computes nothing)
-            for i, item in enumerate(items):
-                n = names.get(item.name, 0)
-                names[item.name] = n + 1
-                item.line = self.line_of(item.meta.get("serves", item.output))
-
-                def report(event: dict, i: int = i) -> None:
-                    progress({**event, "index": i, "total": len(items)})
-
-                kernels.append(build_kernel(item, dev, beam=beam, name=f"{item.name}n{n}" if n else item.name,
-                                            tuned=tuned, progress=report if progress is not None else None))
-            self._kernels[key] = kernels
+            self._kernels[key] = self._build_kernels(dev, outs, beam, tuned, progress)
         return self._kernels[key]
+
+    def _build_kernels(self, dev: Any, outs: list[UOp], beam: int, tuned: bool, progress: Any = None
+                       ) -> list[Kernel]:
+        """The kernels computing `outs` on `dev`, in launch order."""
+        items = create_schedule(outs, dev.caps)
+        names: dict[str, int] = {}
+        kernels = []
+        items = [item for item in items if item.ast.src]  # (an empty output computes nothing)
+        for i, item in enumerate(items):
+            n = names.get(item.name, 0)
+            names[item.name] = n + 1
+            item.line = self.line_of(item.meta.get("serves", item.output))
+
+            def report(event: dict, i: int = i) -> None:
+                progress({**event, "index": i, "total": len(items)})
+
+            kernels.append(build_kernel(item, dev, beam=beam, name=f"{item.name}n{n}" if n else item.name,
+                                        tuned=tuned, progress=report if progress is not None else None))
+        return kernels
+
+    def chunking(self, device: str | None = None, dims: dict[str, int] | None = None, beam: int | None = None,
+                 tuned: bool = True) -> Chunking | None:
+        """How `run` splits the program along a batch axis to lower its peak memory (`tgc.engine.chunk`), or
+        None where it runs whole: `TGC_CHUNK=0`, a device whose buffers are not host memory, a program whose
+        planned peak is within `chunk.LIMIT` x its inputs+outputs, or one not separable along axis 0."""
+        return self._chunking(_device(device), self.resolve_dims(dims), env_int("BEAM", 0) if beam is None else beam,
+                              tuned)
+
+    def _chunking(self, dev: Any, dims: dict[str, int], beam: int, tuned: bool) -> Chunking | None:
+        if env_int("TGC_CHUNK", 1) == 0 or not chunk.host_memory(dev):
+            return None
+        key = (dev.name, tuple(sorted(dims.items())), beam, tuned)
+        if key not in self._chunks:
+            whole = self.lower(dev.name, dims, beam=beam, tuned=tuned)
+            outs, in_bufs = self._trace(dims)
+
+            def lower_chunk(local_outs: list[UOp], inputs: list[tuple[UOp, str]]) -> Lowered:
+                kernels = self._build_kernels(dev, local_outs, beam, tuned)
+                outputs = list(zip(self.output_names, local_outs))
+                return Lowered(dev, kernels, inputs, outputs,
+                               memory=plan_for(dev, kernels, inputs, outputs, fixed_outputs=True))
+
+            ch = chunk.choose(whole, self.inputs, dims, outs, in_bufs, lower_chunk)
+            if ch is not None and debug_level() >= 2:
+                print(f"*** chunk: {ch.line()}", file=sys.stderr)
+            self._chunks[key] = ch
+        return self._chunks[key]
 
     def lower(self, device: str | None = None, dims: dict[str, int] | None = None, beam: int | None = None,
               tuned: bool = True) -> Lowered:
@@ -459,6 +495,7 @@ class Program:
         dims, arrays = self.bind({**(inputs or {}), **kw_inputs}, dims, cast=cast)
         names = device_names(device)
         shard_axes = self.shard_axes(shard, dims, len(names))
+        self.last_chunking = None
         if len(names) > 1:
             if symbolic:
                 raise TgcError("symbolic sizes run on one device, not a device list",
@@ -476,6 +513,9 @@ class Program:
                 return self._launch_plans.run(key, lambda: low, arrays)
         else:
             self.last_run = "specialized"
+        ch = self.last_chunking = self._chunking(dev, dims, env_int("BEAM", 0), True)
+        if ch is not None:
+            return run_chunked(ch.low, ch.count, ch.sliced, arrays)
         key = (dev.name, tuple(sorted(dims.items())), env_int("BEAM", 0))
         return self._launch_plans.run(key, lambda: self.lower(name, dims), arrays)
 
@@ -622,9 +662,13 @@ class Program:
         dev = _device(names[0])
         low = self.lower_symbolic(dev.name, dims)[0] if symbolic else None
         kernels_for = "size class" if low is not None else "these sizes"
-        if low is None:
-            low = self.lower(dev.name, dims, beam=beam, tuned=tuned)
-        timing = bench.bench_lowered(low, arrays, repeat=repeat, warmup=warmup)
+        ch = self.chunking(dev.name, dims, beam=beam, tuned=tuned) if low is None else None
+        if ch is not None:  # timed as `run` runs it: in chunks
+            timing = bench.bench_chunked(ch, arrays, repeat=repeat, warmup=warmup)
+        else:
+            if low is None:
+                low = self.lower(dev.name, dims, beam=beam, tuned=tuned)
+            timing = bench.bench_lowered(low, arrays, repeat=repeat, warmup=warmup)
         result: dict[str, Any] = {"device": dev.name, "dims": dims, "repeat": repeat, "beam": beam, **timing,
                                   "identity": self.identity(dev.name, dims), "kernels_for": kernels_for}
         return result
@@ -670,6 +714,7 @@ class Program:
         dims = self.resolve_dims(dims)
         rows, seconds = beam_items(self.schedule(dims, dev.name), dev, width, progress=progress, force=force)
         self._kernels.clear()  # later compiles pick up the stored winners
+        self._chunks.clear()
         if not dev.caps.gpu and not any(r.get("interrupted") for r in rows):
             self._store_class_winners(dev, dims)  # and symbolic kernels of the dims' size class
         self.release()  # (and later runs)

@@ -86,6 +86,8 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in (
            "tracebacks of internal errors)"),
     EnvVar("TGC_GRAPH", "int", "0: launch every kernel on its own; 1 (default): a program run again runs as one "
            "device graph where the device has them"),
+    EnvVar("TGC_CHUNK", "int", "0: never run a program in chunks; 1 (default): a program separable along a batch "
+           "axis whose planned peak memory is over 1.5x its inputs+outputs runs in chunks of that axis"),
     EnvVar("BEAM", "int", "BEAM width for every run and bench (an integer >= 0; 0: off)"),
     EnvVar("NOOPT", "flag", "any value but empty or 0: no optimizations"),
     EnvVar("DISABLE_COMPILER_CACHE", "flag", "any value but empty or 0: no compile cache"),
@@ -98,7 +100,7 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in (
 
 # lower bounds (inclusive unless noted) and upper bounds of the numeric variables
 _INT_RANGE: dict[str, tuple[int, int | None]] = {"TGC_THREADS": (1, 4096), "DEBUG": (0, 6), "TGC_GRAPH": (0, 1),
-                                                 "BEAM": (0, 1 << 16),
+                                                 "TGC_CHUNK": (0, 1), "BEAM": (0, 1 << 16),
                                                  "TGC_VERIFY_BOUNDS_POINTS": (1, 1 << 40)}
 _FLOAT_MIN: dict[str, tuple[float, bool]] = {"TGC_REMOTE_TIMEOUT": (0.0, False), "TGC_REMOTE_RETRY": (0.0, True)}
 

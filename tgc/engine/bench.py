@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from tgc import cache
-from tgc.engine.realize import LaunchPlan, Lowered, graphs_enabled
+from tgc.engine.realize import LaunchPlan, Lowered, graphs_enabled, run_chunked
 from tgc.ir.shapes import prod
 from tgc.version import __version__
 
@@ -96,6 +96,30 @@ def bench_lowered(low: Lowered, arrays: dict[str, np.ndarray], repeat: int = 10,
     program = {**prog_stats, "flops": total_flops, "bytes": total_bytes, "graph": graph is not None,
                **rates(total_flops, total_bytes, prog_stats["median_s"], peak, working_set)}
     return {"kernels": rows, "program": program, "peak": peak, "working_set_bytes": working_set}
+
+
+def bench_chunked(ch: Any, arrays: dict[str, np.ndarray], repeat: int = 10, warmup: int = 1) -> dict[str, Any]:
+    """Time a program that `Program.run` runs in chunks (`tgc.engine.chunk.Chunking`): each kernel as it runs
+    on one chunk (on the first chunk's inputs), and the whole program as `run` runs it (`run_chunked`: every
+    chunk, from the user's arrays to the whole outputs, kernels launched one by one, no device graph).
+    `program["chunks"]` says how many; its FLOP and byte counts are the chunk's times the count."""
+    part = {}
+    for _b, name in ch.low.inputs:
+        arr = arrays[name]
+        part[name] = arr[:arr.shape[0] // ch.count] if name in ch.sliced else arr
+    timing = bench_lowered(ch.low, part, repeat=repeat, warmup=warmup)
+    for _ in range(warmup):
+        run_chunked(ch.low, ch.count, ch.sliced, arrays)
+    whole = []
+    for _ in range(max(repeat, 1)):
+        st = time.perf_counter()
+        run_chunked(ch.low, ch.count, ch.sliced, arrays)
+        whole.append(time.perf_counter() - st)
+    prog_stats = _stats(whole)
+    flops, nbytes = timing["program"]["flops"] * ch.count, timing["program"]["bytes"] * ch.count
+    timing["program"] = {**prog_stats, "flops": flops, "bytes": nbytes, "graph": False, "chunks": ch.count,
+                         **rates(flops, nbytes, prog_stats["median_s"], timing["peak"], timing["working_set_bytes"])}
+    return timing
 
 
 def identity(prog, dev, dims: dict[str, int]) -> dict[str, Any]:

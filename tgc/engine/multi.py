@@ -109,11 +109,29 @@ def plan(outputs: list[UOp], inputs: list[UOp], shard: dict[int, int], n: int) -
         assert p.axis is None
         shp = shape_of(node)
         s, e = bounds[d]
-        local = p.locals[d]
-        if local.op is Ops.EXPAND and shape_of(local.src[0])[axis] == 1:  # a broadcast along the axis: expand less
-            return UOp(Ops.EXPAND, node.dtype, (local.src[0],), sized(shp, axis, bounds, d))
+        narrowed = narrow(p.locals[d], axis, bounds, d)
+        if narrowed is not None:
+            return narrowed
         return UOp(Ops.SHRINK, node.dtype, (p.locals[d],),
                    tuple((s, e) if i == axis else (0, x) for i, x in enumerate(shp)))
+
+    def narrow(local: UOp, axis: int, bounds: Bounds, d: int) -> UOp | None:
+        """A broadcast along the axis expanded less instead of sliced: an EXPAND from size 1 there, also
+        through further EXPANDs and RESHAPEs that keep the axes up to it (a batched matmul's broadcast weight:
+        reshape, expand, reshape, expand). None: not a broadcast along the axis."""
+        shp = shape_of(local)
+        if local.op is Ops.EXPAND:
+            src = local.src[0]
+            inner = src if shape_of(src)[axis] == 1 else narrow(src, axis, bounds, d)
+            if inner is not None:
+                return UOp(Ops.EXPAND, local.dtype, (inner,), sized(shp, axis, bounds, d))
+        elif local.op is Ops.RESHAPE:
+            src = local.src[0]
+            if len(shape_of(src)) > axis and shape_of(src)[:axis + 1] == shp[:axis + 1]:
+                inner = narrow(src, axis, bounds, d)
+                if inner is not None:
+                    return UOp(Ops.RESHAPE, local.dtype, (inner,), sized(shp, axis, bounds, d))
+        return None
 
     def sized(shape: tuple[int, ...], axis: int, bounds: Bounds, d: int, scale: int = 1) -> tuple[int, ...]:
         s, e = bounds[d]

@@ -134,13 +134,17 @@ class Lowered:
         return self.memory
 
 
-def plan_for(device: Any, kernels: list, inputs: list[tuple[Any, str]], outputs: list[tuple[str, Any]]
-             ) -> MemoryPlan:
+def plan_for(device: Any, kernels: list, inputs: list[tuple[Any, str]], outputs: list[tuple[str, Any]],
+             fixed_outputs: bool = False) -> MemoryPlan:
     """The memory plan of a lowered program: its buffers share slots where the device's allocator can hand a
-    buffer the start of a larger allocation (`shared_slots`, true unless the allocator says otherwise)."""
+    buffer the start of a larger allocation (`shared_slots`, true unless the allocator says otherwise).
+    `fixed_outputs`: outputs are placed as inputs are (own slots, never shared; a chunked run writes them
+    into the whole output array, `run_chunked`)."""
     kernel_bufs = [list(k.bufs) for k in kernels]
     keys = {key: None for key, _ in inputs} | {key: None for bufs in kernel_bufs for key in bufs}
-    return plan_memory(kernel_bufs, {key: buffer_nbytes(key) for key in keys}, [key for key, _ in inputs],
+    fixed = list(dict.fromkeys([key for key, _ in inputs] +
+                               ([key for _, key in outputs if key in keys] if fixed_outputs else [])))
+    return plan_memory(kernel_bufs, {key: buffer_nbytes(key) for key in keys}, fixed,
                        [key for _, key in outputs], share=getattr(device.allocator, "shared_slots", True),
                        inplace=[pair for k in kernels for pair in inplace_pairs(k)])
 
@@ -219,6 +223,70 @@ def run_program(low: Lowered, arrays: dict[str, np.ndarray]) -> dict[str, np.nda
         return result
     finally:
         for buf in buffers.values():
+            buf.free()
+
+
+class _Whole:
+    """A buffer key for a chunked run's whole output: its dtype and full shape (`plan_shape`)."""
+
+    def __init__(self, dtype: DType, shape: tuple[int, ...]):
+        self.dtype, self.plan_shape = dtype, shape
+
+
+def writes_in_place(alloc: Any, nbytes: int) -> bool:
+    """Whether a chunked run writes a chunk's `nbytes`-byte output straight into the whole output (a host
+    allocator with zero-copy buffers, and every chunk's part starting at the alignment its kernels need)."""
+    align = getattr(alloc, "zero_copy_align", None)
+    return hasattr(alloc, "wrap") and align is not None and nbytes % align == 0
+
+
+def run_chunked(low: Lowered, count: int, sliced: set[str], arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run a program separable along axis 0 (see `tgc.engine.chunk`) as `count` runs of `low`, its program on
+    one chunk: inputs named in `sliced` are cut into `count` equal axis-0 slices (contiguous views, used in
+    place where the device allows), the others (weights) are whole; each chunk's outputs are written straight
+    into their slice of the whole output arrays (allocated once, handed to the user as `run_program` does).
+    Each chunk's intermediates go back to the allocator's pool and the next chunk takes the same ones. A host
+    allocator only (the buffers are numpy arrays); launch plans and device graphs are not used."""
+    dev = low.device
+    alloc = dev.allocator
+    wholes: dict[str, Buffer] = {}
+    try:
+        for name, node in low.outputs:
+            dtype, shape = buffer_type(node)
+            wholes[name] = Buffer(dev, _Whole(dtype, (shape[0] * count,) + tuple(shape[1:])))
+        for i in range(count):
+            part = {}
+            for _b, name in low.inputs:
+                arr = arrays[name]
+                if name in sliced:
+                    rows = arr.shape[0] // count
+                    arr = arr[i * rows:(i + 1) * rows]
+                part[name] = arr
+            buffers: dict[Any, Buffer] = {}
+            copies = []  # (chunk output buffer, whole output handle slice) where the slice cannot be used in place
+            try:
+                for name, node in low.outputs:
+                    n = buffer_nbytes(node)
+                    dest = wholes[name].handle[i * n:(i + 1) * n]
+                    handle = alloc.wrap(dest) if writes_in_place(alloc, n) else None
+                    if handle is not None:
+                        buffers[node] = Buffer(dev, node, handle=handle)
+                    else:
+                        copies.append((node, dest))
+                allocate(low, part, buffers)
+                for k in low.kernels:
+                    launch(k, [buffers[n] for n in k.bufs])
+                for node, dest in copies:
+                    alloc.copyout(memoryview(dest), buffers[node].handle)
+            finally:
+                for buf in buffers.values():
+                    buf.free()
+        result = {name: to_user_array(wholes[name].numpy(give=True), buffer_type(node)[0])
+                  for name, node in low.outputs}
+        dev.synchronize()
+        return result
+    finally:
+        for buf in wholes.values():
             buf.free()
 
 

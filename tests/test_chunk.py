@@ -1,0 +1,190 @@
+"""Chunked runs (tgc/engine/chunk.py, realize.run_chunked): a program separable along a batch axis whose planned
+peak is over 1.5x its inputs+outputs runs in equal chunks of that axis; anything that mixes the batch rows
+never does. Small sizes here, so the minimum chunk size (`MIN_CHUNK_BYTES`) is lifted."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tgc
+from tgc.dsl.tensor import Tensor
+from tgc.engine import chunk
+from tgc.ir.shapes import shape_of
+
+B, N = 8, 256
+DIMS = {"B": B, "N": N}
+X = B * N * 4  # bytes of x
+
+
+@pytest.fixture(autouse=True)
+def _small_chunks(monkeypatch):
+    monkeypatch.setattr(chunk, "MIN_CHUNK_BYTES", 0)
+    monkeypatch.delenv("TGC_CHUNK", raising=False)
+
+
+def _chain(last: str = "rows") -> tgc.Program:
+    """x[B, N] -> three realized steps t = exp(flip(t) / 2) / 2 - 1/4 (each reads its input reversed along N,
+    so none runs in place: two [B, N] intermediates alternate) -> `last`: "rows" sums each row (out[B]: the
+    program is separable along B), "batch" sums over B (out[N]), "transpose" returns t.T[:4] (B moved to
+    axis 1), "contract" sums t.T @ x over its last axis (a matmul contracting B)."""
+    prog = tgc.loads("x: f32[B, N]\nreturn x * 2.0\n")
+    _, bufs = prog._trace(DIMS)
+    x = Tensor(bufs[0])
+    t = x
+    for _ in range(3):
+        t = ((t.flip(1) * 0.5).exp() * 0.5 - 0.25).contiguous()
+    out = {"rows": lambda: t.sum(1), "batch": lambda: t.sum(0),
+           "transpose": lambda: t.T.shrink(((0, 4), (0, B))).contiguous(),
+           "contract": lambda: (t.T @ x).sum(1)}[last]()
+    prog._traces[tuple(sorted(DIMS.items()))] = ([out.uop], bufs)
+    return prog
+
+
+def _want(x: np.ndarray, last: str = "rows") -> np.ndarray:
+    t = x.astype(np.float64)
+    for _ in range(3):
+        t = np.exp(t[:, ::-1] * 0.5) * 0.5 - 0.25
+    return {"rows": lambda: t.sum(1), "batch": lambda: t.sum(0), "transpose": lambda: t.T[:4],
+            "contract": lambda: (t.T @ x).sum(1)}[last]()
+
+
+def _x(seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((B, N)).astype(np.float32)
+
+
+@pytest.mark.parametrize("device", ["CPU", "PYTHON"])
+def test_a_separable_chain_runs_in_the_fewest_chunks_within_the_bound(device):
+    prog = _chain()
+    ch = prog.chunking(device, DIMS)
+    out_bytes = B * 4
+    io = X + out_bytes
+    # whole: x and two alternating [B, N] slots (the output takes a dead one): 3X > 1.5 io; 2 chunks leave X of
+    # intermediates beside x and the output (2X + out > 1.5 io), 4 chunks X / 2 (1.5X + out <= 1.5 io)
+    assert ch is not None and (ch.dim, ch.count, ch.sliced) == ("B", 4, {"x"})
+    # each chunk's 2 output rows (8 bytes) are no whole aligned part of the output: a slot of their own, copied
+    assert (ch.io, ch.before, ch.after) == (io, 3 * X, io + 2 * X // 4 + 8)
+    for seed in range(3):  # the same chunked path every time (no launch plan, no graph)
+        x = _x(seed)
+        before = x.copy()
+        got = prog.run(device=device, dims=DIMS, x=x)[prog.output_names[0]]
+        assert prog.last_chunking is ch
+        np.testing.assert_allclose(got, _want(before), rtol=1e-4, atol=1e-4)
+        np.testing.assert_array_equal(x, before)  # the user's input is never written
+
+
+def test_chunked_and_whole_give_the_same_outputs_and_tgc_chunk_0_turns_it_off(monkeypatch):
+    prog = _chain()
+    x = _x(1)
+    chunked = prog.run(dims=DIMS, x=x)[prog.output_names[0]]
+    assert prog.last_chunking is not None
+    monkeypatch.setenv("TGC_CHUNK", "0")
+    assert prog.chunking("CPU", DIMS) is None
+    whole = prog.run(dims=DIMS, x=x)[prog.output_names[0]]
+    assert prog.last_chunking is None
+    np.testing.assert_allclose(chunked, whole, rtol=1e-6, atol=1e-6)
+    monkeypatch.setenv("TGC_CHUNK", "2")
+    with pytest.raises(tgc.errors.TgcError, match="TGC_CHUNK"):
+        prog.run(dims=DIMS, x=x)
+
+
+def test_the_measured_peak_of_a_chunked_run_is_its_plan(monkeypatch):
+    prog = _chain()
+    ch = prog.chunking("CPU", DIMS)
+    alloc = tgc.api._device("CPU").allocator
+    x = _x(2)
+    prog.run(dims=DIMS, x=x)  # (the pool then holds one chunk's intermediates)
+    alloc.free_cache()
+    borrowed = X if x.ctypes.data % alloc.zero_copy_align == 0 else 0  # else each chunk's slice is copied in
+    copied = 0 if borrowed else X // ch.count
+    alloc.reset_peak()
+    base = alloc.live_bytes
+    prog.run(dims=DIMS, x=x)
+    assert alloc.peak_bytes - base == ch.after - X + copied == B * 4 + 2 * X // 4 + 8 + copied
+    # unchunked, the run allocates the two intermediates whole (the output in a dead one): X + X / 2 less chunked
+    assert ch.before - ch.after == 2 * X - (2 * X // 4 + B * 4 + 8)
+    monkeypatch.setenv("TGC_CHUNK", "0")
+    prog.release()  # (then a first run at these dims: not a launch plan, which would copy the input in)
+    alloc.free_cache()
+    alloc.reset_peak()
+    base = alloc.live_bytes
+    prog.run(dims=DIMS, x=x)
+    whole = alloc.peak_bytes - base
+    assert whole == ch.before - borrowed == 2 * X + (X - borrowed)
+
+
+@pytest.mark.parametrize("last", ["batch", "transpose", "contract"])
+def test_a_program_mixing_batch_rows_is_never_chunked(last):
+    prog = _chain(last)
+    low = prog.lower("CPU", DIMS)
+    outs, bufs = prog._trace(DIMS)
+    io = X + sum(o.dtype.itemsize * int(np.prod(shape_of(o))) for o in outs)
+    assert low.memory_plan().peak_bytes > chunk.LIMIT * io  # chunking would lower it: the analysis says no
+    for count in (2, 4, 8):
+        assert chunk.separable(outs, bufs, {0: 0}, B, count) is None
+    assert prog.chunking("CPU", DIMS) is None
+    x = _x(3)
+    got = prog.run(dims=DIMS, x=x)[prog.output_names[0]]
+    assert prog.last_chunking is None
+    np.testing.assert_allclose(got, _want(x, last), rtol=1e-4, atol=1e-3)
+
+
+def test_a_program_within_the_bound_or_with_uneven_chunks_is_not_chunked():
+    prog = tgc.loads("x: f32[B, N]\nreturn exp(x) * 2.0\n")  # one kernel: x and the output only
+    assert prog.chunking("CPU", DIMS) is None
+    prog = tgc.loads("x: f32[B, N]\nreturn sum(exp(flip(exp(flip(x, 1)), 1)), axis=1)\n")
+    assert prog.chunking("CPU", {"B": 7, "N": N}) is None  # 7 rows: no equal chunks
+
+
+def test_debug_2_says_it_chunked(monkeypatch, capfd):
+    monkeypatch.setenv("DEBUG", "2")
+    prog = _chain()
+    prog.run(dims=DIMS, x=_x(4))
+    err = capfd.readouterr().err
+    lines = [ln for ln in err.splitlines() if "chunked along" in ln]
+    assert len(lines) == 1
+    assert "chunked along B into 4 chunks of 2: planned peak" in lines[0] and "-> " in lines[0]
+
+
+def test_a_small_transformer_block_chunked_matches_numpy_and_the_whole_run(monkeypatch):
+    prog = tgc.load("kernels/transformer_block.tg")
+    dims = {"B": 4, "T": 16, "C": 32}
+    rng = np.random.default_rng(5)
+    inputs = {d.name: (rng.standard_normal(tgc.dsl.frontend.concrete_shape(d, dims)) * 0.2).astype(np.float32)
+              for d in prog.inputs}
+    ch = prog.chunking("CPU", dims)
+    assert ch is not None and ch.dim == "B" and ch.sliced == {"x"} and ch.after < ch.before
+    before = {k: v.copy() for k, v in inputs.items()}
+    got = prog.run(dims=dims, inputs=inputs)[prog.output_names[0]]
+    assert prog.last_chunking is ch
+    for k in inputs:
+        np.testing.assert_array_equal(inputs[k], before[k])
+    want = prog.reference(dims=dims, **inputs)[prog.output_names[0]]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    monkeypatch.setenv("TGC_CHUNK", "0")
+    whole = prog.run(dims=dims, inputs=inputs)[prog.output_names[0]]
+    np.testing.assert_allclose(got, whole, rtol=1e-5, atol=1e-5)
+
+
+def test_bench_times_the_chunked_run(monkeypatch):
+    prog = _chain()
+    x = _x(6)
+    r = prog.bench(dims=DIMS, inputs={"x": x}, repeat=2)
+    assert r["program"]["chunks"] == 4 and not r["program"]["graph"] and r["program"]["median_s"] > 0
+    assert r["program"]["flops"] == 4 * sum(k["flops"] for k in r["kernels"])
+    monkeypatch.setenv("TGC_CHUNK", "0")
+    assert "chunks" not in prog.bench(dims=DIMS, inputs={"x": x}, repeat=2)["program"]
+
+
+def test_a_broadcast_weight_stays_whole_per_shard_and_sharded_runs_stay_right():
+    """multi.plan narrows a batched matmul's broadcast weight (reshape, expand, reshape, expand) instead of
+    slicing it per shard: every shard's graph is the same (what chunking needs), and a sharded run is right."""
+    prog = tgc.loads("x: f32[B, T, C]\nw: f32[C, D]\nreturn (x @ w) * 2.0\n")
+    dims = {"B": 4, "T": 3, "C": 5, "D": 6}
+    outs, bufs = prog._trace(dims)
+    assert chunk.separable(outs, bufs, {0: 0}, 4, 2) is not None
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((4, 3, 5)).astype(np.float32)
+    w = rng.standard_normal((5, 6)).astype(np.float32)
+    got = prog.run(device="CPU:0,CPU:1", dims=dims, shard={"x": 0}, x=x, w=w)[prog.output_names[0]]
+    np.testing.assert_allclose(got, (x.astype(np.float64) @ w) * 2.0, rtol=1e-5, atol=1e-5)
