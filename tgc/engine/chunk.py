@@ -131,11 +131,12 @@ def choose(whole: Lowered, decls: list[Any], dims: dict[str, int], outs: list[UO
             continue
         per_row = sum(buffer_nbytes(b) for b in in_bufs if b.arg[0] in shard) + \
             sum(buffer_nbytes(o) for o in outs)
-        for count in range(2, size + 1):
-            if size % count:
-                continue
-            if per_row // count < MIN_CHUNK_BYTES:
-                break
+        counts = [c for c in range(2, size + 1) if not size % c and per_row // c >= MIN_CHUNK_BYTES]
+        # each chunk count tried costs a compile of the chunk's program: start from the fewest chunks that could
+        # reach LIMIT if every intermediate shrank with the chunk (an optimistic bound: weights' packed copies
+        # do not), or the most chunks allowed where none could
+        reach = [c for c in counts if io + (before - io) / c <= LIMIT * io]
+        for count in counts[counts.index(reach[0]) if reach else -1:]:
             local_outs = separable(outs, in_bufs, shard, size, count)
             if local_outs is None:
                 continue
