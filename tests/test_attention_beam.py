@@ -1,0 +1,190 @@
+"""BEAM tunes the fused attention kernel (issue 14): its choices (query rows per vector, keys per block, threads:
+`tgc.codegen.attention.candidates`) are each checked against numpy (with and without the causal mask, ragged
+lengths, one key, f16), BEAM tries exactly that candidate set with the default first, rejects a candidate that
+differs from the reference, and stores the winner, which later compiles reuse."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_attention_fused import inputs, program, reference
+
+from tgc.backends import get_device
+from tgc.codegen import attention as A
+from tgc.codegen import kernel as kernel_mod
+from tgc.codegen import search
+from tgc.codegen.opt import Opt, OptError, OptOps
+
+CPU = get_device("CPU")
+
+
+def attention_item(p, dims, device: str = "CPU"):
+    items = [it for it in p.schedule(dims, device) if "attention" in it.meta]
+    assert len(items) == 1
+    return items[0]
+
+
+def opts(rows: int, block: int, threads: int | None = None) -> list[Opt]:
+    out = [Opt(OptOps.UPCAST, 0, rows)] if rows else []
+    out.append(Opt(OptOps.UNROLL, 0, block))
+    if threads:
+        out.append(Opt(OptOps.THREAD, 0, threads))
+    return out
+
+
+def run_with(p, dims, o: list[Opt] | None, device: str = "CPU", dtype=np.float32):
+    """The program run with `o` stored as the attention kernel's BEAM winner (`o=None`: nothing stored)."""
+    dev = get_device(device)
+    item = attention_item(p, dims, device)
+    if o is not None:
+        search.store(item.ast, dev, o, 1.0, item.name, width=4, attention=True)
+    p.release()
+    p._kernels.clear()
+    kernels = p.compile(device, dims=dims)
+    q, k, v = inputs(dims["B"], dims["T"], dims["D"], dims["E"], dtype)
+    out = p.run(device, dims=dims, q=q, k=k, v=v)[p.output_names[0]]
+    return kernels, out, (q, k, v)
+
+
+# every value BEAM searches, and the larger ones a stored winner may name; each run with a ragged sequence
+# (its last block partial), and a few with whole blocks and with one partial block
+ROWS = sorted({*A.ROW_CHOICES, A.MAX_ROWS})
+BLOCKS = sorted({*A.BLOCK_CHOICES, 1, 3})
+CASES = [(r, b, b + 3, 2 if r == A.ROW_LANES else 1) for r in ROWS for b in BLOCKS] + \
+    [(8, A.MAX_BLOCK, 70, 2), (16, 16, 7, 2), (8, 8, 16, 2), (32, 8, 33, 1)]
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_every_choice_matches_numpy(masked):
+    p = program(masked)
+    q, k, v = inputs(2, 1, 5, 3)  # one key: nothing is fused (the front end folds the softmax of one element)
+    out = p.run("CPU", dims={"B": 2, "T": 1, "D": 5, "E": 3}, q=q, k=k, v=v)[p.output_names[0]]
+    np.testing.assert_allclose(out, reference(q, k, v, masked), rtol=2e-5, atol=2e-5)
+    for rows, block, t, threads in CASES:
+        dims = {"B": 2, "T": t, "D": 5, "E": 3}
+        (kern,), out, (q, k, v) = run_with(p, dims, opts(rows, block, threads))
+        assert kern.opts == opts(rows, min(block, t), threads)
+        np.testing.assert_allclose(out, reference(q, k, v, masked), rtol=2e-5, atol=2e-5,
+                                   err_msg=f"rows={rows} block={block} threads={threads} T={t}")
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_every_block_choice_with_f16_inputs(masked):
+    """Half inputs take the per-row form: only the key block is a choice there."""
+    p = program(masked, "f16")
+    item = attention_item(p, {"B": 2, "T": 21, "D": 8, "E": 8})
+    assert A.choices(item, CPU)["rows"] == 0
+    assert all(not any(o.op is OptOps.UPCAST for o in c) for c in A.candidates(item, CPU))
+    for block in BLOCKS:
+        dims = {"B": 2, "T": 21, "D": 8, "E": 8}
+        _, out, (q, k, v) = run_with(p, dims, opts(0, block), dtype=np.float16)
+        np.testing.assert_allclose(out.astype(np.float64), reference(q, k, v, masked), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_every_block_choice_on_the_python_device(masked, monkeypatch):
+    """The PYTHON device (which checks bounds) runs the per-row form with each key block."""
+    monkeypatch.setenv("TGC_VERIFY_BOUNDS", "1")
+    p = program(masked)
+    dims = {"B": 1, "T": 11, "D": 3, "E": 2}
+    assert A.choices(attention_item(p, dims, "PYTHON"), get_device("PYTHON"))["rows"] == 0
+    for block in (1, 3, 8, 16):
+        (kern,), out, (q, k, v) = run_with(p, dims, opts(0, block), device="PYTHON")
+        assert kern.opts[0] == Opt(OptOps.UNROLL, 0, min(block, 11))
+        np.testing.assert_allclose(out, reference(q, k, v, masked), rtol=2e-5, atol=2e-5)
+
+
+def test_a_choice_that_does_not_apply_is_refused():
+    item = attention_item(program(False), {"B": 2, "T": 40, "D": 8, "E": 8})
+    for bad in ([Opt(OptOps.UPCAST, 0, 4)], [Opt(OptOps.UNROLL, 0, 0)], [Opt(OptOps.UNROLL, 1, 8)],
+                [Opt(OptOps.THREAD, 0, CPU.cores + 1)], [Opt(OptOps.LOCAL, 0, 2)]):
+        with pytest.raises(OptError):
+            A.apply_opts(item, CPU, bad)
+
+
+def test_the_candidate_set_is_every_rows_and_block_choice_then_fewer_threads():
+    item = attention_item(program(False), {"B": 2, "T": 40, "D": 8, "E": 8})
+    base = A.choices(item, CPU)
+    assert base["rows"] == A.ROW_LANES and base["block"] == A.ROW_BLOCK
+    want = [A.opts_of(base)]
+    for r in A.ROW_CHOICES:
+        for b in A.BLOCK_CHOICES:
+            ch = {**base, "rows": r, "block": b}
+            if A.opts_of(ch) not in want:
+                want.append(A.opts_of(ch))
+    want += [A.opts_of({**base, "threads": t}) for t in range(1, base["threads"])]
+    assert A.candidates(item, CPU) == want
+    assert len(want) == len(A.ROW_CHOICES) * len(A.BLOCK_CHOICES) + max(base["threads"] - 1, 0)
+    # a short sequence: blocks are cut to its length, and repeated choices are tried once
+    short = attention_item(program(False), {"B": 2, "T": 5, "D": 8, "E": 8})
+    got = A.candidates(short, CPU)
+    assert len(got) == len({tuple(c) for c in got})
+    assert {c[1].amount for c in got} == {5}
+
+
+def test_beam_searches_the_attention_kernel_and_its_winner_is_reused(monkeypatch):
+    p = program(True)
+    dims = {"B": 2, "T": 40, "D": 8, "E": 8}
+    item = attention_item(p, dims)
+    cands = A.candidates(item, CPU)
+    seen: list[list[Opt]] = []
+    real = search.lower_attention
+
+    def spy(item, device, name, opts=None, reference=False):
+        low = real(item, device, name, opts, reference=reference)
+        seen.append(None if reference else low.applied)
+        return low
+    monkeypatch.setattr(search, "lower_attention", spy)
+    monkeypatch.setattr(kernel_mod, "lower_attention", spy)
+    result = p.beam("CPU", dims=dims, force=True)
+    (row,) = [r for r in result["kernels"] if r["name"] == item.name]
+    assert seen == [None, *cands]  # the reference, then every candidate, the default first
+    assert row["tried"] == len(cands) - 1 and row["reference"] == "per-row form" and not row["cached"]
+    stored = search.lookup(item.ast, CPU, attention=True)
+    assert stored is not None and [str(o) for o in stored] == row["opts"] and stored in cands
+    assert search.lookup(item.ast, CPU) is None  # the plain kernel's key holds nothing
+    # later compiles use the stored winner; a second `beam` finds it cached and searches nothing
+    seen.clear()
+    p._kernels.clear()
+    (kern,) = p.compile("CPU", dims=dims)
+    assert kern.opts == stored and seen == [stored]
+    again = p.beam("CPU", dims=dims)
+    assert [r["cached"] for r in again["kernels"]] == [True] and seen == [stored]
+    # tuned=False (what bench shows as 'tgc default') ignores the winner
+    (default,) = p.compile("CPU", dims=dims, tuned=False)
+    assert default.opts == cands[0]
+
+
+def test_a_stored_winner_changes_the_kernel():
+    p = program(False)
+    dims = {"B": 2, "T": 40, "D": 8, "E": 8}
+    (default,), _, _ = run_with(p, dims, None)
+    (tuned,), out, (q, k, v) = run_with(p, dims, opts(8, 8, 1))
+    assert tuned.opts == opts(8, 8, 1) and tuned.src != default.src and tuned.global_size == (1, 1, 1)
+    np.testing.assert_allclose(out, reference(q, k, v, False), rtol=2e-5, atol=2e-5)
+
+
+def test_a_wrong_candidate_is_rejected_and_the_default_kept(monkeypatch):
+    """Every candidate looks faster than the last, and every output after the default's check is wrong:
+    each one is rejected and the default stays."""
+    item = attention_item(program(False), {"B": 2, "T": 40, "D": 8, "E": 8})
+    clock = iter(range(1000, 0, -1))
+    monkeypatch.setattr(search._Timer, "run", lambda self, cand, best, runs=3: next(clock) * 1e-3)
+    checks = iter([True] + [False] * 100)
+    monkeypatch.setattr(search, "_matches", lambda out, ref, dtype: next(checks))
+    res = search.attention_search(item, CPU, name=item.name)
+    ncands = len(A.candidates(item, CPU))
+    assert res.tried == ncands - 1 and res.rejected == ncands - 1 and res.failed == 0
+    assert res.opts == A.candidates(item, CPU)[0]
+
+
+def test_the_winner_is_timed_again_against_the_default(monkeypatch):
+    """A candidate that only looked faster once loses the confirmation and the default is stored."""
+    item = attention_item(program(False), {"B": 2, "T": 40, "D": 8, "E": 8})
+    default = A.candidates(item, CPU)[0]
+
+    def fake(self, cand, best, runs=3):  # in the search every candidate looks faster; confirming, none is
+        return 2.0 if cand.opts == default else (1.0 if runs == 3 else 3.0)
+    monkeypatch.setattr(search._Timer, "run", fake)
+    res = search.attention_search(item, CPU, name=item.name)
+    assert res.opts == default and res.after_s == res.before_s == 2.0
