@@ -188,3 +188,57 @@ def test_the_winner_is_timed_again_against_the_default(monkeypatch):
     monkeypatch.setattr(search._Timer, "run", fake)
     res = search.attention_search(item, CPU, name=item.name)
     assert res.opts == default and res.after_s == res.before_s == 2.0
+
+
+def test_a_wide_head_is_not_searched(monkeypatch):
+    """Past `MAX_SEARCH_TERMS` (a 128-wide head: each candidate takes many seconds to compile) the default is the
+    only candidate: BEAM stores it without compiling or timing anything."""
+    item = attention_item(program(False), {"B": 2, "T": 40, "D": 128, "E": 128})
+    assert A._terms(item.meta["attention"], A.choices(item, CPU)) > A.MAX_SEARCH_TERMS
+    assert A.candidates(item, CPU) == [A.opts_of(A.choices(item, CPU))]
+
+    def no(*a, **k):
+        raise AssertionError("nothing is compiled or timed")
+    monkeypatch.setattr(search, "_compile_cached_all", no)
+    monkeypatch.setattr(search, "_Timer", no)
+    res = search.attention_search(item, CPU, name=item.name)
+    assert res.opts == A.candidates(item, CPU)[0] and res.tried == 0 and res.reference == "none (one candidate)"
+
+
+def test_beam_compiles_and_runs_each_distinct_source_once():
+    """Two orders of the same opts, or a source an earlier round already had, render the same kernel: the
+    second is marked a duplicate and neither compiled nor run (`_render_compile`)."""
+    from concurrent.futures import Future
+
+    import tgc
+    from tgc.codegen.opt import OptKernel
+    from tgc.codegen.pipeline import prepare
+
+    item = tgc.loads("a: f32[N, M]\nreturn exp(a) * 2").schedule({"N": 8, "M": 64}, "CPU")[0]
+    ast = prepare(item.ast, CPU)
+
+    def cand(*o: Opt) -> search.Candidate:
+        k = OptKernel(ast, CPU)
+        for x in o:
+            k.apply(x)
+        return search.Candidate(list(o), k)
+
+    class Pool:
+        submitted: list[str] = []
+
+        def submit(self, kind, src):
+            self.submitted.append(src)
+            f: Future = Future()
+            f.set_result(b"bin")
+            return f
+    a, b, c = cand(Opt(OptOps.UPCAST, 1, 4)), cand(Opt(OptOps.UPCAST, 1, 4)), cand(Opt(OptOps.UPCAST, 1, 8))
+    earlier = cand(Opt(OptOps.UPCAST, 1, 2))
+    search._render(earlier, CPU, "k", item.bufs)
+    sources = {earlier.src}
+    d = cand(Opt(OptOps.UPCAST, 1, 2))
+    pool = Pool()
+    search._render_compile([a, b, c, d], CPU, "k", item.bufs, pool, sources)
+    assert [x.duplicate for x in (a, b, c, d)] == [False, True, False, True]
+    assert pool.submitted == [a.src, c.src] and a.src != c.src
+    assert a.binary == c.binary == b"bin" and b.binary is None and d.binary is None
+    assert sources == {earlier.src, a.src, c.src}

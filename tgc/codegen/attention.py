@@ -371,9 +371,10 @@ def build_rows(sp: Any, decompose: bool, w: int = ROW_LANES, block: int | None =
 ROW_CHOICES = (8, 16)  # query rows per vector (`build_rows`)
 BLOCK_CHOICES = (8, 16)  # keys per block (scores in registers at once, one rescale per block)
 MAX_ROWS, MAX_BLOCK = 32, 64  # what `apply_opts` accepts
-# BEAM compiles a candidate other than the default only while its written-out terms ((rows + keys per block) x
-# (head dim + value dim), `_terms`) stay within this (the bench's 8x512x64 default): a 128-wide head's
-# candidates take 15-35 s each to compile on the 2-core bench machine, past `tgc beam`'s time budget.
+# BEAM searches a kernel only while the default's written-out terms ((rows + keys per block) x (head dim +
+# value dim), `_terms`) stay within this (the bench's 8x512x64 default); past it the default is the only
+# candidate: a 128-wide head's candidates take 15-35 s each to compile on the 2-core bench machine, past
+# `tgc beam`'s time budget.
 MAX_SEARCH_TERMS = 4096
 
 
@@ -430,10 +431,11 @@ def candidates(item: Any, device: Any) -> list[list[Opt]]:
     for r in rows:
         for b in sorted({min(b, sp.tk) for b in BLOCK_CHOICES}):
             ch = {**base, "rows": r, "block": b}
-            if ch not in grid and _terms(sp, ch) <= MAX_SEARCH_TERMS:
+            if ch not in grid:
                 grid.append(ch)
-    if _terms(sp, base) <= MAX_SEARCH_TERMS:
-        grid += [{**base, "threads": t} for t in range(1, base["threads"])]
+    grid += [{**base, "threads": t} for t in range(1, base["threads"])]
+    if _terms(sp, base) > MAX_SEARCH_TERMS:  # too large to compile several of: the default only
+        grid = [base]
     return [opts_of(ch) for ch in grid]
 
 

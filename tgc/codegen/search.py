@@ -118,6 +118,7 @@ class Candidate:
     buf_index: list[int] = field(default_factory=list)  # which of the kernel's buffers it takes, in order
     binary: bytes | None = None
     time_s: float = float("inf")
+    duplicate: bool = False  # renders the same source as a candidate the search already has: not run again
 
 
 def _render(cand: Candidate, device: Any, name: str, bufs: list[UOp]) -> None:
@@ -157,12 +158,14 @@ class _Timer:
                   "vals": cand.launch.get("vals", ())}
         # a first, untimed launch: lazy module loading (CUDA), first-touch page faults and cold caches are not
         # the kernel's speed (the output buffer takes the same values again)
-        prog(*bufs, **launch, wait=True)
+        first = prog(*bufs, **launch, wait=True)
+        if first > 4 * best:  # clearly worse even allowing for a cold start: not run again
+            return first
         times = []
         for _ in range(runs):
             t = prog(*bufs, **launch, wait=True)
             times.append(t)
-            if t > 3 * best:  # clearly worse: stop early
+            if t > 2 * best:  # clearly worse: stop early
                 break
         return min(times)
 
@@ -231,6 +234,7 @@ def _search(ast, device, timer: _Timer, width, name, progress, pool) -> SearchRe
         seeds.append(c)
     beam = sorted(seeds, key=lambda c: c.time_s)[:width] if seeds else [base]
     seen = {tuple(c.opts) for c in [base, *seeds]}
+    sources = {c.src for c in [base, *seeds]}  # every source rendered so far: another opt order that gives one
     default = seeds[-1] if seeds else base  # what a run without BEAM gets: always a candidate
     default_s = default.time_s
     result = SearchResult(list(base.opts), default_s, default_s, reference="unoptimized" if not base.opts
@@ -252,13 +256,10 @@ def _search(ast, device, timer: _Timer, width, name, progress, pool) -> SearchRe
                     cands.append(Candidate(parent.opts + [opt], k))
             if not cands:
                 break
-            for c in cands:
-                try:
-                    _render(c, device, name, timer.bufs)
-                except Exception:  # an opt combination the renderer cannot express
-                    c.src = ""
-            _compile_all(cands, device, pool)
+            _render_compile(cands, device, name, timer.bufs, pool, sources)
             for i, c in enumerate(cands):
+                if c.duplicate:
+                    continue
                 result.tried += 1
                 if c.binary is None:
                     result.failed += 1
@@ -300,6 +301,9 @@ def attention_search(item: ScheduleItem, device: Any, name: str = "kernel",
     block, threads: `tgc.codegen.attention.candidates`, the default first) are few, so every one is compiled
     and timed. The reference output comes from the per-row form of the kernel (another code path); a candidate
     that differs from it is rejected, and the winner is timed again against the default (`_confirm`)."""
+    cands = attention_candidates(item, device)
+    if len(cands) == 1:  # nothing to choose from (`attention.MAX_SEARCH_TERMS`): nothing compiled or timed
+        return SearchResult(cands[0], 0.0, 0.0, reference="none (one candidate)")
     timer = _Timer(device, item.bufs)
     try:
         return _attention_search(item, device, timer, name, progress, pool)
@@ -384,6 +388,34 @@ def _confirm(timer: _Timer, best: Candidate, default: Candidate) -> tuple[Candid
         d.append(timer.run(default, inf, runs=1))
         w.append(timer.run(best, inf, runs=1))
     return (best, min(d), min(w)) if min(w) < min(d) else (default, min(d), min(d))
+
+
+def _render_compile(cands: list[Candidate], device: Any, name: str, bufs: list[UOp], pool: Any,
+                    sources: set[str]) -> None:
+    """Render every candidate (in this process) and hand each to the compile workers as soon as it is rendered,
+    so that rendering overlaps compiling. A candidate whose source is in `sources` (rendered before, from
+    another order of the same opts) is marked `duplicate` and neither compiled nor run; `sources` grows."""
+    futures = []
+    for c in cands:
+        try:
+            _render(c, device, name, bufs)
+        except Exception:  # an opt combination the renderer cannot express
+            c.src = ""
+            continue
+        if c.src in sources:
+            c.duplicate = True
+            continue
+        sources.add(c.src)
+        if pool is not None:
+            futures.append((c, pool.submit(device.kind, c.src)))
+    if pool is None:
+        _compile_all([c for c in cands if not c.duplicate], device, None)
+        return
+    for c, fut in futures:
+        try:
+            c.binary = fut.result(timeout=COMPILE_TIMEOUT_S)
+        except (CompileError, FutureTimeout, Exception):
+            c.binary = None
 
 
 ATTENTION_COMPILE_TIMEOUT_S = 120.0  # fused attention kernels write every head-dimension term out: large
