@@ -112,8 +112,9 @@ LIMITS = {
     "sum": "one pass at the 2 cores' read bandwidth; XLA's reduction reads as fast (memory-bound either way)",
     "softmax": "exp is computed twice per element (sum pass and output pass)",
     "conv": "direct convolution without im2col packing; the default heuristic tiles it less well than BEAM",
-    "attention": "one fused online-softmax kernel (16 query rows per vector, tgc/codegen/attention.py) that BEAM "
-                 "does not tune; the vector exp per key and the per-block rescale cost about half the FMA peak",
+    "attention": "one fused online-softmax kernel (tgc/codegen/attention.py: 16 query rows per vector, 16 keys per "
+                 "block; BEAM tries 8/16 rows x 8/16 keys and fewer threads); at D=64 the Dv output accumulators "
+                 "and the gathered q tile (64 + 64 vectors) exceed the 32 vector registers and live on the stack",
     "layernorm": "two passes over each row (mean, then variance and output) with the row reductions recomputed",
     "mlp": "the erf GELU epilogue is fused into the matmul's output loop; XLA's matmul kernel is better blocked",
     "small": "the 20 kernels run as one CPU graph (one native call); XLA fuses the chain into fewer kernels, and "

@@ -148,6 +148,7 @@ def test_beam_searches_the_attention_kernel_and_its_winner_is_reused(monkeypatch
     p._kernels.clear()
     (kern,) = p.compile("CPU", dims=dims)
     assert kern.opts == stored and seen == [stored]
+    assert kern.cache_key is not None  # its binary came from the cache: the search stored every candidate's
     again = p.beam("CPU", dims=dims)
     assert [r["cached"] for r in again["kernels"]] == [True] and seen == [stored]
     # tuned=False (what bench shows as 'tgc default') ignores the winner

@@ -8,6 +8,7 @@ from typing import Any
 from tgc import cache
 from tgc.codegen import search
 from tgc.codegen.attention import lower_attention
+from tgc.codegen.binaries import compile_key as compile_key  # re-exported
 from tgc.codegen.opt import MIN_WORK_PER_THREAD, OptError, OptKernel, OptOps
 from tgc.codegen.pipeline import _COMMENT as _COMMENT  # re-exported
 from tgc.codegen.pipeline import CONTRACT_TAG as CONTRACT_TAG  # re-exported
@@ -23,7 +24,6 @@ from tgc.errors import CompileError
 from tgc.ir.kernel import ScheduleItem
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.uop import ALU, Ops, UOp, format_uops
-from tgc.version import __version__
 
 
 @dataclass
@@ -313,22 +313,6 @@ INF = float("inf")
 
 
 COMPILE_COUNTER = {"compiles": 0}
-
-
-def compile_key(device: Any, src: str) -> str | None:
-    """The disk-cache key of `src` compiled for `device`, or None when the compile cache is off.
-
-    It names the compiler and its version, and for a device that compiles elsewhere (REMOTE) the
-    identity of that compiler (`cache_identity`: the server's address, compiler and version as it reports
-    them), so that a binary returned by one server is never sent to another.
-    """
-    if env_flag("DISABLE_COMPILER_CACHE"):
-        return None
-    comp = device.compiler
-    parts: list[Any] = [device.kind, comp.name, comp.cache_key, __version__, src]
-    if comp.cache_identity is not None:
-        parts.append(comp.cache_identity)
-    return cache.make_key(*parts)
 
 
 def _meta(device: Any, src: str) -> str:

@@ -25,6 +25,7 @@ import numpy as np
 from tgc import cache
 from tgc.codegen.attention import candidates as attention_candidates
 from tgc.codegen.attention import lower_attention
+from tgc.codegen.binaries import compile_key
 from tgc.codegen.opt import Opt, OptError, OptKernel, OptOps, hand_coded
 from tgc.codegen.pipeline import lower
 from tgc.codegen.pipeline import prepare as prepare_ast
@@ -321,8 +322,9 @@ def _attention_candidate(item: ScheduleItem, device: Any, name: str, opts: list[
 def _attention_search(item, device, timer: _Timer, name, progress, pool) -> SearchResult:
     start = time.perf_counter()
     ref = _attention_candidate(item, device, name, None, reference=True)
-    cands = []
-    for opts in attention_candidates(item, device):
+    first, *rest = attention_candidates(item, device)
+    cands = [_attention_candidate(item, device, name, first)]  # the default: what a run compiles anyway
+    for opts in rest:
         try:
             cands.append(_attention_candidate(item, device, name, opts))
         except Exception:  # a choice the renderer cannot express: not a candidate
@@ -425,8 +427,6 @@ def _compile_cached_all(cands: list[Candidate], device: Any, pool: Any) -> None:
     """`_compile_all` through the disk cache of binaries: a hit is not compiled again, and what is compiled is
     stored (the winner's later compile, and a search again, find it). The first two (the reference and the
     default, which a run compiles anyway) are compiled in this process where the workers could not."""
-    from tgc.codegen.kernel import _compile_cached, compile_key
-
     todo = []
     for c in cands:
         key = compile_key(device, c.src) if c.src else None
@@ -441,7 +441,10 @@ def _compile_cached_all(cands: list[Candidate], device: Any, pool: Any) -> None:
             cache.put("compile", key, c.binary, meta=f"{device.kind} {c.name} (BEAM candidate)")
     for c in cands[:2]:
         if c.binary is None and c.src:
-            c.binary = _compile_cached(device, c.src)[0]
+            c.binary = device.compiler.compile(c.src)
+            key = compile_key(device, c.src)
+            if key is not None:
+                cache.put("compile", key, c.binary, meta=f"{device.kind} {c.name}")
 
 
 def _compile_all(cands: list[Candidate], device: Any, pool: Any, timeout: float = COMPILE_TIMEOUT_S) -> None:
