@@ -204,6 +204,7 @@ def test_a_wide_head_is_not_searched(monkeypatch):
     monkeypatch.setattr(search, "_Timer", no)
     res = search.attention_search(item, CPU, name=item.name)
     assert res.opts == A.candidates(item, CPU)[0] and res.tried == 0 and res.reference == "none (one candidate)"
+    assert not res.timed
 
 
 def test_beam_compiles_and_runs_each_distinct_source_once():

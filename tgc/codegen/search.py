@@ -191,6 +191,7 @@ class SearchResult:
     failed: int = 0
     interrupted: bool = False
     reference: str = "unoptimized"
+    timed: bool = True  # False: one candidate, nothing compiled or timed (before_s and after_s are 0)
 
 
 def beam_search(ast: UOp, device: Any, bufs: list[UOp], width: int, name: str = "kernel",
@@ -304,7 +305,7 @@ def attention_search(item: ScheduleItem, device: Any, name: str = "kernel",
     that differs from it is rejected, and the winner is timed again against the default (`_confirm`)."""
     cands = attention_candidates(item, device)
     if len(cands) == 1:  # nothing to choose from (`attention.MAX_SEARCH_TERMS`): nothing compiled or timed
-        return SearchResult(cands[0], 0.0, 0.0, reference="none (one candidate)")
+        return SearchResult(cands[0], 0.0, 0.0, reference="none (one candidate)", timed=False)
     timer = _Timer(device, item.bufs)
     try:
         return _attention_search(item, device, timer, name, progress, pool)
@@ -506,7 +507,8 @@ def beam_items(items: list[ScheduleItem], dev: Any, width: int = 4, progress: Ca
                 res = beam_search(ast, dev, item.bufs, width, name=item.name, progress=report, pool=pool)
             store(ast, dev, res.opts, res.after_s, item.name, width, fused)
             rows.append({"name": item.name, "opts": [str(o) for o in res.opts], "width": width,
-                         "before_s": res.before_s, "after_s": res.after_s,
+                         "before_s": res.before_s if res.timed else None,
+                         "after_s": res.after_s if res.timed else None,
                          "speedup": res.before_s / res.after_s if res.after_s else 0.0,
                          "tried": res.tried, "rejected": res.rejected, "failed": res.failed, "cached": False,
                          "reference": res.reference,
