@@ -1,7 +1,9 @@
 """BEAM tunes the fused attention kernel (issue 14): its choices (query rows per vector, keys per block, threads:
 `tgc.codegen.attention.candidates`) are each checked against numpy (with and without the causal mask, ragged
 lengths, one key, f16), BEAM tries exactly that candidate set with the default first, rejects a candidate that
-differs from the reference, and stores the winner, which later compiles reuse."""
+differs from the reference, and stores the winner, which later compiles reuse. Also BEAM's time savings (issue
+14: `tgc beam` < 60 s per workload): duplicate sources compiled and run once, clearly slower candidates
+stopped early."""
 
 from __future__ import annotations
 
@@ -244,3 +246,30 @@ def test_beam_compiles_and_runs_each_distinct_source_once():
     assert pool.submitted == [a.src, c.src] and a.src != c.src
     assert a.binary == c.binary == b"bin" and b.binary is None and d.binary is None
     assert sources == {earlier.src, a.src, c.src}
+
+
+def _scripted_timer(times: list[float]):
+    """A `search._Timer` whose kernel launches take the given times, in order; returns it and the launch log."""
+    launches: list[float] = []
+    it = iter(times)
+
+    class Dev:
+        def program(self, name, binary):
+            def run(*bufs, **launch):
+                t = next(it)
+                launches.append(t)
+                return t
+            return run
+    timer = search._Timer.__new__(search._Timer)
+    timer.device, timer.handles = Dev(), []
+    return timer, launches
+
+
+def test_a_clearly_slower_candidate_stops_early():
+    c = search.Candidate([], None, name="k", binary=b"")  # type: ignore[arg-type]
+    timer, launches = _scripted_timer([5.0])  # its untimed first launch is over 4x the best (1.0): done
+    assert timer.run(c, 1.0) == 5.0 and launches == [5.0]
+    timer, launches = _scripted_timer([3.0, 2.5])  # within 4x at first, then over 2x: one timed run
+    assert timer.run(c, 1.0) == 2.5 and launches == [3.0, 2.5]
+    timer, launches = _scripted_timer([1.5, 1.2, 0.9, 1.1])  # close to the best: every timed run
+    assert timer.run(c, 1.0) == 0.9 and launches == [1.5, 1.2, 0.9, 1.1]
