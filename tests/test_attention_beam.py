@@ -254,6 +254,8 @@ def _scripted_timer(times: list[float]):
     it = iter(times)
 
     class Dev:
+        caps = CPU.caps
+
         def program(self, name, binary):
             def run(*bufs, **launch):
                 t = next(it)
@@ -269,6 +271,9 @@ def test_a_clearly_slower_candidate_stops_early():
     c = search.Candidate([], None, name="k", binary=b"")  # type: ignore[arg-type]
     timer, launches = _scripted_timer([5.0])  # its untimed first launch is over 4x the best (1.0): done
     assert timer.run(c, 1.0) == 5.0 and launches == [5.0]
+    timer, launches = _scripted_timer([5.0, 0.5, 0.6, 0.7])
+    timer.device.caps = type("Caps", (), {"gpu": True})()
+    assert timer.run(c, 1.0) == 0.5 and launches == [5.0, 0.5, 0.6, 0.7]  # GPUs: a slow first launch is lazy loading
     timer, launches = _scripted_timer([3.0, 2.5])  # within 4x at first, then over 2x: one timed run
     assert timer.run(c, 1.0) == 2.5 and launches == [3.0, 2.5]
     timer, launches = _scripted_timer([1.5, 1.2, 0.9, 1.1])  # close to the best: every timed run
