@@ -278,3 +278,21 @@ def test_a_clearly_slower_candidate_stops_early():
     assert timer.run(c, 1.0) == 2.5 and launches == [3.0, 2.5]
     timer, launches = _scripted_timer([1.5, 1.2, 0.9, 1.1])  # close to the best: every timed run
     assert timer.run(c, 1.0) == 0.9 and launches == [1.5, 1.2, 0.9, 1.1]
+
+
+@pytest.mark.parametrize("gain,more_rounds", [(0.01, False), (0.2, True)])
+def test_a_round_within_the_noise_ends_the_search(monkeypatch, gain, more_rounds):
+    """Every opt makes a candidate `gain` faster: a 1% gain (within `MIN_ROUND_GAIN`) ends the search after
+    its first round, keeping that round's winner; a 20% gain goes on to further rounds."""
+    import tgc
+    from tgc.codegen.pipeline import prepare
+
+    item = tgc.loads("a: f32[N, M]\nreturn exp(a) * 2").schedule({"N": 16, "M": 64}, "CPU")[0]
+    ast = prepare(item.ast, CPU)
+    monkeypatch.setattr(search._Timer, "run", lambda self, cand, best, runs=3: (1 - gain) ** len(cand.opts))
+    monkeypatch.setattr(search, "_matches", lambda out, ref, dtype: True)
+    monkeypatch.setattr(search, "_confirm", lambda timer, best, default: (best, default.time_s, best.time_s))
+    rounds: list[int] = []
+    res = search.beam_search(ast, CPU, item.bufs, 2, name="k", progress=lambda p: rounds.append(p["round"]))
+    assert rounds and (max(rounds) > 0) == more_rounds
+    assert res.after_s < res.before_s
