@@ -125,8 +125,9 @@ LIMITS = {
             "x 8 columns (~470 GFLOP/s, ~90% of peak, the kernel alone in a quiet moment); a miss comes from the "
             "shared cores: the 8 images are split statically over 2 threads, so a busy core holds back the kernel, "
             "while the share is of the best peak measured in the run",
-    "attention": "one fused online-softmax kernel (16 query rows per vector, tgc/codegen/attention.py) that BEAM "
-                 "does not tune; the vector exp per key and the per-block rescale cost about half the FMA peak",
+    "attention": "one fused online-softmax kernel (tgc/codegen/attention.py: 16 query rows per vector, 16 keys per "
+                 "block; BEAM tries 8/16 rows x 8/16 keys and fewer threads); at D=64 the Dv output accumulators "
+                 "and the gathered q tile (64 + 64 vectors) exceed the 32 vector registers and live on the stack",
     "layernorm": "three passes per row (mean from memory, then variance and output from cache), each row "
                  "reduction computed once per row",
     "mlp": "the erf GELU epilogue is fused into the matmul's output loop; XLA's matmul kernel is better blocked",
@@ -244,14 +245,24 @@ def paired_share(flops: float, pairs: list[list]) -> float:
         beside = max(fma, pairs[i - 1][2]) if i else fma
         ratios.setdefault(tuned, []).append(flops / t / 1e9 / beside)
     return max(statistics.median(v) for v in ratios.values())
+# every workload: `tgc beam` (the CLI's defaults: `Program.beam`'s width, no --force) searches it within this
+BEAM_TIME_TARGET_S = 60.0
+BEAM_TIME_LIMIT = ("width 4 tries ~50-150 candidates per kernel, each rendered in the main process (20-100 ms of "
+                   "Python) and compiled by LLVM in 2 worker processes on this machine, then timed; a program of "
+                   "many kernels (the transformer block: 10 searched, ~800 candidates) takes longest; "
+                   "`tgc beam --json` shows the candidates tried per kernel")
 
 
 def _target_text(kind: str, want: float) -> str:
     return {"numpy": f">= {want}x numpy", "xla": f">= {want}x XLA", "xla default": f"default >= {want}x XLA",
-            "share": f">= {100 * want:.0f}% of peak", "beam": f"default >= {want}x BEAM"}[kind]
+            "share": f">= {100 * want:.0f}% of peak", "beam": f"default >= {want}x BEAM",
+            "beam time": f"tgc beam < {want:.0f} s"}[kind]
 
 
 def _target_met(kind: str, want: float, r: dict) -> bool | None:
+    if kind == "beam time":  # a search that found every winner cached measured nothing: not judged
+        s = r.get("beam_search_s")
+        return None if s is None or r.get("beam_cached") else s < want
     got = {"numpy": r["ratio"], "xla": r["xla_ratio"], "share": r["peak_share"],
            "xla default": (r["xla_ms"] / r["default_ms"]) if r["xla_ms"] is not None else None,
            "beam": (r["beam_ms"] / r["default_ms"]) if r["beam_ms"] is not None else None}[kind]
@@ -544,8 +555,9 @@ def main() -> None:
             default = time_tgc(False)
         else:
             st = time.perf_counter()
-            prog.beam(dims=prog.bind(w["inputs"], dims)[0], width=4)
+            found = prog.beam(dims=prog.bind(w["inputs"], dims)[0])  # what `tgc beam` does by default
             beam_s = time.perf_counter() - st
+            beam_cached = all(k.get("cached") for k in found["kernels"])
             # default and BEAM alternate, the best of 3 each: on a shared machine one measurement after the
             # other compares two different loads, not two kernels
             pairs = [(time_tgc(False), time_tgc(True)) for _ in range(TGC_ROUNDS)]
@@ -557,7 +569,8 @@ def main() -> None:
         best = min(t for t in (default, tuned) if t is not None)
         mem, io = peak_memory(prog, w["inputs"], dims)
         r = {"name": w["name"], "default_ms": default * 1e3, "beam_ms": tuned * 1e3 if tuned else None,
-             "beam_search_s": beam_s if tuned else None, "numpy_ms": numpy_s * 1e3,
+             "beam_search_s": beam_s if tuned else None, "beam_cached": beam_cached if tuned else None,
+             "numpy_ms": numpy_s * 1e3,
              "xla_ms": xla_s * 1e3 if xla_s is not None else None, "ratio": numpy_s / best,
              "xla_ratio": xla_s / best if xla_s is not None else None,
              "peak_mem_ratio": mem / io, "memory_target": memory_target(w["name"]),
@@ -582,13 +595,15 @@ def main() -> None:
         if r["peak_pairs"]:
             r["peak_share"] = paired_share(amount, r["peak_pairs"])
         r["rate"] = f"{amount / best / 1e9:.1f} {'GFLOP/s' if w['bound'] == 'flops' else 'GB/s'}"
-        targets = [*w["targets"], ("beam", DEFAULT_VS_BEAM)]
+        targets = [*w["targets"], ("beam", DEFAULT_VS_BEAM), ("beam time", BEAM_TIME_TARGET_S)]
         checks = [(_target_text(k, v), _target_met(k, v, r)) for k, v in targets]
         r["targets"] = [{"target": t, "met": m} for t, m in checks]
         r["met"] = None if all(m is None for _, m in checks) else all(m is not False for _, m in checks)
         missed = {k for (k, _), (_, m) in zip(targets, checks) if m is False}
-        r["limit"] = "; ".join(([w["limit"]] if missed - {"beam"} else []) +
-                               ([f"default: {DEFAULT_LIMIT}"] if "beam" in missed else []))
+        r["limit"] = "; ".join(([w["limit"]] if missed - {"beam", "beam time"} else []) +
+                               ([f"default: {DEFAULT_LIMIT}"] if "beam" in missed else []) +
+                               ([f"search {r['beam_search_s']:.0f} s: {BEAM_TIME_LIMIT}"] if "beam time" in missed
+                                else []))
         done.append(r)
     rows = done
     startup = startup_time()

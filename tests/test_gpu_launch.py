@@ -101,6 +101,7 @@ def test_beam_times_warm_launches_only():
 
     class Dev:
         allocator = HostAllocator()
+        caps = type("Caps", (), {"gpu": True})()  # a GPU: its first launch loads the module
 
         def program(self, name, lib):
             return Prog()

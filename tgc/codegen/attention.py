@@ -33,7 +33,7 @@ from tgc.codegen.expand import _Vectorizer
 from tgc.codegen.index import narrow_index
 from tgc.codegen.legalize import HALF, legalize
 from tgc.codegen.linearize import start_linearizer
-from tgc.codegen.opt import MIN_WORK_PER_THREAD, launch_limits, map_to_grid, split_threads
+from tgc.codegen.opt import MIN_WORK_PER_THREAD, Opt, OptError, OptOps, launch_limits, map_to_grid, split_threads
 from tgc.codegen.pipeline import drop_unused_buffers, finish, uops_text
 from tgc.codegen.transcendental import decompose_transcendentals
 from tgc.dtype import dtypes
@@ -291,15 +291,9 @@ def build_rows(sp: Any, decompose: bool, w: int = ROW_LANES, block: int | None =
     w rows are one vector (the head dimension unrolled, q gathered once per tile of rows, each k element
     broadcast), and the output row is Dv vector accumulators. None where it does not apply (half types, a long
     head dimension, one query row)."""
-    if not sp.loops or sp.loops[-1].arg[1] is not RangeKind.LOOP or sp.dtype != dtypes.f32 or sp.dv > MAX_UNROLL:
+    if not _rows_apply(sp):
         return None
     ri = sp.loops[-1]
-    if any(u.dtype is not None and u.dtype.scalar() in HALF for e in (sp.x, sp.v) for u in e.toposort()):
-        return None
-    for red in (u for u in sp.x.toposort() if u.op is Ops.REDUCE):
-        rs = red.src[1:]
-        if red.arg is not Ops.ADD or len(rs) != 1 or rs[0].src[0].op is not Ops.CONST or rs[0].src[0].arg > MAX_UNROLL:
-            return None
     tq = ri.src[0].arg
     ids = [u.arg[0] for e in (sp.x, sp.v, *sp.loops) for u in e.toposort() if u.op is Ops.RANGE]
     next_id = max(ids, default=0) + 1
@@ -370,39 +364,132 @@ def build_rows(sp: Any, decompose: bool, w: int = ROW_LANES, block: int | None =
     return UOp(Ops.SINK, None, (bm, alpha, lsum, *cols, *stores, *order)), jb, len(order)
 
 
-def lower_attention(item: Any, device: Any, name: str) -> Any:
-    """The fused attention kernel of `item` lowered for `device` (a `tgc.codegen.pipeline.Lowered`)."""
+# BEAM's choices. Every head-dimension term is written out, so each candidate is a large kernel (seconds to
+# compile): the grid holds what measured close to the best on the bench sizes. 32 rows (two vectors per k
+# and v element) and blocks of 32 or 64 keys spill registers (2-3x slower at 8x512x64) and take 2-4x longer
+# to compile; they are accepted as stored opts but not searched.
+ROW_CHOICES = (8, 16)  # query rows per vector (`build_rows`)
+BLOCK_CHOICES = (8, 16)  # keys per block (scores in registers at once, one rescale per block)
+MAX_ROWS, MAX_BLOCK = 32, 64  # what `apply_opts` accepts
+# BEAM searches a kernel only while the default's written-out terms ((rows + keys per block) x (head dim +
+# value dim), `_terms`) stay within this (the bench's 8x512x64 default); past it the default is the only
+# candidate: a 128-wide head's candidates take 15-35 s each to compile on the 2-core bench machine, past
+# `tgc beam`'s time budget.
+MAX_SEARCH_TERMS = 4096
 
+
+def choices(item: Any, device: Any) -> dict[str, int]:
+    """The fused kernel's tunable choices and their heuristic defaults: {"rows": query rows per vector (0 where
+    the per-row form is used), "block": keys per block, "threads": CPU threads (0 on GPUs)}."""
     sp = item.meta["attention"]
     vectors = device.caps.vectors and not env_flag("NOOPT")
-    by_rows = build_rows(sp, device.caps.decompose_transcendentals) if vectors else None
+    rows = ROW_LANES if vectors and _rows_apply(sp) else 0
+    block = min(ROW_BLOCK if rows else BLOCK, sp.tk)
+    threads = 0
+    if not device.caps.gpu and sp.loops and not env_flag("NOOPT"):
+        n = 1
+        for r in sp.loops[:-1]:
+            n *= r.src[0].arg
+        n *= -(-sp.loops[-1].src[0].arg // rows) if rows else sp.loops[-1].src[0].arg
+        work = n * sp.tk * max(sp.dv, 1) * 4 * max(rows, 1)
+        threads = min(device.cores, n, max(1, work // MIN_WORK_PER_THREAD))
+    return {"rows": rows, "block": block, "threads": threads}
+
+
+def opts_of(ch: dict[str, int]) -> list[Opt]:
+    """Choices as opts (what BEAM stores): UPCAST(0, rows), UNROLL(0, block), THREAD(0, threads)."""
+    out = [Opt(OptOps.UPCAST, 0, ch["rows"])] if ch["rows"] else []
+    out.append(Opt(OptOps.UNROLL, 0, ch["block"]))
+    if ch["threads"]:
+        out.append(Opt(OptOps.THREAD, 0, ch["threads"]))
+    return out
+
+
+def apply_opts(item: Any, device: Any, opts: list[Opt]) -> dict[str, int]:
+    """The choices `opts` make (from the defaults); OptError for one that does not apply to this kernel."""
+    ch = choices(item, device)
+    sp = item.meta["attention"]
+    for o in opts:
+        if o.op is OptOps.UPCAST and o.axis == 0 and ch["rows"] and o.amount in (*ROW_CHOICES, MAX_ROWS):
+            ch["rows"] = o.amount
+        elif o.op is OptOps.UNROLL and o.axis == 0 and 1 <= o.amount <= MAX_BLOCK:
+            ch["block"] = min(o.amount, sp.tk)
+        elif o.op is OptOps.THREAD and o.axis == 0 and ch["threads"] and 1 <= o.amount <= device.cores:
+            ch["threads"] = o.amount
+        else:
+            raise OptError(f"{o} does not apply to a fused attention kernel")
+    return ch
+
+
+def candidates(item: Any, device: Any) -> list[list[Opt]]:
+    """Every choice BEAM tries for a fused attention kernel (the default first): query rows per vector x keys
+    per block, then each thread count below the default's with the default rows and block."""
+    sp = item.meta["attention"]
+    base = choices(item, device)
+    grid = [base]
+    rows = ROW_CHOICES if base["rows"] else (0,)
+    for r in rows:
+        for b in sorted({min(b, sp.tk) for b in BLOCK_CHOICES}):
+            ch = {**base, "rows": r, "block": b}
+            if ch not in grid:
+                grid.append(ch)
+    grid += [{**base, "threads": t} for t in range(1, base["threads"])]
+    if _terms(sp, base) > MAX_SEARCH_TERMS:  # too large to compile several of: the default only
+        grid = [base]
+    return [opts_of(ch) for ch in grid]
+
+
+def _terms(sp: Any, ch: dict[str, int]) -> int:
+    """How many terms the kernel writes out, roughly: each key of a block and each query row of a tile, once per
+    head-dimension element and value column (what its compile time grows with)."""
+    d = sum(r.src[0].arg for red in sp.x.toposort() if red.op is Ops.REDUCE for r in red.src[1:]
+            if r.src[0].op is Ops.CONST)
+    return (max(ch["rows"], 1) + ch["block"]) * (d + sp.dv)
+
+
+def _rows_apply(sp: Any) -> bool:
+    if not sp.loops or sp.loops[-1].arg[1] is not RangeKind.LOOP or sp.dtype != dtypes.f32 or sp.dv > MAX_UNROLL:
+        return False
+    if any(u.dtype is not None and u.dtype.scalar() in HALF for e in (sp.x, sp.v) for u in e.toposort()):
+        return False
+    for red in (u for u in sp.x.toposort() if u.op is Ops.REDUCE):
+        rs = red.src[1:]
+        if red.arg is not Ops.ADD or len(rs) != 1 or rs[0].src[0].op is not Ops.CONST or rs[0].src[0].arg > MAX_UNROLL:
+            return False
+    return True
+
+
+def lower_attention(item: Any, device: Any, name: str, opts: list[Opt] | None = None,
+                    reference: bool = False) -> Any:
+    """The fused attention kernel of `item` lowered for `device` (a `tgc.codegen.pipeline.Lowered`), with the
+    choices `opts` (BEAM's, `apply_opts`) or the defaults. `reference` lowers the per-row form instead (BEAM's
+    check of the row-vector candidates: another code path)."""
+
+    sp = item.meta["attention"]
+    ch = apply_opts(item, device, opts or [])
+    vectors = device.caps.vectors and not env_flag("NOOPT")
+    by_rows = build_rows(sp, device.caps.decompose_transcendentals, w=ch["rows"], block=ch["block"]) \
+        if ch["rows"] and not reference else None
     norder = 0
     if by_rows is not None:
         (ast, jb, norder), w = by_rows, 1
     else:
         group = min(SHARED_ROWS, launch_limits(device).threads) if device.caps.gpu and not env_flag("NOOPT") else 0
-        ast, jb, w, norder = build(sp, width=16 if vectors else 1, decompose=device.caps.decompose_transcendentals,
-                                   group=group)
+        ast, jb, w, norder = build(sp, block=BLOCK if reference else ch["block"], width=16 if vectors else 1,
+                                   decompose=device.caps.decompose_transcendentals, group=group)
     ast = legalize(ast)
     if device.caps.decompose_transcendentals:
         ast = decompose_transcendentals(ast)
     launch: dict = {}
-    rows = 1
-    for r in {u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] is RangeKind.LOOP}:
-        rows *= r.src[0].arg
     if device.caps.gpu:
         if sp.loops:
             lim = launch_limits(device)
             ast, launch = map_to_grid(ast, max_local=min(device.caps.preferred_local_size, lim.threads, 64),
                                       max_grid=lim.grid)
-    elif sp.loops and not env_flag("NOOPT"):
-        cores = device.cores
-        work = rows * sp.tk * max(sp.dv, 1) * 4 * (ROW_LANES if by_rows is not None else 1)
-        threads = min(cores, rows, max(1, work // MIN_WORK_PER_THREAD))
+    elif ch["threads"] > 1:
+        ast, threads = split_threads(ast, ch["threads"])
         if threads > 1:
-            ast, threads = split_threads(ast, threads)
-            if threads > 1:
-                launch["global_size"] = (threads, 1, 1)
+            launch["global_size"] = (threads, 1, 1)
     bufs = list(item.bufs)
     ast, bufs = drop_unused_buffers(ast, bufs)
     ast = narrow_index(ast)
@@ -412,7 +499,9 @@ def lower_attention(item: Any, device: Any, name: str) -> Any:
         import sys
         print(f"--- {name}: fused attention (tgc/codegen/attention.py), linear UOps\n{uops_text(uops)}",
               file=sys.stderr)
-    return finish(device, name, ast, uops, bufs, launch)
+    low = finish(device, name, ast, uops, bufs, launch)
+    low.applied = [] if reference else opts_of(ch)
+    return low
 
 
 def _linearize(ast: UOp, jb_arg: Any, ncols: int, hoist: bool = False, norder: int = 0,
@@ -484,4 +573,5 @@ def _linearize(ast: UOp, jb_arg: Any, ncols: int, hoist: bool = False, norder: i
     return lin.out
 
 
-__all__ = ["BLOCK", "ROW_LANES", "build", "build_rows", "lower_attention"]
+__all__ = ["BLOCK", "BLOCK_CHOICES", "ROW_CHOICES", "ROW_LANES", "apply_opts", "build", "build_rows", "candidates",
+           "choices", "lower_attention", "opts_of"]

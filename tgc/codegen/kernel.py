@@ -8,7 +8,8 @@ from typing import Any
 from tgc import cache
 from tgc.codegen import search
 from tgc.codegen.attention import lower_attention
-from tgc.codegen.opt import MIN_WORK_PER_THREAD, OptKernel, OptOps
+from tgc.codegen.binaries import compile_key as compile_key  # re-exported
+from tgc.codegen.opt import MIN_WORK_PER_THREAD, OptError, OptKernel, OptOps
 from tgc.codegen.pipeline import _COMMENT as _COMMENT  # re-exported
 from tgc.codegen.pipeline import CONTRACT_TAG as CONTRACT_TAG  # re-exported
 from tgc.codegen.pipeline import drop_unused_buffers as drop_unused_buffers  # re-exported
@@ -23,7 +24,6 @@ from tgc.errors import CompileError
 from tgc.ir.kernel import ScheduleItem
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.uop import ALU, Ops, UOp, format_uops
-from tgc.version import __version__
 
 
 @dataclass
@@ -158,14 +158,24 @@ def build_kernel(item: ScheduleItem, device: Any, beam: int = 0, name: str | Non
     a stored winner is used only if its search was at least W wide, else the kernel is searched again;
     `progress` gets the search's events (see `tgc.cli.report.progress_bar`). Lowering is `pipeline.lower`."""
     name = name or item.name
-    if "attention" in item.meta:  # one online-softmax kernel (tgc/codegen/attention.py); no opts to search
-        low = lower_attention(item, device, name)
+    if "attention" in item.meta:  # one online-softmax kernel (tgc/codegen/attention.py), its own choices
+        aopts = None
+        if tuned and device.compiler is not None and not env_flag("NOOPT"):
+            aopts = search.lookup(item.ast, device, width=beam, attention=True)
+            if aopts is None and beam > 0:
+                res = search.attention_search(item, device, name=name, progress=progress)
+                search.store(item.ast, device, res.opts, res.after_s, name, beam, attention=True)
+                aopts = res.opts
+        try:
+            low = lower_attention(item, device, name, aopts)
+        except OptError:  # a stored winner this version does not apply: the defaults
+            low = lower_attention(item, device, name)
         binary, err, key = _compile_cached(device, low.src)
         return Kernel(name=name, src=low.src, binary=binary, uops=low.uops, ast=low.ast, bufs=low.bufs,
                       global_size=low.launch.get("global_size", (1, 1, 1)), local_size=low.launch.get("local_size"),
                       vals=low.launch.get("vals", ()), flops=kernel_flops(low.uops, device, low.launch),
                       bytes_moved=bytes_touched(low.ast, low.bufs), line=item.line, compile_error=err,
-                      device=device, cache_key=key)
+                      device=device, opts=low.applied, cache_key=key)
     ast = prepare_ast(item.ast, device)
     opts = None
     if tuned and device.compiler is not None and not env_flag("NOOPT"):
@@ -303,22 +313,6 @@ INF = float("inf")
 
 
 COMPILE_COUNTER = {"compiles": 0}
-
-
-def compile_key(device: Any, src: str) -> str | None:
-    """The disk-cache key of `src` compiled for `device`, or None when the compile cache is off.
-
-    It names the compiler and its version, and for a device that compiles elsewhere (REMOTE) the
-    identity of that compiler (`cache_identity`: the server's address, compiler and version as it reports
-    them), so that a binary returned by one server is never sent to another.
-    """
-    if env_flag("DISABLE_COMPILER_CACHE"):
-        return None
-    comp = device.compiler
-    parts: list[Any] = [device.kind, comp.name, comp.cache_key, __version__, src]
-    if comp.cache_identity is not None:
-        parts.append(comp.cache_identity)
-    return cache.make_key(*parts)
 
 
 def _meta(device: Any, src: str) -> str:

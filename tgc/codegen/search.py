@@ -23,6 +23,9 @@ from typing import Any
 import numpy as np
 
 from tgc import cache
+from tgc.codegen.attention import candidates as attention_candidates
+from tgc.codegen.attention import lower_attention
+from tgc.codegen.binaries import compile_key
 from tgc.codegen.opt import Opt, OptError, OptKernel, OptOps, hand_coded
 from tgc.codegen.pipeline import lower
 from tgc.codegen.pipeline import prepare as prepare_ast
@@ -36,6 +39,7 @@ from tgc.ir.uop import UOp, pretty
 from tgc.version import __version__
 
 COMPILE_TIMEOUT_S = 20.0
+MIN_ROUND_GAIN = 0.03  # a round must beat the previous beam's best by this share for the search to go on
 REFERENCE_MAX_WORK = 1 << 28  # loop iterations above which the unoptimized kernel is too slow to run
 UPCAST_AMOUNTS = (2, 3, 4, 8, 16)
 UNROLL_AMOUNTS = (2, 4, 8, 16)
@@ -46,15 +50,18 @@ PAD_AMOUNTS = (8, 16, 32)
 # ------------------------------------------------------------------------------------------- the winners' store
 
 
-def beam_key(ast: UOp, device: Any) -> str:
+def beam_key(ast: UOp, device: Any, attention: bool = False) -> str:
+    """A kernel's key in the `beam` table; `attention` keys the fused attention kernel of that (plain) AST, whose
+    choices are not the ordinary kernel's opts (`tgc.codegen.attention.apply_opts`)."""
     comp = device.compiler
-    return cache.make_key("beam", device.kind, comp.cache_key if comp else "none", __version__, pretty(ast))
+    return cache.make_key("beam attention" if attention else "beam", device.kind, comp.cache_key if comp else "none",
+                          __version__, pretty(ast))
 
 
-def lookup_entry(ast: UOp, device: Any) -> dict[str, Any] | None:
+def lookup_entry(ast: UOp, device: Any, attention: bool = False) -> dict[str, Any] | None:
     """The stored winner of a kernel: {"opts": [Opt, ...], "width": the beam width searched (0 when an
     older entry did not record it), "time_s": ...}, or None."""
-    raw = cache.get("beam", beam_key(ast, device))
+    raw = cache.get("beam", beam_key(ast, device, attention))
     if raw is None:
         return None
     try:
@@ -66,18 +73,19 @@ def lookup_entry(ast: UOp, device: Any) -> dict[str, Any] | None:
         return None
 
 
-def lookup(ast: UOp, device: Any, width: int = 0) -> list[Opt] | None:
+def lookup(ast: UOp, device: Any, width: int = 0, attention: bool = False) -> list[Opt] | None:
     """A stored winner's opts; with `width`, only one found by a search at least that wide (a narrower
     search may have missed what a wider one finds)."""
-    entry = lookup_entry(ast, device)
+    entry = lookup_entry(ast, device, attention)
     if entry is None or (width > 0 and entry["width"] < width):
         return None
     return entry["opts"]
 
 
-def store(ast: UOp, device: Any, opts: list[Opt], seconds: float, name: str, width: int = 0) -> None:
+def store(ast: UOp, device: Any, opts: list[Opt], seconds: float, name: str, width: int = 0,
+          attention: bool = False) -> None:
     value = json.dumps({"opts": [o.to_json() for o in opts], "time_s": seconds, "width": width}).encode()
-    cache.put("beam", beam_key(ast, device), value,
+    cache.put("beam", beam_key(ast, device, attention), value,
               meta=f"{device.kind} {name} width {width}: {' '.join(map(str, opts))}")
 
 
@@ -112,6 +120,7 @@ class Candidate:
     buf_index: list[int] = field(default_factory=list)  # which of the kernel's buffers it takes, in order
     binary: bytes | None = None
     time_s: float = float("inf")
+    duplicate: bool = False  # renders the same source as a candidate the search already has: not run again
 
 
 def _render(cand: Candidate, device: Any, name: str, bufs: list[UOp]) -> None:
@@ -151,12 +160,15 @@ class _Timer:
                   "vals": cand.launch.get("vals", ())}
         # a first, untimed launch: lazy module loading (CUDA), first-touch page faults and cold caches are not
         # the kernel's speed (the output buffer takes the same values again)
-        prog(*bufs, **launch, wait=True)
+        first = prog(*bufs, **launch, wait=True)
+        # on the CPU (no lazy module loading) a first launch over 4x the best is clearly worse: not run again
+        if first > 4 * best and not self.device.caps.gpu:
+            return first
         times = []
         for _ in range(runs):
             t = prog(*bufs, **launch, wait=True)
             times.append(t)
-            if t > 3 * best:  # clearly worse: stop early
+            if t > 2 * best:  # clearly worse: stop early
                 break
         return min(times)
 
@@ -181,6 +193,7 @@ class SearchResult:
     failed: int = 0
     interrupted: bool = False
     reference: str = "unoptimized"
+    timed: bool = True  # False: one candidate, nothing compiled or timed (before_s and after_s are 0)
 
 
 def beam_search(ast: UOp, device: Any, bufs: list[UOp], width: int, name: str = "kernel",
@@ -225,6 +238,7 @@ def _search(ast, device, timer: _Timer, width, name, progress, pool) -> SearchRe
         seeds.append(c)
     beam = sorted(seeds, key=lambda c: c.time_s)[:width] if seeds else [base]
     seen = {tuple(c.opts) for c in [base, *seeds]}
+    sources = {c.src for c in [base, *seeds]}  # every source rendered so far: another opt order that gives one
     default = seeds[-1] if seeds else base  # what a run without BEAM gets: always a candidate
     default_s = default.time_s
     result = SearchResult(list(base.opts), default_s, default_s, reference="unoptimized" if not base.opts
@@ -246,13 +260,10 @@ def _search(ast, device, timer: _Timer, width, name, progress, pool) -> SearchRe
                     cands.append(Candidate(parent.opts + [opt], k))
             if not cands:
                 break
-            for c in cands:
-                try:
-                    _render(c, device, name, timer.bufs)
-                except Exception:  # an opt combination the renderer cannot express
-                    c.src = ""
-            _compile_all(cands, device, pool)
+            _render_compile(cands, device, name, timer.bufs, pool, sources)
             for i, c in enumerate(cands):
+                if c.duplicate:
+                    continue
                 result.tried += 1
                 if c.binary is None:
                     result.failed += 1
@@ -274,7 +285,9 @@ def _search(ast, device, timer: _Timer, width, name, progress, pool) -> SearchRe
                               "best_s": best.time_s, "base_s": base.time_s, "candidate": i + 1,
                               "candidates": len(cands), "elapsed_s": elapsed})
             ranked = sorted((c for c in cands if c.time_s < float("inf")), key=lambda c: c.time_s)[:width]
-            if not ranked or ranked[0].time_s >= min(b.time_s for b in beam):
+            # another round only for a real gain: one within the timing noise of this machine ends the search
+            # (its winner is kept); chasing it took most of the rounds on small kernels
+            if not ranked or ranked[0].time_s >= min(b.time_s for b in beam) * (1 - MIN_ROUND_GAIN):
                 break
             beam = ranked
     except KeyboardInterrupt:
@@ -282,6 +295,85 @@ def _search(ast, device, timer: _Timer, width, name, progress, pool) -> SearchRe
     try:
         best, result.before_s, result.after_s = _confirm(timer, best, default)
     except KeyboardInterrupt:  # interrupted while confirming: the default is the safe choice
+        result.interrupted = True
+        best, result.after_s = default, default.time_s
+    result.opts = best.opts
+    return result
+
+
+def attention_search(item: ScheduleItem, device: Any, name: str = "kernel",
+                     progress: Callable[[dict], None] | None = None, pool: Any = None) -> SearchResult:
+    """BEAM for a fused attention kernel (`item.meta["attention"]`): its choices (query rows per vector, keys per
+    block, threads: `tgc.codegen.attention.candidates`, the default first) are few, so every one is compiled
+    and timed. The reference output comes from the per-row form of the kernel (another code path); a candidate
+    that differs from it is rejected, and the winner is timed again against the default (`_confirm`)."""
+    cands = attention_candidates(item, device)
+    if len(cands) == 1:  # nothing to choose from (`attention.MAX_SEARCH_TERMS`): nothing compiled or timed
+        return SearchResult(cands[0], 0.0, 0.0, reference="none (one candidate)", timed=False)
+    timer = _Timer(device, item.bufs)
+    try:
+        return _attention_search(item, device, timer, name, progress, pool)
+    finally:
+        timer.free()
+
+
+def _attention_candidate(item: ScheduleItem, device: Any, name: str, opts: list[Opt] | None,
+                         reference: bool = False) -> Candidate:
+    low = lower_attention(item, device, name, opts, reference=reference)
+    return Candidate(list(low.applied), None, src=low.src, name=name, launch=low.launch,  # type: ignore[arg-type]
+                     buf_index=[item.bufs.index(b) for b in low.bufs])
+
+
+def _attention_search(item, device, timer: _Timer, name, progress, pool) -> SearchResult:
+    start = time.perf_counter()
+    ref = _attention_candidate(item, device, name, None, reference=True)
+    first, *rest = attention_candidates(item, device)
+    cands = [_attention_candidate(item, device, name, first)]  # the default: what a run compiles anyway
+    for opts in rest:
+        try:
+            cands.append(_attention_candidate(item, device, name, opts))
+        except Exception:  # a choice the renderer cannot express: not a candidate
+            continue
+    _compile_cached_all([ref, *cands], device, pool)
+    if ref.binary is None:
+        raise CompileError(f"kernel {name}: the fused attention reference does not compile")
+    timer.run(ref, float("inf"), runs=1)
+    timer.reference = timer.output()
+    dtype = timer.bufs[0].dtype
+    default = cands[0]
+    if default.binary is None:
+        raise CompileError(f"kernel {name}: the default fused attention kernel does not compile")
+    default.time_s = timer.run(default, float("inf"))
+    result = SearchResult(list(default.opts), default.time_s, default.time_s, reference="per-row form")
+    if not _matches(timer.output(), timer.reference, dtype):
+        raise CompileError(f"kernel {name}: the default fused attention kernel differs from its per-row form")
+    best = default
+    try:
+        for i, c in enumerate(cands[1:]):
+            result.tried += 1
+            if c.binary is None:
+                result.failed += 1
+                continue
+            try:
+                c.time_s = timer.run(c, best.time_s)
+            except Exception:
+                result.failed += 1
+                continue
+            if c.time_s < best.time_s:
+                if not _matches(timer.output(), timer.reference, dtype):
+                    result.rejected += 1
+                    c.time_s = float("inf")
+                    continue
+                best = c
+            if progress:
+                progress({"kernel": name, "round": 0, "tried": result.tried, "rejected": result.rejected,
+                          "best_s": best.time_s, "base_s": default.time_s, "candidate": i + 1,
+                          "candidates": len(cands) - 1, "elapsed_s": time.perf_counter() - start})
+    except KeyboardInterrupt:
+        result.interrupted = True
+    try:
+        best, result.before_s, result.after_s = _confirm(timer, best, default)
+    except KeyboardInterrupt:
         result.interrupted = True
         best, result.after_s = default, default.time_s
     result.opts = best.opts
@@ -305,12 +397,67 @@ def _confirm(timer: _Timer, best: Candidate, default: Candidate) -> tuple[Candid
     return (best, min(d), min(w)) if min(w) < min(d) else (default, min(d), min(d))
 
 
-def _compile_all(cands: list[Candidate], device: Any, pool: Any) -> None:
+def _render_compile(cands: list[Candidate], device: Any, name: str, bufs: list[UOp], pool: Any,
+                    sources: set[str]) -> None:
+    """Render every candidate (in this process) and hand each to the compile workers as soon as it is rendered,
+    so that rendering overlaps compiling. A candidate whose source is in `sources` (rendered before, from
+    another order of the same opts) is marked `duplicate` and neither compiled nor run; `sources` grows."""
+    futures = []
+    for c in cands:
+        try:
+            _render(c, device, name, bufs)
+        except Exception:  # an opt combination the renderer cannot express
+            c.src = ""
+            continue
+        if c.src in sources:
+            c.duplicate = True
+            continue
+        sources.add(c.src)
+        if pool is not None:
+            futures.append((c, pool.submit(device.kind, c.src)))
+    if pool is None:
+        _compile_all([c for c in cands if not c.duplicate], device, None)
+        return
+    for c, fut in futures:
+        try:
+            c.binary = fut.result(timeout=COMPILE_TIMEOUT_S)
+        except (CompileError, FutureTimeout, Exception):
+            c.binary = None
+
+
+ATTENTION_COMPILE_TIMEOUT_S = 120.0  # fused attention kernels write every head-dimension term out: large
+
+
+def _compile_cached_all(cands: list[Candidate], device: Any, pool: Any) -> None:
+    """`_compile_all` through the disk cache of binaries: a hit is not compiled again, and what is compiled is
+    stored (the winner's later compile, and a search again, find it). The first two (the reference and the
+    default, which a run compiles anyway) are compiled in this process where the workers could not."""
+    todo = []
+    for c in cands:
+        key = compile_key(device, c.src) if c.src else None
+        hit = cache.get("compile", key) if key is not None else None
+        if hit is not None:
+            c.binary = hit
+        elif c.src:
+            todo.append((c, key))
+    _compile_all([c for c, _ in todo], device, pool, timeout=ATTENTION_COMPILE_TIMEOUT_S)
+    for c, key in todo:
+        if c.binary is not None and key is not None:
+            cache.put("compile", key, c.binary, meta=f"{device.kind} {c.name} (BEAM candidate)")
+    for c in cands[:2]:
+        if c.binary is None and c.src:
+            c.binary = device.compiler.compile(c.src)
+            key = compile_key(device, c.src)
+            if key is not None:
+                cache.put("compile", key, c.binary, meta=f"{device.kind} {c.name}")
+
+
+def _compile_all(cands: list[Candidate], device: Any, pool: Any, timeout: float = COMPILE_TIMEOUT_S) -> None:
     if pool is not None:
         futures = [(c, pool.submit(device.kind, c.src)) for c in cands if c.src]
         for c, fut in futures:
             try:
-                c.binary = fut.result(timeout=COMPILE_TIMEOUT_S)
+                c.binary = fut.result(timeout=timeout)
             except (CompileError, FutureTimeout, Exception):
                 c.binary = None
         return
@@ -338,14 +485,15 @@ def beam_items(items: list[ScheduleItem], dev: Any, width: int = 4, progress: Ca
 
     if dev.compiler is None:
         raise CompileError(dev.compile_error or f"cannot compile for {dev.kind} here, so it cannot be tuned here")
-    items = [it for it in items if it.ast.src and "attention" not in it.meta]  # fused attention: no opts
+    items = [it for it in items if it.ast.src]
     rows = []
     pool = make_pool(dev)
     start = time.perf_counter()
     try:
         for i, item in enumerate(items):
-            ast = prepare_ast(item.ast, dev)
-            entry = None if force else lookup_entry(ast, dev)
+            fused = "attention" in item.meta  # the fused kernel's own choices (`attention_search`)
+            ast = item.ast if fused else prepare_ast(item.ast, dev)
+            entry = None if force else lookup_entry(ast, dev, fused)
             if entry is not None and entry["width"] >= width:
                 rows.append({"name": item.name, "opts": [str(o) for o in entry["opts"]], "cached": True,
                              "width": entry["width"]})
@@ -357,10 +505,14 @@ def beam_items(items: list[ScheduleItem], dev: Any, width: int = 4, progress: Ca
                 if progress:
                     progress({**p, "index": i, "total": len(items), "elapsed_total_s": time.perf_counter() - start})
 
-            res = beam_search(ast, dev, item.bufs, width, name=item.name, progress=report, pool=pool)
-            store(ast, dev, res.opts, res.after_s, item.name, width)
+            if fused:
+                res = attention_search(item, dev, name=item.name, progress=report, pool=pool)
+            else:
+                res = beam_search(ast, dev, item.bufs, width, name=item.name, progress=report, pool=pool)
+            store(ast, dev, res.opts, res.after_s, item.name, width, fused)
             rows.append({"name": item.name, "opts": [str(o) for o in res.opts], "width": width,
-                         "before_s": res.before_s, "after_s": res.after_s,
+                         "before_s": res.before_s if res.timed else None,
+                         "after_s": res.after_s if res.timed else None,
                          "speedup": res.before_s / res.after_s if res.after_s else 0.0,
                          "tried": res.tried, "rejected": res.rejected, "failed": res.failed, "cached": False,
                          "reference": res.reference,

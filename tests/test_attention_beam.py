@@ -1,0 +1,298 @@
+"""BEAM tunes the fused attention kernel (issue 14): its choices (query rows per vector, keys per block, threads:
+`tgc.codegen.attention.candidates`) are each checked against numpy (with and without the causal mask, ragged
+lengths, one key, f16), BEAM tries exactly that candidate set with the default first, rejects a candidate that
+differs from the reference, and stores the winner, which later compiles reuse. Also BEAM's time savings (issue
+14: `tgc beam` < 60 s per workload): duplicate sources compiled and run once, clearly slower candidates
+stopped early."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_attention_fused import inputs, program, reference
+
+from tgc.backends import get_device
+from tgc.codegen import attention as A
+from tgc.codegen import kernel as kernel_mod
+from tgc.codegen import search
+from tgc.codegen.opt import Opt, OptError, OptOps
+
+CPU = get_device("CPU")
+
+
+def attention_item(p, dims, device: str = "CPU"):
+    items = [it for it in p.schedule(dims, device) if "attention" in it.meta]
+    assert len(items) == 1
+    return items[0]
+
+
+def opts(rows: int, block: int, threads: int | None = None) -> list[Opt]:
+    out = [Opt(OptOps.UPCAST, 0, rows)] if rows else []
+    out.append(Opt(OptOps.UNROLL, 0, block))
+    if threads:
+        out.append(Opt(OptOps.THREAD, 0, threads))
+    return out
+
+
+def run_with(p, dims, o: list[Opt] | None, device: str = "CPU", dtype=np.float32):
+    """The program run with `o` stored as the attention kernel's BEAM winner (`o=None`: nothing stored)."""
+    dev = get_device(device)
+    item = attention_item(p, dims, device)
+    if o is not None:
+        search.store(item.ast, dev, o, 1.0, item.name, width=4, attention=True)
+    p.release()
+    p._kernels.clear()
+    kernels = p.compile(device, dims=dims)
+    q, k, v = inputs(dims["B"], dims["T"], dims["D"], dims["E"], dtype)
+    out = p.run(device, dims=dims, q=q, k=k, v=v)[p.output_names[0]]
+    return kernels, out, (q, k, v)
+
+
+# every value BEAM searches, and the larger ones a stored winner may name; each run with a ragged sequence
+# (its last block partial), and a few with whole blocks and with one partial block
+ROWS = sorted({*A.ROW_CHOICES, A.MAX_ROWS})
+BLOCKS = sorted({*A.BLOCK_CHOICES, 1, 3})
+CASES = [(r, b, b + 3, 2 if r == A.ROW_LANES else 1) for r in ROWS for b in BLOCKS] + \
+    [(8, A.MAX_BLOCK, 70, 2), (16, 16, 7, 2), (8, 8, 16, 2), (32, 8, 33, 1)]
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_every_choice_matches_numpy(masked):
+    p = program(masked)
+    q, k, v = inputs(2, 1, 5, 3)  # one key: nothing is fused (the front end folds the softmax of one element)
+    out = p.run("CPU", dims={"B": 2, "T": 1, "D": 5, "E": 3}, q=q, k=k, v=v)[p.output_names[0]]
+    np.testing.assert_allclose(out, reference(q, k, v, masked), rtol=2e-5, atol=2e-5)
+    for rows, block, t, threads in CASES:
+        dims = {"B": 2, "T": t, "D": 5, "E": 3}
+        (kern,), out, (q, k, v) = run_with(p, dims, opts(rows, block, threads))
+        assert kern.opts == opts(rows, min(block, t), threads)
+        np.testing.assert_allclose(out, reference(q, k, v, masked), rtol=2e-5, atol=2e-5,
+                                   err_msg=f"rows={rows} block={block} threads={threads} T={t}")
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_every_block_choice_with_f16_inputs(masked):
+    """Half inputs take the per-row form: only the key block is a choice there."""
+    p = program(masked, "f16")
+    item = attention_item(p, {"B": 2, "T": 21, "D": 8, "E": 8})
+    assert A.choices(item, CPU)["rows"] == 0
+    assert all(not any(o.op is OptOps.UPCAST for o in c) for c in A.candidates(item, CPU))
+    for block in BLOCKS:
+        dims = {"B": 2, "T": 21, "D": 8, "E": 8}
+        _, out, (q, k, v) = run_with(p, dims, opts(0, block), dtype=np.float16)
+        np.testing.assert_allclose(out.astype(np.float64), reference(q, k, v, masked), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_every_block_choice_on_the_python_device(masked, monkeypatch):
+    """The PYTHON device (which checks bounds) runs the per-row form with each key block."""
+    monkeypatch.setenv("TGC_VERIFY_BOUNDS", "1")
+    p = program(masked)
+    dims = {"B": 1, "T": 11, "D": 3, "E": 2}
+    assert A.choices(attention_item(p, dims, "PYTHON"), get_device("PYTHON"))["rows"] == 0
+    for block in (1, 3, 8, 16):
+        (kern,), out, (q, k, v) = run_with(p, dims, opts(0, block), device="PYTHON")
+        assert kern.opts[0] == Opt(OptOps.UNROLL, 0, min(block, 11))
+        np.testing.assert_allclose(out, reference(q, k, v, masked), rtol=2e-5, atol=2e-5)
+
+
+def test_a_choice_that_does_not_apply_is_refused():
+    item = attention_item(program(False), {"B": 2, "T": 40, "D": 8, "E": 8})
+    for bad in ([Opt(OptOps.UPCAST, 0, 4)], [Opt(OptOps.UNROLL, 0, 0)], [Opt(OptOps.UNROLL, 1, 8)],
+                [Opt(OptOps.THREAD, 0, CPU.cores + 1)], [Opt(OptOps.LOCAL, 0, 2)]):
+        with pytest.raises(OptError):
+            A.apply_opts(item, CPU, bad)
+
+
+def test_the_candidate_set_is_every_rows_and_block_choice_then_fewer_threads():
+    item = attention_item(program(False), {"B": 2, "T": 40, "D": 8, "E": 8})
+    base = A.choices(item, CPU)
+    assert base["rows"] == A.ROW_LANES and base["block"] == A.ROW_BLOCK
+    want = [A.opts_of(base)]
+    for r in A.ROW_CHOICES:
+        for b in A.BLOCK_CHOICES:
+            ch = {**base, "rows": r, "block": b}
+            if A.opts_of(ch) not in want:
+                want.append(A.opts_of(ch))
+    want += [A.opts_of({**base, "threads": t}) for t in range(1, base["threads"])]
+    assert A.candidates(item, CPU) == want
+    assert len(want) == len(A.ROW_CHOICES) * len(A.BLOCK_CHOICES) + max(base["threads"] - 1, 0)
+    # a short sequence: blocks are cut to its length, and repeated choices are tried once
+    short = attention_item(program(False), {"B": 2, "T": 5, "D": 8, "E": 8})
+    got = A.candidates(short, CPU)
+    assert len(got) == len({tuple(c) for c in got})
+    assert {c[1].amount for c in got} == {5}
+
+
+def test_beam_searches_the_attention_kernel_and_its_winner_is_reused(monkeypatch):
+    p = program(True)
+    dims = {"B": 2, "T": 40, "D": 8, "E": 8}
+    item = attention_item(p, dims)
+    cands = A.candidates(item, CPU)
+    seen: list[list[Opt]] = []
+    real = search.lower_attention
+
+    def spy(item, device, name, opts=None, reference=False):
+        low = real(item, device, name, opts, reference=reference)
+        seen.append(None if reference else low.applied)
+        return low
+    monkeypatch.setattr(search, "lower_attention", spy)
+    monkeypatch.setattr(kernel_mod, "lower_attention", spy)
+    result = p.beam("CPU", dims=dims, force=True)
+    (row,) = [r for r in result["kernels"] if r["name"] == item.name]
+    assert seen == [None, *cands]  # the reference, then every candidate, the default first
+    assert row["tried"] == len(cands) - 1 and row["reference"] == "per-row form" and not row["cached"]
+    stored = search.lookup(item.ast, CPU, attention=True)
+    assert stored is not None and [str(o) for o in stored] == row["opts"] and stored in cands
+    assert search.lookup(item.ast, CPU) is None  # the plain kernel's key holds nothing
+    # later compiles use the stored winner; a second `beam` finds it cached and searches nothing
+    seen.clear()
+    p._kernels.clear()
+    (kern,) = p.compile("CPU", dims=dims)
+    assert kern.opts == stored and seen == [stored]
+    assert kern.cache_key is not None  # its binary came from the cache: the search stored every candidate's
+    again = p.beam("CPU", dims=dims)
+    assert [r["cached"] for r in again["kernels"]] == [True] and seen == [stored]
+    # tuned=False (what bench shows as 'tgc default') ignores the winner
+    (default,) = p.compile("CPU", dims=dims, tuned=False)
+    assert default.opts == cands[0]
+
+
+def test_a_stored_winner_changes_the_kernel():
+    p = program(False)
+    dims = {"B": 2, "T": 40, "D": 8, "E": 8}
+    (default,), _, _ = run_with(p, dims, None)
+    (tuned,), out, (q, k, v) = run_with(p, dims, opts(8, 8, 1))
+    assert tuned.opts == opts(8, 8, 1) and tuned.src != default.src and tuned.global_size == (1, 1, 1)
+    np.testing.assert_allclose(out, reference(q, k, v, False), rtol=2e-5, atol=2e-5)
+
+
+def test_a_wrong_candidate_is_rejected_and_the_default_kept(monkeypatch):
+    """Every candidate looks faster than the last, and every output after the default's check is wrong:
+    each one is rejected and the default stays."""
+    item = attention_item(program(False), {"B": 2, "T": 40, "D": 8, "E": 8})
+    clock = iter(range(1000, 0, -1))
+    monkeypatch.setattr(search._Timer, "run", lambda self, cand, best, runs=3: next(clock) * 1e-3)
+    checks = iter([True] + [False] * 100)
+    monkeypatch.setattr(search, "_matches", lambda out, ref, dtype: next(checks))
+    res = search.attention_search(item, CPU, name=item.name)
+    ncands = len(A.candidates(item, CPU))
+    assert res.tried == ncands - 1 and res.rejected == ncands - 1 and res.failed == 0
+    assert res.opts == A.candidates(item, CPU)[0]
+
+
+def test_the_winner_is_timed_again_against_the_default(monkeypatch):
+    """A candidate that only looked faster once loses the confirmation and the default is stored."""
+    item = attention_item(program(False), {"B": 2, "T": 40, "D": 8, "E": 8})
+    default = A.candidates(item, CPU)[0]
+
+    def fake(self, cand, best, runs=3):  # in the search every candidate looks faster; confirming, none is
+        return 2.0 if cand.opts == default else (1.0 if runs == 3 else 3.0)
+    monkeypatch.setattr(search._Timer, "run", fake)
+    res = search.attention_search(item, CPU, name=item.name)
+    assert res.opts == default and res.after_s == res.before_s == 2.0
+
+
+def test_a_wide_head_is_not_searched(monkeypatch):
+    """Past `MAX_SEARCH_TERMS` (a 128-wide head: each candidate takes many seconds to compile) the default is the
+    only candidate: BEAM stores it without compiling or timing anything."""
+    item = attention_item(program(False), {"B": 2, "T": 40, "D": 128, "E": 128})
+    assert A._terms(item.meta["attention"], A.choices(item, CPU)) > A.MAX_SEARCH_TERMS
+    assert A.candidates(item, CPU) == [A.opts_of(A.choices(item, CPU))]
+
+    def no(*a, **k):
+        raise AssertionError("nothing is compiled or timed")
+    monkeypatch.setattr(search, "_compile_cached_all", no)
+    monkeypatch.setattr(search, "_Timer", no)
+    res = search.attention_search(item, CPU, name=item.name)
+    assert res.opts == A.candidates(item, CPU)[0] and res.tried == 0 and res.reference == "none (one candidate)"
+    assert not res.timed
+
+
+def test_beam_compiles_and_runs_each_distinct_source_once():
+    """Two orders of the same opts, or a source an earlier round already had, render the same kernel: the
+    second is marked a duplicate and neither compiled nor run (`_render_compile`)."""
+    from concurrent.futures import Future
+
+    import tgc
+    from tgc.codegen.opt import OptKernel
+    from tgc.codegen.pipeline import prepare
+
+    item = tgc.loads("a: f32[N, M]\nreturn exp(a) * 2").schedule({"N": 8, "M": 64}, "CPU")[0]
+    ast = prepare(item.ast, CPU)
+
+    def cand(*o: Opt) -> search.Candidate:
+        k = OptKernel(ast, CPU)
+        for x in o:
+            k.apply(x)
+        return search.Candidate(list(o), k)
+
+    class Pool:
+        submitted: list[str] = []
+
+        def submit(self, kind, src):
+            self.submitted.append(src)
+            f: Future = Future()
+            f.set_result(b"bin")
+            return f
+    a, b, c = cand(Opt(OptOps.UPCAST, 1, 4)), cand(Opt(OptOps.UPCAST, 1, 4)), cand(Opt(OptOps.UPCAST, 1, 8))
+    earlier = cand(Opt(OptOps.UPCAST, 1, 2))
+    search._render(earlier, CPU, "k", item.bufs)
+    sources = {earlier.src}
+    d = cand(Opt(OptOps.UPCAST, 1, 2))
+    pool = Pool()
+    search._render_compile([a, b, c, d], CPU, "k", item.bufs, pool, sources)
+    assert [x.duplicate for x in (a, b, c, d)] == [False, True, False, True]
+    assert pool.submitted == [a.src, c.src] and a.src != c.src
+    assert a.binary == c.binary == b"bin" and b.binary is None and d.binary is None
+    assert sources == {earlier.src, a.src, c.src}
+
+
+def _scripted_timer(times: list[float]):
+    """A `search._Timer` whose kernel launches take the given times, in order; returns it and the launch log."""
+    launches: list[float] = []
+    it = iter(times)
+
+    class Dev:
+        caps = CPU.caps
+
+        def program(self, name, binary):
+            def run(*bufs, **launch):
+                t = next(it)
+                launches.append(t)
+                return t
+            return run
+    timer = search._Timer.__new__(search._Timer)
+    timer.device, timer.handles = Dev(), []
+    return timer, launches
+
+
+def test_a_clearly_slower_candidate_stops_early():
+    c = search.Candidate([], None, name="k", binary=b"")  # type: ignore[arg-type]
+    timer, launches = _scripted_timer([5.0])  # its untimed first launch is over 4x the best (1.0): done
+    assert timer.run(c, 1.0) == 5.0 and launches == [5.0]
+    timer, launches = _scripted_timer([5.0, 0.5, 0.6, 0.7])
+    timer.device.caps = type("Caps", (), {"gpu": True})()
+    assert timer.run(c, 1.0) == 0.5 and launches == [5.0, 0.5, 0.6, 0.7]  # GPUs: a slow first launch is lazy loading
+    timer, launches = _scripted_timer([3.0, 2.5])  # within 4x at first, then over 2x: one timed run
+    assert timer.run(c, 1.0) == 2.5 and launches == [3.0, 2.5]
+    timer, launches = _scripted_timer([1.5, 1.2, 0.9, 1.1])  # close to the best: every timed run
+    assert timer.run(c, 1.0) == 0.9 and launches == [1.5, 1.2, 0.9, 1.1]
+
+
+@pytest.mark.parametrize("gain,more_rounds", [(0.01, False), (0.2, True)])
+def test_a_round_within_the_noise_ends_the_search(monkeypatch, gain, more_rounds):
+    """Every opt makes a candidate `gain` faster: a 1% gain (within `MIN_ROUND_GAIN`) ends the search after
+    its first round, keeping that round's winner; a 20% gain goes on to further rounds."""
+    import tgc
+    from tgc.codegen.pipeline import prepare
+
+    item = tgc.loads("a: f32[N, M]\nreturn exp(a) * 2").schedule({"N": 16, "M": 64}, "CPU")[0]
+    ast = prepare(item.ast, CPU)
+    monkeypatch.setattr(search._Timer, "run", lambda self, cand, best, runs=3: (1 - gain) ** len(cand.opts))
+    monkeypatch.setattr(search, "_matches", lambda out, ref, dtype: True)
+    monkeypatch.setattr(search, "_confirm", lambda timer, best, default: (best, default.time_s, best.time_s))
+    rounds: list[int] = []
+    res = search.beam_search(ast, CPU, item.bufs, 2, name="k", progress=lambda p: rounds.append(p["round"]))
+    assert rounds and (max(rounds) > 0) == more_rounds
+    assert res.after_s < res.before_s
