@@ -31,9 +31,9 @@ def launched(monkeypatch) -> list[list[int]]:
     seen: list[list[int]] = []
     real = realize.launch
 
-    def spy(k, bufs):
+    def spy(k, bufs, **kw):
         seen.append([b.handle.ctypes.data for b in bufs])
-        return real(k, bufs)
+        return real(k, bufs, **kw)
     monkeypatch.setattr(realize, "launch", spy)
     return seen
 

@@ -20,6 +20,10 @@ class Capabilities:
     # scheduling (tgc/engine/schedule.py): choices for a cache hierarchy walked by few threads
     fuse_rows: bool = True  # a per-row reduction broadcast along its own row stays in its consumer kernel
     pack_matmul: bool = False  # a large matmul's right-hand side is copied into 32-column panels first
+    # a row reduction's costly value stored into the output row and read back by the output pass
+    # (tgc/codegen/rowreuse.py): a kernel that reads a buffer it writes; the PYTHON emulator runs such a kernel
+    # one loop iteration at a time (~1000x slower), so it recomputes the value instead
+    reread_rows: bool = True
     # GPU launch limits (tgc/codegen/opt.py): threads per work-group, shared memory per work-group (bytes),
     # work-groups along the first grid dimension, and the work-group size preferred where opts leave it open
     max_threads_per_block: int = 256

@@ -94,7 +94,9 @@ class PythonRenderer:
 
     name = "python"
     language = "json"
-    caps = Capabilities()  # CPU-style launches; no vectors, and no panel packing (no caches to speak of)
+    # CPU-style launches; no vectors, no panel packing (no caches to speak of), and no row value stored and read
+    # back (a kernel reading a buffer it writes runs one iteration at a time here)
+    caps = Capabilities(reread_rows=False)
 
     def render(self, name: str, uops: list[UOp]) -> str:
         # UOps are hash-consed, so one node may be emitted again in a later loop: a source is its latest copy

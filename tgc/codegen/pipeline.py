@@ -124,7 +124,7 @@ def _tee_rows(ast: UOp, ctx: LowerCtx) -> UOp:
 
 
 def _resolve_rows(ast: UOp, ctx: LowerCtx) -> UOp:
-    return resolve_row_values(ast, ctx.gpu)
+    return resolve_row_values(ast, ctx.gpu or not ctx.device.caps.reread_rows)
 
 
 def heuristic_opts(ast: UOp, device: Any) -> list:

@@ -157,7 +157,7 @@ def stored_form_is_safe(ast: UOp) -> bool:
 
 def resolve_row_values(ast: UOp, gpu: bool) -> UOp:
     """After the opts: TEE/REREAD kept as a store and a load where `stored_form_is_safe`, else both back to the
-    value they stand for."""
+    value they stand for (always with `gpu`: GPUs, and devices that do not declare `caps.reread_rows`)."""
     nodes = ast.toposort()
     marks = [n for n in nodes if n.op in (Ops.TEE, Ops.REREAD)]
     if not marks:
