@@ -330,3 +330,40 @@ def test_transposes_and_matmuls_around_the_tile_thresholds(src, shapes, ref):
 
 def prod_of(shapes: list[tuple[int, ...]]) -> int:
     return max(int(np.prod(s)) for s in shapes)
+
+
+def _writes_nothing(src: str) -> str:
+    """LLVM IR of a CPU kernel with the same signature as `src`'s that returns at once (writes no output)."""
+    head = src.index("define void @")
+    body = src.index("{", head) + 1
+    end = src.index("\n}\n", body) + 3
+    return src[:body] + "\nentry:\n  ret void\n}\n" + src[end:]
+
+
+def test_beam_rejects_a_candidate_that_leaves_the_output_unwritten(monkeypatch):
+    """A candidate that writes nothing is the fastest and, checked against the output buffer as the last
+    candidate left it (right values), looked right: it won. Its output is checked from a buffer filled first."""
+    from tgc.api import _device
+    from tgc.codegen import search
+    from tgc.codegen.opt import OptKernel, hand_coded
+    from tgc.codegen.pipeline import prepare
+
+    dev = _device("CPU")
+    if dev.compiler is None:
+        pytest.skip("no CPU compiler here")
+    dims = {"N": 8, "D": 64}
+    (item,) = [i for i in tgc.loads("x: f32[N, D]\nreturn softmax(x, axis=1)\n").schedule(dims, "CPU") if i.ast.src]
+    ast = prepare(item.ast, dev)
+    seed = OptKernel(ast, dev)
+    hand_coded(seed)
+    trusted = {tuple(seed.applied[:n]) for n in range(len(seed.applied) + 1)}  # the unoptimized and the seeds
+    render = search._render
+
+    def broken(cand, device, name, bufs):
+        render(cand, device, name, bufs)
+        if tuple(cand.opts) not in trusted:
+            cand.src = _writes_nothing(cand.src)
+
+    monkeypatch.setattr(search, "_render", broken)
+    res = search.beam_search(ast, dev, item.bufs, width=2, name=item.name)
+    assert tuple(res.opts) in trusted and res.rejected >= 1
