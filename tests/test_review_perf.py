@@ -367,3 +367,26 @@ def test_beam_rejects_a_candidate_that_leaves_the_output_unwritten(monkeypatch):
     monkeypatch.setattr(search, "_render", broken)
     res = search.beam_search(ast, dev, item.bufs, width=2, name=item.name)
     assert tuple(res.opts) in trusted and res.rejected >= 1
+
+
+def test_a_package_bench_without_a_measured_peak_says_so(monkeypatch):
+    """`tgc bench PKG` measures no peak (it compiles nothing); before any `tgc bench FILE.tg` on the machine (or
+    after the peak's cache key changed) it said the CPU's peak was unknown."""
+    from tgc.cli import report
+    from tgc.engine import bench
+
+    class Dev:
+        kind = "CPU"
+
+        def info(self) -> dict:
+            return {}
+
+        def cache_bytes(self) -> int:
+            return 1 << 20
+
+    monkeypatch.setattr(bench, "peak_key", lambda dev: "no such key")
+    monkeypatch.setattr(bench.cache, "get_json", lambda *a, **k: None)
+    note = report.peak_note({"device": "CPU", "peak": bench.machine_peak(Dev(), measure=False)})
+    assert "not measured" in note and "unknown" not in note
+    assert report.peak_note({"device": "PYTHON", "peak": {"gflops": None, "gbps": None}}) == \
+        "peak: unknown for PYTHON, so no share of it is shown"
