@@ -226,6 +226,9 @@ def peak_note(result: Mapping[str, Any]) -> str:
             mem += f" (a threaded copy, bytes read + written; a threaded read: {peak['read_gbps']:.4g} GB/s)"
         parts.append(mem)
     if not parts:
+        if str(peak.get("source") or "").startswith("not measured"):  # a package's bench: it compiles nothing
+            return ("peak: not measured on this machine yet (a package compiles nothing; `tgc bench` of a .tg file "
+                    "measures it once), so no share of it is shown")
         return f"peak: unknown for {result.get('device', 'this device')}, so no share of it is shown"
     source = {"measured": "measured on this machine", "device": "the device's figures"}.get(
         str(peak.get("source")), str(peak.get("source") or ""))

@@ -153,20 +153,32 @@ class _Timer:
             self.device.allocator.copyout(memoryview(out).cast("B"), self.handles[0])
         return out
 
-    def run(self, cand: Candidate, best: float, runs: int = 3) -> float:
+    def _launcher(self, cand: Candidate) -> Callable[[], float]:
         prog = self.device.program(cand.name, cand.binary)
         bufs = [self.handles[i] for i in cand.buf_index]
         launch = {"global_size": cand.launch.get("global_size", (1, 1, 1)), "local_size": cand.launch.get("local_size"),
                   "vals": cand.launch.get("vals", ())}
+        return lambda: prog(*bufs, **launch, wait=True)
+
+    def checked_output(self, cand: Candidate) -> np.ndarray:
+        """The candidate's output from one launch into an output buffer first filled with 0xFF bytes (NaN for
+        floats): values an earlier candidate left there never pass for ones this candidate did not write."""
+        if self.sizes[0]:
+            self.device.allocator.copyin(self.handles[0], memoryview(np.full(self.sizes[0], 0xFF, np.uint8)).cast("B"))
+        self._launcher(cand)()
+        return self.output()
+
+    def run(self, cand: Candidate, best: float, runs: int = 3) -> float:
+        once = self._launcher(cand)
         # a first, untimed launch: lazy module loading (CUDA), first-touch page faults and cold caches are not
         # the kernel's speed (the output buffer takes the same values again)
-        first = prog(*bufs, **launch, wait=True)
+        first = once()
         # on the CPU (no lazy module loading) a first launch over 4x the best is clearly worse: not run again
         if first > 4 * best and not self.device.caps.gpu:
             return first
         times = []
         for _ in range(runs):
-            t = prog(*bufs, **launch, wait=True)
+            t = once()
             times.append(t)
             if t > 2 * best:  # clearly worse: stop early
                 break
@@ -233,7 +245,7 @@ def _search(ast, device, timer: _Timer, width, name, progress, pool) -> SearchRe
         _render(c, device, name, timer.bufs)
         c.binary = device.compiler.compile(c.src)
         c.time_s = timer.run(c, best.time_s)
-        if c.time_s < best.time_s and _matches(timer.output(), timer.reference, timer.bufs[0].dtype):
+        if c.time_s < best.time_s and _matches(timer.checked_output(c), timer.reference, timer.bufs[0].dtype):
             best = c
         seeds.append(c)
     beam = sorted(seeds, key=lambda c: c.time_s)[:width] if seeds else [base]
@@ -274,7 +286,7 @@ def _search(ast, device, timer: _Timer, width, name, progress, pool) -> SearchRe
                     result.failed += 1
                     continue
                 if c.time_s < best.time_s:  # only a potential winner needs the correctness check
-                    if not _matches(timer.output(), timer.reference, timer.bufs[0].dtype):
+                    if not _matches(timer.checked_output(c), timer.reference, timer.bufs[0].dtype):
                         result.rejected += 1
                         c.time_s = float("inf")
                         continue
