@@ -132,7 +132,7 @@ LIMITS = {
     "mlp": "the erf GELU epilogue is fused into the matmul's output loop; XLA's matmul kernel is better blocked",
     "small": "the 20 kernels run as one CPU graph (one native call); XLA fuses the chain into fewer kernels, and "
              "each of tgc's kernels recomputes the column means before it",
-    "transformer": "10 kernels run in 4 chunks of 2 batch rows (for peak memory): matmuls with their epilogues "
+    "transformer": "its kernels run in 4 chunks of 2 batch rows (for peak memory): matmuls with their epilogues "
                    "fused (the GELU hidden layer realized once), the causal attention one fused kernel whose "
                    "128-wide heads BEAM does not search (each candidate compiles for seconds)",
 }
