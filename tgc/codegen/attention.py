@@ -39,8 +39,8 @@ from tgc.codegen.transcendental import decompose_transcendentals
 from tgc.dtype import dtypes
 from tgc.env import debug_level, env_flag
 from tgc.ir.kernel import INDEX
-from tgc.ir.symbolic import simplify
-from tgc.ir.uop import Ops, RangeKind, UOp, substitute
+from tgc.ir.symbolic import simplify, symbolic
+from tgc.ir.uop import Ops, RangeKind, UOp, graph_rewrite, substitute
 
 BLOCK = 16  # keys per block: scores held in registers at once
 SHARED_ROWS = 64  # GPU: query rows per work-group sharing each block's keys and values in shared memory
@@ -261,9 +261,10 @@ ROW_BLOCK = 16  # keys per block there
 MAX_UNROLL = 128  # head dimensions up to this are unrolled in `build_rows`
 
 
-def _row_vectorizer(lane: UOp, cache: dict | None = None) -> Any:
+def _row_vectorizer(lane: UOp, cache: dict | None = None, simp: Any = simplify) -> Any:
     """The `tgc.codegen.expand` vectorizer, except that integer and bool values varying by lane (index math, a
-    causal mask's comparison) are computed lane by lane as scalars: index math stays scalar, with its bounds."""
+    causal mask's comparison) are computed lane by lane as scalars: index math stays scalar, with its bounds.
+    `simp` simplifies each lane's value (`_memo_simplify`: one memo across the kernel's expressions)."""
 
     shared: dict = {} if cache is None else cache  # (value, lane) -> the value at that lane, across vectorizers
 
@@ -271,7 +272,7 @@ def _row_vectorizer(lane: UOp, cache: dict | None = None) -> Any:
         def at(self, u: UOp, j: int) -> UOp:
             key = (u, j)
             if key not in shared:
-                shared[key] = super().at(u, j)
+                shared[key] = simp(substitute(u, {self.lane: UOp.const(self.lane.dtype, j)}))
             return shared[key]
 
         def vec(self, u: UOp) -> UOp:
@@ -286,6 +287,13 @@ def _row_vectorizer(lane: UOp, cache: dict | None = None) -> Any:
     return _Rows(lane)
 
 
+def _memo_simplify() -> Any:
+    """`simplify` with one memo shared by every call (node -> its simplified form): the kernel's expressions
+    share most subtrees (index math of the row tile, the key block), which are then simplified once."""
+    memo: dict[UOp, UOp] = {}
+    return lambda u: graph_rewrite(u, symbolic, memo=memo)
+
+
 def build_rows(sp: Any, decompose: bool, w: int = ROW_LANES, block: int | None = None) -> tuple[UOp, UOp, int] | None:
     """The kernel with `w` query rows as the lanes of every value (devices with vectors): per key, the scores of
     w rows are one vector (the head dimension unrolled, q gathered once per tile of rows, each k element
@@ -294,13 +302,14 @@ def build_rows(sp: Any, decompose: bool, w: int = ROW_LANES, block: int | None =
     if not _rows_apply(sp):
         return None
     ri = sp.loops[-1]
+    simp = _memo_simplify()
     tq = ri.src[0].arg
     ids = [u.arg[0] for e in (sp.x, sp.v, *sp.loops) for u in e.toposort() if u.op is Ops.RANGE]
     next_id = max(ids, default=0) + 1
     tile = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, -(-tq // w)),), ri.arg)
     lane = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, w),), (next_id + 1, RangeKind.UPCAST))
-    rows = simplify(tile * UOp.const(INDEX, w) + lane)
-    rows_c = simplify((rows < UOp.const(INDEX, tq)).where(rows, UOp.const(INDEX, tq - 1))) if tq % w else rows
+    rows = simp(tile * UOp.const(INDEX, w) + lane)
+    rows_c = simp((rows < UOp.const(INDEX, tq)).where(rows, UOp.const(INDEX, tq - 1))) if tq % w else rows
     bk = min(ROW_BLOCK if block is None else block, sp.tk)
     nblocks = -(-sp.tk // bk)
     jb = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, nblocks),), (next_id, RangeKind.REDUCE))
@@ -310,16 +319,16 @@ def build_rows(sp: Any, decompose: bool, w: int = ROW_LANES, block: int | None =
     chains: dict[int, list[UOp]] = {}
     lanes_at: dict = {}  # the partial sums of every key's inner products, term by term
     for jj in range(bk):
-        j = simplify(jb * UOp.const(INDEX, bk) + UOp.const(INDEX, jj)) if nblocks > 1 else UOp.const(INDEX, jj)
-        jc = simplify((j < UOp.const(INDEX, sp.tk)).where(j, UOp.const(INDEX, sp.tk - 1))) if ragged else j
-        xs = simplify(substitute(sp.x, {sp.rj: jc, ri: rows_c}))
-        vz = _row_vectorizer(lane, lanes_at)
+        j = simp(jb * UOp.const(INDEX, bk) + UOp.const(INDEX, jj)) if nblocks > 1 else UOp.const(INDEX, jj)
+        jc = simp((j < UOp.const(INDEX, sp.tk)).where(j, UOp.const(INDEX, sp.tk - 1))) if ragged else j
+        xs = simp(substitute(sp.x, {sp.rj: jc, ri: rows_c}))
+        vz = _row_vectorizer(lane, lanes_at, simp)
         vz.analyze(xs)
         for red in (u for u in xs.toposort() if u.op is Ops.REDUCE):  # written out, one partial sum per term
             r, total = red.src[1], None
             for d in range(r.src[0].arg):
-                term = simplify(substitute(red.src[0], {r: UOp.const(INDEX, d)}))
-                vt = _row_vectorizer(lane, lanes_at)
+                term = simp(substitute(red.src[0], {r: UOp.const(INDEX, d)}))
+                vt = _row_vectorizer(lane, lanes_at, simp)
                 vt.analyze(term)
                 term = vt.broadcast(term)
                 total = term if total is None else UOp(Ops.ADD, term.dtype, (total, term))
@@ -351,14 +360,14 @@ def build_rows(sp: Any, decompose: bool, w: int = ROW_LANES, block: int | None =
         vc = substitute(sp.v, {sp.rdv: UOp.const(INDEX, c)})
         acc = None
         for p, jc in zip(ps, keys):
-            term = p * _splat(_f32(simplify(substitute(vc, {sp.rj: jc}))), w)
+            term = p * _splat(_f32(simp(substitute(vc, {sp.rj: jc}))), w)
             acc = term if acc is None else acc + term
         cols.append(acc)
         value = UOp(Ops.FDIV, vf, (_ph(f"o{c}", w), _ph("l", w)))
         for t in range(min(w, tq)):
             # a lane past the last row computed the last row (its index is clamped): it stores that same value
-            row = simplify(substitute(rows_c, {lane: UOp.const(INDEX, t)}))
-            idx = simplify(substitute(sp.out_index, {sp.rdv: UOp.const(INDEX, c), ri: row}))
+            row = simp(substitute(rows_c, {lane: UOp.const(INDEX, t)}))
+            idx = simp(substitute(sp.out_index, {sp.rdv: UOp.const(INDEX, c), ri: row}))
             stores.append(UOp(Ops.STORE, None, (sp.out, idx, UOp(Ops.GEP, dtypes.f32, (value,), t))))
     order = [u for d in sorted(chains) for u in chains[d]]
     return UOp(Ops.SINK, None, (bm, alpha, lsum, *cols, *stores, *order)), jb, len(order)
