@@ -26,6 +26,7 @@ last key (clamped index) and get weight 0, so no load leaves its buffer.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -337,7 +338,7 @@ def build_rows(sp: Any, decompose: bool, w: int = ROW_LANES, block: int | None =
             vz.depends.add(red)
         sv = vz.broadcast(_f32(xs))
         if ragged:
-            sv = UOp(Ops.WHERE, vf, (_splat(j < UOp.const(INDEX, sp.tk), w), sv, _splat(_c(-math.inf), w)))
+            sv = UOp(Ops.WHERE, vf, (_splat(simp(j < UOp.const(INDEX, sp.tk)), w), sv, _splat(_c(-math.inf), w)))
         scores.append(sv)
         keys.append(jc)
     bm = scores[0]
@@ -477,6 +478,11 @@ def lower_attention(item: Any, device: Any, name: str, opts: list[Opt] | None = 
     sp = item.meta["attention"]
     ch = apply_opts(item, device, opts or [])
     vectors = device.caps.vectors and not env_flag("NOOPT")
+    presplit = 0  # threads given their chunk of the first loop in the spec (before the kernel is written out)
+    if ch["rows"] and not reference and not device.caps.gpu and ch["threads"] > 1:
+        split = _split_spec(sp, ch["threads"])
+        if split is not None:
+            sp, presplit = split
     by_rows = build_rows(sp, device.caps.decompose_transcendentals, w=ch["rows"], block=ch["block"]) \
         if ch["rows"] and not reference else None
     norder = 0
@@ -495,6 +501,8 @@ def lower_attention(item: Any, device: Any, name: str, opts: list[Opt] | None = 
             lim = launch_limits(device)
             ast, launch = map_to_grid(ast, max_local=min(device.caps.preferred_local_size, lim.threads, 64),
                                       max_grid=lim.grid)
+    elif presplit > 1 and by_rows is not None:
+        launch["global_size"] = (presplit, 1, 1)
     elif ch["threads"] > 1:
         ast, threads = split_threads(ast, ch["threads"])
         if threads > 1:
@@ -511,6 +519,29 @@ def lower_attention(item: Any, device: Any, name: str, opts: list[Opt] | None = 
     low = finish(device, name, ast, uops, bufs, launch)
     low.applied = [] if reference else opts_of(ch)
     return low
+
+
+def _split_spec(sp: Any, threads: int) -> tuple[Any, int] | None:
+    """`sp` with its first loop (a batch loop, not the query row) split across `threads` threads as
+    `tgc.codegen.opt.split_threads` splits it (each thread a contiguous chunk, its end depending on `core_id`),
+    done on the spec's small expressions instead of the written-out kernel; None where it does not apply."""
+    if len(sp.loops) < 2 or sp.loops[0].src[0].op is not Ops.CONST or \
+            sp.loops[0].arg[0] != min(r.arg[0] for r in sp.loops):
+        return None
+    r, n = sp.loops[0], sp.loops[0].src[0].arg
+    threads = min(threads, n)
+    if threads <= 1:
+        return None
+    chunk = -(-n // threads)
+    threads = -(-n // chunk)
+    core = UOp(Ops.DEFINE_VAR, INDEX, (), ("core_id", 0, threads - 1))
+    start = core * UOp.const(INDEX, chunk)
+    left = UOp.const(INDEX, n) - start
+    end = simplify((left < UOp.const(INDEX, chunk)).where(left, UOp.const(INDEX, chunk)))
+    inner = UOp(Ops.RANGE, INDEX, (end,), (r.arg[0], RangeKind.LOOP))
+    sub = {r: simplify(start + inner)}
+    return dataclasses.replace(sp, loops=(inner, *sp.loops[1:]), x=substitute(sp.x, sub), v=substitute(sp.v, sub),
+                               out_index=substitute(sp.out_index, sub)), threads
 
 
 def _linearize(ast: UOp, jb_arg: Any, ncols: int, hoist: bool = False, norder: int = 0,
