@@ -357,6 +357,8 @@ def build_rows(sp: Any, decompose: bool, w: int = ROW_LANES, block: int | None =
     for p in ps[1:]:
         lsum = lsum + p
     cols, stores = [], []
+    # a lane past the last row computed the last row (its index is clamped): it stores that same value
+    lane_rows = [simp(substitute(rows_c, {lane: UOp.const(INDEX, t)})) for t in range(min(w, tq))]
     for c in range(sp.dv):
         vc = substitute(sp.v, {sp.rdv: UOp.const(INDEX, c)})
         acc = None
@@ -365,9 +367,7 @@ def build_rows(sp: Any, decompose: bool, w: int = ROW_LANES, block: int | None =
             acc = term if acc is None else acc + term
         cols.append(acc)
         value = UOp(Ops.FDIV, vf, (_ph(f"o{c}", w), _ph("l", w)))
-        for t in range(min(w, tq)):
-            # a lane past the last row computed the last row (its index is clamped): it stores that same value
-            row = simp(substitute(rows_c, {lane: UOp.const(INDEX, t)}))
+        for t, row in enumerate(lane_rows):
             idx = simp(substitute(sp.out_index, {sp.rdv: UOp.const(INDEX, c), ri: row}))
             stores.append(UOp(Ops.STORE, None, (sp.out, idx, UOp(Ops.GEP, dtypes.f32, (value,), t))))
     order = [u for d in sorted(chains) for u in chains[d]]
