@@ -26,6 +26,7 @@ last key (clamped index) and get weight 0, so no load leaves its buffer.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -39,8 +40,8 @@ from tgc.codegen.transcendental import decompose_transcendentals
 from tgc.dtype import dtypes
 from tgc.env import debug_level, env_flag
 from tgc.ir.kernel import INDEX
-from tgc.ir.symbolic import simplify
-from tgc.ir.uop import Ops, RangeKind, UOp, substitute
+from tgc.ir.symbolic import simplify, symbolic
+from tgc.ir.uop import Ops, RangeKind, UOp, graph_rewrite, substitute
 
 BLOCK = 16  # keys per block: scores held in registers at once
 SHARED_ROWS = 64  # GPU: query rows per work-group sharing each block's keys and values in shared memory
@@ -261,9 +262,10 @@ ROW_BLOCK = 16  # keys per block there
 MAX_UNROLL = 128  # head dimensions up to this are unrolled in `build_rows`
 
 
-def _row_vectorizer(lane: UOp, cache: dict | None = None) -> Any:
+def _row_vectorizer(lane: UOp, cache: dict | None = None, simp: Any = simplify) -> Any:
     """The `tgc.codegen.expand` vectorizer, except that integer and bool values varying by lane (index math, a
-    causal mask's comparison) are computed lane by lane as scalars: index math stays scalar, with its bounds."""
+    causal mask's comparison) are computed lane by lane as scalars: index math stays scalar, with its bounds.
+    `simp` simplifies each lane's value (`_memo_simplify`: one memo across the kernel's expressions)."""
 
     shared: dict = {} if cache is None else cache  # (value, lane) -> the value at that lane, across vectorizers
 
@@ -271,7 +273,7 @@ def _row_vectorizer(lane: UOp, cache: dict | None = None) -> Any:
         def at(self, u: UOp, j: int) -> UOp:
             key = (u, j)
             if key not in shared:
-                shared[key] = super().at(u, j)
+                shared[key] = simp(substitute(u, {self.lane: UOp.const(self.lane.dtype, j)}))
             return shared[key]
 
         def vec(self, u: UOp) -> UOp:
@@ -286,6 +288,13 @@ def _row_vectorizer(lane: UOp, cache: dict | None = None) -> Any:
     return _Rows(lane)
 
 
+def _memo_simplify() -> Any:
+    """`simplify` with one memo shared by every call (node -> its simplified form): the kernel's expressions
+    share most subtrees (index math of the row tile, the key block), which are then simplified once."""
+    memo: dict[UOp, UOp] = {}
+    return lambda u: graph_rewrite(u, symbolic, memo=memo)
+
+
 def build_rows(sp: Any, decompose: bool, w: int = ROW_LANES, block: int | None = None) -> tuple[UOp, UOp, int] | None:
     """The kernel with `w` query rows as the lanes of every value (devices with vectors): per key, the scores of
     w rows are one vector (the head dimension unrolled, q gathered once per tile of rows, each k element
@@ -294,13 +303,14 @@ def build_rows(sp: Any, decompose: bool, w: int = ROW_LANES, block: int | None =
     if not _rows_apply(sp):
         return None
     ri = sp.loops[-1]
+    simp = _memo_simplify()
     tq = ri.src[0].arg
     ids = [u.arg[0] for e in (sp.x, sp.v, *sp.loops) for u in e.toposort() if u.op is Ops.RANGE]
     next_id = max(ids, default=0) + 1
     tile = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, -(-tq // w)),), ri.arg)
     lane = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, w),), (next_id + 1, RangeKind.UPCAST))
-    rows = simplify(tile * UOp.const(INDEX, w) + lane)
-    rows_c = simplify((rows < UOp.const(INDEX, tq)).where(rows, UOp.const(INDEX, tq - 1))) if tq % w else rows
+    rows = simp(tile * UOp.const(INDEX, w) + lane)
+    rows_c = simp((rows < UOp.const(INDEX, tq)).where(rows, UOp.const(INDEX, tq - 1))) if tq % w else rows
     bk = min(ROW_BLOCK if block is None else block, sp.tk)
     nblocks = -(-sp.tk // bk)
     jb = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, nblocks),), (next_id, RangeKind.REDUCE))
@@ -310,16 +320,16 @@ def build_rows(sp: Any, decompose: bool, w: int = ROW_LANES, block: int | None =
     chains: dict[int, list[UOp]] = {}
     lanes_at: dict = {}  # the partial sums of every key's inner products, term by term
     for jj in range(bk):
-        j = simplify(jb * UOp.const(INDEX, bk) + UOp.const(INDEX, jj)) if nblocks > 1 else UOp.const(INDEX, jj)
-        jc = simplify((j < UOp.const(INDEX, sp.tk)).where(j, UOp.const(INDEX, sp.tk - 1))) if ragged else j
-        xs = simplify(substitute(sp.x, {sp.rj: jc, ri: rows_c}))
-        vz = _row_vectorizer(lane, lanes_at)
+        j = simp(jb * UOp.const(INDEX, bk) + UOp.const(INDEX, jj)) if nblocks > 1 else UOp.const(INDEX, jj)
+        jc = simp((j < UOp.const(INDEX, sp.tk)).where(j, UOp.const(INDEX, sp.tk - 1))) if ragged else j
+        xs = simp(substitute(sp.x, {sp.rj: jc, ri: rows_c}))
+        vz = _row_vectorizer(lane, lanes_at, simp)
         vz.analyze(xs)
         for red in (u for u in xs.toposort() if u.op is Ops.REDUCE):  # written out, one partial sum per term
             r, total = red.src[1], None
             for d in range(r.src[0].arg):
-                term = simplify(substitute(red.src[0], {r: UOp.const(INDEX, d)}))
-                vt = _row_vectorizer(lane, lanes_at)
+                term = simp(substitute(red.src[0], {r: UOp.const(INDEX, d)}))
+                vt = _row_vectorizer(lane, lanes_at, simp)
                 vt.analyze(term)
                 term = vt.broadcast(term)
                 total = term if total is None else UOp(Ops.ADD, term.dtype, (total, term))
@@ -328,7 +338,7 @@ def build_rows(sp: Any, decompose: bool, w: int = ROW_LANES, block: int | None =
             vz.depends.add(red)
         sv = vz.broadcast(_f32(xs))
         if ragged:
-            sv = UOp(Ops.WHERE, vf, (_splat(j < UOp.const(INDEX, sp.tk), w), sv, _splat(_c(-math.inf), w)))
+            sv = UOp(Ops.WHERE, vf, (_splat(simp(j < UOp.const(INDEX, sp.tk)), w), sv, _splat(_c(-math.inf), w)))
         scores.append(sv)
         keys.append(jc)
     bm = scores[0]
@@ -347,18 +357,18 @@ def build_rows(sp: Any, decompose: bool, w: int = ROW_LANES, block: int | None =
     for p in ps[1:]:
         lsum = lsum + p
     cols, stores = [], []
+    # a lane past the last row computed the last row (its index is clamped): it stores that same value
+    lane_rows = [simp(substitute(rows_c, {lane: UOp.const(INDEX, t)})) for t in range(min(w, tq))]
     for c in range(sp.dv):
         vc = substitute(sp.v, {sp.rdv: UOp.const(INDEX, c)})
         acc = None
         for p, jc in zip(ps, keys):
-            term = p * _splat(_f32(simplify(substitute(vc, {sp.rj: jc}))), w)
+            term = p * _splat(_f32(simp(substitute(vc, {sp.rj: jc}))), w)
             acc = term if acc is None else acc + term
         cols.append(acc)
         value = UOp(Ops.FDIV, vf, (_ph(f"o{c}", w), _ph("l", w)))
-        for t in range(min(w, tq)):
-            # a lane past the last row computed the last row (its index is clamped): it stores that same value
-            row = simplify(substitute(rows_c, {lane: UOp.const(INDEX, t)}))
-            idx = simplify(substitute(sp.out_index, {sp.rdv: UOp.const(INDEX, c), ri: row}))
+        for t, row in enumerate(lane_rows):
+            idx = simp(substitute(sp.out_index, {sp.rdv: UOp.const(INDEX, c), ri: row}))
             stores.append(UOp(Ops.STORE, None, (sp.out, idx, UOp(Ops.GEP, dtypes.f32, (value,), t))))
     order = [u for d in sorted(chains) for u in chains[d]]
     return UOp(Ops.SINK, None, (bm, alpha, lsum, *cols, *stores, *order)), jb, len(order)
@@ -468,6 +478,11 @@ def lower_attention(item: Any, device: Any, name: str, opts: list[Opt] | None = 
     sp = item.meta["attention"]
     ch = apply_opts(item, device, opts or [])
     vectors = device.caps.vectors and not env_flag("NOOPT")
+    presplit = 0  # threads given their chunk of the first loop in the spec (before the kernel is written out)
+    if ch["rows"] and not reference and not device.caps.gpu and ch["threads"] > 1:
+        split = _split_spec(sp, ch["threads"])
+        if split is not None:
+            sp, presplit = split
     by_rows = build_rows(sp, device.caps.decompose_transcendentals, w=ch["rows"], block=ch["block"]) \
         if ch["rows"] and not reference else None
     norder = 0
@@ -486,6 +501,8 @@ def lower_attention(item: Any, device: Any, name: str, opts: list[Opt] | None = 
             lim = launch_limits(device)
             ast, launch = map_to_grid(ast, max_local=min(device.caps.preferred_local_size, lim.threads, 64),
                                       max_grid=lim.grid)
+    elif presplit > 1 and by_rows is not None:
+        launch["global_size"] = (presplit, 1, 1)
     elif ch["threads"] > 1:
         ast, threads = split_threads(ast, ch["threads"])
         if threads > 1:
@@ -502,6 +519,29 @@ def lower_attention(item: Any, device: Any, name: str, opts: list[Opt] | None = 
     low = finish(device, name, ast, uops, bufs, launch)
     low.applied = [] if reference else opts_of(ch)
     return low
+
+
+def _split_spec(sp: Any, threads: int) -> tuple[Any, int] | None:
+    """`sp` with its first loop (a batch loop, not the query row) split across `threads` threads as
+    `tgc.codegen.opt.split_threads` splits it (each thread a contiguous chunk, its end depending on `core_id`),
+    done on the spec's small expressions instead of the written-out kernel; None where it does not apply."""
+    if len(sp.loops) < 2 or sp.loops[0].src[0].op is not Ops.CONST or \
+            sp.loops[0].arg[0] != min(r.arg[0] for r in sp.loops):
+        return None
+    r, n = sp.loops[0], sp.loops[0].src[0].arg
+    threads = min(threads, n)
+    if threads <= 1:
+        return None
+    chunk = -(-n // threads)
+    threads = -(-n // chunk)
+    core = UOp(Ops.DEFINE_VAR, INDEX, (), ("core_id", 0, threads - 1))
+    start = core * UOp.const(INDEX, chunk)
+    left = UOp.const(INDEX, n) - start
+    end = simplify((left < UOp.const(INDEX, chunk)).where(left, UOp.const(INDEX, chunk)))
+    inner = UOp(Ops.RANGE, INDEX, (end,), (r.arg[0], RangeKind.LOOP))
+    sub = {r: simplify(start + inner)}
+    return dataclasses.replace(sp, loops=(inner, *sp.loops[1:]), x=substitute(sp.x, sub), v=substitute(sp.v, sub),
+                               out_index=substitute(sp.out_index, sub)), threads
 
 
 def _linearize(ast: UOp, jb_arg: Any, ncols: int, hoist: bool = False, norder: int = 0,

@@ -381,7 +381,24 @@ def rebuild(root: UOp, memo: dict[UOp, UOp], fn: Callable[[UOp], UOp] | None = N
     """The one bottom-up rebuild: every node below `root` not yet in `memo`, sources first, is rebuilt on its
     sources' new nodes and `fn` (if given) picks what it becomes; `memo` maps each old node to its new one and
     may be seeded with replacements. `graph_rewrite`, `substitute` and the scheduler's graph edits all use it."""
-    for node in root.toposort():
+    if root in memo:
+        return memo[root]
+    order: list[UOp] = []  # the nodes below `root` not in `memo`, sources first (memo's subtrees are not walked)
+    seen: set[UOp] = set()
+    stack: list[tuple[UOp, bool]] = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if node in seen:
+            continue
+        seen.add(node)
+        stack.append((node, True))
+        for s in reversed(node.src):
+            if s not in seen and s not in memo:
+                stack.append((s, False))
+    for node in order:
         if node in memo:
             continue
         new = node.replace(src=tuple(memo[s] for s in node.src)) if node.src else node
@@ -389,9 +406,10 @@ def rebuild(root: UOp, memo: dict[UOp, UOp], fn: Callable[[UOp], UOp] | None = N
     return memo[root]
 
 
-def graph_rewrite(root: UOp, pm: PatternMatcher, ctx: Any = None) -> UOp:
-    """Rewrite bottom-up until no rule applies anywhere (a fixed point)."""
-    memo: dict[UOp, UOp] = {}
+def graph_rewrite(root: UOp, pm: PatternMatcher, ctx: Any = None, memo: dict[UOp, UOp] | None = None) -> UOp:
+    """Rewrite bottom-up until no rule applies anywhere (a fixed point). `memo` (node -> its fixed point) may be
+    shared by calls with the same `pm` and `ctx`: subtrees rewritten by an earlier call are not walked again."""
+    memo = {} if memo is None else memo
     depth = [0]  # rewrites of rewrites' results in progress: rules that never settle must not overflow the stack
 
     def settle(u: UOp) -> UOp:
