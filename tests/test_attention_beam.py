@@ -101,7 +101,7 @@ def test_a_choice_that_does_not_apply_is_refused():
     for bad in ([Opt(OptOps.UPCAST, 0, 4)], [Opt(OptOps.UNROLL, 0, 0)], [Opt(OptOps.UNROLL, 1, 8)],
                 [Opt(OptOps.THREAD, 0, CPU.cores + 1)], [Opt(OptOps.LOCAL, 0, 2)]):
         with pytest.raises(OptError):
-            A.apply_opts(item, CPU, bad)
+            A.attention_choices(item, CPU, bad)
 
 
 def test_the_candidate_set_is_every_rows_and_block_choice_then_fewer_threads():

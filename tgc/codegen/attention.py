@@ -380,7 +380,7 @@ def build_rows(sp: Any, decompose: bool, w: int = ROW_LANES, block: int | None =
 # to compile; they are accepted as stored opts but not searched.
 ROW_CHOICES = (8, 16)  # query rows per vector (`build_rows`)
 BLOCK_CHOICES = (8, 16)  # keys per block (scores in registers at once, one rescale per block)
-MAX_ROWS, MAX_BLOCK = 32, 64  # what `apply_opts` accepts
+MAX_ROWS, MAX_BLOCK = 32, 64  # what `attention_choices` accepts
 # BEAM searches a kernel only while the default's written-out terms ((rows + keys per block) x (head dim +
 # value dim), `_terms`) stay within this (the bench's 8x512x64 default); past it the default is the only
 # candidate: a 128-wide head's candidates take 15-35 s each to compile on the 2-core bench machine, past
@@ -415,7 +415,7 @@ def opts_of(ch: dict[str, int]) -> list[Opt]:
     return out
 
 
-def apply_opts(item: Any, device: Any, opts: list[Opt]) -> dict[str, int]:
+def attention_choices(item: Any, device: Any, opts: list[Opt]) -> dict[str, int]:
     """The choices `opts` make (from the defaults); OptError for one that does not apply to this kernel."""
     ch = choices(item, device)
     sp = item.meta["attention"]
@@ -472,11 +472,11 @@ def _rows_apply(sp: Any) -> bool:
 def lower_attention(item: Any, device: Any, name: str, opts: list[Opt] | None = None,
                     reference: bool = False) -> Any:
     """The fused attention kernel of `item` lowered for `device` (a `tgc.codegen.pipeline.Lowered`), with the
-    choices `opts` (BEAM's, `apply_opts`) or the defaults. `reference` lowers the per-row form instead (BEAM's
+    choices `opts` (BEAM's, `attention_choices`) or the defaults. `reference` lowers the per-row form instead (BEAM's
     check of the row-vector candidates: another code path)."""
 
     sp = item.meta["attention"]
-    ch = apply_opts(item, device, opts or [])
+    ch = attention_choices(item, device, opts or [])
     vectors = device.caps.vectors and not env_flag("NOOPT")
     presplit = 0  # threads given their chunk of the first loop in the spec (before the kernel is written out)
     if ch["rows"] and not reference and not device.caps.gpu and ch["threads"] > 1:
@@ -613,5 +613,5 @@ def _linearize(ast: UOp, jb_arg: Any, ncols: int, hoist: bool = False, norder: i
     return lin.out
 
 
-__all__ = ["BLOCK", "BLOCK_CHOICES", "ROW_CHOICES", "ROW_LANES", "apply_opts", "build", "build_rows", "candidates",
-           "choices", "lower_attention", "opts_of"]
+__all__ = ["BLOCK", "BLOCK_CHOICES", "ROW_CHOICES", "ROW_LANES", "attention_choices", "build", "build_rows",
+           "candidates", "choices", "lower_attention", "opts_of"]

@@ -52,7 +52,7 @@ PAD_AMOUNTS = (8, 16, 32)
 
 def beam_key(ast: UOp, device: Any, attention: bool = False) -> str:
     """A kernel's key in the `beam` table; `attention` keys the fused attention kernel of that (plain) AST, whose
-    choices are not the ordinary kernel's opts (`tgc.codegen.attention.apply_opts`)."""
+    choices are not the ordinary kernel's opts (`tgc.codegen.attention.attention_choices`)."""
     comp = device.compiler
     return cache.make_key("beam attention" if attention else "beam", device.kind, comp.cache_key if comp else "none",
                           __version__, pretty(ast))
