@@ -26,7 +26,7 @@ from tgc import cache
 from tgc.codegen.attention import candidates as attention_candidates
 from tgc.codegen.attention import lower_attention
 from tgc.codegen.binaries import compile_key
-from tgc.codegen.opt import Opt, OptError, OptKernel, OptOps, hand_coded
+from tgc.codegen.opt import Opt, OptError, OptKernel, OptOps, hand_coded, remember
 from tgc.codegen.pipeline import lower
 from tgc.codegen.pipeline import prepare as prepare_ast
 from tgc.dtype import bf16_to_f32
@@ -132,6 +132,8 @@ class Candidate:
 
 def _render(cand: Candidate, device: Any, name: str, bufs: list[UOp]) -> None:
     """A candidate's source, through the one lowering every kernel takes (`pipeline.lower`)."""
+    if cand.kernel is not None and cand.kernel.applied == cand.opts:
+        remember(cand.kernel)  # its lowering starts from the state the search already built
     low = lower(cand.kernel.base, device, bufs, name, opts=cand.opts)
     cand.buf_index = [bufs.index(b) for b in low.bufs]
     cand.src, cand.launch, cand.name = low.src, low.launch, name

@@ -377,11 +377,32 @@ class PatternMatcher:
 MAX_REWRITE_DEPTH = 150
 
 
-def rebuild(root: UOp, memo: dict[UOp, UOp], fn: Callable[[UOp], UOp] | None = None) -> UOp:
+def _unvisited(root: UOp, memo: dict[UOp, UOp]) -> list[UOp]:
+    """The nodes below `root` that `memo` lacks, sources first, not looking below a node `memo` has."""
+    order: list[UOp] = []
+    seen: set[UOp] = set()
+    stack: list[tuple[UOp, bool]] = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if node in seen or node in memo:
+            continue
+        seen.add(node)
+        stack.append((node, True))
+        for s in reversed(node.src):
+            if s not in seen and s not in memo:
+                stack.append((s, False))
+    return order
+
+
+def rebuild(root: UOp, memo: dict[UOp, UOp], fn: Callable[[UOp], UOp] | None = None, prune: bool = False) -> UOp:
     """The one bottom-up rebuild: every node below `root` not yet in `memo`, sources first, is rebuilt on its
     sources' new nodes and `fn` (if given) picks what it becomes; `memo` maps each old node to its new one and
-    may be seeded with replacements. `graph_rewrite`, `substitute` and the scheduler's graph edits all use it."""
-    for node in root.toposort():
+    may be seeded with replacements. `graph_rewrite`, `substitute` and the scheduler's graph edits all use it.
+    `prune`: nodes below one `memo` already has are not visited (nor added to `memo`)."""
+    for node in (_unvisited(root, memo) if prune else root.toposort()):
         if node in memo:
             continue
         new = node.replace(src=tuple(memo[s] for s in node.src)) if node.src else node
@@ -389,9 +410,12 @@ def rebuild(root: UOp, memo: dict[UOp, UOp], fn: Callable[[UOp], UOp] | None = N
     return memo[root]
 
 
-def graph_rewrite(root: UOp, pm: PatternMatcher, ctx: Any = None) -> UOp:
-    """Rewrite bottom-up until no rule applies anywhere (a fixed point)."""
-    memo: dict[UOp, UOp] = {}
+def graph_rewrite(root: UOp, pm: PatternMatcher, ctx: Any = None, memo: dict[UOp, UOp] | None = None) -> UOp:
+    """Rewrite bottom-up until no rule applies anywhere (a fixed point). `memo`: a memo of earlier rewrites with
+    the same rules and `ctx` (rules are functions of the node), shared by calls on graphs with common parts
+    (BEAM's copies of a store): those parts are neither visited nor rewritten again."""
+    prune = memo is not None
+    memo = {} if memo is None else memo
     depth = [0]  # rewrites of rewrites' results in progress: rules that never settle must not overflow the stack
 
     def settle(u: UOp) -> UOp:
@@ -404,7 +428,7 @@ def graph_rewrite(root: UOp, pm: PatternMatcher, ctx: Any = None) -> UOp:
                 out = pm.rewrite(u, ctx)
                 if out is None:
                     return u
-                u = rebuild(out, memo, step)
+                u = rebuild(out, memo, step, prune)
         finally:
             depth[0] -= 1
         raise RuntimeError(f"graph_rewrite did not converge on {u.op}")
@@ -414,7 +438,7 @@ def graph_rewrite(root: UOp, pm: PatternMatcher, ctx: Any = None) -> UOp:
         memo.setdefault(result, result)
         return result
 
-    return rebuild(root, memo, step)
+    return rebuild(root, memo, step, prune)
 
 
 def substitute(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
