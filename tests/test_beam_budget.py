@@ -81,7 +81,8 @@ return a @ b + c, c * 2.0
 def test_a_kernel_that_cannot_matter_gets_a_small_search(spy, monkeypatch):
     """The budget's measurement says the second kernel takes 0.1% of the program: it is searched with width 1
     over one round (fewer candidates than the full search of it tries), the first with the full width; both
-    results still match numpy (with the winners of a search where every opt looks faster), and the small one's winner is stored under the width asked."""
+    results still match numpy (with the winners of a search where every opt looks faster), and the small one's
+    winner is stored under the width asked."""
     real = search._time_defaults
     measured: list[int] = []
     # every opt makes a candidate 20% faster (each round gains: the full search goes on), every output matches
@@ -133,3 +134,20 @@ def test_the_default_is_a_candidate_of_the_small_search(monkeypatch):
     res = search.beam_search(ast, cpu, item.bufs, search.SMALL_WIDTH, name="k", rounds=search.SMALL_ROUNDS)
     assert res.tried > 0 and res.rejected == res.tried
     assert res.opts == default_opts
+
+
+def test_the_table_says_which_kernels_took_another_s_winner_or_a_small_search():
+    import io
+
+    from rich.console import Console
+
+    from tgc.cli import report
+    rows = [{"name": "r_a", "opts": ["UPCAST(0, 4)"], "before_s": 2e-3, "after_s": 1e-3, "tried": 9},
+            {"name": "r_b", "opts": ["UPCAST(0, 4)"], "before_s": 2e-3, "after_s": 1e-3, "tried": 0, "same_as": "r_a"},
+            {"name": "E_c", "opts": [], "before_s": 1e-6, "after_s": 1e-6, "tried": 3, "small": True}]
+    out = io.StringIO()
+    Console(file=out, width=300).print(report.beam_table({"device": "CPU", "width": 4, "kernels": rows}))
+    lines = out.getvalue().splitlines()
+    assert "same kernel as r_a" in next(x for x in lines if "r_b" in x)
+    assert "small search" in next(x for x in lines if "E_c" in x)
+    assert "same kernel" not in next(x for x in lines if "r_a" in x and "r_b" not in x)
