@@ -151,3 +151,22 @@ def test_the_table_says_which_kernels_took_another_s_winner_or_a_small_search():
     assert "same kernel as r_a" in next(x for x in lines if "r_b" in x)
     assert "small search" in next(x for x in lines if "E_c" in x)
     assert "same kernel" not in next(x for x in lines if "r_a" in x and "r_b" not in x)
+
+
+@pytest.mark.parametrize("limit,more_rounds", [(0.0, False), (1e9, True)])
+def test_no_new_round_after_the_time_limit(monkeypatch, limit, more_rounds):
+    """Every opt makes a candidate 20% faster (the search would go on): with the limit already spent, only the
+    first round runs, and its winner is kept; with a generous one, further rounds."""
+    from tgc.backends import get_device
+    from tgc.codegen.pipeline import prepare
+    cpu = get_device("CPU")
+    item = tgc.loads("a: f32[N, M]\nreturn exp(a) * 2").schedule({"N": 16, "M": 64}, "CPU")[0]
+    ast = prepare(item.ast, cpu)
+    monkeypatch.setattr(search, "ROUND_START_LIMIT_S", limit)
+    monkeypatch.setattr(search._Timer, "run", lambda self, cand, best, runs=3: 0.8 ** len(cand.opts))
+    monkeypatch.setattr(search, "_matches", lambda out, ref, dtype: True)
+    monkeypatch.setattr(search, "_confirm", lambda timer, best, default: (best, default.time_s, best.time_s))
+    rounds: list[int] = []
+    res = search.beam_search(ast, cpu, item.bufs, 2, name="k", progress=lambda p: rounds.append(p["round"]))
+    assert rounds and (max(rounds) > 0) == more_rounds
+    assert res.after_s < res.before_s
