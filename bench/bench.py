@@ -247,9 +247,10 @@ def paired_share(flops: float, pairs: list[list]) -> float:
     return max(statistics.median(v) for v in ratios.values())
 # every workload: `tgc beam` (the CLI's defaults: `Program.beam`'s width, no --force) searches it within this
 BEAM_TIME_TARGET_S = 60.0
-BEAM_TIME_LIMIT = ("width 4 tries ~50-150 candidates per kernel, each rendered in the main process (20-100 ms of "
-                   "Python) and compiled by LLVM in 2 worker processes on this machine, then timed; a program of "
-                   "many kernels (the transformer block: 10 searched, ~800 candidates) takes longest; "
+BEAM_TIME_LIMIT = ("width 4 tries ~30-80 candidates per kernel that matters (a kernel under 2% of the program's "
+                   "default time gets a width-1 one-round search; kernels with the same AST are searched once), "
+                   "each rendered in the main process (~50 ms of Python) and compiled by LLVM in 2 worker processes "
+                   "on this machine, then timed: the wall time grows with the machine's load (2 cores shared); "
                    "`tgc beam --json` shows the candidates tried per kernel")
 
 

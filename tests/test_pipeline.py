@@ -283,7 +283,7 @@ def fake_search(tmp_path, monkeypatch):
     cache._reset_for_tests()
     widths: list[int] = []
 
-    def beam_search(ast, device, bufs, width, name="kernel", progress=None, pool=None):
+    def beam_search(ast, device, bufs, width, name="kernel", progress=None, pool=None, **kw):
         widths.append(width)
         if progress:
             progress({"kernel": name, "round": 0, "candidate": 1, "candidates": 1, "best_s": 1e-6, "base_s": 2e-6})

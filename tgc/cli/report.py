@@ -261,6 +261,10 @@ def beam_table(result: Mapping[str, Any]) -> Any:
     for k in result.get("kernels") or []:
         opts = k.get("opts") or []
         note = (f" (cached, width {k['width']})" if k.get("width") else " (cached)") if k.get("cached") else ""
+        if k.get("same_as"):
+            note += f" (same kernel as {k['same_as']})"
+        elif k.get("small"):
+            note += " (small search: a negligible share of the program)"
         table.add_row(str(k.get("name")), "" if k.get("line") is None else str(k.get("line")),
                       fmt_time(k.get("before_s")), fmt_time(k.get("after_s")), speedup(k),
                       "" if k.get("tried") is None else str(k["tried"]), ", ".join(str(o) for o in opts) + note)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 
 from tgc.codegen.opt import _stride
-from tgc.ir.symbolic import simplify
+from tgc.ir.symbolic import simplify, symbolic
 from tgc.ir.uop import Ops, PatternMatcher, RangeKind, UOp, UPat, graph_rewrite, substitute
 
 
@@ -18,9 +18,24 @@ def _ranges_of(u: UOp, kinds: tuple[RangeKind, ...]) -> list[UOp]:
 
 
 def _copies(u: UOp, ranges: list[UOp]) -> list[UOp]:
+    """`u` with each combination of the ranges' values substituted, simplified. Only the nodes that depend on the
+    ranges are rebuilt per copy, and one simplify memo serves every copy: the parts they share (the other
+    operand's loads, the loops) are simplified once."""
+    rs = set(ranges)
+    depends: set[UOp] = set()
+    order = []
+    for n in u.toposort():
+        if n in rs or any(s in depends for s in n.src):
+            depends.add(n)
+            order.append(n)
+    memo: dict[UOp, UOp] = {}
     out = []
     for values in itertools.product(*(range(r.src[0].arg) for r in ranges)):
-        out.append(simplify(substitute(u, {r: UOp.const(r.dtype, v) for r, v in zip(ranges, values)})))
+        sub: dict[UOp, UOp] = {r: UOp.const(r.dtype, v) for r, v in zip(ranges, values)}
+        for n in order:
+            if n not in sub:
+                sub[n] = n.replace(src=tuple(sub.get(s, s) for s in n.src))
+        out.append(graph_rewrite(sub.get(u, u), symbolic, memo=memo))
     return out
 
 

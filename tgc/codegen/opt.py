@@ -568,19 +568,47 @@ def auto_threads(k: OptKernel) -> None:
         _try(k, Opt(OptOps.THREAD, 0, min(cores, total // MIN_WORK_PER_THREAD)))
 
 
+# opts replayed on an AST (`apply_opts` with a list), and the states BEAM built (`remember`): a search lowers
+# hundreds of candidates of one kernel, each the state of its parent plus one opt, which it has already applied
+_REPLAYED: dict[tuple, tuple[UOp, int, list[Opt]]] = {}
+_STATES: dict[tuple, OptKernel] = {}
+_MEMO_MAX = 4096
+
+
+def remember(k: OptKernel) -> None:
+    """Keep `k`'s state (its base AST with `k.applied` replayed): `apply_opts` of that list starts from it."""
+    if len(_STATES) > _MEMO_MAX:
+        _STATES.clear()
+    _STATES[(k.base, k.device, tuple(k.applied))] = k.copy()
+
+
 def apply_opts(ast: UOp, device: Any, opts: list[Opt] | None = None) -> tuple[UOp, int, list[Opt]]:
     """(optimized AST, CPU threads, applied opts): `opts` replays a known list (BEAM's, a stored winner's);
     None runs the hand-coded heuristic (nothing under NOOPT). On the CPU the outer loop is then split across
-    threads unless an opt chose how (THREAD) or NOOPT is set."""
-    k = OptKernel(ast, device)
-    if opts is not None:
-        for o in opts:
-            k.apply(o)
-    elif not env_flag("NOOPT"):
-        hand_coded(k)
+    threads unless an opt chose how (THREAD) or NOOPT is set. A replayed list is memoized (an OptKernel is a
+    function of its AST, device and opts)."""
+    noopt = env_flag("NOOPT")
+    key = (ast, device, tuple(opts), noopt) if opts is not None else None
+    if key is not None and key in _REPLAYED:
+        out = _REPLAYED[key]
+        return out[0], out[1], list(out[2])
+    known = _STATES.get((ast, device, tuple(opts))) if opts is not None else None
+    if known is not None:
+        k = known.copy()
+    else:
+        k = OptKernel(ast, device)
+        if opts is not None:
+            for o in opts:
+                k.apply(o)
+        elif not noopt:
+            hand_coded(k)
     gpu = k.device.caps.gpu
-    if not gpu and not env_flag("NOOPT") and not any(o.op is OptOps.THREAD for o in k.applied):
+    if not gpu and not noopt and not any(o.op is OptOps.THREAD for o in k.applied):
         auto_threads(k)
+    if key is not None:
+        if len(_REPLAYED) > _MEMO_MAX:
+            _REPLAYED.clear()
+        _REPLAYED[key] = (k.ast, k.threads, list(k.applied))
     return k.ast, k.threads, list(k.applied)
 
 

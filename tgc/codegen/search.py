@@ -26,7 +26,7 @@ from tgc import cache
 from tgc.codegen.attention import candidates as attention_candidates
 from tgc.codegen.attention import lower_attention
 from tgc.codegen.binaries import compile_key
-from tgc.codegen.opt import Opt, OptError, OptKernel, OptOps, hand_coded
+from tgc.codegen.opt import Opt, OptError, OptKernel, OptOps, hand_coded, remember
 from tgc.codegen.pipeline import lower
 from tgc.codegen.pipeline import prepare as prepare_ast
 from tgc.dtype import bf16_to_f32
@@ -45,6 +45,17 @@ UPCAST_AMOUNTS = (2, 3, 4, 8, 16)
 UNROLL_AMOUNTS = (2, 4, 8, 16)
 LOCAL_AMOUNTS = (2, 4, 8, 16, 32)
 PAD_AMOUNTS = (8, 16, 32)
+# the time budget: a kernel whose default takes under this share of the program's default time (the sum over the
+# kernels searched) cannot matter to the program: it gets a small search (SMALL_WIDTH, SMALL_ROUNDS rounds after
+# the default and its prefixes) instead of the full one
+SMALL_SHARE = 0.02
+SMALL_WIDTH = 1
+SMALL_ROUNDS = 1
+MAX_ROUNDS = 32
+# no new round starts once one kernel's search has run this long (the first round always runs, and the round in
+# progress ends): on a loaded machine a single-kernel search that keeps finding >3% gains (layernorm 4096^2:
+# ~110 candidates over 5 rounds) would otherwise take minutes
+ROUND_START_LIMIT_S = 30.0
 
 
 # ------------------------------------------------------------------------------------------- the winners' store
@@ -125,6 +136,8 @@ class Candidate:
 
 def _render(cand: Candidate, device: Any, name: str, bufs: list[UOp]) -> None:
     """A candidate's source, through the one lowering every kernel takes (`pipeline.lower`)."""
+    if cand.kernel is not None and cand.kernel.applied == cand.opts:
+        remember(cand.kernel)  # its lowering starts from the state the search already built
     low = lower(cand.kernel.base, device, bufs, name, opts=cand.opts)
     cand.buf_index = [bufs.index(b) for b in low.bufs]
     cand.src, cand.launch, cand.name = low.src, low.launch, name
@@ -209,17 +222,22 @@ class SearchResult:
 
 
 def beam_search(ast: UOp, device: Any, bufs: list[UOp], width: int, name: str = "kernel",
-                progress: Callable[[dict], None] | None = None, pool: Any = None
-                ) -> SearchResult:
+                progress: Callable[[dict], None] | None = None, pool: Any = None, rounds: int = MAX_ROUNDS,
+                starts: tuple[Candidate, list[Candidate]] | None = None) -> SearchResult:
+    """BEAM over one kernel: at most `rounds` rounds of `width`. `starts`: the search's first candidates
+    (`_starts`: the reference and the default's prefixes), already rendered and perhaps compiled (by
+    `beam_items`' time budget, which times the default first)."""
     timer = _Timer(device, bufs)
     try:
-        return _search(ast, device, timer, width, name, progress, pool)
+        return _search(ast, device, timer, width, name, progress, pool, rounds, starts)
     finally:
         timer.free()
 
 
-def _search(ast, device, timer: _Timer, width, name, progress, pool) -> SearchResult:
-    start = time.perf_counter()
+def _starts(ast: UOp, device: Any, name: str, bufs: list[UOp]) -> tuple[Candidate, list[Candidate]]:
+    """The search's first candidates, rendered (not compiled): the reference (the unoptimized kernel, or the
+    hand-coded one where the unoptimized would take many seconds) and the hand-coded heuristic's choice with its
+    prefixes (the last one is the default: what a run without BEAM gets)."""
     base = Candidate([], OptKernel(ast, device))
     seed = OptKernel(ast, device)
     hand_coded(seed)
@@ -229,25 +247,44 @@ def _search(ast, device, timer: _Timer, width, name, progress, pool) -> SearchRe
     work = prod(r.src[0].arg for r in base.kernel.ranges())
     reference = seed if seed.applied and work > REFERENCE_MAX_WORK else base.kernel
     base = Candidate(list(reference.applied), reference)
-    _render(base, device, name, timer.bufs)
-    base.binary = device.compiler.compile(base.src)
+    _render(base, device, name, bufs)
+    seeds = []
+    for n in range(1, len(seed.applied) + 1):
+        if reference is seed and n == len(seed.applied):  # the reference is the default: rendered once
+            seeds.append(Candidate(list(base.opts), base.kernel, src=base.src, name=base.name, launch=base.launch,
+                                   buf_index=base.buf_index, binary=base.binary))
+            continue
+        k = OptKernel(ast, device)
+        for o in seed.applied[:n]:
+            k.apply(o)
+        c = Candidate(list(seed.applied[:n]), k)
+        _render(c, device, name, bufs)
+        seeds.append(c)
+    return base, seeds
+
+
+def _compile_here(c: Candidate, device: Any) -> None:
+    if c.binary is None:
+        c.binary = device.compiler.compile(c.src)
+
+
+def _search(ast, device, timer: _Timer, width, name, progress, pool, rounds: int = MAX_ROUNDS,
+            starts: tuple[Candidate, list[Candidate]] | None = None) -> SearchResult:
+    start = time.perf_counter()
+    base, seeds = starts if starts is not None else _starts(ast, device, name, timer.bufs)
+    _compile_here(base, device)
     base.time_s = timer.run(base, float("inf"), runs=1)
     timer.reference = timer.output()
     best = base
     # start from the hand-coded heuristic's choice and its prefixes: their neighbours are the promising ones
     # (the unoptimized kernel's neighbours are mostly as slow as it is, and each costs a full run)
-    seeds = []
-    for n in range(1, len(seed.applied) + 1):
-        k = OptKernel(ast, device)
-        for o in seed.applied[:n]:
-            k.apply(o)
-        c = Candidate(list(seed.applied[:n]), k)
-        _render(c, device, name, timer.bufs)
-        c.binary = device.compiler.compile(c.src)
+    for c in seeds:
+        if c.binary is None and c.src == base.src:
+            c.binary = base.binary
+        _compile_here(c, device)
         c.time_s = timer.run(c, best.time_s)
         if c.time_s < best.time_s and _matches(timer.checked_output(c), timer.reference, timer.bufs[0].dtype):
             best = c
-        seeds.append(c)
     beam = sorted(seeds, key=lambda c: c.time_s)[:width] if seeds else [base]
     seen = {tuple(c.opts) for c in [base, *seeds]}
     sources = {c.src for c in [base, *seeds]}  # every source rendered so far: another opt order that gives one
@@ -256,7 +293,9 @@ def _search(ast, device, timer: _Timer, width, name, progress, pool) -> SearchRe
     result = SearchResult(list(base.opts), default_s, default_s, reference="unoptimized" if not base.opts
                           else "hand-coded")
     try:
-        for _round in range(32):
+        for _round in range(rounds):
+            if _round and time.perf_counter() - start > ROUND_START_LIMIT_S:
+                break
             cands: list[Candidate] = []
             for parent in beam:
                 for opt in actions(parent.kernel):
@@ -490,48 +529,124 @@ def make_pool(device: Any):
 # ------------------------------------------------------------------------------------------- the whole program
 
 
+def _time_defaults(todo: list[tuple[ScheduleItem, UOp]], dev: Any, pool: Any
+                   ) -> tuple[dict[int, tuple[Candidate, list[Candidate]]], dict[int, float]]:
+    """The time budget's measurement: every kernel's first candidates (`_starts`) rendered, handed to the compile
+    workers as each is rendered, and the default of each timed once compiled. Returns, per index into `todo`,
+    the rendered (and compiled) first candidates, which the search then uses, and the default's time."""
+    starts: dict[int, tuple[Candidate, list[Candidate]]] = {}
+    futures: dict[str, Any] = {}  # source -> its compile
+    for j, (item, ast) in enumerate(todo):
+        try:
+            starts[j] = _starts(ast, dev, item.name, item.bufs)
+        except Exception:  # the search renders it again and reports what fails
+            continue
+        for c in [starts[j][0], *starts[j][1]]:
+            if pool is not None and c.src not in futures:
+                futures[c.src] = pool.submit(dev.kind, c.src)
+    binaries: dict[str, bytes | None] = {}
+    for src, fut in futures.items():
+        try:
+            binaries[src] = fut.result(timeout=COMPILE_TIMEOUT_S)
+        except (CompileError, FutureTimeout, Exception):
+            binaries[src] = None  # compiled again in the search, which reports the error
+    for base, seeds in starts.values():
+        for c in [base, *seeds]:
+            c.binary = binaries.get(c.src)
+    times: dict[int, float] = {}
+    for j, (base, seeds) in starts.items():
+        default = seeds[-1] if seeds else base
+        try:
+            _compile_here(default, dev)
+            timer = _Timer(dev, todo[j][0].bufs)
+            try:
+                times[j] = timer.run(default, float("inf"))
+            finally:
+                timer.free()
+        except Exception:
+            continue
+    return starts, times
+
+
+def small_search(time_s: float | None, total_s: float) -> bool:
+    """Whether a kernel whose default takes `time_s` of a program's `total_s` gets the small search: it cannot
+    matter (under `SMALL_SHARE` of the program: a search could win back less than that)."""
+    if time_s is None or total_s <= 0:
+        return False
+    return time_s < SMALL_SHARE * total_s
+
+
 def beam_items(items: list[ScheduleItem], dev: Any, width: int = 4, progress: Callable[[dict], None] | None = None,
                force: bool = False) -> tuple[list[dict[str, Any]], float]:
     """Search every kernel of a schedule on `dev`; store the winners; rows of before/after per kernel and the
-    seconds it took (`Program.beam` schedules, calls this and drops its compiled kernels)."""
+    seconds it took (`Program.beam` schedules, calls this and drops its compiled kernels).
+
+    Kernels with the same AST (the same key in the store: a block's two layernorms, a repeated matmul shape) are
+    searched once; the others take the first one's winner (`same_as`). The time budget: every kernel to be
+    searched has its default timed first; one whose default is a negligible share of the program's
+    (`small_search`) gets a search of width `SMALL_WIDTH` over `SMALL_ROUNDS` rounds (`"small": true`)."""
 
     if dev.compiler is None:
         raise CompileError(dev.compile_error or f"cannot compile for {dev.kind} here, so it cannot be tuned here")
     items = [it for it in items if it.ast.src]
-    rows = []
+    rows: list[dict[str, Any] | None] = [None] * len(items)
     pool = make_pool(dev)
     start = time.perf_counter()
     try:
-        for i, item in enumerate(items):
+        asts, keys = [], []
+        for item in items:
             fused = "attention" in item.meta  # the fused kernel's own choices (`attention_search`)
-            ast = item.ast if fused else prepare_ast(item.ast, dev)
-            entry = None if force else lookup_entry(ast, dev, fused)
+            asts.append(item.ast if fused else prepare_ast(item.ast, dev))
+            keys.append(beam_key(asts[-1], dev, fused))
+        first: dict[str, int] = {}  # a key's first kernel: the one searched
+        for i, item in enumerate(items):
+            first.setdefault(keys[i], i)
+            fused = "attention" in item.meta
+            entry = None if force else lookup_entry(asts[i], dev, fused)
             if entry is not None and entry["width"] >= width:
-                rows.append({"name": item.name, "opts": [str(o) for o in entry["opts"]], "cached": True,
-                             "width": entry["width"]})
+                rows[i] = {"name": item.name, "opts": [str(o) for o in entry["opts"]], "cached": True,
+                           "width": entry["width"]}
                 if progress:
                     progress({"kernel": item.name, "index": i, "total": len(items), "cached": True})
+        todo = [i for i in range(len(items)) if rows[i] is None and first[keys[i]] == i
+                and "attention" not in items[i].meta]
+        starts, times = _time_defaults([(items[i], asts[i]) for i in todo], dev, pool)
+        default_s = {todo[j]: t for j, t in times.items()}
+        count = {k: keys.count(k) for k in set(keys)}
+        total = sum(t * count[keys[i]] for i, t in default_s.items())
+        pos = {i: j for j, i in enumerate(todo)}
+        for i, item in enumerate(items):
+            if rows[i] is not None:
                 continue
+            if first[keys[i]] != i:  # the same kernel as one searched in this run: its winner
+                src = rows[first[keys[i]]] or {}
+                rows[i] = {**src, "name": item.name, "tried": 0, "rejected": 0, "failed": 0, "same_as": src.get("name")}
+                continue
+            fused = "attention" in item.meta
 
             def report(p: dict, i=i) -> None:
                 if progress:
                     progress({**p, "index": i, "total": len(items), "elapsed_total_s": time.perf_counter() - start})
 
+            small = not fused and small_search(default_s.get(i) and default_s[i] * count[keys[i]], total)
             if fused:
                 res = attention_search(item, dev, name=item.name, progress=report, pool=pool)
             else:
-                res = beam_search(ast, dev, item.bufs, width, name=item.name, progress=report, pool=pool)
-            store(ast, dev, res.opts, res.after_s, item.name, width, fused)
-            rows.append({"name": item.name, "opts": [str(o) for o in res.opts], "width": width,
-                         "before_s": res.before_s if res.timed else None,
-                         "after_s": res.after_s if res.timed else None,
-                         "speedup": res.before_s / res.after_s if res.after_s else 0.0,
-                         "tried": res.tried, "rejected": res.rejected, "failed": res.failed, "cached": False,
-                         "reference": res.reference,
-                         "interrupted": res.interrupted})
+                res = beam_search(asts[i], dev, item.bufs, SMALL_WIDTH if small else width, name=item.name,
+                                  progress=report, pool=pool, rounds=SMALL_ROUNDS if small else MAX_ROUNDS,
+                                  starts=starts.get(pos[i]))
+            # stored under the width asked: the small search is what this width gives a kernel that cannot matter
+            store(asts[i], dev, res.opts, res.after_s, item.name, width, fused)
+            rows[i] = {"name": item.name, "opts": [str(o) for o in res.opts], "width": width,
+                       "before_s": res.before_s if res.timed else None,
+                       "after_s": res.after_s if res.timed else None,
+                       "speedup": res.before_s / res.after_s if res.after_s else 0.0,
+                       "tried": res.tried, "rejected": res.rejected, "failed": res.failed, "cached": False,
+                       "reference": res.reference, "small": small,
+                       "interrupted": res.interrupted}
             if res.interrupted:
                 break
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
-    return rows, time.perf_counter() - start
+    return [r for r in rows if r is not None], time.perf_counter() - start
