@@ -492,6 +492,24 @@ def test_heuristic_opts_of_large_matmuls(m, k, n, tile):
     assert [str(o) for o in mm.opts if o.op != "THREAD"] == tile
 
 
+@pytest.mark.parametrize("m, k, n, tile", [
+    (65, 1024, 1024, ["UPCAST(1, 16)", "UPCAST(1, 2)", "SWAP(0, 1)", "UPCAST(0, 4)", "UNROLL(2, 4)"]),
+    (77, 256, 4096, ["UPCAST(1, 16)", "UPCAST(1, 2)", "SWAP(0, 1)", "UPCAST(0, 4)", "UNROLL(2, 4)"]),
+    (5, 258, 4096, ["UPCAST(1, 16)", "UPCAST(1, 2)", "SWAP(0, 1)", "UPCAST(0, 4)"]),  # 4 does not divide k
+    (64, 1024, 1024, ["UPCAST(1, 16)", "UPCAST(1, 4)", "UPCAST(0, 4)", "SWAP(0, 1)"]),  # rows take the tile
+])
+def test_rows_without_a_tile_take_more_columns_and_match_numpy(m, k, n, tile):
+    """Rows with no divisor the row tile takes (65, 77, 5): one row per step, so 4 times the columns and 4 steps
+    of the reduction instead (BEAM's pick; 65 x 1024 x 1024 ran 3x slower than 64 rows with 2 accumulators)."""
+    rng = np.random.default_rng(11)
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    prog = tgc.loads(MATMUL)
+    mm = prog.compile(device="CPU", dims={"M": m, "K": k, "N": n}, tuned=False)[-1]
+    assert [str(o) for o in mm.opts if o.op != "THREAD"] == tile
+    for device in ("CPU", "PYTHON") if m * k * n <= 1 << 24 else ("CPU",):
+        np.testing.assert_allclose(prog.run(device=device, a=a, b=b)["out0"], a @ b, rtol=1e-4, atol=2e-3)
+
+
 @pytest.mark.parametrize("m, k, n", [(4, 1024, 1024), (12, 2048, 1024), (2052, 512, 2048)])
 def test_wide_register_tile_matches_numpy(m, k, n):
     rng = np.random.default_rng(7)

@@ -429,6 +429,7 @@ def hand_coded(k: OptKernel) -> None:
         others = [i for i in reuse if i != vec_axis and vec_loads and
                   all(k.loops()[i] not in ld.src[1].toposort() for ld in vec_loads)] or \
                  [i for i in reuse if i != vec_axis]
+        row_tile = False
         if others:
             # 8 rows; where the vector axis took less than a full vector (a convolution's 56-wide image rows
             # take 8 lanes), more of the other axis instead, for a tile of TILE_VALUES (8 x 32 channels); 32
@@ -438,6 +439,7 @@ def hand_coded(k: OptKernel) -> None:
             for amt in (32, 16, 8, 4, 2):
                 if amt <= rows and k.loops()[others[-1]].src[0].arg % amt == 0 and \
                         _try(k, Opt(OptOps.UPCAST, others[-1], amt)):
+                    row_tile = True
                     break
             if up < 16 and not strided and k.reduces() and k.reduces()[0].src[0].arg % 2 == 0:
                 # and two steps of the outer reduction (conv2d's input channels) per loop iteration: what BEAM
@@ -449,7 +451,14 @@ def hand_coded(k: OptKernel) -> None:
         panel_rows = prod(r.src[0].arg for r in reduces)
         if len(loops) == 2 and vec_axis == 1 and others == [0] and not strided and \
                 panel_rows * loops[1].src[0].arg >= SWAP_RHS_ELEMENTS and k.loops()[1].src[0].arg >= 16:
-            _try(k, Opt(OptOps.SWAP, 0, 1))
+            swapped = _try(k, Opt(OptOps.SWAP, 0, 1))
+            if not row_tile:
+                # rows with no divisor the tile takes (65, 77): one row, so 4 times the columns instead and 4 steps
+                # of the reduction per iteration (what BEAM picks; 65 x 1024 x 1024 ran 3x slower than 64 rows)
+                col = 0 if swapped else 1
+                _try(k, Opt(OptOps.UPCAST, col, 4)) or _try(k, Opt(OptOps.UPCAST, col, 2))
+                if k.reduces() and k.reduces()[0].src[0].arg % 4 == 0:
+                    _try(k, Opt(OptOps.UNROLL, len(k.loops()), 4))
         return
     # a reduction over a strided axis: compute 16 contiguous outputs side by side instead
     red_contig = any(_stride(ld.src[1], r) == 1 for ld in loads for r in reduces)
