@@ -51,7 +51,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models  # noqa: E402
 
 import tgc  # noqa: E402
-from tgc.backends.cpu_peak import cpu_cache_bytes, measure_fma_peak  # noqa: E402
+from tgc.backends.cpu_peak import cpu_cache_bytes, measure_copy_bandwidth, measure_fma_peak  # noqa: E402
 from tgc.backends.cpu_peak import measure_peak as measure_cpu_peak  # noqa: E402
 from tgc.engine.bench import CACHE_FACTOR  # noqa: E402
 
@@ -120,7 +120,8 @@ LIMITS = {
     "sum": "one pass at the 2 cores' read bandwidth; XLA's reduction reads as fast (memory-bound either way)",
     "softmax": "exp once per element (the sum pass stores it into the output row, the output pass scales the row "
                "in place); per row the max pass streams x from memory and the exp pass (~25 vector ops per 16 "
-               "values) runs from cache, one after the other in each thread",
+               "values) runs from cache, one after the other in each thread: on fast memory the exp work is not "
+               "hidden behind the traffic (no prefetch of the next row)",
     "conv": "output channels as 16-lane vectors over weights packed (O/16, C, 3, 3, 16), a tile of 2x16 channels "
             "x 8 columns (~470 GFLOP/s, ~90% of peak, the kernel alone in a quiet moment); a miss comes from the "
             "shared cores: the 8 images are split statically over 2 threads, so a busy core holds back the kernel",
@@ -232,18 +233,19 @@ DEFAULT_LIMIT = ("the hand-coded heuristic picks another tile than BEAM's winner
                  "within the noise of this shared machine where the gap is small")
 
 
-def paired_share(flops: float, pairs: list[list]) -> float:
-    """A compute-bound workload's share of the FMA peak from its timings in the order taken, each with the FMA
-    peak measured right after it ([tuned, seconds, peak GFLOP/s]): a timing's ratio is to the better of the
+def paired_share(amount: float, pairs: list[list]) -> float:
+    """A workload's share of the peak from its timings in the order taken, each with the peak measured right
+    after it ([tuned, seconds, peak]: the FMA loop's GFLOP/s for compute-bound work, the copy's GB/s for
+    memory-bound work, `amount` being FLOPs or bytes): a timing's ratio is to the better of the
     peaks measured just before and just after it (the previous timing's and its own), the share the median of
     those ratios for the default kernels and for BEAM's, the better of the two. On a shared machine the run's
     overall peak may come from a quiet moment while the workload ran busy (matmul 2048 read 61% that way);
     the peaks beside a timing see about the same load, and the better of two keeps a busy one from reading
     the share high."""
     ratios: dict[bool, list[float]] = {}
-    for i, (tuned, t, fma) in enumerate(pairs):
-        beside = max(fma, pairs[i - 1][2]) if i else fma
-        ratios.setdefault(tuned, []).append(flops / t / 1e9 / beside)
+    for i, (tuned, t, peak) in enumerate(pairs):
+        beside = max(peak, pairs[i - 1][2]) if i else peak
+        ratios.setdefault(tuned, []).append(amount / t / 1e9 / beside)
     return max(statistics.median(v) for v in ratios.values())
 # every workload: `tgc beam` (the CLI's defaults: `Program.beam`'s width, no --force) searches it within this
 BEAM_TIME_TARGET_S = 60.0
@@ -550,6 +552,8 @@ def main() -> None:
             t = prog.bench(inputs=w["inputs"], dims=dims, repeat=5, tuned=tuned)["program"]["median_s"]
             if w["bound"] == "flops":  # timed the same way: runs as long as the workload's, their median
                 beside.append([tuned, t, measure_fma_peak(dev, seconds=t)])
+            else:  # this VM's memory bandwidth swings between moments (41-74 GB/s in two quiet runs): a copy beside it
+                beside.append([tuned, t, measure_copy_bandwidth(dev)])
             return t
         tuned = None
         if args.no_beam:
@@ -659,7 +663,7 @@ def main() -> None:
     print(f"\nFMA peak {peak['gflops']:.0f} GFLOP/s, copy peak {copy_gbs:.1f} GB/s (bytes read + written), read "
           f"peak {read_gbs:.1f} GB/s (the CPU backend's own kernels, tgc/backends/cpu_peak.py, measured in this "
           f"run; memory-bound shares are of the copy peak, as the issue's targets are: a read-only sum may pass "
-          f"100%; compute-bound ones are of the FMA peak measured beside each workload's timings)")
+          f"100%; each workload's share is of the peaks measured beside its own timings: the FMA loop, or the copy)")
     shares = [f"{r['name']} {100 * r['read_share']:.0f}%" for r in rows if "read_share" in r]
     if shares:
         print(f"memory-bound shares of the read peak instead: {', '.join(shares)}")
