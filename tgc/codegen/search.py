@@ -221,6 +221,25 @@ class SearchResult:
     timed: bool = True  # False: one candidate, nothing compiled or timed (before_s and after_s are 0)
 
 
+def _time_candidate(timer: _Timer, c: Candidate, best_s: float, result: SearchResult) -> bool:
+    """Time a compiled candidate into `c.time_s`; False (counted in `result`) where it did not compile, failed
+    to run, or, faster than `best_s`, gave a wrong answer from an output buffer filled with NaN first (only a
+    potential winner needs the correctness check)."""
+    if c.binary is None:
+        result.failed += 1
+        return False
+    try:
+        c.time_s = timer.run(c, best_s)
+    except Exception:
+        result.failed += 1
+        return False
+    if c.time_s < best_s and not _matches(timer.checked_output(c), timer.reference, timer.bufs[0].dtype):
+        result.rejected += 1
+        c.time_s = float("inf")
+        return False
+    return True
+
+
 def beam_search(ast: UOp, device: Any, bufs: list[UOp], width: int, name: str = "kernel",
                 progress: Callable[[dict], None] | None = None, pool: Any = None, rounds: int = MAX_ROUNDS,
                 starts: tuple[Candidate, list[Candidate]] | None = None) -> SearchResult:
@@ -316,19 +335,9 @@ def _search(ast, device, timer: _Timer, width, name, progress, pool, rounds: int
                 if c.duplicate:
                     continue
                 result.tried += 1
-                if c.binary is None:
-                    result.failed += 1
+                if not _time_candidate(timer, c, best.time_s, result):
                     continue
-                try:
-                    c.time_s = timer.run(c, best.time_s)
-                except Exception:
-                    result.failed += 1
-                    continue
-                if c.time_s < best.time_s:  # only a potential winner needs the correctness check
-                    if not _matches(timer.checked_output(c), timer.reference, timer.bufs[0].dtype):
-                        result.rejected += 1
-                        c.time_s = float("inf")
-                        continue
+                if c.time_s < best.time_s:
                     best = c
                 if progress:
                     elapsed = time.perf_counter() - start
@@ -402,19 +411,9 @@ def _attention_search(item, device, timer: _Timer, name, progress, pool) -> Sear
     try:
         for i, c in enumerate(cands[1:]):
             result.tried += 1
-            if c.binary is None:
-                result.failed += 1
-                continue
-            try:
-                c.time_s = timer.run(c, best.time_s)
-            except Exception:
-                result.failed += 1
+            if not _time_candidate(timer, c, best.time_s, result):
                 continue
             if c.time_s < best.time_s:
-                if not _matches(timer.output(), timer.reference, dtype):
-                    result.rejected += 1
-                    c.time_s = float("inf")
-                    continue
                 best = c
             if progress:
                 progress({"kernel": name, "round": 0, "tried": result.tried, "rejected": result.rejected,

@@ -7,7 +7,7 @@ lists that renderers print are all UOps; only the set of ops used differs by sta
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from enum import Enum, auto
 from typing import Any
 
@@ -171,22 +171,7 @@ class UOp:
     # --- analysis
     def toposort(self) -> list[UOp]:
         """Every node reachable from this one, sources before users."""
-        order: list[UOp] = []
-        seen: set[UOp] = set()
-        stack: list[tuple[UOp, bool]] = [(self, False)]
-        while stack:
-            node, expanded = stack.pop()
-            if expanded:
-                order.append(node)
-                continue
-            if node in seen:
-                continue
-            seen.add(node)
-            stack.append((node, True))
-            for s in reversed(node.src):
-                if s not in seen:
-                    stack.append((s, False))
-        return order
+        return postorder(self, _NOTHING)
 
     @property
     def vmin(self) -> int | float:
@@ -374,16 +359,13 @@ class PatternMatcher:
         return None
 
 
-MAX_REWRITE_DEPTH = 150
+_NOTHING: frozenset = frozenset()
 
 
-def rebuild(root: UOp, memo: dict[UOp, UOp], fn: Callable[[UOp], UOp] | None = None) -> UOp:
-    """The one bottom-up rebuild: every node below `root` not yet in `memo`, sources first, is rebuilt on its
-    sources' new nodes and `fn` (if given) picks what it becomes; `memo` maps each old node to its new one and
-    may be seeded with replacements. `graph_rewrite`, `substitute` and the scheduler's graph edits all use it."""
-    if root in memo:
-        return memo[root]
-    order: list[UOp] = []  # the nodes below `root` not in `memo`, sources first (memo's subtrees are not walked)
+def postorder(root: UOp, skip: Container[UOp]) -> list[UOp]:
+    """The nodes reachable from `root`, sources before users, not entering a node in `skip` (`toposort`: none;
+    `rebuild`: those its memo already has)."""
+    order: list[UOp] = []
     seen: set[UOp] = set()
     stack: list[tuple[UOp, bool]] = [(root, False)]
     while stack:
@@ -396,9 +378,21 @@ def rebuild(root: UOp, memo: dict[UOp, UOp], fn: Callable[[UOp], UOp] | None = N
         seen.add(node)
         stack.append((node, True))
         for s in reversed(node.src):
-            if s not in seen and s not in memo:
+            if s not in seen and s not in skip:
                 stack.append((s, False))
-    for node in order:
+    return order
+
+
+MAX_REWRITE_DEPTH = 150
+
+
+def rebuild(root: UOp, memo: dict[UOp, UOp], fn: Callable[[UOp], UOp] | None = None) -> UOp:
+    """The one bottom-up rebuild: every node below `root` not yet in `memo`, sources first, is rebuilt on its
+    sources' new nodes and `fn` (if given) picks what it becomes; `memo` maps each old node to its new one and
+    may be seeded with replacements. `graph_rewrite`, `substitute` and the scheduler's graph edits all use it."""
+    if root in memo:
+        return memo[root]
+    for node in postorder(root, memo):  # memo's subtrees are not walked
         if node in memo:
             continue
         new = node.replace(src=tuple(memo[s] for s in node.src)) if node.src else node
