@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import os
 import sys
 from collections.abc import Mapping
@@ -42,6 +41,7 @@ from tgc.dtype import DType
 from tgc.engine import bench, chunk
 from tgc.engine.chunk import Chunking
 from tgc.engine.conform import as_array as _as_array
+from tgc.engine.conform import check_input_names, names_hint
 from tgc.engine.inputs import random_inputs
 from tgc.engine.multi import MultiLowered, bench_multi, run_multi
 from tgc.engine.multi import plan as plan_multi
@@ -129,13 +129,7 @@ class Program:
         for k, v in dims.items():
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise TgcError(f"dim {k} must be a non-negative integer, got {v!r}")
-        declared = {d.name for d in self.inputs}
-        for name in inputs:
-            if name not in declared:
-                close = difflib.get_close_matches(name, declared, n=1)
-                raise TgcError(f"unknown input '{name}'", file=self.filename,
-                               hint=f"did you mean '{close[0]}'?" if close else
-                               "inputs: " + (", ".join(sorted(declared)) or "(none)"))
+        check_input_names(inputs, sorted(d.name for d in self.inputs), self.filename)
         bound_by: dict[str, str] = {k: "" for k in dims}  # "": from the dims given
         arrays: dict[str, np.ndarray] = {}
         deferred: list[tuple[InputDecl, int, DimExpr, int]] = []  # expression dims, checked once names are bound
@@ -549,10 +543,8 @@ class Program:
         for name, axis in (shard or {}).items():
             decl = declared.get(name)
             if decl is None:
-                close = difflib.get_close_matches(name, declared, n=1)
                 raise TgcError(f"cannot shard '{name}': the program has no input of that name", file=self.filename,
-                               hint=f"did you mean '{close[0]}'?" if close else
-                               "inputs: " + (", ".join(sorted(declared)) or "(none)"))
+                               hint=names_hint(name, sorted(declared)))
             if not isinstance(axis, int) or isinstance(axis, bool):
                 raise TgcError(f"the shard axis of '{name}' must be an integer, got {axis!r}")
             shape = concrete_shape(decl, dims)

@@ -43,6 +43,7 @@ import numpy as np
 
 from tgc import sizeexpr
 from tgc.dtype import DType, dtypes
+from tgc.engine.conform import as_array, check_input_names
 from tgc.errors import BindError, TgcError
 from tgc.version import __version__
 
@@ -685,7 +686,6 @@ class Package:
         return dict(self.dims)
 
     def conform(self, name: str, value: Any, cast: bool = False) -> np.ndarray:
-        from tgc.engine.conform import as_array
 
         decl = next((d for d in self.inputs if d.name == name), None)
         if decl is None:
@@ -696,14 +696,7 @@ class Package:
              ) -> tuple[dict[str, int], dict[str, np.ndarray]]:
         """Check inputs against the signature; return (dims, arrays in the declared dtypes)."""
         dims = self.resolve_dims(dims)
-        declared = [d.name for d in self.inputs]
-        for name in inputs:
-            if name not in declared:
-                import difflib
-                close = difflib.get_close_matches(name, declared, n=1)
-                raise TgcError(f"unknown input '{name}'", file=self.path,
-                               hint=f"did you mean '{close[0]}'?" if close else
-                               "inputs: " + (", ".join(declared) or "(none)"))
+        check_input_names(inputs, [d.name for d in self.inputs], self.path)
         arrays = {}
         for decl in self.inputs:
             if decl.name not in inputs:
@@ -1382,14 +1375,7 @@ class SymbolicPackage:
 
     def bind(self, inputs: dict[str, Any], dims: dict[str, int] | None = None, cast: bool = False
              ) -> tuple[dict[str, int], dict[str, np.ndarray]]:
-        declared = [d.name for d in self.inputs]
-        for name in inputs:
-            if name not in declared:
-                import difflib
-                close = difflib.get_close_matches(name, declared, n=1)
-                raise TgcError(f"unknown input '{name}'", file=self.path,
-                               hint=f"did you mean '{close[0]}'?" if close else
-                               "inputs: " + (", ".join(declared) or "(none)"))
+        check_input_names(inputs, [d.name for d in self.inputs], self.path)
         for decl in self.inputs:  # a missing input first: its shape is what gives the dims
             if decl.name not in inputs:
                 shape = ", ".join(sizeexpr.text(e) if e is not None else "?" for e in decl.expr)

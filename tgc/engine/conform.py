@@ -3,12 +3,27 @@ by `Program.bind` (tgc.api) and packages (tgc.package), which must not import th
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
 from tgc.dtype import dtypes, f32_to_bf16
 from tgc.errors import BindError, TgcError
+
+
+def names_hint(name: str, declared: list[str]) -> str:
+    """The hint for a name that is no input: the closest input's name, else every input's."""
+    close = difflib.get_close_matches(name, declared, n=1)
+    return f"did you mean '{close[0]}'?" if close else "inputs: " + (", ".join(declared) or "(none)")
+
+
+def check_input_names(names: Iterable[str], declared: list[str], file: str | None) -> None:
+    """One clear error for the first of `names` that is not a declared input (listed in `declared`' order)."""
+    for name in names:
+        if name not in declared:
+            raise TgcError(f"unknown input '{name}'", file=file, hint=names_hint(name, declared))
 
 
 def _decl_text(decl: Any) -> str:
