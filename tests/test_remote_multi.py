@@ -149,6 +149,20 @@ def test_token_table_forms(tmp_path):
     assert client_token(env, ("127.0.0.1", 7009)) is None  # no line and no `*`: no token sent
 
 
+def test_token_files_starting_with_a_byte_order_mark(tmp_path):
+    """Issue 25: a token-lines file saved with a UTF-8 BOM gave its first server the address "\\ufeff127.0.0.1",
+    which never matched (401); a one-token file's token held the BOM."""
+    from tgc.backends.remote.client import ANY_SERVER, client_token, read_token_table
+    from tgc.backends.remote.server import read_token
+    f = tmp_path / "tokens"
+    f.write_bytes(b"\xef\xbb\xbf127.0.0.1:7001 tok-a\n127.0.0.1:7002 tok-b\n")
+    assert read_token_table(str(f)) == {("127.0.0.1", 7001): "tok-a", ("127.0.0.1", 7002): "tok-b"}
+    assert client_token({"TGC_REMOTE_TOKEN_FILE": str(f)}, ("127.0.0.1", 7001)) == "tok-a"
+    f.write_bytes(b"\xef\xbb\xbfonly-one-token\r\n")
+    assert read_token_table(str(f)) == {ANY_SERVER: "only-one-token"}
+    assert read_token(str(f), env={}) == "only-one-token"  # the server reads its --token-file the same way
+
+
 @pytest.mark.parametrize("content, message", [
     ("127.0.0.1:7001 tok-a\nstray\n", "line 2 of the token file .* is not `HOST:PORT TOKEN`"),
     ("127.0.0.1:7001 tok-a\n127.0.0.1:7001 tok-b\n", "line 2 .* names 127.0.0.1:7001 a second time"),

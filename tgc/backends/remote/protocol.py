@@ -78,14 +78,16 @@ def token_problem(token: str) -> str | None:
 
 
 def read_token_text(path: str) -> str:
-    """The text of a token file (its first 64 KiB); TgcError (exit 2) when it cannot be read or is not UTF-8."""
+    """The text of a token file (its first 64 KiB) without a leading UTF-8 byte-order mark (editors on Windows
+    write one; it would become part of the first line's address or token); TgcError (exit 2) when it cannot be
+    read or is not UTF-8."""
     try:
         with open(path, "rb") as f:
             raw = f.read(1 << 16)
     except OSError as e:
         raise TgcError(f"cannot read the token file '{path}': {e.strerror or e}") from None
     try:
-        return raw.decode("utf-8")
+        return raw.decode("utf-8-sig")
     except UnicodeDecodeError:
         raise TgcError(f"the token file '{path}' is not UTF-8 text") from None
 
