@@ -185,3 +185,45 @@ def test_u8_buffer_past_2_31_elements_on_the_cpu():
     for lo, hi in windows:
         want = ((np.arange(lo, hi, dtype=np.int64) % period + 1) % 256).astype(np.uint8)
         np.testing.assert_array_equal(out.handle[lo:hi], want, err_msg=f"elements {lo}..{hi}")
+
+
+# --- argmax/argmin: i32 indices where the reduced axis fits i32, i64 beyond (issue 25)
+
+
+ARGMAX = ("x: f32[N, M]\n"
+          "return argmax(x), argmin(x), argmax(x, axis=1), argmin(x, axis=0, keepdim=True), argmax(x, axis=-1, keepdim=True)\n")
+
+
+@pytest.mark.parametrize("device", ["CPU", "PYTHON", "OPENCL"])
+def test_argmax_wide_index_path_at_a_small_size(device, monkeypatch):
+    """The i64 index path of argmax/argmin, forced at a small size: axes longer than the (lowered) i32 limit give
+    i64 indices, shorter ones i32; the whole-tensor ones run as two-stage reductions (lowered threshold) whose
+    kernels index in i64 (forced width). Values have many ties: the first index of the extreme must win."""
+    from langkit import device_skip_reason
+    why = device_skip_reason(device)
+    if why is not None:
+        pytest.skip(why)
+    import tgc.codegen.index as index
+    import tgc.dsl.tensor as tensor
+    import tgc.engine.schedule as schedule
+    monkeypatch.setattr(tensor, "ARGMAX_I32_LIMIT", 40)  # rows of 36 stay i32; columns of 64, all 2304: i64
+    monkeypatch.setattr(schedule, "SPLIT_REDUCE_MIN", 2048)  # 2304 elements: two stages of 1152
+    monkeypatch.setattr(index, "index_width", lambda ast: dtypes.i64)
+    rng = np.random.default_rng(7)
+    x = rng.integers(-4, 5, (64, 36)).astype(np.float32)
+    x[50, 20] = x[63, 35] = 9  # the overall max twice, late: the first of them, index 1820
+    x[60, 3] = -9  # the overall min, index 2163
+    prog = tgc.loads(ARGMAX)
+    kernels = prog.compile(device=device, dims={"N": 64, "M": 36})
+    assert any(k.name.startswith("r_2_1152") for k in kernels)  # the two-stage reduction ran
+    out = prog.run(device=device, x=x)
+    want = [np.argmax(x), np.argmin(x), np.argmax(x, axis=1), np.argmin(x, axis=0, keepdims=True),
+            np.argmax(x, axis=-1, keepdims=True)]
+    dtypes_ = [np.int64, np.int64, np.int32, np.int64, np.int32]
+    for (name, got), w, dt in zip(out.items(), want, dtypes_):
+        assert got.dtype == dt, name
+        np.testing.assert_array_equal(got, w, err_msg=name)
+    ref = prog.reference(x=x)  # the float64 reference: the same dtypes and values
+    for (name, got), w, dt in zip(ref.items(), want, dtypes_):
+        assert got.dtype == dt, name
+        np.testing.assert_array_equal(got, w, err_msg=name)

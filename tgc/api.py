@@ -16,6 +16,8 @@ from tgc.codegen.kernel import (
     Kernel,
     build_kernel,
     build_symbolic_kernel,
+    check_failure_text,
+    failed_check,
     launch_allows,
     prepare_ast,
     symbolic_grid,
@@ -757,6 +759,10 @@ class SymbolicPlan:
             else:
                 nodes.append(UOp(Ops.BUFFER, slot.dtype, (), (-1 - i, f"tmp{i}", shape)))
         env = sizes.derived_values(self.derived, dims) if self.derived else dims
+        for general in self.kernels:  # sizes it holds in a narrower type than a kernel of these sizes would
+            failed = failed_check(general, env)
+            if failed is not None:
+                return None, f"kernel {general.name}: {check_failure_text(failed)}"
         launches = []
         self.chosen = []
         for general, fast, plain, tails, ks, item_bufs in zip(self.kernels, self.fast, self.unthreaded, self.tails,

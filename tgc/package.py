@@ -1074,6 +1074,11 @@ def build_symbolic(prog: Any, dev: Any) -> bytes:
                                                         plan.item_bufs):
             doc = kernel_doc(general, ks, item_bufs)
             doc["fast"] = None
+            if general.checks:  # sizes it holds in a narrower type (`kernel.value_checks`): refused past them
+                checks = [[what, _uop_expr(expr), int(value)] for what, expr, value in general.checks]
+                if any(c[1] is None for c in checks):
+                    return f"kernel {general.name}'s launch checks cannot be written as size expressions"
+                doc["checks"] = checks
             # a split's main kernel covers only part of its loops (its remainder kernels the rest) and takes sizes
             # derived at launch: not packaged (the general kernel serves those sizes)
             if fast is not None and not tails and set(fast.var_names) <= set(prog.dim_names):
@@ -1173,7 +1178,8 @@ def _archive(prog: Any, dev: Any, version: int, body: dict, blobs: dict[str, byt
 
 
 def _check_text(what: str, e: Any, v: int) -> str:
-    return f"{sizeexpr.text(e)} % {v} == 0" if what == "divides" else f"{sizeexpr.text(e)} >= {v}"
+    return f"{sizeexpr.text(e)} % {v} == 0" if what == "divides" else \
+        f"{sizeexpr.text(e)} <= {v}" if what == "at most" else f"{sizeexpr.text(e)} >= {v}"
 
 
 @dataclass
@@ -1306,22 +1312,36 @@ class SymbolicPackage:
         kernel's fast variant where its launch checks hold (all of them with `force`, to validate them)."""
         doc, path = c.doc, self.path
         kernels = []
+
+        def failed(checks: Any, i: int) -> str | None:
+            """The first launch check that fails at these dims, as text (None: all hold)."""
+            for check in _list(checks, f"kernel {i} checks", path, 64):
+                check = _list(check, f"kernel {i} check", path, 3)
+                if len(check) != 3 or check[0] not in ("divides", "at least", "at most"):
+                    raise _bad(path, f"kernel {i} has a malformed launch check")
+                got = _size(check[1], dims, f"kernel {i} check", path, -(1 << 62), 1 << 62)
+                value = _int(check[2], f"kernel {i} check value", path, 1, 1 << 62)
+                if not (got % value == 0 if check[0] == "divides" else got <= value if check[0] == "at most"
+                        else got >= value):
+                    return f"{sizeexpr.text(check[1])} = {got} " + (
+                        f"passes {value}, the largest value of the type the kernel computes it in"
+                        if check[0] == "at most" else f"fails the launch check {_check_text(*check)}")
+            return None
+
         for i, k in enumerate(_list(doc.get("kernels"), "kernels", path, MAX_KERNELS)):
             k = _obj(k, f"kernel {i}", path)
             use = k
+            why = failed(k.get("checks", []), i)
+            if why is not None:
+                given = ", ".join(f"{n}={v}" for n, v in dims.items())
+                raise PackageError(f"{path}: at the sizes {given}, {why} (kernel {i}, {str(k.get('name'))[:64]}): "
+                                   f"this package's kernels do not serve these sizes",
+                                   hint="compile a package for these sizes: tgc compile FILE "
+                                        + " ".join(f"-D {n}={v}" for n, v in dims.items()) + " --package OUT")
             fast = k.get("fast")
             if fast is not None:
                 fast = _obj(fast, f"kernel {i} fast", path)
-                checks = _list(fast.get("checks"), f"kernel {i} checks", path, 64)
-                ok = True
-                for check in checks:
-                    check = _list(check, f"kernel {i} check", path, 3)
-                    if len(check) != 3 or check[0] not in ("divides", "at least"):
-                        raise _bad(path, f"kernel {i} has a malformed launch check")
-                    got = _size(check[1], dims, f"kernel {i} check", path, -(1 << 62), 1 << 62)
-                    value = _int(check[2], f"kernel {i} check value", path, 1, 1 << 62)
-                    ok = ok and (got % value == 0 if check[0] == "divides" else got >= value)
-                if ok or force:
+                if failed(fast.get("checks"), i) is None or force:
                     use = fast
             kernels.append({key: v for key, v in use.items() if key not in ("fast", "checks")})
         manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "tgc_version": self.tgc_version,
@@ -1432,6 +1452,7 @@ class SymbolicPackage:
             for k in c.doc["kernels"]:
                 fast = k.get("fast")
                 kernels.append({"name": k["name"], "vals": k["vals"], "global_size": k["global_size"],
+                                "checks": [_check_text(w, e, v) for w, e, v in k.get("checks", [])],
                                 "fast": None if fast is None else {
                                     "global_size": fast["global_size"], "opts": fast.get("opts", []),
                                     "checks": [_check_text(w, e, v) for w, e, v in fast["checks"]]}})

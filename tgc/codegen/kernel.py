@@ -9,6 +9,7 @@ from tgc import cache
 from tgc.codegen import search
 from tgc.codegen.attention import lower_attention
 from tgc.codegen.binaries import compile_key as compile_key  # re-exported
+from tgc.codegen.index import is_index
 from tgc.codegen.opt import MIN_WORK_PER_THREAD, OptError, OptKernel, OptOps
 from tgc.codegen.pipeline import _COMMENT as _COMMENT  # re-exported
 from tgc.codegen.pipeline import CONTRACT_TAG as CONTRACT_TAG  # re-exported
@@ -18,7 +19,7 @@ from tgc.codegen.pipeline import lower, prepare
 from tgc.codegen.pipeline import render_kernel as render_kernel  # re-exported
 from tgc.codegen.sizes import VAR_PREFIX
 from tgc.codegen.sizes import eval_int as _eval_int
-from tgc.dtype import dtypes
+from tgc.dtype import dtypes, min_max
 from tgc.env import env_flag
 from tgc.errors import CompileError
 from tgc.ir.kernel import ScheduleItem
@@ -211,7 +212,7 @@ def build_symbolic_kernel(item: ScheduleItem, device: Any, probe: dict[str, int]
         return [v[0][len(VAR_PREFIX):] for v in vs]
 
     ast = prepare_ast(item.ast, device)
-    checks: list[tuple[str, UOp, int]] = []
+    checks: list[tuple[str, UOp, int]] = value_checks(item.ast)
     if opts:
         k = OptKernel(ast, device)
         for o in opts:
@@ -265,14 +266,74 @@ def symbolic_work(k: Kernel, dims: dict[str, int], bufs: list[UOp]) -> tuple[int
     return flops, bytes_touched(k.ast, bufs)
 
 
+def value_checks(ast: UOp) -> list[tuple[str, UOp, int]]:
+    """("at most", expr, limit) for every size a symbolic kernel casts to a narrower integer type, as a value
+    rather than an index (argmax's count n, a dim used as a number): where the size may pass that type's
+    largest value, a launch must check it, else the cast would wrap where a kernel compiled for the size
+    computes in a wider type (argmax over more than 2^31 - 1 elements gives i64). A loop index cast so is
+    checked by its loop's last value; a cast of other index arithmetic involving loops is not checked."""
+    out: list[tuple[str, UOp, int]] = []
+    for u in ast.toposort():
+        if u.op is not Ops.CAST or u.dtype is None or u.dtype.count != 1 or not u.dtype.is_int or \
+                is_index(u.dtype) or not is_index(u.src[0].dtype):
+            continue
+        src = u.src[0]
+        if src.op is Ops.RANGE:
+            expr = src.src[0] + UOp.const(dtypes.index, -1)
+        elif any(n.op in (Ops.RANGE, Ops.SPECIAL) for n in src.toposort()):
+            continue
+        else:
+            expr = src
+        if not any(n.op is Ops.DEFINE_VAR for n in expr.toposort()):
+            continue
+        limit = int(min_max(u.dtype)[1])
+        if expr.vmax > limit and not any(c[1] is expr for c in out):
+            out.append(("at most", expr, limit))
+    return out
+
+
 def launch_allows(k: Kernel, dims: dict[str, int]) -> bool:
     """Whether a symbolic kernel's launch checks hold at these dims (`build_symbolic_kernel`)."""
+    return failed_check(k, dims) is None
+
+
+def failed_check(k: Kernel, dims: dict[str, int]) -> tuple[str, UOp, int, int | None] | None:
+    """The first of a symbolic kernel's launch checks that fails at these dims, with the value it found (None
+    where the value cannot be computed), or None when they all hold."""
     env = {VAR_PREFIX + n: v for n, v in dims.items()}
     for what, expr, value in k.checks:
         got = _eval_int(expr, env)
-        if got is None or (got % value if what == "divides" else got < value):
-            return False
-    return True
+        if got is None or (got % value if what == "divides" else got > value if what == "at most" else got < value):
+            return what, expr, value, got
+    return None
+
+
+def size_text(u: UOp) -> str:
+    """A launch check's expression of the dims as text (`M * N - 1`)."""
+    if u.op is Ops.DEFINE_VAR:
+        name = u.arg[0] if isinstance(u.arg, tuple) else u.arg
+        return name[len(VAR_PREFIX):] if name.startswith(VAR_PREFIX) else name
+    if u.op is Ops.CONST:
+        return str(u.arg)
+    if u.op is Ops.ADD and u.src[1].op is Ops.CONST and isinstance(u.src[1].arg, int) and u.src[1].arg < 0:
+        return f"{size_text(u.src[0])} - {-u.src[1].arg}"
+    words = {Ops.ADD: "+", Ops.MUL: "*", Ops.IDIV: "//", Ops.MOD: "%"}
+    if u.op in words and len(u.src) == 2:
+        a, b = (size_text(x) if x.op in (Ops.DEFINE_VAR, Ops.CONST, Ops.MUL) or x.op is u.op else
+                f"({size_text(x)})" for x in u.src)
+        return f"{a} {words[u.op]} {b}"
+    return "(a size)"
+
+
+def check_failure_text(failed: tuple[str, UOp, int, int | None]) -> str:
+    """Why a launch check (`failed_check`) fails, in words."""
+    what, expr, value, got = failed
+    have = f"{size_text(expr)} = {got}" if got is not None else f"{size_text(expr)} (not computable here)"
+    if what == "at most":
+        return f"{have} passes {value}, the largest value of the type the kernel computes it in"
+    if what == "divides":
+        return f"{have} is not a multiple of {value}"
+    return f"{have} is below {value}"
 
 
 def bytes_touched(ast: UOp, bufs: list[UOp | None]) -> int:

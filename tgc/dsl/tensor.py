@@ -466,9 +466,11 @@ class Tensor:
             raise _shape_error("argmax over an axis of size 0")
         x = self if not self.dtype.is_bool else self.cast(dtypes.i32)
         is_max = x == x.max(a, keepdim=True)
-        # first index of ties: the largest (n - i) among the maxima
-        countdown = Tensor(UOp(Ops.CONST, dtypes.i32, (), 0)).arange_like(n, a, self.ndim)
-        best = is_max.where(countdown, Tensor.const(0, dtypes.i32)).max(a, keepdim)
+        # first index of ties: the largest (n - i) among the maxima, in the result's type: i32, or i64 for an
+        # axis whose indices do not fit i32 (`argmax_dtype`); every value n - i lies in 1..n
+        index = argmax_dtype(n)
+        countdown = Tensor(UOp(Ops.CONST, index, (), 0)).arange_like(n, a, self.ndim, index)
+        best = is_max.where(countdown, Tensor.const(0, index)).max(a, keepdim)
         return n - best
 
     def argmin(self, axis=None, keepdim: bool = False) -> Tensor:
@@ -478,9 +480,9 @@ class Tensor:
             return (~self).argmax(axis, keepdim)
         return (-self).argmax(axis, keepdim)
 
-    def arange_like(self, n: int, axis: int, ndim: int) -> Tensor:
-        """n, n-1, ..., 1 along `axis` of an ndim-d tensor (size 1 elsewhere)."""
-        r = n - arange(0, n, 1)
+    def arange_like(self, n: int, axis: int, ndim: int, dtype: DType = dtypes.i32) -> Tensor:
+        """n, n-1, ..., 1 along `axis` of an ndim-d tensor (size 1 elsewhere), of `dtype`."""
+        r = n - arange(0, n, 1, dtype)
         return r.reshape(tuple(n if i == axis else 1 for i in range(ndim)))
 
     def logsumexp(self, axis=None, keepdim: bool = False) -> Tensor:
@@ -828,8 +830,20 @@ def arange(start, stop=None, step=1, dtype: DType | None = None) -> Tensor:
 
 
 def _iota(n: int) -> Tensor:
-    """0, 1, ..., n-1: a leaf that lowers to the loop index itself, never a buffer."""
-    return Tensor(UOp(Ops.IOTA, dtypes.i32, (), n))
+    """0, 1, ..., n-1: a leaf that lowers to the loop index itself, never a buffer; i32, or i64 where n - 1 does
+    not fit i32 (so the values are exact: a cast of it to i32 wraps as the cast says, not the index)."""
+    return Tensor(UOp(Ops.IOTA, dtypes.i64 if n - 1 > I32_MAX else dtypes.i32, (), n))
+
+
+I32_MAX = (1 << 31) - 1
+# the longest axis whose argmax/argmin is i32; longer axes give i64. A module variable so that tests can
+# lower it to run the i64 path (and a two-stage reduction of i64 indices) at small sizes.
+ARGMAX_I32_LIMIT = I32_MAX
+
+
+def argmax_dtype(n: int) -> DType:
+    """The dtype of argmax/argmin over an axis of n elements: i32 (DSL.md), i64 where an index may not fit."""
+    return dtypes.i32 if n <= ARGMAX_I32_LIMIT else dtypes.i64
 
 
 def full(shape: Sequence[int], value: Scalar, dtype: DType | None = None) -> Tensor:

@@ -105,7 +105,7 @@ def _eval(u: UOp, s: list[np.ndarray], env: dict[UOp, np.ndarray]) -> np.ndarray
     if op is Ops.CONST:
         return np.array(arg, dtype=nd)
     if op is Ops.IOTA:
-        return np.arange(arg, dtype=np.int32)
+        return np.arange(arg, dtype=d.np)
     if op is Ops.CAST:
         src = u.src[0].dtype
         return cast(s[0], dtypes.f64 if src.is_float else src.scalar(), dtypes.f64 if d.is_float else d.scalar())
