@@ -190,8 +190,8 @@ def test_u8_buffer_past_2_31_elements_on_the_cpu():
 # --- argmax/argmin: i32 indices where the reduced axis fits i32, i64 beyond (issue 25)
 
 
-ARGMAX = ("x: f32[N, M]\n"
-          "return argmax(x), argmin(x), argmax(x, axis=1), argmin(x, axis=0, keepdim=True), argmax(x, axis=-1, keepdim=True)\n")
+ARGMAX = ("x: f32[N, M]\nreturn argmax(x), argmin(x), argmax(x, axis=1), argmin(x, axis=0, keepdim=True), "
+          "argmax(x, axis=-1, keepdim=True)\n")
 
 
 @pytest.mark.parametrize("device", ["CPU", "PYTHON", "OPENCL"])
@@ -227,3 +227,66 @@ def test_argmax_wide_index_path_at_a_small_size(device, monkeypatch):
     for (name, got), w, dt in zip(ref.items(), want, dtypes_):
         assert got.dtype == dt, name
         np.testing.assert_array_equal(got, w, err_msg=name)
+
+
+ARGMAX_2D = "x: u8[N, M]\nreturn argmin(x), argmax(x), argmax(x, axis=1)\n"
+
+
+def test_symbolic_argmax_is_not_used_past_an_i32_count(tmp_path):
+    """The symbolic kernel of argmax over N * M elements holds the count in i32: at sizes where N * M passes
+    2^31 - 1 its launch check fails, so `Program.run(symbolic=True)` runs size-specialized kernels (i64) and a
+    symbolic package refuses the sizes (exit 2) instead of a wrong index. Checked without allocating."""
+    from tgc import package
+    from tgc.codegen.kernel import check_failure_text, failed_check
+    from tgc.package import PackageError
+    prog = tgc.loads(ARGMAX_2D)
+    plan = prog.compile_symbolic("CPU")
+    big, fits = {"N": 8, "M": (1 << 28) + 2}, {"N": 8, "M": (1 << 28) - 1}
+    assert prog.output_types(big)[0][1] == dtypes.i64 and prog.output_types(fits)[0][1] == dtypes.i32
+    failed = [failed_check(k, big) for k in plan.kernels]
+    assert any(f is not None for f in failed)
+    assert all(failed_check(k, fits) is None for k in plan.kernels)
+    assert "M * N = 2147483664 passes 2147483647" in check_failure_text(next(f for f in failed if f))
+    low, why = prog.lower_symbolic("CPU", big)
+    assert low is None and why
+    path = tmp_path / "argmax.tgpkg"
+    package.write(prog, path, "CPU", {})
+    pkg = tgc.load_package(path)
+    assert pkg.at(fits).kernels  # (2^31 - 8 elements: served)
+    with pytest.raises(PackageError, match=r"M \* N = 2147483664 passes 2147483647") as e:
+        pkg.at(big)
+    assert e.value.exit_code == 2
+    from click.testing import CliRunner
+
+    from tgc.cli.main import main
+    r = CliRunner().invoke(main, ["inspect", str(path), "-D", "N=8", "-D", f"M={big['M']}"])
+    assert r.exit_code == 2 and "do not serve these sizes" in r.output
+
+
+@pytest.mark.slow
+def test_argmin_argmax_past_2_31_elements_on_the_cpu():
+    """Issue 25: a u8 input of 2^31 + 16 ones with one 5 at index 2^31 + 9 gave argmin 17 and argmax
+    -2147483639. Whole-tensor indices past i32 are i64; a row's index (rows of 2^30 + 8) stays i32 and right
+    although the kernels index 2^31 + 16 elements; specialized and symbolic runs alike (~2.1 GiB input)."""
+    x = np.ones((2, (1 << 30) + 8), np.uint8)
+    x.reshape(-1)[(1 << 31) + 9] = 5
+    prog = tgc.loads(ARGMAX_2D)
+    try:
+        for symbolic in (False, True):
+            out = prog.run(device="CPU", x=x, symbolic=symbolic)
+            lo, hi, rows = out.values()
+            assert lo.dtype == np.int64 and hi.dtype == np.int64 and rows.dtype == np.int32
+            assert int(lo) == 0 and int(hi) == (1 << 31) + 9, (symbolic, lo, hi)
+            np.testing.assert_array_equal(rows, [0, (1 << 30) + 1])
+            if symbolic:
+                assert prog.last_run.startswith("specialized"), prog.last_run
+    finally:
+        prog.release()
+    y = x.reshape(-1)
+    del x
+    prog1 = tgc.loads("x: u8[N]\nreturn argmin(x), argmax(x)\n")
+    try:
+        lo, hi = prog1.run(device="CPU", x=y).values()
+        assert (int(lo), int(hi)) == (0, (1 << 31) + 9)
+    finally:
+        prog1.release()
