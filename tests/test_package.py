@@ -6,6 +6,7 @@ error (exit 2); the planned peak memory is what a run allocates."""
 from __future__ import annotations
 
 import glob
+import hashlib
 import io
 import json
 import os
@@ -276,6 +277,49 @@ def test_unsafe_archives_are_refused(mlp_pkg):
 ])
 def test_bad_manifests_are_refused_before_use(mlp_pkg, edit, match):
     _refused(_rezip(mlp_pkg.read_bytes(), edit), match)
+
+
+def _set_kernel(i: int, **fields):
+    return lambda m: m["kernels"][i].update(fields)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (_set_kernel(0, global_size=[4, 1, 1]), r"global size \[4, 1, 1\] is larger than the kernel's \[1, 1, 1\]"),
+    (_set_kernel(0, bufs=[5, 0, 1]), "takes 4 buffers .*the plan gives 3"),
+    (_set_kernel(0, bufs=[5, 0, 2, 1]), "buffer 2 .* has 64 bytes; the kernel needs 512"),
+    (_set_kernel(0, vals=[3]), "takes 0 values .*the plan gives 1"),
+    (_set_kernel(0, local_size=[1, 1, 1]), "local size .* is not the kernel's"),
+    (_set_kernel(0, binary="runtime/cpu_graph.bin"), "is runtime/cpu_graph.bin, not a kernel binary"),
+    (_set_kernel(0, source="runtime/cpu_graph.bin"), "not a kernel source"),
+    (_set_kernel(0, binary="kernels/1.bin"), "are not one kernel's"),
+    (_set_kernel(0, bufs=[0, 5, 1, 2]), "writes input 'x'"),
+    (lambda m: m["memory"].update(inplace=[[7, 4]]), "writes over an input"),
+])
+def test_launches_that_break_their_kernels_contract_are_refused(mlp_pkg, tmp_path, edit, match):
+    """Issue 25: a manifest edited with its hashes fixed (binaries unchanged) launched a kernel with another grid,
+    buffer count, buffer sizes or values (segfaults, wrong output with exit 0), wrote into the caller's input
+    (read in place), or ran the graph runner as a kernel (a hang). Every launch is checked against the launch
+    contract that ends its kernel's source, and no kernel may write an input: refused on load, exit 2."""
+    data = _rezip(mlp_pkg.read_bytes(), edit)
+    _refused(data, match)
+    bad = tmp_path / "bad.tgpkg"
+    bad.write_bytes(data)
+    r = _cli("inspect", str(bad))
+    assert r.returncode == 2 and "Traceback" not in r.stderr and r.stderr.startswith("error:"), r.stderr
+
+
+def test_a_source_without_its_launch_contract_is_refused(mlp_pkg):
+    data = mlp_pkg.read_bytes()
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    src = members["kernels/0.src"].decode()
+    body = src[:src.rindex("; tgc-launch:")]
+    for text, match in ((body, "states no launch contract"),
+                        (body + '; tgc-launch: {"bufs": 5}\n', "contract is malformed")):
+        blob = text.encode()
+        entry = {"size": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
+        _refused(_rezip(data, lambda m, e=entry: m["files"].update({"kernels/0.src": e}),
+                        extra={"kernels/0.src": blob}), match)
 
 
 # --- planned memory

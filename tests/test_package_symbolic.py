@@ -213,8 +213,20 @@ def test_damaged_symbolic_manifests_are_refused(sm_pkg):
     def dropped_kernel(m):
         m["symbolic"]["classes"][0]["kernels"].pop()
 
+    def extra_value(m):  # (issue 25: launches are checked against the kernel's launch contract)
+        k = m["symbolic"]["classes"][0]["kernels"][0]
+        k["vals"] = [*k["vals"], k["vals"][0]]
+
+    def bigger_grid(m):
+        m["symbolic"]["classes"][0]["kernels"][0]["global_size"] = [1 << 20, 1, 1]
+
+    def graph_runner(m):
+        m["symbolic"]["classes"][0]["kernels"][0]["binary"] = "runtime/cpu_graph.bin"
+
     for edit, match in ((bad_check, "not a size expression"), (bad_class, "not a size class"),
-                        (bad_slot, "buffers fit|memory plan"), (dropped_kernel, "no kernel uses|used by no kernel")):
+                        (bad_slot, "buffers fit|memory plan"), (dropped_kernel, "no kernel uses|used by no kernel"),
+                        (extra_value, "values .its launch contract."), (bigger_grid, "larger than the kernel's"),
+                        (graph_runner, "not a kernel binary")):
         with pytest.raises(PackageError, match=match):
             loads_package(_rezip(data, edit), "p.tgpkg")
 

@@ -488,6 +488,46 @@ class PackagedKernel:
         return "(a packaged kernel keeps its source and binary, not its UOps)"
 
 
+CONTRACT_FREE = {"PYTHON"}  # devices whose kernel sources state no launch contract (the emulator checks accesses)
+_CONTRACT_LINE = re.compile(r"(?:;|//) tgc-launch: (\{.*\})\Z")  # `tgc.codegen.pipeline.render_kernel`'s line
+
+
+def read_contract(src: str) -> tuple[tuple[int, ...], tuple[int, int, int], tuple[int, int, int] | None, int] | \
+        str | None:
+    """The launch contract that ends a kernel's source (`tgc.codegen.pipeline.launch_contract`) as (least bytes
+    per buffer, largest global size, local size, number of values); None where the source has none; a string
+    saying what is wrong where it is malformed. (Read here, not with `tgc.backends.remote.contract`, so that
+    loading a package imports no compiler module.)"""
+    line = next((ln for ln in reversed(src[-65536:].splitlines()[-8:]) if "tgc-launch:" in ln), None)
+    if line is None:
+        return None
+    m = _CONTRACT_LINE.fullmatch(line.strip())
+    try:
+        raw = json.loads(m.group(1)) if m else None
+    except ValueError:
+        raw = None
+    if not isinstance(raw, dict):
+        return "it is not a JSON object"
+
+    def sizes(v: Any, what: str) -> tuple[int, int, int]:
+        if not isinstance(v, list) or not 1 <= len(v) <= 3 or \
+                any(type(x) is not int or not 1 <= x <= MAX_LAUNCH for x in v):
+            raise ValueError(f"its {what} is not 1 to 3 sizes in [1, 2^31)")
+        return tuple([*v, 1, 1][:3])  # type: ignore[return-value]
+
+    bufs, vals, local = raw.get("bufs"), raw.get("vals"), raw.get("local_size")
+    if not isinstance(bufs, list) or len(bufs) > MAX_BUFFERS or \
+            any(type(b) is not int or not 0 <= b <= MAX_BUFFER for b in bufs):
+        return "its bufs are not byte counts"
+    if type(vals) is not int or not 0 <= vals <= 64:
+        return "its vals is not a count from 0 to 64"
+    try:
+        return tuple(bufs), sizes(raw.get("global_size"), "global_size"), \
+            None if local is None else sizes(local, "local_size"), vals
+    except ValueError as e:
+        return str(e)
+
+
 def _read_header(pkg: Any, manifest: dict, members: dict[str, bytes], path: str) -> dict:
     """The parts every package (fixed-size or symbolic) starts with: its device and tgc version, checked."""
     pkg.manifest, pkg.path, pkg.filename = manifest, path, path
@@ -507,7 +547,12 @@ class Package:
 
     symbolic = False
 
-    def __init__(self, manifest: dict, members: dict[str, bytes], path: str = "<bytes>"):
+    def __init__(self, manifest: dict, members: dict[str, bytes], path: str = "<bytes>",
+                 from_symbolic: bool = False):
+        """`from_symbolic`: the plan of a symbolic package at some sizes (`SymbolicPackage.at`), whose kernels'
+        launch contracts state the probe sizes they were built at (so buffer sizes are not checked against
+        them) and whose members number a kernel's binary n and its source n + 1 (a fixed-size package: both i)."""
+        self._from_symbolic = from_symbolic
         m = _read_header(self, manifest, members, path)
         dims = _obj(m.get("dims"), "dims", path)
         self.dims = {_name(k, "a dim name", path): _int(v, f"dim {k}", path, 0, MAX_DIM) for k, v in dims.items()}
@@ -592,11 +637,16 @@ class Package:
         k = _obj(k, where, path)
         name = _name(k.get("name"), f"{where} name", path)
         members = []
-        for key in ("binary", "source"):
+        for key, suffix in (("binary", ".bin"), ("source", ".src")):
             member = k.get(key)
             if not isinstance(member, str) or member not in self._members:
                 raise _bad(path, f"{where}'s {key} is not a member of the package")
+            if not (member.startswith("kernels/") and member.endswith(suffix)):  # (not the graph runner)
+                raise _bad(path, f"{where}'s {key} is {member}, not a kernel {key} (kernels/<i>{suffix})")
             members.append(member)
+        numbers = [int(m.split("/")[1].split(".")[0]) for m in members]
+        if numbers[1] != numbers[0] + (1 if self._from_symbolic else 0):  # its own source: the contract read below
+            raise _bad(path, f"{where}'s binary {members[0]} and source {members[1]} are not one kernel's")
         bufs = [self.buffers[_int(b, f"{where} buffer", path, 0, len(self.buffers) - 1)]
                 for b in _list(k.get("bufs"), f"{where} buffers", path, MAX_BUFFERS)]
         gs = _list(k.get("global_size"), f"{where} global size", path, 3)
@@ -622,8 +672,41 @@ class Package:
             src = self._members[members[1]].decode("utf-8")
         except UnicodeDecodeError:
             raise _bad(path, f"{where}'s source is not UTF-8 text") from None
+        self._check_contract(where, src, bufs, global_size, local_size, vals)  # type: ignore[arg-type]
         return PackagedKernel(name, src, self._members[members[0]], bufs, global_size, local_size, vals, flops,
                               nbytes, line, opts, index=i)  # type: ignore[arg-type]
+
+    def _check_contract(self, where: str, src: str, bufs: list[PlanBuffer], global_size: tuple[int, int, int],
+                        local_size: tuple[int, int, int] | None, vals: tuple[int, ...]) -> None:
+        """A launch of the plan against the kernel's launch contract, the `tgc-launch:` line that ends its
+        source (what a REMOTE server checks, `tgc.backends.remote.contract`): as many buffers as it takes, each
+        at least as large as it needs, a grid no larger than it was built for, its local size, as many values;
+        and the buffer it writes (parameter 0) never an input, which runs in place in the caller's array."""
+        path = self.path
+        if bufs and bufs[0].role == "input":
+            raise _bad(path, f"{where} writes input '{bufs[0].name}'")
+        contract = read_contract(src)
+        if contract is None:
+            if self.device_kind in CONTRACT_FREE:
+                return
+            raise _bad(path, f"{where}'s source states no launch contract")
+        if isinstance(contract, str):
+            raise _bad(path, f"{where}'s launch contract is malformed: {contract}")
+        need, grid, local, nvals = contract
+        if len(bufs) != len(need):
+            raise _bad(path, f"{where} takes {len(need)} buffers (its launch contract), the plan gives {len(bufs)}")
+        if not self._from_symbolic:
+            for j, (b, n) in enumerate(zip(bufs, need)):
+                if b.nbytes < n:
+                    raise _bad(path, f"{where}'s buffer {j} (plan buffer {b.index}) has {b.nbytes} bytes; the "
+                                     f"kernel needs {n}")
+        if any(g > c for g, c in zip(global_size, grid)):
+            raise _bad(path, f"{where}'s global size {list(global_size)} is larger than the kernel's {list(grid)}")
+        if local_size != local:
+            raise _bad(path, f"{where}'s local size {list(local_size) if local_size else None} is not the kernel's "
+                             f"{list(local) if local else None}")
+        if len(vals) != nvals:
+            raise _bad(path, f"{where} takes {nvals} values (its launch contract), the plan gives {len(vals)}")
 
     def _read_memory(self, mem: dict) -> Any:
         from tgc.engine.memplan import MemoryPlan, check_plan, lifetimes
@@ -650,6 +733,8 @@ class Package:
             out, src = (_int(i, "memory.inplace buffer", path, 0, len(self.buffers) - 1) for i in pair)
             if self.buffers[out] not in plan.slot_of or self.buffers[src] not in plan.slot_of:
                 raise _bad(path, "the memory plan's in-place pair is not two buffers its kernels use")
+            if "input" in (self.buffers[out].role, self.buffers[src].role):
+                raise _bad(path, "the memory plan writes over an input (an in-place pair with an input)")
             plan.inplace.append((self.buffers[out], self.buffers[src]))
         fixed = {plan.slot_of[b] for b in inputs}
         if len(fixed) != len(inputs) or any(s in fixed for b, s in plan.slot_of.items() if b not in inputs):
@@ -1351,7 +1436,7 @@ class SymbolicPackage:
                     "content_hash": self.content_hash}
         if self._runner_doc is not None:
             manifest["graph_runner"] = self._runner_doc
-        pkg = Package(manifest, self._members, path)
+        pkg = Package(manifest, self._members, path, from_symbolic=True)
         for k, kd in zip(pkg.kernels, kernels):
             k.binary_member, k.source_member = kd["binary"], kd["source"]
         return pkg
