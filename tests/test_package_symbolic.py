@@ -223,10 +223,18 @@ def test_damaged_symbolic_manifests_are_refused(sm_pkg):
     def graph_runner(m):
         m["symbolic"]["classes"][0]["kernels"][0]["binary"] = "runtime/cpu_graph.bin"
 
+    def smaller_buffer(m):  # the output's rows halved, in its buffer and signature: the kernel writes past it
+        c = m["symbolic"]["classes"][0]
+        out = c["signature"]["outputs"][0]
+        b = c["buffers"][out["buffer"]]
+        b["shape"] = out["shape"] = [["//", b["shape"][0], 2], *b["shape"][1:]]
+        b["nbytes"] = ["*", ["*", 4, ["//", "N", 2]], "D"]
+
     for edit, match in ((bad_check, "not a size expression"), (bad_class, "not a size class"),
                         (bad_slot, "buffers fit|memory plan"), (dropped_kernel, "no kernel uses|used by no kernel"),
                         (extra_value, "values .its launch contract."), (bigger_grid, "larger than the kernel's"),
-                        (graph_runner, "not a kernel binary")):
+                        (graph_runner, "not a kernel binary"), (smaller_buffer, "the kernel needs"),
+                        (lambda m: m["symbolic"]["classes"][0].pop("probe"), "probe is not an object")):
         with pytest.raises(PackageError, match=match):
             loads_package(_rezip(data, edit), "p.tgpkg")
 

@@ -548,11 +548,12 @@ class Package:
     symbolic = False
 
     def __init__(self, manifest: dict, members: dict[str, bytes], path: str = "<bytes>",
-                 from_symbolic: bool = False):
-        """`from_symbolic`: the plan of a symbolic package at some sizes (`SymbolicPackage.at`), whose kernels'
-        launch contracts state the probe sizes they were built at (so buffer sizes are not checked against
-        them) and whose members number a kernel's binary n and its source n + 1 (a fixed-size package: both i)."""
-        self._from_symbolic = from_symbolic
+                 from_symbolic: bool = False, contract_sizes: bool = True):
+        """`from_symbolic`: the plan of a symbolic package at some sizes (`SymbolicPackage.at`), whose members
+        number a kernel's binary n and its source n + 1 (a fixed-size package: both i). `contract_sizes`: check
+        buffer sizes against the kernels' launch contracts (a symbolic package's kernels state the sizes of the
+        probe they were built at: checked there, `SymbolicPackage`)."""
+        self._from_symbolic, self._contract_sizes = from_symbolic, contract_sizes
         m = _read_header(self, manifest, members, path)
         dims = _obj(m.get("dims"), "dims", path)
         self.dims = {_name(k, "a dim name", path): _int(v, f"dim {k}", path, 0, MAX_DIM) for k, v in dims.items()}
@@ -695,7 +696,7 @@ class Package:
         need, grid, local, nvals = contract
         if len(bufs) != len(need):
             raise _bad(path, f"{where} takes {len(need)} buffers (its launch contract), the plan gives {len(bufs)}")
-        if not self._from_symbolic:
+        if self._contract_sizes:
             for j, (b, n) in enumerate(zip(bufs, need)):
                 if b.nbytes < n:
                     raise _bad(path, f"{where}'s buffer {j} (plan buffer {b.index}) has {b.nbytes} bytes; the "
@@ -1198,7 +1199,8 @@ def build_symbolic(prog: Any, dev: Any) -> bytes:
         sig_out = [{"name": name, "dtype": bufs[j]["dtype"], "shape": bufs[j]["shape"], "buffer": j}
                    for name, j in zip(prog.output_names, plan.output_slots)]
         return {
-            "class": dict(cls), "min": _class_minimum(prog, plan, cls) if sym else {},
+            "class": dict(cls), "probe": {n: int(v) for n, v in p1.items()},
+            "min": _class_minimum(prog, plan, cls) if sym else {},
             "max": {n: int(plan.bound) for n in sym},
             "signature": {"inputs": sig_in, "outputs": sig_out}, "buffers": bufs, "kernels": kernels,
             "memory": {"slots": slot_exprs, "slot_of": slot_of, "peak_bytes": peak}}
@@ -1339,9 +1341,15 @@ class SymbolicPackage:
         # every class validated now (every member, every expression at the class's least sizes), both variants
         used: set[str] = set()
         pkg: Package | None = None
-        for c in self.classes:
+        for i, c in enumerate(self.classes):
             dims = {n: (c.min[n] if v == "n" else 1) for n, v in c.cls.items()}
+            # at the probe sizes the kernels were built at, every buffer must hold what their launch contracts state
+            probe = _obj(c.doc.get("probe"), f"class {i} probe", path)
+            probe = {n: _int(probe.get(n), f"class {i} probe {n}", path, 1, MAX_DIM) for n in self.dims_names}
+            if any(probe[n] != 1 if v == "1" else not 2 <= probe[n] <= c.max[n] for n, v in c.cls.items()):
+                raise _bad(path, f"class {i}'s probe sizes are not sizes of the class")
             for fast in (False, True):
+                self._instantiate(c, probe, force=fast, at_probe=True)
                 pkg = self._instantiate(c, dims, force=fast)
                 used |= {k.binary_member for k in pkg.kernels} | {k.source_member for k in pkg.kernels}
         unused = set(members) - used - {RUNNER_MEMBER}
@@ -1392,7 +1400,8 @@ class SymbolicPackage:
                             hint=f"give it (-D {missing[0]}=INT)", file=self.path)
         return out
 
-    def _instantiate(self, c: SizeClassPlan, dims: dict[str, int], force: bool = False) -> Package:
+    def _instantiate(self, c: SizeClassPlan, dims: dict[str, int], force: bool = False, at_probe: bool = False
+                     ) -> Package:
         """The class's plan at these dims as a package of fixed sizes (validated as any package is): each
         kernel's fast variant where its launch checks hold (all of them with `force`, to validate them)."""
         doc, path = c.doc, self.path
@@ -1436,7 +1445,7 @@ class SymbolicPackage:
                     "content_hash": self.content_hash}
         if self._runner_doc is not None:
             manifest["graph_runner"] = self._runner_doc
-        pkg = Package(manifest, self._members, path, from_symbolic=True)
+        pkg = Package(manifest, self._members, path, from_symbolic=True, contract_sizes=at_probe)
         for k, kd in zip(pkg.kernels, kernels):
             k.binary_member, k.source_member = kd["binary"], kd["source"]
         return pkg
