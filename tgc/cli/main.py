@@ -809,8 +809,9 @@ def _inspect_symbolic(file: str, doc: dict) -> None:
         click.echo(f"size class {c['sizes']}:")
         for i, k in enumerate(c["kernels"]):
             fast = k["fast"]
-            extra = "" if fast is None else (f"; fast variant (global {fast['global_size']}) where "
-                                             + (" and ".join(fast["checks"]) or "always"))
+            extra = "" if not k.get("checks") else "; serves sizes where " + " and ".join(k["checks"])
+            extra += "" if fast is None else (f"; fast variant (global {fast['global_size']}) where "
+                                              + (" and ".join(fast["checks"]) or "always"))
             click.echo(f"  {i:>3} {k['name']:<28} sizes ({', '.join(k['vals'])}){extra}")
         for b in c["buffers"]:
             click.echo(f"      buffer {b['index']:>3} {b['role']:<6} {b['name'] or '':<12} {b['dtype']}"

@@ -272,24 +272,21 @@ def value_checks(ast: UOp) -> list[tuple[str, UOp, int]]:
     largest value, a launch must check it, else the cast would wrap where a kernel compiled for the size
     computes in a wider type (argmax over more than 2^31 - 1 elements gives i64). A loop index cast so is
     checked by its loop's last value; a cast of other index arithmetic involving loops is not checked."""
-    out: list[tuple[str, UOp, int]] = []
+    limits: dict[UOp, int] = {}  # expression -> the largest value it may take (the least over its casts)
     for u in ast.toposort():
         if u.op is not Ops.CAST or u.dtype is None or u.dtype.count != 1 or not u.dtype.is_int or \
                 is_index(u.dtype) or not is_index(u.src[0].dtype):
             continue
-        src = u.src[0]
-        if src.op is Ops.RANGE:
-            expr = src.src[0] + UOp.const(dtypes.index, -1)
+        src, limit = u.src[0], int(min_max(u.dtype)[1])
+        if src.op is Ops.RANGE:  # its values 0 .. end - 1 fit where end <= limit + 1
+            expr, limit = src.src[0], limit + 1
         elif any(n.op in (Ops.RANGE, Ops.SPECIAL) for n in src.toposort()):
             continue
         else:
             expr = src
-        if not any(n.op is Ops.DEFINE_VAR for n in expr.toposort()):
-            continue
-        limit = int(min_max(u.dtype)[1])
-        if expr.vmax > limit and not any(c[1] is expr for c in out):
-            out.append(("at most", expr, limit))
-    return out
+        if any(n.op is Ops.DEFINE_VAR for n in expr.toposort()) and expr.vmax > limit:
+            limits[expr] = min(limits.get(expr, limit), limit)
+    return [("at most", expr, limit) for expr, limit in limits.items()]
 
 
 def launch_allows(k: Kernel, dims: dict[str, int]) -> bool:
