@@ -7,10 +7,14 @@ the kernel (its object bytes, sent once per worker) and the arena offsets of its
 the kernel as the CPU device does, runs it on its own threads and answers with the time it took.
 
 Contracts:
-- The server waits for an answer until the batch's deadline. Past it, the worker is killed (SIGKILL, then
-  waited for: no thread of it can write into the arena after `run` returns) and a fresh one replaces it on the
-  next launch; `run` raises `LaunchTimeout`. Buffers live in the server's arena, so a killed worker loses no
-  session's state, only its cache of loaded kernels (the buffers the killed launch wrote hold partial output).
+- Each message carries the batch's deadline (a `time.monotonic()` value: one clock for all processes on
+  Linux). The worker checks it before each launch and stops there, answering which launch it did not start
+  (a long graph of short kernels is stopped that way, the worker kept). The server waits for the answer until
+  the deadline and `GRACE` seconds more; past that (a kernel still running), the worker is killed (SIGKILL,
+  then waited for: no thread of it can write into the arena after `run` returns) and a fresh one replaces it
+  on the next launch. Either way `run` raises `LaunchTimeout`. Buffers live in the server's arena, so a
+  killed worker loses no session's state, only its cache of loaded kernels (the buffers the killed launch
+  wrote hold partial output).
 - A worker that dies by itself (a kernel that faults) raises `LaunchCrashed`; the server goes on.
 - At most `capacity` launches run at once (one per worker); `run` waits for a free worker, up to the deadline.
 - The protocol is JSON lines on the worker's stdin/stdout (object bytes in base64): never pickle.
@@ -40,6 +44,7 @@ from tgc.backends.cpu import HostBuffer, data_address
 
 ALIGN = 64
 PAGE = mmap.PAGESIZE
+GRACE = 0.2  # seconds past the deadline a worker has to stop by itself (finishing the launch it runs) or be killed
 
 
 class SharedArena:
@@ -128,11 +133,12 @@ class SharedArena:
 
 
 class LaunchTimeout(Exception):
-    """The launch ran past its deadline (its worker was killed), or no worker came free before it."""
+    """The launches ran past their deadline: `stopped_before` is the first launch not started (the worker stopped
+    there), or None when the worker was killed mid-launch or none came free (`started` False)."""
 
-    def __init__(self, msg: str, started: bool):
+    def __init__(self, msg: str, started: bool, stopped_before: int | None = None):
         super().__init__(msg)
-        self.started = started
+        self.started, self.stopped_before = started, stopped_before
 
 
 class LaunchCrashed(Exception):
@@ -166,7 +172,7 @@ class _Worker:
         self.loaded: OrderedDict[str, None] = OrderedDict()
         self.pending = b""
 
-    def send(self, launches: list[Launch]) -> None:
+    def send(self, launches: list[Launch], deadline: float) -> None:
         programs, drop = {}, []
         for k in launches:
             if k.key in self.loaded:
@@ -177,7 +183,7 @@ class _Worker:
             self.loaded[key] = None
         while len(self.loaded) > self.KEEP:
             drop.append(self.loaded.popitem(last=False)[0])
-        msg = {"programs": programs, "drop": drop,
+        msg = {"programs": programs, "drop": drop, "deadline": deadline,
                "launches": [[k.key, k.offsets, list(k.global_size), list(k.vals)] for k in launches]}
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps(msg).encode() + b"\n")
@@ -222,6 +228,21 @@ class LaunchWorkers:
         self.closed = False
         self.kills = 0  # workers killed at a deadline (for tests and logs)
 
+    def warm(self) -> None:
+        """Start every worker now (a client's first launch then finds one ready)."""
+        while True:
+            with self.cond:
+                if self.closed or self.started >= self.capacity:
+                    return
+                self.started += 1
+            try:
+                worker = _Worker(self.arena)
+            except BaseException:
+                with self.cond:
+                    self.started -= 1
+                return
+            self._release(worker)
+
     def _acquire(self, deadline: float) -> _Worker | None:
         with self.cond:
             while not self.idle and self.started >= self.capacity:
@@ -262,8 +283,8 @@ class LaunchWorkers:
         keep: _Worker | None = None
         try:
             try:
-                worker.send(launches)
-                ans = worker.answer(deadline)
+                worker.send(launches, deadline)
+                ans = worker.answer(deadline + GRACE)
             except (OSError, EOFError, ValueError):
                 code = worker.kill()
                 raise LaunchCrashed(f"the kernel's worker process died ({_exit_text(code)}); the server goes "
@@ -275,6 +296,8 @@ class LaunchWorkers:
             keep = worker
         finally:
             self._release(keep)
+        if "late" in ans:
+            raise LaunchTimeout("stopped at the deadline", started=True, stopped_before=int(ans["late"]))
         if not ans.get("ok"):
             raise LaunchFailed(str(ans.get("error")))
         return [float(t) for t in ans["times"]]
@@ -325,12 +348,15 @@ def main() -> None:
                 programs.pop(key, None)
             for key, (name, lib) in msg["programs"].items():
                 programs[key] = dev.program(name, base64.b64decode(lib))
-            times = []
-            for key, offsets, global_size, vals in msg["launches"]:
+            times: list[float] = []
+            ans: dict[str, Any] = {"ok": True, "times": times}
+            for i, (key, offsets, global_size, vals) in enumerate(msg["launches"]):
+                if time.monotonic() >= msg["deadline"]:
+                    ans = {"ok": False, "late": i}
+                    break
                 t = programs[key](*[_Ptr(base + o) for o in offsets], global_size=tuple(global_size),
                                   vals=tuple(vals), wait=True)
                 times.append(t)
-            ans: dict[str, Any] = {"ok": True, "times": times}
         except Exception as e:  # reported to the server, which refuses the launch with it
             ans = {"ok": False, "error": getattr(e, "msg", None) or f"{type(e).__name__}: {e}"}
         out.write(json.dumps(ans).encode() + b"\n")

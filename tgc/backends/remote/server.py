@@ -104,7 +104,7 @@ def read_server_tokens(path: str) -> dict[str, str]:
             raise TgcError(f"the token file '{path}': line {k} of tokens is not 'NAME TOKEN' or 'TOKEN'")
         name, token = (parts[0], parts[1]) if len(parts) == 2 else (f"token {k}", parts[0])
         why = P.token_problem(token)
-        if why is not None or P.token_problem(name) is not None:
+        if why is not None or (len(parts) == 2 and P.token_problem(name) is not None):
             raise TgcError(f"the token file '{path}': the token of line {k} of tokens cannot be used: "
                            f"{why or 'its name holds characters other than printable ASCII'}")
         if token in tokens or name in tokens.values():
@@ -112,6 +112,10 @@ def read_server_tokens(path: str) -> dict[str, str]:
                            f"{'token' if token in tokens else 'name'}")
         tokens[token] = name
     return tokens
+
+
+def _sessions(n: int) -> str:
+    return f"{n} session{'' if n == 1 else 's'}"
 
 
 def _plain(value: Any, depth: int = 0) -> Any:
@@ -170,7 +174,7 @@ class RemoteServer:
         # devices whose launches run in this process run one batch at a time; the CPU's run in launch workers
         self.device_lock = threading.Lock()
         self._arena: Any = None  # CPU: every session's buffers, shared with the launch workers
-        self._launchers: Any = None  # CPU: the launch worker processes
+        self.launchers: Any = None  # CPU: the launch worker processes (`launcher.LaunchWorkers`)
         self._cache_lock = threading.Lock()  # the compiled and known tables below
         self.sessions: dict[str, Session] = {}
         self.instance = secrets.token_hex(16)  # names this server process in clients' cache keys
@@ -241,8 +245,8 @@ class RemoteServer:
                 except Exception:
                     pass
                 self._workers = None
-        if self._launchers is not None:
-            self._launchers.close()
+        if self.launchers is not None:
+            self.launchers.close()
         if not self.lock.acquire(timeout=5.0):  # a batch still running: the process is going away anyway
             return len(self.sessions)
         try:
@@ -331,7 +335,8 @@ class RemoteServer:
                 from tgc.backends.remote.launcher import LaunchWorkers, SharedArena
                 lim = self.limits
                 self._arena = SharedArena(2 * lim.max_memory + 64 * MiB)  # room for alignment and fragments
-                self._launchers = LaunchWorkers(self._arena, self.concurrency)
+                self.launchers = LaunchWorkers(self._arena, self.concurrency)
+                threading.Thread(target=self.launchers.warm, name="tgc-serve-warm", daemon=True).start()
         return self._arena
 
     @property
@@ -360,12 +365,12 @@ class RemoteServer:
                 f"or retry when one has been idle {lim.evict_after:g}s")
         same_address = [x for x in self.sessions.values() if x.client == client]
         if len(same_address) >= lim.max_sessions_per_client and not self._evict(same_address):
-            raise Refusal(503, "busy", f"this client address ({client}) holds {len(same_address)} sessions, the "
-                                       f"limit per client address, {when}")
+            raise Refusal(503, "busy", f"this client address ({client}) holds {_sessions(len(same_address))}, "
+                                       f"the limit per client address, {when}")
         mine = [x for x in self.sessions.values() if x.owner == owner]
         if len(mine) >= lim.max_sessions_per_token and not self._evict(mine):
-            whose = (f"this token ('{token}') holds {len(mine)} sessions, the limit per token" if self.tokens else
-                     f"this address ({client}) holds {len(mine)} sessions, the limit per token (the server has "
+            whose = (f"this token ('{token}') holds {_sessions(len(mine))}, the limit per token" if self.tokens else
+                     f"this address ({client}) holds {_sessions(len(mine))}, the limit per token (the server has "
                      "no token, so every client at one address counts as one)")
             raise Refusal(503, "busy", f"{whose}, {when}")
         if len(self.sessions) >= lim.max_sessions:
@@ -828,13 +833,14 @@ class RemoteServer:
         return Refusal(408, "limit", f"the batch ran past the request time limit of {self.limits.request_time:g}s"
                                      + (f"; {what}" if what else ""))
 
-    # launches a CPU graph sends to a worker at once; the deadline is checked between such slices
-    GRAPH_SLICE = 64
+    # launches sent to a worker in one message (the worker checks the deadline before each launch)
+    GRAPH_SLICE = 1024
 
     def _run_in_workers(self, session: Session, launches: list[P.ProgramExec | P.GraphKernel],
                         where: str = "") -> list[float]:
-        """Run launches in a launch worker process, checked, in slices of `GRAPH_SLICE`; their times. A slice
-        still running at the batch's deadline is stopped: its worker is killed (a 408 refusal)."""
+        """Run launches in a launch worker process, checked, in slices of `GRAPH_SLICE`; their times. Launches
+        are not started past the batch's deadline, and one still running then is stopped: its worker is killed
+        (either way a 408 refusal)."""
         from tgc.backends.remote.launcher import Launch, LaunchCrashed, LaunchFailed, LaunchTimeout
         arena, times = self.allocator, []
         for first in range(0, len(launches), self.GRAPH_SLICE):
@@ -850,12 +856,14 @@ class RemoteServer:
                 part.append(Launch(f"{P.digest(lib)}:{name}", name, lib, [arena.offset_of(h) for h in handles],
                                    tuple(k.global_size), tuple(k.vals)))
             try:
-                times += self._launchers.run(part, session.deadline)
+                times += self.launchers.run(part, session.deadline)
             except LaunchTimeout as e:
                 if self.verbose:
                     print(f"tgc serve: {e}", file=sys.stderr, flush=True)
+                if e.stopped_before is not None:
+                    raise self._late(f"stopped before {where}kernel {first + e.stopped_before}") from None
                 raise self._late(f"{e} in {where}kernel {first}..{first + len(part) - 1}" if e.started else
-                                 f"{e} ({self.concurrency} launches run at once)") from None
+                                 f"{e} ({self.concurrency} batches run launches at once)") from None
             except LaunchCrashed as e:
                 raise Refusal(500, "device", f"{where}kernel {first}..{first + len(part) - 1}: {e}") from None
             except LaunchFailed as e:
@@ -936,16 +944,18 @@ def main_serve(host: str = "127.0.0.1", port: int = P.DEFAULT_PORT, device: str 
                max_buffer: int | None = None, max_session_memory: int | None = None,
                request_time: float | None = None, max_sessions: int | None = None, verbose: bool = False,
                max_memory: int | None = None, max_connections: int | None = None,
-               max_sessions_per_client: int | None = None) -> int:
+               max_sessions_per_client: int | None = None, max_sessions_per_token: int | None = None) -> int:
     """What `tgc serve` runs: open the device, print `serving DEVICE on http://host:port` to stderr, serve
     until Ctrl-C or SIGTERM, free every session and return 0.
 
-    The token comes from `token_file`, else `TGC_REMOTE_TOKEN`, else `TGC_REMOTE_TOKEN_FILE`.
+    The tokens come from `token_file` (one token, or `NAME TOKEN` lines: see `read_server_tokens`), else
+    `TGC_REMOTE_TOKEN`, else `TGC_REMOTE_TOKEN_FILE` (one token: the clients' file of that name may hold
+    `HOST:PORT TOKEN` lines, which are no server's list of clients).
     Raises TgcError (a user error: exit 2) for a non-loopback host without a token or an unreadable token
     file, and DeviceError (exit 1) when the device cannot be opened or the port cannot be bound.
     Limits left as None keep the defaults of `Limits`.
     """
-    token = read_token(token_file)
+    token = read_server_tokens(token_file) if token_file is not None else read_token(None)
     name = device or default_device()
     kind, _ = canonical(name)
     if kind == "REMOTE":
@@ -960,7 +970,7 @@ def main_serve(host: str = "127.0.0.1", port: int = P.DEFAULT_PORT, device: str 
     chosen = {"idle_timeout": idle_timeout, "max_body": max_body, "max_buffer": max_buffer,
               "max_session_memory": max_session_memory, "request_time": request_time, "max_sessions": max_sessions,
               "max_memory": max_memory, "max_connections": max_connections,
-              "max_sessions_per_client": max_sessions_per_client}
+              "max_sessions_per_client": max_sessions_per_client, "max_sessions_per_token": max_sessions_per_token}
     limits = Limits(**{k: v for k, v in chosen.items() if v is not None})
     server = serve(host, port, name, token, limits, verbose)
     try:
@@ -977,7 +987,9 @@ def main_serve(host: str = "127.0.0.1", port: int = P.DEFAULT_PORT, device: str 
     prev = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
     if prev is not None:
         signal.signal(signal.SIGTERM, _interrupt)
-    print(f"serving {dev_name} on {server.url}" + (" (token required)" if token else ""), file=sys.stderr, flush=True)
+    n = len(server.tokens)
+    print(f"serving {dev_name} on {server.url}" + (f" ({n} tokens)" if n > 1 else " (token required)" if n else ""),
+          file=sys.stderr, flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
