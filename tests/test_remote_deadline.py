@@ -240,3 +240,29 @@ def test_tgc_serve_takes_a_file_of_tokens_and_the_limit_per_token(tmp_path):
         status, kind, body = post(srv.port, batch(), session="alice-2-0123456789", token="token-of-alice-0001")
         assert (status, kind) == (503, "busy") and b"this token ('alice') holds 1 session," in body, body
         assert post(srv.port, batch(), session="bob-0-0123456789", token="token-of-bob-000002")[0] == 200
+
+
+# --- the CPU server's shared arena
+
+
+def test_shared_arena_places_merges_and_gives_pages_back():
+    from tgc.backends.remote.launcher import PAGE, SharedArena
+    arena = SharedArena(1 << 20)
+    try:
+        a, b, c = arena.alloc(100), arena.alloc(16 * PAGE), arena.alloc(10)
+        assert [arena.offset_of(h) for h in (a, b, c)] == [0, 128, 128 + 16 * PAGE]  # first fit, 64-byte blocks
+        assert arena.live == 128 + 16 * PAGE + 64
+        b[:] = 0xFF
+        arena.free(b, 16 * PAGE)
+        again = arena.alloc(16 * PAGE)  # the same place, not zeroed by anyone but the system:
+        assert arena.offset_of(again) == 128
+        inside = slice(PAGE - 128, 16 * PAGE - 128)  # the whole pages no live block shares went back (zeros)
+        assert (again[inside] == 0).all()
+        assert (again[:PAGE - 128] == 0xFF).all() and (again[16 * PAGE - 128:] == 0xFF).all()  # shared pages kept
+        for h, n in [(a, 100), (c, 10), (again, 16 * PAGE)]:
+            arena.free(h, n)
+        assert arena.free_blocks == [(0, arena.size)] and arena.live == 0  # merged back into one block
+        with pytest.raises(MemoryError):
+            arena.alloc(arena.size + 1)
+    finally:
+        arena.close()
