@@ -48,8 +48,9 @@ GRACE = 0.2  # seconds past the deadline a worker has to stop by itself (finishi
 
 
 class SharedArena:
-    """Host memory shared with the launch workers; the interface of a host allocator (`alloc`, `free`,
-    `copyin`, `copyout`, `offset`), handles are numpy byte arrays that know their `address`."""
+    """Host memory shared with the launch workers; the interface of the CPU's allocator (`alloc`, `free`,
+    `copyin`, `copyout`; no `offset`: like the CPU's, no buffer views), handles are numpy byte arrays that know
+    their `address`."""
 
     def __init__(self, size: int):
         self.size = -(-max(size, PAGE) // PAGE) * PAGE
@@ -116,12 +117,6 @@ class SharedArena:
     @staticmethod
     def copyout(dest: memoryview, handle: Any) -> None:
         np.copyto(np.frombuffer(dest, dtype=np.uint8), handle)
-
-    def offset(self, handle: Any, nbytes: int, offset: int) -> Any:
-        """A view of `nbytes` of a buffer from `offset` (a sub-buffer)."""
-        view = handle[offset:offset + nbytes].view(HostBuffer)
-        view.address = data_address(handle) + offset
-        return view
 
     def close(self) -> None:
         self.array = None  # type: ignore[assignment]

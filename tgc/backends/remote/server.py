@@ -416,7 +416,7 @@ class RemoteServer:
             session.busy += 1
         try:
             with session.lock:
-                if session.id not in self.sessions:
+                if self.sessions.get(session.id) is not session:
                     raise Refusal(404, "session", "the session ended while this batch waited for its turn")
                 if self.uses_launch_workers:
                     results, out_blobs = self._run(session, requests, blobs)
@@ -663,7 +663,7 @@ class RemoteServer:
     def _do_Transfer(self, session: Session, req: P.Transfer, blobs, out) -> None:
         src = self._get(session.buffers, req.buf, "buffer")
         dest_session = self.sessions.get(req.dest_session)
-        if dest_session is None:
+        if dest_session is None or dest_session.owner != session.owner:
             raise Refusal(404, "session", "no such destination session")
         dest = self._get(dest_session.buffers, req.dest_buf, "destination buffer")
         if dest.size != src.size:
@@ -718,7 +718,7 @@ class RemoteServer:
             try:
                 entry = (True, self._compile_text(req.src))
             except Refusal as r:
-                if r.kind != "compile":
+                if r.kind != "compile" or r.msg.startswith("the compiler crashed"):  # (not kept: maybe another's)
                     raise
                 entry = (False, r.msg)
             except Exception as e:  # the compiler's message goes back as is
