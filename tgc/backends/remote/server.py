@@ -11,20 +11,27 @@ Every fault a client can cause comes back as an HTTP error with a one-line messa
 404 session (an unknown buffer/program/graph/session), 405/411 protocol, 408/413 limit (request time,
 body size, buffer size, session memory, objects), 422 compile (the compiler's message), 500 device (the
 device raised while running), 503 busy (too many sessions, shutting down), 507 device (out of memory).
-The requests of a batch run in order and stop at the first failure. Batches run one at a time (the
-device surface is not assumed thread-safe); bodies are read and parsed in parallel.
+The requests of a batch run in order and stop at the first failure. A session runs one batch at a time.
+For the CPU, batches of different sessions run at once: buffers live in a shared arena and launches run in
+worker processes (`launcher`), which the server kills when a kernel is still running at the batch's
+deadline. Other devices run one batch at a time (their surface is not assumed thread-safe) and stop a batch
+at its deadline between launches. Bodies are read and parsed in parallel.
+
+Sessions belong to an owner: the name of the client's token (a server may take one token per client), or
+the client's address without a token; sessions are limited per owner and per address (see `Limits`).
 
 Launches are checked: a kernel's source ends in its launch contract (see `parse_contract`); for the CPU
 the server loads only binaries it compiled, and refuses launches with the wrong buffers, too-small
 buffers, a larger grid than the kernel's or more work-items than the device allows. Compiles of the CPU
 run in a worker process. Still, a client can run native code on this machine (a contract is what the
 client's source declares), so without a token the server listens on loopback only; give a token before
-serving anything wider. Fresh buffers are zeroed; requests have a deadline (`request_time`) enforced by a
-watchdog; sessions, connections and memory are capped (see `Limits`).
+serving anything wider. Fresh buffers are zeroed; requests have a deadline (`request_time`): a watchdog
+closes connections that read or write past it, and a batch is stopped at it (see above); sessions,
+connections and memory are capped (see `Limits`).
 
 Run it as `tgc serve ...` (tgc/cli/main.py holds its only option parser). Modules: `server` (this one: the
 request executor, `RemoteServer`, and `main_serve`), `transport` (HTTP), `session` (per-client tables),
-`contract` (launch contracts), `limits` (`Limits`, `Refusal`).
+`contract` (launch contracts), `limits` (`Limits`, `Refusal`), `launcher` (the CPU's arena and launch workers).
 """
 
 from __future__ import annotations
