@@ -46,6 +46,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 from tgc.backends import canonical, default_device, device_class, get_device
@@ -456,13 +457,27 @@ class RemoteServer:
         start = time.monotonic()
         session.deadline = start + self.limits.request_time
         session.answer_bytes = 0
-        for i, req in enumerate(requests):
+        workers = self.uses_launch_workers
+        i = 0
+        while i < len(requests):
+            req = requests[i]
             name = type(req).__name__
             if i and time.monotonic() - start >= self.limits.request_time:
                 raise Refusal(408, "limit", f"the batch ran past the request time limit of "
                                             f"{self.limits.request_time:g}s; stopped before request {i} ({name})")
+            if workers and name == "ProgramExec":  # a run of launches: one message to a worker
+                end = i + 1
+                while end < len(requests) and type(requests[end]).__name__ == "ProgramExec":
+                    end += 1
+                group, first = requests[i:end], i
+                times = self._run_in_workers(session, group, lambda a, b, f=first: f"request {f + a} (ProgramExec)"
+                                             if a == b else f"requests {f + a}..{f + b} (ProgramExec)")
+                results += [t if r.wait else None for r, t in zip(group, times)]
+                i = end
+                continue
             try:
                 results.append(getattr(self, "_do_" + name)(session, req, blobs, out_blobs))
+                i += 1
             except Refusal as e:
                 if e.kind == "compile":
                     raise
@@ -843,45 +858,45 @@ class RemoteServer:
     # launches sent to a worker in one message (the worker checks the deadline before each launch)
     GRAPH_SLICE = 1024
 
-    def _run_in_workers(self, session: Session, launches: list[P.ProgramExec | P.GraphKernel],
-                        where: str = "") -> list[float]:
-        """Run launches in a launch worker process, checked, in slices of `GRAPH_SLICE`; their times. Launches
-        are not started past the batch's deadline, and one still running then is stopped: its worker is killed
-        (either way a 408 refusal)."""
+    def _run_in_workers(self, session: Session, launches: list, label: Callable[[int, int], str]) -> list[float]:
+        """Run launches (ProgramExec or GraphKernel) in a launch worker process, checked, in slices of
+        `GRAPH_SLICE`; their times. Launches are not started past the batch's deadline, and one still running
+        then is stopped: its worker is killed (either way a 408 refusal). `label(a, b)` names launches a..b in
+        messages."""
         from tgc.backends.remote.launcher import Launch, LaunchCrashed, LaunchFailed, LaunchTimeout
         arena, times = self.allocator, []
         for first in range(0, len(launches), self.GRAPH_SLICE):
             if time.monotonic() > session.deadline:
-                raise self._late(f"stopped before {where}kernel {first}")
+                raise self._late(f"stopped before {label(first, first)}")
             part = []
             for i, k in enumerate(launches[first:first + self.GRAPH_SLICE], first):
-                prog, contracts, lib, name = self._get(session.programs, k.prog, "program")
                 try:
+                    prog, contracts, lib, name = self._get(session.programs, k.prog, "program")
                     handles = self._check_launch(session, k, contracts)
                 except Refusal as e:
-                    raise Refusal(e.status, e.kind, f"{where}kernel {i}: {e.msg}" if where else e.msg) from None
+                    raise Refusal(e.status, e.kind, f"{label(i, i)}: {e.msg}") from None
                 part.append(Launch(f"{P.digest(lib)}:{name}", name, lib, [arena.offset_of(h) for h in handles],
                                    tuple(k.global_size), tuple(k.vals)))
+            last = first + len(part) - 1
             try:
                 times += self.launchers.run(part, session.deadline)
             except LaunchTimeout as e:
                 if self.verbose:
-                    print(f"tgc serve: {e}", file=sys.stderr, flush=True)
+                    print(f"tgc serve: {label(first, last)}: {e}", file=sys.stderr, flush=True)
                 if e.stopped_before is not None:
-                    raise self._late(f"stopped before {where}kernel {first + e.stopped_before}") from None
-                raise self._late(f"{e} in {where}kernel {first}..{first + len(part) - 1}" if e.started else
-                                 f"{e} ({self.concurrency} batches run launches at once)") from None
+                    raise self._late(f"stopped before {label(first + e.stopped_before, first + e.stopped_before)}"
+                                     ) from None
+                raise self._late(f"{e} in {label(first, last)}" if e.started else
+                                 f"{e} for {label(first, last)} ({self.concurrency} batches run launches at once)"
+                                 ) from None
             except LaunchCrashed as e:
-                raise Refusal(500, "device", f"{where}kernel {first}..{first + len(part) - 1}: {e}") from None
+                raise Refusal(500, "device", f"{label(first, last)}: {e}") from None
             except LaunchFailed as e:
-                raise Refusal(400, "device", f"{where}kernel {first}..{first + len(part) - 1}: {e}") from None
+                raise Refusal(400, "device", f"{label(first, last)}: {e}") from None
         return times
 
     def _do_ProgramExec(self, session: Session, req: P.ProgramExec, blobs, out) -> float | None:
-        if self.uses_launch_workers:
-            (t,) = self._run_in_workers(session, [req])
-            return t if req.wait else None
-        return self._launch(session, req, req.wait)
+        return self._launch(session, req, req.wait)  # (launch workers: see `_run`, which sends runs of these)
 
     def _do_GraphAlloc(self, session: Session, req: P.GraphAlloc, blobs, out) -> None:
         self._new_id(session, session.graphs, req.graph, "graph")
@@ -901,7 +916,9 @@ class RemoteServer:
         kernels = self._get(session.graphs, req.graph, "graph")
         start, total = time.perf_counter(), 0.0
         if self.uses_launch_workers:
-            total = sum(self._run_in_workers(session, list(kernels), f"graph {req.graph} "))
+            g = req.graph
+            total = sum(self._run_in_workers(session, list(kernels), lambda a, b: f"graph {g} kernel {a}"
+                                             if a == b else f"graph {g} kernels {a}..{b}"))
             return (total or time.perf_counter() - start) if req.wait else None
         for i, k in enumerate(kernels):
             if time.monotonic() > session.deadline:
