@@ -534,7 +534,7 @@ def test_ranges_on_devices_without_host_arrays(monkeypatch, how):
     srv = S.serve("127.0.0.1", 0, "CPU", None).start()
     try:
         monkeypatch.setattr(S, "_is_host_array", lambda handle: False)
-        alloc = srv.device.allocator
+        alloc = srv.allocator  # (the CPU's: the server's shared arena)
         if how == "view":
             views = []
             monkeypatch.setattr(alloc, "offset", lambda h, n, o: views.append((n, o)) or h[o:o + n], raising=False)

@@ -328,7 +328,7 @@ def test_sessions_per_client_are_limited():
 
 
 @needs_cpu
-def test_server_wide_memory_limit_and_pool_release():
+def test_server_wide_memory_limit_and_release():
     srv = serve("127.0.0.1", 0, "CPU", None, Limits(max_memory=3000, max_pooled=1500,
                                                    max_session_memory=2000)).start()
     try:
@@ -336,10 +336,10 @@ def test_server_wide_memory_limit_and_pool_release():
         status, kind, body = post(srv.port, batch(P.BufferAlloc(buf=1, size=1500)), session="mem-b-0123456789")
         assert (status, kind) == (413, "limit") and b"server's memory limit" in body
         assert post(srv.port, batch(P.BufferAlloc(buf=1, size=1000)), session="mem-b-0123456789")[0] == 200
-        from tgc.backends import get_device
-        cached = get_device("CPU").allocator.cached
+        assert srv.allocator.live == 2048 + 1024  # the CPU's shared arena: 64-byte blocks
         assert post(srv.port, batch(P.BufferFree(buf=1)), session="mem-a-0123456789")[0] == 200
-        assert not cached.get(2000)  # 2000 freed bytes are more than max_pooled: the pool was released
+        assert srv.allocator.live == 1024  # freed at once (the arena keeps no pool)
+        assert post(srv.port, batch(P.BufferAlloc(buf=2, size=1500)), session="mem-a-0123456789")[0] == 200
     finally:
         srv.shutdown()
 
@@ -420,18 +420,16 @@ def test_explicit_reaping(server):
 def test_idle_sessions_are_freed():
     srv = serve("127.0.0.1", 0, "CPU", None, Limits(idle_timeout=0.2)).start()
     try:
-        from tgc.backends import get_device
-        cpu = get_device("CPU")
-        size = 12_345  # a size nothing else uses, to find the buffer in the CPU allocator's free list
-        before = len(cpu.allocator.cached.get(size, []))
+        size = 12_345
         dev = client(srv)
         h = dev.allocator.alloc(size)
         dev.flush()
+        assert srv.allocator.live == 12_352  # the CPU's buffers live in the shared arena, 64-byte blocks
         deadline = time.monotonic() + 30
         while dev.session in srv.sessions and time.monotonic() < deadline:
             time.sleep(0.05)
         assert dev.session not in srv.sessions
-        assert len(cpu.allocator.cached.get(size, [])) == before + 1  # the memory went back to the device
+        assert srv.allocator.live == 0  # the memory went back to the arena
         with pytest.raises(DeviceError, match=f"no buffer {h}"):
             dev.allocator.copyout(memoryview(bytearray(size)), h)
     finally:

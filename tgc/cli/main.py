@@ -953,7 +953,9 @@ def cache_clear(table: str) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=6667, show_default=True, help="Port to listen on.")
 @click.option("-d", "--device", metavar="DEV", envvar="TGC_DEVICE", show_envvar=True, help="The device to serve.")
-@click.option("--token-file", metavar="F", help="File holding the token clients must send (else $TGC_REMOTE_TOKEN).")
+@click.option("--token-file", metavar="F",
+              help="File holding the token clients must send, or one 'NAME TOKEN' line per client (else "
+                   "$TGC_REMOTE_TOKEN).")
 @click.option("--idle-timeout", type=click.FloatRange(min=0), metavar="SECONDS",
               help="Drop a client session idle this long.")
 @click.option("--max-sessions", type=click.IntRange(min=1), metavar="N", help="Most client sessions at once.")
@@ -961,17 +963,20 @@ def cache_clear(table: str) -> None:
 @click.option("--max-buffer", type=click.IntRange(min=1), metavar="BYTES", help="Largest single buffer.")
 @click.option("--max-session-memory", type=click.IntRange(min=1), metavar="BYTES",
               help="Most live device memory per client session.")
-@click.option("--request-time", type=click.FloatRange(min=0), metavar="SECONDS", help="Longest time for one request.")
+@click.option("--request-time", type=click.FloatRange(min=0), metavar="SECONDS",
+              help="Deadline of one request: reading it, running its batch (kernels included) and answering.")
 @click.option("--max-memory", type=click.IntRange(min=1), metavar="BYTES",
               help="Most live device memory of all sessions together.")
 @click.option("--max-sessions-per-client", type=click.IntRange(min=1), metavar="N",
               help="Most sessions of one client address.")
+@click.option("--max-sessions-per-token", type=click.IntRange(min=1), metavar="N",
+              help="Most sessions of one token (of one address when serving without a token).")
 @click.option("--max-connections", type=click.IntRange(min=1), metavar="N", help="Most open connections.")
 @click.option("-v", "--verbose", is_flag=True, help="Log each request to stderr.")
 def serve(host: str, port: int, device: str | None, token_file: str | None, idle_timeout: float | None,
           max_sessions: int | None, max_body: int | None, max_buffer: int | None, max_session_memory: int | None,
           request_time: float | None, max_memory: int | None, max_sessions_per_client: int | None,
-          max_connections: int | None, verbose: bool) -> None:
+          max_sessions_per_token: int | None, max_connections: int | None, verbose: bool) -> None:
     """Serve a device over HTTP for the REMOTE device of other machines (until Ctrl-C)."""
     from tgc.backends.remote.server import main_serve
 
@@ -980,6 +985,7 @@ def serve(host: str, port: int, device: str | None, token_file: str | None, idle
                         max_sessions=max_sessions, max_body=max_body, max_buffer=max_buffer,
                         max_session_memory=max_session_memory, request_time=request_time, verbose=verbose,
                         max_memory=max_memory, max_sessions_per_client=max_sessions_per_client,
+                        max_sessions_per_token=max_sessions_per_token,
                         max_connections=max_connections)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM before the serve loop took over: still a clean stop
         _err("tgc serve: interrupted")

@@ -17,10 +17,11 @@ class Limits:
     max_body: int = 512 * MiB  # one request body
     max_buffer: int = 256 * MiB  # one buffer
     max_session_memory: int = 1024 * MiB  # live buffers of one session
-    request_time: float = 60.0  # one batch's run (checked between requests) and socket reads
+    request_time: float = 60.0  # one batch's run (enforced while kernels run) and socket reads
     idle_timeout: float = 300.0  # a session unheard from this long is freed
     max_sessions: int = 64
-    max_sessions_per_client: int = 32  # sessions of one client address
+    max_sessions_per_token: int = 32  # sessions of one token (of one address where the server has no token)
+    max_sessions_per_client: int = 64  # sessions of one client address, whatever their tokens
     evict_after: float = 10.0  # a full table frees sessions idle this long (empty ones at once), oldest first
     max_memory: int = 4096 * MiB  # live buffers of all sessions together
     max_pooled: int = 256 * MiB  # freed memory the device may keep for reuse; beyond it, the pool is released

@@ -11,20 +11,27 @@ Every fault a client can cause comes back as an HTTP error with a one-line messa
 404 session (an unknown buffer/program/graph/session), 405/411 protocol, 408/413 limit (request time,
 body size, buffer size, session memory, objects), 422 compile (the compiler's message), 500 device (the
 device raised while running), 503 busy (too many sessions, shutting down), 507 device (out of memory).
-The requests of a batch run in order and stop at the first failure. Batches run one at a time (the
-device surface is not assumed thread-safe); bodies are read and parsed in parallel.
+The requests of a batch run in order and stop at the first failure. A session runs one batch at a time.
+For the CPU, batches of different sessions run at once: buffers live in a shared arena and launches run in
+worker processes (`launcher`), which the server kills when a kernel is still running at the batch's
+deadline. Other devices run one batch at a time (their surface is not assumed thread-safe) and stop a batch
+at its deadline between launches. Bodies are read and parsed in parallel.
+
+Sessions belong to an owner: the name of the client's token (a server may take one token per client), or
+the client's address without a token; sessions are limited per owner and per address (see `Limits`).
 
 Launches are checked: a kernel's source ends in its launch contract (see `parse_contract`); for the CPU
 the server loads only binaries it compiled, and refuses launches with the wrong buffers, too-small
 buffers, a larger grid than the kernel's or more work-items than the device allows. Compiles of the CPU
 run in a worker process. Still, a client can run native code on this machine (a contract is what the
 client's source declares), so without a token the server listens on loopback only; give a token before
-serving anything wider. Fresh buffers are zeroed; requests have a deadline (`request_time`) enforced by a
-watchdog; sessions, connections and memory are capped (see `Limits`).
+serving anything wider. Fresh buffers are zeroed; requests have a deadline (`request_time`): a watchdog
+closes connections that read or write past it, and a batch is stopped at it (see above); sessions,
+connections and memory are capped (see `Limits`).
 
 Run it as `tgc serve ...` (tgc/cli/main.py holds its only option parser). Modules: `server` (this one: the
 request executor, `RemoteServer`, and `main_serve`), `transport` (HTTP), `session` (per-client tables),
-`contract` (launch contracts), `limits` (`Limits`, `Refusal`).
+`contract` (launch contracts), `limits` (`Limits`, `Refusal`), `launcher` (the CPU's arena and launch workers).
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 from tgc.backends import canonical, default_device, device_class, get_device
@@ -84,6 +92,40 @@ def read_token(token_file: str | None = None, env: dict[str, str] | None = None)
     return P.read_token_file(token_file)
 
 
+def read_server_tokens(path: str) -> dict[str, str]:
+    """The tokens a server accepts, from the file `path`: {token: name}. One line holding one token (the
+    classic form: its name is 'the token'), or several lines of `NAME TOKEN` (or a bare `TOKEN`, named
+    'token K' for its line K among the tokens), `#` comments and blank lines skipped: one token per client, so
+    that each is limited and named on its own. TgcError (exit 2) for an unreadable file, a bad token, a
+    repeated token or name, or a file without tokens."""
+    text = P.read_token_text(path)
+    lines = [ln.strip() for ln in text.splitlines()]
+    lines = [ln for ln in lines if ln and not ln.startswith("#")]
+    if not lines:
+        raise TgcError(f"the token file '{path}' holds no token")
+    if len(lines) == 1 and len(lines[0].split()) == 1:
+        return {P.read_token_file(path, lines[0]): "the token"}
+    tokens: dict[str, str] = {}
+    for k, line in enumerate(lines, 1):
+        parts = line.split()
+        if len(parts) > 2:
+            raise TgcError(f"the token file '{path}': line {k} of tokens is not 'NAME TOKEN' or 'TOKEN'")
+        name, token = (parts[0], parts[1]) if len(parts) == 2 else (f"token {k}", parts[0])
+        why = P.token_problem(token)
+        if why is not None or (len(parts) == 2 and P.token_problem(name) is not None):
+            raise TgcError(f"the token file '{path}': the token of line {k} of tokens cannot be used: "
+                           f"{why or 'its name holds characters other than printable ASCII'}")
+        if token in tokens or name in tokens.values():
+            raise TgcError(f"the token file '{path}': line {k} of tokens repeats a "
+                           f"{'token' if token in tokens else 'name'}")
+        tokens[token] = name
+    return tokens
+
+
+def _sessions(n: int) -> str:
+    return f"{n} session{'' if n == 1 else 's'}"
+
+
 def _plain(value: Any, depth: int = 0) -> Any:
     """`value` as literals that `protocol.to_text` can write (other objects become strings)."""
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -125,15 +167,23 @@ def _is_host_array(handle: Any) -> bool:
 class RemoteServer:
     """Serves one local device. `serve_forever()` in this thread, or `start()` a background thread."""
 
-    def __init__(self, device: str, host: str = "127.0.0.1", port: int = P.DEFAULT_PORT, token: str | None = None,
-                 limits: Limits | None = None, verbose: bool = False):
+    def __init__(self, device: str, host: str = "127.0.0.1", port: int = P.DEFAULT_PORT,
+                 token: str | dict[str, str] | None = None, limits: Limits | None = None, verbose: bool = False):
         if not token and not is_loopback(host):
             raise TgcError(f"refusing to serve on the non-loopback address {host} without a token",
                            hint="give it a token (token=..., or set TGC_REMOTE_TOKEN), or serve on 127.0.0.1",
                            cli_hint="pass --token-file FILE (or set TGC_REMOTE_TOKEN), or serve on 127.0.0.1")
-        self.device_name, self.token, self.verbose = device, token, verbose
+        self.device_name, self.verbose = device, verbose
+        # the tokens accepted, each with the name that owns its sessions ({} serves without a token)
+        self.tokens: dict[str, str] = {token: "the token"} if isinstance(token, str) else dict(token or {})
+        self.token = next(iter(self.tokens), None)
         self.limits = limits or Limits()
-        self.lock = threading.RLock()  # held while a batch runs and while sessions change
+        self.lock = threading.RLock()  # held while the session table or memory counts change (briefly)
+        # devices whose launches run in this process run one batch at a time; the CPU's run in launch workers
+        self.device_lock = threading.Lock()
+        self._arena: Any = None  # CPU: every session's buffers, shared with the launch workers
+        self.launchers: Any = None  # CPU: the launch worker processes (`launcher.LaunchWorkers`)
+        self._cache_lock = threading.Lock()  # the compiled and known tables below
         self.sessions: dict[str, Session] = {}
         self.instance = secrets.token_hex(16)  # names this server process in clients' cache keys
         self._device: Any = None
@@ -203,12 +253,17 @@ class RemoteServer:
                 except Exception:
                     pass
                 self._workers = None
+        if self.launchers is not None:
+            self.launchers.close()
         if not self.lock.acquire(timeout=5.0):  # a batch still running: the process is going away anyway
             return len(self.sessions)
         try:
             n = len(self.sessions)
             for s in list(self.sessions.values()):
                 self._end_session(s)
+            if self._arena is not None:  # (a mapping still in use by a handle stays until that is gone)
+                self._arena.close()
+                self._arena = None
         finally:
             self.lock.release()
         return n
@@ -257,35 +312,90 @@ class RemoteServer:
         return len(idle)
 
     def authorized(self, header: str | None) -> bool:
-        """Whether an `Authorization` header carries the token (always true without a token)."""
-        if not self.token:
-            return True
+        """Whether an `Authorization` header carries a token (always true without a token)."""
+        return not self.tokens or self.token_name(header) is not None
+
+    def token_name(self, header: str | None) -> str | None:
+        """The name of the token an `Authorization` header carries (None for none or a wrong one). Every
+        token is compared, each in constant time."""
         scheme, _, value = (header or "").partition(" ")
-        ok = hmac.compare_digest(value.encode("utf-8", "replace"), self.token.encode("utf-8"))
-        return ok and scheme.lower() == "bearer"
+        sent = value.encode("utf-8", "replace")
+        found = None
+        for token, name in self.tokens.items():
+            if hmac.compare_digest(sent, token.encode("utf-8")):
+                found = name
+        return found if scheme.lower() == "bearer" else None
+
+    # --- CPU launches in worker processes
+
+    @property
+    def uses_launch_workers(self) -> bool:
+        """Whether launches run in killable worker processes (a device whose kernels are native code here)."""
+        return bool(getattr(self.device, "native_launch", False))
+
+    @property
+    def allocator(self) -> Any:
+        """Where session buffers live: the shared arena for the CPU, else the device's allocator."""
+        if not self.uses_launch_workers:
+            return self.allocator
+        with self._workers_lock:
+            if self._arena is None:
+                from tgc.backends.remote.launcher import LaunchWorkers, SharedArena
+                lim = self.limits
+                self._arena = SharedArena(2 * lim.max_memory + 64 * MiB)  # room for alignment and fragments
+                self.launchers = LaunchWorkers(self._arena, self.concurrency)
+                threading.Thread(target=self.launchers.warm, name="tgc-serve-warm", daemon=True).start()
+        return self._arena
+
+    @property
+    def concurrency(self) -> int:
+        """How many batches of different sessions may run launches at once: the device's threads (its cores),
+        at least 2, so that one client's long kernel never stalls every other client."""
+        try:
+            return max(2, int(self.device.cores))
+        except Exception:
+            return 2
 
     # --- batches
 
-    def _session(self, sid: str, client: str = "") -> Session:
+    def _session(self, sid: str, client: str = "", token: str | None = None) -> Session:
+        """Session `sid`, made for its owner when new. The owner is the token's name, or the client's address
+        where the server has no token. Refusals: a session of another owner (403), and (503) a full session
+        table or an owner (or address) at its limit whose sessions were all used within `evict_after`."""
+        owner = token if self.tokens else f"address {client}"
         s = self.sessions.get(sid)
-        if s is None:
-            lim = self.limits
-            mine = [x for x in self.sessions.values() if x.client == client]
-            if len(mine) >= lim.max_sessions_per_client and not self._evict(mine):
-                raise Refusal(503, "busy", f"this client holds {len(mine)} sessions, the limit per client; "
-                                           "end one or try later")
-            if len(self.sessions) >= lim.max_sessions:
-                self.reap_idle()
-            if len(self.sessions) >= lim.max_sessions and not self._evict(list(self.sessions.values())):
-                raise Refusal(503, "busy", f"the server holds {len(self.sessions)} sessions, its limit; try later")
-            s = self.sessions[sid] = Session(sid, client=client)
+        if s is not None:
+            if s.owner != owner:
+                raise Refusal(403, "auth", "this session id belongs to another client's token; pick another id")
+            return s
+        lim = self.limits
+        when = (f"all used in the last {lim.evict_after:g}s; end one (a client ends its session when it closes) "
+                f"or retry when one has been idle {lim.evict_after:g}s")
+        same_address = [x for x in self.sessions.values() if x.client == client]
+        if len(same_address) >= lim.max_sessions_per_client and not self._evict(same_address):
+            raise Refusal(503, "busy", f"this client address ({client}) holds {_sessions(len(same_address))}, "
+                                       f"the limit per client address, {when}")
+        mine = [x for x in self.sessions.values() if x.owner == owner]
+        if len(mine) >= lim.max_sessions_per_token and not self._evict(mine):
+            whose = (f"this token ('{token}') holds {_sessions(len(mine))}, the limit per token" if self.tokens else
+                     f"this address ({client}) holds {_sessions(len(mine))}, the limit per token (the server has "
+                     "no token, so every client at one address counts as one)")
+            raise Refusal(503, "busy", f"{whose}, {when}")
+        if len(self.sessions) >= lim.max_sessions:
+            self.reap_idle()
+        if len(self.sessions) >= lim.max_sessions and not self._evict(list(self.sessions.values())):
+            raise Refusal(503, "busy", f"the server holds {len(self.sessions)} sessions, its limit; try later")
+        s = self.sessions[sid] = Session(sid, client=client, owner=owner)
         return s
 
     def _evict(self, candidates: list[Session]) -> bool:
         """Free one of `candidates` to make room: an empty one, else the one idle longest (at least
         `evict_after` seconds). False when none may go."""
         now = time.monotonic()
-        idle = sorted((s for s in candidates if not s.busy), key=lambda s: s.last_seen)
+        held = {}  # sessions per owner: among sessions idle alike, the biggest holder's go first
+        for s in candidates:
+            held[s.owner] = held.get(s.owner, 0) + 1
+        idle = sorted((s for s in candidates if not s.busy), key=lambda s: (-held[s.owner], s.last_seen))
         victim = next((s for s in idle if not s.objects), None)
         if victim is None:
             victim = next((s for s in idle if now - s.last_seen >= self.limits.evict_after), None)
@@ -296,8 +406,13 @@ class RemoteServer:
             print("tgc serve: evicted an idle session to make room", file=sys.stderr, flush=True)
         return True
 
-    def run_batch(self, sid: str, body: bytes, client: str = "") -> list[bytes | memoryview]:
-        """Run the requests of one body for session `sid`; the response body's parts, or a `Refusal`."""
+    def run_batch(self, sid: str, body: bytes, client: str = "", token: str | None = None) -> list[bytes | memoryview]:
+        """Run the requests of one body for session `sid` of the client at address `client` with the token named
+        `token` (see `token_name`); the response body's parts, or a `Refusal`.
+
+        A session's batches run one at a time; different sessions' run at once where launches run in worker
+        processes (the CPU), else one at a time. Each batch must be done `request_time` seconds after it starts
+        running (waiting for the session's previous batch not counted)."""
         try:
             requests, blobs = P.decode_requests(body, max_text=self.limits.max_text, max_nodes=self.limits.max_nodes)
         except P.ProtocolError as e:
@@ -305,18 +420,29 @@ class RemoteServer:
         with self.lock:
             if self._stop.is_set():
                 raise Refusal(503, "busy", "the server is shutting down")
-            session = self._session(sid, client)
+            session = self._session(sid, client, token)
             session.busy += 1
-            try:
-                results, out_blobs = self._run(session, requests, blobs)
-            finally:
+        try:
+            with session.lock:
+                if self.sessions.get(session.id) is not session:
+                    raise Refusal(404, "session", "the session ended while this batch waited for its turn")
+                if self.uses_launch_workers:
+                    results, out_blobs = self._run(session, requests, blobs)
+                else:
+                    with self.device_lock:
+                        results, out_blobs = self._run(session, requests, blobs)
+        finally:
+            with self.lock:
                 session.busy -= 1
                 session.last_seen = time.monotonic()
                 self._trim_pool()
         return P.body_parts(out_blobs, P.to_text(results))
 
     def _trim_pool(self) -> None:
-        """Release the device's pool of freed buffers when it holds more than `max_pooled` bytes."""
+        """Release the device's pool of freed buffers when it holds more than `max_pooled` bytes (the shared
+        arena of the CPU gives freed pages back at once)."""
+        if self._arena is not None:
+            return
         alloc = self._device.allocator if self._device is not None else None
         cached = getattr(alloc, "cached", None)
         if not isinstance(cached, dict) or not callable(getattr(alloc, "free_cache", None)):
@@ -329,14 +455,29 @@ class RemoteServer:
         results: list[Any] = []
         out_blobs: dict[str, bytes] = {}
         start = time.monotonic()
+        session.deadline = start + self.limits.request_time
         session.answer_bytes = 0
-        for i, req in enumerate(requests):
+        workers = self.uses_launch_workers
+        i = 0
+        while i < len(requests):
+            req = requests[i]
             name = type(req).__name__
             if i and time.monotonic() - start >= self.limits.request_time:
                 raise Refusal(408, "limit", f"the batch ran past the request time limit of "
                                             f"{self.limits.request_time:g}s; stopped before request {i} ({name})")
+            if workers and name == "ProgramExec":  # a run of launches: one message to a worker
+                end = i + 1
+                while end < len(requests) and type(requests[end]).__name__ == "ProgramExec":
+                    end += 1
+                group, first = requests[i:end], i
+                times = self._run_in_workers(session, group, lambda a, b, f=first: f"request {f + a} (ProgramExec)"
+                                             if a == b else f"requests {f + a}..{f + b} (ProgramExec)")
+                results += [t if r.wait else None for r, t in zip(group, times)]
+                i = end
+                continue
             try:
                 results.append(getattr(self, "_do_" + name)(session, req, blobs, out_blobs))
+                i += 1
             except Refusal as e:
                 if e.kind == "compile":
                     raise
@@ -398,21 +539,29 @@ class RemoteServer:
         if session.memory + req.size > lim.max_session_memory:
             raise Refusal(413, "limit", f"allocating {req.size} bytes would pass the session memory limit of "
                                         f"{lim.max_session_memory} bytes ({session.memory} live)")
-        total = sum(x.memory for x in self.sessions.values())
-        if total + req.size > lim.max_memory:
-            raise Refusal(413, "limit", f"allocating {req.size} bytes would pass the server's memory limit of "
-                                        f"{lim.max_memory} bytes ({total} live in all sessions)")
-        handle = self.device.allocator.alloc(req.size)
+        with self.lock:  # counted before allocating: sessions allocate at once
+            total = sum(x.memory for x in self.sessions.values())
+            if total + req.size > lim.max_memory:
+                raise Refusal(413, "limit", f"allocating {req.size} bytes would pass the server's memory limit of "
+                                            f"{lim.max_memory} bytes ({total} live in all sessions)")
+            session.memory += req.size
+        try:
+            handle = self.allocator.alloc(req.size)
+        except BaseException:
+            with self.lock:
+                session.memory -= req.size
+            raise
         try:  # a reused buffer holds what an earlier session left there: never show it to this one
             if callable(getattr(handle, "fill", None)):  # host memory (a numpy array): no temporary
                 handle.fill(0)
             else:
-                self.device.allocator.copyin(handle, memoryview(bytearray(req.size)))
+                self.allocator.copyin(handle, memoryview(bytearray(req.size)))
         except BaseException:
-            self.device.allocator.free(handle, req.size)
+            self.allocator.free(handle, req.size)
+            with self.lock:
+                session.memory -= req.size
             raise
         session.buffers[req.buf] = Buffer(handle, req.size)
-        session.memory += req.size
 
     def _free_buffer(self, session: Session, num: int) -> None:
         buf = session.buffers.pop(num)
@@ -423,8 +572,9 @@ class RemoteServer:
             return
         for v in buf.views:  # views die with their buffer
             session.buffers.pop(v, None)
-        session.memory -= buf.size
-        self.device.allocator.free(buf.handle, buf.size)
+        with self.lock:
+            session.memory -= buf.size
+        self.allocator.free(buf.handle, buf.size)
 
     def _do_BufferFree(self, session: Session, req: P.BufferFree, blobs, out) -> None:
         self._get(session.buffers, req.buf, "buffer")
@@ -433,7 +583,7 @@ class RemoteServer:
     def _do_BufferOffset(self, session: Session, req: P.BufferOffset, blobs, out) -> None:
         base = self._get(session.buffers, req.buf, "buffer")
         self._new_id(session, session.buffers, req.sub, "buffer")
-        offset_fn = getattr(self.device.allocator, "offset", None)
+        offset_fn = getattr(self.allocator, "offset", None)
         if not callable(offset_fn):
             raise Refusal(400, "device", f"{self.device_name} does not support buffer views")
         if req.offset + req.size > base.size:
@@ -448,12 +598,12 @@ class RemoteServer:
         data = self._blob(blobs, req.datahash)
         if len(data) != buf.size:
             raise Refusal(400, "protocol", f"copying {len(data)} bytes into buffer {req.buf} of {buf.size} bytes")
-        self.device.allocator.copyin(buf.handle, data)
+        self.allocator.copyin(buf.handle, data)
 
     def _do_CopyOut(self, session: Session, req: P.CopyOut, blobs, out) -> str:
         buf = self._get(session.buffers, req.buf, "buffer")
         data = bytearray(buf.size)
-        self.device.allocator.copyout(memoryview(data), buf.handle)
+        self.allocator.copyout(memoryview(data), buf.handle)
         h = P.digest(data)
         out[h] = data
         return h
@@ -469,7 +619,7 @@ class RemoteServer:
     def _range_view(self, buf: Buffer, offset: int, size: int, use: Any) -> bool:
         """Call `use` with a view of the range where the device makes one (False where it has no views, or
         refuses this one, e.g. an offset its alignment rules do not allow)."""
-        offset_fn = getattr(self.device.allocator, "offset", None)
+        offset_fn = getattr(self.allocator, "offset", None)
         if not callable(offset_fn):
             return False
         try:
@@ -482,7 +632,7 @@ class RemoteServer:
     def _read_bytes(self, buf: Buffer, offset: int, size: int) -> bytearray:
         """`size` bytes of `buf` from `offset` (checked by `_range`)."""
         data = bytearray(size)
-        alloc, handle = self.device.allocator, buf.handle
+        alloc, handle = self.allocator, buf.handle
         if _is_host_array(handle):  # host memory (a numpy byte array): copy just the range
             import numpy as np
             np.copyto(np.frombuffer(data, dtype=np.uint8), handle[offset:offset + size])
@@ -494,7 +644,7 @@ class RemoteServer:
 
     def _write_bytes(self, buf: Buffer, offset: int, data: bytes | bytearray | memoryview) -> None:
         """Write `data` into `buf` from `offset` (checked by `_range`)."""
-        alloc, handle, n = self.device.allocator, buf.handle, len(data)
+        alloc, handle, n = self.allocator, buf.handle, len(data)
         if not n:
             return
         if _is_host_array(handle):
@@ -535,14 +685,14 @@ class RemoteServer:
     def _do_Transfer(self, session: Session, req: P.Transfer, blobs, out) -> None:
         src = self._get(session.buffers, req.buf, "buffer")
         dest_session = self.sessions.get(req.dest_session)
-        if dest_session is None:
+        if dest_session is None or dest_session.owner != session.owner:
             raise Refusal(404, "session", "no such destination session")
         dest = self._get(dest_session.buffers, req.dest_buf, "destination buffer")
         if dest.size != src.size:
             raise Refusal(400, "protocol", f"transfer of {src.size} bytes into a buffer of {dest.size} bytes")
         data = bytearray(src.size)
-        self.device.allocator.copyout(memoryview(data), src.handle)
-        self.device.allocator.copyin(dest.handle, memoryview(data))
+        self.allocator.copyout(memoryview(data), src.handle)
+        self.allocator.copyin(dest.handle, memoryview(data))
 
     def _compile_text(self, src: str, op: str = "compile") -> bytes:
         """Compile (or list the assembly of) `src` with the device's compiler. For the CPU it runs in a worker
@@ -584,24 +734,29 @@ class RemoteServer:
         except ValueError as e:
             raise Refusal(422, "compile", str(e)) from None
         key = P.digest(req.src.encode("utf-8", "surrogatepass"))
-        if key not in self._compiled:
+        with self._cache_lock:
+            entry = self._compiled.get(key)
+        if entry is None:  # (compiled outside the lock: two sessions compiling one source both get it)
             try:
-                self._compiled[key] = (True, self._compile_text(req.src))
+                entry = (True, self._compile_text(req.src))
             except Refusal as r:
-                if r.kind != "compile":
+                if r.kind != "compile" or r.msg.startswith("the compiler crashed"):  # (not kept: maybe another's)
                     raise
-                self._compiled[key] = (False, r.msg)
+                entry = (False, r.msg)
             except Exception as e:  # the compiler's message goes back as is
-                self._compiled[key] = (False, e.msg if isinstance(e, TgcError) else str(e) or type(e).__name__)
+                entry = (False, e.msg if isinstance(e, TgcError) else str(e) or type(e).__name__)
+        with self._cache_lock:
+            self._compiled[key] = entry
+            self._compiled.move_to_end(key)
             while len(self._compiled) > 256:
                 self._compiled.popitem(last=False)
-        self._compiled.move_to_end(key)
-        ok, value = self._compiled[key]
+        ok, value = entry
         if not ok:
             raise Refusal(422, "compile", str(value))
         h = P.digest(value)
         remember(session.known, h, known, 4096, replace=True)
-        remember(self._known, h, known, 1 << 16, replace=False)
+        with self._cache_lock:
+            remember(self._known, h, known, 1 << 16, replace=False)
         out[h] = value
         return h
 
@@ -628,7 +783,8 @@ class RemoteServer:
     def _do_ProgramAlloc(self, session: Session, req: P.ProgramAlloc, blobs, out) -> None:
         self._new_id(session, session.programs, req.prog, "program")
         lib = bytes(self._blob(blobs, req.datahash))
-        known = session.known.get(req.datahash) or self._known.get(req.datahash)
+        with self._cache_lock:
+            known = session.known.get(req.datahash) or self._known.get(req.datahash)
         contracts = known.all_contracts() if known is not None else ()
         if getattr(self.device, "native_launch", False):
             # launches run as native code in this process: only binaries whose launches can be checked
@@ -648,7 +804,7 @@ class RemoteServer:
         except Exception as e:  # not a binary this device can load: the client's fault
             msg = e.msg if isinstance(e, TgcError) else f"{type(e).__name__}: {e}"
             raise Refusal(400, "device", f"cannot load program '{req.name[:80]}': {msg}") from None
-        session.programs[req.prog] = (program, contracts)
+        session.programs[req.prog] = (program, contracts, lib, req.name)
 
     def _do_ProgramFree(self, session: Session, req: P.ProgramFree, blobs, out) -> None:
         self._get(session.programs, req.prog, "program")
@@ -687,13 +843,60 @@ class RemoteServer:
         return max(64, 4 * cores)
 
     def _launch(self, session: Session, k: P.ProgramExec | P.GraphKernel, wait: bool) -> float | None:
-        prog, contract = self._get(session.programs, k.prog, "program")
+        """Run one launch in this process (devices whose launches are not native code here)."""
+        if time.monotonic() > session.deadline:
+            raise self._late()
+        prog, contract, _, _ = self._get(session.programs, k.prog, "program")
         handles = self._check_launch(session, k, contract)
         t = prog(*handles, global_size=k.global_size, local_size=k.local_size, vals=k.vals, wait=wait)
         return float(t) if wait and t is not None else None
 
+    def _late(self, what: str = "") -> Refusal:
+        return Refusal(408, "limit", f"the batch ran past the request time limit of {self.limits.request_time:g}s"
+                                     + (f"; {what}" if what else ""))
+
+    # launches sent to a worker in one message (the worker checks the deadline before each launch)
+    GRAPH_SLICE = 1024
+
+    def _run_in_workers(self, session: Session, launches: list, label: Callable[[int, int], str]) -> list[float]:
+        """Run launches (ProgramExec or GraphKernel) in a launch worker process, checked, in slices of
+        `GRAPH_SLICE`; their times. Launches are not started past the batch's deadline, and one still running
+        then is stopped: its worker is killed (either way a 408 refusal). `label(a, b)` names launches a..b in
+        messages."""
+        from tgc.backends.remote.launcher import Launch, LaunchCrashed, LaunchFailed, LaunchTimeout
+        arena, times = self.allocator, []
+        for first in range(0, len(launches), self.GRAPH_SLICE):
+            if time.monotonic() > session.deadline:
+                raise self._late(f"stopped before {label(first, first)}")
+            part = []
+            for i, k in enumerate(launches[first:first + self.GRAPH_SLICE], first):
+                try:
+                    prog, contracts, lib, name = self._get(session.programs, k.prog, "program")
+                    handles = self._check_launch(session, k, contracts)
+                except Refusal as e:
+                    raise Refusal(e.status, e.kind, f"{label(i, i)}: {e.msg}") from None
+                part.append(Launch(f"{P.digest(lib)}:{name}", name, lib, [arena.offset_of(h) for h in handles],
+                                   tuple(k.global_size), tuple(k.vals)))
+            last = first + len(part) - 1
+            try:
+                times += self.launchers.run(part, session.deadline)
+            except LaunchTimeout as e:
+                if self.verbose:
+                    print(f"tgc serve: {label(first, last)}: {e}", file=sys.stderr, flush=True)
+                if e.stopped_before is not None:
+                    raise self._late(f"stopped before {label(first + e.stopped_before, first + e.stopped_before)}"
+                                     ) from None
+                raise self._late(f"{e} in {label(first, last)}" if e.started else
+                                 f"{e} for {label(first, last)} ({self.concurrency} batches run launches at once)"
+                                 ) from None
+            except LaunchCrashed as e:
+                raise Refusal(500, "device", f"{label(first, last)}: {e}") from None
+            except LaunchFailed as e:
+                raise Refusal(400, "device", f"{label(first, last)}: {e}") from None
+        return times
+
     def _do_ProgramExec(self, session: Session, req: P.ProgramExec, blobs, out) -> float | None:
-        return self._launch(session, req, req.wait)
+        return self._launch(session, req, req.wait)  # (launch workers: see `_run`, which sends runs of these)
 
     def _do_GraphAlloc(self, session: Session, req: P.GraphAlloc, blobs, out) -> None:
         self._new_id(session, session.graphs, req.graph, "graph")
@@ -712,7 +915,14 @@ class RemoteServer:
     def _do_GraphExec(self, session: Session, req: P.GraphExec, blobs, out) -> float | None:
         kernels = self._get(session.graphs, req.graph, "graph")
         start, total = time.perf_counter(), 0.0
+        if self.uses_launch_workers:
+            g = req.graph
+            total = sum(self._run_in_workers(session, list(kernels), lambda a, b: f"graph {g} kernel {a}"
+                                             if a == b else f"graph {g} kernels {a}..{b}"))
+            return (total or time.perf_counter() - start) if req.wait else None
         for i, k in enumerate(kernels):
+            if time.monotonic() > session.deadline:
+                raise self._late(f"stopped before graph {req.graph} kernel {i}")
             try:
                 t = self._launch(session, k, req.wait)
             except Refusal as e:
@@ -727,7 +937,8 @@ class RemoteServer:
         del session.graphs[req.graph]
 
     def _do_Synchronize(self, session: Session, req: P.Synchronize, blobs, out) -> None:
-        self.device.synchronize()
+        if not self.uses_launch_workers:  # (a worker's launches are done when it answers)
+            self.device.synchronize()
 
     def _do_EndSession(self, session: Session, req: P.EndSession, blobs, out) -> None:
         self._end_session(session)
@@ -757,16 +968,18 @@ def main_serve(host: str = "127.0.0.1", port: int = P.DEFAULT_PORT, device: str 
                max_buffer: int | None = None, max_session_memory: int | None = None,
                request_time: float | None = None, max_sessions: int | None = None, verbose: bool = False,
                max_memory: int | None = None, max_connections: int | None = None,
-               max_sessions_per_client: int | None = None) -> int:
+               max_sessions_per_client: int | None = None, max_sessions_per_token: int | None = None) -> int:
     """What `tgc serve` runs: open the device, print `serving DEVICE on http://host:port` to stderr, serve
     until Ctrl-C or SIGTERM, free every session and return 0.
 
-    The token comes from `token_file`, else `TGC_REMOTE_TOKEN`, else `TGC_REMOTE_TOKEN_FILE`.
+    The tokens come from `token_file` (one token, or `NAME TOKEN` lines: see `read_server_tokens`), else
+    `TGC_REMOTE_TOKEN`, else `TGC_REMOTE_TOKEN_FILE` (one token: the clients' file of that name may hold
+    `HOST:PORT TOKEN` lines, which are no server's list of clients).
     Raises TgcError (a user error: exit 2) for a non-loopback host without a token or an unreadable token
     file, and DeviceError (exit 1) when the device cannot be opened or the port cannot be bound.
     Limits left as None keep the defaults of `Limits`.
     """
-    token = read_token(token_file)
+    token = read_server_tokens(token_file) if token_file is not None else read_token(None)
     name = device or default_device()
     kind, _ = canonical(name)
     if kind == "REMOTE":
@@ -781,7 +994,7 @@ def main_serve(host: str = "127.0.0.1", port: int = P.DEFAULT_PORT, device: str 
     chosen = {"idle_timeout": idle_timeout, "max_body": max_body, "max_buffer": max_buffer,
               "max_session_memory": max_session_memory, "request_time": request_time, "max_sessions": max_sessions,
               "max_memory": max_memory, "max_connections": max_connections,
-              "max_sessions_per_client": max_sessions_per_client}
+              "max_sessions_per_client": max_sessions_per_client, "max_sessions_per_token": max_sessions_per_token}
     limits = Limits(**{k: v for k, v in chosen.items() if v is not None})
     server = serve(host, port, name, token, limits, verbose)
     try:
@@ -798,7 +1011,9 @@ def main_serve(host: str = "127.0.0.1", port: int = P.DEFAULT_PORT, device: str 
     prev = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
     if prev is not None:
         signal.signal(signal.SIGTERM, _interrupt)
-    print(f"serving {dev_name} on {server.url}" + (" (token required)" if token else ""), file=sys.stderr, flush=True)
+    n = len(server.tokens)
+    print(f"serving {dev_name} on {server.url}" + (f" ({n} tokens)" if n > 1 else " (token required)" if n else ""),
+          file=sys.stderr, flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -1,8 +1,10 @@
 """One client session of `tgc serve`: its own tables of buffers, programs and graphs (numbered by the
-client), the binaries it compiled, and its memory."""
+client), the binaries it compiled, its memory, and its owner (the token that made it). Its batches run one at
+a time (`lock`); batches of different sessions may run at once."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -29,6 +31,9 @@ class Session:
     known: OrderedDict[str, Known] = field(default_factory=OrderedDict)  # binaries this session compiled
     memory: int = 0
     client: str = ""  # the peer's address
+    owner: str = ""  # who holds it: its token's name, or 'address A' where the server has no token
+    lock: threading.Lock = field(default_factory=threading.Lock)  # held while one of its batches runs
+    deadline: float = 0.0  # the time.monotonic() by which the batch running now must be done
     last_seen: float = field(default_factory=time.monotonic)
     busy: int = 0  # batches in flight
     answer_bytes: int = 0  # bytes of ranges read in the batch running now (bounded by the body limit)

@@ -171,7 +171,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         app.set_deadline(self.connection, None)  # the batch's own time limit applies while it runs
         try:
-            parts = app.run_batch(sid, body, self.client_address[0])
+            parts = app.run_batch(sid, body, self.client_address[0], app.token_name(self.headers.get("Authorization")))
         except Refusal as r:
             app.set_deadline(self.connection, app.limits.request_time)
             return self._refuse(r)
