@@ -35,7 +35,7 @@ from tgc.codegen.index import narrow_index
 from tgc.codegen.legalize import HALF, legalize
 from tgc.codegen.linearize import start_linearizer
 from tgc.codegen.opt import MIN_WORK_PER_THREAD, Opt, OptError, OptOps, launch_limits, map_to_grid, split_threads
-from tgc.codegen.pipeline import drop_unused_buffers, finish, uops_text
+from tgc.codegen.pipeline import drop_unused_buffers, finish, shared_memory_bytes, uops_text
 from tgc.codegen.transcendental import decompose_transcendentals
 from tgc.dtype import dtypes
 from tgc.env import debug_level, env_flag
@@ -490,8 +490,10 @@ def lower_attention(item: Any, device: Any, name: str, opts: list[Opt] | None = 
         (ast, jb, norder), w = by_rows, 1
     else:
         group = min(SHARED_ROWS, launch_limits(device).threads) if device.caps.gpu and not env_flag("NOOPT") else 0
-        ast, jb, w, norder = build(sp, block=BLOCK if reference else ch["block"], width=16 if vectors else 1,
-                                   decompose=device.caps.decompose_transcendentals, group=group)
+        block = BLOCK if reference else ch["block"]
+        ast, jb, w, norder, block = _build_within_shared(sp, device, block, 16 if vectors else 1, group)
+        if not reference:
+            ch["block"] = block
     ast = legalize(ast)
     if device.caps.decompose_transcendentals:
         ast = decompose_transcendentals(ast)
@@ -519,6 +521,27 @@ def lower_attention(item: Any, device: Any, name: str, opts: list[Opt] | None = 
     low = finish(device, name, ast, uops, bufs, launch)
     low.applied = [] if reference else opts_of(ch)
     return low
+
+
+def _build_within_shared(sp: Any, device: Any, block: int, width: int, group: int) -> tuple[UOp, UOp, int, int, int]:
+    """`build` with its staged keys and values within the device's shared memory (`launch_limits`: declared and
+    queried). The staged arrays grow with the block (block x (head dim + value dim) elements): where they do
+    not fit, the largest block that fits (shared memory is linear in it), and where not even one key fits, the
+    kernel without staging (every thread reads k and v from global memory). Returns build's values and the
+    block used."""
+    decompose = device.caps.decompose_transcendentals
+    ast, jb, w, norder = build(sp, block=block, width=width, decompose=decompose, group=group)
+    limit = launch_limits(device).shared_bytes
+    need = shared_memory_bytes(ast.toposort()) if group else 0
+    if need > limit:
+        used = min(block, sp.tk)
+        fits = limit * used // need
+        if fits >= 1:
+            block = fits
+            ast, jb, w, norder = build(sp, block=block, width=width, decompose=decompose, group=group)
+        if fits < 1 or shared_memory_bytes(ast.toposort()) > limit:
+            ast, jb, w, norder = build(sp, block=block, width=width, decompose=decompose, group=0)
+    return ast, jb, w, norder, min(block, sp.tk)
 
 
 def _split_spec(sp: Any, threads: int) -> tuple[Any, int] | None:
