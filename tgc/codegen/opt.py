@@ -717,10 +717,11 @@ def map_to_grid(ast: UOp, max_local: int = 256, max_grid: int = 2**31 - 1) -> tu
     return out, {"global_size": (groups, 1, 1), "local_size": (local, 1, 1)}
 
 
-def gate_memory(ast: UOp, live: UOp) -> UOp:
+def gate_memory(ast: UOp, live: UOp, keep: tuple[UOp, ...] = ()) -> UOp:
     """`ast` with every LOAD and STORE of a global buffer gated by the bool `live` (and by its own gate, where it
     has one): where `live` is false a thread reads nothing (a gated load is 0) and writes nothing. The threads of
-    a grid rounded up past the kernel's outputs are stopped this way (`map_to_grid`)."""
+    a grid rounded up past the kernel's outputs are stopped this way (`map_to_grid`). The subtrees `keep` are
+    left as they are (a BARRIER: what every thread stages before it)."""
 
     def gate(u: UOp) -> UOp:
         if u.op not in (Ops.LOAD, Ops.STORE) or u.src[0].op is not Ops.DEFINE_GLOBAL:
@@ -731,7 +732,7 @@ def gate_memory(ast: UOp, live: UOp) -> UOp:
             return u.replace(src=(*u.src[:at], both, *u.src[at + 1:]))
         return u.replace(src=(*u.src, live))
 
-    return rebuild(ast, {}, gate)
+    return rebuild(ast, {k: k for k in keep}, gate)
 
 
 def _local_ids(locals_: list[UOp], mapping: dict[UOp, UOp]) -> int:
