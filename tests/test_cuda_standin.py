@@ -107,7 +107,7 @@ check(mm, [("GROUP", 2, 8), ("UNROLL", 2, 4), ("UPCAST", 0, 2), ("UPCAST", 1, 3)
 s = rng.standard_normal((4, 512)).astype(np.float32)
 e = np.exp(s - s.max(1, keepdims=True))
 check("x: f32[M, N]\\nreturn softmax(x, 1)", [], e / e.sum(1, keepdims=True), x=s)
-p = rng.standard_normal(65537).astype(np.float32)  # a prime: a rounded-up grid with clamped threads
+p = rng.standard_normal(65537).astype(np.float32)  # a prime: a rounded-up grid, its extra threads gated off
 check("x: f32[N]\\nreturn x * 2.0", [], p * 2, x=p)
 r = rng.standard_normal((257, 33)).astype(np.float32)
 check("x: f32[M, N]\\nreturn x.sum(axis=1)", [], r.sum(1), x=r)
@@ -398,3 +398,103 @@ def test_debug_2_names_the_cuda_graph():
     ''', DEBUG="2")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "CUDA     graph of 2 kernels" in r.stderr and "ran in one launch" in r.stderr, r.stderr[-3000:]
+
+
+# ---------------------------------------------------------------- hardened memory; GPU defects (issue 26)
+
+HARDENED = '''
+import json
+import numpy as np
+import tgc
+from tgc.backends import get_device
+from tgc.dtype import dtypes
+from tgc.ir.uop import Ops, UOp
+
+dev = get_device("CUDA")
+res = {}
+h = dev.allocator.alloc(12)  # fresh memory: 0xFF bytes, never zeros
+view = bytearray(12)
+dev.allocator.copyout(memoryview(view), h)
+res["fresh"] = view.hex()
+
+def read_at(i):
+    """out[0] = inp[i], inp of 3 floats"""
+    out, inp = UOp(Ops.DEFINE_GLOBAL, dtypes.f32.as_ptr(), (), 0), UOp(Ops.DEFINE_GLOBAL, dtypes.f32.as_ptr(), (), 1)
+    ld = UOp(Ops.LOAD, dtypes.f32, (inp, UOp.const(dtypes.i32, i)))
+    uops = [out, inp, ld, UOp(Ops.STORE, None, (out, UOp.const(dtypes.i32, 0), ld))]
+    name = f"read_{i}"
+    return dev.program(name, dev.compiler.compile(dev.renderer.render(name, uops)))
+
+inp, out = dev.allocator.alloc(12), dev.allocator.alloc(4)
+dev.allocator.copyin(inp, memoryview(np.array([1, 2, 3], np.float32).tobytes()))
+read_at(2)(out, inp, wait=True)
+got = bytearray(4)
+dev.allocator.copyout(memoryview(got), out)
+res["last"] = float(np.frombuffer(got, np.float32)[0])
+print(json.dumps(res), flush=True)
+read_at(3)(out, inp, wait=True)  # one past the end: the guard page
+print("not reached", flush=True)
+'''
+
+
+def test_stand_in_memory_is_0xff_filled_and_guarded():
+    """Fresh device memory reads 0xFF, and a kernel reading one element past its buffer faults (named)."""
+    r = run_script(HARDENED)
+    lines = r.stdout.strip().splitlines()
+    res = json.loads(lines[0])
+    assert res == {"fresh": "ff" * 12, "last": 3.0}
+    assert r.returncode != 0 and "not reached" not in r.stdout
+    assert "kernel 'read_3' faulted" in r.stderr, r.stderr[-3000:]
+
+
+GPU_DEFECTS = '''
+import json
+import numpy as np
+import tgc
+from tgc.backends import get_device
+
+dev = get_device("CUDA")
+res = {"queried": dev.max_shared_bytes, "caps": dev.caps.max_shared_bytes}
+rng = np.random.default_rng(0)
+# a grid of 2 x 256 threads for 375 outputs, the variance written over the mean (an in-place pair)
+p = tgc.loads("x: f32[15, 25, 35]\\nreturn x.var(axis=2)")
+x = rng.standard_normal((15, 25, 35)).astype(np.float32)
+res["var"] = float(np.abs(p.run("CUDA", x=x)["out0"] - x.astype(np.float64).var(axis=2, ddof=1)).max())
+res["inplace"] = len(p.lower("CUDA").memory_plan().inplace)
+# the symbolic argmax's probabilities (the grid an expression of N), 33 rows
+p = tgc.load("kernels/argmax.tg")
+x = rng.standard_normal((33, 1000)).astype(np.float32)
+out = p.run("CUDA", symbolic=True, logits=x)
+e = np.exp(x.astype(np.float64) - x.max(1, keepdims=True))
+res["argmax"] = [p.last_run, float(np.abs(out[p.output_names[1]] - (e / e.sum(1, keepdims=True)).max(1)).max())]
+# a negative constant's power (rendered (--5.5f) before: NVRTC refused it)
+x = np.arange(-3, 5, dtype=np.float32)
+p = tgc.loads("x: f32[N]\\nreturn (-5.5) ** x")
+res["pow"] = float(np.max(np.abs(p.run("CUDA", x=x)["out0"] / (-5.5) ** x.astype(np.float64) - 1)))
+# fused attention at a head dim of 1024, within the queried shared memory
+p = tgc.loads("q: f32[T, D]\\nk: f32[T, D]\\nv: f32[T, E]\\nreturn softmax(q @ k.transpose(-2, -1) * 0.05, -1) @ v")
+dims = {"T": 20, "D": 1024, "E": 64}
+q, k = (rng.standard_normal((20, 1024)).astype(np.float32) for _ in range(2))
+v = rng.standard_normal((20, 64)).astype(np.float32)
+s = q.astype(np.float64) @ k.T.astype(np.float64) * 0.05
+e = np.exp(s - s.max(-1, keepdims=True))
+(kern,) = p.compile("CUDA", dims=dims)
+import re
+shared = sum(4 * int(n) for n in re.findall(r"__shared__ float \\w+\\[(\\d+)\\]", kern.src))
+res["attn"] = [kern.name, kern.src.count("__shared__"), shared, float(np.abs(p.run("CUDA", dims=dims, q=q, k=k, v=v)["out0"]
+                                                                 - e / e.sum(-1, keepdims=True) @ v).max())]
+print(json.dumps(res))
+'''
+
+
+def test_gpu_defects_fixed_through_the_hardened_stand_in():
+    """The three defects of issue 26 on CUDA (the stand-in reports less shared memory than CUDA C declares, so
+    the queried limit is the one that holds): the last element of a rounded-up grid with an in-place pair, the
+    symbolic argmax, a negative constant's power, and fused attention at a head dim of 1024."""
+    res = script_json(GPU_DEFECTS, TGC_STANDIN_SHARED_BYTES="20000")
+    assert res["queried"] == 20000 and res["caps"] == 20000
+    assert res["var"] < 1e-5 and res["inplace"] >= 1
+    assert res["argmax"][0] == "symbolic" and res["argmax"][1] < 1e-6
+    assert res["pow"] < 1e-5
+    name, shared_arrays, shared, err = res["attn"]
+    assert name.startswith("attn_") and shared_arrays == 2 and 0 < shared <= 20000 and err < 1e-4

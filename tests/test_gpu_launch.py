@@ -83,8 +83,12 @@ def test_beam_candidates_respect_the_limits():
 def test_awkward_sizes_get_full_work_groups(n, local, groups):
     kernels = tgc.loads("x: f32[N]\nreturn x * 2.0").compile(device="CUDA", dims={"N": n})
     assert kernels[0].local_size[0] == local and kernels[0].global_size[0] == groups
-    if local * groups != n:  # the threads past the end are clamped onto the last output
-        assert f"{n - 1}" in kernels[0].src
+    src = kernels[0].src
+    if local * groups != n:  # the threads past the end are gated off: they neither load nor store
+        assert f"< {n})" in src and f"{n - 1}" not in src
+        assert "if (" in src and "? data1[" in src
+    else:
+        assert "if (" not in src
 
 
 def test_beam_times_warm_launches_only():

@@ -11,6 +11,13 @@
  *   TGC_STANDIN_FAULT           a kernel name: its launches "fault" like an illegal address, reported
  *                               asynchronously (the launch succeeds, later calls fail until a context reset)
  *   TGC_STANDIN_DEVICES         how many devices cuDeviceGetCount reports (default 1)
+ *   TGC_STANDIN_SHARED_BYTES    what the max-shared-memory-per-block attribute reports (default 49152)
+ *
+ * Memory is hardened so that out-of-bounds accesses and reads of unwritten memory fail loudly: every
+ * allocation ends against a protected page (the byte after a buffer's last one faults; a buffer starts at
+ * a page end minus its size, so it keeps the natural alignment of its elements), and fresh memory is filled
+ * with 0xFF bytes (a float NaN, an int -1), never zeros. A fault inside a kernel prints the kernel's name and
+ * the address on stderr and ends the process (a real GPU reports an illegal address).
  *
  * Graphs (cuGraphCreate, cuGraphAddKernelNode with the 12.0+ node parameters, cuGraphInstantiateWithFlags,
  * cuGraphLaunch) hold kernel nodes in the order added (each may depend only on nodes added before it) and
@@ -20,6 +27,9 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -87,7 +97,10 @@ CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d) {
     case 4: *v = 64; break;                         /* max block dim z */
     case 5: *v = 2147483647; break;                 /* max grid dim x */
     case 6: case 7: *v = 65535; break;              /* max grid dim y, z */
-    case 8: *v = 49152; break;                      /* max shared memory per block */
+    case 8: {                                       /* max shared memory per block */
+      const char *s = getenv("TGC_STANDIN_SHARED_BYTES");
+      *v = s ? atoi(s) : 49152; break;
+    }
     case 10: *v = 32; break;                        /* warp size */
     case 13: *v = 1000000; break;                   /* clock rate, kHz */
     case 16: *v = 2; break;                         /* multiprocessor count */
@@ -117,15 +130,55 @@ CUresult cuCtxPushCurrent_v2(CUcontext c) { current = c; return OK; }
 CUresult cuCtxPopCurrent_v2(CUcontext *c) { if (c) *c = current; current = NULL; return OK; }
 CUresult cuCtxSynchronize(void) { return need_ctx(); }
 
+/* An allocation of n bytes: [a header page][the data pages][a protected guard page], the buffer placed so that
+ * its last byte is the last one before the guard page. The header page holds the mapping's length; it is the
+ * page before the one the buffer starts in (the data pages' slack is less than a page). */
+static size_t page_size(void) { static size_t p; if (!p) p = (size_t)sysconf(_SC_PAGESIZE); return p; }
+
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
   CUresult r = need_ctx(); if (r) return r;
-  void *m = calloc(1, n ? n : 1);
-  if (!m) return OUT_OF_MEMORY;
-  *p = (CUdeviceptr)(uintptr_t)m; return OK;
+  size_t page = page_size(), need = n ? n : 1, data = (need + page - 1) / page * page, total = data + 2 * page;
+  unsigned char *base = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (base == MAP_FAILED) return OUT_OF_MEMORY;
+  if (mprotect(base + page + data, page, PROT_NONE) != 0) { munmap(base, total); return OUT_OF_MEMORY; }
+  memcpy(base, &total, sizeof total);
+  unsigned char *buf = base + page + data - need;
+  memset(buf, 0xFF, need);  /* fresh memory is never zeros: a read of an unwritten element shows */
+  *p = (CUdeviceptr)(uintptr_t)buf; return OK;
 }
 CUresult cuMemFree_v2(CUdeviceptr p) {
   CUresult r = need_ctx(); if (r) return r;
-  free((void *)(uintptr_t)p); return OK;
+  if (!p) return OK;
+  size_t page = page_size(), total;
+  unsigned char *base = (unsigned char *)((uintptr_t)p & ~(uintptr_t)(page - 1)) - page;
+  memcpy(&total, base, sizeof total);
+  munmap(base, total); return OK;
+}
+
+/* a fault in a kernel (a guard page): say which kernel and where, then end the process as the signal would */
+static const char *volatile running_kernel = NULL;
+static struct sigaction old_segv, old_bus;
+static void on_fault(int sig, siginfo_t *info, void *uctx) {
+  (void)uctx;
+  char msg[512];
+  int len = snprintf(msg, sizeof msg, "tgc stand-in: kernel '%s' faulted at address %p (out of bounds of its "
+                     "buffer: guard page)\n", running_kernel ? running_kernel : "(none: not in a kernel)",
+                     info->si_addr);
+  if (len > 0) { ssize_t w = write(2, msg, (size_t)len < sizeof msg ? (size_t)len : sizeof msg - 1); (void)w; }
+  sigaction(sig, sig == SIGBUS ? &old_bus : &old_segv, NULL);  /* then whoever handled it before (faulthandler) */
+  raise(sig);
+}
+static void install_fault_handler(void) {
+  static int done = 0;
+  if (done) return;
+  done = 1;
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_sigaction = on_fault;
+  sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGSEGV, &sa, &old_segv);
+  sigaction(SIGBUS, &sa, &old_bus);
 }
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
   CUresult r = need_ctx(); if (r) return r;
@@ -203,7 +256,10 @@ CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, uns
   if (fault && strcmp(fault, f->name) == 0) { current->sticky = ILLEGAL_ADDRESS; return OK; }  /* reported later */
   unsigned g[3] = {gx, gy, gz}, b[3] = {bx, by, bz};
   pthread_mutex_lock(&launch_lock);
+  install_fault_handler();
+  running_kernel = f->name;
   int rc = f->launch(f->entry, g, b, params);
+  running_kernel = NULL;
   n_launches++;
   pthread_mutex_unlock(&launch_lock);
   return rc ? LAUNCH_OUT_OF_RESOURCES : OK;

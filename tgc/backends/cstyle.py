@@ -135,6 +135,12 @@ class CStyleRenderer:
     def cast(self, src: DType, d: DType, x: str) -> str:
         return self.cast_fmt.format(t=self.ctype(d), x=x) if not d.is_bool else f"({x} != 0)"
 
+    def literal(self, value, d: DType) -> str:
+        """A constant as an operand: a negative one (`-5.5f`, `-0.0f`, `-INFINITY`, `-3`) in parentheses, so that
+        no operator before it can fuse with its sign (`-` then `-5.5f` would be `--5.5f`, a decrement)."""
+        text = self.const(value, d)
+        return f"({text})" if text.startswith("-") else text
+
     def const(self, value, d: DType) -> str:
         if d.is_bool:
             return "true" if value else "false"
@@ -173,7 +179,7 @@ class CStyleRenderer:
 
         def ref(u: UOp) -> str:
             if u.op is Ops.CONST:
-                return self.const(u.arg, u.dtype)
+                return self.literal(u.arg, u.dtype)
             return names[u]
 
         def line(text: str) -> None:
@@ -234,7 +240,7 @@ class CStyleRenderer:
                 buf, idx = names[u.src[0]], ref(u.src[1])
                 expr = self.load(d, buf, idx)
                 if len(u.src) > 2:
-                    expr = f"({ref(u.src[2])} ? {expr} : {self.const(0, d)})"
+                    expr = f"({ref(u.src[2])} ? {expr} : {self.literal(0, d)})"
                 define(u, expr)
             elif op is Ops.STORE:
                 line(guard(u, self.store(u.src[2].dtype, names[u.src[0]], ref(u.src[1]), ref(u.src[2]))))
@@ -270,7 +276,7 @@ class CStyleRenderer:
         if op in (Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.TRUNC):
             return self.math(op, d, s[0])
         if op is Ops.RECIP:
-            return f"({self.const(1.0, d)} / {s[0]})"
+            return f"({self.literal(1.0, d)} / {s[0]})"
         if op is Ops.WHERE:
             return f"({s[0]} ? {s[1]} : {s[2]})"
         if op is Ops.CAST:

@@ -525,6 +525,10 @@ class CUDADevice(Device):
                 self._cc = self._compute_capability()
             except (DeviceError, RuntimeError):
                 self._cc = None
+            try:  # the GPU's shared memory per block (static arrays): `caps` takes the lower of it and the declared
+                self.max_shared_bytes = self._attribute("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK") or None
+            except (DeviceError, RuntimeError, AttributeError):
+                self.max_shared_bytes = None
         env_arch = (env_str("TGC_CUDA_ARCH", "") or "").strip()
         if env_arch:  # the user's choice wins, GPU or not (a cubin for an older minor version runs too)
             self.arch = normalize_arch(env_arch)
@@ -546,6 +550,13 @@ class CUDADevice(Device):
     @property
     def compile_error(self) -> str | None:
         return nvrtc_error()
+
+    def _attribute(self, name: str) -> int:
+        """One `cuDeviceGetAttribute` of this device (no context is opened)."""
+        drv = _driver()
+        _check(drv, drv.cuInit(0), "cuInit")
+        dev = _check(drv, drv.cuDeviceGet(self.index), f"cuDeviceGet({self.index})")
+        return int(_check(drv, drv.cuDeviceGetAttribute(getattr(drv.CUdevice_attribute, name), dev), name))
 
     def _compute_capability(self) -> tuple[int, int]:
         drv = _driver()

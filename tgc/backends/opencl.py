@@ -399,6 +399,15 @@ def probe_device(index: int = 0) -> tuple[bool, str]:
     return ok, why
 
 
+def _device_limit(cl_device: Any, name: str) -> int | None:
+    """A positive limit the OpenCL device reports (e.g. `local_mem_size`: CL_DEVICE_LOCAL_MEM_SIZE), or None."""
+    try:
+        value = int(getattr(cl_device, name))
+    except Exception:  # noqa: BLE001 - any driver error means: not known, the declared limit holds
+        return None
+    return value if value > 0 else None
+
+
 class OpenCLDevice(Device):
     """`OPENCL:i`: the i-th OpenCL device over all platforms.
 
@@ -418,13 +427,18 @@ class OpenCLDevice(Device):
         self._opened: dict[str, Any] | None = None
         self._compiler: OpenCLCompiler | None = None
         try:
-            count = len(_all_devices())
+            found = _all_devices()
         except DeviceError:
-            count = None
+            found = []
+        count = len(found) if found else None
         if index > 0 and (count is None or index >= count):
             raise TgcError(f"no OpenCL device {index}: this machine has {count or 0}",
                            hint=f"use OPENCL:0 .. OPENCL:{count - 1}" if count and count > 1 else
                            "use OPENCL (index 0)")
+        if index < len(found):
+            # the device's own shared-memory limit (read from the device list: no context is opened); `caps`
+            # takes the lower of it and the renderer's declared one
+            self.max_shared_bytes = _device_limit(found[index], "local_mem_size")
         self.allocator = OpenCLAllocator(self)
 
     @classmethod

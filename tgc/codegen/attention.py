@@ -34,8 +34,17 @@ from tgc.codegen.expand import _Vectorizer
 from tgc.codegen.index import narrow_index
 from tgc.codegen.legalize import HALF, legalize
 from tgc.codegen.linearize import start_linearizer
-from tgc.codegen.opt import MIN_WORK_PER_THREAD, Opt, OptError, OptOps, launch_limits, map_to_grid, split_threads
-from tgc.codegen.pipeline import drop_unused_buffers, finish, uops_text
+from tgc.codegen.opt import (
+    MIN_WORK_PER_THREAD,
+    Opt,
+    OptError,
+    OptOps,
+    gate_memory,
+    launch_limits,
+    map_to_grid,
+    split_threads,
+)
+from tgc.codegen.pipeline import drop_unused_buffers, finish, shared_memory_bytes, uops_text
 from tgc.codegen.transcendental import decompose_transcendentals
 from tgc.dtype import dtypes
 from tgc.env import debug_level, env_flag
@@ -128,8 +137,9 @@ def _stage_shared(sp: Any, jb: UOp, bk: int, group: int, next_id: int) -> tuple:
     tile = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, -(-tq // group)),), ri.arg)
     lane = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, group),), (next_id + 1, RangeKind.LOCAL))
     rows = simplify(tile * UOp.const(INDEX, group) + lane)
-    # rows past the end compute the last row again (and store its value again): every thread reaches the barriers
-    rows_c = simplify((rows < UOp.const(INDEX, tq)).where(rows, UOp.const(INDEX, tq - 1))) if tq % group else rows
+    # a thread of a row past the end stages its share and reaches every barrier, but its own global loads and its
+    # output stores are gated off (`live`): it never reads or writes a row another thread owns
+    live = simplify(rows < UOp.const(INDEX, tq)) if tq % group else None
     rjl = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, bk),), (next_id + 2, RangeKind.REDUCE))
     outer = set(sp.loops)
     stores: list[UOp] = []
@@ -151,8 +161,8 @@ def _stage_shared(sp: Any, jb: UOp, bk: int, group: int, next_id: int) -> tuple:
         local = UOp(Ops.DEFINE_LOCAL, ld.dtype.as_ptr(), (), (f"kv{len(mapping)}", n))
         for e in range(-(-n // group)):
             flat = simplify(UOp.const(INDEX, e * group) + lane)
-            if (e + 1) * group > n:
-                flat = simplify((flat < UOp.const(INDEX, n)).where(flat, UOp.const(INDEX, n - 1)))
+            # the last round's threads past the array's end stage nothing (gated load and store)
+            in_array = simplify(flat < UOp.const(INDEX, n)) if (e + 1) * group > n else None
             sub = {sp.rj: None}
             rest = flat
             for r, size in zip(reversed(inner), reversed(sizes)):
@@ -162,7 +172,11 @@ def _stage_shared(sp: Any, jb: UOp, bk: int, group: int, next_id: int) -> tuple:
             if sp.tk % bk:
                 j = simplify((j < UOp.const(INDEX, sp.tk)).where(j, UOp.const(INDEX, sp.tk - 1)))
             sub[sp.rj] = j
-            stores.append(UOp(Ops.STORE, None, (local, flat, simplify(substitute(ld, sub)))))
+            value = simplify(substitute(ld, sub))
+            if in_array is None:
+                stores.append(UOp(Ops.STORE, None, (local, flat, value)))
+            else:
+                stores.append(UOp(Ops.STORE, None, (local, flat, gate_memory(value, in_array), in_array)))
         idx = rjl * UOp.const(INDEX, per_key)
         stride = per_key
         for r, size in zip(inner, sizes):
@@ -173,9 +187,11 @@ def _stage_shared(sp: Any, jb: UOp, bk: int, group: int, next_id: int) -> tuple:
         return None
     barrier = UOp(Ops.BARRIER, None, (stores[-1],))
     loads = {ld: UOp(Ops.LOAD, ld.dtype, (local, idx, barrier)) for ld, (local, idx) in mapping.items()}
-    x = substitute(sp.x, {**loads, ri: rows_c})
+    x = substitute(sp.x, {**loads, ri: rows})
     v = substitute(sp.v, loads)
-    return x, v, ri, rows_c, rjl, stores
+    if live is not None:  # what is still read from global memory (q's row) only for a live row
+        x, v = gate_memory(x, live, keep=(barrier,)), gate_memory(v, live, keep=(barrier,))
+    return x, v, ri, rows, live, rjl, stores
 
 
 def build(sp: Any, block: int = BLOCK, width: int = 1, decompose: bool = False,
@@ -194,7 +210,7 @@ def build(sp: Any, block: int = BLOCK, width: int = 1, decompose: bool = False,
     if group and sp.loops and sp.loops[-1].op is Ops.RANGE and sp.loops[-1].arg[1] is RangeKind.LOOP:
         staged = _stage_shared(sp, jb, bk, min(group, sp.loops[-1].src[0].arg), next_id + 3)
     if staged is not None:
-        x, v_src, ri, rows_c, rjl, stage_stores = staged
+        x, v_src, ri, rows, live, rjl, stage_stores = staged
     ragged = sp.tk % bk != 0
     scores, keys = [], []
     for jj in range(bk):
@@ -250,9 +266,10 @@ def build(sp: Any, block: int = BLOCK, width: int = 1, decompose: bool = False,
             value = UOp(Ops.CAST, sp.dtype, (value,))
         out_sub = {sp.rdv: UOp.const(INDEX, c * w)}
         if staged is not None:
-            out_sub[ri] = rows_c
+            out_sub[ri] = rows
         idx = simplify(substitute(sp.out_index, out_sub))
-        stores.append(UOp(Ops.STORE, None, (sp.out, idx, value)))
+        gate = (live,) if staged is not None and live is not None else ()
+        stores.append(UOp(Ops.STORE, None, (sp.out, idx, value, *gate)))
     order = stage_stores if staged is not None else []
     return UOp(Ops.SINK, None, (bm, alpha, lsum, *cols, *stores, *order)), jb, w, len(order)
 
@@ -490,8 +507,10 @@ def lower_attention(item: Any, device: Any, name: str, opts: list[Opt] | None = 
         (ast, jb, norder), w = by_rows, 1
     else:
         group = min(SHARED_ROWS, launch_limits(device).threads) if device.caps.gpu and not env_flag("NOOPT") else 0
-        ast, jb, w, norder = build(sp, block=BLOCK if reference else ch["block"], width=16 if vectors else 1,
-                                   decompose=device.caps.decompose_transcendentals, group=group)
+        block = BLOCK if reference else ch["block"]
+        ast, jb, w, norder, block = _build_within_shared(sp, device, block, 16 if vectors else 1, group)
+        if not reference:
+            ch["block"] = block
     ast = legalize(ast)
     if device.caps.decompose_transcendentals:
         ast = decompose_transcendentals(ast)
@@ -519,6 +538,27 @@ def lower_attention(item: Any, device: Any, name: str, opts: list[Opt] | None = 
     low = finish(device, name, ast, uops, bufs, launch)
     low.applied = [] if reference else opts_of(ch)
     return low
+
+
+def _build_within_shared(sp: Any, device: Any, block: int, width: int, group: int) -> tuple[UOp, UOp, int, int, int]:
+    """`build` with its staged keys and values within the device's shared memory (`launch_limits`: declared and
+    queried). The staged arrays grow with the block (block x (head dim + value dim) elements): where they do
+    not fit, the largest block that fits (shared memory is linear in it), and where not even one key fits, the
+    kernel without staging (every thread reads k and v from global memory). Returns build's values and the
+    block used."""
+    decompose = device.caps.decompose_transcendentals
+    ast, jb, w, norder = build(sp, block=block, width=width, decompose=decompose, group=group)
+    limit = launch_limits(device).shared_bytes
+    need = shared_memory_bytes(ast.toposort()) if group else 0
+    if need > limit:
+        used = min(block, sp.tk)
+        fits = limit * used // need
+        if fits >= 1:
+            block = fits
+            ast, jb, w, norder = build(sp, block=block, width=width, decompose=decompose, group=group)
+        if fits < 1 or shared_memory_bytes(ast.toposort()) > limit:
+            ast, jb, w, norder = build(sp, block=block, width=width, decompose=decompose, group=0)
+    return ast, jb, w, norder, min(block, sp.tk)
 
 
 def _split_spec(sp: Any, threads: int) -> tuple[Any, int] | None:

@@ -27,7 +27,7 @@ from tgc.errors import CompileError
 from tgc.ir.kernel import flat_index, identity
 from tgc.ir.shapes import prod
 from tgc.ir.symbolic import _terms, simplify
-from tgc.ir.uop import Ops, PatternMatcher, RangeKind, UOp, UPat, graph_rewrite, substitute
+from tgc.ir.uop import Ops, PatternMatcher, RangeKind, UOp, UPat, graph_rewrite, rebuild, substitute
 
 INDEX = dtypes.index
 # below this many loop iterations a kernel is not worth a thread launch
@@ -674,7 +674,10 @@ def lower_groups(ast: UOp) -> UOp:
 def map_to_grid(ast: UOp, max_local: int = 256, max_grid: int = 2**31 - 1) -> tuple[UOp, dict]:
     """Output loops -> GPU indices. LOCAL ranges form the work-group; the other output loops are flattened
     into one index split into work-groups of up to `max_local` threads: of a size that divides it exactly
-    when one is at least half that, else a grid rounded up whose extra threads are clamped to the last index."""
+    when one is at least half that, else a grid rounded up whose extra threads do nothing: every load and store
+    of a global buffer is gated by `gflat < total` (`gate_memory`), never clamped onto a live element (a clamped
+    thread would read an element another thread may already have overwritten, where the memory plan writes the
+    output over an input: `tgc.engine.realize.inplace_pairs`)."""
     loops = sorted((u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] is RangeKind.LOOP),
                    key=lambda x: x.arg[0])
     in_group = (RangeKind.LOCAL, RangeKind.GROUP)
@@ -696,19 +699,40 @@ def map_to_grid(ast: UOp, max_local: int = 256, max_grid: int = 2**31 - 1) -> tu
         gidx = UOp(Ops.SPECIAL, INDEX, (), ("gidx0", groups))
         lidx = UOp(Ops.SPECIAL, INDEX, (), ("lidx0", local))
         gflat = (gidx * UOp.const(INDEX, local) + lidx) if groups > 1 else lidx
-        if groups * local != total:
-            # an awkward size (a prime): the grid is rounded up and the threads past the end redo the last
-            # output (the same value to the same place) instead of blocks of a few threads
-            last = UOp.const(INDEX, total - 1)
-            gflat = (gflat < last).where(gflat, last)
     if groups > max_grid:
         raise CompileError(f"the kernel needs {groups} work-groups, more than the device's {max_grid}")
+    # an awkward size (a prime): the grid is rounded up (instead of blocks of a few threads) and the threads
+    # past the end are gated off
+    live = (gflat < UOp.const(INDEX, total)) if not locals_ and groups * local != total else None
     stride = total
-    for r in loops:
+    for i, r in enumerate(loops):
         n = r.src[0].arg
         stride //= n
-        mapping[r] = simplify((gflat // UOp.const(INDEX, stride)) % UOp.const(INDEX, n))
-    return simplify(substitute(ast, mapping)), {"global_size": (groups, 1, 1), "local_size": (local, 1, 1)}
+        idx = gflat // UOp.const(INDEX, stride)
+        # the outermost loop needs no `% n` where the gate stops every thread past the end
+        mapping[r] = simplify(idx if live is not None and i == 0 else idx % UOp.const(INDEX, n))
+    out = simplify(substitute(ast, mapping))
+    if live is not None:
+        out = simplify(gate_memory(out, simplify(live)))
+    return out, {"global_size": (groups, 1, 1), "local_size": (local, 1, 1)}
+
+
+def gate_memory(ast: UOp, live: UOp, keep: tuple[UOp, ...] = ()) -> UOp:
+    """`ast` with every LOAD and STORE of a global buffer gated by the bool `live` (and by its own gate, where it
+    has one): where `live` is false a thread reads nothing (a gated load is 0) and writes nothing. The threads of
+    a grid rounded up past the kernel's outputs are stopped this way (`map_to_grid`). The subtrees `keep` are
+    left as they are (a BARRIER: what every thread stages before it)."""
+
+    def gate(u: UOp) -> UOp:
+        if u.op not in (Ops.LOAD, Ops.STORE) or u.src[0].op is not Ops.DEFINE_GLOBAL:
+            return u
+        at = 2 if u.op is Ops.LOAD else 3
+        if len(u.src) > at:
+            both = UOp(Ops.AND, dtypes.bool, (u.src[at], live))
+            return u.replace(src=(*u.src[:at], both, *u.src[at + 1:]))
+        return u.replace(src=(*u.src, live))
+
+    return rebuild(ast, {k: k for k in keep}, gate)
 
 
 def _local_ids(locals_: list[UOp], mapping: dict[UOp, UOp]) -> int:
@@ -730,7 +754,7 @@ def _map_to_symbolic_grid(ast: UOp, loops: list[UOp], locals_: list[UOp], max_lo
     a constant (the LOCAL ranges', else `max_local`), the number of work-groups an expression of the dims
     (`launch["grid"]`, evaluated at each launch; `global_size` holds its largest value, at most `max_grid`,
     which the launch checks). Without LOCAL ranges the grid is rounded up and the threads of the partial last
-    work-group are clamped to the last output, as `map_to_grid` does at a prime size."""
+    work-group are gated off (`gate_memory`), as `map_to_grid` does at a prime size."""
     one = UOp.const(INDEX, 1)
     total = one
     for r in loops:
@@ -747,17 +771,18 @@ def _map_to_symbolic_grid(ast: UOp, loops: list[UOp], locals_: list[UOp], max_lo
         most = min(-(-int(total.vmax) // local), max_grid)
         gidx = UOp(Ops.SPECIAL, INDEX, (), ("gidx0", most))
         lidx = UOp(Ops.SPECIAL, INDEX, (), ("lidx0", local))
-        last = simplify(total - one)
         gflat = (gidx * UOp.const(INDEX, local) + lidx)
-        gflat = (gflat < last).where(gflat, last)
+        live = gflat < total
     for i, r in enumerate(loops):
         stride = one
         for inner in loops[i + 1:]:
             stride = stride * inner.src[0]
-        # `% end` on the outer loop too (gflat < total makes it a no-op, but it bounds the index for the width),
-        # unless it is the only loop (gflat is clamped to its end, which bounds it)
+        # `% end` on the outer loop too (a no-op for a live thread, but it bounds the index for the width),
+        # unless it is the only loop (gflat itself is bounded by the grid)
         idx = gflat // simplify(stride)
         mapping[r] = simplify(idx if len(loops) == 1 else idx % r.src[0])
     most = min(int(groups.vmax), max_grid)
-    return simplify(substitute(ast, mapping)), {"global_size": (most, 1, 1), "local_size": (local, 1, 1),
-                                                "grid": (groups, one, one)}
+    out = simplify(substitute(ast, mapping))
+    if not locals_:
+        out = simplify(gate_memory(out, simplify(live)))
+    return out, {"global_size": (most, 1, 1), "local_size": (local, 1, 1), "grid": (groups, one, one)}

@@ -253,9 +253,33 @@ def finish(device: Any, name: str, ast: UOp, uops: list[UOp], bufs: list[UOp], l
     if verify.enabled():
         verify_spec(name, uops)
         verify.verify_kernel(name, uops, bufs, _launch_at_vals(launch, uops))
+    check_shared_memory(device, name, uops)
     src = render_kernel(device, name, uops, bufs, launch)
     return Lowered(name, ast, uops, src, bufs, launch, list(applied or []),
                    list(bufs) if ast_bufs is None else ast_bufs)
+
+
+def shared_memory_bytes(nodes: list[UOp]) -> int:
+    """The shared memory the DEFINE_LOCALs among `nodes` declare, in bytes as rendered (a half float is held as a
+    4-byte float in registers and in shared memory alike)."""
+    total = 0
+    for u in nodes:
+        if u.op is Ops.DEFINE_LOCAL:
+            size = 4 if u.dtype.name in ("f16", "bf16") else u.dtype.itemsize
+            total += int(u.arg[1]) * size * u.dtype.count
+    return total
+
+
+def check_shared_memory(device: Any, name: str, uops: list[UOp]) -> None:
+    """Every kernel's shared memory against the device's limit (`launch_limits`: the renderer's declared
+    `max_shared_bytes`, lowered to what the runtime reports where it can be asked: OpenCL's
+    CL_DEVICE_LOCAL_MEM_SIZE, CUDA's MAX_SHARED_MEMORY_PER_BLOCK). The lowerings keep within it (the opts'
+    checks, the fused attention's smaller blocks); a kernel past it is a tgc bug, refused here rather than by
+    the driver (ptxas: "too much shared data") or, worse, not at all."""
+    need = shared_memory_bytes(uops)
+    if need and need > launch_limits(device).shared_bytes:
+        raise CompileError(f"kernel {name} needs {need} bytes of shared memory, more than the "
+                           f"{launch_limits(device).shared_bytes} this device allows (a tgc bug)")
 
 
 def check_parameters(name: str, uops: list[UOp], bufs: list[UOp]) -> None:
@@ -328,4 +352,5 @@ def drop_unused_buffers(ast: UOp, bufs: list[UOp]) -> tuple[UOp, list[UOp]]:
     return substitute(ast, mapping), [bufs[i] for i in used]
 
 
-__all__ = ["PASSES", "Lowered", "Pass", "finish", "heuristic_opts", "lower", "passes_text", "prepare", "uops_text"]
+__all__ = ["PASSES", "Lowered", "Pass", "check_shared_memory", "finish", "heuristic_opts", "lower", "passes_text",
+           "prepare", "shared_memory_bytes", "uops_text"]

@@ -156,25 +156,32 @@ _PER_ITERATION = (RangeKind.LOOP, RangeKind.UPCAST, RangeKind.REDUCE, RangeKind.
 def inplace_pairs(k: Any) -> list[tuple[Any, Any]]:
     """(output, input) buffers of kernel `k` that may share memory (the memory plan keeps a pair only where the
     input dies at `k`). Read from the kernel's linear UOps (what runs): no thread shares work with another
-    (no shared memory, barrier or work-group range), the kernel stores only to its output, never gated, and
-    never reads it back; it reads the input only at exactly the index UOps it stores to, as wide as that
-    store, each before the first store at that index. Every element of the input is then read only to
-    compute the same element of the output (an elementwise kernel; or a reduction's epilogue, e.g. the
-    residual added after a matmul), before that element is written: writing the output over the input
-    changes no value the kernel reads. Kernels without UOps (a package's): none."""
+    (no shared memory, barrier or work-group range), the kernel stores only to its output, all its stores
+    under one gate or none, and never reads it back; it reads the input only at exactly the index UOps it
+    stores to, under that same gate, as wide as that store, each before the first store at that index. Every
+    element of the input is then read only to compute the same element of the output (an elementwise kernel;
+    or a reduction's epilogue, e.g. the residual added after a matmul), before that element is written:
+    writing the output over the input changes no value the kernel reads. The one gate is a GPU grid's
+    (`tgc.codegen.opt.gate_memory`): the threads past the end of a rounded-up grid neither read nor write, so
+    they touch no element a live thread owns. Kernels without UOps (a package's): none."""
     uops = getattr(k, "uops", None)
     if not uops:
         return []
     stores: dict[Any, tuple[int, Any]] = {}  # index UOp -> (position of its first store, stored dtype)
     out = None
+    gates = set()  # the stores' gates (None: ungated)
     for pos, u in enumerate(uops):
         if u.op in _SHARED or (u.op is Ops.RANGE and u.arg[1] not in _PER_ITERATION):
             return []
         if u.op is Ops.STORE:
-            if len(u.src) != 3 or u.src[0].op is not Ops.DEFINE_GLOBAL or out not in (None, u.src[0]):
+            if u.src[0].op is not Ops.DEFINE_GLOBAL or out not in (None, u.src[0]):
                 return []
             out = u.src[0]
+            gates.add(u.src[3] if len(u.src) > 3 else None)
             stores.setdefault(u.src[1], (pos, u.src[2].dtype))
+    if len(gates) > 1:
+        return []
+    gate = next(iter(gates), None)
     if out is None or not isinstance(out.arg, int) or not 0 <= out.arg < len(k.bufs):
         return []
     loads: dict[Any, bool] = {}  # DEFINE_GLOBAL -> read only at its store indices
@@ -186,8 +193,8 @@ def inplace_pairs(k: Any) -> list[tuple[Any, Any]]:
                 return []
             if g is out:
                 continue
-            ok = u.op is Ops.LOAD and j == 0 and len(u.src) == 2 and u.src[1] in stores \
-                and pos < stores[u.src[1]][0] and u.dtype == stores[u.src[1]][1]
+            ok = u.op is Ops.LOAD and j == 0 and (u.src[2] if len(u.src) > 2 else None) == gate \
+                and u.src[1] in stores and pos < stores[u.src[1]][0] and u.dtype == stores[u.src[1]][1]
             loads[g] = loads.get(g, True) and ok
     dst = k.bufs[out.arg]
     pairs = []
