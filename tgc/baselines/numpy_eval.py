@@ -159,7 +159,7 @@ def _invert(v: Any) -> Any:
 _BINARY: dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: _binary(operator.add), ast.Sub: _binary(operator.sub), ast.Mult: _binary(operator.mul),
     ast.Div: _binary(operator.truediv), ast.FloorDiv: _binary(operator.floordiv), ast.Mod: _binary(operator.mod),
-    ast.Pow: _binary(_power), ast.MatMult: np.matmul, ast.BitAnd: _binary(operator.and_),
+    ast.Pow: _binary(_power), ast.MatMult: lambda a, b: _matmul(a, b), ast.BitAnd: _binary(operator.and_),
     ast.BitOr: _binary(operator.or_), ast.BitXor: _binary(operator.xor), ast.LShift: _binary(operator.lshift),
     ast.RShift: _binary(operator.rshift),
 }
@@ -337,12 +337,14 @@ def _argmin(x: Any, axis: int | None = None, keepdim: bool = False) -> Any:
     return np.argmin(x, axis=axis, keepdims=keepdim)
 
 
-def _var(x: Any, axis: Any = None, keepdim: bool = False, correction: int = 1) -> Any:
-    return np.var(x, axis=_axis_arg(axis), ddof=correction, keepdims=keepdim)
+def _var(x: Any, axis: Any = None, keepdim: bool = False, ddof: int | None = None,
+         correction: int | None = None) -> Any:
+    return np.var(x, axis=_axis_arg(axis), ddof=ddof if ddof is not None else correction or 0, keepdims=keepdim)
 
 
-def _std(x: Any, axis: Any = None, keepdim: bool = False, correction: int = 1) -> Any:
-    return np.std(x, axis=_axis_arg(axis), ddof=correction, keepdims=keepdim)
+def _std(x: Any, axis: Any = None, keepdim: bool = False, ddof: int | None = None,
+         correction: int | None = None) -> Any:
+    return np.std(x, axis=_axis_arg(axis), ddof=ddof if ddof is not None else correction or 0, keepdims=keepdim)
 
 
 def _logsumexp(x: Any, axis: Any = None, keepdim: bool = False) -> Any:
@@ -466,6 +468,12 @@ def _eye(n: int, m: int | None = None, dtype: Any = dtypes.f32) -> Any:
 
 
 def _matmul(a: Any, b: Any) -> Any:
+    """np.matmul, with integer products in tgc's result type (i8 @ i8 multiplies and sums in int32)."""
+    a, b = np.asarray(a), np.asarray(b)
+    kind = np.result_type(a, b).kind
+    if kind in "biu" and np.result_type(a, b).itemsize < 4:
+        wide = np.uint32 if kind == "u" else np.int32
+        a, b = a.astype(wide), b.astype(wide)
     return np.matmul(a, b)
 
 

@@ -7,7 +7,6 @@ Every problem is a `TgcError(kind="user")` (exit 2) that names the input.
 
 from __future__ import annotations
 
-import difflib
 import io
 import os
 import stat
@@ -18,7 +17,7 @@ import numpy as np
 
 from tgc.dtype import DType
 from tgc.engine.inputs import random_values
-from tgc.errors import BindError, TgcError
+from tgc.errors import BindError, TgcError, close_match
 
 NPY_MAGIC = b"\x93NUMPY"
 ZIP_MAGIC = b"PK\x03\x04"
@@ -27,9 +26,9 @@ ZIP_MAGIC = b"PK\x03\x04"
 def did_you_mean(name: str, choices: Iterable[str], what: str) -> str:
     """A `help:` line: the closest known name, else the list of known names."""
     choices = list(choices)
-    close = difflib.get_close_matches(name, choices, n=1)
+    close = close_match(name, choices)
     if close:
-        return f"did you mean '{close[0]}'?"
+        return f"did you mean '{close}'?"
     if not choices:
         return f"the program has no {what}s"
     return f"the program's {what}s are: " + ", ".join(choices)

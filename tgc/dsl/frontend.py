@@ -7,7 +7,6 @@ A file parses with Python's `ast` module; nothing is ever evaluated as Python. E
 from __future__ import annotations
 
 import ast
-import difflib
 import inspect
 import sys
 from dataclasses import dataclass, field
@@ -16,7 +15,7 @@ from typing import Any
 from tgc.dsl import functions
 from tgc.dsl.tensor import DslError, Tensor, fmt_type
 from tgc.dtype import DType, dtypes
-from tgc.errors import TgcError
+from tgc.errors import TgcError, close_match
 from tgc.ir.uop import Ops, UOp
 
 # Depth of the operation graph a program may build (a chain of N statements like `y = y * 2 + 1` is 2N
@@ -323,9 +322,9 @@ def _parse_decl(stmt: ast.AnnAssign, err: _Errors) -> InputDecl:
         raise err.at(dtype_node, "expected a dtype such as f32 or i32")
     dtype = dtypes.by_name.get(dtype_node.id)
     if dtype is None:
-        close = difflib.get_close_matches(dtype_node.id, list(dtypes.by_name), n=1)
+        close = close_match(dtype_node.id, list(dtypes.by_name))
         raise err.at(dtype_node, f"unknown dtype '{dtype_node.id}'",
-                     hint=f"did you mean '{close[0]}'?" if close else "dtypes: " + " ".join(dtypes.by_name))
+                     hint=f"did you mean '{close}'?" if close else "dtypes: " + " ".join(dtypes.by_name))
     shape: list[Dim] = []
     spans: list[tuple[int, int]] = []
     if dims is not None:
@@ -610,8 +609,8 @@ class _Evaluator:
         if node.id in functions.FUNCTIONS:
             raise self.err.at(node, f"'{node.id}' is a function", hint=f"call it: {node.id}(...)")
         candidates = list(self.env) + list(functions.FUNCTIONS) + list(dtypes.by_name)
-        close = difflib.get_close_matches(node.id, candidates, n=1)
-        raise self.err.at(node, f"unknown name '{node.id}'", hint=f"did you mean '{close[0]}'?" if close else None)
+        close = close_match(node.id, candidates)
+        raise self.err.at(node, f"unknown name '{node.id}'", hint=f"did you mean '{close}'?" if close else None)
 
     def _attribute(self, node: ast.Attribute) -> Any:
         value = self.eval(node.value)
@@ -628,9 +627,9 @@ class _Evaluator:
                 return value.numel
             if node.attr in functions.FUNCTIONS:
                 raise self.err.at(node, f"'{node.attr}' is a method", hint=f"call it: .{node.attr}(...)")
-        close = difflib.get_close_matches(node.attr, ["T", "shape", "ndim", "dtype", *functions.FUNCTIONS], n=1)
+        close = close_match(node.attr, ["T", "shape", "ndim", "dtype", *functions.FUNCTIONS])
         raise self.err.at(node, f"{_describe(value)} has no attribute '{node.attr}'",
-                          hint=f"did you mean '{close[0]}'?" if close else None)
+                          hint=f"did you mean '{close}'?" if close else None)
 
     def _call(self, node: ast.Call) -> Any:
         if isinstance(node.func, ast.Attribute):
@@ -645,10 +644,10 @@ class _Evaluator:
             raise self.err.at(node.func, "only named functions can be called")
         fn = functions.FUNCTIONS.get(name)
         if fn is None:
-            close = difflib.get_close_matches(name, list(functions.FUNCTIONS), n=1)
+            close = close_match(name, list(functions.FUNCTIONS))
             kind = "method" if args else "function"
             raise self.err.at(fn_node, f"unknown {kind} '{name}'",
-                              hint=f"did you mean '{close[0]}'?" if close else None)
+                              hint=f"did you mean '{close}'?" if close else None)
         if args and name in functions.NOT_METHODS:
             raise self.err.at(fn_node, f"'{name}' is a function, not a method", hint=f"call it as {name}(...)")
         args += [self.eval(a) for a in node.args]

@@ -3,20 +3,19 @@ by `Program.bind` (tgc.api) and packages (tgc.package), which must not import th
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
 from tgc.dtype import dtypes, f32_to_bf16
-from tgc.errors import BindError, TgcError
+from tgc.errors import BindError, TgcError, close_match
 
 
 def names_hint(name: str, declared: list[str]) -> str:
     """The hint for a name that is no input: the closest input's name, else every input's."""
-    close = difflib.get_close_matches(name, declared, n=1)
-    return f"did you mean '{close[0]}'?" if close else "inputs: " + (", ".join(declared) or "(none)")
+    close = close_match(name, declared)
+    return f"did you mean '{close}'?" if close else "inputs: " + (", ".join(declared) or "(none)")
 
 
 def check_input_names(names: Iterable[str], declared: list[str], file: str | None) -> None:
