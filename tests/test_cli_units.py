@@ -182,9 +182,14 @@ def test_npz_and_overrides(tmp_path):
     x2 = save(tmp_path / "x2.npy", np.full((2, 3), 7, np.float32))
     got = inputs.gather(prog, str(npz), [("x", x2)], cast=False)
     assert got["x"][0, 0] == 7 and got["w"].tolist() == [1, 1, 1]
-    np.savez(tmp_path / "extra.npz", x=np.zeros((2, 3), np.float32), bogus=np.ones(1))
-    with pytest.raises(TgcError, match="unknown input 'bogus'"):
-        inputs.gather(prog, str(tmp_path / "extra.npz"), [], cast=False)
+    np.savez(tmp_path / "extra.npz", x=np.zeros((2, 3), np.float32), bogus=np.ones(1), blob=np.array(["s"]))
+    notes: list[str] = []
+    got = inputs.gather(prog, str(tmp_path / "extra.npz"), [], cast=False, notes=notes)
+    assert list(got) == ["x"]  # the extra arrays are ignored unread (a string array would be refused)
+    assert notes == [f"note: ignored 2 arrays of '{tmp_path / 'extra.npz'}' that the program does not declare: "
+                     "bogus, blob"]
+    with pytest.raises(TgcError, match="unknown input 'bogus'"):  # -i still names only declared inputs
+        inputs.gather(prog, None, [("bogus", x2)], cast=False)
 
 
 def test_random_is_deterministic_per_input_and_needs_dims():

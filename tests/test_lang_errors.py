@@ -56,7 +56,7 @@ def test_unknown_functions(src, line, col, name):
 
 @pytest.mark.parametrize("src, line, col, word", [
     ("x: f32[4]\nif x:\n    y = x\nreturn x", 2, 1, "if"),
-    ("x: f32[4]\nfor i in x:\n    y = i\nreturn x", 2, 1, "for"),
+    ("x: f32[4]\nasync def f(v):\n    return v\nreturn x", 2, 1, "function"),
     ("x: f32[4]\nwhile x:\n    y = x\nreturn x", 2, 1, "while"),
     ("x: f32[4]\nf = lambda v: v\nreturn x", 2, 5, "lambda"),
     ("import numpy\nx: f32[4]\nreturn x", 1, 1, "import"),
@@ -66,7 +66,7 @@ def test_unknown_functions(src, line, col, name):
     ("x: f32[4]\nreturn [v for v in x]", 2, 8, "comprehension"),
     ("x: f32[4]\ny = sum(v for v in x)\nreturn y", 2, 8, "generator"),  # the call's parentheses
     ("x: f32[4]\nreturn {1: x}", 2, 8, "dict"),
-    ("def f(v):\n    return v\nx: f32[4]\nreturn x", 1, 1, "function"),
+    ("x: f32[4]\nfor i in range(2):\n    while x:\n        y = x\nreturn x", 3, 5, "while"),
     ("x: f32[4]\ny = x and x\nreturn y", 2, 5, "and"),
     ("x: f32[4]\nreturn not x", 2, 8, "not"),
     ("x: f32[4]\nreturn (y := x)", 2, 9, "walrus"),

@@ -318,12 +318,12 @@ def test_var_and_std(device, axis, keepdim, correction):
     assert_close(out["out1"], np.sqrt(want_var), "f32", scale=np.sqrt(scale))
 
 
-def test_var_std_default_correction_is_one(device):
+def test_var_std_default_is_numpys_ddof_zero(device):
     x = np.array([1.0, 2.0, 4.0, 7.0], np.float32)
     out = run("x: f32[4]\nreturn var(x), std(x), x.var()", device, x=x)
-    assert_close(out["out0"], np.var(x.astype(np.float64), ddof=1), "f32")
-    assert_close(out["out1"], np.std(x.astype(np.float64), ddof=1), "f32")
-    assert_close(out["out2"], np.var(x.astype(np.float64), ddof=1), "f32")
+    assert_close(out["out0"], np.var(x.astype(np.float64)), "f32")  # 5.6875, not 7.5833 (ddof=1)
+    assert_close(out["out1"], np.std(x.astype(np.float64)), "f32")
+    assert_close(out["out2"], np.var(x.astype(np.float64)), "f32")
 
 
 @pytest.mark.parametrize("dt", INTS + ["bool"])

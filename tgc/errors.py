@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 class TgcError(Exception):
     """An error a user can act on.
@@ -70,3 +72,35 @@ class DeviceError(TgcError):
     def __init__(self, msg: str, **kw):
         kw.setdefault("kind", "runtime")
         super().__init__(msg, **kw)
+
+
+def edit_distance(a: str, b: str) -> int:
+    """Insertions, deletions, substitutions and swaps of two neighbours that turn `a` into `b` (the optimal
+    string alignment distance), comparing letters case-insensitively."""
+    a, b = a.lower(), b.lower()
+    prev2: list[int] = []
+    prev = list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        cur = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            cost = a[i - 1] != b[j - 1]
+            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                cur[j] = min(cur[j], prev2[j - 2] + 1)
+        prev2, prev = prev, cur
+    return prev[len(b)]
+
+
+def close_match(name: str, candidates: Iterable[str]) -> str | None:
+    """The candidate a did-you-mean may suggest for `name`: a likely typo of it, at most one edit away for a name
+    of up to 4 letters and two edits for a longer one (`maen` -> `mean`, `sofmax` -> `softmax`), never a
+    different word that merely shares letters (`cumsum` is no `sum`, `foo` no `floor`). Ties go to the first."""
+    limit = 1 if len(name) <= 4 else 2
+    best, best_d = None, limit + 1
+    for c in candidates:
+        if c == name:
+            continue
+        d = edit_distance(name, c)
+        if d < best_d and d < max(len(c), len(name)):
+            best, best_d = c, d
+    return best

@@ -6,12 +6,11 @@ packages add one through the entry-point group `tgc.backends`: `NAME = module:De
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import os
 from functools import cache
 
-from tgc.errors import TgcError
+from tgc.errors import TgcError, close_match
 
 # registry name -> "module:Class"
 BUILTIN = {
@@ -44,8 +43,8 @@ def canonical(name: str) -> tuple[str, int]:
     kind = ALIASES.get(kind, kind)
     kinds = known_kinds()
     if kind not in kinds:
-        close = difflib.get_close_matches(kind, list(kinds) + list(ALIASES), n=1)
-        raise TgcError(f"unknown device '{name}'", hint=f"did you mean '{close[0]}'?" if close else
+        close = close_match(kind, list(kinds) + list(ALIASES))
+        raise TgcError(f"unknown device '{name}'", hint=f"did you mean '{close}'?" if close else
                        "known devices: " + ", ".join(sorted(kinds)))
     if idx and not idx.isdigit():
         raise TgcError(f"bad device index in '{name}'", hint="write NAME:i, e.g. OPENCL:1")

@@ -37,13 +37,14 @@ import math
 import operator
 import statistics
 import time
+from collections import ChainMap
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from tgc.dsl.frontend import DimExpr, Parsed, concrete_shape, dim_names, solve_dim
+from tgc.dsl.frontend import DimExpr, Parsed, concrete_shape, dim_names, function_body, solve_dim
 from tgc.dsl.functions import FUNCTIONS as DSL_FUNCTIONS
 from tgc.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16
 
@@ -159,13 +160,17 @@ def _invert(v: Any) -> Any:
 _BINARY: dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: _binary(operator.add), ast.Sub: _binary(operator.sub), ast.Mult: _binary(operator.mul),
     ast.Div: _binary(operator.truediv), ast.FloorDiv: _binary(operator.floordiv), ast.Mod: _binary(operator.mod),
-    ast.Pow: _binary(_power), ast.MatMult: np.matmul, ast.BitAnd: _binary(operator.and_),
+    ast.Pow: _binary(_power), ast.MatMult: lambda a, b: _matmul(a, b), ast.BitAnd: _binary(operator.and_),
     ast.BitOr: _binary(operator.or_), ast.BitXor: _binary(operator.xor), ast.LShift: _binary(operator.lshift),
     ast.RShift: _binary(operator.rshift),
 }
 _COMPARE: dict[type, Callable[[Any, Any], Any]] = {
     ast.Lt: _binary(operator.lt), ast.LtE: _binary(operator.le), ast.Gt: _binary(operator.gt),
     ast.GtE: _binary(operator.ge), ast.Eq: _binary(operator.eq), ast.NotEq: _binary(operator.ne),
+}
+_PLAIN_COMPARE: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge, ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
 }
 _UNARY: dict[type, Callable[[Any], Any]] = {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Invert: _invert}
 
@@ -337,12 +342,14 @@ def _argmin(x: Any, axis: int | None = None, keepdim: bool = False) -> Any:
     return np.argmin(x, axis=axis, keepdims=keepdim)
 
 
-def _var(x: Any, axis: Any = None, keepdim: bool = False, correction: int = 1) -> Any:
-    return np.var(x, axis=_axis_arg(axis), ddof=correction, keepdims=keepdim)
+def _var(x: Any, axis: Any = None, keepdim: bool = False, ddof: int | None = None,
+         correction: int | None = None) -> Any:
+    return np.var(x, axis=_axis_arg(axis), ddof=ddof if ddof is not None else correction or 0, keepdims=keepdim)
 
 
-def _std(x: Any, axis: Any = None, keepdim: bool = False, correction: int = 1) -> Any:
-    return np.std(x, axis=_axis_arg(axis), ddof=correction, keepdims=keepdim)
+def _std(x: Any, axis: Any = None, keepdim: bool = False, ddof: int | None = None,
+         correction: int | None = None) -> Any:
+    return np.std(x, axis=_axis_arg(axis), ddof=ddof if ddof is not None else correction or 0, keepdims=keepdim)
 
 
 def _logsumexp(x: Any, axis: Any = None, keepdim: bool = False) -> Any:
@@ -466,6 +473,12 @@ def _eye(n: int, m: int | None = None, dtype: Any = dtypes.f32) -> Any:
 
 
 def _matmul(a: Any, b: Any) -> Any:
+    """np.matmul, with integer products in tgc's result type (i8 @ i8 multiplies and sums in int32)."""
+    a, b = np.asarray(a), np.asarray(b)
+    kind = np.result_type(a, b).kind
+    if kind in "biu" and np.result_type(a, b).itemsize < 4:
+        wide = np.uint32 if kind == "u" else np.int32
+        a, b = a.astype(wide), b.astype(wide)
     return np.matmul(a, b)
 
 
@@ -566,10 +579,67 @@ class _Const:
 
 
 class _Compiler:
-    """Turns checked expressions into `env -> value` closures; `defined` holds the names bound so far."""
+    """Turns checked expressions into `env -> value` closures; `defined` holds the names bound so far. In a
+    function's body (`lenient`) other names are looked up when the function runs (the program's top level, which
+    the front end has checked); `functions` are the program's `def`s."""
 
-    def __init__(self, defined: set[str]):
-        self.defined = defined
+    def __init__(self, defined: set[str], functions: dict[str, ast.FunctionDef] | None = None,
+                 lenient: bool = False, compiled: dict[str, Any] | None = None):
+        self.defined, self.lenient = defined, lenient
+        self.functions = functions or {}
+        self.compiled = {} if compiled is None else compiled  # function name -> (params, steps, return thunk)
+
+    def block(self, stmts: list[ast.stmt]) -> list[Callable[[Env], None]]:
+        """Closures that run statements (assignments and unrolled `for` loops) on an environment."""
+        steps: list[Callable[[Env], None]] = []
+        for stmt in stmts:
+            if isinstance(stmt, ast.For):
+                call = stmt.iter
+                assert isinstance(call, ast.Call) and isinstance(stmt.target, ast.Name)
+                bounds = [self.expr(a) for a in call.args]
+                var = stmt.target.id
+                # a name the body assigns may be read before its assignment on later iterations (checked by
+                # the front end when it unrolled the loop)
+                self.defined.update(n.id for n in ast.walk(stmt) if isinstance(n, ast.Name)
+                                    and isinstance(n.ctx, ast.Store))
+                body = self.block(stmt.body)
+
+                def loop(env: Env, bounds=bounds, var=var, body=body) -> None:
+                    for i in range(*[int(b(env)) for b in bounds]):
+                        env[var] = i
+                        for step in body:
+                            step(env)
+                steps.append(loop)
+                continue
+            if isinstance(stmt, ast.Assign):
+                target, value = stmt.targets[0], stmt.value
+            else:  # name op= expr, never in place: the name may still alias an input or another value
+                assert isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name)
+                target = stmt.target
+                value = ast.BinOp(left=ast.Name(stmt.target.id), op=stmt.op, right=stmt.value)
+            thunk = self.expr(value)
+            if isinstance(target, ast.Name):
+                steps.append(lambda env, n=target.id, t=thunk: env.__setitem__(n, t(env)))
+                self.defined.add(target.id)
+            else:
+                names = [e.id for e in target.elts]  # type: ignore[attr-defined]
+
+                def unpack(env: Env, names=names, t=thunk) -> None:
+                    for n, v in zip(names, t(env)):
+                        env[n] = v
+                steps.append(unpack)
+                self.defined.update(names)
+        return steps
+
+    def _function(self, name: str) -> Any:
+        if name not in self.compiled:
+            fdef = self.functions[name]
+            params = [p.arg for p in (*fdef.args.posonlyargs, *fdef.args.args)]
+            body, ret = function_body(fdef)
+            sub = _Compiler(set(params), self.functions, lenient=True, compiled=self.compiled)
+            steps = sub.block(body)
+            self.compiled[name] = (params, steps, sub.expr(ret))
+        return self.compiled[name]
 
     def expr(self, node: ast.expr) -> Thunk:
         compile_node = {
@@ -588,6 +658,9 @@ class _Compiler:
     def _name(self, node: ast.Name) -> Thunk:
         if node.id in self.defined:
             return operator.itemgetter(node.id)
+        if self.lenient:
+            const = _CONSTANTS.get(node.id)
+            return lambda env, n=node.id: env[n] if n in env else const
         if node.id in _CONSTANTS:
             return _Const(_CONSTANTS[node.id])
         raise NameError(f"numpy baseline: unknown name '{node.id}'")
@@ -604,7 +677,14 @@ class _Compiler:
 
     def _compare(self, node: ast.Compare) -> Thunk:
         fn, left, right = _COMPARE[type(node.ops[0])], self.expr(node.left), self.expr(node.comparators[0])
-        return lambda env: fn(left(env), right(env))
+        plain = _PLAIN_COMPARE[type(node.ops[0])]
+
+        def compare(env: Env) -> Any:
+            a, b = left(env), right(env)
+            if type(a) in _PY_SCALARS and type(b) in _PY_SCALARS:  # two numbers known when compiling (i == 0)
+                return plain(a, b)
+            return fn(a, b)
+        return compare
 
     def _unaryop(self, node: ast.UnaryOp) -> Thunk:
         fn, operand = _UNARY[type(node.op)], self.expr(node.operand)
@@ -612,7 +692,13 @@ class _Compiler:
 
     def _ifexp(self, node: ast.IfExp) -> Thunk:
         cond, a, b = self.expr(node.test), self.expr(node.body), self.expr(node.orelse)
-        return lambda env: np.where(cond(env), a(env), b(env))
+
+        def ifexp(env: Env) -> Any:
+            c = cond(env)
+            if isinstance(c, bool):  # known when compiling: one branch, as the front end does
+                return a(env) if c else b(env)
+            return np.where(c, a(env), b(env))
+        return ifexp
 
     def _attribute(self, node: ast.Attribute) -> Thunk:
         if node.attr not in _ATTRIBUTES:
@@ -625,6 +711,8 @@ class _Compiler:
             name, args = node.func.attr, [self.expr(node.func.value)]
         elif isinstance(node.func, ast.Name):
             name, args = node.func.id, []
+            if name in self.functions:
+                return self._user_call(node, name)
         else:
             raise NotImplementedError("numpy baseline: only named functions can be called")
         fn = FUNCTIONS.get(name)
@@ -635,6 +723,23 @@ class _Compiler:
         if not kwargs:
             return lambda env: fn(*[a(env) for a in args])
         return lambda env: fn(*[a(env) for a in args], **{k: v(env) for k, v in kwargs.items()})
+
+    def _user_call(self, node: ast.Call, name: str) -> Thunk:
+        """A call of the program's own function: its statements run in a scope of its own (in front of the
+        program's top level, Python's rule)."""
+        params, steps, ret = self._function(name)
+        args = [self.expr(a) for a in node.args]
+        kwargs = {kw.arg: self.expr(kw.value) for kw in node.keywords if kw.arg is not None}
+
+        def call(env: Env) -> Any:
+            local = dict(zip(params, (a(env) for a in args)))
+            local.update((k, v(env)) for k, v in kwargs.items())
+            top = env.maps[-1] if isinstance(env, ChainMap) else env
+            scope: Any = ChainMap(local, top)
+            for step in steps:
+                step(scope)
+            return ret(scope)
+        return call
 
     def _subscript(self, node: ast.Subscript) -> Thunk:
         value, index = self.expr(node.value), self._index(node.slice)
@@ -677,16 +782,8 @@ class NumpyProgram:
             shape = concrete_shape(decl, dims) if known else None
             self._inputs.append((decl.name, _np_dtype(decl.dtype), decl.dtype == dtypes.bf16, shape))
         # dim names are integer values: read from the environment, where __call__ puts them
-        compiler = _Compiler({decl.name for decl in parsed.inputs} | set(self._dim_names))
-        self._steps: list[tuple[str, Thunk]] = []
-        for stmt in parsed.body:
-            if isinstance(stmt, ast.Assign):
-                name, value = stmt.targets[0].id, stmt.value  # type: ignore[attr-defined]
-            else:  # name op= expr, never in place: the name may still alias an input or another value
-                assert isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name)
-                name, value = stmt.target.id, ast.BinOp(left=ast.Name(stmt.target.id), op=stmt.op, right=stmt.value)
-            self._steps.append((name, compiler.expr(value)))
-            compiler.defined.add(name)
+        compiler = _Compiler({decl.name for decl in parsed.inputs} | set(self._dim_names), parsed.functions)
+        self._steps = compiler.block(parsed.body)
         self._outputs = [compiler.expr(r) for r in parsed.returns]
 
     def _input(self, name: str, value: Any, dtype: np.dtype, bf16: bool, shape: tuple[int, ...] | None) -> Any:
@@ -719,8 +816,8 @@ class NumpyProgram:
             dims = self._dim_values(inputs)
             env.update((n, dims[n]) for n in self._dim_names if n in dims)
         with np.errstate(all="ignore"):
-            for name, thunk in self._steps:
-                env[name] = thunk(env)
+            for step in self._steps:
+                step(env)
             return {name: _as_output(out(env)) for name, out in zip(self.output_names, self._outputs)}
 
 

@@ -7,7 +7,6 @@ Every problem is a `TgcError(kind="user")` (exit 2) that names the input.
 
 from __future__ import annotations
 
-import difflib
 import io
 import os
 import stat
@@ -18,7 +17,7 @@ import numpy as np
 
 from tgc.dtype import DType
 from tgc.engine.inputs import random_values
-from tgc.errors import BindError, TgcError
+from tgc.errors import BindError, TgcError, close_match
 
 NPY_MAGIC = b"\x93NUMPY"
 ZIP_MAGIC = b"PK\x03\x04"
@@ -27,9 +26,9 @@ ZIP_MAGIC = b"PK\x03\x04"
 def did_you_mean(name: str, choices: Iterable[str], what: str) -> str:
     """A `help:` line: the closest known name, else the list of known names."""
     choices = list(choices)
-    close = difflib.get_close_matches(name, choices, n=1)
+    close = close_match(name, choices)
     if close:
-        return f"did you mean '{close[0]}'?"
+        return f"did you mean '{close}'?"
     if not choices:
         return f"the program has no {what}s"
     return f"the program's {what}s are: " + ", ".join(choices)
@@ -104,8 +103,11 @@ def read_npy(name: str, path: str) -> np.ndarray:
     return _check_array(label, path, arr)
 
 
-def read_npz(path: str) -> dict[str, np.ndarray]:
-    """Every array of a `.npz` archive, by name (never unpickles)."""
+def read_npz(path: str, only: Iterable[str] | None = None, skipped: list[str] | None = None
+             ) -> dict[str, np.ndarray]:
+    """Every array of a `.npz` archive, by name (never unpickles); with `only`, just those names, the others'
+    names appended to `skipped` unread (a full weights file may hold arrays the program does not use)."""
+    wanted = None if only is None else set(only)
     label = "--inputs"
     data = _readable_magic(label, path)
     magic = _magic(data)
@@ -118,6 +120,10 @@ def read_npz(path: str) -> dict[str, np.ndarray]:
     try:
         with np.load(data if isinstance(data, io.BytesIO) else path, allow_pickle=False) as z:
             for key in z.files:
+                if wanted is not None and key not in wanted:
+                    if skipped is not None:
+                        skipped.append(key)
+                    continue
                 try:
                     out[key] = z[key]
                 except Exception as e:
@@ -158,14 +164,21 @@ def bind(prog: Any, arrays: dict[str, np.ndarray], dims: Mapping[str, int]) -> t
         raise flag_hint(e) from None
 
 
-def gather(prog: Any, npz: str | None, pairs: Iterable[tuple[str, str]], cast: bool) -> dict[str, np.ndarray]:
-    """The inputs named on the command line (`--inputs` first, `-i` overrides), checked and conformed."""
+def gather(prog: Any, npz: str | None, pairs: Iterable[tuple[str, str]], cast: bool,
+           notes: list[str] | None = None) -> dict[str, np.ndarray]:
+    """The inputs named on the command line (`--inputs` first, `-i` overrides), checked and conformed. Arrays of
+    the `.npz` that the program does not declare are not read: a note for them is appended to `notes`."""
     decls = {d.name: d for d in prog.inputs}
     given: dict[str, np.ndarray] = {}
     sources: dict[str, str] = {}
     if npz:
-        for name, arr in read_npz(npz).items():
+        skipped: list[str] = []
+        for name, arr in read_npz(npz, only=decls, skipped=skipped).items():
             given[name], sources[name] = arr, npz
+        if skipped and notes is not None:
+            shown = ", ".join(skipped[:8]) + (f", ... ({len(skipped) - 8} more)" if len(skipped) > 8 else "")
+            notes.append(f"note: ignored {len(skipped)} array{'s' if len(skipped) > 1 else ''} of '{npz}' that "
+                         f"the program does not declare: {shown}")
     pairs = list(pairs)
     for name, _ in pairs:  # unknown names first: cheaper than reading the files
         if name not in decls:

@@ -469,7 +469,9 @@ def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[s
     specs = resolve_outs(outs, prog.output_names)
     for spec in specs:
         _not_the_program(spec.path, file, "-o")
-    given = inp.gather(prog, npz, pairs, cast)
+    notes: list[str] = []
+    given = inp.gather(prog, npz, pairs, cast, notes)
+    _warn(notes)
     known = prog.resolve_dims(dims) if pkg else dims
     arrays = inp.fill_random(prog, given, known, seed or 0) if use_random else given
     run_dims, arrays = inp.bind(prog, arrays, dims)
@@ -631,8 +633,10 @@ def bench(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple
     if pkg:  # a -D the program lacks: the warning above, as for a .tg program (not an error after it)
         dims = {k: v for k, v in dims.items() if k in prog.dim_names}
     old = report.load_baseline(baseline) if baseline else None
-    arrays = inp.fill_random(prog, inp.gather(prog, npz, pairs, cast), prog.resolve_dims(dims) if pkg else dims,
-                             seed)
+    notes: list[str] = []
+    given = inp.gather(prog, npz, pairs, cast, notes)
+    _warn(notes)
+    arrays = inp.fill_random(prog, given, prog.resolve_dims(dims) if pkg else dims, seed)
     run_dims, arrays = inp.bind(prog, arrays, dims)
     if old is not None:  # refuse a baseline of another program, dims, device or tgc version before timing
         report.check_baseline(old, prog.identity(device, run_dims), baseline)

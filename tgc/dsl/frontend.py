@@ -7,16 +7,17 @@ A file parses with Python's `ast` module; nothing is ever evaluated as Python. E
 from __future__ import annotations
 
 import ast
-import difflib
 import inspect
 import sys
+from collections import ChainMap
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from tgc.dsl import functions
 from tgc.dsl.tensor import DslError, Tensor, fmt_type
 from tgc.dtype import DType, dtypes
-from tgc.errors import TgcError
+from tgc.errors import TgcError, close_match
 from tgc.ir.uop import Ops, UOp
 
 # Depth of the operation graph a program may build (a chain of N statements like `y = y * 2 + 1` is 2N
@@ -187,6 +188,7 @@ class Parsed:
     returns: list[ast.expr]
     output_names: list[str]
     lines: list[str] = field(default_factory=list)
+    functions: dict[str, ast.FunctionDef] = field(default_factory=dict)  # `def`s by name, checked
 
 
 class _Errors:
@@ -239,6 +241,7 @@ def parse(source: str, filename: str = "<string>") -> Parsed:
     body: list[ast.stmt] = []
     returns: list[ast.expr] | None = None
     seen_inputs: set[str] = set()
+    defs: dict[str, ast.FunctionDef] = {}
     for stmt in tree.body:
         if returns is not None:
             raise err.at(stmt, "statements after 'return'", hint="'return' must be the last statement")
@@ -250,24 +253,20 @@ def parse(source: str, filename: str = "<string>") -> Parsed:
                 raise err.at(stmt.target, f"input '{decl.name}' is declared twice")
             seen_inputs.add(decl.name)
             inputs.append(decl)
-        elif isinstance(stmt, (ast.Assign, ast.AugAssign)):
-            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-            if len(targets) != 1 or not isinstance(targets[0], ast.Name):
-                raise err.at(stmt, "an assignment needs exactly one name on the left", hint="write 'name = expr'")
-            if targets[0].id in seen_inputs:
-                raise err.at(targets[0], f"cannot assign to input '{targets[0].id}'",
-                             hint="inputs cannot be reassigned: use a new name")
+        elif isinstance(stmt, ast.FunctionDef):
+            if stmt.name in defs:
+                raise err.at(stmt, f"function '{stmt.name}' is defined twice", hint="give the second one another name")
+            _check_function(stmt, err)
+            defs[stmt.name] = stmt
+        elif isinstance(stmt, (ast.Assign, ast.AugAssign, ast.For)):
+            _check_statement(stmt, err, in_function=False)
             body.append(stmt)
         elif isinstance(stmt, ast.Return):
             if stmt.value is None:
                 raise err.at(stmt, "'return' needs at least one value")
             returns = list(stmt.value.elts) if isinstance(stmt.value, ast.Tuple) else [stmt.value]
-        elif isinstance(stmt, ast.Expr):
-            raise err.at(stmt, "an expression on its own does nothing", hint="assign it to a name or return it")
         else:
-            what = _CONSTRUCTS.get(type(stmt), type(stmt).__name__)
-            raise err.at(stmt, f"{what} are not part of the .tg language" if what.endswith("s") else
-                         f"'{what}' is not part of the .tg language")
+            _check_statement(stmt, err, in_function=False)  # (raises: the construct is not part of the language)
     if returns is None:
         last = tree.body[-1] if tree.body else None
         raise err.at(last, "the program has no 'return'", hint="end the file with 'return value, ...'")
@@ -277,22 +276,175 @@ def parse(source: str, filename: str = "<string>") -> Parsed:
         if decl.name in dims:
             raise err.at(stmt.target, f"'{decl.name}' is both an input and a dim name",
                          hint="dim names are integer values in expressions: give the input another name")
-    for stmt in body:
-        target = stmt.targets[0] if isinstance(stmt, ast.Assign) else stmt.target
-        if isinstance(target, ast.Name) and target.id in dims:
+    for target in _assigned_names(body):
+        if target.id in dims:
             raise err.at(target, f"cannot assign to dim '{target.id}'",
                          hint="a dim is the size the inputs give it: use a new name")
+        if target.id in seen_inputs:
+            raise err.at(target, f"cannot assign to input '{target.id}'",
+                         hint="inputs cannot be reassigned: use a new name")
+        if target.id in defs:
+            raise err.at(target, f"cannot assign to function '{target.id}'", hint="use a new name")
+    for name, fdef in defs.items():
+        if name in seen_inputs or name in dims:
+            raise err.at(fdef, f"function '{name}' has the name of {'an input' if name in seen_inputs else 'a dim'}",
+                         hint="give the function another name")
+    _check_recursion(defs, err)
     names: list[str] = []
     for i, r in enumerate(returns):
         name = r.id if isinstance(r, ast.Name) else f"out{i}"
         if name in names:
             raise err.at(r, f"two outputs are named '{name}'", hint="return distinct values or assign new names")
         names.append(name)
-    for stmt in body:
-        _check_constructs(stmt, err)
     for r in returns:
         _check_constructs(r, err)
-    return Parsed(source, filename, inputs, body, returns, names, err.lines)
+    return Parsed(source, filename, inputs, body, returns, names, err.lines, defs)
+
+
+# the most statements a program may run once its loops are unrolled and its functions inlined
+MAX_UNROLLED = 200_000
+
+
+def _check_statement(stmt: ast.stmt, err: _Errors, in_function: bool) -> None:
+    """One statement of the program's or a function's body: an assignment (`name = expr`, `a, b = f(x)`,
+    `name op= expr`) or a `for NAME in range(...)` loop of such statements."""
+    if isinstance(stmt, ast.Assign):
+        if len(stmt.targets) != 1:
+            raise err.at(stmt, "an assignment needs exactly one name on the left", hint="write 'name = expr'")
+        target = stmt.targets[0]
+        names = target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target]
+        if not names or not all(isinstance(n, ast.Name) for n in names):
+            raise err.at(target, "an assignment needs a name, or names separated by commas, on the left",
+                         hint="write 'name = expr' or 'a, b = f(x)'")
+        _check_constructs(stmt.value, err)
+    elif isinstance(stmt, ast.AugAssign):
+        if not isinstance(stmt.target, ast.Name):
+            raise err.at(stmt, "an assignment needs exactly one name on the left", hint="write 'name = expr'")
+        _check_constructs(stmt.value, err)
+    elif isinstance(stmt, ast.For):
+        it = stmt.iter
+        if not isinstance(stmt.target, ast.Name):
+            raise err.at(stmt.target, "a loop variable is one name", hint="write 'for i in range(N):'")
+        if not (isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range"):
+            raise err.at(it, "a for loop runs over range(...): loops are unrolled when compiling",
+                         hint="write 'for i in range(N):' with N an integer literal, a dim or x.shape[...]")
+        if it.keywords or not 1 <= len(it.args) <= 3:
+            raise err.at(it, "range() takes 1 to 3 integers: range(stop), range(start, stop[, step])")
+        for a in it.args:
+            _check_constructs(a, err)
+        if stmt.orelse:
+            raise err.at(stmt.orelse[0], "'else' on a loop is not part of the .tg language")
+        for sub in stmt.body:
+            _check_statement(sub, err, in_function)
+    elif isinstance(stmt, ast.Return):
+        raise err.at(stmt, "'return' inside a loop", hint="return after the loop")
+    elif isinstance(stmt, ast.FunctionDef):
+        raise err.at(stmt, "functions are defined at the top level of the file, not inside " +
+                     ("a function" if in_function else "a loop"))
+    elif isinstance(stmt, ast.Expr):
+        raise err.at(stmt, "an expression on its own does nothing", hint="assign it to a name or return it")
+    elif isinstance(stmt, ast.AnnAssign):
+        raise err.at(stmt, "input declarations come first, at the top level of the file")
+    else:
+        what = _CONSTRUCTS.get(type(stmt), type(stmt).__name__)
+        raise err.at(stmt, f"{what} are not part of the .tg language" if what.endswith("s") else
+                     f"'{what}' is not part of the .tg language")
+
+
+def _assigned_names(stmts: list[ast.stmt]) -> list[ast.Name]:
+    """Every name a block assigns, loop variables included (in order)."""
+    out: list[ast.Name] = []
+    for stmt in stmts:
+        if isinstance(stmt, ast.Assign):
+            t = stmt.targets[0]
+            out.extend(t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])  # type: ignore[arg-type]
+        elif isinstance(stmt, ast.AugAssign):
+            out.append(stmt.target)  # type: ignore[arg-type]
+        elif isinstance(stmt, ast.For):
+            out.append(stmt.target)  # type: ignore[arg-type]
+            out.extend(_assigned_names(stmt.body))
+    return out
+
+
+def _check_function(fdef: ast.FunctionDef, err: _Errors) -> None:
+    """`def name(a, b, ...):` with plain parameters, a body of assignments and loops, and a final `return`."""
+    if fdef.name in functions.FUNCTIONS or fdef.name in dtypes.by_name or fdef.name == "range":
+        what = "a dtype" if fdef.name in dtypes.by_name else "a built-in function"
+        raise err.at(fdef, f"function '{fdef.name}' has the name of {what}", hint="give it another name")
+    if fdef.decorator_list:
+        raise err.at(fdef.decorator_list[0], "decorators are not part of the .tg language")
+    a = fdef.args
+    if a.vararg or a.kwarg:
+        raise err.at(a.vararg or a.kwarg, "*args and **kwargs are not part of the .tg language")
+    if a.kwonlyargs:
+        raise err.at(a.kwonlyargs[0], "keyword-only parameters are not part of the .tg language")
+    if a.defaults:
+        raise err.at(a.defaults[0], "parameters take no default values", hint="pass every argument")
+    params = [*a.posonlyargs, *a.args]
+    seen: set[str] = set()
+    for p in params:
+        if p.annotation is not None:
+            raise err.at(p.annotation, "parameters take no type: a function takes tensors and numbers of any "
+                                       "shape and dtype")
+        if p.arg in seen:
+            raise err.at(p, f"parameter '{p.arg}' appears twice")
+        seen.add(p.arg)
+    if fdef.returns is not None:
+        raise err.at(fdef.returns, "a function takes no return annotation")
+    body = list(fdef.body)
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        body = body[1:]  # a docstring
+    if not body or not isinstance(body[-1], ast.Return):
+        raise err.at(body[-1] if body else fdef, f"function '{fdef.name}' does not end with 'return'",
+                     hint="end it with 'return value, ...'")
+    for stmt in body[:-1]:
+        if isinstance(stmt, ast.Return):
+            raise err.at(stmt, "'return' must be the last statement of a function")
+        _check_statement(stmt, err, in_function=True)
+    ret = body[-1]
+    assert isinstance(ret, ast.Return)
+    if ret.value is None:
+        raise err.at(ret, "'return' needs at least one value")
+    _check_constructs(ret.value, err)
+
+
+def function_body(fdef: ast.FunctionDef) -> tuple[list[ast.stmt], ast.expr]:
+    """A checked function's statements (without its docstring) and its return value."""
+    body = list(fdef.body)
+    if isinstance(body[0], ast.Expr):
+        body = body[1:]
+    ret = body[-1]
+    assert isinstance(ret, ast.Return) and ret.value is not None
+    return body[:-1], ret.value
+
+
+def _check_recursion(defs: dict[str, ast.FunctionDef], err: _Errors) -> None:
+    """Refuse a function that calls itself, directly or through others (loops are unrolled and functions
+    inlined when compiling, so a recursion would never end)."""
+    calls: dict[str, list[ast.Call]] = {}
+    for name, fdef in defs.items():
+        calls[name] = [n for n in ast.walk(fdef) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                       and n.func.id in defs]
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for call in calls[name]:
+            callee = call.func.id  # type: ignore[attr-defined]
+            if state.get(callee) == 1:
+                cycle = path[path.index(callee):] + [callee]
+                how = f"'{name}' calls itself" if len(cycle) == 2 else \
+                    "'" + "' calls '".join(cycle) + "'"
+                raise err.at(call, f"recursion: {how}",
+                             hint="functions are inlined when compiling and cannot recurse: use a for loop")
+            if state.get(callee) is None:
+                visit(callee, path + [callee])
+        state[name] = 2
+
+    for name in defs:
+        if name not in state:
+            visit(name, [name])
 
 
 def _check_constructs(node: ast.AST, err: _Errors) -> None:
@@ -323,9 +475,9 @@ def _parse_decl(stmt: ast.AnnAssign, err: _Errors) -> InputDecl:
         raise err.at(dtype_node, "expected a dtype such as f32 or i32")
     dtype = dtypes.by_name.get(dtype_node.id)
     if dtype is None:
-        close = difflib.get_close_matches(dtype_node.id, list(dtypes.by_name), n=1)
+        close = close_match(dtype_node.id, list(dtypes.by_name))
         raise err.at(dtype_node, f"unknown dtype '{dtype_node.id}'",
-                     hint=f"did you mean '{close[0]}'?" if close else "dtypes: " + " ".join(dtypes.by_name))
+                     hint=f"did you mean '{close}'?" if close else "dtypes: " + " ".join(dtypes.by_name))
     shape: list[Dim] = []
     spans: list[tuple[int, int]] = []
     if dims is not None:
@@ -442,18 +594,8 @@ def trace(parsed: Parsed, dims: dict[str, int], lines: dict[UOp, int] | None = N
         buf = UOp(Ops.BUFFER, decl.dtype, (), (i, decl.name, decl_shape(decl, dims, err)))
         buffers.append(buf)
         env[decl.name] = Tensor(buf)
-    ev = _Evaluator(env, err)
-    for stmt in parsed.body:
-        if isinstance(stmt, ast.Assign):
-            env[stmt.targets[0].id] = ev.eval(stmt.value)
-            note(env[stmt.targets[0].id], stmt.lineno)
-        else:  # augmented assignment: name op= expr
-            assert isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name)
-            fake = ast.BinOp(left=stmt.target, op=stmt.op, right=stmt.value)
-            ast.copy_location(fake, stmt)
-            fake.end_lineno, fake.end_col_offset = stmt.end_lineno, stmt.end_col_offset
-            env[stmt.target.id] = ev.eval(fake)
-            note(env[stmt.target.id], stmt.lineno)
+    ev = _Evaluator(env, err, parsed.functions, note)
+    ev.run_block(parsed.body)
     outs = []
     for r in parsed.returns:
         v = ev.eval(r)
@@ -489,9 +631,122 @@ _SYMBOLS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDi
             ast.RShift: ">>", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!="}
 
 
+class _Unrolled:
+    """How many statements the program has run so far (loops unrolled, functions inlined), and the calls in
+    progress (for the error that a program is too long)."""
+
+    def __init__(self) -> None:
+        self.statements = 0
+
+
 class _Evaluator:
-    def __init__(self, env: dict[str, Any], err: _Errors):
+    """Evaluates expressions and runs statements in one scope: the program's top level (`env` holds its inputs,
+    dims and assigned names) or one call of a function (`env` holds the function's locals, in front of the
+    program's top level: Python's rule for a function's global names)."""
+
+    def __init__(self, env: Any, err: _Errors, functions: dict[str, ast.FunctionDef] | None = None,
+                 note: Callable[[Any, int], None] | None = None, top: dict[str, Any] | None = None,
+                 count: _Unrolled | None = None):
         self.env, self.err = env, err
+        self.functions = functions or {}
+        self.note = note or (lambda value, line: None)
+        self.top = env if top is None else top
+        self.count = count or _Unrolled()
+
+    # --- statements
+    def run_block(self, stmts: list[ast.stmt]) -> None:
+        for stmt in stmts:
+            self.count.statements += 1
+            if self.count.statements > MAX_UNROLLED:
+                raise self.err.at(stmt, f"the program runs more than {MAX_UNROLLED} statements once its loops "
+                                        "are unrolled and its functions inlined",
+                                  hint="use fewer loop iterations, or split the program")
+            if isinstance(stmt, ast.For):
+                self._loop(stmt)
+            elif isinstance(stmt, ast.Assign):
+                value = self.eval(stmt.value)
+                self._assign(stmt.targets[0], value, stmt.value)
+                self.note(value, stmt.lineno)
+            else:  # augmented assignment: name op= expr
+                assert isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name)
+                fake = ast.BinOp(left=ast.Name(id=stmt.target.id, ctx=ast.Load()), op=stmt.op, right=stmt.value)
+                ast.copy_location(fake, stmt)
+                ast.copy_location(fake.left, stmt.target)
+                fake.left.end_lineno, fake.left.end_col_offset = stmt.target.end_lineno, stmt.target.end_col_offset
+                fake.end_lineno, fake.end_col_offset = stmt.end_lineno, stmt.end_col_offset
+                self.env[stmt.target.id] = value = self.eval(fake)
+                self.note(value, stmt.lineno)
+
+    def _assign(self, target: ast.expr, value: Any, value_node: ast.expr) -> None:
+        if isinstance(target, ast.Name):
+            self.env[target.id] = value
+            return
+        assert isinstance(target, (ast.Tuple, ast.List))
+        names = [t.id for t in target.elts]  # type: ignore[attr-defined]
+        if not isinstance(value, tuple):
+            raise self.err.at(value_node, f"cannot unpack {_describe(value)} into {len(names)} names",
+                              hint="a function returning several values gives a tuple: 'a, b = f(x)'")
+        if len(value) != len(names):
+            raise self.err.at(target, f"{len(names)} names for {len(value)} values",
+                              hint=f"write {len(value)} names on the left")
+        for n, v in zip(names, value):
+            self.env[n] = v
+
+    def _loop(self, stmt: ast.For) -> None:
+        """`for i in range(...)`: the body once per value of i, unrolled into the graph."""
+        call = stmt.iter
+        assert isinstance(call, ast.Call)
+        bounds = []
+        for a in call.args:
+            v = self.eval(a)
+            if isinstance(v, Tensor):
+                raise self.err.at(a, f"a loop bound must be an integer known when compiling, not a tensor {v}",
+                                  hint="loops are unrolled when compiling: data-dependent loops are not supported; "
+                                       "use an integer literal, a dim or x.shape[...]")
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise self.err.at(a, f"range() takes integers, not {_describe(v)}")
+            bounds.append(v)
+        if len(bounds) == 3 and bounds[2] == 0:
+            raise self.err.at(call.args[2], "range() step cannot be zero")
+        var = stmt.target.id  # type: ignore[attr-defined]
+        for i in range(*bounds):
+            self.env[var] = i
+            self.run_block(stmt.body)
+
+    def _call_function(self, node: ast.Call, name: str) -> Any:
+        """A call of a function the program defines: its body run in a new scope, inlined into the graph."""
+        fdef = self.functions[name]
+        params = [p.arg for p in (*fdef.args.posonlyargs, *fdef.args.args)]
+        n = len(params)
+        takes = f"{name}() takes {n} argument{'' if n == 1 else 's'}" + (f" ({', '.join(params)})" if n else "")
+        if len(node.args) > n:
+            raise self.err.at(node, f"{takes}, but {len(node.args)} {'was' if len(node.args) == 1 else 'were'} given")
+        local: dict[str, Any] = {}
+        for p, a in zip(params, node.args):
+            local[p] = self.eval(a)
+        for kw in node.keywords:
+            if kw.arg is None:
+                raise self.err.at(kw, "**kwargs are not part of the .tg language")
+            if kw.arg not in params:
+                raise self.err.at(kw, f"{name}() has no parameter '{kw.arg}'", hint=f"{takes}")
+            if kw.arg in local:
+                raise self.err.at(kw, f"{name}() got two values for '{kw.arg}'")
+            local[kw.arg] = self.eval(kw.value)
+        missing = [p for p in params if p not in local]
+        if missing:
+            raise self.err.at(node, f"{takes}, but {len(local)} {'was' if len(local) == 1 else 'were'} given "
+                                    f"(missing {', '.join(repr(m) for m in missing)})")
+        body, ret = function_body(fdef)
+        callee = _Evaluator(ChainMap(local, self.top), self.err, self.functions, self.note, self.top, self.count)
+        callee.run_block(body)
+        if isinstance(ret, ast.Tuple):
+            values = tuple(callee.eval(e) for e in ret.elts)
+            for v, e in zip(values, ret.elts):
+                self.note(v, e.lineno)
+            return values
+        value = callee.eval(ret)
+        self.note(value, ret.lineno)
+        return value
 
     def eval(self, node: ast.expr) -> Any:
         try:
@@ -531,12 +786,17 @@ class _Evaluator:
             op = node.ops[0]
             if isinstance(op, (ast.Is, ast.IsNot, ast.In, ast.NotIn)):
                 raise self.err.at(node, f"'{type(op).__name__.lower()}' comparisons are not supported")
+            if isinstance(left, (int, float)) and isinstance(right, (int, float)):  # known when compiling (i == 0)
+                return bool(getattr(left, _CMPOPS[type(op)])(right))
             if not isinstance(left, Tensor) and isinstance(right, Tensor):  # 2 < x is x > 2
                 left, right, op = right, left, _REFLECTED[type(op)]()
             left, right = self._tensorize_pair(left, right)
             return getattr(left, _CMPOPS[type(op)])(right)
         if isinstance(node, ast.IfExp):
-            cond, a, b = self.eval(node.test), self.eval(node.body), self.eval(node.orelse)
+            cond = self.eval(node.test)
+            if isinstance(cond, bool):  # known when compiling (`x if i == 0 else h` in a loop): one branch
+                return self.eval(node.body) if cond else self.eval(node.orelse)
+            a, b = self.eval(node.body), self.eval(node.orelse)
             return functions.where(cond, a, b)
         if isinstance(node, ast.Call):
             return self._call(node)
@@ -607,11 +867,11 @@ class _Evaluator:
             return node.id == "True"
         if node.id in ("inf", "nan", "pi", "e"):
             return {"inf": float("inf"), "nan": float("nan"), "pi": 3.141592653589793, "e": 2.718281828459045}[node.id]
-        if node.id in functions.FUNCTIONS:
+        if node.id in functions.FUNCTIONS or node.id in self.functions:
             raise self.err.at(node, f"'{node.id}' is a function", hint=f"call it: {node.id}(...)")
-        candidates = list(self.env) + list(functions.FUNCTIONS) + list(dtypes.by_name)
-        close = difflib.get_close_matches(node.id, candidates, n=1)
-        raise self.err.at(node, f"unknown name '{node.id}'", hint=f"did you mean '{close[0]}'?" if close else None)
+        candidates = list(self.env) + list(functions.FUNCTIONS) + list(self.functions) + list(dtypes.by_name)
+        close = close_match(node.id, candidates)
+        raise self.err.at(node, f"unknown name '{node.id}'", hint=f"did you mean '{close}'?" if close else None)
 
     def _attribute(self, node: ast.Attribute) -> Any:
         value = self.eval(node.value)
@@ -628,9 +888,9 @@ class _Evaluator:
                 return value.numel
             if node.attr in functions.FUNCTIONS:
                 raise self.err.at(node, f"'{node.attr}' is a method", hint=f"call it: .{node.attr}(...)")
-        close = difflib.get_close_matches(node.attr, ["T", "shape", "ndim", "dtype", *functions.FUNCTIONS], n=1)
+        close = close_match(node.attr, ["T", "shape", "ndim", "dtype", *functions.FUNCTIONS])
         raise self.err.at(node, f"{_describe(value)} has no attribute '{node.attr}'",
-                          hint=f"did you mean '{close[0]}'?" if close else None)
+                          hint=f"did you mean '{close}'?" if close else None)
 
     def _call(self, node: ast.Call) -> Any:
         if isinstance(node.func, ast.Attribute):
@@ -640,15 +900,20 @@ class _Evaluator:
             name, args = node.func.attr, [self_value]
             fn_node = node.func
         elif isinstance(node.func, ast.Name):
+            if node.func.id in self.functions:
+                return self._call_function(node, node.func.id)
+            if node.func.id == "range":
+                raise self.err.at(node.func, "range() is only for loops", hint="write 'for i in range(N):'; "
+                                  "arange(N) makes a tensor of 0 .. N-1")
             name, args, fn_node = node.func.id, [], node.func
         else:
             raise self.err.at(node.func, "only named functions can be called")
         fn = functions.FUNCTIONS.get(name)
         if fn is None:
-            close = difflib.get_close_matches(name, list(functions.FUNCTIONS), n=1)
+            close = close_match(name, list(functions.FUNCTIONS) + ([] if args else list(self.functions)))
             kind = "method" if args else "function"
             raise self.err.at(fn_node, f"unknown {kind} '{name}'",
-                              hint=f"did you mean '{close[0]}'?" if close else None)
+                              hint=f"did you mean '{close}'?" if close else None)
         if args and name in functions.NOT_METHODS:
             raise self.err.at(fn_node, f"'{name}' is a function, not a method", hint=f"call it as {name}(...)")
         args += [self.eval(a) for a in node.args]
@@ -686,5 +951,5 @@ class _Evaluator:
         return v
 
 
-__all__ = ["parse", "trace", "InputDecl", "Parsed", "dim_names", "concrete_shape", "decl_shape", "fmt_type",
-           "DimExpr", "DimError", "dim_value", "solve_dim"]
+__all__ = ["parse", "trace", "function_body", "MAX_UNROLLED", "InputDecl", "Parsed", "dim_names", "concrete_shape",
+           "decl_shape", "fmt_type", "DimExpr", "DimError", "dim_value", "solve_dim"]

@@ -113,12 +113,22 @@ def log_softmax(x, axis=-1):
     return _tensor(x).log_softmax(axis)
 
 
-def var(x, axis=None, keepdim=False, correction=1):
-    return _tensor(x).var(axis, _bool_arg(keepdim, "keepdim"), correction)
+def _ddof(ddof: Any, correction: Any) -> int:
+    """The divisor's correction: numpy's `ddof=` or torch's `correction=` (one of them), 0 by default as numpy."""
+    if ddof is not None and correction is not None:
+        raise DslError("give ddof= or correction= (torch's name for it), not both")
+    value = ddof if ddof is not None else correction if correction is not None else 0
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise DslError(f"{'ddof' if ddof is not None else 'correction'} must be a non-negative integer, got {value!r}")
+    return value
 
 
-def std(x, axis=None, keepdim=False, correction=1):
-    return _tensor(x).std(axis, _bool_arg(keepdim, "keepdim"), correction)
+def var(x, axis=None, keepdim=False, ddof=None, correction=None):
+    return _tensor(x).var(axis, _bool_arg(keepdim, "keepdim"), _ddof(ddof, correction))
+
+
+def std(x, axis=None, keepdim=False, ddof=None, correction=None):
+    return _tensor(x).std(axis, _bool_arg(keepdim, "keepdim"), _ddof(ddof, correction))
 
 
 def reshape(x, *shape):

@@ -447,13 +447,14 @@ class Tensor:
         s = x.sum(axis, keepdim)
         return s * (1.0 / n) if n else s * math.nan
 
-    def var(self, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor:
+    def var(self, axis=None, keepdim: bool = False, correction: int = 0) -> Tensor:
+        """numpy's var: the mean squared deviation divided by n - correction (numpy's `ddof`; 0 by default)."""
         x = self if self.dtype.is_float else self.cast(dtypes.f32)
         n = prod(self.shape[a] for a in self._axes(axis))
         dev = x - x.mean(axis, keepdim=True)
         return (dev * dev).sum(axis, keepdim) * (1.0 / max(n - correction, 0) if n - correction > 0 else math.inf)
 
-    def std(self, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor:
+    def std(self, axis=None, keepdim: bool = False, correction: int = 0) -> Tensor:
         return self.var(axis, keepdim, correction).sqrt()
 
     def argmax(self, axis=None, keepdim: bool = False) -> Tensor:
@@ -509,6 +510,8 @@ class Tensor:
         if a.ndim == 0 or b.ndim == 0:
             raise DslError("matmul needs tensors with at least 1 dim", hint="use * for scalars")
         dtype = promote(a.dtype, b.dtype)
+        if not dtype.is_float:  # numpy: products in the result type (i8 @ i8 gives i32 and multiplies in i32)
+            dtype = sum_dtype(dtype)
         a, b = a.cast(dtype), b.cast(dtype)
         squeeze_a, squeeze_b = a.ndim == 1, b.ndim == 1
         if squeeze_a:

@@ -3,20 +3,19 @@ by `Program.bind` (tgc.api) and packages (tgc.package), which must not import th
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
 from tgc.dtype import dtypes, f32_to_bf16
-from tgc.errors import BindError, TgcError
+from tgc.errors import BindError, TgcError, close_match
 
 
 def names_hint(name: str, declared: list[str]) -> str:
     """The hint for a name that is no input: the closest input's name, else every input's."""
-    close = difflib.get_close_matches(name, declared, n=1)
-    return f"did you mean '{close[0]}'?" if close else "inputs: " + (", ".join(declared) or "(none)")
+    close = close_match(name, declared)
+    return f"did you mean '{close}'?" if close else "inputs: " + (", ".join(declared) or "(none)")
 
 
 def check_input_names(names: Iterable[str], declared: list[str], file: str | None) -> None:
@@ -30,8 +29,33 @@ def _decl_text(decl: Any) -> str:
     return f"{decl.dtype.name}[{', '.join(map(str, decl.shape))}]"
 
 
+def _from_array_object(value: Any, name: str) -> np.ndarray:
+    """A torch tensor, jax array or any object with `__dlpack__` or `__array__` as a numpy array, converted once:
+    through DLPack first (zero-copy for memory the CPU can read), else `__array__`."""
+    if hasattr(value, "__dlpack__"):
+        try:
+            return np.from_dlpack(value)
+        except Exception as e:  # another device's memory, a tensor that requires grad, an unsupported dtype ...
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            if not hasattr(value, "__array__"):
+                raise TgcError(f"input '{name}': cannot read the {type(value).__name__} through DLPack: {reason}",
+                               hint="copy it to host memory as a numpy array first") from None
+    try:
+        out = np.asarray(value)
+    except Exception as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise TgcError(f"input '{name}': cannot convert the {type(value).__name__} to an array: {reason}",
+                       hint="copy it to host memory as a numpy array first (e.g. t.detach().cpu().numpy())") from None
+    if not isinstance(out, np.ndarray):
+        raise TgcError(f"input '{name}' must be an array, got {type(value).__name__}")
+    return out
+
+
 def as_array(value: Any, decl: Any, cast: bool, at: dict[str, Any]) -> np.ndarray:
     want = decl.dtype
+    if not isinstance(value, np.ndarray) and (hasattr(value, "__dlpack__") or hasattr(value, "__array__")) \
+            and not isinstance(value, np.generic):
+        value = _from_array_object(value, decl.name)
     if isinstance(value, (bool, int, float, np.generic)) or (isinstance(value, (list, tuple))):
         value = np.asarray(value)
         if value.dtype == np.float64 and want.is_float or value.dtype.kind in "iub" and not want.is_float:
