@@ -266,3 +266,56 @@ def test_shared_arena_places_merges_and_gives_pages_back():
             arena.alloc(arena.size + 1)
     finally:
         arena.close()
+
+
+def _children(pid: int) -> set[int]:
+    import glob
+    out: set[int] = set()
+    for path in glob.glob(f"/proc/{pid}/task/*/children"):
+        with open(path) as f:
+            out |= {int(c) for c in f.read().split()}
+    return out
+
+
+def _gone(pid: int, wait: float = 10.0) -> bool:
+    import os
+    give_up = time.monotonic() + wait
+    while time.monotonic() < give_up:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(") ")[-1].startswith("Z"):  # (a zombie is done running)
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.1)
+    return not os.path.exists(f"/proc/{pid}")
+
+
+@needs_cpu
+@pytest.mark.parametrize("how", ["SIGINT", "SIGKILL"])
+def test_a_server_that_stops_mid_kernel_leaves_no_worker_running(how):
+    import signal
+
+    from tgc.backends.remote.process import ServerProcess
+    srv = ServerProcess("CPU", "--request-time", "60").start()
+    try:
+        sid = "stopped-server-0123456789"
+        _load(srv.port, sid, SPIN_SRC, "spin")
+        before = _children(srv.proc.pid)
+        def spin() -> None:
+            try:
+                post(srv.port, batch(P.ProgramExec(prog=1, bufs=(1,), global_size=(1, 1, 1))), session=sid)
+            except OSError:  # the server went away: no answer
+                pass
+
+        threading.Thread(target=spin, daemon=True).start()
+        time.sleep(0.5)  # the kernel spins in one of the workers
+        workers = _children(srv.proc.pid) | before
+        assert workers, "no launch worker"
+        if how == "SIGINT":
+            assert srv.stop(signal.SIGINT, wait=20) == 0  # Ctrl-C: a clean stop, the spinning worker killed
+        else:
+            srv.kill()  # the workers notice that their server is gone
+        assert all(_gone(w) for w in workers), [w for w in workers if not _gone(w, 0)]
+    finally:
+        srv.kill()
