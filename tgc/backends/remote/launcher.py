@@ -224,6 +224,11 @@ class LaunchWorkers:
         self.closed = False
         self.kills = 0  # workers killed at a deadline (for tests and logs)
 
+    def ready(self) -> bool:
+        """Whether every worker is started and idle."""
+        with self.cond:
+            return len(self.idle) == self.capacity
+
     def warm(self) -> None:
         """Start every worker now (a client's first launch then finds one ready)."""
         while True:
@@ -303,6 +308,8 @@ class LaunchWorkers:
             keep = worker
         finally:
             self._release(keep)
+            if keep is None and not self.closed:  # a replacement starts now, not in the next batch's time
+                threading.Thread(target=self.warm, name="tgc-serve-warm", daemon=True).start()
         if "late" in ans:
             raise LaunchTimeout("stopped at the deadline", started=True, stopped_before=int(ans["late"]))
         if not ans.get("ok"):
