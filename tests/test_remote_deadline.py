@@ -84,6 +84,14 @@ class _Other:
         np.testing.assert_array_equal(np.frombuffer(blobs[results[2]], np.float32), x + 1)
 
 
+def _ready(srv) -> None:
+    """Wait until every launch worker has started (on a busy machine that can take longer than a deadline)."""
+    give_up = time.monotonic() + 60
+    while not (srv.launchers is not None and srv.launchers.ready()) and time.monotonic() < give_up:
+        time.sleep(0.02)
+    assert srv.launchers.ready()
+
+
 def _while_running(srv, sid: str, body: bytes, other: _Other) -> tuple[tuple[int, str | None, bytes], float, bool]:
     """Post `body` for session `sid` from a thread; once its batch runs, let `other` run. Returns the long
     batch's answer, how long it took, and whether `other` was done before that answer came."""
@@ -122,6 +130,7 @@ def test_a_long_graph_is_stopped_at_the_deadline_while_another_client_runs(deadl
     launches = 4000
     kernel = P.GraphKernel(prog=1, bufs=(1,), global_size=(1, 1, 1), vals=(20_000_000,))  # ~6 ms each: ~24 s in all
     _ok(srv.port, sid, P.GraphAlloc(graph=1, kernels=(kernel,) * launches))
+    _ready(srv)
     (status, kind, body), took, other_first = _while_running(srv, sid, batch(P.GraphExec(graph=1, wait=True)), other)
     assert (status, kind) == (408, "limit"), body
     assert b"request time limit of 1.5s" in body and b"stopped before graph 1 kernel" in body, body
@@ -142,6 +151,7 @@ def test_a_kernel_that_never_returns_is_stopped_at_the_deadline_while_another_cl
     other = _Other(srv.port)
     _load(srv.port, sid, SPIN_SRC, "spin")
     for _ in range(2):  # twice: the killed worker is replaced
+        _ready(srv)
         req = P.ProgramExec(prog=1, bufs=(1,), global_size=(1, 1, 1), wait=True)
         (status, kind, body), took, other_first = _while_running(srv, sid, batch(req), other)
         assert (status, kind) == (408, "limit"), body
@@ -159,9 +169,11 @@ def test_a_kernel_that_crashes_loses_its_worker_not_the_server(deadline_server):
     srv, sid = deadline_server, "crash-client-0123456789"
     src = SPIN_SRC.replace("store volatile i32 %n, ptr %data0", "store volatile i32 %n, ptr null")
     _load(srv.port, sid, src, "spin")
+    _ready(srv)
     status, kind, body = post(srv.port, batch(P.ProgramExec(prog=1, bufs=(1,), global_size=(1, 1, 1), wait=True)),
                               session=sid)
     assert (status, kind) == (500, "device") and b"worker process died (signal SIGSEGV)" in body, body
+    _ready(srv)  # a fresh worker replaces it
     _Other(srv.port).run(4)
 
 
@@ -266,3 +278,59 @@ def test_shared_arena_places_merges_and_gives_pages_back():
             arena.alloc(arena.size + 1)
     finally:
         arena.close()
+
+
+def _children(pid: int) -> set[int]:
+    import glob
+    out: set[int] = set()
+    for path in glob.glob(f"/proc/{pid}/task/*/children"):
+        try:
+            with open(path) as f:
+                out |= {int(c) for c in f.read().split()}
+        except FileNotFoundError:  # a thread that just ended
+            pass
+    return out
+
+
+def _gone(pid: int, wait: float = 10.0) -> bool:
+    import os
+    give_up = time.monotonic() + wait
+    while time.monotonic() < give_up:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(") ")[-1].startswith("Z"):  # (a zombie is done running)
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.1)
+    return not os.path.exists(f"/proc/{pid}")
+
+
+@needs_cpu
+@pytest.mark.parametrize("how", ["SIGINT", "SIGKILL"])
+def test_a_server_that_stops_mid_kernel_leaves_no_worker_running(how):
+    import signal
+
+    from tgc.backends.remote.process import ServerProcess
+    srv = ServerProcess("CPU", "--request-time", "60").start()
+    try:
+        sid = "stopped-server-0123456789"
+        _load(srv.port, sid, SPIN_SRC, "spin")
+        before = _children(srv.proc.pid)
+        def spin() -> None:
+            try:
+                post(srv.port, batch(P.ProgramExec(prog=1, bufs=(1,), global_size=(1, 1, 1))), session=sid)
+            except OSError:  # the server went away: no answer
+                pass
+
+        threading.Thread(target=spin, daemon=True).start()
+        time.sleep(0.5)  # the kernel spins in one of the workers
+        workers = _children(srv.proc.pid) | before
+        assert workers, "no launch worker"
+        if how == "SIGINT":
+            assert srv.stop(signal.SIGINT, wait=20) == 0  # Ctrl-C: a clean stop, the spinning worker killed
+        else:
+            srv.kill()  # the workers notice that their server is gone
+        assert all(_gone(w) for w in workers), [w for w in workers if not _gone(w, 0)]
+    finally:
+        srv.kill()

@@ -162,7 +162,7 @@ class _Worker:
 
     def __init__(self, arena: SharedArena):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tgc.backends.remote.launcher", str(arena.fd), str(arena.size)],
+            [sys.executable, "-m", "tgc.backends.remote.launcher", str(arena.fd), str(arena.size), str(os.getpid())],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, pass_fds=(arena.fd,))
         self.loaded: OrderedDict[str, None] = OrderedDict()
         self.pending = b""
@@ -218,10 +218,16 @@ class LaunchWorkers:
     def __init__(self, arena: SharedArena, capacity: int):
         self.arena, self.capacity = arena, max(1, capacity)
         self.idle: list[_Worker] = []
-        self.started = 0  # workers alive (idle or running)
+        self.all: set[_Worker] = set()  # every live worker, idle or running (killed at close)
+        self.started = 0  # workers alive (idle or running), counting those being started
         self.cond = threading.Condition()
         self.closed = False
         self.kills = 0  # workers killed at a deadline (for tests and logs)
+
+    def ready(self) -> bool:
+        """Whether every worker is started and idle."""
+        with self.cond:
+            return len(self.idle) == self.capacity
 
     def warm(self) -> None:
         """Start every worker now (a client's first launch then finds one ready)."""
@@ -231,12 +237,18 @@ class LaunchWorkers:
                     return
                 self.started += 1
             try:
-                worker = _Worker(self.arena)
+                worker = self._new()
             except BaseException:
                 with self.cond:
                     self.started -= 1
                 return
             self._release(worker)
+
+    def _new(self) -> _Worker:
+        worker = _Worker(self.arena)
+        with self.cond:
+            self.all.add(worker)
+        return worker
 
     def _acquire(self, deadline: float) -> _Worker | None:
         with self.cond:
@@ -251,7 +263,7 @@ class LaunchWorkers:
                 return self.idle.pop()
             self.started += 1
         try:
-            return _Worker(self.arena)
+            return self._new()
         except BaseException:
             with self.cond:
                 self.started -= 1
@@ -264,6 +276,7 @@ class LaunchWorkers:
                 self.started -= 1
             elif self.closed:
                 self.started -= 1
+                self.all.discard(worker)
                 worker.close()
             else:
                 self.idle.append(worker)
@@ -281,16 +294,22 @@ class LaunchWorkers:
                 worker.send(launches, deadline)
                 ans = worker.answer(deadline + GRACE)
             except (OSError, EOFError, ValueError):
+                with self.cond:
+                    self.all.discard(worker)
                 code = worker.kill()
                 raise LaunchCrashed(f"the kernel's worker process died ({_exit_text(code)}); the server goes "
                                     "on") from None
             if ans is None:
+                with self.cond:
+                    self.all.discard(worker)
                 worker.kill()
                 self.kills += 1
                 raise LaunchTimeout("the kernel was stopped (its worker process killed)", started=True)
             keep = worker
         finally:
             self._release(keep)
+            if keep is None and not self.closed:  # a replacement starts now, not in the next batch's time
+                threading.Thread(target=self.warm, name="tgc-serve-warm", daemon=True).start()
         if "late" in ans:
             raise LaunchTimeout("stopped at the deadline", started=True, stopped_before=int(ans["late"]))
         if not ans.get("ok"):
@@ -298,12 +317,14 @@ class LaunchWorkers:
         return [float(t) for t in ans["times"]]
 
     def close(self) -> None:
+        """Stop every worker, running ones too (their launches fail; the server is going away)."""
         with self.cond:
             self.closed = True
             idle, self.idle = self.idle, []
             self.started -= len(idle)
+            live, self.all = list(self.all), set()
             self.cond.notify_all()
-        for w in idle:
+        for w in live:
             w.close()
 
 
@@ -327,8 +348,15 @@ class _Ptr:
 
 
 def main() -> None:
-    """The worker: map the arena (fd, size from argv), then answer launch messages on stdin until it closes."""
-    fd, size = int(sys.argv[1]), int(sys.argv[2])
+    """The worker: map the arena (fd, size and the server's pid from argv), then answer launch messages on stdin
+    until it closes; exit as soon as the server is gone."""
+    fd, size, parent = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])  # (the server may be gone already)
+
+    def orphaned() -> None:  # a server that died (even by SIGKILL) leaves no worker spinning behind it
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+    threading.Thread(target=orphaned, daemon=True).start()
     arena = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
     base = np.frombuffer(arena, dtype=np.uint8).ctypes.data
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
