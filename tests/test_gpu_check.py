@@ -79,3 +79,19 @@ def test_the_table_computes_rates_shares_and_ratios(tmp_path):
     assert "| matmul-f16 | 4096^3 | 2 ms | 68.7 TFLOP/s | 10% f16 | 500 us (0.25x) | not run | JAX sees no GPU |" in md
     assert "| softmax | 8192x8192 | timed out: timed out after 60 s | - | - | 1 ms | not run | not run |" in md
     assert json.loads((tmp_path / "gpu_check.json").read_text())["rows"][0]["torch_ratio"] == pytest.approx(0.25)
+
+
+@pytest.mark.skipif(cuda_standin.why_unavailable() is not None, reason=str(cuda_standin.why_unavailable()))
+def test_cuda_lists_its_gpus_and_refuses_an_index_past_them():
+    """What gpu_check reads to choose CUDA:0,CUDA:1 or CUDA:0,CPU:1: the driver's device count (stand-in: 2)."""
+    env = cuda_standin.env(TGC_STANDIN_DEVICES="2")
+    env["PYTHONPATH"] = str(ROOT)
+    r = subprocess.run([sys.executable, "-m", "tgc.cli.main", "devices", "--json"], env=env, cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    (cuda,) = [d for d in json.loads(r.stdout) if d["device"] == "CUDA"]
+    assert cuda["available"] and cuda["info"]["device_count"] == 2
+    assert cuda["info"]["device_list"].startswith("CUDA:0 .. CUDA:1 (2 GPUs)")
+    r = subprocess.run([sys.executable, "-m", "tgc.cli.main", "run", "kernels/softmax.tg", "--random", "-D", "N=4",
+                        "-D", "D=8", "-d", "CUDA:2"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "no device 'CUDA:2': this machine has 2 CUDA devices" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr

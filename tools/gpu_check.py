@@ -52,6 +52,9 @@ ROOT = Path(__file__).resolve().parent.parent
 TOOLS = ROOT / "tools"
 PEERS = ("tgc", "torch", "torch.compile", "jax")
 FULL_BUDGET_S, QUICK_BUDGET_S = 450.0, 170.0
+# the bench's share of the budget, kept free of the tests (which run first), and each peer's weight in it
+BENCH_RESERVE_S = {"full": 170.0, "quick": 65.0, "standin": 60.0}
+PEER_WEIGHT = {"tgc": 0.35, "torch": 0.15, "torch.compile": 0.3, "jax": 0.2}
 STARTUP_LIMIT_S = 90.0  # a bench worker's imports (torch, jax) before its first row
 
 # ------------------------------------------------------------------------------------------------ bench rows
@@ -284,7 +287,7 @@ def _jax_runner(peer: str, mode: str):
     try:
         gpus = jax.devices("gpu")
     except RuntimeError as e:
-        raise _Unavailable(f"JAX {jax.__version__} sees no GPU ({str(e).splitlines()[0][:200]})") from None
+        raise _Unavailable(f"JAX {jax.__version__} sees no GPU ({str(e).splitlines()[0][:90]})") from None
     jax.config.update("jax_default_matmul_precision", "highest")  # like for like: f32 matmuls without TF32
     sys.path.insert(0, str(ROOT / "bench"))
     import models
@@ -387,7 +390,7 @@ def measure_peaks(mode: str) -> dict[str, Any]:
     nbytes = (1 << 16) if standin else (1 << 29)  # 512 MiB each way: far past any L2
     copy = dev.program("tgc_peak_copy", dev.compiler.compile(COPY_SRC))
     src, dst = dev.allocator.alloc(nbytes), dev.allocator.alloc(nbytes)
-    cblocks = 1 if standin else sms * 4
+    cblocks = 1 if standin else sms * 8
     copy_times = [copy(dst, src, global_size=(cblocks,), local_size=(threads,), vals=(nbytes // 16,), wait=True)
                   for _ in range(3 if standin else 12)][1:]
     dev.allocator.free(src, nbytes)
@@ -544,6 +547,7 @@ class Runner:
     def __init__(self, report: Report, env: dict[str, str], budget: float, limits: dict[str, float]):
         self.report, self.env, self.limits = report, env, limits
         self.deadline = time.monotonic() + budget
+        self.reserve = 0.0  # seconds at the end kept for later parts (the bench) while the tests run
         self.logs = report.out / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.failed = False
@@ -552,7 +556,7 @@ class Runner:
         return self.deadline - time.monotonic()
 
     def limit(self, name: str, default: float) -> float:
-        return min(self.limits.get(name, default), max(self.left(), 0.0))
+        return min(self.limits.get(name, default), max(self.left() - self.reserve, 0.0))
 
     def spawn(self, cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
         f = open(log, "ab")
@@ -575,7 +579,7 @@ class Runner:
         """Run one part: (status, exit code, seconds, limit). Status: ok, failed, timed out, skipped."""
         limit = self.limit(name, default_limit)
         log = self.logs / (name.replace(":", "-").replace(".", "-") + ".log")
-        if self.left() < 1 or limit <= 0:
+        if self.left() - self.reserve < 1 or limit <= 0:
             return "skipped", None, 0.0, limit
         print(f"[{_clock()}] {name}: started (limit {limit:.0f} s)", flush=True)
         st = time.monotonic()
@@ -655,8 +659,8 @@ def test_groups(mode: str, gpus: int, outdir: Path) -> list[dict[str, Any]]:
                "packages": ["tests/test_lang_programs.py", "tests/test_lang_nn.py"]}
         sample = ({"language": 4, "multi": 8, "symbolic": 4, "packages": 4} if mode == "quick" else
                   {"multi": 2})
-        limits = ({"language": 50, "graphs": 15, "multi": 20, "symbolic": 20, "packages": 20} if mode == "quick"
-                  else {"language": 150, "graphs": 25, "multi": 50, "symbolic": 45, "packages": 40})
+        limits = ({"language": 35, "graphs": 10, "multi": 15, "symbolic": 15, "packages": 15} if mode == "quick"
+                  else {"language": 120, "graphs": 20, "multi": 40, "symbolic": 35, "packages": 35})
     env = {"language": {"TGC_TEST_DEVICES": "CUDA"}, "graphs": {"TGC_TEST_DEVICES": "CUDA"},
            "multi": {"TGC_TEST_DEVICE_LISTS": lists},
            "symbolic": {"TGC_TEST_DEVICES": "CUDA", "TGC_TEST_SYMBOLIC": "1"},
@@ -675,8 +679,8 @@ def _needs_hypothesis(path: str) -> bool:
 
 def _test_summary(results: Path) -> dict[str, Any]:
     rows = []
-    if results.exists():
-        rows = [json.loads(line) for line in results.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if results.exists():  # whole lines only: pytest may be writing the last one
+        rows = [json.loads(line) for line in results.read_text(encoding="utf-8").split("\n")[:-1] if line.strip()]
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
@@ -785,7 +789,8 @@ def run_bench_peer(runner: Runner, peer: str, mode: str, rows: list[str], part_l
                 rc = proc.wait(timeout=0.5)
             except subprocess.TimeoutExpired:
                 rc = None
-            lines = results.read_text(encoding="utf-8").splitlines() if results.exists() else []
+            # whole lines only: the worker may be writing the last one
+            lines = results.read_text(encoding="utf-8").split("\n")[:-1] if results.exists() else []
             for line in lines[seen:]:
                 ev = json.loads(line)
                 seen += 1
@@ -826,8 +831,9 @@ def run_bench_peer(runner: Runner, peer: str, mode: str, rows: list[str], part_l
                 runner.report.cell(current, peer, {"status": "timed out" if over else "crashed", "why": why})
                 done_rows[current] = "timed out" if over else "crashed"
                 print(f"[{_clock()}] {name}: {current}: {why[:300]}", flush=True)
-            elif over is not None or rc != 0:
-                why = over or f"the worker failed (exit {rc}): {_md(_tail(log, 600))}"
+            else:  # the worker ended (or was stopped) between rows: what it did not run fails with its reason
+                why = over or (f"the worker failed (exit {rc}): {_md(_tail(log, 600))}" if rc else
+                               "the worker ended without running it")
                 for row in todo:
                     if row not in done_rows:
                         runner.report.cell(row, peer, {"status": "failed", "why": why})
@@ -1002,14 +1008,19 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"gpu_check: unknown test group {unknown[0]!r}; groups: "
                              f"{', '.join(x['name'] for x in groups)}")
         groups = [g for g in groups if g["name"] in wanted]
+    runner.reserve = BENCH_RESERVE_S[mode] if rows and cuda_ok else 0.0
     for g in groups:
         if not cuda_ok:
             report.part({"name": f"tests:{g['name']}", "status": "skipped", "summary": "CUDA is not available"})
             continue
         run_tests(runner, g, env_info, jobs)
 
-    # bench: what is left of the budget, shared by the peers still to run
+    # bench: what is left of the budget, shared by the peers still to run (by weight; time one leaves rolls over)
+    runner.reserve = 0.0
     bench_peers = [p for p in PEERS if p in peers]
+    for peer in (p for p in PEERS if p not in peers):
+        for r in rows:
+            report.cell(r, peer, {"status": "skipped", "why": "not in --peers"})
     for i, peer in enumerate(bench_peers):
         if not rows:
             break
@@ -1017,8 +1028,8 @@ def main(argv: list[str] | None = None) -> int:
             for r in rows:
                 report.cell(r, peer, {"status": "skipped", "why": "CUDA is not available"})
             continue
-        share = max(runner.left(), 0) / (len(bench_peers) - i)
-        run_bench_peer(runner, peer, mode, rows, share if peer != "tgc" else max(share, runner.left() * 0.4))
+        share = max(runner.left(), 0) * PEER_WEIGHT[peer] / sum(PEER_WEIGHT[p] for p in bench_peers[i:])
+        run_bench_peer(runner, peer, mode, rows, share)
 
     report.doc["meta"]["finished"] = _now()
     report.doc["failed"] = runner.failed
