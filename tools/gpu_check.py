@@ -969,7 +969,8 @@ def main(argv: list[str] | None = None) -> int:
     report.part({"name": "devices", "status": status if cuda_ok or status != "ok" else "failed",
                  "seconds": round(secs, 1), "limit_s": round(limit),
                  "summary": (f"CUDA: {gpus} GPU{'s' if gpus != 1 else ''} ({meta['gpu']})" if cuda_ok else
-                             f"CUDA not available: {cuda.get('why_not') or _md(_tail(runner.logs / 'devices.log'))}")})
+                             f"CUDA not available: {cuda.get('why_not') or _md(_tail(runner.logs / 'devices.log'))}"
+                             " (without a GPU, --standin runs the check through the CPU stand-in)")})
     runner.failed |= not cuda_ok
 
     # peaks
