@@ -11,8 +11,8 @@ Contract:
   when present and see the GPU; a missing peer is a column saying why.
 - Parts, in order: `environment`, `devices` (`tgc devices`), `peaks` (an FMA loop and a copy through tgc's own
   CUDA runtime: raw kernels, compiled by NVRTC, timed with CUDA events), `tests:GROUP` (the test suite's CUDA
-  part: the language suite on `CUDA`, graphs, multi-device runs on `CUDA:0,CUDA:1` or `CUDA:0,CPU:1`, symbolic
-  kernels, packages built and run in a fresh process), then `bench:PEER` for tgc, torch (eager), torch.compile
+  part: the backend's own tests with those marked `gpu`, the language suite on `CUDA`, graphs, multi-device runs
+  on `CUDA:0,CUDA:1` or `CUDA:0,CPU:1`, symbolic kernels, packages built and run in a fresh process), then `bench:PEER` for tgc, torch (eager), torch.compile
   and jax (each row: time, TFLOP/s or TB/s, share of the measured peak, ratio to each peer).
 - Each part runs in a subprocess (its own process group) with its own time limit, also capped by what is left of
   the whole budget (`--budget`: 450 s, 170 s with `--quick`). Bench rows run in one worker per peer, each row
@@ -645,7 +645,7 @@ def test_groups(mode: str, gpus: int, outdir: Path) -> list[dict[str, Any]]:
     pkg_dir = outdir / "packages"
     if mode == "standin":  # one small test each: the machinery, not the coverage
         one = "tests/test_lang_ops.py::test_float_arithmetic[CUDA-f32]"
-        sel = {"language": [one],
+        sel = {"backend": ["tests/test_cuda_backend.py::test_gpu_add_matches_numpy"], "language": [one],
                "graphs": ["tests/test_graphs.py::test_graph_runs_match_numpy_and_per_kernel_launches"
                           "[CUDA-return exp(a * b + 1.0) * 0.5 ]"],
                "multi": [f"tests/test_multi_lang.py::test_float_arithmetic[{lists}-f32]"],
@@ -654,14 +654,15 @@ def test_groups(mode: str, gpus: int, outdir: Path) -> list[dict[str, Any]]:
         sample = {}
         limits = dict.fromkeys(sel, 120.0)
     else:
-        sel = {"language": lang, "graphs": ["tests/test_graphs.py"], "multi": ["tests/test_multi_lang.py"],
+        sel = {"backend": ["tests/test_cuda_backend.py"], "language": lang, "graphs": ["tests/test_graphs.py"], "multi": ["tests/test_multi_lang.py"],
                "symbolic": ["tests/test_lang_programs.py", "tests/test_lang_dims.py", "tests/test_lang_nn.py"],
                "packages": ["tests/test_lang_programs.py", "tests/test_lang_nn.py"]}
         sample = ({"language": 4, "multi": 8, "symbolic": 4, "packages": 4} if mode == "quick" else
                   {"multi": 2})
-        limits = ({"language": 35, "graphs": 10, "multi": 15, "symbolic": 15, "packages": 15} if mode == "quick"
-                  else {"language": 120, "graphs": 20, "multi": 40, "symbolic": 35, "packages": 35})
-    env = {"language": {"TGC_TEST_DEVICES": "CUDA"}, "graphs": {"TGC_TEST_DEVICES": "CUDA"},
+        limits = ({"backend": 15, "language": 35, "graphs": 10, "multi": 15, "symbolic": 15, "packages": 15}
+                  if mode == "quick" else
+                  {"backend": 20, "language": 120, "graphs": 20, "multi": 40, "symbolic": 35, "packages": 35})
+    env = {"backend": {}, "language": {"TGC_TEST_DEVICES": "CUDA"}, "graphs": {"TGC_TEST_DEVICES": "CUDA"},
            "multi": {"TGC_TEST_DEVICE_LISTS": lists},
            "symbolic": {"TGC_TEST_DEVICES": "CUDA", "TGC_TEST_SYMBOLIC": "1"},
            "packages": {"TGC_TEST_DEVICES": "CUDA", "TGC_PACKAGE_SUITE": str(pkg_dir), "TGC_PACKAGE_DEVICE": "CUDA"}}
