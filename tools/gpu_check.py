@@ -13,7 +13,8 @@ Contract:
   CUDA runtime: raw kernels, compiled by NVRTC, timed with CUDA events), `tests:GROUP` (the test suite's CUDA
   part: the backend's own tests with those marked `gpu`, the language suite on `CUDA`, graphs, multi-device runs
   on `CUDA:0,CUDA:1` or `CUDA:0,CPU:1`, symbolic kernels, packages built and run in a fresh process), then
-  `bench:PEER` for tgc, torch (eager), torch.compile and jax (each row: time, TFLOP/s or TB/s, share of the measured peak, ratio to each peer).
+  `bench:PEER` for tgc, torch (eager), torch.compile and jax (each row: time, TFLOP/s or TB/s, share of the
+  measured peak, ratio to each peer).
 - Each part runs in a subprocess (its own process group) with its own time limit, also capped by what is left of
   the whole budget (`--budget`: 450 s, 170 s with `--quick`). Bench rows run in one worker per peer, each row
   with its own limit: a row that hangs or crashes its worker is recorded (timed out / crashed, with the log's
