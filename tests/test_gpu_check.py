@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import cuda_standin
@@ -55,7 +56,12 @@ def test_make_gpu_check_through_the_standin_keeps_every_result(tmp_path):
     md = (out / "gpu_check.md").read_text()
     assert "Stand-in run" in md and "| tests:graphs | timed out |" in md and "| softmax |" in md
     assert "| matmul-f32 |" in md and "faulted" in md
-    assert (out / "logs" / "tests-language.log").exists()
+    # three files: the GPU machine sends back at most 8 from $OUT; the logs travel packed
+    assert sorted(f.name for f in out.iterdir()) == ["gpu_check.json", "gpu_check.md", "gpu_check_logs.tar.gz"]
+    with tarfile.open(out / "gpu_check_logs.tar.gz") as tar:
+        names = tar.getnames()
+        assert "logs/tests-language.log" in names and "logs/bench-tgc.jsonl" in names
+        assert b"1 passed" in tar.extractfile("logs/tests-language.log").read()
     assert md in r.stdout  # the summary table is printed at the end
 
 

@@ -21,8 +21,10 @@ Contract:
   tail) and the worker starts again at the next row. Tests report each outcome as it happens
   (tools/gpu_check_pytest.py), so a group that runs out of time still says how many passed and which failed.
 - Results are written after every part and row, whole each time (a temporary file renamed into place):
-  `gpu_check.json` and `gpu_check.md`, plus `logs/` (each part's output), under `$OUT` when it is set, else
-  `--out`, else `build/gpu-check/<UTC time>` (printed at the start and the end). Progress lines go to stdout; the
+  `gpu_check.json` and `gpu_check.md`, plus `gpu_check_logs.tar.gz` (each part's output, packed after every
+  part), under `$OUT` when it is set, else `--out`, else `build/gpu-check/<UTC time>` (printed at the start and
+  the end). Three files, nothing else: the GPU machine sends back at most 8 files from `$OUT`. The logs are
+  written in a temporary work directory (printed) and packed from there. Progress lines go to stdout; the
   summary table is printed at the end. Exit status 0 when every part that ran passed, 1 otherwise (a missing
   peer is not a failure).
 - `--standin` runs the same script on a machine without a GPU, through the CPU stand-in for the CUDA driver
@@ -36,6 +38,7 @@ import argparse
 import datetime as _dt
 import glob
 import importlib.util
+import io
 import json
 import math
 import os
@@ -44,6 +47,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -74,6 +78,7 @@ ROWS = [
     ("corpus", "the model corpus", "flops", "f32"),
 ]
 ROW_NAMES = [r[0] for r in ROWS]
+LOGS_TAR = "gpu_check_logs.tar.gz"
 
 SIZES = {
     "full": {"matmul": 4096, "softmax": (8192, 8192), "attention": (8, 16, 2048, 64), "conv2d": (32, 128, 128, 56),
@@ -432,14 +437,30 @@ def _fmt_time(s: float | None) -> str:
 class Report:
     """gpu_check.json and gpu_check.md under `out`, both rewritten whole after every change."""
 
-    def __init__(self, out: Path, meta: dict[str, Any]):
-        self.out = out
+    def __init__(self, out: Path, meta: dict[str, Any], logs: Path | None = None):
+        self.out, self.logs = out, logs
         self.doc: dict[str, Any] = {"meta": meta, "parts": [], "peaks": {}, "bench": {}}
 
     def part(self, rec: dict[str, Any]) -> None:
         parts = [p for p in self.doc["parts"] if p["name"] != rec["name"]]
         self.doc["parts"] = [*parts, rec]
         self.save()
+        self.pack_logs()
+
+    def pack_logs(self) -> None:
+        """The work directory's logs/ as gpu_check_logs.tar.gz (each file's last 4 MiB)."""
+        if self.logs is None or not self.logs.is_dir():
+            return
+        tmp = self.out / ".gpu_check_logs.tar.gz.tmp"
+        with tarfile.open(tmp, "w:gz") as tar:
+            for f in sorted(self.logs.iterdir()):
+                if not f.is_file():
+                    continue
+                data = f.read_bytes()[-(4 << 20):]
+                info = tarfile.TarInfo(f"logs/{f.name}")
+                info.size, info.mtime = len(data), int(f.stat().st_mtime)
+                tar.addfile(info, io.BytesIO(data))
+        os.replace(tmp, self.out / LOGS_TAR)
 
     def cell(self, row: str, peer: str, doc: dict[str, Any]) -> None:
         self.doc["bench"].setdefault(row, {})[peer] = doc
@@ -549,7 +570,7 @@ class Runner:
         self.report, self.env, self.limits = report, env, limits
         self.deadline = time.monotonic() + budget
         self.reserve = 0.0  # seconds at the end kept for later parts (the bench) while the tests run
-        self.logs = report.out / "logs"
+        self.logs = report.logs or report.out / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.failed = False
 
@@ -639,11 +660,11 @@ def environment() -> dict[str, Any]:
 
 # --- test groups
 
-def test_groups(mode: str, gpus: int, outdir: Path) -> list[dict[str, Any]]:
+def test_groups(mode: str, gpus: int, workdir: Path) -> list[dict[str, Any]]:
     """The test suite's CUDA part, as groups: name, pytest arguments, extra environment, time limit."""
     lang = sorted(os.path.relpath(p, ROOT) for p in glob.glob(str(ROOT / "tests" / "test_lang_*.py")))
     lists = "CUDA:0,CUDA:1" if gpus >= 2 else "CUDA:0,CPU:1"
-    pkg_dir = outdir / "packages"
+    pkg_dir = workdir / "packages"
     if mode == "standin":  # one small test each: the machinery, not the coverage
         one = "tests/test_lang_ops.py::test_float_arithmetic[CUDA-f32]"
         sel = {"backend": ["tests/test_cuda_backend.py::test_gpu_add_matches_numpy"], "language": [one],
@@ -736,7 +757,7 @@ def run_tests(runner: Runner, group: dict[str, Any], env_info: dict[str, Any], j
         text = "no time left"
     rec = {"name": name, "status": status, "exit": rc, "seconds": round(secs, 1), "limit_s": round(limit),
            "summary": "; ".join([text, *notes]), **summ, "command": " ".join(cmd + args),
-           "env": group["env"], "log": f"logs/{name.replace(':', '-')}.log"}
+           "env": group["env"], "log": f"{LOGS_TAR}: logs/{name.replace(':', '-')}.log"}
     runner.report.part(rec)
     runner.failed |= status != "ok"
     print(f"[{_clock()}] {name}: {status}: {rec['summary']}", flush=True)
@@ -853,7 +874,7 @@ def run_bench_peer(runner: Runner, peer: str, mode: str, rows: list[str], part_l
     if status == "unavailable":
         summary = next((runner.report.doc["bench"].get(r, {}).get(peer, {}).get("why") for r in rows), "")
     runner.report.part({"name": name, "status": status, "seconds": round(time.monotonic() - st, 1),
-                        "limit_s": round(part_end - st), "summary": summary, "log": f"logs/{log.name}"})
+                        "limit_s": round(part_end - st), "summary": summary, "log": f"{LOGS_TAR}: logs/{log.name}"})
     if peer == "tgc":  # a peer missing or failing is the peer's business; tgc's rows are the check's
         runner.failed |= status != "ok"
 
@@ -923,7 +944,8 @@ def main(argv: list[str] | None = None) -> int:
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests"), str(TOOLS),
                                          *filter(None, [os.environ.get("PYTHONPATH")])])
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    env["TGC_CACHE_DIR"] = str(Path(tempfile.mkdtemp(prefix="tgc-gpu-check-")) / "tgc")  # a cold, private cache
+    work = Path(tempfile.mkdtemp(prefix="tgc-gpu-check-"))  # logs, packages, a cold and private tgc cache
+    env["TGC_CACHE_DIR"] = str(work / "tgc")
     if mode == "standin":
         sys.path.insert(0, str(ROOT / "tests"))
         import cuda_standin
@@ -939,9 +961,10 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"mode": mode, "standin": mode == "standin", "started": _now(), "commit": _git_commit(),
             "python": sys.version.split()[0], "budget_s": budget, "out": str(out), "sizes": sizes,
             "amounts": amounts, "argv": sys.argv[1:]}
-    report = Report(out, meta)
+    meta["workdir"] = str(work)
+    report = Report(out, meta, work / "logs")
     runner = Runner(report, env, budget, limits)
-    print(f"gpu-check ({mode}): results in {out}", flush=True)
+    print(f"gpu-check ({mode}): results in {out}; logs in {work / 'logs'}", flush=True)
 
     # environment
     env_info = environment()
@@ -1004,7 +1027,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # tests
     jobs = a.jobs or (1 if mode == "standin" else min(16, os.cpu_count() or 1))
-    groups = test_groups(mode, gpus, out)
+    groups = test_groups(mode, gpus, work)
     if a.tests:
         wanted = [] if a.tests == "none" else a.tests.split(",")
         unknown = [g for g in wanted if g not in {x["name"] for x in groups}]
@@ -1038,6 +1061,7 @@ def main(argv: list[str] | None = None) -> int:
     report.doc["meta"]["finished"] = _now()
     report.doc["failed"] = runner.failed
     report.save()
+    report.pack_logs()
     print("\n" + report.markdown(), flush=True)
     print(f"gpu-check ({mode}): {'FAILED' if runner.failed else 'ok'}; results in {out}", flush=True)
     return 1 if runner.failed else 0
