@@ -48,7 +48,7 @@ def test_make_gpu_check_through_the_standin_keeps_every_result(tmp_path):
     assert rows["matmul-f32"]["tgc_status"] == "failed" and "faulted" in rows["matmul-f32"]["tgc_why"]
     soft = rows["softmax"]  # ran after the faulting row, on the same device: the context was reset
     n, d = gpu_check.SIZES["standin"]["softmax"]
-    assert soft["tgc_status"] == "ok" and soft["tgc_s"] > 0
+    assert soft["tgc_status"] == "ok" and soft["tgc_s"] > 0 and soft["check"].startswith("ok: worst error")
     assert soft["rate"] == pytest.approx(2 * 4 * n * d / soft["tgc_s"] / 1e12)
     assert soft["share"] == pytest.approx(soft["rate"] / doc["peaks"]["copy_tbps"])
     assert soft["torch_s"] is None and "PyTorch" in soft["torch_why"]  # not installed here, or sees no GPU
@@ -82,8 +82,9 @@ def test_the_table_computes_rates_shares_and_ratios(tmp_path):
     assert mm["torch.compile_why"] == "not run"
     assert soft["tgc_s"] is None and soft["rate"] is None and soft["torch_ratio"] is None
     md = (tmp_path / "gpu_check.md").read_text()
-    assert "| matmul-f16 | 4096^3 | 2 ms | 68.7 TFLOP/s | 10% f16 | 500 us (0.25x) | not run | JAX sees no GPU |" in md
-    assert "| softmax | 8192x8192 | timed out: timed out after 60 s | - | - | 1 ms | not run | not run |" in md
+    assert ("| matmul-f16 | 4096^3 | 2 ms | 68.7 TFLOP/s | 10% f16 | - | 500 us (0.25x) | not run | JAX sees no GPU |"
+            in md)
+    assert "| softmax | 8192x8192 | timed out: timed out after 60 s | - | - | - | 1 ms | not run | not run |" in md
     assert json.loads((tmp_path / "gpu_check.json").read_text())["rows"][0]["torch_ratio"] == pytest.approx(0.25)
 
 
@@ -101,3 +102,24 @@ def test_cuda_lists_its_gpus_and_refuses_an_index_past_them():
                         "-D", "D=8", "-d", "CUDA:2"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "no device 'CUDA:2': this machine has 2 CUDA devices" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("row", ["matmul-bf16", "softmax", "layernorm", "attention", "conv2d", "transformer"])
+def test_the_value_check_passes_the_reference_and_catches_a_wrong_output(row):
+    """gpu_check's check of tgc's values on a GPU: the reference itself (as numpy computes the whole program) passes,
+    the same output with one element off by a tenth of the largest value, or of another shape, fails."""
+    import numpy as np
+
+    import tgc
+    spec = gpu_check.row_spec(row, "standin")
+    arrays = gpu_check._inputs_np(spec)
+    prog = tgc.load(spec["path"]) if "path" in spec else tgc.loads(spec["src"])
+    want = next(iter(prog.reference(dims=spec["dims"], **arrays).values())).astype(np.float32)
+    ok, text = gpu_check.check_values(row, spec, arrays, want)
+    assert ok, text
+    wrong = want.copy()
+    wrong.reshape(-1)[3] += 0.1 * np.abs(want).max()
+    ok, text = gpu_check.check_values(row, spec, arrays, wrong)
+    assert not ok and text.startswith("WRONG: worst error 0.1"), text  # (of the slice's largest value: 0.1 or more)
+    ok, text = gpu_check.check_values(row, spec, arrays, want[..., :-1])
+    assert not ok and "shape" in text

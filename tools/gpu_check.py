@@ -157,6 +157,63 @@ def _inputs_np(spec: dict, seed: int = 0) -> dict[str, Any]:
     return out
 
 
+# the largest error allowed in tgc's check, relative to the largest value of the reference, by input dtype
+CHECK_TOL = {"f32": 1e-3, "f16": 1e-2, "bf16": 3e-2}
+
+
+def _bf16_round(a: Any) -> Any:
+    """f32 values rounded to bf16 (nearest even), as f32: what tgc computes with after `cast=True`."""
+    import numpy as np
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).view(np.float32)
+
+
+def reference_slice(row: str, spec: dict, arrays: dict[str, Any], out: Any) -> tuple[Any, Any, str]:
+    """A cheap slice of the row's output and its numpy reference (float64): 8 rows of a matmul, softmax or
+    layernorm, one (batch, head) of attention, one image of conv2d, one batch row of the transformer block."""
+    import numpy as np
+    sys.path.insert(0, str(ROOT / "bench"))
+    import models
+    f64 = np.float64
+    if row.startswith("matmul-"):
+        dt = row.split("-")[1]
+        a, b = arrays["a"], arrays["b"]
+        if dt == "bf16":
+            a, b = _bf16_round(a), _bf16_round(b)
+        return out[:8], a[:8].astype(f64) @ b.astype(f64), dt
+    if row == "softmax":
+        return out[:8], models.softmax(np, arrays["x"][:8].astype(f64), axis=1), "f32"
+    if row == "layernorm":
+        return out[:8], models.layernorm(np, arrays["x"][:8].astype(f64)), "f32"
+    if row == "attention":
+        q, k, v = (arrays[n][0, 0].astype(f64) for n in "qkv")
+        t = q.shape[0]
+        s = q @ k.T / math.sqrt(q.shape[-1])
+        s = np.where(np.arange(t)[:, None] >= np.arange(t)[None, :], s, -1e30)
+        return out[0, 0], models.softmax(np, s) @ v, "f32"
+    if row == "conv2d":
+        x, w = arrays["x"][:1].astype(f64), arrays["w"].astype(f64)
+        xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+        win = np.lib.stride_tricks.sliding_window_view(xp, (3, 3), axis=(2, 3))  # (1, C, H, W, 3, 3)
+        return out[:1], np.einsum("nchwij,ocij->nohw", win, w, optimize=True), "f32"
+    if row == "transformer":
+        args = [arrays["x"][:1].astype(f64), *(arrays[k].astype(f64) for k in _TRANSFORMER_WEIGHTS)]
+        return out[:1], models.transformer_block(np, *args), "f32"
+    raise KeyError(row)
+
+
+def check_values(row: str, spec: dict, arrays: dict[str, Any], out: Any) -> tuple[bool, str]:
+    """(ok, text): the worst error of `reference_slice`, relative to the reference's largest value."""
+    import numpy as np
+    got, want, dt = reference_slice(row, spec, arrays, out)
+    if got.shape != want.shape:
+        return False, f"WRONG: output shape {got.shape}, the reference's {want.shape}"
+    err = float(np.max(np.abs(got.astype(np.float64) - want))) / max(float(np.max(np.abs(want))), 1e-30)
+    ok = bool(np.isfinite(err)) and err <= CHECK_TOL[dt]
+    return ok, (f"{'ok' if ok else 'WRONG'}: worst error {err:.2g} of the largest value (allowed {CHECK_TOL[dt]:g}), "
+                "on a slice against numpy")
+
+
 def _median_time(fn, sync, repeat: int, warmup: int = 2) -> float:
     for _ in range(warmup):
         fn()
@@ -219,9 +276,15 @@ def _tgc_runner(peer: str, mode: str):
         st = time.perf_counter()
         res = prog.bench(device="CUDA", dims=spec["dims"], inputs=arrays, repeat=REPEAT[mode])
         p = res["program"]
-        return {"status": "ok", "seconds": p["median_s"], "min_s": p["min_s"], "max_s": p["max_s"],
-                "kernels": len(res["kernels"]), "graph": p.get("graph"),
-                "wall_s": round(time.perf_counter() - st, 2)}
+        doc = {"status": "ok", "seconds": p["median_s"], "min_s": p["min_s"], "max_s": p["max_s"],
+               "kernels": len(res["kernels"]), "graph": p.get("graph")}
+        # the values too: a fast wrong kernel is no result (tgc's CUDA had never run on a GPU before this check)
+        out = next(iter(prog.run(device="CUDA", dims=spec["dims"], cast=True, **arrays).values()))
+        ok, doc["check"] = check_values(row, spec, arrays, out)
+        if not ok:
+            doc.update(status="failed", why=f"wrong values: {doc['check']}")
+        doc["wall_s"] = round(time.perf_counter() - st, 2)
+        return doc
     return run
 
 
@@ -489,6 +552,7 @@ class Report:
             r["tgc_s"] = secs
             r["tgc_status"] = t.get("status", "not run")
             r["tgc_why"] = t.get("why")
+            r["check"] = t.get("check")
             amount = self.doc["meta"].get("amounts", {}).get(name)
             rate = amount / secs / 1e12 if secs and amount else None
             r["rate"] = rate
@@ -534,9 +598,10 @@ class Report:
                              f"{pk.get('spec_tbps') or '-'} TB/s")
         rows = self.doc.get("rows") or []
         if rows:
-            lines += ["", "## Bench", "", "Ratios are the peer's time over tgc's: above 1, tgc is faster.", "",
-                      "| row | size | tgc | rate | of peak | " + " | ".join(PEERS[1:]) + " |",
-                      "|---|---|---|---|---|" + "---|" * len(PEERS[1:])]
+            lines += ["", "## Bench", "", "Ratios are the peer's time over tgc's: above 1, tgc is faster. Values: "
+                      "tgc's worst error on a slice of the output against numpy, relative to the largest value.", "",
+                      "| row | size | tgc | rate | of peak | values | " + " | ".join(PEERS[1:]) + " |",
+                      "|---|---|---|---|---|---|" + "---|" * len(PEERS[1:])]
             for r in rows:
                 tg = _fmt_time(r["tgc_s"]) if r["tgc_s"] else f"{r['tgc_status']}: {_md(r['tgc_why'] or '')}"
                 rate = f"{r['rate']:.3g} {r['unit']}" if r["rate"] else "-"
@@ -549,7 +614,9 @@ class Report:
                         peers.append(_fmt_time(r[f"{peer}_s"]) + ratio)
                     else:
                         peers.append(_md(r[f"{peer}_why"]))
-                lines.append(f"| {r['row']} | {r['size']} | {tg} | {rate} | {share} | " + " | ".join(peers) + " |")
+                check = r["check"].split(" of ")[0].replace(": worst error", "") if r["check"] else "-"
+                lines.append(f"| {r['row']} | {r['size']} | {tg} | {rate} | {share} | {check} | " + " | ".join(peers)
+                             + " |")
         return "\n".join(lines) + "\n"
 
 
