@@ -1007,7 +1007,9 @@ def main(argv: list[str] | None = None) -> int:
         if p not in PEERS:
             raise SystemExit(f"gpu_check: unknown peer {p!r}; peers: {', '.join(PEERS)}")
 
-    env = {k: v for k, v in os.environ.items() if k != "OUT"}
+    # the parts set their own test devices, package and sampling knobs: none leaks in from the caller's shell
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OUT", "TGC_DEVICE") and not k.startswith(("TGC_TEST_", "TGC_PACKAGE_", "TGC_GPU_CHECK_"))}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests"), str(TOOLS),
                                          *filter(None, [os.environ.get("PYTHONPATH")])])
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
