@@ -1016,6 +1016,7 @@ def main(argv: list[str] | None = None) -> int:
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests"), str(TOOLS),
                                          *filter(None, [os.environ.get("PYTHONPATH")])])
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    env["PYTHONUNBUFFERED"] = "1"  # a part killed at its limit leaves its whole output in its log
     work = Path(tempfile.mkdtemp(prefix="tgc-gpu-check-"))  # logs, packages, a cold and private tgc cache
     env["TGC_CACHE_DIR"] = str(work / "tgc")
     if mode == "standin":
