@@ -123,3 +123,20 @@ def test_the_value_check_passes_the_reference_and_catches_a_wrong_output(row):
     assert not ok and text.startswith("WRONG: worst error 0.1"), text  # (of the slice's largest value: 0.1 or more)
     ok, text = gpu_check.check_values(row, spec, arrays, want[..., :-1])
     assert not ok and "shape" in text
+
+
+@pytest.mark.skipif(cuda_standin.why_unavailable() is not None, reason=str(cuda_standin.why_unavailable()))
+def test_a_gpu_that_cannot_run_fails_the_check_with_the_reason_and_skips_the_rest(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "OUT"}
+    env["TGC_STANDIN_DRIVER_VERSION"] = "12040"  # a driver too old for NVRTC 13's cubins
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "gpu_check.py"), "--standin", "--out", str(tmp_path),
+                        "--rows", "softmax"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    doc = json.loads((tmp_path / "gpu_check.json").read_text())
+    parts = {p["name"]: p for p in doc["parts"]}
+    assert parts["devices"]["status"] == "failed"
+    assert "CUDA 12.4 only" in parts["devices"]["summary"] and "--standin" in parts["devices"]["summary"]
+    assert {p["status"] for n, p in parts.items() if n.startswith("tests:")} == {"skipped"}
+    assert len([n for n in parts if n.startswith("tests:")]) == 6 and "peaks" not in parts
+    (row,) = doc["rows"]
+    assert row["tgc_status"] == "skipped" and row["tgc_why"] == "CUDA is not available"

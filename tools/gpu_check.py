@@ -780,7 +780,8 @@ def _test_summary(results: Path) -> dict[str, Any]:
         counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
     bad = [{"test": r["test"], "outcome": r["outcome"], "message": r.get("message", "")[-800:]}
            for r in rows if r["outcome"] in ("failed", "error", "xpassed")]
-    return {"counts": counts, "failures": bad[:30], "more_failures": max(0, len(bad) - 30)}
+    skip = next((r.get("message", "") for r in rows if r["outcome"] == "skipped"), "")
+    return {"counts": counts, "failures": bad[:30], "more_failures": max(0, len(bad) - 30), "first_skip": skip}
 
 
 def _counts_text(counts: dict[str, int]) -> str:
@@ -825,6 +826,9 @@ def run_tests(runner: Runner, group: dict[str, Any], env_info: dict[str, Any], j
         text += f"; pytest exit {rc}: {_md(_tail(runner.logs / (name.replace(':', '-') + '.log'), 400))}"
     elif status == "skipped":
         text = "no time left"
+    if status == "ok" and not summ["counts"].get("passed"):  # e.g. every test skipped: CUDA did not work there
+        status = "failed"
+        text += f"; no test passed (a skip's reason: {_md(summ['first_skip'])[:200] or '-'})"
     rec = {"name": name, "status": status, "exit": rc, "seconds": round(secs, 1), "limit_s": round(limit),
            "summary": "; ".join([text, *notes]), **summ, "command": " ".join(cmd + args),
            "env": group["env"], "log": f"{LOGS_TAR}: logs/{name.replace(':', '-')}.log"}
