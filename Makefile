@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Keep PoCL's and pyopencl's caches out of the user's home during tests.
 TEST_ENV := POCL_CACHE_DIR=$(CURDIR)/.pytest_cache/pocl XDG_CACHE_HOME=$(CURDIR)/.pytest_cache/xdg
 
-.PHONY: run test bench lint clean setup
+.PHONY: run test bench lint clean setup gpu-check
 
 setup: $(STAMP)
 
@@ -35,6 +35,12 @@ $(BENCH_STAMP): $(STAMP)
 # numpy with its best BLAS kernels and XLA (jax.jit) beside tgc, in one run (see bench/bench.py)
 bench: $(BENCH_STAMP)
 	$(BIN)/python bench/bench.py
+
+# the check to run first on a machine with an NVIDIA GPU (tools/gpu_check.py): no venv, no network, the system
+# python3 with tgc from this tree on PYTHONPATH; results in $$OUT or build/gpu-check/. `make gpu-check ARGS=--quick`;
+# ARGS=--standin runs it here through the CPU stand-in for the CUDA driver (as CI does)
+gpu-check:
+	$(PY) tools/gpu_check.py $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,7 +1,8 @@
 """A pytest plugin that packages every program the language suite runs, for `tests/test_package.py`.
 
 `TGC_PACKAGE_SUITE=DIR pytest -p package_suite tests/test_lang_*.py` makes every `Program.run(device="CPU")` of
-the suite that succeeds also write, into DIR, the program compiled as a package (`<n>.tgpkg`), the inputs it ran
+the suite (`device=KIND` where `TGC_PACKAGE_DEVICE=KIND` is set: `CUDA` on a GPU, tools/gpu_check.py) that
+succeeds also write, into DIR, the program compiled as a package (`<n>.tgpkg`), the inputs it ran
 with (`<n>.in.npz`) and the outputs it returned (`<n>.out.npz`), and one line of `index.jsonl`. The test then
 runs every package in one fresh process (`python tests/package_suite.py DIR`, `check_all`) and compares.
 """
@@ -18,18 +19,21 @@ def _install(outdir: str) -> None:
     from tgc import api
     from tgc.package import write
 
+    kind = (os.environ.get("TGC_PACKAGE_DEVICE") or "CPU").upper()
+
     original = api.Program.run
     count = [0]
 
     def run(self, device=None, dims=None, cast=False, inputs=None, **kw_inputs):
         out = original(self, device, dims, cast, inputs=inputs, **kw_inputs)
-        if (device or "CPU").upper() != "CPU":
+        if (device or "CPU").upper() != kind:
             return out
         bound, arrays = self.bind({**(inputs or {}), **kw_inputs}, dims, cast=cast)
-        n = count[0]
+        worker = os.environ.get("PYTEST_XDIST_WORKER")  # workers write into the same DIR: names of their own
+        n = f"{worker}-{count[0]}" if worker else count[0]
         count[0] += 1
         base = os.path.join(outdir, str(n))
-        write(self, base + ".tgpkg", "CPU", bound)
+        write(self, base + ".tgpkg", kind, bound)
         np.savez(base + ".in.npz", **{"a_" + k: v for k, v in arrays.items()})  # (prefixed: no name clashes with
         np.savez(base + ".out.npz", **{"a_" + k: v for k, v in out.items()})  # np.savez's own parameters)
         row = {"n": n, "test": os.environ.get("PYTEST_CURRENT_TEST", "?"), "outputs": list(out)}

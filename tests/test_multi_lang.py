@@ -11,6 +11,8 @@ of single values and scalars, nothing to shard), errors (load-time errors, no de
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from test_lang_functions import *  # noqa: F403  (collected again, sharded)
 from test_lang_nn import *  # noqa: F403
@@ -22,7 +24,10 @@ import tgc.api
 
 del test_kernel_counts  # noqa: F821 (how many kernels one device runs: a sharded program runs more)
 
-LISTS = ["CPU:0,CPU:1", "CPU:0,CPU:1,CPU:2", "PYTHON:0,PYTHON:1"]
+# TGC_TEST_DEVICE_LISTS ("CUDA:0,CUDA:1;CUDA:0,CPU:1": lists separated by ';') replaces these, e.g. for a GPU
+# (tools/gpu_check.py)
+LISTS = [d.strip() for d in os.environ.get("TGC_TEST_DEVICE_LISTS", "").split(";") if d.strip()] or \
+    ["CPU:0,CPU:1", "CPU:0,CPU:1,CPU:2", "PYTHON:0,PYTHON:1"]
 
 
 @pytest.fixture(params=LISTS)

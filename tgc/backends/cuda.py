@@ -543,6 +543,13 @@ class CUDADevice(Device):
         ok, why, _ = _driver_probe()
         return ok, why
 
+    @classmethod
+    def device_count(cls) -> int | None:
+        """How many GPUs the driver reports (`CUDA:0` .. `CUDA:n-1`), or None without a usable driver: then
+        any index is accepted, since kernels for `CUDA:i` still compile, and running says why it cannot."""
+        ok, _, count = _driver_probe()
+        return count if ok else None
+
     @property
     def compiler(self) -> NVRTCCompiler | None:  # type: ignore[override]
         return nvrtc_compiler(self.arch) if nvrtc_error() is None else None
@@ -660,6 +667,11 @@ class CUDADevice(Device):
             out["available"], out["reason"] = False, why
             return out
         out["available"] = True
+        count = self.device_count() or 0
+        out["device_count"] = count
+        out["device_list"] = (f"CUDA:0 .. CUDA:{count - 1} ({count} GPUs), each its own device in a device list"
+                              if count > 1 else "CUDA:0 (1 GPU); a device list pairs it with another kind "
+                              "(CUDA:0,CPU:1)")
         try:
             out.update(self._gpu_info())
         except (DeviceError, RuntimeError) as e:
