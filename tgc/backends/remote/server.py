@@ -337,7 +337,7 @@ class RemoteServer:
     def allocator(self) -> Any:
         """Where session buffers live: the shared arena for the CPU, else the device's allocator."""
         if not self.uses_launch_workers:
-            return self.allocator
+            return self.device.allocator
         with self._workers_lock:
             if self._arena is None:
                 from tgc.backends.remote.launcher import LaunchWorkers, SharedArena
