@@ -150,17 +150,17 @@ def test_a_kernel_that_never_returns_is_stopped_at_the_deadline_while_another_cl
     srv, sid = deadline_server, "spin-loop-0123456789"
     other = _Other(srv.port)
     _load(srv.port, sid, SPIN_SRC, "spin")
-    for _ in range(2):  # twice: the killed worker is replaced
-        _ready(srv)
-        req = P.ProgramExec(prog=1, bufs=(1,), global_size=(1, 1, 1), wait=True)
-        (status, kind, body), took, other_first = _while_running(srv, sid, batch(req), other)
-        assert (status, kind) == (408, "limit"), body
-        assert b"request time limit of 1.5s" in body and b"the kernel was stopped (its worker process killed)" in body
-        assert other_first, "the other client waited for the spinning kernel"
-        assert took < DEADLINE + 3, took
-        results, blobs = _ok(srv.port, sid, P.CopyOut(buf=1))  # served next; the kernel had counted on
-        assert np.frombuffer(blobs[results[0]], np.int32)[0] != 0
-    assert srv.launchers.kills == 2
+    _ready(srv)
+    req = P.ProgramExec(prog=1, bufs=(1,), global_size=(1, 1, 1), wait=True)
+    (status, kind, body), took, other_first = _while_running(srv, sid, batch(req), other)
+    assert (status, kind) == (408, "limit"), body
+    assert b"request time limit of 1.5s" in body and b"the kernel was stopped (its worker process killed)" in body
+    assert other_first, "the other client waited for the spinning kernel"
+    assert took < DEADLINE + 3, took
+    assert srv.launchers.kills == 1
+    results, blobs = _ok(srv.port, sid, P.CopyOut(buf=1))  # served next; the kernel had counted on
+    assert np.frombuffer(blobs[results[0]], np.int32)[0] != 0
+    _ready(srv)  # a fresh worker replaces the killed one
     other.run(3)
 
 
@@ -320,7 +320,7 @@ def test_a_server_that_stops_mid_kernel_leaves_no_worker_running(how):
         def spin() -> None:
             try:
                 post(srv.port, batch(P.ProgramExec(prog=1, bufs=(1,), global_size=(1, 1, 1))), session=sid)
-            except OSError:  # the server went away: no answer
+            except Exception:  # the server went away: no answer (or half of one)
                 pass
 
         threading.Thread(target=spin, daemon=True).start()
