@@ -317,6 +317,8 @@ class LaunchWorkers:
                 worker.kill()
                 self.kills += 1
                 raise LaunchTimeout("the kernel was stopped (its worker process killed)", started=True)
+            if not ans.get("ok") and "late" not in ans:
+                worker.loaded.clear()  # it may have loaded some of the kernels: send them all again next time
             keep = worker
         finally:
             self._release(keep)
