@@ -225,7 +225,7 @@ class LaunchWorkers:
         self.kills = 0  # workers killed at a deadline (for tests and logs)
 
     def ready(self) -> bool:
-        """Whether every worker is started and idle."""
+        """Whether every worker is started, ready and idle."""
         with self.cond:
             return len(self.idle) == self.capacity
 
@@ -244,10 +244,22 @@ class LaunchWorkers:
                 return
             self._release(worker)
 
+    STARTUP = 60.0  # seconds a new worker may take to say it is ready (imports on a busy machine)
+
     def _new(self) -> _Worker:
+        """A started worker that has said it is ready (it has mapped the arena and imported the CPU device)."""
         worker = _Worker(self.arena)
         with self.cond:
             self.all.add(worker)
+        try:
+            ready = worker.answer(time.monotonic() + self.STARTUP)
+        except (OSError, EOFError, ValueError):
+            ready = None
+        if not (ready or {}).get("ready"):
+            with self.cond:
+                self.all.discard(worker)
+            worker.kill()
+            raise RuntimeError("a launch worker did not start")
         return worker
 
     def _acquire(self, deadline: float) -> _Worker | None:
@@ -305,6 +317,8 @@ class LaunchWorkers:
                 worker.kill()
                 self.kills += 1
                 raise LaunchTimeout("the kernel was stopped (its worker process killed)", started=True)
+            if not ans.get("ok") and "late" not in ans:
+                worker.loaded.clear()  # it may have loaded some of the kernels: send them all again next time
             keep = worker
         finally:
             self._release(keep)
@@ -362,8 +376,11 @@ def main() -> None:
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     sys.stdout = sys.stderr  # nothing else may write into the answers
     from tgc.backends.cpu import CPUDevice
+    from tgc.backends.elf import load_object  # noqa: F401 (imported now, not in the first launch's time)
     dev = CPUDevice(0)
     programs: dict[str, Any] = {}
+    out.write(b'{"ready": true}\n')
+    out.flush()
     for line in sys.stdin.buffer:
         msg = json.loads(line)
         try:

@@ -337,7 +337,7 @@ class RemoteServer:
     def allocator(self) -> Any:
         """Where session buffers live: the shared arena for the CPU, else the device's allocator."""
         if not self.uses_launch_workers:
-            return self.allocator
+            return self.device.allocator
         with self._workers_lock:
             if self._arena is None:
                 from tgc.backends.remote.launcher import LaunchWorkers, SharedArena
@@ -694,7 +694,7 @@ class RemoteServer:
         self.allocator.copyout(memoryview(data), src.handle)
         self.allocator.copyin(dest.handle, memoryview(data))
 
-    def _compile_text(self, src: str, op: str = "compile") -> bytes:
+    def _compile_text(self, src: str, op: str = "compile", deadline: float | None = None) -> bytes:
         """Compile (or list the assembly of) `src` with the device's compiler. For the CPU it runs in a worker
         process, so that a compiler that aborts (LLVM's fatal errors) loses that process, not the server."""
         dev = self.device
@@ -708,7 +708,8 @@ class RemoteServer:
             workers = self._workers
         fut = workers.submit(dev.kind, src, op)
         try:
-            return fut.result(timeout=max(self.limits.request_time, 1.0))
+            left = self.limits.request_time if deadline is None else deadline - time.monotonic()
+            return fut.result(timeout=max(left, 0.05))
         except TimeoutError:
             workers.kill()
             raise Refusal(408, "limit", f"the compiler ran past the request time limit of "
@@ -738,7 +739,7 @@ class RemoteServer:
             entry = self._compiled.get(key)
         if entry is None:  # (compiled outside the lock: two sessions compiling one source both get it)
             try:
-                entry = (True, self._compile_text(req.src))
+                entry = (True, self._compile_text(req.src, deadline=session.deadline))
             except Refusal as r:
                 if r.kind != "compile" or r.msg.startswith("the compiler crashed"):  # (not kept: maybe another's)
                     raise
@@ -771,8 +772,8 @@ class RemoteServer:
         comp = self._compiler()
         try:
             if comp.source_assembly:
-                return self._compile_text(req.src, "assembly").decode("utf-8", "replace")
-            return str(comp.disassemble(self._compile_text(req.src)))
+                return self._compile_text(req.src, "assembly", session.deadline).decode("utf-8", "replace")
+            return str(comp.disassemble(self._compile_text(req.src, deadline=session.deadline)))
         except NotImplementedError:
             raise Refusal(400, "device", f"the {comp.name} compiler cannot show assembly") from None
         except Refusal:
