@@ -587,3 +587,33 @@ def test_run_never_writes_an_output_over_the_program_or_package(tmp_path):
     r = _cli("run", str(pkg), "--random", "-o", f"out0={pkg}")
     assert r.returncode == 2 and "would overwrite the program" in r.stderr, r.stderr
     assert pkg.read_bytes() == before
+
+
+def test_packages_signed_with_a_users_key(tmp_path, monkeypatch):
+    """With TGC_PACKAGE_KEY, packages are written with an HMAC of their content hash and every package loaded must
+    carry that key's: an unsigned one, one signed with another key, and one edited with its hashes fixed (the
+    signature no longer matches) are refused (exit 2). Without it the signature is not needed."""
+    key, other = tmp_path / "key", tmp_path / "other"
+    key.write_text("a secret of my own\n")
+    other.write_text("someone else's\n")
+    prog = tgc.loads("x: f32[N]\nreturn x * 2\n")
+    plain = package.build(prog, "CPU", {"N": 4})
+    monkeypatch.setenv("TGC_PACKAGE_KEY", str(key))
+    signed = package.build(prog, "CPU", {"N": 4})
+    x = np.arange(4, dtype=np.float32)
+    np.testing.assert_array_equal(loads_package(signed, "s.tgpkg").run(x=x)["out0"], x * 2)
+    _refused(plain, "carries no signature")
+    _refused(_rezip(signed, lambda m: m["kernels"][0].update(name="edited")), "is not signed with that key")
+    monkeypatch.setenv("TGC_PACKAGE_KEY", str(other))
+    _refused(signed, "is not signed with that key")
+    path = tmp_path / "s.tgpkg"
+    path.write_bytes(signed)
+    r = subprocess.run([*TGC, "inspect", str(path)], capture_output=True, text=True, timeout=120,
+                       env={**_env(), "TGC_PACKAGE_KEY": str(other)})
+    assert r.returncode == 2 and "TGC_PACKAGE_KEY" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    monkeypatch.delenv("TGC_PACKAGE_KEY")
+    assert loads_package(plain, "p.tgpkg") and loads_package(signed, "s.tgpkg")
+    monkeypatch.setenv("TGC_PACKAGE_KEY", str(tmp_path / "missing"))
+    with pytest.raises(tgc.TgcError, match="cannot read the package key file") as e:
+        loads_package(signed, "s.tgpkg")
+    assert e.value.exit_code == 2
