@@ -295,17 +295,19 @@ def _set_kernel(i: int, **fields):
     (_set_kernel(0, bufs=[0, 5, 1, 2]), "writes input 'x'"),
     (lambda m: m["memory"].update(inplace=[[7, 4]]), "writes over an input"),
 ])
-def test_launches_that_break_their_kernels_contract_are_refused(mlp_pkg, tmp_path, edit, match):
+def test_launches_that_break_their_kernels_contract_are_refused(mlp_pkg, edit, match):
     """Issue 25: a manifest edited with its hashes fixed (binaries unchanged) launched a kernel with another grid,
     buffer count, buffer sizes or values (segfaults, wrong output with exit 0), wrote into the caller's input
     (read in place), or ran the graph runner as a kernel (a hang). Every launch is checked against the launch
     contract that ends its kernel's source, and no kernel may write an input: refused on load, exit 2."""
-    data = _rezip(mlp_pkg.read_bytes(), edit)
-    _refused(data, match)
+    _refused(_rezip(mlp_pkg.read_bytes(), edit), match)
+
+
+def test_cli_refuses_a_launch_that_breaks_its_contract_with_exit_2(mlp_pkg, tmp_path):
     bad = tmp_path / "bad.tgpkg"
-    bad.write_bytes(data)
-    r = _cli("inspect", str(bad))
-    assert r.returncode == 2 and "Traceback" not in r.stderr and r.stderr.startswith("error:"), r.stderr
+    bad.write_bytes(_rezip(mlp_pkg.read_bytes(), _set_kernel(0, global_size=[64, 1, 1])))
+    r = _cli("run", str(bad), "--random")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "larger than the kernel's" in r.stderr, r.stderr
 
 
 def test_a_source_without_its_launch_contract_is_refused(mlp_pkg):
