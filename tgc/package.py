@@ -1381,6 +1381,10 @@ class SymbolicPackage:
         for i, c in enumerate(self.classes):
             dims = {n: (c.min[n] if v == "n" else 1) for n, v in c.cls.items()}
             # at the probe sizes the kernels were built at, every buffer must hold what their launch contracts state
+            if "probe" not in c.doc:  # (symbolic packages written before the probe was recorded)
+                raise PackageError(f"{path}: not a usable package: class {i} does not record the sizes its kernels "
+                                   "were built at, which are checked against their launch contracts",
+                                   hint="compile the package again with this tgc")
             probe = _obj(c.doc.get("probe"), f"class {i} probe", path)
             probe = {n: _int(probe.get(n), f"class {i} probe {n}", path, 1, MAX_DIM) for n in self.dims_names}
             if any(probe[n] != 1 if v == "1" else not 2 <= probe[n] <= c.max[n] for n, v in c.cls.items()):
