@@ -295,17 +295,19 @@ def _set_kernel(i: int, **fields):
     (_set_kernel(0, bufs=[0, 5, 1, 2]), "writes input 'x'"),
     (lambda m: m["memory"].update(inplace=[[7, 4]]), "writes over an input"),
 ])
-def test_launches_that_break_their_kernels_contract_are_refused(mlp_pkg, tmp_path, edit, match):
+def test_launches_that_break_their_kernels_contract_are_refused(mlp_pkg, edit, match):
     """Issue 25: a manifest edited with its hashes fixed (binaries unchanged) launched a kernel with another grid,
     buffer count, buffer sizes or values (segfaults, wrong output with exit 0), wrote into the caller's input
     (read in place), or ran the graph runner as a kernel (a hang). Every launch is checked against the launch
     contract that ends its kernel's source, and no kernel may write an input: refused on load, exit 2."""
-    data = _rezip(mlp_pkg.read_bytes(), edit)
-    _refused(data, match)
+    _refused(_rezip(mlp_pkg.read_bytes(), edit), match)
+
+
+def test_cli_refuses_a_launch_that_breaks_its_contract_with_exit_2(mlp_pkg, tmp_path):
     bad = tmp_path / "bad.tgpkg"
-    bad.write_bytes(data)
-    r = _cli("inspect", str(bad))
-    assert r.returncode == 2 and "Traceback" not in r.stderr and r.stderr.startswith("error:"), r.stderr
+    bad.write_bytes(_rezip(mlp_pkg.read_bytes(), _set_kernel(0, global_size=[64, 1, 1])))
+    r = _cli("run", str(bad), "--random")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "larger than the kernel's" in r.stderr, r.stderr
 
 
 def test_a_source_without_its_launch_contract_is_refused(mlp_pkg):
@@ -587,3 +589,33 @@ def test_run_never_writes_an_output_over_the_program_or_package(tmp_path):
     r = _cli("run", str(pkg), "--random", "-o", f"out0={pkg}")
     assert r.returncode == 2 and "would overwrite the program" in r.stderr, r.stderr
     assert pkg.read_bytes() == before
+
+
+def test_packages_signed_with_a_users_key(tmp_path, monkeypatch):
+    """With TGC_PACKAGE_KEY, packages are written with an HMAC of their content hash and every package loaded must
+    carry that key's: an unsigned one, one signed with another key, and one edited with its hashes fixed (the
+    signature no longer matches) are refused (exit 2). Without it the signature is not needed."""
+    key, other = tmp_path / "key", tmp_path / "other"
+    key.write_text("a secret of my own\n")
+    other.write_text("someone else's\n")
+    prog = tgc.loads("x: f32[N]\nreturn x * 2\n")
+    plain = package.build(prog, "CPU", {"N": 4})
+    monkeypatch.setenv("TGC_PACKAGE_KEY", str(key))
+    signed = package.build(prog, "CPU", {"N": 4})
+    x = np.arange(4, dtype=np.float32)
+    np.testing.assert_array_equal(loads_package(signed, "s.tgpkg").run(x=x)["out0"], x * 2)
+    _refused(plain, "carries no signature")
+    _refused(_rezip(signed, lambda m: m["kernels"][0].update(name="edited")), "is not signed with that key")
+    monkeypatch.setenv("TGC_PACKAGE_KEY", str(other))
+    _refused(signed, "is not signed with that key")
+    path = tmp_path / "s.tgpkg"
+    path.write_bytes(signed)
+    r = subprocess.run([*TGC, "inspect", str(path)], capture_output=True, text=True, timeout=120,
+                       env={**_env(), "TGC_PACKAGE_KEY": str(other)})
+    assert r.returncode == 2 and "TGC_PACKAGE_KEY" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    monkeypatch.delenv("TGC_PACKAGE_KEY")
+    assert loads_package(plain, "p.tgpkg") and loads_package(signed, "s.tgpkg")
+    monkeypatch.setenv("TGC_PACKAGE_KEY", str(tmp_path / "missing"))
+    with pytest.raises(tgc.TgcError, match="cannot read the package key file") as e:
+        loads_package(signed, "s.tgpkg")
+    assert e.value.exit_code == 2

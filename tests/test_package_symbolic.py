@@ -234,7 +234,8 @@ def test_damaged_symbolic_manifests_are_refused(sm_pkg):
                         (bad_slot, "buffers fit|memory plan"), (dropped_kernel, "no kernel uses|used by no kernel"),
                         (extra_value, "values .its launch contract."), (bigger_grid, "larger than the kernel's"),
                         (graph_runner, "not a kernel binary"), (smaller_buffer, "the kernel needs"),
-                        (lambda m: m["symbolic"]["classes"][0].pop("probe"), "probe is not an object")):
+                        (lambda m: m["symbolic"]["classes"][0].pop("probe"), "does not record the sizes"),
+                        (lambda m: m["symbolic"]["classes"][0].update(probe=[1]), "probe is not an object")):
         with pytest.raises(PackageError, match=match):
             loads_package(_rezip(data, edit), "p.tgpkg")
 

@@ -79,6 +79,8 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in (
     EnvVar("TGC_REMOTE", "str", "host:port of the REMOTE server (a comma list: REMOTE:i is the i-th)", _remote),
     EnvVar("TGC_REMOTE_TOKEN", "str", "the token sent to the REMOTE server"),
     EnvVar("TGC_REMOTE_TOKEN_FILE", "str", "a file holding that token (or lines `HOST:PORT TOKEN`, one per server)"),
+    EnvVar("TGC_PACKAGE_KEY", "str", "a file holding a secret key: `compile --package` signs packages with it "
+           "(HMAC-SHA256) and every package loaded must carry that signature"),
     EnvVar("TGC_REMOTE_TIMEOUT", "float", "seconds to wait for a REMOTE answer (a finite number > 0; default 120)"),
     EnvVar("TGC_REMOTE_RETRY", "float", "seconds to keep retrying a refused REMOTE connection (>= 0; default 3)"),
     EnvVar("DEBUG", "int", "0..6 (2: a line per kernel run and per graph run, 4: sources, 5: UOps, 6: each codegen "

@@ -31,6 +31,7 @@ This module imports neither the compiler nor llvmlite on the load path (`load_pa
 from __future__ import annotations
 
 import hashlib
+import hmac
 import io
 import json
 import os
@@ -100,7 +101,33 @@ def canonical(doc: Any) -> bytes:
 
 
 def content_hash(manifest: dict) -> str:
-    return hashlib.sha256(canonical({k: v for k, v in manifest.items() if k != "content_hash"})).hexdigest()
+    return hashlib.sha256(canonical({k: v for k, v in manifest.items()
+                                     if k not in ("content_hash", SIGNATURE)})).hexdigest()
+
+
+SIGNATURE = "hmac"  # the manifest field of a signed package
+KEY_ENV = "TGC_PACKAGE_KEY"
+
+
+def package_key() -> bytes | None:
+    """The key in the file named by `TGC_PACKAGE_KEY` (None when unset): packages are signed with it when written
+    and must carry its signature when read. TgcError (exit 2) for a file that cannot be read or is empty."""
+    path = os.environ.get(KEY_ENV)
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            key = f.read(1 << 16).removeprefix(b"\xef\xbb\xbf").strip()
+    except OSError as e:
+        raise TgcError(f"cannot read the package key file '{path}' ({KEY_ENV}): {e.strerror or e}") from None
+    if not key:
+        raise TgcError(f"the package key file '{path}' ({KEY_ENV}) is empty")
+    return key
+
+
+def signature(key: bytes, content: str) -> str:
+    """A package's signature: HMAC-SHA256 of its content hash (which names every member's hash) with `key`."""
+    return hmac.new(key, content.encode(), hashlib.sha256).hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -338,6 +365,13 @@ def read_members(data: bytes, path: str) -> tuple[dict, dict[str, bytes]]:
     _check_format(manifest, path)
     if manifest.get("content_hash") != content_hash(manifest):
         raise _bad(path, "its content hash does not match its manifest")
+    key = package_key()
+    if key is not None:
+        got = manifest.get(SIGNATURE)
+        if not isinstance(got, str) or not hmac.compare_digest(got, signature(key, manifest["content_hash"])):
+            why = "carries no signature" if got is None else "is not signed with that key"
+            raise PackageError(f"{path} {why}, and {KEY_ENV} ({os.environ.get(KEY_ENV)}) requires its signature",
+                               hint=f"compile the package again with {KEY_ENV} set to the same key file")
     files = _obj(manifest.get("files"), "files", path)
     if set(files) != set(members):
         extra = sorted(set(members) - set(files)) or sorted(set(files) - set(members))
@@ -1252,6 +1286,9 @@ def _archive(prog: Any, dev: Any, version: int, body: dict, blobs: dict[str, byt
     if runner is not None:
         manifest["graph_runner"] = runner[0]
     manifest["content_hash"] = content_hash(manifest)
+    key = package_key()
+    if key is not None:
+        manifest[SIGNATURE] = signature(key, manifest["content_hash"])
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as z:
         for member, data in [(MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode()), *blobs.items()]:
@@ -1344,6 +1381,10 @@ class SymbolicPackage:
         for i, c in enumerate(self.classes):
             dims = {n: (c.min[n] if v == "n" else 1) for n, v in c.cls.items()}
             # at the probe sizes the kernels were built at, every buffer must hold what their launch contracts state
+            if "probe" not in c.doc:  # (symbolic packages written before the probe was recorded)
+                raise PackageError(f"{path}: not a usable package: class {i} does not record the sizes its kernels "
+                                   "were built at, which are checked against their launch contracts",
+                                   hint="compile the package again with this tgc")
             probe = _obj(c.doc.get("probe"), f"class {i} probe", path)
             probe = {n: _int(probe.get(n), f"class {i} probe {n}", path, 1, MAX_DIM) for n in self.dims_names}
             if any(probe[n] != 1 if v == "1" else not 2 <= probe[n] <= c.max[n] for n, v in c.cls.items()):
