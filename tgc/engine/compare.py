@@ -19,6 +19,9 @@ from typing import Any
 import numpy as np
 
 RTOL = {"f16": 1e-2, "bf16": 1e-2, "f32": 1e-4, "f64": 1e-7}
+# the unit roundoff of each float dtype, and how many times the error scale's estimate a result may be off
+UNIT_ROUNDOFF = {"f16": 2.0 ** -11, "bf16": 2.0 ** -8, "f32": 2.0 ** -24, "f64": 2.0 ** -53}
+ERROR_FACTOR = 64
 
 
 @dataclass
@@ -51,9 +54,10 @@ def _fmt(v: Any) -> str:
     return f"{float(v):.9g}"
 
 
-def compare(name: str, got: np.ndarray, ref: np.ndarray, dtype_name: str, rtol: float | None = None
-            ) -> tuple[Mismatch | None, float]:
-    """(None, worst error relative to its tolerance) when `got` matches `ref`, else (Mismatch, that ratio)."""
+def compare(name: str, got: np.ndarray, ref: np.ndarray, dtype_name: str, rtol: float | None = None,
+            scale: np.ndarray | None = None) -> tuple[Mismatch | None, float]:
+    """(None, worst error relative to its tolerance) when `got` matches `ref`, else (Mismatch, that ratio).
+    `scale`, where given, is the error scale of every element (`tgc.engine.reference.evaluate_with_scale`)."""
     got, ref = np.asarray(got), np.asarray(ref)
     if got.shape != ref.shape:
         return Mismatch(name, got.size, got.size, reason=f"shape {got.shape} but the reference has {ref.shape}"), 0.0
@@ -66,12 +70,15 @@ def compare(name: str, got: np.ndarray, ref: np.ndarray, dtype_name: str, rtol: 
             return None, 0.0
         idx = np.unravel_index(int(np.argmax(bad)), got.shape)
         return Mismatch(name, nbad, got.size, tuple(int(i) for i in idx), got[idx], ref[idx]), float("inf")
+    stat = ERROR_FACTOR * UNIT_ROUNDOFF[dtype_name] * (1.0 if rtol is None else rtol / RTOL[dtype_name])
     rtol = RTOL[dtype_name] if rtol is None else rtol
     with np.errstate(all="ignore"):
         g, r = got.astype(np.float64), ref.astype(np.float64)
         finite = np.abs(r[np.isfinite(r)])
-        scale = max(1.0, float(finite.max()) if finite.size else 0.0)
-        tol = rtol * (np.abs(r) + scale)
+        top = max(1.0, float(finite.max()) if finite.size else 0.0)
+        tol = rtol * (np.abs(r) + top)
+        if scale is not None:
+            tol = np.maximum(tol, stat * np.asarray(scale, dtype=np.float64))
         err = np.abs(g - r)
         same = (np.isnan(g) & np.isnan(r)) | (np.isinf(r) & (g == r))
         comparable = np.isfinite(r) & np.isfinite(g)
@@ -89,6 +96,7 @@ def compare(name: str, got: np.ndarray, ref: np.ndarray, dtype_name: str, rtol: 
 
 
 
-def matches(got: np.ndarray, ref: np.ndarray, dtype_name: str, rtol: float | None = None) -> bool:
+def matches(got: np.ndarray, ref: np.ndarray, dtype_name: str, rtol: float | None = None,
+            scale: np.ndarray | None = None) -> bool:
     """Whether `got` matches `ref` under the rule above (bf16 values as floats, not bits)."""
-    return compare("", got, ref, dtype_name, rtol)[0] is None
+    return compare("", got, ref, dtype_name, rtol, scale)[0] is None
