@@ -112,3 +112,23 @@ def test_transformer_block_b8_t256_c512_wrong_index_still_fails():
     right, wrong = WRONG["k read from q's slot"]
     bad = tgc.loads(BLOCK.read_text().replace(right, wrong)).run(device="CPU", dims=dims, inputs=arrays)
     assert _mismatches(bad, ref, scale)
+
+
+def test_error_scale_of_a_matmul_stays_near_the_inputs_size():
+    import tracemalloc
+
+    n = 384
+    prog = tgc.loads("a: f32[M, K]\nb: f32[K, N]\nreturn a @ b\n")
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
+    tracemalloc.start()
+    try:
+        ref, scale = prog.reference_with_scale(a=a, b=b)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * 2 * n * n * 8, peak  # no M x K x N product, for the values or their scale
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    # each product and each of the K partial sums rounds: (K + 1) * sum of squared products, root of it
+    np.testing.assert_allclose(scale["out0"], np.sqrt((n + 1) * ((a64 * a64) @ (b64 * b64))), rtol=1e-9)
+    np.testing.assert_allclose(ref["out0"], a64 @ b64, rtol=1e-12, atol=1e-12)
