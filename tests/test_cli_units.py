@@ -70,6 +70,10 @@ class FakeProgram:
         x, w = a["x"].astype(np.float64), a["w"].astype(np.float64)
         return {"y": x * w, "out1": x.sum(axis=1)}
 
+    def reference_with_scale(self, dims=None, **a):
+        ref = self.reference(dims, **a)
+        return ref, {k: np.abs(v) for k, v in ref.items()}  # elementwise work: the values' own size
+
     def run(self, device=None, dims=None, **a):
         self.calls.append(("run", device, dims))
         out = {k: v.astype(np.float32) for k, v in self.reference(dims, **a).items()}

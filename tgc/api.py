@@ -48,7 +48,7 @@ from tgc.engine.inputs import random_inputs
 from tgc.engine.multi import MultiLowered, bench_multi, run_multi
 from tgc.engine.multi import plan as plan_multi
 from tgc.engine.realize import LaunchPlans, Lowered, plan_for, run_chunked, to_user_array
-from tgc.engine.reference import evaluate
+from tgc.engine.reference import evaluate, evaluate_with_scale
 from tgc.engine.schedule import ScheduleItem, create_schedule, split_large_reduces
 from tgc.env import debug_level, env_flag, env_int
 from tgc.errors import BindError, CompileError, TgcError
@@ -622,6 +622,18 @@ class Program:
         outs, bufs = self._trace(dims)
         env = {b: arrays[self.inputs[b.arg[0]].name] for b in bufs}
         return {name: evaluate(o, env) for name, o in zip(self.output_names, outs)}
+
+    def reference_with_scale(self, dims: dict[str, int] | None = None, **inputs: Any
+                             ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """`reference`, and for each output the error scale of every element (`tgc.engine.reference`): the
+        tolerance `--check` allows an element grows with it (`tgc.engine.compare`)."""
+        dims, arrays = self.bind(inputs, dims, cast=True)
+        outs, bufs = self._trace(dims)
+        env = {b: arrays[self.inputs[b.arg[0]].name] for b in bufs}
+        values, scales = {}, {}
+        for name, o in zip(self.output_names, outs):
+            values[name], scales[name] = evaluate_with_scale(o, env)
+        return values, scales
 
     def output_types(self, dims: dict[str, int]) -> list[tuple[str, DType, tuple[int, ...]]]:
         outs, _ = self._trace(self.resolve_dims(dims))

@@ -494,8 +494,8 @@ def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[s
     if check:
         from tgc.cli.check import check_outputs
 
-        reference = prog.reference(dims=run_dims, **arrays)
-        bad, worst = check_outputs(results, reference, dtype_names, rtol)
+        reference, scales = prog.reference_with_scale(dims=run_dims, **arrays)
+        bad, worst = check_outputs(results, reference, dtype_names, rtol, scales)
         if bad:
             failure = TgcError("check failed: " + "\n  ".join(m.describe() for m in bad), kind="runtime",
                                hint=None if not specs else "no output file was written")

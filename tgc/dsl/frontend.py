@@ -2,6 +2,11 @@
 
 A file parses with Python's `ast` module; nothing is ever evaluated as Python. Every error is a
 `TgcError` with the file, line, column and span of the offending node.
+
+Functions (`def`) and loops (`for i in range(...)`) exist only while tracing: a call runs the function's body in
+a scope of its own and a loop runs its body once per value, so the graph is the one the written-out program
+builds (the same kernels). Loop bounds are Python ints when tracing (literals, dims, shapes); recursion is
+refused by `parse`. docs/LANGUAGE.md is the user's reference of the language.
 """
 
 from __future__ import annotations
@@ -632,8 +637,8 @@ _SYMBOLS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDi
 
 
 class _Unrolled:
-    """How many statements the program has run so far (loops unrolled, functions inlined), and the calls in
-    progress (for the error that a program is too long)."""
+    """How many statements the program has run so far, its loops unrolled and its functions inlined (for the
+    error that a program is too long to unroll)."""
 
     def __init__(self) -> None:
         self.statements = 0

@@ -3,12 +3,17 @@ check of every candidate against the unoptimized kernel, the API).
 
 Floats are compared per element with
 
-    |got - ref| <= rtol * (|ref| + S),    S = max(1, largest finite |ref| of that output)
+    |got - ref| <= max(rtol * (|ref| + S), ERROR_FACTOR * u * s),    S = max(1, largest finite |ref| of the output)
 
-with rtol 1e-4 for f32, 1e-2 for f16/bf16 and 1e-7 for f64 (`RTOL`). DSL.md measures reductions relative to
-the sum of the magnitudes of their terms, which a comparison of outputs does not see; S, the output's own
-scale, stands in for it, so an element near zero is not held to a relative bound its computation cannot meet.
-NaN matches NaN, an infinity matches the same infinity. Ints and bools must be equal.
+with rtol 1e-4 for f32, 1e-2 for f16/bf16 and 1e-7 for f64 (`RTOL`), u the dtype's unit roundoff and s the
+element's error scale where the caller has it (`tgc.engine.reference.evaluate_with_scale`: the error rounding
+gives each element, to first order, in units of u; a sum is measured against the magnitudes it adds up, as
+DSL.md asks, and so is everything computed from it). Without s (BEAM compares kernels of one shape, both
+float32) the first term alone applies: S, the output's own scale, stands in for the conditioning. ERROR_FACTOR
+(32) is the headroom over the estimate: the worst element of every example program on CPU and OpenCL came
+within a factor 10 of u * s, and a wrong index, a lost term or a swapped row still moves elements past it.
+`--rtol` scales both terms. NaN matches NaN, an infinity matches the same infinity. Ints and bools must be
+equal.
 """
 
 from __future__ import annotations
@@ -19,6 +24,9 @@ from typing import Any
 import numpy as np
 
 RTOL = {"f16": 1e-2, "bf16": 1e-2, "f32": 1e-4, "f64": 1e-7}
+# the unit roundoff of each float dtype, and how many times the error scale's estimate a result may be off
+UNIT_ROUNDOFF = {"f16": 2.0 ** -11, "bf16": 2.0 ** -8, "f32": 2.0 ** -24, "f64": 2.0 ** -53}
+ERROR_FACTOR = 32
 
 
 @dataclass
@@ -51,9 +59,10 @@ def _fmt(v: Any) -> str:
     return f"{float(v):.9g}"
 
 
-def compare(name: str, got: np.ndarray, ref: np.ndarray, dtype_name: str, rtol: float | None = None
-            ) -> tuple[Mismatch | None, float]:
-    """(None, worst error relative to its tolerance) when `got` matches `ref`, else (Mismatch, that ratio)."""
+def compare(name: str, got: np.ndarray, ref: np.ndarray, dtype_name: str, rtol: float | None = None,
+            scale: np.ndarray | None = None) -> tuple[Mismatch | None, float]:
+    """(None, worst error relative to its tolerance) when `got` matches `ref`, else (Mismatch, that ratio).
+    `scale`, where given, is the error scale of every element (`tgc.engine.reference.evaluate_with_scale`)."""
     got, ref = np.asarray(got), np.asarray(ref)
     if got.shape != ref.shape:
         return Mismatch(name, got.size, got.size, reason=f"shape {got.shape} but the reference has {ref.shape}"), 0.0
@@ -66,12 +75,15 @@ def compare(name: str, got: np.ndarray, ref: np.ndarray, dtype_name: str, rtol: 
             return None, 0.0
         idx = np.unravel_index(int(np.argmax(bad)), got.shape)
         return Mismatch(name, nbad, got.size, tuple(int(i) for i in idx), got[idx], ref[idx]), float("inf")
+    stat = ERROR_FACTOR * UNIT_ROUNDOFF[dtype_name] * (1.0 if rtol is None else rtol / RTOL[dtype_name])
     rtol = RTOL[dtype_name] if rtol is None else rtol
     with np.errstate(all="ignore"):
         g, r = got.astype(np.float64), ref.astype(np.float64)
         finite = np.abs(r[np.isfinite(r)])
-        scale = max(1.0, float(finite.max()) if finite.size else 0.0)
-        tol = rtol * (np.abs(r) + scale)
+        top = max(1.0, float(finite.max()) if finite.size else 0.0)
+        tol = rtol * (np.abs(r) + top)
+        if scale is not None:
+            tol = np.maximum(tol, stat * np.asarray(scale, dtype=np.float64))
         err = np.abs(g - r)
         same = (np.isnan(g) & np.isnan(r)) | (np.isinf(r) & (g == r))
         comparable = np.isfinite(r) & np.isfinite(g)
@@ -89,6 +101,7 @@ def compare(name: str, got: np.ndarray, ref: np.ndarray, dtype_name: str, rtol: 
 
 
 
-def matches(got: np.ndarray, ref: np.ndarray, dtype_name: str, rtol: float | None = None) -> bool:
+def matches(got: np.ndarray, ref: np.ndarray, dtype_name: str, rtol: float | None = None,
+            scale: np.ndarray | None = None) -> bool:
     """Whether `got` matches `ref` under the rule above (bf16 values as floats, not bits)."""
-    return compare("", got, ref, dtype_name, rtol)[0] is None
+    return compare("", got, ref, dtype_name, rtol, scale)[0] is None

@@ -67,19 +67,23 @@ def _contractions(order: list[UOp]) -> dict[UOp, list[UOp]]:
 _LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
-def _contract(a: np.ndarray, b: np.ndarray, axes: tuple[int, ...], nd: np.dtype) -> np.ndarray:
-    """`np.sum(a * b, axis=axes, keepdims=True)` without materializing `a * b`."""
+def _contract(a: np.ndarray, b: np.ndarray, axes: tuple[int, ...], nd: np.dtype, squares: bool | str = False
+              ) -> np.ndarray:
+    """`np.sum(a * b, axis=axes, keepdims=True)` without materializing `a * b`; with `squares`, of a^2 and b^2
+    (True), or of a and b^2 ("b"), or of a^2 and b ("a"), squared once the broadcast axes are dropped."""
     shape = np.broadcast_shapes(a.shape, b.shape)
     ndim = len(shape)
     if ndim > len(_LETTERS):
-        return np.sum(a * b, axis=axes, keepdims=True, dtype=nd)
+        sa = _sq(a) if squares is True or squares == "a" else a
+        sb = _sq(b) if squares is True or squares == "b" else b
+        return np.sum(sa * sb, axis=axes, keepdims=True, dtype=nd)
     reduced = {ax % ndim if ndim else ax for ax in axes}
     operands, subscripts, present = [], [], set()
-    for x in (a, b):
+    for which, x in (("a", a), ("b", b)):
         x = x.reshape((1,) * (ndim - x.ndim) + x.shape) if x.ndim < ndim else x
         keep = [i for i in range(ndim) if x.shape[i] != 1 and x.strides[i] != 0]
         index = tuple(slice(None) if i in keep else 0 for i in range(ndim))
-        operands.append(x[index])
+        operands.append(_sq(x[index]) if squares is True or squares == which else x[index])
         subscripts.append("".join(_LETTERS[i] for i in keep))
         present.update(keep)
     out_axes = [i for i in range(ndim) if i in present and i not in reduced]
@@ -149,3 +153,122 @@ def _eval(u: UOp, s: list[np.ndarray], env: dict[UOp, np.ndarray]) -> np.ndarray
         cd = u.src[1].dtype if op is Ops.WHERE else u.src[0].dtype
         return exec_alu(op, dtypes.f64 if cd.is_float else cd.scalar(), s)
     raise NotImplementedError(f"reference: {op}")
+
+
+# ------------------------------------------------------------------------------------------------ scales
+# `--check` measures a float output's error against the scale its computation gives it (`tgc.engine.compare`).
+# Beside the float64 values, a first-order error analysis in the statistical (root-sum-square) model: every
+# operation rounds its result by a relative error of about u (the unit roundoff), independently, and its
+# derivative carries its operands' errors forward. Each float node gets a variance s^2 (in units of u^2) with
+# u * s the size of the error rounding gives it:
+#
+# - an operation adds its own |result|^2 and its operands' variances times its derivative squared
+#   (a + b: sa^2 + sb^2; a * b: b^2 sa^2 + a^2 sb^2; exp: exp^2 sa^2; 1/a: sa^2 / a^4; ...);
+# - a sum of n terms adds the terms' variances and n times the sum of their squares (each addition rounds a
+#   partial sum), so a long reduction of cancelling terms (a matmul, a mean of centred data) is measured against
+#   the magnitudes it added up, as DSL.md asks, and so is everything computed from it (a softmax of large logits,
+#   a layernorm of nearly equal values);
+# - a max takes the variance of its largest element, `where` that of the value it picks; inputs, literals'
+#   exact values and int and bool results have none (a float literal rounds: |v|^2).
+
+
+def _sq(x: np.ndarray) -> np.ndarray:
+    x = x if x.dtype.kind == "f" else x.astype(np.float64)
+    return x * x
+
+
+def _var_alu(op: Ops, v: np.ndarray, x: list[np.ndarray], c: list[np.ndarray]) -> np.ndarray:
+    """The variance of one float ALU result `v` from its operands `x` and their variances `c` (first order)."""
+    v2 = _sq(v)
+    if op is Ops.NEG:
+        return c[0]
+    if op in (Ops.ADD, Ops.SUB):
+        return v2 + c[0] + c[1]
+    if op is Ops.MUL:
+        return v2 + c[0] * _sq(x[1]) + c[1] * _sq(x[0])
+    if op is Ops.FDIV:
+        return v2 + (c[0] + c[1] * v2) / _sq(x[1])
+    if op is Ops.RECIP:
+        return v2 + c[0] * v2 * v2
+    if op is Ops.SQRT:
+        return v2 + c[0] / (4 * v2)
+    if op is Ops.EXP2:
+        return v2 + v2 * np.log(2) ** 2 * c[0]
+    if op is Ops.LOG2:
+        return v2 + c[0] / (_sq(x[0]) * np.log(2) ** 2)
+    if op is Ops.SIN:
+        return v2 + c[0]
+    if op is Ops.MAX:
+        return np.where(x[0] >= x[1], c[0], c[1])
+    if op is Ops.WHERE:
+        return np.where(x[0], c[1], c[2])
+    if op is Ops.TRUNC:
+        return c[0]
+    if op in (Ops.MOD, Ops.IDIV):
+        return v2 + c[0] + c[1] * (_sq(x[0]) / _sq(x[1]))
+    return v2 + sum(c, np.zeros(()))  # any other float operation: its rounding and its sources' errors
+
+
+def _variance(u: UOp, v: np.ndarray, x: list[np.ndarray], c: list[np.ndarray]) -> np.ndarray:
+    op, arg, d = u.op, u.arg, u.dtype
+    if d is None or not d.is_float or op in (Ops.BUFFER, Ops.IOTA, Ops.BITCAST):
+        return np.zeros(())
+    if op is Ops.CONST:
+        return _sq(v)
+    if op is Ops.CAST:
+        return _sq(v) + (c[0] if u.src[0].dtype.is_float else 0)
+    if op in (Ops.CONTIGUOUS, Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.SHRINK, Ops.FLIP, Ops.STRIDE, Ops.WINDOW):
+        return _eval(u, [np.broadcast_to(c[0], x[0].shape)], {})  # moved as the values are
+    if op is Ops.PAD:
+        return np.pad(np.broadcast_to(c[0], x[0].shape), arg[0])
+    if op is Ops.REDUCE_AXIS:
+        rop, axes = arg
+        n = int(np.prod([x[0].shape[a] for a in axes]))
+        if rop is Ops.ADD:
+            return np.sum(n * _sq(x[0]) + c[0], axis=axes, keepdims=True)
+        if rop is Ops.MAX:  # the variance of the largest element (of the largest of ties)
+            return np.max(np.where(x[0] == v, c[0], 0.0), axis=axes, keepdims=True, initial=0.0)
+        rel = np.where(x[0] != 0, c[0] / np.where(x[0] != 0, _sq(x[0]), 1.0), 0.0)  # MUL: relative variances add
+        return _sq(v) * (n + np.sum(rel, axis=axes, keepdims=True))
+    if op in ALU:
+        return _var_alu(op, v, x, c)
+    return _sq(v)
+
+
+def evaluate_with_scale(root: UOp, env: dict[UOp, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(`evaluate(root, env)`, the error scale s of every element: rounding gives it an error of about u * s; see
+    above). Where the analysis has no finite answer (0 * inf) the scale is 0, so the output's own scale decides."""
+    order = root.toposort()
+    contractions = _contractions(order)
+    skipped = {n for chain in contractions.values() for n in chain}
+    memo: dict[UOp, np.ndarray] = {}
+    var: dict[UOp, np.ndarray] = {}
+    f64 = np.dtype(np.float64)
+    with np.errstate(all="ignore"):
+        for node in order:
+            if node in skipped:
+                continue
+            chain = contractions.get(node)
+            if chain is not None:
+                mul = chain[-1]
+                a, b = memo[mul.src[0]], memo[mul.src[1]]
+                memo[node] = _contract(a, b, node.arg[1], _np_dtype(node.dtype))
+                if not node.dtype.is_float:
+                    var[node] = np.zeros(())
+                    continue
+                shape = np.broadcast_shapes(a.shape, b.shape)
+                n = int(np.prod([shape[ax] for ax in node.arg[1]]))
+                # each product rounds and each partial sum of them: (n + 1) sum (a b)^2, plus the operands' errors
+                c = (n + 1) * _contract(a, b, node.arg[1], f64, squares=True)
+                ca, cb = var[mul.src[0]], var[mul.src[1]]
+                if ca.any():
+                    c = c + _contract(np.broadcast_to(ca, a.shape), b, node.arg[1], f64, squares="b")
+                if cb.any():
+                    c = c + _contract(a, np.broadcast_to(cb, b.shape), node.arg[1], f64, squares="a")
+                var[node] = c
+            else:
+                srcs = [memo[s] for s in node.src]
+                memo[node] = _eval(node, srcs, env)
+                var[node] = _variance(node, memo[node], srcs, [var[s] for s in node.src])
+    scale = np.sqrt(np.nan_to_num(np.asarray(var[root], dtype=np.float64), nan=0.0, posinf=np.inf))
+    return memo[root], np.broadcast_to(scale, memo[root].shape)
