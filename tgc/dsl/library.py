@@ -198,12 +198,12 @@ def gelu(x, approximate="none"):
 def clamp(x, min=None, max=None):  # noqa: A002 - torch's parameter names
     if min is None and max is None:
         raise DslError("clamp needs min or max (or both)")
-    t = _tensor(x)
+    x = t = _tensor(x)
     if min is not None:
         t = t.maximum(min)
     if max is not None:
         t = t.minimum(max)
-    return t
+    return isnan(x).where(x, t) if x.dtype.is_float else t  # nan stays nan, as in torch
 
 
 def astype(x, dtype):

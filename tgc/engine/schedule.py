@@ -299,6 +299,8 @@ def _clamped_index(j: UOp, n: int) -> UOp:
         j = UOp(Ops.CAST, INDEX, (j,))
     else:
         j = UOp(Ops.CAST, INDEX, (j,))
+        if j.vmax > (1 << 62):  # an i64 index: clamp from above first, so that j + n has 64-bit bounds
+            j = UOp(Ops.WHERE, INDEX, (UOp(Ops.CMPLT, dtypes.bool, (j, top)), j, top))
         j = UOp(Ops.WHERE, INDEX, (UOp(Ops.CMPLT, dtypes.bool, (j, UOp.const(INDEX, 0))),
                                    j + UOp.const(INDEX, n), j))
         j = UOp(Ops.MAX, INDEX, (j, UOp.const(INDEX, 0)))
