@@ -868,6 +868,11 @@ class _Compiler:
         return self.expr(node)
 
 
+def _item(whole: Thunk, k: int) -> Thunk:
+    """Item k of a tuple value (`a, b = split(x, 2)`); the tuple is computed once per item, as numpy views."""
+    return lambda env: whole(env)[k]
+
+
 def _has_array(key: Any) -> bool:
     return isinstance(key, np.ndarray) or (isinstance(key, tuple) and any(isinstance(k, np.ndarray) for k in key))
 
@@ -895,6 +900,13 @@ class NumpyProgram:
         compiler = _Compiler({decl.name for decl in parsed.inputs} | set(self._dim_names))
         self._steps: list[tuple[str, Thunk]] = []
         for stmt in parsed.body:
+            if isinstance(stmt, ast.Assign) and isinstance(stmt.targets[0], ast.Tuple):  # a, b = tuple value
+                names = [t.id for t in stmt.targets[0].elts]  # type: ignore[attr-defined]
+                whole = compiler.expr(stmt.value)
+                for k, name in enumerate(names):
+                    self._steps.append((name, _item(whole, k)))
+                    compiler.defined.add(name)
+                continue
             if isinstance(stmt, ast.Assign):
                 name, value = stmt.targets[0].id, stmt.value  # type: ignore[attr-defined]
             else:  # name op= expr, never in place: the name may still alias an input or another value

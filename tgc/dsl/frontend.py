@@ -252,11 +252,16 @@ def parse(source: str, filename: str = "<string>") -> Parsed:
             inputs.append(decl)
         elif isinstance(stmt, (ast.Assign, ast.AugAssign)):
             targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-            if len(targets) != 1 or not isinstance(targets[0], ast.Name):
+            unpack = isinstance(stmt, ast.Assign) and len(targets) == 1 and isinstance(targets[0], ast.Tuple)
+            names_left = targets[0].elts if unpack else targets  # `a, b = split(x, 2)` unpacks a tuple value
+            if len(targets) != 1 or not names_left or not all(isinstance(t, ast.Name) for t in names_left):
                 raise err.at(stmt, "an assignment needs exactly one name on the left", hint="write 'name = expr'")
-            if targets[0].id in seen_inputs:
-                raise err.at(targets[0], f"cannot assign to input '{targets[0].id}'",
-                             hint="inputs cannot be reassigned: use a new name")
+            if len({t.id for t in names_left}) != len(names_left):
+                raise err.at(targets[0], "a name appears twice on the left")
+            for t in names_left:
+                if t.id in seen_inputs:
+                    raise err.at(t, f"cannot assign to input '{t.id}'",
+                                 hint="inputs cannot be reassigned: use a new name")
             body.append(stmt)
         elif isinstance(stmt, ast.Return):
             if stmt.value is None:
@@ -278,10 +283,10 @@ def parse(source: str, filename: str = "<string>") -> Parsed:
             raise err.at(stmt.target, f"'{decl.name}' is both an input and a dim name",
                          hint="dim names are integer values in expressions: give the input another name")
     for stmt in body:
-        target = stmt.targets[0] if isinstance(stmt, ast.Assign) else stmt.target
-        if isinstance(target, ast.Name) and target.id in dims:
-            raise err.at(target, f"cannot assign to dim '{target.id}'",
-                         hint="a dim is the size the inputs give it: use a new name")
+        for target in assigned_names(stmt):
+            if target.id in dims:
+                raise err.at(target, f"cannot assign to dim '{target.id}'",
+                             hint="a dim is the size the inputs give it: use a new name")
     names: list[str] = []
     for i, r in enumerate(returns):
         name = r.id if isinstance(r, ast.Name) else f"out{i}"
@@ -305,6 +310,12 @@ def _string_arguments(node: ast.AST) -> set[int]:
                 if isinstance(a, ast.Constant) and isinstance(a.value, str):
                     out.add(id(a))
     return out
+
+
+def assigned_names(stmt: ast.stmt) -> list[ast.Name]:
+    """The names an assignment binds: one, or several for `a, b = value` (a tuple value, unpacked)."""
+    target = stmt.targets[0] if isinstance(stmt, ast.Assign) else stmt.target  # type: ignore[attr-defined]
+    return list(target.elts) if isinstance(target, ast.Tuple) else [target]
 
 
 def _check_constructs(node: ast.AST, err: _Errors) -> None:
@@ -457,7 +468,15 @@ def trace(parsed: Parsed, dims: dict[str, int], lines: dict[UOp, int] | None = N
         env[decl.name] = Tensor(buf)
     ev = _Evaluator(env, err)
     for stmt in parsed.body:
-        if isinstance(stmt, ast.Assign):
+        if isinstance(stmt, ast.Assign) and isinstance(stmt.targets[0], ast.Tuple):
+            value, names = ev.eval(stmt.value), assigned_names(stmt)
+            if not isinstance(value, tuple) or len(value) != len(names):
+                got = f"{len(value)} values" if isinstance(value, tuple) else _describe(value)
+                raise err.at(stmt, f"cannot unpack {got} into {len(names)} names")
+            for target, v in zip(names, value):
+                env[target.id] = v
+                note(v, stmt.lineno)
+        elif isinstance(stmt, ast.Assign):
             env[stmt.targets[0].id] = ev.eval(stmt.value)
             note(env[stmt.targets[0].id], stmt.lineno)
         else:  # augmented assignment: name op= expr
