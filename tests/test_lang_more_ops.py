@@ -16,7 +16,6 @@ import pytest
 from langkit import (
     ALL,
     FLOATS,
-    INTS,
     NP,
     assert_close,
     assert_exact,
@@ -32,7 +31,6 @@ from langkit import (
 import tgc
 from tgc.baselines.numpy_eval import numpy_program
 from tgc.codegen import verify
-from tgc.engine.schedule import create_schedule
 from tgc.ir.uop import Ops
 
 NUMERIC = [d for d in ALL if d != "bool"]
@@ -52,33 +50,37 @@ def want_dtype(name: str) -> type:
 # ------------------------------------------------------------------------------------------------ gathers
 
 GATHER_SRC = """x: {d}[V, D]
-ids: {i}[B, T]
+ids: i32[B, T]
 c: {d}[V, D, E]
-col: {i}[V, K]
-return x[ids], take(x, ids, axis=0), take(x, ids), x[ids, 1:4], x[:, ids], take_along_axis(x, col, axis=1), \
-    x[[0, 6, -1]], c[ids, 2], c[ids, :, ids], c[1, :, ids], take(x, 3, axis=1), c[..., ids]
+col: i32[V, K]
+return x[ids], take_along_axis(x, col, axis=1), c[ids, :, ids]{more}
 """
+GATHER_MORE = """, take(x, ids, axis=0), take(x, ids), x[ids, 1:4], x[:, ids], x[[0, 6, -1]], c[ids, 2], \
+    c[1, :, ids], take(x, 3, axis=1), c[..., ids]"""
 
 
 @pytest.mark.parametrize("dt", ALL)
 def test_gather_forms_every_dtype(device, dt):
+    """Three forms for every dtype, every form for three dtypes (kernels compile per dtype: kept few)."""
     rng = np.random.default_rng(10)
     v, d, e = 7, 5, 3
     x, c = rand(rng, (v, d), dt), rand(rng, (v, d, e), dt)
     ids = rng.integers(-10, 12, (2, 3)).astype(np.int32)  # in range, negative, and past either end
     col = rng.integers(-7, 8, (v, 4)).astype(np.int32)
-    out = run(GATHER_SRC.format(d=dt, i="i32"), device, x=x, ids=ids, c=c, col=col)
+    full = dt in ("f32", "i8", "bool")
+    out = run(GATHER_SRC.format(d=dt, more=GATHER_MORE if full else ""), device, x=x, ids=ids, c=c, col=col)
     r, rd = clamp_index(ids, v), clamp_index(ids, d)
     re = clamp_index(ids, e)
-    want = [x[r], x[r], x.reshape(-1)[clamp_index(ids, v * d)], x[r, 1:4], x[:, rd],
-            np.take_along_axis(x, clamp_index(col, d), axis=1), x[[0, 6, 6]], c[r, 2], c[r, :, re],
-            c[1, :, re], x[:, 3], c[..., re]]
+    want = [x[r], np.take_along_axis(x, clamp_index(col, d), axis=1), c[r, :, re]]
+    if full:
+        want += [x[r], x.reshape(-1)[clamp_index(ids, v * d)], x[r, 1:4], x[:, rd], x[[0, 6, 6]], c[r, 2],
+                 c[1, :, re], x[:, 3], c[..., re]]
     assert list(out) == [f"out{i}" for i in range(len(want))]
-    for (name, got), w in zip(out.items(), want):
+    for (_name, got), w in zip(out.items(), want):
         assert_exact(got, w, dt) if not is_float(dt) else assert_close(got, w, dt)
 
 
-@pytest.mark.parametrize("it", INTS)
+@pytest.mark.parametrize("it", ["i8", "u8", "u16", "i64", "u64"])
 def test_gather_index_dtypes(device, it):
     rng = np.random.default_rng(11)
     x = rng.standard_normal((9, 4)).astype(np.float32)
@@ -170,8 +172,13 @@ def _np_elementwise(x: np.ndarray) -> list[np.ndarray]:
 
 
 ELEMENTWISE_SRC = """x: {d}[N]
-return log1p(x), expm1(x), silu(x), softplus(x), softplus(x, beta=2, threshold=3), elu(x), elu(x, alpha=0.5), \
-    leaky_relu(x, 0.2), atan(x), gelu(x, approximate="tanh"), isnan(x), isinf(x), isfinite(x)"""
+return stack(log1p(x), expm1(x), silu(x), softplus(x), softplus(x, beta=2, threshold=3), elu(x), \
+    elu(x, alpha=0.5), leaky_relu(x, 0.2), atan(x), gelu(x, approximate="tanh")), \
+    stack(isnan(x), isinf(x), isfinite(x))"""
+
+
+def _unstacked(out: dict[str, np.ndarray]) -> list[np.ndarray]:
+    return [*out["out0"], *out["out1"]]
 
 
 @pytest.mark.parametrize("dt", FLOATS)
@@ -180,9 +187,9 @@ def test_float_elementwise(device, dt):
     x = to_dtype(np.concatenate([EDGES, rng.uniform(-6, 6, 40)]), dt)
     if dt == "f16":
         x = x.astype(np.float16)
-    out = run(ELEMENTWISE_SRC.format(d=dt), device, x=x)
+    out = _unstacked(run(ELEMENTWISE_SRC.format(d=dt), device, x=x))
     want = _np_elementwise(np.asarray(x, np.float64))
-    for (name, got), w in zip(out.items(), want):
+    for got, w in zip(out, want):
         if w.dtype == np.bool_:
             assert_exact(got, w, "bool")
         else:  # a result past the dtype's range is its infinity (f16: expm1(25))
@@ -191,13 +198,13 @@ def test_float_elementwise(device, dt):
             assert_close(got, w, dt)
 
 
-@pytest.mark.parametrize("dt", ["bool", "i8", "u8", "i32", "u64", "i64"])
+@pytest.mark.parametrize("dt", ["bool", "u8", "i64"])
 def test_elementwise_of_ints_is_f32(device, dt):
     rng = np.random.default_rng(15)
     x = rand(rng, (9,), dt, -5, 5)
-    out = run(ELEMENTWISE_SRC.format(d=dt), device, x=x)
+    out = _unstacked(run(ELEMENTWISE_SRC.format(d=dt), device, x=x))
     want = _np_elementwise(x.astype(np.float64))
-    for (name, got), w in zip(out.items(), want):
+    for got, w in zip(out, want):
         assert_exact(got, w, "bool") if w.dtype == np.bool_ else assert_close(got, w, "f32")
 
 
@@ -215,23 +222,24 @@ def test_atan2_quadrants_and_zeros(device, dt):
 def test_like_astype_clamp(device, dt):
     rng = np.random.default_rng(16)
     x = rand(rng, (3, 5), dt)
+    clamps = "clamp(x, min=1), clamp(x, max=2), clamp(x, 0, 2)" if dt != "bool" else "x, x, x"
     src = f"""x: {dt}[N, M]
-return zeros_like(x), ones_like(x), full_like(x, 3), full_like(x, 2.75, dtype=f32), zeros_like(x, dtype=i8), \
-    x.astype(f32), astype(x, i16), x.astype(bool)"""
+return stack(zeros_like(x), ones_like(x), full_like(x, 3), {clamps}), full_like(x, 2.75, dtype=f32), \
+    zeros_like(x, dtype=i8), x.astype(f32), astype(x, i16), x.astype(bool)"""
     out = run(src, device, x=x)
-    assert_result(out["out0"], np.zeros((3, 5)), dt)
-    assert_result(out["out1"], np.ones((3, 5)), dt)
-    assert_result(out["out2"], np.full((3, 5), True if dt == "bool" else 3), dt)
-    assert_close(out["out3"], np.full((3, 5), 2.75), "f32")
-    assert_exact(out["out4"], np.zeros((3, 5)), "i8")
-    assert_close(out["out5"], x.astype(np.float64), "f32")
-    assert_exact(out["out6"], x.astype(np.int16), "i16")
-    assert_exact(out["out7"], x != 0, "bool")
+    same = out["out0"]
+    assert_result(same[0], np.zeros((3, 5)), dt)
+    assert_result(same[1], np.ones((3, 5)), dt)
+    assert_result(same[2], np.full((3, 5), True if dt == "bool" else 3), dt)
     if dt != "bool":
-        got = run(f"x: {dt}[N, M]\nreturn clamp(x, min=1), clamp(x, max=2), clamp(x, 0, 2)", device, x=x)
-        assert_result(got["out0"], np.maximum(x, 1), dt)
-        assert_result(got["out1"], np.minimum(x, 2), dt)
-        assert_result(got["out2"], np.clip(x, 0, 2), dt)
+        assert_result(same[3], np.maximum(x, 1), dt)
+        assert_result(same[4], np.minimum(x, 2), dt)
+        assert_result(same[5], np.clip(x, 0, 2), dt)
+    assert_close(out["out1"], np.full((3, 5), 2.75), "f32")
+    assert_exact(out["out2"], np.zeros((3, 5)), "i8")
+    assert_close(out["out3"], x.astype(np.float64), "f32")
+    assert_exact(out["out4"], x.astype(np.int16), "i16")
+    assert_exact(out["out5"], x != 0, "bool")
 
 
 def test_clamp_keeps_nan(device):
@@ -243,22 +251,36 @@ def test_clamp_keeps_nan(device):
 # ------------------------------------------------------------------------------------------------ shapes
 
 
-@pytest.mark.parametrize("dt", ALL)
+@pytest.mark.parametrize("dt", ["bool", "i8", "u16", "i64", "f16", "bf16", "f32"])
 def test_tri_split_chunk_repeat_tile(device, dt):
+    """Every form for seven dtypes (movement ops are index math, the same for every dtype); the rest of the
+    dtypes in test_tri_repeat_tile_other_dtypes."""
     rng = np.random.default_rng(17)
     x = rand(rng, (2, 5, 7), dt)
     src = f"""x: {dt}[A, B, C]
 s = split(x, 7, axis=2)
 p = split(x, (1, 3, 10), axis=1)
-h = chunk(x, 3, axis=1)
-return tril(x), triu(x, 2), tril(x, -1), s[6], p[1], p[3], h[0], h[2], repeat(x, 3, axis=1), repeat(x, 2), \
+h0, h1, h2 = chunk(x, 3, axis=1)
+return stack(tril(x), triu(x, 2), tril(x, -1)), s[6], p[1], p[3], h0, h2, repeat(x, 3, axis=1), repeat(x, 2), \
     repeat(x, (2, 0, 1, 3, 1), axis=1), tile(x, 2), tile(x, (2, 1, 1, 3)), x.repeat(2, axis=-1)"""
     out = run(src, device, x=x)
-    want = [np.tril(x), np.triu(x, 2), np.tril(x, -1), np.split(x, 7, axis=2)[6], np.split(x, [1, 3, 10], axis=1)[1],
-            np.split(x, [1, 3, 10], axis=1)[3], x[:, 0:2], x[:, 4:5], np.repeat(x, 3, axis=1), np.repeat(x, 2),
-            np.repeat(x, (2, 0, 1, 3, 1), axis=1), np.tile(x, 2), np.tile(x, (2, 1, 1, 3)), np.repeat(x, 2, axis=-1)]
-    for (name, got), w in zip(out.items(), want):
+    want = [np.stack([np.tril(x), np.triu(x, 2), np.tril(x, -1)]), np.split(x, 7, axis=2)[6],
+            np.split(x, [1, 3, 10], axis=1)[1], np.split(x, [1, 3, 10], axis=1)[3], x[:, 0:2], x[:, 4:5],
+            np.repeat(x, 3, axis=1), np.repeat(x, 2), np.repeat(x, (2, 0, 1, 3, 1), axis=1), np.tile(x, 2),
+            np.tile(x, (2, 1, 1, 3)), np.repeat(x, 2, axis=-1)]
+    for (_name, got), w in zip(out.items(), want):
         assert_exact(got, w, dt) if not is_float(dt) else assert_close(got, w, dt)
+
+
+@pytest.mark.parametrize("dt", ["u8", "i16", "u32", "i32", "u64", "f64"])
+def test_tri_repeat_tile_other_dtypes(device, dt):
+    rng = np.random.default_rng(24)
+    x = rand(rng, (3, 4), dt)
+    out = run(f"x: {dt}[A, B]\nreturn stack(tril(x), triu(x, 1)), repeat(x, (1, 0, 2), axis=0), tile(x, (2, 1))",
+              device, x=x)
+    assert_result(out["out0"], np.stack([np.tril(x), np.triu(x, 1)]), dt)
+    assert_result(out["out1"], np.repeat(x, (1, 0, 2), axis=0), dt)
+    assert_result(out["out2"], np.tile(x, (2, 1)), dt)
 
 
 @pytest.mark.parametrize("dt", ALL)
@@ -285,18 +307,20 @@ def _scan_dtype(dt: str) -> str:
 def test_cumsum_cumprod_every_dtype(device, dt):
     rng = np.random.default_rng(19)
     x = rand(rng, (3, 37), dt, -3, 3)
-    out = run(f"x: {dt}[N, M]\nreturn cumsum(x, axis=1), cumsum(x), cumsum(x, axis=0), cumprod(x[:, :9], axis=1)",
-              device, x=x)
+    full = dt in ("i8", "f32", "bool")
+    more = ", cumsum(x), cumsum(x, axis=0)" if full else ""
+    out = run(f"x: {dt}[N, M]\nreturn cumsum(x, axis=1), cumprod(x[:, :9], axis=1){more}", device, x=x)
     od = _scan_dtype(dt)
     acc = np.float64 if is_float(dt) else NP[od]
     xs = x.astype(acc)
-    want = [np.cumsum(xs, axis=1), np.cumsum(xs), np.cumsum(xs, axis=0), np.cumprod(xs[:, :9], axis=1)]
+    want = [np.cumsum(xs, axis=1), np.cumprod(xs[:, :9], axis=1)]
+    want += [np.cumsum(xs), np.cumsum(xs, axis=0)] if full else []
     for (name, got), w in zip(out.items(), want):
         scale = np.cumsum(np.abs(xs), axis=1)[:, :w.shape[-1]] if name == "out0" else 40.0
         assert_result(got, w, od, scale=scale if name == "out0" else (np.max(np.abs(w)) + 1 if is_float(dt) else 1))
 
 
-@pytest.mark.parametrize("n", [1, 2, 31, 32, 33, 1025, 1500])
+@pytest.mark.parametrize("n", [1, 33, 1100])
 def test_cumsum_sizes(device, n):
     x = np.random.default_rng(n).integers(-50, 50, (2, n)).astype(np.int32)
     got = run1("x: i32[N, M]\nreturn cumsum(x, axis=1)", device, x=x)
@@ -331,12 +355,16 @@ EINSUM = [
 ]
 
 
-@pytest.mark.parametrize("dt", ["f32", "f16", "f64", "i32", "i8", "u16", "bool"])
+EINSUM_CORE = [EINSUM[0], EINSUM[3], EINSUM[8], EINSUM[10]]
+
+
+@pytest.mark.parametrize("dt", ["f32", "f16", "bf16", "f64", "i32", "i8", "u16", "u64", "bool"])
 def test_einsum(device, dt):
+    """Every form for f32, four (a matmul, a diagonal, an ellipsis, three operands) for other dtypes."""
     rng = np.random.default_rng(20)
     decls, lines, inputs, want = [], [], {}, []
     k = 0
-    for spec, shapes in EINSUM:
+    for spec, shapes in EINSUM if dt == "f32" else EINSUM_CORE:
         names = []
         for shp in shapes:
             name = f"a{k}"
@@ -350,7 +378,7 @@ def test_einsum(device, dt):
         lines.append(f"r{len(want) - 1} = einsum('{spec}', {', '.join(names)})")
     src = "\n".join(decls + lines) + "\nreturn " + ", ".join(f"r{i}" for i in range(len(want)))
     out = run(src, device, **inputs)
-    for (name, got), w in zip(out.items(), want):
+    for got, w in zip(out.values(), want):
         assert_result(got, np.asarray(w), dt, scale=np.max(np.abs(np.asarray(w, np.float64))) + 10)
 
 
@@ -373,18 +401,21 @@ def test_sort_argsort_topk_every_dtype(device, dt):
     if is_float(dt):
         x[0, [2, 7]] = np.nan
         x[1, 3], x[1, 4] = np.inf, -np.inf
+    full = dt in ("f32", "i32", "bool", "u8")  # every form; the others: sort, topk, a descending argsort
+    more = """, argsort(x), sort(x, axis=0), argsort(x, axis=None), sort(x, descending=True), b[0], b[1]"""
     src = f"""x: {dt}[N, M]
 t = topk(x, 4)
 b = topk(x, 2, axis=0, largest=False)
-return sort(x), argsort(x), sort(x, axis=0), argsort(x, axis=None), sort(x, descending=True), t[0], t[1], b[0], \
-    b[1], argsort(x, axis=0, descending=True)"""
+return sort(x), t[0], t[1], argsort(x, axis=0, descending=True){more if full else ""}"""
     out = run(src, device, x=x)
     asc1, asc0 = _np_argsort(x, 1, False), _np_argsort(x, 0, False)
     desc1 = _np_argsort(x, 1, True)
-    want = [np.take_along_axis(x, asc1, 1), asc1, np.take_along_axis(x, asc0, 0), _np_argsort(x.reshape(-1), 0, False),
-            np.take_along_axis(x, desc1, 1), np.take_along_axis(x, desc1[:, :4], 1), desc1[:, :4],
-            np.take_along_axis(x, asc0[:2], 0), asc0[:2], _np_argsort(x, 0, True)]
-    index_outputs = {"out1", "out3", "out6", "out8", "out9"}
+    want = [np.take_along_axis(x, asc1, 1), np.take_along_axis(x, desc1[:, :4], 1), desc1[:, :4],
+            _np_argsort(x, 0, True)]
+    if full:
+        want += [asc1, np.take_along_axis(x, asc0, 0), _np_argsort(x.reshape(-1), 0, False),
+                 np.take_along_axis(x, desc1, 1), np.take_along_axis(x, asc0[:2], 0), asc0[:2]]
+    index_outputs = {"out2", "out3", "out4", "out6", "out9"}
     for (name, got), w in zip(out.items(), want):
         if name in index_outputs:
             assert_exact(got, w, "i32")
@@ -416,6 +447,10 @@ return sort(x), argsort(x), sort(x, axis=0), argsort(x, axis=None), sort(x, desc
     ("x: f32[6]\ny = 'abc'\nreturn x", "strings are not part"),
     ("x: f32[6]\ni: i32[6]\ns: f32[5]\nreturn scatter_add(x, 0, i, s)", "broadcast"),
     ("x: f32[6]\nreturn cumsum(x, axis=1)", "out of range"),
+    ("x: f32[6]\na, b = split(x, 3)\nreturn a", "cannot unpack 3 values into 2 names"),
+    ("x: f32[6]\na, b = x\nreturn a", "cannot unpack a tensor"),
+    ("x: f32[6]\na, a = split(x, 2)\nreturn a", "appears twice"),
+    ("x: f32[6]\nx, b = split(x, 2)\nreturn b", "cannot assign to input"),
 ])
 def test_errors(src, message):
     e = source_error(src)
@@ -428,8 +463,9 @@ def test_errors(src, message):
 ALL_OPS_SRC = """x: f32[N, M]
 i: i32[K]
 y = x * 2
-return x[i], take(x, i, axis=1), take_along_axis(x, i[None, :] % M, axis=1), scatter_add(x, 1, i[None, :] % M, y[:, :K]), \
-    log1p(abs(x)), expm1(x), silu(x), softplus(x), elu(x), leaky_relu(x), atan(x), atan2(x, y + 1), \
+return x[i], take(x, i, axis=1), take_along_axis(x, i[None, :] % M, axis=1), \
+    scatter_add(x, 1, i[None, :] % M, y[:, :K]), log1p(abs(x)), expm1(x), silu(x), softplus(x), elu(x), \
+    leaky_relu(x), atan(x), atan2(x, y + 1), \
     gelu(x, approximate="tanh"), isnan(x), isinf(x), isfinite(x), clamp(x, min=0), zeros_like(x), ones_like(x), \
     full_like(x, 2), x.astype(i32), any(x > 0, axis=1), all(x > -9), tril(x), triu(x, 1), split(x, 2, axis=0)[1], \
     chunk(x, 3, axis=1)[2], repeat(x, 2, axis=1), tile(x, (2, 1)), cumsum(x, axis=1), cumprod(x, axis=0), \
@@ -505,7 +541,7 @@ def test_fuzz_new_ops(device, seed):
     picked = list(rng.choice(names, 6, replace=False))
     src = f"x: {dt}[N, M]\ni: i32[K]\nreturn " + ", ".join(FUZZ_OPS[nm][0] for nm in picked)
     out = run(src, device, x=x, i=i)
-    for (name, got), nm in zip(out.items(), picked):
+    for (_name, got), nm in zip(out.items(), picked):
         w = FUZZ_OPS[nm][1](x, i)
         if nm in ("cumsum0", "cumsum1") or nm == "einsum":
             w = np.asarray(w).astype(np.float64 if is_float(dt) else NP[_scan_dtype(dt)])

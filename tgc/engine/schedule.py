@@ -58,7 +58,10 @@ def _costs_at_least(node: UOp, realized: set[UOp], need: int) -> bool:
 def _broadcast_factor(node: UOp, child: UOp | None = None) -> int:
     """How many times an EXPAND or WINDOW reads each element of its source, or a GATHER each element of its
     values on average (1 for other nodes)."""
-    if (node.op not in _EXPANDING and node.op is not Ops.GATHER) or (node.op is Ops.GATHER and child is not node.src[0]):
+    if node.op is Ops.GATHER:
+        if child is not node.src[0]:
+            return 1
+    elif node.op not in _EXPANDING:
         return 1
     return max(1, prod(shape_of(node)) // max(1, prod(shape_of(node.src[0]))))
 
