@@ -301,11 +301,13 @@ def parse(source: str, filename: str = "<string>") -> Parsed:
 
 
 def _string_arguments(node: ast.AST) -> set[int]:
-    """The ids of string literals that are function arguments (einsum's subscripts, gelu's approximate=):
-    the only place a string is part of the language."""
+    """The ids of string literals that are arguments of the functions that take strings (einsum's subscripts,
+    gelu's approximate=): the only place a string is part of the language."""
     out: set[int] = set()
     for sub in ast.walk(node):
-        if isinstance(sub, ast.Call):
+        name = sub.func.id if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) else \
+            sub.func.attr if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) else None
+        if name in functions.TAKES_STRINGS:
             for a in [*sub.args, *(kw.value for kw in sub.keywords)]:
                 if isinstance(a, ast.Constant) and isinstance(a.value, str):
                     out.add(id(a))

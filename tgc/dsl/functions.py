@@ -260,7 +260,7 @@ def getitem(x: Tensor, index: Any) -> Tensor:
     `tgc.dsl.indexing`)."""
     items = list(index) if isinstance(index, tuple) else [index]
     if any(isinstance(i, Tensor) for i in items):
-        return indexing.advanced_getitem(x, items)
+        return indexing.advanced_getitem(x, items, getitem)
     if sum(1 for i in items if i is Ellipsis) > 1:
         raise DslError("an index can only have a single ellipsis ('...')")
     consumed = sum(1 for i in items if i is not None and i is not Ellipsis)
@@ -319,5 +319,6 @@ FUNCTIONS: dict[str, Callable] = {
 }
 # functions whose first argument is not a tensor: no method form (`x.cat(y, axis=1)` is cat(x, y, axis=1))
 NOT_METHODS = {"zeros", "ones", "full", "arange", "eye", *library.NOT_METHODS}
+TAKES_STRINGS = library.TAKES_STRINGS  # the only functions a string literal may be passed to
 
-__all__ = ["FUNCTIONS", "NOT_METHODS", "getitem", "where", "broadcast_shapes"]
+__all__ = ["FUNCTIONS", "NOT_METHODS", "TAKES_STRINGS", "getitem", "where", "broadcast_shapes"]

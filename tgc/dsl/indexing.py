@@ -10,10 +10,11 @@ known at compile time (Python ints in an index) are checked instead: out of rang
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from tgc.dsl.tensor import DslError, Tensor, _shape_error, broadcast_shapes
-from tgc.dtype import dtypes, promote
+from tgc.dtype import dtypes
 from tgc.ir.shapes import prod
 from tgc.ir.uop import Ops, UOp
 
@@ -112,10 +113,10 @@ def _wrap_clamp(idx: Tensor, n: int) -> Tensor:
     return i.maximum(0).minimum(n - 1)
 
 
-def advanced_getitem(x: Tensor, items: list[Any]) -> Tensor:
-    """numpy indexing where some items are int tensors (or tuples of ints): ints and tensors broadcast together;
-    their result dims go where the first of them is when they are adjacent, else first (numpy's rule)."""
-    from tgc.dsl.functions import getitem  # basic indexing (functions imports this module)
+def advanced_getitem(x: Tensor, items: list[Any], getitem: Callable[[Tensor, Any], Tensor]) -> Tensor:
+    """numpy indexing where some items are int tensors: ints and tensors broadcast together; their result dims
+    go where the first of them is when they are adjacent, else first (numpy's rule). `getitem` does the basic
+    indexing (slices) first."""
     if sum(1 for i in items if i is Ellipsis) > 1:
         raise DslError("an index can only have a single ellipsis ('...')")
     consumed = sum(1 for i in items if i is not None and i is not Ellipsis)
@@ -206,5 +207,4 @@ def scatter_add(x: Tensor, axis: int, index: Any, src: Any) -> Tensor:
     return (x.cast(acc) + added).cast(x.dtype)
 
 
-__all__ = ["gather", "take", "take_along_axis", "advanced_getitem", "scatter_add", "index_tensor", "const_vector",
-           "promote"]
+__all__ = ["gather", "take", "take_along_axis", "advanced_getitem", "scatter_add", "index_tensor", "const_vector"]

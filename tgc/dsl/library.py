@@ -18,9 +18,8 @@ from collections.abc import Callable
 from typing import Any
 
 from tgc.dsl import indexing
-from tgc.dsl.tensor import DslError, Tensor, _pair, _shape_error, broadcast_shapes
+from tgc.dsl.tensor import DslError, Tensor, _pair, _shape_error
 from tgc.dtype import DType, dtypes, promote, sum_dtype
-from tgc.ir.shapes import prod
 from tgc.ir.uop import Ops, UOp
 
 SCAN_BLOCK = 32  # cumsum/cumprod: rows up to this long are one masked reduction; longer ones are blocked
@@ -648,5 +647,6 @@ FUNCTIONS: dict[str, Callable] = {
 }
 # numpy-only names that read better spelled out in messages
 NOT_METHODS = {"einsum"}
+TAKES_STRINGS = {"einsum", "gelu"}  # einsum's subscripts, gelu's approximate=
 
-__all__ = ["FUNCTIONS", "NOT_METHODS", "SCAN_BLOCK", "broadcast_shapes", "prod"]
+__all__ = ["FUNCTIONS", "NOT_METHODS", "TAKES_STRINGS", "SCAN_BLOCK"]
