@@ -431,6 +431,7 @@ return sort(x), t[0], t[1], argsort(x, axis=0, descending=True){more if full els
     ("x: f32[N]\nm: bool[N]\nreturn x[m]", "mask"),
     ("x: f32[4, 3]\ni: i32[2]\nreturn x[i, 5]", "out of range"),
     ("x: f32[4, 3]\nreturn take(x, 12)", "out of range"),
+    ("x: f32[4, 3]\nreturn x[[0, -5]]", "index -5 is out of range"),
     ("x: f32[4, 3]\ni: i32[2]\nreturn take_along_axis(x, i, axis=0)", "same number of dims"),
     ("x: f32[4, 3]\ni: i32[2]\nj: i32[3]\nreturn x[i, j]", "cannot be broadcast"),
     ("x: f32[0, 3]\ni: i32[2]\nreturn x[i]", "size 0"),

@@ -248,18 +248,18 @@ def layernorm(x, axis=-1, eps=1e-5):
     return _tensor(x).layernorm(axis, eps)
 
 
-def index_list(values: Any) -> Tensor:
-    """`x[[0, 2, 1]]`: a list of compile-time ints as an index array."""
+def index_list(values: Any) -> indexing.IndexList:
+    """`x[[0, 2, 1]]`: a list of compile-time ints as an index array (checked against its axis when used)."""
     if not isinstance(values, tuple) or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         raise DslError("an index list holds integers")
-    return indexing.const_vector(values)
+    return indexing.IndexList(values)
 
 
 def getitem(x: Tensor, index: Any) -> Tensor:
     """numpy indexing: ints, slices (any step), None and a single `...`; int tensors (advanced indexing,
     `tgc.dsl.indexing`)."""
-    items = list(index) if isinstance(index, tuple) else [index]
-    if any(isinstance(i, Tensor) for i in items):
+    items = list(index) if isinstance(index, tuple) and not isinstance(index, indexing.IndexList) else [index]
+    if any(isinstance(i, (Tensor, indexing.IndexList)) for i in items):
         return indexing.advanced_getitem(x, items, getitem)
     if sum(1 for i in items if i is Ellipsis) > 1:
         raise DslError("an index can only have a single ellipsis ('...')")

@@ -19,6 +19,12 @@ from tgc.ir.shapes import prod
 from tgc.ir.uop import Ops, UOp
 
 
+class IndexList(tuple):
+    """`x[[0, 2]]`: an index array of compile-time ints (not a tuple of indices, one per axis)."""
+
+    __slots__ = ()
+
+
 def index_tensor(idx: Any, what: str = "indices") -> Tensor:
     """An index argument as an int tensor: an int tensor as is, a Python int or a tuple of ints as constants."""
     if isinstance(idx, Tensor):
@@ -138,13 +144,14 @@ def advanced_getitem(x: Tensor, items: list[Any], getitem: Callable[[Tensor, Any
             per_dim.append(it)
             dim += 1
     x = x.reshape(tuple(shape))
-    advanced = [d for d, it in enumerate(per_dim) if not isinstance(it, slice)]
+    advanced = [d for d, it in enumerate(per_dim) if not isinstance(it, slice) or isinstance(it, IndexList)]
     x = getitem(x, tuple(slice(None) if d in advanced else it for d, it in enumerate(per_dim)))
     idxs = []
     for d in advanced:
         it, n = per_dim[d], x.shape[d]
-        if isinstance(it, int) and not isinstance(it, bool) and not -n <= it < n:
-            raise _shape_error(f"index {it} is out of range for axis {d} with size {n}")
+        for v in (it if isinstance(it, IndexList) else [it] if isinstance(it, int) else []):
+            if not -n <= v < n:  # known at compile time: checked, not clamped
+                raise _shape_error(f"index {v} is out of range for axis {d} with size {n}")
         idxs.append(index_tensor(it, "index arrays"))
     try:
         bshape = broadcast_shapes(*(i.shape for i in idxs))
@@ -207,4 +214,5 @@ def scatter_add(x: Tensor, axis: int, index: Any, src: Any) -> Tensor:
     return (x.cast(acc) + added).cast(x.dtype)
 
 
-__all__ = ["gather", "take", "take_along_axis", "advanced_getitem", "scatter_add", "index_tensor", "const_vector"]
+__all__ = ["IndexList", "gather", "take", "take_along_axis", "advanced_getitem", "scatter_add", "index_tensor",
+           "const_vector"]
