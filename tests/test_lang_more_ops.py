@@ -56,7 +56,7 @@ col: i32[V, K]
 return x[ids], take_along_axis(x, col, axis=1), c[ids, :, ids]{more}
 """
 GATHER_MORE = """, take(x, ids, axis=0), take(x, ids), x[ids, 1:4], x[:, ids], x[[0, 6, -1]], c[ids, 2], \
-    c[1, :, ids], take(x, 3, axis=1), c[..., ids]"""
+    c[1, :, ids], take(x, 3, axis=1), c[..., ids], gather(x, 0, ids[:, :2])"""
 
 
 @pytest.mark.parametrize("dt", ALL)
@@ -74,7 +74,7 @@ def test_gather_forms_every_dtype(device, dt):
     want = [x[r], np.take_along_axis(x, clamp_index(col, d), axis=1), c[r, :, re]]
     if full:
         want += [x[r], x.reshape(-1)[clamp_index(ids, v * d)], x[r, 1:4], x[:, rd], x[[0, 6, 6]], c[r, 2],
-                 c[1, :, re], x[:, 3], c[..., re]]
+                 c[1, :, re], x[:, 3], c[..., re], np.take_along_axis(x[:, :2], r[:, :2], axis=0)]
     assert list(out) == [f"out{i}" for i in range(len(want))]
     for (_name, got), w in zip(out.items(), want):
         assert_exact(got, w, dt) if not is_float(dt) else assert_close(got, w, dt)
@@ -432,6 +432,7 @@ return sort(x), t[0], t[1], argsort(x, axis=0, descending=True){more if full els
     ("x: f32[4, 3]\ni: i32[2]\nreturn x[i, 5]", "out of range"),
     ("x: f32[4, 3]\nreturn take(x, 12)", "out of range"),
     ("x: f32[4, 3]\nreturn x[[0, -5]]", "index -5 is out of range"),
+    ("x: f32[4, 3]\ni: i32[2, 4]\nreturn gather(x, 0, i)", "larger than input"),
     ("x: f32[4, 3]\ni: i32[2]\nreturn take_along_axis(x, i, axis=0)", "same number of dims"),
     ("x: f32[4, 3]\ni: i32[2]\nj: i32[3]\nreturn x[i, j]", "cannot be broadcast"),
     ("x: f32[0, 3]\ni: i32[2]\nreturn x[i]", "size 0"),
@@ -470,7 +471,8 @@ return x[i], take(x, i, axis=1), take_along_axis(x, i[None, :] % M, axis=1), \
     gelu(x, approximate="tanh"), isnan(x), isinf(x), isfinite(x), clamp(x, min=0), zeros_like(x), ones_like(x), \
     full_like(x, 2), x.astype(i32), any(x > 0, axis=1), all(x > -9), tril(x), triu(x, 1), split(x, 2, axis=0)[1], \
     chunk(x, 3, axis=1)[2], repeat(x, 2, axis=1), tile(x, (2, 1)), cumsum(x, axis=1), cumprod(x, axis=0), \
-    einsum('ij,kj->ik', x, y), sort(x), argsort(x, axis=0), topk(x, 2)[0], topk(x, 2)[1], x[[1, -1]]"""
+    einsum('ij,kj->ik', x, y), sort(x), argsort(x, axis=0), topk(x, 2)[0], topk(x, 2)[1], x[[1, -1]], \
+    gather(x, 1, i[None, :2] + 0 * i[:3, None])"""
 
 
 def test_numpy_baseline_matches():

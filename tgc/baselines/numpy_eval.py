@@ -704,6 +704,12 @@ def _take_along_axis(x: Any, indices: Any, axis: int | None = -1) -> Any:
     return np.take_along_axis(x, _clamp_index(indices, n), axis=axis)
 
 
+def _gather(x: Any, axis: int, index: Any) -> Any:
+    x, idx = np.asarray(x), np.asarray(index)
+    part = x[tuple(slice(None) if d == axis % x.ndim else slice(0, n) for d, n in enumerate(idx.shape))]
+    return np.take_along_axis(part, _clamp_index(idx, x.shape[axis]), axis=axis)
+
+
 def _scatter_add(x: Any, axis: int, index: Any, src: Any) -> Any:
     x = np.array(x)
     idx = _clamp_index(index, x.shape[axis])

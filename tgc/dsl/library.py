@@ -633,6 +633,20 @@ def take_along_axis(x, indices, axis=-1):
     return indexing.take_along_axis(_tensor(x), indices, None if axis is None else _int(axis, "axis"))
 
 
+def gather(x, axis, index):
+    """torch.gather: out[..., i, ...] = x[..., index[..., i, ...], ...] along `axis`; index has x's number of
+    dims and, off the axis, at most x's sizes (the leading part of x is read), as torch requires."""
+    t = _tensor(x)
+    ax = t._axis(_int(axis, "axis"))
+    idx = indexing.index_tensor(index)
+    if idx.ndim != t.ndim:
+        raise DslError(f"gather: index {idx} and input {t} must have the same number of dims")
+    if any(i > s for d, (i, s) in enumerate(zip(idx.shape, t.shape)) if d != ax):
+        raise _shape_error(f"gather: index {idx} is larger than input {t} off axis {ax}")
+    part = t.shrink(tuple((0, s) if d == ax else (0, i) for d, (i, s) in enumerate(zip(idx.shape, t.shape))))
+    return indexing.gather(part, idx, ax)
+
+
 def scatter_add(x, axis, index, src):
     return indexing.scatter_add(_tensor(x), _int(axis, "axis"), index, src)
 
@@ -643,7 +657,8 @@ FUNCTIONS: dict[str, Callable] = {
     "clamp": clamp, "astype": astype, "zeros_like": zeros_like, "ones_like": ones_like, "full_like": full_like,
     "any": any_, "all": all_, "tril": tril, "triu": triu, "split": split, "chunk": chunk, "repeat": repeat,
     "tile": tile, "cumsum": cumsum, "cumprod": cumprod, "sort": sort, "argsort": argsort, "topk": topk,
-    "einsum": einsum, "take": take, "take_along_axis": take_along_axis, "scatter_add": scatter_add,
+    "einsum": einsum, "take": take, "take_along_axis": take_along_axis, "gather": gather,
+    "scatter_add": scatter_add,
 }
 # numpy-only names that read better spelled out in messages
 NOT_METHODS = {"einsum"}
