@@ -223,9 +223,10 @@ def test_like_astype_clamp(device, dt):
     rng = np.random.default_rng(16)
     x = rand(rng, (3, 5), dt)
     clamps = "clamp(x, min=1), clamp(x, max=2), clamp(x, 0, 2)" if dt != "bool" else "x, x, x"
+    full = dt in ("f32", "i8", "bool")  # casts to other dtypes: for three dtypes (cast is tested everywhere)
+    more = ", full_like(x, 2.75, dtype=f32), zeros_like(x, dtype=i8), x.astype(f32), astype(x, i16), x.astype(bool)"
     src = f"""x: {dt}[N, M]
-return stack(zeros_like(x), ones_like(x), full_like(x, 3), {clamps}), full_like(x, 2.75, dtype=f32), \
-    zeros_like(x, dtype=i8), x.astype(f32), astype(x, i16), x.astype(bool)"""
+return stack(zeros_like(x), ones_like(x), full_like(x, 3), {clamps}){more if full else ""}"""
     out = run(src, device, x=x)
     same = out["out0"]
     assert_result(same[0], np.zeros((3, 5)), dt)
@@ -235,6 +236,8 @@ return stack(zeros_like(x), ones_like(x), full_like(x, 3), {clamps}), full_like(
         assert_result(same[3], np.maximum(x, 1), dt)
         assert_result(same[4], np.minimum(x, 2), dt)
         assert_result(same[5], np.clip(x, 0, 2), dt)
+    if not full:
+        return
     assert_close(out["out1"], np.full((3, 5), 2.75), "f32")
     assert_exact(out["out2"], np.zeros((3, 5)), "i8")
     assert_close(out["out3"], x.astype(np.float64), "f32")
@@ -251,9 +254,9 @@ def test_clamp_keeps_nan(device):
 # ------------------------------------------------------------------------------------------------ shapes
 
 
-@pytest.mark.parametrize("dt", ["bool", "i8", "u16", "i64", "f16", "bf16", "f32"])
+@pytest.mark.parametrize("dt", ["bool", "f16", "f32"])
 def test_tri_split_chunk_repeat_tile(device, dt):
-    """Every form for seven dtypes (movement ops are index math, the same for every dtype); the rest of the
+    """Every form for three dtypes (movement ops are index math, the same for every dtype); the rest of the
     dtypes in test_tri_repeat_tile_other_dtypes."""
     rng = np.random.default_rng(17)
     x = rand(rng, (2, 5, 7), dt)
@@ -272,7 +275,7 @@ return stack(tril(x), triu(x, 2), tril(x, -1)), s[6], p[1], p[3], h0, h2, repeat
         assert_exact(got, w, dt) if not is_float(dt) else assert_close(got, w, dt)
 
 
-@pytest.mark.parametrize("dt", ["u8", "i16", "u32", "i32", "u64", "f64"])
+@pytest.mark.parametrize("dt", ["i8", "u8", "i16", "u16", "i32", "u32", "i64", "u64", "bf16", "f64"])
 def test_tri_repeat_tile_other_dtypes(device, dt):
     rng = np.random.default_rng(24)
     x = rand(rng, (3, 4), dt)
@@ -289,11 +292,14 @@ def test_any_all(device, dt):
     x = rand(rng, (4, 9), dt, -1, 1)
     if is_float(dt):
         x[0, 0] = np.nan
-    out = run(f"x: {dt}[N, M]\nreturn any(x), all(x, axis=1), x.any(axis=0, keepdim=True), any(x < 5)", device, x=x)
-    assert_exact(out["out0"], np.any(x), "bool")
-    assert_exact(out["out1"], np.all(x, axis=1), "bool")
-    assert_exact(out["out2"], np.any(x, axis=0, keepdims=True), "bool")
-    assert_exact(out["out3"], np.any(x < 5), "bool")
+    out = run(f"x: {dt}[N, M]\nreturn all(x, axis=1), x.any(axis=0, keepdim=True)", device, x=x)
+    assert_exact(out["out0"], np.all(x, axis=1), "bool")
+    assert_exact(out["out1"], np.any(x, axis=0, keepdims=True), "bool")
+    if dt == "f32":
+        out = run(f"x: {dt}[N, M]\nreturn any(x), any(x < 5), all(x)", device, x=x)
+        assert_exact(out["out0"], np.any(x), "bool")
+        assert_exact(out["out1"], np.any(x < 5), "bool")
+        assert_exact(out["out2"], np.all(x), "bool")
 
 
 # ------------------------------------------------------------------------------------------------ scans
@@ -306,8 +312,8 @@ def _scan_dtype(dt: str) -> str:
 @pytest.mark.parametrize("dt", ALL)
 def test_cumsum_cumprod_every_dtype(device, dt):
     rng = np.random.default_rng(19)
-    x = rand(rng, (3, 37), dt, -3, 3)
-    full = dt in ("i8", "f32", "bool")
+    full = dt in ("i8", "f32", "bool")  # rows of 37 (two levels of blocks) and every axis for three dtypes
+    x = rand(rng, (3, 37 if full else 19), dt, -3, 3)
     more = ", cumsum(x), cumsum(x, axis=0)" if full else ""
     out = run(f"x: {dt}[N, M]\nreturn cumsum(x, axis=1), cumprod(x[:, :9], axis=1){more}", device, x=x)
     od = _scan_dtype(dt)
@@ -401,19 +407,19 @@ def test_sort_argsort_topk_every_dtype(device, dt):
     if is_float(dt):
         x[0, [2, 7]] = np.nan
         x[1, 3], x[1, 4] = np.inf, -np.inf
-    full = dt in ("f32", "i32", "bool", "u8")  # every form; the others: sort, topk, a descending argsort
-    more = """, argsort(x), sort(x, axis=0), argsort(x, axis=None), sort(x, descending=True), b[0], b[1]"""
+    full = dt in ("f32", "i32", "bool")  # every form; the other dtypes: sort and topk (values and indices)
+    more = """, argsort(x, axis=0, descending=True), argsort(x), sort(x, axis=0), argsort(x, axis=None), \
+    sort(x, descending=True), b[0], b[1]"""
     src = f"""x: {dt}[N, M]
 t = topk(x, 4)
 b = topk(x, 2, axis=0, largest=False)
-return sort(x), t[0], t[1], argsort(x, axis=0, descending=True){more if full else ""}"""
+return sort(x), t[0], t[1]{more if full else ""}"""
     out = run(src, device, x=x)
     asc1, asc0 = _np_argsort(x, 1, False), _np_argsort(x, 0, False)
     desc1 = _np_argsort(x, 1, True)
-    want = [np.take_along_axis(x, asc1, 1), np.take_along_axis(x, desc1[:, :4], 1), desc1[:, :4],
-            _np_argsort(x, 0, True)]
+    want = [np.take_along_axis(x, asc1, 1), np.take_along_axis(x, desc1[:, :4], 1), desc1[:, :4]]
     if full:
-        want += [asc1, np.take_along_axis(x, asc0, 0), _np_argsort(x.reshape(-1), 0, False),
+        want += [_np_argsort(x, 0, True), asc1, np.take_along_axis(x, asc0, 0), _np_argsort(x.reshape(-1), 0, False),
                  np.take_along_axis(x, desc1, 1), np.take_along_axis(x, asc0[:2], 0), asc0[:2]]
     index_outputs = {"out2", "out3", "out4", "out6", "out9"}
     for (name, got), w in zip(out.items(), want):
