@@ -562,3 +562,17 @@ def test_fuzz_new_ops(device, seed):
             assert_exact(got, w, "bool")
         else:
             assert_result(got, w, dt)
+
+
+def test_sharded_gather_scan_and_sort():
+    """On two CPU devices with the inputs split: a GATHER reads its values at data-dependent places, so the
+    placement computes it whole on every device (tgc/engine/multi.py); scans and sorts along the split axis."""
+    rng = np.random.default_rng(25)
+    x = rng.standard_normal((7, 5)).astype(np.float32)
+    ids = rng.integers(-9, 9, (4, 3)).astype(np.int32)
+    src = "x: f32[V, D]\nids: i32[B, T]\nreturn x[ids], cumsum(x, axis=0), sort(x, axis=0), take(x, ids, axis=1)"
+    out = tgc.loads(src).run(device="CPU:0,CPU:1", x=x, ids=ids, shard={"x": 0, "ids": 0})
+    assert_close(out["out0"], x[clamp_index(ids, 7)], "f32")
+    assert_close(out["out1"], np.cumsum(x.astype(np.float64), axis=0), "f32", scale=10.0)
+    assert_close(out["out2"], np.sort(x, axis=0), "f32")
+    assert_close(out["out3"], x[:, clamp_index(ids, 5)], "f32")
