@@ -712,8 +712,8 @@ class _Evaluator:
         if isinstance(node, ast.Tuple):
             return tuple(self._index(e) for e in node.elts)
         v = self.eval(node)
-        if isinstance(node, ast.List) or isinstance(v, tuple):
-            return functions.index_list(v)  # x[[0, 2]] (or x[x.shape]): an index array of compile-time ints
+        if isinstance(node, ast.List):
+            return functions.index_list(v)  # x[[0, 2]]: an index array of compile-time ints
         if isinstance(v, Tensor):
             return v  # advanced indexing (`tgc.dsl.indexing`)
         if isinstance(v, bool) or not (v is None or v is Ellipsis or isinstance(v, int)):
