@@ -864,8 +864,10 @@ class _Compiler:
                 return _Const(slice(*(p.value for p in parts)))  # type: ignore[attr-defined]
             return lambda env: slice(*(p(env) for p in parts))
         if isinstance(node, ast.List):  # x[[0, 2]]: an index array
-            return _Const(np.array([e.value for e in node.elts], np.int64)) if all(
-                isinstance(e, ast.Constant) for e in node.elts) else (lambda env: np.asarray(self.expr(node)(env)))
+            items = self.expr(node)
+            if isinstance(items, _Const):
+                return _Const(np.array(items.value, np.int64))
+            return lambda env: np.array(items(env), np.int64)
         if isinstance(node, ast.Tuple):
             items = [self._index(e) for e in node.elts]
             if all(isinstance(t, _Const) for t in items):
