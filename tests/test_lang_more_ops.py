@@ -279,11 +279,12 @@ return stack(tril(x), triu(x, 2), tril(x, -1)), s[6], p[1], p[3], h0, h2, repeat
 def test_tri_repeat_tile_other_dtypes(device, dt):
     rng = np.random.default_rng(24)
     x = rand(rng, (3, 4), dt)
-    out = run(f"x: {dt}[A, B]\nreturn stack(tril(x), triu(x, 1)), repeat(x, (1, 0, 2), axis=0), tile(x, (2, 1))",
-              device, x=x)
+    out = run(f"x: {dt}[A, B]\nreturn stack(tril(x), triu(x, 1)), repeat(x, (1, 0, 2), axis=0), tile(x, (2, 1)), \
+    split(x, (3, 1, -1), axis=1)[2]", device, x=x)
     assert_result(out["out0"], np.stack([np.tril(x), np.triu(x, 1)]), dt)
     assert_result(out["out1"], np.repeat(x, (1, 0, 2), axis=0), dt)
     assert_result(out["out2"], np.tile(x, (2, 1)), dt)
+    assert_result(out["out3"], np.split(x, [3, 1, -1], axis=1)[2], dt)  # unsorted points: numpy's slices
 
 
 @pytest.mark.parametrize("dt", ALL)

@@ -297,17 +297,16 @@ def split(x, indices_or_sections, axis=0):
     n = t.shape[ax]
     if isinstance(indices_or_sections, tuple):
         points = [_int(p, "a split point") for p in indices_or_sections]
-        bounds, start = [], 0
-        for p in points + [n]:
-            p = max(0, min(n, p + n if p < 0 else p))
-            bounds.append((start, max(start, p)))
-            start = max(start, p)
-        return tuple(_slice_axis(t, ax, b, e) for b, e in bounds)
+        pieces = []
+        for a, b in zip([0, *points], [*points, n]):  # x[a:b] along the axis, with Python's slice rules
+            start, stop, _ = slice(a, b).indices(n)
+            pieces.append(_slice_axis(t, ax, start, max(start, stop)))
+        return tuple(pieces)
     sections = _int(indices_or_sections, "sections")
     if sections <= 0:
         raise DslError("split needs a positive number of sections")
     if n % sections:
-        raise _shape_error(f"split: axis {ax} of size {n} does not divide into {sections} equal sections",)
+        raise _shape_error(f"split: axis {ax} of size {n} does not divide into {sections} equal sections")
     size = n // sections
     return tuple(_slice_axis(t, ax, i * size, (i + 1) * size) for i in range(sections))
 
