@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(cuda_standin.why_unavailable() is not None,
 
 # A representative part of the language suite (the whole suite takes minutes through the stand-in): every
 # dtype family, division semantics, half and bf16 conversions, special floats, reductions (grouped on GPUs),
-# argmax, softmax, convolution, layernorm, indexing and empty reductions.
+# argmax, softmax, convolution, layernorm, indexing, gathers and empty reductions.
 LANGUAGE_SUBSET = [
     "tests/test_lang_ops.py::test_floor_division_and_modulo_of_negative_ints",
     "tests/test_lang_ops.py::test_unsigned_division_by_zero_gives_zero",
@@ -39,6 +39,7 @@ LANGUAGE_SUBSET = [
     "tests/test_lang_nn.py::test_layernorm",
     "tests/test_lang_shapes.py::test_basic_indexing_matches_numpy",
     "tests/test_lang_programs.py::test_zero_size_reductions",
+    "tests/test_lang_more_ops.py::test_gather_forms_every_dtype[CUDA-f32]",  # data-dependent loads (GATHER)
 ]
 
 

@@ -261,10 +261,12 @@ def _erf(x: Any) -> Any:
     return np.where(np.abs(w) < 0.5, w * series, big).astype(x.dtype, copy=False)
 
 
-def _gelu(x: Any) -> Any:
-    """The exact form 0.5 x (1 + erf(x / sqrt 2)), written as 0.5 x erfc(-x / sqrt 2)."""
+def _gelu(x: Any, approximate: str = "none") -> Any:
+    """The exact form 0.5 x (1 + erf(x / sqrt 2)), written as 0.5 x erfc(-x / sqrt 2); or torch's tanh form."""
     x = np.asarray(_float(x))
     w = x.astype(_work_dtype(x), copy=False)
+    if approximate == "tanh":
+        return (0.5 * w * (1 + np.tanh(math.sqrt(2 / math.pi) * (w + 0.044715 * w ** 3)))).astype(x.dtype)
     return (0.5 * w * _erfc(w * -(1 / math.sqrt(2)))).astype(x.dtype, copy=False)
 
 
@@ -541,6 +543,218 @@ def _layernorm(x: Any, axis: Any = -1, eps: float = 1e-5) -> Any:
     return d / np.sqrt(var + eps)
 
 
+# --------------------------------------------------------------------------------------------------------------
+# the operations of tgc/dsl/library.py and tgc/dsl/indexing.py (docs/LANGUAGE-ops.md)
+
+
+def _log1p(x: Any) -> Any:
+    return np.log1p(_float(x))
+
+
+def _expm1(x: Any) -> Any:
+    return np.expm1(_float(x))
+
+
+def _atan(x: Any) -> Any:
+    return np.arctan(_float(x))
+
+
+def _atan2(y: Any, x: Any) -> Any:
+    return np.arctan2(_float(y), _float(x))
+
+
+def _isnan(x: Any) -> Any:
+    return np.isnan(x)
+
+
+def _isinf(x: Any) -> Any:
+    return np.isinf(x)
+
+
+def _isfinite(x: Any) -> Any:
+    return np.isfinite(x)
+
+
+def _silu(x: Any) -> Any:
+    x = _float(x)
+    return x / (1 + np.exp(-x))
+
+
+def _softplus(x: Any, beta: float = 1.0, threshold: float = 20.0) -> Any:
+    x = _float(x)
+    return np.where(x * beta > threshold, x, np.log1p(np.exp(x * beta)) / beta)
+
+
+def _elu(x: Any, alpha: float = 1.0) -> Any:
+    x = _float(x)
+    return np.where(x > 0, x, alpha * np.expm1(x))
+
+
+def _leaky_relu(x: Any, negative_slope: float = 0.01) -> Any:
+    x = _float(x)
+    return np.where(x < 0, x * negative_slope, x)
+
+
+def _clamp(x: Any, min: Any = None, max: Any = None) -> Any:  # noqa: A002 - torch's names
+    out = x if min is None else np.maximum(x, min)
+    return out if max is None else np.minimum(out, max)
+
+
+def _astype(x: Any, dtype: Any) -> Any:
+    return _cast(x, dtype)
+
+
+def _zeros_like(x: Any, dtype: Any = None) -> Any:
+    return np.zeros_like(x, dtype=None if dtype is None else _np_dtype(dtype))
+
+
+def _ones_like(x: Any, dtype: Any = None) -> Any:
+    return np.ones_like(x, dtype=None if dtype is None else _np_dtype(dtype))
+
+
+def _full_like(x: Any, fill_value: Scalar, dtype: Any = None) -> Any:
+    return np.full_like(x, fill_value, dtype=None if dtype is None else _np_dtype(dtype))
+
+
+def _any(x: Any, axis: Any = None, keepdim: bool = False) -> Any:
+    return np.any(x, axis=_axis_arg(axis), keepdims=keepdim)
+
+
+def _all(x: Any, axis: Any = None, keepdim: bool = False) -> Any:
+    return np.all(x, axis=_axis_arg(axis), keepdims=keepdim)
+
+
+def _tril(x: Any, k: int = 0) -> Any:
+    return np.tril(x, k)
+
+
+def _triu(x: Any, k: int = 0) -> Any:
+    return np.triu(x, k)
+
+
+def _split(x: Any, indices_or_sections: Any, axis: int = 0) -> Any:
+    return tuple(np.split(x, list(indices_or_sections) if isinstance(indices_or_sections, tuple) else
+                          indices_or_sections, axis=axis))
+
+
+def _chunk(x: Any, chunks: int, axis: int = 0) -> Any:
+    n = np.shape(x)[axis]
+    size = max(1, -(-n // chunks))
+    return tuple(np.split(x, list(range(size, n, size)), axis=axis))
+
+
+def _repeat(x: Any, repeats: Any, axis: int | None = None) -> Any:
+    return np.repeat(x, repeats, axis=axis)
+
+
+def _tile(x: Any, reps: Any) -> Any:
+    return np.tile(x, reps)
+
+
+def _scan_dtype(x: np.ndarray) -> Any:
+    """cumsum/cumprod keep tgc's sum dtype (small ints give 32 bits, as `sum` does)."""
+    return {"b": np.int32, "i": np.int32 if x.dtype.itemsize < 4 else None,
+            "u": np.uint32 if x.dtype.itemsize < 4 else None}.get(x.dtype.kind)
+
+
+def _cumsum(x: Any, axis: int | None = None) -> Any:
+    x = np.asarray(x)
+    return np.cumsum(x, axis=axis, dtype=_scan_dtype(x))
+
+
+def _cumprod(x: Any, axis: int | None = None) -> Any:
+    x = np.asarray(x)
+    return np.cumprod(x, axis=axis, dtype=_scan_dtype(x))
+
+
+def _sort(x: Any, axis: int | None = -1, descending: bool = False) -> Any:
+    x = np.asarray(x)
+    if descending:
+        return np.take_along_axis(x, _argsort(x, axis, True), axis=axis) if axis is not None else \
+            x.reshape(-1)[_argsort(x, None, True)]
+    return np.sort(x, axis=axis, kind="stable")
+
+
+def _argsort(x: Any, axis: int | None = -1, descending: bool = False) -> Any:
+    x = np.asarray(x)
+    if axis is None:
+        x, axis = x.reshape(-1), -1
+    if not descending:
+        return np.argsort(x, axis=axis, kind="stable").astype(np.int32)
+    if x.dtype.kind == "f":  # stable, nan first: primary key "not nan", then -x
+        return np.lexsort((-x, ~np.isnan(x)), axis=axis).astype(np.int32)
+    return np.argsort(~x, axis=axis, kind="stable").astype(np.int32)  # ~ reverses the order of ints and bools
+
+
+def _topk(x: Any, k: int, axis: int = -1, largest: bool = True, sorted: bool = True) -> Any:  # noqa: A002
+    x = np.asarray(x)
+    order = _argsort(x, axis, largest)
+    idx = np.take(order, np.arange(k), axis=axis)
+    return np.take_along_axis(x, idx, axis=axis), idx
+
+
+def _einsum(subscripts: str, *operands: Any) -> Any:
+    return np.einsum(subscripts, *operands)
+
+
+def _clamp_index(idx: Any, n: int) -> Any:
+    """tgc's index rule: a negative index wraps once, then every index is clamped into [0, n)."""
+    i = np.asarray(idx)
+    if i.dtype.kind == "i":
+        i = np.where(i < 0, i.astype(np.int64) + n, i)
+    return np.clip(i, 0, max(n - 1, 0)).astype(np.int64)
+
+
+def _take(x: Any, indices: Any, axis: int | None = None) -> Any:
+    x = np.asarray(x)
+    n = x.size if axis is None else x.shape[axis]
+    return np.take(x, _clamp_index(indices, n), axis=axis)
+
+
+def _take_along_axis(x: Any, indices: Any, axis: int | None = -1) -> Any:
+    x = np.asarray(x)
+    n = x.size if axis is None else x.shape[axis]
+    return np.take_along_axis(x, _clamp_index(indices, n), axis=axis)
+
+
+def _gather(x: Any, axis: int, index: Any) -> Any:
+    x, idx = np.asarray(x), np.asarray(index)
+    part = x[tuple(slice(None) if d == axis % x.ndim else slice(0, n) for d, n in enumerate(idx.shape))]
+    return np.take_along_axis(part, _clamp_index(idx, x.shape[axis]), axis=axis)
+
+
+def _scatter_add(x: Any, axis: int, index: Any, src: Any) -> Any:
+    x = np.array(x)
+    idx = _clamp_index(index, x.shape[axis])
+    src = np.asarray(src, x.dtype)
+    shape = np.broadcast_shapes(idx.shape, src.shape)
+    idx, src = np.broadcast_to(idx, shape), np.broadcast_to(src, shape)
+    grid = list(np.indices(shape, sparse=True))
+    grid[axis] = idx
+    np.add.at(x, tuple(grid), src)
+    return x
+
+
+def _index_item(x: np.ndarray, key: Any) -> Any:
+    """x[key] with tgc's index rule applied to index arrays (numpy would raise on an index out of range)."""
+    if not isinstance(key, tuple):
+        key = (key,)
+    if not any(isinstance(k, np.ndarray) for k in key):
+        return x[key if len(key) != 1 else key[0]]
+    consumed = sum(1 for k in key if k is not None and k is not Ellipsis)
+    out, dim = [], 0
+    for k in key:
+        if k is Ellipsis:
+            out.append(k)
+            dim += x.ndim - consumed
+        elif k is None:
+            out.append(k)
+        else:
+            out.append(_clamp_index(k, x.shape[dim]) if isinstance(k, np.ndarray) else k)
+            dim += 1
+    return x[tuple(out)]
+
+
 _UFUNCS = ("exp", "log", "exp2", "log2", "sqrt", "sin", "cos", "tan", "tanh")  # numpy's own, on floats
 _INT_EXACT = ("floor", "ceil", "trunc", "round")  # numpy's own; ints and bools pass through
 
@@ -743,10 +957,10 @@ class _Compiler:
 
     def _subscript(self, node: ast.Subscript) -> Thunk:
         value, index = self.expr(node.value), self._index(node.slice)
-        if isinstance(index, _Const):
+        if isinstance(index, _Const) and not _has_array(index.value):
             key = index.value
             return lambda env: value(env)[key]
-        return lambda env: value(env)[index(env)]
+        return lambda env: _index_item(value(env), index(env))
 
     def _index(self, node: ast.expr) -> Thunk:
         if isinstance(node, ast.Slice):
@@ -754,12 +968,21 @@ class _Compiler:
             if all(isinstance(p, _Const) for p in parts):
                 return _Const(slice(*(p.value for p in parts)))  # type: ignore[attr-defined]
             return lambda env: slice(*(p(env) for p in parts))
+        if isinstance(node, ast.List):  # x[[0, 2]]: an index array
+            items = self.expr(node)
+            if isinstance(items, _Const):
+                return _Const(np.array(items.value, np.int64))
+            return lambda env: np.array(items(env), np.int64)
         if isinstance(node, ast.Tuple):
             items = [self._index(e) for e in node.elts]
             if all(isinstance(t, _Const) for t in items):
                 return _Const(tuple(t.value for t in items))  # type: ignore[attr-defined]
             return lambda env: tuple(t(env) for t in items)
         return self.expr(node)
+
+
+def _has_array(key: Any) -> bool:
+    return isinstance(key, np.ndarray) or (isinstance(key, tuple) and any(isinstance(k, np.ndarray) for k in key))
 
 
 def _as_output(v: Any) -> np.ndarray:

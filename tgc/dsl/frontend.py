@@ -452,14 +452,29 @@ def _check_recursion(defs: dict[str, ast.FunctionDef], err: _Errors) -> None:
             visit(name, [name])
 
 
+def _string_arguments(node: ast.AST) -> set[int]:
+    """The ids of string literals that are arguments of the functions that take strings (einsum's subscripts,
+    gelu's approximate=): the only place a string is part of the language."""
+    out: set[int] = set()
+    for sub in ast.walk(node):
+        name = sub.func.id if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) else \
+            sub.func.attr if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) else None
+        if name in functions.TAKES_STRINGS:
+            for a in [*sub.args, *(kw.value for kw in sub.keywords)]:
+                if isinstance(a, ast.Constant) and isinstance(a.value, str):
+                    out.add(id(a))
+    return out
+
+
 def _check_constructs(node: ast.AST, err: _Errors) -> None:
+    allowed = _string_arguments(node)
     for sub in ast.walk(node):
         if type(sub) in _CONSTRUCTS:
             what = _CONSTRUCTS[type(sub)]
             hint = "use & and | on bool tensors" if isinstance(sub, ast.BoolOp) else None
             raise err.at(sub, f"{what} are not part of the .tg language" if what.endswith("s") else
                          f"{what} is not part of the .tg language", hint=hint)
-        if isinstance(sub, ast.Constant) and isinstance(sub.value, (str, bytes)):
+        if isinstance(sub, ast.Constant) and isinstance(sub.value, (str, bytes)) and id(sub) not in allowed:
             raise err.at(sub, "strings are not part of the .tg language")
         if isinstance(sub, ast.Constant) and isinstance(sub.value, complex):
             raise err.at(sub, "complex numbers are not supported")
@@ -765,7 +780,7 @@ class _Evaluator:
 
     def _eval(self, node: ast.expr) -> Any:
         if isinstance(node, ast.Constant):
-            if node.value is None or node.value is Ellipsis or isinstance(node.value, (bool, int, float)):
+            if node.value is None or node.value is Ellipsis or isinstance(node.value, (bool, int, float, str)):
                 return node.value
             raise self.err.at(node, f"unsupported literal {node.value!r}")
         if isinstance(node, ast.Name):
@@ -948,9 +963,10 @@ class _Evaluator:
         if isinstance(node, ast.Tuple):
             return tuple(self._index(e) for e in node.elts)
         v = self.eval(node)
+        if isinstance(node, ast.List):
+            return functions.index_list(v)  # x[[0, 2]]: an index array of compile-time ints
         if isinstance(v, Tensor):
-            raise self.err.at(node, "indexing with a tensor is not supported",
-                              hint="use basic indexing: ints, slices, None and ...")
+            return v  # advanced indexing (`tgc.dsl.indexing`)
         if isinstance(v, bool) or not (v is None or v is Ellipsis or isinstance(v, int)):
             raise self.err.at(node, f"cannot index with {_describe(v)}")
         return v

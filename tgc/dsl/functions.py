@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from tgc.dsl import indexing, library
 from tgc.dsl import tensor as T
 from tgc.dsl.tensor import DslError, Tensor, _pair, broadcast_shapes
 from tgc.dtype import DType, dtypes
@@ -257,9 +258,19 @@ def layernorm(x, axis=-1, eps=1e-5):
     return _tensor(x).layernorm(axis, eps)
 
 
+def index_list(values: Any) -> indexing.IndexList:
+    """`x[[0, 2, 1]]`: a list of compile-time ints as an index array (checked against its axis when used)."""
+    if not isinstance(values, tuple) or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise DslError("an index list holds integers")
+    return indexing.IndexList(values)
+
+
 def getitem(x: Tensor, index: Any) -> Tensor:
-    """numpy basic indexing: ints, slices (any step), None and a single `...`."""
-    items = list(index) if isinstance(index, tuple) else [index]
+    """numpy indexing: ints, slices (any step), None and a single `...`; int tensors (advanced indexing,
+    `tgc.dsl.indexing`)."""
+    items = list(index) if isinstance(index, tuple) and not isinstance(index, indexing.IndexList) else [index]
+    if any(isinstance(i, (Tensor, indexing.IndexList)) for i in items):
+        return indexing.advanced_getitem(x, items, getitem)
     if sum(1 for i in items if i is Ellipsis) > 1:
         raise DslError("an index can only have a single ellipsis ('...')")
     consumed = sum(1 for i in items if i is not None and i is not Ellipsis)
@@ -314,8 +325,10 @@ FUNCTIONS: dict[str, Callable] = {
     "unsqueeze": unsqueeze, "flatten": flatten, "pad": pad, "flip": flip, "cat": cat, "stack": stack,
     "zeros": zeros, "ones": ones, "full": full, "arange": arange, "eye": eye, "matmul": matmul,
     "conv2d": conv2d, "max_pool2d": max_pool2d, "avg_pool2d": avg_pool2d, "layernorm": layernorm,
+    **library.FUNCTIONS,
 }
 # functions whose first argument is not a tensor: no method form (`x.cat(y, axis=1)` is cat(x, y, axis=1))
-NOT_METHODS = {"zeros", "ones", "full", "arange", "eye"}
+NOT_METHODS = {"zeros", "ones", "full", "arange", "eye", *library.NOT_METHODS}
+TAKES_STRINGS = library.TAKES_STRINGS  # the only functions a string literal may be passed to
 
-__all__ = ["FUNCTIONS", "NOT_METHODS", "getitem", "where", "broadcast_shapes"]
+__all__ = ["FUNCTIONS", "NOT_METHODS", "TAKES_STRINGS", "getitem", "where", "broadcast_shapes"]

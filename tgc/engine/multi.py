@@ -163,6 +163,11 @@ def plan(outputs: list[UOp], inputs: list[UOp], shard: dict[int, int], n: int) -
                 placed[node] = Placed(None, None, [
                     UOp(op, node.dtype, tuple(p.locals[d] for p in srcs), arg) for d in range(n)])
                 continue
+            if op is Ops.GATHER:  # reads its values at data-dependent places: computed whole on every device
+                srcs = [replicated(s) for s in node.src]
+                placed[node] = Placed(None, None, [
+                    UOp(op, node.dtype, tuple(p.locals[d] for p in srcs), arg) for d in range(n)])
+                continue
             if op in ALU or op in (Ops.CAST, Ops.BITCAST, Ops.CONTIGUOUS):
                 first = sharded[0][1]
                 if any((p.axis, p.bounds) != (first.axis, first.bounds) for _, p in sharded):

@@ -143,6 +143,11 @@ def _eval(u: UOp, s: list[np.ndarray], env: dict[UOp, np.ndarray]) -> np.ndarray
         oh = max((h - dil * (k - 1) - 1) // stride + 1, 0)
         idx = (np.arange(oh)[:, None] * stride + np.arange(k)[None, :] * dil)
         return np.take(x, idx, axis=axis) if oh else np.zeros(x.shape[:axis] + (0, k) + x.shape[axis + 1:], x.dtype)
+    if op is Ops.GATHER:  # indices wrap once if negative, then clamp into range (as the kernels do)
+        n = s[0].shape[arg]
+        j = s[1].astype(np.int64) if s[1].dtype.kind == "i" else np.minimum(s[1], max(n - 1, 0)).astype(np.int64)
+        j = np.clip(np.where(j < 0, j + n, j), 0, max(n - 1, 0))
+        return np.take_along_axis(s[0], j, axis=arg)
     if op is Ops.REDUCE_AXIS:
         rop, axes = arg
         x = s[0]

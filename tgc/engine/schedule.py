@@ -17,7 +17,7 @@ are never materialized.
 from __future__ import annotations
 
 from tgc.capabilities import Capabilities
-from tgc.dtype import DType, dtypes
+from tgc.dtype import DType, dtypes, min_max
 from tgc.engine import attention
 from tgc.errors import TgcError
 from tgc.ir.kernel import INDEX, ScheduleItem, flat_index, identity
@@ -55,9 +55,13 @@ def _costs_at_least(node: UOp, realized: set[UOp], need: int) -> bool:
     return reads and total >= need
 
 
-def _broadcast_factor(node: UOp) -> int:
-    """How many times an EXPAND or WINDOW reads each element of its source (1 for other nodes)."""
-    if node.op not in _EXPANDING:
+def _broadcast_factor(node: UOp, child: UOp | None = None) -> int:
+    """How many times an EXPAND or WINDOW reads each element of its source, or a GATHER each element of its
+    values on average (1 for other nodes)."""
+    if node.op is Ops.GATHER:
+        if child is not node.src[0]:
+            return 1
+    elif node.op not in _EXPANDING:
         return 1
     return max(1, prod(shape_of(node)) // max(1, prod(shape_of(node.src[0]))))
 
@@ -130,7 +134,7 @@ def find_realized(outputs: list[UOp], fuse_rows: bool = False,
                     child_state = _child_state(node, child, state, fuse_rows)
                     row_fused = fuse_rows and node.op is Ops.EXPAND and _row_axes(node) is not None \
                         and child_state is None
-                    factor = 1 if row_fused else _broadcast_factor(node)
+                    factor = 1 if row_fused else _broadcast_factor(node, child)
                     stack.append((child, child_state, min(rep * factor, _REP_CAP)))
     # order: toposort of the whole graph restricted to realized nodes
     order: list[UOp] = []
@@ -146,6 +150,8 @@ def find_realized(outputs: list[UOp], fuse_rows: bool = False,
 def _child_state(node: UOp, child: UOp, state: object, fuse_rows: bool) -> object:
     if node.op in ALU or node.op in (Ops.CAST, Ops.BITCAST):
         return state
+    if node.op is Ops.GATHER:  # indices are read once per output; values anywhere, any number of times
+        return state if child is node.src[1] and child is not node.src[0] else "general"
     if node.op is Ops.REDUCE_AXIS:
         shape, axes = shape_of(child), node.arg[1]
         if fuse_rows and _trailing(axes, len(shape)) and state in (None, ("row", shape, axes)):
@@ -236,6 +242,9 @@ class _Lowerer:
             return UOp(Ops.REDUCE, node.dtype, (inner_value, *ranges), reduce_op)
         src = node.src[0]
         src_shape = shape_of(src)
+        if op is Ops.GATHER:  # a real indexed load: the index along `arg` is read from the index tensor
+            j = _clamped_index(self.value(node.src[1], idx, valid), src_shape[arg])
+            return self.value(src, idx[:arg] + (j,) + idx[arg + 1:], valid)
         if op is Ops.RESHAPE:
             flat = flat_index(idx, shape_of(node))
             new_idx = []
@@ -280,6 +289,25 @@ class _Lowerer:
             inner = self.value(src, tuple(new_idx), inner_valid)
             return UOp(Ops.WHERE, node.dtype, (cond, inner, UOp.const(node.dtype, fill)))
         raise NotImplementedError(f"cannot lower {op}")
+
+
+def _clamped_index(j: UOp, n: int) -> UOp:
+    """A gathered index of any int dtype as an INDEX in [0, n): negative values wrap once (j + n), then the
+    result is clamped (`j < 0` -> 0, `j >= n` -> n - 1). Written as MAX and `(a < b).where(a, b)` so that the
+    symbolic bounds (`UOp.vmin`/`vmax`) prove every gathered load in bounds."""
+    top = UOp.const(INDEX, n - 1)
+    if j.dtype.is_unsigned:  # no negatives; clamp in its own dtype first (a u64 above 2^63 is no i64)
+        cap = UOp.const(j.dtype, min(n - 1, int(min_max(j.dtype)[1])))
+        j = UOp(Ops.WHERE, j.dtype, (UOp(Ops.CMPLT, dtypes.bool, (j, cap)), j, cap))
+        j = UOp(Ops.CAST, INDEX, (j,))
+    else:
+        j = UOp(Ops.CAST, INDEX, (j,))
+        if j.vmax > (1 << 62):  # an i64 index: clamp from above first, so that j + n has 64-bit bounds
+            j = UOp(Ops.WHERE, INDEX, (UOp(Ops.CMPLT, dtypes.bool, (j, top)), j, top))
+        j = UOp(Ops.WHERE, INDEX, (UOp(Ops.CMPLT, dtypes.bool, (j, UOp.const(INDEX, 0))),
+                                   j + UOp.const(INDEX, n), j))
+        j = UOp(Ops.MAX, INDEX, (j, UOp.const(INDEX, 0)))
+    return UOp(Ops.WHERE, INDEX, (UOp(Ops.CMPLT, dtypes.bool, (j, top)), j, top))
 
 
 def _ge0(j: UOp) -> UOp:

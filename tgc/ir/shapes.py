@@ -23,6 +23,8 @@ def _shape(u: UOp) -> tuple[int, ...]:
         return (arg,)
     if op in ALU or op in (Ops.CAST, Ops.BITCAST, Ops.CONTIGUOUS):
         return shape_of(u.src[-1]) if op is Ops.WHERE else shape_of(u.src[0])
+    if op is Ops.GATHER:
+        return shape_of(u.src[1])
     if op in (Ops.RESHAPE, Ops.EXPAND):
         return tuple(arg)
     src = shape_of(u.src[0])

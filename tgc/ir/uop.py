@@ -30,6 +30,10 @@ class Ops(Enum):
     WINDOW = auto()  # arg = (axis, kernel, stride, dilation): dim H -> (OH, K), h = oh*stride + k*dilation
     REDUCE_AXIS = auto()  # arg = (reduce op, axes); keeps the reduced dims as size 1
     CONTIGUOUS = auto()  # a copy with its own buffer: the scheduler always realizes it (e.g. a packed layout)
+    # src = (values, indices), arg = axis: out[..., i, ...] = values[..., clamp(indices[..., i, ...]), ...]; the
+    # indices (any int dtype) have the output's shape, the values the same ndim and the output's sizes off the
+    # axis. An index is wrapped once if negative (i + n), then clamped into [0, n): never out of bounds.
+    GATHER = auto()
     # --- unary ALU
     NEG = auto()
     NOT = auto()  # logical not for bool, bitwise not for ints
