@@ -321,6 +321,8 @@ def _check_statement(stmt: ast.stmt, err: _Errors, in_function: bool) -> None:
         if not names or not all(isinstance(n, ast.Name) for n in names):
             raise err.at(target, "an assignment needs a name, or names separated by commas, on the left",
                          hint="write 'name = expr' or 'a, b = f(x)'")
+        if len({n.id for n in names}) != len(names):  # type: ignore[attr-defined]
+            raise err.at(target, "a name appears twice on the left", hint="give each value its own name")
         _check_constructs(stmt.value, err)
     elif isinstance(stmt, ast.AugAssign):
         if not isinstance(stmt.target, ast.Name):
@@ -707,7 +709,7 @@ class _Evaluator:
             raise self.err.at(value_node, f"cannot unpack {_describe(value)} into {len(names)} names",
                               hint="a function returning several values gives a tuple: 'a, b = f(x)'")
         if len(value) != len(names):
-            raise self.err.at(target, f"{len(names)} names for {len(value)} values",
+            raise self.err.at(target, f"cannot unpack {len(value)} values into {len(names)} names",
                               hint=f"write {len(value)} names on the left")
         for n, v in zip(names, value):
             self.env[n] = v
