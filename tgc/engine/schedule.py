@@ -79,7 +79,7 @@ def _row_axes(e: UOp) -> tuple[int, ...] | None:
 
 
 def find_realized(outputs: list[UOp], fuse_rows: bool = False,
-                  fused: dict[UOp, attention.Match] | None = None) -> list[UOp]:
+                  fused: dict[UOp, attention.Match] | None = None, forced: set[UOp] | None = None) -> list[UOp]:
     """Kernel roots in dependency order (each after the roots it reads).
 
     With `fuse_rows` (CPU-style devices, where a kernel's outer loops run in order), a per-row reduction
@@ -87,10 +87,12 @@ def find_realized(outputs: list[UOp], fuse_rows: bool = False,
     once per row before the row's inner loop (softmax and layernorm become one kernel).
 
     `fused` (attention.find) marks the `softmax(X) @ v` chains computed by one fused kernel: the walk reads
-    their operands (q, k, v, a mask) instead of the chain, each as a value read many times."""
+    their operands (q, k, v, a mask) instead of the chain, each as a value read many times. `forced` are nodes
+    realized whatever the walk decides (the reductions `_schedule` found computed at two indices)."""
     fused = fused or {}
     realized: set[UOp] = set(o for o in outputs)
     realized |= {n for o in outputs for n in o.toposort() if n.op is Ops.CONTIGUOUS}
+    realized |= forced or set()
     changed = True
     while changed:
         changed = False
@@ -156,9 +158,28 @@ def _child_state(node: UOp, child: UOp, state: object, fuse_rows: bool) -> objec
         if state is None or state == ("row", tuple(node.arg), row_axes):
             return None  # the row value is computed once per row: treat it as fresh
         return "general"
-    if node.op in _EXPANDING:
+    if node.op in _EXPANDING or moves_index(node):
         return "general"
     return state if state is None else "general"
+
+
+def moves_index(node: UOp) -> bool:
+    """Whether a movement op reads its source at an index other than its own: a slice or shift (SHRINK), a pad,
+    a flip or a stride that changes something (RESHAPE, PERMUTE and EXPAND only relabel or broadcast). A symbolic
+    size counts as a change."""
+    if node.op is Ops.SHRINK:
+        return any((b, e) != (0, s) for (b, e), s in zip(node.arg, shape_of(node.src[0])))
+    if node.op is Ops.PAD:
+        return any(p != (0, 0) for p in node.arg[0])
+    if node.op is Ops.FLIP:
+        return any(f and _above_one(s) for f, s in zip(node.arg, shape_of(node.src[0])))
+    if node.op is Ops.STRIDE:
+        return any(st != 1 and _above_one(s) for st, s in zip(node.arg, shape_of(node.src[0])))
+    return False
+
+
+def _above_one(size: object) -> bool:
+    return not isinstance(size, int) or size > 1
 
 
 class _Lowerer:
@@ -171,6 +192,19 @@ class _Lowerer:
         self.memo: dict[tuple, UOp] = {}
         self.range_id = 0
         self.flops = 0
+
+    def recomputed_reductions(self) -> set[UOp]:
+        """The reductions this kernel computes inline at more than one index (or under more than one gate): each
+        would be computed again for every read. (Called after `build`.)"""
+        count: dict[UOp, int] = {}
+        for node, _idx, valid in self.memo:
+            if valid.op is Ops.CONST and not valid.arg:  # (padding that is never read: nothing computed)
+                continue
+            if node.op is Ops.REDUCE_AXIS and node is not self.root and node not in self.realized:
+                shape = shape_of(node.src[0])
+                if not all(isinstance(shape[a], int) and shape[a] <= 1 for a in node.arg[1]):
+                    count[node] = count.get(node, 0) + 1
+        return {node for node, n in count.items() if n > 1}
 
     def new_range(self, size: int, kind: RangeKind) -> UOp:
         r = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, size),), (self.range_id, kind))
@@ -526,18 +560,31 @@ def create_schedule(outputs: list[UOp], caps: Capabilities | None = None) -> lis
 
 def _schedule(outputs: list[UOp], fuse_rows: bool) -> list[ScheduleItem]:
     fused = attention.find(outputs)
-    roots = find_realized(outputs, fuse_rows, fused)
-    realized = set(roots)
+    forced: set[UOp] = set()
+    while True:  # a reduction a kernel would compute at two indices gets a buffer; then the kernels again
+        roots = find_realized(outputs, fuse_rows, fused, forced)
+        realized = set(roots)
+        lowered: dict[UOp, tuple[_Lowerer, UOp]] = {}
+        recomputed: set[UOp] = set()
+        for root in roots:
+            if root in lowered or prod(shape_of(root)) == 0:
+                continue
+            low = _Lowerer(root, realized)
+            lowered[root] = (low, low.build())
+            if attention.output_of(root, fused) is None:  # (a fused attention computes its chain once per score)
+                recomputed |= low.recomputed_reductions()
+        if not recomputed:
+            break
+        forced |= recomputed
     items: list[ScheduleItem] = []
     done: dict[UOp, ScheduleItem] = {}
     for root in roots:
         if root in done:
             continue
-        if prod(shape_of(root)) == 0:
+        if root not in lowered:
             item = ScheduleItem(UOp(Ops.SINK, None, ()), [root], name="empty")
         else:
-            low = _Lowerer(root, realized)
-            ast = low.build()
+            low, ast = lowered[root]
             item = ScheduleItem(ast, low.bufs, name=kernel_name(ast))
             p = attention.output_of(root, fused)
             if p is not None:  # lowered as one online-softmax kernel (tgc.codegen.attention); `ast` is its reference
