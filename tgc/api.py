@@ -42,6 +42,7 @@ from tgc.engine import bench, chunk
 from tgc.engine.chunk import Chunking
 from tgc.engine.conform import as_array as _as_array
 from tgc.engine.conform import check_input_names, names_hint
+from tgc.engine.flops import recompute_factor, written_flops
 from tgc.engine.inputs import random_inputs
 from tgc.engine.multi import MultiLowered, bench_multi, run_multi
 from tgc.engine.multi import plan as plan_multi
@@ -282,7 +283,26 @@ class Program:
         if key not in self._kernels:
             outs, _ = self._trace(dims)
             self._kernels[key] = self._build_kernels(dev, outs, beam, tuned, progress)
+            if debug_level() >= 2:
+                rec = self._recompute(self._kernels[key], outs)
+                print(f"*** recompute factor {rec['factor']:.3f}: the kernels execute {rec['executed']} ops, the "
+                      f"program as written has {rec['written']}", file=sys.stderr)
         return self._kernels[key]
+
+    def recompute(self, device: str | None = None, dims: dict[str, int] | None = None, beam: int | None = None,
+                  tuned: bool = True) -> dict[str, Any]:
+        """The recompute factor of the program's kernels on one device (`tgc.engine.flops`): `written` (the
+        tensor graph's ops, each node once over its own shape), `executed` (the same ops as the kernels run
+        them, `Kernel.graph_flops` summed) and `factor` = executed / written (1.0: nothing computed twice)."""
+        dev = _device(device)
+        dims = self.resolve_dims(dims)
+        kernels = self.compile(device=dev.name, dims=dims, beam=beam, tuned=tuned)
+        return self._recompute(kernels, self._trace(dims)[0])
+
+    @staticmethod
+    def _recompute(kernels: list[Kernel], outs: list[UOp]) -> dict[str, Any]:
+        written, executed = written_flops(outs), sum(k.graph_flops for k in kernels)
+        return {"written": written, "executed": executed, "factor": recompute_factor(executed, written)}
 
     def _build_kernels(self, dev: Any, outs: list[UOp], beam: int, tuned: bool, progress: Any = None
                        ) -> list[Kernel]:
@@ -663,6 +683,8 @@ class Program:
             timing = bench.bench_lowered(low, arrays, repeat=repeat, warmup=warmup)
         result: dict[str, Any] = {"device": dev.name, "dims": dims, "repeat": repeat, "beam": beam, **timing,
                                   "identity": self.identity(dev.name, dims), "kernels_for": kernels_for}
+        if not symbolic:  # (the kernels just timed, from the compile cache)
+            result["recompute"] = self.recompute(dev.name, dims, beam=beam, tuned=tuned)
         return result
 
     def identity(self, device: str | None, dims: dict[str, int]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 from tgc.capabilities import Capabilities
 from tgc.dtype import DType, dtypes
 from tgc.engine import attention
+from tgc.engine.flops import attention_flops, executed_flops
 from tgc.errors import TgcError
 from tgc.ir.kernel import INDEX, ScheduleItem, flat_index, identity
 from tgc.ir.shapes import prod, shape_of, strides_for
@@ -591,6 +592,9 @@ def _schedule(outputs: list[UOp], fuse_rows: bool) -> list[ScheduleItem]:
                 item.meta["attention"] = attention.spec(low, root, fused[p])
                 item.bufs = low.bufs
                 item.name = "attn_" + item.name
+                item.meta["graph_flops"] = attention_flops(item.meta["attention"], fused[p])
+            else:
+                item.meta["graph_flops"] = executed_flops(ast)
         done[root] = item
         items.append(item)
     return items
