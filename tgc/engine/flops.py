@@ -6,10 +6,11 @@ device lowering (polynomial transcendentals, vector lanes): `Kernel.flops` count
 GFLOP/s; these counts say how much of the program's work a schedule repeats.
 
 - `written_flops(outputs)`: each node of the graph once, over its own shape.
-- `executed_flops(ast)`: a kernel AST (`tgc.engine.schedule`), each node once per iteration of the loops around
-  it: every output loop up to the innermost one its value depends on (the output loops nest in axis order,
-  outermost first) times each reduction loop it depends on (a value that does not depend on a reduction's loop
-  is computed outside it). A REDUCE counts each element it accumulates. Index arithmetic and the gates of
+- `executed_flops(ast)`: a kernel AST (`tgc.engine.schedule`), each node once per iteration of the innermost loop
+  its value depends on (a value is computed outside the loops it does not depend on, but inside every loop around
+  that one): the output loops nest in axis order, outermost first; a REDUCE's loops nest inside the innermost
+  loop the REDUCE itself depends on (a softmax's row max inside the row loop, not the column loop). A REDUCE
+  counts each element it accumulates. Index arithmetic and the gates of
   padding (a WHERE on index arithmetic) are not the graph's ops and count nothing. A REREAD (a per-row value
   stored by its reduction's pass, `tgc.codegen.rowreuse`) counts as the load it is.
 - `attention_flops(spec, match)`: a fused attention kernel: the scores' expression once per (query, key), and
@@ -72,37 +73,55 @@ def executed_flops(ast: UOp, loops: tuple[UOp, ...] | None = None) -> int:
     if loops is None:
         loops = tuple(sorted((u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] is RangeKind.LOOP),
                              key=lambda r: r.arg[0]))
-    position = {r: i for i, r in enumerate(loops)}
-    open_ranges: dict[UOp, frozenset[UOp]] = {}
-    index_memo: dict[UOp, bool] = {}
-
-    def size(r: UOp) -> int:
-        end = r.src[0]
-        return end.arg if end.op is Ops.CONST else max(int(end.vmax), 1)
-
-    def trips(ranges: frozenset[UOp]) -> int:
-        inner = max((position[r] for r in ranges if r in position), default=-1)
-        return prod(size(r) for r in loops[:inner + 1]) * prod(size(r) for r in ranges if r not in position)
-
-    total = 0
-    for u in _postorder(ast):
+    order = _postorder(ast)
+    open_ranges: dict[UOp, frozenset[UOp]] = {}  # the loops a value depends on (a REDUCE closes its own)
+    owner: dict[UOp, UOp] = {}  # reduction loop -> its REDUCE
+    for u in order:
         if u.op is Ops.RANGE:
             open_ranges[u] = frozenset((u,))
-            continue
-        if u.op is Ops.REREAD:  # the stored value is loaded; the recomputed form is never run
+        elif u.op is Ops.REREAD:  # the stored value is loaded; the recomputed form is never run
             open_ranges[u] = open_ranges[u.src[0]]
-            continue
-        deps = frozenset().union(*(open_ranges[s] for s in u.src))
+        else:
+            deps = frozenset().union(*(open_ranges[s] for s in u.src))
+            if u.op is Ops.REDUCE:
+                owner.update((r, u) for r in u.src[1:])
+                deps -= frozenset(u.src[1:])
+            open_ranges[u] = deps
+    outer = {r: prod(_size(x) for x in loops[:i + 1]) for i, r in enumerate(loops)}
+    range_trips: dict[UOp, int] = {}
+
+    def trips_of(r: UOp) -> int:
+        """Iterations of loop `r` over the whole kernel: an output loop's and those around it; a reduction loop's
+        times those of the place its REDUCE is computed (inside the innermost loop that REDUCE depends on)."""
+        if r in outer:
+            return outer[r]
+        if r not in range_trips:
+            red = owner.get(r)
+            if red is None:  # (a loop that no REDUCE closes: nested like an output loop)
+                range_trips[r] = _size(r)
+            else:
+                own = red.src[1:]
+                base = trips_at(open_ranges[red])
+                range_trips[r] = base * prod(_size(x) for x in own[:own.index(r) + 1])
+        return range_trips[r]
+
+    def trips_at(ranges: frozenset[UOp]) -> int:
+        return max((trips_of(r) for r in ranges), default=1)  # (they nest: the innermost iterates the most)
+
+    index_memo: dict[UOp, bool] = {}
+    total = 0
+    for u in order:
         if u.op is Ops.REDUCE:
-            own = frozenset(u.src[1:])
-            open_ranges[u] = deps - own
-            total += trips(deps | own)
-            continue
-        open_ranges[u] = deps
-        if u.op in ALU and not _index_valued(u, index_memo) and \
+            total += trips_of(u.src[-1])
+        elif u.op in ALU and not _index_valued(u, index_memo) and \
                 not (u.op is Ops.WHERE and _index_valued(u.src[0], index_memo)):
-            total += trips(deps)
+            total += trips_at(open_ranges[u])
     return total
+
+
+def _size(r: UOp) -> int:
+    end = r.src[0]
+    return end.arg if end.op is Ops.CONST else max(int(end.vmax), 1)
 
 
 def _postorder(root: UOp) -> list[UOp]:
