@@ -4,6 +4,9 @@ Which nodes get a buffer of their own ("realized"):
 - every program output;
 - a reduction whose result is read more than once per output element of its consumer: behind an EXPAND
   or WINDOW (a broadcast reuses it), or inside another reduction, or shared by several kernels;
+- a reduction read at an index other than its own (behind a slice, shift, pad, flip or stride:
+  `moves_index`), or that a kernel would evaluate at two indices (`_Lowerer.recomputed_reductions`, checked
+  after lowering, then the schedule is made again): a matmul or a norm's statistics is never recomputed;
 - elementwise work that a broadcast would make its consumer recompute, where that costs more than a round
   trip through memory: its ALU cost (a transcendental counts `TRANSCENDENTAL_COST`) times the extra times it
   would be recomputed (the broadcast factor minus one) is at least `RECOMPUTE_LIMIT`. The GELU before a
