@@ -158,7 +158,7 @@ def _layernorm(x, g, b):
     return (x - mu) / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * g + b
 
 
-def _gelu(x):
+def _gelu(x):  # (float64 numpy)
     return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
 
 
@@ -236,3 +236,59 @@ def test_model_recompute_factor(path, device):
     executed = sum(i.meta["graph_flops"] for i in items if i.ast.src)
     assert executed <= 1.05 * written_flops(outs)
     assert any(i.name.startswith("attn_") for i in items)  # the attention stays fused
+
+
+# --- odd sizes (item 2): a matmul's columns with no multiple of 32 are split into a main part and the rest (CPU)
+
+ODD = "x: f32[M, K]\nw: f32[K, N]\nb: f32[N]\nreturn gelu(x @ w + b)\n"
+
+
+def _columns(item) -> int:
+    """The output columns a matmul kernel computes (its innermost output loop)."""
+    loops = [u for u in item.ast.toposort() if u.op is Ops.RANGE and u.arg[1].name == "LOOP"]
+    return max(loops, key=lambda r: r.arg[0]).src[0].arg
+
+
+def test_odd_columns_are_split_into_a_main_part_and_the_rest():
+    prog = tgc.loads(ODD)
+    dims = {"M": 64, "K": 256, "N": 1365}
+    items = prog.schedule(dims, device="CPU")
+    matmuls = [i for i in items if _reduces(i)]
+    assert sorted(_columns(i) for i in matmuls) == [21, 1344]  # 1344 = 42 * 32, and 21 more
+    assert all(i.line == 4 for i in matmuls)  # each part reports the matmul's line
+    assert [_reduces(i) for i in items if i not in matmuls] == [0, 0]  # the packed right-hand side, the GELU
+    inputs = random_inputs(prog, dims, seed=5)
+    x, w, b = (inputs[n].astype(np.float64) for n in ("x", "w", "b"))
+    want = _gelu(x @ w + b)
+    np.testing.assert_allclose(prog.run(**inputs)["out0"], want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    assert len(prog.schedule(dims, device="PYTHON")) == 1  # (a CPU choice: elsewhere one kernel)
+
+
+def test_the_main_part_takes_the_tile_of_a_multiple_of_32():
+    """The heuristic gives the 1344 columns of a 1365-column matmul the opts it gives a 1344-column matmul."""
+    def main_opts(n: int) -> list:
+        ks = tgc.loads("x: f32[M, K]\nw: f32[K, N]\nreturn x @ w\n").compile("CPU", dims={"M": 64, "K": 256, "N": n},
+                                                                              tuned=False)
+        return [k.opts for k in ks if "1344" in k.name]
+    odd, even = main_opts(1365), main_opts(1344)
+    assert len(odd) == 1 and odd[0] and odd == even
+
+
+def test_batched_and_sliced_odd_matmuls_match_numpy():
+    cases = [("x: f32[B, M, K]\nw: f32[B, K, N]\nreturn x @ w\n", {"B": 2, "M": 32, "K": 128, "N": 600},
+              lambda x, w: x @ w),
+             ("x: f32[M, K]\nw: f32[K, N]\nreturn (x @ w)[:, 5:] * 2\n", {"M": 64, "K": 256, "N": 1000},
+              lambda x, w: (x @ w)[:, 5:] * 2)]
+    for src, dims, model in cases:
+        prog = tgc.loads(src)
+        assert sum(1 for i in prog.schedule(dims, device="CPU") if _reduces(i)) == 2
+        inputs = random_inputs(prog, dims, seed=2)
+        want = model(inputs["x"].astype(np.float64), inputs["w"])
+        np.testing.assert_allclose(prog.run(**inputs)["out0"], want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_attention_with_odd_keys_stays_fused():
+    """197 keys (a ViT's tokens): the scores' matmul belongs to the fused attention and is not split."""
+    prog = tgc.load(ROOT / "kernels" / "attention.tg")
+    items = prog.schedule({"B": 1, "H": 2, "T": 197, "D": 64}, device="CPU")
+    assert [i.name.startswith("attn_") for i in items] == [True]

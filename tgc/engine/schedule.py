@@ -475,6 +475,59 @@ def pack_matmul_operands(outputs: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp],
     return [memo[o] for o in outputs], original, serves
 
 
+SPLIT_COLUMNS = 32  # a matmul's output columns that are no multiple of this are split into a part that is ...
+SPLIT_MIN_PRODUCTS = 1 << 22  # ... and the rest, for a matmul of at least this many multiply-adds
+
+
+def _column_part(r: UOp, lo: int, hi: int) -> UOp:
+    """The matmul `r` (as `_matmul_rhs` recognises it) over its output columns lo..hi only: the same product of
+    the left-hand side with the columns lo..hi of the right-hand side, written as `Tensor.matmul` writes one."""
+    mul = r.src[0]
+    x, y = _broadcast(mul.src[0]), _broadcast(mul.src[1])
+    shape, width = shape_of(mul), hi - lo
+    full = shape[:-1] + (width,)
+    b = y[-1].src[0]
+    part = UOp(Ops.SHRINK, b.dtype, (b,), tuple((0, n) for n in shape_of(b)[:-1]) + ((lo, hi),))
+    rhs = UOp(Ops.RESHAPE, b.dtype, (part,), tuple(y[-1].arg[:-1]) + (width,))
+    if shape_of(rhs) != full:
+        rhs = UOp(Ops.EXPAND, b.dtype, (rhs,), full)
+    lhs = x[-1] if shape_of(x[-1]) == full else UOp(Ops.EXPAND, x[-1].dtype, (x[-1],), full)
+    return UOp(Ops.REDUCE_AXIS, r.dtype, (UOp(Ops.MUL, mul.dtype, (lhs, rhs)),), r.arg)
+
+
+def split_odd_columns(outputs: list[UOp], keep: set[UOp]) -> tuple[list[UOp], dict[UOp, UOp], dict[UOp, UOp]]:
+    """A CPU choice (with `caps.pack_matmul`): a large matmul whose output columns have no multiple of
+    SPLIT_COLUMNS (1365, 1000, 77) is computed as two: the first n - n % 32 columns, which the register tile and
+    the packed right-hand side take whole, and the remaining columns, each a kernel of its own (a consumer reads
+    both, through pads: `moves_index` realizes them). Matmuls in `keep` (a fused attention's) are left alone.
+    Returns the new outputs, the original node of every rebuilt one, and for each part the matmul it computes."""
+    serves: dict[UOp, UOp] = {}
+
+    def split(new: UOp) -> UOp:
+        if new in keep or _matmul_rhs(new) is None:
+            return new
+        shape = shape_of(new.src[0])
+        n = shape[-1]
+        if not all(isinstance(d, int) for d in shape) or n <= SPLIT_COLUMNS or n % SPLIT_COLUMNS == 0 or \
+                prod(shape) < SPLIT_MIN_PRODUCTS or new.dtype is None or not new.dtype.is_float:
+            return new
+        main = n - n % SPLIT_COLUMNS
+        first, rest = _column_part(new, 0, main), _column_part(new, main, n)
+        nd = len(shape_of(new))
+        lead = ((0, 0),) * (nd - 1)
+        left = UOp(Ops.PAD, new.dtype, (first,), (lead + ((0, n - main),), 0.0))
+        right = UOp(Ops.PAD, new.dtype, (rest,), (lead + ((main, 0),), 0.0))
+        serves[first] = serves[rest] = new
+        return UOp(Ops.ADD, new.dtype, (left, right))
+
+    memo: dict[UOp, UOp] = {}
+    new_outputs = [rebuild(o, memo, split) for o in outputs]
+    if not serves:
+        return outputs, {}, {}
+    original = {new: old for old, new in memo.items() if new is not old}
+    return new_outputs, original, {part: original.get(r, r) for part, r in serves.items()}
+
+
 CONV_LANES = 16  # conv2d: output channels per vector of the packed weights (one AVX-512 vector of f32) ...
 CONV_MIN_FLOPS = 1 << 24  # ... for a convolution of at least this many multiply-adds
 
@@ -550,7 +603,12 @@ def create_schedule(outputs: list[UOp], caps: Capabilities | None = None) -> lis
     original: dict[UOp, UOp] = {}
     serves: dict[UOp, UOp] = {}
     if pack_matmul:
-        outputs, original, serves = pack_matmul_operands(outputs)
+        fused = attention.find(outputs)
+        keep = {u for m in fused.values() for u in (m.p, *m.inline)}
+        outputs, original, serves = split_odd_columns(outputs, keep)
+        outputs, original_p, serves_p = pack_matmul_operands(outputs)
+        original = {new: original.get(old, old) for new, old in original_p.items()} | original
+        serves |= {copy: serves.get(mm) or original.get(mm, mm) for copy, mm in serves_p.items()}  # (a part's)
         outputs, original_c, serves_c = pack_conv_operands(outputs)
         original = {new: original.get(old, old) for new, old in original_c.items()} | original
         serves |= {copy: original.get(conv, conv) for copy, conv in serves_c.items()}  # through both maps
