@@ -407,7 +407,7 @@ class Program:
         for probe in (p1, p2):
             try:
                 outs, _ = self._trace(probe)
-                items = [i for i in create_schedule(outs, dev.caps) if i.ast.src]
+                items = [i for i in create_schedule(outs, dev.caps, split_columns=False) if i.ast.src]
             except TgcError as e:
                 return f"at sizes {probe}: {e.msg}"
             asts = [sizes.symbolize_ast(i.ast, probe, symbolic, bound) for i in items]
@@ -427,7 +427,8 @@ class Program:
         rep_items = None
         if not env_flag("NOOPT"):
             try:
-                rep_items = [i for i in create_schedule(self._trace(rep)[0], dev.caps) if i.ast.src]
+                rep_items = [i for i in create_schedule(self._trace(rep)[0], dev.caps, split_columns=False)
+                             if i.ast.src]
             except TgcError:
                 rep_items = None
             if rep_items is not None and [sizes.name_shape(i.name) for i in rep_items] != \
@@ -766,7 +767,7 @@ class SymbolicPlan:
             return None, "the program's operations differ at these sizes (a slice or index that clamps)"
         # where the scheduler cuts the same kernels at these sizes (it may not: small matmuls are not packed,
         # which the plan's kernels still compute right), each must be the plan's kernel at these sizes
-        items = [i for i in create_schedule(outs, self.device.caps) if i.ast.src]
+        items = [i for i in create_schedule(outs, self.device.caps, split_columns=False) if i.ast.src]
         if [sizes.name_shape(i.name) for i in items] == self.shapes:
             for item, ast in zip(items, self.asts):
                 if sizes.instantiate_ast(ast, dims) is not item.ast:

@@ -594,18 +594,20 @@ def pack_conv_operands(outputs: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp], d
     return new_outputs, original, {copy: original.get(conv, conv) for copy, conv in serves.items()}
 
 
-def create_schedule(outputs: list[UOp], caps: Capabilities | None = None) -> list[ScheduleItem]:
+def create_schedule(outputs: list[UOp], caps: Capabilities | None = None, split_columns: bool = True
+                    ) -> list[ScheduleItem]:
     """The kernels computing `outputs`, in launch order, for a device that declares `caps` (its row fusion and
     matmul packing; None: neither). The tensor graph itself is device-neutral. Each item's `bufs` are nodes
-    of the graph given (a packed copy is a node of its own)."""
+    of the graph given (a packed copy is a node of its own). `split_columns=False` keeps matmuls with odd
+    columns whole (`split_odd_columns` depends on the sizes: kernels compiled for a size class do not)."""
     check_sizes(outputs)
     fuse_rows, pack_matmul = (caps.fuse_rows, caps.pack_matmul) if caps is not None else (False, False)
     original: dict[UOp, UOp] = {}
     serves: dict[UOp, UOp] = {}
     if pack_matmul:
-        fused = attention.find(outputs)
-        keep = {u for m in fused.values() for u in (m.p, *m.inline)}
-        outputs, original, serves = split_odd_columns(outputs, keep)
+        if split_columns:
+            keep = {u for m in attention.find(outputs).values() for u in (m.p, *m.inline)}
+            outputs, original, serves = split_odd_columns(outputs, keep)
         outputs, original_p, serves_p = pack_matmul_operands(outputs)
         original = {new: original.get(old, old) for new, old in original_p.items()} | original
         serves |= {copy: serves.get(mm) or original.get(mm, mm) for copy, mm in serves_p.items()}  # (a part's)
