@@ -477,6 +477,7 @@ def pack_matmul_operands(outputs: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp],
 
 SPLIT_COLUMNS = 32  # a matmul's output columns that are no multiple of this are split into a part that is ...
 SPLIT_MIN_PRODUCTS = 1 << 22  # ... and the rest, for a matmul of at least this many multiply-adds
+REST_COLUMNS = 16  # the rest is computed as this many columns (or twice), the last ones of the matmul
 
 
 def _column_part(r: UOp, lo: int, hi: int) -> UOp:
@@ -499,7 +500,9 @@ def split_odd_columns(outputs: list[UOp], keep: set[UOp]) -> tuple[list[UOp], di
     """A CPU choice (with `caps.pack_matmul`): a large matmul whose output columns have no multiple of
     SPLIT_COLUMNS (1365, 1000, 77) is computed as two: the first n - n % 32 columns, which the register tile and
     the packed right-hand side take whole, and the remaining columns, each a kernel of its own (a consumer reads
-    both, through pads: `moves_index` realizes them). Matmuls in `keep` (a fused attention's) are left alone.
+    both, through pads: `moves_index` realizes them). The rest is computed as the last 16 or 32 columns (a
+    vector's worth: 13 columns alone took no tile and ran at a third of the speed), the few it shares with the
+    main part computed twice. Matmuls in `keep` (a fused attention's) are left alone.
     Returns the new outputs, the original node of every rebuilt one, and for each part the matmul it computes."""
     serves: dict[UOp, UOp] = {}
 
@@ -512,11 +515,15 @@ def split_odd_columns(outputs: list[UOp], keep: set[UOp]) -> tuple[list[UOp], di
                 prod(shape) < SPLIT_MIN_PRODUCTS or new.dtype is None or not new.dtype.is_float:
             return new
         main = n - n % SPLIT_COLUMNS
-        first, rest = _column_part(new, 0, main), _column_part(new, main, n)
+        # the rest as the last columns of a multiple of 16 (a vector), overlapping the main part's last ones
+        wide = -(-(n - main) // REST_COLUMNS) * REST_COLUMNS
+        first, rest = _column_part(new, 0, main), _column_part(new, n - wide, n)
         nd = len(shape_of(new))
         lead = ((0, 0),) * (nd - 1)
         left = UOp(Ops.PAD, new.dtype, (first,), (lead + ((0, n - main),), 0.0))
-        right = UOp(Ops.PAD, new.dtype, (rest,), (lead + ((main, 0),), 0.0))
+        keep_rows = tuple((0, d) for d in shape_of(rest)[:-1])
+        tail = UOp(Ops.SHRINK, new.dtype, (rest,), keep_rows + ((wide - n + main, wide),))
+        right = UOp(Ops.PAD, new.dtype, (tail,), (lead + ((main, 0),), 0.0))
         serves[first] = serves[rest] = new
         return UOp(Ops.ADD, new.dtype, (left, right))
 
