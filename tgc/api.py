@@ -44,6 +44,7 @@ from tgc.engine import bench, chunk
 from tgc.engine.chunk import Chunking
 from tgc.engine.conform import as_array as _as_array
 from tgc.engine.conform import check_input_names, names_hint
+from tgc.engine.flops import recompute_factor, written_flops
 from tgc.engine.inputs import random_inputs
 from tgc.engine.multi import MultiLowered, bench_multi, run_multi
 from tgc.engine.multi import plan as plan_multi
@@ -284,7 +285,26 @@ class Program:
         if key not in self._kernels:
             outs, _ = self._trace(dims)
             self._kernels[key] = self._build_kernels(dev, outs, beam, tuned, progress)
+            if debug_level() >= 2:
+                rec = self._recompute(self._kernels[key], outs)
+                print(f"*** recompute factor {rec['factor']:.3f}: the kernels execute {rec['executed']} ops, the "
+                      f"program as written has {rec['written']}", file=sys.stderr)
         return self._kernels[key]
+
+    def recompute(self, device: str | None = None, dims: dict[str, int] | None = None, beam: int | None = None,
+                  tuned: bool = True) -> dict[str, Any]:
+        """The recompute factor of the program's kernels on one device (`tgc.engine.flops`): `written` (the
+        tensor graph's ops, each node once over its own shape), `executed` (the same ops as the kernels run
+        them, `Kernel.graph_flops` summed) and `factor` = executed / written (1.0: nothing computed twice)."""
+        dev = _device(device)
+        dims = self.resolve_dims(dims)
+        kernels = self.compile(device=dev.name, dims=dims, beam=beam, tuned=tuned)
+        return self._recompute(kernels, self._trace(dims)[0])
+
+    @staticmethod
+    def _recompute(kernels: list[Kernel], outs: list[UOp]) -> dict[str, Any]:
+        written, executed = written_flops(outs), sum(k.graph_flops for k in kernels)
+        return {"written": written, "executed": executed, "factor": recompute_factor(executed, written)}
 
     def _build_kernels(self, dev: Any, outs: list[UOp], beam: int, tuned: bool, progress: Any = None
                        ) -> list[Kernel]:
@@ -389,7 +409,7 @@ class Program:
         for probe in (p1, p2):
             try:
                 outs, _ = self._trace(probe)
-                items = [i for i in create_schedule(outs, dev.caps) if i.ast.src]
+                items = [i for i in create_schedule(outs, dev.caps, split_columns=False) if i.ast.src]
             except TgcError as e:
                 return f"at sizes {probe}: {e.msg}"
             asts = [sizes.symbolize_ast(i.ast, probe, symbolic, bound) for i in items]
@@ -409,7 +429,8 @@ class Program:
         rep_items = None
         if not env_flag("NOOPT"):
             try:
-                rep_items = [i for i in create_schedule(self._trace(rep)[0], dev.caps) if i.ast.src]
+                rep_items = [i for i in create_schedule(self._trace(rep)[0], dev.caps, split_columns=False)
+                             if i.ast.src]
             except TgcError:
                 rep_items = None
             if rep_items is not None and [sizes.name_shape(i.name) for i in rep_items] != \
@@ -677,6 +698,8 @@ class Program:
             timing = bench.bench_lowered(low, arrays, repeat=repeat, warmup=warmup)
         result: dict[str, Any] = {"device": dev.name, "dims": dims, "repeat": repeat, "beam": beam, **timing,
                                   "identity": self.identity(dev.name, dims), "kernels_for": kernels_for}
+        if not symbolic:  # (the kernels just timed, from the compile cache)
+            result["recompute"] = self.recompute(dev.name, dims, beam=beam, tuned=tuned)
         return result
 
     def identity(self, device: str | None, dims: dict[str, int]) -> dict[str, Any]:
@@ -758,7 +781,7 @@ class SymbolicPlan:
             return None, "the program's operations differ at these sizes (a slice or index that clamps)"
         # where the scheduler cuts the same kernels at these sizes (it may not: small matmuls are not packed,
         # which the plan's kernels still compute right), each must be the plan's kernel at these sizes
-        items = [i for i in create_schedule(outs, self.device.caps) if i.ast.src]
+        items = [i for i in create_schedule(outs, self.device.caps, split_columns=False) if i.ast.src]
         if [sizes.name_shape(i.name) for i in items] == self.shapes:
             for item, ast in zip(items, self.asts):
                 if sizes.instantiate_ast(ast, dims) is not item.ast:

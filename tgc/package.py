@@ -498,6 +498,7 @@ class PackagedKernel:
     opts: list
     device: Any = None
     index: int = 0
+    graph_flops: int = 0  # (a package holds no tensor graph: no recompute factor)
     _program: Any = field(default=None, repr=False)
 
     def program(self) -> Any:

@@ -677,6 +677,8 @@ def bench(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple
             console.print(report.collectives_note(result), highlight=False)
         else:
             console.print(report.peak_note(result), highlight=False, style="dim")
+        if result.get("recompute"):
+            console.print(report.recompute_note(result["recompute"]), highlight=False)
         ratio = report.numpy_ratio(result)
         if ratio is not None:
             word = "faster" if ratio >= 1 else "slower"

@@ -241,6 +241,12 @@ def peak_note(result: Mapping[str, Any]) -> str:
     return note
 
 
+def recompute_note(rec: Mapping[str, Any]) -> str:
+    """`recompute factor 1.00 (...)`: the ops the kernels execute over the program's ops as written."""
+    return (f"recompute factor {rec['factor']:.3f} (the kernels execute {fmt_num(rec['executed'] / 1e6, 4)} M ops; "
+            f"the program as written has {fmt_num(rec['written'] / 1e6, 4)} M)")
+
+
 def _baseline_cell(row: dict[str, Any] | None) -> str:
     if not row or row.get("change") is None:
         return "new"

@@ -17,9 +17,11 @@ from tgc.codegen.pipeline import drop_unused_buffers as drop_unused_buffers  # r
 from tgc.codegen.pipeline import launch_contract as launch_contract  # re-exported
 from tgc.codegen.pipeline import lower, prepare
 from tgc.codegen.pipeline import render_kernel as render_kernel  # re-exported
+from tgc.codegen.rowreuse import tee_row_values
 from tgc.codegen.sizes import VAR_PREFIX
 from tgc.codegen.sizes import eval_int as _eval_int
 from tgc.dtype import dtypes, min_max
+from tgc.engine.flops import executed_flops
 from tgc.env import env_flag
 from tgc.errors import CompileError
 from tgc.ir.kernel import ScheduleItem
@@ -42,6 +44,7 @@ class Kernel:
     vals: tuple[int, ...] = ()
     flops: int = 0
     bytes_moved: int = 0
+    graph_flops: int = 0  # the tensor graph's ops this kernel executes (`tgc.engine.flops`: the recompute factor)
     line: int | None = None
     compile_error: str | None = None
     device: Any = None
@@ -148,6 +151,14 @@ def kernel_flops(uops: list[UOp], device: Any, launch: dict) -> int:
     return round(sum(count_work(uops, {"core_id": c}) for c in range(max(int(gsize[0]), 1))))
 
 
+def graph_flops(item: ScheduleItem, device: Any) -> int:
+    """The tensor graph's ops a kernel executes (`tgc.engine.flops.executed_flops`), where a CPU-style device
+    keeps an expensive per-row value from its reduction's pass (`tgc.codegen.rowreuse`): counted as loaded."""
+    if device.caps.reread_rows and not device.caps.gpu:
+        return executed_flops(tee_row_values(item.ast))
+    return item.meta.get("graph_flops", 0) or executed_flops(item.ast)
+
+
 def prepare_ast(ast: UOp, device: Any) -> UOp:
     """The device-independent passes every kernel gets before optimization (`pipeline.PREPARE`)."""
     return prepare(ast, device)
@@ -175,6 +186,7 @@ def build_kernel(item: ScheduleItem, device: Any, beam: int = 0, name: str | Non
         return Kernel(name=name, src=low.src, binary=binary, uops=low.uops, ast=low.ast, bufs=low.bufs,
                       global_size=low.launch.get("global_size", (1, 1, 1)), local_size=low.launch.get("local_size"),
                       vals=low.launch.get("vals", ()), flops=kernel_flops(low.uops, device, low.launch),
+                      graph_flops=item.meta.get("graph_flops", 0),
                       bytes_moved=bytes_touched(low.ast, low.bufs), line=item.line, compile_error=err,
                       device=device, opts=low.applied, cache_key=key)
     ast = prepare_ast(item.ast, device)
@@ -195,7 +207,7 @@ def build_kernel(item: ScheduleItem, device: Any, beam: int = 0, name: str | Non
     return Kernel(name=name, src=low.src, binary=binary, uops=low.uops, ast=low.ast, bufs=low.bufs,
                   global_size=launch.get("global_size", (1, 1, 1)), local_size=launch.get("local_size"),
                   vals=launch.get("vals", ()), flops=flops, bytes_moved=nbytes, line=item.line, compile_error=err,
-                  device=device, opts=low.applied, cache_key=key)
+                  device=device, opts=low.applied, cache_key=key, graph_flops=graph_flops(item, device))
 
 
 def build_symbolic_kernel(item: ScheduleItem, device: Any, probe: dict[str, int], name: str,

@@ -94,7 +94,7 @@ def bench_lowered(low: Lowered, arrays: dict[str, np.ndarray], repeat: int = 10,
         st = _stats(ts)
         row = {"name": k.name, "line": k.line, "global_size": list(k.global_size),
                "local_size": list(k.local_size) if k.local_size else None, "opts": [str(o) for o in k.opts],
-               "flops": k.flops, "bytes": k.bytes_moved, **st}
+               "flops": k.flops, "graph_flops": k.graph_flops, "bytes": k.bytes_moved, **st}
         row.update(rates(k.flops, k.bytes_moved, st["median_s"], peak, working_set))
         rows.append(row)
     prog_stats = _stats(whole)

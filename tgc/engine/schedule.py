@@ -4,6 +4,9 @@ Which nodes get a buffer of their own ("realized"):
 - every program output;
 - a reduction whose result is read more than once per output element of its consumer: behind an EXPAND
   or WINDOW (a broadcast reuses it), or inside another reduction, or shared by several kernels;
+- a reduction read at an index other than its own (behind a slice, shift, pad, flip or stride:
+  `moves_index`), or that a kernel would evaluate at two indices (`_Lowerer.recomputed_reductions`, checked
+  after lowering, then the schedule is made again): a matmul or a norm's statistics is never recomputed;
 - elementwise work that a broadcast would make its consumer recompute, where that costs more than a round
   trip through memory: its ALU cost (a transcendental counts `TRANSCENDENTAL_COST`) times the extra times it
   would be recomputed (the broadcast factor minus one) is at least `RECOMPUTE_LIMIT`. The GELU before a
@@ -19,6 +22,7 @@ from __future__ import annotations
 from tgc.capabilities import Capabilities
 from tgc.dtype import DType, dtypes, min_max
 from tgc.engine import attention
+from tgc.engine.flops import attention_flops, executed_flops
 from tgc.errors import TgcError
 from tgc.ir.kernel import INDEX, ScheduleItem, flat_index, identity
 from tgc.ir.shapes import prod, shape_of, strides_for
@@ -83,7 +87,7 @@ def _row_axes(e: UOp) -> tuple[int, ...] | None:
 
 
 def find_realized(outputs: list[UOp], fuse_rows: bool = False,
-                  fused: dict[UOp, attention.Match] | None = None) -> list[UOp]:
+                  fused: dict[UOp, attention.Match] | None = None, forced: set[UOp] | None = None) -> list[UOp]:
     """Kernel roots in dependency order (each after the roots it reads).
 
     With `fuse_rows` (CPU-style devices, where a kernel's outer loops run in order), a per-row reduction
@@ -91,10 +95,12 @@ def find_realized(outputs: list[UOp], fuse_rows: bool = False,
     once per row before the row's inner loop (softmax and layernorm become one kernel).
 
     `fused` (attention.find) marks the `softmax(X) @ v` chains computed by one fused kernel: the walk reads
-    their operands (q, k, v, a mask) instead of the chain, each as a value read many times."""
+    their operands (q, k, v, a mask) instead of the chain, each as a value read many times. `forced` are nodes
+    realized whatever the walk decides (the reductions `_schedule` found computed at two indices)."""
     fused = fused or {}
     realized: set[UOp] = set(o for o in outputs)
     realized |= {n for o in outputs for n in o.toposort() if n.op is Ops.CONTIGUOUS}
+    realized |= forced or set()
     changed = True
     while changed:
         changed = False
@@ -162,9 +168,28 @@ def _child_state(node: UOp, child: UOp, state: object, fuse_rows: bool) -> objec
         if state is None or state == ("row", tuple(node.arg), row_axes):
             return None  # the row value is computed once per row: treat it as fresh
         return "general"
-    if node.op in _EXPANDING:
+    if node.op in _EXPANDING or moves_index(node):
         return "general"
     return state if state is None else "general"
+
+
+def moves_index(node: UOp) -> bool:
+    """Whether a movement op reads its source at an index other than its own: a slice or shift (SHRINK), a pad,
+    a flip or a stride that changes something (RESHAPE, PERMUTE and EXPAND only relabel or broadcast). A symbolic
+    size counts as a change."""
+    if node.op is Ops.SHRINK:
+        return any((b, e) != (0, s) for (b, e), s in zip(node.arg, shape_of(node.src[0])))
+    if node.op is Ops.PAD:
+        return any(p != (0, 0) for p in node.arg[0])
+    if node.op is Ops.FLIP:
+        return any(f and _above_one(s) for f, s in zip(node.arg, shape_of(node.src[0])))
+    if node.op is Ops.STRIDE:
+        return any(st != 1 and _above_one(s) for st, s in zip(node.arg, shape_of(node.src[0])))
+    return False
+
+
+def _above_one(size: object) -> bool:
+    return not isinstance(size, int) or size > 1
 
 
 class _Lowerer:
@@ -177,6 +202,19 @@ class _Lowerer:
         self.memo: dict[tuple, UOp] = {}
         self.range_id = 0
         self.flops = 0
+
+    def recomputed_reductions(self) -> set[UOp]:
+        """The reductions this kernel computes inline at more than one index (or under more than one gate): each
+        would be computed again for every read. (Called after `build`.)"""
+        count: dict[UOp, int] = {}
+        for node, _idx, valid in self.memo:
+            if valid.op is Ops.CONST and not valid.arg:  # (padding that is never read: nothing computed)
+                continue
+            if node.op is Ops.REDUCE_AXIS and node is not self.root and node not in self.realized:
+                shape = shape_of(node.src[0])
+                if not all(isinstance(shape[a], int) and shape[a] <= 1 for a in node.arg[1]):
+                    count[node] = count.get(node, 0) + 1
+        return {node for node, n in count.items() if n > 1}
 
     def new_range(self, size: int, kind: RangeKind) -> UOp:
         r = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, size),), (self.range_id, kind))
@@ -465,6 +503,66 @@ def pack_matmul_operands(outputs: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp],
     return [memo[o] for o in outputs], original, serves
 
 
+SPLIT_COLUMNS = 32  # a matmul's output columns that are no multiple of this are split into a part that is ...
+SPLIT_MIN_PRODUCTS = 1 << 22  # ... and the rest, for a matmul of at least this many multiply-adds
+REST_COLUMNS = 16  # the rest is computed as this many columns (or twice), the last ones of the matmul
+
+
+def _column_part(r: UOp, lo: int, hi: int) -> UOp:
+    """The matmul `r` (as `_matmul_rhs` recognises it) over its output columns lo..hi only: the same product of
+    the left-hand side with the columns lo..hi of the right-hand side, written as `Tensor.matmul` writes one."""
+    mul = r.src[0]
+    x, y = _broadcast(mul.src[0]), _broadcast(mul.src[1])
+    shape, width = shape_of(mul), hi - lo
+    full = shape[:-1] + (width,)
+    b = y[-1].src[0]
+    part = UOp(Ops.SHRINK, b.dtype, (b,), tuple((0, n) for n in shape_of(b)[:-1]) + ((lo, hi),))
+    rhs = UOp(Ops.RESHAPE, b.dtype, (part,), tuple(y[-1].arg[:-1]) + (width,))
+    if shape_of(rhs) != full:
+        rhs = UOp(Ops.EXPAND, b.dtype, (rhs,), full)
+    lhs = x[-1] if shape_of(x[-1]) == full else UOp(Ops.EXPAND, x[-1].dtype, (x[-1],), full)
+    return UOp(Ops.REDUCE_AXIS, r.dtype, (UOp(Ops.MUL, mul.dtype, (lhs, rhs)),), r.arg)
+
+
+def split_odd_columns(outputs: list[UOp], keep: set[UOp]) -> tuple[list[UOp], dict[UOp, UOp], dict[UOp, UOp]]:
+    """A CPU choice (with `caps.pack_matmul`): a large matmul whose output columns have no multiple of
+    SPLIT_COLUMNS (1365, 1000, 77) is computed as two: the first n - n % 32 columns, which the register tile and
+    the packed right-hand side take whole, and the remaining columns, each a kernel of its own (a consumer reads
+    both, through pads: `moves_index` realizes them). The rest is computed as the last 16 or 32 columns (a
+    vector's worth: 13 columns alone took no tile and ran at a third of the speed), the few it shares with the
+    main part computed twice. Matmuls in `keep` (a fused attention's) are left alone.
+    Returns the new outputs, the original node of every rebuilt one, and for each part the matmul it computes."""
+    serves: dict[UOp, UOp] = {}
+
+    def split(new: UOp) -> UOp:
+        if new in keep or _matmul_rhs(new) is None:
+            return new
+        shape = shape_of(new.src[0])
+        n = shape[-1]
+        if not all(isinstance(d, int) for d in shape) or n <= SPLIT_COLUMNS or n % SPLIT_COLUMNS == 0 or \
+                prod(shape) < SPLIT_MIN_PRODUCTS or new.dtype is None or not new.dtype.is_float:
+            return new
+        main = n - n % SPLIT_COLUMNS
+        # the rest as the last columns of a multiple of 16 (a vector), overlapping the main part's last ones
+        wide = -(-(n - main) // REST_COLUMNS) * REST_COLUMNS
+        first, rest = _column_part(new, 0, main), _column_part(new, n - wide, n)
+        nd = len(shape_of(new))
+        lead = ((0, 0),) * (nd - 1)
+        left = UOp(Ops.PAD, new.dtype, (first,), (lead + ((0, n - main),), 0.0))
+        keep_rows = tuple((0, d) for d in shape_of(rest)[:-1])
+        tail = UOp(Ops.SHRINK, new.dtype, (rest,), keep_rows + ((wide - n + main, wide),))
+        right = UOp(Ops.PAD, new.dtype, (tail,), (lead + ((main, 0),), 0.0))
+        serves[first] = serves[rest] = new
+        return UOp(Ops.ADD, new.dtype, (left, right))
+
+    memo: dict[UOp, UOp] = {}
+    new_outputs = [rebuild(o, memo, split) for o in outputs]
+    if not serves:
+        return outputs, {}, {}
+    original = {new: old for old, new in memo.items() if new is not old}
+    return new_outputs, original, {part: original.get(r, r) for part, r in serves.items()}
+
+
 CONV_LANES = 16  # conv2d: output channels per vector of the packed weights (one AVX-512 vector of f32) ...
 CONV_MIN_FLOPS = 1 << 24  # ... for a convolution of at least this many multiply-adds
 
@@ -531,16 +629,23 @@ def pack_conv_operands(outputs: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp], d
     return new_outputs, original, {copy: original.get(conv, conv) for copy, conv in serves.items()}
 
 
-def create_schedule(outputs: list[UOp], caps: Capabilities | None = None) -> list[ScheduleItem]:
+def create_schedule(outputs: list[UOp], caps: Capabilities | None = None, split_columns: bool = True
+                    ) -> list[ScheduleItem]:
     """The kernels computing `outputs`, in launch order, for a device that declares `caps` (its row fusion and
     matmul packing; None: neither). The tensor graph itself is device-neutral. Each item's `bufs` are nodes
-    of the graph given (a packed copy is a node of its own)."""
+    of the graph given (a packed copy is a node of its own). `split_columns=False` keeps matmuls with odd
+    columns whole (`split_odd_columns` depends on the sizes: kernels compiled for a size class do not)."""
     check_sizes(outputs)
     fuse_rows, pack_matmul = (caps.fuse_rows, caps.pack_matmul) if caps is not None else (False, False)
     original: dict[UOp, UOp] = {}
     serves: dict[UOp, UOp] = {}
     if pack_matmul:
-        outputs, original, serves = pack_matmul_operands(outputs)
+        if split_columns:
+            keep = {u for m in attention.find(outputs).values() for u in (m.p, *m.inline)}
+            outputs, original, serves = split_odd_columns(outputs, keep)
+        outputs, original_p, serves_p = pack_matmul_operands(outputs)
+        original = {new: original.get(old, old) for new, old in original_p.items()} | original
+        serves |= {copy: serves.get(mm) or original.get(mm, mm) for copy, mm in serves_p.items()}  # (a part's)
         outputs, original_c, serves_c = pack_conv_operands(outputs)
         original = {new: original.get(old, old) for new, old in original_c.items()} | original
         serves |= {copy: original.get(conv, conv) for copy, conv in serves_c.items()}  # through both maps
@@ -554,24 +659,40 @@ def create_schedule(outputs: list[UOp], caps: Capabilities | None = None) -> lis
 
 def _schedule(outputs: list[UOp], fuse_rows: bool) -> list[ScheduleItem]:
     fused = attention.find(outputs)
-    roots = find_realized(outputs, fuse_rows, fused)
-    realized = set(roots)
+    forced: set[UOp] = set()
+    while True:  # a reduction a kernel would compute at two indices gets a buffer; then the kernels again
+        roots = find_realized(outputs, fuse_rows, fused, forced)
+        realized = set(roots)
+        lowered: dict[UOp, tuple[_Lowerer, UOp]] = {}
+        recomputed: set[UOp] = set()
+        for root in roots:
+            if root in lowered or prod(shape_of(root)) == 0:
+                continue
+            low = _Lowerer(root, realized)
+            lowered[root] = (low, low.build())
+            if attention.output_of(root, fused) is None:  # (a fused attention computes its chain once per score)
+                recomputed |= low.recomputed_reductions()
+        if not recomputed:
+            break
+        forced |= recomputed
     items: list[ScheduleItem] = []
     done: dict[UOp, ScheduleItem] = {}
     for root in roots:
         if root in done:
             continue
-        if prod(shape_of(root)) == 0:
+        if root not in lowered:
             item = ScheduleItem(UOp(Ops.SINK, None, ()), [root], name="empty")
         else:
-            low = _Lowerer(root, realized)
-            ast = low.build()
+            low, ast = lowered[root]
             item = ScheduleItem(ast, low.bufs, name=kernel_name(ast))
             p = attention.output_of(root, fused)
             if p is not None:  # lowered as one online-softmax kernel (tgc.codegen.attention); `ast` is its reference
                 item.meta["attention"] = attention.spec(low, root, fused[p])
                 item.bufs = low.bufs
                 item.name = "attn_" + item.name
+                item.meta["graph_flops"] = attention_flops(item.meta["attention"], fused[p])
+            else:
+                item.meta["graph_flops"] = executed_flops(ast)
         done[root] = item
         items.append(item)
     return items
