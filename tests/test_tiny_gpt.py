@@ -88,3 +88,9 @@ def test_tiny_gpt_is_causal_and_the_loss_follows_the_targets(device):
     np.testing.assert_array_equal(after["logits"][:, :-1], before["logits"][:, :-1])
     assert not np.allclose(after["logits"][:, -1], before["logits"][:, -1])
     assert abs(float(after["loss"]) - numpy_gpt(changed)[1]) <= 1e-4 * numpy_gpt(changed)[1]
+
+
+def test_the_readme_shows_this_program():
+    readme = (TINY_GPT.parent.parent / "README.md").read_text()
+    assert f"```python\n{TINY_GPT.read_text()}```" in readme, "README's tiny GPT differs from kernels/tiny_gpt.tg"
+    assert "tgc run kernels/tiny_gpt.tg --random" in readme
