@@ -25,7 +25,7 @@ EXAMPLE_DIMS = {
     "matmul": "M=3 K=5 N=4", "mixed_dtypes": "N=4 K=5 M=3", "mlp": "B=3 IN=6 HID=7 OUT=4",
     "pooling": "N=2 C=3 H=6 W=5", "reductions": "M=3 N=5", "slicing": "N=9 R=3 C=5", "softmax": "N=4 D=8",
     "variance": "N=6 F=3", "small_kernels": "R=4 N=5", "transformer_block": "B=2 T=5 C=8",
-    "mlp_stack": "B=3 C=4 L=3",
+    "mlp_stack": "B=3 C=4 L=3", "tiny_gpt": "B=2 T=5 V=16 C=8 L=2",
 }
 
 

@@ -20,8 +20,8 @@ KERNELS = sorted(pathlib.Path(__file__).resolve().parent.parent.joinpath("kernel
 # small sizes that satisfy every example's constraints (even spatial sizes for 2x2 pooling, ...)
 SIZES = {"N": 4, "D": 8, "K": 6, "M": 5, "B": 2, "H": 8, "W": 8, "C": 3, "O": 4, "T": 6, "F": 7, "R": 6,
          "IN": 12, "HID": 16, "OUT": 5}
-# programs whose dims are tied (4 heads of C // 4)
-SIZES_OF = {"transformer_block.tg": {"B": 2, "T": 6, "C": 8}}
+# programs whose dims are tied (4 heads of C // 4); tiny_gpt's random ids (-8..8) wrap into a vocabulary of 16
+SIZES_OF = {"transformer_block.tg": {"B": 2, "T": 6, "C": 8}, "tiny_gpt.tg": {"B": 2, "T": 5, "V": 16, "C": 8, "L": 2}}
 
 
 def test_there_are_at_least_twelve_examples():

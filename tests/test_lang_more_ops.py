@@ -1,9 +1,9 @@
-"""The operations of docs/LANGUAGE-ops.md against numpy (or torch's semantics written out in numpy), per
+"""The operations of docs/LANGUAGE.md against numpy (or torch's semantics written out in numpy), per
 device of TGC_TEST_DEVICES, every dtype each takes, at odd sizes: indexing by integer tensors (take,
 take_along_axis, x[idx], scatter_add), elementwise functions, *_like/astype, tril/triu, split/chunk/repeat/
 tile, any/all, cumsum/cumprod, einsum, sort/argsort/topk; their errors; and a fuzzer over them.
 
-The index rule checked throughout (written here from docs/LANGUAGE-ops.md): a negative index wraps once
+The index rule checked throughout (written here from docs/LANGUAGE.md): a negative index wraps once
 (i + n), then every index is clamped into [0, n).
 """
 

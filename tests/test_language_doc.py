@@ -18,19 +18,20 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 HEADING = re.compile(r"^### (\w+)\((.*)\)\s*$", re.M)
 
 
-def _sources() -> list[Path]:
-    """LANGUAGE.md, and the sections of ops documented apart until they are folded into it (LANGUAGE-ops.md)."""
-    return [DOCS / "LANGUAGE.md"] + sorted(p for p in DOCS.glob("LANGUAGE-*.md"))
-
-
 def _sections() -> dict[str, str]:
     """{function name: the parameter list of its heading}; a name documented twice is an error."""
     out: dict[str, str] = {}
-    for path in _sources():
-        for m in HEADING.finditer(path.read_text()):
-            assert m.group(1) not in out, f"{m.group(1)} is documented twice"
-            out[m.group(1)] = m.group(2)
+    for m in HEADING.finditer((DOCS / "LANGUAGE.md").read_text()):
+        assert m.group(1) not in out, f"{m.group(1)} is documented twice"
+        out[m.group(1)] = m.group(2)
     return out
+
+
+def _shown_default(default: object) -> str:
+    """A default as the heading writes it: a dtype by its name, a string in double quotes, else Python's."""
+    if isinstance(default, str):
+        return f'"{default}"'
+    return str(getattr(default, "name", default))
 
 
 def _param_names(params: str) -> list[str]:
@@ -57,7 +58,7 @@ def test_documented_parameters_are_the_implementations(name):
     assert _param_names(params) == want
     for p in sig.parameters.values():  # documented defaults are the real ones
         if p.default is not inspect.Parameter.empty:
-            shown = getattr(p.default, "name", p.default)
+            shown = _shown_default(p.default)
             assert f"{p.name}={shown}" in params.replace(" ", ""), (name, p.name, shown)
 
 
@@ -95,3 +96,5 @@ def test_readme_links_the_language_reference_and_no_missing_file():
             continue
         assert (root / target).exists(), f"README links {target}, which is not in the project"
     assert "DSL.md" not in text  # the internal spec is not the user's
+    assert "LANGUAGE-" not in text  # one reference: the ops once documented apart are folded into LANGUAGE.md
+    assert not list(DOCS.glob("LANGUAGE-*.md")), "fold it into docs/LANGUAGE.md: this test reads only that file"

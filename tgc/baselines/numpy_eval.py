@@ -544,7 +544,7 @@ def _layernorm(x: Any, axis: Any = -1, eps: float = 1e-5) -> Any:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# the operations of tgc/dsl/library.py and tgc/dsl/indexing.py (docs/LANGUAGE-ops.md)
+# the operations of tgc/dsl/library.py and tgc/dsl/indexing.py (docs/LANGUAGE.md)
 
 
 def _log1p(x: Any) -> Any:

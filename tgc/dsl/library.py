@@ -1,4 +1,4 @@
-"""The operations models need beyond DSL.md's first list (docs/LANGUAGE-ops.md documents each one).
+"""The operations models need beyond DSL.md's first list (docs/LANGUAGE.md documents each one).
 
 Every function here is written once in terms of the core ops (elementwise ALU ops, REDUCE_AXIS, movement
 ops and the GATHER of `tgc.dsl.indexing`), so it fuses like the functions of `tgc.dsl.functions` and runs
