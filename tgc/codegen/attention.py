@@ -127,6 +127,35 @@ def _widen(u: UOp, z: UOp, zv: UOp, w: int) -> UOp:
     return memo.get(u, _splat(u, w))
 
 
+def _staged_loads(sp: Any) -> list[tuple[UOp, list[UOp], list[int], int]]:
+    """The loads `_stage_shared` stages: each load of X or v that varies with the key but not with the query row
+    (and whose other ranges have constant ends), with those other ranges, their sizes and the elements per key."""
+    ri, outer = sp.loops[-1], set(sp.loops)
+    out, seen = [], set()
+    for ld in [u for e in (sp.x, sp.v) for u in e.toposort() if u.op is Ops.LOAD]:
+        if ld in seen:
+            continue
+        seen.add(ld)
+        rs = {u for u in ld.src[1].toposort() if u.op is Ops.RANGE}
+        if sp.rj not in rs or ri in rs:
+            continue
+        inner = sorted((r for r in rs if r is not sp.rj and r not in outer), key=lambda r: r.arg[0])
+        if any(r.src[0].op is not Ops.CONST for r in inner):
+            continue
+        sizes = [r.src[0].arg for r in inner]
+        per_key = 1
+        for n in sizes:
+            per_key *= n
+        out.append((ld, inner, sizes, per_key))
+    return out
+
+
+def _shared_bytes_per_key(sp: Any) -> int:
+    """The shared memory one key of a block takes when staged (as `pipeline.shared_memory_bytes` counts it)."""
+    return sum(per_key * (4 if ld.dtype.name in ("f16", "bf16") else ld.dtype.itemsize)
+               for ld, _, _, per_key in _staged_loads(sp))
+
+
 def _stage_shared(sp: Any, jb: UOp, bk: int, group: int, next_id: int) -> tuple:
     """GPU work-groups of `group` query rows share each block's keys and values through shared memory: every
     load of X or v that varies with the key but not with the query row is staged, per block, into a
@@ -141,22 +170,9 @@ def _stage_shared(sp: Any, jb: UOp, bk: int, group: int, next_id: int) -> tuple:
     # output stores are gated off (`live`): it never reads or writes a row another thread owns
     live = simplify(rows < UOp.const(INDEX, tq)) if tq % group else None
     rjl = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, bk),), (next_id + 2, RangeKind.REDUCE))
-    outer = set(sp.loops)
     stores: list[UOp] = []
     mapping: dict[UOp, UOp] = {}
-    for ld in [u for e in (sp.x, sp.v) for u in e.toposort() if u.op is Ops.LOAD]:
-        if ld in mapping:
-            continue
-        rs = {u for u in ld.src[1].toposort() if u.op is Ops.RANGE}
-        if sp.rj not in rs or ri in rs:
-            continue
-        inner = sorted((r for r in rs if r is not sp.rj and r not in outer), key=lambda r: r.arg[0])
-        if any(r.src[0].op is not Ops.CONST for r in inner):
-            continue
-        sizes = [r.src[0].arg for r in inner]
-        per_key = 1
-        for n in sizes:
-            per_key *= n
+    for ld, inner, sizes, per_key in _staged_loads(sp):
         n = bk * per_key
         local = UOp(Ops.DEFINE_LOCAL, ld.dtype.as_ptr(), (), (f"kv{len(mapping)}", n))
         for e in range(-(-n // group)):
@@ -547,17 +563,16 @@ def _build_within_shared(sp: Any, device: Any, block: int, width: int, group: in
     kernel without staging (every thread reads k and v from global memory). Returns build's values and the
     block used."""
     decompose = device.caps.decompose_transcendentals
-    ast, jb, w, norder = build(sp, block=block, width=width, decompose=decompose, group=group)
     limit = launch_limits(device).shared_bytes
-    need = shared_memory_bytes(ast.toposort()) if group else 0
-    if need > limit:
-        used = min(block, sp.tk)
-        fits = limit * used // need
-        if fits >= 1:
-            block = fits
-            ast, jb, w, norder = build(sp, block=block, width=width, decompose=decompose, group=group)
-        if fits < 1 or shared_memory_bytes(ast.toposort()) > limit:
-            ast, jb, w, norder = build(sp, block=block, width=width, decompose=decompose, group=0)
+    if group and sp.loops and sp.loops[-1].op is Ops.RANGE and sp.loops[-1].arg[1] is RangeKind.LOOP:
+        per_key = _shared_bytes_per_key(sp)
+        if per_key > limit:
+            group = 0
+        elif per_key * min(block, sp.tk) > limit:
+            block = limit // per_key
+    ast, jb, w, norder = build(sp, block=block, width=width, decompose=decompose, group=group)
+    if shared_memory_bytes(ast.toposort()) > limit:  # a staging this count missed: nothing staged, then
+        ast, jb, w, norder = build(sp, block=block, width=width, decompose=decompose, group=0)
     return ast, jb, w, norder, min(block, sp.tk)
 
 
