@@ -10,6 +10,7 @@ import difflib
 import importlib
 import os
 from functools import cache
+from typing import Any
 
 from tgc.errors import TgcError
 
@@ -94,3 +95,12 @@ def _index_error(name: str, kind: str, count: int) -> TgcError:
 
 def default_device() -> str:
     return os.environ.get("TGC_DEVICE", "CPU")
+
+
+def one_device(device: str | None) -> Any:
+    """The device object for one device name (None: the default device); a device list is a user error."""
+    name = device or default_device()
+    if "," in name:
+        raise TgcError(f"'{name}' is a device list; this needs one device",
+                       hint="name one device, e.g. " + name.split(",")[0].strip())
+    return get_device(name)

@@ -452,10 +452,21 @@ def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[s
         shard: dict[str, int], symbolic: bool) -> None:
     """Run FILE (a `.tg` program, or a package from `tgc compile --package`) and print or save its outputs."""
     from tgc.cli import inputs as inp
-    from tgc.cli.outputs import print_output_table, resolve_outs, save_outputs
+    from tgc.cli.outputs import resolve_outs
 
     if seed is not None and not use_random:
         raise click.UsageError("--seed needs --random")
+    warm = None if pairs or npz or symbolic else _warm_entry(file, device, dims, shard)
+    if warm is not None and (use_random or not warm[0].inputs):
+        # the program cache holds this program at these dims: run it without parsing or compiling anything
+        entry, dev_name = warm
+        specs = resolve_outs(outs, entry.output_names)
+        for spec in specs:
+            _not_the_program(spec.path, file, "-o")
+        arrays = _random_inputs(entry, seed or 0)
+        results = entry.run(dev_name, arrays)
+        _finish_run(file, entry, dict(entry.dims), arrays, results, specs, check, rtol)
+        return
     prog = _load_any(file)
     pkg = _is_pkg(prog)
     if pkg:
@@ -487,11 +498,72 @@ def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[s
         results = prog.run(device=device, dims=run_dims, **arrays)
     if symbolic and prog.last_run != "symbolic":
         _err(f"note: ran kernels compiled for these sizes ({prog.last_run.split(': ', 1)[-1]})")
+    _finish_run(file, prog, run_dims, arrays, results, specs, check, rtol)
+
+
+def _warm_entry(file: str, device: str | None, dims: dict[str, int], shard: dict[str, int]) -> tuple[Any, str] | None:
+    """(the program cache's entry for FILE at exactly these dims on the device, the device's name), or None:
+    not stored, not usable here (`tgc.progcache.usable`), a device list, a package, or a file that does not
+    read (the cold path then reports it). Imports neither the front end nor a compiler."""
+    from tgc.package import is_package
+
+    if _is_list(device, shard) or is_package(file):
+        return None
+    try:
+        with open(file, encoding="utf-8-sig") as f:
+            source = f.read()
+    except (OSError, UnicodeDecodeError):
+        return None
+    from tgc import progcache
+    from tgc.backends import one_device
+
+    try:
+        dev = one_device(device)
+        entry = progcache.lookup(source, dims, dev, file)
+    except TgcError:
+        return None
+    if entry is None:
+        return None
+    if _debug_level() >= 2:
+        _err(f"*** program cache hit: nothing to lower or compile ({file}, {dev.name})")
+    return entry, dev.name
+
+
+def _debug_level() -> int:
+    try:
+        return int(os.environ.get("DEBUG", "0") or 0)
+    except ValueError:
+        return 0
+
+
+def _random_inputs(entry: Any, seed: int) -> dict[str, Any]:
+    """The random inputs `--random` draws for the program (the same values as the cold path: by seed and
+    position), each checked against this machine's memory first."""
+    from tgc.cli import inputs as inp
+    from tgc.engine.inputs import random_values
+
+    arrays = {}
+    for index, d in enumerate(entry.inputs):
+        nbytes = inp._check_memory(d, list(d.shape))
+        try:
+            arrays[d.name] = random_values(d.dtype, list(d.shape), seed, index)
+        except (MemoryError, ValueError) as e:
+            raise inp._too_large(d, list(d.shape), nbytes, str(e)) from None
+    return arrays
+
+
+def _finish_run(file: str, prog: Any, run_dims: dict[str, int], arrays: dict[str, Any], results: dict[str, Any],
+                specs: list[Any], check: bool, rtol: float | None) -> None:
+    """`tgc run` after the run: --check, then the output files or the table."""
+    from tgc.cli.outputs import print_output_table, save_outputs
+
     dtype_names = _output_dtypes(prog, run_dims, results)
     failure = None
     if check:
         from tgc.cli.check import check_outputs
 
+        if not hasattr(prog, "reference"):  # a program-cache entry: the reference needs the front end
+            prog = _load(file)
         reference = prog.reference(dims=run_dims, **arrays)
         bad, worst = check_outputs(results, reference, dtype_names, rtol)
         if bad:
@@ -860,7 +932,7 @@ def devices(as_json: bool) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 # tgc cache
 
-CACHE_TABLES = ("compile", "beam", "peak", "probe")
+CACHE_TABLES = ("compile", "beam", "peak", "probe", "program")
 
 
 @main.group()
