@@ -10,12 +10,13 @@ from typing import Any
 
 import numpy as np
 
-from tgc import progcache
+from tgc import progcache, timings
 from tgc.backends import canonical, default_device, device_class, get_device, known_kinds, one_device
 from tgc.codegen import search, sizes
 from tgc.codegen.kernel import (
     Kernel,
     build_kernel,
+    build_kernels,
     build_symbolic_kernel,
     launch_allows,
     prepare_ast,
@@ -232,7 +233,8 @@ class Program:
     def _trace(self, dims: dict[str, int]) -> tuple[list[UOp], list[UOp]]:
         key = tuple(sorted(dims.items()))
         if key not in self._traces:
-            outs, bufs = trace(self.parsed, dims, self._lines)
+            with timings.phase("trace"):
+                outs, bufs = trace(self.parsed, dims, self._lines)
             outs = split_large_reduces(outs)
             # an output that is an input, or that repeats another output, still gets its own kernel
             seen: set[UOp] = set()
@@ -291,21 +293,17 @@ class Program:
     def _build_kernels(self, dev: Any, outs: list[UOp], beam: int, tuned: bool, progress: Any = None
                        ) -> list[Kernel]:
         """The kernels computing `outs` on `dev`, in launch order."""
-        items = create_schedule(outs, dev.caps)
+        with timings.phase("schedule"):
+            items = create_schedule(outs, dev.caps)
         names: dict[str, int] = {}
-        kernels = []
         items = [item for item in items if item.ast.src]  # (an empty output computes nothing)
-        for i, item in enumerate(items):
+        named = []
+        for item in items:
             n = names.get(item.name, 0)
             names[item.name] = n + 1
             item.line = self.line_of(item.meta.get("serves", item.output))
-
-            def report(event: dict, i: int = i) -> None:
-                progress({**event, "index": i, "total": len(items)})
-
-            kernels.append(build_kernel(item, dev, beam=beam, name=f"{item.name}n{n}" if n else item.name,
-                                        tuned=tuned, progress=report if progress is not None else None))
-        return kernels
+            named.append((item, f"{item.name}n{n}" if n else item.name))
+        return build_kernels(named, dev, beam=beam, tuned=tuned, progress=progress)
 
     def chunking(self, device: str | None = None, dims: dict[str, int] | None = None, beam: int | None = None,
                  tuned: bool = True) -> Chunking | None:
@@ -523,6 +521,13 @@ class Program:
             out = self._launch_plans.run(key, lambda: self.lower(name, dims), arrays)
         self._store_entry(dev, dims, ch)
         return out
+
+    def cached(self, device: str | None = None, dims: dict[str, int] | None = None) -> bool:
+        """Whether the program cache holds this program for one device and these dims (a run needs no compile)."""
+        names = device_names(device)
+        if len(names) > 1:
+            return False
+        return self._cached_entry(_device(names[0]), self.resolve_dims(dims)) is not None
 
     def _cached_entry(self, dev: Any, dims: dict[str, int]) -> progcache.Entry | None:
         """The program cache's entry for these dims on `dev` (looked up once per program, dims, device and

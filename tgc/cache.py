@@ -35,8 +35,8 @@ from pathlib import Path, PurePath
 from typing import Any
 
 __all__ = [
-    "COMPILED_TABLES", "TABLES", "ClearError", "busy_timeout_s", "cache_dir", "clear", "counters", "db_path", "enabled", "entries", "get",
-    "get_json", "invalidate", "make_key", "put", "stats", "table_state",
+    "COMPILED_TABLES", "TABLES", "ClearError", "busy_timeout_s", "cache_dir", "clear", "counters", "db_path",
+    "enabled", "entries", "get", "get_json", "invalidate", "make_key", "put", "stats", "table_state",
 ]
 
 DB_NAME = "cache.db"

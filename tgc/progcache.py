@@ -139,6 +139,19 @@ class Entry:
             return bench.bench_lowered(low, arrays, repeat=repeat, warmup=warmup)
         return bench.bench_chunked(self.chunking(device), arrays, repeat=repeat, warmup=warmup)
 
+    def bench_result(self, device: str, arrays: dict[str, np.ndarray], repeat: int) -> dict[str, Any]:
+        """What `Program.bench` returns (`tgc bench --json`), timed from this entry."""
+        timing = self.bench(device, arrays, repeat)
+        return {"device": device, "dims": dict(self.dims), "repeat": repeat, "beam": None, **timing,
+                "identity": self.identity(device), "kernels_for": "these sizes"}
+
+    def identity(self, device: str) -> dict[str, Any]:
+        """`Program.identity`: the same for the warm and the cold path (`tgc bench --baseline` compares it)."""
+        from tgc.backends import one_device
+        from tgc.engine import bench
+
+        return bench.identity(self, one_device(device), self.dims)
+
     def chunking(self, device: str) -> Any:
         """How the entry runs in chunks (`tgc.engine.chunk.Chunking`, its `low` the packaged chunk), or None."""
         if self.chunk is None:
