@@ -209,3 +209,95 @@ def test_tgc_cache_lists_and_clears_program_entries(tmp_path):
     cleared = subprocess.run([*run, "cache", "clear", "--table", "program"], env=env, cwd=ROOT,
                              capture_output=True, text=True, timeout=60)
     assert cleared.returncode == 0 and "1 entry removed" in cleared.stdout
+
+
+# ---- compile on every core (tgc.codegen.kernel.build_kernels) and where the time goes (tgc.timings)
+
+MLP = ("x: f32[B, IN]\nw1: f32[IN, HID]\nb1: f32[HID]\nw2: f32[HID, OUT]\nb2: f32[OUT]\n"
+       "return log_softmax(gelu(x @ w1 + b1) @ w2 + b2, axis=1), sum(x, axis=0)\n")
+MLP_DIMS = {"B": 8, "IN": 32, "HID": 64, "OUT": 10}
+
+
+def test_parallel_compile_gives_the_serial_compiles_binaries_byte_for_byte(monkeypatch):
+    monkeypatch.setenv("DISABLE_COMPILER_CACHE", "1")  # both compile every kernel
+    cpu = get_device("CPU")
+    pools = []
+    real_pool = type(cpu).compile_pool
+
+    def counting_pool(self, workers):
+        pools.append(workers)
+        return real_pool(self, workers)
+
+    monkeypatch.setattr(type(cpu), "compile_pool", counting_pool)
+    monkeypatch.setenv("TGC_JOBS", "1")
+    serial = tgc.loads(MLP).compile("CPU", MLP_DIMS)
+    assert pools == [] and len(serial) >= 3
+    monkeypatch.setenv("TGC_JOBS", "2")
+    parallel = tgc.loads(MLP).compile("CPU", MLP_DIMS)
+    assert pools == [2]  # the worker processes compiled
+    assert [k.src for k in parallel] == [k.src for k in serial]
+    assert [k.binary for k in parallel] == [k.binary for k in serial]
+    assert all(k.binary for k in parallel)
+    rng = np.random.default_rng(0)
+    arrays = {d.name: rng.standard_normal([MLP_DIMS[s] for s in d.shape]).astype(np.float32)
+              for d in tgc.loads(MLP).inputs}
+    prog = tgc.loads(MLP)
+    got = prog.run(**arrays)
+    want = prog.reference(**arrays)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5)
+
+
+def _compile_json(tmp_path: Path, *extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("TGC_VERIFY_BOUNDS", "DEBUG")}
+    env["TGC_CACHE_DIR"] = str(tmp_path / "cache")
+    src = tmp_path / "mlp.tg"
+    src.write_text(MLP)
+    args = [sys.executable, "-m", "tgc.cli.main", "compile", str(src), "--timings", "--json",
+            *(f"-D{k}={v}" for k, v in MLP_DIMS.items()), *extra]
+    r = subprocess.run(args, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_compile_timings_name_every_phase_and_the_cache_hits(tmp_path):
+    cold = _compile_json(tmp_path, "--jobs", "1")
+    t = cold["timings"]
+    assert len(t["kernels"]) == len(cold["kernels"]) >= 3
+    assert [k["name"] for k in t["kernels"]] == [k["name"] for k in cold["kernels"]]
+    for k in t["kernels"]:
+        assert k["cache"] == "miss"
+        assert {"optimize", "to_linear", "linearize", "render", "compile"} <= set(k["phases_s"])
+        assert all(s >= 0 for s in k["phases_s"].values())
+        assert k["total_s"] >= sum(k["phases_s"].values()) - 1e-9
+    assert {"parse", "schedule"} <= set(t["program_phases_s"])
+    assert (t["cache_hits"], t["cache_misses"]) == (0, len(t["kernels"]))
+    warm = _compile_json(tmp_path)["timings"]
+    assert (warm["cache_hits"], warm["cache_misses"]) == (len(t["kernels"]), 0)
+    assert all("compile" not in k["phases_s"] and k["cache"] == "hit" for k in warm["kernels"])
+
+
+def test_debug_2_prints_each_kernel_built_and_bad_jobs_are_user_errors(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TGC_VERIFY_BOUNDS"}
+    env.update(TGC_CACHE_DIR=str(tmp_path / "cache"), DEBUG="2")
+    base = [sys.executable, "-m", "tgc.cli.main", "compile", "kernels/softmax.tg", "-D", "N=4", "-D", "D=8"]
+    r = subprocess.run(base, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert r.returncode == 0 and "*** build r_4_8_8_8" in r.stderr and "compile " in r.stderr, r.stderr
+    bad = subprocess.run([*base, "--jobs", "0"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    assert bad.returncode == 2 and "--jobs" in bad.stderr
+    bad = subprocess.run(base, capture_output=True, text=True, env={**env, "TGC_JOBS": "x"}, cwd=ROOT, timeout=60)
+    assert bad.returncode == 2 and "TGC_JOBS" in bad.stderr
+
+
+def test_a_warm_tgc_bench_keeps_the_identity_a_baseline_compares(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("TGC_VERIFY_BOUNDS", "DEBUG", "BEAM", "NOOPT")}
+    env["TGC_CACHE_DIR"] = str(tmp_path / "cache")
+    args = ["bench", "kernels/softmax.tg", "-D", "N=4", "-D", "D=8", "--repeat", "3", "--json"]
+    cold = _tgc(args, env)
+    assert cold.returncode == 0, cold.stderr
+    (tmp_path / "base.json").write_text(cold.stdout)
+    warm = _tgc([*args, "--baseline", str(tmp_path / "base.json")], env)
+    assert "HEAVY \n" in warm.stderr, warm.stderr  # timed from the program cache
+    doc = json.loads(warm.stdout)
+    assert doc["identity"] == json.loads(cold.stdout)["identity"]
+    assert [k["name"] for k in doc["kernels"]] == [k["name"] for k in json.loads(cold.stdout)["kernels"]]
