@@ -301,3 +301,24 @@ def test_a_warm_tgc_bench_keeps_the_identity_a_baseline_compares(tmp_path):
     doc = json.loads(warm.stdout)
     assert doc["identity"] == json.loads(cold.stdout)["identity"]
     assert [k["name"] for k in doc["kernels"]] == [k["name"] for k in json.loads(cold.stdout)["kernels"]]
+
+
+def test_the_compile_progress_bar_shows_only_after_its_delay(monkeypatch):
+    from tgc.cli import report
+
+    drawn: list[list] = []
+
+    def draw():
+        drawn.append([])
+        return drawn[-1].append, lambda: drawn[-1].append("closed")
+
+    monkeypatch.setattr(report, "_draw_bar", draw)
+    update, close = report.compile_progress(True, after_s=3600)
+    update({"kernel": "k", "index": 0, "total": 2, "stage": "lowered"})
+    close()
+    assert drawn == []  # a compile under its delay draws nothing
+    update, close = report.compile_progress(True, after_s=0.0)
+    event = {"kernel": "k", "index": 0, "total": 2, "stage": "lowered"}
+    update(event)
+    close()
+    assert drawn == [[event, "closed"]]

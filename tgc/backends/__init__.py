@@ -43,7 +43,7 @@ def canonical(name: str) -> tuple[str, int]:
     """`"cl:1"` -> `("OPENCL", 1)`; raises a user error with a did-you-mean for unknown names."""
     kind, _, idx = name.strip().upper().partition(":")
     kind = ALIASES.get(kind, kind)
-    kinds = known_kinds()
+    kinds = BUILTIN if kind in BUILTIN else known_kinds()  # (entry points are read only for other names: slow)
     if kind not in kinds:
         close = difflib.get_close_matches(kind, list(kinds) + list(ALIASES), n=1)
         raise TgcError(f"unknown device '{name}'", hint=f"did you mean '{close[0]}'?" if close else
@@ -54,7 +54,7 @@ def canonical(name: str) -> tuple[str, int]:
 
 
 def device_class(kind: str) -> type:
-    mod, _, cls = known_kinds()[kind].partition(":")
+    mod, _, cls = (BUILTIN.get(kind) or known_kinds()[kind]).partition(":")
     return getattr(importlib.import_module(mod), cls)
 
 

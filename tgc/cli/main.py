@@ -385,7 +385,7 @@ def _search_with_progress(prog: Any, device: str | None, dims: dict[str, int], b
         return
     from tgc.cli import report
 
-    progress, close = report.progress_bar(True) if beam > 0 else report.progress_bar(True, after_s=1.0)
+    progress, close = report.progress_bar(True) if beam > 0 else report.compile_progress(True)
     try:
         prog.compile(device=device, dims=dims, beam=beam, progress=progress)
     finally:

@@ -275,11 +275,9 @@ def beam_table(result: Mapping[str, Any]) -> Any:
     return _drop_line_column(table, result.get("kernels") or [])
 
 
-def progress_bar(enabled: bool, after_s: float = 0.0) -> tuple[Callable[[Mapping[str, Any]], None],
-                                                                 Callable[[], None]]:
+def progress_bar(enabled: bool) -> tuple[Callable[[Mapping[str, Any]], None], Callable[[], None]]:
     """A `progress(event)` callback for `Program.beam` and `Program.compile` drawing a bar on stderr, and a
-    function that closes it; with `after_s`, the bar shows only once that many seconds have passed (a compile
-    of a second or more: `tgc compile`, `run`, `bench`).
+    function that closes it.
 
     An event is a dict with `kernel`, `index` and `total` (kernels), and while a kernel is searched
     `round`, `candidate`/`candidates`, `best_s` and `base_s`; `cached` marks a kernel found in the cache;
@@ -287,19 +285,30 @@ def progress_bar(enabled: bool, after_s: float = 0.0) -> tuple[Callable[[Mapping
     """
     if not enabled:
         return (lambda event: None), (lambda: None)
-    if after_s > 0:
-        import time
+    return _draw_bar()
 
-        start = time.monotonic()
-        shown: list[tuple[Callable[[Mapping[str, Any]], None], Callable[[], None]]] = []
 
-        def later(event: Mapping[str, Any]) -> None:
-            if not shown and time.monotonic() - start >= after_s:
-                shown.append(progress_bar(True))
-            if shown:
-                shown[0][0](event)
+def compile_progress(enabled: bool, after_s: float = 1.0) -> tuple[Callable[[Mapping[str, Any]], None],
+                                                                     Callable[[], None]]:
+    """`progress_bar` for a compile without BEAM (`tgc compile`, `run`, `bench`): the bar shows only once
+    compiling has taken `after_s` seconds."""
+    if not enabled:
+        return (lambda event: None), (lambda: None)
+    import time
 
-        return later, (lambda: shown[0][1]() if shown else None)
+    start = time.monotonic()
+    shown: list[tuple[Callable[[Mapping[str, Any]], None], Callable[[], None]]] = []
+
+    def later(event: Mapping[str, Any]) -> None:
+        if not shown and time.monotonic() - start >= after_s:
+            shown.append(_draw_bar())
+        if shown:
+            shown[0][0](event)
+
+    return later, (lambda: shown[0][1]() if shown else None)
+
+
+def _draw_bar() -> tuple[Callable[[Mapping[str, Any]], None], Callable[[], None]]:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import atexit
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -243,59 +245,82 @@ def build_kernels(items: list[tuple[ScheduleItem, str]], device: Any, beam: int 
             timings.cache_result(True)
             return hit, None, key
         if pool is None and any(k.binary is not None and k.cache_key is None for k in kernels):
-            pool = dev.compile_pool(jobs)  # (the second miss: one compiled here already)
+            pool = _shared_pool(dev, jobs)  # (the second miss: one compiled here already)
         if pool is None:
             return _compile_cached(dev, src)
         timings.cache_result(False)
         waiting[src] = (pool.submit(dev.kind, src), [len(kernels)], key)
         return None, None, None
 
-    try:
-        for i, (item, name) in enumerate(items):
-            def report(event: dict, i: int = i) -> None:
-                progress({**event, "index": i, "total": total})
+    for i, (item, name) in enumerate(items):
+        def report(event: dict, i: int = i) -> None:
+            progress({**event, "index": i, "total": total})
 
-            with timings.kernel(name) as rec:
-                kernels.append(_build_kernel(item, device, beam, name, tuned, report if progress else None,
-                                             compile_src))
-            records.append(rec)
-            if progress is not None:
-                progress({"kernel": name, "index": i, "total": total, "stage": "lowered"})
-        for n, (src, (fut, indices, key)) in enumerate(waiting.items()):
-            why = ""
+        with timings.kernel(name) as rec:
+            kernels.append(_build_kernel(item, device, beam, name, tuned, report if progress else None,
+                                         compile_src))
+        records.append(rec)
+        if progress is not None:
+            progress({"kernel": name, "index": i, "total": total, "stage": "lowered"})
+    for n, (src, (fut, indices, key)) in enumerate(waiting.items()):
+        why = ""
+        try:
+            lib = fut.result()
+        except Exception as e:  # noqa: BLE001 - the worker's message (or it died): compile here for the error
+            lib = None
+            why = str(e)
+        if lib is None:
             try:
-                lib = fut.result()
-            except Exception as e:  # noqa: BLE001 - the worker's message (or it died): compile here for the error
-                lib = None
-                why = str(e)
-            if lib is None:
-                try:
-                    binary, _, _ = _compile_cached(device, src)
-                except CompileError:
-                    raise
-                except Exception as e:
-                    raise CompileError(f"kernel {kernels[indices[0]].name}: {why or e}") from None
-                lib = binary
-            else:
-                COMPILE_COUNTER["compiles"] += 1
-                if key is not None:
-                    cache.put("compile", key, lib, meta=_meta(device, src))
-            seconds = getattr(fut, "seconds", 0.0)
-            for j in indices:
-                kernels[j].binary = lib
-                rec = records[j]
-                if rec is not None:
-                    rec.phases["compile"] = rec.phases.get("compile", 0.0) + seconds
-                    rec.total += seconds
-            if progress is not None:
-                progress({"kernel": kernels[indices[0]].name, "index": n, "total": len(waiting), "stage": "compiled"})
-            if debug_level() >= 2:
-                print(f"*** compiled {kernels[indices[0]].name} in a worker process: {timings.fmt_s(seconds)}",
-                      file=sys.stderr)
-    finally:
-        if pool is not None:
-            pool.shutdown()
+                binary, _, _ = _compile_cached(device, src)
+            except CompileError:
+                raise
+            except Exception as e:
+                raise CompileError(f"kernel {kernels[indices[0]].name}: {why or e}") from None
+            lib = binary
+        else:
+            COMPILE_COUNTER["compiles"] += 1
+            if key is not None:
+                cache.put("compile", key, lib, meta=_meta(device, src))
+        seconds = getattr(fut, "seconds", 0.0)
+        for j in indices:
+            kernels[j].binary = lib
+            rec = records[j]
+            if rec is not None:
+                rec.phases["compile"] = rec.phases.get("compile", 0.0) + seconds
+                rec.total += seconds
+        if progress is not None:
+            progress({"kernel": kernels[indices[0]].name, "index": n, "total": len(waiting), "stage": "compiled"})
+        if debug_level() >= 2:
+            print(f"*** compiled {kernels[indices[0]].name} in a worker process: {timings.fmt_s(seconds)}",
+                  file=sys.stderr)
     return kernels
+
+
+# the worker processes of `build_kernels`, by (device kind, jobs): started on first need and kept for the process
+# (a test session or a program compiling many programs starts them once); forgotten in a forked child (their pipes
+# are the parent's), shut down at exit
+_POOLS: dict[tuple[str, int], Any] = {}
+
+
+def _shared_pool(device: Any, jobs: int) -> Any:
+    key = (device.kind, jobs)
+    if key not in _POOLS:
+        _POOLS[key] = device.compile_pool(jobs)
+    return _POOLS[key]
+
+
+def _shutdown_pools() -> None:
+    for pool in _POOLS.values():
+        if pool is not None:
+            try:
+                pool.shutdown()
+            except Exception:  # noqa: BLE001 - at exit: a worker that is gone already
+                pass
+    _POOLS.clear()
+
+
+atexit.register(_shutdown_pools)
+os.register_at_fork(after_in_child=_POOLS.clear)
 
 
 def build_symbolic_kernel(item: ScheduleItem, device: Any, probe: dict[str, int], name: str,
