@@ -219,7 +219,10 @@ MLP_DIMS = {"B": 8, "IN": 32, "HID": 64, "OUT": 10}
 
 
 def test_parallel_compile_gives_the_serial_compiles_binaries_byte_for_byte(monkeypatch):
+    from tgc.codegen import kernel
+
     monkeypatch.setenv("DISABLE_COMPILER_CACHE", "1")  # both compile every kernel
+    kernel._shutdown_pools()  # (the workers are kept per process: start this test's own)
     cpu = get_device("CPU")
     pools = []
     real_pool = type(cpu).compile_pool
