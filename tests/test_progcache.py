@@ -223,6 +223,7 @@ def test_parallel_compile_gives_the_serial_compiles_binaries_byte_for_byte(monke
 
     monkeypatch.setenv("DISABLE_COMPILER_CACHE", "1")  # both compile every kernel
     kernel._shutdown_pools()  # (the workers are kept per process: start this test's own)
+    monkeypatch.setattr(kernel, "PARALLEL_MIN_SOURCE", 0)  # these kernels are small: send them all
     cpu = get_device("CPU")
     pools = []
     real_pool = type(cpu).compile_pool

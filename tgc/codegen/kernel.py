@@ -217,23 +217,25 @@ def _build_kernel(item: ScheduleItem, device: Any, beam: int, name: str, tuned: 
 def build_kernels(items: list[tuple[ScheduleItem, str]], device: Any, beam: int = 0, tuned: bool = True,
                   progress: Any = None, jobs: int | None = None) -> list[Kernel]:
     """`build_kernel` for every (item, name) of a program, in order, with the compiles on every core: kernels are
-    lowered here one after the other (Python), and each source the disk cache lacks goes, from the second one
-    on, to `jobs` worker processes (`Device.compile_pool`, `tgc.backends.compile_worker`: LLVM in another
-    process) while the next kernels are lowered; the first is compiled here (a program of one or two kernels
-    never waits for a worker to start). The binaries are the compiler's for the same sources, byte for byte.
-    `jobs` (default `search.compile_jobs()`: `TGC_JOBS`, else the cores) of 1, or a device without a pool,
-    compiles every kernel here. `progress(event)` gets `{"kernel", "index", "total", "stage"}` per kernel
-    lowered ("lowered") and compiled ("compiled")."""
+    lowered here one after the other (Python), and each large source (`PARALLEL_MIN_SOURCE` bytes or more) the
+    disk cache lacks goes to `jobs` worker processes (`Device.compile_pool`, `tgc.backends.compile_worker`: LLVM
+    in another process, kept for the process) while the next kernels are lowered; smaller sources, and the first
+    large one where no worker runs yet (a program of one large kernel never waits for a worker to start), compile
+    here. The binaries are the compiler's for the same sources, byte for byte. `jobs` (default
+    `search.compile_jobs()`: `TGC_JOBS`, else the cores) of 1, or a device without a pool, compiles every kernel
+    here. `progress(event)` gets `{"kernel", "index", "total", "stage"}` per kernel lowered ("lowered") and
+    compiled in a worker ("compiled")."""
     jobs = search.compile_jobs() if jobs is None else jobs
     total = len(items)
     pool: Any = None
+    misses = 0  # large sources compiled here (the first: a program of one large kernel never starts a worker)
     waiting: dict[str, tuple[Any, list[int], str | None]] = {}  # source -> (future, kernel indices, cache key)
     records: list[timings.KernelTimes | None] = []
     kernels: list[Kernel] = []
 
     def compile_src(dev: Any, src: str) -> tuple[bytes | None, str | None, str | None]:
-        nonlocal pool
-        if jobs <= 1 or dev.compiler is None:
+        nonlocal pool, misses
+        if jobs <= 1 or dev.compiler is None or len(src) < PARALLEL_MIN_SOURCE:
             return _compile_cached(dev, src)
         key = compile_key(dev, src)
         if src in waiting:
@@ -244,9 +246,10 @@ def build_kernels(items: list[tuple[ScheduleItem, str]], device: Any, beam: int 
         if hit is not None:
             timings.cache_result(True)
             return hit, None, key
-        if pool is None and any(k.binary is not None and k.cache_key is None for k in kernels):
-            pool = _shared_pool(dev, jobs)  # (the second miss: one compiled here already)
+        if pool is None:  # workers already running, else from the second large miss on (one compiled here)
+            pool = _POOLS.get((dev.kind, jobs)) or (_shared_pool(dev, jobs) if misses else None)
         if pool is None:
+            misses += 1
             return _compile_cached(dev, src)
         timings.cache_result(False)
         waiting[src] = (pool.submit(dev.kind, src), [len(kernels)], key)
@@ -295,6 +298,10 @@ def build_kernels(items: list[tuple[ScheduleItem, str]], device: Any, beam: int 
                   file=sys.stderr)
     return kernels
 
+
+# sources shorter than this compile in this process (LLVM takes ~10-20 ms on them: less than sending them to a
+# worker and back on a busy machine); the large ones (matmul tiles, the fused attention) go to the workers
+PARALLEL_MIN_SOURCE = 16 << 10
 
 # the worker processes of `build_kernels`, by (device kind, jobs): started on first need and kept for the process
 # (a test session or a program compiling many programs starts them once); forgotten in a forked child (their pipes
