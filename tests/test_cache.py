@@ -67,7 +67,7 @@ def test_put_replaces_and_tables_are_separate() -> None:
     cache.put("beam", "k", b'{"opts": []}')
     assert cache.get("compile", "k") == b"new"
     assert cache.get("beam", "k") == b'{"opts": []}'
-    assert cache.stats()["entries"] == {"compile": 1, "beam": 1, "probe": 0}
+    assert cache.stats()["entries"] == {"compile": 1, "beam": 1, "probe": 0, "program": 0}
 
 
 def test_counters_count_hits_misses_and_puts() -> None:
@@ -213,7 +213,7 @@ def test_disabled_cache_does_not_create_the_directory(cache_dir: Path, monkeypat
 def test_stats_entries_and_clear(cache_dir: Path) -> None:
     empty = cache.stats()
     assert empty["path"] == str(cache_dir / "cache.db")
-    assert empty["entries"] == {"compile": 0, "beam": 0, "probe": 0}
+    assert empty["entries"] == {"compile": 0, "beam": 0, "probe": 0, "program": 0}
     assert empty["available"] is True
 
     key1, key2, key3 = cache.make_key("k1"), cache.make_key("k2"), cache.make_key("k3")
@@ -222,7 +222,7 @@ def test_stats_entries_and_clear(cache_dir: Path) -> None:
     cache.put("beam", key3, b'{"opts":[]}', meta="r_4_4 on CPU")
 
     got = cache.stats()
-    assert got["entries"] == {"compile": 2, "beam": 1, "probe": 0}
+    assert got["entries"] == {"compile": 2, "beam": 1, "probe": 0, "program": 0}
     on_disk = sum(p.stat().st_size for p in cache_dir.iterdir() if p.name.startswith("cache.db"))
     assert got["size"] == on_disk > 0
 
@@ -237,7 +237,7 @@ def test_stats_entries_and_clear(cache_dir: Path) -> None:
     assert [e["key"] for e in cache.entries("beam")] == [key3[:16]]
 
     assert cache.clear("beam") == 1
-    assert cache.stats()["entries"] == {"compile": 2, "beam": 0, "probe": 0}
+    assert cache.stats()["entries"] == {"compile": 2, "beam": 0, "probe": 0, "program": 0}
     assert cache.get("compile", key1) == b"\x00" * 10
     assert cache.clear() == 2
     assert cache.entries() == []
@@ -246,7 +246,7 @@ def test_stats_entries_and_clear(cache_dir: Path) -> None:
 
 def test_other_namespaces_show_up_in_stats() -> None:
     cache.put("autotune", "k", b"1")
-    assert cache.stats()["entries"] == {"compile": 0, "beam": 0, "probe": 0, "autotune": 1}
+    assert cache.stats()["entries"] == {"compile": 0, "beam": 0, "probe": 0, "program": 0, "autotune": 1}
 
 
 # ------------------------------------------------------------------------------------ broken caches

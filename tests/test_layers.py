@@ -12,14 +12,16 @@ ROOT = Path(__file__).resolve().parent.parent / "tgc"
 
 # bottom to top; a module belongs to the longest prefix listed
 LAYERS: list[tuple[str, ...]] = [
-    ("tgc.errors", "tgc.dtype", "tgc.env", "tgc.cache", "tgc.version", "tgc.capabilities", "tgc.sizeexpr"),  # 0
+    ("tgc.errors", "tgc.dtype", "tgc.env", "tgc.cache", "tgc.version", "tgc.capabilities", "tgc.sizeexpr",
+     "tgc.timings"),  # 0
     ("tgc.ir",),  # 1 UOps, the pattern matcher, symbolic folding, kernel ASTs
     ("tgc.dsl",),  # 2 front end: .tg source -> tensor graph
     ("tgc.engine", "tgc.baselines"),  # 3 scheduler, realizer (on a lowered program), bench timing, references;
     # numpy baselines of a parsed program (bench and `tgc bench --vs numpy` only, never the core)
     ("tgc.codegen",),  # 4 optimizer, lowering, linear UOps, BEAM (on device objects it is given)
     ("tgc.backends",),  # 5 renderers, compilers, runtimes, the device registry, REMOTE
-    ("tgc.api", "tgc.package"),  # 6 Program: binds the layers together for one program; compiled packages
+    ("tgc.api", "tgc.package", "tgc.progcache"),  # 6 Program: binds the layers together for one program; compiled
+    # packages; the program cache (packages in the disk cache)
     ("tgc.cli",),  # 7 the command line
     ("tgc",),  # 8 the package facade (`tgc.load` etc. import tgc.api on first use)
 ]

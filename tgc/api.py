@@ -10,11 +10,13 @@ from typing import Any
 
 import numpy as np
 
-from tgc.backends import canonical, default_device, device_class, get_device, known_kinds
+from tgc import progcache, timings
+from tgc.backends import canonical, default_device, device_class, get_device, known_kinds, one_device
 from tgc.codegen import search, sizes
 from tgc.codegen.kernel import (
     Kernel,
     build_kernel,
+    build_kernels,
     build_symbolic_kernel,
     check_failure_text,
     failed_check,
@@ -94,6 +96,9 @@ class Program:
         self.last_run = ""  # "symbolic" or "specialized[: why]": which kernels the last `run` used
         self._chunks: dict[tuple, Chunking | None] = {}  # (device, dims, BEAM, tuned) -> how `run` chunks
         self.last_chunking: Chunking | None = None  # the chunking the last single-device `run` used, if any
+        self._entries: dict[tuple, progcache.Entry | None] = {}  # program-cache entries looked up, by (device,
+        # dims, BEAM): see `run`
+        self._stored: set[tuple] = set()  # the keys of `_entries` stored after a cold run
         self._check_without_dims()
 
     @property
@@ -231,7 +236,8 @@ class Program:
     def _trace(self, dims: dict[str, int]) -> tuple[list[UOp], list[UOp]]:
         key = tuple(sorted(dims.items()))
         if key not in self._traces:
-            outs, bufs = trace(self.parsed, dims, self._lines)
+            with timings.phase("trace"):
+                outs, bufs = trace(self.parsed, dims, self._lines)
             outs = split_large_reduces(outs)
             # an output that is an input, or that repeats another output, still gets its own kernel
             seen: set[UOp] = set()
@@ -309,21 +315,17 @@ class Program:
     def _build_kernels(self, dev: Any, outs: list[UOp], beam: int, tuned: bool, progress: Any = None
                        ) -> list[Kernel]:
         """The kernels computing `outs` on `dev`, in launch order."""
-        items = create_schedule(outs, dev.caps)
+        with timings.phase("schedule"):
+            items = create_schedule(outs, dev.caps)
         names: dict[str, int] = {}
-        kernels = []
         items = [item for item in items if item.ast.src]  # (an empty output computes nothing)
-        for i, item in enumerate(items):
+        named = []
+        for item in items:
             n = names.get(item.name, 0)
             names[item.name] = n + 1
             item.line = self.line_of(item.meta.get("serves", item.output))
-
-            def report(event: dict, i: int = i) -> None:
-                progress({**event, "index": i, "total": len(items)})
-
-            kernels.append(build_kernel(item, dev, beam=beam, name=f"{item.name}n{n}" if n else item.name,
-                                        tuned=tuned, progress=report if progress is not None else None))
-        return kernels
+            named.append((item, f"{item.name}n{n}" if n else item.name))
+        return build_kernels(named, dev, beam=beam, tuned=tuned, progress=progress)
 
     def chunking(self, device: str | None = None, dims: dict[str, int] | None = None, beam: int | None = None,
                  tuned: bool = True) -> Chunking | None:
@@ -530,17 +532,55 @@ class Program:
                 return self._launch_plans.run(key, lambda: low, arrays)
         else:
             self.last_run = "specialized"
+        entry = self._cached_entry(dev, dims)
+        if entry is not None and entry.fits(arrays):  # the program cache: nothing to lower
+            self.last_chunking = entry.chunking(dev.name)
+            return entry.run(dev.name, arrays)
         ch = self.last_chunking = self._chunking(dev, dims, env_int("BEAM", 0), True)
         if ch is not None:
-            return run_chunked(ch.low, ch.count, ch.sliced, arrays)
+            out = run_chunked(ch.low, ch.count, ch.sliced, arrays)
+        else:
+            key = (dev.name, tuple(sorted(dims.items())), env_int("BEAM", 0))
+            out = self._launch_plans.run(key, lambda: self.lower(name, dims), arrays)
+        self._store_entry(dev, dims, ch)
+        return out
+
+    def cached(self, device: str | None = None, dims: dict[str, int] | None = None) -> bool:
+        """Whether the program cache holds this program for one device and these dims (a run needs no compile)."""
+        names = device_names(device)
+        if len(names) > 1:
+            return False
+        return self._cached_entry(_device(names[0]), self.resolve_dims(dims)) is not None
+
+    def _cached_entry(self, dev: Any, dims: dict[str, int]) -> progcache.Entry | None:
+        """The program cache's entry for these dims on `dev` (looked up once per program, dims, device and
+        BEAM), or None (`tgc.progcache`)."""
         key = (dev.name, tuple(sorted(dims.items())), env_int("BEAM", 0))
-        return self._launch_plans.run(key, lambda: self.lower(name, dims), arrays)
+        if key not in self._entries:
+            entry = progcache.lookup(self.source, dims, dev, self.path)
+            self._entries[key] = entry
+            if debug_level() >= 2:
+                hit = "hit: nothing to lower or compile" if entry is not None else "miss"
+                print(f"*** program cache {hit} ({self.path or self.filename}, {dev.name})", file=sys.stderr)
+                if entry is not None and entry.chunk is not None:
+                    print(f"*** chunk: {entry.chunking(dev.name).line()}", file=sys.stderr)
+        return self._entries[key]
+
+    def _store_entry(self, dev: Any, dims: dict[str, int], chunking: Chunking | None) -> None:
+        """After a cold run: store the program as built (once per program, dims, device and BEAM)."""
+        key = (dev.name, tuple(sorted(dims.items())), env_int("BEAM", 0))
+        if self._entries.get(key, False) is None and key not in self._stored:
+            self._stored.add(key)
+            progcache.store(self, dev, dims, chunking)
 
     MAX_PLANS = 4  # launch plans (with their device buffers) kept per program, for the sizes run last
 
     def release(self) -> None:
         """Give back the device buffers that this program's launch plans keep between runs."""
         self._launch_plans.release()
+        for entry in self._entries.values():
+            if entry is not None:
+                entry.release()
 
     # --- many devices
     def device_kernels(self, device: str | list[str], dims: dict[str, int] | None = None,
@@ -689,13 +729,21 @@ class Program:
         dev = _device(names[0])
         low = self.lower_symbolic(dev.name, dims)[0] if symbolic else None
         kernels_for = "size class" if low is not None else "these sizes"
-        ch = self.chunking(dev.name, dims, beam=beam, tuned=tuned) if low is None else None
-        if ch is not None:  # timed as `run` runs it: in chunks
-            timing = bench.bench_chunked(ch, arrays, repeat=repeat, warmup=warmup)
+        cacheable = low is None and tuned and (beam is None or beam == env_int("BEAM", 0))
+        entry = self._cached_entry(dev, dims) if cacheable else None
+        if entry is not None and entry.fits(arrays):  # the program cache: nothing to lower
+            dev.ensure_runnable()
+            timing = entry.bench(dev.name, arrays, repeat=repeat, warmup=warmup)
         else:
-            if low is None:
-                low = self.lower(dev.name, dims, beam=beam, tuned=tuned)
-            timing = bench.bench_lowered(low, arrays, repeat=repeat, warmup=warmup)
+            ch = self.chunking(dev.name, dims, beam=beam, tuned=tuned) if low is None else None
+            if ch is not None:  # timed as `run` runs it: in chunks
+                timing = bench.bench_chunked(ch, arrays, repeat=repeat, warmup=warmup)
+            else:
+                if low is None:
+                    low = self.lower(dev.name, dims, beam=beam, tuned=tuned)
+                timing = bench.bench_lowered(low, arrays, repeat=repeat, warmup=warmup)
+            if cacheable:
+                self._store_entry(dev, dims, ch)
         result: dict[str, Any] = {"device": dev.name, "dims": dims, "repeat": repeat, "beam": beam, **timing,
                                   "identity": self.identity(dev.name, dims), "kernels_for": kernels_for}
         if not symbolic:  # (the kernels just timed, from the compile cache)
@@ -744,6 +792,8 @@ class Program:
         rows, seconds = beam_items(self.schedule(dims, dev.name), dev, width, progress=progress, force=force)
         self._kernels.clear()  # later compiles pick up the stored winners
         self._chunks.clear()
+        self._entries.clear()  # (the program cache's key holds the BEAM table's state: they miss)
+        self._stored.clear()
         if not dev.caps.gpu and not any(r.get("interrupted") for r in rows):
             self._store_class_winners(dev, dims)  # and symbolic kernels of the dims' size class
         self.release()  # (and later runs)
@@ -974,11 +1024,7 @@ def _remote_servers(rows: list[dict[str, Any]], info: bool) -> list[dict[str, An
 
 
 def _device(device: str | None) -> Any:
-    name = device or default_device()
-    if "," in name:
-        raise TgcError(f"'{name}' is a device list; this needs one device",
-                       hint="name one device, e.g. " + name.split(",")[0].strip())
-    return get_device(name)
+    return one_device(device)
 
 
 def device_names(device: str | list[str] | tuple[str, ...] | None) -> list[str]:

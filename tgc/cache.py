@@ -35,12 +35,14 @@ from pathlib import Path, PurePath
 from typing import Any
 
 __all__ = [
-    "TABLES", "ClearError", "busy_timeout_s", "cache_dir", "clear", "counters", "db_path", "enabled", "entries", "get",
-    "get_json", "invalidate", "make_key", "put", "stats",
+    "COMPILED_TABLES", "TABLES", "ClearError", "busy_timeout_s", "cache_dir", "clear", "counters", "db_path",
+    "enabled", "entries", "get", "get_json", "invalidate", "make_key", "put", "stats", "table_state",
 ]
 
 DB_NAME = "cache.db"
-TABLES = ("compile", "beam", "probe")  # the namespaces tgc uses; stats() always lists these
+TABLES = ("compile", "beam", "probe", "program")  # the namespaces tgc uses; stats() always lists these
+# tables of compiled code, which DISABLE_COMPILER_CACHE turns off (`program`: whole programs, `tgc.progcache`)
+COMPILED_TABLES = ("compile", "program")
 KEY_PREFIX_LEN = 16  # how much of a key `entries()` shows
 
 # Seconds a call waits for another process's lock before giving up on the cache. Tests lower it.
@@ -98,7 +100,8 @@ def db_path() -> Path:
 
 
 def enabled() -> bool:
-    """False when `DISABLE_COMPILER_CACHE` is set to anything but "" or "0". Only the `compile` table obeys it."""
+    """False when `DISABLE_COMPILER_CACHE` is set to anything but "" or "0". Only the tables of compiled code
+    (`compile`, `program`) obey it."""
     return os.environ.get("DISABLE_COMPILER_CACHE", "") in ("", "0")
 
 
@@ -311,7 +314,7 @@ def invalidate(table: str, key: str, why: str = "could not be used") -> None:
 
 
 def _skipped(table: str) -> bool:
-    return table == "compile" and not enabled()
+    return table in COMPILED_TABLES and not enabled()
 
 
 # ------------------------------------------------------------------------------------------------- API
@@ -333,6 +336,17 @@ def get(table: str, key: str) -> bytes | None:
             return value
         counters["misses"] += 1
         return None
+
+
+def table_state(table: str) -> tuple[int, float]:
+    """(how many entries `table` holds, the newest one's creation time): changes whenever an entry is stored
+    or removed, so a key that includes it misses after any change to the table (the program cache keys on the
+    `beam` table's state: a new BEAM winner may change a kernel). (0, 0.0) when the cache is unusable."""
+    _check_table(table)
+    rows = _run("SELECT COUNT(*), COALESCE(MAX(created), 0) FROM cache WHERE tbl = ?", (table,))
+    if not rows:
+        return 0, 0.0
+    return int(rows[0][0]), float(rows[0][1])
 
 
 def put(table: str, key: str, value: bytes, meta: str = "") -> None:

@@ -91,6 +91,8 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in (
     EnvVar("TGC_CHUNK", "int", "0: never run a program in chunks; 1 (default): a program separable along a batch "
            "axis whose planned peak memory is over 1.5x its inputs+outputs runs in chunks of that axis"),
     EnvVar("BEAM", "int", "BEAM width for every run and bench (an integer >= 0; 0: off)"),
+    EnvVar("TGC_JOBS", "int", "worker processes that compile a program's kernels (and BEAM's candidates) at once (an "
+           "integer >= 1; 1: compile in this process; default: the cores tgc may run on, at most 8)"),
     EnvVar("NOOPT", "flag", "any value but empty or 0: no optimizations"),
     EnvVar("DISABLE_COMPILER_CACHE", "flag", "any value but empty or 0: no compile cache"),
     EnvVar("NO_COLOR", "flag", "no colours or syntax highlighting, even on a terminal"),
@@ -102,7 +104,7 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in (
 
 # lower bounds (inclusive unless noted) and upper bounds of the numeric variables
 _INT_RANGE: dict[str, tuple[int, int | None]] = {"TGC_THREADS": (1, 4096), "DEBUG": (0, 6), "TGC_GRAPH": (0, 1),
-                                                 "TGC_CHUNK": (0, 1), "BEAM": (0, 1 << 16),
+                                                 "TGC_CHUNK": (0, 1), "BEAM": (0, 1 << 16), "TGC_JOBS": (1, 4096),
                                                  "TGC_VERIFY_BOUNDS_POINTS": (1, 1 << 40)}
 _FLOAT_MIN: dict[str, tuple[float, bool]] = {"TGC_REMOTE_TIMEOUT": (0.0, False), "TGC_REMOTE_RETRY": (0.0, True)}
 

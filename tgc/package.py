@@ -134,15 +134,17 @@ def signature(key: bytes, content: str) -> str:
 # writing
 
 
-def build(prog: Any, device: str | None = None, dims: dict[str, int] | None = None) -> bytes:
-    """The package of a `tgc.api.Program` compiled for `device` with every dim in `dims`, as bytes."""
-    from tgc.api import _device
-    from tgc.backends import default_device
+def build(prog: Any, device: str | None = None, dims: dict[str, int] | None = None, low: Any = None) -> bytes:
+    """The package of a `tgc.api.Program` compiled for `device` with every dim in `dims`, as bytes. `low`: a
+    lowered program to package instead of `prog.lower(device, dims)` (the program cache packages one chunk of a
+    chunked run; `dims` are then that chunk's)."""
+    from tgc.backends import one_device
     from tgc.errors import CompileError
 
-    dev = _device(device or default_device())
-    dims = prog.resolve_dims(dims)
-    low = prog.lower(dev.name, dims)
+    dev = one_device(device)
+    if low is None:
+        dims = prog.resolve_dims(dims)
+        low = prog.lower(dev.name, dims)
     missing = next((k for k in low.kernels if k.binary is None), None)
     if missing is not None:
         raise CompileError(f"cannot package for {dev.name}: kernel {missing.name} could not be compiled here: "
@@ -252,9 +254,8 @@ def write(prog: Any, path: str | os.PathLike, device: str | None = None, dims: d
     as loaded back from the bytes written. Without dims, a program with dims is packaged symbolically (its
     kernels for every size of its size classes, CPU and PYTHON: `build_symbolic`)."""
     if not dims and prog.dim_names:
-        from tgc.api import _device
-        from tgc.backends import default_device
-        dev = _device(device or default_device())
+        from tgc.backends import one_device
+        dev = one_device(device)
         if dev.caps.gpu or dev.kind not in ("CPU", "PYTHON"):
             raise TgcError(f"a package for {dev.kind} needs every dim: kernels with symbolic sizes are built for "
                            "the CPU and PYTHON devices only", hint="give its dims (-D NAME=INT)")

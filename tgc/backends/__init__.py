@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import os
 from functools import cache
+from typing import Any
 
 from tgc.errors import TgcError, close_match
 
@@ -41,7 +42,7 @@ def canonical(name: str) -> tuple[str, int]:
     """`"cl:1"` -> `("OPENCL", 1)`; raises a user error with a did-you-mean for unknown names."""
     kind, _, idx = name.strip().upper().partition(":")
     kind = ALIASES.get(kind, kind)
-    kinds = known_kinds()
+    kinds = BUILTIN if kind in BUILTIN else known_kinds()  # (entry points are read only for other names: slow)
     if kind not in kinds:
         close = close_match(kind, list(kinds) + list(ALIASES))
         raise TgcError(f"unknown device '{name}'", hint=f"did you mean '{close}'?" if close else
@@ -52,7 +53,7 @@ def canonical(name: str) -> tuple[str, int]:
 
 
 def device_class(kind: str) -> type:
-    mod, _, cls = known_kinds()[kind].partition(":")
+    mod, _, cls = (BUILTIN.get(kind) or known_kinds()[kind]).partition(":")
     return getattr(importlib.import_module(mod), cls)
 
 
@@ -93,3 +94,12 @@ def _index_error(name: str, kind: str, count: int) -> TgcError:
 
 def default_device() -> str:
     return os.environ.get("TGC_DEVICE", "CPU")
+
+
+def one_device(device: str | None) -> Any:
+    """The device object for one device name (None: the default device); a device list is a user error."""
+    name = device or default_device()
+    if "," in name:
+        raise TgcError(f"'{name}' is a device list; this needs one device",
+                       hint="name one device, e.g. " + name.split(",")[0].strip())
+    return get_device(name)

@@ -1,6 +1,7 @@
 """A compile worker process for BEAM search: reads JSON requests on stdin, writes JSON answers on stdout.
 
-Request: {"kind": "CPU", "src": "..."}; answer: {"ok": true, "bin": base64} or {"ok": false, "error": "..."}.
+Request: {"kind": "CPU", "src": "..."}; answer: {"ok": true, "bin": base64, "seconds": compile time} or
+{"ok": false, "error": "..."}. A future's `seconds` holds the compile time (`tgc compile --timings`).
 With `"op": "assembly"` the answer's `bin` holds the compiler's assembly listing (UTF-8). A compiler that
 aborts (LLVM's fatal errors) kills only the worker; the pool starts a new one.
 Plain subprocesses (not multiprocessing) so that the parent's `__main__` and threads never matter.
@@ -13,6 +14,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import Future
 
 from tgc.backends import get_device
@@ -21,13 +23,14 @@ from tgc.backends import get_device
 def main() -> None:
     for line in sys.stdin:
         req = json.loads(line)
+        start = time.perf_counter()
         try:
             comp = get_device(req["kind"]).compiler
             if req.get("op") == "assembly":
                 lib = str(comp.assembly(req["src"])).encode("utf-8", "replace")
             else:
                 lib = comp.compile(req["src"])
-            ans = {"ok": True, "bin": base64.b64encode(lib).decode()}
+            ans = {"ok": True, "bin": base64.b64encode(lib).decode(), "seconds": time.perf_counter() - start}
         except Exception as e:  # reported to the parent, which counts the candidate as failed
             ans = {"ok": False, "error": getattr(e, "msg", None) or str(e) or type(e).__name__}
         sys.stdout.write(json.dumps(ans) + "\n")
@@ -68,6 +71,7 @@ class WorkerPool:
                     fut.set_exception(RuntimeError(f"compile worker died: {e}"))
                     return
             if ans["ok"]:
+                fut.seconds = float(ans.get("seconds") or 0.0)  # type: ignore[attr-defined]
                 fut.set_result(base64.b64decode(ans["bin"]))
             else:
                 fut.set_exception(RuntimeError(ans["error"]))

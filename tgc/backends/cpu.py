@@ -126,6 +126,24 @@ def kernels_running() -> bool:
     return ABANDONED.running()
 
 
+def _llvmlite_version() -> str:
+    """llvmlite's installed version: from the name of its `.dist-info` directory on `sys.path` (a warm run from the
+    program cache needs it for the cache key; importing `importlib.metadata` to read it cost ~50 ms), else from
+    `importlib.metadata`."""
+    import sys
+
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for name in names:
+            if name.startswith("llvmlite-") and name.endswith(".dist-info"):
+                return name[len("llvmlite-"):-len(".dist-info")]
+    from importlib.metadata import version
+    return version("llvmlite")
+
+
 class LLVMCompiler(Compiler):
     """LLVM IR text -> x86-64 object bytes, at -O3 for the host CPU."""
 
@@ -140,8 +158,7 @@ class LLVMCompiler(Compiler):
         """llvmlite's version and the host CPU's features, read without importing llvmlite."""
         global _VERSION
         if _VERSION is None:
-            from importlib.metadata import version
-            _VERSION = f"{version('llvmlite')}-{_cpu_fingerprint()}"
+            _VERSION = f"{_llvmlite_version()}-{_cpu_fingerprint()}"
         return _VERSION
 
     def _target_machine(self):

@@ -196,7 +196,15 @@ def _set_remote(ctx: click.Context, param: click.Parameter, value: str | None) -
         os.environ["TGC_REMOTE"] = value
 
 
+def _set_jobs(ctx: click.Context, param: click.Parameter, value: int | None) -> None:
+    if value is not None:
+        os.environ["TGC_JOBS"] = str(value)  # read where kernels are compiled (`search.compile_jobs`)
+
+
 def device_options(f: Callable) -> Callable:
+    f = click.option("-j", "--jobs", type=click.IntRange(min=1), metavar="N", callback=_set_jobs, expose_value=False,
+                     help="Compile on N worker processes at once (else $TGC_JOBS, else every core; 1: in this "
+                          "process).")(f)
     f = click.option("--remote", metavar="HOST:PORT", callback=_set_remote, expose_value=False,
                      help="Server of the REMOTE device, a comma list for REMOTE:i (else $TGC_REMOTE).")(f)
     return click.option("-d", "--device", metavar="DEV", envvar="TGC_DEVICE", show_envvar=True,
@@ -361,19 +369,23 @@ def _stderr_tty() -> bool:
     return sys.stderr.isatty()
 
 
-def _search_with_progress(prog: Any, device: str | None, dims: dict[str, int], beam: int | None) -> None:
-    """Where BEAM (or `--beam`) will search kernels and stderr is a terminal, compile first with the progress
-    bar of `tgc beam`; the run or bench that follows reuses these kernels."""
+def _search_with_progress(prog: Any, device: str | None, dims: dict[str, int], beam: int | None,
+                          running: bool = True) -> None:
+    """Where stderr is a terminal, compile first with a progress bar: `tgc beam`'s where BEAM (or `--beam`) will
+    search kernels, else one that shows once compiling has taken a second; the run or bench that follows reuses
+    these kernels. Not where the program cache holds the program (`running`: a run or bench will use it)."""
     if beam is None:
         try:
             beam = int(os.environ.get("BEAM", "0") or 0)
         except ValueError:
             return  # the compile that follows reports the bad value
-    if beam <= 0 or not _stderr_tty() or _is_list(device):
+    if not _stderr_tty() or _is_list(device):
+        return
+    if beam <= 0 and running and prog.cached(device, dims):
         return
     from tgc.cli import report
 
-    progress, close = report.progress_bar(True)
+    progress, close = report.progress_bar(True) if beam > 0 else report.compile_progress(True)
     try:
         prog.compile(device=device, dims=dims, beam=beam, progress=progress)
     finally:
@@ -452,10 +464,21 @@ def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[s
         shard: dict[str, int], symbolic: bool) -> None:
     """Run FILE (a `.tg` program, or a package from `tgc compile --package`) and print or save its outputs."""
     from tgc.cli import inputs as inp
-    from tgc.cli.outputs import print_output_table, resolve_outs, save_outputs
+    from tgc.cli.outputs import resolve_outs
 
     if seed is not None and not use_random:
         raise click.UsageError("--seed needs --random")
+    warm = None if pairs or npz or symbolic else _warm_entry(file, device, dims, shard)
+    if warm is not None and (use_random or not warm[0].inputs):
+        # the program cache holds this program at these dims: run it without parsing or compiling anything
+        entry, dev_name = warm
+        specs = resolve_outs(outs, entry.output_names)
+        for spec in specs:
+            _not_the_program(spec.path, file, "-o")
+        arrays = _random_inputs(entry, seed or 0)
+        results = entry.run(dev_name, arrays)
+        _finish_run(file, entry, dict(entry.dims), arrays, results, specs, check, rtol)
+        return
     prog = _load_any(file)
     pkg = _is_pkg(prog)
     if pkg:
@@ -489,11 +512,72 @@ def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[s
         results = prog.run(device=device, dims=run_dims, **arrays)
     if symbolic and prog.last_run != "symbolic":
         _err(f"note: ran kernels compiled for these sizes ({prog.last_run.split(': ', 1)[-1]})")
+    _finish_run(file, prog, run_dims, arrays, results, specs, check, rtol)
+
+
+def _warm_entry(file: str, device: str | None, dims: dict[str, int], shard: dict[str, int]) -> tuple[Any, str] | None:
+    """(the program cache's entry for FILE at exactly these dims on the device, the device's name), or None:
+    not stored, not usable here (`tgc.progcache.usable`), a device list, a package, or a file that does not
+    read (the cold path then reports it). Imports neither the front end nor a compiler."""
+    from tgc.package import is_package
+
+    if _is_list(device, shard) or is_package(file):
+        return None
+    try:
+        with open(file, encoding="utf-8-sig") as f:
+            source = f.read()
+    except (OSError, UnicodeDecodeError):
+        return None
+    from tgc import progcache
+    from tgc.backends import one_device
+
+    try:
+        dev = one_device(device)
+        entry = progcache.lookup(source, dims, dev, file)
+    except TgcError:
+        return None
+    if entry is None:
+        return None
+    if _debug_level() >= 2:
+        _err(f"*** program cache hit: nothing to lower or compile ({file}, {dev.name})")
+    return entry, dev.name
+
+
+def _debug_level() -> int:
+    try:
+        return int(os.environ.get("DEBUG", "0") or 0)
+    except ValueError:
+        return 0
+
+
+def _random_inputs(entry: Any, seed: int) -> dict[str, Any]:
+    """The random inputs `--random` draws for the program (the same values as the cold path: by seed and
+    position), each checked against this machine's memory first."""
+    from tgc.cli import inputs as inp
+    from tgc.engine.inputs import random_values
+
+    arrays = {}
+    for index, d in enumerate(entry.inputs):
+        nbytes = inp._check_memory(d, list(d.shape))
+        try:
+            arrays[d.name] = random_values(d.dtype, list(d.shape), seed, index)
+        except (MemoryError, ValueError) as e:
+            raise inp._too_large(d, list(d.shape), nbytes, str(e)) from None
+    return arrays
+
+
+def _finish_run(file: str, prog: Any, run_dims: dict[str, int], arrays: dict[str, Any], results: dict[str, Any],
+                specs: list[Any], check: bool, rtol: float | None) -> None:
+    """`tgc run` after the run: --check, then the output files or the table."""
+    from tgc.cli.outputs import print_output_table, save_outputs
+
     dtype_names = _output_dtypes(prog, run_dims, results)
     failure = None
     if check:
         from tgc.cli.check import check_outputs
 
+        if not hasattr(prog, "reference_with_scale"):  # a program-cache entry: the reference needs the front end
+            prog = _load(file)
         reference, scales = prog.reference_with_scale(dims=run_dims, **arrays)
         bad, worst = check_outputs(results, reference, dtype_names, rtol, scales)
         if bad:
@@ -526,17 +610,50 @@ def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[s
 @click.option("--package", "package", metavar="OUT.tgpkg",
               help="Write one package file (signature, launch plan, binaries) for `tgc run`/`bench`/`inspect`.")
 @shard_option
+@click.option("--timings", "show_timings", is_flag=True,
+              help="Print where the time went (per kernel: each phase, the compiler, cache hits) on stderr.")
+@json_option
 def compile_(file: str, device: str | None, dims: dict[str, int], emit: str, outdir: str | None,
-             package: str | None, shard: dict[str, int]) -> None:
+             package: str | None, shard: dict[str, int], show_timings: bool, as_json: bool) -> None:
     """Compile every kernel of FILE and print their sources (or UOps, schedule, IR, assembly, binaries), or
     write a package (--package) that runs later without FILE and without compiling. Without -D, a program
-    with dims compiles once for every size: its sizes are kernel arguments."""
+    with dims compiles once for every size: its sizes are kernel arguments. --json prints the kernels (and,
+    with --timings, the timings) as one JSON document instead of their sources."""
+    import time
+
+    from tgc import timings
+
+    if as_json and (package or emit != "src"):
+        raise click.UsageError("--json lists the kernels: it does not combine with --package or --emit")
+    start = time.perf_counter()
+    with timings.recording() as rec:
+        kernels = _compile_command(file, device, dims, emit, outdir, package, shard, show=not as_json)
+    wall = time.perf_counter() - start
+    if as_json:
+        doc: dict[str, Any] = {"file": file, "device": _device_kind(device)[0], "dims": dims,
+                               "kernels": [{"name": k.name, "line": k.line, "binary_bytes": len(k.binary or b""),
+                                            "opts": [str(o) for o in k.opts]} for k in kernels]}
+        if show_timings:
+            doc["timings"] = {**rec.doc(), "wall_s": wall}
+        _echo_json(doc)
+    elif show_timings:
+        from tgc.cli.report import timings_text
+
+        _err(timings_text(rec, wall))
+
+
+def _compile_command(file: str, device: str | None, dims: dict[str, int], emit: str, outdir: str | None,
+                     package: str | None, shard: dict[str, int], show: bool) -> list[Any]:
+    """`tgc compile` without --timings/--json: the kernels compiled (none for --package or --emit schedule)."""
+    from tgc import timings
     from tgc.cli import emit as em
     from tgc.cli.inputs import check_dims
 
     if package and (outdir or emit != "src"):
         raise click.UsageError("--package writes one file: it does not combine with --emit or -o")
-    prog = _load(file)
+    with timings.phase("parse"):
+        prog = _load(file)
+    kernels: list[Any] = []
     symbolic = not dims and bool(prog.dim_names) and emit != "schedule"
     if not symbolic:
         _warn(check_dims(prog, dims, require_all=True))
@@ -549,7 +666,7 @@ def compile_(file: str, device: str | None, dims: dict[str, int], emit: str, out
         from tgc.sizeexpr import text as sizeexpr_text
 
         if dims or not prog.dim_names:  # a package holds kernels for the sizes given (dims checked above)
-            _search_with_progress(prog, device, dims, None)
+            _search_with_progress(prog, device, dims, None, running=False)
         pkg = write(prog, package, name, dims)  # (no -D: kernels for every size of its size classes)
         n = len(pkg.kernels)
         if pkg.symbolic:
@@ -557,10 +674,10 @@ def compile_(file: str, device: str | None, dims: dict[str, int], emit: str, out
                  f"{len(pkg.classes)} size class{'es' if len(pkg.classes) != 1 else ''} "
                  f"({'; '.join(c.text() for c in pkg.classes)}); planned peak memory "
                  "(bytes): " + "; ".join(sizeexpr_text(c.doc["memory"]["peak_bytes"]) for c in pkg.classes))
-            return
+            return kernels
         _err(f"wrote {package}: {n} kernel{'s' if n != 1 else ''} for {pkg.device_name}, "
              f"planned peak memory {fmt_bytes(pkg.peak_bytes)}")
-        return
+        return kernels
     if symbolic and _is_list(device, shard):
         symbolic = False
         _warn(check_dims(prog, dims, require_all=True))
@@ -577,7 +694,7 @@ def compile_(file: str, device: str | None, dims: dict[str, int], emit: str, out
     elif emit == "schedule":
         emitted = em.emit_schedule(prog.schedule(dims), file)
     else:
-        _search_with_progress(prog, device, dims, None)
+        _search_with_progress(prog, device, dims, None, running=False)
         listed = _is_list(device, shard)
         kernels = prog.compile(device=device, dims=dims, shard=shard) if listed else prog.compile(device=device,
                                                                                                  dims=dims)
@@ -594,8 +711,9 @@ def compile_(file: str, device: str | None, dims: dict[str, int], emit: str, out
     if outdir:
         paths = em.write_dir(outdir, emitted)
         _err(f"wrote {len(paths)} file{'s' if len(paths) != 1 else ''} to {outdir}")
-    else:
+    elif show:
         em.show(emitted, _color_stdout())
+    return kernels
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -623,6 +741,17 @@ def bench(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple
     from tgc.cli import inputs as inp
     from tgc.cli import report
 
+    warm = None if pairs or npz or beam is not None or vs or symbolic else _warm_entry(file, device, dims, shard)
+    if warm is not None:  # the program cache holds this program at these dims: time it without compiling
+        entry, dev_name = warm
+        old = report.load_baseline(baseline) if baseline else None
+        arrays = _random_inputs(entry, seed)
+        if old is not None:
+            report.check_baseline(old, entry.identity(dev_name), baseline)
+        if not as_json and _stderr_tty():
+            _err(f"timing {file} ({repeat} runs per kernel) ...")
+        _bench_report(entry.bench_result(dev_name, arrays, repeat), old, baseline, as_json)
+        return
     prog = _load_any(file)
     pkg = _is_pkg(prog)
     if pkg:
@@ -658,6 +787,13 @@ def bench(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple
         from tgc.baselines.numpy_eval import time_numpy
 
         result["numpy"] = time_numpy(prog, run_dims, arrays, repeat, result["program"]["median_s"])
+    _bench_report(result, old, baseline, as_json)
+
+
+def _bench_report(result: dict[str, Any], old: dict | None, baseline: str | None, as_json: bool) -> None:
+    """`tgc bench`'s output (the table or --json) and its comparison with --baseline (exit 1 on a regression)."""
+    from tgc.cli import report
+
     rows = report.compare_baseline(result, old) if old is not None else None
     regressions = [r for r in rows or [] if r["regressed"]]
     if as_json:
@@ -867,7 +1003,7 @@ def devices(as_json: bool) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 # tgc cache
 
-CACHE_TABLES = ("compile", "beam", "peak", "probe")
+CACHE_TABLES = ("compile", "beam", "peak", "probe", "program")
 
 
 @main.group()

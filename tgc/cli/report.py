@@ -282,13 +282,39 @@ def beam_table(result: Mapping[str, Any]) -> Any:
 
 
 def progress_bar(enabled: bool) -> tuple[Callable[[Mapping[str, Any]], None], Callable[[], None]]:
-    """A `progress(event)` callback for `Program.beam` drawing a bar on stderr, and a function that closes it.
+    """A `progress(event)` callback for `Program.beam` and `Program.compile` drawing a bar on stderr, and a
+    function that closes it.
 
     An event is a dict with `kernel`, `index` and `total` (kernels), and while a kernel is searched
-    `round`, `candidate`/`candidates`, `best_s` and `base_s`; `cached` marks a kernel found in the cache.
+    `round`, `candidate`/`candidates`, `best_s` and `base_s`; `cached` marks a kernel found in the cache;
+    `stage` ("lowered", "compiled": `index` of `total` binaries from the worker processes) a compile's steps.
     """
     if not enabled:
         return (lambda event: None), (lambda: None)
+    return _draw_bar()
+
+
+def compile_progress(enabled: bool, after_s: float = 1.0) -> tuple[Callable[[Mapping[str, Any]], None],
+                                                                     Callable[[], None]]:
+    """`progress_bar` for a compile without BEAM (`tgc compile`, `run`, `bench`): the bar shows only once
+    compiling has taken `after_s` seconds."""
+    if not enabled:
+        return (lambda event: None), (lambda: None)
+    import time
+
+    start = time.monotonic()
+    shown: list[tuple[Callable[[Mapping[str, Any]], None], Callable[[], None]]] = []
+
+    def later(event: Mapping[str, Any]) -> None:
+        if not shown and time.monotonic() - start >= after_s:
+            shown.append(_draw_bar())
+        if shown:
+            shown[0][0](event)
+
+    return later, (lambda: shown[0][1]() if shown else None)
+
+
+def _draw_bar() -> tuple[Callable[[Mapping[str, Any]], None], Callable[[], None]]:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -303,6 +329,14 @@ def progress_bar(enabled: bool) -> tuple[Callable[[Mapping[str, Any]], None], Ca
         step = (event.get("candidate") or 0) / (event.get("candidates") or 1)
         done = 1.0 if event.get("cached") else min(step, 1.0)
         desc = str(event.get("kernel", "beam"))
+        if event.get("stage") == "compiled":
+            bar.update(task, completed=(index + 1) / total, description=f"compiled {desc}",
+                       kernels=f"binary {index + 1}/{total}")
+            return
+        if event.get("stage") == "lowered":
+            bar.update(task, completed=(index + 1) / total, description=f"lowered {desc}",
+                       kernels=f"kernel {index + 1}/{total}")
+            return
         if event.get("cached"):
             desc += ": cached"
         elif event.get("round") is not None:
@@ -310,3 +344,31 @@ def progress_bar(enabled: bool) -> tuple[Callable[[Mapping[str, Any]], None], Ca
         bar.update(task, completed=(index + done) / total, description=desc, kernels=f"kernel {index + 1}/{total}")
 
     return update, bar.stop
+
+
+def timings_text(rec: Any, wall_s: float) -> str:
+    """`tgc compile --timings`: one row per kernel built (the seconds of each phase of `tgc.timings.PHASES` that
+    took any, the rest, the whole build, and where its binary came from), a total row, and the program-level
+    phases (parsing, tracing, scheduling)."""
+    from tgc.timings import PHASES, fmt_s
+
+    kernels = rec.kernels
+    used = [p for p in PHASES if any(p in k.phases for k in kernels)]
+    header = ["kernel", *used, "other", "total", "binary"]
+    rows = []
+    for k in kernels:
+        rows.append([k.name, *(fmt_s(k.phases[p]) if p in k.phases else "-" for p in used), fmt_s(k.other),
+                     fmt_s(k.total), {"hit": "cache", "miss": "compiled"}.get(k.cache or "", "-")])
+    totals = rec.totals()
+    hits = sum(1 for k in kernels if k.cache == "hit")
+    rows.append(["(total)", *(fmt_s(totals.get(p, 0.0)) for p in used), fmt_s(sum(k.other for k in kernels)),
+                 fmt_s(sum(k.total for k in kernels)), f"{hits} cached"])
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+             for r in [header, *rows]]
+    program = ", ".join(f"{name} {fmt_s(s)}" for name, s in rec.phases.items())
+    n = len(kernels)
+    lines.append(f"{n} kernel{'s' if n != 1 else ''}: {hits} binar{'ies' if hits != 1 else 'y'} from the cache, "
+                 f"{sum(1 for k in kernels if k.cache == 'miss')} compiled; {program or 'nothing else'}; "
+                 f"{fmt_s(wall_s)} in all")
+    return "\n".join(lines)

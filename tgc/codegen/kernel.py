@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from tgc import cache
+from tgc import cache, timings
 from tgc.codegen import search
 from tgc.codegen.attention import lower_attention
 from tgc.codegen.binaries import compile_key as compile_key  # re-exported
@@ -22,7 +25,7 @@ from tgc.codegen.sizes import VAR_PREFIX
 from tgc.codegen.sizes import eval_int as _eval_int
 from tgc.dtype import dtypes, min_max
 from tgc.engine.flops import executed_flops
-from tgc.env import env_flag
+from tgc.env import debug_level, env_flag
 from tgc.errors import CompileError
 from tgc.ir.kernel import ScheduleItem
 from tgc.ir.shapes import prod, shape_of
@@ -168,46 +171,176 @@ def build_kernel(item: ScheduleItem, device: Any, beam: int = 0, name: str | Non
                  progress: Any = None) -> Kernel:
     """`tuned=False` ignores stored BEAM winners (what `make bench` shows as 'tgc default'). With `beam=W`
     a stored winner is used only if its search was at least W wide, else the kernel is searched again;
-    `progress` gets the search's events (see `tgc.cli.report.progress_bar`). Lowering is `pipeline.lower`."""
+    `progress` gets the search's events (see `tgc.cli.report.progress_bar`). Lowering is `pipeline.lower`.
+    Its phases are timed (`tgc.timings`: `tgc compile --timings`, DEBUG=2)."""
     name = name or item.name
+    with timings.kernel(name):
+        return _build_kernel(item, device, beam, name, tuned, progress)
+
+
+def _build_kernel(item: ScheduleItem, device: Any, beam: int, name: str, tuned: bool, progress: Any,
+                  compile_src: Any = None) -> Kernel:
+    """`compile_src(device, src)` -> (binary, error, cache key): `_compile_cached`, or `build_kernels`' deferral."""
+    compile_src = compile_src or _compile_cached
     if "attention" in item.meta:  # one online-softmax kernel (tgc/codegen/attention.py), its own choices
         aopts = None
         if tuned and device.compiler is not None and not env_flag("NOOPT"):
-            aopts = search.lookup(item.ast, device, width=beam, attention=True)
-            if aopts is None and beam > 0:
-                res = search.attention_search(item, device, name=name, progress=progress)
-                search.store(item.ast, device, res.opts, res.after_s, name, beam, attention=True)
-                aopts = res.opts
+            with timings.phase("beam"):
+                aopts = search.lookup(item.ast, device, width=beam, attention=True)
+                if aopts is None and beam > 0:
+                    res = search.attention_search(item, device, name=name, progress=progress)
+                    search.store(item.ast, device, res.opts, res.after_s, name, beam, attention=True)
+                    aopts = res.opts
         try:
             low = lower_attention(item, device, name, aopts)
         except OptError:  # a stored winner this version does not apply: the defaults
             low = lower_attention(item, device, name)
-        binary, err, key = _compile_cached(device, low.src)
+        binary, err, key = compile_src(device, low.src)
+        with timings.phase("count"):
+            flops, nbytes = kernel_flops(low.uops, device, low.launch), bytes_touched(low.ast, low.bufs)
         return Kernel(name=name, src=low.src, binary=binary, uops=low.uops, ast=low.ast, bufs=low.bufs,
                       global_size=low.launch.get("global_size", (1, 1, 1)), local_size=low.launch.get("local_size"),
-                      vals=low.launch.get("vals", ()), flops=kernel_flops(low.uops, device, low.launch),
+                      vals=low.launch.get("vals", ()), flops=flops, bytes_moved=nbytes, line=item.line,
                       graph_flops=item.meta.get("graph_flops", 0),
-                      bytes_moved=bytes_touched(low.ast, low.bufs), line=item.line, compile_error=err,
-                      device=device, opts=low.applied, cache_key=key)
-    ast = prepare_ast(item.ast, device)
+                      compile_error=err, device=device, opts=low.applied, cache_key=key)
+    with timings.phase("prepare"):
+        ast = prepare_ast(item.ast, device)
     opts = None
     if tuned and device.compiler is not None and not env_flag("NOOPT"):
-        opts = search.lookup(ast, device, width=beam)  # a BEAM winner stored earlier (wide enough)
-        if opts is None and beam > 0:
-            res = search.beam_search(ast, device, item.bufs, beam, name=name, progress=progress)
-            search.store(ast, device, res.opts, res.after_s, name, beam)
-            opts = res.opts
-        elif opts is not None and progress is not None:
-            progress({"kernel": name, "cached": True})
+        with timings.phase("beam"):
+            opts = search.lookup(ast, device, width=beam)  # a BEAM winner stored earlier (wide enough)
+            if opts is None and beam > 0:
+                res = search.beam_search(ast, device, item.bufs, beam, name=name, progress=progress)
+                search.store(ast, device, res.opts, res.after_s, name, beam)
+                opts = res.opts
+            elif opts is not None and progress is not None:
+                progress({"kernel": name, "cached": True})
     low = lower(ast, device, item.bufs, name, opts=opts)
-    binary, err, key = _compile_cached(device, low.src)
-    nbytes = bytes_touched(low.ast, [b if b in low.bufs else None for b in low.ast_bufs])
-    flops = kernel_flops(low.uops, device, low.launch)
+    binary, err, key = compile_src(device, low.src)
+    with timings.phase("count"):
+        nbytes = bytes_touched(low.ast, [b if b in low.bufs else None for b in low.ast_bufs])
+        flops = kernel_flops(low.uops, device, low.launch)
     launch = low.launch
     return Kernel(name=name, src=low.src, binary=binary, uops=low.uops, ast=low.ast, bufs=low.bufs,
                   global_size=launch.get("global_size", (1, 1, 1)), local_size=launch.get("local_size"),
                   vals=launch.get("vals", ()), flops=flops, bytes_moved=nbytes, line=item.line, compile_error=err,
                   device=device, opts=low.applied, cache_key=key, graph_flops=graph_flops(item, device))
+
+
+def build_kernels(items: list[tuple[ScheduleItem, str]], device: Any, beam: int = 0, tuned: bool = True,
+                  progress: Any = None, jobs: int | None = None) -> list[Kernel]:
+    """`build_kernel` for every (item, name) of a program, in order, with the compiles on every core: kernels are
+    lowered here one after the other (Python), and each large source (`PARALLEL_MIN_SOURCE` bytes or more) the
+    disk cache lacks goes to `jobs` worker processes (`Device.compile_pool`, `tgc.backends.compile_worker`: LLVM
+    in another process, kept for the process) while the next kernels are lowered; smaller sources, and the first
+    large one where no worker runs yet (a program of one large kernel never waits for a worker to start), compile
+    here. The binaries are the compiler's for the same sources, byte for byte. `jobs` (default
+    `search.compile_jobs()`: `TGC_JOBS`, else the cores) of 1, or a device without a pool, compiles every kernel
+    here. `progress(event)` gets `{"kernel", "index", "total", "stage"}` per kernel lowered ("lowered") and
+    compiled in a worker ("compiled")."""
+    jobs = search.compile_jobs() if jobs is None else jobs
+    total = len(items)
+    pool: Any = None
+    misses = 0  # large sources compiled here (the first: a program of one large kernel never starts a worker)
+    waiting: dict[str, tuple[Any, list[int], str | None]] = {}  # source -> (future, kernel indices, cache key)
+    records: list[timings.KernelTimes | None] = []
+    kernels: list[Kernel] = []
+
+    def compile_src(dev: Any, src: str) -> tuple[bytes | None, str | None, str | None]:
+        nonlocal pool, misses
+        if jobs <= 1 or dev.compiler is None or len(src) < PARALLEL_MIN_SOURCE:
+            return _compile_cached(dev, src)
+        key = compile_key(dev, src)
+        if src in waiting:
+            waiting[src][1].append(len(kernels))
+            timings.cache_result(False)
+            return None, None, None
+        hit = cache.get("compile", key) if key is not None else None
+        if hit is not None:
+            timings.cache_result(True)
+            return hit, None, key
+        if pool is None:  # workers already running, else from the second large miss on (one compiled here)
+            pool = _POOLS.get((dev.kind, jobs)) or (_shared_pool(dev, jobs) if misses else None)
+        if pool is None:
+            misses += 1
+            return _compile_cached(dev, src)
+        timings.cache_result(False)
+        waiting[src] = (pool.submit(dev.kind, src), [len(kernels)], key)
+        return None, None, None
+
+    for i, (item, name) in enumerate(items):
+        def report(event: dict, i: int = i) -> None:
+            progress({**event, "index": i, "total": total})
+
+        with timings.kernel(name) as rec:
+            kernels.append(_build_kernel(item, device, beam, name, tuned, report if progress else None,
+                                         compile_src))
+        records.append(rec)
+        if progress is not None:
+            progress({"kernel": name, "index": i, "total": total, "stage": "lowered"})
+    for n, (src, (fut, indices, key)) in enumerate(waiting.items()):
+        why = ""
+        try:
+            lib = fut.result()
+        except Exception as e:  # noqa: BLE001 - the worker's message (or it died): compile here for the error
+            lib = None
+            why = str(e)
+        if lib is None:
+            try:
+                binary, _, _ = _compile_cached(device, src)
+            except CompileError:
+                raise
+            except Exception as e:
+                raise CompileError(f"kernel {kernels[indices[0]].name}: {why or e}") from None
+            lib = binary
+        else:
+            COMPILE_COUNTER["compiles"] += 1
+            if key is not None:
+                cache.put("compile", key, lib, meta=_meta(device, src))
+        seconds = getattr(fut, "seconds", 0.0)
+        for j in indices:
+            kernels[j].binary = lib
+            rec = records[j]
+            if rec is not None:
+                rec.phases["compile"] = rec.phases.get("compile", 0.0) + seconds
+                rec.total += seconds
+        if progress is not None:
+            progress({"kernel": kernels[indices[0]].name, "index": n, "total": len(waiting), "stage": "compiled"})
+        if debug_level() >= 2:
+            print(f"*** compiled {kernels[indices[0]].name} in a worker process: {timings.fmt_s(seconds)}",
+                  file=sys.stderr)
+    return kernels
+
+
+# sources shorter than this compile in this process (LLVM takes ~10-20 ms on them: less than sending them to a
+# worker and back on a busy machine); the large ones (matmul tiles, the fused attention) go to the workers
+PARALLEL_MIN_SOURCE = 16 << 10
+
+# the worker processes of `build_kernels`, by (device kind, jobs): started on first need and kept for the process
+# (a test session or a program compiling many programs starts them once); forgotten in a forked child (their pipes
+# are the parent's), shut down at exit
+_POOLS: dict[tuple[str, int], Any] = {}
+
+
+def _shared_pool(device: Any, jobs: int) -> Any:
+    key = (device.kind, jobs)
+    if key not in _POOLS:
+        _POOLS[key] = device.compile_pool(jobs)
+    return _POOLS[key]
+
+
+def _shutdown_pools() -> None:
+    for pool in _POOLS.values():
+        if pool is not None:
+            try:
+                pool.shutdown()
+            except Exception:  # noqa: BLE001 - at exit: a worker that is gone already
+                pass
+    _POOLS.clear()
+
+
+atexit.register(_shutdown_pools)
+os.register_at_fork(after_in_child=_POOLS.clear)
 
 
 def build_symbolic_kernel(item: ScheduleItem, device: Any, probe: dict[str, int], name: str,
@@ -408,9 +541,12 @@ def _compile_cached(device: Any, src: str) -> tuple[bytes | None, str | None, st
     if key is not None:
         hit = cache.get("compile", key)
         if hit is not None:
+            timings.cache_result(True)
             return hit, None, key
     COMPILE_COUNTER["compiles"] += 1
-    lib = comp.compile(src)
+    timings.cache_result(False)
+    with timings.phase("compile"):
+        lib = comp.compile(src)
     if key is not None:
         cache.put("compile", key, lib, meta=_meta(device, src))
     return lib, None, None

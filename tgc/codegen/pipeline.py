@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tgc import timings
 from tgc.codegen import verify
 from tgc.codegen.expand import unroll_reduces, upcast_stores, vectorize
 from tgc.codegen.index import narrow_index
@@ -231,14 +232,18 @@ def lower(ast: UOp, device: Any, bufs: list[UOp], name: str, opts: list | None =
     ctx = LowerCtx(device, name, list(bufs), opts=None if opts is None else list(opts), trace=trace)
     if vals:
         ctx.launch["vals"] = tuple(vals)
-    if trace is not None or debug_level() >= 6:
-        ast = run_passes(ast, ctx, PREPARE)
-    else:
-        ast = prepare(ast, device)
-    optimized = run_passes(ast, ctx, OPTIMIZE)
+    with timings.phase("prepare"):
+        if trace is not None or debug_level() >= 6:
+            ast = run_passes(ast, ctx, PREPARE)
+        else:
+            ast = prepare(ast, device)
+    with timings.phase("optimize"):
+        optimized = run_passes(ast, ctx, OPTIMIZE)
     ast_bufs = list(ctx.bufs)
-    ast = run_passes(optimized, ctx, TO_LINEAR)
-    uops = linearize(ast)
+    with timings.phase("to_linear"):
+        ast = run_passes(optimized, ctx, TO_LINEAR)
+    with timings.phase("linearize"):
+        uops = linearize(ast)
     check_parameters(name, uops, ctx.bufs)
     if ctx.trace is not None or debug_level() >= 6:
         _show(ctx, "linearize", uops_text(uops))
@@ -251,10 +256,12 @@ def finish(device: Any, name: str, ast: UOp, uops: list[UOp], bufs: list[UOp], l
     renderer's source with its launch contract. The end of `lower`, and of the kernels written as linear UOps
     directly (the fused attention, `tgc.codegen.attention`)."""
     if verify.enabled():
-        verify_spec(name, uops)
-        verify.verify_kernel(name, uops, bufs, _launch_at_vals(launch, uops))
+        with timings.phase("verify"):
+            verify_spec(name, uops)
+            verify.verify_kernel(name, uops, bufs, _launch_at_vals(launch, uops))
     check_shared_memory(device, name, uops)
-    src = render_kernel(device, name, uops, bufs, launch)
+    with timings.phase("render"):
+        src = render_kernel(device, name, uops, bufs, launch)
     return Lowered(name, ast, uops, src, bufs, launch, list(applied or []),
                    list(bufs) if ast_bufs is None else ast_bufs)
 

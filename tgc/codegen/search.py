@@ -32,6 +32,7 @@ from tgc.codegen.pipeline import prepare as prepare_ast
 from tgc.dtype import bf16_to_f32
 from tgc.engine.compare import matches
 from tgc.engine.inputs import random_values
+from tgc.env import env_int
 from tgc.errors import CompileError
 from tgc.ir.kernel import ScheduleItem
 from tgc.ir.shapes import prod, shape_of
@@ -520,9 +521,19 @@ def _compile_all(cands: list[Candidate], device: Any, pool: Any, timeout: float 
             c.binary = None
 
 
+def compile_jobs() -> int:
+    """How many worker processes compile at once: `TGC_JOBS` (`--jobs`), else the cores tgc may run on (at most
+    8)."""
+    jobs = env_int("TGC_JOBS", 0)
+    if jobs >= 1:
+        return jobs
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cores, 8))
+
+
 def make_pool(device: Any):
     """Worker processes for compiling CPU candidates (GPU drivers compile in-process)."""
-    return device.compile_pool(max(1, min(os.cpu_count() or 1, 8)))
+    return device.compile_pool(compile_jobs())
 
 
 # ------------------------------------------------------------------------------------------- the whole program

@@ -1,0 +1,231 @@
+"""The program cache: a whole program compiled for one device and one set of dims, kept in the disk cache
+(`tgc.cache`, table `program`) in package form (`tgc.package`), so that a warm run neither parses, schedules,
+optimizes, lowers nor compiles anything: it loads the entry and runs it through the package runner.
+
+Contract:
+
+- **Key** (`key`): the program's source, normalized (`normalize`: a byte-order mark, line endings, trailing
+  spaces and trailing blank lines do not count; nothing that moves a line does), its dims, the device (kind,
+  name, binary target, its thread count), the compiler's identity (name and version: `Compiler.cache_key`),
+  tgc's version, every environment variable that changes the kernels or how they run (`KERNEL_ENV`), and the
+  state of the `beam` table (`cache.table_state`): a new BEAM winner, or `tgc cache clear --table beam`,
+  misses every entry stored before it. Any change to one of these is a miss, never a stale program.
+- **Entry** (`Entry`): `MAGIC`, one line of JSON (the dims, the whole program's inputs and outputs, and, for a
+  run in chunks along a batch axis, the chunking), then the package's bytes (one chunk's program for a chunked
+  run). The cache's own checksum covers the whole value, the package its own; an entry that fails either, or
+  that does not load, is a miss with one warning (`cache.invalidate`), and is rebuilt: never a wrong result.
+- **Not cached** (`usable` says why): device lists, symbolic sizes, REMOTE devices (a server's binaries are its
+  own), devices that cannot compile here, `DEBUG` 3 and above (they print the lowering), `TGC_VERIFY_BOUNDS`
+  (it checks the lowering), and `DISABLE_COMPILER_CACHE` (the `program` table obeys it as `compile` does).
+
+This module imports neither the front end, the scheduler, the optimizer nor a compiler: `lookup` and
+`Entry.run` are the warm path of `tgc run` and `Program.run`. `store` is given what the cold path built.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tgc import cache
+from tgc.dtype import DType, dtypes
+from tgc.env import env_int
+from tgc.errors import TgcError
+from tgc.package import Package, PackageError, build, loads_package
+from tgc.version import __version__
+
+TABLE = "program"
+MAGIC = b"TGPC1\n"
+# environment variables that change the kernels built, or the plan they run in
+KERNEL_ENV = ("BEAM", "NOOPT", "TGC_THREADS", "TGC_CUDA_ARCH", "TGC_CHUNK", "TGC_GRAPH")
+
+
+def normalize(source: str) -> str:
+    """The source as the key sees it: without a byte-order mark, with `\\n` line ends, without trailing spaces
+    on a line or blank lines at the end. Line numbers (in errors and `tgc bench`'s table) do not change."""
+    text = source.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
+    return "\n".join(line.rstrip() for line in text.split("\n")).rstrip("\n") + "\n"
+
+
+def usable(device: Any) -> str | None:
+    """None where the program cache serves this device and environment, else why not."""
+    if not cache.enabled():
+        return "DISABLE_COMPILER_CACHE is set"
+    if env_int("DEBUG", 0) >= 3:
+        return "DEBUG >= 3 shows the lowering"
+    if os.environ.get("TGC_VERIFY_BOUNDS", "").strip() not in ("", "0"):
+        return "TGC_VERIFY_BOUNDS checks the lowering"
+    if device.kind == "REMOTE":
+        return "a REMOTE server loads only binaries it compiled itself"
+    if device.compiler is None:
+        return f"no compiler for {device.kind} here"
+    return None
+
+
+def key(source: str, dims: dict[str, int], device: Any) -> str:
+    """The cache key of `source` compiled for `device` at `dims` (see the module's docstring)."""
+    comp = device.compiler
+    return cache.make_key("program/1", normalize(source), sorted(dims.items()), device.kind, device.name,
+                          device.binary_target(), device.cores, comp.name, comp.cache_key, __version__,
+                          {name: os.environ.get(name, "").strip() for name in KERNEL_ENV},
+                          list(cache.table_state("beam")))
+
+
+@dataclass
+class WholeInput:
+    """An input or output of the whole program (a chunked entry's package holds one chunk's)."""
+
+    name: str
+    dtype: DType
+    shape: tuple[int, ...]
+
+
+class Entry:
+    """A program-cache entry: the package, the whole program's signature and, for a chunked run, how it is
+    chunked. `run` and `bench` as `Program.run` and `Program.bench`; `inputs`, `output_names`, `dim_names`,
+    `output_types` as a Program's, for the command line."""
+
+    def __init__(self, header: dict, package: Package, source: str, path: str | None):
+        self.header, self.package, self.source, self.path = header, package, source, path
+        self.filename = path
+        self.dims: dict[str, int] = {str(k): int(v) for k, v in header["dims"].items()}
+        self.inputs = [_whole(d) for d in header["inputs"]]
+        self.outputs = [_whole(d) for d in header["outputs"]]
+        self.chunk: dict | None = header.get("chunk")
+
+    @property
+    def output_names(self) -> list[str]:
+        return [d.name for d in self.outputs]
+
+    @property
+    def dim_names(self) -> list[str]:
+        return list(self.dims)
+
+    def output_types(self, dims: dict[str, int] | None = None) -> list[tuple[str, DType, tuple[int, ...]]]:
+        return [(d.name, d.dtype, d.shape) for d in self.outputs]
+
+    def fits(self, arrays: dict[str, np.ndarray]) -> bool:
+        """Whether `arrays` are exactly the program's inputs, in their declared dtypes and shapes (else the
+        caller takes the cold path, whose binder words the error)."""
+        if set(arrays) != {d.name for d in self.inputs}:
+            return False
+        for d in self.inputs:
+            a = arrays[d.name]
+            if not isinstance(a, np.ndarray) or a.shape != d.shape or a.dtype != d.dtype.np:
+                return False
+        return True
+
+    def run(self, device: str, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The outputs of one run on `arrays` (bound: the declared dtypes and shapes, `fits`)."""
+        if self.chunk is None:
+            return self.package.run(device=device, inputs=arrays)
+        from tgc.engine.realize import run_chunked
+
+        low = self.package.lower(device)
+        low.device.ensure_runnable()
+        return run_chunked(low, int(self.chunk["count"]), set(self.chunk["sliced"]), arrays)
+
+    def bench(self, device: str, arrays: dict[str, np.ndarray], repeat: int, warmup: int = 1) -> dict[str, Any]:
+        """`Program.bench`'s timing of the run as `run` runs it (chunked or whole)."""
+        from tgc.engine import bench
+
+        low = self.package.lower(device)
+        low.device.ensure_runnable()
+        if self.chunk is None:
+            return bench.bench_lowered(low, arrays, repeat=repeat, warmup=warmup)
+        return bench.bench_chunked(self.chunking(device), arrays, repeat=repeat, warmup=warmup)
+
+    def bench_result(self, device: str, arrays: dict[str, np.ndarray], repeat: int) -> dict[str, Any]:
+        """What `Program.bench` returns (`tgc bench --json`), timed from this entry."""
+        timing = self.bench(device, arrays, repeat)
+        return {"device": device, "dims": dict(self.dims), "repeat": repeat, "beam": None, **timing,
+                "identity": self.identity(device), "kernels_for": "these sizes"}
+
+    def identity(self, device: str) -> dict[str, Any]:
+        """`Program.identity`: the same for the warm and the cold path (`tgc bench --baseline` compares it)."""
+        from tgc.backends import one_device
+        from tgc.engine import bench
+
+        return bench.identity(self, one_device(device), self.dims)
+
+    def chunking(self, device: str) -> Any:
+        """How the entry runs in chunks (`tgc.engine.chunk.Chunking`, its `low` the packaged chunk), or None."""
+        if self.chunk is None:
+            return None
+        from tgc.engine.chunk import Chunking
+
+        c = self.chunk
+        return Chunking(c["dim"], int(self.dims[c["dim"]]), int(c["count"]), self.package.lower(device),
+                        set(c["sliced"]), int(c["before"]), int(c["after"]), int(c["io"]))
+
+    def release(self) -> None:
+        self.package.release()
+
+
+def _whole(d: dict) -> WholeInput:
+    dt = dtypes.by_name[d["dtype"]]
+    return WholeInput(str(d["name"]), dt, tuple(int(s) for s in d["shape"]))
+
+
+def lookup(source: str, dims: dict[str, int], device: Any, path: str | None = None) -> Entry | None:
+    """The entry stored for `source` at `dims` on `device`, or None (not stored, not usable here, or damaged:
+    a damaged one is dropped with one warning)."""
+    if usable(device) is not None:
+        return None
+    k = key(source, dims, device)
+    value = cache.get(TABLE, k)
+    if value is None:
+        return None
+    try:
+        if not value.startswith(MAGIC):
+            raise ValueError("no entry header")
+        head, _, data = value[len(MAGIC):].partition(b"\n")
+        header = json.loads(head)
+        if not isinstance(header, dict) or header.get("dims") != {n: v for n, v in sorted(dims.items())}:
+            raise ValueError("its header does not match its key")
+        entry = Entry(header, loads_package(data, path or "<program cache>"), source, path)
+        if entry.package.symbolic:
+            raise ValueError("it holds a symbolic package")
+    except (ValueError, KeyError, TypeError, PackageError) as e:
+        cache.invalidate(TABLE, k, f"is not a usable program ({str(e)[:120]})")
+        return None
+    return entry
+
+
+def store(prog: Any, device: Any, dims: dict[str, int], chunking: Any = None) -> bool:
+    """Package what `prog` built for `device` at `dims` (the whole program, or with `chunking` one chunk's
+    program and how it is chunked) and store it; False where it cannot be (a kernel without a binary, a program
+    this format cannot hold). Never raises for that: the cache is an optimization."""
+    if usable(device) is not None:
+        return False
+    try:
+        inputs = [{"name": d.name, "dtype": dt.name, "shape": list(shape)} for d, (dt, shape) in
+                  zip(prog.inputs, _input_types(prog, dims))]
+        outputs = [{"name": n, "dtype": dt.name, "shape": list(shape)} for n, dt, shape in prog.output_types(dims)]
+        header: dict[str, Any] = {"dims": dict(sorted(dims.items())), "inputs": inputs, "outputs": outputs}
+        if chunking is None:
+            data = build(prog, device.name, dims)
+        else:
+            c = chunking
+            chunk_dims = {**dims, c.dim: c.size // c.count}
+            data = build(prog, device.name, chunk_dims, low=c.low)
+            header["chunk"] = {"dim": c.dim, "count": c.count, "sliced": sorted(c.sliced), "before": c.before,
+                               "after": c.after, "io": c.io}
+        loads_package(data)  # what a warm run will load must load
+    except (TgcError, ValueError, KeyError, TypeError):
+        return False
+    name = os.path.basename(getattr(prog, "path", None) or getattr(prog, "filename", "") or "<string>")
+    meta = f"{name} {device.name} " + " ".join(f"{n}={v}" for n, v in sorted(dims.items()))
+    value = MAGIC + json.dumps(header, sort_keys=True, separators=(",", ":")).encode() + b"\n" + data
+    cache.put(TABLE, key(prog.source, dims, device), value, meta=meta.strip())
+    return True
+
+
+def _input_types(prog: Any, dims: dict[str, int]) -> list[tuple[DType, tuple[int, ...]]]:
+    from tgc.dsl.frontend import concrete_shape  # (the cold path: the program is parsed already)
+
+    return [(d.dtype, tuple(int(s) for s in concrete_shape(d, dims))) for d in prog.inputs]
