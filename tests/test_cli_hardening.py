@@ -407,6 +407,20 @@ METHOD_FORMS = [
         "log", "exp2", "log2", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh", "sigmoid", "relu", "gelu", "abs", "sign",
         "recip", "floor", "ceil", "trunc", "round", "square", "erf")],
     *[(f"{n}(x, axis=1)", f"x.{n}(axis=1)") for n in ("max", "min")],
+    *[(f"{n}(x)", f"x.{n}()") for n in (
+        "atan", "expm1", "log1p", "silu", "softplus", "elu", "isfinite", "isinf", "isnan", "zeros_like", "ones_like")],
+    *[(f"{n}(c, axis=1)", f"c.{n}(axis=1)") for n in ("any", "all")],
+    *[(f"{n}(x, axis=3)", f"x.{n}(axis=3)") for n in ("cumsum", "cumprod", "sort", "argsort")],
+    ("atan2(x, x + 1)", "x.atan2(x + 1)"), ("astype(x, f16)", "x.astype(f16)"),
+    ("clamp(x, -0.5, 0.5)", "x.clamp(-0.5, 0.5)"), ("leaky_relu(x, 0.2)", "x.leaky_relu(0.2)"),
+    ("full_like(x, 2.5)", "x.full_like(2.5)"), ("tril(v, 1)", "v.tril(1)"), ("triu(v, -1)", "v.triu(-1)"),
+    ("repeat(x, 2, axis=1)", "x.repeat(2, axis=1)"), ("tile(v, (2, 3))", "v.tile((2, 3))"),
+    ("split(x, 2, axis=3)[1]", "x.split(2, axis=3)[1]"), ("chunk(x, 2, axis=2)[0]", "x.chunk(2, axis=2)[0]"),
+    ("topk(x, 2)[0]", "x.topk(2)[0]"),
+    ("take(x, argmax(x, axis=3), axis=3)", "x.take(argmax(x, axis=3), axis=3)"),
+    ("take_along_axis(x, argsort(x, axis=3), axis=3)", "x.take_along_axis(argsort(x, axis=3), axis=3)"),
+    ("gather(x, 3, argsort(x, axis=3))", "x.gather(3, argsort(x, axis=3))"),
+    ("scatter_add(x, 3, argsort(x, axis=3), x * 2)", "x.scatter_add(3, argsort(x, axis=3), x * 2)"),
 ]
 HEADER = "x: f32[2, 3, 4, 4]\nc: bool[2, 3, 4, 4]\nw: f32[3, 3, 2, 2]\nv: f32[4, 4]\n"
 

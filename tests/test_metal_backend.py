@@ -112,7 +112,7 @@ def _lint_all(kernels: list) -> list[str]:
 
 
 # programs whose dims are tied to each other (4 heads of C // 4)
-TIED_DIMS = {"transformer_block.tg": {"B": 2, "T": 6, "C": 8}}
+TIED_DIMS = {"transformer_block.tg": {"B": 2, "T": 6, "C": 8}, "tiny_gpt.tg": {"B": 2, "T": 5, "V": 11, "C": 8, "L": 2}}
 
 
 def _dims_for(prog: tgc.Program) -> dict[str, int]:

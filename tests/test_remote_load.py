@@ -1,8 +1,10 @@
-"""Load: 16 clients at once, each running 100 small programs through one `tgc serve` subprocess."""
+"""Load: 16 clients at once, each running 100 small programs through one `tgc serve` subprocess.
+`TGC_LOAD_CLIENTS` and `TGC_LOAD_RUNS` make it bigger by hand (32 clients, as many runs as fill a minute)."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import threading
 
 import numpy as np
@@ -20,7 +22,8 @@ def _cpu_ready() -> bool:
 
 pytestmark = pytest.mark.skipif(not _cpu_ready(), reason="the CPU device is not available yet")
 
-CLIENTS, RUNS = 16, 100
+CLIENTS = int(os.environ.get("TGC_LOAD_CLIENTS", "16"))
+RUNS = int(os.environ.get("TGC_LOAD_RUNS", "100"))
 SRC = "x: f32[N]\ny: f32[N]\nreturn x * y + 1, sum(x)\n"
 
 
@@ -55,7 +58,7 @@ def test_sixteen_clients_a_hundred_programs_each(monkeypatch):
         for t in threads:
             t.start()
         for t in threads:
-            t.join(300)
+            t.join(300 + RUNS)
         assert not errors, errors[0]
         assert done == [RUNS] * CLIENTS
         devices = [backends.get_device(f"REMOTE:{i}") for i in range(CLIENTS)]

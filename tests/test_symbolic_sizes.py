@@ -18,8 +18,9 @@ from tgc.engine.inputs import random_inputs
 
 KERNELS = sorted(pathlib.Path(__file__).resolve().parent.parent.joinpath("kernels").glob("*.tg"))
 # programs without a symbolic form: sizes that need floor division (pooling windows, slicing halves) or
-# divisibility (4 heads of C // 4) run size-specialized kernels, and say so
-NOT_SYMBOLIC = {"pooling.tg", "slicing.tg", "transformer_block.tg", "tiny_gpt.tg"}
+# divisibility (4 heads of C // 4), and loops over a dim (their unrolled length depends on it), run
+# size-specialized kernels, and say so
+NOT_SYMBOLIC = {"pooling.tg", "slicing.tg", "transformer_block.tg", "tiny_gpt.tg", "mlp_stack.tg"}
 # the scheduler realizes a broadcast mean or recomputes it depending on the sizes: at small sizes it cuts other
 # kernels than the size class's, which the launch check sees (and runs specialized kernels); large sizes match
 SCHEDULE_BY_SIZE = {"small_kernels.tg": {"R": 301, "N": 303}}
@@ -28,7 +29,7 @@ ODD = {"N": 3, "D": 5, "K": 7, "M": 5, "B": 3, "H": 9, "W": 7, "C": 3, "O": 5, "
 OTHER = {name: size + 2 for name, size in ODD.items()}
 ONES = {name: 1 if i % 2 == 0 else size for i, (name, size) in enumerate(ODD.items())}
 FIXED = {"pooling.tg": {"H": 8, "W": 6}, "transformer_block.tg": {"C": 8}, "slicing.tg": {"N": 10},
-         "tiny_gpt.tg": {"C": 8, "L": 2}}
+         "tiny_gpt.tg": {"C": 8, "L": 2}, "mlp_stack.tg": {"L": 2}}
 
 
 def _dims(prog: tgc.Program, path: pathlib.Path, table: dict[str, int]) -> dict[str, int]:
