@@ -19,10 +19,26 @@ def _np_dtype(d: DType) -> np.dtype:
 
 
 def evaluate(root: UOp, env: dict[UOp, np.ndarray]) -> np.ndarray:
+    return _walk(root, env, with_scale=False)[0]
+
+
+def evaluate_with_scale(root: UOp, env: dict[UOp, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(`evaluate(root, env)`, the error scale s of every element: rounding gives it an error of about u * s; see
+    "scales" below). Where the analysis has no finite answer (0 * inf) the scale is 0, so the output's own scale
+    decides."""
+    value, var = _walk(root, env, with_scale=True)
+    scale = np.sqrt(np.nan_to_num(np.asarray(var, dtype=np.float64), nan=0.0, posinf=np.inf))
+    return value, np.broadcast_to(scale, value.shape)
+
+
+def _walk(root: UOp, env: dict[UOp, np.ndarray], with_scale: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """Every node once in topological order (a sum of products as one contraction): root's float64 value and,
+    `with_scale`, its rounding variance (in units of u^2)."""
     order = root.toposort()
     contractions = _contractions(order)
     skipped = {n for chain in contractions.values() for n in chain}
     memo: dict[UOp, np.ndarray] = {}
+    var: dict[UOp, np.ndarray] = {}
     with np.errstate(all="ignore"):
         for node in order:
             if node in skipped:
@@ -30,10 +46,16 @@ def evaluate(root: UOp, env: dict[UOp, np.ndarray]) -> np.ndarray:
             chain = contractions.get(node)
             if chain is not None:
                 mul = chain[-1]
-                memo[node] = _contract(memo[mul.src[0]], memo[mul.src[1]], node.arg[1], _np_dtype(node.dtype))
+                x, y = memo[mul.src[0]], memo[mul.src[1]]
+                memo[node] = _contract(x, y, node.arg[1], _np_dtype(node.dtype))
+                if with_scale:
+                    var[node] = _contraction_variance(node, x, y, var[mul.src[0]], var[mul.src[1]])
             else:
-                memo[node] = _eval(node, [memo[s] for s in node.src], env)
-    return memo[root]
+                srcs = [memo[s] for s in node.src]
+                memo[node] = _eval(node, srcs, env)
+                if with_scale:
+                    var[node] = _variance(node, memo[node], srcs, [var[s] for s in node.src])
+    return memo[root], var.get(root)
 
 
 # ------------------------------------------------------------------------------------------- contractions
@@ -240,40 +262,17 @@ def _variance(u: UOp, v: np.ndarray, x: list[np.ndarray], c: list[np.ndarray]) -
     return _sq(v)
 
 
-def evaluate_with_scale(root: UOp, env: dict[UOp, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """(`evaluate(root, env)`, the error scale s of every element: rounding gives it an error of about u * s; see
-    above). Where the analysis has no finite answer (0 * inf) the scale is 0, so the output's own scale decides."""
-    order = root.toposort()
-    contractions = _contractions(order)
-    skipped = {n for chain in contractions.values() for n in chain}
-    memo: dict[UOp, np.ndarray] = {}
-    var: dict[UOp, np.ndarray] = {}
+def _contraction_variance(node: UOp, a: np.ndarray, b: np.ndarray, ca: np.ndarray, cb: np.ndarray) -> np.ndarray:
+    """The variance of a sum of products `sum(a * b)` over node's axes: each product rounds and each partial sum
+    of them, (n + 1) sum (a b)^2, plus the operands' own errors carried through."""
+    if not node.dtype.is_float:
+        return np.zeros(())
     f64 = np.dtype(np.float64)
-    with np.errstate(all="ignore"):
-        for node in order:
-            if node in skipped:
-                continue
-            chain = contractions.get(node)
-            if chain is not None:
-                mul = chain[-1]
-                a, b = memo[mul.src[0]], memo[mul.src[1]]
-                memo[node] = _contract(a, b, node.arg[1], _np_dtype(node.dtype))
-                if not node.dtype.is_float:
-                    var[node] = np.zeros(())
-                    continue
-                shape = np.broadcast_shapes(a.shape, b.shape)
-                n = int(np.prod([shape[ax] for ax in node.arg[1]]))
-                # each product rounds and each partial sum of them: (n + 1) sum (a b)^2, plus the operands' errors
-                c = (n + 1) * _contract(a, b, node.arg[1], f64, squares=True)
-                ca, cb = var[mul.src[0]], var[mul.src[1]]
-                if ca.any():
-                    c = c + _contract(np.broadcast_to(ca, a.shape), b, node.arg[1], f64, squares="b")
-                if cb.any():
-                    c = c + _contract(a, np.broadcast_to(cb, b.shape), node.arg[1], f64, squares="a")
-                var[node] = c
-            else:
-                srcs = [memo[s] for s in node.src]
-                memo[node] = _eval(node, srcs, env)
-                var[node] = _variance(node, memo[node], srcs, [var[s] for s in node.src])
-    scale = np.sqrt(np.nan_to_num(np.asarray(var[root], dtype=np.float64), nan=0.0, posinf=np.inf))
-    return memo[root], np.broadcast_to(scale, memo[root].shape)
+    shape = np.broadcast_shapes(a.shape, b.shape)
+    n = int(np.prod([shape[ax] for ax in node.arg[1]]))
+    c = (n + 1) * _contract(a, b, node.arg[1], f64, squares=True)
+    if ca.any():
+        c = c + _contract(np.broadcast_to(ca, a.shape), b, node.arg[1], f64, squares="b")
+    if cb.any():
+        c = c + _contract(a, np.broadcast_to(cb, b.shape), node.arg[1], f64, squares="a")
+    return c
