@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from tgc import cache
+from tgc import cache, profile
 from tgc.engine.realize import LaunchPlan, Lowered, graphs_enabled, run_chunked
 from tgc.ir.shapes import prod
 from tgc.version import __version__
@@ -48,7 +48,12 @@ def bench_lowered(low: Lowered, arrays: dict[str, np.ndarray], repeat: int = 10,
 
         def run_all(wait: bool) -> list[float]:
             ts = []
+            prof = profile.active
             for k, p, handles in launches:
+                if prof is not None:  # (every launch waits and is recorded: tgc/profile.py)
+                    ts.append(prof.launch(k, lambda k=k, p=p, h=handles: p(
+                        *h, global_size=k.global_size, local_size=k.local_size, vals=k.vals, wait=True)))
+                    continue
                 t = p(*handles, global_size=k.global_size, local_size=k.local_size, vals=k.vals, wait=wait)
                 ts.append(t or 0.0)
             return ts
@@ -57,7 +62,10 @@ def bench_lowered(low: Lowered, arrays: dict[str, np.ndarray], repeat: int = 10,
         graph = plan.capture() if graphs_enabled() else None
 
         def run_program() -> None:
-            if graph is not None:
+            prof = profile.active
+            if graph is not None and prof is not None:
+                prof.graph(dev.name, kernels, lambda: graph(wait=True))
+            elif graph is not None:
                 graph(wait=False)
             else:
                 run_all(False)
@@ -68,17 +76,20 @@ def bench_lowered(low: Lowered, arrays: dict[str, np.ndarray], repeat: int = 10,
         # program of 0.5 ms timed at 3-7 ms)
         per_kernel: list[list[float]] = [[] for _ in kernels]
         whole: list[float] = []
-        for _ in range(warmup):
-            run_all(True)
-        for _ in range(max(repeat, 1)):
-            for i, t in enumerate(run_all(True)):
-                per_kernel[i].append(t)
-        for _ in range(warmup):
-            run_program()
-        for _ in range(max(repeat, 1)):
-            st = time.perf_counter()
-            run_program()
-            whole.append(time.perf_counter() - st)
+        with profile.host_span(f"bench: each kernel on {dev.name}", {"warmup": warmup, "repeat": repeat}):
+            for _ in range(warmup):
+                run_all(True)
+            for _ in range(max(repeat, 1)):
+                for i, t in enumerate(run_all(True)):
+                    per_kernel[i].append(t)
+        with profile.host_span(f"bench: whole program on {dev.name}", {"warmup": warmup, "repeat": repeat,
+                                                                       "graph": graph is not None}):
+            for _ in range(warmup):
+                run_program()
+            for _ in range(max(repeat, 1)):
+                st = time.perf_counter()
+                run_program()
+                whole.append(time.perf_counter() - st)
         buffers = dict(plan.buffers)
     finally:
         plan.free()
