@@ -267,8 +267,8 @@ def kernel_args(k: Any, seconds: float) -> dict[str, Any]:
     local = getattr(k, "local_size", None)
     return {"global_size": list(getattr(k, "global_size", ()) or ()), "local_size": list(local) if local else None,
             "opts": [str(o) for o in getattr(k, "opts", ()) or ()], "flops": flops, "bytes": nbytes,
-            "gflops_per_s": round(flops / seconds / 1e9, 3) if seconds > 0 else None,
-            "gb_per_s": round(nbytes / seconds / 1e9, 3) if seconds > 0 else None,
+            "gflops_per_s": flops / seconds / 1e9 if seconds > 0 else None,
+            "gb_per_s": nbytes / seconds / 1e9 if seconds > 0 else None,
             "line": getattr(k, "line", None)}
 
 

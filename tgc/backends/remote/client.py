@@ -656,13 +656,13 @@ class RemoteDevice(Device):
         if entries:
             server_us = max(s + d for _, _, s, d in entries)
             base = st + max(end - st - int(server_us * 1e3), 0) // 2
-            track = f"REMOTE server {conn.address}"
-            batch = prof.span(track, "requests", f"batch of {len(reqs)} requests", base,
+            track, thread = f"REMOTE server {conn.address}", f"requests ({self.name})"  # (one session's)
+            batch = prof.span(track, thread, f"batch of {len(reqs)} request{'s' if len(reqs) != 1 else ''}", base,
                               base + int(server_us * 1e3), "remote",
                               {"session_device": self.name, "clock": "the server's, centred in the round trip"})
             for name, count, s_us, d_us in entries:
                 at = base + int(s_us * 1e3)
-                prof.span(track, "requests", name if count == 1 else f"{name} x{count}", at,
+                prof.span(track, thread, name if count == 1 else f"{name} x{count}", at,
                           min(at + int(d_us * 1e3), base + int(server_us * 1e3)), "remote", {"count": count})
             prof.flow(client, batch, "REMOTE round trip")
         return data
