@@ -145,6 +145,7 @@ def test_cli_bench_profile_counts_every_timed_launch(tmp_path, monkeypatch):
     names = [k["name"] for k in result["kernels"]]
     spans = kernel_spans(doc, "CPU")
     runs = 1 + 2  # warmup + repeat, each kernel on its own, then the whole program as many times
+    assert len([e for e in spans if e["args"].get("warmup")]) == len(names) * (2 if result["program"]["graph"] else 1)
     for name in names:
         own = [e for e in spans if e["name"] == name and not e["args"].get("approximated")]
         inside = [e for e in spans if e["name"] == name and e["args"].get("approximated")]
@@ -263,6 +264,8 @@ def test_summary_orders_kernels_by_total_time_with_exact_shares():
          "args": {"flops": 0, "bytes": 300}},
         {"name": "a", "cat": "kernel", "ph": "X", "ts": 60, "dur": 10, "pid": 1, "tid": 1,
          "args": {"flops": 1000, "bytes": 40, "approximated": True}},
+        {"name": "b", "cat": "kernel", "ph": "X", "ts": 80, "dur": 500, "pid": 1, "tid": 1,
+         "args": {"flops": 0, "bytes": 300, "warmup": True}},
         {"name": "copy in", "cat": "copy", "ph": "X", "ts": 0, "dur": 99, "pid": 1, "tid": 2}],
         "displayTimeUnit": "ms"}
     rows = profile.summarize(doc)
@@ -270,7 +273,8 @@ def test_summary_orders_kernels_by_total_time_with_exact_shares():
     assert rows[0]["share"] == pytest.approx(0.6) and rows[1]["share"] == pytest.approx(0.4)
     assert rows[1]["gflops_per_s"] == pytest.approx(2000 / 20e-6 / 1e9) and rows[1]["approximated"] == 1
     table = profile.summary_markdown(rows)
-    assert table.splitlines()[2].startswith("| b | CPU | 1 | 30.0 us |") and len(table.splitlines()) == 4
+    assert table.splitlines()[2].startswith("| b | CPU | 1 | 0 | 30.0 us |") and len(table.splitlines()) == 4
+    assert profile.summarize(doc, warmup=True)[0]["total_us"] == 530  # the warm-up launch, when asked for
 
 
 # --- Perfetto's own trace processor, where it can run here

@@ -31,6 +31,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -56,6 +57,17 @@ class Profile:
         self._measured: dict[tuple[str, str], list[float]] = {}  # (device, kernel) -> launch seconds
         self._flows = 0
         self.launches = 0
+        self.labels: dict[str, Any] = {}  # added to the args of every launch while set (`labelled`)
+
+    @contextmanager
+    def labelled(self, **labels: Any) -> Iterator[None]:
+        """Add `labels` to the args of every kernel launch recorded inside the block (e.g. `warmup=True`)."""
+        old = self.labels
+        self.labels = {**old, **labels}
+        try:
+            yield
+        finally:
+            self.labels = old
 
     # --- clock and tracks
     def now_ns(self) -> int:
@@ -148,6 +160,7 @@ class Profile:
         args = kernel_args(k, secs)
         args["timer"] = "device" if dev_s is not None else "host"
         args["host_us"] = round(host_s * 1e6, 3)
+        args.update(self.labels)
         self.span(dev, "kernels", k.name, st, st + int(secs * 1e9), "kernel", args)
         with self._lock:
             self._measured.setdefault((dev, k.name), []).append(secs)
@@ -166,17 +179,19 @@ class Profile:
         self.span(device, "kernels", f"graph of {n} kernel{'s' if n != 1 else ''}", st, st + int(secs * 1e9),
                   "graph", {"kernels": n, "timer": "device" if t else "host", "host_us": round(host_s * 1e6, 3),
                             "flops": sum(getattr(k, "flops", 0) for k in kernels),
-                            "bytes": sum(getattr(k, "bytes_moved", 0) for k in kernels)})
+                            "bytes": sum(getattr(k, "bytes_moved", 0) for k in kernels), **self.labels})
         with self._lock:
             means = [self._measured.get((device, k.name)) for k in kernels]
             self.launches += n
-        weights = [sum(m) / len(m) for m in means] if all(means) else [1.0] * n  # type: ignore[arg-type]
+        weights = [statistics.median(m) for m in means] if all(means) else [1.0] * n  # type: ignore[arg-type]
         total_w = sum(weights) or 1.0
         at = st
         for k, w in zip(kernels, weights):
             dur = int(secs * 1e9 * w / total_w)
             args = kernel_args(k, dur / 1e9)
-            args.update(approximated=True, split="by measured launch times" if all(means) else "evenly")
+            args.update(approximated=True, timer="a share of the graph's time",
+                        split="by the median of its measured launches" if all(means) else "evenly")
+            args.update(self.labels)
             self.span(device, "kernels", k.name, at, min(at + dur, st + int(secs * 1e9)), "kernel", args)
             at += dur
         return secs
@@ -287,15 +302,16 @@ def _plain(v: Any) -> Any:
     return str(v)
 
 
-def summarize(doc: dict[str, Any], top: int | None = None) -> list[dict[str, Any]]:
+def summarize(doc: dict[str, Any], top: int | None = None, warmup: bool = False) -> list[dict[str, Any]]:
     """Kernels of a trace document by total time, most first: name, device, launches, total and mean
     microseconds, share of all kernel time, GFLOP/s and GB/s over the total. Spans inside a graph count
-    (approximated ones say so in `approximated`)."""
+    (`approximated` counts them); warm-up launches (`tgc bench`'s untimed runs: args `warmup`) only with
+    `warmup`."""
     events = doc.get("traceEvents", [])
     procs = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for e in events:
-        if e.get("ph") != "X" or e.get("cat") != "kernel":
+        if e.get("ph") != "X" or e.get("cat") != "kernel" or (e.get("args", {}).get("warmup") and not warmup):
             continue
         key = (procs.get(e["pid"], str(e["pid"])), e["name"])
         r = rows.setdefault(key, {"name": e["name"], "device": key[0], "launches": 0, "total_us": 0.0,
@@ -317,13 +333,13 @@ def summarize(doc: dict[str, Any], top: int | None = None) -> list[dict[str, Any
 
 def summary_markdown(rows: list[dict[str, Any]]) -> str:
     """`summarize`'s rows as a Markdown table."""
-    lines = ["| kernel | device | launches | total | mean | share | GFLOP/s | GB/s |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| kernel | device | launches | in a graph | total | mean | share | GFLOP/s | GB/s |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         gf = f"{r['gflops_per_s']:.2f}" if r["gflops_per_s"] is not None else "-"
         gb = f"{r['gb_per_s']:.2f}" if r["gb_per_s"] is not None else "-"
-        lines.append(f"| {r['name']} | {r['device']} | {r['launches']} | {_fmt_us(r['total_us'])} | "
-                     f"{_fmt_us(r['mean_us'])} | {100 * r['share']:.1f}% | {gf} | {gb} |")
+        lines.append(f"| {r['name']} | {r['device']} | {r['launches']} | {r['approximated']} | "
+                     f"{_fmt_us(r['total_us'])} | {_fmt_us(r['mean_us'])} | {100 * r['share']:.1f}% | {gf} | {gb} |")
     return "\n".join(lines)
 
 

@@ -10,6 +10,7 @@ on the device object it holds, and never compiles or looks up a device itself (`
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -77,15 +78,17 @@ def bench_lowered(low: Lowered, arrays: dict[str, np.ndarray], repeat: int = 10,
         per_kernel: list[list[float]] = [[] for _ in kernels]
         whole: list[float] = []
         with profile.host_span(f"bench: each kernel on {dev.name}", {"warmup": warmup, "repeat": repeat}):
-            for _ in range(warmup):
-                run_all(True)
+            with _labelled(warmup=True):
+                for _ in range(warmup):
+                    run_all(True)
             for _ in range(max(repeat, 1)):
                 for i, t in enumerate(run_all(True)):
                     per_kernel[i].append(t)
         with profile.host_span(f"bench: whole program on {dev.name}", {"warmup": warmup, "repeat": repeat,
                                                                        "graph": graph is not None}):
-            for _ in range(warmup):
-                run_program()
+            with _labelled(warmup=True):
+                for _ in range(warmup):
+                    run_program()
             for _ in range(max(repeat, 1)):
                 st = time.perf_counter()
                 run_program()
@@ -112,6 +115,12 @@ def bench_lowered(low: Lowered, arrays: dict[str, np.ndarray], repeat: int = 10,
     program = {**prog_stats, "flops": total_flops, "bytes": total_bytes, "graph": graph is not None,
                **rates(total_flops, total_bytes, prog_stats["median_s"], peak, working_set)}
     return {"kernels": rows, "program": program, "peak": peak, "working_set_bytes": working_set}
+
+
+def _labelled(**labels: Any) -> Any:
+    """`Profile.labelled` while a profile records, else nothing."""
+    prof = profile.active
+    return prof.labelled(**labels) if prof is not None else contextlib.nullcontext()
 
 
 def bench_chunked(ch: Any, arrays: dict[str, np.ndarray], repeat: int = 10, warmup: int = 1) -> dict[str, Any]:
