@@ -18,7 +18,11 @@ Contract:
   (one span per HTTP round trip) and `REMOTE server ADDR` (the server's own timings of each request).
 - A device graph runs its kernels in one launch, so they have no times of their own: the graph's span is
   measured and its kernels' child spans split it in proportion to each kernel's own measured launch time in
-  this profile (all of them measured), else evenly; their args say `"approximated": true`.
+  this profile (the median of each one's launches, where all of them have some), else evenly; their args say
+  `"approximated": true`.
+- A launch's span ends when the synchronized launch returned and lasts the device's time (so a launch that
+  first loads its binary, e.g. PoCL building the kernel on first use, shows the kernel where it ran, at the end);
+  `host_us` in its args is the host's time for the whole call.
 - Spans of one thread track nest (each span ends before its parent ends): they come from context managers
   on one host thread, or are clamped into their parent.
 - `Profile.write(path)` writes `{"traceEvents": [...], "displayTimeUnit": "ms", "otherData": {...}}` (ts and
@@ -161,7 +165,7 @@ class Profile:
         args["timer"] = "device" if dev_s is not None else "host"
         args["host_us"] = round(host_s * 1e6, 3)
         args.update(self.labels)
-        self.span(dev, "kernels", k.name, st, st + int(secs * 1e9), "kernel", args)
+        self.span(dev, "kernels", k.name, end - int(secs * 1e9), end, "kernel", args)
         with self._lock:
             self._measured.setdefault((dev, k.name), []).append(secs)
             self.launches += 1
@@ -176,23 +180,24 @@ class Profile:
         host_s = (end - st) / 1e9
         secs = min(t, host_s) if t is not None and t > 0 else host_s
         n = len(kernels)
-        self.span(device, "kernels", f"graph of {n} kernel{'s' if n != 1 else ''}", st, st + int(secs * 1e9),
+        st = end - int(secs * 1e9)  # (ends when the synchronized run returned, as `launch`)
+        self.span(device, "kernels", f"graph of {n} kernel{'s' if n != 1 else ''}", st, end,
                   "graph", {"kernels": n, "timer": "device" if t else "host", "host_us": round(host_s * 1e6, 3),
                             "flops": sum(getattr(k, "flops", 0) for k in kernels),
                             "bytes": sum(getattr(k, "bytes_moved", 0) for k in kernels), **self.labels})
         with self._lock:
-            means = [self._measured.get((device, k.name)) for k in kernels]
+            measured = [self._measured.get((device, k.name)) for k in kernels]
             self.launches += n
-        weights = [statistics.median(m) for m in means] if all(means) else [1.0] * n  # type: ignore[arg-type]
+        weights = [statistics.median(m) for m in measured] if all(measured) else [1.0] * n  # type: ignore[arg-type]
         total_w = sum(weights) or 1.0
         at = st
         for k, w in zip(kernels, weights):
             dur = int(secs * 1e9 * w / total_w)
             args = kernel_args(k, dur / 1e9)
             args.update(approximated=True, timer="a share of the graph's time",
-                        split="by the median of its measured launches" if all(means) else "evenly")
+                        split="by the median of its measured launches" if all(measured) else "evenly")
             args.update(self.labels)
-            self.span(device, "kernels", k.name, at, min(at + dur, st + int(secs * 1e9)), "kernel", args)
+            self.span(device, "kernels", k.name, at, min(at + dur, end), "kernel", args)
             at += dur
         return secs
 
