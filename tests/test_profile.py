@@ -306,3 +306,20 @@ def test_perfetto_trace_processor_loads_the_trace(tmp_path):
     xs = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
     assert len(slices) == len(xs)
     assert {s.name for s in slices} == {e["name"] for e in xs}
+
+
+def test_compiles_in_worker_processes_are_on_the_compile_track(monkeypatch):
+    from tgc.codegen import kernel
+    monkeypatch.setenv("DISABLE_COMPILER_CACHE", "1")  # every kernel compiles
+    monkeypatch.setattr(kernel, "PARALLEL_MIN_SOURCE", 0)  # these kernels are small: send them all
+    monkeypatch.setenv("TGC_JOBS", "2")
+    with tgc.profiling() as prof:
+        ks = tgc.loads(MATMUL_SUM.replace("c, sum", "c + 1, sum")).compile("CPU", {"M": 3, "K": 2, "N": 5})
+    doc = prof.doc()
+    assert problems(doc) == []
+    xs = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "compile"]
+    in_worker = [e["name"].removeprefix("compiled in a worker: ") for e in xs if e["name"].startswith("compiled in")]
+    here = [e for e in xs if e["name"] == "compile"]  # the compiler's phase in this process (the first kernel)
+    assert in_worker and set(in_worker) <= {k.name for k in ks}
+    assert len(in_worker) + len(here) == len(ks)
+    assert all(e["args"]["worker_ms"] > 0 for e in xs if e["name"].startswith("compiled in"))
