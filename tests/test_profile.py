@@ -273,7 +273,9 @@ def test_summary_orders_kernels_by_total_time_with_exact_shares():
     assert rows[0]["share"] == pytest.approx(0.6) and rows[1]["share"] == pytest.approx(0.4)
     assert rows[1]["gflops_per_s"] == pytest.approx(2000 / 20e-6 / 1e9) and rows[1]["approximated"] == 1
     table = profile.summary_markdown(rows)
-    assert table.splitlines()[2].startswith("| b | CPU | 1 | 0 | 30.0 us |") and len(table.splitlines()) == 4
+    assert rows[1]["mean_us"] == 10 and rows[1]["median_us"] == 10
+    assert table.splitlines()[2].startswith("| b | CPU | 1 | 0 | 30.0 us | 30.0 us | 30.0 us | 60.0% |")
+    assert len(table.splitlines()) == 4
     assert profile.summarize(doc, warmup=True)[0]["total_us"] == 530  # the warm-up launch, when asked for
 
 

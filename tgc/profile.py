@@ -308,7 +308,7 @@ def _plain(v: Any) -> Any:
 
 
 def summarize(doc: dict[str, Any], top: int | None = None, warmup: bool = False) -> list[dict[str, Any]]:
-    """Kernels of a trace document by total time, most first: name, device, launches, total and mean
+    """Kernels of a trace document by total time, most first: name, device, launches, total, mean and median
     microseconds, share of all kernel time, GFLOP/s and GB/s over the total. Spans inside a graph count
     (`approximated` counts them); warm-up launches (`tgc bench`'s untimed runs: args `warmup`) only with
     `warmup`."""
@@ -320,8 +320,9 @@ def summarize(doc: dict[str, Any], top: int | None = None, warmup: bool = False)
             continue
         key = (procs.get(e["pid"], str(e["pid"])), e["name"])
         r = rows.setdefault(key, {"name": e["name"], "device": key[0], "launches": 0, "total_us": 0.0,
-                                  "flops": 0, "bytes": 0, "approximated": 0})
+                                  "flops": 0, "bytes": 0, "approximated": 0, "durations_us": []})
         r["launches"] += 1
+        r["durations_us"].append(e["dur"])
         r["total_us"] += e["dur"]
         r["flops"] += e.get("args", {}).get("flops", 0) or 0
         r["bytes"] += e.get("args", {}).get("bytes", 0) or 0
@@ -330,6 +331,7 @@ def summarize(doc: dict[str, Any], top: int | None = None, warmup: bool = False)
     out = sorted(rows.values(), key=lambda r: -r["total_us"])
     for r in out:
         r["mean_us"] = r["total_us"] / r["launches"]
+        r["median_us"] = statistics.median(r.pop("durations_us"))
         r["share"] = r["total_us"] / total
         r["gflops_per_s"] = r["flops"] / r["total_us"] / 1e3 if r["total_us"] else None
         r["gb_per_s"] = r["bytes"] / r["total_us"] / 1e3 if r["total_us"] else None
@@ -338,13 +340,14 @@ def summarize(doc: dict[str, Any], top: int | None = None, warmup: bool = False)
 
 def summary_markdown(rows: list[dict[str, Any]]) -> str:
     """`summarize`'s rows as a Markdown table."""
-    lines = ["| kernel | device | launches | in a graph | total | mean | share | GFLOP/s | GB/s |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| kernel | device | launches | in a graph | total | mean | median | share | GFLOP/s | GB/s |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         gf = f"{r['gflops_per_s']:.2f}" if r["gflops_per_s"] is not None else "-"
         gb = f"{r['gb_per_s']:.2f}" if r["gb_per_s"] is not None else "-"
         lines.append(f"| {r['name']} | {r['device']} | {r['launches']} | {r['approximated']} | "
-                     f"{_fmt_us(r['total_us'])} | {_fmt_us(r['mean_us'])} | {100 * r['share']:.1f}% | {gf} | {gb} |")
+                     f"{_fmt_us(r['total_us'])} | {_fmt_us(r['mean_us'])} | {_fmt_us(r['median_us'])} | "
+                     f"{100 * r['share']:.1f}% | {gf} | {gb} |")
     return "\n".join(lines)
 
 
