@@ -325,3 +325,29 @@ def test_compiles_in_worker_processes_are_on_the_compile_track(monkeypatch):
     assert in_worker and set(in_worker) <= {k.name for k in ks}
     assert len(in_worker) + len(here) == len(ks)
     assert all(e["args"]["worker_ms"] > 0 for e in xs if e["name"].startswith("compiled in"))
+
+
+def test_cuda_launches_and_graphs_are_timed_by_cuda_events_through_the_stand_in():
+    import cuda_standin
+    why = cuda_standin.why_unavailable()
+    if why is not None:
+        pytest.skip(str(why))
+    from test_cuda_standin import script_json
+    out = script_json("""
+        import json, numpy as np, tgc
+        prog = tgc.loads("x: f32[N, D]\\nreturn x.max(axis=1) + 1, x * 2\\n")
+        x = np.arange(12, dtype=np.float32).reshape(3, 4)
+        with tgc.profiling() as prof:
+            runs = [prog.run(device="CUDA", x=x) for _ in range(2)]  # the second: one CUDA graph launch
+        print(json.dumps({"max": [r["out0"].tolist() for r in runs], "doc": prof.doc(),
+                          "kernels": [k.name for k in prog.compile(device="CUDA", dims={"N": 3, "D": 4})]}))
+    """)
+    assert out["max"] == [[4.0, 8.0, 12.0]] * 2
+    doc = out["doc"]
+    assert problems(doc) == []
+    spans = kernel_spans(doc, "CUDA")
+    own = [e for e in spans if not e["args"].get("approximated")]
+    assert [e["name"] for e in own] == out["kernels"] and all(e["args"]["timer"] == "device" for e in own)
+    graphs = [e for e in doc["traceEvents"] if e.get("cat") == "graph"]
+    assert len(graphs) == 1 and graphs[0]["args"]["timer"] == "device"
+    assert [e["name"] for e in spans if e["args"].get("approximated")] == out["kernels"]
