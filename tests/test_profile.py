@@ -351,3 +351,23 @@ def test_cuda_launches_and_graphs_are_timed_by_cuda_events_through_the_stand_in(
     graphs = [e for e in doc["traceEvents"] if e.get("cat") == "graph"]
     assert len(graphs) == 1 and graphs[0]["args"]["timer"] == "device"
     assert [e["name"] for e in spans if e["args"].get("approximated")] == out["kernels"]
+
+
+def test_trace_summary_script_reads_a_written_trace_and_refuses_other_files(tmp_path, capsys):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "trace_summary", os.path.join(os.path.dirname(__file__), "..", "tools", "trace_summary.py"))
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    prog = tgc.loads(MATMUL_SUM)
+    path = tmp_path / "t.json"
+    with tgc.profiling(path):
+        prog.run(device="CPU", **_inputs())
+    assert script.main([str(path), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    names = [k.name for k in prog.compile(device="CPU", dims={"M": 6, "K": 5, "N": 4})]
+    assert sorted(r["name"] for r in rows) == sorted(names) and all(r["launches"] == 1 for r in rows)
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]")
+    assert script.main([str(bad)]) == 2
+    assert "is not a readable trace" in capsys.readouterr().err
