@@ -33,6 +33,14 @@ def devices(info: bool = True) -> list:
     return _devices(info)
 
 
+def profiling(path: str | None = None):
+    """`with tgc.profiling("trace.json") as prof:` records every kernel launch, copy, compile and collective in
+    the block as a profile trace (Chrome trace-event JSON for ui.perfetto.dev), written to `path` at the end
+    (`prof.doc()` is the document). See `tgc.profile`."""
+    from tgc.profile import profiling as _profiling
+    return _profiling(path)
+
+
 def __getattr__(name: str):
     if name in ("Program", "Kernel"):
         import tgc.api
@@ -40,4 +48,4 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-__all__ = ["load", "loads", "load_package", "devices", "TgcError", "__version__"]
+__all__ = ["load", "loads", "load_package", "devices", "profiling", "TgcError", "__version__"]

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from tgc import cache
+from tgc import cache, profile
 from tgc.dtype import DType, dtypes
 from tgc.env import env_int
 from tgc.errors import TgcError
@@ -193,6 +193,10 @@ def lookup(source: str, dims: dict[str, int], device: Any, path: str | None = No
     except (ValueError, KeyError, TypeError, PackageError) as e:
         cache.invalidate(TABLE, k, f"is not a usable program ({str(e)[:120]})")
         return None
+    prof = profile.active
+    if prof is not None:  # (a profile trace's compile track: nothing is built for this run)
+        prof.instant(profile.HOST, prof.host_thread("compile"), "program cache hit: nothing to compile",
+                     {"cache": "hit", "device": device.name, "dims": dict(dims)})
     return entry
 
 

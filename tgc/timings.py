@@ -2,7 +2,9 @@
 passes, linearizing, verifying, rendering, the compiler) and whether its binary came from the disk cache.
 
 `tgc compile --timings` (and `--json`) reads a `Recorder` (`recording()`); with `DEBUG=2` every kernel built
-prints its line to stderr (`kernel_line`). Without either, `kernel` and `phase` cost one attribute lookup.
+prints its line to stderr (`kernel_line`); while a profile trace records (`tgc.profile`), each kernel built and
+each phase is also a span of its compile track. Without any of these, `kernel` and `phase` cost one attribute
+lookup.
 
 Contract: `kernel(name)` opens one kernel's record; `phase(name)` adds the seconds of its block to the open
 kernel's `phases[name]` (outside a kernel: to the recorder's program-level `phases`). Only the outermost phase
@@ -20,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from tgc import profile
 from tgc.env import debug_level
 
 # the phases, in the order a kernel goes through them (columns of `tgc compile --timings`)
@@ -96,21 +99,26 @@ def kernel(name: str) -> Iterator[KernelTimes | None]:
     candidate's, belongs to the outer one)."""
     rec, current = _state()
     show = debug_level() >= 2
-    if current is not None or (rec is None and not show):
+    prof = profile.active
+    if current is not None or (rec is None and not show and prof is None):
         yield None
         return
     k = KernelTimes(name)
     _local.kernel = k
-    start = time.perf_counter()
+    start = time.perf_counter_ns()
     try:
         yield k
     finally:
-        k.total = time.perf_counter() - start
+        end = time.perf_counter_ns()
+        k.total = (end - start) / 1e9
         _local.kernel = None
         if rec is not None:
             rec.kernels.append(k)
         if show:
             print(kernel_line(k), file=sys.stderr)
+        if prof is not None:  # the compile track of a profile trace (tgc/profile.py)
+            prof.span(profile.HOST, prof.host_thread("compile"), f"build {name}", start, end, "compile",
+                      {"cache": k.cache, "phases_ms": {p: round(s * 1e3, 3) for p, s in k.phases.items()}})
 
 
 @contextmanager
@@ -118,16 +126,23 @@ def phase(name: str) -> Iterator[None]:
     """Add the block's seconds to the open kernel's (or the recorder's) phase `name`; nested phases do not."""
     rec, current = _state()
     owner: Any = current if current is not None else rec
-    if owner is None or owner._depth:
+    prof = profile.active
+    counted = owner is not None and not owner._depth
+    if not counted and prof is None:
         yield
         return
-    owner._depth += 1
-    start = time.perf_counter()
+    if counted:
+        owner._depth += 1
+    start = time.perf_counter_ns()
     try:
         yield
     finally:
-        owner._depth -= 1
-        owner.phases[name] = owner.phases.get(name, 0.0) + time.perf_counter() - start
+        end = time.perf_counter_ns()
+        if counted:
+            owner._depth -= 1
+            owner.phases[name] = owner.phases.get(name, 0.0) + (end - start) / 1e9
+        if prof is not None:  # every phase, nested ones too, as a span of the compile track
+            prof.span(profile.HOST, prof.host_thread("compile"), name, start, end, "compile")
 
 
 def cache_result(hit: bool) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from tgc.cli.trace import profile_option
 from tgc.env import check_all
 from tgc.env import help_text as env_help_text
 from tgc.errors import TgcError
@@ -459,6 +460,7 @@ def main() -> None:
 @shard_option
 @click.option("--symbolic", is_flag=True,
               help="Run the kernels compiled once for the sizes' class (sizes as kernel arguments).")
+@profile_option
 def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[str, str]], npz: str | None,
         cast: bool, use_random: bool, seed: int | None, outs: list[Any], check: bool, rtol: float | None,
         shard: dict[str, int], symbolic: bool) -> None:
@@ -733,6 +735,7 @@ def _compile_command(file: str, device: str | None, dims: dict[str, int], emit: 
 @shard_option
 @click.option("--symbolic", is_flag=True, help="Time the kernels compiled once for the sizes' class.")
 @json_option
+@profile_option
 def bench(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[str, str]], npz: str | None,
           cast: bool, seed: int, repeat: int, beam: int | None, vs: str | None, baseline: str | None,
           shard: dict[str, int], symbolic: bool, as_json: bool) -> None:

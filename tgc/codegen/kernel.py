@@ -5,10 +5,11 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tgc import cache, timings
+from tgc import cache, profile, timings
 from tgc.codegen import search
 from tgc.codegen.attention import lower_attention
 from tgc.codegen.binaries import compile_key as compile_key  # re-exported
@@ -280,6 +281,7 @@ def build_kernels(items: list[tuple[ScheduleItem, str]], device: Any, beam: int 
             progress({"kernel": name, "index": i, "total": total, "stage": "lowered"})
     for n, (src, (fut, indices, key)) in enumerate(waiting.items()):
         why = ""
+        waited = time.perf_counter_ns()
         try:
             lib = fut.result()
         except Exception as e:  # noqa: BLE001 - the worker's message (or it died): compile here for the error
@@ -298,6 +300,10 @@ def build_kernels(items: list[tuple[ScheduleItem, str]], device: Any, beam: int 
             if key is not None:
                 cache.put("compile", key, lib, meta=_meta(device, src))
         seconds = getattr(fut, "seconds", 0.0)
+        if profile.active is not None:  # the compile track of a profile trace: the wait, the worker's own time
+            prof = profile.active
+            prof.span(profile.HOST, prof.host_thread("compile"), f"compiled in a worker: {kernels[indices[0]].name}",
+                      waited, time.perf_counter_ns(), "compile", {"cache": "miss", "worker_ms": seconds * 1e3})
         for j in indices:
             kernels[j].binary = lib
             rec = records[j]

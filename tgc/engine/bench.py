@@ -10,6 +10,7 @@ on the device object it holds, and never compiles or looks up a device itself (`
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -20,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from tgc import cache
+from tgc import cache, profile
 from tgc.engine.realize import LaunchPlan, Lowered, graphs_enabled, run_chunked
 from tgc.ir.shapes import prod
 from tgc.version import __version__
@@ -48,7 +49,12 @@ def bench_lowered(low: Lowered, arrays: dict[str, np.ndarray], repeat: int = 10,
 
         def run_all(wait: bool) -> list[float]:
             ts = []
+            prof = profile.active
             for k, p, handles in launches:
+                if prof is not None:  # (every launch waits and is recorded: tgc/profile.py)
+                    ts.append(prof.launch(k, lambda k=k, p=p, h=handles: p(
+                        *h, global_size=k.global_size, local_size=k.local_size, vals=k.vals, wait=True)))
+                    continue
                 t = p(*handles, global_size=k.global_size, local_size=k.local_size, vals=k.vals, wait=wait)
                 ts.append(t or 0.0)
             return ts
@@ -57,7 +63,10 @@ def bench_lowered(low: Lowered, arrays: dict[str, np.ndarray], repeat: int = 10,
         graph = plan.capture() if graphs_enabled() else None
 
         def run_program() -> None:
-            if graph is not None:
+            prof = profile.active
+            if graph is not None and prof is not None:
+                prof.graph(dev.name, kernels, lambda: graph(wait=True))
+            elif graph is not None:
                 graph(wait=False)
             else:
                 run_all(False)
@@ -68,17 +77,22 @@ def bench_lowered(low: Lowered, arrays: dict[str, np.ndarray], repeat: int = 10,
         # program of 0.5 ms timed at 3-7 ms)
         per_kernel: list[list[float]] = [[] for _ in kernels]
         whole: list[float] = []
-        for _ in range(warmup):
-            run_all(True)
-        for _ in range(max(repeat, 1)):
-            for i, t in enumerate(run_all(True)):
-                per_kernel[i].append(t)
-        for _ in range(warmup):
-            run_program()
-        for _ in range(max(repeat, 1)):
-            st = time.perf_counter()
-            run_program()
-            whole.append(time.perf_counter() - st)
+        with profile.host_span(f"bench: each kernel on {dev.name}", {"warmup": warmup, "repeat": repeat}):
+            with _labelled(warmup=True):
+                for _ in range(warmup):
+                    run_all(True)
+            for _ in range(max(repeat, 1)):
+                for i, t in enumerate(run_all(True)):
+                    per_kernel[i].append(t)
+        with profile.host_span(f"bench: whole program on {dev.name}", {"warmup": warmup, "repeat": repeat,
+                                                                       "graph": graph is not None}):
+            with _labelled(warmup=True):
+                for _ in range(warmup):
+                    run_program()
+            for _ in range(max(repeat, 1)):
+                st = time.perf_counter()
+                run_program()
+                whole.append(time.perf_counter() - st)
         buffers = dict(plan.buffers)
     finally:
         plan.free()
@@ -101,6 +115,12 @@ def bench_lowered(low: Lowered, arrays: dict[str, np.ndarray], repeat: int = 10,
     program = {**prog_stats, "flops": total_flops, "bytes": total_bytes, "graph": graph is not None,
                **rates(total_flops, total_bytes, prog_stats["median_s"], peak, working_set)}
     return {"kernels": rows, "program": program, "peak": peak, "working_set_bytes": working_set}
+
+
+def _labelled(**labels: Any) -> Any:
+    """`Profile.labelled` while a profile records, else nothing."""
+    prof = profile.active
+    return prof.labelled(**labels) if prof is not None else contextlib.nullcontext()
 
 
 def bench_chunked(ch: Any, arrays: dict[str, np.ndarray], repeat: int = 10, warmup: int = 1) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from tgc import profile
 from tgc.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16
 from tgc.engine.realize import Buffer, launch, to_user_array
 from tgc.env import debug_level
@@ -515,8 +516,32 @@ class MultiRun:
     compute_seconds: float  # inputs on the devices .. every kernel and collective done (outputs not read back)
 
 
+def _profile_step(prof: Any, devices: list[Any], what: str, step: int, st_ns: int, stats: Transfers,
+                  sent: list[int], received: list[int]) -> None:
+    """A collective step in a profile trace: one span per device on its `collectives` track with the bytes it
+    sent and received in this step, a counter of each device's bytes sent so far, one span on the host."""
+    end = time.perf_counter_ns()
+    total = sum(stats.sent) - sum(sent)
+    host = prof.span(profile.HOST, prof.host_thread("collectives"), what, st_ns, end, "collective",
+                     {"step": step, "bytes_sent": total, "devices": [d.name for d in devices]})
+    for d, dev in enumerate(devices):
+        ev = prof.span(dev.name, "collectives", what, st_ns, end, "collective",
+                       {"step": step, "sent_bytes": stats.sent[d] - sent[d],
+                        "received_bytes": stats.received[d] - received[d]})
+        prof.flow(host, ev, "collective")
+        prof.counter(dev.name, "collective bytes sent", end, {"bytes": stats.sent[d]})
+
+
 def run_multi(ml: MultiLowered, arrays: dict[str, np.ndarray], timed: bool = False) -> MultiRun:
     """Copy each device's part of the inputs in, run every step's kernels and collectives, bring outputs back."""
+    if profile.active is None:
+        return _run_multi(ml, arrays, timed)
+    with profile.host_span(f"run on {len(ml.devices)} devices", {"devices": [d.name for d in ml.devices],
+                                                                  "steps": len(ml.plan.steps)}):
+        return _run_multi(ml, arrays, timed)
+
+
+def _run_multi(ml: MultiLowered, arrays: dict[str, np.ndarray], timed: bool = False) -> MultiRun:
     n = len(ml.devices)
     bufs: list[dict[UOp, Any]] = [{} for _ in range(n)]
     owned: list[Any] = []
@@ -580,8 +605,9 @@ def run_multi(ml: MultiLowered, arrays: dict[str, np.ndarray], timed: bool = Fal
             srcs = [ensure(d, ml.step_nodes[k][d]) for d in range(n)]
             for dev in ml.devices:
                 dev.synchronize()
-            before = list(stats.sent)
+            before, received = list(stats.sent), list(stats.received)
             st = time.perf_counter()
+            st_ns = time.perf_counter_ns()
             if step.kind == "allreduce":
                 outs = [ensure(d, step.outs[d][0]) for d in range(n)]
                 for d in range(n):
@@ -595,6 +621,8 @@ def run_multi(ml: MultiLowered, arrays: dict[str, np.ndarray], timed: bool = Fal
                 gather_shards(ml.devices, [b.handle for b in srcs], [b.handle for b in outs],
                               shape_of(step.outs[0][0]), step.outs[0][0].dtype, step.arg[0], step.arg[1], stats)
                 what = f"gather axis {step.arg[0]}"
+            if profile.active is not None:
+                _profile_step(profile.active, ml.devices, what, k, st_ns, stats, before, received)
             if level >= 2:
                 moved = ", ".join(f"{dev.name} sent {stats.sent[d] - before[d]} B" for d, dev in enumerate(ml.devices))
                 print(f"*** {what}: {moved} ({(time.perf_counter() - st) * 1e6:.2f} us)", file=sys.stderr)

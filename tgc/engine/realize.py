@@ -1,7 +1,9 @@
 """The realizer: allocate buffers, copy inputs in, launch a program's kernels in order, copy outputs out.
 
 It takes a lowered program (`Lowered`: the device object, compiled kernels, input and output nodes) and
-imports nothing above the scheduler: `Program.run` (tgc.api) looks the device up and compiles."""
+imports nothing above the scheduler: `Program.run` (tgc.api) looks the device up and compiles. While a profile
+trace records (`tgc.profile.active`), runs, copies, launches and graph runs are recorded, every launch waiting
+for its kernel; otherwise each costs one attribute check."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from tgc import profile
 from tgc.dtype import DType, bf16_to_f32, dtypes
 from tgc.engine.memplan import MemoryPlan, plan_memory
 from tgc.env import debug_level, env_int
@@ -88,11 +91,25 @@ class Buffer:
         if arr.dtype != dtype.np or arr.nbytes != prod(shape) * dtype.itemsize:
             return None
         handle = wrap(arr)
-        return None if handle is None else cls(device, node, handle=handle)
+        if handle is None:
+            return None
+        buf = cls(device, node, handle=handle)
+        if profile.active is not None:
+            profile.active.instant(device.name, "copies", "input used in place (zero-copy)",
+                                   buf._copy_args("host -> device"))
+        return buf
 
     def copyin(self, arr: np.ndarray) -> None:
         if arr.nbytes:
-            self.device.allocator.copyin(self.handle, memoryview(np.ascontiguousarray(arr)).cast("B"))
+            prof = profile.active
+            if prof is None:
+                self.device.allocator.copyin(self.handle, memoryview(np.ascontiguousarray(arr)).cast("B"))
+                return
+            with prof.timed(self.device.name, "copies", "copy in", "copy", self._copy_args("host -> device")):
+                self.device.allocator.copyin(self.handle, memoryview(np.ascontiguousarray(arr)).cast("B"))
+
+    def _copy_args(self, direction: str) -> dict[str, Any]:
+        return {"bytes": self.nbytes, "direction": direction, "dtype": self.dtype.name, "shape": list(self.shape)}
 
     def numpy(self, give: bool = False) -> np.ndarray:
         """The values as a numpy array: a copy, or with `give` (a buffer of a slot on a zero-copy device) the
@@ -103,10 +120,18 @@ class Buffer:
             arr = give_fn(self.handle, dtype, shape) if give_fn is not None else None
             if arr is not None:
                 self.slot.given = True
+                if profile.active is not None:
+                    profile.active.instant(self.device.name, "copies", "output handed over (zero-copy)",
+                                           self._copy_args("device -> host"))
                 return arr
         out = np.empty(shape, dtype=dtype)
         if out.nbytes:
-            self.device.allocator.copyout(memoryview(out).cast("B"), self.handle)
+            prof = profile.active
+            if prof is None:
+                self.device.allocator.copyout(memoryview(out).cast("B"), self.handle)
+            else:
+                with prof.timed(self.device.name, "copies", "copy out", "copy", self._copy_args("device -> host")):
+                    self.device.allocator.copyout(memoryview(out).cast("B"), self.handle)
         return out
 
     def free(self) -> None:
@@ -211,6 +236,13 @@ def inplace_pairs(k: Any) -> list[tuple[Any, Any]]:
 def run_program(low: Lowered, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Allocate the memory plan's slots, copy `arrays` (by input name) in, launch every kernel in order, copy the
     outputs out."""
+    if profile.active is None:
+        return _run_program(low, arrays)
+    with profile.host_span(f"run on {low.device.name}", {"kernels": len(low.kernels), "as": "kernel by kernel"}):
+        return _run_program(low, arrays)
+
+
+def _run_program(low: Lowered, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     dev = low.device
     buffers: dict[Any, Buffer] = {}
     try:
@@ -254,6 +286,13 @@ def run_chunked(low: Lowered, count: int, sliced: set[str], arrays: dict[str, np
     into their slice of the whole output arrays (allocated once, handed to the user as `run_program` does).
     Each chunk's intermediates go back to the allocator's pool and the next chunk takes the same ones. A host
     allocator only (the buffers are numpy arrays); launch plans and device graphs are not used."""
+    if profile.active is None:
+        return _run_chunked(low, count, sliced, arrays)
+    with profile.host_span(f"run on {low.device.name}", {"kernels": len(low.kernels), "as": f"{count} chunks"}):
+        return _run_chunked(low, count, sliced, arrays)
+
+
+def _run_chunked(low: Lowered, count: int, sliced: set[str], arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     dev = low.device
     alloc = dev.allocator
     wholes: dict[str, Buffer] = {}
@@ -284,7 +323,12 @@ def run_chunked(low: Lowered, count: int, sliced: set[str], arrays: dict[str, np
                 for k in low.kernels:
                     launch(k, [buffers[n] for n in k.bufs])
                 for node, dest in copies:
-                    alloc.copyout(memoryview(dest), buffers[node].handle)
+                    if profile.active is None:
+                        alloc.copyout(memoryview(dest), buffers[node].handle)
+                        continue
+                    with profile.active.timed(dev.name, "copies", "copy out", "copy",
+                                              buffers[node]._copy_args("device -> host")):
+                        alloc.copyout(memoryview(dest), buffers[node].handle)
             finally:
                 for buf in buffers.values():
                     buf.free()
@@ -352,10 +396,12 @@ class LaunchPlan:
     def run(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Copy `arrays` (by input name) in, run every kernel, copy the outputs out."""
         try:
-            self.copy_in(arrays)
-            self.execute()
-            result = self.outputs()
-            self.device.synchronize()
+            with profile.host_span(f"run on {self.device.name}", {"kernels": len(self.low.kernels),
+                                                                  "as": "launch plan", "run": self.runs + 1}):
+                self.copy_in(arrays)
+                self.execute()
+                result = self.outputs()
+                self.device.synchronize()
         except BaseException:
             self.broken = True
             raise
@@ -389,8 +435,10 @@ class LaunchPlan:
                 launch(k, h, handles=True, in_place=debug_level() >= 2 and runs_in_place(self.low, k))
             return
         level = debug_level() if os.environ.get("DEBUG") else 0
+        prof = profile.active
         try:
-            t = graph(wait=level >= 2)
+            t = prof.graph(self.device.name, kernels, lambda: graph(wait=True)) if prof is not None \
+                else graph(wait=level >= 2)
         except TgcError:
             raise
         except Exception as e:  # a device failure is a runtime error, not a crash
@@ -571,16 +619,15 @@ def launch(k, bufs: list, handles: bool = False, in_place: bool = False) -> floa
     prog = k.program()
     wait = level >= 2
     handles = bufs if handles else [b.handle for b in bufs]
+    prof = profile.active
+    if prof is not None and not wait:  # one synchronized launch, timed (tgc/profile.py)
+        return prof.launch(k, lambda: _call(k, prog, handles, True))
 
     def once() -> float | None:
         st = time.perf_counter()
-        try:
-            t = prog(*handles, global_size=k.global_size, local_size=k.local_size, vals=k.vals,
-                     wait=wait)
-        except TgcError:
-            raise
-        except Exception as e:  # a device failure is a runtime error, not a crash
-            raise DeviceError(f"kernel {k.name} failed on {k.device.name}: {e}") from None
+        if prof is not None:
+            return prof.launch(k, lambda: _call(k, prog, handles, True))
+        t = _call(k, prog, handles, wait)
         return (t if t is not None else time.perf_counter() - st) if wait else t
 
     first = once()
@@ -595,3 +642,13 @@ def launch(k, bufs: list, handles: bool = False, in_place: bool = False) -> floa
           file=sys.stderr)
     return t
 
+
+
+def _call(k: Any, prog: Any, handles: list, wait: bool) -> float | None:
+    """Launch kernel `k`'s program on `handles`; a device failure becomes a DeviceError."""
+    try:
+        return prog(*handles, global_size=k.global_size, local_size=k.local_size, vals=k.vals, wait=wait)
+    except TgcError:
+        raise
+    except Exception as e:  # a device failure is a runtime error, not a crash
+        raise DeviceError(f"kernel {k.name} failed on {k.device.name}: {e}") from None

@@ -30,6 +30,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
+from tgc import profile
 from tgc.backends import device_class, get_device
 from tgc.backends.base import Allocator, Compiler, Device, Program
 from tgc.backends.remote import protocol as P
@@ -132,6 +133,7 @@ class Connection:
         self.host, self.port, self.token, self.session = host, port, token, session
         self.timeout, self.retry = timeout, retry
         self._conn: http.client.HTTPConnection | None = None
+        self.server_timing: str | None = None  # the server's timing header of the last answer (`post(timing=...)`)
 
     @property
     def address(self) -> str:
@@ -163,15 +165,19 @@ class Connection:
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
-    def post(self, body: bytes | list[bytes | memoryview], limit: int = 1 << 30) -> bytes:
+    def post(self, body: bytes | list[bytes | memoryview], limit: int = 1 << 30, timing: bool = False) -> bytes:
         """Send one batch body (or its parts); the response body, or a DeviceError/CompileError with the
         server's message. An answer longer than `limit` bytes (what the requests can need) is refused
-        before it is read."""
+        before it is read. `timing` asks the server for its timing of the batch (a profile trace), which
+        `server_timing` then holds (`protocol.parse_timing`)."""
         parts = [body] if isinstance(body, bytes) else body
         headers = {"Content-Type": "application/octet-stream", P.SESSION_HEADER: self.session,
                    "Content-Length": str(sum(len(p) for p in parts))}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
+        if timing:
+            headers[P.PROFILE_HEADER] = "1"
+        self.server_timing = None
         for attempt in range(2):
             reused = self._conn is not None
             if self._conn is None:
@@ -201,6 +207,7 @@ class Connection:
             if resp.will_close:
                 self.close()
             if resp.status == 200:
+                self.server_timing = resp.getheader(P.TIMING_HEADER) if timing else None
                 return data
             raise self._error(resp.status, resp.getheader(P.ERROR_HEADER), data)
         raise AssertionError("unreachable")
@@ -609,7 +616,11 @@ class RemoteDevice(Device):
                 limit += 40 + r.size
             elif isinstance(r, LISTINGS):
                 limit += ANSWER_PER_LISTING
-        data = conn.post(body, limit)
+        prof = profile.active
+        if prof is None:
+            data = conn.post(body, limit)
+        else:
+            data = self._post_profiled(prof, conn, body, limit, reqs)
         try:
             results, out_blobs = P.decode_results(data, verify=False, max_text=limit,
                                                   max_nodes=10_000 + 16 * len(reqs))
@@ -623,6 +634,38 @@ class RemoteDevice(Device):
             elif isinstance(r, (P.CopyOut, P.Synchronize)):
                 self._pending_launches = False
         return results, out_blobs
+
+    def _post_profiled(self, prof: Any, conn: Connection, body: list[bytes | memoryview], limit: int,
+                       reqs: list[P.Request]) -> bytes:
+        """`conn.post` recorded in a profile trace: the round trip as a span of this device's client track, the
+        server's own timing of the batch (its reply header) as spans of the server's track, placed in the middle
+        of the round trip (the two clocks are not synchronized: the network time is split evenly before and
+        after), and an arrow from the one to the other."""
+        kinds: dict[str, int] = {}
+        for r in reqs:
+            kinds[type(r).__name__] = kinds.get(type(r).__name__, 0) + 1
+        sent = sum(len(p) for p in body)
+        st = time.perf_counter_ns()
+        data = conn.post(body, limit, timing=True)
+        end = time.perf_counter_ns()
+        what = ", ".join(f"{n} x{c}" if c > 1 else n for n, c in kinds.items())
+        client = prof.span(profile.HOST, f"REMOTE client {conn.address} ({self.name})", f"POST {P.BATCH_PATH}",
+                           st, end, "remote", {"requests": len(reqs), "kinds": what, "bytes_sent": sent,
+                                               "bytes_received": len(data), "device": self.name})
+        entries = P.parse_timing(conn.server_timing)
+        if entries:
+            server_us = max(s + d for _, _, s, d in entries)
+            base = st + max(end - st - int(server_us * 1e3), 0) // 2
+            track, thread = f"REMOTE server {conn.address}", f"requests ({self.name})"  # (one session's)
+            batch = prof.span(track, thread, f"batch of {len(reqs)} request{'s' if len(reqs) != 1 else ''}", base,
+                              base + int(server_us * 1e3), "remote",
+                              {"session_device": self.name, "clock": "the server's, centred in the round trip"})
+            for name, count, s_us, d_us in entries:
+                at = base + int(s_us * 1e3)
+                prof.span(track, thread, name if count == 1 else f"{name} x{count}", at,
+                          min(at + int(d_us * 1e3), base + int(server_us * 1e3)), "remote", {"count": count})
+            prof.flow(client, batch, "REMOTE round trip")
+        return data
 
     def synchronize(self) -> None:
         """Send what is queued and wait until the server's device has finished it."""

@@ -42,6 +42,14 @@ DEFAULT_PORT = REMOTE_DEFAULT_PORT
 SESSION_HEADER = "X-Tgc-Session"
 ERROR_HEADER = "X-Tgc-Error"  # the error's kind: auth, protocol, limit, session, compile, device, busy
 BATCH_PATH = "/batch"
+# Profile traces (tgc/profile.py): a client that records one sends `X-Tgc-Profile: 1`, and the server answers
+# with its own timing of the batch in `X-Tgc-Server-Timing` (`timing_header` / `parse_timing`): plain text in
+# a header, the body's format unchanged.
+PROFILE_HEADER = "X-Tgc-Profile"
+TIMING_HEADER = "X-Tgc-Server-Timing"
+MAX_TIMINGS = 1024  # entries in one timing header (the rest are merged into the last one)
+_TIMING_ENTRY = re.compile(r"([A-Za-z][A-Za-z0-9_]{0,39});([0-9]{1,6});([0-9]{1,15}(?:\.[0-9]{1,3})?);"
+                           r"([0-9]{1,15}(?:\.[0-9]{1,3})?)")
 
 INT_MIN, INT_MAX = -(2**63), 2**63 - 1
 MAX_DEPTH = 32  # nesting of lists/calls in request text
@@ -669,3 +677,26 @@ def decode_results(body: bytes | memoryview, verify: bool = True, max_text: int 
     if not isinstance(value, list):
         raise ProtocolError("response text must be a list of results")
     return value, blobs
+
+
+def timing_header(entries: list[tuple[str, int, int, int]], start_ns: int) -> str:
+    """The server's timing of one batch as header text: `name;count;start_us;dur_us` per entry (a request, or a
+    run of `count` launches of one kind), comma-separated, times from `start_ns` (the batch's start)."""
+    if len(entries) > MAX_TIMINGS:  # (the rest as one entry: a header stays well under 64 KiB)
+        rest = entries[MAX_TIMINGS - 1:]
+        entries = entries[:MAX_TIMINGS - 1] + [("Rest", sum(e[1] for e in rest), rest[0][2], rest[-1][3])]
+    return ",".join(f"{name};{count};{(st - start_ns) / 1e3:.3f};{(end - st) / 1e3:.3f}"
+                    for name, count, st, end in entries)
+
+
+def parse_timing(text: str | None) -> list[tuple[str, int, float, float]]:
+    """`timing_header`'s text back as (name, count, start_us, dur_us); [] for none or anything malformed."""
+    if not text or len(text) > 65536:
+        return []
+    out = []
+    for part in text.split(","):
+        m = _TIMING_ENTRY.fullmatch(part.strip())
+        if m is None:
+            return []
+        out.append((m[1], int(m[2]), float(m[3]), float(m[4])))
+    return out[:MAX_TIMINGS]

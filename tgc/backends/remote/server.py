@@ -406,17 +406,23 @@ class RemoteServer:
             print("tgc serve: evicted an idle session to make room", file=sys.stderr, flush=True)
         return True
 
-    def run_batch(self, sid: str, body: bytes, client: str = "", token: str | None = None) -> list[bytes | memoryview]:
+    def run_batch(self, sid: str, body: bytes, client: str = "", token: str | None = None,
+                  timings: list[tuple[str, int, int, int]] | None = None) -> list[bytes | memoryview]:
         """Run the requests of one body for session `sid` of the client at address `client` with the token named
         `token` (see `token_name`); the response body's parts, or a `Refusal`.
 
         A session's batches run one at a time; different sessions' run at once where launches run in worker
         processes (the CPU), else one at a time. Each batch must be done `request_time` seconds after it starts
-        running (waiting for the session's previous batch not counted)."""
+        running (waiting for the session's previous batch not counted). `timings` (a list; a client recording a
+        profile asks for it) receives (name, count, start_ns, end_ns) for decoding the body, each request (a run
+        of launches handed to the workers: one entry) and encoding the answer."""
+        start = time.perf_counter_ns()
         try:
             requests, blobs = P.decode_requests(body, max_text=self.limits.max_text, max_nodes=self.limits.max_nodes)
         except P.ProtocolError as e:
             raise Refusal(400, "protocol", str(e)) from None
+        if timings is not None:
+            timings.append(("Decode", 1, start, time.perf_counter_ns()))
         with self.lock:
             if self._stop.is_set():
                 raise Refusal(503, "busy", "the server is shutting down")
@@ -427,16 +433,20 @@ class RemoteServer:
                 if self.sessions.get(session.id) is not session:
                     raise Refusal(404, "session", "the session ended while this batch waited for its turn")
                 if self.uses_launch_workers:
-                    results, out_blobs = self._run(session, requests, blobs)
+                    results, out_blobs = self._run(session, requests, blobs, timings)
                 else:
                     with self.device_lock:
-                        results, out_blobs = self._run(session, requests, blobs)
+                        results, out_blobs = self._run(session, requests, blobs, timings)
         finally:
             with self.lock:
                 session.busy -= 1
                 session.last_seen = time.monotonic()
                 self._trim_pool()
-        return P.body_parts(out_blobs, P.to_text(results))
+        st = time.perf_counter_ns()
+        parts = P.body_parts(out_blobs, P.to_text(results))
+        if timings is not None:
+            timings.append(("Encode", 1, st, time.perf_counter_ns()))
+        return parts
 
     def _trim_pool(self) -> None:
         """Release the device's pool of freed buffers when it holds more than `max_pooled` bytes (the shared
@@ -450,8 +460,8 @@ class RemoteServer:
         if sum(size * len(handles) for size, handles in cached.items()) > self.limits.max_pooled:
             alloc.free_cache()
 
-    def _run(self, session: Session, requests: list[P.Request],
-             blobs: dict[str, memoryview]) -> tuple[list[Any], dict[str, bytes]]:
+    def _run(self, session: Session, requests: list[P.Request], blobs: dict[str, memoryview],
+             timings: list[tuple[str, int, int, int]] | None = None) -> tuple[list[Any], dict[str, bytes]]:
         results: list[Any] = []
         out_blobs: dict[str, bytes] = {}
         start = time.monotonic()
@@ -470,13 +480,19 @@ class RemoteServer:
                 while end < len(requests) and type(requests[end]).__name__ == "ProgramExec":
                     end += 1
                 group, first = requests[i:end], i
+                st = time.perf_counter_ns()
                 times = self._run_in_workers(session, group, lambda a, b, f=first: f"request {f + a} (ProgramExec)"
                                              if a == b else f"requests {f + a}..{f + b} (ProgramExec)")
+                if timings is not None:
+                    timings.append((name, len(group), st, time.perf_counter_ns()))
                 results += [t if r.wait else None for r, t in zip(group, times)]
                 i = end
                 continue
             try:
+                st = time.perf_counter_ns()
                 results.append(getattr(self, "_do_" + name)(session, req, blobs, out_blobs))
+                if timings is not None:
+                    timings.append((name, 1, st, time.perf_counter_ns()))
                 i += 1
             except Refusal as e:
                 if e.kind == "compile":

@@ -96,11 +96,13 @@ class _Handler(BaseHTTPRequestHandler):
             sys.stderr.write(f"tgc serve: {self.address_string()} {format % args}\n")
 
     def _answer(self, status: int, body: bytes | list[bytes | memoryview], kind: str | None = None,
-                close: bool = False) -> None:
+                close: bool = False, timing: str | None = None) -> None:
         parts = [body] if isinstance(body, bytes) else body
         self.send_response(status)
         self.send_header("Content-Type", "application/octet-stream" if kind is None else "text/plain; charset=utf-8")
         self.send_header("Content-Length", str(sum(len(p) for p in parts)))
+        if timing:
+            self.send_header(P.TIMING_HEADER, timing)
         if kind is not None:
             self.send_header(P.ERROR_HEADER, kind)
         if status == 401:
@@ -170,8 +172,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         app.set_deadline(self.connection, None)  # the batch's own time limit applies while it runs
+        timings: list | None = [] if self.headers.get(P.PROFILE_HEADER) == "1" else None  # (a profiling client)
+        start = time.perf_counter_ns()
         try:
-            parts = app.run_batch(sid, body, self.client_address[0], app.token_name(self.headers.get("Authorization")))
+            parts = app.run_batch(sid, body, self.client_address[0], app.token_name(self.headers.get("Authorization")),
+                                  timings)
         except Refusal as r:
             app.set_deadline(self.connection, app.limits.request_time)
             return self._refuse(r)
@@ -179,7 +184,7 @@ class _Handler(BaseHTTPRequestHandler):
             app.set_deadline(self.connection, app.limits.request_time)
             return self._refuse(Refusal(500, "device", f"internal error: {type(e).__name__}: {e}"))
         app.set_deadline(self.connection, app.limits.request_time)  # writing the answer
-        self._answer(200, parts)
+        self._answer(200, parts, timing=P.timing_header(timings, start) if timings else None)
 
     def _not_allowed(self) -> None:
         if self._authorized():

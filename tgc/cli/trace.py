@@ -1,0 +1,54 @@
+"""`--profile OUT.json` of `tgc run` and `tgc bench`: record the command's work as a profile trace
+(`tgc.profile`) and write it when the command ends.
+
+Contract: a path that cannot be written at all (missing directory, a directory, no permission) is refused
+before anything runs (exit 2). The trace is written after the command's own output (the output table, `-o`
+files, the bench report), so a trace that fails to write late (a full disk) loses none of it: one error
+line, exit 2 for an unwritable path, else 1. A command that fails still writes the trace of what ran.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from tgc.errors import TgcError
+
+
+def profile_option(f: Callable) -> Callable:
+    """Add `--profile OUT.json` to a command: run it under `tgc.profile.profiling` and write the trace."""
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, profile_path: str | None = None, **kwargs: Any) -> Any:
+        if profile_path is None:
+            return f(*args, **kwargs)
+        from tgc import profile
+        from tgc.cli.outputs import check_writable
+
+        try:
+            check_writable(profile_path)
+        except TgcError as e:
+            raise TgcError(f"--profile {e.msg}", hint="name a file in a directory that exists and can be written"
+                           ) from None
+        with profile.profiling() as prof:
+            try:
+                result = f(*args, **kwargs)
+            except BaseException:
+                try:  # the trace of what ran; the command's own error is the one to report
+                    prof.write(profile_path)
+                except OSError:
+                    pass
+                raise
+        profile.write_trace(prof, profile_path)
+        kernels = sum(1 for e in prof.events if e.get("cat") == "kernel")
+        print(f"wrote {profile_path} (profile trace: {kernels} kernel spans; open it in ui.perfetto.dev or "
+              "chrome://tracing)", file=sys.stderr)
+        return result
+
+    return click.option("--profile", "profile_path", metavar="OUT.json",
+                        help="Write a profile trace (Chrome trace-event JSON, for ui.perfetto.dev or chrome://tracing)"
+                             " of kernel launches, copies, compiles and collectives.")(wrapper)
