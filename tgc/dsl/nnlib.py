@@ -549,9 +549,11 @@ def lrn(x, size, alpha=1e-4, beta=0.75, bias=1.0):
     return (xt / (bias + (alpha / size) * sums).pow(beta)).cast(back)
 
 
-def mean_variance_normalization(x, axes=(0, 2, 3)):
-    """ONNX MeanVarianceNormalization: (x - mean) / (sqrt(var) + 1e-9) over `axes`."""
+def mean_variance_normalization(x, axes=None):
+    """ONNX MeanVarianceNormalization: (x - mean) / (sqrt(var) + 1e-9) over `axes` (None: ONNX's (0, 2, 3))."""
     t = _tensor(x, "mean_variance_normalization's input")
+    if axes is None:
+        axes = (0, 2, 3)
     axs = axes if isinstance(axes, tuple) else (axes,)
     axs = tuple(sorted({t._axis(_int(a, "axes")) for a in axs}))
     xt, back = _float_compute(t)
@@ -890,7 +892,7 @@ def scatter_nd(x, indices, updates, reduction="none"):
     return _scatter_axis(x2, 0, i2, u2, reduction, "scatter_nd").reshape(t.shape)
 
 
-def one_hot(indices, depth, values=(0, 1), axis=-1, dtype=None):
+def one_hot(indices, depth, values=None, axis=-1, dtype=None):
     """ONNX OneHot: a new axis of `depth` at `axis`, values[1] where it equals the index (negative indices
     count from depth), values[0] elsewhere; an index outside [-depth, depth) gives a row of values[0]."""
     idx, _ = _index_arg(indices, "indices")
@@ -898,6 +900,8 @@ def one_hot(indices, depth, values=(0, 1), axis=-1, dtype=None):
     if depth < 1:
         raise DslError(f"one_hot: depth must be positive, got {depth}")
     ax = idx._axis(_int(axis, "axis"), idx.ndim + 1)
+    if values is None:
+        values = (0, 1)
     if isinstance(values, Tensor):
         if values.numel != 2:
             raise _shape_error(f"one_hot: values {values} must hold 2 elements (off, on)")
