@@ -377,3 +377,40 @@ def test_bad_arguments_are_one_clear_error(expr, message):
     src = f"x: f32[1, 2, 5, 6]\nw: f32[3, 2, 3, 3]\nreturn {expr}\n"
     err = source_error(src)
     assert message in err.format(), err.format()
+
+
+# ------------------------------------------------------------------------------------------------ numpy twins
+
+
+def test_numpy_baseline_twins_agree(rng):
+    """`tgc bench --vs numpy` runs the numpy twins (tgc/baselines/numpy_nnlib.py): they agree with tgc."""
+    import tgc
+    from tgc.baselines.numpy_eval import numpy_program
+    inputs = dict(x=f32(rng, 2, 4, 6, 5), w=f32(rng, 6, 2, 3, 2), wt=f32(rng, 4, 3, 2, 2), c4=f32(rng, 4),
+                  v4=rng.uniform(0.5, 2, 4).astype(np.float32), i=np.array([[1, -1], [0, 2]], np.int64),
+                  s=np.array([[2, 0, -1, 1, 0]], np.int64), ln=f32(rng, 6, 5))
+    exprs = [
+        'conv(x, w, c4[0:2].sum() + zeros(6), strides=(2, 1), pads=(1, 0, 0, 1), group=2, auto_pad="NOTSET")',
+        "conv_transpose(x, wt, strides=2, pads=(1, 0, 0, 1), output_padding=1, group=2)",
+        "max_pool(x, kernel_shape=(3, 2), strides=2, pads=(1, 1, 0, 0), ceil_mode=1, return_indices=True)",
+        "max_pool(x, kernel_shape=(2, 2), storage_order=1, return_indices=True)",
+        "avg_pool(x, kernel_shape=(3, 3), strides=2, pads=(1, 1, 1, 1), ceil_mode=1)",
+        'avg_pool(x, kernel_shape=(2, 3), auto_pad="SAME_UPPER", count_include_pad=1)',
+        "lp_pool(x, kernel_shape=(2, 2), p=3)", "global_avg_pool(x)", "global_max_pool(x)", "global_lp_pool(x)",
+        "batch_norm(x, c4, c4, c4, v4)", "instance_norm(x, c4, v4)", "group_norm(x, c4, v4, num_groups=2)",
+        "layer_norm(x, ln, c4[0], axis=2)", "lrn(x, size=3)", "mean_variance_normalization(x)",
+        'resize(x, scales=(1, 1, 1.5, 2), mode="linear")', 'resize(x, sizes=(4, 7), axes=(2, 3), mode="cubic")',
+        'resize(x, scales=(0.5, 2), axes=(2, 3), nearest_mode="floor")',
+        "gather_elements(x, i.reshape(2, 2, 1, 1), axis=1)", "gather_nd(x, i, batch_dims=1)",
+        'scatter_elements(x[0, 0, 0:1], s, ln[0:1], axis=1, reduction="add")',
+        "scatter_elements(x[0, 0, 0:1], s, ln[0:1], axis=1)",
+        'scatter_nd(x, i, x[0:2, 0] * 2, reduction="max")',
+        "one_hot(i, 3, axis=0)", "depth_to_space(x, 2)", "space_to_depth(x[:, :, :, 0:4], 2)", "hardmax(x, axis=2)"]
+    prog = tgc.loads(program(inputs, exprs))
+    want = prog.run(device="CPU", **inputs)
+    dims, _ = prog.bind(inputs)
+    got = numpy_program(prog, dims)(inputs)
+    assert list(got) == list(want)
+    for name in want:
+        np.testing.assert_allclose(np.asarray(got[name], np.float64), np.asarray(want[name], np.float64),
+                                   rtol=1e-4, atol=1e-5, err_msg=name)

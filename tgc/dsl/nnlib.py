@@ -139,7 +139,7 @@ def _spatial(x: Tensor, name: str) -> int:
 # ------------------------------------------------------------------------------------------------ geometry
 
 
-def _geometry(name: str, sizes: tuple[int, ...], kernel: tuple[int, ...], strides: tuple[int, ...],
+def window_geometry(name: str, sizes: tuple[int, ...], kernel: tuple[int, ...], strides: tuple[int, ...],
               dilations: tuple[int, ...], pads: Any, auto_pad: Any, ceil_mode: bool = False
               ) -> tuple[list[int], list[int], list[int], list[int]]:
     """ONNX's window geometry per spatial axis: (pads before, pads after, extra pads after for ceil_mode,
@@ -217,7 +217,7 @@ def conv(x, w, b=None, strides=None, pads=None, dilations=None, group=1, auto_pa
     if m % group:
         raise _shape_error(f"conv: {m} output channels do not split into {group} groups")
     strides, dilations = _ints(strides, n, "strides", 1), _ints(dilations, n, "dilations", 1)
-    begin, end, _, outs = _geometry("conv", x.shape[2:], ks, strides, dilations, pads, auto_pad)
+    begin, end, _, outs = window_geometry("conv", x.shape[2:], ks, strides, dilations, pads, auto_pad)
     dtype = promote(x.dtype, w.dtype)
     win = _windows(_pad_spatial(x.cast(dtype), begin, end), ks, strides, dilations)  # (N, C, O.., K..)
     mg = m // group
@@ -235,21 +235,24 @@ def conv(x, w, b=None, strides=None, pads=None, dilations=None, group=1, auto_pa
     return out
 
 
-def conv_transpose(x, w, b=None, strides=None, pads=None, dilations=None, group=1, auto_pad="NOTSET",
-                   output_padding=None, output_shape=None, kernel_shape=None):
-    """ONNX ConvTranspose: x (N, C, D1..Dn), w (C, M/group, k1..kn); the gradient of conv, computed as a conv
-    of the stride-dilated input with the flipped kernel."""
-    x, w = _tensor(x, "conv_transpose's input"), _tensor(w, "conv_transpose's weight")
-    n = _spatial(x, "conv_transpose")
-    if w.ndim != x.ndim:
-        raise DslError(f"conv_transpose: the weight {w} needs {x.ndim} dims (C, M/group, kernel...)")
+def conv_transpose_geometry(x_shape: tuple[int, ...], w_shape: tuple[int, ...], strides: Any, pads: Any,
+                            dilations: Any, group: Any, auto_pad: Any, output_padding: Any, output_shape: Any,
+                            kernel_shape: Any) -> tuple[tuple[int, ...], tuple[int, ...], list[int], list[int]]:
+    """ConvTranspose as a conv of the stride-dilated input: (strides, dilations, pads before, pads after) of
+    that input (negative pads crop), checked as ONNX says."""
+    n = len(x_shape) - 2
+    if n < 1:
+        raise DslError(f"conv_transpose needs an (N, C, spatial...) input, got {list(x_shape)}")
+    if len(w_shape) != len(x_shape):
+        raise DslError(f"conv_transpose: the weight {list(w_shape)} needs {len(x_shape)} dims (C, M/group, kernel...)")
     group = _int(group, "group")
     if group < 1:
         raise DslError(f"conv_transpose: group must be positive, got {group}")
-    big_n, c = x.shape[:2]
-    if w.shape[0] != c or c % group:
-        raise _shape_error(f"conv_transpose: the weight {w} needs {c} input channels divisible by {group} groups")
-    mg, ks = w.shape[1], w.shape[2:]
+    c = x_shape[1]
+    if w_shape[0] != c or c % group:
+        raise _shape_error(f"conv_transpose: the weight {list(w_shape)} needs {c} input channels divisible by "
+                           f"{group} groups")
+    ks = w_shape[2:]
     if kernel_shape is not None and _ints(kernel_shape, n, "kernel_shape", 1) != ks:
         raise _shape_error(f"conv_transpose: kernel_shape {list(kernel_shape)} differs from the weight's {list(ks)}")
     strides, dilations = _ints(strides, n, "strides", 1), _ints(dilations, n, "dilations", 1)
@@ -258,7 +261,7 @@ def conv_transpose(x, w, b=None, strides=None, pads=None, dilations=None, group=
     if any(p < 0 or (p >= s and p >= d) for p, s, d in zip(outpad, strides, dilations)):
         raise DslError(f"conv_transpose: output_padding {list(outpad)} must be smaller than the strides or "
                        f"the dilations")
-    sizes = x.shape[2:]
+    sizes = x_shape[2:]
     eff = [(k - 1) * d + 1 for k, d in zip(ks, dilations)]
     full_len = [s * (i - 1) + op + e for s, i, op, e in zip(strides, sizes, outpad, eff)]
     if output_shape is not None or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
@@ -291,6 +294,21 @@ def conv_transpose(x, w, b=None, strides=None, pads=None, dilations=None, group=
     outs = [fl - b_ - e_ for fl, b_, e_ in zip(full_len, begin, end)]
     if any(o < 1 for o in outs):
         raise _shape_error(f"conv_transpose: the pads leave an empty output {outs}")
+    # full padding eff-1 on both sides, output_padding after, minus the requested pads (negative crops)
+    pb = [e - 1 - b_ for e, b_ in zip(eff, begin)]
+    pe = [e - 1 - e_ + op for e, e_, op in zip(eff, end, outpad)]
+    return strides, dilations, pb, pe
+
+
+def conv_transpose(x, w, b=None, strides=None, pads=None, dilations=None, group=1, auto_pad="NOTSET",
+                   output_padding=None, output_shape=None, kernel_shape=None):
+    """ONNX ConvTranspose: x (N, C, D1..Dn), w (C, M/group, k1..kn); the gradient of conv, computed as a conv
+    of the stride-dilated input with the flipped kernel."""
+    x, w = _tensor(x, "conv_transpose's input"), _tensor(w, "conv_transpose's weight")
+    strides, dilations, pb, pe = conv_transpose_geometry(x.shape, w.shape, strides, pads, dilations, group,
+                                                         auto_pad, output_padding, output_shape, kernel_shape)
+    n = x.ndim - 2
+    c, mg, ks = x.shape[1], w.shape[1], w.shape[2:]
     dtype = promote(x.dtype, w.dtype)
     t = x.cast(dtype)
     for i, s in enumerate(strides):  # s - 1 zeros between neighbours: (.., D) -> (.., (D - 1) * s + 1)
@@ -300,9 +318,6 @@ def conv_transpose(x, w, b=None, strides=None, pads=None, dilations=None, group=
             t = t.unsqueeze(ax + 1).pad(tuple((0, s - 1) if a == ax + 1 else (0, 0) for a in range(t.ndim + 1)))
             t = t.reshape(t.shape[:ax] + (d * s,) + t.shape[ax + 2:])
             t = t.shrink(tuple((0, (d - 1) * s + 1) if a == ax else (0, v) for a, v in enumerate(t.shape)))
-    # full padding eff-1 on both sides, output_padding after, minus the requested pads (negative crops)
-    pb = [e - 1 - b_ for e, b_ in zip(eff, begin)]
-    pe = [e - 1 - e_ + op for e, e_, op in zip(eff, end, outpad)]
     t = t.pad(((0, 0), (0, 0)) + tuple(zip(pb, pe)))
     # weight (G, C/G, Mg, k..) -> (G, Mg, C/G, k..) = (M, C/G, k..), spatially flipped
     cg = c // group
@@ -314,13 +329,19 @@ def conv_transpose(x, w, b=None, strides=None, pads=None, dilations=None, group=
 # ------------------------------------------------------------------------------------------------ pooling
 
 
-def _pool_setup(x: Tensor, name: str, kernel_shape, strides, pads, dilations, ceil_mode, auto_pad):
-    n = _spatial(x, name)
+def pool_geometry(shape: tuple[int, ...], name: str, kernel_shape: Any, strides: Any, pads: Any, dilations: Any,
+                  ceil_mode: Any, auto_pad: Any) -> tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...],
+                                                          list[int], list[int], list[int], list[int]]:
+    """A pool's checked geometry: (spatial axes, kernel, strides, dilations, pads before, pads after, extra
+    pads after for ceil_mode, output sizes)."""
+    n = len(shape) - 2
+    if n < 1:
+        raise DslError(f"{name} needs an (N, C, spatial...) input with at least 1 spatial axis, got {list(shape)}")
     if kernel_shape is None:
         raise DslError(f"{name} needs kernel_shape")
     ks = _ints(kernel_shape, n, "kernel_shape", 1)
     strides, dilations = _ints(strides, n, "strides", 1), _ints(dilations, n, "dilations", 1)
-    begin, end, extra, outs = _geometry(name, x.shape[2:], ks, strides, dilations, pads, auto_pad,
+    begin, end, extra, outs = window_geometry(name, shape[2:], ks, strides, dilations, pads, auto_pad,
                                         _flag(ceil_mode, "ceil_mode"))
     for i in range(n):
         if begin[i] >= (ks[i] - 1) * dilations[i] + 1 or end[i] >= (ks[i] - 1) * dilations[i] + 1:
@@ -334,8 +355,8 @@ def max_pool(x, kernel_shape=None, strides=None, pads=None, dilations=None, ceil
     """ONNX MaxPool; with return_indices=True also the i64 indices of the maxima into the flattened input
     (row-major, or column-major per (n, c) image with storage_order=1), first maximum of a window on ties."""
     x = _tensor(x, "max_pool's input")
-    n, ks, strides, dilations, begin, end, extra, outs = _pool_setup(
-        x, "max_pool", kernel_shape, strides, pads, dilations, ceil_mode, auto_pad)
+    n, ks, strides, dilations, begin, end, extra, outs = pool_geometry(
+        x.shape, "max_pool", kernel_shape, strides, pads, dilations, ceil_mode, auto_pad)
     end_all = [e + x_ for e, x_ in zip(end, extra)]
     xt = x.cast(dtypes.u8) if x.dtype.is_bool else x
     win = _windows(_pad_spatial(xt, begin, end_all, _lowest(xt.dtype)), ks, strides, dilations)
@@ -372,7 +393,7 @@ def max_pool(x, kernel_shape=None, strides=None, pads=None, dilations=None, ceil
     return values, first + image * plane
 
 
-def _axis_counts(size: int, begin: int, end: int, extra: int, k: int, s: int, d: int, out: int,
+def window_counts(size: int, begin: int, end: int, extra: int, k: int, s: int, d: int, out: int,
                  include_pad: bool) -> list[int]:
     """How many window positions of each output fall in the input (or in input + pads)."""
     lo, hi = (0, size + begin + end) if include_pad else (begin, begin + size)
@@ -385,14 +406,14 @@ def avg_pool(x, kernel_shape=None, strides=None, pads=None, dilations=None, ceil
     """ONNX AveragePool: the window sum over the elements counted (the input's, plus the pads with
     count_include_pad=1; never the extra positions of ceil_mode)."""
     x = _tensor(x, "avg_pool's input")
-    n, ks, strides, dilations, begin, end, extra, outs = _pool_setup(
-        x, "avg_pool", kernel_shape, strides, pads, dilations, ceil_mode, auto_pad)
+    n, ks, strides, dilations, begin, end, extra, outs = pool_geometry(
+        x.shape, "avg_pool", kernel_shape, strides, pads, dilations, ceil_mode, auto_pad)
     include = _flag(count_include_pad, "count_include_pad")
     xt, back = _float_compute(x)
     win = _windows(_pad_spatial(xt, begin, [e + x_ for e, x_ in zip(end, extra)]), ks, strides, dilations)
     total = win.sum(tuple(range(2 + n, 2 + 2 * n)))
     for i in range(n):
-        counts = _axis_counts(x.shape[2 + i], begin[i], end[i], extra[i], ks[i], strides[i], dilations[i],
+        counts = window_counts(x.shape[2 + i], begin[i], end[i], extra[i], ks[i], strides[i], dilations[i],
                               outs[i], include)
         if any(cnt == 0 for cnt in counts):
             raise _shape_error("avg_pool: a window covers no element")
@@ -407,8 +428,8 @@ def avg_pool(x, kernel_shape=None, strides=None, pads=None, dilations=None, ceil
 def lp_pool(x, kernel_shape=None, strides=None, pads=None, dilations=None, ceil_mode=0, auto_pad="NOTSET", p=2):
     """ONNX LpPool: (sum over the window of |x|^p)^(1/p), zero pads."""
     x = _tensor(x, "lp_pool's input")
-    n, ks, strides, dilations, begin, end, extra, outs = _pool_setup(
-        x, "lp_pool", kernel_shape, strides, pads, dilations, ceil_mode, auto_pad)
+    n, ks, strides, dilations, begin, end, extra, outs = pool_geometry(
+        x.shape, "lp_pool", kernel_shape, strides, pads, dilations, ceil_mode, auto_pad)
     p = _int(p, "p")
     if p < 1:
         raise DslError(f"lp_pool: p must be positive, got {p}")
@@ -630,25 +651,31 @@ def _resize_taps(mode: str, coord: str, nearest: str, a: float, exclude: bool, s
     return np.clip(idx, 0, size - 1), coeffs, extrap
 
 
-def resize(x, scales=None, sizes=None, mode="nearest", coordinate_transformation_mode="half_pixel",
-           nearest_mode="round_prefer_floor", cubic_coeff_a=-0.75, exclude_outside=0, extrapolation_value=0.0,
-           axes=None, roi=None, keep_aspect_ratio_policy="stretch"):
-    """ONNX Resize (without antialias): by scales or by sizes, for any number of axes (all, or `axes`), one
-    axis after the other; the source positions and weights are compile-time constants."""
-    t = _tensor(x, "resize's input")
+def resize_plan(shape: tuple[int, ...], scales: Any = None, sizes: Any = None, mode: Any = "nearest",
+                coordinate_transformation_mode: Any = "half_pixel", nearest_mode: Any = "round_prefer_floor",
+                cubic_coeff_a: Any = -0.75, exclude_outside: Any = 0, axes: Any = None, roi: Any = None,
+                keep_aspect_ratio_policy: Any = "stretch"
+                ) -> list[tuple[int, int, np.ndarray, np.ndarray, np.ndarray | None]]:
+    """ONNX Resize of a tensor of `shape`, checked, as steps one axis after the other: (axis, output size,
+    source indices (out, taps), weights (out, taps), extrapolated positions or None). Nearest has one tap."""
+    ndim = len(shape)
     mode = _choice(mode, "mode", RESIZE_MODES)
     coord = _choice(coordinate_transformation_mode, "coordinate_transformation_mode", COORDINATE_MODES)
     nearest = _choice(nearest_mode, "nearest_mode", NEAREST_MODES)
     policy = _choice(keep_aspect_ratio_policy, "keep_aspect_ratio_policy", ASPECT_POLICIES)
     a = _number(cubic_coeff_a, "cubic_coeff_a")
     exclude = _flag(exclude_outside, "exclude_outside")
-    fill = _number(extrapolation_value, "extrapolation_value")
-    if axes is None:
-        axs = tuple(range(t.ndim))
-    else:
-        axs = tuple(t._axis(_int(v, "axes")) for v in (axes if isinstance(axes, tuple) else (axes,)))
-        if len(set(axs)) != len(axs):
-            raise DslError(f"resize: repeated axis in axes {list(axes)}")
+
+    def axis(v: Any) -> int:
+        v = _int(v, "axes")
+        if not -ndim <= v < ndim:
+            raise DslError(f"resize: axis {v} is out of range for {ndim} dims")
+        return v % ndim
+
+    axs = tuple(range(ndim)) if axes is None else tuple(axis(v) for v in (axes if isinstance(axes, tuple)
+                                                                          else (axes,)))
+    if len(set(axs)) != len(axs):
+        raise DslError(f"resize: repeated axis in axes {list(axs)}")
     if (scales is None) == (sizes is None):
         raise DslError("resize needs scales or sizes (one of them)")
     k = len(axs)
@@ -656,56 +683,72 @@ def resize(x, scales=None, sizes=None, mode="nearest", coordinate_transformation
         sc = scales if isinstance(scales, tuple) else (scales,)
         if len(sc) != k:
             raise DslError(f"resize: {len(sc)} scales for {k} axes")
-        factors = [_number(s, "scales") for s in sc]
+        factors = [_number(v, "scales") for v in sc]
         if any(f <= 0 for f in factors):
             raise DslError(f"resize: scales must be positive, got {list(sc)}")
-        outs = [int(f * t.shape[ax]) for f, ax in zip(factors, axs)]
+        outs = [int(f * shape[ax]) for f, ax in zip(factors, axs)]
     else:
         sz = sizes if isinstance(sizes, tuple) else (sizes,)
         if len(sz) != k:
             raise DslError(f"resize: {len(sz)} sizes for {k} axes")
-        outs = [_int(s, "sizes") for s in sz]
+        outs = [_int(v, "sizes") for v in sz]
         if any(o < 1 for o in outs):
             raise DslError(f"resize: sizes must be positive, got {list(sz)}")
-        if any(t.shape[ax] == 0 for ax in axs):
-            raise _shape_error(f"resize: cannot resize an empty axis of {t}")
-        factors = [o / t.shape[ax] for o, ax in zip(outs, axs)]
+        if any(shape[ax] == 0 for ax in axs):
+            raise _shape_error(f"resize: cannot resize an empty axis of {list(shape)}")
+        factors = [o / shape[ax] for o, ax in zip(outs, axs)]
         if policy != "stretch":
             f = min(factors) if policy == "not_larger" else max(factors)
             factors = [f] * k
-            outs = [int(f * t.shape[ax] + 0.5) for ax in axs]
+            outs = [int(f * shape[ax] + 0.5) for ax in axs]
     rois: list[tuple[float, float] | None] = [None] * k
     if coord == "tf_crop_and_resize":
         if roi is None:
             raise DslError("resize: coordinate_transformation_mode='tf_crop_and_resize' needs roi")
         rv = [_number(v, "roi") for v in (roi if isinstance(roi, tuple) else (roi,))]
-        if len(rv) == 2 * t.ndim and k != t.ndim:
-            rv = [rv[ax] for ax in axs] + [rv[t.ndim + ax] for ax in axs]
+        if len(rv) == 2 * ndim and k != ndim:
+            rv = [rv[ax] for ax in axs] + [rv[ndim + ax] for ax in axs]
         if len(rv) != 2 * k:
             raise DslError(f"resize: roi needs {2 * k} values (starts, then ends), got {len(rv)}")
         rois = [(rv[i], rv[k + i]) for i in range(k)]
-    compute = t if mode == "nearest" else _float_compute(t)[0]
+    steps = []
     for ax, f, out, r in zip(axs, factors, outs, rois):
-        size = compute.shape[ax]
+        size = shape[ax]
         if math.isclose(f, 1.0) and out == size and (r is None or (math.isclose(r[0], 0) and math.isclose(r[1], 1))):
             continue
+        if out > 0 and size == 0:
+            raise _shape_error(f"resize: cannot resize an empty axis of {list(shape)}")
         idx, coeffs, extrap = _resize_taps(mode, coord, nearest, a, exclude, size, out, f, r)
         if mode == "nearest":
-            pick = [int(row[np.argmax(c)]) for row, c in zip(idx, coeffs)]
-            res = indexing.take(compute, indexing.const_vector(tuple(pick)), axis=ax)
-        else:
-            res = None
-            for j in range(idx.shape[1]):
-                col_w = [float(v) for v in coeffs[:, j]]
-                if all(v == 0 for v in col_w):
-                    continue
-                g = indexing.take(compute, indexing.const_vector(tuple(int(v) for v in idx[:, j])), axis=ax)
-                term = g if all(v == 1 for v in col_w) else \
-                    g * _along(_const_floats(col_w, compute.dtype), ax, compute.ndim)
-                res = term if res is None else res + term
-            if res is None:
-                res = Tensor.const(0.0, compute.dtype, compute.shape[:ax] + (out,) + compute.shape[ax + 1:])
-        if extrap is not None and extrap.any():
+            idx = np.take_along_axis(idx, np.argmax(coeffs, axis=1)[:, None], axis=1)
+            coeffs = np.ones_like(idx, dtype=np.float64)
+        steps.append((ax, out, idx, coeffs, extrap if extrap is not None and extrap.any() else None))
+    return steps
+
+
+def resize(x, scales=None, sizes=None, mode="nearest", coordinate_transformation_mode="half_pixel",
+           nearest_mode="round_prefer_floor", cubic_coeff_a=-0.75, exclude_outside=0, extrapolation_value=0.0,
+           axes=None, roi=None, keep_aspect_ratio_policy="stretch"):
+    """ONNX Resize (without antialias): by scales or by sizes, for any number of axes (all, or `axes`), one
+    axis after the other; the source positions and weights are compile-time constants."""
+    t = _tensor(x, "resize's input")
+    fill = _number(extrapolation_value, "extrapolation_value")
+    steps = resize_plan(t.shape, scales, sizes, mode, coordinate_transformation_mode, nearest_mode, cubic_coeff_a,
+                        exclude_outside, axes, roi, keep_aspect_ratio_policy)
+    compute = t if mode == "nearest" else _float_compute(t)[0]
+    for ax, out, idx, coeffs, extrap in steps:
+        res = None
+        for j in range(idx.shape[1]):
+            col_w = [float(v) for v in coeffs[:, j]]
+            if all(v == 0 for v in col_w):
+                continue
+            g = indexing.take(compute, indexing.const_vector(tuple(int(v) for v in idx[:, j])), axis=ax)
+            term = g if all(v == 1 for v in col_w) else \
+                g * _along(_const_floats(col_w, compute.dtype), ax, compute.ndim)
+            res = term if res is None else res + term
+        if res is None:
+            res = Tensor.const(0, compute.dtype, compute.shape[:ax] + (out,) + compute.shape[ax + 1:])
+        if extrap is not None:
             mask = indexing.const_vector(tuple(int(v) for v in extrap)) != 0
             res = _along(mask, ax, res.ndim).where(Tensor.const(fill, res.dtype), res)
         compute = res
@@ -974,4 +1017,5 @@ FUNCTIONS: dict[str, Callable] = {
 TAKES_STRINGS = {"conv", "conv_transpose", "max_pool", "avg_pool", "lp_pool", "resize", "scatter_elements",
                  "scatter_nd", "depth_to_space"}
 
-__all__ = ["FUNCTIONS", "TAKES_STRINGS", "AUTO_PADS"]
+__all__ = ["FUNCTIONS", "TAKES_STRINGS", "AUTO_PADS", "window_geometry", "window_counts", "conv_transpose_geometry",
+           "resize_plan", "pool_geometry"]
