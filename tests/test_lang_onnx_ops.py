@@ -414,3 +414,35 @@ def test_numpy_baseline_twins_agree(rng):
     for name in want:
         np.testing.assert_allclose(np.asarray(got[name], np.float64), np.asarray(want[name], np.float64),
                                    rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_int_half_and_bool_inputs(device, rng):
+    """Max pools, nearest resize, gathers and scatters keep ints and bools exact; f16 rounds once."""
+    xi = rng.integers(-10, 10, (1, 2, 5, 5)).astype(np.int32)
+    xh = rng.uniform(-2, 2, (1, 2, 5, 5)).astype(np.float16)
+    b = rng.random((2, 5)) < 0.5
+    got = run_all(device, dict(xi=xi, xh=xh, b=b), [
+        "max_pool(xi, kernel_shape=(2, 2), pads=(1, 1, 1, 1))", "resize(xi, scales=(1, 1, 2, 1.5))",
+        'scatter_elements(xi, xi % 5, xi * 3, axis=3, reduction="max")', "gather_nd(b, ((0, 1), (1, -1)))",
+        "hardmax(xi)", "max_pool(b.reshape(1, 2, 5), kernel_shape=2)",
+        "avg_pool(xh, kernel_shape=(2, 2), strides=2, ceil_mode=1)"])
+    xp = np.pad(xi, ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=np.iinfo(np.int32).min)
+    from numpy.lib.stride_tricks import sliding_window_view as windows
+    assert_exact(got[0], windows(xp, (2, 2), axis=(2, 3)).max(axis=(-2, -1)), "i32")
+    rows = np.arange(10) // 2
+    cols = np.where((np.arange(7) + 0.5) / 1.5 - 0.5 - np.floor((np.arange(7) + 0.5) / 1.5 - 0.5) <= 0.5,
+                    np.floor((np.arange(7) + 0.5) / 1.5 - 0.5), np.ceil((np.arange(7) + 0.5) / 1.5 - 0.5))
+    assert_exact(got[1], xi[:, :, rows][:, :, :, cols.clip(0, 4).astype(int)], "i32")  # round_prefer_floor
+    want = xi.copy()
+    for idx in np.ndindex(xi.shape):
+        j = idx[:3] + (xi[idx] % 5,)
+        want[j] = max(want[j], xi[idx] * 3)
+    assert_exact(got[2], want, "i32")
+    assert_exact(got[3], np.array([b[0, 1], b[1, 4]]), "bool")
+    hm = (np.arange(5) == xi.argmax(axis=3)[..., None]).astype(np.int32)
+    assert_exact(got[4], hm, "i32")
+    assert_exact(got[5], b.reshape(1, 2, 5)[..., :4] | b.reshape(1, 2, 5)[..., 1:], "bool")
+    xf = np.pad(xh.astype(np.float64), ((0, 0), (0, 0), (0, 1), (0, 1)))
+    sums = windows(xf, (2, 2), axis=(2, 3))[:, :, ::2, ::2].sum(axis=(-2, -1))
+    counts = np.outer([2, 2, 1], [2, 2, 1])  # the last window of each axis covers 1 element of the input
+    assert_close(got[6], sums / counts, "f16", scale=2.0)
