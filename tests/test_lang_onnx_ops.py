@@ -17,7 +17,8 @@ def program(inputs: dict[str, np.ndarray], exprs: list[str]) -> str:
     lines = [f"{n}: {NP_NAME[v.dtype]}[{', '.join(map(str, v.shape))}]" for n, v in inputs.items()]
     names = []
     for i, e in enumerate(exprs):  # an expression returning (values, indices) gives two outputs
-        outs = [f"out{i}", f"out{i}b"] if "return_indices=True" in e else [f"out{i}"]
+        outs = [f"out{i}", f"out{i}b"] if "return_indices=True" in e else \
+            [f"out{i}", f"out{i}b", f"out{i}c"] if "return_stats=True" in e else [f"out{i}"]
         lines.append(f"{', '.join(outs)} = {e}")
         names += outs
     return "\n".join(lines) + "\nreturn " + ", ".join(names) + "\n"
@@ -211,7 +212,8 @@ def test_normalizations(device, rng):
         "layer_norm(x, s34, axis=-2)",
         "x.lrn(size=3, alpha=0.01, beta=0.6, bias=2.0)",
         "mean_variance_normalization(x)",
-        "mean_variance_normalization(x, axes=(1, 3))"])
+        "mean_variance_normalization(x, axes=(1, 3))",
+        "layer_norm(x, s34, b34, axis=-2, return_stats=True)"])
     xd = x.astype(np.float64)
     r = (1, 6, 1, 1)
     close(got[0], (xd - m6.reshape(r)) / np.sqrt(v6.reshape(r) + 1e-3) * s6.reshape(r) + b6.reshape(r))
@@ -228,8 +230,13 @@ def test_normalizations(device, rng):
     close(got[5], xd / (2.0 + 0.01 / 3 * sums) ** 0.6)
     close(got[6], (xd - xd.mean((0, 2, 3), keepdims=True)) / (xd.std((0, 2, 3), keepdims=True) + 1e-9), scale=2.0)
     close(got[7], (xd - xd.mean((1, 3), keepdims=True)) / (xd.std((1, 3), keepdims=True) + 1e-9), scale=2.0)
+    y, mean, inv = got[8:11]
+    close(y, got[3], scale=2.0)
+    close(mean, xd.mean(axis=(2, 3), keepdims=True))
+    close(inv, 1 / np.sqrt(xd.var(axis=(2, 3), keepdims=True) + 1e-5))
     if device == "CPU":  # the same against onnx's reference, where it is installed (its LRN loops over N, not C)
-        close(got[3], onnx_ref("LayerNormalization", [x, s34, b34], dict(axis=2), opset=17)[0], scale=2.0)
+        for g, w in zip(got[8:11], onnx_ref("LayerNormalization", [x, s34, b34], dict(axis=2), nout=3, opset=17)):
+            close(g, w, scale=2.0)
 
 
 # ------------------------------------------------------------------------------------------------ resize
@@ -425,7 +432,8 @@ def test_int_half_and_bool_inputs(device, rng):
         "max_pool(xi, kernel_shape=(2, 2), pads=(1, 1, 1, 1))", "resize(xi, scales=(1, 1, 2, 1.5))",
         'scatter_elements(xi, xi % 5, xi * 3, axis=3, reduction="max")', "gather_nd(b, ((0, 1), (1, -1)))",
         "hardmax(xi)", "max_pool(b.reshape(1, 2, 5), kernel_shape=2)",
-        "avg_pool(xh, kernel_shape=(2, 2), strides=2, ceil_mode=1)"])
+        "avg_pool(xh, kernel_shape=(2, 2), strides=2, ceil_mode=1)",
+        'resize(xi, sizes=(8,), axes=(3,), coordinate_transformation_mode="tf_half_pixel_for_nn")'])
     xp = np.pad(xi, ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=np.iinfo(np.int32).min)
     from numpy.lib.stride_tricks import sliding_window_view as windows
     assert_exact(got[0], windows(xp, (2, 2), axis=(2, 3)).max(axis=(-2, -1)), "i32")
@@ -446,3 +454,6 @@ def test_int_half_and_bool_inputs(device, rng):
     sums = windows(xf, (2, 2), axis=(2, 3))[:, :, ::2, ::2].sum(axis=(-2, -1))
     counts = np.outer([2, 2, 1], [2, 2, 1])  # the last window of each axis covers 1 element of the input
     assert_close(got[6], sums / counts, "f16", scale=2.0)
+    src = (np.arange(8) + 0.5) / 1.6  # opset 11's tf_half_pixel_for_nn: no -0.5; round_prefer_floor
+    src = np.where(src - np.floor(src) <= 0.5, np.floor(src), np.ceil(src)).clip(0, 4).astype(int)
+    assert_exact(got[7], xi[..., src], "i32")

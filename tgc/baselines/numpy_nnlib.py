@@ -187,10 +187,15 @@ def _group_norm(x, scale, bias, num_groups, epsilon=1e-5):
     return (y * param(scale) + param(bias)).astype(x.dtype)
 
 
-def _layer_norm(x, scale, bias=None, axis=-1, epsilon=1e-5):
+def _layer_norm(x, scale, bias=None, axis=-1, epsilon=1e-5, return_stats=False):
     x = _float(np.asarray(x))
-    y = _normalized(x, tuple(range(axis % x.ndim, x.ndim)), epsilon) * np.asarray(scale)
-    return (y if bias is None else y + np.asarray(bias)).astype(x.dtype)
+    axes = tuple(range(axis % x.ndim, x.ndim))
+    y = _normalized(x, axes, epsilon) * np.asarray(scale)
+    y = (y if bias is None else y + np.asarray(bias)).astype(x.dtype)
+    if not return_stats:
+        return y
+    mean = x.mean(axis=axes, keepdims=True)
+    return y, mean, 1 / np.sqrt(((x - mean) ** 2).mean(axis=axes, keepdims=True) + epsilon)
 
 
 def _lrn(x, size, alpha=1e-4, beta=0.75, bias=1.0):

@@ -531,16 +531,22 @@ def group_norm(x, scale, bias, num_groups, epsilon=1e-5):
     return (y * param(scale, "scale") + param(bias, "bias")).cast(back)
 
 
-def layer_norm(x, scale, bias=None, axis=-1, epsilon=1e-5):
+def layer_norm(x, scale, bias=None, axis=-1, epsilon=1e-5, return_stats=False):
     """ONNX LayerNormalization: normalized over the axes from `axis` to the last, then scale (and bias),
-    which broadcast against those axes."""
+    which broadcast against those axes. return_stats=True also returns ONNX's Mean and InvStdDev outputs
+    (size 1 over the normalized axes, in the computation's dtype: f32 for f16/bf16)."""
     t = _tensor(x, "layer_norm's input")
     if t.ndim == 0:
         raise DslError("layer_norm needs at least 1 dim")
     ax = t._axis(_int(axis, "axis"))
     eps = _number(epsilon, "epsilon")
+    stats = _flag(return_stats, "return_stats")
     xt, back = _float_compute(t)
-    y = _normalize(xt, tuple(range(ax, t.ndim)), eps)
+    axes = tuple(range(ax, t.ndim))
+    mu = xt.mean(axes, keepdim=True)
+    d = xt - mu
+    inv = ((d * d).mean(axes, keepdim=True) + eps).rsqrt()
+    y = d * inv
     norm_shape = t.shape[ax:]
     for v, what in ((scale, "scale"), (bias, "bias")):
         if v is None:
@@ -550,7 +556,7 @@ def layer_norm(x, scale, bias=None, axis=-1, epsilon=1e-5):
             raise _shape_error(f"layer_norm: {what} {p} does not broadcast against the normalized axes "
                                f"{list(norm_shape)}")
         y = y * p.cast(xt.dtype) if what == "scale" else y + p.cast(xt.dtype)
-    return y.cast(back)
+    return (y.cast(back), mu, inv) if stats else y.cast(back)
 
 
 def lrn(x, size, alpha=1e-4, beta=0.75, bias=1.0):
@@ -586,7 +592,7 @@ def mean_variance_normalization(x, axes=None):
 
 RESIZE_MODES = ("nearest", "linear", "cubic")
 COORDINATE_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric",
-                    "tf_crop_and_resize")
+                    "tf_crop_and_resize", "tf_half_pixel_for_nn")
 NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 ASPECT_POLICIES = ("stretch", "not_larger", "not_smaller")
 
@@ -611,6 +617,8 @@ def _resize_taps(mode: str, coord: str, nearest: str, a: float, exclude: bool, s
         xo = np.full(out, -0.5) if width == 1 else (y + 0.5) / scale - 0.5
     elif coord == "half_pixel":
         xo = (y + 0.5) / scale - 0.5
+    elif coord == "tf_half_pixel_for_nn":  # opset 11 only
+        xo = (y + 0.5) / scale
     else:  # half_pixel_symmetric
         xo = size / 2 * (1 - out / width) + (y + 0.5) / scale - 0.5
     base = np.floor(xo)
