@@ -84,6 +84,10 @@ def test_conv_and_conv_transpose(device, rng):
          dict(strides=[2, 1], auto_pad="SAME_UPPER", group=2)),
     ]
     wants = [_grouped_ref(op, ins, attrs) for _, op, ins, attrs in cases]
+    # output_shape one past the full output (7, 8): the spec's pads (0 before, -1 after) add a zero row/column
+    cases.append(("conv_transpose(xt, wt, strides=2, output_shape=(8, 9), group=2)", "", [], {}))
+    wants.append(np.pad(_grouped_ref("ConvTranspose", [xt, wt], dict(strides=[2, 2], group=2)),
+                        ((0, 0), (0, 0), (0, 1), (0, 1))))
     got = run_all(device, inputs, [c[0] for c in cases])
     for g, w, c in zip(got, wants, cases):
         assert g.shape == w.shape, c[0]
@@ -342,7 +346,8 @@ def test_rearranging_and_hardmax(device, rng):
     t = np.array([[1, 3, 3, 0], [2, 2, 1, 2]], np.int32)
     got = run_all(device, dict(x=x, t=t), [
         "depth_to_space(x, 2)", 'depth_to_space(x, 2, mode="CRD")', "space_to_depth(x[:, :, :, 0:2], 2)",
-        "hardmax(x, axis=1)", "hardmax(t)"])
+        "hardmax(x, axis=1)", "hardmax(t)", 'space_to_depth(depth_to_space(x, 2, mode="CRD"), 2, mode="CRD")',
+        "one_hot(cast(t, f32) * 0.75 - 0.5, 3)"])
     n, c, h, w = x.shape
     dcr = x.reshape(n, 2, 2, c // 4, h, w).transpose(0, 3, 4, 1, 5, 2).reshape(n, c // 4, h * 2, w * 2)
     crd = x.reshape(n, c // 4, 2, 2, h, w).transpose(0, 1, 4, 2, 5, 3).reshape(n, c // 4, h * 2, w * 2)
@@ -354,6 +359,9 @@ def test_rearranging_and_hardmax(device, rng):
     hm = (np.arange(c).reshape(1, c, 1, 1) == x.argmax(axis=1)[:, None]).astype(np.float32)
     assert_exact(got[3], hm, "f32")
     assert_exact(got[4], np.array([[0, 1, 0, 0], [1, 0, 0, 0]], np.int32), "i32")
+    assert_exact(got[5], x, "f32")  # CRD there and back
+    truncated = (t * 0.75 - 0.5).astype(np.int64)  # float indices truncate toward zero: -0.5 -> 0, 1.75 -> 1
+    assert_exact(got[6], (truncated[..., None] == np.arange(3)).astype(np.int32), "i32")
 
 
 # ------------------------------------------------------------------------------------------------ errors

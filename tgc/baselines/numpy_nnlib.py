@@ -292,7 +292,7 @@ def _scatter_nd(x, indices, updates, reduction="none"):
 
 
 def _one_hot(indices, depth, values=None, axis=-1, dtype=None):
-    idx = np.asarray(indices).astype(np.int64)
+    idx = np.asarray(indices).astype(np.int64)  # float indices truncate, as ONNX casts them
     idx = np.where(idx < 0, idx + depth, idx)
     off, on = (0, 1) if values is None else np.asarray(values).reshape(2)
     ax = axis % (idx.ndim + 1)
@@ -314,11 +314,12 @@ def _depth_to_space(x, blocksize, mode="DCR"):
     return t.reshape(n, c // (b * b), h * b, w * b)
 
 
-def _space_to_depth(x, blocksize):
+def _space_to_depth(x, blocksize, mode="DCR"):
     x = np.asarray(x)
     n, c, h, w = x.shape
     b = blocksize
-    return x.reshape(n, c, h // b, b, w // b, b).transpose(0, 3, 5, 1, 2, 4).reshape(n, c * b * b, h // b, w // b)
+    order = (0, 3, 5, 1, 2, 4) if mode == "DCR" else (0, 1, 3, 5, 2, 4)
+    return x.reshape(n, c, h // b, b, w // b, b).transpose(order).reshape(n, c * b * b, h // b, w // b)
 
 
 def _hardmax(x, axis=-1):

@@ -275,10 +275,7 @@ def conv_transpose_geometry(x_shape: tuple[int, ...], w_shape: tuple[int, ...], 
             target = tuple(i * s for i, s in zip(sizes, strides))
         begin, end = [], []
         for fl, t in zip(full_len, target):
-            total = fl - t
-            if total < 0:
-                raise _shape_error(f"conv_transpose: output_shape {list(target)} is larger than the full output "
-                                   f"{full_len}; use output_padding")
+            total = fl - t  # negative: an output_shape past the full output, zeros (and the bias) beyond it
             small, big = total // 2, total - total // 2
             begin.append(small if auto_pad == "SAME_UPPER" else big)
             end.append(big if auto_pad == "SAME_UPPER" else small)
@@ -946,6 +943,8 @@ def scatter_nd(x, indices, updates, reduction="none"):
 def one_hot(indices, depth, values=None, axis=-1, dtype=None):
     """ONNX OneHot: a new axis of `depth` at `axis`, values[1] where it equals the index (negative indices
     count from depth), values[0] elsewhere; an index outside [-depth, depth) gives a row of values[0]."""
+    if isinstance(indices, Tensor) and indices.dtype.is_float:  # ONNX allows float indices: cast to int64
+        indices = indices.cast(dtypes.i64)
     idx, _ = _index_arg(indices, "indices")
     depth = _int(depth, "depth")
     if depth < 1:
@@ -990,14 +989,17 @@ def depth_to_space(x, blocksize, mode="DCR"):
     return t.reshape((n, c // (b * b), h * b, w * b))
 
 
-def space_to_depth(x, blocksize):
-    """ONNX SpaceToDepth: (N, C, H, W) -> (N, C * b^2, H / b, W / b)."""
+def space_to_depth(x, blocksize, mode="DCR"):
+    """ONNX SpaceToDepth: (N, C, H, W) -> (N, C * b^2, H / b, W / b); the inverse of depth_to_space in the
+    same mode (ONNX's mode attribute; DCR before it existed)."""
     t = _tensor(x, "space_to_depth's input")
     b = _int(blocksize, "blocksize")
+    mode = _choice(mode, "mode", ("DCR", "CRD"))
     if t.ndim != 4 or b < 1 or t.shape[2] % b or t.shape[3] % b:
         raise _shape_error(f"space_to_depth needs an (N, C, H, W) input with H and W divisible by {b}, got {t}")
     n, c, h, w = t.shape
-    t = t.reshape((n, c, h // b, b, w // b, b)).permute((0, 3, 5, 1, 2, 4))
+    order = (0, 3, 5, 1, 2, 4) if mode == "DCR" else (0, 1, 3, 5, 2, 4)
+    t = t.reshape((n, c, h // b, b, w // b, b)).permute(order)
     return t.reshape((n, c * b * b, h // b, w // b))
 
 
@@ -1023,7 +1025,7 @@ FUNCTIONS: dict[str, Callable] = {
 }
 # the functions that take string arguments (auto_pad=, mode=, reduction=, ...)
 TAKES_STRINGS = {"conv", "conv_transpose", "max_pool", "avg_pool", "lp_pool", "resize", "scatter_elements",
-                 "scatter_nd", "depth_to_space"}
+                 "scatter_nd", "depth_to_space", "space_to_depth"}
 
 __all__ = ["FUNCTIONS", "TAKES_STRINGS", "AUTO_PADS", "window_geometry", "window_counts", "conv_transpose_geometry",
            "resize_plan", "pool_geometry"]
