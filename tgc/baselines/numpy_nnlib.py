@@ -215,10 +215,10 @@ def _mean_variance_normalization(x, axes=None):
 
 def _resize(x, scales=None, sizes=None, mode="nearest", coordinate_transformation_mode="half_pixel",
             nearest_mode="round_prefer_floor", cubic_coeff_a=-0.75, exclude_outside=0, extrapolation_value=0.0,
-            axes=None, roi=None, keep_aspect_ratio_policy="stretch"):
+            axes=None, roi=None, keep_aspect_ratio_policy="stretch", antialias=0):
     x = np.asarray(x)
     steps = nnlib.resize_plan(x.shape, scales, sizes, mode, coordinate_transformation_mode, nearest_mode,
-                              cubic_coeff_a, exclude_outside, axes, roi, keep_aspect_ratio_policy)
+                              cubic_coeff_a, exclude_outside, axes, roi, keep_aspect_ratio_policy, antialias)
     out = x if mode == "nearest" else _float(x)
     for ax, _, idx, coeffs, extrap in steps:
         if mode == "nearest":

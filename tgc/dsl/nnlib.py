@@ -594,8 +594,30 @@ NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 ASPECT_POLICIES = ("stretch", "not_larger", "not_smaller")
 
 
+def _antialias_row(mode: str, r: float, scale: float, a: float) -> list[float]:
+    """onnx.reference's antialiased weights (downsampling widens the filter by 1 / scale), normalized."""
+    s = min(scale, 1.0)
+    if mode == "linear":
+        start = int(math.floor(-1 / s) + 1)
+        args = [(i - r) * s for i in range(start, start + 2 - 2 * start)]
+        w = [min(max(1 - abs(v), 0.0), 1.0) for v in args]
+    else:
+        start = int(math.floor(-2 / s) + 1)
+
+        def cubic(v: float) -> float:
+            v = abs(v)
+            if v <= 1:
+                return (a + 2) * v ** 3 - (a + 3) * v * v + 1
+            return a * v ** 3 - 5 * a * v * v + 8 * a * v - 4 * a if v < 2 else 0.0
+
+        w = [cubic(s * (i - r)) for i in range(start, 2 - start)]
+    total = sum(w)
+    return [v / total for v in w]
+
+
 def _resize_taps(mode: str, coord: str, nearest: str, a: float, exclude: bool, size: int, out: int, scale: float,
-                 roi: tuple[float, float] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+                 roi: tuple[float, float] | None, antialias: bool = False
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """ONNX Resize along one axis, at compile time: (indices (out, taps), weights (out, taps), extrapolated
     positions or None), as onnx.reference computes them."""
     width = scale * size
@@ -631,6 +653,8 @@ def _resize_taps(mode: str, coord: str, nearest: str, a: float, exclude: bool, s
                 rows.append([float(r < 0.5), float(r >= 0.5)])
             else:
                 rows.append([1.0, 0.0] if nearest == "floor" else [0.0, 1.0])
+        elif antialias:
+            rows.append(_antialias_row(mode, float(r), scale, a))
         elif mode == "linear":
             rows.append([1 - r, r])
         else:
@@ -659,7 +683,7 @@ def _resize_taps(mode: str, coord: str, nearest: str, a: float, exclude: bool, s
 def resize_plan(shape: tuple[int, ...], scales: Any = None, sizes: Any = None, mode: Any = "nearest",
                 coordinate_transformation_mode: Any = "half_pixel", nearest_mode: Any = "round_prefer_floor",
                 cubic_coeff_a: Any = -0.75, exclude_outside: Any = 0, axes: Any = None, roi: Any = None,
-                keep_aspect_ratio_policy: Any = "stretch"
+                keep_aspect_ratio_policy: Any = "stretch", antialias: Any = 0
                 ) -> list[tuple[int, int, np.ndarray, np.ndarray, np.ndarray | None]]:
     """ONNX Resize of a tensor of `shape`, checked, as steps one axis after the other: (axis, output size,
     source indices (out, taps), weights (out, taps), extrapolated positions or None). Nearest has one tap."""
@@ -670,6 +694,9 @@ def resize_plan(shape: tuple[int, ...], scales: Any = None, sizes: Any = None, m
     policy = _choice(keep_aspect_ratio_policy, "keep_aspect_ratio_policy", ASPECT_POLICIES)
     a = _number(cubic_coeff_a, "cubic_coeff_a")
     exclude = _flag(exclude_outside, "exclude_outside")
+    smooth = _flag(antialias, "antialias")
+    if smooth and mode == "nearest":
+        raise DslError("resize: antialias needs mode 'linear' or 'cubic'")
 
     def axis(v: Any) -> int:
         v = _int(v, "axes")
@@ -723,7 +750,7 @@ def resize_plan(shape: tuple[int, ...], scales: Any = None, sizes: Any = None, m
             continue
         if out > 0 and size == 0:
             raise _shape_error(f"resize: cannot resize an empty axis of {list(shape)}")
-        idx, coeffs, extrap = _resize_taps(mode, coord, nearest, a, exclude, size, out, f, r)
+        idx, coeffs, extrap = _resize_taps(mode, coord, nearest, a, exclude, size, out, f, r, smooth)
         if mode == "nearest":
             idx = np.take_along_axis(idx, np.argmax(coeffs, axis=1)[:, None], axis=1)
             coeffs = np.ones_like(idx, dtype=np.float64)
@@ -733,13 +760,13 @@ def resize_plan(shape: tuple[int, ...], scales: Any = None, sizes: Any = None, m
 
 def resize(x, scales=None, sizes=None, mode="nearest", coordinate_transformation_mode="half_pixel",
            nearest_mode="round_prefer_floor", cubic_coeff_a=-0.75, exclude_outside=0, extrapolation_value=0.0,
-           axes=None, roi=None, keep_aspect_ratio_policy="stretch"):
-    """ONNX Resize (without antialias): by scales or by sizes, for any number of axes (all, or `axes`), one
-    axis after the other; the source positions and weights are compile-time constants."""
+           axes=None, roi=None, keep_aspect_ratio_policy="stretch", antialias=0):
+    """ONNX Resize: by scales or by sizes, for any number of axes (all, or `axes`), one axis after the other;
+    the source positions and weights are compile-time constants."""
     t = _tensor(x, "resize's input")
     fill = _number(extrapolation_value, "extrapolation_value")
     steps = resize_plan(t.shape, scales, sizes, mode, coordinate_transformation_mode, nearest_mode, cubic_coeff_a,
-                        exclude_outside, axes, roi, keep_aspect_ratio_policy)
+                        exclude_outside, axes, roi, keep_aspect_ratio_policy, antialias)
     compute = t if mode == "nearest" else _float_compute(t)[0]
     for ax, out, idx, coeffs, extrap in steps:
         res = None
