@@ -18,7 +18,8 @@ def program(inputs: dict[str, np.ndarray], exprs: list[str]) -> str:
     names = []
     for i, e in enumerate(exprs):  # an expression returning (values, indices) gives two outputs
         outs = [f"out{i}", f"out{i}b"] if "return_indices=True" in e else \
-            [f"out{i}", f"out{i}b", f"out{i}c"] if "return_stats=True" in e else [f"out{i}"]
+            [f"out{i}", f"out{i}b", f"out{i}c"] if "return_stats=True" in e or "training_mode=1" in e else \
+            [f"out{i}"]
         lines.append(f"{', '.join(outs)} = {e}")
         names += outs
     return "\n".join(lines) + "\nreturn " + ", ".join(names) + "\n"
@@ -217,7 +218,8 @@ def test_normalizations(device, rng):
         "x.lrn(size=3, alpha=0.01, beta=0.6, bias=2.0)",
         "mean_variance_normalization(x)",
         "mean_variance_normalization(x, axes=(1, 3))",
-        "layer_norm(x, s34, b34, axis=-2, return_stats=True)"])
+        "layer_norm(x, s34, b34, axis=-2, return_stats=True)",
+        "batch_norm(x, s6, b6, m6, v6, training_mode=1, momentum=0.8)"])
     xd = x.astype(np.float64)
     r = (1, 6, 1, 1)
     close(got[0], (xd - m6.reshape(r)) / np.sqrt(v6.reshape(r) + 1e-3) * s6.reshape(r) + b6.reshape(r))
@@ -234,6 +236,11 @@ def test_normalizations(device, rng):
     close(got[5], xd / (2.0 + 0.01 / 3 * sums) ** 0.6)
     close(got[6], (xd - xd.mean((0, 2, 3), keepdims=True)) / (xd.std((0, 2, 3), keepdims=True) + 1e-9), scale=2.0)
     close(got[7], (xd - xd.mean((1, 3), keepdims=True)) / (xd.std((1, 3), keepdims=True) + 1e-9), scale=2.0)
+    y, run_mean, run_var = got[11:14]  # training mode: the batch's statistics, and the running ones updated
+    bm, bv = xd.mean(axis=(0, 2, 3)), xd.var(axis=(0, 2, 3))
+    close(y, (xd - bm.reshape(r)) / np.sqrt(bv.reshape(r) + 1e-5) * s6.reshape(r) + b6.reshape(r), scale=2.0)
+    close(run_mean, m6 * 0.8 + bm * 0.2)
+    close(run_var, v6 * 0.8 + bv * 0.2)
     y, mean, inv = got[8:11]
     close(y, got[3], scale=2.0)
     close(mean, xd.mean(axis=(2, 3), keepdims=True))

@@ -162,11 +162,17 @@ def _normalized(x: np.ndarray, axes: tuple[int, ...], eps: float) -> np.ndarray:
     return d / np.sqrt((d * d).mean(axis=axes, keepdims=True) + eps)
 
 
-def _batch_norm(x, scale, bias, mean, var, epsilon=1e-5):
+def _batch_norm(x, scale, bias, mean, var, epsilon=1e-5, training_mode=0, momentum=0.9):
     x = _float(np.asarray(x))
     nd = x.ndim
-    out = (x - _channel(mean, nd)) / np.sqrt(_channel(var, nd) + epsilon) * _channel(scale, nd) + _channel(bias, nd)
-    return out.astype(x.dtype)
+    if not training_mode:
+        out = (x - _channel(mean, nd)) / np.sqrt(_channel(var, nd) + epsilon) * _channel(scale, nd)
+        return (out + _channel(bias, nd)).astype(x.dtype)
+    axes = (0,) + tuple(range(2, nd))
+    bm, bv = x.mean(axis=axes), x.var(axis=axes)
+    y = (x - _channel(bm, nd)) / np.sqrt(_channel(bv, nd) + epsilon) * _channel(scale, nd) + _channel(bias, nd)
+    return (y.astype(x.dtype), (np.asarray(mean) * momentum + bm * (1 - momentum)).astype(x.dtype),
+            (np.asarray(var) * momentum + bv * (1 - momentum)).astype(x.dtype))
 
 
 def _instance_norm(x, scale, bias, epsilon=1e-5):

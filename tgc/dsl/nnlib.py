@@ -473,17 +473,30 @@ def _per_channel(v: Any, c: int, ndim: int, name: str, what: str) -> Tensor:
     return _along(t, 1, ndim)
 
 
-def batch_norm(x, scale, bias, mean, var, epsilon=1e-5):
-    """ONNX BatchNormalization, inference form: (x - mean) / sqrt(var + epsilon) * scale + bias along axis 1."""
+def batch_norm(x, scale, bias, mean, var, epsilon=1e-5, training_mode=0, momentum=0.9):
+    """ONNX BatchNormalization: (x - mean) / sqrt(var + epsilon) * scale + bias along axis 1. With
+    training_mode=1 (opset 14+), the batch's own mean and variance (over every axis but 1) normalize, and it
+    returns (y, running_mean, running_var) = (y, mean * momentum + batch mean * (1 - momentum), likewise var)."""
     t = _tensor(x, "batch_norm's input")
     if t.ndim < 2:
         raise DslError(f"batch_norm needs an (N, C, ...) input, got {t}")
     eps = _number(epsilon, "epsilon")
+    training = _flag(training_mode, "training_mode")
+    mom = _number(momentum, "momentum")
     c = t.shape[1]
     xt, back = _float_compute(t)
     sc, bi, mu, va = (_per_channel(v, c, t.ndim, "batch_norm", w).cast(xt.dtype)
                       for v, w in ((scale, "scale"), (bias, "bias"), (mean, "mean"), (var, "var")))
-    return ((xt - mu) * (va + eps).rsqrt() * sc + bi).cast(back)
+    if not training:
+        return ((xt - mu) * (va + eps).rsqrt() * sc + bi).cast(back)
+    axes = (0,) + tuple(range(2, t.ndim))
+    batch_mu = xt.mean(axes, keepdim=True)
+    d = xt - batch_mu
+    batch_var = (d * d).mean(axes, keepdim=True)
+    y = (d * (batch_var + eps).rsqrt() * sc + bi).cast(back)
+    running_mean = (mu * mom + batch_mu * (1 - mom)).reshape((c,)).cast(back)
+    running_var = (va * mom + batch_var * (1 - mom)).reshape((c,)).cast(back)
+    return y, running_mean, running_var
 
 
 def _normalize(xt: Tensor, axes: tuple[int, ...], eps: float) -> Tensor:
