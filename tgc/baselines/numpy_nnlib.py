@@ -227,6 +227,7 @@ def _resize(x, scales=None, sizes=None, mode="nearest", coordinate_transformatio
                               cubic_coeff_a, exclude_outside, axes, roi, keep_aspect_ratio_policy, antialias)
     out = x if mode == "nearest" else _float(x)
     for ax, _, idx, coeffs, extrap in steps:
+        idx = np.clip(idx, 0, out.shape[ax] - 1)
         if mode == "nearest":
             out = np.take(out, idx[:, 0], axis=ax)
         else:

@@ -690,7 +690,7 @@ def _resize_taps(mode: str, coord: str, nearest: str, a: float, exclude: bool, s
         coeffs = np.where((idx < 0) | (idx >= size), 0.0, coeffs)
         sums = coeffs.sum(axis=-1, keepdims=True)
         coeffs = coeffs / np.where(sums == 0, 1.0, sums)
-    return np.clip(idx, 0, size - 1), coeffs, extrap
+    return idx, coeffs, extrap  # indices past the edges: the consumer clamps them into [0, size) (edge padding)
 
 
 def resize_plan(shape: tuple[int, ...], scales: Any = None, sizes: Any = None, mode: Any = "nearest",
@@ -699,7 +699,8 @@ def resize_plan(shape: tuple[int, ...], scales: Any = None, sizes: Any = None, m
                 keep_aspect_ratio_policy: Any = "stretch", antialias: Any = 0
                 ) -> list[tuple[int, int, np.ndarray, np.ndarray, np.ndarray | None]]:
     """ONNX Resize of a tensor of `shape`, checked, as steps one axis after the other: (axis, output size,
-    source indices (out, taps), weights (out, taps), extrapolated positions or None). Nearest has one tap."""
+    source indices (out, taps) before clamping into [0, size), weights (out, taps), extrapolated positions or
+    None). Nearest has one tap."""
     ndim = len(shape)
     mode = _choice(mode, "mode", RESIZE_MODES)
     coord = _choice(coordinate_transformation_mode, "coordinate_transformation_mode", COORDINATE_MODES)
@@ -771,6 +772,26 @@ def resize_plan(shape: tuple[int, ...], scales: Any = None, sizes: Any = None, m
     return steps
 
 
+def _period(idx: np.ndarray, coeffs: np.ndarray, longest: int = 16) -> tuple[int, np.ndarray] | None:
+    """(q, steps per tap) where the unclamped indices advance by a fixed step and the weights repeat every q
+    outputs (a rational scale), for q up to `longest`; None when the pattern is longer (or there is none)."""
+    out = idx.shape[0]
+    for q in range(1, min(longest, out - 1) + 1):
+        step = idx[q] - idx[0]
+        if (idx[q:] - idx[:-q] == step).all() and np.allclose(coeffs[q:], coeffs[:-q], rtol=0, atol=1e-12):
+            return q, step
+    return None
+
+
+def _by_phase(phase: Tensor, values: list, dtype: DType) -> Tensor:
+    """values[phase] for a small list of compile-time values (a `where` per value that differs from the last)."""
+    out = Tensor.const(values[-1], dtype, phase.shape)
+    for k, v in enumerate(values[:-1]):
+        if v != values[-1]:
+            out = (phase == k).where(Tensor.const(v, dtype), out)
+    return out
+
+
 def resize(x, scales=None, sizes=None, mode="nearest", coordinate_transformation_mode="half_pixel",
            nearest_mode="round_prefer_floor", cubic_coeff_a=-0.75, exclude_outside=0, extrapolation_value=0.0,
            axes=None, roi=None, keep_aspect_ratio_policy="stretch", antialias=0):
@@ -783,13 +804,22 @@ def resize(x, scales=None, sizes=None, mode="nearest", coordinate_transformation
     compute = t if mode == "nearest" else _float_compute(t)[0]
     for ax, out, idx, coeffs, extrap in steps:
         res = None
+        size = compute.shape[ax]
+        period = _period(idx, coeffs)
         for j in range(idx.shape[1]):
-            col_w = [float(v) for v in coeffs[:, j]]
-            if all(v == 0 for v in col_w):
+            if not coeffs[:, j].any():
                 continue
-            g = indexing.take(compute, indexing.const_vector(tuple(int(v) for v in idx[:, j])), axis=ax)
-            term = g if all(v == 1 for v in col_w) else \
-                g * _along(_const_floats(col_w, compute.dtype), ax, compute.ndim)
+            if period is None:
+                src = indexing.const_vector(tuple(int(v) for v in np.clip(idx[:, j], 0, size - 1)))
+                weights = _const_floats([float(v) for v in coeffs[:, j]], compute.dtype)
+            else:  # idx[o] = idx[o % q] + (o // q) * step, clamped; the weights repeat every q outputs
+                q, step = period
+                phase, block = _iota(out) % q, _iota(out) // q
+                src = _by_phase(phase, [int(v) for v in idx[:q, j]], dtypes.i32) + block * int(step[j])
+                src = src.maximum(0).minimum(size - 1)
+                weights = _by_phase(phase, [float(v) for v in coeffs[:q, j]], compute.dtype)
+            g = indexing.take(compute, src, axis=ax)
+            term = g if (coeffs[:, j] == 1).all() else g * _along(weights, ax, compute.ndim)
             res = term if res is None else res + term
         if res is None:
             res = Tensor.const(0, compute.dtype, compute.shape[:ax] + (out,) + compute.shape[ax + 1:])
