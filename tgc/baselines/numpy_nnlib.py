@@ -123,7 +123,7 @@ def _avg_pool(x, kernel_shape=None, strides=None, pads=None, dilations=None, cei
     total = total.sum(axis=tuple(range(2 + n, 2 + 2 * n)))
     counts = np.ones((), np.float64)
     for i in range(n):
-        c = nnlib.window_counts(x.shape[2 + i], begin[i], end[i], extra[i], ks[i], st[i], dl[i], outs[i], include)
+        c = nnlib.window_counts(x.shape[2 + i], begin[i], end[i], ks[i], st[i], dl[i], outs[i], include)
         counts = np.multiply.outer(counts, np.asarray(c, np.float64))
     return (total / counts).astype(xf.dtype).astype(x.dtype if x.dtype.kind == "f" else xf.dtype)
 

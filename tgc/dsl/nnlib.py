@@ -390,11 +390,10 @@ def max_pool(x, kernel_shape=None, strides=None, pads=None, dilations=None, ceil
     return values, first + image * plane
 
 
-def window_counts(size: int, begin: int, end: int, extra: int, k: int, s: int, d: int, out: int,
-                 include_pad: bool) -> list[int]:
-    """How many window positions of each output fall in the input (or in input + pads)."""
+def window_counts(size: int, begin: int, end: int, k: int, s: int, d: int, out: int, include_pad: bool) -> list[int]:
+    """How many window positions of each output fall in the input (or in input + pads: never in the extra
+    positions of ceil_mode), along one axis; windows start at -begin."""
     lo, hi = (0, size + begin + end) if include_pad else (begin, begin + size)
-    del extra
     return [sum(1 for j in range(k) if lo <= o * s + j * d < hi) for o in range(out)]
 
 
@@ -410,8 +409,7 @@ def avg_pool(x, kernel_shape=None, strides=None, pads=None, dilations=None, ceil
     win = _windows(_pad_spatial(xt, begin, [e + x_ for e, x_ in zip(end, extra)]), ks, strides, dilations)
     total = win.sum(tuple(range(2 + n, 2 + 2 * n)))
     for i in range(n):
-        counts = window_counts(x.shape[2 + i], begin[i], end[i], extra[i], ks[i], strides[i], dilations[i],
-                              outs[i], include)
+        counts = window_counts(x.shape[2 + i], begin[i], end[i], ks[i], strides[i], dilations[i], outs[i], include)
         if any(cnt == 0 for cnt in counts):
             raise _shape_error("avg_pool: a window covers no element")
         recips = [1.0 / cnt for cnt in counts]
