@@ -476,3 +476,23 @@ def test_int_half_and_bool_inputs(device, rng):
     src = (np.arange(8) + 0.5) / 1.6  # opset 11's tf_half_pixel_for_nn: no -0.5; round_prefer_floor
     src = np.where(src - np.floor(src) <= 0.5, np.floor(src), np.ceil(src)).clip(0, 4).astype(int)
     assert_exact(got[7], xi[..., src], "i32")
+
+
+def test_python_callers_may_pass_onnx_attribute_values():
+    """An importer calls these functions from Python with ONNX's attribute values: lists, numpy arrays and
+    bytes strings mean what the language's tuples and strings mean."""
+    from tgc.dsl import nnlib
+    assert nnlib.window_geometry("conv", (5, 6), (3, 3), (2, 1), (1, 1), [1, 0, 1, 1], b"NOTSET") == \
+        nnlib.window_geometry("conv", (5, 6), (3, 3), (2, 1), (1, 1), (1, 0, 1, 1), "NOTSET")
+    as_onnx = nnlib.resize_plan((1, 2, 4, 4), scales=np.array([1, 1, 2, 1.5], np.float32), mode=b"linear",
+                                coordinate_transformation_mode=b"align_corners")
+    as_tg = nnlib.resize_plan((1, 2, 4, 4), scales=(1, 1, 2, 1.5), mode="linear",
+                              coordinate_transformation_mode="align_corners")
+    assert len(as_onnx) == len(as_tg) == 2
+    for a, b in zip(as_onnx, as_tg):
+        assert a[:2] == b[:2]
+        np.testing.assert_array_equal(a[2], b[2])
+        np.testing.assert_array_equal(a[3], b[3])
+    with pytest.raises(nnlib.DslError, match="got 'SAME_LOWR'") as err:
+        nnlib.window_geometry("conv", (5,), (3,), (1,), (1,), None, b"SAME_LOWR")
+    assert err.value.hint == "did you mean 'SAME_LOWER'?"

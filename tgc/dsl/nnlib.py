@@ -44,12 +44,14 @@ def _tensor(x: Any, what: str = "argument") -> Tensor:
 
 
 def _int(v: Any, name: str) -> int:
+    v = _seq(v)
     if isinstance(v, bool) or not isinstance(v, int):
         raise DslError(f"{name} must be an integer, got {v!r}")
     return v
 
 
 def _number(v: Any, name: str) -> float:
+    v = _seq(v)
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise DslError(f"{name} must be a number, got {v!r}")
     return float(v)
@@ -57,6 +59,7 @@ def _number(v: Any, name: str) -> float:
 
 def _flag(v: Any, name: str) -> bool:
     """ONNX's int flags (0/1) or True/False."""
+    v = _seq(v)
     if isinstance(v, bool):
         return v
     if isinstance(v, int) and v in (0, 1):
@@ -64,10 +67,22 @@ def _flag(v: Any, name: str) -> bool:
     raise DslError(f"{name} must be 0 or 1 (or False/True), got {v!r}")
 
 
+def _seq(v: Any) -> Any:
+    """Lists and numpy arrays (from Python callers such as an importer) as the tuples the language gives."""
+    if isinstance(v, np.ndarray):
+        v = v.tolist()
+    if isinstance(v, list):
+        return tuple(_seq(e) for e in v)
+    if isinstance(v, np.generic):
+        return v.item()
+    return v
+
+
 def _ints(v: Any, n: int, name: str, default: int, positive: bool = True) -> tuple[int, ...]:
     """An int or a tuple of n ints (None: the default for every axis)."""
     if v is None:
         return (default,) * n
+    v = _seq(v)
     vals = v if isinstance(v, tuple) else (v,) * n
     if len(vals) != n:
         raise DslError(f"{name} needs {n} values (one per spatial axis), got {len(vals)}")
@@ -78,6 +93,8 @@ def _ints(v: Any, n: int, name: str, default: int, positive: bool = True) -> tup
 
 
 def _choice(v: Any, name: str, allowed: tuple[str, ...]) -> str:
+    if isinstance(v, bytes):  # ONNX's string attributes
+        v = v.decode(errors="replace")
     if v not in allowed:
         close = close_match(v, list(allowed)) if isinstance(v, str) else None
         raise DslError(f"{name} must be one of {', '.join(repr(a) for a in allowed)}, got {v!r}",
@@ -268,7 +285,7 @@ def conv_transpose_geometry(x_shape: tuple[int, ...], w_shape: tuple[int, ...], 
         if pads is not None:
             raise DslError("conv_transpose: give pads, or output_shape/auto_pad, not both")
         if output_shape is not None:
-            shp = output_shape if isinstance(output_shape, tuple) else (output_shape,)
+            shp = _seq(output_shape) if isinstance(_seq(output_shape), tuple) else (output_shape,)
             shp = shp[-n:] if len(shp) == n + 2 else shp
             target = _ints(shp, n, "output_shape", 1)
         else:
@@ -589,6 +606,7 @@ def mean_variance_normalization(x, axes=None):
     t = _tensor(x, "mean_variance_normalization's input")
     if axes is None:
         axes = (0, 2, 3)
+    axes = _seq(axes)
     axs = axes if isinstance(axes, tuple) else (axes,)
     axs = tuple(sorted({t._axis(_int(a, "axes")) for a in axs}))
     xt, back = _float_compute(t)
@@ -707,6 +725,7 @@ def resize_plan(shape: tuple[int, ...], scales: Any = None, sizes: Any = None, m
     a = _number(cubic_coeff_a, "cubic_coeff_a")
     exclude = _flag(exclude_outside, "exclude_outside")
     smooth = _flag(antialias, "antialias")
+    scales, sizes, axes, roi = _seq(scales), _seq(sizes), _seq(axes), _seq(roi)
     if smooth and mode == "nearest":
         raise DslError("resize: antialias needs mode 'linear' or 'cubic'")
 
@@ -796,6 +815,7 @@ def resize(x, scales=None, sizes=None, mode="nearest", coordinate_transformation
     """ONNX Resize: by scales or by sizes, for any number of axes (all, or `axes`), one axis after the other;
     the source positions and weights are compile-time constants."""
     t = _tensor(x, "resize's input")
+    mode = _choice(mode, "mode", RESIZE_MODES)
     fill = _number(extrapolation_value, "extrapolation_value")
     steps = resize_plan(t.shape, scales, sizes, mode, coordinate_transformation_mode, nearest_mode, cubic_coeff_a,
                         exclude_outside, axes, roi, keep_aspect_ratio_policy, antialias)
@@ -847,6 +867,7 @@ def _nested_ints(v: Any) -> tuple[list[int], tuple[int, ...]] | None:
 
 def _index_arg(v: Any, what: str) -> tuple[Tensor, list[int] | None]:
     """Indices as an int tensor, with their values when they are compile-time ints (for range checks)."""
+    v = _seq(v)
     if isinstance(v, Tensor):
         return indexing.index_tensor(v, what), None
     nested = _nested_ints(v)
@@ -1018,8 +1039,7 @@ def one_hot(indices, depth, values=None, axis=-1, dtype=None):
     if depth < 1:
         raise DslError(f"one_hot: depth must be positive, got {depth}")
     ax = idx._axis(_int(axis, "axis"), idx.ndim + 1)
-    if values is None:
-        values = (0, 1)
+    values = (0, 1) if values is None else _seq(values)
     if isinstance(values, Tensor):
         if values.numel != 2:
             raise _shape_error(f"one_hot: values {values} must hold 2 elements (off, on)")
