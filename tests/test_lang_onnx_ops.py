@@ -496,3 +496,10 @@ def test_python_callers_may_pass_onnx_attribute_values():
     with pytest.raises(nnlib.DslError, match="got 'SAME_LOWR'") as err:
         nnlib.window_geometry("conv", (5,), (3,), (1,), (1,), None, b"SAME_LOWR")
     assert err.value.hint == "did you mean 'SAME_LOWER'?"
+
+
+def test_a_bad_attribute_on_the_command_line_is_exit_2(tmp_path):
+    from clikit import assert_clean, invoke
+    bad = tmp_path / "bad.tg"
+    bad.write_text('x: f32[1, 2, 5, 5]\nreturn resize(x, scales=(1, 1, 2, 2), mode="bicubic")\n')
+    assert_clean(invoke("run", str(bad), "--random"), 2, "mode must be one of", "did you mean 'cubic'")
