@@ -397,7 +397,8 @@ def test_rearranging_and_hardmax(device, rng):
     ("scatter_elements(x, ((((-9,),),),), ((((1.0,),),),), axis=3)", "index -9 is out of range"),
     ("depth_to_space(x, 2)", "divisible"),
     ("batch_norm(x, w, w, w, w)", "one value per channel"),
-    ("one_hot(x, 3)", "must be integers"),
+    ("one_hot(x > 0, 3)", "indices are bool"),
+    ("one_hot(cast(x, i32), 0)", "depth must be positive"),
 ])
 def test_bad_arguments_are_one_clear_error(expr, message):
     src = f"x: f32[1, 2, 5, 6]\nw: f32[3, 2, 3, 3]\nreturn {expr}\n"
