@@ -46,6 +46,14 @@ def onnx_ref(op: str, inputs: list, attrs: dict | None = None, nout: int = 1, op
     return ReferenceEvaluator(model).run(None, dict(given))
 
 
+def _have_onnx() -> bool:
+    try:
+        import onnx  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def close(got: np.ndarray, want: np.ndarray, scale: float = 1.0) -> None:
     assert_close(got, want, NP_NAME[got.dtype], scale=scale)
 
@@ -245,7 +253,7 @@ def test_normalizations(device, rng):
     close(y, got[3], scale=2.0)
     close(mean, xd.mean(axis=(2, 3), keepdims=True))
     close(inv, 1 / np.sqrt(xd.var(axis=(2, 3), keepdims=True) + 1e-5))
-    if device == "CPU":  # the same against onnx's reference, where it is installed (its LRN loops over N, not C)
+    if device == "CPU" and _have_onnx():  # also onnx's reference where installed (its LRN loops over N, not C)
         for g, w in zip(got[8:11], onnx_ref("LayerNormalization", [x, s34, b34], dict(axis=2), nout=3, opset=17)):
             close(g, w, scale=2.0)
 
