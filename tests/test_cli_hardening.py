@@ -421,6 +421,27 @@ METHOD_FORMS = [
     ("take_along_axis(x, argsort(x, axis=3), axis=3)", "x.take_along_axis(argsort(x, axis=3), axis=3)"),
     ("gather(x, 3, argsort(x, axis=3))", "x.gather(3, argsort(x, axis=3))"),
     ("scatter_add(x, 3, argsort(x, axis=3), x * 2)", "x.scatter_add(3, argsort(x, axis=3), x * 2)"),
+    # the ONNX-semantics operators (tgc/dsl/nnlib.py)
+    ("conv(x, w, pads=(1, 0, 0, 1))", "x.conv(w, pads=(1, 0, 0, 1))"),
+    ("conv_transpose(x, w, strides=2)", "x.conv_transpose(w, strides=2)"),
+    *[(f"{n}(x, kernel_shape=(2, 2))", f"x.{n}(kernel_shape=(2, 2))") for n in ("max_pool", "avg_pool", "lp_pool")],
+    *[(f"{n}(x)", f"x.{n}()") for n in (
+        "global_avg_pool", "global_max_pool", "global_lp_pool", "mean_variance_normalization", "hardmax")],
+    ("batch_norm(x, v[0, 0:3], v[1, 0:3], v[2, 0:3], abs(v[3, 0:3]))",
+     "x.batch_norm(v[0, 0:3], v[1, 0:3], v[2, 0:3], abs(v[3, 0:3]))"),
+    ("instance_norm(x, v[0, 0:3], v[1, 0:3])", "x.instance_norm(v[0, 0:3], v[1, 0:3])"),
+    ("group_norm(x, v[0, 0:3], v[1, 0:3], 3)", "x.group_norm(v[0, 0:3], v[1, 0:3], 3)"),
+    ("layer_norm(x, v, axis=2)", "x.layer_norm(v, axis=2)"), ("lrn(x, 3)", "x.lrn(3)"),
+    ('resize(x, scales=(2, 2), axes=(2, 3), mode="linear")', 'x.resize(scales=(2, 2), axes=(2, 3), mode="linear")'),
+    ("gather_elements(x, argsort(x, axis=3), axis=3)", "x.gather_elements(argsort(x, axis=3), axis=3)"),
+    ("gather_nd(x, argmax(x, axis=3, keepdim=True))", "x.gather_nd(argmax(x, axis=3, keepdim=True))"),
+    ('scatter_elements(x, argsort(x, axis=3), x * 2, axis=3, reduction="add")',
+     'x.scatter_elements(argsort(x, axis=3), x * 2, axis=3, reduction="add")'),
+    ("scatter_nd(x, argmax(v, axis=1, keepdim=True) % 2, x[0:1].expand(4, 3, 4, 4))",
+     "x.scatter_nd(argmax(v, axis=1, keepdim=True) % 2, x[0:1].expand(4, 3, 4, 4))"),
+    ("one_hot(argmax(x, axis=3), 4)", "argmax(x, axis=3).one_hot(4)"),
+    ("depth_to_space(x[:, 0:1].expand(2, 4, 4, 4), 2)", "x[:, 0:1].expand(2, 4, 4, 4).depth_to_space(2)"),
+    ("space_to_depth(x, 2)", "x.space_to_depth(2)"),
 ]
 HEADER = "x: f32[2, 3, 4, 4]\nc: bool[2, 3, 4, 4]\nw: f32[3, 3, 2, 2]\nv: f32[4, 4]\n"
 

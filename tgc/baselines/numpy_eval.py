@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from tgc.baselines import numpy_nnlib
 from tgc.dsl.frontend import DimExpr, Parsed, concrete_shape, dim_names, function_body, solve_dim
 from tgc.dsl.functions import FUNCTIONS as DSL_FUNCTIONS
 from tgc.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16
@@ -766,6 +767,8 @@ def _twin(name: str) -> Callable[..., Any]:
         return _ufunc(getattr(np, name))
     if name in _INT_EXACT:
         return _exact_for_ints(getattr(np, name))
+    if name in numpy_nnlib.FUNCTIONS:  # the ONNX-semantics operators (tgc/dsl/nnlib.py)
+        return numpy_nnlib.FUNCTIONS[name]
     return globals()[f"_{name}"]
 
 

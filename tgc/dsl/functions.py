@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tgc.dsl import indexing, library
+from tgc.dsl import indexing, library, nnlib
 from tgc.dsl import tensor as T
 from tgc.dsl.tensor import DslError, Tensor, _pair, broadcast_shapes
 from tgc.dtype import DType, dtypes
@@ -326,9 +326,10 @@ FUNCTIONS: dict[str, Callable] = {
     "zeros": zeros, "ones": ones, "full": full, "arange": arange, "eye": eye, "matmul": matmul,
     "conv2d": conv2d, "max_pool2d": max_pool2d, "avg_pool2d": avg_pool2d, "layernorm": layernorm,
     **library.FUNCTIONS,
+    **nnlib.FUNCTIONS,
 }
 # functions whose first argument is not a tensor: no method form (`x.cat(y, axis=1)` is cat(x, y, axis=1))
 NOT_METHODS = {"zeros", "ones", "full", "arange", "eye", *library.NOT_METHODS}
-TAKES_STRINGS = library.TAKES_STRINGS  # the only functions a string literal may be passed to
+TAKES_STRINGS = library.TAKES_STRINGS | nnlib.TAKES_STRINGS  # the only functions a string literal may be passed to
 
 __all__ = ["FUNCTIONS", "NOT_METHODS", "TAKES_STRINGS", "getitem", "where", "broadcast_shapes"]
