@@ -282,7 +282,10 @@ class ClusterSession:
                 cores = os.cpu_count() or 1
                 self.ray.init(num_cpus=cores, resources={ev: 1, co: cores}, **kw)
             else:
+                _probe(self.address)
                 self.ray.init(address=self.address, **kw)
+        except DeviceError:
+            raise
         except Exception as e:  # noqa: BLE001 - Ray's own message says why (no cluster there, version mismatch)
             detail = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise DeviceError(f"cannot connect to the Ray cluster at {self.address}: {detail}",
@@ -337,6 +340,25 @@ class ClusterSession:
         if self._owns_ray and self.ray.is_initialized():
             self.ray.shutdown()
         self._owns_ray = False
+
+
+CONNECT_TIMEOUT_S = 5.0
+
+
+def _probe(address: str) -> None:
+    """One TCP connection to the cluster's `host:port` (or `ray://host:port`) first: Ray itself retries an address
+    where nothing listens for minutes. Addresses without a port (`auto`) are left to Ray."""
+    import socket
+
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        raise DeviceError(f"cannot connect to the Ray cluster at {address}: {e.strerror or e}",
+                          hint="start it with `tgc worker --head` (or `ray start --head`) there") from None
 
 
 class _KernelBatch:
