@@ -26,6 +26,7 @@ import json
 import os
 import platform
 import secrets
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -191,11 +192,10 @@ def _timer_for(device: Any, nonce: str, shared: dict) -> _ArrayTimer:
 
 
 def _node_id() -> str:
-    try:
-        import ray
+    ray = sys.modules.get("ray")  # imported where this runs as a Ray task; never started here
+    if ray is not None and ray.is_initialized():
         return ray.get_runtime_context().get_node_id()
-    except Exception:  # noqa: BLE001 - outside Ray (a test calling the task's function directly)
-        return platform.node()
+    return platform.node()
 
 
 def evaluate_job(job: dict, shared: dict) -> dict:
@@ -482,8 +482,6 @@ def worker_resources(device: Any, token: str, cores: int | None = None) -> dict[
 def worker_command(device: Any, token: str, address: str | None, head: bool, port: int | None,
                    cores: int | None) -> list[str]:
     """The `ray start` command line (`--block`) of a node that serves `device` for a cluster with `token`."""
-    import sys
-
     cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--disable-usage-stats",
            "--resources", json.dumps(worker_resources(device, token, cores))]
     if cores:
