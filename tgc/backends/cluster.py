@@ -13,9 +13,11 @@ Contracts:
   worker checks it against the token it was started with (`TGC_CLUSTER_TOKEN` in its environment).
 - What crosses the wire is plain data: dicts of str/int/float/bytes/lists and numpy arrays (Ray serializes
   those itself); no tgc object. A kernel's inputs and reference output go once per kernel (`ray.put`).
+- A batch's candidates are compiled first (compile tasks on every core of the matching nodes), then timed
+  (evaluate tasks, one at a time per node): as in a local search, no compile runs beside a timed kernel.
 - Faults: each task is retried by Ray on another node when its node dies (`max_retries`); each task has a
-  deadline from its submission (a window of at most two tasks per slot are in flight, so none waits long in a
-  queue), after which it is cancelled and its candidate counts as failed: a search never hangs.
+  deadline from its submission (at most two tasks per slot are in flight, so none waits long in a queue),
+  after which it is cancelled and its candidate counts as failed: a search never hangs.
 """
 
 from __future__ import annotations
@@ -198,22 +200,27 @@ def _node_id() -> str:
     return platform.node()
 
 
-def evaluate_job(job: dict, shared: dict) -> dict:
-    """A Ray task: compile one candidate (unless its binary came along), time it as BEAM does here and, where it
-    beats `best_s`, check its output against the reference. Returns a plain dict: `status` ("ok", "failed",
-    "rejected", or "refused" where this worker may not serve the job), `time_s`, `binary`, `node`, `error`."""
+def evaluate_job(job: dict, shared: dict, compiled: dict | None = None) -> dict:
+    """A Ray task: time one candidate as BEAM does here and, where it beats `best_s`, check its output against the
+    reference. Its binary came along in `job`, or from a `compile_job` task (`compiled`: Ray hands its answer
+    over once it is done), or is compiled here. Returns a plain dict: `status` ("ok", "failed", "rejected", or
+    "refused" where this worker may not serve the job), `time_s`, `binary`, `node`, `compile_s`, `error`."""
     node = _node_id()
     device, why = _authorize(job)
     if device is None:
         return {"status": "refused", "error": why, "node": node}
-    binary = job.get("binary")
+    binary, compile_s = job.get("binary"), 0.0
+    if compiled is not None:
+        if compiled.get("status") != "ok":
+            return {"status": "failed", "error": str(compiled.get("error"))[:500], "node": node}
+        binary, compile_s = compiled["binary"], float(compiled.get("seconds") or 0.0)
     start = time.perf_counter()
     try:
         if binary is None:
             binary = device.compiler.compile(job["src"])
+            compile_s = time.perf_counter() - start
     except Exception as e:  # noqa: BLE001 - the candidate does not compile: a failed candidate
         return {"status": "failed", "error": str(e)[:500], "node": node}
-    compile_s = time.perf_counter() - start
     cand = Candidate([], None, src=job["src"], name=job["name"], launch=job["launch"],  # type: ignore[arg-type]
                      buf_index=list(job["buf_index"]), binary=binary)
     timer = _timer_for(device, job["nonce"], shared)
@@ -259,7 +266,8 @@ class ClusterSession:
             raise TgcError(f"the cluster at {address} needs its token",
                            hint=f"set {TOKEN_ENV} (or {TOKEN_FILE_ENV}), as given to `tgc worker --token`")
         self.token = token or secrets.token_hex(16)
-        self.stats: dict[str, Any] = {"by_node": {}, "refused": 0, "deadline": 0, "lost": 0, "tasks": 0}
+        self.stats: dict[str, Any] = {"by_node": {}, "refused": 0, "deadline": 0, "lost": 0, "tasks": 0,
+                                      "compile_s": 0.0}
         self._owns_ray = False
         self._eval_fn = self.ray.remote(evaluate_job)
         self._compile_fn = self.ray.remote(compile_job)
@@ -313,7 +321,7 @@ class ClusterSession:
     def kernel(self, device: Any, timer: _Timer) -> _KernelBatch:
         """BEAM's evaluator for one kernel: its inputs (the same values as `timer`'s) and reference output go to the
         cluster once."""
-        slots = self._need(device, 0)
+        slots = (self._need(device, 0), self._need(device, 1))
         out = timer.bufs[0]
         inputs: list[np.ndarray | None] = [None]
         for i, node in enumerate(timer.bufs[1:], start=1):
@@ -331,6 +339,7 @@ class ClusterSession:
         return _ClusterCompilePool(self, device)
 
     def record(self, ans: dict) -> None:
+        self.stats["compile_s"] += float(ans.get("compile_s") or ans.get("seconds") or 0.0)
         node = str(ans.get("node") or "?")
         self.stats["by_node"][node] = self.stats["by_node"].get(node, 0) + 1
         if ans.get("status") == "refused":
@@ -364,28 +373,60 @@ def _probe(address: str) -> None:
 class _KernelBatch:
     """The evaluator of one kernel's candidates (`tgc.codegen.search`): a window of Ray tasks in flight."""
 
-    def __init__(self, session: ClusterSession, device: Any, shared_ref: Any, slots: int):
+    def __init__(self, session: ClusterSession, device: Any, shared_ref: Any, slots: tuple[int, int]):
         self.session, self.device, self.shared = session, device, shared_ref
-        self.window = max(1, slots * IN_FLIGHT_PER_SLOT)
+        self.window = max(1, slots[0] * IN_FLIGHT_PER_SLOT)  # candidates timed at once: per node, one and the next
+        self.compile_window = max(1, slots[1] * IN_FLIGHT_PER_SLOT)
         self.nonce = secrets.token_hex(16)
         self.job = session._job(device, self.nonce)
+        self.resources = resource_names(device, session.token)
 
     def evaluate(self, cands: list[Candidate], best_s: Callable[[], float],
                  on_result: Callable[[Candidate, str], None]) -> None:
         """Compile, check and time `cands` on the workers; set each one's `time_s` (inf unless "ok") and `binary`,
-        and call `on_result(cand, status)` as each finishes, in this thread."""
+        and call `on_result(cand, status)` as each finishes, in this thread. As BEAM does here, every candidate is
+        compiled (on every core of the matching nodes) before any is timed: a compile beside a timed kernel on
+        the same cores makes its time noise."""
+        s = self.session
+        compile_opts = {"resources": {self.resources[1]: 1}, "num_cpus": 0, "max_retries": MAX_RETRIES,
+                        "retry_exceptions": False}
+        eval_opts = {**compile_opts, "resources": {self.resources[0]: 1}}
+        failed: set[int] = set()
+
+        def compiled(c: Candidate, ans: dict) -> None:
+            s.record(ans)
+            if ans.get("status") == "ok":
+                c.binary = ans["binary"]
+            else:
+                failed.add(id(c))
+
+        self._window([c for c in cands if c.binary is None], self.compile_window,
+                     lambda c: s._compile_fn.options(**compile_opts).remote({**self.job, "src": c.src}), compiled)
+
+        def timed(c: Candidate, ans: dict) -> None:
+            self._finish(c, ans, on_result)
+
+        for c in cands:
+            if id(c) in failed:
+                self._finish(c, {"status": "failed"}, on_result)
+        self._window([c for c in cands if id(c) not in failed], self.window,
+                     lambda c: s._eval_fn.options(**eval_opts).remote(
+                         {**self.job, "src": c.src, "name": c.name, "binary": c.binary, "buf_index": list(c.buf_index),
+                          "launch": _plain_launch(c.launch), "best_s": best_s(), "check": True}, self.shared),
+                     timed)
+
+    def _window(self, items: list[Candidate], window: int, submit: Callable[[Candidate], Any],
+                done: Callable[[Candidate, dict], None]) -> None:
+        """Run `submit(item)` (a Ray task) for every item, at most `window` in flight, each with a deadline from its
+        submission; `done(item, answer)` as each finishes (`{"status": "failed"}` where it was lost or late)."""
         ray, s = self.session.ray, self.session
-        todo = list(cands)
+        todo = list(items)
         pending: dict[Any, tuple[Candidate, float]] = {}
         while todo or pending:
-            while todo and len(pending) < self.window:
+            while todo and len(pending) < window:
                 c = todo.pop(0)
-                job = {**self.job, "src": c.src, "name": c.name, "binary": c.binary, "buf_index": list(c.buf_index),
-                       "launch": _plain_launch(c.launch), "best_s": best_s(), "check": True}
-                ref = s._eval_fn.options(resources={resource_names(self.device, s.token)[0]: 1}, num_cpus=0,
-                                         max_retries=MAX_RETRIES, retry_exceptions=False).remote(job, self.shared)
+                pending[submit(c)] = (c, time.monotonic() + s.deadline_s)
                 s.stats["tasks"] += 1
-                pending[ref] = (c, time.monotonic() + s.deadline_s)
             first_deadline = min(d for _, d in pending.values())
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, first_deadline - time.monotonic()))
             for ref in ready:
@@ -395,14 +436,14 @@ class _KernelBatch:
                 except Exception:  # noqa: BLE001 - retries spent (nodes died) or cancelled: a failed candidate
                     s.stats["lost"] += 1
                     ans = {"status": "failed"}
-                self._finish(c, ans, on_result)
+                done(c, ans)
             now = time.monotonic()
             for ref, (c, deadline) in list(pending.items()):
                 if deadline <= now:
                     ray.cancel(ref, force=True)
                     pending.pop(ref)
                     s.stats["deadline"] += 1
-                    self._finish(c, {"status": "failed"}, on_result)
+                    done(c, {"status": "failed"})
 
     def _finish(self, c: Candidate, ans: dict, on_result: Callable[[Candidate, str], None]) -> None:
         self.session.record(ans)
