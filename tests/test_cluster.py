@@ -210,3 +210,19 @@ def test_compile_on_the_cluster_fills_the_cache(ray_cluster, tmp_path, monkeypat
     out = next(iter(tgc.load(os.path.join(KERNELS, "softmax.tg")).run(x=x, device="CPU").values()))
     e = np.exp(x - x.max(axis=1, keepdims=True))
     np.testing.assert_allclose(out, e / e.sum(axis=1, keepdims=True), rtol=1e-5)
+
+
+def test_late_tasks_fail_their_candidates_and_the_search_ends(ray_cluster):
+    """Every task past its deadline (0 s here) is cancelled and its candidate fails: the search ends and keeps
+    what a run without BEAM gets (or the unoptimized kernel, where it is faster here)."""
+    session = cl.ClusterSession(ray_cluster["address"], TOKEN, deadline_s=0.0)
+    try:
+        with use_evaluator(session):
+            res = tgc.load(os.path.join(KERNELS, "softmax.tg")).beam(device="CPU", dims={"N": 8, "D": 40}, width=1,
+                                                                      force=True)
+        stats = session.stats
+    finally:
+        session.close()
+    row = res["kernels"][0]
+    assert stats["deadline"] > 0 and row["tried"] > 0 and row["failed"] == row["tried"], (row, stats)
+    assert row["after_s"] <= row["before_s"]

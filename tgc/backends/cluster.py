@@ -51,6 +51,7 @@ TOKEN_FILE_ENV = "TGC_CLUSTER_TOKEN_FILE"
 TASK_DEADLINE_S = COMPILE_TIMEOUT_S + 40.0  # compile, one check and a few timed runs of one candidate
 MAX_RETRIES = 3  # Ray's retries of a task whose node or worker process died
 IN_FLIGHT_PER_SLOT = 2
+ALIVE_CHECK_S = 5.0  # while waiting on tasks, how often to check that a node of the device's kind is left
 EXTRA_HINT = "install the extra: pip install 'tgc[cluster]' (Ray)"
 
 
@@ -401,7 +402,8 @@ class _KernelBatch:
                 failed.add(id(c))
 
         self._window([c for c in cands if c.binary is None], self.compile_window,
-                     lambda c: s._compile_fn.options(**compile_opts).remote({**self.job, "src": c.src}), compiled)
+                     lambda c: s._compile_fn.options(**compile_opts).remote({**self.job, "src": c.src}), compiled,
+                     self.resources[1])
 
         def timed(c: Candidate, ans: dict) -> None:
             self._finish(c, ans, on_result)
@@ -413,12 +415,13 @@ class _KernelBatch:
                      lambda c: s._eval_fn.options(**eval_opts).remote(
                          {**self.job, "src": c.src, "name": c.name, "binary": c.binary, "buf_index": list(c.buf_index),
                           "launch": _plain_launch(c.launch), "best_s": best_s(), "check": True}, self.shared),
-                     timed)
+                     timed, self.resources[0])
 
     def _window(self, items: list[Candidate], window: int, submit: Callable[[Candidate], Any],
-                done: Callable[[Candidate, dict], None]) -> None:
-        """Run `submit(item)` (a Ray task) for every item, at most `window` in flight, each with a deadline from its
-        submission; `done(item, answer)` as each finishes (`{"status": "failed"}` where it was lost or late)."""
+                done: Callable[[Candidate, dict], None], resource: str) -> None:
+        """Run `submit(item)` (a Ray task needing `resource`) for every item, at most `window` in flight, each with a
+        deadline from its submission; `done(item, answer)` as each finishes (`{"status": "failed"}` where it was
+        lost or late, or where no node with `resource` is left)."""
         ray, s = self.session.ray, self.session
         todo = list(items)
         pending: dict[Any, tuple[Candidate, float]] = {}
@@ -428,7 +431,16 @@ class _KernelBatch:
                 pending[submit(c)] = (c, time.monotonic() + s.deadline_s)
                 s.stats["tasks"] += 1
             first_deadline = min(d for _, d in pending.values())
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, first_deadline - time.monotonic()))
+            wait_s = min(max(0.0, first_deadline - time.monotonic()), ALIVE_CHECK_S)
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=wait_s)
+            if not ready and not ray.cluster_resources().get(resource, 0):  # no node of this kind is left
+                for ref, (c, _) in list(pending.items()):
+                    ray.cancel(ref, force=True)
+                    done(c, {"status": "failed"})
+                for c in todo:
+                    done(c, {"status": "failed"})
+                s.stats["lost"] += len(pending) + len(todo)
+                return
             for ref in ready:
                 c, _ = pending.pop(ref)
                 try:

@@ -410,6 +410,10 @@ def _search_from(ast, device, timer: _Timer, width, name, progress, pool, rounds
             beam = ranked
     except KeyboardInterrupt:
         result.interrupted = True
+    if default.binary is None:  # another evaluator lost it (its workers gone): compiled here to confirm against
+        _compile_here(default, device)
+        default.time_s = timer.run(default, float("inf"))
+        result.before_s = result.after_s = default.time_s
     try:
         best, result.before_s, result.after_s = _confirm(timer, best, default)
     except KeyboardInterrupt:  # interrupted while confirming: the default is the safe choice
