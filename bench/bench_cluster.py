@@ -58,7 +58,8 @@ def main() -> None:
 
     rows = [{"nodes": 0, **search(None, args.width)}]  # this process, no cluster
     token = "bench-token"
-    os.environ[cl.TOKEN_ENV] = token
+    os.environ.update({cl.TOKEN_ENV: token, **cl.ray_auth_env(token)})  # as `tgc worker` starts its node
+    cl._refresh_ray_auth()
     ev, co = cl.resource_names(get_device("CPU"), token)
     node = {"num_cpus": 1, "object_store_memory": 80 << 20, "include_dashboard": False, "resources": {ev: 1, co: 1}}
     for n in [int(x) for x in args.nodes.split(",")]:

@@ -90,8 +90,11 @@ def ray_cluster():
     ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'tgc[cluster]')")
     from ray.cluster_utils import Cluster
 
-    old = os.environ.get(cl.TOKEN_ENV)
-    os.environ[cl.TOKEN_ENV] = TOKEN  # the nodes' task processes inherit it (as from `tgc worker`)
+    names = [cl.TOKEN_ENV, *cl.ray_auth_env(TOKEN)]
+    old = {k: os.environ.get(k) for k in names}
+    # the nodes' processes inherit these, as from `tgc worker`: tgc's token and Ray's own token auth
+    os.environ.update({cl.TOKEN_ENV: TOKEN, **cl.ray_auth_env(TOKEN)})
+    cl._refresh_ray_auth()  # (Ray read its auth settings on import)
     cpu = get_device("CPU")
     ev, co = cl.resource_names(cpu, TOKEN)
     wrong_ev = ev.replace(cl.device_fingerprint(cpu), "f" * 16)  # a node serving another CPU kind, same token
@@ -106,10 +109,12 @@ def ray_cluster():
         if ray.is_initialized():
             ray.shutdown()
         cluster.shutdown()
-        if old is None:
-            os.environ.pop(cl.TOKEN_ENV, None)
-        else:
-            os.environ[cl.TOKEN_ENV] = old
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        cl._refresh_ray_auth()
 
 
 def _retime(kernel_opts: list[list], dims: dict) -> list[float]:

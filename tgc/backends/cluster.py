@@ -106,6 +106,13 @@ def resource_names(device: Any, token: str) -> tuple[str, str]:
     return f"tgc_eval_{fp}_{tag}", f"tgc_compile_{fp}_{tag}"
 
 
+def ray_auth_env(token: str) -> dict[str, str]:
+    """The environment that turns on Ray's own token authentication (Ray >= 2.5x: `RAY_AUTH_MODE=token`) with a
+    token derived from the cluster's: every Ray connection (client, nodes) must present it."""
+    derived = hmac.new(token.encode(), b"tgc-ray-auth", hashlib.sha256).hexdigest()
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": derived}
+
+
 def _proof(token: str, nonce: str) -> str:
     return hmac.new(token.encode(), nonce.encode(), hashlib.sha256).hexdigest()
 
@@ -252,6 +259,20 @@ def compile_job(job: dict) -> dict:
 # ------------------------------------------------------------------------------------------- on the client
 
 
+def _refresh_ray_auth() -> None:
+    """Make an already imported Ray read its auth settings from the environment again (Ray caches them); a Ray
+    without these internals reads them when it first connects."""
+    ray = sys.modules.get("ray")
+    if ray is None:
+        return
+    try:
+        from ray._raylet import AuthenticationTokenLoader, Config
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
+    except Exception:  # noqa: BLE001 - an older or newer Ray without them
+        pass
+
+
 class ClusterSession:
     """A connection to a Ray cluster for one command: BEAM's candidate evaluator (`kernel`) and a compile pool
     (`compile_pool`), both for a device of the client's kind (`tgc.codegen.search.use_evaluator`).
@@ -267,6 +288,13 @@ class ClusterSession:
             raise TgcError(f"the cluster at {address} needs its token",
                            hint=f"set {TOKEN_ENV} (or {TOKEN_FILE_ENV}), as given to `tgc worker --token`")
         self.token = token or secrets.token_hex(16)
+        # Ray's own token authentication with a token derived from the cluster's (as `tgc worker` starts nodes),
+        # unless the user set Ray's auth up; set before Ray reads it, and put back on close
+        self._old_env = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_BACKEND_LOG_LEVEL")}
+        if "RAY_AUTH_MODE" not in os.environ and "RAY_AUTH_TOKEN" not in os.environ:
+            os.environ.update(ray_auth_env(self.token))
+        os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")  # Ray's C++ core: no retry warnings on stderr
+        _refresh_ray_auth()
         self.stats: dict[str, Any] = {"by_node": {}, "refused": 0, "deadline": 0, "lost": 0, "tasks": 0,
                                       "compile_s": 0.0}
         self._owns_ray = False
@@ -279,11 +307,20 @@ class ClusterSession:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    def _restore_env(self) -> None:
+        for k, v in self._old_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        _refresh_ray_auth()
+
     def _connect(self, device: Any) -> None:
         if self.ray.is_initialized():
             return
         kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR",
                               "configure_logging": True}
+
         try:
             if self.local:
                 os.environ[TOKEN_ENV] = self.token  # the local node's worker processes inherit it
@@ -298,7 +335,7 @@ class ClusterSession:
         except Exception as e:  # noqa: BLE001 - Ray's own message says why (no cluster there, version mismatch)
             detail = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise DeviceError(f"cannot connect to the Ray cluster at {self.address}: {detail}",
-                              hint="start it with `ray start --head` and join workers with `tgc worker`") from None
+                              hint="is a cluster started there (`tgc worker --head`), with this token?") from None
         self._owns_ray = True
 
     def slots(self, device: Any, which: int = 0) -> int:
@@ -350,6 +387,7 @@ class ClusterSession:
         if self._owns_ray and self.ray.is_initialized():
             self.ray.shutdown()
         self._owns_ray = False
+        self._restore_env()
 
 
 CONNECT_TIMEOUT_S = 5.0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import subprocess
 from collections.abc import Callable
 from typing import Any
@@ -57,7 +58,7 @@ def worker(address: str | None, head: bool, port: int | None, token: str | None,
     of the same device kind and token send it work. It compiles and runs the kernels clients send: start it
     only in a cluster whose clients you trust (see the README's "Tuning on a cluster")."""
     from tgc.backends import get_device
-    from tgc.backends.cluster import TOKEN_ENV, ray_module, read_token, worker_command
+    from tgc.backends.cluster import TOKEN_ENV, ray_auth_env, ray_module, read_token, worker_command
 
     ray_module()
     if head == bool(address):
@@ -74,10 +75,22 @@ def worker(address: str | None, head: bool, port: int | None, token: str | None,
     if dry_run:
         click.echo(" ".join(cmd))
         return
-    env = {**os.environ, TOKEN_ENV: secret}  # the node's task processes check clients' proofs against it
+    # the node's task processes check clients' proofs against the token; Ray's own connections need the token
+    # derived from it (`ray_auth_env`)
+    env = {**ray_auth_env(secret), **os.environ, TOKEN_ENV: secret}
+    proc = subprocess.Popen(cmd, env=env)
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, stop)
     try:
-        rc = subprocess.call(cmd, env=env)
-    except KeyboardInterrupt:
+        rc = proc.wait()
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the node stops with this command (`ray start` ends its own)
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait()
         rc = 0
+    finally:
+        signal.signal(signal.SIGTERM, old)
     if rc:
         raise TgcError(f"ray start failed (exit {rc})", kind="runtime")
