@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Keep PoCL's and pyopencl's caches out of the user's home during tests.
 TEST_ENV := POCL_CACHE_DIR=$(CURDIR)/.pytest_cache/pocl XDG_CACHE_HOME=$(CURDIR)/.pytest_cache/xdg
 
-.PHONY: run test bench lint clean setup gpu-check
+.PHONY: run test bench bench-cluster lint clean setup gpu-check
 
 setup: $(STAMP)
 
@@ -14,6 +14,8 @@ $(STAMP): setup.cfg pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev,opencl,cuda,metal]'
+	# Ray (the cluster extra) where it installs: tests/test_cluster.py skips, with the reason, where it does not
+	$(BIN)/pip install -q -e '.[cluster]' || echo "Ray could not be installed here: the cluster tests will skip"
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -41,6 +43,10 @@ bench: $(BENCH_STAMP)
 # ARGS=--standin runs it here through the CPU stand-in for the CUDA driver (as CI does)
 gpu-check:
 	$(PY) tools/gpu_check.py $(ARGS)
+
+# BEAM through a local multi-node Ray cluster: candidates per second against the number of nodes (needs Ray)
+bench-cluster: $(STAMP)
+	$(BIN)/python bench/bench_cluster.py $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

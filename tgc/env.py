@@ -93,6 +93,10 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in (
     EnvVar("BEAM", "int", "BEAM width for every run and bench (an integer >= 0; 0: off)"),
     EnvVar("TGC_JOBS", "int", "worker processes that compile a program's kernels (and BEAM's candidates) at once (an "
            "integer >= 1; 1: compile in this process; default: the cores tgc may run on, at most 8)"),
+    EnvVar("TGC_CLUSTER", "str", "a Ray cluster's address ('local': one on this machine) whose tgc workers compile "
+           "and BEAM-time for `beam`, `compile` and `run` (as --cluster)"),
+    EnvVar("TGC_CLUSTER_TOKEN", "str", "the token of that cluster's tgc workers (`tgc worker --token`)"),
+    EnvVar("TGC_CLUSTER_TOKEN_FILE", "str", "a file holding that token"),
     EnvVar("NOOPT", "flag", "any value but empty or 0: no optimizations"),
     EnvVar("DISABLE_COMPILER_CACHE", "flag", "any value but empty or 0: no compile cache"),
     EnvVar("NO_COLOR", "flag", "no colours or syntax highlighting, even on a terminal"),

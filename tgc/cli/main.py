@@ -16,6 +16,8 @@ from typing import Any
 import click
 
 from tgc.cli.trace import profile_option
+from tgc.cli.cluster import cluster_option
+from tgc.cli.cluster import worker as cluster_worker
 from tgc.env import check_all
 from tgc.env import help_text as env_help_text
 from tgc.errors import TgcError
@@ -446,6 +448,7 @@ def main() -> None:
 
 
 @main.command()
+@cluster_option
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @device_options
 @dims_option
@@ -603,6 +606,7 @@ def _finish_run(file: str, prog: Any, run_dims: dict[str, int], arrays: dict[str
 
 
 @main.command("compile")
+@cluster_option
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @device_options
 @dims_option
@@ -830,6 +834,7 @@ def _bench_report(result: dict[str, Any], old: dict | None, baseline: str | None
 
 
 @main.command("beam")
+@cluster_option
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @device_options
 @dims_option
@@ -1138,6 +1143,8 @@ def serve(host: str, port: int, device: str | None, token_file: str | None, idle
     if rc:
         click.get_current_context().exit(rc)
 
+
+main.add_command(cluster_worker)
 
 if __name__ == "__main__":
     main()

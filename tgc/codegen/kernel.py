@@ -242,6 +242,9 @@ def build_kernels(items: list[tuple[ScheduleItem, str]], device: Any, beam: int 
     jobs = search.compile_jobs() if jobs is None else jobs
     total = len(items)
     pool: Any = None
+    # a cluster's workers (`search.use_evaluator`) compile every source the disk cache lacks, small ones too
+    evaluator = search.current_evaluator()
+    cluster_pool = evaluator.compile_pool(device) if evaluator is not None and device.compiler is not None else None
     misses = 0  # large sources compiled here (the first: a program of one large kernel never starts a worker)
     waiting: dict[str, tuple[Any, list[int], str | None]] = {}  # source -> (future, kernel indices, cache key)
     records: list[timings.KernelTimes | None] = []
@@ -249,7 +252,7 @@ def build_kernels(items: list[tuple[ScheduleItem, str]], device: Any, beam: int 
 
     def compile_src(dev: Any, src: str) -> tuple[bytes | None, str | None, str | None]:
         nonlocal pool, misses
-        if jobs <= 1 or dev.compiler is None or len(src) < PARALLEL_MIN_SOURCE:
+        if dev.compiler is None or (cluster_pool is None and (jobs <= 1 or len(src) < PARALLEL_MIN_SOURCE)):
             return _compile_cached(dev, src)
         key = compile_key(dev, src)
         if src in waiting:
@@ -260,6 +263,8 @@ def build_kernels(items: list[tuple[ScheduleItem, str]], device: Any, beam: int 
         if hit is not None:
             timings.cache_result(True)
             return hit, None, key
+        if pool is None and cluster_pool is not None:
+            pool = cluster_pool
         if pool is None:  # workers already running, else from the second large miss on (one compiled here)
             pool = _POOLS.get((dev.kind, jobs)) or (_shared_pool(dev, jobs) if misses else None)
         if pool is None:

@@ -8,6 +8,11 @@ ends when a round brings no improvement. The default (hand-coded) kernel is alwa
 winner is timed again against it, alternating, before it is kept (`_confirm`): BEAM never stores a kernel
 slower than what a run without it gets. The winner's opts are stored in the disk cache (table `beam`)
 under the kernel's AST, device, compiler and tgc version, so later compiles reuse them.
+
+Where a candidate evaluator is in use (`use_evaluator`: a Ray cluster, `tgc.backends.cluster`), the one search
+above hands each batch of rendered candidates to it instead of compiling and timing them here: it compiles,
+checks and times them elsewhere and sets each candidate's `time_s` and `binary`. The reference output is still
+computed here, and the winner is still timed again here against the default (`_confirm`) and stored as above.
 """
 
 from __future__ import annotations
@@ -15,8 +20,10 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +64,32 @@ MAX_ROUNDS = 32
 # progress ends): on a loaded machine a single-kernel search that keeps finding >3% gains (layernorm 4096^2:
 # ~110 candidates over 5 rounds) would otherwise take minutes
 ROUND_START_LIMIT_S = 30.0
+
+
+# ------------------------------------------------------------------------------------------- another evaluator
+
+# Where set, BEAM's batches of candidates are compiled, checked and timed by this object instead of here, and a
+# program's kernels are compiled through its `compile_pool()` (`tgc.backends.cluster.ClusterSession`). It offers
+# `kernel(device, timer) -> batch` (the reference output and inputs of one kernel, sent once), where
+# `batch.evaluate(cands, best_s, on_result)` sets each candidate's `time_s` and `binary` and calls
+# `on_result(cand, status)` (status "ok", "failed" or "rejected") as each finishes, `best_s()` giving the best
+# time so far (a candidate faster than it is checked against the reference output), and `batch.close()`.
+_EVALUATOR: ContextVar[Any] = ContextVar("tgc_beam_evaluator", default=None)
+
+
+@contextmanager
+def use_evaluator(evaluator: Any) -> Iterator[None]:
+    """Within this block, BEAM evaluates candidates through `evaluator` and compiles go to its pool."""
+    token = _EVALUATOR.set(evaluator)
+    try:
+        yield
+    finally:
+        _EVALUATOR.reset(token)
+
+
+def current_evaluator() -> Any:
+    """The evaluator `use_evaluator` set, or None (candidates are compiled and timed in this process)."""
+    return _EVALUATOR.get()
 
 
 # ------------------------------------------------------------------------------------------- the winners' store
@@ -295,10 +328,30 @@ def _search(ast, device, timer: _Timer, width, name, progress, pool, rounds: int
     _compile_here(base, device)
     base.time_s = timer.run(base, float("inf"), runs=1)
     timer.reference = timer.output()
+    evaluator = current_evaluator()
+    batch = evaluator.kernel(device, timer) if evaluator is not None else None
+    try:
+        return _search_from(ast, device, timer, width, name, progress, pool, rounds, start, base, seeds, batch)
+    finally:
+        if batch is not None:
+            batch.close()
+
+
+def _search_from(ast, device, timer: _Timer, width, name, progress, pool, rounds: int, start: float,
+                 base: Candidate, seeds: list[Candidate], batch: Any) -> SearchResult:
     best = base
     # start from the hand-coded heuristic's choice and its prefixes: their neighbours are the promising ones
     # (the unoptimized kernel's neighbours are mostly as slow as it is, and each costs a full run)
-    for c in seeds:
+    if batch is not None:  # timed where the round's candidates are, the reference included, so that times compare
+        for c in seeds:
+            if c.binary is None and c.src == base.src:
+                c.binary = base.binary
+        ok: list[Candidate] = []
+        batch.evaluate([base, *seeds], lambda: float("inf"), lambda c, status: ok.append(c) if status == "ok" else 0)
+        for c in seeds:
+            if c in ok and c.time_s < best.time_s:
+                best = c
+    for c in seeds if batch is None else []:
         if c.binary is None and c.src == base.src:
             c.binary = base.binary
         _compile_here(c, device)
@@ -331,8 +384,12 @@ def _search(ast, device, timer: _Timer, width, name, progress, pool, rounds: int
                     cands.append(Candidate(parent.opts + [opt], k))
             if not cands:
                 break
-            _render_compile(cands, device, name, timer.bufs, pool, sources)
-            for i, c in enumerate(cands):
+            if batch is not None:
+                best = _evaluate_round(batch, cands, device, name, timer.bufs, sources, best, result,
+                                       progress, _round, base, start)
+            else:
+                _render_compile(cands, device, name, timer.bufs, pool, sources)
+            for i, c in enumerate(cands if batch is None else []):
                 if c.duplicate:
                     continue
                 result.tried += 1
@@ -353,6 +410,10 @@ def _search(ast, device, timer: _Timer, width, name, progress, pool, rounds: int
             beam = ranked
     except KeyboardInterrupt:
         result.interrupted = True
+    if default.binary is None:  # another evaluator lost it (its workers gone): compiled here to confirm against
+        _compile_here(default, device)
+        default.time_s = timer.run(default, float("inf"))
+        result.before_s = result.after_s = default.time_s
     try:
         best, result.before_s, result.after_s = _confirm(timer, best, default)
     except KeyboardInterrupt:  # interrupted while confirming: the default is the safe choice
@@ -360,6 +421,46 @@ def _search(ast, device, timer: _Timer, width, name, progress, pool, rounds: int
         best, result.after_s = default, default.time_s
     result.opts = best.opts
     return result
+
+
+def _evaluate_round(batch: Any, cands: list[Candidate], device: Any, name: str, bufs: list[UOp], sources: set[str],
+                    best: Candidate, result: SearchResult, progress: Callable[[dict], None] | None, round_: int,
+                    base: Candidate, start: float) -> Candidate:
+    """One round's candidates rendered here and evaluated by `batch` (another evaluator: `use_evaluator`), counted
+    in `result` as the local round counts them; returns the best candidate so far."""
+    for c in cands:
+        try:
+            _render(c, device, name, bufs)
+        except Exception:  # an opt combination the renderer cannot express: counted as failed, as here
+            c.src = ""
+            continue
+        if c.src in sources:
+            c.duplicate = True
+            continue
+        sources.add(c.src)
+    live = [c for c in cands if not c.duplicate]
+    state = {"best": best, "done": 0}
+
+    def on_result(c: Candidate, status: str) -> None:
+        result.tried += 1
+        state["done"] += 1
+        if status == "failed":
+            result.failed += 1
+        elif status == "rejected":
+            result.rejected += 1
+        elif c.time_s < state["best"].time_s:
+            state["best"] = c
+        if progress:
+            progress({"kernel": name, "round": round_, "tried": result.tried, "rejected": result.rejected,
+                      "best_s": state["best"].time_s, "base_s": base.time_s, "candidate": state["done"],
+                      "candidates": len(live), "elapsed_s": time.perf_counter() - start})
+
+    for c in live:
+        if not c.src:
+            c.binary, c.time_s = None, float("inf")
+            on_result(c, "failed")
+    batch.evaluate([c for c in live if c.src], lambda: state["best"].time_s, on_result)
+    return state["best"]
 
 
 def attention_search(item: ScheduleItem, device: Any, name: str = "kernel",
@@ -532,7 +633,11 @@ def compile_jobs() -> int:
 
 
 def make_pool(device: Any):
-    """Worker processes for compiling CPU candidates (GPU drivers compile in-process)."""
+    """Worker processes for compiling CPU candidates (GPU drivers compile in-process); an evaluator's compile pool
+    where one is in use (`use_evaluator`)."""
+    evaluator = current_evaluator()
+    if evaluator is not None:
+        return evaluator.compile_pool(device)
     return device.compile_pool(compile_jobs())
 
 

@@ -1,0 +1,233 @@
+"""BEAM and compiles on a Ray cluster (`tgc.backends.cluster`, `--cluster`, `tgc worker`).
+
+The cluster tests start one local multi-node cluster for the module (`ray.cluster_utils.Cluster`: a head and a
+second node serving this machine's CPU, a third declaring another CPU kind) and skip, with the reason, where Ray
+is not installed. The error paths and the worker's checks (token, device kind) run without Ray."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+from clikit import assert_clean, invoke
+
+import tgc
+from tgc.backends import cluster as cl
+from tgc.backends import get_device
+from tgc.codegen.search import _Timer, lookup, use_evaluator
+
+KERNELS = os.path.join(os.path.dirname(__file__), "..", "kernels")
+MATMUL = os.path.join(KERNELS, "matmul.tg")
+
+
+# ------------------------------------------------------------------------------------------- without Ray
+
+
+def test_cluster_without_ray_is_one_error_naming_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as where it is not installed
+    r = invoke("beam", MATMUL, "-D", "M=8", "-D", "N=8", "-D", "K=8", "--cluster", "local")
+    assert_clean(r, 1, "Ray", "tgc[cluster]")
+    r = invoke("worker", "--head", "--token", "t")
+    assert_clean(r, 1, "tgc[cluster]")
+
+
+def test_remote_cluster_needs_a_token_and_a_listening_address(monkeypatch):
+    pytest.importorskip("ray", reason="Ray is not installed (pip install 'tgc[cluster]')")
+    monkeypatch.delenv(cl.TOKEN_ENV, raising=False)
+    monkeypatch.delenv(cl.TOKEN_FILE_ENV, raising=False)
+    r = invoke("beam", MATMUL, "-D", "M=8", "-D", "N=8", "-D", "K=8", "--cluster", "127.0.0.1:9")
+    assert_clean(r, 2, "token", cl.TOKEN_ENV)
+    r = invoke("beam", MATMUL, "-D", "M=8", "-D", "N=8", "-D", "K=8", "--cluster", "127.0.0.1:9",
+               env={cl.TOKEN_ENV: "secret"})
+    assert_clean(r, 1, "cannot connect to the Ray cluster at 127.0.0.1:9")
+    r = invoke("worker", "--address", "127.0.0.1:9")
+    assert_clean(r, 2, "token")
+
+
+def test_worker_declares_its_device_and_never_prints_the_token():
+    pytest.importorskip("ray", reason="Ray is not installed (pip install 'tgc[cluster]')")
+    r = invoke("worker", "--address", "10.0.0.1:6379", "--token", "s3cret-token", "--dry-run")
+    assert r.exit_code == 0, r.stderr
+    ev, co = cl.resource_names(get_device("CPU"), "s3cret-token")
+    assert ev in r.stdout and co in r.stdout and "--address 10.0.0.1:6379" in r.stdout
+    assert "s3cret-token" not in r.stdout
+
+
+def _job(device, token: str, **kw) -> dict:
+    nonce = "n1"
+    return {"kind": device.kind, "fingerprint": cl.device_fingerprint(device), "nonce": nonce,
+            "proof": cl._proof(token, nonce), **kw}
+
+
+def test_worker_refuses_a_wrong_token_or_another_device_kind(monkeypatch):
+    cpu = get_device("CPU")
+    monkeypatch.setenv(cl.TOKEN_ENV, "right")
+    job = _job(cpu, "wrong", src="", name="k")
+    assert cl.compile_job(job)["status"] == "refused"
+    assert cl.evaluate_job(job, {})["status"] == "refused"
+    other = {**_job(cpu, "right", src="", name="k"), "fingerprint": "0" * 16}  # a client of another CPU model
+    ans = cl.evaluate_job(other, {})
+    assert ans["status"] == "refused" and "not the client's" in ans["error"]
+    monkeypatch.delenv(cl.TOKEN_ENV)  # a worker started without a token serves no one
+    assert cl.compile_job(_job(cpu, "right", src="", name="k"))["status"] == "refused"
+
+
+def test_fingerprint_separates_kinds_and_tokens():
+    cpu, py = get_device("CPU"), get_device("PYTHON")
+    assert cl.device_fingerprint(cpu) != cl.device_fingerprint(py)
+    assert cl.resource_names(cpu, "a") != cl.resource_names(cpu, "b")
+
+
+# ------------------------------------------------------------------------------------------- on a Ray cluster
+
+TOKEN = "test-cluster-token"
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'tgc[cluster]')")
+    from ray.cluster_utils import Cluster
+
+    names = [cl.TOKEN_ENV, *cl.ray_auth_env(TOKEN)]
+    old = {k: os.environ.get(k) for k in names}
+    # the nodes' processes inherit these, as from `tgc worker`: tgc's token and Ray's own token auth
+    os.environ.update({cl.TOKEN_ENV: TOKEN, **cl.ray_auth_env(TOKEN)})
+    cl._refresh_ray_auth()  # (Ray read its auth settings on import)
+    cpu = get_device("CPU")
+    ev, co = cl.resource_names(cpu, TOKEN)
+    wrong_ev = ev.replace(cl.device_fingerprint(cpu), "f" * 16)  # a node serving another CPU kind, same token
+    small = {"num_cpus": 1, "object_store_memory": 80 << 20, "include_dashboard": False}
+    cluster = Cluster(initialize_head=True, head_node_args={**small, "resources": {ev: 1, co: 1}})
+    second = cluster.add_node(**small, resources={ev: 1, co: 1})
+    wrong = cluster.add_node(**small, resources={wrong_ev: 1})
+    cluster.wait_for_nodes()
+    try:
+        yield {"cluster": cluster, "second": second, "wrong": wrong, "address": cluster.address}
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        cluster.shutdown()
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        cl._refresh_ray_auth()
+
+
+def _retime(kernel_opts: list[list], dims: dict) -> list[float]:
+    """Each winner's kernel timed here, alternating, best of 5."""
+    from tgc.codegen.pipeline import lower
+    from tgc.codegen.pipeline import prepare as prepare_ast
+    from tgc.codegen.search import Candidate, OptKernel
+
+    cpu = get_device("CPU")
+    prog = tgc.load(MATMUL)
+    item = [it for it in prog.schedule(dims, "CPU") if it.ast.src][0]
+    ast = prepare_ast(item.ast, cpu)
+    timer = _Timer(cpu, item.bufs)
+    cands = []
+    for opts in kernel_opts:
+        low = lower(OptKernel(ast, cpu).base, cpu, item.bufs, item.name, opts=opts)
+        cands.append(Candidate(opts, None, src=low.src, name=item.name, launch=low.launch,
+                               buf_index=[item.bufs.index(b) for b in low.bufs],
+                               binary=cpu.compiler.compile(low.src)))
+    times = [[] for _ in cands]
+    try:
+        for _ in range(5):
+            for c, t in zip(cands, times):
+                t.append(timer.run(c, float("inf"), runs=1))
+    finally:
+        timer.free()
+    return [min(t) for t in times]
+
+
+def test_beam_on_a_cluster_survives_a_node_killed_mid_search(ray_cluster):
+    dims = {"M": 48, "N": 64, "K": 64}
+    prog = tgc.load(MATMUL)
+    local = prog.beam(device="CPU", dims=dims, width=2, force=True)["kernels"][0]
+    killed = {}
+
+    def progress(event: dict) -> None:
+        # the first report of a round's candidate: tasks are in flight on both nodes; kill the second node
+        if "round" in event and not killed:
+            killed["at"] = event["candidate"]
+            ray_cluster["cluster"].remove_node(ray_cluster["second"], allow_graceful=False)
+
+    session = cl.ClusterSession(ray_cluster["address"], TOKEN)
+    try:
+        with use_evaluator(session):
+            res = tgc.load(MATMUL).beam(device="CPU", dims=dims, width=2, force=True, progress=progress)
+        second_id, wrong_id = ray_cluster["second"].node_id, ray_cluster["wrong"].node_id
+        stats = session.stats
+    finally:
+        session.close()
+    row = res["kernels"][0]
+    assert killed, "the search never reported a round's candidate"
+    why = (row, stats, killed)
+    assert row["tried"] > 0 and row["failed"] == 0 and row["rejected"] == 0, why  # nothing lost to the dead node
+    assert stats["by_node"].get(second_id, 0) > 0, why  # the killed node had timed candidates before
+    assert wrong_id not in stats["by_node"] and stats["refused"] == 0, why  # the other CPU kind never timed one
+    assert stats["deadline"] == 0, why
+    # stored as a local search stores its winner
+    from tgc.codegen.pipeline import prepare as prepare_ast
+    item = [it for it in prog.schedule(dims, "CPU") if it.ast.src][0]
+    assert [str(o) for o in lookup(prepare_ast(item.ast, get_device("CPU")), get_device("CPU"), 2)] == row["opts"]
+    # the winner equals a local search's, or is about as fast timed here (a loaded machine: a wide margin)
+    if row["opts"] != local["opts"]:
+        cluster_s, local_s = _retime([_opts(row["opts"]), _opts(local["opts"])], dims)
+        assert cluster_s <= 1.5 * local_s, (row["opts"], cluster_s, local["opts"], local_s)
+    # a run with the stored winner is right
+    rng = np.random.default_rng(0)
+    a, b, bias = (rng.standard_normal(s, dtype=np.float32) for s in ((48, 64), (64, 64), (64,)))
+    out = tgc.load(MATMUL).run(a=a, b=b, bias=bias, device="CPU")
+    np.testing.assert_allclose(next(iter(out.values())), np.maximum(a @ b + bias, 0), rtol=1e-4, atol=1e-4)
+
+
+def _opts(names: list[str]) -> list:
+    """Opts from their printed form (`UPCAST(1, 16)`)."""
+    from tgc.codegen.opt import Opt, OptOps
+    out = []
+    for text in names:
+        op, _, args = text.partition("(")
+        axis, amount = (int(x) for x in args.rstrip(")").split(","))
+        out.append(Opt(OptOps[op], axis, amount))
+    return out
+
+
+def test_compile_on_the_cluster_fills_the_cache(ray_cluster, tmp_path, monkeypatch):
+    monkeypatch.setenv("TGC_CACHE_DIR", str(tmp_path))  # every kernel a miss
+    monkeypatch.delenv("DISABLE_COMPILER_CACHE", raising=False)
+    session = cl.ClusterSession(ray_cluster["address"], TOKEN)
+    try:
+        with use_evaluator(session):
+            kernels = tgc.load(os.path.join(KERNELS, "softmax.tg")).compile(device="CPU", dims={"N": 8, "D": 24})
+        tasks = session.stats["tasks"]
+    finally:
+        session.close()
+    assert tasks >= len(kernels) >= 1 and all(k.binary for k in kernels)
+    from tgc import cache
+    from tgc.codegen.binaries import compile_key
+    assert all(cache.get("compile", compile_key(get_device("CPU"), k.src)) == k.binary for k in kernels)
+    x = np.random.default_rng(1).standard_normal((8, 24), dtype=np.float32)
+    out = next(iter(tgc.load(os.path.join(KERNELS, "softmax.tg")).run(x=x, device="CPU").values()))
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(out, e / e.sum(axis=1, keepdims=True), rtol=1e-5)
+
+
+def test_late_tasks_fail_their_candidates_and_the_search_ends(ray_cluster):
+    """Every task past its deadline (0 s here) is cancelled and its candidate fails: the search ends and keeps
+    what a run without BEAM gets (or the unoptimized kernel, where it is faster here)."""
+    session = cl.ClusterSession(ray_cluster["address"], TOKEN, deadline_s=0.0)
+    try:
+        with use_evaluator(session):
+            res = tgc.load(os.path.join(KERNELS, "softmax.tg")).beam(device="CPU", dims={"N": 8, "D": 40}, width=1,
+                                                                      force=True)
+        stats = session.stats
+    finally:
+        session.close()
+    row = res["kernels"][0]
+    assert stats["deadline"] > 0 and row["tried"] > 0 and row["failed"] == row["tried"], (row, stats)
+    assert row["after_s"] <= row["before_s"]
