@@ -15,9 +15,9 @@ from typing import Any
 
 import click
 
-from tgc.cli.trace import profile_option
 from tgc.cli.cluster import cluster_option
 from tgc.cli.cluster import worker as cluster_worker
+from tgc.cli.trace import profile_option
 from tgc.env import check_all
 from tgc.env import help_text as env_help_text
 from tgc.errors import TgcError
