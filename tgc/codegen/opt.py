@@ -33,8 +33,6 @@ INDEX = dtypes.index
 # below this many loop iterations a kernel is not worth a thread launch
 MIN_WORK_PER_THREAD = 1 << 15
 MAX_UNROLLED = 512  # limit on the product of UPCAST and UNROLL sizes (register pressure, code size)
-TILE_VALUES = 256  # the heuristic's register tile for matmul-like kernels (values computed side by side)
-SWAP_RHS_ELEMENTS = 1 << 20  # a matmul's right-hand side from this size on: column panels outermost
 
 
 class OptError(Exception):
@@ -378,96 +376,11 @@ def _stride(index: UOp, r: UOp) -> int | None:
 
 
 def hand_coded(k: OptKernel) -> None:
-    """Register tiling for reductions with broadcast inputs (matmul, conv), vector-friendly upcasts;
-    on GPUs, long reductions into few outputs are shared by a work-group (GROUP)."""
-    if k.device.caps.gpu:
-        outputs = prod(r.src[0].arg for r in k.loops())
-        for j, r in enumerate(k.reduces()):
-            if outputs <= 4096 and r.src[0].arg >= 256:
-                for amt in (256, 128, 64, 32, 16):
-                    if r.src[0].arg % amt == 0 and _try(k, Opt(OptOps.GROUP, len(k.loops()) + j, amt)):
-                        return
-        return
-    store = next(u for u in k.ast.toposort() if u.op is Ops.STORE)
-    loops, reduces = k.loops(), k.reduces()
-    if not reduces:
-        _short_rows(k, store)
-        return
-    if _lane_tile(k, store):
-        return
-    loads = _loads(k.ast)
-    # axes that some load does not depend on: values reused across them (the "broadcast" axes of matmul)
-    reuse = [i for i, r in enumerate(loops) if r.src[0].arg > 1 and any(r not in ld.src[1].toposort() for ld in loads)
-             and any(r in ld.src[1].toposort() for ld in loads)]
-    out_stride1 = [i for i, r in enumerate(loops) if _stride(store.src[1], r) == 1]
-    if len(reuse) >= 2 or (reuse and out_stride1):
-        # matmul-like: upcast the contiguous output axis by a vector width and another reuse axis by 4
-        vec_axis = out_stride1[0] if out_stride1 else reuse[-1]
-        # the loads along the vector axis are all strided (q @ k^T reads k's rows across its columns): each
-        # vector is gathered, so it is reused across more rows instead of taking a second vector's columns
-        strided = all(isinstance(st := _stride(ld.src[1], loops[vec_axis]), int) and st > 1
-                      for ld in loads if loops[vec_axis] in ld.src[1].toposort())
-        # a plain matmul whose column panels go outermost (SWAP below): 4 rows x 4 vectors of columns instead of
-        # 8 x 2, the same 16 accumulators, so the left-hand side (from the L3, which other processes share)
-        # streams through once per 64 columns instead of per 32: the same speed on a quiet machine, about 10%
-        # faster at 2048^3 with other processes running (paired runs, one and two threads)
-        wide = len(loops) == 2 and vec_axis == 1 and reuse == [0, 1] and not strided and \
-            all(r.src[0].op is Ops.CONST for r in loops + reduces) and loops[0].src[0].arg % 4 == 0 and \
-            loops[1].src[0].arg % 64 == 0 and loops[1].src[0].arg >= 64 * 16 and \
-            prod(r.src[0].arg for r in reduces) * loops[1].src[0].arg >= SWAP_RHS_ELEMENTS
-        for amt in (16, 8, 4):
-            if loops[vec_axis].src[0].arg % amt == 0:
-                _try(k, Opt(OptOps.UPCAST, vec_axis, amt))
-                break
-        # a second vector's worth of columns, and 8 rows: 16 accumulators hide the FMA latency
-        if k.loops()[vec_axis].src[0].arg % 2 == 0 and k.loops()[vec_axis].src[0].arg >= 8 and not strided:
-            _try(k, Opt(OptOps.UPCAST, vec_axis, 4 if wide else 2))
-        # reuse the vector loads across another axis: one those loads do not depend on (matmul's rows,
-        # a convolution's output channels)
-        vec_range = k.loops()[vec_axis]
-        vec_loads = [ld for ld in _loads(k.ast) if vec_range in ld.src[1].toposort()]
-        others = [i for i in reuse if i != vec_axis and vec_loads and
-                  all(k.loops()[i] not in ld.src[1].toposort() for ld in vec_loads)] or \
-                 [i for i in reuse if i != vec_axis]
-        row_tile = False
-        if others:
-            # 8 rows; where the vector axis took less than a full vector (a convolution's 56-wide image rows
-            # take 8 lanes), more of the other axis instead, for a tile of TILE_VALUES (8 x 32 channels); 32
-            # rows share each gathered vector of a strided one
-            up = k.unrolled_size()
-            rows = 4 if wide else 32 if strided else 8 if up >= 16 else min(32, TILE_VALUES // up)
-            for amt in (32, 16, 8, 4, 2):
-                if amt <= rows and k.loops()[others[-1]].src[0].arg % amt == 0 and \
-                        _try(k, Opt(OptOps.UPCAST, others[-1], amt)):
-                    row_tile = True
-                    break
-            if up < 16 and not strided and k.reduces() and k.reduces()[0].src[0].arg % 2 == 0:
-                # and two steps of the outer reduction (conv2d's input channels) per loop iteration: what BEAM
-                # picks there, about 10% faster
-                _try(k, Opt(OptOps.UNROLL, len(k.loops()), 2))
-        # a plain matmul (rows, columns) whose right-hand side is larger than the caches hold: column panels
-        # outermost, so each panel stays in cache while every row block passes over it (row blocks outermost
-        # stream the whole right-hand side once per 8 rows: the 2048^3 matmul ran at half BEAM's speed)
-        panel_rows = prod(r.src[0].arg for r in reduces)
-        if len(loops) == 2 and vec_axis == 1 and others == [0] and not strided and \
-                panel_rows * loops[1].src[0].arg >= SWAP_RHS_ELEMENTS and k.loops()[1].src[0].arg >= 16:
-            swapped = _try(k, Opt(OptOps.SWAP, 0, 1))
-            if not row_tile:
-                # rows with no divisor the tile takes (65, 77): one row, so 4 times the columns instead and 4 steps
-                # of the reduction per iteration (what BEAM picks; 65 x 1024 x 1024 ran 3x slower than 64 rows)
-                col = 0 if swapped else 1
-                _try(k, Opt(OptOps.UPCAST, col, 4)) or _try(k, Opt(OptOps.UPCAST, col, 2))
-                if k.reduces() and k.reduces()[0].src[0].arg % 4 == 0:
-                    _try(k, Opt(OptOps.UNROLL, len(k.loops()), 4))
-        return
-    # a reduction over a strided axis: compute 16 contiguous outputs side by side instead
-    red_contig = any(_stride(ld.src[1], r) == 1 for ld in loads for r in reduces)
-    if out_stride1 and not red_contig:
-        i = out_stride1[0]
-        for amt in (16, 8, 4):
-            if loops[i].src[0].arg % amt == 0:
-                _try(k, Opt(OptOps.UPCAST, i, amt))
-                break
+    """The hand-coded heuristic: the rule table of `tgc.codegen.heuristic` (register tiles for reductions with
+    broadcast inputs, vector-friendly upcasts, column panels past the private caches; on GPUs, work-groups
+    sharing long reductions into few outputs)."""
+    from tgc.codegen.heuristic import decide  # (that module builds on this one's opts)
+    decide(k)
 
 
 LANE_TILE = 16  # vectors of accumulators in a lane tile (of 32 AVX-512 registers: the rest hold operands)
