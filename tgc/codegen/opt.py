@@ -443,7 +443,8 @@ PACK_ROWS = 8  # ... and this many of its rows side by side where the loads cont
 def _short_rows(k: OptKernel, store: UOp) -> None:
     """An elementwise kernel whose innermost loop is short and contiguous for the store and every load on it
     (matmul's packing copy: rows of 32): one 16-wide vector per step. LLVM's loop vectorizer leaves such short
-    inner loops mostly scalar (the 1024^2 packing copy ran 20x slower); long loops it vectorizes itself."""
+    inner loops mostly scalar (measured up to 20x slower); long loops it vectorizes itself. A rule of the
+    table in `tgc.codegen.heuristic`."""
     loops = k.loops()
     if len(loops) < 2:
         return
@@ -454,8 +455,8 @@ def _short_rows(k: OptKernel, store: UOp) -> None:
     loads = [ld for ld in _loads(k.ast) if last in ld.src[1].toposort()]
     if not all(_stride(ld.src[1], last) == 1 for ld in loads):
         # a transpose (the packing copy of a transposed right-hand side, `a @ b.transpose(1, 0)`): every load
-        # is contiguous along one outer axis instead. 16 of the row by 8 of that axis: LLVM writes the tile with
-        # vector loads and shuffles (the 2048^2 copy: ~8.3 -> ~1.7 ms on one thread), one value at a time else
+        # is contiguous along one outer axis instead. 16 of the row by PACK_ROWS of that axis: LLVM writes the
+        # tile with vector loads and shuffles (about 5x faster measured), one value at a time else
         along = [i for i, r in enumerate(loops[:-1])
                  if r.src[0].op is Ops.CONST and loads and all(_stride(ld.src[1], r) == 1 for ld in loads)]
         if along and loops[along[0]].src[0].arg % PACK_ROWS == 0 and _try(k, Opt(OptOps.UPCAST, len(loops) - 1, 16)):
@@ -464,8 +465,8 @@ def _short_rows(k: OptKernel, store: UOp) -> None:
     _try(k, Opt(OptOps.UPCAST, len(loops) - 1, 16))
     # an outer axis along which the loads' rows continue (stride n) while the store jumps: the packing copy's
     # column panels. PACK_ROWS of them side by side read each source row in runs of PACK_ROWS * n contiguous
-    # elements; one panel at a time reads 128 bytes a row, a page apart, which the prefetchers do not follow
-    # (the 2048^2 packing copy: ~1.1 ms -> ~0.9 ms on one thread, ~2.0 -> ~1.2 ms on two)
+    # elements; one panel at a time reads a short run per row, a page apart, which the prefetchers do not
+    # follow (measured 20-40% faster on one and two threads)
     for i, r in enumerate(loops[:-1]):
         if r.src[0].op is Ops.CONST and loads and all(_stride(ld.src[1], r) == n for ld in loads) and \
                 _stride(store.src[1], r) != n:
