@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tgc.codegen.opt import Opt, OptError, OptKernel, OptOps, _lane_axis, _loads, _stride
+from tgc.codegen.opt import Opt, OptError, OptKernel, OptOps, _loads, _stride
 from tgc.ir.shapes import prod
 from tgc.ir.uop import Ops, RangeKind, UOp
 
@@ -127,7 +127,7 @@ def classify(k: OptKernel, machine: Machine) -> Facts:
     if not reduces:
         facts.kind = "elementwise"
         return facts
-    if _lane_axis(k, store) is not None:
+    if lane_axis(k, store) is not None:
         facts.kind = "lanes"
         return facts
     loads = _loads(k.ast)
@@ -147,6 +147,101 @@ def classify(k: OptKernel, machine: Machine) -> Facts:
     if facts.out_contiguous and not any(_stride(ld.src[1], r) == 1 for ld in loads for r in reduces):
         facts.kind = "strided"
     return facts
+
+
+# ------------------------------------------------------------------------------------ rules with more steps
+
+
+LANE_TILE = Machine().accumulators  # vectors of accumulators in a lane tile (the rest of the registers hold operands)
+
+
+def lane_axis(k: OptKernel, store: UOp) -> int | None:
+    """An output axis that, split by 16, makes 16 vector lanes that every load inside the reduction either reads
+    contiguously or not at all, although the store is not contiguous along it: a convolution's output channels
+    over weights packed 16 channels to a vector (tgc/engine/schedule.py `pack_conv_operands`); the input values
+    are then broadcast. None where no axis is like that."""
+    for i, r in enumerate(k.loops()):
+        if r.src[0].op is not Ops.CONST or r.src[0].arg % 16 or _stride(store.src[1], r) == 1:
+            continue
+        trial = k.copy()
+        if not _try(trial, Opt(OptOps.UPCAST, i, 16)):
+            continue
+        lane = max(trial.ranges(), key=lambda u: u.arg[0])
+        inner = [ld for ld in _loads(trial.ast) if any(u.op is Ops.RANGE and u.arg[1] is RangeKind.REDUCE
+                                                       for u in ld.src[1].toposort())]
+        on_lane = [ld for ld in inner if lane in ld.toposort()]
+        if on_lane and all(_stride(ld.src[1], lane) == 1 and (len(ld.src) == 2 or lane not in ld.src[2].toposort())
+                           for ld in on_lane):
+            return i
+    return None
+
+
+def lane_tile(k: OptKernel, store: UOp) -> bool:
+    """A register tile for kernels with an output axis of vector lanes (`lane_axis`, a convolution over packed
+    weights): 16 lanes of that axis, up to 2 vectors of it, and the contiguous output axis (image columns)
+    upcast so that LANE_TILE vectors of accumulators are computed side by side. Each step of the reduction
+    then loads 2 weight vectors and broadcasts 8 input values into 16 FMAs; more accumulators spill (28 ran
+    2.5x slower). False (the kernel unchanged) where it does not apply."""
+    axis = lane_axis(k, store)
+    if axis is None:
+        return False
+    k.apply(Opt(OptOps.UPCAST, axis, 16))
+    vecs = 2 if k.loops()[axis].src[0].arg % 2 == 0 and _try(k, Opt(OptOps.UPCAST, axis, 2)) else 1
+    cols = [i for i, r in enumerate(k.loops()) if i != axis and _stride(store.src[1], r) == 1]
+    want = LANE_TILE // vecs
+    for i in cols + [i for i in range(len(k.loops()) - 1, -1, -1) if i != axis and i not in cols]:
+        n = k.loops()[i].src[0].arg if k.loops()[i].src[0].op is Ops.CONST else 1
+        amt = max((d for d in range(2, want + 1) if n % d == 0), default=0)
+        if amt and _try(k, Opt(OptOps.UPCAST, i, amt)):
+            want //= amt
+        if want < 2:
+            break
+    # threads split the outermost loop: where the tile left it shorter than the cores (one image, one vector of
+    # output channels), the longest loop goes outermost instead
+    sizes = [r.src[0].arg if r.src[0].op is Ops.CONST else 0 for r in k.loops()]
+    longest = max(range(len(sizes)), key=lambda i: sizes[i], default=0)
+    if sizes and sizes[0] < k.device.cores <= sizes[longest]:
+        _try(k, Opt(OptOps.SWAP, 0, longest))
+    return True
+
+
+SHORT_ROW = 256  # an elementwise kernel's contiguous innermost loop up to this long is written as vectors
+PACK_ROWS = 8  # ... and this many of its rows side by side where the loads continue along an outer axis
+
+
+def short_rows(k: OptKernel, store: UOp) -> None:
+    """An elementwise kernel whose innermost loop is short and contiguous for the store and every load on it
+    (matmul's packing copy: rows of 32): one 16-wide vector per step. LLVM's loop vectorizer leaves such short
+    inner loops mostly scalar (measured up to 20x slower); long loops it vectorizes itself."""
+    loops = k.loops()
+    if len(loops) < 2:
+        return
+    last = loops[-1]
+    n = last.src[0].arg
+    if n % 16 or n > SHORT_ROW or _stride(store.src[1], last) != 1:
+        return
+    loads = [ld for ld in _loads(k.ast) if last in ld.src[1].toposort()]
+    if not all(_stride(ld.src[1], last) == 1 for ld in loads):
+        # a transpose (the packing copy of a transposed right-hand side, `a @ b.transpose(1, 0)`): every load
+        # is contiguous along one outer axis instead. 16 of the row by PACK_ROWS of that axis: LLVM writes the
+        # tile with vector loads and shuffles (about 5x faster measured), one value at a time else
+        along = [i for i, r in enumerate(loops[:-1])
+                 if r.src[0].op is Ops.CONST and loads and all(_stride(ld.src[1], r) == 1 for ld in loads)]
+        if along and loops[along[0]].src[0].arg % PACK_ROWS == 0 and _try(k, Opt(OptOps.UPCAST, len(loops) - 1, 16)):
+            _try(k, Opt(OptOps.UPCAST, along[0], PACK_ROWS))
+        return
+    _try(k, Opt(OptOps.UPCAST, len(loops) - 1, 16))
+    # an outer axis along which the loads' rows continue (stride n) while the store jumps: the packing copy's
+    # column panels. PACK_ROWS of them side by side read each source row in runs of PACK_ROWS * n contiguous
+    # elements; one panel at a time reads a short run per row, a page apart, which the prefetchers do not
+    # follow (measured 20-40% faster on one and two threads)
+    for i, r in enumerate(loops[:-1]):
+        if r.src[0].op is Ops.CONST and loads and all(_stride(ld.src[1], r) == n for ld in loads) and \
+                _stride(store.src[1], r) != n:
+            for amt in (PACK_ROWS, PACK_ROWS // 2, 2):
+                if r.src[0].arg % amt == 0 and _try(k, Opt(OptOps.UPCAST, i, amt)):
+                    return
+            return
 
 
 # ---------------------------------------------------------------------------------------------------- the rules
@@ -259,15 +354,12 @@ def _strided_outputs(f: Facts, k: OptKernel) -> bool:
 
 
 def _lanes(f: Facts, k: OptKernel) -> bool:
-    from tgc.codegen.opt import _lane_tile
-    store = next(u for u in k.ast.toposort() if u.op is Ops.STORE)
-    return _lane_tile(k, store)
+    return lane_tile(k, next(u for u in k.ast.toposort() if u.op is Ops.STORE))
 
 
 def _short_rows(f: Facts, k: OptKernel) -> bool:
-    from tgc.codegen.opt import _short_rows as short
     before = len(k.applied)
-    short(k, next(u for u in k.ast.toposort() if u.op is Ops.STORE))
+    short_rows(k, next(u for u in k.ast.toposort() if u.op is Ops.STORE))
     return len(k.applied) > before
 
 
@@ -277,10 +369,10 @@ RULES: tuple[Rule, ...] = (
          "a long reduction into few outputs leaves most of a GPU idle: a work-group shares each reduction"),
     Rule("short_rows", "elementwise", lambda f, k: True, _short_rows,
          "LLVM's loop vectorizer leaves short contiguous inner loops (<= SHORT_ROW) mostly scalar: write them as "
-         "vectors; a transpose's tile or a panel copy's rows side by side (tgc.codegen.opt._short_rows)"),
+         "vectors; a transpose's tile or a panel copy's rows side by side (`short_rows`)"),
     Rule("lane_tile", "lanes", lambda f, k: True, _lanes,
          "weights packed a vector of channels per element: channels as lanes, inputs broadcast, a tile of "
-         "`accumulators` vectors (tgc.codegen.opt._lane_tile)"),
+         "`accumulators` vectors (`lane_tile`)"),
     # matmul-like kernels: a register tile of `accumulators` vectors, columns as lanes, rows reusing them
     Rule("wide_columns", "matmul", lambda f, k: _wide_columns(f), lambda f, k: True,
          "operand too large for the private caches: 4 vectors of columns x 4 rows (the same accumulators as "
@@ -307,6 +399,12 @@ RULES: tuple[Rule, ...] = (
 )
 
 
+def hand_coded(k: OptKernel) -> None:
+    """The hand-coded heuristic (what `tgc.codegen.opt.apply_opts` runs without opts): the table on this
+    machine."""
+    decide(k)
+
+
 def decide(k: OptKernel, machine: Machine | None = None) -> list[str]:
     """Apply the rules to `k`; the names of those that ran (changed the kernel, or chose a variant)."""
     facts = classify(k, machine or machine_of(k.device))
@@ -320,7 +418,5 @@ def rule_names() -> list[str]:
     return [r.name for r in RULES]
 
 
-__all__ = ["RULES", "Facts", "Machine", "Rule", "classify", "decide", "machine_of", "private_cache_bytes",
-           "rule_names"]
-
-_ = RangeKind  # (RangeKind is part of the facts' vocabulary in docstrings)
+__all__ = ["LANE_TILE", "RULES", "Facts", "Machine", "Rule", "classify", "decide", "hand_coded", "lane_axis",
+           "lane_tile", "machine_of", "private_cache_bytes", "rule_names", "short_rows"]

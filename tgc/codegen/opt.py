@@ -17,6 +17,7 @@ Every opt checks that it applies and raises `OptError` with the reason otherwise
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -375,107 +376,6 @@ def _stride(index: UOp, r: UOp) -> int | None:
     return coef
 
 
-def hand_coded(k: OptKernel) -> None:
-    """The hand-coded heuristic: the rule table of `tgc.codegen.heuristic` (register tiles for reductions with
-    broadcast inputs, vector-friendly upcasts, column panels past the private caches; on GPUs, work-groups
-    sharing long reductions into few outputs)."""
-    from tgc.codegen.heuristic import decide  # (that module builds on this one's opts)
-    decide(k)
-
-
-LANE_TILE = 16  # vectors of accumulators in a lane tile (of 32 AVX-512 registers: the rest hold operands)
-
-
-def _lane_axis(k: OptKernel, store: UOp) -> int | None:
-    """An output axis that, split by 16, makes 16 vector lanes that every load inside the reduction either reads
-    contiguously or not at all, although the store is not contiguous along it: a convolution's output channels
-    over weights packed 16 channels to a vector (tgc/engine/schedule.py `pack_conv_operands`); the input values
-    are then broadcast. None where no axis is like that."""
-    for i, r in enumerate(k.loops()):
-        if r.src[0].op is not Ops.CONST or r.src[0].arg % 16 or _stride(store.src[1], r) == 1:
-            continue
-        trial = k.copy()
-        if not _try(trial, Opt(OptOps.UPCAST, i, 16)):
-            continue
-        lane = max(trial.ranges(), key=lambda u: u.arg[0])
-        inner = [ld for ld in _loads(trial.ast) if any(u.op is Ops.RANGE and u.arg[1] is RangeKind.REDUCE
-                                                       for u in ld.src[1].toposort())]
-        on_lane = [ld for ld in inner if lane in ld.toposort()]
-        if on_lane and all(_stride(ld.src[1], lane) == 1 and (len(ld.src) == 2 or lane not in ld.src[2].toposort())
-                           for ld in on_lane):
-            return i
-    return None
-
-
-def _lane_tile(k: OptKernel, store: UOp) -> bool:
-    """A register tile for kernels with an output axis of vector lanes (`_lane_axis`, a convolution over packed
-    weights): 16 lanes of that axis, up to 2 vectors of it, and the contiguous output axis (image columns)
-    upcast so that LANE_TILE vectors of accumulators are computed side by side. Each step of the reduction
-    then loads 2 weight vectors and broadcasts 8 input values into 16 FMAs; more accumulators spill (28 ran
-    2.5x slower). False (the kernel unchanged) where it does not apply."""
-    axis = _lane_axis(k, store)
-    if axis is None:
-        return False
-    k.apply(Opt(OptOps.UPCAST, axis, 16))
-    vecs = 2 if k.loops()[axis].src[0].arg % 2 == 0 and _try(k, Opt(OptOps.UPCAST, axis, 2)) else 1
-    cols = [i for i, r in enumerate(k.loops()) if i != axis and _stride(store.src[1], r) == 1]
-    want = LANE_TILE // vecs
-    for i in cols + [i for i in range(len(k.loops()) - 1, -1, -1) if i != axis and i not in cols]:
-        n = k.loops()[i].src[0].arg if k.loops()[i].src[0].op is Ops.CONST else 1
-        amt = max((d for d in range(2, want + 1) if n % d == 0), default=0)
-        if amt and _try(k, Opt(OptOps.UPCAST, i, amt)):
-            want //= amt
-        if want < 2:
-            break
-    # threads split the outermost loop: where the tile left it shorter than the cores (one image, one vector of
-    # output channels), the longest loop goes outermost instead
-    sizes = [r.src[0].arg if r.src[0].op is Ops.CONST else 0 for r in k.loops()]
-    longest = max(range(len(sizes)), key=lambda i: sizes[i], default=0)
-    if sizes and sizes[0] < k.device.cores <= sizes[longest]:
-        _try(k, Opt(OptOps.SWAP, 0, longest))
-    return True
-
-
-SHORT_ROW = 256  # an elementwise kernel's contiguous innermost loop up to this long is written as vectors
-PACK_ROWS = 8  # ... and this many of its rows side by side where the loads continue along an outer axis
-
-
-def _short_rows(k: OptKernel, store: UOp) -> None:
-    """An elementwise kernel whose innermost loop is short and contiguous for the store and every load on it
-    (matmul's packing copy: rows of 32): one 16-wide vector per step. LLVM's loop vectorizer leaves such short
-    inner loops mostly scalar (measured up to 20x slower); long loops it vectorizes itself. A rule of the
-    table in `tgc.codegen.heuristic`."""
-    loops = k.loops()
-    if len(loops) < 2:
-        return
-    last = loops[-1]
-    n = last.src[0].arg
-    if n % 16 or n > SHORT_ROW or _stride(store.src[1], last) != 1:
-        return
-    loads = [ld for ld in _loads(k.ast) if last in ld.src[1].toposort()]
-    if not all(_stride(ld.src[1], last) == 1 for ld in loads):
-        # a transpose (the packing copy of a transposed right-hand side, `a @ b.transpose(1, 0)`): every load
-        # is contiguous along one outer axis instead. 16 of the row by PACK_ROWS of that axis: LLVM writes the
-        # tile with vector loads and shuffles (about 5x faster measured), one value at a time else
-        along = [i for i, r in enumerate(loops[:-1])
-                 if r.src[0].op is Ops.CONST and loads and all(_stride(ld.src[1], r) == 1 for ld in loads)]
-        if along and loops[along[0]].src[0].arg % PACK_ROWS == 0 and _try(k, Opt(OptOps.UPCAST, len(loops) - 1, 16)):
-            _try(k, Opt(OptOps.UPCAST, along[0], PACK_ROWS))
-        return
-    _try(k, Opt(OptOps.UPCAST, len(loops) - 1, 16))
-    # an outer axis along which the loads' rows continue (stride n) while the store jumps: the packing copy's
-    # column panels. PACK_ROWS of them side by side read each source row in runs of PACK_ROWS * n contiguous
-    # elements; one panel at a time reads a short run per row, a page apart, which the prefetchers do not
-    # follow (measured 20-40% faster on one and two threads)
-    for i, r in enumerate(loops[:-1]):
-        if r.src[0].op is Ops.CONST and loads and all(_stride(ld.src[1], r) == n for ld in loads) and \
-                _stride(store.src[1], r) != n:
-            for amt in (PACK_ROWS, PACK_ROWS // 2, 2):
-                if r.src[0].arg % amt == 0 and _try(k, Opt(OptOps.UPCAST, i, amt)):
-                    return
-            return
-
-
 def _try(k: OptKernel, opt: Opt) -> bool:
     try:
         k.apply(opt)
@@ -505,9 +405,11 @@ def remember(k: OptKernel) -> None:
     _STATES[(k.base, k.device, tuple(k.applied))] = k.copy()
 
 
-def apply_opts(ast: UOp, device: Any, opts: list[Opt] | None = None) -> tuple[UOp, int, list[Opt]]:
+def apply_opts(ast: UOp, device: Any, opts: list[Opt] | None = None,
+               heuristic: Callable[[OptKernel], Any] | None = None) -> tuple[UOp, int, list[Opt]]:
     """(optimized AST, CPU threads, applied opts): `opts` replays a known list (BEAM's, a stored winner's);
-    None runs the hand-coded heuristic (nothing under NOOPT). On the CPU the outer loop is then split across
+    None runs `heuristic` (the hand-coded rule table, `tgc.codegen.heuristic.hand_coded`, which the pipeline
+    passes; nothing under NOOPT). On the CPU the outer loop is then split across
     threads unless an opt chose how (THREAD) or NOOPT is set. A replayed list is memoized (an OptKernel is a
     function of its AST, device and opts)."""
     noopt = env_flag("NOOPT")
@@ -523,8 +425,8 @@ def apply_opts(ast: UOp, device: Any, opts: list[Opt] | None = None) -> tuple[UO
         if opts is not None:
             for o in opts:
                 k.apply(o)
-        elif not noopt:
-            hand_coded(k)
+        elif not noopt and heuristic is not None:
+            heuristic(k)
     gpu = k.device.caps.gpu
     if not gpu and not noopt and not any(o.op is OptOps.THREAD for o in k.applied):
         auto_threads(k)
