@@ -26,6 +26,9 @@ SPELLINGS = {
                         "e = exp(s - max(s, axis=-1, keepdim=True))\nw = e / sum(e, axis=-1, keepdim=True)\n", False),
     "by_hand_no_keepdim": ("s = q @ k.transpose(-2, -1) * 0.3\n"
                            "e = exp(s - max(s, axis=-1)[:, :, None])\nw = e / sum(e, axis=-1)[:, :, None]\n", False),
+    "reciprocal": ("s = q @ k.transpose(-2, -1) * 0.3\n"
+                   "e = exp(s - max(s, axis=-1, keepdim=True))\nw = e * (1.0 / sum(e, axis=-1, keepdim=True))\n",
+                   False),
     "no_max_shift": ("s = q @ k.transpose(-2, -1) * 0.3\ne = exp(s)\nw = e / sum(e, axis=-1, keepdim=True)\n", False),
     "log_softmax_exp": ("s = q @ k.transpose(-2, -1) * 0.3\nw = exp(log_softmax(s, axis=-1))\n", False),
     "scale_before": ("s = (q * 0.3) @ k.transpose(-2, -1)\nw = softmax(s, axis=-1)\n", False),
@@ -126,6 +129,8 @@ return softmax(s, axis=-1) @ v
     "s = q @ k.transpose(-2, -1)\nw = exp(s) / sum(exp(s * 0.5), axis=-1, keepdim=True)\n",
     # normalized over the other axis
     "s = q @ k.transpose(-2, -1)\nw = exp(s) / sum(exp(s), axis=-2, keepdim=True)\n",
+    # times twice the reciprocal of the sum
+    "s = q @ k.transpose(-2, -1)\ne = exp(s)\nw = e * (2.0 / sum(e, axis=-1, keepdim=True))\n",
     # a sum of exps that is not normalized at all
     "s = q @ k.transpose(-2, -1)\nw = exp(s)\n",
     # log_softmax itself

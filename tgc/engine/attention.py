@@ -9,10 +9,10 @@ The rule (structural; no constant is compared to a special value):
   max, a log of a row sum, a scalar), else a *score term*. The score terms, summed, are the scores X (in
   log2 units); the row constants cancel in a softmax and are dropped (the online softmax subtracts its own
   running max instead).
-- the normalizer. With a division, the sum is a sum over the last axis of an `exp2(a')` whose score terms
-  equal `a`'s (`softmax`, exp/sum by hand, any shift). Without one (`exp(log_softmax(x))`), `a` holds a row
-  constant `-log2(sum(exp2(a')))` (coefficient -1 up to rounding: the weights sum to one) and the rest of `a`
-  equals `a'`.
+- the normalizer. With a division (`n / d`, or `n * (1 / d)`), the sum is a sum over the last axis of an
+  `exp2(a')` whose score terms equal `a`'s (`softmax`, exp/sum by hand, any shift). Without one
+  (`exp(log_softmax(x))`), `a` holds a row constant `-log2(sum(exp2(a')))` (coefficient -1 up to rounding:
+  the weights sum to one) and the rest of `a` equals `a'`.
 - the matmul. `w` is the left operand of a matmul reducing its last axis (`w @ v`), the batch axes of X equal
   the output's, every size is a constant and the head dimension is at most `MAX_HEAD_DIM`.
 
@@ -159,15 +159,29 @@ def _row_sum_of(u: UOp, shape: tuple) -> UOp | None:
     return src if shape_of(src) == shape else None
 
 
+def _quotient(w: UOp) -> tuple[UOp, UOp | None]:
+    """(numerator, row-broadcast denominator) of `w` = n / d or n * (1 / d) with d broadcast along the last
+    axis; (w, None) otherwise."""
+    if w.op is Ops.FDIV and _row_broadcast(w.src[1]):
+        return w.src[0], w.src[1]
+    if w.op is Ops.MUL:
+        for n, r in (w.src, w.src[::-1]):
+            inv = _strip(r) if _row_broadcast(r) else None
+            if inv is not None and inv.op is Ops.FDIV and _const(inv.src[0]) == 1.0:
+                return n, inv.src[1]
+    return w, None
+
+
 def softmax_scores(w: UOp) -> tuple[tuple[UOp, float], ...] | None:
     """The score terms (node, coefficient in natural-log units) of the weights `w`, where `w` is a softmax of
     their sum over the last axis (the module's rule), else None."""
     shape = shape_of(w)
     if len(shape) < 1:
         return None
-    if w.op is Ops.FDIV and _row_broadcast(w.src[1]):
-        a = _exponent(w.src[0])
-        summed = _row_sum_of(w.src[1], shape)
+    num, den = _quotient(w)
+    if den is not None:
+        a = _exponent(num)
+        summed = _row_sum_of(den, shape)
         a2 = _exponent(summed) if summed is not None else None
         if a is None or a2 is None:
             return None
