@@ -1,6 +1,6 @@
 """conv2d on the CPU: weights packed 16 output channels to a vector (tgc/engine/schedule.py `pack_conv_operands`),
 output channels as the vector lanes (tgc/codegen/expand.py `pick_vector_range`) and the heuristic's lane tile
-(tgc/codegen/opt.py `_lane_tile`). Results against numpy at shapes the packing must handle (input channels
+(tgc/codegen/heuristic.py `lane_tile`). Results against numpy at shapes the packing must handle (input channels
 not a multiple of 16, odd sizes, padding 0/1/2, stride 2, dilation, groups) and the kernels it makes."""
 
 from __future__ import annotations

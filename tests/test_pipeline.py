@@ -394,7 +394,7 @@ def _search_with_fake_times(monkeypatch, times):
     result, the default kernel's opts and the timing counts."""
     from tgc.backends import get_device
     from tgc.codegen import search
-    from tgc.codegen.opt import hand_coded
+    from tgc.codegen.heuristic import hand_coded
     dev = get_device("CPU")
     item = tgc.loads("a: f32[N, N]\nb: f32[N, N]\nreturn a @ b").schedule(dims={"N": 32})[0]
     ast = prepare_ast(item.ast, dev)

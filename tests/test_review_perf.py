@@ -247,7 +247,8 @@ def test_every_beam_candidate_of_a_row_softmax_is_right(src, dims):
 
 
 def _every_candidate_matches(dev, item) -> int:
-    from tgc.codegen.opt import OptError, OptKernel, hand_coded
+    from tgc.codegen.heuristic import hand_coded
+    from tgc.codegen.opt import OptError, OptKernel
     from tgc.codegen.pipeline import prepare
     from tgc.codegen.search import Candidate, _matches, _render, actions
     from tgc.engine.inputs import random_values
@@ -345,7 +346,8 @@ def test_beam_rejects_a_candidate_that_leaves_the_output_unwritten(monkeypatch):
     candidate left it (right values), looked right: it won. Its output is checked from a buffer filled first."""
     from tgc.api import _device
     from tgc.codegen import search
-    from tgc.codegen.opt import OptKernel, hand_coded
+    from tgc.codegen.heuristic import hand_coded
+    from tgc.codegen.opt import OptKernel
     from tgc.codegen.pipeline import prepare
 
     dev = _device("CPU")

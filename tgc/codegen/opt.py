@@ -17,6 +17,7 @@ Every opt checks that it applies and raises `OptError` with the reason otherwise
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -33,8 +34,6 @@ INDEX = dtypes.index
 # below this many loop iterations a kernel is not worth a thread launch
 MIN_WORK_PER_THREAD = 1 << 15
 MAX_UNROLLED = 512  # limit on the product of UPCAST and UNROLL sizes (register pressure, code size)
-TILE_VALUES = 256  # the heuristic's register tile for matmul-like kernels (values computed side by side)
-SWAP_RHS_ELEMENTS = 1 << 20  # a matmul's right-hand side from this size on: column panels outermost
 
 
 class OptError(Exception):
@@ -377,191 +376,6 @@ def _stride(index: UOp, r: UOp) -> int | None:
     return coef
 
 
-def hand_coded(k: OptKernel) -> None:
-    """Register tiling for reductions with broadcast inputs (matmul, conv), vector-friendly upcasts;
-    on GPUs, long reductions into few outputs are shared by a work-group (GROUP)."""
-    if k.device.caps.gpu:
-        outputs = prod(r.src[0].arg for r in k.loops())
-        for j, r in enumerate(k.reduces()):
-            if outputs <= 4096 and r.src[0].arg >= 256:
-                for amt in (256, 128, 64, 32, 16):
-                    if r.src[0].arg % amt == 0 and _try(k, Opt(OptOps.GROUP, len(k.loops()) + j, amt)):
-                        return
-        return
-    store = next(u for u in k.ast.toposort() if u.op is Ops.STORE)
-    loops, reduces = k.loops(), k.reduces()
-    if not reduces:
-        _short_rows(k, store)
-        return
-    if _lane_tile(k, store):
-        return
-    loads = _loads(k.ast)
-    # axes that some load does not depend on: values reused across them (the "broadcast" axes of matmul)
-    reuse = [i for i, r in enumerate(loops) if r.src[0].arg > 1 and any(r not in ld.src[1].toposort() for ld in loads)
-             and any(r in ld.src[1].toposort() for ld in loads)]
-    out_stride1 = [i for i, r in enumerate(loops) if _stride(store.src[1], r) == 1]
-    if len(reuse) >= 2 or (reuse and out_stride1):
-        # matmul-like: upcast the contiguous output axis by a vector width and another reuse axis by 4
-        vec_axis = out_stride1[0] if out_stride1 else reuse[-1]
-        # the loads along the vector axis are all strided (q @ k^T reads k's rows across its columns): each
-        # vector is gathered, so it is reused across more rows instead of taking a second vector's columns
-        strided = all(isinstance(st := _stride(ld.src[1], loops[vec_axis]), int) and st > 1
-                      for ld in loads if loops[vec_axis] in ld.src[1].toposort())
-        # a plain matmul whose column panels go outermost (SWAP below): 4 rows x 4 vectors of columns instead of
-        # 8 x 2, the same 16 accumulators, so the left-hand side (from the L3, which other processes share)
-        # streams through once per 64 columns instead of per 32: the same speed on a quiet machine, about 10%
-        # faster at 2048^3 with other processes running (paired runs, one and two threads)
-        wide = len(loops) == 2 and vec_axis == 1 and reuse == [0, 1] and not strided and \
-            all(r.src[0].op is Ops.CONST for r in loops + reduces) and loops[0].src[0].arg % 4 == 0 and \
-            loops[1].src[0].arg % 64 == 0 and loops[1].src[0].arg >= 64 * 16 and \
-            prod(r.src[0].arg for r in reduces) * loops[1].src[0].arg >= SWAP_RHS_ELEMENTS
-        for amt in (16, 8, 4):
-            if loops[vec_axis].src[0].arg % amt == 0:
-                _try(k, Opt(OptOps.UPCAST, vec_axis, amt))
-                break
-        # a second vector's worth of columns, and 8 rows: 16 accumulators hide the FMA latency
-        if k.loops()[vec_axis].src[0].arg % 2 == 0 and k.loops()[vec_axis].src[0].arg >= 8 and not strided:
-            _try(k, Opt(OptOps.UPCAST, vec_axis, 4 if wide else 2))
-        # reuse the vector loads across another axis: one those loads do not depend on (matmul's rows,
-        # a convolution's output channels)
-        vec_range = k.loops()[vec_axis]
-        vec_loads = [ld for ld in _loads(k.ast) if vec_range in ld.src[1].toposort()]
-        others = [i for i in reuse if i != vec_axis and vec_loads and
-                  all(k.loops()[i] not in ld.src[1].toposort() for ld in vec_loads)] or \
-                 [i for i in reuse if i != vec_axis]
-        row_tile = False
-        if others:
-            # 8 rows; where the vector axis took less than a full vector (a convolution's 56-wide image rows
-            # take 8 lanes), more of the other axis instead, for a tile of TILE_VALUES (8 x 32 channels); 32
-            # rows share each gathered vector of a strided one
-            up = k.unrolled_size()
-            rows = 4 if wide else 32 if strided else 8 if up >= 16 else min(32, TILE_VALUES // up)
-            for amt in (32, 16, 8, 4, 2):
-                if amt <= rows and k.loops()[others[-1]].src[0].arg % amt == 0 and \
-                        _try(k, Opt(OptOps.UPCAST, others[-1], amt)):
-                    row_tile = True
-                    break
-            if up < 16 and not strided and k.reduces() and k.reduces()[0].src[0].arg % 2 == 0:
-                # and two steps of the outer reduction (conv2d's input channels) per loop iteration: what BEAM
-                # picks there, about 10% faster
-                _try(k, Opt(OptOps.UNROLL, len(k.loops()), 2))
-        # a plain matmul (rows, columns) whose right-hand side is larger than the caches hold: column panels
-        # outermost, so each panel stays in cache while every row block passes over it (row blocks outermost
-        # stream the whole right-hand side once per 8 rows: the 2048^3 matmul ran at half BEAM's speed)
-        panel_rows = prod(r.src[0].arg for r in reduces)
-        if len(loops) == 2 and vec_axis == 1 and others == [0] and not strided and \
-                panel_rows * loops[1].src[0].arg >= SWAP_RHS_ELEMENTS and k.loops()[1].src[0].arg >= 16:
-            swapped = _try(k, Opt(OptOps.SWAP, 0, 1))
-            if not row_tile:
-                # rows with no divisor the tile takes (65, 77): one row, so 4 times the columns instead and 4 steps
-                # of the reduction per iteration (what BEAM picks; 65 x 1024 x 1024 ran 3x slower than 64 rows)
-                col = 0 if swapped else 1
-                _try(k, Opt(OptOps.UPCAST, col, 4)) or _try(k, Opt(OptOps.UPCAST, col, 2))
-                if k.reduces() and k.reduces()[0].src[0].arg % 4 == 0:
-                    _try(k, Opt(OptOps.UNROLL, len(k.loops()), 4))
-        return
-    # a reduction over a strided axis: compute 16 contiguous outputs side by side instead
-    red_contig = any(_stride(ld.src[1], r) == 1 for ld in loads for r in reduces)
-    if out_stride1 and not red_contig:
-        i = out_stride1[0]
-        for amt in (16, 8, 4):
-            if loops[i].src[0].arg % amt == 0:
-                _try(k, Opt(OptOps.UPCAST, i, amt))
-                break
-
-
-LANE_TILE = 16  # vectors of accumulators in a lane tile (of 32 AVX-512 registers: the rest hold operands)
-
-
-def _lane_axis(k: OptKernel, store: UOp) -> int | None:
-    """An output axis that, split by 16, makes 16 vector lanes that every load inside the reduction either reads
-    contiguously or not at all, although the store is not contiguous along it: a convolution's output channels
-    over weights packed 16 channels to a vector (tgc/engine/schedule.py `pack_conv_operands`); the input values
-    are then broadcast. None where no axis is like that."""
-    for i, r in enumerate(k.loops()):
-        if r.src[0].op is not Ops.CONST or r.src[0].arg % 16 or _stride(store.src[1], r) == 1:
-            continue
-        trial = k.copy()
-        if not _try(trial, Opt(OptOps.UPCAST, i, 16)):
-            continue
-        lane = max(trial.ranges(), key=lambda u: u.arg[0])
-        inner = [ld for ld in _loads(trial.ast) if any(u.op is Ops.RANGE and u.arg[1] is RangeKind.REDUCE
-                                                       for u in ld.src[1].toposort())]
-        on_lane = [ld for ld in inner if lane in ld.toposort()]
-        if on_lane and all(_stride(ld.src[1], lane) == 1 and (len(ld.src) == 2 or lane not in ld.src[2].toposort())
-                           for ld in on_lane):
-            return i
-    return None
-
-
-def _lane_tile(k: OptKernel, store: UOp) -> bool:
-    """A register tile for kernels with an output axis of vector lanes (`_lane_axis`, a convolution over packed
-    weights): 16 lanes of that axis, up to 2 vectors of it, and the contiguous output axis (image columns)
-    upcast so that LANE_TILE vectors of accumulators are computed side by side. Each step of the reduction
-    then loads 2 weight vectors and broadcasts 8 input values into 16 FMAs; more accumulators spill (28 ran
-    2.5x slower). False (the kernel unchanged) where it does not apply."""
-    axis = _lane_axis(k, store)
-    if axis is None:
-        return False
-    k.apply(Opt(OptOps.UPCAST, axis, 16))
-    vecs = 2 if k.loops()[axis].src[0].arg % 2 == 0 and _try(k, Opt(OptOps.UPCAST, axis, 2)) else 1
-    cols = [i for i, r in enumerate(k.loops()) if i != axis and _stride(store.src[1], r) == 1]
-    want = LANE_TILE // vecs
-    for i in cols + [i for i in range(len(k.loops()) - 1, -1, -1) if i != axis and i not in cols]:
-        n = k.loops()[i].src[0].arg if k.loops()[i].src[0].op is Ops.CONST else 1
-        amt = max((d for d in range(2, want + 1) if n % d == 0), default=0)
-        if amt and _try(k, Opt(OptOps.UPCAST, i, amt)):
-            want //= amt
-        if want < 2:
-            break
-    # threads split the outermost loop: where the tile left it shorter than the cores (one image, one vector of
-    # output channels), the longest loop goes outermost instead
-    sizes = [r.src[0].arg if r.src[0].op is Ops.CONST else 0 for r in k.loops()]
-    longest = max(range(len(sizes)), key=lambda i: sizes[i], default=0)
-    if sizes and sizes[0] < k.device.cores <= sizes[longest]:
-        _try(k, Opt(OptOps.SWAP, 0, longest))
-    return True
-
-
-SHORT_ROW = 256  # an elementwise kernel's contiguous innermost loop up to this long is written as vectors
-PACK_ROWS = 8  # ... and this many of its rows side by side where the loads continue along an outer axis
-
-
-def _short_rows(k: OptKernel, store: UOp) -> None:
-    """An elementwise kernel whose innermost loop is short and contiguous for the store and every load on it
-    (matmul's packing copy: rows of 32): one 16-wide vector per step. LLVM's loop vectorizer leaves such short
-    inner loops mostly scalar (the 1024^2 packing copy ran 20x slower); long loops it vectorizes itself."""
-    loops = k.loops()
-    if len(loops) < 2:
-        return
-    last = loops[-1]
-    n = last.src[0].arg
-    if n % 16 or n > SHORT_ROW or _stride(store.src[1], last) != 1:
-        return
-    loads = [ld for ld in _loads(k.ast) if last in ld.src[1].toposort()]
-    if not all(_stride(ld.src[1], last) == 1 for ld in loads):
-        # a transpose (the packing copy of a transposed right-hand side, `a @ b.transpose(1, 0)`): every load
-        # is contiguous along one outer axis instead. 16 of the row by 8 of that axis: LLVM writes the tile with
-        # vector loads and shuffles (the 2048^2 copy: ~8.3 -> ~1.7 ms on one thread), one value at a time else
-        along = [i for i, r in enumerate(loops[:-1])
-                 if r.src[0].op is Ops.CONST and loads and all(_stride(ld.src[1], r) == 1 for ld in loads)]
-        if along and loops[along[0]].src[0].arg % PACK_ROWS == 0 and _try(k, Opt(OptOps.UPCAST, len(loops) - 1, 16)):
-            _try(k, Opt(OptOps.UPCAST, along[0], PACK_ROWS))
-        return
-    _try(k, Opt(OptOps.UPCAST, len(loops) - 1, 16))
-    # an outer axis along which the loads' rows continue (stride n) while the store jumps: the packing copy's
-    # column panels. PACK_ROWS of them side by side read each source row in runs of PACK_ROWS * n contiguous
-    # elements; one panel at a time reads 128 bytes a row, a page apart, which the prefetchers do not follow
-    # (the 2048^2 packing copy: ~1.1 ms -> ~0.9 ms on one thread, ~2.0 -> ~1.2 ms on two)
-    for i, r in enumerate(loops[:-1]):
-        if r.src[0].op is Ops.CONST and loads and all(_stride(ld.src[1], r) == n for ld in loads) and \
-                _stride(store.src[1], r) != n:
-            for amt in (PACK_ROWS, PACK_ROWS // 2, 2):
-                if r.src[0].arg % amt == 0 and _try(k, Opt(OptOps.UPCAST, i, amt)):
-                    return
-            return
-
-
 def _try(k: OptKernel, opt: Opt) -> bool:
     try:
         k.apply(opt)
@@ -591,9 +405,11 @@ def remember(k: OptKernel) -> None:
     _STATES[(k.base, k.device, tuple(k.applied))] = k.copy()
 
 
-def apply_opts(ast: UOp, device: Any, opts: list[Opt] | None = None) -> tuple[UOp, int, list[Opt]]:
+def apply_opts(ast: UOp, device: Any, opts: list[Opt] | None = None,
+               heuristic: Callable[[OptKernel], Any] | None = None) -> tuple[UOp, int, list[Opt]]:
     """(optimized AST, CPU threads, applied opts): `opts` replays a known list (BEAM's, a stored winner's);
-    None runs the hand-coded heuristic (nothing under NOOPT). On the CPU the outer loop is then split across
+    None runs `heuristic` (the hand-coded rule table, `tgc.codegen.heuristic.hand_coded`, which the pipeline
+    passes; nothing under NOOPT). On the CPU the outer loop is then split across
     threads unless an opt chose how (THREAD) or NOOPT is set. A replayed list is memoized (an OptKernel is a
     function of its AST, device and opts)."""
     noopt = env_flag("NOOPT")
@@ -609,8 +425,8 @@ def apply_opts(ast: UOp, device: Any, opts: list[Opt] | None = None) -> tuple[UO
         if opts is not None:
             for o in opts:
                 k.apply(o)
-        elif not noopt:
-            hand_coded(k)
+        elif not noopt and heuristic is not None:
+            heuristic(k)
     gpu = k.device.caps.gpu
     if not gpu and not noopt and not any(o.op is OptOps.THREAD for o in k.applied):
         auto_threads(k)

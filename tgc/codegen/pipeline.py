@@ -42,6 +42,7 @@ from typing import Any
 from tgc import timings
 from tgc.codegen import verify
 from tgc.codegen.expand import unroll_reduces, upcast_stores, vectorize
+from tgc.codegen.heuristic import hand_coded
 from tgc.codegen.index import narrow_index
 from tgc.codegen.legalize import legalize
 from tgc.codegen.linearize import linearize
@@ -114,7 +115,7 @@ def _transcendentals(ast: UOp, ctx: LowerCtx) -> UOp:
 
 
 def _apply_opts(ast: UOp, ctx: LowerCtx) -> UOp:
-    ast, threads, ctx.applied = apply_opts(ast, ctx.device, ctx.opts)
+    ast, threads, ctx.applied = apply_opts(ast, ctx.device, ctx.opts, hand_coded)
     if threads > 1:
         ctx.launch["global_size"] = (threads, 1, 1)
     return ast
@@ -130,7 +131,7 @@ def _resolve_rows(ast: UOp, ctx: LowerCtx) -> UOp:
 
 def heuristic_opts(ast: UOp, device: Any) -> list:
     """The opts `lower` would apply to a prepared AST without a list (the hand-coded heuristic, then threads)."""
-    return apply_opts(ast, device, None)[2]
+    return apply_opts(ast, device, None, hand_coded)[2]
 
 
 def _lower_groups(ast: UOp, ctx: LowerCtx) -> UOp:

@@ -33,7 +33,8 @@ from tgc import cache
 from tgc.codegen.attention import candidates as attention_candidates
 from tgc.codegen.attention import lower_attention
 from tgc.codegen.binaries import compile_key
-from tgc.codegen.opt import Opt, OptError, OptKernel, OptOps, hand_coded, remember
+from tgc.codegen.heuristic import hand_coded
+from tgc.codegen.opt import Opt, OptError, OptKernel, OptOps, remember
 from tgc.codegen.pipeline import lower
 from tgc.codegen.pipeline import prepare as prepare_ast
 from tgc.dtype import bf16_to_f32

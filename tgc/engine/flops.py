@@ -148,7 +148,8 @@ def attention_flops(spec: Any, match: Any) -> int:
     (softmax and the product with v) as written."""
     loops = tuple(spec.loops) + (spec.rj, spec.rdv)
     scores = executed_flops(UOp(Ops.SINK, None, (spec.x, spec.v)), loops)
-    chain = written_flops([match.p], exclude=set(match.x.toposort()) | set(match.v.toposort()))
+    inside = {u for n in match.score_nodes for u in n.toposort()} | set(match.v.toposort())
+    chain = written_flops([match.p], exclude=inside)
     return scores + chain
 
 

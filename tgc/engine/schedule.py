@@ -604,7 +604,7 @@ def pack_conv_operands(outputs: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp], d
     """A CPU choice (with `caps.pack_matmul`): a large conv2d whose output channels per group are a multiple of
     CONV_LANES reads its weight from a copy packed into vectors of CONV_LANES output channels (`_packed_lanes`,
     one small kernel per weight), so that the conv kernel takes output channels as vector lanes and broadcasts
-    each input value (`tgc.codegen.opt._lane_tile`). The padded input is not copied: its gates are per input
+    each input value (`tgc.codegen.heuristic.lane_tile`). The padded input is not copied: its gates are per input
     value, outside the lanes, and LLVM hoists them out of the channel loop (a padded copy cost more than it
     saved). A grouped convolution is packed where its output channels per group are a multiple of CONV_LANES:
     its input channel group (o // Og) then folds to a lane-free value (`symbolic._split_low`). Returns the new

@@ -1,0 +1,422 @@
+"""The hand-coded heuristic as a table of rules (`RULES`) over a kernel's sizes, strides, reuse and the machine's
+registers and caches: what `tgc.codegen.opt.hand_coded` applies when no opts are given.
+
+Contract:
+- A kernel is first classified (`classify`): "gpu" (any kernel on a GPU), "elementwise" (no reduction),
+  "lanes" (an output axis whose split makes vector lanes every reduction load reads contiguously: a convolution
+  over packed weights), "matmul" (a reduction with inputs broadcast along output axes: matmul, convolution),
+  "strided" (a reduction reading across its contiguous axis), else "plain" (no rule: LLVM's own vectorizer).
+- Then every rule of that class whose `when` holds runs its `act`, in table order. A rule reads the kernel's
+  facts (`Facts`: sizes, strides, reuse, what earlier rules did) and the machine (`Machine`: vector lanes,
+  vector registers, private cache per core, cores), never a program's name or one exact size: a new win is a
+  row of the table or a constant of `Machine`, not a branch.
+- `decide(k, machine)` applies the table and returns the names of the rules that ran (unit tests check the
+  choices for given sizes); each opt a rule applies is checked by `OptKernel.apply` like any other.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tgc.codegen.opt import Opt, OptError, OptKernel, OptOps, _loads, _stride
+from tgc.ir.shapes import prod
+from tgc.ir.uop import Ops, RangeKind, UOp
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the rules assume of the machine. `lanes`: f32 lanes of a vector register; `registers`: vector
+    registers; `private_cache`: the cache each core has to itself (L2), bytes; `cores`: threads run at once."""
+
+    lanes: int = 16
+    registers: int = 32
+    private_cache: int = 1 << 20
+    cores: int = 1
+
+    @property
+    def accumulators(self) -> int:
+        """Vectors of accumulators a register tile holds: half the registers (the rest hold operands)."""
+        return self.registers // 2
+
+    @property
+    def tile_values(self) -> int:
+        """Values a register tile computes side by side."""
+        return self.accumulators * self.lanes
+
+
+@functools.cache
+def private_cache_bytes() -> int:
+    """This machine's per-core (L2) cache in bytes, read from sysfs; 1 MiB where unknown."""
+    best = 0
+    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
+        try:
+            with open(f"{path}/level") as f:
+                level = int(f.read().strip())
+            with open(f"{path}/size") as f:
+                text = f.read().strip()
+        except (OSError, ValueError):
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+        digits = text[:-1] if scale > 1 else text
+        if level == 2 and digits.isdigit():
+            best = int(digits) * scale
+    return best or 1 << 20
+
+
+def machine_of(device: Any) -> Machine:
+    """The `Machine` of a CPU device: widest vector of its caps, this host's L2, the device's cores."""
+    widths = getattr(device.caps, "vector_widths", (16,))
+    return Machine(lanes=max(widths) if device.caps.vectors else 16, private_cache=private_cache_bytes(),
+                   cores=max(1, int(getattr(device, "cores", 1) or 1)))
+
+
+@dataclass
+class Facts:
+    """What the rules read. Sizes are of the kernel as classified (before any rule ran); `done` holds the names
+    of the rules that ran so far (a rule may depend on an earlier one's outcome)."""
+
+    kind: str
+    machine: Machine
+    loops: list[int]  # output loop sizes (0: symbolic)
+    reduces: list[int]  # reduction loop sizes (0: symbolic)
+    reuse: list[int] = field(default_factory=list)  # output axes some load does not depend on (broadcast)
+    out_contiguous: list[int] = field(default_factory=list)  # output axes of stride 1 in the store
+    vec_axis: int = -1  # matmul: the output axis made vector lanes
+    gathered: bool = False  # matmul: every load along vec_axis is strided (each vector a gather)
+    rhs_bytes: int = 0  # matmul over (rows, columns): the bytes of the operand reused across rows
+    col_values: int = 0  # matmul: the values of the tile along the columns (set by the rows rule)
+    panel_case: bool | None = None  # matmul: the panels rule's condition, as first evaluated
+    done: list[str] = field(default_factory=list)
+
+    @property
+    def plain_matmul(self) -> bool:
+        """Two output axes (rows, columns), columns contiguous, both reused, fixed sizes, not gathered."""
+        return len(self.loops) == 2 and self.vec_axis == 1 and self.reuse == [0, 1] and not self.gathered \
+            and all(self.loops) and all(self.reduces)
+
+
+def _size(r: UOp) -> int:
+    return r.src[0].arg if r.src[0].op is Ops.CONST else 0
+
+
+def _try(k: OptKernel, opt: Opt) -> bool:
+    try:
+        k.apply(opt)
+        return True
+    except OptError:
+        return False
+
+
+def _first_divisor(n: int, amounts: tuple[int, ...]) -> int:
+    return next((a for a in amounts if n and n % a == 0), 0)
+
+
+def classify(k: OptKernel, machine: Machine) -> Facts:
+    """The kernel's class and facts (module docstring)."""
+    loops, reduces = k.loops(), k.reduces()
+    facts = Facts("plain", machine, [_size(r) for r in loops], [_size(r) for r in reduces])
+    if k.device.caps.gpu:
+        facts.kind = "gpu"
+        return facts
+    store = next(u for u in k.ast.toposort() if u.op is Ops.STORE)
+    facts.out_contiguous = [i for i, r in enumerate(loops) if _stride(store.src[1], r) == 1]
+    if not reduces:
+        facts.kind = "elementwise"
+        return facts
+    if lane_axis(k, store) is not None:
+        facts.kind = "lanes"
+        return facts
+    loads = _loads(k.ast)
+    facts.reuse = [i for i, r in enumerate(loops) if _size(r) != 1
+                   and any(r not in ld.src[1].toposort() for ld in loads)
+                   and any(r in ld.src[1].toposort() for ld in loads)]
+    if len(facts.reuse) >= 2 or (facts.reuse and facts.out_contiguous):
+        facts.kind = "matmul"
+        facts.vec_axis = facts.out_contiguous[0] if facts.out_contiguous else facts.reuse[-1]
+        vr = loops[facts.vec_axis]
+        facts.gathered = all(isinstance(st := _stride(ld.src[1], vr), int) and st > 1
+                             for ld in loads if vr in ld.src[1].toposort())
+        on_cols = [ld for ld in loads if vr in ld.src[1].toposort()]
+        itemsize = max((ld.dtype.itemsize for ld in on_cols if ld.dtype is not None), default=4)
+        facts.rhs_bytes = prod(facts.reduces) * facts.loops[facts.vec_axis] * itemsize
+        return facts
+    if facts.out_contiguous and not any(_stride(ld.src[1], r) == 1 for ld in loads for r in reduces):
+        facts.kind = "strided"
+    return facts
+
+
+# ------------------------------------------------------------------------------------ rules with more steps
+
+
+LANE_TILE = Machine().accumulators  # vectors of accumulators in a lane tile (the rest of the registers hold operands)
+
+
+def lane_axis(k: OptKernel, store: UOp) -> int | None:
+    """An output axis that, split by 16, makes 16 vector lanes that every load inside the reduction either reads
+    contiguously or not at all, although the store is not contiguous along it: a convolution's output channels
+    over weights packed 16 channels to a vector (tgc/engine/schedule.py `pack_conv_operands`); the input values
+    are then broadcast. None where no axis is like that."""
+    for i, r in enumerate(k.loops()):
+        if r.src[0].op is not Ops.CONST or r.src[0].arg % 16 or _stride(store.src[1], r) == 1:
+            continue
+        trial = k.copy()
+        if not _try(trial, Opt(OptOps.UPCAST, i, 16)):
+            continue
+        lane = max(trial.ranges(), key=lambda u: u.arg[0])
+        inner = [ld for ld in _loads(trial.ast) if any(u.op is Ops.RANGE and u.arg[1] is RangeKind.REDUCE
+                                                       for u in ld.src[1].toposort())]
+        on_lane = [ld for ld in inner if lane in ld.toposort()]
+        if on_lane and all(_stride(ld.src[1], lane) == 1 and (len(ld.src) == 2 or lane not in ld.src[2].toposort())
+                           for ld in on_lane):
+            return i
+    return None
+
+
+def lane_tile(k: OptKernel, store: UOp) -> bool:
+    """A register tile for kernels with an output axis of vector lanes (`lane_axis`, a convolution over packed
+    weights): 16 lanes of that axis, up to 2 vectors of it, and the contiguous output axis (image columns)
+    upcast so that LANE_TILE vectors of accumulators are computed side by side. Each step of the reduction
+    then loads 2 weight vectors and broadcasts 8 input values into 16 FMAs; more accumulators spill (28 ran
+    2.5x slower). False (the kernel unchanged) where it does not apply."""
+    axis = lane_axis(k, store)
+    if axis is None:
+        return False
+    k.apply(Opt(OptOps.UPCAST, axis, 16))
+    vecs = 2 if k.loops()[axis].src[0].arg % 2 == 0 and _try(k, Opt(OptOps.UPCAST, axis, 2)) else 1
+    cols = [i for i, r in enumerate(k.loops()) if i != axis and _stride(store.src[1], r) == 1]
+    want = LANE_TILE // vecs
+    for i in cols + [i for i in range(len(k.loops()) - 1, -1, -1) if i != axis and i not in cols]:
+        n = k.loops()[i].src[0].arg if k.loops()[i].src[0].op is Ops.CONST else 1
+        amt = max((d for d in range(2, want + 1) if n % d == 0), default=0)
+        if amt and _try(k, Opt(OptOps.UPCAST, i, amt)):
+            want //= amt
+        if want < 2:
+            break
+    # threads split the outermost loop: where the tile left it shorter than the cores (one image, one vector of
+    # output channels), the longest loop goes outermost instead
+    sizes = [r.src[0].arg if r.src[0].op is Ops.CONST else 0 for r in k.loops()]
+    longest = max(range(len(sizes)), key=lambda i: sizes[i], default=0)
+    if sizes and sizes[0] < k.device.cores <= sizes[longest]:
+        _try(k, Opt(OptOps.SWAP, 0, longest))
+    return True
+
+
+SHORT_ROW = 256  # an elementwise kernel's contiguous innermost loop up to this long is written as vectors
+PACK_ROWS = 8  # ... and this many of its rows side by side where the loads continue along an outer axis
+
+
+def short_rows(k: OptKernel, store: UOp) -> None:
+    """An elementwise kernel whose innermost loop is short and contiguous for the store and every load on it
+    (matmul's packing copy: rows of 32): one 16-wide vector per step. LLVM's loop vectorizer leaves such short
+    inner loops mostly scalar (measured up to 20x slower); long loops it vectorizes itself."""
+    loops = k.loops()
+    if len(loops) < 2:
+        return
+    last = loops[-1]
+    n = last.src[0].arg
+    if n % 16 or n > SHORT_ROW or _stride(store.src[1], last) != 1:
+        return
+    loads = [ld for ld in _loads(k.ast) if last in ld.src[1].toposort()]
+    if not all(_stride(ld.src[1], last) == 1 for ld in loads):
+        # a transpose (the packing copy of a transposed right-hand side, `a @ b.transpose(1, 0)`): every load
+        # is contiguous along one outer axis instead. 16 of the row by PACK_ROWS of that axis: LLVM writes the
+        # tile with vector loads and shuffles (about 5x faster measured), one value at a time else
+        along = [i for i, r in enumerate(loops[:-1])
+                 if r.src[0].op is Ops.CONST and loads and all(_stride(ld.src[1], r) == 1 for ld in loads)]
+        if along and loops[along[0]].src[0].arg % PACK_ROWS == 0 and _try(k, Opt(OptOps.UPCAST, len(loops) - 1, 16)):
+            _try(k, Opt(OptOps.UPCAST, along[0], PACK_ROWS))
+        return
+    _try(k, Opt(OptOps.UPCAST, len(loops) - 1, 16))
+    # an outer axis along which the loads' rows continue (stride n) while the store jumps: the packing copy's
+    # column panels. PACK_ROWS of them side by side read each source row in runs of PACK_ROWS * n contiguous
+    # elements; one panel at a time reads a short run per row, a page apart, which the prefetchers do not
+    # follow (measured 20-40% faster on one and two threads)
+    for i, r in enumerate(loops[:-1]):
+        if r.src[0].op is Ops.CONST and loads and all(_stride(ld.src[1], r) == n for ld in loads) and \
+                _stride(store.src[1], r) != n:
+            for amt in (PACK_ROWS, PACK_ROWS // 2, 2):
+                if r.src[0].arg % amt == 0 and _try(k, Opt(OptOps.UPCAST, i, amt)):
+                    return
+            return
+
+
+# ---------------------------------------------------------------------------------------------------- the rules
+# Each rule: its class, when it applies (over the facts) and what it does (opts on the kernel).
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    kind: str
+    when: Callable[[Facts, OptKernel], bool]
+    act: Callable[[Facts, OptKernel], bool]  # True where it changed the kernel
+    models: str  # what the rule models (the reason it exists)
+
+
+def _gpu_group(f: Facts, k: OptKernel) -> bool:
+    n = len(k.loops())
+    for j, size in enumerate(f.reduces):
+        if size < 256:
+            continue
+        for amt in (256, 128, 64, 32, 16):
+            if size % amt == 0 and _try(k, Opt(OptOps.GROUP, n + j, amt)):
+                return True
+    return False
+
+
+def _panels_wanted(f: Facts) -> bool:
+    """A plain matmul whose reused operand (K x N) is larger than the private caches of all cores together:
+    it cannot stay near any core while the rows pass over it."""
+    return f.plain_matmul and f.rhs_bytes >= f.machine.private_cache * f.machine.cores
+
+
+def _wide_columns(f: Facts) -> bool:
+    """Panels are wanted and the columns split into whole panels of 4 vectors, at least `accumulators` of them
+    (so the threads each take several), with rows in whole tiles of 4."""
+    panel = 4 * f.machine.lanes
+    return _panels_wanted(f) and f.loops[0] % 4 == 0 and f.loops[1] % panel == 0 and \
+        f.loops[1] >= panel * f.machine.accumulators
+
+
+def _vector_axis(f: Facts, k: OptKernel) -> bool:
+    amt = _first_divisor(f.loops[f.vec_axis], (f.machine.lanes, f.machine.lanes // 2, f.machine.lanes // 4))
+    return bool(amt) and _try(k, Opt(OptOps.UPCAST, f.vec_axis, amt))
+
+
+def _more_columns(f: Facts, k: OptKernel) -> bool:
+    left = _size(k.loops()[f.vec_axis])
+    amt = 4 if "wide_columns" in f.done else 2
+    return bool(left) and left % 2 == 0 and left >= 8 and _try(k, Opt(OptOps.UPCAST, f.vec_axis, amt))
+
+
+def _row_axis(f: Facts, k: OptKernel) -> int | None:
+    """The output axis the column vectors are reused across: one the loads along the vector axis do not read
+    (matmul's rows, a convolution's output channels), else any other reuse axis."""
+    vr = k.loops()[f.vec_axis]
+    vec_loads = [ld for ld in _loads(k.ast) if vr in ld.src[1].toposort()]
+    others = [i for i in f.reuse if i != f.vec_axis and vec_loads and
+              all(k.loops()[i] not in ld.src[1].toposort() for ld in vec_loads)] or \
+             [i for i in f.reuse if i != f.vec_axis]
+    return others[-1] if others else None
+
+
+def _rows(f: Facts, k: OptKernel) -> bool:
+    axis = _row_axis(f, k)
+    if axis is None:
+        return False
+    up, m = k.unrolled_size(), f.machine
+    f.col_values = up
+    col_vectors = max(1, up // m.lanes)
+    if f.gathered:  # each gathered vector is reused by as many rows as there are registers
+        rows = m.registers // col_vectors
+    elif up >= m.lanes:  # the accumulators split between the column vectors (at least two of them)
+        rows = m.accumulators // max(2, col_vectors)
+    else:  # less than a vector of columns (a convolution's short image rows): the tile's values in rows
+        rows = min(m.registers, m.tile_values // up)
+    for amt in (32, 16, 8, 4, 2):
+        if amt <= rows and _size(k.loops()[axis]) % amt == 0 and _try(k, Opt(OptOps.UPCAST, axis, amt)):
+            return True
+    return False
+
+
+def _panel_case(f: Facts, k: OptKernel) -> bool:
+    """Panels are wanted, the tile's rows are the kernel's first axis and at least `accumulators` column tiles
+    are left (evaluated once, before the panels rule changes the kernel)."""
+    if f.panel_case is None:
+        f.panel_case = _panels_wanted(f) and _size(k.loops()[1]) >= f.machine.accumulators and _row_axis(f, k) == 0
+    return f.panel_case
+
+
+def _unroll2(f: Facts, k: OptKernel) -> bool:
+    return _try(k, Opt(OptOps.UNROLL, len(k.loops()), 2))
+
+
+def _panels(f: Facts, k: OptKernel) -> bool:
+    return _try(k, Opt(OptOps.SWAP, 0, 1))
+
+
+def _narrow_rows(f: Facts, k: OptKernel) -> bool:
+    col = 0 if "panels" in f.done else 1
+    changed = _try(k, Opt(OptOps.UPCAST, col, 4)) or _try(k, Opt(OptOps.UPCAST, col, 2))
+    if k.reduces() and _size(k.reduces()[0]) % 4 == 0:
+        changed = _try(k, Opt(OptOps.UNROLL, len(k.loops()), 4)) or changed
+    return changed
+
+
+def _strided_outputs(f: Facts, k: OptKernel) -> bool:
+    i = f.out_contiguous[0]
+    amt = _first_divisor(f.loops[i], (f.machine.lanes, f.machine.lanes // 2, f.machine.lanes // 4))
+    return bool(amt) and _try(k, Opt(OptOps.UPCAST, i, amt))
+
+
+def _lanes(f: Facts, k: OptKernel) -> bool:
+    return lane_tile(k, next(u for u in k.ast.toposort() if u.op is Ops.STORE))
+
+
+def _short_rows(f: Facts, k: OptKernel) -> bool:
+    before = len(k.applied)
+    short_rows(k, next(u for u in k.ast.toposort() if u.op is Ops.STORE))
+    return len(k.applied) > before
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("gpu_group", "gpu", lambda f, k: all(f.loops) and prod(f.loops) <= 4096 and max(f.reduces, default=0) >= 256,
+         _gpu_group,
+         "a long reduction into few outputs leaves most of a GPU idle: a work-group shares each reduction"),
+    Rule("short_rows", "elementwise", lambda f, k: True, _short_rows,
+         "LLVM's loop vectorizer leaves short contiguous inner loops (<= SHORT_ROW) mostly scalar: write them as "
+         "vectors; a transpose's tile or a panel copy's rows side by side (`short_rows`)"),
+    Rule("lane_tile", "lanes", lambda f, k: True, _lanes,
+         "weights packed a vector of channels per element: channels as lanes, inputs broadcast, a tile of "
+         "`accumulators` vectors (`lane_tile`)"),
+    # matmul-like kernels: a register tile of `accumulators` vectors, columns as lanes, rows reusing them
+    Rule("wide_columns", "matmul", lambda f, k: _wide_columns(f), lambda f, k: True,
+         "operand too large for the private caches: 4 vectors of columns x 4 rows (the same accumulators as "
+         "2 x 8) so the left-hand side, streamed from the shared cache, passes once per 4 vectors of columns"),
+    Rule("vector_axis", "matmul", lambda f, k: True, _vector_axis,
+         "the contiguous output axis as vector lanes (the widest vector dividing it)"),
+    Rule("more_columns", "matmul", lambda f, k: not f.gathered, _more_columns,
+         "a second vector of columns (4 with wide columns): independent accumulators hide the FMA latency"),
+    Rule("rows", "matmul", lambda f, k: True, _rows,
+         "the column vectors reused across rows, as many as the accumulators left (all registers for gathered "
+         "vectors, the tile's values when the columns took less than a vector)"),
+    Rule("unroll2", "matmul", lambda f, k: _row_axis(f, k) is not None and f.col_values < f.machine.lanes
+         and not f.gathered and bool(f.reduces) and f.reduces[0] % 2 == 0, _unroll2,
+         "a tile of less than a vector of columns does little per loop step: two steps of the outer reduction "
+         "per iteration (a convolution's input channels)"),
+    Rule("panels", "matmul", _panel_case, _panels,
+         "operand too large for the private caches: column panels outermost, so each stays in cache while "
+         "every row block passes over it (rows outermost stream the whole operand once per row block)"),
+    Rule("narrow_rows", "matmul", lambda f, k: _panel_case(f, k) and "rows" not in f.done, _narrow_rows,
+         "rows with no divisor the tile takes: one row at a time, so 4 times the columns and 4 reduction steps "
+         "per iteration keep the accumulators busy"),
+    Rule("strided_outputs", "strided", lambda f, k: True, _strided_outputs,
+         "a reduction across its strided axis: contiguous outputs computed side by side as vector lanes"),
+)
+
+
+def hand_coded(k: OptKernel) -> None:
+    """The hand-coded heuristic (what `tgc.codegen.opt.apply_opts` runs without opts): the table on this
+    machine."""
+    decide(k)
+
+
+def decide(k: OptKernel, machine: Machine | None = None) -> list[str]:
+    """Apply the rules to `k`; the names of those that ran (changed the kernel, or chose a variant)."""
+    facts = classify(k, machine or machine_of(k.device))
+    for rule in RULES:
+        if rule.kind == facts.kind and rule.when(facts, k) and rule.act(facts, k):
+            facts.done.append(rule.name)
+    return facts.done
+
+
+def rule_names() -> list[str]:
+    return [r.name for r in RULES]
+
+
+__all__ = ["LANE_TILE", "RULES", "Facts", "Machine", "Rule", "classify", "decide", "hand_coded", "lane_axis",
+           "lane_tile", "machine_of", "private_cache_bytes", "rule_names", "short_rows"]
