@@ -1,0 +1,259 @@
+"""`tgc viz` (issue 24, items 1, 3, 4): the page's data checked against exact expectations, the CLI's errors, and
+the page itself opened in headless Chromium driven by Selenium (renders with no console errors and no network
+request, a click on a kernel shows its passes and source, the slider steps; a screenshot under the test's tmp dir).
+The browser tests skip, with the reason, where Chromium, its driver or selenium is missing (`make setup` installs
+them where it can: Debian's `chromium` and `chromium-driver` as root with apt)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import tgc
+from tgc.viz.collect import _changed, _line_keys, collect
+
+ROOT = Path(__file__).resolve().parent.parent
+TB = ROOT / "kernels" / "transformer_block.tg"
+TB_DIMS = {"B": 1, "T": 8, "C": 16}
+SOFTMAX = ROOT / "kernels" / "softmax.tg"
+
+
+PEAK = {"gflops": 500.0, "gbps": 20.0, "copy_gbps": 20.0, "read_gbps": 25.0, "source": "measured"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def known_peak() -> None:
+    """A CPU peak put in the (test session's) cache, as `tgc bench` would have left it: the roofline's roof is then
+    known, and no test spends seconds measuring the machine."""
+    from tgc import cache
+    from tgc.api import _device
+    from tgc.engine.bench import peak_key
+
+    cache.put("peak", peak_key(_device("CPU")), json.dumps(PEAK).encode(), meta="CPU peak (test)")
+
+
+@pytest.fixture(scope="module")
+def tb_doc() -> dict:
+    return collect(tgc.load(TB), "CPU", TB_DIMS, repeat=2, filename=str(TB))
+
+
+def test_collect_kernels_match_compile(tb_doc: dict) -> None:
+    prog = tgc.load(TB)
+    kernels = prog.compile("CPU", TB_DIMS)
+    assert [k["name"] for k in tb_doc["kernels"]] == [k.name for k in kernels]
+    for kd, k in zip(tb_doc["kernels"], kernels):
+        assert kd["src"] == k.src and kd["flops"] == k.flops and kd["bytes"] == k.bytes_moved
+        assert kd["global_size"] == list(k.global_size)
+        assert kd["opts_from"] in ("heuristic", "BEAM", "defaults")
+        assert kd["time_s"] > 0 and kd["gflops"] > 0
+        names = [p["name"] for p in kd["passes"]]
+        assert names[0] == "scheduled" and names[-1] == "linearize"
+        # the last step is the kernel's own linear UOps
+        assert kd["passes"][-1]["text"] == k.uops_text()
+    assert abs(sum(k["share"] for k in tb_doc["kernels"]) - 1.0) < 1e-9
+    assert tb_doc["peak"]["gflops"] == PEAK["gflops"] and tb_doc["peak"]["gbps"] == PEAK["gbps"]
+    # a kernel that is not the attention one went through the named passes of the pipeline, in order
+    from tgc.codegen.pipeline import PASSES
+    plain = next(kd for kd in tb_doc["kernels"] if not kd["name"].startswith("attn"))
+    ran = [p["name"] for p in plain["passes"][1:-1]]
+    assert ran == [p.name for p in PASSES if p.name in ran] and "apply_opts" in ran
+    rec = prog.recompute("CPU", TB_DIMS)
+    assert tb_doc["program"]["recompute"] == rec["factor"]
+
+
+def test_graph_nodes_lines_and_kernels(tb_doc: dict) -> None:
+    g = tb_doc["graph"]
+    nodes = g["nodes"]
+    inputs = sorted(n["label"] for n in nodes if n["input"])
+    assert inputs == sorted(d.name for d in tgc.load(TB).inputs)
+    src = TB.read_text().splitlines()
+    # every computed node points at a line of the program that assigns something, and is computed by a kernel
+    for n in nodes:
+        if not n["input"]:
+            assert n["line"] is not None and "=" in src[n["line"] - 1] or src[n["line"] - 1].startswith("return")
+            assert n["kernels"], n
+    # the graph's ops from line 16 (the first layernorm) are fused into the first kernel
+    assert {k for n in nodes if n["line"] == 16 for k in n["kernels"]} == {0}
+    ids = {n["id"] for n in nodes}
+    assert all(a in ids and b in ids for a, b in g["edges"])
+    assert sum(1 for n in nodes if n["output"]) == 1
+
+
+def test_changed_lines_follow_content_not_numbering() -> None:
+    before = ["   0 CONST          f32    1.0 ()", "   1 SQRT           f32    (%0)"]
+    after = ["   0 CONST          f32    2.0 ()", "   1 CONST          f32    1.0 ()",
+             "   2 SQRT           f32    (%1)"]
+    changed, removed = _changed(_line_keys(before), _line_keys(after))
+    assert changed == [0] and removed == 0
+    changed, removed = _changed(_line_keys(after), _line_keys(before))
+    assert changed == [] and removed == 1
+
+
+def test_page_is_self_contained(tb_doc: dict) -> None:
+    from tgc.viz.page import render
+
+    page = render(tb_doc)
+    assert page.count("<script") == 3 and not re.search(r"<script[^>]*\bsrc=", page)
+    assert not re.search(r"<link\b", page) and "sourceMappingURL" not in page
+    assert not re.search(r"https?://(?!www\.w3\.org/2000/svg)", page.split("<script>", 1)[0])
+    data = re.search(r'<script type="application/json" id="tgc-data">(.*?)</script>', page, re.S).group(1)
+    assert json.loads(data)["kernels"][0]["name"] == tb_doc["kernels"][0]["name"]
+    assert len(page.encode()) < 5 << 20  # (issue 24 item 4: under 5 MB)
+
+
+def test_cli_writes_page(tmp_path: Path) -> None:
+    out = tmp_path / "p.html"
+    r = subprocess.run([sys.executable, "-m", "tgc.cli.main", "viz", str(SOFTMAX), "-D", "N=4", "-D", "D=8",
+                        "-o", str(out), "--repeat", "1"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert out.stat().st_size > 50_000 and "r_4_8" in out.read_text()
+    assert str(out) in r.stderr
+
+
+@pytest.mark.parametrize("args, status, words", [
+    (["kernels/softmax.tg", "-D", "N=4"], 2, "D"),  # a dim missing
+    (["kernels/softmax.tg", "-D", "N=4", "-D", "D=8", "-d", "NOPE"], 2, "NOPE"),
+    (["kernels/softmax.tg", "-D", "N=4", "-D", "D=8", "-o", "/nonexistent-dir/x.html"], None, "nonexistent-dir"),
+])
+def test_cli_errors(args: list[str], status: int | None, words: str) -> None:
+    r = subprocess.run([sys.executable, "-m", "tgc.cli.main", "viz", *args, "--no-measure"], capture_output=True,
+                       text=True, cwd=ROOT)
+    assert r.returncode != 0 and (status is None or r.returncode == status), (r.returncode, r.stderr)
+    assert words in r.stderr and "Traceback" not in r.stderr
+
+
+def test_multi_device_page() -> None:
+    """A matmul split along its reduction axis on two devices: each device's launches, and the all-reduce of the
+    M x N f32 partial products, which a ring on 2 devices sends as 2 * (2 - 1) / 2 of its 4 * M * N bytes."""
+    dims = {"M": 4, "K": 8, "N": 6}
+    doc = collect(tgc.load(ROOT / "kernels" / "matmul.tg"), "CPU:0,CPU:1", dims, shard={"a": 1, "b": 0}, repeat=1)
+    m = doc["multi"]
+    assert m["devices"] == ["CPU:0", "CPU:1"] and m["shard"] == {"a": 1, "b": 0}
+    assert m["steps"] == ["allreduce"]
+    assert {k["device"] for k in doc["kernels"]} == {"CPU:0", "CPU:1"}
+    assert sum(m["launches"].values()) == len(doc["kernels"])
+    assert m["sent_bytes"] == [4 * 4 * 6] * 2 and m["received_bytes"] == [4 * 4 * 6] * 2
+    assert [r["device"] for r in m["per_device"]] == ["CPU:0", "CPU:1"]
+
+
+# ---------------------------------------------------------------------------------------------- headless Chromium
+
+CHROME_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+               "--disable-background-networking", "--disable-component-update", "--disable-sync",
+               "--disable-dev-shm-usage", "--window-size=1600,1000"]
+
+
+def _browser_missing() -> str | None:
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "selenium is not installed (pip install -e '.[dev]')"
+    if not (shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")):
+        return "no Chromium (Debian: apt-get install chromium chromium-driver; `make setup` does it as root)"
+    if not shutil.which("chromedriver"):
+        return "no chromedriver (Debian: apt-get install chromium-driver)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory):
+    why = _browser_missing()
+    if why:
+        pytest.skip(why)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    for a in CHROME_ARGS:
+        opts.add_argument(a)
+    opts.add_argument(f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}")
+    binary = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    opts.binary_location = binary
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
+    driver = webdriver.Chrome(options=opts, service=Service(shutil.which("chromedriver")))
+    yield driver
+    driver.quit()
+
+
+def _requests(driver) -> list[str]:
+    """Every URL of the network or the file system asked for since the last call (Network.requestWillBeSent in
+    the performance log); chrome:// and data: ones are the browser's own (its start page)."""
+    urls = []
+    for entry in driver.get_log("performance"):
+        msg = json.loads(entry["message"])["message"]
+        if msg["method"] == "Network.requestWillBeSent":
+            url = msg["params"]["request"]["url"]
+            if re.match(r"(https?|wss?|ftp|file):", url):
+                urls.append(url)
+    return urls
+
+
+def test_request_log_sees_fetches(browser, tmp_path: Path) -> None:
+    """The check of the page below can fail: a page that fetches is seen."""
+    page = tmp_path / "fetches.html"
+    page.write_text("<script>fetch('http://127.0.0.1:9/x').catch(() => {});</script>")
+    browser.get_log("performance")
+    browser.get(page.as_uri())
+    time.sleep(0.2)
+    assert "http://127.0.0.1:9/x" in _requests(browser)
+
+
+def test_page_in_chromium(browser, tb_doc: dict, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from tgc.viz.page import render
+
+    page = tmp_path / "tb.html"
+    page.write_text(render(tb_doc), encoding="utf-8")
+    browser.get_log("browser"), browser.get_log("performance")  # (drop what came before)
+    start = time.perf_counter()
+    browser.get(page.as_uri())
+    WebDriverWait(browser, 30).until(lambda d: d.execute_script("return document.body.dataset.ready === '1'"))
+    load_s = time.perf_counter() - start
+    errors = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "WARNING")]
+    assert errors == []
+    assert [u for u in _requests(browser) if u != page.as_uri()] == []
+    # the graph: one drawn node per graph node, laid out (no two at the same place)
+    nodes = browser.find_elements(By.CSS_SELECTOR, "#graph g.node")
+    assert len(nodes) == len(tb_doc["graph"]["nodes"])
+    places = {n.get_attribute("transform") for n in nodes}
+    assert len(places) == len(nodes)
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#roofline circle")) == len(tb_doc["kernels"])
+    # click the second kernel: its passes and its source
+    rows = browser.find_elements(By.CSS_SELECTOR, "tr.kernel")
+    assert len(rows) == len(tb_doc["kernels"])
+    k = tb_doc["kernels"][1]
+    rows[1].click()
+    assert "sel" in rows[1].get_attribute("class")
+    assert browser.find_element(By.ID, "kernel-src").get_attribute("textContent") == k["src"]
+    slider = browser.find_element(By.ID, "pass-slider")
+    assert int(slider.get_attribute("max")) == len(k["passes"]) - 1
+    shown = browser.find_element(By.ID, "pass-text").get_attribute("textContent")
+    assert shown.replace("\n", "") == k["passes"][-1]["text"].replace("\n", "")
+    # step to the first pass that changed something: its name, text and highlighted lines
+    step = next(i for i, p in enumerate(k["passes"]) if p["changed"])
+    browser.execute_script("const s = document.getElementById('pass-slider'); s.value = arguments[0];"
+                           "s.dispatchEvent(new Event('input'));", step)
+    assert f"after {k['passes'][step]['name']}" in browser.find_element(By.ID, "pass-name").text
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#pass-text span.chg")) == len(k["passes"][step]["changed"])
+    browser.find_element(By.ID, "pass-prev").click()
+    assert f"after {k['passes'][step - 1]['name']}" in browser.find_element(By.ID, "pass-name").text
+    # a graph node selects its kernel and its source line
+    node = tb_doc["graph"]["nodes"].index(next(n for n in tb_doc["graph"]["nodes"] if n["kernels"] == [0]))
+    browser.execute_script("arguments[0].dispatchEvent(new MouseEvent('click', {bubbles: true}))", nodes[node])
+    assert "sel" in rows[0].get_attribute("class")
+    assert browser.find_elements(By.CSS_SELECTOR, "#source div.sel")
+    assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
+    shot = tmp_path / "viz.png"
+    browser.save_screenshot(str(shot))
+    assert shot.stat().st_size > 10_000
+    print(f"page {page.stat().st_size} bytes, ready in {load_s:.2f} s; screenshot {shot}")
+

@@ -1,0 +1,50 @@
+"""One self-contained HTML page from `tgc.viz.collect.collect`'s data (`render`).
+
+Contract: the page needs nothing outside itself. Its markup, style and script (page.html, page.css, page.js
+beside this module), the vendored graph layout (vendor/dagre.min.js: @dagrejs/dagre 3.1.3, MIT, its license
+beside it) and the data (JSON in a `<script type="application/json">`) are inline, and a Content-Security-Policy
+forbids every fetch (a page that tried one would log a violation, which the browser tests catch). The source-map
+comment of the vendored file is dropped (a browser with its developer tools open would fetch it).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; "
+       "connect-src 'none'; base-uri 'none'; form-action 'none'")
+
+
+
+def _script_text(text: str) -> str:
+    """Text safe inside a <script> element: no `</` that could close it."""
+    return text.replace("</", "<\\/")
+
+
+def vendored_layout() -> str:
+    """The vendored dagre, without its sourceMappingURL comment."""
+    js = (HERE / "vendor" / "dagre.min.js").read_text(encoding="utf-8")
+    return re.sub(r"//[#@] sourceMappingURL=\S*\s*$", "", js.rstrip())
+
+
+def render(doc: dict[str, Any]) -> str:
+    """The page for `doc` (`tgc.viz.collect.collect`'s result) as one HTML string."""
+    data = json.dumps(doc, separators=(",", ":"), allow_nan=False, default=str)
+    css = (HERE / "page.css").read_text(encoding="utf-8")
+    js = (HERE / "page.js").read_text(encoding="utf-8")
+    body = (HERE / "page.html").read_text(encoding="utf-8")
+    title = html.escape(f"tgc viz: {doc.get('file', '')}")
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">\n'
+            f'<meta http-equiv="Content-Security-Policy" content="{CSP}">\n'
+            f"<title>{title}</title>\n<style>\n{css}</style>\n</head><body>\n{body}"
+            f'<script type="application/json" id="tgc-data">{_script_text(data)}</script>\n'
+            f"<script>\n{_script_text(vendored_layout())}\n</script>\n<script>\n{_script_text(js)}</script>\n"
+            "</body></html>\n")
+
+
+__all__ = ["render", "vendored_layout"]
