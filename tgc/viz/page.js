@@ -1,8 +1,19 @@
 // The `tgc viz` page: draws the data tgc/viz/collect.py gathered (the JSON in #tgc-data). Graph layout by the
 // vendored dagre (tgc/viz/vendor/dagre.min.js); everything else is plain DOM and SVG. No network access.
 "use strict";
-(function () {
-  const D = JSON.parse(document.getElementById("tgc-data").textContent);
+// The data is gzip-compressed JSON in base64 (a transformer block's pass listings weigh 8 MB as text, 1.3 MB so),
+// inflated by the browser's own DecompressionStream.
+async function loadData() {
+  const node = document.getElementById("tgc-data");
+  const bin = atob(node.textContent.trim());
+  const bytes = new Uint8Array(bin.length);
+  for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
+  const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"));
+  return JSON.parse(await new Response(stream).text());
+}
+
+(async function () {
+  const D = await loadData();
   const SVG = "http://www.w3.org/2000/svg";
   const $ = (id) => document.getElementById(id);
   const K = D.kernels || [];
@@ -13,6 +24,12 @@
     for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
     if (text !== undefined) e.textContent = text;
     return e;
+  }
+  // scroll `container` (only it, never the window) so that `target` is in view
+  function reveal(container, target) {
+    const c = container.getBoundingClientRect(), t = target.getBoundingClientRect();
+    if (t.top < c.top || t.bottom > c.bottom) container.scrollTop += t.top - c.top - c.height / 3;
+    if (t.left < c.left || t.right > c.right) container.scrollLeft += t.left - c.left - c.width / 3;
   }
   function color(i) { return i < 0 ? "#ffffff" : `hsl(${(i * 137.5) % 360}, 70%, 80%)`; }
   function num(v, unit) {
@@ -116,10 +133,10 @@
   function selectLine(line, fromSource) {
     for (const r of document.querySelectorAll("#source div.sel")) r.classList.remove("sel");
     const row = $(`line-${line}`);
-    if (row) { row.classList.add("sel"); row.scrollIntoView({ block: "nearest" }); }
+    if (row) { row.classList.add("sel"); reveal($("source"), row); }
     if (fromSource) {
       const g = markNodes((n) => n.line === line);
-      if (g) g.scrollIntoView({ block: "nearest", inline: "nearest" });
+      if (g) reveal($("graph-box"), g);
       const k = K.findIndex((k) => k.line === line);
       if (k >= 0) selectKernel(k);
     }
@@ -138,7 +155,7 @@
       name.appendChild(el("span", { class: "swatch", style: `background:${color(i)}` }));
       name.appendChild(document.createTextNode(k.name));
       const launch = `${k.global_size.join("×")}` + (k.local_size ? ` / ${k.local_size.join("×")}` : "");
-      const opts = el("td", { class: "name", title: k.opts.join(" ") }, `${k.opts_from}${k.opts.length ? ": " + k.opts.join(" ") : ""}`);
+      const opts = el("td", { class: "name opts", title: k.opts.join(" ") }, `${k.opts_from}${k.opts.length ? ": " + k.opts.join(" ") : ""}`);
       const cells = [el("td", {}, String(i)), name, el("td", {}, k.device), opts, el("td", {}, launch),
         el("td", {}, num(k.flops)), el("td", {}, num(k.bytes, "B")), el("td", {}, secs(k.time_s)),
         el("td", {}, fixed(k.gflops, 1)), el("td", {}, fixed(k.gbps, 1)),
@@ -165,7 +182,8 @@
     slider.value = n ? n - 1 : 0;
     showPass();
     $("kernel-src").textContent = k.src;
-    markNodes((m) => m.kernels.includes(i));
+    const g = markNodes((m) => m.kernels.includes(i));
+    if (g) reveal($("graph-box"), g);
     if (k.line) selectLine(k.line, false);
   }
 
@@ -262,5 +280,6 @@
     K.forEach((k, i) => { if ((k.time_s || 0) > (K[big].time_s || 0)) big = i; });
     selectKernel(big);
   }
+  document.body.dataset.readyMs = performance.now().toFixed(0);  // (since navigation started)
   document.body.dataset.ready = "1";
-})();
+})().catch((e) => { console.error("tgc viz: " + e); document.body.dataset.ready = "error"; });
