@@ -77,13 +77,26 @@ def test_graph_nodes_lines_and_kernels(tb_doc: dict) -> None:
     # every computed node points at a line of the program that assigns something, and is computed by a kernel
     for n in nodes:
         if not n["input"]:
-            assert n["line"] is not None and "=" in src[n["line"] - 1] or src[n["line"] - 1].startswith("return")
+            assert n["line"] is not None
+            assert "=" in src[n["line"] - 1] or src[n["line"] - 1].startswith("return")
             assert n["kernels"], n
     # the graph's ops from line 16 (the first layernorm) are fused into the first kernel
     assert {k for n in nodes if n["line"] == 16 for k in n["kernels"]} == {0}
     ids = {n["id"] for n in nodes}
     assert all(a in ids and b in ids for a, b in g["edges"])
     assert sum(1 for n in nodes if n["output"]) == 1
+
+
+def test_packed_operand_kernel() -> None:
+    """A matmul large enough that the CPU packs its right operand first (a copy kernel, `meta["serves"]`): the copy
+    computes no op of the graph (listed on the input it reads, no recompute factor); the matmul's kernel computes
+    every op, each once: 2*512*512 products, as many sums, then the bias and the ReLU (2*512 each)."""
+    doc = collect(tgc.load(ROOT / "kernels" / "matmul.tg"), "CPU", {"M": 2, "K": 512, "N": 512}, measure=False)
+    copy, mm = doc["kernels"]
+    assert copy["recompute"] is None and copy["graph_ops"] == 0
+    assert mm["graph_ops"] == 2 * (2 * 512 * 512) + 2 * (2 * 512) and mm["recompute"] == 1.0
+    by_label = {n["label"]: n["kernels"] for n in doc["graph"]["nodes"]}
+    assert by_label["b"] == [0] and by_label["a"] == [] and by_label["MAX"] == [1]
 
 
 def test_changed_lines_follow_content_not_numbering() -> None:

@@ -11,7 +11,9 @@ does (`tgc.engine.bench.bench_lowered`) on random inputs. Nothing here draws: th
 The tensor graph is the traced program with constants and the broadcasting plumbing (RESHAPE and EXPAND, and
 any node computed from constants alone) folded into their users: what is left are inputs, ops, reductions and
 the movement ops that move data (PERMUTE, SHRINK, PAD, ...). Each node lists the kernels that compute it: a
-kernel computes the nodes from its output down to the buffers it reads (a node in two kernels is recomputed).
+kernel computes the nodes from its output down to the buffers it reads (a node in two kernels is recomputed). A
+kernel that packs a matmul or conv operand (`meta["serves"]`) computes no node of the graph: it is listed on the
+inputs it reads.
 """
 
 from __future__ import annotations
@@ -117,7 +119,9 @@ def _kernel_doc(k: Any, item: Any, dev: Any) -> dict[str, Any]:
 
 def _written_ops(item: Any) -> int:
     """The graph's ops this kernel's output stands for, each node once (the buffers it reads excluded)."""
-    start = item.meta.get("serves", item.output)
+    if "serves" in item.meta:  # a packed copy of an operand: no op of the graph
+        return 0
+    start = item.output
     stops = set(item.bufs[1:]) - {start}
     exclude: set[UOp] = set()
     for s in stops:
@@ -217,7 +221,11 @@ def _graph(prog: Any, outs: list[UOp], items: list[Any]) -> dict[str, Any]:
 
     kernels_of: dict[UOp, list[int]] = {}
     for ki, item in enumerate(items):
-        start = item.meta.get("serves", item.output)
+        if "serves" in item.meta:  # a packed copy of an operand (not a node of the graph): listed on what it reads
+            for b in item.bufs[1:]:
+                kernels_of.setdefault(b, []).append(ki)
+            continue
+        start = item.output
         stops = set(item.bufs[1:]) - {start}
         stack, seen = [start], set()
         while stack:
