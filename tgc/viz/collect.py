@@ -30,6 +30,7 @@ from tgc.codegen.pipeline import lower
 from tgc.engine.bench import bench_lowered, machine_peak
 from tgc.engine.flops import recompute_factor, written_flops
 from tgc.engine.inputs import random_inputs
+from tgc.errors import DeviceError
 from tgc.ir.shapes import shape_of
 from tgc.ir.uop import ALU, Ops, UOp, pretty
 
@@ -64,20 +65,25 @@ def collect(prog: Any, device: str | list[str] | None = None, dims: dict[str, in
     doc["program"] = {"written_ops": rec["written"], "executed_ops": rec["executed"], "recompute": rec["factor"],
                       "flops": sum(k.flops for k in kernels), "bytes": sum(k.bytes_moved for k in kernels)}
     doc["peak"] = _peak(dev, measure)
-    if measure and _runnable(dev, doc):
-        arrays = prog.bind(random_inputs(prog, dims), dims, cast=True)[1]
-        timing = bench_lowered(prog.lower(dev.name, dims), arrays, repeat=repeat, warmup=1)
-        _add_times(doc, timing["kernels"], timing["program"]["median_s"])
+    if measure:
+        def bench() -> dict[str, Any]:
+            dev.ensure_runnable()
+            arrays = prog.bind(random_inputs(prog, dims), dims, cast=True)[1]
+            return bench_lowered(prog.lower(dev.name, dims), arrays, repeat=repeat, warmup=1)
+        timing = _timed(doc, bench)
+        if timing is not None:
+            _add_times(doc, timing["kernels"], timing["program"]["median_s"])
     return doc
 
 
-def _runnable(dev: Any, doc: dict[str, Any]) -> bool:
+def _timed(doc: dict[str, Any], bench: Any) -> dict[str, Any] | None:
+    """`bench()`'s result, or None with a note where the device cannot run kernels here (METAL off macOS, CUDA
+    without a GPU): the page still shows everything else."""
     try:
-        dev.ensure_runnable()
-        return True
-    except Exception as e:  # (compile-only devices here: METAL, CUDA without a GPU)
+        return bench()
+    except DeviceError as e:
         doc["notes"].append(f"not timed: {e}")
-        return False
+        return None
 
 
 def _peak(dev: Any, measure: bool) -> dict[str, Any]:
@@ -305,9 +311,10 @@ def _collect_package(pkg: Any, device: str, dims: dict[str, int] | None, measure
         doc["kernels"].append(kd)
     doc["program"] = {"flops": sum(k.flops for k in low.kernels), "bytes": sum(k.bytes_moved for k in low.kernels)}
     doc["peak"] = _peak(dev, measure)
-    if measure and _runnable(dev, doc):
-        result = pkg.bench(device, dims, repeat=repeat)
-        _add_times(doc, result["kernels"], result["program"]["median_s"])
+    if measure:
+        result = _timed(doc, lambda: pkg.bench(device, dims, repeat=repeat))
+        if result is not None:
+            _add_times(doc, result["kernels"], result["program"]["median_s"])
     return doc
 
 
