@@ -29,14 +29,18 @@ PEAK = {"gflops": 500.0, "gbps": 20.0, "copy_gbps": 20.0, "read_gbps": 25.0, "so
 
 
 @pytest.fixture(scope="module", autouse=True)
-def known_peak() -> None:
-    """A CPU peak put in the (test session's) cache, as `tgc bench` would have left it: the roofline's roof is then
-    known, and no test spends seconds measuring the machine."""
+def known_peak(tmp_path_factory: pytest.TempPathFactory):
+    """A cache of this module's own (TGC_CACHE_DIR, for its subprocesses too) holding a CPU peak, as `tgc bench`
+    would have left it: the roofline's roof is then known, no test spends seconds measuring the machine, and no
+    other test module sees these figures."""
     from tgc import cache
     from tgc.api import _device
     from tgc.engine.bench import peak_key
 
-    cache.put("peak", peak_key(_device("CPU")), json.dumps(PEAK).encode(), meta="CPU peak (test)")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TGC_CACHE_DIR", str(tmp_path_factory.mktemp("viz-cache")))
+        cache.put("peak", peak_key(_device("CPU")), json.dumps(PEAK).encode(), meta="CPU peak (test)")
+        yield
 
 
 @pytest.fixture(scope="module")
