@@ -160,14 +160,13 @@ def test_changed_lines_follow_content_not_numbering() -> None:
 
 
 def test_page_is_self_contained(tb_doc: dict) -> None:
-    from tgc.viz.page import decode_data, render
+    from tgc.viz.page import read_page, render
 
     page = render(tb_doc)
-    assert page.count("<script") == 3 and not re.search(r"<script[^>]*\bsrc=", page)
+    assert page.count("<script") == 3 + len(tb_doc["kernels"]) and not re.search(r"<script[^>]*\bsrc=", page)
     assert not re.search(r"<link\b", page) and "sourceMappingURL" not in page
     assert not re.search(r"https?://(?!www\.w3\.org/2000/svg)", page.split("<script>", 1)[0])
-    data = re.search(r'<script type="application/octet-stream" id="tgc-data">(.*?)</script>', page, re.S).group(1)
-    assert decode_data(data) == json.loads(json.dumps(tb_doc))
+    assert read_page(page) == json.loads(json.dumps(tb_doc))
     assert len(page.encode()) < 5 << 20  # (issue 24 item 4: under 5 MB)
 
 
@@ -176,10 +175,9 @@ def test_cli_writes_page(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "tgc.cli.main", "viz", str(SOFTMAX), "-D", "N=4", "-D", "D=8",
                         "-o", str(out), "--repeat", "1"], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
-    from tgc.viz.page import decode_data
+    from tgc.viz.page import read_page
 
-    page = out.read_text()
-    doc = decode_data(re.search(r'id="tgc-data">(.*?)</script>', page, re.S).group(1))
+    doc = read_page(out.read_text())
     assert [k["name"] for k in doc["kernels"]] == [k.name for k in tgc.load(SOFTMAX).compile("CPU", {"N": 4, "D": 8})]
     assert doc["dims"] == {"N": 4, "D": 8} and doc["source"] == SOFTMAX.read_text().splitlines()
     assert str(out) in r.stderr
@@ -306,6 +304,7 @@ def test_page_in_chromium(browser, tb_doc: dict, tmp_path: Path) -> None:
     k = tb_doc["kernels"][1]
     rows[1].click()
     assert "sel" in rows[1].get_attribute("class")
+    WebDriverWait(browser, 10).until(lambda d: d.execute_script("return document.body.dataset.shown") == "1")
     assert browser.find_element(By.ID, "kernel-src").get_attribute("textContent") == k["src"]
     slider = browser.find_element(By.ID, "pass-slider")
     assert int(slider.get_attribute("max")) == len(k["passes"]) - 1
@@ -316,13 +315,18 @@ def test_page_in_chromium(browser, tb_doc: dict, tmp_path: Path) -> None:
     browser.execute_script("const s = document.getElementById('pass-slider'); s.value = arguments[0];"
                            "s.dispatchEvent(new Event('input'));", step)
     assert f"after {k['passes'][step]['name']}" in browser.find_element(By.ID, "pass-name").text
-    assert len(browser.find_elements(By.CSS_SELECTOR, "#pass-text span.chg")) == len(k["passes"][step]["changed"])
+    marked = [line for e in browser.find_elements(By.CSS_SELECTOR, "#pass-text span.chg")
+              for line in e.get_attribute("textContent").split("\n")]
+    lines = k["passes"][step]["text"].split("\n")
+    assert marked == [lines[j] for j in k["passes"][step]["changed"]]
     browser.find_element(By.ID, "pass-prev").click()
     assert f"after {k['passes'][step - 1]['name']}" in browser.find_element(By.ID, "pass-name").text
     # a graph node selects its kernel and its source line
     node = tb_doc["graph"]["nodes"].index(next(n for n in tb_doc["graph"]["nodes"] if n["kernels"] == [0]))
     browser.execute_script("arguments[0].dispatchEvent(new MouseEvent('click', {bubbles: true}))", nodes[node])
     assert "sel" in rows[0].get_attribute("class")
+    WebDriverWait(browser, 10).until(lambda d: d.execute_script("return document.body.dataset.shown") == "0")
+    assert browser.find_element(By.ID, "kernel-src").get_attribute("textContent") == tb_doc["kernels"][0]["src"]
     assert browser.find_elements(By.CSS_SELECTOR, "#source div.sel")
     assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
     shot = tmp_path / "viz.png"
@@ -330,3 +334,31 @@ def test_page_in_chromium(browser, tb_doc: dict, tmp_path: Path) -> None:
     assert shot.stat().st_size > 10_000
     print(f"page {page.stat().st_size} bytes, ready in {load_s:.2f} s; screenshot {shot}")
 
+
+
+def test_long_listing_in_chromium(browser, tb_doc: dict, tmp_path: Path) -> None:
+    """A listing longer than the page draws at once: its first 3000 lines and a button that draws the rest."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from tgc.viz.page import render
+
+    doc = json.loads(json.dumps(tb_doc))
+    for k in doc["kernels"]:
+        k["time_s"] = None
+    long = "\n".join(f"{i:5d} CONST          f32    {i}.0 ()" for i in range(5000))
+    doc["kernels"][0]["time_s"] = 1.0  # (the page opens on the slowest kernel)
+    doc["kernels"][0]["passes"][-1] = {"name": "linearize", "text": long, "changed": [4999], "removed": 0}
+    page = tmp_path / "long.html"
+    page.write_text(render(doc), encoding="utf-8")
+    browser.get(page.as_uri())
+    WebDriverWait(browser, 30).until(lambda d: d.execute_script("return document.body.dataset.shown") == "0")
+    pre = browser.find_element(By.ID, "pass-text")
+
+    def drawn() -> int:  # lines drawn (each run of lines is a span)
+        return sum(len(e.get_attribute("textContent").split("\n")) for e in pre.find_elements(By.TAG_NAME, "span"))
+    assert drawn() == 3000
+    assert browser.find_elements(By.CSS_SELECTOR, "#pass-text span.chg") == []
+    pre.find_element(By.CSS_SELECTOR, "button.more").click()
+    assert drawn() == 5000 and pre.find_elements(By.CSS_SELECTOR, "button.more") == []
+    assert [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#pass-text span.chg")] == [long.split("\n")[-1]]

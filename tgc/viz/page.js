@@ -1,11 +1,10 @@
 // The `tgc viz` page: draws the data tgc/viz/collect.py gathered (the JSON in #tgc-data). Graph layout by the
 // vendored dagre (tgc/viz/vendor/dagre.min.js); everything else is plain DOM and SVG. No network access.
 "use strict";
-// The data is gzip-compressed JSON in base64 (a transformer block's pass listings weigh 8 MB as text, 1.3 MB so),
-// inflated by the browser's own DecompressionStream.
-async function loadData() {
-  const node = document.getElementById("tgc-data");
-  const bin = atob(node.textContent.trim());
+// The data is gzip-compressed JSON in base64 (tgc/viz/page.py: a summary, and each kernel's passes and source in
+// a blob of its own, inflated when the kernel is chosen), inflated by the browser's own DecompressionStream.
+async function inflate(id) {
+  const bin = atob(document.getElementById(id).textContent.trim());
   const bytes = new Uint8Array(bin.length);
   for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
   const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"));
@@ -13,7 +12,13 @@ async function loadData() {
 }
 
 (async function () {
-  const D = await loadData();
+  const D = await inflate("tgc-data");
+  const details = [], inflating = [];  // kernel index -> {passes, src} once inflated; -> its promise meanwhile
+  async function detail(i) {
+    if (!details[i]) details[i] = await (inflating[i] = inflating[i] || inflate(`tgc-kernel-${i}`));
+    return details[i];
+  }
+  const LIMIT = 3000;  // lines of a listing drawn before "show all" (a fused attention kernel has 40 000)
   const SVG = "http://www.w3.org/2000/svg";
   const $ = (id) => document.getElementById(id);
   const K = D.kernels || [];
@@ -168,39 +173,61 @@ async function loadData() {
     });
   }
 
-  function selectKernel(i) {
+  async function selectKernel(i) {
     if (i < 0 || i >= K.length) return;
     selKernel = i;
     for (const r of document.querySelectorAll("tr.kernel")) r.classList.toggle("sel", Number(r.dataset.k) === i);
     for (const c of document.querySelectorAll("#roofline circle")) c.classList.toggle("sel", Number(c.dataset.k) === i);
     const k = K[i];
     $("kernel-title").textContent = `${k.name} on ${k.device}` + (k.line ? ` (${D.file}:${k.line})` : "");
+    const g = markNodes((m) => m.kernels.includes(i));
+    if (g) reveal($("graph-box"), g);
+    if (k.line) selectLine(k.line, false);
+    const det = await detail(i);
+    if (selKernel !== i) return;  // (another kernel was chosen meanwhile)
     const slider = $("pass-slider");
-    const n = k.passes.length;
+    const n = det.passes.length;
     slider.max = Math.max(n - 1, 0);
     slider.disabled = n === 0;
     slider.value = n ? n - 1 : 0;
     showPass();
-    $("kernel-src").textContent = k.src;
-    const g = markNodes((m) => m.kernels.includes(i));
-    if (g) reveal($("graph-box"), g);
-    if (k.line) selectLine(k.line, false);
+    listing($("kernel-src"), det.src, new Set());
+    document.body.dataset.shown = String(i);
+  }
+
+  // a listing in `pre`: runs of lines in block spans, the runs in `changed` (line indices) highlighted; past
+  // LIMIT lines, a button draws the rest
+  function listing(pre, text, changed, all) {
+    pre.textContent = "";
+    const lines = text.split("\n");
+    const n = all ? lines.length : Math.min(lines.length, LIMIT);
+    const frag = document.createDocumentFragment();
+    let start = 0;
+    for (let j = 1; j <= n; j++) {
+      if (j === n || changed.has(j) !== changed.has(start)) {
+        frag.appendChild(el("span", changed.has(start) ? { class: "chg" } : {}, lines.slice(start, j).join("\n")));
+        start = j;
+      }
+    }
+    if (n < lines.length) {
+      const more = el("button", { class: "more" }, `show all ${lines.length} lines (${lines.length - n} more)`);
+      more.addEventListener("click", () => listing(pre, text, changed, true));
+      frag.appendChild(more);
+    }
+    pre.appendChild(frag);
   }
 
   function showPass() {
-    const k = K[selKernel];
+    const det = details[selKernel];
     const pre = $("pass-text");
-    pre.textContent = "";
-    if (!k || !k.passes.length) { $("pass-name").textContent = "no passes recorded"; return; }
+    if (!det) { pre.textContent = ""; return; }
+    if (!det.passes.length) { pre.textContent = ""; $("pass-name").textContent = "no passes recorded"; return; }
     const s = Number($("pass-slider").value);
-    const p = k.passes[s];
-    $("pass-name").textContent = `${s + 1}/${k.passes.length}: after ${p.name}`;
+    const p = det.passes[s];
+    $("pass-name").textContent = `${s + 1}/${det.passes.length}: after ${p.name}`;
     $("pass-diff").textContent = s === 0 ? "as scheduled" :
       `${p.changed.length} line${p.changed.length === 1 ? "" : "s"} new, ${p.removed} gone`;
-    const changed = new Set(p.changed);
-    const frag = document.createDocumentFragment();
-    p.text.split("\n").forEach((line, j) => frag.appendChild(el("span", changed.has(j) ? { class: "chg" } : {}, line)));
-    pre.appendChild(frag);
+    listing(pre, p.text, new Set(p.changed));
   }
 
   // ---- roofline (log-log: FLOP/byte against GFLOP/s, under the measured peaks)
@@ -278,7 +305,7 @@ async function loadData() {
   if (K.length) {
     let big = 0;
     K.forEach((k, i) => { if ((k.time_s || 0) > (K[big].time_s || 0)) big = i; });
-    selectKernel(big);
+    await selectKernel(big);
   }
   document.body.dataset.readyMs = performance.now().toFixed(0);  // (since navigation started)
   document.body.dataset.ready = "1";
