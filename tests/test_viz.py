@@ -75,8 +75,15 @@ def test_collect_kernels_match_compile(tb_doc: dict) -> None:
 def test_graph_nodes_lines_and_kernels(tb_doc: dict) -> None:
     g = tb_doc["graph"]
     nodes = g["nodes"]
-    inputs = sorted(n["label"] for n in nodes if n["input"])
-    assert inputs == sorted(d.name for d in tgc.load(TB).inputs)
+    assert g["view"] == "tensor"
+    # every input is drawn beside each op that reads it: once per use, with one edge, into a computed node
+    assert {n["label"] for n in nodes if n["input"]} == {d.name for d in tgc.load(TB).inputs}
+    uses = {}
+    for a, b in g["edges"]:
+        if nodes[a]["input"]:
+            uses[a] = uses.get(a, 0) + 1
+            assert not nodes[b]["input"]
+    assert sorted(uses) == [n["id"] for n in nodes if n["input"]] and set(uses.values()) == {1}
     src = TB.read_text().splitlines()
     # every computed node points at a line of the program that assigns something, and is computed by a kernel
     for n in nodes:
@@ -147,6 +154,25 @@ def test_cli_serve(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_kernel_graph_past_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past MAX_DRAWN nodes the page draws one node per kernel: an edge where a kernel reads what another wrote."""
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("tgc.viz.collect"), "MAX_DRAWN", 10)
+    prog = tgc.load(TB)
+    doc = collect(prog, "CPU", TB_DIMS, measure=False)
+    g = doc["graph"]
+    assert g["view"] == "kernels" and g["tensor_nodes"] > 10
+    knodes = [n for n in g["nodes"] if not n["input"]]
+    assert [n["label"] for n in knodes] == [k["name"] for k in doc["kernels"]]
+    assert all(n["kernels"] == [i] for i, n in enumerate(knodes))
+    kid = {n["id"]: n["kernels"][0] for n in knodes}
+    between = {(kid[a], kid[b]) for a, b in g["edges"] if a in kid and b in kid}
+    items = [it for it in prog.schedule(TB_DIMS, "CPU") if it.ast.src]
+    expected = {(i, j) for j, it in enumerate(items) for i, src in enumerate(items) if src.output in it.bufs[1:]}
+    assert between == expected and (0, 1) in between
 
 
 def test_changed_lines_follow_content_not_numbering() -> None:

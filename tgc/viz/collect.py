@@ -32,7 +32,7 @@ from tgc.engine.flops import recompute_factor, written_flops
 from tgc.engine.inputs import random_inputs
 from tgc.errors import DeviceError
 from tgc.ir.shapes import shape_of
-from tgc.ir.uop import ALU, Ops, UOp, pretty
+from tgc.ir.uop import Ops, UOp, pretty
 
 PLUMBING = {Ops.RESHAPE, Ops.EXPAND, Ops.CONST}  # folded into their users in the drawn graph
 
@@ -60,7 +60,7 @@ def collect(prog: Any, device: str | list[str] | None = None, dims: dict[str, in
         doc["notes"].append("the schedule and the compiled kernels differ: passes not shown")
         items = [None] * len(kernels)
     doc["kernels"] = [_kernel_doc(k, it, dev) for k, it in zip(kernels, items)]
-    doc["graph"] = _graph(prog, outs, [it for it in items if it is not None])
+    doc["graph"] = _graph(prog, outs, [it for it in items if it is not None], [k.name for k in kernels])
     rec = prog.recompute(dev.name, dims)
     doc["program"] = {"written_ops": rec["written"], "executed_ops": rec["executed"], "recompute": rec["factor"],
                       "flops": sum(k.flops for k in kernels), "bytes": sum(k.bytes_moved for k in kernels)}
@@ -205,25 +205,29 @@ def _changed(before: list[str] | None, after: list[str]) -> tuple[list[int], int
     return changed, removed
 
 
-def _graph(prog: Any, outs: list[UOp], items: list[Any]) -> dict[str, Any]:
-    """The tensor graph to draw (see the module docstring): nodes with op, shape, line and kernels; edges."""
+MAX_DRAWN = 400  # drawn tensor-graph nodes beyond which the page draws one box per kernel instead
+
+
+def _graph(prog: Any, outs: list[UOp], items: list[Any], names: list[str] | None = None) -> dict[str, Any]:
+    """The graph to draw (see the module docstring): nodes with op, shape, line and kernels; edges. An input is
+    drawn once per use, beside its user (one node read all over a program would pull long edges across the whole
+    layout, which costs the layout most of its time). Past MAX_DRAWN nodes, one node per kernel (`view`
+    "kernels"), linked through the buffers they write and read."""
     nodes = UOp(Ops.SINK, None, tuple(outs)).toposort()
     const_only: dict[UOp, bool] = {}
     for n in nodes:
         const_only[n] = n.op is Ops.CONST or (bool(n.src) and n.op is not Ops.BUFFER
                                               and all(const_only.get(s, False) for s in n.src))
     shown = [n for n in nodes if n.op not in PLUMBING and n.op is not Ops.SINK and not const_only[n]]
-    ids = {n: i for i, n in enumerate(shown)}
+    shown_set = set(shown)
+    memo: dict[UOp, list[UOp]] = {}
 
     def visible(u: UOp) -> list[UOp]:  # the shown nodes a source stands for
-        if u in ids:
+        if u in shown_set:
             return [u]
-        if const_only.get(u, False):
-            return []
-        out: list[UOp] = []
-        for s in u.src:
-            out.extend(visible(s))
-        return out
+        if u not in memo:
+            memo[u] = [] if const_only.get(u, False) else list(dict.fromkeys(v for s in u.src for v in visible(s)))
+        return memo[u]
 
     kernels_of: dict[UOp, list[int]] = {}
     for ki, item in enumerate(items):
@@ -242,24 +246,59 @@ def _graph(prog: Any, outs: list[UOp], items: list[Any]) -> dict[str, Any]:
             kernels_of.setdefault(u, []).append(ki)
             stack.extend(s for s in u.src if s not in stops and s.op is not Ops.BUFFER)
     out_names = {o: name for o, name in zip(outs, getattr(prog, "output_names", []))}
-    doc_nodes, edges = [], set()
-    for n in shown:
-        label = n.op.name
-        if n.op is Ops.BUFFER:
-            label = str(n.arg[1])
-        elif n.op is Ops.REDUCE_AXIS:
-            label = f"{n.arg[0].name} over {list(n.arg[1])}"
-        shape = shape_of(n) if n.op is not Ops.SINK else ()
-        doc_nodes.append({"id": ids[n], "op": n.op.name, "label": label,
+    doc_nodes: list[dict[str, Any]] = []
+    edges: set[tuple[int, int]] = set()
+
+    def add(n: UOp, **fields: Any) -> int:
+        shape = shape_of(n)
+        doc_nodes.append({"id": len(doc_nodes), "op": n.op.name, "label": _label(n),
                           "shape": [s if isinstance(s, int) else str(s) for s in shape], "dtype": str(n.dtype),
                           "line": prog.line_of(n) if n.op is not Ops.BUFFER else None,
                           "input": n.op is Ops.BUFFER, "output": out_names.get(n),
-                          "alu": n.op in ALU or n.op is Ops.REDUCE_AXIS,
-                          "kernels": sorted(set(kernels_of.get(n, [])))})
-        for s in n.src:
-            for v in visible(s):
+                          "kernels": sorted(set(kernels_of.get(n, []))), **fields})
+        return len(doc_nodes) - 1
+
+    computed = [n for n in shown if n.op is not Ops.BUFFER]
+    if len(computed) > MAX_DRAWN and items:
+        return _kernel_graph(items, names or [it.name for it in items], add, doc_nodes, edges, out_names, len(shown))
+    ids: dict[UOp, int] = {n: add(n) for n in computed}
+    used: set[UOp] = set()
+    for n in computed:
+        for v in dict.fromkeys(v for s in n.src for v in visible(s)):
+            if v.op is Ops.BUFFER:  # an input: drawn beside each of its users
+                used.add(v)
+                edges.add((add(v), ids[n]))
+            else:
                 edges.add((ids[v], ids[n]))
-    return {"nodes": doc_nodes, "edges": sorted(edges)}
+    for n in shown:
+        if n.op is Ops.BUFFER and n not in used:  # (an input only an output is)
+            add(n)
+    return {"view": "tensor", "nodes": doc_nodes, "edges": sorted(edges), "tensor_nodes": len(shown)}
+
+
+def _label(n: UOp) -> str:
+    if n.op is Ops.BUFFER:
+        return str(n.arg[1])
+    if n.op is Ops.REDUCE_AXIS:
+        return f"{n.arg[0].name} over {list(n.arg[1])}"
+    return n.op.name
+
+
+def _kernel_graph(items: list[Any], names: list[str], add: Any, doc_nodes: list[dict[str, Any]],
+                  edges: set[tuple[int, int]], out_names: dict[UOp, str], tensor_nodes: int) -> dict[str, Any]:
+    """One node per kernel (its output's shape and line), an edge where a kernel reads what another wrote; the
+    program's inputs drawn beside each kernel that reads them."""
+    producer: dict[UOp, int] = {}
+    for ki, item in enumerate(items):
+        node = add(item.output, op="KERNEL", label=names[ki], kernels=[ki], line=item.line, input=False,
+                   output=out_names.get(item.output))
+        producer[item.output] = node
+        for b in dict.fromkeys(item.bufs[1:]):
+            if b in producer:
+                edges.add((producer[b], node))
+            elif b.op is Ops.BUFFER:
+                edges.add((add(b, kernels=[ki]), node))
+    return {"view": "kernels", "nodes": doc_nodes, "edges": sorted(edges), "tensor_nodes": tensor_nodes}
 
 
 def _collect_multi(prog: Any, names: list[str], dims: dict[str, int], shard: dict[str, int], measure: bool,

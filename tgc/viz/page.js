@@ -69,6 +69,9 @@ async function inflate(id) {
     const G = D.graph || { nodes: [], edges: [] };
     const box = $("graph");
     if (!G.nodes.length) { box.appendChild(el("p", { class: "muted" }, "no tensor graph")); return; }
+    if (G.view === "kernels") {
+      $("graph-title").textContent = `Kernel graph (the tensor graph's ${G.tensor_nodes} nodes, one box per kernel)`;
+    }
     const g = new dagre.graphlib.Graph();
     g.setGraph({ rankdir: "TB", nodesep: 14, ranksep: 26, marginx: 8, marginy: 8 });
     g.setDefaultEdgeLabel(() => ({}));
