@@ -318,7 +318,8 @@ def test_page_in_chromium(browser, tb_doc: dict, tmp_path: Path) -> None:
     errors = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "WARNING")]
     assert errors == []
     assert [u for u in _requests(browser) if u != page.as_uri()] == []
-    # the graph: one drawn node per graph node, laid out (no two at the same place)
+    # the graph (laid out in a Web Worker): one drawn node per graph node, laid out (no two at the same place)
+    WebDriverWait(browser, 30).until(lambda d: d.execute_script("return document.body.dataset.graph === '1'"))
     nodes = browser.find_elements(By.CSS_SELECTOR, "#graph g.node")
     assert len(nodes) == len(tb_doc["graph"]["nodes"])
     places = {n.get_attribute("transform") for n in nodes}

@@ -65,37 +65,62 @@ async function inflate(id) {
 
   // ---- tensor graph
   const nodeEls = [];
-  function graph() {
+  // dagre's layout, in a Web Worker where the browser allows one (the page stays usable while a large graph is laid
+  // out), else here; returns {graph: {width, height}, nodes: [{x, y, width, height}], edges: [{v, w, points}]}
+  function layoutGraph(sizes, edges) {
+      const g = new dagre.graphlib.Graph();
+      g.setGraph({ rankdir: "TB", nodesep: 14, ranksep: 26, marginx: 8, marginy: 8 });
+      g.setDefaultEdgeLabel(() => ({}));
+      sizes.forEach((s, i) => g.setNode(String(i), s));
+      for (const [a, b] of edges) g.setEdge(String(a), String(b));
+      dagre.layout(g);
+      return { graph: { width: g.graph().width, height: g.graph().height }, nodes: sizes.map((s, i) => g.node(String(i))),
+               edges: g.edges().map((e) => ({ v: Number(e.v), w: Number(e.w), points: g.edge(e).points })) };
+  }
+  function layout(sizes, edges) {
+    const here = () => layoutGraph(sizes, edges);
+    let worker;
+    try {
+      const src = $("dagre-src").textContent + "\n" + layoutGraph.toString() + "\nonmessage = (e) => postMessage(layoutGraph(e.data.sizes, e.data.edges));";
+      worker = new Worker(URL.createObjectURL(new Blob([src], { type: "text/javascript" })));
+    } catch (e) {
+      return Promise.resolve(here());
+    }
+    return new Promise((resolve) => {
+      worker.onmessage = (e) => { worker.terminate(); document.body.dataset.layout = "worker"; resolve(e.data); };
+      worker.onerror = (e) => { e.preventDefault(); worker.terminate(); resolve(here()); };
+      worker.postMessage({ sizes, edges });
+    });
+  }
+
+  async function graph() {
     const G = D.graph || { nodes: [], edges: [] };
     const box = $("graph");
     if (!G.nodes.length) { box.appendChild(el("p", { class: "muted" }, "no tensor graph")); return; }
     if (G.view === "kernels") {
       $("graph-title").textContent = `Kernel graph (the tensor graph's ${G.tensor_nodes} nodes, one box per kernel)`;
     }
-    const g = new dagre.graphlib.Graph();
-    g.setGraph({ rankdir: "TB", nodesep: 14, ranksep: 26, marginx: 8, marginy: 8 });
-    g.setDefaultEdgeLabel(() => ({}));
-    for (const n of G.nodes) {
-      const shape = n.shape.length ? `[${n.shape.join(",")}]` : "";
+    const sizes = G.nodes.map((n) => {
       n.text = (n.output ? n.output + " = " : "") + n.label;
-      n.sub = shape;
-      const w = Math.max(n.text.length, n.sub.length) * 6.4 + 14;
-      g.setNode(String(n.id), { width: w, height: 30 });
-    }
-    for (const [a, b] of G.edges) g.setEdge(String(a), String(b));
-    dagre.layout(g);
-    const gi = g.graph();
+      n.sub = n.shape.length ? `[${n.shape.join(",")}]` : "";
+      return { width: Math.max(n.text.length, n.sub.length) * 6.4 + 14, height: 30 };
+    });
+    const wait = el("p", { class: "muted", id: "graph-wait" }, `laying out ${G.nodes.length} nodes ...`);
+    box.appendChild(wait);
+    const g = await layout(sizes, G.edges);
+    wait.remove();
+    const gi = g.graph;
     const svg = el("svg:svg", { width: gi.width, height: gi.height, viewBox: `0 0 ${gi.width} ${gi.height}` });
-    for (const e of g.edges()) {
-      const pts = g.edge(e).points.map((p) => `${p.x.toFixed(1)},${p.y.toFixed(1)}`).join(" ");
+    for (const e of g.edges) {
+      const pts = e.points.map((p) => `${p.x.toFixed(1)},${p.y.toFixed(1)}`).join(" ");
       svg.appendChild(el("svg:polyline", { class: "edge", points: pts, "marker-end": "url(#arrow)" }));
     }
     const defs = el("svg:defs");
     const m = el("svg:marker", { id: "arrow", viewBox: "0 0 10 10", refX: 10, refY: 5, markerWidth: 6, markerHeight: 6, orient: "auto" });
     m.appendChild(el("svg:path", { d: "M0,0 L10,5 L0,10 z", fill: "#90a4ae" }));
     defs.appendChild(m); svg.appendChild(defs);
-    for (const n of G.nodes) {
-      const p = g.node(String(n.id));
+    G.nodes.forEach((n, i) => {
+      const p = g.nodes[i];
       const cls = "node" + (n.input ? " input" : "") + (n.output ? " output" : "");
       const grp = el("svg:g", { class: cls, transform: `translate(${p.x - p.width / 2},${p.y - p.height / 2})`, "data-node": n.id });
       const k = n.kernels.length ? n.kernels[0] : -1;
@@ -113,8 +138,13 @@ async function inflate(id) {
       });
       nodeEls.push([n, grp]);
       svg.appendChild(grp);
-    }
+    });
     box.appendChild(svg);
+    if (selKernel >= 0) {
+      const first = markNodes((m) => m.kernels.includes(selKernel));
+      if (first) reveal($("graph-box"), first);
+    }
+    document.body.dataset.graph = "1";
   }
   function markNodes(pred) {
     let first = null;
@@ -299,7 +329,7 @@ async function inflate(id) {
   header();
   source();
   kernels();
-  graph();
+  graph().catch((e) => console.error("tgc viz: graph: " + e));
   roofline();
   multi();
   $("pass-slider").addEventListener("input", showPass);

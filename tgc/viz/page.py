@@ -21,7 +21,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; "
-       "connect-src 'none'; base-uri 'none'; form-action 'none'")
+       "connect-src 'none'; worker-src blob:; base-uri 'none'; form-action 'none'")
 
 
 
@@ -83,7 +83,8 @@ def render(doc: dict[str, Any]) -> str:
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">\n'
             f'<meta http-equiv="Content-Security-Policy" content="{CSP}">\n'
             f"<title>{title}</title>\n<style>\n{css}</style>\n</head><body>\n{body}{data}"
-            f"<script>\n{_script_text(vendored_layout())}\n</script>\n<script>\n{_script_text(js)}</script>\n"
+            f'<script id="dagre-src">\n{_script_text(vendored_layout())}\n</script>\n'
+            f"<script>\n{_script_text(js)}</script>\n"
             "</body></html>\n")
 
 
