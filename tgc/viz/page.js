@@ -88,7 +88,9 @@ async function inflate(id) {
     }
     return new Promise((resolve) => {
       worker.onmessage = (e) => { worker.terminate(); document.body.dataset.layout = "worker"; resolve(e.data); };
-      worker.onerror = (e) => { e.preventDefault(); worker.terminate(); resolve(here()); };
+      worker.onerror = (e) => {  // (e.g. dagre's recursion past a worker's smaller stack): lay it out here
+        e.preventDefault(); worker.terminate(); document.body.dataset.layoutError = String(e.message); resolve(here());
+      };
       worker.postMessage({ sizes, edges });
     });
   }
