@@ -6,9 +6,9 @@ STAMP := $(VENV)/.installed
 # Keep PoCL's and pyopencl's caches out of the user's home during tests.
 TEST_ENV := POCL_CACHE_DIR=$(CURDIR)/.pytest_cache/pocl XDG_CACHE_HOME=$(CURDIR)/.pytest_cache/xdg
 
-.PHONY: run test bench bench-cluster lint clean setup gpu-check
+.PHONY: run test bench bench-cluster lint clean setup gpu-check browser
 
-setup: $(STAMP)
+setup: $(STAMP) browser
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -18,6 +18,20 @@ $(STAMP): setup.cfg pyproject.toml
 	$(BIN)/pip install -q -e '.[cluster]' || echo "Ray could not be installed here: the cluster tests will skip"
 	touch $(STAMP)
 
+# headless Chromium and its driver for the `tgc viz` browser tests (tests/test_viz.py): nothing to do where both are
+# on PATH; as root with apt-get, Debian's chromium and chromium-driver (an index update only if the first try fails);
+# otherwise, or when apt fails, a note: those tests then skip with the reason. Never fails the setup.
+browser:
+	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing chromium and chromium-driver (apt-get) for the browser tests"; \
+	  { $(APT_INSTALL) || { apt-get update -q >/dev/null 2>&1 && $(APT_INSTALL); }; } \
+	  || echo "note: apt-get could not install chromium: the browser tests of tgc viz will skip"; \
+	else echo "note: no chromium/chromedriver and no apt-get as root: the browser tests of tgc viz will skip"; fi
+
+APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium chromium-driver \
+	>/dev/null 2>&1
+
 run: $(STAMP)
 	$(BIN)/tgc run kernels/softmax.tg --random -D N=4 -D D=8
 
@@ -25,7 +39,7 @@ run: $(STAMP)
 # CUDA and METAL kernels are compiled and type-checked by tests/test_suite_compiles.py
 TEST_DEVICES ?= CPU,OPENCL,PYTHON,REMOTE
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(TEST_ENV) TGC_TEST_DEVICES=$(TEST_DEVICES) $(BIN)/python -m pytest -n 2 -q
 
 BENCH_STAMP := $(VENV)/.installed-bench

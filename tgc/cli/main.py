@@ -1100,6 +1100,50 @@ def cache_clear(table: str) -> None:
 
 
 @main.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@device_options
+@dims_option
+@shard_option
+@click.option("-o", "--output", "out", metavar="PAGE.html", default="viz.html", show_default=True,
+              help="Where to write the page.")
+@click.option("--open", "open_browser", is_flag=True, help="Open the page in the system's browser.")
+@click.option("--serve", "port", type=click.IntRange(0, 65535), metavar="PORT",
+              help="Also serve the page on http://127.0.0.1:PORT/ until interrupted.")
+@click.option("--repeat", type=click.IntRange(min=1), default=5, show_default=True, help="Timed runs per kernel.")
+@click.option("--no-measure", is_flag=True, help="Do not run the kernels (no times, no peak measurement).")
+def viz(file: str, device: str | None, dims: dict[str, int], shard: dict[str, int], out: str,
+        open_browser: bool, port: int | None, repeat: int, no_measure: bool) -> None:
+    """Write one self-contained HTML page that shows FILE (a `.tg` program or a package) inside: its tensor
+    graph, kernels with their measured times, each kernel's AST after every pass and its source, a roofline."""
+    from tgc.cli.inputs import check_dims
+    from tgc.cli.outputs import write_files
+    from tgc.viz import build_page, serve
+
+    prog = _load_any(file)
+    if _is_pkg(prog):
+        _no_list_for_package(device, shard)
+        dims = {k: v for k, v in dims.items() if k in prog.dim_names}
+    else:
+        _warn(check_dims(prog, dims, require_all=True))
+    _is_list(device, shard)  # (--shard without a device list: a usage error)
+    where = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(where):  # before the work, not after it
+        raise TgcError(f"cannot write '{out}': no directory {where}")
+    page = build_page(prog, device, dims, shard=shard or None, measure=not no_measure, repeat=repeat,
+                           filename=file)
+    data = page.encode("utf-8")
+    write_files([(out, lambda f: f.write(data))])
+    _err(f"wrote {out} ({len(data) / 1e6:.2f} MB)")
+    if open_browser:
+        import pathlib
+        import webbrowser
+
+        webbrowser.open(pathlib.Path(out).resolve().as_uri())
+    if port is not None:
+        serve(page, port, ready=lambda url: _err(f"serving {out} at {url} (Ctrl-C stops)"))
+
+
+@main.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=6667, show_default=True, help="Port to listen on.")
 @click.option("-d", "--device", metavar="DEV", envvar="TGC_DEVICE", show_envvar=True, help="The device to serve.")

@@ -1,0 +1,391 @@
+"""`tgc viz` (issue 24, items 1, 3, 4): the page's data checked against exact expectations, the CLI's errors, and
+the page itself opened in headless Chromium driven by Selenium (renders with no console errors and no network
+request, a click on a kernel shows its passes and source, the slider steps; a screenshot under the test's tmp dir).
+The browser tests skip, with the reason, where Chromium, its driver or selenium is missing (`make setup` installs
+them where it can: Debian's `chromium` and `chromium-driver` as root with apt)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import tgc
+from tgc.viz.collect import _changed, _line_keys, collect
+
+ROOT = Path(__file__).resolve().parent.parent
+TB = ROOT / "kernels" / "transformer_block.tg"
+TB_DIMS = {"B": 1, "T": 8, "C": 16}
+SOFTMAX = ROOT / "kernels" / "softmax.tg"
+
+
+PEAK = {"gflops": 500.0, "gbps": 20.0, "copy_gbps": 20.0, "read_gbps": 25.0, "source": "measured"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def known_peak(tmp_path_factory: pytest.TempPathFactory):
+    """A cache of this module's own (TGC_CACHE_DIR, for its subprocesses too) holding a CPU peak, as `tgc bench`
+    would have left it: the roofline's roof is then known, no test spends seconds measuring the machine, and no
+    other test module sees these figures."""
+    from tgc import cache
+    from tgc.api import _device
+    from tgc.engine.bench import peak_key
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TGC_CACHE_DIR", str(tmp_path_factory.mktemp("viz-cache")))
+        cache.put("peak", peak_key(_device("CPU")), json.dumps(PEAK).encode(), meta="CPU peak (test)")
+        yield
+
+
+@pytest.fixture(scope="module")
+def tb_doc() -> dict:
+    return collect(tgc.load(TB), "CPU", TB_DIMS, repeat=2, filename=str(TB))
+
+
+def test_collect_kernels_match_compile(tb_doc: dict) -> None:
+    prog = tgc.load(TB)
+    kernels = prog.compile("CPU", TB_DIMS)
+    assert [k["name"] for k in tb_doc["kernels"]] == [k.name for k in kernels]
+    for kd, k in zip(tb_doc["kernels"], kernels):
+        assert kd["src"] == k.src and kd["flops"] == k.flops and kd["bytes"] == k.bytes_moved
+        assert kd["global_size"] == list(k.global_size)
+        assert kd["opts_from"] in ("heuristic", "BEAM", "defaults")
+        assert kd["time_s"] > 0 and kd["gflops"] > 0
+        names = [p["name"] for p in kd["passes"]]
+        assert names[0] == "scheduled" and names[-1] == "linearize"
+        # the last step is the kernel's own linear UOps
+        assert kd["passes"][-1]["text"] == k.uops_text()
+    assert abs(sum(k["share"] for k in tb_doc["kernels"]) - 1.0) < 1e-9
+    assert tb_doc["peak"]["gflops"] == PEAK["gflops"] and tb_doc["peak"]["gbps"] == PEAK["gbps"]
+    # a kernel that is not the attention one went through the named passes of the pipeline, in order
+    from tgc.codegen.pipeline import PASSES
+    plain = next(kd for kd in tb_doc["kernels"] if not kd["name"].startswith("attn"))
+    ran = [p["name"] for p in plain["passes"][1:-1]]
+    assert ran == [p.name for p in PASSES if p.name in ran] and "apply_opts" in ran
+    rec = prog.recompute("CPU", TB_DIMS)
+    assert tb_doc["program"]["recompute"] == rec["factor"]
+
+
+def test_graph_nodes_lines_and_kernels(tb_doc: dict) -> None:
+    g = tb_doc["graph"]
+    nodes = g["nodes"]
+    assert g["view"] == "tensor"
+    # every input is drawn beside each op that reads it: once per use, with one edge, into a computed node
+    assert {n["label"] for n in nodes if n["input"]} == {d.name for d in tgc.load(TB).inputs}
+    uses = {}
+    for a, b in g["edges"]:
+        if nodes[a]["input"]:
+            uses[a] = uses.get(a, 0) + 1
+            assert not nodes[b]["input"]
+    assert sorted(uses) == [n["id"] for n in nodes if n["input"]] and set(uses.values()) == {1}
+    src = TB.read_text().splitlines()
+    # every computed node points at a line of the program that assigns something, and is computed by a kernel
+    for n in nodes:
+        if not n["input"]:
+            assert n["line"] is not None
+            assert "=" in src[n["line"] - 1] or src[n["line"] - 1].startswith("return")
+            assert n["kernels"], n
+    # the graph's ops from line 16 (the first layernorm) are fused into the first kernel
+    assert {k for n in nodes if n["line"] == 16 for k in n["kernels"]} == {0}
+    ids = {n["id"] for n in nodes}
+    assert all(a in ids and b in ids for a, b in g["edges"])
+    assert sum(1 for n in nodes if n["output"]) == 1
+
+
+def test_packed_operand_kernel() -> None:
+    """A matmul large enough that the CPU packs its right operand first (a copy kernel, `meta["serves"]`): the copy
+    computes no op of the graph (listed on the input it reads, no recompute factor); the matmul's kernel computes
+    every op, each once: 2*512*512 products, as many sums, then the bias and the ReLU (2*512 each)."""
+    doc = collect(tgc.load(ROOT / "kernels" / "matmul.tg"), "CPU", {"M": 2, "K": 512, "N": 512}, measure=False)
+    copy, mm = doc["kernels"]
+    assert copy["recompute"] is None and copy["graph_ops"] == 0
+    assert mm["graph_ops"] == 2 * (2 * 512 * 512) + 2 * (2 * 512) and mm["recompute"] == 1.0
+    by_label = {n["label"]: n["kernels"] for n in doc["graph"]["nodes"]}
+    assert by_label["b"] == [0] and by_label["a"] == [] and by_label["MAX"] == [1]
+
+
+def test_device_that_cannot_run_here() -> None:
+    """METAL off macOS renders and type-checks but cannot run: the page has everything but the times, and says so."""
+    if sys.platform == "darwin":
+        pytest.skip("Metal runs here")
+    doc = collect(tgc.load(SOFTMAX), "METAL", {"N": 4, "D": 8}, repeat=1)
+    assert any(n.startswith("not timed:") and "macOS" in n for n in doc["notes"])
+    assert all(k["time_s"] is None and k["passes"] and "kernel" in k["src"] for k in doc["kernels"])
+
+
+def test_package_page(tmp_path: Path) -> None:
+    """A compiled package: its kernels and sources, timed; no tensor graph or passes (it keeps neither)."""
+    from tgc.package import load_package, write
+
+    prog = tgc.load(SOFTMAX)
+    path = tmp_path / "s.tgpkg"
+    write(prog, path, "CPU", {"N": 4, "D": 8})
+    doc = collect(load_package(path), None, None, repeat=1, filename=str(path))
+    kernels = prog.compile("CPU", {"N": 4, "D": 8})
+    assert [(k["name"], k["src"]) for k in doc["kernels"]] == [(k.name, k.src) for k in kernels]
+    assert all(k["time_s"] > 0 and k["passes"] == [] and k["opts_from"] == "package" for k in doc["kernels"])
+    assert doc["graph"] == {"nodes": [], "edges": []} and doc["notes"]
+
+
+def test_cli_serve(tmp_path: Path) -> None:
+    """`--serve 0`: the page written and served on 127.0.0.1 (a free port), the same bytes."""
+    import urllib.request
+
+    out = tmp_path / "p.html"
+    proc = subprocess.Popen([sys.executable, "-m", "tgc.cli.main", "viz", str(SOFTMAX), "-D", "N=4", "-D", "D=8",
+                             "-o", str(out), "--no-measure", "--serve", "0"], stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT)
+    try:
+        url = None
+        for line in proc.stderr:
+            m = re.search(r"serving .* at (http://127\.0\.0\.1:\d+/)", line)
+            if m:
+                url = m.group(1)
+                break
+        assert url is not None
+        with urllib.request.urlopen(url + "any/path", timeout=10) as r:
+            assert r.headers["Content-Type"].startswith("text/html") and r.read() == out.read_bytes()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_kernel_graph_past_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past MAX_DRAWN nodes the page draws one node per kernel: an edge where a kernel reads what another wrote."""
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("tgc.viz.collect"), "MAX_DRAWN", 10)
+    prog = tgc.load(TB)
+    doc = collect(prog, "CPU", TB_DIMS, measure=False)
+    g = doc["graph"]
+    assert g["view"] == "kernels" and g["tensor_nodes"] > 10
+    knodes = [n for n in g["nodes"] if not n["input"]]
+    assert [n["label"] for n in knodes] == [k["name"] for k in doc["kernels"]]
+    assert all(n["kernels"] == [i] for i, n in enumerate(knodes))
+    kid = {n["id"]: n["kernels"][0] for n in knodes}
+    between = {(kid[a], kid[b]) for a, b in g["edges"] if a in kid and b in kid}
+    items = [it for it in prog.schedule(TB_DIMS, "CPU") if it.ast.src]
+    expected = {(i, j) for j, it in enumerate(items) for i, src in enumerate(items) if src.output in it.bufs[1:]}
+    assert between == expected and (0, 1) in between
+
+
+def test_changed_lines_follow_content_not_numbering() -> None:
+    before = ["   0 CONST          f32    1.0 ()", "   1 SQRT           f32    (%0)"]
+    after = ["   0 CONST          f32    2.0 ()", "   1 CONST          f32    1.0 ()",
+             "   2 SQRT           f32    (%1)"]
+    changed, removed = _changed(_line_keys(before), _line_keys(after))
+    assert changed == [0] and removed == 0
+    changed, removed = _changed(_line_keys(after), _line_keys(before))
+    assert changed == [] and removed == 1
+
+
+def test_page_is_self_contained(tb_doc: dict) -> None:
+    from tgc.viz.page import read_page, render
+
+    page = render(tb_doc)
+    assert page.count("<script") == 3 + len(tb_doc["kernels"]) and not re.search(r"<script[^>]*\bsrc=", page)
+    assert not re.search(r"<link\b", page) and "sourceMappingURL" not in page
+    assert not re.search(r"https?://(?!www\.w3\.org/2000/svg)", page.split("<script>", 1)[0])
+    assert read_page(page) == json.loads(json.dumps(tb_doc))
+    assert len(page.encode()) < 5 << 20  # (issue 24 item 4: under 5 MB)
+
+
+def test_cli_writes_page(tmp_path: Path) -> None:
+    out = tmp_path / "p.html"
+    r = subprocess.run([sys.executable, "-m", "tgc.cli.main", "viz", str(SOFTMAX), "-D", "N=4", "-D", "D=8",
+                        "-o", str(out), "--repeat", "1"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    from tgc.viz.page import read_page
+
+    doc = read_page(out.read_text())
+    assert [k["name"] for k in doc["kernels"]] == [k.name for k in tgc.load(SOFTMAX).compile("CPU", {"N": 4, "D": 8})]
+    assert doc["dims"] == {"N": 4, "D": 8} and doc["source"] == SOFTMAX.read_text().splitlines()
+    assert str(out) in r.stderr
+
+
+@pytest.mark.parametrize("args, status, words", [
+    (["kernels/softmax.tg", "-D", "N=4"], 2, "D"),  # a dim missing
+    (["kernels/softmax.tg", "-D", "N=4", "-D", "D=8", "-d", "NOPE"], 2, "NOPE"),
+    (["kernels/softmax.tg", "-D", "N=4", "-D", "D=8", "-o", "/nonexistent-dir/x.html"], None, "nonexistent-dir"),
+])
+def test_cli_errors(args: list[str], status: int | None, words: str) -> None:
+    r = subprocess.run([sys.executable, "-m", "tgc.cli.main", "viz", *args, "--no-measure"], capture_output=True,
+                       text=True, cwd=ROOT)
+    assert r.returncode != 0 and (status is None or r.returncode == status), (r.returncode, r.stderr)
+    assert words in r.stderr and "Traceback" not in r.stderr
+
+
+def test_multi_device_page() -> None:
+    """A matmul split along its reduction axis on two devices: each device's launches, and the all-reduce of the
+    M x N f32 partial products, which a ring on 2 devices sends as 2 * (2 - 1) / 2 of its 4 * M * N bytes."""
+    dims = {"M": 4, "K": 8, "N": 6}
+    doc = collect(tgc.load(ROOT / "kernels" / "matmul.tg"), "CPU:0,CPU:1", dims, shard={"a": 1, "b": 0}, repeat=1)
+    m = doc["multi"]
+    assert m["devices"] == ["CPU:0", "CPU:1"] and m["shard"] == {"a": 1, "b": 0}
+    assert m["steps"] == ["allreduce"]
+    assert {k["device"] for k in doc["kernels"]} == {"CPU:0", "CPU:1"}
+    assert sum(m["launches"].values()) == len(doc["kernels"])
+    assert m["sent_bytes"] == [4 * 4 * 6] * 2 and m["received_bytes"] == [4 * 4 * 6] * 2
+    assert [r["device"] for r in m["per_device"]] == ["CPU:0", "CPU:1"]
+
+
+# ---------------------------------------------------------------------------------------------- headless Chromium
+
+CHROME_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+               "--disable-background-networking", "--disable-component-update", "--disable-sync",
+               "--disable-dev-shm-usage", "--window-size=1600,1000"]
+
+
+def _browser_missing() -> str | None:
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "selenium is not installed (pip install -e '.[dev]')"
+    if not (shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")):
+        return "no Chromium (Debian: apt-get install chromium chromium-driver; `make setup` does it as root)"
+    if not shutil.which("chromedriver"):
+        return "no chromedriver (Debian: apt-get install chromium-driver)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory):
+    why = _browser_missing()
+    if why:
+        pytest.skip(why)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    for a in CHROME_ARGS:
+        opts.add_argument(a)
+    opts.add_argument(f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}")
+    binary = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    opts.binary_location = binary
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
+    from selenium.common.exceptions import SessionNotCreatedException
+
+    try:
+        driver = webdriver.Chrome(options=opts, service=Service(shutil.which("chromedriver")))
+    except SessionNotCreatedException:  # (Chromium's start timed out once on a machine under heavy load: retry)
+        driver = webdriver.Chrome(options=opts, service=Service(shutil.which("chromedriver")))
+    yield driver
+    driver.quit()
+
+
+def _requests(driver) -> list[str]:
+    """Every URL of the network or the file system asked for since the last call (Network.requestWillBeSent in
+    the performance log); chrome:// and data: ones are the browser's own (its start page)."""
+    urls = []
+    for entry in driver.get_log("performance"):
+        msg = json.loads(entry["message"])["message"]
+        if msg["method"] == "Network.requestWillBeSent":
+            url = msg["params"]["request"]["url"]
+            if re.match(r"(https?|wss?|ftp|file):", url):
+                urls.append(url)
+    return urls
+
+
+def test_request_log_sees_fetches(browser, tmp_path: Path) -> None:
+    """The check of the page below can fail: a page that fetches is seen."""
+    page = tmp_path / "fetches.html"
+    page.write_text("<script>fetch('http://127.0.0.1:9/x').catch(() => {});</script>")
+    browser.get_log("performance")
+    browser.get(page.as_uri())
+    time.sleep(0.2)
+    assert "http://127.0.0.1:9/x" in _requests(browser)
+
+
+def test_page_in_chromium(browser, tb_doc: dict, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from tgc.viz.page import render
+
+    page = tmp_path / "tb.html"
+    page.write_text(render(tb_doc), encoding="utf-8")
+    browser.get_log("browser"), browser.get_log("performance")  # (drop what came before)
+    start = time.perf_counter()
+    browser.get(page.as_uri())
+    WebDriverWait(browser, 30).until(lambda d: d.execute_script("return document.body.dataset.ready === '1'"))
+    load_s = time.perf_counter() - start
+    errors = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "WARNING")]
+    assert errors == []
+    assert [u for u in _requests(browser) if u != page.as_uri()] == []
+    # the graph (laid out in a Web Worker): one drawn node per graph node, laid out (no two at the same place)
+    WebDriverWait(browser, 30).until(lambda d: d.execute_script("return document.body.dataset.graph === '1'"))
+    nodes = browser.find_elements(By.CSS_SELECTOR, "#graph g.node")
+    assert len(nodes) == len(tb_doc["graph"]["nodes"])
+    places = {n.get_attribute("transform") for n in nodes}
+    assert len(places) == len(nodes)
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#roofline circle")) == len(tb_doc["kernels"])
+    # click the second kernel: its passes and its source
+    rows = browser.find_elements(By.CSS_SELECTOR, "tr.kernel")
+    assert len(rows) == len(tb_doc["kernels"])
+    k = tb_doc["kernels"][1]
+    rows[1].click()
+    assert "sel" in rows[1].get_attribute("class")
+    WebDriverWait(browser, 10).until(lambda d: d.execute_script("return document.body.dataset.shown") == "1")
+    assert browser.find_element(By.ID, "kernel-src").get_attribute("textContent") == k["src"]
+    slider = browser.find_element(By.ID, "pass-slider")
+    assert int(slider.get_attribute("max")) == len(k["passes"]) - 1
+    shown = browser.find_element(By.ID, "pass-text").get_attribute("textContent")
+    assert shown.replace("\n", "") == k["passes"][-1]["text"].replace("\n", "")
+    # step to the first pass that changed something: its name, text and highlighted lines
+    step = next(i for i, p in enumerate(k["passes"]) if p["changed"])
+    browser.execute_script("const s = document.getElementById('pass-slider'); s.value = arguments[0];"
+                           "s.dispatchEvent(new Event('input'));", step)
+    assert f"after {k['passes'][step]['name']}" in browser.find_element(By.ID, "pass-name").text
+    marked = [line for e in browser.find_elements(By.CSS_SELECTOR, "#pass-text span.chg")
+              for line in e.get_attribute("textContent").split("\n")]
+    lines = k["passes"][step]["text"].split("\n")
+    assert marked == [lines[j] for j in k["passes"][step]["changed"]]
+    browser.find_element(By.ID, "pass-prev").click()
+    assert f"after {k['passes'][step - 1]['name']}" in browser.find_element(By.ID, "pass-name").text
+    # a graph node selects its kernel and its source line
+    node = tb_doc["graph"]["nodes"].index(next(n for n in tb_doc["graph"]["nodes"] if n["kernels"] == [0]))
+    browser.execute_script("arguments[0].dispatchEvent(new MouseEvent('click', {bubbles: true}))", nodes[node])
+    assert "sel" in rows[0].get_attribute("class")
+    WebDriverWait(browser, 10).until(lambda d: d.execute_script("return document.body.dataset.shown") == "0")
+    assert browser.find_element(By.ID, "kernel-src").get_attribute("textContent") == tb_doc["kernels"][0]["src"]
+    assert browser.find_elements(By.CSS_SELECTOR, "#source div.sel")
+    assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
+    shot = tmp_path / "viz.png"
+    browser.save_screenshot(str(shot))
+    assert shot.stat().st_size > 10_000
+    print(f"page {page.stat().st_size} bytes, ready in {load_s:.2f} s; screenshot {shot}")
+
+
+
+def test_long_listing_in_chromium(browser, tb_doc: dict, tmp_path: Path) -> None:
+    """A listing longer than the page draws at once: its first 3000 lines and a button that draws the rest."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from tgc.viz.page import render
+
+    doc = json.loads(json.dumps(tb_doc))
+    for k in doc["kernels"]:
+        k["time_s"] = None
+    long = "\n".join(f"{i:5d} CONST          f32    {i}.0 ()" for i in range(5000))
+    doc["kernels"][0]["time_s"] = 1.0  # (the page opens on the slowest kernel)
+    doc["kernels"][0]["passes"][-1] = {"name": "linearize", "text": long, "changed": [4999], "removed": 0}
+    page = tmp_path / "long.html"
+    page.write_text(render(doc), encoding="utf-8")
+    browser.get(page.as_uri())
+    WebDriverWait(browser, 30).until(lambda d: d.execute_script("return document.body.dataset.shown") == "0")
+    pre = browser.find_element(By.ID, "pass-text")
+
+    def drawn() -> int:  # lines drawn (each run of lines is a span)
+        return sum(len(e.get_attribute("textContent").split("\n")) for e in pre.find_elements(By.TAG_NAME, "span"))
+    assert drawn() == 3000
+    assert browser.find_elements(By.CSS_SELECTOR, "#pass-text span.chg") == []
+    pre.find_element(By.CSS_SELECTOR, "button.more").click()
+    assert drawn() == 5000 and pre.find_elements(By.CSS_SELECTOR, "button.more") == []
+    assert [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#pass-text span.chg")] == [long.split("\n")[-1]]
