@@ -591,7 +591,7 @@ class RemoteDevice(Device):
                 if len(blob) > budget:
                     raise DeviceError(f"{len(blob)} bytes do not fit in a request to the REMOTE server "
                                       f"(its body limit is {max_body} bytes)")
-                h = digest or P.digest(blob)  # a digest a server gave for these bytes: the next one checks it
+                h = digest or P.blob_id(blob)  # an id a server gave for these bytes: the next one checks it
                 req = dataclasses.replace(req, datahash=h)
                 if h not in self._blobs:
                     if self._queued_bytes + len(blob) > budget:
