@@ -1,7 +1,9 @@
 """REMOTE overhead: round trips per program and time per run against the local device it serves.
 
 Starts `tgc serve -d DEV` in a subprocess on a free loopback port, runs a small and a large program
-through `-d REMOTE` and locally, and prints a table. Usage: `python bench/bench_remote.py [-d CPU] [-r 50]`.
+through `-d REMOTE` and locally, and prints a table, then the two figures issue 27 sets targets for: the payload
+rate (bytes sent and received per run of the large cases over their overhead; target >= 3 GB/s on loopback) and
+the small programs' overhead (target <= 0.3 ms). Usage: `python bench/bench_remote.py [-d CPU] [-r 50]`.
 """
 
 from __future__ import annotations
@@ -59,21 +61,28 @@ def main() -> int:
             prog = tgc.loads(src)
             kernels = len(prog.compile(device=a.device, dims=prog.bind(inputs)[0]))
             prog.run(device=a.device, **inputs)  # compile and load first
-            prog.run(device="REMOTE", **inputs)
+            outputs = prog.run(device="REMOTE", **inputs)
             local = timed_runs(prog, a.device, inputs, a.repeat)
             before = remote.round_trips
             there = timed_runs(prog, "REMOTE", inputs, a.repeat)
             trips = (remote.round_trips - before) / a.repeat
             nbytes = sum(x.nbytes for x in inputs.values())
+            moved = nbytes + sum(np.asarray(v).nbytes for v in outputs.values())
             lm, rm = statistics.median(local), statistics.median(there)
-            rows.append((name, kernels, nbytes, trips, lm, rm))
+            rows.append((name, kernels, nbytes, trips, lm, rm, moved))
         remote.close()
     print(f"REMOTE serving {a.device} on 127.0.0.1, median of {a.repeat} runs")
     print(f"{'program':<28}{'kernels':>8}{'input':>10}{'trips/run':>11}{'local':>11}{'REMOTE':>11}"
           f"{'overhead':>11}{'ratio':>8}")
-    for name, kernels, nbytes, trips, lm, rm in rows:
+    for name, kernels, nbytes, trips, lm, rm, _ in rows:
         print(f"{name:<28}{kernels:>8}{nbytes / 1e6:>8.2f}MB{trips:>11.2f}{lm * 1e3:>9.3f}ms{rm * 1e3:>9.3f}ms"
               f"{(rm - lm) * 1e3:>9.3f}ms{rm / lm:>7.1f}x")
+    large = [r for r in rows if r[0].startswith("large")]
+    moved, extra = sum(r[6] for r in large), sum(max(r[5] - r[4], 1e-9) for r in large)
+    small = statistics.median(r[5] - r[4] for r in rows if r[0].startswith("small"))
+    print(f"payload: {moved / extra / 1e9:.2f} GB/s ({moved / 1e6:.1f} MB in and out over {extra * 1e3:.1f} ms of "
+          "overhead; target >= 3 GB/s)")
+    print(f"small-program overhead: {small * 1e3:.3f} ms (median of the small cases; target <= 0.3 ms)")
     return 0
 
 

@@ -121,6 +121,31 @@ def _reason(e: BaseException) -> str:
     return str(e) or type(e).__name__
 
 
+class _GatheringHTTPConnection(http.client.HTTPConnection):
+    """An HTTPConnection whose `request` sends the header and every body part in one gathering write
+    (`protocol.send_all`): the standard library writes the header and each part separately, so a small batch cost
+    two or more system calls and woke the server once for the header and again for the body."""
+
+    _pending: list[bytes | memoryview] | None = None
+
+    def send(self, data: Any) -> None:
+        if self._pending is None or hasattr(data, "read"):
+            return super().send(data)
+        self._pending.append(data)
+
+    def request(self, method: str, url: str, body: Any = None, headers: Any = {}, *,  # noqa: B006 (the base's)
+                encode_chunked: bool = False) -> None:
+        if self.sock is None:
+            self.connect()
+        self._pending = []
+        try:
+            super().request(method, url, body, headers, encode_chunked=encode_chunked)
+            pending = self._pending
+        finally:
+            self._pending = None
+        P.send_all(self.sock, pending)
+
+
 class Connection:
     """One kept-alive HTTP connection to a server.
 
@@ -132,7 +157,7 @@ class Connection:
     def __init__(self, host: str, port: int, token: str | None, session: str, timeout: float, retry: float):
         self.host, self.port, self.token, self.session = host, port, token, session
         self.timeout, self.retry = timeout, retry
-        self._conn: http.client.HTTPConnection | None = None
+        self._conn: _GatheringHTTPConnection | None = None
         self.server_timing: str | None = None  # the server's timing header of the last answer (`post(timing=...)`)
 
     @property
@@ -144,10 +169,10 @@ class Connection:
             self._conn.close()
             self._conn = None
 
-    def _connect(self) -> http.client.HTTPConnection:
+    def _connect(self) -> _GatheringHTTPConnection:
         deadline, delay = time.monotonic() + self.retry, 0.05
         while True:
-            conn = http.client.HTTPConnection(self.host, self.port, timeout=min(self.timeout, CONNECT_TIMEOUT))
+            conn = _GatheringHTTPConnection(self.host, self.port, timeout=min(self.timeout, CONNECT_TIMEOUT))
             try:
                 conn.connect()
                 conn.sock.settimeout(self.timeout)
@@ -566,7 +591,7 @@ class RemoteDevice(Device):
                 if len(blob) > budget:
                     raise DeviceError(f"{len(blob)} bytes do not fit in a request to the REMOTE server "
                                       f"(its body limit is {max_body} bytes)")
-                h = digest or P.digest(blob)  # a digest a server gave for these bytes: the next one checks it
+                h = digest or P.blob_id(blob)  # an id a server gave for these bytes: the next one checks it
                 req = dataclasses.replace(req, datahash=h)
                 if h not in self._blobs:
                     if self._queued_bytes + len(blob) > budget:

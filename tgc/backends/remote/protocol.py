@@ -4,13 +4,18 @@ A body (request or response) is
 
     b"TGC1"                          4 bytes, the format's magic
     blob count                       4 bytes, big-endian
-    count x (sha256 digest           32 bytes
+    count x (blob id                 32 bytes
              length                  8 bytes, big-endian
              bytes)                  `length` bytes
     text                             the rest, UTF-8
 
-Blobs are content-addressed: each distinct kernel binary or buffer payload travels once per body,
-and requests name it by the hex digest. A request body's text is a list of request calls, e.g.
+A blob shorter than `LARGE_BLOB` bytes is content-addressed: its id is its sha256, which the receiver
+checks, and each distinct one (kernel binaries, small payloads) travels once per body. A larger blob
+(a buffer's payload) is named by 32 random bytes its sender picks (`blob_id`) and is not hashed by
+either side: a hash over megabytes cost more than sending them (the data path in docs/DESIGN.md);
+TCP checks the bytes, the token authenticates the peer, and nothing trusts a large blob's id (the
+server hashes a program binary itself before it looks up what it knows of it). Requests name a blob
+by its id in hex. A request body's text is a list of request calls, e.g.
 `[BufferAlloc(buf=1, size=64), CopyIn(buf=1, datahash='ab12...')]`; a response body's text is the
 list of their results (None, numbers, strings, lists, dicts). Both are parsed by `parse_text`, which
 walks Python's `ast` and allows only literals, calls of the classes it is given (keyword arguments
@@ -26,10 +31,12 @@ import dataclasses
 import hashlib
 import math
 import re
+import secrets
+import socket
 import threading
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, ClassVar, Union
@@ -56,6 +63,7 @@ MAX_DEPTH = 32  # nesting of lists/calls in request text
 MAX_NODES = 200_000  # syntax nodes in one request text (counted roughly before parsing, exactly after)
 MAX_TEXT = 16 << 20  # characters of one request text (kernel sources included), checked before parsing
 MAX_BLOBS = 1 << 16  # blobs in one body
+LARGE_BLOB = 1 << 20  # bytes from which a blob is named by a random id, not by its (checked) sha256
 
 # The only attribute names request text may use, and the values they stand for.
 ATTRIBUTES: dict[str, float] = {"math.inf": math.inf, "math.nan": math.nan}
@@ -131,8 +139,16 @@ class ProtocolError(ValueError):
 
 
 def digest(data: bytes | memoryview) -> str:
-    """The hex sha256 that names a blob."""
+    """The hex sha256 of `data` (the id of a blob shorter than `LARGE_BLOB`)."""
     return hashlib.sha256(data).hexdigest()
+
+
+def blob_id(data: bytes | bytearray | memoryview) -> str:
+    """The id that names `data` in a body: its sha256 below `LARGE_BLOB` bytes, else a fresh random id (so
+    two large blobs in one body are never merged, and nobody hashes megabytes)."""
+    if len(data) < LARGE_BLOB:
+        return hashlib.sha256(data).hexdigest()
+    return secrets.token_hex(32)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -392,6 +408,23 @@ def body_parts(blobs: Mapping[str, bytes | memoryview], text: str) -> list[bytes
     return parts
 
 
+def send_all(sock: socket.socket, parts: Sequence[bytes | memoryview]) -> None:
+    """Write `parts` in order with as few system calls as the kernel allows: one gathering `sendmsg` of all of
+    them (no join, no copy in Python), repeated over what a partial send left."""
+    views = [memoryview(p).cast("B") for p in parts if len(p)]
+    if not hasattr(sock, "sendmsg"):  # (not on every platform)
+        for v in views:
+            sock.sendall(v)
+        return
+    while views:
+        sent = sock.sendmsg(views[:1024])  # (IOV_MAX is 1024 on Linux)
+        while views and sent >= len(views[0]):
+            sent -= len(views[0])
+            views.pop(0)
+        if sent:
+            views[0] = views[0][sent:]
+
+
 def encode_body(blobs: Mapping[str, bytes | memoryview], text: str) -> bytes:
     """Blobs (hex digest -> bytes) and text as one body."""
     return b"".join(body_parts(blobs, text))
@@ -401,7 +434,7 @@ def decode_body(body: bytes | memoryview, max_blobs: int = MAX_BLOBS, verify: bo
                 max_text: int | None = None) -> tuple[dict[str, memoryview], str]:
     """A body's blobs (hex digest -> bytes) and its text; `ProtocolError` if malformed.
 
-    With `verify` (what the server does) every blob's sha256 must match its bytes.
+    With `verify` (what the server does) the sha256 of every blob shorter than `LARGE_BLOB` must match its id.
     """
     mv = memoryview(body)
     if len(mv) < 8 or bytes(mv[:4]) != MAGIC:
@@ -420,7 +453,7 @@ def decode_body(body: bytes | memoryview, max_blobs: int = MAX_BLOBS, verify: bo
             raise ProtocolError(f"blob {i}: length {n} runs past the end of the body ({len(mv) - pos} bytes left)")
         data = mv[pos:pos + n]
         pos += n
-        if verify and hashlib.sha256(data).digest() != want:
+        if verify and n < LARGE_BLOB and hashlib.sha256(data).digest() != want:
             raise ProtocolError(f"blob {i}: sha256 does not match its {n} bytes")
         blobs[want.hex()] = data
     if max_text is not None and len(mv) - pos > 4 * max_text:  # before decoding: at most 4 bytes a character

@@ -620,7 +620,7 @@ class RemoteServer:
         buf = self._get(session.buffers, req.buf, "buffer")
         data = bytearray(buf.size)
         self.allocator.copyout(memoryview(data), buf.handle)
-        h = P.digest(data)
+        h = P.blob_id(data)
         out[h] = data
         return h
 
@@ -680,7 +680,7 @@ class RemoteServer:
                                         f"{self.limits.max_body} bytes")
         session.answer_bytes += req.size
         data = self._read_bytes(buf, req.offset, req.size)
-        h = P.digest(data)
+        h = P.blob_id(data)
         out[h] = data
         return h
 
@@ -800,8 +800,9 @@ class RemoteServer:
     def _do_ProgramAlloc(self, session: Session, req: P.ProgramAlloc, blobs, out) -> None:
         self._new_id(session, session.programs, req.prog, "program")
         lib = bytes(self._blob(blobs, req.datahash))
+        key = P.digest(lib)  # hashed here: what this server knows of a binary never rests on the sender's id
         with self._cache_lock:
-            known = session.known.get(req.datahash) or self._known.get(req.datahash)
+            known = session.known.get(key) or self._known.get(key)
         contracts = known.all_contracts() if known is not None else ()
         if getattr(self.device, "native_launch", False):
             # launches run as native code in this process: only binaries whose launches can be checked
@@ -821,7 +822,7 @@ class RemoteServer:
         except Exception as e:  # not a binary this device can load: the client's fault
             msg = e.msg if isinstance(e, TgcError) else f"{type(e).__name__}: {e}"
             raise Refusal(400, "device", f"cannot load program '{req.name[:80]}': {msg}") from None
-        session.programs[req.prog] = (program, contracts, lib, req.name)
+        session.programs[req.prog] = (program, contracts, lib, req.name, key)
 
     def _do_ProgramFree(self, session: Session, req: P.ProgramFree, blobs, out) -> None:
         self._get(session.programs, req.prog, "program")
@@ -863,7 +864,7 @@ class RemoteServer:
         """Run one launch in this process (devices whose launches are not native code here)."""
         if time.monotonic() > session.deadline:
             raise self._late()
-        prog, contract, _, _ = self._get(session.programs, k.prog, "program")
+        prog, contract, _, _, _ = self._get(session.programs, k.prog, "program")
         handles = self._check_launch(session, k, contract)
         t = prog(*handles, global_size=k.global_size, local_size=k.local_size, vals=k.vals, wait=wait)
         return float(t) if wait and t is not None else None
@@ -888,11 +889,11 @@ class RemoteServer:
             part = []
             for i, k in enumerate(launches[first:first + self.GRAPH_SLICE], first):
                 try:
-                    prog, contracts, lib, name = self._get(session.programs, k.prog, "program")
+                    prog, contracts, lib, name, key = self._get(session.programs, k.prog, "program")
                     handles = self._check_launch(session, k, contracts)
                 except Refusal as e:
                     raise Refusal(e.status, e.kind, f"{label(i, i)}: {e.msg}") from None
-                part.append(Launch(f"{P.digest(lib)}:{name}", name, lib, [arena.offset_of(h) for h in handles],
+                part.append(Launch(f"{key}:{name}", name, lib, [arena.offset_of(h) for h in handles],
                                    tuple(k.global_size), tuple(k.vals)))
             last = first + len(part) - 1
             try:

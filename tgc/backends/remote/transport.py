@@ -110,9 +110,16 @@ class _Handler(BaseHTTPRequestHandler):
         if close:
             self.send_header("Connection", "close")
             self.close_connection = True
-        self.end_headers()
-        for part in parts:
-            self.wfile.write(part)
+        # the header and every part in one gathering write (not a write for each: see `protocol.send_all`)
+        if not hasattr(self, "_headers_buffer"):  # (no header buffer: the standard library's way)
+            self.end_headers()
+            for part in parts:
+                self.wfile.write(part)
+            return
+        self._headers_buffer.append(b"\r\n")
+        head = b"".join(self._headers_buffer)
+        self._headers_buffer = []
+        P.send_all(self.connection, [head, *parts])
 
     def _refuse(self, r: Refusal, close: bool = False) -> None:
         self._answer(r.status, (r.msg + "\n").encode("utf-8", "replace"), r.kind, close)

@@ -1,0 +1,133 @@
+"""The REMOTE data path (docs/DESIGN.md "REMOTE data path"): gathering writes, large blobs named by random ids
+and not hashed, and a server that never trusts a large blob's id."""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+import threading
+
+import numpy as np
+import pytest
+
+from tgc.backends.remote import protocol as P
+from tgc.backends.remote.server import serve
+
+LARGE = P.LARGE_BLOB
+
+
+def _cpu_ready() -> bool:
+    if importlib.util.find_spec("tgc.backends.cpu") is None:
+        return False
+    from tgc.backends import device_class
+    return device_class("CPU").probe()[0]
+
+
+needs_cpu = pytest.mark.skipif(not _cpu_ready(), reason="the CPU device is not available")
+
+
+def test_send_all_writes_every_part_in_order_through_partial_sends():
+    rng = np.random.default_rng(1)
+    parts = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in (0, 1, 7, 300_000, 5, 1_000_000, 3)]
+    parts.append(memoryview(np.arange(1000, dtype=np.float32)))  # a non-byte view is sent as its bytes
+    want = b"".join(bytes(memoryview(p).cast("B")) for p in parts)
+    a, b = socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # small buffers: sendmsg returns partial counts
+    got = bytearray()
+
+    def read() -> None:
+        while len(got) < len(want):
+            chunk = b.recv(8192)
+            if not chunk:
+                return
+            got.extend(chunk)
+
+    t = threading.Thread(target=read)
+    t.start()
+    try:
+        P.send_all(a, parts)
+        t.join(30)
+    finally:
+        a.close()
+        b.close()
+    assert bytes(got) == want
+
+
+def test_blob_ids_small_are_sha256_large_are_fresh_random_ids():
+    small = b"x" * (LARGE - 1)
+    assert P.blob_id(small) == P.digest(small)
+    large = bytes(LARGE)
+    first, second = P.blob_id(large), P.blob_id(large)
+    assert first != second and first != P.digest(large) and len(bytes.fromhex(first)) == 32
+
+
+def test_small_blobs_are_checked_large_blobs_are_not_hashed():
+    small = b"hello"
+    wrong = "00" * 32
+    with pytest.raises(P.ProtocolError, match="sha256 does not match"):
+        P.decode_body(P.encode_body({wrong: small}, "[]"))
+    large = np.arange(LARGE // 4, dtype=np.float32).tobytes()
+    blobs, text = P.decode_body(P.encode_body({wrong: large, P.digest(small): small}, "[]"))
+    assert bytes(blobs[wrong]) == large and bytes(blobs[P.digest(small)]) == small and text == "[]"
+
+
+@pytest.fixture
+def server():
+    srv = serve("127.0.0.1", 0, "CPU", None).start()
+    yield srv
+    srv.shutdown()
+
+
+def _post(srv, *reqs: P.Request, blobs: dict[str, bytes]) -> tuple[int, bytes]:
+    import http.client
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
+    try:
+        conn.request("POST", P.BATCH_PATH, P.encode_requests(list(reqs), blobs),
+                     {P.SESSION_HEADER: "datapath-session-0123456789"})
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+@needs_cpu
+def test_a_large_binary_under_a_known_binarys_id_is_refused(server):
+    """The server hashes a binary itself: junk sent (unhashed, as a large blob) under the id of a binary it
+    compiled is still one it did not compile."""
+    import tgc
+    from tgc.backends import get_device
+    from tgc.codegen.kernel import build_kernel
+    (item,) = tgc.loads("x: f32[N]\nreturn x + 1\n").schedule({"N": 64})
+    k = build_kernel(item, get_device("CPU"))
+    status, body = _post(server, P.Compile(src=k.src), blobs={})
+    assert status == 200, body
+    known = P.decode_results(body)[0][0]
+    junk = bytes(LARGE)
+    status, body = _post(server, P.ProgramAlloc(prog=1, name=k.name, datahash=known), blobs={known: junk})
+    assert status == 400 and b"did not compile" in body, body
+
+
+def _drop_remote_instances() -> None:
+    """Forget cached REMOTE devices so the next `get_device("REMOTE")` reads TGC_REMOTE again."""
+    from tgc import backends
+    for key in [k for k in backends._instances if k[0] == "REMOTE"]:
+        backends._instances.pop(key).close()
+
+
+@needs_cpu
+def test_large_and_repeated_payloads_round_trip_through_remote(server, monkeypatch):
+    """Inputs past LARGE_BLOB (two with equal bytes in one batch) and a large result, against numpy."""
+    import tgc
+    monkeypatch.setenv("TGC_REMOTE", f"127.0.0.1:{server.port}")
+    monkeypatch.delenv("TGC_REMOTE_TOKEN", raising=False)
+    monkeypatch.delenv("TGC_REMOTE_TOKEN_FILE", raising=False)
+    _drop_remote_instances()
+    try:
+        n = LARGE // 4 + 1000
+        x = np.random.default_rng(2).standard_normal(n).astype(np.float32)
+        prog = tgc.loads("x: f32[N]\ny: f32[N]\nreturn x * 2 + y\n")
+        np.testing.assert_allclose(prog.run(device="REMOTE", x=x, y=x.copy())["out0"], x * 3, rtol=1e-6)
+        y = x[::-1].copy()
+        np.testing.assert_allclose(prog.run(device="REMOTE", x=x, y=y)["out0"], x * 2 + y, rtol=1e-6)
+    finally:
+        _drop_remote_instances()
