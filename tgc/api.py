@@ -170,6 +170,8 @@ class Program:
         for k, v in dims.items():
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise TgcError(f"dim {k} must be a non-negative integer, got {v!r}")
+        if self.weights:  # arrays bound here before (the weights themselves) come back: not the caller's
+            inputs = {k: v for k, v in inputs.items() if self.weights.get(k) is not v}
         check_input_names(inputs, sorted(d.name for d in self.inputs), self.filename)
         bound_by: dict[str, str] = {k: "" for k in dims}  # "": from the dims given
         arrays: dict[str, np.ndarray] = {}

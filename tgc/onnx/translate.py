@@ -34,6 +34,9 @@ _ONNX_DTYPES = {1: dtypes.f32, 2: dtypes.u8, 3: dtypes.i8, 4: dtypes.u16, 5: dty
                 7: dtypes.i64, 9: dtypes.bool, 10: dtypes.f16, 11: dtypes.f64, 12: dtypes.u32, 13: dtypes.u64,
                 16: dtypes.bf16}
 
+_ONNX_OF = {dt: code for code, dt in _ONNX_DTYPES.items()}
+_NP_TO_TGC = {dt.np.str[1:]: dt for dt in _ONNX_DTYPES.values() if dt != dtypes.bf16}
+
 _RESERVED = set(FUNCTIONS) | {d.name for d in dtypes.all} | set(keyword.kwlist) | {
     "range", "float", "int", "bool", "True", "False", "None", "inf", "nan", "len", "print"}
 
@@ -122,7 +125,8 @@ def opset_of(model: Any) -> int:
     for imp in model.opset_import:
         if imp.domain in ("", "ai.onnx"):
             return int(imp.version)
-    return 1
+    domains = ", ".join(sorted({imp.domain for imp in model.opset_import})) or "none"
+    raise TgcError(f"the model imports no ai.onnx opset (domains: {domains}): tgc supports the ai.onnx domain only")
 
 
 def supported_ops() -> set[str]:
@@ -390,7 +394,9 @@ def translate(model: Any, where: str = "<model>") -> Translation:
                 raise TgcError(f"{cx.where()}: input '{name}' is not produced by any node (subgraph values "
                                "are not supported)")
         attrs = {a.name: _attr(a, cx) for a in node.attribute}
-        outs = fn(cx, node, ins, attrs, opset)
+        outs = _fold(cx, node, ins, opset)
+        if outs is None:
+            outs = fn(cx, node, ins, attrs, opset)
         for i, out_name in enumerate(node.output):
             if not out_name:
                 continue
@@ -415,6 +421,43 @@ def translate(model: Any, where: str = "<model>") -> Translation:
         head.append(f"# onnx-name: {v} = {k}")
     source = "\n".join([*head, *cx.decls, *cx.lines, "return " + ", ".join(rets)]) + "\n"
     return Translation(source, cx.weights, tr_inputs, tr_outputs, dims, opset, ops_used)
+
+
+FOLD_LIMIT = 1 << 16  # elements: constants up to this size are computed at load time
+
+
+def _fold(cx: Ctx, node: Any, ins: list, opset: int) -> list | None:
+    """A node whose inputs are all known at load time (shape arithmetic, small constants), computed now by
+    ONNX's reference evaluator, the way any compiler folds constants; None where it does not apply."""
+    present = [v for v in ins if v is not None]
+    if not present or any(v.const is None or v.const.size > FOLD_LIMIT or v.dtype == dtypes.bf16 for v in present):
+        return None
+    if node.op_type.startswith("Random") or any(a.type in (a.GRAPH, a.GRAPHS) for a in node.attribute):
+        return None
+    import onnx
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+
+    names = [f"i{i}" if v is not None else "" for i, v in enumerate(ins)]
+    one = helper.make_node(node.op_type, names, [f"o{i}" for i in range(len(node.output))], domain=node.domain)
+    one.attribute.extend(node.attribute)
+    g = helper.make_graph([one], "fold", [helper.make_tensor_value_info(n, _ONNX_OF[v.dtype], list(v.const.shape))
+                                          for n, v in zip(names, ins) if v is not None],
+                          [helper.make_tensor_value_info(f"o{i}", onnx.TensorProto.UNDEFINED, None)
+                           for i in range(len(node.output))])
+    try:
+        model = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+        res = ReferenceEvaluator(model).run(None, {n: v.const for n, v in zip(names, ins) if v is not None})
+    except Exception:  # noqa: BLE001 - the op function translates it instead (and says what is wrong)
+        return None
+    outs = []
+    for name, arr in zip(node.output, res):
+        arr = np.asarray(arr)
+        dt = _NP_TO_TGC.get(arr.dtype.str[1:])
+        if dt is None or arr.size > FOLD_LIMIT:
+            return None
+        outs.append(Value(name, dt, tuple(arr.shape), const=arr))
+    return outs
 
 
 def _bind_output(cx: Ctx, out_name: str, out: Any) -> Value:
