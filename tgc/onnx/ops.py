@@ -81,8 +81,8 @@ def _num(x: float, dt: DType) -> str:
 
 def _cast(expr: str, dt: DType) -> str:
     """`expr` in dtype `dt`: floats keep their dtype through tgc's ops (weak literals included), so only an
-    integer or bool result is cast back (tgc's `sum` of i8 gives i32, ONNX's keeps i8)."""
-    return expr if _is_float(dt) else f"cast({expr}, {dt.name})"
+    integer, bool or f16/bf16 result is cast back (some functions compute those in f32) (tgc's `sum` of i8 gives i32, ONNX's keeps i8)."""
+    return expr if dt in (dtypes.f32, dtypes.f64) else f"cast({expr}, {dt.name})"
 
 
 # --- elementwise -------------------------------------------------------------------------------------------------

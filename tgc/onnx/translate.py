@@ -350,7 +350,7 @@ def translate(model: Any, where: str = "<model>") -> Translation:
     types: dict[str, tuple[DType, tuple | None]] = {}
     for vi in [*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input]:
         t = _type_of(vi, dims)
-        if t is not None:
+        if t is not None and (vi.name not in types or types[vi.name][1] is None):
             types[vi.name] = t
     cx = Ctx(opset, types, dims)
     cx.names = names
@@ -396,7 +396,14 @@ def translate(model: Any, where: str = "<model>") -> Translation:
         attrs = {a.name: _attr(a, cx) for a in node.attribute}
         outs = _fold(cx, node, ins, opset)
         if outs is None:
-            outs = fn(cx, node, ins, attrs, opset)
+            try:
+                outs = fn(cx, node, ins, attrs, opset)
+            except TgcError:
+                raise
+            except (TypeError, KeyError, IndexError, ValueError, AttributeError, ZeroDivisionError) as e:
+                # an input of unknown shape, an attribute combination the op function does not handle
+                raise TgcError(f"cannot translate {cx.where()}: {type(e).__name__}: {e}",
+                               hint="an op's inputs may need shapes that ONNX shape inference did not give") from None
         for i, out_name in enumerate(node.output):
             if not out_name:
                 continue
