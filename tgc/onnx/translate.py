@@ -380,6 +380,7 @@ def translate(model: Any, where: str = "<model>") -> Translation:
         arr, dt = _to_array(t)
         cx.values[name] = Value(name, dt, tuple(arr.shape), const=arr)
     ops_used: list[str] = []
+    used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
     for node in g.node:
         cx.node = node
         if node.op_type not in ops_used:
@@ -405,7 +406,7 @@ def translate(model: Any, where: str = "<model>") -> Translation:
                 raise TgcError(f"cannot translate {cx.where()}: {type(e).__name__}: {e}",
                                hint="an op's inputs may need shapes that ONNX shape inference did not give") from None
         for i, out_name in enumerate(node.output):
-            if not out_name:
+            if not out_name or out_name not in used:  # (an output nothing reads, as Dropout's mask)
                 continue
             if i >= len(outs) or outs[i] is None:
                 raise cx.unsupported(f"output {i} ('{out_name}')")
