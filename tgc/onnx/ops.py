@@ -739,8 +739,11 @@ def _reduce(cx, node, ins, at, opset):
     if any(x.shape[a] == 0 for a in axes) and node.op_type in ("ReduceMax", "ReduceMin", "ReduceLogSumExp"):
         shape = _out_shape(cx, node)
         big = float("inf") if node.op_type == "ReduceMin" else float("-inf")
-        v = big if _is_float(x.dtype) else (np.iinfo(x.dtype.np).max if big > 0 else np.iinfo(x.dtype.np).min)
-        return [f"full({shape_text(shape)}, {_num(v, x.dtype)}, dtype={x.dtype.name})"]
+        if x.dtype == dtypes.bool:
+            v: Any = node.op_type == "ReduceMin"
+        else:
+            v = big if _is_float(x.dtype) else (np.iinfo(x.dtype.np).max if big > 0 else np.iinfo(x.dtype.np).min)
+        return [_const(np.full(shape, v), x.dtype, node.output[0])]  # (the identity of an empty max/min)
     inner = fmt.format(e)
     # put the axis/keepdim arguments into the outermost reduction of the format
     name = inner.split("(", 1)[0]
@@ -1092,3 +1095,129 @@ def _global_pool(cx, node, ins, at, opset):
         return [f"max({e}, axis={axes}, keepdim=True)"]
     p = int(at.get("p", 2))
     return [_cast(f"pow(sum(pow(abs({e}), {p}.0), axis={axes}, keepdim=True), {1.0 / p!r})", x.dtype)]
+
+
+# --- losses, more normalizations, one-hot, bit casts -------------------------------------------------------------
+
+def _nll(cx: Ctx, logp: str, x: Value, target: Value, weight: Value | None, at: dict) -> str:
+    """ONNX's NegativeLogLikelihoodLoss of log-probabilities `logp` (N, C, d...) at `target` (N, d...)."""
+    r = x.rank
+    ignore = at.get("ignore_index")
+    t = cx.tensor(target)
+    if ignore is not None:  # an ignored target reads class 0 and weighs 0
+        keep = cx.let(f"({t} != {int(ignore)})", "keep")
+        t = cx.let(f"where({keep}, {t}, 0)", "target")
+    picked = cx.let(f"(-take_along_axis({logp}, unsqueeze({t}, 1), axis=1))", "picked")
+    picked = cx.let(f"squeeze({picked}, 1)", "nll")
+    w = f"take({cx.tensor(weight)}, {t}, axis=0)" if weight is not None else None
+    if ignore is not None:
+        m = f"cast({keep}, {x.dtype.name})"
+        w = f"({w} * {m})" if w is not None else m
+    if w is not None:
+        w = cx.let(w, "weight")
+        picked = cx.let(f"({picked} * {w})", "weighted")
+    red = at.get("reduction", "mean")
+    if red == "none":
+        return picked
+    if red == "sum":
+        return f"sum({picked})"
+    if red == "mean":
+        if w is None:
+            return f"mean({picked})"
+        return f"(sum({picked}) / sum({w}))"
+    raise cx.unsupported(f"reduction '{red}'")
+    del r
+
+
+@op("NegativeLogLikelihoodLoss")
+def _nll_op(cx, node, ins, at, opset):
+    x, target = ins[0], ins[1]
+    w = ins[2] if len(ins) > 2 else None
+    return [_cast(_nll(cx, cx.tensor(x), x, target, w, at), x.dtype)]
+
+
+@op("SoftmaxCrossEntropyLoss")
+def _sce(cx, node, ins, at, opset):
+    x, target = ins[0], ins[1]
+    w = ins[2] if len(ins) > 2 else None
+    logp = cx.let(f"log_softmax({cx.tensor(x)}, axis=1)", "log_prob")
+    return [_cast(_nll(cx, logp, x, target, w, at), x.dtype), logp]
+
+
+@op("RMSNormalization")
+def _rmsnorm(cx, node, ins, at, opset):
+    x, scale = ins
+    r = x.rank
+    ax = _axis(at.get("axis", -1), r)
+    eps = float(at.get("epsilon", 1e-5))
+    axes = shape_text(list(range(ax, r)))
+    e = cx.tensor(x)
+    xf = cx.let(f"cast({e}, f32)" if x.dtype in (dtypes.f16, dtypes.bf16) else e, "xf")
+    inv = cx.let(f"rsqrt(mean({xf} * {xf}, axis={axes}, keepdim=True) + {_num(eps, dtypes.f32)})", "inv_rms")
+    return [_cast(f"({xf} * {inv} * {cx.tensor(scale)})", x.dtype)]
+
+
+@op("GroupNormalization")
+def _groupnorm(cx, node, ins, at, opset):
+    x, scale, bias = ins
+    g = int(at["num_groups"])
+    eps = float(at.get("epsilon", 1e-5))
+    n, c = x.shape[0], x.shape[1]
+    rest = list(x.shape[2:])
+    e = cx.tensor(x)
+    grouped = cx.let(f"reshape({e}, ({n}, {g}, -1))", "grouped")
+    m = cx.let(f"mean({grouped}, axis=2, keepdim=True)", "mean")
+    d = cx.let(f"({grouped} - {m})", "centered")
+    v = cx.let(f"mean({d} * {d}, axis=2, keepdim=True)", "var")
+    y = cx.let(f"reshape({d} / sqrt({v} + {_num(eps, x.dtype)}), {shape_text([n, c, *rest])})", "normed")
+    if opset >= 21:  # per channel
+        shp = shape_text(_channel_shape(x.rank, c))
+        return [_cast(f"({y} * reshape({cx.tensor(scale)}, {shp}) + reshape({cx.tensor(bias)}, {shp}))", x.dtype)]
+    # opset 18: scale and bias per group
+    shp = shape_text([1, g, 1])
+    sc = f"reshape(expand(reshape({cx.tensor(scale)}, {shp}), (1, {g}, {c // g})), {shape_text(_channel_shape(x.rank, c))})"
+    bi = f"reshape(expand(reshape({cx.tensor(bias)}, {shp}), (1, {g}, {c // g})), {shape_text(_channel_shape(x.rank, c))})"
+    return [_cast(f"({y} * {sc} + {bi})", x.dtype)]
+
+
+@op("CumProd")
+def _cumprod(cx, node, ins, at, opset):
+    x = ins[0]
+    ax = _axis(int(cx.static(ins[1], "the axis").reshape(-1)[0]), x.rank)
+    e = cx.tensor(x)
+    if at.get("reverse", 0):
+        e = f"flip({e}, {ax})"
+    e = f"cumprod({e}, axis={ax})"
+    if at.get("exclusive", 0):
+        pads = ", ".join("(1, 0)" if i == ax else "(0, 0)" for i in range(x.rank))
+        idx = ", ".join(f":{x.shape[i]}" if i == ax else ":" for i in range(x.rank))
+        e = f"pad({e}, ({pads},), value=1)[{idx}]"
+    if at.get("reverse", 0):
+        e = f"flip({e}, {ax})"
+    return [_cast(e, x.dtype)]
+
+
+@op("BitCast")
+def _bitcast(cx, node, ins, at, opset):
+    from tgc.onnx.translate import onnx_dtype
+
+    x = ins[0]
+    to = onnx_dtype(at["to"], f"BitCast's target in {cx.where()}")
+    if to.itemsize != x.dtype.itemsize:
+        raise cx.unsupported(f"a bit cast between sizes ({x.dtype.name} to {to.name})")
+    return [f"bitcast({cx.tensor(x)}, {to.name})"]
+
+
+@op("OneHot")
+def _onehot(cx, node, ins, at, opset):
+    idx, depth_v, values = ins
+    depth = int(cx.static(depth_v, "the depth").reshape(-1)[0])
+    r = idx.rank + 1
+    ax = _axis(at.get("axis", -1), r)
+    i = cx.tensor(idx)
+    i = cx.let(f"where({i} < 0, {i} + {depth}, {i})", "index")
+    shape = [1] * r
+    shape[ax] = depth
+    hit = cx.let(f"(reshape(arange({depth}), {shape_text(shape)}) == unsqueeze({i}, {ax}))", "hit")
+    v = cx.tensor(values)
+    return [_cast(f"where({hit}, {v}[1], {v}[0])", values.dtype)]

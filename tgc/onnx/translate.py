@@ -431,6 +431,22 @@ def translate(model: Any, where: str = "<model>") -> Translation:
     return Translation(source, cx.weights, tr_inputs, tr_outputs, dims, opset, ops_used)
 
 
+def _probe(cx: Ctx, expr: str, out_name: str) -> tuple[DType, tuple]:
+    """The dtype and shape of `expr` where ONNX's shape inference gave none (inside expanded functions, say):
+    the program so far is traced by the front end (without dims: a model with symbolic dims needs inference)."""
+    from tgc.dsl.frontend import parse, trace
+    from tgc.ir.shapes import shape_of
+
+    if cx.dims:
+        raise TgcError(f"the type of '{out_name}' from {cx.where()} is unknown (ONNX shape inference gave none)")
+    source = "\n".join([*cx.decls, *cx.lines, f"probe_value_ = {expr}", "return probe_value_"]) + "\n"
+    try:
+        outs, _ = trace(parse(source, "<onnx>"), {})
+    except TgcError as e:
+        raise TgcError(f"cannot translate {cx.where()}: {e.msg}") from None
+    return outs[0].dtype, tuple(shape_of(outs[0]))
+
+
 FOLD_LIMIT = 1 << 16  # elements: constants up to this size are computed at load time
 
 
@@ -474,8 +490,8 @@ def _bind_output(cx: Ctx, out_name: str, out: Any) -> Value:
             out = Value(out_name, out.dtype, out.shape, out.expr, out.const)
         return out
     dt, shape = cx.types.get(out_name, (None, None))
-    if dt is None:
-        raise TgcError(f"the type of '{out_name}' from {cx.where()} is unknown (ONNX shape inference gave none)")
+    if dt is None or shape is None:
+        dt, shape = _probe(cx, out, out_name)
     name = cx.out_names.pop(out_name, None) or cx.names.new(out_name, "t")
     cx.lines.append(f"{name} = {out}")
     return Value(out_name, dt, shape, expr=name)
