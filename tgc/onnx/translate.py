@@ -447,7 +447,9 @@ def _probe(cx: Ctx, expr: str, out_name: str) -> tuple[DType, tuple]:
     return outs[0].dtype, tuple(shape_of(outs[0]))
 
 
-FOLD_LIMIT = 1 << 16  # elements: constants up to this size are computed at load time
+FOLD_LIMIT = 1 << 16
+_FOLDS_ITSELF = {"Constant", "ConstantOfShape", "Shape", "Size", "Identity", "Cast", "Reshape", "Unsqueeze",
+                 "Squeeze", "Flatten", "Concat", "Gather", "Transpose", "Slice"}  # (ops.py computes these directly)  # elements: constants up to this size are computed at load time
 
 
 def _fold(cx: Ctx, node: Any, ins: list, opset: int) -> list | None:
@@ -456,7 +458,7 @@ def _fold(cx: Ctx, node: Any, ins: list, opset: int) -> list | None:
     present = [v for v in ins if v is not None]
     if not present or any(v.const is None or v.const.size > FOLD_LIMIT or v.dtype == dtypes.bf16 for v in present):
         return None
-    if node.op_type.startswith("Random") or any(a.type in (a.GRAPH, a.GRAPHS) for a in node.attribute):
+    if node.op_type in _FOLDS_ITSELF or node.op_type.startswith("Random") or any(a.type in (a.GRAPH, a.GRAPHS) for a in node.attribute):
         return None
     import onnx
     from onnx import helper
