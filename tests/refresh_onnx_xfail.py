@@ -8,8 +8,9 @@ from pathlib import Path
 
 import onnx
 
-HEAD = [f"# ONNX node conformance cases (onnx {onnx.__version__}) that tgc does not pass, and why. tests/test_onnx_nodes.py",
-        "# fails when a listed case passes (remove it) or a case not listed fails: this list may only shrink.",
+HEAD = [f"# ONNX node conformance cases (onnx {onnx.__version__}) that tgc does not pass, and why.",
+        "# tests/test_onnx_nodes.py fails when a listed case passes (remove it) or a case not listed fails:",
+        "# this list may only shrink.",
         "# Refresh: python tests/onnx_cases.py PYTHON > LOG; python tests/refresh_onnx_xfail.py LOG"]
 
 if __name__ == "__main__":

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 onnx = pytest.importorskip("onnx")
+from clikit import assert_clean, invoke  # noqa: E402
 from onnx import TensorProto as TP  # noqa: E402
 from onnx import helper as h  # noqa: E402
 from onnx import numpy_helper as nh  # noqa: E402
 
 import tgc  # noqa: E402
-from clikit import assert_clean, invoke  # noqa: E402
 from tgc.errors import TgcError  # noqa: E402
 
 RNG = np.random.default_rng(0)

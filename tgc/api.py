@@ -57,6 +57,8 @@ from tgc.env import debug_level, env_flag, env_int
 from tgc.errors import BindError, CompileError, TgcError
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.uop import Ops, UOp
+from tgc.onnx import read_model
+from tgc.onnx import translate as translate_onnx
 
 __all__ = ["Program", "Kernel", "load", "loads", "InputDecl", "devices"]
 
@@ -86,10 +88,8 @@ def loads(source: str, filename: str = "<string>") -> Program:
 def load_onnx(path: str | os.PathLike) -> Program:
     """An ONNX model as a Program: the `.tg` text `tgc import` writes, its weights bound at load (inputs the
     user never passes, not part of any cache key), inputs and outputs called by their ONNX names."""
-    from tgc.onnx import read_model, translate
-
     path = os.fspath(path)
-    tr = translate(read_model(path), os.path.basename(path))
+    tr = translate_onnx(read_model(path), os.path.basename(path))
     names = {tg: name for name, tg in [*tr.inputs.items(), *tr.outputs.items()]}
     prog = Program(tr.source, filename=path, weights=tr.weights, names=names)
     prog.path = path

@@ -871,12 +871,12 @@ def beam_(file: str, device: str | None, dims: dict[str, int], width: int, force
 @dims_option
 @json_option
 def inspect(file: str, dims: dict[str, int], as_json: bool) -> None:
-    """Show a package (or an ONNX model's opset, inputs, outputs and ops): its device, dims, signature, kernels and planned peak memory (after validating it).
+    """Show a package: its device, dims, signature, kernels and planned peak memory (after validating it); or an
+    ONNX model: its opset, inputs, outputs, the ops it uses and any op tgc lacks.
     A package for every size (compiled without -D) shows its size classes, symbolic shapes and peak memory as
     an expression of the dims; with -D, also the package at those sizes."""
-    from tgc.package import is_package, load_package
-
     from tgc.cli.onnx_cmds import inspect_onnx, is_onnx
+    from tgc.package import is_package, load_package
 
     if is_onnx(file):  # a model: opset, inputs, outputs, ops (and the ones tgc lacks), before anything runs
         return inspect_onnx(file, as_json)

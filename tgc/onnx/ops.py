@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from tgc.dtype import DType, dtypes
-from tgc.onnx.translate import Ctx, Value, _literal, shape_text
+from tgc.onnx.core import Ctx, Value, _literal, onnx_dtype, shape_text
 
 OpFn = Callable[[Ctx, Any, list, dict, int], list]
 OPS: dict[str, OpFn] = {}
@@ -81,7 +81,8 @@ def _num(x: float, dt: DType) -> str:
 
 def _cast(expr: str, dt: DType) -> str:
     """`expr` in dtype `dt`: floats keep their dtype through tgc's ops (weak literals included), so only an
-    integer, bool or f16/bf16 result is cast back (some functions compute those in f32) (tgc's `sum` of i8 gives i32, ONNX's keeps i8)."""
+    integer, bool or f16/bf16 result is cast back (tgc's `sum` of i8 gives i32, ONNX's keeps i8; some functions
+    compute f16 in f32)."""
     return expr if dt in (dtypes.f32, dtypes.f64) else f"cast({expr}, {dt.name})"
 
 
@@ -288,8 +289,6 @@ def _prelu(cx, node, ins, at, opset):
 
 @op("Cast")
 def _cast_op(cx, node, ins, at, opset):
-    from tgc.onnx.translate import onnx_dtype
-
     x = ins[0]
     to = onnx_dtype(at["to"], f"Cast's target in {cx.where()}")
     if x.const is not None and x.const.size <= 4096 and to != dtypes.bf16 and x.dtype != dtypes.bf16:
@@ -622,7 +621,7 @@ def _pad(cx, node, ins, at, opset):
             continue
         n = shape[ax]
 
-        def sl(i: int, ax: int = ax) -> str:
+        def sl(i: int, ax: int = ax, e: str = e) -> str:
             idx = [":"] * r
             idx[ax] = f"{i}:{i + 1}"
             return f"{e}[{', '.join(idx)}]"
@@ -684,8 +683,6 @@ def _cumsum(cx, node, ins, at, opset):
 
 @op("EyeLike")
 def _eyelike(cx, node, ins, at, opset):
-    from tgc.onnx.translate import onnx_dtype
-
     x = ins[0]
     dt = onnx_dtype(at["dtype"], "EyeLike's dtype") if "dtype" in at else x.dtype
     n, m = x.shape
@@ -1175,8 +1172,9 @@ def _groupnorm(cx, node, ins, at, opset):
         return [_cast(f"({y} * reshape({cx.tensor(scale)}, {shp}) + reshape({cx.tensor(bias)}, {shp}))", x.dtype)]
     # opset 18: scale and bias per group
     shp = shape_text([1, g, 1])
-    sc = f"reshape(expand(reshape({cx.tensor(scale)}, {shp}), (1, {g}, {c // g})), {shape_text(_channel_shape(x.rank, c))})"
-    bi = f"reshape(expand(reshape({cx.tensor(bias)}, {shp}), (1, {g}, {c // g})), {shape_text(_channel_shape(x.rank, c))})"
+    per_channel = shape_text(_channel_shape(x.rank, c))
+    sc = f"reshape(expand(reshape({cx.tensor(scale)}, {shp}), (1, {g}, {c // g})), {per_channel})"
+    bi = f"reshape(expand(reshape({cx.tensor(bias)}, {shp}), (1, {g}, {c // g})), {per_channel})"
     return [_cast(f"({y} * {sc} + {bi})", x.dtype)]
 
 
@@ -1199,8 +1197,6 @@ def _cumprod(cx, node, ins, at, opset):
 
 @op("BitCast")
 def _bitcast(cx, node, ins, at, opset):
-    from tgc.onnx.translate import onnx_dtype
-
     x = ins[0]
     to = onnx_dtype(at["to"], f"BitCast's target in {cx.where()}")
     if to.itemsize != x.dtype.itemsize:
@@ -1221,3 +1217,81 @@ def _onehot(cx, node, ins, at, opset):
     hit = cx.let(f"(reshape(arange({depth}), {shape_text(shape)}) == unsqueeze({i}, {ax}))", "hit")
     v = cx.tensor(values)
     return [_cast(f"where({hit}, {v}[1], {v}[0])", values.dtype)]
+
+
+@op("Attention")
+def _attention(cx, node, ins, at, opset):
+    """ONNX Attention (opset 23+): 3-d (heads from the attributes) or 4-d Q, K, V; grouped K/V heads; a bool
+    or additive mask; causal (bottom-right aligned after a past cache); past/present key and value; softcap."""
+    q, k, v = ins[0], ins[1], ins[2]
+    def get(i: int) -> Value | None:
+        return ins[i] if len(ins) > i else None
+
+    mask, past_k, past_v = get(3), get(4), get(5)
+    if get(6) is not None:
+        raise cx.unsupported("the nonpad_kv_seqlen input")
+    for a in ("left_window_size", "right_window_size"):
+        if at.get(a, -1) != -1:
+            raise cx.unsupported(f"attribute {a}")
+    if len(node.output) > 3 and node.output[3]:
+        raise cx.unsupported("the qk_matmul_output output")
+    dt = q.dtype
+    eq, ek, ev = cx.tensor(q), cx.tensor(k), cx.tensor(v)
+    if q.rank == 3:
+        hq, hkv = int(at["q_num_heads"]), int(at["kv_num_heads"])
+        b, s, _ = q.shape
+        eq = cx.let(f"permute(reshape({eq}, ({b}, {s}, {hq}, {q.shape[2] // hq})), (0, 2, 1, 3))", "q")
+        ek = cx.let(f"permute(reshape({ek}, ({b}, {k.shape[1]}, {hkv}, {k.shape[2] // hkv})), (0, 2, 1, 3))", "k")
+        ev = cx.let(f"permute(reshape({ev}, ({b}, {v.shape[1]}, {hkv}, {v.shape[2] // hkv})), (0, 2, 1, 3))", "v")
+        d, dv, kv_len = q.shape[2] // hq, v.shape[2] // hkv, k.shape[1]
+    else:
+        b, hq, s, d = q.shape
+        hkv, kv_len, dv = k.shape[1], k.shape[2], v.shape[3]
+    past = 0
+    if past_k is not None:
+        past = past_k.shape[2]
+        ek = cx.let(f"cat({cx.tensor(past_k)}, {ek}, axis=2)", "present_key")
+        ev = cx.let(f"cat({cx.tensor(past_v)}, {ev}, axis=2)", "present_value")
+        kv_len += past
+    present = [ek, ev]
+    if hq != hkv:  # grouped heads: each K/V head serves hq / hkv query heads
+        rep = hq // hkv
+        ek = cx.let(f"reshape(expand(reshape({ek}, ({b}, {hkv}, 1, {kv_len}, {d})), ({b}, {hkv}, {rep}, {kv_len}, "
+                    f"{d})), ({b}, {hq}, {kv_len}, {d}))", "k_rep")
+        ev = cx.let(f"reshape(expand(reshape({ev}, ({b}, {hkv}, 1, {kv_len}, {dv})), ({b}, {hkv}, {rep}, {kv_len}, "
+                    f"{dv})), ({b}, {hq}, {kv_len}, {dv}))", "v_rep")
+    scale = at.get("scale", 1.0 / math.sqrt(d))
+    work = dtypes.f32 if dt in (dtypes.f16, dtypes.bf16) else dt
+    cq = f"cast({eq}, {work.name})" if work != dt else eq
+    ck = f"cast({ek}, {work.name})" if work != dt else ek
+    scores = cx.let(f"(({cq} * {_num(scale, work)}) @ permute({ck}, (0, 1, 3, 2)))", "scores")
+    bias = None
+    if mask is not None:
+        em = cx.tensor(mask)
+        if mask.dtype == dtypes.bool:
+            bias = f"where({em}, 0.0, (-1e300 * 1e300))"
+        else:
+            bias = f"cast({em}, {work.name})"
+        if mask.shape is not None and mask.shape[-1] < kv_len:  # a mask shorter than the keys pads with -inf
+            pads = ", ".join(["(0, 0)"] * (mask.rank - 1) + [f"(0, {kv_len - mask.shape[-1]})"])
+            bias = f"pad({bias}, ({pads},), value=(-1e300))"
+    if at.get("is_causal", 0):
+        causal = f"where(arange({kv_len})[None, :] <= arange({s})[:, None] + {past}, 0.0, (-1e300 * 1e300))"
+        bias = causal if bias is None else f"({bias} + {causal})"
+    if bias is not None:
+        scores = cx.let(f"({scores} + {bias})", "masked")
+    cap = float(at.get("softcap", 0.0))
+    if cap > 0:
+        scores = cx.let(f"(tanh({scores} / {_num(cap, work)}) * {_num(cap, work)})", "capped")
+    m = cx.let(f"max({scores}, axis=-1, keepdim=True)", "row_max")
+    m = cx.let(f"where(isinf({m}) & ({m} < 0), 0.0, {m})", "safe_max")
+    e = cx.let(f"exp({scores} - {m})", "e")
+    tot = cx.let(f"sum({e}, axis=-1, keepdim=True)", "total")
+    p = cx.let(f"({e} / where({tot} == 0, 1.0, {tot}))", "probs")
+    cv = f"cast({ev}, {work.name})" if work != dt else ev
+    y = cx.let(f"({p} @ {cv})", "attended")
+    if q.rank == 3:
+        y = f"reshape(permute({y}, (0, 2, 1, 3)), ({b}, {s}, {hq * dv}))"
+    outs: list = [_cast(f"cast({y}, {dt.name})" if work != dt else y, dt)]
+    outs += present
+    return outs
