@@ -187,3 +187,24 @@ def test_reshape_shape_from_graph_input_is_a_clear_error(tmp_path):
     nodes = [h.make_node("Reshape", ["x", "shape"], ["y"], name="rs")]
     path = _save(tmp_path, nodes, [_vi("x", [2, 3]), _vi("shape", [2], TP.INT64)], [_vi("y", None)])
     _assert_load_error(path, "must be a constant", "node 'rs'")
+
+
+def test_cli_compile_and_package_refusal(convnet, tmp_path):
+    """(`tgc bench`/`beam` of a model take the same path through `tgc.load`; they are slow for a unit test.)"""
+    path, _ = convnet
+    r = invoke("compile", path, "-d", "CPU", "--emit", "src")
+    assert r.exit_code == 0, r.output
+    assert "define void" in r.output  # LLVM IR of the model's kernels
+    r = invoke("compile", path, "-d", "CPU", "--package", str(tmp_path / "m.tgpkg"))
+    assert_clean(r, 2, "package of an ONNX model")
+
+
+def test_opset_too_old_and_foreign_domain(tmp_path):
+    path = _save(tmp_path, [h.make_node("Relu", ["x"], ["y"])], [_vi("x", [2])], [_vi("y", [2])], opset=6)
+    _assert_load_error(path, "opset 6 is older than tgc supports")
+    g = h.make_graph([h.make_node("Relu", ["x"], ["y"])], "g", [_vi("x", [2])], [_vi("y", [2])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("ai.onnx.ml", 3)])
+    p = tmp_path / "ml.onnx"
+    p.write_bytes(m.SerializeToString())
+    with pytest.raises(TgcError):
+        tgc.load(str(p))
