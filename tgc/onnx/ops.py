@@ -596,7 +596,9 @@ def _pad(cx, node, ins, at, opset):
     else:
         pads = _ints(cx.static(ins[1], "the pads"))
         cv = ins[2] if len(ins) > 2 else None
-        value = cx.static(cv, "the constant value").reshape(-1)[0].item() if cv is not None else 0
+        value = cv.const.reshape(-1)[0].item() if cv is not None and cv.const is not None else 0
+        if cv is not None and cv.const is None:  # a computed pad value: pad, then put it where padding is
+            value = None
         axes = _ints(cx.static(ins[3], "the axes")) if len(ins) > 3 and ins[3] is not None else list(range(r))
     mode = at.get("mode", "constant")
     axes = [_axis(a, r) for a in axes]
@@ -610,8 +612,11 @@ def _pad(cx, node, ins, at, opset):
         e = cx.let(f"{e}[{', '.join(idx)}]", "crop")
         before, after = [max(b, 0) for b in before], [max(a_, 0) for a_ in after]
     if mode == "constant":
-        val = _num(value, x.dtype) if x.dtype != dtypes.bool else str(bool(value))
         pairs = ", ".join(f"({b}, {a_})" for b, a_ in zip(before, after))
+        if value is None:
+            inside = f"pad(full({shape_text(x.shape)}, True, dtype=bool), ({pairs},), value=False)"
+            return [f"where({inside}, pad({e}, ({pairs},)), reshape({cx.tensor(cv)}, ()))"]
+        val = _num(value, x.dtype) if x.dtype != dtypes.bool else str(bool(value))
         return [f"pad({e}, ({pairs},), value={val})"]
     # edge / reflect / wrap: concatenate slices axis by axis
     shape = list(x.shape)
@@ -1228,13 +1233,10 @@ def _attention(cx, node, ins, at, opset):
         return ins[i] if len(ins) > i else None
 
     mask, past_k, past_v = get(3), get(4), get(5)
-    if get(6) is not None:
-        raise cx.unsupported("the nonpad_kv_seqlen input")
+    nonpad = get(6)
     for a in ("left_window_size", "right_window_size"):
         if at.get(a, -1) != -1:
             raise cx.unsupported(f"attribute {a}")
-    if len(node.output) > 3 and node.output[3]:
-        raise cx.unsupported("the qk_matmul_output output")
     dt = q.dtype
     eq, ek, ev = cx.tensor(q), cx.tensor(k), cx.tensor(v)
     if q.rank == 3:
@@ -1275,23 +1277,39 @@ def _attention(cx, node, ins, at, opset):
         if mask.shape is not None and mask.shape[-1] < kv_len:  # a mask shorter than the keys pads with -inf
             pads = ", ".join(["(0, 0)"] * (mask.rank - 1) + [f"(0, {kv_len - mask.shape[-1]})"])
             bias = f"pad({bias}, ({pads},), value=(-1e300))"
+    cap = float(at.get("softcap", 0.0))
+    if cap > 0:  # softcap before the mask, so masked scores stay -inf (ONNX's order)
+        scores = cx.let(f"(tanh({scores} / {_num(cap, work)}) * {_num(cap, work)})", "capped")
+    capped = scores
+    if nonpad is not None:  # keys past each batch's valid length are masked; causal aligns to that length
+        lens = cx.let(f"reshape({cx.tensor(nonpad)}, ({b}, 1, 1, 1))", "kv_len")
+        pad_bias = f"where(reshape(arange({kv_len}), (1, 1, 1, {kv_len})) < {lens}, 0.0, (-1e300 * 1e300))"
+        bias = pad_bias if bias is None else f"({bias} + {pad_bias})"
     if at.get("is_causal", 0):
-        causal = f"where(arange({kv_len})[None, :] <= arange({s})[:, None] + {past}, 0.0, (-1e300 * 1e300))"
+        offset = f"({lens} - {s})" if nonpad is not None else str(past)
+        rows = f"reshape(arange({s}), (1, 1, {s}, 1))"
+        causal = f"where(reshape(arange({kv_len}), (1, 1, 1, {kv_len})) <= {rows} + {offset}, 0.0, (-1e300 * 1e300))"
         bias = causal if bias is None else f"({bias} + {causal})"
     if bias is not None:
         scores = cx.let(f"({scores} + {bias})", "masked")
-    cap = float(at.get("softcap", 0.0))
-    if cap > 0:
-        scores = cx.let(f"(tanh({scores} / {_num(cap, work)}) * {_num(cap, work)})", "capped")
+    with_bias = scores
     m = cx.let(f"max({scores}, axis=-1, keepdim=True)", "row_max")
     m = cx.let(f"where(isinf({m}) & ({m} < 0), 0.0, {m})", "safe_max")
     e = cx.let(f"exp({scores} - {m})", "e")
     tot = cx.let(f"sum({e}, axis=-1, keepdim=True)", "total")
     p = cx.let(f"({e} / where({tot} == 0, 1.0, {tot}))", "probs")
+    if bias is not None:  # a row whose bias masks every key gives 0 (decided on the bias: scores may be nan)
+        b_max = cx.let(f"max({bias}, axis=-1, keepdim=True)", "bias_max")
+        p = cx.let(f"where(isinf({b_max}) & ({b_max} < 0), 0.0, {p})", "probs_guarded")
     cv = f"cast({ev}, {work.name})" if work != dt else ev
     y = cx.let(f"({p} @ {cv})", "attended")
     if q.rank == 3:
         y = f"reshape(permute({y}, (0, 2, 1, 3)), ({b}, {s}, {hq * dv}))"
     outs: list = [_cast(f"cast({y}, {dt.name})" if work != dt else y, dt)]
     outs += present
+    if len(node.output) > 3 and node.output[3]:  # the scores at the stage qk_matmul_output_mode names
+        stage = {0: capped, 1: capped, 2: with_bias, 3: p}.get(int(at.get("qk_matmul_output_mode", 0)))
+        if stage is None:
+            raise cx.unsupported(f"qk_matmul_output_mode {at['qk_matmul_output_mode']}")
+        outs.append(f"cast({stage}, {dt.name})" if work != dt else stage)
     return outs
