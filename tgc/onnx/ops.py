@@ -1313,3 +1313,127 @@ def _attention(cx, node, ins, at, opset):
             raise cx.unsupported(f"qk_matmul_output_mode {at['qk_matmul_output_mode']}")
         outs.append(f"cast({stage}, {dt.name})" if work != dt else stage)
     return outs
+
+
+# --- Resize: separable per axis, the source indices and weights computed at load time ------------------------------
+
+def _source_coords(mode: str, out_n: int, in_n: int, scale: float) -> np.ndarray:
+    x = np.arange(out_n, dtype=np.float64)
+    width = scale * in_n  # ONNX's output width here is the real-valued one
+    if mode == "half_pixel":
+        return (x + 0.5) / scale - 0.5
+    if mode == "pytorch_half_pixel":
+        return (x + 0.5) / scale - 0.5 if width > 1 else np.zeros(out_n)
+    if mode == "align_corners":
+        return x * (in_n - 1) / (width - 1) if width != 1 else np.zeros(out_n)
+    if mode == "asymmetric":
+        return x / scale
+    if mode == "half_pixel_symmetric":
+        adjust = out_n / (scale * in_n)
+        return in_n / 2 * (1 - adjust) + (x + 0.5) / scale - 0.5
+    raise ValueError(mode)
+
+
+def _nearest(xs: np.ndarray, how: str) -> np.ndarray:
+    if how == "floor":
+        return np.floor(xs)
+    if how == "ceil":
+        return np.ceil(xs)
+    frac = xs - np.floor(xs)
+    half = np.isclose(frac, 0.5)
+    if how == "round_prefer_ceil":
+        return np.where(half, np.ceil(xs), np.round(xs))
+    return np.where(half, np.floor(xs), np.round(xs))  # round_prefer_floor
+
+
+def _cubic_weights(t: np.ndarray, a: float) -> np.ndarray:
+    def near(d):  # |d| <= 1
+        return ((a + 2) * d - (a + 3)) * d * d + 1
+
+    def far(d):  # 1 < |d| < 2
+        return ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+    return np.stack([far(t + 1), near(t), near(1 - t), far(2 - t)], axis=-1)
+
+
+@op("Resize", "Upsample")
+def _resize(cx, node, ins, at, opset):
+    x = ins[0]
+    r = x.rank
+    shape = [int(s) for s in x.shape]
+    if node.op_type == "Upsample" or opset < 11:
+        scales_v = at.get("scales") if node.op_type == "Upsample" and opset < 9 else \
+            cx.static(ins[1], "the scales")
+        scales = [float(s) for s in np.asarray(scales_v).reshape(-1)]
+        sizes = None
+        coord, nearest_mode = "asymmetric", "floor"
+        axes = list(range(r))
+    else:
+        if at.get("antialias", 0):
+            raise cx.unsupported("antialias=1")
+        coord = at.get("coordinate_transformation_mode", "half_pixel")
+        if coord == "tf_crop_and_resize":
+            raise cx.unsupported("coordinate_transformation_mode 'tf_crop_and_resize'")
+        nearest_mode = at.get("nearest_mode", "round_prefer_floor")
+        axes = [_axis(a, r) for a in at.get("axes", list(range(r)))]
+        sv = ins[2] if len(ins) > 2 and ins[2] is not None and (ins[2].shape is None or math.prod(ins[2].shape)) \
+            else None
+        zv = ins[3] if len(ins) > 3 else None
+        scales = [float(s) for s in cx.static(sv, "the scales").reshape(-1)] if sv is not None else None
+        sizes = _ints(cx.static(zv, "the sizes")) if zv is not None else None
+    mode = at.get("mode", "nearest")
+    if scales is not None:
+        full_scales = [1.0] * r
+        for a, s in zip(axes, scales):
+            full_scales[a] = s
+        out = [int(math.floor(n * s)) for n, s in zip(shape, full_scales)]
+    else:
+        out = list(shape)
+        policy = at.get("keep_aspect_ratio_policy", "stretch")
+        if policy == "stretch":
+            for a, s in zip(axes, sizes):
+                out[a] = s
+        else:
+            ratios = [s / shape[a] for a, s in zip(axes, sizes)]
+            k = min(ratios) if policy == "not_larger" else max(ratios)
+            for a in axes:
+                out[a] = int(math.floor(shape[a] * k + 0.5))
+            full_scales = [1.0] * r
+            for a in axes:
+                full_scales[a] = k
+        if policy == "stretch":
+            full_scales = [o / n if n else 1.0 for o, n in zip(out, shape)]
+    e = cx.tensor(x)
+    for a in range(r):
+        if out[a] == shape[a] and full_scales[a] == 1.0:
+            continue
+        xs = _source_coords(coord, out[a], shape[a], full_scales[a])
+        bshape = [1] * r
+        bshape[a] = out[a]
+        if mode == "nearest":
+            idx = np.clip(_nearest(xs, nearest_mode), 0, shape[a] - 1).astype(np.int32)
+            e = cx.let(f"take({e}, {cx.weight(idx, dtypes.i32, 'resize_index')}, axis={a})", "resized")
+        elif mode == "linear":
+            lo = np.floor(xs)
+            w = (xs - lo).reshape(bshape)
+            i0 = np.clip(lo, 0, shape[a] - 1).astype(np.int32)
+            i1 = np.clip(lo + 1, 0, shape[a] - 1).astype(np.int32)
+            wt = cx.weight(w, x.dtype, "resize_weight")
+            t0 = f"take({e}, {cx.weight(i0, dtypes.i32, 'resize_index')}, axis={a})"
+            t1 = f"take({e}, {cx.weight(i1, dtypes.i32, 'resize_index')}, axis={a})"
+            e = cx.let(f"({t0} * (1 - {wt}) + {t1} * {wt})", "resized")
+        elif mode == "cubic":
+            lo = np.floor(xs)
+            ws = _cubic_weights(xs - lo, float(at.get("cubic_coeff_a", -0.75)))
+            taps = lo[:, None] + np.arange(-1, 3)[None, :]
+            if at.get("exclude_outside", 0):
+                ws = np.where((taps < 0) | (taps > shape[a] - 1), 0.0, ws)
+                ws = ws / ws.sum(axis=1, keepdims=True)
+            terms = []
+            for j in range(4):
+                ij = np.clip(taps[:, j], 0, shape[a] - 1).astype(np.int32)
+                wj = cx.weight(ws[:, j].reshape(bshape), x.dtype, "resize_weight")
+                terms.append(f"take({e}, {cx.weight(ij, dtypes.i32, 'resize_index')}, axis={a}) * {wj}")
+            e = cx.let(" + ".join(terms), "resized")
+        else:
+            raise cx.unsupported(f"mode '{mode}'")
+    return [Value(node.output[0], x.dtype, tuple(out), expr=e) if e != cx.tensor(x) else _cast(e, x.dtype)]
