@@ -652,14 +652,14 @@ def _gather(cx, node, ins, at, opset):
         return [_const(np.take(x.const, i, axis=ax), x.dtype, node.output[0])]
     if idx.const is not None and idx.const.ndim == 0:
         return [f"take({cx.tensor(x)}, {int(idx.const)}, axis={ax})"]
-    return [f"take({cx.tensor(x)}, {cx.tensor(idx)}, axis={ax})"]
+    return [f"take({cx.tensor(x)}, {_wrapped(cx, idx, x.shape[ax])}, axis={ax})"]
 
 
 @op("GatherElements")
 def _gather_elements(cx, node, ins, at, opset):
     x, idx = ins
     ax = _axis(at.get("axis", 0), x.rank)
-    return [f"gather({cx.tensor(x)}, {ax}, {cx.tensor(idx)})"]
+    return [f"gather({cx.tensor(x)}, {ax}, {_wrapped(cx, idx, x.shape[ax])})"]
 
 
 @op("Trilu")
@@ -1437,3 +1437,70 @@ def _resize(cx, node, ins, at, opset):
         else:
             raise cx.unsupported(f"mode '{mode}'")
     return [Value(node.output[0], x.dtype, tuple(out), expr=e) if e != cx.tensor(x) else _cast(e, x.dtype)]
+
+
+# --- scatter and gather by index tensors (torch's scatter_add underneath: O(size x updates) masked sums) ------------
+
+def _wrapped(cx: Ctx, idx: Value, dim: Any) -> str:
+    i = cx.tensor(idx)
+    i = cx.let(f"clip({i}, {-dim}, {dim - 1})", "index")  # (bounded for the kernel's index math)
+    return cx.let(f"where({i} < 0, {i} + {dim}, {i})", "index")
+
+
+def _scatter_along(cx: Ctx, base: str, dtype: DType, shape: tuple, axis: int, idx: str, upd: str,
+                   reduction: str) -> str:
+    """`base` with `upd` written (or added) at `idx` along `axis` (ONNX ScatterElements' semantics)."""
+    if reduction == "add":
+        return f"scatter_add({base}, {axis}, {idx}, {upd})"
+    if reduction != "none":
+        raise cx.unsupported(f"reduction '{reduction}'")
+    hit = cx.let(f"(scatter_add(zeros({shape_text(shape)}, dtype=i32), {axis}, {idx}, 1) > 0)", "written")
+    new = cx.let(f"scatter_add(zeros({shape_text(shape)}, dtype={dtype.name}), {axis}, {idx}, {upd})", "written_values")
+    return f"where({hit}, {new}, {base})"
+
+
+@op("ScatterElements", "Scatter")
+def _scatter_elements(cx, node, ins, at, opset):
+    x, idx, upd = ins
+    ax = _axis(at.get("axis", 0), x.rank)
+    i = _wrapped(cx, idx, x.shape[ax])
+    return [_cast(_scatter_along(cx, cx.tensor(x), x.dtype, x.shape, ax, i, cx.tensor(upd),
+                                 at.get("reduction", "none")), x.dtype)]
+
+
+def _linear_index(cx: Ctx, x: Value, idx: Value) -> tuple[str, int]:
+    """GatherND/ScatterND indices (..., k) into x's first k axes as one flat index (negative ones wrapped)."""
+    k = int(idx.shape[-1])
+    i = cx.tensor(idx)
+    terms = []
+    stride = 1
+    for j in range(k - 1, -1, -1):
+        d = x.shape[j]
+        comp = f"clip({i}[..., {j}], {-d}, {d - 1})"  # (an index's range bounded for the kernel's index math)
+        terms.append(f"where({comp} < 0, {comp} + {d}, {comp}) * {stride}")
+        stride *= d
+    return cx.let(" + ".join(reversed(terms)), "flat_index"), k
+
+
+@op("GatherND")
+def _gather_nd(cx, node, ins, at, opset):
+    x, idx = ins
+    if at.get("batch_dims", 0):
+        raise cx.unsupported("batch_dims > 0")
+    lin, k = _linear_index(cx, x, idx)
+    flat = f"reshape({cx.tensor(x)}, {shape_text([math.prod(x.shape[:k]), *x.shape[k:]])})"
+    return [f"take({flat}, {lin}, axis=0)"]
+
+
+@op("ScatterND")
+def _scatter_nd(cx, node, ins, at, opset):
+    x, idx, upd = ins
+    lin, k = _linear_index(cx, x, idx)
+    rows = math.prod(x.shape[:k])
+    rest = list(x.shape[k:])
+    n = math.prod(idx.shape[:-1])
+    flat_x = f"reshape({cx.tensor(x)}, {shape_text([rows, *rest])})"
+    flat_u = f"reshape({cx.tensor(upd)}, {shape_text([n, *rest])})"
+    index = f"expand(reshape({lin}, {shape_text([n] + [1] * len(rest))}), {shape_text([n, *rest])})"
+    out = _scatter_along(cx, flat_x, x.dtype, (rows, *rest), 0, index, flat_u, at.get("reduction", "none"))
+    return [_cast(f"reshape({out}, {shape_text(x.shape)})", x.dtype)]
