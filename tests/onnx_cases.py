@@ -41,7 +41,7 @@ def prepare(case: Any) -> tuple[Any, Any, list[str]]:
     model = onnx.ModelProto()
     model.CopyFrom(case.model)
     inputs, _ = case.data_sets[0]
-    by_name = {v.name: arr for v, arr in zip(model.graph.input, inputs)}
+    by_name = {v.name: _array(arr) for v, arr in zip(model.graph.input, inputs)}
     fixed: list[str] = []
     for _ in range(len(model.graph.input) + 1):
         try:
@@ -72,7 +72,7 @@ def run_case(case: Any, device: str = "PYTHON") -> str | None:
     if fixed and not real:  # every input decides a shape: all of it is folded at load, no tgc kernel runs
         return "folded: every input had to be a constant, so the case is computed at load time"
     for inputs, expected in case.data_sets:
-        given = {v.name: np.asarray(a) for v, a in zip(case.model.graph.input, inputs) if v.name in real}
+        given = {v.name: _array(a) for v, a in zip(case.model.graph.input, inputs) if v.name in real}
         given = {k: (_bf16_bits(v) if v.dtype.name == "bfloat16" else v) for k, v in given.items()}
         try:
             got = prog.run(device=device, inputs=given)
@@ -80,7 +80,7 @@ def run_case(case: Any, device: str = "PYTHON") -> str | None:
             return f"run: {e.msg.splitlines()[0]}"
         for o, want in zip(case.model.graph.output, expected):
             have = got[o.name]
-            want = np.asarray(want)
+            want = _array(want)
             if want.dtype.name == "bfloat16":  # tgc gives bf16 results as f32 arrays (numpy has no bf16)
                 want = want.astype(np.float32)
             if have.shape != want.shape:
@@ -94,6 +94,13 @@ def run_case(case: Any, device: str = "PYTHON") -> str | None:
             elif not np.array_equal(have, want):
                 return f"output {o.name}: values differ"
     return None
+
+
+def _array(item: Any) -> np.ndarray:
+    """A case's input or expected output as numpy (some cases hold TensorProtos, as ONNX's runner normalizes)."""
+    from onnx import TensorProto, numpy_helper
+
+    return numpy_helper.to_array(item) if isinstance(item, TensorProto) else np.asarray(item)
 
 
 def _bf16_bits(a: np.ndarray) -> np.ndarray:
