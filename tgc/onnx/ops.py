@@ -1504,3 +1504,72 @@ def _scatter_nd(cx, node, ins, at, opset):
     index = f"expand(reshape({lin}, {shape_text([n] + [1] * len(rest))}), {shape_text([n, *rest])})"
     out = _scatter_along(cx, flat_x, x.dtype, (rows, *rest), 0, index, flat_u, at.get("reduction", "none"))
     return [_cast(f"reshape({out}, {shape_text(x.shape)})", x.dtype)]
+
+
+@op("ConvTranspose")
+def _conv_transpose(cx, node, ins, at, opset):
+    """A transposed convolution as a convolution: the input spread by the stride (zeros between), padded by the
+    kernel's reach less the pads, convolved with the flipped kernel whose in/out channels swap per group."""
+    x, w = ins[0], ins[1]
+    b = ins[2] if len(ins) > 2 else None
+    n = x.rank - 2
+    if n not in (1, 2):
+        raise cx.unsupported(f"a {n}-d transposed convolution")
+    c, m_g = w.shape[0], w.shape[1]
+    ks = list(w.shape[2:])
+    g = int(at.get("group", 1))
+    s = list(at.get("strides", [1] * n))
+    d = list(at.get("dilations", [1] * n))
+    op_ = list(at.get("output_padding", [0] * n))
+    in_sp = list(x.shape[2:])
+    reach = [(k - 1) * dd + 1 for k, dd in zip(ks, d)]
+    auto = at.get("auto_pad", "NOTSET")
+    if "output_shape" in at or auto in ("SAME_UPPER", "SAME_LOWER"):
+        want = list(at["output_shape"])[-n:] if "output_shape" in at else [i * st for i, st in zip(in_sp, s)]
+        total = [st * (i - 1) + o + r - wv for st, i, o, r, wv in zip(s, in_sp, op_, reach, want)]
+        if auto == "SAME_UPPER":
+            before = [t // 2 for t in total]
+        else:
+            before = [t - t // 2 for t in total]
+        after = [t - bb for t, bb in zip(total, before)]
+    elif auto == "VALID":
+        before, after = [0] * n, [0] * n
+    else:
+        pads = list(at.get("pads", [0] * (2 * n)))
+        before, after = pads[:n], pads[n:]
+    e = cx.tensor(x)
+    if n == 1:
+        e = f"unsqueeze({e}, 2)"
+    sp = ([1] if n == 1 else []) + in_sp
+    st = ([1] if n == 1 else []) + s
+    for i in range(2):  # spread by the stride: zeros between the inputs
+        if st[i] == 1:
+            continue
+        ax = 2 + i
+        shp = [x.shape[0], c] + sp
+        grown = list(shp)
+        grown[ax] = sp[i] * st[i]
+        pairs = ", ".join(["(0, 0)"] * (ax + 1) + [f"(0, {st[i] - 1})"] + ["(0, 0)"] * (3 - ax))
+        e = cx.let(f"reshape(pad(unsqueeze({e}, {ax + 1}), ({pairs},)), {shape_text(grown)})", "spread")
+        idx = [":"] * 4
+        idx[ax] = f":{(sp[i] - 1) * st[i] + 1}"
+        e = cx.let(f"{e}[{', '.join(idx)}]", "spread")
+        sp[i] = (sp[i] - 1) * st[i] + 1
+    lo = ([0] if n == 1 else []) + [r - 1 - bb for r, bb in zip(reach, before)]
+    hi = ([0] if n == 1 else []) + [r - 1 - a + o for r, a, o in zip(reach, after, op_)]
+    if any(v < 0 for v in lo + hi):
+        raise cx.unsupported("pads larger than the kernel's reach")
+    if any(lo + hi):
+        pairs = ", ".join(["(0, 0)", "(0, 0)"] + [f"({p}, {q})" for p, q in zip(lo, hi)])
+        e = cx.let(f"pad({e}, ({pairs},))", "padded")
+    ww = cx.tensor(w)
+    kk = ([1] if n == 1 else []) + ks
+    wt = (f"flip(reshape(permute(reshape({ww}, {shape_text([g, c // g, m_g, *kk])}), (0, 2, 1, 3, 4)), "
+          f"{shape_text([g * m_g, c // g, *kk])}), (2, 3))")
+    dd = ([1] if n == 1 else []) + d
+    y = _conv2d_expr(e, cx.let(wt, "flipped_kernel"), (1, 1), tuple(dd), g)
+    if n == 1:
+        y = f"squeeze({y}, 2)"
+    if b is not None:
+        y = f"({y} + reshape({cx.tensor(b)}, {shape_text(_channel_shape(x.rank, g * m_g))}))"
+    return [_cast(y, x.dtype)]
