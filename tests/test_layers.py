@@ -15,7 +15,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tgc.errors", "tgc.dtype", "tgc.env", "tgc.cache", "tgc.version", "tgc.capabilities", "tgc.sizeexpr",
      "tgc.timings", "tgc.profile"),  # 0
     ("tgc.ir",),  # 1 UOps, the pattern matcher, symbolic folding, kernel ASTs
-    ("tgc.dsl",),  # 2 front end: .tg source -> tensor graph
+    ("tgc.dsl", "tgc.onnx"),  # 2 front ends: .tg source -> tensor graph; ONNX models -> .tg source + weights
     ("tgc.engine", "tgc.baselines"),  # 3 scheduler, realizer (on a lowered program), bench timing, references;
     # numpy baselines of a parsed program (bench and `tgc bench --vs numpy` only, never the core)
     ("tgc.codegen",),  # 4 optimizer, lowering, linear UOps, BEAM (on device objects it is given)

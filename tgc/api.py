@@ -57,13 +57,18 @@ from tgc.env import debug_level, env_flag, env_int
 from tgc.errors import BindError, CompileError, TgcError
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.uop import Ops, UOp
+from tgc.onnx import read_model
+from tgc.onnx import translate as translate_onnx
 
 __all__ = ["Program", "Kernel", "load", "loads", "InputDecl", "devices"]
 
 
 
 def load(path: str | os.PathLike) -> Program:
+    """A `.tg` program, or an ONNX model (`.onnx`: translated by `tgc.onnx`, its weights bound once here)."""
     path = os.fspath(path)
+    if path.lower().endswith(".onnx"):
+        return load_onnx(path)
     try:
         with open(path, encoding="utf-8-sig") as f:  # -sig: a leading byte-order mark is not source
             source = f.read()
@@ -80,13 +85,33 @@ def loads(source: str, filename: str = "<string>") -> Program:
     return Program(source, filename)
 
 
+def load_onnx(path: str | os.PathLike) -> Program:
+    """An ONNX model as a Program: the `.tg` text `tgc import` writes, its weights bound at load (inputs the
+    user never passes, not part of any cache key), inputs and outputs called by their ONNX names."""
+    path = os.fspath(path)
+    tr = translate_onnx(read_model(path), os.path.basename(path))
+    names = {tg: name for name, tg in [*tr.inputs.items(), *tr.outputs.items()]}
+    prog = Program(tr.source, filename=path, weights=tr.weights, names=names)
+    prog.path = path
+    prog.onnx = tr
+    return prog
+
+
 class Program:
     """A parsed `.tg` program. Traced, scheduled and compiled lazily for each set of dims and device."""
 
-    def __init__(self, source: str, filename: str = "<string>"):
+    def __init__(self, source: str, filename: str = "<string>", weights: Mapping[str, np.ndarray] | None = None,
+                 names: Mapping[str, str] | None = None):
+        """`weights`: inputs bound once, by `.tg` name (a model's initializers), which callers never pass;
+        `names`: the name callers use for a `.tg` input or output (an ONNX name), where it differs."""
         self.source, self.path = source, None
         self.filename = filename
+        self.weights: dict[str, np.ndarray] = dict(weights or {})
+        self.public: dict[str, str] = dict(names or {})
+        self.onnx: Any = None  # the ONNX translation (`tgc.onnx.Translation`) of a model, else None
         self.parsed: Parsed = parse(source, filename)
+        # the name each declared input has in the arrays the engine gets: the caller's name, or a weight's
+        self._in_names = [self.public.get(d.name, d.name) for d in self.parsed.inputs]
         self._traces: dict[tuple, tuple[list[UOp], list[UOp]]] = {}
         self._kernels: dict[tuple, list[Kernel]] = {}
         self._launch_plans = LaunchPlans(self.MAX_PLANS)  # by (device, dims, BEAM): see `run`
@@ -103,15 +128,23 @@ class Program:
 
     @property
     def inputs(self) -> list[InputDecl]:
-        return self.parsed.inputs
+        """The inputs a caller passes (weights bound at load are not among them), by the caller's names."""
+        if not self.weights and not self.public:
+            return self.parsed.inputs
+        return [_dc_replace(d, name=n) for d, n in zip(self.parsed.inputs, self._in_names) if d.name not in
+                self.weights]
 
     @property
     def output_names(self) -> list[str]:
-        return self.parsed.output_names
+        return [self.public.get(n, n) for n in self.parsed.output_names]
 
     @property
     def dim_names(self) -> list[str]:
         return dim_names(self.parsed)
+
+    def _all_decls(self) -> list[InputDecl]:
+        """Every declared input, weights included, in declaration order, by the engine's names."""
+        return [_dc_replace(d, name=n) if n != d.name else d for d, n in zip(self.parsed.inputs, self._in_names)]
 
     def _check_without_dims(self) -> None:
         """Report errors that do not depend on dim sizes at load time (unknown names, dtype errors, ...)."""
@@ -137,6 +170,8 @@ class Program:
         for k, v in dims.items():
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise TgcError(f"dim {k} must be a non-negative integer, got {v!r}")
+        if self.weights:  # arrays bound here before (the weights themselves) come back: not the caller's
+            inputs = {k: v for k, v in inputs.items() if self.weights.get(k) is not v}
         check_input_names(inputs, sorted(d.name for d in self.inputs), self.filename)
         bound_by: dict[str, str] = {k: "" for k in dims}  # "": from the dims given
         arrays: dict[str, np.ndarray] = {}
@@ -168,6 +203,7 @@ class Program:
                     bound_by[want] = decl.name
             arrays[decl.name] = arr
         self._bind_expressions(deferred, dims, bound_by)
+        arrays.update(self.weights)  # (bound at load: never the caller's)
         return dims, arrays
 
     def _bind_expressions(self, deferred: list[tuple[InputDecl, int, DimExpr, int]], dims: dict[str, int],
@@ -349,7 +385,7 @@ class Program:
                 return Lowered(dev, kernels, inputs, outputs,
                                memory=plan_for(dev, kernels, inputs, outputs, fixed_outputs=True))
 
-            ch = chunk.choose(whole, self.inputs, dims, outs, in_bufs, lower_chunk)
+            ch = chunk.choose(whole, self._all_decls(), dims, outs, in_bufs, lower_chunk)
             if ch is not None and debug_level() >= 2:
                 print(f"*** chunk: {ch.line()}", file=sys.stderr)
             self._chunks[key] = ch
@@ -362,7 +398,7 @@ class Program:
         dims = self.resolve_dims(dims)
         kernels = self.compile(device=dev.name, dims=dims, beam=beam, tuned=tuned)
         outs, in_bufs = self._trace(dims)
-        return Lowered(dev, kernels, [(b, self.inputs[b.arg[0]].name) for b in in_bufs],
+        return Lowered(dev, kernels, [(b, self._in_names[b.arg[0]]) for b in in_bufs],
                        list(zip(self.output_names, outs)))
 
     # --- symbolic sizes (tgc/codegen/sizes.py)
@@ -636,7 +672,7 @@ class Program:
         for dev in devs:
             dev.ensure_runnable()
         outs, in_bufs = trace(self.parsed, dims, {})
-        index = {d.name: i for i, d in enumerate(self.inputs)}
+        index = {n: i for i, n in enumerate(self._in_names)}
         p = plan_multi(outs, in_bufs, {index[k]: v for k, v in shard.items()}, len(devs))
         memo: dict[tuple, Kernel] = {}
         items_of: list[list[ScheduleItem]] = [[] for _ in devs]
@@ -670,7 +706,7 @@ class Program:
             out_nodes.append([next(it) if m is not None else None for m in mine])
             out_kernels.append(kernels)
         ml = MultiLowered(devs, p, step_nodes, step_kernels, out_nodes, out_kernels,
-                          {i: d.name for i, d in enumerate(self.inputs)}, list(self.output_names), items_of)
+                          dict(enumerate(self._in_names)), list(self.output_names), items_of)
         if env_int("DEBUG", 0) >= 2:
             for note in p.notes:
                 print(f"*** multi: {note}", file=sys.stderr)
@@ -681,7 +717,7 @@ class Program:
         """The program evaluated by numpy in float64 (ints exact), for `--check`."""
         dims, arrays = self.bind(inputs, dims, cast=True)
         outs, bufs = self._trace(dims)
-        env = {b: arrays[self.inputs[b.arg[0]].name] for b in bufs}
+        env = {b: arrays[self._in_names[b.arg[0]]] for b in bufs}
         return {name: evaluate(o, env) for name, o in zip(self.output_names, outs)}
 
     def reference_with_scale(self, dims: dict[str, int] | None = None, **inputs: Any
@@ -690,7 +726,7 @@ class Program:
         tolerance `--check` allows an element grows with it (`tgc.engine.compare`)."""
         dims, arrays = self.bind(inputs, dims, cast=True)
         outs, bufs = self._trace(dims)
-        env = {b: arrays[self.inputs[b.arg[0]].name] for b in bufs}
+        env = {b: arrays[self._in_names[b.arg[0]]] for b in bufs}
         values, scales = {}, {}
         for name, o in zip(self.output_names, outs):
             values[name], scales[name] = evaluate_with_scale(o, env)
@@ -875,7 +911,7 @@ class SymbolicPlan:
             flops, nbytes = symbolic_work(k, env, bufs)
             kernels.append(_dc_replace(k, bufs=bufs, vals=tuple(env[n] for n in k.var_names), flops=flops,
                                        bytes_moved=nbytes, global_size=grid))
-        return Lowered(self.device, kernels, [(b, prog.inputs[b.arg[0]].name) for b in in_bufs],
+        return Lowered(self.device, kernels, [(b, prog._in_names[b.arg[0]]) for b in in_bufs],
                        [(name, nodes[j]) for name, j in zip(prog.output_names, self.output_slots)]), ""
 
 

@@ -134,6 +134,16 @@ def signature(key: bytes, content: str) -> str:
 # writing
 
 
+def _no_bound_weights(prog: Any) -> None:
+    """A program with weights bound at load (an ONNX model) cannot be packaged yet: the format has no place for
+    them, and a package that asked for them as inputs would not be the model's signature."""
+    from tgc.errors import TgcError
+
+    if getattr(prog, "weights", None):
+        raise TgcError("a package of an ONNX model (weights bound at load) is not supported yet",
+                       hint="tgc import MODEL.onnx -o MODEL.tg, then package MODEL.tg (its weights are inputs)")
+
+
 def build(prog: Any, device: str | None = None, dims: dict[str, int] | None = None, low: Any = None) -> bytes:
     """The package of a `tgc.api.Program` compiled for `device` with every dim in `dims`, as bytes. `low`: a
     lowered program to package instead of `prog.lower(device, dims)` (the program cache packages one chunk of a
@@ -141,6 +151,7 @@ def build(prog: Any, device: str | None = None, dims: dict[str, int] | None = No
     from tgc.backends import one_device
     from tgc.errors import CompileError
 
+    _no_bound_weights(prog)
     dev = one_device(device)
     if low is None:
         dims = prog.resolve_dims(dims)
@@ -1102,6 +1113,7 @@ def build_symbolic(prog: Any, dev: Any) -> bytes:
     from tgc.errors import CompileError
     from tgc.ir.uop import Ops, UOp
 
+    _no_bound_weights(prog)
     names = list(prog.dim_names)
     decls = list(prog.inputs)
     files: dict[str, dict] = {}

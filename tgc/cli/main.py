@@ -171,7 +171,7 @@ def _parse_pairs(ctx: click.Context, param: click.Parameter, values: tuple[str, 
     pairs = []
     for text in values:
         name, sep, path = text.partition("=")
-        if not sep or not name.strip().isidentifier() or not path:
+        if not sep or not name.strip() or not path:  # (any name: ONNX inputs are called "input.1")
             raise click.BadParameter(f"'{text}' is not NAME=PATH.npy (e.g. -i x=x.npy)", ctx, param)
         pairs.append((name.strip(), path))
     return pairs
@@ -879,11 +879,15 @@ def beam_(file: str, device: str | None, dims: dict[str, int], width: int, force
 @dims_option
 @json_option
 def inspect(file: str, dims: dict[str, int], as_json: bool) -> None:
-    """Show a package: its device, dims, signature, kernels and planned peak memory (after validating it).
+    """Show a package: its device, dims, signature, kernels and planned peak memory (after validating it); or an
+    ONNX model: its opset, inputs, outputs, the ops it uses and any op tgc lacks.
     A package for every size (compiled without -D) shows its size classes, symbolic shapes and peak memory as
     an expression of the dims; with -D, also the package at those sizes."""
+    from tgc.cli.onnx_cmds import inspect_onnx, is_onnx
     from tgc.package import is_package, load_package
 
+    if is_onnx(file):  # a model: opset, inputs, outputs, ops (and the ones tgc lacks), before anything runs
+        return inspect_onnx(file, as_json)
     if not is_package(file):
         raise TgcError(f"{file} is not a package", hint="write one with: tgc compile FILE -D ... --package OUT.tgpkg")
     pkg = load_package(file)
@@ -1189,6 +1193,13 @@ def serve(host: str, port: int, device: str | None, token_file: str | None, idle
 
 
 main.add_command(cluster_worker)
+def _add_onnx_commands() -> None:
+    from tgc.cli.onnx_cmds import import_
+
+    main.add_command(import_)  # `tgc import model.onnx -o model.tg`
+
+
+_add_onnx_commands()
 
 if __name__ == "__main__":
     main()

@@ -34,7 +34,7 @@ class OutSpec:
 def parse_out(text: str) -> OutSpec:
     """`out.npz`, `NAME=out.npy` or `out.npy` (the latter for a program with one output)."""
     name, sep, path = text.partition("=")
-    if sep and name.isidentifier():
+    if sep and (name.isidentifier() or (name and path.endswith(".npy"))):  # (an ONNX output: `out/prob=p.npy`)
         if not path or path.endswith(".npz"):
             raise ValueError(f"'{text}': NAME=PATH writes one output to a .npy file")
         return OutSpec(path, name)

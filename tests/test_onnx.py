@@ -1,0 +1,210 @@
+"""The ONNX front end: models made with onnx.helper, loaded by `tgc.load`, run on real devices and compared with
+numpy (or onnxruntime where installed); `tgc import`/`inspect`/`run` on the command line; bad models give one
+clear error with exit 2."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+from clikit import assert_clean, invoke  # noqa: E402
+from onnx import TensorProto as TP  # noqa: E402
+from onnx import helper as h  # noqa: E402
+from onnx import numpy_helper as nh  # noqa: E402
+
+import tgc  # noqa: E402
+from tgc.errors import TgcError  # noqa: E402
+
+RNG = np.random.default_rng(0)
+
+
+def _save(tmp_path, nodes, inputs, outputs, inits=(), opset=13, name="m.onnx"):
+    g = h.make_graph(nodes, "g", inputs, outputs, list(inits))
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", opset)])
+    path = tmp_path / name
+    onnx.save(m, str(path))
+    return str(path)
+
+
+def _vi(name, shape, t=TP.FLOAT):
+    return h.make_tensor_value_info(name, t, shape if shape is not None else ["unknown"])
+
+
+@pytest.fixture
+def convnet(tmp_path):
+    """conv (pads) -> relu -> maxpool -> flatten -> gemm -> softmax, with names that are not identifiers."""
+    w = RNG.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    fc = RNG.standard_normal((5, 64)).astype(np.float32)
+    b = RNG.standard_normal(5).astype(np.float32)
+    nodes = [h.make_node("Conv", ["input.1", "conv/W"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             h.make_node("Relu", ["c"], ["r"]),
+             h.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             h.make_node("Flatten", ["p"], ["f"]),
+             h.make_node("Gemm", ["f", "fc", "b"], ["g"], transB=1),
+             h.make_node("Softmax", ["g"], ["out/prob"], axis=1)]
+    path = _save(tmp_path, nodes, [_vi("input.1", [2, 3, 8, 8])], [_vi("out/prob", [2, 5])],
+                 [nh.from_array(w, "conv/W"), nh.from_array(fc, "fc"), nh.from_array(b, "b")])
+    return path, (w, fc, b)
+
+
+def _reference(x, w, fc, b):
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    c = np.zeros((x.shape[0], 4, 8, 8))
+    for i in range(3):
+        for j in range(3):
+            c += np.einsum("nchw,oc->nohw", xp[:, :, i:i + 8, j:j + 8], w[:, :, i, j])
+    r = np.maximum(c, 0)
+    p = r.reshape(x.shape[0], 4, 4, 2, 4, 2).max(axis=(3, 5)).reshape(x.shape[0], 64)
+    g = p @ fc.T + b
+    e = np.exp(g - g.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def test_load_runs_with_onnx_names_and_weights_bound(convnet):
+    path, (w, fc, b) = convnet
+    prog = tgc.load(path)
+    assert [d.name for d in prog.inputs] == ["input.1"]  # weights are not inputs the caller passes
+    assert prog.output_names == ["out/prob"]
+    x = RNG.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    out = prog.run(device="CPU", inputs={"input.1": x})
+    np.testing.assert_allclose(out["out/prob"], _reference(x, w, fc, b), rtol=1e-4, atol=1e-6)
+    assert "W" not in prog.source.split("return")[0].split("\n")[3]  # the input line declares only the input
+
+
+def test_import_round_trip_cli(convnet, tmp_path):
+    path, (w, fc, b) = convnet
+    x = RNG.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    r = invoke("import", path, "-o", str(tmp_path / "model.tg"))
+    assert r.exit_code == 0, r.output
+    text = (tmp_path / "model.tg").read_text()
+    assert "conv2d(" in text and "softmax(" in text and "# onnx-name: input_1 = input.1" in text
+    r1 = invoke("run", path, "-i", f"input.1={tmp_path / 'x.npy'}", "-o", str(tmp_path / "a.npz"))
+    assert r1.exit_code == 0, r1.output
+    r2 = invoke("run", str(tmp_path / "model.tg"), "--inputs", str(tmp_path / "model.npz"), "-i",
+                f"input_1={tmp_path / 'x.npy'}", "-o", str(tmp_path / "b.npz"))
+    assert r2.exit_code == 0, r2.output
+    a, b2 = np.load(tmp_path / "a.npz"), np.load(tmp_path / "b.npz")
+    np.testing.assert_array_equal(a["out/prob"], b2["out_prob"])
+    np.testing.assert_allclose(a["out/prob"], _reference(x, w, fc, b), rtol=1e-4, atol=1e-6)
+
+
+def test_inspect_lists_ops_and_missing(tmp_path):
+    nodes = [h.make_node("Relu", ["x"], ["r"]), h.make_node("Unique", ["r"], ["y"])]
+    path = _save(tmp_path, nodes, [_vi("x", ["batch", 4])], [_vi("y", None)])
+    r = invoke("inspect", path)
+    assert r.exit_code == 0, r.output
+    assert "opset 13" in r.output and "x                f32[batch, 4]" in r.output
+    assert "Relu x1" in r.output and "not supported by tgc (1): Unique" in r.output
+
+
+def test_symbolic_dim_param(tmp_path):
+    nodes = [h.make_node("Mul", ["x", "x"], ["s"]), h.make_node("ReduceSum", ["s", "axes"], ["y"], keepdims=0)]
+    path = _save(tmp_path, nodes, [_vi("x", ["batch", 3])], [_vi("y", ["batch"])],
+                 [nh.from_array(np.array([1], np.int64), "axes")])
+    prog = tgc.load(path)
+    assert prog.dim_names == ["batch"]
+    for n in (2, 5):
+        x = RNG.standard_normal((n, 3)).astype(np.float32)
+        np.testing.assert_allclose(prog.run(device="CPU", x=x)["y"], (x * x).sum(1), rtol=1e-5)
+
+
+@pytest.mark.parametrize("op,a,b,want", [
+    ("Div", [7, -7, 7, -7], [2, 2, -2, -2], [3, -3, -3, 3]),  # C division: truncates
+    ("Mod", [7, -7, 7, -7], [3, 3, -3, -3], [1, 2, -2, -1]),  # fmod=0: the divisor's sign
+])
+def test_integer_division_semantics(tmp_path, op, a, b, want):
+    path = _save(tmp_path, [h.make_node(op, ["a", "b"], ["y"])], [_vi("a", [4], TP.INT32), _vi("b", [4], TP.INT32)],
+                 [_vi("y", [4], TP.INT32)])
+    out = tgc.load(path).run(device="CPU", a=np.array(a, np.int32), b=np.array(b, np.int32))["y"]
+    np.testing.assert_array_equal(out, want)
+
+
+def test_pool_ceil_mode_and_count_include_pad(tmp_path):
+    x = RNG.standard_normal((1, 1, 5, 5)).astype(np.float32)
+    nodes = [h.make_node("AveragePool", ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 2], pads=[1, 1, 0, 0],
+                         ceil_mode=1, count_include_pad=0)]
+    path = _save(tmp_path, nodes, [_vi("x", [1, 1, 5, 5])], [_vi("y", None)], opset=19)
+    got = tgc.load(path).run(device="CPU", x=x)["y"]
+    # windows over the padded (top/left by 1) input, the last ones cut at the edge: mean of the real cells
+    xp = np.full((7, 7), np.nan)
+    xp[1:6, 1:6] = x[0, 0]
+    want = np.array([[np.nanmean(xp[i * 2:i * 2 + 2, j * 2:j * 2 + 2]) for j in range(3)] for i in range(3)])
+    np.testing.assert_allclose(got[0, 0], want, rtol=1e-5)
+
+
+def _assert_load_error(path, *words):
+    with pytest.raises(TgcError) as e:
+        tgc.load(path)
+    for w in words:
+        assert w in e.value.msg, e.value.msg
+    r = invoke("run", path, "--random")
+    assert_clean(r, 2, *words)
+
+
+def test_not_onnx(tmp_path):
+    p = tmp_path / "junk.onnx"
+    p.write_bytes(b"\xff\xfe this is not a protobuf \x00\x01")
+    _assert_load_error(str(p), "not an ONNX model")
+
+
+def test_checker_failure(tmp_path):
+    g = h.make_graph([h.make_node("Relu", ["x"], ["y"])], "g", [_vi("x", [2])], [_vi("y", [2])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
+    m.graph.node[0].input[0] = "nowhere"  # an input nothing produces
+    p = tmp_path / "bad.onnx"
+    p.write_bytes(m.SerializeToString())
+    _assert_load_error(str(p), "ONNX checker rejects the model")
+
+
+def test_unsupported_op_names_op_node_opset(tmp_path):
+    path = _save(tmp_path, [h.make_node("Unique", ["x"], ["y"], name="uniq")], [_vi("x", [4])], [_vi("y", None)])
+    _assert_load_error(path, "unsupported op 'Unique'", "node 'uniq'", "opset 13")
+
+
+def test_unsupported_attribute(tmp_path):
+    nodes = [h.make_node("MaxPool", ["x"], ["y", "idx"], kernel_shape=[2, 2], name="mp")]
+    path = _save(tmp_path, nodes, [_vi("x", [1, 1, 4, 4])], [_vi("y", None), _vi("idx", None, TP.INT64)])
+    _assert_load_error(path, "unsupported", "Indices output", "node 'mp'", "MaxPool, opset 13")
+
+
+def test_missing_input_and_wrong_shape_and_dtype(convnet, tmp_path):
+    path, _ = convnet
+    prog = tgc.load(path)
+    with pytest.raises(TgcError, match="missing input 'input.1'"):
+        prog.run(device="CPU")
+    with pytest.raises(TgcError, match="input 'input.1' axis 2 has size 7"):
+        prog.run(device="CPU", inputs={"input.1": np.zeros((2, 3, 7, 8), np.float32)})
+    with pytest.raises(TgcError, match="input .input.1. is i32, but the program declares it f32"):
+        prog.run(device="CPU", inputs={"input.1": np.zeros((2, 3, 8, 8), np.int32)})
+    np.save(tmp_path / "bad.npy", np.zeros((2, 3, 8, 8), np.float64))
+    assert_clean(invoke("run", path), 2, "input.1")
+    assert_clean(invoke("run", path, "-i", f"input.1={tmp_path / 'bad.npy'}"), 2, "input.1")
+
+
+def test_reshape_shape_from_graph_input_is_a_clear_error(tmp_path):
+    nodes = [h.make_node("Reshape", ["x", "shape"], ["y"], name="rs")]
+    path = _save(tmp_path, nodes, [_vi("x", [2, 3]), _vi("shape", [2], TP.INT64)], [_vi("y", None)])
+    _assert_load_error(path, "must be a constant", "node 'rs'")
+
+
+def test_cli_compile_and_package_refusal(convnet, tmp_path):
+    """(`tgc bench`/`beam` of a model take the same path through `tgc.load`; they are slow for a unit test.)"""
+    path, _ = convnet
+    r = invoke("compile", path, "-d", "CPU", "--emit", "src")
+    assert r.exit_code == 0, r.output
+    assert "define void" in r.output  # LLVM IR of the model's kernels
+    r = invoke("compile", path, "-d", "CPU", "--package", str(tmp_path / "m.tgpkg"))
+    assert_clean(r, 2, "package of an ONNX model")
+
+
+def test_opset_too_old_and_foreign_domain(tmp_path):
+    path = _save(tmp_path, [h.make_node("Relu", ["x"], ["y"])], [_vi("x", [2])], [_vi("y", [2])], opset=6)
+    _assert_load_error(path, "opset 6 is older than tgc supports")
+    g = h.make_graph([h.make_node("Relu", ["x"], ["y"])], "g", [_vi("x", [2])], [_vi("y", [2])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("ai.onnx.ml", 3)])
+    p = tmp_path / "ml.onnx"
+    p.write_bytes(m.SerializeToString())
+    with pytest.raises(TgcError):
+        tgc.load(str(p))

@@ -1,0 +1,75 @@
+"""`tgc import model.onnx -o model.tg` and `tgc inspect model.onnx`: the ONNX front end on the command line.
+
+`import` writes the `.tg` program that `tgc.load("model.onnx")` runs and its weights as an `.npz` beside it (the
+same names), so `tgc run model.tg --inputs model.npz -i ...` gives the model's results. `inspect` lists the
+opset, inputs, outputs, the ops used and any op tgc lacks, before anything is translated or run.
+"""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from tgc.errors import TgcError
+
+
+def is_onnx(path: str) -> bool:
+    return path.lower().endswith(".onnx")
+
+
+def inspect_onnx(file: str, as_json: bool) -> None:
+    from tgc.onnx import inspect_model, read_model
+
+    doc = inspect_model(read_model(file))
+    if as_json:
+        import json
+
+        click.echo(json.dumps(doc, indent=1))
+        return
+
+    def io(d: dict) -> str:
+        return f"  {d['name']:<16} {d['dtype']}[{', '.join(map(str, d['shape']))}]"
+
+    click.echo(f"model:   {file} (opset {doc['opset']}, IR {doc['ir_version']}"
+               + (f", from {doc['producer']}" if doc["producer"] else "") + ")")
+    click.echo(f"inputs ({len(doc['inputs'])}):")
+    for d in doc["inputs"]:
+        click.echo(io(d))
+    click.echo(f"outputs ({len(doc['outputs'])}):")
+    for d in doc["outputs"]:
+        click.echo(io(d))
+    click.echo(f"weights: {doc['weights']} initializers, {doc['weight_bytes']} bytes")
+    click.echo(f"ops ({len(doc['ops'])}): " + ", ".join(f"{k} x{v}" for k, v in doc["ops"].items()))
+    if doc["missing"]:
+        click.echo(f"not supported by tgc ({len(doc['missing'])}): {', '.join(doc['missing'])}")
+    else:
+        click.echo("not supported by tgc: none")
+
+
+@click.command("import")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("-o", "--output", "out", metavar="PATH.tg", help="Where to write the program (default: FILE with .tg; "
+              "the weights go to the same name with .npz).")
+def import_(file: str, out: str | None) -> None:
+    """Translate an ONNX model to a readable .tg program, its weights to an .npz beside it."""
+    import numpy as np
+
+    from tgc.onnx import read_model, translate
+
+    if not is_onnx(file):
+        raise TgcError(f"{file} is not an .onnx file", hint="tgc import reads ONNX models")
+    out = out or os.path.splitext(file)[0] + ".tg"
+    if not out.endswith(".tg"):
+        raise click.UsageError("-o names the .tg file to write (PATH.tg)")
+    tr = translate(read_model(file), os.path.basename(file))
+    weights = os.path.splitext(out)[0] + ".npz"
+    try:
+        with open(out, "w", encoding="utf-8") as f:
+            f.write(tr.source)
+        np.savez(weights, **tr.weights)
+    except OSError as e:
+        raise TgcError(f"cannot write {out}: {e}") from None
+    ins = " ".join(f"-i {tg}=..." for tg in tr.inputs.values())
+    click.echo(f"wrote {out} ({len(tr.source.splitlines())} lines) and {weights} ({len(tr.weights)} weights); "
+               f"run it with: tgc run {out} --inputs {weights} {ins}".rstrip())

@@ -1,0 +1,327 @@
+"""ONNX ModelProto -> `.tg` source + weights.
+
+Every ONNX value becomes a `.tg` name (the ONNX name where it is a valid, free identifier, else a sanitized
+one: `gpu_0/data_0` -> `gpu_0_data_0`; the map is kept for inputs and outputs, which users address by their
+ONNX names). Graph inputs that are not initializers are the program's inputs; initializers, and constants the
+program needs as tensors, are weight inputs bound at load (`Translation.weights`). Values known at load time
+(initializers, `Constant`, and shape arithmetic on them: `Shape`, `Gather` of a shape, `Concat`, ...) are
+folded with numpy, so `Reshape`/`Slice`/`Pad` see their static arguments. Output types and shapes come from
+ONNX's shape inference; `dim_param` dims of the inputs are `.tg` dims.
+
+The op table is `tgc.onnx.ops.OPS`: one function per op type, `(cx, node, inputs, attrs, opset) -> outputs`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tgc.dtype import DType, dtypes
+from tgc.errors import TgcError
+from tgc.onnx.core import (
+    _NP_TO_TGC,
+    _ONNX_DTYPES,
+    _ONNX_OF,
+    MIN_OPSET,
+    Ctx,
+    Names,
+    Value,
+    _to_array,
+    _type_of,
+    onnx_dtype,
+)
+from tgc.onnx.ops import OPS
+
+
+@dataclass
+class Translation:
+    source: str
+    weights: dict[str, np.ndarray]
+    inputs: dict[str, str]  # ONNX name -> .tg name (the model's real inputs, in order)
+    outputs: dict[str, str]  # ONNX name -> .tg name
+    dims: dict[str, str] = field(default_factory=dict)  # ONNX dim_param -> .tg dim name
+    opset: int = 0
+    ops: list[str] = field(default_factory=list)
+
+
+def read_model(path: str) -> Any:
+    """Load and check an ONNX file (`onnx.load`, `onnx.checker`); a clear TgcError when it is not a model."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    if not os.path.exists(path):
+        raise TgcError(f"no such file: {path}")
+    try:
+        model = onnx.load(path)
+    except (DecodeError, ValueError, RuntimeError, TypeError, UnicodeDecodeError) as e:
+        raise TgcError(f"{path} is not an ONNX model: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
+                       hint="tgc reads .onnx model files (ModelProto) and .tg programs") from None
+    except OSError as e:
+        raise TgcError(f"cannot read {path}: {e}") from None
+    if not model.HasField("graph") or model.ir_version == 0:
+        raise TgcError(f"{path} is not an ONNX model: it holds no graph and no IR version",
+                       hint="tgc reads .onnx model files (ModelProto) and .tg programs")
+    check(model, path)
+    return model
+
+
+def check(model: Any, where: str) -> None:
+    import onnx
+
+    try:
+        onnx.checker.check_model(model)
+    except (onnx.checker.ValidationError, ValueError, RuntimeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise TgcError(f"{where}: the ONNX checker rejects the model: {first}") from None
+
+
+def opset_of(model: Any) -> int:
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return int(imp.version)
+    domains = ", ".join(sorted({imp.domain for imp in model.opset_import})) or "none"
+    raise TgcError(f"the model imports no ai.onnx opset (domains: {domains}): tgc supports the ai.onnx domain only")
+
+
+def supported_ops() -> set[str]:
+    return set(OPS)
+
+
+def inspect_model(model: Any) -> dict[str, Any]:
+    """What `tgc inspect model.onnx` prints: opset, inputs, outputs, ops used and the ones tgc lacks."""
+    g = model.graph
+    inits = {t.name for t in g.initializer}
+
+    def io(v: Any) -> dict[str, Any]:
+        tt = v.type.tensor_type
+        shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tt.shape.dim]
+        dt = _ONNX_DTYPES.get(tt.elem_type)
+        return {"name": v.name, "dtype": dt.name if dt else str(tt.elem_type), "shape": shape}
+
+    used: dict[str, int] = {}
+    for n in _all_nodes(g):
+        key = n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}"
+        used[key] = used.get(key, 0) + 1
+    have = supported_ops()
+    return {"opset": opset_of(model), "ir_version": model.ir_version, "producer": model.producer_name,
+            "inputs": [io(v) for v in g.input if v.name not in inits], "outputs": [io(v) for v in g.output],
+            "weights": len(g.initializer),
+            "weight_bytes": int(sum(_tensor_nbytes(t) for t in g.initializer)),
+            "ops": dict(sorted(used.items())), "missing": sorted(k for k in used if k not in have)}
+
+
+def _tensor_nbytes(t: Any) -> int:
+    n = math.prod(t.dims) if len(t.dims) else 1
+    dt = _ONNX_DTYPES.get(t.data_type)
+    return n * (dt.itemsize if dt else 0)
+
+
+def _all_nodes(g: Any) -> list:
+    out = []
+    for n in g.node:
+        out.append(n)
+        for a in n.attribute:
+            if a.type == a.GRAPH:
+                out += _all_nodes(a.g)
+    return out
+
+
+def translate(model: Any, where: str = "<model>") -> Translation:
+    """A checked ModelProto -> `Translation` (source, weights, name maps)."""
+    import onnx
+
+    opset = opset_of(model)
+    if opset < MIN_OPSET:
+        raise TgcError(f"{where}: opset {opset} is older than tgc supports (opset {MIN_OPSET} and later)",
+                       hint="convert it with onnx.version_converter.convert_version")
+    for imp in model.opset_import:
+        if imp.domain not in ("", "ai.onnx") and any(n.domain == imp.domain for n in model.graph.node):
+            bad = next(n for n in model.graph.node if n.domain == imp.domain)
+            raise TgcError(f"unsupported: op '{imp.domain}.{bad.op_type}' (node '{bad.name or bad.output[0]}', "
+                           f"domain {imp.domain} opset {imp.version}): tgc supports the ai.onnx domain only")
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    names = Names()
+    dims: dict[str, str] = {}
+    real_inputs = [v for v in g.input if v.name not in inits]
+    for v in real_inputs:
+        tt = v.type.tensor_type
+        for d in tt.shape.dim:
+            if not d.HasField("dim_value") and d.dim_param and d.dim_param not in dims:
+                dims[d.dim_param] = names.new(d.dim_param, "D")
+    # shape inference for the types of every value
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+    except Exception:  # noqa: BLE001 - a model inference cannot handle still translates where shapes are known
+        inferred = model
+    types: dict[str, tuple[DType, tuple | None]] = {}
+    for vi in [*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input]:
+        t = _type_of(vi, dims)
+        if t is not None and (vi.name not in types or types[vi.name][1] is None):
+            types[vi.name] = t
+    cx = Ctx(opset, types, dims)
+    cx.names = names
+    out_names = {o.name: names.new(o.name, "y") for o in g.output if o.name not in {v.name for v in g.input}}
+    cx.out_names = dict(out_names)
+    tr_inputs: dict[str, str] = {}
+    for v in real_inputs:
+        tt = v.type.tensor_type
+        if not v.type.HasField("tensor_type"):
+            raise TgcError(f"input '{v.name}' is not a tensor: tgc takes tensor inputs only")
+        dt = onnx_dtype(tt.elem_type, f"input '{v.name}'")
+        shape = []
+        for i, d in enumerate(tt.shape.dim):
+            if d.HasField("dim_value"):
+                shape.append(int(d.dim_value))
+            elif d.dim_param:
+                shape.append(dims[d.dim_param])
+            else:
+                key = f"{v.name}_dim{i}"
+                dims[key] = names.new(key.upper(), "D")
+                shape.append(dims[key])
+        tg = names.new(v.name, "x")
+        tr_inputs[v.name] = tg
+        cx.decls.append(f"{tg}: {dt.name}[{', '.join(map(str, shape))}]" if shape else f"{tg}: {dt.name}")
+        cx.values[v.name] = Value(v.name, dt, tuple(shape), expr=tg)
+    for name, t in inits.items():
+        arr, dt = _to_array(t)
+        cx.values[name] = Value(name, dt, tuple(arr.shape), const=arr)
+    ops_used: list[str] = []
+    used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
+    for node in g.node:
+        cx.node = node
+        if node.op_type not in ops_used:
+            ops_used.append(node.op_type)
+        fn = OPS.get(node.op_type)
+        if fn is None:
+            raise TgcError(f"unsupported op '{node.op_type}' (node '{node.name or node.output[0]}', opset {opset})",
+                           hint="`tgc inspect MODEL.onnx` lists every op the model uses and the ones tgc lacks")
+        ins = [cx.values[i] if i else None for i in node.input]
+        for name in node.input:
+            if name and name not in cx.values:
+                raise TgcError(f"{cx.where()}: input '{name}' is not produced by any node (subgraph values "
+                               "are not supported)")
+        attrs = {a.name: _attr(a, cx) for a in node.attribute}
+        outs = _fold(cx, node, ins, opset)
+        if outs is None:
+            try:
+                outs = fn(cx, node, ins, attrs, opset)
+            except TgcError:
+                raise
+            except (TypeError, KeyError, IndexError, ValueError, AttributeError, ZeroDivisionError) as e:
+                # an input of unknown shape, an attribute combination the op function does not handle
+                raise TgcError(f"cannot translate {cx.where()}: {type(e).__name__}: {e}",
+                               hint="an op's inputs may need shapes that ONNX shape inference did not give") from None
+        for i, out_name in enumerate(node.output):
+            if not out_name or out_name not in used:  # (an output nothing reads, as Dropout's mask)
+                continue
+            if i >= len(outs) or outs[i] is None:
+                raise cx.unsupported(f"output {i} ('{out_name}')")
+            cx.values[out_name] = _bind_output(cx, out_name, outs[i])
+    tr_outputs: dict[str, str] = {}
+    rets = []
+    for o in g.output:
+        v = cx.values.get(o.name)
+        if v is None:
+            raise TgcError(f"output '{o.name}' is not produced by any node")
+        tg = out_names.get(o.name) or names.new(o.name, "y")
+        expr = cx.tensor(v)
+        if expr != tg:
+            cx.lines.append(f"{tg} = {expr}")
+        tr_outputs[o.name] = tg
+        rets.append(tg)
+    head = [f"# translated by tgc from ONNX: {where} (opset {opset}, {len(g.node)} nodes)"]
+    renamed = [(k, v) for k, v in [*tr_inputs.items(), *tr_outputs.items()] if k != v]
+    for k, v in renamed:
+        head.append(f"# onnx-name: {v} = {k}")
+    source = "\n".join([*head, *cx.decls, *cx.lines, "return " + ", ".join(rets)]) + "\n"
+    return Translation(source, cx.weights, tr_inputs, tr_outputs, dims, opset, ops_used)
+
+
+def _probe(cx: Ctx, expr: str, out_name: str) -> tuple[DType, tuple]:
+    """The dtype and shape of `expr` where ONNX's shape inference gave none (inside expanded functions, say):
+    the program so far is traced by the front end (without dims: a model with symbolic dims needs inference)."""
+    from tgc.dsl.frontend import parse, trace
+    from tgc.ir.shapes import shape_of
+
+    if cx.dims:
+        raise TgcError(f"the type of '{out_name}' from {cx.where()} is unknown (ONNX shape inference gave none)")
+    source = "\n".join([*cx.decls, *cx.lines, f"probe_value_ = {expr}", "return probe_value_"]) + "\n"
+    try:
+        outs, _ = trace(parse(source, "<onnx>"), {})
+    except TgcError as e:
+        raise TgcError(f"cannot translate {cx.where()}: {e.msg}") from None
+    return outs[0].dtype, tuple(shape_of(outs[0]))
+
+
+FOLD_LIMIT = 1 << 16  # elements: constants up to this size are computed at load time
+_FOLDS_ITSELF = {"Constant", "ConstantOfShape", "Shape", "Size", "Identity", "Cast", "Reshape", "Unsqueeze",
+                 "Squeeze", "Flatten", "Concat", "Gather", "Transpose", "Slice"}  # (ops.py computes these directly)
+
+
+def _fold(cx: Ctx, node: Any, ins: list, opset: int) -> list | None:
+    """A node whose inputs are all known at load time (shape arithmetic, small constants), computed now by
+    ONNX's reference evaluator, the way any compiler folds constants; None where it does not apply."""
+    present = [v for v in ins if v is not None]
+    if not present or any(v.const is None or v.const.size > FOLD_LIMIT or v.dtype == dtypes.bf16 for v in present):
+        return None
+    if node.op_type in _FOLDS_ITSELF or node.op_type.startswith("Random") or \
+            any(a.type in (a.GRAPH, a.GRAPHS) for a in node.attribute):
+        return None
+    import onnx
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+
+    names = [f"i{i}" if v is not None else "" for i, v in enumerate(ins)]
+    one = helper.make_node(node.op_type, names, [f"o{i}" for i in range(len(node.output))], domain=node.domain)
+    one.attribute.extend(node.attribute)
+    g = helper.make_graph([one], "fold", [helper.make_tensor_value_info(n, _ONNX_OF[v.dtype], list(v.const.shape))
+                                          for n, v in zip(names, ins) if v is not None],
+                          [helper.make_tensor_value_info(f"o{i}", onnx.TensorProto.UNDEFINED, None)
+                           for i in range(len(node.output))])
+    try:
+        model = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+        res = ReferenceEvaluator(model).run(None, {n: v.const for n, v in zip(names, ins) if v is not None})
+    except Exception:  # noqa: BLE001 - the op function translates it instead (and says what is wrong)
+        return None
+    outs = []
+    for name, arr in zip(node.output, res):
+        arr = np.asarray(arr)
+        dt = _NP_TO_TGC.get(arr.dtype.str[1:])
+        if dt is None or arr.size > FOLD_LIMIT:
+            return None
+        outs.append(Value(name, dt, tuple(arr.shape), const=arr))
+    return outs
+
+
+def _bind_output(cx: Ctx, out_name: str, out: Any) -> Value:
+    if isinstance(out, Value):
+        if out.name != out_name:
+            out = Value(out_name, out.dtype, out.shape, out.expr, out.const)
+        return out
+    dt, shape = cx.types.get(out_name, (None, None))
+    if dt is None or shape is None:
+        dt, shape = _probe(cx, out, out_name)
+    name = cx.out_names.pop(out_name, None) or cx.names.new(out_name, "t")
+    cx.lines.append(f"{name} = {out}")
+    return Value(out_name, dt, shape, expr=name)
+
+
+def _attr(a: Any, cx: Ctx) -> Any:
+    from onnx import helper
+
+    if a.type == a.TENSOR:
+        arr, dt = _to_array(a.t)
+        return Value("attr", dt, tuple(arr.shape), const=arr)
+    if a.type in (a.GRAPH, a.GRAPHS):
+        return a  # the op decides (If/Loop/Scan are not supported)
+    v = helper.get_attribute_value(a)
+    if isinstance(v, bytes):
+        return v.decode("utf-8", "replace")
+    if isinstance(v, list) and v and isinstance(v[0], bytes):
+        return [s.decode("utf-8", "replace") for s in v]
+    return v
