@@ -82,3 +82,16 @@ def test_did_you_mean_only_for_close_matches():
     e = source_error("x: f32[4]\ny = x + 1\nreturn yy")
     assert e.hint == "did you mean 'y'?"
     assert close_match("bar", ["floor", "foo"]) is None
+
+
+def test_softmax_of_large_logits_keeps_its_largest_element(device):
+    # `x * s - max(x * s)` at the largest element is 0 in numpy; fused into an fma on the CPU it was the product's
+    # rounding error (~1e3 at 3e10), so every exp underflowed and the softmax was 0 / 0 = nan (SqueezeNet's logits)
+    x = (np.random.default_rng(0).standard_normal((2, 1000)) * 10).astype(np.float32)
+    out = run("x: f32[2, 1000]\nreturn softmax(x * 1e9, axis=1), exp(x * 3e9 - max(x * 3e9, axis=1, keepdim=True))",
+              device, x=x)
+    s = x.astype(np.float32) * np.float32(1e9)
+    e = np.exp((s - s.max(axis=1, keepdims=True)).astype(np.float64))
+    assert_close(out["out0"], e / e.sum(axis=1, keepdims=True), "f32")
+    t = x.astype(np.float32) * np.float32(3e9)
+    assert_close(out["out1"], np.exp((t - t.max(axis=1, keepdims=True)).astype(np.float64)), "f32")

@@ -19,7 +19,11 @@ from tgc.ir.uop import Ops, UOp
 
 _TYPES = {"bool": "i1", "i8": "i8", "u8": "i8", "i16": "i16", "u16": "i16", "i32": "i32", "u32": "i32", "i64": "i64",
           "u64": "i64", "f16": "half", "bf16": "i16", "f32": "float", "f64": "double"}
-# float arithmetic may be contracted into fma (what C compilers do by default); reductions may reassociate
+# Contraction into fma: a product may fuse only into a reduction's accumulate (`_REASSOC`: the inner product of a
+# matmul, where the fused form is faster and only more accurate). An elementwise `a * b - c` is not contracted:
+# fused, it rounds `a * b` differently from the same product computed elsewhere in the kernel, so `x * s - max(x *
+# s)` at the largest element is the product's rounding error (up to ~1e3 at 3e10), not 0, and a softmax of large
+# logits became exp(-1e3) everywhere, 0 / 0 = nan (`tests/test_lang_numpy_semantics.py`). Reductions may reassociate.
 # every buffer parameter is declared `align PARAM_ALIGN`: the CPU runs a user's array in place only when its data
 # address is a multiple of it (`CPUAllocator.zero_copy_align`), else it copies
 PARAM_ALIGN = 16
@@ -274,7 +278,7 @@ class _Renderer:
             self.lines.append(f"{done}:")
             self.block = done
 
-    def binary(self, op: Ops, d: DType, a: str, b: str, flags: str = _CONTRACT) -> str:
+    def binary(self, op: Ops, d: DType, a: str, b: str, flags: str = "") -> str:
         t, out = ltype(d), self.tmp()
         fl = d.is_float
         if d.is_bool and op in (Ops.ADD, Ops.MAX):
@@ -283,6 +287,8 @@ class _Renderer:
             op = Ops.AND
         if op in (Ops.ADD, Ops.SUB, Ops.MUL):
             name = {Ops.ADD: "add", Ops.SUB: "sub", Ops.MUL: "mul"}[op]
+            if fl and op is Ops.MUL and not flags:
+                flags = _CONTRACT  # a product may fuse into an accumulate that allows it (see _CONTRACT)
             self.emit(f"{out} = f{name} {flags}{t} {a}, {b}" if fl else f"{out} = {name} {t} {a}, {b}")
         elif op is Ops.FDIV:
             self.emit(f"{out} = fdiv {t} {a}, {b}")
