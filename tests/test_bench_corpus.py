@@ -44,3 +44,40 @@ def test_quick_corpus_and_compile_tables():
     for r in compile_rows[1:]:
         assert len(r) == len(compile_rows[0]) and r[3].endswith(" s") and r[4].endswith(" s")
     assert "the run failed" not in p.stdout
+
+
+def _bench_module(name: str):
+    import importlib.util
+    sys.path.insert(0, str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_chain_program_and_its_twin_agree():
+    import numpy as np
+
+    import tgc
+    table = _bench_module("compile_table")
+    src = table.chain_source(7)
+    assert src.count("\ny = y") == 7
+    x = np.linspace(-1, 1, 16, dtype=np.float32)
+    want = x.astype(np.float64)
+    y = want
+    for i in range(7):
+        y = y * 0.999 if i % 2 == 0 else y + want
+    np.testing.assert_allclose(table.chain_model(7)(np, want), y)
+    np.testing.assert_allclose(tgc.loads(src).run(x=x)["y"], y, rtol=1e-6)
+
+
+def test_corpus_inputs_look_like_a_trained_models():
+    import numpy as np
+    models = _bench_module("models")
+    got = models.corpus_inputs({"pad_mask": (3, 8), "var1": (5,), "w_in": (64, 32), "w1": (4, 8, 3, 3),
+                                "cos": (6, 4), "mask": (4, 4)}, seed=1)
+    assert got["pad_mask"].tolist()[0] == [1] * 8 and got["pad_mask"][2].sum() == 4  # padded tails
+    assert (got["var1"] > 0).all()
+    assert 0.08 < got["w_in"].std() < 0.2 and 0.09 < got["w1"].std() < 0.15  # 1/8, 1/sqrt(72)
+    np.testing.assert_allclose(got["cos"][0], 1.0)  # position 0: angle 0
+    assert got["mask"][0, 1] < -1e8 and got["mask"][1, 0] == 0  # causal, additive
