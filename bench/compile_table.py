@@ -165,9 +165,10 @@ def compile_rows(quick: bool, workloads: list[dict], xla: bool = True, only: str
         if r["error"]:
             limits.append(f"the run failed: {r['error']}")
         if r["warm_met"] is False and not r["error"]:
-            limits.append(f"warm: {startup:.2f} s of it is starting Python and importing tgc (`tgc --version`)")
+            limits.append(f"warm: a bare `tgc --version` process (starting Python, importing tgc) took {startup:.2f} "
+                          f"s in this run; the rest is making the random inputs, the run and writing the outputs")
         if r["cold_met"] is False and not r["error"]:
-            limits.append(f"cold: {r['kernels']} kernels lowered and compiled by LLVM "
+            limits.append(f"cold: {r['kernels']} kernel(s) lowered and compiled by LLVM "
                           f"(`tgc compile --timings` splits the time)")
         r["limit"] = "; ".join(limits)
     for r in rows:
