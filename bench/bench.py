@@ -521,7 +521,20 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--multi-only", action="store_true", help="only the many-devices section")
     ap.add_argument("--no-symbolic", action="store_true", help="skip the symbolic-vs-specialized sizes")
+    ap.add_argument("--corpus-beam", action="store_true",
+                    help="run `tgc beam` on each corpus model first (else its BEAM column uses the stored winners)")
+    ap.add_argument("--no-corpus", action="store_true", help="skip the model-corpus table")
+    ap.add_argument("--no-compile-table", action="store_true", help="skip the compile table")
+    ap.add_argument("--model", default=None, help="corpus and compile tables: only corpus models with this in "
+                    "their name (the compile table then leaves out the bench workloads)")
     args = ap.parse_args()
+    if args.only in ("corpus", "compile", "corpus,compile"):  # only the model-corpus and/or the compile table
+        corpus_rows, compile_rows = model_tables(args, set(args.only.split(",")))
+        if args.json:
+            print(json.dumps({"corpus": corpus_rows, "compile": compile_rows}, indent=1))
+        else:
+            print_model_tables(corpus_rows, compile_rows, args.quick)
+        return
     if args.multi_only:
         rows = multi_device(args.quick)
         print(json.dumps(rows, indent=1)) if args.json else print_multi(rows)
@@ -616,8 +629,12 @@ def main() -> None:
     multi = multi_device(args.quick) if not args.only or args.only in "many devices" else []
     remote = remote_rows(args.quick) if not args.only or args.only in "many devices remote" else []
     sym_rows = symbolic_rows(args.quick) if not args.no_symbolic and not args.only else []
+    corpus_rows, compile_rows = model_tables(args, {t for t, skip in (("corpus", args.no_corpus),
+                                                                      ("compile", args.no_compile_table))
+                                                    if not skip and not args.only})
     if args.json:
-        print(json.dumps({"peak": peak, "copy_gbs": copy_gbs, "read_gbs": read_gbs, "rows": rows, "startup_s": startup,
+        print(json.dumps({"corpus": corpus_rows, "compile": compile_rows, "peak": peak, "copy_gbs": copy_gbs,
+                          "read_gbs": read_gbs, "rows": rows, "startup_s": startup,
                           "packages": packages,
                           "blas": blas_note(), "xla_missing": XLA_MISSING[0] or None, "multi_device": multi,
                           "remote_pair": remote, "symbolic": sym_rows},
@@ -686,6 +703,31 @@ def main() -> None:
         print(format_rows(remote))
     if sym_rows:
         print_symbolic(sym_rows)
+    print_model_tables(corpus_rows, compile_rows, args.quick)
+
+
+def model_tables(args: argparse.Namespace, which: set[str]) -> tuple[list[dict], list[dict]]:
+    """The model-corpus table (bench/corpus.py) and the compile table (bench/compile_table.py), as asked."""
+    import compile_table
+    import corpus
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr)
+    rows = corpus.corpus_rows(args.quick, args.corpus_beam, peak_memory,
+                              None if args.no_xla else xla_timer, timeit, only=args.model, log=log) \
+        if "corpus" in which else []
+    comp = compile_table.compile_rows(args.quick, workloads(args.quick), xla=not args.no_xla, only=args.model,
+                                      log=log) if "compile" in which else []
+    return rows, comp
+
+
+def print_model_tables(corpus_rows: list[dict], compile_rows: list[dict], quick: bool) -> None:
+    import compile_table
+    import corpus
+    if corpus_rows:
+        corpus.print_corpus(corpus_rows, quick)
+    if compile_rows:
+        compile_table.print_compile(compile_rows, quick)
 
 
 if __name__ == "__main__":

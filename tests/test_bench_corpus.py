@@ -1,0 +1,83 @@
+"""`make bench`'s model-corpus and compile tables (bench/corpus.py, bench/compile_table.py) run at tiny sizes
+(`--quick`) for one corpus model: the tables have their columns and one row per program, the programs ran
+(no failed run in the compile table). Timings are printed, never checked."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _table(lines: list[str], title: str) -> list[list[str]]:
+    """The rows (cells) of the markdown table after the line starting with `title`, header first."""
+    start = next(i for i, line in enumerate(lines) if line.startswith(title))
+    rows = []
+    for line in lines[start + 1:]:
+        if not line.startswith("|"):
+            if rows:
+                break
+            continue
+        rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+    return [r for r in rows if not set("".join(r)) <= {"-"}]
+
+
+def test_quick_corpus_and_compile_tables():
+    env = {**os.environ, "TGC_THREADS": "1"}
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "bench.py"), "--quick", "--only", "corpus,compile",
+                        "--model", "gru", "--no-xla"], capture_output=True, text=True, cwd=ROOT, env=env,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    lines = p.stdout.splitlines()
+    corpus = _table(lines, "Model corpus")
+    assert corpus[0][:3] == ["model", "dims", "XLA"] and len(corpus) == 2  # the header and the GRU
+    head, (row,) = corpus[0], corpus[1:]
+    assert len(row) == len(head) and row[0] == "gru" and row[2] == "-"  # no XLA asked
+    assert row[3].endswith(("us", "ms")) and float(row[7]) > 0  # a default time, a recompute factor
+    compile_rows = _table(lines, "Compile table")
+    assert compile_rows[0][:5] == ["program", "dims", "kernels", "cold", "warm"]
+    names = [r[0] for r in compile_rows[1:]]
+    assert names == ["softmax.tg", "corpus gru", "chain of 100 statements"]
+    for r in compile_rows[1:]:
+        assert len(r) == len(compile_rows[0]) and r[3].endswith(" s") and r[4].endswith(" s")
+    assert "the run failed" not in p.stdout
+
+
+def _bench_module(name: str):
+    import importlib.util
+    sys.path.insert(0, str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_chain_program_and_its_twin_agree():
+    import numpy as np
+
+    import tgc
+    table = _bench_module("compile_table")
+    src = table.chain_source(7)
+    assert src.count("\ny = y") == 7
+    x = np.linspace(-1, 1, 16, dtype=np.float32)
+    want = x.astype(np.float64)
+    y = want
+    for i in range(7):
+        y = y * 0.999 if i % 2 == 0 else y + want
+    np.testing.assert_allclose(table.chain_model(7)(np, want), y)
+    np.testing.assert_allclose(tgc.loads(src).run(x=x)["y"], y, rtol=1e-6)
+
+
+def test_corpus_inputs_look_like_a_trained_models():
+    import numpy as np
+    models = _bench_module("models")
+    got = models.corpus_inputs({"pad_mask": (3, 8), "var1": (5,), "w_in": (64, 32), "w1": (4, 8, 3, 3),
+                                "cos": (6, 4), "mask": (4, 4)}, seed=1)
+    assert got["pad_mask"].tolist()[0] == [1] * 8 and got["pad_mask"][2].sum() == 4  # padded tails
+    assert (got["var1"] > 0).all()
+    assert 0.08 < got["w_in"].std() < 0.2 and 0.09 < got["w1"].std() < 0.15  # 1/8, 1/sqrt(72)
+    np.testing.assert_allclose(got["cos"][0], 1.0)  # position 0: angle 0
+    assert got["mask"][0, 1] < -1e8 and got["mask"][1, 0] == 0  # causal, additive
