@@ -26,16 +26,12 @@ from tgc.errors import TgcError, close_match
 from tgc.ir.uop import Ops, UOp
 
 # Depth of the operation graph a program may build (a chain of N statements like `y = y * 2 + 1` is 2N
-# deep). The scheduler and the code generator recurse about 3 Python frames per level, so the recursion
-# limit is raised to fit (Python 3.11 frames of Python-to-Python calls cost no C stack). Deeper programs
-# are refused with a clear message instead of an internal RecursionError.
-MAX_DEPTH = 4000
-RECURSION_LIMIT = 5 * MAX_DEPTH + 2000
+# deep). No walk of the compiler recurses over the graph (they keep explicit stacks: `tgc.ir.walk`), so the
+# limit is one of size, not of the Python stack: deeper programs are refused with a clear message.
+MAX_DEPTH = 1_000_000
 # the C parser recurses over the nesting of one expression: it runs under this (CPython's default) limit,
 # so `x + x + ... + x` of thousands of terms is refused before it can exhaust the C stack
 PARSE_RECURSION_LIMIT = 1000
-if sys.getrecursionlimit() < RECURSION_LIMIT:
-    sys.setrecursionlimit(RECURSION_LIMIT)
 
 
 def _parse_ast(source: str, filename: str) -> ast.Module:
