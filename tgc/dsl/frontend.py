@@ -786,8 +786,18 @@ class _Evaluator:
         if isinstance(node, ast.Tuple) or isinstance(node, ast.List):
             return tuple(self.eval(e) for e in node.elts)
         if isinstance(node, ast.BinOp):
-            left, right = self.eval(node.left), self.eval(node.right)
-            return self._binop(node, left, right)
+            # a left-nested chain (`x + x + ... + x`, as Python parses it) in a loop, not one frame per term
+            spine = [node]
+            while isinstance(spine[-1].left, ast.BinOp):
+                spine.append(spine[-1].left)
+            value = self.eval(spine[-1].left)
+            for op_node in reversed(spine):
+                right = self.eval(op_node.right)
+                try:
+                    value = self._binop(op_node, value, right)
+                except DslError as e:
+                    raise self._positioned(op_node, e) from None
+            return value
         if isinstance(node, ast.UnaryOp):
             v = self.eval(node.operand)
             if isinstance(node.op, ast.USub):
