@@ -23,7 +23,7 @@ from tgc.dsl import functions
 from tgc.dsl.tensor import DslError, Tensor, fmt_type
 from tgc.dtype import DType, dtypes
 from tgc.errors import TgcError, close_match
-from tgc.ir.uop import Ops, UOp
+from tgc.ir.uop import Ops, UOp, postorder
 
 # Depth of the operation graph a program may build (a chain of N statements like `y = y * 2 + 1` is 2N
 # deep). No walk of the compiler recurses over the graph (they keep explicit stacks: `tgc.ir.walk`), so the
@@ -54,7 +54,7 @@ def check_depth(outs: list[UOp]) -> None:
     """Refuse a graph deeper than MAX_DEPTH (computed without recursion)."""
     depth: dict[UOp, int] = {}
     for out in outs:
-        for u in out.toposort():
+        for u in postorder(out, depth):  # (outputs sharing a graph: each node walked once)
             if u not in depth:
                 depth[u] = 1 + max((depth[s] for s in u.src), default=0)
     deepest = max((depth[o] for o in outs), default=0)

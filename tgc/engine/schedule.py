@@ -29,7 +29,7 @@ from tgc.errors import TgcError
 from tgc.ir.kernel import INDEX, ScheduleItem, flat_index, identity
 from tgc.ir.shapes import prod, shape_of, strides_for
 from tgc.ir.symbolic import simplify
-from tgc.ir.uop import ALU, Ops, RangeKind, UOp, rebuild, substitute
+from tgc.ir.uop import ALU, Ops, RangeKind, UOp, postorder, rebuild, substitute
 from tgc.ir.walk import drive
 
 _EXPANDING = {Ops.EXPAND, Ops.WINDOW}
@@ -423,7 +423,7 @@ def check_sizes(outputs: list[UOp]) -> None:
     """A tensor with more elements than 64-bit index math addresses is refused (never indexed modulo 2^64)."""
     seen: set[UOp] = set()
     for out in outputs:
-        for node in out.toposort():
+        for node in postorder(out, seen):  # (outputs sharing a graph: each node walked once)
             if node in seen:
                 continue
             seen.add(node)
