@@ -25,8 +25,9 @@ def spy(monkeypatch):
     real = search.beam_search
 
     def wrapped(ast, device, bufs, width, name="kernel", progress=None, pool=None, rounds=search.MAX_ROUNDS,
-                starts=None):
-        res = real(ast, device, bufs, width, name=name, progress=progress, pool=pool, rounds=rounds, starts=starts)
+                starts=None, deadline=None):
+        res = real(ast, device, bufs, width, name=name, progress=progress, pool=pool, rounds=rounds, starts=starts,
+                   deadline=deadline)
         calls.append((name, width, rounds, res.tried))
         return res
     monkeypatch.setattr(search, "beam_search", wrapped)
@@ -170,3 +171,56 @@ def test_no_new_round_after_the_time_limit(monkeypatch, limit, more_rounds):
     res = search.beam_search(ast, cpu, item.bufs, 2, name="k", progress=lambda p: rounds.append(p["round"]))
     assert rounds and (max(rounds) > 0) == more_rounds
     assert res.after_s < res.before_s
+
+
+# --- the whole-program budget (`tgc beam --budget SECONDS`, issue 21 item 5)
+
+
+def test_the_budget_is_spread_by_each_kernels_share():
+    assert search._budget_deadline(100.0, 110.0, 1.0, 4.0) == 102.5  # a quarter of the 10 s left
+    assert search._budget_deadline(100.0, 110.0, 3.0, 3.0) == 110.0  # the last kernel: all that is left
+    assert search._budget_deadline(100.0, 110.0, 1.0, 0.0) == 110.0
+    assert search._budget_deadline(110.0, 110.0, 1.0, 4.0) is None  # spent: not searched
+    assert search._budget_deadline(111.0, 110.0, 1.0, 4.0) is None
+
+
+def test_kernels_reached_after_the_budget_is_spent_are_skipped_and_searched_by_a_later_run(spy):
+    p = tgc.loads(MIX)
+    dims = {"M": 16, "K": 16, "N": 32}
+    spent = p.beam("CPU", dims=dims, width=2, force=True, budget_s=1e-9)
+    assert spy == [] and spent["kernels"] and all(r.get("skipped") for r in spent["kernels"])
+    again = p.beam("CPU", dims=dims, width=1, budget_s=2.0)  # nothing was stored: every kernel is searched now
+    assert len(spy) == len(again["kernels"]) and not any(r.get("skipped") or r["cached"] for r in again["kernels"])
+
+
+def test_a_small_budget_finishes_with_its_winners_stored(tmp_path):
+    """`tgc beam --budget 3` on a program of several kernels: it ends, every kernel is searched or skipped, the
+    searched ones are stored (a second `tgc beam` finds them cached), and a run still matches numpy."""
+    import json
+
+    from clikit import invoke
+
+    f = tmp_path / "mix.tg"
+    f.write_text(MIX)
+    args = ["beam", str(f), "-D", "M=32", "-D", "K=32", "-D", "N=64", "--json", "--force", "--budget", "3"]
+    r = invoke(*args)
+    assert r.exit_code == 0, r.stderr
+    rows = json.loads(r.stdout)["kernels"]
+    searched = [row for row in rows if not row.get("skipped")]
+    assert searched and all(row["opts"] is not None for row in searched)
+    r2 = invoke(*(a for a in args if a != "--force"))
+    again = {row["name"]: row for row in json.loads(r2.stdout)["kernels"]}
+    assert all(again[row["name"]]["cached"] for row in searched)
+    rng = np.random.default_rng(2)
+    a, b, c = (rng.standard_normal(s).astype(np.float32) for s in ((32, 32), (32, 64), (32, 64)))
+    out = tgc.loads(MIX).run(a=a, b=b, c=c)
+    got = list(out.values()) if isinstance(out, dict) else list(out)
+    np.testing.assert_allclose(got[0], a @ b + c, rtol=1e-4, atol=1e-4)
+
+
+def test_a_budget_must_be_positive(tmp_path):
+    from clikit import assert_clean, invoke
+
+    f = tmp_path / "mix.tg"
+    f.write_text(MIX)
+    assert_clean(invoke("beam", str(f), "-D", "M=4", "-D", "K=4", "-D", "N=4", "--budget", "0"), 2, "--budget")

@@ -27,7 +27,7 @@ from tgc.codegen.kernel import (
 )
 from tgc.codegen.opt import OptError, OptOps
 from tgc.codegen.pipeline import heuristic_opts
-from tgc.codegen.search import beam_items, lookup
+from tgc.codegen.search import DEFAULT_BUDGET_S, beam_items, lookup
 from tgc.dsl.frontend import (
     DimError,
     DimExpr,
@@ -794,8 +794,11 @@ class Program:
         return ident if len(names) == 1 else {**ident, "device": ",".join(names)}
 
     def beam(self, device: str | list[str] | None = None, dims: dict[str, int] | None = None, width: int = 4,
-             progress: Any = None, force: bool = False, shard: dict[str, int] | None = None) -> dict[str, Any]:
+             progress: Any = None, force: bool = False, shard: dict[str, int] | None = None,
+             budget_s: float | None = DEFAULT_BUDGET_S) -> dict[str, Any]:
         """Search every kernel of the program (BEAM); store the winners; report before/after per kernel.
+        `budget_s` bounds the search in seconds (None: unbounded; `tgc.codegen.search.beam_items`); on a device
+        list, per device kind.
         On a device list: each device's per-shard kernels, searched once per device kind (on the first device
         of that kind, with its share of the cores); winners are stored per kind, so every device uses them."""
         names = device_names(device)
@@ -815,7 +818,8 @@ class Program:
                     if ml.devices[d].kind == kind:
                         for it in its:
                             items.setdefault(it.ast, it)
-                r, sec = beam_items(list(items.values()), dev, width, progress=progress, force=force)
+                r, sec = beam_items(list(items.values()), dev, width, progress=progress, force=force,
+                                    budget_s=budget_s)
                 rows += [{**row, "device": kind} for row in r]
                 seconds += sec
             self._multi.clear()
@@ -825,7 +829,8 @@ class Program:
         if dev.compiler is None:
             raise CompileError(dev.compile_error or f"cannot compile for {dev.kind} here, so it cannot be tuned here")
         dims = self.resolve_dims(dims)
-        rows, seconds = beam_items(self.schedule(dims, dev.name), dev, width, progress=progress, force=force)
+        rows, seconds = beam_items(self.schedule(dims, dev.name), dev, width, progress=progress, force=force,
+                                   budget_s=budget_s)
         self._kernels.clear()  # later compiles pick up the stored winners
         self._chunks.clear()
         self._entries.clear()  # (the program cache's key holds the BEAM table's state: they miss)

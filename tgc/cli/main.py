@@ -840,23 +840,28 @@ def _bench_report(result: dict[str, Any], old: dict | None, baseline: str | None
 @dims_option
 @click.option("--width", type=click.IntRange(min=1), default=4, show_default=True, help="Beam width.")
 @click.option("--force", is_flag=True, help="Search again even where a stored winner is wide enough.")
+@click.option("--budget", "budget", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+              help="Bound the whole search (time spread by each kernel's share of the program; default 20; "
+                   "kernels left when it is spent are searched by a later run).")
 @shard_option
 @json_option
-def beam_(file: str, device: str | None, dims: dict[str, int], width: int, force: bool, shard: dict[str, int],
-          as_json: bool) -> None:
+def beam_(file: str, device: str | None, dims: dict[str, int], width: int, force: bool, budget: float | None,
+          shard: dict[str, int], as_json: bool) -> None:
     """BEAM-search the optimizations of every kernel of FILE and store the winners in the cache.
 
     A kernel whose stored winner came from a search at least as wide is not searched again (unless --force).
     """
     from tgc.cli import report
     from tgc.cli.inputs import check_dims
+    from tgc.codegen.search import DEFAULT_BUDGET_S
 
     prog = _load(file)
     _warn(check_dims(prog, dims, require_all=True))
     progress, close = report.progress_bar(_stderr_tty())
     try:
         extra = {"shard": shard} if _is_list(device, shard) else {}
-        result = prog.beam(device=device, dims=dims, width=width, progress=progress, force=force, **extra)
+        result = prog.beam(device=device, dims=dims, width=width, progress=progress, force=force,
+                           budget_s=DEFAULT_BUDGET_S if budget is None else budget, **extra)
     finally:
         close()
     if as_json:

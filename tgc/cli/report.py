@@ -269,8 +269,12 @@ def beam_table(result: Mapping[str, Any]) -> Any:
         note = (f" (cached, width {k['width']})" if k.get("width") else " (cached)") if k.get("cached") else ""
         if k.get("same_as"):
             note += f" (same kernel as {k['same_as']})"
+        elif k.get("skipped"):
+            note += " (not searched: the budget was spent; a later `tgc beam` searches it)"
         elif k.get("small"):
             note += " (small search: a negligible share of the program)"
+        if k.get("out_of_budget"):
+            note += " (stopped at its share of the budget)"
         table.add_row(str(k.get("name")), "" if k.get("line") is None else str(k.get("line")),
                       fmt_time(k.get("before_s")), fmt_time(k.get("after_s")), speedup(k),
                       "" if k.get("tried") is None else str(k["tried"]), ", ".join(str(o) for o in opts) + note)

@@ -8,9 +8,12 @@ value also stored into a buffer, `tgc.codegen.rowreuse`) becomes a STORE where t
 
 from __future__ import annotations
 
+from collections.abc import Generator
+
 from tgc.dtype import dtypes
 from tgc.ir.kernel import identity
-from tgc.ir.uop import Ops, UOp
+from tgc.ir.uop import Ops, UOp, postorder
+from tgc.ir.walk import drive
 
 
 class _Linearizer:
@@ -34,7 +37,12 @@ class _Linearizer:
         return u
 
     def open_range(self, r: UOp) -> None:
-        end = self.emit(r.src[0])
+        self._push_range(r, self.emit(r.src[0]))
+
+    def _open_range(self, r: UOp) -> Generator[UOp, UOp, None]:
+        self._push_range(r, self.lookup(r.src[0]) or (yield r.src[0]))
+
+    def _push_range(self, r: UOp, end: UOp) -> None:
         lin = r.replace(src=(end,))
         self.push(lin)
         self.scopes.append({r: lin})
@@ -46,39 +54,46 @@ class _Linearizer:
         self.push(UOp(Ops.ENDRANGE, None, (scope[r],)))
 
     def emit(self, u: UOp) -> UOp:
+        """The linear node of `u`, emitting it (and what it needs) where it is not yet visible. A walk of any
+        depth: `_emit` yields the sources it needs (`tgc.ir.walk.drive`)."""
+        found = self.lookup(u)
+        return found if found is not None else drive(u, self._emit)
+
+    def _emit(self, u: UOp) -> Generator[UOp, UOp, UOp]:
         found = self.lookup(u)
         if found is not None:
             return found
         if u.op is Ops.RANGE:
             raise RuntimeError(f"range {u.arg} used outside its loop")
         if u.op is Ops.REDUCE:
-            self.emit_reduce_group(u)
+            yield from self._emit_reduce_group(u)
             return self.scopes[-1][u]
-        if u.op is Ops.TEE:  # the value, stored where it is computed (`tgc.codegen.rowreuse`)
-            buf, idx, value = (self.emit(s) for s in u.src)
-            self.push(UOp(Ops.STORE, None, (buf, idx, value)))
-            self.scopes[-1][u] = value
-            return value
         if u.op is Ops.REREAD:
             raise RuntimeError("REREAD left in a kernel (resolve_row_values did not run)")
+        srcs = []
+        for s in u.src:
+            found = self.lookup(s)
+            srcs.append(found if found is not None else (yield s))
+        if u.op is Ops.TEE:  # the value, stored where it is computed (`tgc.codegen.rowreuse`)
+            self.push(UOp(Ops.STORE, None, tuple(srcs)))
+            lin = srcs[2]
         else:
-            srcs = tuple(self.emit(s) for s in u.src)
-            lin = self.push(u.replace(src=srcs))
+            lin = self.push(u.replace(src=tuple(srcs)))
         self.scopes[-1][u] = lin
         return lin
-
 
     def free_ranges(self, u: UOp) -> frozenset[UOp]:
         """The loop ranges a value depends on (a REDUCE binds its own)."""
         memo = self.free
         if u not in memo:
-            if u.op is Ops.RANGE:
-                out = frozenset([u]) | self.free_ranges(u.src[0])
-            else:
-                out = frozenset().union(*(self.free_ranges(s) for s in u.src)) if u.src else frozenset()
-                if u.op is Ops.REDUCE:
-                    out -= set(u.src[1:])
-            memo[u] = out
+            for n in postorder(u, memo):
+                if n.op is Ops.RANGE:
+                    out = frozenset([n]) | memo[n.src[0]]
+                else:
+                    out = frozenset().union(*(memo[s] for s in n.src)) if n.src else frozenset()
+                    if n.op is Ops.REDUCE:
+                        out -= set(n.src[1:])
+                memo[n] = out
         return memo[u]
 
     def hoist(self, root: UOp) -> None:
@@ -87,7 +102,7 @@ class _Linearizer:
             if n.op is Ops.REDUCE and self.lookup(n) is None and self.free_ranges(n) <= open_now:
                 self.emit(n)
 
-    def emit_reduce_group(self, first: UOp) -> None:
+    def _emit_reduce_group(self, first: UOp) -> Generator[UOp, UOp, None]:
         ranges = first.src[1:]
         group = [r for r in self.reduce_groups.get(ranges, [first]) if self.lookup(r) is None]
         if first not in group:
@@ -105,15 +120,19 @@ class _Linearizer:
         for r in group:
             for n in r.src[0].toposort():
                 if n.op not in (Ops.CONST, Ops.RANGE) and self.lookup(n) is None and self.free_ranges(n) <= open_now:
-                    self.emit(n)
+                    yield n
         accs = []
         for r in group:
-            init = self.emit(UOp.const(r.dtype, identity(r.arg, r.dtype)))
+            init_value = UOp.const(r.dtype, identity(r.arg, r.dtype))
+            init = self.lookup(init_value) or (yield init_value)
             accs.append(self.push(UOp(Ops.DEFINE_ACC, r.dtype, (init,), self.acc_count)))
             self.acc_count += 1
         for rng in ranges:
-            self.open_range(rng)
-        values = [self.emit(r.src[0]) for r in group]
+            yield from self._open_range(rng)
+        values = []
+        for r in group:
+            found = self.lookup(r.src[0])
+            values.append(found if found is not None else (yield r.src[0]))
         for r, acc, v in zip(group, accs, values):
             self.push(UOp(Ops.ACCUMULATE, r.dtype, (acc, v), r.arg))
         for _ in ranges:

@@ -65,6 +65,12 @@ MAX_ROUNDS = 32
 # progress ends): on a loaded machine a single-kernel search that keeps finding >3% gains (layernorm 4096^2:
 # ~110 candidates over 5 rounds) would otherwise take minutes
 ROUND_START_LIMIT_S = 30.0
+# the whole-program budget (`tgc beam --budget`, `Program.beam(budget_s=)`): seconds for one `beam_items`, from
+# its start (measuring the defaults included); what is left after the measurement is spread over the kernels by
+# each one's share of the program's default time. A kernel past its share starts no new round (the round in
+# progress stops timing candidates); once the budget is spent the remaining kernels keep their default (timed
+# with its prefixes only). Rendering and compiling one round's batch are not interrupted.
+DEFAULT_BUDGET_S = 20.0
 
 
 # ------------------------------------------------------------------------------------------- another evaluator
@@ -254,6 +260,7 @@ class SearchResult:
     interrupted: bool = False
     reference: str = "unoptimized"
     timed: bool = True  # False: one candidate, nothing compiled or timed (before_s and after_s are 0)
+    out_of_budget: bool = False  # the kernel's share of the budget ran out: the search stopped early
 
 
 def _time_candidate(timer: _Timer, c: Candidate, best_s: float, result: SearchResult) -> bool:
@@ -277,13 +284,15 @@ def _time_candidate(timer: _Timer, c: Candidate, best_s: float, result: SearchRe
 
 def beam_search(ast: UOp, device: Any, bufs: list[UOp], width: int, name: str = "kernel",
                 progress: Callable[[dict], None] | None = None, pool: Any = None, rounds: int = MAX_ROUNDS,
-                starts: tuple[Candidate, list[Candidate]] | None = None) -> SearchResult:
+                starts: tuple[Candidate, list[Candidate]] | None = None,
+                deadline: float | None = None) -> SearchResult:
     """BEAM over one kernel: at most `rounds` rounds of `width`. `starts`: the search's first candidates
     (`_starts`: the reference and the default's prefixes), already rendered and perhaps compiled (by
-    `beam_items`' time budget, which times the default first)."""
+    `beam_items`' time budget, which times the default first). `deadline` (a `time.perf_counter()` value): no
+    round starts after it, and the round in progress times no more candidates."""
     timer = _Timer(device, bufs)
     try:
-        return _search(ast, device, timer, width, name, progress, pool, rounds, starts)
+        return _search(ast, device, timer, width, name, progress, pool, rounds, starts, deadline)
     finally:
         timer.free()
 
@@ -323,7 +332,7 @@ def _compile_here(c: Candidate, device: Any) -> None:
 
 
 def _search(ast, device, timer: _Timer, width, name, progress, pool, rounds: int = MAX_ROUNDS,
-            starts: tuple[Candidate, list[Candidate]] | None = None) -> SearchResult:
+            starts: tuple[Candidate, list[Candidate]] | None = None, deadline: float | None = None) -> SearchResult:
     start = time.perf_counter()
     base, seeds = starts if starts is not None else _starts(ast, device, name, timer.bufs)
     _compile_here(base, device)
@@ -370,6 +379,9 @@ def _search_from(ast, device, timer: _Timer, width, name, progress, pool, rounds
         for _round in range(rounds):
             if _round and time.perf_counter() - start > ROUND_START_LIMIT_S:
                 break
+            if deadline is not None and time.perf_counter() >= deadline:
+                result.out_of_budget = True
+                break
             cands: list[Candidate] = []
             for parent in beam:
                 for opt in actions(parent.kernel):
@@ -393,6 +405,9 @@ def _search_from(ast, device, timer: _Timer, width, name, progress, pool, rounds
             for i, c in enumerate(cands if batch is None else []):
                 if c.duplicate:
                     continue
+                if deadline is not None and time.perf_counter() >= deadline:
+                    result.out_of_budget = True
+                    break
                 result.tried += 1
                 if not _time_candidate(timer, c, best.time_s, result):
                     continue
@@ -465,7 +480,8 @@ def _evaluate_round(batch: Any, cands: list[Candidate], device: Any, name: str, 
 
 
 def attention_search(item: ScheduleItem, device: Any, name: str = "kernel",
-                     progress: Callable[[dict], None] | None = None, pool: Any = None) -> SearchResult:
+                     progress: Callable[[dict], None] | None = None, pool: Any = None,
+                     deadline: float | None = None) -> SearchResult:
     """BEAM for a fused attention kernel (`item.meta["attention"]`): its choices (query rows per vector, keys per
     block, threads: `tgc.codegen.attention.candidates`, the default first) are few, so every one is compiled
     and timed. The reference output comes from the per-row form of the kernel (another code path); a candidate
@@ -475,7 +491,7 @@ def attention_search(item: ScheduleItem, device: Any, name: str = "kernel",
         return SearchResult(cands[0], 0.0, 0.0, reference="none (one candidate)", timed=False)
     timer = _Timer(device, item.bufs)
     try:
-        return _attention_search(item, device, timer, name, progress, pool)
+        return _attention_search(item, device, timer, name, progress, pool, deadline)
     finally:
         timer.free()
 
@@ -487,7 +503,8 @@ def _attention_candidate(item: ScheduleItem, device: Any, name: str, opts: list[
                      buf_index=[item.bufs.index(b) for b in low.bufs])
 
 
-def _attention_search(item, device, timer: _Timer, name, progress, pool) -> SearchResult:
+def _attention_search(item, device, timer: _Timer, name, progress, pool, deadline: float | None = None
+                      ) -> SearchResult:
     start = time.perf_counter()
     ref = _attention_candidate(item, device, name, None, reference=True)
     first, *rest = attention_candidates(item, device)
@@ -513,6 +530,9 @@ def _attention_search(item, device, timer: _Timer, name, progress, pool) -> Sear
     best = default
     try:
         for i, c in enumerate(cands[1:]):
+            if deadline is not None and time.perf_counter() >= deadline:
+                result.out_of_budget = True
+                break
             result.tried += 1
             if not _time_candidate(timer, c, best.time_s, result):
                 continue
@@ -692,15 +712,28 @@ def small_search(time_s: float | None, total_s: float) -> bool:
     return time_s < SMALL_SHARE * total_s
 
 
+def _budget_deadline(now: float, deadline_all: float, weight: float, weight_left: float) -> float | None:
+    """When one kernel's search must stop: the time left to the whole search's deadline times the kernel's share
+    (`weight` of the `weight_left` still to search); None when no time is left."""
+    if now >= deadline_all:
+        return None
+    share = weight / weight_left if weight_left > 0 else 1.0
+    return now + (deadline_all - now) * min(1.0, max(share, 0.0))
+
+
 def beam_items(items: list[ScheduleItem], dev: Any, width: int = 4, progress: Callable[[dict], None] | None = None,
-               force: bool = False) -> tuple[list[dict[str, Any]], float]:
+               force: bool = False, budget_s: float | None = DEFAULT_BUDGET_S) -> tuple[list[dict[str, Any]], float]:
     """Search every kernel of a schedule on `dev`; store the winners; rows of before/after per kernel and the
     seconds it took (`Program.beam` schedules, calls this and drops its compiled kernels).
 
     Kernels with the same AST (the same key in the store: a block's two layernorms, a repeated matmul shape) are
     searched once; the others take the first one's winner (`same_as`). The time budget: every kernel to be
     searched has its default timed first; one whose default is a negligible share of the program's
-    (`small_search`) gets a search of width `SMALL_WIDTH` over `SMALL_ROUNDS` rounds (`"small": true`)."""
+    (`small_search`) gets a search of width `SMALL_WIDTH` over `SMALL_ROUNDS` rounds (`"small": true`).
+
+    `budget_s` (None: no bound) bounds the whole search (`DEFAULT_BUDGET_S`): each kernel searched gets the
+    budget left times its share of the default time still to search (`_budget_deadline`); a kernel reached
+    after the budget is spent is not searched and not stored (`"skipped": true`: a later run searches it)."""
 
     if dev.compiler is None:
         raise CompileError(dev.compile_error or f"cannot compile for {dev.kind} here, so it cannot be tuned here")
@@ -731,6 +764,13 @@ def beam_items(items: list[ScheduleItem], dev: Any, width: int = 4, progress: Ca
         count = {k: keys.count(k) for k in set(keys)}
         total = sum(t * count[keys[i]] for i, t in default_s.items())
         pos = {i: j for j, i in enumerate(todo)}
+        deadline_all = None if budget_s is None else start + budget_s
+        # each kernel's weight in the budget: its default's time (times its copies); a kernel not measured (the
+        # fused attention, a failed measurement) weighs as much as the mean of those measured
+        weights = {i: default_s[i] * count[keys[i]] for i in default_s}
+        mean = sum(weights.values()) / len(weights) if weights else 1.0
+        weight_left = sum(weights.get(i, mean) for i in range(len(items))
+                          if rows[i] is None and first[keys[i]] == i)
         for i, item in enumerate(items):
             if rows[i] is not None:
                 continue
@@ -745,12 +785,21 @@ def beam_items(items: list[ScheduleItem], dev: Any, width: int = 4, progress: Ca
                     progress({**p, "index": i, "total": len(items), "elapsed_total_s": time.perf_counter() - start})
 
             small = not fused and small_search(default_s.get(i) and default_s[i] * count[keys[i]], total)
+            deadline = None
+            if deadline_all is not None:
+                weight = weights.get(i, mean)
+                deadline = _budget_deadline(time.perf_counter(), deadline_all, weight, weight_left)
+                weight_left -= weight
+                if deadline is None:  # the budget is spent: not searched, not stored
+                    rows[i] = {"name": item.name, "opts": [], "width": width, "tried": 0, "cached": False,
+                               "skipped": True}
+                    continue
             if fused:
-                res = attention_search(item, dev, name=item.name, progress=report, pool=pool)
+                res = attention_search(item, dev, name=item.name, progress=report, pool=pool, deadline=deadline)
             else:
                 res = beam_search(asts[i], dev, item.bufs, SMALL_WIDTH if small else width, name=item.name,
                                   progress=report, pool=pool, rounds=SMALL_ROUNDS if small else MAX_ROUNDS,
-                                  starts=starts.get(pos[i]))
+                                  starts=starts.get(pos[i]), deadline=deadline)
             # stored under the width asked: the small search is what this width gives a kernel that cannot matter
             store(asts[i], dev, res.opts, res.after_s, item.name, width, fused)
             rows[i] = {"name": item.name, "opts": [str(o) for o in res.opts], "width": width,
@@ -758,7 +807,7 @@ def beam_items(items: list[ScheduleItem], dev: Any, width: int = 4, progress: Ca
                        "after_s": res.after_s if res.timed else None,
                        "speedup": res.before_s / res.after_s if res.after_s else 0.0,
                        "tried": res.tried, "rejected": res.rejected, "failed": res.failed, "cached": False,
-                       "reference": res.reference, "small": small,
+                       "reference": res.reference, "small": small, "out_of_budget": res.out_of_budget,
                        "interrupted": res.interrupted}
             if res.interrupted:
                 break

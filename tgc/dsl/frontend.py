@@ -23,19 +23,15 @@ from tgc.dsl import functions
 from tgc.dsl.tensor import DslError, Tensor, fmt_type
 from tgc.dtype import DType, dtypes
 from tgc.errors import TgcError, close_match
-from tgc.ir.uop import Ops, UOp
+from tgc.ir.uop import Ops, UOp, postorder
 
 # Depth of the operation graph a program may build (a chain of N statements like `y = y * 2 + 1` is 2N
-# deep). The scheduler and the code generator recurse about 3 Python frames per level, so the recursion
-# limit is raised to fit (Python 3.11 frames of Python-to-Python calls cost no C stack). Deeper programs
-# are refused with a clear message instead of an internal RecursionError.
-MAX_DEPTH = 4000
-RECURSION_LIMIT = 5 * MAX_DEPTH + 2000
+# deep). No walk of the compiler recurses over the graph (they keep explicit stacks: `tgc.ir.walk`), so the
+# limit is one of size, not of the Python stack: deeper programs are refused with a clear message.
+MAX_DEPTH = 1_000_000
 # the C parser recurses over the nesting of one expression: it runs under this (CPython's default) limit,
 # so `x + x + ... + x` of thousands of terms is refused before it can exhaust the C stack
 PARSE_RECURSION_LIMIT = 1000
-if sys.getrecursionlimit() < RECURSION_LIMIT:
-    sys.setrecursionlimit(RECURSION_LIMIT)
 
 
 def _parse_ast(source: str, filename: str) -> ast.Module:
@@ -58,7 +54,7 @@ def check_depth(outs: list[UOp]) -> None:
     """Refuse a graph deeper than MAX_DEPTH (computed without recursion)."""
     depth: dict[UOp, int] = {}
     for out in outs:
-        for u in out.toposort():
+        for u in postorder(out, depth):  # (outputs sharing a graph: each node walked once)
             if u not in depth:
                 depth[u] = 1 + max((depth[s] for s in u.src), default=0)
     deepest = max((depth[o] for o in outs), default=0)
@@ -790,8 +786,18 @@ class _Evaluator:
         if isinstance(node, ast.Tuple) or isinstance(node, ast.List):
             return tuple(self.eval(e) for e in node.elts)
         if isinstance(node, ast.BinOp):
-            left, right = self.eval(node.left), self.eval(node.right)
-            return self._binop(node, left, right)
+            # a left-nested chain (`x + x + ... + x`, as Python parses it) in a loop, not one frame per term
+            spine = [node]
+            while isinstance(spine[-1].left, ast.BinOp):
+                spine.append(spine[-1].left)
+            value = self.eval(spine[-1].left)
+            for op_node in reversed(spine):
+                right = self.eval(op_node.right)
+                try:
+                    value = self._binop(op_node, value, right)
+                except DslError as e:
+                    raise self._positioned(op_node, e) from None
+            return value
         if isinstance(node, ast.UnaryOp):
             v = self.eval(node.operand)
             if isinstance(node.op, ast.USub):

@@ -19,6 +19,8 @@ are never materialized.
 
 from __future__ import annotations
 
+from collections.abc import Generator
+
 from tgc.capabilities import Capabilities
 from tgc.dtype import DType, dtypes, min_max
 from tgc.engine import attention
@@ -27,7 +29,8 @@ from tgc.errors import TgcError
 from tgc.ir.kernel import INDEX, ScheduleItem, flat_index, identity
 from tgc.ir.shapes import prod, shape_of, strides_for
 from tgc.ir.symbolic import simplify
-from tgc.ir.uop import ALU, Ops, RangeKind, UOp, rebuild, substitute
+from tgc.ir.uop import ALU, Ops, RangeKind, UOp, postorder, rebuild, substitute
+from tgc.ir.walk import drive
 
 _EXPANDING = {Ops.EXPAND, Ops.WINDOW}
 TRANSCENDENTAL_COST = 10  # exp2, log2, sin, sqrt become ~10-25 ops (polynomials on the CPU)
@@ -238,14 +241,13 @@ class _Lowerer:
         return UOp(Ops.SINK, None, (store,))
 
     def value(self, node: UOp, idx: tuple[UOp, ...], valid: UOp, top: bool = False) -> UOp:
-        key = (node, idx, valid)
-        if key in self.memo:
-            return self.memo[key]
-        out = self._value(node, idx, valid, top)
-        self.memo[key] = out
-        return out
+        """`node`'s value at index `idx` under the gate `valid` (memoized per (node, idx, valid)); a walk of any
+        depth (`tgc.ir.walk.drive`: `_value` yields the sources' requests in the order a recursion would)."""
+        first = (node, idx, valid)
+        return drive(first, lambda req: self._value(*req, top and req is first), self.memo)
 
-    def _value(self, node: UOp, idx: tuple[UOp, ...], valid: UOp, top: bool) -> UOp:
+    def _value(self, node: UOp, idx: tuple[UOp, ...], valid: UOp,
+               top: bool) -> Generator[tuple[UOp, tuple[UOp, ...], UOp], UOp, UOp]:
         op, arg = node.op, node.arg
         if valid.op is Ops.CONST and not valid.arg:  # never read (padding): any value will do, and no load
             return UOp.const(node.dtype, 0)
@@ -258,9 +260,12 @@ class _Lowerer:
         if op is Ops.IOTA:
             return UOp(Ops.CAST, node.dtype, (idx[0],))
         if op is Ops.CONTIGUOUS:  # the root of its own kernel: a plain copy of its source
-            return self.value(node.src[0], idx, valid)
+            return (yield (node.src[0], idx, valid))
         if op in ALU or op in (Ops.CAST, Ops.BITCAST):
-            return UOp(op, node.dtype, tuple(self.value(s, idx, valid) for s in node.src))
+            srcs = []
+            for s in node.src:
+                srcs.append((yield (s, idx, valid)))
+            return UOp(op, node.dtype, tuple(srcs))
         if op is Ops.REDUCE_AXIS:
             reduce_op, axes = arg
             src_shape = shape_of(node.src[0])
@@ -272,7 +277,7 @@ class _Lowerer:
                     r = self.new_range(src_shape[a], RangeKind.REDUCE)
                     ranges.append(r)
                     inner[a] = r
-            inner_value = self.value(node.src[0], tuple(inner), valid)
+            inner_value = (yield (node.src[0], tuple(inner), valid))
             if prod(src_shape[a] for a in axes) == 0:
                 return UOp.const(node.dtype, identity(reduce_op, node.dtype))
             if not ranges:
@@ -281,35 +286,35 @@ class _Lowerer:
         src = node.src[0]
         src_shape = shape_of(src)
         if op is Ops.GATHER:  # a real indexed load: the index along `arg` is read from the index tensor
-            j = _clamped_index(self.value(node.src[1], idx, valid), src_shape[arg])
-            return self.value(src, idx[:arg] + (j,) + idx[arg + 1:], valid)
+            j = _clamped_index((yield (node.src[1], idx, valid)), src_shape[arg])
+            return (yield (src, idx[:arg] + (j,) + idx[arg + 1:], valid))
         if op is Ops.RESHAPE:
             flat = flat_index(idx, shape_of(node))
             new_idx = []
             for s, st in zip(src_shape, strides_for(src_shape)):
                 new_idx.append(UOp.const(INDEX, 0) if s == 1 else simplify((flat // UOp.const(INDEX, st)) %
                                                                            UOp.const(INDEX, s)))
-            return self.value(src, tuple(new_idx), valid)
+            return (yield (src, tuple(new_idx), valid))
         if op is Ops.PERMUTE:
             new_idx = [None] * len(arg)
             for i, a in enumerate(arg):
                 new_idx[a] = idx[i]
-            return self.value(src, tuple(new_idx), valid)
+            return (yield (src, tuple(new_idx), valid))
         if op is Ops.EXPAND:
-            return self.value(src, tuple(UOp.const(INDEX, 0) if s == 1 else i for i, s in zip(idx, src_shape)), valid)
+            return (yield (src, tuple(UOp.const(INDEX, 0) if s == 1 else i for i, s in zip(idx, src_shape)), valid))
         if op is Ops.SHRINK:
-            return self.value(src, tuple(simplify(i + UOp.const(INDEX, b)) if b else i
-                                         for i, (b, _) in zip(idx, arg)), valid)
+            return (yield (src, tuple(simplify(i + UOp.const(INDEX, b)) if b else i
+                                         for i, (b, _) in zip(idx, arg)), valid))
         if op is Ops.FLIP:
-            return self.value(src, tuple(simplify(UOp.const(INDEX, s - 1) - i) if f else i
-                                         for i, s, f in zip(idx, src_shape, arg)), valid)
+            return (yield (src, tuple(simplify(UOp.const(INDEX, s - 1) - i) if f else i
+                                         for i, s, f in zip(idx, src_shape, arg)), valid))
         if op is Ops.STRIDE:
-            return self.value(src, tuple(simplify(i * UOp.const(INDEX, st)) if st != 1 else i
-                                         for i, st in zip(idx, arg)), valid)
+            return (yield (src, tuple(simplify(i * UOp.const(INDEX, st)) if st != 1 else i
+                                         for i, st in zip(idx, arg)), valid))
         if op is Ops.WINDOW:
             axis, _, stride, dil = arg
             h = simplify(idx[axis] * UOp.const(INDEX, stride) + idx[axis + 1] * UOp.const(INDEX, dil))
-            return self.value(src, idx[:axis] + (h,) + idx[axis + 2:], valid)
+            return (yield (src, idx[:axis] + (h,) + idx[axis + 2:], valid))
         if op is Ops.PAD:
             pads, fill = arg
             new_idx, cond = [], None
@@ -320,11 +325,11 @@ class _Lowerer:
                     c = simplify(UOp(Ops.AND, dtypes.bool, (_ge0(j), j < UOp.const(INDEX, s))))
                     cond = c if cond is None else simplify(UOp(Ops.AND, dtypes.bool, (cond, c)))
             if cond is None or (cond.op is Ops.CONST and cond.arg):
-                return self.value(src, tuple(new_idx), valid)
+                return (yield (src, tuple(new_idx), valid))
             if cond.op is Ops.CONST:  # only padding is read here: the fill value, and no load at all
                 return UOp.const(node.dtype, fill)
             inner_valid = cond if valid.op is Ops.CONST else simplify(UOp(Ops.AND, dtypes.bool, (valid, cond)))
-            inner = self.value(src, tuple(new_idx), inner_valid)
+            inner = (yield (src, tuple(new_idx), inner_valid))
             return UOp(Ops.WHERE, node.dtype, (cond, inner, UOp.const(node.dtype, fill)))
         raise NotImplementedError(f"cannot lower {op}")
 
@@ -418,7 +423,7 @@ def check_sizes(outputs: list[UOp]) -> None:
     """A tensor with more elements than 64-bit index math addresses is refused (never indexed modulo 2^64)."""
     seen: set[UOp] = set()
     for out in outputs:
-        for node in out.toposort():
+        for node in postorder(out, seen):  # (outputs sharing a graph: each node walked once)
             if node in seen:
                 continue
             seen.add(node)

@@ -36,19 +36,25 @@ def fold_constants(x: UOp) -> UOp | None:
 
 
 def _terms(u: UOp) -> tuple[list[tuple[UOp, int]], int]:
-    """An integer expression as sum(coef * node) + const, looking through ADD and MUL-by-constant."""
-    if u.op is Ops.CONST:
-        return [], int(u.arg)
-    if u.op is Ops.ADD:
-        (ta, ca), (tb, cb) = _terms(u.src[0]), _terms(u.src[1])
-        return ta + tb, ca + cb
-    if u.op is Ops.MUL and u.src[1].op is Ops.CONST:
-        t, c = _terms(u.src[0])
-        k = int(u.src[1].arg)
-        return [(n, coef * k) for n, coef in t], c * k
-    if u.op is Ops.MUL and u.src[0].op is Ops.CONST:
-        return _terms(u.src[1].alu(Ops.MUL, u.src[0]))
-    return [(u, 1)], 0
+    """An integer expression as sum(coef * node) + const, looking through ADD and MUL-by-constant (terms in
+    the order of a left-to-right walk; an explicit stack, so a sum of any length)."""
+    terms: list[tuple[UOp, int]] = []
+    const = 0
+    stack: list[tuple[UOp, int]] = [(u, 1)]
+    while stack:
+        n, coef = stack.pop()
+        if n.op is Ops.CONST:
+            const += int(n.arg) * coef
+        elif n.op is Ops.ADD:
+            stack.append((n.src[1], coef))
+            stack.append((n.src[0], coef))
+        elif n.op is Ops.MUL and n.src[1].op is Ops.CONST:
+            stack.append((n.src[0], coef * int(n.src[1].arg)))
+        elif n.op is Ops.MUL and n.src[0].op is Ops.CONST:
+            stack.append((n.src[1], coef * int(n.src[0].arg)))
+        else:
+            terms.append((n, coef))
+    return terms, const
 
 
 def _build(terms: list[tuple[UOp, int]], const: int, dtype: DType) -> UOp:

@@ -1,0 +1,101 @@
+"""Lowering that scales (issue 21, item 2): no walk of the compiler recurses over the graph, and lowering time is
+linear in the size of a program.
+
+- A chain of statements thousands of operations deep compiles and runs under a Python recursion limit far below
+  its depth: a walk that recursed once per level (front end, scheduler, rewrites, linearizer, renderer, the
+  reference evaluator of `--check`) would raise RecursionError.
+- Doubling a program (2x the chained statements; 2x the layers of a loop) at most ~2.2x its
+  lowering time: trace, schedule, lower and render, without the compiler (LLVM's own time is not ours to
+  bound). The minimum of a few repeats; the one timing assert of the suite, with a generous margin.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import time
+
+import numpy as np
+
+import tgc
+from tgc.backends import get_device
+from tgc.codegen.kernel import _build_kernel
+from tgc.engine.schedule import create_schedule
+
+
+def _chain(n: int) -> str:
+    return "\n".join(["x: f32[N]", "y0 = x", *(f"y{i} = y{i - 1} * 1.0001 + 1" for i in range(1, n + 1)),
+                      f"return y{n}"]) + "\n"
+
+
+def _frames() -> int:
+    depth, f = 0, sys._getframe()
+    while f is not None:
+        depth, f = depth + 1, f.f_back
+    return depth
+
+
+def test_a_chain_far_deeper_than_the_recursion_limit_compiles_and_matches_numpy():
+    """1500 statements: a graph 3000 operations deep, lowered, compiled and checked against numpy while Python
+    allows only ~300 frames more than this test already uses."""
+    n = 1500
+    prog = tgc.loads(_chain(n))
+    x = np.linspace(-1, 1, 3).astype(np.float32)
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(_frames() + 300)
+    try:
+        out = next(iter(prog.run(x=x, device="CPU").values()))
+        ref = next(iter(prog.reference(x=x).values()))  # the evaluator behind --check walks the graph too
+    finally:
+        sys.setrecursionlimit(old)
+    want = x.astype(np.float64)
+    for _ in range(n):
+        want = want * 1.0001 + 1
+    np.testing.assert_allclose(ref, want, rtol=1e-6)
+    np.testing.assert_allclose(out, want, rtol=1e-4)
+
+
+def _lowering_seconds(src: str, dims: dict[str, int]) -> float:
+    """The time of one cold build: trace the program, then lower and render every kernel for the CPU (no
+    compiler, no stored BEAM winners)."""
+    dev = get_device("CPU")
+    prog = tgc.loads(src)
+    gc.collect()  # the garbage of earlier builds is not this one's cost
+    t = time.process_time()  # this process's CPU time: other work on a busy machine does not count
+    outs, _ = prog._trace(dims)
+    items = [it for it in create_schedule(outs, dev.caps) if it.ast.src]
+    for i, item in enumerate(items):
+        _build_kernel(item, dev, 0, f"k{i}", False, None, compile_src=lambda d, s: (None, None, None))
+    return time.process_time() - t
+
+
+def _assert_linear(small: tuple[str, dict[str, int]], large: tuple[str, dict[str, int]], what: str,
+                   repeats: int = 3) -> None:
+    """Builds of the two programs alternate (a busy machine slows both alike); the least time of each counts."""
+    _lowering_seconds(*small)  # imports and first-use caches, outside the measure
+    a = b = float("inf")
+    for _ in range(repeats):
+        a = min(a, _lowering_seconds(*small))
+        b = min(b, _lowering_seconds(*large))
+    print(f"{what}: {a:.3f} s -> {b:.3f} s ({b / a:.2f}x)")
+    assert b / a <= 2.2, f"{what}: twice the program took {b / a:.2f}x the lowering time ({a:.3f} s -> {b:.3f} s)"
+
+
+def test_twice_the_chained_statements_take_at_most_about_twice_the_lowering_time():
+    _assert_linear((_chain(250), {"N": 4}), (_chain(500), {"N": 4}), "250 -> 500 chained statements")
+
+
+LAYERS = """x: f32[B, C]
+w: f32[L, C, C]
+h = x
+for i in range(L):
+    h = gelu(h @ w[i] + 1.0)
+return h
+"""
+
+
+def test_twice_the_layers_take_at_most_about_twice_the_lowering_time():
+    """A loop of layers, one kernel each: twice the kernels, at most ~twice the time. (kernels/mlp_stack.tg is
+    not used: its residual stream is fused into every later layer's layernorm kernel, so layer k recomputes k
+    additions; see docs/DESIGN.md, "Compile pipeline: complexity and limits".)"""
+    _assert_linear((LAYERS, {"B": 4, "C": 16, "L": 3}), (LAYERS, {"B": 4, "C": 16, "L": 6}), "3 -> 6 layers")
