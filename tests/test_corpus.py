@@ -38,10 +38,7 @@ RECOMPUTE_MISSES = {
                  "recomputed for each of the 1024 keys",
 }
 # bugs of a backend found by the corpus, for their owners (strict xfails)
-KNOWN_BUGS = {
-    ("kv decode", "CPU"): "the CPU's fused attention kernel is wrong when the query length is 1 "
-                          "(softmax(q @ k.T) @ v with q f32[2, 4, 1, 4]: errors ~0.7 for any key count)",
-}
+KNOWN_BUGS: dict[tuple[str, str], str] = {}  # none now (the CPU fused attention of one query row was one)
 
 
 def _inputs(prog: tgc.Program, dims: dict[str, int], seed: int) -> dict[str, np.ndarray]:

@@ -223,7 +223,7 @@ def build(sp: Any, block: int = BLOCK, width: int = 1, decompose: bool = False,
     jb = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, nblocks),), (next_id, RangeKind.REDUCE))
     x = _vector_scores(sp.x, width, next_id + 1) if width > 1 else sp.x
     v_src, staged = sp.v, None
-    if group and sp.loops and sp.loops[-1].op is Ops.RANGE and sp.loops[-1].arg[1] is RangeKind.LOOP:
+    if group and sp.row_loop and sp.loops and sp.loops[-1].op is Ops.RANGE and sp.loops[-1].arg[1] is RangeKind.LOOP:
         staged = _stage_shared(sp, jb, bk, min(group, sp.loops[-1].src[0].arg), next_id + 3)
     if staged is not None:
         x, v_src, ri, rows, live, rjl, stage_stores = staged
@@ -491,7 +491,8 @@ def _terms(sp: Any, ch: dict[str, int]) -> int:
 
 
 def _rows_apply(sp: Any) -> bool:
-    if not sp.loops or sp.loops[-1].arg[1] is not RangeKind.LOOP or sp.dtype != dtypes.f32 or sp.dv > MAX_UNROLL:
+    if not sp.row_loop or not sp.loops or sp.loops[-1].arg[1] is not RangeKind.LOOP or sp.dtype != dtypes.f32 \
+            or sp.dv > MAX_UNROLL:
         return False
     if any(u.dtype is not None and u.dtype.scalar() in HALF for e in (sp.x, sp.v) for u in e.toposort()):
         return False
@@ -564,7 +565,7 @@ def _build_within_shared(sp: Any, device: Any, block: int, width: int, group: in
     block used."""
     decompose = device.caps.decompose_transcendentals
     limit = launch_limits(device).shared_bytes
-    if group and sp.loops and sp.loops[-1].op is Ops.RANGE and sp.loops[-1].arg[1] is RangeKind.LOOP:
+    if group and sp.row_loop and sp.loops and sp.loops[-1].op is Ops.RANGE and sp.loops[-1].arg[1] is RangeKind.LOOP:
         per_key = _shared_bytes_per_key(sp)
         if per_key > limit:
             group = 0

@@ -341,14 +341,15 @@ def _search(ast, device, timer: _Timer, width, name, progress, pool, rounds: int
     evaluator = current_evaluator()
     batch = evaluator.kernel(device, timer) if evaluator is not None else None
     try:
-        return _search_from(ast, device, timer, width, name, progress, pool, rounds, start, base, seeds, batch)
+        return _search_from(ast, device, timer, width, name, progress, pool, rounds, start, base, seeds, batch,
+                            deadline)
     finally:
         if batch is not None:
             batch.close()
 
 
 def _search_from(ast, device, timer: _Timer, width, name, progress, pool, rounds: int, start: float,
-                 base: Candidate, seeds: list[Candidate], batch: Any) -> SearchResult:
+                 base: Candidate, seeds: list[Candidate], batch: Any, deadline: float | None = None) -> SearchResult:
     best = base
     # start from the hand-coded heuristic's choice and its prefixes: their neighbours are the promising ones
     # (the unoptimized kernel's neighbours are mostly as slow as it is, and each costs a full run)

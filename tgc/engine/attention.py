@@ -85,6 +85,8 @@ class AttentionSpec:
     tk: int
     dv: int
     dtype: DType
+    row_loop: bool = True  # loops[-1] is the query row (False for one query row, a decoding step: every loop is
+    # a batch axis, and nothing may be shared across loops[-1] as rows of one batch share their keys)
 
 
 def _strip(u: UOp) -> UOp:
@@ -314,7 +316,8 @@ def spec(low, root: UOp, m: Match) -> AttentionSpec:
     v = low.value(m.v, (*b, ri, rj, rdv), true)
     out = low.buffer(root)
     loops = tuple(r for r in (*b, ri) if r.op is Ops.RANGE)
-    return AttentionSpec(loops, rj, rdv, x, v, out, flat_index((*b, ri, zero, rdv), pshape), tk, dv, root.dtype)
+    return AttentionSpec(loops, rj, rdv, x, v, out, flat_index((*b, ri, zero, rdv), pshape), tk, dv, root.dtype,
+                         row_loop=ri.op is Ops.RANGE)
 
 
 __all__ = ["AttentionSpec", "Match", "find", "match", "output_of", "softmax_scores", "spec"]
