@@ -69,9 +69,9 @@ def private_cache_bytes() -> int:
 
 def machine_of(device: Any) -> Machine:
     """The `Machine` of a CPU device: widest vector of its caps, this host's L2, the device's cores."""
-    widths = getattr(device.caps, "vector_widths", (16,))
+    widths = device.caps.vector_widths or (16,)
     return Machine(lanes=max(widths) if device.caps.vectors else 16, private_cache=private_cache_bytes(),
-                   cores=max(1, int(getattr(device, "cores", 1) or 1)))
+                   cores=max(1, int(device.cores or 1)))
 
 
 @dataclass
