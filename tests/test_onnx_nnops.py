@@ -121,3 +121,15 @@ def test_bad_reduction_is_one_clear_error(tmp_path):
     with pytest.raises(TgcError, match="reduction"):
         tgc.load(str(path))
     assert_clean(invoke("run", str(path), "--random"), 2, "reduction")
+
+
+def test_conv_4d_against_loops(tmp_path):
+    x = RNG.standard_normal((1, 2, 3, 3, 2, 3)).astype(np.float32)
+    w = RNG.standard_normal((2, 2, 2, 2, 1, 2)).astype(np.float32)
+    want = np.zeros((1, 2, 2, 2, 2, 2))
+    for a, b, c, d in itertools.product(range(2), range(2), range(2), range(2)):
+        want[0, :, a, b, c, d] = np.einsum("cijkl,mcijkl->m", x[0, :, a:a + 2, b:b + 2, c:c + 1, d:d + 2], w)
+    node = h.make_node("Conv", ["x", "w"], ["y"])
+    out = _run(tmp_path, node, [_vi("x", list(x.shape))], [_vi("y", list(want.shape))], {"x": x},
+               [nh.from_array(w, "w")])
+    np.testing.assert_allclose(out["y"], want, rtol=1e-4, atol=1e-5)

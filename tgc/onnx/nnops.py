@@ -49,6 +49,19 @@ def _opt(ins: list, i: int) -> Any:
 _CONV_KEYS = ("strides", "pads", "dilations", "group", "auto_pad", "kernel_shape")
 
 
+_plain_conv = OPS["Conv"]
+
+
+@op("Conv")
+def _conv(cx: Ctx, node: Any, ins: list, at: dict, opset: int) -> list:
+    """1-d to 3-d: the plain version (2-d convolutions, tgc's fast path); more spatial axes: the library."""
+    x, w, b = ins[0], ins[1], _opt(ins, 2)
+    if x.rank <= 5:
+        return _plain_conv(cx, node, ins, at, opset)
+    args = [cx.tensor(x), cx.tensor(w)] + ([cx.tensor(b)] if b is not None else [])
+    return [_cast(_call("conv", args, at, _CONV_KEYS), x.dtype)]
+
+
 @op("ConvTranspose")
 def _conv_transpose(cx: Ctx, node: Any, ins: list, at: dict, opset: int) -> list:
     x, w, b = ins[0], ins[1], _opt(ins, 2)
