@@ -133,3 +133,14 @@ def test_conv_4d_against_loops(tmp_path):
     out = _run(tmp_path, node, [_vi("x", list(x.shape))], [_vi("y", list(want.shape))], {"x": x},
                [nh.from_array(w, "w")])
     np.testing.assert_allclose(out["y"], want, rtol=1e-4, atol=1e-5)
+
+
+def test_empty_auto_pad_is_notset(tmp_path):
+    x = RNG.standard_normal((1, 1, 3)).astype(np.float32)
+    w = RNG.standard_normal((1, 1, 2)).astype(np.float32)
+    node = h.make_node("ConvTranspose", ["x", "w"], ["y"], auto_pad="", pads=[1, 0])
+    out = _run(tmp_path, node, [_vi("x", [1, 1, 3])], [_vi("y", [1, 1, 3])], {"x": x}, [nh.from_array(w, "w")])
+    full = np.zeros(4)
+    for i in range(3):
+        full[i:i + 2] += x[0, 0, i] * w[0, 0]
+    np.testing.assert_allclose(out["y"][0, 0], full[1:], rtol=1e-5, atol=1e-6)

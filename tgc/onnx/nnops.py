@@ -36,8 +36,8 @@ def _lit(v: Any) -> str:
 
 def _call(fn: str, args: list[str], at: dict, keys: tuple[str, ...], extra: dict[str, str] | None = None) -> str:
     """`fn(args..., key=value...)` for the attributes among `keys` the node sets (the others keep ONNX's
-    defaults, which are the library's)."""
-    kw = [f"{k}={_lit(at[k])}" for k in keys if k in at]
+    defaults, which are the library's; an empty auto_pad, as old exporters write, is the default NOTSET)."""
+    kw = [f"{k}={_lit(at[k])}" for k in keys if k in at and not (k == "auto_pad" and at[k] in ("", b""))]
     kw += [f"{k}={v}" for k, v in (extra or {}).items()]
     return f"{fn}({', '.join(args + kw)})"
 
@@ -66,8 +66,6 @@ def _conv(cx: Ctx, node: Any, ins: list, at: dict, opset: int) -> list:
 def _conv_transpose(cx: Ctx, node: Any, ins: list, at: dict, opset: int) -> list:
     x, w, b = ins[0], ins[1], _opt(ins, 2)
     at = dict(at)
-    if at.get("auto_pad") in ("NOTSET", "") and ("output_shape" in at):
-        at.pop("auto_pad")
     if "output_shape" in at or at.get("auto_pad") in ("SAME_UPPER", "SAME_LOWER", "VALID"):
         at.pop("pads", None)  # (ONNX ignores explicit pads there; the library wants one or the other)
     args = [cx.tensor(x), cx.tensor(w)] + ([cx.tensor(b)] if b is not None else [])
