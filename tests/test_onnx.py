@@ -164,9 +164,10 @@ def test_unsupported_op_names_op_node_opset(tmp_path):
 
 
 def test_unsupported_attribute(tmp_path):
-    nodes = [h.make_node("MaxPool", ["x"], ["y", "idx"], kernel_shape=[2, 2], name="mp")]
-    path = _save(tmp_path, nodes, [_vi("x", [1, 1, 4, 4])], [_vi("y", None), _vi("idx", None, TP.INT64)])
-    _assert_load_error(path, "unsupported", "Indices output", "node 'mp'", "MaxPool, opset 13")
+    nodes = [h.make_node("Dropout", ["x", "ratio", "train"], ["y"], name="dp")]
+    inits = [nh.from_array(np.array(0.5, np.float32), "ratio"), nh.from_array(np.array(True), "train")]
+    path = _save(tmp_path, nodes, [_vi("x", [1, 4])], [_vi("y", None)], inits)
+    _assert_load_error(path, "unsupported", "training mode", "node 'dp'", "Dropout, opset 13")
 
 
 def test_missing_input_and_wrong_shape_and_dtype(convnet, tmp_path):

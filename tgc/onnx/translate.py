@@ -34,7 +34,7 @@ from tgc.onnx.core import (
     _type_of,
     onnx_dtype,
 )
-from tgc.onnx.ops import OPS
+from tgc.onnx.nnops import OPS  # the op table, with the NN library's ops wired in
 
 
 @dataclass
