@@ -111,7 +111,7 @@ def _conv_np(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 
 def test_odd_conv_and_reductions_match_numpy(device):
-    """Odd channels, image sizes and reduction lengths (no split applies: values only)."""
+    """Odd channels, image sizes and reduction lengths under every threshold (values only)."""
     conv = tgc.loads("x: f32[N, C, H, W]\nw: f32[O, C, 3, 3]\nreturn relu(conv2d(x, w, padding=1))\n")
     dims = {"N": 1, "C": 5, "H": 13, "W": 11, "O": 7}
     inputs = random_inputs(conv, dims, seed=7)
@@ -124,3 +124,29 @@ def test_odd_conv_and_reductions_match_numpy(device):
     out = red.run(device=device, **inputs)
     for got, want in zip((out["out0"], out["out1"], out["out2"]), (x.sum(1), x.max(0), x.mean())):
         _check(got, want)
+
+
+CONV = ("x: f32[N, C, H, W]\nw: f32[O, C, 3, 3]\nb: f32[O]\n"
+        "return relu(conv2d(x, w, padding=1) + b.reshape(1, -1, 1, 1))\n")
+
+
+def test_odd_conv_channels_are_split_on_the_cpu():
+    """100 output channels: 96 (their weight packed into 16-channel lanes) and the last 16; 96 stay whole.
+    Elsewhere (no packing) the conv is one kernel."""
+    prog = tgc.loads(CONV)
+    dims = {"N": 1, "C": 64, "H": 28, "W": 28, "O": 100}
+    assert [i.name for i in prog.schedule(dims, device="CPU")] == \
+        ["E_6_64_3_3_16", "r_96_28_28_64_3_3", "r_16_28_28_64_3_3", "E_100_28_28"]
+    assert [i.name for i in prog.schedule(dims | {"O": 96}, device="CPU")] == ["E_6_64_3_3_16", "r_96_28_28_64_3_3"]
+    assert len(prog.schedule(dims, device="OPENCL")) == 1
+
+
+def test_split_conv_matches_numpy(device, monkeypatch):
+    monkeypatch.setattr(schedule, "CONV_MIN_FLOPS", 1)
+    prog = tgc.loads(CONV)
+    dims = {"N": 2, "C": 3, "H": 9, "W": 7, "O": 21}
+    if device == "CPU":  # 16 channels and the last 16
+        assert len(_matmul_shapes(prog, dims, device)) == 2
+    inputs = random_inputs(prog, dims, seed=9)
+    x, w, b = (inputs[n].astype(np.float64) for n in ("x", "w", "b"))
+    _check(prog.run(device=device, **inputs)["out0"], np.maximum(_conv_np(x, w) + b.reshape(1, -1, 1, 1), 0))

@@ -674,6 +674,55 @@ def _packed_lanes(w: UOp, lanes: int) -> UOp:
     return UOp(Ops.RESHAPE, w.dtype, (UOp(Ops.PERMUTE, w.dtype, (packed,), (0, 4, 1, 2, 3)),), tuple(shape_of(w)))
 
 
+def _conv_part(r: UOp, lo: int, hi: int) -> UOp:
+    """The conv2d `r` (as `_conv_operands` recognises it, one group) over its output channels lo..hi only: the
+    same windows of the input times the weight's channels lo..hi."""
+    cast = r.src[0] if r.src[0].op is Ops.CAST else None
+    mul = cast.src[0] if cast is not None else r.src[0]
+    full = shape_of(mul)
+    part_full = full[:2] + (hi - lo,) + full[3:]
+    w = _conv_operands(r)[0]
+    srcs = []
+    for u in mul.src:
+        v = u.src[0] if u.op is Ops.EXPAND else u
+        if v.src[0] is w:
+            shrunk = UOp(Ops.SHRINK, w.dtype, (w,), ((lo, hi),) + tuple((0, d) for d in shape_of(w)[1:]))
+            v = UOp(Ops.RESHAPE, w.dtype, (shrunk,), v.arg[:2] + (hi - lo,) + v.arg[3:])
+        srcs.append(v if shape_of(v) == part_full else UOp(Ops.EXPAND, v.dtype, (v,), part_full))
+    new_mul = UOp(Ops.MUL, mul.dtype, tuple(srcs))
+    inner = UOp(Ops.CAST, cast.dtype, (new_mul,)) if cast is not None else new_mul
+    return UOp(Ops.REDUCE_AXIS, r.dtype, (inner,), r.arg)
+
+
+def split_odd_channels(outputs: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp], dict[UOp, UOp]]:
+    """A CPU choice (with `caps.pack_matmul`, before `pack_conv_operands`): a large conv2d of one group whose
+    output channels o are no multiple of CONV_LANES (and more than that) is computed as the channels
+    0..o - o % 16, whose weight is then packed into lanes, and the last 16 channels (overlapping), joined by
+    pads and an add in the consumer, as `split_odd_matmul` joins columns. Returns the new outputs, the
+    original node of every rebuilt one, and for each part the conv it computes."""
+    serves: dict[UOp, UOp] = {}
+
+    def split(new: UOp) -> UOp:
+        ops = _conv_operands(new)
+        if ops is None or not (new.dtype is not None and new.dtype.is_float):
+            return new
+        full = shape_of(new.src[0])
+        o = full[2]
+        if full[1] != 1 or o <= CONV_LANES or o % CONV_LANES == 0 or prod(full) < CONV_MIN_FLOPS:
+            return new
+        main = o - o % CONV_LANES
+        first, rest = _conv_part(new, 0, main), _conv_part(new, o - CONV_LANES, o)
+        serves[first] = serves[rest] = new
+        return _join(new, 2, first, rest, main, o, CONV_LANES)
+
+    memo: dict[UOp, UOp] = {}
+    new_outputs = [rebuild(o, memo, split) for o in outputs]
+    if not serves:
+        return outputs, {}, {}
+    original = {new: old for old, new in memo.items() if new is not old}
+    return new_outputs, original, {part: original.get(r, r) for part, r in serves.items()}
+
+
 def pack_conv_operands(outputs: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp], dict[UOp, UOp]]:
     """A CPU choice (with `caps.pack_matmul`): a large conv2d whose output channels per group are a multiple of
     CONV_LANES reads its weight from a copy packed into vectors of CONV_LANES output channels (`_packed_lanes`,
@@ -720,9 +769,14 @@ def create_schedule(outputs: list[UOp], caps: Capabilities | None = None, split_
         outputs, original_p, serves_p = pack_matmul_operands(outputs)
         original = {new: original.get(old, old) for new, old in original_p.items()} | original
         serves |= {copy: serves.get(mm) or original.get(mm, mm) for copy, mm in serves_p.items()}  # (a part's)
+        if split_columns:
+            outputs, original_s, serves_s = split_odd_channels(outputs)
+            original = {new: original.get(old, old) for new, old in original_s.items()} | original
+            serves |= {part: original.get(conv, conv) for part, conv in serves_s.items()}
         outputs, original_c, serves_c = pack_conv_operands(outputs)
         original = {new: original.get(old, old) for new, old in original_c.items()} | original
-        serves |= {copy: original.get(conv, conv) for copy, conv in serves_c.items()}  # through both maps
+        serves |= {copy: serves.get(conv) or original.get(conv, conv)  # (a part's: its conv's line)
+                   for copy, conv in serves_c.items()}  # through both maps
     items = _schedule(outputs, fuse_rows)
     for item in items:
         item.bufs = [original.get(b, b) for b in item.bufs]
