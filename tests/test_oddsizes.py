@@ -41,8 +41,12 @@ def _check(out: np.ndarray, want: np.ndarray) -> None:
 DECISIONS = [
     ({"M": 1365, "N": 64, "K": 64}, [(1360, 64, 64), (8, 64, 64)]),  # odd rows
     ({"M": 64, "N": 1000, "K": 128}, [(64, 992, 128), (64, 16, 128)]),  # odd columns
-    ({"M": 128, "N": 256, "K": 197}, [(128, 256, 192), (128, 256, 5)]),  # odd reduction: 192 + 5
-    ({"M": 1365, "N": 1000, "K": 197}, [(1360, 992, 192), (8, 992, 192), (1365, 16, 192), (1365, 1000, 5)]),
+    ({"M": 64, "N": 64, "K": 1365}, [(64, 64, 1360), (64, 64, 5)]),  # odd reduction, few outputs: 1360 + 5
+    ({"M": 128, "N": 256, "K": 197}, [(128, 256, 197)]),  # odd reduction, many outputs: whole
+    # the columns' rest (1365 x 16 x 197) is still large enough to split by its rows
+    ({"M": 1365, "N": 1000, "K": 197}, [(1360, 992, 197), (8, 992, 197), (1360, 16, 197), (8, 16, 197)]),
+    # 4081 outputs: the reduction, then its main part's columns (32 and the last 32: too small to split again)
+    ({"M": 77, "N": 53, "K": 1365}, [(77, 32, 1360), (77, 32, 1360), (77, 53, 5)]),
     ({"M": 64, "N": 64, "K": 1024}, [(64, 64, 1024)]),  # multiples: one kernel
     ({"M": 77, "N": 197, "K": 5}, [(77, 197, 5)]),  # too small to split (under SPLIT_MIN_PRODUCTS)
 ]
@@ -57,11 +61,11 @@ def test_split_decisions_are_a_rule_over_sizes(dims, want):
 
 
 def test_an_epilogue_takes_the_reductions_rest():
-    """relu(a @ b + bias) with K = 197: the main part (192 steps) is a kernel; the 5 remaining steps are summed
+    """relu(a @ b + bias) with K = 2053: the main part (2048 steps) is a kernel; the 5 remaining steps are summed
     by the kernel that adds the bias, reading the main part (no third kernel, no copy of the operands)."""
     prog = tgc.loads("a: f32[M, K]\nb: f32[K, N]\nbias: f32[N]\nreturn relu(a @ b + bias)\n")
-    items = prog.schedule({"M": 128, "N": 256, "K": 197}, device="CPU")
-    assert [i.name for i in items] == ["r_128_256_192", "r_128_256_5"]
+    items = prog.schedule({"M": 32, "N": 64, "K": 2053}, device="CPU")
+    assert [i.name for i in items] == ["r_32_64_2048", "r_32_64_5"]
     assert all(i.line == 4 for i in items)
 
 
@@ -93,7 +97,7 @@ def test_large_odd_matmul_matches_numpy_on_the_cpu():
     """At the real threshold: 77 rows, 197 columns, 1365 steps (each odd) on the CPU's packed, tiled kernels."""
     prog = tgc.loads(MM)
     dims = {"M": 77, "N": 197, "K": 1365}
-    assert _matmul_shapes(prog, dims, "CPU") == [(72, 192, 1360), (8, 192, 1360), (77, 16, 1360), (77, 197, 5)]
+    assert _matmul_shapes(prog, dims, "CPU") == [(72, 192, 1365), (8, 192, 1365), (77, 16, 1365)]
     inputs = random_inputs(prog, dims, seed=6)
     _check(prog.run(device="CPU", **inputs)["out0"], inputs["a"].astype(np.float64) @ inputs["b"])
 

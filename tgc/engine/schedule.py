@@ -505,7 +505,8 @@ def pack_matmul_operands(outputs: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp],
 
 SPLIT_COLUMNS = 32  # a matmul's output columns that are no multiple of this are split into a part that is ...
 SPLIT_ROWS = 8  # ... (its rows: the register tile's 8) ...
-SPLIT_REDUCE = 8  # ... (its reduction: a vector's worth of steps) ...
+SPLIT_REDUCE = 8  # ... (its reduction: a vector's worth of steps, where it has at most ...
+SPLIT_REDUCE_MAX_OUTPUTS = 4096  # ... this many outputs: a reduction-bound matmul, its steps shared by threads) ...
 SPLIT_MIN_PRODUCTS = 1 << 22  # ... and the rest, for a matmul of at least this many multiply-adds
 REST_COLUMNS = 16  # the rest is computed as this many columns (or twice), the last ones of the matmul
 REST_ROWS = 8  # the rest of the rows is computed as the last this many rows of the matmul
@@ -574,10 +575,14 @@ def split_odd_matmul(r: UOp, serves: dict[UOp, UOp], top: UOp | None = None) -> 
     """`r` if it is no large matmul (`_splittable`) or its sizes are multiples of what the register tile and the
     packing take; else the same values as a sum of parts, each a matmul of its own (recorded in `serves`, with
     `top`, the matmul as written), split by one rule over its sizes, in this order:
-    - an odd reduction length k (no multiple of SPLIT_REDUCE): the steps 0..k - k % SPLIT_REDUCE as a matmul of
-      its own (itself split further by the rules below, else made a kernel by a CONTIGUOUS), plus the rest's
-      steps as a second partial sum, a reduction the consumer computes while it reads the main part (no
-      buffer, no copy of the operands: k % SPLIT_REDUCE multiply-adds per output element);
+    - an odd reduction length k (no multiple of SPLIT_REDUCE) of a matmul with few outputs (at most
+      SPLIT_REDUCE_MAX_OUTPUTS: reduction-bound, where a GPU shares the steps among a work-group only over a
+      divisible length): the steps 0..k - k % SPLIT_REDUCE as a matmul of its own (itself split further by
+      the rules below, else made a kernel by a CONTIGUOUS), plus the rest's steps as a second partial sum, a
+      reduction the consumer computes while it reads the main part (no buffer, no copy of the operands:
+      k % SPLIT_REDUCE multiply-adds per output element). With more outputs the register tile runs over any
+      k at full speed and the rest's extra pass over the outputs is pure cost (a third of a 1365x1000x197
+      matmul's time on the CPU);
     - odd output columns n (no multiple of SPLIT_COLUMNS, more than that): the columns 0..n - n % 32 and the
       rest computed as the last 16 or 32 columns (a vector's worth, overlapping the main part's last ones);
     - odd output rows m (no multiple of SPLIT_ROWS, more than that): the rows 0..m - m % 8 and the last 8
@@ -589,7 +594,7 @@ def split_odd_matmul(r: UOp, serves: dict[UOp, UOp], top: UOp | None = None) -> 
     top = top if top is not None else r
     m, k, n = shape_of(r.src[0])[-3:]
     nd = len(shape_of(r))
-    if k > SPLIT_REDUCE and k % SPLIT_REDUCE:
+    if k > SPLIT_REDUCE and k % SPLIT_REDUCE and prod(shape_of(r)) <= SPLIT_REDUCE_MAX_OUTPUTS:
         main = k - k % SPLIT_REDUCE
         head = split_odd_matmul(_matmul_part(r, steps=(0, main)), serves, top)
         if head.op is Ops.REDUCE_AXIS:
