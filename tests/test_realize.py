@@ -238,7 +238,8 @@ def test_model_recompute_factor(path, device):
     assert any(i.name.startswith("attn_") for i in items)  # the attention stays fused
 
 
-# --- odd sizes (item 2): a matmul's columns with no multiple of 32 are split into a main part and the rest (CPU)
+# --- odd sizes (item 2): a matmul's columns with no multiple of 32 are split into a main part and the rest
+# (rows and the reduction too: tests/test_oddsizes.py)
 
 ODD = "x: f32[M, K]\nw: f32[K, N]\nb: f32[N]\nreturn gelu(x @ w + b)\n"
 
@@ -262,7 +263,8 @@ def test_odd_columns_are_split_into_a_main_part_and_the_rest():
     x, w, b = (inputs[n].astype(np.float64) for n in ("x", "w", "b"))
     want = _gelu(x @ w + b)
     np.testing.assert_allclose(prog.run(**inputs)["out0"], want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
-    assert len(prog.schedule(dims, device="PYTHON")) == 1  # (a CPU choice: elsewhere one kernel)
+    # every device splits (a rule over sizes), without the CPU's packed copy
+    assert sorted(_columns(i) for i in prog.schedule(dims, device="PYTHON") if _reduces(i)) == [32, 1344]
 
 
 def test_the_main_part_takes_the_tile_of_a_multiple_of_32():

@@ -509,56 +509,132 @@ def pack_matmul_operands(outputs: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp],
 
 
 SPLIT_COLUMNS = 32  # a matmul's output columns that are no multiple of this are split into a part that is ...
+SPLIT_ROWS = 8  # ... (its rows: the register tile's 8) ...
+SPLIT_REDUCE = 8  # ... (its reduction: a vector's worth of steps, where it has at most ...
+SPLIT_REDUCE_MAX_OUTPUTS = 4096  # ... this many outputs: a reduction-bound matmul, its steps shared by threads) ...
 SPLIT_MIN_PRODUCTS = 1 << 22  # ... and the rest, for a matmul of at least this many multiply-adds
 REST_COLUMNS = 16  # the rest is computed as this many columns (or twice), the last ones of the matmul
+REST_ROWS = 8  # the rest of the rows is computed as the last this many rows of the matmul
 
 
-def _column_part(r: UOp, lo: int, hi: int) -> UOp:
-    """The matmul `r` (as `_matmul_rhs` recognises it) over its output columns lo..hi only: the same product of
-    the left-hand side with the columns lo..hi of the right-hand side, written as `Tensor.matmul` writes one."""
+def _matmul_part(r: UOp, rows: tuple[int, int] | None = None, steps: tuple[int, int] | None = None,
+                 columns: tuple[int, int] | None = None) -> UOp:
+    """The matmul `r` (as `_matmul_rhs` recognises it) over its output rows, reduction steps and output columns
+    in the given ranges only (None: all): the same product of the left-hand side's rows and steps with the
+    right-hand side's steps and columns, written as `Tensor.matmul` writes one."""
     mul = r.src[0]
     x, y = _broadcast(mul.src[0]), _broadcast(mul.src[1])
-    shape, width = shape_of(mul), hi - lo
-    full = shape[:-1] + (width,)
-    b = y[-1].src[0]
-    part = UOp(Ops.SHRINK, b.dtype, (b,), tuple((0, n) for n in shape_of(b)[:-1]) + ((lo, hi),))
-    rhs = UOp(Ops.RESHAPE, b.dtype, (part,), tuple(y[-1].arg[:-1]) + (width,))
-    if shape_of(rhs) != full:
-        rhs = UOp(Ops.EXPAND, b.dtype, (rhs,), full)
-    lhs = x[-1] if shape_of(x[-1]) == full else UOp(Ops.EXPAND, x[-1].dtype, (x[-1],), full)
+    shape = shape_of(mul)
+    m, k, n = shape[-3:]
+    rows, steps, columns = rows or (0, m), steps or (0, k), columns or (0, n)
+    full = shape[:-3] + (rows[1] - rows[0], steps[1] - steps[0], columns[1] - columns[0])
+
+    def shrunk(u: UOp, last_two: tuple[tuple[int, int], tuple[int, int]]) -> UOp:
+        dims = shape_of(u)
+        bounds = tuple((0, d) for d in dims[:-2]) + tuple(rng if d > 1 else (0, 1)
+                                                          for d, rng in zip(dims[-2:], last_two))
+        return u if all(b == (0, d) for b, d in zip(bounds, dims)) else UOp(Ops.SHRINK, u.dtype, (u,), bounds)
+
+    a, b = x[-1].src[0], y[-1].src[0]
+    a_part, b_part = shrunk(a, (rows, steps)), shrunk(b, (steps, columns))
+    lhs = UOp(Ops.RESHAPE, a.dtype, (a_part,), shape_of(a_part) + (1,))
+    ys = shape_of(b_part)
+    rhs = UOp(Ops.RESHAPE, b.dtype, (b_part,), ys[:-2] + (1,) + ys[-2:])
+    lhs, rhs = (u if shape_of(u) == full else UOp(Ops.EXPAND, u.dtype, (u,), full) for u in (lhs, rhs))
     return UOp(Ops.REDUCE_AXIS, r.dtype, (UOp(Ops.MUL, mul.dtype, (lhs, rhs)),), r.arg)
 
 
-def split_odd_columns(outputs: list[UOp], keep: set[UOp]) -> tuple[list[UOp], dict[UOp, UOp], dict[UOp, UOp]]:
-    """A CPU choice (with `caps.pack_matmul`): a large matmul whose output columns have no multiple of
-    SPLIT_COLUMNS (1365, 1000, 77) is computed as two: the first n - n % 32 columns, which the register tile and
-    the packed right-hand side take whole, and the remaining columns, each a kernel of its own (a consumer reads
-    both, through pads: `moves_index` realizes them). The rest is computed as the last 16 or 32 columns (a
-    vector's worth: 13 columns alone took no tile and ran at a third of the speed), the few it shares with the
-    main part computed twice. Matmuls in `keep` (a fused attention's) are left alone.
-    Returns the new outputs, the original node of every rebuilt one, and for each part the matmul it computes."""
+def _column_part(r: UOp, lo: int, hi: int) -> UOp:
+    """The matmul `r` over its output columns lo..hi only (`_matmul_part`)."""
+    return _matmul_part(r, columns=(lo, hi))
+
+
+def _splittable(r: UOp) -> bool:
+    """Whether `r` is a float matmul of constant sizes large enough to split (SPLIT_MIN_PRODUCTS), whose
+    operands each have the axes a part shrinks (the left-hand side's rows unless broadcast, and so on)."""
+    if _matmul_rhs(r) is None or r.dtype is None or not r.dtype.is_float:
+        return False
+    shape = shape_of(r.src[0])
+    if not all(isinstance(d, int) for d in shape) or prod(shape) < SPLIT_MIN_PRODUCTS:
+        return False
+    a, b = _broadcast(r.src[0].src[0])[-1].src[0], _broadcast(r.src[0].src[1])[-1].src[0]
+    return len(shape_of(a)) >= 2 and len(shape_of(b)) >= 2 and shape_of(a)[-1] == shape_of(b)[-2] == shape[-2]
+
+
+def _join(r: UOp, axis: int, main_part: UOp, rest: UOp, main: int, size: int, wide: int) -> UOp:
+    """`r` (its output axis `axis` of `size`) from the part over 0..main and the part `rest` over the last
+    `wide` (>= size - main), joined by two pads and an add in the consumer (the pads realize both parts)."""
+    nd = len(shape_of(r))
+    out_shape = shape_of(rest)
+    keep = tuple((0, d) for d in out_shape)
+    keep = keep[:axis] + ((wide - size + main, wide),) + keep[axis + 1:]
+    tail = UOp(Ops.SHRINK, r.dtype, (rest,), keep) if wide != size - main else rest
+    before = ((0, 0),) * axis
+    after = ((0, 0),) * (nd - axis - 1)
+    left = UOp(Ops.PAD, r.dtype, (main_part,), (before + ((0, size - main),) + after, 0.0))
+    right = UOp(Ops.PAD, r.dtype, (tail,), (before + ((main, 0),) + after, 0.0))
+    return UOp(Ops.ADD, r.dtype, (left, right))
+
+
+def split_odd_matmul(r: UOp, serves: dict[UOp, UOp], top: UOp | None = None) -> UOp:
+    """`r` if it is no large matmul (`_splittable`) or its sizes are multiples of what the register tile and the
+    packing take; else the same values as a sum of parts, each a matmul of its own (recorded in `serves`, with
+    `top`, the matmul as written), split by one rule over its sizes, in this order:
+    - an odd reduction length k (no multiple of SPLIT_REDUCE) of a matmul with few outputs (at most
+      SPLIT_REDUCE_MAX_OUTPUTS: reduction-bound, where a GPU shares the steps among a work-group only over a
+      divisible length): the steps 0..k - k % SPLIT_REDUCE as a matmul of its own (itself split further by
+      the rules below, else made a kernel by a CONTIGUOUS), plus the rest's steps as a second partial sum, a
+      reduction the consumer computes while it reads the main part (no buffer, no copy of the operands:
+      k % SPLIT_REDUCE multiply-adds per output element). With more outputs the register tile runs over any
+      k at full speed and the rest's extra pass over the outputs is pure cost (a third of a 1365x1000x197
+      matmul's time on the CPU);
+    - odd output columns n (no multiple of SPLIT_COLUMNS, more than that): the columns 0..n - n % 32 and the
+      rest computed as the last 16 or 32 columns (a vector's worth, overlapping the main part's last ones);
+    - odd output rows m (no multiple of SPLIT_ROWS, more than that): the rows 0..m - m % 8 and the last 8
+      rows (overlapping).
+    Columns and rows are joined by pads and an add in the consumer (`_join`). Each part goes through the same
+    rules (a part of odd columns with odd rows is split by its rows)."""
+    if not _splittable(r):
+        return r
+    top = top if top is not None else r
+    m, k, n = shape_of(r.src[0])[-3:]
+    nd = len(shape_of(r))
+    if k > SPLIT_REDUCE and k % SPLIT_REDUCE and prod(shape_of(r)) <= SPLIT_REDUCE_MAX_OUTPUTS:
+        main = k - k % SPLIT_REDUCE
+        head = split_odd_matmul(_matmul_part(r, steps=(0, main)), serves, top)
+        if head.op is Ops.REDUCE_AXIS:
+            head = UOp(Ops.CONTIGUOUS, r.dtype, (head,))
+            serves[head] = top
+        return UOp(Ops.ADD, r.dtype, (head, _matmul_part(r, steps=(main, k))))
+    if n > SPLIT_COLUMNS and n % SPLIT_COLUMNS:
+        main = n - n % SPLIT_COLUMNS
+        wide = -(-(n - main) // REST_COLUMNS) * REST_COLUMNS  # a multiple of 16 (a vector)
+        first = split_odd_matmul(_matmul_part(r, columns=(0, main)), serves, top)
+        rest = split_odd_matmul(_matmul_part(r, columns=(n - wide, n)), serves, top)
+        for part in (first, rest):
+            if part.op is Ops.REDUCE_AXIS:
+                serves[part] = top
+        return _join(r, nd - 1, first, rest, main, n, wide)
+    if m > SPLIT_ROWS and m % SPLIT_ROWS:
+        main = m - m % SPLIT_ROWS
+        first = split_odd_matmul(_matmul_part(r, rows=(0, main)), serves, top)
+        rest = split_odd_matmul(_matmul_part(r, rows=(m - REST_ROWS, m)), serves, top)
+        for part in (first, rest):
+            if part.op is Ops.REDUCE_AXIS:
+                serves[part] = top
+        return _join(r, nd - 3, first, rest, main, m, REST_ROWS)
+    return r
+
+
+def split_odd_sizes(outputs: list[UOp], keep: set[UOp]) -> tuple[list[UOp], dict[UOp, UOp], dict[UOp, UOp]]:
+    """Every large matmul with odd sizes computed as parts that the register tile and the packing take whole
+    (`split_odd_matmul`), on every device: a rule over sizes. Matmuls in `keep` (a fused attention's) are left
+    alone. Returns the new outputs, the original node of every rebuilt one, and for each part the matmul it
+    computes."""
     serves: dict[UOp, UOp] = {}
 
     def split(new: UOp) -> UOp:
-        if new in keep or _matmul_rhs(new) is None:
-            return new
-        shape = shape_of(new.src[0])
-        n = shape[-1]
-        if not all(isinstance(d, int) for d in shape) or n <= SPLIT_COLUMNS or n % SPLIT_COLUMNS == 0 or \
-                prod(shape) < SPLIT_MIN_PRODUCTS or new.dtype is None or not new.dtype.is_float:
-            return new
-        main = n - n % SPLIT_COLUMNS
-        # the rest as the last columns of a multiple of 16 (a vector), overlapping the main part's last ones
-        wide = -(-(n - main) // REST_COLUMNS) * REST_COLUMNS
-        first, rest = _column_part(new, 0, main), _column_part(new, n - wide, n)
-        nd = len(shape_of(new))
-        lead = ((0, 0),) * (nd - 1)
-        left = UOp(Ops.PAD, new.dtype, (first,), (lead + ((0, n - main),), 0.0))
-        keep_rows = tuple((0, d) for d in shape_of(rest)[:-1])
-        tail = UOp(Ops.SHRINK, new.dtype, (rest,), keep_rows + ((wide - n + main, wide),))
-        right = UOp(Ops.PAD, new.dtype, (tail,), (lead + ((main, 0),), 0.0))
-        serves[first] = serves[rest] = new
-        return UOp(Ops.ADD, new.dtype, (left, right))
+        return new if new in keep else split_odd_matmul(new, serves)
 
     memo: dict[UOp, UOp] = {}
     new_outputs = [rebuild(o, memo, split) for o in outputs]
@@ -566,6 +642,9 @@ def split_odd_columns(outputs: list[UOp], keep: set[UOp]) -> tuple[list[UOp], di
         return outputs, {}, {}
     original = {new: old for old, new in memo.items() if new is not old}
     return new_outputs, original, {part: original.get(r, r) for part, r in serves.items()}
+
+
+split_odd_columns = split_odd_sizes  # (its name before rows and the reduction were split too)
 
 
 CONV_LANES = 16  # conv2d: output channels per vector of the packed weights (one AVX-512 vector of f32) ...
@@ -603,6 +682,55 @@ def _packed_lanes(w: UOp, lanes: int) -> UOp:
     split = UOp(Ops.RESHAPE, w.dtype, (w,), (o // lanes, lanes, *rest))
     packed = UOp(Ops.CONTIGUOUS, w.dtype, (UOp(Ops.PERMUTE, w.dtype, (split,), (0, 2, 3, 4, 1)),))
     return UOp(Ops.RESHAPE, w.dtype, (UOp(Ops.PERMUTE, w.dtype, (packed,), (0, 4, 1, 2, 3)),), tuple(shape_of(w)))
+
+
+def _conv_part(r: UOp, lo: int, hi: int) -> UOp:
+    """The conv2d `r` (as `_conv_operands` recognises it, one group) over its output channels lo..hi only: the
+    same windows of the input times the weight's channels lo..hi."""
+    cast = r.src[0] if r.src[0].op is Ops.CAST else None
+    mul = cast.src[0] if cast is not None else r.src[0]
+    full = shape_of(mul)
+    part_full = full[:2] + (hi - lo,) + full[3:]
+    w = _conv_operands(r)[0]
+    srcs = []
+    for u in mul.src:
+        v = u.src[0] if u.op is Ops.EXPAND else u
+        if v.src[0] is w:
+            shrunk = UOp(Ops.SHRINK, w.dtype, (w,), ((lo, hi),) + tuple((0, d) for d in shape_of(w)[1:]))
+            v = UOp(Ops.RESHAPE, w.dtype, (shrunk,), v.arg[:2] + (hi - lo,) + v.arg[3:])
+        srcs.append(v if shape_of(v) == part_full else UOp(Ops.EXPAND, v.dtype, (v,), part_full))
+    new_mul = UOp(Ops.MUL, mul.dtype, tuple(srcs))
+    inner = UOp(Ops.CAST, cast.dtype, (new_mul,)) if cast is not None else new_mul
+    return UOp(Ops.REDUCE_AXIS, r.dtype, (inner,), r.arg)
+
+
+def split_odd_channels(outputs: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp], dict[UOp, UOp]]:
+    """A CPU choice (with `caps.pack_matmul`, before `pack_conv_operands`): a large conv2d of one group whose
+    output channels o are no multiple of CONV_LANES (and more than that) is computed as the channels
+    0..o - o % 16, whose weight is then packed into lanes, and the last 16 channels (overlapping), joined by
+    pads and an add in the consumer, as `split_odd_matmul` joins columns. Returns the new outputs, the
+    original node of every rebuilt one, and for each part the conv it computes."""
+    serves: dict[UOp, UOp] = {}
+
+    def split(new: UOp) -> UOp:
+        ops = _conv_operands(new)
+        if ops is None or not (new.dtype is not None and new.dtype.is_float):
+            return new
+        full = shape_of(new.src[0])
+        o = full[2]
+        if full[1] != 1 or o <= CONV_LANES or o % CONV_LANES == 0 or prod(full) < CONV_MIN_FLOPS:
+            return new
+        main = o - o % CONV_LANES
+        first, rest = _conv_part(new, 0, main), _conv_part(new, o - CONV_LANES, o)
+        serves[first] = serves[rest] = new
+        return _join(new, 2, first, rest, main, o, CONV_LANES)
+
+    memo: dict[UOp, UOp] = {}
+    new_outputs = [rebuild(o, memo, split) for o in outputs]
+    if not serves:
+        return outputs, {}, {}
+    original = {new: old for old, new in memo.items() if new is not old}
+    return new_outputs, original, {part: original.get(r, r) for part, r in serves.items()}
 
 
 def pack_conv_operands(outputs: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp], dict[UOp, UOp]]:
@@ -644,16 +772,21 @@ def create_schedule(outputs: list[UOp], caps: Capabilities | None = None, split_
     fuse_rows, pack_matmul = (caps.fuse_rows, caps.pack_matmul) if caps is not None else (False, False)
     original: dict[UOp, UOp] = {}
     serves: dict[UOp, UOp] = {}
+    if split_columns:  # every device: a rule over sizes (tgc.codegen.opt's tiles want divisors everywhere)
+        keep = {u for m in attention.find(outputs).values() for u in (m.p, *m.inline)}
+        outputs, original, serves = split_odd_sizes(outputs, keep)
     if pack_matmul:
-        if split_columns:
-            keep = {u for m in attention.find(outputs).values() for u in (m.p, *m.inline)}
-            outputs, original, serves = split_odd_columns(outputs, keep)
         outputs, original_p, serves_p = pack_matmul_operands(outputs)
         original = {new: original.get(old, old) for new, old in original_p.items()} | original
         serves |= {copy: serves.get(mm) or original.get(mm, mm) for copy, mm in serves_p.items()}  # (a part's)
+        if split_columns:
+            outputs, original_s, serves_s = split_odd_channels(outputs)
+            original = {new: original.get(old, old) for new, old in original_s.items()} | original
+            serves |= {part: original.get(conv, conv) for part, conv in serves_s.items()}
         outputs, original_c, serves_c = pack_conv_operands(outputs)
         original = {new: original.get(old, old) for new, old in original_c.items()} | original
-        serves |= {copy: original.get(conv, conv) for copy, conv in serves_c.items()}  # through both maps
+        serves |= {copy: serves.get(conv) or original.get(conv, conv)  # (a part's: its conv's line)
+                   for copy, conv in serves_c.items()}  # through both maps
     items = _schedule(outputs, fuse_rows)
     for item in items:
         item.bufs = [original.get(b, b) for b in item.bufs]

@@ -1,0 +1,156 @@
+"""Odd sizes are tiled (issue 20, item 2): a large matmul whose rows, columns or reduction length have no
+divisor the register tile wants is computed as a main part and the rest (`tgc.engine.schedule.split_odd_sizes`),
+on every device. Split decisions are compared with exact kernel lists; values with numpy (float64).
+
+The small cases lower `SPLIT_MIN_PRODUCTS` so that matmuls of a few thousand multiply-adds split (the PYTHON
+emulator runs them quickly); each uses dims no other test uses, so the session's program cache never serves a
+program built under another threshold."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tgc
+from tgc.engine import schedule
+from tgc.engine.inputs import random_inputs
+from tgc.ir.uop import Ops
+
+MM = "a: f32[M, K]\nb: f32[K, N]\nreturn a @ b\n"
+
+
+def _matmul_shapes(prog: tgc.Program, dims: dict[str, int], device: str) -> list[tuple[int, ...]]:
+    """(rows, columns, reduction steps) of every kernel that reduces, in launch order."""
+    shapes = []
+    for item in prog.schedule(dims, device=device):
+        ranges = [u for u in item.ast.toposort() if u.op is Ops.RANGE]
+        loops = sorted((r for r in ranges if r.arg[1].name == "LOOP"), key=lambda r: r.arg[0])
+        steps = [r.src[0].arg for r in ranges if r.arg[1].name == "REDUCE"]
+        if steps:
+            shapes.append(tuple(r.src[0].arg for r in loops) + tuple(steps))
+    return shapes
+
+
+def _check(out: np.ndarray, want: np.ndarray) -> None:
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+# (M, N, K) -> the matmul kernels (rows, columns, steps): the reduction's rest is a kernel of its own only
+# where the consumer is that kernel (here the program's output); rows rest = the last 8 rows, columns rest =
+# the last 16 or 32 columns
+DECISIONS = [
+    ({"M": 1365, "N": 64, "K": 64}, [(1360, 64, 64), (8, 64, 64)]),  # odd rows
+    ({"M": 64, "N": 1000, "K": 128}, [(64, 992, 128), (64, 16, 128)]),  # odd columns
+    ({"M": 64, "N": 64, "K": 1365}, [(64, 64, 1360), (64, 64, 5)]),  # odd reduction, few outputs: 1360 + 5
+    ({"M": 128, "N": 256, "K": 197}, [(128, 256, 197)]),  # odd reduction, many outputs: whole
+    # the columns' rest (1365 x 16 x 197) is still large enough to split by its rows
+    ({"M": 1365, "N": 1000, "K": 197}, [(1360, 992, 197), (8, 992, 197), (1360, 16, 197), (8, 16, 197)]),
+    # 4081 outputs: the reduction, then its main part's columns (32 and the last 32: too small to split again)
+    ({"M": 77, "N": 53, "K": 1365}, [(77, 32, 1360), (77, 32, 1360), (77, 53, 5)]),
+    ({"M": 64, "N": 64, "K": 1024}, [(64, 64, 1024)]),  # multiples: one kernel
+    ({"M": 77, "N": 197, "K": 5}, [(77, 197, 5)]),  # too small to split (under SPLIT_MIN_PRODUCTS)
+]
+
+
+@pytest.mark.parametrize("dims,want", DECISIONS, ids=lambda v: "x".join(map(str, v.values()))
+                         if isinstance(v, dict) else None)
+def test_split_decisions_are_a_rule_over_sizes(dims, want):
+    prog = tgc.loads(MM)
+    for device in ("CPU", "PYTHON", "OPENCL"):  # the same parts on every device (scheduling opens no device)
+        assert _matmul_shapes(prog, dims, device) == want, device
+
+
+def test_an_epilogue_takes_the_reductions_rest():
+    """relu(a @ b + bias) with K = 2053: the main part (2048 steps) is a kernel; the 5 remaining steps are summed
+    by the kernel that adds the bias, reading the main part (no third kernel, no copy of the operands)."""
+    prog = tgc.loads("a: f32[M, K]\nb: f32[K, N]\nbias: f32[N]\nreturn relu(a @ b + bias)\n")
+    items = prog.schedule({"M": 32, "N": 64, "K": 2053}, device="CPU")
+    assert [i.name for i in items] == ["r_32_64_2048", "r_32_64_5"]
+    assert all(i.line == 4 for i in items)
+
+
+SMALL = [("odd rows", {"M": 29, "N": 32, "K": 16}), ("odd columns", {"M": 16, "N": 45, "K": 24}),
+         ("odd reduction", {"M": 24, "N": 32, "K": 19}), ("all three", {"M": 27, "N": 37, "K": 11})]
+
+
+@pytest.mark.parametrize("dims", [d for _, d in SMALL], ids=[n for n, _ in SMALL])
+def test_odd_matmuls_match_numpy(device, dims, monkeypatch):
+    monkeypatch.setattr(schedule, "SPLIT_MIN_PRODUCTS", 1)
+    prog = tgc.loads("a: f32[M, K]\nb: f32[K, N]\nbias: f32[N]\nreturn relu(a @ b + bias) * 2\n")
+    assert len(_matmul_shapes(prog, dims, device)) > 1  # split
+    inputs = random_inputs(prog, dims, seed=3)
+    a, b, bias = (inputs[n].astype(np.float64) for n in ("a", "b", "bias"))
+    _check(prog.run(device=device, **inputs)["out0"], np.maximum(a @ b + bias, 0) * 2)
+
+
+def test_odd_batched_matmul_matches_numpy(device, monkeypatch):
+    """A batch of matmuls with a broadcast left-hand side, odd in all three sizes."""
+    monkeypatch.setattr(schedule, "SPLIT_MIN_PRODUCTS", 1)
+    prog = tgc.loads("a: f32[M, K]\nb: f32[B, K, N]\nreturn a @ b\n")
+    dims = {"B": 2, "M": 21, "N": 35, "K": 13}
+    assert len(_matmul_shapes(prog, dims, device)) == 5  # (16 + 5 rows) x (32 + 3 columns), the corner unsplit
+    inputs = random_inputs(prog, dims, seed=4)
+    _check(prog.run(device=device, **inputs)["out0"], inputs["a"].astype(np.float64) @ inputs["b"])
+
+
+def test_large_odd_matmul_matches_numpy_on_the_cpu():
+    """At the real threshold: 77 rows, 197 columns, 1365 steps (each odd) on the CPU's packed, tiled kernels."""
+    prog = tgc.loads(MM)
+    dims = {"M": 77, "N": 197, "K": 1365}
+    assert _matmul_shapes(prog, dims, "CPU") == [(72, 192, 1365), (8, 192, 1365), (77, 16, 1365)]
+    inputs = random_inputs(prog, dims, seed=6)
+    _check(prog.run(device="CPU", **inputs)["out0"], inputs["a"].astype(np.float64) @ inputs["b"])
+
+
+def _conv_np(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """conv2d with padding 1 (NCHW, OIHW), float64."""
+    n, c, h, wd = x.shape
+    o, _, kh, kw = w.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    out = np.zeros((n, o, h, wd))
+    for i in range(kh):
+        for j in range(kw):
+            out += np.einsum("nchw,oc->nohw", xp[:, :, i:i + h, j:j + wd], w[:, :, i, j])
+    return out
+
+
+def test_odd_conv_and_reductions_match_numpy(device):
+    """Odd channels, image sizes and reduction lengths under every threshold (values only)."""
+    conv = tgc.loads("x: f32[N, C, H, W]\nw: f32[O, C, 3, 3]\nreturn relu(conv2d(x, w, padding=1))\n")
+    dims = {"N": 1, "C": 5, "H": 13, "W": 11, "O": 7}
+    inputs = random_inputs(conv, dims, seed=7)
+    x, w = (inputs[n].astype(np.float64) for n in ("x", "w"))
+    _check(conv.run(device=device, **inputs)["out0"], np.maximum(_conv_np(x, w), 0))
+    red = tgc.loads("x: f32[M, N]\nreturn x.sum(axis=1), x.max(axis=0), x.mean()\n")
+    dims = {"M": 33, "N": 197}
+    inputs = random_inputs(red, dims, seed=8)
+    x = inputs["x"].astype(np.float64)
+    out = red.run(device=device, **inputs)
+    for got, want in zip((out["out0"], out["out1"], out["out2"]), (x.sum(1), x.max(0), x.mean())):
+        _check(got, want)
+
+
+CONV = ("x: f32[N, C, H, W]\nw: f32[O, C, 3, 3]\nb: f32[O]\n"
+        "return relu(conv2d(x, w, padding=1) + b.reshape(1, -1, 1, 1))\n")
+
+
+def test_odd_conv_channels_are_split_on_the_cpu():
+    """100 output channels: 96 (their weight packed into 16-channel lanes) and the last 16; 96 stay whole.
+    Elsewhere (no packing) the conv is one kernel."""
+    prog = tgc.loads(CONV)
+    dims = {"N": 1, "C": 64, "H": 28, "W": 28, "O": 100}
+    assert [i.name for i in prog.schedule(dims, device="CPU")] == \
+        ["E_6_64_3_3_16", "r_96_28_28_64_3_3", "r_16_28_28_64_3_3", "E_100_28_28"]
+    assert [i.name for i in prog.schedule(dims | {"O": 96}, device="CPU")] == ["E_6_64_3_3_16", "r_96_28_28_64_3_3"]
+    assert len(prog.schedule(dims, device="OPENCL")) == 1
+
+
+def test_split_conv_matches_numpy(device, monkeypatch):
+    monkeypatch.setattr(schedule, "CONV_MIN_FLOPS", 1)
+    prog = tgc.loads(CONV)
+    dims = {"N": 2, "C": 3, "H": 9, "W": 7, "O": 21}
+    if device == "CPU":  # 16 channels and the last 16
+        assert len(_matmul_shapes(prog, dims, device)) == 2
+    inputs = random_inputs(prog, dims, seed=9)
+    x, w, b = (inputs[n].astype(np.float64) for n in ("x", "w", "b"))
+    _check(prog.run(device=device, **inputs)["out0"], np.maximum(_conv_np(x, w) + b.reshape(1, -1, 1, 1), 0))
