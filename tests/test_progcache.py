@@ -74,11 +74,40 @@ def test_the_key_misses_on_another_source_dim_device_compiler_or_version(monkeyp
     assert progcache.lookup(SOFTMAX.replace("exp(", "exp2("), DIMS, cpu) is None
     assert progcache.lookup(SOFTMAX, {"N": 4, "D": 9}, cpu) is None
     assert progcache.lookup(SOFTMAX, DIMS, get_device("PYTHON")) is None
-    monkeypatch.setattr(progcache, "__version__", "0.0.0-other")
-    assert progcache.lookup(SOFTMAX, DIMS, cpu) is None
-    monkeypatch.undo()
-    monkeypatch.setattr(type(cpu.compiler), "cache_key", property(lambda self: "llvmlite-other-version"))
-    assert progcache.lookup(SOFTMAX, DIMS, cpu) is None
+    # each change alone (monkeypatch.undo() would also undo the fixture's cache folder: every lookup would miss)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(progcache, "__version__", "0.0.0-other")
+        assert progcache.lookup(SOFTMAX, DIMS, cpu) is None
+    assert progcache.lookup(SOFTMAX, DIMS, cpu) is not None
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(type(cpu.compiler), "cache_key", property(lambda self: "llvmlite-other-version"))
+        assert progcache.lookup(SOFTMAX, DIMS, cpu) is None
+    assert progcache.lookup(SOFTMAX, DIMS, cpu) is not None
+    # the same version number, other code (an edited checkout, a reinstall): a miss, never the old program
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(progcache, "code_identity", lambda: "edited-code")
+        assert progcache.lookup(SOFTMAX, DIMS, cpu) is None
+    assert progcache.lookup(SOFTMAX, DIMS, cpu) is not None
+
+
+def test_the_code_identity_follows_every_source_file(tmp_path):
+    import os
+
+    from tgc.version import identity_of
+    (tmp_path / "engine").mkdir()
+    (tmp_path / "engine" / "schedule.py").write_text("x = 1\n")
+    (tmp_path / "README.txt").write_text("not source")
+    first = identity_of(str(tmp_path))
+    assert identity_of(str(tmp_path)) == first
+    (tmp_path / "README.txt").write_text("still not source, longer")
+    assert identity_of(str(tmp_path)) == first
+    (tmp_path / "engine" / "schedule.py").write_text("x = 2\n")  # same size: the modification time tells
+    st = os.stat(tmp_path / "engine" / "schedule.py")
+    os.utime(tmp_path / "engine" / "schedule.py", ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    second = identity_of(str(tmp_path))
+    assert second != first
+    (tmp_path / "engine" / "new.py").write_text("")
+    assert identity_of(str(tmp_path)) not in (first, second)
 
 
 def test_the_key_misses_after_a_new_beam_winner_or_another_kernel_setting(monkeypatch):

@@ -7,7 +7,8 @@ Contract:
 - **Key** (`key`): the program's source, normalized (`normalize`: a byte-order mark, line endings, trailing
   spaces and trailing blank lines do not count; nothing that moves a line does), its dims, the device (kind,
   name, binary target, its thread count), the compiler's identity (name and version: `Compiler.cache_key`),
-  tgc's version, every environment variable that changes the kernels or how they run (`KERNEL_ENV`), and the
+  tgc's version and the identity of its code on disk (`tgc.version.code_identity`: an edited or reinstalled tgc
+  misses), every environment variable that changes the kernels or how they run (`KERNEL_ENV`), and the
   state of the `beam` table (`cache.table_state`): a new BEAM winner, or `tgc cache clear --table beam`,
   misses every entry stored before it. Any change to one of these is a miss, never a stale program.
 - **Entry** (`Entry`): `MAGIC`, one line of JSON (the dims, the whole program's inputs and outputs, and, for a
@@ -36,7 +37,7 @@ from tgc.dtype import DType, dtypes
 from tgc.env import env_int
 from tgc.errors import TgcError
 from tgc.package import Package, PackageError, build, loads_package
-from tgc.version import __version__
+from tgc.version import __version__, code_identity
 
 TABLE = "program"
 MAGIC = b"TGPC1\n"
@@ -71,6 +72,7 @@ def key(source: str, dims: dict[str, int], device: Any) -> str:
     comp = device.compiler
     return cache.make_key("program/1", normalize(source), sorted(dims.items()), device.kind, device.name,
                           device.binary_target(), device.cores, comp.name, comp.cache_key, __version__,
+                          code_identity(),
                           {name: os.environ.get(name, "").strip() for name in KERNEL_ENV},
                           list(cache.table_state("beam")))
 
