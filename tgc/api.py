@@ -444,9 +444,20 @@ class Program:
         p1, p2 = sizes.probes(cls)
         symbolic = [n for n, c in cls if c in sizes.SYMBOLIC]
         runs = []
+        traced = []
         for probe in (p1, p2):
             try:
-                outs, _ = self._trace(probe)
+                traced.append(self._trace(probe)[0])
+            except TgcError as e:
+                return f"at sizes {probe}: {e.msg}"
+        # a graph of another size at the two probes (a loop over a dim, unrolled) has no symbolic form: found
+        # before scheduling it (a loop of 227 layers takes minutes to schedule); `graph_signature` below checks the
+        # graphs of equal size
+        sizes_of_graphs = {len(UOp(Ops.SINK, None, tuple(outs)).toposort()) for outs in traced}
+        if len(sizes_of_graphs) > 1:
+            return "its operations change with the sizes (a loop over a dim is unrolled: its length depends on it)"
+        for probe, outs in zip((p1, p2), traced):
+            try:
                 items = [i for i in create_schedule(outs, dev.caps, split_columns=False) if i.ast.src]
             except TgcError as e:
                 return f"at sizes {probe}: {e.msg}"
