@@ -27,8 +27,8 @@ def _targets() -> tuple[list[str], dict[str, str]]:
     return [t for t, w in why.items() if w is None], {t: w for t, w in why.items() if w is not None}
 
 
-def _suite_rows(targets: list[str], tmp_path) -> dict[str, list[dict]]:
-    files = sorted(glob.glob(str(ROOT / "tests" / "test_lang_*.py")))
+def _suite_rows(targets: list[str], tmp_path, part: int = 0, parts: int = 1) -> dict[str, list[dict]]:
+    files = sorted(glob.glob(str(ROOT / "tests" / "test_lang_*.py")))[part::parts]
     report = tmp_path / "report.jsonl"
     env = {**os.environ, "TGC_TEST_DEVICES": "CPU", "TGC_COMPILE_ONLY": ",".join(targets),
            "TGC_COMPILE_ONLY_REPORT": str(report),
@@ -45,29 +45,33 @@ def _suite_rows(targets: list[str], tmp_path) -> dict[str, list[dict]]:
     return rows
 
 
-def _check(target: str, rows: list[dict]) -> None:
-    assert len(rows) > 300, f"the language suite ran too few programs for {target}"
+def _check(target: str, rows: list[dict], parts: int = 1) -> None:
+    assert len(rows) > 300 // parts, f"the language suite ran too few programs for {target}"
     bad = [r for r in rows if r["errors"]]
     assert not bad, f"{len(bad)} programs failed to compile for {target}:\n\n" + "\n\n".join(
         f"{r['test']}\n{r['src']}\n" + "\n".join(r["errors"][:3]) for r in bad[:8])
     kernels = sum(r["kernels"] for r in rows)
-    assert kernels > 500, f"too few {target} kernels"
+    assert kernels > 500 // parts, f"too few {target} kernels"
     if target == "CUDA":
         assert sum(r["binaries"] for r in rows) == kernels  # every kernel has its cubin
     if target == "OPENCL":
         assert sum(r["binaries"] for r in rows) == 0  # type-checked by clang, never built by a driver here
 
 
+PARTS = 2  # the suite's files in two halves, one test each, so that two xdist workers share the work
+
+
 @pytest.mark.slow
-def test_every_language_suite_kernel_compiles_for_every_gpu_target(tmp_path):
-    """One run of the suite (one test, so that xdist workers do not each run it): CUDA cubins, METAL and
-    OPENCL type-checks, for every target this machine can check (the test below says which it cannot)."""
+@pytest.mark.parametrize("part", range(PARTS))
+def test_every_language_suite_kernel_compiles_for_every_gpu_target(tmp_path, part):
+    """One run of (half of) the suite in a subprocess: CUDA cubins, METAL and OPENCL type-checks, for every target
+    this machine can check (the test below says which it cannot)."""
     targets, _ = _targets()
     if not targets:
         pytest.skip("no GPU target can be checked here")
-    rows = _suite_rows(targets, tmp_path)
+    rows = _suite_rows(targets, tmp_path, part, PARTS)
     for target in targets:
-        _check(target, rows[target])
+        _check(target, rows[target], PARTS)
 
 
 @pytest.mark.parametrize("target", ["CUDA", "METAL", "OPENCL"])
