@@ -636,7 +636,9 @@ def split_odd_sizes(outputs: list[UOp], keep: set[UOp]) -> tuple[list[UOp], dict
     def split(new: UOp) -> UOp:
         return new if new in keep else split_odd_matmul(new, serves)
 
-    memo: dict[UOp, UOp] = {}
+    # a fused attention's nodes stay as they are, with what they read: split below them, they would be rebuilt as
+    # other nodes than the ones attention.find matched, and the attention would no longer fuse
+    memo: dict[UOp, UOp] = {u: u for u in keep}
     new_outputs = [rebuild(o, memo, split) for o in outputs]
     if not serves:
         return outputs, {}, {}
