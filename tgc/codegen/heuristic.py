@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tgc.codegen.opt import Opt, OptError, OptKernel, OptOps, _loads, _stride
+from tgc.codegen.opt import Opt, OptKernel, OptOps, _loads, _stride, _try
 from tgc.ir.shapes import prod
 from tgc.ir.uop import Ops, RangeKind, UOp
 
@@ -101,14 +101,6 @@ class Facts:
 
 def _size(r: UOp) -> int:
     return r.src[0].arg if r.src[0].op is Ops.CONST else 0
-
-
-def _try(k: OptKernel, opt: Opt) -> bool:
-    try:
-        k.apply(opt)
-        return True
-    except OptError:
-        return False
 
 
 def _first_divisor(n: int, amounts: tuple[int, ...]) -> int:

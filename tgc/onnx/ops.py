@@ -669,21 +669,27 @@ def _trilu(cx, node, ins, at, opset):
     return [f"{fn}({cx.tensor(ins[0])}, {k})"]
 
 
-@op("CumSum")
-def _cumsum(cx, node, ins, at, opset):
+def _scan(fn: str, first: str, cx, ins, at) -> list:
+    """CumSum/CumProd: `fn` along the axis; `exclusive` shifts by one element of `first` (the op's identity),
+    `reverse` scans from the end."""
     x = ins[0]
     ax = _axis(int(cx.static(ins[1], "the axis").reshape(-1)[0]), x.rank)
     e = cx.tensor(x)
     if at.get("reverse", 0):
         e = f"flip({e}, {ax})"
-    e = f"cumsum({e}, axis={ax})"
+    e = f"{fn}({e}, axis={ax})"
     if at.get("exclusive", 0):
         pads = ", ".join("(1, 0)" if i == ax else "(0, 0)" for i in range(x.rank))
         idx = ", ".join(f":{x.shape[i]}" if i == ax else ":" for i in range(x.rank))
-        e = f"pad({e}, ({pads},))[{idx}]"
+        e = f"pad({e}, ({pads},){first})[{idx}]"
     if at.get("reverse", 0):
         e = f"flip({e}, {ax})"
     return [_cast(e, x.dtype)]
+
+
+@op("CumSum")
+def _cumsum(cx, node, ins, at, opset):
+    return _scan("cumsum", "", cx, ins, at)
 
 
 @op("EyeLike")
@@ -1185,19 +1191,7 @@ def _groupnorm(cx, node, ins, at, opset):
 
 @op("CumProd")
 def _cumprod(cx, node, ins, at, opset):
-    x = ins[0]
-    ax = _axis(int(cx.static(ins[1], "the axis").reshape(-1)[0]), x.rank)
-    e = cx.tensor(x)
-    if at.get("reverse", 0):
-        e = f"flip({e}, {ax})"
-    e = f"cumprod({e}, axis={ax})"
-    if at.get("exclusive", 0):
-        pads = ", ".join("(1, 0)" if i == ax else "(0, 0)" for i in range(x.rank))
-        idx = ", ".join(f":{x.shape[i]}" if i == ax else ":" for i in range(x.rank))
-        e = f"pad({e}, ({pads},), value=1)[{idx}]"
-    if at.get("reverse", 0):
-        e = f"flip({e}, {ax})"
-    return [_cast(e, x.dtype)]
+    return _scan("cumprod", ", value=1", cx, ins, at)
 
 
 @op("BitCast")
