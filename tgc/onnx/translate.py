@@ -46,6 +46,7 @@ class Translation:
     dims: dict[str, str] = field(default_factory=dict)  # ONNX dim_param -> .tg dim name
     opset: int = 0
     ops: list[str] = field(default_factory=list)
+    nodes: dict[int, str] = field(default_factory=dict)  # line of `source` -> the ONNX node it translates (for viz)
 
 
 def read_model(path: str) -> Any:
@@ -192,8 +193,10 @@ def translate(model: Any, where: str = "<model>") -> Translation:
         cx.values[name] = Value(name, dt, tuple(arr.shape), const=arr)
     ops_used: list[str] = []
     used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
+    line_nodes: dict[int, str] = {}  # index in cx.lines -> the node that emitted it
     for node in g.node:
         cx.node = node
+        first_line = len(cx.lines)
         if node.op_type not in ops_used:
             ops_used.append(node.op_type)
         fn = OPS.get(node.op_type)
@@ -222,6 +225,9 @@ def translate(model: Any, where: str = "<model>") -> Translation:
             if i >= len(outs) or outs[i] is None:
                 raise cx.unsupported(f"output {i} ('{out_name}')")
             cx.values[out_name] = _bind_output(cx, out_name, outs[i])
+        about = f"{node.op_type} '{node.name}'" if node.name else node.op_type
+        for i in range(first_line, len(cx.lines)):
+            line_nodes[i] = f"{about} -> {', '.join(o for o in node.output if o)}"
     tr_outputs: dict[str, str] = {}
     rets = []
     for o in g.output:
@@ -239,7 +245,9 @@ def translate(model: Any, where: str = "<model>") -> Translation:
     for k, v in renamed:
         head.append(f"# onnx-name: {v} = {k}")
     source = "\n".join([*head, *cx.decls, *cx.lines, "return " + ", ".join(rets)]) + "\n"
-    return Translation(source, cx.weights, tr_inputs, tr_outputs, dims, opset, ops_used)
+    first = len(head) + len(cx.decls) + 1  # the source line of cx.lines[0]
+    return Translation(source, cx.weights, tr_inputs, tr_outputs, dims, opset, ops_used,
+                       {first + i: about for i, about in line_nodes.items()})
 
 
 def _probe(cx: Ctx, expr: str, out_name: str) -> tuple[DType, tuple]:

@@ -50,6 +50,8 @@ def collect(prog: Any, device: str | list[str] | None = None, dims: dict[str, in
                            "device": ",".join(names), "dims": dims,
                            "source": source.splitlines() if isinstance(source, str) else None,
                            "notes": []}
+    if _onnx_nodes(prog):  # the ONNX node of each line of the translated source
+        doc["onnx_nodes"] = {str(line): text for line, text in _onnx_nodes(prog).items()}
     outs, _in_bufs = prog._trace(dims)
     if len(names) > 1:
         return _collect_multi(prog, names, dims, shard or {}, measure, repeat, doc, outs)
@@ -60,7 +62,7 @@ def collect(prog: Any, device: str | list[str] | None = None, dims: dict[str, in
         doc["notes"].append("the schedule and the compiled kernels differ: passes not shown")
         items = [None] * len(kernels)
     doc["kernels"] = [_kernel_doc(k, it, dev) for k, it in zip(kernels, items)]
-    doc["graph"] = _graph(prog, outs, [it for it in items if it is not None], [k.name for k in kernels])
+    doc["graph"] = _graph(prog, outs, [it for it in items if it is not None])
     rec = prog.recompute(dev.name, dims)
     doc["program"] = {"written_ops": rec["written"], "executed_ops": rec["executed"], "recompute": rec["factor"],
                       "flops": sum(k.flops for k in kernels), "bytes": sum(k.bytes_moved for k in kernels)}
@@ -205,14 +207,16 @@ def _changed(before: list[str] | None, after: list[str]) -> tuple[list[int], int
     return changed, removed
 
 
-MAX_DRAWN = 400  # drawn tensor-graph nodes beyond which the page draws one box per kernel instead
+MAX_DRAWN = 300  # computed tensor-graph nodes beyond which the page opens the graph folded, one box per kernel
 
 
-def _graph(prog: Any, outs: list[UOp], items: list[Any], names: list[str] | None = None) -> dict[str, Any]:
-    """The graph to draw (see the module docstring): nodes with op, shape, line and kernels; edges. An input is
+def _graph(prog: Any, outs: list[UOp], items: list[Any]) -> dict[str, Any]:
+    """The graph to draw (see the module docstring): nodes with op, shape, line, kernels and cluster (the kernel
+    the node is drawn in: the first that computes it; an input's is its user's; -1 for none); edges. An input is
     drawn once per use, beside its user (one node read all over a program would pull long edges across the whole
-    layout, which costs the layout most of its time). Past MAX_DRAWN nodes, one node per kernel (`view`
-    "kernels"), linked through the buffers they write and read."""
+    layout, which costs the layout most of its time). Past MAX_DRAWN computed nodes `collapse` is true: the page
+    draws each kernel as one box that opens into its nodes on a click (a layout of a few hundred nodes at a time,
+    however large the program)."""
     nodes = UOp(Ops.SINK, None, tuple(outs)).toposort()
     const_only: dict[UOp, bool] = {}
     for n in nodes:
@@ -246,34 +250,44 @@ def _graph(prog: Any, outs: list[UOp], items: list[Any], names: list[str] | None
             kernels_of.setdefault(u, []).append(ki)
             stack.extend(s for s in u.src if s not in stops and s.op is not Ops.BUFFER)
     out_names = {o: name for o, name in zip(outs, getattr(prog, "output_names", []))}
+    onnx_nodes = _onnx_nodes(prog)
     doc_nodes: list[dict[str, Any]] = []
     edges: set[tuple[int, int]] = set()
 
-    def add(n: UOp, **fields: Any) -> int:
+    def add(n: UOp, cluster: int) -> int:
         shape = shape_of(n)
+        line = prog.line_of(n) if n.op is not Ops.BUFFER else None
+        kernels = sorted(set(kernels_of.get(n, [])))
         doc_nodes.append({"id": len(doc_nodes), "op": n.op.name, "label": _label(n),
                           "shape": [s if isinstance(s, int) else str(s) for s in shape], "dtype": str(n.dtype),
-                          "line": prog.line_of(n) if n.op is not Ops.BUFFER else None,
-                          "input": n.op is Ops.BUFFER, "output": out_names.get(n),
-                          "kernels": sorted(set(kernels_of.get(n, []))), **fields})
+                          "line": line, "input": n.op is Ops.BUFFER, "output": out_names.get(n),
+                          "kernels": kernels, "cluster": cluster})
+        if line is not None and line in onnx_nodes:
+            doc_nodes[-1]["onnx"] = onnx_nodes[line]
         return len(doc_nodes) - 1
 
     computed = [n for n in shown if n.op is not Ops.BUFFER]
-    if len(computed) > MAX_DRAWN and items:
-        return _kernel_graph(items, names or [it.name for it in items], add, doc_nodes, edges, out_names, len(shown))
-    ids: dict[UOp, int] = {n: add(n) for n in computed}
+    ids: dict[UOp, int] = {n: add(n, min(kernels_of.get(n, [-1]))) for n in computed}
     used: set[UOp] = set()
     for n in computed:
         for v in dict.fromkeys(v for s in n.src for v in visible(s)):
-            if v.op is Ops.BUFFER:  # an input: drawn beside each of its users
+            if v.op is Ops.BUFFER:  # an input: drawn beside each of its users, in its user's kernel box
                 used.add(v)
-                edges.add((add(v), ids[n]))
+                edges.add((add(v, doc_nodes[ids[n]]["cluster"]), ids[n]))
             else:
                 edges.add((ids[v], ids[n]))
     for n in shown:
         if n.op is Ops.BUFFER and n not in used:  # (an input only an output is)
-            add(n)
-    return {"view": "tensor", "nodes": doc_nodes, "edges": sorted(edges), "tensor_nodes": len(shown)}
+            add(n, -1)
+    return {"view": "tensor", "nodes": doc_nodes, "edges": sorted(edges), "tensor_nodes": len(shown),
+            "collapse": len(computed) > MAX_DRAWN and bool(items)}
+
+
+def _onnx_nodes(prog: Any) -> dict[int, str]:
+    """For a program translated from ONNX, the ONNX node each line of its `.tg` source comes from, as text
+    (`op 'name' -> outputs`); {} for any other program."""
+    tr = getattr(prog, "onnx", None)
+    return dict(getattr(tr, "nodes", None) or {})
 
 
 def _label(n: UOp) -> str:
@@ -282,23 +296,6 @@ def _label(n: UOp) -> str:
     if n.op is Ops.REDUCE_AXIS:
         return f"{n.arg[0].name} over {list(n.arg[1])}"
     return n.op.name
-
-
-def _kernel_graph(items: list[Any], names: list[str], add: Any, doc_nodes: list[dict[str, Any]],
-                  edges: set[tuple[int, int]], out_names: dict[UOp, str], tensor_nodes: int) -> dict[str, Any]:
-    """One node per kernel (its output's shape and line), an edge where a kernel reads what another wrote; the
-    program's inputs drawn beside each kernel that reads them."""
-    producer: dict[UOp, int] = {}
-    for ki, item in enumerate(items):
-        node = add(item.output, op="KERNEL", label=names[ki], kernels=[ki], line=item.line, input=False,
-                   output=out_names.get(item.output))
-        producer[item.output] = node
-        for b in dict.fromkeys(item.bufs[1:]):
-            if b in producer:
-                edges.add((producer[b], node))
-            elif b.op is Ops.BUFFER:
-                edges.add((add(b, kernels=[ki]), node))
-    return {"view": "kernels", "nodes": doc_nodes, "edges": sorted(edges), "tensor_nodes": tensor_nodes}
 
 
 def _collect_multi(prog: Any, names: list[str], dims: dict[str, int], shard: dict[str, int], measure: bool,

@@ -14,8 +14,21 @@ async function inflate(id) {
 (async function () {
   const D = await inflate("tgc-data");
   const details = [], inflating = [];  // kernel index -> {passes, src} once inflated; -> its promise meanwhile
+  const raw = [];  // kernel index -> the promise of its inflated blob ({texts, passes, src} with [kernel, index] refs)
+  const blob = (i) => raw[i] || (raw[i] = inflate(`tgc-kernel-${i}`));
+  async function text(ref) { return (await blob(ref[0])).texts[ref[1]]; }
+  async function resolve(i) {  // a kernel's passes and source, each listing found where the page keeps it
+    const d = await blob(i);
+    const passes = [];
+    for (const p of d.passes || []) {
+      const changed = [];
+      for (let j = 0; j < p.changed.length; j += 2) for (let l = p.changed[j]; l < p.changed[j + 1]; l++) changed.push(l);
+      passes.push({ name: p.name, text: await text(p.text), changed, removed: p.removed });
+    }
+    return { passes, src: d.src ? await text(d.src) : "" };
+  }
   async function detail(i) {
-    if (!details[i]) details[i] = await (inflating[i] = inflating[i] || inflate(`tgc-kernel-${i}`));
+    if (!details[i]) details[i] = await (inflating[i] = inflating[i] || resolve(i));
     return details[i];
   }
   const LIMIT = 3000;  // lines of a listing drawn before "show all" (a fused attention kernel has 40 000)
@@ -64,24 +77,37 @@ async function inflate(id) {
   }
 
   // ---- tensor graph
-  const nodeEls = [];
+  // A graph past collect.MAX_DRAWN nodes (`collapse`) opens folded: each kernel one box (its `cluster` nodes), a
+  // click opens it into its nodes (a dagre compound node around them; a click on its title folds it again). At most
+  // DRAW_LIMIT nodes are drawn at once (the kernels opened longest ago fold first), so every layout stays small.
+  const G = D.graph || { nodes: [], edges: [] };
+  const folding = !!G.collapse && G.nodes.some((n) => n.cluster >= 0);
+  const DRAW_LIMIT = 300;
+  const members = new Map();  // cluster (kernel index) -> its nodes
+  for (const n of G.nodes) if (n.cluster >= 0) { if (!members.has(n.cluster)) members.set(n.cluster, []); members.get(n.cluster).push(n); }
+  let opened = [];  // the unfolded clusters, the most recent last
+  let nodeEls = [], boxEls = [], markPred = null, drawGen = 0;
   // dagre's layout, in a Web Worker where the browser allows one (the page stays usable while a large graph is laid
-  // out), else here; returns {graph: {width, height}, nodes: [{x, y, width, height}], edges: [{v, w, points}]}
-  function layoutGraph(sizes, edges) {
-      const g = new dagre.graphlib.Graph();
+  // out), else here; `groups` (lists of item indices) become compound nodes around their items; returns
+  // {graph: {width, height}, nodes: [{x, y, width, height}], edges: [{v, w, points}], groups: [{x, y, width, height}]}
+  function layoutGraph(sizes, edges, groups) {
+      const g = new dagre.graphlib.Graph({ compound: groups.length > 0 });
       g.setGraph({ rankdir: "TB", nodesep: 14, ranksep: 26, marginx: 8, marginy: 8 });
       g.setDefaultEdgeLabel(() => ({}));
       sizes.forEach((s, i) => g.setNode(String(i), s));
+      groups.forEach((items, j) => { g.setNode("g" + j, {}); for (const i of items) g.setParent(String(i), "g" + j); });
       for (const [a, b] of edges) g.setEdge(String(a), String(b));
       dagre.layout(g);
-      return { graph: { width: g.graph().width, height: g.graph().height }, nodes: sizes.map((s, i) => g.node(String(i))),
-               edges: g.edges().map((e) => ({ v: Number(e.v), w: Number(e.w), points: g.edge(e).points })) };
+      const box = (o) => ({ x: o.x, y: o.y, width: o.width, height: o.height });
+      return { graph: { width: g.graph().width, height: g.graph().height }, nodes: sizes.map((s, i) => box(g.node(String(i)))),
+               edges: g.edges().map((e) => ({ v: Number(e.v), w: Number(e.w), points: g.edge(e).points })),
+               groups: groups.map((_, j) => box(g.node("g" + j))) };
   }
-  function layout(sizes, edges) {
-    const here = () => layoutGraph(sizes, edges);
+  function layout(sizes, edges, groups) {
+    const here = () => layoutGraph(sizes, edges, groups);
     let worker;
     try {
-      const src = $("dagre-src").textContent + "\n" + layoutGraph.toString() + "\nonmessage = (e) => postMessage(layoutGraph(e.data.sizes, e.data.edges));";
+      const src = $("dagre-src").textContent + "\n" + layoutGraph.toString() + "\nonmessage = (e) => postMessage(layoutGraph(e.data.sizes, e.data.edges, e.data.groups));";
       worker = new Worker(URL.createObjectURL(new Blob([src], { type: "text/javascript" })));
     } catch (e) {
       return Promise.resolve(here());
@@ -91,48 +117,113 @@ async function inflate(id) {
       worker.onerror = (e) => {  // (e.g. dagre's recursion past a worker's smaller stack): lay it out here
         e.preventDefault(); worker.terminate(); document.body.dataset.layoutError = String(e.message); resolve(here());
       };
-      worker.postMessage({ sizes, edges });
+      worker.postMessage({ sizes, edges, groups });
     });
   }
 
+  for (const n of G.nodes) {
+    n.text = (n.output ? n.output + " = " : "") + n.label;
+    n.sub = n.shape.length ? `[${n.shape.join(",")}]` : "";
+  }
+  const textSize = (a, b) => ({ width: Math.max(a.length, b.length) * 6.4 + 14, height: 30 });
+
+  // what is drawn now: items (a node, or a folded kernel's box), the edges between them, the opened kernels' groups
+  function drawnGraph() {
+    const items = [], at = new Map(), boxAt = new Map(), open = new Set(folding ? opened : []);
+    const item = (n) => {
+      if (!folding || n.cluster < 0 || open.has(n.cluster)) {
+        if (!at.has(n.id)) { at.set(n.id, items.length); items.push({ node: n }); }
+        return at.get(n.id);
+      }
+      if (!boxAt.has(n.cluster)) { boxAt.set(n.cluster, items.length); items.push({ box: n.cluster }); }
+      return boxAt.get(n.cluster);
+    };
+    for (const n of G.nodes) item(n);
+    const edges = new Set();
+    for (const [a, b] of G.edges) {
+      const x = item(G.nodes[a]), y = item(G.nodes[b]);
+      if (x !== y) edges.add(x + "," + y);
+    }
+    const groups = [...open].map((k) => members.get(k).map((n) => at.get(n.id)));
+    return { items, edges: [...edges].map((e) => e.split(",").map(Number)), groups, groupKernels: [...open] };
+  }
+
+  function boxText(k) {
+    const ms = members.get(k), lines = ms.map((n) => n.line).filter((l) => l);
+    const span = lines.length ? ` · line${Math.min(...lines) === Math.max(...lines) ? " " + lines[0] : `s ${Math.min(...lines)}-${Math.max(...lines)}`}` : "";
+    return [`▸ ${K[k] ? K[k].name : "kernel " + k}`, `${ms.filter((n) => !n.input).length} nodes${span}`];
+  }
+
+  function nodeTitle(n) {
+    const where = n.line ? `${D.file}:${n.line}` : n.input ? "input" : "";
+    return `${n.op} ${n.dtype} ${n.sub}\n${where}` + (n.onnx ? `\nONNX node: ${n.onnx}` : "") +
+      (n.kernels.length ? `\nkernel${n.kernels.length > 1 ? "s" : ""}: ${n.kernels.map((i) => K[i] ? K[i].name : i).join(", ")}` : "");
+  }
+
   async function graph() {
-    const G = D.graph || { nodes: [], edges: [] };
     const box = $("graph");
     if (!G.nodes.length) { box.appendChild(el("p", { class: "muted" }, "no tensor graph")); return; }
-    if (G.view === "kernels") {
-      $("graph-title").textContent = `Kernel graph (the tensor graph's ${G.tensor_nodes} nodes, one box per kernel)`;
+    if (folding) {
+      $("graph-title").textContent = `Tensor graph (${G.tensor_nodes} nodes in ${members.size} kernels: a click on a kernel opens it)`;
     }
-    const sizes = G.nodes.map((n) => {
-      n.text = (n.output ? n.output + " = " : "") + n.label;
-      n.sub = n.shape.length ? `[${n.shape.join(",")}]` : "";
-      return { width: Math.max(n.text.length, n.sub.length) * 6.4 + 14, height: 30 };
-    });
-    const wait = el("p", { class: "muted", id: "graph-wait" }, `laying out ${G.nodes.length} nodes ...`);
-    box.appendChild(wait);
-    const g = await layout(sizes, G.edges);
+    await draw();
+  }
+
+  // lay out and draw what is open now (a later call supersedes one still laying out)
+  async function draw() {
+    const gen = ++drawGen;
+    const box = $("graph");
+    const dg = drawnGraph();
+    const sizes = dg.items.map((it) => it.node ? textSize(it.node.text, it.node.sub) : textSize(...boxText(it.box)));
+    const wait = el("p", { class: "muted", id: "graph-wait" }, `laying out ${dg.items.length} nodes ...`);
+    box.prepend(wait);
+    const g = await layout(sizes, dg.edges, dg.groups);
     wait.remove();
+    if (gen !== drawGen) return;
+    for (const old of box.querySelectorAll("svg")) old.remove();
     const gi = g.graph;
-    const svg = el("svg:svg", { width: gi.width, height: gi.height, viewBox: `0 0 ${gi.width} ${gi.height}` });
-    for (const e of g.edges) {
-      const pts = e.points.map((p) => `${p.x.toFixed(1)},${p.y.toFixed(1)}`).join(" ");
-      svg.appendChild(el("svg:polyline", { class: "edge", points: pts, "marker-end": "url(#arrow)" }));
-    }
+    const svg = el("svg:svg", { width: gi.width, height: gi.height + 12, viewBox: `0 -12 ${gi.width} ${gi.height + 12}` });
     const defs = el("svg:defs");
     const m = el("svg:marker", { id: "arrow", viewBox: "0 0 10 10", refX: 10, refY: 5, markerWidth: 6, markerHeight: 6, orient: "auto" });
     m.appendChild(el("svg:path", { d: "M0,0 L10,5 L0,10 z", fill: "#90a4ae" }));
     defs.appendChild(m); svg.appendChild(defs);
-    G.nodes.forEach((n, i) => {
+    nodeEls = []; boxEls = [];
+    dg.groupKernels.forEach((k, j) => {  // an opened kernel: a frame around its nodes, its title folds it
+      const p = g.groups[j];
+      const grp = el("svg:g", { class: "cluster", "data-cluster": k, transform: `translate(${p.x - p.width / 2},${p.y - p.height / 2})` });
+      grp.appendChild(el("svg:rect", { width: p.width, height: p.height, rx: 6, fill: color(k), "fill-opacity": 0.18, stroke: "#78909c" }));
+      const title = el("svg:text", { x: 4, y: -3, class: "fold" }, `▾ ${K[k] ? K[k].name : k} (click to fold)`);
+      title.addEventListener("click", () => { opened = opened.filter((c) => c !== k); draw(); });
+      grp.appendChild(title);
+      svg.appendChild(grp);
+    });
+    for (const e of g.edges) {
+      const pts = e.points.map((p) => `${p.x.toFixed(1)},${p.y.toFixed(1)}`).join(" ");
+      svg.appendChild(el("svg:polyline", { class: "edge", points: pts, "marker-end": "url(#arrow)" }));
+    }
+    dg.items.forEach((it, i) => {
       const p = g.nodes[i];
+      const at = `translate(${p.x - p.width / 2},${p.y - p.height / 2})`;
+      if (it.box !== undefined) {  // a folded kernel
+        const k = it.box, [t1, t2] = boxText(k);
+        const grp = el("svg:g", { class: "node kbox", transform: at, "data-kbox": k });
+        grp.appendChild(el("svg:rect", { width: p.width, height: p.height, rx: 4, fill: color(k) }));
+        grp.appendChild(el("svg:text", { x: 7, y: 13 }, t1));
+        grp.appendChild(el("svg:text", { x: 7, y: 25, fill: "#555" }, t2));
+        grp.appendChild(el("svg:title", {}, `kernel ${K[k] ? K[k].name : k}: click to open its nodes`));
+        grp.addEventListener("click", () => selectKernel(k));
+        boxEls.push([k, grp]);
+        svg.appendChild(grp);
+        return;
+      }
+      const n = it.node;
       const cls = "node" + (n.input ? " input" : "") + (n.output ? " output" : "");
-      const grp = el("svg:g", { class: cls, transform: `translate(${p.x - p.width / 2},${p.y - p.height / 2})`, "data-node": n.id });
+      const grp = el("svg:g", { class: cls, transform: at, "data-node": n.id });
       const k = n.kernels.length ? n.kernels[0] : -1;
       grp.appendChild(el("svg:rect", { width: p.width, height: p.height, rx: 4, fill: n.input ? "#eceff1" : color(k) }));
       grp.appendChild(el("svg:text", { x: 7, y: 13 }, n.text));
       grp.appendChild(el("svg:text", { x: 7, y: 25, fill: "#555" }, n.sub));
-      const where = n.line ? `${D.file}:${n.line}` : n.input ? "input" : "";
-      const title = `${n.op} ${n.dtype} ${n.sub}\n${where}` +
-        (n.kernels.length ? `\nkernel${n.kernels.length > 1 ? "s" : ""}: ${n.kernels.map((i) => K[i] ? K[i].name : i).join(", ")}` : "");
-      grp.appendChild(el("svg:title", {}, title));
+      grp.appendChild(el("svg:title", {}, nodeTitle(n)));
       grp.addEventListener("click", () => {
         if (n.kernels.length) selectKernel(n.kernels[0]);
         if (n.line) selectLine(n.line, false);
@@ -142,16 +233,35 @@ async function inflate(id) {
       svg.appendChild(grp);
     });
     box.appendChild(svg);
-    if (selKernel >= 0) {
-      const first = markNodes((m) => m.kernels.includes(selKernel));
+    if (markPred) {
+      const first = markNodes(markPred);
       if (first) reveal($("graph-box"), first);
     }
+    if (!document.body.dataset.graphMs) document.body.dataset.graphMs = performance.now().toFixed(0);
     document.body.dataset.graph = "1";
+    document.body.dataset.draws = String(Number(document.body.dataset.draws || 0) + 1);
+  }
+  // open kernels' boxes (folded graphs only), folding the ones opened longest ago past DRAW_LIMIT nodes
+  function openClusters(ks) {
+    if (!folding) return false;
+    ks = ks.filter((k) => members.has(k));
+    if (ks.every((k) => opened.includes(k))) return false;
+    opened = opened.filter((k) => !ks.includes(k)).concat(ks);
+    const count = () => opened.reduce((a, k) => a + members.get(k).length, 0) + members.size;
+    while (opened.length > ks.length && count() > DRAW_LIMIT) opened.shift();
+    draw();
+    return true;
   }
   function markNodes(pred) {
+    markPred = pred;
     let first = null;
     for (const [n, g] of nodeEls) {
       const on = pred(n);
+      g.classList.toggle("sel", on);
+      if (on && !first) first = g;
+    }
+    for (const [k, g] of boxEls) {
+      const on = members.get(k).some(pred);
       g.classList.toggle("sel", on);
       if (on && !first) first = g;
     }
@@ -175,6 +285,7 @@ async function inflate(id) {
     const row = $(`line-${line}`);
     if (row) { row.classList.add("sel"); reveal($("source"), row); }
     if (fromSource) {
+      openClusters([...new Set(G.nodes.filter((n) => n.line === line && n.cluster >= 0).map((n) => n.cluster))].slice(-3));
       const g = markNodes((n) => n.line === line);
       if (g) reveal($("graph-box"), g);
       const k = K.findIndex((k) => k.line === line);
@@ -215,6 +326,7 @@ async function inflate(id) {
     for (const c of document.querySelectorAll("#roofline circle")) c.classList.toggle("sel", Number(c.dataset.k) === i);
     const k = K[i];
     $("kernel-title").textContent = `${k.name} on ${k.device}` + (k.line ? ` (${D.file}:${k.line})` : "");
+    openClusters([i]);
     const g = markNodes((m) => m.kernels.includes(i));
     if (g) reveal($("graph-box"), g);
     if (k.line) selectLine(k.line, false);
@@ -331,6 +443,11 @@ async function inflate(id) {
   header();
   source();
   kernels();
+  if (folding && K.length) {  // a folded graph opens on the slowest kernel, drawn open
+    let big = 0;
+    K.forEach((k, i) => { if ((k.time_s || 0) > (K[big].time_s || 0)) big = i; });
+    opened = members.has(big) ? [big] : [];
+  }
   graph().catch((e) => console.error("tgc viz: graph: " + e));
   roofline();
   multi();

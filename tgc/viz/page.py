@@ -4,9 +4,10 @@ Contract: the page needs nothing outside itself. Its markup, style and script (p
 beside this module), the vendored graph layout (vendor/dagre.min.js: @dagrejs/dagre 3.1.3, MIT, its license
 beside it) and the data are inline: `encode_data` blobs (gzip-compressed JSON in base64, which the script inflates
 with the browser's DecompressionStream), one for the summary and one per kernel for its passes and source
-(`split_data`). A Content-Security-Policy forbids every fetch (a page that tried one would log a violation, which
-the browser tests catch). The source-map comment of the vendored file is dropped (a browser with its developer
-tools open would fetch it).
+(`split_data`: each distinct listing once in the page, referred to by every step that shows it). A
+Content-Security-Policy forbids every fetch (a page that tried one would log a violation, which the browser tests
+catch). The source-map comment of the vendored file is dropped (a browser with its developer tools open would
+fetch it).
 """
 
 from __future__ import annotations
@@ -54,20 +55,59 @@ def decode_data(text: str) -> Any:
 def split_data(doc: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The page's summary (everything but the kernels' passes and sources) and each kernel's detail: the page
     inflates only the summary to open, and a kernel's detail when it is chosen (a transformer block's attention
-    kernel alone has 6.7 MB of listings)."""
+    kernel alone has 6.7 MB of listings). Each distinct listing (a pass step's text, a source) is kept once in the
+    whole page: in the detail of the first kernel that has it (`texts`), and referred to as [kernel, index] by
+    every step that shows it (a pass that changed nothing, the same kernel in every layer of a model: half the
+    listings of a 12-layer GPT). A step's changed lines are kept as ranges [start, end, start, end, ...]."""
     kernels, details = [], []
-    for k in doc.get("kernels", []):
+    where: dict[str, list[int]] = {}
+
+    def ref(text: str, ki: int, texts: list[str]) -> list[int]:
+        if text not in where:
+            where[text] = [ki, len(texts)]
+            texts.append(text)
+        return where[text]
+
+    for ki, k in enumerate(doc.get("kernels", [])):
         kernels.append({key: v for key, v in k.items() if key not in DETAIL})
-        details.append({key: k[key] for key in DETAIL if key in k})
+        texts: list[str] = []
+        detail: dict[str, Any] = {"texts": texts}
+        if "passes" in k:
+            detail["passes"] = [{"name": p["name"], "text": ref(p["text"], ki, texts),
+                                 "changed": _ranges(p["changed"]), "removed": p["removed"]} for p in k["passes"]]
+        if "src" in k:
+            detail["src"] = ref(k["src"], ki, texts)
+        details.append(detail)
     return {**doc, "kernels": kernels}, details
+
+
+def _ranges(lines: list[int]) -> list[int]:
+    """Sorted line indices as flat [start, end) ranges: [1, 2, 3, 7] -> [1, 4, 7, 8]."""
+    out: list[int] = []
+    for i in lines:
+        if out and out[-1] == i:
+            out[-1] = i + 1
+        else:
+            out.extend([i, i + 1])
+    return out
 
 
 def read_page(page: str) -> dict[str, Any]:
     """The data of a page `render` wrote, whole again (for tests and tools that read a page)."""
     blobs = dict(re.findall(r'<script type="application/octet-stream" id="(tgc-[a-z0-9-]+)">([^<]*)</script>', page))
     doc = decode_data(blobs["tgc-data"])
-    for i, k in enumerate(doc.get("kernels", [])):
-        k.update(decode_data(blobs[f"tgc-kernel-{i}"]))
+    details = [decode_data(blobs[f"tgc-kernel-{i}"]) for i in range(len(doc.get("kernels", [])))]
+
+    def text(ref: list[int]) -> str:
+        return details[ref[0]]["texts"][ref[1]]
+
+    for k, d in zip(doc.get("kernels", []), details):
+        if "passes" in d:
+            k["passes"] = [{"name": p["name"], "text": text(p["text"]),
+                            "changed": [i for a, b in zip(p["changed"][::2], p["changed"][1::2]) for i in range(a, b)],
+                            "removed": p["removed"]} for p in d["passes"]]
+        if "src" in d:
+            k["src"] = text(d["src"])
     return doc
 
 
