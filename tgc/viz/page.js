@@ -276,6 +276,8 @@ async function inflate(id) {
       const row = el("div", { id: `line-${i + 1}`, "data-line": i + 1 });
       row.appendChild(el("span", { class: "ln" }, String(i + 1)));
       row.appendChild(document.createTextNode(text));
+      const from = (D.onnx_nodes || {})[String(i + 1)];  // a model from ONNX: the node this line translates
+      if (from) row.appendChild(el("span", { class: "onnx" }, `  ← ONNX ${from}`));
       row.addEventListener("click", () => selectLine(i + 1, true));
       box.appendChild(row);
     });
