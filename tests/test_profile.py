@@ -375,3 +375,36 @@ def test_trace_summary_script_reads_a_written_trace_and_refuses_other_files(tmp_
     bad.write_text("[1, 2]")
     assert script.main([str(bad)]) == 2
     assert "is not a readable trace" in capsys.readouterr().err
+
+
+def test_trace_timeline_draws_every_span_at_its_depth_and_refuses_other_files(tmp_path, capsys):
+    """tools/trace_timeline.py (the README's trace picture): one bar per complete event in the window, a nested span
+    one row below its parent, a bar's width its duration, instants as marks; a file that is not a trace: exit 2."""
+    import importlib.util
+    import re
+    spec = importlib.util.spec_from_file_location(
+        "trace_timeline", os.path.join(os.path.dirname(__file__), "..", "tools", "trace_timeline.py"))
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    doc = {"displayTimeUnit": "ms", "traceEvents": [
+        {"name": "process_name", "ph": "M", "pid": 1, "tid": 0, "args": {"name": "CPU"}},
+        {"name": "thread_name", "ph": "M", "pid": 1, "tid": 1, "args": {"name": "kernels"}},
+        {"name": "graph", "ph": "X", "ts": 0, "dur": 1000, "pid": 1, "tid": 1},
+        {"name": "k1", "ph": "X", "ts": 100, "dur": 400, "pid": 1, "tid": 1},
+        {"name": "k2", "ph": "X", "ts": 500, "dur": 500, "pid": 1, "tid": 1},
+        {"name": "copy", "ph": "i", "ts": 1500, "pid": 1, "tid": 1},
+        {"name": "late", "ph": "X", "ts": 5000, "dur": 10, "pid": 1, "tid": 1}]}
+    assert problems(doc) == []
+    path, out = tmp_path / "t.json", tmp_path / "t.html"
+    path.write_text(json.dumps(doc))
+    assert script.main([str(path), str(out), "--width", "1230", "--from", "0", "--to", "2"]) == 0
+    page = out.read_text()
+    bars = re.findall(r'<g class="span"><rect x="([\d.]+)" y="(\d+)" width="([\d.]+)"', page)
+    assert len(bars) == 3 and "late" not in page  # (outside the window)
+    (gx, gy, gw), (ax, ay, aw), (bx, by, bw) = [(float(x), int(y), float(w)) for x, y, w in bars]
+    assert ay == by == gy + script.ROW and gw == 2 * bw and abs(aw - 0.8 * bw) < 0.2 and ax < bx
+    assert page.count('<g class="instant">') == 1 and ">CPU<" in page and ">kernels<" in page
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    assert script.main([str(bad), str(out)]) == 2
+    assert "is not a readable trace" in capsys.readouterr().err
