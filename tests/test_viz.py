@@ -250,11 +250,16 @@ def test_cli_errors(args: list[str], status: int | None, words: str) -> None:
     assert words in r.stderr and "Traceback" not in r.stderr
 
 
-def test_multi_device_page() -> None:
+@pytest.fixture(scope="module")
+def multi_doc() -> dict:
+    dims = {"M": 4, "K": 8, "N": 6}
+    return collect(tgc.load(ROOT / "kernels" / "matmul.tg"), "CPU:0,CPU:1", dims, shard={"a": 1, "b": 0}, repeat=1)
+
+
+def test_multi_device_page(multi_doc: dict) -> None:
     """A matmul split along its reduction axis on two devices: each device's launches, and the all-reduce of the
     M x N f32 partial products, which a ring on 2 devices sends as 2 * (2 - 1) / 2 of its 4 * M * N bytes."""
-    dims = {"M": 4, "K": 8, "N": 6}
-    doc = collect(tgc.load(ROOT / "kernels" / "matmul.tg"), "CPU:0,CPU:1", dims, shard={"a": 1, "b": 0}, repeat=1)
+    doc = multi_doc
     m = doc["multi"]
     assert m["devices"] == ["CPU:0", "CPU:1"] and m["shard"] == {"a": 1, "b": 0}
     assert m["steps"] == ["allreduce"]
@@ -354,6 +359,19 @@ def test_page_in_chromium(browser, tb_doc: dict, tmp_path: Path) -> None:
     places = {n.get_attribute("transform") for n in nodes}
     assert len(places) == len(nodes)
     assert len(browser.find_elements(By.CSS_SELECTOR, "#roofline circle")) == len(tb_doc["kernels"])
+    # the roof under the known peaks (the module's cached CPU peak: 500 GFLOP/s, 20 GB/s)
+    assert browser.find_elements(By.ID, "roof")
+    assert "FMA peak 500 GFLOP/s" in browser.find_element(By.ID, "roofline").text
+    assert "memory 20 GB/s" in browser.find_element(By.ID, "roofline").text
+    # the kernel table: every column the issue lists, the recompute factor and share of each kernel
+    heads = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#kernel-table th")]
+    assert heads == ["#", "kernel", "device", "opts", "launch", "FLOPs", "bytes", "time", "GFLOP/s", "GB/s", "share",
+                     "recompute", "line"]
+    for tr, kd in zip(browser.find_elements(By.CSS_SELECTOR, "tr.kernel"), tb_doc["kernels"]):
+        cells = [td.get_attribute("textContent") for td in tr.find_elements(By.TAG_NAME, "td")]
+        assert cells[1] == kd["name"] and cells[3].startswith(kd["opts_from"])
+        assert cells[4].startswith("×".join(map(str, kd["global_size"])))
+        assert cells[10] == f"{100 * kd['share']:.1f}%" and cells[11] == f"×{kd['recompute']:.2f}"
     # click the second kernel: its passes and its source
     rows = browser.find_elements(By.CSS_SELECTOR, "tr.kernel")
     assert len(rows) == len(tb_doc["kernels"])
@@ -512,3 +530,23 @@ def test_big_program_page_in_chromium(browser, tmp_path: Path) -> None:
     assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
     print(f"3-layer tiny_gpt page: {size / 1e6:.2f} MB, load event {times['load']:.0f} ms, ready "
           f"{times['ready']:.0f} ms, graph drawn {times['graph']:.0f} ms after navigation started")
+
+
+def test_multi_device_page_in_chromium(browser, multi_doc: dict, tmp_path: Path) -> None:
+    """A device list's page: each device's launches and the bytes it sent and received in the collectives."""
+    from selenium.webdriver.common.by import By
+
+    from tgc.viz.page import render
+
+    page = tmp_path / "multi.html"
+    page.write_text(render(multi_doc), encoding="utf-8")
+    _open(browser, page)
+    rows = [[td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+            for tr in browser.find_elements(By.CSS_SELECTOR, "#multi-table tr")[1:]]
+    m = multi_doc["multi"]
+    assert [r[0] for r in rows] == ["CPU:0", "CPU:1"]
+    assert [int(r[1]) for r in rows] == [m["launches"]["CPU:0"], m["launches"]["CPU:1"]]
+    assert [(r[4], r[5]) for r in rows] == [("96 B", "96 B")] * 2  # (4 * M * N bytes each way, M=4 N=6)
+    assert "allreduce" in browser.find_element(By.ID, "multi-steps").text
+    devices = [td.text for td in browser.find_elements(By.CSS_SELECTOR, "tr.kernel td:nth-child(3)")]
+    assert sorted(set(devices)) == ["CPU:0", "CPU:1"]
