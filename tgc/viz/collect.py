@@ -13,7 +13,9 @@ any node computed from constants alone) folded into their users: what is left ar
 the movement ops that move data (PERMUTE, SHRINK, PAD, ...). Each node lists the kernels that compute it: a
 kernel computes the nodes from its output down to the buffers it reads (a node in two kernels is recomputed). A
 kernel that packs a matmul or conv operand (`meta["serves"]`) computes no node of the graph: it is listed on the
-inputs it reads.
+inputs it reads. Each node's `cluster` is the kernel it is drawn in when the page folds a large graph (`collapse`,
+past MAX_DRAWN nodes) into one box per kernel. For a model translated from ONNX, `onnx_nodes` maps each source
+line to the ONNX node it translates, and each graph node of such a line names it (`onnx`).
 """
 
 from __future__ import annotations
