@@ -498,6 +498,13 @@ def test_folded_page_in_chromium(browser, monkeypatch: pytest.MonkeyPatch, tmp_p
     WebDriverWait(browser, 30).until(lambda d: d.execute_script("return document.body.dataset.draws") != draws)
     boxes, nodes, frames = drawn()
     assert frames == [4] and 2 in boxes
+    # a click on a source line opens the kernels its nodes are drawn in
+    line = next(n["line"] for n in members[6] if n["line"] and not n["input"])
+    want = sorted({n["cluster"] for n in doc["graph"]["nodes"] if n["line"] == line and n["cluster"] >= 0} | {4})
+    draws = browser.execute_script("return document.body.dataset.draws")
+    browser.find_element(By.ID, f"line-{line}").click()
+    WebDriverWait(browser, 30).until(lambda d: d.execute_script("return document.body.dataset.draws") != draws)
+    assert drawn()[2] == want
     assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
 
 
