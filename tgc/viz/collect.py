@@ -248,7 +248,8 @@ MAX_DRAWN = 300  # computed tensor-graph nodes beyond which the page opens the g
 
 def _graph(prog: Any, outs: list[UOp], items: list[Any], same: dict[UOp, UOp] | None = None) -> dict[str, Any]:
     """The graph to draw (see the module docstring): nodes with op, shape, line, kernels and cluster (the kernel
-    the node is drawn in: the first that computes it; an input's is its user's; -1 for none); edges. An input is
+    the node is drawn in: the one that writes it, else the first that computes it; an input's is its user's; -1
+    for none); edges. An input is
     drawn once per use, beside its user (one node read all over a program would pull long edges across the whole
     layout, which costs the layout most of its time). Past MAX_DRAWN computed nodes `collapse` is true: the page
     draws each kernel as one box that opens into its nodes on a click (a layout of a few hundred nodes at a time,
@@ -271,12 +272,14 @@ def _graph(prog: Any, outs: list[UOp], items: list[Any], same: dict[UOp, UOp] | 
         return memo[u]
 
     kernels_of: dict[UOp, list[int]] = {}
+    writer: dict[UOp, int] = {}  # a kernel's output node -> the kernel
     for ki, item in enumerate(items):
         if "serves" in item.meta:  # a packed copy of an operand (not a node of the graph): listed on what it reads
             for b in item.bufs[1:]:
                 kernels_of.setdefault(same.get(b, b), []).append(ki)
             continue
         start = same.get(item.output, item.output)
+        writer.setdefault(start, ki)
         stops = {same.get(b, b) for b in item.bufs[1:]} - {start}
         stack, seen = [start], set()
         while stack:
@@ -304,7 +307,7 @@ def _graph(prog: Any, outs: list[UOp], items: list[Any], same: dict[UOp, UOp] | 
         return len(doc_nodes) - 1
 
     computed = [n for n in shown if n.op is not Ops.BUFFER]
-    ids: dict[UOp, int] = {n: add(n, min(kernels_of.get(n, [-1]))) for n in computed}
+    ids: dict[UOp, int] = {n: add(n, writer.get(n, min(kernels_of.get(n, [-1])))) for n in computed}
     used: set[UOp] = set()
     for n in computed:
         for v in dict.fromkeys(v for s in n.src for v in visible(s)):

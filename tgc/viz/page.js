@@ -328,7 +328,9 @@ async function inflate(id) {
     for (const c of document.querySelectorAll("#roofline circle")) c.classList.toggle("sel", Number(c.dataset.k) === i);
     const k = K[i];
     $("kernel-title").textContent = `${k.name} on ${k.device}` + (k.line ? ` (${D.file}:${k.line})` : "");
-    openClusters([i]);
+    // its own box, else (a kernel that only recomputes nodes drawn in other kernels' boxes) those boxes
+    openClusters(members.has(i) ? [i] : [...new Set(G.nodes.filter((n) => n.kernels.includes(i) && n.cluster >= 0)
+      .map((n) => n.cluster))].slice(-3));
     const g = markNodes((m) => m.kernels.includes(i));
     if (g) reveal($("graph-box"), g);
     if (k.line) selectLine(k.line, false);
