@@ -46,6 +46,7 @@ from tgc import sizeexpr
 from tgc.dtype import DType, dtypes
 from tgc.engine.conform import as_array, check_input_names
 from tgc.errors import BindError, TgcError
+from tgc.interfaces import BufferSpec, LaunchableKernel
 from tgc.version import __version__
 
 FORMAT = "tgpkg"
@@ -482,20 +483,20 @@ class PackageInput:
 
 
 @dataclass(eq=False)
-class PlanBuffer:
-    """One buffer of a package's launch plan: the realizer's buffer key (`plan_shape` its concrete shape)."""
+class PlanBuffer(BufferSpec):
+    """One buffer of a package's launch plan: the realizer's buffer key (a `BufferSpec`: `plan_shape` its
+    concrete shape)."""
 
-    index: int
-    dtype: DType
-    plan_shape: tuple[int, ...]
-    nbytes: int
-    role: str
-    name: str | None
+    index: int = 0
+    nbytes: int = 0
+    role: str = ""
+    name: str | None = None
 
 
 @dataclass
-class PackagedKernel:
-    """A kernel of a package, with what the realizer and bench read from a compiled `Kernel`."""
+class PackagedKernel(LaunchableKernel):
+    """A kernel of a package: a `LaunchableKernel` (tgc/interfaces.py) as a compiled `Kernel` is, from its
+    source and binary (no AST, no UOps)."""
 
     name: str
     src: str
@@ -533,6 +534,13 @@ class PackagedKernel:
 
     def uops_text(self) -> str:
         return "(a packaged kernel keeps its source and binary, not its UOps)"
+
+    def written(self) -> frozenset[int]:
+        """A packaged kernel writes its output, parameter 0 (the package's launch contract)."""
+        return frozenset((0,))
+
+    def linear_uops(self) -> list | None:
+        return None
 
 
 CONTRACT_FREE = {"PYTHON"}  # devices whose kernel sources state no launch contract (the emulator checks accesses)
@@ -661,7 +669,7 @@ class Package:
             name = b.get("name")
             if name is not None:
                 _name(name, f"buffer {i} name", self.path)
-            out.append(PlanBuffer(i, dt, shape, nbytes, role, name))
+            out.append(PlanBuffer(dt, shape, i, nbytes, role, name))
         return out
 
     def _read_io(self, d: Any, where: str, role: str) -> PackageInput:

@@ -147,13 +147,13 @@ def bench_chunked(ch: Any, arrays: dict[str, np.ndarray], repeat: int = 10, warm
     return timing
 
 
-def identity(prog, dev, dims: dict[str, int]) -> dict[str, Any]:
+def identity(prog: Any, dev: Any, dims: dict[str, int]) -> dict[str, Any]:
     """What a timing depends on beyond the kernels' code: which program (its source's hash), its dims, the
-    device (its kind and model) and the tgc version. `tgc bench --baseline` compares only equal identities."""
+    device (its kind and model) and the tgc version. `tgc bench --baseline` compares only equal identities.
+    `prog`: a `tgc.api.Program` or a program-cache entry (each has `source`, `path` and `filename`)."""
 
-    source = getattr(prog, "source", None) or ""
-    return {"program_sha256": hashlib.sha256(source.encode()).hexdigest(),
-            "file": getattr(prog, "path", None) or getattr(prog, "filename", None),
+    return {"program_sha256": hashlib.sha256((prog.source or "").encode()).hexdigest(),
+            "file": prog.path or prog.filename,
             "dims": dict(sorted((dims or {}).items())), "device": dev.name, "device_model": device_model(dev),
             "tgc_version": __version__}
 

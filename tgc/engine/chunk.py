@@ -58,8 +58,8 @@ class Chunking:
 def host_memory(dev: Any) -> bool:
     """Whether `dev` can run chunked: its buffers are host memory (numpy arrays: a chunk's output is a view of
     the whole one) whose memory plans share slots."""
-    alloc = dev.allocator  # (a host allocator, `tgc.backends.base.HostAllocator`, is the one that can `wrap`)
-    return callable(getattr(alloc, "wrap", None)) and getattr(alloc, "shared_slots", True)
+    features = dev.allocator.features
+    return features.host_buffers and features.shared_slots
 
 
 def batch_dims(decls: list[Any], dims: dict[str, int]) -> list[str]:

@@ -301,7 +301,7 @@ def _read(dev: Any, handle: Any, offset: int, nbytes: int, total: int) -> np.nda
     (host memory), else the whole buffer through host memory."""
     out = np.empty(nbytes, dtype=np.uint8)
     alloc = dev.allocator
-    if hasattr(alloc, "copyout_range"):
+    if alloc.features.ranged_copies:
         alloc.copyout_range(memoryview(out), handle, offset)
         return out
     whole = np.empty(total, dtype=np.uint8)
@@ -312,7 +312,7 @@ def _read(dev: Any, handle: Any, offset: int, nbytes: int, total: int) -> np.nda
 
 def _write(dev: Any, handle: Any, offset: int, data: np.ndarray, total: int) -> None:
     alloc = dev.allocator
-    if hasattr(alloc, "copyin_range"):
+    if alloc.features.ranged_copies:
         alloc.copyin_range(handle, offset, memoryview(data))
         return
     if offset == 0 and data.nbytes == total:
@@ -334,8 +334,8 @@ def copy_between(src_dev: Any, src_handle: Any, dst_dev: Any, dst_handle: Any, n
     if nbytes <= 0:
         return
     src_size, dst_size = sizes or (src_offset + nbytes, dst_offset + nbytes)
-    direct = getattr(src_dev, "copy_to", None)
-    if direct is None or not direct(src_handle, dst_dev, dst_handle, nbytes, src_offset, dst_offset):
+    if not (src_dev.runtime.direct_copies and
+            src_dev.copy_to(src_handle, dst_dev, dst_handle, nbytes, src_offset, dst_offset)):
         _write(dst_dev, dst_handle, dst_offset, _read(src_dev, src_handle, src_offset, nbytes, src_size), dst_size)
     if stats is not None and ids is not None and ids[0] != ids[1]:
         stats.sent[ids[0]] += nbytes
@@ -365,9 +365,9 @@ def copy_step(devices: list[Any], src_handles: list[Any], dst_handles: list[Any]
     `copy_batch(devices, src_handles, dst_handles, moves) -> bool` (one round trip for the whole step, e.g.
     between REMOTE servers) and it accepts, that does them; else `copy_between` each."""
     cls = type(devices[0])
-    batch = getattr(cls, "copy_batch", None)
-    done = (batch is not None and all(type(devices[m.src]) is cls and type(devices[m.dst]) is cls for m in moves)
-            and batch(devices, src_handles, dst_handles, moves))
+    done = (cls.runtime.batched_copies and all(type(devices[m.src]) is cls and type(devices[m.dst]) is cls
+                                               for m in moves)
+            and cls.copy_batch(devices, src_handles, dst_handles, moves))
     for m in moves:
         if done:
             if m.src != m.dst and m.nbytes > 0:
@@ -411,7 +411,7 @@ def ring_allreduce(devices: list[Any], handles: list[Any], nbytes: int, dtype: D
     st = time.perf_counter()
     chunks = chunk_bounds(nbytes, dtype.itemsize, n)
     cls = type(devices[0])
-    batch = getattr(cls, "reduce_batch", None) if all(type(dev) is cls for dev in devices) else None
+    batch = cls.reduce_batch if cls.runtime.batched_reduces and all(type(dev) is cls for dev in devices) else None
     for s in range(n - 1):  # reduce-scatter: device d sends chunk d-s to d+1, which reduces it into its own
         moves = []
         for d in range(n):

@@ -22,14 +22,15 @@ from tgc.dtype import DType, bf16_to_f32, dtypes
 from tgc.engine.memplan import MemoryPlan, plan_memory
 from tgc.env import debug_level, env_int
 from tgc.errors import DeviceError, TgcError
+from tgc.interfaces import BufferSpec, LaunchableKernel
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.uop import Ops, RangeKind
 
 
 def buffer_type(key: Any) -> tuple[DType, tuple[int, ...]]:
-    """The dtype and shape of a buffer key: a tensor node, or a package's `PlanBuffer` (its own `plan_shape`)."""
-    shape = getattr(key, "plan_shape", None)
-    return key.dtype, (tuple(shape) if shape is not None else shape_of(key))
+    """The dtype and shape of a buffer key: a tensor node, or a `BufferSpec` (a package's `PlanBuffer`, a
+    chunked run's whole output: its own `plan_shape`)."""
+    return key.dtype, (tuple(key.plan_shape) if isinstance(key, BufferSpec) else shape_of(key))
 
 
 def buffer_nbytes(key: Any) -> int:
@@ -54,7 +55,7 @@ class Slot:
     def free(self) -> None:
         if not self.given:
             self.device.allocator.free(self.handle, self.nbytes)
-        elif hasattr(self.device.allocator, "disown"):
+        else:
             self.device.allocator.disown(self.handle, self.nbytes)
 
 
@@ -76,21 +77,21 @@ class Buffer:
         if slot is None:
             slot = Slot(device, self.nbytes, node)
         self.slot, self.owns = slot, owns
-        view = getattr(device.allocator, "view", None)
-        self.handle = view(slot.handle, self.nbytes) if view is not None and slot.nbytes != self.nbytes \
+        alloc = device.allocator
+        self.handle = alloc.view(slot.handle, self.nbytes) if alloc.features.views and slot.nbytes != self.nbytes \
             else slot.handle
 
     @classmethod
     def borrow(cls, device: Any, node: Any, arr: np.ndarray) -> Buffer | None:
         """A buffer on `arr`'s own memory, or None where it must be copied in (the device copies, or `arr` is
         misaligned, strided, empty, or not laid out as the node's dtype)."""
-        wrap = getattr(device.allocator, "wrap", None)
-        if wrap is None:
+        alloc = device.allocator
+        if alloc.features.zero_copy_align is None:
             return None
         dtype, shape = buffer_type(node)
         if arr.dtype != dtype.np or arr.nbytes != prod(shape) * dtype.itemsize:
             return None
-        handle = wrap(arr)
+        handle = alloc.wrap(arr)
         if handle is None:
             return None
         buf = cls(device, node, handle=handle)
@@ -116,8 +117,8 @@ class Buffer:
         buffer's memory itself, which from then on belongs to the returned array (the slot is never freed)."""
         shape, dtype = self.shape, self.dtype.np
         if give and self.slot is not None and not self.slot.given and prod(shape):
-            give_fn = getattr(self.device.allocator, "give", None)
-            arr = give_fn(self.handle, dtype, shape) if give_fn is not None else None
+            alloc = self.device.allocator
+            arr = alloc.give(self.handle, dtype, shape) if alloc.features.zero_copy_align is not None else None
             if arr is not None:
                 self.slot.given = True
                 if profile.active is not None:
@@ -170,7 +171,7 @@ def plan_for(device: Any, kernels: list, inputs: list[tuple[Any, str]], outputs:
     fixed = list(dict.fromkeys([key for key, _ in inputs] +
                                ([key for _, key in outputs if key in keys] if fixed_outputs else [])))
     return plan_memory(kernel_bufs, {key: buffer_nbytes(key) for key in keys}, fixed,
-                       [key for _, key in outputs], share=getattr(device.allocator, "shared_slots", True),
+                       [key for _, key in outputs], share=device.allocator.features.shared_slots,
                        inplace=[pair for k in kernels for pair in inplace_pairs(k)])
 
 
@@ -189,7 +190,7 @@ def inplace_pairs(k: Any) -> list[tuple[Any, Any]]:
     writing the output over the input changes no value the kernel reads. The one gate is a GPU grid's
     (`tgc.codegen.opt.gate_memory`): the threads past the end of a rounded-up grid neither read nor write, so
     they touch no element a live thread owns. Kernels without UOps (a package's): none."""
-    uops = getattr(k, "uops", None)
+    uops = k.linear_uops()
     if not uops:
         return []
     stores: dict[Any, tuple[int, Any]] = {}  # index UOp -> (position of its first store, stored dtype)
@@ -265,18 +266,11 @@ def _run_program(low: Lowered, arrays: dict[str, np.ndarray]) -> dict[str, np.nd
             buf.free()
 
 
-class _Whole:
-    """A buffer key for a chunked run's whole output: its dtype and full shape (`plan_shape`)."""
-
-    def __init__(self, dtype: DType, shape: tuple[int, ...]):
-        self.dtype, self.plan_shape = dtype, shape
-
-
 def writes_in_place(alloc: Any, nbytes: int) -> bool:
     """Whether a chunked run writes a chunk's `nbytes`-byte output straight into the whole output (a host
     allocator with zero-copy buffers, and every chunk's part starting at the alignment its kernels need)."""
-    align = getattr(alloc, "zero_copy_align", None)
-    return hasattr(alloc, "wrap") and align is not None and nbytes % align == 0
+    align = alloc.features.zero_copy_align
+    return alloc.features.host_buffers and align is not None and nbytes % align == 0
 
 
 def run_chunked(low: Lowered, count: int, sliced: set[str], arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -299,7 +293,7 @@ def _run_chunked(low: Lowered, count: int, sliced: set[str], arrays: dict[str, n
     try:
         for name, node in low.outputs:
             dtype, shape = buffer_type(node)
-            wholes[name] = Buffer(dev, _Whole(dtype, (shape[0] * count,) + tuple(shape[1:])))
+            wholes[name] = Buffer(dev, BufferSpec(dtype, (shape[0] * count,) + tuple(shape[1:])))
         for i in range(count):
             part = {}
             for _b, name in low.inputs:
@@ -576,13 +570,10 @@ def allocate(low: Lowered, arrays: dict[str, np.ndarray] | None, buffers: dict[A
 _STORED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def written_indices(k: Any) -> frozenset[int]:
-    """The buffer indices a kernel writes: from its AST's stores, or (a package's kernel, which carries no AST)
-    the buffers its launch plan says it writes (`writes`, else its output, buffer 0)."""
-    ast = getattr(k, "ast", None)
-    if ast is not None:
-        return stored_indices(ast)
-    return frozenset(getattr(k, "writes", (0,)))
+def written_indices(k: LaunchableKernel) -> frozenset[int]:
+    """The buffer indices a kernel writes (`LaunchableKernel.written`: a compiled kernel's AST's stores, a
+    package's kernel its output, buffer 0)."""
+    return k.written()
 
 
 def stored_indices(ast: Any) -> frozenset[int]:
