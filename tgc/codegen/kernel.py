@@ -44,7 +44,7 @@ class Kernel(LaunchableKernel):
     src: str
     binary: bytes | None
     uops: list[UOp]
-    ast: UOp  # the optimized AST; its DEFINE_GLOBALs number `Lowered.ast_bufs` (a later fold may drop one)
+    ast: UOp  # the optimized AST; its DEFINE_GLOBALs number `LoweredKernel.ast_bufs` (a later fold may drop one)
     bufs: list[UOp]  # tensor nodes held by DEFINE_GLOBAL 0, 1, ...
     global_size: tuple[int, int, int] = (1, 1, 1)
     local_size: tuple[int, int, int] | None = None
