@@ -883,8 +883,9 @@ class Package:
         return dev
 
     def lower(self, device: str | None = None) -> Any:
-        """The launch plan on a device, as the realizer runs it (`tgc.engine.realize.Lowered`)."""
-        from tgc.engine.realize import Lowered
+        """The package's saved executable on a device (`tgc.engine.executable.Executable`: its kernels over its
+        planned buffers, with its memory plan)."""
+        from tgc.engine.executable import Executable
 
         dev = self.open_device(device)
         for k in self.kernels:
@@ -893,9 +894,9 @@ class Package:
         # a CPU package runs its launch plan as one native call (the graph runner it ships, or the compile
         # cache's), never compiling it: without either, kernel by kernel
         options = {"runner_object": self.graph_runner, "compile_runner": False} if dev.kind == "CPU" else None
-        return Lowered(dev, self.kernels, [(self.buffers[d.buffer], d.name) for d in self.inputs],
-                       [(d.name, self.buffers[d.buffer]) for d in self.outputs], memory=self.memory,
-                       graph_options=options)
+        return Executable(dev, self.kernels, [(self.buffers[d.buffer], d.name) for d in self.inputs],
+                          [(d.name, self.buffers[d.buffer]) for d in self.outputs], memory=self.memory,
+                          graph_options=options)
 
     MAX_PLANS = 4  # launch plans (with their device buffers) kept between runs, per device
 
@@ -904,10 +905,12 @@ class Package:
         """Execute the launch plan; {output name: numpy array}, as `Program.run`. The plan is kept with its
         buffers between runs and, from its second run on, runs as one device graph (`LaunchPlan`)."""
 
+        from tgc.engine import executable
+
         low = self.lower(device)  # a package for another device is refused before its inputs are read
         _, arrays = self.bind({**(inputs or {}), **kw_inputs}, dims, cast=cast)
         low.device.ensure_runnable()
-        return self._launch_plans.run((low.device.name,), lambda: low, arrays)
+        return executable.run(low, arrays, replay=self._launch_plans, key=(low.device.name,))
 
     def release(self) -> None:
         """Give back the device buffers that the package's launch plans keep between runs."""
@@ -916,7 +919,7 @@ class Package:
     def bench(self, device: str | None = None, dims: dict[str, int] | None = None, repeat: int = 10,
               inputs: dict[str, np.ndarray] | None = None, warmup: int = 1, **_: Any) -> dict[str, Any]:
         """Time the launch plan on device-resident inputs (random by default), as `Program.bench`."""
-        from tgc.engine import bench
+        from tgc.engine import executable
         from tgc.engine.inputs import random_values
 
         if inputs is None:
@@ -925,7 +928,7 @@ class Package:
         dims, arrays = self.bind(inputs, dims, cast=True)
         low = self.lower(device)
         low.device.ensure_runnable()
-        timing = bench.bench_lowered(low, arrays, repeat=repeat, warmup=warmup, measure_peak=False)
+        timing = executable.bench(low, arrays, repeat=repeat, warmup=warmup, measure_peak=False)
         return {"device": low.device.name, "dims": dims, "repeat": repeat, "beam": None, **timing,
                 "identity": self.identity(low.device, dims)}
 

@@ -478,6 +478,23 @@ def gather_shards(devices: list[Any], shards: list[Any], outs: list[Any], shape:
 
 # --- the multi-device realizer
 
+@dataclass(frozen=True)
+class DeviceLaunches:
+    """A step of a device-list run: every device d launches its kernels `per_device[d]`, all devices at once."""
+
+    per_device: list[list]
+
+
+@dataclass(frozen=True)
+class CollectiveStep:
+    """A step of a device-list run: collective `step` number `index` of the plan (an all-reduce or a gather),
+    device d's operand the node `srcs[d]` its kernels realized before it."""
+
+    index: int
+    step: Step
+    srcs: list[UOp]
+
+
 @dataclass
 class MultiLowered:
     """A program lowered for a list of devices: `step_nodes[k][d]` / `step_kernels[k][d]` what device d
@@ -500,6 +517,14 @@ class MultiLowered:
             from concurrent.futures import ThreadPoolExecutor
             self.pool = ThreadPoolExecutor(max_workers=len(self.devices), thread_name_prefix="tgc-dev")
         return self.pool
+
+    def steps(self) -> list[DeviceLaunches | CollectiveStep]:
+        """What a run does, in order: each device's kernels before collective step k, that step, ..., then each
+        device's kernels for the outputs (what `run_multi` walks)."""
+        out: list[DeviceLaunches | CollectiveStep] = []
+        for k, step in enumerate(self.plan.steps):
+            out += [DeviceLaunches(self.step_kernels[k]), CollectiveStep(k, step, self.step_nodes[k])]
+        return out + [DeviceLaunches(self.out_kernels)]
 
     def kernels(self) -> list[tuple[int, Any]]:
         """(device position, kernel) in launch order."""
@@ -600,9 +625,12 @@ def _run_multi(ml: MultiLowered, arrays: dict[str, np.ndarray], timed: bool = Fa
                         if node.op is Ops.BUFFER and node.arg[0] < _BUF_BASE:
                             ensure(d, node)
         t0 = time.perf_counter()
-        for k, step in enumerate(ml.plan.steps):
-            each_device(ml.step_kernels[k])
-            srcs = [ensure(d, ml.step_nodes[k][d]) for d in range(n)]
+        for todo in ml.steps():
+            if isinstance(todo, DeviceLaunches):
+                each_device(todo.per_device)
+                continue
+            k, step = todo.index, todo.step
+            srcs = [ensure(d, todo.srcs[d]) for d in range(n)]
             for dev in ml.devices:
                 dev.synchronize()
             before, received = list(stats.sent), list(stats.received)
@@ -626,7 +654,6 @@ def _run_multi(ml: MultiLowered, arrays: dict[str, np.ndarray], timed: bool = Fa
             if level >= 2:
                 moved = ", ".join(f"{dev.name} sent {stats.sent[d] - before[d]} B" for d, dev in enumerate(ml.devices))
                 print(f"*** {what}: {moved} ({(time.perf_counter() - st) * 1e6:.2f} us)", file=sys.stderr)
-        each_device(ml.out_kernels)
         for dev in ml.devices:
             dev.synchronize()
         compute = time.perf_counter() - t0

@@ -1,7 +1,9 @@
 """The realizer: allocate buffers, copy inputs in, launch a program's kernels in order, copy outputs out.
 
-It takes a lowered program (`Lowered`: the device object, compiled kernels, input and output nodes) and
-imports nothing above the scheduler: `Program.run` (tgc.api) looks the device up and compiles. While a profile
+It runs an executable (`tgc.engine.executable.Executable`: the device object, its launch steps, input and
+output buffer keys, its memory plan) and imports nothing above the scheduler; `tgc.engine.executable.run` is
+the one entry (a single run, a chunked run, or a replay of a launch plan as a device graph); `Program.run`
+(tgc.api) looks the device up and compiles. While a profile
 trace records (`tgc.profile.active`), runs, copies, launches and graph runs are recorded, every launch waiting
 for its kernel; otherwise each costs one attribute check."""
 
@@ -22,7 +24,7 @@ from tgc.dtype import DType, bf16_to_f32, dtypes
 from tgc.engine.memplan import MemoryPlan, plan_memory
 from tgc.env import debug_level, env_int
 from tgc.errors import DeviceError, TgcError
-from tgc.interfaces import BufferSpec, LaunchableKernel
+from tgc.interfaces import BufferSpec, LaunchableKernel, Runtime
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.uop import Ops, RangeKind
 
@@ -140,29 +142,64 @@ class Buffer:
             self.slot.free()
 
 
-@dataclass
-class Lowered:
-    """A program lowered for one device: what the realizer and `tgc bench` run. `kernels` in launch order
-    (each with its `program()`, `bufs`, launch sizes and `vals`), `inputs` the input buffer keys (tensor nodes,
-    or a package's `PlanBuffer`s) with the names their arrays come under, `outputs` the output names with their
-    keys. `memory` is the memory plan (computed on first use, or given by a package)."""
+# ------------------------------------------------------------------------- the executable (re-exported by
+# tgc.engine.executable, whose `run` and `bench` consume it)
 
-    device: Any
-    kernels: list
-    inputs: list[tuple[Any, str]]
-    outputs: list[tuple[str, Any]]
-    memory: MemoryPlan | None = None
-    graph_options: dict | None = None  # extra keywords for `Device.graph` (a CPU package: its runner object)
+
+@dataclass(frozen=True)
+class Launch:
+    """One step: launch `kernel` on its buffers (`kernel.bufs`, keys of the executable's planned buffers)."""
+
+    kernel: LaunchableKernel
+
+
+@dataclass(frozen=True)
+class Chunks:
+    """The steps are one chunk: run `count` times on equal axis-0 slices of the inputs named in `sliced`."""
+
+    count: int
+    sliced: frozenset[str]
+
+
+class Executable:
+    """A program ready to run on one device: `steps` in order over planned buffers; `inputs` the input buffer
+    keys with the names their arrays come under, `outputs` the output names with their keys; `memory` the
+    memory plan (computed on first use, or given by a package); `graph_options` extra keywords for
+    `Device.graph` (a CPU package: its runner object); `chunks` how the steps repeat over slices, or None."""
+
+    def __init__(self, device: Runtime, kernels: list, inputs: list[tuple[Any, str]], outputs: list[tuple[str, Any]],
+                 memory: MemoryPlan | None = None, graph_options: dict | None = None, chunks: Chunks | None = None):
+        self.device = device
+        self.steps: list[Launch] = [Launch(k) for k in kernels]
+        self.kernels: list = list(kernels)  # (the steps' kernels, in order: what launch plans and bench read)
+        self.inputs, self.outputs = inputs, outputs
+        self.memory, self.graph_options, self.chunks = memory, graph_options, chunks
 
     def memory_plan(self) -> MemoryPlan:
         if self.memory is None:
             self.memory = plan_for(self.device, self.kernels, self.inputs, self.outputs)
         return self.memory
 
+    def chunked(self, count: int, sliced: set[str] | frozenset[str]) -> Executable:
+        """This executable (one chunk's program, whose memory plan keeps its outputs apart) run in `count`
+        chunks, slicing the inputs named in `sliced`."""
+        return Executable(self.device, self.kernels, self.inputs, self.outputs, self.memory, self.graph_options,
+                          Chunks(count, frozenset(sliced)))
+
+    def one_chunk(self) -> Executable:
+        """The steps of one chunk as an executable of their own (itself when not chunked)."""
+        if self.chunks is None:
+            return self
+        return Executable(self.device, self.kernels, self.inputs, self.outputs, self.memory, self.graph_options)
+
+    def __repr__(self) -> str:
+        how = f", {self.chunks.count} chunks" if self.chunks is not None else ""
+        return f"<Executable on {self.device.name}: {len(self.steps)} launches{how}>"
+
 
 def plan_for(device: Any, kernels: list, inputs: list[tuple[Any, str]], outputs: list[tuple[str, Any]],
              fixed_outputs: bool = False) -> MemoryPlan:
-    """The memory plan of a lowered program: its buffers share slots where the device's allocator can hand a
+    """The memory plan of an executable's kernels: its buffers share slots where the device's allocator can hand a
     buffer the start of a larger allocation (`shared_slots`, true unless the allocator says otherwise).
     `fixed_outputs`: outputs are placed as inputs are (own slots, never shared; a chunked run writes them
     into the whole output array, `run_chunked`)."""
@@ -234,7 +271,7 @@ def inplace_pairs(k: Any) -> list[tuple[Any, Any]]:
     return pairs
 
 
-def run_program(low: Lowered, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def run_program(low: Executable, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Allocate the memory plan's slots, copy `arrays` (by input name) in, launch every kernel in order, copy the
     outputs out."""
     if profile.active is None:
@@ -243,7 +280,7 @@ def run_program(low: Lowered, arrays: dict[str, np.ndarray]) -> dict[str, np.nda
         return _run_program(low, arrays)
 
 
-def _run_program(low: Lowered, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _run_program(low: Executable, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     dev = low.device
     buffers: dict[Any, Buffer] = {}
     try:
@@ -273,7 +310,7 @@ def writes_in_place(alloc: Any, nbytes: int) -> bool:
     return alloc.features.host_buffers and align is not None and nbytes % align == 0
 
 
-def run_chunked(low: Lowered, count: int, sliced: set[str], arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def run_chunked(low: Executable, count: int, sliced: set[str], arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Run a program separable along axis 0 (see `tgc.engine.chunk`) as `count` runs of `low`, its program on
     one chunk: inputs named in `sliced` are cut into `count` equal axis-0 slices (contiguous views, used in
     place where the device allows), the others (weights) are whole; each chunk's outputs are written straight
@@ -286,7 +323,7 @@ def run_chunked(low: Lowered, count: int, sliced: set[str], arrays: dict[str, np
         return _run_chunked(low, count, sliced, arrays)
 
 
-def _run_chunked(low: Lowered, count: int, sliced: set[str], arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _run_chunked(low: Executable, count: int, sliced: set[str], arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     dev = low.device
     alloc = dev.allocator
     wholes: dict[str, Buffer] = {}
@@ -356,7 +393,7 @@ class LaunchPlan:
 
     GRAPH_AFTER = 1  # runs launched kernel by kernel before the plan is captured as a graph
 
-    def __init__(self, low: Lowered, graph_after: int = GRAPH_AFTER):
+    def __init__(self, low: Executable, graph_after: int = GRAPH_AFTER):
         self.low, self.device = low, low.device
         self.graph_after = graph_after
         self.buffers: dict[Any, Buffer] = {}
@@ -477,7 +514,7 @@ class LaunchPlans:
         self.seen: dict[Any, None] = {}  # keys run once without a plan, the last 4 * most
 
     def run(self, key: Any, lower: Any, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run at `key` (`lower()` gives its `Lowered` when a run or a plan needs it)."""
+        """Run at `key` (`lower()` gives its `Executable` when a run or a plan needs it)."""
         if key not in self.plans and key not in self.seen:
             self.seen[key] = None
             while len(self.seen) > 4 * self.most:
@@ -530,7 +567,7 @@ def to_user_array(arr: np.ndarray, dtype: DType) -> np.ndarray:
     return bf16_to_f32(arr) if dtype == dtypes.bf16 else arr
 
 
-def allocate(low: Lowered, arrays: dict[str, np.ndarray] | None, buffers: dict[Any, Buffer]) -> None:
+def allocate(low: Executable, arrays: dict[str, np.ndarray] | None, buffers: dict[Any, Buffer]) -> None:
     """Device buffers for a program's inputs (filled from `arrays`, unless None) and for every kernel's outputs, into
     `buffers` (passed in so that the caller can free whatever was allocated if this fails midway): the slots of
     the memory plan, each allocated once and owned (freed) by the first buffer placed in it; inputs borrowed in
@@ -588,7 +625,7 @@ def stored_indices(ast: Any) -> frozenset[int]:
     return got
 
 
-def runs_in_place(low: Lowered, k: Any) -> bool:
+def runs_in_place(low: Executable, k: Any) -> bool:
     """Whether the memory plan gives kernel `k` its output over one of its inputs (`MemoryPlan.inplace`)."""
     plan = low.memory_plan()
     bufs = set(k.bufs)
