@@ -1238,7 +1238,7 @@ def build_symbolic(prog: Any, dev: Any) -> bytes:
         inputs = [input_buf[j] for j in range(len(decls))]
         outputs = list(plan.output_slots)
         rep_bytes = {i: max(sizeexpr.evaluate(b["nbytes"], rep), 1) for i, b in enumerate(bufs)}
-        mp = plan_memory(used, rep_bytes, inputs, outputs, share=getattr(dev.allocator, "shared_slots", True))
+        mp = plan_memory(used, rep_bytes, inputs, outputs, share=dev.allocator.features.shared_slots)
         slot_exprs: list[Any] = [None] * len(mp.slots)
         slot_of = [-1] * len(bufs)
         for i, s in mp.slot_of.items():

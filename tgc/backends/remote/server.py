@@ -140,9 +140,6 @@ def _plain(value: Any, depth: int = 0) -> Any:
     return str(value)
 
 
-_SURFACE = {"kind", "index", "name", "renderer", "compiler", "allocator", "launch_style", "compile_error"}
-
-
 def _device_attrs(dev: Any) -> dict[str, bool | int | float | str]:
     """The served device's other public facts that are plain values, as its class declares them (the launch
     limits, its cores, its runtime features), so the client can show them: optimizers and renderers may read
