@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent / "tgc"
 # bottom to top; a module belongs to the longest prefix listed
 LAYERS: list[tuple[str, ...]] = [
     ("tgc.errors", "tgc.dtype", "tgc.env", "tgc.cache", "tgc.version", "tgc.capabilities", "tgc.sizeexpr",
-     "tgc.timings", "tgc.profile"),  # 0
+     "tgc.timings", "tgc.profile", "tgc.interfaces"),  # 0
     ("tgc.ir",),  # 1 UOps, the pattern matcher, symbolic folding, kernel ASTs
     ("tgc.dsl", "tgc.onnx"),  # 2 front ends: .tg source -> tensor graph; ONNX models -> .tg source + weights
     ("tgc.engine", "tgc.baselines"),  # 3 scheduler, realizer (on a lowered program), bench timing, references;
@@ -165,16 +165,17 @@ def test_the_cycle_finder_sees_a_cycle():
 
 
 def test_the_realizer_runs_a_lowered_program_without_the_api():
-    """`Program.lower` hands the realizer the device, the kernels and the input/output nodes; nothing else."""
+    """`Program.lower` hands the realizer an Executable: the device, the launch steps and the input/output nodes;
+    nothing else."""
     import numpy as np
 
     import tgc
-    from tgc.engine.realize import Lowered, run_program
+    from tgc.engine.executable import Executable, run
     prog = tgc.loads("x: f32[N]\ny: f32[N]\nreturn (x * y).sum(), x + 1.0")
     low = prog.lower("CPU", {"N": 1000})
-    assert isinstance(low, Lowered) and [name for _, name in low.inputs] == ["x", "y"]
+    assert isinstance(low, Executable) and [name for _, name in low.inputs] == ["x", "y"]
     x, y = np.arange(1000, dtype=np.float32), np.ones(1000, np.float32)
-    got = run_program(low, {"x": x, "y": y})
+    got = run(low, {"x": x, "y": y})
     np.testing.assert_allclose(got["out0"], (x * y).sum(), rtol=1e-6)
     np.testing.assert_array_equal(got["out1"], x + 1)
 

@@ -12,9 +12,11 @@ from clikit import assert_clean, invoke
 
 import tgc
 from tgc.backends import get_device
+from tgc.backends.base import Allocator
 from tgc.dsl.frontend import trace
 from tgc.dtype import dtypes
 from tgc.engine.multi import Transfers, even_bounds, gather_shards, plan, ring_allreduce
+from tgc.interfaces import RuntimeFeatures
 
 OPS = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
 
@@ -316,7 +318,7 @@ def test_a_replicated_broadcast_is_expanded_to_the_shard_not_sliced():
         assert not any(u.op is Ops.SHRINK for u in local.toposort())
 
 
-class _WholeCopies:
+class _WholeCopies(Allocator):
     """An allocator with only whole-buffer copies (as CUDA's, OpenCL's): collectives stage whole buffers."""
 
     def __init__(self, inner):
@@ -333,6 +335,8 @@ class _WholeCopies:
 
 
 class _Dev:
+    runtime = RuntimeFeatures()  # (no direct or batched copies)
+
     def __init__(self, i):
         self.name, self.allocator = f"FAKE:{i}", _WholeCopies(get_device("CPU").allocator)
 
@@ -382,6 +386,8 @@ def test_schedule_of_a_device_list_names_one_device():
 
 class _BatchDev(_Dev):
     """A device class that does a whole step's copies in one call (as REMOTE servers would, one round trip)."""
+
+    runtime = RuntimeFeatures(batched_copies=True, batched_reduces=True)
 
     calls: list[int] = []
     reduces: list[int] = []

@@ -429,7 +429,7 @@ def test_a_device_whose_copies_move_whole_buffers_gets_one_slot_per_buffer():
     prog = tgc.load(MLP)
     low = prog.lower("CPU", MLP_DIMS)
     shared = plan_for(low.device, low.kernels, low.inputs, low.outputs)
-    assert RemoteAllocator.shared_slots is False
+    assert RemoteAllocator.features.shared_slots is False
     alone = plan_for(SimpleNamespace(allocator=RemoteAllocator.__new__(RemoteAllocator)), low.kernels, low.inputs,
                      low.outputs)
     assert shared.peak_bytes < alone.peak_bytes == alone.unshared_bytes == shared.unshared_bytes

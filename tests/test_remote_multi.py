@@ -5,6 +5,7 @@ that dies mid-transfer (one clear error, not a hang)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -538,6 +539,7 @@ def test_ranges_on_devices_without_host_arrays(monkeypatch, how):
         if how == "view":
             views = []
             monkeypatch.setattr(alloc, "offset", lambda h, n, o: views.append((n, o)) or h[o:o + n], raising=False)
+            monkeypatch.setattr(alloc, "features", dataclasses.replace(alloc.features, offsets=True), raising=False)
         dev = RemoteDevice(address=f"127.0.0.1:{srv.port}", retry=0.0, timeout=30.0)
         a = np.arange(200, dtype=np.uint8)
         h = _buffer(dev, a)

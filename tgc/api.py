@@ -42,15 +42,16 @@ from tgc.dsl.frontend import (
     trace,
 )
 from tgc.dtype import DType
-from tgc.engine import bench, chunk
+from tgc.engine import bench, chunk, executable
 from tgc.engine.chunk import Chunking
 from tgc.engine.conform import as_array as _as_array
 from tgc.engine.conform import check_input_names, names_hint
+from tgc.engine.executable import Executable
 from tgc.engine.flops import recompute_factor, written_flops
 from tgc.engine.inputs import random_inputs
-from tgc.engine.multi import MultiLowered, bench_multi, run_multi
+from tgc.engine.multi import MultiLowered
 from tgc.engine.multi import plan as plan_multi
-from tgc.engine.realize import LaunchPlans, Lowered, plan_for, run_chunked, to_user_array
+from tgc.engine.realize import LaunchPlans, plan_for, to_user_array
 from tgc.engine.reference import evaluate, evaluate_with_scale
 from tgc.engine.schedule import ScheduleItem, create_schedule, split_large_reduces
 from tgc.env import debug_level, env_flag, env_int
@@ -379,11 +380,11 @@ class Program:
             whole = self.lower(dev.name, dims, beam=beam, tuned=tuned)
             outs, in_bufs = self._trace(dims)
 
-            def lower_chunk(local_outs: list[UOp], inputs: list[tuple[UOp, str]]) -> Lowered:
+            def lower_chunk(local_outs: list[UOp], inputs: list[tuple[UOp, str]]) -> Executable:
                 kernels = self._build_kernels(dev, local_outs, beam, tuned)
                 outputs = list(zip(self.output_names, local_outs))
-                return Lowered(dev, kernels, inputs, outputs,
-                               memory=plan_for(dev, kernels, inputs, outputs, fixed_outputs=True))
+                return Executable(dev, kernels, inputs, outputs,
+                                  memory=plan_for(dev, kernels, inputs, outputs, fixed_outputs=True))
 
             ch = chunk.choose(whole, self._all_decls(), dims, outs, in_bufs, lower_chunk)
             if ch is not None and debug_level() >= 2:
@@ -392,14 +393,14 @@ class Program:
         return self._chunks[key]
 
     def lower(self, device: str | None = None, dims: dict[str, int] | None = None, beam: int | None = None,
-              tuned: bool = True) -> Lowered:
+              tuned: bool = True) -> Executable:
         """The program compiled for one device and set of dims, as the realizer and bench run it."""
         dev = _device(device)
         dims = self.resolve_dims(dims)
         kernels = self.compile(device=dev.name, dims=dims, beam=beam, tuned=tuned)
         outs, in_bufs = self._trace(dims)
-        return Lowered(dev, kernels, [(b, self._in_names[b.arg[0]]) for b in in_bufs],
-                       list(zip(self.output_names, outs)))
+        return Executable(dev, kernels, [(b, self._in_names[b.arg[0]]) for b in in_bufs],
+                          list(zip(self.output_names, outs)))
 
     # --- symbolic sizes (tgc/codegen/sizes.py)
     def compile_symbolic(self, device: str | None = None, size_class: Any = None) -> SymbolicPlan:
@@ -537,7 +538,7 @@ class Program:
         self._plans.pop((dev.name, cls), None)  # rebuilt with the class winners on its next use
         return stored
 
-    def lower_symbolic(self, device: str | None, dims: dict[str, int]) -> tuple[Lowered | None, str]:
+    def lower_symbolic(self, device: str | None, dims: dict[str, int]) -> tuple[Executable | None, str]:
         """The program's symbolic kernels bound to these dims, as the realizer runs them, and "" ; or (None, why
         not) where the launch-time checks fail (the caller runs the size-specialized kernels instead)."""
         dev = _device(device)
@@ -567,7 +568,7 @@ class Program:
                 raise TgcError("symbolic sizes run on one device, not a device list",
                                hint="drop symbolic=True to run sharded")
             self.last_run = "specialized"
-            return run_multi(self.lower_multi(names, dims, shard_axes), arrays).outputs
+            return executable.run(self.lower_multi(names, dims, shard_axes), arrays)
         name = names[0]
         dev = _device(name)
         dev.ensure_runnable()
@@ -576,7 +577,7 @@ class Program:
             self.last_run = "symbolic" if low is not None else f"specialized: {why}"
             if low is not None:  # (run again at these dims: one launch plan, as one device graph)
                 key = (dev.name, tuple(sorted(dims.items())), "symbolic")
-                return self._launch_plans.run(key, lambda: low, arrays)
+                return executable.run(low, arrays, replay=self._launch_plans, key=key)
         else:
             self.last_run = "specialized"
         entry = self._cached_entry(dev, dims)
@@ -585,10 +586,10 @@ class Program:
             return entry.run(dev.name, arrays)
         ch = self.last_chunking = self._chunking(dev, dims, env_int("BEAM", 0), True)
         if ch is not None:
-            out = run_chunked(ch.low, ch.count, ch.sliced, arrays)
+            out = executable.run(ch.executable(), arrays)
         else:
             key = (dev.name, tuple(sorted(dims.items())), env_int("BEAM", 0))
-            out = self._launch_plans.run(key, lambda: self.lower(name, dims), arrays)
+            out = executable.run(self.lower(name, dims), arrays, replay=self._launch_plans, key=key)
         self._store_entry(dev, dims, ch)
         return out
 
@@ -768,8 +769,8 @@ class Program:
                 raise TgcError("symbolic sizes run on one device, not a device list",
                                hint="drop symbolic=True to time it sharded")
             axes = self.shard_axes(shard, dims, len(names))
-            timing = bench_multi(self.lower_multi(names, dims, axes, beam=beam, tuned=tuned), arrays,
-                                 repeat=repeat, warmup=warmup)
+            timing = executable.bench(self.lower_multi(names, dims, axes, beam=beam, tuned=tuned), arrays,
+                                      repeat=repeat, warmup=warmup)
             return {"device": ",".join(names), "dims": dims, "repeat": repeat, "beam": beam, "shard": axes,
                     **timing, "identity": {**self.identity(names[0], dims), "device": ",".join(names),
                                            "shard": axes}}
@@ -784,11 +785,10 @@ class Program:
         else:
             ch = self.chunking(dev.name, dims, beam=beam, tuned=tuned) if low is None else None
             if ch is not None:  # timed as `run` runs it: in chunks
-                timing = bench.bench_chunked(ch, arrays, repeat=repeat, warmup=warmup)
-            else:
-                if low is None:
-                    low = self.lower(dev.name, dims, beam=beam, tuned=tuned)
-                timing = bench.bench_lowered(low, arrays, repeat=repeat, warmup=warmup)
+                low = ch.executable()
+            elif low is None:
+                low = self.lower(dev.name, dims, beam=beam, tuned=tuned)
+            timing = executable.bench(low, arrays, repeat=repeat, warmup=warmup)
             if cacheable:
                 self._store_entry(dev, dims, ch)
         result: dict[str, Any] = {"device": dev.name, "dims": dims, "repeat": repeat, "beam": beam, **timing,
@@ -873,8 +873,8 @@ class SymbolicPlan:
         self.asts: list[UOp] = []  # per kernel, its symbolic AST as scheduled (before any pass)
         self.item_bufs: list[list[UOp]] = []  # per kernel, the probe's buffer nodes (kernel_slots' order)
 
-    def bind(self, prog: Program, dims: dict[str, int]) -> tuple[Lowered | None, str]:
-        """The launch-time checks, then the kernels bound to `dims`: (Lowered, "") or (None, why not)."""
+    def bind(self, prog: Program, dims: dict[str, int]) -> tuple[Executable | None, str]:
+        """The launch-time checks, then the kernels bound to `dims`: (Executable, "") or (None, why not)."""
         for n in self.symbolic:
             if not 2 <= dims[n] <= self.bound:
                 return None, f"dim {n} = {dims[n]} is outside the symbolic kernels' range 2..{self.bound}"
@@ -927,8 +927,8 @@ class SymbolicPlan:
             flops, nbytes = symbolic_work(k, env, bufs)
             kernels.append(_dc_replace(k, bufs=bufs, vals=tuple(env[n] for n in k.var_names), flops=flops,
                                        bytes_moved=nbytes, global_size=grid))
-        return Lowered(self.device, kernels, [(b, prog._in_names[b.arg[0]]) for b in in_bufs],
-                       [(name, nodes[j]) for name, j in zip(prog.output_names, self.output_slots)]), ""
+        return Executable(self.device, kernels, [(b, prog._in_names[b.arg[0]]) for b in in_bufs],
+                          [(name, nodes[j]) for name, j in zip(prog.output_names, self.output_slots)]), ""
 
 
 def _split_variant(item: ScheduleItem, dev: Any, cls: tuple, probe: dict[str, int], name: str, key: str,

@@ -46,6 +46,7 @@ from tgc import sizeexpr
 from tgc.dtype import DType, dtypes
 from tgc.engine.conform import as_array, check_input_names
 from tgc.errors import BindError, TgcError
+from tgc.interfaces import BufferSpec, LaunchableKernel
 from tgc.version import __version__
 
 FORMAT = "tgpkg"
@@ -482,20 +483,20 @@ class PackageInput:
 
 
 @dataclass(eq=False)
-class PlanBuffer:
-    """One buffer of a package's launch plan: the realizer's buffer key (`plan_shape` its concrete shape)."""
+class PlanBuffer(BufferSpec):
+    """One buffer of a package's launch plan: the realizer's buffer key (a `BufferSpec`: `plan_shape` its
+    concrete shape)."""
 
-    index: int
-    dtype: DType
-    plan_shape: tuple[int, ...]
-    nbytes: int
-    role: str
-    name: str | None
+    index: int = 0
+    nbytes: int = 0
+    role: str = ""
+    name: str | None = None
 
 
 @dataclass
-class PackagedKernel:
-    """A kernel of a package, with what the realizer and bench read from a compiled `Kernel`."""
+class PackagedKernel(LaunchableKernel):
+    """A kernel of a package: a `LaunchableKernel` (tgc/interfaces.py) as a compiled `Kernel` is, from its
+    source and binary (no AST, no UOps)."""
 
     name: str
     src: str
@@ -533,6 +534,13 @@ class PackagedKernel:
 
     def uops_text(self) -> str:
         return "(a packaged kernel keeps its source and binary, not its UOps)"
+
+    def written(self) -> frozenset[int]:
+        """A packaged kernel writes its output, parameter 0 (the package's launch contract)."""
+        return frozenset((0,))
+
+    def linear_uops(self) -> list | None:
+        return None
 
 
 CONTRACT_FREE = {"PYTHON"}  # devices whose kernel sources state no launch contract (the emulator checks accesses)
@@ -661,7 +669,7 @@ class Package:
             name = b.get("name")
             if name is not None:
                 _name(name, f"buffer {i} name", self.path)
-            out.append(PlanBuffer(i, dt, shape, nbytes, role, name))
+            out.append(PlanBuffer(dt, shape, i, nbytes, role, name))
         return out
 
     def _read_io(self, d: Any, where: str, role: str) -> PackageInput:
@@ -875,8 +883,9 @@ class Package:
         return dev
 
     def lower(self, device: str | None = None) -> Any:
-        """The launch plan on a device, as the realizer runs it (`tgc.engine.realize.Lowered`)."""
-        from tgc.engine.realize import Lowered
+        """The package's saved executable on a device (`tgc.engine.executable.Executable`: its kernels over its
+        planned buffers, with its memory plan)."""
+        from tgc.engine.executable import Executable
 
         dev = self.open_device(device)
         for k in self.kernels:
@@ -885,9 +894,9 @@ class Package:
         # a CPU package runs its launch plan as one native call (the graph runner it ships, or the compile
         # cache's), never compiling it: without either, kernel by kernel
         options = {"runner_object": self.graph_runner, "compile_runner": False} if dev.kind == "CPU" else None
-        return Lowered(dev, self.kernels, [(self.buffers[d.buffer], d.name) for d in self.inputs],
-                       [(d.name, self.buffers[d.buffer]) for d in self.outputs], memory=self.memory,
-                       graph_options=options)
+        return Executable(dev, self.kernels, [(self.buffers[d.buffer], d.name) for d in self.inputs],
+                          [(d.name, self.buffers[d.buffer]) for d in self.outputs], memory=self.memory,
+                          graph_options=options)
 
     MAX_PLANS = 4  # launch plans (with their device buffers) kept between runs, per device
 
@@ -896,10 +905,12 @@ class Package:
         """Execute the launch plan; {output name: numpy array}, as `Program.run`. The plan is kept with its
         buffers between runs and, from its second run on, runs as one device graph (`LaunchPlan`)."""
 
+        from tgc.engine import executable
+
         low = self.lower(device)  # a package for another device is refused before its inputs are read
         _, arrays = self.bind({**(inputs or {}), **kw_inputs}, dims, cast=cast)
         low.device.ensure_runnable()
-        return self._launch_plans.run((low.device.name,), lambda: low, arrays)
+        return executable.run(low, arrays, replay=self._launch_plans, key=(low.device.name,))
 
     def release(self) -> None:
         """Give back the device buffers that the package's launch plans keep between runs."""
@@ -908,7 +919,7 @@ class Package:
     def bench(self, device: str | None = None, dims: dict[str, int] | None = None, repeat: int = 10,
               inputs: dict[str, np.ndarray] | None = None, warmup: int = 1, **_: Any) -> dict[str, Any]:
         """Time the launch plan on device-resident inputs (random by default), as `Program.bench`."""
-        from tgc.engine import bench
+        from tgc.engine import executable
         from tgc.engine.inputs import random_values
 
         if inputs is None:
@@ -917,7 +928,7 @@ class Package:
         dims, arrays = self.bind(inputs, dims, cast=True)
         low = self.lower(device)
         low.device.ensure_runnable()
-        timing = bench.bench_lowered(low, arrays, repeat=repeat, warmup=warmup, measure_peak=False)
+        timing = executable.bench(low, arrays, repeat=repeat, warmup=warmup, measure_peak=False)
         return {"device": low.device.name, "dims": dims, "repeat": repeat, "beam": None, **timing,
                 "identity": self.identity(low.device, dims)}
 
@@ -1227,7 +1238,7 @@ def build_symbolic(prog: Any, dev: Any) -> bytes:
         inputs = [input_buf[j] for j in range(len(decls))]
         outputs = list(plan.output_slots)
         rep_bytes = {i: max(sizeexpr.evaluate(b["nbytes"], rep), 1) for i, b in enumerate(bufs)}
-        mp = plan_memory(used, rep_bytes, inputs, outputs, share=getattr(dev.allocator, "shared_slots", True))
+        mp = plan_memory(used, rep_bytes, inputs, outputs, share=dev.allocator.features.shared_slots)
         slot_exprs: list[Any] = [None] * len(mp.slots)
         slot_of = [-1] * len(bufs)
         for i, s in mp.slot_of.items():

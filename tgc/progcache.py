@@ -125,21 +125,19 @@ class Entry:
         """The outputs of one run on `arrays` (bound: the declared dtypes and shapes, `fits`)."""
         if self.chunk is None:
             return self.package.run(device=device, inputs=arrays)
-        from tgc.engine.realize import run_chunked
+        from tgc.engine import executable
 
-        low = self.package.lower(device)
-        low.device.ensure_runnable()
-        return run_chunked(low, int(self.chunk["count"]), set(self.chunk["sliced"]), arrays)
+        exe = self.executable(device)
+        exe.device.ensure_runnable()
+        return executable.run(exe, arrays)
 
     def bench(self, device: str, arrays: dict[str, np.ndarray], repeat: int, warmup: int = 1) -> dict[str, Any]:
         """`Program.bench`'s timing of the run as `run` runs it (chunked or whole)."""
-        from tgc.engine import bench
+        from tgc.engine import executable
 
-        low = self.package.lower(device)
-        low.device.ensure_runnable()
-        if self.chunk is None:
-            return bench.bench_lowered(low, arrays, repeat=repeat, warmup=warmup)
-        return bench.bench_chunked(self.chunking(device), arrays, repeat=repeat, warmup=warmup)
+        exe = self.executable(device)
+        exe.device.ensure_runnable()
+        return executable.bench(exe, arrays, repeat=repeat, warmup=warmup)
 
     def bench_result(self, device: str, arrays: dict[str, np.ndarray], repeat: int) -> dict[str, Any]:
         """What `Program.bench` returns (`tgc bench --json`), timed from this entry."""
@@ -153,6 +151,14 @@ class Entry:
         from tgc.engine import bench
 
         return bench.identity(self, one_device(device), self.dims)
+
+    def executable(self, device: str) -> Any:
+        """The entry's saved executable on `device` (`tgc.engine.executable.Executable`): the package's, run in
+        the header's chunks where the entry is chunked."""
+        exe = self.package.lower(device)
+        if self.chunk is None:
+            return exe
+        return exe.chunked(int(self.chunk["count"]), set(self.chunk["sliced"]))
 
     def chunking(self, device: str) -> Any:
         """How the entry runs in chunks (`tgc.engine.chunk.Chunking`, its `low` the packaged chunk), or None."""

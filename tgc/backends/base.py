@@ -25,10 +25,23 @@ from typing import Any
 
 from tgc.capabilities import Capabilities
 from tgc.errors import DeviceError
+from tgc.interfaces import MemoryFeatures, RuntimeFeatures
 
 
 class Allocator:
-    """Device memory. Subclasses implement `_alloc`/`_free`; `LRUAllocator` adds reuse."""
+    """Device memory (`tgc.interfaces.DeviceMemory`). Subclasses implement `_alloc`/`_free`; `LRUAllocator` adds
+    reuse. `features` declares what the allocator offers beyond alloc/free/copies; the methods behind a feature
+    are defined here for every allocator (refusing, or the plain fallback) and overridden where declared."""
+
+    features = MemoryFeatures()
+
+    @property
+    def zero_copy_align(self) -> int | None:
+        return self.features.zero_copy_align
+
+    @property
+    def shared_slots(self) -> bool:
+        return self.features.shared_slots
 
     def alloc(self, nbytes: int) -> Any:
         return self._alloc(nbytes)
@@ -48,6 +61,38 @@ class Allocator:
     def copyout(self, dest: memoryview, handle: Any) -> None:
         raise NotImplementedError
 
+    # --- behind `features` (the defaults: the feature is not offered)
+    def wrap(self, arr: Any) -> Any | None:
+        """A handle on a user's array's own memory, or None where it must be copied (`zero_copy_align`)."""
+        return None
+
+    def give(self, handle: Any, dtype: Any, shape: tuple[int, ...]) -> Any | None:
+        """An allocated buffer's memory as the user's array, or None where outputs are copied out."""
+        return None
+
+    def view(self, handle: Any, nbytes: int) -> Any:
+        """The first `nbytes` of an allocation (`views`); without views, the allocation itself."""
+        return handle
+
+    def disown(self, handle: Any, nbytes: int) -> None:
+        """Forget a buffer whose memory now belongs to the user (`pool`); nothing to forget without a pool."""
+
+    def copyout_range(self, dest: memoryview, handle: Any, offset: int) -> None:
+        raise NotImplementedError(f"{type(self).__name__} has no ranged copies")
+
+    def copyin_range(self, handle: Any, offset: int, src: memoryview) -> None:
+        raise NotImplementedError(f"{type(self).__name__} has no ranged copies")
+
+    def offset(self, handle: Any, nbytes: int, offset: int) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} has no buffer views at an offset")
+
+    def pooled_bytes(self) -> int:
+        """Bytes of freed buffers kept for reuse (`pool`)."""
+        return 0
+
+    def free_cache(self) -> None:
+        """Release the pool of freed buffers (`pool`)."""
+
 
 class LRUAllocator(Allocator):
     """Keeps freed buffers by size and hands them out again, so a second run allocates nothing new.
@@ -55,6 +100,8 @@ class LRUAllocator(Allocator):
     `allocations` counts real device allocations; `live_bytes` the bytes handed out and not yet freed, and
     `peak_bytes` its largest value since `reset_peak()` (the tests compare it with a memory plan's peak).
     """
+
+    features = MemoryFeatures(pool=True)
 
     def __init__(self) -> None:
         self.cached: dict[int, list[Any]] = defaultdict(list)
@@ -87,6 +134,9 @@ class LRUAllocator(Allocator):
         live here, and never handed out again."""
         self.live_bytes -= nbytes
 
+    def pooled_bytes(self) -> int:
+        return sum(size * len(handles) for size, handles in self.cached.items())
+
     def free_cache(self) -> None:
         for nbytes, handles in self.cached.items():
             for h in handles:
@@ -98,6 +148,7 @@ class HostAllocator(LRUAllocator):
     """Host memory as 64-byte-aligned numpy byte arrays (the handle is the array): CPU-side devices."""
 
     align = 64
+    features = MemoryFeatures(host_buffers=True, views=True, ranged_copies=True, pool=True)
 
     def _alloc(self, nbytes: int) -> Any:
         import numpy as np
@@ -126,10 +177,9 @@ class HostAllocator(LRUAllocator):
         import numpy as np
         np.copyto(handle[offset:offset + src.nbytes], np.frombuffer(src, dtype=np.uint8))
 
-    # Zero-copy host buffers (see docs/DESIGN.md, "Zero-copy CPU buffers"): where `zero_copy_align` is set, a
-    # handle is any C-contiguous uint8 numpy array whose data starts at a multiple of it, so a user's input
+    # Zero-copy host buffers (see docs/DESIGN.md, "Zero-copy CPU buffers"): where `features.zero_copy_align` is
+    # set, a handle is any C-contiguous uint8 numpy array whose data starts at a multiple of it, so a user's input
     # array runs in place and an output's memory is handed to the user. None: every buffer is a copy.
-    zero_copy_align: int | None = None
 
     def wrap(self, arr: Any) -> Any | None:
         """A handle on `arr`'s own memory (read-only use: kernels never write an input), or None where it must
@@ -205,6 +255,8 @@ class Device:
     # shared memory per work-group); None: the renderer's.
     max_local_size: int | None = None
     max_shared_bytes: int | None = None
+    # what the runtime offers beyond launches (tgc/interfaces.py); the methods behind it are defined below
+    runtime = RuntimeFeatures()
 
     def __init__(self, index: int = 0):
         self.index = index
@@ -262,6 +314,22 @@ class Device:
         device has none (the launch plan then launches each kernel, waiting once at the end). A graph binds
         the buffers given: other buffers need another graph."""
         return None
+
+    def copy_to(self, src_handle: Any, dst_dev: Any, dst_handle: Any, nbytes: int, src_offset: int = 0,
+                dst_offset: int = 0) -> bool:
+        """Copy to another device's buffer without host memory (`runtime.direct_copies`); False: not done here
+        (the caller copies through host memory)."""
+        return False
+
+    @classmethod
+    def copy_batch(cls, devices: Any, src_handles: Any, dst_handles: Any, moves: Any) -> bool:
+        """A collective step's copies in one call (`runtime.batched_copies`); False: not done."""
+        return False
+
+    @classmethod
+    def reduce_batch(cls, devices: Any, handles: Any, moves: Any, op: Any, dtype: Any) -> bool:
+        """A collective step's reductions in one call (`runtime.batched_reduces`); False: not done."""
+        return False
 
     def compile_pool(self, workers: int) -> Any:
         """Worker processes that compile many sources at once (BEAM), or None: compile in-process."""

@@ -19,6 +19,7 @@ import numpy as np
 from tgc.backends.base import Compiler, Device, HostAllocator, Program
 from tgc.backends.llvmir import PARAM_ALIGN, LLVMRenderer
 from tgc.errors import CompileError
+from tgc.interfaces import MemoryFeatures, RuntimeFeatures
 
 
 class HostBuffer(np.ndarray):
@@ -43,7 +44,8 @@ class CPUAllocator(HostAllocator):
     when freed: it is dropped from the pool and released once that kernel is done."""
 
     # inputs run in place when aligned as the LLVM renderer declares its buffer parameters
-    zero_copy_align = PARAM_ALIGN
+    features = MemoryFeatures(zero_copy_align=PARAM_ALIGN, host_buffers=True, views=True, ranged_copies=True,
+                              pool=True)
 
     def __init__(self) -> None:
         super().__init__()
@@ -264,7 +266,7 @@ class CPUProgram(Program):
 class CPUDevice(Device):
     kind = "CPU"
     launch_style = "cpu"
-    native_launch = True  # kernels run as native code in this process: `tgc serve` checks every launch
+    runtime = RuntimeFeatures(native_launch=True)  # kernels run as native code here: `tgc serve` checks every launch
 
     def __init__(self, index: int = 0):
         super().__init__(index)

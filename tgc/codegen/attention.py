@@ -505,7 +505,7 @@ def _rows_apply(sp: Any) -> bool:
 
 def lower_attention(item: Any, device: Any, name: str, opts: list[Opt] | None = None,
                     reference: bool = False) -> Any:
-    """The fused attention kernel of `item` lowered for `device` (a `tgc.codegen.pipeline.Lowered`), with the
+    """The fused attention kernel of `item` lowered for `device` (a `tgc.codegen.pipeline.LoweredKernel`), with the
     choices `opts` (BEAM's, `attention_choices`) or the defaults. `reference` lowers the per-row form instead (BEAM's
     check of the row-vector candidates: another code path)."""
 

@@ -26,22 +26,25 @@ from tgc.codegen.sizes import VAR_PREFIX
 from tgc.codegen.sizes import eval_int as _eval_int
 from tgc.dtype import dtypes, min_max
 from tgc.engine.flops import executed_flops
+from tgc.engine.realize import stored_indices
 from tgc.env import debug_level, env_flag
 from tgc.errors import CompileError
+from tgc.interfaces import LaunchableKernel
 from tgc.ir.kernel import ScheduleItem
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.uop import ALU, Ops, UOp, format_uops
 
 
 @dataclass
-class Kernel:
-    """A kernel ready to launch (or, where this machine cannot compile for the device, ready to show)."""
+class Kernel(LaunchableKernel):
+    """A kernel ready to launch (or, where this machine cannot compile for the device, ready to show): a
+    `LaunchableKernel` (tgc/interfaces.py), as a package's kernel is."""
 
     name: str
     src: str
     binary: bytes | None
     uops: list[UOp]
-    ast: UOp  # the optimized AST; its DEFINE_GLOBALs number `Lowered.ast_bufs` (a later fold may drop one)
+    ast: UOp  # the optimized AST; its DEFINE_GLOBALs number `LoweredKernel.ast_bufs` (a later fold may drop one)
     bufs: list[UOp]  # tensor nodes held by DEFINE_GLOBAL 0, 1, ...
     global_size: tuple[int, int, int] = (1, 1, 1)
     local_size: tuple[int, int, int] | None = None
@@ -77,6 +80,13 @@ class Kernel:
 
     def uops_text(self) -> str:
         return format_uops(self.uops)
+
+    def written(self) -> frozenset[int]:
+        """The buffer indices this kernel stores to (from its AST)."""
+        return stored_indices(self.ast)
+
+    def linear_uops(self) -> list | None:
+        return self.uops
 
     def asm(self) -> str:
         comp = self.device.compiler

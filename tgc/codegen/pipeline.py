@@ -88,7 +88,7 @@ class Pass:
 
 
 @dataclass
-class Lowered:
+class LoweredKernel:
     """A kernel lowered for a device: the optimized AST, its linear UOps, the source and launch facts. `bufs`
     are the kernel's parameters (DEFINE_GLOBAL 0, 1, ... of `uops`); `ast` numbers its buffers as `ast_bufs`
     does, which may hold more (buffers whose loads the passes after optimization folded away)."""
@@ -225,7 +225,7 @@ def prepare(ast: UOp, device: Any) -> UOp:
 
 
 def lower(ast: UOp, device: Any, bufs: list[UOp], name: str, opts: list | None = None,
-          trace: list[tuple[str, str]] | None = None, vals: tuple[int, ...] = ()) -> Lowered:
+          trace: list[tuple[str, str]] | None = None, vals: tuple[int, ...] = ()) -> LoweredKernel:
     """Kernel AST (as scheduled, or already prepared) -> linear UOps and source for `device`. `opts` replays a
     list of opts (BEAM's); None runs the hand-coded heuristic (nothing with NOOPT). `trace`, when a list, gets
     (pass name, text after the pass) for every pass that ran. `vals`: the values of the kernel's dim variables
@@ -252,8 +252,8 @@ def lower(ast: UOp, device: Any, bufs: list[UOp], name: str, opts: list | None =
 
 
 def finish(device: Any, name: str, ast: UOp, uops: list[UOp], bufs: list[UOp], launch: dict,
-           applied: list | None = None, ast_bufs: list[UOp] | None = None) -> Lowered:
-    """Linear UOps -> a `Lowered` kernel: the spec and bounds verifiers (`TGC_VERIFY_BOUNDS=1`), then the
+           applied: list | None = None, ast_bufs: list[UOp] | None = None) -> LoweredKernel:
+    """Linear UOps -> a `LoweredKernel`: the spec and bounds verifiers (`TGC_VERIFY_BOUNDS=1`), then the
     renderer's source with its launch contract. The end of `lower`, and of the kernels written as linear UOps
     directly (the fused attention, `tgc.codegen.attention`)."""
     if verify.enabled():
@@ -263,7 +263,7 @@ def finish(device: Any, name: str, ast: UOp, uops: list[UOp], bufs: list[UOp], l
     check_shared_memory(device, name, uops)
     with timings.phase("render"):
         src = render_kernel(device, name, uops, bufs, launch)
-    return Lowered(name, ast, uops, src, bufs, launch, list(applied or []),
+    return LoweredKernel(name, ast, uops, src, bufs, launch, list(applied or []),
                    list(bufs) if ast_bufs is None else ast_bufs)
 
 
@@ -360,5 +360,5 @@ def drop_unused_buffers(ast: UOp, bufs: list[UOp]) -> tuple[UOp, list[UOp]]:
     return substitute(ast, mapping), [bufs[i] for i in used]
 
 
-__all__ = ["PASSES", "Lowered", "Pass", "check_shared_memory", "finish", "heuristic_opts", "lower", "passes_text",
+__all__ = ["PASSES", "LoweredKernel", "Pass", "check_shared_memory", "finish", "heuristic_opts", "lower", "passes_text",
            "prepare", "shared_memory_bytes", "uops_text"]

@@ -4,8 +4,9 @@ Peak figures are measured once per machine and kept in the disk cache (table `pe
 device's own `measure_peak()` (an FMA-bound kernel for FLOP/s; for bandwidth a threaded copy, counted as
 bytes read plus written, which `gbps` and every memory share are of, and a threaded read beside it).
 
-This module is below codegen and the backends: it times a lowered program (`tgc.engine.realize.Lowered`)
-on the device object it holds, and never compiles or looks up a device itself (`Program.bench` does).
+This module is below codegen and the backends: it times an executable (`tgc.engine.executable.Executable`,
+through `tgc.engine.executable.bench`) on the device object it holds, and never compiles or looks up a device
+itself (`Program.bench` does).
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ import math
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from tgc import cache, profile
-from tgc.engine.realize import LaunchPlan, Lowered, graphs_enabled, run_chunked
+from tgc.engine.realize import Executable, LaunchPlan, graphs_enabled
 from tgc.ir.shapes import prod
 from tgc.version import __version__
 
@@ -34,9 +36,10 @@ def _stats(times: list[float]) -> dict[str, float]:
     return {"median_s": statistics.median(times), "min_s": times[0], "max_s": times[-1], "iqr_s": q3 - q1}
 
 
-def bench_lowered(low: Lowered, arrays: dict[str, np.ndarray], repeat: int = 10, warmup: int = 1,
-                  measure_peak: bool = True) -> dict[str, Any]:
-    """Time a lowered program on its device-resident inputs: `repeat` timed runs after `warmup` untimed ones;
+def bench_launches(low: Executable, arrays: dict[str, np.ndarray], repeat: int = 10, warmup: int = 1,
+                   measure_peak: bool = True) -> dict[str, Any]:
+    """Time an executable's launches (not chunked; `tgc.engine.executable.bench` is the one entry) on its
+    device-resident inputs: `repeat` timed runs after `warmup` untimed ones;
     per-kernel and whole-program statistics, rates and the device's peak (`Program.bench` adds the rest).
     Each kernel is timed on its own (a launch that waits); the whole program runs as `Program.run` runs it:
     one device graph where the device has them (`program["graph"]` says), else every kernel launched and
@@ -123,37 +126,37 @@ def _labelled(**labels: Any) -> Any:
     return prof.labelled(**labels) if prof is not None else contextlib.nullcontext()
 
 
-def bench_chunked(ch: Any, arrays: dict[str, np.ndarray], repeat: int = 10, warmup: int = 1) -> dict[str, Any]:
-    """Time a program that `Program.run` runs in chunks (`tgc.engine.chunk.Chunking`): each kernel as it runs
-    on one chunk (on the first chunk's inputs), and the whole program as `run` runs it (`run_chunked`: every
-    chunk, from the user's arrays to the whole outputs, kernels launched one by one, no device graph).
-    `program["chunks"]` says how many; its FLOP and byte counts are the chunk's times the count."""
-    part = {}
-    for _b, name in ch.low.inputs:
-        arr = arrays[name]
-        part[name] = arr[:arr.shape[0] // ch.count] if name in ch.sliced else arr
-    timing = bench_lowered(ch.low, part, repeat=repeat, warmup=warmup)
+def timed_runs(fn: Callable[[], Any], repeat: int, warmup: int) -> list[float]:
+    """Wall-clock seconds of `repeat` calls of `fn` after `warmup` untimed ones."""
     for _ in range(warmup):
-        run_chunked(ch.low, ch.count, ch.sliced, arrays)
-    whole = []
+        fn()
+    times = []
     for _ in range(max(repeat, 1)):
         st = time.perf_counter()
-        run_chunked(ch.low, ch.count, ch.sliced, arrays)
-        whole.append(time.perf_counter() - st)
+        fn()
+        times.append(time.perf_counter() - st)
+    return times
+
+
+def chunked_timing(timing: dict[str, Any], whole: list[float], count: int) -> dict[str, Any]:
+    """A chunked run's timing (`tgc.engine.executable.bench`): `timing` of one chunk's launches, with the whole
+    program's times `whole` (every chunk, from the user's arrays to the whole outputs, kernels launched one by
+    one, no device graph). `program["chunks"]` says how many; its FLOP and byte counts are the chunk's times
+    the count."""
     prog_stats = _stats(whole)
-    flops, nbytes = timing["program"]["flops"] * ch.count, timing["program"]["bytes"] * ch.count
-    timing["program"] = {**prog_stats, "flops": flops, "bytes": nbytes, "graph": False, "chunks": ch.count,
+    flops, nbytes = timing["program"]["flops"] * count, timing["program"]["bytes"] * count
+    timing["program"] = {**prog_stats, "flops": flops, "bytes": nbytes, "graph": False, "chunks": count,
                          **rates(flops, nbytes, prog_stats["median_s"], timing["peak"], timing["working_set_bytes"])}
     return timing
 
 
-def identity(prog, dev, dims: dict[str, int]) -> dict[str, Any]:
+def identity(prog: Any, dev: Any, dims: dict[str, int]) -> dict[str, Any]:
     """What a timing depends on beyond the kernels' code: which program (its source's hash), its dims, the
-    device (its kind and model) and the tgc version. `tgc bench --baseline` compares only equal identities."""
+    device (its kind and model) and the tgc version. `tgc bench --baseline` compares only equal identities.
+    `prog`: a `tgc.api.Program` or a program-cache entry (each has `source`, `path` and `filename`)."""
 
-    source = getattr(prog, "source", None) or ""
-    return {"program_sha256": hashlib.sha256(source.encode()).hexdigest(),
-            "file": getattr(prog, "path", None) or getattr(prog, "filename", None),
+    return {"program_sha256": hashlib.sha256((prog.source or "").encode()).hexdigest(),
+            "file": prog.path or prog.filename,
             "dims": dict(sorted((dims or {}).items())), "device": dev.name, "device_model": device_model(dev),
             "tgc_version": __version__}
 

@@ -6,7 +6,8 @@ every input whose declared axis 0 is the dim along axis 0; the program is separa
 plan needs no collective step (no all-reduce, no gather), every output stays sharded along axis 0 with the
 inputs' bounds, and every chunk's graph is the same one (UOps are interned: equal bounds give identical local
 nodes unless something depends on the chunk's position, e.g. an `arange` along the batch axis). Chunk 0's
-graph is then the program on one chunk: compiled once, run `c` times on the slices (`realize.run_chunked`).
+graph is then the program on one chunk: compiled once, run `c` times on the slices (`Chunking.executable()`,
+run by `tgc.engine.executable.run`).
 
 Whether to chunk comes from the memory plans (`choose`): only where the whole program's planned peak is over
 `LIMIT` times its inputs+outputs, and only into chunks big enough to keep the kernels efficient
@@ -19,9 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tgc.engine.executable import Executable
 from tgc.engine.multi import even_bounds
 from tgc.engine.multi import plan as plan_multi
-from tgc.engine.realize import Lowered, buffer_nbytes, writes_in_place
+from tgc.engine.realize import buffer_nbytes, writes_in_place
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.uop import Ops, UOp
 
@@ -41,11 +43,15 @@ class Chunking:
     dim: str
     size: int
     count: int
-    low: Lowered
+    low: Executable
     sliced: set[str]
     before: int
     after: int
     io: int
+
+    def executable(self) -> Executable:
+        """The chunked run as one executable: `low`'s steps, repeated over the chunks."""
+        return self.low.chunked(self.count, self.sliced)
 
     def line(self) -> str:
         """What DEBUG=2 prints."""
@@ -58,8 +64,8 @@ class Chunking:
 def host_memory(dev: Any) -> bool:
     """Whether `dev` can run chunked: its buffers are host memory (numpy arrays: a chunk's output is a view of
     the whole one) whose memory plans share slots."""
-    alloc = dev.allocator  # (a host allocator, `tgc.backends.base.HostAllocator`, is the one that can `wrap`)
-    return callable(getattr(alloc, "wrap", None)) and getattr(alloc, "shared_slots", True)
+    features = dev.allocator.features
+    return features.host_buffers and features.shared_slots
 
 
 def batch_dims(decls: list[Any], dims: dict[str, int]) -> list[str]:
@@ -99,7 +105,7 @@ def local_inputs(in_bufs: list[UOp], shard: dict[int, int], count: int) -> list[
     return out
 
 
-def chunked_peak(low: Lowered, whole_io: int) -> int:
+def chunked_peak(low: Executable, whole_io: int) -> int:
     """The planned peak of a chunked run: the whole inputs and outputs, and the slots of one chunk's plan that
     hold neither (its intermediates; every chunk takes the same ones), nor an output written in place in the
     whole output (`realize.writes_in_place`; else it has a slot, copied)."""
@@ -111,8 +117,8 @@ def chunked_peak(low: Lowered, whole_io: int) -> int:
     return whole_io + sum(s for i, s in enumerate(plan.slots) if i not in io_slots)
 
 
-def choose(whole: Lowered, decls: list[Any], dims: dict[str, int], outs: list[UOp], in_bufs: list[UOp],
-           lower_chunk: Callable[[list[UOp], list[tuple[UOp, str]]], Lowered]) -> Chunking | None:
+def choose(whole: Executable, decls: list[Any], dims: dict[str, int], outs: list[UOp], in_bufs: list[UOp],
+           lower_chunk: Callable[[list[UOp], list[tuple[UOp, str]]], Executable]) -> Chunking | None:
     """The chunking to run with, or None. Only where the whole program's planned peak is over `LIMIT` x its
     inputs+outputs; then the fewest equal chunks (a divisor of the dim) that bring it to `LIMIT` or below,
     else the count with the lowest planned peak if lower than unchunked; chunks no smaller than

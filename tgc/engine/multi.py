@@ -301,7 +301,7 @@ def _read(dev: Any, handle: Any, offset: int, nbytes: int, total: int) -> np.nda
     (host memory), else the whole buffer through host memory."""
     out = np.empty(nbytes, dtype=np.uint8)
     alloc = dev.allocator
-    if hasattr(alloc, "copyout_range"):
+    if alloc.features.ranged_copies:
         alloc.copyout_range(memoryview(out), handle, offset)
         return out
     whole = np.empty(total, dtype=np.uint8)
@@ -312,7 +312,7 @@ def _read(dev: Any, handle: Any, offset: int, nbytes: int, total: int) -> np.nda
 
 def _write(dev: Any, handle: Any, offset: int, data: np.ndarray, total: int) -> None:
     alloc = dev.allocator
-    if hasattr(alloc, "copyin_range"):
+    if alloc.features.ranged_copies:
         alloc.copyin_range(handle, offset, memoryview(data))
         return
     if offset == 0 and data.nbytes == total:
@@ -334,8 +334,8 @@ def copy_between(src_dev: Any, src_handle: Any, dst_dev: Any, dst_handle: Any, n
     if nbytes <= 0:
         return
     src_size, dst_size = sizes or (src_offset + nbytes, dst_offset + nbytes)
-    direct = getattr(src_dev, "copy_to", None)
-    if direct is None or not direct(src_handle, dst_dev, dst_handle, nbytes, src_offset, dst_offset):
+    if not (src_dev.runtime.direct_copies and
+            src_dev.copy_to(src_handle, dst_dev, dst_handle, nbytes, src_offset, dst_offset)):
         _write(dst_dev, dst_handle, dst_offset, _read(src_dev, src_handle, src_offset, nbytes, src_size), dst_size)
     if stats is not None and ids is not None and ids[0] != ids[1]:
         stats.sent[ids[0]] += nbytes
@@ -365,9 +365,9 @@ def copy_step(devices: list[Any], src_handles: list[Any], dst_handles: list[Any]
     `copy_batch(devices, src_handles, dst_handles, moves) -> bool` (one round trip for the whole step, e.g.
     between REMOTE servers) and it accepts, that does them; else `copy_between` each."""
     cls = type(devices[0])
-    batch = getattr(cls, "copy_batch", None)
-    done = (batch is not None and all(type(devices[m.src]) is cls and type(devices[m.dst]) is cls for m in moves)
-            and batch(devices, src_handles, dst_handles, moves))
+    done = (cls.runtime.batched_copies and all(type(devices[m.src]) is cls and type(devices[m.dst]) is cls
+                                               for m in moves)
+            and cls.copy_batch(devices, src_handles, dst_handles, moves))
     for m in moves:
         if done:
             if m.src != m.dst and m.nbytes > 0:
@@ -411,7 +411,7 @@ def ring_allreduce(devices: list[Any], handles: list[Any], nbytes: int, dtype: D
     st = time.perf_counter()
     chunks = chunk_bounds(nbytes, dtype.itemsize, n)
     cls = type(devices[0])
-    batch = getattr(cls, "reduce_batch", None) if all(type(dev) is cls for dev in devices) else None
+    batch = cls.reduce_batch if cls.runtime.batched_reduces and all(type(dev) is cls for dev in devices) else None
     for s in range(n - 1):  # reduce-scatter: device d sends chunk d-s to d+1, which reduces it into its own
         moves = []
         for d in range(n):
@@ -478,6 +478,23 @@ def gather_shards(devices: list[Any], shards: list[Any], outs: list[Any], shape:
 
 # --- the multi-device realizer
 
+@dataclass(frozen=True)
+class DeviceLaunches:
+    """A step of a device-list run: every device d launches its kernels `per_device[d]`, all devices at once."""
+
+    per_device: list[list]
+
+
+@dataclass(frozen=True)
+class CollectiveStep:
+    """A step of a device-list run: collective `step` number `index` of the plan (an all-reduce or a gather),
+    device d's operand the node `srcs[d]` its kernels realized before it."""
+
+    index: int
+    step: Step
+    srcs: list[UOp]
+
+
 @dataclass
 class MultiLowered:
     """A program lowered for a list of devices: `step_nodes[k][d]` / `step_kernels[k][d]` what device d
@@ -500,6 +517,14 @@ class MultiLowered:
             from concurrent.futures import ThreadPoolExecutor
             self.pool = ThreadPoolExecutor(max_workers=len(self.devices), thread_name_prefix="tgc-dev")
         return self.pool
+
+    def steps(self) -> list[DeviceLaunches | CollectiveStep]:
+        """What a run does, in order: each device's kernels before collective step k, that step, ..., then each
+        device's kernels for the outputs (what `run_multi` walks)."""
+        out: list[DeviceLaunches | CollectiveStep] = []
+        for k, step in enumerate(self.plan.steps):
+            out += [DeviceLaunches(self.step_kernels[k]), CollectiveStep(k, step, self.step_nodes[k])]
+        return out + [DeviceLaunches(self.out_kernels)]
 
     def kernels(self) -> list[tuple[int, Any]]:
         """(device position, kernel) in launch order."""
@@ -600,9 +625,12 @@ def _run_multi(ml: MultiLowered, arrays: dict[str, np.ndarray], timed: bool = Fa
                         if node.op is Ops.BUFFER and node.arg[0] < _BUF_BASE:
                             ensure(d, node)
         t0 = time.perf_counter()
-        for k, step in enumerate(ml.plan.steps):
-            each_device(ml.step_kernels[k])
-            srcs = [ensure(d, ml.step_nodes[k][d]) for d in range(n)]
+        for todo in ml.steps():
+            if isinstance(todo, DeviceLaunches):
+                each_device(todo.per_device)
+                continue
+            k, step = todo.index, todo.step
+            srcs = [ensure(d, todo.srcs[d]) for d in range(n)]
             for dev in ml.devices:
                 dev.synchronize()
             before, received = list(stats.sent), list(stats.received)
@@ -626,7 +654,6 @@ def _run_multi(ml: MultiLowered, arrays: dict[str, np.ndarray], timed: bool = Fa
             if level >= 2:
                 moved = ", ".join(f"{dev.name} sent {stats.sent[d] - before[d]} B" for d, dev in enumerate(ml.devices))
                 print(f"*** {what}: {moved} ({(time.perf_counter() - st) * 1e6:.2f} us)", file=sys.stderr)
-        each_device(ml.out_kernels)
         for dev in ml.devices:
             dev.synchronize()
         compute = time.perf_counter() - t0

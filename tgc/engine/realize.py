@@ -1,7 +1,9 @@
 """The realizer: allocate buffers, copy inputs in, launch a program's kernels in order, copy outputs out.
 
-It takes a lowered program (`Lowered`: the device object, compiled kernels, input and output nodes) and
-imports nothing above the scheduler: `Program.run` (tgc.api) looks the device up and compiles. While a profile
+It runs an executable (`tgc.engine.executable.Executable`: the device object, its launch steps, input and
+output buffer keys, its memory plan) and imports nothing above the scheduler; `tgc.engine.executable.run` is
+the one entry (a single run, a chunked run, or a replay of a launch plan as a device graph); `Program.run`
+(tgc.api) looks the device up and compiles. While a profile
 trace records (`tgc.profile.active`), runs, copies, launches and graph runs are recorded, every launch waiting
 for its kernel; otherwise each costs one attribute check."""
 
@@ -22,14 +24,15 @@ from tgc.dtype import DType, bf16_to_f32, dtypes
 from tgc.engine.memplan import MemoryPlan, plan_memory
 from tgc.env import debug_level, env_int
 from tgc.errors import DeviceError, TgcError
+from tgc.interfaces import BufferSpec, LaunchableKernel, Runtime
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.uop import Ops, RangeKind
 
 
 def buffer_type(key: Any) -> tuple[DType, tuple[int, ...]]:
-    """The dtype and shape of a buffer key: a tensor node, or a package's `PlanBuffer` (its own `plan_shape`)."""
-    shape = getattr(key, "plan_shape", None)
-    return key.dtype, (tuple(shape) if shape is not None else shape_of(key))
+    """The dtype and shape of a buffer key: a tensor node, or a `BufferSpec` (a package's `PlanBuffer`, a
+    chunked run's whole output: its own `plan_shape`)."""
+    return key.dtype, (tuple(key.plan_shape) if isinstance(key, BufferSpec) else shape_of(key))
 
 
 def buffer_nbytes(key: Any) -> int:
@@ -54,7 +57,7 @@ class Slot:
     def free(self) -> None:
         if not self.given:
             self.device.allocator.free(self.handle, self.nbytes)
-        elif hasattr(self.device.allocator, "disown"):
+        else:
             self.device.allocator.disown(self.handle, self.nbytes)
 
 
@@ -76,21 +79,21 @@ class Buffer:
         if slot is None:
             slot = Slot(device, self.nbytes, node)
         self.slot, self.owns = slot, owns
-        view = getattr(device.allocator, "view", None)
-        self.handle = view(slot.handle, self.nbytes) if view is not None and slot.nbytes != self.nbytes \
+        alloc = device.allocator
+        self.handle = alloc.view(slot.handle, self.nbytes) if alloc.features.views and slot.nbytes != self.nbytes \
             else slot.handle
 
     @classmethod
     def borrow(cls, device: Any, node: Any, arr: np.ndarray) -> Buffer | None:
         """A buffer on `arr`'s own memory, or None where it must be copied in (the device copies, or `arr` is
         misaligned, strided, empty, or not laid out as the node's dtype)."""
-        wrap = getattr(device.allocator, "wrap", None)
-        if wrap is None:
+        alloc = device.allocator
+        if alloc.features.zero_copy_align is None:
             return None
         dtype, shape = buffer_type(node)
         if arr.dtype != dtype.np or arr.nbytes != prod(shape) * dtype.itemsize:
             return None
-        handle = wrap(arr)
+        handle = alloc.wrap(arr)
         if handle is None:
             return None
         buf = cls(device, node, handle=handle)
@@ -116,8 +119,8 @@ class Buffer:
         buffer's memory itself, which from then on belongs to the returned array (the slot is never freed)."""
         shape, dtype = self.shape, self.dtype.np
         if give and self.slot is not None and not self.slot.given and prod(shape):
-            give_fn = getattr(self.device.allocator, "give", None)
-            arr = give_fn(self.handle, dtype, shape) if give_fn is not None else None
+            alloc = self.device.allocator
+            arr = alloc.give(self.handle, dtype, shape) if alloc.features.zero_copy_align is not None else None
             if arr is not None:
                 self.slot.given = True
                 if profile.active is not None:
@@ -139,29 +142,64 @@ class Buffer:
             self.slot.free()
 
 
-@dataclass
-class Lowered:
-    """A program lowered for one device: what the realizer and `tgc bench` run. `kernels` in launch order
-    (each with its `program()`, `bufs`, launch sizes and `vals`), `inputs` the input buffer keys (tensor nodes,
-    or a package's `PlanBuffer`s) with the names their arrays come under, `outputs` the output names with their
-    keys. `memory` is the memory plan (computed on first use, or given by a package)."""
+# ------------------------------------------------------------------------- the executable (re-exported by
+# tgc.engine.executable, whose `run` and `bench` consume it)
 
-    device: Any
-    kernels: list
-    inputs: list[tuple[Any, str]]
-    outputs: list[tuple[str, Any]]
-    memory: MemoryPlan | None = None
-    graph_options: dict | None = None  # extra keywords for `Device.graph` (a CPU package: its runner object)
+
+@dataclass(frozen=True)
+class Launch:
+    """One step: launch `kernel` on its buffers (`kernel.bufs`, keys of the executable's planned buffers)."""
+
+    kernel: LaunchableKernel
+
+
+@dataclass(frozen=True)
+class Chunks:
+    """The steps are one chunk: run `count` times on equal axis-0 slices of the inputs named in `sliced`."""
+
+    count: int
+    sliced: frozenset[str]
+
+
+class Executable:
+    """A program ready to run on one device: `steps` in order over planned buffers; `inputs` the input buffer
+    keys with the names their arrays come under, `outputs` the output names with their keys; `memory` the
+    memory plan (computed on first use, or given by a package); `graph_options` extra keywords for
+    `Device.graph` (a CPU package: its runner object); `chunks` how the steps repeat over slices, or None."""
+
+    def __init__(self, device: Runtime, kernels: list, inputs: list[tuple[Any, str]], outputs: list[tuple[str, Any]],
+                 memory: MemoryPlan | None = None, graph_options: dict | None = None, chunks: Chunks | None = None):
+        self.device = device
+        self.steps: list[Launch] = [Launch(k) for k in kernels]
+        self.kernels: list = list(kernels)  # (the steps' kernels, in order: what launch plans and bench read)
+        self.inputs, self.outputs = inputs, outputs
+        self.memory, self.graph_options, self.chunks = memory, graph_options, chunks
 
     def memory_plan(self) -> MemoryPlan:
         if self.memory is None:
             self.memory = plan_for(self.device, self.kernels, self.inputs, self.outputs)
         return self.memory
 
+    def chunked(self, count: int, sliced: set[str] | frozenset[str]) -> Executable:
+        """This executable (one chunk's program, whose memory plan keeps its outputs apart) run in `count`
+        chunks, slicing the inputs named in `sliced`."""
+        return Executable(self.device, self.kernels, self.inputs, self.outputs, self.memory, self.graph_options,
+                          Chunks(count, frozenset(sliced)))
+
+    def one_chunk(self) -> Executable:
+        """The steps of one chunk as an executable of their own (itself when not chunked)."""
+        if self.chunks is None:
+            return self
+        return Executable(self.device, self.kernels, self.inputs, self.outputs, self.memory, self.graph_options)
+
+    def __repr__(self) -> str:
+        how = f", {self.chunks.count} chunks" if self.chunks is not None else ""
+        return f"<Executable on {self.device.name}: {len(self.steps)} launches{how}>"
+
 
 def plan_for(device: Any, kernels: list, inputs: list[tuple[Any, str]], outputs: list[tuple[str, Any]],
              fixed_outputs: bool = False) -> MemoryPlan:
-    """The memory plan of a lowered program: its buffers share slots where the device's allocator can hand a
+    """The memory plan of an executable's kernels: its buffers share slots where the device's allocator can hand a
     buffer the start of a larger allocation (`shared_slots`, true unless the allocator says otherwise).
     `fixed_outputs`: outputs are placed as inputs are (own slots, never shared; a chunked run writes them
     into the whole output array, `run_chunked`)."""
@@ -170,7 +208,7 @@ def plan_for(device: Any, kernels: list, inputs: list[tuple[Any, str]], outputs:
     fixed = list(dict.fromkeys([key for key, _ in inputs] +
                                ([key for _, key in outputs if key in keys] if fixed_outputs else [])))
     return plan_memory(kernel_bufs, {key: buffer_nbytes(key) for key in keys}, fixed,
-                       [key for _, key in outputs], share=getattr(device.allocator, "shared_slots", True),
+                       [key for _, key in outputs], share=device.allocator.features.shared_slots,
                        inplace=[pair for k in kernels for pair in inplace_pairs(k)])
 
 
@@ -189,7 +227,7 @@ def inplace_pairs(k: Any) -> list[tuple[Any, Any]]:
     writing the output over the input changes no value the kernel reads. The one gate is a GPU grid's
     (`tgc.codegen.opt.gate_memory`): the threads past the end of a rounded-up grid neither read nor write, so
     they touch no element a live thread owns. Kernels without UOps (a package's): none."""
-    uops = getattr(k, "uops", None)
+    uops = k.linear_uops()
     if not uops:
         return []
     stores: dict[Any, tuple[int, Any]] = {}  # index UOp -> (position of its first store, stored dtype)
@@ -233,7 +271,7 @@ def inplace_pairs(k: Any) -> list[tuple[Any, Any]]:
     return pairs
 
 
-def run_program(low: Lowered, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def run_program(low: Executable, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Allocate the memory plan's slots, copy `arrays` (by input name) in, launch every kernel in order, copy the
     outputs out."""
     if profile.active is None:
@@ -242,7 +280,7 @@ def run_program(low: Lowered, arrays: dict[str, np.ndarray]) -> dict[str, np.nda
         return _run_program(low, arrays)
 
 
-def _run_program(low: Lowered, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _run_program(low: Executable, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     dev = low.device
     buffers: dict[Any, Buffer] = {}
     try:
@@ -265,21 +303,14 @@ def _run_program(low: Lowered, arrays: dict[str, np.ndarray]) -> dict[str, np.nd
             buf.free()
 
 
-class _Whole:
-    """A buffer key for a chunked run's whole output: its dtype and full shape (`plan_shape`)."""
-
-    def __init__(self, dtype: DType, shape: tuple[int, ...]):
-        self.dtype, self.plan_shape = dtype, shape
-
-
 def writes_in_place(alloc: Any, nbytes: int) -> bool:
     """Whether a chunked run writes a chunk's `nbytes`-byte output straight into the whole output (a host
     allocator with zero-copy buffers, and every chunk's part starting at the alignment its kernels need)."""
-    align = getattr(alloc, "zero_copy_align", None)
-    return hasattr(alloc, "wrap") and align is not None and nbytes % align == 0
+    align = alloc.features.zero_copy_align
+    return alloc.features.host_buffers and align is not None and nbytes % align == 0
 
 
-def run_chunked(low: Lowered, count: int, sliced: set[str], arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def run_chunked(low: Executable, count: int, sliced: set[str], arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Run a program separable along axis 0 (see `tgc.engine.chunk`) as `count` runs of `low`, its program on
     one chunk: inputs named in `sliced` are cut into `count` equal axis-0 slices (contiguous views, used in
     place where the device allows), the others (weights) are whole; each chunk's outputs are written straight
@@ -292,14 +323,14 @@ def run_chunked(low: Lowered, count: int, sliced: set[str], arrays: dict[str, np
         return _run_chunked(low, count, sliced, arrays)
 
 
-def _run_chunked(low: Lowered, count: int, sliced: set[str], arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _run_chunked(low: Executable, count: int, sliced: set[str], arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     dev = low.device
     alloc = dev.allocator
     wholes: dict[str, Buffer] = {}
     try:
         for name, node in low.outputs:
             dtype, shape = buffer_type(node)
-            wholes[name] = Buffer(dev, _Whole(dtype, (shape[0] * count,) + tuple(shape[1:])))
+            wholes[name] = Buffer(dev, BufferSpec(dtype, (shape[0] * count,) + tuple(shape[1:])))
         for i in range(count):
             part = {}
             for _b, name in low.inputs:
@@ -362,7 +393,7 @@ class LaunchPlan:
 
     GRAPH_AFTER = 1  # runs launched kernel by kernel before the plan is captured as a graph
 
-    def __init__(self, low: Lowered, graph_after: int = GRAPH_AFTER):
+    def __init__(self, low: Executable, graph_after: int = GRAPH_AFTER):
         self.low, self.device = low, low.device
         self.graph_after = graph_after
         self.buffers: dict[Any, Buffer] = {}
@@ -483,7 +514,7 @@ class LaunchPlans:
         self.seen: dict[Any, None] = {}  # keys run once without a plan, the last 4 * most
 
     def run(self, key: Any, lower: Any, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run at `key` (`lower()` gives its `Lowered` when a run or a plan needs it)."""
+        """Run at `key` (`lower()` gives its `Executable` when a run or a plan needs it)."""
         if key not in self.plans and key not in self.seen:
             self.seen[key] = None
             while len(self.seen) > 4 * self.most:
@@ -536,7 +567,7 @@ def to_user_array(arr: np.ndarray, dtype: DType) -> np.ndarray:
     return bf16_to_f32(arr) if dtype == dtypes.bf16 else arr
 
 
-def allocate(low: Lowered, arrays: dict[str, np.ndarray] | None, buffers: dict[Any, Buffer]) -> None:
+def allocate(low: Executable, arrays: dict[str, np.ndarray] | None, buffers: dict[Any, Buffer]) -> None:
     """Device buffers for a program's inputs (filled from `arrays`, unless None) and for every kernel's outputs, into
     `buffers` (passed in so that the caller can free whatever was allocated if this fails midway): the slots of
     the memory plan, each allocated once and owned (freed) by the first buffer placed in it; inputs borrowed in
@@ -576,13 +607,10 @@ def allocate(low: Lowered, arrays: dict[str, np.ndarray] | None, buffers: dict[A
 _STORED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def written_indices(k: Any) -> frozenset[int]:
-    """The buffer indices a kernel writes: from its AST's stores, or (a package's kernel, which carries no AST)
-    the buffers its launch plan says it writes (`writes`, else its output, buffer 0)."""
-    ast = getattr(k, "ast", None)
-    if ast is not None:
-        return stored_indices(ast)
-    return frozenset(getattr(k, "writes", (0,)))
+def written_indices(k: LaunchableKernel) -> frozenset[int]:
+    """The buffer indices a kernel writes (`LaunchableKernel.written`: a compiled kernel's AST's stores, a
+    package's kernel its output, buffer 0)."""
+    return k.written()
 
 
 def stored_indices(ast: Any) -> frozenset[int]:
@@ -597,7 +625,7 @@ def stored_indices(ast: Any) -> frozenset[int]:
     return got
 
 
-def runs_in_place(low: Lowered, k: Any) -> bool:
+def runs_in_place(low: Executable, k: Any) -> bool:
     """Whether the memory plan gives kernel `k` its output over one of its inputs (`MemoryPlan.inplace`)."""
     plan = low.memory_plan()
     bufs = set(k.bufs)

@@ -6,7 +6,7 @@ graph or passes, only its kernels), and returns plain data (str, int, float, Non
 `tgc.viz.page.render` writes into the page. It compiles what `tgc compile` compiles (the disk cache makes it cheap
 the second time), lowers each kernel once more with the pipeline's trace (`tgc.codegen.pipeline.lower(...,
 trace=)`, the same opts the kernel was built with) and, unless `measure=False`, times every kernel as `tgc bench`
-does (`tgc.engine.bench.bench_lowered`) on random inputs. Nothing here draws: the page's script does.
+does (`tgc.engine.executable.bench`) on random inputs. Nothing here draws: the page's script does.
 
 The tensor graph is the traced program with constants and the broadcasting plumbing (RESHAPE and EXPAND, and
 any node computed from constants alone) folded into their users: what is left are inputs, ops, reductions and
@@ -29,7 +29,8 @@ from tgc.api import _device, device_names
 from tgc.codegen import search
 from tgc.codegen.kernel import prepare_ast
 from tgc.codegen.pipeline import lower
-from tgc.engine.bench import bench_lowered, machine_peak
+from tgc.engine.bench import machine_peak
+from tgc.engine.executable import bench as bench_executable
 from tgc.engine.flops import recompute_factor, written_flops
 from tgc.engine.inputs import random_inputs
 from tgc.errors import DeviceError
@@ -74,7 +75,7 @@ def collect(prog: Any, device: str | list[str] | None = None, dims: dict[str, in
         def bench() -> dict[str, Any]:
             dev.ensure_runnable()
             arrays = prog.bind(random_inputs(prog, dims), dims, cast=True)[1]
-            return bench_lowered(prog.lower(dev.name, dims), arrays, repeat=repeat, warmup=1)
+            return bench_executable(prog.lower(dev.name, dims), arrays, repeat=repeat, warmup=1)
         timing = _timed(doc, bench)
         if timing is not None:
             _add_times(doc, timing["kernels"], timing["program"]["median_s"])

@@ -36,6 +36,7 @@ from tgc.backends.base import Allocator, Compiler, Device, Program
 from tgc.backends.remote import protocol as P
 from tgc.env import env_float, parse_address
 from tgc.errors import CompileError, DeviceError, TgcError
+from tgc.interfaces import MemoryFeatures, RuntimeFeatures
 
 ENV_ADDRESS, ENV_TOKEN, ENV_TOKEN_FILE = "TGC_REMOTE", "TGC_REMOTE_TOKEN", "TGC_REMOTE_TOKEN_FILE"
 ENV_TIMEOUT, ENV_RETRY = "TGC_REMOTE_TIMEOUT", "TGC_REMOTE_RETRY"
@@ -252,7 +253,9 @@ class Connection:
 class RemoteAllocator(Allocator):
     """Buffers on the server, named by per-session ids (the handles are those ints)."""
 
-    shared_slots = False  # a copy out returns the whole buffer: a memory plan gives each buffer its own
+    # a copy out returns the whole buffer: a memory plan gives each buffer its own (no shared slots); ranged copies
+    # and views at an offset (where the served device has views) are requests of their own
+    features = MemoryFeatures(shared_slots=False, ranged_copies=True, offsets=True)
 
     def __init__(self, device: RemoteDevice):
         self.device = device
@@ -460,6 +463,8 @@ class RemoteDevice(Device):
 
     kind = "REMOTE"
     supports_batch_copy = True
+    # copies between REMOTE devices go server to server; a collective step is one request per server
+    runtime = RuntimeFeatures(direct_copies=True, batched_copies=True, batched_reduces=True)
     # attributes generic code may probe with getattr(dev, name, None): answered here, so that probing them never
     # asks the server (`__getattr__` fetches the served device's properties for any other name)
     share: Any = None
@@ -923,15 +928,12 @@ class RemoteDevice(Device):
         value = attrs.get("cores", 1) if isinstance(attrs, dict) else 1
         return value if isinstance(value, int) and value > 0 else 1
 
-    def __getattr__(self, name: str) -> Any:
-        """The served device's other plain facts (`cores`, `has_fp16`, ...): an AttributeError where it has none,
-        as locally."""
-        if name.startswith("_"):
-            raise AttributeError(name)
+    def served_fact(self, name: str) -> bool | int | float | str | None:
+        """One of the served device's other plain facts (`has_fp16`, ...), or None where it states none. (A
+        REMOTE device has exactly the attributes its class defines: nothing unknown is forwarded.)"""
         attrs = self.properties.get("attrs")
-        if isinstance(attrs, dict) and name in attrs:
-            return attrs[name]
-        raise AttributeError(f"the device served over REMOTE has no attribute '{name}'")
+        value = attrs.get(name) if isinstance(attrs, dict) and not name.startswith("_") else None
+        return value if type(value) in (bool, int, float, str) else None
 
     def info(self) -> dict[str, Any]:
         """The served device's facts, plus `serves` (its name) and `server` (host:port)."""

@@ -40,17 +40,21 @@ from typing import Any
 
 import numpy as np
 
+from tgc.backends.base import Allocator
 from tgc.backends.cpu import HostBuffer, data_address
+from tgc.interfaces import MemoryFeatures
 
 ALIGN = 64
 PAGE = mmap.PAGESIZE
 GRACE = 0.2  # seconds past the deadline a worker has to stop by itself (finishing the launch it runs) or be killed
 
 
-class SharedArena:
+class SharedArena(Allocator):
     """Host memory shared with the launch workers; the interface of the CPU's allocator (`alloc`, `free`,
     `copyin`, `copyout`; no `offset`: like the CPU's, no buffer views), handles are numpy byte arrays that know
     their `address`."""
+
+    features = MemoryFeatures(host_buffers=True)
 
     def __init__(self, size: int):
         self.size = -(-max(size, PAGE) // PAGE) * PAGE

@@ -36,6 +36,7 @@ request executor, `RemoteServer`, and `main_serve`), `transport` (HTTP), `sessio
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import ipaddress
 import os
@@ -139,23 +140,14 @@ def _plain(value: Any, depth: int = 0) -> Any:
     return str(value)
 
 
-_SURFACE = {"kind", "index", "name", "renderer", "compiler", "allocator", "launch_style", "compile_error"}
-
-
 def _device_attrs(dev: Any) -> dict[str, bool | int | float | str]:
-    """The served device's other public facts that are plain values (`cores`, `has_fp16`, ...), so the
-    client can show them as its own: optimizers and renderers may read them."""
-    out = {}
-    for name in sorted(set(dir(type(dev))) | set(vars(dev))):
-        if name.startswith("_") or name in _SURFACE:
-            continue
-        try:
-            value = getattr(dev, name)
-        except Exception:
-            continue
-        if type(value) in (bool, int, float, str):
-            out[name] = value
-    return out
+    """The served device's other public facts that are plain values, as its class declares them (the launch
+    limits, its cores, its runtime features), so the client can show them: optimizers and renderers may read
+    them (`RemoteDevice.served_fact`)."""
+    facts: dict[str, Any] = {"cores": dev.cores, "max_buffer_bytes": dev.max_buffer_bytes,
+                             "max_local_size": dev.max_local_size, "max_shared_bytes": dev.max_shared_bytes,
+                             **dataclasses.asdict(dev.runtime)}
+    return {k: v for k, v in sorted(facts.items()) if type(v) in (bool, int, float, str)}
 
 
 def _is_host_array(handle: Any) -> bool:
@@ -331,7 +323,7 @@ class RemoteServer:
     @property
     def uses_launch_workers(self) -> bool:
         """Whether launches run in killable worker processes (a device whose kernels are native code here)."""
-        return bool(getattr(self.device, "native_launch", False))
+        return self.device.runtime.native_launch
 
     @property
     def allocator(self) -> Any:
@@ -454,10 +446,9 @@ class RemoteServer:
         if self._arena is not None:
             return
         alloc = self._device.allocator if self._device is not None else None
-        cached = getattr(alloc, "cached", None)
-        if not isinstance(cached, dict) or not callable(getattr(alloc, "free_cache", None)):
+        if alloc is None or not alloc.features.pool:
             return
-        if sum(size * len(handles) for size, handles in cached.items()) > self.limits.max_pooled:
+        if alloc.pooled_bytes() > self.limits.max_pooled:
             alloc.free_cache()
 
     def _run(self, session: Session, requests: list[P.Request], blobs: dict[str, memoryview],
@@ -542,7 +533,7 @@ class RemoteServer:
                 "compiler": comp.name if comp is not None else None,
                 "compiler_version": str(comp.version) if comp is not None else None,
                 "compile_error": dev.compile_error, "info": info,
-                "offset": callable(getattr(dev.allocator, "offset", None)), "attrs": _device_attrs(dev),
+                "offset": dev.allocator.features.offsets, "attrs": _device_attrs(dev),
                 "max_body": lim.max_body, "max_buffer": lim.max_buffer,
                 "max_session_memory": lim.max_session_memory, "request_time": lim.request_time,
                 "idle_timeout": lim.idle_timeout, "instance": self.instance}
@@ -568,7 +559,7 @@ class RemoteServer:
                 session.memory -= req.size
             raise
         try:  # a reused buffer holds what an earlier session left there: never show it to this one
-            if callable(getattr(handle, "fill", None)):  # host memory (a numpy array): no temporary
+            if self.allocator.features.host_buffers:  # host memory (a numpy array): no temporary
                 handle.fill(0)
             else:
                 self.allocator.copyin(handle, memoryview(bytearray(req.size)))
@@ -599,14 +590,14 @@ class RemoteServer:
     def _do_BufferOffset(self, session: Session, req: P.BufferOffset, blobs, out) -> None:
         base = self._get(session.buffers, req.buf, "buffer")
         self._new_id(session, session.buffers, req.sub, "buffer")
-        offset_fn = getattr(self.allocator, "offset", None)
-        if not callable(offset_fn):
+        if not self.allocator.features.offsets:
             raise Refusal(400, "device", f"{self.device_name} does not support buffer views")
         if req.offset + req.size > base.size:
             raise Refusal(400, "protocol", f"a view of {req.size} bytes at {req.offset} runs past buffer "
                                            f"{req.buf} of {base.size} bytes")
         root = req.buf if base.parent is None else base.parent
-        session.buffers[req.sub] = Buffer(offset_fn(base.handle, req.size, req.offset), req.size, parent=root)
+        view = self.allocator.offset(base.handle, req.size, req.offset)
+        session.buffers[req.sub] = Buffer(view, req.size, parent=root)
         session.buffers[root].views.add(req.sub)
 
     def _do_CopyIn(self, session: Session, req: P.CopyIn, blobs, out) -> None:
@@ -635,11 +626,10 @@ class RemoteServer:
     def _range_view(self, buf: Buffer, offset: int, size: int, use: Any) -> bool:
         """Call `use` with a view of the range where the device makes one (False where it has no views, or
         refuses this one, e.g. an offset its alignment rules do not allow)."""
-        offset_fn = getattr(self.allocator, "offset", None)
-        if not callable(offset_fn):
+        if not self.allocator.features.offsets:
             return False
         try:
-            view = offset_fn(buf.handle, size, offset)
+            view = self.allocator.offset(buf.handle, size, offset)
         except Exception:
             return False
         use(view)
@@ -715,7 +705,7 @@ class RemoteServer:
         process, so that a compiler that aborts (LLVM's fatal errors) loses that process, not the server."""
         dev = self.device
         comp = dev.compiler
-        if not getattr(dev, "native_launch", False):
+        if not dev.runtime.native_launch:
             return bytes(comp.compile(src)) if op == "compile" else str(comp.assembly(src)).encode()
         from tgc.backends.compile_worker import WorkerPool
         with self._workers_lock:
@@ -747,7 +737,8 @@ class RemoteServer:
     def _do_Compile(self, session: Session, req: P.Compile, blobs, out) -> str:
         self._compiler()
         try:
-            known = parse_contract(req.src, getattr(self.device.renderer, "language", None))
+            renderer = self.device.renderer
+            known = parse_contract(req.src, renderer.language if renderer is not None else None)
         except ValueError as e:
             raise Refusal(422, "compile", str(e)) from None
         key = P.digest(req.src.encode("utf-8", "surrogatepass"))
@@ -804,7 +795,7 @@ class RemoteServer:
         with self._cache_lock:
             known = session.known.get(key) or self._known.get(key)
         contracts = known.all_contracts() if known is not None else ()
-        if getattr(self.device, "native_launch", False):
+        if self.device.runtime.native_launch:
             # launches run as native code in this process: only binaries whose launches can be checked
             if not contracts:
                 raise Refusal(400, "protocol", f"program '{req.name[:80]}': this server did not compile that "
@@ -853,7 +844,7 @@ class RemoteServer:
         """The most work-items one launch may ask for: on a CPU-style device, threads (a few per core)."""
         dev = self.device
         if dev.launch_style != "cpu":
-            return getattr(dev, "max_work_items", None)
+            return dev.runtime.max_work_items
         try:
             cores = int(dev.cores)
         except Exception:
