@@ -479,17 +479,15 @@ def _rows_local_bytes(sp: Any, w: int) -> int:
     return 4 * w * (d + sp.dv)
 
 
-# BEAM's choices. Every head-dimension term is written out, so each candidate is a large kernel (seconds to
-# compile): the grid holds what measured close to the best on the bench sizes. 32 rows (two vectors per k
-# and v element) and blocks of 32 or 64 keys spill registers (2-3x slower at 8x512x64) and take 2-4x longer
-# to compile; they are accepted as stored opts but not searched.
+# BEAM's choices: the grid holds what measured close to the best on the bench sizes. 32 rows (two vectors per
+# score) and blocks of 32 or 64 keys spill registers; they are accepted as stored opts but not searched.
 ROW_CHOICES = (8, 16)  # query rows per vector (`build_rows`)
 BLOCK_CHOICES = (8, 16)  # keys per block (scores in registers at once, one rescale per block)
 MAX_ROWS, MAX_BLOCK = 32, 64  # what `attention_choices` accepts
-# BEAM searches a kernel only while the default's written-out terms ((rows + keys per block) x (head dim +
-# value dim), `_terms`) stay within this (the bench's 8x512x64 default); past it the default is the only
-# candidate: a 128-wide head's candidates take 15-35 s each to compile on the 2-core bench machine, past
-# `tgc beam`'s time budget.
+# BEAM searches a kernel only while the default's written-out terms (`_terms`) stay within this; past it the
+# default is the only candidate. The rows form (`build_rows`) writes out only the keys of a block (its head
+# dimension and output columns are loops); the per-row form (`build`: GPUs, PYTHON, half inputs) writes out
+# each key's term of every output column, so a wide head's candidates there take many seconds each to compile.
 MAX_SEARCH_TERMS = 4096
 
 
@@ -555,11 +553,14 @@ def candidates(item: Any, device: Any) -> list[list[Opt]]:
 
 
 def _terms(sp: Any, ch: dict[str, int]) -> int:
-    """How many terms the kernel writes out, roughly: each key of a block and each query row of a tile, once per
-    head-dimension element and value column (what its compile time grows with)."""
+    """How many terms the kernel writes out, roughly (what its compile time grows with): in the rows form each
+    key of a block, in its inner products' loop and in the output columns' loop; in the per-row form each key
+    of a block once per head-dimension element and value column."""
+    if ch["rows"]:
+        return 2 * ch["block"]
     d = sum(r.src[0].arg for red in sp.x.toposort() if red.op is Ops.REDUCE for r in red.src[1:]
             if r.src[0].op is Ops.CONST)
-    return (max(ch["rows"], 1) + ch["block"]) * (d + sp.dv)
+    return (1 + ch["block"]) * (d + sp.dv)
 
 
 def _rows_apply(sp: Any) -> bool:
@@ -703,7 +704,8 @@ def _linearize_rows(ast: UOp, k: RowsKernel) -> list[UOp]:
         return a
 
     def bind(name: str, a: UOp) -> None:
-        lin.scopes[-1][UOp(Ops.READ_ACC, a.dtype, (), ("attn", name))] = lin.push(UOp(Ops.READ_ACC, a.dtype, (a,), name))
+        read = lin.push(UOp(Ops.READ_ACC, a.dtype, (a,), name))  # (the tag keeps each read its own node)
+        lin.scopes[-1][UOp(Ops.READ_ACC, a.dtype, (), ("attn", name))] = read
 
     loop(k.stage, stages)
     loop(k.zero, zeros)
