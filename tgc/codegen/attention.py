@@ -15,8 +15,12 @@ index. This module writes its linear UOps directly, for every device:
 That is the per-row form (`build`: PYTHON, the GPU dialects one thread per row with each block of k and v
 staged in shared memory by the work-group (`_stage_shared`), and half inputs on the CPU;
 with vectors, inner products 16 lanes of the head dimension at a time). On devices with vectors (the CPU)
-`build_rows` makes 16 query rows the lanes of every value instead: no horizontal sums, q gathered once per
-tile of rows, each k and v element broadcast, the block's exps one vector polynomial per key.
+`build_rows` makes 16 query rows the lanes of every value instead, with loops, not written-out terms: the
+row side of the inner products is staged once per tile of rows into a local array (head dimension x 16),
+each key's score is a 16-lane REDUCE over the head dimension (a block's keys share that loop), the output
+row's accumulators are a second local array (Dv x 16) that a loop over the columns rescales and adds the
+block's p * v to, and the block's exps are one vector polynomial per key. Its size does not grow with the
+head dimension.
 
 The scores live in registers for one block and are never stored; the accumulators are updated with
 ACCUMULATE MUL then ADD (no new op: every renderer and the PYTHON device run it; the PYTHON device steps a
