@@ -15,6 +15,7 @@ from test_attention_fused import program, reference
 import tgc
 from tgc.backends import get_device
 from tgc.codegen import attention as A
+from tgc.dtype import dtypes
 from tgc.ir import uop
 from tgc.ir.kernel import INDEX
 from tgc.ir.symbolic import simplify, symbolic
@@ -117,3 +118,47 @@ def test_a_computed_query_is_staged_once_per_row_tile():
     s = (q.astype(np.float64) * 1.5 + bias) @ k.swapaxes(-1, -2)
     e = np.exp(s - s.max(-1, keepdims=True))
     np.testing.assert_allclose(out, (e / e.sum(-1, keepdims=True)) @ v, rtol=3e-5, atol=3e-5)
+
+
+@pytest.mark.parametrize(("t", "masked"), [(37, False), (16, True), (5, True)])
+def test_one_query_row_scores_a_block_as_one_vector(t, masked, monkeypatch):
+    """One query row (a decoding step: the per-row form, inner products 16 lanes of the head dimension): the 16
+    keys' lane sums are taken together (`_lane_sums`: a shuffle tree, then one permutation) and the scale and an
+    added mask computed with the keys as lanes; against numpy at a ragged, a whole and a partial block."""
+    src = "q: f32[B, 1, D]\nk: f32[B, T, D]\nv: f32[B, T, E]\n" + ("m: f32[B, 1, T]\n" if masked else "") + \
+        f"return softmax(q @ k.transpose(-2, -1) * 0.3{' + m' if masked else ''}, axis=-1) @ v\n"
+    p = tgc.loads(src)
+    dims = {"B": 3, "T": t, "D": 32, "E": 16}
+    item = attention_item(p, dims)
+    calls = []
+    real = A._lane_sums
+    monkeypatch.setattr(A, "_lane_sums", lambda vs: calls.append(len(vs)) or real(vs))
+    A.lower_attention(item, CPU, "attn")
+    assert A.choices(item, CPU)["rows"] == 0 and calls == [min(t, 16)] if t >= 16 else calls == []
+    rng = np.random.default_rng(t)
+    q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((3, 1, 32), (3, t, 32), (3, t, 16)))
+    m = (rng.standard_normal((3, 1, t)) * 2).astype(np.float32)
+    out = p.run("CPU", dims=dims, q=q, k=k, v=v, **({"m": m} if masked else {}))[p.output_names[0]]
+    s = q.astype(np.float64) @ k.swapaxes(-1, -2) * 0.3 + (m if masked else 0)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    np.testing.assert_allclose(out, (e / e.sum(-1, keepdims=True)) @ v, rtol=3e-5, atol=3e-5)
+
+
+def _value(u: UOp):
+    """A constant vector expression's value (CONST, VECTORIZE, GEP, ADD)."""
+    if u.op is Ops.CONST:
+        return float(u.arg)
+    if u.op is Ops.VECTORIZE:
+        return [_value(s) for s in u.src]
+    if u.op is Ops.GEP:
+        return _value(u.src[0])[u.arg]
+    assert u.op is Ops.ADD, u.op
+    a, b = _value(u.src[0]), _value(u.src[1])
+    return [x + y for x, y in zip(a, b)] if isinstance(a, list) else a + b
+
+
+def test_lane_sums_give_each_vectors_sum_in_its_lane():
+    """`_lane_sums` of 16 vectors of 16 lanes: lane i is the sum of vector i's lanes (exact on small integers)."""
+    vals = np.arange(256, dtype=np.float32).reshape(16, 16) % 7 - 3 + np.arange(16)[:, None] * 100
+    vs = [UOp(Ops.VECTORIZE, dtypes.f32.vec(16), tuple(UOp.const(dtypes.f32, float(x)) for x in row)) for row in vals]
+    assert _value(A._lane_sums(vs)) == vals.sum(1).tolist()

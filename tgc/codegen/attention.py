@@ -103,8 +103,9 @@ def _lanes(u: UOp, r: UOp, w: int, lane_id: int) -> UOp | None:
     return out if out.dtype is not None and out.dtype.count == w else None
 
 
-def _vector_scores(x: UOp, w: int, lane_id: int) -> UOp:
-    """x with each f32 inner product over a multiple of `w` computed `w` lanes at a time (then summed)."""
+def _vector_reduces(x: UOp, w: int, lane_id: int) -> dict[UOp, UOp]:
+    """Each f32 inner product of x over a multiple of `w`, as a REDUCE of `w`-lane vectors (its lanes' sum is the
+    inner product)."""
     mapping = {}
     for red in (u for u in x.toposort() if u.op is Ops.REDUCE):
         if (red.arg is not Ops.ADD or red.dtype != dtypes.f32 or len(red.src) != 2
@@ -114,8 +115,76 @@ def _vector_scores(x: UOp, w: int, lane_id: int) -> UOp:
         if vin is not None:
             outer = vin.toposort()
             r = next(u for u in outer if u.op is Ops.RANGE and u.arg == red.src[1].arg)
-            mapping[red] = _hsum(UOp(Ops.REDUCE, vin.dtype, (vin, r), Ops.ADD))
+            mapping[red] = UOp(Ops.REDUCE, vin.dtype, (vin, r), Ops.ADD)
+    return mapping
+
+
+def _vector_scores(x: UOp, w: int, lane_id: int) -> UOp:
+    """x with each f32 inner product over a multiple of `w` computed `w` lanes at a time (then summed)."""
+    mapping = {red: _hsum(v) for red, v in _vector_reduces(x, w, lane_id).items()}
     return substitute(x, mapping) if mapping else x
+
+
+def _lane_sums(vs: list[UOp]) -> UOp:
+    """n vectors of n lanes (n a power of two) -> one vector whose lane i is the sum of vs[i]'s lanes: a tree of
+    half-vector additions (each level adds the two halves of every key's lanes, two keys per shuffle pair: 2n - 2
+    shuffles and n - 1 additions in all, where n horizontal sums take n log2 n of each), then one permutation."""
+    n = len(vs)
+    items = [(v, [i] * n) for i, v in enumerate(vs)]  # each vector with the key every lane belongs to
+    h = n // 2
+    while h >= 1:
+        nxt = []
+        for (a, own_a), (b, own_b) in zip(items[0::2], items[1::2]):
+            lo, hi, own = [], [], []
+            for k in range(n // (2 * h)):
+                for src, o in ((a, own_a), (b, own_b)):
+                    lo += [UOp(Ops.GEP, dtypes.f32, (src,), k * 2 * h + i) for i in range(h)]
+                    hi += [UOp(Ops.GEP, dtypes.f32, (src,), k * 2 * h + h + i) for i in range(h)]
+                    own += [o[k * 2 * h + i] for i in range(h)]
+            vt = dtypes.f32.vec(n)
+            nxt.append((UOp(Ops.VECTORIZE, vt, tuple(lo)) + UOp(Ops.VECTORIZE, vt, tuple(hi)), own))
+        items, h = nxt, h // 2
+    v, own = items[0]
+    return UOp(Ops.VECTORIZE, dtypes.f32.vec(n), tuple(UOp(Ops.GEP, dtypes.f32, (v,), own.index(i)) for i in range(n)))
+
+
+def _hmax(v: UOp) -> UOp:
+    """The largest of a vector's lanes, as a balanced tree."""
+    lanes = [UOp(Ops.GEP, v.dtype.scalar(), (v,), i) for i in range(v.dtype.count)]
+    while len(lanes) > 1:
+        lanes = [UOp(Ops.MAX, lanes[i].dtype, (lanes[i], lanes[i + 1])) if i + 1 < len(lanes) else lanes[i]
+                 for i in range(0, len(lanes), 2)]
+    return lanes[0]
+
+
+def _key_vector_scores(sp: Any, keys: list[dict], jb: UOp, bk: int, w: int, next_id: int) -> UOp | None:
+    """The scores of a block's `bk` == `w` keys as one vector (lane jj: key jj), the per-row form with vectors:
+    each key's inner products are `w`-lane REDUCEs whose lane sums are taken together (`_lane_sums`), and the
+    rest of X (scale, mask) is computed on the keys as lanes. None where an inner product does not vectorize."""
+    reds = [u for u in sp.x.toposort() if u.op is Ops.REDUCE]
+    vmap = _vector_reduces(sp.x, w, next_id + 1)
+    if not reds or len(vmap) != len(reds) or bk != w or w & (w - 1):
+        return None
+    if any(u.dtype is not None and u.dtype.scalar() in HALF for u in sp.x.toposort()):
+        return None  # half values as vectors: not legalized here (the per-key form computes them)
+    lane = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, bk),), (next_id + 7, RangeKind.UPCAST))
+    nblocks = -(-sp.tk // bk)
+    j = simplify(jb * UOp.const(INDEX, bk) + lane) if nblocks > 1 else lane
+    ragged = sp.tk % bk != 0
+    jc = simplify((j < UOp.const(INDEX, sp.tk)).where(j, UOp.const(INDEX, sp.tk - 1))) if ragged else j
+    phs = {red: UOp(Ops.READ_ACC, dtypes.f32, (), ("attn score", i)) for i, red in enumerate(reds)}
+    vz = _row_vectorizer(lane)  # index math and masks lane by lane as scalars (with their bounds)
+    for red, ph in phs.items():
+        vz.depends.add(ph)
+        vz.memo[ph] = _lane_sums([simplify(substitute(vmap[red], key)) for key in keys])
+    xk = simplify(substitute(substitute(sp.x, phs), {sp.rj: jc}))
+    vz.analyze(xk)
+    sv = vz.broadcast(_f32(xk))
+    if ragged:
+        live = simplify(j < UOp.const(INDEX, sp.tk))
+        vz.analyze(live)
+        sv = UOp(Ops.WHERE, sv.dtype, (vz.broadcast(live), sv, _splat(_c(-math.inf), bk)))
+    return sv
 
 
 def _widen(u: UOp, z: UOp, zv: UOp, w: int) -> UOp:
@@ -243,9 +312,14 @@ def build(sp: Any, block: int = BLOCK, width: int = 1, decompose: bool = False,
             s = UOp(Ops.WHERE, dtypes.f32, (j < UOp.const(INDEX, sp.tk), s, _c(-math.inf)))
         scores.append(s)
         keys.append(key_sub)
-    bm = scores[0]
-    for s in scores[1:]:
-        bm = UOp(Ops.MAX, dtypes.f32, (bm, s))
+    # with vectors and a block of one vector's keys: the block's scores as one vector (lane sums taken together)
+    skeys = _key_vector_scores(sp, keys, jb, bk, width, next_id) if width > 1 and staged is None else None
+    if skeys is not None:
+        bm = _hmax(skeys)
+    else:
+        bm = scores[0]
+        for s in scores[1:]:
+            bm = UOp(Ops.MAX, dtypes.f32, (bm, s))
     m_old, m_new = _ph("m_old"), _ph("m_new")
     m_safe = UOp(Ops.WHERE, dtypes.f32, (UOp(Ops.CMPNE, dtypes.bool, (m_new, _c(-math.inf))), m_new, _c(0.0)))
     alpha = _exp(m_old - m_safe)
@@ -254,7 +328,7 @@ def build(sp: Any, block: int = BLOCK, width: int = 1, decompose: bool = False,
         pz = _exp(z)
         if decompose:
             pz = decompose_transcendentals(UOp(Ops.SINK, None, (pz,))).src[0]
-        sv = UOp(Ops.VECTORIZE, dtypes.f32.vec(bk), tuple(scores)) - _splat(m_safe, bk)
+        sv = (UOp(Ops.VECTORIZE, dtypes.f32.vec(bk), tuple(scores)) if skeys is None else skeys) - _splat(m_safe, bk)
         pv = _widen(pz, z, sv, bk)
         ps = [UOp(Ops.GEP, dtypes.f32, (pv,), i) for i in range(bk)]
         lsum = _hsum(pv)
