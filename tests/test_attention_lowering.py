@@ -144,17 +144,21 @@ def test_one_query_row_scores_a_block_as_one_vector(t, masked, monkeypatch):
     np.testing.assert_allclose(out, (e / e.sum(-1, keepdims=True)) @ v, rtol=3e-5, atol=3e-5)
 
 
-def _value(u: UOp):
-    """A constant vector expression's value (CONST, VECTORIZE, GEP, ADD)."""
-    if u.op is Ops.CONST:
-        return float(u.arg)
-    if u.op is Ops.VECTORIZE:
-        return [_value(s) for s in u.src]
-    if u.op is Ops.GEP:
-        return _value(u.src[0])[u.arg]
-    assert u.op is Ops.ADD, u.op
-    a, b = _value(u.src[0]), _value(u.src[1])
-    return [x + y for x, y in zip(a, b)] if isinstance(a, list) else a + b
+def _value(u: UOp, memo: dict | None = None):
+    """A constant vector expression's value (CONST, VECTORIZE, GEP, ADD), each node evaluated once."""
+    memo = {} if memo is None else memo
+    if u not in memo:
+        if u.op is Ops.CONST:
+            memo[u] = float(u.arg)
+        elif u.op is Ops.VECTORIZE:
+            memo[u] = [_value(s, memo) for s in u.src]
+        elif u.op is Ops.GEP:
+            memo[u] = _value(u.src[0], memo)[u.arg]
+        else:
+            assert u.op is Ops.ADD, u.op
+            a, b = _value(u.src[0], memo), _value(u.src[1], memo)
+            memo[u] = [x + y for x, y in zip(a, b)] if isinstance(a, list) else a + b
+    return memo[u]
 
 
 def test_lane_sums_give_each_vectors_sum_in_its_lane():
