@@ -807,12 +807,10 @@ def _linearize_rows(ast: UOp, k: RowsKernel) -> list[UOp]:
     return lin.out
 
 
-def _linearize(ast: UOp, jb_arg: Any, ncols: int, hoist: bool = False, norder: int = 0,
-               barrier: bool = False) -> list[UOp]:
-    """The linear UOps: outer loops, the accumulators, the key-block loop with the online update, the stores.
-    `hoist` computes the loads (and gathers) that do not depend on the key block before its loop; the last
-    `norder` sources of `ast` are emitted first inside it, in that order (the inner products term by term,
-    interleaved across keys, so that independent partial sums follow each other)."""
+def _linearize(ast: UOp, jb_arg: Any, ncols: int, norder: int = 0, barrier: bool = False) -> list[UOp]:
+    """The linear UOps of the per-row form (`build`): outer loops, the accumulators, the key-block loop with the
+    online update, the stores. The last `norder` sources of `ast` (the GPU's staging stores) are emitted first
+    inside the key-block loop, in that order."""
 
     nodes = ast.toposort()
     bm, alpha, lsum = ast.src[:3]
@@ -838,14 +836,6 @@ def _linearize(ast: UOp, jb_arg: Any, ncols: int, hoist: bool = False, norder: i
 
     m, lacc = acc(-math.inf, bm.dtype), acc(0.0, lsum.dtype)
     o = [acc(0.0, c.dtype) for c in cols]
-    if hoist and jb is not None:
-        inside: set[UOp] = set()  # what depends on the key block or on an accumulator
-        for u in nodes:
-            if u is jb or (u.op is Ops.READ_ACC and not u.src) or any(x in inside for x in u.src):
-                inside.add(u)
-        for u in nodes:
-            if u.op is Ops.LOAD and u not in inside and u.dtype is not None:
-                lin.emit(u)
     if jb is not None:
         lin.open_range(jb)
     for u in order:
