@@ -166,3 +166,12 @@ def test_lane_sums_give_each_vectors_sum_in_its_lane():
     vals = np.arange(256, dtype=np.float32).reshape(16, 16) % 7 - 3 + np.arange(16)[:, None] * 100
     vs = [UOp(Ops.VECTORIZE, dtypes.f32.vec(16), tuple(UOp.const(dtypes.f32, float(x)) for x in row)) for row in vals]
     assert _value(A._lane_sums(vs)) == vals.sum(1).tolist()
+
+
+def test_the_rows_kernel_counts_all_its_work():
+    """The CPU's local arrays are the thread's own (not a work-group's shared memory, whose loads `count_work`
+    weighs 1/n): the kernel's counted ops cover at least the two matmuls' multiply-adds (4 B T^2 D)."""
+    from tgc.codegen.kernel import kernel_flops
+    dims = {"B": 2, "T": 32, "D": 32, "E": 32}
+    low = A.lower_attention(attention_item(program(False), dims), CPU, "attn", opts(16, 16, 2))
+    assert kernel_flops(low.uops, CPU, low.launch) >= 4 * 2 * 32 * 32 * 32
