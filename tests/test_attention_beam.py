@@ -193,10 +193,20 @@ def test_the_winner_is_timed_again_against_the_default(monkeypatch):
     assert res.opts == default and res.after_s == res.before_s == 2.0
 
 
-def test_a_wide_head_is_not_searched(monkeypatch):
-    """Past `MAX_SEARCH_TERMS` (a 128-wide head: each candidate takes many seconds to compile) the default is the
-    only candidate: BEAM stores it without compiling or timing anything."""
+def test_a_wide_head_is_searched_in_the_rows_form():
+    """The rows form keeps the head dimension and the output columns as loops: a 128-wide head's candidates are
+    small kernels, and BEAM searches them all."""
     item = attention_item(program(False), {"B": 2, "T": 40, "D": 128, "E": 128})
+    assert A.choices(item, CPU)["rows"] == A.ROW_LANES
+    assert A._terms(item.meta["attention"], A.choices(item, CPU)) <= A.MAX_SEARCH_TERMS
+    assert len(A.candidates(item, CPU)) > 1
+
+
+def test_a_wide_head_is_not_searched_in_the_per_row_form(monkeypatch):
+    """Past `MAX_SEARCH_TERMS` (a 256-wide head of half inputs, the per-row form: each candidate takes many
+    seconds to compile) the default is the only candidate: BEAM stores it without compiling or timing anything."""
+    item = attention_item(program(False, "f16"), {"B": 2, "T": 40, "D": 256, "E": 256})
+    assert A.choices(item, CPU)["rows"] == 0
     assert A._terms(item.meta["attention"], A.choices(item, CPU)) > A.MAX_SEARCH_TERMS
     assert A.candidates(item, CPU) == [A.opts_of(A.choices(item, CPU))]
 

@@ -164,6 +164,10 @@ class _Renderer:
             self.names[u] = name
             self.allocas.append(f"{name} = alloca {ltype(d)}")
             self.emit(f"store {ltype(d)} {self.ref(u.src[0])}, ptr {name}")
+        elif op is Ops.DEFINE_LOCAL:  # a thread's own scratch array (the CPU's work-group is one thread)
+            name = f"%local{len(self.allocas)}"
+            self.names[u] = name
+            self.allocas.append(f"{name} = alloca [{u.arg[1]} x {mtype(d.scalar())}], align 64")
         elif op is Ops.ACCUMULATE:
             acc, v = u.src
             cur = self.tmp()

@@ -15,8 +15,12 @@ index. This module writes its linear UOps directly, for every device:
 That is the per-row form (`build`: PYTHON, the GPU dialects one thread per row with each block of k and v
 staged in shared memory by the work-group (`_stage_shared`), and half inputs on the CPU;
 with vectors, inner products 16 lanes of the head dimension at a time). On devices with vectors (the CPU)
-`build_rows` makes 16 query rows the lanes of every value instead: no horizontal sums, q gathered once per
-tile of rows, each k and v element broadcast, the block's exps one vector polynomial per key.
+`build_rows` makes 16 query rows the lanes of every value instead, with loops, not written-out terms: the
+row side of the inner products is staged once per tile of rows into a local array (head dimension x 16),
+each key's score is a 16-lane REDUCE over the head dimension (a block's keys share that loop), the output
+row's accumulators are a second local array (Dv x 16) that a loop over the columns rescales and adds the
+block's p * v to, and the block's exps are one vector polynomial per key. Its size does not grow with the
+head dimension.
 
 The scores live in registers for one block and are never stored; the accumulators are updated with
 ACCUMULATE MUL then ADD (no new op: every renderer and the PYTHON device run it; the PYTHON device steps a
@@ -99,8 +103,9 @@ def _lanes(u: UOp, r: UOp, w: int, lane_id: int) -> UOp | None:
     return out if out.dtype is not None and out.dtype.count == w else None
 
 
-def _vector_scores(x: UOp, w: int, lane_id: int) -> UOp:
-    """x with each f32 inner product over a multiple of `w` computed `w` lanes at a time (then summed)."""
+def _vector_reduces(x: UOp, w: int, lane_id: int) -> dict[UOp, UOp]:
+    """Each f32 inner product of x over a multiple of `w`, as a REDUCE of `w`-lane vectors (its lanes' sum is the
+    inner product)."""
     mapping = {}
     for red in (u for u in x.toposort() if u.op is Ops.REDUCE):
         if (red.arg is not Ops.ADD or red.dtype != dtypes.f32 or len(red.src) != 2
@@ -110,8 +115,76 @@ def _vector_scores(x: UOp, w: int, lane_id: int) -> UOp:
         if vin is not None:
             outer = vin.toposort()
             r = next(u for u in outer if u.op is Ops.RANGE and u.arg == red.src[1].arg)
-            mapping[red] = _hsum(UOp(Ops.REDUCE, vin.dtype, (vin, r), Ops.ADD))
+            mapping[red] = UOp(Ops.REDUCE, vin.dtype, (vin, r), Ops.ADD)
+    return mapping
+
+
+def _vector_scores(x: UOp, w: int, lane_id: int) -> UOp:
+    """x with each f32 inner product over a multiple of `w` computed `w` lanes at a time (then summed)."""
+    mapping = {red: _hsum(v) for red, v in _vector_reduces(x, w, lane_id).items()}
     return substitute(x, mapping) if mapping else x
+
+
+def _lane_sums(vs: list[UOp]) -> UOp:
+    """n vectors of n lanes (n a power of two) -> one vector whose lane i is the sum of vs[i]'s lanes: a tree of
+    half-vector additions (each level adds the two halves of every key's lanes, two keys per shuffle pair: 2n - 2
+    shuffles and n - 1 additions in all, where n horizontal sums take n log2 n of each), then one permutation."""
+    n = len(vs)
+    items = [(v, [i] * n) for i, v in enumerate(vs)]  # each vector with the key every lane belongs to
+    h = n // 2
+    while h >= 1:
+        nxt = []
+        for (a, own_a), (b, own_b) in zip(items[0::2], items[1::2]):
+            lo, hi, own = [], [], []
+            for k in range(n // (2 * h)):
+                for src, o in ((a, own_a), (b, own_b)):
+                    lo += [UOp(Ops.GEP, dtypes.f32, (src,), k * 2 * h + i) for i in range(h)]
+                    hi += [UOp(Ops.GEP, dtypes.f32, (src,), k * 2 * h + h + i) for i in range(h)]
+                    own += [o[k * 2 * h + i] for i in range(h)]
+            vt = dtypes.f32.vec(n)
+            nxt.append((UOp(Ops.VECTORIZE, vt, tuple(lo)) + UOp(Ops.VECTORIZE, vt, tuple(hi)), own))
+        items, h = nxt, h // 2
+    v, own = items[0]
+    return UOp(Ops.VECTORIZE, dtypes.f32.vec(n), tuple(UOp(Ops.GEP, dtypes.f32, (v,), own.index(i)) for i in range(n)))
+
+
+def _hmax(v: UOp) -> UOp:
+    """The largest of a vector's lanes, as a balanced tree."""
+    lanes = [UOp(Ops.GEP, v.dtype.scalar(), (v,), i) for i in range(v.dtype.count)]
+    while len(lanes) > 1:
+        lanes = [UOp(Ops.MAX, lanes[i].dtype, (lanes[i], lanes[i + 1])) if i + 1 < len(lanes) else lanes[i]
+                 for i in range(0, len(lanes), 2)]
+    return lanes[0]
+
+
+def _key_vector_scores(sp: Any, keys: list[dict], jb: UOp, bk: int, w: int, next_id: int) -> UOp | None:
+    """The scores of a block's `bk` == `w` keys as one vector (lane jj: key jj), the per-row form with vectors:
+    each key's inner products are `w`-lane REDUCEs whose lane sums are taken together (`_lane_sums`), and the
+    rest of X (scale, mask) is computed on the keys as lanes. None where an inner product does not vectorize."""
+    reds = [u for u in sp.x.toposort() if u.op is Ops.REDUCE]
+    vmap = _vector_reduces(sp.x, w, next_id + 1)
+    if not reds or len(vmap) != len(reds) or bk != w or w & (w - 1):
+        return None
+    if any(u.dtype is not None and u.dtype.scalar() in HALF for u in sp.x.toposort()):
+        return None  # half values as vectors: not legalized here (the per-key form computes them)
+    lane = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, bk),), (next_id + 7, RangeKind.UPCAST))
+    nblocks = -(-sp.tk // bk)
+    j = simplify(jb * UOp.const(INDEX, bk) + lane) if nblocks > 1 else lane
+    ragged = sp.tk % bk != 0
+    jc = simplify((j < UOp.const(INDEX, sp.tk)).where(j, UOp.const(INDEX, sp.tk - 1))) if ragged else j
+    phs = {red: UOp(Ops.READ_ACC, dtypes.f32, (), ("attn score", i)) for i, red in enumerate(reds)}
+    vz = _row_vectorizer(lane)  # index math and masks lane by lane as scalars (with their bounds)
+    for red, ph in phs.items():
+        vz.depends.add(ph)
+        vz.memo[ph] = _lane_sums([simplify(substitute(vmap[red], key)) for key in keys])
+    xk = simplify(substitute(substitute(sp.x, phs), {sp.rj: jc}))
+    vz.analyze(xk)
+    sv = vz.broadcast(_f32(xk))
+    if ragged:
+        live = simplify(j < UOp.const(INDEX, sp.tk))
+        vz.analyze(live)
+        sv = UOp(Ops.WHERE, sv.dtype, (vz.broadcast(live), sv, _splat(_c(-math.inf), bk)))
+    return sv
 
 
 def _widen(u: UOp, z: UOp, zv: UOp, w: int) -> UOp:
@@ -239,9 +312,14 @@ def build(sp: Any, block: int = BLOCK, width: int = 1, decompose: bool = False,
             s = UOp(Ops.WHERE, dtypes.f32, (j < UOp.const(INDEX, sp.tk), s, _c(-math.inf)))
         scores.append(s)
         keys.append(key_sub)
-    bm = scores[0]
-    for s in scores[1:]:
-        bm = UOp(Ops.MAX, dtypes.f32, (bm, s))
+    # with vectors and a block of one vector's keys: the block's scores as one vector (lane sums taken together)
+    skeys = _key_vector_scores(sp, keys, jb, bk, width, next_id) if width > 1 and staged is None else None
+    if skeys is not None:
+        bm = _hmax(skeys)
+    else:
+        bm = scores[0]
+        for s in scores[1:]:
+            bm = UOp(Ops.MAX, dtypes.f32, (bm, s))
     m_old, m_new = _ph("m_old"), _ph("m_new")
     m_safe = UOp(Ops.WHERE, dtypes.f32, (UOp(Ops.CMPNE, dtypes.bool, (m_new, _c(-math.inf))), m_new, _c(0.0)))
     alpha = _exp(m_old - m_safe)
@@ -250,7 +328,7 @@ def build(sp: Any, block: int = BLOCK, width: int = 1, decompose: bool = False,
         pz = _exp(z)
         if decompose:
             pz = decompose_transcendentals(UOp(Ops.SINK, None, (pz,))).src[0]
-        sv = UOp(Ops.VECTORIZE, dtypes.f32.vec(bk), tuple(scores)) - _splat(m_safe, bk)
+        sv = (UOp(Ops.VECTORIZE, dtypes.f32.vec(bk), tuple(scores)) if skeys is None else skeys) - _splat(m_safe, bk)
         pv = _widen(pz, z, sv, bk)
         ps = [UOp(Ops.GEP, dtypes.f32, (pv,), i) for i in range(bk)]
         lsum = _hsum(pv)
@@ -292,7 +370,6 @@ def build(sp: Any, block: int = BLOCK, width: int = 1, decompose: bool = False,
 
 ROW_LANES = 16  # query rows per vector on devices with vectors (`build_rows`)
 ROW_BLOCK = 16  # keys per block there
-MAX_UNROLL = 128  # head dimensions up to this are unrolled in `build_rows`
 
 
 def _row_vectorizer(lane: UOp, cache: dict | None = None, simp: Any = simplify) -> Any:
@@ -328,11 +405,53 @@ def _memo_simplify() -> Any:
     return lambda u: graph_rewrite(u, symbolic, memo=memo)
 
 
-def build_rows(sp: Any, decompose: bool, w: int = ROW_LANES, block: int | None = None) -> tuple[UOp, UOp, int] | None:
-    """The kernel with `w` query rows as the lanes of every value (devices with vectors): per key, the scores of
-    w rows are one vector (the head dimension unrolled, q gathered once per tile of rows, each k element
-    broadcast), and the output row is Dv vector accumulators. None where it does not apply (half types, a long
-    head dimension, one query row)."""
+@dataclasses.dataclass
+class RowsKernel:
+    """`build_rows`'s kernel: `ast` a SINK of [block max, alpha, sum of p, the output update's store, then
+    `nfinal` output stores, `nstage` staging stores, `nzero` zeroing stores]; the loops by range id: `jb` the key
+    blocks, `stage` the staging loop over the head dimension, `zero`, `update` and `final` the loops over the
+    output columns (zeroing the accumulators, adding a block to them, storing them)."""
+
+    ast: UOp
+    jb: Any
+    stage: Any
+    zero: Any
+    update: Any
+    final: Any
+    nfinal: int
+    nstage: int
+    nzero: int
+
+
+def _row_side(body: UOp, lane: UOp, r: UOp, rj: UOp) -> list[UOp]:
+    """The largest float subexpressions of an inner product's `body` that vary with the query row (`lane`) and the
+    head-dimension index `r` but not with the key `rj` (q's element, or what q is computed from): each is staged
+    once per tile of rows (`build_rows`) instead of recomputed for every key."""
+    nodes = body.toposort()
+    dep: dict[UOp, int] = {}  # bit 1: varies with the row, 2: with r, 4: with the key
+    for u in nodes:
+        bits = (1 if u is lane else 2 if u is r else 4 if u is rj else 0)
+        for s in u.src:
+            bits |= dep.get(s, 0)
+        dep[u] = bits
+
+    def wanted(u: UOp) -> bool:
+        return dep[u] == 3 and u.dtype is not None and u.dtype.count == 1 and u.dtype.is_float
+
+    users: dict[UOp, list[UOp]] = {}
+    for u in nodes:
+        for s in u.src:
+            users.setdefault(s, []).append(u)
+    return [u for u in nodes if wanted(u) and (u is body or any(not wanted(p) for p in users.get(u, [])))]
+
+
+def build_rows(sp: Any, decompose: bool, w: int = ROW_LANES, block: int | None = None) -> RowsKernel | None:
+    """The kernel with `w` query rows as the lanes of every value (devices with vectors). Loops, not written-out
+    terms: per tile of rows, what the inner products read of the query rows (`_row_side`) is staged once into
+    a DEFINE_LOCAL (head dimension x w lanes: one vector load per element after); per block of keys, each key's
+    scores are one w-lane REDUCE over the head dimension (the block's keys share that loop: one accumulator
+    each), and the output row's accumulators (Dv x w lanes) live in a second DEFINE_LOCAL that a loop over the
+    columns rescales and adds the block's p * v to. None where it does not apply (half types, one query row)."""
     if not _rows_apply(sp):
         return None
     ri = sp.loops[-1]
@@ -340,35 +459,53 @@ def build_rows(sp: Any, decompose: bool, w: int = ROW_LANES, block: int | None =
     tq = ri.src[0].arg
     ids = [u.arg[0] for e in (sp.x, sp.v, *sp.loops) for u in e.toposort() if u.op is Ops.RANGE]
     next_id = max(ids, default=0) + 1
+
+    def new_range(n: int, offset: int, kind: RangeKind = RangeKind.REDUCE) -> UOp:
+        return UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, n),), (next_id + offset, kind))
+
     tile = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, -(-tq // w)),), ri.arg)
-    lane = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, w),), (next_id + 1, RangeKind.UPCAST))
+    lane = new_range(w, 1, RangeKind.UPCAST)
     rows = simp(tile * UOp.const(INDEX, w) + lane)
     rows_c = simp((rows < UOp.const(INDEX, tq)).where(rows, UOp.const(INDEX, tq - 1))) if tq % w else rows
     bk = min(ROW_BLOCK if block is None else block, sp.tk)
     nblocks = -(-sp.tk // bk)
-    jb = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, nblocks),), (next_id, RangeKind.REDUCE))
+    jb = new_range(nblocks, 0)
     ragged = sp.tk % bk != 0
     vf = dtypes.f32.vec(w)
+    lanes_at: dict = {}
+
+    def vectorizer() -> Any:
+        return _row_vectorizer(lane, lanes_at, simp)
+
+    # staging: each row-side subexpression of an inner product, for every head-dimension index, into local memory
+    x = simp(substitute(sp.x, {ri: rows_c}))
+    staged: dict[UOp, UOp] = {}
+    stage_stores: list[UOp] = []
+    stage_sizes = {r.src[0].arg for red in x.toposort() if red.op is Ops.REDUCE for r in red.src[1:]}
+    if len(stage_sizes) > 1:  # inner products of different lengths: one staging loop would not cover them
+        return None
+    rs = new_range(stage_sizes.pop() if stage_sizes else 1, 2)
+    for red in (u for u in x.toposort() if u.op is Ops.REDUCE):
+        r = red.src[1]
+        for u in _row_side(red.src[0], lane, r, sp.rj):
+            if u in staged:
+                continue
+            n = r.src[0].arg
+            local = UOp(Ops.DEFINE_LOCAL, u.dtype.as_ptr(), (), (f"q{len(staged)}", n * w))
+            vz = vectorizer()
+            st = UOp(Ops.STORE, None, (local, simp(rs * UOp.const(INDEX, w) + lane), simp(substitute(u, {r: rs}))))
+            vz.analyze(st)
+            stage_stores.extend(vz.store(st))
+            staged[u] = UOp(Ops.LOAD, u.dtype, (local, simp(r * UOp.const(INDEX, w) + lane)))
+    if staged:
+        x = substitute(x, staged)
     scores, keys = [], []
-    chains: dict[int, list[UOp]] = {}
-    lanes_at: dict = {}  # the partial sums of every key's inner products, term by term
     for jj in range(bk):
         j = simp(jb * UOp.const(INDEX, bk) + UOp.const(INDEX, jj)) if nblocks > 1 else UOp.const(INDEX, jj)
         jc = simp((j < UOp.const(INDEX, sp.tk)).where(j, UOp.const(INDEX, sp.tk - 1))) if ragged else j
-        xs = simp(substitute(sp.x, {sp.rj: jc, ri: rows_c}))
-        vz = _row_vectorizer(lane, lanes_at, simp)
+        xs = simp(substitute(x, {sp.rj: jc}))
+        vz = vectorizer()
         vz.analyze(xs)
-        for red in (u for u in xs.toposort() if u.op is Ops.REDUCE):  # written out, one partial sum per term
-            r, total = red.src[1], None
-            for d in range(r.src[0].arg):
-                term = simp(substitute(red.src[0], {r: UOp.const(INDEX, d)}))
-                vt = _row_vectorizer(lane, lanes_at, simp)
-                vt.analyze(term)
-                term = vt.broadcast(term)
-                total = term if total is None else UOp(Ops.ADD, term.dtype, (total, term))
-                chains.setdefault(d, []).append(total)
-            vz.memo[red] = total
-            vz.depends.add(red)
         sv = vz.broadcast(_f32(xs))
         if ragged:
             sv = UOp(Ops.WHERE, vf, (_splat(simp(j < UOp.const(INDEX, sp.tk)), w), sv, _splat(_c(-math.inf), w)))
@@ -389,35 +526,46 @@ def build_rows(sp: Any, decompose: bool, w: int = ROW_LANES, block: int | None =
     lsum = ps[0]
     for p in ps[1:]:
         lsum = lsum + p
-    cols, stores = [], []
+    # the output row's accumulators: Dv x w lanes in local memory, column c at [c * w, c * w + w)
+    acc = UOp(Ops.DEFINE_LOCAL, dtypes.f32.as_ptr(), (), ("o", sp.dv * w))
+    rz, rc, rf = new_range(sp.dv, 3), new_range(sp.dv, 4), new_range(sp.dv, 5)
+    zero = UOp(Ops.STORE, None, (acc, simp(rz * UOp.const(INDEX, w)), _splat(_c(0.0), w)))
+    at_c = simp(rc * UOp.const(INDEX, w))
+    o = UOp(Ops.LOAD, vf, (acc, at_c)) * alpha
+    vc = simp(substitute(sp.v, {sp.rdv: rc, ri: rows_c}))
+    for p, jc in zip(ps, keys):
+        vk = simp(substitute(vc, {sp.rj: jc}))
+        vz = vectorizer()
+        vz.analyze(vk)
+        o = o + p * vz.broadcast(_f32(vk))
+    update = UOp(Ops.STORE, None, (acc, at_c, o))
+    value = UOp(Ops.FDIV, vf, (UOp(Ops.LOAD, vf, (acc, simp(rf * UOp.const(INDEX, w)))), _ph("l", w)))
     # a lane past the last row computed the last row (its index is clamped): it stores that same value
-    lane_rows = [simp(substitute(rows_c, {lane: UOp.const(INDEX, t)})) for t in range(min(w, tq))]
-    for c in range(sp.dv):
-        vc = substitute(sp.v, {sp.rdv: UOp.const(INDEX, c)})
-        acc = None
-        for p, jc in zip(ps, keys):
-            term = p * _splat(_f32(simp(substitute(vc, {sp.rj: jc}))), w)
-            acc = term if acc is None else acc + term
-        cols.append(acc)
-        value = UOp(Ops.FDIV, vf, (_ph(f"o{c}", w), _ph("l", w)))
-        for t, row in enumerate(lane_rows):
-            idx = simp(substitute(sp.out_index, {sp.rdv: UOp.const(INDEX, c), ri: row}))
-            stores.append(UOp(Ops.STORE, None, (sp.out, idx, UOp(Ops.GEP, dtypes.f32, (value,), t))))
-    order = [u for d in sorted(chains) for u in chains[d]]
-    return UOp(Ops.SINK, None, (bm, alpha, lsum, *cols, *stores, *order)), jb, len(order)
+    finals = []
+    for t in range(min(w, tq)):
+        row = simp(substitute(rows_c, {lane: UOp.const(INDEX, t)}))
+        idx = simp(substitute(sp.out_index, {sp.rdv: rf, ri: row}))
+        finals.append(UOp(Ops.STORE, None, (sp.out, idx, UOp(Ops.GEP, dtypes.f32, (value,), t))))
+    ast = UOp(Ops.SINK, None, (bm, alpha, lsum, update, *finals, *stage_stores, zero))
+    return RowsKernel(ast, jb.arg, rs.arg, rz.arg, rc.arg, rf.arg, len(finals), len(stage_stores), 1)
 
 
-# BEAM's choices. Every head-dimension term is written out, so each candidate is a large kernel (seconds to
-# compile): the grid holds what measured close to the best on the bench sizes. 32 rows (two vectors per k
-# and v element) and blocks of 32 or 64 keys spill registers (2-3x slower at 8x512x64) and take 2-4x longer
-# to compile; they are accepted as stored opts but not searched.
+def _rows_local_bytes(sp: Any, w: int) -> int:
+    """The local memory `build_rows` declares at most: the staged query side (at most one array per inner product
+    term, head dimension x w) and the output accumulators (Dv x w), 4 bytes each."""
+    d = sum(r.src[0].arg for red in sp.x.toposort() if red.op is Ops.REDUCE for r in red.src[1:])
+    return 4 * w * (d + sp.dv)
+
+
+# BEAM's choices: the grid holds what measured close to the best on the bench sizes. 32 rows (two vectors per
+# score) and blocks of 32 or 64 keys spill registers; they are accepted as stored opts but not searched.
 ROW_CHOICES = (8, 16)  # query rows per vector (`build_rows`)
 BLOCK_CHOICES = (8, 16)  # keys per block (scores in registers at once, one rescale per block)
 MAX_ROWS, MAX_BLOCK = 32, 64  # what `attention_choices` accepts
-# BEAM searches a kernel only while the default's written-out terms ((rows + keys per block) x (head dim +
-# value dim), `_terms`) stay within this (the bench's 8x512x64 default); past it the default is the only
-# candidate: a 128-wide head's candidates take 15-35 s each to compile on the 2-core bench machine, past
-# `tgc beam`'s time budget.
+# BEAM searches a kernel only while the default's written-out terms (`_terms`) stay within this; past it the
+# default is the only candidate. The rows form (`build_rows`) writes out only the keys of a block (its head
+# dimension and output columns are loops); the per-row form (`build`: GPUs, PYTHON, half inputs) writes out
+# each key's term of every output column, so a wide head's candidates there take many seconds each to compile.
 MAX_SEARCH_TERMS = 4096
 
 
@@ -483,22 +631,24 @@ def candidates(item: Any, device: Any) -> list[list[Opt]]:
 
 
 def _terms(sp: Any, ch: dict[str, int]) -> int:
-    """How many terms the kernel writes out, roughly: each key of a block and each query row of a tile, once per
-    head-dimension element and value column (what its compile time grows with)."""
+    """How many terms the kernel writes out, roughly (what its compile time grows with): in the rows form each
+    key of a block, in its inner products' loop and in the output columns' loop; in the per-row form each key
+    of a block once per head-dimension element and value column."""
+    if ch["rows"]:
+        return 2 * ch["block"]
     d = sum(r.src[0].arg for red in sp.x.toposort() if red.op is Ops.REDUCE for r in red.src[1:]
             if r.src[0].op is Ops.CONST)
-    return (max(ch["rows"], 1) + ch["block"]) * (d + sp.dv)
+    return (1 + ch["block"]) * (d + sp.dv)
 
 
 def _rows_apply(sp: Any) -> bool:
-    if not sp.row_loop or not sp.loops or sp.loops[-1].arg[1] is not RangeKind.LOOP or sp.dtype != dtypes.f32 \
-            or sp.dv > MAX_UNROLL:
+    if not sp.row_loop or not sp.loops or sp.loops[-1].arg[1] is not RangeKind.LOOP or sp.dtype != dtypes.f32:
         return False
     if any(u.dtype is not None and u.dtype.scalar() in HALF for e in (sp.x, sp.v) for u in e.toposort()):
         return False
     for red in (u for u in sp.x.toposort() if u.op is Ops.REDUCE):
         rs = red.src[1:]
-        if red.arg is not Ops.ADD or len(rs) != 1 or rs[0].src[0].op is not Ops.CONST or rs[0].src[0].arg > MAX_UNROLL:
+        if red.arg is not Ops.ADD or len(rs) != 1 or rs[0].src[0].op is not Ops.CONST:
             return False
     return True
 
@@ -519,9 +669,10 @@ def lower_attention(item: Any, device: Any, name: str, opts: list[Opt] | None = 
             sp, presplit = split
     by_rows = build_rows(sp, device.caps.decompose_transcendentals, w=ch["rows"], block=ch["block"]) \
         if ch["rows"] and not reference else None
-    norder = 0
+    if by_rows is not None and shared_memory_bytes(by_rows.ast.toposort()) > launch_limits(device).shared_bytes:
+        by_rows = None  # its local arrays (a long head dimension) do not fit: the per-row form
     if by_rows is not None:
-        (ast, jb, norder), w = by_rows, 1
+        ast, w = by_rows.ast, 1
     else:
         group = min(SHARED_ROWS, launch_limits(device).threads) if device.caps.gpu and not env_flag("NOOPT") else 0
         block = BLOCK if reference else ch["block"]
@@ -546,8 +697,10 @@ def lower_attention(item: Any, device: Any, name: str, opts: list[Opt] | None = 
     bufs = list(item.bufs)
     ast, bufs = drop_unused_buffers(ast, bufs)
     ast = narrow_index(ast)
-    uops = _linearize(ast, jb.arg, sp.dv // w, hoist=by_rows is not None, norder=norder,
-                      barrier=device.caps.gpu and norder > 0)
+    if by_rows is not None:
+        uops = _linearize_rows(ast, by_rows)
+    else:
+        uops = _linearize(ast, jb.arg, sp.dv // w, norder=norder, barrier=device.caps.gpu and norder > 0)
     if debug_level() >= 6:  # the pipeline's passes do not run here: show what this lowering made
         import sys
         print(f"--- {name}: fused attention (tgc/codegen/attention.py), linear UOps\n{uops_text(uops)}",
@@ -600,12 +753,64 @@ def _split_spec(sp: Any, threads: int) -> tuple[Any, int] | None:
                                out_index=substitute(sp.out_index, sub)), threads
 
 
-def _linearize(ast: UOp, jb_arg: Any, ncols: int, hoist: bool = False, norder: int = 0,
-               barrier: bool = False) -> list[UOp]:
-    """The linear UOps: outer loops, the accumulators, the key-block loop with the online update, the stores.
-    `hoist` computes the loads (and gathers) that do not depend on the key block before its loop; the last
-    `norder` sources of `ast` are emitted first inside it, in that order (the inner products term by term,
-    interleaved across keys, so that independent partial sums follow each other)."""
+def _linearize_rows(ast: UOp, k: RowsKernel) -> list[UOp]:
+    """The linear UOps of `build_rows`'s kernel (`ast` its SINK after the lowering's passes, `k` its layout): the
+    outer loops, the staging loop, the zeroing loop, the m and l accumulators, the key-block loop (the scores'
+    inner products, one loop shared by the block's keys; the online update; the loop adding the block to the
+    output accumulators), then the loop storing the output."""
+    nodes = ast.toposort()
+    bm, alpha, lsum, update = ast.src[:4]
+    finals = ast.src[4:4 + k.nfinal]
+    stages = ast.src[4 + k.nfinal:4 + k.nfinal + k.nstage]
+    zeros = ast.src[4 + k.nfinal + k.nstage:]
+    ranges = {u.arg: u for u in nodes if u.op is Ops.RANGE}
+    lin = start_linearizer(nodes)
+    for r in sorted((u for u in nodes if u.op is Ops.RANGE and u.arg[1] is RangeKind.LOOP), key=lambda r: r.arg[0]):
+        lin.open_range(r)
+
+    def loop(arg: Any, stores: tuple[UOp, ...]) -> None:
+        if arg in ranges:
+            lin.open_range(ranges[arg])
+        for st in stores:
+            lin.emit(st)
+        if arg in ranges:
+            lin.close_range()
+
+    def acc(init: float, d) -> UOp:
+        a = lin.push(UOp(Ops.DEFINE_ACC, d, (lin.emit(UOp.const(d, init)),), lin.acc_count))
+        lin.acc_count += 1
+        return a
+
+    def bind(name: str, a: UOp) -> None:
+        read = lin.push(UOp(Ops.READ_ACC, a.dtype, (a,), name))  # (the tag keeps each read its own node)
+        lin.scopes[-1][UOp(Ops.READ_ACC, a.dtype, (), ("attn", name))] = read
+
+    loop(k.stage, stages)
+    loop(k.zero, zeros)
+    m, lacc = acc(-math.inf, bm.dtype), acc(0.0, lsum.dtype)
+    if k.jb in ranges:
+        lin.open_range(ranges[k.jb])
+    bm_l = lin.emit(bm)
+    bind("m_old", m)
+    lin.push(UOp(Ops.ACCUMULATE, m.dtype, (m, bm_l), Ops.MAX))
+    bind("m_new", m)
+    alpha_l, lsum_l = lin.emit(alpha), lin.emit(lsum)
+    lin.push(UOp(Ops.ACCUMULATE, lacc.dtype, (lacc, alpha_l), Ops.MUL))
+    lin.push(UOp(Ops.ACCUMULATE, lacc.dtype, (lacc, lsum_l), Ops.ADD))
+    loop(k.update, (update,))
+    if k.jb in ranges:
+        lin.close_range()
+    bind("l", lacc)
+    loop(k.final, finals)
+    while lin.open_ranges:
+        lin.close_range()
+    return lin.out
+
+
+def _linearize(ast: UOp, jb_arg: Any, ncols: int, norder: int = 0, barrier: bool = False) -> list[UOp]:
+    """The linear UOps of the per-row form (`build`): outer loops, the accumulators, the key-block loop with the
+    online update, the stores. The last `norder` sources of `ast` (the GPU's staging stores) are emitted first
+    inside the key-block loop, in that order."""
 
     nodes = ast.toposort()
     bm, alpha, lsum = ast.src[:3]
@@ -631,14 +836,6 @@ def _linearize(ast: UOp, jb_arg: Any, ncols: int, hoist: bool = False, norder: i
 
     m, lacc = acc(-math.inf, bm.dtype), acc(0.0, lsum.dtype)
     o = [acc(0.0, c.dtype) for c in cols]
-    if hoist and jb is not None:
-        inside: set[UOp] = set()  # what depends on the key block or on an accumulator
-        for u in nodes:
-            if u is jb or (u.op is Ops.READ_ACC and not u.src) or any(x in inside for x in u.src):
-                inside.add(u)
-        for u in nodes:
-            if u.op is Ops.LOAD and u not in inside and u.dtype is not None:
-                lin.emit(u)
     if jb is not None:
         lin.open_range(jb)
     for u in order:

@@ -102,14 +102,15 @@ class Kernel(LaunchableKernel):
             return comp.disassemble(self.binary)
 
 
-def count_work(uops: list[UOp], env: dict[str, int] | None = None) -> float:
+def count_work(uops: list[UOp], env: dict[str, int] | None = None, groups: bool = True) -> float:
     """Float operations one thread executes, from the loop trip counts around each ALU op.
 
     `env` gives kernel variables (the CPU's `core_id`) so that a loop whose end depends on them gets its
     real trip count (else the end's largest value). The combine step of a GROUP reduction, which every
     thread of the group repeats on the same shared-memory partials, counts once per group: a value read
     from shared memory at an index over a combine loop of n iterations, and whatever follows from it
-    without varying by thread, weighs 1/n.
+    without varying by thread, weighs 1/n. `groups=False` (the CPU, whose work-group is one thread: its local
+    memory is that thread's scratch array) counts every op.
     """
     flops, trips = 0.0, [1]
     varying: dict[UOp, bool] = {}  # differs between the threads of a work-group
@@ -126,7 +127,7 @@ def count_work(uops: list[UOp], env: dict[str, int] | None = None) -> float:
         if u.op is Ops.SPECIAL:
             varying[u] = str(u.arg[0]).startswith("lidx")
             continue
-        if u.op is Ops.LOAD and u.src and u.src[0].op is Ops.DEFINE_LOCAL:
+        if groups and u.op is Ops.LOAD and u.src and u.src[0].op is Ops.DEFINE_LOCAL:
             varying[u] = False
             factor[u] = max(prod_ranges(u.src[1]), 1) if len(u.src) > 1 else 1
         else:
@@ -162,7 +163,7 @@ def kernel_flops(uops: list[UOp], device: Any, launch: dict) -> int:
         for n in (*gsize, *(launch.get("local_size") or ())):
             threads *= int(n)
         return round(count_work(uops) * threads)
-    return round(sum(count_work(uops, {"core_id": c}) for c in range(max(int(gsize[0]), 1))))
+    return round(sum(count_work(uops, {"core_id": c}, groups=False) for c in range(max(int(gsize[0]), 1))))
 
 
 def graph_flops(item: ScheduleItem, device: Any) -> int:
@@ -428,7 +429,7 @@ def symbolic_work(k: Kernel, dims: dict[str, int], bufs: list[UOp]) -> tuple[int
             threads *= int(n)
         return round(count_work(k.uops, env) * threads), bytes_touched(k.ast, bufs)
     cores = max(int(k.global_size[0]), 1)
-    flops = round(sum(count_work(k.uops, {**env, "core_id": c}) for c in range(cores)))
+    flops = round(sum(count_work(k.uops, {**env, "core_id": c}, groups=False) for c in range(cores)))
     return flops, bytes_touched(k.ast, bufs)
 
 
