@@ -169,6 +169,12 @@ class Connection:
             self._conn.close()
             self._conn = None
 
+    def set_timeout(self, seconds: float) -> None:
+        """Wait `seconds` for an answer from now on: on the open connection and on any opened later."""
+        self.timeout = seconds
+        if self._conn is not None and self._conn.sock is not None:
+            self._conn.sock.settimeout(seconds)
+
     def _connect(self) -> _GatheringHTTPConnection:
         deadline, delay = time.monotonic() + self.retry, 0.05
         while True:
