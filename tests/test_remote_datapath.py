@@ -185,7 +185,8 @@ _OK_BODY = P.encode_results([None], {})
     (b"HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\n", "bad Content-Length"),
     (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nTGC1", "lost the connection .*IncompleteRead"),
     (b"HTTP/1.1 200 OK\r\nContent-Length: 999999999999\r\n\r\n", "answer of 999999999999 bytes, more than"),
-])
+], ids=["closed", "not-http", "bad-status", "too-many-headers", "long-line", "no-colon", "two-lengths",
+        "negative-length", "short-body", "huge-length"])
 def test_malformed_answers_are_one_clear_error(answer, message):
     """The client reads answers itself (no http.client): each malformed one is one DeviceError, never a hang."""
     from tgc.backends.remote.client import Connection
