@@ -46,6 +46,53 @@ def timed_runs(prog, device: str, inputs: dict[str, np.ndarray], repeat: int) ->
     return times
 
 
+_ECHO = """import socket, sys
+listener = socket.socket(fileno=int(sys.argv[1]))
+n, size = int(sys.argv[2]), int(sys.argv[3])
+conn, _ = listener.accept()
+for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+    size and conn.setsockopt(socket.SOL_SOCKET, opt, size)
+view = memoryview(bytearray(n))
+while True:
+    got = 0
+    while got < n:
+        k = conn.recv_into(view[got:])
+        if not k:
+            sys.exit(0)
+        got += k
+    conn.sendall(b"x")
+"""
+
+
+def loopback_rate(nbytes: int = 4 << 20, repeat: int = 20) -> float:
+    """Bytes per second of `nbytes` sent over a TCP loopback connection to a child process and acknowledged
+    (the median), with the REMOTE connections' socket buffers: the ceiling the payload rate is measured
+    against, on this machine at this moment (its load included)."""
+    import socket
+    import subprocess
+
+    from tgc.backends.remote.protocol import SOCKET_BUFFER, tune_socket
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port = listener.getsockname()[1]
+        child = subprocess.Popen([sys.executable, "-c", _ECHO, str(listener.fileno()), str(nbytes),
+                                  str(max(SOCKET_BUFFER, 0))], pass_fds=(listener.fileno(),))
+    data = memoryview(np.ones(nbytes, np.uint8))
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as conn:
+            tune_socket(conn)
+            times = []
+            for _ in range(repeat):
+                st = time.perf_counter()
+                conn.sendall(data)
+                conn.recv(1)
+                times.append(time.perf_counter() - st)
+    finally:
+        child.wait(60)
+    return nbytes / statistics.median(times)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-d", "--device", default="CPU", help="the device to serve and to compare with")
@@ -53,6 +100,7 @@ def main() -> int:
     a = ap.parse_args()
     rng = np.random.default_rng(0)
     rows = []
+    ceiling = loopback_rate()
     with ServerProcess(a.device) as srv:
         os.environ["TGC_REMOTE"] = srv.address
         remote = get_device("REMOTE")
@@ -71,7 +119,9 @@ def main() -> int:
             lm, rm = statistics.median(local), statistics.median(there)
             rows.append((name, kernels, nbytes, trips, lm, rm, moved))
         remote.close()
-    print(f"REMOTE serving {a.device} on 127.0.0.1, median of {a.repeat} runs")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"REMOTE serving {a.device} on 127.0.0.1, median of {a.repeat} runs; {os.cpu_count()} cores, load average "
+          f"{load:.1f}; raw TCP loopback here now: {ceiling / 1e9:.2f} GB/s one way")
     print(f"{'program':<28}{'kernels':>8}{'input':>10}{'trips/run':>11}{'local':>11}{'REMOTE':>11}"
           f"{'overhead':>11}{'ratio':>8}")
     for name, kernels, nbytes, trips, lm, rm, _ in rows:

@@ -131,3 +131,104 @@ def test_large_and_repeated_payloads_round_trip_through_remote(server, monkeypat
         np.testing.assert_allclose(prog.run(device="REMOTE", x=x, y=y)["out0"], x * 2 + y, rtol=1e-6)
     finally:
         _drop_remote_instances()
+
+
+class _RawServer:
+    """A loopback listener that answers each connection's first request with fixed bytes (then closes)."""
+
+    def __init__(self, answer: bytes):
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(4)
+        self.answer = answer
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.listener.getsockname()[1]}"
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(10)
+                got = b""
+                try:
+                    while b"\r\n\r\n" not in got:
+                        chunk = conn.recv(65536)
+                        if not chunk:
+                            break
+                        got += chunk
+                    conn.sendall(self.answer)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+_OK_BODY = P.encode_results([None], {})
+
+
+@pytest.mark.parametrize("answer, message", [
+    (b"", "lost the connection .*closed the connection without an answer"),
+    (b"SPDY/9 200 OK\r\n\r\n", "lost the connection .*SPDY/9 200 OK"),
+    (b"HTTP/1.1 2000 OK\r\n\r\n", "lost the connection"),
+    (b"HTTP/1.1 200 OK\r\n" + b"X-A: b\r\n" * 101 + b"\r\n", "more than 100 headers"),
+    (b"HTTP/1.1 200 OK\r\nX-Long: " + b"a" * 70000 + b"\r\n\r\n", "lost the connection .*line"),
+    (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "malformed header line"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nabcdef", "two different Content-Length"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\n", "bad Content-Length"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nTGC1", "lost the connection .*IncompleteRead"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 999999999999\r\n\r\n", "answer of 999999999999 bytes, more than"),
+], ids=["closed", "not-http", "bad-status", "too-many-headers", "long-line", "no-colon", "two-lengths",
+        "negative-length", "short-body", "huge-length"])
+def test_malformed_answers_are_one_clear_error(answer, message):
+    """The client reads answers itself (no http.client): each malformed one is one DeviceError, never a hang."""
+    from tgc.backends.remote.client import Connection
+    from tgc.errors import DeviceError
+    srv = _RawServer(answer)
+    try:
+        host, port = srv.address.rsplit(":", 1)
+        conn = Connection(host, int(port), None, "datapath-session-0123456789", timeout=10.0, retry=0.0)
+        with pytest.raises(DeviceError, match=message):
+            conn.post(P.encode_requests([P.Synchronize()], {}), limit=1 << 20)
+        conn.close()
+    finally:
+        srv.close()
+
+
+def test_a_well_formed_answer_is_read_whole_and_its_headers_kept():
+    from tgc.backends.remote.client import Connection
+    answer = (b"HTTP/1.1 200 OK\r\ncontent-length: " + str(len(_OK_BODY)).encode() + b"\r\n"
+              + P.TIMING_HEADER.upper().encode() + b": Decode;1;0.000;5.000\r\nConnection: close\r\n\r\n" + _OK_BODY)
+    srv = _RawServer(answer)
+    try:
+        host, port = srv.address.rsplit(":", 1)
+        conn = Connection(host, int(port), "tok", "datapath-session-0123456789", timeout=10.0, retry=0.0)
+        assert conn.post(P.encode_requests([P.Synchronize()], {}), timing=True) == _OK_BODY
+        assert conn.server_timing == "Decode;1;0.000;5.000"  # header names match in any case
+        assert conn._conn is None  # `Connection: close` closed it
+    finally:
+        srv.close()
+
+
+def test_both_ends_of_a_connection_get_fixed_socket_buffers(server):
+    """`protocol.tune_socket` on both ends (Linux reports twice the size set; the autotuned default starts at
+    128 KiB)."""
+    from tgc.backends.remote.client import RemoteDevice
+    dev = RemoteDevice(address=f"127.0.0.1:{server.port}", retry=0.0, timeout=60.0)
+    try:
+        dev._submit(P.Synchronize())
+        sock = dev._conn._conn.sock
+        for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            assert sock.getsockopt(socket.SOL_SOCKET, opt) >= P.SOCKET_BUFFER
+        with server.conn_lock:
+            (served,) = list(server.conns)
+        assert served.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) >= P.SOCKET_BUFFER
+    finally:
+        dev.close()

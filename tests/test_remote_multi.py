@@ -9,7 +9,6 @@ import dataclasses
 import importlib.util
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -434,7 +433,7 @@ def test_a_server_killed_mid_transfer_is_one_clear_error(servers, monkeypatch):
         n = 8 << 20
         h0, h1 = _buffer(r0, np.ones(n, np.uint8)), _buffer(r1, np.zeros(n, np.uint8))
         r1.flush()
-        victim.proc.send_signal(signal.SIGSTOP)
+        victim.freeze()
         errors: list[BaseException] = []
 
         def copy() -> None:
@@ -483,16 +482,20 @@ def test_a_stopped_server_times_out_instead_of_hanging(servers, monkeypatch):
             monkeypatch.delenv(name, raising=False)
         drop_remote_instances()
         r1 = get_device("REMOTE:1")
+        conn = r1._connection()
+        assert conn.timeout == 1.0  # TGC_REMOTE_TIMEOUT's
+        conn.set_timeout(60.0)  # the setup's answers may be slow on a busy machine
         h = _buffer(r1, np.ones(64, np.uint8))
         r1.flush()
-        frozen.proc.send_signal(signal.SIGSTOP)
+        conn.set_timeout(1.0)
+        frozen.freeze()  # every thread stopped (a bare SIGSTOP left a thread that still answered, under load)
         try:
             with pytest.raises(DeviceError, match=f"lost the connection to REMOTE server {frozen.address}: no answer "
                                                   "within 1s") as e:
                 r1.read_range(h, 0, 64)
             assert e.value.exit_code == 1
         finally:
-            frozen.proc.send_signal(signal.SIGCONT)
+            frozen.thaw()
             drop_remote_instances()
 
 
@@ -645,7 +648,7 @@ def test_a_server_dying_mid_run_is_one_error_exit_1(servers, tmp_path):
                "--random", "-D", "N=64", "-D", "D=1000"]
         ok = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
         assert ok.returncode == 0, ok.stderr
-        victim.proc.send_signal(signal.SIGSTOP)
+        victim.freeze()
         run = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         try:
             run.wait(2.0)  # it cannot finish: the stopped server never answers

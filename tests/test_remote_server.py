@@ -13,6 +13,7 @@ import signal
 import socket
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -566,10 +567,14 @@ def test_a_hung_server_times_out_instead_of_hanging():
     try:
         dev = RemoteDevice(address=srv.address, retry=0.0, timeout=30.0)
         dev._submit(P.Synchronize())  # the first answer may be slow on a busy machine: a generous timeout
-        dev._conn.timeout = 1.0  # then 1 s for the hung server, on this connection and any reopened one
-        if dev._conn._conn is not None and dev._conn._conn.sock is not None:
-            dev._conn._conn.sock.settimeout(1.0)
-        os.kill(srv.proc.pid, signal.SIGSTOP)
+        dev._conn.set_timeout(1.0)  # then 1 s for the hung server, on this connection and any reopened one
+        # stopped for sure (every thread): right after a bare SIGSTOP, the thread reading this kept-alive
+        # connection could still answer on a loaded machine (the test failed with DID NOT RAISE)
+        srv.freeze()
+        if os.path.isdir(f"/proc/{srv.proc.pid}/task"):  # (Linux) every thread of it is stopped now
+            tasks = Path(f"/proc/{srv.proc.pid}/task")
+            states = [(t / "stat").read_text().rsplit(")", 1)[1].split()[0] for t in tasks.iterdir()]
+            assert set(states) == {"T"}, states
         with pytest.raises(DeviceError, match="lost the connection .*no answer within 1s"):
             dev._submit(P.Synchronize())
     finally:

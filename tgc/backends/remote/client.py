@@ -122,29 +122,76 @@ def _reason(e: BaseException) -> str:
     return str(e) or type(e).__name__
 
 
-class _GatheringHTTPConnection(http.client.HTTPConnection):
-    """An HTTPConnection whose `request` sends the header and every body part in one gathering write
-    (`protocol.send_all`): the standard library writes the header and each part separately, so a small batch cost
-    two or more system calls and woke the server once for the header and again for the body."""
+MAX_HEADER_LINE = 65536  # bytes of the status line or of one header line of an answer
+MAX_HEADERS = 100  # header lines of an answer (http.client's limits)
 
-    _pending: list[bytes | memoryview] | None = None
 
-    def send(self, data: Any) -> None:
-        if self._pending is None or hasattr(data, "read"):
-            return super().send(data)
-        self._pending.append(data)
+class _Wire:
+    """One kept-alive HTTP/1.1 connection, written and read here rather than by `http.client`, whose request
+    building and `email`-based header parsing cost more client time than all the rest of a small round trip.
 
-    def request(self, method: str, url: str, body: Any = None, headers: Any = {}, *,  # noqa: B006 (the base's)
-                encode_chunked: bool = False) -> None:
-        if self.sock is None:
-            self.connect()
-        self._pending = []
+    A request is its header and every body part in one gathering write (`protocol.send_all`: no join, no copy).
+    An answer is read from a buffered reader kept for the connection: a status line `HTTP/1.x NNN reason`, at
+    most `MAX_HEADERS` header lines of at most `MAX_HEADER_LINE` bytes, and a body of exactly its Content-Length
+    bytes (an answer without one is read until the server closes, at most `cap + 1` bytes). Malformed answers
+    raise `http.client` exceptions (a connection closed before the status line: `RemoteDisconnected`)."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.rfile = sock.makefile("rb")
+
+    def close(self) -> None:
         try:
-            super().request(method, url, body, headers, encode_chunked=encode_chunked)
-            pending = self._pending
+            self.rfile.close()
         finally:
-            self._pending = None
-        P.send_all(self.sock, pending)
+            self.sock.close()
+
+    def _line(self) -> bytes:
+        line = self.rfile.readline(MAX_HEADER_LINE + 1)
+        if len(line) > MAX_HEADER_LINE:
+            raise http.client.LineTooLong("header line")
+        return line
+
+    def exchange(self, head: bytes, parts: Sequence[bytes | memoryview], cap: int, error_cap: int
+                 ) -> tuple[int, dict[str, str], bytes | None, int | None, bool]:
+        """Send one request; (status, headers by lowercase name, body, declared length, whether the server
+        closes the connection after it). The body is None when the declared length passes the cap (`cap` for a
+        200, else `error_cap`): refused before it is read. An undeclared body holds up to cap + 1 bytes."""
+        P.send_all(self.sock, [head, *parts])
+        line = self._line()
+        if not line:
+            raise http.client.RemoteDisconnected("the server closed the connection without an answer")
+        words = line.decode("latin-1").split(None, 2)
+        if len(words) < 2 or not words[0].startswith("HTTP/1.") or not (len(words[1]) == 3 and words[1].isdigit()):
+            raise http.client.BadStatusLine(P.safe_text(line[:80], multiline=False))
+        status, headers = int(words[1]), {}
+        for _ in range(MAX_HEADERS + 1):
+            line = self._line()
+            if line in (b"\r\n", b"\n", b""):
+                break
+            name, colon, value = line.decode("latin-1").partition(":")
+            if not colon:
+                raise http.client.HTTPException(f"a malformed header line: {P.to_short(line)}")
+            name, value = name.strip().lower(), value.strip()
+            if name == "content-length" and headers.get(name, value) != value:
+                raise http.client.HTTPException("two different Content-Length headers")
+            headers[name] = value
+        else:
+            raise http.client.HTTPException(f"got more than {MAX_HEADERS} headers")
+        close = words[0] == "HTTP/1.0" or headers.get("connection", "").lower() == "close"
+        limit = cap if status == 200 else error_cap
+        text = headers.get("content-length")
+        if text is None:
+            return status, headers, self.rfile.read(limit + 1), None, True
+        if not (text.isascii() and text.isdigit() and len(text) <= 18):
+            raise http.client.HTTPException(f"a bad Content-Length: {P.to_short(text)}")
+        length = int(text)
+        if length > limit:
+            return status, headers, None, length, True
+        data = self.rfile.read(length)
+        if len(data) < length:
+            raise http.client.IncompleteRead(data, length - len(data))
+        return status, headers, data, length, close
 
 
 class Connection:
@@ -158,7 +205,7 @@ class Connection:
     def __init__(self, host: str, port: int, token: str | None, session: str, timeout: float, retry: float):
         self.host, self.port, self.token, self.session = host, port, token, session
         self.timeout, self.retry = timeout, retry
-        self._conn: _GatheringHTTPConnection | None = None
+        self._conn: _Wire | None = None
         self.server_timing: str | None = None  # the server's timing header of the last answer (`post(timing=...)`)
 
     @property
@@ -170,17 +217,26 @@ class Connection:
             self._conn.close()
             self._conn = None
 
-    def _connect(self) -> _GatheringHTTPConnection:
+    def set_timeout(self, seconds: float) -> None:
+        """Wait `seconds` for an answer from now on: on the open connection and on any opened later."""
+        self.timeout = seconds
+        if self._conn is not None and self._conn.sock is not None:
+            self._conn.sock.settimeout(seconds)
+
+    def _connect(self) -> _Wire:
         deadline, delay = time.monotonic() + self.retry, 0.05
         while True:
-            conn = _GatheringHTTPConnection(self.host, self.port, timeout=min(self.timeout, CONNECT_TIMEOUT))
             try:
-                conn.connect()
-                conn.sock.settimeout(self.timeout)
-                conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                return conn
+                sock = socket.create_connection((self.host, self.port), timeout=min(self.timeout, CONNECT_TIMEOUT))
+                try:
+                    sock.settimeout(self.timeout)
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    P.tune_socket(sock)
+                except OSError:
+                    sock.close()
+                    raise
+                return _Wire(sock)
             except OSError as e:
-                conn.close()
                 if time.monotonic() + delay > deadline:
                     tried = f" (retried for {self.retry:g}s)" if self.retry else ""
                     raise DeviceError(f"cannot reach REMOTE server {self.address}: {_reason(e)}{tried}",
@@ -197,30 +253,22 @@ class Connection:
         before it is read. `timing` asks the server for its timing of the batch (a profile trace), which
         `server_timing` then holds (`protocol.parse_timing`)."""
         parts = [body] if isinstance(body, bytes) else body
-        headers = {"Content-Type": "application/octet-stream", P.SESSION_HEADER: self.session,
-                   "Content-Length": str(sum(len(p) for p in parts))}
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        head = (f"POST {P.BATCH_PATH} HTTP/1.1\r\nHost: {host}:{self.port}\r\n"
+                f"Content-Type: application/octet-stream\r\n{P.SESSION_HEADER}: {self.session}\r\n"
+                f"Content-Length: {sum(len(p) for p in parts)}\r\n")
         if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
+            head += f"Authorization: Bearer {self.token}\r\n"
         if timing:
-            headers[P.PROFILE_HEADER] = "1"
+            head += f"{P.PROFILE_HEADER}: 1\r\n"
+        request = (head + "\r\n").encode("latin-1")
         self.server_timing = None
         for attempt in range(2):
             reused = self._conn is not None
             if self._conn is None:
                 self._conn = self._connect()
             try:
-                self._conn.request("POST", P.BATCH_PATH, parts, headers)
-                resp = self._conn.getresponse()
-                cap = limit if resp.status == 200 else ERROR_LIMIT
-                if resp.length is not None and resp.length > cap:
-                    self.close()
-                    raise DeviceError(f"REMOTE server {self.address} sent an answer of {resp.length} bytes, more "
-                                      f"than the {cap} its requests can need")
-                data = resp.read(cap + 1)
-                if len(data) > cap:
-                    self.close()
-                    raise DeviceError(f"REMOTE server {self.address} sent an answer of more than the {cap} bytes "
-                                      "its requests can need")
+                status, headers, data, length, close = self._conn.exchange(request, parts, limit, ERROR_LIMIT)
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as e:
                 self.close()
                 if reused and attempt == 0:  # the server closed an idle connection: open a fresh one
@@ -230,12 +278,21 @@ class Connection:
                 self.close()
                 what = f"no answer within {self.timeout:g}s" if isinstance(e, TimeoutError) else _reason(e)
                 raise DeviceError(f"lost the connection to REMOTE server {self.address}: {what}") from None
-            if resp.will_close:
+            cap = limit if status == 200 else ERROR_LIMIT
+            if data is None:  # (declared too long: not read)
                 self.close()
-            if resp.status == 200:
-                self.server_timing = resp.getheader(P.TIMING_HEADER) if timing else None
+                raise DeviceError(f"REMOTE server {self.address} sent an answer of {length} bytes, more "
+                                  f"than the {cap} its requests can need")
+            if len(data) > cap:
+                self.close()
+                raise DeviceError(f"REMOTE server {self.address} sent an answer of more than the {cap} bytes "
+                                  "its requests can need")
+            if close:
+                self.close()
+            if status == 200:
+                self.server_timing = headers.get(P.TIMING_HEADER.lower()) if timing else None
                 return data
-            raise self._error(resp.status, resp.getheader(P.ERROR_HEADER), data)
+            raise self._error(status, headers.get(P.ERROR_HEADER.lower()), data)
         raise AssertionError("unreachable")
 
     def _error(self, status: int, kind: str | None, data: bytes) -> TgcError:

@@ -69,6 +69,34 @@ class ServerProcess:
                 self.kill()
         return self.proc.returncode
 
+    def freeze(self, wait: float = 60.0) -> None:
+        """Stop the server (SIGSTOP) and return once every one of its threads has stopped.
+
+        `kill` only queues a stop signal: the kernel wakes one thread, which stops the others when it next runs,
+        so on a busy machine another thread (one blocked reading a kept-alive connection) can still answer a
+        request sent right after `kill` returns. `waitpid(WUNTRACED)` reports the stop only once the whole
+        process has stopped (this process is the server's parent). DeviceError if that takes over `wait` seconds
+        or the server has exited."""
+        if self.proc is None or self.proc.poll() is not None:
+            raise DeviceError("the server is not running")
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + wait
+        while True:
+            pid, status = os.waitpid(self.proc.pid, os.WUNTRACED | os.WNOHANG)
+            if pid and os.WIFSTOPPED(status):
+                return
+            if pid:  # it exited (a status that Popen would have reaped: give it back to Popen)
+                self.proc.returncode = os.waitstatus_to_exitcode(status)
+                raise DeviceError(f"the server exited with {self.proc.returncode} instead of stopping")
+            if time.monotonic() > deadline:
+                raise DeviceError(f"the server did not stop within {wait:g}s")
+            time.sleep(0.005)
+
+    def thaw(self) -> None:
+        """Let a `freeze`d server run again (SIGCONT)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()

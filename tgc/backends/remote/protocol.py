@@ -9,12 +9,13 @@ A body (request or response) is
              bytes)                  `length` bytes
     text                             the rest, UTF-8
 
-A blob shorter than `LARGE_BLOB` bytes is content-addressed: its id is its sha256, which the receiver
-checks, and each distinct one (kernel binaries, small payloads) travels once per body. A larger blob
+A blob shorter than `LARGE_BLOB` (4 KiB) is content-addressed: its id is its sha256, which the receiver
+checks, and each distinct one (small payloads, most kernel binaries) travels once per body. A larger blob
 (a buffer's payload) is named by 32 random bytes its sender picks (`blob_id`) and is not hashed by
-either side: a hash over megabytes cost more than sending them (the data path in docs/DESIGN.md);
-TCP checks the bytes, the token authenticates the peer, and nothing trusts a large blob's id (the
-server hashes a program binary itself before it looks up what it knows of it). Requests name a blob
+either side: sha256 runs at 0.1-0.5 GB/s on a loaded CPU, far below the link (the data path in
+docs/DESIGN.md); TCP checks the bytes, the token authenticates the peer, and nothing trusts a large blob's
+id (the server hashes a larger program binary itself before it looks up what it knows of it, and reuses
+the checked id of a smaller one: each blob is hashed at most once on each side). Requests name a blob
 by its id in hex. A request body's text is a list of request calls, e.g.
 `[BufferAlloc(buf=1, size=64), CopyIn(buf=1, datahash='ab12...')]`; a response body's text is the
 list of their results (None, numbers, strings, lists, dicts). Both are parsed by `parse_text`, which
@@ -63,7 +64,7 @@ MAX_DEPTH = 32  # nesting of lists/calls in request text
 MAX_NODES = 200_000  # syntax nodes in one request text (counted roughly before parsing, exactly after)
 MAX_TEXT = 16 << 20  # characters of one request text (kernel sources included), checked before parsing
 MAX_BLOBS = 1 << 16  # blobs in one body
-LARGE_BLOB = 1 << 20  # bytes from which a blob is named by a random id, not by its (checked) sha256
+LARGE_BLOB = 1 << 12  # bytes from which a blob is named by a random id, not by its (checked) sha256
 
 # The only attribute names request text may use, and the values they stand for.
 ATTRIBUTES: dict[str, float] = {"math.inf": math.inf, "math.nan": math.nan}
@@ -145,7 +146,7 @@ def digest(data: bytes | memoryview) -> str:
 
 def blob_id(data: bytes | bytearray | memoryview) -> str:
     """The id that names `data` in a body: its sha256 below `LARGE_BLOB` bytes, else a fresh random id (so
-    two large blobs in one body are never merged, and nobody hashes megabytes)."""
+    two large blobs in one body are never merged, and no payload is hashed)."""
     if len(data) < LARGE_BLOB:
         return hashlib.sha256(data).hexdigest()
     return secrets.token_hex(32)
@@ -399,13 +400,31 @@ def body_parts(blobs: Mapping[str, bytes | memoryview], text: str) -> list[bytes
     head = MAGIC + len(blobs).to_bytes(4, "big")
     for h, data in blobs.items():
         head += bytes.fromhex(h) + len(data).to_bytes(8, "big")
-        if len(data) < 4096:
+        if len(data) < LARGE_BLOB:  # (small: copied into the header piece, one piece fewer to send)
             head += data
         else:
             parts += [head, data]
             head = b""
     parts.append(head + text.encode("utf-8"))
     return parts
+
+
+# Socket buffers (SO_SNDBUF and SO_RCVBUF) of both ends of a connection, in bytes. Fixed, not autotuned: on
+# loopback the kernel's autotuning grows them to megabytes, so a sender copies a whole payload in before the
+# receiver copies any of it out (the bytes have left the caches by then); at this size the two copies
+# overlap on two cores. It still covers the bandwidth-delay product of a 25-100 Gbit/s link at ~0.1 ms.
+SOCKET_BUFFER = 1 << 20
+
+
+def tune_socket(sock: socket.socket) -> None:
+    """Set a connection's socket buffers to `SOCKET_BUFFER` (ignored where the system refuses)."""
+    if SOCKET_BUFFER <= 0:
+        return
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER)
+        except OSError:
+            pass
 
 
 def send_all(sock: socket.socket, parts: Sequence[bytes | memoryview]) -> None:

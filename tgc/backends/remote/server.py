@@ -609,8 +609,11 @@ class RemoteServer:
 
     def _do_CopyOut(self, session: Session, req: P.CopyOut, blobs, out) -> str:
         buf = self._get(session.buffers, req.buf, "buffer")
-        data = bytearray(buf.size)
-        self.allocator.copyout(memoryview(data), buf.handle)
+        if _is_host_array(buf.handle):  # one copy (no zeroed bytearray filled a second time)
+            data: bytes | bytearray = buf.handle.tobytes()
+        else:
+            data = bytearray(buf.size)
+            self.allocator.copyout(memoryview(data), buf.handle)
         h = P.blob_id(data)
         out[h] = data
         return h
@@ -635,14 +638,13 @@ class RemoteServer:
         use(view)
         return True
 
-    def _read_bytes(self, buf: Buffer, offset: int, size: int) -> bytearray:
+    def _read_bytes(self, buf: Buffer, offset: int, size: int) -> bytes | bytearray:
         """`size` bytes of `buf` from `offset` (checked by `_range`)."""
-        data = bytearray(size)
         alloc, handle = self.allocator, buf.handle
-        if _is_host_array(handle):  # host memory (a numpy byte array): copy just the range
-            import numpy as np
-            np.copyto(np.frombuffer(data, dtype=np.uint8), handle[offset:offset + size])
-        elif size and not self._range_view(buf, offset, size, lambda v: alloc.copyout(memoryview(data), v)):
+        if _is_host_array(handle):  # host memory (a numpy byte array): one copy of just the range
+            return handle[offset:offset + size].tobytes()
+        data = bytearray(size)
+        if size and not self._range_view(buf, offset, size, lambda v: alloc.copyout(memoryview(data), v)):
             whole = bytearray(buf.size)
             alloc.copyout(memoryview(whole), handle)
             data[:] = whole[offset:offset + size]
@@ -791,7 +793,9 @@ class RemoteServer:
     def _do_ProgramAlloc(self, session: Session, req: P.ProgramAlloc, blobs, out) -> None:
         self._new_id(session, session.programs, req.prog, "program")
         lib = bytes(self._blob(blobs, req.datahash))
-        key = P.digest(lib)  # hashed here: what this server knows of a binary never rests on the sender's id
+        # what this server knows of a binary never rests on an unchecked id: a small blob's id is its sha256,
+        # checked when the body was decoded (not hashed twice); a large one is hashed here
+        key = req.datahash if len(lib) < P.LARGE_BLOB else P.digest(lib)
         with self._cache_lock:
             known = session.known.get(key) or self._known.get(key)
         contracts = known.all_contracts() if known is not None else ()

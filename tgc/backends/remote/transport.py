@@ -69,6 +69,7 @@ class _Handler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         self.timeout = max(self.server.app.limits.request_time, 1.0)  # socket reads; ends slow or idle peers
         super().setup()
+        P.tune_socket(self.connection)
 
     def version_string(self) -> str:
         return self.server_version
