@@ -190,3 +190,19 @@ def test_a_device_list_is_one_executable_of_launch_copy_and_collective_steps():
     timing = executable.bench(exe, {"x": x}, repeat=1, warmup=0)
     assert timing["devices"] == ["CPU:0", "CPU:1"] and timing["collectives"]["steps"] == ["allreduce"]
     assert timing["collectives"]["sent_bytes"] == [4, 4]  # a 1-element ring: each device sends its half once
+
+
+def test_a_device_lists_buffers_share_slots_of_each_devices_memory_plan():
+    """Two all-reduces (the max, then the sum of exp(x - max)) on two CPUs: each device's partial max dies at
+    its copy into the all-reduce's buffer, so its partial sum reuses that slot (the plan allocates less than
+    its buffers' bytes); the collective's buffers stay live until read. Values against numpy."""
+    prog = tgc.loads("x: f32[N]\nm = x.max()\nreturn (x - m).exp().sum(), m\n")
+    exe = prog.lower_multi(["CPU:0", "CPU:1"], {"N": 64}, {"x": 0})
+    assert [c.kind for c in exe.collectives()] == ["allreduce", "allreduce"]
+    for d in range(2):
+        plan = exe.memory_plan(d)
+        assert plan.peak_bytes < sum(plan.sizes.values())
+    x = np.random.default_rng(1).standard_normal(64).astype(np.float32)
+    got = executable.run(exe, {"x": x})
+    np.testing.assert_allclose(got["m"], x.max())
+    np.testing.assert_allclose(got["out0"], np.exp(x - x.max()).sum(), rtol=1e-5)
