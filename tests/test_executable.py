@@ -164,17 +164,45 @@ def test_a_chunked_executable_runs_each_chunk_into_the_whole_outputs():
     assert timing["program"]["flops"] == 4 * sum(k.flops for k in one.kernels)
 
 
-def test_a_device_list_runs_its_typed_steps_through_the_same_run():
-    from tgc.engine.multi import CollectiveStep, DeviceLaunches
+def test_a_device_list_is_one_executable_of_launch_copy_and_collective_steps():
+    """x sharded over two CPUs: each device's partial sum and x * 2, a copy into the all-reduce's buffer and
+    the all-reduce, over each device's memory-planned buffers; run and benched by the one run/bench."""
+    from tgc.engine.executable import Collective, Copy, InputPart, Launch
 
     prog = tgc.loads("x: f32[N]\nreturn x.sum(), x * 2.0\n")
-    ml = prog.lower_multi(["CPU:0", "CPU:1"], {"N": 64}, {"x": 0})
-    steps = ml.steps()
-    assert [type(s) for s in steps] == [DeviceLaunches, CollectiveStep, DeviceLaunches]
-    assert steps[1].step.kind == "allreduce" and len(steps[0].per_device) == 2
+    exe = prog.lower_multi(["CPU:0", "CPU:1"], {"N": 64}, {"x": 0})
+    assert isinstance(exe, Executable) and exe.multi and [d.name for d in exe.devices] == ["CPU:0", "CPU:1"]
+    kinds = [type(s) for s in exe.steps]
+    first_copy = kinds.index(Copy)
+    assert set(kinds[:first_copy]) == {Launch} and kinds[first_copy:first_copy + 3] == [Copy, Copy, Collective]
+    assert set(kinds[first_copy + 3:]) <= {Launch}
+    assert {s.device for s in exe.steps[:first_copy]} == {0, 1}
+    assert [c.kind for c in exe.collectives()] == ["allreduce"]
+    assert [(p.name, p.device, p.axis, p.rows) for p in exe.inputs if isinstance(p, InputPart)] == \
+        [("x", 0, 0, (0, 32)), ("x", 1, 0, (32, 64))]
+    for d in range(2):  # every buffer a device's steps use is placed by that device's memory plan
+        keys = {k for s in exe.steps if isinstance(s, Launch) and s.device == d for k in s.kernel.bufs}
+        assert keys <= set(exe.memory_plan(d).slot_of)
     x = np.arange(64, dtype=np.float32)
-    got = executable.run(ml, {"x": x})
+    got = executable.run(exe, {"x": x})
     np.testing.assert_allclose(got["out0"], x.sum(), rtol=1e-6)
     np.testing.assert_array_equal(got["out1"], x * 2)
-    timing = executable.bench(ml, {"x": x}, repeat=1, warmup=0)
+    timing = executable.bench(exe, {"x": x}, repeat=1, warmup=0)
     assert timing["devices"] == ["CPU:0", "CPU:1"] and timing["collectives"]["steps"] == ["allreduce"]
+    assert timing["collectives"]["sent_bytes"] == [4, 4]  # a 1-element ring: each device sends its half once
+
+
+def test_a_device_lists_buffers_share_slots_of_each_devices_memory_plan():
+    """Two all-reduces (the max, then the sum of exp(x - max)) on two CPUs: each device's partial max dies at
+    its copy into the all-reduce's buffer, so its partial sum reuses that slot (the plan allocates less than
+    its buffers' bytes); the collective's buffers stay live until read. Values against numpy."""
+    prog = tgc.loads("x: f32[N]\nm = x.max()\nreturn (x - m).exp().sum(), m\n")
+    exe = prog.lower_multi(["CPU:0", "CPU:1"], {"N": 64}, {"x": 0})
+    assert [c.kind for c in exe.collectives()] == ["allreduce", "allreduce"]
+    for d in range(2):
+        plan = exe.memory_plan(d)
+        assert plan.peak_bytes < sum(plan.sizes.values())
+    x = np.random.default_rng(1).standard_normal(64).astype(np.float32)
+    got = executable.run(exe, {"x": x})
+    np.testing.assert_allclose(got["m"], x.max())
+    np.testing.assert_allclose(got["out0"], np.exp(x - x.max()).sum(), rtol=1e-5)

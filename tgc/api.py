@@ -49,7 +49,7 @@ from tgc.engine.conform import check_input_names, names_hint
 from tgc.engine.executable import Executable
 from tgc.engine.flops import recompute_factor, written_flops
 from tgc.engine.inputs import random_inputs
-from tgc.engine.multi import MultiLowered
+from tgc.engine.multi import build_executable
 from tgc.engine.multi import plan as plan_multi
 from tgc.engine.realize import LaunchPlans, plan_for, to_user_array
 from tgc.engine.reference import evaluate, evaluate_with_scale
@@ -117,7 +117,7 @@ class Program:
         self._kernels: dict[tuple, list[Kernel]] = {}
         self._launch_plans = LaunchPlans(self.MAX_PLANS)  # by (device, dims, BEAM): see `run`
         self._lines: dict[UOp, int] = {}  # tensor node -> the .tg line that first computed it
-        self._multi: dict[tuple, MultiLowered] = {}
+        self._multi: dict[tuple, tuple[Executable, list]] = {}  # (executable, per device its items)
         self._plans: dict[tuple, SymbolicPlan | str] = {}  # (device, size class) -> symbolic kernels or why none
         self.last_run = ""  # "symbolic" or "specialized[: why]": which kernels the last `run` used
         self._chunks: dict[tuple, Chunking | None] = {}  # (device, dims, BEAM, tuned) -> how `run` chunks
@@ -638,7 +638,7 @@ class Program:
         names = device_names(device)
         dims = self.resolve_dims(dims)
         ml = self.lower_multi(names, dims, self.shard_axes(shard, dims, len(names)), beam, tuned)
-        return [(names[d], k) for d, k in ml.kernels()]
+        return [(names[d], k) for d, k in ml.launches()]
 
     def shard_axes(self, shard: dict[str, int] | None, dims: dict[str, int], n: int) -> dict[str, int]:
         """Check `shard` ({input name: axis}) against the declarations, dims and the device count; the axes
@@ -672,9 +672,15 @@ class Program:
         return out
 
     def lower_multi(self, devices: list[str], dims: dict[str, int], shard: dict[str, int], beam: int | None = None,
-                    tuned: bool = True) -> MultiLowered:
+                    tuned: bool = True) -> Executable:
         """The program planned across a device list (`tgc.engine.multi.plan`) with each device's part compiled
-        through the single-device pipeline; kernels compiled once per device and distinct kernel."""
+        through the single-device pipeline (kernels compiled once per device and distinct kernel), made one
+        `Executable` (`tgc.engine.multi.build_executable`)."""
+        return self._lower_multi(devices, dims, shard, beam, tuned)[0]
+
+    def _lower_multi(self, devices: list[str], dims: dict[str, int], shard: dict[str, int], beam: int | None = None,
+                     tuned: bool = True) -> tuple[Executable, list[list[ScheduleItem]]]:
+        """`lower_multi`'s executable, and per device its schedule items (what BEAM searches)."""
         dims = self.resolve_dims(dims)
         beam = env_int("BEAM", 0) if beam is None else beam
         key = (tuple(devices), tuple(sorted(dims.items())), tuple(sorted(shard.items())), beam, tuned)
@@ -717,13 +723,13 @@ class Program:
             it = iter(nodes)
             out_nodes.append([next(it) if m is not None else None for m in mine])
             out_kernels.append(kernels)
-        ml = MultiLowered(devs, p, step_nodes, step_kernels, out_nodes, out_kernels,
-                          dict(enumerate(self._in_names)), list(self.output_names), items_of)
+        exe = build_executable(devs, p, step_nodes, step_kernels, out_nodes, out_kernels,
+                               dict(enumerate(self._in_names)), list(self.output_names))
         if env_int("DEBUG", 0) >= 2:
             for note in p.notes:
                 print(f"*** multi: {note}", file=sys.stderr)
-        self._multi[key] = ml
-        return ml
+        self._multi[key] = (exe, items_of)
+        return self._multi[key]
 
     def reference(self, dims: dict[str, int] | None = None, **inputs: Any) -> dict[str, np.ndarray]:
         """The program evaluated by numpy in float64 (ints exact), for `--check`."""
@@ -815,7 +821,7 @@ class Program:
         names = device_names(device)
         if len(names) > 1:
             dims = self.resolve_dims(dims)
-            ml = self.lower_multi(names, dims, self.shard_axes(shard, dims, len(names)), beam=0)
+            ml, items_of = self._lower_multi(names, dims, self.shard_axes(shard, dims, len(names)), beam=0)
             rows, seconds = [], 0.0
             kinds: dict[str, int] = {}
             for d, dev in enumerate(ml.devices):
@@ -825,7 +831,7 @@ class Program:
                 if dev.compiler is None:
                     raise CompileError(dev.compile_error or f"cannot compile for {kind} here, so it cannot be tuned")
                 items = {}
-                for d, its in enumerate(ml.items):
+                for d, its in enumerate(items_of):
                     if ml.devices[d].kind == kind:
                         for it in its:
                             items.setdefault(it.ast, it)

@@ -2,49 +2,72 @@
 `run` and one `bench` that consume it.
 
 An `Executable` (defined beside the realizer that runs it, `tgc.engine.realize`, and re-exported here with
-`Launch` and `Chunks`) is a device, a list of steps over planned buffers, and the names the inputs and outputs
-come under:
+its step types) is a device (or a device list), a list of steps over planned buffers, and the names the inputs
+and outputs come under:
 
 - `Launch(kernel)`: launch a `LaunchableKernel` (tgc/interfaces.py: a compiled `Kernel` or a package's
   `PackagedKernel`) on its buffers (`kernel.bufs`: buffer keys, tensor nodes or `BufferSpec`s) with its
   launch sizes and `vals` (a symbolic kernel's sizes are bound into them when it is made, at launch time);
 - the buffers are placed by the executable's memory plan (`memory_plan()`: computed on first use, or the one a
   package carries);
+- on a device list (`Executable.across`, made by `tgc.engine.multi.build_executable`), `Launch(kernel, d)` on
+  device d's buffers, `Copy` steps between buffers (of one device or two) and `Collective` steps (a ring
+  all-reduce, a gather) over the devices' buffers; `InputPart`s say which rows of an input each device gets,
+  `OutputPart`s which buffers an output is put together from; each device has a memory plan of its own;
 - `chunks` (a `Chunks`, or None): the steps are one chunk of the program, repeated over equal axis-0 slices of
   the inputs it names (`tgc.engine.chunk`), each chunk's outputs written into the whole outputs.
 
-Who makes one: `Program.lower` (one device, the program's kernels), `Program.lower_symbolic` (the size class's
-kernels bound to the dims), `Chunking.executable()` (a chunked run), `Package.lower` (a package's saved form:
-kernels, buffers and memory plan; see docs/DESIGN.md "One executable"), the program cache's entry (a package,
-plus its chunks). `run(exe, arrays)` runs it once; with `replay` (a program's or package's `LaunchPlans` and a
-key) the executable is kept bound to buffers of its own and replayed as one device graph from its second run
-(`tgc.engine.realize.LaunchPlan`); `bench(exe, arrays)` times it as `run` runs it. A device list's program is
-not yet an Executable: it is a `tgc.engine.multi.MultiLowered`, whose typed steps (`DeviceLaunches`,
-`CollectiveStep`: `MultiLowered.steps()`) `run_multi` walks; the same `run` and `bench` take it.
+Who makes one: `Program.lower` (one device, the program's kernels), `Program.lower_multi` (a device list),
+`Program.lower_symbolic` (the size class's kernels bound to the dims), `Chunking.executable()` (a chunked run),
+`Package.lower` (a package's saved form: kernels, buffers and memory plan; see docs/DESIGN.md "One
+executable"), the program cache's entry (a package, plus its chunks). `run(exe, arrays)` runs it once; with
+`replay` (a program's or package's `LaunchPlans` and a key) the executable is kept bound to buffers of its own
+and replayed as one device graph from its second run (`tgc.engine.realize.LaunchPlan`); `bench(exe, arrays)`
+times it as `run` runs it. A device list's executable runs by one walk over its steps (`_run_steps`):
+consecutive launches run on all devices at once (a host thread per device), a copy or collective waits for
+every device first.
 """
 
 from __future__ import annotations
 
+import statistics
+import sys
+import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from tgc import profile
 from tgc.engine import bench as bench_mod
 from tgc.engine import realize
-from tgc.engine.multi import MultiLowered, bench_multi, run_multi
-from tgc.engine.realize import Chunks, Executable, Launch
+from tgc.engine.multi import Transfers, copy_between, profile_collective, run_collective
+from tgc.engine.realize import (
+    Buffer,
+    Chunks,
+    Collective,
+    Copy,
+    Executable,
+    InputPart,
+    Launch,
+    OutputPart,
+    buffer_type,
+    to_user_array,
+)
+from tgc.env import debug_level
+from tgc.ir.shapes import prod
 
 
-def run(exe: Executable | MultiLowered, arrays: dict[str, np.ndarray], replay: realize.LaunchPlans | None = None,
+def run(exe: Executable, arrays: dict[str, np.ndarray], replay: realize.LaunchPlans | None = None,
         key: Any = None) -> dict[str, np.ndarray]:
-    """Run `exe` on `arrays` (by input name); {output name: array}. A device list's program (`MultiLowered`):
-    its steps (`MultiLowered.steps()`) by `run_multi`, outputs brought back whole. Chunked: every chunk, from
+    """Run `exe` on `arrays` (by input name); {output name: array}. On a device list: each device's part of the
+    inputs copied in, every step in order, outputs brought back whole (`_run_steps`). Chunked: every chunk, from
     the user's arrays into the whole outputs (`realize.run_chunked`). Else with `replay` (launch plans kept
     between runs) at `key`: the first run at a key runs once (zero-copy where the device allows), the second
     binds the executable to buffers of its own and from then on replays it as one device graph; without
     `replay`, once."""
-    if isinstance(exe, MultiLowered):
-        return run_multi(exe, arrays).outputs
+    if exe.multi:
+        return _run_steps(exe, arrays).outputs
     if exe.chunks is not None:
         return realize.run_chunked(exe, exe.chunks.count, set(exe.chunks.sliced), arrays)
     if replay is not None:
@@ -52,14 +75,14 @@ def run(exe: Executable | MultiLowered, arrays: dict[str, np.ndarray], replay: r
     return realize.run_program(exe, arrays)
 
 
-def bench(exe: Executable | MultiLowered, arrays: dict[str, np.ndarray], repeat: int = 10, warmup: int = 1,
+def bench(exe: Executable, arrays: dict[str, np.ndarray], repeat: int = 10, warmup: int = 1,
           measure_peak: bool = True) -> dict[str, Any]:
     """Time `exe` as `run` runs it: each kernel on its own and the whole program (one device graph where the
     device has them, `tgc.engine.bench.bench_launches`); chunked, each kernel as it runs on one chunk and the
     whole program in chunks (`program["chunks"]`); a device list's, per device and the collectives
-    (`bench_multi`; no peak figures)."""
-    if isinstance(exe, MultiLowered):
-        return bench_multi(exe, arrays, repeat=repeat, warmup=warmup)
+    (`_bench_steps`; no peak figures)."""
+    if exe.multi:
+        return _bench_steps(exe, arrays, repeat=repeat, warmup=warmup)
     if exe.chunks is None:
         return bench_mod.bench_launches(exe, arrays, repeat=repeat, warmup=warmup, measure_peak=measure_peak)
     count, sliced = exe.chunks.count, exe.chunks.sliced
@@ -73,4 +96,171 @@ def bench(exe: Executable | MultiLowered, arrays: dict[str, np.ndarray], repeat:
     return bench_mod.chunked_timing(timing, whole, count)
 
 
-__all__ = ["Chunks", "Executable", "Launch", "bench", "run"]  # (the types re-exported from tgc.engine.realize)
+@dataclass
+class StepsRun:
+    """A device list's run: its outputs, the bytes its collectives moved, and (timed) each device's kernel time,
+    the collectives' time, and the compute time (inputs on the devices .. every step done; outputs not read)."""
+
+    outputs: dict[str, np.ndarray]
+    transfers: Transfers
+    kernel_seconds: list[float]
+    collective_seconds: float
+    compute_seconds: float
+
+
+def _run_steps(exe: Executable, arrays: dict[str, np.ndarray], timed: bool = False) -> StepsRun:
+    if profile.active is None:
+        return _walk(exe, arrays, timed)
+    with profile.host_span(f"run on {len(exe.devices)} devices", {"devices": [d.name for d in exe.devices],
+                                                                   "steps": len(exe.collectives())}):
+        return _walk(exe, arrays, timed)
+
+
+def _walk(exe: Executable, arrays: dict[str, np.ndarray], timed: bool) -> StepsRun:
+    """Allocate each device's planned buffers, copy each device's part of the inputs in, run the steps (launches
+    on all devices at once), copy the outputs out, free the buffers."""
+    devices, n = exe.devices, len(exe.devices)
+    buffers: list[dict[Any, Buffer]] = [{} for _ in range(n)]
+    stats = Transfers.for_devices(n)
+    ktime = [0.0] * n
+    level = debug_level()
+    pending: list[Any] = []
+
+    def run_kernels(d: int, kernels: list) -> None:
+        st = time.perf_counter()
+        inplace = exe.memory_plan(d).inplace if level >= 2 else []
+        for k in kernels:  # (DEBUG=2 launches twice, except a kernel writing its output over its input)
+            realize.launch(k, [buffers[d][key] for key in k.bufs],
+                           in_place=any(out in k.bufs and src in k.bufs for out, src in inplace))
+        if timed:
+            devices[d].synchronize()
+            ktime[d] += time.perf_counter() - st
+
+    def each_device(per_device: list[list]) -> None:
+        """Every device runs its kernels at once, each from its own host thread (a CPU kernel releases the GIL)."""
+        if n == 1 or sum(1 for ks in per_device if ks) <= 1 or level >= 2:  # (DEBUG lines one device at a time)
+            for d in range(n):
+                run_kernels(d, per_device[d])
+            return
+        pool = exe.threads()
+        pending[:] = [pool.submit(run_kernels, d, per_device[d]) for d in range(n)]
+        for f in pending:
+            f.result()
+        pending.clear()
+
+    try:
+        for d in range(n):
+            realize.allocate_device(exe, d, buffers[d])
+        for part in exe.inputs:  # each device's part of the inputs, before the clock starts
+            _copy_in(exe, part, arrays[part.name], buffers[part.device][part.key], level)
+        t0 = time.perf_counter()
+        launches: list[list] = [[] for _ in range(n)]
+        for step in exe.steps + [None]:
+            if isinstance(step, Launch):
+                launches[step.device].append(step.kernel)
+                continue
+            if any(launches):
+                each_device(launches)
+                launches = [[] for _ in range(n)]
+            if step is None:
+                break
+            for dev in devices:
+                dev.synchronize()
+            if isinstance(step, Copy):
+                src = buffers[step.src_device][step.src]
+                copy_between(devices[step.src_device], src.handle, devices[step.dst_device],
+                             buffers[step.dst_device][step.dst].handle, src.nbytes, stats=stats,
+                             ids=(step.src_device, step.dst_device))
+                continue
+            assert isinstance(step, Collective)
+            before, received = list(stats.sent), list(stats.received)
+            st, st_ns = time.perf_counter(), time.perf_counter_ns()
+            what = run_collective(devices, step, buffers, stats)
+            if profile.active is not None:
+                profile_collective(profile.active, devices, what, step.index, st_ns, stats, before, received)
+            if level >= 2:
+                moved = ", ".join(f"{dev.name} sent {stats.sent[d] - before[d]} B" for d, dev in enumerate(devices))
+                print(f"*** {what}: {moved} ({(time.perf_counter() - st) * 1e6:.2f} us)", file=sys.stderr)
+        for dev in devices:
+            dev.synchronize()
+        compute = time.perf_counter() - t0
+        result = {part.name: _copy_out(exe, part, buffers, level) for part in exe.outputs}
+        for dev in devices:
+            dev.synchronize()
+        return StepsRun(result, stats, ktime, stats.seconds, compute)
+    finally:
+        if pending:  # an interrupted or failed run: no buffer is freed under a kernel still running
+            from concurrent.futures import wait
+            wait(pending)
+        for bufs in buffers:
+            for buf in bufs.values():
+                buf.free()
+
+
+def _copy_in(exe: Executable, part: InputPart, arr: np.ndarray, buf: Buffer, level: int) -> None:
+    if part.axis is not None and part.rows is not None:
+        arr = arr[(slice(None),) * part.axis + (slice(*part.rows),)]
+    buf.copyin(arr)
+    if level >= 2:
+        where = f"rows {part.rows[0]}:{part.rows[1]} of axis {part.axis}" if part.rows is not None else "replicated"
+        print(f"*** copy in  {part.name} ({where}): {arr.nbytes} B host -> {exe.devices[part.device].name}",
+              file=sys.stderr)
+
+
+def _copy_out(exe: Executable, part: OutputPart, buffers: list[dict[Any, Buffer]], level: int) -> np.ndarray:
+    """Output `part` brought back whole: its holders' buffers put together along its axis (the first alone when
+    replicated)."""
+    parts = []
+    for d, key in part.holders if part.axis is not None else part.holders[:1]:
+        dtype, shape = buffer_type(key)
+        parts.append(buffers[d][key].numpy() if prod(shape) and key in buffers[d] else np.zeros(shape, dtype.np))
+        if level >= 2:
+            print(f"*** copy out {part.name}: {parts[-1].nbytes} B {exe.devices[d].name} -> host", file=sys.stderr)
+    arr = parts[0] if part.axis is None else np.concatenate(parts, axis=part.axis)
+    return to_user_array(arr, buffer_type(part.holders[0][1])[0])
+
+
+def _bench_steps(exe: Executable, arrays: dict[str, np.ndarray], repeat: int = 10, warmup: int = 1
+                 ) -> dict[str, Any]:
+    """`tgc bench` on a device list: per device its kernels' time, the collectives' time and bandwidth (bytes
+    each device sent over that time), and the whole program (inputs already on the devices, outputs not read
+    back), each as median/min/max over `repeat` runs after `warmup`."""
+    for _ in range(warmup):
+        _run_steps(exe, arrays)
+    runs = [_run_steps(exe, arrays, timed=True) for _ in range(max(repeat, 1))]
+
+    def stats(xs: list[float]) -> dict[str, float]:
+        xs = sorted(xs)
+        return {"median_s": statistics.median(xs), "min_s": xs[0], "max_s": xs[-1]}
+
+    names = [dev.name for dev in exe.devices]
+    launches = exe.launches()
+    rows = []
+    for d, name in enumerate(names):
+        mine = [k for dd, k in launches if dd == d]
+        st = stats([r.kernel_seconds[d] for r in runs])
+        flops = sum(k.flops for k in mine)
+        nbytes = sum(k.bytes_moved for k in mine)
+        rows.append({"name": f"{name} kernels ({len(mine)})", "device": name, "kernels": len(mine), "flops": flops,
+                     "bytes": nbytes, **st, "gflops": flops / st["median_s"] / 1e9 if st["median_s"] else None,
+                     "gbps": nbytes / st["median_s"] / 1e9 if st["median_s"] else None})
+    last = runs[-1].transfers
+    coll = stats([r.collective_seconds for r in runs])
+    per_dev = max(last.sent) if last.sent else 0
+    kinds = [c.kind for c in exe.collectives()]
+    collectives = {"steps": kinds, "sent_bytes": list(last.sent), "received_bytes": list(last.received), **coll,
+                   "gbps": per_dev / coll["median_s"] / 1e9 if coll["median_s"] and per_dev else None}
+    if kinds:
+        rows.append({"name": "collectives (" + ", ".join(kinds) + ")", **coll,
+                     "flops": 0, "bytes": per_dev, "gflops": None, "gbps": collectives["gbps"]})
+    prog = stats([r.compute_seconds for r in runs])
+    flops = sum(k.flops for _, k in launches)
+    prog.update({"flops": flops, "bytes": sum(k.bytes_moved for _, k in launches),
+                 "gflops": flops / prog["median_s"] / 1e9 if prog["median_s"] else None})
+    share = coll["median_s"] / prog["median_s"] if prog["median_s"] else None
+    return {"devices": names, "kernels": rows, "collectives": {**collectives, "share_of_program": share},
+            "program": prog, "peak": {"gflops": None, "gbps": None, "source": "unknown"}}
+
+
+# (the types re-exported from tgc.engine.realize)
+__all__ = ["Chunks", "Collective", "Copy", "Executable", "InputPart", "Launch", "OutputPart", "bench", "run"]

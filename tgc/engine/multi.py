@@ -10,8 +10,9 @@ placement cannot be kept the plan inserts a collective step and continues from i
   first (each device receives every other shard; DEBUG=2 says so).
 
 The result (`MultiPlan`) is a list of collective steps, each with the local node every device must realize
-before it, and the outputs' local nodes. `Program.lower` compiles each device's local graphs through the
-ordinary single-device pipeline; `run_multi` launches them, runs the steps, and brings outputs back whole.
+before it, and the outputs' local nodes. `Program.lower_multi` compiles each device's local graphs through the
+ordinary single-device pipeline, and `build_executable` makes them one `Executable` (each device's launches,
+copies and collectives over each device's planned buffers), which `tgc.engine.executable.run`/`bench` run.
 
 Device-to-device copies go through one function, `copy_between`: direct where both devices offer it
 (`copy_to`), else staged through host memory. Every copy is counted per device (`Transfers`).
@@ -28,7 +29,7 @@ import numpy as np
 
 from tgc import profile
 from tgc.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16
-from tgc.engine.realize import Buffer, launch, to_user_array
+from tgc.engine.realize import Collective, Copy, Executable, InputPart, Launch, OutputPart
 from tgc.env import debug_level
 from tgc.ir.alu import reducer
 from tgc.ir.shapes import prod, shape_of
@@ -476,73 +477,69 @@ def gather_shards(devices: list[Any], shards: list[Any], outs: list[Any], shape:
     return stats
 
 
-# --- the multi-device realizer
-
-@dataclass(frozen=True)
-class DeviceLaunches:
-    """A step of a device-list run: every device d launches its kernels `per_device[d]`, all devices at once."""
-
-    per_device: list[list]
+# --- a device list's executable (its builder) and its collective steps
 
 
-@dataclass(frozen=True)
-class CollectiveStep:
-    """A step of a device-list run: collective `step` number `index` of the plan (an all-reduce or a gather),
-    device d's operand the node `srcs[d]` its kernels realized before it."""
-
-    index: int
-    step: Step
-    srcs: list[UOp]
-
-
-@dataclass
-class MultiLowered:
-    """A program lowered for a list of devices: `step_nodes[k][d]` / `step_kernels[k][d]` what device d
-    realizes before collective step k; `out_nodes[d]` / `out_kernels[d]` what it realizes for the outputs
-    (a replicated output on device 0 only); `outputs` the output names with their placements."""
-
-    devices: list[Any]
-    plan: MultiPlan
-    step_nodes: list[list[UOp]]
-    step_kernels: list[list[list]]
-    out_nodes: list[list[UOp | None]]  # per device, per output: the node holding it there (None: not there)
-    out_kernels: list[list]
-    inputs: dict[int, str]  # input index -> name
-    output_names: list[str]
-    items: list[list] = field(default_factory=list)  # per device: its schedule items (what BEAM searches)
-    pool: Any = None  # one host thread per device, started on the first run and kept
-
-    def threads(self) -> Any:
-        if self.pool is None:
-            from concurrent.futures import ThreadPoolExecutor
-            self.pool = ThreadPoolExecutor(max_workers=len(self.devices), thread_name_prefix="tgc-dev")
-        return self.pool
-
-    def steps(self) -> list[DeviceLaunches | CollectiveStep]:
-        """What a run does, in order: each device's kernels before collective step k, that step, ..., then each
-        device's kernels for the outputs (what `run_multi` walks)."""
-        out: list[DeviceLaunches | CollectiveStep] = []
-        for k, step in enumerate(self.plan.steps):
-            out += [DeviceLaunches(self.step_kernels[k]), CollectiveStep(k, step, self.step_nodes[k])]
-        return out + [DeviceLaunches(self.out_kernels)]
-
-    def kernels(self) -> list[tuple[int, Any]]:
-        """(device position, kernel) in launch order."""
-        out = [(d, k) for step in self.step_kernels for d, ks in enumerate(step) for k in ks]
-        return out + [(d, k) for d, ks in enumerate(self.out_kernels) for k in ks]
+def build_executable(devices: list[Any], p: MultiPlan, step_nodes: list[list[UOp]], step_kernels: list[list[list]],
+                     out_nodes: list[list[UOp | None]], out_kernels: list[list], input_names: dict[int, str],
+                     output_names: list[str]) -> Executable:
+    """The `Executable` of a program planned across `devices` (`plan`): before collective step k, every device
+    d launches `step_kernels[k][d]` (computing `step_nodes[k][d]`, its operand); an all-reduce first copies
+    each device's operand into its result buffer (a `Copy` step), then reduces there in place; a gather
+    sends each shard into every device's whole buffer. Then each device launches `out_kernels[d]`, computing
+    its part of the outputs `out_nodes[d]` (None: not there; a replicated output on device 0 only)."""
+    n = len(devices)
+    steps: list[Any] = []
+    for k, step in enumerate(p.steps):
+        steps += [Launch(kern, d) for d in range(n) for kern in step_kernels[k][d]]
+        bufs = tuple(step.outs[d][0] for d in range(n))
+        if step.kind == "allreduce":
+            steps += [Copy(d, step_nodes[k][d], d, bufs[d]) for d in range(n)]
+            steps.append(Collective("allreduce", step.arg, bufs, bufs, k))
+        else:
+            steps.append(Collective("gather", step.arg, tuple(step_nodes[k]), bufs, k))
+    steps += [Launch(kern, d) for d in range(n) for kern in out_kernels[d]]
+    outputs = [OutputPart(name, tuple((d, out_nodes[d][i]) for d in range(n) if out_nodes[d][i] is not None),
+                          p.outputs[i].axis) for i, name in enumerate(output_names)]
+    used: list[dict[UOp, None]] = [{} for _ in range(n)]  # each device's input buffers, in first-use order
+    for s in steps:
+        if isinstance(s, Launch):
+            used[s.device].update(dict.fromkeys(s.kernel.bufs))
+        elif isinstance(s, Collective):
+            for d in range(n):
+                used[d][s.srcs[d]] = None
+    for part in outputs:
+        for d, key in part.holders:
+            used[d][key] = None
+    inputs = []
+    for d in range(n):
+        for node in used[d]:
+            if node.op is Ops.BUFFER and node.arg[0] < _BUF_BASE:
+                idx = node.arg[0]
+                if idx in p.input_bounds:
+                    axis, bounds = p.input_bounds[idx]
+                    inputs.append(InputPart(input_names[idx], d, node, axis, bounds[d]))
+                else:
+                    inputs.append(InputPart(input_names[idx], d, node))
+    return Executable.across(devices, steps, inputs, outputs)
 
 
-@dataclass
-class MultiRun:
-    outputs: dict[str, np.ndarray]
-    transfers: Transfers
-    kernel_seconds: list[float]  # per device: its kernels' wall time (only with timing)
-    collective_seconds: float
-    compute_seconds: float  # inputs on the devices .. every kernel and collective done (outputs not read back)
+def run_collective(devices: list[Any], step: Collective, buffers: list[dict[Any, Any]], stats: Transfers) -> str:
+    """Run collective `step` on the devices' buffers (`buffers[d]`: device d's, by key), counting the bytes moved
+    in `stats`; what it did, in words (profile spans, DEBUG lines)."""
+    n = len(devices)
+    node = step.bufs[0]
+    outs = [buffers[d][step.bufs[d]].handle for d in range(n)]
+    if step.kind == "allreduce":
+        ring_allreduce(devices, outs, prod(shape_of(node)) * node.dtype.itemsize, node.dtype, step.arg, stats)
+        return f"all-reduce ({step.arg.name.lower()}) {node.dtype.name}{list(shape_of(node))}"
+    gather_shards(devices, [buffers[d][step.srcs[d]].handle for d in range(n)], outs, shape_of(node), node.dtype,
+                  step.arg[0], step.arg[1], stats)
+    return f"gather axis {step.arg[0]}"
 
 
-def _profile_step(prof: Any, devices: list[Any], what: str, step: int, st_ns: int, stats: Transfers,
-                  sent: list[int], received: list[int]) -> None:
+def profile_collective(prof: Any, devices: list[Any], what: str, step: int, st_ns: int, stats: Transfers,
+                       sent: list[int], received: list[int]) -> None:
     """A collective step in a profile trace: one span per device on its `collectives` track with the bytes it
     sent and received in this step, a counter of each device's bytes sent so far, one span on the host."""
     end = time.perf_counter_ns()
@@ -555,172 +552,3 @@ def _profile_step(prof: Any, devices: list[Any], what: str, step: int, st_ns: in
                         "received_bytes": stats.received[d] - received[d]})
         prof.flow(host, ev, "collective")
         prof.counter(dev.name, "collective bytes sent", end, {"bytes": stats.sent[d]})
-
-
-def run_multi(ml: MultiLowered, arrays: dict[str, np.ndarray], timed: bool = False) -> MultiRun:
-    """Copy each device's part of the inputs in, run every step's kernels and collectives, bring outputs back."""
-    if profile.active is None:
-        return _run_multi(ml, arrays, timed)
-    with profile.host_span(f"run on {len(ml.devices)} devices", {"devices": [d.name for d in ml.devices],
-                                                                  "steps": len(ml.plan.steps)}):
-        return _run_multi(ml, arrays, timed)
-
-
-def _run_multi(ml: MultiLowered, arrays: dict[str, np.ndarray], timed: bool = False) -> MultiRun:
-    n = len(ml.devices)
-    bufs: list[dict[UOp, Any]] = [{} for _ in range(n)]
-    owned: list[Any] = []
-    stats = Transfers.for_devices(n)
-    ktime = [0.0] * n
-    level = debug_level()
-
-    def ensure(d: int, node: UOp) -> Any:
-        b = bufs[d].get(node)
-        if b is None:
-            b = Buffer(ml.devices[d], node)
-            owned.append(b)
-            bufs[d][node] = b
-            if node.op is Ops.BUFFER and node.arg[0] < _BUF_BASE:
-                idx = node.arg[0]
-                arr = arrays[ml.inputs[idx]]
-                if idx in ml.plan.input_bounds:
-                    ax, bounds = ml.plan.input_bounds[idx]
-                    s, e = bounds[d]
-                    arr = arr[(slice(None),) * ax + (slice(s, e),)]
-                b.copyin(arr)
-                if level >= 2:
-                    part = f"rows {bounds[d][0]}:{bounds[d][1]} of axis {ml.plan.input_bounds[idx][0]}" \
-                        if idx in ml.plan.input_bounds else "replicated"
-                    print(f"*** copy in  {ml.inputs[idx]} ({part}): {arr.nbytes} B host -> {ml.devices[d].name}",
-                          file=sys.stderr)
-        return b
-
-    def run_kernels(d: int, kernels: list) -> None:
-        st = time.perf_counter()
-        for k in kernels:
-            launch(k, [ensure(d, node) for node in k.bufs])
-        if timed:
-            ml.devices[d].synchronize()
-            ktime[d] += time.perf_counter() - st
-
-    pending: list[Any] = []
-
-    def each_device(kernels: list[list]) -> None:
-        """Every device runs its kernels at once, each from its own host thread (a CPU kernel releases the GIL)."""
-        if n == 1 or sum(1 for ks in kernels if ks) <= 1 or level >= 2:  # (DEBUG lines one device at a time)
-            for d in range(n):
-                run_kernels(d, kernels[d])
-            return
-        pending[:] = [pool.submit(run_kernels, d, kernels[d]) for d in range(n)]
-        for f in pending:
-            f.result()
-        pending.clear()
-
-    pool = ml.threads()
-    try:
-        for d in range(n):  # each device's part of the inputs, before the clock starts
-            for ks in [s[d] for s in ml.step_kernels] + [ml.out_kernels[d]]:
-                for kern in ks:
-                    for node in kern.bufs:
-                        if node.op is Ops.BUFFER and node.arg[0] < _BUF_BASE:
-                            ensure(d, node)
-        t0 = time.perf_counter()
-        for todo in ml.steps():
-            if isinstance(todo, DeviceLaunches):
-                each_device(todo.per_device)
-                continue
-            k, step = todo.index, todo.step
-            srcs = [ensure(d, todo.srcs[d]) for d in range(n)]
-            for dev in ml.devices:
-                dev.synchronize()
-            before, received = list(stats.sent), list(stats.received)
-            st = time.perf_counter()
-            st_ns = time.perf_counter_ns()
-            if step.kind == "allreduce":
-                outs = [ensure(d, step.outs[d][0]) for d in range(n)]
-                for d in range(n):
-                    copy_between(ml.devices[d], srcs[d].handle, ml.devices[d], outs[d].handle, srcs[d].nbytes)
-                node = step.outs[0][0]
-                ring_allreduce(ml.devices, [b.handle for b in outs], prod(shape_of(node)) * node.dtype.itemsize,
-                               node.dtype, step.arg, stats)
-                what = f"all-reduce ({step.arg.name.lower()}) {node.dtype.name}{list(shape_of(node))}"
-            else:
-                outs = [ensure(d, step.outs[d][0]) for d in range(n)]
-                gather_shards(ml.devices, [b.handle for b in srcs], [b.handle for b in outs],
-                              shape_of(step.outs[0][0]), step.outs[0][0].dtype, step.arg[0], step.arg[1], stats)
-                what = f"gather axis {step.arg[0]}"
-            if profile.active is not None:
-                _profile_step(profile.active, ml.devices, what, k, st_ns, stats, before, received)
-            if level >= 2:
-                moved = ", ".join(f"{dev.name} sent {stats.sent[d] - before[d]} B" for d, dev in enumerate(ml.devices))
-                print(f"*** {what}: {moved} ({(time.perf_counter() - st) * 1e6:.2f} us)", file=sys.stderr)
-        for dev in ml.devices:
-            dev.synchronize()
-        compute = time.perf_counter() - t0
-        result: dict[str, np.ndarray] = {}
-        for i, (name, p) in enumerate(zip(ml.output_names, ml.plan.outputs)):
-            holders = [d for d in range(n) if ml.out_nodes[d][i] is not None]
-            parts = []
-            for d in holders:
-                node = ml.out_nodes[d][i]
-                assert node is not None
-                parts.append(ensure(d, node).numpy() if prod(shape_of(node)) else
-                             np.zeros(shape_of(node), dtype=node.dtype.np))
-                if level >= 2:
-                    print(f"*** copy out {name}: {parts[-1].nbytes} B {ml.devices[d].name} -> host", file=sys.stderr)
-            arr = parts[0] if p.axis is None else np.concatenate(parts, axis=p.axis)
-            dtype = (ml.out_nodes[holders[0]][i] or p.locals[0]).dtype
-            result[name] = to_user_array(arr, dtype)
-        for dev in ml.devices:
-            dev.synchronize()
-        return MultiRun(result, stats, ktime, stats.seconds, compute)
-    finally:
-        if pending:  # an interrupted or failed run: no buffer is freed under a kernel still running
-            from concurrent.futures import wait
-            wait(pending)
-        for b in owned:
-            b.free()
-
-
-def bench_multi(ml: MultiLowered, arrays: dict[str, np.ndarray], repeat: int = 10, warmup: int = 1
-                ) -> dict[str, Any]:
-    """`tgc bench` on a device list: per device its kernels' time, the collectives' time and bandwidth (bytes
-    each device sent over that time), and the whole program (inputs already on the devices, outputs not read
-    back), each as median/min/max over `repeat` runs after `warmup`."""
-    import statistics
-
-    for _ in range(warmup):
-        run_multi(ml, arrays)
-    runs = [run_multi(ml, arrays, timed=True) for _ in range(max(repeat, 1))]
-
-    def stats(xs: list[float]) -> dict[str, float]:
-        xs = sorted(xs)
-        return {"median_s": statistics.median(xs), "min_s": xs[0], "max_s": xs[-1]}
-
-    names = [dev.name for dev in ml.devices]
-    kernels = [k for _, k in ml.kernels()]
-    rows = []
-    for d, name in enumerate(names):
-        mine = [k for dd, k in ml.kernels() if dd == d]
-        st = stats([r.kernel_seconds[d] for r in runs])
-        flops = sum(k.flops for k in mine)
-        nbytes = sum(k.bytes_moved for k in mine)
-        rows.append({"name": f"{name} kernels ({len(mine)})", "device": name, "kernels": len(mine), "flops": flops,
-                     "bytes": nbytes, **st, "gflops": flops / st["median_s"] / 1e9 if st["median_s"] else None,
-                     "gbps": nbytes / st["median_s"] / 1e9 if st["median_s"] else None})
-    last = runs[-1].transfers
-    coll = stats([r.collective_seconds for r in runs])
-    per_dev = max(last.sent) if last.sent else 0
-    collectives = {"steps": [s.kind for s in ml.plan.steps], "sent_bytes": list(last.sent),
-                   "received_bytes": list(last.received), **coll,
-                   "gbps": per_dev / coll["median_s"] / 1e9 if coll["median_s"] and per_dev else None}
-    if ml.plan.steps:
-        rows.append({"name": "collectives (" + ", ".join(collectives["steps"]) + ")", **coll,
-                     "flops": 0, "bytes": per_dev, "gflops": None, "gbps": collectives["gbps"]})
-    prog = stats([r.compute_seconds for r in runs])
-    flops = sum(k.flops for k in kernels)
-    prog.update({"flops": flops, "bytes": sum(k.bytes_moved for k in kernels),
-                 "gflops": flops / prog["median_s"] / 1e9 if prog["median_s"] else None})
-    share = coll["median_s"] / prog["median_s"] if prog["median_s"] else None
-    return {"devices": names, "kernels": rows, "collectives": {**collectives, "share_of_program": share},
-            "program": prog, "peak": {"gflops": None, "gbps": None, "source": "unknown"}}

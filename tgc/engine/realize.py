@@ -148,9 +148,61 @@ class Buffer:
 
 @dataclass(frozen=True)
 class Launch:
-    """One step: launch `kernel` on its buffers (`kernel.bufs`, keys of the executable's planned buffers)."""
+    """One step: launch `kernel` on its buffers (`kernel.bufs`, keys of the planned buffers of device number
+    `device`: the executable's one device, or its position in a device list)."""
 
     kernel: LaunchableKernel
+    device: int = 0
+
+
+@dataclass(frozen=True)
+class Copy:
+    """One step of a device list: copy buffer `src` of device `src_device` into buffer `dst` (as large) of device
+    `dst_device` (`tgc.engine.multi.copy_between`: directly where the devices can, else through host memory)."""
+
+    src_device: int
+    src: Any
+    dst_device: int
+    dst: Any
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One step of a device list, every device taking part: `kind` "allreduce" (`arg`: the reduce op; each
+    device's buffer `bufs[d]` ends up holding op over all of them, in place) or "gather" (`arg`: (axis, bounds);
+    device d's shard `srcs[d]` (rows `bounds[d]` along axis) goes to every device's whole buffer `bufs[d]`).
+    `index`: the collective's number in the program (profile traces and DEBUG lines)."""
+
+    kind: str
+    arg: Any
+    srcs: tuple
+    bufs: tuple
+    index: int = 0
+
+
+Step = Launch | Copy | Collective
+
+
+@dataclass(frozen=True)
+class InputPart:
+    """Where input `name` goes on a device list: device `device`'s buffer `key` gets rows `rows` of `axis`
+    (`axis` None: the whole array, replicated)."""
+
+    name: str
+    device: int
+    key: Any
+    axis: int | None = None
+    rows: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class OutputPart:
+    """Where output `name` comes from on a device list: the buffers `holders` ((device, key), in order), put
+    together along `axis` (None: one replicated copy, the first holder's)."""
+
+    name: str
+    holders: tuple[tuple[int, Any], ...]
+    axis: int | None = None
 
 
 @dataclass(frozen=True)
@@ -162,23 +214,69 @@ class Chunks:
 
 
 class Executable:
-    """A program ready to run on one device: `steps` in order over planned buffers; `inputs` the input buffer
-    keys with the names their arrays come under, `outputs` the output names with their keys; `memory` the
-    memory plan (computed on first use, or given by a package); `graph_options` extra keywords for
-    `Device.graph` (a CPU package: its runner object); `chunks` how the steps repeat over slices, or None."""
+    """A program ready to run: `steps` in order over planned buffers. On one device (`device`; `devices` is
+    [device]) the steps are `Launch`es; `inputs` the input buffer keys with the names their arrays come under,
+    `outputs` the output names with their keys; `memory` the memory plan (computed on first use, or given by a
+    package); `graph_options` extra keywords for `Device.graph` (a CPU package: its runner object); `chunks`
+    how the steps repeat over slices, or None.
 
-    def __init__(self, device: Runtime, kernels: list, inputs: list[tuple[Any, str]], outputs: list[tuple[str, Any]],
+    On a device list (`Executable.across`: `devices`, `device` the first of them) the steps are each device's
+    `Launch`es, `Copy` and `Collective` steps; `inputs` is a list of `InputPart`s (each device's part of each
+    input) and `outputs` of `OutputPart`s; each device's buffers have a memory plan of their own
+    (`memory_plan(d)`)."""
+
+    def __init__(self, device: Runtime, kernels: list, inputs: list, outputs: list,
                  memory: MemoryPlan | None = None, graph_options: dict | None = None, chunks: Chunks | None = None):
         self.device = device
-        self.steps: list[Launch] = [Launch(k) for k in kernels]
+        self.devices: list[Runtime] = [device]
+        self.steps: list[Step] = [Launch(k) for k in kernels]
         self.kernels: list = list(kernels)  # (the steps' kernels, in order: what launch plans and bench read)
         self.inputs, self.outputs = inputs, outputs
         self.memory, self.graph_options, self.chunks = memory, graph_options, chunks
+        self.memories: list[MemoryPlan | None] = [memory]
+        self.pool: Any = None  # a device list's host threads, one per device (started on first use, kept)
 
-    def memory_plan(self) -> MemoryPlan:
-        if self.memory is None:
-            self.memory = plan_for(self.device, self.kernels, self.inputs, self.outputs)
-        return self.memory
+    @classmethod
+    def across(cls, devices: list[Runtime], steps: list[Step], inputs: list[InputPart],
+               outputs: list[OutputPart]) -> Executable:
+        """A device list's executable: `steps` over the buffers of each device (keys per device: the same key
+        on two devices is two buffers)."""
+        exe = cls(devices[0], [], inputs, outputs)
+        exe.devices, exe.steps = list(devices), list(steps)
+        exe.kernels = [s.kernel for s in steps if isinstance(s, Launch)]
+        exe.memories = [None] * len(devices)
+        return exe
+
+    @property
+    def multi(self) -> bool:
+        """Whether this runs on a device list (its steps name devices by position)."""
+        return len(self.devices) > 1
+
+    def launches(self) -> list[tuple[int, Any]]:
+        """(device position, kernel) of every launch, in order."""
+        return [(s.device, s.kernel) for s in self.steps if isinstance(s, Launch)]
+
+    def collectives(self) -> list[Collective]:
+        return [s for s in self.steps if isinstance(s, Collective)]
+
+    def memory_plan(self, d: int = 0) -> MemoryPlan:
+        """The memory plan of device `d`'s buffers (computed on first use)."""
+        if not self.multi:
+            if self.memory is None:
+                self.memory = plan_for(self.device, self.kernels, self.inputs, self.outputs)
+            return self.memory
+        if self.memories[d] is None:
+            self.memories[d] = plan_device(self, d)
+        plan = self.memories[d]
+        assert plan is not None
+        return plan
+
+    def threads(self) -> Any:
+        """One host thread per device (a device list's launches run on all devices at once)."""
+        if self.pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+            self.pool = ThreadPoolExecutor(max_workers=len(self.devices), thread_name_prefix="tgc-dev")
+        return self.pool
 
     def chunked(self, count: int, sliced: set[str] | frozenset[str]) -> Executable:
         """This executable (one chunk's program, whose memory plan keeps its outputs apart) run in `count`
@@ -193,8 +291,33 @@ class Executable:
         return Executable(self.device, self.kernels, self.inputs, self.outputs, self.memory, self.graph_options)
 
     def __repr__(self) -> str:
+        if self.multi:
+            return (f"<Executable on {','.join(d.name for d in self.devices)}: {len(self.kernels)} launches, "
+                    f"{len(self.collectives())} collectives>")
         how = f", {self.chunks.count} chunks" if self.chunks is not None else ""
         return f"<Executable on {self.device.name}: {len(self.steps)} launches{how}>"
+
+
+def plan_device(exe: Executable, d: int) -> MemoryPlan:
+    """The memory plan of device `d` of a device list: its buffers live over the steps that use them (its
+    launches, the copies from or to it, every collective's buffers of it); its input parts are placed as a
+    program's inputs, the buffers its output parts come from as outputs."""
+    uses: list[list[Any]] = []
+    inplace: list[tuple[Any, Any]] = []
+    for s in exe.steps:
+        if isinstance(s, Launch):
+            if s.device == d:
+                uses.append(list(s.kernel.bufs))
+                inplace += inplace_pairs(s.kernel)
+        elif isinstance(s, Copy):
+            uses.append([k for dev, k in ((s.src_device, s.src), (s.dst_device, s.dst)) if dev == d])
+        else:
+            uses.append([s.srcs[d], s.bufs[d]])
+    inputs = list(dict.fromkeys(p.key for p in exe.inputs if p.device == d))
+    outputs = list(dict.fromkeys(k for p in exe.outputs for dev, k in p.holders if dev == d))
+    keys = dict.fromkeys(inputs + [k for u in uses for k in u] + outputs)
+    return plan_memory(uses, {k: buffer_nbytes(k) for k in keys}, inputs, outputs,
+                       share=exe.devices[d].allocator.features.shared_slots, inplace=inplace)
 
 
 def plan_for(device: Any, kernels: list, inputs: list[tuple[Any, str]], outputs: list[tuple[str, Any]],
@@ -572,19 +695,7 @@ def allocate(low: Executable, arrays: dict[str, np.ndarray] | None, buffers: dic
     `buffers` (passed in so that the caller can free whatever was allocated if this fails midway): the slots of
     the memory plan, each allocated once and owned (freed) by the first buffer placed in it; inputs borrowed in
     place where the device allows (zero-copy CPU buffers) allocate nothing."""
-    plan = low.memory_plan()
-    slots: dict[int, Slot] = {}
-    largest: dict[int, Any] = {}  # per slot, its largest buffer (what a too-large allocation is reported as)
-    for k, i in plan.slot_of.items():
-        if i not in largest or plan.sizes[k] > plan.sizes[largest[i]]:
-            largest[i] = k
-
-    def place(key: Any) -> None:
-        index = plan.slot_of[key]
-        owns = index not in slots
-        if owns:
-            slots[index] = Slot(low.device, plan.slots[index], largest[index])
-        buffers[key] = Buffer(low.device, key, slots[index], owns)
+    place = _placer(low.device, low.memory_plan(), buffers)
 
     # an input runs in place (no copy) where the device allows it (`Buffer.borrow`) and no kernel stores to it;
     # a kernel that did would write the user's array, so such an input gets its own copy
@@ -602,6 +713,33 @@ def allocate(low: Executable, arrays: dict[str, np.ndarray] | None, buffers: dic
         for node in k.bufs:
             if node not in buffers:
                 place(node)
+
+
+def _placer(device: Any, plan: MemoryPlan, buffers: dict[Any, Buffer]) -> Any:
+    """`place(key)`: put buffer `key` into `buffers`, in its slot of `plan` on `device` (each slot allocated
+    once, owned by the first buffer placed in it)."""
+    slots: dict[int, Slot] = {}
+    largest: dict[int, Any] = {}  # per slot, its largest buffer (what a too-large allocation is reported as)
+    for k, i in plan.slot_of.items():
+        if i not in largest or plan.sizes[k] > plan.sizes[largest[i]]:
+            largest[i] = k
+
+    def place(key: Any) -> None:
+        index = plan.slot_of[key]
+        owns = index not in slots
+        if owns:
+            slots[index] = Slot(device, plan.slots[index], largest[index])
+        buffers[key] = Buffer(device, key, slots[index], owns)
+    return place
+
+
+def allocate_device(exe: Executable, d: int, buffers: dict[Any, Buffer]) -> None:
+    """Device `d`'s buffers of a device list's executable, into `buffers` (its memory plan's slots; inputs not
+    filled): every buffer its memory plan places."""
+    place = _placer(exe.devices[d], exe.memory_plan(d), buffers)
+    for key in exe.memory_plan(d).slot_of:
+        if key not in buffers:
+            place(key)
 
 
 _STORED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

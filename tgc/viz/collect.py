@@ -344,7 +344,7 @@ def _collect_multi(prog: Any, names: list[str], dims: dict[str, int], shard: dic
     """A device list: every launch with its device, the collectives' bytes per device (timed with `measure`)."""
     axes = prog.shard_axes(shard, dims, len(names))
     ml = prog.lower_multi(names, dims, axes)
-    launches = ml.kernels()
+    launches = ml.launches()
     kernels = []
     for d, k in launches:
         kd = _kernel_doc(k, None, k.device)
@@ -357,7 +357,7 @@ def _collect_multi(prog: Any, names: list[str], dims: dict[str, int], shard: dic
     doc["graph"] = _graph(prog, outs, [])
     doc["program"] = {"flops": sum(k.flops for _, k in launches), "bytes": sum(k.bytes_moved for _, k in launches)}
     doc["peak"] = _peak(ml.devices[0], False)  # (only where known: the kernels of a device list are not timed alone)
-    multi: dict[str, Any] = {"devices": names, "shard": axes, "steps": [s.kind for s in ml.plan.steps],
+    multi: dict[str, Any] = {"devices": names, "shard": axes, "steps": [s.kind for s in ml.collectives()],
                              "launches": {n: sum(1 for d, _ in launches if d == i) for i, n in enumerate(names)}}
     if measure:
         result = prog.bench(names, dims, repeat=repeat, shard=axes)
