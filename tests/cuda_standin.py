@@ -109,7 +109,7 @@ def host_build(src: str, cubin: bytes, out: Path | None = None) -> Path:
     cpp.write_text(host_source(src))
     tmp = out / f".{so.stem}.{os.getpid()}.so"
     try:
-        r = subprocess.run(["g++", "-std=c++17", "-O1", "-shared", "-fPIC", "-w", "-include",
+        r = subprocess.run(["g++", "-std=c++17", "-O1", "-ffp-contract=off", "-shared", "-fPIC", "-w", "-include",
                             str(HERE / "kernel.h"), "-o", str(tmp), str(cpp), "-lpthread"],
                            capture_output=True, text=True)
         if r.returncode != 0:

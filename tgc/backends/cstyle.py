@@ -34,6 +34,12 @@ class CStyleRenderer:
     max_threads_per_block = 256
     max_shared_bytes = 32768
     max_grid = (2**31 - 1, 65535, 65535)
+    # Contraction into fma happens only where tgc writes one (`fma_fn`, a reduction's multiply-accumulate, as on
+    # the CPU): an elementwise `x * s - max(x * s)` fused by the compiler rounds the product differently from the
+    # same product elsewhere, and a softmax of large logits became nan. OpenCL C contracts by default
+    # (FP_CONTRACT ON), so the prelude turns it off; NVRTC gets `--fmad=false`, Metal `-fno-fast-math`.
+    contract_off = "#pragma OPENCL FP_CONTRACT OFF"
+    fma_fn = "fma"
 
     @property
     def caps(self) -> Capabilities:
@@ -58,7 +64,7 @@ class CStyleRenderer:
 
     # ---- pieces a dialect may override
     def prelude(self, uops: list[UOp]) -> list[str]:
-        lines = []
+        lines = [self.contract_off] if self.contract_off else []
         if any(u.dtype is not None and u.dtype.name == "f64" for u in uops):
             lines.append("#pragma OPENCL EXTENSION cl_khr_fp64 : enable")
         lines += [
@@ -203,9 +209,13 @@ class CStyleRenderer:
             elif u.op is Ops.DEFINE_VAR:
                 names[u] = u.arg[0] if isinstance(u.arg, tuple) else str(u.arg)
                 params.append(f"int {names[u]}")
+        fused = self._fused_products(uops)  # products written as the fma of the accumulate that uses them
         for u in uops:
             op, d = u.op, u.dtype
             if op in (Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.CONST, Ops.SINK):
+                continue
+            if u in fused:
+                names[u] = ", ".join(ref(s) for s in u.src)  # the fma's first two arguments
                 continue
             if op is Ops.SPECIAL:  # always i32 (tgc.codegen.index), cast to i64 in a wide kernel
                 names[u] = u.arg[0]
@@ -222,6 +232,9 @@ class CStyleRenderer:
                 var = f"acc{u.arg}"
                 names[u] = var
                 line(f"{self.ctype(d)} {var} = {ref(u.src[0])};")
+            elif op is Ops.ACCUMULATE and u.src[1] in fused:
+                acc = names[u.src[0]]
+                line(f"{acc} = {self.fma(d, ref(u.src[1]), acc)};")
             elif op is Ops.ACCUMULATE:
                 acc, v = names[u.src[0]], ref(u.src[1])
                 line(f"{acc} = {self.combine(u.arg, d, acc, v)};")
@@ -248,6 +261,21 @@ class CStyleRenderer:
                 define(u, self.alu(u, [ref(s) for s in u.src]))
         body = [self.signature(name, params, uops) + " {", *lines, "}"]
         return "\n".join(self.prelude(uops) + [""] + body) + "\n"
+
+    @staticmethod
+    def _fused_products(uops: list[UOp]) -> set[UOp]:
+        """Float products whose only use is a sum reduction's accumulate: rendered as one fma there."""
+        uses: dict[UOp, int] = {}
+        for u in uops:
+            for s in u.src:
+                uses[s] = uses.get(s, 0) + 1
+        return {u.src[1] for u in uops
+                if u.op is Ops.ACCUMULATE and u.arg is Ops.ADD and u.dtype is not None and u.dtype.is_float
+                and u.src[1].op is Ops.MUL and u.src[1].dtype == u.dtype and uses.get(u.src[1]) == 1}
+
+    def fma(self, d: DType, product_args: str, acc: str) -> str:
+        """`a * b + acc` rounded once (`product_args` is "a, b")."""
+        return f"{self.fma_fn}({product_args}, {acc})"
 
     def combine(self, op: Ops, d: DType, a: str, b: str) -> str:
         if op is Ops.ADD:
@@ -354,6 +382,11 @@ class CUDARenderer(CStyleRenderer):
         const = "" if written else "const "
         return f"{const}{self.mtype(u.dtype)}* __restrict__ data{u.arg}"
 
+    contract_off = ""  # NVRTC contracts unless told `--fmad=false` (tgc.backends.cuda.NVRTCCompiler.options)
+
+    def fma(self, d: DType, product_args: str, acc: str) -> str:
+        return f"fma{'' if d.name == 'f64' else 'f'}({product_args}, {acc})"
+
     half_fns = {"f16": ("tgc_half2float", "tgc_float2half"), "bf16": ("tgc_bf162float", "tgc_float2bf16")}
     u16, u8 = "(unsigned short)({})", "(unsigned char)({})"
     half_special: dict[tuple[str, str], str] = {}
@@ -397,6 +430,7 @@ class MetalRenderer(CStyleRenderer):
     barrier = "threadgroup_barrier(mem_flags::mem_threadgroup);"
     max_threads_per_block = 1024
     max_shared_bytes = 32768
+    contract_off = ""  # Metal compiles with fast math off instead (tgc.backends.metal: -fno-fast-math)
     types = {**CStyleRenderer.types, "i64": "long", "u64": "ulong"}
     mem_types = {"bool": "uchar", "f16": "half", "bf16": "ushort"}
 

@@ -97,7 +97,9 @@ class NVRTCCompiler(Compiler):
     name = "nvrtc"
     # -default-device: functions without __device__/__host__ are device functions (helpers need no marks).
     # No -use_fast_math: results must match numpy within DSL.md's tolerance; renderers use __expf etc. explicitly.
-    options: tuple[str, ...] = ("-default-device", "-std=c++17")
+    # --fmad=false: no product is contracted into an fma unless the kernel says fmaf (a reduction's accumulate);
+    # NVRTC's default contraction broke `x * s - max(x * s)` (see tgc.backends.cstyle.CStyleRenderer.fma_fn).
+    options: tuple[str, ...] = ("-default-device", "-std=c++17", "--fmad=false")
     max_remembered_ptx = 512
 
     def __init__(self, arch: str = DEFAULT_ARCH):
@@ -111,7 +113,8 @@ class NVRTCCompiler(Compiler):
 
     @property
     def cache_key(self) -> str:
-        return f"{self.name}-{self.version}-{self.arch}"
+        flags = hashlib.sha256(" ".join(self.options).encode()).hexdigest()[:8]  # --fmad=false changed cubins
+        return f"{self.name}-{self.version}-{self.arch}-{flags}"
 
     @property
     def compute_arch(self) -> str:
