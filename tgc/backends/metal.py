@@ -171,7 +171,8 @@ class XcrunMetalCompiler(Compiler):
         with tempfile.TemporaryDirectory(prefix="tgc-metal-") as tmp:
             d = Path(tmp)
             (d / "kernel.metal").write_text(src, encoding="utf-8")
-            _xcrun(["metal", "-c", "-fno-fast-math", str(d / "kernel.metal"), "-o", str(d / "kernel.air")], "metal (xcrun)")
+            _xcrun(["metal", "-c", "-fno-fast-math", str(d / "kernel.metal"), "-o", str(d / "kernel.air")],
+                   "metal (xcrun)")
             _xcrun(["metallib", str(d / "kernel.air"), "-o", str(d / "kernel.metallib")], "metallib (xcrun)")
             return (d / "kernel.metallib").read_bytes()
 
