@@ -79,3 +79,54 @@ def test_softmax_of_large_logits_and_a_matmul_on_opencl():
     a, b = rng.standard_normal((24, 40)).astype(np.float32), rng.standard_normal((40, 8)).astype(np.float32)
     got = tgc.loads(MATMUL).run("OPENCL", a=a, b=b)["out0"]
     np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------- built for the GPU at hand
+
+def test_f32_lanes_per_sm_count_64_lane_gpus_once():
+    """The clock-based peak (`tgc devices`): P100 (6.0), V100 (7.0), T4 (7.5) and A100 (8.0) have 64 FP32 lanes
+    an SM; a flat 128 counted them twice. Kepler has 192, Maxwell, GP10x, GA10x, Ada and Hopper 128."""
+    lanes = {cc: cuda.f32_lanes_per_sm(cc) for cc in [(3, 5), (5, 2), (6, 0), (6, 1), (7, 0), (7, 5), (8, 0),
+                                                      (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)]}
+    assert lanes == {(3, 5): 192, (5, 2): 128, (6, 0): 64, (6, 1): 128, (7, 0): 64, (7, 5): 64, (8, 0): 64,
+                     (8, 6): 128, (8, 9): 128, (9, 0): 128, (10, 0): 128, (12, 0): 128}
+
+
+ATTENTION_OVER_48K = '''
+import ctypes, json, re
+import numpy as np
+import tgc
+from tgc.backends import get_device
+dev = get_device("CUDA")
+res = {"arch": dev.arch, "caps": dev.caps.max_shared_bytes, "peak": dev.info().get("peak_gflops")}
+rng = np.random.default_rng(0)
+p = tgc.loads("q: f32[T, D]\\nk: f32[T, D]\\nv: f32[T, E]\\nreturn softmax(q @ k.transpose(-2, -1) * 0.05, -1) @ v")
+dims = {"T": 20, "D": 1024, "E": 64}
+q, k = (rng.standard_normal((20, 1024)).astype(np.float32) for _ in range(2))
+v = rng.standard_normal((20, 64)).astype(np.float32)
+s = q.astype(np.float64) @ k.T.astype(np.float64) * 0.05
+e = np.exp(s - s.max(-1, keepdims=True))
+(kern,) = p.compile("CUDA", dims=dims)
+m = re.search(r"__constant__ unsigned int tgc_dynamic_shared_\\w+ = (\\d+)u;", kern.src)
+res["dynamic"] = int(m.group(1)) if m else 0
+res["bounds"] = re.findall(r"__launch_bounds__\\((\\d+)\\)", kern.src)
+res["err"] = float(np.abs(p.run("CUDA", dims=dims, q=q, k=k, v=v)["out0"] - e / e.sum(-1, keepdims=True) @ v).max())
+res["set"] = ctypes.CDLL("libcuda.so.1").tgc_standin_dynamic_shared_set()
+print(json.dumps(res))
+'''
+
+
+def test_shared_memory_past_48k_is_dynamic_and_raised_through_the_driver():
+    """A GPU that opts in to 100000 bytes a block, of compute capability 8.6, through the stand-in (whose launch
+    fails, as a GPU's does, when a kernel asks for more than 48 KiB of dynamic shared memory without
+    cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)): kernels are built for sm_86 with launch bounds, the fused
+    attention at a head dim of 1024 stages its keys in 68 KiB of dynamic shared memory, and its values match."""
+    import cuda_standin
+    if cuda_standin.why_unavailable():
+        pytest.skip(cuda_standin.why_unavailable())
+    from test_cuda_standin import script_json
+    res = script_json(ATTENTION_OVER_48K, TGC_STANDIN_SHARED_OPTIN_BYTES="100000", TGC_STANDIN_CC="8.6")
+    assert res["arch"] == "sm_86" and res["caps"] == 100000
+    assert res["peak"] == 2 * 128 * 2 * 1.0  # GFLOP/s: 2 SMs of 128 lanes, an FMA each, at 1 GHz (the stand-in)
+    assert 48 * 1024 < res["dynamic"] <= 100000 and res["set"] == res["dynamic"], res
+    assert res["bounds"] == ["20"] and res["err"] < 1e-4, res

@@ -242,7 +242,7 @@ class CStyleRenderer:
                 define(u, names[u.src[0]])
             elif op is Ops.DEFINE_LOCAL:
                 names[u] = u.arg[0]
-                line(f"{self.local_qualifier} {self.ctype(d)} {u.arg[0]}[{u.arg[1]}];")
+                line(self.define_local(u.arg[0], self.ctype(d), int(u.arg[1]), uops))
             elif op is Ops.BARRIER:
                 line(self.barrier)
             elif op is Ops.LOAD and u.src[0].op is Ops.DEFINE_LOCAL:
@@ -261,6 +261,10 @@ class CStyleRenderer:
                 define(u, self.alu(u, [ref(s) for s in u.src]))
         body = [self.signature(name, params, uops) + " {", *lines, "}"]
         return "\n".join(self.prelude(uops) + [""] + body) + "\n"
+
+    def define_local(self, name: str, ctype: str, count: int, uops: list[UOp]) -> str:
+        """The declaration of a shared array of `count` elements."""
+        return f"{self.local_qualifier} {ctype} {name}[{count}];"
 
     @staticmethod
     def _fused_products(uops: list[UOp]) -> set[UOp]:
@@ -419,7 +423,45 @@ class CUDARenderer(CStyleRenderer):
         for u in uops:
             if u.op is Ops.SPECIAL and u.arg[0].startswith("lidx"):
                 local *= u.arg[1]
-        return f"{self.kernel_prefix} __launch_bounds__({local}) {name}({', '.join(params)})"
+        sig = f"{self.kernel_prefix} __launch_bounds__({local}) {name}({', '.join(params)})"
+        dynamic = dynamic_shared_bytes(uops)
+        if not dynamic:
+            return sig
+        # shared memory past the 48 KiB of static arrays is dynamic: one extern array the shared arrays are carved
+        # from (`define_local`), and its size in a module global that the runtime reads at load time to pass it
+        # at each launch (after raising the function's limit: tgc.backends.cuda.CUDAProgram)
+        return "\n".join([f'extern "C" __constant__ unsigned int {DYNAMIC_SHARED_SYMBOL}{name} = {dynamic}u;',
+                           f"extern __shared__ __align__(16) unsigned char {DYNAMIC_SHARED_ARRAY}[];", sig])
+
+    def define_local(self, name: str, ctype: str, count: int, uops: list[UOp]) -> str:
+        if not dynamic_shared_bytes(uops):
+            return super().define_local(name, ctype, count, uops)
+        offset = 0
+        for u in uops:  # this array's offset: the arrays before it, each rounded up to 16 bytes
+            if u.op is Ops.DEFINE_LOCAL:
+                if u.arg[0] == name:
+                    break
+                offset += _local_bytes(u)
+        return f"{ctype}* {name} = ({ctype}*)({DYNAMIC_SHARED_ARRAY} + {offset});"
+
+
+# CUDA's static shared arrays may hold 48 KiB; a kernel that needs more declares it dynamic (CUDARenderer.signature)
+STATIC_SHARED_BYTES = 48 * 1024
+DYNAMIC_SHARED_SYMBOL = "tgc_dynamic_shared_"  # + the kernel's name: the module global holding its size in bytes
+DYNAMIC_SHARED_ARRAY = "tgc_smem"
+
+
+def _local_bytes(u: UOp) -> int:
+    """A DEFINE_LOCAL's bytes as rendered (half floats are floats), rounded up to 16."""
+    size = 4 if u.dtype.name in ("f16", "bf16") else u.dtype.itemsize
+    return -(-int(u.arg[1]) * size * u.dtype.count // 16) * 16
+
+
+def dynamic_shared_bytes(uops: list[UOp]) -> int:
+    """The dynamic shared memory a CUDA kernel declares: its shared arrays' bytes when they pass the static
+    limit, else 0 (static arrays)."""
+    total = sum(_local_bytes(u) for u in uops if u.op is Ops.DEFINE_LOCAL)
+    return total if total > STATIC_SHARED_BYTES else 0
 
 
 class MetalRenderer(CStyleRenderer):
