@@ -31,8 +31,8 @@ from dataclasses import replace
 from typing import Any
 
 from tgc.backends.base import Compiler, Device, LRUAllocator, Program, keep_python_sigint
-from tgc.backends.cstyle import HALF_HELPERS as HALF_HELPERS  # re-exported (tests, the stand-in)
 from tgc.backends.cstyle import DYNAMIC_SHARED_SYMBOL, STATIC_SHARED_BYTES, CUDARenderer
+from tgc.backends.cstyle import HALF_HELPERS as HALF_HELPERS  # re-exported (tests, the stand-in)
 from tgc.capabilities import Capabilities
 from tgc.env import env_str
 from tgc.errors import CompileError, DeviceError
