@@ -92,41 +92,53 @@ def test_f32_lanes_per_sm_count_64_lane_gpus_once():
                      (8, 6): 128, (8, 9): 128, (9, 0): 128, (10, 0): 128, (12, 0): 128}
 
 
-ATTENTION_OVER_48K = '''
+GROUP_OVER_48K = '''
 import ctypes, json, re
 import numpy as np
 import tgc
+import tgc.codegen.search as S
 from tgc.backends import get_device
+from tgc.codegen.opt import Opt
 dev = get_device("CUDA")
 res = {"arch": dev.arch, "caps": dev.caps.max_shared_bytes, "peak": dev.info().get("peak_gflops")}
-rng = np.random.default_rng(0)
-p = tgc.loads("q: f32[T, D]\\nk: f32[T, D]\\nv: f32[T, E]\\nreturn softmax(q @ k.transpose(-2, -1) * 0.05, -1) @ v")
-dims = {"T": 20, "D": 1024, "E": 64}
-q, k = (rng.standard_normal((20, 1024)).astype(np.float32) for _ in range(2))
-v = rng.standard_normal((20, 64)).astype(np.float32)
-s = q.astype(np.float64) @ k.T.astype(np.float64) * 0.05
-e = np.exp(s - s.max(-1, keepdims=True))
-(kern,) = p.compile("CUDA", dims=dims)
+x = np.random.default_rng(0).standard_normal((32, 2048)).astype(np.float32)
+# as if BEAM had chosen them: 512 threads a row group, 32 rows each, a partial a thread and row in shared memory
+S.lookup = lambda ast, device, width=0: [Opt("GROUP", 1, 512), Opt("UPCAST", 0, 32)]
+p = tgc.loads("x: f32[M, N]\\nreturn x.sum(axis=1)")
+(kern,) = p.compile("CUDA", dims={"M": 32, "N": 2048})
 m = re.search(r"__constant__ unsigned int tgc_dynamic_shared_\\w+ = (\\d+)u;", kern.src)
 res["dynamic"] = int(m.group(1)) if m else 0
 res["bounds"] = re.findall(r"__launch_bounds__\\((\\d+)\\)", kern.src)
-res["err"] = float(np.abs(p.run("CUDA", dims=dims, q=q, k=k, v=v)["out0"] - e / e.sum(-1, keepdims=True) @ v).max())
+res["err"] = float(np.abs(p.run("CUDA", x=x)["out0"] - x.astype(np.float64).sum(1)).max())
 res["set"] = ctypes.CDLL("libcuda.so.1").tgc_standin_dynamic_shared_set()
+# the same cubin without the attribute raised: the launch is refused, as on a GPU
+from tgc.backends import cuda
+from tgc.errors import DeviceError
+drv = cuda._driver()
+drv.cuFuncSetAttribute = lambda *args: (drv.CUresult.CUDA_SUCCESS,)
+prog = dev.program(kern.name, kern.binary)
+out, inp = dev.allocator.alloc(128), dev.allocator.alloc(x.nbytes)
+try:
+    prog(out, inp, global_size=(1, 1, 1), local_size=(512, 1, 1), wait=True)
+    res["unraised"] = "ran"
+except DeviceError as e:
+    res["unraised"] = e.msg
 print(json.dumps(res))
 '''
 
 
 def test_shared_memory_past_48k_is_dynamic_and_raised_through_the_driver():
-    """A GPU that opts in to 100000 bytes a block, of compute capability 8.6, through the stand-in (whose launch
-    fails, as a GPU's does, when a kernel asks for more than 48 KiB of dynamic shared memory without
-    cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)): kernels are built for sm_86 with launch bounds, the fused
-    attention at a head dim of 1024 stages its keys in 68 KiB of dynamic shared memory, and its values match."""
+    """A GPU of compute capability 8.6 that opts in to 100000 bytes of shared memory a block, through the
+    stand-in (whose launch fails, as a GPU's does, when a kernel asks for more than 48 KiB of dynamic shared memory
+    without cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)): kernels are built for sm_86 with launch bounds, a
+    GROUP reduction's 64 KiB of partials are dynamic shared memory, and its sums match numpy."""
     import cuda_standin
     if cuda_standin.why_unavailable():
         pytest.skip(cuda_standin.why_unavailable())
     from test_cuda_standin import script_json
-    res = script_json(ATTENTION_OVER_48K, TGC_STANDIN_SHARED_OPTIN_BYTES="100000", TGC_STANDIN_CC="8.6")
+    res = script_json(GROUP_OVER_48K, TGC_STANDIN_SHARED_OPTIN_BYTES="100000", TGC_STANDIN_CC="8.6")
     assert res["arch"] == "sm_86" and res["caps"] == 100000
     assert res["peak"] == 2 * 128 * 2 * 1.0  # GFLOP/s: 2 SMs of 128 lanes, an FMA each, at 1 GHz (the stand-in)
-    assert 48 * 1024 < res["dynamic"] <= 100000 and res["set"] == res["dynamic"], res
-    assert res["bounds"] == ["20"] and res["err"] < 1e-4, res
+    assert res["dynamic"] == 512 * 32 * 4 and res["set"] == res["dynamic"], res
+    assert res["bounds"] == ["512"] and res["err"] < 1e-3, res
+    assert "CUDA_ERROR_INVALID_VALUE" in res["unraised"], res
