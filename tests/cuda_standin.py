@@ -92,6 +92,8 @@ def host_source(src: str) -> str:
     if m is None:
         raise ValueError("no __global__ function in the kernel source")
     name, params = m.group(1), [p.strip() for p in m.group(2).split(",") if p.strip()]
+    # dynamic shared memory: the stand-in's per-launch buffer (kernel.h)
+    body = re.sub(r"extern __shared__ __align__\(\d+\) unsigned char (\w+)\[\];", r"#define \1 tgc_dynamic_smem", body)
     args = []
     for i, p in enumerate(params):
         ctype = re.sub(r"\b__restrict__\b", "", p.rsplit(None, 1)[0]).strip() if " " in p else p
@@ -109,7 +111,7 @@ def host_build(src: str, cubin: bytes, out: Path | None = None) -> Path:
     cpp.write_text(host_source(src))
     tmp = out / f".{so.stem}.{os.getpid()}.so"
     try:
-        r = subprocess.run(["g++", "-std=c++17", "-O1", "-shared", "-fPIC", "-w", "-include",
+        r = subprocess.run(["g++", "-std=c++17", "-O1", "-ffp-contract=off", "-shared", "-fPIC", "-w", "-include",
                             str(HERE / "kernel.h"), "-o", str(tmp), str(cpp), "-lpthread"],
                            capture_output=True, text=True)
         if r.returncode != 0:

@@ -152,9 +152,14 @@ SHARED_DECL = re.compile(r"(?:__shared__|__local|threadgroup)\s+(float|double|in
 C_SIZES = {"float": 4, "double": 8, "int": 4, "half": 2, "unsigned short": 2, "ushort": 2}
 
 
+# CUDA past 48 KiB (on a GPU that opts in to more): dynamic shared memory, its size in a module global
+DYNAMIC_DECL = re.compile(r"__constant__ unsigned int tgc_dynamic_shared_\w+ = (\d+)u;")
+
+
 def declared_shared_bytes(src: str) -> int:
     """The shared memory a rendered kernel declares, read from its source."""
-    return sum(C_SIZES[t] * int(n) for t, n in SHARED_DECL.findall(src))
+    return (sum(C_SIZES[t] * int(n) for t, n in SHARED_DECL.findall(src))
+            + sum(int(n) for n in DYNAMIC_DECL.findall(src)))
 
 
 ATTENTION = """q: f32[T, D]

@@ -19,6 +19,10 @@ static inline void __syncthreads() { if (tgc_threads > 1) pthread_barrier_wait(&
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __shared__ static
+#define __constant__
+/* dynamic shared memory (cuLaunchKernel's sharedMemBytes): the generated `extern __shared__ ... tgc_smem[];` line
+ * becomes `#define tgc_smem tgc_dynamic_smem` (tests/cuda_standin.py), one buffer for the block running now */
+static unsigned char *tgc_dynamic_smem;
 
 template <class T, class F> static inline T tgc_bits(F x) { T t; memcpy(&t, &x, sizeof t); return t; }
 static inline float __int_as_float(int x) { return tgc_bits<float>(x); }
@@ -56,7 +60,19 @@ static void *tgc_thread_main(void *arg) {
   return nullptr;
 }
 
-extern "C" int tgc_launch(void (*entry)(void **), const unsigned *g, const unsigned *b, void **params) {
+static int tgc_launch_threads(void (*entry)(void **), const unsigned *g, const unsigned *b, void **params);
+
+extern "C" int tgc_launch(void (*entry)(void **), const unsigned *g, const unsigned *b, void **params,
+                          unsigned shared_bytes) {
+  tgc_dynamic_smem = shared_bytes ? new unsigned char[shared_bytes] : nullptr;
+  if (shared_bytes) memset(tgc_dynamic_smem, 0xFF, shared_bytes);  /* unwritten shared memory reads as NaN */
+  int rc = tgc_launch_threads(entry, g, b, params);
+  delete[] tgc_dynamic_smem;
+  tgc_dynamic_smem = nullptr;
+  return rc;
+}
+
+static int tgc_launch_threads(void (*entry)(void **), const unsigned *g, const unsigned *b, void **params) {
   gridDim = {g[0], g[1], g[2]};
   blockDim = {b[0], b[1], b[2]};
   tgc_threads = b[0] * b[1] * b[2];

@@ -12,6 +12,10 @@
  *                               asynchronously (the launch succeeds, later calls fail until a context reset)
  *   TGC_STANDIN_DEVICES         how many devices cuDeviceGetCount reports (default 1)
  *   TGC_STANDIN_SHARED_BYTES    what the max-shared-memory-per-block attribute reports (default 49152)
+ *   TGC_STANDIN_SHARED_OPTIN_BYTES  the opt-in maximum (attribute 97; default: TGC_STANDIN_SHARED_BYTES's value).
+ *                               As on a GPU, a launch with more dynamic shared memory than 48 KiB fails unless
+ *                               cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES) raised the function's limit
+ *   TGC_STANDIN_CC              the compute capability, e.g. "7.0" (default "9.0")
  *
  * Memory is hardened so that out-of-bounds accesses and reads of unwritten memory fail loudly: every
  * allocation ends against a protected page (the byte after a buffer's last one faults; a buffer starts at
@@ -56,7 +60,20 @@ enum {
 
 struct ctx_s { int device; CUresult sticky; int generation; };
 struct module_s { void *so; int generation; };
-struct func_s { CUmodule module; void (*entry)(void **); int (*launch)(void (*)(void **), const unsigned *, const unsigned *, void **); char name[256]; };
+typedef int (*launch_fn)(void (*)(void **), const unsigned *, const unsigned *, void **, unsigned);
+struct func_s { CUmodule module; void (*entry)(void **); launch_fn launch; char name[256]; int max_dynamic_shared; };
+static long last_dynamic_shared_set = 0;  /* the last value cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES) set */
+static int shared_per_block(void) { const char *s = getenv("TGC_STANDIN_SHARED_BYTES"); return s ? atoi(s) : 49152; }
+static int shared_opt_in(void) {
+  const char *s = getenv("TGC_STANDIN_SHARED_OPTIN_BYTES");
+  return s ? atoi(s) : shared_per_block();
+}
+static int compute_capability(int minor) {
+  const char *s = getenv("TGC_STANDIN_CC");
+  int major = 9, min = 0;
+  if (s) sscanf(s, "%d.%d", &major, &min);
+  return minor ? min : major;
+}
 struct event_s { double t; };
 
 static struct ctx_s primary = {0, OK, 0};
@@ -97,17 +114,15 @@ CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d) {
     case 4: *v = 64; break;                         /* max block dim z */
     case 5: *v = 2147483647; break;                 /* max grid dim x */
     case 6: case 7: *v = 65535; break;              /* max grid dim y, z */
-    case 8: {                                       /* max shared memory per block */
-      const char *s = getenv("TGC_STANDIN_SHARED_BYTES");
-      *v = s ? atoi(s) : 49152; break;
-    }
+    case 8: *v = shared_per_block(); break;         /* max shared memory per block */
+    case 97: *v = shared_opt_in(); break;           /* max shared memory per block, opt-in */
     case 10: *v = 32; break;                        /* warp size */
     case 13: *v = 1000000; break;                   /* clock rate, kHz */
     case 16: *v = 2; break;                         /* multiprocessor count */
     case 36: *v = 1000000; break;                   /* memory clock rate, kHz */
     case 37: *v = 256; break;                       /* memory bus width, bits */
-    case 75: *v = 9; break;                         /* compute capability major */
-    case 76: *v = 0; break;                         /* compute capability minor */
+    case 75: *v = compute_capability(0); break;     /* compute capability major */
+    case 76: *v = compute_capability(1); break;     /* compute capability minor */
     default: *v = 0;
   }
   return OK;
@@ -227,7 +242,8 @@ CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
   if (!entry || !launch) return NOT_FOUND;
   struct func_s *fn = calloc(1, sizeof *fn);
   fn->module = m; fn->entry = (void (*)(void **))entry;
-  fn->launch = (int (*)(void (*)(void **), const unsigned *, const unsigned *, void **))launch;
+  fn->launch = (launch_fn)launch;
+  fn->max_dynamic_shared = 49152;
   snprintf(fn->name, sizeof fn->name, "%s", name);
   *f = fn; return OK;
 }
@@ -235,6 +251,24 @@ CUresult cuModuleUnload(CUmodule m) {
   if (current == NULL) { n_unload_without_ctx++; return INVALID_CONTEXT; }
   n_modules_live--;
   (void)m;  /* the host library stays loaded: functions of it may still be referenced */
+  return OK;
+}
+CUresult cuFuncSetAttribute(CUfunction f, int attr, int v) {
+  CUresult r = need_ctx(); if (r) return r;
+  if (f == NULL) return INVALID_HANDLE;
+  if (attr != 8) return INVALID_VALUE;  /* only CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES */
+  if (v < 0 || v > shared_opt_in()) return INVALID_VALUE;
+  f->max_dynamic_shared = v; last_dynamic_shared_set = v;
+  return OK;
+}
+/* the global `name` of a module: a variable of its host build (its size: 4 bytes, the only globals tgc declares) */
+CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule m, const char *name) {
+  CUresult r = need_ctx(); if (r) return r;
+  if (m == NULL || name == NULL) return INVALID_VALUE;
+  void *p = dlsym(m->so, name);
+  if (!p) return NOT_FOUND;
+  if (dptr) *dptr = (CUdeviceptr)(uintptr_t)p;
+  if (bytes) *bytes = 4;
   return OK;
 }
 CUresult cuFuncGetAttribute(int *v, int attr, CUfunction f) {
@@ -245,20 +279,21 @@ CUresult cuFuncGetAttribute(int *v, int attr, CUfunction f) {
 
 CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                         unsigned shmem, CUstream stream, void **params, void **extra) {
-  (void)shmem; (void)stream; (void)extra;
+  (void)stream; (void)extra;
   CUresult r = need_ctx(); if (r) return r;
   if (f == NULL) return INVALID_HANDLE;
   if (f->module->generation != current->generation) return INVALID_HANDLE;  /* a module of a reset context */
   if (!gx || !gy || !gz || !bx || !by || !bz) return INVALID_VALUE;
   if ((unsigned long long)bx * by * bz > 1024 || bz > 64 || gy > 65535 || gz > 65535 || gx > 2147483647u)
     return INVALID_VALUE;
+  if ((int)shmem > f->max_dynamic_shared) return INVALID_VALUE;  /* past 48 KiB only after cuFuncSetAttribute */
   const char *fault = getenv("TGC_STANDIN_FAULT");
   if (fault && strcmp(fault, f->name) == 0) { current->sticky = ILLEGAL_ADDRESS; return OK; }  /* reported later */
   unsigned g[3] = {gx, gy, gz}, b[3] = {bx, by, bz};
   pthread_mutex_lock(&launch_lock);
   install_fault_handler();
   running_kernel = f->name;
-  int rc = f->launch(f->entry, g, b, params);
+  int rc = f->launch(f->entry, g, b, params, shmem);
   running_kernel = NULL;
   n_launches++;
   pthread_mutex_unlock(&launch_lock);
@@ -352,6 +387,7 @@ CUresult cuGetErrorString(CUresult r, const char **s) { *s = error_name(r); retu
 void tgc_standin_stats(long *out) {
   out[0] = n_modules_live; out[1] = n_unload_without_ctx; out[2] = n_launches; out[3] = n_resets;
 }
+long tgc_standin_dynamic_shared_set(void) { return last_dynamic_shared_set; }
 
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsigned long long flags, int *status);
 
@@ -371,6 +407,7 @@ static const struct entry table[] = {
   {"cuMemcpyHtoD", (void *)cuMemcpyHtoD_v2, 0}, {"cuMemcpyDtoH", (void *)cuMemcpyDtoH_v2, 0},
   {"cuModuleLoadData", (void *)cuModuleLoadData, 0}, {"cuModuleGetFunction", (void *)cuModuleGetFunction, 0},
   {"cuModuleUnload", (void *)cuModuleUnload, 0}, {"cuFuncGetAttribute", (void *)cuFuncGetAttribute, 0},
+  {"cuFuncSetAttribute", (void *)cuFuncSetAttribute, 0}, {"cuModuleGetGlobal", (void *)cuModuleGetGlobal_v2, 0},
   {"cuLaunchKernel", (void *)cuLaunchKernel, 0},
   {"cuGraphCreate", (void *)cuGraphCreate, 0}, {"cuGraphAddKernelNode", (void *)cuGraphAddKernelNode_v2, 0},
   {"cuGraphInstantiateWithFlags", (void *)cuGraphInstantiateWithFlags, 0},

@@ -34,6 +34,12 @@ class CStyleRenderer:
     max_threads_per_block = 256
     max_shared_bytes = 32768
     max_grid = (2**31 - 1, 65535, 65535)
+    # Contraction into fma happens only where tgc writes one (`fma_fn`, a reduction's multiply-accumulate, as on
+    # the CPU): an elementwise `x * s - max(x * s)` fused by the compiler rounds the product differently from the
+    # same product elsewhere, and a softmax of large logits became nan. OpenCL C contracts by default
+    # (FP_CONTRACT ON), so the prelude turns it off; NVRTC gets `--fmad=false`, Metal `-fno-fast-math`.
+    contract_off = "#pragma OPENCL FP_CONTRACT OFF"
+    fma_fn = "fma"
 
     @property
     def caps(self) -> Capabilities:
@@ -58,7 +64,7 @@ class CStyleRenderer:
 
     # ---- pieces a dialect may override
     def prelude(self, uops: list[UOp]) -> list[str]:
-        lines = []
+        lines = [self.contract_off] if self.contract_off else []
         if any(u.dtype is not None and u.dtype.name == "f64" for u in uops):
             lines.append("#pragma OPENCL EXTENSION cl_khr_fp64 : enable")
         lines += [
@@ -203,9 +209,13 @@ class CStyleRenderer:
             elif u.op is Ops.DEFINE_VAR:
                 names[u] = u.arg[0] if isinstance(u.arg, tuple) else str(u.arg)
                 params.append(f"int {names[u]}")
+        fused = self._fused_products(uops)  # products written as the fma of the accumulate that uses them
         for u in uops:
             op, d = u.op, u.dtype
             if op in (Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.CONST, Ops.SINK):
+                continue
+            if u in fused:
+                names[u] = ", ".join(ref(s) for s in u.src)  # the fma's first two arguments
                 continue
             if op is Ops.SPECIAL:  # always i32 (tgc.codegen.index), cast to i64 in a wide kernel
                 names[u] = u.arg[0]
@@ -222,6 +232,9 @@ class CStyleRenderer:
                 var = f"acc{u.arg}"
                 names[u] = var
                 line(f"{self.ctype(d)} {var} = {ref(u.src[0])};")
+            elif op is Ops.ACCUMULATE and u.src[1] in fused:
+                acc = names[u.src[0]]
+                line(f"{acc} = {self.fma(d, ref(u.src[1]), acc)};")
             elif op is Ops.ACCUMULATE:
                 acc, v = names[u.src[0]], ref(u.src[1])
                 line(f"{acc} = {self.combine(u.arg, d, acc, v)};")
@@ -229,7 +242,7 @@ class CStyleRenderer:
                 define(u, names[u.src[0]])
             elif op is Ops.DEFINE_LOCAL:
                 names[u] = u.arg[0]
-                line(f"{self.local_qualifier} {self.ctype(d)} {u.arg[0]}[{u.arg[1]}];")
+                line(self.define_local(u.arg[0], self.ctype(d), int(u.arg[1]), uops))
             elif op is Ops.BARRIER:
                 line(self.barrier)
             elif op is Ops.LOAD and u.src[0].op is Ops.DEFINE_LOCAL:
@@ -248,6 +261,25 @@ class CStyleRenderer:
                 define(u, self.alu(u, [ref(s) for s in u.src]))
         body = [self.signature(name, params, uops) + " {", *lines, "}"]
         return "\n".join(self.prelude(uops) + [""] + body) + "\n"
+
+    def define_local(self, name: str, ctype: str, count: int, uops: list[UOp]) -> str:
+        """The declaration of a shared array of `count` elements."""
+        return f"{self.local_qualifier} {ctype} {name}[{count}];"
+
+    @staticmethod
+    def _fused_products(uops: list[UOp]) -> set[UOp]:
+        """Float products whose only use is a sum reduction's accumulate: rendered as one fma there."""
+        uses: dict[UOp, int] = {}
+        for u in uops:
+            for s in u.src:
+                uses[s] = uses.get(s, 0) + 1
+        return {u.src[1] for u in uops
+                if u.op is Ops.ACCUMULATE and u.arg is Ops.ADD and u.dtype is not None and u.dtype.is_float
+                and u.src[1].op is Ops.MUL and u.src[1].dtype == u.dtype and uses.get(u.src[1]) == 1}
+
+    def fma(self, d: DType, product_args: str, acc: str) -> str:
+        """`a * b + acc` rounded once (`product_args` is "a, b")."""
+        return f"{self.fma_fn}({product_args}, {acc})"
 
     def combine(self, op: Ops, d: DType, a: str, b: str) -> str:
         if op is Ops.ADD:
@@ -354,6 +386,11 @@ class CUDARenderer(CStyleRenderer):
         const = "" if written else "const "
         return f"{const}{self.mtype(u.dtype)}* __restrict__ data{u.arg}"
 
+    contract_off = ""  # NVRTC contracts unless told `--fmad=false` (tgc.backends.cuda.NVRTCCompiler.options)
+
+    def fma(self, d: DType, product_args: str, acc: str) -> str:
+        return f"fma{'' if d.name == 'f64' else 'f'}({product_args}, {acc})"
+
     half_fns = {"f16": ("tgc_half2float", "tgc_float2half"), "bf16": ("tgc_bf162float", "tgc_float2bf16")}
     u16, u8 = "(unsigned short)({})", "(unsigned char)({})"
     half_special: dict[tuple[str, str], str] = {}
@@ -386,7 +423,45 @@ class CUDARenderer(CStyleRenderer):
         for u in uops:
             if u.op is Ops.SPECIAL and u.arg[0].startswith("lidx"):
                 local *= u.arg[1]
-        return f"{self.kernel_prefix} __launch_bounds__({local}) {name}({', '.join(params)})"
+        sig = f"{self.kernel_prefix} __launch_bounds__({local}) {name}({', '.join(params)})"
+        dynamic = dynamic_shared_bytes(uops)
+        if not dynamic:
+            return sig
+        # shared memory past the 48 KiB of static arrays is dynamic: one extern array the shared arrays are carved
+        # from (`define_local`), and its size in a module global that the runtime reads at load time to pass it
+        # at each launch (after raising the function's limit: tgc.backends.cuda.CUDAProgram)
+        return "\n".join([f'extern "C" __constant__ unsigned int {DYNAMIC_SHARED_SYMBOL}{name} = {dynamic}u;',
+                           f"extern __shared__ __align__(16) unsigned char {DYNAMIC_SHARED_ARRAY}[];", sig])
+
+    def define_local(self, name: str, ctype: str, count: int, uops: list[UOp]) -> str:
+        if not dynamic_shared_bytes(uops):
+            return super().define_local(name, ctype, count, uops)
+        offset = 0
+        for u in uops:  # this array's offset: the arrays before it, each rounded up to 16 bytes
+            if u.op is Ops.DEFINE_LOCAL:
+                if u.arg[0] == name:
+                    break
+                offset += _local_bytes(u)
+        return f"{ctype}* {name} = ({ctype}*)({DYNAMIC_SHARED_ARRAY} + {offset});"
+
+
+# CUDA's static shared arrays may hold 48 KiB; a kernel that needs more declares it dynamic (CUDARenderer.signature)
+STATIC_SHARED_BYTES = 48 * 1024
+DYNAMIC_SHARED_SYMBOL = "tgc_dynamic_shared_"  # + the kernel's name: the module global holding its size in bytes
+DYNAMIC_SHARED_ARRAY = "tgc_smem"
+
+
+def _local_bytes(u: UOp) -> int:
+    """A DEFINE_LOCAL's bytes as rendered (half floats are floats), rounded up to 16."""
+    size = 4 if u.dtype.name in ("f16", "bf16") else u.dtype.itemsize
+    return -(-int(u.arg[1]) * size * u.dtype.count // 16) * 16
+
+
+def dynamic_shared_bytes(uops: list[UOp]) -> int:
+    """The dynamic shared memory a CUDA kernel declares: its shared arrays' bytes when they pass the static
+    limit, else 0 (static arrays)."""
+    total = sum(_local_bytes(u) for u in uops if u.op is Ops.DEFINE_LOCAL)
+    return total if total > STATIC_SHARED_BYTES else 0
 
 
 class MetalRenderer(CStyleRenderer):
@@ -397,6 +472,7 @@ class MetalRenderer(CStyleRenderer):
     barrier = "threadgroup_barrier(mem_flags::mem_threadgroup);"
     max_threads_per_block = 1024
     max_shared_bytes = 32768
+    contract_off = ""  # Metal compiles with fast math off instead (tgc.backends.metal: -fno-fast-math)
     types = {**CStyleRenderer.types, "i64": "long", "u64": "ulong"}
     mem_types = {"bool": "uchar", "f16": "half", "bf16": "ushort"}
 

@@ -27,11 +27,13 @@ import importlib.util
 import re
 import threading
 from collections import OrderedDict
+from dataclasses import replace
 from typing import Any
 
 from tgc.backends.base import Compiler, Device, LRUAllocator, Program, keep_python_sigint
+from tgc.backends.cstyle import DYNAMIC_SHARED_SYMBOL, STATIC_SHARED_BYTES, CUDARenderer
 from tgc.backends.cstyle import HALF_HELPERS as HALF_HELPERS  # re-exported (tests, the stand-in)
-from tgc.backends.cstyle import CUDARenderer
+from tgc.capabilities import Capabilities
 from tgc.env import env_str
 from tgc.errors import CompileError, DeviceError
 
@@ -97,7 +99,9 @@ class NVRTCCompiler(Compiler):
     name = "nvrtc"
     # -default-device: functions without __device__/__host__ are device functions (helpers need no marks).
     # No -use_fast_math: results must match numpy within DSL.md's tolerance; renderers use __expf etc. explicitly.
-    options: tuple[str, ...] = ("-default-device", "-std=c++17")
+    # --fmad=false: no product is contracted into an fma unless the kernel says fmaf (a reduction's accumulate);
+    # NVRTC's default contraction broke `x * s - max(x * s)` (see tgc.backends.cstyle.CStyleRenderer.fma_fn).
+    options: tuple[str, ...] = ("-default-device", "-std=c++17", "--fmad=false")
     max_remembered_ptx = 512
 
     def __init__(self, arch: str = DEFAULT_ARCH):
@@ -111,7 +115,8 @@ class NVRTCCompiler(Compiler):
 
     @property
     def cache_key(self) -> str:
-        return f"{self.name}-{self.version}-{self.arch}"
+        flags = hashlib.sha256(" ".join(self.options).encode()).hexdigest()[:8]  # --fmad=false changed cubins
+        return f"{self.name}-{self.version}-{self.arch}-{flags}"
 
     @property
     def compute_arch(self) -> str:
@@ -376,6 +381,27 @@ class CUDAProgram(Program):
         self.module, self.generation = module, dev.generation
         self.function = dev.check(dev._drv.cuModuleGetFunction(module, self.name.encode()),
                                   f"cuModuleGetFunction('{self.name}')")
+        self.dynamic_shared = self._dynamic_shared_bytes()
+
+    def _dynamic_shared_bytes(self) -> int:
+        """The dynamic shared memory the kernel declares (the module global the CUDA renderer writes when its
+        shared arrays pass 48 KiB; 0 without one), passed at every launch. Past 48 KiB a function may use it only
+        after cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES) raises its limit, up to the GPU's opt-in maximum."""
+        symbol = f"{DYNAMIC_SHARED_SYMBOL}{self.name}".encode()
+        if symbol not in self.lib:  # not in the cubin's symbol names: static shared arrays only
+            return 0
+        dev, drv = self.gpu, self.gpu._drv
+        err, ptr, size = drv.cuModuleGetGlobal(self.module, symbol)
+        if err != drv.CUresult.CUDA_SUCCESS:
+            return 0  # the name was only part of another symbol's
+        raw = bytearray(4)
+        dev.check(drv.cuMemcpyDtoH(raw, ptr, 4), "cuMemcpyDtoH (the kernel's dynamic shared memory size)")
+        nbytes = int.from_bytes(raw, "little")
+        if nbytes > STATIC_SHARED_BYTES:
+            attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            dev.check(drv.cuFuncSetAttribute(self.function, attr, nbytes),
+                      f"cuFuncSetAttribute('{self.name}', MAX_DYNAMIC_SHARED_SIZE_BYTES, {nbytes})")
+        return nbytes
 
     def __call__(self, *bufs: Any, global_size: tuple[int, ...] = (1, 1, 1),
                  local_size: tuple[int, ...] | None = None, vals: tuple[int, ...] = (),
@@ -393,13 +419,14 @@ class CUDAProgram(Program):
         pointers = (ctypes.c_void_p * max(len(values), 1))(*[ctypes.addressof(v) for v in values])
         params = ctypes.addressof(pointers) if values else None
         what = f"cuLaunchKernel('{self.name}', grid={grid}, block={block})"
+        shared = self.dynamic_shared
         if not wait:
-            dev.check(drv.cuLaunchKernel(self.function, *grid, *block, 0, None, params, 0), what)
+            dev.check(drv.cuLaunchKernel(self.function, *grid, *block, shared, None, params, 0), what)
             dev.last_launch = self.name
             return None
         start, end = dev.events()
-        dev.check(drv.cuEventRecord(start, None), "cuEventRecord")  # right before the launch
-        dev.check(drv.cuLaunchKernel(self.function, *grid, *block, 0, None, params, 0), what)
+        dev.check(drv.cuEventRecord(start, None), "cuEventRecord")  # right before the launch, after the packing
+        dev.check(drv.cuLaunchKernel(self.function, *grid, *block, shared, None, params, 0), what)
         dev.last_launch = self.name
         dev.check(drv.cuEventRecord(end, None), "cuEventRecord")
         dev.check(drv.cuEventSynchronize(end), f"running '{self.name}'")
@@ -449,7 +476,7 @@ class CUDAGraph:
                 p.func = prog.function
                 p.gridDimX, p.gridDimY, p.gridDimZ = grid
                 p.blockDimX, p.blockDimY, p.blockDimZ = block
-                p.sharedMemBytes = 0
+                p.sharedMemBytes = prog.dynamic_shared
                 p.kernelParams = ctypes.addressof(pointers) if values else 0
                 self._keep.append((values, pointers, p))
                 node = dev.check(drv.cuGraphAddKernelNode(graph, prev, len(prev), p),
@@ -493,8 +520,24 @@ class CUDAGraph:
         self.free()
 
 
-# FP32 lanes per SM, for the peak estimate in info(); by compute capability.
-_F32_LANES = {(7, 5): 64, (8, 0): 64}
+def f32_lanes_per_sm(cc: tuple[int, int]) -> int:
+    """FP32 lanes (FMA units) per SM by compute capability, for the peak estimate in `info()`: 64 where an SM has
+    64 (GP100, Volta, Turing, A100), 128 on Maxwell, consumer Pascal, consumer Ampere/Ada, Hopper and later, 192
+    on Kepler. A flat 128 counted the 64-lane pre-Volta (P100) and Volta GPUs twice."""
+    major, minor = cc
+    if major <= 2:
+        return 32 if minor == 0 else 48  # Fermi
+    if major == 3:
+        return 192  # Kepler
+    if major == 5:
+        return 128  # Maxwell
+    if major == 6:
+        return 64 if minor == 0 else 128  # GP100; GP10x
+    if major == 7:
+        return 64  # Volta (7.0, 7.2), Turing (7.5)
+    if major == 8:
+        return 64 if minor == 0 else 128  # A100; GA10x, Orin, Ada
+    return 128  # Hopper, Blackwell and later
 
 
 class CUDADevice(Device):
@@ -525,8 +568,13 @@ class CUDADevice(Device):
                 self._cc = self._compute_capability()
             except (DeviceError, RuntimeError):
                 self._cc = None
-            try:  # the GPU's shared memory per block (static arrays): `caps` takes the lower of it and the declared
-                self.max_shared_bytes = self._attribute("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK") or None
+            try:  # the GPU's shared memory per block: 48 KiB of static arrays, more (dynamic) where it opts in
+                per_block = self._attribute("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK")
+                try:
+                    opt_in = self._attribute("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN")
+                except (DeviceError, RuntimeError, AttributeError):
+                    opt_in = 0
+                self.max_shared_bytes = max(per_block, opt_in) or None
             except (DeviceError, RuntimeError, AttributeError):
                 self.max_shared_bytes = None
         env_arch = (env_str("TGC_CUDA_ARCH", "") or "").strip()
@@ -542,6 +590,16 @@ class CUDADevice(Device):
     def probe(cls) -> tuple[bool, str]:
         ok, why, _ = _driver_probe()
         return ok, why
+
+    @property
+    def caps(self) -> Capabilities:
+        """The CUDA dialect's limits, with the shared memory this GPU reports: lower than the declared 48 KiB, or
+        higher where it opts in (Volta and later; 227 KiB on Hopper), as dynamic shared memory. Without a GPU,
+        the declared 48 KiB, which every GPU has."""
+        caps = super().caps
+        if self.max_shared_bytes is not None and self.max_shared_bytes > caps.max_shared_bytes:
+            caps = replace(caps, max_shared_bytes=self.max_shared_bytes)
+        return caps
 
     @classmethod
     def device_count(cls) -> int | None:
@@ -706,8 +764,8 @@ class CUDADevice(Device):
             bus_bits = get("CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH")
         except DeviceError:
             return out
-        lanes = _F32_LANES.get(self._cc or (0, 0), 128)
-        if clock_khz > 0:
+        if clock_khz > 0 and self._cc is not None:
+            lanes = f32_lanes_per_sm(self._cc)
             out["peak_gflops"] = round(sms * lanes * 2 * clock_khz / 1e6, 1)  # f32 FMA = 2 flops
         if mem_khz > 0 and bus_bits > 0:
             out["peak_gbps"] = round(2 * mem_khz * 1e3 * bus_bits / 8 / 1e9, 1)  # double data rate

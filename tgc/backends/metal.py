@@ -171,7 +171,8 @@ class XcrunMetalCompiler(Compiler):
         with tempfile.TemporaryDirectory(prefix="tgc-metal-") as tmp:
             d = Path(tmp)
             (d / "kernel.metal").write_text(src, encoding="utf-8")
-            _xcrun(["metal", "-c", str(d / "kernel.metal"), "-o", str(d / "kernel.air")], "metal (xcrun)")
+            _xcrun(["metal", "-c", "-fno-fast-math", str(d / "kernel.metal"), "-o", str(d / "kernel.air")],
+                   "metal (xcrun)")
             _xcrun(["metallib", str(d / "kernel.air"), "-o", str(d / "kernel.metallib")], "metallib (xcrun)")
             return (d / "kernel.metallib").read_bytes()
 
@@ -433,7 +434,9 @@ class MetalDevice(Device):
 
     def library_from_source(self, src: str) -> Any:
         metal = _pyobjc_metal()
-        lib, err = self.mtl.newLibraryWithSource_options_error_(src, metal.MTLCompileOptions.new(), None)
+        options = metal.MTLCompileOptions.new()
+        options.setFastMathEnabled_(False)  # Metal's default fast math contracts and drops inf/nan rules
+        lib, err = self.mtl.newLibraryWithSource_options_error_(src, options, None)
         if lib is None:
             raise CompileError(f"Metal could not compile the kernel:\n{_ns_error(err)}")
         return lib
