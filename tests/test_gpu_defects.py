@@ -81,6 +81,9 @@ def test_inplace_pairs_refuse_a_load_without_the_stores_gate():
         def __init__(self, uops):
             self.uops, self.bufs = uops, [object(), object()]
 
+        def linear_uops(self) -> list:
+            return self.uops
+
     for load_src, store_gate in (((inp, lidx), (live,)), ((inp, lidx, live), ()),
                                  ((inp, lidx, UOp(Ops.CMPLT, dtypes.bool, (lidx, UOp.const(i32, 6)))), (live,))):
         ld = UOp(Ops.LOAD, f32, load_src)
