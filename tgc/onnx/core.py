@@ -138,7 +138,7 @@ class Ctx:
 
     def weight(self, arr: np.ndarray, dtype: DType, hint: str = "w") -> str:
         name = self.names.new(hint, "w")
-        arr = np.ascontiguousarray(arr)
+        arr = np.require(arr, requirements="C")  # (ascontiguousarray would make a 0-d array 1-d)
         if dtype == dtypes.bf16 and arr.dtype != np.uint16:
             arr = _bf16_bits(arr)
         elif dtype != dtypes.bf16:

@@ -184,9 +184,13 @@ def _mod(cx, node, ins, at, opset):
     ea, eb = _operands(cx, a, b)
     if at.get("fmod", 0):  # C fmod: the sign of the dividend
         if _is_float(a.dtype):
-            return [_cast(f"({ea} - trunc({ea} / {eb}) * {eb})", a.dtype)]
+            r = f"({ea} - trunc({ea} / {eb}) * {eb})"  # C fmod; fmod(x, +-inf) is x for a finite x
+            return [_cast(f"where(isinf({eb}) & isfinite({ea}), {ea}, {r})", a.dtype)]
         r = cx.let(f"({ea} % {eb})", "r")
         return [_cast(f"where(({r} != 0) & (({ea} < 0) != ({eb} < 0)), {r} - {eb}, {r})", a.dtype)]
+    if _is_float(a.dtype):  # numpy's mod: C fmod moved to the divisor's sign (x % +-inf, x % 0 as numpy)
+        f = cx.let(f"where(isinf({eb}) & isfinite({ea}), {ea}, {ea} - trunc({ea} / {eb}) * {eb})", "r")
+        return [_cast(f"where(({f} != 0) & (({f} < 0) != ({eb} < 0)), {f} + {eb}, {f})", a.dtype)]
     return [_cast(f"({ea} % {eb})", a.dtype)]
 
 
@@ -198,7 +202,7 @@ def _pow(cx, node, ins, at, opset):
         return [_cast(f"({ea} * {ea})", a.dtype)]
     eb = cx.tensor(b)
     if _is_int(a.dtype):
-        return [_cast(f"pow(cast({ea}, f64), cast({eb}, f64))", a.dtype)]
+        return [_cast(f"round(pow(cast({ea}, f64), cast({eb}, f64)))", a.dtype)]  # (exp/log's 728.99 is 729)
     return [_cast(f"pow({ea}, cast({eb}, {a.dtype.name}))", a.dtype)]
 
 
