@@ -136,8 +136,7 @@ def translate(model: Any, where: str = "<model>") -> Translation:
 
     opset = opset_of(model)
     if opset < MIN_OPSET:
-        raise TgcError(f"{where}: opset {opset} is older than tgc supports (opset {MIN_OPSET} and later)",
-                       hint="convert it with onnx.version_converter.convert_version")
+        _check_old_opset(model, opset, where)
     for imp in model.opset_import:
         if imp.domain not in ("", "ai.onnx") and any(n.domain == imp.domain for n in model.graph.node):
             bad = next(n for n in model.graph.node if n.domain == imp.domain)
@@ -240,6 +239,23 @@ def translate(model: Any, where: str = "<model>") -> Translation:
         head.append(f"# onnx-name: {v} = {k}")
     source = "\n".join([*head, *cx.decls, *cx.lines, "return " + ", ".join(rets)]) + "\n"
     return Translation(source, cx.weights, tr_inputs, tr_outputs, dims, opset, ops_used)
+
+
+def _check_old_opset(model: Any, opset: int, where: str) -> None:
+    """A model older than opset MIN_OPSET translates when every op it uses has the same schema at its opset as
+    at MIN_OPSET (as Not, Relu, ...); an op that changed since (legacy broadcasting, consumed_inputs) is refused."""
+    import onnx
+
+    for n in _all_nodes(model.graph):
+        try:
+            old = onnx.defs.get_schema(n.op_type, opset, n.domain).since_version
+            new = onnx.defs.get_schema(n.op_type, MIN_OPSET, n.domain).since_version
+        except onnx.defs.SchemaError:
+            old, new = -1, 0
+        if old != new:
+            raise TgcError(f"{where}: opset {opset} is older than tgc supports (opset {MIN_OPSET} and later): op "
+                           f"'{n.op_type}' (node '{n.name or n.output[0]}') changed since",
+                           hint="convert it with onnx.version_converter.convert_version")
 
 
 def _probe(cx: Ctx, expr: str, out_name: str) -> tuple[DType, tuple]:
