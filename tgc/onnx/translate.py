@@ -35,7 +35,7 @@ from tgc.onnx.core import (
     onnx_dtype,
 )
 from tgc.onnx.nnops import OPS  # the op table, with the NN library's ops wired in
-from tgc.onnx import quant  # noqa: F401  (registers the quantization ops into OPS)
+from tgc.onnx import quant, recurrent  # noqa: F401  (register the quantization and recurrent ops into OPS)
 
 
 @dataclass
