@@ -119,6 +119,8 @@ class Ctx:
         self.values: dict[str, Value] = {}
         self.node: Any = None
         self.out_names: dict[str, str] = {}  # graph outputs not yet computed -> their reserved .tg names
+        # (subgraph, input values) -> its output values: one pass through an If branch or a Loop/Scan step
+        self.run_body: Any = None
 
     # --- errors
     def where(self) -> str:

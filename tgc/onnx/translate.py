@@ -35,7 +35,7 @@ from tgc.onnx.core import (
     onnx_dtype,
 )
 from tgc.onnx.nnops import OPS  # the op table, with the NN library's ops wired in
-from tgc.onnx import quant, recurrent  # noqa: F401  (register the quantization and recurrent ops into OPS)
+from tgc.onnx import control, quant, recurrent  # noqa: F401  (register control flow, quantization, RNNs)
 
 
 @dataclass
@@ -115,6 +115,16 @@ def inspect_model(model: Any) -> dict[str, Any]:
             "ops": dict(sorted(used.items())), "missing": sorted(k for k in used if k not in have)}
 
 
+def _all_value_infos(g: Any) -> list:
+    """The typed values of a graph and of its subgraphs (If branches, Loop and Scan bodies)."""
+    out = [*g.value_info, *g.output, *g.input]
+    for n in g.node:
+        for a in n.attribute:
+            if a.type == a.GRAPH:
+                out += _all_value_infos(a.g)
+    return out
+
+
 def _tensor_nbytes(t: Any) -> int:
     n = math.prod(t.dims) if len(t.dims) else 1
     dt = _ONNX_DTYPES.get(t.data_type)
@@ -159,7 +169,7 @@ def translate(model: Any, where: str = "<model>") -> Translation:
     except Exception:  # noqa: BLE001 - a model inference cannot handle still translates where shapes are known
         inferred = model
     types: dict[str, tuple[DType, tuple | None]] = {}
-    for vi in [*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input]:
+    for vi in _all_value_infos(inferred.graph):
         t = _type_of(vi, dims)
         if t is not None and (vi.name not in types or types[vi.name][1] is None):
             types[vi.name] = t
@@ -191,37 +201,9 @@ def translate(model: Any, where: str = "<model>") -> Translation:
         arr, dt = _to_array(t)
         cx.values[name] = Value(name, dt, tuple(arr.shape), const=arr)
     ops_used: list[str] = []
-    used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
-    for node in g.node:
-        cx.node = node
-        if node.op_type not in ops_used:
-            ops_used.append(node.op_type)
-        fn = OPS.get(node.op_type)
-        if fn is None:
-            raise TgcError(f"unsupported op '{node.op_type}' (node '{node.name or node.output[0]}', opset {opset})",
-                           hint="`tgc inspect MODEL.onnx` lists every op the model uses and the ones tgc lacks")
-        ins = [cx.values[i] if i else None for i in node.input]
-        for name in node.input:
-            if name and name not in cx.values:
-                raise TgcError(f"{cx.where()}: input '{name}' is not produced by any node (subgraph values "
-                               "are not supported)")
-        attrs = {a.name: _attr(a, cx) for a in node.attribute}
-        outs = _fold(cx, node, ins, opset)
-        if outs is None:
-            try:
-                outs = fn(cx, node, ins, attrs, opset)
-            except TgcError:
-                raise
-            except (TypeError, KeyError, IndexError, ValueError, AttributeError, ZeroDivisionError) as e:
-                # an input of unknown shape, an attribute combination the op function does not handle
-                raise TgcError(f"cannot translate {cx.where()}: {type(e).__name__}: {e}",
-                               hint="an op's inputs may need shapes that ONNX shape inference did not give") from None
-        for i, out_name in enumerate(node.output):
-            if not out_name or out_name not in used:  # (an output nothing reads, as Dropout's mask)
-                continue
-            if i >= len(outs) or outs[i] is None:
-                raise cx.unsupported(f"output {i} ('{out_name}')")
-            cx.values[out_name] = _bind_output(cx, out_name, outs[i])
+    cx.run_body = lambda body, values: _run_body(cx, body, values, ops_used)
+    used = {i for n in _all_nodes(g) for i in n.input} | {o.name for o in g.output}
+    _run_nodes(cx, list(g.node), used, ops_used)
     tr_outputs: dict[str, str] = {}
     rets = []
     for o in g.output:
@@ -240,6 +222,62 @@ def translate(model: Any, where: str = "<model>") -> Translation:
         head.append(f"# onnx-name: {v} = {k}")
     source = "\n".join([*head, *cx.decls, *cx.lines, "return " + ", ".join(rets)]) + "\n"
     return Translation(source, cx.weights, tr_inputs, tr_outputs, dims, opset, ops_used)
+
+
+def _run_nodes(cx: Ctx, nodes: list, used: set[str], ops_used: list[str]) -> None:
+    """Translate `nodes` in order into cx (their outputs into cx.values); `used`: the names something reads."""
+    opset = cx.opset
+    for node in nodes:
+        cx.node = node
+        if node.op_type not in ops_used:
+            ops_used.append(node.op_type)
+        fn = OPS.get(node.op_type)
+        if fn is None:
+            raise TgcError(f"unsupported op '{node.op_type}' (node '{node.name or node.output[0]}', opset {opset})",
+                           hint="`tgc inspect MODEL.onnx` lists every op the model uses and the ones tgc lacks")
+        for name in node.input:
+            if name and name not in cx.values:
+                raise TgcError(f"{cx.where()}: input '{name}' is not produced by any node")
+        ins = [cx.values[i] if i else None for i in node.input]
+        attrs = {a.name: _attr(a, cx) for a in node.attribute}
+        outs = _fold(cx, node, ins, opset)
+        if outs is None:
+            try:
+                outs = fn(cx, node, ins, attrs, opset)
+            except TgcError:
+                raise
+            except (TypeError, KeyError, IndexError, ValueError, AttributeError, ZeroDivisionError) as e:
+                # an input of unknown shape, an attribute combination the op function does not handle
+                raise TgcError(f"cannot translate {cx.where()}: {type(e).__name__}: {e}",
+                               hint="an op's inputs may need shapes that ONNX shape inference did not give") from None
+        for i, out_name in enumerate(node.output):
+            if not out_name or out_name not in used:  # (an output nothing reads, as Dropout's mask)
+                continue
+            if i >= len(outs) or outs[i] is None:
+                raise cx.unsupported(f"output {i} ('{out_name}')")
+            cx.values[out_name] = _bind_output(cx, out_name, outs[i])
+
+
+def _run_body(cx: Ctx, body: Any, values: list[Value], ops_used: list[str]) -> list[Value]:
+    """One pass through a subgraph (If's branch, one Scan or Loop step): its inputs bound to `values`, the outer
+    scope's values visible, its outputs returned; the outer scope is as before afterwards."""
+    saved, node = dict(cx.values), cx.node
+    try:
+        for vi, v in zip(body.input, values):
+            cx.values[vi.name] = Value(vi.name, v.dtype, v.shape, v.expr, v.const)
+        for t in body.initializer:
+            arr, dt = _to_array(t)
+            cx.values[t.name] = Value(t.name, dt, tuple(arr.shape), const=arr)
+        used = {i for n in _all_nodes(body) for i in n.input} | {o.name for o in body.output}
+        _run_nodes(cx, list(body.node), used, ops_used)
+        outs = []
+        for o in body.output:
+            if o.name not in cx.values:
+                raise TgcError(f"{cx.where()}: subgraph output '{o.name}' is not produced by any node")
+            outs.append(cx.values[o.name])
+        return outs
+    finally:
+        cx.values, cx.node = saved, node
 
 
 def _check_old_opset(model: Any, opset: int, where: str) -> None:
