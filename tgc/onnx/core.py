@@ -121,6 +121,7 @@ class Ctx:
         self.out_names: dict[str, str] = {}  # graph outputs not yet computed -> their reserved .tg names
         # (subgraph, input values) -> its output values: one pass through an If branch or a Loop/Scan step
         self.run_body: Any = None
+        self.producers: dict[str, list[str]] = {}  # ONNX value -> the values it is computed from (not via Shape)
 
     # --- errors
     def where(self) -> str:

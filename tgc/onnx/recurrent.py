@@ -126,11 +126,11 @@ def _recurrent(cx, node, ins, at, opset):
             else:
                 gates = cx.let(f"({xt} + {h} @ {rt}" + (f" + {rb})" if rb else ")"), "gates")
 
-                def gate(k: int) -> str:
+                def gate(k: int, gates: str = gates) -> str:
                     return f"{gates}[:, {k * hid}:{(k + 1) * hid}]"
                 ep = cx.tensor(peep) if peep is not None else None
 
-                def pe(k: int, cell: str) -> str:
+                def pe(k: int, cell: str, ep: str | None = ep, d: int = d) -> str:
                     return f" + {ep}[{d}][{k * hid}:{(k + 1) * hid}] * {cell}" if ep is not None else ""
                 i = cx.let(f[0](clipped(f"({gate(0)}{pe(0, c)})")), "i")
                 if at.get("input_forget", 0):

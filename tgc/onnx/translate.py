@@ -22,6 +22,7 @@ import numpy as np
 
 from tgc.dtype import DType, dtypes
 from tgc.errors import TgcError
+from tgc.onnx import control, quant, recurrent  # noqa: F401  (register control flow, quantization, RNNs)
 from tgc.onnx.core import (
     _NP_TO_TGC,
     _ONNX_DTYPES,
@@ -29,13 +30,14 @@ from tgc.onnx.core import (
     MIN_OPSET,
     Ctx,
     Names,
+    NeedStatic,
     Value,
     _to_array,
     _type_of,
     onnx_dtype,
 )
+from tgc.onnx.functions import expand as expand_function
 from tgc.onnx.nnops import OPS  # the op table, with the NN library's ops wired in
-from tgc.onnx import control, quant, recurrent  # noqa: F401  (register control flow, quantization, RNNs)
 
 
 @dataclass
@@ -113,6 +115,28 @@ def inspect_model(model: Any) -> dict[str, Any]:
             "weights": len(g.initializer),
             "weight_bytes": int(sum(_tensor_nbytes(t) for t in g.initializer)),
             "ops": dict(sorted(used.items())), "missing": sorted(k for k in used if k not in have)}
+
+
+def _data_sources(producers: dict[str, list[str]], name: str, inputs: set[str]) -> list[str]:
+    """The graph inputs whose values (not only their shapes: Shape and Size stop the walk) `name` is computed
+    from, so a shape-deciding value names the input a user must make constant."""
+    out: list[str] = []
+    seen: set[str] = set()
+    todo = [name]
+    while todo:
+        v = todo.pop()
+        if v in seen or not v:
+            continue
+        seen.add(v)
+        if v in inputs:
+            out.append(v)
+            continue
+        todo.extend(producers.get(v, []))
+    return sorted(out)
+
+
+def _graph_reads(g: Any) -> set[str]:
+    return {i for n in _all_nodes(g) for i in n.input} | {o.name for o in g.output}
 
 
 def _all_value_infos(g: Any) -> list:
@@ -203,7 +227,16 @@ def translate(model: Any, where: str = "<model>") -> Translation:
     ops_used: list[str] = []
     cx.run_body = lambda body, values: _run_body(cx, body, values, ops_used)
     used = {i for n in _all_nodes(g) for i in n.input} | {o.name for o in g.output}
-    _run_nodes(cx, list(g.node), used, ops_used)
+    try:
+        _run_nodes(cx, list(g.node), used, ops_used)
+    except NeedStatic as e:
+        if e.name in tr_inputs:
+            raise
+        sources = _data_sources(cx.producers, e.name, set(tr_inputs))
+        if not sources:
+            raise
+        raise NeedStatic(f"{e.msg}; it is computed from the input(s) {', '.join(sources)}", sources[0],
+                         hint=e.hint) from None
     tr_outputs: dict[str, str] = {}
     rets = []
     for o in g.output:
@@ -229,16 +262,31 @@ def _run_nodes(cx: Ctx, nodes: list, used: set[str], ops_used: list[str]) -> Non
     opset = cx.opset
     for node in nodes:
         cx.node = node
+        reads = [] if node.op_type in ("Shape", "Size") else [*node.input, *(
+            i for a in node.attribute if a.type == a.GRAPH for i in _graph_reads(a.g))]
+        for o in node.output:
+            cx.producers[o] = reads
         if node.op_type not in ops_used:
             ops_used.append(node.op_type)
-        fn = OPS.get(node.op_type)
-        if fn is None:
-            raise TgcError(f"unsupported op '{node.op_type}' (node '{node.name or node.output[0]}', opset {opset})",
-                           hint="`tgc inspect MODEL.onnx` lists every op the model uses and the ones tgc lacks")
         for name in node.input:
             if name and name not in cx.values:
                 raise TgcError(f"{cx.where()}: input '{name}' is not produced by any node")
         ins = [cx.values[i] if i else None for i in node.input]
+        fn = OPS.get(node.op_type)
+        if fn is None:
+            expanded = expand_function(cx, node, ins)  # an op ONNX defines as a function of other ops
+            if expanded is None:
+                raise TgcError(f"unsupported op '{node.op_type}' (node '{node.name or node.output[0]}', "
+                               f"opset {opset})", hint="`tgc inspect MODEL.onnx` lists every op the model uses "
+                               "and the ones tgc lacks")
+            body, cx.opset = expanded
+            try:
+                inner = {i for n in body for i in n.input} | {i for n in body for a in n.attribute
+                                                              if a.type == a.GRAPH for i in _graph_reads(a.g)}
+                _run_nodes(cx, body, used | inner, ops_used)
+            finally:
+                cx.opset, cx.node = opset, node
+            continue
         attrs = {a.name: _attr(a, cx) for a in node.attribute}
         outs = _fold(cx, node, ins, opset)
         if outs is None:
