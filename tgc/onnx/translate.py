@@ -22,7 +22,7 @@ import numpy as np
 
 from tgc.dtype import DType, dtypes
 from tgc.errors import TgcError
-from tgc.onnx import control, quant, recurrent  # noqa: F401  (register control flow, quantization, RNNs)
+from tgc.onnx import control, moreops, quant, recurrent  # noqa: F401  (register control flow, quantization, ...)
 from tgc.onnx.core import (
     _NP_TO_TGC,
     _ONNX_DTYPES,
