@@ -88,6 +88,12 @@ def expand(cx: Ctx, node: Any, ins: list[Value | None]) -> tuple[list, int] | No
 
     given = {a.name: a for a in node.attribute}
     defaults = {a.name: a for a in fp.attribute_proto}
+    try:  # the op's own defaults, for attributes the function's body refers to but does not default
+        for name, spec in onnx.defs.get_schema(node.op_type, cx.opset, node.domain).attributes.items():
+            if name not in defaults and spec.default_value.name:
+                defaults[name] = spec.default_value
+    except onnx.defs.SchemaError:
+        pass
     nodes = []
     for fn_node in fp.node:
         n = onnx.NodeProto()
