@@ -1,15 +1,19 @@
-"""More ONNX ops, registered into `OPS`: Compress (a load-time condition), ReverseSequence, Det (up to 4x4) and
-MaxUnpool.
+"""More ONNX ops, registered into `OPS`: Compress (a load-time condition), ReverseSequence, Det (up to 4x4),
+MaxUnpool and GridSample.
 
 Contract (ONNX's semantics): Compress keeps the slices whose condition is true along `axis` (the flattened input
 without one); its condition decides the output's shape, so it must be a load-time constant (`NeedStatic`).
 ReverseSequence reverses the first `sequence_lens[b]` steps of each batch entry along `time_axis`. Det is the
 determinant of the last two axes by cofactor expansion (matrices up to 4x4; larger ones are refused). MaxUnpool
 scatters each value to its flat index in the output (`output_shape`, else the default unpooled shape; small
-tensors only: every output position is compared with every index).
+tensors only: every output position is compared with every index). GridSample (2-d and 3-d; nearest, linear and
+cubic; zeros, border and reflection padding; align_corners) follows ONNX's reference: each tap's index and weight
+are tensors computed from the grid, the input gathered once per tap (2^n taps linear, 4^n cubic).
 """
 
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 
@@ -97,3 +101,95 @@ def _max_unpool(cx, node, ins, at, opset):
     y = f"sum(where({hit}, reshape({flat_x}, (1, -1)), 0), axis=1)"
     return [f"reshape({_cast(y, x.dtype)}, {shape_text(out)})"]
 
+
+
+# --- GridSample: every tap's index and weight as tensors, one gather per tap ------------------------------------
+
+def _reflect(v: str, lo: float, hi: float) -> str:
+    """ONNX GridSample's reflection of coordinate `v` into [lo, hi] (by the near border, as often as needed)."""
+    rng = hi - lo
+    below, above = f"({lo} - {v})", f"({v} - {hi})"
+
+    def fold(dx: str, start: float, end: float) -> str:
+        """`dx` past the border `start`: an even number of ranges past lands `r` in from `start`, odd from `end`."""
+        n = f"trunc({dx} / {rng})"
+        r = f"({dx} - {n} * {rng})"
+        even = f"(({n} - 2.0 * floor({n} / 2.0)) == 0.0)"
+        inward = "+" if start < end else "-"
+        outward = "-" if start < end else "+"
+        return f"where({even}, {start} {inward} {r}, {end} {outward} {r})"
+    return f"where({v} < {lo}, {fold(below, lo, hi)}, where({v} > {hi}, {fold(above, hi, lo)}, {v}))"
+
+
+def _cubic(t: str) -> list[str]:
+    a = -0.75
+    x1, x2 = f"({t} + 1.0)", f"(1.0 - {t})"
+    x3 = f"(2.0 - {t})"
+    return [f"((({a} * {x1} - {5 * a}) * {x1} + {8 * a}) * {x1} - {4 * a})",
+            f"(({a + 2} * {t} - {a + 3}) * {t} * {t} + 1.0)",
+            f"(({a + 2} * {x2} - {a + 3}) * {x2} * {x2} + 1.0)",
+            f"((({a} * {x3} - {5 * a}) * {x3} + {8 * a}) * {x3} - {4 * a})"]
+
+
+@op("GridSample")
+def _grid_sample(cx, node, ins, at, opset):
+    x, grid = ins
+    mode = {"bilinear": "linear", "bicubic": "cubic"}.get(at.get("mode", "linear" if opset >= 20 else "bilinear"),
+                                                          at.get("mode", "linear" if opset >= 20 else "bilinear"))
+    pad_mode = at.get("padding_mode", "zeros")
+    align = bool(at.get("align_corners", 0))
+    if mode not in ("nearest", "linear", "cubic") or pad_mode not in ("zeros", "border", "reflection"):
+        raise cx.unsupported(f"mode {mode} with padding_mode {pad_mode}")
+    nd = x.rank - 2
+    n, c = x.shape[0], x.shape[1]
+    dims = [int(s) for s in x.shape[2:]]
+    out = [int(s) for s in grid.shape[1:-1]]
+    q = int(np.prod(out))
+    eg = cx.let(f"cast({cx.tensor(grid)}, f32)", "grid")
+    coords = []
+    for i, length in enumerate(dims):  # the grid's last axis is (x, y[, z]): the spatial axes reversed
+        g = f"reshape({eg}[..., {nd - 1 - i}], ({n}, 1, {q}))"
+        v = f"(({g} + 1.0) / 2.0 * {length - 1})" if align else f"((({g} + 1.0) * {length} - 1.0) / 2.0)"
+        if mode == "nearest":
+            v = f"round({v})"
+        lo, hi = (0.0, length - 1.0) if align else (-0.5, length - 0.5)
+        if pad_mode == "border":
+            v = f"where(({v} < {lo}) | ({v} > {hi}), clip({v}, 0.0, {length - 1.0}), {v})"
+        elif pad_mode == "reflection":
+            v = _reflect(cx.let(v, "gs_v"), lo, hi)
+        coords.append((cx.let(v, "gs_coord"), length, lo, hi))
+    taps_per_axis = []
+    for v, length, lo, hi in coords:
+        if mode == "nearest":
+            taps = [(f"cast({v}, i32)", "1.0")]
+        else:
+            base = cx.let(f"floor({v})", "gs_floor")
+            t = cx.let(f"({v} - {base})", "gs_t")
+            first = f"cast({base}, i32)"
+            if mode == "linear":
+                taps = [(first, f"(1.0 - {t})"), (f"({first} + 1)", t)]
+            else:
+                taps = [(f"({first} + {k - 1})", w) for k, w in enumerate(_cubic(t))]
+        fixed = []
+        for idx, w in taps:
+            idx = cx.let(idx, "gs_i")
+            if pad_mode == "zeros":
+                ok = f"(({idx} >= 0) & ({idx} < {length}))"
+                w = f"where({ok}, {w}, 0.0)"
+                idx = f"clip({idx}, 0, {length - 1})"
+            elif pad_mode == "border":
+                idx = f"clip({idx}, 0, {length - 1})"
+            else:
+                idx = f"clip(cast({_reflect(f'cast({idx}, f32)', lo, hi)}, i32), 0, {length - 1})"
+            fixed.append((cx.let(idx, "gs_idx"), cx.let(w, "gs_w")))
+        taps_per_axis.append(fixed)
+    flat = cx.let(f"reshape(cast({cx.tensor(x)}, f32), ({n}, {c}, {int(np.prod(dims))}))", "gs_x")
+    strides = [int(np.prod(dims[i + 1:])) for i in range(nd)]
+    terms = []
+    for combo in itertools.product(*taps_per_axis):
+        index = " + ".join(f"{idx} * {st}" for (idx, _), st in zip(combo, strides))
+        weight = " * ".join(w for _, w in combo)
+        val = f"gather({flat}, 2, expand({index}, ({n}, {c}, {q})))"
+        terms.append(f"{val} * {weight}")
+    acc = cx.let(" + ".join(terms), "gs_sum")
+    return [_cast(f"reshape({acc}, {shape_text([n, c, *out])})", x.dtype)]
