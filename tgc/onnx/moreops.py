@@ -193,3 +193,42 @@ def _grid_sample(cx, node, ins, at, opset):
         terms.append(f"{val} * {weight}")
     acc = cx.let(" + ".join(terms), "gs_sum")
     return [_cast(f"reshape({acc}, {shape_text([n, c, *out])})", x.dtype)]
+
+
+@op("Col2Im")
+def _col2im(cx, node, ins, at, opset):
+    """Each block offset's column values spread by the strides and shifted by the offset into the padded image,
+    summed; the pads cropped."""
+    x = ins[0]
+    image = [int(v) for v in np.asarray(cx.static(ins[1], "the image shape")).reshape(-1)]
+    block = [int(v) for v in np.asarray(cx.static(ins[2], "the block shape")).reshape(-1)]
+    nd = len(image)
+    dil = list(at.get("dilations", [1] * nd))
+    st = list(at.get("strides", [1] * nd))
+    pads = list(at.get("pads", [0] * 2 * nd))
+    n, ck = x.shape[0], x.shape[1]
+    kprod = int(np.prod(block))
+    c = ck // kprod
+    padded = [image[i] + pads[i] + pads[i + nd] for i in range(nd)]
+    outs = [(padded[i] - (dil[i] * (block[i] - 1) + 1)) // st[i] + 1 for i in range(nd)]
+    cols = cx.let(f"reshape({cx.tensor(x)}, {shape_text([n, c, kprod, *outs])})", "cols")
+    terms = []
+    for flat, offs in enumerate(itertools.product(*[range(k) for k in block])):
+        v = f"{cols}[:, :, {flat}]"  # (N, C, *outs)
+        for a in range(nd):
+            ax = 2 + a
+            if st[a] > 1:  # spread along the axis: each value followed by stride - 1 zeros
+                shape = [n, c, *[outs[i] * st[i] if i < a else outs[i] for i in range(nd)]]
+                grown = shape[:ax + 1] + [1] + shape[ax + 1:]
+                spread = shape[:ax] + [outs[a] * st[a]] + shape[ax + 1:]
+                pad_spec = ", ".join(["(0, 0)"] * (ax + 1) + [f"(0, {st[a] - 1})"] + ["(0, 0)"] * (nd - a - 1))
+                v = f"reshape(pad(reshape({v}, {shape_text(grown)}), ({pad_spec},)), {shape_text(spread)})"
+        span = [(outs[i] - 1) * st[i] + 1 for i in range(nd)]
+        crop = ", ".join([":", ":"] + [f"0:{s}" for s in span])
+        before = [offs[i] * dil[i] for i in range(nd)]
+        pad_spec = ", ".join(["(0, 0)", "(0, 0)"] + [f"({before[i]}, {padded[i] - before[i] - span[i]})"
+                                                      for i in range(nd)])
+        terms.append(cx.let(f"pad({v}[{crop}], ({pad_spec},))", "col2im_tap"))
+    acc = cx.let(" + ".join(terms), "col2im")
+    crop = ", ".join([":", ":"] + [f"{pads[i]}:{pads[i] + image[i]}" for i in range(nd)])
+    return [_cast(f"{acc}[{crop}]", x.dtype)]
