@@ -232,3 +232,27 @@ def _col2im(cx, node, ins, at, opset):
     acc = cx.let(" + ".join(terms), "col2im")
     crop = ", ".join([":", ":"] + [f"{pads[i]}:{pads[i] + image[i]}" for i in range(nd)])
     return [_cast(f"{acc}[{crop}]", x.dtype)]
+
+
+@op("TensorScatter")
+def _tensor_scatter(cx, node, ins, at, opset):
+    """The cache with each batch entry's update written along `axis` from its write index (`circular`: wrapping
+    around the cache's length)."""
+    cache, update = ins[0], ins[1]
+    where_to = ins[2] if len(ins) > 2 and ins[2] is not None else None
+    ax = _axis(int(at.get("axis", -2)), cache.rank)
+    mode = at.get("mode", "linear")
+    if mode not in ("linear", "circular"):
+        raise cx.unsupported(f"mode {mode}")
+    size, seq, batch = cache.shape[ax], update.shape[ax], cache.shape[0]
+    j = f"reshape(arange({size}), {shape_text([size if i == ax else 1 for i in range(cache.rank)])})"
+    start = "0"
+    if where_to is not None:
+        start = f"reshape(cast({cx.tensor(where_to)}, i32), {shape_text([batch] + [1] * (cache.rank - 1))})"
+    off = f"({j} - {start})"
+    if mode == "circular":
+        off = f"(({off} % {size} + {size}) % {size})"
+    off = cx.let(off, "ts_off")
+    inside = cx.let(f"({off} >= 0) & ({off} < {seq})", "ts_in")
+    idx = f"expand(clip({off}, 0, {seq - 1}), {shape_text(cache.shape)})"
+    return [f"where({inside}, gather({cx.tensor(update)}, {ax}, {idx}), {cx.tensor(cache)})"]
