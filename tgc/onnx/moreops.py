@@ -256,3 +256,52 @@ def _tensor_scatter(cx, node, ins, at, opset):
     inside = cx.let(f"({off} >= 0) & ({off} < {seq})", "ts_in")
     idx = f"expand(clip({off}, 0, {seq - 1}), {shape_text(cache.shape)})"
     return [f"where({inside}, gather({cx.tensor(update)}, {ax}, {idx}), {cx.tensor(cache)})"]
+
+
+@op("TfIdfVectorizer")
+def _tfidf(cx, node, ins, at, opset):
+    """Each n-gram of the pool (integer pools) counted in each row, for every skip distance up to max_skip_count
+    (unigrams once), then weighted (TF, IDF or TFIDF) into its column `ngram_indexes` names."""
+    x = ins[0]
+    if "pool_strings" in at:
+        raise cx.unsupported("string pools")
+    lo, hi, skip = int(at["min_gram_length"]), int(at["max_gram_length"]), int(at["max_skip_count"])
+    mode = at["mode"]
+    counts, indexes, pool = list(at["ngram_counts"]), list(at["ngram_indexes"]), list(at["pool_int64s"])
+    weights = list(at.get("weights", []))
+    rows = cx.tensor(x) if x.rank == 2 else f"reshape({cx.tensor(x)}, (1, {x.shape[0]}))"
+    t = x.shape[-1]
+    grams = []
+    for size, start in enumerate(counts, start=1):
+        end = counts[size] if size < len(counts) else len(pool)
+        grams += [tuple(pool[i:i + size]) for i in range(start, end, size)]
+    width = max(indexes) + 1
+    cols: list[str | None] = [None] * width
+    for g, col in zip(grams, indexes):
+        n = len(g)
+        if not lo <= n <= hi:
+            continue
+        terms = []
+        for step in ([1] if n == 1 else range(1, skip + 2)):
+            span = (n - 1) * step + 1
+            if span > t:
+                continue
+            hits = " & ".join(f"({rows}[:, {j * step}:{j * step + t - span + 1}] == {tok})" for j, tok in enumerate(g))
+            terms.append(f"sum(cast({hits}, f32), axis=1)")
+        if terms:
+            cols[col] = " + ".join(terms)
+    b = x.shape[0] if x.rank == 2 else 1
+    zero = f"full(({b},), 0.0, dtype=f32)"
+    out = []
+    for i, e in enumerate(cols):
+        e = e or zero
+        w = float(weights[i]) if i < len(weights) else 1.0
+        if mode == "IDF":
+            e = f"where(({e}) > 0, {w}, 0.0)"
+        elif mode == "TFIDF" and weights:
+            e = f"(({e}) * {w})"
+        elif mode not in ("TF", "TFIDF", "IDF"):
+            raise cx.unsupported(f"mode {mode}")
+        out.append(e)
+    y = cx.let(f"stack({', '.join(out)}, axis=1)", "tfidf")
+    return [y if x.rank == 2 else f"reshape({y}, ({width},))"]
