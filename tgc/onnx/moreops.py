@@ -305,3 +305,60 @@ def _tfidf(cx, node, ins, at, opset):
         out.append(e)
     y = cx.let(f"stack({', '.join(out)}, axis=1)", "tfidf")
     return [y if x.rank == 2 else f"reshape({y}, ({width},))"]
+
+
+@op("DeformConv")
+def _deform_conv(cx, node, ins, at, opset):
+    """A 2-d deformable convolution: each kernel tap samples the input bilinearly (zeros outside) at its place
+    moved by the offsets (per offset group), times the mask; the samples are then contracted with the weights
+    per group as one batched matrix product."""
+    x, w, offset = ins[0], ins[1], ins[2]
+    bias = ins[3] if len(ins) > 3 and ins[3] is not None else None
+    mask = ins[4] if len(ins) > 4 and ins[4] is not None else None
+    if x.rank != 4:
+        raise cx.unsupported(f"a {x.rank - 2}-d deformable convolution (2-d only)")
+    n, c, h, wd = (int(s) for s in x.shape)
+    oc, kh, kw = int(w.shape[0]), int(w.shape[2]), int(w.shape[3])
+    sh, sw = at.get("strides", [1, 1])
+    dh, dw = at.get("dilations", [1, 1])
+    pt, pl = at.get("pads", [0, 0, 0, 0])[:2]
+    groups, og = int(at.get("group", 1)), int(at.get("offset_group", 1))
+    oh, ow = int(offset.shape[2]), int(offset.shape[3])
+    k, q, cg = kh * kw, oh * ow, c // og
+    ex = cx.let(f"cast({cx.tensor(x)}, f32)", "dc_x")
+    eo = cx.let(f"reshape(cast({cx.tensor(offset)}, f32), ({n}, {og}, {k}, 2, {q}))", "dc_off")
+    em = cx.let(f"reshape(cast({cx.tensor(mask)}, f32), ({n}, {og}, {k}, {q}))", "dc_mask") if mask else None
+    rows = f"reshape(cast(arange({oh}), f32), (1, {oh}, 1))"
+    cols = f"reshape(cast(arange({ow}), f32), (1, 1, {ow}))"
+    per_group = []
+    for g in range(og):
+        flat = cx.let(f"reshape({ex}[:, {g * cg}:{(g + 1) * cg}], ({n}, {cg}, {h * wd}))", "dc_xg")
+        taps = []
+        for t, (i, j) in enumerate(itertools.product(range(kh), range(kw))):
+            base_y = f"reshape({rows} * {sh} + {i * dh - pt}, (1, {oh}, 1))"
+            base_x = f"reshape({cols} * {sw} + {j * dw - pl}, (1, 1, {ow}))"
+            y = cx.let(f"reshape(expand({base_y}, (1, {oh}, {ow})), (1, {q})) + {eo}[:, {g}, {t}, 0]", "dc_y")
+            xx = cx.let(f"reshape(expand({base_x}, (1, {oh}, {ow})), (1, {q})) + {eo}[:, {g}, {t}, 1]", "dc_xx")
+            y0, x0 = cx.let(f"floor({y})", "dc_y0"), cx.let(f"floor({xx})", "dc_x0")
+            ty, tx = cx.let(f"({y} - {y0})", "dc_ty"), cx.let(f"({xx} - {x0})", "dc_tx")
+            acc = []
+            for yy, wy in ((y0, f"(1.0 - {ty})"), (f"({y0} + 1.0)", ty)):
+                for xc, wx in ((x0, f"(1.0 - {tx})"), (f"({x0} + 1.0)", tx)):
+                    ok = f"(({yy} >= 0.0) & ({yy} < {h}.0) & ({xc} >= 0.0) & ({xc} < {wd}.0))"
+                    idx = (f"reshape(cast(clip({yy}, 0.0, {h - 1}.0) * {wd} + clip({xc}, 0.0, {wd - 1}.0), i32), "
+                           f"({n}, 1, {q}))")
+                    val = f"gather({flat}, 2, expand({idx}, ({n}, {cg}, {q})))"
+                    acc.append(f"{val} * reshape(where({ok}, {wy} * {wx}, 0.0), ({n}, 1, {q}))")
+            s = " + ".join(acc)
+            if em:
+                s = f"({s}) * reshape({em}[:, {g}, {t}], ({n}, 1, {q}))"
+            taps.append(cx.let(s, "dc_tap"))
+        per_group.append(f"stack({', '.join(taps)}, axis=2)")  # (N, Cg, K, Q)
+    samples = cx.let(f"cat({', '.join(per_group)}, axis=1)" if og > 1 else per_group[0], "dc_samples")
+    ck = (c // groups) * k
+    s4 = f"reshape({samples}, ({n}, {groups}, {ck}, {q}))"
+    w4 = f"reshape(cast({cx.tensor(w)}, f32), (1, {groups}, {oc // groups}, {ck}))"
+    y = f"reshape({w4} @ {s4}, ({n}, {oc}, {oh}, {ow}))"
+    if bias is not None:
+        y = f"({y} + reshape(cast({cx.tensor(bias)}, f32), (1, {oc}, 1, 1)))"
+    return [_cast(y, x.dtype)]
