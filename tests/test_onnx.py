@@ -287,7 +287,7 @@ def test_opset_too_old_and_foreign_domain(tmp_path):
     x = np.array([-1.0, 2.0], np.float32)
     assert np.array_equal(tgc.load(path).run(device="PYTHON", inputs={"x": x})["y"], np.maximum(x, 0))
     g = h.make_graph([h.make_node("Relu", ["x"], ["y"])], "g", [_vi("x", [2])], [_vi("y", [2])])
-    m = h.make_model(g, opset_imports=[h.make_opsetid("ai.onnx.ml", 3)])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("com.example", 1)])
     p = tmp_path / "ml.onnx"
     p.write_bytes(m.SerializeToString())
     with pytest.raises(TgcError):

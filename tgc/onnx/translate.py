@@ -22,7 +22,7 @@ import numpy as np
 
 from tgc.dtype import DType, dtypes
 from tgc.errors import TgcError
-from tgc.onnx import control, moreops, quant, recurrent  # noqa: F401  (register control flow, quantization, ...)
+from tgc.onnx import control, mlops, moreops, quant, recurrent  # noqa: F401  (register control flow, ...)
 from tgc.onnx.core import (
     _NP_TO_TGC,
     _ONNX_DTYPES,
@@ -82,12 +82,26 @@ def check(model: Any, where: str) -> None:
         raise TgcError(f"{where}: the ONNX checker rejects the model: {first}") from None
 
 
+DOMAINS = ("", "ai.onnx", "ai.onnx.ml")  # ai.onnx.ml: its numeric ops (tgc/onnx/mlops.py)
+
+
+def op_key(node: Any) -> str:
+    """A node's key in `OPS`: the op type for ai.onnx, `domain.op` for another domain."""
+    return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+
+
 def opset_of(model: Any) -> int:
+    """The model's ai.onnx opset (a model of ai.onnx.ml ops only: the onnx package's latest)."""
+    import onnx
+
     for imp in model.opset_import:
         if imp.domain in ("", "ai.onnx"):
             return int(imp.version)
+    if any(imp.domain == "ai.onnx.ml" for imp in model.opset_import):
+        return int(onnx.defs.onnx_opset_version())
     domains = ", ".join(sorted({imp.domain for imp in model.opset_import})) or "none"
-    raise TgcError(f"the model imports no ai.onnx opset (domains: {domains}): tgc supports the ai.onnx domain only")
+    raise TgcError(f"the model imports no ai.onnx opset (domains: {domains}): tgc supports the ai.onnx domain "
+                   "(and ai.onnx.ml's numeric ops) only")
 
 
 def supported_ops() -> set[str]:
@@ -107,7 +121,7 @@ def inspect_model(model: Any) -> dict[str, Any]:
 
     used: dict[str, int] = {}
     for n in _all_nodes(g):
-        key = n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}"
+        key = op_key(n)
         used[key] = used.get(key, 0) + 1
     have = supported_ops()
     return {"opset": opset_of(model), "ir_version": model.ir_version, "producer": model.producer_name,
@@ -173,10 +187,11 @@ def translate(model: Any, where: str = "<model>") -> Translation:
     if opset < MIN_OPSET:
         _check_old_opset(model, opset, where)
     for imp in model.opset_import:
-        if imp.domain not in ("", "ai.onnx") and any(n.domain == imp.domain for n in model.graph.node):
+        if imp.domain not in DOMAINS and any(n.domain == imp.domain for n in model.graph.node):
             bad = next(n for n in model.graph.node if n.domain == imp.domain)
             raise TgcError(f"unsupported: op '{imp.domain}.{bad.op_type}' (node '{bad.name or bad.output[0]}', "
-                           f"domain {imp.domain} opset {imp.version}): tgc supports the ai.onnx domain only")
+                           f"domain {imp.domain} opset {imp.version}): tgc supports the ai.onnx domain (and "
+                           "ai.onnx.ml's numeric ops) only")
     g = model.graph
     inits = {t.name: t for t in g.initializer}
     names = Names()
@@ -266,17 +281,17 @@ def _run_nodes(cx: Ctx, nodes: list, used: set[str], ops_used: list[str]) -> Non
             i for a in node.attribute if a.type == a.GRAPH for i in _graph_reads(a.g))]
         for o in node.output:
             cx.producers[o] = reads
-        if node.op_type not in ops_used:
-            ops_used.append(node.op_type)
+        if op_key(node) not in ops_used:
+            ops_used.append(op_key(node))
         for name in node.input:
             if name and name not in cx.values:
                 raise TgcError(f"{cx.where()}: input '{name}' is not produced by any node")
         ins = [cx.values[i] if i else None for i in node.input]
-        fn = OPS.get(node.op_type)
+        fn = OPS.get(op_key(node))
         if fn is None:
             expanded = expand_function(cx, node, ins)  # an op ONNX defines as a function of other ops
             if expanded is None:
-                raise TgcError(f"unsupported op '{node.op_type}' (node '{node.name or node.output[0]}', "
+                raise TgcError(f"unsupported op '{op_key(node)}' (node '{node.name or node.output[0]}', "
                                f"opset {opset})", hint="`tgc inspect MODEL.onnx` lists every op the model uses "
                                "and the ones tgc lacks")
             body, cx.opset = expanded
