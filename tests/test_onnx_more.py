@@ -101,6 +101,8 @@ def test_function_op_expands_into_its_body(tmp_path):
     path = _save(tmp_path, nodes, [_vi("x", [4, 3])], [_vi("y", [2, 5])], inits)
     prog = tgc.load(path)
     assert "CenterCropPad" in prog.onnx.ops
+    r = invoke("inspect", path)
+    assert r.exit_code == 0 and "not supported by tgc: none" in r.output
     x = np.arange(12, dtype=np.float32).reshape(4, 3) + 1
     want = np.zeros((2, 5), np.float32)
     want[:, 1:4] = x[1:3]

@@ -128,7 +128,22 @@ def inspect_model(model: Any) -> dict[str, Any]:
             "inputs": [io(v) for v in g.input if v.name not in inits], "outputs": [io(v) for v in g.output],
             "weights": len(g.initializer),
             "weight_bytes": int(sum(_tensor_nbytes(t) for t in g.initializer)),
-            "ops": dict(sorted(used.items())), "missing": sorted(k for k in used if k not in have)}
+            "ops": dict(sorted(used.items())),
+            "missing": sorted(k for k in used if k not in have and not _is_function_op(k, opset_of(model)))}
+
+
+def _is_function_op(key: str, opset: int) -> bool:
+    """Whether ai.onnx op `key` has a function body at `opset` (it is then translated through its body)."""
+    import onnx
+
+    if "." in key:
+        return False
+    try:
+        schema = onnx.defs.get_schema(key, opset, "")
+    except onnx.defs.SchemaError:
+        return False
+    return any(v <= opset for v in [*schema.function_opset_versions,
+                                    *schema.context_dependent_function_opset_versions])
 
 
 def _data_sources(producers: dict[str, list[str]], name: str, inputs: set[str]) -> list[str]:
