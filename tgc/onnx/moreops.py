@@ -1,5 +1,5 @@
 """More ONNX ops, registered into `OPS`: Compress (a load-time condition), ReverseSequence, Det (up to 4x4),
-MaxUnpool and GridSample.
+MaxUnpool, GridSample, Col2Im, TensorScatter, TfIdfVectorizer, DeformConv and the Optional ops on plain tensors.
 
 Contract (ONNX's semantics): Compress keeps the slices whose condition is true along `axis` (the flattened input
 without one); its condition decides the output's shape, so it must be a load-time constant (`NeedStatic`).
@@ -362,3 +362,18 @@ def _deform_conv(cx, node, ins, at, opset):
     if bias is not None:
         y = f"({y} + reshape(cast({cx.tensor(bias)}, f32), (1, {oc}, 1, 1)))"
     return [_cast(y, x.dtype)]
+
+
+@op("OptionalHasElement")
+def _optional_has_element(cx, node, ins, at, opset):
+    """Tensors only (tgc has no optional or sequence values): an input is present or it is not, at load time."""
+    present = bool(ins) and ins[0] is not None
+    return [_const(np.array(present), dtypes.bool, node.output[0])]
+
+
+@op("OptionalGetElement")
+def _optional_get_element(cx, node, ins, at, opset):
+    if not ins or ins[0] is None:
+        raise cx.unsupported("an empty optional")
+    v = ins[0]
+    return [v if v.expr is None else cx.tensor(v)]
