@@ -377,3 +377,72 @@ def _optional_get_element(cx, node, ins, at, opset):
         raise cx.unsupported("an empty optional")
     v = ins[0]
     return [v if v.expr is None else cx.tensor(v)]
+
+
+@op("DFT")
+def _dft(cx, node, ins, at, opset):
+    """The DFT along one axis as products with cos/sin matrices computed at load (the length is static): forward,
+    inverse (divided by the length), one-sided, and the inverse of a one-sided spectrum (irfft: real output)."""
+    x = ins[0]
+    length = ins[1] if len(ins) > 1 and ins[1] is not None else None
+    if opset >= 20:
+        axis = int(np.asarray(cx.static(ins[2], "the axis")).reshape(-1)[0]) if len(ins) > 2 and ins[2] else -2
+    else:
+        axis = int(at.get("axis", 1))
+    inverse, onesided = bool(at.get("inverse", 0)), bool(at.get("onesided", 0))
+    rank = x.rank
+    ax = axis % rank
+    if ax == rank - 1:
+        raise cx.unsupported("a DFT along the real/imaginary axis")
+    size = int(x.shape[ax])
+    if length is not None:
+        n_fft = int(np.asarray(cx.static(length, "the DFT length")).reshape(-1)[0])
+    else:
+        n_fft = 2 * (size - 1) if inverse and onesided else size
+    work = "f64"  # (the reference's FFT is exact to f64: products with f32 matrices miss small outputs' atol)
+    e = cx.tensor(x)
+    last = rank - 2  # the signal's last axis (before the real/imaginary one)
+    order = [i for i in range(rank - 1) if i != ax] + [ax]
+    back = [order.index(i) for i in range(rank - 1)]
+
+    def part(i: int) -> str:
+        p = f"cast({e}[..., {i}], {work})"
+        return p if ax == last else f"permute({p}, {shape_text(order)})"
+    xr = cx.let(part(0), "dft_re")
+    xi = cx.let(part(1), "dft_im") if x.shape[-1] == 2 else None
+    npdt = np.float64 if work == "f64" else np.float32
+
+    def mat(a: np.ndarray, name: str) -> str:
+        return cx.tensor(_const(a.astype(npdt), dtypes.f64 if work == "f64" else dtypes.f32, name))
+    if inverse and onesided:  # irfft: the first n_fft // 2 + 1 frequencies, Hermitian symmetry, a real signal
+        k = np.arange(min(size, n_fft // 2 + 1))[:, None]
+        n = np.arange(n_fft)[None, :]
+        weight = np.where((k == 0) | ((n_fft % 2 == 0) & (k == n_fft // 2)), 1.0, 2.0) / n_fft
+        theta = 2 * np.pi * k * n / n_fft
+        rows = f"{xr}[..., 0:{k.shape[0]}]"
+        y = f"({rows} @ {mat(weight * np.cos(theta), 'irfft_cos')})"
+        if xi is not None:
+            y = f"({y} - {xi}[..., 0:{k.shape[0]}] @ {mat(weight * np.sin(theta), 'irfft_sin')})"
+        y = cx.let(y, "dft_out")
+        if ax != last:
+            y = f"permute({y}, {shape_text(back)})"
+        return [f"cast(unsqueeze({y}, -1), {x.dtype.name})"]
+    used = min(size, n_fft)
+    k_out = n_fft // 2 + 1 if onesided else n_fft
+    n = np.arange(used)[:, None]
+    k = np.arange(k_out)[None, :]
+    theta = 2 * np.pi * n * k / n_fft
+    scale = 1.0 / n_fft if inverse else 1.0
+    c, s = mat(np.cos(theta) * scale, "dft_cos"), mat(np.sin(theta) * scale, "dft_sin")
+    sign = "+" if inverse else "-"
+    re_in = f"{xr}[..., 0:{used}]"
+    yr = f"({re_in} @ {c})"
+    yi = f"({sign}({re_in} @ {s}))"
+    if xi is not None:
+        im_in = f"{xi}[..., 0:{used}]"
+        yr = f"({yr} {'-' if inverse else '+'} {im_in} @ {s})"
+        yi = f"({im_in} @ {c} {sign} {re_in} @ {s})"
+    yr, yi = cx.let(yr, "dft_yr"), cx.let(yi, "dft_yi")
+    if ax != last:
+        yr, yi = f"permute({yr}, {shape_text(back)})", f"permute({yi}, {shape_text(back)})"
+    return [f"cast(stack({yr}, {yi}, axis=-1), {x.dtype.name})"]
