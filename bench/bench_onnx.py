@@ -158,7 +158,7 @@ def _speed(runs: dict, runner: str, want: float, what: str) -> dict:
     """A speed target against onnxruntime's steady-state median."""
     ort, r = runs["onnxruntime"].get("median_s"), runs.get(runner)
     if r is None or "error" in r or not ort:
-        why = "not measured (--beam)" if r is None else r.get("error", "no onnxruntime time")
+        why = "--beam not given" if r is None else r.get("error", "no onnxruntime time")
         return {"target": f"{what} >= {want}x onnxruntime", "met": None, "value": why}
     x = ort / r["median_s"]
     return {"target": f"{what} >= {want}x onnxruntime", "met": x >= want, "value": f"{x:.2f}x"}
