@@ -292,3 +292,17 @@ def test_opset_too_old_and_foreign_domain(tmp_path):
     p.write_bytes(m.SerializeToString())
     with pytest.raises(TgcError):
         tgc.load(str(p))
+
+
+def test_package_of_a_model_with_symbolic_dims(tmp_path):
+    """Without its dims a model's package would be symbolic, which has no place for weights: refused, exit 2;
+    with them it holds the weights and runs."""
+    wt = np.array([1.0, 2.0, 3.0], np.float32)
+    path = _save(tmp_path, [h.make_node("Mul", ["x", "w"], ["y"])], [_vi("x", ["batch", 3])], [_vi("y", ["batch", 3])],
+                 [nh.from_array(wt, "w")])
+    assert_clean(invoke("compile", path, "-d", "CPU", "--package", str(tmp_path / "s.tgpkg")), 2,
+                 "symbolic package of an ONNX model")
+    r = invoke("compile", path, "-d", "CPU", "-D", "batch=2", "--package", str(tmp_path / "f.tgpkg"))
+    assert r.exit_code == 0, r.output
+    x = RNG.standard_normal((2, 3)).astype(np.float32)
+    np.testing.assert_array_equal(tgc.load_package(str(tmp_path / "f.tgpkg")).run(x=x)["y"], x * wt)
