@@ -114,19 +114,20 @@ def expand(cx: Ctx, node: Any, ins: list[Value | None]) -> tuple[list, int] | No
         n.attribute.extend(attrs)
         _rename_node(n, rename)
         nodes.append(n)
-    _infer_types(cx, nodes, ins, node, body_opset)
+    infer_types(cx, nodes, list(zip(node.input, ins)), [o for o in node.output if o], body_opset)
     return nodes, body_opset
 
 
-def _infer_types(cx: Ctx, nodes: list, ins: list[Value | None], node: Any, opset: int) -> None:
-    """ONNX's shape inference on the expanded nodes alone (their inputs typed from `ins`) into `cx.types`."""
+def infer_types(cx: Ctx, nodes: list, typed: list[tuple[str, Value | None]], outputs: list[str], opset: int) -> None:
+    """ONNX's shape inference on `nodes` alone (an expanded function, a Loop or Scan body; their inputs typed from
+    the `typed` values) into `cx.types`, so their values need no probing one by one."""
     import onnx
     from onnx import helper
 
     from tgc.onnx.core import _type_of
 
     inputs, seen = [], set()
-    for name, v in zip(node.input, ins):
+    for name, v in typed:
         if v is None or not name or name in seen:
             continue
         seen.add(name)
@@ -139,7 +140,7 @@ def _infer_types(cx: Ctx, nodes: list, ins: list[Value | None], node: Any, opset
         if v is not None and v.shape is not None:
             inputs.append(helper.make_tensor_value_info(name, _ONNX_OF[v.dtype],
                                                         [s if isinstance(s, int) else None for s in v.shape]))
-    outs = [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in node.output if o]
+    outs = [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in outputs]
     g = helper.make_graph(nodes, "expanded", inputs, outs)
     try:
         model = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])

@@ -37,6 +37,7 @@ from tgc.onnx.core import (
     onnx_dtype,
 )
 from tgc.onnx.functions import expand as expand_function
+from tgc.onnx.functions import infer_types
 from tgc.onnx.nnops import OPS  # the op table, with the NN library's ops wired in
 
 
@@ -347,6 +348,9 @@ def _run_body(cx: Ctx, body: Any, values: list[Value], ops_used: list[str]) -> l
             arr, dt = _to_array(t)
             cx.values[t.name] = Value(t.name, dt, tuple(arr.shape), const=arr)
         used = {i for n in _all_nodes(body) for i in n.input} | {o.name for o in body.output}
+        if any(n.output and n.output[0] not in cx.types for n in body.node):  # (types once, not per value)
+            infer_types(cx, list(body.node), [(vi.name, v) for vi, v in zip(body.input, values)],
+                        [o.name for o in body.output], cx.opset)
         _run_nodes(cx, list(body.node), used, ops_used)
         outs = []
         for o in body.output:
