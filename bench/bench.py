@@ -18,10 +18,13 @@ numpy runs with its best BLAS kernels: where the environment forces an OpenBLAS 
 (`OPENBLAS_CORETYPE`, with `OPENBLAS_L2_SIZE`), this script says so and starts itself again without both, in
 this process alone (OpenBLAS reads them when numpy loads), and prints the kernel OpenBLAS then uses.
 
-    python bench/bench.py [--quick] [--no-beam] [--no-symbolic] [--only NAME|symbolic] [--json] [--multi-only]
+    python bench/bench.py [--quick] [--no-beam] [--no-symbolic] [--only NAME|symbolic|onnx] [--json] [--multi-only]
 
 Symbolic sizes: softmax and matmul at five sizes each, the kernels compiled once for the size's class
 (`Program.run(symbolic=True)`) against those compiled for the size (`--only symbolic` runs just this table).
+The ONNX model table (bench/bench_onnx.py: light models against onnxruntime and tinygrad's runner, first call in
+a fresh process, steady-state median, peak memory, issue 23's targets) ends the run: `--only onnx` runs just it,
+`--onnx-all` all nine models (slow), `--onnx-beam` adds tgc after BEAM, `--no-onnx` skips it.
 """
 
 from __future__ import annotations
@@ -527,7 +530,14 @@ def main() -> None:
     ap.add_argument("--no-compile-table", action="store_true", help="skip the compile table")
     ap.add_argument("--model", default=None, help="corpus and compile tables: only corpus models with this in "
                     "their name (the compile table then leaves out the bench workloads)")
+    ap.add_argument("--no-onnx", action="store_true", help="skip the ONNX model table (bench/bench_onnx.py)")
+    ap.add_argument("--onnx-all", action="store_true", help="the ONNX table: all nine light models (slow: "
+                    "ResNet-50, DenseNet-121, Inception v1/v2 and VGG-19 compile for minutes each)")
+    ap.add_argument("--onnx-beam", action="store_true", help="the ONNX table: time tgc after BEAM too (slow)")
     args = ap.parse_args()
+    if args.only == "onnx":  # only the ONNX model table against onnxruntime (and tinygrad's runner)
+        onnx_table(args)
+        return
     if args.only in ("corpus", "compile", "corpus,compile"):  # only the model-corpus and/or the compile table
         corpus_rows, compile_rows = model_tables(args, set(args.only.split(",")))
         if args.json:
@@ -704,6 +714,25 @@ def main() -> None:
     if sym_rows:
         print_symbolic(sym_rows)
     print_model_tables(corpus_rows, compile_rows, args.quick)
+    if not args.no_onnx and not args.only:
+        onnx_table(args)
+
+
+def onnx_table(args: argparse.Namespace) -> None:
+    """The ONNX model table (bench/bench_onnx.py): the quick light models, or all nine with --onnx-all."""
+    import bench_onnx
+
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        print("\nONNX model table skipped: onnxruntime is not installed (pip install -e '.[bench]')")
+        return
+    models = bench_onnx.LIGHT if args.onnx_all else bench_onnx.QUICK
+    rows = bench_onnx.onnx_rows(models, repeat=5, beam=args.onnx_beam, log=lambda s: print(s, file=sys.stderr))
+    if args.json:
+        print(json.dumps({"onnx": rows}, indent=1))
+    else:
+        bench_onnx.print_onnx(rows)
 
 
 def model_tables(args: argparse.Namespace, which: set[str]) -> tuple[list[dict], list[dict]]:

@@ -190,22 +190,119 @@ def test_reshape_shape_from_graph_input_is_a_clear_error(tmp_path):
     _assert_load_error(path, "must be a constant", "node 'rs'")
 
 
-def test_cli_compile_and_package_refusal(convnet, tmp_path):
-    """(`tgc bench`/`beam` of a model take the same path through `tgc.load`; they are slow for a unit test.)"""
-    path, _ = convnet
+def test_cli_compile_and_package_with_weights(convnet, tmp_path):
+    """A package of a model holds its weights: `tgc run out.tgpkg` equals `tgc run model.onnx` (and the model's
+    reference), its callers pass only the model's inputs. (`tgc bench`/`beam` of a model take the same path
+    through `tgc.load`; they are slow for a unit test.)"""
+    path, (w, fc, b) = convnet
     r = invoke("compile", path, "-d", "CPU", "--emit", "src")
     assert r.exit_code == 0, r.output
     assert "define void" in r.output  # LLVM IR of the model's kernels
-    r = invoke("compile", path, "-d", "CPU", "--package", str(tmp_path / "m.tgpkg"))
-    assert_clean(r, 2, "package of an ONNX model")
+    pkg = tmp_path / "m.tgpkg"
+    r = invoke("compile", path, "-d", "CPU", "--package", str(pkg))
+    assert r.exit_code == 0, r.output
+    x = RNG.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    r1 = invoke("run", path, "-i", f"input.1={tmp_path / 'x.npy'}", "-o", str(tmp_path / "a.npz"))
+    r2 = invoke("run", str(pkg), "-i", f"input.1={tmp_path / 'x.npy'}", "-o", str(tmp_path / "b.npz"))
+    assert r1.exit_code == 0 and r2.exit_code == 0, r1.output + r2.output
+    a, b2 = np.load(tmp_path / "a.npz"), np.load(tmp_path / "b.npz")
+    np.testing.assert_array_equal(a["out/prob"], b2["out/prob"])
+    np.testing.assert_allclose(b2["out/prob"], _reference(x, w, fc, b), rtol=1e-4, atol=1e-6)
+    loaded = tgc.load_package(str(pkg))
+    assert [d.name for d in loaded.inputs] == ["input.1"] and len(loaded.weights) == 3
+    r = invoke("run", str(pkg), "-i", f"input.1={tmp_path / 'x.npy'}", "-i", f"fc={tmp_path / 'x.npy'}")
+    assert_clean(r, 2, "fc")  # a weight is not an input a caller passes
+
+
+def test_package_weights_are_checked(convnet, tmp_path):
+    """A package whose weight member does not match its manifest (or is not an array) is refused, exit 2."""
+    import zipfile
+
+    from tgc import package
+
+    path, _ = convnet
+    data = package.build(tgc.load(path), "PYTHON", {})
+    manifest, members = package.read_members(data, "m")
+    assert sorted(m for m in members if m.startswith("weights/")) == ["weights/0.npy", "weights/1.npy",
+                                                                       "weights/2.npy"]
+    assert all(members[m][:6] == b"\x93NUMPY" for m in members if m.startswith("weights/"))  # .npy, no pickle
+    # rebuild the archive with one weight replaced by an array of another shape (hashes made to match)
+    import hashlib
+    import io
+    import json
+
+    f = io.BytesIO()
+    np.save(f, np.zeros(3, np.float32), allow_pickle=False)
+    members["weights/0.npy"] = f.getvalue()
+    manifest["files"]["weights/0.npy"] = {"size": len(f.getvalue()),
+                                          "sha256": hashlib.sha256(f.getvalue()).hexdigest()}
+    manifest.pop("content_hash")
+    manifest["content_hash"] = package.content_hash(manifest)
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as z:
+        z.writestr(package.MANIFEST, json.dumps(manifest))
+        for k, v in members.items():
+            z.writestr(k, v)
+        z.comment = b"0" * package.CHECKSUM_LEN
+    raw = out.getvalue()
+    raw = raw[:-package.CHECKSUM_LEN] + package.file_checksum(raw)
+    with pytest.raises(package.PackageError, match="weight .* buffer"):
+        package.loads_package(raw)
+
+
+def test_program_cache_keys_a_model_by_its_weights(tmp_path, monkeypatch):
+    """The program cache serves a model (its entry holds no weights); two models that differ only in their
+    weights have two keys, so neither runs with the other's weights."""
+    from tgc import cache
+
+    monkeypatch.setenv("TGC_CACHE_DIR", str(tmp_path / "cache"))
+    for name in ("TGC_VERIFY_BOUNDS", "DISABLE_COMPILER_CACHE", "BEAM", "NOOPT", "DEBUG"):
+        monkeypatch.delenv(name, raising=False)
+    cache._reset_for_tests()
+    x = np.array([[1.0, 2.0]], np.float32)
+    outs = []
+    for i, scale in enumerate((2.0, 3.0)):  # the same graph, the same file name (the same .tg source)
+        wt = nh.from_array(np.array([[scale, 0.0], [0.0, scale]], np.float32), "w")
+        (tmp_path / f"d{i}").mkdir()
+        path = _save(tmp_path / f"d{i}", [h.make_node("MatMul", ["x", "w"], ["y"])], [_vi("x", [1, 2])],
+                     [_vi("y", [1, 2])], [wt])
+        first = tgc.load(path)
+        assert not first.cached("CPU")
+        outs.append(first.run(device="CPU", inputs={"x": x})["y"])
+        again = tgc.load(path)  # a fresh Program: the cache's entry, not the Program's own kernels
+        assert again.cached("CPU")
+        np.testing.assert_array_equal(again.run(device="CPU", inputs={"x": x})["y"], outs[-1])
+    np.testing.assert_array_equal(outs[0], x * 2.0)
+    np.testing.assert_array_equal(outs[1], x * 3.0)
+    assert len(cache.entries("program")) == 2
+    cache._reset_for_tests()
 
 
 def test_opset_too_old_and_foreign_domain(tmp_path):
+    # Add changed at opset 7 (numpy broadcasting): refused; Relu is the same at opset 6 as at 7: runs
+    path = _save(tmp_path, [h.make_node("Add", ["x", "x"], ["y"])], [_vi("x", [2])], [_vi("y", [2])], opset=6)
+    _assert_load_error(path, "opset 6 is older than tgc supports", "'Add'")
     path = _save(tmp_path, [h.make_node("Relu", ["x"], ["y"])], [_vi("x", [2])], [_vi("y", [2])], opset=6)
-    _assert_load_error(path, "opset 6 is older than tgc supports")
+    x = np.array([-1.0, 2.0], np.float32)
+    assert np.array_equal(tgc.load(path).run(device="PYTHON", inputs={"x": x})["y"], np.maximum(x, 0))
     g = h.make_graph([h.make_node("Relu", ["x"], ["y"])], "g", [_vi("x", [2])], [_vi("y", [2])])
-    m = h.make_model(g, opset_imports=[h.make_opsetid("ai.onnx.ml", 3)])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("com.example", 1)])
     p = tmp_path / "ml.onnx"
     p.write_bytes(m.SerializeToString())
     with pytest.raises(TgcError):
         tgc.load(str(p))
+
+
+def test_package_of_a_model_with_symbolic_dims(tmp_path):
+    """Without its dims a model's package would be symbolic, which has no place for weights: refused, exit 2;
+    with them it holds the weights and runs."""
+    wt = np.array([1.0, 2.0, 3.0], np.float32)
+    path = _save(tmp_path, [h.make_node("Mul", ["x", "w"], ["y"])], [_vi("x", ["batch", 3])], [_vi("y", ["batch", 3])],
+                 [nh.from_array(wt, "w")])
+    assert_clean(invoke("compile", path, "-d", "CPU", "--package", str(tmp_path / "s.tgpkg")), 2,
+                 "symbolic package of an ONNX model")
+    r = invoke("compile", path, "-d", "CPU", "-D", "batch=2", "--package", str(tmp_path / "f.tgpkg"))
+    assert r.exit_code == 0, r.output
+    x = RNG.standard_normal((2, 3)).astype(np.float32)
+    np.testing.assert_array_equal(tgc.load_package(str(tmp_path / "f.tgpkg")).run(x=x)["y"], x * wt)

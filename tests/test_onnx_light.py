@@ -1,7 +1,14 @@
 """The real model structures the `onnx` wheel ships (`onnx/backend/test/data/light`, 1x3x224x224, weights made by
-ConstantOfShape) against their expected outputs, with the input ONNX's runner uses (arange / size). Only the two
-that compile in seconds run here (the whole set takes minutes of LLVM compiles on two cores: ResNet-50 alone ~10
-min cold); `python tests/test_onnx_light.py [DEVICE] [NAME ...]` runs any of them by hand."""
+ConstantOfShape) against their expected outputs, with the input ONNX's runner uses (arange / size). All nine run
+on the CPU (PYTHON is far too slow for them): AlexNet and ZFNet-512 with default kernels, the other seven at
+the lowest compile cost (NOOPT=1: no upcasts or unrolls, so LLVM compiles small kernels; ResNet-50 ~3 min cold
+on a loaded 2-core machine instead of ~10). They are slow tests (minutes each cold).
+`python tests/test_onnx_light.py [DEVICE] [NAME ...]` runs any by hand.
+
+SqueezeNet and VGG-19 need care: their constant weights make every class's logit the same number near 1e10, so
+the expected output is a uniform 0.001; with default kernels the last 8 of SqueezeNet's 1000 channels (a tail
+the vectorized kernel handles apart) round one ulp differently, which that scale turns into a different
+softmax. NOOPT computes every channel alike."""
 
 from __future__ import annotations
 
@@ -18,6 +25,11 @@ LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", 
 MODELS = ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet", "squeezenet",
           "vgg19", "zfnet512"]
 IN_TESTS = ["bvlc_alexnet", "zfnet512"]
+# the others with NOOPT=1 (small kernels, fast LLVM compiles, slower runs), cold on a loaded 2-core machine:
+# ResNet-50 168 s (default kernels ~577 s), VGG-19 231 s, DenseNet-121 ~1200 s (while the node suite ran beside
+# it; default kernels ~540 s on a quieter machine), Inception v2 73 s, ShuffleNet and Inception v1 41 s,
+# SqueezeNet ~55 s. SqueezeNet and VGG-19 need NOOPT (see above).
+LOWEST_COST = ["densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet", "squeezenet", "vgg19"]
 
 
 def check_light(name: str, device: str) -> tuple[bool, float]:
@@ -40,6 +52,14 @@ def check_light(name: str, device: str) -> tuple[bool, float]:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", IN_TESTS)
 def test_light_model(name):
+    ok, err = check_light(name, "CPU")
+    assert ok, f"{name}: max error {err}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", LOWEST_COST)
+def test_light_model_lowest_cost(name, monkeypatch):
+    monkeypatch.setenv("NOOPT", "1")
     ok, err = check_light(name, "CPU")
     assert ok, f"{name}: max error {err}"
 

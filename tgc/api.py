@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 from collections.abc import Mapping
@@ -138,6 +139,21 @@ class Program:
     @property
     def output_names(self) -> list[str]:
         return [self.public.get(n, n) for n in self.parsed.output_names]
+
+    @property
+    def weights_digest(self) -> str:
+        """SHA-256 of the weights bound at load (names, dtypes, shapes, bytes): the program cache's key holds
+        it, not the weights; "" for a program without weights."""
+        if not self.weights:
+            return ""
+        if getattr(self, "_weights_digest", None) is None:
+            h = hashlib.sha256()
+            for name, arr in sorted(self.weights.items()):
+                a = np.ascontiguousarray(arr)
+                h.update(f"{name}:{a.dtype.str}:{a.shape};".encode())
+                h.update(a.reshape(-1).view(np.uint8))
+            self._weights_digest = h.hexdigest()
+        return self._weights_digest
 
     @property
     def dim_names(self) -> list[str]:
@@ -605,7 +621,7 @@ class Program:
         BEAM), or None (`tgc.progcache`)."""
         key = (dev.name, tuple(sorted(dims.items())), env_int("BEAM", 0))
         if key not in self._entries:
-            entry = progcache.lookup(self.source, dims, dev, self.path)
+            entry = progcache.lookup(self.source, dims, dev, self.path, self.weights_digest)
             self._entries[key] = entry
             if debug_level() >= 2:
                 hit = "hit: nothing to lower or compile" if entry is not None else "miss"

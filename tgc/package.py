@@ -71,8 +71,10 @@ MAX_LAUNCH = (1 << 31) - 1
 MAX_DIM = 1 << 48
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
-_MEMBER = re.compile(r"kernels/(0|[1-9][0-9]{0,5})\.(bin|src)\Z|runtime/cpu_graph\.bin\Z")
+_MEMBER = re.compile(r"kernels/(0|[1-9][0-9]{0,5})\.(bin|src)\Z|runtime/cpu_graph\.bin\Z|"
+                     r"weights/(0|[1-9][0-9]{0,5})\.npy\Z")
 RUNNER_MEMBER = "runtime/cpu_graph.bin"
+_IO_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:/\-]{0,255}\Z")  # (ONNX names: never used as paths)
 _HEX = re.compile(r"[0-9a-f]{64}\Z")
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed: the same program and device give the same bytes
 
@@ -136,23 +138,73 @@ def signature(key: bytes, content: str) -> str:
 
 
 def _no_bound_weights(prog: Any) -> None:
-    """A program with weights bound at load (an ONNX model) cannot be packaged yet: the format has no place for
-    them, and a package that asked for them as inputs would not be the model's signature."""
+    """A symbolic package of a program with weights bound at load (an ONNX model with symbolic dims) is not
+    supported: its size classes have no place for them."""
     from tgc.errors import TgcError
 
     if getattr(prog, "weights", None):
-        raise TgcError("a package of an ONNX model (weights bound at load) is not supported yet",
-                       hint="tgc import MODEL.onnx -o MODEL.tg, then package MODEL.tg (its weights are inputs)")
+        raise TgcError("a symbolic package of an ONNX model (weights bound at load) is not supported",
+                       hint="give every dim (-D NAME=INT): a package of a model at fixed sizes holds its weights")
 
 
-def build(prog: Any, device: str | None = None, dims: dict[str, int] | None = None, low: Any = None) -> bytes:
+# --- weights bound at load (an ONNX model's initializers): members `weights/<i>.npy`, the manifest's "weights"
+# names the signature input each one fills; a package's callers never pass them (as a Program's).
+
+def _declared_inputs(prog: Any) -> list:
+    """Every declared input of a Program, weights bound at load included (by the engine's names)."""
+    return prog._all_decls() if getattr(prog, "weights", None) else list(prog.inputs)
+
+
+def _weight_members(prog: Any, blobs: dict[str, bytes], files: dict[str, dict]) -> list[dict]:
+    """The program's bound weights as `.npy` members (numpy's format: data only, never pickled)."""
+    out = []
+    for i, (name, arr) in enumerate(sorted(prog.weights.items())):
+        f = io.BytesIO()
+        np.save(f, np.ascontiguousarray(arr), allow_pickle=False)
+        member = f"weights/{i}.npy"
+        blobs[member] = f.getvalue()
+        files[member] = {"size": len(blobs[member]), "sha256": hashlib.sha256(blobs[member]).hexdigest()}
+        out.append({"name": name, "member": member})
+    return out
+
+
+def _read_weights(pkg: Any, raw: Any) -> dict[str, np.ndarray]:
+    """The weights a package holds (name -> array), each checked against its signature input's buffer."""
+    if raw is None:
+        if any(m.startswith("weights/") for m in pkg._members):
+            raise _bad(pkg.path, "it holds weights its manifest does not describe")
+        return {}
+    by_name = {d.name: d for d in pkg.inputs}
+    out: dict[str, np.ndarray] = {}
+    for i, w in enumerate(_list(raw, "weights", pkg.path, MAX_BUFFERS)):
+        w = _obj(w, f"weight {i}", pkg.path)
+        name = _name(w.get("name"), f"weight {i} name", pkg.path)
+        member = w.get("member")
+        if name not in by_name or name in out:
+            raise _bad(pkg.path, f"weight {name} is not an input of its signature, or is given twice")
+        if not isinstance(member, str) or not member.startswith("weights/") or member not in pkg._members:
+            raise _bad(pkg.path, f"weight {name} names no member of the package")
+        try:
+            arr = np.load(io.BytesIO(pkg._members[member]), allow_pickle=False)
+        except (ValueError, OSError, EOFError) as e:
+            raise _bad(pkg.path, f"weight {name} ({member}) is not a numpy array: {str(e)[:80]}") from None
+        buf = pkg.buffers[by_name[name].buffer]
+        if arr.dtype != buf.dtype.np or tuple(arr.shape) != tuple(buf.plan_shape):
+            raise _bad(pkg.path, f"weight {name} is {arr.dtype}{list(arr.shape)}, but its buffer is "
+                                 f"{buf.dtype.name}{list(buf.plan_shape)}")
+        out[name] = arr
+    return out
+
+
+def build(prog: Any, device: str | None = None, dims: dict[str, int] | None = None, low: Any = None,
+          weights: bool = True) -> bytes:
     """The package of a `tgc.api.Program` compiled for `device` with every dim in `dims`, as bytes. `low`: a
     lowered program to package instead of `prog.lower(device, dims)` (the program cache packages one chunk of a
-    chunked run; `dims` are then that chunk's)."""
+    chunked run; `dims` are then that chunk's). A model's weights bound at load are members of the package
+    (`weights=False`: they stay inputs of its signature, as the program cache, which has the model, keeps them)."""
     from tgc.backends import one_device
     from tgc.errors import CompileError
 
-    _no_bound_weights(prog)
     dev = one_device(device)
     if low is None:
         dims = prog.resolve_dims(dims)
@@ -182,7 +234,7 @@ def build(prog: Any, device: str | None = None, dims: dict[str, int] | None = No
                             "role": role, "name": name})
         return index[node]
 
-    decls = {d.name: d for d in prog.inputs}
+    decls = {d.name: d for d in _declared_inputs(prog)}
     inputs = [{"name": name, "dtype": decls[name].dtype.name, "buffer": buf(node)} for node, name in low.inputs]
     for d in inputs:
         d["shape"] = _decl_shape(decls[d["name"]].shape, buffers[d["buffer"]]["shape"])
@@ -204,7 +256,9 @@ def build(prog: Any, device: str | None = None, dims: dict[str, int] | None = No
     slots = [0] * len(buffers)
     for node, i in index.items():
         slots[i] = plan.slot_of.get(node, -1)
+    bound = {"weights": _weight_members(prog, blobs, files)} if weights and getattr(prog, "weights", None) else {}
     return _archive(prog, dev, FORMAT_VERSION, {
+        **bound,
         "dims": {k: int(v) for k, v in sorted(dims.items())},
         "signature": {"inputs": inputs, "outputs": outputs},
         "buffers": buffers,
@@ -451,6 +505,13 @@ def _name(v: Any, where: str, path: str) -> str:
     return v
 
 
+def _io_name(v: Any, where: str, path: str) -> str:
+    """An input's or output's name: an identifier, or an ONNX model's name for it (`input.1`, `out/prob`)."""
+    if not isinstance(v, str) or not _IO_NAME.match(v):
+        raise _bad(path, f"{where} is not a valid name")
+    return v
+
+
 def _dtype(v: Any, where: str, path: str) -> DType:
     dt = dtypes.by_name.get(v) if isinstance(v, str) else None
     if dt is None:
@@ -624,6 +685,9 @@ class Package:
                 raise _bad(path, f"two {what}s have the same name")
         if len({d.buffer for d in self.inputs + self.outputs}) != len(self.inputs) + len(self.outputs):
             raise _bad(path, "two inputs or outputs share a buffer")
+        self.weights = _read_weights(self, m.get("weights"))  # bound here: callers never pass them
+        self._bound = [d for d in self.inputs if d.name in self.weights]
+        self.inputs = [d for d in self.inputs if d.name not in self.weights]
         self.kernels = [self._read_kernel(k, i) for i, k in
                         enumerate(_list(m.get("kernels"), "kernels", path, MAX_KERNELS))]
         self.memory = self._read_memory(_obj(m.get("memory"), "memory", path))
@@ -668,13 +732,13 @@ class Package:
                 raise _bad(self.path, f"buffer {i} has no valid role")
             name = b.get("name")
             if name is not None:
-                _name(name, f"buffer {i} name", self.path)
+                _io_name(name, f"buffer {i} name", self.path)
             out.append(PlanBuffer(dt, shape, i, nbytes, role, name))
         return out
 
     def _read_io(self, d: Any, where: str, role: str) -> PackageInput:
         d = _obj(d, where, self.path)
-        name = _name(d.get("name"), f"{where} name", self.path)
+        name = _io_name(d.get("name"), f"{where} name", self.path)
         dt = _dtype(d.get("dtype"), where, self.path)
         exprs = _list(d.get("shape"), f"{where} shape", self.path, MAX_RANK)
         shape = []
@@ -773,7 +837,7 @@ class Package:
         slot_of = _list(mem.get("slot_of"), "memory.slot_of", path, MAX_BUFFERS)
         if len(slot_of) != len(self.buffers):
             raise _bad(path, "the memory plan does not cover every buffer")
-        inputs = [self.buffers[d.buffer] for d in self.inputs]
+        inputs = [self.buffers[d.buffer] for d in self.inputs + self._bound]
         spans = lifetimes([k.bufs for k in self.kernels], inputs, [self.buffers[d.buffer] for d in self.outputs])
         plan = MemoryPlan(slots=slots, lifetimes=spans)
         for buf, slot in zip(self.buffers, slot_of):
@@ -894,7 +958,7 @@ class Package:
         # a CPU package runs its launch plan as one native call (the graph runner it ships, or the compile
         # cache's), never compiling it: without either, kernel by kernel
         options = {"runner_object": self.graph_runner, "compile_runner": False} if dev.kind == "CPU" else None
-        return Executable(dev, self.kernels, [(self.buffers[d.buffer], d.name) for d in self.inputs],
+        return Executable(dev, self.kernels, [(self.buffers[d.buffer], d.name) for d in self.inputs + self._bound],
                           [(d.name, self.buffers[d.buffer]) for d in self.outputs], memory=self.memory,
                           graph_options=options)
 
@@ -909,6 +973,7 @@ class Package:
 
         low = self.lower(device)  # a package for another device is refused before its inputs are read
         _, arrays = self.bind({**(inputs or {}), **kw_inputs}, dims, cast=cast)
+        arrays.update(self.weights)
         low.device.ensure_runnable()
         return executable.run(low, arrays, replay=self._launch_plans, key=(low.device.name,))
 
@@ -926,6 +991,7 @@ class Package:
             inputs = {d.name: random_values(d.dtype, self.buffers[d.buffer].plan_shape, 0, i)
                       for i, d in enumerate(self.inputs)}
         dims, arrays = self.bind(inputs, dims, cast=True)
+        arrays.update(self.weights)
         low = self.lower(device)
         low.device.ensure_runnable()
         timing = executable.bench(low, arrays, repeat=repeat, warmup=warmup, measure_peak=False)
@@ -957,6 +1023,7 @@ class Package:
             "graph_runner": self.graph_runner is not None,
             "inputs": [_io_doc(d, self.buffers[d.buffer]) for d in self.inputs],
             "outputs": [_io_doc(d, self.buffers[d.buffer]) for d in self.outputs],
+            "weights": {"count": len(self.weights), "bytes": int(sum(a.nbytes for a in self.weights.values()))},
             "kernels": [{"name": k.name, "global_size": list(k.global_size),
                          "local_size": list(k.local_size) if k.local_size else None, "vals": list(k.vals),
                          "buffers": [b.index for b in k.bufs], "binary_bytes": len(k.binary),

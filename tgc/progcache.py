@@ -11,6 +11,9 @@ Contract:
   misses), every environment variable that changes the kernels or how they run (`KERNEL_ENV`), and the
   state of the `beam` table (`cache.table_state`): a new BEAM winner, or `tgc cache clear --table beam`,
   misses every entry stored before it. Any change to one of these is a miss, never a stale program.
+- **Models** (a Program with weights bound at load, `tgc.load("m.onnx")`): the key adds the digest of the
+  weights (`Program.weights_digest`: names, dtypes, shapes and bytes), never the weights themselves; the entry
+  leaves them out too (its header names them: the Program binds them at every run).
 - **Entry** (`Entry`): `MAGIC`, one line of JSON (the dims, the whole program's inputs and outputs, and, for a
   run in chunks along a batch axis, the chunking), then the package's bytes (one chunk's program for a chunked
   run). The cache's own checksum covers the whole value, the package its own; an entry that fails either, or
@@ -67,14 +70,16 @@ def usable(device: Any) -> str | None:
     return None
 
 
-def key(source: str, dims: dict[str, int], device: Any) -> str:
-    """The cache key of `source` compiled for `device` at `dims` (see the module's docstring)."""
+def key(source: str, dims: dict[str, int], device: Any, weights: str = "") -> str:
+    """The cache key of `source` compiled for `device` at `dims` (see the module's docstring); `weights`: the
+    digest of a model's weights bound at load (`Program.weights_digest`), "" for a program without."""
     comp = device.compiler
-    return cache.make_key("program/1", normalize(source), sorted(dims.items()), device.kind, device.name,
-                          device.binary_target(), device.cores, comp.name, comp.cache_key, __version__,
-                          code_identity(),
-                          {name: os.environ.get(name, "").strip() for name in KERNEL_ENV},
-                          list(cache.table_state("beam")))
+    parts = [normalize(source), sorted(dims.items()), device.kind, device.name, device.binary_target(),
+             device.cores, comp.name, comp.cache_key, __version__, code_identity(),
+             {name: os.environ.get(name, "").strip() for name in KERNEL_ENV}, list(cache.table_state("beam"))]
+    if weights:
+        parts.append({"weights": weights})
+    return cache.make_key("program/1", *parts)
 
 
 @dataclass
@@ -98,6 +103,7 @@ class Entry:
         self.inputs = [_whole(d) for d in header["inputs"]]
         self.outputs = [_whole(d) for d in header["outputs"]]
         self.chunk: dict | None = header.get("chunk")
+        self.weights: set[str] = set(header.get("weights", []))  # inputs the Program binds (a model's weights)
 
     @property
     def output_names(self) -> list[str]:
@@ -113,7 +119,7 @@ class Entry:
     def fits(self, arrays: dict[str, np.ndarray]) -> bool:
         """Whether `arrays` are exactly the program's inputs, in their declared dtypes and shapes (else the
         caller takes the cold path, whose binder words the error)."""
-        if set(arrays) != {d.name for d in self.inputs}:
+        if set(arrays) != {d.name for d in self.inputs} | self.weights:
             return False
         for d in self.inputs:
             a = arrays[d.name]
@@ -179,12 +185,13 @@ def _whole(d: dict) -> WholeInput:
     return WholeInput(str(d["name"]), dt, tuple(int(s) for s in d["shape"]))
 
 
-def lookup(source: str, dims: dict[str, int], device: Any, path: str | None = None) -> Entry | None:
-    """The entry stored for `source` at `dims` on `device`, or None (not stored, not usable here, or damaged:
-    a damaged one is dropped with one warning)."""
+def lookup(source: str, dims: dict[str, int], device: Any, path: str | None = None, weights: str = ""
+           ) -> Entry | None:
+    """The entry stored for `source` at `dims` on `device` (with weights of digest `weights`), or None (not
+    stored, not usable here, or damaged: a damaged one is dropped with one warning)."""
     if usable(device) is not None:
         return None
-    k = key(source, dims, device)
+    k = key(source, dims, device, weights)
     value = cache.get(TABLE, k)
     if value is None:
         return None
@@ -219,12 +226,15 @@ def store(prog: Any, device: Any, dims: dict[str, int], chunking: Any = None) ->
                   zip(prog.inputs, _input_types(prog, dims))]
         outputs = [{"name": n, "dtype": dt.name, "shape": list(shape)} for n, dt, shape in prog.output_types(dims)]
         header: dict[str, Any] = {"dims": dict(sorted(dims.items())), "inputs": inputs, "outputs": outputs}
+        bound = getattr(prog, "weights", None)
+        if bound:  # a model's weights: the Program binds them at every run, the entry does not repeat them
+            header["weights"] = sorted(bound)
         if chunking is None:
-            data = build(prog, device.name, dims)
+            data = build(prog, device.name, dims, weights=False)
         else:
             c = chunking
             chunk_dims = {**dims, c.dim: c.size // c.count}
-            data = build(prog, device.name, chunk_dims, low=c.low)
+            data = build(prog, device.name, chunk_dims, low=c.low, weights=False)
             header["chunk"] = {"dim": c.dim, "count": c.count, "sliced": sorted(c.sliced), "before": c.before,
                                "after": c.after, "io": c.io}
         loads_package(data)  # what a warm run will load must load
@@ -233,7 +243,7 @@ def store(prog: Any, device: Any, dims: dict[str, int], chunking: Any = None) ->
     name = os.path.basename(getattr(prog, "path", None) or getattr(prog, "filename", "") or "<string>")
     meta = f"{name} {device.name} " + " ".join(f"{n}={v}" for n, v in sorted(dims.items()))
     value = MAGIC + json.dumps(header, sort_keys=True, separators=(",", ":")).encode() + b"\n" + data
-    cache.put(TABLE, key(prog.source, dims, device), value, meta=meta.strip())
+    cache.put(TABLE, key(prog.source, dims, device, getattr(prog, "weights_digest", "")), value, meta=meta.strip())
     return True
 
 

@@ -526,8 +526,8 @@ def _warm_entry(file: str, device: str | None, dims: dict[str, int], shard: dict
     read (the cold path then reports it). Imports neither the front end nor a compiler."""
     from tgc.package import is_package
 
-    if _is_list(device, shard) or is_package(file):
-        return None
+    if _is_list(device, shard) or is_package(file) or file.lower().endswith(".onnx"):
+        return None  # (a model's warm path goes through tgc.load: its weights are part of the key)
     try:
         with open(file, encoding="utf-8-sig") as f:
             source = f.read()

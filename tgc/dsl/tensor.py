@@ -616,8 +616,8 @@ class Tensor:
     def __matmul__(self, o): return self.matmul(o)
     def __lt__(self, o): return _cmp(Ops.CMPLT, self, o)
     def __gt__(self, o): return _cmp(Ops.CMPLT, o, self)
-    def __le__(self, o): return _cmp(Ops.CMPLT, o, self).logical_not()
-    def __ge__(self, o): return _cmp(Ops.CMPLT, self, o).logical_not()
+    def __le__(self, o): return _cmp_or_equal(o, self)
+    def __ge__(self, o): return _cmp_or_equal(self, o)
     def __eq__(self, o): return _cmp(Ops.CMPEQ, self, o)  # type: ignore[override]
     def __ne__(self, o): return _cmp(Ops.CMPNE, self, o)  # type: ignore[override]
     def __and__(self, o): return _bitwise(Ops.AND, self, o)
@@ -793,6 +793,16 @@ def _cmp(op: Ops, a, b) -> Tensor:
     x, y = _pair(a, b)
     assert op in COMPARE
     return Tensor(UOp(op, dtypes.bool, (x.uop, y.uop)))
+
+
+def _cmp_or_equal(big, small) -> Tensor:
+    """`small <= big`: not (big < small) for ints and bools; for floats (small < big) | (small == big), so that a
+    NaN on either side gives False (IEEE, numpy), where the negation would give True."""
+    x, y = _pair(big, small)
+    if x.dtype.is_float:
+        return Tensor(UOp(Ops.OR, dtypes.bool, (UOp(Ops.CMPLT, dtypes.bool, (y.uop, x.uop)),
+                                                UOp(Ops.CMPEQ, dtypes.bool, (y.uop, x.uop)))))
+    return _cmp(Ops.CMPLT, big, small).logical_not()
 
 
 def _bitwise(op: Ops, a, b) -> Tensor:

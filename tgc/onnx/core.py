@@ -119,6 +119,9 @@ class Ctx:
         self.values: dict[str, Value] = {}
         self.node: Any = None
         self.out_names: dict[str, str] = {}  # graph outputs not yet computed -> their reserved .tg names
+        # (subgraph, input values) -> its output values: one pass through an If branch or a Loop/Scan step
+        self.run_body: Any = None
+        self.producers: dict[str, list[str]] = {}  # ONNX value -> the values it is computed from (not via Shape)
 
     # --- errors
     def where(self) -> str:
@@ -138,7 +141,7 @@ class Ctx:
 
     def weight(self, arr: np.ndarray, dtype: DType, hint: str = "w") -> str:
         name = self.names.new(hint, "w")
-        arr = np.ascontiguousarray(arr)
+        arr = np.require(arr, requirements="C")  # (ascontiguousarray would make a 0-d array 1-d)
         if dtype == dtypes.bf16 and arr.dtype != np.uint16:
             arr = _bf16_bits(arr)
         elif dtype != dtypes.bf16:

@@ -184,9 +184,13 @@ def _mod(cx, node, ins, at, opset):
     ea, eb = _operands(cx, a, b)
     if at.get("fmod", 0):  # C fmod: the sign of the dividend
         if _is_float(a.dtype):
-            return [_cast(f"({ea} - trunc({ea} / {eb}) * {eb})", a.dtype)]
+            r = f"({ea} - trunc({ea} / {eb}) * {eb})"  # C fmod; fmod(x, +-inf) is x for a finite x
+            return [_cast(f"where(isinf({eb}) & isfinite({ea}), {ea}, {r})", a.dtype)]
         r = cx.let(f"({ea} % {eb})", "r")
         return [_cast(f"where(({r} != 0) & (({ea} < 0) != ({eb} < 0)), {r} - {eb}, {r})", a.dtype)]
+    if _is_float(a.dtype):  # numpy's mod: C fmod moved to the divisor's sign (x % +-inf, x % 0 as numpy)
+        f = cx.let(f"where(isinf({eb}) & isfinite({ea}), {ea}, {ea} - trunc({ea} / {eb}) * {eb})", "r")
+        return [_cast(f"where(({f} != 0) & (({f} < 0) != ({eb} < 0)), {f} + {eb}, {f})", a.dtype)]
     return [_cast(f"({ea} % {eb})", a.dtype)]
 
 
@@ -198,7 +202,7 @@ def _pow(cx, node, ins, at, opset):
         return [_cast(f"({ea} * {ea})", a.dtype)]
     eb = cx.tensor(b)
     if _is_int(a.dtype):
-        return [_cast(f"pow(cast({ea}, f64), cast({eb}, f64))", a.dtype)]
+        return [_cast(f"round(pow(cast({ea}, f64), cast({eb}, f64)))", a.dtype)]  # (exp/log's 728.99 is 729)
     return [_cast(f"pow({ea}, cast({eb}, {a.dtype.name}))", a.dtype)]
 
 
@@ -305,8 +309,12 @@ def _castlike(cx, node, ins, at, opset):
 def _dropout(cx, node, ins, at, opset):
     x = ins[0]
     mode = ins[2] if len(ins) > 2 and ins[2] is not None else None
-    if mode is not None and (mode.const is None or bool(mode.const)):
-        raise cx.unsupported("training mode")
+    ratio = ins[1] if len(ins) > 1 and ins[1] is not None else None
+    if mode is not None and bool(np.asarray(cx.static(mode, "training_mode")).reshape(-1)[0]):
+        # training mode drops at random: only a ratio of 0 (keep everything, as inference does) is supported
+        r = cx.static(ratio, "the ratio") if ratio is not None else np.array(0.5)
+        if float(np.asarray(r).reshape(-1)[0]) != 0.0:
+            raise cx.unsupported("training mode")
     outs: list = [Value(node.output[0], x.dtype, x.shape, expr=cx.tensor(x))]
     if len(node.output) > 1 and node.output[1]:
         outs.append(f"full({shape_text(x.shape)}, True, dtype=bool)")
@@ -1228,9 +1236,7 @@ def _attention(cx, node, ins, at, opset):
 
     mask, past_k, past_v = get(3), get(4), get(5)
     nonpad = get(6)
-    for a in ("left_window_size", "right_window_size"):
-        if at.get(a, -1) != -1:
-            raise cx.unsupported(f"attribute {a}")
+    left, right = int(at.get("left_window_size", -1)), int(at.get("right_window_size", -1))
     dt = q.dtype
     eq, ek, ev = cx.tensor(q), cx.tensor(k), cx.tensor(v)
     if q.rank == 3:
@@ -1284,6 +1290,14 @@ def _attention(cx, node, ins, at, opset):
         rows = f"reshape(arange({s}), (1, 1, {s}, 1))"
         causal = f"where(reshape(arange({kv_len}), (1, 1, 1, {kv_len})) <= {rows} + {offset}, 0.0, (-1e300 * 1e300))"
         bias = causal if bias is None else f"({bias} + {causal})"
+    if left >= 0 or right >= 0:  # a sliding window around each query's position (aligned as causal is)
+        offset = f"({lens} - {s})" if nonpad is not None else str(past)
+        diff = cx.let(f"(reshape(arange({s}), (1, 1, {s}, 1)) + {offset} - reshape(arange({kv_len}), "
+                      f"(1, 1, 1, {kv_len})))", "window_diff")
+        allowed = " & ".join(([f"({diff} <= {left})"] if left >= 0 else []) +
+                             ([f"((0 - {diff}) <= {right})"] if right >= 0 else []))
+        window = f"where({allowed}, 0.0, (-1e300 * 1e300))"
+        bias = window if bias is None else f"({bias} + {window})"
     if bias is not None:
         scores = cx.let(f"({scores} + {bias})", "masked")
     with_bias = scores

@@ -22,6 +22,7 @@ import numpy as np
 
 from tgc.dtype import DType, dtypes
 from tgc.errors import TgcError
+from tgc.onnx import control, mlops, moreops, quant, recurrent  # noqa: F401  (register control flow, ...)
 from tgc.onnx.core import (
     _NP_TO_TGC,
     _ONNX_DTYPES,
@@ -29,11 +30,14 @@ from tgc.onnx.core import (
     MIN_OPSET,
     Ctx,
     Names,
+    NeedStatic,
     Value,
     _to_array,
     _type_of,
     onnx_dtype,
 )
+from tgc.onnx.functions import expand as expand_function
+from tgc.onnx.functions import infer_types
 from tgc.onnx.nnops import OPS  # the op table, with the NN library's ops wired in
 
 
@@ -80,12 +84,26 @@ def check(model: Any, where: str) -> None:
         raise TgcError(f"{where}: the ONNX checker rejects the model: {first}") from None
 
 
+DOMAINS = ("", "ai.onnx", "ai.onnx.ml")  # ai.onnx.ml: its numeric ops (tgc/onnx/mlops.py)
+
+
+def op_key(node: Any) -> str:
+    """A node's key in `OPS`: the op type for ai.onnx, `domain.op` for another domain."""
+    return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+
+
 def opset_of(model: Any) -> int:
+    """The model's ai.onnx opset (a model of ai.onnx.ml ops only: the onnx package's latest)."""
+    import onnx
+
     for imp in model.opset_import:
         if imp.domain in ("", "ai.onnx"):
             return int(imp.version)
+    if any(imp.domain == "ai.onnx.ml" for imp in model.opset_import):
+        return int(onnx.defs.onnx_opset_version())
     domains = ", ".join(sorted({imp.domain for imp in model.opset_import})) or "none"
-    raise TgcError(f"the model imports no ai.onnx opset (domains: {domains}): tgc supports the ai.onnx domain only")
+    raise TgcError(f"the model imports no ai.onnx opset (domains: {domains}): tgc supports the ai.onnx domain "
+                   "(and ai.onnx.ml's numeric ops) only")
 
 
 def supported_ops() -> set[str]:
@@ -105,14 +123,61 @@ def inspect_model(model: Any) -> dict[str, Any]:
 
     used: dict[str, int] = {}
     for n in _all_nodes(g):
-        key = n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}"
+        key = op_key(n)
         used[key] = used.get(key, 0) + 1
     have = supported_ops()
     return {"opset": opset_of(model), "ir_version": model.ir_version, "producer": model.producer_name,
             "inputs": [io(v) for v in g.input if v.name not in inits], "outputs": [io(v) for v in g.output],
             "weights": len(g.initializer),
             "weight_bytes": int(sum(_tensor_nbytes(t) for t in g.initializer)),
-            "ops": dict(sorted(used.items())), "missing": sorted(k for k in used if k not in have)}
+            "ops": dict(sorted(used.items())),
+            "missing": sorted(k for k in used if k not in have and not _is_function_op(k, opset_of(model)))}
+
+
+def _is_function_op(key: str, opset: int) -> bool:
+    """Whether ai.onnx op `key` has a function body at `opset` (it is then translated through its body)."""
+    import onnx
+
+    if "." in key:
+        return False
+    try:
+        schema = onnx.defs.get_schema(key, opset, "")
+    except onnx.defs.SchemaError:
+        return False
+    return any(v <= opset for v in [*schema.function_opset_versions,
+                                    *schema.context_dependent_function_opset_versions])
+
+
+def _data_sources(producers: dict[str, list[str]], name: str, inputs: set[str]) -> list[str]:
+    """The graph inputs whose values (not only their shapes: Shape and Size stop the walk) `name` is computed
+    from, so a shape-deciding value names the input a user must make constant."""
+    out: list[str] = []
+    seen: set[str] = set()
+    todo = [name]
+    while todo:
+        v = todo.pop()
+        if v in seen or not v:
+            continue
+        seen.add(v)
+        if v in inputs:
+            out.append(v)
+            continue
+        todo.extend(producers.get(v, []))
+    return sorted(out)
+
+
+def _graph_reads(g: Any) -> set[str]:
+    return {i for n in _all_nodes(g) for i in n.input} | {o.name for o in g.output}
+
+
+def _all_value_infos(g: Any) -> list:
+    """The typed values of a graph and of its subgraphs (If branches, Loop and Scan bodies)."""
+    out = [*g.value_info, *g.output, *g.input]
+    for n in g.node:
+        for a in n.attribute:
+            if a.type == a.GRAPH:
+                out += _all_value_infos(a.g)
+    return out
 
 
 def _tensor_nbytes(t: Any) -> int:
@@ -137,13 +202,13 @@ def translate(model: Any, where: str = "<model>") -> Translation:
 
     opset = opset_of(model)
     if opset < MIN_OPSET:
-        raise TgcError(f"{where}: opset {opset} is older than tgc supports (opset {MIN_OPSET} and later)",
-                       hint="convert it with onnx.version_converter.convert_version")
+        _check_old_opset(model, opset, where)
     for imp in model.opset_import:
-        if imp.domain not in ("", "ai.onnx") and any(n.domain == imp.domain for n in model.graph.node):
+        if imp.domain not in DOMAINS and any(n.domain == imp.domain for n in model.graph.node):
             bad = next(n for n in model.graph.node if n.domain == imp.domain)
             raise TgcError(f"unsupported: op '{imp.domain}.{bad.op_type}' (node '{bad.name or bad.output[0]}', "
-                           f"domain {imp.domain} opset {imp.version}): tgc supports the ai.onnx domain only")
+                           f"domain {imp.domain} opset {imp.version}): tgc supports the ai.onnx domain (and "
+                           "ai.onnx.ml's numeric ops) only")
     g = model.graph
     inits = {t.name: t for t in g.initializer}
     names = Names()
@@ -160,7 +225,7 @@ def translate(model: Any, where: str = "<model>") -> Translation:
     except Exception:  # noqa: BLE001 - a model inference cannot handle still translates where shapes are known
         inferred = model
     types: dict[str, tuple[DType, tuple | None]] = {}
-    for vi in [*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input]:
+    for vi in _all_value_infos(inferred.graph):
         t = _type_of(vi, dims)
         if t is not None and (vi.name not in types or types[vi.name][1] is None):
             types[vi.name] = t
@@ -192,42 +257,24 @@ def translate(model: Any, where: str = "<model>") -> Translation:
         arr, dt = _to_array(t)
         cx.values[name] = Value(name, dt, tuple(arr.shape), const=arr)
     ops_used: list[str] = []
-    used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
-    line_nodes: dict[int, str] = {}  # index in cx.lines -> the node that emitted it
-    for node in g.node:
-        cx.node = node
-        first_line = len(cx.lines)
-        if node.op_type not in ops_used:
-            ops_used.append(node.op_type)
-        fn = OPS.get(node.op_type)
-        if fn is None:
-            raise TgcError(f"unsupported op '{node.op_type}' (node '{node.name or node.output[0]}', opset {opset})",
-                           hint="`tgc inspect MODEL.onnx` lists every op the model uses and the ones tgc lacks")
-        ins = [cx.values[i] if i else None for i in node.input]
-        for name in node.input:
-            if name and name not in cx.values:
-                raise TgcError(f"{cx.where()}: input '{name}' is not produced by any node (subgraph values "
-                               "are not supported)")
-        attrs = {a.name: _attr(a, cx) for a in node.attribute}
-        outs = _fold(cx, node, ins, opset)
-        if outs is None:
-            try:
-                outs = fn(cx, node, ins, attrs, opset)
-            except TgcError:
-                raise
-            except (TypeError, KeyError, IndexError, ValueError, AttributeError, ZeroDivisionError) as e:
-                # an input of unknown shape, an attribute combination the op function does not handle
-                raise TgcError(f"cannot translate {cx.where()}: {type(e).__name__}: {e}",
-                               hint="an op's inputs may need shapes that ONNX shape inference did not give") from None
-        for i, out_name in enumerate(node.output):
-            if not out_name or out_name not in used:  # (an output nothing reads, as Dropout's mask)
-                continue
-            if i >= len(outs) or outs[i] is None:
-                raise cx.unsupported(f"output {i} ('{out_name}')")
-            cx.values[out_name] = _bind_output(cx, out_name, outs[i])
-        about = f"{node.op_type} '{node.name}'" if node.name else node.op_type
-        for i in range(first_line, len(cx.lines)):
-            line_nodes[i] = f"{about} -> {', '.join(o for o in node.output if o)}"
+    cx.run_body = lambda body, values: _run_body(cx, body, values, ops_used)
+    used = {i for n in _all_nodes(g) for i in n.input} | {o.name for o in g.output}
+    line_nodes: dict[int, str] = {}  # index in cx.lines -> the (top-level) node that emitted it
+    try:
+        for node in g.node:
+            first_line = len(cx.lines)
+            _run_nodes(cx, [node], used, ops_used)
+            about = f"{node.op_type} '{node.name}'" if node.name else node.op_type
+            for i in range(first_line, len(cx.lines)):
+                line_nodes[i] = f"{about} -> {', '.join(o for o in node.output if o)}"
+    except NeedStatic as e:
+        if e.name in tr_inputs:
+            raise
+        sources = _data_sources(cx.producers, e.name, set(tr_inputs))
+        if not sources:
+            raise
+        raise NeedStatic(f"{e.msg}; it is computed from the input(s) {', '.join(sources)}", sources[0],
+                         hint=e.hint) from None
     tr_outputs: dict[str, str] = {}
     rets = []
     for o in g.output:
@@ -248,6 +295,97 @@ def translate(model: Any, where: str = "<model>") -> Translation:
     first = len(head) + len(cx.decls) + 1  # the source line of cx.lines[0]
     return Translation(source, cx.weights, tr_inputs, tr_outputs, dims, opset, ops_used,
                        {first + i: about for i, about in line_nodes.items()})
+
+
+def _run_nodes(cx: Ctx, nodes: list, used: set[str], ops_used: list[str]) -> None:
+    """Translate `nodes` in order into cx (their outputs into cx.values); `used`: the names something reads."""
+    opset = cx.opset
+    for node in nodes:
+        cx.node = node
+        reads = [] if node.op_type in ("Shape", "Size") else [*node.input, *(
+            i for a in node.attribute if a.type == a.GRAPH for i in _graph_reads(a.g))]
+        for o in node.output:
+            cx.producers[o] = reads
+        if op_key(node) not in ops_used:
+            ops_used.append(op_key(node))
+        for name in node.input:
+            if name and name not in cx.values:
+                raise TgcError(f"{cx.where()}: input '{name}' is not produced by any node")
+        ins = [cx.values[i] if i else None for i in node.input]
+        fn = OPS.get(op_key(node))
+        if fn is None:
+            expanded = expand_function(cx, node, ins)  # an op ONNX defines as a function of other ops
+            if expanded is None:
+                raise TgcError(f"unsupported op '{op_key(node)}' (node '{node.name or node.output[0]}', "
+                               f"opset {opset})", hint="`tgc inspect MODEL.onnx` lists every op the model uses "
+                               "and the ones tgc lacks")
+            body, cx.opset = expanded
+            try:
+                inner = {i for n in body for i in n.input} | {i for n in body for a in n.attribute
+                                                              if a.type == a.GRAPH for i in _graph_reads(a.g)}
+                _run_nodes(cx, body, used | inner, ops_used)
+            finally:
+                cx.opset, cx.node = opset, node
+            continue
+        attrs = {a.name: _attr(a, cx) for a in node.attribute}
+        outs = _fold(cx, node, ins, opset)
+        if outs is None:
+            try:
+                outs = fn(cx, node, ins, attrs, opset)
+            except TgcError:
+                raise
+            except (TypeError, KeyError, IndexError, ValueError, AttributeError, ZeroDivisionError) as e:
+                # an input of unknown shape, an attribute combination the op function does not handle
+                raise TgcError(f"cannot translate {cx.where()}: {type(e).__name__}: {e}",
+                               hint="an op's inputs may need shapes that ONNX shape inference did not give") from None
+        for i, out_name in enumerate(node.output):
+            if not out_name or out_name not in used:  # (an output nothing reads, as Dropout's mask)
+                continue
+            if i >= len(outs) or outs[i] is None:
+                raise cx.unsupported(f"output {i} ('{out_name}')")
+            cx.values[out_name] = _bind_output(cx, out_name, outs[i])
+
+
+def _run_body(cx: Ctx, body: Any, values: list[Value], ops_used: list[str]) -> list[Value]:
+    """One pass through a subgraph (If's branch, one Scan or Loop step): its inputs bound to `values`, the outer
+    scope's values visible, its outputs returned; the outer scope is as before afterwards."""
+    saved, node = dict(cx.values), cx.node
+    try:
+        for vi, v in zip(body.input, values):
+            cx.values[vi.name] = Value(vi.name, v.dtype, v.shape, v.expr, v.const)
+        for t in body.initializer:
+            arr, dt = _to_array(t)
+            cx.values[t.name] = Value(t.name, dt, tuple(arr.shape), const=arr)
+        used = {i for n in _all_nodes(body) for i in n.input} | {o.name for o in body.output}
+        if any(n.output and n.output[0] not in cx.types for n in body.node):  # (types once, not per value)
+            infer_types(cx, list(body.node), [(vi.name, v) for vi, v in zip(body.input, values)],
+                        [o.name for o in body.output], cx.opset)
+        _run_nodes(cx, list(body.node), used, ops_used)
+        outs = []
+        for o in body.output:
+            if o.name not in cx.values:
+                raise TgcError(f"{cx.where()}: subgraph output '{o.name}' is not produced by any node")
+            outs.append(cx.values[o.name])
+        return outs
+    finally:
+        cx.values, cx.node = saved, node
+
+
+def _check_old_opset(model: Any, opset: int, where: str) -> None:
+    """A model older than opset MIN_OPSET translates when every op it uses has the same schema at its opset as
+    at MIN_OPSET (as Not, Relu, ...); an op that changed since (legacy broadcasting, consumed_inputs) is refused."""
+    import onnx
+
+    for n in _all_nodes(model.graph):
+        try:
+            old = onnx.defs.get_schema(n.op_type, opset, n.domain).since_version
+            new = onnx.defs.get_schema(n.op_type, MIN_OPSET, n.domain).since_version
+        except onnx.defs.SchemaError:
+            old, new = -1, 0
+        if old != new:
+            raise TgcError(f"{where}: opset {opset} is older than tgc supports (opset {MIN_OPSET} and later): op "
+                           f"'{n.op_type}' (node '{n.name or n.output[0]}') changed since",
+                           hint="convert it with onnx.version_converter.convert_version")
 
 
 def _probe(cx: Ctx, expr: str, out_name: str) -> tuple[DType, tuple]:
