@@ -188,5 +188,8 @@ def vectorize(ast: UOp, widths: tuple[int, ...] = (16, 8, 4)) -> UOp:
             continue
         vz = _Vectorizer(lane)
         vz.analyze(st)
+        for u in st.toposort():  # sources first: `vec` then finds every source in its memo (no recursion)
+            if u in vz.depends and u.op is not Ops.STORE:
+                vz.vec(u)
         stores.extend(vz.store(st))
     return UOp(Ops.SINK, None, tuple(stores))
