@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -145,7 +146,8 @@ def _llvmlite_version() -> str:
 
 
 class LLVMCompiler(Compiler):
-    """LLVM IR text -> x86-64 object bytes, at -O3 for the host CPU."""
+    """LLVM IR text -> x86-64 object bytes, at -O3 for the host CPU (the SLP vectorizer only where the body has no
+    vectors yet: `needs_slp`)."""
 
     name = "llvmlite"
 
@@ -179,7 +181,7 @@ class LLVMCompiler(Compiler):
             raise CompileError(f"LLVM rejected the kernel: {e}") from None
         pto = llvm.create_pipeline_tuning_options(speed_level=3)
         pto.loop_vectorization = True
-        pto.slp_vectorization = True
+        pto.slp_vectorization = needs_slp(src)
         pb = llvm.create_pass_builder(tm, pto)
         pb.getModulePassManager().run(mod, pb)
         return mod
@@ -202,6 +204,16 @@ class LLVMCompiler(Compiler):
 
 _VERSION: str | None = None
 
+_VECTOR_TYPE = re.compile(r"<\d+ x ")  # an LLVM vector type: `<16 x float>`
+
+
+def needs_slp(src: str) -> bool:
+    """Whether LLVM's SLP vectorizer (straight-line code -> vectors) runs on a kernel: not where tgc already wrote
+    the body in vectors (a register tile, vector lanes of an UPCAST). There it found nothing more on every kernel
+    measured (ResNet-50's, the transformer block's: the objects were byte-identical with it off) and took ~30% of
+    LLVM's time (its cost grows with the body: 0.24 s of a ResNet convolution's 1.2 s)."""
+    return _VECTOR_TYPE.search(src) is None
+
 
 def _cpu_fingerprint() -> str:
     """A short hash of the CPU model and flags: objects built for one CPU must not load on another."""
@@ -221,7 +233,13 @@ class CPUProgram(Program):
         super().__init__(device, name, lib)
         from tgc.backends.elf import load_object
         self.image = load_object(lib)
-        self.address = self.image.address(name)
+        try:
+            self.address = self.image.address(name)
+        except KeyError:
+            # a binary shared by identical kernels (`CPUDevice.canonical_source`) names the kernel compiled first
+            if len(self.image.symbols) != 1:
+                raise
+            self.address = next(iter(self.image.symbols.values()))
         self._fn_cache: dict[tuple[int, int], Any] = {}
 
     def _fn(self, nbufs: int, nvals: int):
@@ -313,6 +331,16 @@ class CPUDevice(Device):
     def program(self, name: str, lib: bytes) -> CPUProgram:
         return CPUProgram(self, name, lib)
 
+    def canonical_source(self, src: str) -> str:
+        """The LLVM IR without comments and with its one defined function renamed: an object of one function is
+        loaded under any kernel's name (`CPUProgram`), so kernels equal but for their names and source lines
+        share one binary and one compile. A source defining other than one function is returned as it is."""
+        body = "\n".join(line for line in src.splitlines() if not line.startswith(";"))
+        names = _DEFINE.findall(body)
+        if len(names) != 1:
+            return src
+        return re.sub("@" + re.escape(names[0]) + r"\b", "@tgc_kernel", body)
+
     def graph(self, launches: list[tuple], runner_object: bytes | None = None, compile_runner: bool = True) -> Any:
         """One native call running every kernel of `launches` in order (tgc.backends.cpu_graph); a package
         passes the runner's object it ships and `compile_runner=False` (it never compiles)."""
@@ -347,5 +375,7 @@ class CPUDevice(Device):
 def machine_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
+
+_DEFINE = re.compile(r"^define [^@\n]*@([-\w.$]+)\(", re.M)  # a function the IR defines (not declares)
 
 _COMPILER = LLVMCompiler()

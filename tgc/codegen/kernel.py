@@ -246,19 +246,34 @@ def build_kernels(items: list[tuple[ScheduleItem, str]], device: Any, beam: int 
     evaluator = search.current_evaluator()
     cluster_pool = evaluator.compile_pool(device) if evaluator is not None and device.compiler is not None else None
     misses = 0  # large sources compiled here (the first: a program of one large kernel never starts a worker)
-    waiting: dict[str, tuple[Any, list[int], str | None]] = {}  # source -> (future, kernel indices, cache key)
+    # canonical source (`Device.canonical_source`: kernels equal but for their names share one binary) ->
+    # (future, kernel indices, cache key, the source sent)
+    waiting: dict[str, tuple[Any, list[int], str | None, str]] = {}
+    done: dict[str, tuple[bytes | None, str | None, str | None]] = {}  # canonical source -> binary, error, key
     records: list[timings.KernelTimes | None] = []
     kernels: list[Kernel] = []
 
     def compile_src(dev: Any, src: str) -> tuple[bytes | None, str | None, str | None]:
+        if dev.compiler is None:
+            return _compile_cached(dev, src)
+        canon = dev.canonical_source(src)
+        if canon in done:  # an identical kernel of this program was compiled (or found in the cache) already
+            timings.cache_result("shared")
+            return done[canon]
+        if canon in waiting:  # ... or is being compiled in a worker
+            waiting[canon][1].append(len(kernels))
+            timings.cache_result("shared")
+            return None, None, None
+        result = compile_new(dev, src, canon)
+        if result[0] is not None:
+            done[canon] = result
+        return result
+
+    def compile_new(dev: Any, src: str, canon: str) -> tuple[bytes | None, str | None, str | None]:
         nonlocal pool, misses
-        if dev.compiler is None or (cluster_pool is None and (jobs <= 1 or len(src) < PARALLEL_MIN_SOURCE)):
+        if cluster_pool is None and (jobs <= 1 or len(src) < PARALLEL_MIN_SOURCE):
             return _compile_cached(dev, src)
         key = compile_key(dev, src)
-        if src in waiting:
-            waiting[src][1].append(len(kernels))
-            timings.cache_result(False)
-            return None, None, None
         hit = cache.get("compile", key) if key is not None else None
         if hit is not None:
             timings.cache_result(True)
@@ -271,7 +286,7 @@ def build_kernels(items: list[tuple[ScheduleItem, str]], device: Any, beam: int 
             misses += 1
             return _compile_cached(dev, src)
         timings.cache_result(False)
-        waiting[src] = (pool.submit(dev.kind, src), [len(kernels)], key)
+        waiting[canon] = (pool.submit(dev.kind, src), [len(kernels)], key, src)
         return None, None, None
 
     for i, (item, name) in enumerate(items):
@@ -284,7 +299,7 @@ def build_kernels(items: list[tuple[ScheduleItem, str]], device: Any, beam: int 
         records.append(rec)
         if progress is not None:
             progress({"kernel": name, "index": i, "total": total, "stage": "lowered"})
-    for n, (src, (fut, indices, key)) in enumerate(waiting.items()):
+    for n, (fut, indices, key, src) in enumerate(waiting.values()):
         why = ""
         waited = time.perf_counter_ns()
         try:
