@@ -47,9 +47,15 @@ def test_identical_kernels_compile_once_and_share_a_binary_serially_and_on_the_w
     monkeypatch.setenv("DISABLE_COMPILER_CACHE", "1")  # every distinct source is compiled, none found on disk
     monkeypatch.setenv("TGC_JOBS", "1")
     before = kernel.COMPILE_COUNTER["compiles"]
-    serial = tgc.loads(LAYERS).compile("CPU", DIMS)
+    prog = tgc.loads(LAYERS)
+    serial = prog.compile("CPU", DIMS)
     compiled = kernel.COMPILE_COUNTER["compiles"] - before
     cpu = get_device("CPU")
+    # the kernels lowered once and renamed are what lowering each one gives
+    for item, k in zip(prog.schedule(DIMS, "CPU"), serial):
+        ref = kernel.build_kernel(item, cpu, name=k.name)
+        assert (ref.src, ref.bufs, ref.uops, ref.global_size, ref.flops, ref.bytes_moved) == \
+            (k.src, k.bufs, k.uops, k.global_size, k.flops, k.bytes_moved)
     layers = _matmul_kernels(serial)
     assert len(layers) == 3 and len({k.name for k in layers}) == 3
     assert len({k.src for k in layers}) == 3  # their sources differ (names, lines) ...
@@ -64,7 +70,6 @@ def test_identical_kernels_compile_once_and_share_a_binary_serially_and_on_the_w
     assert [k.src for k in parallel] == [k.src for k in serial]
     assert [k.binary for k in parallel] == [k.binary for k in serial]
 
-    prog = tgc.loads(LAYERS)
     arrays = _arrays(prog, DIMS)
     got = prog.run(device="CPU", **arrays)
     for out, want in zip(prog.output_names, _layers_want(arrays)):

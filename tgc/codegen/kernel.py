@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import os
 import sys
 import time
@@ -254,19 +255,53 @@ def build_kernels(items: list[tuple[ScheduleItem, str]], device: Any, beam: int 
             return None, None, None
         return compiles.submit(src, len(kernels))
 
+    lowered: dict[tuple, tuple[ScheduleItem, Kernel]] = {}  # `_same_kernel` key -> the first item and kernel
     for i, (item, name) in enumerate(items):
         def report(event: dict, i: int = i) -> None:
             progress({**event, "index": i, "total": total})
 
+        same = _same_kernel(item)
         with timings.kernel(name) as rec:
-            kernels.append(_build_kernel(item, device, beam, name, tuned, report if progress else None,
-                                         compile_src))
+            if same in lowered:  # lowered already under another name (ResNet's repeated blocks): renamed
+                kernels.append(_renamed(*lowered[same], item, name, compile_src))
+            else:
+                kernels.append(_build_kernel(item, device, beam, name, tuned, report if progress else None,
+                                             compile_src))
+                if same is not None:
+                    lowered[same] = (item, kernels[-1])
         kernels[-1].deferred = defer and device.compiler is not None
         records.append(rec)
         if progress is not None:
             progress({"kernel": name, "index": i, "total": total, "stage": "lowered"})
     compiles.finish(kernels, records, progress)
     return kernels
+
+
+def _same_kernel(item: ScheduleItem) -> tuple | None:
+    """What lowering reads of a schedule item, where two items with equal keys lower to the same kernel but for
+    its name and the tensor nodes its buffers hold: the AST (interned: equal ASTs are one object) and each
+    buffer's op, dtype and shape (lowering reads nothing else of them). None (never shared) for the fused
+    attention (its own lowering) and for items that pass one buffer twice (which positions a kernel keeps would
+    be ambiguous)."""
+    if "attention" in item.meta or len({id(b) for b in item.bufs}) != len(item.bufs):
+        return None
+    return item.ast, tuple((b.op, b.dtype, shape_of(b)) for b in item.bufs)
+
+
+def _renamed(first_item: ScheduleItem, first: Kernel, item: ScheduleItem, name: str, compile_src: Any) -> Kernel:
+    """`first` (the kernel of `first_item`) as the kernel of `item` (equal `_same_kernel` keys): the same UOps
+    rendered under `name`, its buffers `item`'s at the same positions; its compile is `compile_src`'s (the
+    canonical source is the same: one binary)."""
+    position = {id(b): i for i, b in enumerate(first_item.bufs)}
+    bufs = [item.bufs[position[id(b)]] for b in first.bufs]
+    launch = {"global_size": first.global_size, "vals": first.vals}
+    if first.local_size is not None:
+        launch["local_size"] = first.local_size
+    with timings.phase("render"):
+        src = render_kernel(first.device, name, first.uops, bufs, launch)
+    binary, err, key = compile_src(first.device, src)
+    return dataclasses.replace(first, name=name, src=src, binary=binary, bufs=bufs, line=item.line,
+                               compile_error=err, cache_key=key, _program=None)
 
 
 def compile_deferred(kernels: list[Kernel], jobs: int | None = None) -> None:
