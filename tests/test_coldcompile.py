@@ -3,7 +3,7 @@
 - Kernels equal but for their names (ResNet's repeated blocks) compile once and share one binary
   (`Device.canonical_source`, `build_kernels`), serially and on the workers alike, byte for byte.
 - A CPU object of one function loads under any kernel's name; one of several functions only under its own.
-- LLVM's SLP vectorizer runs only on bodies tgc did not write in vectors (`needs_slp`).
+- LLVM's SLP vectorizer is skipped only on bodies tgc wrote in whole vectors (`needs_slp`).
 - A long elementwise body is written as vectors by the heuristic (`long_body`, a compile-size cap), through a
   vectorizer that does not recurse per level of the graph.
 - A chunked run compiles only the program it runs, not the whole program whose memory plan chose the chunking.
@@ -131,12 +131,17 @@ def test_a_cpu_object_of_one_function_loads_under_any_name_and_one_of_two_only_u
         cpu.program("E_6", two)
 
 
-def test_slp_runs_only_on_bodies_without_vectors():
+def test_slp_runs_except_on_bodies_written_in_whole_vectors():
     from tgc.backends.cpu import needs_slp
 
     scalar = IR.format(name="E_4", line=1, value="1.0")
     assert needs_slp(scalar)
-    assert not needs_slp(scalar.replace("store float 1.0", "store <4 x float> splat (float 1.0)"))
+    vector = scalar.replace("store float 1.0", "store <4 x float> splat (float 1.0)")
+    assert not needs_slp(vector)
+    lane = "  %e = extractelement <4 x float> splat (float 1.0), i32 3\n  store float %e, ptr %data0\n"
+    assert needs_slp(vector.replace("  ret void", lane + "  ret void"))  # a lane stored on its own
+    math = "  %m = fmul contract float 2.0, 3.0\n  store float %m, ptr %data0\n"
+    assert needs_slp(vector.replace("  ret void", math + "  ret void"))  # scalar math beside the vectors
 
 
 def _chain(n: int) -> str:
