@@ -20,7 +20,7 @@ from tgc.codegen.pipeline import _COMMENT as _COMMENT  # re-exported
 from tgc.codegen.pipeline import CONTRACT_TAG as CONTRACT_TAG  # re-exported
 from tgc.codegen.pipeline import drop_unused_buffers as drop_unused_buffers  # re-exported
 from tgc.codegen.pipeline import launch_contract as launch_contract  # re-exported
-from tgc.codegen.pipeline import lower, prepare
+from tgc.codegen.pipeline import lower, prepare, render_renamed
 from tgc.codegen.pipeline import render_kernel as render_kernel  # re-exported
 from tgc.codegen.rowreuse import tee_row_values
 from tgc.codegen.sizes import VAR_PREFIX
@@ -297,8 +297,7 @@ def _renamed(first_item: ScheduleItem, first: Kernel, item: ScheduleItem, name: 
     launch = {"global_size": first.global_size, "vals": first.vals}
     if first.local_size is not None:
         launch["local_size"] = first.local_size
-    with timings.phase("render"):
-        src = render_kernel(first.device, name, first.uops, bufs, launch)
+    src = render_renamed(first.device, name, first.uops, bufs, launch)
     binary, err, key = compile_src(first.device, src)
     return dataclasses.replace(first, name=name, src=src, binary=binary, bufs=bufs, line=item.line,
                                compile_error=err, cache_key=key, _program=None)
