@@ -20,6 +20,7 @@ from tgc.codegen.kernel import (
     build_kernels,
     build_symbolic_kernel,
     check_failure_text,
+    compile_deferred,
     failed_check,
     launch_allows,
     prepare_ast,
@@ -326,11 +327,12 @@ class Program:
 
     def compile(self, device: str | list[str] | None = None, dims: dict[str, int] | None = None,
                 beam: int | None = None, tuned: bool = True, progress: Any = None,
-                shard: dict[str, int] | None = None) -> list[Kernel]:
+                shard: dict[str, int] | None = None, defer: bool = False) -> list[Kernel]:
         """The program's kernels in launch order, rendered and (where this machine can) compiled.
         `beam=W` searches kernels without a stored winner from a search at least W wide; `tuned=False`
         ignores stored winners; `progress(event)` follows the searches as in `Program.beam`. For a device
-        list (with `shard`), each distinct kernel once (`device_kernels` says which device runs which)."""
+        list (with `shard`), each distinct kernel once (`device_kernels` says which device runs which).
+        `defer=True` leaves the compiles to the first call that needs the binaries (`Kernel.deferred`)."""
         names = device_names(device)
         if len(names) > 1:
             seen: dict[tuple, Kernel] = {}
@@ -343,11 +345,13 @@ class Program:
         key = (dev.name, tuple(sorted(dims.items())), beam, tuned)
         if key not in self._kernels:
             outs, _ = self._trace(dims)
-            self._kernels[key] = self._build_kernels(dev, outs, beam, tuned, progress)
+            self._kernels[key] = self._build_kernels(dev, outs, beam, tuned, progress, defer=defer)
             if debug_level() >= 2:
                 rec = self._recompute(self._kernels[key], outs)
                 print(f"*** recompute factor {rec['factor']:.3f}: the kernels execute {rec['executed']} ops, the "
                       f"program as written has {rec['written']}", file=sys.stderr)
+        if not defer:
+            compile_deferred(self._kernels[key])  # (kernels an earlier `defer=True` call left uncompiled)
         return self._kernels[key]
 
     def recompute(self, device: str | None = None, dims: dict[str, int] | None = None, beam: int | None = None,
@@ -365,8 +369,8 @@ class Program:
         written, executed = written_flops(outs), sum(k.graph_flops for k in kernels)
         return {"written": written, "executed": executed, "factor": recompute_factor(executed, written)}
 
-    def _build_kernels(self, dev: Any, outs: list[UOp], beam: int, tuned: bool, progress: Any = None
-                       ) -> list[Kernel]:
+    def _build_kernels(self, dev: Any, outs: list[UOp], beam: int, tuned: bool, progress: Any = None,
+                       defer: bool = False) -> list[Kernel]:
         """The kernels computing `outs` on `dev`, in launch order."""
         with timings.phase("schedule"):
             items = create_schedule(outs, dev.caps)
@@ -378,7 +382,7 @@ class Program:
             names[item.name] = n + 1
             item.line = self.line_of(item.meta.get("serves", item.output))
             named.append((item, f"{item.name}n{n}" if n else item.name))
-        return build_kernels(named, dev, beam=beam, tuned=tuned, progress=progress)
+        return build_kernels(named, dev, beam=beam, tuned=tuned, progress=progress, defer=defer)
 
     def chunking(self, device: str | None = None, dims: dict[str, int] | None = None, beam: int | None = None,
                  tuned: bool = True) -> Chunking | None:
@@ -393,27 +397,32 @@ class Program:
             return None
         key = (dev.name, tuple(sorted(dims.items())), beam, tuned)
         if key not in self._chunks:
-            whole = self.lower(dev.name, dims, beam=beam, tuned=tuned)
+            # the memory plans that decide need no binaries: only the program that runs (the whole one, or the
+            # chunk chosen) is compiled, not every candidate (the fused attention of a transformer block at each)
+            whole = self.lower(dev.name, dims, beam=beam, tuned=tuned, defer=True)
             outs, in_bufs = self._trace(dims)
 
             def lower_chunk(local_outs: list[UOp], inputs: list[tuple[UOp, str]]) -> Executable:
-                kernels = self._build_kernels(dev, local_outs, beam, tuned)
+                kernels = self._build_kernels(dev, local_outs, beam, tuned, defer=True)
                 outputs = list(zip(self.output_names, local_outs))
                 return Executable(dev, kernels, inputs, outputs,
                                   memory=plan_for(dev, kernels, inputs, outputs, fixed_outputs=True))
 
             ch = chunk.choose(whole, self._all_decls(), dims, outs, in_bufs, lower_chunk)
+            if ch is not None:
+                compile_deferred(ch.low.kernels)
             if ch is not None and debug_level() >= 2:
                 print(f"*** chunk: {ch.line()}", file=sys.stderr)
             self._chunks[key] = ch
         return self._chunks[key]
 
     def lower(self, device: str | None = None, dims: dict[str, int] | None = None, beam: int | None = None,
-              tuned: bool = True) -> Executable:
-        """The program compiled for one device and set of dims, as the realizer and bench run it."""
+              tuned: bool = True, defer: bool = False) -> Executable:
+        """The program compiled for one device and set of dims, as the realizer and bench run it (`defer`: as in
+        `compile`)."""
         dev = _device(device)
         dims = self.resolve_dims(dims)
-        kernels = self.compile(device=dev.name, dims=dims, beam=beam, tuned=tuned)
+        kernels = self.compile(device=dev.name, dims=dims, beam=beam, tuned=tuned, defer=defer)
         outs, in_bufs = self._trace(dims)
         return Executable(dev, kernels, [(b, self._in_names[b.arg[0]]) for b in in_bufs],
                           list(zip(self.output_names, outs)))

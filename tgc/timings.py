@@ -33,7 +33,7 @@ PHASES = ("beam", "prepare", "optimize", "to_linear", "linearize", "verify", "re
 @dataclass
 class KernelTimes:
     """One kernel's build: seconds per phase, the whole build, and its binary's source ("hit": the disk cache,
-    "miss": compiled now, None: not compiled here)."""
+    "miss": compiled now, "shared": an identical kernel's of the same build, None: not compiled here)."""
 
     name: str
     phases: dict[str, float] = field(default_factory=dict)
@@ -71,7 +71,8 @@ class Recorder:
         misses = sum(1 for k in self.kernels if k.cache == "miss")
         return {"kernels": [k.doc() for k in self.kernels], "program_phases_s": dict(self.phases),
                 "kernel_phases_s": self.totals(), "kernels_s": sum(k.total for k in self.kernels),
-                "cache_hits": hits, "cache_misses": misses}
+                "cache_hits": hits, "cache_misses": misses,
+                "shared": sum(1 for k in self.kernels if k.cache == "shared")}
 
 
 _local = threading.local()
@@ -145,11 +146,12 @@ def phase(name: str) -> Iterator[None]:
             prof.span(profile.HOST, prof.host_thread("compile"), name, start, end, "compile")
 
 
-def cache_result(hit: bool) -> None:
-    """Whether the open kernel's binary came from the disk cache."""
+def cache_result(hit: bool | str) -> None:
+    """Whether the open kernel's binary came from the disk cache (True), was compiled (False), or is that of an
+    identical kernel of the same program ("shared")."""
     _, current = _state()
     if current is not None:
-        current.cache = "hit" if hit else "miss"
+        current.cache = hit if isinstance(hit, str) else "hit" if hit else "miss"
 
 
 def fmt_s(s: float) -> str:
@@ -165,5 +167,6 @@ def kernel_line(k: KernelTimes) -> str:
     parts = [f"{name} {fmt_s(k.phases[name])}" for name in PHASES if name in k.phases]
     if k.other >= 1e-4:
         parts.append(f"other {fmt_s(k.other)}")
-    cache = {"hit": ", binary from the cache", "miss": ", compiled"}.get(k.cache or "", "")
+    cache = {"hit": ", binary from the cache", "miss": ", compiled",
+             "shared": ", binary of an identical kernel"}.get(k.cache or "", "")
     return f"*** build {k.name:<20} {fmt_s(k.total):>9}: {', '.join(parts)}{cache}"

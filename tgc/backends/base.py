@@ -305,6 +305,12 @@ class Device:
     def program(self, name: str, lib: bytes) -> Program:
         raise NotImplementedError
 
+    def canonical_source(self, src: str) -> str:
+        """`src` as far as its binary depends on it: sources equal here share one binary (the compile cache's key,
+        and one compile for a program's identical kernels). By default the source itself; a device whose
+        `program(name, lib)` loads a binary's one kernel under any name drops the name and comments (CPU)."""
+        return src
+
     def synchronize(self) -> None:
         pass
 

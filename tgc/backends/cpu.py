@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -147,7 +148,8 @@ def _llvmlite_version() -> str:
 
 
 class LLVMCompiler(Compiler):
-    """LLVM IR text -> x86-64 object bytes, at -O3 for the host CPU."""
+    """LLVM IR text -> x86-64 object bytes, at -O3 for the host CPU (the SLP vectorizer only where the body has no
+    vectors yet: `needs_slp`)."""
 
     name = "llvmlite"
 
@@ -166,6 +168,7 @@ class LLVMCompiler(Compiler):
     def _target_machine(self):
         if self._tm is None:
             from tgc.backends.elf import make_target_machine
+            _set_llvm_options()
             self._tm = make_target_machine(opt=3)
         return self._tm
 
@@ -181,7 +184,7 @@ class LLVMCompiler(Compiler):
             raise CompileError(f"LLVM rejected the kernel: {e}") from None
         pto = llvm.create_pipeline_tuning_options(speed_level=3)
         pto.loop_vectorization = True
-        pto.slp_vectorization = True
+        pto.slp_vectorization = needs_slp(src)
         pb = llvm.create_pass_builder(tm, pto)
         pb.getModulePassManager().run(mod, pb)
         return mod
@@ -204,6 +207,40 @@ class LLVMCompiler(Compiler):
 
 _VERSION: str | None = None
 
+# LLVM options for every compile of this process (llvmlite's LLVM is one per process). Dead-store elimination
+# walks up from each store looking for earlier stores it makes dead, by default 90 steps: on a tile stored lane by
+# lane (256 scalar stores: a convolution's output channels) that walk was the largest pass of the pipeline (0.19 s
+# of a ResNet convolution's 0.7 s). tgc's kernels store each output once, so the shorter walk finds the same
+# (none): every object compared (the bench workloads', the corpus', ResNet-50's) was byte-identical, and LLVM
+# took ~30% less time on the convolutions.
+LLVM_OPTIONS = ("-dse-memoryssa-walklimit=10",)
+_OPTIONS_SET = False
+
+
+def _set_llvm_options() -> None:
+    global _OPTIONS_SET
+    if not _OPTIONS_SET:
+        import llvmlite.binding as llvm
+        for option in LLVM_OPTIONS:
+            llvm.set_option("tgc", option)
+        _OPTIONS_SET = True
+
+_VECTOR_TYPE = re.compile(r"<\d+ x ")  # an LLVM vector type: `<16 x float>`
+_LANE_BY_LANE = re.compile(r"extractelement|insertelement .*, i32 [1-9]")  # a lane read, or a lane past 0 written
+# scalar float arithmetic beside the vectors (a fused row statistic): straight-line code SLP may pair up
+_SCALAR_MATH = re.compile(r"= (?:f(?:add|sub|mul|div|neg)|call)(?: [a-z]+)* (?:float|double|half) ")
+
+
+def needs_slp(src: str) -> bool:
+    """Whether LLVM's SLP vectorizer (straight-line code -> vectors) runs on a kernel: not where tgc already wrote
+    the body in whole vectors (a register tile of vector loads, broadcasts and vector stores). There it changed
+    no object measured (100+ kernels: the bench workloads', the corpus', ResNet-50's) and took 10-30% of LLVM's
+    time. It still runs where the body has no vectors, moves values lane by lane (gathered loads, a tile stored
+    one lane at a time) or does scalar float math beside them: there it changed the code (1.45x faster on one
+    MLP-Mixer kernel, 0.67x on a U-Net convolution: kept as it was)."""
+    return _VECTOR_TYPE.search(src) is None or _LANE_BY_LANE.search(src) is not None or \
+        _SCALAR_MATH.search(src) is not None
+
 
 def _cpu_fingerprint() -> str:
     """A short hash of the CPU model and flags: objects built for one CPU must not load on another."""
@@ -223,7 +260,13 @@ class CPUProgram(Program):
         super().__init__(device, name, lib)
         from tgc.backends.elf import load_object
         self.image = load_object(lib)
-        self.address = self.image.address(name)
+        try:
+            self.address = self.image.address(name)
+        except KeyError:
+            # a binary shared by identical kernels (`CPUDevice.canonical_source`) names the kernel compiled first
+            if len(self.image.symbols) != 1:
+                raise
+            self.address = next(iter(self.image.symbols.values()))
         self._fn_cache: dict[tuple[int, int], Any] = {}
 
     def _fn(self, nbufs: int, nvals: int):
@@ -315,6 +358,16 @@ class CPUDevice(Device):
     def program(self, name: str, lib: bytes) -> CPUProgram:
         return CPUProgram(self, name, lib)
 
+    def canonical_source(self, src: str) -> str:
+        """The LLVM IR without comments and with its one defined function renamed: an object of one function is
+        loaded under any kernel's name (`CPUProgram`), so kernels equal but for their names and source lines
+        share one binary and one compile. A source defining other than one function is returned as it is."""
+        body = "\n".join(line for line in src.splitlines() if not line.startswith(";"))
+        names = _DEFINE.findall(body)
+        if len(names) != 1:
+            return src
+        return re.sub("@" + re.escape(names[0]) + r"\b", "@tgc_kernel", body)
+
     def graph(self, launches: list[tuple], runner_object: bytes | None = None, compile_runner: bool = True) -> Any:
         """One native call running every kernel of `launches` in order (tgc.backends.cpu_graph); a package
         passes the runner's object it ships and `compile_runner=False` (it never compiles)."""
@@ -349,5 +402,7 @@ class CPUDevice(Device):
 def machine_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
+
+_DEFINE = re.compile(r"^define [^@\n]*@([-\w.$]+)\(", re.M)  # a function the IR defines (not declares)
 
 _COMPILER = LLVMCompiler()

@@ -362,7 +362,7 @@ def timings_text(rec: Any, wall_s: float) -> str:
     rows = []
     for k in kernels:
         rows.append([k.name, *(fmt_s(k.phases[p]) if p in k.phases else "-" for p in used), fmt_s(k.other),
-                     fmt_s(k.total), {"hit": "cache", "miss": "compiled"}.get(k.cache or "", "-")])
+                     fmt_s(k.total), {"hit": "cache", "miss": "compiled", "shared": "shared"}.get(k.cache or "", "-")])
     totals = rec.totals()
     hits = sum(1 for k in kernels if k.cache == "hit")
     rows.append(["(total)", *(fmt_s(totals.get(p, 0.0)) for p in used), fmt_s(sum(k.other for k in kernels)),
@@ -372,7 +372,9 @@ def timings_text(rec: Any, wall_s: float) -> str:
              for r in [header, *rows]]
     program = ", ".join(f"{name} {fmt_s(s)}" for name, s in rec.phases.items())
     n = len(kernels)
+    shared = sum(1 for k in kernels if k.cache == "shared")
     lines.append(f"{n} kernel{'s' if n != 1 else ''}: {hits} binar{'ies' if hits != 1 else 'y'} from the cache, "
-                 f"{sum(1 for k in kernels if k.cache == 'miss')} compiled; {program or 'nothing else'}; "
+                 f"{sum(1 for k in kernels if k.cache == 'miss')} compiled"
+                 f"{f', {shared} shared with an identical kernel' if shared else ''}; {program or 'nothing else'}; "
                  f"{fmt_s(wall_s)} in all")
     return "\n".join(lines)

@@ -20,7 +20,8 @@ def compile_key(device: Any, src: str) -> str | None:
     if env_flag("DISABLE_COMPILER_CACHE"):
         return None
     comp = device.compiler
-    parts: list[Any] = [device.kind, comp.name, comp.cache_key, __version__, src]
+    # identical kernels under other names (ResNet's repeated blocks) share one binary where the device allows
+    parts: list[Any] = [device.kind, comp.name, comp.cache_key, __version__, device.canonical_source(src)]
     if comp.cache_identity is not None:
         parts.append(comp.cache_identity)
     return cache.make_key(*parts)

@@ -69,10 +69,22 @@ def unroll_reduces(ast: UOp) -> UOp:
 def upcast_stores(ast: UOp) -> UOp:
     """Each store with UPCAST ranges -> one copy per combination of their values. A function, not a rewrite:
     a store becomes several stores of the SINK, and the copies substitute constants into whole subgraphs."""
+    ups_of = [tuple(_ranges_of(store, (RangeKind.UPCAST,))) for store in ast.src]
+    # the stores of one set of ranges are copied together (one simplify memo): the lanes of a vector stored one by
+    # one (a convolution's output channels) are 16 stores of one vector value, copied once rather than 16 times
+    copies_of: dict[UOp, list[UOp]] = {}
+    for ups in dict.fromkeys(u for u in ups_of if u):
+        group = [st for st, u in zip(ast.src, ups_of) if u == ups and st not in copies_of]
+        sinks = _copies(UOp(Ops.SINK, None, tuple(group)), list(ups))
+        if all(c.op is Ops.SINK and len(c.src) == len(group) for c in sinks):
+            for j, st in enumerate(group):
+                copies_of[st] = [c.src[j] for c in sinks]
+        else:  # (a rewrite changed the group's sink: each store on its own)
+            for st in group:
+                copies_of[st] = _copies(st, list(ups))
     stores = []
-    for store in ast.src:
-        ups = _ranges_of(store, (RangeKind.UPCAST,))
-        stores.extend(_copies(store, ups) if ups else [store])
+    for store, ups in zip(ast.src, ups_of):
+        stores.extend(copies_of[store] if ups else [store])
     return UOp(Ops.SINK, None, tuple(stores))
 
 
@@ -188,5 +200,8 @@ def vectorize(ast: UOp, widths: tuple[int, ...] = (16, 8, 4)) -> UOp:
             continue
         vz = _Vectorizer(lane)
         vz.analyze(st)
+        for u in st.toposort():  # sources first: `vec` then finds every source in its memo (no recursion)
+            if u in vz.depends and u.op is not Ops.STORE:
+                vz.vec(u)
         stores.extend(vz.store(st))
     return UOp(Ops.SINK, None, tuple(stores))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import os
 import sys
 import time
@@ -19,7 +20,7 @@ from tgc.codegen.pipeline import _COMMENT as _COMMENT  # re-exported
 from tgc.codegen.pipeline import CONTRACT_TAG as CONTRACT_TAG  # re-exported
 from tgc.codegen.pipeline import drop_unused_buffers as drop_unused_buffers  # re-exported
 from tgc.codegen.pipeline import launch_contract as launch_contract  # re-exported
-from tgc.codegen.pipeline import lower, prepare
+from tgc.codegen.pipeline import lower, prepare, render_renamed
 from tgc.codegen.pipeline import render_kernel as render_kernel  # re-exported
 from tgc.codegen.rowreuse import tee_row_values
 from tgc.codegen.sizes import VAR_PREFIX
@@ -61,10 +62,13 @@ class Kernel(LaunchableKernel):
     checks: list = field(default_factory=list)  # a symbolic kernel's launch checks (`build_symbolic_kernel`)
     template: UOp | None = None  # a symbolic kernel's prepared AST before opts (its BEAM winners' key)
     grid: tuple | None = None  # a symbolic GPU kernel's work-groups per dimension, expressions of its dim variables
+    deferred: bool = False  # lowered and rendered, its compile left to `compile_deferred` (`build_kernels(defer=)`)
     _program: Any = None
 
     def program(self):
         if self._program is None:
+            if self.deferred:
+                compile_deferred([self])
             if self.binary is None:
                 raise CompileError(self.compile_error or f"kernel {self.name} was not compiled")
             try:
@@ -240,98 +244,188 @@ def _build_kernel(item: ScheduleItem, device: Any, beam: int, name: str, tuned: 
 
 
 def build_kernels(items: list[tuple[ScheduleItem, str]], device: Any, beam: int = 0, tuned: bool = True,
-                  progress: Any = None, jobs: int | None = None) -> list[Kernel]:
+                  progress: Any = None, jobs: int | None = None, defer: bool = False) -> list[Kernel]:
     """`build_kernel` for every (item, name) of a program, in order, with the compiles on every core: kernels are
     lowered here one after the other (Python), and each large source (`PARALLEL_MIN_SOURCE` bytes or more) the
     disk cache lacks goes to `jobs` worker processes (`Device.compile_pool`, `tgc.backends.compile_worker`: LLVM
     in another process, kept for the process) while the next kernels are lowered; smaller sources, and the first
     large one where no worker runs yet (a program of one large kernel never waits for a worker to start), compile
-    here. The binaries are the compiler's for the same sources, byte for byte. `jobs` (default
-    `search.compile_jobs()`: `TGC_JOBS`, else the cores) of 1, or a device without a pool, compiles every kernel
-    here. `progress(event)` gets `{"kernel", "index", "total", "stage"}` per kernel lowered ("lowered") and
-    compiled in a worker ("compiled")."""
-    jobs = search.compile_jobs() if jobs is None else jobs
+    here. The binaries are the compiler's for the same sources, byte for byte; kernels whose sources are equal
+    but for their names (`Device.canonical_source`: ResNet's repeated blocks) share one compile and one binary.
+    `jobs` (default `search.compile_jobs()`: `TGC_JOBS`, else the cores) of 1, or a device without a pool,
+    compiles every kernel here. `progress(event)` gets `{"kernel", "index", "total", "stage"}` per kernel
+    lowered ("lowered") and compiled in a worker ("compiled"). `defer=True` lowers and renders only: the
+    kernels are `deferred` until `compile_deferred` (a memory plan needs no binaries)."""
     total = len(items)
-    pool: Any = None
-    # a cluster's workers (`search.use_evaluator`) compile every source the disk cache lacks, small ones too
-    evaluator = search.current_evaluator()
-    cluster_pool = evaluator.compile_pool(device) if evaluator is not None and device.compiler is not None else None
-    misses = 0  # large sources compiled here (the first: a program of one large kernel never starts a worker)
-    waiting: dict[str, tuple[Any, list[int], str | None]] = {}  # source -> (future, kernel indices, cache key)
+    compiles = _Compiles(device, jobs)
     records: list[timings.KernelTimes | None] = []
     kernels: list[Kernel] = []
 
     def compile_src(dev: Any, src: str) -> tuple[bytes | None, str | None, str | None]:
-        nonlocal pool, misses
-        if dev.compiler is None or (cluster_pool is None and (jobs <= 1 or len(src) < PARALLEL_MIN_SOURCE)):
-            return _compile_cached(dev, src)
-        key = compile_key(dev, src)
-        if src in waiting:
-            waiting[src][1].append(len(kernels))
-            timings.cache_result(False)
+        if defer and dev.compiler is not None:
             return None, None, None
-        hit = cache.get("compile", key) if key is not None else None
-        if hit is not None:
-            timings.cache_result(True)
-            return hit, None, key
-        if pool is None and cluster_pool is not None:
-            pool = cluster_pool
-        if pool is None:  # workers already running, else from the second large miss on (one compiled here)
-            pool = _POOLS.get((dev.kind, jobs)) or (_shared_pool(dev, jobs) if misses else None)
-        if pool is None:
-            misses += 1
-            return _compile_cached(dev, src)
-        timings.cache_result(False)
-        waiting[src] = (pool.submit(dev.kind, src), [len(kernels)], key)
-        return None, None, None
+        return compiles.submit(src, len(kernels))
 
+    lowered: dict[tuple, tuple[ScheduleItem, Kernel]] = {}  # `_same_kernel` key -> the first item and kernel
     for i, (item, name) in enumerate(items):
         def report(event: dict, i: int = i) -> None:
             progress({**event, "index": i, "total": total})
 
+        same = _same_kernel(item)
         with timings.kernel(name) as rec:
-            kernels.append(_build_kernel(item, device, beam, name, tuned, report if progress else None,
-                                         compile_src))
+            if same in lowered:  # lowered already under another name (ResNet's repeated blocks): renamed
+                kernels.append(_renamed(*lowered[same], item, name, compile_src))
+            else:
+                kernels.append(_build_kernel(item, device, beam, name, tuned, report if progress else None,
+                                             compile_src))
+                if same is not None:
+                    lowered[same] = (item, kernels[-1])
+        kernels[-1].deferred = defer and device.compiler is not None
         records.append(rec)
         if progress is not None:
             progress({"kernel": name, "index": i, "total": total, "stage": "lowered"})
-    for n, (src, (fut, indices, key)) in enumerate(waiting.items()):
-        why = ""
-        waited = time.perf_counter_ns()
-        try:
-            lib = fut.result()
-        except Exception as e:  # noqa: BLE001 - the worker's message (or it died): compile here for the error
-            lib = None
-            why = str(e)
-        if lib is None:
-            try:
-                binary, _, _ = _compile_cached(device, src)
-            except CompileError:
-                raise
-            except Exception as e:
-                raise CompileError(f"kernel {kernels[indices[0]].name}: {why or e}") from None
-            lib = binary
-        else:
-            COMPILE_COUNTER["compiles"] += 1
-            if key is not None:
-                cache.put("compile", key, lib, meta=_meta(device, src))
-        seconds = getattr(fut, "seconds", 0.0)
-        if profile.active is not None:  # the compile track of a profile trace: the wait, the worker's own time
-            prof = profile.active
-            prof.span(profile.HOST, prof.host_thread("compile"), f"compiled in a worker: {kernels[indices[0]].name}",
-                      waited, time.perf_counter_ns(), "compile", {"cache": "miss", "worker_ms": seconds * 1e3})
-        for j in indices:
-            kernels[j].binary = lib
-            rec = records[j]
-            if rec is not None:
-                rec.phases["compile"] = rec.phases.get("compile", 0.0) + seconds
-                rec.total += seconds
-        if progress is not None:
-            progress({"kernel": kernels[indices[0]].name, "index": n, "total": len(waiting), "stage": "compiled"})
-        if debug_level() >= 2:
-            print(f"*** compiled {kernels[indices[0]].name} in a worker process: {timings.fmt_s(seconds)}",
-                  file=sys.stderr)
+    compiles.finish(kernels, records, progress)
     return kernels
+
+
+def _same_kernel(item: ScheduleItem) -> tuple | None:
+    """What lowering reads of a schedule item, where two items with equal keys lower to the same kernel but for
+    its name and the tensor nodes its buffers hold: the AST (interned: equal ASTs are one object) and each
+    buffer's op, dtype and shape (lowering reads nothing else of them). None (never shared) for the fused
+    attention (its own lowering) and for items that pass one buffer twice (which positions a kernel keeps would
+    be ambiguous)."""
+    if "attention" in item.meta or len({id(b) for b in item.bufs}) != len(item.bufs):
+        return None
+    return item.ast, tuple((b.op, b.dtype, shape_of(b)) for b in item.bufs)
+
+
+def _renamed(first_item: ScheduleItem, first: Kernel, item: ScheduleItem, name: str, compile_src: Any) -> Kernel:
+    """`first` (the kernel of `first_item`) as the kernel of `item` (equal `_same_kernel` keys): the same UOps
+    rendered under `name`, its buffers `item`'s at the same positions; its compile is `compile_src`'s (the
+    canonical source is the same: one binary)."""
+    position = {id(b): i for i, b in enumerate(first_item.bufs)}
+    bufs = [item.bufs[position[id(b)]] for b in first.bufs]
+    launch = {"global_size": first.global_size, "vals": first.vals}
+    if first.local_size is not None:
+        launch["local_size"] = first.local_size
+    src = render_renamed(first.device, name, first.uops, bufs, launch)
+    binary, err, key = compile_src(first.device, src)
+    return dataclasses.replace(first, name=name, src=src, binary=binary, bufs=bufs, line=item.line,
+                               compile_error=err, cache_key=key, _program=None)
+
+
+def compile_deferred(kernels: list[Kernel], jobs: int | None = None) -> None:
+    """Compile the kernels `build_kernels(defer=True)` left `deferred` (in place), as `build_kernels` would have:
+    through the disk cache, on the workers, each canonical source once."""
+    todo = [k for k in kernels if k.deferred]
+    if not todo:
+        return
+    compiles = _Compiles(todo[0].device, jobs)
+    if sum(len(k.src) >= PARALLEL_MIN_SOURCE for k in todo) > 1:
+        compiles.misses = 1  # nothing to lower meanwhile: every large source to the workers at once
+    for i, k in enumerate(todo):
+        k.binary, k.compile_error, k.cache_key = compiles.submit(k.src, i)
+        k.deferred = False
+    compiles.finish(todo, [None] * len(todo), None)
+
+
+class _Compiles:
+    """The compiles of one program's kernels (`build_kernels`): `submit(src, index)` compiles the `index`-th
+    kernel's source here, finds it in the disk cache or in this program's earlier kernels, or sends it to a worker
+    (then (None, None, None)); `finish` waits for the workers and fills in their binaries."""
+
+    def __init__(self, device: Any, jobs: int | None) -> None:
+        self.device = device
+        self.jobs = search.compile_jobs() if jobs is None else jobs
+        self.pool: Any = None
+        # a cluster's workers (`search.use_evaluator`) compile every source the disk cache lacks, small ones too
+        evaluator = search.current_evaluator()
+        self.cluster_pool = evaluator.compile_pool(device) if evaluator is not None and device.compiler is not None \
+            else None
+        self.misses = 0  # large sources compiled here (the first: a program of one large kernel starts no worker)
+        # canonical source (`Device.canonical_source`: kernels equal but for their names share one binary) ->
+        # (future, kernel indices, cache key, the source sent)
+        self.waiting: dict[str, tuple[Any, list[int], str | None, str]] = {}
+        self.done: dict[str, tuple[bytes | None, str | None, str | None]] = {}  # canonical source -> result
+
+    def submit(self, src: str, index: int) -> tuple[bytes | None, str | None, str | None]:
+        """(binary, error, cache key of a hit) as `_compile_cached`, or (None, None, None) while a worker has it."""
+        dev = self.device
+        if dev.compiler is None:
+            return _compile_cached(dev, src)
+        canon = dev.canonical_source(src)
+        if canon in self.done:  # an identical kernel of this program was compiled (or found in the cache) already
+            timings.cache_result("shared")
+            return self.done[canon]
+        if canon in self.waiting:  # ... or is being compiled in a worker
+            self.waiting[canon][1].append(index)
+            timings.cache_result("shared")
+            return None, None, None
+        result = self._new(src, canon, index)
+        if result[0] is not None:
+            self.done[canon] = result
+        return result
+
+    def _new(self, src: str, canon: str, index: int) -> tuple[bytes | None, str | None, str | None]:
+        dev, jobs = self.device, self.jobs
+        if self.cluster_pool is None and (jobs <= 1 or len(src) < PARALLEL_MIN_SOURCE):
+            return _compile_cached(dev, src)
+        key = compile_key(dev, src)
+        hit = cache.get("compile", key) if key is not None else None
+        if hit is not None:
+            timings.cache_result(True)
+            return hit, None, key
+        if self.pool is None and self.cluster_pool is not None:
+            self.pool = self.cluster_pool
+        if self.pool is None:  # workers already running, else from the second large miss on (one compiled here)
+            self.pool = _POOLS.get((dev.kind, jobs)) or (_shared_pool(dev, jobs) if self.misses else None)
+        if self.pool is None:
+            self.misses += 1
+            return _compile_cached(dev, src)
+        timings.cache_result(False)
+        self.waiting[canon] = (self.pool.submit(dev.kind, src), [index], key, src)
+        return None, None, None
+
+    def finish(self, kernels: list[Kernel], records: list[timings.KernelTimes | None], progress: Any) -> None:
+        device = self.device
+        for n, (fut, indices, key, src) in enumerate(self.waiting.values()):
+            why = ""
+            waited = time.perf_counter_ns()
+            try:
+                lib = fut.result()
+            except Exception as e:  # noqa: BLE001 - the worker's message (or it died): compile here for the error
+                lib = None
+                why = str(e)
+            if lib is None:
+                try:
+                    binary, _, _ = _compile_cached(device, src)
+                except CompileError:
+                    raise
+                except Exception as e:
+                    raise CompileError(f"kernel {kernels[indices[0]].name}: {why or e}") from None
+                lib = binary
+            else:
+                COMPILE_COUNTER["compiles"] += 1
+                if key is not None:
+                    cache.put("compile", key, lib, meta=_meta(device, src))
+            seconds = getattr(fut, "seconds", 0.0)
+            if profile.active is not None:  # the compile track of a profile trace: the wait, the worker's own time
+                prof = profile.active
+                prof.span(profile.HOST, prof.host_thread("compile"),
+                          f"compiled in a worker: {kernels[indices[0]].name}", waited, time.perf_counter_ns(),
+                          "compile", {"cache": "miss", "worker_ms": seconds * 1e3})
+            for j in indices:
+                kernels[j].binary = lib
+                rec = records[j]
+                if rec is not None:
+                    rec.phases["compile"] = rec.phases.get("compile", 0.0) + seconds
+                    rec.total += seconds
+            if progress is not None:
+                progress({"kernel": kernels[indices[0]].name, "index": n, "total": len(self.waiting),
+                          "stage": "compiled"})
+            if debug_level() >= 2:
+                print(f"*** compiled {kernels[indices[0]].name} in a worker process: {timings.fmt_s(seconds)}",
+                      file=sys.stderr)
 
 
 # sources shorter than this compile in this process (LLVM takes ~10-20 ms on them: less than sending them to a

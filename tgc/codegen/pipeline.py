@@ -339,6 +339,13 @@ def launch_contract(bufs: list[UOp], launch: dict) -> dict[str, Any]:
             "local_size": None if local is None else [int(v) for v in local], "vals": len(launch.get("vals", ()))}
 
 
+def render_renamed(device: Any, name: str, uops: list[UOp], bufs: list[UOp], launch: dict) -> str:
+    """The source of a kernel already lowered (`uops`), under another name and for other buffers of the same
+    shapes: `build_kernels` lowers identical kernels once (`codegen.kernel._renamed`)."""
+    with timings.phase("render"):
+        return render_kernel(device, name, uops, bufs, launch)
+
+
 def render_kernel(device: Any, name: str, uops: list[UOp], bufs: list[UOp], launch: dict) -> str:
     """The renderer's source, ending in a comment that states the launch contract (`launch_contract`),
     which a REMOTE server checks every launch against."""
@@ -361,4 +368,4 @@ def drop_unused_buffers(ast: UOp, bufs: list[UOp]) -> tuple[UOp, list[UOp]]:
 
 
 __all__ = ["PASSES", "LoweredKernel", "Pass", "check_shared_memory", "finish", "heuristic_opts", "lower", "passes_text",
-           "prepare", "shared_memory_bytes", "uops_text"]
+           "prepare", "render_renamed", "shared_memory_bytes", "uops_text"]

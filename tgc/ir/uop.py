@@ -6,6 +6,7 @@ lists that renderers print are all UOps; only the set of ops used differs by sta
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Callable, Container, Iterable, Sequence
 from enum import Enum, auto
@@ -174,8 +175,15 @@ class UOp:
 
     # --- analysis
     def toposort(self) -> list[UOp]:
-        """Every node reachable from this one, sources before users."""
-        return postorder(self, _NOTHING)
+        """Every node reachable from this one, sources before users (a new list: the caller may change it)."""
+        order = _TOPO_RECENT.get(self)
+        if order is None:
+            order = tuple(postorder(self, _NOTHING))
+            with _TOPO_LOCK:
+                _TOPO_RECENT[self] = order
+                while len(_TOPO_RECENT) > _TOPO_KEEP:
+                    del _TOPO_RECENT[next(iter(_TOPO_RECENT))]
+        return list(order)
 
     @property
     def vmin(self) -> int | float:
@@ -364,6 +372,13 @@ class PatternMatcher:
 
 
 _NOTHING: frozenset = frozenset()
+
+# the orders of the last few roots `toposort` walked: the passes ask for the same kernel AST's order again and
+# again (the optimizer's `ranges`, the heuristic, flop and byte counts); a few strong references, not one per node
+# (orders of every node of a chain would take memory quadratic in its length)
+_TOPO_KEEP = 8
+_TOPO_RECENT: dict[UOp, tuple[UOp, ...]] = {}
+_TOPO_LOCK = threading.Lock()
 
 
 def postorder(root: UOp, skip: Container[UOp]) -> list[UOp]:
