@@ -204,6 +204,7 @@ class _Lowerer:
         self.globals: dict[UOp, UOp] = {}
         self.memo: dict[tuple, UOp] = {}
         self.range_id = 0
+        self.placeholders = 0  # `bounded_indices`
         self.flops = 0
 
     def recomputed_reductions(self) -> set[UOp]:
@@ -218,6 +219,21 @@ class _Lowerer:
                 if not all(isinstance(shape[a], int) and shape[a] <= 1 for a in node.arg[1]):
                     count[node] = count.get(node, 0) + 1
         return {node for node, n in count.items() if n > 1}
+
+    def bounded_indices(self, idx: list[UOp], shape: tuple, pads: tuple) -> list[UOp]:
+        """A pad's source indices for the walk below it: each padded axis's index (which runs past the source
+        where the gate is false) as a placeholder bounded to the source, [0, size), so the index math below
+        (a reshape's `//` and `%`) simplifies as for an unpadded read; `PAD` puts the indices back after. The
+        value below only counts where the gate holds, and every load there is gated."""
+        out = []
+        for j, s, (b, e) in zip(idx, shape, pads):
+            lo, hi = j.bounds
+            if (b or e) and isinstance(s, int) and isinstance(lo, int) and isinstance(hi, int) and \
+                    j.op is not Ops.CONST and (lo < 0 or hi >= s) and max(lo, 0) <= min(hi, s - 1):
+                self.placeholders += 1
+                j = UOp(Ops.DEFINE_VAR, INDEX, (), (f"padded_index_{self.placeholders}", max(lo, 0), min(hi, s - 1)))
+            out.append(j)
+        return out
 
     def new_range(self, size: int, kind: RangeKind) -> UOp:
         r = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, size),), (self.range_id, kind))
@@ -329,7 +345,10 @@ class _Lowerer:
             if cond.op is Ops.CONST:  # only padding is read here: the fill value, and no load at all
                 return UOp.const(node.dtype, fill)
             inner_valid = cond if valid.op is Ops.CONST else simplify(UOp(Ops.AND, dtypes.bool, (valid, cond)))
-            inner = (yield (src, tuple(new_idx), inner_valid))
+            bounded = self.bounded_indices(new_idx, src_shape, pads)
+            inner = (yield (src, tuple(bounded), inner_valid))
+            if bounded != new_idx:  # the placeholders back to the padded indices
+                inner = simplify(substitute(inner, {b: j for b, j in zip(bounded, new_idx) if b is not j}))
             return UOp(Ops.WHERE, node.dtype, (cond, inner, UOp.const(node.dtype, fill)))
         raise NotImplementedError(f"cannot lower {op}")
 
