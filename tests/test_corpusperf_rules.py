@@ -1,0 +1,132 @@
+"""Rules for odd and batched sizes (issue 20 items 2 and 5): an odd row axis padded to whole register tiles
+(PADTO of an output axis: the extra rows gated off), the panel rules for a batch of rows over one weight
+matrix, and a pad's source indices bounded to the source while the walk below it is written (a reshape's
+`//` and `%` under a padded convolution fold away). Exact rule choices on a fixed machine, values against
+numpy; no timings."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tgc
+from tgc.backends import get_device
+from tgc.codegen.heuristic import Machine, decide
+from tgc.codegen.opt import Opt, OptError, OptKernel, OptOps
+from tgc.codegen.pipeline import prepare
+from tgc.ir.uop import Ops
+
+CPU = get_device("CPU")
+ZEN4 = Machine(lanes=16, registers=32, private_cache=1 << 20, cores=2)
+MATMUL = "a: f32[M, K]\nb: f32[K, N]\nreturn a @ b"
+
+
+def kernels(src: str, dims: dict, device=CPU) -> list[OptKernel]:
+    items = [it for it in tgc.loads(src).schedule(dims, getattr(device, "name", "CPU")) if it.ast.src]
+    return [OptKernel(prepare(it.ast, device), device) for it in items]
+
+
+def rules(src: str, dims: dict, index: int = -1) -> tuple[list[str], list[str]]:
+    k = kernels(src, dims)[index]
+    names = decide(k, ZEN4)
+    return names, [str(o) for o in k.applied]
+
+
+@pytest.fixture
+def no_row_split(monkeypatch):
+    # the scheduler splits large odd-row matmuls into a multiple of 8 and a rest (`split_odd_matmul`); off,
+    # the kernel keeps its odd rows whole, as a fused attention's projection does
+    from tgc.engine import schedule
+    monkeypatch.setattr(schedule, "SPLIT_ROWS", 1)
+
+
+def test_odd_rows_are_padded_to_whole_tiles(no_row_split):
+    names, opts = rules(MATMUL, {"M": 197, "K": 384, "N": 384})
+    assert names == ["vector_axis", "more_columns", "padded_rows"]
+    assert opts == ["UPCAST(1, 16)", "UPCAST(1, 2)", "PADTO(0, 8)", "UPCAST(0, 8)"]
+
+
+@pytest.mark.parametrize("rows", [7, 9, 12])
+def test_rows_are_not_padded_where_the_padding_wastes_too_much_or_a_divisor_fits(rows, no_row_split):
+    names, _ = rules(MATMUL, {"M": rows, "K": 64, "N": 64})
+    assert "padded_rows" not in names  # 7 -> 8 and 9 -> 16 waste more than 1/8; 12 takes rows of 4
+
+
+def test_padded_rows_compute_the_matmul(no_row_split):
+    rng = np.random.default_rng(0)
+    src = "a: f32[M, K]\nb: f32[K, N]\nc: f32[N]\nreturn relu(a @ b + c)"
+    k = kernels(src, {"M": 37, "K": 24, "N": 64})[-1]
+    assert decide(k, ZEN4) == ["vector_axis", "padded_rows"]  # 37 rows -> 40: 5 tiles of 8
+    a, b = rng.standard_normal((37, 24), np.float32), rng.standard_normal((24, 64), np.float32)
+    prog = tgc.loads(src)
+    c = rng.standard_normal(64, np.float32)
+    want = np.maximum(a @ b + c, 0)
+    for dev in ("CPU", "PYTHON"):  # the emulator checks every load and store against its buffer
+        out = prog.run(dev, a=a, b=b, c=c)
+        got = out if isinstance(out, np.ndarray) else next(iter(out.values()))
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)
+
+
+def test_an_output_axis_pads_only_where_it_helps():
+    k = kernels(MATMUL, {"M": 37, "K": 24, "N": 64})[-1]
+    with pytest.raises(OptError, match="already a multiple"):
+        k.copy().apply(Opt(OptOps.PADTO, 1, 16))
+    with pytest.raises(OptError, match="more than double"):
+        k.copy().apply(Opt(OptOps.PADTO, 0, 128))
+    gpu = get_device("OPENCL")  # (its capabilities only: not opened)
+    g = kernels(MATMUL, {"M": 37, "K": 24, "N": 64}, gpu)[-1]
+    with pytest.raises(OptError, match="CPU devices"):
+        g.apply(Opt(OptOps.PADTO, 0, 8))
+
+
+def test_a_padded_output_axis_gates_its_store_and_the_loads_that_depend_on_it():
+    k = kernels(MATMUL, {"M": 37, "K": 24, "N": 64})[-1]
+    k.apply(Opt(OptOps.PADTO, 0, 8))
+    assert k.loops()[0].src[0].arg == 40
+    store = next(u for u in k.ast.toposort() if u.op is Ops.STORE)
+    assert len(store.src) == 4  # gated
+    loads = [u for u in k.ast.toposort() if u.op is Ops.LOAD]
+    row = k.loops()[0]
+    assert all((len(ld.src) == 3) == (row in ld.src[1].toposort()) for ld in loads)
+
+
+BATCHED = "x: f32[B, S, C]\nw: f32[C, N]\nreturn x @ w"
+
+
+def test_a_batch_of_rows_over_one_large_weight_gets_wide_columns_and_panels():
+    names, opts = rules(BATCHED, {"B": 4, "S": 192, "C": 512, "N": 2048})
+    assert names == ["wide_columns", "vector_axis", "more_columns", "rows", "panels"]
+    assert opts == ["UPCAST(2, 16)", "UPCAST(2, 4)", "UPCAST(1, 4)", "SWAP(0, 2)"]
+
+
+def test_a_batch_with_its_own_right_hand_side_gets_no_panels():
+    names, _ = rules("x: f32[B, S, C]\nw: f32[B, C, N]\nreturn x @ w", {"B": 4, "S": 192, "C": 512, "N": 2048})
+    assert "panels" not in names and "wide_columns" not in names
+
+
+UPSAMPLED_CONV = ("x: f32[N, C, H, W]\nw: f32[O, C, 3, 3]\nup = repeat(repeat(x, 2, axis=2), 2, axis=3)\n"
+                  "return conv2d(up, w, padding=1)")
+
+
+def test_a_padded_read_through_a_reshape_keeps_plain_index_math():
+    # the upsample is a reshape of an expand: below the convolution's padding its `//` and `%` fold into
+    # the row and column halved (one division each), not a chain of them per load
+    dims = {"N": 1, "C": 3, "H": 4, "W": 5, "O": 2}
+    (item,) = [it for it in tgc.loads(UPSAMPLED_CONV).schedule(dims, "CPU") if it.ast.src]
+    ops = [u.op for u in item.ast.toposort()]
+    assert ops.count(Ops.MOD) == 0 and ops.count(Ops.IDIV) == 2
+
+
+def test_a_padded_read_through_a_reshape_computes_the_convolution():
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal((1, 3, 4, 5), np.float32), rng.standard_normal((2, 3, 3, 3), np.float32)
+    up = np.pad(x.repeat(2, axis=2).repeat(2, axis=3), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    want = np.zeros((1, 2, 8, 10), np.float32)
+    for i in range(3):
+        for j in range(3):
+            want += np.einsum("nchw,oc->nohw", up[:, :, i:i + 8, j:j + 10], w[:, :, i, j])
+    prog = tgc.loads(UPSAMPLED_CONV)
+    for dev in ("CPU", "PYTHON"):
+        out = prog.run(dev, x=x, w=w)
+        got = out if isinstance(out, np.ndarray) else next(iter(out.values()))
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)
