@@ -550,6 +550,11 @@ def _matmul_part(r: UOp, rows: tuple[int, int] | None = None, steps: tuple[int, 
 
     def shrunk(u: UOp, last_two: tuple[tuple[int, int], tuple[int, int]]) -> UOp:
         dims = shape_of(u)
+        if u.op is Ops.EXPAND and shape_of(u.src[0])[-2:] == dims[-2:]:
+            # an operand broadcast over batch axes (a weight under a batch of rows): its source is shrunk and
+            # broadcast again, so the part (and a packed copy of it) holds the operand once, not once per batch
+            inner = shrunk(u.src[0], last_two)
+            return u if inner is u.src[0] else UOp(Ops.EXPAND, u.dtype, (inner,), dims[:-2] + shape_of(inner)[-2:])
         bounds = tuple((0, d) for d in dims[:-2]) + tuple(rng if d > 1 else (0, 1)
                                                           for d, rng in zip(dims[-2:], last_two))
         return u if all(b == (0, d) for b, d in zip(bounds, dims)) else UOp(Ops.SHRINK, u.dtype, (u,), bounds)
