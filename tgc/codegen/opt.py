@@ -315,17 +315,20 @@ def pad_reduce(ast: UOp, r: UOp, new: UOp) -> UOp:
 
 
 def pad_loop(ast: UOp, r: UOp, new: UOp) -> UOp:
-    """Run an output loop to `new`'s size: the loads that depend on it and every store are gated by
-    `new < old size`, so the extra iterations read and write nothing."""
+    """Run an output loop to `new`'s size: below the stores the loop's index is clamped to the last one
+    (`min(new, old size - 1)`: every load stays in bounds, ungated, and its index math stays outside the
+    reductions), and every store is gated by `new < old size`, so the extra iterations write nothing."""
+    last = UOp.const(INDEX, r.src[0].arg - 1)
+    clamped = UOp(Ops.WHERE, INDEX, (UOp(Ops.CMPLT, dtypes.bool, (new, last)), new, last))
     live = UOp(Ops.CMPLT, dtypes.bool, (new, UOp.const(INDEX, r.src[0].arg)))
-    body = substitute(ast, {r: new})
+    body = substitute(ast, {r: clamped})
 
     def gate(u: UOp) -> UOp:
-        if u.op is Ops.STORE or (u.op is Ops.LOAD and new in u.src[1].toposort()):
-            at = 2 if u.op is Ops.LOAD else 3
-            both = live if len(u.src) <= at else UOp(Ops.AND, dtypes.bool, (u.src[at], live))
-            return u.replace(src=(*u.src[:at], both, *u.src[at + 1:]))
-        return u
+        if u.op is not Ops.STORE:
+            return u
+        idx = substitute(u.src[1], {clamped: new})
+        both = live if len(u.src) <= 3 else UOp(Ops.AND, dtypes.bool, (u.src[3], live))
+        return u.replace(src=(u.src[0], idx, u.src[2], both, *u.src[4:]))
 
     return simplify(rebuild(body, {}, gate))
 

@@ -453,7 +453,9 @@ def check_sizes(outputs: list[UOp]) -> None:
 
 
 PACK_PANEL = 32  # matmul: right-hand sides are packed into panels of this many columns ...
-PACK_MIN_ELEMENTS = 1 << 18  # ... when they have at least this many elements
+PACK_MIN_ELEMENTS = 1 << 18  # ... when they have at least this many elements ...
+PACK_MIN_ROWS = 16  # ... and at least this many rows read each (fewer: one register tile of rows reads it once in
+# any layout, and a packing copy would double its memory traffic and hold a copy of it: a GRU step, a decode)
 
 
 def _broadcast(u: UOp) -> list[UOp] | None:
@@ -511,7 +513,8 @@ def pack_matmul_operands(outputs: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp],
         while b.op in (Ops.EXPAND, Ops.RESHAPE) and shape_of(b.src[0])[-2:] == kn:
             chain.append(b)
             b = b.src[0]
-        packed = _packed_columns(b)
+        rows = prod(shape_of(node.src[0])[:-2]) // max(1, prod(shape_of(b)[:-2]))  # (batch, row) pairs per operand
+        packed = _packed_columns(b) if rows >= PACK_MIN_ROWS else None
         if packed is None:
             continue
         serves.setdefault(packed.src[0].src[0], node)
