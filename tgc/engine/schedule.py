@@ -536,7 +536,10 @@ SPLIT_REDUCE = 8  # ... (its reduction: a vector's worth of steps, where it has 
 SPLIT_REDUCE_MAX_OUTPUTS = 4096  # ... this many outputs: a reduction-bound matmul, its steps shared by threads) ...
 SPLIT_MIN_PRODUCTS = 1 << 22  # ... and the rest, for a matmul of at least this many multiply-adds
 REST_COLUMNS = 16  # the rest is computed as this many columns (or twice), the last ones of the matmul
-REST_ROWS = 8  # the rest of the rows is computed as the last this many rows of the matmul
+REST_ROWS = 8  # the rest of the rows is computed as the last this many rows of the matmul ...
+SPLIT_ROWS_MIN = 256  # ... where it has at least this many rows: the rest part reads the whole right-hand side
+# again for its 8 rows, small next to the main part's work only over many rows (77 rows: the rest took 40% of
+# the main part's time). Fewer odd rows stay whole: the CPU's register tile pads them (heuristic `padded_rows`)
 
 
 def _matmul_part(r: UOp, rows: tuple[int, int] | None = None, steps: tuple[int, int] | None = None,
@@ -617,8 +620,8 @@ def split_odd_matmul(r: UOp, serves: dict[UOp, UOp], top: UOp | None = None) -> 
       matmul's time on the CPU);
     - odd output columns n (no multiple of SPLIT_COLUMNS, more than that): the columns 0..n - n % 32 and the
       rest computed as the last 16 or 32 columns (a vector's worth, overlapping the main part's last ones);
-    - odd output rows m (no multiple of SPLIT_ROWS, more than that): the rows 0..m - m % 8 and the last 8
-      rows (overlapping).
+    - odd output rows m (no multiple of SPLIT_ROWS, at least SPLIT_ROWS_MIN): the rows 0..m - m % 8 and the
+      last 8 rows (overlapping).
     Columns and rows are joined by pads and an add in the consumer (`_join`). Each part goes through the same
     rules (a part of odd columns with odd rows is split by its rows)."""
     if not _splittable(r):
@@ -642,7 +645,7 @@ def split_odd_matmul(r: UOp, serves: dict[UOp, UOp], top: UOp | None = None) -> 
             if part.op is Ops.REDUCE_AXIS:
                 serves[part] = top
         return _join(r, nd - 1, first, rest, main, n, wide)
-    if m > SPLIT_ROWS and m % SPLIT_ROWS:
+    if m >= SPLIT_ROWS_MIN and m > SPLIT_ROWS and m % SPLIT_ROWS:
         main = m - m % SPLIT_ROWS
         first = split_odd_matmul(_matmul_part(r, rows=(0, main)), serves, top)
         rest = split_odd_matmul(_matmul_part(r, rows=(m - REST_ROWS, m)), serves, top)
