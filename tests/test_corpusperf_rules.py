@@ -150,3 +150,10 @@ def test_a_weight_read_by_few_rows_is_not_packed(rows, packed):
     prog = tgc.loads("x: f32[B, I]\nw: f32[I, N]\nreturn x @ w")
     names = [it.name for it in prog.schedule({"B": rows, "I": 512, "N": 1024}, "CPU") if it.ast.src]
     assert (len(names) == 2 and names[0].startswith("E_")) == packed, names
+
+
+def test_a_transposed_weight_is_copied_whatever_its_rows():
+    # read in place, each column vector of `w.T` would be a gather: the copy is what makes them contiguous
+    prog = tgc.loads("x: f32[B, I]\nw: f32[N, I]\nreturn x @ w.transpose(1, 0)")
+    names = [it.name for it in prog.schedule({"B": 8, "I": 512, "N": 1024}, "CPU") if it.ast.src]
+    assert len(names) == 2 and names[0].startswith("E_"), names

@@ -154,7 +154,7 @@ def test_beam_winners_persist_and_are_reused(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("a_shape, b_shape", [((16, 512), (512, 512)), ((2, 8, 512), (512, 512)),
-                                              ((2, 8, 256), (2, 256, 1024)), ((512,), (512, 512))])
+                                              ((2, 16, 256), (2, 256, 1024))])  # (16 rows a weight: PACK_MIN_ROWS)
 def test_large_matmuls_read_a_packed_copy_and_match_numpy(a_shape, b_shape):
     """Right-hand sides of >= 2^18 elements are packed into 32-column panels by a kernel of their own."""
     rng = np.random.default_rng(4)
@@ -531,11 +531,11 @@ def test_wide_register_tile_matches_numpy(m, k, n, whole_rows):
 
 
 @pytest.mark.parametrize("a_shape, b_shape, panels_side_by_side", [
-    ((7, 2048), (2048, 160), None),  # 5 panels: none side by side
-    ((5, 2048), (2048, 192), "UPCAST(0, 2)"),  # 6 panels: 2 at a time
-    ((3, 1024), (1024, 384), "UPCAST(0, 4)"),  # 12 panels: 4 at a time
-    ((2, 3, 256), (2, 256, 1024), "UPCAST(1, 8)"),  # batched: the panel axis follows the batch axis
-    ((2, 4, 33), (2, 33, 8192), "UPCAST(1, 8)")])  # k = 33
+    ((16, 2048), (2048, 160), None),  # 5 panels: none side by side (16 rows: PACK_MIN_ROWS, fewer are not packed)
+    ((16, 2048), (2048, 192), "UPCAST(0, 2)"),  # 6 panels: 2 at a time
+    ((16, 1024), (1024, 384), "UPCAST(0, 4)"),  # 12 panels: 4 at a time
+    ((2, 16, 256), (2, 256, 1024), "UPCAST(1, 8)"),  # batched: the panel axis follows the batch axis
+    ((2, 16, 33), (2, 33, 8192), "UPCAST(1, 8)")])  # k = 33
 def test_packing_copies_read_panels_side_by_side_and_match_numpy(a_shape, b_shape, panels_side_by_side):
     rng = np.random.default_rng(5)
     a, b = rng.standard_normal(a_shape).astype(np.float32), rng.standard_normal(b_shape).astype(np.float32)

@@ -455,7 +455,8 @@ def check_sizes(outputs: list[UOp]) -> None:
 PACK_PANEL = 32  # matmul: right-hand sides are packed into panels of this many columns ...
 PACK_MIN_ELEMENTS = 1 << 18  # ... when they have at least this many elements ...
 PACK_MIN_ROWS = 16  # ... and at least this many rows read each (fewer: one register tile of rows reads it once in
-# any layout, and a packing copy would double its memory traffic and hold a copy of it: a GRU step, a decode)
+# any layout, and a packing copy would double its memory traffic and hold a copy of it: a GRU step, a decode),
+# unless it is transposed (the copy makes its column vectors contiguous)
 
 
 def _broadcast(u: UOp) -> list[UOp] | None:
@@ -514,7 +515,8 @@ def pack_matmul_operands(outputs: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp],
             chain.append(b)
             b = b.src[0]
         rows = prod(shape_of(node.src[0])[:-2]) // max(1, prod(shape_of(b)[:-2]))  # (batch, row) pairs per operand
-        packed = _packed_columns(b) if rows >= PACK_MIN_ROWS else None
+        # (a transposed operand is copied whatever its rows: read in place, each column vector is a gather)
+        packed = _packed_columns(b) if rows >= PACK_MIN_ROWS or b.op is Ops.PERMUTE else None
         if packed is None:
             continue
         serves.setdefault(packed.src[0].src[0], node)
