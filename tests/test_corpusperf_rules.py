@@ -157,3 +157,13 @@ def test_a_transposed_weight_is_copied_whatever_its_rows():
     prog = tgc.loads("x: f32[B, I]\nw: f32[N, I]\nreturn x @ w.transpose(1, 0)")
     names = [it.name for it in prog.schedule({"B": 8, "I": 512, "N": 1024}, "CPU") if it.ast.src]
     assert len(names) == 2 and names[0].startswith("E_"), names
+
+
+def test_odd_rows_under_a_narrow_vector_are_padded_to_more_rows(monkeypatch):
+    # 900 columns take 4-lane vectors only; 77 rows (kept whole, as a fused attention's projection is: the split
+    # is off here) padded to 80 in tiles of 16 rows, with no two-step unroll (1.9x faster than one row, unrolled)
+    from tgc.engine import schedule
+    monkeypatch.setattr(schedule, "SPLIT_MIN_PRODUCTS", 1 << 62)
+    names, opts = rules("x: f32[B, T, C]\nw: f32[C, N]\nreturn x @ w", {"B": 3, "T": 77, "C": 300, "N": 900})
+    assert names == ["vector_axis", "padded_rows"]
+    assert opts == ["UPCAST(2, 4)", "PADTO(1, 16)", "UPCAST(1, 16)"]

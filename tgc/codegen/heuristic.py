@@ -332,7 +332,7 @@ def _padded_rows_amount(f: Facts, k: OptKernel) -> int:
     """The tile's rows (a power of two) to pad an odd row axis to, 0 where none fits: the rows rule found no
     divisor, the axis is long enough that the padding wastes at most 1/PAD_WASTE of it."""
     axis = _row_axis(f, k)
-    if axis is None or "rows" in f.done or f.col_values < f.machine.lanes:
+    if axis is None or "rows" in f.done or "vector_axis" not in f.done or not f.col_values:
         return 0
     n = _size(k.loops()[axis])
     want = _tile_rows(f, k)
@@ -421,7 +421,7 @@ RULES: tuple[Rule, ...] = (
          "(PADTO: the index clamped below the stores, the extra rows' stores gated off) where that adds at most "
          "1/PAD_WASTE of the rows; one row at a time (narrow_rows) measured 2.3x slower at 77 rows"),
     Rule("unroll2", "matmul", lambda f, k: _row_axis(f, k) is not None and f.col_values < f.machine.lanes
-         and not f.gathered and bool(f.reduces) and f.reduces[0] % 2 == 0, _unroll2,
+         and not f.gathered and bool(f.reduces) and f.reduces[0] % 2 == 0 and "padded_rows" not in f.done, _unroll2,
          "a tile of less than a vector of columns does little per loop step: two steps of the outer reduction "
          "per iteration (a convolution's input channels)"),
     Rule("panels", "matmul", _panel_case, _panels,
