@@ -167,3 +167,9 @@ def test_odd_rows_under_a_narrow_vector_are_padded_to_more_rows(monkeypatch):
     names, opts = rules("x: f32[B, T, C]\nw: f32[C, N]\nreturn x @ w", {"B": 3, "T": 77, "C": 300, "N": 900})
     assert names == ["vector_axis", "padded_rows"]
     assert opts == ["UPCAST(2, 4)", "PADTO(1, 16)", "UPCAST(1, 16)"]
+
+
+def test_a_residual_added_after_the_matmul_keeps_the_panels():
+    # the residual is read along the columns and depends on the rows, but it is no operand of the reduction
+    names, _ = rules("a: f32[M, K]\nb: f32[K, N]\nc: f32[M, N]\nreturn a @ b + c", {"M": 128, "K": 1360, "N": 512})
+    assert "panels" in names

@@ -90,7 +90,7 @@ class Facts:
     rhs_bytes: int = 0  # matmul over (rows, columns): the bytes of the operand reused across rows
     col_values: int = 0  # matmul: the values of the tile along the columns (set by the rows rule)
     panel_case: bool | None = None  # matmul: the panels rule's condition, as first evaluated
-    shared_rhs: bool = False  # matmul: the loads along vec_axis read no other output axis (one operand for all rows)
+    shared_rhs: bool = False  # matmul: the operand loads along vec_axis read no other output axis (one for all rows)
     done: list[str] = field(default_factory=list)
 
     @property
@@ -139,8 +139,10 @@ def classify(k: OptKernel, machine: Machine) -> Facts:
         on_cols = [ld for ld in loads if vr in ld.src[1].toposort()]
         itemsize = max((ld.dtype.itemsize for ld in on_cols if ld.dtype is not None), default=4)
         facts.rhs_bytes = prod(facts.reduces) * facts.loops[facts.vec_axis] * itemsize
-        facts.shared_rhs = bool(on_cols) and all(r not in ld.src[1].toposort() for ld in on_cols
-                                                 for i, r in enumerate(loops) if i != facts.vec_axis)
+        # (the operands: loads inside the reduction; an epilogue's, such as a residual added after, do not count)
+        operands = [ld for ld in on_cols if any(r in ld.src[1].toposort() for r in reduces)]
+        facts.shared_rhs = bool(operands) and all(r not in ld.src[1].toposort() for ld in operands
+                                                  for i, r in enumerate(loops) if i != facts.vec_axis)
         return facts
     if facts.out_contiguous and not any(_stride(ld.src[1], r) == 1 for ld in loads for r in reduces):
         facts.kind = "strided"
