@@ -7,7 +7,8 @@ A kernel's loops are RANGE uops, so every optimization is a split or a relabelli
 - LOCAL(axis, n): on GPUs, the inner n iterations of an output loop become a work-group dimension;
 - GROUP(axis, n): on GPUs, a reduction split across n threads of a work-group (partial sums in
   shared memory, combined after a barrier);
-- PADTO(axis, n): a reduction loop rounded up to a multiple of n, the extra iterations masked out;
+- PADTO(axis, n): a reduction loop rounded up to a multiple of n, the extra iterations masked out; an output
+  loop (on the CPU) rounded up the same way, the loads and stores of the extra iterations gated off;
 - SWAP(a, b): two output loops exchange their nesting order;
 - THREAD(axis, n): on the CPU, the outer loop is split across n threads.
 
@@ -213,13 +214,15 @@ class OptKernel:
         if n is None and opt.op not in (OptOps.UPCAST, OptOps.UNROLL, OptOps.LOCAL, OptOps.GROUP):
             raise OptError(f"{opt.op.name} needs a constant size")
         if opt.op is OptOps.PADTO:
-            if not is_reduce:
-                raise OptError("PADTO applies to reduction axes")
+            if not is_reduce and gpu:
+                raise OptError("PADTO of an output axis is for CPU devices (a GPU rounds its grid up itself)")
             if n % amt == 0:
                 raise OptError(f"axis {opt.axis} (size {n}) is already a multiple of {amt}")
             padded = -(-n // amt) * amt
+            if padded - n > n:
+                raise OptError(f"padding axis {opt.axis} (size {n}) to {padded} would more than double it")
             new = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, padded),), r.arg)
-            self.ast = pad_reduce(self.ast, r, new)
+            self.ast = pad_reduce(self.ast, r, new) if is_reduce else pad_loop(self.ast, r, new)
             self.applied.append(opt)
             return
         if n is not None and n % amt:
@@ -309,6 +312,25 @@ _pad_rules = PatternMatcher([(UPat(Ops.REDUCE, name="x"), _pad_reduce)])
 def pad_reduce(ast: UOp, r: UOp, new: UOp) -> UOp:
     """Run a reduction loop to `new`'s size; iterations past the old size contribute the identity (a rewrite)."""
     return simplify(graph_rewrite(ast, _pad_rules, _Pad(r, new)))
+
+
+def pad_loop(ast: UOp, r: UOp, new: UOp) -> UOp:
+    """Run an output loop to `new`'s size: below the stores the loop's index is clamped to the last one
+    (`min(new, old size - 1)`: every load stays in bounds, ungated, and its index math stays outside the
+    reductions), and every store is gated by `new < old size`, so the extra iterations write nothing."""
+    last = UOp.const(INDEX, r.src[0].arg - 1)
+    clamped = UOp(Ops.WHERE, INDEX, (UOp(Ops.CMPLT, dtypes.bool, (new, last)), new, last))
+    live = UOp(Ops.CMPLT, dtypes.bool, (new, UOp.const(INDEX, r.src[0].arg)))
+    body = substitute(ast, {r: clamped})
+
+    def gate(u: UOp) -> UOp:
+        if u.op is not Ops.STORE:
+            return u
+        idx = substitute(u.src[1], {clamped: new})
+        both = live if len(u.src) <= 3 else UOp(Ops.AND, dtypes.bool, (u.src[3], live))
+        return u.replace(src=(u.src[0], idx, u.src[2], both, *u.src[4:]))
+
+    return simplify(rebuild(body, {}, gate))
 
 
 def _gate_load(valid: UOp, x: UOp) -> UOp | None:

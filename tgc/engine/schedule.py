@@ -204,6 +204,7 @@ class _Lowerer:
         self.globals: dict[UOp, UOp] = {}
         self.memo: dict[tuple, UOp] = {}
         self.range_id = 0
+        self.placeholders = 0  # `bounded_indices`
         self.flops = 0
 
     def recomputed_reductions(self) -> set[UOp]:
@@ -218,6 +219,21 @@ class _Lowerer:
                 if not all(isinstance(shape[a], int) and shape[a] <= 1 for a in node.arg[1]):
                     count[node] = count.get(node, 0) + 1
         return {node for node, n in count.items() if n > 1}
+
+    def bounded_indices(self, idx: list[UOp], shape: tuple, pads: tuple) -> list[UOp]:
+        """A pad's source indices for the walk below it: each padded axis's index (which runs past the source
+        where the gate is false) as a placeholder bounded to the source, [0, size), so the index math below
+        (a reshape's `//` and `%`) simplifies as for an unpadded read; `PAD` puts the indices back after. The
+        value below only counts where the gate holds, and every load there is gated."""
+        out = []
+        for j, s, (b, e) in zip(idx, shape, pads):
+            lo, hi = j.bounds
+            if (b or e) and isinstance(s, int) and isinstance(lo, int) and isinstance(hi, int) and \
+                    j.op is not Ops.CONST and (lo < 0 or hi >= s) and max(lo, 0) <= min(hi, s - 1):
+                self.placeholders += 1
+                j = UOp(Ops.DEFINE_VAR, INDEX, (), (f"padded_index_{self.placeholders}", max(lo, 0), min(hi, s - 1)))
+            out.append(j)
+        return out
 
     def new_range(self, size: int, kind: RangeKind) -> UOp:
         r = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, size),), (self.range_id, kind))
@@ -329,7 +345,10 @@ class _Lowerer:
             if cond.op is Ops.CONST:  # only padding is read here: the fill value, and no load at all
                 return UOp.const(node.dtype, fill)
             inner_valid = cond if valid.op is Ops.CONST else simplify(UOp(Ops.AND, dtypes.bool, (valid, cond)))
-            inner = (yield (src, tuple(new_idx), inner_valid))
+            bounded = self.bounded_indices(new_idx, src_shape, pads)
+            inner = (yield (src, tuple(bounded), inner_valid))
+            if bounded != new_idx:  # the placeholders back to the padded indices
+                inner = simplify(substitute(inner, {b: j for b, j in zip(bounded, new_idx) if b is not j}))
             return UOp(Ops.WHERE, node.dtype, (cond, inner, UOp.const(node.dtype, fill)))
         raise NotImplementedError(f"cannot lower {op}")
 
@@ -434,7 +453,10 @@ def check_sizes(outputs: list[UOp]) -> None:
 
 
 PACK_PANEL = 32  # matmul: right-hand sides are packed into panels of this many columns ...
-PACK_MIN_ELEMENTS = 1 << 18  # ... when they have at least this many elements
+PACK_MIN_ELEMENTS = 1 << 18  # ... when they have at least this many elements ...
+PACK_MIN_ROWS = 16  # ... and at least this many rows read each (fewer: one register tile of rows reads it once in
+# any layout, and a packing copy would double its memory traffic and hold a copy of it: a GRU step, a decode),
+# unless it is transposed (the copy makes its column vectors contiguous)
 
 
 def _broadcast(u: UOp) -> list[UOp] | None:
@@ -492,7 +514,9 @@ def pack_matmul_operands(outputs: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp],
         while b.op in (Ops.EXPAND, Ops.RESHAPE) and shape_of(b.src[0])[-2:] == kn:
             chain.append(b)
             b = b.src[0]
-        packed = _packed_columns(b)
+        rows = prod(shape_of(node.src[0])[:-2]) // max(1, prod(shape_of(b)[:-2]))  # (batch, row) pairs per operand
+        # (a transposed operand is copied whatever its rows: read in place, each column vector is a gather)
+        packed = _packed_columns(b) if rows >= PACK_MIN_ROWS or b.op is Ops.PERMUTE else None
         if packed is None:
             continue
         serves.setdefault(packed.src[0].src[0], node)
@@ -514,7 +538,10 @@ SPLIT_REDUCE = 8  # ... (its reduction: a vector's worth of steps, where it has 
 SPLIT_REDUCE_MAX_OUTPUTS = 4096  # ... this many outputs: a reduction-bound matmul, its steps shared by threads) ...
 SPLIT_MIN_PRODUCTS = 1 << 22  # ... and the rest, for a matmul of at least this many multiply-adds
 REST_COLUMNS = 16  # the rest is computed as this many columns (or twice), the last ones of the matmul
-REST_ROWS = 8  # the rest of the rows is computed as the last this many rows of the matmul
+REST_ROWS = 8  # the rest of the rows is computed as the last this many rows of the matmul ...
+SPLIT_ROWS_MIN = 256  # ... where it has at least this many rows: the rest part reads the whole right-hand side
+# again for its 8 rows, small next to the main part's work only over many rows (77 rows: the rest took 40% of
+# the main part's time). Fewer odd rows stay whole: the CPU's register tile pads them (heuristic `padded_rows`)
 
 
 def _matmul_part(r: UOp, rows: tuple[int, int] | None = None, steps: tuple[int, int] | None = None,
@@ -531,6 +558,11 @@ def _matmul_part(r: UOp, rows: tuple[int, int] | None = None, steps: tuple[int, 
 
     def shrunk(u: UOp, last_two: tuple[tuple[int, int], tuple[int, int]]) -> UOp:
         dims = shape_of(u)
+        if u.op is Ops.EXPAND and shape_of(u.src[0])[-2:] == dims[-2:]:
+            # an operand broadcast over batch axes (a weight under a batch of rows): its source is shrunk and
+            # broadcast again, so the part (and a packed copy of it) holds the operand once, not once per batch
+            inner = shrunk(u.src[0], last_two)
+            return u if inner is u.src[0] else UOp(Ops.EXPAND, u.dtype, (inner,), dims[:-2] + shape_of(inner)[-2:])
         bounds = tuple((0, d) for d in dims[:-2]) + tuple(rng if d > 1 else (0, 1)
                                                           for d, rng in zip(dims[-2:], last_two))
         return u if all(b == (0, d) for b, d in zip(bounds, dims)) else UOp(Ops.SHRINK, u.dtype, (u,), bounds)
@@ -590,8 +622,8 @@ def split_odd_matmul(r: UOp, serves: dict[UOp, UOp], top: UOp | None = None) -> 
       matmul's time on the CPU);
     - odd output columns n (no multiple of SPLIT_COLUMNS, more than that): the columns 0..n - n % 32 and the
       rest computed as the last 16 or 32 columns (a vector's worth, overlapping the main part's last ones);
-    - odd output rows m (no multiple of SPLIT_ROWS, more than that): the rows 0..m - m % 8 and the last 8
-      rows (overlapping).
+    - odd output rows m (no multiple of SPLIT_ROWS, at least SPLIT_ROWS_MIN): the rows 0..m - m % 8 and the
+      last 8 rows (overlapping).
     Columns and rows are joined by pads and an add in the consumer (`_join`). Each part goes through the same
     rules (a part of odd columns with odd rows is split by its rows)."""
     if not _splittable(r):
@@ -615,7 +647,7 @@ def split_odd_matmul(r: UOp, serves: dict[UOp, UOp], top: UOp | None = None) -> 
             if part.op is Ops.REDUCE_AXIS:
                 serves[part] = top
         return _join(r, nd - 1, first, rest, main, n, wide)
-    if m > SPLIT_ROWS and m % SPLIT_ROWS:
+    if m >= SPLIT_ROWS_MIN and m > SPLIT_ROWS and m % SPLIT_ROWS:
         main = m - m % SPLIT_ROWS
         first = split_odd_matmul(_matmul_part(r, rows=(0, main)), serves, top)
         rest = split_odd_matmul(_matmul_part(r, rows=(m - REST_ROWS, m)), serves, top)

@@ -241,6 +241,8 @@ def _bounds(u: UOp) -> tuple[Any, Any]:
             return max(a0, b0), max(a1, b1)
         if u.op is Ops.IDIV and b0 == b1 and b0 > 0 and a0 >= 0:
             return a0 // b0, a1 // b0
+        if u.op is Ops.IDIV and b0 == b1 and b0 > 0 and a0 > -INF and a1 < INF:  # monotone (floor or truncate)
+            return a0 // b0, -(-a1 // b0)
         if u.op is Ops.MOD and b0 == b1 and b0 > 0:
             if a0 >= 0:
                 return (a0, a1) if a1 < b0 else (0, b0 - 1)
