@@ -8,8 +8,9 @@ once per session, and gives the directory holding the compile report (`report.js
 
 Sharing: the directory is under `TGC_TEST_SHARED_DIR` (made by tests/conftest.py in the first process, so that
 xdist workers and the controller agree on it), one per part, guarded by an exclusive `fcntl` lock: the first test
-to ask for a part runs it while others wait, and every later test reads the finished result. A part runs once
-whatever the number of workers; its outcome (the subprocess' exit status and output tail) is in `result.json`.
+to ask for a part runs it; a test that finds its part running elsewhere runs the parts no one has started, then
+waits; every later test reads the finished result. A part runs once whatever the number of workers; its outcome
+(the subprocess' exit status and output tail) is in `result.json`.
 """
 
 from __future__ import annotations
@@ -64,30 +65,38 @@ def _locked(path: pathlib.Path, wait: bool = True) -> Iterator[bool]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def _part_dir(part: int, parts: int) -> pathlib.Path:
+    return _shared_dir() / f"language-suite-{part}-of-{parts}"
+
+
+def _run_if_free(part: int, parts: int) -> bool:
+    """Run the part unless it is done; False (at once) where another process holds it (running it now)."""
+    out = _part_dir(part, parts)
+    with _locked(out.with_suffix(".lock"), wait=False) as free:
+        if free and not (out / "result.json").exists():
+            _run(out, part, parts)
+    return free
+
+
 def language_suite(part: int, parts: int = PARTS) -> tuple[pathlib.Path, dict]:
     """(the directory of this part's run, its result: `returncode`, `targets`, `out` (the output's tail)).
-    Runs the part unless a process of this session ran it already."""
-    out = _shared_dir() / f"language-suite-{part}-of-{parts}"
+    Runs the part unless a process of this session ran it already. Where another process is running it now,
+    first runs the parts no one has started (work the session needs anyway, so no worker waits idle), then
+    waits for it."""
+    if not _run_if_free(part, parts):
+        for other in range(parts):
+            if other != part:
+                _run_if_free(other, parts)
+    out = _part_dir(part, parts)
     with _locked(out.with_suffix(".lock")):
-        done = out / "result.json"
-        if not done.exists():
+        if not (out / "result.json").exists():  # (the process running it died before writing its result)
             _run(out, part, parts)
-        return out, json.loads(done.read_text())
+    return out, json.loads((out / "result.json").read_text())
 
 
 def language_suite_all(parts: int = PARTS) -> list[tuple[pathlib.Path, dict]]:
-    """Every part: first those no other process is running now, then the rest (waiting for them)."""
-    results: dict[int, tuple[pathlib.Path, dict]] = {}
-    for part in range(parts):
-        lock = _shared_dir() / f"language-suite-{part}-of-{parts}.lock"
-        with _locked(lock, wait=False) as free:
-            pass
-        if free:
-            results[part] = language_suite(part, parts)
-    for part in range(parts):
-        if part not in results:
-            results[part] = language_suite(part, parts)
-    return [results[p] for p in range(parts)]
+    """Every part's `language_suite`."""
+    return [language_suite(part, parts) for part in range(parts)]
 
 
 def _run(out: pathlib.Path, part: int, parts: int) -> None:
