@@ -24,6 +24,11 @@ os.environ["XDG_CACHE_HOME"] = _CACHE_ROOT
 # (TGC_VERIFY_BOUNDS=0 in the environment turns it off, e.g. to measure its cost)
 os.environ.setdefault("TGC_VERIFY_BOUNDS", "1")
 atexit.register(shutil.rmtree, _CACHE_ROOT, ignore_errors=True)
+# one directory for the whole session, xdist workers included (they inherit it from the process that made it):
+# work done once per session and shared between workers, as the language suite's run (tests/suite_runs.py)
+if not os.environ.get("TGC_TEST_SHARED_DIR"):
+    os.environ["TGC_TEST_SHARED_DIR"] = tempfile.mkdtemp(prefix="tgc-tests-shared-")
+    atexit.register(shutil.rmtree, os.environ["TGC_TEST_SHARED_DIR"], ignore_errors=True)
 
 if os.environ.get("TGC_STANDIN_DIR"):  # CUDA through the CPU stand-in driver (tests/cuda_standin.py)
     import cuda_standin

@@ -4,7 +4,8 @@
 the suite (`device=KIND` where `TGC_PACKAGE_DEVICE=KIND` is set: `CUDA` on a GPU, tools/gpu_check.py) that
 succeeds also write, into DIR, the program compiled as a package (`<n>.tgpkg`), the inputs it ran
 with (`<n>.in.npz`) and the outputs it returned (`<n>.out.npz`), and one line of `index.jsonl`. The test then
-runs every package in one fresh process (`python tests/package_suite.py DIR`, `check_all`) and compares.
+runs every package in one fresh process (`python tests/package_suite.py DIR...`, `check_all`) and compares.
+The test session runs the suite with this plugin once (tests/suite_runs.py), together with tests/compile_only.py.
 """
 
 from __future__ import annotations
@@ -83,7 +84,10 @@ def check_all(outdir: str) -> dict:
             "api": "tgc.api" in sys.modules}
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # `python tests/package_suite.py DIR...`: every directory's packages, in one process
     import sys
 
-    print(json.dumps(check_all(sys.argv[1])))
+    summaries = [check_all(d) for d in sys.argv[1:]]
+    print(json.dumps({"packages": sum(s["packages"] for s in summaries),
+                      "bad": [b for s in summaries for b in s["bad"]],
+                      **{k: any(s[k] for s in summaries) for k in ("llvmlite", "codegen", "api")}}))

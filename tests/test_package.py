@@ -5,7 +5,6 @@ error (exit 2); the planned peak memory is what a run allocates."""
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import io
 import json
@@ -401,17 +400,17 @@ def test_size_expressions_are_data():
 
 
 @pytest.mark.slow
-def test_every_language_suite_program_runs_from_its_package(tmp_path):
-    """Every program the language suite runs on the CPU is packaged (tests/package_suite.py), then every package
-    runs in one fresh process: same outputs, bit for bit, without llvmlite and without the compiler."""
-    files = sorted(glob.glob(str(ROOT / "tests" / "test_lang_*.py")))
-    env = {**_env(), "TGC_TEST_DEVICES": "CPU", "TGC_PACKAGE_SUITE": str(tmp_path),
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "package_suite", "-p", "no:cacheprovider",
-                           "-p", "no:xdist", *files], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
-    assert proc.returncode == 0 and (tmp_path / "index.jsonl").exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
-    check = subprocess.run([sys.executable, str(ROOT / "tests" / "package_suite.py"), str(tmp_path)], env=env,
-                           capture_output=True, text=True, timeout=1200)
+def test_every_language_suite_program_runs_from_its_package():
+    """Every program the language suite runs on the CPU is packaged (tests/package_suite.py, in the session's one
+    run of the suite: tests/suite_runs.py), then every package runs in one fresh process: same outputs, bit for
+    bit, without llvmlite and without the compiler."""
+    from suite_runs import language_suite_all
+
+    runs = language_suite_all()
+    for out, result in runs:
+        assert result["returncode"] == 0 and (out / "index.jsonl").exists(), result["out"]
+    check = subprocess.run([sys.executable, str(ROOT / "tests" / "package_suite.py"), *(str(out) for out, _ in runs)],
+                           env=_env(), capture_output=True, text=True, timeout=1200)
     assert check.returncode == 0, check.stderr[-3000:]
     summary = json.loads(check.stdout)
     assert summary["packages"] > 300

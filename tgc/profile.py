@@ -35,7 +35,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -188,7 +187,9 @@ class Profile:
         with self._lock:
             measured = [self._measured.get((device, k.name)) for k in kernels]
             self.launches += n
-        weights = [statistics.median(m) for m in measured] if all(measured) else [1.0] * n  # type: ignore[arg-type]
+        from statistics import median  # (statistics: only while profiling, not on a plain run's path)
+
+        weights = [median(m) for m in measured] if all(measured) else [1.0] * n  # type: ignore[arg-type]
         total_w = sum(weights) or 1.0
         at = st
         for k, w in zip(kernels, weights):
@@ -329,9 +330,11 @@ def summarize(doc: dict[str, Any], top: int | None = None, warmup: bool = False)
         r["approximated"] += bool(e.get("args", {}).get("approximated"))
     total = sum(r["total_us"] for r in rows.values()) or 1.0
     out = sorted(rows.values(), key=lambda r: -r["total_us"])
+    from statistics import median
+
     for r in out:
         r["mean_us"] = r["total_us"] / r["launches"]
-        r["median_us"] = statistics.median(r.pop("durations_us"))
+        r["median_us"] = median(r.pop("durations_us"))
         r["share"] = r["total_us"] / total
         r["gflops_per_s"] = r["flops"] / r["total_us"] / 1e3 if r["total_us"] else None
         r["gb_per_s"] = r["bytes"] / r["total_us"] / 1e3 if r["total_us"] else None

@@ -12,15 +12,16 @@ import ctypes
 import os
 import re
 import threading
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tgc.backends.base import Compiler, Device, HostAllocator, Program
-from tgc.backends.llvmir import PARAM_ALIGN, LLVMRenderer
 from tgc.errors import CompileError
 from tgc.interfaces import MemoryFeatures, RuntimeFeatures
+
+if TYPE_CHECKING:  # (imported when a launch first needs threads: not on a one-thread run's start-up)
+    from concurrent.futures import ThreadPoolExecutor
 
 
 class HostBuffer(np.ndarray):
@@ -45,8 +46,8 @@ class CPUAllocator(HostAllocator):
     when freed: it is dropped from the pool and released once that kernel is done."""
 
     # inputs run in place when aligned as the LLVM renderer declares its buffer parameters
-    features = MemoryFeatures(zero_copy_align=PARAM_ALIGN, host_buffers=True, views=True, ranged_copies=True,
-                              pool=True)
+    # (16 = tgc.backends.llvmir.PARAM_ALIGN, not imported on a warm run's start-up: tests/test_warm_start.py checks)
+    features = MemoryFeatures(zero_copy_align=16, host_buffers=True, views=True, ranged_copies=True, pool=True)
 
     def __init__(self) -> None:
         super().__init__()
@@ -313,13 +314,23 @@ class CPUDevice(Device):
 
     def __init__(self, index: int = 0):
         super().__init__(index)
-        self.renderer = LLVMRenderer()
+        self._renderer: Any = None
         self.compiler = _COMPILER
         self.allocator = CPUAllocator()
         self._pool: ThreadPoolExecutor | None = None
         self._pool_size = 0
         self.share: int | None = None  # in a device list: this device's part of the cores (`shared`)
         self.graph_lock = threading.Lock()  # one multi-thread graph at a time (see tgc.backends.cpu_graph)
+
+    @property
+    def renderer(self) -> Any:
+        """The LLVM IR renderer, made on first use: a run of cached binaries (the program cache's warm path)
+        never renders, so it never imports tgc.backends.llvmir and the UOp modules behind it."""
+        if self._renderer is None:
+            from tgc.backends.llvmir import LLVMRenderer
+
+            self._renderer = LLVMRenderer()
+        return self._renderer
 
     @classmethod
     def device_count(cls) -> int:
@@ -345,6 +356,8 @@ class CPUDevice(Device):
 
     def pool(self, threads: int) -> ThreadPoolExecutor:
         if self._pool is None or self._pool_size < threads:
+            from concurrent.futures import ThreadPoolExecutor
+
             self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tgc-cpu")
             self._pool_size = threads
         return self._pool

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import functools
 import os
-import signal
-import subprocess
 from collections.abc import Callable
 from typing import Any
 
@@ -77,6 +75,9 @@ def worker(address: str | None, head: bool, port: int | None, token: str | None,
         return
     # the node's task processes check clients' proofs against the token; Ray's own connections need the token
     # derived from it (`ray_auth_env`)
+    import signal
+    import subprocess
+
     env = {**ray_auth_env(secret), **os.environ, TOKEN_ENV: secret}
     proc = subprocess.Popen(cmd, env=env)
 

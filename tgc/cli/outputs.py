@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
@@ -91,6 +90,8 @@ def _file_mode(path: str) -> int:
 
 def _stage(path: str, write: Writer) -> str:
     directory = os.path.dirname(os.path.abspath(path))
+    import tempfile  # (only when a file is written: not on a warm `tgc run`'s path)
+
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
