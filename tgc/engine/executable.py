@@ -30,7 +30,6 @@ every device first.
 
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -39,7 +38,6 @@ from typing import Any
 import numpy as np
 
 from tgc import profile
-from tgc.engine import bench as bench_mod
 from tgc.engine import realize
 from tgc.engine.multi import Transfers, copy_between, profile_collective, run_collective
 from tgc.engine.realize import (
@@ -81,6 +79,8 @@ def bench(exe: Executable, arrays: dict[str, np.ndarray], repeat: int = 10, warm
     device has them, `tgc.engine.bench.bench_launches`); chunked, each kernel as it runs on one chunk and the
     whole program in chunks (`program["chunks"]`); a device list's, per device and the collectives
     (`_bench_steps`; no peak figures)."""
+    from tgc.engine import bench as bench_mod  # (not on a warm run's start-up: it imports statistics)
+
     if exe.multi:
         return _bench_steps(exe, arrays, repeat=repeat, warmup=warmup)
     if exe.chunks is None:
@@ -230,6 +230,8 @@ def _bench_steps(exe: Executable, arrays: dict[str, np.ndarray], repeat: int = 1
     runs = [_run_steps(exe, arrays, timed=True) for _ in range(max(repeat, 1))]
 
     def stats(xs: list[float]) -> dict[str, float]:
+        import statistics  # (a bench's: not on a warm run's start-up)
+
         xs = sorted(xs)
         return {"median_s": statistics.median(xs), "min_s": xs[0], "max_s": xs[-1]}
 
