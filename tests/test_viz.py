@@ -151,6 +151,21 @@ def test_package_page(tmp_path: Path) -> None:
     assert doc["graph"] == {"nodes": [], "edges": []} and doc["notes"]
 
 
+def test_symbolic_package_page(tmp_path: Path) -> None:
+    """A package for every size (compiled without -D) is shown at the sizes -D gives, timed there; without them,
+    one error naming the dim (it was an AttributeError: a SymbolicPackage has no launch plan of its own)."""
+    from tgc.errors import TgcError
+    from tgc.package import load_package, write
+
+    path = tmp_path / "any.tgpkg"
+    write(tgc.load(SOFTMAX), path, "CPU")
+    doc = collect(load_package(path), None, {"N": 3, "D": 5}, repeat=1, filename=str(path))
+    assert doc["dims"] == {"N": 3, "D": 5} and doc["kernels"]
+    assert all("N" in k["name"] and k["time_s"] > 0 and k["opts_from"] == "package" for k in doc["kernels"])
+    with pytest.raises(TgcError, match="dim N is unknown"):
+        collect(load_package(path), None, None, measure=False)
+
+
 def test_cli_serve(tmp_path: Path) -> None:
     """`--serve 0`: the page written and served on 127.0.0.1 (a free port), the same bytes."""
     import urllib.request
