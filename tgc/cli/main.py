@@ -219,7 +219,8 @@ def _parse_shard(ctx: click.Context, param: click.Parameter, values: tuple[str, 
     for text in values:
         name, sep, axis = text.partition("=")
         name, axis = name.strip(), axis.strip()
-        if not sep or not name.isidentifier() or not axis.lstrip("-").isdigit() or len(axis) > 6:
+        # (any name, as -i takes: ONNX inputs are called "input.1"; the program says whether it declares it)
+        if not sep or not name or not axis.lstrip("-").isdigit() or len(axis) > 6:
             raise click.BadParameter(f"'{text}' is not NAME=AXIS (e.g. --shard x=0)", ctx, param)
         if shard.get(name, int(axis)) != int(axis):
             raise click.BadParameter(f"{name} is given twice, as {shard[name]} and {axis}", ctx, param)
