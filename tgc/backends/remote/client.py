@@ -304,6 +304,9 @@ class Connection:
                                     f"several: a line `{self.address} TOKEN`)")
         if kind == "compile":
             return CompileError(msg)
+        if kind is None:  # every refusal of `tgc serve` names its kind: this is some other HTTP server's page
+            return DeviceError(f"{self.address} answered HTTP {status} without a tgc error (is it a `tgc serve`?)",
+                               hint=f"check that TGC_REMOTE names a tgc server; {self.address} is something else")
         return DeviceError(f"REMOTE server {self.address}: {msg}")
 
 
