@@ -186,6 +186,14 @@ def test_an_error_page_of_another_http_server_is_one_line(fake):
     assert "<html>" not in e.value.msg and "\n" not in e.value.msg
 
 
+def test_info_leaves_out_the_served_devices_own_device_lists(fake):
+    """`CPU:0 .. CPU:7 split the server's cores` is about the server's local lists, not the client's REMOTE:i:
+    `tgc devices` printed it under each REMOTE row."""
+    info = fake(dict(GOOD, info={"cores": 2, "device_list": "CPU:0 .. CPU:7 in a device list split the 2 cores"})
+                ).device().info()
+    assert "device_list" not in info and info["cores"] == 2 and info["serves"] == "CPU"
+
+
 def test_tgc_devices_shows_a_servers_markup_as_text(fake, monkeypatch):
     from click.testing import CliRunner
 

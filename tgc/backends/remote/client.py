@@ -1000,8 +1000,9 @@ class RemoteDevice(Device):
         p = self.properties
         host, port = self.conn_address
         out: dict[str, Any] = {"serves": p["device"], "server": f"{host}:{port}"}
-        if isinstance(p.get("info"), dict):
-            out.update({k: v for k, v in p["info"].items() if k not in out})
+        if isinstance(p.get("info"), dict):  # (not the served device's own device lists: CPU:0,CPU:1 on the server
+            # are not what a client's REMOTE:i names, so `tgc devices` would print a wrong note under REMOTE)
+            out.update({k: v for k, v in p["info"].items() if k not in out and k != "device_list"})
         out.setdefault("renderer", p.get("renderer"))
         out.setdefault("compiler", p.get("compiler"))
         return out
