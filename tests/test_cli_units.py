@@ -295,6 +295,18 @@ def test_write_files_leaves_targets_untouched_on_failure(tmp_path):
     assert a.read_bytes() == b"new-a" and oct(a.stat().st_mode & 0o777) != "0o600"
 
 
+def test_write_files_onto_a_directory_is_one_error_and_leaves_no_temporary_file(tmp_path):
+    """A target that is a directory fails only at the rename: one TgcError (exit 2), no `.NAME.*.tmp` left behind
+    (it was a NotADirectoryError with the staged file left in the directory)."""
+    from tgc.errors import TgcError
+
+    (tmp_path / "d").mkdir()
+    with pytest.raises(TgcError, match="cannot write") as e:
+        outputs.write_files([(str(tmp_path / "d"), lambda f: f.write(b"page"))])
+    assert e.value.exit_code == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
+
+
 def test_summarize():
     s = outputs.summarize(np.arange(10, dtype=np.int32))
     assert s["min"] == "0" and s["max"] == "9" and s["mean"] == "4.5" and s["values"].endswith(", ...]")

@@ -110,6 +110,21 @@ def test_symbolic_dim_param(tmp_path):
         np.testing.assert_allclose(prog.run(device="CPU", x=x)["y"], (x * x).sum(1), rtol=1e-5)
 
 
+def test_cli_shard_takes_onnx_input_names(tmp_path):
+    """--shard takes an input by its ONNX name, as -i does (`input.1=0` was refused as not NAME=AXIS)."""
+    w = RNG.standard_normal((3, 4)).astype(np.float32)
+    path = _save(tmp_path, [h.make_node("MatMul", ["input.1", "w"], ["m"]), h.make_node("Relu", ["m"], ["out"])],
+                 [_vi("input.1", [5, 3])], [_vi("out", [5, 4])], [nh.from_array(w, "w")])
+    x = RNG.standard_normal((5, 3)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    r = invoke("run", path, "-d", "CPU:0,CPU:1", "--shard", "input.1=0", "-i", f"input.1={tmp_path / 'x.npy'}",
+               "-o", str(tmp_path / "o.npz"))
+    assert r.exit_code == 0, r.output
+    np.testing.assert_allclose(np.load(tmp_path / "o.npz")["out"], np.maximum(x @ w, 0), rtol=1e-5, atol=1e-6)
+    assert_clean(invoke("run", path, "-d", "CPU:0,CPU:1", "--shard", "input.2=0", "--random"), 2, "input.2",
+                 "did you mean 'input.1'")
+
+
 @pytest.mark.parametrize("op,a,b,want", [
     ("Div", [7, -7, 7, -7], [2, 2, -2, -2], [3, -3, -3, 3]),  # C division: truncates
     ("Mod", [7, -7, 7, -7], [3, 3, -3, -3], [1, 2, -2, -1]),  # fmod=0: the divisor's sign

@@ -175,6 +175,25 @@ def test_server_text_is_made_safe_to_print(fake):
     assert "\x1b" not in e.value.msg and "\x07" not in e.value.msg and "\\x1b[31mred" in e.value.msg
 
 
+def test_an_error_page_of_another_http_server_is_one_line(fake):
+    """TGC_REMOTE naming some other HTTP server (a proxy, `python -m http.server`): its error page is not
+    printed as the error (every refusal of `tgc serve` names its kind in X-Tgc-Error); one line saying so."""
+    page = "<!DOCTYPE HTML>\n<html>\n<body><h1>Error response</h1><p>Error code: 501</p></body>\n</html>\n"
+    srv = fake(answer=lambda reqs: (501, {"Content-Length": str(len(page))}, page.encode()))
+    with pytest.raises(DeviceError) as e:
+        srv.device().properties  # noqa: B018
+    assert "HTTP 501" in e.value.msg and "tgc serve" in e.value.msg
+    assert "<html>" not in e.value.msg and "\n" not in e.value.msg
+
+
+def test_info_leaves_out_the_served_devices_own_device_lists(fake):
+    """`CPU:0 .. CPU:7 split the server's cores` is about the server's local lists, not the client's REMOTE:i:
+    `tgc devices` printed it under each REMOTE row."""
+    info = fake(dict(GOOD, info={"cores": 2, "device_list": "CPU:0 .. CPU:7 in a device list split the 2 cores"})
+                ).device().info()
+    assert "device_list" not in info and info["cores"] == 2 and info["serves"] == "CPU"
+
+
 def test_tgc_devices_shows_a_servers_markup_as_text(fake, monkeypatch):
     from click.testing import CliRunner
 

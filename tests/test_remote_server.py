@@ -145,6 +145,14 @@ def test_serving_the_remote_device_itself_is_refused():
         main_serve("127.0.0.1", 0, "REMOTE", None)
 
 
+def test_serving_a_device_list_is_refused_clearly():
+    """`-d CPU:0,CPU:1` (or such a TGC_DEVICE): one user error saying a server serves one device (it was 'bad
+    device index', with a hint to write NAME:i)."""
+    with pytest.raises(TgcError, match="serves one device, not the device list 'CPU:0,CPU:1'") as e:
+        main_serve("127.0.0.1", 0, "CPU:0,CPU:1", None)
+    assert e.value.exit_code == 2
+
+
 # --- auth
 
 

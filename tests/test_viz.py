@@ -151,6 +151,21 @@ def test_package_page(tmp_path: Path) -> None:
     assert doc["graph"] == {"nodes": [], "edges": []} and doc["notes"]
 
 
+def test_symbolic_package_page(tmp_path: Path) -> None:
+    """A package for every size (compiled without -D) is shown at the sizes -D gives, timed there; without them,
+    one error naming the dim (it was an AttributeError: a SymbolicPackage has no launch plan of its own)."""
+    from tgc.errors import TgcError
+    from tgc.package import load_package, write
+
+    path = tmp_path / "any.tgpkg"
+    write(tgc.load(SOFTMAX), path, "CPU")
+    doc = collect(load_package(path), None, {"N": 3, "D": 5}, repeat=1, filename=str(path))
+    assert doc["dims"] == {"N": 3, "D": 5} and doc["kernels"]
+    assert all("N" in k["name"] and k["time_s"] > 0 and k["opts_from"] == "package" for k in doc["kernels"])
+    with pytest.raises(TgcError, match="dim N is unknown"):
+        collect(load_package(path), None, None, measure=False)
+
+
 def test_cli_serve(tmp_path: Path) -> None:
     """`--serve 0`: the page written and served on 127.0.0.1 (a free port), the same bytes."""
     import urllib.request
@@ -263,12 +278,31 @@ def test_cli_writes_page(tmp_path: Path) -> None:
     (["kernels/softmax.tg", "-D", "N=4"], 2, "D"),  # a dim missing
     (["kernels/softmax.tg", "-D", "N=4", "-D", "D=8", "-d", "NOPE"], 2, "NOPE"),
     (["kernels/softmax.tg", "-D", "N=4", "-D", "D=8", "-o", "/nonexistent-dir/x.html"], None, "nonexistent-dir"),
+    (["kernels/softmax.tg", "-D", "N=4", "-D", "D=8", "-o", "kernels"], 2, "is a directory"),  # (was internal)
 ])
 def test_cli_errors(args: list[str], status: int | None, words: str) -> None:
     r = subprocess.run([sys.executable, "-m", "tgc.cli.main", "viz", *args, "--no-measure"], capture_output=True,
                        text=True, cwd=ROOT)
     assert r.returncode != 0 and (status is None or r.returncode == status), (r.returncode, r.stderr)
     assert words in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_serve_on_a_busy_port(tmp_path: Path) -> None:
+    """--serve on a port something else listens on: one error before any work (it was an internal OSError after
+    the page was built), and no page written."""
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        out = tmp_path / "p.html"
+        r = subprocess.run([sys.executable, "-m", "tgc.cli.main", "viz", str(SOFTMAX), "-D", "N=4", "-D", "D=8",
+                            "-o", str(out), "--no-measure", "--serve", str(port)], capture_output=True, text=True,
+                           cwd=ROOT, timeout=120)
+    assert r.returncode == 1, r.stderr
+    assert f"cannot serve the page on 127.0.0.1:{port}" in r.stderr and "internal error" not in r.stderr
+    assert not out.exists()
 
 
 @pytest.fixture(scope="module")

@@ -219,7 +219,8 @@ def _parse_shard(ctx: click.Context, param: click.Parameter, values: tuple[str, 
     for text in values:
         name, sep, axis = text.partition("=")
         name, axis = name.strip(), axis.strip()
-        if not sep or not name.isidentifier() or not axis.lstrip("-").isdigit() or len(axis) > 6:
+        # (any name, as -i takes: ONNX inputs are called "input.1"; the program says whether it declares it)
+        if not sep or not name or not axis.lstrip("-").isdigit() or len(axis) > 6:
             raise click.BadParameter(f"'{text}' is not NAME=AXIS (e.g. --shard x=0)", ctx, param)
         if shard.get(name, int(axis)) != int(axis):
             raise click.BadParameter(f"{name} is given twice, as {shard[name]} and {axis}", ctx, param)
@@ -1125,8 +1126,8 @@ def viz(file: str, device: str | None, dims: dict[str, int], shard: dict[str, in
     """Write one self-contained HTML page that shows FILE (a `.tg` program or a package) inside: its tensor
     graph, kernels with their measured times, each kernel's AST after every pass and its source, a roofline."""
     from tgc.cli.inputs import check_dims
-    from tgc.cli.outputs import write_files
-    from tgc.viz import build_page, serve
+    from tgc.cli.outputs import check_writable, write_files
+    from tgc.viz import build_page, check_port, serve
 
     prog = _load_any(file)
     if _is_pkg(prog):
@@ -1135,9 +1136,9 @@ def viz(file: str, device: str | None, dims: dict[str, int], shard: dict[str, in
     else:
         _warn(check_dims(prog, dims, require_all=True))
     _is_list(device, shard)  # (--shard without a device list: a usage error)
-    where = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(where):  # before the work, not after it
-        raise TgcError(f"cannot write '{out}': no directory {where}")
+    check_writable(out)  # before the work, not after it (a missing directory, a directory, no permission)
+    if port is not None:
+        check_port(port)
     page = build_page(prog, device, dims, shard=shard or None, measure=not no_measure, repeat=repeat,
                            filename=file)
     data = page.encode("utf-8")

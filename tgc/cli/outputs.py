@@ -132,8 +132,14 @@ def write_files(files: Sequence[tuple[str, Writer]]) -> None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
         raise
-    for tmp, path in staged:
-        os.replace(tmp, path)
+    for i, (tmp, path) in enumerate(staged):
+        try:
+            os.replace(tmp, path)
+        except OSError as e:  # (a directory of that name appeared since the checks): no temporary file left
+            for left, _ in staged[i:]:
+                with contextlib.suppress(OSError):
+                    os.unlink(left)
+            raise TgcError(f"cannot write '{path}': {e.strerror or e}", kind=write_error_kind(e)) from None
         _fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 

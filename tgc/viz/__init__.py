@@ -12,8 +12,10 @@ package) and returns the page's HTML; `collect` (tgc/viz/collect.py) gathers the
 from __future__ import annotations
 
 import http.server
+import socket
 from typing import Any
 
+from tgc.errors import TgcError
 from tgc.viz.collect import collect
 from tgc.viz.page import render
 
@@ -41,10 +43,30 @@ def serve(page: str, port: int, ready: Any = None) -> None:
         def log_message(self, format: str, *args: Any) -> None:  # quiet
             pass
 
-    with http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler) as server:
+    try:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    except OSError as e:
+        raise _port_error(port, e) from None
+    with server:
         if ready is not None:
             ready(f"http://127.0.0.1:{server.server_address[1]}/")
         server.serve_forever()
 
 
-__all__ = ["build_page", "collect", "render", "serve"]
+def check_port(port: int) -> None:
+    """One clear error now, not after the page's work, when `serve` could not listen on 127.0.0.1:PORT."""
+    if port:
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (as `serve`'s HTTPServer binds)
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError as e:
+                raise _port_error(port, e) from None
+
+
+def _port_error(port: int, e: OSError) -> TgcError:
+    return TgcError(f"cannot serve the page on 127.0.0.1:{port}: {e.strerror or e}", kind="runtime",
+                    hint="pick a free port (--serve 0 takes any)")
+
+
+__all__ = ["build_page", "check_port", "collect", "render", "serve"]

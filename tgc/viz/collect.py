@@ -374,7 +374,11 @@ def _collect_multi(prog: Any, names: list[str], dims: dict[str, int], shard: dic
 
 def _collect_package(pkg: Any, device: str, dims: dict[str, int] | None, measure: bool, repeat: int,
                      filename: str | None) -> dict[str, Any]:
-    """A compiled package: its kernels, sources and launch sizes (no tensor graph, no passes), timed."""
+    """A compiled package: its kernels, sources and launch sizes (no tensor graph, no passes), timed. A package
+    for every size (`SymbolicPackage`) is shown at the sizes `dims` gives, as `tgc bench` times it there."""
+    if getattr(pkg, "symbolic", False):
+        dims = pkg.infer_dims({}, dims)  # (no inputs: every dim from `dims`, else one clear error)
+        pkg = pkg.at(dims)
     low = pkg.lower(device)
     dev = low.device
     doc: dict[str, Any] = {"file": filename or "<package>", "device": dev.name, "dims": pkg.resolve_dims(dims),

@@ -304,6 +304,9 @@ class Connection:
                                     f"several: a line `{self.address} TOKEN`)")
         if kind == "compile":
             return CompileError(msg)
+        if kind is None:  # every refusal of `tgc serve` names its kind: this is some other HTTP server's page
+            return DeviceError(f"{self.address} answered HTTP {status} without a tgc error (is it a `tgc serve`?)",
+                               hint=f"check that TGC_REMOTE names a tgc server; {self.address} is something else")
         return DeviceError(f"REMOTE server {self.address}: {msg}")
 
 
@@ -997,8 +1000,9 @@ class RemoteDevice(Device):
         p = self.properties
         host, port = self.conn_address
         out: dict[str, Any] = {"serves": p["device"], "server": f"{host}:{port}"}
-        if isinstance(p.get("info"), dict):
-            out.update({k: v for k, v in p["info"].items() if k not in out})
+        if isinstance(p.get("info"), dict):  # (not the served device's own device lists: CPU:0,CPU:1 on the server
+            # are not what a client's REMOTE:i names, so `tgc devices` would print a wrong note under REMOTE)
+            out.update({k: v for k, v in p["info"].items() if k not in out and k != "device_list"})
         out.setdefault("renderer", p.get("renderer"))
         out.setdefault("compiler", p.get("compiler"))
         return out

@@ -994,6 +994,10 @@ def main_serve(host: str = "127.0.0.1", port: int = P.DEFAULT_PORT, device: str 
     """
     token = read_server_tokens(token_file) if token_file is not None else read_token(None)
     name = device or default_device()
+    if "," in name:  # (TGC_DEVICE may hold a list for the other commands)
+        raise TgcError(f"tgc serve serves one device, not the device list '{name}'",
+                       hint="start one server per device (tgc serve -d CPU:1 --port ...) and list them in a "
+                            "client's TGC_REMOTE")
     kind, _ = canonical(name)
     if kind == "REMOTE":
         raise TgcError("cannot serve REMOTE itself", hint="serve a local device, e.g. CPU",
