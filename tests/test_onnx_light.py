@@ -25,11 +25,12 @@ LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", 
 MODELS = ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet", "squeezenet",
           "vgg19", "zfnet512"]
 IN_TESTS = ["bvlc_alexnet", "zfnet512"]
-# the others with NOOPT=1 (small kernels, fast LLVM compiles, slower runs), cold on a loaded 2-core machine:
-# ResNet-50 168 s (default kernels ~577 s), VGG-19 231 s, DenseNet-121 ~1200 s (while the node suite ran beside
-# it; default kernels ~540 s on a quieter machine), Inception v2 73 s, ShuffleNet and Inception v1 41 s,
-# SqueezeNet ~55 s. SqueezeNet and VGG-19 need NOOPT (see above).
+# the others with NOOPT=1 (small kernels, fast LLVM compiles, slower runs), cold on the 2-core machine (quiet):
+# ResNet-50 23 s, Inception v2 11 s, Inception v1 9 s, ShuffleNet and SqueezeNet 4 s; DenseNet-121 86 s and
+# VGG-19 30 s run only with TGC_TEST_ALL_LIGHT=1 (or `python tests/test_onnx_light.py`): the suite's time
+# budget. SqueezeNet and VGG-19 need NOOPT (see above).
 LOWEST_COST = ["densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet", "squeezenet", "vgg19"]
+LONGEST = {"densenet121": "~86 s", "vgg19": "~30 s"}  # cold CPU seconds: past the suite's budget
 
 
 def check_light(name: str, device: str) -> tuple[bool, float]:
@@ -59,6 +60,9 @@ def test_light_model(name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", LOWEST_COST)
 def test_light_model_lowest_cost(name, monkeypatch):
+    if name in LONGEST and os.environ.get("TGC_TEST_ALL_LIGHT") != "1":
+        pytest.skip(f"{name} takes {LONGEST[name]} of one core cold, past the suite's time budget: "
+                    "TGC_TEST_ALL_LIGHT=1 runs it (it passes on the CPU)")
     monkeypatch.setenv("NOOPT", "1")
     ok, err = check_light(name, "CPU")
     assert ok, f"{name}: max error {err}"
