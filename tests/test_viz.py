@@ -111,17 +111,17 @@ def test_packed_operand_kernel() -> None:
 
 
 def test_kernels_the_scheduler_rebuilt() -> None:
-    """Two convs whose weights are the same constant-filled node (as ResNet's light model's are): packing the
-    second one's weight rebuilds the first conv too, and the schedule's kernels read and write nodes outside the
-    traced graph. They are matched back by structure: the first conv and its ReLU are computed by the first conv
-    kernel, the second conv by the last, each node once (not every node by the last kernel)."""
+    """Two convs whose weights are the same constant-filled node (as ResNet's light model's are): the weight is
+    packed once (one copy kernel, then the two convs), and the scheduler maps the nodes it rebuilt back to the
+    traced graph: the first conv and its ReLU are computed by the first conv kernel, the second conv by the last,
+    each node once (not every node by the last kernel)."""
     pad = "((0, 0), (0, 0), (1, 1), (1, 1))"
     w = "full((32, 32, 3, 3), 0.5, dtype=f32)"
     prog = tgc.loads(f"x: f32[1, 32, 64, 64]\na = relu(conv2d(pad(x, {pad}), {w}))\n"
                      f"return conv2d(pad(a, {pad}), {w})\n")
     doc = collect(prog, "CPU", None, measure=False)
     convs = [i for i, k in enumerate(doc["kernels"]) if k["graph_ops"]]
-    assert len(convs) == 2
+    assert len(convs) == 2 and len(doc["kernels"]) == 3
     ops = [(n["op"], n["kernels"]) for n in doc["graph"]["nodes"] if not n["input"]]
     first = ops.index(("MAX", [convs[0]]))  # the ReLU, in the first conv's kernel
     assert all(k == [convs[0]] for _, k in ops[:first + 1]) and all(k == [convs[1]] for _, k in ops[first + 1:])

@@ -767,6 +767,34 @@ def split_odd_channels(outputs: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp], d
     return new_outputs, original, {part: original.get(r, r) for part, r in serves.items()}
 
 
+def _reading_weight(r: UOp, w: UOp, copy: UOp) -> tuple[UOp, dict[UOp, UOp]]:
+    """The conv2d `r` (as `_conv_operands` recognises it, its weight `w`) reading `copy` in place of `w`: only the
+    nodes from `r` down to the weight's reshape are rebuilt, never the input's windows or what is below them (an
+    earlier layer that reads the same weight, through its own copy, stays the node it was). Returns the new conv
+    and, for each node rebuilt below it, the node it replaces."""
+    cast = r.src[0] if r.src[0].op is Ops.CAST else None
+    mul = cast.src[0] if cast is not None else r.src[0]
+    replaced: dict[UOp, UOp] = {}
+
+    def rebuilt(old: UOp, src: tuple[UOp, ...]) -> UOp:
+        new = old.replace(src=src)
+        replaced[new] = old
+        return new
+
+    srcs = []
+    for u in mul.src:
+        v = u.src[0] if u.op is Ops.EXPAND else u
+        if v.src[0] is w:  # the weight's reshape (the input's is a reshape of its windows' permute)
+            v_new = substitute(v, {w: copy})  # (w is not walked: nothing below it is rebuilt)
+            replaced[v_new] = v
+            u = v_new if u is v else rebuilt(u, (v_new,))
+        srcs.append(u)
+    inner = rebuilt(mul, tuple(srcs))
+    if cast is not None:
+        inner = rebuilt(cast, (inner,))
+    return r.replace(src=(inner,)), replaced
+
+
 def pack_conv_operands(outputs: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp], dict[UOp, UOp]]:
     """A CPU choice (with `caps.pack_matmul`): a large conv2d whose output channels per group are a multiple of
     CONV_LANES reads its weight from a copy packed into vectors of CONV_LANES output channels (`_packed_lanes`,
@@ -774,18 +802,29 @@ def pack_conv_operands(outputs: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp], d
     each input value (`tgc.codegen.heuristic.lane_tile`). The padded input is not copied: its gates are per input
     value, outside the lanes, and LLVM hoists them out of the channel loop (a padded copy cost more than it
     saved). A grouped convolution is packed where its output channels per group are a multiple of CONV_LANES:
-    its input channel group (o // Og) then folds to a lane-free value (`symbolic._split_low`). Returns the new
-    outputs, the original node of every rebuilt one, and for each copy the conv it serves."""
+    its input channel group (o // Og) then folds to a lane-free value (`symbolic._split_low`).
+    One copy per distinct weight: convs that share a weight node (a tied weight, or ONNX's light models' one
+    constant-filled weight per shape) all read the one copy, and only the nodes from each conv down to its
+    weight are rebuilt (`_reading_weight`): the layers below, and the weight itself, are computed once.
+    Returns the new outputs, the original node of every rebuilt one (those inside a conv included), and for
+    each copy the first conv it serves."""
     serves: dict[UOp, UOp] = {}
+    copies: dict[UOp, UOp] = {}  # weight -> its packed copy
+    inside: dict[UOp, UOp] = {}  # a node `_reading_weight` rebuilt -> the one it replaces
 
     def pack(new: UOp) -> UOp:  # `new` is rebuilt on its sources' new nodes: a conv inside x is packed too
         ops = _conv_operands(new)
         full = shape_of(new.src[0]) if ops is not None else ()  # (a CAST keeps the shape)
         if ops is None or full[2] % CONV_LANES or prod(full) < CONV_MIN_FLOPS:
             return new
-        packed = _packed_lanes(ops[0], CONV_LANES)
-        out = substitute(new, {ops[0]: packed})
-        serves[packed.src[0].src[0]] = out
+        w = ops[0]
+        first = w not in copies
+        if first:
+            copies[w] = _packed_lanes(w, CONV_LANES)
+        out, replaced = _reading_weight(new, w, copies[w])
+        if first:
+            serves[copies[w].src[0].src[0]] = out
+        inside.update(replaced)
         return out
 
     memo: dict[UOp, UOp] = {}
@@ -793,6 +832,10 @@ def pack_conv_operands(outputs: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp], d
     if not serves:
         return outputs, {}, {}
     original = {new: old for old, new in memo.items() if new is not old}
+    given = {new: old for old, new in memo.items()}  # (a node inside a conv, as `pack` was given it -> its original)
+    for new, old in inside.items():
+        if new not in original and new is not old:
+            original[new] = given.get(old, old)
     return new_outputs, original, {copy: original.get(conv, conv) for copy, conv in serves.items()}
 
 

@@ -1045,8 +1045,10 @@ def _tree(terms: list[str], fn: str) -> str:
 
 
 def _lowest(dt: DType) -> str:
+    """The value MaxPool pads with: -inf for every float dtype (a finite -1e300 overflowed f32's range on its
+    way to -inf; `inf` is a name the translation never shadows), the dtype's lowest value for an integer."""
     if _is_float(dt):
-        return "(-1e300 * 1e300)" if dt == dtypes.f64 else "(-1e300)"
+        return "(-inf)"
     return str(int(np.iinfo(dt.np).min))
 
 

@@ -64,9 +64,8 @@ def collect(prog: Any, device: str | list[str] | None = None, dims: dict[str, in
     if len(items) != len(kernels):  # (cannot happen today: `Program._build_kernels` keeps the same items)
         doc["notes"].append("the schedule and the compiled kernels differ: passes not shown")
         items = [None] * len(kernels)
-    same = _graph_nodes_of(outs, [it for it in items if it is not None])
-    doc["kernels"] = [_kernel_doc(k, it, dev, same) for k, it in zip(kernels, items)]
-    doc["graph"] = _graph(prog, outs, [it for it in items if it is not None], same)
+    doc["kernels"] = [_kernel_doc(k, it, dev) for k, it in zip(kernels, items)]
+    doc["graph"] = _graph(prog, outs, [it for it in items if it is not None])
     rec = prog.recompute(dev.name, dims)
     doc["program"] = {"written_ops": rec["written"], "executed_ops": rec["executed"], "recompute": rec["factor"],
                       "flops": sum(k.flops for k in kernels), "bytes": sum(k.bytes_moved for k in kernels)}
@@ -115,7 +114,7 @@ def _opts_source(item: Any, dev: Any, k: Any) -> str:
     return "heuristic" if k.opts or not attention else "defaults"
 
 
-def _kernel_doc(k: Any, item: Any, dev: Any, same: dict[UOp, UOp] | None = None) -> dict[str, Any]:
+def _kernel_doc(k: Any, item: Any, dev: Any) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "name": k.name, "device": dev.name, "line": k.line, "opts": [str(o) for o in k.opts],
         "opts_from": _opts_source(item, dev, k), "global_size": list(k.global_size),
@@ -124,54 +123,21 @@ def _kernel_doc(k: Any, item: Any, dev: Any, same: dict[UOp, UOp] | None = None)
         "lang": _lang(dev.kind, k.src), "time_s": None, "gflops": None, "gbps": None, "share": None}
     doc["passes"] = _passes(k, item, dev) if item is not None else []
     if item is not None:
-        written = _written_ops(item, same or {})
+        written = _written_ops(item)
         doc["recompute"] = recompute_factor(k.graph_flops, written) if written else None
     return doc
 
 
-def _written_ops(item: Any, same: dict[UOp, UOp]) -> int:
+def _written_ops(item: Any) -> int:
     """The graph's ops this kernel's output stands for, each node once (the buffers it reads excluded)."""
     if "serves" in item.meta:  # a packed copy of an operand: no op of the graph
         return 0
-    start = same.get(item.output, item.output)
-    stops = {same.get(b, b) for b in item.bufs[1:]} - {start}
+    start = item.output
+    stops = set(item.bufs[1:]) - {start}
     exclude: set[UOp] = set()
     for s in stops:
         exclude.update(s.toposort())
     return written_flops([start], exclude=exclude)
-
-
-def _graph_nodes_of(outs: list[UOp], items: list[Any]) -> dict[UOp, UOp]:
-    """The traced graph's node that each schedule node outside it stands for (the output and buffers of a kernel
-    the scheduler rebuilt, when its map back to the graph misses them: a packed conv weight shared by several
-    convs, as ResNet's constant-filled weights of one shape are, rebuilds the layers below it). Matched by
-    structure: op, dtype, arg and sources, a weight (computed from constants or a packed copy alone) by its
-    shape only, as packing changes how it is built; a key two graph nodes share matches neither."""
-    graph = UOp(Ops.SINK, None, tuple(outs)).toposort()
-    in_graph = set(graph)
-    missing = list(dict.fromkeys(b for it in items for b in (it.output, *it.bufs) if b not in in_graph))
-    if not missing:
-        return {}
-    ids: dict[tuple, int] = {}
-    key: dict[UOp, int] = {}
-    weight: dict[UOp, bool] = {}
-
-    def keys(order: list[UOp]) -> None:
-        for u in order:
-            if u in key:
-                continue
-            w = u.op is Ops.CONTIGUOUS or (bool(u.src) and u.op not in (Ops.BUFFER, Ops.SINK)
-                                           and all(weight[s] for s in u.src))
-            weight[u] = w or u.op is Ops.CONST
-            k = ("weight", shape_of(u), u.dtype) if w else (u.op, u.dtype, u.arg, tuple(key[s] for s in u.src))
-            key[u] = ids.setdefault(k, len(ids))
-
-    keys(graph)
-    by_key: dict[int, UOp | None] = {}
-    for n in graph:
-        by_key[key[n]] = n if key[n] not in by_key else None  # (shared: ambiguous)
-    keys(UOp(Ops.SINK, None, tuple(missing)).toposort())
-    return {b: by_key[key[b]] for b in missing if by_key.get(key[b]) is not None}
 
 
 def _lang(kind: str, src: str) -> str:
@@ -247,7 +213,7 @@ def _changed(before: list[str] | None, after: list[str]) -> tuple[list[int], int
 MAX_DRAWN = 300  # computed tensor-graph nodes beyond which the page opens the graph folded, one box per kernel
 
 
-def _graph(prog: Any, outs: list[UOp], items: list[Any], same: dict[UOp, UOp] | None = None) -> dict[str, Any]:
+def _graph(prog: Any, outs: list[UOp], items: list[Any]) -> dict[str, Any]:
     """The graph to draw (see the module docstring): nodes with op, shape, line, kernels and cluster (the kernel
     the node is drawn in: the one that writes it, else the first that computes it; an input's is its user's; -1
     for none); edges. An input is
@@ -255,7 +221,6 @@ def _graph(prog: Any, outs: list[UOp], items: list[Any], same: dict[UOp, UOp] | 
     layout, which costs the layout most of its time). Past MAX_DRAWN computed nodes `collapse` is true: the page
     draws each kernel as one box that opens into its nodes on a click (a layout of a few hundred nodes at a time,
     however large the program)."""
-    same = same or {}
     nodes = UOp(Ops.SINK, None, tuple(outs)).toposort()
     const_only: dict[UOp, bool] = {}
     for n in nodes:
@@ -277,11 +242,11 @@ def _graph(prog: Any, outs: list[UOp], items: list[Any], same: dict[UOp, UOp] | 
     for ki, item in enumerate(items):
         if "serves" in item.meta:  # a packed copy of an operand (not a node of the graph): listed on what it reads
             for b in item.bufs[1:]:
-                kernels_of.setdefault(same.get(b, b), []).append(ki)
+                kernels_of.setdefault(b, []).append(ki)
             continue
-        start = same.get(item.output, item.output)
+        start = item.output
         writer.setdefault(start, ki)
-        stops = {same.get(b, b) for b in item.bufs[1:]} - {start}
+        stops = set(item.bufs[1:]) - {start}
         stack, seen = [start], set()
         while stack:
             u = stack.pop()
