@@ -101,11 +101,12 @@ def test_graph_nodes_lines_and_kernels(tb_doc: dict) -> None:
 def test_packed_operand_kernel() -> None:
     """A matmul large enough that the CPU packs its right operand first (a copy kernel, `meta["serves"]`): the copy
     computes no op of the graph (listed on the input it reads, no recompute factor); the matmul's kernel computes
-    every op, each once: 2*512*512 products, as many sums, then the bias and the ReLU (2*512 each)."""
-    doc = collect(tgc.load(ROOT / "kernels" / "matmul.tg"), "CPU", {"M": 2, "K": 512, "N": 512}, measure=False)
+    every op, each once: 32*512*512 products, as many sums, then the bias and the ReLU (32*512 each). (32 rows:
+    a weight read by fewer rows is not packed.)"""
+    doc = collect(tgc.load(ROOT / "kernels" / "matmul.tg"), "CPU", {"M": 32, "K": 512, "N": 512}, measure=False)
     copy, mm = doc["kernels"]
     assert copy["recompute"] is None and copy["graph_ops"] == 0
-    assert mm["graph_ops"] == 2 * (2 * 512 * 512) + 2 * (2 * 512) and mm["recompute"] == 1.0
+    assert mm["graph_ops"] == 2 * (32 * 512 * 512) + 2 * (32 * 512) and mm["recompute"] == 1.0
     by_label = {n["label"]: n["kernels"] for n in doc["graph"]["nodes"]}
     assert by_label["b"] == [0] and by_label["a"] == [] and by_label["MAX"] == [1]
 
