@@ -940,3 +940,29 @@ def test_serve_has_one_option_parser():
     assert not hasattr(server_module, "main")
     src = open(server_module.__file__, encoding="utf-8").read()
     assert "argparse" not in src and "__main__" not in src
+
+
+@needs_cpu
+def test_one_binary_of_sources_of_different_arity_launches_as_each_declares(server_process, monkeypatch):
+    """`x * 0` (kernel E_1 of two buffers) and `a * 0 + b * 0` (E_1 of three) store a zero: on the CPU both compile
+    to one binary (the unread inputs leave no trace in the code). A launch is checked against what its own source
+    declared, not against what the first source of that binary did (a suite run found this: a launch was refused
+    as 'the kernel takes 1 buffers, the launch gave 2')."""
+    import tgc
+    from tgc import backends
+    dev = client(server_process)
+    monkeypatch.setitem(backends._instances, backends.canonical("REMOTE:0"), dev)  # REMOTE:0 is this client
+    one = np.array([7], dtype=np.int32)
+    try:
+        srcs = ["x: i32[1]\nreturn x * 0", "a: i32[1]\nb: i32[1]\nreturn a * 0 + b * 0",
+                "a: i32[1]\nb: i32[1]\nreturn a - b + b - a"]
+        libs = set()
+        for src in srcs:
+            prog = tgc.loads(src)
+            ks = prog.compile(device="CPU")
+            libs |= {k.binary for k in ks}
+            out = prog.run(device="REMOTE:0", **{d.name: one for d in prog.inputs})
+            np.testing.assert_array_equal(next(iter(out.values())), np.zeros(1, np.int32))
+        assert len(libs) == 1  # (the premise: one binary for all three)
+    finally:
+        dev.close()

@@ -3,6 +3,7 @@ ends its source (and, for LLVM IR, its parameters), and the check of a launch ag
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections import OrderedDict
@@ -24,6 +25,10 @@ class Contract:
     global_size: tuple[int, int, int]
     local_size: tuple[int, int, int] | None
     vals: int
+    # for LLVM IR, the functions of the source this contract came with: (name, pointers, integers) each. Sources
+    # of different arity can compile to one binary (a kernel that ignores a buffer is the code of one without
+    # it), so which contract a launch of a name may meet is decided per source, not per binary
+    functions: tuple[tuple[str, int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,8 @@ def parse_contract(src: str, language: str | None) -> Known:
             if args is not None:
                 params[m.group(1)] = (sum(a.startswith("ptr") for a in args),
                                       sum(not a.startswith("ptr") for a in args))
+        if contract is not None:
+            contract = dataclasses.replace(contract, functions=tuple(sorted((n, p, i) for n, (p, i) in params.items())))
     return Known(contract, params)
 
 

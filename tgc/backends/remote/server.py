@@ -805,13 +805,16 @@ class RemoteServer:
                 raise Refusal(400, "protocol", f"program '{req.name[:80]}': this server did not compile that "
                                                "binary (or has forgotten it); send its source in a Compile first")
             if known.params is not None:
-                params = known.params.get(req.name)
-                if params is None:
+                # each contract with the arity its own source declared for this name (sources of different
+                # arity can compile to one binary: `Contract.functions`)
+                arities = {(p, i) for c in contracts for n, p, i in c.functions if n == req.name}
+                if not arities:
                     raise Refusal(400, "protocol", f"the binary defines no kernel '{req.name[:80]}'")
-                contracts = tuple(c for c in contracts if params == (len(c.bufs), c.vals + 1))
+                contracts = tuple(c for c in contracts if (req.name, len(c.bufs), c.vals + 1) in c.functions)
                 if not contracts:
-                    raise Refusal(400, "protocol", f"kernel '{req.name[:80]}' takes {params[0]} buffers and "
-                                                   f"{params[1]} integers, not what its launch contract says")
+                    p, i = min(arities)
+                    raise Refusal(400, "protocol", f"kernel '{req.name[:80]}' takes {p} buffers and "
+                                                   f"{i} integers, not what its launch contract says")
         try:
             program = self.device.program(req.name, lib)
         except Exception as e:  # not a binary this device can load: the client's fault
