@@ -360,3 +360,14 @@ def _fmt_us(us: float) -> str:
     if us >= 1e3:
         return f"{us / 1e3:.2f} ms"
     return f"{us:.1f} us"
+
+
+def read_trace(path: str) -> dict:
+    """A trace file as `--profile` writes it (a JSON object with a `traceEvents` list); OSError or ValueError
+    (a file that is not such a trace) otherwise. The tools that read traces (tools/trace_summary.py,
+    tools/trace_timeline.py) share it."""
+    with open(path, encoding="utf-8") as f:
+        doc = json.load(f)
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        raise ValueError("no traceEvents list")
+    return doc

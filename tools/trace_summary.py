@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 
-from tgc.profile import summarize, summary_markdown
+from tgc.profile import read_trace, summarize, summary_markdown
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,10 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = ap.parse_args(argv)
     try:
-        with open(args.trace, encoding="utf-8") as f:
-            doc = json.load(f)
-        if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
-            raise ValueError("no traceEvents list")
+        doc = read_trace(args.trace)
     except (OSError, ValueError) as e:
         print(f"error: {args.trace} is not a readable trace: {e}", file=sys.stderr)
         return 2

@@ -18,6 +18,8 @@ import sys
 from collections import defaultdict
 from typing import Any
 
+from tgc.profile import read_trace
+
 ROW = 18  # px per depth level of a track
 LABEL = 230  # px of the track names column
 
@@ -108,10 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--to", dest="t1", type=float, help="end (ms)")
     args = ap.parse_args(argv)
     try:
-        with open(args.trace, encoding="utf-8") as f:
-            doc = json.load(f)
-        if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
-            raise ValueError("no traceEvents list")
+        doc = read_trace(args.trace)
     except (OSError, ValueError) as e:
         print(f"error: {args.trace} is not a readable trace: {e}", file=sys.stderr)
         return 2
