@@ -139,8 +139,9 @@ def test_queued_launches_go_in_one_round_trip(remote):
 def test_compile_renders_with_the_served_devices_renderer(remote):
     import tgc
     dims = {"N": 8, "D": 40}
-    here = tgc.loads(SOFTMAX).compile(device="CPU", dims=dims)
-    there = tgc.loads(SOFTMAX).compile(device="REMOTE", dims=dims)
+    # (heuristic kernels on both: a BEAM winner another test stored for one device must not make them differ)
+    here = tgc.loads(SOFTMAX).compile(device="CPU", dims=dims, tuned=False)
+    there = tgc.loads(SOFTMAX).compile(device="REMOTE", dims=dims, tuned=False)
     assert [k.src for k in there] == [k.src for k in here]
     assert [k.name for k in there] == [k.name for k in here]
     assert all(k.binary for k in there)
