@@ -639,23 +639,23 @@ def split_odd_matmul(r: UOp, serves: dict[UOp, UOp], top: UOp | None = None) -> 
             serves[head] = top
         return UOp(Ops.ADD, r.dtype, (head, _matmul_part(r, steps=(main, k))))
     if n > SPLIT_COLUMNS and n % SPLIT_COLUMNS:
-        main = n - n % SPLIT_COLUMNS
-        wide = -(-(n - main) // REST_COLUMNS) * REST_COLUMNS  # a multiple of 16 (a vector)
-        first = split_odd_matmul(_matmul_part(r, columns=(0, main)), serves, top)
-        rest = split_odd_matmul(_matmul_part(r, columns=(n - wide, n)), serves, top)
-        for part in (first, rest):
-            if part.op is Ops.REDUCE_AXIS:
-                serves[part] = top
-        return _join(r, nd - 1, first, rest, main, n, wide)
+        wide = -(-(n % SPLIT_COLUMNS) // REST_COLUMNS) * REST_COLUMNS  # a multiple of 16 (a vector)
+        return _split_in_two(r, serves, top, "columns", nd - 1, n, n - n % SPLIT_COLUMNS, wide)
     if m >= SPLIT_ROWS_MIN and m > SPLIT_ROWS and m % SPLIT_ROWS:
-        main = m - m % SPLIT_ROWS
-        first = split_odd_matmul(_matmul_part(r, rows=(0, main)), serves, top)
-        rest = split_odd_matmul(_matmul_part(r, rows=(m - REST_ROWS, m)), serves, top)
-        for part in (first, rest):
-            if part.op is Ops.REDUCE_AXIS:
-                serves[part] = top
-        return _join(r, nd - 3, first, rest, main, m, REST_ROWS)
+        return _split_in_two(r, serves, top, "rows", nd - 3, m, m - m % SPLIT_ROWS, REST_ROWS)
     return r
+
+
+def _split_in_two(r: UOp, serves: dict[UOp, UOp], top: UOp, along: str, axis: int, size: int, main: int,
+                  rest: int) -> UOp:
+    """Matmul `r` as its first `main` rows or columns (`along`, output axis `axis` of `size`) and its last `rest`
+    ones, each split further (`split_odd_matmul`) and joined; a part that is a reduction serves `top`."""
+    first = split_odd_matmul(_matmul_part(r, **{along: (0, main)}), serves, top)
+    last = split_odd_matmul(_matmul_part(r, **{along: (size - rest, size)}), serves, top)
+    for part in (first, last):
+        if part.op is Ops.REDUCE_AXIS:
+            serves[part] = top
+    return _join(r, axis, first, last, main, size, rest)
 
 
 def split_odd_sizes(outputs: list[UOp], keep: set[UOp]) -> tuple[list[UOp], dict[UOp, UOp], dict[UOp, UOp]]:
