@@ -719,6 +719,17 @@ class Program:
         p = plan_multi(outs, in_bufs, {index[k]: v for k, v in shard.items()}, len(devs))
         memo: dict[tuple, Kernel] = {}
         items_of: list[list[ScheduleItem]] = [[] for _ in devs]
+        # one name per distinct kernel code across the executable (the same AST on two devices keeps one name;
+        # two different kernels of the same shape get `r_6_4`, `r_6_4n1`, as on one device)
+        name_of: dict[UOp, str] = {}
+        taken: dict[str, int] = {}
+
+        def unique_name(item: ScheduleItem) -> str:
+            if item.ast not in name_of:
+                n = taken.get(item.name, 0)
+                taken[item.name] = n + 1
+                name_of[item.ast] = f"{item.name}n{n}" if n else item.name
+            return name_of[item.ast]
 
         def build(d: int, nodes: list[UOp]) -> tuple[list[UOp], list[Kernel]]:
             """Device d's kernels computing `nodes`; the nodes that then hold them (split reductions differ)."""
@@ -732,7 +743,7 @@ class Program:
                 item.line = None
                 mk = (id(dev), item.ast, tuple(item.bufs))  # (equal ASTs may read different buffers)
                 if mk not in memo:
-                    memo[mk] = build_kernel(item, dev, beam=beam, tuned=tuned)
+                    memo[mk] = build_kernel(item, dev, beam=beam, name=unique_name(item), tuned=tuned)
                 kernels.append(memo[mk])
             return [split.get(n, n) for n in nodes], kernels
 

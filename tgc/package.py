@@ -51,6 +51,7 @@ from tgc.version import __version__
 
 FORMAT = "tgpkg"
 FORMAT_VERSION = 1
+MULTI_VERSION = 3  # a device list's package (tgc/multipackage.py); 2 is a symbolic package's (below)
 MANIFEST = "manifest.json"
 SUFFIX = ".tgpkg"
 ZIP_MAGIC = b"PK\x03\x04"
@@ -314,20 +315,32 @@ def _dim_expr(d: Any) -> Any:
     return d
 
 
-def write(prog: Any, path: str | os.PathLike, device: str | None = None, dims: dict[str, int] | None = None
-          ) -> Package | SymbolicPackage:
+def write(prog: Any, path: str | os.PathLike, device: str | list[str] | None = None,
+          dims: dict[str, int] | None = None, shard: dict[str, int] | None = None) -> Package | SymbolicPackage:
     """Build a package and write it to `path` (atomically: a failed write leaves no partial file); return it
     as loaded back from the bytes written. Without dims, a program with dims is packaged symbolically (its
-    kernels for every size of its size classes, CPU and PYTHON: `build_symbolic`)."""
-    if not dims and prog.dim_names:
+    kernels for every size of its size classes, CPU and PYTHON: `build_symbolic`). A device list (`"CPU:0,CPU:1"`,
+    with `shard` {input: axis}) is packaged as its one multi-device executable (`tgc.multipackage`, every dim
+    needed)."""
+    names = [x.strip() for x in device.split(",")] if isinstance(device, str) else list(device or [])
+    if len(names) > 1:
+        from tgc.multipackage import build_multi
+
+        dims = prog.resolve_dims(dims)
+        axes = prog.shard_axes(shard, dims, len(names))
+        data = build_multi(prog, prog.lower_multi(names, dims, axes), names, dims, axes)
+    elif shard:
+        raise TgcError("sharding an input needs a device list, not one device",
+                       hint="give a device list, e.g. CPU:0,CPU:1, or drop the shard")
+    elif not dims and prog.dim_names:
         from tgc.backends import one_device
-        dev = one_device(device)
+        dev = one_device(names[0] if names else None)
         if dev.caps.gpu or dev.kind not in ("CPU", "PYTHON"):
             raise TgcError(f"a package for {dev.kind} needs every dim: kernels with symbolic sizes are built for "
                            "the CPU and PYTHON devices only", hint="give its dims (-D NAME=INT)")
         data = build_symbolic(prog, dev)
     else:
-        data = build(prog, device, dims)
+        data = build(prog, names[0] if names else None, dims)
     path = os.fspath(path)
     tmp = f"{path}.tmp{os.getpid()}"
     try:
@@ -375,6 +388,9 @@ def loads_package(data: bytes, path: str = "<bytes>") -> Package | SymbolicPacka
     manifest, members = read_members(data, path)
     if manifest.get("format_version") == SYMBOLIC_VERSION:
         return SymbolicPackage(manifest, members, path)
+    if manifest.get("format_version") == MULTI_VERSION:  # a device list's (tgc.multipackage)
+        from tgc.multipackage import MultiPackage
+        return MultiPackage(manifest, members, path)  # type: ignore[return-value]
     return Package(manifest, members, path)
 
 
@@ -473,11 +489,11 @@ def _check_format(manifest: dict, path: str) -> None:
     if manifest.get("format") != FORMAT:
         raise _bad(path, "its manifest is not a tgc package's")
     version = manifest.get("format_version")
-    if version not in (FORMAT_VERSION, SYMBOLIC_VERSION):
+    if version not in (FORMAT_VERSION, SYMBOLIC_VERSION, MULTI_VERSION):
         made = manifest.get("tgc_version")
         raise PackageError(
             f"{path}: package format version {version!r} (written by tgc {str(made)[:40]}), but this tgc "
-            f"({__version__}) reads versions {FORMAT_VERSION} and {SYMBOLIC_VERSION}",
+            f"({__version__}) reads versions {FORMAT_VERSION}, {SYMBOLIC_VERSION} and {MULTI_VERSION}",
             hint="compile the package again with this tgc")
 
 

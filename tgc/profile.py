@@ -61,6 +61,9 @@ class Profile:
         self._flows = 0
         self.launches = 0
         self.labels: dict[str, Any] = {}  # added to the args of every launch while set (`labelled`)
+        # device tracks under another name: a device list names every device with its index (`OPENCL` in
+        # `CPU:0,OPENCL:0` is the track `OPENCL:0`); set by the device-list runner
+        self.aliases: dict[str, str] = {}
 
     @contextmanager
     def labelled(self, **labels: Any) -> Iterator[None]:
@@ -82,6 +85,7 @@ class Profile:
 
     def track(self, process: str, thread: str) -> tuple[int, int]:
         """(pid, tid) of a named track, created (with its metadata events) on first use."""
+        process = self.aliases.get(process, process)
         with self._lock:
             pid = self._pids.get(process)
             if pid is None:

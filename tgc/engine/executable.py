@@ -31,6 +31,7 @@ every device first.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +54,7 @@ from tgc.engine.realize import (
     to_user_array,
 )
 from tgc.env import debug_level
+from tgc.errors import DeviceError, TgcError
 from tgc.ir.shapes import prod
 
 
@@ -65,6 +67,9 @@ def run(exe: Executable, arrays: dict[str, np.ndarray], replay: realize.LaunchPl
     binds the executable to buffers of its own and from then on replays it as one device graph; without
     `replay`, once."""
     if exe.multi:
+        if replay is not None:
+            return replay.run(key, lambda: exe, arrays, once=lambda low, a: _run_steps(low, a).outputs,
+                              make=StepsPlan)
         return _run_steps(exe, arrays).outputs
     if exe.chunks is not None:
         return realize.run_chunked(exe, exe.chunks.count, set(exe.chunks.sliced), arrays)
@@ -108,59 +113,158 @@ class StepsRun:
     compute_seconds: float
 
 
-def _run_steps(exe: Executable, arrays: dict[str, np.ndarray], timed: bool = False) -> StepsRun:
+class StepsPlan:
+    """A device list's executable bound to buffers of its own on every device (allocated once, by each device's
+    memory plan), for running it again and again (`run(exe, arrays, replay, key)` makes one at a key's second
+    run, as `realize.LaunchPlans` does for one device). Each device's run of consecutive launches (between two
+    copies or collectives) is that device's launch plan: captured once as a device graph over the plan's
+    buffers (`Device.graph`; `graph_error` per run where the device has none or refused it, then its kernels
+    launch one by one), and replayed on every later run; copies and collectives run as steps between them.
+    One run at a time (`lock`); `free()` gives the graphs and buffers back."""
+
+    def __init__(self, exe: Executable):
+        self.low, self.exe = exe, exe
+        self.buffers: list[dict[Any, Buffer]] = [{} for _ in exe.devices]
+        self.graphs: dict[tuple[int, int], Any] = {}  # (run of launches, device) -> its graph, or None
+        self.graph_errors: dict[tuple[int, int], str] = {}
+        self.lock = threading.Lock()
+        self.runs = 0
+        self.broken = False
+        try:
+            for d in range(len(exe.devices)):
+                realize.allocate_device(exe, d, self.buffers[d])
+        except BaseException:
+            self.free()
+            raise
+
+    def graph(self, segment: int, d: int, kernels: list) -> Any:
+        """Device `d`'s graph of its launches in run `segment` (captured on first use), or None."""
+        at = (segment, d)
+        if at not in self.graphs:
+            dev = self.exe.devices[d]
+            launches = [(k.program(), [self.buffers[d][key].handle for key in k.bufs], k.global_size,
+                         k.local_size, k.vals) for k in kernels]
+            graph = None
+            try:
+                graph = dev.graph(launches, **(self.exe.graph_options_of[d] or {})) if realize.graphs_enabled() \
+                    else None
+                if graph is None:
+                    self.graph_errors[at] = f"{dev.name} has no device graphs" if realize.graphs_enabled() \
+                        else "TGC_GRAPH=0"
+            except TgcError as e:
+                self.graph_errors[at] = e.msg
+            except Exception as e:  # no graph (too many arguments, no runner): launch each kernel
+                self.graph_errors[at] = f"{type(e).__name__}: {e}"
+            if at in self.graph_errors and debug_level() >= 2:
+                print(f"*** {dev.name:<8} no graph for {len(kernels)} kernels: {self.graph_errors[at]}",
+                      file=sys.stderr)
+            self.graphs[at] = graph
+        return self.graphs[at]
+
+    def run(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        try:
+            self.runs += 1
+            return _run_steps(self.exe, arrays, plan=self).outputs
+        except BaseException:
+            self.broken = True
+            raise
+
+    def free(self) -> None:
+        graphs, self.graphs = self.graphs, {}
+        for g in graphs.values():
+            if g is not None:
+                try:
+                    g.free()
+                except Exception:
+                    pass
+        buffers, self.buffers = self.buffers, []
+        for bufs in buffers:
+            for buf in bufs.values():
+                try:
+                    buf.free()
+                except Exception:  # a device that lost its memory: nothing to give back
+                    pass
+
+    def __del__(self) -> None:
+        try:
+            self.free()
+        except Exception:  # interpreter shutdown
+            pass
+
+
+def _run_steps(exe: Executable, arrays: dict[str, np.ndarray], timed: bool = False,
+               plan: StepsPlan | None = None) -> StepsRun:
     if profile.active is None:
-        return _walk(exe, arrays, timed)
+        return _walk(exe, arrays, timed, plan)
+    profile.active.aliases.update({dev.name: f"{dev.kind}:{dev.index}" for dev in exe.devices if ":" not in dev.name})
+    how = {"as": "launch plans", "run": plan.runs} if plan is not None else {}
     with profile.host_span(f"run on {len(exe.devices)} devices", {"devices": [d.name for d in exe.devices],
-                                                                   "steps": len(exe.collectives())}):
-        return _walk(exe, arrays, timed)
+                                                                   "steps": len(exe.collectives()), **how}):
+        return _walk(exe, arrays, timed, plan)
 
 
-def _walk(exe: Executable, arrays: dict[str, np.ndarray], timed: bool) -> StepsRun:
-    """Allocate each device's planned buffers, copy each device's part of the inputs in, run the steps (launches
-    on all devices at once), copy the outputs out, free the buffers."""
+def _walk(exe: Executable, arrays: dict[str, np.ndarray], timed: bool, plan: StepsPlan | None = None) -> StepsRun:
+    """Allocate each device's planned buffers (or use `plan`'s), copy each device's part of the inputs in, run the
+    steps (launches on all devices at once; with `plan`, each device's run of launches as its graph), copy the
+    outputs out, free the buffers (not a plan's)."""
     devices, n = exe.devices, len(exe.devices)
-    buffers: list[dict[Any, Buffer]] = [{} for _ in range(n)]
+    buffers: list[dict[Any, Buffer]] = plan.buffers if plan is not None else [{} for _ in range(n)]
     stats = Transfers.for_devices(n)
     ktime = [0.0] * n
     level = debug_level()
     pending: list[Any] = []
 
-    def run_kernels(d: int, kernels: list) -> None:
+    def run_kernels(d: int, kernels: list, segment: int) -> None:
         st = time.perf_counter()
-        inplace = exe.memory_plan(d).inplace if level >= 2 else []
-        for k in kernels:  # (DEBUG=2 launches twice, except a kernel writing its output over its input)
-            realize.launch(k, [buffers[d][key] for key in k.bufs],
-                           in_place=any(out in k.bufs and src in k.bufs for out, src in inplace))
+        graph = plan.graph(segment, d, kernels) if plan is not None and level < 2 and kernels else None
+        if graph is not None:
+            prof = profile.active
+            try:
+                if prof is not None:
+                    prof.graph(devices[d].name, kernels, lambda: graph(wait=True))
+                else:
+                    graph(wait=False)
+            except TgcError:
+                raise
+            except Exception as e:  # a device failure is a runtime error, not a crash
+                raise DeviceError(f"the graph of {len(kernels)} kernels failed on {devices[d].name}: {e}") from None
+        else:
+            inplace = exe.memory_plan(d).inplace if level >= 2 else []
+            for k in kernels:  # (DEBUG=2 launches twice, except a kernel writing its output over its input)
+                realize.launch(k, [buffers[d][key] for key in k.bufs],
+                               in_place=any(out in k.bufs and src in k.bufs for out, src in inplace))
         if timed:
             devices[d].synchronize()
             ktime[d] += time.perf_counter() - st
 
-    def each_device(per_device: list[list]) -> None:
+    def each_device(per_device: list[list], segment: int) -> None:
         """Every device runs its kernels at once, each from its own host thread (a CPU kernel releases the GIL)."""
         if n == 1 or sum(1 for ks in per_device if ks) <= 1 or level >= 2:  # (DEBUG lines one device at a time)
             for d in range(n):
-                run_kernels(d, per_device[d])
+                run_kernels(d, per_device[d], segment)
             return
         pool = exe.threads()
-        pending[:] = [pool.submit(run_kernels, d, per_device[d]) for d in range(n)]
+        pending[:] = [pool.submit(run_kernels, d, per_device[d], segment) for d in range(n)]
         for f in pending:
             f.result()
         pending.clear()
 
     try:
-        for d in range(n):
-            realize.allocate_device(exe, d, buffers[d])
+        if plan is None:
+            for d in range(n):
+                realize.allocate_device(exe, d, buffers[d])
         for part in exe.inputs:  # each device's part of the inputs, before the clock starts
             _copy_in(exe, part, arrays[part.name], buffers[part.device][part.key], level)
         t0 = time.perf_counter()
         launches: list[list] = [[] for _ in range(n)]
+        segment = 0
         for step in exe.steps + [None]:
             if isinstance(step, Launch):
                 launches[step.device].append(step.kernel)
                 continue
             if any(launches):
-                each_device(launches)
+                each_device(launches, segment)
+                segment += 1
                 launches = [[] for _ in range(n)]
             if step is None:
                 break
@@ -192,9 +296,10 @@ def _walk(exe: Executable, arrays: dict[str, np.ndarray], timed: bool) -> StepsR
         if pending:  # an interrupted or failed run: no buffer is freed under a kernel still running
             from concurrent.futures import wait
             wait(pending)
-        for bufs in buffers:
-            for buf in bufs.values():
-                buf.free()
+        if plan is None:
+            for bufs in buffers:
+                for buf in bufs.values():
+                    buf.free()
 
 
 def _copy_in(exe: Executable, part: InputPart, arr: np.ndarray, buf: Buffer, level: int) -> None:
@@ -265,4 +370,5 @@ def _bench_steps(exe: Executable, arrays: dict[str, np.ndarray], repeat: int = 1
 
 
 # (the types re-exported from tgc.engine.realize)
-__all__ = ["Chunks", "Collective", "Copy", "Executable", "InputPart", "Launch", "OutputPart", "bench", "run"]
+__all__ = ["Chunks", "Collective", "Copy", "Executable", "InputPart", "Launch", "OutputPart", "StepsPlan", "bench",
+           "run"]

@@ -29,7 +29,7 @@ import numpy as np
 
 from tgc import profile
 from tgc.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16
-from tgc.engine.realize import Collective, Copy, Executable, InputPart, Launch, OutputPart
+from tgc.engine.realize import Collective, Copy, Executable, InputPart, Launch, OutputPart, buffer_type
 from tgc.env import debug_level
 from tgc.ir.alu import reducer
 from tgc.ir.shapes import prod, shape_of
@@ -528,12 +528,13 @@ def run_collective(devices: list[Any], step: Collective, buffers: list[dict[Any,
     """Run collective `step` on the devices' buffers (`buffers[d]`: device d's, by key), counting the bytes moved
     in `stats`; what it did, in words (profile spans, DEBUG lines)."""
     n = len(devices)
-    node = step.bufs[0]
+    dtype, shape = buffer_type(step.bufs[0])  # (a tensor node, or a package's PlanBuffer)
     outs = [buffers[d][step.bufs[d]].handle for d in range(n)]
     if step.kind == "allreduce":
-        ring_allreduce(devices, outs, prod(shape_of(node)) * node.dtype.itemsize, node.dtype, step.arg, stats)
-        return f"all-reduce ({step.arg.name.lower()}) {node.dtype.name}{list(shape_of(node))}"
-    gather_shards(devices, [buffers[d][step.srcs[d]].handle for d in range(n)], outs, shape_of(node), node.dtype,
+        ring_allreduce(devices, outs, prod(shape) * dtype.itemsize, dtype, step.arg, stats)
+        op = step.arg if isinstance(step.arg, str) else step.arg.name.lower()
+        return f"all-reduce ({op}) {dtype.name}{list(shape)}"
+    gather_shards(devices, [buffers[d][step.srcs[d]].handle for d in range(n)], outs, shape, dtype,
                   step.arg[0], step.arg[1], stats)
     return f"gather axis {step.arg[0]}"
 

@@ -235,6 +235,8 @@ class Executable:
         self.memory, self.graph_options, self.chunks = memory, graph_options, chunks
         self.memories: list[MemoryPlan | None] = [memory]
         self.pool: Any = None  # a device list's host threads, one per device (started on first use, kept)
+        # a device list's extra `Device.graph` keywords per device (a package's CPU graph runner), or None
+        self.graph_options_of: list[dict | None] = [graph_options]
 
     @classmethod
     def across(cls, devices: list[Runtime], steps: list[Step], inputs: list[InputPart],
@@ -245,6 +247,7 @@ class Executable:
         exe.devices, exe.steps = list(devices), list(steps)
         exe.kernels = [s.kernel for s in steps if isinstance(s, Launch)]
         exe.memories = [None] * len(devices)
+        exe.graph_options_of = [None] * len(devices)
         return exe
 
     @property
@@ -636,24 +639,28 @@ class LaunchPlans:
         self.plans: dict[Any, LaunchPlan] = {}
         self.seen: dict[Any, None] = {}  # keys run once without a plan, the last 4 * most
 
-    def run(self, key: Any, lower: Any, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run at `key` (`lower()` gives its `Executable` when a run or a plan needs it)."""
+    def run(self, key: Any, lower: Any, arrays: dict[str, np.ndarray], once: Any = None, make: Any = None
+            ) -> dict[str, np.ndarray]:
+        """Run at `key` (`lower()` gives its `Executable` when a run or a plan needs it). `once(exe, arrays)`
+        runs without a plan (default `run_program`), `make(exe)` makes the key's plan (default a `LaunchPlan`
+        replayed as a device graph at once; a device list's: `tgc.engine.executable.StepsPlan`)."""
+        once = once or run_program
         if key not in self.plans and key not in self.seen:
             self.seen[key] = None
             while len(self.seen) > 4 * self.most:
                 self.seen.pop(next(iter(self.seen)))
-            return run_program(lower(), arrays)
+            return once(lower(), arrays)
         plan = self.plans.pop(key, None)
         if plan is not None and plan.broken:
             _release_plan(plan)
             plan = None
         if plan is None:
-            plan = LaunchPlan(lower(), graph_after=0)
+            plan = make(lower()) if make is not None else LaunchPlan(lower(), graph_after=0)
         self.plans[key] = plan  # (re)inserted last: the most recently used
         while len(self.plans) > self.most:
             _release_plan(self.plans.pop(next(iter(self.plans))))
         if not plan.lock.acquire(blocking=False):  # another thread runs this plan now: buffers of this run's own
-            return run_program(plan.low, arrays)
+            return once(plan.low, arrays)
         try:
             return plan.run(arrays)
         finally:
