@@ -593,7 +593,7 @@ class Program:
                 raise TgcError("symbolic sizes run on one device, not a device list",
                                hint="drop symbolic=True to run sharded")
             self.last_run = "specialized"
-            return executable.run(self.lower_multi(names, dims, shard_axes), arrays)
+            return self._run_list(names, dims, shard_axes, arrays)
         name = names[0]
         dev = _device(name)
         dev.ensure_runnable()
@@ -618,12 +618,45 @@ class Program:
         self._store_entry(dev, dims, ch)
         return out
 
-    def cached(self, device: str | None = None, dims: dict[str, int] | None = None) -> bool:
-        """Whether the program cache holds this program for one device and these dims (a run needs no compile)."""
+    def _run_list(self, names: list[str], dims: dict[str, int], shard: dict[str, int],
+                  arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """A run on a device list: from the program cache's entry where it holds one (nothing lowered), else the
+        executable lowered here (then stored); run again at a key, replayed (`executable.StepsPlan`)."""
+        entry = self._cached_list_entry(names, dims, shard)
+        if entry is not None and entry.fits(arrays):
+            return entry.run(",".join(names), arrays)
+        key = (tuple(names), tuple(sorted(dims.items())), tuple(sorted(shard.items())), env_int("BEAM", 0))
+        exe = self.lower_multi(names, dims, shard)
+        out = executable.run(exe, arrays, replay=self._launch_plans, key=key)
+        if self._entries.get(key, False) is None and key not in self._stored:
+            self._stored.add(key)
+            progcache.store_list(self, exe.devices, names, dims, shard, exe)
+        return out
+
+    def _cached_list_entry(self, names: list[str], dims: dict[str, int], shard: dict[str, int]
+                           ) -> progcache.Entry | None:
+        """The program cache's entry for these dims on the device list, sharded as `shard` (looked up once per
+        program, list, dims, shard and BEAM), or None."""
+        key = (tuple(names), tuple(sorted(dims.items())), tuple(sorted(shard.items())), env_int("BEAM", 0))
+        if key not in self._entries:
+            devs = progcache.list_devices(names)
+            entry = None if devs is None or self.weights else \
+                progcache.lookup_list(self.source, dims, devs, names, shard, self.path)
+            self._entries[key] = entry
+            if debug_level() >= 2:
+                hit = "hit: nothing to lower or compile" if entry is not None else "miss"
+                print(f"*** program cache {hit} ({self.path or self.filename}, {','.join(names)})", file=sys.stderr)
+        return self._entries[key]
+
+    def cached(self, device: str | None = None, dims: dict[str, int] | None = None,
+               shard: dict[str, int] | None = None) -> bool:
+        """Whether the program cache holds this program for the device (or device list, sharded as `shard`) and
+        these dims (a run needs no compile)."""
         names = device_names(device)
+        dims = self.resolve_dims(dims)
         if len(names) > 1:
-            return False
-        return self._cached_entry(_device(names[0]), self.resolve_dims(dims)) is not None
+            return self._cached_list_entry(names, dims, self.shard_axes(shard, dims, len(names))) is not None
+        return self._cached_entry(_device(names[0]), dims) is not None
 
     def _cached_entry(self, dev: Any, dims: dict[str, int]) -> progcache.Entry | None:
         """The program cache's entry for these dims on `dev` (looked up once per program, dims, device and

@@ -18,7 +18,11 @@ Contract:
   run in chunks along a batch axis, the chunking), then the package's bytes (one chunk's program for a chunked
   run). The cache's own checksum covers the whole value, the package its own; an entry that fails either, or
   that does not load, is a miss with one warning (`cache.invalidate`), and is rebuilt: never a wrong result.
-- **Not cached** (`usable` says why): device lists, symbolic sizes, REMOTE devices (a server's binaries are its
+- **Device lists** (`lookup_list`, `store_list`): the entry holds the list's package (`tgc.multipackage`, one
+  multi-device executable); the key adds every device of the list (kind, name as listed, binary target, its
+  share of the cores, compiler identity) and the shard spec ({input: axis}); models with bound weights are
+  not cached on lists.
+- **Not cached** (`usable` says why): symbolic sizes, REMOTE devices (a server's binaries are its
   own), devices that cannot compile here, `DEBUG` 3 and above (they print the lowering), `TGC_VERIFY_BOUNDS`
   (it checks the lowering), and `DISABLE_COMPILER_CACHE` (the `program` table obeys it as `compile` does).
 
@@ -191,7 +195,11 @@ def lookup(source: str, dims: dict[str, int], device: Any, path: str | None = No
     stored, not usable here, or damaged: a damaged one is dropped with one warning)."""
     if usable(device) is not None:
         return None
-    k = key(source, dims, device, weights)
+    return _load_entry(key(source, dims, device, weights), source, dims, device.name, path, multi=False)
+
+
+def _load_entry(k: str, source: str, dims: dict[str, int], where: str, path: str | None, multi: bool
+                ) -> Entry | None:
     value = cache.get(TABLE, k)
     if value is None:
         return None
@@ -205,14 +213,90 @@ def lookup(source: str, dims: dict[str, int], device: Any, path: str | None = No
         entry = Entry(header, loads_package(data, path or "<program cache>"), source, path)
         if entry.package.symbolic:
             raise ValueError("it holds a symbolic package")
+        if isinstance(entry.package, Package) == multi:
+            raise ValueError("it holds a package for another kind of device (one device or a list)")
     except (ValueError, KeyError, TypeError, PackageError) as e:
         cache.invalidate(TABLE, k, f"is not a usable program ({str(e)[:120]})")
         return None
     prof = profile.active
     if prof is not None:  # (a profile trace's compile track: nothing is built for this run)
         prof.instant(profile.HOST, prof.host_thread("compile"), "program cache hit: nothing to compile",
-                     {"cache": "hit", "device": device.name, "dims": dict(dims)})
+                     {"cache": "hit", "device": where, "dims": dict(dims)})
     return entry
+
+
+# --- device lists: the entry holds the device list's package (tgc.multipackage), keyed by every device of the
+# list (kind, name as listed, binary target, its share of the cores, compiler identity) and the shard spec
+
+
+def list_devices(names: list[str]) -> list[Any] | None:
+    """The device objects of a device list as a run uses them (several of a kind share it: `Device.shared`),
+    or None where one cannot be opened here (the cold path then says why). Imports no compiler."""
+    from tgc.backends import canonical, get_device
+
+    try:
+        devs = [get_device(n) for n in names]
+        if len({canonical(n) for n in names}) != len(names):
+            return None
+    except TgcError:
+        return None
+    out = []
+    for dev in devs:
+        same = [d for d in devs if d.kind == dev.kind]
+        out.append(dev.shared(same.index(dev), len(same)))
+    return out
+
+
+def list_key(source: str, dims: dict[str, int], devices: list[Any], names: list[str], shard: dict[str, int],
+             weights: str = "") -> str:
+    """The cache key of `source` compiled for the device list `devices` (listed as `names`) at `dims`, its inputs
+    sharded as `shard` ({input name: axis, non-negative}): as `key`, with every device and the shard spec."""
+    devs = [[d.kind, n.strip().upper(), d.binary_target(), d.cores, d.compiler.name, d.compiler.cache_key]
+            for d, n in zip(devices, names)]
+    parts = [normalize(source), sorted(dims.items()), devs, sorted(shard.items()), __version__, code_identity(),
+             {name: os.environ.get(name, "").strip() for name in KERNEL_ENV}, list(cache.table_state("beam"))]
+    if weights:
+        parts.append({"weights": weights})
+    return cache.make_key("program-list/1", *parts)
+
+
+def usable_list(devices: list[Any]) -> str | None:
+    """None where the program cache serves this device list, else why not (the first device it does not serve)."""
+    return next((why for why in map(usable, devices) if why is not None), None)
+
+
+def lookup_list(source: str, dims: dict[str, int], devices: list[Any], names: list[str], shard: dict[str, int],
+                path: str | None = None) -> Entry | None:
+    """The entry stored for `source` at `dims` on the device list, sharded as `shard`, or None (as `lookup`)."""
+    if usable_list(devices) is not None:
+        return None
+    return _load_entry(list_key(source, dims, devices, names, shard), source, dims, ",".join(names), path,
+                       multi=True)
+
+
+def store_list(prog: Any, devices: list[Any], names: list[str], dims: dict[str, int], shard: dict[str, int],
+               exe: Any) -> bool:
+    """Package the device list's executable `exe` (`Program.lower_multi`) and store it; False where it cannot be
+    (as `store`: never raises for that)."""
+    if usable_list(devices) is not None or getattr(prog, "weights", None):
+        return False
+    from tgc.multipackage import build_multi
+
+    try:
+        inputs = [{"name": d.name, "dtype": dt.name, "shape": list(shape)} for d, (dt, shape) in
+                  zip(prog.inputs, _input_types(prog, dims))]
+        outputs = [{"name": n, "dtype": dt.name, "shape": list(shape)} for n, dt, shape in prog.output_types(dims)]
+        header = {"dims": dict(sorted(dims.items())), "inputs": inputs, "outputs": outputs, "devices": list(names),
+                  "shard": dict(sorted(shard.items()))}
+        data = build_multi(prog, exe, names, dims, shard)
+        loads_package(data)  # what a warm run will load must load
+    except (TgcError, ValueError, KeyError, TypeError):
+        return False
+    name = os.path.basename(getattr(prog, "path", None) or getattr(prog, "filename", "") or "<string>")
+    meta = f"{name} {','.join(names)} " + " ".join(f"{n}={v}" for n, v in sorted(dims.items()))
+    value = MAGIC + json.dumps(header, sort_keys=True, separators=(",", ":")).encode() + b"\n" + data
+    cache.put(TABLE, list_key(prog.source, dims, devices, names, shard), value, meta=meta.strip())
+    return True
 
 
 def store(prog: Any, device: Any, dims: dict[str, int], chunking: Any = None) -> bool:

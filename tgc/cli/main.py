@@ -298,8 +298,13 @@ def _no_symbolic_flag(prog: Any) -> click.UsageError:
     return click.UsageError("--symbolic needs the .tg program: a package holds kernels for its own sizes")
 
 
-def _no_list_for_package(device: str | None, shard: dict[str, int] | None) -> None:
-    """A package is compiled for one device: a device list (or --shard) with it is a usage error."""
+def _no_list_for_package(device: str | None, shard: dict[str, int] | None, prog: Any = None) -> None:
+    """A package is compiled for one device: a device list (or --shard) with it is a usage error. A device-list
+    package (`prog` a `MultiPackage`) runs on its own list: --shard is fixed in it, -d may name the list."""
+    if type(prog).__name__ == "MultiPackage":
+        if shard:
+            raise click.UsageError("a device-list package holds its shard spec: --shard needs the .tg program")
+        return
     if _is_list(device, shard):
         raise click.UsageError("a package runs on the one device it was compiled for; device lists and --shard "
                                "need the .tg program")
@@ -474,7 +479,7 @@ def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[s
 
     if seed is not None and not use_random:
         raise click.UsageError("--seed needs --random")
-    warm = None if pairs or npz or symbolic else _warm_entry(file, device, dims, shard)
+    warm = None if pairs or npz or symbolic else _warm_entry(file, device, dims, shard, lists=True)
     if warm is not None and (use_random or not warm[0].inputs):
         # the program cache holds this program at these dims: run it without parsing or compiling anything
         entry, dev_name = warm
@@ -488,7 +493,7 @@ def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[s
     prog = _load_any(file)
     pkg = _is_pkg(prog)
     if pkg:
-        _no_list_for_package(device, shard)
+        _no_list_for_package(device, shard, prog)
     if pkg and check:
         raise TgcError("--check needs the program's source: a package holds no numpy reference",
                        hint="run --check on the .tg file")
@@ -506,7 +511,9 @@ def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[s
     run_dims, arrays = inp.bind(prog, arrays, dims)
     if not pkg and not symbolic:
         _search_with_progress(prog, device, run_dims, None)
-    if _is_list(device, shard):
+    if type(prog).__name__ == "MultiPackage":  # (its own device list, unless -d names one)
+        results = prog.run(device=device, dims=run_dims, inputs=arrays)
+    elif _is_list(device, shard):
         if symbolic:
             raise click.UsageError("--symbolic runs on one device, not a device list")
         results = prog.run(device=device, dims=run_dims, shard=shard, inputs=arrays)
@@ -521,13 +528,16 @@ def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[s
     _finish_run(file, prog, run_dims, arrays, results, specs, check, rtol)
 
 
-def _warm_entry(file: str, device: str | None, dims: dict[str, int], shard: dict[str, int]) -> tuple[Any, str] | None:
-    """(the program cache's entry for FILE at exactly these dims on the device, the device's name), or None:
-    not stored, not usable here (`tgc.progcache.usable`), a device list, a package, or a file that does not
-    read (the cold path then reports it). Imports neither the front end nor a compiler."""
+def _warm_entry(file: str, device: str | None, dims: dict[str, int], shard: dict[str, int], lists: bool = False
+                ) -> tuple[Any, str] | None:
+    """(the program cache's entry for FILE at exactly these dims on the device, or with `lists` on the device list
+    sharded as `shard`, the device's or list's name), or None: not stored, not usable here
+    (`tgc.progcache.usable`), a device list without `lists`, a package, or a file that does not read (the cold
+    path then reports it). Imports neither the front end nor a compiler."""
     from tgc.package import is_package
 
-    if _is_list(device, shard) or is_package(file) or file.lower().endswith(".onnx"):
+    listed = _is_list(device, shard)
+    if (listed and not lists) or is_package(file) or file.lower().endswith(".onnx"):
         return None  # (a model's warm path goes through tgc.load: its weights are part of the key)
     try:
         with open(file, encoding="utf-8-sig") as f:
@@ -535,18 +545,27 @@ def _warm_entry(file: str, device: str | None, dims: dict[str, int], shard: dict
     except (OSError, UnicodeDecodeError):
         return None
     from tgc import progcache
-    from tgc.backends import one_device
+    from tgc.backends import default_device, one_device
 
     try:
-        dev = one_device(device)
-        entry = progcache.lookup(source, dims, dev, file)
+        if listed:  # (the key has the shard spec as the cold path makes it: axes non-negative, checked there)
+            names = [x.strip() for x in (device or default_device()).split(",")]
+            devs = progcache.list_devices(names)
+            if devs is None or any(axis < 0 for axis in shard.values()):
+                return None
+            entry = progcache.lookup_list(source, dims, devs, names, shard, file)
+            where = ",".join(names)
+        else:
+            dev = one_device(device)
+            entry = progcache.lookup(source, dims, dev, file)
+            where = dev.name
     except TgcError:
         return None
     if entry is None:
         return None
     if _debug_level() >= 2:
-        _err(f"*** program cache hit: nothing to lower or compile ({file}, {dev.name})")
-    return entry, dev.name
+        _err(f"*** program cache hit: nothing to lower or compile ({file}, {where})")
+    return entry, where
 
 
 def _debug_level() -> int:
@@ -666,7 +685,8 @@ def _compile_command(file: str, device: str | None, dims: dict[str, int], emit: 
         _warn(check_dims(prog, dims, require_all=True))
     name, kind = _device_kind(device)
     if package:
-        _no_list_for_package(device, shard)
+        if _is_list(device, shard) and not dims and prog.dim_names:
+            raise click.UsageError("a package for a device list needs every dim (-D NAME=INT)")
         _check_package_target(package, file)
         from tgc.cli.report import fmt_bytes
         from tgc.package import write
@@ -674,7 +694,9 @@ def _compile_command(file: str, device: str | None, dims: dict[str, int], emit: 
 
         if dims or not prog.dim_names:  # a package holds kernels for the sizes given (dims checked above)
             _search_with_progress(prog, device, dims, None, running=False)
-        pkg = write(prog, package, name, dims)  # (no -D: kernels for every size of its size classes)
+        listed = _is_list(device, shard)
+        # (no -D: kernels for every size of its size classes; a device list: its one multi-device executable)
+        pkg = write(prog, package, device if listed else name, dims, shard=shard if listed else None)
         n = len(pkg.kernels)
         if pkg.symbolic:
             _err(f"wrote {package}: {n} kernel{'s' if n != 1 else ''} for {pkg.device_name} for every size of "
@@ -763,7 +785,7 @@ def bench(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple
     prog = _load_any(file)
     pkg = _is_pkg(prog)
     if pkg:
-        _no_list_for_package(device, shard)
+        _no_list_for_package(device, shard, prog)
     if pkg and (beam or vs):
         raise click.UsageError(f"{'--beam' if beam else '--vs numpy'} needs the program's source, not a package")
     _warn(inp.check_dims(prog, dims, require_all=False))
@@ -918,6 +940,25 @@ def inspect(file: str, dims: dict[str, int], as_json: bool) -> None:
             _echo_json(doc)
             return
     from tgc.cli.report import fmt_bytes
+
+    if "devices" in doc:  # a device list's package (tgc.multipackage)
+        click.echo(f"package: {file} (format {doc['format_version']}, tgc {doc['tgc_version']}, "
+                   f"sha256 {doc['content_hash'][:16]})")
+        click.echo(f"program: {doc['program']['file']}")
+        for d in doc["devices"]:
+            click.echo(f"device:  {d['name']} (binaries for {d['target']})")
+        click.echo("dims:    " + (", ".join(f"{k}={v}" for k, v in doc["dims"].items()) or "(none)"))
+        click.echo("shard:   " + (", ".join(f"{k} along axis {v}" for k, v in doc["shard"].items()) or "(none)"))
+        for what in ("inputs", "outputs"):
+            for d in doc[what]:
+                click.echo(f"{what[:-1]:<7}  {d['name']}: {d['dtype']}{d['shape']}")
+        for k in doc["kernels"]:
+            click.echo(f"kernel   {k['name']} on {k['device']}: global {k['global_size']}, buffers {k['buffers']}")
+        click.echo(f"steps:   {', '.join(doc['steps'])}")
+        for m in doc["memory"]:
+            click.echo(f"memory:  {m['device']}: planned peak {fmt_bytes(m['peak_bytes'])} in {len(m['slots'])} "
+                       "allocations")
+        return
 
     dev = doc["device"]
     click.echo(f"package: {file} (format {doc['format_version']}, tgc {doc['tgc_version']}, "
