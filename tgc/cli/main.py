@@ -288,7 +288,7 @@ def _load_any(path: str) -> Any:
 
 def _is_pkg(prog: Any) -> bool:
     """A package, of fixed sizes or symbolic (not a `.tg` program: no source, no compiler)."""
-    return type(prog).__name__ in ("Package", "SymbolicPackage")
+    return type(prog).__name__ in ("Package", "SymbolicPackage", "MultiPackage")
 
 
 def _no_symbolic_flag(prog: Any) -> click.UsageError:
@@ -1171,6 +1171,9 @@ def viz(file: str, device: str | None, dims: dict[str, int], shard: dict[str, in
     from tgc.viz import build_page, check_port, serve
 
     prog = _load_any(file)
+    if type(prog).__name__ == "MultiPackage":
+        raise TgcError(f"{file} is a device-list package: tgc viz shows a program or a one-device package",
+                       hint="run tgc viz on the .tg program with the same -d list and --shard")
     if _is_pkg(prog):
         _no_list_for_package(device, shard)
         dims = {k: v for k, v in dims.items() if k in prog.dim_names}
