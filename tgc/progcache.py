@@ -18,7 +18,7 @@ Contract:
   run in chunks along a batch axis, the chunking), then the package's bytes (one chunk's program for a chunked
   run). The cache's own checksum covers the whole value, the package its own; an entry that fails either, or
   that does not load, is a miss with one warning (`cache.invalidate`), and is rebuilt: never a wrong result.
-- **Device lists** (`lookup_list`, `store_list`): the entry holds the list's package (`tgc.multipackage`, one
+- **Device lists** (`lookup_list`, `store_list`): the entry holds the list's package (`tgc.package.MultiPackage`, one
   multi-device executable); the key adds every device of the list (kind, name as listed, binary target, its
   share of the cores, compiler identity) and the shard spec ({input: axis}); models with bound weights are
   not cached on lists.
@@ -225,7 +225,7 @@ def _load_entry(k: str, source: str, dims: dict[str, int], where: str, path: str
     return entry
 
 
-# --- device lists: the entry holds the device list's package (tgc.multipackage), keyed by every device of the
+# --- device lists: the entry holds the device list's package (`tgc.package.MultiPackage`), keyed by every device of the
 # list (kind, name as listed, binary target, its share of the cores, compiler identity) and the shard spec
 
 
@@ -280,7 +280,7 @@ def store_list(prog: Any, devices: list[Any], names: list[str], dims: dict[str, 
     (as `store`: never raises for that)."""
     if usable_list(devices) is not None or getattr(prog, "weights", None):
         return False
-    from tgc.multipackage import build_multi
+    from tgc.package import build_multi
 
     try:
         inputs = [{"name": d.name, "dtype": dt.name, "shape": list(shape)} for d, (dt, shape) in

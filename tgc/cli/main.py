@@ -941,7 +941,7 @@ def inspect(file: str, dims: dict[str, int], as_json: bool) -> None:
             return
     from tgc.cli.report import fmt_bytes
 
-    if "devices" in doc:  # a device list's package (tgc.multipackage)
+    if "devices" in doc:  # a device list's package (tgc.package.MultiPackage)
         click.echo(f"package: {file} (format {doc['format_version']}, tgc {doc['tgc_version']}, "
                    f"sha256 {doc['content_hash'][:16]})")
         click.echo(f"program: {doc['program']['file']}")
