@@ -240,3 +240,40 @@ def test_profile_of_a_list_names_every_device_track_with_its_index(tmp_path):
     doc = json.loads(trace.read_text())
     procs = {e["args"]["name"] for e in doc["traceEvents"] if e.get("name") == "process_name"}
     assert {"CPU:0", "OPENCL:0"} <= procs and "OPENCL" not in procs, procs
+
+
+WARM = """
+import sys
+from tgc.cli.main import main
+try:
+    main(sys.argv[1:], standalone_mode=False)
+finally:
+    heavy = sorted(m for m in sys.modules if m.split(".")[0] == "llvmlite" or m.startswith(
+        ("tgc.codegen", "tgc.dsl", "tgc.engine.schedule", "tgc.api")))
+    print("HEAVY " + ",".join(heavy), file=sys.stderr)
+"""
+
+
+def test_a_warm_tgc_run_on_a_list_imports_neither_llvmlite_nor_the_front_end(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k not in ("TGC_VERIFY_BOUNDS", "DEBUG", "BEAM", "NOOPT")}
+    env["TGC_CACHE_DIR"] = str(tmp_path / "cache")
+    prog = tmp_path / "p.tg"
+    prog.write_text(SRC)
+    args = ["run", str(prog), "--random", "-D", "M=7", "-D", "K=5", "-D", "N=4", "-d", "CPU:0,CPU:1",
+            "--shard", "a=1", "--shard", "b=0", "-o", str(tmp_path / "out.npz")]
+    root = Path(__file__).resolve().parent.parent
+    runs = [subprocess.run([sys.executable, "-c", WARM, *args], capture_output=True, text=True, env=env, cwd=root,
+                           timeout=300) for _ in range(2)]
+    assert all(r.returncode == 0 for r in runs), [r.stderr for r in runs]
+    assert "llvmlite" in runs[0].stderr.split("HEAVY ")[-1]  # (the cold run compiled)
+    assert runs[1].stderr.split("HEAVY ")[-1].strip() == "", runs[1].stderr
+    out = dict(np.load(tmp_path / "out.npz"))
+    from tgc.engine.inputs import random_values
+
+    x = {"a": random_values(tgc.dtype.dtypes.f32, [7, 5], 0, 0), "b": random_values(tgc.dtype.dtypes.f32, [5, 4], 0, 1)}
+    _check(out, x)
