@@ -498,6 +498,13 @@ class Program:
         signature = sizes.graph_signature(outs1, p1, symbolic)
         if sizes.instantiate_signature(signature, p2) != sizes.graph_signature(self._trace(p2)[0]):
             return "its operations change with the sizes"
+        # every declared input's buffer, its shape as products of dims (bound at launch without tracing)
+        in_shapes = []
+        for b1, b2 in zip(self._trace(p1)[1], self._trace(p2)[1]):
+            shape = tuple(sizes.factor(int(s), p1, symbolic) for s in b1.arg[2])
+            if tuple(sizes.mono_value(m, p2) for m in shape) != tuple(b2.arg[2]):
+                return "its input shapes change with the sizes in ways that are not products of dims"
+            in_shapes.append((b1.dtype, b1.arg[1], shape))
         # the optimizations the heuristic picks at a representative size, each kernel's fast variant where they
         # apply to its symbolic form (launched where its checks hold at the dims given)
         rep = {n: sizes.REPRESENTATIVE[c] if c in sizes.SYMBOLIC else int(c) for n, c in cls}
@@ -542,6 +549,7 @@ class Program:
         plan.shapes = [sizes.name_shape(i.name) for i in items1]
         plan.asts = asts1
         plan.item_bufs = [list(i.bufs) for i in items1]
+        plan.input_shapes = in_shapes
         return plan
 
     def _store_class_winners(self, dev: Any, dims: dict[str, int]) -> int:
@@ -886,8 +894,14 @@ class Program:
 
 class SymbolicPlan:
     """A program's kernels for every size of one size class: the kernels (dim variables as arguments), the
-    buffers they use (`tgc.codegen.sizes.Slot`: shapes as products of dims), and the tensor graph's signature
-    that a launch at given dims must reproduce."""
+    buffers they use (`tgc.codegen.sizes.Slot`: shapes as products of dims), the declared inputs' shapes (the
+    same form), and the tensor graph's signature that a launch at dims below `trusted_from` must reproduce.
+
+    `bind(prog, dims)` makes the executable at some dims by evaluating those expressions (buffer shapes, the
+    kernels' `vals`, launch sizes, flops and bytes) and picking each kernel's variant by its launch checks: it
+    traces, schedules or lowers nothing where every symbolic dim is at least `trusted_from` (at the probes every
+    dim exceeds every plain constant of the graph, and so it does there). Smaller dims are checked once each
+    with the source (`source_check`)."""
 
     def __init__(self, device: Any, cls: tuple, kernels: list[Kernel], slots: list, kernel_slots: list[list[int]],
                  output_slots: list[int], signature: tuple, bound: int, symbolic: list[str],
@@ -903,22 +917,44 @@ class SymbolicPlan:
         self.shapes: list[str] = []  # per kernel, its name with sizes blanked (`r_#_#`): matches a schedule
         self.asts: list[UOp] = []  # per kernel, its symbolic AST as scheduled (before any pass)
         self.item_bufs: list[list[UOp]] = []  # per kernel, the probe's buffer nodes (kernel_slots' order)
+        # per declared input, (dtype, name, shape as Monos); the least size trusted without the source
+        self.input_shapes: list[tuple[Any, str, tuple]] = []
+        self.trusted_from = sizes.trusted_from(signature)
+        self._source_checked: dict[tuple, str] = {}  # dims below `trusted_from` -> "" or why not (checked once)
 
-    def bind(self, prog: Program, dims: dict[str, int]) -> tuple[Executable | None, str]:
-        """The launch-time checks, then the kernels bound to `dims`: (Executable, "") or (None, why not)."""
-        for n in self.symbolic:
-            if not 2 <= dims[n] <= self.bound:
-                return None, f"dim {n} = {dims[n]} is outside the symbolic kernels' range 2..{self.bound}"
-        outs, in_bufs = prog._trace(dims)
+    def source_check(self, prog: Program, dims: dict[str, int]) -> str:
+        """"" where the program traced and scheduled at `dims` is the plan's (its graph the signature there, and
+        where the scheduler cuts kernels of the same shapes, each the plan's kernel with the dims substituted), else
+        why not. Only `bind` below `trusted_from` needs it; kept per dims."""
+        key = tuple(sorted(dims.items()))
+        if key not in self._source_checked:
+            self._source_checked[key] = self._check_source(prog, dims)
+        return self._source_checked[key]
+
+    def _check_source(self, prog: Program, dims: dict[str, int]) -> str:
+        outs, _ = prog._trace(dims)
         if sizes.instantiate_signature(self.signature, dims) != sizes.graph_signature(outs):
-            return None, "the program's operations differ at these sizes (a slice or index that clamps)"
+            return "the program's operations differ at these sizes (a slice or index that clamps)"
         # where the scheduler cuts the same kernels at these sizes (it may not: small matmuls are not packed,
         # which the plan's kernels still compute right), each must be the plan's kernel at these sizes
         items = [i for i in create_schedule(outs, self.device.caps, split_columns=False) if i.ast.src]
         if [sizes.name_shape(i.name) for i in items] == self.shapes:
             for item, ast in zip(items, self.asts):
                 if sizes.instantiate_ast(ast, dims) is not item.ast:
-                    return None, f"kernel {item.name} differs from the size class's kernel at these sizes"
+                    return f"kernel {item.name} differs from the size class's kernel at these sizes"
+        return ""
+
+    def bind(self, prog: Program, dims: dict[str, int]) -> tuple[Executable | None, str]:
+        """The launch-time checks, then the kernels bound to `dims`: (Executable, "") or (None, why not)."""
+        for n in self.symbolic:
+            if not 2 <= dims[n] <= self.bound:
+                return None, f"dim {n} = {dims[n]} is outside the symbolic kernels' range 2..{self.bound}"
+        if any(dims[n] < self.trusted_from for n in self.symbolic):
+            why = self.source_check(prog, dims)
+            if why:
+                return None, why
+        in_bufs = [UOp(Ops.BUFFER, dtype, (), (j, name, tuple(sizes.mono_value(m, dims) for m in shape)))
+                   for j, (dtype, name, shape) in enumerate(self.input_shapes)]
         nodes: list[UOp] = []
         for i, slot in enumerate(self.slots):
             shape = tuple(sizes.mono_value(m, dims) for m in slot.shape)
