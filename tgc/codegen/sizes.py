@@ -267,7 +267,9 @@ def signature_max_constant(sig: tuple) -> int:
             best = max(best, abs(v))
 
     for row in sig:
-        if row[0] != "outs":
+        if row[0] is Ops.BUFFER:
+            walk(row[2][2])  # (an input's index and name are no sizes: its shape)
+        elif row[0] != "outs":
             walk(row[2])
     return best
 
