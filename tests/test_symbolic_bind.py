@@ -94,3 +94,40 @@ def test_small_dims_are_checked_with_the_source_once_each(counted):
     # 7 is checked once (symbolic: x[:5] has 5 elements there), 3 once (it clamps, then runs specialized)
     assert set(plan._source_checked) == {(("N", 7),), (("N", 3),)}
     assert plan._source_checked[(("N", 7),)] == ""
+
+
+def test_the_memory_plan_is_the_class_layout_sized_at_the_dims():
+    """Which buffers share a slot is decided once for the class; each slot is as large as its largest buffer at
+    the dims bound, and no slot holds two buffers alive at once (but an in-place pair at its one kernel)."""
+    prog = tgc.loads("x: f32[N, D]\nw: f32[D, D]\nh = (x @ w).relu()\ng = (h @ w).exp()\n"
+                     "return (g @ w).sum(axis=1), h.max(axis=0)")
+    rng = np.random.default_rng(3)
+    plan = None
+    for n, d in [(9, 13), (17, 7), (40, 11)]:
+        exe, why = prog.lower_symbolic("CPU", {"N": n, "D": d})
+        assert exe is not None, why
+        plan = prog.compile_symbolic("CPU")
+        mem = exe.memory_plan()
+        assert mem is exe.memory  # given by the size class, not planned by the executable
+        assert {name: mem.sizes[key] for key, name in exe.inputs} == {"x": n * d * 4, "w": d * d * 4}
+        assert {name: mem.sizes[key] for name, key in exe.outputs} == {"out0": n * 4, "out1": d * 4}
+        pairs = {frozenset(p) for p in mem.inplace}
+        for key, s in mem.slot_of.items():
+            assert mem.sizes[key] == 4 * int(np.prod(key.arg[2])) <= mem.slots[s]
+            for other, t in mem.slot_of.items():
+                if other is not key and s == t and frozenset((key, other)) not in pairs:
+                    (a0, a1), (b0, b1) = mem.lifetimes[key], mem.lifetimes[other]
+                    assert a1 < b0 or b1 < a0, (key.arg, other.arg)
+        assert mem.peak_bytes == sum(mem.slots) < sum(mem.sizes.values())  # the intermediates share
+        x, w = rng.standard_normal((n, d)).astype(np.float32), rng.standard_normal((d, d)).astype(np.float32) / d
+        got = prog.run(device="CPU", symbolic=True, x=x, w=w)
+        assert prog.last_run == "symbolic"
+        h = np.maximum(x.astype(np.float64) @ w, 0)
+        np.testing.assert_allclose(got["out0"], (np.exp(h @ w) @ w).sum(axis=1), rtol=2e-5, atol=1e-6)
+        np.testing.assert_allclose(got["out1"], h.max(axis=0), rtol=2e-5, atol=1e-6)
+    # one layout per set of launches (a split's tails are not launched where its split divides): kept
+    assert plan is not None and 1 <= len(plan._layouts) <= 3
+    layouts = dict(plan._layouts)
+    for n, d in [(9, 13), (40, 11), (11, 15)]:
+        prog.lower_symbolic("CPU", {"N": n, "D": d})
+    assert all(plan._layouts[k] is v for k, v in layouts.items())

@@ -51,9 +51,10 @@ from tgc.engine.conform import check_input_names, names_hint
 from tgc.engine.executable import Executable
 from tgc.engine.flops import recompute_factor, written_flops
 from tgc.engine.inputs import random_inputs
+from tgc.engine.memplan import MemoryPlan, plan_memory
 from tgc.engine.multi import build_executable
 from tgc.engine.multi import plan as plan_multi
-from tgc.engine.realize import LaunchPlans, plan_for, to_user_array
+from tgc.engine.realize import LaunchPlans, inplace_pairs, plan_for, to_user_array
 from tgc.engine.reference import evaluate, evaluate_with_scale
 from tgc.engine.schedule import ScheduleItem, create_schedule, split_large_reduces
 from tgc.env import debug_level, env_flag, env_int
@@ -921,6 +922,7 @@ class SymbolicPlan:
         self.input_shapes: list[tuple[Any, str, tuple]] = []
         self.trusted_from = sizes.trusted_from(signature)
         self._source_checked: dict[tuple, str] = {}  # dims below `trusted_from` -> "" or why not (checked once)
+        self._layouts: dict[tuple, MemoryPlan] = {}  # per set of launches, which buffers share a slot (`_memory`)
 
     def source_check(self, prog: Program, dims: dict[str, int]) -> str:
         """"" where the program traced and scheduled at `dims` is the plan's (its graph the signature there, and
@@ -979,6 +981,7 @@ class SymbolicPlan:
             launches += [(f, ks, item_bufs) for f in ([fast, *tails] if use_fast else [general])
                          if not any(self.derived.get(n, ("",))[0] == "rest" and env[n] == 0 for n in f.var_names)]
         kernels = []
+        kernel_slots: list[list[int]] = []  # per launch, its buffers as slot numbers
         for k, ks, item_bufs in launches:
             grid = symbolic_grid(k, dims)  # GPUs: the work-groups these dims need
             if k.grid is not None:
@@ -990,12 +993,57 @@ class SymbolicPlan:
             if k.binary is not None:
                 k.program()  # load once; the copies share it
             # the kernel's parameters: the scheduled buffers less those its code does not use (dropped)
-            bufs = [nodes[ks[next(i for i, b in enumerate(item_bufs) if b is kb)]] for kb in k.bufs]
+            idx = [ks[next(i for i, b in enumerate(item_bufs) if b is kb)] for kb in k.bufs]
+            bufs = [nodes[i] for i in idx]
             flops, nbytes = symbolic_work(k, env, bufs)
             kernels.append(_dc_replace(k, bufs=bufs, vals=tuple(env[n] for n in k.var_names), flops=flops,
                                        bytes_moved=nbytes, global_size=grid))
-        return Executable(self.device, kernels, [(b, prog._in_names[b.arg[0]]) for b in in_bufs],
-                          [(name, nodes[j]) for name, j in zip(prog.output_names, self.output_slots)]), ""
+            kernel_slots.append(idx)
+        inputs = [(b, prog._in_names[b.arg[0]]) for b in in_bufs]
+        outputs = [(name, nodes[j]) for name, j in zip(prog.output_names, self.output_slots)]
+        memory = self._memory(kernels, kernel_slots, nodes, in_bufs, dims)
+        return Executable(self.device, kernels, inputs, outputs, memory=memory), ""
+
+    def _buffer_bytes(self, j: int, at: dict[str, int]) -> int:
+        """Bytes of buffer j (a slot, then the declared inputs no kernel reads) at these dims."""
+        if j < len(self.slots):
+            dtype, shape = self.slots[j].dtype, self.slots[j].shape
+        else:
+            dtype, _, shape = self.input_shapes[self._unread_inputs()[j - len(self.slots)]]
+        return max(prod([sizes.mono_value(m, at) for m in shape]) * dtype.itemsize, 1)
+
+    def _unread_inputs(self) -> list[int]:
+        read = {s.input for s in self.slots if s.input is not None}
+        return [j for j in range(len(self.input_shapes)) if j not in read]
+
+    def _memory(self, kernels: list[Kernel], kernel_slots: list[list[int]], nodes: list[UOp], in_bufs: list[UOp],
+                dims: dict[str, int]) -> MemoryPlan | None:
+        """The memory plan at `dims` from the class's layout: which buffers share a slot is decided once per set
+        of launches (their buffers and in-place pairs) at the first probe's sizes (distinct primes: buffers of
+        equal size there have the same size expression) and holds at every size, each slot as large as its
+        largest buffer at `dims`. None (the executable plans its own) where an in-place pair's sizes differ at
+        `dims`."""
+        keys = nodes + [in_bufs[j] for j in self._unread_inputs()]
+        position = {key: j for j, key in enumerate(keys)}
+        pairs = [(position[a], position[b]) for k in kernels for a, b in inplace_pairs(k)]
+        sig = (tuple(tuple(ks) for ks in kernel_slots), tuple(pairs))  # (all the layout depends on)
+        layout = self._layouts.get(sig)
+        if layout is None:
+            probe = sizes.probes(self.size_class)[0]
+            input_keys = [position[b] for b in in_bufs]
+            layout = self._layouts[sig] = plan_memory(
+                kernel_slots, {j: self._buffer_bytes(j, probe) for j in range(len(keys))}, input_keys,
+                list(self.output_slots), share=self.device.allocator.features.shared_slots, inplace=pairs)
+        at = {j: self._buffer_bytes(j, dims) for j in layout.slot_of}
+        if any(at[a] != at[b] for a, b in layout.inplace):
+            return None
+        slots = [1] * len(layout.slots)
+        for j, s in layout.slot_of.items():
+            slots[s] = max(slots[s], at[j])
+        return MemoryPlan(slots=slots, slot_of={keys[j]: s for j, s in layout.slot_of.items()},
+                          sizes={keys[j]: at[j] for j in layout.slot_of},
+                          lifetimes={keys[j]: span for j, span in layout.lifetimes.items()},
+                          inplace=[(keys[a], keys[b]) for a, b in layout.inplace])
 
 
 def _split_variant(item: ScheduleItem, dev: Any, cls: tuple, probe: dict[str, int], name: str, key: str,
