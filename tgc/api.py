@@ -574,7 +574,8 @@ class Program:
 
     def lower_symbolic(self, device: str | None, dims: dict[str, int]) -> tuple[Executable | None, str]:
         """The program's symbolic kernels bound to these dims, as the realizer runs them, and "" ; or (None, why
-        not) where the launch-time checks fail (the caller runs the size-specialized kernels instead)."""
+        not) where the launch-time checks fail (the caller runs the size-specialized kernels instead). Only the
+        size class's first use traces, schedules and lowers; binding evaluates its sizes (`SymbolicPlan.bind`)."""
         dev = _device(device)
         dims = self.resolve_dims(dims)
         cls = sizes.size_class(self.dim_names, dims)
