@@ -996,9 +996,8 @@ class SymbolicPlan:
             # the kernel's parameters: the scheduled buffers less those its code does not use (dropped)
             idx = [ks[next(i for i, b in enumerate(item_bufs) if b is kb)] for kb in k.bufs]
             bufs = [nodes[i] for i in idx]
-            flops, nbytes = symbolic_work(k, env, bufs)
-            kernels.append(_dc_replace(k, bufs=bufs, vals=tuple(env[n] for n in k.var_names), flops=flops,
-                                       bytes_moved=nbytes, global_size=grid))
+            kernels.append(BoundKernel.of(k, env, bufs=bufs, vals=tuple(env[n] for n in k.var_names),
+                                          global_size=grid))
             kernel_slots.append(idx)
         inputs = [(b, prog._in_names[b.arg[0]]) for b in in_bufs]
         outputs = [(name, nodes[j]) for name, j in zip(prog.output_names, self.output_slots)]
@@ -1045,6 +1044,44 @@ class SymbolicPlan:
                           sizes={keys[j]: at[j] for j in layout.slot_of},
                           lifetimes={keys[j]: span for j, span in layout.lifetimes.items()},
                           inplace=[(keys[a], keys[b]) for a, b in layout.inplace])
+
+
+class BoundKernel(Kernel):
+    """A size class's kernel bound to dims (`SymbolicPlan.bind`): its `flops` and `bytes_moved` are counted from
+    its UOps at those dims on first read (`symbolic_work`: on the CPU a walk per thread, most of what a bind
+    would otherwise spend), since only reports and `bench` read them. A value given (a copy) is kept."""
+
+    _work: tuple | None = None  # (the class's kernel, the launch's values) until counted
+    _counted: tuple[int, int] | None = None
+
+    @classmethod
+    def of(cls, k: Kernel, env: dict[str, int], **changes: Any) -> BoundKernel:
+        fields = {f: getattr(k, f) for f in k.__dataclass_fields__}
+        bound = cls(**{**fields, **changes})
+        bound._counted, bound._work = None, (k, env)  # (what the constructor set: counted when read)
+        return bound
+
+    def _count(self) -> tuple[int, int]:
+        if self._counted is None:
+            k, env = self._work  # type: ignore[misc]
+            self._counted = symbolic_work(k, env, self.bufs)
+        return self._counted
+
+    @property  # type: ignore[override]
+    def flops(self) -> int:
+        return self._count()[0]
+
+    @flops.setter
+    def flops(self, v: int) -> None:
+        self._counted, self._work = (v, self._counted[1] if self._counted else 0), None
+
+    @property  # type: ignore[override]
+    def bytes_moved(self) -> int:
+        return self._count()[1]
+
+    @bytes_moved.setter
+    def bytes_moved(self, v: int) -> None:
+        self._counted, self._work = (self._counted[0] if self._counted else 0, v), None
 
 
 def _split_variant(item: ScheduleItem, dev: Any, cls: tuple, probe: dict[str, int], name: str, key: str,
