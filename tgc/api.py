@@ -51,9 +51,10 @@ from tgc.engine.conform import check_input_names, names_hint
 from tgc.engine.executable import Executable
 from tgc.engine.flops import recompute_factor, written_flops
 from tgc.engine.inputs import random_inputs
+from tgc.engine.memplan import MemoryPlan, plan_memory
 from tgc.engine.multi import build_executable
 from tgc.engine.multi import plan as plan_multi
-from tgc.engine.realize import LaunchPlans, plan_for, to_user_array
+from tgc.engine.realize import LaunchPlans, inplace_pairs, plan_for, to_user_array
 from tgc.engine.reference import evaluate, evaluate_with_scale
 from tgc.engine.schedule import ScheduleItem, create_schedule, split_large_reduces
 from tgc.env import debug_level, env_flag, env_int
@@ -498,6 +499,13 @@ class Program:
         signature = sizes.graph_signature(outs1, p1, symbolic)
         if sizes.instantiate_signature(signature, p2) != sizes.graph_signature(self._trace(p2)[0]):
             return "its operations change with the sizes"
+        # every declared input's buffer, its shape as products of dims (bound at launch without tracing)
+        in_shapes = []
+        for b1, b2 in zip(self._trace(p1)[1], self._trace(p2)[1]):
+            shape = tuple(sizes.factor(int(s), p1, symbolic) for s in b1.arg[2])
+            if tuple(sizes.mono_value(m, p2) for m in shape) != tuple(b2.arg[2]):
+                return "its input shapes change with the sizes in ways that are not products of dims"
+            in_shapes.append((b1.dtype, b1.arg[1], shape))
         # the optimizations the heuristic picks at a representative size, each kernel's fast variant where they
         # apply to its symbolic form (launched where its checks hold at the dims given)
         rep = {n: sizes.REPRESENTATIVE[c] if c in sizes.SYMBOLIC else int(c) for n, c in cls}
@@ -542,6 +550,7 @@ class Program:
         plan.shapes = [sizes.name_shape(i.name) for i in items1]
         plan.asts = asts1
         plan.item_bufs = [list(i.bufs) for i in items1]
+        plan.input_shapes = in_shapes
         return plan
 
     def _store_class_winners(self, dev: Any, dims: dict[str, int]) -> int:
@@ -565,7 +574,8 @@ class Program:
 
     def lower_symbolic(self, device: str | None, dims: dict[str, int]) -> tuple[Executable | None, str]:
         """The program's symbolic kernels bound to these dims, as the realizer runs them, and "" ; or (None, why
-        not) where the launch-time checks fail (the caller runs the size-specialized kernels instead)."""
+        not) where the launch-time checks fail (the caller runs the size-specialized kernels instead). Only the
+        size class's first use traces, schedules and lowers; binding evaluates its sizes (`SymbolicPlan.bind`)."""
         dev = _device(device)
         dims = self.resolve_dims(dims)
         cls = sizes.size_class(self.dim_names, dims)
@@ -930,8 +940,14 @@ class Program:
 
 class SymbolicPlan:
     """A program's kernels for every size of one size class: the kernels (dim variables as arguments), the
-    buffers they use (`tgc.codegen.sizes.Slot`: shapes as products of dims), and the tensor graph's signature
-    that a launch at given dims must reproduce."""
+    buffers they use (`tgc.codegen.sizes.Slot`: shapes as products of dims), the declared inputs' shapes (the
+    same form), and the tensor graph's signature that a launch at dims below `trusted_from` must reproduce.
+
+    `bind(prog, dims)` makes the executable at some dims by evaluating those expressions (buffer shapes, the
+    kernels' `vals`, launch sizes, flops and bytes) and picking each kernel's variant by its launch checks: it
+    traces, schedules or lowers nothing where every symbolic dim is at least `trusted_from` (at the probes every
+    dim exceeds every plain constant of the graph, and so it does there). Smaller dims are checked once each
+    with the source (`source_check`)."""
 
     def __init__(self, device: Any, cls: tuple, kernels: list[Kernel], slots: list, kernel_slots: list[list[int]],
                  output_slots: list[int], signature: tuple, bound: int, symbolic: list[str],
@@ -947,22 +963,45 @@ class SymbolicPlan:
         self.shapes: list[str] = []  # per kernel, its name with sizes blanked (`r_#_#`): matches a schedule
         self.asts: list[UOp] = []  # per kernel, its symbolic AST as scheduled (before any pass)
         self.item_bufs: list[list[UOp]] = []  # per kernel, the probe's buffer nodes (kernel_slots' order)
+        # per declared input, (dtype, name, shape as Monos); the least size trusted without the source
+        self.input_shapes: list[tuple[Any, str, tuple]] = []
+        self.trusted_from = sizes.trusted_from(signature)
+        self._source_checked: dict[tuple, str] = {}  # dims below `trusted_from` -> "" or why not (checked once)
+        self._layouts: dict[tuple, MemoryPlan] = {}  # per set of launches, which buffers share a slot (`_memory`)
 
-    def bind(self, prog: Program, dims: dict[str, int]) -> tuple[Executable | None, str]:
-        """The launch-time checks, then the kernels bound to `dims`: (Executable, "") or (None, why not)."""
-        for n in self.symbolic:
-            if not 2 <= dims[n] <= self.bound:
-                return None, f"dim {n} = {dims[n]} is outside the symbolic kernels' range 2..{self.bound}"
-        outs, in_bufs = prog._trace(dims)
+    def source_check(self, prog: Program, dims: dict[str, int]) -> str:
+        """"" where the program traced and scheduled at `dims` is the plan's (its graph the signature there, and
+        where the scheduler cuts kernels of the same shapes, each the plan's kernel with the dims substituted), else
+        why not. Only `bind` below `trusted_from` needs it; kept per dims."""
+        key = tuple(sorted(dims.items()))
+        if key not in self._source_checked:
+            self._source_checked[key] = self._check_source(prog, dims)
+        return self._source_checked[key]
+
+    def _check_source(self, prog: Program, dims: dict[str, int]) -> str:
+        outs, _ = prog._trace(dims)
         if sizes.instantiate_signature(self.signature, dims) != sizes.graph_signature(outs):
-            return None, "the program's operations differ at these sizes (a slice or index that clamps)"
+            return "the program's operations differ at these sizes (a slice or index that clamps)"
         # where the scheduler cuts the same kernels at these sizes (it may not: small matmuls are not packed,
         # which the plan's kernels still compute right), each must be the plan's kernel at these sizes
         items = [i for i in create_schedule(outs, self.device.caps, split_columns=False) if i.ast.src]
         if [sizes.name_shape(i.name) for i in items] == self.shapes:
             for item, ast in zip(items, self.asts):
                 if sizes.instantiate_ast(ast, dims) is not item.ast:
-                    return None, f"kernel {item.name} differs from the size class's kernel at these sizes"
+                    return f"kernel {item.name} differs from the size class's kernel at these sizes"
+        return ""
+
+    def bind(self, prog: Program, dims: dict[str, int]) -> tuple[Executable | None, str]:
+        """The launch-time checks, then the kernels bound to `dims`: (Executable, "") or (None, why not)."""
+        for n in self.symbolic:
+            if not 2 <= dims[n] <= self.bound:
+                return None, f"dim {n} = {dims[n]} is outside the symbolic kernels' range 2..{self.bound}"
+        if any(dims[n] < self.trusted_from for n in self.symbolic):
+            why = self.source_check(prog, dims)
+            if why:
+                return None, why
+        in_bufs = [UOp(Ops.BUFFER, dtype, (), (j, name, tuple(sizes.mono_value(m, dims) for m in shape)))
+                   for j, (dtype, name, shape) in enumerate(self.input_shapes)]
         nodes: list[UOp] = []
         for i, slot in enumerate(self.slots):
             shape = tuple(sizes.mono_value(m, dims) for m in slot.shape)
@@ -987,6 +1026,7 @@ class SymbolicPlan:
             launches += [(f, ks, item_bufs) for f in ([fast, *tails] if use_fast else [general])
                          if not any(self.derived.get(n, ("",))[0] == "rest" and env[n] == 0 for n in f.var_names)]
         kernels = []
+        kernel_slots: list[list[int]] = []  # per launch, its buffers as slot numbers
         for k, ks, item_bufs in launches:
             grid = symbolic_grid(k, dims)  # GPUs: the work-groups these dims need
             if k.grid is not None:
@@ -998,12 +1038,94 @@ class SymbolicPlan:
             if k.binary is not None:
                 k.program()  # load once; the copies share it
             # the kernel's parameters: the scheduled buffers less those its code does not use (dropped)
-            bufs = [nodes[ks[next(i for i, b in enumerate(item_bufs) if b is kb)]] for kb in k.bufs]
-            flops, nbytes = symbolic_work(k, env, bufs)
-            kernels.append(_dc_replace(k, bufs=bufs, vals=tuple(env[n] for n in k.var_names), flops=flops,
-                                       bytes_moved=nbytes, global_size=grid))
-        return Executable(self.device, kernels, [(b, prog._in_names[b.arg[0]]) for b in in_bufs],
-                          [(name, nodes[j]) for name, j in zip(prog.output_names, self.output_slots)]), ""
+            idx = [ks[next(i for i, b in enumerate(item_bufs) if b is kb)] for kb in k.bufs]
+            bufs = [nodes[i] for i in idx]
+            kernels.append(BoundKernel.of(k, env, bufs=bufs, vals=tuple(env[n] for n in k.var_names),
+                                          global_size=grid))
+            kernel_slots.append(idx)
+        inputs = [(b, prog._in_names[b.arg[0]]) for b in in_bufs]
+        outputs = [(name, nodes[j]) for name, j in zip(prog.output_names, self.output_slots)]
+        memory = self._memory(kernels, kernel_slots, nodes, in_bufs, dims)
+        return Executable(self.device, kernels, inputs, outputs, memory=memory), ""
+
+    def _buffer_bytes(self, j: int, at: dict[str, int]) -> int:
+        """Bytes of buffer j (a slot, then the declared inputs no kernel reads) at these dims."""
+        if j < len(self.slots):
+            dtype, shape = self.slots[j].dtype, self.slots[j].shape
+        else:
+            dtype, _, shape = self.input_shapes[self._unread_inputs()[j - len(self.slots)]]
+        return max(prod([sizes.mono_value(m, at) for m in shape]) * dtype.itemsize, 1)
+
+    def _unread_inputs(self) -> list[int]:
+        read = {s.input for s in self.slots if s.input is not None}
+        return [j for j in range(len(self.input_shapes)) if j not in read]
+
+    def _memory(self, kernels: list[Kernel], kernel_slots: list[list[int]], nodes: list[UOp], in_bufs: list[UOp],
+                dims: dict[str, int]) -> MemoryPlan | None:
+        """The memory plan at `dims` from the class's layout: which buffers share a slot is decided once per set
+        of launches (their buffers and in-place pairs) at the first probe's sizes (distinct primes: buffers of
+        equal size there have the same size expression) and holds at every size, each slot as large as its
+        largest buffer at `dims`. None (the executable plans its own) where an in-place pair's sizes differ at
+        `dims`."""
+        keys = nodes + [in_bufs[j] for j in self._unread_inputs()]
+        position = {key: j for j, key in enumerate(keys)}
+        pairs = [(position[a], position[b]) for k in kernels for a, b in inplace_pairs(k)]
+        sig = (tuple(tuple(ks) for ks in kernel_slots), tuple(pairs))  # (all the layout depends on)
+        layout = self._layouts.get(sig)
+        if layout is None:
+            probe = sizes.probes(self.size_class)[0]
+            input_keys = [position[b] for b in in_bufs]
+            layout = self._layouts[sig] = plan_memory(
+                kernel_slots, {j: self._buffer_bytes(j, probe) for j in range(len(keys))}, input_keys,
+                list(self.output_slots), share=self.device.allocator.features.shared_slots, inplace=pairs)
+        at = {j: self._buffer_bytes(j, dims) for j in layout.slot_of}
+        if any(at[a] != at[b] for a, b in layout.inplace):
+            return None
+        slots = [1] * len(layout.slots)
+        for j, s in layout.slot_of.items():
+            slots[s] = max(slots[s], at[j])
+        return MemoryPlan(slots=slots, slot_of={keys[j]: s for j, s in layout.slot_of.items()},
+                          sizes={keys[j]: at[j] for j in layout.slot_of},
+                          lifetimes={keys[j]: span for j, span in layout.lifetimes.items()},
+                          inplace=[(keys[a], keys[b]) for a, b in layout.inplace])
+
+
+class BoundKernel(Kernel):
+    """A size class's kernel bound to dims (`SymbolicPlan.bind`): its `flops` and `bytes_moved` are counted from
+    its UOps at those dims on first read (`symbolic_work`: on the CPU a walk per thread, most of what a bind
+    would otherwise spend), since only reports and `bench` read them. A value given (a copy) is kept."""
+
+    _work: tuple | None = None  # (the class's kernel, the launch's values) until counted
+    _counted: tuple[int, int] | None = None
+
+    @classmethod
+    def of(cls, k: Kernel, env: dict[str, int], **changes: Any) -> BoundKernel:
+        fields = {f: getattr(k, f) for f in k.__dataclass_fields__}
+        bound = cls(**{**fields, **changes})
+        bound._counted, bound._work = None, (k, env)  # (what the constructor set: counted when read)
+        return bound
+
+    def _count(self) -> tuple[int, int]:
+        if self._counted is None:
+            k, env = self._work  # type: ignore[misc]
+            self._counted = symbolic_work(k, env, self.bufs)
+        return self._counted
+
+    @property  # type: ignore[override]
+    def flops(self) -> int:
+        return self._count()[0]
+
+    @flops.setter
+    def flops(self, v: int) -> None:
+        self._counted, self._work = (v, self._counted[1] if self._counted else 0), None
+
+    @property  # type: ignore[override]
+    def bytes_moved(self) -> int:
+        return self._count()[1]
+
+    @bytes_moved.setter
+    def bytes_moved(self, v: int) -> None:
+        self._counted, self._work = (self._counted[0] if self._counted else 0, v), None
 
 
 def _split_variant(item: ScheduleItem, dev: Any, cls: tuple, probe: dict[str, int], name: str, key: str,

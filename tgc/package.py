@@ -1704,28 +1704,6 @@ def _uop_expr(u: Any) -> Any:
     return None
 
 
-def _signature_max_constant(sig: tuple) -> int:
-    """The largest plain integer (not a size of the dims) in a symbolic graph signature's arguments."""
-    best = 0
-
-    def walk(v: Any) -> None:
-        nonlocal best
-        if isinstance(v, tuple) and len(v) == 2 and v[0] in ("#", "#f", "#r"):
-            if not v[1][1]:  # a Mono without dims: a plain constant
-                best = max(best, abs(int(v[1][0])))
-            return
-        if isinstance(v, tuple):
-            for x in v:
-                walk(x)
-        elif isinstance(v, int) and not isinstance(v, bool):
-            best = max(best, abs(v))
-
-    for row in sig:
-        if row[0] != "outs":
-            walk(row[2])
-    return best
-
-
 def _class_minimum(prog: Any, plan: Any, cls: tuple) -> dict[str, int]:
     """Per symbolic dim, the least size the package accepts. At the probes (primes of 211 and more) every
     symbolic dim exceeds every constant of the program, so the symbolic kernels hold wherever each dim exceeds
@@ -1736,7 +1714,7 @@ def _class_minimum(prog: Any, plan: Any, cls: tuple) -> dict[str, int]:
     graph, which `bind` reads as another graph, whatever the sizes."""
     from tgc.codegen import sizes
     sym = list(plan.symbolic)
-    top = max(2, _signature_max_constant(plan.signature) + sizes.MAX_OFFSET + 1)
+    top = sizes.trusted_from(plan.signature)
     fixed = {n: int(c) for n, c in cls if c not in sizes.SYMBOLIC}
 
     def holds(dims: dict[str, int]) -> bool:

@@ -250,6 +250,37 @@ def instantiate_signature(sig: tuple, dims: Mapping[str, int]) -> tuple:
     return tuple(r if r[0] == "outs" else (r[0], r[1], instantiate_value(r[2], dims), r[3]) for r in sig)
 
 
+def signature_max_constant(sig: tuple) -> int:
+    """The largest plain integer (not a size of the dims) in a symbolic graph signature's arguments."""
+    best = 0
+
+    def walk(v: Any) -> None:
+        nonlocal best
+        if isinstance(v, tuple) and len(v) == 2 and v[0] in ("#", "#f", "#r"):
+            if not v[1][1]:  # a Mono without dims: a plain constant
+                best = max(best, abs(int(v[1][0])))
+            return
+        if isinstance(v, tuple):
+            for x in v:
+                walk(x)
+        elif isinstance(v, int) and not isinstance(v, bool):
+            best = max(best, abs(v))
+
+    for row in sig:
+        if row[0] is Ops.BUFFER:
+            walk(row[2][2])  # (an input's index and name are no sizes: its shape)
+        elif row[0] != "outs":
+            walk(row[2])
+    return best
+
+
+def trusted_from(sig: tuple) -> int:
+    """The least size from which every symbolic dim is trusted without the source (`T`): at the probes (primes of
+    211 and more) every dim exceeds every plain constant of the graph and every size offset, and so it does at
+    every size of at least T. Below T a slice or index may clamp, or the scheduler cut another kernel."""
+    return max(2, signature_max_constant(sig) + MAX_OFFSET + 1)
+
+
 @dataclass
 class Slot:
     """A buffer of the launch plan: an input (`input` its declaration index) or a buffer a kernel writes."""
@@ -411,5 +442,6 @@ def symbolic_name(name: str, probe: Mapping[str, int], symbolic: Sequence[str]) 
 
 
 __all__ = ["SizeClass", "size_class", "class_text", "probes", "var_bound", "factor", "mono_value", "symbolize_ast",
-           "graph_signature", "instantiate_signature", "Slot", "slots_of", "same_slots", "symbolic_name",
+           "graph_signature", "instantiate_signature", "signature_max_constant", "trusted_from", "Slot", "slots_of",
+           "same_slots", "symbolic_name",
            "VAR_PREFIX"]
