@@ -22,7 +22,7 @@ import numpy as np
 
 from tgc.dtype import DType, dtypes
 from tgc.errors import TgcError
-from tgc.onnx import control, mlops, moreops, quant, recurrent  # noqa: F401  (register control flow, ...)
+from tgc.onnx import control, hostops, mlops, moreops, quant, recurrent  # noqa: F401  (register control flow, ...)
 from tgc.onnx.core import (
     _NP_TO_TGC,
     _ONNX_DTYPES,
@@ -30,6 +30,7 @@ from tgc.onnx.core import (
     MIN_OPSET,
     Ctx,
     Names,
+    NeedHost,
     NeedStatic,
     Value,
     _to_array,
@@ -261,9 +262,13 @@ def translate(model: Any, where: str = "<model>") -> Translation:
     used = {i for n in _all_nodes(g) for i in n.input} | {o.name for o in g.output}
     line_nodes: dict[int, str] = {}  # index in cx.lines -> the (top-level) node that emitted it
     try:
-        for node in g.node:
+        for index, node in enumerate(g.node):
             first_line = len(cx.lines)
-            _run_nodes(cx, [node], used, ops_used)
+            try:
+                _run_nodes(cx, [node], used, ops_used)
+            except NeedHost as e:
+                e.index = index
+                raise
             about = f"{node.op_type} '{node.name}'" if node.name else node.op_type
             for i in range(first_line, len(cx.lines)):
                 line_nodes[i] = f"{about} -> {', '.join(o for o in node.output if o)}"
