@@ -23,7 +23,7 @@ from tgc.api import Program
 from tgc.errors import BindError, TgcError
 from tgc.onnx import NeedHost, NeedStatic, translate
 
-__all__ = ["StagedModel"]
+__all__ = ["StagedModel", "load_staged"]
 
 MAX_STAGES = 32  # programs kept per model (one per stage and input shapes)
 
@@ -40,6 +40,16 @@ def _reads(nodes: list) -> set[str]:
                 for g in a.graphs:
                     out |= _reads(list(g.node))
     return out
+
+
+def load_staged(path: str) -> StagedModel:
+    """A model file, checked (`tgc.onnx.read_model`), as a `StagedModel` (any model: one without host steps runs
+    as one stage)."""
+    import os
+
+    from tgc.onnx import read_model
+
+    return StagedModel(read_model(path), os.path.basename(path))
 
 
 class StagedModel:
@@ -179,21 +189,17 @@ class StagedModel:
         return h.hexdigest()
 
     def _host(self, node: Any, values: dict[str, np.ndarray], consts: set[str]) -> None:
-        """Compute `node` on the host with onnx's reference evaluator; its outputs become constants."""
-        from onnx import TensorProto, helper
-        from onnx.reference import ReferenceEvaluator
+        """Compute `node` on the host (`tgc.onnx.hostops.run_host`, numpy); its outputs become constants."""
+        from tgc.onnx.hostops import run_host
 
-        ins = [(i, values[i] if i in values else self.inits[i]) for i in node.input if i]
-        g = helper.make_graph([node], "host", [helper.make_tensor_value_info(
-            n, helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape)) for n, a in ins],
-            [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in node.output if o])
-        m = helper.make_model(g, opset_imports=list(self.model.opset_import), ir_version=self.model.ir_version)
+        ins = [(values[i] if i in values else self.inits[i]) if i else None for i in node.input]
         try:
-            res = ReferenceEvaluator(m).run(None, dict(ins))
-        except Exception as e:  # noqa: BLE001 - one clear message for a node the evaluator refuses
+            res = run_host(node, ins)
+        except (ValueError, IndexError, TypeError) as e:
             raise TgcError(f"{self.where}: node '{node.name or node.output[0]}' ({node.op_type}) failed on the "
                            f"host: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
-        for o, a in zip([o for o in node.output if o], res):
-            values[o] = np.asarray(a)
-            consts.add(o)
+        for o, a in zip(node.output, res):
+            if o:
+                values[o] = np.asarray(a)
+                consts.add(o)
         self.stages.append(f"host {node.op_type}")
