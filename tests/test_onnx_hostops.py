@@ -127,3 +127,18 @@ def test_staged_model_input_errors():
         staged.run(device="PYTHON", inputs={"x": np.zeros((4, 3), np.float32)})
     with pytest.raises(TgcError, match="unknown input"):
         staged.run(device="PYTHON", inputs={"x": np.zeros((3, 4), np.float32), "z": 1})
+
+
+def test_an_input_that_decides_a_shape_is_read_at_run_time():
+    """Reshape by a shape given at run time: a constant of the stage it is read in, one program per value."""
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"]), helper.make_node("Neg", ["r"], ["y"])]
+    m = _model(nodes, [helper.make_tensor_value_info("x", F, [2, 6]), helper.make_tensor_value_info("shape", I64, [2])],
+               [helper.make_tensor_value_info("y", F, ["A", "B"])])
+    staged = StagedModel(m)
+    x = np.arange(12, dtype=np.float32).reshape(2, 6)
+    for shape in ([3, 4], [4, 3], [3, 4]):
+        y = staged.run(device="PYTHON", inputs={"x": x, "shape": np.array(shape, np.int64)})["y"]
+        assert np.array_equal(y, -x.reshape(shape))
+    assert len(staged._programs) == 2  # (the third run reused the first one's program)
+    with pytest.raises(TgcError):
+        staged.run(device="PYTHON", inputs={"x": x, "shape": np.array([5, 5], np.int64)})
