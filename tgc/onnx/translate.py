@@ -132,7 +132,8 @@ def inspect_model(model: Any) -> dict[str, Any]:
             "weights": len(g.initializer),
             "weight_bytes": int(sum(_tensor_nbytes(t) for t in g.initializer)),
             "ops": dict(sorted(used.items())),
-            "missing": sorted(k for k in used if k not in have and not _is_function_op(k, opset_of(model)))}
+            "missing": sorted(k for k in used if k not in have and not _is_function_op(k, opset_of(model))),
+            "host": sorted(k for k in used if k in hostops.HOST_OPS)}
 
 
 def _is_function_op(key: str, opset: int) -> bool:
