@@ -801,9 +801,17 @@ def _softmax_like(fn: str) -> OpFn:
     def impl(cx, node, ins, at, opset):
         x = ins[0]
         r = x.rank
-        e = _wide(cx.tensor(x), x.dtype)  # (f16: exp, sum and divide in f32, rounded once)
+        e = _wide(cx.tensor(x), x.dtype)  # (f16 LogSoftmax: in f32, rounded once)
         if opset >= 13:
-            return [_cast(f"{fn}({e}, axis={_axis(at.get('axis', -1), r)})", x.dtype)]
+            ax = _axis(at.get('axis', -1), r)
+            if fn == "softmax" and x.dtype in (dtypes.f16, dtypes.bf16):  # ONNX's reference rounds each step
+                t = x.dtype.name
+                xe = cx.let(f"cast({cx.tensor(x)}, f32)", "wide")
+                d = cx.let(f"cast(cast({xe} - max({xe}, axis={ax}, keepdim=True), {t}), f32)", "shifted")
+                ex = cx.let(f"cast(cast(exp({d}), {t}), f32)", "exps")
+                sm = cx.let(f"cast(cast(sum({ex}, axis={ax}, keepdim=True), {t}), f32)", "total")
+                return [f"cast({ex} / {sm}, {t})"]
+            return [_cast(f"{fn}({e}, axis={ax})", x.dtype)]
         ax = _axis(at.get("axis", 1), r)
         flat = (math.prod(x.shape[:ax]), math.prod(x.shape[ax:]))
         return [_cast(f"reshape({fn}(reshape({e}, {shape_text(flat)}), axis=1), {shape_text(x.shape)})", x.dtype)]
