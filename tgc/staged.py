@@ -4,7 +4,7 @@ time), run in stages: `StagedModel.run`.
 Contract: the model's graph (ONNX nodes are topologically ordered) is cut at each node that raised
 `tgc.onnx.NeedHost` while translating. The nodes before it run as an ordinary tgc `Program` (translated,
 compiled, cached like any model) whose outputs are the values later nodes read; the cut node runs on the host
-(onnx's reference evaluator, ONNX's semantics); its outputs, now known, are constants of the next stage, so the
+(numpy, `tgc.onnx.hostops.run_host`, ONNX's semantics); its outputs, now known, are constants of the next stage, so the
 sizes they decide are static dims there and shape arithmetic on them folds. The next stage is translated from
 the remaining nodes, its inputs the values computed so far, and may cut again. A value computed at run time that
 decides a shape in a later stage (Reshape's shape, ...) is made a constant of that stage the same way. Stages are
