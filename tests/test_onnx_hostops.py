@@ -47,6 +47,14 @@ def test_nonzero_between_two_tgc_stages_matches_numpy(device):
         assert got["out"].shape == want.shape and np.array_equal(got["out"], want)
         np.testing.assert_allclose(got["r3"], r * 3, rtol=1e-6)
     assert staged.stages == ["tgc 1 nodes", "host NonZero", "tgc 5 nodes"]
+    n = len(staged._programs)
+    two = np.zeros((3, 4), np.float32)
+    two[0, 1] = two[2, 3] = 1
+    for x in (two, two[::-1].copy()):  # two non-zeros at other places: the same sizes
+        got = staged.run(device=device, inputs={"x": x})
+        want = np.transpose(np.array(np.nonzero(x))).astype(np.float32) * 2 + 1
+        assert np.array_equal(got["out"], want)
+    assert len(staged._programs) == n + 1  # one new stage program for the new size, none for new values
 
 
 def test_nonzero_output_shape_and_dtype_follow_onnx():

@@ -4,12 +4,13 @@ time), run in stages: `StagedModel.run`.
 Contract: the model's graph (ONNX nodes are topologically ordered) is cut at each node that raised
 `tgc.onnx.NeedHost` while translating. The nodes before it run as an ordinary tgc `Program` (translated,
 compiled, cached like any model) whose outputs are the values later nodes read; the cut node runs on the host
-(numpy, `tgc.onnx.hostops.run_host`, ONNX's semantics); its outputs, now known, are constants of the next stage, so the
-sizes they decide are static dims there and shape arithmetic on them folds. The next stage is translated from
-the remaining nodes, its inputs the values computed so far, and may cut again. A value computed at run time that
-decides a shape in a later stage (Reshape's shape, ...) is made a constant of that stage the same way. Stages are
-cached by the shapes and dtypes of their inputs and the bytes of their constants, so a second run with the same
-sizes compiles nothing. Results are the model's outputs by their ONNX names, as `Program.run` gives them.
+(numpy, `tgc.onnx.hostops.run_host`, ONNX's semantics); its outputs, now of known sizes, are inputs of the
+next stage, so the sizes they decide are static dims there. The next stage is translated from the remaining
+nodes, its inputs the values computed so far, and may cut again. A value computed at run time that decides a
+shape in a later stage (Reshape's shape, ...) is made a constant (an initializer) of that stage, remembered per
+stage. Stages are cached by the shapes and dtypes of their inputs and the bytes of their constants, so a second
+run with the same sizes (not the same values) compiles and translates nothing. Results are the model's outputs
+by their ONNX names, as `Program.run` gives them.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class StagedModel:
         self.output_names = [o.name for o in g.output]
         self._types = {v.name: v.type for v in [*g.input, *g.output]}
         self._programs: dict[str, Program] = {}
+        self._const_names: dict[str, set[str]] = {}  # per stage: the run-time values that decide its shapes
         self.stages: list[str] = []  # the last run's steps, in order: "tgc N nodes" or "host OP"
 
     def run(self, device: str | None = None, inputs: dict[str, Any] | None = None, **kw_inputs: Any
@@ -126,7 +128,8 @@ class StagedModel:
         if not outs:
             return
         feeds = sorted((_reads(nodes) | set(outs)) - produced)
-        local = set(consts)
+        sig = ",".join(o for n in nodes for o in n.output) + "|" + ",".join(feeds)
+        local = set(consts) | self._const_names.get(sig, set())  # (the ones a run before found deciding shapes)
         for _ in range(len(feeds) + 1):
             model = self._submodel(nodes, feeds, outs, values, local)
             key = self._key(nodes, feeds, values, local)
@@ -137,6 +140,7 @@ class StagedModel:
                 except NeedStatic as e:
                     if e.name in values and e.name not in local:  # known now: a constant of this stage
                         local.add(e.name)
+                        self._const_names.setdefault(sig, set()).add(e.name)
                         continue
                     raise
                 names = {tg: n for n, tg in [*tr.inputs.items(), *tr.outputs.items()]}
@@ -189,7 +193,8 @@ class StagedModel:
         return h.hexdigest()
 
     def _host(self, node: Any, values: dict[str, np.ndarray], consts: set[str]) -> None:
-        """Compute `node` on the host (`tgc.onnx.hostops.run_host`, numpy); its outputs become constants."""
+        """Compute `node` on the host (`tgc.onnx.hostops.run_host`, numpy); its outputs are inputs of the next
+        stage (constants there where they decide a shape)."""
         from tgc.onnx.hostops import run_host
 
         ins = [(values[i] if i in values else self.inits[i]) if i else None for i in node.input]
@@ -201,5 +206,4 @@ class StagedModel:
         for o, a in zip(node.output, res):
             if o:
                 values[o] = np.asarray(a)
-                consts.add(o)
         self.stages.append(f"host {node.op_type}")
