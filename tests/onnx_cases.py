@@ -2,7 +2,8 @@
 tests/test_onnx_nodes.py and `python tests/onnx_cases.py` (which prints the pass list to refresh the
 expected-failure file). A case passes when every output matches the case's expected one with the case's own
 rtol/atol (and dtype and shape); inputs that decide shapes (Reshape's shape, ...) are made initializers first,
-since tgc compiles for static shapes (`NeedStatic`)."""
+since tgc compiles for static shapes (`NeedStatic`). A case whose model has a data-dependent output shape
+(`NeedHost`: NonZero, Unique, NonMaxSuppression on inputs) runs in stages through `tgc.staged.StagedModel`."""
 
 from __future__ import annotations
 
