@@ -150,3 +150,15 @@ def test_an_input_that_decides_a_shape_is_read_at_run_time():
     assert len(staged._programs) == 2  # (the third run reused the first one's program)
     with pytest.raises(TgcError):
         staged.run(device="PYTHON", inputs={"x": x, "shape": np.array([5, 5], np.int64)})
+
+
+def test_nonzero_of_a_constant_folds_into_one_program(tmp_path):
+    import tgc
+
+    nodes = [helper.make_node("NonZero", ["c"], ["nz"]), helper.make_node("Add", ["nz", "x"], ["y"])]
+    c = helper.make_tensor("c", I64, [4], [0, 3, 0, 1])
+    m = _model(nodes, [helper.make_tensor_value_info("x", I64, [1, 2])],
+               [helper.make_tensor_value_info("y", I64, [1, 2])], [c])
+    onnx.save(m, str(tmp_path / "c.onnx"))
+    got = tgc.load(str(tmp_path / "c.onnx")).run(device="PYTHON", x=np.array([[10, 20]], np.int64))["y"]
+    assert got.tolist() == [[11, 23]]
