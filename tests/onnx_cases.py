@@ -2,7 +2,8 @@
 tests/test_onnx_nodes.py and `python tests/onnx_cases.py` (which prints the pass list to refresh the
 expected-failure file). A case passes when every output matches the case's expected one with the case's own
 rtol/atol (and dtype and shape); inputs that decide shapes (Reshape's shape, ...) are made initializers first,
-since tgc compiles for static shapes (`NeedStatic`)."""
+since tgc compiles for static shapes (`NeedStatic`). A case whose model has a data-dependent output shape
+(`NeedHost`: NonZero, Unique, NonMaxSuppression on inputs) runs in stages through `tgc.staged.StagedModel`."""
 
 from __future__ import annotations
 
@@ -58,9 +59,12 @@ def run_case(case: Any, device: str = "PYTHON") -> str | None:
     """None when the case passes, else why not (one line)."""
     from tgc.api import Program
     from tgc.errors import TgcError
+    from tgc.onnx import NeedHost
 
     try:
         tr, model, fixed = prepare(case)
+    except NeedHost:  # a data-dependent output shape: the model runs in stages (tgc.staged)
+        return _run_staged(case, device)
     except TgcError as e:
         return f"translate: {e.msg}"
     names = {tg: n for n, tg in [*tr.inputs.items(), *tr.outputs.items()]}
@@ -78,21 +82,47 @@ def run_case(case: Any, device: str = "PYTHON") -> str | None:
             got = prog.run(device=device, inputs=given)
         except TgcError as e:
             return f"run: {e.msg.splitlines()[0]}"
-        for o, want in zip(case.model.graph.output, expected):
-            have = got[o.name]
-            want = _array(want)
-            if want.dtype.name == "bfloat16":  # tgc gives bf16 results as f32 arrays (numpy has no bf16)
-                want = want.astype(np.float32)
-            if have.shape != want.shape:
-                return f"output {o.name}: shape {have.shape} != {want.shape}"
-            if have.dtype != want.dtype:
-                return f"output {o.name}: dtype {have.dtype} != {want.dtype}"
-            if want.dtype.kind in "fc":
-                if not np.allclose(have, want, rtol=case.rtol, atol=case.atol, equal_nan=True):
-                    err = np.nanmax(np.abs(have.astype(np.float64) - want))
-                    return f"output {o.name}: max error {err:.3g}"
-            elif not np.array_equal(have, want):
-                return f"output {o.name}: values differ"
+        why = _compare(case, got, expected)
+        if why:
+            return why
+    return None
+
+
+def _run_staged(case: Any, device: str) -> str | None:
+    """A case whose model needs host steps (NonZero, Unique, ...), run by `tgc.staged.StagedModel`."""
+    from tgc.errors import TgcError
+    from tgc.staged import StagedModel
+
+    staged = StagedModel(case.model, case.name)
+    for inputs, expected in case.data_sets:
+        given = {v.name: _array(a) for v, a in zip(case.model.graph.input, inputs)}
+        try:
+            got = staged.run(device=device, inputs=given)
+        except TgcError as e:
+            return f"run: {e.msg.splitlines()[0]}"
+        why = _compare(case, got, expected)
+        if why:
+            return why
+    return None
+
+
+def _compare(case: Any, got: dict, expected: list) -> str | None:
+    """None when every output matches its expected array (dtype, shape, the case's rtol/atol)."""
+    for o, want in zip(case.model.graph.output, expected):
+        have = got[o.name]
+        want = _array(want)
+        if want.dtype.name == "bfloat16":  # tgc gives bf16 results as f32 arrays (numpy has no bf16)
+            want = want.astype(np.float32)
+        if have.shape != want.shape:
+            return f"output {o.name}: shape {have.shape} != {want.shape}"
+        if have.dtype != want.dtype:
+            return f"output {o.name}: dtype {have.dtype} != {want.dtype}"
+        if want.dtype.kind in "fc":
+            if not np.allclose(have, want, rtol=case.rtol, atol=case.atol, equal_nan=True):
+                err = np.nanmax(np.abs(have.astype(np.float64) - want))
+                return f"output {o.name}: max error {err:.3g}"
+        elif not np.array_equal(have, want):
+            return f"output {o.name}: values differ"
     return None
 
 

@@ -20,8 +20,9 @@ LAYERS: list[tuple[str, ...]] = [
     # numpy baselines of a parsed program (bench and `tgc bench --vs numpy` only, never the core)
     ("tgc.codegen",),  # 4 optimizer, lowering, linear UOps, BEAM (on device objects it is given)
     ("tgc.backends",),  # 5 renderers, compilers, runtimes, the device registry, REMOTE
-    ("tgc.api", "tgc.package", "tgc.progcache", "tgc.viz"),  # 6 Program: binds the layers together for one program;
-    # compiled packages; the program cache (packages in the disk cache); the `tgc viz` page of a loaded program
+    ("tgc.api", "tgc.package", "tgc.progcache", "tgc.viz", "tgc.staged"),  # 6 Program: binds the layers together
+    # for one program; ONNX models run in stages (tgc.staged); compiled packages; the program cache (packages in
+    # the disk cache); the `tgc viz` page of a loaded program
     ("tgc.cli",),  # 7 the command line
     ("tgc",),  # 8 the package facade (`tgc.load` etc. import tgc.api on first use)
 ]

@@ -8,7 +8,7 @@ is a `TgcError` naming the op, the node and the opset, raised before anything ru
 end (layer 2): it knows nothing of devices; `tgc.api.load` turns a translation into a `Program`.
 """
 
-from tgc.onnx.core import NeedStatic
+from tgc.onnx.core import NeedHost, NeedStatic
 from tgc.onnx.translate import Translation, inspect_model, read_model, supported_ops, translate
 
-__all__ = ["NeedStatic", "Translation", "inspect_model", "read_model", "supported_ops", "translate"]
+__all__ = ["NeedHost", "NeedStatic", "Translation", "inspect_model", "read_model", "supported_ops", "translate"]

@@ -50,6 +50,18 @@ class NeedStatic(TgcError):
         self.name = name
 
 
+class NeedHost(TgcError):
+    """A node whose output shape depends on input values (NonZero, Unique, NonMaxSuppression) has inputs that are
+    not known at load. The model cannot be one static `.tg` program: `tgc.staged.StagedModel` runs it in stages
+    (the graph before the node as a tgc program, the node on the host, the rest with its outputs as constants).
+    `index`: the top-level graph node being translated when it was raised (set by `translate`)."""
+
+    def __init__(self, msg: str, op: str, **kw: Any):
+        super().__init__(msg, **kw)
+        self.op = op
+        self.index = -1
+
+
 @dataclass
 class Value:
     """One ONNX value: its `.tg` expression (a name), dtype, shape (ints and dim names; None where unknown) and,

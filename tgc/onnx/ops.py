@@ -86,6 +86,13 @@ def _cast(expr: str, dt: DType) -> str:
     return expr if dt in (dtypes.f32, dtypes.f64) else f"cast({expr}, {dt.name})"
 
 
+def _wide(expr: str, dt: DType) -> str:
+    """An f16/bf16 operand of a product-sum (MatMul, Gemm, Conv) in f32: its products and their sum are then
+    rounded once, at the op's result, as ONNX's reference and onnxruntime compute them (tgc would otherwise
+    multiply in f16 and round every product before its f32 accumulation)."""
+    return f"cast({expr}, f32)" if dt in (dtypes.f16, dtypes.bf16) else expr
+
+
 # --- elementwise -------------------------------------------------------------------------------------------------
 
 _UNARY = {"Abs": "abs({})", "Neg": "(-{})", "Exp": "exp({})", "Log": "log({})", "Sqrt": "sqrt({})",
@@ -326,6 +333,8 @@ def _dropout(cx, node, ins, at, opset):
 @op("MatMul")
 def _matmul(cx, node, ins, at, opset):
     a, b = ins
+    if a.dtype in (dtypes.f16, dtypes.bf16):
+        return [_cast(f"({_wide(cx.tensor(a), a.dtype)} @ {_wide(cx.tensor(b), b.dtype)})", a.dtype)]
     return [f"({cx.tensor(a)} @ {cx.tensor(b)})"]
 
 
@@ -333,7 +342,7 @@ def _matmul(cx, node, ins, at, opset):
 def _gemm(cx, node, ins, at, opset):
     a, b = ins[0], ins[1]
     c = ins[2] if len(ins) > 2 else None
-    ea, eb = cx.tensor(a), cx.tensor(b)
+    ea, eb = _wide(cx.tensor(a), a.dtype), _wide(cx.tensor(b), b.dtype)
     if at.get("transA", 0):
         ea = f"{ea}.T"
     if at.get("transB", 0):
@@ -343,7 +352,7 @@ def _gemm(cx, node, ins, at, opset):
     if alpha != 1.0:
         e = f"({e} * {_num(alpha, a.dtype)})"
     if c is not None:
-        ec = cx.tensor(c)
+        ec = _wide(cx.tensor(c), c.dtype)
         e = f"({e} + {ec})" if beta == 1.0 else f"({e} + {ec} * {_num(beta, a.dtype)})"
     return [_cast(e, a.dtype)]
 
@@ -792,9 +801,17 @@ def _softmax_like(fn: str) -> OpFn:
     def impl(cx, node, ins, at, opset):
         x = ins[0]
         r = x.rank
-        e = cx.tensor(x)
+        e = _wide(cx.tensor(x), x.dtype)  # (f16 LogSoftmax: in f32, rounded once)
         if opset >= 13:
-            return [_cast(f"{fn}({e}, axis={_axis(at.get('axis', -1), r)})", x.dtype)]
+            ax = _axis(at.get('axis', -1), r)
+            if fn == "softmax" and x.dtype in (dtypes.f16, dtypes.bf16):  # ONNX's reference rounds each step
+                t = x.dtype.name
+                xe = cx.let(f"cast({cx.tensor(x)}, f32)", "wide")
+                d = cx.let(f"cast(cast({xe} - max({xe}, axis={ax}, keepdim=True), {t}), f32)", "shifted")
+                ex = cx.let(f"cast(cast(exp({d}), {t}), f32)", "exps")
+                sm = cx.let(f"cast(cast(sum({ex}, axis={ax}, keepdim=True), {t}), f32)", "total")
+                return [f"cast({ex} / {sm}, {t})"]
+            return [_cast(f"{fn}({e}, axis={ax})", x.dtype)]
         ax = _axis(at.get("axis", 1), r)
         flat = (math.prod(x.shape[:ax]), math.prod(x.shape[ax:]))
         return [_cast(f"reshape({fn}(reshape({e}, {shape_text(flat)}), axis=1), {shape_text(x.shape)})", x.dtype)]
@@ -977,11 +994,11 @@ def _conv(cx, node, ins, at, opset):
     d = list(at.get("dilations", [1] * n))
     g = int(at.get("group", 1))
     before, after = _spatial_pads(cx, at, list(x.shape[2:]), ks, s, d)
-    e = cx.tensor(x)
+    e = _wide(cx.tensor(x), x.dtype)
     if any(before) or any(after):
         pairs = ", ".join(["(0, 0)", "(0, 0)"] + [f"({p}, {q})" for p, q in zip(before, after)])
         e = cx.let(f"pad({e}, ({pairs},))", "padded")
-    we = cx.tensor(w)
+    we = _wide(cx.tensor(w), w.dtype)
     if n == 2:
         y = _conv2d_expr(e, we, tuple(s), tuple(d), g)
     elif n == 1:
@@ -1003,7 +1020,7 @@ def _conv(cx, node, ins, at, opset):
         ow = (wp - (ks[2] - 1) * d[2] - 1) // s[2] + 1
         y = f"permute(reshape({acc}, ({nb}, {od}, {oc}, {oh}, {ow})), (0, 2, 1, 3, 4))"
     if b is not None:
-        y = f"({y} + reshape({cx.tensor(b)}, {shape_text(_channel_shape(r, w.shape[0]))}))"
+        y = f"({y} + reshape({_wide(cx.tensor(b), b.dtype)}, {shape_text(_channel_shape(r, w.shape[0]))}))"
     return [_cast(y, x.dtype)]
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from tgc.dtype import DType, dtypes
 from tgc.errors import TgcError
-from tgc.onnx import control, mlops, moreops, quant, recurrent  # noqa: F401  (register control flow, ...)
+from tgc.onnx import control, hostops, mlops, moreops, quant, recurrent  # noqa: F401  (register control flow, ...)
 from tgc.onnx.core import (
     _NP_TO_TGC,
     _ONNX_DTYPES,
@@ -30,6 +30,7 @@ from tgc.onnx.core import (
     MIN_OPSET,
     Ctx,
     Names,
+    NeedHost,
     NeedStatic,
     Value,
     _to_array,
@@ -131,7 +132,8 @@ def inspect_model(model: Any) -> dict[str, Any]:
             "weights": len(g.initializer),
             "weight_bytes": int(sum(_tensor_nbytes(t) for t in g.initializer)),
             "ops": dict(sorted(used.items())),
-            "missing": sorted(k for k in used if k not in have and not _is_function_op(k, opset_of(model)))}
+            "missing": sorted(k for k in used if k not in have and not _is_function_op(k, opset_of(model))),
+            "host": sorted(k for k in used if k in hostops.HOST_OPS)}
 
 
 def _is_function_op(key: str, opset: int) -> bool:
@@ -261,9 +263,13 @@ def translate(model: Any, where: str = "<model>") -> Translation:
     used = {i for n in _all_nodes(g) for i in n.input} | {o.name for o in g.output}
     line_nodes: dict[int, str] = {}  # index in cx.lines -> the (top-level) node that emitted it
     try:
-        for node in g.node:
+        for index, node in enumerate(g.node):
             first_line = len(cx.lines)
-            _run_nodes(cx, [node], used, ops_used)
+            try:
+                _run_nodes(cx, [node], used, ops_used)
+            except NeedHost as e:
+                e.index = index
+                raise
             about = f"{node.op_type} '{node.name}'" if node.name else node.op_type
             for i in range(first_line, len(cx.lines)):
                 line_nodes[i] = f"{about} -> {', '.join(o for o in node.output if o)}"

@@ -1,0 +1,209 @@
+"""ONNX models with data-dependent output shapes (NonZero, Unique, NonMaxSuppression on values known only at run
+time), run in stages: `StagedModel.run`.
+
+Contract: the model's graph (ONNX nodes are topologically ordered) is cut at each node that raised
+`tgc.onnx.NeedHost` while translating. The nodes before it run as an ordinary tgc `Program` (translated,
+compiled, cached like any model) whose outputs are the values later nodes read; the cut node runs on the host
+(numpy, `tgc.onnx.hostops.run_host`, ONNX's semantics); its outputs, now of known sizes, are inputs of the
+next stage, so the sizes they decide are static dims there. The next stage is translated from the remaining
+nodes, its inputs the values computed so far, and may cut again. A value computed at run time that decides a
+shape in a later stage (Reshape's shape, ...) is made a constant (an initializer) of that stage, remembered per
+stage. Stages are cached by the shapes and dtypes of their inputs and the bytes of their constants, so a second
+run with the same sizes (not the same values) compiles and translates nothing. Results are the model's outputs
+by their ONNX names, as `Program.run` gives them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import numpy as np
+
+from tgc.api import Program
+from tgc.errors import BindError, TgcError
+from tgc.onnx import NeedHost, NeedStatic, translate
+
+__all__ = ["StagedModel", "load_staged"]
+
+MAX_STAGES = 32  # programs kept per model (one per stage and input shapes)
+
+
+def _reads(nodes: list) -> set[str]:
+    """The names `nodes` read, those their subgraphs (If branches, Loop bodies) read from outside included."""
+    out: set[str] = set()
+    for n in nodes:
+        out.update(i for i in n.input if i)
+        for a in n.attribute:
+            if a.type == a.GRAPH:
+                out |= _reads(list(a.g.node))
+            elif a.type == a.GRAPHS:
+                for g in a.graphs:
+                    out |= _reads(list(g.node))
+    return out
+
+
+def load_staged(path: str) -> StagedModel:
+    """A model file, checked (`tgc.onnx.read_model`), as a `StagedModel` (any model: one without host steps runs
+    as one stage)."""
+    import os
+
+    from tgc.onnx import read_model
+
+    return StagedModel(read_model(path), os.path.basename(path))
+
+
+class StagedModel:
+    """A checked ONNX model that needs host steps between tgc programs (see the module's contract)."""
+
+    def __init__(self, model: Any, where: str = "<model>"):
+        from onnx import numpy_helper
+
+        self.model, self.where, self.path = model, where, None
+        g = model.graph
+        self.inits = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+        self.input_names = [v.name for v in g.input if v.name not in self.inits]
+        self.output_names = [o.name for o in g.output]
+        self._types = {v.name: v.type for v in [*g.input, *g.output]}
+        self._programs: dict[str, Program] = {}
+        self._const_names: dict[str, set[str]] = {}  # per stage: the run-time values that decide its shapes
+        self.stages: list[str] = []  # the last run's steps, in order: "tgc N nodes" or "host OP"
+
+    def run(self, device: str | None = None, inputs: dict[str, Any] | None = None, **kw_inputs: Any
+            ) -> dict[str, np.ndarray]:
+        """{ONNX output name: array} for the model's inputs given by their ONNX names."""
+        given = {**(inputs or {}), **kw_inputs}
+        for name in self.input_names:
+            if name not in given:
+                raise BindError(f"missing input '{name}'", need="input", name=name, hint="pass an array for it")
+        extra = sorted(set(given) - set(self.input_names))
+        if extra:
+            raise TgcError(f"unknown input(s) {', '.join(extra)}: the model's inputs are "
+                           f"{', '.join(self.input_names)}")
+        values = {k: self._conform(k, np.asarray(given[k])) for k in self.input_names}
+        self.stages = []
+        self._run_span(list(self.model.graph.node), set(self.output_names), values, set(), device)
+        return {o: values[o] if o in values else self.inits[o] for o in self.output_names}
+
+    def _conform(self, name: str, arr: np.ndarray) -> np.ndarray:
+        from tgc.onnx.core import onnx_dtype
+
+        tt = self._types[name].tensor_type
+        want = onnx_dtype(tt.elem_type, f"input '{name}'").np
+        if arr.dtype != want:
+            raise BindError(f"input '{name}' has dtype {arr.dtype}, the model declares {want}", need="cast",
+                            name=name, dtype=str(want))
+        dims = list(tt.shape.dim)
+        if len(dims) != arr.ndim or any(d.HasField("dim_value") and d.dim_value != s for d, s in zip(dims, arr.shape)):
+            decl = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in dims]
+            raise TgcError(f"input '{name}' has shape {list(arr.shape)}, the model declares {decl}")
+        return arr
+
+    def _run_span(self, nodes: list, wanted: set[str], values: dict[str, np.ndarray], consts: set[str],
+                  device: str | None) -> None:
+        """Compute the `wanted` values of `nodes` into `values`, cutting at each node that needs the host."""
+        start = 0
+        while True:
+            span = nodes[start:]
+            try:
+                self._run_part(span, wanted, values, consts, device)
+                return
+            except NeedHost as e:
+                k = e.index
+                if k < 0 or k >= len(span):
+                    raise
+            later = _reads(span[k:]) | wanted
+            produced = {o for n in span[:k] for o in n.output if o}
+            if produced & later:
+                self._run_span(span[:k], produced & later, values, consts, device)
+            self._host(span[k], values, consts)
+            start += k + 1
+
+    def _run_part(self, nodes: list, wanted: set[str], values: dict[str, np.ndarray], consts: set[str],
+                  device: str | None) -> None:
+        """One tgc program for `nodes` (raises NeedHost where one of them needs the host)."""
+        produced = {o for n in nodes for o in n.output if o}
+        outs = [o for o in self.output_names if o in wanted and o in produced] + \
+            sorted(o for o in wanted if o in produced and o not in self.output_names)
+        if not outs:
+            return
+        feeds = sorted((_reads(nodes) | set(outs)) - produced)
+        sig = ",".join(o for n in nodes for o in n.output) + "|" + ",".join(feeds)
+        local = set(consts) | self._const_names.get(sig, set())  # (the ones a run before found deciding shapes)
+        for _ in range(len(feeds) + 1):
+            model = self._submodel(nodes, feeds, outs, values, local)
+            key = self._key(nodes, feeds, values, local)
+            prog = self._programs.get(key)
+            if prog is None:
+                try:
+                    tr = translate(model, self.where)
+                except NeedStatic as e:
+                    if e.name in values and e.name not in local:  # known now: a constant of this stage
+                        local.add(e.name)
+                        self._const_names.setdefault(sig, set()).add(e.name)
+                        continue
+                    raise
+                names = {tg: n for n, tg in [*tr.inputs.items(), *tr.outputs.items()]}
+                prog = Program(tr.source, filename=self.where, weights=tr.weights, names=names)
+                if len(self._programs) >= MAX_STAGES:
+                    self._programs.pop(next(iter(self._programs)))
+                self._programs[key] = prog
+            real = {n: values[n] for n in feeds if n in values and n not in local and n not in self.inits}
+            got = prog.run(device=device, inputs=real)
+            self.stages.append(f"tgc {len(nodes)} nodes")
+            values.update({o: got[o] for o in outs})
+            return
+        raise TgcError(f"{self.where}: cannot make the stage's shapes static")
+
+    def _submodel(self, nodes: list, feeds: list[str], outs: list[str], values: dict[str, np.ndarray],
+                  consts: set[str]) -> Any:
+        from onnx import TensorProto, helper, numpy_helper
+
+        inputs, inits = [], []
+        for n in feeds:
+            if n in self.inits:
+                inits.append(numpy_helper.from_array(self.inits[n], n))
+            elif n in consts:
+                inits.append(numpy_helper.from_array(values[n], n))
+            elif n in values:
+                a = values[n]
+                inputs.append(helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype),
+                                                            list(a.shape)))
+        outputs = []
+        for o in outs:
+            if o in self._types:
+                outputs.append(helper.make_value_info(o, self._types[o]))
+            else:
+                outputs.append(helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None))
+        g = helper.make_graph(nodes, self.model.graph.name or "stage", inputs, outputs, initializer=inits)
+        m = helper.make_model(g, opset_imports=list(self.model.opset_import), ir_version=self.model.ir_version)
+        m.functions.extend(self.model.functions)
+        return m
+
+    def _key(self, nodes: list, feeds: list[str], values: dict[str, np.ndarray], consts: set[str]) -> str:
+        h = hashlib.sha256()
+        outs = ",".join(o for n in nodes for o in n.output)
+        h.update(f"{outs}|{','.join(feeds)};".encode())
+        for n in feeds:
+            if n in values:
+                a = np.ascontiguousarray(values[n])
+                h.update(f"{n}:{a.dtype.str}:{a.shape};".encode())
+                if n in consts:
+                    h.update(a.reshape(-1).view(np.uint8))
+        return h.hexdigest()
+
+    def _host(self, node: Any, values: dict[str, np.ndarray], consts: set[str]) -> None:
+        """Compute `node` on the host (`tgc.onnx.hostops.run_host`, numpy); its outputs are inputs of the next
+        stage (constants there where they decide a shape)."""
+        from tgc.onnx.hostops import run_host
+
+        ins = [(values[i] if i in values else self.inits[i]) if i else None for i in node.input]
+        try:
+            res = run_host(node, ins)
+        except (ValueError, IndexError, TypeError) as e:
+            raise TgcError(f"{self.where}: node '{node.name or node.output[0]}' ({node.op_type}) failed on the "
+                           f"host: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+        for o, a in zip(node.output, res):
+            if o:
+                values[o] = np.asarray(a)
+        self.stages.append(f"host {node.op_type}")
