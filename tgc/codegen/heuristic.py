@@ -442,7 +442,7 @@ RULES: tuple[Rule, ...] = (
          "written as vectors here (`long_body`: a compile-time cap)"),
     Rule("lane_tile", "lanes", lambda f, k: True, _lanes,
          "weights packed a vector of channels per element: channels as lanes, inputs broadcast, a tile of "
-         "`accumulators` vectors (`lane_tile`)"),
+         "`accumulators` vectors (`lane_tile`; image columns with no divisor padded to whole tiles)"),
     # matmul-like kernels: a register tile of `accumulators` vectors, columns as lanes, rows reusing them
     Rule("wide_columns", "matmul", lambda f, k: _wide_columns(f), lambda f, k: True,
          "operand too large for the private caches: 4 vectors of columns x 4 rows (the same accumulators as "
