@@ -24,7 +24,8 @@ Symbolic sizes: softmax and matmul at five sizes each, the kernels compiled once
 (`Program.run(symbolic=True)`) against those compiled for the size (`--only symbolic` runs just this table).
 The ONNX model table (bench/bench_onnx.py: light models against onnxruntime and tinygrad's runner, first call in
 a fresh process, steady-state median, peak memory, issue 23's targets) ends the run: `--only onnx` runs just it,
-`--onnx-all` all nine models (slow), `--onnx-beam` adds tgc after BEAM, `--no-onnx` skips it.
+`--onnx-all` all nine models (slow), `--onnx-beam` adds tgc after BEAM (`--onnx-beam-budget SECONDS` per model),
+`--no-onnx` skips it.
 """
 
 from __future__ import annotations
@@ -534,6 +535,9 @@ def main() -> None:
     ap.add_argument("--onnx-all", action="store_true", help="the ONNX table: all nine light models (slow: "
                     "ResNet-50, DenseNet-121, Inception v1/v2 and VGG-19 compile for minutes each)")
     ap.add_argument("--onnx-beam", action="store_true", help="the ONNX table: time tgc after BEAM too (slow)")
+    ap.add_argument("--onnx-beam-budget", type=float, default=None, metavar="SECONDS",
+                    help="the ONNX table's BEAM search per model (`tgc beam --budget`; default "
+                         "bench_onnx.BEAM_BUDGET_S)")
     args = ap.parse_args()
     if args.only == "onnx":  # only the ONNX model table against onnxruntime (and tinygrad's runner)
         onnx_table(args)
@@ -728,7 +732,9 @@ def onnx_table(args: argparse.Namespace) -> None:
         print("\nONNX model table skipped: onnxruntime is not installed (pip install -e '.[bench]')")
         return
     models = bench_onnx.LIGHT if args.onnx_all else bench_onnx.QUICK
-    rows = bench_onnx.onnx_rows(models, repeat=5, beam=args.onnx_beam, log=lambda s: print(s, file=sys.stderr))
+    budget = args.onnx_beam_budget if args.onnx_beam_budget is not None else bench_onnx.BEAM_BUDGET_S
+    rows = bench_onnx.onnx_rows(models, repeat=5, beam=args.onnx_beam, log=lambda s: print(s, file=sys.stderr),
+                                beam_budget_s=budget)
     if args.json:
         print(json.dumps({"onnx": rows}, indent=1))
     else:

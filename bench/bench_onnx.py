@@ -5,7 +5,9 @@ For each model: the first call (a fresh process: import, load, compile with an e
 wall time of the call and of the whole process), the steady-state median of later calls, and memory: the
 process's peak RSS for every runner, and for tgc its data peak (the weights, the inputs and the numpy data one
 run allocates from an empty pool: tracemalloc, as bench.py's workloads). Runners: tgc (`tgc.load(model).run`,
-default kernels, CPU), tgc after BEAM (`--beam`: `Program.beam` first, its winners then used; slow), onnxruntime
+default kernels, CPU), tgc after BEAM (`--beam`: one call to compile, then `Program.beam` within `--beam-budget`
+seconds, default BEAM_BUDGET_S; its winners then used, its first call is the first after the search; the row
+says how many kernels the budget reached), onnxruntime
 (CPU provider) and tinygrad's `OnnxRunner` (DEV=CPU; it needs `clang` on PATH: where it does not run, its row
 says why). Inputs: the model's own generator (arange / size, as ONNX's runner uses for the light models).
 
@@ -13,8 +15,8 @@ Targets (issue 23), each printed met or not with its limit: default kernels >= 0
 speed; after BEAM >= 1.0x (measured with `--beam` only); ResNet-50's first call <= 3 s; tgc's data peak <= 1.3x
 (weights + the activations of the largest layer: its inputs and outputs, from ONNX's shape inference).
 
-    python bench/bench_onnx.py [--repeat N] [--beam] [--all] [MODEL.onnx | LIGHT_NAME ...]
-    python bench/bench.py --only onnx [--onnx-all] [--onnx-beam]          (the same table, from `make bench`)
+    python bench/bench_onnx.py [--repeat N] [--beam [--beam-budget SECONDS]] [--all] [MODEL.onnx | LIGHT_NAME ...]
+    python bench/bench.py --only onnx [--onnx-all] [--onnx-beam [--onnx-beam-budget S]]  (the same table)
 
 Default models: the light models that compile in about a minute each here (AlexNet, SqueezeNet, ShuffleNet,
 ZFNet-512); `--all` adds the rest of the nine (ResNet-50, DenseNet-121, Inception v1/v2, VGG-19: minutes of
@@ -37,12 +39,13 @@ BEAM_TARGET = 1.0  # after `tgc beam`
 FIRST_CALL_TARGET_S = {"resnet50": 3.0}
 MEMORY_TARGET = 1.3  # x (weights + activations of the largest layer)
 TIMEOUT_S = 3600
+BEAM_BUDGET_S = 120.0  # `tgc beam --budget` of the tgc-beam runner: the search's seconds per model
 
 CHILD = r"""
 import json, os, resource, sys, time
 t0 = time.perf_counter()
 import numpy as np
-path, runner, repeat = sys.argv[1], sys.argv[2], int(sys.argv[3])
+path, runner, repeat, budget = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 extra = {}
 if runner.startswith("tgc"):
     import tgc
@@ -71,10 +74,14 @@ feeds = {}
 for name, shape, dt in decls:
     n = int(np.prod(shape))
     feeds[name] = (np.arange(n).reshape(shape) / max(n, 1)).astype(dt)
-if runner == "tgc-beam":
+if runner == "tgc-beam":  # compiled first, so that the budget goes to the search, not to the cold compile
+    call(feeds)
     s = time.perf_counter()
-    prog.beam(dims={})
+    report = prog.beam(device="CPU", dims={}, budget_s=budget)
     extra["beam_s"] = time.perf_counter() - s
+    extra["beam_budget_s"] = budget
+    extra["beam_kernels"] = len(report["kernels"])
+    extra["beam_skipped"] = sum(1 for k in report["kernels"] if k.get("skipped"))
 t1 = time.perf_counter()
 call(feeds)
 t2 = time.perf_counter()
@@ -100,12 +107,14 @@ print(json.dumps({"first_call_s": t2 - t1, "first_process_s": t2 - t0, "median_s
 """
 
 
-def measure(path: str, runner: str, repeat: int) -> dict:
-    """One runner on one model in a fresh process with an empty tgc cache."""
+def measure(path: str, runner: str, repeat: int, beam_budget_s: float = BEAM_BUDGET_S) -> dict:
+    """One runner on one model in a fresh process with an empty tgc cache (tgc-beam: `Program.beam` within
+    `beam_budget_s` seconds first, its winners then used)."""
     with tempfile.TemporaryDirectory(prefix="tgc-bench-onnx-") as cache:
         env = {**os.environ, "TGC_CACHE_DIR": cache}
         try:
-            r = subprocess.run([sys.executable, "-c", CHILD, path, runner, str(repeat)], capture_output=True,
+            r = subprocess.run([sys.executable, "-c", CHILD, path, runner, str(repeat), str(beam_budget_s)],
+                               capture_output=True,
                                text=True, env=env, timeout=TIMEOUT_S)
         except subprocess.TimeoutExpired:
             return {"error": f"over {TIMEOUT_S} s"}
@@ -164,7 +173,8 @@ def _speed(runs: dict, runner: str, want: float, what: str) -> dict:
     return {"target": f"{what} >= {want}x onnxruntime", "met": x >= want, "value": f"{x:.2f}x"}
 
 
-def onnx_rows(models: list[str], repeat: int = 5, beam: bool = False, log=None) -> list[dict]:
+def onnx_rows(models: list[str], repeat: int = 5, beam: bool = False, log=None,
+              beam_budget_s: float = BEAM_BUDGET_S) -> list[dict]:
     """One row per model: every runner's measurement and the targets, met or not."""
     rows = []
     for m in models:
@@ -172,7 +182,7 @@ def onnx_rows(models: list[str], repeat: int = 5, beam: bool = False, log=None) 
         name = os.path.basename(path).removeprefix("light_").removesuffix(".onnx")
         if log:
             log(f"... onnx {name}")
-        runs = {runner: measure(path, runner, repeat) for runner in available_runners(beam)}
+        runs = {runner: measure(path, runner, repeat, beam_budget_s) for runner in available_runners(beam)}
         weights, layer = memory_budget(path)
         targets = [_speed(runs, "tgc", DEFAULT_TARGET, "default kernels"),
                    _speed(runs, "tgc-beam", BEAM_TARGET, "after BEAM")]
@@ -212,7 +222,9 @@ def print_onnx(rows: list[dict]) -> None:
                 print(f"| {row['model']} | {runner} | error: {r['error']} | | | | |")
                 continue
             ratio = f"{ort / r['median_s']:.2f}x" if ort else "-"
-            beam = f" (search {r['beam_s']:.0f} s)" if "beam_s" in r else ""
+            beam = f" (search {r['beam_s']:.0f} s of a {r['beam_budget_s']:.0f} s budget, " \
+                   f"{r['beam_kernels'] - r['beam_skipped']}/{r['beam_kernels']} kernels searched)" \
+                if "beam_s" in r else ""
             print(f"| {row['model']} | {runner}{beam} | {r['first_call_s']:.2f} s | {r['first_process_s']:.2f} s | "
                   f"{r['median_s'] * 1e3:.1f} ms | {r['peak_bytes'] / 2**20:.0f} | {ratio} |")
     print("\nONNX model targets (issue 23):")
@@ -238,11 +250,16 @@ def main() -> None:
         i = args.index("--repeat")
         repeat = int(args[i + 1])
         del args[i:i + 2]
+    budget = BEAM_BUDGET_S
+    if "--beam-budget" in args:
+        i = args.index("--beam-budget")
+        budget = float(args[i + 1])
+        del args[i:i + 2]
     beam = "--beam" in args
     every = "--all" in args
     args = [a for a in args if a not in ("--beam", "--all")]
     models = args or (LIGHT if every else QUICK)
-    print_onnx(onnx_rows(models, repeat, beam, log=lambda s: print(s, file=sys.stderr)))
+    print_onnx(onnx_rows(models, repeat, beam, log=lambda s: print(s, file=sys.stderr), beam_budget_s=budget))
 
 
 if __name__ == "__main__":

@@ -142,6 +142,15 @@ def test_slp_runs_except_on_bodies_written_in_whole_vectors():
     assert needs_slp(vector.replace("  ret void", lane + "  ret void"))  # a lane stored on its own
     math = "  %m = fmul contract float 2.0, 3.0\n  store float %m, ptr %data0\n"
     assert needs_slp(vector.replace("  ret void", math + "  ret void"))  # scalar math beside the vectors
+    # a tile's lanes stored one by one after its loop ends (a convolution's epilogue into NCHW): no SLP; the same
+    # moves inside the loop's body: SLP
+    loop = ("  br label %loop0_head\nloop0_head:\n  %r0 = phi i32 [ 0, %entry ], [ %n, %loop0_body ]\n"
+            "  %c = icmp slt i32 %r0, 4\n  br i1 %c, label %loop0_body, label %loop0_exit\nloop0_body:\n"
+            "{body}  %n = add i32 %r0, 1\n  br label %loop0_head\nloop0_exit:\n{exit}  ret void")
+    epilogue = vector.replace("  ret void", loop.format(body="", exit=lane))
+    assert not needs_slp(epilogue)
+    get_device("CPU").compiler.compile(epilogue)  # valid IR: the rule reads real block labels
+    assert needs_slp(vector.replace("  ret void", loop.format(body=lane, exit="")))
 
 
 def _chain(n: int) -> str:

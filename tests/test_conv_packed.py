@@ -100,6 +100,23 @@ def test_packed_conv_kernels_on_the_python_device(shape, pack_small, monkeypatch
     np.testing.assert_allclose(got, conv_np(inputs["x"], inputs["w"], stride, pad, dil, groups), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("device", ["CPU", "PYTHON"])
+def test_image_columns_without_a_tile_divisor_are_padded(device, pack_small, monkeypatch):
+    """13 output columns (prime; SqueezeNet's last layers) beside 2 vectors of channels: the lane tile pads them to
+    14 and takes 7 at a time,
+    the extra column's loads and stores gated off (the PYTHON device checks every access against its buffer)."""
+    monkeypatch.setattr(pyb.PythonRenderer, "caps", replace(pyb.PythonRenderer.caps, pack_matmul=True))
+    shape = (1, 4, 13, 13, 32, 3, 1, 1, 1, 1)
+    prog = tgc.loads(_src(3, 1, 1, 1, 1))
+    dims, inputs = _inputs(shape, seed=4)
+    conv = prog.compile(device=device, dims=dims, tuned=False)[-1]
+    if device == "CPU":
+        assert [str(o) for o in conv.opts if o.op in (OptOps.PADTO, OptOps.UPCAST)] == \
+            ["UPCAST(0, 16)", "UPCAST(0, 2)", "PADTO(2, 7)", "UPCAST(2, 7)"]
+    got = prog.run(device=device, dims=dims, **inputs)["out0"]
+    np.testing.assert_allclose(got, conv_np(inputs["x"], inputs["w"], 1, 1, 1, 1), rtol=1e-4, atol=1e-4)
+
+
 def test_the_packing_copy_happens_once_per_weight(pack_small):
     src = ("x: f32[2, 8, 10, 10]\ny: f32[2, 8, 10, 10]\nw: f32[32, 8, 3, 3]\n"
            "return conv2d(x, w, padding=1) + conv2d(y, w, padding=1)")

@@ -86,7 +86,10 @@ def test_gathered_column_vectors_are_reused_by_as_many_rows_as_registers():
     assert names == ["vector_axis", "rows"] and opts == ["UPCAST(1, 16)", "UPCAST(0, 32)"]
 
 
-def test_a_tile_of_less_than_a_vector_takes_two_reduction_steps():
+def test_a_tile_of_less_than_a_vector_takes_two_reduction_steps(monkeypatch):
+    from tgc.engine import schedule
+
+    monkeypatch.setattr(schedule, "CONV_MIN_FLOPS", 1 << 24)  # the conv unpacked (the matmul class's rules)
     src = "x: f32[N, C, H, W]\nw: f32[O, C, 3, 3]\nreturn conv2d(x, w, padding=1)"
     names, opts = run(src, {"N": 2, "C": 32, "H": 28, "W": 28, "O": 32})
     assert names == ["vector_axis", "rows", "unroll2"]

@@ -151,6 +151,32 @@ def test_pool_ceil_mode_and_count_include_pad(tmp_path):
     np.testing.assert_allclose(got[0, 0], want, rtol=1e-5)
 
 
+@pytest.mark.parametrize("op, attrs", [
+    ("AveragePool", dict(kernel_shape=[7, 7])),  # the whole image (ResNet's last pool): a mean over the window
+    ("AveragePool", dict(kernel_shape=[5, 5], strides=[2, 2], pads=[2, 1, 2, 2], count_include_pad=0)),
+    ("AveragePool", dict(kernel_shape=[5, 5], strides=[2, 2], pads=[1, 1, 1, 1], count_include_pad=1)),
+    ("AveragePool", dict(kernel_shape=[4, 5], strides=[3, 3], ceil_mode=1)),
+    ("MaxPool", dict(kernel_shape=[5, 5], strides=[2, 2], pads=[2, 2, 1, 1])),
+    ("MaxPool", dict(kernel_shape=[5, 5], strides=[3, 3], ceil_mode=1)),
+    ("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2])),  # 9 taps: still slices
+])
+def test_large_pool_windows_are_reductions(tmp_path, op, attrs):
+    """Windows of more than WINDOW_SLICES_MAX taps are one reduction over the window (not a slice per tap), with
+    ONNX's padding, ceil_mode and count_include_pad; checked against ONNX's reference evaluator."""
+    from onnx.reference import ReferenceEvaluator
+
+    from tgc.onnx.ops import WINDOW_SLICES_MAX
+
+    x = RNG.standard_normal((1, 3, 7, 8 if attrs["kernel_shape"] != [7, 7] else 7)).astype(np.float32)
+    path = _save(tmp_path, [h.make_node(op, ["x"], ["y"], **attrs)], [_vi("x", list(x.shape))], [_vi("y", None)],
+                 opset=19)
+    prog = tgc.load(path)
+    window = "max_pool2d(" if op == "MaxPool" else "avg_pool2d("
+    assert (window in prog.source) == (np.prod(attrs["kernel_shape"]) > WINDOW_SLICES_MAX)
+    want = ReferenceEvaluator(onnx.load(path)).run(None, {"x": x})[0]
+    np.testing.assert_allclose(prog.run(device="CPU", x=x)["y"], want, rtol=1e-5, atol=1e-6)
+
+
 def _assert_load_error(path, *words):
     with pytest.raises(TgcError) as e:
         tgc.load(path)

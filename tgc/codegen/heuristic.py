@@ -192,6 +192,8 @@ def lane_tile(k: OptKernel, store: UOp) -> bool:
     for i in cols + [i for i in range(len(k.loops()) - 1, -1, -1) if i != axis and i not in cols]:
         n = k.loops()[i].src[0].arg if k.loops()[i].src[0].op is Ops.CONST else 1
         amt = max((d for d in range(2, want + 1) if n % d == 0), default=0)
+        if not amt and i in cols:
+            amt = _padded_columns(k, i, n, want)
         if amt and _try(k, Opt(OptOps.UPCAST, i, amt)):
             want //= amt
         if want < 2:
@@ -203,6 +205,17 @@ def lane_tile(k: OptKernel, store: UOp) -> bool:
     if sizes and sizes[0] < k.device.cores <= sizes[longest]:
         _try(k, Opt(OptOps.SWAP, 0, longest))
     return True
+
+
+def _padded_columns(k: OptKernel, axis: int, n: int, want: int) -> int:
+    """Image columns with no divisor the lane tile takes (13, SqueezeNet's last layers; 2 vectors of accumulators
+    left the FMAs waiting on each other): the column loop padded (PADTO: the extra columns' loads and stores gated
+    off) to a multiple of the largest tile width up to `want` that adds at most 1/PAD_WASTE of the columns
+    (13 -> 14, tiles of 7). The width, or 0 (the kernel unchanged) where none fits."""
+    for amt in range(want, 1, -1):
+        if n > amt and n % amt and (-n % amt) * PAD_WASTE <= n and _try(k, Opt(OptOps.PADTO, axis, amt)):
+            return amt
+    return 0
 
 
 SHORT_ROW = 256  # an elementwise kernel's contiguous innermost loop up to this long is written as vectors
@@ -429,7 +442,7 @@ RULES: tuple[Rule, ...] = (
          "written as vectors here (`long_body`: a compile-time cap)"),
     Rule("lane_tile", "lanes", lambda f, k: True, _lanes,
          "weights packed a vector of channels per element: channels as lanes, inputs broadcast, a tile of "
-         "`accumulators` vectors (`lane_tile`)"),
+         "`accumulators` vectors (`lane_tile`; image columns with no divisor padded to whole tiles)"),
     # matmul-like kernels: a register tile of `accumulators` vectors, columns as lanes, rows reusing them
     Rule("wide_columns", "matmul", lambda f, k: _wide_columns(f), lambda f, k: True,
          "operand too large for the private caches: 4 vectors of columns x 4 rows (the same accumulators as "

@@ -1,0 +1,44 @@
+"""bench/bench_onnx.py's table logic, without running a model: the BEAM row says its budget and how many kernels
+the search reached, and each target is printed met or not with its limit."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _bench_onnx():
+    sys.path.insert(0, str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location("bench_onnx_t", ROOT / "bench" / "bench_onnx.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _run(median_s: float, **extra) -> dict:
+    return {"first_call_s": 1.0, "first_process_s": 2.0, "median_s": median_s, "peak_bytes": 1 << 20, **extra}
+
+
+def test_the_beam_row_and_the_targets(capsys):
+    b = _bench_onnx()
+    runs = {"onnxruntime": _run(0.010), "tgc": _run(0.020, data_peak_bytes=10),
+            "tgc-beam": _run(0.008, beam_s=61.0, beam_budget_s=60.0, beam_kernels=12, beam_skipped=5)}
+    targets = [b._speed(runs, "tgc", b.DEFAULT_TARGET, "default kernels"),
+               b._speed(runs, "tgc-beam", b.BEAM_TARGET, "after BEAM")]
+    assert [t["met"] for t in targets] == [False, True]  # 0.50x of 0.7x; 1.25x of 1.0x
+    assert [t["value"] for t in targets] == ["0.50x", "1.25x"]
+    b.print_onnx([{"model": "m", "runs": runs, "targets": targets}])
+    out = capsys.readouterr().out
+    assert "tgc-beam (search 61 s of a 60 s budget, 7/12 kernels searched)" in out
+    assert "default kernels >= 0.7x onnxruntime: 0.50x (NOT met)" in out
+    assert "after BEAM >= 1.0x onnxruntime: 1.25x (met)" in out
+    assert "limit, default kernels:" in out and "limit, after BEAM" not in out
+
+
+def test_a_missing_beam_run_is_not_measured():
+    b = _bench_onnx()
+    t = b._speed({"onnxruntime": _run(0.01), "tgc": _run(0.02)}, "tgc-beam", b.BEAM_TARGET, "after BEAM")
+    assert t["met"] is None and t["value"] == "--beam not given"
