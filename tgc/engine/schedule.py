@@ -664,14 +664,15 @@ def split_odd_sizes(outputs: list[UOp], keep: set[UOp]) -> tuple[list[UOp], dict
     alone. Returns the new outputs, the original node of every rebuilt one, and for each part the matmul it
     computes."""
     serves: dict[UOp, UOp] = {}
-
-    def split(new: UOp) -> UOp:
-        return new if new in keep else split_odd_matmul(new, serves)
-
-    # a fused attention's nodes stay as they are, with what they read: split below them, they would be rebuilt as
-    # other nodes than the ones attention.find matched, and the attention would no longer fuse
-    memo: dict[UOp, UOp] = {u: u for u in keep}
-    new_outputs = [rebuild(o, memo, split) for o in outputs]
+    memo: dict[UOp, UOp] = {}
+    # a fused attention's own reductions stay whole (rebuilt on their operands' new nodes: the scheduler finds the
+    # attention again on the new graph); what they read (the projection q, k and v are slices of) is split
+    for o in outputs:
+        for node in postorder(o, memo):
+            if node not in memo:
+                new = node.replace(src=tuple(memo[s] for s in node.src)) if node.src else node
+                memo[node] = new if node in keep else split_odd_matmul(new, serves)
+    new_outputs = [memo[o] for o in outputs]
     if not serves:
         return outputs, {}, {}
     original = {new: old for old, new in memo.items() if new is not old}
