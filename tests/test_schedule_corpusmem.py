@@ -59,3 +59,54 @@ def test_projection_split_under_attention_matches_numpy():
     want = _numpy_attention(inputs["x"].astype(np.float64), inputs["w"].astype(np.float64))
     got = prog.run(**inputs)["out0"]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+# two matmuls summed in one consumer, each over a packed copy of its weight (a mixture of experts' sum)
+TWO_PRODUCTS = """x: f32[M, K]
+w1: f32[K, N]
+w2: f32[K, N]
+h = relu(x)
+return h @ w1 + 2.0 * (h @ w2)
+"""
+
+
+def _reduce_kernels(items) -> list:
+    return [i for i in items if any(u.op is Ops.REDUCE for u in i.ast.toposort())]
+
+
+def test_matmuls_over_computed_operands_are_realized_one_by_one():
+    """Each product reads a packed copy (512 x 512 elements): computed in one kernel, both copies are live at
+    once; realized, each matmul is a kernel of its own and the two copies share one slot of the memory plan."""
+    prog = tgc.loads(TWO_PRODUCTS)
+    dims = {"M": 32, "K": 512, "N": 512}
+    items = [i for i in prog.schedule(dims, device="CPU") if i.ast.src]
+    assert len(_reduce_kernels(items)) == 2
+    assert all(sum(u.op is Ops.REDUCE for u in i.ast.toposort()) == 1 for i in _reduce_kernels(items))
+    plan = prog.lower("CPU", dims=dims).memory_plan()
+    weight = 512 * 512 * 4
+    # inputs (x, w1, w2), one slot for both packed copies, the two products (the sum written over one)
+    assert plan.peak_bytes < 3 * weight + 32 * 512 * 4 + 2 * weight
+    inputs = random_inputs(prog, dims, seed=4)
+    h = np.maximum(inputs["x"].astype(np.float64), 0)
+    want = h @ inputs["w1"] + 2.0 * (h @ inputs["w2"])
+    np.testing.assert_allclose(prog.run(**inputs)["out0"], want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_matmuls_over_the_programs_inputs_stay_one_kernel():
+    """A GRU's `x @ w_x + h @ w_h` over few rows (no packed copy): no extra memory, one kernel."""
+    prog = tgc.loads("x: f32[M, K]\nh: f32[M, K]\nwx: f32[K, N]\nwh: f32[K, N]\nreturn x @ wx + h @ wh\n")
+    items = [i for i in prog.schedule({"M": 8, "K": 512, "N": 512}, device="CPU") if i.ast.src]
+    assert len(items) == 1 and sum(u.op is Ops.REDUCE for u in items[0].ast.toposort()) == 2
+
+
+def test_a_concatenation_along_channels_is_separable_along_the_batch():
+    """`cat` picks its pieces by a mask along its own axis; built over the whole shape, the mask's slice for each
+    chunk of the batch was another node, so a U-Net (its skip concatenated) never ran in chunks."""
+    from tgc.engine import chunk
+    prog = tgc.loads("x: f32[B, C, S]\nw: f32[C, C]\ny = relu(x)\nreturn cat(y, x * 2, axis=1) + 1\n")
+    dims = prog.resolve_dims({"B": 4, "C": 3, "S": 5})
+    outs, in_bufs = prog._trace(dims)
+    assert chunk.separable(outs, in_bufs, {0: 0}, 4, 2) is not None
+    x = random_inputs(prog, dims, seed=1)["x"]
+    want = np.concatenate([np.maximum(x, 0), x * 2], axis=1) + 1
+    np.testing.assert_allclose(prog.run(x=x, w=np.zeros((3, 3), np.float32))["out0"], want, rtol=1e-6)
