@@ -3,6 +3,9 @@ branch corpusmem). Kernel structure is compared with exact expectations, values 
 
 from __future__ import annotations
 
+import platform
+import re
+
 import numpy as np
 import pytest
 
@@ -110,3 +113,36 @@ def test_a_concatenation_along_channels_is_separable_along_the_batch():
     x = random_inputs(prog, dims, seed=1)["x"]
     want = np.concatenate([np.maximum(x, 0), x * 2], axis=1) + 1
     np.testing.assert_allclose(prog.run(x=x, w=np.zeros((3, 3), np.float32))["out0"], want, rtol=1e-6)
+
+
+# --- vector width at odd sizes (item 2): elementwise kernels and reductions over lengths with no 16 divisor
+ODD_ELEMENTWISE = "x: f32[T, C]\nb: f32[C]\nreturn gelu(x + b, approximate='tanh')\n"
+ODD_REDUCTION = "x: f32[M, N]\nreturn sum(x * x, axis=1)\n"
+PACKED = re.compile(r"\bv(?:add|mul|fmadd\w*|max|min|blendv)ps\b")  # an x86 instruction on a vector of f32
+
+
+def _gelu_tanh(v: np.ndarray) -> np.ndarray:
+    return 0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v ** 3)))
+
+
+def test_odd_elementwise_and_reductions_match_numpy(device):
+    ew = tgc.loads(ODD_ELEMENTWISE)
+    dims = {"T": 197, "C": 77}
+    inputs = random_inputs(ew, dims, seed=5)
+    want = _gelu_tanh(inputs["x"].astype(np.float64) + inputs["b"])
+    np.testing.assert_allclose(ew.run(device=device, **inputs)["out0"], want, rtol=1e-4, atol=1e-5)
+    red = tgc.loads(ODD_REDUCTION)
+    inputs = random_inputs(red, {"M": 7, "N": 1365}, seed=6)
+    x = inputs["x"].astype(np.float64)
+    np.testing.assert_allclose(red.run(device=device, **inputs)["out0"], (x * x).sum(1), rtol=1e-4)
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="reads x86 assembly")
+@pytest.mark.parametrize("src,dims", [(ODD_ELEMENTWISE, {"T": 197, "C": 768}), (ODD_ELEMENTWISE, {"T": 1, "C": 1365}),
+                                      (ODD_REDUCTION, {"M": 64, "N": 1365})], ids=["197x768", "1365", "sum1365"])
+def test_odd_sizes_run_as_vectors_on_the_cpu(src, dims):
+    """No fallback to scalar code at odd sizes: the CPU's kernel (LLVM's loop vectorizer over the long
+    contiguous loop, its main part in vectors and a tail) computes with packed f32 instructions."""
+    kernels = tgc.loads(src).compile("CPU", dims=dims, tuned=False)
+    assert len(kernels) == 1
+    assert len(PACKED.findall(kernels[0].asm())) >= 2
