@@ -77,16 +77,18 @@ def beam_coverage(prog: tgc.Program, dims: dict[str, int], device: str = "CPU") 
 
 def largest_intermediates(prog: tgc.Program, dims: dict[str, int], top: int = 3) -> str:
     """The largest slots of the memory plan that runs (one chunk's where the run is chunked) that hold no input
-    or output, each with the kernel that first writes into it."""
+    or output, each with the kernel that writes the largest buffer it holds."""
     chunking = prog.chunking("CPU", dims)
     exe = chunking.low if chunking is not None else prog.lower("CPU", dims=dims)
     plan = exe.memory_plan()
     io = {key for key, _ in exe.inputs} | {key for _, key in exe.outputs}
     io_slots = {plan.slot_of[k] for k in io if k in plan.slot_of}
     writer: dict[int, str] = {}
+    largest: dict[int, int] = {}
     for k in exe.kernels:
-        if k.bufs and plan.slot_of.get(k.bufs[0]) not in io_slots:
-            writer.setdefault(plan.slot_of[k.bufs[0]], k.name)
+        slot = plan.slot_of.get(k.bufs[0]) if k.bufs else None
+        if slot is not None and slot not in io_slots and plan.sizes[k.bufs[0]] > largest.get(slot, -1):
+            largest[slot], writer[slot] = plan.sizes[k.bufs[0]], k.name
     slots = sorted((s for s in range(len(plan.slots)) if s not in io_slots), key=lambda s: -plan.slots[s])[:top]
     how = f" (chunked: {chunking.count} chunks along {chunking.dim})" if chunking is not None else ""
     return "largest intermediates" + how + ": " + ", ".join(
