@@ -86,9 +86,10 @@ def test_matmuls_over_computed_operands_are_realized_one_by_one():
     assert len(_reduce_kernels(items)) == 2
     assert all(sum(u.op is Ops.REDUCE for u in i.ast.toposort()) == 1 for i in _reduce_kernels(items))
     plan = prog.lower("CPU", dims=dims).memory_plan()
-    weight = 512 * 512 * 4
-    # inputs (x, w1, w2), one slot for both packed copies, the two products (the sum written over one)
-    assert plan.peak_bytes < 3 * weight + 32 * 512 * 4 + 2 * weight
+    weight, rows = 512 * 512 * 4, 32 * 512 * 4
+    # the inputs (w1, w2, x), one slot for both packed copies, relu(x) and the two products (the sum written over
+    # one): 3.25 MiB; both copies live at once (one kernel) made 4.19 MiB
+    assert plan.peak_bytes <= 3 * weight + 4 * rows
     inputs = random_inputs(prog, dims, seed=4)
     h = np.maximum(inputs["x"].astype(np.float64), 0)
     want = h @ inputs["w1"] + 2.0 * (h @ inputs["w2"])
