@@ -37,8 +37,9 @@ ROUNDS = 3  # default and BEAM timings alternate this many times, the best of ea
 KNOWN_LIMITS = {
     "kv decode": "recompute: the fused attention reads k and v through `repeat` of the 4 key/value heads over the 16 "
                  "query heads, so `cat(cache, new)`'s select runs once per query head (4x) for every key; "
-                 "realizing the concatenated caches (a 2 MiB copy per step) gives 1.00 at no measured gain "
-                 "(RECOMPUTE_LIMIT=1: 0.88 against 0.79 ms, loaded machine), so the select stays fused",
+                 "realizing the concatenated caches (a 2 MiB copy per step) gives 1.00 but measured slower "
+                 "(RECOMPUTE_LIMIT=1: the kernels 1.23-1.31 ms against 1.01-1.03 ms, best of 200 alternating "
+                 "rounds), so the select stays fused",
     "unet": "memory: one image's conv over `cat(up, skip)` needs its input (2 MiB) and output (1 MiB) at once, "
             "beside 4.2 MiB of inputs + outputs: >= 1.71x even in chunks of one image (the batch, B=2, is the only "
             "axis chunked); the realized `cat` copy (not written in place by its producers) adds the rest",
