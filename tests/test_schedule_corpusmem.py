@@ -148,3 +148,28 @@ def test_odd_sizes_run_as_vectors_on_the_cpu(src, dims):
     kernels = tgc.loads(src).compile("CPU", dims=dims, tuned=False)
     assert len(kernels) == 1
     assert len(PACKED.findall(kernels[0].asm())) >= 2
+
+
+SPLIT_EPILOGUE = "x: f32[M, K]\nw: f32[K, N]\nb: f32[N]\nreturn relu(x @ w + b)\n"
+SPLIT_DIMS = {"M": 64, "K": 128, "N": 1000}
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="reads x86 assembly")
+def test_the_join_of_a_column_split_loads_consecutive_elements():
+    """The consumer joining 992 + the last 16 columns reads each part under a gate on the column: written as a
+    branch around the load (elementwise kernels), LLVM makes masked vector loads; as a select of the index it
+    made gathers (7 in this kernel)."""
+    kernels = tgc.loads(SPLIT_EPILOGUE).compile("CPU", dims=SPLIT_DIMS, tuned=False)
+    join = [k for k in kernels if k.name.startswith("E_")]
+    assert len(join) == 1
+    asm = join[0].asm()
+    assert "gather" not in asm and len(PACKED.findall(asm)) >= 1
+
+
+def test_split_epilogue_matches_numpy(device):
+    prog = tgc.loads(SPLIT_EPILOGUE)
+    inputs = random_inputs(prog, SPLIT_DIMS, seed=9)
+    x, w = inputs["x"].astype(np.float64), inputs["w"].astype(np.float64)
+    want = np.maximum(x @ w + inputs["b"], 0)
+    got = prog.run(device=device, **inputs)["out0"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())

@@ -664,15 +664,17 @@ def split_odd_sizes(outputs: list[UOp], keep: set[UOp]) -> tuple[list[UOp], dict
     alone. Returns the new outputs, the original node of every rebuilt one, and for each part the matmul it
     computes."""
     serves: dict[UOp, UOp] = {}
+    def split(new: UOp) -> UOp:
+        return split_odd_matmul(new, serves)
+
     memo: dict[UOp, UOp] = {}
-    # a fused attention's own reductions stay whole (rebuilt on their operands' new nodes: the scheduler finds the
-    # attention again on the new graph); what they read (the projection q, k and v are slices of) is split
-    for o in outputs:
-        for node in postorder(o, memo):
-            if node not in memo:
-                new = node.replace(src=tuple(memo[s] for s in node.src)) if node.src else node
-                memo[node] = new if node in keep else split_odd_matmul(new, serves)
-    new_outputs = [memo[o] for o in outputs]
+    # a fused attention's own reductions stay whole, rebuilt on their operands' new nodes (sources first, so the
+    # memo holds each before the rebuild reaches it; the scheduler finds the attention again on the new graph);
+    # what they read (the projection q, k and v are slices of) is split
+    for node in UOp(Ops.SINK, None, tuple(outputs)).toposort():
+        if node in keep:
+            memo[node] = node.replace(src=tuple(rebuild(s, memo, split) for s in node.src))
+    new_outputs = [rebuild(o, memo, split) for o in outputs]
     if not serves:
         return outputs, {}, {}
     original = {new: old for old, new in memo.items() if new is not old}
