@@ -35,9 +35,20 @@ MEMORY_TARGET = 1.5  # peak memory / (inputs + outputs + weights)
 ROUNDS = 3  # default and BEAM timings alternate this many times, the best of each counts
 # what reading a model's kernels found (the measured top kernel is printed beside it)
 KNOWN_LIMITS = {
-    "kv decode": "recompute: the query's rotary embedding (elementwise, one token) is fused into the attention "
-                 "kernel and recomputed for each of the P + 1 keys; the CPU's fused attention also computes a "
-                 "wrong result at T=1 (tests/test_corpus.py, a strict xfail), so its time is of a wrong kernel",
+    "kv decode": "recompute: the fused attention reads k and v through `repeat` of the 4 key/value heads over the 16 "
+                 "query heads, so `cat(cache, new)`'s select runs once per query head (4x) for every key; "
+                 "realizing the concatenated caches (a 2 MiB copy per step) gives 1.00 but measured slower "
+                 "(RECOMPUTE_LIMIT=1: the kernels 1.23-1.31 ms against 1.01-1.03 ms, best of 200 alternating "
+                 "rounds), so the select stays fused",
+    "unet": "memory: one image's conv over `cat(up, skip)` needs its input (2 MiB) and output (1 MiB) at once, "
+            "beside 4.2 MiB of inputs + outputs: >= 1.71x even in chunks of one image (the batch, B=2, is the only "
+            "axis chunked); the realized `cat` copy (not written in place by its producers) adds the rest",
+    "mixer": "memory: the packed copies of the channel MLP's weights (4 MiB, one slot shared by both) do not shrink "
+             "with chunks, and chunks of one image would be under MIN_CHUNK_BYTES; unpacked, the block ran 3.4x "
+             "slower",
+    "bert odd": "memory: too small to chunk (B=3: 0.5 MiB of sliced inputs + outputs per image); the packed "
+                "weights (1.1 MiB slot) and the column split's main part beside its joined copy (0.9 MiB each) "
+                "are live together around the feed-forward layer",
 }
 
 
@@ -63,6 +74,26 @@ def beam_coverage(prog: tgc.Program, dims: dict[str, int], device: str = "CPU") 
         fused = "attention" in it.meta
         found += lookup_entry(it.ast if fused else prepare_ast(it.ast, dev), dev, fused) is not None
     return found, len(items)
+
+
+def largest_intermediates(prog: tgc.Program, dims: dict[str, int], top: int = 3) -> str:
+    """The largest slots of the memory plan that runs (one chunk's where the run is chunked) that hold no input
+    or output, each with the kernel that writes the largest buffer it holds."""
+    chunking = prog.chunking("CPU", dims)
+    exe = chunking.low if chunking is not None else prog.lower("CPU", dims=dims)
+    plan = exe.memory_plan()
+    io = {key for key, _ in exe.inputs} | {key for _, key in exe.outputs}
+    io_slots = {plan.slot_of[k] for k in io if k in plan.slot_of}
+    writer: dict[int, str] = {}
+    largest: dict[int, int] = {}
+    for k in exe.kernels:
+        slot = plan.slot_of.get(k.bufs[0]) if k.bufs else None
+        if slot is not None and slot not in io_slots and plan.sizes[k.bufs[0]] > largest.get(slot, -1):
+            largest[slot], writer[slot] = plan.sizes[k.bufs[0]], k.name
+    slots = sorted((s for s in range(len(plan.slots)) if s not in io_slots), key=lambda s: -plan.slots[s])[:top]
+    how = f" (chunked: {chunking.count} chunks along {chunking.dim})" if chunking is not None else ""
+    return "largest intermediates" + how + ": " + ", ".join(
+        f"{plan.slots[s] / 2 ** 20:.2f} MiB ({writer.get(s, '?')})" for s in slots)
 
 
 def _top_kernel(result: dict[str, Any]) -> str:
@@ -126,7 +157,7 @@ def corpus_rows(quick: bool, beam_search: bool, peak_memory: Callable, xla_timer
                           f"{results[False]['recompute']['written']} written")
         if checks["memory"] is False:
             limits.append(f"memory: {(mem - io) / 2 ** 20:.1f} MiB of intermediates beside "
-                          f"{io / 2 ** 20:.1f} MiB of inputs + outputs")
+                          f"{io / 2 ** 20:.1f} MiB of inputs + outputs; {largest_intermediates(prog, dims)}")
         if e["name"] in KNOWN_LIMITS and not all(v is not False for v in checks.values()):
             limits.append(KNOWN_LIMITS[e["name"]])
         row["limit"] = "; ".join(limits)
@@ -170,4 +201,4 @@ def print_corpus(rows: list[dict[str, Any]], quick: bool = False) -> None:
         print("`tgc beam` search time: " + ", ".join(f"{r['name']} {r['beam_search_s']:.0f} s" for r in searched))
 
 
-__all__ = ["corpus_dims", "corpus_rows", "print_corpus", "beam_coverage"]
+__all__ = ["corpus_dims", "corpus_rows", "print_corpus", "beam_coverage", "largest_intermediates"]

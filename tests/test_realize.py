@@ -132,13 +132,14 @@ def test_row_statistics_are_counted_once_per_row():
 def test_recompute_factor_is_one_after_realizing_the_rotary_matmul():
     """The matmul read at two positions by a rotary embedding is computed once, where fusing it would have computed
     it three times (its own index and both rotated halves): the kernels execute what is written, but for the
-    negation of one half, which the concatenation computes under its padding gate at every element (M * N / 2)."""
+    negation of one half, which the concatenation computes under its padding gate at every element (M * N / 2), and
+    cat's comparison, written along the columns alone (N) and computed at every element (M * N)."""
     prog = tgc.loads(MM.format(expr=READS["rotated halves"][0]))
     rec = prog.recompute("PYTHON", DIMS)
     m, k, n = DIMS["M"], DIMS["K"], DIMS["N"]
-    # the matmul, the negation, cat's comparison and select (`tgc.dsl.functions.cat`), * 2, + y
-    assert rec["written"] == 2 * m * k * n + m * n // 2 + 4 * m * n
-    assert rec["executed"] == rec["written"] + m * n // 2
+    # the matmul, the negation, cat's comparison (one row: `tgc.dsl.functions.cat`) and select, * 2, + y
+    assert rec["written"] == 2 * m * k * n + m * n // 2 + n + 3 * m * n
+    assert rec["executed"] == rec["written"] + m * n // 2 + (m * n - n)
 
 
 # --- the model corpus (bench/models)

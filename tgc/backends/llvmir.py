@@ -94,6 +94,11 @@ class _Renderer:
         self.loops: list[dict] = []
         self.decls: set[str] = set()
         self.range_count = 0
+        # gated scalar loads as a branch around the load in kernels without a reduction loop (elementwise: a pad,
+        # a concatenation, the join of a split matmul's parts): LLVM's loop vectorizer turns the branch into a
+        # masked vector load of consecutive elements, where the select form (index 0 where the gate is off) is a
+        # gather. Inside reductions (a padded convolution's taps) the select form stays: no branch in the hot loop.
+        self.branch_loads = not any(u.op is Ops.RANGE and getattr(u.arg[1], "name", "") == "REDUCE" for u in uops)
 
     def tmp(self) -> str:
         self.counter += 1
@@ -235,6 +240,8 @@ class _Renderer:
         buf, idx, it = u.src[0], self.ref(u.src[1]), ltype(u.src[1].dtype)
         gate = u.src[2] if len(u.src) > 2 else None
         d = u.dtype
+        if gate is not None and d.count == 1 and self.branch_loads:
+            return self.branch_load(buf, idx, it, gate, d)
         if gate is not None:
             safe = self.tmp()
             self.emit(f"{safe} = select i1 {self.ref(gate)}, {it} {idx}, {it} 0")
@@ -256,6 +263,28 @@ class _Renderer:
             self.emit(f"{g} = select i1 {self.ref(gate)}, {ltype(d)} {val}, {ltype(d)} zeroinitializer")
             val = g
         return val
+
+    def branch_load(self, buf: UOp, idx: str, it: str, gate: UOp, d: DType) -> str:
+        """A gated scalar load in a block its gate branches to (no address formed where it is off); 0 else."""
+        self.counter += 1
+        label, before = f"load{self.counter}", self.block
+        done = f"{label}_done"
+        self.emit(f"br i1 {self.ref(gate)}, label %{label}, label %{done}")
+        self.lines.append(f"{label}:")
+        self.block = label
+        ptr, val = self.tmp(), self.tmp()
+        self.emit(f"{ptr} = getelementptr inbounds {mtype(d)}, ptr {self.ref(buf)}, {it} {idx}")
+        self.emit(f"{val} = load {mtype(d)}, ptr {ptr}, align {d.itemsize}")
+        if d.is_bool:
+            b = self.tmp()
+            self.emit(f"{b} = icmp ne {mtype(d)} {val}, zeroinitializer")
+            val = b
+        self.emit(f"br label %{done}")
+        self.lines.append(f"{done}:")
+        self.block = done
+        out = self.tmp()
+        self.emit(f"{out} = phi {ltype(d)} [ {val}, %{label} ], [ zeroinitializer, %{before} ]")
+        return out
 
     def store(self, u: UOp) -> None:
         """A gated store (a fourth source) runs in a block its gate branches to: nothing is written, and no

@@ -193,15 +193,17 @@ def cat(*tensors, axis=0):
             raise DslError(f"cat: shapes {first} and {t} differ outside axis {ax}", shape_dependent=True)
     total = sum(t.shape[ax] for t in items)
     out_shape = first.shape[:ax] + (total,) + first.shape[ax + 1:]
-    # each piece padded into place; a mask along the axis picks the piece (exact, unlike adding zeros)
-    pos = T._iota(total).reshape(tuple(total if i == ax else 1 for i in range(first.ndim))).expand(out_shape)
+    # each piece padded into place; a mask along the axis picks the piece (exact, unlike adding zeros). The mask is
+    # compared along the axis alone and broadcast after: it depends on no other axis, so a slice of the result
+    # along another axis (a chunk of the batch, tgc.engine.chunk) reads the same mask whatever the slice
+    pos = T._iota(total).reshape(tuple(total if i == ax else 1 for i in range(first.ndim)))
     result: Tensor | None = None
     offset = 0
     for t in items:
         n = t.shape[ax]
         pads = tuple((offset, total - offset - n) if i == ax else (0, 0) for i in range(t.ndim))
         placed = t.pad(pads)
-        result = placed if result is None else (pos < offset).where(result, placed)
+        result = placed if result is None else (pos < offset).expand(out_shape).where(result, placed)
         offset += n
     assert result is not None
     return result

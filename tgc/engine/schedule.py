@@ -664,13 +664,16 @@ def split_odd_sizes(outputs: list[UOp], keep: set[UOp]) -> tuple[list[UOp], dict
     alone. Returns the new outputs, the original node of every rebuilt one, and for each part the matmul it
     computes."""
     serves: dict[UOp, UOp] = {}
-
     def split(new: UOp) -> UOp:
-        return new if new in keep else split_odd_matmul(new, serves)
+        return split_odd_matmul(new, serves)
 
-    # a fused attention's nodes stay as they are, with what they read: split below them, they would be rebuilt as
-    # other nodes than the ones attention.find matched, and the attention would no longer fuse
-    memo: dict[UOp, UOp] = {u: u for u in keep}
+    memo: dict[UOp, UOp] = {}
+    # a fused attention's own reductions stay whole, rebuilt on their operands' new nodes (sources first, so the
+    # memo holds each before the rebuild reaches it; the scheduler finds the attention again on the new graph);
+    # what they read (the projection q, k and v are slices of) is split
+    for node in UOp(Ops.SINK, None, tuple(outputs)).toposort():
+        if node in keep:
+            memo[node] = node.replace(src=tuple(rebuild(s, memo, split) for s in node.src))
     new_outputs = [rebuild(o, memo, split) for o in outputs]
     if not serves:
         return outputs, {}, {}
@@ -842,6 +845,43 @@ def pack_conv_operands(outputs: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp], d
     return new_outputs, original, {copy: original.get(conv, conv) for copy, conv in serves.items()}
 
 
+CROWD_MIN_ELEMENTS = PACK_MIN_ELEMENTS  # a matmul reading computed operands of this many elements or more ...
+
+
+def _computed_operand_elements(mm: UOp, realized: set[UOp]) -> int:
+    """The elements of the computed (realized: not the program's inputs) buffers matmul `mm` reads."""
+    total, stack, seen = 0, list(mm.src), set()
+    while stack:
+        node = stack.pop()
+        if node in seen or node.op is Ops.BUFFER:
+            continue
+        seen.add(node)
+        if node in realized:
+            total += prod(shape_of(node))
+            continue
+        stack.extend(node.src)
+    return total
+
+
+def crowded_matmuls(root: UOp, realized: set[UOp]) -> set[UOp]:
+    """The matmuls to realize where the kernel of `root` would compute two or more that each read at least
+    CROWD_MIN_ELEMENTS of computed operands (a packed copy of a weight, a hidden layer): a sum of products
+    (the experts of a mixture, `a @ w1 + b @ w2`) computed in one kernel keeps every operand live at once, so
+    its peak memory holds all of them; realized, each matmul is a kernel of its own whose operands die with it
+    (the memory plan reuses their slots) and whose register tile covers one reduction. Matmuls over the
+    program's inputs only (a GRU's `x @ w_x + h @ w_h`) stay fused: they hold no extra memory."""
+    found, stack, seen = [], [root], set()
+    while stack:
+        node = stack.pop()
+        if node in seen or node.op is Ops.BUFFER or (node in realized and node is not root):
+            continue
+        seen.add(node)
+        if _matmul_rhs(node) is not None and _computed_operand_elements(node, realized) >= CROWD_MIN_ELEMENTS:
+            found.append(node)
+        stack.extend(node.src)
+    return {m for m in found if m is not root} if len(found) > 1 else set()
+
+
 def create_schedule(outputs: list[UOp], caps: Capabilities | None = None, split_columns: bool = True
                     ) -> list[ScheduleItem]:
     """The kernels computing `outputs`, in launch order, for a device that declares `caps` (its row fusion and
@@ -890,6 +930,7 @@ def _schedule(outputs: list[UOp], fuse_rows: bool) -> list[ScheduleItem]:
             lowered[root] = (low, low.build())
             if attention.output_of(root, fused) is None:  # (a fused attention computes its chain once per score)
                 recomputed |= low.recomputed_reductions()
+                recomputed |= crowded_matmuls(root, realized)
         if not recomputed:
             break
         forced |= recomputed
