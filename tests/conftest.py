@@ -84,25 +84,27 @@ def known_bug(request: pytest.FixtureRequest, device: str):
 # --- the order tests start in, for two xdist workers that end together
 
 # The suite's longest tests (seconds of one worker in full `make test` runs), started first, in this order (node id
-# prefixes; every other test keeps its place after them). Begun last, one of them kept a worker busy for minutes
-# after the other had finished (the language suite's run and the symbolic suite came last in file order). With
-# `maxschedchunk` 1 (below) each worker takes the next test when it starts one, so the first four go two to each
-# worker: the two halves of the language suite's run (tests/suite_runs.py) run at once, one per worker, and the
-# packaged-suite check that needs both comes after them. The two tests of 2 GiB buffers run on one worker, apart.
+# prefixes; every other test keeps its place after them). Begun last, they kept one worker busy for minutes after
+# the other had finished (the language suite's run and the symbolic suite came last in file order). With
+# `maxschedchunk` 1 (below) xdist sends each worker two tests to begin with, then one more each time one ends:
+# the first two (which share a module fixture of ~20 s) go to one worker, the next two to the other; the halves of
+# the language suite's run (tests/suite_runs.py) go one to each worker and run at once, and the packaged-suite
+# check that needs both comes after them. The two tests of 2 GiB buffers are kept apart.
 LONGEST_FIRST = (
-    "tests/test_index_width.py::test_argmin_argmax_past_2_31_elements_on_the_cpu",  # ~13 s, 2 GiB
+    "tests/test_check_tolerance.py::test_transformer_block_b8_t256_c512_tgc_result_passes_the_check",  # ~25 s
+    "tests/test_check_tolerance.py::test_transformer_block_b8_t256_c512_wrong_index_still_fails",
     "tests/test_suite_compiles.py::test_every_language_suite_kernel_compiles_for_every_gpu_target[0]",  # ~110 s
-    "tests/test_suite_compiles.py::test_every_language_suite_kernel_compiles_for_every_gpu_target[1]",  # ~110 s
     "tests/test_onnx_nodes.py::test_onnx_node_conformance",  # ~77 s
-    "tests/test_index_width.py::test_u8_buffer_past_2_31_elements_on_the_cpu",  # ~12 s, 2 GiB
+    "tests/test_suite_compiles.py::test_every_language_suite_kernel_compiles_for_every_gpu_target[1]",  # ~110 s
     "tests/test_symbolic_lang.py::test_suite_programs_at_three_sizes",  # ~60 s
     "tests/test_package.py::test_every_language_suite_program_runs_from_its_package",  # both halves' packages
     "tests/test_package_symbolic.py::test_every_example_program_packaged_once_runs_at_three_sizes_in_a_fresh_process",
+    "tests/test_index_width.py::test_argmin_argmax_past_2_31_elements_on_the_cpu",  # ~13 s, 2 GiB
     "tests/test_cuda_standin.py::test_symbolic_kernels_run_on_cuda_at_every_size",  # ~37 s
-    "tests/test_check_tolerance.py::test_transformer_block_b8_t256_c512_",  # ~20 s (their module fixture)
     "tests/test_cluster.py::test_beam_on_a_cluster_survives_a_node_killed_mid_search",  # 7-22 s
     "tests/test_bench_corpus.py::test_quick_corpus_and_compile_tables",  # ~15 s
     "tests/test_attention_fused.py::test_fused_attention_every_ragged_length_matches_numpy",  # ~13 + 8 s
+    "tests/test_index_width.py::test_u8_buffer_past_2_31_elements_on_the_cpu",  # ~12 s, 2 GiB
     "tests/test_cuda_standin.py::test_language_subset_runs_on_cuda_through_the_stand_in",  # ~10 s
     "tests/test_onnx_light.py::test_light_model_lowest_cost",  # 6-13 s each
     "tests/test_attention_beam.py::test_every_choice_matches_numpy",  # 6-12 s each
