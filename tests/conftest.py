@@ -13,10 +13,10 @@ import shutil
 import tempfile
 
 import pytest
+from session_cache import session_cache_dir
 
 # set at import time, before tgc reads them, so that no test ever touches the user's home
 _CACHE_ROOT = tempfile.mkdtemp(prefix="tgc-tests-")
-os.environ["TGC_CACHE_DIR"] = os.path.join(_CACHE_ROOT, "tgc")
 os.environ["POCL_CACHE_DIR"] = os.path.join(_CACHE_ROOT, "pocl")
 os.environ["XDG_CACHE_HOME"] = _CACHE_ROOT
 # every kernel any test builds, for any device, goes through the bounds verifier (tgc/codegen/verify.py): a
@@ -29,6 +29,10 @@ atexit.register(shutil.rmtree, _CACHE_ROOT, ignore_errors=True)
 if not os.environ.get("TGC_TEST_SHARED_DIR"):
     os.environ["TGC_TEST_SHARED_DIR"] = tempfile.mkdtemp(prefix="tgc-tests-shared-")
     atexit.register(shutil.rmtree, os.environ["TGC_TEST_SHARED_DIR"], ignore_errors=True)
+# tgc's compile cache is the session's too (`session_cache_dir`): a kernel compiled by one worker, by the language
+# suite's subprocess run or by a `tgc serve` of a REMOTE test is a hit for every other process of the session
+# (tgc.cache is made for several processes at once). Processes on the CUDA stand-in keep a cache of their own.
+os.environ["TGC_CACHE_DIR"] = session_cache_dir(standin=bool(os.environ.get("TGC_STANDIN_DIR")))
 
 if os.environ.get("TGC_STANDIN_DIR"):  # CUDA through the CPU stand-in driver (tests/cuda_standin.py)
     import cuda_standin
@@ -75,3 +79,57 @@ def known_bug(request: pytest.FixtureRequest, device: str):
         if canonical(device)[0] in devices:
             request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
     return mark
+
+
+# --- the order tests start in, for two xdist workers that end together
+
+# The suite's longest tests (seconds of one worker in full `make test` runs), started first, in this order (node id
+# prefixes; every other test keeps its place after them). Begun last, they kept one worker busy for minutes after
+# the other had finished (the language suite's run and the symbolic suite came last in file order). With
+# `maxschedchunk` 1 (below) xdist sends each worker two tests to begin with, then one more each time one ends:
+# the first two (which share a module fixture of ~20 s) go to one worker, the next two to the other; the halves of
+# the language suite's run (tests/suite_runs.py) go one to each worker and run at once, and the packaged-suite
+# check that needs both comes after them. The two tests of 2 GiB buffers are kept apart.
+LONGEST_FIRST = (
+    "tests/test_check_tolerance.py::test_transformer_block_b8_t256_c512_tgc_result_passes_the_check",  # ~25 s
+    "tests/test_check_tolerance.py::test_transformer_block_b8_t256_c512_wrong_index_still_fails",
+    "tests/test_suite_compiles.py::test_every_language_suite_kernel_compiles_for_every_gpu_target[0]",  # ~110 s
+    "tests/test_onnx_nodes.py::test_onnx_node_conformance",  # ~77 s
+    "tests/test_suite_compiles.py::test_every_language_suite_kernel_compiles_for_every_gpu_target[1]",  # ~110 s
+    "tests/test_symbolic_lang.py::test_suite_programs_at_three_sizes",  # ~60 s
+    "tests/test_package.py::test_every_language_suite_program_runs_from_its_package",  # both halves' packages
+    "tests/test_package_symbolic.py::test_every_example_program_packaged_once_runs_at_three_sizes_in_a_fresh_process",
+    "tests/test_index_width.py::test_argmin_argmax_past_2_31_elements_on_the_cpu",  # ~13 s, 2 GiB
+    "tests/test_cuda_standin.py::test_symbolic_kernels_run_on_cuda_at_every_size",  # ~37 s
+    "tests/test_cluster.py::test_beam_on_a_cluster_survives_a_node_killed_mid_search",  # 7-22 s
+    "tests/test_bench_corpus.py::test_quick_corpus_and_compile_tables",  # ~15 s
+    "tests/test_attention_fused.py::test_fused_attention_every_ragged_length_matches_numpy",  # ~13 + 8 s
+    "tests/test_index_width.py::test_u8_buffer_past_2_31_elements_on_the_cpu",  # ~12 s, 2 GiB
+    "tests/test_cuda_standin.py::test_language_subset_runs_on_cuda_through_the_stand_in",  # ~10 s
+    "tests/test_onnx_light.py::test_light_model_lowest_cost",  # 6-13 s each
+    "tests/test_attention_beam.py::test_every_choice_matches_numpy",  # 6-12 s each
+    "tests/test_progcache.py::test_a_warm_tgc_bench_keeps_the_identity_a_baseline_compares",  # ~9 s
+    "tests/test_symbolic_sizes.py::test_symbolic_launches_count_the_work_of_their_sizes",  # ~9 s
+    "tests/test_pipeline.py::test_beam_progress_on_run_and_bench_at_a_terminal",  # ~9 s
+    "tests/test_pipeline.py::test_wide_register_tile_matches_numpy[2052-512-2048]",  # ~8 s
+)
+
+
+def _start_rank(nodeid: str) -> int:
+    for rank, prefix in enumerate(LONGEST_FIRST):
+        if nodeid.startswith(prefix):
+            return rank
+    return len(LONGEST_FIRST)
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own reordering (tests grouped by `device`)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: _start_rank(item.nodeid))  # stable: the others keep their order
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # xdist hands out tests one at a time (it keeps one queued per worker), so the longest, first in the
+    # collection, spread over both workers; by default it sends the first quarter of the collection in two blocks.
+    # An explicit --maxschedchunk wins.
+    if config.pluginmanager.hasplugin("xdist") and config.getoption("maxschedchunk", None) is None:
+        config.option.maxschedchunk = 1

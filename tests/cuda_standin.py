@@ -24,6 +24,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from session_cache import session_cache_dir
+
 HERE = Path(__file__).parent / "standin"
 _SIGNATURE = re.compile(r"__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s+)?(\w+)\s*\(([^)]*)\)")
 
@@ -71,6 +73,9 @@ def env(base: dict[str, str] | None = None, **extra: str) -> dict[str, str]:
     e = dict(os.environ if base is None else base)
     e["LD_LIBRARY_PATH"] = os.pathsep.join([str(driver_dir()), *filter(None, [e.get("LD_LIBRARY_PATH")])])
     e["TGC_STANDIN_DIR"] = str(kernel_dir())
+    if e.get("TGC_TEST_SHARED_DIR") and e.get("TGC_CACHE_DIR") == session_cache_dir(env=e):
+        # not the test session's shared cache: a cubin there may have no host build (tests/session_cache.py)
+        e["TGC_CACHE_DIR"] = session_cache_dir(standin=True, env=e)
     e.update(extra)
     return e
 

@@ -2,7 +2,8 @@
 compiled once per size class without `-D` (`Program.run(symbolic=True)` on the CPU) and run at three size
 sets, compared with numpy.
 
-Programs: the suite's test functions are called once at import with `Program.run` replaced by a recorder
+Programs: the suite's test functions are called once, on first use (`suite_programs`; not at import, which
+every xdist worker does to collect: ~4 s of CPU), with `Program.run` replaced by a recorder
 (tests/langkit.py's `run` and the tests' own `prog.run` calls both end there); the recorder keeps each
 program's source and the inputs it was given, and answers with `Program.reference` (numpy, float64) so the
 tests go on to their next program. Nothing is compiled while collecting (about 2 s). Modules read: programs,
@@ -37,6 +38,7 @@ the scheduler cuts other kernels than the size class's. About 45 s cold on two c
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import itertools
@@ -180,13 +182,18 @@ def generalized(found: _Collected) -> dict[str, dict[str, Any]]:
     return out
 
 
-FOUND = collect()
 # every third generalized program (sorted by source), for time (cold: every one takes about 2.5 minutes on two
 # busy cores); TGC_TEST_SYMBOLIC_ALL=1 runs them all
 SAMPLE = 1 if os.environ.get("TGC_TEST_SYMBOLIC_ALL", "") not in ("", "0") else 3
-GENERALIZED = dict(sorted(generalized(FOUND).items())[::SAMPLE])
-PROGRAMS = {**FOUND.programs, **GENERALIZED}
-SOURCES = sorted(FOUND.programs) + sorted(GENERALIZED)
+
+
+@functools.cache
+def suite_programs() -> tuple[_Collected, dict[str, dict[str, Any]], dict[str, dict[str, Any]], list[str]]:
+    """(what `collect` found, the sampled generalized programs, every program's inputs by source, the sources in
+    the order they run), collected once per process, when first needed."""
+    found = collect()
+    general = dict(sorted(generalized(found).items())[::SAMPLE])
+    return found, general, {**found.programs, **general}, sorted(found.programs) + sorted(general)
 
 
 # --- sizes and inputs
@@ -263,7 +270,7 @@ def in_dtype(value: Any, dt: str) -> np.ndarray:
 
 def check_program(src: str) -> None:
     prog = tgc.loads(src)
-    given = PROGRAMS[src]
+    given = suite_programs()[2][src]
     for seed, table in enumerate(TABLES):
         dims, why = choose_dims(prog, table)
         if dims is None:
@@ -287,6 +294,7 @@ def test_suite_programs_at_three_sizes():
     """Every program's runs against numpy, and the share that used symbolic kernels; every fallback to
     size-specialized kernels says why. One test, not one per program: some suite tests draw their programs at
     random, so a per-program parametrization would differ between pytest-xdist workers."""
+    FOUND, GENERALIZED, _, SOURCES = suite_programs()
     for src in SOURCES:
         if any((src, t) not in RESULTS for t in TABLES):
             check_program(src)
