@@ -38,6 +38,9 @@ def opts(rows: int, block: int, threads: int | None = None, row_axis: int = 1) -
     return out
 
 
+HEURISTIC = [Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.UPCAST, 1, 2)]  # 16 rows per vector; its prefix: 8 rows
+
+
 def run_with(p, dims, o: list[Opt] | None, device: str = "CPU", dtype=np.float32):
     """The program run with `o` stored as the attention kernel's BEAM winner (`o=None`: nothing stored)."""
     dev = get_device(device)
@@ -145,7 +148,7 @@ def test_the_drivers_actions_on_the_fused_kernel():
         [Opt(OptOps.UNROLL, 2, a) for a in search.UNROLL_AMOUNTS]
     seed = A.AttentionKernel(item, CPU)
     seed.heuristic()
-    assert seed.applied == [Opt(OptOps.UPCAST, 1, A.ROW_LANES)]
+    assert seed.applied == HEURISTIC and seed.choices()["rows"] == A.ROW_LANES
     assert seed.choices()["block"] == A.BLOCK and A.AttentionKernel(item, CPU).choices()["rows"] == 0
 
 
@@ -164,9 +167,10 @@ def test_beam_searches_the_attention_kernel_and_its_winner_is_reused(monkeypatch
     monkeypatch.setattr(kernel_mod, "lower_attention", spy)
     result = p.beam("CPU", dims=dims, width=1, force=True)
     (row,) = [r for r in result["kernels"] if r["name"] == item.name]
-    heuristic = [Opt(OptOps.UPCAST, 1, A.ROW_LANES)]
-    assert seen[:2] == [[], heuristic]  # the reference (unoptimized: the per-row form), then the default
-    assert all(o[:1] == heuristic for o in seen[2:]) and len(seen) > 2  # then the default's neighbours
+    heuristic = HEURISTIC
+    # the reference (unoptimized: the per-row form), then the default's prefixes (8 rows, then 16: the default)
+    assert seen[:3] == [[], heuristic[:1], heuristic]
+    assert all(o[:1] == heuristic[:1] for o in seen[3:]) and len(seen) > 3  # then their neighbours
     assert row["reference"] == "unoptimized" and not row["cached"]
     stored = search.lookup(item.ast, CPU)  # the plain AST's key, the one key form
     assert stored is not None and [str(o) for o in stored] == row["opts"] and stored in seen
@@ -196,7 +200,7 @@ def test_a_stale_stored_winner_falls_back_to_the_heuristic():
     p = program(False)
     dims = {"B": 2, "T": 40, "D": 8, "E": 8}
     (kern,), out, (q, k, v) = run_with(p, dims, [Opt(OptOps.UNROLL, 0, 16)])
-    assert kern.opts == [Opt(OptOps.UPCAST, 1, A.ROW_LANES)]
+    assert kern.opts == HEURISTIC
     np.testing.assert_allclose(out, reference(q, k, v, False), rtol=2e-5, atol=2e-5)
 
 
@@ -206,22 +210,22 @@ def _search(item, **kw):
 
 
 def test_a_wrong_candidate_is_rejected_and_the_default_kept(monkeypatch):
-    """Every candidate looks faster than the last, and every output after the default's check is wrong:
+    """Every candidate looks faster than the last, and every output after the starts' checks is wrong:
     each one is rejected and the default stays."""
     item = attention_item(program(False), {"B": 2, "T": 40, "D": 8, "E": 8})
     clock = iter(range(1000, 0, -1))
     monkeypatch.setattr(search._Timer, "run", lambda self, cand, best, runs=3: next(clock) * 1e-3)
-    checks = iter([True] + [False] * 100)
+    checks = iter([True, True] + [False] * 100)  # the two starts (8 rows, 16 rows) pass
     monkeypatch.setattr(search, "_matches", lambda out, ref, dtype: next(checks))
     res = _search(item)
     assert res.tried > 0 and res.rejected == res.tried and res.failed == 0
-    assert res.opts == [Opt(OptOps.UPCAST, 1, A.ROW_LANES)] and res.reference == "unoptimized"
+    assert res.opts == HEURISTIC and res.reference == "unoptimized"
 
 
 def test_the_winner_is_timed_again_against_the_default(monkeypatch):
     """A candidate that only looked faster once loses the confirmation and the default is stored."""
     item = attention_item(program(False), {"B": 2, "T": 40, "D": 8, "E": 8})
-    default = [Opt(OptOps.UPCAST, 1, A.ROW_LANES)]
+    default = HEURISTIC
 
     def fake(self, cand, best, runs=3):  # in the search every candidate looks faster; confirming, none is
         return 2.0 if cand.opts == default else (1.0 if runs == 3 else 3.0)

@@ -657,14 +657,19 @@ class AttentionKernel:
         self.applied.append(opt)
 
     def heuristic(self) -> None:
-        """The hand-coded choice: 16 query rows per vector where the rows form applies (keys in blocks of `BLOCK`
-        and the threads are the defaults); nothing under NOOPT."""
+        """The hand-coded choice: `ROW_LANES` (16) query rows per vector where the rows form applies, as
+        UPCAST(row, 8) then UPCAST(row, 2), so that BEAM's starts (the heuristic's prefixes) hold 8 rows as well
+        (keys in blocks of `BLOCK` and the threads are the defaults); nothing under NOOPT."""
         if env_flag("NOOPT") or self.row_axis is None:
             return
+        first = ROW_CHOICES[0]
+        trial = self.copy()
         try:
-            self.apply(Opt(OptOps.UPCAST, self.row_axis, ROW_LANES))
+            trial.apply(Opt(OptOps.UPCAST, self.row_axis, first))
+            trial.apply(Opt(OptOps.UPCAST, self.row_axis, ROW_LANES // first))
         except OptError:
-            pass
+            return
+        self.applied, self.rows = trial.applied, trial.rows
 
     def choices(self) -> dict[str, int]:
         """What the opts choose, the defaults filled in: {"rows": query rows per vector (0: the per-row form),
