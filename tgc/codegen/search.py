@@ -9,6 +9,10 @@ winner is timed again against it, alternating, before it is kept (`_confirm`): B
 slower than what a run without it gets. The winner's opts are stored in the disk cache (table `beam`)
 under the kernel's AST, device, compiler and tgc version, so later compiles reuse them.
 
+A fused attention kernel (`meta["attention"]`) is searched by this same driver: its search state is a
+`tgc.codegen.attention.AttentionKernel` (ordinary opts on its row and key axes) in place of an `OptKernel`,
+lowered by `lower_attention`, and stored under its plain AST (`search_ast`).
+
 Where a candidate evaluator is in use (`use_evaluator`: a Ray cluster, `tgc.backends.cluster`), the one search
 above hands each batch of rendered candidates to it instead of compiling and timing them here: it compiles,
 checks and times them elsewhere and sets each candidate's `time_s` and `binary`. The reference output is still
@@ -268,7 +272,6 @@ class SearchResult:
     failed: int = 0
     interrupted: bool = False
     reference: str = "unoptimized"
-    timed: bool = True  # False: one candidate, nothing compiled or timed (before_s and after_s are 0)
     out_of_budget: bool = False  # the kernel's share of the budget ran out: the search stopped early
 
 
@@ -715,8 +718,7 @@ def beam_items(items: list[ScheduleItem], dev: Any, width: int = 4, progress: Ca
             # stored under the width asked: the small search is what this width gives a kernel that cannot matter
             store(asts[i], dev, res.opts, res.after_s, item.name, width)
             rows[i] = {"name": item.name, "opts": [str(o) for o in res.opts], "width": width,
-                       "before_s": res.before_s if res.timed else None,
-                       "after_s": res.after_s if res.timed else None,
+                       "before_s": res.before_s, "after_s": res.after_s,
                        "speedup": res.before_s / res.after_s if res.after_s else 0.0,
                        "tried": res.tried, "rejected": res.rejected, "failed": res.failed, "cached": False,
                        "reference": res.reference, "small": small, "out_of_budget": res.out_of_budget,
