@@ -127,8 +127,9 @@ def test_an_opt_that_does_not_apply_is_refused():
 
 def test_the_drivers_actions_on_the_fused_kernel():
     """`search.actions` enumerates the fused kernel's axes as any kernel's: the query row and key axes take
-    every amount (the lowering masks a partial last tile or block), the batch axis only its divisors; the
-    heuristic's choice is 16 rows per vector, keys in blocks of `BLOCK` and the automatic threads."""
+    every amount (the lowering masks a partial last tile or block), the batch axis only its divisors, then
+    fewer threads than the automatic count; the heuristic's choice is 16 rows per vector, keys in blocks of
+    `BLOCK` and the automatic threads."""
     item = attention_item(program(False), {"B": 2, "T": 41, "D": 8, "E": 8})
     k = A.AttentionKernel(item, CPU)
     acts = search.actions(k)
@@ -145,7 +146,11 @@ def test_the_drivers_actions_on_the_fused_kernel():
         applied.append(o)
     assert k.applied == []  # copies: the kernel itself is unchanged
     assert applied == [Opt(OptOps.UPCAST, 1, a) for a in A.ROW_CHOICES] + \
-        [Opt(OptOps.UNROLL, 2, a) for a in search.UNROLL_AMOUNTS]
+        [Opt(OptOps.UNROLL, 2, a) for a in search.UNROLL_AMOUNTS] + \
+        [Opt(OptOps.THREAD, 0, t) for t in search.thread_amounts(CPU.cores)]
+    assert search.thread_amounts(2) == [1] and search.thread_amounts(8) == [1, 4] and search.thread_amounts(1) == []
+    k.apply(Opt(OptOps.THREAD, 0, 1))
+    assert not any(o.op is OptOps.THREAD for o in search.actions(k))  # chosen once
     seed = A.AttentionKernel(item, CPU)
     seed.heuristic()
     assert seed.applied == HEURISTIC and seed.choices()["rows"] == A.ROW_LANES

@@ -152,7 +152,8 @@ def store(ast: UOp, device: Any, opts: list[Opt], seconds: float, name: str, wid
 
 def actions(k: OptKernel | AttentionKernel) -> list[Opt]:
     """The opts one round tries on `k`: splits by the amounts that divide an axis (any amount on an axis whose
-    kernel masks a partial last split itself, `ragged_axes`), PADTO, SWAP."""
+    kernel masks a partial last split itself, `ragged_axes`), PADTO, SWAP, and on the CPU fewer threads than the
+    automatic count (`thread_amounts`)."""
     out: list[Opt] = []
     gpu = k.device.caps.gpu
     loops, reduces = k.loops(), k.reduces()
@@ -168,7 +169,16 @@ def actions(k: OptKernel | AttentionKernel) -> list[Opt]:
     for a in range(len(loops)):
         for b in range(a + 1, len(loops)):
             out.append(Opt(OptOps.SWAP, a, b))
+    if not gpu and loops and not any(o.op is OptOps.THREAD for o in k.applied):
+        out += [Opt(OptOps.THREAD, 0, t) for t in thread_amounts(k.device.cores)]
     return out
+
+
+def thread_amounts(cores: int) -> list[int]:
+    """The CPU thread counts a round tries besides the automatic one (which a kernel without THREAD gets): one
+    thread and half the cores (a small kernel, or a machine whose other cores are busy, can be faster with fewer;
+    a count equal to the automatic one renders the same source and is neither compiled nor run again)."""
+    return sorted({t for t in (1, cores // 2) if 1 <= t < cores})
 
 
 @dataclass
