@@ -57,10 +57,10 @@ def run_with(p, dims, o: list[Opt] | None, device: str = "CPU", dtype=np.float32
 
 # every rows value the rows form takes, and blocks around and past the default; each run with a ragged sequence
 # (its last block partial), and a few with whole blocks and with one partial block
-ROWS = sorted({*A.ROW_CHOICES, A.MAX_ROWS})
+ROWS = sorted(A.ROW_CHOICES)
 BLOCKS = [2, 3, 8, 16]
 CASES = [(r, b, b + 3, 2 if r == A.ROW_LANES else 1) for r in ROWS for b in BLOCKS] + \
-    [(8, A.MAX_BLOCK, 70, 2), (16, 16, 7, 2), (8, 8, 16, 2), (32, 8, 33, 1)]
+    [(8, A.ROW_BLOCK_VALUES // 8, 70, 2), (16, 16, 7, 2), (8, 8, 16, 2), (16, 8, 33, 1), (0, A.MAX_BLOCK, 70, 2)]
 
 
 @pytest.mark.parametrize("masked", [False, True])
@@ -112,17 +112,21 @@ def test_an_opt_that_does_not_apply_is_refused():
     item = attention_item(program(False), {"B": 2, "T": 40, "D": 8, "E": 8})
     for bad in ([Opt(OptOps.UPCAST, 1, 4)], [Opt(OptOps.UNROLL, 2, 1)], [Opt(OptOps.UNROLL, 1, 8)],
                 [Opt(OptOps.UPCAST, 2, 16)], [Opt(OptOps.UPCAST, 0, 16)], [Opt(OptOps.UNROLL, 2, 128)],
-                [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.UPCAST, 1, 4)], [Opt(OptOps.THREAD, 0, 1)] * 2,
+                [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.UPCAST, 1, 2)], [Opt(OptOps.THREAD, 0, 1)] * 2,
+                [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.UNROLL, 2, 32)],  # 16 rows x 32 keys: over 256 in registers
+                [Opt(OptOps.UNROLL, 2, 32), Opt(OptOps.UPCAST, 1, 16)],
                 [Opt(OptOps.THREAD, 0, CPU.cores + 1)], [Opt(OptOps.LOCAL, 1, 2)], [Opt(OptOps.PADTO, 2, 8)],
                 [Opt(OptOps.SWAP, 0, 1)]):
         k = A.AttentionKernel(item, CPU)
         with pytest.raises(OptError):
             for o in bad:
                 k.apply(o)
-    # a second UPCAST or UNROLL multiplies: 16 rows x 2 = 32, 16 keys x 4 = 64
-    k = A.attention_kernel(item, CPU, [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.UPCAST, 1, 2),
-                                       Opt(OptOps.UNROLL, 2, 16), Opt(OptOps.UNROLL, 2, 4)])
-    assert k.choices()["rows"] == 32 and k.choices()["block"] == 40  # cut to the 40 keys
+    # a second UPCAST or UNROLL multiplies: 8 rows x 2 = 16, 4 keys x 4 = 16; per row, 16 keys x 4 = 64
+    k = A.attention_kernel(item, CPU, [Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.UPCAST, 1, 2),
+                                       Opt(OptOps.UNROLL, 2, 4), Opt(OptOps.UNROLL, 2, 4)])
+    assert k.choices()["rows"] == 16 and k.choices()["block"] == 16
+    k = A.attention_kernel(item, CPU, [Opt(OptOps.UNROLL, 2, 16), Opt(OptOps.UNROLL, 2, 4)])
+    assert k.choices()["rows"] == 0 and k.choices()["block"] == 40  # cut to the 40 keys
 
 
 def test_the_drivers_actions_on_the_fused_kernel():

@@ -557,11 +557,12 @@ def _rows_local_bytes(sp: Any, w: int) -> int:
     return 4 * w * (d + sp.dv)
 
 
-# The fused kernel's opts (`AttentionKernel`): 32 rows (two vectors per score) and blocks of 32 or 64 keys spill
-# registers; they are accepted (a stored winner may name them) and BEAM's one driver reaches them only from the
-# heuristic's choice (a second UPCAST or UNROLL multiplies).
-ROW_CHOICES = (8, 16)  # query rows per vector the rows form (`build_rows`) takes, and MAX_ROWS
-MAX_ROWS, MAX_BLOCK = 32, 64
+# The fused kernel's opts (`AttentionKernel`). In the rows form a block's scores are held in registers, rows x keys
+# values: at most ROW_BLOCK_VALUES (16 vectors of 16 lanes, the default's), as `opt.MAX_UNROLLED` bounds an
+# ordinary kernel's unrolled values; 32 rows or 32 keys of 16 rows spilled registers when measured (old grid).
+ROW_CHOICES = (8, 16)  # query rows per vector the rows form (`build_rows`) takes
+MAX_BLOCK = 64  # keys per block (the per-row form's bound; the rows form's is ROW_BLOCK_VALUES)
+ROW_BLOCK_VALUES = 256
 # A key block's size is bounded by the terms the kernel then writes out (`_terms`), as an ordinary kernel's unrolled
 # values are by `opt.MAX_UNROLLED`: the rows form (`build_rows`) writes out only the keys of a block (its head
 # dimension and output columns are loops); the per-row form (`build`: GPUs, PYTHON, half inputs) writes out each
@@ -576,8 +577,8 @@ class AttentionKernel:
     `Opt`s on them:
 
     - `UPCAST(row axis, n)`: n query rows per vector (the rows form, `build_rows`; the product of the UPCASTs must
-      be one of 8, 16, 32); without it, the per-row form (`build`: one row at a time, inner products 16 lanes
-      of the head dimension where the device has vectors);
+      be 8 or 16, and rows x keys per block at most `ROW_BLOCK_VALUES`); without it, the per-row form (`build`:
+      one row at a time, inner products 16 lanes of the head dimension where the device has vectors);
     - `UNROLL(key axis, n)`: n keys per block (the product of the UNROLLs, 2..`MAX_BLOCK`, cut to the key count;
       without one, `BLOCK`), within `MAX_SEARCH_TERMS` written-out terms;
     - `THREAD(0, n)`: n CPU threads over the first output loop (without one, the automatic count, as
@@ -634,13 +635,17 @@ class AttentionKernel:
             if not self.device.caps.vectors or not _rows_apply(sp):
                 raise OptError("query rows as vector lanes need a device with vectors and f32 values")
             rows = max(self.rows, 1) * amt
-            if amt < 2 or rows not in (*ROW_CHOICES, MAX_ROWS):
-                raise OptError(f"{rows} query rows per vector: the rows form takes {(*ROW_CHOICES, MAX_ROWS)}")
+            if amt < 2 or rows not in ROW_CHOICES:
+                raise OptError(f"{rows} query rows per vector: the rows form takes {ROW_CHOICES}")
+            if rows * min(self.block or ROW_BLOCK, sp.tk) > ROW_BLOCK_VALUES:
+                raise OptError(f"{rows} rows x {self.block} keys: over {ROW_BLOCK_VALUES} scores in registers")
             self.rows = rows
         elif opt.op is OptOps.UNROLL and opt.axis == self.key_axis:
             block = max(self.block, 1) * amt
             if amt < 2 or block > MAX_BLOCK:
                 raise OptError(f"{block} keys per block: a block holds 2..{MAX_BLOCK}")
+            if self.rows * min(block, sp.tk) > ROW_BLOCK_VALUES:
+                raise OptError(f"{self.rows} rows x {block} keys: over {ROW_BLOCK_VALUES} scores in registers")
             if _terms(sp, {"rows": self.rows, "block": min(block, sp.tk)}) > MAX_SEARCH_TERMS:
                 raise OptError(f"a block of {block} keys writes out more than {MAX_SEARCH_TERMS} terms")
             self.block = block
@@ -934,5 +939,5 @@ def _linearize(ast: UOp, jb_arg: Any, ncols: int, norder: int = 0, barrier: bool
     return lin.out
 
 
-__all__ = ["BLOCK", "MAX_BLOCK", "MAX_ROWS", "ROW_CHOICES", "ROW_LANES", "AttentionKernel", "attention_kernel",
+__all__ = ["BLOCK", "MAX_BLOCK", "ROW_BLOCK_VALUES", "ROW_CHOICES", "ROW_LANES", "AttentionKernel", "attention_kernel",
            "build", "build_rows", "lower_attention"]
