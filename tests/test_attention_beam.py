@@ -161,6 +161,26 @@ def test_the_drivers_actions_on_the_fused_kernel():
     assert seed.choices()["block"] == A.BLOCK and A.AttentionKernel(item, CPU).choices()["rows"] == 0
 
 
+def test_fewer_threads_are_an_action_on_every_cpu_kernel():
+    """An ordinary kernel gets the same THREAD actions (`search.thread_amounts`); where its automatic count is already
+    one thread, THREAD(0, 1) renders the same source (a duplicate the search neither compiles nor runs)."""
+    import tgc
+    from tgc.codegen.opt import OptKernel
+
+    if CPU.cores < 2:
+        pytest.skip("one core: no thread count below the automatic one")
+    item = tgc.loads("a: f32[N, M]\nreturn exp(a) * 2").schedule({"N": 8, "M": 64}, "CPU")[0]
+    ast = search.search_ast(item, CPU)
+    k = OptKernel(ast, CPU)
+    threads = [o for o in search.actions(k) if o.op is OptOps.THREAD]
+    assert threads == [Opt(OptOps.THREAD, 0, t) for t in search.thread_amounts(CPU.cores)] and threads[0].amount == 1
+    plain, one = search.Candidate([], OptKernel(ast, CPU)), search.Candidate([Opt(OptOps.THREAD, 0, 1)], k.copy())
+    one.kernel.apply(Opt(OptOps.THREAD, 0, 1))
+    for c in (plain, one):
+        search._render(c, CPU, "k", item.bufs)
+    assert one.src == plain.src  # 512 elements: the automatic split keeps one thread too
+
+
 def test_beam_searches_the_attention_kernel_and_its_winner_is_reused(monkeypatch):
     p = program(True)
     dims = {"B": 2, "T": 40, "D": 8, "E": 8}
