@@ -79,7 +79,7 @@ def test_the_thread_split_is_made_on_the_spec(monkeypatch):
     item = attention_item(program(True), {"B": 3, "T": 40, "D": 8, "E": 8})
     low = A.lower_attention(item, CPU, "attn", opts(16, 16, 2))
     assert not called and low.launch["global_size"] == (2, 1, 1)
-    A.lower_attention(item, CPU, "attn", opts(16, 16, 2), reference=True)  # the per-row form: split after
+    A.lower_attention(item, CPU, "attn", opts(0, 16, 2))  # the per-row form: split after
     assert called
 
 
@@ -134,7 +134,7 @@ def test_one_query_row_scores_a_block_as_one_vector(t, masked, monkeypatch):
     real = A._lane_sums
     monkeypatch.setattr(A, "_lane_sums", lambda vs: calls.append(len(vs)) or real(vs))
     A.lower_attention(item, CPU, "attn")
-    assert A.choices(item, CPU)["rows"] == 0 and calls == [min(t, 16)] if t >= 16 else calls == []
+    assert A.attention_kernel(item, CPU).choices()["rows"] == 0 and calls == [min(t, 16)] if t >= 16 else calls == []
     rng = np.random.default_rng(t)
     q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((3, 1, 32), (3, t, 32), (3, t, 16)))
     m = (rng.standard_normal((3, 1, t)) * 2).astype(np.float32)

@@ -25,9 +25,9 @@ def spy(monkeypatch):
     real = search.beam_search
 
     def wrapped(ast, device, bufs, width, name="kernel", progress=None, pool=None, rounds=search.MAX_ROUNDS,
-                starts=None, deadline=None):
+                starts=None, deadline=None, item=None):
         res = real(ast, device, bufs, width, name=name, progress=progress, pool=pool, rounds=rounds, starts=starts,
-                   deadline=deadline)
+                   deadline=deadline, item=item)
         calls.append((name, width, rounds, res.tried))
         return res
     monkeypatch.setattr(search, "beam_search", wrapped)

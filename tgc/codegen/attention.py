@@ -557,77 +557,142 @@ def _rows_local_bytes(sp: Any, w: int) -> int:
     return 4 * w * (d + sp.dv)
 
 
-# BEAM's choices: the grid holds what measured close to the best on the bench sizes. 32 rows (two vectors per
-# score) and blocks of 32 or 64 keys spill registers; they are accepted as stored opts but not searched.
-ROW_CHOICES = (8, 16)  # query rows per vector (`build_rows`)
-BLOCK_CHOICES = (8, 16)  # keys per block (scores in registers at once, one rescale per block)
-MAX_ROWS, MAX_BLOCK = 32, 64  # what `attention_choices` accepts
-# BEAM searches a kernel only while the default's written-out terms (`_terms`) stay within this; past it the
-# default is the only candidate. The rows form (`build_rows`) writes out only the keys of a block (its head
-# dimension and output columns are loops); the per-row form (`build`: GPUs, PYTHON, half inputs) writes out
-# each key's term of every output column, so a wide head's candidates there take many seconds each to compile.
+# The fused kernel's opts (`AttentionKernel`). In the rows form a block's scores are held in registers, rows x keys
+# values: at most ROW_BLOCK_VALUES (16 vectors of 16 lanes, the default's), as `opt.MAX_UNROLLED` bounds an
+# ordinary kernel's unrolled values; 32 rows or 32 keys of 16 rows spilled registers when measured (old grid).
+ROW_CHOICES = (8, 16)  # query rows per vector the rows form (`build_rows`) takes
+MAX_BLOCK = 64  # keys per block (the per-row form's bound; the rows form's is ROW_BLOCK_VALUES)
+ROW_BLOCK_VALUES = 256
+# A key block's size is bounded by the terms the kernel then writes out (`_terms`), as an ordinary kernel's unrolled
+# values are by `opt.MAX_UNROLLED`: the rows form (`build_rows`) writes out only the keys of a block (its head
+# dimension and output columns are loops); the per-row form (`build`: GPUs, PYTHON, half inputs) writes out each
+# key's term of every output column, so a wide head's large blocks there take many seconds each to compile.
 MAX_SEARCH_TERMS = 4096
 
 
-def choices(item: Any, device: Any) -> dict[str, int]:
-    """The fused kernel's tunable choices and their heuristic defaults: {"rows": query rows per vector (0 where
-    the per-row form is used), "block": keys per block, "threads": CPU threads (0 on GPUs)}."""
-    sp = item.meta["attention"]
-    vectors = device.caps.vectors and not env_flag("NOOPT")
-    rows = ROW_LANES if vectors and _rows_apply(sp) else 0
-    block = min(ROW_BLOCK if rows else BLOCK, sp.tk)
-    threads = 0
-    if not device.caps.gpu and sp.loops and not env_flag("NOOPT"):
-        n = 1
-        for r in sp.loops[:-1]:
-            n *= r.src[0].arg
-        n *= -(-sp.loops[-1].src[0].arg // rows) if rows else sp.loops[-1].src[0].arg
-        work = n * sp.tk * max(sp.dv, 1) * 4 * max(rows, 1)
-        threads = min(device.cores, n, max(1, work // MIN_WORK_PER_THREAD))
-    return {"rows": rows, "block": block, "threads": threads}
+class AttentionKernel:
+    """The fused attention kernel's search state, as `tgc.codegen.opt.OptKernel` is an ordinary kernel's: BEAM's one
+    driver (`tgc.codegen.search`) enumerates, applies, copies and lowers it the same way. Its axes are the spec's
+    output loops (the query row last, where `row_loop`), then the key axis (a reduction); its opts are ordinary
+    `Opt`s on them:
 
+    - `UPCAST(row axis, n)`: n query rows per vector (the rows form, `build_rows`; the product of the UPCASTs must
+      be 8 or 16, and rows x keys per block at most `ROW_BLOCK_VALUES`); without it, the per-row form (`build`:
+      one row at a time, inner products 16 lanes of the head dimension where the device has vectors);
+    - `UNROLL(key axis, n)`: n keys per block (the product of the UNROLLs, 2..`MAX_BLOCK`, cut to the key count;
+      without one, `BLOCK`), within `MAX_SEARCH_TERMS` written-out terms;
+    - `THREAD(0, n)`: n CPU threads over the first output loop (without one, the automatic count, as
+      `opt.apply_opts` adds to an ordinary kernel).
 
-def opts_of(ch: dict[str, int]) -> list[Opt]:
-    """Choices as opts (what BEAM stores): UPCAST(0, rows), UNROLL(0, block), THREAD(0, threads)."""
-    out = [Opt(OptOps.UPCAST, 0, ch["rows"])] if ch["rows"] else []
-    out.append(Opt(OptOps.UNROLL, 0, ch["block"]))
-    if ch["threads"]:
-        out.append(Opt(OptOps.THREAD, 0, ch["threads"]))
-    return out
+    A partial last row tile or key block is masked by the lowering itself, so these axes take any amount
+    (`ragged_axes`). The unoptimized kernel (no opts) is the per-row form: BEAM's reference output."""
 
+    def __init__(self, item: Any, device: Any):
+        self.item, self.device = item, device
+        self.spec = item.meta["attention"]
+        self.base = item.ast  # what the BEAM store keys the kernel by (its plain AST)
+        self.applied: list[Opt] = []
+        self.rows, self.block, self.threads = 0, 0, 0  # 0: not chosen (per-row form, BLOCK keys, automatic threads)
+        self.threads_chosen = False
 
-def attention_choices(item: Any, device: Any, opts: list[Opt]) -> dict[str, int]:
-    """The choices `opts` make (from the defaults); OptError for one that does not apply to this kernel."""
-    ch = choices(item, device)
-    sp = item.meta["attention"]
-    for o in opts:
-        if o.op is OptOps.UPCAST and o.axis == 0 and ch["rows"] and o.amount in (*ROW_CHOICES, MAX_ROWS):
-            ch["rows"] = o.amount
-        elif o.op is OptOps.UNROLL and o.axis == 0 and 1 <= o.amount <= MAX_BLOCK:
-            ch["block"] = min(o.amount, sp.tk)
-        elif o.op is OptOps.THREAD and o.axis == 0 and ch["threads"] and 1 <= o.amount <= device.cores:
-            ch["threads"] = o.amount
+    # --- the kernel's shape, as OptKernel's
+    def loops(self) -> list[UOp]:
+        return list(self.spec.loops)
+
+    def reduces(self) -> list[UOp]:
+        return [self.spec.rj]
+
+    def axes(self) -> list[UOp]:
+        return self.loops() + self.reduces()
+
+    def ranges(self) -> list[UOp]:
+        return self.axes()
+
+    @property
+    def row_axis(self) -> int | None:
+        return len(self.spec.loops) - 1 if self.spec.row_loop and self.spec.loops else None
+
+    @property
+    def key_axis(self) -> int:
+        return len(self.spec.loops)
+
+    @property
+    def ragged_axes(self) -> frozenset[int]:
+        """Axes an opt may split by an amount that does not divide them (the lowering masks the rest)."""
+        return frozenset(a for a in (self.row_axis, self.key_axis) if a is not None)
+
+    def copy(self) -> AttentionKernel:
+        k = AttentionKernel(self.item, self.device)
+        k.applied, k.rows, k.block, k.threads = list(self.applied), self.rows, self.block, self.threads
+        k.threads_chosen = self.threads_chosen
+        return k
+
+    # --- applying opts
+    def apply(self, opt: Opt) -> None:
+        """Apply one opt; OptError (and the kernel unchanged) where it does not apply to this kernel."""
+        sp, amt = self.spec, opt.amount
+        if opt.op is OptOps.UPCAST and opt.axis == self.row_axis:
+            if not self.device.caps.vectors or not _rows_apply(sp):
+                raise OptError("query rows as vector lanes need a device with vectors and f32 values")
+            rows = max(self.rows, 1) * amt
+            if amt < 2 or rows not in ROW_CHOICES:
+                raise OptError(f"{rows} query rows per vector: the rows form takes {ROW_CHOICES}")
+            if rows * min(self.block or ROW_BLOCK, sp.tk) > ROW_BLOCK_VALUES:
+                raise OptError(f"{rows} rows x {self.block} keys: over {ROW_BLOCK_VALUES} scores in registers")
+            self.rows = rows
+        elif opt.op is OptOps.UNROLL and opt.axis == self.key_axis:
+            block = max(self.block, 1) * amt
+            if amt < 2 or block > MAX_BLOCK:
+                raise OptError(f"{block} keys per block: a block holds 2..{MAX_BLOCK}")
+            if self.rows * min(block, sp.tk) > ROW_BLOCK_VALUES:
+                raise OptError(f"{self.rows} rows x {block} keys: over {ROW_BLOCK_VALUES} scores in registers")
+            if _terms(sp, {"rows": self.rows, "block": min(block, sp.tk)}) > MAX_SEARCH_TERMS:
+                raise OptError(f"a block of {block} keys writes out more than {MAX_SEARCH_TERMS} terms")
+            self.block = block
+        elif opt.op is OptOps.THREAD and opt.axis == 0:
+            if self.device.caps.gpu or not sp.loops:
+                raise OptError("THREAD splits a CPU kernel's first output loop")
+            if self.threads_chosen:
+                raise OptError("THREAD was already applied")
+            if not 1 <= amt <= self.device.cores:
+                raise OptError(f"THREAD({amt}): the device has {self.device.cores} cores")
+            self.threads, self.threads_chosen = amt, True
         else:
-            raise OptError(f"{o} does not apply to a fused attention kernel")
-    return ch
+            raise OptError(f"{opt} does not apply to a fused attention kernel")
+        self.applied.append(opt)
 
+    def heuristic(self) -> None:
+        """The hand-coded choice: `ROW_LANES` (16) query rows per vector where the rows form applies, as
+        UPCAST(row, 8) then UPCAST(row, 2), so that BEAM's starts (the heuristic's prefixes) hold 8 rows as well
+        (keys in blocks of `BLOCK` and the threads are the defaults); nothing under NOOPT."""
+        if env_flag("NOOPT") or self.row_axis is None:
+            return
+        first = ROW_CHOICES[0]
+        trial = self.copy()
+        try:
+            trial.apply(Opt(OptOps.UPCAST, self.row_axis, first))
+            trial.apply(Opt(OptOps.UPCAST, self.row_axis, ROW_LANES // first))
+        except OptError:
+            return
+        self.applied, self.rows = trial.applied, trial.rows
 
-def candidates(item: Any, device: Any) -> list[list[Opt]]:
-    """Every choice BEAM tries for a fused attention kernel (the default first): query rows per vector x keys
-    per block, then each thread count below the default's with the default rows and block."""
-    sp = item.meta["attention"]
-    base = choices(item, device)
-    grid = [base]
-    rows = ROW_CHOICES if base["rows"] else (0,)
-    for r in rows:
-        for b in sorted({min(b, sp.tk) for b in BLOCK_CHOICES}):
-            ch = {**base, "rows": r, "block": b}
-            if ch not in grid:
-                grid.append(ch)
-    grid += [{**base, "threads": t} for t in range(1, base["threads"])]
-    if _terms(sp, base) > MAX_SEARCH_TERMS:  # too large to compile several of: the default only
-        grid = [base]
-    return [opts_of(ch) for ch in grid]
+    def choices(self) -> dict[str, int]:
+        """What the opts choose, the defaults filled in: {"rows": query rows per vector (0: the per-row form),
+        "block": keys per block, "threads": CPU threads (0 on GPUs, under NOOPT or without loops)}."""
+        sp = self.spec
+        rows = self.rows
+        block = min(self.block or (ROW_BLOCK if rows else BLOCK), sp.tk)
+        threads = self.threads
+        if not self.threads_chosen:
+            threads = 0
+            if not self.device.caps.gpu and sp.loops and not env_flag("NOOPT"):
+                n = 1
+                for r in sp.loops[:-1]:
+                    n *= r.src[0].arg
+                n *= -(-sp.loops[-1].src[0].arg // rows) if rows else sp.loops[-1].src[0].arg
+                work = n * sp.tk * max(sp.dv, 1) * 4 * max(rows, 1)
+                threads = min(self.device.cores, n, max(1, work // MIN_WORK_PER_THREAD))
+        return {"rows": rows, "block": block, "threads": threads}
 
 
 def _terms(sp: Any, ch: dict[str, int]) -> int:
@@ -653,32 +718,40 @@ def _rows_apply(sp: Any) -> bool:
     return True
 
 
-def lower_attention(item: Any, device: Any, name: str, opts: list[Opt] | None = None,
-                    reference: bool = False) -> Any:
+def attention_kernel(item: Any, device: Any, opts: list[Opt] | None = None) -> AttentionKernel:
+    """The fused kernel of `item` with `opts` applied (BEAM's, a stored winner's; OptError for one that does not
+    apply), or with the heuristic's choice (None)."""
+    k = AttentionKernel(item, device)
+    if opts is None:
+        k.heuristic()
+    else:
+        for o in opts:
+            k.apply(o)
+    return k
+
+
+def lower_attention(item: Any, device: Any, name: str, opts: list[Opt] | None = None) -> Any:
     """The fused attention kernel of `item` lowered for `device` (a `tgc.codegen.pipeline.LoweredKernel`), with the
-    choices `opts` (BEAM's, `attention_choices`) or the defaults. `reference` lowers the per-row form instead (BEAM's
-    check of the row-vector candidates: another code path)."""
+    opts `opts` (`AttentionKernel`: [] is the unoptimized per-row form) or the heuristic's (None)."""
 
     sp = item.meta["attention"]
-    ch = attention_choices(item, device, opts or [])
+    k = attention_kernel(item, device, opts)
+    ch = k.choices()
     vectors = device.caps.vectors and not env_flag("NOOPT")
     presplit = 0  # threads given their chunk of the first loop in the spec (before the kernel is written out)
-    if ch["rows"] and not reference and not device.caps.gpu and ch["threads"] > 1:
+    if ch["rows"] and not device.caps.gpu and ch["threads"] > 1:
         split = _split_spec(sp, ch["threads"])
         if split is not None:
             sp, presplit = split
     by_rows = build_rows(sp, device.caps.decompose_transcendentals, w=ch["rows"], block=ch["block"]) \
-        if ch["rows"] and not reference else None
+        if ch["rows"] else None
     if by_rows is not None and shared_memory_bytes(by_rows.ast.toposort()) > launch_limits(device).shared_bytes:
         by_rows = None  # its local arrays (a long head dimension) do not fit: the per-row form
     if by_rows is not None:
         ast, w = by_rows.ast, 1
     else:
         group = min(SHARED_ROWS, launch_limits(device).threads) if device.caps.gpu and not env_flag("NOOPT") else 0
-        block = BLOCK if reference else ch["block"]
-        ast, jb, w, norder, block = _build_within_shared(sp, device, block, 16 if vectors else 1, group)
-        if not reference:
-            ch["block"] = block
+        ast, jb, w, norder, _ = _build_within_shared(sp, device, ch["block"], 16 if vectors else 1, group)
     ast = legalize(ast)
     if device.caps.decompose_transcendentals:
         ast = decompose_transcendentals(ast)
@@ -706,7 +779,7 @@ def lower_attention(item: Any, device: Any, name: str, opts: list[Opt] | None = 
         print(f"--- {name}: fused attention (tgc/codegen/attention.py), linear UOps\n{uops_text(uops)}",
               file=sys.stderr)
     low = finish(device, name, ast, uops, bufs, launch)
-    low.applied = [] if reference else opts_of(ch)
+    low.applied = list(k.applied)
     return low
 
 
@@ -866,5 +939,5 @@ def _linearize(ast: UOp, jb_arg: Any, ncols: int, norder: int = 0, barrier: bool
     return lin.out
 
 
-__all__ = ["BLOCK", "BLOCK_CHOICES", "ROW_CHOICES", "ROW_LANES", "attention_choices", "build", "build_rows",
-           "candidates", "choices", "lower_attention", "opts_of"]
+__all__ = ["BLOCK", "MAX_BLOCK", "ROW_BLOCK_VALUES", "ROW_CHOICES", "ROW_LANES", "AttentionKernel", "attention_kernel",
+           "build", "build_rows", "lower_attention"]

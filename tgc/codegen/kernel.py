@@ -198,18 +198,23 @@ def _build_kernel(item: ScheduleItem, device: Any, beam: int, name: str, tuned: 
                   compile_src: Any = None) -> Kernel:
     """`compile_src(device, src)` -> (binary, error, cache key): `_compile_cached`, or `build_kernels`' deferral."""
     compile_src = compile_src or _compile_cached
-    if "attention" in item.meta:  # one online-softmax kernel (tgc/codegen/attention.py), its own choices
-        aopts = None
-        if tuned and device.compiler is not None and not env_flag("NOOPT"):
-            with timings.phase("beam"):
-                aopts = search.lookup(item.ast, device, width=beam, attention=True)
-                if aopts is None and beam > 0:
-                    res = search.attention_search(item, device, name=name, progress=progress)
-                    search.store(item.ast, device, res.opts, res.after_s, name, beam, attention=True)
-                    aopts = res.opts
+    fused = "attention" in item.meta  # one online-softmax kernel (tgc/codegen/attention.py)
+    with timings.phase("prepare"):
+        ast = search.search_ast(item, device)
+    opts = None
+    if tuned and device.compiler is not None and not env_flag("NOOPT"):
+        with timings.phase("beam"):
+            opts = search.lookup(ast, device, width=beam)  # a BEAM winner stored earlier (wide enough)
+            if opts is None and beam > 0:
+                res = search.beam_search(ast, device, item.bufs, beam, name=name, progress=progress, item=item)
+                search.store(ast, device, res.opts, res.after_s, name, beam)
+                opts = res.opts
+            elif opts is not None and progress is not None:
+                progress({"kernel": name, "cached": True})
+    if fused:
         try:
-            low = lower_attention(item, device, name, aopts)
-        except OptError:  # a stored winner this version does not apply: the defaults
+            low = lower_attention(item, device, name, opts)
+        except OptError:  # a stored winner this version does not apply: the heuristic's choice
             low = lower_attention(item, device, name)
         binary, err, key = compile_src(device, low.src)
         with timings.phase("count"):
@@ -219,18 +224,6 @@ def _build_kernel(item: ScheduleItem, device: Any, beam: int, name: str, tuned: 
                       vals=low.launch.get("vals", ()), flops=flops, bytes_moved=nbytes, line=item.line,
                       graph_flops=item.meta.get("graph_flops", 0),
                       compile_error=err, device=device, opts=low.applied, cache_key=key)
-    with timings.phase("prepare"):
-        ast = prepare_ast(item.ast, device)
-    opts = None
-    if tuned and device.compiler is not None and not env_flag("NOOPT"):
-        with timings.phase("beam"):
-            opts = search.lookup(ast, device, width=beam)  # a BEAM winner stored earlier (wide enough)
-            if opts is None and beam > 0:
-                res = search.beam_search(ast, device, item.bufs, beam, name=name, progress=progress)
-                search.store(ast, device, res.opts, res.after_s, name, beam)
-                opts = res.opts
-            elif opts is not None and progress is not None:
-                progress({"kernel": name, "cached": True})
     low = lower(ast, device, item.bufs, name, opts=opts)
     binary, err, key = compile_src(device, low.src)
     with timings.phase("count"):

@@ -9,6 +9,10 @@ winner is timed again against it, alternating, before it is kept (`_confirm`): B
 slower than what a run without it gets. The winner's opts are stored in the disk cache (table `beam`)
 under the kernel's AST, device, compiler and tgc version, so later compiles reuse them.
 
+A fused attention kernel (`meta["attention"]`) is searched by this same driver: its search state is a
+`tgc.codegen.attention.AttentionKernel` (ordinary opts on its row and key axes) in place of an `OptKernel`,
+lowered by `lower_attention`, and stored under its plain AST (`search_ast`).
+
 Where a candidate evaluator is in use (`use_evaluator`: a Ray cluster, `tgc.backends.cluster`), the one search
 above hands each batch of rendered candidates to it instead of compiling and timing them here: it compiles,
 checks and times them elsewhere and sets each candidate's `time_s` and `binary`. The reference output is still
@@ -30,9 +34,7 @@ from typing import Any
 import numpy as np
 
 from tgc import cache
-from tgc.codegen.attention import candidates as attention_candidates
-from tgc.codegen.attention import lower_attention
-from tgc.codegen.binaries import compile_key
+from tgc.codegen.attention import AttentionKernel, lower_attention
 from tgc.codegen.heuristic import hand_coded
 from tgc.codegen.opt import Opt, OptError, OptKernel, OptOps, remember
 from tgc.codegen.pipeline import lower
@@ -102,18 +104,23 @@ def current_evaluator() -> Any:
 # ------------------------------------------------------------------------------------------- the winners' store
 
 
-def beam_key(ast: UOp, device: Any, attention: bool = False) -> str:
-    """A kernel's key in the `beam` table; `attention` keys the fused attention kernel of that (plain) AST, whose
-    choices are not the ordinary kernel's opts (`tgc.codegen.attention.attention_choices`)."""
+def beam_key(ast: UOp, device: Any) -> str:
+    """A kernel's key in the `beam` table (`search_ast` says which AST)."""
     comp = device.compiler
-    return cache.make_key("beam attention" if attention else "beam", device.kind, comp.cache_key if comp else "none",
-                          __version__, pretty(ast))
+    return cache.make_key("beam", device.kind, comp.cache_key if comp else "none", __version__, pretty(ast))
 
 
-def lookup_entry(ast: UOp, device: Any, attention: bool = False) -> dict[str, Any] | None:
+def search_ast(item: ScheduleItem, device: Any) -> UOp:
+    """The AST a schedule item's kernel is searched and stored under: a fused attention kernel's plain AST (the
+    chain it computes, which no unfused kernel has: there the softmax's output is a buffer), else the prepared
+    AST (`pipeline.prepare`)."""
+    return item.ast if "attention" in item.meta else prepare_ast(item.ast, device)
+
+
+def lookup_entry(ast: UOp, device: Any) -> dict[str, Any] | None:
     """The stored winner of a kernel: {"opts": [Opt, ...], "width": the beam width searched (0 when an
     older entry did not record it), "time_s": ...}, or None."""
-    raw = cache.get("beam", beam_key(ast, device, attention))
+    raw = cache.get("beam", beam_key(ast, device))
     if raw is None:
         return None
     try:
@@ -125,47 +132,59 @@ def lookup_entry(ast: UOp, device: Any, attention: bool = False) -> dict[str, An
         return None
 
 
-def lookup(ast: UOp, device: Any, width: int = 0, attention: bool = False) -> list[Opt] | None:
+def lookup(ast: UOp, device: Any, width: int = 0) -> list[Opt] | None:
     """A stored winner's opts; with `width`, only one found by a search at least that wide (a narrower
     search may have missed what a wider one finds)."""
-    entry = lookup_entry(ast, device, attention)
+    entry = lookup_entry(ast, device)
     if entry is None or (width > 0 and entry["width"] < width):
         return None
     return entry["opts"]
 
 
-def store(ast: UOp, device: Any, opts: list[Opt], seconds: float, name: str, width: int = 0,
-          attention: bool = False) -> None:
+def store(ast: UOp, device: Any, opts: list[Opt], seconds: float, name: str, width: int = 0) -> None:
     value = json.dumps({"opts": [o.to_json() for o in opts], "time_s": seconds, "width": width}).encode()
-    cache.put("beam", beam_key(ast, device, attention), value,
+    cache.put("beam", beam_key(ast, device), value,
               meta=f"{device.kind} {name} width {width}: {' '.join(map(str, opts))}")
 
 
 # ------------------------------------------------------------------------------------------- candidates
 
 
-def actions(k: OptKernel) -> list[Opt]:
+def actions(k: OptKernel | AttentionKernel) -> list[Opt]:
+    """The opts one round tries on `k`: splits by the amounts that divide an axis (any amount on an axis whose
+    kernel masks a partial last split itself, `ragged_axes`), PADTO, SWAP, and on the CPU fewer threads than the
+    automatic count (`thread_amounts`)."""
     out: list[Opt] = []
     gpu = k.device.caps.gpu
     loops, reduces = k.loops(), k.reduces()
+    ragged = getattr(k, "ragged_axes", frozenset())
     for i, r in enumerate(loops):
-        out += [Opt(OptOps.UPCAST, i, a) for a in UPCAST_AMOUNTS if r.src[0].arg % a == 0]
+        out += [Opt(OptOps.UPCAST, i, a) for a in UPCAST_AMOUNTS if r.src[0].arg % a == 0 or i in ragged]
         if gpu:
             out += [Opt(OptOps.LOCAL, i, a) for a in LOCAL_AMOUNTS if r.src[0].arg % a == 0]
     for j, r in enumerate(reduces):
         axis = len(loops) + j
-        out += [Opt(OptOps.UNROLL, axis, a) for a in UNROLL_AMOUNTS if r.src[0].arg % a == 0]
+        out += [Opt(OptOps.UNROLL, axis, a) for a in UNROLL_AMOUNTS if r.src[0].arg % a == 0 or axis in ragged]
         out += [Opt(OptOps.PADTO, axis, a) for a in PAD_AMOUNTS if r.src[0].arg % a and r.src[0].arg > a]
     for a in range(len(loops)):
         for b in range(a + 1, len(loops)):
             out.append(Opt(OptOps.SWAP, a, b))
+    if not gpu and loops and not any(o.op is OptOps.THREAD for o in k.applied):
+        out += [Opt(OptOps.THREAD, 0, t) for t in thread_amounts(k.device.cores)]
     return out
+
+
+def thread_amounts(cores: int) -> list[int]:
+    """The CPU thread counts a round tries besides the automatic one (which a kernel without THREAD gets): one
+    thread and half the cores (a small kernel, or a machine whose other cores are busy, can be faster with fewer;
+    a count equal to the automatic one renders the same source and is neither compiled nor run again)."""
+    return sorted({t for t in (1, cores // 2) if 1 <= t < cores})
 
 
 @dataclass
 class Candidate:
     opts: list[Opt]
-    kernel: OptKernel
+    kernel: OptKernel | AttentionKernel
     src: str = ""
     name: str = ""
     launch: dict = field(default_factory=dict)
@@ -176,10 +195,14 @@ class Candidate:
 
 
 def _render(cand: Candidate, device: Any, name: str, bufs: list[UOp]) -> None:
-    """A candidate's source, through the one lowering every kernel takes (`pipeline.lower`)."""
-    if cand.kernel is not None and cand.kernel.applied == cand.opts:
-        remember(cand.kernel)  # its lowering starts from the state the search already built
-    low = lower(cand.kernel.base, device, bufs, name, opts=cand.opts)
+    """A candidate's source, through the one lowering every kernel takes (`pipeline.lower`; the fused attention's
+    own, `attention.lower_attention`)."""
+    if isinstance(cand.kernel, AttentionKernel):
+        low = lower_attention(cand.kernel.item, device, name, opts=cand.opts)
+    else:
+        if cand.kernel is not None and cand.kernel.applied == cand.opts:
+            remember(cand.kernel)  # its lowering starts from the state the search already built
+        low = lower(cand.kernel.base, device, bufs, name, opts=cand.opts)
     cand.buf_index = [bufs.index(b) for b in low.bufs]
     cand.src, cand.launch, cand.name = low.src, low.launch, name
 
@@ -259,7 +282,6 @@ class SearchResult:
     failed: int = 0
     interrupted: bool = False
     reference: str = "unoptimized"
-    timed: bool = True  # False: one candidate, nothing compiled or timed (before_s and after_s are 0)
     out_of_budget: bool = False  # the kernel's share of the budget ran out: the search stopped early
 
 
@@ -285,25 +307,37 @@ def _time_candidate(timer: _Timer, c: Candidate, best_s: float, result: SearchRe
 def beam_search(ast: UOp, device: Any, bufs: list[UOp], width: int, name: str = "kernel",
                 progress: Callable[[dict], None] | None = None, pool: Any = None, rounds: int = MAX_ROUNDS,
                 starts: tuple[Candidate, list[Candidate]] | None = None,
-                deadline: float | None = None) -> SearchResult:
+                deadline: float | None = None, item: ScheduleItem | None = None) -> SearchResult:
     """BEAM over one kernel: at most `rounds` rounds of `width`. `starts`: the search's first candidates
     (`_starts`: the reference and the default's prefixes), already rendered and perhaps compiled (by
     `beam_items`' time budget, which times the default first). `deadline` (a `time.perf_counter()` value): no
-    round starts after it, and the round in progress times no more candidates."""
+    round starts after it, and the round in progress times no more candidates. `item`: the schedule item, whose
+    fused attention (`meta["attention"]`) is searched as an `AttentionKernel` (`ast` is then its plain AST)."""
     timer = _Timer(device, bufs)
     try:
-        return _search(ast, device, timer, width, name, progress, pool, rounds, starts, deadline)
+        return _search(ast, device, timer, width, name, progress, pool, rounds, starts, deadline, item)
     finally:
         timer.free()
 
 
-def _starts(ast: UOp, device: Any, name: str, bufs: list[UOp]) -> tuple[Candidate, list[Candidate]]:
+def _new_kernel(ast: UOp, device: Any, item: ScheduleItem | None) -> OptKernel | AttentionKernel:
+    """The search state of a kernel with no opts: the fused attention's where `item` has one, else an OptKernel."""
+    if item is not None and "attention" in item.meta:
+        return AttentionKernel(item, device)
+    return OptKernel(ast, device)
+
+
+def _starts(ast: UOp, device: Any, name: str, bufs: list[UOp], item: ScheduleItem | None = None
+            ) -> tuple[Candidate, list[Candidate]]:
     """The search's first candidates, rendered (not compiled): the reference (the unoptimized kernel, or the
     hand-coded one where the unoptimized would take many seconds) and the hand-coded heuristic's choice with its
     prefixes (the last one is the default: what a run without BEAM gets)."""
-    base = Candidate([], OptKernel(ast, device))
-    seed = OptKernel(ast, device)
-    hand_coded(seed)
+    base = Candidate([], _new_kernel(ast, device, item))
+    seed = _new_kernel(ast, device, item)
+    if isinstance(seed, AttentionKernel):
+        seed.heuristic()
+    else:
+        hand_coded(seed)
     # The reference output comes from the unoptimized kernel. Where that kernel would take many seconds
     # (a 2048^3 matmul: minutes), the hand-coded kernel serves instead; the language suite checks it
     # against numpy. The result says which one was used.
@@ -317,7 +351,7 @@ def _starts(ast: UOp, device: Any, name: str, bufs: list[UOp]) -> tuple[Candidat
             seeds.append(Candidate(list(base.opts), base.kernel, src=base.src, name=base.name, launch=base.launch,
                                    buf_index=base.buf_index, binary=base.binary))
             continue
-        k = OptKernel(ast, device)
+        k = _new_kernel(ast, device, item)
         for o in seed.applied[:n]:
             k.apply(o)
         c = Candidate(list(seed.applied[:n]), k)
@@ -332,9 +366,10 @@ def _compile_here(c: Candidate, device: Any) -> None:
 
 
 def _search(ast, device, timer: _Timer, width, name, progress, pool, rounds: int = MAX_ROUNDS,
-            starts: tuple[Candidate, list[Candidate]] | None = None, deadline: float | None = None) -> SearchResult:
+            starts: tuple[Candidate, list[Candidate]] | None = None, deadline: float | None = None,
+            item: ScheduleItem | None = None) -> SearchResult:
     start = time.perf_counter()
-    base, seeds = starts if starts is not None else _starts(ast, device, name, timer.bufs)
+    base, seeds = starts if starts is not None else _starts(ast, device, name, timer.bufs, item)
     _compile_here(base, device)
     base.time_s = timer.run(base, float("inf"), runs=1)
     timer.reference = timer.output()
@@ -480,80 +515,6 @@ def _evaluate_round(batch: Any, cands: list[Candidate], device: Any, name: str, 
     return state["best"]
 
 
-def attention_search(item: ScheduleItem, device: Any, name: str = "kernel",
-                     progress: Callable[[dict], None] | None = None, pool: Any = None,
-                     deadline: float | None = None) -> SearchResult:
-    """BEAM for a fused attention kernel (`item.meta["attention"]`): its choices (query rows per vector, keys per
-    block, threads: `tgc.codegen.attention.candidates`, the default first) are few, so every one is compiled
-    and timed. The reference output comes from the per-row form of the kernel (another code path); a candidate
-    that differs from it is rejected, and the winner is timed again against the default (`_confirm`)."""
-    cands = attention_candidates(item, device)
-    if len(cands) == 1:  # nothing to choose from (`attention.MAX_SEARCH_TERMS`): nothing compiled or timed
-        return SearchResult(cands[0], 0.0, 0.0, reference="none (one candidate)", timed=False)
-    timer = _Timer(device, item.bufs)
-    try:
-        return _attention_search(item, device, timer, name, progress, pool, deadline)
-    finally:
-        timer.free()
-
-
-def _attention_candidate(item: ScheduleItem, device: Any, name: str, opts: list[Opt] | None,
-                         reference: bool = False) -> Candidate:
-    low = lower_attention(item, device, name, opts, reference=reference)
-    return Candidate(list(low.applied), None, src=low.src, name=name, launch=low.launch,  # type: ignore[arg-type]
-                     buf_index=[item.bufs.index(b) for b in low.bufs])
-
-
-def _attention_search(item, device, timer: _Timer, name, progress, pool, deadline: float | None = None
-                      ) -> SearchResult:
-    start = time.perf_counter()
-    ref = _attention_candidate(item, device, name, None, reference=True)
-    first, *rest = attention_candidates(item, device)
-    cands = [_attention_candidate(item, device, name, first)]  # the default: what a run compiles anyway
-    for opts in rest:
-        try:
-            cands.append(_attention_candidate(item, device, name, opts))
-        except Exception:  # a choice the renderer cannot express: not a candidate
-            continue
-    _compile_cached_all([ref, *cands], device, pool)
-    if ref.binary is None:
-        raise CompileError(f"kernel {name}: the fused attention reference does not compile")
-    timer.run(ref, float("inf"), runs=1)
-    timer.reference = timer.output()
-    dtype = timer.bufs[0].dtype
-    default = cands[0]
-    if default.binary is None:
-        raise CompileError(f"kernel {name}: the default fused attention kernel does not compile")
-    default.time_s = timer.run(default, float("inf"))
-    result = SearchResult(list(default.opts), default.time_s, default.time_s, reference="per-row form")
-    if not _matches(timer.output(), timer.reference, dtype):
-        raise CompileError(f"kernel {name}: the default fused attention kernel differs from its per-row form")
-    best = default
-    try:
-        for i, c in enumerate(cands[1:]):
-            if deadline is not None and time.perf_counter() >= deadline:
-                result.out_of_budget = True
-                break
-            result.tried += 1
-            if not _time_candidate(timer, c, best.time_s, result):
-                continue
-            if c.time_s < best.time_s:
-                best = c
-            if progress:
-                progress({"kernel": name, "round": 0, "tried": result.tried, "rejected": result.rejected,
-                          "best_s": best.time_s, "base_s": default.time_s, "candidate": i + 1,
-                          "candidates": len(cands) - 1, "elapsed_s": time.perf_counter() - start})
-    except KeyboardInterrupt:
-        result.interrupted = True
-    try:
-        best, result.before_s, result.after_s = _confirm(timer, best, default)
-    except KeyboardInterrupt:
-        result.interrupted = True
-        best, result.after_s = default, default.time_s
-    result.opts = best.opts
-    return result
-
-
 CONFIRM_ROUNDS = 5
 
 
@@ -597,33 +558,6 @@ def _render_compile(cands: list[Candidate], device: Any, name: str, bufs: list[U
             c.binary = fut.result(timeout=COMPILE_TIMEOUT_S)
         except (CompileError, FutureTimeout, Exception):
             c.binary = None
-
-
-ATTENTION_COMPILE_TIMEOUT_S = 120.0  # the per-row form (the reference) writes every value column out: large
-
-
-def _compile_cached_all(cands: list[Candidate], device: Any, pool: Any) -> None:
-    """`_compile_all` through the disk cache of binaries: a hit is not compiled again, and what is compiled is
-    stored (the winner's later compile, and a search again, find it). The first two (the reference and the
-    default, which a run compiles anyway) are compiled in this process where the workers could not."""
-    todo = []
-    for c in cands:
-        key = compile_key(device, c.src) if c.src else None
-        hit = cache.get("compile", key) if key is not None else None
-        if hit is not None:
-            c.binary = hit
-        elif c.src:
-            todo.append((c, key))
-    _compile_all([c for c, _ in todo], device, pool, timeout=ATTENTION_COMPILE_TIMEOUT_S)
-    for c, key in todo:
-        if c.binary is not None and key is not None:
-            cache.put("compile", key, c.binary, meta=f"{device.kind} {c.name} (BEAM candidate)")
-    for c in cands[:2]:
-        if c.binary is None and c.src:
-            c.binary = device.compiler.compile(c.src)
-            key = compile_key(device, c.src)
-            if key is not None:
-                cache.put("compile", key, c.binary, meta=f"{device.kind} {c.name}")
 
 
 def _compile_all(cands: list[Candidate], device: Any, pool: Any, timeout: float = COMPILE_TIMEOUT_S) -> None:
@@ -675,7 +609,7 @@ def _time_defaults(todo: list[tuple[ScheduleItem, UOp]], dev: Any, pool: Any
     futures: dict[str, Any] = {}  # source -> its compile
     for j, (item, ast) in enumerate(todo):
         try:
-            starts[j] = _starts(ast, dev, item.name, item.bufs)
+            starts[j] = _starts(ast, dev, item.name, item.bufs, item)
         except Exception:  # the search renders it again and reports what fails
             continue
         for c in [starts[j][0], *starts[j][1]]:
@@ -743,31 +677,26 @@ def beam_items(items: list[ScheduleItem], dev: Any, width: int = 4, progress: Ca
     pool = make_pool(dev)
     start = time.perf_counter()
     try:
-        asts, keys = [], []
-        for item in items:
-            fused = "attention" in item.meta  # the fused kernel's own choices (`attention_search`)
-            asts.append(item.ast if fused else prepare_ast(item.ast, dev))
-            keys.append(beam_key(asts[-1], dev, fused))
+        asts = [search_ast(item, dev) for item in items]
+        keys = [beam_key(ast, dev) for ast in asts]
         first: dict[str, int] = {}  # a key's first kernel: the one searched
         for i, item in enumerate(items):
             first.setdefault(keys[i], i)
-            fused = "attention" in item.meta
-            entry = None if force else lookup_entry(asts[i], dev, fused)
+            entry = None if force else lookup_entry(asts[i], dev)
             if entry is not None and entry["width"] >= width:
                 rows[i] = {"name": item.name, "opts": [str(o) for o in entry["opts"]], "cached": True,
                            "width": entry["width"]}
                 if progress:
                     progress({"kernel": item.name, "index": i, "total": len(items), "cached": True})
-        todo = [i for i in range(len(items)) if rows[i] is None and first[keys[i]] == i
-                and "attention" not in items[i].meta]
+        todo = [i for i in range(len(items)) if rows[i] is None and first[keys[i]] == i]
         starts, times = _time_defaults([(items[i], asts[i]) for i in todo], dev, pool)
         default_s = {todo[j]: t for j, t in times.items()}
         count = {k: keys.count(k) for k in set(keys)}
         total = sum(t * count[keys[i]] for i, t in default_s.items())
         pos = {i: j for j, i in enumerate(todo)}
         deadline_all = None if budget_s is None else start + budget_s
-        # each kernel's weight in the budget: its default's time (times its copies); a kernel not measured (the
-        # fused attention, a failed measurement) weighs as much as the mean of those measured
+        # each kernel's weight in the budget: its default's time (times its copies); a kernel not measured (a failed
+        # measurement) weighs as much as the mean of those measured
         weights = {i: default_s[i] * count[keys[i]] for i in default_s}
         mean = sum(weights.values()) / len(weights) if weights else 1.0
         weight_left = sum(weights.get(i, mean) for i in range(len(items))
@@ -779,13 +708,11 @@ def beam_items(items: list[ScheduleItem], dev: Any, width: int = 4, progress: Ca
                 src = rows[first[keys[i]]] or {}
                 rows[i] = {**src, "name": item.name, "tried": 0, "rejected": 0, "failed": 0, "same_as": src.get("name")}
                 continue
-            fused = "attention" in item.meta
-
             def report(p: dict, i=i) -> None:
                 if progress:
                     progress({**p, "index": i, "total": len(items), "elapsed_total_s": time.perf_counter() - start})
 
-            small = not fused and small_search(default_s.get(i) and default_s[i] * count[keys[i]], total)
+            small = small_search(default_s.get(i) and default_s[i] * count[keys[i]], total)
             deadline = None
             if deadline_all is not None:
                 weight = weights.get(i, mean)
@@ -795,17 +722,13 @@ def beam_items(items: list[ScheduleItem], dev: Any, width: int = 4, progress: Ca
                     rows[i] = {"name": item.name, "opts": [], "width": width, "tried": 0, "cached": False,
                                "skipped": True}
                     continue
-            if fused:
-                res = attention_search(item, dev, name=item.name, progress=report, pool=pool, deadline=deadline)
-            else:
-                res = beam_search(asts[i], dev, item.bufs, SMALL_WIDTH if small else width, name=item.name,
-                                  progress=report, pool=pool, rounds=SMALL_ROUNDS if small else MAX_ROUNDS,
-                                  starts=starts.get(pos[i]), deadline=deadline)
+            res = beam_search(asts[i], dev, item.bufs, SMALL_WIDTH if small else width, name=item.name,
+                              progress=report, pool=pool, rounds=SMALL_ROUNDS if small else MAX_ROUNDS,
+                              starts=starts.get(pos[i]), deadline=deadline, item=item)
             # stored under the width asked: the small search is what this width gives a kernel that cannot matter
-            store(asts[i], dev, res.opts, res.after_s, item.name, width, fused)
+            store(asts[i], dev, res.opts, res.after_s, item.name, width)
             rows[i] = {"name": item.name, "opts": [str(o) for o in res.opts], "width": width,
-                       "before_s": res.before_s if res.timed else None,
-                       "after_s": res.after_s if res.timed else None,
+                       "before_s": res.before_s, "after_s": res.after_s,
                        "speedup": res.before_s / res.after_s if res.after_s else 0.0,
                        "tried": res.tried, "rejected": res.rejected, "failed": res.failed, "cached": False,
                        "reference": res.reference, "small": small, "out_of_budget": res.out_of_budget,

@@ -108,8 +108,7 @@ def _opts_source(item: Any, dev: Any, k: Any) -> str:
     if item is None:
         return "?"
     attention = "attention" in item.meta
-    ast = item.ast if attention else prepare_ast(item.ast, dev)
-    if dev.compiler is not None and search.lookup(ast, dev, attention=attention) is not None:
+    if dev.compiler is not None and search.lookup(search.search_ast(item, dev), dev) is not None:
         return "BEAM"
     return "heuristic" if k.opts or not attention else "defaults"
 
