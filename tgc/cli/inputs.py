@@ -15,8 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from tgc.dtype import DType
-from tgc.engine.inputs import random_values
+from tgc.engine.inputs import DrawError, random_arrays
 from tgc.errors import BindError, TgcError, close_match
 
 NPY_MAGIC = b"\x93NUMPY"
@@ -240,6 +239,25 @@ def check_dims(prog: Any, dims: Mapping[str, int], require_all: bool) -> list[st
 def random_array(decl: Any, dims: Mapping[str, int], seed: int, index: int) -> np.ndarray:
     """The random array for one input (`tgc.engine.inputs.random_values`, the generator bench and BEAM use),
     after checking its dims are known and that it fits in memory."""
+    return draw_random([(decl, random_shape(decl, dims), index)], seed)[decl.name]
+
+
+def draw_random(todo: list[tuple[Any, list[int], int]], seed: int) -> dict[str, np.ndarray]:
+    """The random arrays of `todo` ((input declaration, shape, position among the program's inputs)), by name:
+    each checked against this machine's memory first, then drawn together (`tgc.engine.inputs.random_arrays`:
+    the large ones on several threads, the same values as one by one). The cold and the warm path both draw
+    here."""
+    nbytes = [_check_memory(decl, shape) for decl, shape, _ in todo]
+    try:
+        arrays = random_arrays([(decl.dtype, shape, index) for decl, shape, index in todo], seed)
+    except DrawError as e:  # MemoryError, or numpy's "array is too big" / "maximum dimension" ValueError
+        decl, shape, _ = todo[e.index]
+        raise _too_large(decl, shape, nbytes[e.index], str(e.error)) from None
+    return {decl.name: a for (decl, _, _), a in zip(todo, arrays)}
+
+
+def random_shape(decl: Any, dims: Mapping[str, int]) -> list[int]:
+    """The shape of a random input at `dims`; an unknown dim or a size that does not evaluate is an error."""
     from tgc.dsl.frontend import DimError, DimExpr, dim_value
     shape = []
     for size in decl.shape:
@@ -251,12 +269,7 @@ def random_array(decl: Any, dims: Mapping[str, int], seed: int, index: int) -> n
             shape.append(dim_value(size, dict(dims)))
         except DimError as e:
             raise TgcError(f"the random input '{decl.name}' ({decl_type(decl)}) has no size: {e}") from None
-    dt: DType = decl.dtype
-    nbytes = _check_memory(decl, shape)
-    try:
-        return random_values(dt, shape, seed, index)
-    except (MemoryError, ValueError) as e:  # ValueError: numpy's "array is too big" / "maximum dimension"
-        raise _too_large(decl, shape, nbytes, str(e)) from None
+    return shape
 
 
 def _fmt_bytes(n: int) -> str:
@@ -294,8 +307,6 @@ def _check_memory(decl: Any, shape: list[int]) -> int:
 def fill_random(prog: Any, given: dict[str, np.ndarray], dims: Mapping[str, int], seed: int) -> dict[str, np.ndarray]:
     """`given` plus a random array for every missing input."""
     resolved = known_dims(prog, given, dims)
-    out = dict(given)
-    for index, decl in enumerate(prog.inputs):
-        if decl.name not in out:
-            out[decl.name] = random_array(decl, resolved, seed, index)
-    return out
+    todo = [(decl, random_shape(decl, resolved), index) for index, decl in enumerate(prog.inputs)
+            if decl.name not in given]
+    return {**given, **draw_random(todo, seed)}

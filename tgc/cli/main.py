@@ -579,16 +579,8 @@ def _random_inputs(entry: Any, seed: int) -> dict[str, Any]:
     """The random inputs `--random` draws for the program (the same values as the cold path: by seed and
     position), each checked against this machine's memory first."""
     from tgc.cli import inputs as inp
-    from tgc.engine.inputs import random_values
 
-    arrays = {}
-    for index, d in enumerate(entry.inputs):
-        nbytes = inp._check_memory(d, list(d.shape))
-        try:
-            arrays[d.name] = random_values(d.dtype, list(d.shape), seed, index)
-        except (MemoryError, ValueError) as e:
-            raise inp._too_large(d, list(d.shape), nbytes, str(e)) from None
-    return arrays
+    return inp.draw_random([(d, list(d.shape), index) for index, d in enumerate(entry.inputs)], seed)
 
 
 def _finish_run(file: str, prog: Any, run_dims: dict[str, int], arrays: dict[str, Any], results: dict[str, Any],

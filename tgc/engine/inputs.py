@@ -5,10 +5,15 @@ Floats are standard normal (drawn in f32 for types of 4 bytes or fewer, then rou
 uniform in [-8, 8] ([0, 8] unsigned), bools 50/50. Each input has its own stream, seeded by `(seed, index)`
 with `index` its position among the program's inputs (or the kernel's buffers), so giving one input from a file
 does not change the values of the others.
+
+`random_arrays` draws several inputs at once: the large ones on several threads (numpy's generators fill an
+array without holding the GIL), with exactly the values `random_values` gives each one (its own stream).
 """
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -29,12 +34,78 @@ def random_values(dtype: DType, shape: Sequence[int], seed: int = 0, index: int 
     values = rng.standard_normal(shape, dtype=np.float32 if dtype.itemsize <= 4 else np.float64)
     if dtype.name == "bf16":
         return f32_to_bf16(values)
-    return values.astype(dtype.np)
+    return values.astype(dtype.np, copy=False)  # (f32 and f64 are drawn in their own type: no copy)
+
+
+# an array of fewer elements is drawn on the calling thread: a thread's start costs more than its draw
+PARALLEL_MIN_ELEMENTS = 1 << 16
+
+
+class DrawError(Exception):
+    """`random_arrays` could not draw input `index` (numpy's MemoryError or "array is too big" ValueError)."""
+
+    def __init__(self, index: int, error: BaseException):
+        super().__init__(str(error))
+        self.index, self.error = index, error
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def random_arrays(specs: Sequence[tuple[DType, Sequence[int], int]], seed: int = 0) -> list[np.ndarray]:
+    """`random_values(dtype, shape, seed, index)` for each `(dtype, shape, index)` of `specs`, in order. Arrays
+    of `PARALLEL_MIN_ELEMENTS` or more are drawn on up to one thread per core (the largest first), the rest
+    here; the values do not depend on the threads. A failed draw raises `DrawError` (the first by position)."""
+    sizes = [_count(shape) for _, shape, _ in specs]
+    big = sorted((i for i, n in enumerate(sizes) if n >= PARALLEL_MIN_ELEMENTS), key=lambda i: -sizes[i])
+    threads = min(len(big), _cores())
+    out: list[Any] = [None] * len(specs)
+    errors: dict[int, BaseException] = {}
+
+    def draw(positions: Sequence[int]) -> None:
+        for i in positions:
+            dtype, shape, index = specs[i]
+            try:
+                out[i] = random_values(dtype, shape, seed, index)
+            except (MemoryError, ValueError) as e:
+                errors[i] = e
+
+    if threads < 2:
+        draw(range(len(specs)))
+    else:  # the large arrays dealt to the threads largest first (each to the least loaded), the rest drawn here
+        loads, parts = [0] * threads, [[] for _ in range(threads)]
+        for i in big:
+            t = loads.index(min(loads))
+            parts[t].append(i)
+            loads[t] += sizes[i]
+        workers = [threading.Thread(target=draw, args=(part,), daemon=True) for part in parts[1:]]
+        for w in workers:
+            w.start()
+        large = set(big)
+        draw(parts[0] + [i for i in range(len(specs)) if i not in large])
+        for w in workers:
+            w.join()
+    if errors:
+        first = min(errors)
+        raise DrawError(first, errors[first])
+    return out
+
+
+def _count(shape: Sequence[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
 
 
 def random_inputs(prog: Any, dims: Mapping[str, int], seed: int = 0) -> dict[str, np.ndarray]:
     """A random array for every input the program declares, its dims resolved from `dims`."""
     from tgc.dsl.frontend import concrete_shape  # (here: a package's run needs no parser)
 
-    return {decl.name: random_values(decl.dtype, concrete_shape(decl, dims), seed, index)
-            for index, decl in enumerate(prog.inputs)}
+    try:
+        arrays = random_arrays([(decl.dtype, concrete_shape(decl, dims), index)
+                                for index, decl in enumerate(prog.inputs)], seed)
+    except DrawError as e:
+        raise e.error from None
+    return {decl.name: a for decl, a in zip(prog.inputs, arrays)}
