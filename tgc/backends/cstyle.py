@@ -39,13 +39,17 @@ class CStyleRenderer:
     # same product elsewhere, and a softmax of large logits became nan. OpenCL C contracts by default
     # (FP_CONTRACT ON), so the prelude turns it off; NVRTC gets `--fmad=false`, Metal `-fno-fast-math`.
     contract_off = "#pragma OPENCL FP_CONTRACT OFF"
+    # lanes of a warp shuffle (`Ops.SHUFFLE`); 0: none rendered, work-group reductions use a shared-memory tree
+    # (OpenCL's sub-group size is not known when the kernel is written, and PoCL declares no cl_khr_subgroups)
+    shuffle_width = 0
     fma_fn = "fma"
 
     @property
     def caps(self) -> Capabilities:
         """GPU launches within this dialect's limits (above); no vector UOps, the device's own transcendentals."""
         return Capabilities(launch="gpu", fuse_rows=False, max_threads_per_block=self.max_threads_per_block,
-                            max_shared_bytes=self.max_shared_bytes, max_grid=self.max_grid[0])
+                            max_shared_bytes=self.max_shared_bytes, max_grid=self.max_grid[0],
+                            shuffle_width=self.shuffle_width)
     float_suffix = "f"
     # index builtins by SPECIAL name prefix
     group_index = "get_group_id({})"
@@ -245,6 +249,8 @@ class CStyleRenderer:
                 line(self.define_local(u.arg[0], self.ctype(d), int(u.arg[1]), uops))
             elif op is Ops.BARRIER:
                 line(self.barrier)
+            elif op is Ops.SHUFFLE:
+                define(u, self.shuffle(ref(u.src[0]), int(u.arg)))
             elif op is Ops.LOAD and u.src[0].op is Ops.DEFINE_LOCAL:
                 define(u, f"{names[u.src[0]]}[{ref(u.src[1])}]")
             elif op is Ops.STORE and u.src[0].op is Ops.DEFINE_LOCAL:
@@ -261,6 +267,10 @@ class CStyleRenderer:
                 define(u, self.alu(u, [ref(s) for s in u.src]))
         body = [self.signature(name, params, uops) + " {", *lines, "}"]
         return "\n".join(self.prelude(uops) + [""] + body) + "\n"
+
+    def shuffle(self, value: str, offset: int) -> str:
+        """The value of lane `lane ^ offset` of the warp (only dialects with `shuffle_width`)."""
+        raise CompileError(f"the {self.name} dialect renders no warp shuffle (a tgc bug)")
 
     def define_local(self, name: str, ctype: str, count: int, uops: list[UOp]) -> str:
         """The declaration of a shared array of `count` elements."""
@@ -366,12 +376,16 @@ class CUDARenderer(CStyleRenderer):
     local_index = "threadIdx.{}"
     max_threads_per_block = 1024
     max_shared_bytes = 48 * 1024  # static __shared__ arrays; more needs dynamic shared memory
+    shuffle_width = 32
     types = {**CStyleRenderer.types, "i8": "signed char", "u8": "unsigned char", "u16": "unsigned short",
              "u32": "unsigned int", "i64": "long long", "u64": "unsigned long long"}
     mem_types = {"bool": "unsigned char", "f16": "unsigned short", "bf16": "unsigned short"}
 
     def special(self, name: str) -> str:
         return (self.group_index if name.startswith("gidx") else self.local_index).format("xyz"[int(name[-1])])
+
+    def shuffle(self, value: str, offset: int) -> str:
+        return f"__shfl_xor_sync(0xffffffffu, {value}, {offset})"
 
     def prelude(self, uops: list[UOp]) -> list[str]:
         return [

@@ -464,6 +464,30 @@ class _Groups:
     locals_: tuple[UOp, ...]  # the work-group's LOCAL ranges
     next_id: int  # the next free range id
     index: dict[UOp, int]  # REDUCE -> its position among the kernel's reductions (names its shared memory)
+    shuffle_width: int = 0  # lanes of a warp shuffle (0: the dialect renders none)
+    threads: int = 1  # threads of the work-group (LOCAL and GROUP ranges)
+    innermost: UOp | None = None  # the work-group range whose threads are adjacent lanes (stride 1 in lidx0)
+
+
+_SHUFFLED = ("f32", "f64", "f16", "bf16", "i32", "u32", "i64", "u64")  # held in registers as a shuffled type
+
+
+def _pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def _combine(op: Ops, a: UOp, b: UOp) -> UOp:
+    return UOp(op, a.dtype, (a, b))
+
+
+def _butterfly(v: UOp, op: Ops, lanes: int) -> UOp:
+    """`v` combined over each aligned block of `lanes` adjacent lanes by xor shuffles: every lane gets the block's
+    result (a + b and b + a round alike, so all lanes hold the same bits)."""
+    off = lanes // 2
+    while off >= 1:
+        v = _combine(op, v, UOp(Ops.SHUFFLE, v.dtype, (v,), off))
+        off //= 2
+    return v
 
 
 def _lower_group(ctx: _Groups, u: UOp) -> UOp | None:
@@ -482,6 +506,37 @@ def _lower_group(ctx: _Groups, u: UOp) -> UOp | None:
     sizes = tuple(r.src[0].arg for r in slots)
     flat = flat_index(slots, sizes) if slots else UOp.const(INDEX, 0)
     i = ctx.index.get(u, len(ctx.index))
+    op = u.arg
+    w = ctx.shuffle_width
+    if w and _pow2(amt) and _pow2(w) and g is ctx.innermost and ctx.threads % w == 0 and u.dtype.name in _SHUFFLED:
+        # warp shuffles: the GROUP's threads are adjacent lanes, whole warps run every shuffle
+        v = _butterfly(partial, op, min(amt, w))
+        if amt <= w:
+            return v
+        warps = amt // w  # <= w: a work-group has at most w * w threads
+        temp = UOp(Ops.DEFINE_LOCAL, u.dtype.as_ptr(), (), (f"temp{i}", prod(sizes) * warps))
+        base = simplify(flat * UOp.const(INDEX, warps))
+        first = UOp(Ops.CMPEQ, dtypes.bool, (simplify(g % UOp.const(INDEX, w)), UOp.const(INDEX, 0)))
+        stored = UOp(Ops.STORE, None, (temp, simplify(base + g // UOp.const(INDEX, w)), v, first))
+        barrier = UOp(Ops.BARRIER, None, (stored,))
+        load = UOp(Ops.LOAD, u.dtype, (temp, simplify(base + g % UOp.const(INDEX, warps)), barrier))
+        return _butterfly(load, op, warps)
+    if _pow2(amt) and amt > 1:
+        # a tree in shared memory: log2(amt) rounds, each halving the live partials, a barrier after each
+        temp = UOp(Ops.DEFINE_LOCAL, u.dtype.as_ptr(), (), (f"temp{i}", prod(sizes) * amt))
+        base = simplify(flat * UOp.const(INDEX, amt))
+        mine = simplify(base + g)
+        barrier = UOp(Ops.BARRIER, None, (UOp(Ops.STORE, None, (temp, mine, partial)),))
+        half = amt // 2
+        while half >= 1:
+            a = UOp(Ops.LOAD, u.dtype, (temp, mine, barrier))
+            # the partner's slot wraps for the threads whose result is not stored, so every read is in range
+            other = simplify(base + (g + UOp.const(INDEX, half)) % UOp.const(INDEX, amt))
+            b = UOp(Ops.LOAD, u.dtype, (temp, other, barrier))
+            keep = UOp(Ops.CMPLT, dtypes.bool, (g, UOp.const(INDEX, half)))
+            barrier = UOp(Ops.BARRIER, None, (UOp(Ops.STORE, None, (temp, mine, _combine(op, a, b), keep)),))
+            half //= 2
+        return UOp(Ops.LOAD, u.dtype, (temp, base, barrier))
     temp = UOp(Ops.DEFINE_LOCAL, u.dtype.as_ptr(), (), (f"temp{i}", prod(sizes) * amt))
     base = simplify(flat * UOp.const(INDEX, amt))
     stored = UOp(Ops.STORE, None, (temp, simplify(base + g), partial))
@@ -495,17 +550,25 @@ def _lower_group(ctx: _Groups, u: UOp) -> UOp | None:
 _group_rules = PatternMatcher([(UPat(Ops.REDUCE, name="u"), _lower_group)])
 
 
-def lower_groups(ast: UOp) -> UOp:
-    """A reduction with a GROUP range: each thread of the work-group reduces its share, writes the partial
-    result to shared memory, and after a barrier every thread combines the partials (they all store the
-    same value). A rewrite of each such REDUCE."""
+def lower_groups(ast: UOp, shuffle_width: int = 0) -> UOp:
+    """A reduction with a GROUP range: each thread of the work-group reduces its share, then the work-group
+    combines the partial results and every thread gets the same value (it is stored by all of them). How:
+    - warp shuffles (`shuffle_width` lanes, a dialect that renders `Ops.SHUFFLE`), where the GROUP's threads are
+      adjacent lanes (its range is the innermost digit of the work-group's index), its size and the warp's are
+      powers of two and the work-group is whole warps: a xor butterfly within each warp, and past one warp the
+      warps' results through shared memory (one barrier) and a second butterfly;
+    - else, a GROUP of a power-of-two size: a tree in shared memory (log2 rounds, a barrier after each);
+    - else every thread adds up all the partials after one barrier (a loop).
+    A rewrite of each such REDUCE."""
     nodes = ast.toposort()
     ranges = sorted({u for u in nodes if u.op is Ops.RANGE}, key=lambda r: r.arg[0])
     if not any(r.arg[1] is RangeKind.GROUP for r in ranges):
         return ast
+    in_group = [r for r in ranges if r.arg[1] in (RangeKind.LOCAL, RangeKind.GROUP)]
     ctx = _Groups(tuple(r for r in ranges if r.arg[1] is RangeKind.LOCAL),
                   max((r.arg[0] for r in ranges), default=-1) + 1,
-                  {u: i for i, u in enumerate(x for x in nodes if x.op is Ops.REDUCE)})
+                  {u: i for i, u in enumerate(x for x in nodes if x.op is Ops.REDUCE)},
+                  shuffle_width, prod(r.src[0].arg for r in in_group), in_group[-1] if in_group else None)
     return graph_rewrite(ast, _group_rules, ctx)
 
 

@@ -13,7 +13,7 @@ Every kernel goes through `lower`: the heuristic (`tgc.codegen.kernel.build_kern
                                          then CPU threads (`opt.OptKernel`: a search state, not a rewrite)
     resolve_row_values         function  that stored form kept where the loop order makes it correct (CPU rows
                                          outside their columns), else the value recomputed
-    lower_groups               rewrite   GROUP reductions through shared memory (GPUs)
+    lower_groups               rewrite   GROUP reductions: warp shuffles, a shared-memory tree (GPUs)
     map_to_grid                function  output loops -> GPU indices (one decision over all loops at once)
   lower to linear
     narrow_index               rewrite   index arithmetic in i32 where it provably fits, else i64
@@ -135,7 +135,7 @@ def heuristic_opts(ast: UOp, device: Any) -> list:
 
 
 def _lower_groups(ast: UOp, ctx: LowerCtx) -> UOp:
-    return lower_groups(ast)
+    return lower_groups(ast, ctx.device.caps.shuffle_width)
 
 
 def _map_to_grid(ast: UOp, ctx: LowerCtx) -> UOp:

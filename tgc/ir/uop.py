@@ -84,6 +84,9 @@ class Ops(Enum):
     READ_ACC = auto()  # the accumulator's value
     DEFINE_LOCAL = auto()  # GPU shared memory: arg = (name, size)
     BARRIER = auto()
+    # a lane's value exchanged across a warp: the value of lane `lane ^ arg` (CUDA's __shfl_xor_sync); every
+    # thread of the work-group runs it (tgc.codegen.opt.lower_groups); src = (value,)
+    SHUFFLE = auto()
 
 
 UNARY = {Ops.NEG, Ops.NOT, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP, Ops.TRUNC}
