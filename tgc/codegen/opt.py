@@ -7,6 +7,9 @@ A kernel's loops are RANGE uops, so every optimization is a split or a relabelli
 - LOCAL(axis, n): on GPUs, the inner n iterations of an output loop become a work-group dimension;
 - GROUP(axis, n): on GPUs, a reduction split across n threads of a work-group (partial sums in
   shared memory, combined after a barrier);
+- STAGE(axis, n): on GPUs, a reduction loop is split into tiles of n steps; the operands of each tile (the values
+  the work-group's threads read in it) are copied to shared memory by all the threads together (coalesced,
+  double-buffered, one barrier a tile), and the threads read them from there (`stage_tiles`);
 - PADTO(axis, n): a reduction loop rounded up to a multiple of n, the extra iterations masked out; an output
   loop (on the CPU) rounded up the same way, the loads and stores of the extra iterations gated off;
 - SWAP(a, b): two output loops exchange their nesting order;
@@ -70,6 +73,8 @@ def shared_bytes(ast: UOp) -> int:
                          if r.op is Ops.RANGE and r.arg[1] is RangeKind.UPCAST)
             size = 4 if u.dtype.name in ("f16", "bf16") else u.dtype.itemsize
             total += local * lanes * g.src[0].arg * size
+    for ld, tile in staged_tiles(ast):
+        total += 2 * prod(r.src[0].arg for r in tile) * (4 if ld.dtype.name in ("f16", "bf16") else ld.dtype.itemsize)
     return total
 
 
@@ -81,6 +86,7 @@ class OptOps(str, Enum):
     LOCAL = "LOCAL"
     GROUP = "GROUP"
     PADTO = "PADTO"
+    STAGE = "STAGE"
     SWAP = "SWAP"
     THREAD = "THREAD"
 
@@ -211,6 +217,18 @@ class OptKernel:
         if amt <= 1:
             raise OptError("amount must be at least 2")
         is_reduce = r.arg[1] is RangeKind.REDUCE
+        if opt.op is OptOps.STAGE:
+            if not gpu:
+                raise OptError("STAGE needs a GPU-shaped device")
+            if not is_reduce or n is None:
+                raise OptError("STAGE applies to a reduction axis of a constant size")
+            if any(x.arg[1] in (RangeKind.TILE, RangeKind.GROUP) for x in self.ranges()):
+                raise OptError("STAGE once per kernel, and not with GROUP")
+            if n % amt:
+                raise OptError(f"axis {opt.axis} has size {n}, which {amt} does not divide")
+            self.ast = split_range(self.ast, r, amt, RangeKind.TILE, self._next_id())
+            self.applied.append(opt)
+            return
         if n is None and opt.op not in (OptOps.UPCAST, OptOps.UNROLL, OptOps.LOCAL, OptOps.GROUP):
             raise OptError(f"{opt.op.name} needs a constant size")
         if opt.op is OptOps.PADTO:
@@ -250,8 +268,8 @@ class OptKernel:
                 raise OptError("GROUP needs a GPU-shaped device")
             if not is_reduce:
                 raise OptError("GROUP applies to reduction axes")
-            if any(x.arg[1] is RangeKind.GROUP for x in self.ranges()):
-                raise OptError("only one GROUP per kernel")
+            if any(x.arg[1] in (RangeKind.GROUP, RangeKind.TILE) for x in self.ranges()):
+                raise OptError("only one GROUP per kernel, and not with STAGE")
             kind = RangeKind.GROUP
         if n is None:
             self.assumptions.append((r.src[0], amt))
@@ -570,6 +588,92 @@ def lower_groups(ast: UOp, shuffle_width: int = 0) -> UOp:
                   {u: i for i, u in enumerate(x for x in nodes if x.op is Ops.REDUCE)},
                   shuffle_width, prod(r.src[0].arg for r in in_group), in_group[-1] if in_group else None)
     return graph_rewrite(ast, _group_rules, ctx)
+
+
+def _tile_reduce(ast: UOp) -> tuple[UOp, UOp, UOp] | None:
+    """(the REDUCE over a TILE range, its outer range, the TILE range) where STAGE applies: the REDUCE runs over
+    exactly those two ranges and the kernel has a work-group (LOCAL ranges). None otherwise (the TILE range is
+    then an ordinary loop: right, only not staged)."""
+    nodes = ast.toposort()
+    if not any(u.op is Ops.RANGE and u.arg[1] is RangeKind.LOCAL for u in nodes):
+        return None
+    for u in nodes:
+        if u.op is Ops.REDUCE and len(u.src) == 3:
+            tiles = [r for r in u.src[1:] if r.arg[1] is RangeKind.TILE]
+            outer = [r for r in u.src[1:] if r.arg[1] is RangeKind.REDUCE]
+            if tiles and outer and all(r.src[0].op is Ops.CONST for r in u.src[1:]):
+                return u, outer[0], tiles[0]
+    return None
+
+
+def staged_tiles(ast: UOp) -> list[tuple[UOp, tuple[UOp, ...]]]:
+    """The loads `stage_tiles` copies to shared memory, each with the ranges of its tile (its work-group and
+    register-tile ranges and the TILE range, the one it reads contiguously last): every global load inside the
+    tiled reduction that reads along the TILE range and otherwise only along ranges the work-group shares (the
+    grid's, the outer reduction's)."""
+    found = _tile_reduce(ast)
+    if found is None:
+        return []
+    u, outer, tile = found
+    out = []
+    for ld in u.src[0].toposort():
+        if ld.op is not Ops.LOAD or ld.src[0].op is not Ops.DEFINE_GLOBAL or tile not in ld.toposort():
+            continue
+        deps = [r for r in ld.toposort() if r.op is Ops.RANGE]
+        if any(r.arg[1] not in (RangeKind.LOOP, RangeKind.LOCAL, RangeKind.UPCAST, RangeKind.TILE) and r is not outer
+               for r in deps) or any(x.op is Ops.LOAD for x in ld.src[1].toposort()):
+            continue  # another reduction's loop, or an index read from memory: read where it is
+        mine = sorted((r for r in deps if r.arg[1] in (RangeKind.LOCAL, RangeKind.UPCAST, RangeKind.TILE)),
+                      key=lambda r: (-abs(st) if isinstance(st := _stride(ld.src[1], r), int) else -(1 << 62),
+                                     r.arg[0]))
+        out.append((ld, tuple(mine)))
+    return out
+
+
+def stage_tiles(ast: UOp) -> UOp:
+    """STAGE's lowering (GPUs; before `map_to_grid`, while the work-group's ranges are ranges): the reduction over
+    (outer, tile) becomes a reduction over outer of a reduction over tile. In each outer step the work-group's
+    threads copy every staged load's tile (`staged_tiles`) into shared memory, thread t taking elements t,
+    t + threads, ... of it (in the order of its ranges, the contiguous one last: adjacent threads read adjacent
+    elements), the copies past the tile gated off; one barrier; then the tile's loop reads shared memory. Two
+    buffers, by the outer step's parity: a thread past the barrier writes the other buffer, which every thread
+    finished reading before that barrier (so one barrier a step suffices)."""
+    found = _tile_reduce(ast)
+    staged = staged_tiles(ast)
+    if found is None or not staged:
+        return ast
+    u, outer, tile = found
+    nodes = ast.toposort()
+    locals_ = sorted((r for r in nodes if r.op is Ops.RANGE and r.arg[1] is RangeKind.LOCAL), key=lambda r: r.arg[0])
+    threads = prod(r.src[0].arg for r in locals_)
+    tid = flat_index(tuple(locals_), tuple(r.src[0].arg for r in locals_))
+    parity = simplify(outer % UOp.const(INDEX, 2))
+    stores, reads = [], {}
+    for i, (ld, tile_ranges) in enumerate(staged):
+        sizes = tuple(r.src[0].arg for r in tile_ranges)
+        size = prod(sizes)
+        temp = UOp(Ops.DEFINE_LOCAL, ld.dtype.as_ptr(), (), (f"tile{i}", 2 * size))
+        base = simplify(parity * UOp.const(INDEX, size))
+        for c in range(-(-size // threads)):
+            e = simplify(tid + UOp.const(INDEX, c * threads))
+            digits, stride = {}, size
+            for r, n in zip(tile_ranges, sizes):
+                stride //= n
+                digits[r] = simplify((e // UOp.const(INDEX, stride)) % UOp.const(INDEX, n))
+            copied = substitute(ld, digits)
+            if (c + 1) * threads > size:  # a tile no multiple of the work-group: the last copy's extra threads idle
+                live = UOp(Ops.CMPLT, dtypes.bool, (e, UOp.const(INDEX, size)))
+                gate = live if len(copied.src) == 2 else UOp(Ops.AND, dtypes.bool, (copied.src[2], live))
+                copied = copied.replace(src=(*copied.src[:2], gate))
+                stores.append(UOp(Ops.STORE, None, (temp, simplify(base + e), copied, live)))
+            else:
+                stores.append(UOp(Ops.STORE, None, (temp, simplify(base + e), copied)))
+        reads[ld] = (temp, simplify(base + flat_index(tile_ranges, sizes)))
+    barrier = UOp(Ops.BARRIER, None, tuple(stores))
+    body = substitute(u.src[0], {ld: UOp(Ops.LOAD, ld.dtype, (temp, idx, barrier))
+                                 for ld, (temp, idx) in reads.items()})
+    inner = UOp(Ops.REDUCE, u.dtype, (body, tile), u.arg)
+    return simplify(substitute(ast, {u: UOp(Ops.REDUCE, u.dtype, (inner, outer), u.arg)}))
 
 
 def map_to_grid(ast: UOp, max_local: int = 256, max_grid: int = 2**31 - 1) -> tuple[UOp, dict]:

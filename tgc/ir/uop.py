@@ -104,6 +104,7 @@ class RangeKind(Enum):
     UNROLL = auto()  # a reduction loop unrolled
     LOCAL = auto()  # a GPU work-group index
     GROUP = auto()  # a reduction split across a work-group (shared-memory reduce)
+    TILE = auto()  # a reduction's inner loop over a tile its operands are staged for in shared memory (GPUs)
 
 
 class UOp:
