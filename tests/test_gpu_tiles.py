@@ -55,14 +55,14 @@ def _opts(src: str, device: str, dims: dict) -> list[list[str]]:
 
 def test_matmul_tiles_threads_and_blocks_outputs_per_thread():
     assert _opts(MATMUL, "CUDA", {"N": 128, "K": 64, "M": 256}) == [
-        ["LOCAL(0, 16)", "LOCAL(1, 16)", "UPCAST(0, 4)", "UPCAST(1, 4)"]]
+        ["LOCAL(0, 16)", "LOCAL(1, 16)", "UPCAST(0, 4)", "UPCAST(1, 4)", "STAGE(2, 16)"]]
     # the largest tile dividing both sizes; none where none does (one output per thread, the grid gated)
     assert _opts(MATMUL, "OPENCL", {"N": 96, "K": 33, "M": 80}) == [
         ["LOCAL(0, 8)", "LOCAL(1, 8)", "UPCAST(0, 2)", "UPCAST(1, 2)"]]
     assert _opts(MATMUL, "OPENCL", {"N": 65, "K": 40, "M": 33}) == [[]]
     # batched: rows and columns of each batch, the batch axis stays on the grid
     assert _opts("a: f32[B, N, K]\nb: f32[B, K, M]\nreturn a @ b", "CUDA", {"B": 3, "N": 64, "K": 32, "M": 128}) \
-        == [["LOCAL(1, 16)", "LOCAL(2, 16)", "UPCAST(1, 4)", "UPCAST(2, 4)"]]
+        == [["LOCAL(1, 16)", "LOCAL(2, 16)", "UPCAST(1, 4)", "UPCAST(2, 4)", "STAGE(3, 16)"]]
 
 
 def test_matmul_tile_reads_adjacent_columns_in_adjacent_threads():
@@ -70,6 +70,33 @@ def test_matmul_tile_reads_adjacent_columns_in_adjacent_threads():
     (k,) = tgc.loads(MATMUL).compile("CUDA", dims={"N": 128, "K": 64, "M": 256})
     assert "(lidx0 % 16)" in k.src and len(re.findall(r"fmaf\(", k.src)) == 16, k.src
 
+
+def test_staged_tiles_are_copied_by_the_work_group_with_one_barrier_a_step():
+    """STAGE: two double-buffered tiles (64 rows x 16 steps of A, 16 steps x 64 columns of B: 2 x 2 x 1024
+    floats), each thread copying 4 elements of each (256 threads); one barrier in the loop over tiles, none after
+    the tile's loop; thread t copies element t of the tile, so adjacent threads copy adjacent elements."""
+    (k,) = tgc.loads(MATMUL).compile("CUDA", dims={"N": 128, "K": 64, "M": 256})
+    assert "__shared__ float tile0[2048];" in k.src and "__shared__ float tile1[2048];" in k.src, k.src
+    assert len(re.findall(r"tile0\[v\d+\] = ", k.src)) == 4 and k.src.count("__syncthreads()") == 1, k.src
+    assert re.search(r"for \(int ridx\d+ = 0; ridx\d+ < 4;.*__syncthreads\(\);.*for \(int ridx\d+ = 0; "
+                     r"ridx\d+ < 16;", k.src, re.S), k.src
+
+
+def test_stage_is_refused_where_it_cannot_apply():
+    from tgc.codegen.opt import OptError, OptKernel, OptOps
+    from tgc.codegen.pipeline import prepare
+    prog = tgc.loads(MATMUL)
+    (item,) = [s for s in prog.schedule({"N": 64, "K": 48, "M": 64}) if hasattr(s, "ast")] or [None]
+    if item is None:
+        pytest.skip("no kernel AST in the schedule")
+    for device, opts, why in (("CPU", [Opt(OptOps.STAGE, 2, 16)], "GPU"),
+                              ("OPENCL", [Opt(OptOps.STAGE, 2, 32)], "does not divide"),
+                              ("OPENCL", [Opt(OptOps.STAGE, 0, 16)], "reduction axis"),
+                              ("OPENCL", [Opt(OptOps.STAGE, 2, 16), Opt(OptOps.GROUP, 2, 3)], "not with STAGE")):
+        k = OptKernel(prepare(item.ast, get_device(device)), get_device(device))
+        with pytest.raises(OptError, match=why):
+            for o in opts:
+                k.apply(o)
 
 def test_row_reductions_take_a_work_group_per_row():
     assert _opts(ROWSUM, "CUDA", {"M": 4500, "N": 512}) == [["GROUP(1, 256)"]]
@@ -96,10 +123,9 @@ def test_opencl_combines_partials_by_a_tree_and_cuda_by_shuffles():
 
 # ---------------------------------------------------------------- values on OpenCL (PoCL)
 
-GROUP_CASES = [([("GROUP", 1, 256), ("UPCAST", 0, 4)], "sum"), ([("GROUP", 1, 64), ("UPCAST", 0, 2)], "max"),
-               ([("GROUP", 1, 32), ("LOCAL", 0, 4), ("UPCAST", 0, 2)], "sum"), ([("LOCAL", 0, 4), ("GROUP", 1, 16)],
-                                                                                "sum"),
-               ([("GROUP", 1, 8), ("LOCAL", 0, 4)], "max"), ([("GROUP", 1, 3)], "sum")]
+# a tree with UPCAST lanes, a tree beside a LOCAL digit, a GROUP of no power of two (every thread adds the partials)
+GROUP_CASES = [([("GROUP", 1, 256), ("UPCAST", 0, 4)], "sum"), ([("GROUP", 1, 8), ("LOCAL", 0, 4)], "max"),
+               ([("GROUP", 1, 3)], "sum")]
 
 
 @pytest.mark.parametrize("opts,op", GROUP_CASES)
@@ -114,7 +140,7 @@ def test_group_reductions_match_numpy_on_opencl(opts, op):
 def test_heuristic_rows_and_tiles_match_numpy_on_opencl_at_odd_sizes():
     _opencl()
     rng = np.random.default_rng(3)
-    x = rng.standard_normal((4099, 1000)).astype(np.float32)  # padded rows, more rows than 4096
+    x = rng.standard_normal((4099, 200)).astype(np.float32)  # padded rows (200 -> 224), more rows than 4096
     e = np.exp(x - x.max(1, keepdims=True))
     got = tgc.loads("x: f32[M, N]\nreturn softmax(x, 1)").run("OPENCL", x=x)["out0"]
     np.testing.assert_allclose(got, e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-7)
@@ -122,6 +148,27 @@ def test_heuristic_rows_and_tiles_match_numpy_on_opencl_at_odd_sizes():
         a, b = rng.standard_normal((n, k)).astype(np.float32), rng.standard_normal((k, m)).astype(np.float32)
         got = tgc.loads(MATMUL).run("OPENCL", a=a, b=b)["out0"]
         np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+
+
+STAGE_CASES = [((64, 64, 128), [("LOCAL", 0, 16), ("LOCAL", 1, 16), ("UPCAST", 0, 4), ("UPCAST", 1, 4),
+                                ("STAGE", 2, 16)]),
+               # (a tile no multiple of the work-group and STAGE before LOCAL: through the stand-in, below)
+               ((2, 32, 40, 24), [("LOCAL", 1, 16), ("LOCAL", 2, 8), ("STAGE", 3, 8)])]  # batched (B, N, K, M)
+
+
+@pytest.mark.parametrize("shape,opts", STAGE_CASES)
+def test_staged_matmuls_match_numpy_on_opencl(shape, opts):
+    _opencl()
+    rng = np.random.default_rng(len(opts))
+    *batch, n, k, m = shape
+    a = rng.standard_normal((*batch, n, k)).astype(np.float32)
+    b = rng.standard_normal((*batch, k, m)).astype(np.float32)
+    src = MATMUL if not batch else "a: f32[B, N, K]\nb: f32[B, K, M]\nreturn a @ b"
+    kernels = _with_opts(opts, lambda: tgc.loads(src).compile("OPENCL", dims=dict(
+        zip(("B", "N", "K", "M")[-len(shape):], shape))))
+    assert [str(o) for o in kernels[0].opts] == [str(Opt(*o)) for o in opts] and "tile1" in kernels[0].src
+    got = _with_opts(opts, lambda: tgc.loads(src).run("OPENCL", a=a, b=b)["out0"])
+    np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
 
 
 # ---------------------------------------------------------------- values on CUDA through the stand-in
@@ -145,12 +192,16 @@ def check(src, opts, want, **inputs):
     try:
         prog = tgc.loads(src)
         got = next(iter(prog.run(device="CUDA", **inputs).values()))
-        srcs = "".join(k.src for k in prog.compile("CUDA", dims={n: v for n, v in zip(
-            ("M", "N") if "M, N" in src else ("N", "K", "M"), [s for x in inputs.values() for s in x.shape])}))
+        dims = {}
+        for line in src.splitlines()[:-1]:  # "a: f32[N, K]": the dims of input a
+            name, shape = line.split(": ")
+            dims.update(zip(shape[shape.index("[") + 1:-1].split(", "), inputs[name].shape))
+        srcs = "".join(k.src for k in prog.compile("CUDA", dims=dims))
     finally:
         search.lookup = api.lookup = orig
     err = float(np.max(np.abs(got - want) / (1 + np.abs(want))))
-    out.append([src.splitlines()[-1], opts, err, srcs.count("__shfl_xor_sync"), srcs.count("__syncthreads")])
+    out.append([src.splitlines()[-1], opts, err, srcs.count("__shfl_xor_sync"), srcs.count("__syncthreads"),
+                srcs.count("tile1[")])
 
 x = rng.standard_normal((8, 2048)).astype(np.float32)
 check("x: f32[M, N]\\nreturn x.sum(axis=1)", [("LOCAL", 0, 2), ("GROUP", 1, 256)], x.sum(1, dtype=np.float64), x=x)
@@ -161,10 +212,17 @@ d = rng.standard_normal((4, 1024))
 check("x: f64[M, N]\\nreturn x.sum(axis=1)", [("GROUP", 1, 128)], d.sum(1), x=d)
 i = rng.integers(-1000, 1000, (4, 512)).astype(np.int32)
 check("x: i32[M, N]\\nreturn x.sum(axis=1)", [("GROUP", 1, 512)], i.sum(1), x=i)
-s = rng.standard_normal((4097, 300)).astype(np.float32)  # the heuristic: a work-group per row, 300 -> 320
+a, b = rng.standard_normal((30, 40)).astype(np.float32), rng.standard_normal((40, 20)).astype(np.float32)
+check("a: f32[N, K]\\nb: f32[K, M]\\nreturn a @ b", [("STAGE", 2, 8), ("LOCAL", 1, 4), ("LOCAL", 0, 2)],
+      a.astype(np.float64) @ b, a=a, b=b)
+# a tile (4 x 3 of A, 3 x 64 of B) no multiple of the 64 threads: the last copy's extra threads idle
+a, b = rng.standard_normal((64, 48)).astype(np.float32), rng.standard_normal((48, 64)).astype(np.float32)
+check("a: f32[N, K]\\nb: f32[K, M]\\nreturn a @ b", [("LOCAL", 0, 4), ("LOCAL", 1, 16), ("UPCAST", 1, 4),
+      ("STAGE", 2, 3)], a.astype(np.float64) @ b, a=a, b=b)
+s = rng.standard_normal((64, 300)).astype(np.float32)  # the heuristic: a work-group per row, 300 -> 320
 e = np.exp(s - s.max(1, keepdims=True))
 check("x: f32[M, N]\\nreturn softmax(x, 1)", [], e / e.sum(1, keepdims=True), x=s)
-for n, k, m in ((64, 20, 128), (48, 7, 80), (33, 9, 65)):
+for n, k, m in ((64, 32, 128), (48, 7, 80), (33, 9, 65)):  # tiled and staged; tiled; one output per thread
     a, b = rng.standard_normal((n, k)).astype(np.float32), rng.standard_normal((k, m)).astype(np.float32)
     check("a: f32[N, K]\\nb: f32[K, M]\\nreturn a @ b", [], a.astype(np.float64) @ b, a=a, b=b)
 print(json.dumps(out))
@@ -184,7 +242,8 @@ def test_shuffles_trees_rows_and_tiles_match_numpy_through_the_cuda_stand_in():
     shuffles = [row[3] for row in rows]
     # 256: 5 + 3; 32 (two rows a thread): 2 x 5; 16: 4; not adjacent lanes: 0 (the tree); 128: 5 + 2; 512: 5 + 4
     assert shuffles[:6] == [8, 10, 4, 0, 7, 9], rows
-    assert shuffles[6] > 0, rows  # the softmax's row reductions
+    assert [row[5] > 0 for row in rows[6:]] == [True, True, False, True, False, False], rows  # staged tiles
+    assert shuffles[8] > 0, rows  # the softmax's row reductions
 
 
 # ---------------------------------------------------------------- Metal: the same kernels type-check

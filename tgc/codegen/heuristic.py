@@ -333,6 +333,7 @@ def _gpu_rows(f: Facts, k: OptKernel) -> bool:
 
 GPU_TILE_THREADS = (16, 8)  # threads of a work-group along rows and along columns (16 x 16 first)
 GPU_TILE_OUTPUTS = (4, 2)  # outputs a thread computes along each (register blocking: 4 x 4 first)
+GPU_STAGE_STEPS = (16, 8)  # reduction steps a tile staged in shared memory holds
 
 
 def _gpu_matmul_axes(k: OptKernel) -> tuple[int, int] | None:
@@ -376,8 +377,21 @@ def _gpu_matmul(f: Facts, k: OptKernel) -> bool:
             if all(_try(trial, o) for o in (Opt(OptOps.LOCAL, row, threads), Opt(OptOps.LOCAL, col, threads),
                                              Opt(OptOps.UPCAST, row, per), Opt(OptOps.UPCAST, col, per))):
                 k.ast, k.applied, k.pads, k.assumptions = trial.ast, trial.applied, trial.pads, trial.assumptions
+                _gpu_stage(k)
                 return True
     return False
+
+
+def _gpu_stage(k: OptKernel) -> bool:
+    """The tile's operands through shared memory (STAGE), where the kernel has one reduction loop and a tile of
+    GPU_STAGE_STEPS divides it: each operand value is read from global memory once per work-group, not once per
+    thread that uses it."""
+    reduces = k.reduces()
+    if len(reduces) != 1:
+        return False
+    axis, size = len(k.loops()), _size(reduces[0])
+    return any(size % steps == 0 and size > steps and _try(k, Opt(OptOps.STAGE, axis, steps))
+               for steps in GPU_STAGE_STEPS)
 
 
 def _panels_wanted(f: Facts) -> bool:
@@ -515,7 +529,8 @@ RULES: tuple[Rule, ...] = (
          "a long reduction into few outputs leaves most of a GPU idle: a work-group shares each reduction"),
     Rule("gpu_matmul", "gpu", lambda f, k: "gpu_group" not in f.done, _gpu_matmul,
          "one output per thread loads each operand value once per output: a work-group over a tile of rows x "
-         "columns, each thread a 4 x 4 block of outputs (register blocking), adjacent threads on adjacent columns"),
+         "columns, each thread a 4 x 4 block of outputs (register blocking), adjacent threads on adjacent columns, "
+         "the operands' tiles staged in shared memory (STAGE, 16 reduction steps a tile)"),
     Rule("gpu_rows", "gpu", lambda f, k: "gpu_group" not in f.done and "gpu_matmul" not in f.done, _gpu_rows,
          "a row reduction with one row per thread reads the rows uncoalesced (adjacent threads a row apart): one "
          "row per work-group, its threads reading adjacent elements and combining by warp shuffles or a "
