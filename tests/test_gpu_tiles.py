@@ -80,6 +80,21 @@ def test_staged_tiles_are_copied_by_the_work_group_with_one_barrier_a_step():
     assert len(re.findall(r"tile0\[v\d+\] = ", k.src)) == 4 and k.src.count("__syncthreads()") == 1, k.src
     assert re.search(r"for \(int ridx\d+ = 0; ridx\d+ < 4;.*__syncthreads\(\);.*for \(int ridx\d+ = 0; "
                      r"ridx\d+ < 16;", k.src, re.S), k.src
+    # each copy one 16-byte load of 4 adjacent elements (whole float4 copies, every index a multiple of 4)
+    assert len(re.findall(r"float4 v\d+ = \*reinterpret_cast<const float4\*>\(data[12] \+ v\d+\);", k.src)) == 2
+
+
+def test_vector_copies_only_where_every_index_is_a_multiple_of_4():
+    """`a[:, 1:]` reads A from an odd offset: its tile is copied element by element, B's through float4."""
+    _opencl()
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((64, 65)).astype(np.float32), rng.standard_normal((64, 128)).astype(np.float32)
+    src = "a: f32[N, K]\nb: f32[J, M]\nreturn a[:, 1:] @ b"
+    (k,) = tgc.loads(src).compile("OPENCL", dims={"N": 64, "K": 65, "J": 64, "M": 128})
+    assert "STAGE(2, 16)" in [str(o) for o in k.opts] and k.src.count("vload4(0, ") == 1, k.src
+    assert re.search(r"vload4\(0, data2 \+", k.src), k.src
+    got = tgc.loads(src).run("OPENCL", a=a, b=b)["out0"]
+    np.testing.assert_allclose(got, a[:, 1:].astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
 
 
 def test_stage_is_refused_where_it_cannot_apply():
@@ -167,6 +182,8 @@ def test_staged_matmuls_match_numpy_on_opencl(shape, opts):
     kernels = _with_opts(opts, lambda: tgc.loads(src).compile("OPENCL", dims=dict(
         zip(("B", "N", "K", "M")[-len(shape):], shape))))
     assert [str(o) for o in kernels[0].opts] == [str(Opt(*o)) for o in opts] and "tile1" in kernels[0].src
+    # 16-byte copies where each thread copies whole groups of 4 (1024 elements, 256 threads; not 128 on 128)
+    assert ("vload4" in kernels[0].src) == (len(shape) == 3), kernels[0].src
     got = _with_opts(opts, lambda: tgc.loads(src).run("OPENCL", a=a, b=b)["out0"])
     np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
 
@@ -251,9 +268,9 @@ def test_shuffles_trees_rows_and_tiles_match_numpy_through_the_cuda_stand_in():
 @pytest.mark.skipif(metal_mod.libclang_error() is not None, reason=f"no libclang: {metal_mod.libclang_error()}")
 def test_tree_reductions_and_tiles_type_check_on_metal():
     kernels = tgc.loads(ROWSUM).compile("METAL", dims={"M": 8, "N": 1024})  # gpu_group: GROUP(1, 256), a tree
-    kernels += tgc.loads(MATMUL).compile("METAL", dims={"N": 64, "K": 8, "M": 128})
+    kernels += tgc.loads(MATMUL).compile("METAL", dims={"N": 64, "K": 32, "M": 128})
     kernels += tgc.loads(ROWSUM).compile("METAL", dims={"M": 4097, "N": 1000})
-    assert [len(k.opts) for k in kernels] == [1, 4, 2]
+    assert [len(k.opts) for k in kernels] == [1, 5, 2] and "device const float4*" in kernels[1].src
     assert kernels[0].src.count("threadgroup_barrier") == 9, kernels[0].src  # 1 + log2(256)
     errors = [f"{k.name}: {d}" for k in kernels for d in metal_mod.metal_linter().diagnostics(k.src)]
     assert not errors, errors

@@ -7,6 +7,10 @@
 #include <string.h>
 
 struct tgc_dim3 { unsigned x, y, z; };
+/* CUDA's 16-byte vector types (a staged tile's copies load through them) */
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(16) int4 { int x, y, z, w; };
+struct alignas(16) uint4 { unsigned x, y, z, w; };
 static thread_local tgc_dim3 threadIdx, blockIdx;
 static tgc_dim3 blockDim, gridDim;
 static pthread_barrier_t tgc_barrier;

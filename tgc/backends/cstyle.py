@@ -61,7 +61,11 @@ class CStyleRenderer:
     mem_types = {"bool": "uchar", "f16": "half", "bf16": "ushort"}
 
     def ctype(self, d: DType) -> str:
-        return self.types[d.name]
+        return self.types[d.name] + (str(d.count) if d.count > 1 else "")  # float4: a 16-byte load (STAGE's copies)
+
+    def vector_load(self, d: DType, buf: str, idx: str) -> str:
+        """`d.count` adjacent elements from `buf[idx]`, `idx` a multiple of the count (`opt.stage_tiles` checks)."""
+        return f"vload{d.count}(0, {buf} + {idx})"
 
     def mtype(self, d: DType) -> str:
         return self.mem_types.get(d.name, self.types[d.name])
@@ -251,6 +255,10 @@ class CStyleRenderer:
                 line(self.barrier)
             elif op is Ops.SHUFFLE:
                 define(u, self.shuffle(ref(u.src[0]), int(u.arg)))
+            elif op is Ops.GEP:
+                define(u, f"{ref(u.src[0])}.{'xyzw'[u.arg]}")
+            elif op is Ops.LOAD and d.count > 1:
+                define(u, self.vector_load(d, names[u.src[0]], ref(u.src[1])))
             elif op is Ops.LOAD and u.src[0].op is Ops.DEFINE_LOCAL:
                 define(u, f"{names[u.src[0]]}[{ref(u.src[1])}]")
             elif op is Ops.STORE and u.src[0].op is Ops.DEFINE_LOCAL:
@@ -387,6 +395,9 @@ class CUDARenderer(CStyleRenderer):
     def shuffle(self, value: str, offset: int) -> str:
         return f"__shfl_xor_sync(0xffffffffu, {value}, {offset})"
 
+    def vector_load(self, d: DType, buf: str, idx: str) -> str:
+        return f"*reinterpret_cast<const {self.ctype(d)}*>({buf} + {idx})"
+
     def prelude(self, uops: list[UOp]) -> list[str]:
         return [
             "#define INFINITY __int_as_float(0x7f800000)",
@@ -502,6 +513,9 @@ class MetalRenderer(CStyleRenderer):
     def param(self, u: UOp, written: bool) -> str:
         const = "" if written else "const "
         return f"{self.global_qualifier} {const}{self.mtype(u.dtype)}* data{u.arg} [[buffer({u.arg})]]"
+
+    def vector_load(self, d: DType, buf: str, idx: str) -> str:
+        return f"*((device const {self.ctype(d)}*)({buf} + {idx}))"
 
     half_fns = {"f16": ("float", "half"), "bf16": ("tg_bf2f", "tg_f2bf")}  # f16 is Metal's own `half`
     u16, u8 = "ushort({})", "uchar({})"

@@ -630,6 +630,29 @@ def staged_tiles(ast: UOp) -> list[tuple[UOp, tuple[UOp, ...]]]:
     return out
 
 
+def _digits(e: UOp, ranges: tuple[UOp, ...], sizes: tuple[int, ...]) -> dict[UOp, UOp]:
+    """Each range's digit of the flat element `e` of a tile over `ranges` (row-major, the last fastest)."""
+    digits, stride = {}, prod(sizes)
+    for r, n in zip(ranges, sizes):
+        stride //= n
+        digits[r] = simplify((e // UOp.const(INDEX, stride)) % UOp.const(INDEX, n))
+    return digits
+
+
+def _vector_copies(ld: UOp, ranges: tuple[UOp, ...], size: int, threads: int) -> bool:
+    """Whether a tile's copies can load 4 adjacent elements at once (16 bytes, aligned): a 4-byte type, no gate,
+    the tile's last range contiguous (stride 1) and a multiple of 4 long, every other term of the index (and its
+    constant) a multiple of 4 (buffers are whole allocations, aligned far past 16 bytes), and whole copies of 4
+    elements for every thread."""
+    if ld.dtype.itemsize != 4 or ld.dtype.name not in ("f32", "i32", "u32") or len(ld.src) != 2 or not ranges:
+        return False
+    inner = ranges[-1]
+    if _stride(ld.src[1], inner) != 1 or inner.src[0].arg % 4 or size % (4 * threads):
+        return False
+    terms, const = _terms(ld.src[1])
+    return const % 4 == 0 and all(c % 4 == 0 for node, c in terms if node is not inner)
+
+
 def stage_tiles(ast: UOp) -> UOp:
     """STAGE's lowering (GPUs; before `map_to_grid`, while the work-group's ranges are ranges): the reduction over
     (outer, tile) becomes a reduction over outer of a reduction over tile. In each outer step the work-group's
@@ -654,20 +677,24 @@ def stage_tiles(ast: UOp) -> UOp:
         size = prod(sizes)
         temp = UOp(Ops.DEFINE_LOCAL, ld.dtype.as_ptr(), (), (f"tile{i}", 2 * size))
         base = simplify(parity * UOp.const(INDEX, size))
-        for c in range(-(-size // threads)):
-            e = simplify(tid + UOp.const(INDEX, c * threads))
-            digits, stride = {}, size
-            for r, n in zip(tile_ranges, sizes):
-                stride //= n
-                digits[r] = simplify((e // UOp.const(INDEX, stride)) % UOp.const(INDEX, n))
-            copied = substitute(ld, digits)
-            if (c + 1) * threads > size:  # a tile no multiple of the work-group: the last copy's extra threads idle
-                live = UOp(Ops.CMPLT, dtypes.bool, (e, UOp.const(INDEX, size)))
-                gate = live if len(copied.src) == 2 else UOp(Ops.AND, dtypes.bool, (copied.src[2], live))
-                copied = copied.replace(src=(*copied.src[:2], gate))
-                stores.append(UOp(Ops.STORE, None, (temp, simplify(base + e), copied, live)))
-            else:
-                stores.append(UOp(Ops.STORE, None, (temp, simplify(base + e), copied)))
+        if _vector_copies(ld, tile_ranges, size, threads):  # 16-byte loads, four elements a thread and copy
+            for c in range(size // 4 // threads):
+                e = simplify((tid + UOp.const(INDEX, c * threads)) * UOp.const(INDEX, 4))
+                vec = substitute(ld, _digits(e, tile_ranges, sizes)).replace(dtype=ld.dtype.vec(4))
+                for j in range(4):
+                    lane = UOp(Ops.GEP, ld.dtype, (vec,), j)
+                    stores.append(UOp(Ops.STORE, None, (temp, simplify(base + e + UOp.const(INDEX, j)), lane)))
+        else:
+            for c in range(-(-size // threads)):
+                e = simplify(tid + UOp.const(INDEX, c * threads))
+                copied = substitute(ld, _digits(e, tile_ranges, sizes))
+                if (c + 1) * threads > size:  # a tile no multiple of the work-group: the last copy's extra threads idle
+                    live = UOp(Ops.CMPLT, dtypes.bool, (e, UOp.const(INDEX, size)))
+                    gate = live if len(copied.src) == 2 else UOp(Ops.AND, dtypes.bool, (copied.src[2], live))
+                    copied = copied.replace(src=(*copied.src[:2], gate))
+                    stores.append(UOp(Ops.STORE, None, (temp, simplify(base + e), copied, live)))
+                else:
+                    stores.append(UOp(Ops.STORE, None, (temp, simplify(base + e), copied)))
         reads[ld] = (temp, simplify(base + flat_index(tile_ranges, sizes)))
     barrier = UOp(Ops.BARRIER, None, tuple(stores))
     body = substitute(u.src[0], {ld: UOp(Ops.LOAD, ld.dtype, (temp, idx, barrier))
