@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import struct
+from dataclasses import replace
 
 from tgc.capabilities import Capabilities
 from tgc.dtype import DType
@@ -257,6 +258,8 @@ class CStyleRenderer:
                 define(u, self.shuffle(ref(u.src[0]), int(u.arg)))
             elif op is Ops.GEP:
                 define(u, f"{ref(u.src[0])}.{'xyzw'[u.arg]}")
+            elif op is Ops.MMA:
+                define(u, self.mma(str(u.arg), [ref(s) for s in u.src]))
             elif op is Ops.LOAD and d.count > 1:
                 define(u, self.vector_load(d, names[u.src[0]], ref(u.src[1])))
             elif op is Ops.LOAD and u.src[0].op is Ops.DEFINE_LOCAL:
@@ -279,6 +282,10 @@ class CStyleRenderer:
     def shuffle(self, value: str, offset: int) -> str:
         """The value of lane `lane ^ offset` of the warp (only dialects with `shuffle_width`)."""
         raise CompileError(f"the {self.name} dialect renders no warp shuffle (a tgc bug)")
+
+    def mma(self, kind: str, args: list[str]) -> str:
+        """A warp's m16n8k16 multiply (`Ops.MMA`; only dialects with tensor cores)."""
+        raise CompileError(f"the {self.name} dialect renders no tensor-core multiply (a tgc bug)")
 
     def define_local(self, name: str, ctype: str, count: int, uops: list[UOp]) -> str:
         """The declaration of a shared array of `count` elements."""
@@ -374,6 +381,22 @@ __device__ __forceinline__ unsigned short tgc_float2bf16(float f) {
 """
 
 
+# `Ops.MMA` on CUDA: the lane's fragments packed two halves to a .b32 register (the lower index in the low half),
+# `mma.sync.aligned.m16n8k16.row.col.f32.<t>.<t>.f32` with C = 0 (tests/cuda_standin.py removes these for the stand-in,
+# whose kernel.h emulates them)
+MMA_HELPERS = "\n".join(
+    f"""__device__ __forceinline__ unsigned tgc_pack_{t}(float lo, float hi) {{
+  return (unsigned)tgc_float2{cvt}(lo) | ((unsigned)tgc_float2{cvt}(hi) << 16); }}
+__device__ __forceinline__ float4 tgc_mma_{t}(float a0, float a1, float a2, float a3, float a4, float a5, float a6,
+    float a7, float b0, float b1, float b2, float b3) {{
+  float d0, d1, d2, d3;
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.{t}.{t}.f32 {{%0, %1, %2, %3}}, {{%4, %5, %6, %7}}, {{%8, %9}}, "
+               "{{%10, %10, %10, %10}};" : "=f"(d0), "=f"(d1), "=f"(d2), "=f"(d3)
+               : "r"(tgc_pack_{t}(a0, a1)), "r"(tgc_pack_{t}(a2, a3)), "r"(tgc_pack_{t}(a4, a5)),
+                 "r"(tgc_pack_{t}(a6, a7)), "r"(tgc_pack_{t}(b0, b1)), "r"(tgc_pack_{t}(b2, b3)), "f"(0.0f));
+  return make_float4(d0, d1, d2, d3); }}""" for t, cvt in (("f16", "half"), ("bf16", "bf16")))
+
+
 class CUDARenderer(CStyleRenderer):
     name = "cuda"
     kernel_prefix = 'extern "C" __global__ void'
@@ -385,6 +408,12 @@ class CUDARenderer(CStyleRenderer):
     max_threads_per_block = 1024
     max_shared_bytes = 48 * 1024  # static __shared__ arrays; more needs dynamic shared memory
     shuffle_width = 32
+
+    @property
+    def caps(self) -> Capabilities:
+        """The C dialects' caps, with tensor cores (`mma.sync` needs sm_80: `CUDADevice.caps` drops them for an
+        older architecture)."""
+        return replace(super().caps, tensor_cores=True)
     types = {**CStyleRenderer.types, "i8": "signed char", "u8": "unsigned char", "u16": "unsigned short",
              "u32": "unsigned int", "i64": "long long", "u64": "unsigned long long"}
     mem_types = {"bool": "unsigned char", "f16": "unsigned short", "bf16": "unsigned short"}
@@ -398,6 +427,9 @@ class CUDARenderer(CStyleRenderer):
     def vector_load(self, d: DType, buf: str, idx: str) -> str:
         return f"*reinterpret_cast<const {self.ctype(d)}*>({buf} + {idx})"
 
+    def mma(self, kind: str, args: list[str]) -> str:
+        return f"tgc_mma_{kind}({', '.join(args)})"
+
     def prelude(self, uops: list[UOp]) -> list[str]:
         return [
             "#define INFINITY __int_as_float(0x7f800000)",
@@ -405,6 +437,7 @@ class CUDARenderer(CStyleRenderer):
             HALF_HELPERS.strip(),
             "template <class T, class F> __device__ __forceinline__ T tg_bitcast(F x) "
             "{ union { F from; T to; } u; u.from = x; return u.to; }",
+            *([MMA_HELPERS] if any(u.op is Ops.MMA for u in uops) else []),
         ]
 
     def param(self, u: UOp, written: bool) -> str:

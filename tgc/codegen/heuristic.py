@@ -336,6 +336,16 @@ GPU_TILE_OUTPUTS = (4, 2)  # outputs a thread computes along each (register bloc
 GPU_STAGE_STEPS = (16, 8)  # reduction steps a tile staged in shared memory holds
 
 
+def _gpu_tc(f: Facts, k: OptKernel) -> bool:
+    """An f16/bf16 matmul on a GPU with tensor cores: TC (a warp per 16 x 8 tile, `mma.sync` with f32
+    accumulate), then 4 (or 2) such tiles of columns per warp, which reuse its fragments of A."""
+    if not k.device.caps.tensor_cores or not _try(k, Opt(OptOps.TC, 0, 0)):
+        return False
+    cols = len(k.loops()) - 1
+    any(_try(k, Opt(OptOps.UPCAST, cols, n)) for n in (4, 2))
+    return True
+
+
 def _gpu_matmul_axes(k: OptKernel) -> tuple[int, int] | None:
     """(row axis, column axis) of a matmul-like kernel on a GPU: the column axis contiguous in the store, and
     inside the reduction one operand not read along the rows and one not read along the columns (each read by
@@ -524,14 +534,18 @@ def _short_rows(f: Facts, k: OptKernel) -> bool:
 
 
 RULES: tuple[Rule, ...] = (
-    Rule("gpu_group", "gpu", lambda f, k: all(f.loops) and prod(f.loops) <= 4096 and max(f.reduces, default=0) >= 256,
+    Rule("gpu_tc", "gpu", lambda f, k: True, _gpu_tc,
+         "an f16/bf16 matmul on scalar FMAs leaves the tensor cores idle: mma.sync m16n8k16 a warp per 16 x 8 "
+         "tile, f32 accumulate (sm_80+)"),
+    Rule("gpu_group", "gpu", lambda f, k: "gpu_tc" not in f.done and all(f.loops) and prod(f.loops) <= 4096
+         and max(f.reduces, default=0) >= 256,
          _gpu_group,
          "a long reduction into few outputs leaves most of a GPU idle: a work-group shares each reduction"),
-    Rule("gpu_matmul", "gpu", lambda f, k: "gpu_group" not in f.done, _gpu_matmul,
+    Rule("gpu_matmul", "gpu", lambda f, k: "gpu_group" not in f.done and "gpu_tc" not in f.done, _gpu_matmul,
          "one output per thread loads each operand value once per output: a work-group over a tile of rows x "
          "columns, each thread a 4 x 4 block of outputs (register blocking), adjacent threads on adjacent columns, "
          "the operands' tiles staged in shared memory (STAGE, 16 reduction steps a tile)"),
-    Rule("gpu_rows", "gpu", lambda f, k: "gpu_group" not in f.done and "gpu_matmul" not in f.done, _gpu_rows,
+    Rule("gpu_rows", "gpu", lambda f, k: not {"gpu_group", "gpu_matmul", "gpu_tc"} & set(f.done), _gpu_rows,
          "a row reduction with one row per thread reads the rows uncoalesced (adjacent threads a row apart): one "
          "row per work-group, its threads reading adjacent elements and combining by warp shuffles or a "
          "shared-memory tree"),

@@ -10,6 +10,9 @@ A kernel's loops are RANGE uops, so every optimization is a split or a relabelli
 - STAGE(axis, n): on GPUs, a reduction loop is split into tiles of n steps; the operands of each tile (the values
   the work-group's threads read in it) are copied to shared memory by all the threads together (coalesced,
   double-buffered, one barrier a tile), and the threads read them from there (`stage_tiles`);
+- TC(0, 0): on GPUs with tensor cores (CUDA sm_80+), an f16/bf16 matmul's reduction as warp-wide `mma.sync`
+  (m16n8k16, f32 accumulate): a warp per 16 x 8 tile of outputs, 16 steps of the reduction at a time
+  (`tensor_core`); the first opt of a kernel, and no LOCAL, GROUP or STAGE after it (the warp is the work-group);
 - PADTO(axis, n): a reduction loop rounded up to a multiple of n, the extra iterations masked out; an output
   loop (on the CPU) rounded up the same way, the loads and stores of the extra iterations gated off;
 - SWAP(a, b): two output loops exchange their nesting order;
@@ -87,6 +90,7 @@ class OptOps(str, Enum):
     GROUP = "GROUP"
     PADTO = "PADTO"
     STAGE = "STAGE"
+    TC = "TC"
     SWAP = "SWAP"
     THREAD = "THREAD"
 
@@ -208,6 +212,16 @@ class OptKernel:
             self.ast, self.threads = split_threads(self.ast, opt.amount)
             self.applied.append(opt)
             return
+        if opt.op is OptOps.TC:
+            if not (gpu and self.device.caps.tensor_cores):
+                raise OptError("TC needs a GPU with tensor cores (CUDA sm_80 or later)")
+            if self.applied:
+                raise OptError("TC is the first opt of a kernel")
+            self.ast = tensor_core(self.ast, self._next_id())
+            self.applied.append(opt)
+            return
+        if opt.op in (OptOps.LOCAL, OptOps.GROUP, OptOps.STAGE) and any(u.op is Ops.MMA for u in self.ast.toposort()):
+            raise OptError(f"{opt.op.name} after TC (the work-group is the warp of the tensor cores)")
         if not 0 <= opt.axis < len(axes):
             raise OptError(f"axis {opt.axis} is out of range: the kernel has {len(axes)} axes")
         r = axes[opt.axis]
@@ -275,6 +289,79 @@ class OptKernel:
             self.assumptions.append((r.src[0], amt))
         self.ast = split_range(self.ast, r, amt, kind, self._next_id())
         self.applied.append(opt)
+
+
+def _strip_half_rounding(v: UOp) -> UOp:
+    """A product as legalized (`CAST f32 (CAST f16 (x))`: rounded to the half type) -> x."""
+    if v.op is Ops.CAST and v.src[0].op is Ops.CAST and v.src[0].dtype.name in ("f16", "bf16"):
+        return v.src[0].src[0]
+    return v
+
+
+def _half_load(v: UOp) -> UOp | None:
+    """The f16/bf16 global LOAD an operand is (`CAST f32 (LOAD)`), else None."""
+    if v.op is Ops.CAST and v.src[0].op is Ops.LOAD and v.src[0].src[0].op is Ops.DEFINE_GLOBAL and \
+            v.src[0].dtype.name in ("f16", "bf16") and len(v.src[0].src) == 2:
+        return v.src[0]
+    return None
+
+
+def tensor_core(ast: UOp, next_id: int) -> UOp:
+    """TC's rewrite: the kernel's one sum reduction of a product of two f16 (or two bf16) loads, A read along rows
+    R and the reduction K, B along K and columns C (each a constant loop: R % 16, C % 8, K % 16), becomes per
+    warp a 16 x 8 tile: a LOCAL range `lane` of 32, each lane's 8 values of A and 4 of B at the positions of the
+    PTX ISA's m16n8k16 fragments (g = lane // 4, t = lane % 4: A rows g, g + 8 and columns 2t, 2t + 1, 2t + 8,
+    2t + 9; B rows 2t, 2t + 1, 2t + 8, 2t + 9 and column g), one `Ops.MMA` per 16 steps, and each output the sum
+    over the steps of its lane of the result (rows g, g + 8, columns 2t, 2t + 1): four stores per store. The
+    products are exact in f32 and summed in f32 (the tensor cores' f32 accumulate; the kernel without TC rounds
+    each product to the half type first). OptError where the kernel is not such a matmul."""
+    reduces = [u for u in ast.toposort() if u.op is Ops.REDUCE]
+    if len(reduces) != 1 or reduces[0].arg is not Ops.ADD or len(reduces[0].src) != 2:
+        raise OptError("TC needs one sum reduction over one loop")
+    red = reduces[0]
+    k = red.src[1]
+    body = _strip_half_rounding(red.src[0])
+    if body.op is not Ops.MUL:
+        raise OptError("TC needs a reduction of a product")
+    loads = [_half_load(x) for x in body.src]
+    if any(ld is None for ld in loads) or loads[0].dtype != loads[1].dtype:
+        raise OptError("TC needs both factors loaded from f16 (or both from bf16) buffers")
+    loops = sorted((u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] is RangeKind.LOOP),
+                   key=lambda r: r.arg[0])
+    if any(r.src[0].op is not Ops.CONST for r in [*loops, k]):
+        raise OptError("TC needs constant sizes")
+    in_a, in_b = (set(ld.src[1].toposort()) for ld in loads)
+    rows = [r for r in loops if r in in_a and r not in in_b]
+    cols = [r for r in loops if r in in_b and r not in in_a]
+    if not rows or not cols:
+        a_op, b_op = body.src[1], body.src[0]  # B @ A as written: the other order
+        in_a, in_b = in_b, in_a
+        rows = [r for r in loops if r in in_a and r not in in_b]
+        cols = [r for r in loops if r in in_b and r not in in_a]
+    else:
+        a_op, b_op = body.src
+    if len(rows) != 1 or len(cols) != 1 or k not in in_a or k not in in_b:
+        raise OptError("TC needs one row axis read by one factor and one column axis by the other")
+    rr, cc = rows[0], cols[0]
+    if rr.src[0].arg % 16 or cc.src[0].arg % 8 or k.src[0].arg % 16:
+        raise OptError("TC needs rows in 16s, columns in 8s and a reduction in 16s")
+    c = lambda v: UOp.const(INDEX, v)  # noqa: E731
+    lane = UOp(Ops.RANGE, INDEX, (c(32),), (next_id, RangeKind.LOCAL))
+    ro = UOp(Ops.RANGE, INDEX, (c(rr.src[0].arg // 16),), rr.arg)
+    co = UOp(Ops.RANGE, INDEX, (c(cc.src[0].arg // 8),), cc.arg)
+    ko = UOp(Ops.RANGE, INDEX, (c(k.src[0].arg // 16),), k.arg)
+    g, t = lane // c(4), lane % c(4)
+    a_vals = [substitute(a_op, {rr: ro * c(16) + g + c(8 * ((j // 2) % 2)),
+                                k: ko * c(16) + t * c(2) + c(j % 2 + 8 * (j // 4))}) for j in range(8)]
+    b_vals = [substitute(b_op, {k: ko * c(16) + t * c(2) + c(j % 2 + 8 * (j // 2)), cc: co * c(8) + g})
+              for j in range(4)]
+    mma = UOp(Ops.MMA, dtypes.f32.vec(4), tuple(simplify(v) for v in (*a_vals, *b_vals)), loads[0].dtype.name)
+    stores = []
+    for i in range(4):
+        total = UOp(Ops.REDUCE, red.dtype, (UOp(Ops.GEP, dtypes.f32, (mma,), i), ko), Ops.ADD)
+        where = {rr: ro * c(16) + g + c(8 * (i // 2)), cc: co * c(8) + t * c(2) + c(i % 2)}
+        stores += [substitute(st, {red: total, **where}) for st in ast.src]
+    return simplify(UOp(Ops.SINK, ast.dtype, tuple(stores), ast.arg))
 
 
 def split_range(ast: UOp, r: UOp, amount: int, inner_kind: RangeKind, inner_id: int) -> UOp:

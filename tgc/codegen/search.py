@@ -162,6 +162,8 @@ def actions(k: OptKernel) -> list[Opt]:
     for a in range(len(loops)):
         for b in range(a + 1, len(loops)):
             out.append(Opt(OptOps.SWAP, a, b))
+    if gpu and k.device.caps.tensor_cores and not k.applied:  # (TC is a kernel's first opt; it refuses non-matmuls)
+        out.append(Opt(OptOps.TC, 0, 0))
     return out
 
 
