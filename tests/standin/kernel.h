@@ -19,18 +19,21 @@ static unsigned tgc_threads = 1;
 static inline void __syncthreads() { if (tgc_threads > 1) pthread_barrier_wait(&tgc_barrier); }
 
 /* __shfl_xor_sync: every thread of the block puts its value in its slot, then reads lane `lane ^ offset` of its
- * warp (32 lanes); two barriers, so the block's threads must all call it, as tgc's kernels do (whole warps run
- * every shuffle). A mask other than all lanes, or a block not made of whole warps, is refused. */
-static unsigned long long tgc_shuffle_slots[1024];
+ * warp (32 lanes) after a barrier. Two sets of slots, used in turn: a thread can be at most one shuffle ahead (the
+ * next shuffle's barrier waits for every thread), so the set it writes is never one still being read; one barrier
+ * a shuffle. The block's threads must all call it, as tgc's kernels do (whole warps run every shuffle); a mask
+ * other than all lanes, or a block not made of whole warps, is refused. */
+static unsigned long long tgc_shuffle_slots[2][1024];
+static thread_local unsigned tgc_shuffle_turn;
 template <class T> static inline T __shfl_xor_sync(unsigned mask, T value, int offset) {
   static_assert(sizeof(T) <= sizeof(unsigned long long), "a shuffled value is at most 8 bytes");
   if (mask != 0xffffffffu || tgc_threads % 32 != 0 || offset <= 0 || offset >= 32) __builtin_trap();
   unsigned me = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
-  memcpy(&tgc_shuffle_slots[me], &value, sizeof value);
+  unsigned long long *slots = tgc_shuffle_slots[tgc_shuffle_turn++ & 1];
+  memcpy(&slots[me], &value, sizeof value);
   __syncthreads();
   T got;
-  memcpy(&got, &tgc_shuffle_slots[me ^ (unsigned)offset], sizeof got);
-  __syncthreads();
+  memcpy(&got, &slots[me ^ (unsigned)offset], sizeof got);
   return got;
 }
 
