@@ -19,7 +19,7 @@ import tgc
 import tgc.codegen.search as search
 from tgc.backends import cuda, get_device
 from tgc.codegen.opt import Opt, OptError, OptKernel, OptOps
-from tgc.codegen.pipeline import prepare
+from tgc.codegen.pipeline import lower, prepare
 
 ROOT = Path(__file__).resolve().parents[1]
 nvrtc_missing = cuda.nvrtc_error()
@@ -29,22 +29,28 @@ def _mm(dtype: str) -> str:
     return f"a: {dtype}[N, K]\nb: {dtype}[K, M]\nreturn a @ b"
 
 
+def _lower(src: str, device: str, dims: dict):
+    """The program's one kernel lowered and rendered for `device` by the heuristic (not compiled)."""
+    (item,) = [s for s in tgc.loads(src).schedule(dims, device=device) if hasattr(s, "ast")]
+    return lower(item.ast, get_device(device), item.bufs, item.name or "k")
+
+
 def _kernel(src: str, dims: dict, device: str) -> OptKernel:
-    (item,) = [s for s in tgc.loads(src).schedule(dims) if hasattr(s, "ast")]
+    (item,) = [s for s in tgc.loads(src).schedule(dims, device=device) if hasattr(s, "ast")]
     dev = get_device(device)
     return OptKernel(prepare(item.ast, dev), dev)
 
 
 def test_f16_and_bf16_matmuls_take_tensor_cores_on_cuda_only():
     for dtype in ("f16", "bf16"):
-        (k,) = tgc.loads(_mm(dtype)).compile("CUDA", dims={"N": 64, "K": 64, "M": 64})
-        assert [str(o) for o in k.opts] == ["TC(0, 0)", "UPCAST(1, 4)"], k.opts
+        k = _lower(_mm(dtype), "CUDA", {"N": 64, "K": 64, "M": 64})
+        assert [str(o) for o in k.applied] == ["TC(0, 0)", "UPCAST(1, 4)"], k.applied
         assert f"tgc_mma_{dtype}(" in k.src and "mma.sync.aligned.m16n8k16.row.col.f32" in k.src
-        assert k.local_size == (32, 1, 1)  # a warp a work-group
-    (k,) = tgc.loads(_mm("f16")).compile("OPENCL", dims={"N": 64, "K": 64, "M": 64})
-    assert "TC(0, 0)" not in [str(o) for o in k.opts]
-    (k,) = tgc.loads(_mm("f32")).compile("CUDA", dims={"N": 64, "K": 64, "M": 64})
-    assert "TC(0, 0)" not in [str(o) for o in k.opts]
+        assert tuple(k.launch["local_size"]) == (32, 1, 1)  # a warp a work-group
+    k = _lower(_mm("f16"), "OPENCL", {"N": 64, "K": 64, "M": 64})
+    assert "TC(0, 0)" not in [str(o) for o in k.applied]
+    k = _lower(_mm("f32"), "CUDA", {"N": 64, "K": 64, "M": 64})
+    assert "TC(0, 0)" not in [str(o) for o in k.applied]
 
 
 def test_tensor_cores_need_sm_80(monkeypatch):
@@ -74,7 +80,7 @@ def test_tc_is_refused_where_it_does_not_apply(src, dims, opts, why):
 
 @pytest.mark.skipif(nvrtc_missing is not None, reason=f"NVRTC unavailable: {nvrtc_missing}")
 def test_nvrtc_compiles_the_mma_for_ampere_and_hopper():
-    (k,) = tgc.loads(_mm("bf16")).compile("CUDA", dims={"N": 32, "K": 32, "M": 16})
+    k = _lower(_mm("bf16"), "CUDA", {"N": 32, "K": 32, "M": 16})
     for arch in ("sm_80", "sm_90"):
         ptx = cuda.nvrtc_compiler(arch).compile_ptx(k.src)
         assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx, ptx[-2000:]

@@ -24,6 +24,7 @@ import tgc.codegen.search as search
 from tgc.backends import get_device
 from tgc.backends import metal as metal_mod
 from tgc.codegen.opt import Opt
+from tgc.codegen.pipeline import lower
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWSUM = "x: f32[M, N]\nreturn x.sum(axis=1)"
@@ -47,8 +48,16 @@ def _with_opts(opts: list[tuple], fn):
         search.lookup = api.lookup = orig
 
 
+def _lower(src: str, device: str, dims: dict, opts: list[tuple] | None = None) -> list:
+    """The program's kernels lowered and rendered for `device` (not compiled): the heuristic's, or `opts`."""
+    dev = get_device(device)
+    items = [s for s in tgc.loads(src).schedule(dims, device=device) if hasattr(s, "ast")]
+    return [lower(it.ast, dev, it.bufs, it.name or "k", opts=None if opts is None else [Opt(*o) for o in opts])
+            for it in items]
+
+
 def _opts(src: str, device: str, dims: dict) -> list[list[str]]:
-    return [[str(o) for o in k.opts] for k in tgc.loads(src).compile(device, dims=dims)]
+    return [[str(o) for o in k.applied] for k in _lower(src, device, dims)]
 
 
 # ---------------------------------------------------------------- the heuristic's choices (no device needed)
@@ -67,7 +76,7 @@ def test_matmul_tiles_threads_and_blocks_outputs_per_thread():
 
 def test_matmul_tile_reads_adjacent_columns_in_adjacent_threads():
     """The columns' thread index is the innermost digit of lidx0, so a warp's loads of B are contiguous."""
-    (k,) = tgc.loads(MATMUL).compile("CUDA", dims={"N": 128, "K": 64, "M": 256})
+    (k,) = _lower(MATMUL, "CUDA", {"N": 128, "K": 64, "M": 256})
     assert "(lidx0 % 16)" in k.src and len(re.findall(r"fmaf\(", k.src)) == 16, k.src
 
 
@@ -75,7 +84,7 @@ def test_staged_tiles_are_copied_by_the_work_group_with_one_barrier_a_step():
     """STAGE: two double-buffered tiles (64 rows x 16 steps of A, 16 steps x 64 columns of B: 2 x 2 x 1024
     floats), each thread copying 4 elements of each (256 threads); one barrier in the loop over tiles, none after
     the tile's loop; thread t copies element t of the tile, so adjacent threads copy adjacent elements."""
-    (k,) = tgc.loads(MATMUL).compile("CUDA", dims={"N": 128, "K": 64, "M": 256})
+    (k,) = _lower(MATMUL, "CUDA", {"N": 128, "K": 64, "M": 256})
     assert "__shared__ float tile0[2048];" in k.src and "__shared__ float tile1[2048];" in k.src, k.src
     assert len(re.findall(r"tile0\[v\d+\] = ", k.src)) == 4 and k.src.count("__syncthreads()") == 1, k.src
     assert re.search(r"for \(int ridx\d+ = 0; ridx\d+ < 4;.*__syncthreads\(\);.*for \(int ridx\d+ = 0; "
@@ -90,8 +99,8 @@ def test_vector_copies_only_where_every_index_is_a_multiple_of_4():
     rng = np.random.default_rng(5)
     a, b = rng.standard_normal((64, 65)).astype(np.float32), rng.standard_normal((64, 128)).astype(np.float32)
     src = "a: f32[N, K]\nb: f32[J, M]\nreturn a[:, 1:] @ b"
-    (k,) = tgc.loads(src).compile("OPENCL", dims={"N": 64, "K": 65, "J": 64, "M": 128})
-    assert "STAGE(2, 16)" in [str(o) for o in k.opts] and k.src.count("vload4(0, ") == 1, k.src
+    (k,) = _lower(src, "OPENCL", {"N": 64, "K": 65, "J": 64, "M": 128})
+    assert "STAGE(2, 16)" in [str(o) for o in k.applied] and k.src.count("vload4(0, ") == 1, k.src
     assert re.search(r"vload4\(0, data2 \+", k.src), k.src
     got = tgc.loads(src).run("OPENCL", a=a, b=b)["out0"]
     np.testing.assert_allclose(got, a[:, 1:].astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
@@ -125,14 +134,14 @@ def test_row_reductions_take_a_work_group_per_row():
 
 def test_opencl_combines_partials_by_a_tree_and_cuda_by_shuffles():
     dims = {"M": 16, "N": 4096}
-    (cl,) = _with_opts([("LOCAL", 0, 4), ("GROUP", 1, 64)], lambda: tgc.loads(ROWSUM).compile("OPENCL", dims=dims))
+    (cl,) = _lower(ROWSUM, "OPENCL", dims, [("LOCAL", 0, 4), ("GROUP", 1, 64)])
     assert cl.src.count("barrier(CLK_LOCAL_MEM_FENCE)") == 7 and "for (int ridx2" not in cl.src, cl.src  # 1 + log2 64
-    (cu,) = _with_opts([("LOCAL", 0, 2), ("GROUP", 1, 256)], lambda: tgc.loads(ROWSUM).compile("CUDA", dims=dims))
+    (cu,) = _lower(ROWSUM, "CUDA", dims, [("LOCAL", 0, 2), ("GROUP", 1, 256)])
     assert cu.src.count("__shfl_xor_sync") == 5 + 3 and cu.src.count("__syncthreads()") == 1, cu.src
-    (cu,) = _with_opts([("GROUP", 1, 32)], lambda: tgc.loads(ROWSUM).compile("CUDA", dims=dims))
+    (cu,) = _lower(ROWSUM, "CUDA", dims, [("GROUP", 1, 32)])
     assert cu.src.count("__shfl_xor_sync") == 5 and "__shared__" not in cu.src, cu.src
     # the GROUP's threads not adjacent lanes (a LOCAL digit inside it): the tree, never a shuffle
-    (cu,) = _with_opts([("GROUP", 1, 64), ("LOCAL", 0, 2)], lambda: tgc.loads(ROWSUM).compile("CUDA", dims=dims))
+    (cu,) = _lower(ROWSUM, "CUDA", dims, [("GROUP", 1, 64), ("LOCAL", 0, 2)])
     assert "__shfl_xor_sync" not in cu.src and cu.src.count("__syncthreads()") == 7, cu.src
 
 
@@ -179,9 +188,8 @@ def test_staged_matmuls_match_numpy_on_opencl(shape, opts):
     a = rng.standard_normal((*batch, n, k)).astype(np.float32)
     b = rng.standard_normal((*batch, k, m)).astype(np.float32)
     src = MATMUL if not batch else "a: f32[B, N, K]\nb: f32[B, K, M]\nreturn a @ b"
-    kernels = _with_opts(opts, lambda: tgc.loads(src).compile("OPENCL", dims=dict(
-        zip(("B", "N", "K", "M")[-len(shape):], shape))))
-    assert [str(o) for o in kernels[0].opts] == [str(Opt(*o)) for o in opts] and "tile1" in kernels[0].src
+    kernels = _lower(src, "OPENCL", dict(zip(("B", "N", "K", "M")[-len(shape):], shape)), opts)
+    assert [str(o) for o in kernels[0].applied] == [str(Opt(*o)) for o in opts] and "tile1" in kernels[0].src
     # 16-byte copies where each thread copies whole groups of 4 (1024 elements, 256 threads; not 128 on 128)
     assert ("vload4" in kernels[0].src) == (len(shape) == 3), kernels[0].src
     got = _with_opts(opts, lambda: tgc.loads(src).run("OPENCL", a=a, b=b)["out0"])
@@ -267,10 +275,10 @@ def test_shuffles_trees_rows_and_tiles_match_numpy_through_the_cuda_stand_in():
 
 @pytest.mark.skipif(metal_mod.libclang_error() is not None, reason=f"no libclang: {metal_mod.libclang_error()}")
 def test_tree_reductions_and_tiles_type_check_on_metal():
-    kernels = tgc.loads(ROWSUM).compile("METAL", dims={"M": 8, "N": 1024})  # gpu_group: GROUP(1, 256), a tree
-    kernels += tgc.loads(MATMUL).compile("METAL", dims={"N": 64, "K": 32, "M": 128})
-    kernels += tgc.loads(ROWSUM).compile("METAL", dims={"M": 4097, "N": 1000})
-    assert [len(k.opts) for k in kernels] == [1, 5, 2] and "device const float4*" in kernels[1].src
+    kernels = _lower(ROWSUM, "METAL", {"M": 8, "N": 1024})  # gpu_group: GROUP(1, 256), a tree
+    kernels += _lower(MATMUL, "METAL", {"N": 64, "K": 32, "M": 128})
+    kernels += _lower(ROWSUM, "METAL", {"M": 4097, "N": 1000})
+    assert [len(k.applied) for k in kernels] == [1, 5, 2] and "device const float4*" in kernels[1].src
     assert kernels[0].src.count("threadgroup_barrier") == 9, kernels[0].src  # 1 + log2(256)
     errors = [f"{k.name}: {d}" for k in kernels for d in metal_mod.metal_linter().diagnostics(k.src)]
     assert not errors, errors
