@@ -151,3 +151,11 @@ def test_tc_kernels_are_searched_by_beam_on_cuda_only():
     k.apply(Opt(OptOps.TC, 0, 0))
     assert Opt(OptOps.TC, 0, 0) not in search.actions(k)
     assert Opt(OptOps.TC, 0, 0) not in search.actions(_kernel(_mm("f16"), {"N": 32, "K": 32, "M": 16}, "OPENCL"))
+
+
+def test_tc_kernels_count_2mnk_flops():
+    """Each `mma.sync` is 16 x 8 x 16 multiply-adds of a warp; adding its result to the accumulator is part of it."""
+    from tgc.codegen.kernel import kernel_flops
+    k = _lower(_mm("f16"), "CUDA", {"N": 64, "K": 48, "M": 32})
+    assert [str(o) for o in k.applied][0] == "TC(0, 0)"
+    assert kernel_flops(k.uops, get_device("CUDA"), k.launch) == 2 * 64 * 48 * 32
