@@ -127,5 +127,8 @@ def test_gpu_long_reductions_into_few_outputs_are_shared_by_a_work_group():
     gpu = get_device("OPENCL")  # (the rules read its capabilities only: it is not opened)
     names, opts = run("x: f32[N, D]\nreturn x.sum(axis=1)", {"N": 64, "D": 4096}, device=gpu)
     assert names == ["gpu_group"] and opts == ["GROUP(1, 256)"]
-    names, _ = run("x: f32[N, D]\nreturn x.sum(axis=1)", {"N": 8192, "D": 4096}, device=gpu)  # many outputs
+    # many outputs: a row per work-group all the same (gpu_rows), but a column reduction keeps a column per thread
+    names, opts = run("x: f32[N, D]\nreturn x.sum(axis=1)", {"N": 8192, "D": 4096}, device=gpu)
+    assert names == ["gpu_rows"] and opts == ["GROUP(1, 256)"]
+    names, _ = run("x: f32[N, D]\nreturn x.sum(axis=0)", {"N": 8192, "D": 8192}, device=gpu)
     assert names == []

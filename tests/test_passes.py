@@ -187,8 +187,8 @@ def _item(src: str, dims: dict, device: str = "CPU"):
 def test_the_pipeline_is_a_list_of_named_passes_in_order():
     names = [p.name for p in PASSES]
     assert names == ["legalize_half", "tee_row_values", "decompose_transcendentals", "apply_opts",
-                     "resolve_row_values", "lower_groups", "map_to_grid", "narrow_index", "unroll_reduce",
-                     "vectorize", "upcast_stores", "drop_unused_buffers"]
+                     "resolve_row_values", "lower_groups", "stage_tiles", "map_to_grid", "narrow_index",
+                     "unroll_reduce", "vectorize", "upcast_stores", "drop_unused_buffers"]
     assert {p.kind for p in PASSES} == {"rewrite", "function"}
 
 

@@ -30,6 +30,11 @@ class Capabilities:
     max_shared_bytes: int = 32768
     max_grid: int = 2**31 - 1
     preferred_local_size: int = 256
+    # lanes that exchange registers with a shuffle (`Ops.SHUFFLE`, CUDA's `__shfl_xor_sync`: 32); 0 where the
+    # dialect renders none, and a work-group reduction combines its partials through a shared-memory tree
+    shuffle_width: int = 0
+    # warp-wide matrix multiply-accumulate (`Ops.MMA`, PTX `mma.sync` m16n8k16 with f32 accumulate: CUDA sm_80+)
+    tensor_cores: bool = False
 
     @property
     def gpu(self) -> bool:

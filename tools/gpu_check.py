@@ -278,7 +278,9 @@ def _tgc_runner(peer: str, mode: str):
         res = prog.bench(device="CUDA", dims=spec["dims"], inputs=arrays, repeat=REPEAT[mode])
         p = res["program"]
         doc = {"status": "ok", "seconds": p["median_s"], "min_s": p["min_s"], "max_s": p["max_s"],
-               "kernels": len(res["kernels"]), "graph": p.get("graph")}
+               "kernels": len(res["kernels"]), "graph": p.get("graph"),
+               # what the heuristic chose for each kernel (the GPU rules: tiles, STAGE, a work-group per row)
+               "opts": [" ".join(k.get("opts") or []) for k in res["kernels"]]}
         # the values too: a fast wrong kernel is no result (tgc's CUDA had never run on a GPU before this check)
         out = next(iter(prog.run(device="CUDA", dims=spec["dims"], cast=True, **arrays).values()))
         ok, doc["check"] = check_values(row, spec, arrays, out)

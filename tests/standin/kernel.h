@@ -7,12 +7,35 @@
 #include <string.h>
 
 struct tgc_dim3 { unsigned x, y, z; };
+/* CUDA's 16-byte vector types (a staged tile's copies load through them) */
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(16) int4 { int x, y, z, w; };
+struct alignas(16) uint4 { unsigned x, y, z, w; };
 static thread_local tgc_dim3 threadIdx, blockIdx;
 static tgc_dim3 blockDim, gridDim;
 static pthread_barrier_t tgc_barrier;
 static unsigned tgc_threads = 1;
 
 static inline void __syncthreads() { if (tgc_threads > 1) pthread_barrier_wait(&tgc_barrier); }
+
+/* __shfl_xor_sync: every thread of the block puts its value in its slot, then reads lane `lane ^ offset` of its
+ * warp (32 lanes) after a barrier. Two sets of slots, used in turn: a thread can be at most one shuffle ahead (the
+ * next shuffle's barrier waits for every thread), so the set it writes is never one still being read; one barrier
+ * a shuffle. The block's threads must all call it, as tgc's kernels do (whole warps run every shuffle); a mask
+ * other than all lanes, or a block not made of whole warps, is refused. */
+static unsigned long long tgc_shuffle_slots[2][1024];
+static thread_local unsigned tgc_shuffle_turn;
+template <class T> static inline T __shfl_xor_sync(unsigned mask, T value, int offset) {
+  static_assert(sizeof(T) <= sizeof(unsigned long long), "a shuffled value is at most 8 bytes");
+  if (mask != 0xffffffffu || tgc_threads % 32 != 0 || offset <= 0 || offset >= 32) __builtin_trap();
+  unsigned me = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  unsigned long long *slots = tgc_shuffle_slots[tgc_shuffle_turn++ & 1];
+  memcpy(&slots[me], &value, sizeof value);
+  __syncthreads();
+  T got;
+  memcpy(&got, &slots[me ^ (unsigned)offset], sizeof got);
+  return got;
+}
 
 #define __global__
 #define __device__
@@ -39,6 +62,51 @@ static inline unsigned short tgc_float2bf16(float f) {
   unsigned u = __float_as_uint(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fff;  /* cvt.rn.bf16.f32 gives the canonical NaN */
   return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+
+/* mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32 with C = 0 (cstyle.py's MMA_HELPERS): every thread
+ * of the block puts its 12 fragment values (rounded to the half type, as the packing does) in its slot; after a
+ * barrier each thread rebuilds its warp's A (16x16) and B (16x8) from the 32 lanes' slots by the PTX ISA's fragment
+ * layout (g = lane / 4, t = lane % 4; A rows g, g + 8 and columns 2t, 2t + 1, 2t + 8, 2t + 9; B rows 2t, 2t + 1,
+ * 2t + 8, 2t + 9 and column g) and computes its 4 results (rows g, g + 8; columns 2t, 2t + 1) in f32; a barrier
+ * again. Products of half floats are exact in f32; the sum runs in k order. */
+static float tgc_mma_slots[1024][12];
+static inline float4 tgc_mma_emulate(const float *v) {
+  if (tgc_threads % 32 != 0) __builtin_trap();
+  unsigned me = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  memcpy(tgc_mma_slots[me], v, sizeof tgc_mma_slots[me]);
+  __syncthreads();
+  float a[16][16], b[16][8];
+  unsigned warp = me / 32 * 32;
+  for (unsigned lane = 0; lane < 32; lane++) {
+    unsigned g = lane / 4, t = lane % 4;
+    const float *s = tgc_mma_slots[warp + lane];
+    for (unsigned i = 0; i < 8; i++) a[g + 8 * ((i / 2) % 2)][2 * t + (i & 1) + 8 * (i / 4)] = s[i];
+    for (unsigned i = 0; i < 4; i++) b[2 * t + (i & 1) + 8 * (i / 2)][g] = s[8 + i];
+  }
+  unsigned g = me % 32 / 4, t = me % 4;
+  float d[4];
+  for (unsigned i = 0; i < 4; i++) {
+    float acc = 0.0f;
+    for (unsigned k = 0; k < 16; k++) acc += a[g + 8 * (i / 2)][k] * b[k][2 * t + (i & 1)];
+    d[i] = acc;
+  }
+  __syncthreads();
+  return float4{d[0], d[1], d[2], d[3]};
+}
+static inline float4 tgc_mma_f16(float a0, float a1, float a2, float a3, float a4, float a5, float a6, float a7,
+                                 float b0, float b1, float b2, float b3) {
+  float v[12] = {a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3};
+  for (float &x : v) x = tgc_half2float(tgc_float2half(x));
+  return tgc_mma_emulate(v);
+}
+static inline float4 tgc_mma_bf16(float a0, float a1, float a2, float a3, float a4, float a5, float a6, float a7,
+                                  float b0, float b1, float b2, float b3) {
+  float v[12] = {a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3};
+  for (float &x : v) x = tgc_bf162float(tgc_float2bf16(x));
+  return tgc_mma_emulate(v);
 }
 
 struct tgc_thread { void (*entry)(void **); void **params; unsigned id; };

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import struct
+from dataclasses import replace
 
 from tgc.capabilities import Capabilities
 from tgc.dtype import DType
@@ -39,13 +40,17 @@ class CStyleRenderer:
     # same product elsewhere, and a softmax of large logits became nan. OpenCL C contracts by default
     # (FP_CONTRACT ON), so the prelude turns it off; NVRTC gets `--fmad=false`, Metal `-fno-fast-math`.
     contract_off = "#pragma OPENCL FP_CONTRACT OFF"
+    # lanes of a warp shuffle (`Ops.SHUFFLE`); 0: none rendered, work-group reductions use a shared-memory tree
+    # (OpenCL's sub-group size is not known when the kernel is written, and PoCL declares no cl_khr_subgroups)
+    shuffle_width = 0
     fma_fn = "fma"
 
     @property
     def caps(self) -> Capabilities:
         """GPU launches within this dialect's limits (above); no vector UOps, the device's own transcendentals."""
         return Capabilities(launch="gpu", fuse_rows=False, max_threads_per_block=self.max_threads_per_block,
-                            max_shared_bytes=self.max_shared_bytes, max_grid=self.max_grid[0])
+                            max_shared_bytes=self.max_shared_bytes, max_grid=self.max_grid[0],
+                            shuffle_width=self.shuffle_width)
     float_suffix = "f"
     # index builtins by SPECIAL name prefix
     group_index = "get_group_id({})"
@@ -57,7 +62,11 @@ class CStyleRenderer:
     mem_types = {"bool": "uchar", "f16": "half", "bf16": "ushort"}
 
     def ctype(self, d: DType) -> str:
-        return self.types[d.name]
+        return self.types[d.name] + (str(d.count) if d.count > 1 else "")  # float4: a 16-byte load (STAGE's copies)
+
+    def vector_load(self, d: DType, buf: str, idx: str) -> str:
+        """`d.count` adjacent elements from `buf[idx]`, `idx` a multiple of the count (`opt.stage_tiles` checks)."""
+        return f"vload{d.count}(0, {buf} + {idx})"
 
     def mtype(self, d: DType) -> str:
         return self.mem_types.get(d.name, self.types[d.name])
@@ -245,6 +254,14 @@ class CStyleRenderer:
                 line(self.define_local(u.arg[0], self.ctype(d), int(u.arg[1]), uops))
             elif op is Ops.BARRIER:
                 line(self.barrier)
+            elif op is Ops.SHUFFLE:
+                define(u, self.shuffle(ref(u.src[0]), int(u.arg)))
+            elif op is Ops.GEP:
+                define(u, f"{ref(u.src[0])}.{'xyzw'[u.arg]}")
+            elif op is Ops.MMA:
+                define(u, self.mma(str(u.arg), [ref(s) for s in u.src]))
+            elif op is Ops.LOAD and d.count > 1:
+                define(u, self.vector_load(d, names[u.src[0]], ref(u.src[1])))
             elif op is Ops.LOAD and u.src[0].op is Ops.DEFINE_LOCAL:
                 define(u, f"{names[u.src[0]]}[{ref(u.src[1])}]")
             elif op is Ops.STORE and u.src[0].op is Ops.DEFINE_LOCAL:
@@ -261,6 +278,14 @@ class CStyleRenderer:
                 define(u, self.alu(u, [ref(s) for s in u.src]))
         body = [self.signature(name, params, uops) + " {", *lines, "}"]
         return "\n".join(self.prelude(uops) + [""] + body) + "\n"
+
+    def shuffle(self, value: str, offset: int) -> str:
+        """The value of lane `lane ^ offset` of the warp (only dialects with `shuffle_width`)."""
+        raise CompileError(f"the {self.name} dialect renders no warp shuffle (a tgc bug)")
+
+    def mma(self, kind: str, args: list[str]) -> str:
+        """A warp's m16n8k16 multiply (`Ops.MMA`; only dialects with tensor cores)."""
+        raise CompileError(f"the {self.name} dialect renders no tensor-core multiply (a tgc bug)")
 
     def define_local(self, name: str, ctype: str, count: int, uops: list[UOp]) -> str:
         """The declaration of a shared array of `count` elements."""
@@ -356,6 +381,22 @@ __device__ __forceinline__ unsigned short tgc_float2bf16(float f) {
 """
 
 
+# `Ops.MMA` on CUDA: the lane's fragments packed two halves to a .b32 register (the lower index in the low half),
+# `mma.sync.aligned.m16n8k16.row.col.f32.<t>.<t>.f32` with C = 0 (tests/cuda_standin.py removes these for the stand-in,
+# whose kernel.h emulates them)
+MMA_HELPERS = "\n".join(
+    f"""__device__ __forceinline__ unsigned tgc_pack_{t}(float lo, float hi) {{
+  return (unsigned)tgc_float2{cvt}(lo) | ((unsigned)tgc_float2{cvt}(hi) << 16); }}
+__device__ __forceinline__ float4 tgc_mma_{t}(float a0, float a1, float a2, float a3, float a4, float a5, float a6,
+    float a7, float b0, float b1, float b2, float b3) {{
+  float d0, d1, d2, d3;
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.{t}.{t}.f32 {{%0, %1, %2, %3}}, {{%4, %5, %6, %7}}, {{%8, %9}}, "
+               "{{%10, %10, %10, %10}};" : "=f"(d0), "=f"(d1), "=f"(d2), "=f"(d3)
+               : "r"(tgc_pack_{t}(a0, a1)), "r"(tgc_pack_{t}(a2, a3)), "r"(tgc_pack_{t}(a4, a5)),
+                 "r"(tgc_pack_{t}(a6, a7)), "r"(tgc_pack_{t}(b0, b1)), "r"(tgc_pack_{t}(b2, b3)), "f"(0.0f));
+  return make_float4(d0, d1, d2, d3); }}""" for t, cvt in (("f16", "half"), ("bf16", "bf16")))
+
+
 class CUDARenderer(CStyleRenderer):
     name = "cuda"
     kernel_prefix = 'extern "C" __global__ void'
@@ -366,12 +407,28 @@ class CUDARenderer(CStyleRenderer):
     local_index = "threadIdx.{}"
     max_threads_per_block = 1024
     max_shared_bytes = 48 * 1024  # static __shared__ arrays; more needs dynamic shared memory
+    shuffle_width = 32
+
+    @property
+    def caps(self) -> Capabilities:
+        """The C dialects' caps, with tensor cores (`mma.sync` needs sm_80: `CUDADevice.caps` drops them for an
+        older architecture)."""
+        return replace(super().caps, tensor_cores=True)
     types = {**CStyleRenderer.types, "i8": "signed char", "u8": "unsigned char", "u16": "unsigned short",
              "u32": "unsigned int", "i64": "long long", "u64": "unsigned long long"}
     mem_types = {"bool": "unsigned char", "f16": "unsigned short", "bf16": "unsigned short"}
 
     def special(self, name: str) -> str:
         return (self.group_index if name.startswith("gidx") else self.local_index).format("xyz"[int(name[-1])])
+
+    def shuffle(self, value: str, offset: int) -> str:
+        return f"__shfl_xor_sync(0xffffffffu, {value}, {offset})"
+
+    def vector_load(self, d: DType, buf: str, idx: str) -> str:
+        return f"*reinterpret_cast<const {self.ctype(d)}*>({buf} + {idx})"
+
+    def mma(self, kind: str, args: list[str]) -> str:
+        return f"tgc_mma_{kind}({', '.join(args)})"
 
     def prelude(self, uops: list[UOp]) -> list[str]:
         return [
@@ -380,6 +437,7 @@ class CUDARenderer(CStyleRenderer):
             HALF_HELPERS.strip(),
             "template <class T, class F> __device__ __forceinline__ T tg_bitcast(F x) "
             "{ union { F from; T to; } u; u.from = x; return u.to; }",
+            *([MMA_HELPERS] if any(u.op is Ops.MMA for u in uops) else []),
         ]
 
     def param(self, u: UOp, written: bool) -> str:
@@ -488,6 +546,9 @@ class MetalRenderer(CStyleRenderer):
     def param(self, u: UOp, written: bool) -> str:
         const = "" if written else "const "
         return f"{self.global_qualifier} {const}{self.mtype(u.dtype)}* data{u.arg} [[buffer({u.arg})]]"
+
+    def vector_load(self, d: DType, buf: str, idx: str) -> str:
+        return f"*((device const {self.ctype(d)}*)({buf} + {idx}))"
 
     half_fns = {"f16": ("float", "half"), "bf16": ("tg_bf2f", "tg_f2bf")}  # f16 is Metal's own `half`
     u16, u8 = "ushort({})", "uchar({})"

@@ -301,6 +301,122 @@ def _gpu_group(f: Facts, k: OptKernel) -> bool:
     return False
 
 
+GPU_ROW_MIN = 64  # a row shorter than this stays one row per thread
+GPU_ROW_PAD_WASTE = 8  # a row is padded to whole work-groups where that adds at most 1/8 of it
+
+
+def _gpu_row_axis(f: Facts, k: OptKernel) -> int | None:
+    """A row reduction on a GPU: the axis (of `k`'s shape) of a reduction of at least GPU_ROW_MIN that some load
+    reads contiguously (stride 1), where no load is shared across output axes (not a matmul: each output reads
+    its own row). None otherwise."""
+    loops, reduces = k.loops(), k.reduces()
+    loads = [ld for ld in _loads(k.ast) if ld.src[0].op is Ops.DEFINE_GLOBAL]
+    if not loads or not all(f.loops) or any(r not in ld.src[1].toposort() for r in loops if _size(r) > 1
+                                            for ld in loads if any(x in ld.src[1].toposort() for x in reduces)):
+        return None
+    for j in reversed(range(len(reduces))):
+        r = reduces[j]
+        if _size(r) >= GPU_ROW_MIN and any(_stride(ld.src[1], r) == 1 for ld in loads):
+            return len(loops) + j
+    return None
+
+
+def _gpu_rows(f: Facts, k: OptKernel) -> bool:
+    """One row per work-group: the GROUP's threads read adjacent elements (coalesced) and combine their partials
+    by shuffles or a shared-memory tree (`opt.lower_groups`); a row no power of two >= 32 divides is padded to
+    one (PADTO: the extra elements read nothing and add the identity) where that adds little."""
+    axis = _gpu_row_axis(f, k)
+    if axis is None:
+        return False
+    size = _size(k.axes()[axis])
+    for amt in (256, 128, 64, 32):
+        if size % amt == 0 and size >= amt and _try(k, Opt(OptOps.GROUP, axis, amt)):
+            return True
+    for amt in (256, 128, 64, 32):
+        padded = -(-size // amt) * amt
+        if size >= amt and (padded - size) * GPU_ROW_PAD_WASTE <= size:
+            before = k.copy()
+            if _try(k, Opt(OptOps.PADTO, axis, amt)):
+                if _try(k, Opt(OptOps.GROUP, axis, amt)):
+                    return True
+                k.ast, k.applied, k.pads, k.assumptions = before.ast, before.applied, before.pads, before.assumptions
+                return False
+    return False
+
+
+GPU_TILE_THREADS = (16, 8)  # threads of a work-group along rows and along columns (16 x 16 first)
+GPU_TILE_OUTPUTS = (4, 2)  # outputs a thread computes along each (register blocking: 4 x 4 first)
+GPU_STAGE_STEPS = (16, 8)  # reduction steps a tile staged in shared memory holds
+
+
+def _gpu_tc(f: Facts, k: OptKernel) -> bool:
+    """An f16/bf16 matmul on a GPU with tensor cores: TC (a warp per 16 x 8 tile, `mma.sync` with f32
+    accumulate), then 4 (or 2) such tiles of columns per warp, which reuse its fragments of A."""
+    if not k.device.caps.tensor_cores or not _try(k, Opt(OptOps.TC, 0, 0)):
+        return False
+    cols = len(k.loops()) - 1
+    any(_try(k, Opt(OptOps.UPCAST, cols, n)) for n in (4, 2))
+    return True
+
+
+def _gpu_matmul_axes(k: OptKernel) -> tuple[int, int] | None:
+    """(row axis, column axis) of a matmul-like kernel on a GPU: the column axis contiguous in the store, and
+    inside the reduction one operand not read along the rows and one not read along the columns (each read by
+    many outputs). None otherwise."""
+    loops, reduces = k.loops(), k.reduces()
+    if len(loops) < 2 or not reduces or not all(_size(r) for r in loops):
+        return None
+    store = next(u for u in k.ast.toposort() if u.op is Ops.STORE)
+    cols = [i for i, r in enumerate(loops) if _stride(store.src[1], r) == 1]
+    inner = [ld for ld in _loads(k.ast) if any(r in ld.src[1].toposort() for r in reduces)]
+    if not cols or not inner:
+        return None
+    col = cols[0]
+    for row in reversed(range(len(loops))):
+        if row == col:
+            continue
+        rr, cr = loops[row], loops[col]
+        if any(rr not in ld.src[1].toposort() for ld in inner) and any(cr not in ld.src[1].toposort()
+                                                                       for ld in inner):
+            return row, col
+    return None
+
+
+def _gpu_matmul(f: Facts, k: OptKernel) -> bool:
+    """A work-group of threads over a tile of rows x columns, each thread a block of outputs (register blocking:
+    each operand value loaded feeds several accumulators). The columns' LOCAL digit is the innermost, and each
+    thread's columns lie a work-group's width apart, so adjacent threads read adjacent columns (coalesced).
+    The largest tile dividing both sizes; none (one output per thread) where none does."""
+    axes = _gpu_matmul_axes(k)
+    if axes is None:
+        return False
+    row, col = axes
+    rows, cols = _size(k.loops()[row]), _size(k.loops()[col])
+    for per in GPU_TILE_OUTPUTS:
+        for threads in GPU_TILE_THREADS:
+            if rows % (threads * per) or cols % (threads * per):
+                continue
+            trial = k.copy()
+            if all(_try(trial, o) for o in (Opt(OptOps.LOCAL, row, threads), Opt(OptOps.LOCAL, col, threads),
+                                             Opt(OptOps.UPCAST, row, per), Opt(OptOps.UPCAST, col, per))):
+                k.ast, k.applied, k.pads, k.assumptions = trial.ast, trial.applied, trial.pads, trial.assumptions
+                _gpu_stage(k)
+                return True
+    return False
+
+
+def _gpu_stage(k: OptKernel) -> bool:
+    """The tile's operands through shared memory (STAGE), where the kernel has one reduction loop and a tile of
+    GPU_STAGE_STEPS divides it: each operand value is read from global memory once per work-group, not once per
+    thread that uses it."""
+    reduces = k.reduces()
+    if len(reduces) != 1:
+        return False
+    axis, size = len(k.loops()), _size(reduces[0])
+    return any(size % steps == 0 and size > steps and _try(k, Opt(OptOps.STAGE, axis, steps))
+               for steps in GPU_STAGE_STEPS)
+
+
 def _panels_wanted(f: Facts) -> bool:
     """A plain matmul whose reused operand (K x N) is larger than the private caches of all cores together:
     it cannot stay near any core while the rows pass over it."""
@@ -431,9 +547,21 @@ def _short_rows(f: Facts, k: OptKernel) -> bool:
 
 
 RULES: tuple[Rule, ...] = (
-    Rule("gpu_group", "gpu", lambda f, k: all(f.loops) and prod(f.loops) <= 4096 and max(f.reduces, default=0) >= 256,
+    Rule("gpu_tc", "gpu", lambda f, k: True, _gpu_tc,
+         "an f16/bf16 matmul on scalar FMAs leaves the tensor cores idle: mma.sync m16n8k16 a warp per 16 x 8 "
+         "tile, f32 accumulate (sm_80+)"),
+    Rule("gpu_group", "gpu", lambda f, k: "gpu_tc" not in f.done and all(f.loops) and prod(f.loops) <= 4096
+         and max(f.reduces, default=0) >= 256,
          _gpu_group,
          "a long reduction into few outputs leaves most of a GPU idle: a work-group shares each reduction"),
+    Rule("gpu_matmul", "gpu", lambda f, k: "gpu_group" not in f.done and "gpu_tc" not in f.done, _gpu_matmul,
+         "one output per thread loads each operand value once per output: a work-group over a tile of rows x "
+         "columns, each thread a 4 x 4 block of outputs (register blocking), adjacent threads on adjacent columns, "
+         "the operands' tiles staged in shared memory (STAGE, 16 reduction steps a tile)"),
+    Rule("gpu_rows", "gpu", lambda f, k: not {"gpu_group", "gpu_matmul", "gpu_tc"} & set(f.done), _gpu_rows,
+         "a row reduction with one row per thread reads the rows uncoalesced (adjacent threads a row apart): one "
+         "row per work-group, its threads reading adjacent elements and combining by warp shuffles or a "
+         "shared-memory tree"),
     Rule("short_rows", "elementwise", lambda f, k: True, _short_rows,
          "LLVM's loop vectorizer leaves short contiguous inner loops (<= SHORT_ROW) mostly scalar: write them as "
          "vectors; a transpose's tile or a panel copy's rows side by side (`short_rows`)"),

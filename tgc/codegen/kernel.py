@@ -110,15 +110,22 @@ def count_work(uops: list[UOp], env: dict[str, int] | None = None, groups: bool 
     """Float operations one thread executes, from the loop trip counts around each ALU op.
 
     `env` gives kernel variables (the CPU's `core_id`) so that a loop whose end depends on them gets its
-    real trip count (else the end's largest value). The combine step of a GROUP reduction, which every
-    thread of the group repeats on the same shared-memory partials, counts once per group: a value read
-    from shared memory at an index over a combine loop of n iterations, and whatever follows from it
-    without varying by thread, weighs 1/n. `groups=False` (the CPU, whose work-group is one thread: its local
-    memory is that thread's scratch array) counts every op.
+    real trip count (else the end's largest value). The combine step of a GROUP reduction counts once per thread
+    of the group (its partial added once): where every thread repeats it on the same shared-memory partials (a
+    value read from shared memory at an index over a combine loop of n iterations, and whatever follows from it
+    without varying by thread) each op weighs 1/n; where the threads combine by a tree in shared memory or by warp
+    shuffles (`opt.lower_groups`: loads of a `temp` array outside any loop, `Ops.SHUFFLE`), the whole chain counts
+    one op per partial a thread contributes. A staged tile (`opt.stage_tiles`: a `tile` array) is read like any
+    per-thread operand. `Ops.MMA` is its 16 x 8 x 16 multiply-adds shared by the 32 lanes (256 a lane), and adding
+    its result to the accumulator is part of it. `groups=False` (the CPU, whose work-group is one thread: its
+    local memory is that thread's scratch array) counts every op.
     """
     flops, trips = 0.0, [1]
     varying: dict[UOp, bool] = {}  # differs between the threads of a work-group
     factor: dict[UOp, int] = {}  # how many threads of the group compute the same value
+    serial = {u.src[0] for u in uops if u.op is Ops.LOAD and u.src and u.src[0].op is Ops.DEFINE_LOCAL
+              and len(u.src) > 1 and prod_ranges(u.src[1]) > 1}  # shared arrays read in a combine loop
+    combined: set[UOp] = set()  # values of a tree or shuffle combine
     for u in uops:
         if u.op is Ops.RANGE:
             end = u.src[0]
@@ -131,17 +138,35 @@ def count_work(uops: list[UOp], env: dict[str, int] | None = None, groups: bool 
         if u.op is Ops.SPECIAL:
             varying[u] = str(u.arg[0]).startswith("lidx")
             continue
-        if groups and u.op is Ops.LOAD and u.src and u.src[0].op is Ops.DEFINE_LOCAL:
+        local = u.src[0] if u.op in (Ops.LOAD, Ops.STORE) and u.src and u.src[0].op is Ops.DEFINE_LOCAL else None
+        name = str(local.arg[0]) if local is not None else ""
+        if groups and (u.op is Ops.SHUFFLE or (u.op is Ops.LOAD and name.startswith("temp") and local not in serial)):
+            combined.add(u)
+        elif groups and u.op is Ops.STORE and name.startswith("temp") and local not in serial:
+            if u.src[2] not in combined:  # a partial enters the combine: its one op
+                flops += trips[-1]
+            continue
+        if u in combined or any(s in combined for s in u.src if u.op in ALU):
+            combined.add(u)
+            if u.op is Ops.SHUFFLE and u.src[0] not in combined:  # a partial enters the shuffles: its one op
+                flops += trips[-1]
+            varying[u] = True
+            continue
+        if groups and u.op is Ops.LOAD and local is not None and not name.startswith("tile"):
             varying[u] = False
             factor[u] = max(prod_ranges(u.src[1]), 1) if len(u.src) > 1 else 1
         else:
-            varying[u] = any(varying.get(s, False) for s in u.src)
+            varying[u] = any(varying.get(s, False) for s in u.src) or (local is not None and groups)
             factor[u] = max((factor.get(s, 1) for s in u.src), default=1)
         if u.op is Ops.ACCUMULATE:  # the accumulator carries what goes into it to its READ_ACC
             acc = u.src[0]
             varying[acc] = varying.get(acc, False) or varying[u]
             factor[acc] = max(factor.get(acc, 1), factor[u])
-        if (u.op in ALU and u.dtype is not None and u.dtype.is_float) or u.op is Ops.ACCUMULATE:
+            if (u.src[1].op is Ops.GEP and u.src[1].src[0].op is Ops.MMA) or u.src[1].op is Ops.READ_ACC:
+                continue  # the MMA's own accumulate; an inner reduction's sum into the outer one (STAGE's tiles)
+        if u.op is Ops.MMA:
+            flops += trips[-1] * 2 * 16 * 8 * 16 / 32
+        elif (u.op in ALU and u.dtype is not None and u.dtype.is_float) or u.op is Ops.ACCUMULATE:
             ops = u.dtype.count if u.dtype is not None else 1
             weight = 1 if varying[u] else factor[u]
             flops += trips[-1] * ops / weight
@@ -606,9 +631,10 @@ def bytes_touched(ast: UOp, bufs: list[UOp | None]) -> int:
         index = u.src[1]
         nodes = index.toposort()
         lo, hi = index.vmin, index.vmax
+        width = (u.dtype if u.op is Ops.LOAD else u.src[2].dtype).count  # a vector access: its lanes
         span = size
         if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and abs(lo) != INF and abs(hi) != INF:
-            span = max(min(int(hi), size - 1) - max(int(lo), 0) + 1, 0)
+            span = max(min(int(hi) + width - 1, size - 1) - max(int(lo), 0) + 1, 0)
         if any(n.op is Ops.LOAD for n in nodes):  # a data-dependent index: anything in its span
             count = span
         else:
@@ -616,7 +642,7 @@ def bytes_touched(ast: UOp, bufs: list[UOp | None]) -> int:
             for n in nodes:
                 if n.op in (Ops.RANGE, Ops.SPECIAL, Ops.DEFINE_VAR):
                     combos *= max(int(n.vmax) - int(n.vmin) + 1, 0)
-            count = min(combos, span)
+            count = min(combos * width, span)
         reach[i] = min(reach.get(i, 0) + count, size)
     return sum(n * bufs[i].dtype.itemsize for i, n in reach.items())
 

@@ -7,6 +7,12 @@ A kernel's loops are RANGE uops, so every optimization is a split or a relabelli
 - LOCAL(axis, n): on GPUs, the inner n iterations of an output loop become a work-group dimension;
 - GROUP(axis, n): on GPUs, a reduction split across n threads of a work-group (partial sums in
   shared memory, combined after a barrier);
+- STAGE(axis, n): on GPUs, a reduction loop is split into tiles of n steps; the operands of each tile (the values
+  the work-group's threads read in it) are copied to shared memory by all the threads together (coalesced,
+  double-buffered, one barrier a tile), and the threads read them from there (`stage_tiles`);
+- TC(0, 0): on GPUs with tensor cores (CUDA sm_80+), an f16/bf16 matmul's reduction as warp-wide `mma.sync`
+  (m16n8k16, f32 accumulate): a warp per 16 x 8 tile of outputs, 16 steps of the reduction at a time
+  (`tensor_core`); the first opt of a kernel, and no LOCAL, GROUP or STAGE after it (the warp is the work-group);
 - PADTO(axis, n): a reduction loop rounded up to a multiple of n, the extra iterations masked out; an output
   loop (on the CPU) rounded up the same way, the loads and stores of the extra iterations gated off;
 - SWAP(a, b): two output loops exchange their nesting order;
@@ -70,6 +76,8 @@ def shared_bytes(ast: UOp) -> int:
                          if r.op is Ops.RANGE and r.arg[1] is RangeKind.UPCAST)
             size = 4 if u.dtype.name in ("f16", "bf16") else u.dtype.itemsize
             total += local * lanes * g.src[0].arg * size
+    for ld, tile in staged_tiles(ast):
+        total += 2 * prod(r.src[0].arg for r in tile) * (4 if ld.dtype.name in ("f16", "bf16") else ld.dtype.itemsize)
     return total
 
 
@@ -81,6 +89,8 @@ class OptOps(str, Enum):
     LOCAL = "LOCAL"
     GROUP = "GROUP"
     PADTO = "PADTO"
+    STAGE = "STAGE"
+    TC = "TC"
     SWAP = "SWAP"
     THREAD = "THREAD"
 
@@ -202,6 +212,16 @@ class OptKernel:
             self.ast, self.threads = split_threads(self.ast, opt.amount)
             self.applied.append(opt)
             return
+        if opt.op is OptOps.TC:
+            if not (gpu and self.device.caps.tensor_cores):
+                raise OptError("TC needs a GPU with tensor cores (CUDA sm_80 or later)")
+            if self.applied:
+                raise OptError("TC is the first opt of a kernel")
+            self.ast = tensor_core(self.ast, self._next_id())
+            self.applied.append(opt)
+            return
+        if opt.op in (OptOps.LOCAL, OptOps.GROUP, OptOps.STAGE) and any(u.op is Ops.MMA for u in self.ast.toposort()):
+            raise OptError(f"{opt.op.name} after TC (the work-group is the warp of the tensor cores)")
         if not 0 <= opt.axis < len(axes):
             raise OptError(f"axis {opt.axis} is out of range: the kernel has {len(axes)} axes")
         r = axes[opt.axis]
@@ -211,6 +231,18 @@ class OptKernel:
         if amt <= 1:
             raise OptError("amount must be at least 2")
         is_reduce = r.arg[1] is RangeKind.REDUCE
+        if opt.op is OptOps.STAGE:
+            if not gpu:
+                raise OptError("STAGE needs a GPU-shaped device")
+            if not is_reduce or n is None:
+                raise OptError("STAGE applies to a reduction axis of a constant size")
+            if any(x.arg[1] in (RangeKind.TILE, RangeKind.GROUP) for x in self.ranges()):
+                raise OptError("STAGE once per kernel, and not with GROUP")
+            if n % amt:
+                raise OptError(f"axis {opt.axis} has size {n}, which {amt} does not divide")
+            self.ast = split_range(self.ast, r, amt, RangeKind.TILE, self._next_id())
+            self.applied.append(opt)
+            return
         if n is None and opt.op not in (OptOps.UPCAST, OptOps.UNROLL, OptOps.LOCAL, OptOps.GROUP):
             raise OptError(f"{opt.op.name} needs a constant size")
         if opt.op is OptOps.PADTO:
@@ -250,13 +282,86 @@ class OptKernel:
                 raise OptError("GROUP needs a GPU-shaped device")
             if not is_reduce:
                 raise OptError("GROUP applies to reduction axes")
-            if any(x.arg[1] is RangeKind.GROUP for x in self.ranges()):
-                raise OptError("only one GROUP per kernel")
+            if any(x.arg[1] in (RangeKind.GROUP, RangeKind.TILE) for x in self.ranges()):
+                raise OptError("only one GROUP per kernel, and not with STAGE")
             kind = RangeKind.GROUP
         if n is None:
             self.assumptions.append((r.src[0], amt))
         self.ast = split_range(self.ast, r, amt, kind, self._next_id())
         self.applied.append(opt)
+
+
+def _strip_half_rounding(v: UOp) -> UOp:
+    """A product as legalized (`CAST f32 (CAST f16 (x))`: rounded to the half type) -> x."""
+    if v.op is Ops.CAST and v.src[0].op is Ops.CAST and v.src[0].dtype.name in ("f16", "bf16"):
+        return v.src[0].src[0]
+    return v
+
+
+def _half_load(v: UOp) -> UOp | None:
+    """The f16/bf16 global LOAD an operand is (`CAST f32 (LOAD)`), else None."""
+    if v.op is Ops.CAST and v.src[0].op is Ops.LOAD and v.src[0].src[0].op is Ops.DEFINE_GLOBAL and \
+            v.src[0].dtype.name in ("f16", "bf16") and len(v.src[0].src) == 2:
+        return v.src[0]
+    return None
+
+
+def tensor_core(ast: UOp, next_id: int) -> UOp:
+    """TC's rewrite: the kernel's one sum reduction of a product of two f16 (or two bf16) loads, A read along rows
+    R and the reduction K, B along K and columns C (each a constant loop: R % 16, C % 8, K % 16), becomes per
+    warp a 16 x 8 tile: a LOCAL range `lane` of 32, each lane's 8 values of A and 4 of B at the positions of the
+    PTX ISA's m16n8k16 fragments (g = lane // 4, t = lane % 4: A rows g, g + 8 and columns 2t, 2t + 1, 2t + 8,
+    2t + 9; B rows 2t, 2t + 1, 2t + 8, 2t + 9 and column g), one `Ops.MMA` per 16 steps, and each output the sum
+    over the steps of its lane of the result (rows g, g + 8, columns 2t, 2t + 1): four stores per store. The
+    products are exact in f32 and summed in f32 (the tensor cores' f32 accumulate; the kernel without TC rounds
+    each product to the half type first). OptError where the kernel is not such a matmul."""
+    reduces = [u for u in ast.toposort() if u.op is Ops.REDUCE]
+    if len(reduces) != 1 or reduces[0].arg is not Ops.ADD or len(reduces[0].src) != 2:
+        raise OptError("TC needs one sum reduction over one loop")
+    red = reduces[0]
+    k = red.src[1]
+    body = _strip_half_rounding(red.src[0])
+    if body.op is not Ops.MUL:
+        raise OptError("TC needs a reduction of a product")
+    loads = [_half_load(x) for x in body.src]
+    if any(ld is None for ld in loads) or loads[0].dtype != loads[1].dtype:
+        raise OptError("TC needs both factors loaded from f16 (or both from bf16) buffers")
+    loops = sorted((u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] is RangeKind.LOOP),
+                   key=lambda r: r.arg[0])
+    if any(r.src[0].op is not Ops.CONST for r in [*loops, k]):
+        raise OptError("TC needs constant sizes")
+    in_a, in_b = (set(ld.src[1].toposort()) for ld in loads)
+    rows = [r for r in loops if r in in_a and r not in in_b]
+    cols = [r for r in loops if r in in_b and r not in in_a]
+    if not rows or not cols:
+        a_op, b_op = body.src[1], body.src[0]  # B @ A as written: the other order
+        in_a, in_b = in_b, in_a
+        rows = [r for r in loops if r in in_a and r not in in_b]
+        cols = [r for r in loops if r in in_b and r not in in_a]
+    else:
+        a_op, b_op = body.src
+    if len(rows) != 1 or len(cols) != 1 or k not in in_a or k not in in_b:
+        raise OptError("TC needs one row axis read by one factor and one column axis by the other")
+    rr, cc = rows[0], cols[0]
+    if rr.src[0].arg % 16 or cc.src[0].arg % 8 or k.src[0].arg % 16:
+        raise OptError("TC needs rows in 16s, columns in 8s and a reduction in 16s")
+    c = lambda v: UOp.const(INDEX, v)  # noqa: E731
+    lane = UOp(Ops.RANGE, INDEX, (c(32),), (next_id, RangeKind.LOCAL))
+    ro = UOp(Ops.RANGE, INDEX, (c(rr.src[0].arg // 16),), rr.arg)
+    co = UOp(Ops.RANGE, INDEX, (c(cc.src[0].arg // 8),), cc.arg)
+    ko = UOp(Ops.RANGE, INDEX, (c(k.src[0].arg // 16),), k.arg)
+    g, t = lane // c(4), lane % c(4)
+    a_vals = [substitute(a_op, {rr: ro * c(16) + g + c(8 * ((j // 2) % 2)),
+                                k: ko * c(16) + t * c(2) + c(j % 2 + 8 * (j // 4))}) for j in range(8)]
+    b_vals = [substitute(b_op, {k: ko * c(16) + t * c(2) + c(j % 2 + 8 * (j // 2)), cc: co * c(8) + g})
+              for j in range(4)]
+    mma = UOp(Ops.MMA, dtypes.f32.vec(4), tuple(simplify(v) for v in (*a_vals, *b_vals)), loads[0].dtype.name)
+    stores = []
+    for i in range(4):
+        total = UOp(Ops.REDUCE, red.dtype, (UOp(Ops.GEP, dtypes.f32, (mma,), i), ko), Ops.ADD)
+        where = {rr: ro * c(16) + g + c(8 * (i // 2)), cc: co * c(8) + t * c(2) + c(i % 2)}
+        stores += [substitute(st, {red: total, **where}) for st in ast.src]
+    return simplify(UOp(Ops.SINK, ast.dtype, tuple(stores), ast.arg))
 
 
 def split_range(ast: UOp, r: UOp, amount: int, inner_kind: RangeKind, inner_id: int) -> UOp:
@@ -464,6 +569,30 @@ class _Groups:
     locals_: tuple[UOp, ...]  # the work-group's LOCAL ranges
     next_id: int  # the next free range id
     index: dict[UOp, int]  # REDUCE -> its position among the kernel's reductions (names its shared memory)
+    shuffle_width: int = 0  # lanes of a warp shuffle (0: the dialect renders none)
+    threads: int = 1  # threads of the work-group (LOCAL and GROUP ranges)
+    innermost: UOp | None = None  # the work-group range whose threads are adjacent lanes (stride 1 in lidx0)
+
+
+_SHUFFLED = ("f32", "f64", "f16", "bf16", "i32", "u32", "i64", "u64")  # held in registers as a shuffled type
+
+
+def _pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def _combine(op: Ops, a: UOp, b: UOp) -> UOp:
+    return UOp(op, a.dtype, (a, b))
+
+
+def _butterfly(v: UOp, op: Ops, lanes: int) -> UOp:
+    """`v` combined over each aligned block of `lanes` adjacent lanes by xor shuffles: every lane gets the block's
+    result (a + b and b + a round alike, so all lanes hold the same bits)."""
+    off = lanes // 2
+    while off >= 1:
+        v = _combine(op, v, UOp(Ops.SHUFFLE, v.dtype, (v,), off))
+        off //= 2
+    return v
 
 
 def _lower_group(ctx: _Groups, u: UOp) -> UOp | None:
@@ -482,6 +611,37 @@ def _lower_group(ctx: _Groups, u: UOp) -> UOp | None:
     sizes = tuple(r.src[0].arg for r in slots)
     flat = flat_index(slots, sizes) if slots else UOp.const(INDEX, 0)
     i = ctx.index.get(u, len(ctx.index))
+    op = u.arg
+    w = ctx.shuffle_width
+    if w and _pow2(amt) and _pow2(w) and g is ctx.innermost and ctx.threads % w == 0 and u.dtype.name in _SHUFFLED:
+        # warp shuffles: the GROUP's threads are adjacent lanes, whole warps run every shuffle
+        v = _butterfly(partial, op, min(amt, w))
+        if amt <= w:
+            return v
+        warps = amt // w  # <= w: a work-group has at most w * w threads
+        temp = UOp(Ops.DEFINE_LOCAL, u.dtype.as_ptr(), (), (f"temp{i}", prod(sizes) * warps))
+        base = simplify(flat * UOp.const(INDEX, warps))
+        first = UOp(Ops.CMPEQ, dtypes.bool, (simplify(g % UOp.const(INDEX, w)), UOp.const(INDEX, 0)))
+        stored = UOp(Ops.STORE, None, (temp, simplify(base + g // UOp.const(INDEX, w)), v, first))
+        barrier = UOp(Ops.BARRIER, None, (stored,))
+        load = UOp(Ops.LOAD, u.dtype, (temp, simplify(base + g % UOp.const(INDEX, warps)), barrier))
+        return _butterfly(load, op, warps)
+    if _pow2(amt) and amt > 1:
+        # a tree in shared memory: log2(amt) rounds, each halving the live partials, a barrier after each
+        temp = UOp(Ops.DEFINE_LOCAL, u.dtype.as_ptr(), (), (f"temp{i}", prod(sizes) * amt))
+        base = simplify(flat * UOp.const(INDEX, amt))
+        mine = simplify(base + g)
+        barrier = UOp(Ops.BARRIER, None, (UOp(Ops.STORE, None, (temp, mine, partial)),))
+        half = amt // 2
+        while half >= 1:
+            a = UOp(Ops.LOAD, u.dtype, (temp, mine, barrier))
+            # the partner's slot wraps for the threads whose result is not stored, so every read is in range
+            other = simplify(base + (g + UOp.const(INDEX, half)) % UOp.const(INDEX, amt))
+            b = UOp(Ops.LOAD, u.dtype, (temp, other, barrier))
+            keep = UOp(Ops.CMPLT, dtypes.bool, (g, UOp.const(INDEX, half)))
+            barrier = UOp(Ops.BARRIER, None, (UOp(Ops.STORE, None, (temp, mine, _combine(op, a, b), keep)),))
+            half //= 2
+        return UOp(Ops.LOAD, u.dtype, (temp, base, barrier))
     temp = UOp(Ops.DEFINE_LOCAL, u.dtype.as_ptr(), (), (f"temp{i}", prod(sizes) * amt))
     base = simplify(flat * UOp.const(INDEX, amt))
     stored = UOp(Ops.STORE, None, (temp, simplify(base + g), partial))
@@ -495,18 +655,139 @@ def _lower_group(ctx: _Groups, u: UOp) -> UOp | None:
 _group_rules = PatternMatcher([(UPat(Ops.REDUCE, name="u"), _lower_group)])
 
 
-def lower_groups(ast: UOp) -> UOp:
-    """A reduction with a GROUP range: each thread of the work-group reduces its share, writes the partial
-    result to shared memory, and after a barrier every thread combines the partials (they all store the
-    same value). A rewrite of each such REDUCE."""
+def lower_groups(ast: UOp, shuffle_width: int = 0) -> UOp:
+    """A reduction with a GROUP range: each thread of the work-group reduces its share, then the work-group
+    combines the partial results and every thread gets the same value (it is stored by all of them). How:
+    - warp shuffles (`shuffle_width` lanes, a dialect that renders `Ops.SHUFFLE`), where the GROUP's threads are
+      adjacent lanes (its range is the innermost digit of the work-group's index), its size and the warp's are
+      powers of two and the work-group is whole warps: a xor butterfly within each warp, and past one warp the
+      warps' results through shared memory (one barrier) and a second butterfly;
+    - else, a GROUP of a power-of-two size: a tree in shared memory (log2 rounds, a barrier after each);
+    - else every thread adds up all the partials after one barrier (a loop).
+    A rewrite of each such REDUCE."""
     nodes = ast.toposort()
     ranges = sorted({u for u in nodes if u.op is Ops.RANGE}, key=lambda r: r.arg[0])
     if not any(r.arg[1] is RangeKind.GROUP for r in ranges):
         return ast
+    in_group = [r for r in ranges if r.arg[1] in (RangeKind.LOCAL, RangeKind.GROUP)]
     ctx = _Groups(tuple(r for r in ranges if r.arg[1] is RangeKind.LOCAL),
                   max((r.arg[0] for r in ranges), default=-1) + 1,
-                  {u: i for i, u in enumerate(x for x in nodes if x.op is Ops.REDUCE)})
+                  {u: i for i, u in enumerate(x for x in nodes if x.op is Ops.REDUCE)},
+                  shuffle_width, prod(r.src[0].arg for r in in_group), in_group[-1] if in_group else None)
     return graph_rewrite(ast, _group_rules, ctx)
+
+
+def _tile_reduce(ast: UOp) -> tuple[UOp, UOp, UOp] | None:
+    """(the REDUCE over a TILE range, its outer range, the TILE range) where STAGE applies: the REDUCE runs over
+    exactly those two ranges and the kernel has a work-group (LOCAL ranges). None otherwise (the TILE range is
+    then an ordinary loop: right, only not staged)."""
+    nodes = ast.toposort()
+    if not any(u.op is Ops.RANGE and u.arg[1] is RangeKind.LOCAL for u in nodes):
+        return None
+    for u in nodes:
+        if u.op is Ops.REDUCE and len(u.src) == 3:
+            tiles = [r for r in u.src[1:] if r.arg[1] is RangeKind.TILE]
+            outer = [r for r in u.src[1:] if r.arg[1] is RangeKind.REDUCE]
+            if tiles and outer and all(r.src[0].op is Ops.CONST for r in u.src[1:]):
+                return u, outer[0], tiles[0]
+    return None
+
+
+def staged_tiles(ast: UOp) -> list[tuple[UOp, tuple[UOp, ...]]]:
+    """The loads `stage_tiles` copies to shared memory, each with the ranges of its tile (its work-group and
+    register-tile ranges and the TILE range, the one it reads contiguously last): every global load inside the
+    tiled reduction that reads along the TILE range and otherwise only along ranges the work-group shares (the
+    grid's, the outer reduction's)."""
+    found = _tile_reduce(ast)
+    if found is None:
+        return []
+    u, outer, tile = found
+    out = []
+    for ld in u.src[0].toposort():
+        if ld.op is not Ops.LOAD or ld.src[0].op is not Ops.DEFINE_GLOBAL or tile not in ld.toposort():
+            continue
+        deps = [r for r in ld.toposort() if r.op is Ops.RANGE]
+        if any(r.arg[1] not in (RangeKind.LOOP, RangeKind.LOCAL, RangeKind.UPCAST, RangeKind.TILE) and r is not outer
+               for r in deps) or any(x.op is Ops.LOAD for x in ld.src[1].toposort()):
+            continue  # another reduction's loop, or an index read from memory: read where it is
+        mine = sorted((r for r in deps if r.arg[1] in (RangeKind.LOCAL, RangeKind.UPCAST, RangeKind.TILE)),
+                      key=lambda r: (-abs(st) if isinstance(st := _stride(ld.src[1], r), int) else -(1 << 62),
+                                     r.arg[0]))
+        out.append((ld, tuple(mine)))
+    return out
+
+
+def _digits(e: UOp, ranges: tuple[UOp, ...], sizes: tuple[int, ...]) -> dict[UOp, UOp]:
+    """Each range's digit of the flat element `e` of a tile over `ranges` (row-major, the last fastest)."""
+    digits, stride = {}, prod(sizes)
+    for r, n in zip(ranges, sizes):
+        stride //= n
+        digits[r] = simplify((e // UOp.const(INDEX, stride)) % UOp.const(INDEX, n))
+    return digits
+
+
+def _vector_copies(ld: UOp, ranges: tuple[UOp, ...], size: int, threads: int) -> bool:
+    """Whether a tile's copies can load 4 adjacent elements at once (16 bytes, aligned): a 4-byte type, no gate,
+    the tile's last range contiguous (stride 1) and a multiple of 4 long, every other term of the index (and its
+    constant) a multiple of 4 (buffers are whole allocations, aligned far past 16 bytes), and whole copies of 4
+    elements for every thread."""
+    if ld.dtype.itemsize != 4 or ld.dtype.name not in ("f32", "i32", "u32") or len(ld.src) != 2 or not ranges:
+        return False
+    inner = ranges[-1]
+    if _stride(ld.src[1], inner) != 1 or inner.src[0].arg % 4 or size % (4 * threads):
+        return False
+    terms, const = _terms(ld.src[1])
+    return const % 4 == 0 and all(c % 4 == 0 for node, c in terms if node is not inner)
+
+
+def stage_tiles(ast: UOp) -> UOp:
+    """STAGE's lowering (GPUs; before `map_to_grid`, while the work-group's ranges are ranges): the reduction over
+    (outer, tile) becomes a reduction over outer of a reduction over tile. In each outer step the work-group's
+    threads copy every staged load's tile (`staged_tiles`) into shared memory, thread t taking elements t,
+    t + threads, ... of it (in the order of its ranges, the contiguous one last: adjacent threads read adjacent
+    elements), the copies past the tile gated off; one barrier; then the tile's loop reads shared memory. Two
+    buffers, by the outer step's parity: a thread past the barrier writes the other buffer, which every thread
+    finished reading before that barrier (so one barrier a step suffices)."""
+    found = _tile_reduce(ast)
+    staged = staged_tiles(ast)
+    if found is None or not staged:
+        return ast
+    u, outer, tile = found
+    nodes = ast.toposort()
+    locals_ = sorted((r for r in nodes if r.op is Ops.RANGE and r.arg[1] is RangeKind.LOCAL), key=lambda r: r.arg[0])
+    threads = prod(r.src[0].arg for r in locals_)
+    tid = flat_index(tuple(locals_), tuple(r.src[0].arg for r in locals_))
+    parity = simplify(outer % UOp.const(INDEX, 2))
+    stores, reads = [], {}
+    for i, (ld, tile_ranges) in enumerate(staged):
+        sizes = tuple(r.src[0].arg for r in tile_ranges)
+        size = prod(sizes)
+        temp = UOp(Ops.DEFINE_LOCAL, ld.dtype.as_ptr(), (), (f"tile{i}", 2 * size))
+        base = simplify(parity * UOp.const(INDEX, size))
+        if _vector_copies(ld, tile_ranges, size, threads):  # 16-byte loads, four elements a thread and copy
+            for c in range(size // 4 // threads):
+                e = simplify((tid + UOp.const(INDEX, c * threads)) * UOp.const(INDEX, 4))
+                vec = substitute(ld, _digits(e, tile_ranges, sizes)).replace(dtype=ld.dtype.vec(4))
+                for j in range(4):
+                    lane = UOp(Ops.GEP, ld.dtype, (vec,), j)
+                    stores.append(UOp(Ops.STORE, None, (temp, simplify(base + e + UOp.const(INDEX, j)), lane)))
+        else:
+            for c in range(-(-size // threads)):
+                e = simplify(tid + UOp.const(INDEX, c * threads))
+                copied = substitute(ld, _digits(e, tile_ranges, sizes))
+                if (c + 1) * threads > size:  # a tile no multiple of the work-group: the last copy's extra threads idle
+                    live = UOp(Ops.CMPLT, dtypes.bool, (e, UOp.const(INDEX, size)))
+                    gate = live if len(copied.src) == 2 else UOp(Ops.AND, dtypes.bool, (copied.src[2], live))
+                    copied = copied.replace(src=(*copied.src[:2], gate))
+                    stores.append(UOp(Ops.STORE, None, (temp, simplify(base + e), copied, live)))
+                else:
+                    stores.append(UOp(Ops.STORE, None, (temp, simplify(base + e), copied)))
+        reads[ld] = (temp, simplify(base + flat_index(tile_ranges, sizes)))
+    barrier = UOp(Ops.BARRIER, None, tuple(stores))
+    body = substitute(u.src[0], {ld: UOp(Ops.LOAD, ld.dtype, (temp, idx, barrier))
+                                 for ld, (temp, idx) in reads.items()})
+    inner = UOp(Ops.REDUCE, u.dtype, (body, tile), u.arg)
+    return simplify(substitute(ast, {u: UOp(Ops.REDUCE, u.dtype, (inner, outer), u.arg)}))
 
 
 def map_to_grid(ast: UOp, max_local: int = 256, max_grid: int = 2**31 - 1) -> tuple[UOp, dict]:

@@ -13,7 +13,8 @@ Every kernel goes through `lower`: the heuristic (`tgc.codegen.kernel.build_kern
                                          then CPU threads (`opt.OptKernel`: a search state, not a rewrite)
     resolve_row_values         function  that stored form kept where the loop order makes it correct (CPU rows
                                          outside their columns), else the value recomputed
-    lower_groups               rewrite   GROUP reductions through shared memory (GPUs)
+    lower_groups               rewrite   GROUP reductions: warp shuffles, a shared-memory tree (GPUs)
+    stage_tiles                function  STAGE: a reduction's operand tiles copied to shared memory (GPUs)
     map_to_grid                function  output loops -> GPU indices (one decision over all loops at once)
   lower to linear
     narrow_index               rewrite   index arithmetic in i32 where it provably fits, else i64
@@ -46,7 +47,7 @@ from tgc.codegen.heuristic import hand_coded
 from tgc.codegen.index import narrow_index
 from tgc.codegen.legalize import legalize
 from tgc.codegen.linearize import linearize
-from tgc.codegen.opt import apply_opts, launch_limits, lower_groups, map_to_grid
+from tgc.codegen.opt import apply_opts, launch_limits, lower_groups, map_to_grid, stage_tiles
 from tgc.codegen.rowreuse import resolve_row_values, tee_row_values
 from tgc.codegen.sizes import eval_int
 from tgc.codegen.spec import verify_spec
@@ -135,7 +136,11 @@ def heuristic_opts(ast: UOp, device: Any) -> list:
 
 
 def _lower_groups(ast: UOp, ctx: LowerCtx) -> UOp:
-    return lower_groups(ast)
+    return lower_groups(ast, ctx.device.caps.shuffle_width)
+
+
+def _stage_tiles(ast: UOp, ctx: LowerCtx) -> UOp:
+    return stage_tiles(ast)
 
 
 def _map_to_grid(ast: UOp, ctx: LowerCtx) -> UOp:
@@ -177,6 +182,7 @@ OPTIMIZE = [
     Pass("apply_opts", _apply_opts, "function"),
     Pass("resolve_row_values", _resolve_rows, "function"),
     Pass("lower_groups", _lower_groups, "rewrite", lambda ctx: ctx.gpu),
+    Pass("stage_tiles", _stage_tiles, "function", lambda ctx: ctx.gpu),
     Pass("map_to_grid", _map_to_grid, "function", lambda ctx: ctx.gpu),
 ]
 TO_LINEAR = [

@@ -56,6 +56,7 @@ UPCAST_AMOUNTS = (2, 3, 4, 8, 16)
 UNROLL_AMOUNTS = (2, 4, 8, 16)
 LOCAL_AMOUNTS = (2, 4, 8, 16, 32)
 PAD_AMOUNTS = (8, 16, 32)
+STAGE_AMOUNTS = (8, 16, 32)  # reduction steps of a tile staged in shared memory (GPUs)
 # the time budget: a kernel whose default takes under this share of the program's default time (the sum over the
 # kernels searched) cannot matter to the program: it gets a small search (SMALL_WIDTH, SMALL_ROUNDS rounds after
 # the default and its prefixes) instead of the full one
@@ -166,11 +167,15 @@ def actions(k: OptKernel | AttentionKernel) -> list[Opt]:
         axis = len(loops) + j
         out += [Opt(OptOps.UNROLL, axis, a) for a in UNROLL_AMOUNTS if r.src[0].arg % a == 0 or axis in ragged]
         out += [Opt(OptOps.PADTO, axis, a) for a in PAD_AMOUNTS if r.src[0].arg % a and r.src[0].arg > a]
+        if gpu and len(reduces) == 1:  # (STAGE stages a reduction of one loop)
+            out += [Opt(OptOps.STAGE, axis, a) for a in STAGE_AMOUNTS if r.src[0].arg % a == 0 and r.src[0].arg > a]
     for a in range(len(loops)):
         for b in range(a + 1, len(loops)):
             out.append(Opt(OptOps.SWAP, a, b))
     if not gpu and loops and not any(o.op is OptOps.THREAD for o in k.applied):
         out += [Opt(OptOps.THREAD, 0, t) for t in thread_amounts(k.device.cores)]
+    if gpu and k.device.caps.tensor_cores and not k.applied:  # (TC is a kernel's first opt; it refuses non-matmuls)
+        out.append(Opt(OptOps.TC, 0, 0))
     return out
 
 

@@ -28,7 +28,9 @@ STATS = {"kernels": 0}
 
 _ARITY: dict[Ops, tuple[int, ...]] = {
     **{op: (1,) for op in UNARY | {Ops.CAST, Ops.BITCAST, Ops.RANGE, Ops.ENDRANGE, Ops.DEFINE_ACC, Ops.READ_ACC,
-                                   Ops.BARRIER}},
+                                   Ops.SHUFFLE}},
+    Ops.BARRIER: tuple(range(1, 257)),
+    Ops.MMA: (12,),  # after every store it orders (the staged tiles' copies)
     **{op: (2,) for op in BINARY | {Ops.ACCUMULATE}},
     Ops.WHERE: (3,), Ops.LOAD: (2, 3), Ops.STORE: (3, 4), Ops.GEP: (1,),
     Ops.CONST: (0,), Ops.DEFINE_GLOBAL: (0,), Ops.DEFINE_VAR: (0,), Ops.SPECIAL: (0,), Ops.DEFINE_LOCAL: (0,),

@@ -84,6 +84,13 @@ class Ops(Enum):
     READ_ACC = auto()  # the accumulator's value
     DEFINE_LOCAL = auto()  # GPU shared memory: arg = (name, size)
     BARRIER = auto()
+    # a lane's value exchanged across a warp: the value of lane `lane ^ arg` (CUDA's __shfl_xor_sync); every
+    # thread of the work-group runs it (tgc.codegen.opt.lower_groups); src = (value,)
+    SHUFFLE = auto()
+    # a warp's 16x8 tile of A (16x16) @ B (16x8) in f32 (PTX mma.sync m16n8k16, f32 accumulate): src = the lane's
+    # 8 values of A then 4 of B (f32 holding f16/bf16 values, by the PTX ISA's fragment layout), arg = "f16" or
+    # "bf16"; the value is the lane's 4 floats of the result (f32 x 4, GEP 0..3). tgc.codegen.opt.tensor_core
+    MMA = auto()
 
 
 UNARY = {Ops.NEG, Ops.NOT, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP, Ops.TRUNC}
@@ -101,6 +108,7 @@ class RangeKind(Enum):
     UNROLL = auto()  # a reduction loop unrolled
     LOCAL = auto()  # a GPU work-group index
     GROUP = auto()  # a reduction split across a work-group (shared-memory reduce)
+    TILE = auto()  # a reduction's inner loop over a tile its operands are staged for in shared memory (GPUs)
 
 
 class UOp:
