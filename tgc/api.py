@@ -89,11 +89,23 @@ def loads(source: str, filename: str = "<string>") -> Program:
     return Program(source, filename)
 
 
-def load_onnx(path: str | os.PathLike) -> Program:
+def load_onnx(path: str | os.PathLike) -> Any:
     """An ONNX model as a Program: the `.tg` text `tgc import` writes, its weights bound at load (inputs the
-    user never passes, not part of any cache key), inputs and outputs called by their ONNX names."""
+    user never passes, not part of any cache key), inputs and outputs called by their ONNX names. A model with
+    a data-dependent output shape (NonZero, Unique, NonMaxSuppression on run-time values) is not one program:
+    it comes back as a `tgc.staged.StagedModel`, which runs it in stages behind the same `run`/`bench`."""
+    from tgc.onnx import NeedHost
+
     path = os.fspath(path)
-    tr = translate_onnx(read_model(path), os.path.basename(path))
+    model = read_model(path)
+    try:
+        tr = translate_onnx(model, os.path.basename(path))
+    except NeedHost:
+        from tgc.staged import StagedModel
+
+        staged = StagedModel(model, os.path.basename(path))
+        staged.path = path
+        return staged
     names = {tg: name for name, tg in [*tr.inputs.items(), *tr.outputs.items()]}
     prog = Program(tr.source, filename=path, weights=tr.weights, names=names)
     prog.path = path

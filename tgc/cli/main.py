@@ -272,6 +272,9 @@ def _load(path: str) -> Any:
 
     prog = load(path)
     ctx.meta["tgc.source"] = getattr(prog, "source", None)
+    from tgc.cli.staged_cmds import after_load
+
+    after_load(ctx, prog)  # an ONNX model run in stages: its command is done there (and ends)
     return prog
 
 
@@ -1247,6 +1250,9 @@ def _add_onnx_commands() -> None:
     from tgc.cli.onnx_cmds import import_
 
     main.add_command(import_)  # `tgc import model.onnx -o model.tg`
+    from tgc.cli.staged_cmds import add_compile_inputs
+
+    add_compile_inputs(compile_)  # -i/--inputs/--random: every stage of a model run in stages
 
 
 _add_onnx_commands()
