@@ -35,7 +35,12 @@ def add_compile_inputs(cmd: click.Command) -> None:
 
     def wrapped(**kw: Any) -> Any:
         ctx = click.get_current_context()
-        pairs = kw.pop("staged_pairs", ())
+        pairs = []
+        for text in kw.pop("staged_pairs", ()):
+            name, sep, path = text.partition("=")
+            if not sep or not name.strip() or not path:
+                raise click.BadParameter(f"expected NAME=PATH.npy, got {text!r}", param_hint="'-i'")
+            pairs.append((name.strip(), path))
         ctx.meta[_COMPILE_INPUTS] = (pairs, kw.pop("staged_npz", None), kw.pop("staged_random", False))
         return callback(**kw) if callback else None
 
@@ -123,7 +128,6 @@ def _run(model: Any, p: dict[str, Any]) -> None:
         results = model.run(device=p.get("device"), dims=p.get("dims") or {}, inputs=arrays)
     except BindError as e:
         raise flag_hint(e) from None
-    click.echo(_stages_line(model), err=True)
     names = _dtype_names(results)
     if p.get("check"):
         from tgc.cli.check import check_outputs
@@ -135,6 +139,7 @@ def _run(model: Any, p: dict[str, Any]) -> None:
         n = len(results)
         click.echo(f"check: ok: {n} output{'s match' if n != 1 else ' matches'} ONNX's reference evaluator "
                    f"(worst error {worst:.2g} of the tolerance)", err=True)
+    click.echo(_stages_line(model), err=True)
     if specs:
         for path in save_outputs(specs, results):
             click.echo(f"wrote {path}", err=True)
