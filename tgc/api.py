@@ -89,23 +89,17 @@ def loads(source: str, filename: str = "<string>") -> Program:
     return Program(source, filename)
 
 
-def load_onnx(path: str | os.PathLike) -> Any:
+def load_onnx(path: str | os.PathLike) -> Program:
     """An ONNX model as a Program: the `.tg` text `tgc import` writes, its weights bound at load (inputs the
-    user never passes, not part of any cache key), inputs and outputs called by their ONNX names. A model with
-    a data-dependent output shape (NonZero, Unique, NonMaxSuppression on run-time values) is not one program:
-    it comes back as a `tgc.staged.StagedModel`, which runs it in stages behind the same `run`/`bench`."""
-    from tgc.onnx import NeedHost
-
+    user never passes, not part of any cache key), inputs and outputs called by their ONNX names."""
     path = os.fspath(path)
-    model = read_model(path)
-    try:
-        tr = translate_onnx(model, os.path.basename(path))
-    except NeedHost:
-        from tgc.staged import StagedModel
+    return onnx_program(read_model(path), path)
 
-        staged = StagedModel(model, os.path.basename(path))
-        staged.path = path
-        return staged
+
+def onnx_program(model: Any, path: str) -> Program:
+    """A checked ONNX model (`tgc.onnx.read_model`) from file `path` as a Program (see `load_onnx`). A model with a
+    data-dependent output shape raises `tgc.onnx.NeedHost`: `tgc.staged.load` runs it in stages instead."""
+    tr = translate_onnx(model, os.path.basename(path))
     names = {tg: name for name, tg in [*tr.inputs.items(), *tr.outputs.items()]}
     prog = Program(tr.source, filename=path, weights=tr.weights, names=names)
     prog.path = path

@@ -33,7 +33,7 @@ from tgc.api import Program
 from tgc.errors import BindError, TgcError
 from tgc.onnx import NeedHost, NeedStatic, translate
 
-__all__ = ["StagedModel", "load_staged"]
+__all__ = ["StagedModel", "load", "load_staged"]
 
 MAX_STAGES = 32  # programs kept per model (one per stage and input shapes)
 
@@ -50,6 +50,27 @@ def _reads(nodes: list) -> set[str]:
                 for g in a.graphs:
                     out |= _reads(list(g.node))
     return out
+
+
+def load(path: str) -> Program | StagedModel:
+    """`tgc.load`: `tgc.api.load`, except that an ONNX model with a data-dependent output shape (NonZero,
+    Unique, NonMaxSuppression on run-time values) comes back as a `StagedModel` (read and checked once)."""
+    import os
+
+    from tgc.api import load as load_program
+    from tgc.api import onnx_program
+    from tgc.onnx import read_model
+
+    path = os.fspath(path)
+    if not path.lower().endswith(".onnx"):
+        return load_program(path)
+    model = read_model(path)
+    try:
+        return onnx_program(model, path)
+    except NeedHost:
+        staged = StagedModel(model, os.path.basename(path))
+        staged.path = path
+        return staged
 
 
 def load_staged(path: str) -> StagedModel:

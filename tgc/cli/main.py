@@ -268,7 +268,7 @@ def _load(path: str) -> Any:
         raise TgcError(f"{path} is a compiled package: tgc {ctx.info_name} needs the .tg program",
                        hint="tgc inspect shows a package's kernels; tgc run and tgc bench run it")
     ctx.meta["tgc.path"] = path
-    from tgc.api import load
+    from tgc.staged import load  # (tgc.api.load, or a StagedModel for an ONNX model run in stages)
 
     prog = load(path)
     ctx.meta["tgc.source"] = getattr(prog, "source", None)
