@@ -38,6 +38,12 @@ __all__ = ["StagedModel", "load", "load_staged"]
 MAX_STAGES = 32  # programs kept per model (one per stage and input shapes)
 
 
+def _bf16() -> np.dtype:
+    import ml_dtypes  # (onnx's own dependency: numpy's bfloat16)
+
+    return np.dtype(ml_dtypes.bfloat16)
+
+
 def _reads(nodes: list) -> set[str]:
     """The names `nodes` read, those their subgraphs (If branches, Loop bodies) read from outside included."""
     out: set[str] = set()
@@ -157,11 +163,15 @@ class StagedModel:
         return {o: values[o] if o in values else self.inits[o] for o in self.output_names}
 
     def _conform(self, name: str, arr: np.ndarray) -> np.ndarray:
+        from onnx import TensorProto
+
         from tgc.onnx.core import onnx_dtype
 
         tt = self._types[name].tensor_type
         want = onnx_dtype(tt.elem_type, f"input '{name}'").np
-        if arr.dtype != want:
+        if tt.elem_type == TensorProto.BFLOAT16 and arr.dtype in (want, _bf16()):  # bf16: numpy's bfloat16 (from
+            arr = arr.view(_bf16())  # ml_dtypes) or its bits as uint16; bfloat16 inside, so a constant keeps its type
+        elif arr.dtype != want:
             raise BindError(f"input '{name}' has dtype {arr.dtype}, the model declares {want}", need="cast",
                             name=name, dtype=str(want))
         dims = list(tt.shape.dim)
@@ -220,6 +230,7 @@ class StagedModel:
                     self._programs.pop(next(iter(self._programs)))
                 self._programs[key] = prog
             real = {n: values[n] for n in feeds if n in values and n not in local and n not in self.inits}
+            real = {n: a.view(np.uint16) if a.dtype == _bf16() else a for n, a in real.items()}  # (a Program: bits)
             got = prog.run(device=device, inputs=real)
             self.stages.append(f"tgc {len(nodes)} nodes")
             self._last_programs.append((self.stages[-1], prog))
