@@ -160,7 +160,9 @@ class StagedModel:
                                    f"{values[decl.name].shape[axis]} on axis {axis}")
         self.stages, self._last_programs = [], []
         self._run_span(list(self.model.graph.node), set(self.output_names), values, set(), device)
-        return {o: values[o] if o in values else self.inits[o] for o in self.output_names}
+        out = {o: values[o] if o in values else self.inits[o] for o in self.output_names}
+        return {o: a.astype(np.float32) if a.dtype == _bf16() else a for o, a in out.items()}  # (bf16 as f32,
+        # as a Program gives it)
 
     def _conform(self, name: str, arr: np.ndarray) -> np.ndarray:
         from onnx import TensorProto
