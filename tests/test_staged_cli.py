@@ -115,6 +115,7 @@ def test_other_commands_refuse_or_need_dims_clearly(files, tmp_path):
                  "tgc viz does not take", "run, compile, bench, beam")
     assert_clean(invoke("beam", str(files / "nzb.onnx"), "-d", "PYTHON"), 2, "dim B is unknown", "-D B=")
     assert_clean(invoke("compile", str(files / "nz.onnx"), "--package", str(tmp_path / "p.tgpkg")), 2, "--package")
+    assert_clean(invoke("compile", str(files / "nz.onnx"), "-o", str(tmp_path / "k")), 2, "compile -o")
     assert_clean(invoke("compile", str(files / "p.tg"), "--random"), 2, "data-dependent")
 
 

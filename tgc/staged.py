@@ -135,8 +135,9 @@ class StagedModel:
     def conform(self, name: str, arr: Any, cast: bool = False) -> np.ndarray:
         """The array for input `name` in its declared dtype (converted with `cast`), its shape checked."""
         arr = np.asarray(arr)
-        want = next(d.dtype.np for d in self.inputs if d.name == name)
-        if cast and arr.dtype != want:
+        dt = next(d.dtype for d in self.inputs if d.name == name)
+        want = _bf16() if dt.name == "bf16" else dt.np  # (a bf16 input cast from floats: to its values)
+        if cast and arr.dtype != want and not (dt.name == "bf16" and arr.dtype == np.uint16):
             arr = arr.astype(want)
         return self._conform(name, arr)
 

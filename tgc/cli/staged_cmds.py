@@ -6,7 +6,8 @@ Contract: `after_load(ctx, prog)` is called by the commands' loader with what `t
 only refuses `tgc compile`'s input options (those are for staged models); for a StagedModel it does the
 command named by `ctx.info_name` with `ctx.params` and ends it (exit 0), or raises: a `TgcError` (exit 2 for
 bad input, 1 for a failed `--check`), a `click.UsageError` for an option a staged run does not have (device
-lists, `--symbolic`, `--package`, ...). `add_compile_inputs(cmd)` gives `tgc compile` the `-i`, `--inputs`
+lists, `--symbolic`, `--package`, `compile -o`, ...). (`--profile` still writes its trace; its "wrote" line is
+not printed, as the command ends by `ctx.exit`.) `add_compile_inputs(cmd)` gives `tgc compile` the `-i`, `--inputs`
 and `--random` options with which every stage of a run is compiled.
 """
 
@@ -73,7 +74,7 @@ def _refuse(p: dict[str, Any]) -> None:
     if p.get("shard") or "," in (p.get("device") or ""):
         raise click.UsageError("a model run in stages runs on one device, not a device list")
     for flag, key in (("--symbolic", "symbolic"), ("--package", "package"), ("--vs", "vs"),
-                      ("--baseline", "baseline"), ("--emit", "emit")):
+                      ("--baseline", "baseline"), ("--emit", "emit"), ("compile -o", "outdir")):
         value = p.get(key)
         if value and not (key == "emit" and value == "src"):
             raise click.UsageError(f"{flag} is not available for a model run in stages (its later stages are "
