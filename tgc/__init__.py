@@ -9,8 +9,9 @@ from tgc.version import __version__
 
 
 def load(path: str):
-    """Parse a `.tg` file into a Program (raises TgcError on a bad file)."""
-    from tgc.api import load as _load
+    """Parse a `.tg` file (or translate an `.onnx` model) into a Program (raises TgcError on a bad file); an ONNX
+    model with data-dependent output shapes comes back as a `tgc.staged.StagedModel`, which runs it in stages."""
+    from tgc.staged import load as _load
     return _load(path)
 
 

@@ -93,7 +93,13 @@ def load_onnx(path: str | os.PathLike) -> Program:
     """An ONNX model as a Program: the `.tg` text `tgc import` writes, its weights bound at load (inputs the
     user never passes, not part of any cache key), inputs and outputs called by their ONNX names."""
     path = os.fspath(path)
-    tr = translate_onnx(read_model(path), os.path.basename(path))
+    return onnx_program(read_model(path), path)
+
+
+def onnx_program(model: Any, path: str) -> Program:
+    """A checked ONNX model (`tgc.onnx.read_model`) from file `path` as a Program (see `load_onnx`). A model with a
+    data-dependent output shape raises `tgc.onnx.NeedHost`: `tgc.staged.load` runs it in stages instead."""
+    tr = translate_onnx(model, os.path.basename(path))
     names = {tg: name for name, tg in [*tr.inputs.items(), *tr.outputs.items()]}
     prog = Program(tr.source, filename=path, weights=tr.weights, names=names)
     prog.path = path

@@ -11,11 +11,20 @@ shape in a later stage (Reshape's shape, ...) is made a constant (an initializer
 stage. Stages are cached by the shapes and dtypes of their inputs and the bytes of their constants, so a second
 run with the same sizes (not the same values) compiles and translates nothing. Results are the model's outputs
 by their ONNX names, as `Program.run` gives them.
+
+A StagedModel is what `tgc.load` gives for such a model, and serves the commands (`tgc.cli.staged_cmds`) with
+the part of `Program`'s interface that a staged run has: `inputs` (declarations by ONNX name), `dim_names`
+(the inputs' `dim_param`s), `output_names`, `conform`, `run`, `bench` (the whole staged run timed, host steps
+included), `reference` (ONNX's own evaluator, `onnx.reference`), `compile` (the first stage's program before
+any value is known, or every stage's once a run with inputs has reached them: `stage_programs`), and `beam`
+(every stage a run reaches, searched as `Program.beam` searches one program).
 """
 
 from __future__ import annotations
 
 import hashlib
+import statistics
+import time
 from typing import Any
 
 import numpy as np
@@ -24,9 +33,15 @@ from tgc.api import Program
 from tgc.errors import BindError, TgcError
 from tgc.onnx import NeedHost, NeedStatic, translate
 
-__all__ = ["StagedModel", "load_staged"]
+__all__ = ["StagedModel", "load", "load_staged"]
 
 MAX_STAGES = 32  # programs kept per model (one per stage and input shapes)
+
+
+def _bf16() -> np.dtype:
+    import ml_dtypes  # (onnx's own dependency: numpy's bfloat16)
+
+    return np.dtype(ml_dtypes.bfloat16)
 
 
 def _reads(nodes: list) -> set[str]:
@@ -41,6 +56,27 @@ def _reads(nodes: list) -> set[str]:
                 for g in a.graphs:
                     out |= _reads(list(g.node))
     return out
+
+
+def load(path: str) -> Program | StagedModel:
+    """`tgc.load`: `tgc.api.load`, except that an ONNX model with a data-dependent output shape (NonZero,
+    Unique, NonMaxSuppression on run-time values) comes back as a `StagedModel` (read and checked once)."""
+    import os
+
+    from tgc.api import load as load_program
+    from tgc.api import onnx_program
+    from tgc.onnx import read_model
+
+    path = os.fspath(path)
+    if not path.lower().endswith(".onnx"):
+        return load_program(path)
+    model = read_model(path)
+    try:
+        return onnx_program(model, path)
+    except NeedHost:
+        staged = StagedModel(model, os.path.basename(path))
+        staged.path = path
+        return staged
 
 
 def load_staged(path: str) -> StagedModel:
@@ -68,10 +104,47 @@ class StagedModel:
         self._programs: dict[str, Program] = {}
         self._const_names: dict[str, set[str]] = {}  # per stage: the run-time values that decide its shapes
         self.stages: list[str] = []  # the last run's steps, in order: "tgc N nodes" or "host OP"
+        self._last_programs: list[tuple[str, Program]] = []  # the last run's tgc stages: (step, program)
 
-    def run(self, device: str | None = None, inputs: dict[str, Any] | None = None, **kw_inputs: Any
-            ) -> dict[str, np.ndarray]:
-        """{ONNX output name: array} for the model's inputs given by their ONNX names."""
+    staged = True  # (a Program is not: the commands ask)
+
+    @property
+    def inputs(self) -> list[Any]:
+        """The inputs a caller passes, as `InputDecl`s by ONNX name (a `dim_param` is a dim name)."""
+        from tgc.dsl.frontend import InputDecl
+        from tgc.dtype import dtypes
+        from tgc.onnx.core import onnx_dtype
+
+        out = []
+        for name in self.input_names:
+            tt = self._types[name].tensor_type
+            dt = dtypes.from_numpy(onnx_dtype(tt.elem_type, f"input '{name}'").np)
+            shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or f"{name}_{i}")
+                          for i, d in enumerate(tt.shape.dim))
+            out.append(InputDecl(name, dt, shape, 0))
+        return out
+
+    @property
+    def dim_names(self) -> list[str]:
+        """The inputs' symbolic dims (`dim_param`), first seen first."""
+        names: list[str] = []
+        for d in self.inputs:
+            names += [s for s in d.shape if isinstance(s, str) and s not in names]
+        return names
+
+    def conform(self, name: str, arr: Any, cast: bool = False) -> np.ndarray:
+        """The array for input `name` in its declared dtype (converted with `cast`), its shape checked."""
+        arr = np.asarray(arr)
+        dt = next(d.dtype for d in self.inputs if d.name == name)
+        want = _bf16() if dt.name == "bf16" else dt.np  # (a bf16 input cast from floats: to its values)
+        if cast and arr.dtype != want and not (dt.name == "bf16" and arr.dtype == np.uint16):
+            arr = arr.astype(want)
+        return self._conform(name, arr)
+
+    def run(self, device: str | None = None, dims: dict[str, int] | None = None, inputs: dict[str, Any] | None = None,
+            **kw_inputs: Any) -> dict[str, np.ndarray]:
+        """{ONNX output name: array} for the model's inputs given by their ONNX names. `dims`, where given, must
+        agree with the inputs' sizes (the arrays decide every size)."""
         given = {**(inputs or {}), **kw_inputs}
         for name in self.input_names:
             if name not in given:
@@ -81,16 +154,27 @@ class StagedModel:
             raise TgcError(f"unknown input(s) {', '.join(extra)}: the model's inputs are "
                            f"{', '.join(self.input_names)}")
         values = {k: self._conform(k, np.asarray(given[k])) for k in self.input_names}
-        self.stages = []
+        for decl in self.inputs:
+            for axis, size in enumerate(decl.shape):
+                if isinstance(size, str) and dims and size in dims and dims[size] != values[decl.name].shape[axis]:
+                    raise TgcError(f"dim {size} is {dims[size]}, but input '{decl.name}' has "
+                                   f"{values[decl.name].shape[axis]} on axis {axis}")
+        self.stages, self._last_programs = [], []
         self._run_span(list(self.model.graph.node), set(self.output_names), values, set(), device)
-        return {o: values[o] if o in values else self.inits[o] for o in self.output_names}
+        out = {o: values[o] if o in values else self.inits[o] for o in self.output_names}
+        return {o: a.astype(np.float32) if a.dtype == _bf16() else a for o, a in out.items()}  # (bf16 as f32,
+        # as a Program gives it)
 
     def _conform(self, name: str, arr: np.ndarray) -> np.ndarray:
+        from onnx import TensorProto
+
         from tgc.onnx.core import onnx_dtype
 
         tt = self._types[name].tensor_type
         want = onnx_dtype(tt.elem_type, f"input '{name}'").np
-        if arr.dtype != want:
+        if tt.elem_type == TensorProto.BFLOAT16 and arr.dtype in (want, _bf16()):  # bf16: numpy's bfloat16 (from
+            arr = arr.view(_bf16())  # ml_dtypes) or its bits as uint16; bfloat16 inside, so a constant keeps its type
+        elif arr.dtype != want:
             raise BindError(f"input '{name}' has dtype {arr.dtype}, the model declares {want}", need="cast",
                             name=name, dtype=str(want))
         dims = list(tt.shape.dim)
@@ -149,8 +233,10 @@ class StagedModel:
                     self._programs.pop(next(iter(self._programs)))
                 self._programs[key] = prog
             real = {n: values[n] for n in feeds if n in values and n not in local and n not in self.inits}
+            real = {n: a.view(np.uint16) if a.dtype == _bf16() else a for n, a in real.items()}  # (a Program: bits)
             got = prog.run(device=device, inputs=real)
             self.stages.append(f"tgc {len(nodes)} nodes")
+            self._last_programs.append((self.stages[-1], prog))
             values.update({o: got[o] for o in outs})
             return
         raise TgcError(f"{self.where}: cannot make the stage's shapes static")
@@ -207,3 +293,88 @@ class StagedModel:
             if o:
                 values[o] = np.asarray(a)
         self.stages.append(f"host {node.op_type}")
+
+    # --- the rest of a Program's interface (the commands' needs)
+    def stage_programs(self) -> list[tuple[str, Program]]:
+        """The last run's tgc stages in order: (step, as in `stages`, and its program)."""
+        return list(self._last_programs)
+
+    def first_stage(self, dims: dict[str, int] | None = None) -> tuple[Program | None, list[str]]:
+        """(the program of the stage before the first host step, None where there is none, i.e. the model
+        starts with one; the steps after it that are translated at run time, once their sizes are known).
+        Only the inputs' declared shapes are needed (their `dim_param`s from `dims`); a first stage whose
+        shapes depend on the inputs' values raises a TgcError saying so."""
+        from tgc.onnx import NeedHost, NeedStatic
+
+        placeholders = {}
+        for d in self.inputs:
+            shape = []
+            for s in d.shape:
+                if isinstance(s, str) and s not in (dims or {}):
+                    raise BindError(f"dim {s} is unknown", need="dim", name=s, hint="give its size (-D)")
+                shape.append(dims[s] if isinstance(s, str) else s)  # type: ignore[index]
+            placeholders[d.name] = np.zeros(shape, d.dtype.np)
+        nodes = list(self.model.graph.node)
+        feeds = sorted((_reads(nodes) | set(self.output_names)) - {o for n in nodes for o in n.output if o})
+        try:
+            translate(self._submodel(nodes, feeds, self.output_names, placeholders, set()), self.where)
+            k = len(nodes)
+        except NeedHost as e:
+            k = e.index
+        except NeedStatic as e:
+            raise TgcError(f"{self.where}: a size of the first stage depends on the value of '{e.name}'",
+                           hint="give the inputs (-i or --random) to compile every stage of a run") from None
+        later = [f"host {nodes[k].op_type}"] + (["..."] if k + 1 < len(nodes) else []) if k < len(nodes) else []
+        prefix = nodes[:k]
+        produced = {o for n in prefix for o in n.output if o}
+        outs = [o for o in self.output_names if o in produced] + \
+            sorted((_reads(nodes[k:]) & produced) - set(self.output_names))
+        if not outs:
+            return None, later
+        feeds = sorted((_reads(prefix) | set(outs)) - produced)
+        try:
+            tr = translate(self._submodel(prefix, feeds, outs, placeholders, set()), self.where)
+        except NeedStatic as e:
+            raise TgcError(f"{self.where}: a size of the first stage depends on the value of '{e.name}'",
+                           hint="give the inputs (-i or --random) to compile every stage of a run") from None
+        names = {tg: n for n, tg in [*tr.inputs.items(), *tr.outputs.items()]}
+        return Program(tr.source, filename=self.where, weights=tr.weights, names=names), later
+
+    def reference(self, inputs: dict[str, Any]) -> dict[str, np.ndarray]:
+        """The outputs by ONNX's own evaluator (`onnx.reference.ReferenceEvaluator`), for `--check`."""
+        from onnx.reference import ReferenceEvaluator
+
+        try:
+            got = ReferenceEvaluator(self.model).run(None, {k: np.asarray(v) for k, v in inputs.items()})
+        except Exception as e:  # noqa: BLE001 - the evaluator's failure is one line, not a traceback
+            raise TgcError(f"{self.where}: ONNX's reference evaluator failed: {type(e).__name__}: "
+                           f"{str(e).splitlines()[0] if str(e) else ''}") from None
+        return {o: np.asarray(a) for o, a in zip(self.output_names, got)}
+
+    def bench(self, device: str | None = None, inputs: dict[str, Any] | None = None, repeat: int = 10,
+              warmup: int = 1) -> dict[str, Any]:
+        """The whole staged run timed `repeat` times after `warmup` runs (translation and compiles happen in the
+        warm-up): {"stages": [...], "runs": repeat, "median_s", "min_s", "stage_times": {step: median_s}}
+        (stage_times: each tgc stage's program run alone on the last run's inputs)."""
+        inputs = dict(inputs or {})
+        for _ in range(max(1, warmup)):
+            self.run(device=device, inputs=inputs)
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            self.run(device=device, inputs=inputs)
+            times.append(time.perf_counter() - t0)
+        return {"file": self.where, "device": device or "", "stages": list(self.stages), "runs": repeat,
+                "median_s": statistics.median(times), "min_s": min(times)}
+
+    def beam(self, device: str | None = None, inputs: dict[str, Any] | None = None, width: int = 4,
+             progress: Any = None, force: bool = False, budget_s: float | None = None) -> list[dict[str, Any]]:
+        """Run once with `inputs` to reach every stage, then BEAM-search each stage's program (`Program.beam`):
+        one result per tgc stage, with its "stage" step added."""
+        self.run(device=device, inputs=dict(inputs or {}))
+        results = []
+        for step, prog in self._last_programs:
+            kw: dict[str, Any] = {} if budget_s is None else {"budget_s": budget_s}
+            res = prog.beam(device=device, width=width, progress=progress, force=force, **kw)
+            results.append({**res, "stage": step})
+        return results

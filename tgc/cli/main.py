@@ -268,10 +268,13 @@ def _load(path: str) -> Any:
         raise TgcError(f"{path} is a compiled package: tgc {ctx.info_name} needs the .tg program",
                        hint="tgc inspect shows a package's kernels; tgc run and tgc bench run it")
     ctx.meta["tgc.path"] = path
-    from tgc.api import load
+    from tgc.staged import load  # (tgc.api.load, or a StagedModel for an ONNX model run in stages)
 
     prog = load(path)
     ctx.meta["tgc.source"] = getattr(prog, "source", None)
+    from tgc.cli.staged_cmds import after_load
+
+    after_load(ctx, prog)  # an ONNX model run in stages: its command is done there (and ends)
     return prog
 
 
@@ -1239,6 +1242,9 @@ def _add_onnx_commands() -> None:
     from tgc.cli.onnx_cmds import import_
 
     main.add_command(import_)  # `tgc import model.onnx -o model.tg`
+    from tgc.cli.staged_cmds import add_compile_inputs
+
+    add_compile_inputs(compile_)  # -i/--inputs/--random: every stage of a model run in stages
 
 
 _add_onnx_commands()

@@ -47,7 +47,7 @@ def inspect_onnx(file: str, as_json: bool) -> None:
         click.echo("not supported by tgc: none")
     if doc.get("host"):
         click.echo(f"data-dependent output shapes ({len(doc['host'])}): {', '.join(doc['host'])}: run in stages "
-                   "(tgc.staged.load_staged) where their inputs are not constants")
+                   "(tgc run, compile, bench, beam; tgc.load) where their inputs are not constants")
 
 
 @click.command("import")

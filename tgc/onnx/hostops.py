@@ -19,8 +19,8 @@ HOST_OPS = ("NonZero", "Unique", "NonMaxSuppression")
 def _host(cx: Ctx, node: Any, ins: list, attrs: dict, opset: int) -> list:
     raise NeedHost(f"{cx.where()}: its output shape depends on the values of its inputs, which are not known "
                    "at load", node.op_type,
-                   hint="tgc.staged.load_staged(MODEL).run(...) runs such a model in stages (the node on the "
-                   "host); the commands and tgc.load need one static program")
+                   hint="tgc run|compile|bench|beam and tgc.load run such a model in stages (the node on the "
+                   "host); tgc import and packages need one static program")
 
 
 def _attr(node: Any, name: str, default: Any) -> Any:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from tgc.dtype import DType, dtypes
+from tgc.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16
 from tgc.onnx.core import Ctx, Value, _literal, onnx_dtype, shape_text
 
 OpFn = Callable[[Ctx, Any, list, dict, int], list]
@@ -596,8 +596,11 @@ def _tile(cx, node, ins, at, opset):
 def _range(cx, node, ins, at, opset):
     start, limit, delta = (cx.static(v, w) for v, w in zip(ins, ("the start", "the limit", "the delta")))
     dt = ins[0].dtype
+    if dt.name == "bf16":  # (bf16 constants are uint16 bits: compute on the values in f32, round back to bits)
+        start, limit, delta = (bf16_to_f32(np.asarray(v)) for v in (start, limit, delta))
     n = max(int(math.ceil((float(limit) - float(start)) / float(delta))), 0)
-    arr = (np.asarray(start) + np.arange(n) * np.asarray(delta)).astype(dt.np)
+    arr = np.asarray(start) + np.arange(n) * np.asarray(delta)
+    arr = f32_to_bf16(arr.astype(np.float32)) if dt.name == "bf16" else arr.astype(dt.np)
     if n <= 4096:
         return [_const(arr, dt, node.output[0])]
     return [_cast(f"(arange({n}) * {_num(delta.item(), dt)} + {_num(start.item(), dt)})", dt)]
