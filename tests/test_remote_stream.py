@@ -105,3 +105,22 @@ def test_remote_copy_out_streams_into_the_result(monkeypatch):
     finally:
         _drop_remote_instances()
         srv.shutdown()
+
+
+@needs_cpu
+def test_server_answers_a_copy_out_as_of_its_place_in_the_batch():
+    """A copy out followed by a write to the same buffer answers the bytes before the write (no view of the
+    buffer is sent then); one at the batch's end (sent from the buffer itself) the bytes after it."""
+    from tests.test_remote_datapath import _post as post
+    from tgc.backends.remote.server import serve
+    srv = serve("127.0.0.1", 0, "CPU", None).start()
+    try:
+        first, second = _payload(), _payload()[::-1]
+        a, b = P.blob_id(first), P.blob_id(second)
+        status, body = post(srv, P.BufferAlloc(buf=1, size=N), P.CopyIn(buf=1, datahash=a), P.CopyOut(buf=1),
+                            P.CopyIn(buf=1, datahash=b), P.CopyOut(buf=1), P.Synchronize(), blobs={a: first, b: second})
+        assert status == 200, body
+        results, blobs = P.decode_results(body, verify=False)
+        assert bytes(blobs[results[2]]) == first and bytes(blobs[results[4]]) == second
+    finally:
+        srv.shutdown()

@@ -47,7 +47,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tgc.backends import canonical, default_device, device_class, get_device
@@ -148,6 +148,18 @@ def _device_attrs(dev: Any) -> dict[str, bool | int | float | str]:
                              "max_local_size": dev.max_local_size, "max_shared_bytes": dev.max_shared_bytes,
                              **dataclasses.asdict(dev.runtime)}
     return {k: v for k, v in sorted(facts.items()) if type(v) in (bool, int, float, str)}
+
+
+# requests that change no buffer: a copy out after which only these follow may be answered from the buffer itself
+_READ_ONLY = (P.CopyOut, P.ReadRange, P.Synchronize, P.GetProperties)
+
+
+def _read_only_tail(requests: Sequence[P.Request]) -> int:
+    """The index from which every request of a batch is one that changes no buffer (`_READ_ONLY`)."""
+    i = len(requests)
+    while i and isinstance(requests[i - 1], _READ_ONLY):
+        i -= 1
+    return i
 
 
 def _is_host_array(handle: Any) -> bool:
@@ -399,7 +411,8 @@ class RemoteServer:
         return True
 
     def run_batch(self, sid: str, body: bytes, client: str = "", token: str | None = None,
-                  timings: list[tuple[str, int, int, int]] | None = None) -> list[bytes | memoryview]:
+                  timings: list[tuple[str, int, int, int]] | None = None,
+                  send: Callable[[list[bytes | memoryview]], None] | None = None) -> list[bytes | memoryview]:
         """Run the requests of one body for session `sid` of the client at address `client` with the token named
         `token` (see `token_name`); the response body's parts, or a `Refusal`.
 
@@ -407,7 +420,12 @@ class RemoteServer:
         processes (the CPU), else one at a time. Each batch must be done `request_time` seconds after it starts
         running (waiting for the session's previous batch not counted). `timings` (a list; a client recording a
         profile asks for it) receives (name, count, start_ns, end_ns) for decoding the body, each request (a run
-        of launches handed to the workers: one entry) and encoding the answer."""
+        of launches handed to the workers: one entry) and encoding the answer.
+
+        With `send`, the answer's parts are handed to `send` while the session's lock is still held (and the
+        session counted busy, so it is never evicted meanwhile): a host-memory buffer copied out by a request
+        that no later request of the batch can change is then sent straight from the buffer (a view, no copy;
+        `_do_CopyOut`), since no other batch of the session can free or write it before the answer is out."""
         start = time.perf_counter_ns()
         try:
             requests, blobs = P.decode_requests(body, max_text=self.limits.max_text, max_nodes=self.limits.max_nodes)
@@ -424,20 +442,26 @@ class RemoteServer:
             with session.lock:
                 if self.sessions.get(session.id) is not session:
                     raise Refusal(404, "session", "the session ended while this batch waited for its turn")
-                if self.uses_launch_workers:
-                    results, out_blobs = self._run(session, requests, blobs, timings)
-                else:
-                    with self.device_lock:
+                session.alias_from = _read_only_tail(requests) if send is not None else len(requests) + 1
+                try:
+                    if self.uses_launch_workers:
                         results, out_blobs = self._run(session, requests, blobs, timings)
+                    else:
+                        with self.device_lock:
+                            results, out_blobs = self._run(session, requests, blobs, timings)
+                finally:
+                    session.alias_from = len(requests) + 1
+                st = time.perf_counter_ns()
+                parts = P.body_parts(out_blobs, P.to_text(results))
+                if timings is not None:
+                    timings.append(("Encode", 1, st, time.perf_counter_ns()))
+                if send is not None:  # (views of the session's buffers: sent before its next batch runs)
+                    send(parts)
         finally:
             with self.lock:
                 session.busy -= 1
                 session.last_seen = time.monotonic()
                 self._trim_pool()
-        st = time.perf_counter_ns()
-        parts = P.body_parts(out_blobs, P.to_text(results))
-        if timings is not None:
-            timings.append(("Encode", 1, st, time.perf_counter_ns()))
         return parts
 
     def _trim_pool(self) -> None:
@@ -463,6 +487,7 @@ class RemoteServer:
         while i < len(requests):
             req = requests[i]
             name = type(req).__name__
+            session.index = i
             if i and time.monotonic() - start >= self.limits.request_time:
                 raise Refusal(408, "limit", f"the batch ran past the request time limit of "
                                             f"{self.limits.request_time:g}s; stopped before request {i} ({name})")
@@ -609,8 +634,10 @@ class RemoteServer:
 
     def _do_CopyOut(self, session: Session, req: P.CopyOut, blobs, out) -> str:
         buf = self._get(session.buffers, req.buf, "buffer")
-        if _is_host_array(buf.handle):  # one copy (no zeroed bytearray filled a second time)
-            data: bytes | bytearray = buf.handle.tobytes()
+        if _is_host_array(buf.handle) and session.index >= session.alias_from and buf.size >= P.LARGE_BLOB:
+            data: bytes | bytearray | memoryview = memoryview(buf.handle).cast("B")  # sent from the buffer itself
+        elif _is_host_array(buf.handle):  # one copy (no zeroed bytearray filled a second time)
+            data = buf.handle.tobytes()
         else:
             data = bytearray(buf.size)
             self.allocator.copyout(memoryview(data), buf.handle)

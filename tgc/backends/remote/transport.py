@@ -182,17 +182,27 @@ class _Handler(BaseHTTPRequestHandler):
         app.set_deadline(self.connection, None)  # the batch's own time limit applies while it runs
         timings: list | None = [] if self.headers.get(P.PROFILE_HEADER) == "1" else None  # (a profiling client)
         start = time.perf_counter_ns()
+
+        sent: list[bool] = []
+
+        def send(parts: list[bytes | memoryview]) -> None:  # the answer, sent while the session is still held
+            sent.append(True)
+            app.set_deadline(self.connection, app.limits.request_time)  # writing the answer
+            try:
+                self._answer(200, parts, timing=P.timing_header(timings, start) if timings else None)
+            except OSError:  # a timeout or a vanished peer: nobody to answer
+                self.close_connection = True
+
         try:
-            parts = app.run_batch(sid, body, self.client_address[0], app.token_name(self.headers.get("Authorization")),
-                                  timings)
-        except Refusal as r:
-            app.set_deadline(self.connection, app.limits.request_time)
-            return self._refuse(r)
+            app.run_batch(sid, body, self.client_address[0], app.token_name(self.headers.get("Authorization")),
+                          timings, send)
         except Exception as e:  # never let one batch take the server down
+            if sent:  # (the answer is out: nothing more may be written on this connection)
+                self.close_connection = True
+                return
             app.set_deadline(self.connection, app.limits.request_time)
-            return self._refuse(Refusal(500, "device", f"internal error: {type(e).__name__}: {e}"))
-        app.set_deadline(self.connection, app.limits.request_time)  # writing the answer
-        self._answer(200, parts, timing=P.timing_header(timings, start) if timings else None)
+            r = e if isinstance(e, Refusal) else Refusal(500, "device", f"internal error: {type(e).__name__}: {e}")
+            return self._refuse(r)
 
     def _not_allowed(self) -> None:
         if self._authorized():
