@@ -422,10 +422,11 @@ class RemoteServer:
         profile asks for it) receives (name, count, start_ns, end_ns) for decoding the body, each request (a run
         of launches handed to the workers: one entry) and encoding the answer.
 
-        With `send`, the answer's parts are handed to `send` while the session's lock is still held (and the
-        session counted busy, so it is never evicted meanwhile): a host-memory buffer copied out by a request
-        that no later request of the batch can change is then sent straight from the buffer (a view, no copy;
-        `_do_CopyOut`), since no other batch of the session can free or write it before the answer is out."""
+        With `send`, the answer's parts are handed to `send`. A host-memory buffer of at least `LARGE_BLOB` bytes
+        copied out by a request that no later request of the batch can change is then sent straight from the
+        buffer (a view, no copy; `_do_CopyOut`): such an answer is sent while the session's lock is still held
+        and the session counted busy (never evicted or reaped meanwhile), so no other batch of the session can
+        free or write the buffer before the answer is out. Other answers are sent once the session is free."""
         start = time.perf_counter_ns()
         try:
             requests, blobs = P.decode_requests(body, max_text=self.limits.max_text, max_nodes=self.limits.max_nodes)
@@ -443,6 +444,7 @@ class RemoteServer:
                 if self.sessions.get(session.id) is not session:
                     raise Refusal(404, "session", "the session ended while this batch waited for its turn")
                 session.alias_from = _read_only_tail(requests) if send is not None else len(requests) + 1
+                session.aliased = False
                 try:
                     if self.uses_launch_workers:
                         results, out_blobs = self._run(session, requests, blobs, timings)
@@ -455,13 +457,15 @@ class RemoteServer:
                 parts = P.body_parts(out_blobs, P.to_text(results))
                 if timings is not None:
                     timings.append(("Encode", 1, st, time.perf_counter_ns()))
-                if send is not None:  # (views of the session's buffers: sent before its next batch runs)
+                if send is not None and session.aliased:  # views of the session's buffers: sent before it is free
                     send(parts)
         finally:
             with self.lock:
                 session.busy -= 1
                 session.last_seen = time.monotonic()
                 self._trim_pool()
+        if send is not None and not session.aliased:  # (a copied answer: sent with the session free, as before)
+            send(parts)
         return parts
 
     def _trim_pool(self) -> None:
@@ -636,6 +640,7 @@ class RemoteServer:
         buf = self._get(session.buffers, req.buf, "buffer")
         if _is_host_array(buf.handle) and session.index >= session.alias_from and buf.size >= P.LARGE_BLOB:
             data: bytes | bytearray | memoryview = memoryview(buf.handle).cast("B")  # sent from the buffer itself
+            session.aliased = True
         elif _is_host_array(buf.handle):  # one copy (no zeroed bytearray filled a second time)
             data = buf.handle.tobytes()
         else:
