@@ -94,6 +94,26 @@ def loopback_rate(nbytes: int = 4 << 20, repeat: int = 20) -> float:
     return nbytes / statistics.median(times)
 
 
+def copy_rate(remote, nbytes: int = 4 << 20, repeat: int = 20) -> float:
+    """Bytes per second of a copy in and a copy out of `nbytes` through REMOTE (one round trip each time, no
+    kernel: the data path alone, without the local run the table's overheads subtract); the median."""
+    alloc = remote.allocator
+    handle = alloc.alloc(nbytes)
+    src, dst = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
+    times = []
+    try:
+        for _ in range(repeat + 1):
+            st = time.perf_counter()
+            alloc.copyin(handle, memoryview(src))
+            alloc.copyout(memoryview(dst), handle)
+            times.append(time.perf_counter() - st)
+    finally:
+        alloc.free(handle, nbytes)
+    if not (dst == 1).all():
+        raise SystemExit("bench_remote: the copy through REMOTE came back wrong")
+    return 2 * nbytes / statistics.median(times[1:])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-d", "--device", default="CPU", help="the device to serve and to compare with")
@@ -120,6 +140,7 @@ def main() -> int:
             moved = nbytes + sum(np.asarray(v).nbytes for v in outputs.values())
             lm, rm = statistics.median(local), statistics.median(there)
             rows.append((name, kernels, nbytes, trips, lm, rm, moved))
+        copied = copy_rate(remote, repeat=a.repeat)
         remote.close()
     load = _load()
     print(f"REMOTE serving {a.device} on 127.0.0.1, median of {a.repeat} runs; {os.cpu_count()} cores, load average "
@@ -135,6 +156,8 @@ def main() -> int:
     rate = moved / extra
     print(f"payload: {rate / 1e9:.2f} GB/s ({moved / 1e6:.1f} MB in and out over {extra * 1e3:.1f} ms of "
           f"overhead; target >= {PAYLOAD_TARGET / 1e9:g} GB/s): {_verdict(rate >= PAYLOAD_TARGET)}")
+    print(f"data path alone: {copied / 1e9:.2f} GB/s (a 4 MiB copy in and copy out, one round trip, no kernel: "
+          f"{_verdict(copied >= PAYLOAD_TARGET)})")
     print(f"small-program overhead: {small * 1e3:.3f} ms (median of the small cases; target <= "
           f"{SMALL_TARGET * 1e3:g} ms): {_verdict(small <= SMALL_TARGET)}")
     print(f"load average {load_before:.1f} before, {load:.1f} after ({os.cpu_count()} cores): figures taken with a "
