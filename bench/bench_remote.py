@@ -94,24 +94,42 @@ def loopback_rate(nbytes: int = 4 << 20, repeat: int = 20) -> float:
     return nbytes / statistics.median(times)
 
 
-def copy_rate(remote, nbytes: int = 4 << 20, repeat: int = 20) -> float:
-    """Bytes per second of a copy in and a copy out of `nbytes` through REMOTE (one round trip each time, no
-    kernel: the data path alone, without the local run the table's overheads subtract); the median."""
+def cpu_ns(pid: int) -> int | None:
+    """Nanoseconds on a CPU of every thread of process `pid` so far (Linux `schedstat`; None elsewhere)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+        return sum(int(open(f"/proc/{pid}/task/{t}/schedstat").read().split()[0]) for t in tasks)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def copy_rate(remote, server_pid: int, nbytes: int = 4 << 20, repeat: int = 20
+              ) -> tuple[float, float | None, float | None]:
+    """A copy in and a copy out of `nbytes` through REMOTE (one round trip each time, no kernel: the data path
+    alone, without the local run the table's overheads subtract): bytes per second (the median), and the
+    client's and the server's CPU seconds per round trip (less dependent on the machine's load than the wall
+    time; None where not measurable)."""
     alloc = remote.allocator
     handle = alloc.alloc(nbytes)
     src, dst = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
     times = []
     try:
-        for _ in range(repeat + 1):
+        alloc.copyin(handle, memoryview(src))
+        alloc.copyout(memoryview(dst), handle)
+        c0, s0 = cpu_ns(os.getpid()), cpu_ns(server_pid)
+        for _ in range(repeat):
             st = time.perf_counter()
             alloc.copyin(handle, memoryview(src))
             alloc.copyout(memoryview(dst), handle)
             times.append(time.perf_counter() - st)
+        c1, s1 = cpu_ns(os.getpid()), cpu_ns(server_pid)
     finally:
         alloc.free(handle, nbytes)
     if not (dst == 1).all():
         raise SystemExit("bench_remote: the copy through REMOTE came back wrong")
-    return 2 * nbytes / statistics.median(times[1:])
+    client = (c1 - c0) / 1e9 / repeat if c0 is not None and c1 is not None else None
+    server = (s1 - s0) / 1e9 / repeat if s0 is not None and s1 is not None else None
+    return 2 * nbytes / statistics.median(times), client, server
 
 
 def main() -> int:
@@ -140,7 +158,7 @@ def main() -> int:
             moved = nbytes + sum(np.asarray(v).nbytes for v in outputs.values())
             lm, rm = statistics.median(local), statistics.median(there)
             rows.append((name, kernels, nbytes, trips, lm, rm, moved))
-        copied = copy_rate(remote, repeat=a.repeat)
+        copied, client_cpu, server_cpu = copy_rate(remote, srv.proc.pid, repeat=a.repeat)
         remote.close()
     load = _load()
     print(f"REMOTE serving {a.device} on 127.0.0.1, median of {a.repeat} runs; {os.cpu_count()} cores, load average "
@@ -156,8 +174,10 @@ def main() -> int:
     rate = moved / extra
     print(f"payload: {rate / 1e9:.2f} GB/s ({moved / 1e6:.1f} MB in and out over {extra * 1e3:.1f} ms of "
           f"overhead; target >= {PAYLOAD_TARGET / 1e9:g} GB/s): {_verdict(rate >= PAYLOAD_TARGET)}")
-    print(f"data path alone: {copied / 1e9:.2f} GB/s (a 4 MiB copy in and copy out, one round trip, no kernel: "
-          f"{_verdict(copied >= PAYLOAD_TARGET)})")
+    cpu = "" if client_cpu is None or server_cpu is None else \
+        f"; CPU per round trip: client {client_cpu * 1e3:.2f} ms, server {server_cpu * 1e3:.2f} ms"
+    print(f"data path alone: {copied / 1e9:.2f} GB/s (a 4 MiB copy in and copy out, one round trip, no kernel; "
+          f"{_verdict(copied >= PAYLOAD_TARGET)}{cpu})")
     print(f"small-program overhead: {small * 1e3:.3f} ms (median of the small cases; target <= "
           f"{SMALL_TARGET * 1e3:g} ms): {_verdict(small <= SMALL_TARGET)}")
     print(f"load average {load_before:.1f} before, {load:.1f} after ({os.cpu_count()} cores): figures taken with a "
