@@ -4,6 +4,8 @@ is one clear error or the ordinary (unstreamed) path, never bytes written past t
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -124,3 +126,100 @@ def test_server_answers_a_copy_out_as_of_its_place_in_the_batch():
         assert bytes(blobs[results[2]]) == first and bytes(blobs[results[4]]) == second
     finally:
         srv.shutdown()
+
+
+def _raw_post(port: int, body: bytes, declared: int | None = None, session: str = "stream-server-0123456789"
+              ) -> bytes:
+    """Send a request whose body may end early (then close the writing side); everything the server answers."""
+    import socket
+    n = len(body) if declared is None else declared
+    head = (f"POST {P.BATCH_PATH} HTTP/1.1\r\nHost: x\r\n{P.SESSION_HEADER}: {session}\r\n"
+            f"Content-Length: {n}\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(head + body)
+        if declared is not None:
+            s.shutdown(socket.SHUT_WR)
+        got = b""
+        while True:
+            chunk = s.recv(1 << 16)
+            if not chunk:
+                return got
+            got += chunk
+
+
+@pytest.fixture
+def cpu_server():
+    from tgc.backends.remote.server import serve
+    srv = serve("127.0.0.1", 0, "CPU", None).start()
+    yield srv
+    srv.shutdown()
+
+
+def _live(srv) -> int:
+    return srv.allocator.live
+
+
+@needs_cpu
+def test_server_receives_a_copy_in_into_the_buffer_it_fills(cpu_server):
+    """A large CopyIn's blob is received into an arena block that becomes the buffer (the old one is freed); a blob
+    named twice is copied into both buffers; every staged block is accounted for afterwards."""
+    from tests.test_remote_datapath import _post as post
+    srv = cpu_server
+    data = _payload()
+    h = P.blob_id(data)
+    status, body = post(srv, P.BufferAlloc(buf=1, size=N), P.BufferAlloc(buf=2, size=N), P.CopyIn(buf=1, datahash=h),
+                        P.CopyIn(buf=2, datahash=h), P.CopyOut(buf=1), P.CopyOut(buf=2), blobs={h: data})
+    assert status == 200, body
+    results, blobs = P.decode_results(body, verify=False)
+    assert bytes(blobs[results[4]]) == data and bytes(blobs[results[5]]) == data
+    before = _live(srv)
+    session = next(iter(srv.sessions.values()))
+    address = session.buffers[1].handle.address
+    status, body = post(srv, P.CopyIn(buf=1, datahash=h), P.CopyOut(buf=1), blobs={h: data[::-1]})
+    assert status == 200, body
+    results, blobs = P.decode_results(body, verify=False)
+    assert bytes(blobs[results[1]]) == data[::-1]
+    assert session.buffers[1].handle.address != address  # the block the blob was received into became buffer 1
+    assert _live(srv) == before and srv._staged_bytes == 0 and not session.staged
+    assert session.buffers[1].handle.tobytes() == data[::-1] and session.buffers[2].handle.tobytes() == data
+
+
+@needs_cpu
+def test_server_refuses_a_copy_in_of_the_wrong_size_and_frees_the_staged_block(cpu_server):
+    from tests.test_remote_datapath import _post as post
+    srv = cpu_server
+    assert post(srv, P.BufferAlloc(buf=1, size=N + 64), blobs={})[0] == 200
+    before = _live(srv)
+    data = _payload()
+    h = P.blob_id(data)
+    status, body = post(srv, P.CopyIn(buf=1, datahash=h), blobs={h: data})
+    assert status == 400 and f"copying {N} bytes into buffer 1 of {N + 64} bytes".encode() in body, body
+    assert _live(srv) == before and srv._staged_bytes == 0
+
+
+@needs_cpu
+def test_server_closes_on_a_truncated_body_and_frees_the_staged_block(cpu_server):
+    from tests.test_remote_datapath import _post as post
+    srv = cpu_server
+    assert post(srv, P.BufferAlloc(buf=1, size=N), blobs={})[0] == 200
+    before = _live(srv)
+    data = _payload()
+    h = P.blob_id(data)
+    body = P.encode_requests([P.CopyIn(buf=1, datahash=h)], {h: data})
+    assert _raw_post(srv.port, body[:8 + 40 + N // 2], declared=len(body)) == b""  # no answer, connection closed
+    deadline = time.monotonic() + 10  # (the server's thread may still be closing the connection)
+    while srv._staged_bytes and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _live(srv) == before and srv._staged_bytes == 0
+
+
+@needs_cpu
+def test_server_refuses_a_blob_length_past_the_body_and_closes(cpu_server):
+    srv = cpu_server
+    data = _payload()
+    h = P.blob_id(data)
+    body = bytearray(P.encode_requests([P.Synchronize()], {h: data}))
+    body[8 + 32:8 + 40] = (1 << 40).to_bytes(8, "big")
+    answer = _raw_post(srv.port, bytes(body))
+    assert answer.startswith(b"HTTP/1.1 400") and b"runs past the end of the body" in answer, answer[:300]
+    assert b"Connection: close" in answer and srv._staged_bytes == 0

@@ -186,6 +186,7 @@ class RemoteServer:
         # devices whose launches run in this process run one batch at a time; the CPU's run in launch workers
         self.device_lock = threading.Lock()
         self._arena: Any = None  # CPU: every session's buffers, shared with the launch workers
+        self._staged_bytes = 0  # request blobs received into the arena now (`stage_block`)
         self.launchers: Any = None  # CPU: the launch worker processes (`launcher.LaunchWorkers`)
         self._cache_lock = threading.Lock()  # the compiled and known tables below
         self.sessions: dict[str, Session] = {}
@@ -410,9 +411,39 @@ class RemoteServer:
             print("tgc serve: evicted an idle session to make room", file=sys.stderr, flush=True)
         return True
 
-    def run_batch(self, sid: str, body: bytes, client: str = "", token: str | None = None,
-                  timings: list[tuple[str, int, int, int]] | None = None,
-                  send: Callable[[list[bytes | memoryview]], None] | None = None) -> list[bytes | memoryview]:
+    # bytes of request blobs received into the shared arena at once, all connections together (`stage_block`);
+    # the arena has this much room beyond twice the memory limit
+    STAGE_LIMIT = 64 * MiB
+
+    def stage_block(self, size: int) -> Any | None:
+        """A block of `size` bytes of the shared arena for a request blob to be received into (`protocol.read_body`),
+        which a CopyIn of exactly that size may then adopt as its buffer's memory (no copy); None where buffers
+        do not live in the arena, or when `STAGE_LIMIT` bytes are staged already or the arena is full (the blob
+        is then received as bytes). Give it back with `unstage` unless adopted."""
+        if not self.uses_launch_workers or size > self.limits.max_buffer:
+            return None
+        with self.lock:
+            if self._staged_bytes + size > self.STAGE_LIMIT:
+                return None
+            self._staged_bytes += size
+        try:
+            return self.allocator.alloc(size)
+        except MemoryError:
+            with self.lock:
+                self._staged_bytes -= size
+            return None
+
+    def unstage(self, handle: Any, size: int, free: bool = True) -> None:
+        """Return a staged block (`free`) or count it as adopted by a buffer (not freed)."""
+        with self.lock:
+            self._staged_bytes -= size
+        if free:
+            self.allocator.free(handle, size)
+
+    def run_batch(self, sid: str, body: bytes | tuple[dict[str, memoryview], str], client: str = "",
+                  token: str | None = None, timings: list[tuple[str, int, int, int]] | None = None,
+                  send: Callable[[list[bytes | memoryview]], None] | None = None,
+                  staged: dict[str, Any] | None = None) -> list[bytes | memoryview]:
         """Run the requests of one body for session `sid` of the client at address `client` with the token named
         `token` (see `token_name`); the response body's parts, or a `Refusal`.
 
@@ -426,10 +457,20 @@ class RemoteServer:
         copied out by a request that no later request of the batch can change is then sent straight from the
         buffer (a view, no copy; `_do_CopyOut`): such an answer is sent while the session's lock is still held
         and the session counted busy (never evicted or reaped meanwhile), so no other batch of the session can
-        free or write the buffer before the answer is out. Other answers are sent once the session is free."""
+        free or write the buffer before the answer is out. Other answers are sent once the session is free.
+
+        `body` is the body's bytes, or its blobs and text already read (`protocol.read_body`); `staged` maps the
+        ids of blobs received into arena blocks (`stage_block`) to those blocks: a CopyIn that is the only
+        request naming such a blob, into a whole buffer of its size with no views, adopts the block as the
+        buffer's memory (the old one is freed) and removes it from `staged`; the caller frees what is left."""
         start = time.perf_counter_ns()
         try:
-            requests, blobs = P.decode_requests(body, max_text=self.limits.max_text, max_nodes=self.limits.max_nodes)
+            if isinstance(body, tuple):
+                blobs, text = body
+                requests = P.parse_requests(text, max_text=self.limits.max_text, max_nodes=self.limits.max_nodes)
+            else:
+                requests, blobs = P.decode_requests(body, max_text=self.limits.max_text,
+                                                    max_nodes=self.limits.max_nodes)
         except P.ProtocolError as e:
             raise Refusal(400, "protocol", str(e)) from None
         if timings is not None:
@@ -445,6 +486,14 @@ class RemoteServer:
                     raise Refusal(404, "session", "the session ended while this batch waited for its turn")
                 session.alias_from = _read_only_tail(requests) if send is not None else len(requests) + 1
                 session.aliased = False
+                session.staged = {} if not staged else staged
+                if staged:
+                    uses: dict[str, int] = {}
+                    for r in requests:
+                        h = getattr(r, "datahash", None)
+                        if h is not None:
+                            uses[h] = uses.get(h, 0) + 1
+                    session.staged = {h: v for h, v in staged.items() if uses.get(h) == 1}
                 try:
                     if self.uses_launch_workers:
                         results, out_blobs = self._run(session, requests, blobs, timings)
@@ -453,6 +502,10 @@ class RemoteServer:
                             results, out_blobs = self._run(session, requests, blobs, timings)
                 finally:
                     session.alias_from = len(requests) + 1
+                    if staged:  # (what was adopted is no longer the caller's to free)
+                        for h in [h for h in staged if h in session.staged and session.staged[h] is None]:
+                            del staged[h]
+                    session.staged = {}
                 st = time.perf_counter_ns()
                 parts = P.body_parts(out_blobs, P.to_text(results))
                 if timings is not None:
@@ -634,6 +687,16 @@ class RemoteServer:
         data = self._blob(blobs, req.datahash)
         if len(data) != buf.size:
             raise Refusal(400, "protocol", f"copying {len(data)} bytes into buffer {req.buf} of {buf.size} bytes")
+        block = session.staged.get(req.datahash)
+        if block is not None and buf.parent is None and not buf.views and _is_host_array(buf.handle) \
+                and len(block) == buf.size:
+            # the blob was received into an arena block (`stage_block`) and nothing else names it: that block
+            # becomes the buffer's memory, and the old one is freed (no copy)
+            old, buf.handle = buf.handle, block
+            session.staged[req.datahash] = None  # (adopted: `run_batch` tells the caller)
+            self.unstage(block, buf.size, free=False)
+            self.allocator.free(old, buf.size)
+            return
         self.allocator.copyin(buf.handle, data)
 
     def _do_CopyOut(self, session: Session, req: P.CopyOut, blobs, out) -> str:
