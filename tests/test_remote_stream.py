@@ -156,7 +156,8 @@ def cpu_server():
 
 
 def _live(srv) -> int:
-    return srv.allocator.live
+    """Arena bytes in buffers and staged blobs (not the blocks kept for staging)."""
+    return srv.allocator.live - srv._pooled_bytes
 
 
 @needs_cpu

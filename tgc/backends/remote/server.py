@@ -187,6 +187,8 @@ class RemoteServer:
         self.device_lock = threading.Lock()
         self._arena: Any = None  # CPU: every session's buffers, shared with the launch workers
         self._staged_bytes = 0  # request blobs received into the arena now (`stage_block`)
+        self._stage_pool: dict[int, list[Any]] = {}  # arena blocks kept for staging, by size (`_pool_block`)
+        self._pooled_bytes = 0
         self.launchers: Any = None  # CPU: the launch worker processes (`launcher.LaunchWorkers`)
         self._cache_lock = threading.Lock()  # the compiled and known tables below
         self.sessions: dict[str, Session] = {}
@@ -411,8 +413,8 @@ class RemoteServer:
             print("tgc serve: evicted an idle session to make room", file=sys.stderr, flush=True)
         return True
 
-    # bytes of request blobs received into the shared arena at once, all connections together (`stage_block`);
-    # the arena has this much room beyond twice the memory limit
+    # bytes of request blobs received into the shared arena at once, all connections together, and of blocks kept
+    # for that (`stage_block`, `_pool_block`); the arena has this much room beyond twice the memory limit
     STAGE_LIMIT = 64 * MiB
 
     def stage_block(self, size: int) -> Any | None:
@@ -422,10 +424,22 @@ class RemoteServer:
         is then received as bytes). Give it back with `unstage` unless adopted."""
         if not self.uses_launch_workers or size > self.limits.max_buffer:
             return None
+        spare: list[tuple[Any, int]] = []
         with self.lock:
-            if self._staged_bytes + size > self.STAGE_LIMIT:
+            pool = self._stage_pool.get(size)
+            if pool:  # (a block whose pages are already mapped: the arena gives a freed block's pages back)
+                self._pooled_bytes -= size
+                self._staged_bytes += size
+                return pool.pop()
+            while self._staged_bytes + self._pooled_bytes + size > self.STAGE_LIMIT and self._pooled_bytes:
+                n, blocks = next((n, b) for n, b in self._stage_pool.items() if b)
+                spare.append((blocks.pop(), n))
+                self._pooled_bytes -= n
+            if self._staged_bytes + self._pooled_bytes + size > self.STAGE_LIMIT:
                 return None
             self._staged_bytes += size
+        for block, n in spare:
+            self.allocator.free(block, n)
         try:
             return self.allocator.alloc(size)
         except MemoryError:
@@ -434,11 +448,21 @@ class RemoteServer:
             return None
 
     def unstage(self, handle: Any, size: int, free: bool = True) -> None:
-        """Return a staged block (`free`) or count it as adopted by a buffer (not freed)."""
+        """Give a staged block back (`free`), or count it as adopted by a buffer (not given back)."""
         with self.lock:
             self._staged_bytes -= size
         if free:
-            self.allocator.free(handle, size)
+            self._pool_block(handle, size)
+
+    def _pool_block(self, block: Any, size: int) -> None:
+        """Keep an arena block for a later blob of its size while staged and pooled blocks stay within
+        `STAGE_LIMIT` (its bytes are never shown: a block is adopted only once a blob has filled it), else free it."""
+        with self.lock:
+            if self._staged_bytes + self._pooled_bytes + size <= self.STAGE_LIMIT:
+                self._stage_pool.setdefault(size, []).append(block)
+                self._pooled_bytes += size
+                return
+        self.allocator.free(block, size)
 
     def run_batch(self, sid: str, body: bytes | tuple[dict[str, memoryview], str], client: str = "",
                   token: str | None = None, timings: list[tuple[str, int, int, int]] | None = None,
@@ -695,7 +719,7 @@ class RemoteServer:
             old, buf.handle = buf.handle, block
             session.staged[req.datahash] = None  # (adopted: `run_batch` tells the caller)
             self.unstage(block, buf.size, free=False)
-            self.allocator.free(old, buf.size)
+            self._pool_block(old, buf.size)  # (the next blob of this size is received into it)
             return
         self.allocator.copyin(buf.handle, data)
 
