@@ -152,11 +152,13 @@ class _Wire:
             raise http.client.LineTooLong("header line")
         return line
 
-    def exchange(self, head: bytes, parts: Sequence[bytes | memoryview], cap: int, error_cap: int
-                 ) -> tuple[int, dict[str, str], bytes | None, int | None, bool]:
+    def exchange(self, head: bytes, parts: Sequence[bytes | memoryview], cap: int, error_cap: int,
+                 sink: memoryview | None = None) -> tuple[int, dict[str, str], Any, int | None, bool]:
         """Send one request; (status, headers by lowercase name, body, declared length, whether the server
         closes the connection after it). The body is None when the declared length passes the cap (`cap` for a
-        200, else `error_cap`): refused before it is read. An undeclared body holds up to cap + 1 bytes."""
+        200, else `error_cap`): refused before it is read. An undeclared body holds up to cap + 1 bytes.
+        With a `sink` (a writable byte view of at least `LARGE_BLOB` bytes), a 200 answer of one blob of exactly
+        `len(sink)` bytes is received into it: the body is then `(body without the blob, blob id, sink)`."""
         P.send_all(self.sock, [head, *parts])
         line = self._line()
         if not line:
@@ -188,10 +190,37 @@ class _Wire:
         length = int(text)
         if length > limit:
             return status, headers, None, length, True
-        data = self.rfile.read(length)
-        if len(data) < length:
-            raise http.client.IncompleteRead(data, length - len(data))
+        if sink is not None and status == 200 and length >= 48 + len(sink) and len(sink) >= P.LARGE_BLOB:
+            return status, headers, self._streamed(length, sink), length, close
+        data = self._read(length)
         return status, headers, data, length, close
+
+    def _read(self, n: int) -> bytes:
+        data = self.rfile.read(n)
+        if len(data) < n:
+            raise http.client.IncompleteRead(data, n - len(data))
+        return data
+
+    def _streamed(self, length: int, sink: memoryview) -> bytes | tuple[bytes, str, memoryview]:
+        """Read an answer body of `length` bytes whose one blob is received straight into `sink` (`readinto`: the
+        socket's bytes land in the destination, no intermediate bytes object). The body as bytes when it does not
+        have exactly one blob of `len(sink)` bytes (read whole, as without a sink); else (the body without its
+        blob, the blob's id, `sink`). A body that ends early raises `IncompleteRead`."""
+        head = self._read(8)
+        if head[:4] != P.MAGIC or int.from_bytes(head[4:8], "big") != 1:
+            return head + self._read(length - 8)
+        blob_head = self._read(40)
+        n = int.from_bytes(blob_head[32:40], "big")
+        if n != len(sink):  # (a blob of another size, or a length past the body: the decoder says which)
+            return head + blob_head + self._read(length - 48)
+        got = 0
+        while got < n:
+            k = self.rfile.readinto(sink[got:])
+            if not k:
+                raise http.client.IncompleteRead(bytes(0), n - got)
+            got += k
+        text = self._read(length - 48 - n)
+        return P.MAGIC + bytes(4) + text, blob_head[:32].hex(), sink
 
 
 class Connection:
@@ -247,11 +276,13 @@ class Connection:
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
-    def post(self, body: bytes | list[bytes | memoryview], limit: int = 1 << 30, timing: bool = False) -> bytes:
+    def post(self, body: bytes | list[bytes | memoryview], limit: int = 1 << 30, timing: bool = False,
+             sink: memoryview | None = None) -> Any:
         """Send one batch body (or its parts); the response body, or a DeviceError/CompileError with the
         server's message. An answer longer than `limit` bytes (what the requests can need) is refused
         before it is read. `timing` asks the server for its timing of the batch (a profile trace), which
-        `server_timing` then holds (`protocol.parse_timing`)."""
+        `server_timing` then holds (`protocol.parse_timing`). `sink`: see `_Wire.exchange` (the answer is then
+        that tuple when its one blob went into the sink)."""
         parts = [body] if isinstance(body, bytes) else body
         host = f"[{self.host}]" if ":" in self.host else self.host
         head = (f"POST {P.BATCH_PATH} HTTP/1.1\r\nHost: {host}:{self.port}\r\n"
@@ -268,7 +299,7 @@ class Connection:
             if self._conn is None:
                 self._conn = self._connect()
             try:
-                status, headers, data, length, close = self._conn.exchange(request, parts, limit, ERROR_LIMIT)
+                status, headers, data, length, close = self._conn.exchange(request, parts, limit, ERROR_LIMIT, sink)
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as e:
                 self.close()
                 if reused and attempt == 0:  # the server closed an idle connection: open a fresh one
@@ -283,6 +314,9 @@ class Connection:
                 self.close()
                 raise DeviceError(f"REMOTE server {self.address} sent an answer of {length} bytes, more "
                                   f"than the {cap} its requests can need")
+            streamed = data if isinstance(data, tuple) else None
+            if streamed is not None:
+                data = streamed[0]
             if len(data) > cap:
                 self.close()
                 raise DeviceError(f"REMOTE server {self.address} sent an answer of more than the {cap} bytes "
@@ -291,7 +325,7 @@ class Connection:
                 self.close()
             if status == 200:
                 self.server_timing = headers.get(P.TIMING_HEADER.lower()) if timing else None
-                return data
+                return data if streamed is None else streamed
             raise self._error(status, headers.get(P.ERROR_HEADER.lower()), data)
         raise AssertionError("unreachable")
 
@@ -337,13 +371,16 @@ class RemoteAllocator(Allocator):
         self.device._enqueue(P.CopyIn(buf=handle, datahash=""), bytes(src))
 
     def copyout(self, dest: memoryview, handle: int) -> None:
-        results, blobs = self.device._submit(P.CopyOut(buf=handle))
-        data = blobs.get(results[-1]) if isinstance(results[-1], str) else None
         out = dest if dest.format == "B" and dest.ndim == 1 else dest.cast("B")
+        # a large contiguous destination receives the bytes straight from the socket (`_Wire.exchange`'s sink)
+        sink = out if len(out) >= P.LARGE_BLOB and out.contiguous and not out.readonly else None
+        results, blobs = self.device._submit(P.CopyOut(buf=handle), sink=sink)
+        data = blobs.get(results[-1]) if isinstance(results[-1], str) else None
         if data is None or len(data) != len(out):
             raise DeviceError(f"REMOTE server sent {'no' if data is None else len(data)} bytes for a "
                               f"copy out of {len(out)} bytes")
-        out[:] = data
+        if data is not sink:
+            out[:] = data
 
     def copyout_range(self, dest: memoryview, handle: int, offset: int) -> None:
         """Bytes `offset .. offset + len(dest)` of a buffer (one round trip; see `RemoteDevice.read_range`)."""
@@ -679,11 +716,15 @@ class RemoteDevice(Device):
             finally:
                 self._lock.release()
 
-    def _submit(self, req: P.Request, blob: bytes | None = None) -> tuple[list[Any], dict[str, memoryview]]:
-        """Queue `req` and flush: the results of the batch (`req`'s is last) and the response blobs."""
+    def _submit(self, req: P.Request, blob: bytes | None = None, sink: memoryview | None = None
+                ) -> tuple[list[Any], dict[str, memoryview]]:
+        """Queue `req` and flush: the results of the batch (`req`'s is last) and the response blobs. With a
+        `sink` (for a CopyOut `req`), the answer's blob is received into it when it is the batch's only copy out
+        (then `sink` itself is in the blobs)."""
         with self._lock:
             self._enqueue(req, blob)
-            return self._send()
+            copies = sum(isinstance(r, (P.CopyOut, P.ReadRange)) for r in self._queue)
+            return self._send(sink if copies == 1 else None)
 
     def flush(self) -> None:
         """Send everything queued now."""
@@ -691,7 +732,7 @@ class RemoteDevice(Device):
             if self._queue:
                 self._send()
 
-    def _send(self) -> tuple[list[Any], dict[str, memoryview]]:
+    def _send(self, sink: memoryview | None = None) -> tuple[list[Any], dict[str, memoryview]]:
         reqs, blobs = self._queue, self._blobs
         self._queue, self._blobs, self._queued_bytes = [], {}, 0
         body = P.body_parts(blobs, P.to_text(reqs))
@@ -708,14 +749,17 @@ class RemoteDevice(Device):
                 limit += ANSWER_PER_LISTING
         prof = profile.active
         if prof is None:
-            data = conn.post(body, limit)
+            data = conn.post(body, limit, sink=sink)
         else:
             data = self._post_profiled(prof, conn, body, limit, reqs)
+        streamed = data if isinstance(data, tuple) else None
         try:
-            results, out_blobs = P.decode_results(data, verify=False, max_text=limit,
-                                                  max_nodes=10_000 + 16 * len(reqs))
+            results, out_blobs = P.decode_results(data if streamed is None else streamed[0], verify=False,
+                                                  max_text=limit, max_nodes=10_000 + 16 * len(reqs))
         except P.ProtocolError as e:
             raise DeviceError(f"REMOTE server {conn.address} sent a bad answer: {P.safe_text(e)}") from None
+        if streamed is not None:
+            out_blobs[streamed[1]] = streamed[2]
         if len(results) != len(reqs):
             raise DeviceError(f"REMOTE server {conn.address} answered {len(results)} of {len(reqs)} requests")
         for r in reqs:  # launches not yet known to be finished: those after the last copy out/wait/sync

@@ -484,6 +484,69 @@ def decode_body(body: bytes | memoryview, max_blobs: int = MAX_BLOBS, verify: bo
     return blobs, text
 
 
+class TruncatedBody(ValueError):
+    """The peer closed (or timed out) before sending the body it declared (nobody is left to answer)."""
+
+
+def _read_exact(rfile: Any, n: int) -> bytes:
+    data = rfile.read(n)
+    if len(data) != n:
+        raise TruncatedBody(f"the body ended {n - len(data)} bytes early")
+    return data
+
+
+def read_body(rfile: Any, n: int, stage: Any = None, max_blobs: int = MAX_BLOBS, max_text: int | None = None
+              ) -> tuple[dict[str, memoryview], str]:
+    """Read a body of exactly `n` bytes from the buffered reader `rfile` and decode it as `decode_body(verify=True)`
+    does, receiving each blob of at least `LARGE_BLOB` bytes into `stage(length)` (a writable byte view of that
+    length, or None to receive it as bytes) with `readinto`: the bytes go from the socket straight to where the
+    caller wants them (the server: a block of device memory a CopyIn can adopt).
+
+    `ProtocolError` for a malformed body: the rest of the body is then unread (the caller must close the
+    connection). `TruncatedBody` when the stream ends before `n` bytes. A blob's length is checked against what is
+    left of `n` before anything is staged or read for it."""
+    if n < 8:
+        _read_exact(rfile, n)
+        raise ProtocolError("body does not start with the TGC1 header")
+    head = _read_exact(rfile, 8)
+    if head[:4] != MAGIC:
+        raise ProtocolError("body does not start with the TGC1 header")
+    count = int.from_bytes(head[4:8], "big")
+    if count > max_blobs:
+        raise ProtocolError(f"body declares {count} blobs, more than the limit of {max_blobs}")
+    left, blobs = n - 8, {}
+    for i in range(count):
+        if left < 40:
+            raise ProtocolError(f"blob {i}: header truncated")
+        blob_head = _read_exact(rfile, 40)
+        size = int.from_bytes(blob_head[32:40], "big")
+        left -= 40
+        if size > left:
+            raise ProtocolError(f"blob {i}: length {size} runs past the end of the body ({left} bytes left)")
+        view = stage(size) if stage is not None and size >= LARGE_BLOB else None
+        if view is None:
+            data = memoryview(_read_exact(rfile, size))
+        else:
+            got = 0
+            while got < size:
+                k = rfile.readinto(view[got:])
+                if not k:
+                    raise TruncatedBody(f"the body ended {size - got} bytes into a {size}-byte blob early")
+                got += k
+            data = view
+        left -= size
+        if size < LARGE_BLOB and hashlib.sha256(data).digest() != blob_head[:32]:
+            raise ProtocolError(f"blob {i}: sha256 does not match its {size} bytes")
+        blobs[blob_head[:32].hex()] = data
+    if max_text is not None and left > 4 * max_text:  # before reading: at most 4 bytes a character
+        raise ProtocolError(f"request text of {left} bytes exceeds the limit of {max_text} characters")
+    try:
+        text = _read_exact(rfile, left).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ProtocolError(f"request text is not UTF-8: {e.reason} at byte {e.start}") from None
+    return blobs, text
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # text: writing literals and parsing them back through a whitelist
 
@@ -710,10 +773,16 @@ def decode_requests(body: bytes | memoryview, *, max_depth: int = MAX_DEPTH, max
                     max_text: int = MAX_TEXT) -> tuple[list[Request], dict[str, memoryview]]:
     """The requests of a body and its blobs; ProtocolError unless the text is a list of requests."""
     blobs, text = decode_body(body, max_text=max_text)
+    return parse_requests(text, max_depth=max_depth, max_nodes=max_nodes, max_text=max_text), blobs
+
+
+def parse_requests(text: str, *, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NODES,
+                   max_text: int = MAX_TEXT) -> list[Request]:
+    """The requests of a body's text; ProtocolError unless it is a list of requests."""
     value = parse_text(text, REQUESTS, max_depth=max_depth, max_nodes=max_nodes, max_text=max_text)
     if not isinstance(value, list) or not all(isinstance(r, Request) for r in value):
         raise ProtocolError("request text must be a list of requests")
-    return value, blobs
+    return value
 
 
 def encode_results(results: list[Any], blobs: Mapping[str, bytes | memoryview]) -> bytes:

@@ -47,7 +47,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tgc.backends import canonical, default_device, device_class, get_device
@@ -150,6 +150,18 @@ def _device_attrs(dev: Any) -> dict[str, bool | int | float | str]:
     return {k: v for k, v in sorted(facts.items()) if type(v) in (bool, int, float, str)}
 
 
+# requests that change no buffer: a copy out after which only these follow may be answered from the buffer itself
+_READ_ONLY = (P.CopyOut, P.ReadRange, P.Synchronize, P.GetProperties)
+
+
+def _read_only_tail(requests: Sequence[P.Request]) -> int:
+    """The index from which every request of a batch is one that changes no buffer (`_READ_ONLY`)."""
+    i = len(requests)
+    while i and isinstance(requests[i - 1], _READ_ONLY):
+        i -= 1
+    return i
+
+
 def _is_host_array(handle: Any) -> bool:
     """Whether a buffer handle is a 1-D numpy byte array (host memory, `HostAllocator`)."""
     np = sys.modules.get("numpy")
@@ -174,6 +186,9 @@ class RemoteServer:
         # devices whose launches run in this process run one batch at a time; the CPU's run in launch workers
         self.device_lock = threading.Lock()
         self._arena: Any = None  # CPU: every session's buffers, shared with the launch workers
+        self._staged_bytes = 0  # request blobs received into the arena now (`stage_block`)
+        self._stage_pool: dict[int, list[Any]] = {}  # arena blocks kept for staging, by size (`_pool_block`)
+        self._pooled_bytes = 0
         self.launchers: Any = None  # CPU: the launch worker processes (`launcher.LaunchWorkers`)
         self._cache_lock = threading.Lock()  # the compiled and known tables below
         self.sessions: dict[str, Session] = {}
@@ -398,8 +413,61 @@ class RemoteServer:
             print("tgc serve: evicted an idle session to make room", file=sys.stderr, flush=True)
         return True
 
-    def run_batch(self, sid: str, body: bytes, client: str = "", token: str | None = None,
-                  timings: list[tuple[str, int, int, int]] | None = None) -> list[bytes | memoryview]:
+    # bytes of request blobs received into the shared arena at once, all connections together, and of blocks kept
+    # for that (`stage_block`, `_pool_block`); the arena has this much room beyond twice the memory limit
+    STAGE_LIMIT = 64 * MiB
+
+    def stage_block(self, size: int) -> Any | None:
+        """A block of `size` bytes of the shared arena for a request blob to be received into (`protocol.read_body`),
+        which a CopyIn of exactly that size may then adopt as its buffer's memory (no copy); None where buffers
+        do not live in the arena, or when `STAGE_LIMIT` bytes are staged already or the arena is full (the blob
+        is then received as bytes). Give it back with `unstage` unless adopted."""
+        if not self.uses_launch_workers or size > self.limits.max_buffer:
+            return None
+        spare: list[tuple[Any, int]] = []
+        with self.lock:
+            pool = self._stage_pool.get(size)
+            if pool:  # (a block whose pages are already mapped: the arena gives a freed block's pages back)
+                self._pooled_bytes -= size
+                self._staged_bytes += size
+                return pool.pop()
+            while self._staged_bytes + self._pooled_bytes + size > self.STAGE_LIMIT and self._pooled_bytes:
+                n, blocks = next((n, b) for n, b in self._stage_pool.items() if b)
+                spare.append((blocks.pop(), n))
+                self._pooled_bytes -= n
+            if self._staged_bytes + self._pooled_bytes + size > self.STAGE_LIMIT:
+                return None
+            self._staged_bytes += size
+        for block, n in spare:
+            self.allocator.free(block, n)
+        try:
+            return self.allocator.alloc(size)
+        except MemoryError:
+            with self.lock:
+                self._staged_bytes -= size
+            return None
+
+    def unstage(self, handle: Any, size: int, free: bool = True) -> None:
+        """Give a staged block back (`free`), or count it as adopted by a buffer (not given back)."""
+        with self.lock:
+            self._staged_bytes -= size
+        if free:
+            self._pool_block(handle, size)
+
+    def _pool_block(self, block: Any, size: int) -> None:
+        """Keep an arena block for a later blob of its size while staged and pooled blocks stay within
+        `STAGE_LIMIT` (its bytes are never shown: a block is adopted only once a blob has filled it), else free it."""
+        with self.lock:
+            if self._staged_bytes + self._pooled_bytes + size <= self.STAGE_LIMIT:
+                self._stage_pool.setdefault(size, []).append(block)
+                self._pooled_bytes += size
+                return
+        self.allocator.free(block, size)
+
+    def run_batch(self, sid: str, body: bytes | tuple[dict[str, memoryview], str], client: str = "",
+                  token: str | None = None, timings: list[tuple[str, int, int, int]] | None = None,
+                  send: Callable[[list[bytes | memoryview]], None] | None = None,
+                  staged: dict[str, Any] | None = None) -> list[bytes | memoryview]:
         """Run the requests of one body for session `sid` of the client at address `client` with the token named
         `token` (see `token_name`); the response body's parts, or a `Refusal`.
 
@@ -407,10 +475,26 @@ class RemoteServer:
         processes (the CPU), else one at a time. Each batch must be done `request_time` seconds after it starts
         running (waiting for the session's previous batch not counted). `timings` (a list; a client recording a
         profile asks for it) receives (name, count, start_ns, end_ns) for decoding the body, each request (a run
-        of launches handed to the workers: one entry) and encoding the answer."""
+        of launches handed to the workers: one entry) and encoding the answer.
+
+        With `send`, the answer's parts are handed to `send`. A host-memory buffer of at least `LARGE_BLOB` bytes
+        copied out by a request that no later request of the batch can change is then sent straight from the
+        buffer (a view, no copy; `_do_CopyOut`): such an answer is sent while the session's lock is still held
+        and the session counted busy (never evicted or reaped meanwhile), so no other batch of the session can
+        free or write the buffer before the answer is out. Other answers are sent once the session is free.
+
+        `body` is the body's bytes, or its blobs and text already read (`protocol.read_body`); `staged` maps the
+        ids of blobs received into arena blocks (`stage_block`) to those blocks: a CopyIn that is the only
+        request naming such a blob, into a whole buffer of its size with no views, adopts the block as the
+        buffer's memory (the old one is freed) and removes it from `staged`; the caller frees what is left."""
         start = time.perf_counter_ns()
         try:
-            requests, blobs = P.decode_requests(body, max_text=self.limits.max_text, max_nodes=self.limits.max_nodes)
+            if isinstance(body, tuple):
+                blobs, text = body
+                requests = P.parse_requests(text, max_text=self.limits.max_text, max_nodes=self.limits.max_nodes)
+            else:
+                requests, blobs = P.decode_requests(body, max_text=self.limits.max_text,
+                                                    max_nodes=self.limits.max_nodes)
         except P.ProtocolError as e:
             raise Refusal(400, "protocol", str(e)) from None
         if timings is not None:
@@ -424,20 +508,41 @@ class RemoteServer:
             with session.lock:
                 if self.sessions.get(session.id) is not session:
                     raise Refusal(404, "session", "the session ended while this batch waited for its turn")
-                if self.uses_launch_workers:
-                    results, out_blobs = self._run(session, requests, blobs, timings)
-                else:
-                    with self.device_lock:
+                session.alias_from = _read_only_tail(requests) if send is not None else len(requests) + 1
+                session.aliased = False
+                session.staged = {} if not staged else staged
+                if staged:
+                    uses: dict[str, int] = {}
+                    for r in requests:
+                        h = getattr(r, "datahash", None)
+                        if h is not None:
+                            uses[h] = uses.get(h, 0) + 1
+                    session.staged = {h: v for h, v in staged.items() if uses.get(h) == 1}
+                try:
+                    if self.uses_launch_workers:
                         results, out_blobs = self._run(session, requests, blobs, timings)
+                    else:
+                        with self.device_lock:
+                            results, out_blobs = self._run(session, requests, blobs, timings)
+                finally:
+                    session.alias_from = len(requests) + 1
+                    if staged:  # (what was adopted is no longer the caller's to free)
+                        for h in [h for h in staged if h in session.staged and session.staged[h] is None]:
+                            del staged[h]
+                    session.staged = {}
+                st = time.perf_counter_ns()
+                parts = P.body_parts(out_blobs, P.to_text(results))
+                if timings is not None:
+                    timings.append(("Encode", 1, st, time.perf_counter_ns()))
+                if send is not None and session.aliased:  # views of the session's buffers: sent before it is free
+                    send(parts)
         finally:
             with self.lock:
                 session.busy -= 1
                 session.last_seen = time.monotonic()
                 self._trim_pool()
-        st = time.perf_counter_ns()
-        parts = P.body_parts(out_blobs, P.to_text(results))
-        if timings is not None:
-            timings.append(("Encode", 1, st, time.perf_counter_ns()))
+        if send is not None and not session.aliased:  # (a copied answer: sent with the session free, as before)
+            send(parts)
         return parts
 
     def _trim_pool(self) -> None:
@@ -463,6 +568,7 @@ class RemoteServer:
         while i < len(requests):
             req = requests[i]
             name = type(req).__name__
+            session.index = i
             if i and time.monotonic() - start >= self.limits.request_time:
                 raise Refusal(408, "limit", f"the batch ran past the request time limit of "
                                             f"{self.limits.request_time:g}s; stopped before request {i} ({name})")
@@ -605,12 +711,25 @@ class RemoteServer:
         data = self._blob(blobs, req.datahash)
         if len(data) != buf.size:
             raise Refusal(400, "protocol", f"copying {len(data)} bytes into buffer {req.buf} of {buf.size} bytes")
+        block = session.staged.get(req.datahash)
+        if block is not None and buf.parent is None and not buf.views and _is_host_array(buf.handle) \
+                and len(block) == buf.size:
+            # the blob was received into an arena block (`stage_block`) and nothing else names it: that block
+            # becomes the buffer's memory, and the old one is freed (no copy)
+            old, buf.handle = buf.handle, block
+            session.staged[req.datahash] = None  # (adopted: `run_batch` tells the caller)
+            self.unstage(block, buf.size, free=False)
+            self._pool_block(old, buf.size)  # (the next blob of this size is received into it)
+            return
         self.allocator.copyin(buf.handle, data)
 
     def _do_CopyOut(self, session: Session, req: P.CopyOut, blobs, out) -> str:
         buf = self._get(session.buffers, req.buf, "buffer")
-        if _is_host_array(buf.handle):  # one copy (no zeroed bytearray filled a second time)
-            data: bytes | bytearray = buf.handle.tobytes()
+        if _is_host_array(buf.handle) and session.index >= session.alias_from and buf.size >= P.LARGE_BLOB:
+            data: bytes | bytearray | memoryview = memoryview(buf.handle).cast("B")  # sent from the buffer itself
+            session.aliased = True
+        elif _is_host_array(buf.handle):  # one copy (no zeroed bytearray filled a second time)
+            data = buf.handle.tobytes()
         else:
             data = bytearray(buf.size)
             self.allocator.copyout(memoryview(data), buf.handle)

@@ -36,6 +36,10 @@ class Session:
     deadline: float = 0.0  # the time.monotonic() by which the batch running now must be done
     last_seen: float = field(default_factory=time.monotonic)
     busy: int = 0  # batches in flight
+    index: int = 0  # the request of the running batch being run now
+    alias_from: int = 1 << 62  # from this request on, a copy out may answer with a view of the buffer (`run_batch`)
+    staged: dict[str, Any] = field(default_factory=dict)  # blobs the running batch's CopyIns may adopt (`run_batch`)
+    aliased: bool = False  # the running batch's answer holds views of its buffers (`run_batch`)
     answer_bytes: int = 0  # bytes of ranges read in the batch running now (bounded by the body limit)
 
     @property

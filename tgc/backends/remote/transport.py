@@ -171,28 +171,64 @@ class _Handler(BaseHTTPRequestHandler):
         if n > app.limits.max_body:
             return self._refuse(Refusal(413, "limit", f"a request body of {n} bytes exceeds the limit of "
                                                       f"{app.limits.max_body} bytes"), close=True)
+        # blobs of LARGE_BLOB bytes or more are received straight into blocks of the shared arena where the device
+        # keeps its buffers there (`RemoteServer.stage_block`): a CopyIn may adopt one as its buffer (no copy)
+        blocks: list[Any] = []
+
+        def stage(size: int) -> memoryview | None:
+            block = app.stage_block(size)
+            if block is None:
+                return None
+            blocks.append(block)
+            return memoryview(block)
+
+        staged: dict[str, Any] = {}
+        offered: dict[str, Any] = {}
         try:
-            body = self.rfile.read(n)
-        except OSError:  # a timeout or a vanished peer: nobody to answer
-            self.close_connection = True
-            return
-        if len(body) != n:
-            self.close_connection = True
-            return
+            try:
+                body = P.read_body(self.rfile, n, stage if app.uses_launch_workers else None,
+                                   max_text=app.limits.max_text)
+            except (OSError, P.TruncatedBody):  # a timeout or a vanished peer: nobody to answer
+                self.close_connection = True
+                return
+            except P.ProtocolError as e:  # (the rest of the body is unread: the connection cannot go on)
+                return self._refuse(Refusal(400, "protocol", str(e)), close=True)
+            ids = {id(b): b for b in blocks}
+            staged = {h: v.obj for h, v in body[0].items() if id(v.obj) in ids}
+            offered = dict(staged)
+            self._run_batch(app, sid, body, staged)
+        finally:  # every block not adopted by a buffer (`run_batch` removed those from `staged`) goes back
+            adopted = {id(b) for h, b in offered.items() if h not in staged}
+            for block in blocks:
+                if id(block) not in adopted:
+                    app.unstage(block, len(block))
+
+    def _run_batch(self, app: Any, sid: str, body: Any, staged: dict[str, Any]) -> None:
+        """Run a batch read by `do_POST` and answer it."""
         app.set_deadline(self.connection, None)  # the batch's own time limit applies while it runs
         timings: list | None = [] if self.headers.get(P.PROFILE_HEADER) == "1" else None  # (a profiling client)
         start = time.perf_counter_ns()
+
+        sent: list[bool] = []
+
+        def send(parts: list[bytes | memoryview]) -> None:  # the answer, sent while the session is still held
+            sent.append(True)
+            app.set_deadline(self.connection, app.limits.request_time)  # writing the answer
+            try:
+                self._answer(200, parts, timing=P.timing_header(timings, start) if timings else None)
+            except OSError:  # a timeout or a vanished peer: nobody to answer
+                self.close_connection = True
+
         try:
-            parts = app.run_batch(sid, body, self.client_address[0], app.token_name(self.headers.get("Authorization")),
-                                  timings)
-        except Refusal as r:
-            app.set_deadline(self.connection, app.limits.request_time)
-            return self._refuse(r)
+            app.run_batch(sid, body, self.client_address[0], app.token_name(self.headers.get("Authorization")),
+                          timings, send, staged)
         except Exception as e:  # never let one batch take the server down
+            if sent:  # (the answer is out: nothing more may be written on this connection)
+                self.close_connection = True
+                return
             app.set_deadline(self.connection, app.limits.request_time)
-            return self._refuse(Refusal(500, "device", f"internal error: {type(e).__name__}: {e}"))
-        app.set_deadline(self.connection, app.limits.request_time)  # writing the answer
-        self._answer(200, parts, timing=P.timing_header(timings, start) if timings else None)
+            r = e if isinstance(e, Refusal) else Refusal(500, "device", f"internal error: {type(e).__name__}: {e}")
+            return self._refuse(r)
 
     def _not_allowed(self) -> None:
         if self._authorized():
