@@ -302,9 +302,10 @@ def _gpu_group(f: Facts, k: OptKernel) -> bool:
 
 
 def _panels_wanted(f: Facts) -> bool:
-    """A plain matmul whose reused operand (K x N) is larger than the private caches of all cores together:
-    it cannot stay near any core while the rows pass over it."""
-    return f.plain_matmul and f.rhs_bytes >= f.machine.private_cache * f.machine.cores
+    """A plain matmul whose reused operand (K x N) is larger than one core's private cache. Without panels the
+    threads split the rows, so every core streams the whole operand once per row block: it must fit one
+    core's cache, not all cores' together (with panels outermost the threads split the columns instead)."""
+    return f.plain_matmul and f.rhs_bytes >= f.machine.private_cache
 
 
 def _wide_columns(f: Facts) -> bool:
