@@ -356,8 +356,11 @@ def _rows(f: Facts, k: OptKernel) -> bool:
     f.col_values = k.unrolled_size()
     rows = _tile_rows(f, k)
     for amt in (32, 16, 8, 4, 2):
-        if amt <= rows and _size(k.loops()[axis]) % amt == 0 and _try(k, Opt(OptOps.UPCAST, axis, amt)):
-            return True
+        if amt <= rows and _size(k.loops()[axis]) % amt == 0:
+            if amt < rows and _padded_rows_amount(f, k) > amt:
+                return False  # a fuller tile by padding a few rows (196 -> 200 in tiles of 8): padded_rows
+            if _try(k, Opt(OptOps.UPCAST, axis, amt)):
+                return True
     return False
 
 
@@ -454,7 +457,8 @@ RULES: tuple[Rule, ...] = (
          "a second vector of columns (4 with wide columns): independent accumulators hide the FMA latency"),
     Rule("rows", "matmul", lambda f, k: True, _rows,
          "the column vectors reused across rows, as many as the accumulators left (all registers for gathered "
-         "vectors, the tile's values when the columns took less than a vector)"),
+         "vectors, the tile's values when the columns took less than a vector); a divisor smaller than that "
+         "yields to padded_rows where padding fills the tile (196 rows: 4 -> 8 by padding to 200)"),
     Rule("padded_rows", "matmul", lambda f, k: True, _padded_rows,
          "rows with no divisor the tile takes (an odd count: 197 tokens, 77): the row loop padded to whole tiles "
          "(PADTO: the index clamped below the stores, the extra rows' stores gated off) where that adds at most "
