@@ -66,13 +66,12 @@ def _small_of(file: str) -> dict[str, int]:
 def beam_coverage(prog: tgc.Program, dims: dict[str, int], device: str = "CPU") -> tuple[int, int]:
     """(kernels with a winner stored by `tgc beam`, kernels) of the program at `dims`."""
     from tgc.backends import get_device
-    from tgc.codegen.search import lookup_entry, prepare_ast
+    from tgc.codegen.search import lookup_entry, search_ast
     dev = get_device(device)
     items = [it for it in prog.schedule(dims, dev.name) if it.ast.src]
     found = 0
     for it in items:
-        fused = "attention" in it.meta
-        found += lookup_entry(it.ast if fused else prepare_ast(it.ast, dev), dev, fused) is not None
+        found += lookup_entry(search_ast(it, dev), dev) is not None
     return found, len(items)
 
 

@@ -4,6 +4,7 @@ compiled: the rules act on the scheduled AST."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import tgc
@@ -47,15 +48,28 @@ def test_an_operand_past_the_private_caches_gets_wide_columns_and_panels():
 
 def test_the_panel_rule_follows_the_cache_size_not_the_matrix_size():
     dims = {"M": 2048, "K": 2048, "N": 2048}  # 16 MiB right-hand side
-    big = Machine(private_cache=16 << 20, cores=2)  # 32 MiB of private caches: it fits
+    big = Machine(private_cache=32 << 20, cores=2)  # 32 MiB of private cache per core: it fits
     names, opts = run(MATMUL, dims, big)
     assert "panels" not in names and "wide_columns" not in names
     assert opts == ["UPCAST(1, 16)", "UPCAST(1, 2)", "UPCAST(0, 8)"]
-    # 1024 x 1024 f32 is 4 MiB: panels exactly from 4 MiB of private cache in all, not below
+    # 1024 x 1024 f32 is 4 MiB: panels from 4 MiB of one core's private cache down, not above
     dims = {"M": 1024, "K": 1024, "N": 1024}
     assert "panels" in run(MATMUL, dims, Machine(private_cache=2 << 20, cores=2))[0]
-    assert "panels" not in run(MATMUL, dims, Machine(private_cache=4 << 20, cores=2))[0]
-    assert "panels" in run(MATMUL, dims, Machine(private_cache=4 << 20, cores=1))[0]
+    assert "panels" in run(MATMUL, dims, Machine(private_cache=4 << 20, cores=2))[0]
+    assert "panels" not in run(MATMUL, dims, Machine(private_cache=8 << 20, cores=2))[0]
+
+
+@pytest.mark.parametrize("cores", [1, 2, 8])
+def test_the_panel_threshold_is_one_cores_cache_whatever_the_cores(cores):
+    # threads split the rows of an unpanelled matmul, so each core streams the whole operand per row block: a
+    # 1365 x 512 f32 operand (2.7 MiB, a SwiGLU down projection) past one core's 2 MiB gets panels on any
+    # number of cores (it fits 2 cores' caches together: the old threshold left it row-major, 1.45x slower)
+    dims = {"M": 128, "K": 1365, "N": 512}
+    names, opts = run(MATMUL, dims, Machine(private_cache=2 << 20, cores=cores))
+    assert names[-1] == "panels" and opts[-1] == "SWAP(0, 1)"
+    # the same kernel within one core's cache keeps its rows outermost
+    names, opts = run(MATMUL, dims, Machine(private_cache=4 << 20, cores=cores))
+    assert "panels" not in names and "SWAP(0, 1)" not in opts
 
 
 @pytest.mark.parametrize("rows", [7, 9, 13])
@@ -132,3 +146,17 @@ def test_gpu_long_reductions_into_few_outputs_are_shared_by_a_work_group():
     assert names == ["gpu_rows"] and opts == ["GROUP(1, 256)"]
     names, _ = run("x: f32[N, D]\nreturn x.sum(axis=0)", {"N": 8192, "D": 8192}, device=gpu)
     assert names == []
+
+
+def test_a_matmul_past_one_cores_cache_computes_the_product_with_panels():
+    # on this host's own machine model: a 1365 x 512 operand (2.7 MiB) is past any private cache up to 2 MiB
+    # and gets panels (SWAP); the values against numpy, an odd reduction length included
+    from tgc.codegen.heuristic import machine_of
+    host = machine_of(CPU)
+    assert "panels" in run(MATMUL, {"M": 40, "K": 1365, "N": 512}, host)[0] or host.private_cache > 1365 * 512 * 4
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((40, 1365), dtype=np.float32)
+    b = rng.standard_normal((1365, 512), dtype=np.float32)
+    out = tgc.loads(MATMUL).run("CPU", a=a, b=b)
+    got = out if isinstance(out, np.ndarray) else next(iter(out.values()))
+    np.testing.assert_allclose(np.asarray(got), a @ b, rtol=1e-4, atol=1e-3)

@@ -464,10 +464,11 @@ def test_heuristic_register_tile_of_matmul_and_conv(src, dims, tile):
 
 def test_heuristic_packing_copy_is_vectorized_and_large_matmuls_put_column_panels_outermost():
     # the packing copy's rows of 32 are written as 16-wide vectors (LLVM left them mostly scalar); a right-hand
-    # side of 2^20 elements or more is walked panel by panel (SWAP), smaller ones row block by row block
+    # side past one core's private cache (4 MiB here) is walked panel by panel (SWAP), a small one (1 MiB) row
+    # block by row block
     rng = np.random.default_rng(4)
     prog = tgc.loads("a: f32[M, K]\nb: f32[K, N]\nreturn a @ b")
-    for k_dim, swapped in ((512, False), (1024, True)):
+    for k_dim, swapped in ((256, False), (1024, True)):
         dims = {"M": 16, "K": k_dim, "N": 1024}
         pack, mm = prog.compile(device="CPU", dims=dims, tuned=False)
         assert [str(o) for o in pack.opts if o.op != "THREAD"] == ["UPCAST(2, 16)", "UPCAST(0, 8)"]
@@ -487,10 +488,12 @@ def whole_rows(monkeypatch):
     # what `make bench`'s matmul 2048^3 runs with default kernels: a 4 x 64 register tile, column panels outermost
     (2048, 2048, 2048, ["UPCAST(1, 16)", "UPCAST(1, 4)", "UPCAST(0, 4)", "SWAP(0, 1)"]),
     (4096, 1024, 1024, ["UPCAST(1, 16)", "UPCAST(1, 4)", "UPCAST(0, 4)", "SWAP(0, 1)"]),  # 2^20 elements of b
-    (2048, 1024, 512, ["UPCAST(1, 16)", "UPCAST(1, 2)", "UPCAST(0, 8)"]),  # b too small for panels outermost
+    (2048, 512, 512, ["UPCAST(1, 16)", "UPCAST(1, 2)", "UPCAST(0, 8)"]),  # b (1 MiB) in one core's cache
+    (2048, 1024, 512, ["UPCAST(1, 16)", "UPCAST(1, 2)", "UPCAST(0, 8)", "SWAP(0, 1)"]),  # b (2 MiB) is not
     # 15 panels of 64 would be too few to swap; 30 of 32 are not
     (2048, 16384, 960, ["UPCAST(1, 16)", "UPCAST(1, 2)", "UPCAST(0, 8)", "SWAP(0, 1)"]),
-    (2050, 1024, 2048, ["UPCAST(1, 16)", "UPCAST(1, 2)", "UPCAST(0, 2)", "SWAP(0, 1)"]),  # 4 does not divide m
+    # 4 does not divide m: padded to 2056 rows for the full 8-row tile (not 2 rows, a quarter of the accumulators)
+    (2050, 1024, 2048, ["UPCAST(1, 16)", "UPCAST(1, 2)", "PADTO(0, 8)", "UPCAST(0, 8)", "SWAP(0, 1)"]),
 ])
 def test_heuristic_opts_of_large_matmuls(m, k, n, tile, whole_rows):
     # the packing copy reads 8 panels' worth of each row of b side by side (1 KiB runs); the matmul keeps 16

@@ -418,9 +418,10 @@ def _gpu_stage(k: OptKernel) -> bool:
 
 
 def _panels_wanted(f: Facts) -> bool:
-    """A plain matmul whose reused operand (K x N) is larger than the private caches of all cores together:
-    it cannot stay near any core while the rows pass over it."""
-    return f.plain_matmul and f.rhs_bytes >= f.machine.private_cache * f.machine.cores
+    """A plain matmul whose reused operand (K x N) is larger than one core's private cache. Without panels the
+    threads split the rows, so every core streams the whole operand once per row block: it must fit one
+    core's cache, not all cores' together (with panels outermost the threads split the columns instead)."""
+    return f.plain_matmul and f.rhs_bytes >= f.machine.private_cache
 
 
 def _wide_columns(f: Facts) -> bool:
@@ -471,8 +472,11 @@ def _rows(f: Facts, k: OptKernel) -> bool:
     f.col_values = k.unrolled_size()
     rows = _tile_rows(f, k)
     for amt in (32, 16, 8, 4, 2):
-        if amt <= rows and _size(k.loops()[axis]) % amt == 0 and _try(k, Opt(OptOps.UPCAST, axis, amt)):
-            return True
+        if amt <= rows and _size(k.loops()[axis]) % amt == 0:
+            if amt < rows and _padded_rows_amount(f, k) > amt:
+                return False  # a fuller tile by padding a few rows (196 -> 200 in tiles of 8): padded_rows
+            if _try(k, Opt(OptOps.UPCAST, axis, amt)):
+                return True
     return False
 
 
@@ -581,7 +585,8 @@ RULES: tuple[Rule, ...] = (
          "a second vector of columns (4 with wide columns): independent accumulators hide the FMA latency"),
     Rule("rows", "matmul", lambda f, k: True, _rows,
          "the column vectors reused across rows, as many as the accumulators left (all registers for gathered "
-         "vectors, the tile's values when the columns took less than a vector)"),
+         "vectors, the tile's values when the columns took less than a vector); a divisor smaller than that "
+         "yields to padded_rows where padding fills the tile (196 rows: 4 -> 8 by padding to 200)"),
     Rule("padded_rows", "matmul", lambda f, k: True, _padded_rows,
          "rows with no divisor the tile takes (an odd count: 197 tokens, 77): the row loop padded to whole tiles "
          "(PADTO: the index clamped below the stores, the extra rows' stores gated off) where that adds at most "
