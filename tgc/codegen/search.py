@@ -636,8 +636,9 @@ def make_pool(device: Any):
 
 def estimate_cost(item: ScheduleItem, device: Any) -> float:
     """A kernel's cost in the budget's units, from its AST alone (nothing compiled or run): its FLOPs
-    (`meta["graph_flops"]` where the scheduler counted them, else `kernel.graph_flops`), or the bytes of its buffers times `MACHINE_BALANCE` where that is more (a copy, a
-    layernorm: memory-bound). Only ratios between kernels of one program matter."""
+    (`meta["graph_flops"]` where the scheduler counted them, else `kernel.graph_flops`), or the bytes of its
+    buffers times `MACHINE_BALANCE` where that is more (a copy, a layernorm: memory-bound). Only ratios between
+    kernels of one program matter."""
     from tgc.codegen.kernel import graph_flops
     try:  # a fused attention's own count (its plain AST's would count the unfused chain's work)
         flops = float(item.meta.get("graph_flops") or graph_flops(item, device))
