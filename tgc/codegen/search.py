@@ -408,8 +408,9 @@ def _search_from(ast, device, timer: _Timer, width, name, progress, pool, rounds
         for c in seeds:
             if c in ok and c.time_s < best.time_s:
                 best = c
-    # the default first: under a budget, a kernel whose share runs out has at least what a run without BEAM gets
-    for c in (seeds[-1:] + seeds[:-1]) if batch is None else []:
+    # under a budget the default first, so that a kernel whose share runs out has what a run without BEAM gets
+    order = seeds if deadline is None else seeds[-1:] + seeds[:-1]
+    for c in order if batch is None else []:
         if c.binary is None and c.src == base.src:
             c.binary = base.binary
         if _past(deadline):  # its share is spent: the default, if timed, is its best so far
