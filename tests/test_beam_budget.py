@@ -202,7 +202,8 @@ def test_a_small_budget_finishes_with_its_winners_stored(tmp_path):
 
     f = tmp_path / "mix.tg"
     f.write_text(MIX)
-    args = ["beam", str(f), "-D", "M=32", "-D", "K=32", "-D", "N=64", "--json", "--force", "--budget", "30", "--width", "1"]
+    args = ["beam", str(f), "-D", "M=32", "-D", "K=32", "-D", "N=64", "--json", "--force", "--budget", "30",
+            "--width", "1"]
     r = invoke(*args)
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
