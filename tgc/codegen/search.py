@@ -41,6 +41,7 @@ from tgc.codegen.pipeline import lower
 from tgc.codegen.pipeline import prepare as prepare_ast
 from tgc.dtype import bf16_to_f32
 from tgc.engine.compare import matches
+from tgc.engine.flops import executed_flops
 from tgc.engine.inputs import random_values
 from tgc.env import env_int
 from tgc.errors import CompileError
@@ -637,12 +638,11 @@ def make_pool(device: Any):
 
 def estimate_cost(item: ScheduleItem, device: Any) -> float:
     """A kernel's cost in the budget's units, from its AST alone (nothing compiled or run): its FLOPs
-    (`meta["graph_flops"]` where the scheduler counted them, else `kernel.graph_flops`), or the bytes of its
+    (`meta["graph_flops"]` where the scheduler counted them, else `engine.flops.executed_flops`), or the bytes of its
     buffers times `MACHINE_BALANCE` where that is more (a copy, a layernorm: memory-bound). Only ratios between
     kernels of one program matter."""
-    from tgc.codegen.kernel import graph_flops
     try:  # a fused attention's own count (its plain AST's would count the unfused chain's work)
-        flops = float(item.meta.get("graph_flops") or graph_flops(item, device))
+        flops = float(item.meta.get("graph_flops") or executed_flops(item.ast))
     except Exception:  # noqa: BLE001 - an AST the counter does not know: weighed by its bytes alone
         flops = 0.0
     nbytes = float(sum(prod(shape_of(b)) * b.dtype.itemsize for b in item.bufs))
