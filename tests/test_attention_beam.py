@@ -366,7 +366,8 @@ def test_a_round_within_the_noise_ends_the_search(monkeypatch, gain, more_rounds
     ast = prepare(item.ast, CPU)
     monkeypatch.setattr(search._Timer, "run", lambda self, cand, best, runs=3: (1 - gain) ** len(cand.opts))
     monkeypatch.setattr(search, "_matches", lambda out, ref, dtype: True)
-    monkeypatch.setattr(search, "_confirm", lambda timer, best, default: (best, default.time_s, best.time_s))
+    monkeypatch.setattr(search, "_confirm", lambda timer, best, default, deadline=None:
+                        (best, default.time_s, best.time_s))
     rounds: list[int] = []
     res = search.beam_search(ast, CPU, item.bufs, 2, name="k", progress=lambda p: rounds.append(p["round"]))
     assert rounds and (max(rounds) > 0) == more_rounds

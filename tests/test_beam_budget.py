@@ -80,33 +80,32 @@ return a @ b + c, c * 2.0
 
 
 def test_a_kernel_that_cannot_matter_gets_a_small_search(spy, monkeypatch):
-    """The budget's measurement says the second kernel takes 0.1% of the program: it is searched with width 1
+    """The budget's estimate says the second kernel takes 0.1% of the program: it is searched with width 1
     over one round (fewer candidates than the full search of it tries), the first with the full width; both
     results still match numpy (with the winners of a search where every opt looks faster), and the small one's
     winner is stored under the width asked."""
-    real = search._time_defaults
-    measured: list[int] = []
+    real = search.estimate_cost
+    estimated: list[str] = []
     # every opt makes a candidate 20% faster (each round gains: the full search goes on), every output matches
     monkeypatch.setattr(search._Timer, "run", lambda self, cand, best, runs=3: 0.8 ** len(cand.opts))
     monkeypatch.setattr(search, "_matches", lambda out, ref, dtype: True)
 
-    def times(todo, dev, pool):
-        starts, t = real(todo, dev, pool)
-        measured.append(len(todo))
-        return starts, {j: (1.0 if j == 0 else 0.001) for j in t}
-    monkeypatch.setattr(search, "_time_defaults", times)
+    def cost(item, dev):
+        estimated.append(item.name)
+        return 1.0 if len(estimated) == 1 else 0.001
+    monkeypatch.setattr(search, "estimate_cost", cost)
     p = tgc.loads(MIX)
     dims = {"M": 32, "K": 32, "N": 64}
     result = p.beam("CPU", dims=dims, width=2, force=True)
     rows = result["kernels"]
-    assert measured == [2] and len(rows) == 2
+    assert len(estimated) == 2 and len(rows) == 2
     assert [r["small"] for r in rows] == [False, True]
     assert [(w, r) for _, w, r, _ in spy] == [(2, search.MAX_ROUNDS), (search.SMALL_WIDTH, search.SMALL_ROUNDS)]
     assert all(r["width"] == 2 for r in rows)
     small_tried = spy[1][3]
     # the same kernel's full search (no budget) tries more candidates
     spy.clear()
-    monkeypatch.setattr(search, "_time_defaults", real)
+    monkeypatch.setattr(search, "estimate_cost", real)
     monkeypatch.setattr(search, "small_search", lambda t, total: False)
     p.beam("CPU", dims=dims, width=2, force=True)
     assert spy[1][3] > small_tried
@@ -166,7 +165,8 @@ def test_no_new_round_after_the_time_limit(monkeypatch, limit, more_rounds):
     monkeypatch.setattr(search, "ROUND_START_LIMIT_S", limit)
     monkeypatch.setattr(search._Timer, "run", lambda self, cand, best, runs=3: 0.8 ** len(cand.opts))
     monkeypatch.setattr(search, "_matches", lambda out, ref, dtype: True)
-    monkeypatch.setattr(search, "_confirm", lambda timer, best, default: (best, default.time_s, best.time_s))
+    monkeypatch.setattr(search, "_confirm", lambda timer, best, default, deadline=None:
+                        (best, default.time_s, best.time_s))
     rounds: list[int] = []
     res = search.beam_search(ast, cpu, item.bufs, 2, name="k", progress=lambda p: rounds.append(p["round"]))
     assert rounds and (max(rounds) > 0) == more_rounds
@@ -189,12 +189,12 @@ def test_kernels_reached_after_the_budget_is_spent_are_skipped_and_searched_by_a
     dims = {"M": 16, "K": 16, "N": 32}
     spent = p.beam("CPU", dims=dims, width=2, force=True, budget_s=1e-9)
     assert spy == [] and spent["kernels"] and all(r.get("skipped") for r in spent["kernels"])
-    again = p.beam("CPU", dims=dims, width=1, budget_s=2.0)  # nothing was stored: every kernel is searched now
+    again = p.beam("CPU", dims=dims, width=1, budget_s=None)  # nothing was stored: every kernel is searched now
     assert len(spy) == len(again["kernels"]) and not any(r.get("skipped") or r["cached"] for r in again["kernels"])
 
 
 def test_a_small_budget_finishes_with_its_winners_stored(tmp_path):
-    """`tgc beam --budget 3` on a program of several kernels: it ends, every kernel is searched or skipped, the
+    """`tgc beam --budget 30` on a program of small kernels: it ends, every kernel is searched or skipped, the
     searched ones are stored (a second `tgc beam` finds them cached), and a run still matches numpy."""
     import json
 
@@ -202,10 +202,13 @@ def test_a_small_budget_finishes_with_its_winners_stored(tmp_path):
 
     f = tmp_path / "mix.tg"
     f.write_text(MIX)
-    args = ["beam", str(f), "-D", "M=32", "-D", "K=32", "-D", "N=64", "--json", "--force", "--budget", "3"]
+    args = ["beam", str(f), "-D", "M=32", "-D", "K=32", "-D", "N=64", "--json", "--force", "--budget", "30",
+            "--width", "1"]
     r = invoke(*args)
     assert r.exit_code == 0, r.stderr
-    rows = json.loads(r.stdout)["kernels"]
+    doc = json.loads(r.stdout)
+    rows = doc["kernels"]
+    assert doc["budget_s"] == 30
     searched = [row for row in rows if not row.get("skipped")]
     assert searched and all(row["opts"] is not None for row in searched)
     r2 = invoke(*(a for a in args if a != "--force"))
@@ -218,9 +221,107 @@ def test_a_small_budget_finishes_with_its_winners_stored(tmp_path):
     np.testing.assert_allclose(got[0], a @ b + c, rtol=1e-4, atol=1e-4)
 
 
-def test_a_budget_must_be_positive(tmp_path):
+def test_a_budget_is_not_negative_and_zero_is_unbounded(tmp_path):
+    import json
+
     from clikit import assert_clean, invoke
 
     f = tmp_path / "mix.tg"
     f.write_text(MIX)
-    assert_clean(invoke("beam", str(f), "-D", "M=4", "-D", "K=4", "-D", "N=4", "--budget", "0"), 2, "--budget")
+    args = ["beam", str(f), "-D", "M=4", "-D", "K=4", "-D", "N=4"]
+    assert_clean(invoke(*args, "--budget", "-1"), 2, "--budget")
+    r = invoke(*args, "--budget", "0", "--width", "1", "--json")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["budget_s"] is None and doc["kernels"] and not any(k.get("skipped") for k in doc["kernels"])
+
+
+class FakeClock:
+    """`time` for the search module: a clock that only a kernel's timing advances (by the time it reports), so
+    that what the budget does is exact whatever the machine's load (rendering and compiling take no time)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def fake_clock(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(search, "time", clock)
+
+    def run(self, cand, best, runs=3):  # every opt makes a kernel 10% faster: the search would go on and on
+        t = 3.0 * 0.9 ** len(cand.opts)
+        clock.now += t
+        return t
+    monkeypatch.setattr(search._Timer, "run", run)
+    monkeypatch.setattr(search, "_matches", lambda out, ref, dtype: True)
+    return clock
+
+
+def _mix_items():
+    from tgc.backends import get_device
+    cpu = get_device("CPU")
+    return [it for it in tgc.loads(MIX).schedule({"M": 16, "K": 16, "N": 32}, "CPU") if it.ast.src], cpu
+
+
+def test_the_budget_bounds_the_whole_search_confirm_included(fake_clock, monkeypatch):
+    """Kernel shares 3:1 of an 80 s budget: the heavy one is searched first and stops by its share (60 s), its
+    winner confirmed within it; the other takes what is left; the whole search, defaults and confirms
+    included, ends within the budget."""
+    items, cpu = _mix_items()
+    monkeypatch.setattr(search, "estimate_cost", lambda item, dev: 3.0 if item is items[0] else 1.0)
+    ends: dict[str, float] = {}
+    real = search.beam_search
+
+    def spy(*args, **kwargs):
+        res = real(*args, **kwargs)
+        ends[kwargs["name"]] = (fake_clock.now, kwargs["deadline"])
+        return res
+    monkeypatch.setattr(search, "beam_search", spy)
+    rows, seconds = search.beam_items(items, cpu, width=2, force=True, budget_s=80.0, started=0.0)
+    assert [r["name"] for r in rows] == [it.name for it in items] and not any(r.get("skipped") for r in rows)
+    (end0, deadline0), (end1, deadline1) = ends[items[0].name], ends[items[1].name]
+    assert deadline0 == 60.0 and end0 <= deadline0  # 3/4 of the budget, confirm included
+    assert end0 < end1 and deadline1 == 80.0
+    assert rows[0]["out_of_budget"] and rows[0]["tried"] > 0 and rows[0]["after_s"] < rows[0]["before_s"]
+    assert seconds <= 80.0
+
+
+def test_kernels_past_the_budget_are_skipped_and_counted(fake_clock, monkeypatch, tmp_path):
+    """A 6 s budget: the heavy kernel's reference and default timings (3 s and 2.4 s) spend its share, so its
+    default is kept (stored, tried 0); the other kernel's share ends during its reference timing: not stored."""
+    monkeypatch.setenv("TGC_CACHE_DIR", str(tmp_path))  # (nothing stored by another test)
+    items, cpu = _mix_items()
+    monkeypatch.setattr(search, "estimate_cost", lambda item, dev: 3.0 if item is items[0] else 1.0)
+    rows, seconds = search.beam_items(items, cpu, width=2, force=True, budget_s=6.0, started=0.0)
+    assert [bool(r.get("skipped")) for r in rows] == [False, True]
+    assert rows[0]["tried"] == 0 and rows[0]["out_of_budget"] and rows[0]["before_s"] == rows[0]["after_s"]
+    assert search.lookup(search.search_ast(items[0], cpu), cpu) is not None
+    assert search.lookup(search.search_ast(items[1], cpu), cpu) is None
+    assert seconds <= 6.0 + 3.0  # one timing (at most 3 s) may end past its share
+
+
+def test_the_confirm_step_runs_only_the_rounds_that_fit(fake_clock):
+    from tgc.codegen.search import Candidate, _confirm
+
+    class Timer:
+        def run(self, cand, best, runs=3):
+            fake_clock.now += cand.time_s
+            return cand.time_s
+    default, best = Candidate([], None, time_s=1.0), Candidate(["x"], None, time_s=0.5)
+    assert _confirm(Timer(), best, default, deadline=3.0)[0] is best  # two rounds of 1.5 s fit
+    assert fake_clock.now == 3.0
+    assert _confirm(Timer(), best, default, deadline=4.0) == (default, 1.0, 1.0)  # none fits: the default
+    assert fake_clock.now == 3.0
+
+
+def test_the_estimate_weighs_flops_or_bytes():
+    from tgc.backends import get_device
+    cpu = get_device("CPU")
+    mm = tgc.loads("a: f32[N, N]\nb: f32[N, N]\nreturn a @ b").schedule({"N": 64}, "CPU")[0]
+    copy = tgc.loads("a: f32[N, N]\nreturn a * 2").schedule({"N": 64}, "CPU")[0]
+    assert search.estimate_cost(mm, cpu) >= 2 * 64 ** 3 * 0.9  # a multiply and an add per term
+    assert search.estimate_cost(copy, cpu) == search.MACHINE_BALANCE * 2 * 64 * 64 * 4  # memory-bound

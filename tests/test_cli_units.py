@@ -101,7 +101,7 @@ class FakeProgram:
         return [SimpleNamespace(name=f"E_{i}", line=5, src=f"__kernel void E_{i}() {{}}", binary=None,
                                 compile_error="no OpenCL compiler here", uops=[]) for i in range(2)]
 
-    def beam(self, device=None, dims=None, width=None, progress=None, force=False, budget_s=None):
+    def beam(self, device=None, dims=None, width=None, progress=None, force=False, budget_s=None, started=None):
         self.calls.append(("beam", width, force))
         progress({"kernel": "E_4_8", "index": 0, "total": 1, "round": 0, "candidate": 1, "candidates": 2,
                   "best_s": 1e-5, "base_s": 2e-5})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import replace as _dc_replace
 from typing import Any
@@ -897,12 +898,17 @@ class Program:
 
     def beam(self, device: str | list[str] | None = None, dims: dict[str, int] | None = None, width: int = 4,
              progress: Any = None, force: bool = False, shard: dict[str, int] | None = None,
-             budget_s: float | None = DEFAULT_BUDGET_S) -> dict[str, Any]:
+             budget_s: float | None = DEFAULT_BUDGET_S, started: float | None = None) -> dict[str, Any]:
         """Search every kernel of the program (BEAM); store the winners; report before/after per kernel.
-        `budget_s` bounds the search in seconds (None: unbounded; `tgc.codegen.search.beam_items`); on a device
-        list, per device kind.
+        `budget_s` bounds this call in seconds from `started` (a `time.perf_counter()` value, default now; the
+        CLI passes its process start), scheduling included (None: unbounded; `tgc.codegen.search.beam_items`):
+        the search ends by `1 - search.FINISH_SHARE` of it, and the size class's winners are stored after it
+        only where it ended in time (else a later `beam`, finding the kernels stored, stores them); on a device
+        list, per device kind. The result's `seconds` is the time from `started`, `budget_s` the budget.
         On a device list: each device's per-shard kernels, searched once per device kind (on the first device
         of that kind, with its share of the cores); winners are stored per kind, so every device uses them."""
+        started = time.perf_counter() if started is None else started
+        search_budget = None if budget_s is None else budget_s * (1 - search.FINISH_SHARE)
         names = device_names(device)
         if len(names) > 1:
             dims = self.resolve_dims(dims)
@@ -920,27 +926,32 @@ class Program:
                     if ml.devices[d].kind == kind:
                         for it in its:
                             items.setdefault(it.ast, it)
+                kind_start = time.perf_counter()
                 r, sec = beam_items(list(items.values()), dev, width, progress=progress, force=force,
-                                    budget_s=budget_s)
+                                    budget_s=search_budget, started=kind_start)
                 rows += [{**row, "device": kind} for row in r]
                 seconds += sec
             self._multi.clear()
             return {"device": ",".join(names), "dims": dims, "width": width, "kernels": rows, "seconds": seconds,
-                    "interrupted": any(r.get("interrupted") for r in rows)}
+                    "budget_s": budget_s, "interrupted": any(r.get("interrupted") for r in rows)}
         dev = _device(names[0])
         if dev.compiler is None:
             raise CompileError(dev.compile_error or f"cannot compile for {dev.kind} here, so it cannot be tuned here")
         dims = self.resolve_dims(dims)
-        rows, seconds = beam_items(self.schedule(dims, dev.name), dev, width, progress=progress, force=force,
-                                   budget_s=budget_s)
+        rows, _ = beam_items(self.schedule(dims, dev.name), dev, width, progress=progress, force=force,
+                             budget_s=search_budget, started=started)
         self._kernels.clear()  # later compiles pick up the stored winners
         self._chunks.clear()
         self._entries.clear()  # (the program cache's key holds the BEAM table's state: they miss)
         self._stored.clear()
-        if not dev.caps.gpu and not any(r.get("interrupted") for r in rows):
+        in_time = search_budget is None or time.perf_counter() - started <= search_budget
+        class_winners = False
+        if not dev.caps.gpu and not any(r.get("interrupted") for r in rows) and in_time:
             self._store_class_winners(dev, dims)  # and symbolic kernels of the dims' size class
+            class_winners = True
         self.release()  # (and later runs)
-        return {"device": dev.name, "dims": dims, "width": width, "kernels": rows, "seconds": seconds,
+        return {"device": dev.name, "dims": dims, "width": width, "kernels": rows,
+                "seconds": time.perf_counter() - started, "budget_s": budget_s, "class_winners": class_winners,
                 "interrupted": any(r.get("interrupted") for r in rows)}
 
 

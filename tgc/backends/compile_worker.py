@@ -38,7 +38,8 @@ def main() -> None:
 
 
 class WorkerPool:
-    """N worker processes; `submit(kind, src)` returns a Future of the binary bytes."""
+    """N worker processes; `submit(kind, src)` returns a Future of the binary bytes (one cancelled before its
+    worker takes it is never compiled)."""
 
     def __init__(self, workers: int):
         self.procs = [self._start() for _ in range(workers)]
@@ -58,6 +59,8 @@ class WorkerPool:
 
         def work() -> None:
             with self.locks[i]:
+                if not fut.set_running_or_notify_cancel():  # cancelled while it waited (BEAM's deadline passed)
+                    return
                 proc = self.procs[i]
                 try:
                     proc.stdin.write(json.dumps({"kind": kind, "src": src, "op": op}) + "\n")

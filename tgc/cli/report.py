@@ -285,6 +285,18 @@ def beam_table(result: Mapping[str, Any]) -> Any:
     return _drop_line_column(table, result.get("kernels") or [])
 
 
+def beam_time(result: Mapping[str, Any]) -> str:
+    """The line under `tgc beam`'s table: the time it took (from the process' start) against its budget, and how
+    many kernels the budget left unsearched."""
+    seconds, budget = result.get("seconds"), result.get("budget_s")
+    used = "-" if seconds is None else f"{seconds:.1f} s"
+    line = f"beam: {used} of a {budget:g} s budget" if budget else f"beam: {used} (no budget)"
+    skipped = sum(1 for k in result.get("kernels") or [] if k.get("skipped"))
+    if skipped:
+        line += f"; {skipped} kernel{'s' if skipped > 1 else ''} not searched (a later `tgc beam` searches them)"
+    return line
+
+
 def progress_bar(enabled: bool) -> tuple[Callable[[Mapping[str, Any]], None], Callable[[], None]]:
     """A `progress(event)` callback for `Program.beam` and `Program.compile` drawing a bar on stderr, and a
     function that closes it.

@@ -41,6 +41,7 @@ from tgc.codegen.pipeline import lower
 from tgc.codegen.pipeline import prepare as prepare_ast
 from tgc.dtype import bf16_to_f32
 from tgc.engine.compare import matches
+from tgc.engine.flops import executed_flops
 from tgc.engine.inputs import random_values
 from tgc.env import env_int
 from tgc.errors import CompileError
@@ -68,12 +69,19 @@ MAX_ROUNDS = 32
 # progress ends): on a loaded machine a single-kernel search that keeps finding >3% gains (layernorm 4096^2:
 # ~110 candidates over 5 rounds) would otherwise take minutes
 ROUND_START_LIMIT_S = 30.0
-# the whole-program budget (`tgc beam --budget`, `Program.beam(budget_s=)`): seconds for one `beam_items`, from
-# its start (measuring the defaults included); what is left after the measurement is spread over the kernels by
-# each one's share of the program's default time. A kernel past its share starts no new round (the round in
-# progress stops timing candidates); once the budget is spent the remaining kernels keep their default (timed
-# with its prefixes only). Rendering and compiling one round's batch are not interrupted.
+# the whole-program budget (`tgc beam --budget`, `Program.beam(budget_s=)`): seconds from `started` (the CLI: its
+# process start) to the end of `beam_items`. Before anything is compiled or timed, each kernel's share is decided
+# from a cheap estimate (`estimate_cost`: its FLOPs, or its bytes times MACHINE_BALANCE where that is more); each
+# kernel renders, compiles and times its default inside its share, compiles wait no longer than the deadline (the
+# queued ones are cancelled), a kernel whose share is spent stops at once with its best so far, and the confirm
+# step (`_confirm`) runs as many rounds as fit (none: the default is kept). Kernels reached after the budget is
+# spent are not searched and not stored. `Program.beam` keeps FINISH_SHARE of the budget for its own finish.
 DEFAULT_BUDGET_S = 20.0
+# `Program.beam`'s own finish after the search (storing the winners of the dims' size class builds the program's
+# symbolic kernels: seconds for a transformer block) gets this share of the budget; it is skipped where the search
+# did not end in time
+FINISH_SHARE = 0.25
+MACHINE_BALANCE = 8.0  # FLOPs a CPU core does in the time it moves one byte from memory (the estimate's roofline)
 
 
 # ------------------------------------------------------------------------------------------- another evaluator
@@ -288,6 +296,8 @@ class SearchResult:
     interrupted: bool = False
     reference: str = "unoptimized"
     out_of_budget: bool = False  # the kernel's share of the budget ran out: the search stopped early
+    started: float = 0.0  # when the search began (`time.perf_counter()`)
+    setup_s: float | None = None  # seconds from then until its default was timed (None: it never was)
 
 
 def _time_candidate(timer: _Timer, c: Candidate, best_s: float, result: SearchResult) -> bool:
@@ -375,6 +385,8 @@ def _search(ast, device, timer: _Timer, width, name, progress, pool, rounds: int
             item: ScheduleItem | None = None) -> SearchResult:
     start = time.perf_counter()
     base, seeds = starts if starts is not None else _starts(ast, device, name, timer.bufs, item)
+    if _past(deadline):  # its share ran out while its first candidates compiled: nothing timed, nothing kept
+        return SearchResult(list(base.opts), float("inf"), float("inf"), out_of_budget=True)
     _compile_here(base, device)
     base.time_s = timer.run(base, float("inf"), runs=1)
     timer.reference = timer.output()
@@ -402,9 +414,13 @@ def _search_from(ast, device, timer: _Timer, width, name, progress, pool, rounds
         for c in seeds:
             if c in ok and c.time_s < best.time_s:
                 best = c
-    for c in seeds if batch is None else []:
+    # under a budget the default first, so that a kernel whose share runs out has what a run without BEAM gets
+    order = seeds if deadline is None else seeds[-1:] + seeds[:-1]
+    for c in order if batch is None else []:
         if c.binary is None and c.src == base.src:
             c.binary = base.binary
+        if _past(deadline):  # its share is spent: the default, if timed, is its best so far
+            break
         _compile_here(c, device)
         c.time_s = timer.run(c, best.time_s)
         if c.time_s < best.time_s and _matches(timer.checked_output(c), timer.reference, timer.bufs[0].dtype):
@@ -416,11 +432,19 @@ def _search_from(ast, device, timer: _Timer, width, name, progress, pool, rounds
     default_s = default.time_s
     result = SearchResult(list(base.opts), default_s, default_s, reference="unoptimized" if not base.opts
                           else "hand-coded")
+    result.started = start
+    if default_s < float("inf"):
+        result.setup_s = time.perf_counter() - start
+    if default_s == float("inf") and _past(deadline):  # not even its default was timed within its share
+        result.opts, result.out_of_budget = list(default.opts), True
+        return result
+    # candidates are timed until the deadline less what confirming a winner against the default takes
+    timing_deadline = None if deadline is None else deadline - 2 * CONFIRM_ROUNDS * default_s
     try:
         for _round in range(rounds):
             if _round and time.perf_counter() - start > ROUND_START_LIMIT_S:
                 break
-            if deadline is not None and time.perf_counter() >= deadline:
+            if _past(timing_deadline):
                 result.out_of_budget = True
                 break
             cands: list[Candidate] = []
@@ -442,11 +466,11 @@ def _search_from(ast, device, timer: _Timer, width, name, progress, pool, rounds
                 best = _evaluate_round(batch, cands, device, name, timer.bufs, sources, best, result,
                                        progress, _round, base, start)
             else:
-                _render_compile(cands, device, name, timer.bufs, pool, sources)
+                _render_compile(cands, device, name, timer.bufs, pool, sources, timing_deadline)
             for i, c in enumerate(cands if batch is None else []):
                 if c.duplicate:
                     continue
-                if deadline is not None and time.perf_counter() >= deadline:
+                if _past(timing_deadline):  # its share is spent: stop at once with the best so far
                     result.out_of_budget = True
                     break
                 result.tried += 1
@@ -472,7 +496,7 @@ def _search_from(ast, device, timer: _Timer, width, name, progress, pool, rounds
         default.time_s = timer.run(default, float("inf"))
         result.before_s = result.after_s = default.time_s
     try:
-        best, result.before_s, result.after_s = _confirm(timer, best, default)
+        best, result.before_s, result.after_s = _confirm(timer, best, default, deadline)
     except KeyboardInterrupt:  # interrupted while confirming: the default is the safe choice
         result.interrupted = True
         best, result.after_s = default, default.time_s
@@ -523,27 +547,41 @@ def _evaluate_round(batch: Any, cands: list[Candidate], device: Any, name: str, 
 CONFIRM_ROUNDS = 5
 
 
-def _confirm(timer: _Timer, best: Candidate, default: Candidate) -> tuple[Candidate, float, float]:
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.perf_counter() >= deadline
+
+
+def _confirm(timer: _Timer, best: Candidate, default: Candidate,
+             deadline: float | None = None) -> tuple[Candidate, float, float]:
     """The search's winner timed again against the default (hand-coded) kernel, alternating on the same
     buffers in this run: a winner that only looked faster (one lucky measurement, a busy machine while the
-    default ran) never replaces the default. Returns (the faster of the two, the default's time, its time)."""
+    default ran) never replaces the default. Returns (the faster of the two, the default's time, its time).
+    With a `deadline`, only the rounds that fit before it run (each takes about the two kernels' times); where
+    not one fits, the default is kept."""
     if best is default or best.opts == default.opts:
         return default, default.time_s, default.time_s
     inf = float("inf")
     d, w = [], []
     for _ in range(CONFIRM_ROUNDS):
+        if deadline is not None and time.perf_counter() + default.time_s + best.time_s > deadline:
+            break
         d.append(timer.run(default, inf, runs=1))
         w.append(timer.run(best, inf, runs=1))
+    if not d:
+        return default, default.time_s, default.time_s
     return (best, min(d), min(w)) if min(w) < min(d) else (default, min(d), min(d))
 
 
 def _render_compile(cands: list[Candidate], device: Any, name: str, bufs: list[UOp], pool: Any,
-                    sources: set[str]) -> None:
+                    sources: set[str], deadline: float | None = None) -> None:
     """Render every candidate (in this process) and hand each to the compile workers as soon as it is rendered,
     so that rendering overlaps compiling. A candidate whose source is in `sources` (rendered before, from
-    another order of the same opts) is marked `duplicate` and neither compiled nor run; `sources` grows."""
+    another order of the same opts) is marked `duplicate` and neither compiled nor run; `sources` grows. Past
+    `deadline` no more candidates are rendered and no compile is waited for (those left have no binary)."""
     futures = []
     for c in cands:
+        if _past(deadline):
+            break
         try:
             _render(c, device, name, bufs)
         except Exception:  # an opt combination the renderer cannot express
@@ -556,16 +594,14 @@ def _render_compile(cands: list[Candidate], device: Any, name: str, bufs: list[U
         if pool is not None:
             futures.append((c, pool.submit(device.kind, c.src)))
     if pool is None:
-        _compile_all([c for c in cands if not c.duplicate], device, None)
+        _compile_all([c for c in cands if not c.duplicate], device, None, deadline=deadline)
         return
     for c, fut in futures:
-        try:
-            c.binary = fut.result(timeout=COMPILE_TIMEOUT_S)
-        except (CompileError, FutureTimeout, Exception):
-            c.binary = None
+        c.binary = _wait(fut, deadline)
 
 
-def _compile_all(cands: list[Candidate], device: Any, pool: Any, timeout: float = COMPILE_TIMEOUT_S) -> None:
+def _compile_all(cands: list[Candidate], device: Any, pool: Any, timeout: float = COMPILE_TIMEOUT_S,
+                 deadline: float | None = None) -> None:
     if pool is not None:
         futures = [(c, pool.submit(device.kind, c.src)) for c in cands if c.src]
         for c, fut in futures:
@@ -575,7 +611,7 @@ def _compile_all(cands: list[Candidate], device: Any, pool: Any, timeout: float 
                 c.binary = None
         return
     for c in cands:
-        if not c.src:
+        if not c.src or _past(deadline):
             continue
         try:
             c.binary = device.compiler.compile(c.src)
@@ -605,43 +641,44 @@ def make_pool(device: Any):
 # ------------------------------------------------------------------------------------------- the whole program
 
 
-def _time_defaults(todo: list[tuple[ScheduleItem, UOp]], dev: Any, pool: Any
-                   ) -> tuple[dict[int, tuple[Candidate, list[Candidate]]], dict[int, float]]:
-    """The time budget's measurement: every kernel's first candidates (`_starts`) rendered, handed to the compile
-    workers as each is rendered, and the default of each timed once compiled. Returns, per index into `todo`,
-    the rendered (and compiled) first candidates, which the search then uses, and the default's time."""
-    starts: dict[int, tuple[Candidate, list[Candidate]]] = {}
-    futures: dict[str, Any] = {}  # source -> its compile
-    for j, (item, ast) in enumerate(todo):
-        try:
-            starts[j] = _starts(ast, dev, item.name, item.bufs, item)
-        except Exception:  # the search renders it again and reports what fails
-            continue
-        for c in [starts[j][0], *starts[j][1]]:
-            if pool is not None and c.src not in futures:
-                futures[c.src] = pool.submit(dev.kind, c.src)
-    binaries: dict[str, bytes | None] = {}
-    for src, fut in futures.items():
-        try:
-            binaries[src] = fut.result(timeout=COMPILE_TIMEOUT_S)
-        except (CompileError, FutureTimeout, Exception):
-            binaries[src] = None  # compiled again in the search, which reports the error
-    for base, seeds in starts.values():
-        for c in [base, *seeds]:
-            c.binary = binaries.get(c.src)
-    times: dict[int, float] = {}
-    for j, (base, seeds) in starts.items():
-        default = seeds[-1] if seeds else base
-        try:
-            _compile_here(default, dev)
-            timer = _Timer(dev, todo[j][0].bufs)
-            try:
-                times[j] = timer.run(default, float("inf"))
-            finally:
-                timer.free()
-        except Exception:
-            continue
-    return starts, times
+def estimate_cost(item: ScheduleItem, device: Any) -> float:
+    """A kernel's cost in the budget's units, from its AST alone (nothing compiled or run): its FLOPs
+    (`meta["graph_flops"]` where the scheduler counted them, else `engine.flops.executed_flops`), or the bytes of its
+    buffers times `MACHINE_BALANCE` where that is more (a copy, a layernorm: memory-bound). Only ratios between
+    kernels of one program matter."""
+    try:  # a fused attention's own count (its plain AST's would count the unfused chain's work)
+        flops = float(item.meta.get("graph_flops") or executed_flops(item.ast))
+    except Exception:  # noqa: BLE001 - an AST the counter does not know: weighed by its bytes alone
+        flops = 0.0
+    nbytes = float(sum(prod(shape_of(b)) * b.dtype.itemsize for b in item.bufs))
+    return max(flops, MACHINE_BALANCE * nbytes, 1.0)
+
+
+def _wait(fut: Any, deadline: float | None) -> bytes | None:
+    """A compile's binary, waiting at most COMPILE_TIMEOUT_S and never past `deadline`; None where it failed or
+    the wait ran out (the future is then cancelled, if it has not started)."""
+    timeout = COMPILE_TIMEOUT_S if deadline is None else min(COMPILE_TIMEOUT_S, deadline - time.perf_counter())
+    try:
+        return fut.result(timeout=max(timeout, 0.0))
+    except (CompileError, FutureTimeout, Exception):
+        fut.cancel()
+        return None
+
+
+def _compile_starts(starts: tuple[Candidate, list[Candidate]], device: Any, pool: Any,
+                    deadline: float | None) -> None:
+    """A kernel's first candidates handed to the compile workers together (each source once), each waited for
+    no later than `deadline`; without a pool, the search compiles them itself."""
+    if pool is None:
+        return
+    base, seeds = starts
+    futures: dict[str, Any] = {}
+    for c in [base, *seeds]:
+        if c.src and c.src not in futures:
+            futures[c.src] = pool.submit(device.kind, c.src)
+    binaries = {src: _wait(fut, deadline) for src, fut in futures.items()}
+    for c in [base, *seeds]:
+        c.binary = binaries.get(c.src)
 
 
 def small_search(time_s: float | None, total_s: float) -> bool:
@@ -662,25 +699,29 @@ def _budget_deadline(now: float, deadline_all: float, weight: float, weight_left
 
 
 def beam_items(items: list[ScheduleItem], dev: Any, width: int = 4, progress: Callable[[dict], None] | None = None,
-               force: bool = False, budget_s: float | None = DEFAULT_BUDGET_S) -> tuple[list[dict[str, Any]], float]:
+               force: bool = False, budget_s: float | None = DEFAULT_BUDGET_S,
+               started: float | None = None) -> tuple[list[dict[str, Any]], float]:
     """Search every kernel of a schedule on `dev`; store the winners; rows of before/after per kernel and the
     seconds it took (`Program.beam` schedules, calls this and drops its compiled kernels).
 
     Kernels with the same AST (the same key in the store: a block's two layernorms, a repeated matmul shape) are
-    searched once; the others take the first one's winner (`same_as`). The time budget: every kernel to be
-    searched has its default timed first; one whose default is a negligible share of the program's
-    (`small_search`) gets a search of width `SMALL_WIDTH` over `SMALL_ROUNDS` rounds (`"small": true`).
+    searched once; the others take the first one's winner (`same_as`). Each kernel's weight is its estimated
+    cost (`estimate_cost`, times its copies); one under `SMALL_SHARE` of the program's (`small_search`) gets a
+    search of width `SMALL_WIDTH` over `SMALL_ROUNDS` rounds (`"small": true`).
 
-    `budget_s` (None: no bound) bounds the whole search (`DEFAULT_BUDGET_S`): each kernel searched gets the
-    budget left times its share of the default time still to search (`_budget_deadline`); a kernel reached
-    after the budget is spent is not searched and not stored (`"skipped": true`: a later run searches it)."""
+    `budget_s` (None: no bound) bounds the time from `started` (a `time.perf_counter()` value; default: now) to
+    the end of this call: each kernel searched gets the budget left times its share of the weight still to
+    search (`_budget_deadline`) and renders, compiles and times its default and its candidates within it; a
+    kernel reached after the budget is spent, or whose default could not be timed within its share, is not
+    searched and not stored (`"skipped": true`: a later run searches it)."""
 
     if dev.compiler is None:
         raise CompileError(dev.compile_error or f"cannot compile for {dev.kind} here, so it cannot be tuned here")
+    start = time.perf_counter() if started is None else started
+    deadline_all = None if budget_s is None else start + budget_s
     items = [it for it in items if it.ast.src]
     rows: list[dict[str, Any] | None] = [None] * len(items)
     pool = make_pool(dev)
-    start = time.perf_counter()
     try:
         asts = [search_ast(item, dev) for item in items]
         keys = [beam_key(ast, dev) for ast in asts]
@@ -694,42 +735,51 @@ def beam_items(items: list[ScheduleItem], dev: Any, width: int = 4, progress: Ca
                 if progress:
                     progress({"kernel": item.name, "index": i, "total": len(items), "cached": True})
         todo = [i for i in range(len(items)) if rows[i] is None and first[keys[i]] == i]
-        starts, times = _time_defaults([(items[i], asts[i]) for i in todo], dev, pool)
-        default_s = {todo[j]: t for j, t in times.items()}
         count = {k: keys.count(k) for k in set(keys)}
-        total = sum(t * count[keys[i]] for i, t in default_s.items())
-        pos = {i: j for j, i in enumerate(todo)}
-        deadline_all = None if budget_s is None else start + budget_s
-        # each kernel's weight in the budget: its default's time (times its copies); a kernel not measured (a failed
-        # measurement) weighs as much as the mean of those measured
-        weights = {i: default_s[i] * count[keys[i]] for i in default_s}
-        mean = sum(weights.values()) / len(weights) if weights else 1.0
-        weight_left = sum(weights.get(i, mean) for i in range(len(items))
-                          if rows[i] is None and first[keys[i]] == i)
-        for i, item in enumerate(items):
-            if rows[i] is not None:
-                continue
-            if first[keys[i]] != i:  # the same kernel as one searched in this run: its winner
-                src = rows[first[keys[i]]] or {}
-                rows[i] = {**src, "name": item.name, "tried": 0, "rejected": 0, "failed": 0, "same_as": src.get("name")}
-                continue
-            def report(p: dict, i=i) -> None:
-                if progress:
-                    progress({**p, "index": i, "total": len(items), "elapsed_total_s": time.perf_counter() - start})
+        # each kernel's weight in the budget and in the small-search rule: its estimated cost (times its copies);
+        # the heaviest are searched first, so that a budget spent leaves out the kernels that matter least
+        weights = {i: estimate_cost(items[i], dev) * count[keys[i]] for i in todo}
+        total = sum(weights.values())
+        weight_left = total
+        setup: list[float] = []  # the seconds each kernel searched so far took to render, compile and time its default
+        done = sum(1 for r in rows if r is not None)  # kernels reported so far (the progress bar's position)
+        for i in sorted(todo, key=lambda i: -weights[i]):
+            item = items[i]
 
-            small = small_search(default_s.get(i) and default_s[i] * count[keys[i]], total)
+            def report(p: dict, pos=done) -> None:
+                if progress:
+                    progress({**p, "index": pos, "total": len(items), "elapsed_total_s": time.perf_counter() - start})
+
+            done += 1
+            small = small_search(weights[i], total)
+            skipped = {"name": item.name, "opts": [], "width": width, "tried": 0, "cached": False, "skipped": True}
             deadline = None
             if deadline_all is not None:
-                weight = weights.get(i, mean)
-                deadline = _budget_deadline(time.perf_counter(), deadline_all, weight, weight_left)
-                weight_left -= weight
-                if deadline is None:  # the budget is spent: not searched, not stored
-                    rows[i] = {"name": item.name, "opts": [], "width": width, "tried": 0, "cached": False,
-                               "skipped": True}
+                now = time.perf_counter()
+                deadline = _budget_deadline(now, deadline_all, weights[i], weight_left)
+                weight_left -= weights[i]
+                # not searched: the budget is spent, or it cannot matter (`small`) and its share is shorter than any
+                # kernel before it took to time its default (it would spend its share and keep nothing)
+                if deadline is None or (small and setup and deadline - now < min(setup)):
+                    rows[i] = skipped
                     continue
+            began = time.perf_counter()
+            try:
+                starts = _starts(asts[i], dev, item.name, item.bufs, item)
+            except Exception:  # noqa: BLE001 - the search renders it again and reports what fails
+                starts = None
+            if starts is not None:
+                _compile_starts(starts, dev, pool, deadline)
             res = beam_search(asts[i], dev, item.bufs, SMALL_WIDTH if small else width, name=item.name,
                               progress=report, pool=pool, rounds=SMALL_ROUNDS if small else MAX_ROUNDS,
-                              starts=starts.get(pos[i]), deadline=deadline, item=item)
+                              starts=starts, deadline=deadline, item=item)
+            if res.setup_s is not None:
+                setup.append(res.setup_s + (res.started - began))
+            if res.before_s == float("inf"):  # its share ran out before its default was timed: as if not reached
+                rows[i] = {**skipped, "interrupted": res.interrupted}
+                if res.interrupted:
+                    break
+                continue
             # stored under the width asked: the small search is what this width gives a kernel that cannot matter
             store(asts[i], dev, res.opts, res.after_s, item.name, width)
             rows[i] = {"name": item.name, "opts": [str(o) for o in res.opts], "width": width,
@@ -740,6 +790,10 @@ def beam_items(items: list[ScheduleItem], dev: Any, width: int = 4, progress: Ca
                        "interrupted": res.interrupted}
             if res.interrupted:
                 break
+        for i, item in enumerate(items):  # the same kernel as one searched in this run: its winner
+            if rows[i] is None and first[keys[i]] != i and rows[first[keys[i]]] is not None:
+                src = rows[first[keys[i]]] or {}
+                rows[i] = {**src, "name": item.name, "tried": 0, "rejected": 0, "failed": 0, "same_as": src.get("name")}
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
