@@ -20,6 +20,7 @@ same order, on the same values.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,21 +40,20 @@ def _writes(k: Any) -> list[Any]:
     return [k.bufs[i] for i in sorted(k.written()) if i < len(k.bufs)]
 
 
+_SPLITS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def split_of(exe: Any) -> Split:
     """`split(exe)`, computed once per executable."""
-    got = getattr(exe, "_bound_split", None)
+    got = _SPLITS.get(exe)
     if got is None:
-        got = split(exe)
-        try:
-            exe._bound_split = got
-        except AttributeError:  # (an executable-like object without attributes of its own)
-            pass
+        got = _SPLITS[exe] = split(exe)
     return got
 
 
 def split(exe: Any) -> Split:
     """`exe`'s kernels parted by the contract in the module docstring (no prelude without bound inputs)."""
-    bound_names = getattr(exe, "bound", frozenset())
+    bound_names = exe.bound
     out = Split(rest=list(exe.kernels))
     if not bound_names or exe.multi or exe.chunks is not None:
         return out
