@@ -432,8 +432,10 @@ class Program:
         dims = self.resolve_dims(dims)
         kernels = self.compile(device=dev.name, dims=dims, beam=beam, tuned=tuned, defer=defer)
         outs, in_bufs = self._trace(dims)
-        return Executable(dev, kernels, [(b, self._in_names[b.arg[0]]) for b in in_bufs],
-                          list(zip(self.output_names, outs)))
+        exe = Executable(dev, kernels, [(b, self._in_names[b.arg[0]]) for b in in_bufs],
+                         list(zip(self.output_names, outs)))
+        exe.bound = frozenset(self.weights)  # (their kernels run once per launch plan: tgc.engine.bound)
+        return exe
 
     # --- symbolic sizes (tgc/codegen/sizes.py)
     def compile_symbolic(self, device: str | None = None, size_class: Any = None) -> SymbolicPlan:

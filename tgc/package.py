@@ -704,6 +704,9 @@ class Package:
             raise _bad(path, "two inputs or outputs share a buffer")
         self.weights = _read_weights(self, m.get("weights"))  # bound here: callers never pass them
         self._bound = [d for d in self.inputs if d.name in self.weights]
+        # inputs bound to the same arrays every run: the package's weights, or (a program cache entry's package,
+        # kept without them) the weights its Program passes (`progcache.Entry`)
+        self.bound_names: set[str] = set(self.weights)
         self.inputs = [d for d in self.inputs if d.name not in self.weights]
         self.kernels = [self._read_kernel(k, i) for i, k in
                         enumerate(_list(m.get("kernels"), "kernels", path, MAX_KERNELS))]
@@ -975,9 +978,11 @@ class Package:
         # a CPU package runs its launch plan as one native call (the graph runner it ships, or the compile
         # cache's), never compiling it: without either, kernel by kernel
         options = {"runner_object": self.graph_runner, "compile_runner": False} if dev.kind == "CPU" else None
-        return Executable(dev, self.kernels, [(self.buffers[d.buffer], d.name) for d in self.inputs + self._bound],
-                          [(d.name, self.buffers[d.buffer]) for d in self.outputs], memory=self.memory,
-                          graph_options=options)
+        exe = Executable(dev, self.kernels, [(self.buffers[d.buffer], d.name) for d in self.inputs + self._bound],
+                         [(d.name, self.buffers[d.buffer]) for d in self.outputs], memory=self.memory,
+                         graph_options=options)
+        exe.bound = frozenset(self.bound_names)  # (their kernels run once per launch plan: tgc.engine.bound)
+        return exe
 
     MAX_PLANS = 4  # launch plans (with their device buffers) kept between runs, per device
 

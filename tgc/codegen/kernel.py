@@ -120,7 +120,16 @@ def count_work(uops: list[UOp], env: dict[str, int] | None = None, groups: bool 
     its result to the accumulator is part of it. `groups=False` (the CPU, whose work-group is one thread: its
     local memory is that thread's scratch array) counts every op.
     """
-    flops, trips = 0.0, [1]
+    return count_work_each(uops, [env], groups)[0]
+
+
+def count_work_each(uops: list[UOp], envs: list[dict[str, int] | None], groups: bool = True) -> list[float]:
+    """`count_work` for each of `envs` (the CPU's cores): the walk over the ops (what varies by thread, the
+    weights) is done once; only the loops' trip counts are evaluated per env, the sums taken in the same order
+    (the same floats as one `count_work` per env)."""
+    loops: list[tuple[int, UOp]] = []  # (enclosing loop nest's index + 1, RANGE): nest i + 1 is loops[i]
+    terms: list[tuple[int, int, int]] = []  # (loop nest, ops, weight) of each counted op, in order
+    nest = [0]
     varying: dict[UOp, bool] = {}  # differs between the threads of a work-group
     factor: dict[UOp, int] = {}  # how many threads of the group compute the same value
     serial = {u.src[0] for u in uops if u.op is Ops.LOAD and u.src and u.src[0].op is Ops.DEFINE_LOCAL
@@ -128,12 +137,11 @@ def count_work(uops: list[UOp], env: dict[str, int] | None = None, groups: bool 
     combined: set[UOp] = set()  # values of a tree or shuffle combine
     for u in uops:
         if u.op is Ops.RANGE:
-            end = u.src[0]
-            n = end.arg if end.op is Ops.CONST else _eval_int(end, env or {})
-            trips.append(trips[-1] * (n if n is not None else max(int(end.vmax), 1)))
+            loops.append((nest[-1], u))
+            nest.append(len(loops))
             continue
         if u.op is Ops.ENDRANGE:
-            trips.pop()
+            nest.pop()
             continue
         if u.op is Ops.SPECIAL:
             varying[u] = str(u.arg[0]).startswith("lidx")
@@ -168,9 +176,19 @@ def count_work(uops: list[UOp], env: dict[str, int] | None = None, groups: bool 
             flops += trips[-1] * 2 * 16 * 8 * 16 / 32
         elif (u.op in ALU and u.dtype is not None and u.dtype.is_float) or u.op is Ops.ACCUMULATE:
             ops = u.dtype.count if u.dtype is not None else 1
-            weight = 1 if varying[u] else factor[u]
-            flops += trips[-1] * ops / weight
-    return flops
+            terms.append((nest[-1], ops, 1 if varying[u] else factor[u]))
+    out = []
+    for env in envs:
+        trips = [1]
+        for parent, r in loops:
+            end = r.src[0]
+            n = end.arg if end.op is Ops.CONST else _eval_int(end, env or {})
+            trips.append(trips[parent] * (n if n is not None else max(int(end.vmax), 1)))
+        flops = 0.0
+        for at, ops, weight in terms:
+            flops += trips[at] * ops / weight
+        out.append(flops)
+    return out
 
 
 def prod_ranges(index: UOp) -> int:
@@ -192,7 +210,7 @@ def kernel_flops(uops: list[UOp], device: Any, launch: dict) -> int:
         for n in (*gsize, *(launch.get("local_size") or ())):
             threads *= int(n)
         return round(count_work(uops) * threads)
-    return round(sum(count_work(uops, {"core_id": c}, groups=False) for c in range(max(int(gsize[0]), 1))))
+    return round(sum(count_work_each(uops, [{"core_id": c} for c in range(max(int(gsize[0]), 1))], groups=False)))
 
 
 def graph_flops(item: ScheduleItem, device: Any) -> int:
@@ -541,7 +559,7 @@ def symbolic_work(k: Kernel, dims: dict[str, int], bufs: list[UOp]) -> tuple[int
             threads *= int(n)
         return round(count_work(k.uops, env) * threads), bytes_touched(k.ast, bufs)
     cores = max(int(k.global_size[0]), 1)
-    flops = round(sum(count_work(k.uops, {**env, "core_id": c}, groups=False) for c in range(cores)))
+    flops = round(sum(count_work_each(k.uops, [{**env, "core_id": c} for c in range(cores)], groups=False)))
     return flops, bytes_touched(k.ast, bufs)
 
 

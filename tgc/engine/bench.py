@@ -43,11 +43,13 @@ def bench_launches(low: Executable, arrays: dict[str, np.ndarray], repeat: int =
     per-kernel and whole-program statistics, rates and the device's peak (`Program.bench` adds the rest).
     Each kernel is timed on its own (a launch that waits); the whole program runs as `Program.run` runs it:
     one device graph where the device has them (`program["graph"]` says), else every kernel launched and
-    waited for once."""
+    waited for once. Kernels that read only bound inputs (weights: `tgc.engine.bound`) run once before, untimed,
+    as a launch plan runs them; the rows and the program's time are the kernels every run launches."""
     dev, kernels = low.device, low.kernels
     plan = LaunchPlan(low)
     try:
         plan.copy_in(arrays)
+        kernels = plan.kernels  # (not the kernels on bound inputs only: they ran once, in copy_in)
         launches = [(k, k.program(), h) for k, h in zip(kernels, plan.handles)]
 
         def run_all(wait: bool) -> list[float]:

@@ -21,6 +21,7 @@ import numpy as np
 
 from tgc import profile
 from tgc.dtype import DType, bf16_to_f32, dtypes
+from tgc.engine import bound as bound_work
 from tgc.engine.memplan import MemoryPlan, plan_memory
 from tgc.env import debug_level, env_int
 from tgc.errors import DeviceError, TgcError
@@ -237,6 +238,9 @@ class Executable:
         self.pool: Any = None  # a device list's host threads, one per device (started on first use, kept)
         # a device list's extra `Device.graph` keywords per device (a package's CPU graph runner), or None
         self.graph_options_of: list[dict | None] = [graph_options]
+        # names of inputs bound at load (a model's weights): the same arrays every run, so the kernels reading only
+        # them run once per launch plan (`tgc.engine.bound`)
+        self.bound: frozenset[str] = frozenset()
 
     @classmethod
     def across(cls, devices: list[Runtime], steps: list[Step], inputs: list[InputPart],
@@ -515,7 +519,11 @@ class LaunchPlan:
     (`Device.graph`: one native call on the CPU, a CUDA graph, one REMOTE request); elsewhere it launches every
     kernel without waiting and waits once. The graph binds the plan's buffers, which stay the same for the
     plan's life, so it is captured once and reused; new input values are copied into the same input buffers.
-    A plan serves one run at a time (`lock`); `free()` gives its buffers back to the device's allocator."""
+    A plan serves one run at a time (`lock`); `free()` gives its buffers back to the device's allocator.
+
+    Kernels that read only the executable's bound inputs (`Executable.bound`, a model's weights; the prelude of
+    `tgc.engine.bound.split`) run at the plan's first run (`run_prelude`) and again only when a bound input comes
+    as another array object; the device graph and every run launch only the other kernels (`kernels`)."""
 
     GRAPH_AFTER = 1  # runs launched kernel by kernel before the plan is captured as a graph
 
@@ -524,20 +532,81 @@ class LaunchPlan:
         self.graph_after = graph_after
         self.buffers: dict[Any, Buffer] = {}
         self.graph: Any = None
+        # kernels reading only bound inputs (weights) run once, in `run_prelude`; `kernels` are those run each time
+        self.split = bound_work.split_of(low)
+        self.kernels: list = self.split.rest
+        self.constants: list[Any] = []  # keys of the kept constant buffers (the prelude's results, bound inputs)
+        self.bound_arrays: dict[str, np.ndarray] | None = None  # the bound arrays the prelude ran on
+        self.prelude_runs = 0
         try:
-            allocate(low, None, self.buffers)
+            allocate(low, None, self.buffers, skip=set(self.split.kept) | set(self.split.temporary))
         except BaseException:
             self.free()
             raise
-        self.handles = [[self.buffers[n].handle for n in k.bufs] for k in low.kernels]
+        self.handles: list[list] = [] if self.split.prelude else \
+            [[self.buffers[n].handle for n in k.bufs] for k in low.kernels]
         self.lock = threading.Lock()
         self.runs = 0
         self.graph_error: str | None = None  # why the device could not make a graph of this plan
         self.broken = False  # a run failed: the buffers may be gone (a CUDA context reset); never run it again
 
     def copy_in(self, arrays: dict[str, np.ndarray]) -> None:
+        if self.split.prelude:
+            self.run_prelude(arrays)
         for b, name in self.low.inputs:
-            self.buffers[b].copyin(arrays[name])
+            if not (self.split.prelude and name in self.low.bound):
+                self.buffers[b].copyin(arrays[name])
+
+    def run_prelude(self, arrays: dict[str, np.ndarray]) -> None:
+        """Run the kernels that read only bound inputs, unless they ran on these very arrays before: their results
+        (and the bound inputs the other kernels read) stay in buffers of their own, outside the memory plan's
+        shared slots; the bound inputs and intermediates only they read are freed after."""
+        bound = {name: arrays[name] for _, name in self.split.bound_inputs}
+        if self.bound_arrays is not None and all(bound[n] is a for n, a in self.bound_arrays.items()):
+            return
+        self._free_constants()
+        if self.graph is not None:  # (it bound the old constants' handles)
+            graph, self.graph = self.graph, None
+            try:
+                graph.free()
+            except Exception:
+                pass
+        written = {k.bufs[i] for k in self.low.kernels for i in written_indices(k) if i < len(k.bufs)}
+        temporary: dict[Any, Buffer] = {}
+        kept = set(self.split.kept)
+        try:
+            for b, name in self.split.bound_inputs:
+                buf = Buffer.borrow(self.device, b, bound[name]) if b not in written else None
+                if buf is None:
+                    buf = Buffer(self.device, b)
+                    buf.copyin(bound[name])
+                self._hold(b, buf, kept, temporary)
+            for k in self.split.prelude:
+                for b in k.bufs:
+                    if b not in self.buffers and b not in temporary:
+                        self._hold(b, Buffer(self.device, b), kept, temporary)
+                launch(k, [self.buffers[b] if b in self.buffers else temporary[b] for b in k.bufs])
+            self.device.synchronize()
+        finally:
+            for buf in temporary.values():
+                buf.free()
+        self.prelude_runs += 1
+        self.bound_arrays = bound
+        self.handles = [[self.buffers[n].handle for n in k.bufs] for k in self.kernels]
+
+    def _hold(self, key: Any, buf: Buffer, kept: set, temporary: dict[Any, Buffer]) -> None:
+        if key in kept:
+            self.buffers[key] = buf
+            self.constants.append(key)
+        else:
+            temporary[key] = buf
+
+    def _free_constants(self) -> None:
+        constants, self.constants = self.constants, []
+        for key in constants:
+            buf = self.buffers.pop(key, None)
+            if buf is not None:
+                buf.free()
 
     def outputs(self) -> dict[str, np.ndarray]:
         result = {}
@@ -553,7 +622,7 @@ class LaunchPlan:
     def run(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Copy `arrays` (by input name) in, run every kernel, copy the outputs out."""
         try:
-            with profile.host_span(f"run on {self.device.name}", {"kernels": len(self.low.kernels),
+            with profile.host_span(f"run on {self.device.name}", {"kernels": len(self.kernels),
                                                                   "as": "launch plan", "run": self.runs + 1}):
                 self.copy_in(arrays)
                 self.execute()
@@ -568,7 +637,7 @@ class LaunchPlan:
         """The plan's device graph (built on first use), or None where the device has none or refused this plan."""
         if self.graph is None and self.graph_error is None:
             launches = [(k.program(), h, k.global_size, k.local_size, k.vals)
-                        for k, h in zip(self.low.kernels, self.handles)]
+                        for k, h in zip(self.kernels, self.handles)]
             try:
                 self.graph = self.device.graph(launches, **(self.low.graph_options or {})) if launches else None
             except TgcError as e:
@@ -585,7 +654,7 @@ class LaunchPlan:
     def execute(self) -> None:
         """Launch every kernel once: as the device graph from the plan's second run on, else one by one."""
         self.runs += 1
-        kernels = self.low.kernels
+        kernels = self.kernels
         graph = self.capture() if self.runs > self.graph_after and graphs_enabled() else None
         if graph is None:
             for k, h in zip(kernels, self.handles):
@@ -630,7 +699,8 @@ class LaunchPlan:
 
 class LaunchPlans:
     """The launch plans a program (or a package) keeps between runs, by key (device, dims, ...). The first run at
-    a key keeps nothing (`run_program`: zero-copy where the device allows); the second makes the key's plan (its
+    a key keeps nothing (`run_program`: zero-copy where the device allows; but where kernels read only bound inputs,
+    `tgc.engine.bound`, the plan is made at the first run, so those run once); the second makes the key's plan (its
     buffers kept, run as one device graph at once and on every later run). Plans of the last `most` keys are
     kept (oldest first in `plans`); older ones, and all on `release()`, free their buffers."""
 
@@ -646,10 +716,14 @@ class LaunchPlans:
         replayed as a device graph at once; a device list's: `tgc.engine.executable.StepsPlan`)."""
         once = once or run_program
         if key not in self.plans and key not in self.seen:
-            self.seen[key] = None
-            while len(self.seen) > 4 * self.most:
-                self.seen.pop(next(iter(self.seen)))
-            return once(lower(), arrays)
+            exe = lower()
+            if make is not None or not bound_work.split_of(exe).prelude:
+                self.seen[key] = None
+                while len(self.seen) > 4 * self.most:
+                    self.seen.pop(next(iter(self.seen)))
+                return once(exe, arrays)
+            # work on bound inputs (weights) only: a plan at once, so that it runs once, not once per run
+            lower = lambda: exe  # noqa: E731
         plan = self.plans.pop(key, None)
         if plan is not None and plan.broken:
             _release_plan(plan)
@@ -697,7 +771,8 @@ def to_user_array(arr: np.ndarray, dtype: DType) -> np.ndarray:
     return bf16_to_f32(arr) if dtype == dtypes.bf16 else arr
 
 
-def allocate(low: Executable, arrays: dict[str, np.ndarray] | None, buffers: dict[Any, Buffer]) -> None:
+def allocate(low: Executable, arrays: dict[str, np.ndarray] | None, buffers: dict[Any, Buffer],
+             skip: set | frozenset = frozenset()) -> None:
     """Device buffers for a program's inputs (filled from `arrays`, unless None) and for every kernel's outputs, into
     `buffers` (passed in so that the caller can free whatever was allocated if this fails midway): the slots of
     the memory plan, each allocated once and owned (freed) by the first buffer placed in it; inputs borrowed in
@@ -709,6 +784,8 @@ def allocate(low: Executable, arrays: dict[str, np.ndarray] | None, buffers: dic
     written = {k.bufs[i] for k in low.kernels for i in written_indices(k) if i < len(k.bufs)} \
         if arrays is not None else set()
     for b, name in low.inputs:
+        if b in skip:
+            continue
         buf = Buffer.borrow(low.device, b, arrays[name]) if arrays is not None and b not in written else None
         if buf is not None:
             buffers[b] = buf
@@ -718,7 +795,7 @@ def allocate(low: Executable, arrays: dict[str, np.ndarray] | None, buffers: dic
             buffers[b].copyin(arrays[name])
     for k in low.kernels:
         for node in k.bufs:
-            if node not in buffers:
+            if node not in buffers and node not in skip:
                 place(node)
 
 
