@@ -1533,7 +1533,11 @@ class MultiPackage:
             raise PackageError(f"a device appears twice in the device list '{','.join(names)}'")
         devs = []
         for name, doc in zip(names, self.device_docs):
-            ok, why = device_class(doc["kind"]).probe()
+            # REMOTE with servers set: a server that is down or refuses the token is a device error (exit 1) when the
+            # device is first used, as on a `.tg` device list and a one-device package (the class probe would ask
+            # only the first server, and call its failure "not available", exit 2)
+            ok, why = (True, None) if doc["kind"] == "REMOTE" and device_class("REMOTE").addresses() else \
+                device_class(doc["kind"]).probe()
             try:
                 dev = get_device(name) if ok else None
             except TgcError as e:

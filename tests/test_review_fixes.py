@@ -1,0 +1,103 @@
+"""Fixes from a new user's review of the integrated branch: each test failed before its fix.
+
+- A device-list package on REMOTE servers: a server that is down (or refuses the token) is the same device
+  error (exit 1) as on a `.tg` device list and a one-device REMOTE package, whichever server of the list it is,
+  not "not available here" (exit 2) for REMOTE:0 only.
+- A device-list package whose `shard` field disagrees with its input parts (an edited manifest with its hashes
+  recomputed) is refused, so `tgc inspect` never shows a shard spec the package does not run."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+
+from tgc.backends.remote.process import ServerProcess
+
+SOFTMAX = "x: f32[N, D]\nm = x.max(axis=1, keepdim=True)\ne = exp(x - m)\nreturn e / e.sum(axis=1, keepdim=True)\n"
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tgc.cli.main", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=120)
+
+
+def _dead_address() -> str:
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+@pytest.fixture(scope="module")
+def remote_list_package(tmp_path_factory):
+    d = tmp_path_factory.mktemp("rpkg")
+    (d / "s.tg").write_text(SOFTMAX)
+    x = np.random.default_rng(0).standard_normal((6, 8)).astype(np.float32)
+    np.save(d / "x.npy", x)
+    with ServerProcess("CPU") as server:
+        env = {"TGC_REMOTE": server.address}  # one server: REMOTE:0 and REMOTE:1 are two sessions there
+        r = _cli("compile", str(d / "s.tg"), "-D", "N=6", "-D", "D=8", "-d", "REMOTE:0,REMOTE:1", "--shard", "x=0",
+                 "--package", str(d / "r.tgpkg"), env=env)
+        assert r.returncode == 0, r.stderr
+        yield d, server, x
+
+
+@pytest.mark.parametrize("dead_index", [0, 1])
+def test_a_remote_list_package_with_a_server_down_is_a_device_error(remote_list_package, dead_index):
+    d, server, x = remote_list_package
+    addrs = [server.address, server.address]
+    addrs[dead_index] = dead = _dead_address()
+    r = _cli("run", str(d / "r.tgpkg"), "-i", f"x={d / 'x.npy'}", env={"TGC_REMOTE": ",".join(addrs)})
+    assert r.returncode == 1, r.stderr
+    assert f"cannot reach REMOTE server {dead}" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_remote_list_package_still_runs_right(remote_list_package):
+    d, server, x = remote_list_package
+    r = _cli("run", str(d / "r.tgpkg"), "-i", f"x={d / 'x.npy'}", "-o", str(d / "o.npy"),
+             env={"TGC_REMOTE": server.address})
+    assert r.returncode == 0, r.stderr
+    e = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(np.load(d / "o.npy"), e / e.sum(axis=1, keepdims=True), rtol=1e-5)
+
+
+def _rewrite(data: bytes, edit) -> bytes:
+    """The package with its manifest edited by `edit` and every hash recomputed (not a signature)."""
+    from tgc import package as P
+
+    z = zipfile.ZipFile(io.BytesIO(data))
+    members = {n: z.read(n) for n in z.namelist()}
+    m = json.loads(members.pop(P.MANIFEST))
+    edit(m)
+    for n, b in members.items():
+        m["files"][n] = {"size": len(b), "sha256": hashlib.sha256(b).hexdigest()}
+    m["content_hash"] = P.content_hash(m)
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as w:
+        for n, b in [(P.MANIFEST, json.dumps(m).encode()), *members.items()]:
+            w.writestr(n, b)
+        w.comment = b"0" * P.CHECKSUM_LEN
+    data = out.getvalue()
+    return data[:-P.CHECKSUM_LEN] + P.file_checksum(data)
+
+
+@pytest.mark.parametrize("shard", [{"x": 1}, {}])
+def test_a_shard_spec_that_disagrees_with_the_input_parts_is_refused(tmp_path, shard):
+    import tgc
+    from tgc.package import PackageError, loads_package, write
+
+    prog = tgc.loads(SOFTMAX)
+    path = tmp_path / "m.tgpkg"
+    write(prog, path, "CPU:0,CPU:1", {"N": 4, "D": 8}, shard={"x": 0})
+    data = path.read_bytes()
+    assert loads_package(_rewrite(data, lambda m: None)).shard == {"x": 0}  # the rewrite alone is accepted
+    with pytest.raises(PackageError, match="shard"):
+        loads_package(_rewrite(data, lambda m: m.__setitem__("shard", shard)))
