@@ -1332,6 +1332,9 @@ class MultiPackage:
             self.input_parts.append(InputPart(name, d, buf, axis, rows))
         if {p.name for p in self.input_parts} != set(whole):
             raise _bad(path, "an input of the signature goes to no device")
+        split = {p.name: p.axis for p in self.input_parts if p.axis is not None}
+        if split != self.shard or any(p.axis != split.get(p.name) for p in self.input_parts):
+            raise _bad(path, "its shard spec is not how its input parts split the inputs")
         outs = {d.name: d for d in self.outputs}
         self.output_parts = []
         for i, raw in enumerate(_list(m.get("output_parts"), "output_parts", path, MAX_BUFFERS)):
