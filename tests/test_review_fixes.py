@@ -101,3 +101,18 @@ def test_a_shard_spec_that_disagrees_with_the_input_parts_is_refused(tmp_path, s
     assert loads_package(_rewrite(data, lambda m: None)).shard == {"x": 0}  # the rewrite alone is accepted
     with pytest.raises(PackageError, match="shard"):
         loads_package(_rewrite(data, lambda m: m.__setitem__("shard", shard)))
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 1), (2, 0)])
+def test_the_check_reference_of_a_sum_of_products_over_an_empty_axis(shape):
+    # `x[:, 1:] * 2` summed is a contraction; at D=1 its axis is empty: `--check` crashed (IndexError) there
+    import tgc
+
+    prog = tgc.loads("x: f32[N, D]\nreturn (x[:, 1:] * 2).sum(axis=1) + x[:, :1].sum(axis=1)\n"
+                     if shape[1] else "x: f32[N, D]\nw: f32[D]\nreturn (x * w).sum(axis=1)\n")
+    x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    arrays = {"x": x} if shape[1] else {"x": x, "w": np.ones(shape[1], np.float32)}
+    values, scales = prog.reference_with_scale(dims={"N": shape[0], "D": shape[1]}, **arrays)
+    want = (x[:, 1:] * 2).sum(axis=1) + x[:, :1].sum(axis=1) if shape[1] else np.zeros(shape[0])
+    np.testing.assert_allclose(np.asarray(values["out0"]).reshape(-1), want, rtol=1e-6)
+    assert np.all(np.isfinite(np.asarray(scales["out0"])))
