@@ -116,3 +116,18 @@ def test_the_check_reference_of_a_sum_of_products_over_an_empty_axis(shape):
     want = (x[:, 1:] * 2).sum(axis=1) + x[:, :1].sum(axis=1) if shape[1] else np.zeros(shape[0])
     np.testing.assert_allclose(np.asarray(values["out0"]).reshape(-1), want, rtol=1e-6)
     assert np.all(np.isfinite(np.asarray(scales["out0"])))
+
+
+def test_a_symbolic_package_whose_buffer_can_be_empty_loads_and_runs(tmp_path):
+    # x[2:] has N-2 elements: its byte size, an expression of N, is 0 at N=2; the package failed its own check
+    # on load ("buffer 0 bytes is not an integer in [1, ...]"), so `tgc compile --package` wrote an unusable file
+    import tgc
+    from tgc.package import write
+
+    prog = tgc.loads("x: f32[N]\nreturn x[2:] + x[:-2]\n")
+    path = tmp_path / "s.tgpkg"
+    write(prog, path, "CPU", None)
+    pkg = tgc.load_package(path)
+    for n in (7, 4, 33, 1):
+        x = np.random.default_rng(n).standard_normal(n).astype(np.float32)
+        np.testing.assert_allclose(pkg.run(x=x)["out0"], x[2:] + x[:-2], rtol=1e-6)
