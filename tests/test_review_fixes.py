@@ -131,3 +131,22 @@ def test_a_symbolic_package_whose_buffer_can_be_empty_loads_and_runs(tmp_path):
     for n in (7, 4, 33, 1):
         x = np.random.default_rng(n).standard_normal(n).astype(np.float32)
         np.testing.assert_allclose(pkg.run(x=x)["out0"], x[2:] + x[:-2], rtol=1e-6)
+
+
+def test_a_package_that_fails_its_own_load_checks_is_not_written(tmp_path, monkeypatch):
+    # such a package (the empty-buffer bug above) was written, then refused as "damaged ... compile it again",
+    # exit 2: now nothing is written and the error says it is tgc's fault (exit 1)
+    import tgc
+    from tgc import package
+
+    def build_damaged(*args, **kwargs) -> bytes:
+        data = bytearray(real_build(*args, **kwargs))
+        data[-1] ^= 1  # (its checksum no longer matches)
+        return bytes(data)
+
+    real_build = package.build
+    monkeypatch.setattr(package, "build", build_damaged)
+    path = tmp_path / "p.tgpkg"
+    with pytest.raises(tgc.TgcError, match="internal error: the package built for .* fails the checks") as e:
+        package.write(tgc.loads("x: f32[N]\nreturn x + 1\n"), path, "CPU", {"N": 4})
+    assert e.value.exit_code == 1 and not path.exists() and not list(tmp_path.iterdir())

@@ -344,6 +344,12 @@ def write(prog: Any, path: str | os.PathLike, device: str | list[str] | None = N
     else:
         data = build(prog, names[0] if names else None, dims)
     path = os.fspath(path)
+    try:  # loaded back before it is written: a package that fails its own checks is a bug here, not a file
+        pkg = loads_package(data, path)
+    except PackageError as e:
+        raise TgcError(f"internal error: the package built for {path} fails the checks of loading it, so it was "
+                       f"not written: {e.msg}", kind="runtime",
+                       hint="please report it; meanwhile give every dim (-D) or run the .tg program") from None
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
@@ -355,7 +361,7 @@ def write(prog: Any, path: str | os.PathLike, device: str | list[str] | None = N
         except OSError:
             pass
         raise TgcError(f"cannot write {path}: {e.strerror or e}") from None
-    return loads_package(data, path)
+    return pkg
 
 
 # ---------------------------------------------------------------------------------------------------------------
