@@ -150,3 +150,17 @@ def test_a_package_that_fails_its_own_load_checks_is_not_written(tmp_path, monke
     with pytest.raises(tgc.TgcError, match="internal error: the package built for .* fails the checks") as e:
         package.write(tgc.loads("x: f32[N]\nreturn x + 1\n"), path, "CPU", {"N": 4})
     assert e.value.exit_code == 1 and not path.exists() and not list(tmp_path.iterdir())
+
+
+def test_a_device_list_package_bench_names_the_list_it_ran_on(tmp_path):
+    # the bench document said "CPU,CPU:1" (no index) and its identity the packaged list, whatever -d named
+    import tgc
+    from tgc.package import write
+
+    path = tmp_path / "m.tgpkg"
+    write(tgc.loads(SOFTMAX), path, "CPU:0,CPU:1", {"N": 4, "D": 8}, shard={"x": 0})
+    pkg = tgc.load_package(path)
+    doc = pkg.bench(repeat=1)
+    assert doc["device"] == doc["identity"]["device"] == "CPU:0,CPU:1" and doc["identity"]["shard"] == {"x": 0}
+    doc = pkg.bench(device="CPU:0,CPU:3", repeat=1)
+    assert doc["device"] == doc["identity"]["device"] == "CPU:0,CPU:3"

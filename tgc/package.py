@@ -1613,8 +1613,11 @@ class MultiPackage:
         dims, arrays = self.bind(inputs, dims, cast=True)
         exe = self.lower(device)
         timing = executable.bench(exe, arrays, repeat=repeat, warmup=warmup)
-        return {"device": ",".join(d.name for d in exe.devices), "dims": dims, "repeat": repeat, "beam": None,
-                **timing, "identity": self.identity(exe.devices, dims)}
+        # (the list as named, each device with its index, as `Program.bench` on a list: OPENCL:0, not OPENCL)
+        names = ",".join(self.device_names if device is None else
+                         [x.strip() for x in (device.split(",") if isinstance(device, str) else device)])
+        return {"device": names, "dims": dims, "repeat": repeat, "beam": None, **timing,
+                "identity": {**self.identity(exe.devices, dims), "device": names, "shard": dict(self.shard)}}
 
     def identity(self, device: Any, dims: dict[str, int]) -> dict[str, Any]:
         prog = self.manifest.get("program") if isinstance(self.manifest.get("program"), dict) else {}
