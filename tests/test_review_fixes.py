@@ -164,3 +164,16 @@ def test_a_device_list_package_bench_names_the_list_it_ran_on(tmp_path):
     assert doc["device"] == doc["identity"]["device"] == "CPU:0,CPU:1" and doc["identity"]["shard"] == {"x": 0}
     doc = pkg.bench(device="CPU:0,CPU:3", repeat=1)
     assert doc["device"] == doc["identity"]["device"] == "CPU:0,CPU:3"
+
+
+def test_cache_list_names_a_device_list_entry_s_shard_spec(tmp_path):
+    # two entries of one list and dims, sharded along different axes, were listed alike
+    (tmp_path / "s.tg").write_text(SOFTMAX)
+    env = {"TGC_CACHE_DIR": str(tmp_path / "cache"), "TGC_VERIFY_BOUNDS": "0"}  # (bounds checks: not cached)
+    for axis in ("0", "1"):
+        r = _cli("run", str(tmp_path / "s.tg"), "--random", "-D", "N=4", "-D", "D=6", "-d", "CPU:0,CPU:1",
+                 "--shard", f"x={axis}", env=env)
+        assert r.returncode == 0, r.stderr
+    listed = _cli("cache", "list", "--table", "program", env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert "shard x=0" in listed.stdout and "shard x=1" in listed.stdout, listed.stdout
