@@ -344,6 +344,12 @@ def write(prog: Any, path: str | os.PathLike, device: str | list[str] | None = N
     else:
         data = build(prog, names[0] if names else None, dims)
     path = os.fspath(path)
+    try:  # loaded back before it is written: a package that fails its own checks is a bug here, not a file
+        pkg = loads_package(data, path)
+    except PackageError as e:
+        raise TgcError(f"internal error: the package built for {path} fails the checks of loading it, so it was "
+                       f"not written: {e.msg}", kind="runtime",
+                       hint="please report it; meanwhile give every dim (-D) or run the .tg program") from None
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
@@ -355,7 +361,7 @@ def write(prog: Any, path: str | os.PathLike, device: str | list[str] | None = N
         except OSError:
             pass
         raise TgcError(f"cannot write {path}: {e.strerror or e}") from None
-    return loads_package(data, path)
+    return pkg
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -745,7 +751,8 @@ class Package:
             nbytes = max(n, 1)
             if nbytes > MAX_BUFFER:
                 raise _bad(self.path, f"buffer {i} takes more than {MAX_BUFFER} bytes")
-            if _size(b.get("nbytes"), self.dims, f"buffer {i} bytes", self.path, 1, MAX_BUFFER) != nbytes:
+            # (a symbolic package's size expression is 0 where the buffer is empty, as x[2:] at N=2: that is 1 byte)
+            if max(_size(b.get("nbytes"), self.dims, f"buffer {i} bytes", self.path, 0, MAX_BUFFER), 1) != nbytes:
                 raise _bad(self.path, f"buffer {i}'s size does not match its shape")
             role = b.get("role")
             if role not in ("input", "output", "temp"):
@@ -1337,6 +1344,9 @@ class MultiPackage:
             self.input_parts.append(InputPart(name, d, buf, axis, rows))
         if {p.name for p in self.input_parts} != set(whole):
             raise _bad(path, "an input of the signature goes to no device")
+        split = {p.name: p.axis for p in self.input_parts if p.axis is not None}
+        if split != self.shard or any(p.axis != split.get(p.name) for p in self.input_parts):
+            raise _bad(path, "its shard spec is not how its input parts split the inputs")
         outs = {d.name: d for d in self.outputs}
         self.output_parts = []
         for i, raw in enumerate(_list(m.get("output_parts"), "output_parts", path, MAX_BUFFERS)):
@@ -1538,7 +1548,11 @@ class MultiPackage:
             raise PackageError(f"a device appears twice in the device list '{','.join(names)}'")
         devs = []
         for name, doc in zip(names, self.device_docs):
-            ok, why = device_class(doc["kind"]).probe()
+            # REMOTE with servers set: a server that is down or refuses the token is a device error (exit 1) when the
+            # device is first used, as on a `.tg` device list and a one-device package (the class probe would ask
+            # only the first server, and call its failure "not available", exit 2)
+            ok, why = (True, None) if doc["kind"] == "REMOTE" and device_class("REMOTE").addresses() else \
+                device_class(doc["kind"]).probe()
             try:
                 dev = get_device(name) if ok else None
             except TgcError as e:
@@ -1604,8 +1618,11 @@ class MultiPackage:
         dims, arrays = self.bind(inputs, dims, cast=True)
         exe = self.lower(device)
         timing = executable.bench(exe, arrays, repeat=repeat, warmup=warmup)
-        return {"device": ",".join(d.name for d in exe.devices), "dims": dims, "repeat": repeat, "beam": None,
-                **timing, "identity": self.identity(exe.devices, dims)}
+        # (the list as named, each device with its index, as `Program.bench` on a list: OPENCL:0, not OPENCL)
+        names = ",".join(self.device_names if device is None else
+                         [x.strip() for x in (device.split(",") if isinstance(device, str) else device)])
+        return {"device": names, "dims": dims, "repeat": repeat, "beam": None, **timing,
+                "identity": {**self.identity(exe.devices, dims), "device": names, "shard": dict(self.shard)}}
 
     def identity(self, device: Any, dims: dict[str, int]) -> dict[str, Any]:
         prog = self.manifest.get("program") if isinstance(self.manifest.get("program"), dict) else {}

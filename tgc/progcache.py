@@ -296,6 +296,8 @@ def store_list(prog: Any, devices: list[Any], names: list[str], dims: dict[str, 
         return False
     name = os.path.basename(getattr(prog, "path", None) or getattr(prog, "filename", "") or "<string>")
     meta = f"{name} {','.join(names)} " + " ".join(f"{n}={v}" for n, v in sorted(dims.items()))
+    if shard:  # (entries of one list and dims that differ only in their shard spec must not read alike)
+        meta += " shard " + ",".join(f"{n}={a}" for n, a in sorted(shard.items()))
     value = MAGIC + json.dumps(header, sort_keys=True, separators=(",", ":")).encode() + b"\n" + data
     cache.put(TABLE, list_key(prog.source, dims, devices, names, shard), value, meta=meta.strip())
     return True

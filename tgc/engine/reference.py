@@ -103,7 +103,8 @@ def _contract(a: np.ndarray, b: np.ndarray, axes: tuple[int, ...], nd: np.dtype,
     operands, subscripts, present = [], [], set()
     for which, x in (("a", a), ("b", b)):
         x = x.reshape((1,) * (ndim - x.ndim) + x.shape) if x.ndim < ndim else x
-        keep = [i for i in range(ndim) if x.shape[i] != 1 and x.strides[i] != 0]
+        # (an empty axis may have stride 0 too: it is kept, not indexed at 0)
+        keep = [i for i in range(ndim) if x.shape[i] != 1 and (x.strides[i] != 0 or x.shape[i] == 0)]
         index = tuple(slice(None) if i in keep else 0 for i in range(ndim))
         operands.append(_sq(x[index]) if squares is True or squares == which else x[index])
         subscripts.append("".join(_LETTERS[i] for i in keep))
