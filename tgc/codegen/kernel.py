@@ -152,12 +152,12 @@ def count_work_each(uops: list[UOp], envs: list[dict[str, int] | None], groups: 
             combined.add(u)
         elif groups and u.op is Ops.STORE and name.startswith("temp") and local not in serial:
             if u.src[2] not in combined:  # a partial enters the combine: its one op
-                flops += trips[-1]
+                terms.append((nest[-1], 1, 1))
             continue
         if u in combined or any(s in combined for s in u.src if u.op in ALU):
             combined.add(u)
             if u.op is Ops.SHUFFLE and u.src[0] not in combined:  # a partial enters the shuffles: its one op
-                flops += trips[-1]
+                terms.append((nest[-1], 1, 1))
             varying[u] = True
             continue
         if groups and u.op is Ops.LOAD and local is not None and not name.startswith("tile"):
@@ -173,7 +173,7 @@ def count_work_each(uops: list[UOp], envs: list[dict[str, int] | None], groups: 
             if (u.src[1].op is Ops.GEP and u.src[1].src[0].op is Ops.MMA) or u.src[1].op is Ops.READ_ACC:
                 continue  # the MMA's own accumulate; an inner reduction's sum into the outer one (STAGE's tiles)
         if u.op is Ops.MMA:
-            flops += trips[-1] * 2 * 16 * 8 * 16 / 32
+            terms.append((nest[-1], 2 * 16 * 8 * 16 // 32, 1))  # 256 multiply-adds a lane
         elif (u.op in ALU and u.dtype is not None and u.dtype.is_float) or u.op is Ops.ACCUMULATE:
             ops = u.dtype.count if u.dtype is not None else 1
             terms.append((nest[-1], ops, 1 if varying[u] else factor[u]))
