@@ -50,7 +50,10 @@ class DrawError(Exception):
 
 
 def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # (not on every OS)
+        return os.cpu_count() or 1
 
 
 def random_arrays(specs: Sequence[tuple[DType, Sequence[int], int]], seed: int = 0) -> list[np.ndarray]:

@@ -187,6 +187,10 @@ class Request:
         if "datahash" in self.__dataclass_fields__:
             _check_hash(self.datahash)  # type: ignore[attr-defined]
 
+    def blob(self) -> str | None:
+        """The hash of the blob this request names (its `datahash` field), or None for a request without one."""
+        return self.datahash if "datahash" in self.__dataclass_fields__ else None  # type: ignore[attr-defined]
+
 
 @dataclass(frozen=True)
 class GetProperties(Request):

@@ -514,7 +514,7 @@ class RemoteServer:
                 if staged:
                     uses: dict[str, int] = {}
                     for r in requests:
-                        h = getattr(r, "datahash", None)
+                        h = r.blob()
                         if h is not None:
                             uses[h] = uses.get(h, 0) + 1
                     session.staged = {h: v for h, v in staged.items() if uses.get(h) == 1}
