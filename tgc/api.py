@@ -863,8 +863,7 @@ class Program:
                 raise TgcError("symbolic sizes run on one device, not a device list",
                                hint="drop symbolic=True to time it sharded")
             axes = self.shard_axes(shard, dims, len(names))
-            timing = executable.bench(self.lower_multi(names, dims, axes, beam=beam, tuned=tuned), arrays,
-                                      repeat=repeat, warmup=warmup)
+            timing = self._bench_list(names, dims, axes, arrays, repeat, warmup, beam, tuned)
             return {"device": ",".join(names), "dims": dims, "repeat": repeat, "beam": beam, "shard": axes,
                     **timing, "identity": {**self.identity(names[0], dims), "device": ",".join(names),
                                            "shard": axes}}
@@ -890,6 +889,24 @@ class Program:
         if not symbolic:  # (the kernels just timed, from the compile cache)
             result["recompute"] = self.recompute(dev.name, dims, beam=beam, tuned=tuned)
         return result
+
+    def _bench_list(self, names: list[str], dims: dict[str, int], shard: dict[str, int],
+                    arrays: dict[str, np.ndarray], repeat: int, warmup: int, beam: int | None, tuned: bool
+                    ) -> dict[str, Any]:
+        """`bench` on a device list: from the program cache's entry where it holds one (nothing lowered), else
+        the executable lowered here (then stored, as `_run_list` stores it); replayed either way
+        (`executable.bench`)."""
+        cacheable = tuned and (beam is None or beam == env_int("BEAM", 0))
+        entry = self._cached_list_entry(names, dims, shard) if cacheable else None
+        if entry is not None and entry.fits(arrays):
+            return entry.bench(",".join(names), arrays, repeat=repeat, warmup=warmup)
+        exe = self.lower_multi(names, dims, shard, beam=beam, tuned=tuned)
+        timing = executable.bench(exe, arrays, repeat=repeat, warmup=warmup)
+        key = (tuple(names), tuple(sorted(dims.items())), tuple(sorted(shard.items())), env_int("BEAM", 0))
+        if cacheable and self._entries.get(key, False) is None and key not in self._stored:
+            self._stored.add(key)
+            progcache.store_list(self, exe.devices, names, dims, shard, exe)
+        return timing
 
     def identity(self, device: str | None, dims: dict[str, int]) -> dict[str, Any]:
         """What a timing of this program depends on beyond its kernels' code (`tgc bench --baseline` compares

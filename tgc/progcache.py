@@ -148,21 +148,37 @@ class Entry:
         from tgc.engine import executable
 
         exe = self.executable(device)
-        exe.device.ensure_runnable()
+        for dev in exe.devices:
+            dev.ensure_runnable()
         return executable.bench(exe, arrays, repeat=repeat, warmup=warmup)
 
+    @property
+    def shard(self) -> dict[str, int] | None:
+        """A device list's entry: its shard spec ({input: axis}); None for one device."""
+        if "devices" not in self.header:
+            return None
+        return {str(k): int(v) for k, v in (self.header.get("shard") or {}).items()}
+
     def bench_result(self, device: str, arrays: dict[str, np.ndarray], repeat: int) -> dict[str, Any]:
-        """What `Program.bench` returns (`tgc bench --json`), timed from this entry."""
+        """What `Program.bench` returns (`tgc bench --json`), timed from this entry (on a device list: per
+        device, the collectives and the program, with the shard spec)."""
         timing = self.bench(device, arrays, repeat)
+        if self.shard is not None:
+            return {"device": device, "dims": dict(self.dims), "repeat": repeat, "beam": None, "shard": self.shard,
+                    **timing, "identity": self.identity(device)}
         return {"device": device, "dims": dict(self.dims), "repeat": repeat, "beam": None, **timing,
                 "identity": self.identity(device), "kernels_for": "these sizes"}
 
     def identity(self, device: str) -> dict[str, Any]:
-        """`Program.identity`: the same for the warm and the cold path (`tgc bench --baseline` compares it)."""
+        """`Program.identity`: the same for the warm and the cold path (`tgc bench --baseline` compares it); on
+        a device list (`device` "CPU:0,CPU:1"), the first device's with the list and the shard spec."""
         from tgc.backends import one_device
         from tgc.engine import bench
 
-        return bench.identity(self, one_device(device), self.dims)
+        if self.shard is None:
+            return bench.identity(self, one_device(device), self.dims)
+        first = device.split(",")[0].strip()
+        return {**bench.identity(self, one_device(first), self.dims), "device": device, "shard": self.shard}
 
     def executable(self, device: str) -> Any:
         """The entry's saved executable on `device` (`tgc.engine.executable.Executable`): the package's, run in

@@ -766,7 +766,8 @@ def bench(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple
     from tgc.cli import inputs as inp
     from tgc.cli import report
 
-    warm = None if pairs or npz or beam is not None or vs or symbolic else _warm_entry(file, device, dims, shard)
+    warm = None if pairs or npz or beam is not None or vs or symbolic else _warm_entry(file, device, dims, shard,
+                                                                                       lists=True)
     if warm is not None:  # the program cache holds this program at these dims: time it without compiling
         entry, dev_name = warm
         old = report.load_baseline(baseline) if baseline else None

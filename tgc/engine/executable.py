@@ -25,7 +25,8 @@ executable"), the program cache's entry (a package, plus its chunks). `run(exe, 
 and replayed as one device graph from its second run (`tgc.engine.realize.LaunchPlan`); `bench(exe, arrays)`
 times it as `run` runs it. A device list's executable runs by one walk over its steps (`_run_steps`):
 consecutive launches run on all devices at once (a host thread per device), a copy or collective waits for
-every device first.
+every device first. Its `bench` times the replay (`StepsPlan`: buffers allocated once, each device's runs of
+launches as its device graph), as a list run again runs.
 """
 
 from __future__ import annotations
@@ -82,8 +83,8 @@ def bench(exe: Executable, arrays: dict[str, np.ndarray], repeat: int = 10, warm
           measure_peak: bool = True) -> dict[str, Any]:
     """Time `exe` as `run` runs it: each kernel on its own and the whole program (one device graph where the
     device has them, `tgc.engine.bench.bench_launches`); chunked, each kernel as it runs on one chunk and the
-    whole program in chunks (`program["chunks"]`); a device list's, per device and the collectives
-    (`_bench_steps`; no peak figures)."""
+    whole program in chunks (`program["chunks"]`); a device list's, per device and the collectives, replayed
+    as a list run again is (`_bench_steps`; no peak figures)."""
     from tgc.engine import bench as bench_mod  # (not on a warm run's start-up: it imports statistics)
 
     if exe.multi:
@@ -161,6 +162,20 @@ class StepsPlan:
             self.graphs[at] = graph
         return self.graphs[at]
 
+    def capture(self) -> None:
+        """Capture every device's graph of every run of launches now (else on first use): `bench` does this
+        before its clock starts, as a one-device bench captures its launch plan's graph. Not under `DEBUG>=2`,
+        which launches one by one."""
+        if debug_level() >= 2:
+            return
+        segment = 0
+        for step in _schedule(self.exe):
+            if isinstance(step, list):
+                for d, kernels in enumerate(step):
+                    if kernels:
+                        self.graph(segment, d, kernels)
+                segment += 1
+
     def run(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         try:
             self.runs += 1
@@ -190,6 +205,24 @@ class StepsPlan:
             self.free()
         except Exception:  # interpreter shutdown
             pass
+
+
+def _schedule(exe: Executable) -> list[Any]:
+    """A device list's steps as `_walk` takes them: each run of consecutive launches becomes one item, a list of
+    every device's kernels (in order), between the `Copy` and `Collective` steps. A run's position among the
+    runs is its segment number (the key of each device's graph in a `StepsPlan`)."""
+    out: list[Any] = []
+    launches: list[list] = [[] for _ in exe.devices]
+    for step in exe.steps + [None]:
+        if isinstance(step, Launch):
+            launches[step.device].append(step.kernel)
+            continue
+        if any(launches):
+            out.append(launches)
+            launches = [[] for _ in exe.devices]
+        if step is not None:
+            out.append(step)
+    return out
 
 
 def _run_steps(exe: Executable, arrays: dict[str, np.ndarray], timed: bool = False,
@@ -256,18 +289,12 @@ def _walk(exe: Executable, arrays: dict[str, np.ndarray], timed: bool, plan: Ste
         for part in exe.inputs:  # each device's part of the inputs, before the clock starts
             _copy_in(exe, part, arrays[part.name], buffers[part.device][part.key], level)
         t0 = time.perf_counter()
-        launches: list[list] = [[] for _ in range(n)]
         segment = 0
-        for step in exe.steps + [None]:
-            if isinstance(step, Launch):
-                launches[step.device].append(step.kernel)
-                continue
-            if any(launches):
-                each_device(launches, segment)
+        for step in _schedule(exe):
+            if isinstance(step, list):  # a run of launches, every device's
+                each_device(step, segment)
                 segment += 1
-                launches = [[] for _ in range(n)]
-            if step is None:
-                break
+                continue
             for dev in devices:
                 dev.synchronize()
             if isinstance(step, Copy):
@@ -329,10 +356,20 @@ def _bench_steps(exe: Executable, arrays: dict[str, np.ndarray], repeat: int = 1
                  ) -> dict[str, Any]:
     """`tgc bench` on a device list: per device its kernels' time, the collectives' time and bandwidth (bytes
     each device sent over that time), and the whole program (inputs already on the devices, outputs not read
-    back), each as median/min/max over `repeat` runs after `warmup`."""
-    for _ in range(warmup):
-        _run_steps(exe, arrays)
-    runs = [_run_steps(exe, arrays, timed=True) for _ in range(max(repeat, 1))]
+    back), each as median/min/max over `repeat` runs after `warmup`. Every run is a replay, as a list run again
+    runs (`StepsPlan`): each device's buffers allocated once, before the first run, and each device's runs of
+    launches as its device graph, captured before the clock starts; the plan is freed afterwards. A device's
+    kernel time is its graph's (or its launches') until the device is done; `graph` says whether every run of
+    launches ran as a graph."""
+    plan = StepsPlan(exe)
+    try:
+        plan.capture()
+        for _ in range(warmup):
+            _run_steps(exe, arrays, plan=plan)
+        runs = [_run_steps(exe, arrays, timed=True, plan=plan) for _ in range(max(repeat, 1))]
+        graph = bool(plan.graphs) and all(g is not None for g in plan.graphs.values()) and debug_level() < 2
+    finally:
+        plan.free()
 
     def stats(xs: list[float]) -> dict[str, float]:
         import statistics  # (a bench's: not on a warm run's start-up)
@@ -362,7 +399,7 @@ def _bench_steps(exe: Executable, arrays: dict[str, np.ndarray], repeat: int = 1
                      "flops": 0, "bytes": per_dev, "gflops": None, "gbps": collectives["gbps"]})
     prog = stats([r.compute_seconds for r in runs])
     flops = sum(k.flops for _, k in launches)
-    prog.update({"flops": flops, "bytes": sum(k.bytes_moved for _, k in launches),
+    prog.update({"flops": flops, "bytes": sum(k.bytes_moved for _, k in launches), "graph": graph,
                  "gflops": flops / prog["median_s"] / 1e9 if prog["median_s"] else None})
     share = coll["median_s"] / prog["median_s"] if prog["median_s"] else None
     return {"devices": names, "kernels": rows, "collectives": {**collectives, "share_of_program": share},
