@@ -185,3 +185,25 @@ def test_a_warm_tgc_bench_on_a_list_lowers_nothing(tmp_path):
     _figures(warm)
     assert warm["shard"] == cold["shard"] == SHARD
     assert warm["identity"] == cold["identity"] and warm["program"]["graph"] is True
+
+
+def test_cli_warm_bench_on_a_list_compares_with_a_cold_baseline_and_refuses_another_devices(tmp_path):
+    from clikit import assert_clean, invoke
+
+    prog = tmp_path / "p.tg"
+    prog.write_text(SRC)
+    dims = ["-D", "M=7", "-D", "K=5", "-D", "N=4"]
+    listed = ("bench", str(prog), *dims, "-d", LIST, "--shard", "a=1", "--shard", "b=0", "--repeat", "1")
+    r = invoke(*listed, "--json")  # cold: lowered, timed, stored
+    assert r.exit_code == 0, r.stderr
+    (tmp_path / "list.json").write_text(r.stdout)
+    doc = json.loads(r.stdout)
+    doc["identity"]["device"] = "CPU"  # a baseline timed on one device (its identity names no list)
+    (tmp_path / "one.json").write_text(json.dumps(doc))
+    # warm (the entry, said at DEBUG=2) against the cold list's baseline: the same identity, so compared (a timing
+    # may regress by chance: exit 0 or 1, never the refusal)
+    r = invoke(*listed, "--baseline", str(tmp_path / "list.json"), env={"DEBUG": "2"})
+    assert r.exit_code in (0, 1) and "program cache hit" in r.stderr, r.stderr
+    assert "another" not in r.stderr and "collectives: allreduce" in r.stdout, r.stdout
+    r = invoke(*listed, "--baseline", str(tmp_path / "one.json"))
+    assert_clean(r, 2, "another device")
