@@ -253,7 +253,8 @@ def test_cli_compile_without_dims_compiles_for_every_size():
     assert "compiled for every size (N >= 2, D >= 2)" in r.stderr
     r = subprocess.run([sys.executable, "-m", "tgc.cli.main", "compile", str(root / "kernels" / "pooling.tg"),
                         "-d", "CPU"], capture_output=True, text=True, timeout=120, env=env)
-    assert r.returncode == 2 and "no kernels valid for every size" in r.stderr and "-D NAME=INT" in r.stderr
+    assert r.returncode == 2 and "no kernels valid for every size" in r.stderr
+    assert "help: give its dims to compile it for one size: -D N=INT -D C=INT -D H=INT -D W=INT" in r.stderr
     assert "Traceback" not in r.stderr
 
 
@@ -415,3 +416,16 @@ def test_kernel_names_read_multiples_of_dims_not_probe_sizes():
     assert symbolic_name(f"r_{b}_{3 * c}_{c}", p, ["B", "C"]) == "r_B_3C_C"
     assert symbolic_name(f"E_{b * c}", p, ["B", "C"]) == "E_BC"
     assert symbolic_name("r_4_5", p, ["B", "C"]) == "r_4_5"  # plain sizes stay
+
+
+def test_no_symbolic_form_names_the_dims_to_give(tmp_path):
+    from tgc.package import write
+
+    prog = tgc.load(pathlib.Path(__file__).resolve().parent.parent / "kernels" / "slicing.tg")
+    for what, call in (("compile", lambda: prog.compile_symbolic("CPU")),
+                       ("package", lambda: write(prog, tmp_path / "s.tgpkg", "CPU"))):
+        with pytest.raises(tgc.TgcError, match="no kernels valid for every size") as e:
+            call()
+        assert e.value.exit_code == 2
+        assert e.value.hint == f"give its dims (N, R, C) to {what} it for one size"
+        assert e.value.cli_hint == f"give its dims to {what} it for one size: -D N=INT -D R=INT -D C=INT"

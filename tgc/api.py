@@ -446,7 +446,9 @@ class Program:
         plan = self._symbolic(dev, tuple(cls))
         if isinstance(plan, str):
             raise TgcError(f"the program has no kernels valid for every size ({sizes.class_text(tuple(cls))}): "
-                           f"{plan}", hint="give its dims (-D NAME=INT) to compile it for one size", kind="user")
+                           f"{plan}", hint=f"give its dims ({', '.join(self.dim_names)}) to compile it for one size",
+                           cli_hint="give its dims to compile it for one size: "
+                                    + " ".join(f"-D {n}=INT" for n in self.dim_names), kind="user")
         return plan
 
     def _symbolic(self, dev: Any, cls: tuple) -> SymbolicPlan | str:

@@ -1947,7 +1947,9 @@ def build_symbolic(prog: Any, dev: Any) -> bytes:
         if isinstance(plan, str):
             if all(c == "n" for _, c in cls):
                 raise TgcError(f"the program has no kernels valid for every size ({text}): {plan}", kind="user",
-                               hint="give its dims (-D NAME=INT) to package it for one size")
+                               hint=f"give its dims ({', '.join(names)}) to package it for one size",
+                               cli_hint="give its dims to package it for one size: "
+                                        + " ".join(f"-D {n}=INT" for n in names))
             skipped.append({"class": dict(cls), "why": plan[:300]})
             continue
         bad = next((k for k in [*plan.kernels, *[f for f in plan.fast if f]] if k.binary is None), None)
