@@ -319,3 +319,25 @@ def test_edited_dims_of_a_device_list_package_are_refused(tmp_path):
     r = invoke("inspect", str(tmp_path / "M.tgpkg"))
     assert "M=8" in r.stderr and "[7, 5]" in r.stderr, r.stderr
     assert "dim Z" in invoke("inspect", str(tmp_path / "extra.tgpkg")).stderr
+
+
+def test_a_negative_shard_axis_is_a_warm_program_cache_hit(tmp_path):
+    from tgc.cli import shardaxes
+    from tgc.cli.main import _warm_entry
+
+    assert shardaxes.declared_ranks("s: f32\nv: i32[N]\nm: f32[3, K]\nreturn m * s\n") == {"s": 0, "v": 1, "m": 2}
+    assert shardaxes.normalize(SRC, {"a": -1, "b": 0}) == {"a": 1, "b": 0}
+    assert shardaxes.normalize(SRC, {"a": -3}) is None and shardaxes.normalize(SRC, {"c": -1}) is None
+    prog = tmp_path / "p.tg"
+    prog.write_text(SRC)
+    run = ("run", str(prog), "-D", "M=7", "-D", "K=5", "-D", "N=4", "-d", "CPU:0,CPU:1", "--random")
+    assert invoke(*run, "--shard", "a=0").exit_code == 0  # cold: stores the entry of a along axis 0
+
+    def warm(axis: int):  # (the command line's lookup before it reads the program with the front end)
+        return _warm_entry(str(prog), "CPU:0,CPU:1", DIMS, {"a": axis}, lists=True)
+
+    assert warm(0) is not None and warm(-2) is not None  # the same axis, counted from the end
+    assert warm(-1) is None and warm(1) is None  # axis 1: another entry, not yet stored
+    assert invoke(*run, "--shard", "a=-1").exit_code == 0
+    assert warm(-1) is not None and warm(1) is not None
+    assert_clean(invoke(*run, "--shard", "a=-3"), 2, "axis -3")
