@@ -277,3 +277,67 @@ def test_a_warm_tgc_run_on_a_list_imports_neither_llvmlite_nor_the_front_end(tmp
 
     x = {"a": random_values(tgc.dtype.dtypes.f32, [7, 5], 0, 0), "b": random_values(tgc.dtype.dtypes.f32, [5, 4], 0, 1)}
     _check(out, x)
+
+
+def _rewrite(path, edit) -> bytes:
+    """The package at `path` with `edit(manifest)` applied, its content hash and checksum recomputed."""
+    import io
+    import zipfile
+
+    from tgc.package import MANIFEST, content_hash, file_checksum
+
+    z = zipfile.ZipFile(path)
+    manifest = json.loads(z.read(MANIFEST))
+    edit(manifest)
+    manifest["content_hash"] = content_hash(manifest)
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as w:
+        w.writestr(MANIFEST, json.dumps(manifest))
+        for n in z.namelist():
+            if n != MANIFEST:
+                w.writestr(n, z.read(n))
+        w.comment = b"0" * 64
+    data = out.getvalue()
+    return data[:-64] + file_checksum(data)
+
+
+def test_edited_dims_of_a_device_list_package_are_refused(tmp_path):
+    path = tmp_path / "m.tgpkg"
+    write(tgc.loads(SRC), path, "CPU:0,CPU:1", {**DIMS, "UNUSED": 3}, shard={"a": 0})
+    assert load_package(path).dims == DIMS  # (a -D the program lacks is not one of its dims)
+    edits = {"M": lambda m: m["dims"].update(M=8), "extra": lambda m: m["dims"].update(Z=2),
+             "dropped": lambda m: m["dims"].pop("N"),
+             "declared": lambda m: m["signature"]["inputs"][0].pop("declared")}
+    for why, edit in edits.items():
+        bad = tmp_path / f"{why}.tgpkg"
+        bad.write_bytes(_rewrite(path, edit))
+        with pytest.raises(PackageError):
+            load_package(bad)
+        r = invoke("inspect", str(bad))
+        assert_clean(r, 2, str(bad))
+        assert r.stderr.count("error:") == 1, r.stderr
+    r = invoke("inspect", str(tmp_path / "M.tgpkg"))
+    assert "M=8" in r.stderr and "[7, 5]" in r.stderr, r.stderr
+    assert "dim Z" in invoke("inspect", str(tmp_path / "extra.tgpkg")).stderr
+
+
+def test_a_negative_shard_axis_is_a_warm_program_cache_hit(tmp_path):
+    from tgc.cli import shardaxes
+    from tgc.cli.main import _warm_entry
+
+    assert shardaxes.declared_ranks("s: f32\nv: i32[N]\nm: f32[3, K]\nreturn m * s\n") == {"s": 0, "v": 1, "m": 2}
+    assert shardaxes.normalize(SRC, {"a": -1, "b": 0}) == {"a": 1, "b": 0}
+    assert shardaxes.normalize(SRC, {"a": -3}) is None and shardaxes.normalize(SRC, {"c": -1}) is None
+    prog = tmp_path / "p.tg"
+    prog.write_text(SRC)
+    run = ("run", str(prog), "-D", "M=7", "-D", "K=5", "-D", "N=4", "-d", "CPU:0,CPU:1", "--random")
+    assert invoke(*run, "--shard", "a=0").exit_code == 0  # cold: stores the entry of a along axis 0
+
+    def warm(axis: int):  # (the command line's lookup before it reads the program with the front end)
+        return _warm_entry(str(prog), "CPU:0,CPU:1", DIMS, {"a": axis}, lists=True)
+
+    assert warm(0) is not None and warm(-2) is not None  # the same axis, counted from the end
+    assert warm(-1) is None and warm(1) is None  # axis 1: another entry, not yet stored
+    assert invoke(*run, "--shard", "a=-1").exit_code == 0
+    assert warm(-1) is not None and warm(1) is not None
+    assert_clean(invoke(*run, "--shard", "a=-3"), 2, "axis -3")

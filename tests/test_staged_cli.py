@@ -150,3 +150,12 @@ def test_beam_searches_every_stage_a_random_run_reaches(files):
     doc = json.loads(r.stdout)
     assert [s["stage"] for s in doc["stages"]] == ["tgc 1 nodes", "tgc 5 nodes"]
     assert all(s["kernels"] for s in doc["stages"])
+
+
+def test_profile_of_a_staged_run_says_where_it_wrote_the_trace(files, tmp_path):
+    trace = tmp_path / "t.json"
+    r = invoke("run", str(files / "nz.onnx"), "-d", "PYTHON", "-i", f"x={files / 'x.npy'}", "--profile", str(trace))
+    assert r.exit_code == 0, r.stderr
+    assert f"wrote {trace} (profile trace: " in r.stderr, r.stderr
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any(e.get("cat") == "kernel" for e in events)

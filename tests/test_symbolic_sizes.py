@@ -253,7 +253,8 @@ def test_cli_compile_without_dims_compiles_for_every_size():
     assert "compiled for every size (N >= 2, D >= 2)" in r.stderr
     r = subprocess.run([sys.executable, "-m", "tgc.cli.main", "compile", str(root / "kernels" / "pooling.tg"),
                         "-d", "CPU"], capture_output=True, text=True, timeout=120, env=env)
-    assert r.returncode == 2 and "no kernels valid for every size" in r.stderr and "-D NAME=INT" in r.stderr
+    assert r.returncode == 2 and "no kernels valid for every size" in r.stderr
+    assert "help: give its dims to compile it for one size: -D N=INT -D C=INT -D H=INT -D W=INT" in r.stderr
     assert "Traceback" not in r.stderr
 
 
@@ -415,3 +416,45 @@ def test_kernel_names_read_multiples_of_dims_not_probe_sizes():
     assert symbolic_name(f"r_{b}_{3 * c}_{c}", p, ["B", "C"]) == "r_B_3C_C"
     assert symbolic_name(f"E_{b * c}", p, ["B", "C"]) == "E_BC"
     assert symbolic_name("r_4_5", p, ["B", "C"]) == "r_4_5"  # plain sizes stay
+
+
+def test_no_symbolic_form_names_the_dims_to_give(tmp_path):
+    from tgc.package import write
+
+    prog = tgc.load(pathlib.Path(__file__).resolve().parent.parent / "kernels" / "slicing.tg")
+    for what, call in (("compile", lambda: prog.compile_symbolic("CPU")),
+                       ("package", lambda: write(prog, tmp_path / "s.tgpkg", "CPU"))):
+        with pytest.raises(tgc.TgcError, match="no kernels valid for every size") as e:
+            call()
+        assert e.value.exit_code == 2
+        assert e.value.hint == f"give its dims (N, R, C) to {what} it for one size"
+        assert e.value.cli_hint == f"give its dims to {what} it for one size: -D N=INT -D R=INT -D C=INT"
+
+
+def test_class_winners_are_stored_without_compiling_the_symbolic_plan(tmp_path, monkeypatch):
+    from tgc.backends import get_device
+    from tgc.codegen import kernel, search
+
+    monkeypatch.setenv("TGC_CACHE_DIR", str(tmp_path))
+    store_class_winners = tgc.Program._store_class_winners
+    monkeypatch.setattr(tgc.Program, "_store_class_winners", lambda self, dev, dims: 0)  # (called below)
+    prog = tgc.load(KERNELS[0].parent / "gelu.tg")  # (three kernels, each a symbolic form of the class N=32n)
+    dims = {"N": 64}
+    prog.beam("CPU", dims=dims, width=1)
+    dev = get_device("CPU")
+    items = [i for i in prog.schedule(dims, "CPU") if i.ast.src]
+    winners = [search.lookup_entry(kernel.prepare_ast(i.ast, dev), dev)["opts"] for i in items]
+    compiled: list[str] = []
+    real = kernel._compile_cached
+    monkeypatch.setattr(kernel, "_compile_cached", lambda d, src: compiled.append(src) or real(d, src))
+    assert store_class_winners(prog, dev, dims) == len(items)
+    assert compiled == []  # the symbolic plan's templates come from lowering alone
+    monkeypatch.setattr(kernel, "_compile_cached", real)
+    plan = prog.compile_symbolic("CPU", sizes.size_class(prog.dim_names, dims))  # the whole plan, compiled
+    assert len(plan.kernels) == len(items)
+    for k, want in zip(plan.kernels, winners):  # each symbolic kernel's winner is its size's winner
+        entry = search.lookup_entry(k.template, dev)
+        assert entry is not None and entry["opts"] == want, k.name
+    light = prog._build_symbolic(dev, plan.size_class, templates_only=True)  # (what the store read: the same kernels)
+    assert [(k.name, k.template) for k in light.kernels] == [(k.name, k.template) for k in plan.kernels]
+    assert all(k.binary is None for k in light.kernels) and (dev.name, plan.size_class) in prog._plans

@@ -446,7 +446,9 @@ class Program:
         plan = self._symbolic(dev, tuple(cls))
         if isinstance(plan, str):
             raise TgcError(f"the program has no kernels valid for every size ({sizes.class_text(tuple(cls))}): "
-                           f"{plan}", hint="give its dims (-D NAME=INT) to compile it for one size", kind="user")
+                           f"{plan}", hint=f"give its dims ({', '.join(self.dim_names)}) to compile it for one size",
+                           cli_hint="give its dims to compile it for one size: "
+                                    + " ".join(f"-D {n}=INT" for n in self.dim_names), kind="user")
         return plan
 
     def _symbolic(self, dev: Any, cls: tuple) -> SymbolicPlan | str:
@@ -458,21 +460,24 @@ class Program:
                 self._plans[key] = f"its symbolic kernels could not be built ({type(e).__name__}: {e})"
         return self._plans[key]
 
-    def _build_symbolic(self, dev: Any, cls: tuple) -> SymbolicPlan | str:
+    def _build_symbolic(self, dev: Any, cls: tuple, templates_only: bool = False) -> SymbolicPlan | str:
         """The plan for one size class, or why there is none. The dim variables' bound (`sizes.var_bound`)
         assumes a kernel's index multiplies each dim once; where one multiplies a dim by itself (`w: f32[C, 3 *
         C]` indexes c * 3C + j, about 3 * C**2 * N) and its index range passes 64 bits at that bound, the plan is
-        built again with a smaller bound (larger sizes run size-specialized kernels, checked at launch)."""
+        built again with a smaller bound (larger sizes run size-specialized kernels, checked at launch).
+        `templates_only`: each kernel's general form lowered, not compiled, and no fast variants: a plan that
+        cannot launch, for its kernels' templates and names (`_store_class_winners`); never kept in `_plans`."""
         bound = sizes.var_bound(sum(1 for _, c in cls if c in sizes.SYMBOLIC))
         while True:
             try:
-                return self._build_symbolic_at(dev, cls, bound)
+                return self._build_symbolic_at(dev, cls, bound, templates_only)
             except CompileError as e:
                 if not e.msg.endswith("past 64 bits") or bound < 2 ** 8:
                     raise
                 bound = 2 ** (2 * (bound.bit_length() - 1) // 3)
 
-    def _build_symbolic_at(self, dev: Any, cls: tuple, bound: int) -> SymbolicPlan | str:
+    def _build_symbolic_at(self, dev: Any, cls: tuple, bound: int, templates_only: bool = False
+                           ) -> SymbolicPlan | str:
         if dev.kind == "REMOTE":
             # a REMOTE server checks every launch against the buffer sizes and grid its kernel source states
             return "kernels with symbolic sizes are not built for REMOTE devices: a server checks each launch " \
@@ -519,7 +524,7 @@ class Program:
         # apply to its symbolic form (launched where its checks hold at the dims given)
         rep = {n: sizes.REPRESENTATIVE[c] if c in sizes.SYMBOLIC else int(c) for n, c in cls}
         rep_items = None
-        if not env_flag("NOOPT"):
+        if not env_flag("NOOPT") and not templates_only:
             try:
                 rep_items = [i for i in create_schedule(self._trace(rep)[0], dev.caps, split_columns=False)
                              if i.ast.src]
@@ -540,9 +545,11 @@ class Program:
             item.line = self.line_of(item.meta.get("serves", item.output))
             sym_item = ScheduleItem(ast, item.bufs, base, item.line, item.meta)
             kname = f"{base}n{n}" if n else base
-            kernels.append(build_symbolic_kernel(sym_item, dev, p1, kname))
+            kernels.append(build_symbolic_kernel(sym_item, dev, p1, kname, compile=not templates_only))
             fast.append(None)
             tails.append([])
+            if templates_only:
+                continue
             split = None
             if rep_items is not None and not dev.caps.gpu and any(c == "n" for _, c in cls):
                 split = _split_variant(sym_item, dev, cls, p1, kname, f"k{i}", bound)
@@ -566,7 +573,12 @@ class Program:
         """After BEAM at `dims`: each kernel's stored winner also becomes the winner of its symbolic form for the
         dims' size class (so a later run at a nearby size uses it). Returns how many were stored."""
         cls = sizes.size_class(self.dim_names, dims)
-        plan = self._symbolic(dev, cls)
+        plan = self._plans.get((dev.name, cls))  # (built already: its templates; else lowered, not compiled)
+        if plan is None:
+            try:
+                plan = self._build_symbolic(dev, cls, templates_only=True)
+            except Exception as e:  # noqa: BLE001 - as `_symbolic`: no symbolic form, no class winners
+                plan = f"its symbolic kernels could not be built ({type(e).__name__}: {e})"
         if isinstance(plan, str):
             return 0
         items = [i for i in self.schedule(dims, dev.name) if i.ast.src]

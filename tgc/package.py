@@ -1093,7 +1093,9 @@ def _io_doc(d: PackageInput, buf: PlanBuffer) -> dict[str, Any]:
 #   need to load, `Device.binary_target()`) and `compiler`; `device` is kept (the first device) so that every
 #   reader of a package's header reads one;
 # - `shard`: {input name: axis} as compiled (inputs not named are replicated);
-# - `signature`: the whole program's `inputs`/`outputs` (`name`, `dtype`, `shape`, integers);
+# - `signature`: the whole program's `inputs`/`outputs` (`name`, `dtype`, `shape`, integers); each input also
+#   `declared`, its declared shape as size expressions of the dims (as a version-1 package's signature);
+#   `dims` holds the program's dims only, each named by some input's declaration;
 # - `parts`: per device its `buffers` (as a version-1 package's: `dtype`, `shape`, `nbytes`, `role`, `name`)
 #   and its `memory` plan (`slots`, `slot_of` per buffer, -1 for one no step uses, `peak_bytes`, `inplace`);
 # - `kernels`: every distinct kernel once (`device`: its position in the list, then a version-1 kernel's fields,
@@ -1106,11 +1108,16 @@ def _io_doc(d: PackageInput, buf: PlanBuffer) -> dict[str, Any]:
 #
 # Loading validates all of it before anything runs (`MultiPackage`): every index in range, every buffer's size
 # against its shape, copies between buffers of one size, collectives over buffers of one type and shard bounds
-# that tile the whole, input parts that are the named input's rows, kernels against their launch contracts
-# (never writing an input), and each device's memory plan against the lifetimes its steps give (as
-# `tgc.engine.realize.plan_device` computes them). At run the devices are opened by their names (or a `-d` list
-# of as many devices of the same kinds): a device this machine lacks, or one of another binary target, is one
-# `PackageError` (exit 2) naming it. Imports neither the front end nor a compiler on the load path.
+# that tile the whole, the dims against the inputs' declared shapes, input parts that are the named input's
+# rows, kernels against their launch contracts (never writing an input), and each device's memory plan against
+# the lifetimes its steps give (as `tgc.engine.realize.plan_device` computes them). At run the devices are
+# opened by their names (or a `-d` list of as many devices of the same kinds): a device this machine lacks, or
+# one of another binary target, is one `PackageError` (exit 2) naming it. Imports neither the front end nor a
+# compiler on the load path.
+
+
+def _dims_text(dims: dict[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in dims.items()) or "none"
 
 
 @dataclass
@@ -1209,8 +1216,12 @@ def build_multi(prog: Any, exe: Any, names: list[str], dims: dict[str, int], sha
     types = {name: (dt, shape) for name, dt, shape in prog.output_types(dims)}
     from tgc.dsl.frontend import concrete_shape  # (writing: the program is parsed already)
 
-    sig_inputs = [{"name": d.name, "dtype": d.dtype.name, "shape": [int(x) for x in concrete_shape(d, dims)]}
-                  for d in prog.inputs]
+    dims = {k: int(v) for k, v in dims.items() if k in prog.dim_names}  # (a -D the program lacks: not its dim)
+    sig_inputs = []
+    for d in prog.inputs:
+        shape = [int(x) for x in concrete_shape(d, dims)]
+        sig_inputs.append({"name": d.name, "dtype": d.dtype.name, "shape": shape,
+                           "declared": _decl_shape(d.shape, shape)})
     sig_outputs = [{"name": nm, "dtype": types[nm][0].name, "shape": [int(x) for x in types[nm][1]]}
                    for nm in prog.output_names]
     cpu = next((dev for dev in devs if dev.kind == "CPU"), devs[0])  # (its graph runner ships, as a CPU package's)
@@ -1268,8 +1279,9 @@ class MultiPackage:
         self.shard = {_io_name(k, "a shard input", path): _int(v, f"shard {k}", path, 0, MAX_RANK - 1)
                       for k, v in shard.items()}
         sig = _obj(m.get("signature"), "signature", path)
-        self.inputs = [self._read_whole(d, f"input {i}") for i, d in
-                       enumerate(_list(sig.get("inputs"), "signature.inputs", path, MAX_BUFFERS))]
+        raw_inputs = _list(sig.get("inputs"), "signature.inputs", path, MAX_BUFFERS)
+        self.inputs = [self._read_whole(d, f"input {i}") for i, d in enumerate(raw_inputs)]
+        self._check_dims(raw_inputs)
         self.outputs = [self._read_whole(d, f"output {i}") for i, d in
                         enumerate(_list(sig.get("outputs"), "signature.outputs", path, MAX_BUFFERS))]
         for what, group in (("input", self.inputs), ("output", self.outputs)):
@@ -1305,6 +1317,25 @@ class MultiPackage:
         shape = tuple(_int(s, f"{where} shape", self.path, 0, MAX_DIM)
                       for s in _list(d.get("shape"), f"{where} shape", self.path, MAX_RANK))
         return WholeSpec(name, _dtype(d.get("dtype"), where, self.path), shape)
+
+    def _check_dims(self, raw_inputs: list) -> None:
+        """The dims against the inputs' declared shapes (size expressions of the dims, as a version-1 package's
+        signature): each must evaluate to its input's concrete shape, and every dim must be one a declaration
+        names (a dim is bound by the first input that uses it), so an edited `dims` is refused."""
+        named: set[str] = set()
+        for i, (raw, whole) in enumerate(zip(raw_inputs, self.inputs)):
+            where = f"input {i}"
+            exprs = _list(raw.get("declared"), f"{where} declared shape", self.path, MAX_RANK)
+            if len(exprs) != len(whole.shape):
+                raise _bad(self.path, f"{where}'s declared shape does not match its shape")
+            for e, n in zip(exprs, whole.shape):
+                if _size(e, self.dims, f"{where} declared shape", self.path, 0, MAX_DIM) != n:
+                    raise _bad(self.path, f"its dims ({_dims_text(self.dims)}) do not give {where} "
+                                          f"'{whole.name}' its shape {list(whole.shape)}")
+                named |= sizeexpr.names(sizeexpr.validate(e))
+        extra = sorted(set(self.dims) - named)
+        if extra:
+            raise _bad(self.path, f"dim {extra[0]} is named by no input's declared shape")
 
     def _buf(self, d: Any, b: Any, where: str) -> PlanBuffer:
         d = _int(d, f"{where} device", self.path, 0, len(self.parts) - 1)
@@ -1916,7 +1947,9 @@ def build_symbolic(prog: Any, dev: Any) -> bytes:
         if isinstance(plan, str):
             if all(c == "n" for _, c in cls):
                 raise TgcError(f"the program has no kernels valid for every size ({text}): {plan}", kind="user",
-                               hint="give its dims (-D NAME=INT) to package it for one size")
+                               hint=f"give its dims ({', '.join(names)}) to package it for one size",
+                               cli_hint="give its dims to package it for one size: "
+                                        + " ".join(f"-D {n}=INT" for n in names))
             skipped.append({"class": dict(cls), "why": plan[:300]})
             continue
         bad = next((k for k in [*plan.kernels, *[f for f in plan.fast if f]] if k.binary is None), None)

@@ -552,11 +552,16 @@ def _warm_entry(file: str, device: str | None, dims: dict[str, int], shard: dict
 
     try:
         if listed:  # (the key has the shard spec as the cold path makes it: axes non-negative, checked there)
+            from tgc.cli import shardaxes
+
             names = [x.strip() for x in (device or default_device()).split(",")]
             devs = progcache.list_devices(names)
-            if devs is None or any(axis < 0 for axis in shard.values()):
+            axes = shardaxes.normalize(source, shard)
+            if devs is None or axes is None:
                 return None
-            entry = progcache.lookup_list(source, dims, devs, names, shard, file)
+            entry = progcache.lookup_list(source, dims, devs, names, axes, file)
+            if entry is not None and axes != shard and not shardaxes.ranks_match(entry.header, source, shard):
+                return None
             where = ",".join(names)
         else:
             dev = one_device(device)

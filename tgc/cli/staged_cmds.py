@@ -6,9 +6,9 @@ Contract: `after_load(ctx, prog)` is called by the commands' loader with what `t
 only refuses `tgc compile`'s input options (those are for staged models); for a StagedModel it does the
 command named by `ctx.info_name` with `ctx.params` and ends it (exit 0), or raises: a `TgcError` (exit 2 for
 bad input, 1 for a failed `--check`), a `click.UsageError` for an option a staged run does not have (device
-lists, `--symbolic`, `--package`, `compile -o`, ...). (`--profile` still writes its trace; its "wrote" line is
-not printed, as the command ends by `ctx.exit`.) `add_compile_inputs(cmd)` gives `tgc compile` the `-i`, `--inputs`
-and `--random` options with which every stage of a run is compiled.
+lists, `--symbolic`, `--package`, `compile -o`, ...). (`--profile` writes its trace and prints its "wrote"
+line: `tgc.cli.trace` takes `ctx.exit(0)` as the command's end.) `add_compile_inputs(cmd)` gives `tgc compile`
+the `-i`, `--inputs` and `--random` options with which every stage of a run is compiled.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@
 Contract: a path that cannot be written at all (missing directory, a directory, no permission) is refused
 before anything runs (exit 2). The trace is written after the command's own output (the output table, `-o`
 files, the bench report), so a trace that fails to write late (a full disk) loses none of it: one error
-line, exit 2 for an unwritable path, else 1. A command that fails still writes the trace of what ran.
+line, exit 2 for an unwritable path, else 1. A command that fails still writes the trace of what ran; one that
+ends by `ctx.exit(0)` (a staged ONNX model's, `tgc.cli.staged_cmds`) has succeeded: its "wrote" line is printed.
 """
 
 from __future__ import annotations
@@ -17,6 +18,14 @@ from typing import Any
 import click
 
 from tgc.errors import TgcError
+
+
+def _write_quietly(prof: Any, path: str) -> None:
+    """The trace of what ran before a failure; the command's own error is the one to report."""
+    try:
+        prof.write(path)
+    except OSError:
+        pass
 
 
 def profile_option(f: Callable) -> Callable:
@@ -34,19 +43,24 @@ def profile_option(f: Callable) -> Callable:
         except TgcError as e:
             raise TgcError(f"--profile {e.msg}", hint="name a file in a directory that exists and can be written"
                            ) from None
+        ended: click.exceptions.Exit | None = None
         with profile.profiling() as prof:
             try:
                 result = f(*args, **kwargs)
+            except click.exceptions.Exit as e:  # a command that ends by ctx.exit(0) (a staged model's) is done
+                if e.exit_code != 0:
+                    _write_quietly(prof, profile_path)
+                    raise
+                ended, result = e, None
             except BaseException:
-                try:  # the trace of what ran; the command's own error is the one to report
-                    prof.write(profile_path)
-                except OSError:
-                    pass
+                _write_quietly(prof, profile_path)
                 raise
         profile.write_trace(prof, profile_path)
         kernels = sum(1 for e in prof.events if e.get("cat") == "kernel")
         print(f"wrote {profile_path} (profile trace: {kernels} kernel spans; open it in ui.perfetto.dev or "
               "chrome://tracing)", file=sys.stderr)
+        if ended is not None:
+            raise ended
         return result
 
     return click.option("--profile", "profile_path", metavar="OUT.json",

@@ -496,13 +496,14 @@ os.register_at_fork(after_in_child=_POOLS.clear)
 
 
 def build_symbolic_kernel(item: ScheduleItem, device: Any, probe: dict[str, int], name: str,
-                          opts: list | None = None) -> Kernel:
+                          opts: list | None = None, compile: bool = True) -> Kernel:
     """A kernel whose sizes are dim variables (`tgc.codegen.sizes`), checked by the bounds verifier at the
     `probe` sizes. Without `opts` it is the general kernel (no optimization: valid for every size); with
     them (the heuristic's choice at a representative size) it holds `checks`, what a launch must satisfy
     (sizes its splits divide, the least work its threads need), and `probe` must satisfy them. `vals` holds
     the probe values; a launch replaces them with the dims' values in the order of `Kernel.var_names`.
-    OptError when an opt does not apply to the symbolic kernel."""
+    OptError when an opt does not apply to the symbolic kernel. `compile=False`: lowered only (no binary: its
+    template, name and source, for who needs no launch)."""
 
     def var_names(nodes: list[UOp]) -> list[str]:
         vs = sorted({u.arg for u in nodes if u.op is Ops.DEFINE_VAR and u.arg[0] != "core_id"}, key=str)
@@ -526,7 +527,7 @@ def build_symbolic_kernel(item: ScheduleItem, device: Any, probe: dict[str, int]
     if final != names:  # a pass folded a variable away: lower again with the values in their final order
         names = final
         low = lower(ast, device, item.bufs, name, opts=list(opts or []), vals=tuple(probe[n] for n in names))
-    binary, err, key = _compile_cached(device, low.src)
+    binary, err, key = _compile_cached(device, low.src) if compile else (None, "not compiled", None)
     launch = low.launch
     grid = launch.get("grid")
     kern = Kernel(name=name, src=low.src, binary=binary, uops=low.uops, ast=low.ast, bufs=low.bufs,
