@@ -92,6 +92,12 @@ class Ops(Enum):
     # "bf16"; the value is the lane's 4 floats of the result (f32 x 4, GEP 0..3). tgc.codegen.opt.tensor_core
     MMA = auto()
 
+    # hashed by identity (C level, no Python call): an `Ops` member is a key of every UOp's hash-consing lookup, and
+    # Enum's own `__hash__` (a Python function hashing the member's name) was ~3% of a cold compile. Members are
+    # singletons compared by identity, so the two agree; no order or output depends on these hash values (a
+    # name's hash already differed per process)
+    __hash__ = object.__hash__
+
 
 UNARY = {Ops.NEG, Ops.NOT, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP, Ops.TRUNC}
 BINARY = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ,
@@ -110,13 +116,17 @@ class RangeKind(Enum):
     GROUP = auto()  # a reduction split across a work-group (shared-memory reduce)
     TILE = auto()  # a reduction's inner loop over a tile its operands are staged for in shared memory (GPUs)
 
+    __hash__ = object.__hash__  # as `Ops`: by identity, in C (a RANGE's arg holds its kind)
+
 
 class UOp:
     """An immutable, hash-consed node. Build with `UOp(op, dtype, src, arg)`; equal nodes are the same object."""
 
     # `_bounds` and `_shape` cache values derived from the node alone (its op, dtype, arg and sources), set on first
     # use; a node has no other state, and nothing else may be attached to a node shared by every graph using it
-    __slots__ = ("op", "dtype", "src", "arg", "_hash", "_bounds", "_shape", "__weakref__")
+    # hashed and compared by identity (object's own C-level `__hash__`/`__eq__`: no Python call in a dict or set
+    # lookup, the compiler's most frequent operation): hash-consing makes equal nodes one object
+    __slots__ = ("op", "dtype", "src", "arg", "_bounds", "_shape", "__weakref__")
     _cache: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
     def __new__(cls, op: Ops, dtype: DType | None = None, src: tuple[UOp, ...] = (), arg: Any = None):
@@ -132,7 +142,6 @@ class UOp:
         object.__setattr__(self, "dtype", dtype)
         object.__setattr__(self, "src", src)
         object.__setattr__(self, "arg", arg)
-        object.__setattr__(self, "_hash", hash(key))
         UOp._cache[key] = self
         return self
 
@@ -140,12 +149,6 @@ class UOp:
         if name in ("op", "dtype", "src", "arg"):
             raise AttributeError("UOp is immutable")
         object.__setattr__(self, name, value)
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other) -> bool:
-        return self is other
 
     def __reduce__(self):
         return UOp, (self.op, self.dtype, self.src, self.arg)
