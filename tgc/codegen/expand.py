@@ -34,7 +34,7 @@ def _copies(u: UOp, ranges: list[UOp]) -> list[UOp]:
         sub: dict[UOp, UOp] = {r: UOp.const(r.dtype, v) for r, v in zip(ranges, values)}
         for n in order:
             if n not in sub:
-                sub[n] = n.replace(src=tuple(sub.get(s, s) for s in n.src))
+                sub[n] = UOp(n.op, n.dtype, tuple(sub.get(s, s) for s in n.src), n.arg)
         out.append(graph_rewrite(sub.get(u, u), symbolic, memo=memo))
     return out
 

@@ -364,8 +364,10 @@ class UPat:
                         break
                 else:
                     return False
-            elif not all(p.match(s, bound) for p, s in zip(self.src, u.src)):
-                return False
+            else:
+                for p, s in zip(self.src, u.src):  # (a loop, not all(...): no generator per node tried)
+                    if not p.match(s, bound):
+                        return False
         if self.name is not None:
             bound[self.name] = u
         return True
@@ -426,18 +428,19 @@ def postorder(root: UOp, skip: Container[UOp]) -> list[UOp]:
     order: list[UOp] = []
     seen: set[UOp] = set()
     stack: list[tuple[UOp, bool]] = [(root, False)]
+    pop, push, emit, mark = stack.pop, stack.append, order.append, seen.add  # (bound once: the hottest loop)
     while stack:
-        node, expanded = stack.pop()
+        node, expanded = pop()
         if expanded:
-            order.append(node)
+            emit(node)
             continue
         if node in seen:
             continue
-        seen.add(node)
-        stack.append((node, True))
+        mark(node)
+        push((node, True))
         for s in reversed(node.src):
             if s not in seen and s not in skip:
-                stack.append((s, False))
+                push((s, False))
     return order
 
 
