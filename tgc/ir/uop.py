@@ -133,8 +133,10 @@ class _KeyedRef(weakref.ref):
 _INTERNED: dict[tuple, _KeyedRef] = {}
 
 
-def _forget(ref: _KeyedRef) -> None:
-    _remove_dead_weakref(_INTERNED, ref.key)
+def _forget(ref: _KeyedRef, _remove: Callable = _remove_dead_weakref, _table: dict = _INTERNED) -> None:
+    # (the table and the remover bound as defaults, as `WeakValueDictionary` does: nodes dying while the
+    # interpreter shuts down, after this module's globals are gone, still find them)
+    _remove(_table, ref.key)
 
 
 class UOp:
