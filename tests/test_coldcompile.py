@@ -236,3 +236,40 @@ def test_a_chunked_run_compiles_only_the_chunk_it_runs(monkeypatch):
     assert prog.last_chunking is ch
     prog.compile("CPU", dims)  # asked for without `defer`: the whole program's kernels are compiled now
     assert all(k.binary and not k.deferred for k in whole)
+
+
+def test_a_group_of_identical_kernels_renders_once_and_each_source_is_its_own_render(monkeypatch):
+    """`build_kernels` renders a group of identical kernels once (`pipeline.render_template`) and puts each one's
+    name in: every renderer's source is then byte for byte its render under that name; a name that is not a plain
+    identifier, or no template, is rendered."""
+    from types import SimpleNamespace
+
+    from tgc.backends.cstyle import CUDARenderer, MetalRenderer, OpenCLRenderer
+    from tgc.backends.llvmir import LLVMRenderer
+    from tgc.backends.python import PythonRenderer
+    from tgc.codegen import pipeline
+
+    renders: list[str] = []
+    real = pipeline.render_kernel
+    monkeypatch.setattr(pipeline, "render_kernel", lambda dev, name, *a: renders.append(name) or real(dev, name, *a))
+    prog = tgc.loads(LAYERS)
+    kernels = prog.compile("PYTHON", DIMS)
+    layers = _matmul_kernels(kernels)
+    assert len(layers) == 3 and len({k.name for k in layers}) == 3
+    # the first layer is rendered when lowered, the other two from one template (not under their own names)
+    assert pipeline.NAME_SLOT in renders and not {k.name for k in layers[1:]} & set(renders)
+    first = layers[0]
+    launch = {"global_size": first.global_size, "vals": first.vals}
+    for renderer in (LLVMRenderer(), OpenCLRenderer(), CUDARenderer(), MetalRenderer(), PythonRenderer()):
+        dev = SimpleNamespace(renderer=renderer)
+        template = pipeline.render_template(dev, first.uops, first.bufs, launch)
+        assert template is not None
+        for k in layers:
+            want = real(dev, k.name, first.uops, k.bufs, launch)
+            assert pipeline.render_renamed(dev, k.name, first.uops, k.bufs, launch, template) == want
+            assert k.name in want and pipeline.NAME_SLOT not in want
+        odd = "a kernel"  # not an identifier: rendered, never put into the template
+        assert pipeline.render_renamed(dev, odd, first.uops, first.bufs, launch, template) == \
+            real(dev, odd, first.uops, first.bufs, launch)
+    for k in layers:  # the sources the program got are each kernel's own render
+        assert k.src == real(k.device, k.name, k.uops, k.bufs, launch)

@@ -47,6 +47,35 @@ def test_upat_same_name_must_bind_the_same_node():
     assert not pat.match(x + y, {})
 
 
+def test_a_failed_order_of_a_commutative_op_leaves_no_binding_for_the_other():
+    x = rng(0, 8)
+    # (x * 2) + x: the first order binds a = x * 2 and then fails (x is no MUL); the second must start afresh
+    pat = UPat(Ops.ADD, src=(UPat.var("a"), UPat(Ops.MUL, src=(UPat.var("a"), UPat.cvar("k")))))
+    bound: dict = {}
+    assert pat.match(x * c(2) + x, bound)
+    assert bound["a"] is x and bound["k"].arg == 2
+    assert not pat.match(x * c(2) + rng(1, 8), {})
+    rule = PatternMatcher([(pat, lambda a, k: a * (k + c(1)))])  # a + a*k -> a*(k+1)
+    assert graph_rewrite(x * c(2) + x, rule) is x * (c(2) + c(1))
+
+
+def test_equal_nodes_are_one_object_and_a_dead_node_leaves_the_interning_table():
+    import gc
+
+    from tgc.ir import uop
+    x = rng(7, 1234567)
+    assert x + c(5) is rng(7, 1234567) + c(5) and {x + c(5), x + c(5)} == {x + c(5)}
+    assert (x + c(5)) is not (x + c(6)) and x + c(5) != x + c(6)
+    key = (Ops.DEFINE_VAR, I, (), ("a_name_no_other_test_uses", 0, 9))
+    y = UOp(*key)
+    assert uop._INTERNED[key]() is y
+    del y
+    gc.collect()
+    assert key not in uop._INTERNED
+    with pytest.raises(TypeError, match="hashable"):
+        UOp(Ops.CONST, I, (), [1])
+
+
 def test_upat_dtype_predicates_and_arg():
     f = UOp.const(dtypes.f32, 1.0)
     assert UPat(Ops.CONST, dtype="float").match(f, {})
@@ -90,11 +119,13 @@ def test_rebuild_replaces_once_and_substitute_is_a_seeded_rebuild():
 
 def test_the_rebuild_loop_is_written_once():
     """graph_rewrite, substitute and the scheduler's graph edits share `tgc.ir.uop.rebuild`: no other module
-    rebuilds nodes on memoized new sources (`node.replace(src=tuple(memo[...] ...))`)."""
+    rebuilds nodes on memoized new sources (`node.replace(src=tuple(memo[...] ...))`, or the same node made with
+    `UOp(node.op, node.dtype, tuple(memo[...] ...), node.arg)` as `rebuild` does)."""
     import pathlib
     import re
     root = pathlib.Path(tgc.__file__).parent
-    loop = re.compile(r"replace\(src=tuple\(\w+\[\w+\] for \w+ in \w+\.src\)\)")
+    memo_srcs = r"tuple\(\w+\[\w+\] for \w+ in \w+\.src\)"
+    loop = re.compile(rf"replace\(src={memo_srcs}\)|UOp\(\w+\.op, \w+\.dtype, {memo_srcs}, \w+\.arg\)")
     found = sorted(str(f.relative_to(root)) for f in root.rglob("*.py") for _ in loop.finditer(f.read_text()))
     assert found == ["ir/uop.py"]
 

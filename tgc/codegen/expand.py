@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 
 from tgc.codegen.opt import _stride
-from tgc.ir.symbolic import simplify, symbolic
+from tgc.ir.symbolic import symbolic
 from tgc.ir.uop import Ops, PatternMatcher, RangeKind, UOp, UPat, graph_rewrite, substitute
 
 
@@ -34,7 +34,7 @@ def _copies(u: UOp, ranges: list[UOp]) -> list[UOp]:
         sub: dict[UOp, UOp] = {r: UOp.const(r.dtype, v) for r, v in zip(ranges, values)}
         for n in order:
             if n not in sub:
-                sub[n] = n.replace(src=tuple(sub.get(s, s) for s in n.src))
+                sub[n] = UOp(n.op, n.dtype, tuple(sub.get(s, s) for s in n.src), n.arg)
         out.append(graph_rewrite(sub.get(u, u), symbolic, memo=memo))
     return out
 
@@ -136,6 +136,9 @@ class _Vectorizer:
         self.lane, self.width = lane, lane.src[0].arg
         self.memo: dict[UOp, UOp] = {}
         self.depends: set[UOp] = set()
+        # one simplify memo for every lane's copy (`at`): what the lanes share is simplified once (a node's fixed
+        # point under the context-free `symbolic` rules is the same whichever graph it is met in)
+        self.simplified: dict[UOp, UOp] = {}
 
     def analyze(self, root: UOp) -> None:
         for u in root.toposort():
@@ -143,7 +146,8 @@ class _Vectorizer:
                 self.depends.add(u)
 
     def at(self, u: UOp, j: int) -> UOp:
-        return simplify(substitute(u, {self.lane: UOp.const(self.lane.dtype, j)}))
+        return graph_rewrite(substitute(u, {self.lane: UOp.const(self.lane.dtype, j)}), symbolic,
+                             memo=self.simplified)
 
     def contiguous_base(self, idx: UOp) -> UOp | None:
         """The index at lane 0 when the lanes of `idx` are consecutive, else None."""

@@ -20,7 +20,7 @@ from tgc.codegen.pipeline import _COMMENT as _COMMENT  # re-exported
 from tgc.codegen.pipeline import CONTRACT_TAG as CONTRACT_TAG  # re-exported
 from tgc.codegen.pipeline import drop_unused_buffers as drop_unused_buffers  # re-exported
 from tgc.codegen.pipeline import launch_contract as launch_contract  # re-exported
-from tgc.codegen.pipeline import lower, prepare, render_renamed
+from tgc.codegen.pipeline import lower, prepare, render_renamed, render_template
 from tgc.codegen.pipeline import render_kernel as render_kernel  # re-exported
 from tgc.codegen.rowreuse import tee_row_values
 from tgc.codegen.sizes import VAR_PREFIX
@@ -303,6 +303,7 @@ def build_kernels(items: list[tuple[ScheduleItem, str]], device: Any, beam: int 
         return compiles.submit(src, len(kernels))
 
     lowered: dict[tuple, tuple[ScheduleItem, Kernel]] = {}  # `_same_kernel` key -> the first item and kernel
+    templates: dict[tuple, str | None] = {}  # `_same_kernel` key -> its kernels' source template (`_renamed`)
     for i, (item, name) in enumerate(items):
         def report(event: dict, i: int = i) -> None:
             progress({**event, "index": i, "total": total})
@@ -310,7 +311,7 @@ def build_kernels(items: list[tuple[ScheduleItem, str]], device: Any, beam: int 
         same = _same_kernel(item)
         with timings.kernel(name) as rec:
             if same in lowered:  # lowered already under another name (ResNet's repeated blocks): renamed
-                kernels.append(_renamed(*lowered[same], item, name, compile_src))
+                kernels.append(_renamed(*lowered[same], item, name, compile_src, templates, same))
             else:
                 kernels.append(_build_kernel(item, device, beam, name, tuned, report if progress else None,
                                              compile_src))
@@ -335,16 +336,23 @@ def _same_kernel(item: ScheduleItem) -> tuple | None:
     return item.ast, tuple((b.op, b.dtype, shape_of(b)) for b in item.bufs)
 
 
-def _renamed(first_item: ScheduleItem, first: Kernel, item: ScheduleItem, name: str, compile_src: Any) -> Kernel:
-    """`first` (the kernel of `first_item`) as the kernel of `item` (equal `_same_kernel` keys): the same UOps
-    rendered under `name`, its buffers `item`'s at the same positions; its compile is `compile_src`'s (the
-    canonical source is the same: one binary)."""
+def _renamed(first_item: ScheduleItem, first: Kernel, item: ScheduleItem, name: str, compile_src: Any,
+             templates: dict[tuple, str | None] | None = None, same: tuple | None = None) -> Kernel:
+    """`first` (the kernel of `first_item`) as the kernel of `item` (equal `_same_kernel` keys `same`): the same
+    UOps rendered under `name` (the group's source template in `templates`, rendered at its first renamed kernel,
+    with the name put in: `pipeline.render_template`), its buffers `item`'s at the same positions; its compile is
+    `compile_src`'s (the canonical source is the same: one binary)."""
     position = {id(b): i for i, b in enumerate(first_item.bufs)}
     bufs = [item.bufs[position[id(b)]] for b in first.bufs]
     launch = {"global_size": first.global_size, "vals": first.vals}
     if first.local_size is not None:
         launch["local_size"] = first.local_size
-    src = render_renamed(first.device, name, first.uops, bufs, launch)
+    template = None
+    if templates is not None and same is not None:
+        if same not in templates:  # (buffer sizes, hence the launch contract, are equal within a group)
+            templates[same] = render_template(first.device, first.uops, bufs, launch)
+        template = templates[same]
+    src = render_renamed(first.device, name, first.uops, bufs, launch, template)
     binary, err, key = compile_src(first.device, src)
     return dataclasses.replace(first, name=name, src=src, binary=binary, bufs=bufs, line=item.line,
                                compile_error=err, cache_key=key, _program=None)

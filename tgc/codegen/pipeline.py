@@ -345,9 +345,31 @@ def launch_contract(bufs: list[UOp], launch: dict) -> dict[str, Any]:
             "local_size": None if local is None else [int(v) for v in local], "vals": len(launch.get("vals", ()))}
 
 
-def render_renamed(device: Any, name: str, uops: list[UOp], bufs: list[UOp], launch: dict) -> str:
+# the name a source template is rendered under (`render_template`); no kernel is named so
+NAME_SLOT = "tgc_kernel_name_slot_9d2f"
+
+
+def render_template(device: Any, uops: list[UOp], bufs: list[UOp], launch: dict) -> str | None:
+    """The source of a kernel already lowered (`uops`) with `NAME_SLOT` where its name goes: renderers use a
+    kernel's name as an opaque identifier, so the source under any identifier `name` is this text with `name` put
+    in (`render_renamed`): a group of identical kernels (`codegen.kernel._renamed`) is rendered once. None where
+    the renderer refuses the kernel (its error names the kernel: each is then rendered under its own name)."""
+    with timings.phase("render"):
+        try:
+            src = render_kernel(device, NAME_SLOT, uops, bufs, launch)
+        except CompileError:
+            return None
+    return src if NAME_SLOT in src else None
+
+
+def render_renamed(device: Any, name: str, uops: list[UOp], bufs: list[UOp], launch: dict,
+                   template: str | None = None) -> str:
     """The source of a kernel already lowered (`uops`), under another name and for other buffers of the same
-    shapes: `build_kernels` lowers identical kernels once (`codegen.kernel._renamed`)."""
+    shapes: `build_kernels` lowers identical kernels once (`codegen.kernel._renamed`). With `template`
+    (`render_template` of the same uops, buffers of the same sizes and launch) and a plain identifier for a name,
+    the template with the name put in, byte for byte what rendering gives; else a render."""
+    if template is not None and name.isidentifier() and NAME_SLOT not in name:
+        return template.replace(NAME_SLOT, name)
     with timings.phase("render"):
         return render_kernel(device, name, uops, bufs, launch)
 
@@ -374,4 +396,4 @@ def drop_unused_buffers(ast: UOp, bufs: list[UOp]) -> tuple[UOp, list[UOp]]:
 
 
 __all__ = ["PASSES", "LoweredKernel", "Pass", "check_shared_memory", "finish", "heuristic_opts", "lower", "passes_text",
-           "prepare", "render_renamed", "shared_memory_bytes", "uops_text"]
+           "prepare", "render_renamed", "render_template", "shared_memory_bytes", "uops_text"]

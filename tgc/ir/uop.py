@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from _weakref import _remove_dead_weakref
 from collections.abc import Callable, Container, Iterable, Sequence
 from enum import Enum, auto
 from typing import Any
@@ -92,6 +93,12 @@ class Ops(Enum):
     # "bf16"; the value is the lane's 4 floats of the result (f32 x 4, GEP 0..3). tgc.codegen.opt.tensor_core
     MMA = auto()
 
+    # hashed by identity (C level, no Python call): an `Ops` member is a key of every UOp's hash-consing lookup, and
+    # Enum's own `__hash__` (a Python function hashing the member's name) was ~3% of a cold compile. Members are
+    # singletons compared by identity, so the two agree; no order or output depends on these hash values (a
+    # name's hash already differed per process)
+    __hash__ = object.__hash__
+
 
 UNARY = {Ops.NEG, Ops.NOT, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIP, Ops.TRUNC}
 BINARY = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ,
@@ -110,42 +117,61 @@ class RangeKind(Enum):
     GROUP = auto()  # a reduction split across a work-group (shared-memory reduce)
     TILE = auto()  # a reduction's inner loop over a tile its operands are staged for in shared memory (GPUs)
 
+    __hash__ = object.__hash__  # as `Ops`: by identity, in C (a RANGE's arg holds its kind)
+
+
+class _KeyedRef(weakref.ref):
+    """A weak reference to an interned UOp that knows its key (set right after it is made: no Python `__init__`)."""
+
+    __slots__ = ("key",)
+
+
+# the hash-consing table: (op, dtype, src, arg) -> a weak reference to the one node with them. What
+# `weakref.WeakValueDictionary` does, inlined into `UOp.__new__` (its `get` and `__setitem__` are Python calls,
+# ~5% of a cold compile): a node's entry goes when the node does (`_forget`, the stdlib's own removal, which
+# keeps an entry whose key was taken meanwhile by a new node)
+_INTERNED: dict[tuple, _KeyedRef] = {}
+
+
+def _forget(ref: _KeyedRef, _remove: Callable = _remove_dead_weakref, _table: dict = _INTERNED) -> None:
+    # (the table and the remover bound as defaults, as `WeakValueDictionary` does: nodes dying while the
+    # interpreter shuts down, after this module's globals are gone, still find them)
+    _remove(_table, ref.key)
+
 
 class UOp:
     """An immutable, hash-consed node. Build with `UOp(op, dtype, src, arg)`; equal nodes are the same object."""
 
     # `_bounds` and `_shape` cache values derived from the node alone (its op, dtype, arg and sources), set on first
     # use; a node has no other state, and nothing else may be attached to a node shared by every graph using it
-    __slots__ = ("op", "dtype", "src", "arg", "_hash", "_bounds", "_shape", "__weakref__")
-    _cache: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+    # hashed and compared by identity (object's own C-level `__hash__`/`__eq__`: no Python call in a dict or set
+    # lookup, the compiler's most frequent operation): hash-consing makes equal nodes one object
+    __slots__ = ("op", "dtype", "src", "arg", "_bounds", "_shape", "__weakref__")
 
     def __new__(cls, op: Ops, dtype: DType | None = None, src: tuple[UOp, ...] = (), arg: Any = None):
         key = (op, dtype, src, arg)
         try:
-            hit = UOp._cache.get(key)
+            ref = _INTERNED.get(key)
         except TypeError:  # unhashable arg
             raise TypeError(f"UOp arg must be hashable, got {arg!r}") from None
-        if hit is not None:
-            return hit
+        if ref is not None:
+            hit = ref()
+            if hit is not None:
+                return hit
         self = object.__new__(cls)
         object.__setattr__(self, "op", op)
         object.__setattr__(self, "dtype", dtype)
         object.__setattr__(self, "src", src)
         object.__setattr__(self, "arg", arg)
-        object.__setattr__(self, "_hash", hash(key))
-        UOp._cache[key] = self
+        ref = _KeyedRef(self, _forget)
+        ref.key = key
+        _INTERNED[key] = ref
         return self
 
     def __setattr__(self, name, value):
         if name in ("op", "dtype", "src", "arg"):
             raise AttributeError("UOp is immutable")
         object.__setattr__(self, name, value)
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other) -> bool:
-        return self is other
 
     def __reduce__(self):
         return UOp, (self.op, self.dtype, self.src, self.arg)
@@ -316,6 +342,9 @@ class UPat:
         return UPat(Ops.CONST, name=name, dtype=dtype)
 
     def match(self, u: UOp, bound: dict[str, UOp]) -> bool:
+        """Whether `u` matches, binding the names into `bound`. On a failure `bound` may hold some bindings of the
+        failed attempt: a caller drops it (`PatternMatcher.rewrite` starts each pattern with a new dict; the two
+        orders of a commutative node are each tried on a copy)."""
         if self.ops is not None and u.op not in self.ops:
             return False
         if self.arg is not None and u.arg != self.arg:
@@ -329,17 +358,18 @@ class UPat:
         if self.src is not None:
             if len(self.src) != len(u.src):
                 return False
-            orders = [u.src]
-            if u.op in COMMUTATIVE and len(u.src) == 2:
-                orders.append((u.src[1], u.src[0]))
-            for srcs in orders:
-                trial = dict(bound)
-                if all(p.match(s, trial) for p, s in zip(self.src, srcs)):
-                    bound.clear()
-                    bound.update(trial)
-                    break
+            if u.op in COMMUTATIVE and len(u.src) == 2:  # both orders, each on a copy of the bindings
+                for srcs in (u.src, (u.src[1], u.src[0])):
+                    trial = dict(bound)
+                    if all(p.match(s, trial) for p, s in zip(self.src, srcs)):
+                        bound.update(trial)
+                        break
+                else:
+                    return False
             else:
-                return False
+                for p, s in zip(self.src, u.src):  # (a loop, not all(...): no generator per node tried)
+                    if not p.match(s, bound):
+                        return False
         if self.name is not None:
             bound[self.name] = u
         return True
@@ -367,12 +397,15 @@ class PatternMatcher:
         for pat, fn in rules:
             for op in (pat.ops or [None]):
                 self.by_op.setdefault(op, []).append((pat, fn))
+        # the rules tried on a node of each op, in order: those of its op, then those of any op (built once)
+        anyop = self.by_op.get(None, [])
+        self._tried: dict[Ops, list[tuple[UPat, Callable]]] = {op: self.by_op.get(op, []) + anyop for op in Ops}
 
     def __add__(self, other: PatternMatcher) -> PatternMatcher:
         return PatternMatcher(self.rules + other.rules)
 
     def rewrite(self, u: UOp, ctx: Any = None) -> UOp | None:
-        for pat, fn in self.by_op.get(u.op, []) + self.by_op.get(None, []):
+        for pat, fn in self._tried[u.op]:
             bound: dict[str, UOp] = {}
             if pat.match(u, bound):
                 out = fn(ctx, **bound) if ctx is not None else fn(**bound)
@@ -397,18 +430,19 @@ def postorder(root: UOp, skip: Container[UOp]) -> list[UOp]:
     order: list[UOp] = []
     seen: set[UOp] = set()
     stack: list[tuple[UOp, bool]] = [(root, False)]
+    pop, push, emit, mark = stack.pop, stack.append, order.append, seen.add  # (bound once: the hottest loop)
     while stack:
-        node, expanded = stack.pop()
+        node, expanded = pop()
         if expanded:
-            order.append(node)
+            emit(node)
             continue
         if node in seen:
             continue
-        seen.add(node)
-        stack.append((node, True))
+        mark(node)
+        push((node, True))
         for s in reversed(node.src):
             if s not in seen and s not in skip:
-                stack.append((s, False))
+                push((s, False))
     return order
 
 
@@ -424,7 +458,7 @@ def rebuild(root: UOp, memo: dict[UOp, UOp], fn: Callable[[UOp], UOp] | None = N
     for node in postorder(root, memo):  # memo's subtrees are not walked
         if node in memo:
             continue
-        new = node.replace(src=tuple(memo[s] for s in node.src)) if node.src else node
+        new = UOp(node.op, node.dtype, tuple(memo[s] for s in node.src), node.arg) if node.src else node
         memo[node] = new if fn is None else fn(new)
     return memo[root]
 
