@@ -439,7 +439,9 @@ def _search_from(ast, device, timer: _Timer, width, name, progress, pool, rounds
         result.opts, result.out_of_budget = list(default.opts), True
         return result
     # candidates are timed until the deadline less what confirming a winner against the default takes
-    timing_deadline = None if deadline is None else deadline - 2 * CONFIRM_ROUNDS * default_s
+    # (a default another evaluator failed to time, e.g. a cluster's late task, has no known cost: none is kept)
+    confirm_s = 2 * CONFIRM_ROUNDS * default_s if default_s < float("inf") else 0.0
+    timing_deadline = None if deadline is None else deadline - confirm_s
     try:
         for _round in range(rounds):
             if _round and time.perf_counter() - start > ROUND_START_LIMIT_S:
