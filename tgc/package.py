@@ -681,7 +681,57 @@ def _read_header(pkg: Any, manifest: dict, members: dict[str, bytes], path: str)
     return manifest
 
 
-class Package:
+class _Signature:
+    """What a fixed-size package offers the command line as a Program does: its outputs' and dims' names, its one
+    set of dims, and inputs bound against its signature (`_check_shape`: how a package checks an input's shape)."""
+
+    path: str
+    dims: dict[str, int]
+    inputs: list[PackageInput]
+    outputs: list[PackageInput]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [d.name for d in self.outputs]
+
+    @property
+    def dim_names(self) -> list[str]:
+        return list(self.dims)
+
+    def resolve_dims(self, dims: dict[str, int] | None = None) -> dict[str, int]:
+        """The package's dims; a dim given with another size is an error (the package holds one size)."""
+        for k, v in (dims or {}).items():
+            if k in self.dims and v != self.dims[k]:
+                raise TgcError(f"dim {k} = {v}, but the package {self.path} was compiled for {k} = {self.dims[k]}",
+                               hint=f"compile a package for it: tgc compile FILE -D {k}={v} ... --package OUT")
+        return dict(self.dims)
+
+    def conform(self, name: str, value: Any, cast: bool = False) -> np.ndarray:
+        decl = next((d for d in self.inputs if d.name == name), None)
+        if decl is None:
+            raise TgcError(f"unknown input '{name}'", file=self.path)
+        return as_array(value, decl, cast, {"file": self.path})
+
+    def bind(self, inputs: dict[str, Any], dims: dict[str, int] | None = None, cast: bool = False
+             ) -> tuple[dict[str, int], dict[str, np.ndarray]]:
+        """Check inputs against the signature; return (dims, arrays in the declared dtypes)."""
+        dims = self.resolve_dims(dims)
+        check_input_names(inputs, [d.name for d in self.inputs], self.path)
+        arrays = {}
+        for decl in self.inputs:
+            if decl.name not in inputs:
+                raise BindError(f"missing input '{decl.name}' ({_type_text(decl)})", need="input", name=decl.name,
+                                hint="pass an array for it", file=self.path)
+            arr = self.conform(decl.name, inputs[decl.name], cast)
+            self._check_shape(decl, arr)
+            arrays[decl.name] = arr
+        return dims, arrays
+
+    def _check_shape(self, decl: PackageInput, arr: np.ndarray) -> None:
+        raise NotImplementedError
+
+
+class Package(_Signature):
     """A validated package: its signature, launch plan and memory plan; `run` and `bench` on its device."""
 
     symbolic = False
@@ -896,58 +946,23 @@ class Package:
             raise _bad(path, "the memory plan's peak does not match its slots")
         return plan
 
-    # --- what `tgc.cli.inputs` and the commands read, as from a Program
-    @property
-    def output_names(self) -> list[str]:
-        return [d.name for d in self.outputs]
-
-    @property
-    def dim_names(self) -> list[str]:
-        return list(self.dims)
-
+    # --- what `tgc.cli.inputs` and the commands read, as from a Program (the rest: `_Signature`)
     @property
     def peak_bytes(self) -> int:
         return self.memory.peak_bytes
 
-    def resolve_dims(self, dims: dict[str, int] | None = None) -> dict[str, int]:
-        """The package's dims; a dim given with another size is an error (the package holds one size)."""
-        for k, v in (dims or {}).items():
-            if k in self.dims and v != self.dims[k]:
-                raise TgcError(f"dim {k} = {v}, but the package {self.path} was compiled for {k} = {self.dims[k]}",
-                               hint=f"compile a package for it: tgc compile FILE -D {k}={v} ... --package OUT")
-        return dict(self.dims)
-
-    def conform(self, name: str, value: Any, cast: bool = False) -> np.ndarray:
-
-        decl = next((d for d in self.inputs if d.name == name), None)
-        if decl is None:
-            raise TgcError(f"unknown input '{name}'", file=self.path)
-        return as_array(value, decl, cast, {"file": self.path})
-
-    def bind(self, inputs: dict[str, Any], dims: dict[str, int] | None = None, cast: bool = False
-             ) -> tuple[dict[str, int], dict[str, np.ndarray]]:
-        """Check inputs against the signature; return (dims, arrays in the declared dtypes)."""
-        dims = self.resolve_dims(dims)
-        check_input_names(inputs, [d.name for d in self.inputs], self.path)
-        arrays = {}
-        for decl in self.inputs:
-            if decl.name not in inputs:
-                raise BindError(f"missing input '{decl.name}' ({_type_text(decl)})", need="input", name=decl.name,
-                                hint="pass an array for it", file=self.path)
-            arr = self.conform(decl.name, inputs[decl.name], cast)
-            want = self.buffers[decl.buffer].plan_shape
-            if arr.ndim != len(want):
-                raise TgcError(f"input '{decl.name}' has {arr.ndim} dims {list(arr.shape)}, but the package "
-                               f"declares it {_type_text(decl)} with {len(want)}", file=self.path)
-            for axis, (w, have, e) in enumerate(zip(want, arr.shape, decl.expr)):
-                if w != have:
-                    named = f" ({sizeexpr.text(e)} = {w})" if not isinstance(e, int) else ""
-                    raise TgcError(f"input '{decl.name}' axis {axis} has size {have}, but the package declares "
-                                   f"{w}{named}", file=self.path,
-                                   hint="the package holds the sizes it was compiled for; compile another for "
-                                        "these sizes")
-            arrays[decl.name] = arr
-        return dims, arrays
+    def _check_shape(self, decl: PackageInput, arr: np.ndarray) -> None:
+        want = self.buffers[decl.buffer].plan_shape
+        if arr.ndim != len(want):
+            raise TgcError(f"input '{decl.name}' has {arr.ndim} dims {list(arr.shape)}, but the package "
+                           f"declares it {_type_text(decl)} with {len(want)}", file=self.path)
+        for axis, (w, have, e) in enumerate(zip(want, arr.shape, decl.expr)):
+            if w != have:
+                named = f" ({sizeexpr.text(e)} = {w})" if not isinstance(e, int) else ""
+                raise TgcError(f"input '{decl.name}' axis {axis} has size {have}, but the package declares "
+                               f"{w}{named}", file=self.path,
+                               hint="the package holds the sizes it was compiled for; compile another for "
+                                    "these sizes")
 
     def output_types(self, dims: dict[str, int] | None = None) -> list[tuple[str, DType, tuple[int, ...]]]:
         return [(d.name, d.dtype, self.buffers[d.buffer].plan_shape) for d in self.outputs]
@@ -1248,7 +1263,7 @@ class _Part(Package):
         self.buffers = self._read_buffers(doc.get("buffers"))
 
 
-class MultiPackage:
+class MultiPackage(_Signature):
     """A validated device-list package: its signature, each device's buffers, kernels and memory plan, the steps;
     `run` and `bench` on its device list (see the module's docstring)."""
 
@@ -1512,50 +1527,16 @@ class MultiPackage:
             raise _bad(path, f"the {where} plan's peak does not match its slots")
         return plan
 
-    # --- what the command line reads, as from a Program
-    @property
-    def output_names(self) -> list[str]:
-        return [d.name for d in self.outputs]
-
-    @property
-    def dim_names(self) -> list[str]:
-        return list(self.dims)
-
+    # --- what the command line reads, as from a Program (the rest: `_Signature`)
     @property
     def peak_bytes(self) -> int:
         return sum(p.peak_bytes for p in self.memories)
 
-    def resolve_dims(self, dims: dict[str, int] | None = None) -> dict[str, int]:
-        """The package's dims; a dim given with another size is an error (the package holds one size)."""
-        for k, v in (dims or {}).items():
-            if k in self.dims and v != self.dims[k]:
-                raise TgcError(f"dim {k} = {v}, but the package {self.path} was compiled for {k} = {self.dims[k]}",
-                               hint=f"compile a package for it: tgc compile FILE -D {k}={v} ... --package OUT")
-        return dict(self.dims)
-
-    def conform(self, name: str, value: Any, cast: bool = False) -> np.ndarray:
-        decl = next((d for d in self.inputs if d.name == name), None)
-        if decl is None:
-            raise TgcError(f"unknown input '{name}'", file=self.path)
-        return as_array(value, decl, cast, {"file": self.path})
-
-    def bind(self, inputs: dict[str, Any], dims: dict[str, int] | None = None, cast: bool = False
-             ) -> tuple[dict[str, int], dict[str, np.ndarray]]:
-        """Check inputs against the signature; return (dims, arrays in the declared dtypes)."""
-        dims = self.resolve_dims(dims)
-        check_input_names(inputs, [d.name for d in self.inputs], self.path)
-        arrays = {}
-        for decl in self.inputs:
-            if decl.name not in inputs:
-                raise BindError(f"missing input '{decl.name}' ({decl.dtype.name}{list(decl.shape)})", need="input",
-                                name=decl.name, hint="pass an array for it", file=self.path)
-            arr = self.conform(decl.name, inputs[decl.name], cast)
-            if tuple(arr.shape) != decl.shape:
-                raise TgcError(f"input '{decl.name}' has shape {list(arr.shape)}, but the package declares "
-                               f"{list(decl.shape)}", file=self.path,
-                               hint="the package holds the sizes it was compiled for; compile another for these sizes")
-            arrays[decl.name] = arr
-        return dims, arrays
+    def _check_shape(self, decl: PackageInput, arr: np.ndarray) -> None:
+        if tuple(arr.shape) != decl.shape:
+            raise TgcError(f"input '{decl.name}' has shape {list(arr.shape)}, but the package declares "
+                           f"{list(decl.shape)}", file=self.path,
+                           hint="the package holds the sizes it was compiled for; compile another for these sizes")
 
     def output_types(self, dims: dict[str, int] | None = None) -> list[tuple[str, DType, tuple[int, ...]]]:
         return [(d.name, d.dtype, d.shape) for d in self.outputs]
