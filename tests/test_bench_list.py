@@ -149,16 +149,7 @@ def test_a_device_list_packages_bench_replays(tmp_path, monkeypatch):
     _figures(doc)
 
 
-WARM = """
-import sys
-from tgc.cli.main import main
-try:
-    main(sys.argv[1:], standalone_mode=False)
-finally:
-    heavy = sorted(m for m in sys.modules if m.split(".")[0] == "llvmlite" or m.startswith(
-        ("tgc.codegen", "tgc.dsl", "tgc.engine.schedule", "tgc.api")))
-    print("HEAVY " + ",".join(heavy), file=sys.stderr)
-"""
+from clikit import WARM_CLI as WARM  # noqa: E402
 
 
 def test_a_warm_tgc_bench_on_a_list_lowers_nothing(tmp_path):

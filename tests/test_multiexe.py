@@ -242,16 +242,7 @@ def test_profile_of_a_list_names_every_device_track_with_its_index(tmp_path):
     assert {"CPU:0", "OPENCL:0"} <= procs and "OPENCL" not in procs, procs
 
 
-WARM = """
-import sys
-from tgc.cli.main import main
-try:
-    main(sys.argv[1:], standalone_mode=False)
-finally:
-    heavy = sorted(m for m in sys.modules if m.split(".")[0] == "llvmlite" or m.startswith(
-        ("tgc.codegen", "tgc.dsl", "tgc.engine.schedule", "tgc.api")))
-    print("HEAVY " + ",".join(heavy), file=sys.stderr)
-"""
+from clikit import WARM_CLI as WARM  # noqa: E402
 
 
 def test_a_warm_tgc_run_on_a_list_imports_neither_llvmlite_nor_the_front_end(tmp_path):

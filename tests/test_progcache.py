@@ -186,16 +186,7 @@ def test_inputs_of_other_sizes_miss_and_bad_inputs_get_the_binders_error():
         prog.run(x=np.ones((4, 8, 1), np.float32))
 
 
-WARM = """
-import sys
-from tgc.cli.main import main
-try:
-    main(sys.argv[1:], standalone_mode=False)
-finally:
-    heavy = sorted(m for m in sys.modules if m.split(".")[0] == "llvmlite" or m.startswith(
-        ("tgc.codegen", "tgc.dsl", "tgc.engine.schedule", "tgc.api")))
-    print("HEAVY " + ",".join(heavy), file=sys.stderr)
-"""
+from clikit import WARM_CLI as WARM  # noqa: E402
 
 
 def _tgc(args: list[str], env: dict) -> subprocess.CompletedProcess:

@@ -48,16 +48,7 @@ def test_random_arrays_report_the_first_input_that_cannot_be_drawn(monkeypatch):
     assert info.value.index == 1 and isinstance(info.value.error, (ValueError, MemoryError))
 
 
-WARM = """
-import sys
-from tgc.cli.main import main
-try:
-    main(sys.argv[1:], standalone_mode=False)
-finally:
-    heavy = sorted(m for m in sys.modules if m.split(".")[0] == "llvmlite" or m.startswith(
-        ("tgc.codegen", "tgc.dsl", "tgc.engine.schedule", "tgc.api")))
-    print("HEAVY " + ",".join(heavy), file=sys.stderr)
-"""
+from clikit import WARM_CLI as WARM  # noqa: E402
 
 
 def test_a_warm_cli_run_with_several_large_inputs_gives_the_cold_runs_outputs_without_compiling(tmp_path):
