@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 from session_cache import session_cache_dir
@@ -78,6 +81,18 @@ def env(base: dict[str, str] | None = None, **extra: str) -> dict[str, str]:
         e["TGC_CACHE_DIR"] = session_cache_dir(standin=True, env=e)
     e.update(extra)
     return e
+
+
+def run_json(script: str, timeout: float = 600) -> object:
+    """Run `script` (dedented) in a subprocess whose CUDA goes through the stand-in (`install()` first, with the
+    repo and tests/ importable); it must exit 0 and print JSON as its last stdout line, which is returned."""
+    root = Path(__file__).resolve().parents[1]
+    e = env()
+    e["PYTHONPATH"] = os.pathsep.join([str(root), str(root / "tests")])
+    code = "import cuda_standin; cuda_standin.install()\n" + textwrap.dedent(script)
+    r = subprocess.run([sys.executable, "-c", code], env=e, cwd=root, capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def fnv1a64(data: bytes) -> int:

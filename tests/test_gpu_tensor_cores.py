@@ -5,13 +5,6 @@ the instruction per warp (the fragments by the PTX ISA's layout), so the values 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
-
 import cuda_standin
 import pytest
 
@@ -21,7 +14,6 @@ from tgc.backends import cuda, get_device
 from tgc.codegen.opt import Opt, OptError, OptKernel, OptOps
 from tgc.codegen.pipeline import lower, prepare
 
-ROOT = Path(__file__).resolve().parents[1]
 nvrtc_missing = cuda.nvrtc_error()
 
 
@@ -134,12 +126,7 @@ print(json.dumps(out))
 
 @pytest.mark.skipif(cuda_standin.why_unavailable() is not None, reason=str(cuda_standin.why_unavailable()))
 def test_tensor_core_matmuls_match_numpy_through_the_stand_in():
-    env = cuda_standin.env()
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests")])
-    code = "import cuda_standin; cuda_standin.install()\n" + textwrap.dedent(STANDIN)
-    r = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-4000:]
-    rows = json.loads(r.stdout.strip().splitlines()[-1])
+    rows = cuda_standin.run_json(STANDIN)
     assert [row[2][0] for row in rows] == ["TC(0, 0)"] * 4, rows
     bound = {"f16": 2.0 ** -11, "bf16": 2.0 ** -8}
     assert all(row[3] <= bound[row[0]] * 1.01 for row in rows), rows

@@ -6,13 +6,7 @@ the CPU stand-in driver (tests/cuda_standin.py, whose kernel.h emulates `__shfl_
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
 import cuda_standin
 import numpy as np
@@ -26,7 +20,6 @@ from tgc.backends import metal as metal_mod
 from tgc.codegen.opt import Opt
 from tgc.codegen.pipeline import lower
 
-ROOT = Path(__file__).resolve().parents[1]
 ROWSUM = "x: f32[M, N]\nreturn x.sum(axis=1)"
 MATMUL = "a: f32[N, K]\nb: f32[K, M]\nreturn a @ b"
 
@@ -256,12 +249,7 @@ print(json.dumps(out))
 
 @pytest.mark.skipif(cuda_standin.why_unavailable() is not None, reason=str(cuda_standin.why_unavailable()))
 def test_shuffles_trees_rows_and_tiles_match_numpy_through_the_cuda_stand_in():
-    env = cuda_standin.env()
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests")])
-    code = "import cuda_standin; cuda_standin.install()\n" + textwrap.dedent(STANDIN)
-    r = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-4000:]
-    rows = json.loads(r.stdout.strip().splitlines()[-1])
+    rows = cuda_standin.run_json(STANDIN)
     wrong = [row for row in rows if not row[2] < 1e-5]
     assert not wrong, wrong
     shuffles = [row[3] for row in rows]
