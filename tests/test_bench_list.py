@@ -11,28 +11,16 @@ import json
 import numpy as np
 import pytest
 
+# a sharded matmul (all-reduce when the contraction is split), a sum over it, a slice: launches, copies, collectives
+from test_multiexe import DIMS, SRC, _check, _inputs  # the device-list program both files run
+
 import tgc
 from tgc import cache, progcache
 from tgc.engine import executable, realize
 from tgc.package import write
 
-# a sharded matmul (all-reduce when the contraction is split), a sum over it, a slice: launches, copies, collectives
-SRC = "a: f32[M, K]\nb: f32[K, N]\nreturn a @ b, sum(a @ b), a[0:3] * 2\n"
-DIMS = {"M": 7, "K": 5, "N": 4}
 LIST = "CPU:0,CPU:1"
 SHARD = {"a": 1, "b": 0}
-
-
-def _inputs(seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return {"a": rng.standard_normal((7, 5)).astype(np.float32), "b": rng.standard_normal((5, 4)).astype(np.float32)}
-
-
-def _check(out: dict[str, np.ndarray], x: dict[str, np.ndarray]) -> None:
-    want = x["a"].astype(np.float64) @ x["b"]
-    np.testing.assert_allclose(out["out0"], want, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(out["out1"], want.sum(), rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(out["out2"], x["a"][0:3] * 2)
 
 
 @pytest.fixture(autouse=True)
