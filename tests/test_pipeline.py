@@ -13,6 +13,7 @@ import pytest
 
 import tgc
 from tgc.capabilities import Capabilities
+from tgc.codegen import heuristic
 from tgc.codegen.kernel import prepare_ast
 from tgc.codegen.opt import Opt, OptError, OptKernel
 from tgc.engine import schedule
@@ -462,7 +463,15 @@ def test_heuristic_register_tile_of_matmul_and_conv(src, dims, tile):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
-def test_heuristic_packing_copy_is_vectorized_and_large_matmuls_put_column_panels_outermost():
+@pytest.fixture
+def two_mib_l2(monkeypatch):
+    """The exact opts below are written for a private (L2) cache of 2 MiB per core (the Intel Xeon they were
+    measured on): the panel rule (`heuristic._panels_wanted`) compares a matmul's operand with this host's L2,
+    which is 1 MiB on an AMD Zen 4, so the tests pin it rather than depend on the CPU they run on."""
+    monkeypatch.setattr(heuristic, "private_cache_bytes", lambda: 2 << 20)
+
+
+def test_heuristic_packing_copy_is_vectorized_and_large_matmuls_put_column_panels_outermost(two_mib_l2):
     # the packing copy's rows of 32 are written as 16-wide vectors (LLVM left them mostly scalar); a right-hand
     # side past one core's private cache (4 MiB here) is walked panel by panel (SWAP), a small one (1 MiB) row
     # block by row block
@@ -495,7 +504,7 @@ def whole_rows(monkeypatch):
     # 4 does not divide m: padded to 2056 rows for the full 8-row tile (not 2 rows, a quarter of the accumulators)
     (2050, 1024, 2048, ["UPCAST(1, 16)", "UPCAST(1, 2)", "PADTO(0, 8)", "UPCAST(0, 8)", "SWAP(0, 1)"]),
 ])
-def test_heuristic_opts_of_large_matmuls(m, k, n, tile, whole_rows):
+def test_heuristic_opts_of_large_matmuls(m, k, n, tile, whole_rows, two_mib_l2):
     # the packing copy reads 8 panels' worth of each row of b side by side (1 KiB runs); the matmul keeps 16
     # accumulators, as 4 rows x 64 columns where its column panels go outermost (the left-hand side then
     # streams once per 64 columns), else 8 x 32
@@ -511,7 +520,7 @@ def test_heuristic_opts_of_large_matmuls(m, k, n, tile, whole_rows):
     (5, 258, 4096, ["UPCAST(1, 16)", "UPCAST(1, 2)", "SWAP(0, 1)", "UPCAST(0, 4)"]),  # 4 does not divide k
     (64, 1024, 1024, ["UPCAST(1, 16)", "UPCAST(1, 4)", "UPCAST(0, 4)", "SWAP(0, 1)"]),  # rows take the tile
 ])
-def test_rows_without_a_tile_take_more_columns_and_match_numpy(m, k, n, tile, whole_rows):
+def test_rows_without_a_tile_take_more_columns_and_match_numpy(m, k, n, tile, whole_rows, two_mib_l2):
     """Rows with no divisor the row tile takes: padded to whole tiles where that wastes at most 1/8 of them (65,
     77); else (5) one row per step, so 4 times the columns and 4 steps of the reduction instead (BEAM's pick;
     65 x 1024 x 1024 ran 3x slower that way than 64 rows with 2 accumulators)."""
