@@ -79,29 +79,29 @@ def run_case(case: Any, device: str = "PYTHON") -> str | None:
     real = [v.name for v in model.graph.input if v.name not in fixed]
     if fixed and not real:  # every input decides a shape: folded here, no input would reach a kernel; run in
         return _run_staged(case, device)  # stages instead, the inputs given at run time (see the docstring)
-    for inputs, expected in case.data_sets:
-        given = {v.name: _array(a) for v, a in zip(case.model.graph.input, inputs) if v.name in real}
-        given = {k: (_bf16_bits(v) if v.dtype.name == "bfloat16" else v) for k, v in given.items()}
-        try:
-            got = prog.run(device=device, inputs=given)
-        except TgcError as e:
-            return f"run: {e.msg.splitlines()[0]}"
-        why = _compare(case, got, expected)
-        if why:
-            return why
-    return None
+
+    def run(given: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        given = {k: (_bf16_bits(v) if v.dtype.name == "bfloat16" else v) for k, v in given.items() if k in real}
+        return prog.run(device=device, inputs=given)
+
+    return _run_data_sets(case, run)
 
 
 def _run_staged(case: Any, device: str) -> str | None:
     """A case whose model needs host steps (NonZero, Unique, ...), run by `tgc.staged.StagedModel`."""
-    from tgc.errors import TgcError
     from tgc.staged import StagedModel
 
     staged = StagedModel(case.model, case.name)
+    return _run_data_sets(case, lambda given: staged.run(device=device, inputs=given))
+
+
+def _run_data_sets(case: Any, run: Any) -> str | None:
+    """`run(inputs by name)` on each of the case's data sets: None when every output matches, else why not."""
+    from tgc.errors import TgcError
+
     for inputs, expected in case.data_sets:
-        given = {v.name: _array(a) for v, a in zip(case.model.graph.input, inputs)}
         try:
-            got = staged.run(device=device, inputs=given)
+            got = run({v.name: _array(a) for v, a in zip(case.model.graph.input, inputs)})
         except TgcError as e:
             return f"run: {e.msg.splitlines()[0]}"
         why = _compare(case, got, expected)
