@@ -108,7 +108,7 @@ class Entry:
         self.outputs = [_whole(d) for d in header["outputs"]]
         self.chunk: dict | None = header.get("chunk")
         self.weights: set[str] = set(header.get("weights", []))  # inputs the Program binds (a model's weights)
-        if self.weights and hasattr(package, "bound_names"):  # (the same arrays every run: work on them once)
+        if self.weights and isinstance(package, Package):  # (the same arrays every run: work on them once)
             package.bound_names |= self.weights
 
     @property
