@@ -544,12 +544,12 @@ def test_beam_json(fake):
     assert r.exit_code == 2 and "dim D is unknown" in r.stderr
 
 
-def test_cache_commands(tmp_path):
+def test_cache_commands(tmp_path, monkeypatch):
     env = {"TGC_CACHE_DIR": str(tmp_path / "c")}
     from tgc import cache as c
 
     c._reset_for_tests()
-    os.environ["TGC_CACHE_DIR"] = env["TGC_CACHE_DIR"]
+    monkeypatch.setenv("TGC_CACHE_DIR", env["TGC_CACHE_DIR"])  # (restored after: the session's cache, conftest.py)
     try:
         c.put("compile", c.make_key("k"), b"abc", meta="kern CPU")
         r = invoke("cache", "stats", "--json", env=env)
@@ -560,7 +560,6 @@ def test_cache_commands(tmp_path):
         assert r.exit_code == 0 and "1 entry removed" in r.stdout
         assert json.loads(invoke("cache", "list", "--json", env=env).stdout) == []
     finally:
-        del os.environ["TGC_CACHE_DIR"]
         c._reset_for_tests()
 
 
