@@ -179,3 +179,17 @@ def test_the_reference_evaluates_with_the_table():
     assert list(i32) == [0, 1, 2 ** 31 - 1, -2 ** 31] and list(u8) == [0, 1, 255, 0]  # saturating casts
     for name in prog.output_names:
         assert np.array_equal(np.asarray(got[name], np.float64), np.asarray(ref[name], np.float64)), name
+
+
+def test_a_float_literal_past_the_dtypes_range_rounds_to_inf_without_a_warning():
+    """IEEE rounding: -1e300 as f32 is -inf (ONNX's masks pad with it); numpy's overflow warning is not the
+    user's business."""
+    import warnings
+
+    from tgc.dtype import dtypes
+    from tgc.ir import alu
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert alu.const(-1e300, dtypes.f32) == -np.inf and alu.const(1e300, dtypes.f16) == np.inf
+        assert alu.const(1e300, dtypes.f64) == 1e300

@@ -44,7 +44,8 @@ def const(value: Any, d: DType) -> np.ndarray:
         return np.array(bool(value))
     if d.is_int:
         return np.array(truncate(value, d), d.np)
-    return np.array(float(value), d.np)
+    with np.errstate(over="ignore"):  # a literal past the dtype's range rounds to +-inf (IEEE), without a warning
+        return np.array(float(value), d.np)
 
 
 _BOOL_BINARY: dict[Ops, Callable[[Any, Any], Any]] = {
