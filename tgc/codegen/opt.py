@@ -5,8 +5,12 @@ A kernel's loops are RANGE uops, so every optimization is a split or a relabelli
 - UPCAST(axis, n): an output loop is split and its inner n iterations are unrolled into registers;
 - UNROLL(axis, n): the same for a reduction loop;
 - LOCAL(axis, n): on GPUs, the inner n iterations of an output loop become a work-group dimension;
-- GROUP(axis, n): on GPUs, a reduction split across n threads of a work-group (partial sums in
-  shared memory, combined after a barrier);
+- GROUP(axis, n): on GPUs, a reduction split across n threads of a work-group (partial sums combined by warp
+  shuffles or in shared memory, `lower_groups`); thread g takes steps g, g + n, ... (adjacent threads read
+  adjacent elements);
+- GROUPTOP(axis, n): the same, the threads taking the reduction's outer digit: thread g takes a contiguous
+  n-th of it (steps g * size / n, ...), which a CPU-backed OpenCL (one core walking a work-group's threads in
+  turn) may read faster;
 - STAGE(axis, n): on GPUs, a reduction loop is split into tiles of n steps; the operands of each tile (the values
   the work-group's threads read in it) are copied to shared memory by all the threads together (coalesced,
   double-buffered, one barrier a tile), and the threads read them from there (`stage_tiles`);
@@ -88,6 +92,7 @@ class OptOps(str, Enum):
     UNROLL = "UNROLL"
     LOCAL = "LOCAL"
     GROUP = "GROUP"
+    GROUPTOP = "GROUPTOP"
     PADTO = "PADTO"
     STAGE = "STAGE"
     TC = "TC"
@@ -220,7 +225,8 @@ class OptKernel:
             self.ast = tensor_core(self.ast, self._next_id())
             self.applied.append(opt)
             return
-        if opt.op in (OptOps.LOCAL, OptOps.GROUP, OptOps.STAGE) and any(u.op is Ops.MMA for u in self.ast.toposort()):
+        if opt.op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP, OptOps.STAGE) and \
+                any(u.op is Ops.MMA for u in self.ast.toposort()):
             raise OptError(f"{opt.op.name} after TC (the work-group is the warp of the tensor cores)")
         if not 0 <= opt.axis < len(axes):
             raise OptError(f"axis {opt.axis} is out of range: the kernel has {len(axes)} axes")
@@ -243,7 +249,7 @@ class OptKernel:
             self.ast = split_range(self.ast, r, amt, RangeKind.TILE, self._next_id())
             self.applied.append(opt)
             return
-        if n is None and opt.op not in (OptOps.UPCAST, OptOps.UNROLL, OptOps.LOCAL, OptOps.GROUP):
+        if n is None and opt.op not in (OptOps.UPCAST, OptOps.UNROLL, OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP):
             raise OptError(f"{opt.op.name} needs a constant size")
         if opt.op is OptOps.PADTO:
             if not is_reduce and gpu:
@@ -277,17 +283,17 @@ class OptKernel:
             if is_reduce:
                 raise OptError("LOCAL applies to output axes")
             kind = RangeKind.LOCAL
-        else:  # GROUP
+        else:  # GROUP, GROUPTOP
             if not gpu:
-                raise OptError("GROUP needs a GPU-shaped device")
+                raise OptError(f"{opt.op.name} needs a GPU-shaped device")
             if not is_reduce:
-                raise OptError("GROUP applies to reduction axes")
+                raise OptError(f"{opt.op.name} applies to reduction axes")
             if any(x.arg[1] in (RangeKind.GROUP, RangeKind.TILE) for x in self.ranges()):
                 raise OptError("only one GROUP per kernel, and not with STAGE")
             kind = RangeKind.GROUP
         if n is None:
             self.assumptions.append((r.src[0], amt))
-        self.ast = split_range(self.ast, r, amt, kind, self._next_id())
+        self.ast = split_range(self.ast, r, amt, kind, self._next_id(), top=opt.op is OptOps.GROUPTOP)
         self.applied.append(opt)
 
 
@@ -364,15 +370,18 @@ def tensor_core(ast: UOp, next_id: int) -> UOp:
     return simplify(UOp(Ops.SINK, ast.dtype, tuple(stores), ast.arg))
 
 
-def split_range(ast: UOp, r: UOp, amount: int, inner_kind: RangeKind, inner_id: int) -> UOp:
+def split_range(ast: UOp, r: UOp, amount: int, inner_kind: RangeKind, inner_id: int, top: bool = False) -> UOp:
     """Replace range r by outer * amount + inner; a REDUCE over r then reduces over both parts (a rewrite).
-    A symbolic size (not a CONST) is divided as an expression: the caller has checked that `amount` divides it."""
+    With `top`, the new range of `amount` steps is the high digit instead: r = new * (size / amount) + outer
+    (GROUPTOP). A symbolic size (not a CONST) is divided as an expression: the caller has checked that `amount`
+    divides it."""
     end = r.src[0]
     outer_end = UOp.const(INDEX, end.arg // amount) if end.op is Ops.CONST else \
         simplify(end // UOp.const(INDEX, amount))
     outer = UOp(Ops.RANGE, INDEX, (outer_end,), r.arg)
     inner = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, amount),), (inner_id, inner_kind))
-    ctx = _Split(r, outer * UOp.const(INDEX, amount) + inner, (outer, inner))
+    value = inner * outer_end + outer if top else outer * UOp.const(INDEX, amount) + inner
+    ctx = _Split(r, value, (outer, inner))
     return simplify(graph_rewrite(ast, _split_rules, ctx))
 
 
