@@ -12,6 +12,7 @@ import struct
 from dataclasses import replace
 
 from tgc.capabilities import Capabilities
+from tgc.codegen.opt import ASYNC_COPY
 from tgc.dtype import DType
 from tgc.errors import CompileError
 from tgc.ir.uop import Ops, UOp
@@ -219,6 +220,8 @@ class CStyleRenderer:
                 names[u] = u.arg[0] if isinstance(u.arg, tuple) else str(u.arg)
                 params.append(f"int {names[u]}")
         fused = self._fused_products(uops)  # products written as the fma of the accumulate that uses them
+        # STAGE's asynchronous tile copies (`opt.stage_tiles`): the 4-lane LOAD is the copy's source address only
+        copies = {u.src[2] for u in uops if is_async_copy(u)}
         for u in uops:
             op, d = u.op, u.dtype
             if op in (Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.CONST, Ops.SINK):
@@ -253,6 +256,8 @@ class CStyleRenderer:
                 names[u] = u.arg[0]
                 line(self.define_local(u.arg[0], self.ctype(d), int(u.arg[1]), uops))
             elif op is Ops.BARRIER:
+                if copies:  # a thread's own copies land before the barrier publishes the tile
+                    line(self.async_copy_wait())
                 line(self.barrier)
             elif op is Ops.SHUFFLE:
                 define(u, self.shuffle(ref(u.src[0]), int(u.arg)))
@@ -260,6 +265,11 @@ class CStyleRenderer:
                 define(u, f"{ref(u.src[0])}.{'xyzw'[u.arg]}")
             elif op is Ops.MMA:
                 define(u, self.mma(str(u.arg), [ref(s) for s in u.src]))
+            elif u in copies:
+                names[u] = f"{names[u.src[0]]} + {ref(u.src[1])}"
+            elif is_async_copy(u):
+                line(self.async_copy(f"{names[u.src[0]]} + {ref(u.src[1])}", ref(u.src[2]),
+                                     u.src[2].dtype.itemsize * u.src[2].dtype.count))
             elif op is Ops.LOAD and d.count > 1:
                 define(u, self.vector_load(d, names[u.src[0]], ref(u.src[1])))
             elif op is Ops.LOAD and u.src[0].op is Ops.DEFINE_LOCAL:
@@ -286,6 +296,15 @@ class CStyleRenderer:
     def mma(self, kind: str, args: list[str]) -> str:
         """A warp's m16n8k16 multiply (`Ops.MMA`; only dialects with tensor cores)."""
         raise CompileError(f"the {self.name} dialect renders no tensor-core multiply (a tgc bug)")
+
+    def async_copy(self, dst: str, src: str, nbytes: int) -> str:
+        """A copy of `nbytes` from global to shared memory issued without waiting (only dialects with
+        `async_copy`)."""
+        raise CompileError(f"the {self.name} dialect renders no asynchronous copy (a tgc bug)")
+
+    def async_copy_wait(self) -> str:
+        """Wait for this thread's asynchronous copies."""
+        raise CompileError(f"the {self.name} dialect renders no asynchronous copy (a tgc bug)")
 
     def define_local(self, name: str, ctype: str, count: int, uops: list[UOp]) -> str:
         """The declaration of a shared array of `count` elements."""
@@ -397,6 +416,20 @@ __device__ __forceinline__ float4 tgc_mma_{t}(float a0, float a1, float a2, floa
   return make_float4(d0, d1, d2, d3); }}""" for t, cvt in (("f16", "half"), ("bf16", "bf16")))
 
 
+# STAGE's tile copies on sm_80+ (`opt.stage_tiles` with caps `async_copy`): `cp.async.cg` moves 16 bytes from global
+# to shared memory without a register (and past L1), `cp.async.wait_all` (commit + wait_group 0) waits for this
+# thread's copies; the barrier after it publishes everyone's. tests/cuda_standin.py swaps these for kernel.h's.
+CP_ASYNC_HELPERS = """__device__ __forceinline__ void tgc_cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\\n" ::
+               "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory"); }
+__device__ __forceinline__ void tgc_cp_async_wait_all() { asm volatile("cp.async.wait_all;\\n" ::: "memory"); }"""
+
+
+def is_async_copy(u: UOp) -> bool:
+    """A STORE to shared memory that STAGE issues as an asynchronous copy of the LOAD it stores."""
+    return u.op is Ops.STORE and u.arg == ASYNC_COPY and u.src[0].op is Ops.DEFINE_LOCAL
+
+
 class CUDARenderer(CStyleRenderer):
     name = "cuda"
     kernel_prefix = 'extern "C" __global__ void'
@@ -411,9 +444,9 @@ class CUDARenderer(CStyleRenderer):
 
     @property
     def caps(self) -> Capabilities:
-        """The C dialects' caps, with tensor cores (`mma.sync` needs sm_80: `CUDADevice.caps` drops them for an
-        older architecture)."""
-        return replace(super().caps, tensor_cores=True)
+        """The C dialects' caps, with tensor cores and asynchronous copies (`mma.sync` and `cp.async` need sm_80:
+        `CUDADevice.caps` drops both for an older architecture)."""
+        return replace(super().caps, tensor_cores=True, async_copy=True)
     types = {**CStyleRenderer.types, "i8": "signed char", "u8": "unsigned char", "u16": "unsigned short",
              "u32": "unsigned int", "i64": "long long", "u64": "unsigned long long"}
     mem_types = {"bool": "unsigned char", "f16": "unsigned short", "bf16": "unsigned short"}
@@ -430,6 +463,14 @@ class CUDARenderer(CStyleRenderer):
     def mma(self, kind: str, args: list[str]) -> str:
         return f"tgc_mma_{kind}({', '.join(args)})"
 
+    def async_copy(self, dst: str, src: str, nbytes: int) -> str:
+        if nbytes != 16:
+            raise CompileError(f"cp.async of {nbytes} bytes: tgc issues only 16-byte copies (a tgc bug)")
+        return f"tgc_cp_async16({dst}, {src});"
+
+    def async_copy_wait(self) -> str:
+        return "tgc_cp_async_wait_all();"
+
     def prelude(self, uops: list[UOp]) -> list[str]:
         return [
             "#define INFINITY __int_as_float(0x7f800000)",
@@ -438,6 +479,7 @@ class CUDARenderer(CStyleRenderer):
             "template <class T, class F> __device__ __forceinline__ T tg_bitcast(F x) "
             "{ union { F from; T to; } u; u.from = x; return u.to; }",
             *([MMA_HELPERS] if any(u.op is Ops.MMA for u in uops) else []),
+            *([CP_ASYNC_HELPERS] if any(is_async_copy(u) for u in uops) else []),
         ]
 
     def param(self, u: UOp, written: bool) -> str:
@@ -493,6 +535,8 @@ class CUDARenderer(CStyleRenderer):
 
     def define_local(self, name: str, ctype: str, count: int, uops: list[UOp]) -> str:
         if not dynamic_shared_bytes(uops):
+            if any(is_async_copy(u) for u in uops):  # cp.async's 16-byte copies need 16-byte-aligned arrays
+                return f"{self.local_qualifier} __align__(16) {ctype} {name}[{count}];"
             return super().define_local(name, ctype, count, uops)
         offset = 0
         for u in uops:  # this array's offset: the arrays before it, each rounded up to 16 bytes

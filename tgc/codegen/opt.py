@@ -749,14 +749,20 @@ def _vector_copies(ld: UOp, ranges: tuple[UOp, ...], size: int, threads: int) ->
     return const % 4 == 0 and all(c % 4 == 0 for node, c in terms if node is not inner)
 
 
-def stage_tiles(ast: UOp) -> UOp:
+ASYNC_COPY = "async"  # the arg of a STORE to shared memory issued as an asynchronous copy (`cp.async`)
+
+
+def stage_tiles(ast: UOp, async_copy: bool = False) -> UOp:
     """STAGE's lowering (GPUs; before `map_to_grid`, while the work-group's ranges are ranges): the reduction over
     (outer, tile) becomes a reduction over outer of a reduction over tile. In each outer step the work-group's
     threads copy every staged load's tile (`staged_tiles`) into shared memory, thread t taking elements t,
     t + threads, ... of it (in the order of its ranges, the contiguous one last: adjacent threads read adjacent
     elements), the copies past the tile gated off; one barrier; then the tile's loop reads shared memory. Two
     buffers, by the outer step's parity: a thread past the barrier writes the other buffer, which every thread
-    finished reading before that barrier (so one barrier a step suffices)."""
+    finished reading before that barrier (so one barrier a step suffices).
+    With `async_copy` (caps `async_copy`: CUDA sm_80+), a 16-byte copy is one STORE of the 4-lane LOAD into shared
+    memory with arg `ASYNC_COPY`, which the renderer issues as `cp.async` (no registers between); the renderer
+    waits for a thread's copies before each barrier, so the barrier still publishes the whole tile."""
     found = _tile_reduce(ast)
     staged = staged_tiles(ast)
     if found is None or not staged:
@@ -777,6 +783,9 @@ def stage_tiles(ast: UOp) -> UOp:
             for c in range(size // 4 // threads):
                 e = simplify((tid + UOp.const(INDEX, c * threads)) * UOp.const(INDEX, 4))
                 vec = substitute(ld, _digits(e, tile_ranges, sizes)).replace(dtype=ld.dtype.vec(4))
+                if async_copy:
+                    stores.append(UOp(Ops.STORE, None, (temp, simplify(base + e), vec), ASYNC_COPY))
+                    continue
                 for j in range(4):
                     lane = UOp(Ops.GEP, ld.dtype, (vec,), j)
                     stores.append(UOp(Ops.STORE, None, (temp, simplify(base + e + UOp.const(INDEX, j)), lane)))
