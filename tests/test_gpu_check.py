@@ -52,7 +52,10 @@ def test_make_gpu_check_through_the_standin_keeps_every_result(tmp_path):
     assert soft["rate"] == pytest.approx(2 * 4 * n * d / soft["tgc_s"] / 1e12)
     assert soft["share"] == pytest.approx(soft["rate"] / doc["peaks"]["copy_tbps"])
     assert soft["torch_s"] is None and "PyTorch" in soft["torch_why"]  # not installed here, or sees no GPU
-    assert rows["corpus"]["tgc_status"] == "unavailable" and "corpus" in rows["corpus"]["tgc_why"]
+    corpus = rows["corpus"]  # bench/models' first program at its small dims, checked against its numpy twin
+    assert corpus["tgc_status"] == "ok" and corpus["size"] == "1 model, small dims", corpus
+    assert corpus["check"].startswith("ok: worst error") and "(llama;" in corpus["check"], corpus
+    assert list(doc["bench"]["corpus"]["tgc"]["models"]) == ["llama"]
     md = (out / "gpu_check.md").read_text()
     assert "Stand-in run" in md and "| tests:graphs | timed out |" in md and "| softmax |" in md
     assert "| matmul-f32 |" in md and "faulted" in md
