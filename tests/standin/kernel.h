@@ -65,20 +65,29 @@ static inline unsigned short tgc_float2bf16(float f) {
   return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-/* cp.async (cstyle.py's CP_ASYNC_HELPERS, sm_80+): a thread's copies are only queued, and land when it waits
- * (cp.async.wait_all), the latest a GPU may complete them: a kernel that reads a tile before waiting and passing
- * the barrier reads the 0xFF-filled or the previous step's shared memory, and fails. */
-struct tgc_async_copy { void *dst; const void *src; };
-static thread_local tgc_async_copy tgc_async_queue[256];
-static thread_local unsigned tgc_async_pending;
-static inline void tgc_cp_async_wait_all() {
-  for (unsigned i = 0; i < tgc_async_pending; i++) memcpy(tgc_async_queue[i].dst, tgc_async_queue[i].src, 16);
-  tgc_async_pending = 0;
+/* cp.async (cstyle.py's CP_ASYNC_HELPERS, sm_80+): a thread's copies are only queued, each with the number of the
+ * group it will be committed in, and land when the thread waits for its group (cp.async.wait_group N: every
+ * group but the N most recent), the latest a GPU may complete them: a kernel that reads a tile before waiting for
+ * it and passing the barrier reads the 0xFF-filled or an older step's shared memory, and fails. */
+struct tgc_async_copy { void *dst; const void *src; unsigned group; };
+static thread_local tgc_async_copy tgc_async_queue[1024];
+static thread_local unsigned tgc_async_pending, tgc_async_group;
+static inline void tgc_cp_async_land(unsigned below) {  /* land the copies of groups < below, keep the others */
+  unsigned kept = 0;
+  for (unsigned i = 0; i < tgc_async_pending; i++) {
+    if (tgc_async_queue[i].group < below) memcpy(tgc_async_queue[i].dst, tgc_async_queue[i].src, 16);
+    else tgc_async_queue[kept++] = tgc_async_queue[i];
+  }
+  tgc_async_pending = kept;
+}
+static inline void tgc_cp_async_commit() { tgc_async_group++; }
+template <int N> static inline void tgc_cp_async_wait_group() {
+  tgc_cp_async_land(tgc_async_group >= N ? tgc_async_group - N : 0);
 }
 static inline void tgc_cp_async16(void *dst, const void *src) {
   if (((uintptr_t)dst | (uintptr_t)src) & 15) __builtin_trap();  /* cp.async's 16 bytes need 16-byte alignment */
-  if (tgc_async_pending == 256) tgc_cp_async_wait_all();  /* a full queue: the oldest copies may land any time */
-  tgc_async_queue[tgc_async_pending++] = {dst, src};
+  if (tgc_async_pending == 1024) __builtin_trap();  /* more copies in flight than tgc's kernels issue */
+  tgc_async_queue[tgc_async_pending++] = {dst, src, tgc_async_group};
 }
 
 static inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }

@@ -12,7 +12,7 @@ import struct
 from dataclasses import replace
 
 from tgc.capabilities import Capabilities
-from tgc.codegen.opt import ASYNC_COPY
+from tgc.codegen.opt import ASYNC_COPY, ASYNC_FIRST, ASYNC_NEXT
 from tgc.dtype import DType
 from tgc.errors import CompileError
 from tgc.ir.uop import Ops, UOp
@@ -222,6 +222,8 @@ class CStyleRenderer:
         fused = self._fused_products(uops)  # products written as the fma of the accumulate that uses them
         # STAGE's asynchronous tile copies (`opt.stage_tiles`): the 4-lane LOAD is the copy's source address only
         copies = {u.src[2] for u in uops if is_async_copy(u)}
+        ahead = any(u.arg == ASYNC_NEXT for u in uops if is_async_copy(u))  # copies issued a step ahead
+        last_copy = None  # the kind of the last asynchronous copy rendered (each kind its own group)
         for u in uops:
             op, d = u.op, u.dtype
             if op in (Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.CONST, Ops.SINK):
@@ -257,7 +259,8 @@ class CStyleRenderer:
                 line(self.define_local(u.arg[0], self.ctype(d), int(u.arg[1]), uops))
             elif op is Ops.BARRIER:
                 if copies:  # a thread's own copies land before the barrier publishes the tile
-                    line(self.async_copy_wait())
+                    line(self.async_copy_wait(1 if ahead else 0))
+                    last_copy = None
                 line(self.barrier)
             elif op is Ops.SHUFFLE:
                 define(u, self.shuffle(ref(u.src[0]), int(u.arg)))
@@ -268,8 +271,11 @@ class CStyleRenderer:
             elif u in copies:
                 names[u] = f"{names[u.src[0]]} + {ref(u.src[1])}"
             elif is_async_copy(u):
-                line(self.async_copy(f"{names[u.src[0]]} + {ref(u.src[1])}", ref(u.src[2]),
-                                     u.src[2].dtype.itemsize * u.src[2].dtype.count))
+                if last_copy is not None and u.arg != last_copy:  # the first step's copies: a group of their own
+                    line(self.async_copy_commit())
+                last_copy = u.arg
+                line(guard(u, self.async_copy(f"{names[u.src[0]]} + {ref(u.src[1])}", ref(u.src[2]),
+                                              u.src[2].dtype.itemsize * u.src[2].dtype.count)))
             elif op is Ops.LOAD and d.count > 1:
                 define(u, self.vector_load(d, names[u.src[0]], ref(u.src[1])))
             elif op is Ops.LOAD and u.src[0].op is Ops.DEFINE_LOCAL:
@@ -302,8 +308,12 @@ class CStyleRenderer:
         `async_copy`)."""
         raise CompileError(f"the {self.name} dialect renders no asynchronous copy (a tgc bug)")
 
-    def async_copy_wait(self) -> str:
-        """Wait for this thread's asynchronous copies."""
+    def async_copy_commit(self) -> str:
+        """Close this thread's asynchronous copies issued since the last commit into one group."""
+        raise CompileError(f"the {self.name} dialect renders no asynchronous copy (a tgc bug)")
+
+    def async_copy_wait(self, pending: int) -> str:
+        """Commit, then wait for this thread's asynchronous copies but those of the last `pending` groups."""
         raise CompileError(f"the {self.name} dialect renders no asynchronous copy (a tgc bug)")
 
     def define_local(self, name: str, ctype: str, count: int, uops: list[UOp]) -> str:
@@ -417,17 +427,20 @@ __device__ __forceinline__ float4 tgc_mma_{t}(float a0, float a1, float a2, floa
 
 
 # STAGE's tile copies on sm_80+ (`opt.stage_tiles` with caps `async_copy`): `cp.async.cg` moves 16 bytes from global
-# to shared memory without a register (and past L1), `cp.async.wait_all` (commit + wait_group 0) waits for this
-# thread's copies; the barrier after it publishes everyone's. tests/cuda_standin.py swaps these for kernel.h's.
+# to shared memory without a register (and past L1); `cp.async.commit_group` closes this thread's copies issued
+# since the last commit into a group, `cp.async.wait_group N` waits for all its groups but the N most recent; the
+# barrier after the wait publishes everyone's. tests/cuda_standin.py swaps these for kernel.h's.
 CP_ASYNC_HELPERS = """__device__ __forceinline__ void tgc_cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\\n" ::
                "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory"); }
-__device__ __forceinline__ void tgc_cp_async_wait_all() { asm volatile("cp.async.wait_all;\\n" ::: "memory"); }"""
+__device__ __forceinline__ void tgc_cp_async_commit() { asm volatile("cp.async.commit_group;\\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void tgc_cp_async_wait_group() {
+  asm volatile("cp.async.wait_group %0;\\n" :: "n"(N) : "memory"); }"""
 
 
 def is_async_copy(u: UOp) -> bool:
     """A STORE to shared memory that STAGE issues as an asynchronous copy of the LOAD it stores."""
-    return u.op is Ops.STORE and u.arg == ASYNC_COPY and u.src[0].op is Ops.DEFINE_LOCAL
+    return u.op is Ops.STORE and u.arg in (ASYNC_COPY, ASYNC_FIRST, ASYNC_NEXT) and u.src[0].op is Ops.DEFINE_LOCAL
 
 
 class CUDARenderer(CStyleRenderer):
@@ -468,8 +481,11 @@ class CUDARenderer(CStyleRenderer):
             raise CompileError(f"cp.async of {nbytes} bytes: tgc issues only 16-byte copies (a tgc bug)")
         return f"tgc_cp_async16({dst}, {src});"
 
-    def async_copy_wait(self) -> str:
-        return "tgc_cp_async_wait_all();"
+    def async_copy_commit(self) -> str:
+        return "tgc_cp_async_commit();"
+
+    def async_copy_wait(self, pending: int) -> str:
+        return f"tgc_cp_async_commit(); tgc_cp_async_wait_group<{pending}>();"
 
     def prelude(self, uops: list[UOp]) -> list[str]:
         return [

@@ -66,9 +66,10 @@ def launch_limits(device: Any) -> LaunchLimits:
     return LaunchLimits(caps.max_threads_per_block, caps.max_shared_bytes, caps.max_grid)
 
 
-def shared_bytes(ast: UOp) -> int:
-    """The shared memory `lower_groups` will declare for this AST: per GROUP reduction, one slot per thread of the
-    work-group and per UPCAST lane of the reduced value (half floats are held as 4-byte floats)."""
+def shared_bytes(ast: UOp, stage_buffers: int = 2) -> int:
+    """The shared memory `lower_groups` and `stage_tiles` will declare for this AST: per GROUP reduction, one slot
+    per thread of the work-group and per UPCAST lane of the reduced value (half floats are held as 4-byte floats);
+    per staged tile, `stage_buffers` copies of it (3 where the device copies asynchronously: an upper bound)."""
     ranges = {u for u in ast.toposort() if u.op is Ops.RANGE}
     local = prod(r.src[0].arg for r in ranges if r.arg[1] is RangeKind.LOCAL)
     total = 0
@@ -81,7 +82,8 @@ def shared_bytes(ast: UOp) -> int:
             size = 4 if u.dtype.name in ("f16", "bf16") else u.dtype.itemsize
             total += local * lanes * g.src[0].arg * size
     for ld, tile in staged_tiles(ast):
-        total += 2 * prod(r.src[0].arg for r in tile) * (4 if ld.dtype.name in ("f16", "bf16") else ld.dtype.itemsize)
+        total += stage_buffers * prod(r.src[0].arg for r in tile) * (4 if ld.dtype.name in ("f16", "bf16")
+                                                                       else ld.dtype.itemsize)
     return total
 
 
@@ -188,7 +190,7 @@ class OptKernel:
         group = prod(r.src[0].arg for r in ranges if r.arg[1] in (RangeKind.LOCAL, RangeKind.GROUP))
         if group > lim.threads:
             raise OptError(f"a work-group of {group} threads is too large (at most {lim.threads})")
-        shared = shared_bytes(self.ast)
+        shared = shared_bytes(self.ast, stage_buffers(self.device.caps.async_copy))
         if shared > lim.shared_bytes:
             raise OptError(f"{shared} bytes of shared memory is too much (at most {lim.shared_bytes})")
 
@@ -749,7 +751,16 @@ def _vector_copies(ld: UOp, ranges: tuple[UOp, ...], size: int, threads: int) ->
     return const % 4 == 0 and all(c % 4 == 0 for node, c in terms if node is not inner)
 
 
-ASYNC_COPY = "async"  # the arg of a STORE to shared memory issued as an asynchronous copy (`cp.async`)
+# the arg of a STORE to shared memory issued as an asynchronous copy (`cp.async`) of the LOAD it stores: one the
+# thread waits for before this step's barrier, or (prefetching) the first step's, issued in step 0, and the next
+# step's, issued a step ahead (the renderer commits each kind as its own group: `cstyle.CUDARenderer`)
+ASYNC_COPY, ASYNC_FIRST, ASYNC_NEXT = "async", "async_first", "async_next"
+
+
+def stage_buffers(async_copy: bool) -> int:
+    """Shared buffers of each staged tile: 2 (by the step's parity), 3 where the device copies asynchronously (the
+    next step's copies are issued before this step's barrier: `stage_tiles`)."""
+    return 3 if async_copy else 2
 
 
 def stage_tiles(ast: UOp, async_copy: bool = False) -> UOp:
@@ -760,9 +771,15 @@ def stage_tiles(ast: UOp, async_copy: bool = False) -> UOp:
     elements), the copies past the tile gated off; one barrier; then the tile's loop reads shared memory. Two
     buffers, by the outer step's parity: a thread past the barrier writes the other buffer, which every thread
     finished reading before that barrier (so one barrier a step suffices).
-    With `async_copy` (caps `async_copy`: CUDA sm_80+), a 16-byte copy is one STORE of the 4-lane LOAD into shared
-    memory with arg `ASYNC_COPY`, which the renderer issues as `cp.async` (no registers between); the renderer
-    waits for a thread's copies before each barrier, so the barrier still publishes the whole tile."""
+    With `async_copy` (caps `async_copy`: CUDA sm_80+) and every copy 16 bytes (`_vector_copies`), the copies are
+    `cp.async` (a STORE of the 4-lane LOAD into shared memory with arg ASYNC_FIRST or ASYNC_NEXT, which the
+    renderer issues without registers between) and run a step ahead: step s issues step s + 1's copies (gated off
+    in the last step; step 0 also issues its own, gated to step 0) into buffer (s + 1) % 3, waits for all but
+    those (`cp.async.wait_group 1`: step s's, issued in step s - 1) and passes the one barrier, so the copies of
+    s + 1 overlap the arithmetic of s. Three buffers keep one barrier a step right: a thread at step s has passed
+    barrier s - 1, which every thread reached after computing on buffer (s - 2) % 3 = (s + 1) % 3; others may
+    still compute on (s - 1) % 3, which it does not write. Otherwise (some copy element by element) the 16-byte
+    copies are `cp.async` waited for before the barrier of their own step (ASYNC_COPY), with two buffers."""
     found = _tile_reduce(ast)
     staged = staged_tiles(ast)
     if found is None or not staged:
@@ -772,23 +789,41 @@ def stage_tiles(ast: UOp, async_copy: bool = False) -> UOp:
     locals_ = sorted((r for r in nodes if r.op is Ops.RANGE and r.arg[1] is RangeKind.LOCAL), key=lambda r: r.arg[0])
     threads = prod(r.src[0].arg for r in locals_)
     tid = flat_index(tuple(locals_), tuple(r.src[0].arg for r in locals_))
-    parity = simplify(outer % UOp.const(INDEX, 2))
-    stores, reads = [], {}
-    for i, (ld, tile_ranges) in enumerate(staged):
+    vector = [_vector_copies(ld, tr, prod(r.src[0].arg for r in tr), threads) for ld, tr in staged]
+    ahead = async_copy and all(vector)
+    nbuf = stage_buffers(True) if ahead else 2
+    steps = outer.src[0].arg
+
+    def buffer(step: UOp, size: int) -> UOp:
+        return simplify((step % UOp.const(INDEX, nbuf)) * UOp.const(INDEX, size))
+
+    one = UOp.const(INDEX, 1)
+    first_gate = UOp(Ops.CMPLT, dtypes.bool, (outer, one))  # step 0
+    next_gate = UOp(Ops.CMPLT, dtypes.bool, (outer, UOp.const(INDEX, steps - 1)))  # a step after this one
+    first, stores, reads = [], [], {}
+    for i, ((ld, tile_ranges), vec_ok) in enumerate(zip(staged, vector)):
         sizes = tuple(r.src[0].arg for r in tile_ranges)
         size = prod(sizes)
-        temp = UOp(Ops.DEFINE_LOCAL, ld.dtype.as_ptr(), (), (f"tile{i}", 2 * size))
-        base = simplify(parity * UOp.const(INDEX, size))
-        if _vector_copies(ld, tile_ranges, size, threads):  # 16-byte loads, four elements a thread and copy
+        temp = UOp(Ops.DEFINE_LOCAL, ld.dtype.as_ptr(), (), (f"tile{i}", nbuf * size))
+        base = buffer(outer, size)
+        if vec_ok:  # 16-byte loads, four elements a thread and copy
             for c in range(size // 4 // threads):
                 e = simplify((tid + UOp.const(INDEX, c * threads)) * UOp.const(INDEX, 4))
                 vec = substitute(ld, _digits(e, tile_ranges, sizes)).replace(dtype=ld.dtype.vec(4))
-                if async_copy:
+                if ahead:
+                    v0 = substitute(vec, {outer: UOp.const(INDEX, 0)})
+                    first.append(UOp(Ops.STORE, None, (temp, simplify(buffer(UOp.const(INDEX, 0), size) + e), v0,
+                                                       first_gate), ASYNC_FIRST))
+                    v1 = substitute(vec, {outer: outer + one})
+                    v1 = v1.replace(src=(*v1.src[:2], next_gate))
+                    stores.append(UOp(Ops.STORE, None, (temp, simplify(buffer(outer + one, size) + e), v1,
+                                                        next_gate), ASYNC_NEXT))
+                elif async_copy:
                     stores.append(UOp(Ops.STORE, None, (temp, simplify(base + e), vec), ASYNC_COPY))
-                    continue
-                for j in range(4):
-                    lane = UOp(Ops.GEP, ld.dtype, (vec,), j)
-                    stores.append(UOp(Ops.STORE, None, (temp, simplify(base + e + UOp.const(INDEX, j)), lane)))
+                else:
+                    for j in range(4):
+                        lane = UOp(Ops.GEP, ld.dtype, (vec,), j)
+                        stores.append(UOp(Ops.STORE, None, (temp, simplify(base + e + UOp.const(INDEX, j)), lane)))
         else:
             for c in range(-(-size // threads)):
                 e = simplify(tid + UOp.const(INDEX, c * threads))
@@ -801,7 +836,7 @@ def stage_tiles(ast: UOp, async_copy: bool = False) -> UOp:
                 else:
                     stores.append(UOp(Ops.STORE, None, (temp, simplify(base + e), copied)))
         reads[ld] = (temp, simplify(base + flat_index(tile_ranges, sizes)))
-    barrier = UOp(Ops.BARRIER, None, tuple(stores))
+    barrier = UOp(Ops.BARRIER, None, tuple(first + stores))  # (the first step's copies first: their own group)
     body = substitute(u.src[0], {ld: UOp(Ops.LOAD, ld.dtype, (temp, idx, barrier))
                                  for ld, (temp, idx) in reads.items()})
     inner = UOp(Ops.REDUCE, u.dtype, (body, tile), u.arg)
