@@ -3,7 +3,7 @@ memory without registers, a step ahead (three buffers; each thread waits for all
 before the one barrier); older architectures (and OpenCL, Metal) keep the plain 16-byte loads. NVRTC compiles the
 PTX here for real; the CPU stand-in's kernel.h queues a thread's copies until it waits for their group (the latest
 a GPU may complete them), so the values are checked against numpy, and kernels that do not wait, or wait for too
-few groups, are shown to fail. GROUPTOP's shuffles through the stand-in too."""
+few groups, are shown to fail. GROUPTOP's shuffles and a BEAM round of GROUP candidates through the stand-in too."""
 
 from __future__ import annotations
 
@@ -138,12 +138,29 @@ for key, src in (("as_rendered", kern.src), ("no_wait", kern.src.replace(wait, "
     got = np.empty((64, 64), np.float32)
     dev.allocator.copyout(memoryview(got).cast("B"), bufs[0])
     out[key] = [src.count(wait), float(np.nan_to_num(np.max(np.abs(got - want)), nan=1e30))]
+
+# a BEAM round on CUDA through the stand-in, its actions cut to GROUP and GROUPTOP (each candidate is a g++ build
+# here): every one compiles with NVRTC, runs, is timed and checked like any other
+from tgc.codegen.kernel import prepare_ast
+from tgc.codegen.opt import OptOps
+timed = []
+orig_time, orig_actions = search._time_candidate, search.actions
+def spy(timer, c, best_s, result):
+    ok = orig_time(timer, c, best_s, result)
+    timed.append([" ".join(str(o) for o in c.opts), ok])
+    return ok
+search._time_candidate = spy
+search.actions = lambda k: [o for o in orig_actions(k) if o.op in (OptOps.GROUP, OptOps.GROUPTOP)]
+(it,) = [s for s in tgc.loads("x: f32[M, N]\\nreturn x.sum(axis=1)").schedule({"M": 64, "N": 32}, device="CUDA")
+         if hasattr(s, "ast")]
+r = search.beam_search(prepare_ast(it.ast, dev), dev, it.bufs, width=1, rounds=1, name="rowsum")
+out["beam"] = {"timed": timed, "failed": r.failed, "rejected": r.rejected}
 print(json.dumps(out))
 '''
 
 
 @pytest.mark.skipif(cuda_standin.why_unavailable() is not None, reason=str(cuda_standin.why_unavailable()))
-def test_async_copies_and_grouptop_match_numpy_through_the_stand_in():
+def test_async_copies_grouptop_and_beams_group_candidates_through_the_stand_in():
     rows = cuda_standin.run_json(STANDIN)
     checks = rows["checks"]
     assert all(row[2] < 1e-5 for row in checks), checks
@@ -155,3 +172,7 @@ def test_async_copies_and_grouptop_match_numpy_through_the_stand_in():
     # the emulation catches a missing wait and a wait for too few groups
     assert rows["no_wait"][0] == rows["too_few"][0] == 0, rows
     assert rows["no_wait"][1] > 1e-1 and rows["too_few"][1] > 1e-1, rows
+    beam = rows["beam"]  # BEAM's GROUP candidates on CUDA: compiled, run and timed (none failed or was wrong)
+    assert sorted(name for name, ok in beam["timed"] if ok) == ["GROUP(1, 16)", "GROUP(1, 32)", "GROUPTOP(1, 16)",
+                                                               "GROUPTOP(1, 32)"], beam
+    assert beam["failed"] == beam["rejected"] == 0, beam
