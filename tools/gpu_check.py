@@ -194,7 +194,12 @@ def _corpus_row(run_one: Any, mode: str) -> dict[str, Any]:
     for e, dims in todo:
         if time.perf_counter() - st > CORPUS_BUDGET_S[mode]:
             break
-        secs, check, ok = run_one(e, dims)
+        try:
+            secs, check, ok = run_one(e, dims)
+        except Exception as ex:  # noqa: BLE001 - one model's failure is reported, the others still run
+            checks[e["name"]] = f"failed: {type(ex).__name__}: {getattr(ex, 'msg', None) or ex}"[:300]
+            bad.append(e["name"])
+            continue
         done[e["name"]] = secs
         if check is not None:
             checks[e["name"]] = check
@@ -208,7 +213,7 @@ def _corpus_row(run_one: Any, mode: str) -> dict[str, Any]:
         doc["check"] = (f"{'ok' if not bad else 'WRONG'}: worst error {checks[worst]} of the largest value "
                         f"({worst}; allowed {CHECK_TOL['f32']:g}), against each model's numpy twin")
     if bad:
-        doc.update(status="failed", why=f"wrong values: {', '.join(bad)}")
+        doc.update(status="failed", why="; ".join(f"{k}: {checks[k]}" for k in bad)[:1500])
     return doc
 
 
@@ -1170,7 +1175,7 @@ def main(argv: list[str] | None = None) -> int:
         elif corpus_dir() is not None:
             n = len(glob.glob(str(corpus_dir() / "*.tg")))
             sizes[r] = ("1 model, small dims" if mode == "standin" else
-                        f"{n} programs at `make bench` dims, up to {CORPUS_BUDGET_S[mode]:.0f} s")
+                        f"bench/models ({n} programs) at `make bench` dims, up to {CORPUS_BUDGET_S[mode]:.0f} s")
     meta = {"mode": mode, "standin": mode == "standin", "started": _now(), "commit": _git_commit(),
             "python": sys.version.split()[0], "budget_s": budget, "out": str(out), "sizes": sizes,
             "amounts": amounts, "argv": sys.argv[1:]}
