@@ -179,3 +179,16 @@ def test_a_slow_row_cannot_take_the_time_of_the_rows_after_it():
     assert gpu_check.row_limit("quick", 60.0, 1) == gpu_check.ROW_LIMIT_S["quick"]  # capped
     assert gpu_check.row_limit("full", 10.0, 9) == gpu_check.MIN_ROW_S  # a floor
     assert gpu_check.row_limit("standin", 1.0, 9) == gpu_check.ROW_LIMIT_S["standin"]
+
+
+def test_the_corpus_row_names_a_wrong_or_failing_model_and_runs_the_others():
+    def one(e, dims):
+        if e["name"] == "gpt2":
+            raise RuntimeError("boom")
+        return 0.001, "0.5" if e["name"] == "llama" else "1e-07", e["name"] != "llama"
+
+    doc = gpu_check._corpus_row(one, "full")
+    assert doc["status"] == "failed"
+    assert doc["why"] == "llama: wrong values, error 0.5; gpt2: failed: RuntimeError: boom"
+    assert len(doc["models"]) == len(gpu_check.corpus_models("full")) - 1  # every model but gpt2 timed
+    assert doc["check"].startswith("WRONG: worst error 0.5 of the largest value (llama;")

@@ -207,13 +207,17 @@ def _corpus_row(run_one: Any, mode: str) -> dict[str, Any]:
             bad.append(e["name"])
     doc = {"status": "ok", "seconds": sum(done.values()), "models": done,
            "summary": f"{len(done)} of {len(todo)} models (the row's budget: {CORPUS_BUDGET_S[mode]:.0f} s)"}
+    errors = {k: float(v) for k, v in checks.items() if v[:1].isdigit() or v == "nan"}
     if checks:
         doc["model_checks"] = checks
-        worst = max(checks, key=lambda k: float(checks[k]) if checks[k][:1].isdigit() else float("inf"))
+    if errors:
+        worst = max(errors, key=lambda k: errors[k] if math.isfinite(errors[k]) else math.inf)
         doc["check"] = (f"{'ok' if not bad else 'WRONG'}: worst error {checks[worst]} of the largest value "
                         f"({worst}; allowed {CHECK_TOL['f32']:g}), against each model's numpy twin")
     if bad:
-        doc.update(status="failed", why="; ".join(f"{k}: {checks[k]}" for k in bad)[:1500])
+        why = (f"{k}: {checks[k] if checks[k].startswith(('failed', 'shape')) else 'wrong values, error ' + checks[k]}"
+               for k in bad)
+        doc.update(status="failed", why="; ".join(why)[:1500])
     return doc
 
 
