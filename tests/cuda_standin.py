@@ -104,10 +104,11 @@ def fnv1a64(data: bytes) -> int:
 
 def host_source(src: str) -> str:
     """The CUDA C of a kernel made host C++ (with kernel.h), plus `tgc_entry_<name>(void** params)`."""
-    from tgc.backends.cstyle import MMA_HELPERS
+    from tgc.backends.cstyle import CP_ASYNC_HELPERS, MMA_HELPERS
     from tgc.backends.cuda import HALF_HELPERS
-    body = src.replace(HALF_HELPERS.strip(), "").replace(MMA_HELPERS, "")  # kernel.h has host versions of both
-    if "asm(" in body:
+    # kernel.h has host versions of these
+    body = src.replace(HALF_HELPERS.strip(), "").replace(MMA_HELPERS, "").replace(CP_ASYNC_HELPERS, "")
+    if re.search(r"\basm\s*(volatile\s*)?\(", body):
         raise ValueError("the CUDA stand-in cannot run inline PTX")
     m = _SIGNATURE.search(body)
     if m is None:

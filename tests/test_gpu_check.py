@@ -52,7 +52,10 @@ def test_make_gpu_check_through_the_standin_keeps_every_result(tmp_path):
     assert soft["rate"] == pytest.approx(2 * 4 * n * d / soft["tgc_s"] / 1e12)
     assert soft["share"] == pytest.approx(soft["rate"] / doc["peaks"]["copy_tbps"])
     assert soft["torch_s"] is None and "PyTorch" in soft["torch_why"]  # not installed here, or sees no GPU
-    assert rows["corpus"]["tgc_status"] == "unavailable" and "corpus" in rows["corpus"]["tgc_why"]
+    corpus = rows["corpus"]  # bench/models' first program at its small dims, checked against its numpy twin
+    assert corpus["tgc_status"] == "ok" and corpus["size"] == "1 model, small dims", corpus
+    assert corpus["check"].startswith("ok: worst error") and "(llama;" in corpus["check"], corpus
+    assert list(doc["bench"]["corpus"]["tgc"]["models"]) == ["llama"]
     md = (out / "gpu_check.md").read_text()
     assert "Stand-in run" in md and "| tests:graphs | timed out |" in md and "| softmax |" in md
     assert "| matmul-f32 |" in md and "faulted" in md
@@ -140,3 +143,52 @@ def test_a_gpu_that_cannot_run_fails_the_check_with_the_reason_and_skips_the_res
     assert len([n for n in parts if n.startswith("tests:")]) == 6 and "peaks" not in parts
     (row,) = doc["rows"]
     assert row["tgc_status"] == "skipped" and row["tgc_why"] == "CUDA is not available"
+
+
+def test_targets_are_met_not_met_or_unknown_with_the_reason(tmp_path):
+    report = gpu_check.Report(tmp_path, {"sizes": {}, "amounts": {}})
+    report.cell("matmul-f16", "tgc", {"status": "ok", "seconds": 0.002})
+    report.cell("matmul-f16", "torch", {"status": "ok", "seconds": 0.0015})  # 0.75x cuBLAS: met (0.7)
+    report.cell("matmul-f32", "tgc", {"status": "ok", "seconds": 0.004})
+    report.cell("matmul-f32", "torch", {"status": "ok", "seconds": 0.0016})  # 0.4x: not met (0.5)
+    report.cell("softmax", "tgc", {"status": "ok", "seconds": 0.001})
+    report.cell("softmax", "torch.compile", {"status": "unavailable", "why": "left out of --quick"})
+    report.cell("attention", "tgc", {"status": "timed out", "why": "timed out after 40 s"})
+    targets = {t["row"]: t for t in json.loads((tmp_path / "gpu_check.json").read_text())["targets"]}
+    assert targets["matmul-f16"]["status"] == "met" and targets["matmul-f16"]["ratio"] == pytest.approx(0.75)
+    assert targets["matmul-f32"]["status"] == "not met" and targets["matmul-f32"]["ratio"] == pytest.approx(0.4)
+    soft = targets["softmax"]
+    assert (soft["status"], soft["why"]) == ("unknown", "torch.compile: left out of --quick")
+    assert targets["attention"]["status"] == "unknown" and targets["attention"]["why"] == "tgc: timed out"
+    assert targets["transformer"]["why"] == "row not run"
+    md = (tmp_path / "gpu_check.md").read_text()
+    assert "| matmul-f16 | >= 0.7x cuBLAS (torch) | 0.75x | met |" in md
+    assert "| matmul-f32 | >= 0.5x cuBLAS (torch) | 0.40x | not met |" in md
+
+
+def test_the_corpus_ratio_is_over_the_models_both_ran(tmp_path):
+    report = gpu_check.Report(tmp_path, {"sizes": {}, "amounts": {}})
+    report.cell("corpus", "tgc", {"status": "ok", "seconds": 0.006, "models": {"a": 0.001, "b": 0.002, "c": 0.003}})
+    report.cell("corpus", "jax", {"status": "ok", "seconds": 0.003, "models": {"a": 0.002, "b": 0.001}})
+    (row,) = report.table()
+    assert row["jax_ratio"] == pytest.approx(3 / 3) and row["rate"] is None  # (a + b) over (a + b), not 3 / 6
+
+
+def test_a_slow_row_cannot_take_the_time_of_the_rows_after_it():
+    assert gpu_check.row_limit("quick", 60.0, 6) == 20.0  # twice its even share
+    assert gpu_check.row_limit("quick", 60.0, 1) == gpu_check.ROW_LIMIT_S["quick"]  # capped
+    assert gpu_check.row_limit("full", 10.0, 9) == gpu_check.MIN_ROW_S  # a floor
+    assert gpu_check.row_limit("standin", 1.0, 9) == gpu_check.ROW_LIMIT_S["standin"]
+
+
+def test_the_corpus_row_names_a_wrong_or_failing_model_and_runs_the_others():
+    def one(e, dims):
+        if e["name"] == "gpt2":
+            raise RuntimeError("boom")
+        return 0.001, "0.5" if e["name"] == "llama" else "1e-07", e["name"] != "llama"
+
+    doc = gpu_check._corpus_row(one, "full")
+    assert doc["status"] == "failed"
+    assert doc["why"] == "llama: wrong values, error 0.5; gpt2: failed: RuntimeError: boom"
+    assert len(doc["models"]) == len(gpu_check.corpus_models("full")) - 1  # every model but gpt2 timed
+    assert doc["check"].startswith("WRONG: worst error 0.5 of the largest value (llama;")

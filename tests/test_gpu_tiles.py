@@ -73,10 +73,12 @@ def test_matmul_tile_reads_adjacent_columns_in_adjacent_threads():
     assert "(lidx0 % 16)" in k.src and len(re.findall(r"fmaf\(", k.src)) == 16, k.src
 
 
-def test_staged_tiles_are_copied_by_the_work_group_with_one_barrier_a_step():
+def test_staged_tiles_are_copied_by_the_work_group_with_one_barrier_a_step(monkeypatch):
     """STAGE: two double-buffered tiles (64 rows x 16 steps of A, 16 steps x 64 columns of B: 2 x 2 x 1024
     floats), each thread copying 4 elements of each (256 threads); one barrier in the loop over tiles, none after
-    the tile's loop; thread t copies element t of the tile, so adjacent threads copy adjacent elements."""
+    the tile's loop; thread t copies element t of the tile, so adjacent threads copy adjacent elements. The
+    copies through registers, as before sm_80 (tests/test_gpu_async_copy.py: `cp.async` on sm_80+)."""
+    monkeypatch.setattr(get_device("CUDA"), "arch", "sm_75")
     (k,) = _lower(MATMUL, "CUDA", {"N": 128, "K": 64, "M": 256})
     assert "__shared__ float tile0[2048];" in k.src and "__shared__ float tile1[2048];" in k.src, k.src
     assert len(re.findall(r"tile0\[v\d+\] = ", k.src)) == 4 and k.src.count("__syncthreads()") == 1, k.src

@@ -35,6 +35,9 @@ class Capabilities:
     shuffle_width: int = 0
     # warp-wide matrix multiply-accumulate (`Ops.MMA`, PTX `mma.sync` m16n8k16 with f32 accumulate: CUDA sm_80+)
     tensor_cores: bool = False
+    # global -> shared copies that skip the registers (PTX `cp.async`, CUDA sm_80+): STAGE's 16-byte tile copies
+    # are issued asynchronously and waited for before the tile's barrier (`opt.stage_tiles`); else plain loads
+    async_copy: bool = False
 
     @property
     def gpu(self) -> bool:

@@ -13,12 +13,14 @@ Contract:
   CUDA runtime: raw kernels, compiled by NVRTC, timed with CUDA events), `tests:GROUP` (the test suite's CUDA
   part: the backend's own tests with those marked `gpu`, the language suite on `CUDA`, graphs, multi-device runs
   on `CUDA:0,CUDA:1` or `CUDA:0,CPU:1`, symbolic kernels, packages built and run in a fresh process), then
-  `bench:PEER` for tgc, torch (eager), torch.compile and jax (each row: time, TFLOP/s or TB/s, share of the
-  measured peak, ratio to each peer).
+  `bench:PEER` for tgc, torch (eager), jax and torch.compile, in that order (each row: time, TFLOP/s or TB/s,
+  share of the measured peak, ratio to each peer; the model corpus of bench/models/ against its JAX twins), and
+  issue 26 item 4's targets, each met, not met or unknown with the reason.
 - Each part runs in a subprocess (its own process group) with its own time limit, also capped by what is left of
   the whole budget (`--budget`: 450 s, 170 s with `--quick`). Bench rows run in one worker per peer, each row
-  with its own limit: a row that hangs or crashes its worker is recorded (timed out / crashed, with the log's
-  tail) and the worker starts again at the next row. Tests report each outcome as it happens
+  with its own limit (at most twice its even share of what its peer has left, so one slow row cannot starve the
+  rest): a row that hangs or crashes its worker is recorded (timed out / crashed, with the log's tail) and the
+  worker starts again at the next row. Tests report each outcome as it happens
   (tools/gpu_check_pytest.py), so a group that runs out of time still says how many passed and which failed.
 - Results are written after every part and row, whole each time (a temporary file renamed into place):
   `gpu_check.json` and `gpu_check.md`, plus `gpu_check_logs.tar.gz` (each part's output, packed after every
@@ -58,9 +60,14 @@ TOOLS = ROOT / "tools"
 PEERS = ("tgc", "torch", "torch.compile", "jax")
 FULL_BUDGET_S, QUICK_BUDGET_S = 450.0, 170.0
 # the bench's share of the budget, kept free of the tests (which run first), and each peer's weight in it
-BENCH_RESERVE_S = {"full": 170.0, "quick": 60.0, "standin": 60.0}
+BENCH_RESERVE_S = {"full": 170.0, "quick": 75.0, "standin": 60.0}
 PACKAGES_RUN_LIMIT_S = {"full": 20.0, "quick": 10.0, "standin": 60.0}
-PEER_WEIGHT = {"tgc": 0.35, "torch": 0.15, "torch.compile": 0.3, "jax": 0.2}
+# the peers run in this order (the table's columns keep PEERS' order): tgc's rows first, torch.compile (tens of
+# seconds of compiles a row, and left out of --quick) last, so that the time the others leave rolls over to it
+BENCH_ORDER = ("tgc", "torch", "jax", "torch.compile")
+PEER_WEIGHT = {"full": {"tgc": 0.35, "torch": 0.15, "jax": 0.2, "torch.compile": 0.3},
+               "quick": {"tgc": 0.5, "torch": 0.2, "jax": 0.3, "torch.compile": 0.0},
+               "standin": {"tgc": 0.35, "torch": 0.15, "jax": 0.2, "torch.compile": 0.3}}
 STARTUP_LIMIT_S = 90.0  # a bench worker's imports (torch, jax) before its first row
 
 # ------------------------------------------------------------------------------------------------ bench rows
@@ -91,6 +98,26 @@ SIZES = {
 }
 REPEAT = {"full": 10, "quick": 5, "standin": 2}
 ROW_LIMIT_S = {"full": 60.0, "quick": 40.0, "standin": 60.0}
+# a row's limit is also at most twice its even share of what is left of its peer's part (at least MIN_ROW_S), so
+# that one slow row cannot take the time of the rows after it (the stand-in's rows keep ROW_LIMIT_S: its
+# compiles are slow and its timings mean nothing)
+MIN_ROW_S = 10.0
+
+# issue 26 item 4: (row, peer, the least ratio of the peer's time over tgc's, what the peer is)
+TARGETS = [
+    ("matmul-f16", "torch", 0.7, "cuBLAS"), ("matmul-bf16", "torch", 0.7, "cuBLAS"),
+    ("matmul-f32", "torch", 0.5, "cuBLAS"), ("softmax", "torch.compile", 0.8, "torch.compile"),
+    ("layernorm", "torch.compile", 0.8, "torch.compile"),
+    ("attention", "torch", 0.5, "PyTorch's scaled_dot_product_attention"),
+    ("transformer", "torch.compile", 0.5, "torch.compile"),
+]
+
+
+def row_limit(mode: str, part_left: float, rows_left: int) -> float:
+    """The limit of the next bench row of a peer with `part_left` seconds and `rows_left` rows (this one too)."""
+    if mode == "standin":
+        return ROW_LIMIT_S[mode]
+    return min(ROW_LIMIT_S[mode], max(MIN_ROW_S, 2 * part_left / max(rows_left, 1)))
 
 
 def row_spec(name: str, mode: str) -> dict[str, Any]:
@@ -129,11 +156,69 @@ def row_spec(name: str, mode: str) -> dict[str, Any]:
 
 
 def corpus_dir() -> Path | None:
-    """The model corpus, once the repository has one (`models/` or `corpus/` with `.tg` files)."""
-    for d in ("corpus", "models"):
-        if glob.glob(str(ROOT / d / "**" / "*.tg"), recursive=True):
-            return ROOT / d
-    return None
+    """The model corpus (bench/models/*.tg, listed with their numpy/JAX twins in bench/models.py), if any."""
+    d = ROOT / "bench" / "models"
+    return d if glob.glob(str(d / "*.tg")) else None
+
+
+# the corpus row: each model at the dims `make bench` runs (CPU scale: small for a GPU), in turn until the row's
+# own budget is spent (the models run are named; a peer's ratio is over the models both ran); the stand-in runs
+# the first model at its small dims
+CORPUS_BUDGET_S = {"full": 40.0, "quick": 20.0, "standin": 60.0}
+
+
+def corpus_models(mode: str) -> list[tuple[dict[str, Any], dict[str, int]]]:
+    """(entry of bench/models.py's CORPUS, dims) for the corpus row."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import models
+    if mode == "standin":
+        return [(models.CORPUS[0], models.CORPUS[0]["small"])]
+    return [(e, e["dims"]) for e in models.CORPUS]
+
+
+def corpus_inputs(prog: Any, dims: dict[str, int]) -> dict[str, Any]:
+    """A corpus model's inputs as bench/corpus.py makes them (float32, shaped like a trained model's)."""
+    import models
+
+    from tgc.engine.inputs import random_inputs
+    shapes = {k: v.shape for k, v in random_inputs(prog, dims, seed=0).items()}
+    return models.corpus_inputs(shapes, seed=0)
+
+
+def _corpus_row(run_one: Any, mode: str) -> dict[str, Any]:
+    """Run `run_one(entry, dims) -> (seconds, check text or None, ok)` over the corpus within its budget."""
+    if corpus_dir() is None:
+        raise _Unavailable("no model corpus in this repository (bench/models/*.tg)")
+    st, done, checks, bad = time.perf_counter(), {}, {}, []
+    todo = corpus_models(mode)
+    for e, dims in todo:
+        if time.perf_counter() - st > CORPUS_BUDGET_S[mode]:
+            break
+        try:
+            secs, check, ok = run_one(e, dims)
+        except Exception as ex:  # noqa: BLE001 - one model's failure is reported, the others still run
+            checks[e["name"]] = f"failed: {type(ex).__name__}: {getattr(ex, 'msg', None) or ex}"[:300]
+            bad.append(e["name"])
+            continue
+        done[e["name"]] = secs
+        if check is not None:
+            checks[e["name"]] = check
+        if not ok:
+            bad.append(e["name"])
+    doc = {"status": "ok", "seconds": sum(done.values()), "models": done,
+           "summary": f"{len(done)} of {len(todo)} models (the row's budget: {CORPUS_BUDGET_S[mode]:.0f} s)"}
+    errors = {k: float(v) for k, v in checks.items() if v[:1].isdigit() or v == "nan"}
+    if checks:
+        doc["model_checks"] = checks
+    if errors:
+        worst = max(errors, key=lambda k: errors[k] if math.isfinite(errors[k]) else math.inf)
+        doc["check"] = (f"{'ok' if not bad else 'WRONG'}: worst error {checks[worst]} of the largest value "
+                        f"({worst}; allowed {CHECK_TOL['f32']:g}), against each model's numpy twin")
+    if bad:
+        why = (f"{k}: {checks[k] if checks[k].startswith(('failed', 'shape')) else 'wrong values, error ' + checks[k]}"
+               for k in bad)
+        doc.update(status="failed", why="; ".join(why)[:1500])
+    return doc
 
 
 # ------------------------------------------------------------------------------------------------ workers
@@ -265,12 +350,23 @@ def _tgc_runner(peer: str, mode: str):
     if not ok:
         raise _Unavailable(f"CUDA cannot run here: {why}")
 
+    def corpus_one(e: dict[str, Any], dims: dict[str, int]) -> tuple[float, str, bool]:
+        import numpy as np
+        prog = tgc.load(ROOT / "bench" / "models" / e["file"])
+        arrays = corpus_inputs(prog, dims)
+        res = prog.bench(device="CUDA", dims=dims, inputs=arrays, repeat=REPEAT[mode])
+        got = next(iter(prog.run(device="CUDA", dims=dims, **arrays).values())).astype(np.float64)
+        want = e["model"](np, *(arrays[d.name].astype(np.float64) for d in prog.inputs))
+        want = np.asarray(want[0] if isinstance(want, tuple) else want)
+        prog.release()
+        if got.shape != want.shape:
+            return res["program"]["median_s"], f"shape {got.shape} (numpy {want.shape})", False
+        err = float(np.max(np.abs(got - want))) / max(float(np.max(np.abs(want))), 1e-30)
+        return res["program"]["median_s"], f"{err:.2g}", bool(np.isfinite(err)) and err <= CHECK_TOL["f32"]
+
     def run(row: str) -> dict:
         if row == "corpus":
-            d = corpus_dir()
-            if d is None:
-                raise _Unavailable("no model corpus in this repository yet")
-            raise _Unavailable(f"the corpus in {d.name}/ is not wired into gpu_check yet")
+            return _corpus_row(corpus_one, mode)
         spec = row_spec(row, mode)
         prog = tgc.load(spec["path"]) if "path" in spec else tgc.loads(spec["src"], filename=f"<{row}>")
         arrays = _inputs_np(spec)
@@ -324,8 +420,8 @@ def _torch_runner(peer: str, mode: str):
 
     def run(row: str) -> dict:
         if row == "corpus":
-            raise _Unavailable("no model corpus in this repository yet" if corpus_dir() is None else
-                               "the corpus has no PyTorch versions yet")
+            raise _Unavailable("no model corpus in this repository" if corpus_dir() is None else
+                               "the corpus has numpy and JAX twins, no PyTorch ones (bench/models.py)")
         spec = row_spec(row, mode)
         arrays = _inputs_np(spec)
         if "path" in spec:
@@ -378,10 +474,22 @@ def _jax_runner(peer: str, mode: str):
            "attention": attention, "conv2d": conv,
            "transformer": lambda *a: models.transformer_block(jnp, *a)}
 
+    def corpus_one(e: dict[str, Any], dims: dict[str, int]) -> tuple[float, None, bool]:
+        import tgc
+        prog = tgc.load(ROOT / "bench" / "models" / e["file"])
+        arrays = corpus_inputs(prog, dims)
+        args = [jax.device_put(arrays[d.name], gpus[0]) for d in prog.inputs]
+        fn = jax.jit(lambda *a, model=e["model"]: model(jnp, *a))
+        jax.block_until_ready(fn(*args))
+        out: list[Any] = [None]
+
+        def call() -> None:
+            out[0] = fn(*args)
+        return _median_time(call, lambda: jax.block_until_ready(out[0]), REPEAT[mode]), None, True
+
     def run(row: str) -> dict:
         if row == "corpus":
-            raise _Unavailable("no model corpus in this repository yet" if corpus_dir() is None else
-                               "the corpus has no JAX versions yet")
+            return _corpus_row(corpus_one, mode)
         spec = row_spec(row, mode)
         arrays = _inputs_np(spec)
         if "path" in spec:
@@ -535,6 +643,7 @@ class Report:
     def save(self) -> None:
         self.doc["meta"]["updated"] = _now()
         self.doc["rows"] = self.table()
+        self.doc["targets"] = self.targets(self.doc["rows"])
         for name, text in (("gpu_check.json", json.dumps(self.doc, indent=2, default=str)),
                            ("gpu_check.md", self.markdown())):
             tmp = self.out / f".{name}.tmp"
@@ -569,9 +678,31 @@ class Report:
                 ps = c.get("seconds") if c.get("status") == "ok" else None
                 r[f"{peer}_s"] = ps
                 r[f"{peer}_ratio"] = ps / secs if ps and secs else None  # >1: tgc is faster
+                common = sorted(set(t.get("models") or {}) & set(c.get("models") or {}))
+                if ps and secs and common:  # the corpus: over the models both ran
+                    r[f"{peer}_ratio"] = (sum(c["models"][m] for m in common) /
+                                          max(sum(t["models"][m] for m in common), 1e-30))
                 r[f"{peer}_why"] = None if ps else (c.get("why") or c.get("status") or "not run")
             rows.append(r)
         return rows
+
+    def targets(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Issue 26 item 4's targets, each met, not met or unknown (and why) from the table's ratios."""
+        by_row = {r["row"]: r for r in rows}
+        out = []
+        for row, peer, want, what in TARGETS:
+            r = by_row.get(row)
+            t: dict[str, Any] = {"row": row, "peer": peer, "want": want, "what": what, "ratio": None}
+            if r is None:
+                t.update(status="unknown", why="row not run")
+            elif r["tgc_s"] is None:
+                t.update(status="unknown", why=f"tgc: {r['tgc_status']}")
+            elif r[f"{peer}_ratio"] is None:
+                t.update(status="unknown", why=f"{peer}: {r[f'{peer}_why']}")
+            else:
+                t.update(ratio=r[f"{peer}_ratio"], status="met" if r[f"{peer}_ratio"] >= want else "not met")
+            out.append(t)
+        return out
 
     def markdown(self) -> str:
         m = self.doc["meta"]
@@ -620,6 +751,13 @@ class Report:
                 check = r["check"].split(" of ")[0].replace(": worst error", "") if r["check"] else "-"
                 lines.append(f"| {r['row']} | {r['size']} | {tg} | {rate} | {share} | {check} | " + " | ".join(peers)
                              + " |")
+        targets = self.doc.get("targets") or []
+        if rows and targets:
+            lines += ["", "## Targets (issue 26 item 4)", "", "| row | target | ratio | status |", "|---|---|---|---|"]
+            for t in targets:
+                ratio = f"{t['ratio']:.2f}x" if t["ratio"] is not None else "-"
+                status = t["status"] if t["status"] != "unknown" else f"unknown: {_md(t['why'])}"
+                lines.append(f"| {t['row']} | >= {t['want']}x {t['what']} ({t['peer']}) | {ratio} | {status} |")
         return "\n".join(lines) + "\n"
 
 
@@ -753,7 +891,7 @@ def test_groups(mode: str, gpus: int, workdir: Path) -> list[dict[str, Any]]:
         sample = ({"language": 4, "multi": 8, "symbolic": 4, "packages": 4} if mode == "quick" else
                   {"multi": 2})
         # what the budget leaves the tests (full: 450 s - 170 s for the bench - ~35 s for devices and peaks)
-        limits = ({"backend": 10, "language": 25, "graphs": 8, "multi": 10, "symbolic": 10, "packages": 10}
+        limits = ({"backend": 10, "language": 20, "graphs": 8, "multi": 8, "symbolic": 10, "packages": 10}
                   if mode == "quick" else
                   {"backend": 15, "language": 100, "graphs": 15, "multi": 35, "symbolic": 30, "packages": 30})
     env = {"backend": {}, "language": {"TGC_TEST_DEVICES": "CUDA"}, "graphs": {"TGC_TEST_DEVICES": "CUDA"},
@@ -864,7 +1002,7 @@ def run_bench_peer(runner: Runner, peer: str, mode: str, rows: list[str], part_l
     """One worker per peer; a row past its limit, or one that kills its worker, is recorded and the next runs."""
     name = f"bench:{peer}"
     part_end = time.monotonic() + runner.limit(name, part_limit)
-    row_limit = ROW_LIMIT_S[mode]
+    limit_now = ROW_LIMIT_S[mode]
     log = runner.logs / f"bench-{peer.replace('.', '-')}.log"
     results = runner.logs / f"bench-{peer.replace('.', '-')}.jsonl"
     results.unlink(missing_ok=True)
@@ -898,7 +1036,8 @@ def run_bench_peer(runner: Runner, peer: str, mode: str, rows: list[str], part_l
                     unavailable = ev["why"]
                 elif ev["event"] == "start":
                     current, started = ev["row"], time.monotonic()
-                    print(f"[{_clock()}] {name}: {current}", flush=True)
+                    limit_now = row_limit(mode, part_end - started, len([r for r in todo if r not in done_rows]))
+                    print(f"[{_clock()}] {name}: {current} (limit {limit_now:.0f} s)", flush=True)
                 elif ev["event"] == "done":
                     doc = {k: v for k, v in ev.items() if k not in ("event", "row")}
                     runner.report.cell(ev["row"], peer, doc)
@@ -908,8 +1047,8 @@ def run_bench_peer(runner: Runner, peer: str, mode: str, rows: list[str], part_l
                     current = None
             now = time.monotonic()
             over = None
-            if rc is None and current is not None and now - started > row_limit:
-                over = f"timed out after {row_limit:.0f} s"
+            if rc is None and current is not None and now - started > limit_now:
+                over = f"timed out after {limit_now:.0f} s"
             elif rc is None and current is None and now - worker_start > STARTUP_LIMIT_S and not done_rows:
                 over = f"the worker did not start within {STARTUP_LIMIT_S:.0f} s"
             elif rc is None and now > part_end:
@@ -1037,6 +1176,10 @@ def main(argv: list[str] | None = None) -> int:
         if r != "corpus":
             spec = row_spec(r, mode)
             sizes[r], amounts[r] = spec["size"], spec.get("flops") or spec.get("bytes")
+        elif corpus_dir() is not None:
+            n = len(glob.glob(str(corpus_dir() / "*.tg")))
+            sizes[r] = ("1 model, small dims" if mode == "standin" else
+                        f"bench/models ({n} programs) at `make bench` dims, up to {CORPUS_BUDGET_S[mode]:.0f} s")
     meta = {"mode": mode, "standin": mode == "standin", "started": _now(), "commit": _git_commit(),
             "python": sys.version.split()[0], "budget_s": budget, "out": str(out), "sizes": sizes,
             "amounts": amounts, "argv": sys.argv[1:]}
@@ -1123,7 +1266,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # bench: what is left of the budget, shared by the peers still to run (by weight; time one leaves rolls over)
     runner.reserve = 0.0
-    bench_peers = [p for p in PEERS if p in peers]
+    bench_peers = [p for p in BENCH_ORDER if p in peers]
     for peer in (p for p in PEERS if p not in peers):
         for r in rows:
             report.cell(r, peer, {"status": "skipped", "why": "not in --peers"})
@@ -1134,7 +1277,9 @@ def main(argv: list[str] | None = None) -> int:
             for r in rows:
                 report.cell(r, peer, {"status": "skipped", "why": "CUDA is not available"})
             continue
-        share = max(runner.left(), 0) * PEER_WEIGHT[peer] / sum(PEER_WEIGHT[p] for p in bench_peers[i:])
+        weights = PEER_WEIGHT[mode]
+        share = max(runner.left(), 0) * (weights[peer] / sum(weights[p] for p in bench_peers[i:])
+                                         if sum(weights[p] for p in bench_peers[i:]) > 0 else 1.0)
         run_bench_peer(runner, peer, mode, rows, share)
 
     report.doc["meta"]["finished"] = _now()

@@ -43,6 +43,7 @@ template <class T> static inline T __shfl_xor_sync(unsigned mask, T value, int o
 #define __launch_bounds__(...)
 #define __shared__ static
 #define __constant__
+#define __align__(n) __attribute__((aligned(n)))
 /* dynamic shared memory (cuLaunchKernel's sharedMemBytes): the generated `extern __shared__ ... tgc_smem[];` line
  * becomes `#define tgc_smem tgc_dynamic_smem` (tests/cuda_standin.py), one buffer for the block running now */
 static unsigned char *tgc_dynamic_smem;
@@ -62,6 +63,31 @@ static inline unsigned short tgc_float2bf16(float f) {
   unsigned u = __float_as_uint(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fff;  /* cvt.rn.bf16.f32 gives the canonical NaN */
   return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* cp.async (cstyle.py's CP_ASYNC_HELPERS, sm_80+): a thread's copies are only queued, each with the number of the
+ * group it will be committed in, and land when the thread waits for its group (cp.async.wait_group N: every
+ * group but the N most recent), the latest a GPU may complete them: a kernel that reads a tile before waiting for
+ * it and passing the barrier reads the 0xFF-filled or an older step's shared memory, and fails. */
+struct tgc_async_copy { void *dst; const void *src; unsigned group; };
+static thread_local tgc_async_copy tgc_async_queue[1024];
+static thread_local unsigned tgc_async_pending, tgc_async_group;
+static inline void tgc_cp_async_land(unsigned below) {  /* land the copies of groups < below, keep the others */
+  unsigned kept = 0;
+  for (unsigned i = 0; i < tgc_async_pending; i++) {
+    if (tgc_async_queue[i].group < below) memcpy(tgc_async_queue[i].dst, tgc_async_queue[i].src, 16);
+    else tgc_async_queue[kept++] = tgc_async_queue[i];
+  }
+  tgc_async_pending = kept;
+}
+static inline void tgc_cp_async_commit() { tgc_async_group++; }
+template <int N> static inline void tgc_cp_async_wait_group() {
+  tgc_cp_async_land(tgc_async_group >= N ? tgc_async_group - N : 0);
+}
+static inline void tgc_cp_async16(void *dst, const void *src) {
+  if (((uintptr_t)dst | (uintptr_t)src) & 15) __builtin_trap();  /* cp.async's 16 bytes need 16-byte alignment */
+  if (tgc_async_pending == 1024) __builtin_trap();  /* more copies in flight than tgc's kernels issue */
+  tgc_async_queue[tgc_async_pending++] = {dst, src, tgc_async_group};
 }
 
 static inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }

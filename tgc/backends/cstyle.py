@@ -12,6 +12,7 @@ import struct
 from dataclasses import replace
 
 from tgc.capabilities import Capabilities
+from tgc.codegen.opt import ASYNC_COPY, ASYNC_FIRST, ASYNC_NEXT
 from tgc.dtype import DType
 from tgc.errors import CompileError
 from tgc.ir.uop import Ops, UOp
@@ -219,6 +220,10 @@ class CStyleRenderer:
                 names[u] = u.arg[0] if isinstance(u.arg, tuple) else str(u.arg)
                 params.append(f"int {names[u]}")
         fused = self._fused_products(uops)  # products written as the fma of the accumulate that uses them
+        # STAGE's asynchronous tile copies (`opt.stage_tiles`): the 4-lane LOAD is the copy's source address only
+        copies = {u.src[2] for u in uops if is_async_copy(u)}
+        ahead = any(u.arg == ASYNC_NEXT for u in uops if is_async_copy(u))  # copies issued a step ahead
+        last_copy = None  # the kind of the last asynchronous copy rendered (each kind its own group)
         for u in uops:
             op, d = u.op, u.dtype
             if op in (Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.CONST, Ops.SINK):
@@ -253,6 +258,9 @@ class CStyleRenderer:
                 names[u] = u.arg[0]
                 line(self.define_local(u.arg[0], self.ctype(d), int(u.arg[1]), uops))
             elif op is Ops.BARRIER:
+                if copies:  # a thread's own copies land before the barrier publishes the tile
+                    line(self.async_copy_wait(1 if ahead else 0))
+                    last_copy = None
                 line(self.barrier)
             elif op is Ops.SHUFFLE:
                 define(u, self.shuffle(ref(u.src[0]), int(u.arg)))
@@ -260,6 +268,14 @@ class CStyleRenderer:
                 define(u, f"{ref(u.src[0])}.{'xyzw'[u.arg]}")
             elif op is Ops.MMA:
                 define(u, self.mma(str(u.arg), [ref(s) for s in u.src]))
+            elif u in copies:
+                names[u] = f"{names[u.src[0]]} + {ref(u.src[1])}"
+            elif is_async_copy(u):
+                if last_copy is not None and u.arg != last_copy:  # the first step's copies: a group of their own
+                    line(self.async_copy_commit())
+                last_copy = u.arg
+                line(guard(u, self.async_copy(f"{names[u.src[0]]} + {ref(u.src[1])}", ref(u.src[2]),
+                                              u.src[2].dtype.itemsize * u.src[2].dtype.count)))
             elif op is Ops.LOAD and d.count > 1:
                 define(u, self.vector_load(d, names[u.src[0]], ref(u.src[1])))
             elif op is Ops.LOAD and u.src[0].op is Ops.DEFINE_LOCAL:
@@ -286,6 +302,19 @@ class CStyleRenderer:
     def mma(self, kind: str, args: list[str]) -> str:
         """A warp's m16n8k16 multiply (`Ops.MMA`; only dialects with tensor cores)."""
         raise CompileError(f"the {self.name} dialect renders no tensor-core multiply (a tgc bug)")
+
+    def async_copy(self, dst: str, src: str, nbytes: int) -> str:
+        """A copy of `nbytes` from global to shared memory issued without waiting (only dialects with
+        `async_copy`)."""
+        raise CompileError(f"the {self.name} dialect renders no asynchronous copy (a tgc bug)")
+
+    def async_copy_commit(self) -> str:
+        """Close this thread's asynchronous copies issued since the last commit into one group."""
+        raise CompileError(f"the {self.name} dialect renders no asynchronous copy (a tgc bug)")
+
+    def async_copy_wait(self, pending: int) -> str:
+        """Commit, then wait for this thread's asynchronous copies but those of the last `pending` groups."""
+        raise CompileError(f"the {self.name} dialect renders no asynchronous copy (a tgc bug)")
 
     def define_local(self, name: str, ctype: str, count: int, uops: list[UOp]) -> str:
         """The declaration of a shared array of `count` elements."""
@@ -397,6 +426,23 @@ __device__ __forceinline__ float4 tgc_mma_{t}(float a0, float a1, float a2, floa
   return make_float4(d0, d1, d2, d3); }}""" for t, cvt in (("f16", "half"), ("bf16", "bf16")))
 
 
+# STAGE's tile copies on sm_80+ (`opt.stage_tiles` with caps `async_copy`): `cp.async.cg` moves 16 bytes from global
+# to shared memory without a register (and past L1); `cp.async.commit_group` closes this thread's copies issued
+# since the last commit into a group, `cp.async.wait_group N` waits for all its groups but the N most recent; the
+# barrier after the wait publishes everyone's. tests/cuda_standin.py swaps these for kernel.h's.
+CP_ASYNC_HELPERS = """__device__ __forceinline__ void tgc_cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\\n" ::
+               "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory"); }
+__device__ __forceinline__ void tgc_cp_async_commit() { asm volatile("cp.async.commit_group;\\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void tgc_cp_async_wait_group() {
+  asm volatile("cp.async.wait_group %0;\\n" :: "n"(N) : "memory"); }"""
+
+
+def is_async_copy(u: UOp) -> bool:
+    """A STORE to shared memory that STAGE issues as an asynchronous copy of the LOAD it stores."""
+    return u.op is Ops.STORE and u.arg in (ASYNC_COPY, ASYNC_FIRST, ASYNC_NEXT) and u.src[0].op is Ops.DEFINE_LOCAL
+
+
 class CUDARenderer(CStyleRenderer):
     name = "cuda"
     kernel_prefix = 'extern "C" __global__ void'
@@ -411,9 +457,9 @@ class CUDARenderer(CStyleRenderer):
 
     @property
     def caps(self) -> Capabilities:
-        """The C dialects' caps, with tensor cores (`mma.sync` needs sm_80: `CUDADevice.caps` drops them for an
-        older architecture)."""
-        return replace(super().caps, tensor_cores=True)
+        """The C dialects' caps, with tensor cores and asynchronous copies (`mma.sync` and `cp.async` need sm_80:
+        `CUDADevice.caps` drops both for an older architecture)."""
+        return replace(super().caps, tensor_cores=True, async_copy=True)
     types = {**CStyleRenderer.types, "i8": "signed char", "u8": "unsigned char", "u16": "unsigned short",
              "u32": "unsigned int", "i64": "long long", "u64": "unsigned long long"}
     mem_types = {"bool": "unsigned char", "f16": "unsigned short", "bf16": "unsigned short"}
@@ -430,6 +476,17 @@ class CUDARenderer(CStyleRenderer):
     def mma(self, kind: str, args: list[str]) -> str:
         return f"tgc_mma_{kind}({', '.join(args)})"
 
+    def async_copy(self, dst: str, src: str, nbytes: int) -> str:
+        if nbytes != 16:
+            raise CompileError(f"cp.async of {nbytes} bytes: tgc issues only 16-byte copies (a tgc bug)")
+        return f"tgc_cp_async16({dst}, {src});"
+
+    def async_copy_commit(self) -> str:
+        return "tgc_cp_async_commit();"
+
+    def async_copy_wait(self, pending: int) -> str:
+        return f"tgc_cp_async_commit(); tgc_cp_async_wait_group<{pending}>();"
+
     def prelude(self, uops: list[UOp]) -> list[str]:
         return [
             "#define INFINITY __int_as_float(0x7f800000)",
@@ -438,6 +495,7 @@ class CUDARenderer(CStyleRenderer):
             "template <class T, class F> __device__ __forceinline__ T tg_bitcast(F x) "
             "{ union { F from; T to; } u; u.from = x; return u.to; }",
             *([MMA_HELPERS] if any(u.op is Ops.MMA for u in uops) else []),
+            *([CP_ASYNC_HELPERS] if any(is_async_copy(u) for u in uops) else []),
         ]
 
     def param(self, u: UOp, written: bool) -> str:
@@ -493,6 +551,8 @@ class CUDARenderer(CStyleRenderer):
 
     def define_local(self, name: str, ctype: str, count: int, uops: list[UOp]) -> str:
         if not dynamic_shared_bytes(uops):
+            if any(is_async_copy(u) for u in uops):  # cp.async's 16-byte copies need 16-byte-aligned arrays
+                return f"{self.local_qualifier} __align__(16) {ctype} {name}[{count}];"
             return super().define_local(name, ctype, count, uops)
         offset = 0
         for u in uops:  # this array's offset: the arrays before it, each rounded up to 16 bytes

@@ -600,8 +600,8 @@ class CUDADevice(Device):
         if self.max_shared_bytes is not None and self.max_shared_bytes > caps.max_shared_bytes:
             caps = replace(caps, max_shared_bytes=self.max_shared_bytes)
         digits = "".join(c for c in self.arch[3:5] if c.isdigit())
-        if caps.tensor_cores and (not digits or int(digits) < 80):  # mma.sync m16n8k16: Ampere and later
-            caps = replace(caps, tensor_cores=False)
+        if not digits or int(digits) < 80:  # mma.sync m16n8k16 and cp.async: Ampere and later
+            caps = replace(caps, tensor_cores=False, async_copy=False)
         return caps
 
     @classmethod

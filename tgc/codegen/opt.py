@@ -5,8 +5,12 @@ A kernel's loops are RANGE uops, so every optimization is a split or a relabelli
 - UPCAST(axis, n): an output loop is split and its inner n iterations are unrolled into registers;
 - UNROLL(axis, n): the same for a reduction loop;
 - LOCAL(axis, n): on GPUs, the inner n iterations of an output loop become a work-group dimension;
-- GROUP(axis, n): on GPUs, a reduction split across n threads of a work-group (partial sums in
-  shared memory, combined after a barrier);
+- GROUP(axis, n): on GPUs, a reduction split across n threads of a work-group (partial sums combined by warp
+  shuffles or in shared memory, `lower_groups`); thread g takes steps g, g + n, ... (adjacent threads read
+  adjacent elements);
+- GROUPTOP(axis, n): the same, the threads taking the reduction's outer digit: thread g takes a contiguous
+  n-th of it (steps g * size / n, ...), which a CPU-backed OpenCL (one core walking a work-group's threads in
+  turn) may read faster;
 - STAGE(axis, n): on GPUs, a reduction loop is split into tiles of n steps; the operands of each tile (the values
   the work-group's threads read in it) are copied to shared memory by all the threads together (coalesced,
   double-buffered, one barrier a tile), and the threads read them from there (`stage_tiles`);
@@ -62,9 +66,10 @@ def launch_limits(device: Any) -> LaunchLimits:
     return LaunchLimits(caps.max_threads_per_block, caps.max_shared_bytes, caps.max_grid)
 
 
-def shared_bytes(ast: UOp) -> int:
-    """The shared memory `lower_groups` will declare for this AST: per GROUP reduction, one slot per thread of the
-    work-group and per UPCAST lane of the reduced value (half floats are held as 4-byte floats)."""
+def shared_bytes(ast: UOp, stage_buffers: int = 2) -> int:
+    """The shared memory `lower_groups` and `stage_tiles` will declare for this AST: per GROUP reduction, one slot
+    per thread of the work-group and per UPCAST lane of the reduced value (half floats are held as 4-byte floats);
+    per staged tile, `stage_buffers` copies of it (3 where the device copies asynchronously: an upper bound)."""
     ranges = {u for u in ast.toposort() if u.op is Ops.RANGE}
     local = prod(r.src[0].arg for r in ranges if r.arg[1] is RangeKind.LOCAL)
     total = 0
@@ -77,7 +82,8 @@ def shared_bytes(ast: UOp) -> int:
             size = 4 if u.dtype.name in ("f16", "bf16") else u.dtype.itemsize
             total += local * lanes * g.src[0].arg * size
     for ld, tile in staged_tiles(ast):
-        total += 2 * prod(r.src[0].arg for r in tile) * (4 if ld.dtype.name in ("f16", "bf16") else ld.dtype.itemsize)
+        total += stage_buffers * prod(r.src[0].arg for r in tile) * (4 if ld.dtype.name in ("f16", "bf16")
+                                                                       else ld.dtype.itemsize)
     return total
 
 
@@ -88,6 +94,7 @@ class OptOps(str, Enum):
     UNROLL = "UNROLL"
     LOCAL = "LOCAL"
     GROUP = "GROUP"
+    GROUPTOP = "GROUPTOP"
     PADTO = "PADTO"
     STAGE = "STAGE"
     TC = "TC"
@@ -183,7 +190,7 @@ class OptKernel:
         group = prod(r.src[0].arg for r in ranges if r.arg[1] in (RangeKind.LOCAL, RangeKind.GROUP))
         if group > lim.threads:
             raise OptError(f"a work-group of {group} threads is too large (at most {lim.threads})")
-        shared = shared_bytes(self.ast)
+        shared = shared_bytes(self.ast, stage_buffers(self.device.caps.async_copy))
         if shared > lim.shared_bytes:
             raise OptError(f"{shared} bytes of shared memory is too much (at most {lim.shared_bytes})")
 
@@ -220,7 +227,8 @@ class OptKernel:
             self.ast = tensor_core(self.ast, self._next_id())
             self.applied.append(opt)
             return
-        if opt.op in (OptOps.LOCAL, OptOps.GROUP, OptOps.STAGE) and any(u.op is Ops.MMA for u in self.ast.toposort()):
+        if opt.op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP, OptOps.STAGE) and \
+                any(u.op is Ops.MMA for u in self.ast.toposort()):
             raise OptError(f"{opt.op.name} after TC (the work-group is the warp of the tensor cores)")
         if not 0 <= opt.axis < len(axes):
             raise OptError(f"axis {opt.axis} is out of range: the kernel has {len(axes)} axes")
@@ -243,7 +251,7 @@ class OptKernel:
             self.ast = split_range(self.ast, r, amt, RangeKind.TILE, self._next_id())
             self.applied.append(opt)
             return
-        if n is None and opt.op not in (OptOps.UPCAST, OptOps.UNROLL, OptOps.LOCAL, OptOps.GROUP):
+        if n is None and opt.op not in (OptOps.UPCAST, OptOps.UNROLL, OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP):
             raise OptError(f"{opt.op.name} needs a constant size")
         if opt.op is OptOps.PADTO:
             if not is_reduce and gpu:
@@ -277,17 +285,17 @@ class OptKernel:
             if is_reduce:
                 raise OptError("LOCAL applies to output axes")
             kind = RangeKind.LOCAL
-        else:  # GROUP
+        else:  # GROUP, GROUPTOP
             if not gpu:
-                raise OptError("GROUP needs a GPU-shaped device")
+                raise OptError(f"{opt.op.name} needs a GPU-shaped device")
             if not is_reduce:
-                raise OptError("GROUP applies to reduction axes")
+                raise OptError(f"{opt.op.name} applies to reduction axes")
             if any(x.arg[1] in (RangeKind.GROUP, RangeKind.TILE) for x in self.ranges()):
                 raise OptError("only one GROUP per kernel, and not with STAGE")
             kind = RangeKind.GROUP
         if n is None:
             self.assumptions.append((r.src[0], amt))
-        self.ast = split_range(self.ast, r, amt, kind, self._next_id())
+        self.ast = split_range(self.ast, r, amt, kind, self._next_id(), top=opt.op is OptOps.GROUPTOP)
         self.applied.append(opt)
 
 
@@ -364,15 +372,18 @@ def tensor_core(ast: UOp, next_id: int) -> UOp:
     return simplify(UOp(Ops.SINK, ast.dtype, tuple(stores), ast.arg))
 
 
-def split_range(ast: UOp, r: UOp, amount: int, inner_kind: RangeKind, inner_id: int) -> UOp:
+def split_range(ast: UOp, r: UOp, amount: int, inner_kind: RangeKind, inner_id: int, top: bool = False) -> UOp:
     """Replace range r by outer * amount + inner; a REDUCE over r then reduces over both parts (a rewrite).
-    A symbolic size (not a CONST) is divided as an expression: the caller has checked that `amount` divides it."""
+    With `top`, the new range of `amount` steps is the high digit instead: r = new * (size / amount) + outer
+    (GROUPTOP). A symbolic size (not a CONST) is divided as an expression: the caller has checked that `amount`
+    divides it."""
     end = r.src[0]
     outer_end = UOp.const(INDEX, end.arg // amount) if end.op is Ops.CONST else \
         simplify(end // UOp.const(INDEX, amount))
     outer = UOp(Ops.RANGE, INDEX, (outer_end,), r.arg)
     inner = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, amount),), (inner_id, inner_kind))
-    ctx = _Split(r, outer * UOp.const(INDEX, amount) + inner, (outer, inner))
+    value = inner * outer_end + outer if top else outer * UOp.const(INDEX, amount) + inner
+    ctx = _Split(r, value, (outer, inner))
     return simplify(graph_rewrite(ast, _split_rules, ctx))
 
 
@@ -740,14 +751,35 @@ def _vector_copies(ld: UOp, ranges: tuple[UOp, ...], size: int, threads: int) ->
     return const % 4 == 0 and all(c % 4 == 0 for node, c in terms if node is not inner)
 
 
-def stage_tiles(ast: UOp) -> UOp:
+# the arg of a STORE to shared memory issued as an asynchronous copy (`cp.async`) of the LOAD it stores: one the
+# thread waits for before this step's barrier, or (prefetching) the first step's, issued in step 0, and the next
+# step's, issued a step ahead (the renderer commits each kind as its own group: `cstyle.CUDARenderer`)
+ASYNC_COPY, ASYNC_FIRST, ASYNC_NEXT = "async", "async_first", "async_next"
+
+
+def stage_buffers(async_copy: bool) -> int:
+    """Shared buffers of each staged tile: 2 (by the step's parity), 3 where the device copies asynchronously (the
+    next step's copies are issued before this step's barrier: `stage_tiles`)."""
+    return 3 if async_copy else 2
+
+
+def stage_tiles(ast: UOp, async_copy: bool = False) -> UOp:
     """STAGE's lowering (GPUs; before `map_to_grid`, while the work-group's ranges are ranges): the reduction over
     (outer, tile) becomes a reduction over outer of a reduction over tile. In each outer step the work-group's
     threads copy every staged load's tile (`staged_tiles`) into shared memory, thread t taking elements t,
     t + threads, ... of it (in the order of its ranges, the contiguous one last: adjacent threads read adjacent
     elements), the copies past the tile gated off; one barrier; then the tile's loop reads shared memory. Two
     buffers, by the outer step's parity: a thread past the barrier writes the other buffer, which every thread
-    finished reading before that barrier (so one barrier a step suffices)."""
+    finished reading before that barrier (so one barrier a step suffices).
+    With `async_copy` (caps `async_copy`: CUDA sm_80+) and every copy 16 bytes (`_vector_copies`), the copies are
+    `cp.async` (a STORE of the 4-lane LOAD into shared memory with arg ASYNC_FIRST or ASYNC_NEXT, which the
+    renderer issues without registers between) and run a step ahead: step s issues step s + 1's copies (gated off
+    in the last step; step 0 also issues its own, gated to step 0) into buffer (s + 1) % 3, waits for all but
+    those (`cp.async.wait_group 1`: step s's, issued in step s - 1) and passes the one barrier, so the copies of
+    s + 1 overlap the arithmetic of s. Three buffers keep one barrier a step right: a thread at step s has passed
+    barrier s - 1, which every thread reached after computing on buffer (s - 2) % 3 = (s + 1) % 3; others may
+    still compute on (s - 1) % 3, which it does not write. Otherwise (some copy element by element) the 16-byte
+    copies are `cp.async` waited for before the barrier of their own step (ASYNC_COPY), with two buffers."""
     found = _tile_reduce(ast)
     staged = staged_tiles(ast)
     if found is None or not staged:
@@ -757,20 +789,41 @@ def stage_tiles(ast: UOp) -> UOp:
     locals_ = sorted((r for r in nodes if r.op is Ops.RANGE and r.arg[1] is RangeKind.LOCAL), key=lambda r: r.arg[0])
     threads = prod(r.src[0].arg for r in locals_)
     tid = flat_index(tuple(locals_), tuple(r.src[0].arg for r in locals_))
-    parity = simplify(outer % UOp.const(INDEX, 2))
-    stores, reads = [], {}
-    for i, (ld, tile_ranges) in enumerate(staged):
+    vector = [_vector_copies(ld, tr, prod(r.src[0].arg for r in tr), threads) for ld, tr in staged]
+    ahead = async_copy and all(vector)
+    nbuf = stage_buffers(True) if ahead else 2
+    steps = outer.src[0].arg
+
+    def buffer(step: UOp, size: int) -> UOp:
+        return simplify((step % UOp.const(INDEX, nbuf)) * UOp.const(INDEX, size))
+
+    one = UOp.const(INDEX, 1)
+    first_gate = UOp(Ops.CMPLT, dtypes.bool, (outer, one))  # step 0
+    next_gate = UOp(Ops.CMPLT, dtypes.bool, (outer, UOp.const(INDEX, steps - 1)))  # a step after this one
+    first, stores, reads = [], [], {}
+    for i, ((ld, tile_ranges), vec_ok) in enumerate(zip(staged, vector)):
         sizes = tuple(r.src[0].arg for r in tile_ranges)
         size = prod(sizes)
-        temp = UOp(Ops.DEFINE_LOCAL, ld.dtype.as_ptr(), (), (f"tile{i}", 2 * size))
-        base = simplify(parity * UOp.const(INDEX, size))
-        if _vector_copies(ld, tile_ranges, size, threads):  # 16-byte loads, four elements a thread and copy
+        temp = UOp(Ops.DEFINE_LOCAL, ld.dtype.as_ptr(), (), (f"tile{i}", nbuf * size))
+        base = buffer(outer, size)
+        if vec_ok:  # 16-byte loads, four elements a thread and copy
             for c in range(size // 4 // threads):
                 e = simplify((tid + UOp.const(INDEX, c * threads)) * UOp.const(INDEX, 4))
                 vec = substitute(ld, _digits(e, tile_ranges, sizes)).replace(dtype=ld.dtype.vec(4))
-                for j in range(4):
-                    lane = UOp(Ops.GEP, ld.dtype, (vec,), j)
-                    stores.append(UOp(Ops.STORE, None, (temp, simplify(base + e + UOp.const(INDEX, j)), lane)))
+                if ahead:
+                    v0 = substitute(vec, {outer: UOp.const(INDEX, 0)})
+                    first.append(UOp(Ops.STORE, None, (temp, simplify(buffer(UOp.const(INDEX, 0), size) + e), v0,
+                                                       first_gate), ASYNC_FIRST))
+                    v1 = substitute(vec, {outer: outer + one})
+                    v1 = v1.replace(src=(*v1.src[:2], next_gate))
+                    stores.append(UOp(Ops.STORE, None, (temp, simplify(buffer(outer + one, size) + e), v1,
+                                                        next_gate), ASYNC_NEXT))
+                elif async_copy:
+                    stores.append(UOp(Ops.STORE, None, (temp, simplify(base + e), vec), ASYNC_COPY))
+                else:
+                    for j in range(4):
+                        lane = UOp(Ops.GEP, ld.dtype, (vec,), j)
+                        stores.append(UOp(Ops.STORE, None, (temp, simplify(base + e + UOp.const(INDEX, j)), lane)))
         else:
             for c in range(-(-size // threads)):
                 e = simplify(tid + UOp.const(INDEX, c * threads))
@@ -783,7 +836,7 @@ def stage_tiles(ast: UOp) -> UOp:
                 else:
                     stores.append(UOp(Ops.STORE, None, (temp, simplify(base + e), copied)))
         reads[ld] = (temp, simplify(base + flat_index(tile_ranges, sizes)))
-    barrier = UOp(Ops.BARRIER, None, tuple(stores))
+    barrier = UOp(Ops.BARRIER, None, tuple(first + stores))  # (the first step's copies first: their own group)
     body = substitute(u.src[0], {ld: UOp(Ops.LOAD, ld.dtype, (temp, idx, barrier))
                                  for ld, (temp, idx) in reads.items()})
     inner = UOp(Ops.REDUCE, u.dtype, (body, tile), u.arg)

@@ -140,7 +140,7 @@ def _lower_groups(ast: UOp, ctx: LowerCtx) -> UOp:
 
 
 def _stage_tiles(ast: UOp, ctx: LowerCtx) -> UOp:
-    return stage_tiles(ast)
+    return stage_tiles(ast, async_copy=ctx.device.caps.async_copy)
 
 
 def _map_to_grid(ast: UOp, ctx: LowerCtx) -> UOp:

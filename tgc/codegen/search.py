@@ -36,7 +36,7 @@ import numpy as np
 from tgc import cache
 from tgc.codegen.attention import AttentionKernel, lower_attention
 from tgc.codegen.heuristic import hand_coded
-from tgc.codegen.opt import Opt, OptError, OptKernel, OptOps, remember
+from tgc.codegen.opt import Opt, OptError, OptKernel, OptOps, launch_limits, remember
 from tgc.codegen.pipeline import lower
 from tgc.codegen.pipeline import prepare as prepare_ast
 from tgc.dtype import bf16_to_f32
@@ -47,7 +47,7 @@ from tgc.env import env_int
 from tgc.errors import CompileError
 from tgc.ir.kernel import ScheduleItem
 from tgc.ir.shapes import prod, shape_of
-from tgc.ir.uop import UOp, pretty
+from tgc.ir.uop import RangeKind, UOp, pretty
 from tgc.version import __version__
 
 COMPILE_TIMEOUT_S = 20.0
@@ -58,6 +58,10 @@ UNROLL_AMOUNTS = (2, 4, 8, 16)
 LOCAL_AMOUNTS = (2, 4, 8, 16, 32)
 PAD_AMOUNTS = (8, 16, 32)
 STAGE_AMOUNTS = (8, 16, 32)  # reduction steps of a tile staged in shared memory (GPUs)
+# threads of a work-group that share one reduction (GPUs, GROUP and GROUPTOP): powers of two, which
+# `opt.lower_groups` combines by warp shuffles (CUDA) or a shared-memory tree (the serial loop it falls back to
+# for other sizes is never faster); amounts past the device's threads per work-group are not offered
+GROUP_AMOUNTS = (16, 32, 64, 128, 256)
 # the time budget: a kernel whose default takes under this share of the program's default time (the sum over the
 # kernels searched) cannot matter to the program: it gets a small search (SMALL_WIDTH, SMALL_ROUNDS rounds after
 # the default and its prefixes) instead of the full one
@@ -161,8 +165,8 @@ def store(ast: UOp, device: Any, opts: list[Opt], seconds: float, name: str, wid
 
 def actions(k: OptKernel | AttentionKernel) -> list[Opt]:
     """The opts one round tries on `k`: splits by the amounts that divide an axis (any amount on an axis whose
-    kernel masks a partial last split itself, `ragged_axes`), PADTO, SWAP, and on the CPU fewer threads than the
-    automatic count (`thread_amounts`)."""
+    kernel masks a partial last split itself, `ragged_axes`), PADTO, SWAP, on the CPU fewer threads than the
+    automatic count (`thread_amounts`), and on GPUs LOCAL, STAGE, GROUP/GROUPTOP (`group_amounts`) and TC."""
     out: list[Opt] = []
     gpu = k.device.caps.gpu
     loops, reduces = k.loops(), k.reduces()
@@ -177,6 +181,9 @@ def actions(k: OptKernel | AttentionKernel) -> list[Opt]:
         out += [Opt(OptOps.PADTO, axis, a) for a in PAD_AMOUNTS if r.src[0].arg % a and r.src[0].arg > a]
         if gpu and len(reduces) == 1:  # (STAGE stages a reduction of one loop)
             out += [Opt(OptOps.STAGE, axis, a) for a in STAGE_AMOUNTS if r.src[0].arg % a == 0 and r.src[0].arg > a]
+        if gpu and isinstance(k, OptKernel):
+            out += [Opt(op, axis, a) for op in (OptOps.GROUP, OptOps.GROUPTOP) for a in group_amounts(k)
+                    if r.src[0].arg % a == 0]
     for a in range(len(loops)):
         for b in range(a + 1, len(loops)):
             out.append(Opt(OptOps.SWAP, a, b))
@@ -185,6 +192,17 @@ def actions(k: OptKernel | AttentionKernel) -> list[Opt]:
     if gpu and k.device.caps.tensor_cores and not k.applied:  # (TC is a kernel's first opt; it refuses non-matmuls)
         out.append(Opt(OptOps.TC, 0, 0))
     return out
+
+
+def group_amounts(k: OptKernel) -> list[int]:
+    """The GROUP sizes a round offers `k` (a GPU kernel): `GROUP_AMOUNTS` that fit the device's threads per
+    work-group beside the LOCAL threads `k` has; none where it has a GROUP or a staged tile already (one a kernel)
+    or tensor cores (the warp is the work-group). Shared memory is checked when a candidate is applied."""
+    kinds = [r.arg[1] for r in k.ranges()]
+    if RangeKind.GROUP in kinds or RangeKind.TILE in kinds or any(o.op is OptOps.TC for o in k.applied):
+        return []
+    threads = prod(r.src[0].arg for r in k.ranges() if r.arg[1] is RangeKind.LOCAL)
+    return [a for a in GROUP_AMOUNTS if a * threads <= launch_limits(k.device).threads]
 
 
 def thread_amounts(cores: int) -> list[int]:
