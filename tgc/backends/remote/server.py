@@ -194,6 +194,8 @@ class RemoteServer:
         self.sessions: dict[str, Session] = {}
         self.instance = secrets.token_hex(16)  # names this server process in clients' cache keys
         self._device: Any = None
+        self._native: bool | None = None  # `uses_launch_workers`, once known
+        self._work_cap: tuple[int | None] | None = None  # `_max_work_items`, once known
         self._compiled: OrderedDict[str, tuple[bool, bytes | str]] = OrderedDict()  # sha256(src) -> (ok, lib|msg)
         self._known: OrderedDict[str, Known] = OrderedDict()  # sha256(binary) -> what the source said, first wins
         self._workers: Any = None  # compile worker processes (CPU), started on the first compile
@@ -338,7 +340,9 @@ class RemoteServer:
     @property
     def uses_launch_workers(self) -> bool:
         """Whether launches run in killable worker processes (a device whose kernels are native code here)."""
-        return self.device.runtime.native_launch
+        if self._native is None:  # (a fact of the device's class: asked once)
+            self._native = bool(self.device.runtime.native_launch)
+        return self._native
 
     @property
     def allocator(self) -> Any:
@@ -967,7 +971,13 @@ class RemoteServer:
         return [b.handle for b in bufs]
 
     def _max_work_items(self) -> int | None:
-        """The most work-items one launch may ask for: on a CPU-style device, threads (a few per core)."""
+        """The most work-items one launch may ask for: on a CPU-style device, threads (a few per core); worked out
+        once (the device's cores do not change while it is served)."""
+        if self._work_cap is None:
+            self._work_cap = (self._work_items(),)
+        return self._work_cap[0]
+
+    def _work_items(self) -> int | None:
         dev = self.device
         if dev.launch_style != "cpu":
             return dev.runtime.max_work_items
