@@ -423,10 +423,12 @@ class RemoteServer:
 
     def stage_block(self, size: int) -> Any | None:
         """A block of `size` bytes of the shared arena for a request blob to be received into (`protocol.read_body`),
-        which a CopyIn of exactly that size may then adopt as its buffer's memory (no copy); None where buffers
-        do not live in the arena, or when `STAGE_LIMIT` bytes are staged already or the arena is full (the blob
-        is then received as bytes). Give it back with `unstage` unless adopted."""
-        if not self.uses_launch_workers or size > self.limits.max_buffer:
+        which a CopyIn of exactly that size may then adopt as its buffer's memory (no copy). Where buffers do not
+        live in the arena (OpenCL, CUDA, PYTHON), a host `bytearray` instead, kept for later blobs of its size like
+        an arena block: a CopyIn copies it into the device buffer, so no blob costs a fresh allocation (and its
+        page faults). None when `STAGE_LIMIT` bytes are staged already or the arena is full (the blob is then
+        received as bytes). Give it back with `unstage` unless adopted."""
+        if size > self.limits.max_buffer:
             return None
         spare: list[tuple[Any, int]] = []
         with self.lock:
@@ -443,9 +445,9 @@ class RemoteServer:
                 return None
             self._staged_bytes += size
         for block, n in spare:
-            self.allocator.free(block, n)
+            self._release_block(block, n)
         try:
-            return self.allocator.alloc(size)
+            return self.allocator.alloc(size) if self.uses_launch_workers else bytearray(size)
         except MemoryError:
             with self.lock:
                 self._staged_bytes -= size
@@ -466,7 +468,11 @@ class RemoteServer:
                 self._stage_pool.setdefault(size, []).append(block)
                 self._pooled_bytes += size
                 return
-        self.allocator.free(block, size)
+        self._release_block(block, size)
+
+    def _release_block(self, block: Any, size: int) -> None:
+        if not isinstance(block, bytearray):  # (an arena block; a host staging bytearray just goes)
+            self.allocator.free(block, size)
 
     def run_batch(self, sid: str, body: bytes | tuple[dict[str, memoryview], str], client: str = "",
                   token: str | None = None, timings: list[tuple[str, int, int, int]] | None = None,

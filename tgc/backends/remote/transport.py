@@ -262,7 +262,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._refuse(Refusal(413, "limit", f"a request body of {n} bytes exceeds the limit of "
                                                       f"{app.limits.max_body} bytes"), close=True)
         # blobs of LARGE_BLOB bytes or more are received straight into blocks of the shared arena where the device
-        # keeps its buffers there (`RemoteServer.stage_block`): a CopyIn may adopt one as its buffer (no copy)
+        # keeps its buffers there (`RemoteServer.stage_block`): a CopyIn may adopt one as its buffer (no copy);
+        # elsewhere into reused host staging buffers
         blocks: list[Any] = []
 
         def stage(size: int) -> memoryview | None:
@@ -276,8 +277,7 @@ class _Handler(BaseHTTPRequestHandler):
         offered: dict[str, Any] = {}
         try:
             try:
-                body = P.read_body(self.rfile, n, stage if app.uses_launch_workers else None,
-                                   max_text=app.limits.max_text)
+                body = P.read_body(self.rfile, n, stage, max_text=app.limits.max_text)
             except (OSError, P.TruncatedBody):  # a timeout or a vanished peer: nobody to answer
                 self.close_connection = True
                 return
