@@ -182,3 +182,22 @@ def test_result_texts_off_the_quick_path_are_parsed_or_refused_as_before(text):
             P.decode_results(body)
         return
     assert P.decode_results(body)[0] == want
+
+
+@needs_cpu
+def test_copies_in_of_2d_and_strided_views_arrive_whole(cpu_server, ahead):
+    """A 2-D float view is sent ahead as its bytes; a strided one (not contiguous) is copied and queued."""
+    dev = _device(cpu_server)
+    try:
+        full = np.random.default_rng(8).standard_normal((64, AHEAD // 128 + 1)).astype(np.float32)
+        assert full[:, ::2].nbytes >= AHEAD  # (so only its layout keeps the strided one from being sent ahead)
+        for view, sent in ((full, 1), (full[:, ::2], 0)):
+            before = dev.posts_ahead
+            handle = dev.allocator.alloc(view.nbytes)
+            dev.allocator.copyin(handle, memoryview(view))
+            assert dev.posts_ahead - before == sent
+            out = np.empty(view.shape, np.float32)
+            dev.allocator.copyout(memoryview(out), handle)
+            np.testing.assert_array_equal(out, view)
+    finally:
+        dev.close()

@@ -458,12 +458,12 @@ class RemoteAllocator(Allocator):
         self.device._enqueue_free(P.BufferFree(buf=handle))
 
     def copyin(self, handle: int, src: memoryview) -> None:
-        data = src if src.format == "B" and src.ndim == 1 else src.cast("B")
-        if len(data) >= SEND_AHEAD and data.contiguous and profile.active is None:
+        if src.nbytes >= SEND_AHEAD and src.c_contiguous and profile.active is None:
             # sent now, from the caller's memory (no snapshot copy), with what is queued before it
+            data = src if src.format == "B" and src.ndim == 1 else src.cast("B")
             self.device._send_ahead(P.CopyIn(buf=handle, datahash=""), data)
             return
-        self.device._enqueue(P.CopyIn(buf=handle, datahash=""), bytes(data))  # (a queued copy must not see later
+        self.device._enqueue(P.CopyIn(buf=handle, datahash=""), bytes(src))  # (a queued copy must not see later
         # writes to the caller's memory)
 
     def copyout(self, dest: memoryview, handle: int) -> None:
