@@ -201,3 +201,22 @@ def test_copies_in_of_2d_and_strided_views_arrive_whole(cpu_server, ahead):
             np.testing.assert_array_equal(out, view)
     finally:
         dev.close()
+
+
+@needs_cpu
+def test_answers_owed_on_a_connection_the_server_closed_while_idle_are_read_and_the_next_request_reconnects(
+        cpu_server, ahead):
+    import select
+    import time
+    dev = _device(cpu_server)
+    try:
+        data = np.arange(AHEAD, dtype=np.uint8)
+        handle = dev.allocator.alloc(data.nbytes)
+        dev.allocator.copyin(handle, memoryview(data))
+        assert select.select([dev._conn._conn.sock], [], [], 30)[0]  # (the answer has arrived, not yet read)
+        assert cpu_server.close_late_connections(now=time.monotonic() + 1e6) == 1  # as its watchdog does when idle
+        out = np.empty_like(data)
+        dev.allocator.copyout(memoryview(out), handle)
+        np.testing.assert_array_equal(out, data)
+    finally:
+        dev.close()

@@ -169,6 +169,13 @@ class _Wire:
         P.send_all(self.sock, [head, *parts])
         return self.receive(cap, error_cap, sink)
 
+    def readable(self) -> bool:
+        """Whether the socket holds bytes (or the server's close) to read, without waiting for any."""
+        try:
+            return bool(select.select([self.sock], [], [], 0)[0])
+        except (ValueError, OSError):
+            return True
+
     def peer_closed(self) -> bool:
         """Whether the server has closed this (idle) connection: it is readable with nothing to read (or reset)."""
         try:  # (a socket with a timeout waits for data before any recv: ask whether it is readable first)
@@ -368,7 +375,11 @@ class Connection:
         self.server_timing = None
         for attempt in range(2):
             reused = self._conn is not None
-            ahead = bool(self.pending)  # (answers owed first: this one is read after them, nothing is retried)
+            if self.pending and self._conn is not None and self._conn.readable():
+                self.drain()  # (answers owed that have arrived: read now, no wait; a close behind them then shows)
+                if self._conn is not None and self._conn.peer_closed():
+                    self.close()  # (the server closed the idle connection after answering)
+            ahead = bool(self.pending)  # (answers still owed: this one is read after them)
             if self._conn is None:
                 self._conn = self._connect()
             try:
