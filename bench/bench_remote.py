@@ -103,6 +103,28 @@ def cpu_ns(pid: int) -> int | None:
         return None
 
 
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (a CPU server's launch workers; Linux `/proc`)."""
+    out = []
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.append(int(name))
+            except (OSError, ValueError, IndexError):
+                pass
+    return out
+
+
+def server_cpu_ns(pid: int) -> int | None:
+    """CPU nanoseconds of the server process `pid` and of its launch workers so far (None where not measurable)."""
+    total = cpu_ns(pid)
+    if total is None:
+        return None
+    return total + sum(cpu_ns(c) or 0 for c in children(pid))
+
+
 def copy_rate(remote, server_pid: int, nbytes: int = 4 << 20, repeat: int = 20
               ) -> tuple[float, float | None, float | None]:
     """A copy in and a copy out of `nbytes` through REMOTE (one round trip each time, no kernel: the data path
@@ -151,26 +173,35 @@ def main() -> int:
             prog.run(device=a.device, **inputs)  # compile and load first
             outputs = prog.run(device="REMOTE", **inputs)
             local = timed_runs(prog, a.device, inputs, a.repeat)
-            before = remote.round_trips
+            before, ahead = remote.round_trips, getattr(remote, "posts_ahead", 0)
+            c0, s0 = cpu_ns(os.getpid()), server_cpu_ns(srv.proc.pid)
             there = timed_runs(prog, "REMOTE", inputs, a.repeat)
+            c1, s1 = cpu_ns(os.getpid()), server_cpu_ns(srv.proc.pid)
             trips = (remote.round_trips - before) / a.repeat
+            ahead = (getattr(remote, "posts_ahead", 0) - ahead) / a.repeat
+            cpu = None if None in (c0, c1, s0, s1) else ((c1 - c0) / 1e9 / a.repeat, (s1 - s0) / 1e9 / a.repeat)
             nbytes = sum(x.nbytes for x in inputs.values())
             moved = nbytes + sum(np.asarray(v).nbytes for v in outputs.values())
             lm, rm = statistics.median(local), statistics.median(there)
-            rows.append((name, kernels, nbytes, trips, lm, rm, moved))
+            rows.append((name, kernels, nbytes, trips, lm, rm, moved, ahead, cpu))
         copied, client_cpu, server_cpu = copy_rate(remote, srv.proc.pid, repeat=a.repeat)
         remote.close()
     load = _load()
     print(f"REMOTE serving {a.device} on 127.0.0.1, median of {a.repeat} runs; {os.cpu_count()} cores, load average "
           f"{load:.1f}; raw TCP loopback here now: {ceiling / 1e9:.2f} GB/s one way")
-    print(f"{'program':<28}{'kernels':>8}{'input':>10}{'trips/run':>11}{'local':>11}{'REMOTE':>11}"
-          f"{'overhead':>11}{'ratio':>8}")
-    for name, kernels, nbytes, trips, lm, rm, _ in rows:
-        print(f"{name:<28}{kernels:>8}{nbytes / 1e6:>8.2f}MB{trips:>11.2f}{lm * 1e3:>9.3f}ms{rm * 1e3:>9.3f}ms"
-              f"{(rm - lm) * 1e3:>9.3f}ms{rm / lm:>7.1f}x")
+    print(f"{'program':<28}{'kernels':>8}{'input':>10}{'trips/run':>11}{'ahead/run':>11}{'local':>11}{'REMOTE':>11}"
+          f"{'overhead':>11}{'ratio':>8}{'CPU client':>12}{'CPU server':>12}")
+    for name, kernels, nbytes, trips, lm, rm, _, ahead, cpu in rows:
+        c, sv = ("-", "-") if cpu is None else (f"{cpu[0] * 1e3:.3f}ms", f"{cpu[1] * 1e3:.3f}ms")
+        print(f"{name:<28}{kernels:>8}{nbytes / 1e6:>8.2f}MB{trips:>11.2f}{ahead:>11.2f}{lm * 1e3:>9.3f}ms"
+              f"{rm * 1e3:>9.3f}ms{(rm - lm) * 1e3:>9.3f}ms{rm / lm:>7.1f}x{c:>12}{sv:>12}")
+    print("(trips/run: answers waited for; ahead/run: requests sent without waiting (a large copy in), answered with "
+          "the next; CPU: per REMOTE run, this process (its local work included) and the server with its launch "
+          "workers)")
     large = [r for r in rows if r[0].startswith("large")]
     moved, extra = sum(r[6] for r in large), sum(max(r[5] - r[4], 1e-9) for r in large)
     small = statistics.median(r[5] - r[4] for r in rows if r[0].startswith("small"))
+    small_cpu = [r[8] for r in rows if r[0].startswith("small") and r[8] is not None]
     rate = moved / extra
     print(f"payload: {rate / 1e9:.2f} GB/s ({moved / 1e6:.1f} MB in and out over {extra * 1e3:.1f} ms of "
           f"overhead; target >= {PAYLOAD_TARGET / 1e9:g} GB/s): {_verdict(rate >= PAYLOAD_TARGET)}")
@@ -178,8 +209,10 @@ def main() -> int:
         f"; CPU per round trip: client {client_cpu * 1e3:.2f} ms, server {server_cpu * 1e3:.2f} ms"
     print(f"data path alone: {copied / 1e9:.2f} GB/s (a 4 MiB copy in and copy out, one round trip, no kernel; "
           f"{_verdict(copied >= PAYLOAD_TARGET)}{cpu})")
+    cpu = "" if not small_cpu else (f"; CPU per run: client {statistics.median(c for c, _ in small_cpu) * 1e3:.3f} ms"
+                                    f", server {statistics.median(sv for _, sv in small_cpu) * 1e3:.3f} ms")
     print(f"small-program overhead: {small * 1e3:.3f} ms (median of the small cases; target <= "
-          f"{SMALL_TARGET * 1e3:g} ms): {_verdict(small <= SMALL_TARGET)}")
+          f"{SMALL_TARGET * 1e3:g} ms): {_verdict(small <= SMALL_TARGET)}{cpu}")
     print(f"load average {load_before:.1f} before, {load:.1f} after ({os.cpu_count()} cores): figures taken with a "
           "load above the core count measure the machine's contention as much as the data path")
     return 0

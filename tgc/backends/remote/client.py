@@ -17,12 +17,14 @@ retrying a connection, with backoff, default 3).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import http.client
 import itertools
 import operator
 import os
 import re
 import secrets
+import select
 import socket
 import threading
 import time
@@ -43,6 +45,11 @@ ENV_TIMEOUT, ENV_RETRY = "TGC_REMOTE_TIMEOUT", "TGC_REMOTE_RETRY"
 DEFAULT_TIMEOUT, DEFAULT_RETRY = 120.0, 3.0
 CONNECT_TIMEOUT = 10.0  # seconds one connection attempt may take (a host that drops packets, a full backlog)
 MAX_QUEUE = 2048  # queued requests that trigger a flush
+# A copy in of at least this many bytes is sent at once (`RemoteDevice._send_ahead`: its bytes go from the caller's
+# memory to the socket, and its answer is read with the next one) rather than copied and queued: above it, the
+# copy costs more than the server's handling of one more request.
+SEND_AHEAD = 1 << 20
+MAX_AHEAD = 64  # requests sent ahead whose answers are unread, at most (then they are read first)
 BODY_SLACK = 1 << 20  # room left in a body for the request text (at most a quarter of the limit)
 # What an answer may hold beyond the bytes of the buffers copied out: the result text of each request, and
 # for a compile, assembly or disassembly listing, or the device's properties, this much more.
@@ -160,6 +167,27 @@ class _Wire:
         With a `sink` (a writable byte view of at least `LARGE_BLOB` bytes), a 200 answer of one blob of exactly
         `len(sink)` bytes is received into it: the body is then `(body without the blob, blob id, sink)`."""
         P.send_all(self.sock, [head, *parts])
+        return self.receive(cap, error_cap, sink)
+
+    def readable(self) -> bool:
+        """Whether the socket holds bytes (or the server's close) to read, without waiting for any."""
+        try:
+            return bool(select.select([self.sock], [], [], 0)[0])
+        except (ValueError, OSError):
+            return True
+
+    def peer_closed(self) -> bool:
+        """Whether the server has closed this (idle) connection: it is readable with nothing to read (or reset)."""
+        try:  # (a socket with a timeout waits for data before any recv: ask whether it is readable first)
+            if not select.select([self.sock], [], [], 0)[0]:
+                return False
+            return self.sock.recv(1, socket.MSG_PEEK) == b""
+        except (ValueError, OSError):
+            return True
+
+    def receive(self, cap: int, error_cap: int, sink: memoryview | None = None
+                ) -> tuple[int, dict[str, str], Any, int | None, bool]:
+        """Read one answer (see `exchange`)."""
         line = self._line()
         if not line:
             raise http.client.RemoteDisconnected("the server closed the connection without an answer")
@@ -236,12 +264,14 @@ class Connection:
         self.timeout, self.retry = timeout, retry
         self._conn: _Wire | None = None
         self.server_timing: str | None = None  # the server's timing header of the last answer (`post(timing=...)`)
+        self.pending: list[int] = []  # answer caps of requests sent ahead (`send_ahead`) whose answers are unread
 
     @property
     def address(self) -> str:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
     def close(self) -> None:
+        self.pending = []
         if self._conn is not None:
             self._conn.close()
             self._conn = None
@@ -276,14 +306,7 @@ class Connection:
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
-    def post(self, body: bytes | list[bytes | memoryview], limit: int = 1 << 30, timing: bool = False,
-             sink: memoryview | None = None) -> Any:
-        """Send one batch body (or its parts); the response body, or a DeviceError/CompileError with the
-        server's message. An answer longer than `limit` bytes (what the requests can need) is refused
-        before it is read. `timing` asks the server for its timing of the batch (a profile trace), which
-        `server_timing` then holds (`protocol.parse_timing`). `sink`: see `_Wire.exchange` (the answer is then
-        that tuple when its one blob went into the sink)."""
-        parts = [body] if isinstance(body, bytes) else body
+    def _head(self, parts: Sequence[bytes | memoryview], timing: bool = False) -> bytes:
         host = f"[{self.host}]" if ":" in self.host else self.host
         head = (f"POST {P.BATCH_PATH} HTTP/1.1\r\nHost: {host}:{self.port}\r\n"
                 f"Content-Type: application/octet-stream\r\n{P.SESSION_HEADER}: {self.session}\r\n"
@@ -292,17 +315,95 @@ class Connection:
             head += f"Authorization: Bearer {self.token}\r\n"
         if timing:
             head += f"{P.PROFILE_HEADER}: 1\r\n"
-        request = (head + "\r\n").encode("latin-1")
+        return (head + "\r\n").encode("latin-1")
+
+    def send_ahead(self, parts: list[bytes | memoryview], limit: int) -> None:
+        """Send one batch body now and read its answer later, before the next answer (`post`, `drain`): HTTP/1.1
+        pipelining on the kept-alive connection, whose server answers its requests in order. The parts are written
+        before this returns (a large copy in goes from the caller's memory straight to the socket: nothing need
+        keep a copy). `limit`: what the answer may hold. A kept-alive connection that the server closed while idle
+        is reopened first; a failure once bytes may have reached the server is one DeviceError."""
+        if self._conn is not None and not self.pending and self._conn.peer_closed():
+            self.close()
+        if self._conn is None:
+            self._conn = self._connect()
+        try:
+            P.send_all(self._conn.sock, [self._head(parts), *parts])
+        except OSError as e:
+            self.close()
+            what = f"no answer within {self.timeout:g}s" if isinstance(e, TimeoutError) else _reason(e)
+            raise DeviceError(f"lost the connection to REMOTE server {self.address}: {what}") from None
+        self.pending.append(limit)
+
+    def drain(self) -> None:
+        """Read the answers of the requests sent ahead; the first refusal among them as its error."""
+        if not self.pending:
+            return
+        first: TgcError | None = None
+        while self.pending and self._conn is not None:
+            cap = self.pending.pop(0)
+            try:
+                status, headers, data, length, close = self._conn.receive(cap, ERROR_LIMIT)
+            except (OSError, http.client.HTTPException) as e:
+                self.close()
+                what = f"no answer within {self.timeout:g}s" if isinstance(e, TimeoutError) else _reason(e)
+                raise first or DeviceError(f"lost the connection to REMOTE server {self.address}: {what}") from None
+            if data is None or len(data) > (cap if status == 200 else ERROR_LIMIT):
+                self.close()
+                raise first or DeviceError(f"REMOTE server {self.address} sent an answer of more than the "
+                                           f"{cap if status == 200 else ERROR_LIMIT} bytes its requests can need")
+            if status != 200 and first is None:
+                first = self._error(status, headers.get(P.ERROR_HEADER.lower()), data)
+            if close:
+                self.close()
+        if self.pending:  # (the connection closed with answers still owed: those requests' fate is unknown)
+            self.close()
+            raise first or DeviceError(f"lost the connection to REMOTE server {self.address}: it closed the "
+                                       "connection with answers still owed")
+        if first is not None:
+            raise first
+
+    def post(self, body: bytes | list[bytes | memoryview], limit: int = 1 << 30, timing: bool = False,
+             sink: memoryview | None = None) -> Any:
+        """Send one batch body (or its parts); the response body, or a DeviceError/CompileError with the
+        server's message. An answer longer than `limit` bytes (what the requests can need) is refused
+        before it is read. `timing` asks the server for its timing of the batch (a profile trace), which
+        `server_timing` then holds (`protocol.parse_timing`). `sink`: see `_Wire.exchange` (the answer is then
+        that tuple when its one blob went into the sink)."""
+        parts = [body] if isinstance(body, bytes) else body
+        request = self._head(parts, timing)
         self.server_timing = None
         for attempt in range(2):
             reused = self._conn is not None
+            if self.pending and self._conn is not None and self._conn.readable():
+                self.drain()  # (answers owed that have arrived: read now, no wait; a close behind them then shows)
+                if self._conn is not None and self._conn.peer_closed():
+                    self.close()  # (the server closed the idle connection after answering)
+            ahead = bool(self.pending)  # (answers still owed: this one is read after them)
             if self._conn is None:
                 self._conn = self._connect()
             try:
-                status, headers, data, length, close = self._conn.exchange(request, parts, limit, ERROR_LIMIT, sink)
+                if ahead:
+                    try:
+                        P.send_all(self._conn.sock, [request, *parts])
+                    except OSError:  # (the server may have refused one sent ahead and closed: that is the error)
+                        self.drain()
+                        raise
+                    try:
+                        self.drain()
+                    except TgcError:
+                        self.close()  # (this request's answer is still owed: the connection cannot go on)
+                        raise
+                    if self._conn is None:  # (the server closed the connection after the last of them)
+                        raise DeviceError(f"lost the connection to REMOTE server {self.address}: it closed the "
+                                          "connection before answering")
+                    status, headers, data, length, close = self._conn.receive(limit, ERROR_LIMIT, sink)
+                else:
+                    status, headers, data, length, close = self._conn.exchange(request, parts, limit, ERROR_LIMIT,
+                                                                               sink)
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as e:
                 self.close()
-                if reused and attempt == 0:  # the server closed an idle connection: open a fresh one
+                if reused and attempt == 0 and not ahead:  # the server closed an idle connection: open a fresh one
                     continue
                 raise DeviceError(f"lost the connection to REMOTE server {self.address}: {_reason(e)}") from None
             except (OSError, http.client.HTTPException) as e:
@@ -368,7 +469,13 @@ class RemoteAllocator(Allocator):
         self.device._enqueue_free(P.BufferFree(buf=handle))
 
     def copyin(self, handle: int, src: memoryview) -> None:
-        self.device._enqueue(P.CopyIn(buf=handle, datahash=""), bytes(src))
+        if src.nbytes >= SEND_AHEAD and src.c_contiguous and profile.active is None:
+            # sent now, from the caller's memory (no snapshot copy), with what is queued before it
+            data = src if src.format == "B" and src.ndim == 1 else src.cast("B")
+            self.device._send_ahead(P.CopyIn(buf=handle, datahash=""), data)
+            return
+        self.device._enqueue(P.CopyIn(buf=handle, datahash=""), bytes(src))  # (a queued copy must not see later
+        # writes to the caller's memory)
 
     def copyout(self, dest: memoryview, handle: int) -> None:
         out = dest if dest.format == "B" and dest.ndim == 1 else dest.cast("B")
@@ -509,6 +616,12 @@ def _ints(values: Sequence[Any], what: str) -> tuple[int, ...]:
         raise DeviceError(f"REMOTE {what} must be integers, got {values!r}") from None
 
 
+@functools.lru_cache(maxsize=16)
+def _split_addresses(text: str) -> tuple[str, ...]:
+    """The addresses of a comma list (split once per text: the engine asks a device's name many times a run)."""
+    return tuple(a for a in (t.strip() for t in text.split(",")) if a)
+
+
 def _end_session(conn: Connection, state: dict[str, bool]) -> None:
     """At exit: tell the server to free this session now (best effort, short timeout, no retry)."""
     if not state.get("used"):
@@ -577,7 +690,8 @@ class RemoteDevice(Device):
                                hint=f"use REMOTE:0 .. REMOTE:{len(addrs) - 1}, or add a server to {ENV_ADDRESS}")
         self.session = secrets.token_urlsafe(24)
         self.allocator = RemoteAllocator(self)
-        self.round_trips = 0
+        self.round_trips = 0  # requests whose answer the client waited for
+        self.posts_ahead = 0  # requests sent without waiting (a large copy in: `_send_ahead`), answered later
         self.bytes_read = self.bytes_written = 0  # bytes of ranges read and written by `copy_batch`
         self._address, self._token = address, token
         self._timeout, self._retry = timeout, retry
@@ -615,8 +729,7 @@ class RemoteDevice(Device):
     @classmethod
     def addresses(cls) -> list[str]:
         """The servers named by `--remote` or `TGC_REMOTE` (a comma list), in order: `REMOTE:i` uses the i-th."""
-        text = cls._address_text() or ""
-        return [a for a in (t.strip() for t in text.split(",")) if a]
+        return list(_split_addresses(cls._address_text() or ""))
 
     @classmethod
     def probe(cls, index: int = 0) -> tuple[bool, str]:
@@ -675,6 +788,10 @@ class RemoteDevice(Device):
         with self._lock:
             self._queue, self._blobs, self._queued_bytes = [], {}, 0
             if self._conn is not None:
+                try:  # (what was sent ahead is done before the session ends)
+                    self._conn.drain()
+                except TgcError:
+                    pass
                 _end_session(self._conn, self._used)
                 self._used["used"] = False
 
@@ -727,10 +844,29 @@ class RemoteDevice(Device):
             return self._send(sink if copies == 1 else None)
 
     def flush(self) -> None:
-        """Send everything queued now."""
+        """Send everything queued now, and read the answers of requests sent ahead (their errors are raised here)."""
         with self._lock:
             if self._queue:
                 self._send()
+            elif self._conn is not None and self._conn.pending:
+                self._conn.drain()
+
+    def _send_ahead(self, req: P.Request, blob: memoryview) -> None:
+        """Send what is queued and `req` (naming `blob`) now, without waiting for the answer (`Connection.send_ahead`):
+        the blob is written from the caller's memory before this returns, so it is neither copied nor seen after
+        the caller changes it. The answer is read before the next one; an error in it is raised then."""
+        with self._lock:
+            self._enqueue(req, blob)  # (may flush what was queued first, to stay within the body limit)
+            reqs, blobs = self._queue, self._blobs
+            self._queue, self._blobs, self._queued_bytes = [], {}, 0
+            conn = self._connection()
+            if len(conn.pending) >= MAX_AHEAD:
+                conn.drain()
+            self._used["used"] = True
+            self.posts_ahead += 1
+            conn.send_ahead(P.body_parts(blobs, P.to_text(reqs)), ANSWER_BASE + ANSWER_PER_REQUEST * len(reqs))
+            if any(isinstance(r, (P.ProgramExec, P.GraphExec)) for r in reqs):
+                self._pending_launches = True
 
     def _send(self, sink: memoryview | None = None) -> tuple[list[Any], dict[str, memoryview]]:
         reqs, blobs = self._queue, self._blobs
@@ -806,6 +942,8 @@ class RemoteDevice(Device):
         with self._lock:
             if self._queue or self._pending_launches:
                 self._submit(P.Synchronize())
+            else:
+                self.flush()  # (answers still owed for requests sent ahead: read, and their errors raised)
 
     # --- copies of byte ranges (see the class docstring)
 

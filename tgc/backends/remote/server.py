@@ -194,6 +194,8 @@ class RemoteServer:
         self.sessions: dict[str, Session] = {}
         self.instance = secrets.token_hex(16)  # names this server process in clients' cache keys
         self._device: Any = None
+        self._native: bool | None = None  # `uses_launch_workers`, once known
+        self._work_cap: tuple[int | None] | None = None  # `_max_work_items`, once known
         self._compiled: OrderedDict[str, tuple[bool, bytes | str]] = OrderedDict()  # sha256(src) -> (ok, lib|msg)
         self._known: OrderedDict[str, Known] = OrderedDict()  # sha256(binary) -> what the source said, first wins
         self._workers: Any = None  # compile worker processes (CPU), started on the first compile
@@ -338,7 +340,9 @@ class RemoteServer:
     @property
     def uses_launch_workers(self) -> bool:
         """Whether launches run in killable worker processes (a device whose kernels are native code here)."""
-        return self.device.runtime.native_launch
+        if self._native is None:  # (a fact of the device's class: asked once)
+            self._native = bool(self.device.runtime.native_launch)
+        return self._native
 
     @property
     def allocator(self) -> Any:
@@ -419,10 +423,12 @@ class RemoteServer:
 
     def stage_block(self, size: int) -> Any | None:
         """A block of `size` bytes of the shared arena for a request blob to be received into (`protocol.read_body`),
-        which a CopyIn of exactly that size may then adopt as its buffer's memory (no copy); None where buffers
-        do not live in the arena, or when `STAGE_LIMIT` bytes are staged already or the arena is full (the blob
-        is then received as bytes). Give it back with `unstage` unless adopted."""
-        if not self.uses_launch_workers or size > self.limits.max_buffer:
+        which a CopyIn of exactly that size may then adopt as its buffer's memory (no copy). Where buffers do not
+        live in the arena (OpenCL, CUDA, PYTHON), a host `bytearray` instead, kept for later blobs of its size like
+        an arena block: a CopyIn copies it into the device buffer, so no blob costs a fresh allocation (and its
+        page faults). None when `STAGE_LIMIT` bytes are staged already or the arena is full (the blob is then
+        received as bytes). Give it back with `unstage` unless adopted."""
+        if size > self.limits.max_buffer:
             return None
         spare: list[tuple[Any, int]] = []
         with self.lock:
@@ -439,9 +445,9 @@ class RemoteServer:
                 return None
             self._staged_bytes += size
         for block, n in spare:
-            self.allocator.free(block, n)
+            self._release_block(block, n)
         try:
-            return self.allocator.alloc(size)
+            return self.allocator.alloc(size) if self.uses_launch_workers else bytearray(size)
         except MemoryError:
             with self.lock:
                 self._staged_bytes -= size
@@ -462,7 +468,11 @@ class RemoteServer:
                 self._stage_pool.setdefault(size, []).append(block)
                 self._pooled_bytes += size
                 return
-        self.allocator.free(block, size)
+        self._release_block(block, size)
+
+    def _release_block(self, block: Any, size: int) -> None:
+        if not isinstance(block, bytearray):  # (an arena block; a host staging bytearray just goes)
+            self.allocator.free(block, size)
 
     def run_batch(self, sid: str, body: bytes | tuple[dict[str, memoryview], str], client: str = "",
                   token: str | None = None, timings: list[tuple[str, int, int, int]] | None = None,
@@ -967,7 +977,13 @@ class RemoteServer:
         return [b.handle for b in bufs]
 
     def _max_work_items(self) -> int | None:
-        """The most work-items one launch may ask for: on a CPU-style device, threads (a few per core)."""
+        """The most work-items one launch may ask for: on a CPU-style device, threads (a few per core); worked out
+        once (the device's cores do not change while it is served)."""
+        if self._work_cap is None:
+            self._work_cap = (self._work_items(),)
+        return self._work_cap[0]
+
+    def _work_items(self) -> int | None:
         dev = self.device
         if dev.launch_style != "cpu":
             return dev.runtime.max_work_items

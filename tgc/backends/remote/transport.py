@@ -1,9 +1,18 @@
 """HTTP transport of `tgc serve`: the threading HTTP server (connection cap, one-line errors) and the request
 handler (`POST /batch`: authorization, session header, body length), which hands each batch to the
-`RemoteServer` it serves (`server.app`)."""
+`RemoteServer` it serves (`server.app`).
+
+A request's line and headers are read here (`_Handler.parse_request`), not by `http.client`'s `email`-based
+parser, which cost more server time than the rest of a small batch: the request line `METHOD PATH HTTP/1.x`
+(anything else: 400; HTTP/2 and later: 505), then at most `MAX_HEADERS` header lines of at most `MAX_LINE`
+bytes (more: 431), each `Name: value` (a line without a colon, an empty or spaced name, or a folded line: 400).
+Values keep trailing spaces (a token with one is not the token). Names are matched without regard to case; `get`
+gives a header's first value, `get_all` every value. Answers are formatted in one string and sent with their
+body parts in one gathering write."""
 
 from __future__ import annotations
 
+import email.utils
 import re
 import socket
 import sys
@@ -57,6 +66,42 @@ class _HTTPServer6(_HTTPServer):
 
 
 _CONTENT_LENGTH = re.compile(r"[0-9]{1,18}")
+MAX_LINE = 65536  # bytes of the request line or of one header line (http.client's limit)
+MAX_HEADERS = 100  # header lines of one request (http.client's limit)
+_VERSION = re.compile(r"HTTP/([0-9]{1,10})\.([0-9]{1,10})")
+_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # an HTTP token (RFC 9110)
+
+
+class _Headers:
+    """A request's headers: `get(name, default)` (the first value), `get_all(name)` (every value, or None), names
+    matched without regard to case."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self) -> None:
+        self._values: dict[str, list[str]] = {}
+
+    def add(self, name: str, value: str) -> None:
+        self._values.setdefault(name.lower(), []).append(value)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        values = self._values.get(name.lower())
+        return values[0] if values else default
+
+    def get_all(self, name: str, default: Any = None) -> Any:
+        values = self._values.get(name.lower())
+        return list(values) if values else default
+
+
+def _header_date() -> str:
+    """The Date header's value, formatted once a second."""
+    now = int(time.time())
+    if _DATE[0] != now:
+        _DATE[:] = [now, email.utils.formatdate(now, usegmt=True)]
+    return _DATE[1]
+
+
+_DATE: list[Any] = [0, ""]
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -73,6 +118,57 @@ class _Handler(BaseHTTPRequestHandler):
 
     def version_string(self) -> str:
         return self.server_version
+
+    def parse_request(self) -> bool:
+        """Read the request line (already in `raw_requestline`) and the headers (see the module's docstring); False
+        after answering an error (or for an empty line: the connection closes)."""
+        self.command = None
+        self.request_version = "HTTP/0.9"  # (until the line is read: an error is then answered in HTTP/1.1)
+        self.close_connection = True
+        line = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
+        self.requestline = line
+        words = line.split()
+        if not words:
+            return False
+        if len(words) != 3:
+            self.send_error(400, f"Bad request syntax ({P.to_short(line)})")
+            return False
+        version = _VERSION.fullmatch(words[2])
+        if version is None:
+            self.send_error(400, f"Bad request version ({P.to_short(words[2])})")
+            return False
+        major, minor = int(version[1]), int(version[2])
+        if major >= 2:
+            self.send_error(505, f"Invalid HTTP version ({major}.{minor})")
+            return False
+        self.request_version = words[2]
+        self.close_connection = (major, minor) < (1, 1)
+        self.command, self.path = words[0], words[1]
+        headers = self.headers = _Headers()
+        for _ in range(MAX_HEADERS + 1):
+            raw = self.rfile.readline(MAX_LINE + 1)
+            if len(raw) > MAX_LINE:
+                self.send_error(431, "Line too long")
+                return False
+            if raw in (b"\r\n", b"\n", b""):
+                break
+            text = raw.decode("iso-8859-1").rstrip("\r\n")
+            name, colon, value = text.partition(":")
+            if not colon or not _NAME.fullmatch(name):
+                self.send_error(400, f"Bad header line ({P.to_short(text)})")
+                return False
+            headers.add(name, value.lstrip(" \t"))  # (trailing spaces kept, as the standard library does)
+        else:
+            self.send_error(431, f"Too many headers (more than {MAX_HEADERS})")
+            return False
+        connection = headers.get("Connection", "").lower()
+        if connection == "close":
+            self.close_connection = True
+        elif connection == "keep-alive":
+            self.close_connection = False
+        if headers.get("Expect", "").lower() == "100-continue" and (major, minor) >= (1, 1):
+            return self.handle_expect_100()
+        return True
 
     def handle_one_request(self) -> None:
         # reading the next request (and waiting for it on a kept-alive connection) has `request_time` in all
@@ -99,28 +195,22 @@ class _Handler(BaseHTTPRequestHandler):
     def _answer(self, status: int, body: bytes | list[bytes | memoryview], kind: str | None = None,
                 close: bool = False, timing: str | None = None) -> None:
         parts = [body] if isinstance(body, bytes) else body
-        self.send_response(status)
-        self.send_header("Content-Type", "application/octet-stream" if kind is None else "text/plain; charset=utf-8")
-        self.send_header("Content-Length", str(sum(len(p) for p in parts)))
+        self.log_request(status)
+        head = (f"HTTP/1.1 {status} {self.responses[status][0] if status in self.responses else ''}\r\n"
+                f"Server: {self.server_version}\r\nDate: {_header_date()}\r\n"
+                f"Content-Type: {'application/octet-stream' if kind is None else 'text/plain; charset=utf-8'}\r\n"
+                f"Content-Length: {sum(len(p) for p in parts)}\r\n")
         if timing:
-            self.send_header(P.TIMING_HEADER, timing)
+            head += f"{P.TIMING_HEADER}: {timing}\r\n"
         if kind is not None:
-            self.send_header(P.ERROR_HEADER, kind)
+            head += f"{P.ERROR_HEADER}: {kind}\r\n"
         if status == 401:
-            self.send_header("WWW-Authenticate", "Bearer")
+            head += "WWW-Authenticate: Bearer\r\n"
         if close:
-            self.send_header("Connection", "close")
+            head += "Connection: close\r\n"
             self.close_connection = True
         # the header and every part in one gathering write (not a write for each: see `protocol.send_all`)
-        if not hasattr(self, "_headers_buffer"):  # (no header buffer: the standard library's way)
-            self.end_headers()
-            for part in parts:
-                self.wfile.write(part)
-            return
-        self._headers_buffer.append(b"\r\n")
-        head = b"".join(self._headers_buffer)
-        self._headers_buffer = []
-        P.send_all(self.connection, [head, *parts])
+        P.send_all(self.connection, [(head + "\r\n").encode("latin-1"), *parts])
 
     def _refuse(self, r: Refusal, close: bool = False) -> None:
         self._answer(r.status, (r.msg + "\n").encode("utf-8", "replace"), r.kind, close)
@@ -172,7 +262,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._refuse(Refusal(413, "limit", f"a request body of {n} bytes exceeds the limit of "
                                                       f"{app.limits.max_body} bytes"), close=True)
         # blobs of LARGE_BLOB bytes or more are received straight into blocks of the shared arena where the device
-        # keeps its buffers there (`RemoteServer.stage_block`): a CopyIn may adopt one as its buffer (no copy)
+        # keeps its buffers there (`RemoteServer.stage_block`): a CopyIn may adopt one as its buffer (no copy);
+        # elsewhere into reused host staging buffers
         blocks: list[Any] = []
 
         def stage(size: int) -> memoryview | None:
@@ -186,8 +277,7 @@ class _Handler(BaseHTTPRequestHandler):
         offered: dict[str, Any] = {}
         try:
             try:
-                body = P.read_body(self.rfile, n, stage if app.uses_launch_workers else None,
-                                   max_text=app.limits.max_text)
+                body = P.read_body(self.rfile, n, stage, max_text=app.limits.max_text)
             except (OSError, P.TruncatedBody):  # a timeout or a vanished peer: nobody to answer
                 self.close_connection = True
                 return
