@@ -48,7 +48,7 @@ from tgc.codegen.opt import (
     map_to_grid,
     split_threads,
 )
-from tgc.codegen.pipeline import drop_unused_buffers, finish, shared_memory_bytes, uops_text
+from tgc.codegen.pipeline import drop_unused_buffers, finish, lower, shared_memory_bytes, uops_text
 from tgc.codegen.transcendental import decompose_transcendentals
 from tgc.dtype import dtypes
 from tgc.env import debug_level, env_flag
@@ -751,7 +751,20 @@ def lower_attention(item: Any, device: Any, name: str, opts: list[Opt] | None = 
         ast, w = by_rows.ast, 1
     else:
         group = min(SHARED_ROWS, launch_limits(device).threads) if device.caps.gpu and not env_flag("NOOPT") else 0
-        ast, jb, w, norder, _ = _build_within_shared(sp, device, ch["block"], 16 if vectors else 1, group)
+        block, group = _staging_plan(sp, device, ch["block"], group)
+        norder = 0
+        if vectors or group:
+            ast, jb, w, norder = build(sp, block=block, width=16 if vectors else 1,
+                                       decompose=device.caps.decompose_transcendentals, group=group)
+            if group and shared_memory_bytes(ast.toposort()) > launch_limits(device).shared_bytes:
+                norder = 0  # a staging the plan's count missed: none, then
+        if not vectors and not norder:
+            # the per-row form without vectors or staging (PYTHON, NOOPT, a GPU whose shared memory holds not one
+            # key): an ordinary kernel of REDUCE(ONLINE_SOFTMAX) that the pipeline's passes lower
+            threads = [Opt(OptOps.THREAD, 0, ch["threads"])] if k.threads_chosen and ch["threads"] else []
+            low = lower(online_softmax_ast(sp, ch["block"]), device, list(item.bufs), name, opts=threads)
+            low.applied = list(k.applied)
+            return low
     ast = legalize(ast)
     if device.caps.decompose_transcendentals:
         ast = decompose_transcendentals(ast)
@@ -783,13 +796,46 @@ def lower_attention(item: Any, device: Any, name: str, opts: list[Opt] | None = 
     return low
 
 
-def _build_within_shared(sp: Any, device: Any, block: int, width: int, group: int) -> tuple[UOp, UOp, int, int, int]:
-    """`build` with its staged keys and values within the device's shared memory (`launch_limits`: declared and
-    queried). The staged arrays grow with the block (block x (head dim + value dim) elements): where they do
-    not fit, the largest block that fits (shared memory is linear in it), and where not even one key fits, the
-    kernel without staging (every thread reads k and v from global memory). Returns build's values and the
-    block used."""
-    decompose = device.caps.decompose_transcendentals
+def online_softmax_ast(sp: Any, block: int) -> UOp:
+    """The per-row form as an ordinary kernel AST that the pipeline's passes lower (`pipeline.lower`): one STORE per
+    output element of REDUCE(ONLINE_SOFTMAX) over the keys, in blocks of `block` keys (a REDUCE range of blocks, an
+    UNROLL range of keys in a block: `unroll_reduce` makes the block one iteration), the output columns an UPCAST
+    range (`upcast_stores` copies them; their REDUCEs share the scores, so the linearizer gives them one m and l).
+    Keys past the end of the last block read the last key (clamped index) with score -inf (weight 0)."""
+    ids = [u.arg[0] for e in (sp.x, sp.v, *sp.loops, sp.rj, sp.rdv) for u in e.toposort() if u.op is Ops.RANGE]
+    next_id = max(ids, default=0) + 1
+    bk = min(block, sp.tk)
+    nblocks = -(-sp.tk // bk)
+    parts = []
+    if nblocks > 1:
+        parts.append(UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, nblocks),), (next_id, RangeKind.REDUCE)))
+    if bk > 1:
+        parts.append(UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, bk),), (next_id + 1, RangeKind.UNROLL)))
+    j = UOp.const(INDEX, 0)
+    if nblocks > 1:
+        j = parts[0] * UOp.const(INDEX, bk)
+    if bk > 1:
+        j = j + parts[-1]
+    j = simplify(j)
+    jc = simplify((j < UOp.const(INDEX, sp.tk)).where(j, UOp.const(INDEX, sp.tk - 1))) if sp.tk % bk else j
+    score = _f32(simplify(substitute(sp.x, {sp.rj: jc})))
+    if sp.tk % bk:
+        score = UOp(Ops.WHERE, dtypes.f32, (simplify(j < UOp.const(INDEX, sp.tk)), score, _c(-math.inf)))
+    col = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, sp.dv),), (next_id + 2, RangeKind.UPCAST))
+    value = _f32(simplify(substitute(sp.v, {sp.rj: jc, sp.rdv: col})))
+    pairs = UOp(Ops.VECTORIZE, dtypes.f32.vec(2), (score, value))
+    out = UOp(Ops.REDUCE, dtypes.f32, (pairs, *parts), Ops.ONLINE_SOFTMAX)
+    if sp.dtype != dtypes.f32:
+        out = UOp(Ops.CAST, sp.dtype, (out,))
+    index = simplify(substitute(sp.out_index, {sp.rdv: col}))
+    return UOp(Ops.SINK, None, (UOp(Ops.STORE, None, (sp.out, index, out)),))
+
+
+def _staging_plan(sp: Any, device: Any, block: int, group: int) -> tuple[int, int]:
+    """(keys per block, rows per work-group staging k and v: 0 for none) within the device's shared memory
+    (`launch_limits`: declared and queried). The staged arrays grow with the block (block x (head dim + value dim)
+    elements): where they do not fit, the largest block that fits (shared memory is linear in it), and where not
+    even one key fits, no staging (every thread reads k and v from global memory)."""
     limit = launch_limits(device).shared_bytes
     if group and sp.row_loop and sp.loops and sp.loops[-1].op is Ops.RANGE and sp.loops[-1].arg[1] is RangeKind.LOOP:
         per_key = _shared_bytes_per_key(sp)
@@ -797,10 +843,7 @@ def _build_within_shared(sp: Any, device: Any, block: int, width: int, group: in
             group = 0
         elif per_key * min(block, sp.tk) > limit:
             block = limit // per_key
-    ast, jb, w, norder = build(sp, block=block, width=width, decompose=decompose, group=group)
-    if shared_memory_bytes(ast.toposort()) > limit:  # a staging this count missed: nothing staged, then
-        ast, jb, w, norder = build(sp, block=block, width=width, decompose=decompose, group=0)
-    return ast, jb, w, norder, min(block, sp.tk)
+    return block, group
 
 
 def _split_spec(sp: Any, threads: int) -> tuple[Any, int] | None:
