@@ -54,7 +54,7 @@ from tgc.dtype import dtypes
 from tgc.env import debug_level, env_flag
 from tgc.ir.kernel import INDEX
 from tgc.ir.symbolic import simplify, symbolic
-from tgc.ir.uop import Ops, RangeKind, UOp, graph_rewrite, substitute
+from tgc.ir.uop import Ops, RangeKind, UOp, graph_rewrite, pretty, substitute
 
 BLOCK = 16  # keys per block: scores held in registers at once
 SHARED_ROWS = 64  # GPU: query rows per work-group sharing each block's keys and values in shared memory
@@ -730,9 +730,12 @@ def attention_kernel(item: Any, device: Any, opts: list[Opt] | None = None) -> A
     return k
 
 
-def lower_attention(item: Any, device: Any, name: str, opts: list[Opt] | None = None) -> Any:
+def lower_attention(item: Any, device: Any, name: str, opts: list[Opt] | None = None,
+                    trace: list[tuple[str, str]] | None = None) -> Any:
     """The fused attention kernel of `item` lowered for `device` (a `tgc.codegen.pipeline.LoweredKernel`), with the
-    opts `opts` (`AttentionKernel`: [] is the unoptimized per-row form) or the heuristic's (None)."""
+    opts `opts` (`AttentionKernel`: [] is the unoptimized per-row form) or the heuristic's (None). `trace`, when a
+    list, gets (step, text) as `pipeline.lower` gives it: every pass where the kernel goes through them (the
+    per-row form without vectors or staging), else one `lower_attention` step and its linear UOps."""
 
     sp = item.meta["attention"]
     k = attention_kernel(item, device, opts)
@@ -762,7 +765,8 @@ def lower_attention(item: Any, device: Any, name: str, opts: list[Opt] | None = 
             # the per-row form without vectors or staging (PYTHON, NOOPT, a GPU whose shared memory holds not one
             # key): an ordinary kernel of REDUCE(ONLINE_SOFTMAX) that the pipeline's passes lower
             threads = [Opt(OptOps.THREAD, 0, ch["threads"])] if k.threads_chosen and ch["threads"] else []
-            low = lower(online_softmax_ast(sp, ch["block"]), device, list(item.bufs), name, opts=threads)
+            low = lower(online_softmax_ast(sp, ch["block"]), device, list(item.bufs), name, opts=threads,
+                        trace=trace)
             low.applied = list(k.applied)
             return low
     ast = legalize(ast)
@@ -791,6 +795,8 @@ def lower_attention(item: Any, device: Any, name: str, opts: list[Opt] | None = 
         import sys
         print(f"--- {name}: fused attention (tgc/codegen/attention.py), linear UOps\n{uops_text(uops)}",
               file=sys.stderr)
+    if trace is not None:
+        trace.extend([("lower_attention", pretty(ast)), ("linearize", uops_text(uops))])
     low = finish(device, name, ast, uops, bufs, launch)
     low.applied = list(k.applied)
     return low
