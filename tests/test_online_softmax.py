@@ -14,6 +14,7 @@ from test_attention_fused import check, program
 from tgc.backends import get_device
 from tgc.codegen.attention import AttentionKernel, lower_attention
 from tgc.codegen.expand import unroll_reduces
+from tgc.codegen.linearize import linearize
 from tgc.codegen.opt import Opt, OptOps
 from tgc.dtype import dtypes
 from tgc.ir.kernel import INDEX, identity
@@ -56,6 +57,19 @@ def test_unroll_reduce_makes_the_unrolled_keys_one_block():
         assert at_block_1.op is Ops.CONST
         offsets.append(at_block_1.arg)
     assert offsets == [4, 5, 6, 7, 16, 17, 18, 19]
+
+
+def test_a_malformed_online_softmax_is_refused_by_the_linearizer():
+    """Its value must be an f32 VECTORIZE of as many scores as values (a tgc bug otherwise, never a wrong kernel)."""
+    buf = UOp(Ops.DEFINE_GLOBAL, dtypes.f32.as_ptr(), (), 0)
+    r = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, 3),), (0, RangeKind.REDUCE))
+    one = UOp(Ops.LOAD, dtypes.f32, (buf, r))
+    odd = UOp(Ops.VECTORIZE, dtypes.f32.vec(3), (one, one, one))
+    for value in (one, odd):
+        red = UOp(Ops.REDUCE, dtypes.f32, (value, r), Ops.ONLINE_SOFTMAX)
+        store = UOp(Ops.STORE, None, (buf, UOp.const(INDEX, 0), red))
+        with pytest.raises(RuntimeError, match="ONLINE_SOFTMAX"):
+            linearize(UOp(Ops.SINK, None, (store,)))
 
 
 def test_the_fused_kernel_goes_through_the_named_passes_on_the_python_device():

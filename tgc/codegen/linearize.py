@@ -161,6 +161,10 @@ class _Linearizer:
     def _emit_online_softmax(self, first: UOp) -> Generator[UOp, UOp, None]:
         """An ONLINE_SOFTMAX REDUCE and the others of its group (same loops, same scores): the accumulators m, l and
         one o each, the loops, the update (see the module's docstring), then o / l per REDUCE."""
+        pairs = first.src[0]
+        if pairs.op is not Ops.VECTORIZE or len(pairs.src) % 2 or pairs.dtype.scalar() != dtypes.f32 or \
+                first.dtype != dtypes.f32:
+            raise RuntimeError("an ONLINE_SOFTMAX REDUCE reduces an f32 VECTORIZE of (scores..., values...) to f32")
         ranges = first.src[1:]
         n = len(first.src[0].src) // 2
         scores = first.src[0].src[:n]
