@@ -12,9 +12,12 @@ index. This module writes its linear UOps directly, for every device:
         l = l * alpha + sum_j p_j; o[c] = o[c] * alpha + sum_j p_j v[j, c]
       out[i, c] = o[c] / l
 
-That is the per-row form (`build`: PYTHON, the GPU dialects one thread per row with each block of k and v
-staged in shared memory by the work-group (`_stage_shared`), and half inputs on the CPU;
-with vectors, inner products 16 lanes of the head dimension at a time). On devices with vectors (the CPU)
+That is the per-row form. Without vectors or staging (the PYTHON device, NOOPT, a GPU kernel with nothing to
+stage) it is an ordinary kernel AST of REDUCE(ONLINE_SOFTMAX) (`online_softmax_ast`) that the pipeline's passes
+lower (`pipeline.lower`: `unroll_reduce` makes a block of keys one iteration, `linearize` writes the accumulators
+and the rescale). The other forms are still written here (`build`: the GPU dialects one thread per row with each
+block of k and v staged in shared memory by the work-group (`_stage_shared`), and the CPU's per-row form with
+vectors, inner products 16 lanes of the head dimension at a time, as for half inputs). On devices with vectors (the CPU)
 `build_rows` makes 16 query rows the lanes of every value instead, with loops, not written-out terms: the
 row side of the inner products is staged once per tile of rows into a local array (head dimension x 16),
 each key's score is a 16-lane REDUCE over the head dimension (a block's keys share that loop), the output
