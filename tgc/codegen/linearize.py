@@ -10,7 +10,8 @@ m (-inf) and sum l (0), shared by the group's REDUCEs of the same scores over th
 sum o (0) per REDUCE; per iteration (a block of n scores s_k and values v_k) m' = max(m, max_k s_k),
 alpha = exp(m - m'), p_k = exp(s_k - m') (exp arguments clamped at -200, a max still -inf taken as 0, so
 -inf - -inf never reaches exp), l = l * alpha + sum_k p_k, o = o * alpha + sum_k p_k v_k (ACCUMULATE MAX, MUL,
-ADD: no new linear op); after the loops its value is o / l. Its exps are polynomials where the device asks.
+ADD: no new linear op); after the loops its value is o / l. Its exps are polynomials where the device asks. Where
+an iteration stages values in shared memory (a BARRIER inside its loop), a second BARRIER ends the iteration.
 """
 
 from __future__ import annotations
@@ -204,6 +205,7 @@ class _Linearizer:
             os_.append((yield from acc(0.0)))
         for rng in ranges:
             yield from self._open_range(rng)
+        start = len(self.out)
         bm = scores[0]
         for sc in scores[1:]:
             bm = UOp(Ops.MAX, f32, (bm, sc))
@@ -234,7 +236,11 @@ class _Linearizer:
         for o, c in zip(os_, cols):  # each REDUCE's sum goes into its accumulator at once (few values live)
             c_l = yield c
             self.push(UOp(Ops.ACCUMULATE, f32, (o, alpha_l), Ops.MUL))
-            self.push(UOp(Ops.ACCUMULATE, f32, (o, c_l), Ops.ADD))
+            last = self.push(UOp(Ops.ACCUMULATE, f32, (o, c_l), Ops.ADD))
+        if ranges and any(u.op is Ops.BARRIER for u in self.out[start:]):
+            # values staged in shared memory this iteration (the GPU's k and v): the next iteration's staging must
+            # not overwrite what slower threads of the work-group still read
+            self.push(UOp(Ops.BARRIER, None, (last,)))
         for _ in ranges:
             self.close_range()
         l_l = self.lookup(read(lacc, "l"))
