@@ -2,7 +2,7 @@
 
 The scheduler (`tgc.engine.attention`) hands a kernel whose `meta["attention"]` holds the score X at
 (query row, key j) (its inner products as REDUCEs over the head dimension), v at (j, column) and the output
-index. This module writes its linear UOps directly, for every device:
+index. The kernel, for every device:
 
     for each batch index and query row i (CPU: rows split across threads; GPU: one thread per row)
       m = -inf; l = 0; o[0..Dv) = 0                 accumulators (DEFINE_ACC)
@@ -12,23 +12,24 @@ index. This module writes its linear UOps directly, for every device:
         l = l * alpha + sum_j p_j; o[c] = o[c] * alpha + sum_j p_j v[j, c]
       out[i, c] = o[c] / l
 
-That is the per-row form. Without vectors or staging (the PYTHON device, NOOPT, a GPU kernel with nothing to
-stage) it is an ordinary kernel AST of REDUCE(ONLINE_SOFTMAX) (`online_softmax_ast`) that the pipeline's passes
-lower (`pipeline.lower`: `unroll_reduce` makes a block of keys one iteration, `linearize` writes the accumulators
-and the rescale). The other forms are still written here (`build`: the GPU dialects one thread per row with each
-block of k and v staged in shared memory by the work-group (`_stage_shared`), and the CPU's per-row form with
-vectors, inner products 16 lanes of the head dimension at a time, as for half inputs). On devices with vectors (the CPU)
-`build_rows` makes 16 query rows the lanes of every value instead, with loops, not written-out terms: the
-row side of the inner products is staged once per tile of rows into a local array (head dimension x 16),
-each key's score is a 16-lane REDUCE over the head dimension (a block's keys share that loop), the output
-row's accumulators are a second local array (Dv x 16) that a loop over the columns rescales and adds the
-block's p * v to, and the block's exps are one vector polynomial per key. Its size does not grow with the
-head dimension.
+That is the per-row form. Without vectors (the PYTHON device, NOOPT, the GPU dialects: one thread per row, each
+block of k and v staged in shared memory by the work-group, `_stage_shared`) it is an ordinary kernel AST of
+REDUCE(ONLINE_SOFTMAX) (`online_softmax_ast`) that the pipeline's passes lower (`pipeline.lower`: `unroll_reduce`
+makes a block of keys one iteration, `linearize` writes the accumulators, the rescale and the block's second
+barrier).
 
-The scores live in registers for one block and are never stored; the accumulators are updated with
-ACCUMULATE MUL then ADD (no new op: every renderer and the PYTHON device run it; the PYTHON device steps a
-loop that reads an accumulator it updates one index at a time). Keys past the end of the last block read the
-last key (clamped index) and get weight 0, so no load leaves its buffer.
+The CPU's forms are still written here as linear UOps: `build`, the per-row form with vectors (inner products 16
+lanes of the head dimension at a time; half inputs, one query row, BEAM's unoptimized reference), and
+`build_rows`, 16 query rows as the lanes of every value, with loops, not written-out terms: the row side of the
+inner products is staged once per tile of rows into a local array (head dimension x 16), each key's score is a
+16-lane REDUCE over the head dimension (a block's keys share that loop), the output row's accumulators are a
+second local array (Dv x 16) that a loop over the columns rescales and adds the block's p * v to, and the
+block's exps are one vector polynomial per key. Its size does not grow with the head dimension.
+
+The scores live in registers for one block and are never stored; the accumulators are updated with ACCUMULATE
+MUL then ADD (no new linear op: every renderer and the PYTHON device run it; the PYTHON device steps a loop that
+reads an accumulator it updates one index at a time). Keys past the end of the last block read the last key
+(clamped index) and get weight 0, so no load leaves its buffer.
 """
 
 from __future__ import annotations
