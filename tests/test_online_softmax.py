@@ -141,3 +141,28 @@ def test_noopt_kernels_are_the_passes_online_softmax_and_match_numpy(device, mon
 def test_half_inputs_on_the_python_device_match_numpy():
     p = program(False, "f16")
     check(p, False, "PYTHON", 1, 19, 4, 3, dtype=np.float16, tol=2e-2)
+
+
+def test_the_gpu_staged_form_goes_through_the_passes_with_a_barrier_ending_each_block():
+    """OpenCL: k and v staged per block in shared memory (a BARRIER after the staging stores), and a second BARRIER
+    as the block's last op, after the accumulators' update, so the next staging waits for every reader."""
+    item = _item(program(False), "OPENCL", SMALL)
+    trace: list[tuple[str, str]] = []
+    low = lower_attention(item, get_device("OPENCL"), "attn", trace=trace)
+    assert {"map_to_grid", "unroll_reduce", "linearize"} <= set(dict(trace))
+    uops = low.uops
+    assert any(u.op is Ops.DEFINE_LOCAL for u in uops)
+    barriers = [i for i, u in enumerate(uops) if u.op is Ops.BARRIER]
+    assert len(barriers) == 2
+    key_loop = next(i for i, u in enumerate(uops) if u.op is Ops.RANGE and u.arg[1] is RangeKind.REDUCE
+                    and any(w.op is Ops.ACCUMULATE and w.arg is Ops.MAX for w in uops[i:]))
+    end = next(i for i, u in enumerate(uops) if u.op is Ops.ENDRANGE and u.src[0] is uops[key_loop])
+    assert key_loop < barriers[0] < barriers[1] == end - 1
+    assert uops[barriers[1] - 1].op is Ops.ACCUMULATE
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_the_gpu_staged_form_with_rows_past_the_last_tile_matches_numpy_on_opencl(masked):
+    """T=70: work-groups of 64 rows, the second with 58 rows past the end (they stage their share and reach every
+    barrier, their own loads and stores gated off)."""
+    check(program(masked), masked, "OPENCL", 1, 70, 6, 5, tol=2e-5)
