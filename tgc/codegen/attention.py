@@ -730,7 +730,8 @@ def lower_attention(item: Any, device: Any, name: str, opts: list[Opt] | None = 
     """The fused attention kernel of `item` lowered for `device` (a `tgc.codegen.pipeline.LoweredKernel`), with the
     opts `opts` (`AttentionKernel`: [] is the unoptimized per-row form) or the heuristic's (None). `trace`, when a
     list, gets (step, text) as `pipeline.lower` gives it: every pass where the kernel goes through them (the
-    per-row form without vectors or staging), else one `lower_attention` step and its linear UOps."""
+    per-row form without vectors: PYTHON, NOOPT, the GPU dialects), else (the CPU's forms) one `lower_attention`
+    step and its linear UOps."""
 
     sp = item.meta["attention"]
     k = attention_kernel(item, device, opts)
