@@ -986,4 +986,4 @@ def _linearize(ast: UOp, jb_arg: Any, ncols: int) -> list[UOp]:
 
 
 __all__ = ["BLOCK", "MAX_BLOCK", "ROW_BLOCK_VALUES", "ROW_CHOICES", "ROW_LANES", "AttentionKernel", "attention_kernel",
-           "build", "build_rows", "lower_attention"]
+           "build", "build_rows", "lower_attention", "online_softmax_ast"]
