@@ -12,7 +12,7 @@ import pytest
 from test_attention_fused import check, program
 
 from tgc.backends import get_device
-from tgc.codegen.attention import AttentionKernel, lower_attention
+from tgc.codegen.attention import BLOCK, AttentionKernel, lower_attention
 from tgc.codegen.expand import unroll_reduces
 from tgc.codegen.linearize import linearize
 from tgc.codegen.opt import Opt, OptOps
@@ -166,3 +166,24 @@ def test_the_gpu_staged_form_with_rows_past_the_last_tile_matches_numpy_on_openc
     """T=70: work-groups of 64 rows, the second with 58 rows past the end (they stage their share and reach every
     barrier, their own loads and stores gated off)."""
     check(program(masked), masked, "OPENCL", 1, 70, 6, 5, tol=2e-5)
+
+
+def test_a_staging_of_more_than_255_stores_chains_its_barriers():
+    """D=1024, E=16, 20 rows per work-group: a block of as many keys as the device's shared memory holds (32 KiB:
+    7 keys of 1040 floats), k staged in ceil(7 * 1024 / 20) = 359 rounds of stores and v in 6: 365 stores, more
+    than the 256 sources a BARRIER orders, so two chained BARRIERs follow the stores, then the block's last one."""
+    from tgc.ir.uop import Ops as O
+    item = _item(program(False), "OPENCL", {"B": 1, "T": 20, "D": 1024, "E": 16})
+    block = min(BLOCK, get_device("OPENCL").caps.max_shared_bytes // (4 * (1024 + 16)))
+    stores = -(-block * 1024 // 20) + -(-block * 16 // 20)
+    assert stores > 256
+    uops = lower_attention(item, get_device("OPENCL"), "attn").uops
+    bars = [i for i, u in enumerate(uops) if u.op is O.BARRIER]
+    sources, left, chained = [], stores, False
+    while left > 0:
+        sources.append(min(left, 255) + chained)
+        left, chained = left - 255, True
+    assert [len(uops[i].src) for i in bars] == sources + [1]
+    assert all(uops[b].src[0] is uops[a] for a, b in zip(bars, bars[1:-1]))
+    local_stores = [i for i, u in enumerate(uops) if u.op is O.STORE and u.src[0].op is O.DEFINE_LOCAL]
+    assert len(local_stores) == stores and max(local_stores) < bars[-2]
