@@ -2,7 +2,7 @@
 
 The scheduler (`tgc.engine.attention`) hands a kernel whose `meta["attention"]` holds the score X at
 (query row, key j) (its inner products as REDUCEs over the head dimension), v at (j, column) and the output
-index. This module writes its linear UOps directly, for every device:
+index. The kernel, for every device:
 
     for each batch index and query row i (CPU: rows split across threads; GPU: one thread per row)
       m = -inf; l = 0; o[0..Dv) = 0                 accumulators (DEFINE_ACC)
@@ -12,20 +12,24 @@ index. This module writes its linear UOps directly, for every device:
         l = l * alpha + sum_j p_j; o[c] = o[c] * alpha + sum_j p_j v[j, c]
       out[i, c] = o[c] / l
 
-That is the per-row form (`build`: PYTHON, the GPU dialects one thread per row with each block of k and v
-staged in shared memory by the work-group (`_stage_shared`), and half inputs on the CPU;
-with vectors, inner products 16 lanes of the head dimension at a time). On devices with vectors (the CPU)
-`build_rows` makes 16 query rows the lanes of every value instead, with loops, not written-out terms: the
-row side of the inner products is staged once per tile of rows into a local array (head dimension x 16),
-each key's score is a 16-lane REDUCE over the head dimension (a block's keys share that loop), the output
-row's accumulators are a second local array (Dv x 16) that a loop over the columns rescales and adds the
-block's p * v to, and the block's exps are one vector polynomial per key. Its size does not grow with the
-head dimension.
+That is the per-row form. Without vectors (the PYTHON device, NOOPT, the GPU dialects: one thread per row, each
+block of k and v staged in shared memory by the work-group, `_stage_shared`) it is an ordinary kernel AST of
+REDUCE(ONLINE_SOFTMAX) (`online_softmax_ast`) that the pipeline's passes lower (`pipeline.lower`: `unroll_reduce`
+makes a block of keys one iteration, `linearize` writes the accumulators, the rescale and the block's second
+barrier).
 
-The scores live in registers for one block and are never stored; the accumulators are updated with
-ACCUMULATE MUL then ADD (no new op: every renderer and the PYTHON device run it; the PYTHON device steps a
-loop that reads an accumulator it updates one index at a time). Keys past the end of the last block read the
-last key (clamped index) and get weight 0, so no load leaves its buffer.
+The CPU's forms are still written here as linear UOps: `build`, the per-row form with vectors (inner products 16
+lanes of the head dimension at a time; half inputs, one query row, BEAM's unoptimized reference), and
+`build_rows`, 16 query rows as the lanes of every value, with loops, not written-out terms: the row side of the
+inner products is staged once per tile of rows into a local array (head dimension x 16), each key's score is a
+16-lane REDUCE over the head dimension (a block's keys share that loop), the output row's accumulators are a
+second local array (Dv x 16) that a loop over the columns rescales and adds the block's p * v to, and the
+block's exps are one vector polynomial per key. Its size does not grow with the head dimension.
+
+The scores live in registers for one block and are never stored; the accumulators are updated with ACCUMULATE
+MUL then ADD (no new linear op: every renderer and the PYTHON device run it; the PYTHON device steps a loop that
+reads an accumulator it updates one index at a time). Keys past the end of the last block read the last key
+(clamped index) and get weight 0, so no load leaves its buffer.
 """
 
 from __future__ import annotations
@@ -45,16 +49,15 @@ from tgc.codegen.opt import (
     OptOps,
     gate_memory,
     launch_limits,
-    map_to_grid,
     split_threads,
 )
-from tgc.codegen.pipeline import drop_unused_buffers, finish, shared_memory_bytes, uops_text
+from tgc.codegen.pipeline import drop_unused_buffers, finish, lower, shared_memory_bytes, uops_text
 from tgc.codegen.transcendental import decompose_transcendentals
 from tgc.dtype import dtypes
 from tgc.env import debug_level, env_flag
 from tgc.ir.kernel import INDEX
 from tgc.ir.symbolic import simplify, symbolic
-from tgc.ir.uop import Ops, RangeKind, UOp, graph_rewrite, substitute
+from tgc.ir.uop import Ops, RangeKind, UOp, graph_rewrite, pretty, substitute
 
 BLOCK = 16  # keys per block: scores held in registers at once
 SHARED_ROWS = 64  # GPU: query rows per work-group sharing each block's keys and values in shared memory
@@ -274,7 +277,9 @@ def _stage_shared(sp: Any, jb: UOp, bk: int, group: int, next_id: int) -> tuple:
         mapping[ld] = (local, simplify(idx))
     if not stores:
         return None
-    barrier = UOp(Ops.BARRIER, None, (stores[-1],))
+    barrier = None  # after every staging store (a BARRIER orders at most 256: a chain past that)
+    for i in range(0, len(stores), 255):
+        barrier = UOp(Ops.BARRIER, None, (*(() if barrier is None else (barrier,)), *stores[i:i + 255]))
     loads = {ld: UOp(Ops.LOAD, ld.dtype, (local, idx, barrier)) for ld, (local, idx) in mapping.items()}
     x = substitute(sp.x, {**loads, ri: rows})
     v = substitute(sp.v, loads)
@@ -283,37 +288,32 @@ def _stage_shared(sp: Any, jb: UOp, bk: int, group: int, next_id: int) -> tuple:
     return x, v, ri, rows, live, rjl, stores
 
 
-def build(sp: Any, block: int = BLOCK, width: int = 1, decompose: bool = False,
-          group: int = 0) -> tuple[UOp, UOp, int, int]:
-    """The kernel as one SINK of its values (AST level, before the pipeline's rewrites) and the key-block range:
-    sources are [block max, alpha, sum of p, each column group's sum of p*v, then the stores]. `width` > 1
-    (devices with vectors) computes inner products and output columns that many lanes at a time. Returns the
-    SINK, the key-block range and the output columns per accumulator."""
+def build(sp: Any, block: int = BLOCK, width: int = 16, decompose: bool = False) -> tuple[UOp, UOp, int]:
+    """The CPU's per-row form with vectors as one SINK of its values (AST level, before the pipeline's rewrites)
+    and the key-block range: sources are [block max, alpha, sum of p, each column group's sum of p*v, then the
+    stores]. Inner products and output columns are computed `width` lanes at a time (a block of `width` keys'
+    scores as one vector, `_key_vector_scores`). Returns the SINK, the key-block range and the output columns per
+    accumulator. (Without vectors the per-row form is `online_softmax_ast`, lowered by the pipeline's passes.)"""
     ids = [u.arg[0] for e in (sp.x, sp.v, *sp.loops) for u in e.toposort() if u.op is Ops.RANGE]
     next_id = max(ids, default=0) + 1
     bk = min(block, sp.tk)
     nblocks = -(-sp.tk // bk)
     jb = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, nblocks),), (next_id, RangeKind.REDUCE))
     x = _vector_scores(sp.x, width, next_id + 1) if width > 1 else sp.x
-    v_src, staged = sp.v, None
-    if group and sp.row_loop and sp.loops and sp.loops[-1].op is Ops.RANGE and sp.loops[-1].arg[1] is RangeKind.LOOP:
-        staged = _stage_shared(sp, jb, bk, min(group, sp.loops[-1].src[0].arg), next_id + 3)
-    if staged is not None:
-        x, v_src, ri, rows, live, rjl, stage_stores = staged
     ragged = sp.tk % bk != 0
     scores, keys = [], []
     for jj in range(bk):
         j = simplify(jb * UOp.const(INDEX, bk) + UOp.const(INDEX, jj)) if nblocks > 1 else UOp.const(INDEX, jj)
         last = UOp.const(INDEX, sp.tk - 1)
         jc = simplify((j < UOp.const(INDEX, sp.tk)).where(j, last)) if ragged else j
-        key_sub = {sp.rj: jc, rjl: UOp.const(INDEX, jj)} if staged is not None else {sp.rj: jc}
+        key_sub = {sp.rj: jc}
         s = _f32(simplify(substitute(x, key_sub)))
         if ragged:
             s = UOp(Ops.WHERE, dtypes.f32, (j < UOp.const(INDEX, sp.tk), s, _c(-math.inf)))
         scores.append(s)
         keys.append(key_sub)
     # with vectors and a block of one vector's keys: the block's scores as one vector (lane sums taken together)
-    skeys = _key_vector_scores(sp, keys, jb, bk, width, next_id) if width > 1 and staged is None else None
+    skeys = _key_vector_scores(sp, keys, jb, bk, width, next_id) if width > 1 else None
     if skeys is not None:
         bm = _hmax(skeys)
     else:
@@ -337,7 +337,7 @@ def build(sp: Any, block: int = BLOCK, width: int = 1, decompose: bool = False,
         lsum = ps[0]
         for p in ps[1:]:
             lsum = lsum + p
-    w = width if width > 1 and sp.dv % width == 0 and sp.dtype == dtypes.f32 and staged is None else 1
+    w = width if width > 1 and sp.dv % width == 0 and sp.dtype == dtypes.f32 else 1
     vw = _lanes(sp.v, sp.rdv, w, next_id + 2) if w > 1 else None
     if vw is None:
         w = 1
@@ -347,7 +347,7 @@ def build(sp: Any, block: int = BLOCK, width: int = 1, decompose: bool = False,
             outer = next(u for u in vw.toposort() if u.op is Ops.RANGE and u.arg == sp.rdv.arg)
             vc = substitute(vw, {outer: UOp.const(INDEX, c)})
         else:
-            vc = substitute(v_src, {sp.rdv: UOp.const(INDEX, c)})
+            vc = substitute(sp.v, {sp.rdv: UOp.const(INDEX, c)})
         acc = None
         for p, key_sub in zip(ps, keys):
             term = _splat(p, w) * _f32(simplify(substitute(vc, key_sub))) if w == 1 else \
@@ -358,14 +358,9 @@ def build(sp: Any, block: int = BLOCK, width: int = 1, decompose: bool = False,
         value = UOp(Ops.FDIV, dtypes.f32.vec(w), (o, _splat(_ph("l"), w)))
         if sp.dtype != dtypes.f32:
             value = UOp(Ops.CAST, sp.dtype, (value,))
-        out_sub = {sp.rdv: UOp.const(INDEX, c * w)}
-        if staged is not None:
-            out_sub[ri] = rows
-        idx = simplify(substitute(sp.out_index, out_sub))
-        gate = (live,) if staged is not None and live is not None else ()
-        stores.append(UOp(Ops.STORE, None, (sp.out, idx, value, *gate)))
-    order = stage_stores if staged is not None else []
-    return UOp(Ops.SINK, None, (bm, alpha, lsum, *cols, *stores, *order)), jb, w, len(order)
+        idx = simplify(substitute(sp.out_index, {sp.rdv: UOp.const(INDEX, c * w)}))
+        stores.append(UOp(Ops.STORE, None, (sp.out, idx, value)))
+    return UOp(Ops.SINK, None, (bm, alpha, lsum, *cols, *stores)), jb, w
 
 
 ROW_LANES = 16  # query rows per vector on devices with vectors (`build_rows`)
@@ -730,9 +725,13 @@ def attention_kernel(item: Any, device: Any, opts: list[Opt] | None = None) -> A
     return k
 
 
-def lower_attention(item: Any, device: Any, name: str, opts: list[Opt] | None = None) -> Any:
+def lower_attention(item: Any, device: Any, name: str, opts: list[Opt] | None = None,
+                    trace: list[tuple[str, str]] | None = None) -> Any:
     """The fused attention kernel of `item` lowered for `device` (a `tgc.codegen.pipeline.LoweredKernel`), with the
-    opts `opts` (`AttentionKernel`: [] is the unoptimized per-row form) or the heuristic's (None)."""
+    opts `opts` (`AttentionKernel`: [] is the unoptimized per-row form) or the heuristic's (None). `trace`, when a
+    list, gets (step, text) as `pipeline.lower` gives it: every pass where the kernel goes through them (the
+    per-row form without vectors: PYTHON, NOOPT, the GPU dialects), else (the CPU's forms) one `lower_attention`
+    step and its linear UOps."""
 
     sp = item.meta["attention"]
     k = attention_kernel(item, device, opts)
@@ -747,21 +746,28 @@ def lower_attention(item: Any, device: Any, name: str, opts: list[Opt] | None = 
         if ch["rows"] else None
     if by_rows is not None and shared_memory_bytes(by_rows.ast.toposort()) > launch_limits(device).shared_bytes:
         by_rows = None  # its local arrays (a long head dimension) do not fit: the per-row form
+    if by_rows is None and not vectors:
+        # the per-row form without vectors (PYTHON, NOOPT, the GPU dialects): an ordinary kernel of
+        # REDUCE(ONLINE_SOFTMAX) that the pipeline's passes lower; on a GPU each block of k and v staged into shared
+        # memory by work-groups of up to SHARED_ROWS rows, within the device's limit
+        group = min(SHARED_ROWS, launch_limits(device).threads) if device.caps.gpu and not env_flag("NOOPT") else 0
+        block, group = _staging_plan(sp, device, ch["block"], group)
+        ast = online_softmax_ast(sp, block, group) if group else None
+        if ast is None or shared_memory_bytes(ast.toposort()) > launch_limits(device).shared_bytes:
+            ast = online_softmax_ast(sp, ch["block"])  # nothing staged (or a staging the plan's count missed)
+        threads = [Opt(OptOps.THREAD, 0, ch["threads"])] if k.threads_chosen and ch["threads"] else []
+        low = lower(ast, device, list(item.bufs), name, opts=threads, trace=trace)
+        low.applied = list(k.applied)
+        return low
     if by_rows is not None:
         ast, w = by_rows.ast, 1
-    else:
-        group = min(SHARED_ROWS, launch_limits(device).threads) if device.caps.gpu and not env_flag("NOOPT") else 0
-        ast, jb, w, norder, _ = _build_within_shared(sp, device, ch["block"], 16 if vectors else 1, group)
+    else:  # the CPU's per-row form with vectors
+        ast, jb, w = build(sp, block=ch["block"], width=16, decompose=device.caps.decompose_transcendentals)
     ast = legalize(ast)
     if device.caps.decompose_transcendentals:
         ast = decompose_transcendentals(ast)
     launch: dict = {}
-    if device.caps.gpu:
-        if sp.loops:
-            lim = launch_limits(device)
-            ast, launch = map_to_grid(ast, max_local=min(device.caps.preferred_local_size, lim.threads, 64),
-                                      max_grid=lim.grid)
-    elif presplit > 1 and by_rows is not None:
+    if presplit > 1 and by_rows is not None:
         launch["global_size"] = (presplit, 1, 1)
     elif ch["threads"] > 1:
         ast, threads = split_threads(ast, ch["threads"])
@@ -773,34 +779,80 @@ def lower_attention(item: Any, device: Any, name: str, opts: list[Opt] | None = 
     if by_rows is not None:
         uops = _linearize_rows(ast, by_rows)
     else:
-        uops = _linearize(ast, jb.arg, sp.dv // w, norder=norder, barrier=device.caps.gpu and norder > 0)
+        uops = _linearize(ast, jb.arg, sp.dv // w)
     if debug_level() >= 6:  # the pipeline's passes do not run here: show what this lowering made
         import sys
         print(f"--- {name}: fused attention (tgc/codegen/attention.py), linear UOps\n{uops_text(uops)}",
               file=sys.stderr)
+    if trace is not None:
+        trace.extend([("lower_attention", pretty(ast)), ("linearize", uops_text(uops))])
     low = finish(device, name, ast, uops, bufs, launch)
     low.applied = list(k.applied)
     return low
 
 
-def _build_within_shared(sp: Any, device: Any, block: int, width: int, group: int) -> tuple[UOp, UOp, int, int, int]:
-    """`build` with its staged keys and values within the device's shared memory (`launch_limits`: declared and
-    queried). The staged arrays grow with the block (block x (head dim + value dim) elements): where they do
-    not fit, the largest block that fits (shared memory is linear in it), and where not even one key fits, the
-    kernel without staging (every thread reads k and v from global memory). Returns build's values and the
-    block used."""
-    decompose = device.caps.decompose_transcendentals
+def online_softmax_ast(sp: Any, block: int, group: int = 0) -> UOp | None:
+    """The per-row form as an ordinary kernel AST that the pipeline's passes lower (`pipeline.lower`): one STORE per
+    output element of REDUCE(ONLINE_SOFTMAX) over the keys, in blocks of `block` keys (a REDUCE range of blocks, an
+    UNROLL range of keys in a block: `unroll_reduce` makes the block one iteration), the output columns an UPCAST
+    range (`upcast_stores` copies them; their REDUCEs share the scores, so the linearizer gives them one m and l).
+    Keys past the end of the last block read the last key (clamped index) with score -inf (weight 0).
+    `group` > 0 (GPUs): work-groups of `group` query rows (a LOCAL range) stage each block's k and v into shared
+    memory (`_stage_shared`: the staging STOREs are the sources of a BARRIER that the staged LOADs read after, so
+    the linearizer writes them inside the key-block loop before the scores; it ends the loop with a second
+    BARRIER); None where nothing is staged."""
+    ids = [u.arg[0] for e in (sp.x, sp.v, *sp.loops, sp.rj, sp.rdv) for u in e.toposort() if u.op is Ops.RANGE]
+    next_id = max(ids, default=0) + 1
+    bk = min(block, sp.tk)
+    nblocks = -(-sp.tk // bk)
+    jb = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, nblocks),), (next_id, RangeKind.REDUCE)) if nblocks > 1 else None
+    jj = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, bk),), (next_id + 1, RangeKind.UNROLL)) if bk > 1 else None
+    parts = [r for r in (jb, jj) if r is not None]
+    j = UOp.const(INDEX, 0)
+    if jb is not None:
+        j = jb * UOp.const(INDEX, bk)
+    if jj is not None:
+        j = j + jj
+    j = simplify(j)
+    x, v, out_index, gate = sp.x, sp.v, sp.out_index, ()
+    key = {sp.rj: simplify((j < UOp.const(INDEX, sp.tk)).where(j, UOp.const(INDEX, sp.tk - 1))) if sp.tk % bk else j}
+    if group:
+        staged = _stage_shared(sp, UOp.const(INDEX, 0) if jb is None else jb, bk, group, next_id + 3)
+        if staged is None:
+            return None
+        x, v, ri, rows, live, rjl, _ = staged
+        key[rjl] = UOp.const(INDEX, 0) if jj is None else jj
+        out_index = substitute(out_index, {ri: rows})
+        gate = () if live is None else (live,)
+    score = _f32(simplify(substitute(x, key)))
+    if sp.tk % bk:
+        score = UOp(Ops.WHERE, dtypes.f32, (simplify(j < UOp.const(INDEX, sp.tk)), score, _c(-math.inf)))
+    col = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, sp.dv),), (next_id + 2, RangeKind.UPCAST))
+    value = _f32(simplify(substitute(v, {**key, sp.rdv: col})))
+    pairs = UOp(Ops.VECTORIZE, dtypes.f32.vec(2), (score, value))
+    out = UOp(Ops.REDUCE, dtypes.f32, (pairs, *parts), Ops.ONLINE_SOFTMAX)
+    if sp.dtype != dtypes.f32:
+        out = UOp(Ops.CAST, sp.dtype, (out,))
+    index = simplify(substitute(out_index, {sp.rdv: col}))
+    return UOp(Ops.SINK, None, (UOp(Ops.STORE, None, (sp.out, index, out, *gate)),))
+
+
+def _staging_plan(sp: Any, device: Any, block: int, group: int) -> tuple[int, int]:
+    """(keys per block, rows per work-group staging k and v: 0 for none) within the device's shared memory
+    (`launch_limits`: declared and queried). The staged arrays grow with the block (block x (head dim + value dim)
+    elements): where they do not fit, the largest block that fits (shared memory is linear in it), and where not
+    even one key fits, no staging (every thread reads k and v from global memory)."""
     limit = launch_limits(device).shared_bytes
-    if group and sp.row_loop and sp.loops and sp.loops[-1].op is Ops.RANGE and sp.loops[-1].arg[1] is RangeKind.LOOP:
-        per_key = _shared_bytes_per_key(sp)
-        if per_key > limit:
-            group = 0
-        elif per_key * min(block, sp.tk) > limit:
-            block = limit // per_key
-    ast, jb, w, norder = build(sp, block=block, width=width, decompose=decompose, group=group)
-    if shared_memory_bytes(ast.toposort()) > limit:  # a staging this count missed: nothing staged, then
-        ast, jb, w, norder = build(sp, block=block, width=width, decompose=decompose, group=0)
-    return ast, jb, w, norder, min(block, sp.tk)
+    if not (group and sp.row_loop and sp.loops and sp.loops[-1].op is Ops.RANGE
+            and sp.loops[-1].arg[1] is RangeKind.LOOP):
+        return block, 0  # (one query row: nothing is shared across the rows of a work-group)
+    group = min(group, sp.loops[-1].src[0].arg)
+    per_key = _shared_bytes_per_key(sp)
+    if per_key > limit:
+        group = 0
+    elif per_key * min(block, sp.tk) > limit:
+        block = limit // per_key
+    return block, group
 
 
 def _split_spec(sp: Any, threads: int) -> tuple[Any, int] | None:
@@ -880,16 +932,14 @@ def _linearize_rows(ast: UOp, k: RowsKernel) -> list[UOp]:
     return lin.out
 
 
-def _linearize(ast: UOp, jb_arg: Any, ncols: int, norder: int = 0, barrier: bool = False) -> list[UOp]:
-    """The linear UOps of the per-row form (`build`): outer loops, the accumulators, the key-block loop with the
-    online update, the stores. The last `norder` sources of `ast` (the GPU's staging stores) are emitted first
-    inside the key-block loop, in that order."""
+def _linearize(ast: UOp, jb_arg: Any, ncols: int) -> list[UOp]:
+    """The linear UOps of the CPU's per-row form with vectors (`build`): outer loops, the accumulators, the
+    key-block loop with the online update, the stores."""
 
     nodes = ast.toposort()
     bm, alpha, lsum = ast.src[:3]
     cols = ast.src[3:3 + ncols]
-    stores = ast.src[3 + ncols:len(ast.src) - norder]
-    order = ast.src[len(ast.src) - norder:] if norder else ()
+    stores = ast.src[3 + ncols:]
     lin = start_linearizer(nodes)
     jb = next((u for u in nodes if u.op is Ops.RANGE and u.arg == jb_arg), None)  # None: a single block
     outer = sorted((u for u in nodes if u.op is Ops.RANGE and u.arg[1] is RangeKind.LOOP), key=lambda r: r.arg[0])
@@ -911,8 +961,6 @@ def _linearize(ast: UOp, jb_arg: Any, ncols: int, norder: int = 0, barrier: bool
     o = [acc(0.0, c.dtype) for c in cols]
     if jb is not None:
         lin.open_range(jb)
-    for u in order:
-        lin.emit(u)
     bm_l = lin.emit(bm)
     lin.scopes[-1][ph("m_old", bm.dtype)] = read(m, "m_old")
     lin.push(UOp(Ops.ACCUMULATE, m.dtype, (m, bm_l), Ops.MAX))
@@ -924,9 +972,7 @@ def _linearize(ast: UOp, jb_arg: Any, ncols: int, norder: int = 0, barrier: bool
         c_l = lin.emit(c)
         scale = alpha_l if a.dtype == alpha.dtype else lin.emit(_splat(alpha, a.dtype.count))
         lin.push(UOp(Ops.ACCUMULATE, a.dtype, (a, scale), Ops.MUL))
-        last = lin.push(UOp(Ops.ACCUMULATE, a.dtype, (a, c_l), Ops.ADD))
-    if barrier and jb is not None:  # the next block's staging must not overwrite what slower threads still read
-        lin.push(UOp(Ops.BARRIER, None, (last,)))
+        lin.push(UOp(Ops.ACCUMULATE, a.dtype, (a, c_l), Ops.ADD))
     if jb is not None:
         lin.close_range()
     lin.scopes[-1][ph("l", lacc.dtype)] = read(lacc, "l")
@@ -940,4 +986,4 @@ def _linearize(ast: UOp, jb_arg: Any, ncols: int, norder: int = 0, barrier: bool
 
 
 __all__ = ["BLOCK", "MAX_BLOCK", "ROW_BLOCK_VALUES", "ROW_CHOICES", "ROW_LANES", "AttentionKernel", "attention_kernel",
-           "build", "build_rows", "lower_attention"]
+           "build", "build_rows", "lower_attention", "online_softmax_ast"]

@@ -54,8 +54,19 @@ def _unroll_reduce(x: UOp) -> UOp | None:
     if not unrolls:
         return None
     rest = tuple(r for r in x.src[1:] if r.arg[1] is not RangeKind.UNROLL)
+    if x.arg is Ops.ONLINE_SOFTMAX:  # a block: every copy's (score, value) pairs in one iteration (one rescale)
+        return UOp(Ops.REDUCE, x.dtype, (_block(_copies(x.src[0], unrolls)), *rest), x.arg)
     combined = _combine(x.arg, _copies(x.src[0], unrolls))
     return UOp(Ops.REDUCE, x.dtype, (combined, *rest), x.arg) if rest else combined
+
+
+def _block(pairs: list[UOp]) -> UOp:
+    """Copies of an ONLINE_SOFTMAX value, VECTORIZE(scores..., values...) each, as one: all the scores, then all
+    the values, in copy order (a REDUCE over no range left is kept: its linearized update is the block's)."""
+    halves = [(p.src[:len(p.src) // 2], p.src[len(p.src) // 2:]) for p in pairs]
+    scores = tuple(s for h in halves for s in h[0])
+    values = tuple(v for h in halves for v in h[1])
+    return UOp(Ops.VECTORIZE, pairs[0].dtype.scalar().vec(len(scores) + len(values)), scores + values)
 
 
 _unroll_rules = PatternMatcher([(UPat(Ops.REDUCE, name="x"), _unroll_reduce)])
@@ -198,7 +209,10 @@ def vectorize(ast: UOp, widths: tuple[int, ...] = (16, 8, 4)) -> UOp:
     """Turn the contiguous UPCAST range of each store into vector lanes (the other UPCASTs become copies)."""
     stores: list[UOp] = []
     for st in ast.src:
-        lane = pick_vector_range(st, widths)
+        # an ONLINE_SOFTMAX's accumulator is per output element, not per lane (its m and l are shared by the
+        # columns its group holds): not vectorized here (the rows form with lanes is still `codegen.attention`'s)
+        online = any(u.op is Ops.REDUCE and u.arg is Ops.ONLINE_SOFTMAX for u in st.toposort())
+        lane = None if online else pick_vector_range(st, widths)
         if lane is None:
             stores.append(st)
             continue

@@ -4,20 +4,35 @@ Loops are explicit: RANGE opens one, ENDRANGE closes it. A REDUCE becomes DEFINE
 ACCUMULATE inside them and READ_ACC after. Values are computed in the innermost open loop that is
 current when first needed; a value computed inside a loop is not reused after the loop closes. A TEE (a
 value also stored into a buffer, `tgc.codegen.rowreuse`) becomes a STORE where the value is computed.
+
+An ONLINE_SOFTMAX REDUCE (`tgc.ir.uop.Ops.ONLINE_SOFTMAX`) becomes its triple of accumulators: the running max
+m (-inf) and sum l (0), shared by the group's REDUCEs of the same scores over the same loops, and one weighted
+sum o (0) per REDUCE; per iteration (a block of n scores s_k and values v_k) m' = max(m, max_k s_k),
+alpha = exp(m - m'), p_k = exp(s_k - m') (exp arguments clamped at -200, a max still -inf taken as 0, so
+-inf - -inf never reaches exp), l = l * alpha + sum_k p_k, o = o * alpha + sum_k p_k v_k (ACCUMULATE MAX, MUL,
+ADD: no new linear op); after the loops its value is o / l. Its exps are polynomials where the device asks. Where
+an iteration stages values in shared memory (a BARRIER inside its loop), a second BARRIER ends the iteration.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Generator
 
+from tgc.codegen.transcendental import decompose_transcendentals
 from tgc.dtype import dtypes
 from tgc.ir.kernel import identity
 from tgc.ir.uop import Ops, UOp, postorder
 from tgc.ir.walk import drive
 
+_LOG2E = 1 / math.log(2)
+_EXP_FLOOR = -200.0  # an online softmax's exp2 arguments are clamped here: exp2(-200) is 0 in f32
+
 
 class _Linearizer:
-    def __init__(self, reduce_groups: dict[tuple[UOp, ...], list[UOp]] | None = None) -> None:
+    def __init__(self, reduce_groups: dict[tuple[UOp, ...], list[UOp]] | None = None,
+                 decompose: bool = False) -> None:
+        self.decompose = decompose  # the exps this linearizer writes (an online softmax's) as polynomials
         self.out: list[UOp] = []
         self.scopes: list[dict[UOp, UOp]] = [{}]
         self.open_ranges: list[UOp] = []
@@ -103,6 +118,9 @@ class _Linearizer:
                 self.emit(n)
 
     def _emit_reduce_group(self, first: UOp) -> Generator[UOp, UOp, None]:
+        if first.arg is Ops.ONLINE_SOFTMAX:
+            yield from self._emit_online_softmax(first)
+            return
         ranges = first.src[1:]
         group = [r for r in self.reduce_groups.get(ranges, [first]) if self.lookup(r) is None]
         if first not in group:
@@ -141,7 +159,103 @@ class _Linearizer:
             self.scopes[-1][r] = self.push(UOp(Ops.READ_ACC, r.dtype, (acc,)))
 
 
-def start_linearizer(nodes: list[UOp]) -> _Linearizer:
+    def _emit_online_softmax(self, first: UOp) -> Generator[UOp, UOp, None]:
+        """An ONLINE_SOFTMAX REDUCE and the others of its group (same loops, same scores): the accumulators m, l and
+        one o each, the loops, the update (see the module's docstring), then o / l per REDUCE."""
+        pairs = first.src[0]
+        if pairs.op is not Ops.VECTORIZE or len(pairs.src) % 2 or pairs.dtype.scalar() != dtypes.f32 or \
+                first.dtype != dtypes.f32:
+            raise RuntimeError("an ONLINE_SOFTMAX REDUCE reduces an f32 VECTORIZE of (scores..., values...) to f32")
+        ranges = first.src[1:]
+        n = len(first.src[0].src) // 2
+        scores = first.src[0].src[:n]
+        group = [r for r in self.reduce_groups.get(ranges, [first]) if r.arg is Ops.ONLINE_SOFTMAX
+                 and r.src[0].src[:n] == scores and len(r.src[0].src) == 2 * n and self.lookup(r) is None]
+        if first not in group:
+            group = [first]
+        open_now = set(self.open_ranges)
+        group = [r for r in group if r is first or self.free_ranges(r) <= open_now]
+        for r in group:  # what does not depend on these loops, before them (never the pairs' VECTORIZE itself)
+            for s in r.src[0].src:
+                for nd in s.toposort():
+                    if nd.op not in (Ops.CONST, Ops.RANGE) and self.lookup(nd) is None and \
+                            self.free_ranges(nd) <= open_now:
+                        yield nd
+        f32 = dtypes.f32
+        tag = self.acc_count
+
+        def acc(init: float) -> Generator[UOp, UOp, UOp]:
+            c = UOp.const(f32, init)
+            a = self.push(UOp(Ops.DEFINE_ACC, f32, (self.lookup(c) or (yield c),), self.acc_count))
+            self.acc_count += 1
+            return a
+
+        def read(a: UOp, name: str) -> UOp:
+            """READ_ACC of `a` (its own node: the name keeps two reads apart), bound to a placeholder."""
+            self.scopes[-1][placeholder(name)] = self.push(UOp(Ops.READ_ACC, f32, (a,), name))
+            return placeholder(name)
+
+        def placeholder(name: str) -> UOp:
+            return UOp(Ops.READ_ACC, f32, (), ("online", tag, name))
+
+        m = yield from acc(-math.inf)
+        lacc = yield from acc(0.0)
+        os_ = []
+        for _ in group:
+            os_.append((yield from acc(0.0)))
+        for rng in ranges:
+            yield from self._open_range(rng)
+        start = len(self.out)
+        bm = scores[0]
+        for sc in scores[1:]:
+            bm = UOp(Ops.MAX, f32, (bm, sc))
+        bm_l = self.lookup(bm) or (yield bm)
+        m_old = read(m, "m_old")
+        self.push(UOp(Ops.ACCUMULATE, f32, (m, bm_l), Ops.MAX))
+        m_new = read(m, "m_new")
+        m_safe = UOp(Ops.WHERE, f32, (UOp(Ops.CMPNE, dtypes.bool, (m_new, UOp.const(f32, -math.inf))), m_new,
+                                      UOp.const(f32, 0.0)))
+        alpha = self.exp(m_old - m_safe)
+        ps = [self.exp(sc - m_safe) for sc in scores]
+        lsum = ps[0]
+        for p in ps[1:]:
+            lsum = lsum + p
+        cols = []
+        for r in group:
+            c = None
+            for p, v in zip(ps, r.src[0].src[n:]):
+                c = p * v if c is None else c + p * v
+            cols.append(c)
+        if self.decompose:
+            sink = decompose_transcendentals(UOp(Ops.SINK, None, (alpha, lsum, *cols)))
+            alpha, lsum, cols = sink.src[0], sink.src[1], list(sink.src[2:])
+        alpha_l = yield alpha
+        lsum_l = yield lsum
+        self.push(UOp(Ops.ACCUMULATE, f32, (lacc, alpha_l), Ops.MUL))
+        self.push(UOp(Ops.ACCUMULATE, f32, (lacc, lsum_l), Ops.ADD))
+        for o, c in zip(os_, cols):  # each REDUCE's sum goes into its accumulator at once (few values live)
+            c_l = yield c
+            self.push(UOp(Ops.ACCUMULATE, f32, (o, alpha_l), Ops.MUL))
+            last = self.push(UOp(Ops.ACCUMULATE, f32, (o, c_l), Ops.ADD))
+        if ranges and any(u.op is Ops.BARRIER for u in self.out[start:]):
+            # values staged in shared memory this iteration (the GPU's k and v): the next iteration's staging must
+            # not overwrite what slower threads of the work-group still read
+            self.push(UOp(Ops.BARRIER, None, (last,)))
+        for _ in ranges:
+            self.close_range()
+        l_l = self.lookup(read(lacc, "l"))
+        for i, (r, o) in enumerate(zip(group, os_)):
+            o_l = self.push(UOp(Ops.READ_ACC, f32, (o,), f"o{i}"))
+            self.scopes[-1][r] = self.push(UOp(Ops.FDIV, f32, (o_l, l_l)))
+
+    @staticmethod
+    def exp(x: UOp) -> UOp:
+        """exp(x) of an online softmax: exp2 of x log2(e), its argument clamped at -200."""
+        f32 = dtypes.f32
+        return UOp(Ops.EXP2, f32, (UOp(Ops.MAX, f32, (x * UOp.const(f32, _LOG2E), UOp.const(f32, _EXP_FLOOR))),))
+
+
+def start_linearizer(nodes: list[UOp], decompose: bool = False) -> _Linearizer:
     """A linearizer for a kernel's nodes (toposorted) with its declarations placed first: buffers in parameter
     order, dim variables, shared memory, then the GPU indices. Shared by `linearize` and kernels written as linear
     UOps directly (the fused attention)."""
@@ -149,7 +263,7 @@ def start_linearizer(nodes: list[UOp]) -> _Linearizer:
     for u in nodes:
         if u.op is Ops.REDUCE:
             groups.setdefault(u.src[1:], []).append(u)
-    lin = _Linearizer(groups)
+    lin = _Linearizer(groups, decompose)
     for g in sorted((u for u in nodes if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg):
         lin.scopes[0][g] = lin.push(g)
     for v in sorted((u for u in nodes if u.op is Ops.DEFINE_VAR), key=lambda u: str(u.arg)):
@@ -161,12 +275,12 @@ def start_linearizer(nodes: list[UOp]) -> _Linearizer:
     return lin
 
 
-def linearize(ast: UOp) -> list[UOp]:
+def linearize(ast: UOp, decompose: bool = False) -> list[UOp]:
     """The linear program of a kernel AST (a SINK of STOREs) that has been through the pipeline's passes up to
     here (`tgc.codegen.pipeline`: no UPCAST or UNROLL range left, indices in their final width). A function,
     not a rewrite: it schedules (where each value is computed, which loops share a nest), it does not rewrite."""
     nodes = ast.toposort()
-    lin = start_linearizer(nodes)
+    lin = start_linearizer(nodes, decompose)
     reduce_ranges = {r for u in nodes if u.op is Ops.REDUCE for r in u.src[1:]}
     outer = sorted((u for u in nodes if u.op is Ops.RANGE and u not in reduce_ranges), key=lambda r: r.arg[0])
     for r in outer:

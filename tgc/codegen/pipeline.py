@@ -250,7 +250,7 @@ def lower(ast: UOp, device: Any, bufs: list[UOp], name: str, opts: list | None =
     with timings.phase("to_linear"):
         ast = run_passes(optimized, ctx, TO_LINEAR)
     with timings.phase("linearize"):
-        uops = linearize(ast)
+        uops = linearize(ast, device.caps.decompose_transcendentals)
     check_parameters(name, uops, ctx.bufs)
     if ctx.trace is not None or debug_level() >= 6:
         _show(ctx, "linearize", uops_text(uops))

@@ -39,7 +39,10 @@ def flat_index(idx: tuple[UOp, ...], shape: tuple[int, ...]) -> UOp:
 
 
 def identity(op: Ops, dtype: DType) -> int | float | bool:
-    """The identity element of a reduction (`ADD` 0, `MUL` 1, `MAX` the dtype's lowest value)."""
+    """The identity element of a reduction (`ADD` 0, `MUL` 1, `MAX` the dtype's lowest value). `ONLINE_SOFTMAX`
+    has none (its accumulator is a triple): a ValueError."""
+    if op is Ops.ONLINE_SOFTMAX:
+        raise ValueError("ONLINE_SOFTMAX has no identity element (its accumulator is the triple m, l, o)")
     if op is Ops.ADD:
         return 0
     if op is Ops.MUL:

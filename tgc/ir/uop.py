@@ -92,6 +92,12 @@ class Ops(Enum):
     # 8 values of A then 4 of B (f32 holding f16/bf16 values, by the PTX ISA's fragment layout), arg = "f16" or
     # "bf16"; the value is the lane's 4 floats of the result (f32 x 4, GEP 0..3). tgc.codegen.opt.tensor_core
     MMA = auto()
+    # a reduce op (a REDUCE's arg, never a node's op): the online softmax, `sum_j exp(s_j - max s) v_j / sum_j
+    # exp(s_j - max s)`. The REDUCE's value is VECTORIZE(s_0 .. s_{n-1}, v_0 .. v_{n-1}) (f32): n (score, value)
+    # pairs per iteration, a block (`unroll_reduce` makes one of its UNROLL); its accumulator is the triple
+    # (running max m, sum l, weighted sum o), rescaled by exp(m - m') when m grows (`tgc.codegen.linearize`).
+    # REDUCEs of the same scores over the same ranges share m and l. A score of -inf weighs 0.
+    ONLINE_SOFTMAX = auto()
 
     # hashed by identity (C level, no Python call): an `Ops` member is a key of every UOp's hash-consing lookup, and
     # Enum's own `__hash__` (a Python function hashing the member's name) was ~3% of a cold compile. Members are

@@ -27,6 +27,7 @@ from typing import Any
 
 from tgc.api import _device, device_names
 from tgc.codegen import search
+from tgc.codegen.attention import lower_attention
 from tgc.codegen.kernel import prepare_ast
 from tgc.codegen.pipeline import lower
 from tgc.engine.bench import machine_peak
@@ -149,9 +150,14 @@ def _passes(k: Any, item: Any, dev: Any) -> list[dict[str, Any]]:
     """The kernel's AST as scheduled, after each named pass that ran, and its linear UOps; each step with the
     lines that are new since the step before (`_changed`)."""
     steps = [("scheduled", pretty(item.ast))]
-    if "attention" in item.meta:  # one online-softmax kernel, lowered by its own code (tgc/codegen/attention.py)
-        steps.append(("lower_attention", pretty(k.ast)))
-        steps.append(("linearize", k.uops_text()))
+    if "attention" in item.meta:  # the fused online softmax (tgc/codegen/attention.py): the passes it went through
+        trace = []
+        try:
+            lower_attention(item, dev, k.name, opts=list(getattr(k, "applied", None) or []) or None, trace=trace)
+        except Exception as e:  # (the kernel itself lowered: a replay that does not is shown, not fatal)
+            trace = [("lower_attention", pretty(k.ast)), ("linearize", k.uops_text()),
+                     ("error", f"could not replay the lowering: {type(e).__name__}: {e}")]
+        steps.extend(trace)
     else:
         trace: list[tuple[str, str]] = []
         opts = None
