@@ -1,0 +1,76 @@
+"""The first call's compile path (branch firstcall): a run decides whether to chunk without lowering the
+whole program when nothing could be chunked (`chunk.chunk_counts` empty), so its compiles overlap its lowering
+(`build_kernels` without `defer`); a program that could be chunked still decides from the memory plans."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tgc
+from tgc.engine import chunk
+
+SRC = "x: f32[B, N]\nw: f32[N, N]\nreturn ((x @ w).exp() * 0.5).sum(1)\n"
+
+
+def _want(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    return (np.exp(x.astype(np.float64) @ w) * 0.5).sum(1)
+
+
+def _defers(prog: tgc.Program, monkeypatch) -> list[bool]:
+    """Records `defer` of every `_build_kernels` call of `prog`."""
+    calls: list[bool] = []
+    orig = prog._build_kernels
+
+    def spy(*a, **kw):
+        calls.append(bool(kw.get("defer", False)))
+        return orig(*a, **kw)
+
+    monkeypatch.setattr(prog, "_build_kernels", spy)
+    return calls
+
+
+def _inputs(b: int, n: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(1)
+    return {"x": (rng.standard_normal((b, n)) * 0.1).astype(np.float32),
+            "w": (rng.standard_normal((n, n)) * 0.1).astype(np.float32)}
+
+
+def test_chunk_counts_need_a_batch_dim_with_chunks_large_enough(monkeypatch):
+    prog = tgc.loads(SRC)
+    decls = prog._all_decls()
+    dims = {"B": 8, "N": 64}
+    outs, bufs = prog._trace(dims)
+    # x's rows are 256 bytes, the output's 4: with 1 MiB chunks at least, 8 rows give no count
+    assert chunk.chunk_counts(decls, dims, outs, bufs) == {}
+    monkeypatch.setattr(chunk, "MIN_CHUNK_BYTES", 2 * (64 * 4 + 4))  # two rows of x and out at least
+    assert chunk.chunk_counts(decls, dims, outs, bufs) == {"B": [2, 4]}
+    one = {"B": 1, "N": 64}
+    assert chunk.chunk_counts(decls, one, *prog._trace(one)) == {}  # a batch of one has nothing to split
+    # N is axis 1 of x (and axis 0 of w): never a batch dim
+    static = tgc.loads("x: f32[8, 64]\nreturn x.exp().sum(1)\n")
+    assert chunk.chunk_counts(static._all_decls(), {}, *static._trace({})) == {}
+
+
+@pytest.mark.parametrize("device", ["CPU", "PYTHON"])
+def test_nothing_to_chunk_compiles_once_without_deferring(device, monkeypatch):
+    monkeypatch.delenv("TGC_CHUNK", raising=False)
+    prog = tgc.loads(SRC)
+    calls = _defers(prog, monkeypatch)
+    ins = _inputs(8, 64)
+    got = prog.run(device=device, dims={"B": 8, "N": 64}, **ins)
+    np.testing.assert_allclose(got[prog.output_names[0]], _want(ins["x"], ins["w"]), rtol=1e-4, atol=1e-5)
+    assert calls == [False]  # one lowering, its compiles beside it: no deferred lowering to decide first
+    assert prog.chunking(device, {"B": 8, "N": 64}) is None
+    assert prog.last_chunking is None
+
+
+def test_a_program_that_could_be_chunked_still_decides_from_its_memory_plan(monkeypatch):
+    monkeypatch.delenv("TGC_CHUNK", raising=False)
+    monkeypatch.setattr(chunk, "MIN_CHUNK_BYTES", 0)
+    prog = tgc.loads(SRC)
+    calls = _defers(prog, monkeypatch)
+    ins = _inputs(8, 64)
+    got = prog.run(device="CPU", dims={"B": 8, "N": 64}, **ins)
+    np.testing.assert_allclose(got[prog.output_names[0]], _want(ins["x"], ins["w"]), rtol=1e-4, atol=1e-5)
+    assert calls and calls[0] is True  # the whole program lowered deferred for the decision, as before
