@@ -412,7 +412,11 @@ class _Compiles:
 
     def _new(self, src: str, canon: str, index: int) -> tuple[bytes | None, str | None, str | None]:
         dev, jobs = self.device, self.jobs
-        if self.cluster_pool is None and (jobs <= 1 or len(src) < PARALLEL_MIN_SOURCE):
+        # a small source compiles here, unless this program has sent a large one to the workers already: then
+        # its small ones follow (a model's weight packings and fills: ~1.4 s of ResNet-50's LLVM, which kept
+        # this process, the one lowering, busiest while the workers waited)
+        small = len(src) < PARALLEL_MIN_SOURCE and not self.waiting
+        if self.cluster_pool is None and (jobs <= 1 or small):
             return _compile_cached(dev, src)
         key = compile_key(dev, src)
         hit = cache.get("compile", key) if key is not None else None
