@@ -74,3 +74,52 @@ def test_a_program_that_could_be_chunked_still_decides_from_its_memory_plan(monk
     got = prog.run(device="CPU", dims={"B": 8, "N": 64}, **ins)
     np.testing.assert_allclose(got[prog.output_names[0]], _want(ins["x"], ins["w"]), rtol=1e-4, atol=1e-5)
     assert calls and calls[0] is True  # the whole program lowered deferred for the decision, as before
+
+
+TWO = "x: f32[N, N]\nw: f32[N, N]\ny = relu(x @ w)\nreturn (y.exp() * 2.0).sum(1), (y @ w).max(1)\n"
+
+
+def test_small_sources_follow_a_large_one_to_the_workers(monkeypatch):
+    """A program's small sources compile in the process that lowers until it has sent a large one to the
+    workers; after that they go to the workers too. The binaries are the serial compile's, byte for byte."""
+    from tgc.backends import get_device
+    from tgc.codegen import kernel
+
+    monkeypatch.setenv("DISABLE_COMPILER_CACHE", "1")  # every source is compiled, none found on disk
+    monkeypatch.setenv("TGC_JOBS", "1")
+    dims = {"N": 64}
+    serial = tgc.loads(TWO).compile("CPU", dims)
+    sizes = [len(k.src) for k in serial]
+    # the program's kernels: a matmul tile, a row reduction, another matmul tile, another row reduction; with
+    # the first tile's size as the threshold, the tiles are large and the reductions small
+    threshold = sizes[0]
+    large = [s >= threshold for s in sizes]
+    assert large == [True, False, True, False], sizes
+    monkeypatch.setattr(kernel, "PARALLEL_MIN_SOURCE", threshold)
+
+    here: list[str] = []
+    orig = kernel._compile_cached
+
+    def spy(device, src):
+        here.append(src)
+        return orig(device, src)
+
+    monkeypatch.setattr(kernel, "_compile_cached", spy)
+    monkeypatch.setenv("TGC_JOBS", "2")
+    kernel._shutdown_pools()
+    kernel._shared_pool(get_device("CPU"), 2)  # workers running: the first large source goes to them at once
+    parallel = tgc.loads(TWO).compile("CPU", dims)
+    assert here == []  # every source went to the workers, the small ones after the first tile
+    assert [k.binary for k in parallel] == [k.binary for k in serial]
+
+    here.clear()
+    monkeypatch.setattr(kernel, "PARALLEL_MIN_SOURCE", max(sizes) + 1)  # nothing large: all compiled here
+    tgc.loads(TWO).compile("CPU", dims)
+    assert sorted(here) == sorted(k.src for k in serial)
+
+    prog = tgc.loads(TWO)
+    ins = _inputs(64, 64)
+    got = prog.run(device="CPU", dims=dims, **ins)
+    y = np.maximum(ins["x"].astype(np.float64) @ ins["w"], 0)
+    np.testing.assert_allclose(got[prog.output_names[0]], (np.exp(y) * 2).sum(1), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got[prog.output_names[1]], (y @ ins["w"]).max(1), rtol=1e-4, atol=1e-4)
