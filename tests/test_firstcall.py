@@ -123,3 +123,24 @@ def test_small_sources_follow_a_large_one_to_the_workers(monkeypatch):
     y = np.maximum(ins["x"].astype(np.float64) @ ins["w"], 0)
     np.testing.assert_allclose(got[prog.output_names[0]], (np.exp(y) * 2).sum(1), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(got[prog.output_names[1]], (y @ ins["w"]).max(1), rtol=1e-4, atol=1e-4)
+
+
+FILLS = "x: f32[N]\nreturn x * 2.0, full((64, 256), 0.5), arange(0, 4096) * 3\n"
+
+
+def test_llvm_unrolls_all_but_fills(monkeypatch):
+    """LLVM's loop unrollers skip a kernel that reads no buffer and computes no float (a constant or an index
+    stored over a range); a kernel that reads, or computes in floats, keeps them. The fills still run right."""
+    from tgc.backends.cpu import needs_unroll
+
+    monkeypatch.setenv("TGC_JOBS", "1")
+    prog = tgc.loads(FILLS)
+    kernels = prog.compile("CPU", {"N": 1000})
+    assert [needs_unroll(k.src) for k in kernels] == [True, False, False]  # x * 2 reads x; the others are fills
+    math = kernels[1].src.replace("store <", "%m = fmul float 1.0, 2.0\n  store <", 1)  # float math added
+    assert needs_unroll(math)
+    x = np.arange(1000, dtype=np.float32)
+    got = prog.run(device="CPU", dims={"N": 1000}, x=x)
+    np.testing.assert_array_equal(got["out0"], x * 2)
+    np.testing.assert_array_equal(got["out1"], np.full((64, 256), 0.5, np.float32))
+    np.testing.assert_array_equal(got["out2"], np.arange(4096, dtype=np.int32) * 3)
