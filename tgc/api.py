@@ -404,6 +404,9 @@ class Program:
         if env_int("TGC_CHUNK", 1) == 0 or not chunk.host_memory(dev):
             return None
         key = (dev.name, tuple(sorted(dims.items())), beam, tuned)
+        if key not in self._chunks and not chunk.chunk_counts(self._all_decls(), dims, *self._trace(dims)):
+            self._chunks[key] = None  # nothing it could chunk along: decided without lowering (the first run's
+            # compiles then overlap its lowering, `build_kernels`, instead of following a deferred lowering)
         if key not in self._chunks:
             # the memory plans that decide need no binaries: only the program that runs (the whole one, or the
             # chunk chosen) is compiled, not every candidate (the fused attention of a transformer block at each)

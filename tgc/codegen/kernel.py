@@ -284,10 +284,11 @@ def build_kernels(items: list[tuple[ScheduleItem, str]], device: Any, beam: int 
     """`build_kernel` for every (item, name) of a program, in order, with the compiles on every core: kernels are
     lowered here one after the other (Python), and each large source (`PARALLEL_MIN_SOURCE` bytes or more) the
     disk cache lacks goes to `jobs` worker processes (`Device.compile_pool`, `tgc.backends.compile_worker`: LLVM
-    in another process, kept for the process) while the next kernels are lowered; smaller sources, and the first
-    large one where no worker runs yet (a program of one large kernel never waits for a worker to start), compile
-    here. The binaries are the compiler's for the same sources, byte for byte; kernels whose sources are equal
-    but for their names (`Device.canonical_source`: ResNet's repeated blocks) share one compile and one binary.
+    in another process, kept for the process) while the next kernels are lowered; smaller sources (until the
+    program has sent a large one: then they follow it), and the first large one where no worker runs yet (a
+    program of one large kernel never waits for a worker to start), compile here. The binaries are the
+    compiler's for the same sources, byte for byte; kernels whose sources are equal but for their names
+    (`Device.canonical_source`: ResNet's repeated blocks) share one compile and one binary.
     `jobs` (default `search.compile_jobs()`: `TGC_JOBS`, else the cores) of 1, or a device without a pool,
     compiles every kernel here. `progress(event)` gets `{"kernel", "index", "total", "stage"}` per kernel
     lowered ("lowered") and compiled in a worker ("compiled"). `defer=True` lowers and renders only: the
@@ -412,7 +413,11 @@ class _Compiles:
 
     def _new(self, src: str, canon: str, index: int) -> tuple[bytes | None, str | None, str | None]:
         dev, jobs = self.device, self.jobs
-        if self.cluster_pool is None and (jobs <= 1 or len(src) < PARALLEL_MIN_SOURCE):
+        # a small source compiles here, unless this program has sent a large one to the workers already: then
+        # its small ones follow (a model's weight packings and fills: ~1.4 s of ResNet-50's LLVM, which kept
+        # this process, the one lowering, busiest while the workers waited)
+        small = len(src) < PARALLEL_MIN_SOURCE and not self.waiting
+        if self.cluster_pool is None and (jobs <= 1 or small):
             return _compile_cached(dev, src)
         key = compile_key(dev, src)
         hit = cache.get("compile", key) if key is not None else None

@@ -117,6 +117,28 @@ def chunked_peak(low: Executable, whole_io: int) -> int:
     return whole_io + sum(s for i, s in enumerate(plan.slots) if i not in io_slots)
 
 
+def chunk_counts(decls: list[Any], dims: dict[str, int], outs: list[UOp], in_bufs: list[UOp]
+                 ) -> dict[str, list[int]]:
+    """For each dim `choose` may chunk along: the chunk counts it allows (divisors of the dim's size, 2 and up,
+    whose chunks keep `MIN_CHUNK_BYTES` of sliced inputs and outputs). Dims with no allowed count are left out.
+    Needs only the traced graph (no kernels): where it is empty, `choose` returns None whatever the memory plan
+    says, so a run need not lower the whole program first to decide (`Program._chunking`)."""
+    out: dict[str, list[int]] = {}
+    if any(prod(shape_of(o)) == 0 for o in outs):
+        return out
+    for dim in batch_dims(decls, dims):
+        size = dims[dim]
+        shard = {i: 0 for i, d in enumerate(decls) if d.shape and d.shape[0] == dim}
+        if any(not shape_of(o) or shape_of(o)[0] != size for o in outs):
+            continue
+        per_row = sum(buffer_nbytes(b) for b in in_bufs if b.arg[0] in shard) + \
+            sum(buffer_nbytes(o) for o in outs)
+        counts = [c for c in range(2, size + 1) if not size % c and per_row // c >= MIN_CHUNK_BYTES]
+        if counts:
+            out[dim] = counts
+    return out
+
+
 def choose(whole: Executable, decls: list[Any], dims: dict[str, int], outs: list[UOp], in_bufs: list[UOp],
            lower_chunk: Callable[[list[UOp], list[tuple[UOp, str]]], Executable]) -> Chunking | None:
     """The chunking to run with, or None. Only where the whole program's planned peak is over `LIMIT` x its
@@ -130,14 +152,9 @@ def choose(whole: Executable, decls: list[Any], dims: dict[str, int], outs: list
     if before <= LIMIT * io:
         return None
     best: Chunking | None = None
-    for dim in batch_dims(decls, dims):
+    for dim, counts in chunk_counts(decls, dims, outs, in_bufs).items():
         size = dims[dim]
         shard = {i: 0 for i, d in enumerate(decls) if d.shape and d.shape[0] == dim}
-        if any(not shape_of(o) or shape_of(o)[0] != size for o in outs):
-            continue
-        per_row = sum(buffer_nbytes(b) for b in in_bufs if b.arg[0] in shard) + \
-            sum(buffer_nbytes(o) for o in outs)
-        counts = [c for c in range(2, size + 1) if not size % c and per_row // c >= MIN_CHUNK_BYTES]
         # each chunk count tried costs a compile of the chunk's program: start from the fewest chunks that could
         # reach LIMIT if every intermediate shrank with the chunk (an optimistic bound: weights' packed copies
         # do not), or the most chunks allowed where none could
