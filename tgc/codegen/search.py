@@ -82,6 +82,12 @@ DEFAULT_BUDGET_S = 20.0
 # did not end in time
 FINISH_SHARE = 0.25
 MACHINE_BALANCE = 8.0  # FLOPs a CPU core does in the time it moves one byte from memory (the estimate's roofline)
+# fewer threads than the automatic count (`thread_amounts`) are tried only for a kernel whose default takes under
+# this: a longer one amortizes starting its threads, so where one thread timed faster, the machine's other
+# cores were busy while it was timed (a shared machine), and the stored winner would run at half speed on an idle
+# one (llama odd's 400-650 us matmuls won with one thread at load 6; BEAM 0.78x XLA vs the default's 0.94x on a
+# quiet machine)
+FEWER_THREADS_MAX_S = 100e-6
 
 
 # ------------------------------------------------------------------------------------------- another evaluator
@@ -161,14 +167,17 @@ def store(ast: UOp, device: Any, opts: list[Opt], seconds: float, name: str, wid
 
 def actions(k: OptKernel | AttentionKernel) -> list[Opt]:
     """The opts one round tries on `k`: splits by the amounts that divide an axis (any amount on an axis whose
-    kernel masks a partial last split itself, `ragged_axes`), PADTO, SWAP, and on the CPU fewer threads than the
-    automatic count (`thread_amounts`)."""
+    kernel masks a partial last split itself, `ragged_axes`), PADTO of a reduction and on the CPU of an output axis
+    (odd rows rounded up to a tile, as the heuristic's `padded_rows` does), SWAP, and on the CPU fewer threads than
+    the automatic count (`thread_amounts`; the search drops them for long kernels: `FEWER_THREADS_MAX_S`)."""
     out: list[Opt] = []
     gpu = k.device.caps.gpu
     loops, reduces = k.loops(), k.reduces()
     ragged = getattr(k, "ragged_axes", frozenset())
     for i, r in enumerate(loops):
         out += [Opt(OptOps.UPCAST, i, a) for a in UPCAST_AMOUNTS if r.src[0].arg % a == 0 or i in ragged]
+        if not gpu and i not in ragged and isinstance(r.src[0].arg, int):
+            out += [Opt(OptOps.PADTO, i, a) for a in PAD_AMOUNTS if r.src[0].arg % a and r.src[0].arg > a]
         if gpu:
             out += [Opt(OptOps.LOCAL, i, a) for a in LOCAL_AMOUNTS if r.src[0].arg % a == 0]
     for j, r in enumerate(reduces):
@@ -452,6 +461,8 @@ def _search_from(ast, device, timer: _Timer, width, name, progress, pool, rounds
             cands: list[Candidate] = []
             for parent in beam:
                 for opt in actions(parent.kernel):
+                    if opt.op is OptOps.THREAD and default_s > FEWER_THREADS_MAX_S:
+                        continue
                     key = tuple(parent.opts + [opt])
                     if key in seen:
                         continue
