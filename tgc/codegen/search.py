@@ -196,6 +196,15 @@ def actions(k: OptKernel | AttentionKernel) -> list[Opt]:
     return out
 
 
+def round_actions(k: OptKernel | AttentionKernel, default_s: float) -> list[Opt]:
+    """The opts a round of the search tries on `k`, whose default kernel took `default_s`: `actions`, without
+    fewer threads where the default takes over `FEWER_THREADS_MAX_S`."""
+    acts = actions(k)
+    if default_s > FEWER_THREADS_MAX_S:
+        acts = [o for o in acts if o.op is not OptOps.THREAD]
+    return acts
+
+
 def thread_amounts(cores: int) -> list[int]:
     """The CPU thread counts a round tries besides the automatic one (which a kernel without THREAD gets): one
     thread and half the cores (a small kernel, or a machine whose other cores are busy, can be faster with fewer;
@@ -460,9 +469,7 @@ def _search_from(ast, device, timer: _Timer, width, name, progress, pool, rounds
                 break
             cands: list[Candidate] = []
             for parent in beam:
-                for opt in actions(parent.kernel):
-                    if opt.op is OptOps.THREAD and default_s > FEWER_THREADS_MAX_S:
-                        continue
+                for opt in round_actions(parent.kernel, default_s):
                     key = tuple(parent.opts + [opt])
                     if key in seen:
                         continue
