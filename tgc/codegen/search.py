@@ -88,6 +88,9 @@ MACHINE_BALANCE = 8.0  # FLOPs a CPU core does in the time it moves one byte fro
 # one (llama odd's 400-650 us matmuls won with one thread at load 6; BEAM 0.78x XLA vs the default's 0.94x on a
 # quiet machine)
 FEWER_THREADS_MAX_S = 100e-6
+# a round's candidates are compiled this many at a time (at least the beam's width), each group timed before the
+# next compiles: a budget that runs out mid-round keeps what was timed
+CANDIDATE_GROUP = 8
 
 
 # ------------------------------------------------------------------------------------------- another evaluator
@@ -485,24 +488,31 @@ def _search_from(ast, device, timer: _Timer, width, name, progress, pool, rounds
             if batch is not None:
                 best = _evaluate_round(batch, cands, device, name, timer.bufs, sources, best, result,
                                        progress, _round, base, start)
-            else:
-                _render_compile(cands, device, name, timer.bufs, pool, sources, timing_deadline)
-            for i, c in enumerate(cands if batch is None else []):
-                if c.duplicate:
-                    continue
-                if _past(timing_deadline):  # its share is spent: stop at once with the best so far
-                    result.out_of_budget = True
+            # compiled and timed a group at a time (never both at once: the workers would load the cores while a
+            # candidate is timed): under a budget, a deadline reached while a round compiles keeps the candidates
+            # timed so far, where compiling the whole round first (40-90 candidates: seconds on a loaded machine)
+            # left every large kernel of a block with none timed
+            group = max(CANDIDATE_GROUP, width) if batch is None else len(cands)
+            for g in range(0, len(cands) if batch is None else 0, group):
+                _render_compile(cands[g:g + group], device, name, timer.bufs, pool, sources, timing_deadline)
+                for i, c in enumerate(cands[g:g + group], start=g):
+                    if c.duplicate:
+                        continue
+                    if _past(timing_deadline):  # its share is spent: stop at once with the best so far
+                        result.out_of_budget = True
+                        break
+                    result.tried += 1
+                    if not _time_candidate(timer, c, best.time_s, result):
+                        continue
+                    if c.time_s < best.time_s:
+                        best = c
+                    if progress:
+                        elapsed = time.perf_counter() - start
+                        progress({"kernel": name, "round": _round, "tried": result.tried, "rejected": result.rejected,
+                                  "best_s": best.time_s, "base_s": base.time_s, "candidate": i + 1,
+                                  "candidates": len(cands), "elapsed_s": elapsed})
+                if result.out_of_budget:
                     break
-                result.tried += 1
-                if not _time_candidate(timer, c, best.time_s, result):
-                    continue
-                if c.time_s < best.time_s:
-                    best = c
-                if progress:
-                    elapsed = time.perf_counter() - start
-                    progress({"kernel": name, "round": _round, "tried": result.tried, "rejected": result.rejected,
-                              "best_s": best.time_s, "base_s": base.time_s, "candidate": i + 1,
-                              "candidates": len(cands), "elapsed_s": elapsed})
             ranked = sorted((c for c in cands if c.time_s < float("inf")), key=lambda c: c.time_s)[:width]
             # another round only for a real gain: one within the timing noise of this machine ends the search
             # (its winner is kept); chasing it took most of the rounds on small kernels
