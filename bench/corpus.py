@@ -43,7 +43,7 @@ MEMORY_TARGET = 1.5  # peak memory / (inputs + outputs + weights)
 ROUNDS = 3  # default, BEAM and XLA timings alternate this many times, the best of each counts
 # `--corpus-beam`'s search per model (`Program.beam(budget_s=)`, `python bench/bench.py --corpus-beam-budget`):
 # longer than `tgc beam`'s default (search.DEFAULT_BUDGET_S, 20 s): the larger blocks have 12-22 distinct kernels,
-# and at 20 s most of their searches stopped at their share of the budget after ~30 candidates
+# and at 20 s (load 6) llama odd reached 9 of its 13 distinct kernels, 6 of them stopping at their share
 BEAM_BUDGET_S = 60.0
 COPY_SHARE_NOTE = 0.10  # a miss names the copies (kernels of no FLOPs) where they take at least this share
 # what reading a model's kernels found (the measured top kernel is printed beside it)
