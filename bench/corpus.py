@@ -8,7 +8,7 @@ Targets, per model: default kernels >= 0.8x XLA, after BEAM >= 1.0x XLA, recompu
 <= 1.5x inputs + outputs. "tgc beam" times the kernels with the winners stored by `tgc beam` (the BEAM cache);
 without `--corpus-beam` no search runs, and a kernel with no stored winner runs its default (the column says
 how many kernels had one). What limits a miss is measured, not guessed: the kernel taking the largest share of
-the program's time, with its GFLOP/s and share of the machine's peak, and for a BEAM miss what the search did with
+the program's time, with its GFLOP/s, and for a BEAM miss what the search did with
 that kernel (`search_outcome`: kept its default, stopped at its share of the budget, not reached, ...) and the
 share of the time in kernels that compute nothing (copies: packed weights, joins); `KNOWN_LIMITS` adds what
 reading a model's kernels found.
@@ -111,9 +111,8 @@ def largest_intermediates(prog: tgc.Program, dims: dict[str, int], top: int = 3)
 def _top_kernel(result: dict[str, Any]) -> str:
     k = _top(result)
     total = sum(x["median_s"] for x in result["kernels"]) or 1.0
-    peak = f" ({100 * k['flop_share']:.0f}% of the machine's peak)" if k.get("flop_share") else ""
     return (f"kernel {k['name']} (line {k['line']}) takes {100 * k['median_s'] / total:.0f}% of the kernels' time "
-            f"at {k['gflops']:.1f} GFLOP/s{peak}")
+            f"at {k['gflops']:.1f} GFLOP/s")
 
 
 def _top(result: dict[str, Any]) -> dict[str, Any]:
@@ -141,9 +140,10 @@ def search_outcome(row: dict[str, Any] | None, budget_s: float | None) -> str:
                 f"first)" if budget_s else "not searched")
     if row.get("cached"):
         return f"its winner was stored by an earlier search (width {row.get('width')})"
-    tried = row.get("tried", 0)
     if row.get("same_as"):
-        return f"the same kernel as {row['same_as']} (searched once)"
+        first = {k: v for k, v in row.items() if k != "same_as"}
+        return f"searched as {row['same_as']} (the same kernel): " + search_outcome(first, budget_s)
+    tried = row.get("tried", 0)
     if row.get("out_of_budget"):
         return (f"its search stopped at its share of the {budget_s:.0f} s budget after {tried} candidates "
                 f"(best {row.get('speedup', 1.0):.2f}x its default); a longer --corpus-beam-budget searches further")
@@ -164,6 +164,11 @@ def search_rows(prog: tgc.Program, dims: dict[str, int], result: dict[str, Any] 
     rows = result.get("kernels", [])
     if len(rows) != len(items) or any(r["name"] != it.name for r, it in zip(rows, items)):
         return {}
+    searched: dict[str, dict] = {}  # a name's first row that was searched (a copy's row has tried = 0)
+    for r in rows:
+        if not r.get("same_as"):
+            searched.setdefault(r["name"], r)
+    rows = [{**searched[r["same_as"]], "same_as": r["same_as"]} if r.get("same_as") in searched else r for r in rows]
     return dict(zip(kernel_names(items), rows))
 
 

@@ -94,7 +94,8 @@ def test_a_beam_miss_says_what_the_search_did_with_its_kernel():
         {"out_of_budget": True, "tried": 29, "speedup": 1.2}, 45.0)
     assert "kept its default: none of 40 candidates" in say({"tried": 40, "speedup": 1.0}, 60.0)
     assert "winner ran 1.50x faster" in say({"tried": 12, "speedup": 1.5}, 60.0)
-    assert "the same kernel as r_a" in say({"same_as": "r_a", "tried": 0}, 60.0)
+    assert say({"same_as": "r_a", "tried": 7, "speedup": 1.5}, 60.0).startswith(
+        "searched as r_a (the same kernel): BEAM's winner ran 1.50x faster")
     assert "earlier search" in say({"cached": True, "width": 4}, 60.0)
 
     def kern(name, us, flops, opts):
@@ -122,5 +123,11 @@ def test_search_rows_are_found_under_the_names_the_kernels_run_as():
     rows = [{"name": it.name, "tried": i} for i, it in enumerate(items)]
     found = corpus.search_rows(prog, dims, {"kernels": rows})
     assert [found[n]["tried"] for n in ran] == list(range(len(items)))
+    # a kernel that took another's winner (`same_as`) is described by that kernel's search
+    names = [it.name for it in items]
+    twin = next(i for i in range(1, len(names)) if names[i] in names[:i])
+    rows[twin] = {"name": names[twin], "tried": 0, "same_as": names[twin]}
+    found = corpus.search_rows(prog, dims, {"kernels": rows})
+    assert found[ran[twin]]["tried"] == names.index(names[twin]) and found[ran[twin]]["same_as"] == names[twin]
     assert corpus.search_rows(prog, dims, {"kernels": rows[:-1]}) == {}  # rows that do not match: none
     assert corpus.search_rows(prog, dims, None) == {}
