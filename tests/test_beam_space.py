@@ -77,3 +77,12 @@ def test_fewer_threads_are_tried_only_for_short_kernels():
     assert [o for o in short if o.op is OptOps.THREAD] == threads
     assert not [o for o in long if o.op is OptOps.THREAD]
     assert [o for o in short if o.op is not OptOps.THREAD] == long  # the rest of the round is the same
+
+
+def test_a_round_compiles_one_candidate_per_worker_before_timing():
+    assert search.candidate_group(None) == 1  # compiled in this process: one at a time
+    pool = CPU.compile_pool(3)
+    try:
+        assert search.candidate_group(pool) == 3
+    finally:
+        pool.shutdown(cancel_futures=True)

@@ -88,9 +88,6 @@ MACHINE_BALANCE = 8.0  # FLOPs a CPU core does in the time it moves one byte fro
 # one (llama odd's 400-650 us matmuls won with one thread at load 6; BEAM 0.78x XLA vs the default's 0.94x on a
 # quiet machine)
 FEWER_THREADS_MAX_S = 100e-6
-# a round's candidates are compiled this many at a time (at least the beam's width), each group timed before the
-# next compiles: a budget that runs out mid-round keeps what was timed
-CANDIDATE_GROUP = 8
 
 
 # ------------------------------------------------------------------------------------------- another evaluator
@@ -197,6 +194,15 @@ def actions(k: OptKernel | AttentionKernel) -> list[Opt]:
     if gpu and k.device.caps.tensor_cores and not k.applied:  # (TC is a kernel's first opt; it refuses non-matmuls)
         out.append(Opt(OptOps.TC, 0, 0))
     return out
+
+
+def candidate_group(pool: Any) -> int:
+    """How many of a round's candidates are compiled before they are timed: one per compile worker of `pool` (its
+    `procs`, else `compile_jobs()`); 1 where there is no pool (compiled in this process, one at a time anyway)."""
+    if pool is None:
+        return 1
+    procs = getattr(pool, "procs", None)
+    return max(1, len(procs) if procs else compile_jobs())
 
 
 def round_actions(k: OptKernel | AttentionKernel, default_s: float) -> list[Opt]:
@@ -488,11 +494,11 @@ def _search_from(ast, device, timer: _Timer, width, name, progress, pool, rounds
             if batch is not None:
                 best = _evaluate_round(batch, cands, device, name, timer.bufs, sources, best, result,
                                        progress, _round, base, start)
-            # compiled and timed a group at a time (never both at once: the workers would load the cores while a
-            # candidate is timed): under a budget, a deadline reached while a round compiles keeps the candidates
-            # timed so far, where compiling the whole round first (40-90 candidates: seconds on a loaded machine)
-            # left every large kernel of a block with none timed
-            group = max(CANDIDATE_GROUP, width) if batch is None else len(cands)
+            # compiled and timed one candidate per compile worker at a time (never both at once: the workers would
+            # load the cores while a candidate is timed; timing takes milliseconds, a compile ~0.3 s): a deadline
+            # reached while a round compiles keeps the candidates timed so far, where compiling the whole round
+            # first (40-90 candidates: minutes on a loaded machine) left every large kernel of a block with none
+            group = candidate_group(pool)
             for g in range(0, len(cands) if batch is None else 0, group):
                 _render_compile(cands[g:g + group], device, name, timer.bufs, pool, sources, timing_deadline)
                 for i, c in enumerate(cands[g:g + group], start=g):
