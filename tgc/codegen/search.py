@@ -494,11 +494,12 @@ def _search_from(ast, device, timer: _Timer, width, name, progress, pool, rounds
             if batch is not None:
                 best = _evaluate_round(batch, cands, device, name, timer.bufs, sources, best, result,
                                        progress, _round, base, start)
-            # compiled and timed one candidate per compile worker at a time (never both at once: the workers would
-            # load the cores while a candidate is timed; timing takes milliseconds, a compile ~0.3 s): a deadline
-            # reached while a round compiles keeps the candidates timed so far, where compiling the whole round
-            # first (40-90 candidates: minutes on a loaded machine) left every large kernel of a block with none
-            group = candidate_group(pool)
+            # under a budget, compiled and timed one candidate per compile worker at a time (never both at once:
+            # the workers would load the cores while a candidate is timed): a deadline reached while a round
+            # compiles keeps the candidates timed so far, where compiling the whole round first (40-90 candidates:
+            # minutes on a loaded machine) left every large kernel of a block with none. Without a deadline the
+            # whole round is compiled at once (the workers never wait for a timing)
+            group = candidate_group(pool) if timing_deadline is not None else max(len(cands), 1)
             for g in range(0, len(cands) if batch is None else 0, group):
                 _render_compile(cands[g:g + group], device, name, timer.bufs, pool, sources, timing_deadline)
                 for i, c in enumerate(cands[g:g + group], start=g):
