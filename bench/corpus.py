@@ -77,11 +77,12 @@ def _small_of(file: str) -> dict[str, int]:
 
 
 def beam_coverage(prog: tgc.Program, dims: dict[str, int], device: str = "CPU") -> tuple[int, int]:
-    """(kernels with a winner stored by `tgc beam`, kernels) of the program at `dims`."""
+    """(kernels with a winner stored by `tgc beam`, kernels) of the program at `dims`: the kernels that run (one
+    chunk's where it runs in chunks)."""
     from tgc.backends import get_device
     from tgc.codegen.search import lookup_entry, search_ast
     dev = get_device(device)
-    items = [it for it in prog.schedule(dims, dev.name) if it.ast.src]
+    items = [it for it in prog.run_schedule(dims, dev.name) if it.ast.src]  # (a chunk's, where it runs chunked)
     found = 0
     for it in items:
         found += lookup_entry(search_ast(it, dev), dev) is not None
@@ -160,7 +161,7 @@ def search_rows(prog: tgc.Program, dims: dict[str, int], result: dict[str, Any] 
     the schedule's kernels in order)."""
     if not result:
         return {}
-    items = [it for it in prog.schedule(dims, "CPU") if it.ast.src]
+    items = [it for it in prog.run_schedule(dims, "CPU") if it.ast.src]
     rows = result.get("kernels", [])
     if len(rows) != len(items) or any(r["name"] != it.name for r, it in zip(rows, items)):
         return {}

@@ -86,3 +86,26 @@ def test_a_round_compiles_one_candidate_per_worker_before_timing():
         assert search.candidate_group(pool) == 3
     finally:
         pool.shutdown(cancel_futures=True)
+
+
+def test_beam_searches_the_kernels_a_chunked_run_launches(monkeypatch, tmp_path):
+    from tgc.engine import chunk
+    monkeypatch.setattr(chunk, "MIN_CHUNK_BYTES", 0)  # (small sizes: chunks of a few KiB)
+    monkeypatch.delenv("TGC_CHUNK", raising=False)
+    monkeypatch.setenv("TGC_CACHE_DIR", str(tmp_path))
+    src = "x: f32[B, N]\nw1: f32[N, H]\nw2: f32[H, N]\nreturn relu(x @ w1) @ w2"
+    dims = {"B": 64, "N": 8, "H": 64}  # the [B, H] hidden layer is twice the inputs + outputs: run in chunks
+    prog = tgc.loads(src)
+    ch = prog.chunking("CPU", dims)
+    assert ch is not None and ch.dim == "B"
+    ran = [it for it in prog.run_schedule(dims, "CPU") if it.ast.src]
+    whole = [it for it in prog.schedule(dims, "CPU") if it.ast.src]
+    assert {search.search_ast(it, CPU) for it in ran}.isdisjoint(search.search_ast(it, CPU) for it in whole)
+    prog.beam("CPU", dims=dims, width=1, budget_s=None)
+    assert all(search.lookup_entry(search.search_ast(it, CPU), CPU) is not None for it in ran)
+    rng = np.random.default_rng(0)
+    x, w1, w2 = (rng.standard_normal(s).astype(np.float32) for s in ((64, 8), (8, 64), (64, 8)))
+    got = prog.run(dims=dims, x=x, w1=w1, w2=w2)[prog.output_names[0]]
+    assert prog.last_chunking is not None
+    want = np.maximum(x.astype(np.float64) @ w1, 0) @ w2
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
