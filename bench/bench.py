@@ -527,6 +527,9 @@ def main() -> None:
     ap.add_argument("--no-symbolic", action="store_true", help="skip the symbolic-vs-specialized sizes")
     ap.add_argument("--corpus-beam", action="store_true",
                     help="run `tgc beam` on each corpus model first (else its BEAM column uses the stored winners)")
+    ap.add_argument("--corpus-beam-budget", type=float, default=None, metavar="SECONDS",
+                    help="--corpus-beam's search per model (`tgc beam --budget`; default corpus.BEAM_BUDGET_S; "
+                         "0: unbounded)")
     ap.add_argument("--no-corpus", action="store_true", help="skip the model-corpus table")
     ap.add_argument("--no-compile-table", action="store_true", help="skip the compile table")
     ap.add_argument("--model", default=None, help="corpus and compile tables: only corpus models with this in "
@@ -748,8 +751,10 @@ def model_tables(args: argparse.Namespace, which: set[str]) -> tuple[list[dict],
 
     def log(msg: str) -> None:
         print(msg, file=sys.stderr)
+    budget = corpus.BEAM_BUDGET_S if args.corpus_beam_budget is None else args.corpus_beam_budget or None
     rows = corpus.corpus_rows(args.quick, args.corpus_beam, peak_memory,
-                              None if args.no_xla else xla_timer, timeit, only=args.model, log=log) \
+                              None if args.no_xla else xla_timer, timeit, only=args.model, log=log,
+                              beam_budget_s=budget) \
         if "corpus" in which else []
     comp = compile_table.compile_rows(args.quick, workloads(args.quick), xla=not args.no_xla, only=args.model,
                                       log=log) if "compile" in which else []

@@ -8,9 +8,16 @@ Targets, per model: default kernels >= 0.8x XLA, after BEAM >= 1.0x XLA, recompu
 <= 1.5x inputs + outputs. "tgc beam" times the kernels with the winners stored by `tgc beam` (the BEAM cache);
 without `--corpus-beam` no search runs, and a kernel with no stored winner runs its default (the column says
 how many kernels had one). What limits a miss is measured, not guessed: the kernel taking the largest share of
-the program's time, with its GFLOP/s; `KNOWN_LIMITS` adds what reading a model's kernels found.
+the program's time, with its GFLOP/s, and for a BEAM miss what the search did with
+that kernel (`search_outcome`: kept its default, stopped at its share of the budget, not reached, ...) and the
+share of the time in kernels that compute nothing (copies: packed weights, joins); `KNOWN_LIMITS` adds what
+reading a model's kernels found.
 
-    corpus_rows(quick, beam_search, peak_memory, xla_timer) -> rows;  print_corpus(rows)
+Timing on a shared machine: default kernels, BEAM kernels and XLA alternate `ROUNDS` times in one run, each
+round's median of a few runs; the best round of each counts (all three see the same load). The load average at
+the start and end of a model's rounds is kept in its row.
+
+    corpus_rows(quick, beam_search, peak_memory, xla_timer, timeit, beam_budget_s=...) -> rows;  print_corpus(rows)
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models  # noqa: E402
 
 import tgc  # noqa: E402
+from tgc.codegen.search import SMALL_SHARE  # noqa: E402
 from tgc.engine.inputs import random_inputs  # noqa: E402
 
 MODELS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "models")
@@ -32,7 +40,12 @@ DEFAULT_TARGET = 0.8  # default kernels: XLA's time / tgc's
 BEAM_TARGET = 1.0  # after `tgc beam`
 RECOMPUTE_TARGET = 1.05
 MEMORY_TARGET = 1.5  # peak memory / (inputs + outputs + weights)
-ROUNDS = 3  # default and BEAM timings alternate this many times, the best of each counts
+ROUNDS = 3  # default, BEAM and XLA timings alternate this many times, the best of each counts
+# `--corpus-beam`'s search per model (`Program.beam(budget_s=)`, `python bench/bench.py --corpus-beam-budget`):
+# longer than `tgc beam`'s default (search.DEFAULT_BUDGET_S, 20 s): the larger blocks have 12-22 distinct kernels,
+# and at 20 s (load 6) llama odd reached 9 of its 13 distinct kernels, 6 of them stopping at their share
+BEAM_BUDGET_S = 60.0
+COPY_SHARE_NOTE = 0.10  # a miss names the copies (kernels of no FLOPs) where they take at least this share
 # what reading a model's kernels found (the measured top kernel is printed beside it)
 KNOWN_LIMITS = {
     "kv decode": "recompute: the fused attention reads k and v through `repeat` of the 4 key/value heads over the 16 "
@@ -64,11 +77,12 @@ def _small_of(file: str) -> dict[str, int]:
 
 
 def beam_coverage(prog: tgc.Program, dims: dict[str, int], device: str = "CPU") -> tuple[int, int]:
-    """(kernels with a winner stored by `tgc beam`, kernels) of the program at `dims`."""
+    """(kernels with a winner stored by `tgc beam`, kernels) of the program at `dims`: the kernels that run (one
+    chunk's where it runs in chunks)."""
     from tgc.backends import get_device
     from tgc.codegen.search import lookup_entry, search_ast
     dev = get_device(device)
-    items = [it for it in prog.schedule(dims, dev.name) if it.ast.src]
+    items = [it for it in prog.run_schedule(dims, dev.name) if it.ast.src]  # (a chunk's, where it runs chunked)
     found = 0
     for it in items:
         found += lookup_entry(search_ast(it, dev), dev) is not None
@@ -96,18 +110,99 @@ def largest_intermediates(prog: tgc.Program, dims: dict[str, int], top: int = 3)
 
 
 def _top_kernel(result: dict[str, Any]) -> str:
-    ks = result["kernels"]
-    total = sum(k["median_s"] for k in ks) or 1.0
-    k = max(ks, key=lambda k: k["median_s"])
+    k = _top(result)
+    total = sum(x["median_s"] for x in result["kernels"]) or 1.0
     return (f"kernel {k['name']} (line {k['line']}) takes {100 * k['median_s'] / total:.0f}% of the kernels' time "
             f"at {k['gflops']:.1f} GFLOP/s")
 
 
+def _top(result: dict[str, Any]) -> dict[str, Any]:
+    return max(result["kernels"], key=lambda k: k["median_s"])
+
+
+def kernel_names(items: list[Any]) -> list[str]:
+    """The names a program's timed kernels carry (`Program._build_kernels`: a repeated name gets `n1`, `n2`, ...),
+    for its schedule items in order."""
+    seen: dict[str, int] = {}
+    names = []
+    for it in items:
+        n = seen.get(it.name, 0)
+        seen[it.name] = n + 1
+        names.append(f"{it.name}n{n}" if n else it.name)
+    return names
+
+
+def search_outcome(row: dict[str, Any] | None, budget_s: float | None) -> str:
+    """What BEAM did with one kernel, from its row of `Program.beam`'s result (None: no search ran here)."""
+    if row is None:
+        return "no search in this run (its stored winner, if any, counts)"
+    if row.get("skipped"):
+        return (f"not searched: the budget ({budget_s:.0f} s) was spent before it (kernels are searched heaviest "
+                f"first)" if budget_s else "not searched")
+    if row.get("cached"):
+        return f"its winner was stored by an earlier search (width {row.get('width')})"
+    if row.get("same_as"):
+        first = {k: v for k, v in row.items() if k != "same_as"}
+        return f"searched as {row['same_as']} (the same kernel): " + search_outcome(first, budget_s)
+    tried = row.get("tried", 0)
+    if row.get("out_of_budget"):
+        return (f"its search stopped at its share of the {budget_s:.0f} s budget after {tried} candidates "
+                f"(best {row.get('speedup', 1.0):.2f}x its default); a longer --corpus-beam-budget searches further")
+    if row.get("small"):
+        return f"a small search (under {100 * SMALL_SHARE:.0f}% of the program's estimated cost)"
+    if row.get("speedup", 1.0) <= 1.0:
+        return (f"BEAM kept its default: none of {tried} candidates in its space was faster (what it lacks is "
+                f"outside the opts it searches)")
+    return f"BEAM's winner ran {row['speedup']:.2f}x faster than its default alone, after {tried} candidates"
+
+
+def search_rows(prog: tgc.Program, dims: dict[str, int], result: dict[str, Any] | None) -> dict[str, dict]:
+    """`Program.beam`'s rows by the name each kernel is timed under ({} where they cannot be matched: its rows are
+    the schedule's kernels in order)."""
+    if not result:
+        return {}
+    items = [it for it in prog.run_schedule(dims, "CPU") if it.ast.src]
+    rows = result.get("kernels", [])
+    if len(rows) != len(items) or any(r["name"] != it.name for r, it in zip(rows, items)):
+        return {}
+    searched: dict[str, dict] = {}  # a name's first row that was searched (a copy's row has tried = 0)
+    for r in rows:
+        if not r.get("same_as"):
+            searched.setdefault(r["name"], r)
+    rows = [{**searched[r["same_as"]], "same_as": r["same_as"]} if r.get("same_as") in searched else r for r in rows]
+    return dict(zip(kernel_names(items), rows))
+
+
+def copy_share(result: dict[str, Any]) -> float:
+    """The share of the kernels' time in kernels that compute nothing (0 FLOPs: packed weight copies, joins,
+    concatenations)."""
+    total = sum(k["median_s"] for k in result["kernels"]) or 1.0
+    return sum(k["median_s"] for k in result["kernels"] if not k.get("flops")) / total
+
+
+def beam_limit(default: dict[str, Any], tuned: dict[str, Any], searched: dict[str, dict],
+               budget_s: float | None) -> str:
+    """What limits a BEAM miss: the largest kernel after BEAM, its time with its default kernel in the same run,
+    what the search did with it, and the copies' share where it is large."""
+    k = _top(tuned)
+    before = next((d for d in default["kernels"] if d["name"] == k["name"]), None)
+    out = _top_kernel(tuned)
+    if before is not None:
+        same = " (the default's opts)" if before.get("opts") == k.get("opts") else ""
+        out += f"; {before['median_s'] * 1e6:.0f} us with default kernels, {k['median_s'] * 1e6:.0f} us tuned{same}"
+    out += "; " + search_outcome(searched.get(k["name"]), budget_s)
+    share = copy_share(tuned)
+    if share >= COPY_SHARE_NOTE:
+        out += f"; copies (kernels of no FLOPs: packed weights, joins) take {100 * share:.0f}% of the kernels' time"
+    return out
+
+
 def corpus_rows(quick: bool, beam_search: bool, peak_memory: Callable, xla_timer: Callable | None,
-                timeit: Callable, only: str | None = None, log: Callable = print) -> list[dict[str, Any]]:
+                timeit: Callable, only: str | None = None, log: Callable = print,
+                beam_budget_s: float | None = BEAM_BUDGET_S) -> list[dict[str, Any]]:
     """One row per corpus entry (see the module docstring). `peak_memory(prog, inputs, dims)` gives (peak
     bytes, inputs + outputs bytes); `xla_timer(fn, inputs, names)` a timed callable or None; `timeit(fn)` a
-    median in seconds."""
+    median in seconds; `beam_budget_s` each model's search with `beam_search` (None: unbounded)."""
     rows = []
     for e in models.CORPUS:
         if only and only not in e["name"]:
@@ -118,28 +213,35 @@ def corpus_rows(quick: bool, beam_search: bool, peak_memory: Callable, xla_timer
         shapes = {k: v.shape for k, v in random_inputs(prog, dims, seed=0).items()}
         inputs = models.corpus_inputs(shapes, seed=0)
         log(f"... corpus {e['name']} {dims}")
-        beam_s = None
+        beam_s, searched = None, {}
         if beam_search:
             st = time.perf_counter()
-            prog.beam(dims=dims)
+            found = prog.beam(dims=dims, budget_s=beam_budget_s)
             beam_s = time.perf_counter() - st
+            searched = search_rows(prog, dims, found)
         have, kernels = beam_coverage(prog, dims)
+        xla = xla_timer(lambda xp, *a, fn=e["model"]: fn(xp, *a), inputs, names) if xla_timer else None
+        load = [os.getloadavg()[0]]
         results: dict[bool, dict] = {}
-        for _ in range(ROUNDS):  # alternate: both see the same load on a shared machine
+        xla_s = None
+        for _ in range(ROUNDS):  # alternate: all three see the same load on a shared machine
             for tuned in (False, True):
                 r = prog.bench(inputs=inputs, dims=dims, repeat=5, tuned=tuned)
                 if tuned not in results or r["program"]["median_s"] < results[tuned]["program"]["median_s"]:
                     results[tuned] = r
+            if xla is not None:
+                t = timeit(xla)
+                xla_s = t if xla_s is None else min(xla_s, t)
+        load.append(os.getloadavg()[0])
         default_s = results[False]["program"]["median_s"]
         beam_time = results[True]["program"]["median_s"]
-        xla = xla_timer(lambda xp, *a, fn=e["model"]: fn(xp, *a), inputs, names) if xla_timer else None
-        xla_s = timeit(xla) if xla is not None else None
         mem, io = peak_memory(prog, inputs, dims)
         rec = results[False]["recompute"]["factor"]
         row = {"name": e["name"], "file": e["file"], "dims": dims, "xla_ms": None if xla_s is None else xla_s * 1e3,
                "default_ms": default_s * 1e3, "beam_ms": beam_time * 1e3, "beam_kernels": [have, kernels],
-               "beam_search_s": beam_s, "recompute": rec, "recompute_beam": results[True]["recompute"]["factor"],
-               "peak_mem_ratio": mem / io,
+               "beam_search_s": beam_s, "beam_budget_s": beam_budget_s if beam_search else None,
+               "recompute": rec, "recompute_beam": results[True]["recompute"]["factor"],
+               "peak_mem_ratio": mem / io, "load": load,
                "default_ratio": None if xla_s is None else xla_s / default_s,
                "beam_ratio": None if xla_s is None else xla_s / beam_time}
         checks = {"default": None if xla_s is None else row["default_ratio"] >= DEFAULT_TARGET,
@@ -150,7 +252,9 @@ def corpus_rows(quick: bool, beam_search: bool, peak_memory: Callable, xla_timer
         if checks["default"] is False:
             limits.append(f"default: {_top_kernel(results[False])}")
         if checks["beam"] is False:
-            limits.append(f"beam ({have}/{kernels} kernels tuned): {_top_kernel(results[True])}")
+            budget = beam_budget_s if beam_search else None
+            limits.append(f"beam ({have}/{kernels} kernels tuned): "
+                          f"{beam_limit(results[False], results[True], searched, budget)}")
         if checks["recompute"] is False:
             limits.append(f"recompute {rec:.3f}: executed {results[False]['recompute']['executed']} ops for "
                           f"{results[False]['recompute']['written']} written")
@@ -197,7 +301,13 @@ def print_corpus(rows: list[dict[str, Any]], quick: bool = False) -> None:
             print(f"- {r['name']}: {r['limit']}")
     searched = [r for r in rows if r["beam_search_s"] is not None]
     if searched:
-        print("`tgc beam` search time: " + ", ".join(f"{r['name']} {r['beam_search_s']:.0f} s" for r in searched))
+        print(f"`tgc beam` search time (budget {searched[0]['beam_budget_s']} s per model): "
+              + ", ".join(f"{r['name']} {r['beam_search_s']:.0f} s" for r in searched))
+    loads = [v for r in rows for v in r.get("load", [])]
+    if loads:
+        print(f"Load average (1 min) during the timings: {min(loads):.1f}-{max(loads):.1f}; default, BEAM and XLA "
+              f"alternate {ROUNDS} times per model, the best of each counts")
 
 
-__all__ = ["corpus_dims", "corpus_rows", "print_corpus", "beam_coverage", "largest_intermediates"]
+__all__ = ["corpus_dims", "corpus_rows", "print_corpus", "beam_coverage", "largest_intermediates", "search_outcome",
+           "search_rows", "kernel_names", "copy_share", "beam_limit"]

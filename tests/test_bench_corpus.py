@@ -9,6 +9,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
@@ -37,6 +39,7 @@ def test_quick_corpus_and_compile_tables():
     head, (row,) = corpus[0], corpus[1:]
     assert len(row) == len(head) and row[0] == "gru" and row[2] == "-"  # no XLA asked
     assert row[3].endswith(("us", "ms")) and float(row[7]) > 0  # a default time, a recompute factor
+    assert "Load average (1 min) during the timings: " in p.stdout  # (the timings alternate on a shared machine)
     compile_rows = _table(lines, "Compile table")
     assert compile_rows[0][:5] == ["program", "dims", "kernels", "cold", "warm"]
     names = [r[0] for r in compile_rows[1:]]
@@ -81,3 +84,51 @@ def test_corpus_inputs_look_like_a_trained_models():
     assert 0.08 < got["w_in"].std() < 0.2 and 0.09 < got["w1"].std() < 0.15  # 1/8, 1/sqrt(72)
     np.testing.assert_allclose(got["cos"][0], 1.0)  # position 0: angle 0
     assert got["mask"][0, 1] < -1e8 and got["mask"][1, 0] == 0  # causal, additive
+
+
+def test_a_beam_miss_says_what_the_search_did_with_its_kernel():
+    corpus = _bench_module("corpus")
+    say = corpus.search_outcome
+    assert "no search in this run" in say(None, None)
+    assert "budget (60 s) was spent before it" in say({"skipped": True}, 60.0)
+    assert "stopped at its share of the 45 s budget after 29 candidates (best 1.20x" in say(
+        {"out_of_budget": True, "tried": 29, "speedup": 1.2}, 45.0)
+    assert "kept its default: none of 40 candidates" in say({"tried": 40, "speedup": 1.0}, 60.0)
+    assert "winner ran 1.50x faster" in say({"tried": 12, "speedup": 1.5}, 60.0)
+    assert say({"same_as": "r_a", "tried": 7, "speedup": 1.5}, 60.0).startswith(
+        "searched as r_a (the same kernel): BEAM's winner ran 1.50x faster")
+    assert "earlier search" in say({"cached": True, "width": 4}, 60.0)
+
+    def kern(name, us, flops, opts):
+        return {"name": name, "line": 3, "median_s": us * 1e-6, "gflops": flops / us / 1e3, "flops": flops,
+                "opts": opts}
+    default = {"kernels": [kern("r_a", 600, 10 ** 8, ["UPCAST(1, 16)"]), kern("E_copy", 300, 0, [])]}
+    tuned = {"kernels": [kern("r_a", 500, 10 ** 8, ["UPCAST(1, 8)"]), kern("E_copy", 100, 0, [])]}
+    assert corpus.copy_share(tuned) == pytest.approx(100 / 600)
+    text = corpus.beam_limit(default, tuned, {"r_a": {"tried": 40, "speedup": 1.0}}, 60.0)
+    assert text.startswith("kernel r_a (line 3) takes 83% of the kernels' time at 200.0 GFLOP/s")
+    assert "600 us with default kernels, 500 us tuned;" in text and "kept its default" in text
+    assert "copies (kernels of no FLOPs: packed weights, joins) take 17%" in text
+    same = corpus.beam_limit(default, default, {}, None)
+    assert "(the default's opts)" in same and "no search in this run" in same
+
+
+def test_search_rows_are_found_under_the_names_the_kernels_run_as():
+    import tgc
+    corpus = _bench_module("corpus")
+    prog = tgc.loads("x: f32[N, D]\nw: f32[D, D]\nreturn (x @ w) @ w + 1")
+    dims = {"N": 16, "D": 32}
+    items = [it for it in prog.schedule(dims, "CPU") if it.ast.src]
+    ran = [k.name for k in prog.compile("CPU", dims=dims)]
+    assert corpus.kernel_names(items) == ran and len(set(ran)) == len(ran) > 1
+    rows = [{"name": it.name, "tried": i} for i, it in enumerate(items)]
+    found = corpus.search_rows(prog, dims, {"kernels": rows})
+    assert [found[n]["tried"] for n in ran] == list(range(len(items)))
+    # a kernel that took another's winner (`same_as`) is described by that kernel's search
+    names = [it.name for it in items]
+    twin = next(i for i in range(1, len(names)) if names[i] in names[:i])
+    rows[twin] = {"name": names[twin], "tried": 0, "same_as": names[twin]}
+    found = corpus.search_rows(prog, dims, {"kernels": rows})
+    assert found[ran[twin]]["tried"] == names.index(names[twin]) and found[ran[twin]]["same_as"] == names[twin]
+    assert corpus.search_rows(prog, dims, {"kernels": rows[:-1]}) == {}  # rows that do not match: none
+    assert corpus.search_rows(prog, dims, None) == {}

@@ -333,6 +333,20 @@ class Program:
             item.line = self.line_of(item.meta.get("serves", item.output))
         return items
 
+    def run_schedule(self, dims: dict[str, int] | None = None, device: str | None = None) -> list[ScheduleItem]:
+        """The schedule of the kernels `run` launches on one device: one chunk's where the program runs in chunks
+        (`chunking`: a chunk's kernels have the chunk's sizes, other ASTs than the whole program's), else
+        `schedule`'s. What `beam` searches: winners stored for the whole program's kernels would not be used."""
+        dev = _device(device_names(device)[0])
+        dims = self.resolve_dims(dims)
+        ch = self._chunking(dev, dims, 0, False)
+        if ch is None:
+            return self.schedule(dims, dev.name)
+        items = create_schedule([u for _, u in ch.low.outputs], dev.caps)
+        for item in items:
+            item.line = self.line_of(item.meta.get("serves", item.output))
+        return items
+
     def compile(self, device: str | list[str] | None = None, dims: dict[str, int] | None = None,
                 beam: int | None = None, tuned: bool = True, progress: Any = None,
                 shard: dict[str, int] | None = None, defer: bool = False) -> list[Kernel]:
@@ -933,7 +947,8 @@ class Program:
     def beam(self, device: str | list[str] | None = None, dims: dict[str, int] | None = None, width: int = 4,
              progress: Any = None, force: bool = False, shard: dict[str, int] | None = None,
              budget_s: float | None = DEFAULT_BUDGET_S, started: float | None = None) -> dict[str, Any]:
-        """Search every kernel of the program (BEAM); store the winners; report before/after per kernel.
+        """Search every kernel of the program (BEAM): on one device the kernels `run` launches (`run_schedule`: a
+        chunk's where it runs in chunks); store the winners; report before/after per kernel.
         `budget_s` bounds this call in seconds from `started` (a `time.perf_counter()` value, default now; the
         CLI passes its process start), scheduling included (None: unbounded; `tgc.codegen.search.beam_items`):
         the search ends by `1 - search.FINISH_SHARE` of it, and the size class's winners are stored after it
@@ -972,7 +987,7 @@ class Program:
         if dev.compiler is None:
             raise CompileError(dev.compile_error or f"cannot compile for {dev.kind} here, so it cannot be tuned here")
         dims = self.resolve_dims(dims)
-        rows, _ = beam_items(self.schedule(dims, dev.name), dev, width, progress=progress, force=force,
+        rows, _ = beam_items(self.run_schedule(dims, dev.name), dev, width, progress=progress, force=force,
                              budget_s=search_budget, started=started)
         self._kernels.clear()  # later compiles pick up the stored winners
         self._chunks.clear()

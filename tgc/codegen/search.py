@@ -86,6 +86,12 @@ DEFAULT_BUDGET_S = 20.0
 # did not end in time
 FINISH_SHARE = 0.25
 MACHINE_BALANCE = 8.0  # FLOPs a CPU core does in the time it moves one byte from memory (the estimate's roofline)
+# fewer threads than the automatic count (`thread_amounts`) are tried only for a kernel whose default takes under
+# this: a longer one amortizes starting its threads, so where one thread timed faster, the machine's other
+# cores were busy while it was timed (a shared machine), and the stored winner would run at half speed on an idle
+# one (llama odd's 400-650 us matmuls won with one thread at load 6; BEAM 0.78x XLA vs the default's 0.94x on a
+# quiet machine)
+FEWER_THREADS_MAX_S = 100e-6
 
 
 # ------------------------------------------------------------------------------------------- another evaluator
@@ -165,14 +171,18 @@ def store(ast: UOp, device: Any, opts: list[Opt], seconds: float, name: str, wid
 
 def actions(k: OptKernel | AttentionKernel) -> list[Opt]:
     """The opts one round tries on `k`: splits by the amounts that divide an axis (any amount on an axis whose
-    kernel masks a partial last split itself, `ragged_axes`), PADTO, SWAP, on the CPU fewer threads than the
-    automatic count (`thread_amounts`), and on GPUs LOCAL, STAGE, GROUP/GROUPTOP (`group_amounts`) and TC."""
+    kernel masks a partial last split itself, `ragged_axes`), PADTO of a reduction and on the CPU of an output axis
+    (odd rows rounded up to a tile, as the heuristic's `padded_rows` does), SWAP, on the CPU fewer threads than the
+    automatic count (`thread_amounts`; the search drops them for long kernels: `FEWER_THREADS_MAX_S`), and on GPUs
+    LOCAL, STAGE, GROUP/GROUPTOP (`group_amounts`) and TC."""
     out: list[Opt] = []
     gpu = k.device.caps.gpu
     loops, reduces = k.loops(), k.reduces()
     ragged = getattr(k, "ragged_axes", frozenset())
     for i, r in enumerate(loops):
         out += [Opt(OptOps.UPCAST, i, a) for a in UPCAST_AMOUNTS if r.src[0].arg % a == 0 or i in ragged]
+        if not gpu and i not in ragged and isinstance(r.src[0].arg, int):
+            out += [Opt(OptOps.PADTO, i, a) for a in PAD_AMOUNTS if r.src[0].arg % a and r.src[0].arg > a]
         if gpu:
             out += [Opt(OptOps.LOCAL, i, a) for a in LOCAL_AMOUNTS if r.src[0].arg % a == 0]
     for j, r in enumerate(reduces):
@@ -203,6 +213,24 @@ def group_amounts(k: OptKernel) -> list[int]:
         return []
     threads = prod(r.src[0].arg for r in k.ranges() if r.arg[1] is RangeKind.LOCAL)
     return [a for a in GROUP_AMOUNTS if a * threads <= launch_limits(k.device).threads]
+
+
+def candidate_group(pool: Any) -> int:
+    """How many of a round's candidates are compiled before they are timed: one per compile worker of `pool` (its
+    `procs`, else `compile_jobs()`); 1 where there is no pool (compiled in this process, one at a time anyway)."""
+    if pool is None:
+        return 1
+    procs = getattr(pool, "procs", None)
+    return max(1, len(procs) if procs else compile_jobs())
+
+
+def round_actions(k: OptKernel | AttentionKernel, default_s: float) -> list[Opt]:
+    """The opts a round of the search tries on `k`, whose default kernel took `default_s`: `actions`, without
+    fewer threads where the default takes over `FEWER_THREADS_MAX_S`."""
+    acts = actions(k)
+    if default_s > FEWER_THREADS_MAX_S:
+        acts = [o for o in acts if o.op is not OptOps.THREAD]
+    return acts
 
 
 def thread_amounts(cores: int) -> list[int]:
@@ -469,7 +497,7 @@ def _search_from(ast, device, timer: _Timer, width, name, progress, pool, rounds
                 break
             cands: list[Candidate] = []
             for parent in beam:
-                for opt in actions(parent.kernel):
+                for opt in round_actions(parent.kernel, default_s):
                     key = tuple(parent.opts + [opt])
                     if key in seen:
                         continue
@@ -485,24 +513,32 @@ def _search_from(ast, device, timer: _Timer, width, name, progress, pool, rounds
             if batch is not None:
                 best = _evaluate_round(batch, cands, device, name, timer.bufs, sources, best, result,
                                        progress, _round, base, start)
-            else:
-                _render_compile(cands, device, name, timer.bufs, pool, sources, timing_deadline)
-            for i, c in enumerate(cands if batch is None else []):
-                if c.duplicate:
-                    continue
-                if _past(timing_deadline):  # its share is spent: stop at once with the best so far
-                    result.out_of_budget = True
+            # under a budget, compiled and timed one candidate per compile worker at a time (never both at once:
+            # the workers would load the cores while a candidate is timed): a deadline reached while a round
+            # compiles keeps the candidates timed so far, where compiling the whole round first (40-90 candidates:
+            # minutes on a loaded machine) left every large kernel of a block with none. Without a deadline the
+            # whole round is compiled at once (the workers never wait for a timing)
+            group = candidate_group(pool) if timing_deadline is not None else max(len(cands), 1)
+            for g in range(0, len(cands) if batch is None else 0, group):
+                _render_compile(cands[g:g + group], device, name, timer.bufs, pool, sources, timing_deadline)
+                for i, c in enumerate(cands[g:g + group], start=g):
+                    if c.duplicate:
+                        continue
+                    if _past(timing_deadline):  # its share is spent: stop at once with the best so far
+                        result.out_of_budget = True
+                        break
+                    result.tried += 1
+                    if not _time_candidate(timer, c, best.time_s, result):
+                        continue
+                    if c.time_s < best.time_s:
+                        best = c
+                    if progress:
+                        elapsed = time.perf_counter() - start
+                        progress({"kernel": name, "round": _round, "tried": result.tried, "rejected": result.rejected,
+                                  "best_s": best.time_s, "base_s": base.time_s, "candidate": i + 1,
+                                  "candidates": len(cands), "elapsed_s": elapsed})
+                if result.out_of_budget:
                     break
-                result.tried += 1
-                if not _time_candidate(timer, c, best.time_s, result):
-                    continue
-                if c.time_s < best.time_s:
-                    best = c
-                if progress:
-                    elapsed = time.perf_counter() - start
-                    progress({"kernel": name, "round": _round, "tried": result.tried, "rejected": result.rejected,
-                              "best_s": best.time_s, "base_s": base.time_s, "candidate": i + 1,
-                              "candidates": len(cands), "elapsed_s": elapsed})
             ranked = sorted((c for c in cands if c.time_s < float("inf")), key=lambda c: c.time_s)[:width]
             # another round only for a real gain: one within the timing noise of this machine ends the search
             # (its winner is kept); chasing it took most of the rounds on small kernels
