@@ -1775,8 +1775,12 @@ def _class_minimum(prog: Any, plan: Any, cls: tuple) -> dict[str, int]:
     return least if holds(together) else {n: top for n in sym}
 
 
-def build_symbolic(prog: Any, dev: Any) -> bytes:
-    """The symbolic package of a program (no dims given) for a CPU or PYTHON device, as bytes."""
+def build_symbolic(prog: Any, dev: Any, plans: list[tuple[tuple, Any]] | None = None) -> bytes:
+    """The symbolic package of a program (no dims given) for a CPU or PYTHON device, as bytes: the saved
+    `SymbolicPlan` of each of its size classes (`_size_classes`), or of the classes `plans` gives ((class,
+    plan) pairs: a program-cache entry's one class). A class's least sizes (`min`) are sampled with the source
+    (`_class_minimum`) for the package's classes; for `plans`, the plan's `trusted_from` (the sizes below it are
+    checked with the source by `SymbolicPlan.bind`, which a cache entry's Program has)."""
     from tgc.codegen import sizes
     from tgc.codegen.kernel import symbolic_work
     from tgc.engine.memplan import plan_memory
@@ -1918,14 +1922,15 @@ def build_symbolic(prog: Any, dev: Any) -> bytes:
                    for name, j in zip(prog.output_names, plan.output_slots)]
         return {
             "class": dict(cls), "probe": {n: int(v) for n, v in p1.items()},
-            "min": _class_minimum(prog, plan, cls) if sym else {},
+            "min": ({n: max(2, plan.trusted_from) for n in sym} if plans is not None else
+                    _class_minimum(prog, plan, cls)) if sym else {},
             "max": {n: int(plan.bound) for n in sym},
             "signature": {"inputs": sig_in, "outputs": sig_out}, "buffers": bufs, "kernels": kernels,
             "memory": {"slots": slot_exprs, "slot_of": slot_of, "peak_bytes": peak}}
 
-    for cls in _size_classes(names):
+    for cls, plan in (plans if plans is not None else [(c, None) for c in _size_classes(names)]):
         text = sizes.class_text(cls)
-        plan = prog._symbolic(dev, cls)
+        plan = prog._symbolic(dev, cls) if plan is None else plan
         if isinstance(plan, str):
             if all(c == "n" for _, c in cls):
                 raise TgcError(f"the program has no kernels valid for every size ({text}): {plan}", kind="user",
@@ -2011,7 +2016,8 @@ def _failed_check(checks: Any, dims: dict[str, int], i: int, path: str) -> str |
 
 @dataclass
 class SizeClassPlan:
-    """One size class of a symbolic package: each dim "n" (its sizes `min` .. `max`) or "1"."""
+    """One size class of a symbolic package: each dim "n" (its sizes `min` .. `max`), "32n" (the multiples of
+    32 among them: a program-cache entry's class) or "1"; with its saved plan (`bind`)."""
 
     cls: dict[str, str]
     min: dict[str, int]
@@ -2135,12 +2141,12 @@ class SymbolicPackage:
         for i, c in enumerate(_list(sym.get("classes"), "symbolic.classes", path, MAX_CLASSES)):
             c = _obj(c, f"class {i}", path)
             cls = _obj(c.get("class"), f"class {i}", path)
-            if set(cls) != set(self.dims_names) or any(v not in ("n", "1") for v in cls.values()):
+            if set(cls) != set(self.dims_names) or any(v not in ("n", "32n", "1") for v in cls.values()):
                 raise _bad(path, f"class {i} is not a size class of the dims")
             cls = {n: cls[n] for n in self.dims_names}
             lo = {n: _int(v, f"class {i} min", path, 2, MAX_DIM) for n, v in _obj(c.get("min"), "min", path).items()}
             hi = {n: _int(v, f"class {i} max", path, 2, MAX_DIM) for n, v in _obj(c.get("max"), "max", path).items()}
-            want = {n for n, v in cls.items() if v == "n"}
+            want = {n for n, v in cls.items() if v in ("n", "32n")}
             if set(lo) != want or set(hi) != want or any(lo[n] > hi[n] for n in want):
                 raise _bad(path, f"class {i}'s size ranges do not match its dims")
             self.classes.append(SizeClassPlan(dict(cls), lo, hi, c))
@@ -2157,7 +2163,10 @@ class SymbolicPackage:
         used: set[str] = set()
         pkg: Package | None = None
         for i, c in enumerate(self.classes):
-            dims = {n: (c.min[n] if v == "n" else 1) for n, v in c.cls.items()}
+            dims = {n: (c.min[n] if v == "n" else -(-c.min[n] // 32) * 32 if v == "32n" else 1)
+                    for n, v in c.cls.items()}
+            if any(dims[n] > c.max[n] for n in dims):
+                raise _bad(path, f"class {i}'s size ranges hold no size")
             # at the probe sizes the kernels were built at, every buffer must hold what their launch contracts state
             if "probe" not in c.doc:  # (symbolic packages written before the probe was recorded)
                 raise PackageError(f"{path}: not a usable package: class {i} does not record the sizes its kernels "
@@ -2165,7 +2174,8 @@ class SymbolicPackage:
                                    hint="compile the package again with this tgc")
             probe = _obj(c.doc.get("probe"), f"class {i} probe", path)
             probe = {n: _int(probe.get(n), f"class {i} probe {n}", path, 1, MAX_DIM) for n in self.dims_names}
-            if any(probe[n] != 1 if v == "1" else not 2 <= probe[n] <= c.max[n] for n, v in c.cls.items()):
+            if any(probe[n] != 1 if v == "1" else not 2 <= probe[n] <= c.max[n] or (v == "32n" and probe[n] % 32)
+                   for n, v in c.cls.items()):
                 raise _bad(path, f"class {i}'s probe sizes are not sizes of the class")
             variants = []
             for fast in (False, True):
@@ -2191,14 +2201,15 @@ class SymbolicPackage:
     # --- the size classes
     def size_class(self, dims: dict[str, int]) -> SizeClassPlan:
         """The class holding these dims; PackageError (exit 2) for sizes outside every packaged class."""
-        key = {n: "1" if dims[n] == 1 else "0" if dims[n] == 0 else "n" for n in self.dims_names}
-        c = next((c for c in self.classes if c.cls == key), None)
+        def holds(c: SizeClassPlan) -> bool:
+            return all(dims[n] == 1 if v == "1" else c.min[n] <= dims[n] <= c.max[n] and
+                       (v == "n" or dims[n] % 32 == 0) for n, v in c.cls.items())
+
         given = ", ".join(f"{n}={dims[n]}" for n in self.dims_names)
         classes = "; ".join(c.text() for c in self.classes)
-        if c is not None:
-            out = [n for n in c.min if not c.min[n] <= dims[n] <= c.max[n]]
-            if not out:
-                return c
+        held = [c for c in self.classes if holds(c)]
+        if held:  # (a class of multiples of 32, where one holds them, before "n": its kernels assume them)
+            return max(held, key=lambda c: sum(v == "32n" for v in c.cls.values()))
         raise PackageError(f"{self.path}: the sizes {given} are outside the size classes this package holds "
                            f"({classes})",
                            hint="compile a package for these sizes: tgc compile FILE "
