@@ -2178,7 +2178,7 @@ class SymbolicPackage:
                    for n, v in c.cls.items()):
                 raise _bad(path, f"class {i}'s probe sizes are not sizes of the class")
             variants = []
-            for fast in (False, True):
+            for fast in (None, True):
                 self._instantiate(c, probe, force=fast, at_probe=True)
                 pkg = self._instantiate(c, dims, force=fast)
                 used |= {k.binary_member for k in pkg.kernels} | {k.source_member for k in pkg.kernels}
@@ -2242,10 +2242,11 @@ class SymbolicPackage:
                             hint=f"give it (-D {missing[0]}=INT)", file=self.path)
         return out
 
-    def _instantiate(self, c: SizeClassPlan, dims: dict[str, int], force: bool = False, at_probe: bool = False
-                     ) -> Package:
-        """The class's plan at these dims as a package of fixed sizes (validated as any package is): each
-        kernel's fast variant where its launch checks hold (all of them with `force`, to validate them)."""
+    def _instantiate(self, c: SizeClassPlan, dims: dict[str, int], force: bool | None = False,
+                     at_probe: bool = False) -> Package:
+        """The class's plan at these dims written out as a package of fixed sizes and validated as any package is
+        (at load, and for `tgc inspect -D`): each kernel's fast variant where its launch checks hold (all of them
+        with `force`; none with `force=None`: to validate each variant)."""
         doc, path = c.doc, self.path
         kernels = []
 
@@ -2265,7 +2266,7 @@ class SymbolicPackage:
             fast = k.get("fast")
             if fast is not None:
                 fast = _obj(fast, f"kernel {i} fast", path)
-                if failed(fast.get("checks"), i) is None or force:
+                if force is not None and (failed(fast.get("checks"), i) is None or force):
                     use = fast
             kernels.append({key: v for key, v in use.items() if key not in ("fast", "checks")})
         manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "tgc_version": self.tgc_version,

@@ -406,7 +406,7 @@ class SymbolicEntry(Entry):
         return self.package.lower(device, self.dims)
 
     def bench_result(self, device: str, arrays: dict[str, np.ndarray], repeat: int) -> dict[str, Any]:
-        return {**super().bench_result(device, arrays, repeat), "kernels_for": "the sizes' class"}
+        return {**super().bench_result(device, arrays, repeat), "kernels_for": "size class"}
 
 
 def lookup_symbolic(source: str, dims: dict[str, int], device: Any, path: str | None = None, weights: str = ""
