@@ -2165,7 +2165,7 @@ class SymbolicPackage:
         for i, c in enumerate(self.classes):
             dims = {n: (c.min[n] if v == "n" else -(-c.min[n] // 32) * 32 if v == "32n" else 1)
                     for n, v in c.cls.items()}
-            if any(dims[n] > c.max[n] for n in dims):
+            if any(dims[n] > c.max[n] for n in c.max):
                 raise _bad(path, f"class {i}'s size ranges hold no size")
             # at the probe sizes the kernels were built at, every buffer must hold what their launch contracts state
             if "probe" not in c.doc:  # (symbolic packages written before the probe was recorded)
