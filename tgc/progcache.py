@@ -26,7 +26,8 @@ Contract:
   (`tgc.package.SymbolicPackage`, the saved `SymbolicPlan`), keyed as `key` with the size class (by dim name:
   "1", "n" or "32n"; a dim of 0 is not cached) in place of the dims, so a run at new dims of a cached class is
   warm: the package's plan is bound to them (`SizeClassPlan.bind`). It serves dims from the plan's
-  `trusted_from` up; smaller dims miss (the cold path checks them with the source).
+  `trusted_from` up; smaller dims miss (the cold path checks them with the source). CPU and PYTHON only (the
+  devices symbolic packages are built for).
 - **Not cached** (`usable` says why): REMOTE devices (a server's binaries are its
   own), devices that cannot compile here, `DEBUG` 3 and above (they print the lowering), `TGC_VERIFY_BOUNDS`
   (it checks the lowering), and `DISABLE_COMPILER_CACHE` (the `program` table obeys it as `compile` does).
@@ -370,6 +371,10 @@ def _input_types(prog: Any, dims: dict[str, int]) -> list[tuple[DType, tuple[int
 # saved `SymbolicPlan`), keyed by the class, not the dims, so that a run at any dims of a cached class is warm
 
 
+SYMBOLIC_KINDS = ("CPU", "PYTHON")  # the devices symbolic packages are built for (`tgc.package.build_symbolic`:
+# a GPU's symbolic grid is not an expression a package stores yet)
+
+
 def symbolic_class(dims: dict[str, int]) -> dict[str, str] | None:
     """The size class a symbolic entry is keyed by ({dim: "1" | "n" | "32n"}, by name), or None where a dim is 0
     (no symbolic entry: a 0 dim is compiled as a constant and packages hold no such class)."""
@@ -423,7 +428,7 @@ def load_symbolic(source: str, dims: dict[str, int], device: Any, path: str | No
     """(header, symbolic package) of the entry for the size class of `dims`, loaded and validated once (a
     Program keeps it for the class: `bind_symbolic` binds it at each dims), or None as `lookup_symbolic`."""
     cls = symbolic_class(dims)
-    if cls is None or usable(device) is not None:
+    if cls is None or usable(device) is not None or device.kind not in SYMBOLIC_KINDS:
         return None
     k = symbolic_key(source, cls, device, weights)
     value = cache.get(TABLE, k)
@@ -462,7 +467,8 @@ def store_symbolic(prog: Any, device: Any, dims: dict[str, int], plan: Any) -> b
     """Save `plan` (the `SymbolicPlan` of the size class of `dims`, as `Program.run(symbolic=True)` built it) as
     the class's symbolic entry; False where it cannot be (as `store`: never raises for that)."""
     cls = symbolic_class(dims)
-    if cls is None or usable(device) is not None or getattr(prog, "weights", None):
+    if cls is None or usable(device) is not None or getattr(prog, "weights", None) or \
+            device.caps.gpu or device.kind not in SYMBOLIC_KINDS:
         return False
     try:
         data = build_symbolic(prog, device, [(plan.size_class, plan)])
