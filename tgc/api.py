@@ -64,6 +64,7 @@ from tgc.ir.shapes import prod, shape_of
 from tgc.ir.uop import Ops, UOp
 from tgc.onnx import read_model
 from tgc.onnx import translate as translate_onnx
+from tgc.package import PackageError
 
 __all__ = ["Program", "Kernel", "load", "loads", "InputDecl", "devices"]
 
@@ -606,15 +607,18 @@ class Program:
         if not built:  # the program cache's entry for the class (the saved plan): bound here, nothing traced
             found = self._cached_symbolic(dev, dims)
             entry = None if found is None else progcache.bind_symbolic(found, self.source, dims, self.path)
-            if entry is not None:
-                return entry.executable(dev.name), ""
+            try:
+                if entry is not None:
+                    return entry.executable(dev.name), ""
+            except PackageError:
+                pass  # (a check the saved kernels fail at these dims: the plan below says what runs instead)
         plan = self._symbolic(dev, cls)
         if isinstance(plan, str):
             return None, plan
         low, why = plan.bind(self, dims)
         key = (dev.name, "symbolic", tuple(sorted(cls)), env_int("BEAM", 0))
-        if not built and low is not None and self._symbolic_entries.get(key, False) is None and \
-                key not in self._stored:
+        # (stored once the class's lookup missed and some dims bind: the entry's plan is the class's, not the dims')
+        if low is not None and self._symbolic_entries.get(key, False) is None and key not in self._stored:
             self._stored.add(key)
             progcache.store_symbolic(self, dev, dims, plan)
         return low, why

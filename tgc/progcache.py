@@ -403,6 +403,7 @@ class SymbolicEntry(Entry):
 
         super().__init__({**header, "dims": dict(sorted(dims.items())), "inputs": [whole(d) for d in sig["inputs"]],
                           "outputs": [whole(d) for d in sig["outputs"]]}, package, source, path)  # type: ignore
+        self.bound_plan = package.lower(package.device_name, dims)  # (bound once here: a check failing is a miss)
 
     def run(self, device: str, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self.package.run(device=device, dims=self.dims, inputs=arrays)
@@ -456,11 +457,12 @@ def load_symbolic(source: str, dims: dict[str, int], device: Any, path: str | No
 
 def bind_symbolic(found: tuple[dict, SymbolicPackage], source: str, dims: dict[str, int], path: str | None
                   ) -> SymbolicEntry | None:
-    """The loaded entry (`load_symbolic`) at `dims`, or None where its class does not serve them."""
+    """The loaded entry (`load_symbolic`) at `dims`, or None where its class does not serve them (sizes below its
+    trusted size, or where a general kernel's check fails: the cold path, which says what runs instead)."""
     try:
         return SymbolicEntry(found[0], found[1], source, path, dims)
     except PackageError:
-        return None  # (sizes the entry does not serve without the source: the cold path)
+        return None
 
 
 def store_symbolic(prog: Any, device: Any, dims: dict[str, int], plan: Any) -> bool:
