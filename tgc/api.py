@@ -64,6 +64,7 @@ from tgc.ir.shapes import prod, shape_of
 from tgc.ir.uop import Ops, UOp
 from tgc.onnx import read_model
 from tgc.onnx import translate as translate_onnx
+from tgc.package import PackageError
 
 __all__ = ["Program", "Kernel", "load", "loads", "InputDecl", "devices"]
 
@@ -135,6 +136,8 @@ class Program:
         self._entries: dict[tuple, progcache.Entry | None] = {}  # program-cache entries looked up, by (device,
         # dims, BEAM): see `run`
         self._stored: set[tuple] = set()  # the keys of `_entries` stored after a cold run
+        # the program cache's symbolic entries looked up (header, package), by (device, "symbolic", size class, BEAM)
+        self._symbolic_entries: dict[tuple, tuple[dict, Any] | None] = {}
         self._check_without_dims()
 
     @property
@@ -617,10 +620,40 @@ class Program:
         dev = _device(device)
         dims = self.resolve_dims(dims)
         cls = sizes.size_class(self.dim_names, dims)
+        built = (dev.name, cls) in self._plans
+        if not built:  # the program cache's entry for the class (the saved plan): bound here, nothing traced
+            found = self._cached_symbolic(dev, dims)
+            entry = None if found is None else progcache.bind_symbolic(found, self.source, dims, self.path)
+            try:
+                if entry is not None:
+                    return entry.executable(dev.name), ""
+            except PackageError:
+                pass  # (a check the saved kernels fail at these dims: the plan below says what runs instead)
         plan = self._symbolic(dev, cls)
         if isinstance(plan, str):
             return None, plan
-        return plan.bind(self, dims)
+        low, why = plan.bind(self, dims)
+        key = (dev.name, "symbolic", tuple(sorted(cls)), env_int("BEAM", 0))
+        # (stored once the class's lookup missed and some dims bind: the entry's plan is the class's, not the dims')
+        if low is not None and self._symbolic_entries.get(key, False) is None and key not in self._stored:
+            self._stored.add(key)
+            progcache.store_symbolic(self, dev, dims, plan)
+        return low, why
+
+    def _cached_symbolic(self, dev: Any, dims: dict[str, int]) -> tuple[dict, Any] | None:
+        """The program cache's symbolic entry for the size class of `dims` on `dev` (loaded once per program,
+        class, device and BEAM; `progcache.load_symbolic`), or None."""
+        cls = sizes.size_class(self.dim_names, dims)
+        key = (dev.name, "symbolic", tuple(sorted(cls)), env_int("BEAM", 0))
+        if key not in self._symbolic_entries:
+            found = None if self.weights else \
+                progcache.load_symbolic(self.source, dims, dev, self.path, self.weights_digest)
+            self._symbolic_entries[key] = found
+            if debug_level() >= 2:
+                hit = "hit: nothing to lower or compile" if found is not None else "miss"
+                print(f"*** program cache {hit} ({self.path or self.filename}, {dev.name}, "
+                      f"{sizes.class_text(cls)})", file=sys.stderr)
+        return self._symbolic_entries[key]
 
     # --- running
     def run(self, device: str | list[str] | None = None, dims: dict[str, int] | None = None, cast: bool = False,

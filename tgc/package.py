@@ -597,6 +597,7 @@ class PackagedKernel(LaunchableKernel):
     index: int = 0
     graph_flops: int = 0  # (a package holds no tensor graph: no recompute factor)
     _program: Any = field(default=None, repr=False)
+    contract_grid: tuple | None = None  # a symbolic package's kernel: the largest grid its launch contract states
 
     def program(self) -> Any:
         if self._program is None:
@@ -1774,8 +1775,12 @@ def _class_minimum(prog: Any, plan: Any, cls: tuple) -> dict[str, int]:
     return least if holds(together) else {n: top for n in sym}
 
 
-def build_symbolic(prog: Any, dev: Any) -> bytes:
-    """The symbolic package of a program (no dims given) for a CPU or PYTHON device, as bytes."""
+def build_symbolic(prog: Any, dev: Any, plans: list[tuple[tuple, Any]] | None = None) -> bytes:
+    """The symbolic package of a program (no dims given) for a CPU or PYTHON device, as bytes: the saved
+    `SymbolicPlan` of each of its size classes (`_size_classes`), or of the classes `plans` gives ((class,
+    plan) pairs: a program-cache entry's one class). A class's least sizes (`min`) are sampled with the source
+    (`_class_minimum`) for the package's classes; for `plans`, the plan's `trusted_from` (the sizes below it are
+    checked with the source by `SymbolicPlan.bind`, which a cache entry's Program has)."""
     from tgc.codegen import sizes
     from tgc.codegen.kernel import symbolic_work
     from tgc.engine.memplan import plan_memory
@@ -1917,14 +1922,15 @@ def build_symbolic(prog: Any, dev: Any) -> bytes:
                    for name, j in zip(prog.output_names, plan.output_slots)]
         return {
             "class": dict(cls), "probe": {n: int(v) for n, v in p1.items()},
-            "min": _class_minimum(prog, plan, cls) if sym else {},
+            "min": ({n: max(2, plan.trusted_from) for n in sym} if plans is not None else
+                    _class_minimum(prog, plan, cls)) if sym else {},
             "max": {n: int(plan.bound) for n in sym},
             "signature": {"inputs": sig_in, "outputs": sig_out}, "buffers": bufs, "kernels": kernels,
             "memory": {"slots": slot_exprs, "slot_of": slot_of, "peak_bytes": peak}}
 
-    for cls in _size_classes(names):
+    for cls, plan in (plans if plans is not None else [(c, None) for c in _size_classes(names)]):
         text = sizes.class_text(cls)
-        plan = prog._symbolic(dev, cls)
+        plan = prog._symbolic(dev, cls) if plan is None else plan
         if isinstance(plan, str):
             if all(c == "n" for _, c in cls):
                 raise TgcError(f"the program has no kernels valid for every size ({text}): {plan}", kind="user",
@@ -1991,18 +1997,109 @@ def _check_text(what: str, e: Any, v: int) -> str:
         f"{sizeexpr.text(e)} <= {v}" if what == "at most" else f"{sizeexpr.text(e)} >= {v}"
 
 
+def _failed_check(checks: Any, dims: dict[str, int], i: int, path: str) -> str | None:
+    """The first of kernel i's launch checks (a symbolic package's) that fails at these dims, as text (None: all
+    hold)."""
+    for check in _list(checks, f"kernel {i} checks", path, 64):
+        check = _list(check, f"kernel {i} check", path, 3)
+        if len(check) != 3 or check[0] not in ("divides", "at least", "at most"):
+            raise _bad(path, f"kernel {i} has a malformed launch check")
+        got = _size(check[1], dims, f"kernel {i} check", path, -(1 << 62), 1 << 62)
+        value = _int(check[2], f"kernel {i} check value", path, 1, 1 << 62)
+        if not (got % value == 0 if check[0] == "divides" else got <= value if check[0] == "at most"
+                else got >= value):
+            return f"{sizeexpr.text(check[1])} = {got} " + (
+                f"passes {value}, the largest value of the type the kernel computes it in"
+                if check[0] == "at most" else f"fails the launch check {_check_text(*check)}")
+    return None
+
+
 @dataclass
 class SizeClassPlan:
-    """One size class of a symbolic package: each dim "n" (its sizes `min` .. `max`) or "1"."""
+    """One size class of a symbolic package: each dim "n" (its sizes `min` .. `max`), "32n" (the multiples of
+    32 among them: a program-cache entry's class) or "1"; with its saved plan (`bind`)."""
 
     cls: dict[str, str]
     min: dict[str, int]
     max: dict[str, int]
     doc: dict
 
+    # set when the package is loaded (after every field was validated at the class's probe and least sizes)
+    templates: list = field(default_factory=list)  # per kernel, (general, fast or None) `PackagedKernel`s
+    slot_of: list = field(default_factory=list)  # per buffer, its slot (-1: used by no kernel)
+    inplace: list = field(default_factory=list)  # [output buffer, input buffer] pairs sharing a slot
+    chosen: list = field(default_factory=list)  # per kernel of the last `bind`: "fast" or "general"
+
     def text(self) -> str:
-        return ", ".join(f"{n}={self.min.get(n, 2)}..{self.max.get(n)}" if c == "n" else f"{n}={c}"
-                         for n, c in self.cls.items()) or "(no dims)"
+        return ", ".join(f"{n}={self.min.get(n, 2)}..{self.max.get(n)}" if c == "n" else
+                         f"{n}={self.min.get(n, 32)}..{self.max.get(n)} (multiples of 32)" if c == "32n" else
+                         f"{n}={c}" for n, c in self.cls.items()) or "(no dims)"
+
+    def bind(self, pkg: Any, dev: Any, dims: dict[str, int]) -> Any:
+        """The class's saved plan at these dims, as an `Executable`: its size expressions evaluated (buffers,
+        launch sizes, values, work), each kernel's fast variant where its launch checks hold, else its general
+        kernel, the memory layout saved with it sized at the dims (each slot its largest buffer) and checked.
+        Nothing is traced, scheduled, lowered or re-validated but what changes with the dims (`PackageError`,
+        exit 2: a general kernel's check fails, a size out of range, a launch past its kernel's grid)."""
+        import dataclasses
+
+        from tgc.engine.executable import Executable
+        from tgc.engine.memplan import MemoryPlan, check_plan, lifetimes
+
+        path, doc = pkg.path, self.doc
+        bufs = []
+        for i, b in enumerate(doc["buffers"]):
+            dt = dtypes.by_name[b["dtype"]]
+            shape = tuple(_size(e, dims, f"buffer {i} shape", path, 0, MAX_DIM) for e in b["shape"])
+            n = dt.itemsize
+            for x in shape:
+                n = min(n * x, MAX_BUFFER + 1)
+            if n > MAX_BUFFER:
+                raise PackageError(f"{path}: at these sizes buffer {i} takes more than {MAX_BUFFER} bytes")
+            bufs.append(PlanBuffer(dt, shape, i, max(n, 1), b["role"], b.get("name")))
+        kernels, self.chosen = [], []
+        for i, (k, (general, fast)) in enumerate(zip(doc["kernels"], self.templates)):
+            why = _failed_check(k.get("checks", []), dims, i, path)
+            if why is not None:
+                given = ", ".join(f"{n}={v}" for n, v in dims.items())
+                raise PackageError(f"{path}: at the sizes {given}, {why} (kernel {i}, {str(k.get('name'))[:64]}): "
+                                   f"this package's kernels do not serve these sizes",
+                                   hint="compile a package for these sizes: tgc compile FILE "
+                                        + " ".join(f"-D {n}={v}" for n, v in dims.items()) + " --package OUT")
+            use, tmpl = k, general
+            if fast is not None and _failed_check(k["fast"].get("checks"), dims, i, path) is None:
+                use, tmpl = k["fast"], fast
+            self.chosen.append("fast" if tmpl is fast else "general")
+            where = f"kernel {i}"
+            gs = tuple(_size(e, dims, f"{where} global size", path, 1, MAX_LAUNCH) for e in use["global_size"])
+            grid = tmpl.contract_grid
+            if grid is not None and any(g > c for g, c in zip(gs, grid)):
+                raise _bad(path, f"{where}'s global size {list(gs)} is larger than the kernel's {list(grid)}")
+            vals = tuple(_size(e, dims, f"{where} value", path, -(1 << 31), (1 << 31) - 1) for e in use["vals"])
+            if tmpl.device is not dev:
+                tmpl.device, tmpl._program = dev, None
+            kernels.append(dataclasses.replace(
+                tmpl, bufs=[bufs[j] for j in use["bufs"]], global_size=gs, vals=vals,
+                flops=_size(use["flops"], dims, f"{where} flops", path, 0, 1 << 62),
+                bytes_moved=_size(use["bytes"], dims, f"{where} bytes", path, 0, 1 << 62),
+                _program=tmpl.program()))  # (loaded once: every binding shares it)
+        inputs = [bufs[d["buffer"]] for d in doc["signature"]["inputs"]]
+        outputs = [bufs[d["buffer"]] for d in doc["signature"]["outputs"]]
+        spans = lifetimes([k.bufs for k in kernels], inputs, outputs)
+        plan = MemoryPlan(slots=[1] * (max(self.slot_of, default=-1) + 1), lifetimes=spans)
+        for buf, slot in zip(bufs, self.slot_of):
+            if buf in spans:
+                plan.slot_of[buf], plan.sizes[buf] = slot, buf.nbytes
+                plan.slots[slot] = max(plan.slots[slot], buf.nbytes)
+        plan.inplace = [(bufs[a], bufs[b]) for a, b in self.inplace]
+        why = check_plan(plan)
+        if why is not None:
+            raise PackageError(f"{path}: its memory plan is unsafe at these sizes: {why}",
+                               hint="compile a package for these sizes")
+        options = {"runner_object": pkg.graph_runner, "compile_runner": False} if dev.kind == "CPU" else None
+        return Executable(dev, kernels, [(b, d["name"]) for b, d in zip(inputs, doc["signature"]["inputs"])],
+                          [(d["name"], b) for b, d in zip(outputs, doc["signature"]["outputs"])], memory=plan,
+                          graph_options=options)
 
 
 class SymbolicPackage:
@@ -2044,12 +2141,12 @@ class SymbolicPackage:
         for i, c in enumerate(_list(sym.get("classes"), "symbolic.classes", path, MAX_CLASSES)):
             c = _obj(c, f"class {i}", path)
             cls = _obj(c.get("class"), f"class {i}", path)
-            if set(cls) != set(self.dims_names) or any(v not in ("n", "1") for v in cls.values()):
+            if set(cls) != set(self.dims_names) or any(v not in ("n", "32n", "1") for v in cls.values()):
                 raise _bad(path, f"class {i} is not a size class of the dims")
             cls = {n: cls[n] for n in self.dims_names}
             lo = {n: _int(v, f"class {i} min", path, 2, MAX_DIM) for n, v in _obj(c.get("min"), "min", path).items()}
             hi = {n: _int(v, f"class {i} max", path, 2, MAX_DIM) for n, v in _obj(c.get("max"), "max", path).items()}
-            want = {n for n, v in cls.items() if v == "n"}
+            want = {n for n, v in cls.items() if v in ("n", "32n")}
             if set(lo) != want or set(hi) != want or any(lo[n] > hi[n] for n in want):
                 raise _bad(path, f"class {i}'s size ranges do not match its dims")
             self.classes.append(SizeClassPlan(dict(cls), lo, hi, c))
@@ -2059,12 +2156,17 @@ class SymbolicPackage:
                         for s in _list(sym.get("skipped", []), "symbolic.skipped", path, MAX_CLASSES)]
         runner = m.get("graph_runner")
         self._runner_doc = runner
-        self._sizes: dict[tuple, Package] = {}
+        self._bound: dict[tuple, Any] = {}  # (device, dims) -> the executable bound there (the sizes run last)
+        from tgc.engine.realize import LaunchPlans
+        self._launch_plans = LaunchPlans(self.MAX_SIZES)
         # every class validated now (every member, every expression at the class's least sizes), both variants
         used: set[str] = set()
         pkg: Package | None = None
         for i, c in enumerate(self.classes):
-            dims = {n: (c.min[n] if v == "n" else 1) for n, v in c.cls.items()}
+            dims = {n: (c.min[n] if v == "n" else -(-c.min[n] // 32) * 32 if v == "32n" else 1)
+                    for n, v in c.cls.items()}
+            if any(dims[n] > c.max[n] for n in c.max):
+                raise _bad(path, f"class {i}'s size ranges hold no size")
             # at the probe sizes the kernels were built at, every buffer must hold what their launch contracts state
             if "probe" not in c.doc:  # (symbolic packages written before the probe was recorded)
                 raise PackageError(f"{path}: not a usable package: class {i} does not record the sizes its kernels "
@@ -2072,12 +2174,25 @@ class SymbolicPackage:
                                    hint="compile the package again with this tgc")
             probe = _obj(c.doc.get("probe"), f"class {i} probe", path)
             probe = {n: _int(probe.get(n), f"class {i} probe {n}", path, 1, MAX_DIM) for n in self.dims_names}
-            if any(probe[n] != 1 if v == "1" else not 2 <= probe[n] <= c.max[n] for n, v in c.cls.items()):
+            if any(probe[n] != 1 if v == "1" else not 2 <= probe[n] <= c.max[n] or (v == "32n" and probe[n] % 32)
+                   for n, v in c.cls.items()):
                 raise _bad(path, f"class {i}'s probe sizes are not sizes of the class")
-            for fast in (False, True):
+            variants = []
+            for fast in (None, True):
                 self._instantiate(c, probe, force=fast, at_probe=True)
                 pkg = self._instantiate(c, dims, force=fast)
                 used |= {k.binary_member for k in pkg.kernels} | {k.source_member for k in pkg.kernels}
+                variants.append(pkg)
+            # the saved plan `bind` evaluates: each kernel's variants (validated above), the memory layout
+            c.templates = [(g, f if k.get("fast") is not None else None)
+                           for g, f, k in zip(variants[0].kernels, variants[1].kernels, c.doc["kernels"])]
+            for g, f in c.templates:
+                for t in (g, f):
+                    if t is not None:
+                        contract = read_contract(t.src)
+                        t.contract_grid = contract[1] if isinstance(contract, tuple) else None
+            c.slot_of = [int(x) for x in c.doc["memory"]["slot_of"]]
+            c.inplace = [(int(a), int(b)) for a, b in c.doc["memory"].get("inplace", [])]
         unused = set(members) - used - {RUNNER_MEMBER}
         if unused:
             raise _bad(path, f"member {sorted(unused)[0]} is used by no kernel")
@@ -2086,14 +2201,15 @@ class SymbolicPackage:
     # --- the size classes
     def size_class(self, dims: dict[str, int]) -> SizeClassPlan:
         """The class holding these dims; PackageError (exit 2) for sizes outside every packaged class."""
-        key = {n: "1" if dims[n] == 1 else "0" if dims[n] == 0 else "n" for n in self.dims_names}
-        c = next((c for c in self.classes if c.cls == key), None)
+        def holds(c: SizeClassPlan) -> bool:
+            return all(dims[n] == 1 if v == "1" else c.min[n] <= dims[n] <= c.max[n] and
+                       (v == "n" or dims[n] % 32 == 0) for n, v in c.cls.items())
+
         given = ", ".join(f"{n}={dims[n]}" for n in self.dims_names)
         classes = "; ".join(c.text() for c in self.classes)
-        if c is not None:
-            out = [n for n in c.min if not c.min[n] <= dims[n] <= c.max[n]]
-            if not out:
-                return c
+        held = [c for c in self.classes if holds(c)]
+        if held:  # (a class of multiples of 32, where one holds them, before "n": its kernels assume them)
+            return max(held, key=lambda c: sum(v == "32n" for v in c.cls.values()))
         raise PackageError(f"{self.path}: the sizes {given} are outside the size classes this package holds "
                            f"({classes})",
                            hint="compile a package for these sizes: tgc compile FILE "
@@ -2126,27 +2242,16 @@ class SymbolicPackage:
                             hint=f"give it (-D {missing[0]}=INT)", file=self.path)
         return out
 
-    def _instantiate(self, c: SizeClassPlan, dims: dict[str, int], force: bool = False, at_probe: bool = False
-                     ) -> Package:
-        """The class's plan at these dims as a package of fixed sizes (validated as any package is): each
-        kernel's fast variant where its launch checks hold (all of them with `force`, to validate them)."""
+    def _instantiate(self, c: SizeClassPlan, dims: dict[str, int], force: bool | None = False,
+                     at_probe: bool = False) -> Package:
+        """The class's plan at these dims written out as a package of fixed sizes and validated as any package is
+        (at load, and for `tgc inspect -D`): each kernel's fast variant where its launch checks hold (all of them
+        with `force`; none with `force=None`: to validate each variant)."""
         doc, path = c.doc, self.path
         kernels = []
 
         def failed(checks: Any, i: int) -> str | None:
-            """The first launch check that fails at these dims, as text (None: all hold)."""
-            for check in _list(checks, f"kernel {i} checks", path, 64):
-                check = _list(check, f"kernel {i} check", path, 3)
-                if len(check) != 3 or check[0] not in ("divides", "at least", "at most"):
-                    raise _bad(path, f"kernel {i} has a malformed launch check")
-                got = _size(check[1], dims, f"kernel {i} check", path, -(1 << 62), 1 << 62)
-                value = _int(check[2], f"kernel {i} check value", path, 1, 1 << 62)
-                if not (got % value == 0 if check[0] == "divides" else got <= value if check[0] == "at most"
-                        else got >= value):
-                    return f"{sizeexpr.text(check[1])} = {got} " + (
-                        f"passes {value}, the largest value of the type the kernel computes it in"
-                        if check[0] == "at most" else f"fails the launch check {_check_text(*check)}")
-            return None
+            return _failed_check(checks, dims, i, path)
 
         for i, k in enumerate(_list(doc.get("kernels"), "kernels", path, MAX_KERNELS)):
             k = _obj(k, f"kernel {i}", path)
@@ -2161,7 +2266,7 @@ class SymbolicPackage:
             fast = k.get("fast")
             if fast is not None:
                 fast = _obj(fast, f"kernel {i} fast", path)
-                if failed(fast.get("checks"), i) is None or force:
+                if force is not None and (failed(fast.get("checks"), i) is None or force):
                     use = fast
             kernels.append({key: v for key, v in use.items() if key not in ("fast", "checks")})
         manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "tgc_version": self.tgc_version,
@@ -2176,16 +2281,46 @@ class SymbolicPackage:
             k.binary_member, k.source_member = kd["binary"], kd["source"]
         return pkg
 
-    def at(self, dims: dict[str, int]) -> Package:
-        """The package of these sizes (kept for the sizes run last, with its launch plan and buffers)."""
-        key = tuple(dims[n] for n in self.dims_names)
-        pkg = self._sizes.pop(key, None)
-        if pkg is None:
-            pkg = self._instantiate(self.size_class(dims), {n: dims[n] for n in self.dims_names})
-        self._sizes[key] = pkg
-        while len(self._sizes) > self.MAX_SIZES:
-            self._sizes.pop(next(iter(self._sizes))).release()
-        return pkg
+    def at(self, dims: dict[str, int], device: str | None = None) -> Any:
+        """The package's saved plan bound to these dims (`bind_dims`): kept for the sizes run last."""
+        return self.lower(device, dims)
+
+    def lower(self, device: str | None = None, dims: dict[str, int] | None = None) -> Any:
+        """The executable at these dims on a device (`tgc.engine.executable.Executable`): the class's saved plan
+        bound to them (`SizeClassPlan.bind`), kept for the sizes run last (with their launch plans)."""
+        dev = self.open_device(device)
+        dims = {n: int((dims or {})[n]) for n in self.dims_names if n in (dims or {})}
+        missing = [n for n in self.dims_names if n not in dims]
+        if missing:
+            raise BindError(f"dim {missing[0]} is unknown: no input's shape gives it", need="dim", name=missing[0],
+                            hint=f"give it (-D {missing[0]}=INT)", file=self.path)
+        key = (dev.name, tuple(dims[n] for n in self.dims_names))
+        exe = self._bound.pop(key, None)
+        if exe is None:
+            exe = self.size_class(dims).bind(self, dev, dims)
+        self._bound[key] = exe
+        while len(self._bound) > self.MAX_SIZES:
+            self._bound.pop(next(iter(self._bound)))
+        return exe
+
+    def _check_shapes(self, arrays: dict[str, np.ndarray], dims: dict[str, int]) -> None:
+        """Every input's shape against its class's buffer at these dims (the words of a fixed-size package)."""
+        c = self.size_class(dims)
+        for d in c.doc["signature"]["inputs"]:
+            arr = arrays.get(d["name"])
+            if arr is None:
+                continue
+            want = [sizeexpr.evaluate(e, dims) for e in d["shape"]]
+            if arr.ndim != len(want):
+                raise TgcError(f"input '{d['name']}' has {arr.ndim} dims {list(arr.shape)}, but the package "
+                               f"declares it with {len(want)}", file=self.path)
+            for axis, (w, have, e) in enumerate(zip(want, arr.shape, d["shape"])):
+                if w != have:
+                    named = f" ({sizeexpr.text(e)} = {w})" if not isinstance(e, int) else ""
+                    raise TgcError(f"input '{d['name']}' axis {axis} has size {have}, but the package declares "
+                                   f"{w}{named}", file=self.path,
+                                   hint="the inputs' shapes must agree with their declarations at "
+                                        + ", ".join(f"{n}={dims[n]}" for n in self.dims_names))
 
     # --- what the commands read, as from a Program or a Package
     @property
@@ -2223,43 +2358,54 @@ class SymbolicPackage:
                                 name=decl.name, hint="pass an array for it", file=self.path)
         arrays = {n: self.conform(n, v, cast) for n, v in inputs.items()}
         dims = self.infer_dims(arrays, dims)
-        try:
-            return self.at(dims).bind(arrays, dims, cast)
-        except TgcError as e:
-            if e.hint and e.hint.startswith("the package holds the sizes"):  # one size's words: not ours
-                e.hint = ("the inputs' shapes must agree with their declarations at "
-                          + ", ".join(f"{n}={dims[n]}" for n in self.dims_names))
-            raise
+        self._check_shapes(arrays, dims)
+        return dims, arrays
 
     def output_types(self, dims: dict[str, int] | None = None) -> list[tuple[str, DType, tuple[int, ...]]]:
-        return self.at(self.infer_dims({}, dims)).output_types()
+        dims = self.infer_dims({}, dims)
+        c = self.size_class(dims)
+        return [(d["name"], dtypes.by_name[d["dtype"]], tuple(sizeexpr.evaluate(e, dims) for e in d["shape"]))
+                for d in c.doc["signature"]["outputs"]]
 
-    def open_device(self, device: str | None = None) -> Any:
-        c = self.classes[0]
-        return self._instantiate(c, {n: (c.min[n] if v == "n" else 1) for n, v in c.cls.items()}
-                                 ).open_device(device)
+    open_device = Package.open_device  # (the same device and binary-target checks)
 
     def run(self, device: str | None = None, dims: dict[str, int] | None = None, cast: bool = False,
             inputs: dict[str, Any] | None = None, **kw_inputs: Any) -> dict[str, np.ndarray]:
-        """Run at the sizes of the inputs (and `dims`), as `Package.run`."""
+        """Run at the sizes of the inputs (and `dims`), as `Package.run`: the saved plan bound to them."""
+        from tgc.engine import executable
+
         self.open_device(device)  # a package for another device is refused before its inputs are read
         given = {**(inputs or {}), **kw_inputs}
         dims, arrays = self.bind(given, dims, cast=cast)
-        return self.at(dims).run(device, dims, False, arrays)
+        low = self.lower(device, dims)
+        low.device.ensure_runnable()
+        key = (low.device.name, tuple(dims[n] for n in self.dims_names))
+        return executable.run(low, arrays, replay=self._launch_plans, key=key)
 
     def bench(self, device: str | None = None, dims: dict[str, int] | None = None, repeat: int = 10,
               inputs: dict[str, np.ndarray] | None = None, warmup: int = 1, **kw: Any) -> dict[str, Any]:
-        if inputs is None:
-            raise TgcError("a symbolic package is timed at the sizes of its inputs: give them, or its dims (-D)")
+        from tgc.engine import executable
+
+        if inputs is None:  # random inputs at the dims given (every dim: else one clear error)
+            from tgc.engine.inputs import random_values
+
+            at = self.infer_dims({}, dims)
+            sig = self.size_class(at).doc["signature"]["inputs"]
+            inputs = {d["name"]: random_values(dtypes.by_name[d["dtype"]],
+                                               tuple(sizeexpr.evaluate(e, at) for e in d["shape"]), 0, i)
+                      for i, d in enumerate(sig)}
         dims, arrays = self.bind(inputs, dims, cast=True)
-        return self.at(dims).bench(device, dims, repeat, arrays, warmup, **kw)
+        low = self.lower(device, dims)
+        low.device.ensure_runnable()
+        timing = executable.bench(low, arrays, repeat=repeat, warmup=warmup, measure_peak=False)
+        return {"device": low.device.name, "dims": dims, "repeat": repeat, "beam": None, **timing,
+                "identity": self.identity(low.device, dims)}
 
     def identity(self, device: Any, dims: dict[str, int]) -> dict[str, Any]:
-        return self.at(self.infer_dims({}, dims)).identity(device, dims)
+        return Package.identity(self, device, dims)  # type: ignore[arg-type]
 
     def release(self) -> None:
-        for pkg in self._sizes.values():
-            pkg.release()
+        self._launch_plans.release()
 
     def describe(self, dims: dict[str, int] | None = None) -> dict[str, Any]:
         """What `tgc inspect --json` prints: the signature with symbolic shapes, each size class's kernels
@@ -2298,6 +2444,7 @@ class SymbolicPackage:
             "outputs": [{"name": n} for n in self.output_names],
             "classes": classes, "skipped": self.skipped,
         }
-        if dims:
-            doc["at"] = self.at(self.infer_dims({}, dims)).describe()
+        if dims:  # (inspect only: the class's plan written out as a fixed-size package at these dims, validated)
+            dims = self.infer_dims({}, dims)
+            doc["at"] = self._instantiate(self.size_class(dims), {n: dims[n] for n in self.dims_names}).describe()
         return doc

@@ -22,7 +22,13 @@ Contract:
   multi-device executable); the key adds every device of the list (kind, name as listed, binary target, its
   share of the cores, compiler identity) and the shard spec ({input: axis}); models with bound weights are
   not cached on lists.
-- **Not cached** (`usable` says why): symbolic sizes, REMOTE devices (a server's binaries are its
+- **Symbolic sizes** (`lookup_symbolic`, `store_symbolic`): the entry is the symbolic package of one size class
+  (`tgc.package.SymbolicPackage`, the saved `SymbolicPlan`), keyed as `key` with the size class (by dim name:
+  "1", "n" or "32n"; a dim of 0 is not cached) in place of the dims, so a run at new dims of a cached class is
+  warm: the package's plan is bound to them (`SizeClassPlan.bind`). It serves dims from the plan's
+  `trusted_from` up; smaller dims miss (the cold path checks them with the source). CPU and PYTHON only (the
+  devices symbolic packages are built for).
+- **Not cached** (`usable` says why): REMOTE devices (a server's binaries are its
   own), devices that cannot compile here, `DEBUG` 3 and above (they print the lowering), `TGC_VERIFY_BOUNDS`
   (it checks the lowering), and `DISABLE_COMPILER_CACHE` (the `program` table obeys it as `compile` does).
 
@@ -39,11 +45,11 @@ from typing import Any
 
 import numpy as np
 
-from tgc import cache, profile
+from tgc import cache, profile, sizeexpr
 from tgc.dtype import DType, dtypes
 from tgc.env import env_int
 from tgc.errors import TgcError
-from tgc.package import Package, PackageError, build, loads_package
+from tgc.package import Package, PackageError, SymbolicPackage, build, build_symbolic, loads_package
 from tgc.version import __version__, code_identity
 
 TABLE = "program"
@@ -77,13 +83,17 @@ def usable(device: Any) -> str | None:
 def key(source: str, dims: dict[str, int], device: Any, weights: str = "") -> str:
     """The cache key of `source` compiled for `device` at `dims` (see the module's docstring); `weights`: the
     digest of a model's weights bound at load (`Program.weights_digest`), "" for a program without."""
+    return cache.make_key("program/1", *_key_parts(source, sorted(dims.items()), device, weights))
+
+
+def _key_parts(source: str, sizes: Any, device: Any, weights: str) -> list:
     comp = device.compiler
-    parts = [normalize(source), sorted(dims.items()), device.kind, device.name, device.binary_target(),
+    parts = [normalize(source), sizes, device.kind, device.name, device.binary_target(),
              device.cores, comp.name, comp.cache_key, __version__, code_identity(),
              {name: os.environ.get(name, "").strip() for name in KERNEL_ENV}, list(cache.table_state("beam"))]
     if weights:
         parts.append({"weights": weights})
-    return cache.make_key("program/1", *parts)
+    return parts
 
 
 @dataclass
@@ -355,3 +365,122 @@ def _input_types(prog: Any, dims: dict[str, int]) -> list[tuple[DType, tuple[int
     from tgc.dsl.frontend import concrete_shape  # (the cold path: the program is parsed already)
 
     return [(d.dtype, tuple(int(s) for s in concrete_shape(d, dims))) for d in prog.inputs]
+
+
+# --- symbolic sizes: the entry holds the symbolic package of one size class (`tgc.package.SymbolicPackage`: the
+# saved `SymbolicPlan`), keyed by the class, not the dims, so that a run at any dims of a cached class is warm
+
+
+SYMBOLIC_KINDS = ("CPU", "PYTHON")  # the devices symbolic packages are built for (`tgc.package.build_symbolic`:
+# a GPU's symbolic grid is not an expression a package stores yet)
+
+
+def symbolic_class(dims: dict[str, int]) -> dict[str, str] | None:
+    """The size class a symbolic entry is keyed by ({dim: "1" | "n" | "32n"}, by name), or None where a dim is 0
+    (no symbolic entry: a 0 dim is compiled as a constant and packages hold no such class)."""
+    cls = dict(sizeexpr.size_class(sorted(dims), dims))
+    return None if "0" in cls.values() else cls
+
+
+def symbolic_key(source: str, cls: dict[str, str], device: Any, weights: str = "") -> str:
+    """The cache key of `source`'s symbolic kernels for the size class `cls` on `device`: as `key`, with the
+    class in place of the dims."""
+    return cache.make_key("program-symbolic/1", *_key_parts(source, sorted(cls.items()), device, weights))
+
+
+class SymbolicEntry(Entry):
+    """A symbolic entry bound to the dims of one run: its package's class plan, `bind`-ed at them (`run`, `bench`,
+    `executable`); `inputs`/`outputs` are the signature at those dims, as a fixed-size entry's."""
+
+    def __init__(self, header: dict, package: SymbolicPackage, source: str, path: str | None,
+                 dims: dict[str, int]):
+        c = package.size_class(dims)  # (PackageError: dims below the class's least trusted size, or past its max)
+        sig = c.doc["signature"]
+
+        def whole(d: dict) -> dict:
+            return {"name": d["name"], "dtype": d["dtype"],
+                    "shape": [sizeexpr.evaluate(e, dims) for e in d["shape"]]}
+
+        super().__init__({**header, "dims": dict(sorted(dims.items())), "inputs": [whole(d) for d in sig["inputs"]],
+                          "outputs": [whole(d) for d in sig["outputs"]]}, package, source, path)  # type: ignore
+        self.bound_plan = package.lower(package.device_name, dims)  # (bound once here: a check failing is a miss)
+
+    def run(self, device: str, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.package.run(device=device, dims=self.dims, inputs=arrays)
+
+    def executable(self, device: str) -> Any:
+        return self.package.lower(device, self.dims)
+
+    def bench_result(self, device: str, arrays: dict[str, np.ndarray], repeat: int) -> dict[str, Any]:
+        return {**super().bench_result(device, arrays, repeat), "kernels_for": "size class"}
+
+
+def lookup_symbolic(source: str, dims: dict[str, int], device: Any, path: str | None = None, weights: str = ""
+                    ) -> SymbolicEntry | None:
+    """The symbolic entry of `source` for the size class of `dims` on `device`, bound to `dims`, or None: not
+    stored, not usable here, damaged (dropped with one warning), or `dims` outside the sizes the entry serves
+    without the source (below its plan's `trusted_from`: the cold path checks those with the source)."""
+    found = load_symbolic(source, dims, device, path, weights)
+    return None if found is None else bind_symbolic(found, source, dims, path)
+
+
+def load_symbolic(source: str, dims: dict[str, int], device: Any, path: str | None = None, weights: str = ""
+                  ) -> tuple[dict, SymbolicPackage] | None:
+    """(header, symbolic package) of the entry for the size class of `dims`, loaded and validated once (a
+    Program keeps it for the class: `bind_symbolic` binds it at each dims), or None as `lookup_symbolic`."""
+    cls = symbolic_class(dims)
+    if cls is None or usable(device) is not None or device.kind not in SYMBOLIC_KINDS:
+        return None
+    k = symbolic_key(source, cls, device, weights)
+    value = cache.get(TABLE, k)
+    if value is None:
+        return None
+    try:
+        if not value.startswith(MAGIC):
+            raise ValueError("no entry header")
+        head, _, data = value[len(MAGIC):].partition(b"\n")
+        header = json.loads(head)
+        if not isinstance(header, dict) or header.get("class") != cls:
+            raise ValueError("its header does not match its key")
+        pkg = loads_package(data, path or "<program cache>")
+        if not isinstance(pkg, SymbolicPackage) or sorted(pkg.dims_names) != sorted(dims):
+            raise ValueError("it holds no symbolic package of these dims")
+    except (ValueError, KeyError, TypeError, PackageError) as e:
+        cache.invalidate(TABLE, k, f"is not a usable program ({str(e)[:120]})")
+        return None
+    prof = profile.active
+    if prof is not None:  # (a profile trace's compile track: nothing is built for this run)
+        prof.instant(profile.HOST, prof.host_thread("compile"), "program cache hit: nothing to compile",
+                     {"cache": "hit", "device": device.name, "class": cls})
+    return header, pkg
+
+
+def bind_symbolic(found: tuple[dict, SymbolicPackage], source: str, dims: dict[str, int], path: str | None
+                  ) -> SymbolicEntry | None:
+    """The loaded entry (`load_symbolic`) at `dims`, or None where its class does not serve them (sizes below its
+    trusted size, or where a general kernel's check fails: the cold path, which says what runs instead)."""
+    try:
+        return SymbolicEntry(found[0], found[1], source, path, dims)
+    except PackageError:
+        return None
+
+
+def store_symbolic(prog: Any, device: Any, dims: dict[str, int], plan: Any) -> bool:
+    """Save `plan` (the `SymbolicPlan` of the size class of `dims`, as `Program.run(symbolic=True)` built it) as
+    the class's symbolic entry; False where it cannot be (as `store`: never raises for that)."""
+    cls = symbolic_class(dims)
+    if cls is None or usable(device) is not None or getattr(prog, "weights", None) or \
+            device.caps.gpu or device.kind not in SYMBOLIC_KINDS:
+        return False
+    try:
+        data = build_symbolic(prog, device, [(plan.size_class, plan)])
+        loads_package(data)  # what a warm run will load must load
+    except (TgcError, ValueError, KeyError, TypeError):
+        return False
+    header = {"class": cls, "inputs": [d.name for d in prog.inputs], "outputs": list(prog.output_names)}
+    name = os.path.basename(getattr(prog, "path", None) or getattr(prog, "filename", "") or "<string>")
+    meta = f"{name} {device.name} symbolic " + " ".join(f"{n}={c}" for n, c in sorted(cls.items()))
+    value = MAGIC + json.dumps(header, sort_keys=True, separators=(",", ":")).encode() + b"\n" + data
+    cache.put(TABLE, symbolic_key(prog.source, cls, device, getattr(prog, "weights_digest", "")), value,
+              meta=meta.strip())
+    return True

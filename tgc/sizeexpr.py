@@ -101,3 +101,14 @@ def text(e: Expr) -> str:
         return f"({text(x)})" if isinstance(x, list) and x[0] not in ("max", "min") else text(x)
 
     return f"{wrap(a)} {op} {wrap(b)}"
+
+
+UNIT = 32  # size class "32n": a multiple of this (kernels of the class may assume it)
+
+
+def size_class(names: Any, dims: Mapping[str, int]) -> tuple[tuple[str, str], ...]:
+    """Each dim as "0", "1", "32n" (a multiple of `UNIT`) or "n" (any other size of 2 or more): the sizes one
+    symbolic compile serves (`tgc.codegen.sizes.size_class`; here, below the compiler, for the program cache's
+    warm path, which keys a symbolic entry by it)."""
+    return tuple((n, "0" if dims[n] == 0 else "1" if dims[n] == 1 else "32n" if dims[n] % UNIT == 0 else "n")
+                 for n in names)

@@ -482,7 +482,7 @@ def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[s
 
     if seed is not None and not use_random:
         raise click.UsageError("--seed needs --random")
-    warm = None if pairs or npz or symbolic else _warm_entry(file, device, dims, shard, lists=True)
+    warm = None if pairs or npz else _warm_entry(file, device, dims, shard, lists=True, symbolic=symbolic)
     if warm is not None and (use_random or not warm[0].inputs):
         # the program cache holds this program at these dims: run it without parsing or compiling anything
         entry, dev_name = warm
@@ -531,16 +531,17 @@ def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[s
     _finish_run(file, prog, run_dims, arrays, results, specs, check, rtol)
 
 
-def _warm_entry(file: str, device: str | None, dims: dict[str, int], shard: dict[str, int], lists: bool = False
-                ) -> tuple[Any, str] | None:
+def _warm_entry(file: str, device: str | None, dims: dict[str, int], shard: dict[str, int], lists: bool = False,
+                symbolic: bool = False) -> tuple[Any, str] | None:
     """(the program cache's entry for FILE at exactly these dims on the device, or with `lists` on the device list
-    sharded as `shard`, the device's or list's name), or None: not stored, not usable here
-    (`tgc.progcache.usable`), a device list without `lists`, a package, or a file that does not read (the cold
-    path then reports it). Imports neither the front end nor a compiler."""
+    sharded as `shard`, or with `symbolic` the entry of these dims' size class bound to them; the device's or
+    list's name), or None: not stored, not usable here (`tgc.progcache.usable`), a device list without `lists`
+    (or with `symbolic`), a package, or a file that does not read (the cold path then reports it). Imports
+    neither the front end nor a compiler."""
     from tgc.package import is_package
 
     listed = _is_list(device, shard)
-    if (listed and not lists) or is_package(file) or file.lower().endswith(".onnx"):
+    if (listed and (not lists or symbolic)) or is_package(file) or file.lower().endswith(".onnx"):
         return None  # (a model's warm path goes through tgc.load: its weights are part of the key)
     try:
         with open(file, encoding="utf-8-sig") as f:
@@ -565,7 +566,8 @@ def _warm_entry(file: str, device: str | None, dims: dict[str, int], shard: dict
             where = ",".join(names)
         else:
             dev = one_device(device)
-            entry = progcache.lookup(source, dims, dev, file)
+            entry = progcache.lookup_symbolic(source, dims, dev, file) if symbolic else \
+                progcache.lookup(source, dims, dev, file)
             where = dev.name
     except TgcError:
         return None
@@ -771,8 +773,8 @@ def bench(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple
     from tgc.cli import inputs as inp
     from tgc.cli import report
 
-    warm = None if pairs or npz or beam is not None or vs or symbolic else _warm_entry(file, device, dims, shard,
-                                                                                       lists=True)
+    warm = None if pairs or npz or beam is not None or vs else _warm_entry(file, device, dims, shard, lists=True,
+                                                                            symbolic=symbolic)
     if warm is not None:  # the program cache holds this program at these dims: time it without compiling
         entry, dev_name = warm
         old = report.load_baseline(baseline) if baseline else None

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tgc import sizeexpr
 from tgc.codegen.opt import OptOps
 from tgc.dtype import dtypes
 from tgc.ir.shapes import shape_of
@@ -49,9 +50,8 @@ SYMBOLIC = ("n", "32n")  # the classes whose dims are kernel arguments
 
 def size_class(names: Sequence[str], dims: Mapping[str, int]) -> SizeClass:
     """Each dim as "0", "1", "32n" (a multiple of 32) or "n" (any other size of 2 or more): the sizes one
-    symbolic compile serves."""
-    return tuple((n, "0" if dims[n] == 0 else "1" if dims[n] == 1 else "32n" if dims[n] % UNIT == 0 else "n")
-                 for n in names)
+    symbolic compile serves (the rule is `tgc.sizeexpr.size_class`, which the program cache's warm path reads)."""
+    return sizeexpr.size_class(names, dims)
 
 
 def class_text(cls: SizeClass) -> str:
@@ -78,7 +78,7 @@ def var_bound(k: int) -> int:
 
 Mono = tuple[int, tuple[str, ...], int, int]  # coef * product of dims // div + offset (names sorted, repeated)
 MAX_OFFSET = 4  # `N - 1`, `N + 2`: a product of dims plus or minus at most this much
-UNIT = 32  # class "32n": the dim is a multiple of this, so kernels may assume it (vector widths, packed layouts)
+UNIT = sizeexpr.UNIT  # class "32n": a multiple of this, which kernels may assume (vector widths, packed layouts)
 
 
 def _prime(n: str, probe: Mapping[str, int]) -> tuple[int, int]:

@@ -348,8 +348,9 @@ def _collect_package(pkg: Any, device: str, dims: dict[str, int] | None, measure
     for every size (`SymbolicPackage`) is shown at the sizes `dims` gives, as `tgc bench` times it there."""
     if getattr(pkg, "symbolic", False):
         dims = pkg.infer_dims({}, dims)  # (no inputs: every dim from `dims`, else one clear error)
-        pkg = pkg.at(dims)
-    low = pkg.lower(device)
+        low = pkg.lower(device, dims)
+    else:
+        low = pkg.lower(device)
     dev = low.device
     doc: dict[str, Any] = {"file": filename or "<package>", "device": dev.name, "dims": pkg.resolve_dims(dims),
                            "source": None, "graph": {"nodes": [], "edges": []},
