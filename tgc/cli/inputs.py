@@ -19,7 +19,9 @@ from tgc.engine.inputs import DrawError, random_arrays
 from tgc.errors import BindError, TgcError, close_match
 
 NPY_MAGIC = b"\x93NUMPY"
-ZIP_MAGIC = b"PK\x03\x04"
+# a zip archive starts with a local file header; an empty one (`numpy.savez` of no arrays, as `tgc import` writes for
+# a model without weights) is only its end-of-central-directory record
+ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
 
 
 def did_you_mean(name: str, choices: Iterable[str], what: str) -> str:
@@ -46,7 +48,7 @@ def _sniff(path: str) -> bytes | io.BytesIO:
     `/dev/zero` is refused, not read forever)."""
     with open(path, "rb") as f:
         magic = f.read(len(NPY_MAGIC))
-        if stat.S_ISREG(os.fstat(f.fileno()).st_mode) or not (magic == NPY_MAGIC or magic.startswith(ZIP_MAGIC)):
+        if stat.S_ISREG(os.fstat(f.fileno()).st_mode) or not (magic == NPY_MAGIC or magic.startswith(ZIP_MAGICS)):
             return magic
         return io.BytesIO(magic + f.read())
 
@@ -90,7 +92,7 @@ def read_npy(name: str, path: str) -> np.ndarray:
     label = f"input '{name}'"
     data = _readable_magic(label, path)
     magic = _magic(data)
-    if magic.startswith(ZIP_MAGIC):
+    if magic.startswith(ZIP_MAGICS):
         raise TgcError(f"{label}: '{path}' is an .npz archive, not a .npy file",
                        hint="pass archives with --inputs PATH.npz")
     if magic != NPY_MAGIC:
@@ -113,7 +115,7 @@ def read_npz(path: str, only: Iterable[str] | None = None, skipped: list[str] | 
     if magic == NPY_MAGIC:
         raise TgcError(f"{label}: '{path}' is a .npy file, not an .npz archive",
                        hint="pass single arrays with -i NAME=PATH.npy")
-    if not magic.startswith(ZIP_MAGIC):
+    if not magic.startswith(ZIP_MAGICS):
         raise TgcError(f"{label}: '{path}' is not an .npz archive", hint="write it with numpy.savez")
     out: dict[str, np.ndarray] = {}
     try:

@@ -1,0 +1,34 @@
+"""Defects a new user met trying tgc end to end (the second review of the integrated branch), each pinned by a test
+that fails without its fix: in-process CLI runs (tests/clikit.py), results against numpy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from clikit import assert_clean, invoke
+
+ROOT = Path(__file__).resolve().parents[1]
+SOFTMAX = str(ROOT / "kernels" / "softmax.tg")
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def test_inputs_accepts_an_empty_npz(tmp_path):
+    """`numpy.savez` of no arrays (what `tgc import` writes for a model without weights) is an archive of no
+    inputs, not 'not an .npz archive'."""
+    np.savez(tmp_path / "empty.npz")
+    x = np.random.default_rng(0).standard_normal((3, 5)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "out.npz"
+    r = invoke("run", SOFTMAX, "--inputs", str(tmp_path / "empty.npz"), "-i", f"x={tmp_path / 'x.npy'}",
+               "-o", str(out))
+    assert r.exit_code == 0, r.stderr
+    np.testing.assert_allclose(np.load(out)["out0"], _softmax(x), rtol=1e-5, atol=1e-6)
+    # a file of other bytes is still refused
+    (tmp_path / "junk.npz").write_bytes(b"PK\x07\x08junk")
+    assert_clean(invoke("run", SOFTMAX, "--inputs", str(tmp_path / "junk.npz"), "--random", "-D", "N=2", "-D", "D=3"),
+                 2, "not an .npz archive")
