@@ -32,3 +32,26 @@ def test_inputs_accepts_an_empty_npz(tmp_path):
     (tmp_path / "junk.npz").write_bytes(b"PK\x07\x08junk")
     assert_clean(invoke("run", SOFTMAX, "--inputs", str(tmp_path / "junk.npz"), "--random", "-D", "N=2", "-D", "D=3"),
                  2, "not an .npz archive")
+
+
+def test_an_output_onto_an_input_file_is_refused_and_the_input_kept(tmp_path):
+    """`-o` naming the file an input is read from (`-i`, `--inputs`) is a user error: the input stays as it was."""
+    x = np.random.default_rng(1).standard_normal((2, 4)).astype(np.float32)
+    xpath = tmp_path / "x.npy"
+    np.save(xpath, x)
+    before = xpath.read_bytes()
+    for out in (str(xpath), f"out0={xpath}"):
+        assert_clean(invoke("run", SOFTMAX, "-i", f"x={xpath}", "-o", out), 2, "would overwrite an input file",
+                     f"-i x={xpath}")
+        assert xpath.read_bytes() == before
+    archive = tmp_path / "in.npz"
+    np.savez(archive, x=x)
+    before = archive.read_bytes()
+    assert_clean(invoke("run", SOFTMAX, "--inputs", str(archive), "-o", str(archive)), 2,
+                 "would overwrite an input file", f"--inputs {archive}")
+    assert archive.read_bytes() == before
+    # the same names with the output elsewhere run, and the output is the softmax of the input
+    out = tmp_path / "y.npz"
+    r = invoke("run", SOFTMAX, "--inputs", str(archive), "-o", str(out))
+    assert r.exit_code == 0, r.stderr
+    np.testing.assert_allclose(np.load(out)["out0"], _softmax(x), rtol=1e-5, atol=1e-6)

@@ -478,7 +478,7 @@ def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[s
         shard: dict[str, int], symbolic: bool) -> None:
     """Run FILE (a `.tg` program, or a package from `tgc compile --package`) and print or save its outputs."""
     from tgc.cli import inputs as inp
-    from tgc.cli.outputs import resolve_outs
+    from tgc.cli.outputs import input_files, resolve_outs
 
     if seed is not None and not use_random:
         raise click.UsageError("--seed needs --random")
@@ -503,7 +503,7 @@ def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[s
     _warn(inp.check_dims(prog, dims, require_all=False))
     if pkg:  # a -D the program lacks: the warning above, as for a .tg program (not an error after it)
         dims = {k: v for k, v in dims.items() if k in prog.dim_names}
-    specs = resolve_outs(outs, prog.output_names)
+    specs = resolve_outs(outs, prog.output_names, input_files(pairs, npz))
     for spec in specs:
         _not_the_program(spec.path, file, "-o")
     notes: list[str] = []
