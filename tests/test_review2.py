@@ -55,3 +55,15 @@ def test_an_output_onto_an_input_file_is_refused_and_the_input_kept(tmp_path):
     r = invoke("run", SOFTMAX, "--inputs", str(archive), "-o", str(out))
     assert r.exit_code == 0, r.stderr
     np.testing.assert_allclose(np.load(out)["out0"], _softmax(x), rtol=1e-5, atol=1e-6)
+
+
+def test_a_given_input_of_the_wrong_rank_is_the_error_with_random_for_the_rest(tmp_path):
+    """`-i` of an array with the wrong number of dims, the other inputs `--random`: the message names that input
+    and its rank (as without --random), not a dim of another input that it left unknown."""
+    prog = tmp_path / "emb.tg"
+    prog.write_text("emb: f32[V, D]\nids: i32[B]\nreturn emb[ids]\n")
+    np.save(tmp_path / "e.npy", np.zeros((2, 3, 4), np.float32))
+    r = invoke("run", str(prog), "-i", f"emb={tmp_path / 'e.npy'}", "--random")
+    assert_clean(r, 2, "input 'emb' has 3 dims [2, 3, 4], but is declared f32[V, D] with 2")
+    assert "dim B is unknown" not in r.stderr
+    assert "emb.tg:1:" in r.stderr  # at its declaration

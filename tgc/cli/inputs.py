@@ -224,6 +224,23 @@ def known_dims(prog: Any, given: Mapping[str, np.ndarray], dims: Mapping[str, in
     return out
 
 
+def _check_ranks(prog: Any, given: Mapping[str, np.ndarray]) -> None:
+    """An array given with another number of dims than its declaration binds none of its dims: that is the error
+    (`Program.bind`'s wording, at the declaration), not a random input's dim it left unknown."""
+    if not hasattr(prog, "_at"):  # (a package: its own binder says it, naming the package)
+        return
+    for decl in prog.inputs:
+        arr = given.get(decl.name)
+        if arr is None or arr.ndim == len(decl.shape):
+            continue
+        try:
+            where = prog._at(decl)  # the declaration's line
+        except (IndexError, TypeError):
+            where = {}
+        raise TgcError(f"input '{decl.name}' has {arr.ndim} dims {list(arr.shape)}, but is declared "
+                       f"{decl_type(decl)} with {len(decl.shape)}", **where)
+
+
 def check_dims(prog: Any, dims: Mapping[str, int], require_all: bool) -> list[str]:
     """Warnings for `-D` names the program does not use (a script may pass one set to many programs);
     with `require_all`, every dim of the program must be given."""
@@ -308,6 +325,7 @@ def _check_memory(decl: Any, shape: list[int]) -> int:
 
 def fill_random(prog: Any, given: dict[str, np.ndarray], dims: Mapping[str, int], seed: int) -> dict[str, np.ndarray]:
     """`given` plus a random array for every missing input."""
+    _check_ranks(prog, given)
     resolved = known_dims(prog, given, dims)
     todo = [(decl, random_shape(decl, resolved), index) for index, decl in enumerate(prog.inputs)
             if decl.name not in given]
