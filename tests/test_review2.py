@@ -6,7 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 from clikit import assert_clean, invoke
+
+import tgc
 
 ROOT = Path(__file__).resolve().parents[1]
 SOFTMAX = str(ROOT / "kernels" / "softmax.tg")
@@ -67,3 +70,16 @@ def test_a_given_input_of_the_wrong_rank_is_the_error_with_random_for_the_rest(t
     assert_clean(r, 2, "input 'emb' has 3 dims [2, 3, 4], but is declared f32[V, D] with 2")
     assert "dim B is unknown" not in r.stderr
     assert "emb.tg:1:" in r.stderr  # at its declaration
+
+
+@pytest.mark.parametrize("call, hint", [
+    ("x.sum(axs=1)", "did you mean 'axis='?"),
+    ("sum(x, keepdims=True)", "did you mean 'keepdim='?"),  # numpy's spelling
+    ("softmax(x, dim=1)", "softmax() takes: x, axis"),  # torch's: nothing close, so the names it takes
+])
+def test_a_misspelt_keyword_argument_says_the_right_one(call, hint):
+    with pytest.raises(tgc.TgcError) as info:
+        tgc.loads(f"x: f32[4, 3]\nreturn {call}\n").compile()
+    e = info.value
+    assert "got an unexpected keyword argument" in e.msg and e.line == 2 and e.exit_code == 2
+    assert e.hint == hint
