@@ -3,6 +3,8 @@ that fails without its fix: in-process CLI runs (tests/clikit.py), results again
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -83,3 +85,15 @@ def test_a_misspelt_keyword_argument_says_the_right_one(call, hint):
     e = info.value
     assert "got an unexpected keyword argument" in e.msg and e.line == 2 and e.exit_code == 2
     assert e.hint == hint
+
+
+def test_gpu_check_standin_without_tgc_installed_is_one_clear_message(tmp_path):
+    """`make gpu-check ARGS=--standin` runs tools/gpu_check.py with a plain Python (tgc from the tree, not installed):
+    its in-process import of the stand-in finds tgc in the tree, and a missing dependency (here numpy: `-S` leaves
+    out site-packages) is one message naming it, exit 1, not a traceback."""
+    r = subprocess.run([sys.executable, "-S", str(ROOT / "tools" / "gpu_check.py"), "--standin", "--out",
+                        str(tmp_path), "--rows", "none", "--tests", "none"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert "Traceback" not in r.stderr and "No module named 'tgc'" not in r.stderr, r.stderr
+    assert r.stderr.startswith("gpu_check --standin: ") and "cannot import numpy" in r.stderr, r.stderr
