@@ -97,3 +97,18 @@ def test_gpu_check_standin_without_tgc_installed_is_one_clear_message(tmp_path):
     assert r.returncode == 1, r.stderr
     assert "Traceback" not in r.stderr and "No module named 'tgc'" not in r.stderr, r.stderr
     assert r.stderr.startswith("gpu_check --standin: ") and "cannot import numpy" in r.stderr, r.stderr
+
+
+def test_one_input_given_twice_from_two_files_is_refused(tmp_path):
+    """`-i x=a.npy -i x=b.npy` used to run silently with the last one; like `-D N=4 -D N=5` it is a user error.
+    The same file twice is harmless and runs."""
+    x = np.random.default_rng(2).standard_normal((2, 3)).astype(np.float32)
+    np.save(tmp_path / "a.npy", x)
+    np.save(tmp_path / "b.npy", -x)
+    a, b = tmp_path / "a.npy", tmp_path / "b.npy"
+    assert_clean(invoke("run", SOFTMAX, "-i", f"x={a}", "-i", f"x={b}"), 2, "input 'x' is given twice",
+                 f"-i x={a} and -i x={b}")
+    out = tmp_path / "o.npz"
+    r = invoke("run", SOFTMAX, "-i", f"x={a}", "-i", f"x={a}", "-o", str(out))
+    assert r.exit_code == 0, r.stderr
+    np.testing.assert_allclose(np.load(out)["out0"], _softmax(x), rtol=1e-5, atol=1e-6)

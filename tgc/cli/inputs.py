@@ -181,9 +181,13 @@ def gather(prog: Any, npz: str | None, pairs: Iterable[tuple[str, str]], cast: b
             notes.append(f"note: ignored {len(skipped)} array{'s' if len(skipped) > 1 else ''} of '{npz}' that "
                          f"the program does not declare: {shown}")
     pairs = list(pairs)
-    for name, _ in pairs:  # unknown names first: cheaper than reading the files
+    paths: dict[str, str] = {}
+    for name, path in pairs:  # unknown names first: cheaper than reading the files
         if name not in decls:
             raise TgcError(f"unknown input '{name}'", hint=did_you_mean(name, decls, "input"))
+        if paths.setdefault(name, path) != path:  # (as `-D N=4 -D N=5`: which one was meant?)
+            raise TgcError(f"input '{name}' is given twice, as -i {name}={paths[name]} and -i {name}={path}",
+                           hint="give each input once")
     for name, path in pairs:
         given[name], sources[name] = read_npy(name, path), path
     for name in given:
