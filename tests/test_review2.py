@@ -112,3 +112,45 @@ def test_one_input_given_twice_from_two_files_is_refused(tmp_path):
     r = invoke("run", SOFTMAX, "-i", f"x={a}", "-i", f"x={a}", "-o", str(out))
     assert r.exit_code == 0, r.stderr
     np.testing.assert_allclose(np.load(out)["out0"], _softmax(x), rtol=1e-5, atol=1e-6)
+
+
+def _weightless_model(path: Path) -> None:
+    """q @ k^T, softmax, @ v: an attention-like ONNX model without initializers."""
+    from onnx import TensorProto, helper, save
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["q", "kt"], ["s"]), helper.make_node("Softmax", ["s"], ["a"], axis=-1),
+             helper.make_node("MatMul", ["a", "v"], ["o"])]
+    graph = helper.make_graph(nodes, "attn", [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3, 4])
+                                              for n in "qkv"],
+                              [helper.make_tensor_value_info("o", TensorProto.FLOAT, [2, 3, 4])])
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+
+
+def test_import_of_a_weightless_model_runs_and_never_replaces_a_users_program(tmp_path):
+    """`tgc import m.onnx` (default output m.tg) leaves a program of the user's named m.tg as it was (exit 2); it
+    replaces an earlier translation; the .tg it writes runs with its (empty) .npz and equals `tgc run m.onnx`."""
+    model = tmp_path / "m.onnx"
+    _weightless_model(model)
+    mine = tmp_path / "m.tg"
+    mine.write_text("x: f32[N]\nreturn x * 2\n")
+    assert_clean(invoke("import", str(model)), 2, "m.tg exists and is not a translation by tgc import")
+    assert mine.read_text() == "x: f32[N]\nreturn x * 2\n" and not (tmp_path / "m.npz").exists()
+    mine.unlink()
+    for _ in range(2):  # the second time over its own translation
+        r = invoke("import", str(model))
+        assert r.exit_code == 0, r.stderr
+        assert "(0 weights)" in r.stdout
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.standard_normal((2, 3, 4)).astype(np.float32) for _ in range(3))
+    args = []
+    for name, arr in zip("qkv", (q, k, v)):
+        np.save(tmp_path / f"{name}.npy", arr)
+        args += ["-i", f"{name}={tmp_path / name}.npy"]
+    r1 = invoke("run", str(model), *args, "-o", str(tmp_path / "a.npz"))
+    r2 = invoke("run", str(mine), "--inputs", str(tmp_path / "m.npz"), *args, "-o", str(tmp_path / "b.npz"))
+    assert r1.exit_code == 0 and r2.exit_code == 0, r1.stderr + r2.stderr
+    s = q @ k.transpose(0, 2, 1)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    want = (e / e.sum(-1, keepdims=True)) @ v
+    np.testing.assert_array_equal(np.load(tmp_path / "a.npz")["o"], np.load(tmp_path / "b.npz")["o"])
+    np.testing.assert_allclose(np.load(tmp_path / "b.npz")["o"], want, rtol=1e-5, atol=1e-6)
