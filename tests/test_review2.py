@@ -154,3 +154,30 @@ def test_import_of_a_weightless_model_runs_and_never_replaces_a_users_program(tm
     want = (e / e.sum(-1, keepdims=True)) @ v
     np.testing.assert_array_equal(np.load(tmp_path / "a.npz")["o"], np.load(tmp_path / "b.npz")["o"])
     np.testing.assert_allclose(np.load(tmp_path / "b.npz")["o"], want, rtol=1e-5, atol=1e-6)
+
+
+def test_profile_and_viz_never_write_over_the_program_inputs_or_outputs(tmp_path):
+    """`--profile OUT` onto the program, an input file or an `-o` target, and `tgc viz FILE -o FILE`, used to
+    replace that file (the program lost, even when the run failed); each is a user error, the file as it was."""
+    prog = tmp_path / "p.tg"
+    text = "x: f32[N]\nreturn x * 2\n"
+    prog.write_text(text)
+    x = np.arange(3, dtype=np.float32)
+    np.save(tmp_path / "x.npy", x)
+    xbytes = (tmp_path / "x.npy").read_bytes()
+    xin = f"x={tmp_path / 'x.npy'}"
+    cases = [(["run", str(prog), "-i", xin, "--profile", str(prog)], "would overwrite the program"),
+             (["bench", str(prog), "-D", "N=3", "--repeat", "1", "--profile", str(prog)], "overwrite the program"),
+             (["run", str(prog), "-i", xin, "--profile", str(tmp_path / "x.npy")], "would overwrite an input file"),
+             (["run", str(prog), "-i", xin, "-o", str(tmp_path / "o.npz"), "--profile", str(tmp_path / "o.npz")],
+              "would overwrite the output file of -o"),
+             (["viz", str(prog), "-D", "N=3", "--no-measure", "-o", str(prog)], "-o")]
+    for args, words in cases:
+        assert_clean(invoke(*args), 2, words)
+        assert prog.read_text() == text and (tmp_path / "x.npy").read_bytes() == xbytes
+        assert not (tmp_path / "o.npz").exists()
+    # a trace of its own is written, and the run's output is right
+    r = invoke("run", str(prog), "-i", xin, "-o", str(tmp_path / "o.npz"), "--profile", str(tmp_path / "t.json"))
+    assert r.exit_code == 0, r.stderr
+    assert (tmp_path / "t.json").read_text().startswith("{")
+    np.testing.assert_array_equal(np.load(tmp_path / "o.npz")["out0"], x * 2)

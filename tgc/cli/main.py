@@ -1192,7 +1192,7 @@ def viz(file: str, device: str | None, dims: dict[str, int], shard: dict[str, in
     """Write one self-contained HTML page that shows FILE (a `.tg` program or a package) inside: its tensor
     graph, kernels with their measured times, each kernel's AST after every pass and its source, a roofline."""
     from tgc.cli.inputs import check_dims
-    from tgc.cli.outputs import check_writable, write_files
+    from tgc.cli.outputs import check_writable, not_over_user_files, write_files
     from tgc.viz import build_page, check_port, serve
 
     prog = _load_any(file)
@@ -1206,6 +1206,7 @@ def viz(file: str, device: str | None, dims: dict[str, int], shard: dict[str, in
         _warn(check_dims(prog, dims, require_all=True))
     _is_list(device, shard)  # (--shard without a device list: a usage error)
     check_writable(out)  # before the work, not after it (a missing directory, a directory, no permission)
+    not_over_user_files("-o", out, [(f"the program {file}", file)])
     if port is not None:
         check_port(port)
     page = build_page(prog, device, dims, shard=shard or None, measure=not no_measure, repeat=repeat,

@@ -48,10 +48,21 @@ def input_files(pairs: Sequence[tuple[str, str]], npz: str | None) -> list[tuple
 
 
 def _same_file(a: str, b: str) -> bool:
+    """Whether paths `a` and `b` name one file (by inode where both exist, else by their resolved paths)."""
     try:
-        return os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)
+        if os.path.exists(a) and os.path.exists(b):
+            return os.path.samefile(a, b)
+        return os.path.realpath(a) == os.path.realpath(b)
     except OSError:
         return False
+
+
+def not_over_user_files(flag: str, path: str, protected: Sequence[tuple[str, str]]) -> None:
+    """A user error (exit 2) when `path`, which `flag` is about to write, is one of the user's files the command
+    reads or writes otherwise: `protected` is (what it is, its path), e.g. ("the program m.tg", "m.tg")."""
+    for what, other in protected:
+        if _same_file(path, other):
+            raise TgcError(f"{flag} {path} would overwrite {what}", hint=f"give {flag} a file of its own")
 
 
 def resolve_outs(specs: Sequence[OutSpec], output_names: Sequence[str],
