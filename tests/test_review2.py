@@ -171,7 +171,9 @@ def test_profile_and_viz_never_write_over_the_program_inputs_or_outputs(tmp_path
              (["run", str(prog), "-i", xin, "--profile", str(tmp_path / "x.npy")], "would overwrite an input file"),
              (["run", str(prog), "-i", xin, "-o", str(tmp_path / "o.npz"), "--profile", str(tmp_path / "o.npz")],
               "would overwrite the output file of -o"),
-             (["viz", str(prog), "-D", "N=3", "--no-measure", "-o", str(prog)], "-o")]
+             (["viz", str(prog), "-D", "N=3", "--no-measure", "-o", str(prog)], "-o"),
+             (["bench", str(prog), "-D", "N=3", "--baseline", str(tmp_path / "x.npy"), "--profile",
+               str(tmp_path / "x.npy")], "would overwrite the baseline")]
     for args, words in cases:
         assert_clean(invoke(*args), 2, words)
         assert prog.read_text() == text and (tmp_path / "x.npy").read_bytes() == xbytes

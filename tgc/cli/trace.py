@@ -29,13 +29,16 @@ def _write_quietly(prof: Any, path: str) -> None:
 
 
 def _user_files(kwargs: dict[str, Any]) -> list[tuple[str, str]]:
-    """The files a command reads or writes besides the trace (its FILE, `-i`/`--inputs`, `-o`): never the trace's."""
+    """The files a command reads or writes besides the trace (its FILE, `-i`/`--inputs`, `-o`, bench's
+    `--baseline`): never the trace's."""
     from tgc.cli.outputs import input_files
 
     files = [(f"the program {kwargs['file']}", kwargs["file"])] if kwargs.get("file") else []
     files += [(f"an input file ({flag})", path) for flag, path in input_files(kwargs.get("pairs") or (),
                                                                                kwargs.get("npz"))]
     files += [(f"the output file of -o {spec.path}", spec.path) for spec in kwargs.get("outs") or ()]
+    if kwargs.get("baseline"):
+        files.append((f"the baseline {kwargs['baseline']}", kwargs["baseline"]))
     return files
 
 
