@@ -183,3 +183,26 @@ def test_profile_and_viz_never_write_over_the_program_inputs_or_outputs(tmp_path
     assert r.exit_code == 0, r.stderr
     assert (tmp_path / "t.json").read_text().startswith("{")
     np.testing.assert_array_equal(np.load(tmp_path / "o.npz")["out0"], x * 2)
+
+
+def test_inspect_names_an_op_a_function_body_needs_and_tgc_lacks(tmp_path):
+    """Bernoulli is an ONNX function whose body draws with RandomUniformLike, which tgc lacks: `inspect` said
+    "not supported by tgc: none" and `run` then failed on it. It names it now; a function op whose body tgc has
+    (Mish) is still supported, and runs."""
+    from onnx import TensorProto, helper, save
+    for op in ("Bernoulli", "Mish"):
+        graph = helper.make_graph([helper.make_node(op, ["x"], ["y"])], op,
+                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+        save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]), str(tmp_path / f"{op}.onnx"))
+    r = invoke("inspect", str(tmp_path / "Bernoulli.onnx"))
+    assert r.exit_code == 0, r.stderr
+    assert "not supported by tgc (1): RandomUniformLike (in Bernoulli)" in r.stdout, r.stdout
+    assert_clean(invoke("run", str(tmp_path / "Bernoulli.onnx"), "--random"), 2, "unsupported op 'RandomUniformLike'")
+    r = invoke("inspect", str(tmp_path / "Mish.onnx"))
+    assert r.exit_code == 0 and "not supported by tgc: none" in r.stdout, r.stdout
+    x = np.linspace(-3, 3, 6, dtype=np.float32).reshape(2, 3)
+    np.save(tmp_path / "x.npy", x)
+    r = invoke("run", str(tmp_path / "Mish.onnx"), "-i", f"x={tmp_path / 'x.npy'}", "-o", str(tmp_path / "y.npz"))
+    assert r.exit_code == 0, r.stderr
+    np.testing.assert_allclose(np.load(tmp_path / "y.npz")["y"], x * np.tanh(np.log1p(np.exp(x))), rtol=1e-5, atol=1e-6)
