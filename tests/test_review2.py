@@ -206,3 +206,10 @@ def test_inspect_names_an_op_a_function_body_needs_and_tgc_lacks(tmp_path):
     r = invoke("run", str(tmp_path / "Mish.onnx"), "-i", f"x={tmp_path / 'x.npy'}", "-o", str(tmp_path / "y.npz"))
     assert r.exit_code == 0, r.stderr
     np.testing.assert_allclose(np.load(tmp_path / "y.npz")["y"], x * np.tanh(np.log1p(np.exp(x))), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("budget", ["nan", "inf"])
+def test_beam_budget_must_be_a_finite_number(budget):
+    """`tgc beam --budget nan` ran ("0.4 s of a nan s budget"): like --rtol, a budget is a finite number (0 is
+    unbounded)."""
+    assert_clean(invoke("beam", SOFTMAX, "-D", "N=2", "-D", "D=3", "--budget", budget), 2, "is not a finite number")

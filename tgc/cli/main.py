@@ -885,7 +885,7 @@ def _process_start() -> float:
 @dims_option
 @click.option("--width", type=click.IntRange(min=1), default=4, show_default=True, help="Beam width.")
 @click.option("--force", is_flag=True, help="Search again even where a stored winner is wide enough.")
-@click.option("--budget", "budget", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+@click.option("--budget", "budget", type=click.FloatRange(min=0), default=None, metavar="SECONDS", callback=_finite,
               help="Bound the whole command's wall time (spread by each kernel's estimated share of the program; "
                    "default 20; 0: unbounded; kernels left when it is spent are searched by a later run).")
 @shard_option
