@@ -1165,9 +1165,15 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="tgc-gpu-check-"))  # logs, packages, a cold and private tgc cache
     env["TGC_CACHE_DIR"] = str(work / "tgc")
     if mode == "standin":
-        sys.path.insert(0, str(ROOT / "tests"))
-        import cuda_standin
-        why = cuda_standin.why_unavailable()
+        # in this process too, tgc from this tree (the parts get it through PYTHONPATH above)
+        sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+        try:
+            import cuda_standin
+            why = cuda_standin.why_unavailable()
+        except ImportError as e:
+            raise SystemExit(f"gpu_check --standin: {sys.executable} cannot import {e.name or e}: run it with a "
+                             "Python that has tgc's dependencies (make gpu-check PY=.venv/bin/python "
+                             "ARGS=--standin)") from None
         if why:
             raise SystemExit(f"gpu_check --standin: {why}")
         env = cuda_standin.env(env)

@@ -19,7 +19,9 @@ from tgc.engine.inputs import DrawError, random_arrays
 from tgc.errors import BindError, TgcError, close_match
 
 NPY_MAGIC = b"\x93NUMPY"
-ZIP_MAGIC = b"PK\x03\x04"
+# a zip archive starts with a local file header; an empty one (`numpy.savez` of no arrays, as `tgc import` writes for
+# a model without weights) is only its end-of-central-directory record
+ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
 
 
 def did_you_mean(name: str, choices: Iterable[str], what: str) -> str:
@@ -46,7 +48,7 @@ def _sniff(path: str) -> bytes | io.BytesIO:
     `/dev/zero` is refused, not read forever)."""
     with open(path, "rb") as f:
         magic = f.read(len(NPY_MAGIC))
-        if stat.S_ISREG(os.fstat(f.fileno()).st_mode) or not (magic == NPY_MAGIC or magic.startswith(ZIP_MAGIC)):
+        if stat.S_ISREG(os.fstat(f.fileno()).st_mode) or not (magic == NPY_MAGIC or magic.startswith(ZIP_MAGICS)):
             return magic
         return io.BytesIO(magic + f.read())
 
@@ -90,7 +92,7 @@ def read_npy(name: str, path: str) -> np.ndarray:
     label = f"input '{name}'"
     data = _readable_magic(label, path)
     magic = _magic(data)
-    if magic.startswith(ZIP_MAGIC):
+    if magic.startswith(ZIP_MAGICS):
         raise TgcError(f"{label}: '{path}' is an .npz archive, not a .npy file",
                        hint="pass archives with --inputs PATH.npz")
     if magic != NPY_MAGIC:
@@ -113,7 +115,7 @@ def read_npz(path: str, only: Iterable[str] | None = None, skipped: list[str] | 
     if magic == NPY_MAGIC:
         raise TgcError(f"{label}: '{path}' is a .npy file, not an .npz archive",
                        hint="pass single arrays with -i NAME=PATH.npy")
-    if not magic.startswith(ZIP_MAGIC):
+    if not magic.startswith(ZIP_MAGICS):
         raise TgcError(f"{label}: '{path}' is not an .npz archive", hint="write it with numpy.savez")
     out: dict[str, np.ndarray] = {}
     try:
@@ -179,9 +181,13 @@ def gather(prog: Any, npz: str | None, pairs: Iterable[tuple[str, str]], cast: b
             notes.append(f"note: ignored {len(skipped)} array{'s' if len(skipped) > 1 else ''} of '{npz}' that "
                          f"the program does not declare: {shown}")
     pairs = list(pairs)
-    for name, _ in pairs:  # unknown names first: cheaper than reading the files
+    paths: dict[str, str] = {}
+    for name, path in pairs:  # unknown names first: cheaper than reading the files
         if name not in decls:
             raise TgcError(f"unknown input '{name}'", hint=did_you_mean(name, decls, "input"))
+        if paths.setdefault(name, path) != path:  # (as `-D N=4 -D N=5`: which one was meant?)
+            raise TgcError(f"input '{name}' is given twice, as -i {name}={paths[name]} and -i {name}={path}",
+                           hint="give each input once")
     for name, path in pairs:
         given[name], sources[name] = read_npy(name, path), path
     for name in given:
@@ -220,6 +226,23 @@ def known_dims(prog: Any, given: Mapping[str, np.ndarray], dims: Mapping[str, in
                 if solved is not None:
                     out[solved[0]] = solved[1]
     return out
+
+
+def _check_ranks(prog: Any, given: Mapping[str, np.ndarray]) -> None:
+    """An array given with another number of dims than its declaration binds none of its dims: that is the error
+    (`Program.bind`'s wording, at the declaration), not a random input's dim it left unknown."""
+    if not hasattr(prog, "_at"):  # (a package: its own binder says it, naming the package)
+        return
+    for decl in prog.inputs:
+        arr = given.get(decl.name)
+        if arr is None or arr.ndim == len(decl.shape):
+            continue
+        try:
+            where = prog._at(decl)  # the declaration's line
+        except (IndexError, TypeError):
+            where = {}
+        raise TgcError(f"input '{decl.name}' has {arr.ndim} dims {list(arr.shape)}, but is declared "
+                       f"{decl_type(decl)} with {len(decl.shape)}", **where)
 
 
 def check_dims(prog: Any, dims: Mapping[str, int], require_all: bool) -> list[str]:
@@ -306,6 +329,7 @@ def _check_memory(decl: Any, shape: list[int]) -> int:
 
 def fill_random(prog: Any, given: dict[str, np.ndarray], dims: Mapping[str, int], seed: int) -> dict[str, np.ndarray]:
     """`given` plus a random array for every missing input."""
+    _check_ranks(prog, given)
     resolved = known_dims(prog, given, dims)
     todo = [(decl, random_shape(decl, resolved), index) for index, decl in enumerate(prog.inputs)
             if decl.name not in given]

@@ -478,7 +478,7 @@ def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[s
         shard: dict[str, int], symbolic: bool) -> None:
     """Run FILE (a `.tg` program, or a package from `tgc compile --package`) and print or save its outputs."""
     from tgc.cli import inputs as inp
-    from tgc.cli.outputs import resolve_outs
+    from tgc.cli.outputs import input_files, resolve_outs
 
     if seed is not None and not use_random:
         raise click.UsageError("--seed needs --random")
@@ -503,7 +503,7 @@ def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[s
     _warn(inp.check_dims(prog, dims, require_all=False))
     if pkg:  # a -D the program lacks: the warning above, as for a .tg program (not an error after it)
         dims = {k: v for k, v in dims.items() if k in prog.dim_names}
-    specs = resolve_outs(outs, prog.output_names)
+    specs = resolve_outs(outs, prog.output_names, input_files(pairs, npz))
     for spec in specs:
         _not_the_program(spec.path, file, "-o")
     notes: list[str] = []
@@ -887,7 +887,7 @@ def _process_start() -> float:
 @dims_option
 @click.option("--width", type=click.IntRange(min=1), default=4, show_default=True, help="Beam width.")
 @click.option("--force", is_flag=True, help="Search again even where a stored winner is wide enough.")
-@click.option("--budget", "budget", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+@click.option("--budget", "budget", type=click.FloatRange(min=0), default=None, metavar="SECONDS", callback=_finite,
               help="Bound the whole command's wall time (spread by each kernel's estimated share of the program; "
                    "default 20; 0: unbounded; kernels left when it is spent are searched by a later run).")
 @shard_option
@@ -1194,7 +1194,7 @@ def viz(file: str, device: str | None, dims: dict[str, int], shard: dict[str, in
     """Write one self-contained HTML page that shows FILE (a `.tg` program or a package) inside: its tensor
     graph, kernels with their measured times, each kernel's AST after every pass and its source, a roofline."""
     from tgc.cli.inputs import check_dims
-    from tgc.cli.outputs import check_writable, write_files
+    from tgc.cli.outputs import check_writable, not_over_user_files, write_files
     from tgc.viz import build_page, check_port, serve
 
     prog = _load_any(file)
@@ -1208,6 +1208,7 @@ def viz(file: str, device: str | None, dims: dict[str, int], shard: dict[str, in
         _warn(check_dims(prog, dims, require_all=True))
     _is_list(device, shard)  # (--shard without a device list: a usage error)
     check_writable(out)  # before the work, not after it (a missing directory, a directory, no permission)
+    not_over_user_files("-o", out, [(f"the program {file}", file)])
     if port is not None:
         check_port(port)
     page = build_page(prog, device, dims, shard=shard or None, measure=not no_measure, repeat=repeat,

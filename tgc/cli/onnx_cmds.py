@@ -50,6 +50,18 @@ def inspect_onnx(file: str, as_json: bool) -> None:
                    "(tgc run, compile, bench, beam; tgc.load) where their inputs are not constants")
 
 
+def _replaceable(path: str) -> bool:
+    """Whether `tgc import` may write its default `.tg` at `path` without being asked to: nothing there, or an
+    earlier translation (its first line says so); never a program of the user's that happens to share the name."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.readline().startswith("# translated by tgc from ONNX")
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False  # (a directory, no permission: not replaced either)
+
+
 @click.command("import")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @click.option("-o", "--output", "out", metavar="PATH.tg", help="Where to write the program (default: FILE with .tg; "
@@ -62,9 +74,13 @@ def import_(file: str, out: str | None) -> None:
 
     if not is_onnx(file):
         raise TgcError(f"{file} is not an .onnx file", hint="tgc import reads ONNX models")
+    default_out = not out
     out = out or os.path.splitext(file)[0] + ".tg"
     if not out.endswith(".tg"):
         raise click.UsageError("-o names the .tg file to write (PATH.tg)")
+    if default_out and not _replaceable(out):
+        raise TgcError(f"{out} exists and is not a translation by tgc import: it is left as it was",
+                       hint="name the program to write with -o PATH.tg")
     tr = translate(read_model(file), os.path.basename(file))
     weights = os.path.splitext(out)[0] + ".npz"
     try:
@@ -74,5 +90,6 @@ def import_(file: str, out: str | None) -> None:
     except OSError as e:
         raise TgcError(f"cannot write {out}: {e}") from None
     ins = " ".join(f"-i {tg}=..." for tg in tr.inputs.values())
-    click.echo(f"wrote {out} ({len(tr.source.splitlines())} lines) and {weights} ({len(tr.weights)} weights); "
+    n = len(tr.weights)
+    click.echo(f"wrote {out} ({len(tr.source.splitlines())} lines) and {weights} ({n} weight{'' if n == 1 else 's'}); "
                f"run it with: tgc run {out} --inputs {weights} {ins}".rstrip())

@@ -42,8 +42,34 @@ def parse_out(text: str) -> OutSpec:
     raise ValueError(f"'{text}' is neither PATH.npz nor NAME=PATH.npy")
 
 
-def resolve_outs(specs: Sequence[OutSpec], output_names: Sequence[str]) -> list[OutSpec]:
-    """Check `-o` targets against the program's outputs and the file system before anything runs."""
+def input_files(pairs: Sequence[tuple[str, str]], npz: str | None) -> list[tuple[str, str]]:
+    """(flag, path) of every input file named on the command line: `-i NAME=PATH` and `--inputs PATH`."""
+    return [(f"-i {name}={path}", path) for name, path in pairs] + ([(f"--inputs {npz}", npz)] if npz else [])
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Whether paths `a` and `b` name one file (by inode where both exist, else by their resolved paths)."""
+    try:
+        if os.path.exists(a) and os.path.exists(b):
+            return os.path.samefile(a, b)
+        return os.path.realpath(a) == os.path.realpath(b)
+    except OSError:
+        return False
+
+
+def not_over_user_files(flag: str, path: str, protected: Sequence[tuple[str, str]]) -> None:
+    """A user error (exit 2) when `path`, which `flag` is about to write, is one of the user's files the command
+    reads or writes otherwise: `protected` is (what it is, its path), e.g. ("the program m.tg", "m.tg")."""
+    for what, other in protected:
+        if _same_file(path, other):
+            raise TgcError(f"{flag} {path} would overwrite {what}", hint=f"give {flag} a file of its own")
+
+
+def resolve_outs(specs: Sequence[OutSpec], output_names: Sequence[str],
+                 inputs: Sequence[tuple[str, str]] = ()) -> list[OutSpec]:
+    """Check `-o` targets against the program's outputs and the file system before anything runs. `inputs`
+    ((flag, path) of the input files, `input_files`): an `-o` onto one of them is a user error, so an input is
+    never replaced by the outputs computed from it."""
     from tgc.cli.inputs import did_you_mean
 
     out = []
@@ -54,6 +80,10 @@ def resolve_outs(specs: Sequence[OutSpec], output_names: Sequence[str]) -> list[
             raise TgcError(f"-o {spec.path}: the same file as -o {seen[real]}",
                            hint="give each -o its own file")
         seen[real] = spec.path
+        for flag, path in inputs:
+            if _same_file(spec.path, path):
+                raise TgcError(f"-o {spec.path} would overwrite an input file ({flag})",
+                               hint="write outputs to another file")
         if spec.name is None and spec.path.endswith(".npy"):
             if len(output_names) != 1:
                 raise TgcError(f"-o {spec.path}: the program has {len(output_names)} outputs "

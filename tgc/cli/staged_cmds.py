@@ -118,12 +118,12 @@ def _dtype_names(outs: dict[str, Any]) -> dict[str, str]:
 
 def _run(model: Any, p: dict[str, Any]) -> None:
     from tgc.cli.inputs import flag_hint
-    from tgc.cli.outputs import print_output_table, resolve_outs, save_outputs
+    from tgc.cli.outputs import input_files, print_output_table, resolve_outs, save_outputs
     from tgc.errors import BindError
 
     if p.get("seed") is not None and not p.get("use_random"):
         raise click.UsageError("--seed needs --random")
-    specs = resolve_outs(p.get("outs") or [], model.output_names)
+    specs = resolve_outs(p.get("outs") or [], model.output_names, input_files(p.get("pairs", ()), p.get("npz")))
     arrays = _inputs(model, p, p.get("use_random", False))
     try:
         results = model.run(device=p.get("device"), dims=p.get("dims") or {}, inputs=arrays)

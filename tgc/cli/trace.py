@@ -28,6 +28,20 @@ def _write_quietly(prof: Any, path: str) -> None:
         pass
 
 
+def _user_files(kwargs: dict[str, Any]) -> list[tuple[str, str]]:
+    """The files a command reads or writes besides the trace (its FILE, `-i`/`--inputs`, `-o`, bench's
+    `--baseline`): never the trace's."""
+    from tgc.cli.outputs import input_files
+
+    files = [(f"the program {kwargs['file']}", kwargs["file"])] if kwargs.get("file") else []
+    files += [(f"an input file ({flag})", path) for flag, path in input_files(kwargs.get("pairs") or (),
+                                                                               kwargs.get("npz"))]
+    files += [(f"the output file of -o {spec.path}", spec.path) for spec in kwargs.get("outs") or ()]
+    if kwargs.get("baseline"):
+        files.append((f"the baseline {kwargs['baseline']}", kwargs["baseline"]))
+    return files
+
+
 def profile_option(f: Callable) -> Callable:
     """Add `--profile OUT.json` to a command: run it under `tgc.profile.profiling` and write the trace."""
 
@@ -36,13 +50,14 @@ def profile_option(f: Callable) -> Callable:
         if profile_path is None:
             return f(*args, **kwargs)
         from tgc import profile
-        from tgc.cli.outputs import check_writable
+        from tgc.cli.outputs import check_writable, not_over_user_files
 
         try:
             check_writable(profile_path)
         except TgcError as e:
             raise TgcError(f"--profile {e.msg}", hint="name a file in a directory that exists and can be written"
                            ) from None
+        not_over_user_files("--profile", profile_path, _user_files(kwargs))
         ended: click.exceptions.Exit | None = None
         with profile.profiling() as prof:
             try:

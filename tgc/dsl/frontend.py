@@ -953,7 +953,7 @@ class _Evaluator:
         try:
             inspect.signature(fn).bind(*args, **kwargs)
         except TypeError as e:
-            raise self.err.at(node, f"{name}(): {e}") from None
+            raise self.err.at(node, f"{name}(): {e}", hint=_keyword_hint(name, fn, kwargs)) from None
         try:
             return fn(*args, **kwargs)
         except DslError as e:
@@ -978,6 +978,18 @@ class _Evaluator:
         if isinstance(v, bool) or not (v is None or v is Ellipsis or isinstance(v, int)):
             raise self.err.at(node, f"cannot index with {_describe(v)}")
         return v
+
+
+def _keyword_hint(name: str, fn: Any, kwargs: dict[str, Any]) -> str | None:
+    """`did you mean 'axis='?` for a keyword argument that the function `name` (`fn`) does not take and that is
+    close to one it does; else the names it takes."""
+    params = [p.name for p in inspect.signature(fn).parameters.values()
+              if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and not p.name.startswith("_")]
+    for key in kwargs:
+        if key not in params:
+            close = close_match(key, params)
+            return f"did you mean '{close}='?" if close else f"{name}() takes: {', '.join(params)}"
+    return None
 
 
 __all__ = ["parse", "trace", "function_body", "MAX_UNROLLED", "InputDecl", "Parsed", "dim_names", "concrete_shape",

@@ -132,8 +132,57 @@ def inspect_model(model: Any) -> dict[str, Any]:
             "weights": len(g.initializer),
             "weight_bytes": int(sum(_tensor_nbytes(t) for t in g.initializer)),
             "ops": dict(sorted(used.items())),
-            "missing": sorted(k for k in used if k not in have and not _is_function_op(k, opset_of(model))),
+            "missing": _missing_ops(model, have),
             "host": sorted(k for k in used if k in hostops.HOST_OPS)}
+
+
+def _missing_ops(model: Any, have: set[str]) -> list[str]:
+    """The ops of `model` that tgc lacks: those with no entry in `OPS` and, for an op ONNX defines as a function,
+    those its body needs (`RandomUniformLike (in Bernoulli)`), as the translator would meet them."""
+    import onnx
+
+    from tgc.onnx.functions import _function_proto
+
+    opset = opset_of(model)
+    types: dict[str, Value | None] = {}
+
+    def infer() -> None:  # the values' types, for the bodies that depend on them (context-dependent functions)
+        try:
+            g = onnx.shape_inference.infer_shapes(model).graph
+        except Exception:  # noqa: BLE001 - no types: such bodies are then not built, and their ops reported
+            g = model.graph
+        for vi in [*g.input, *g.value_info, *g.output]:
+            tt = vi.type.tensor_type
+            if tt.elem_type in _ONNX_DTYPES and tt.HasField("shape"):
+                types[vi.name] = Value(vi.name, _ONNX_DTYPES[tt.elem_type],
+                                       tuple(d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim))
+        for t in g.initializer:
+            if t.data_type in _ONNX_DTYPES:
+                types[t.name] = Value(t.name, _ONNX_DTYPES[t.data_type], tuple(t.dims))
+        types[""] = None  # (inferred once)
+
+    missing: set[str] = set()
+
+    def visit(node: Any, within: str | None, depth: int) -> None:
+        key = op_key(node)
+        if key in have:
+            return
+        label = f"{key} (in {within})" if within else key
+        if depth > 8 or not _is_function_op(key, opset):
+            missing.add(label)
+            return
+        if "" not in types:
+            infer()
+        fp = _function_proto(node, [types.get(i) if i else None for i in node.input], opset)
+        if fp is None:
+            missing.add(label)
+            return
+        for inner in fp.node:
+            visit(inner, within or key, depth + 1)
+
+    for n in _all_nodes(model.graph):
+        visit(n, None, 0)
+    return sorted(missing)
 
 
 def _is_function_op(key: str, opset: int) -> bool:
