@@ -60,3 +60,63 @@ def test_gpu_target_can_be_checked_here(target):
     _, skipped = gpu_targets()
     if target in skipped:
         pytest.skip(f"{target} kernels cannot be checked here: {skipped[target]}")
+
+
+# --- tests/compile_only.py's CUDA batches: a batch reports what one compile per kernel would
+
+def _cuda_kernels(*sources: str) -> list:
+    from types import SimpleNamespace
+
+    from tgc.backends.cuda import nvrtc_compiler
+    device = SimpleNamespace(compiler=nvrtc_compiler())
+    return [SimpleNamespace(src=src, device=device) for src in sources]
+
+
+_GOOD = 'extern "C" __global__ void {name}(float* out) {{ out[threadIdx.x] = {value}; }}\n'
+
+
+@pytest.fixture
+def cuda_batches(tmp_path, monkeypatch):
+    from tgc.backends.cuda import nvrtc_error
+    if nvrtc_error() is not None:
+        pytest.skip(nvrtc_error())
+    import compile_only
+    monkeypatch.setattr(compile_only, "BATCH_KERNELS", 3)
+    batches = compile_only.CudaBatches(str(tmp_path / "report.jsonl"))
+
+    def rows() -> list[dict]:
+        batches.flush()
+        return [json.loads(line) for line in (tmp_path / "report.jsonl").read_text().splitlines()]
+    return batches, rows
+
+
+def test_cuda_batch_compiles_kernels_of_equal_names_and_equal_helpers(cuda_batches):
+    batches, rows = cuda_batches
+    helper = "#define SCALE 2.0f\n__device__ float twice(float x) { return SCALE * x; }\n"
+    for value in ("1.0f", "twice(3.0f)", "twice(4.0f)", "5.0f"):  # one batch of 3 and one of 1, same kernel name
+        src = (helper if "twice" in value else "") + _GOOD.format(name="E_4", value=value)
+        batches.add({"test": value}, _cuda_kernels(src))
+    got = rows()
+    assert [(r["test"], r["kernels"], r["binaries"], r["errors"]) for r in got] == [
+        (v, 1, 1, []) for v in ("1.0f", "twice(3.0f)", "twice(4.0f)", "5.0f")]
+
+
+def test_cuda_batch_reports_a_bad_kernel_for_its_own_program_only(cuda_batches):
+    batches, rows = cuda_batches
+    batches.add({"test": "good"}, _cuda_kernels(_GOOD.format(name="a", value="1.0f")))
+    batches.add({"test": "bad"}, _cuda_kernels(_GOOD.format(name="b", value="2.0f"),
+                                               _GOOD.format(name="c", value="undeclared_name")))
+    got = {r["test"]: r for r in rows()}
+    assert (got["good"]["kernels"], got["good"]["binaries"], got["good"]["errors"]) == (1, 1, [])
+    assert (got["bad"]["kernels"], got["bad"]["binaries"]) == (2, 1)
+    assert len(got["bad"]["errors"]) == 1 and "undeclared_name" in got["bad"]["errors"][0]
+
+
+def test_cuda_batch_gives_no_kernel_a_macro_of_another(cuda_batches):
+    """A kernel that uses a macro only an earlier kernel of its batch defines fails, as it would alone."""
+    batches, rows = cuda_batches
+    batches.add({"test": "defines"}, _cuda_kernels("#define ONE 1.0f\n" + _GOOD.format(name="a", value="ONE")))
+    batches.add({"test": "uses"}, _cuda_kernels(_GOOD.format(name="b", value="ONE")))
+    got = {r["test"]: r for r in rows()}
+    assert got["defines"]["errors"] == [] and got["defines"]["binaries"] == 1
+    assert got["uses"]["binaries"] == 0 and "ONE" in got["uses"]["errors"][0]
