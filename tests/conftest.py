@@ -93,9 +93,9 @@ def known_bug(request: pytest.FixtureRequest, device: str):
 LONGEST_FIRST = (
     "tests/test_check_tolerance.py::test_transformer_block_b8_t256_c512_tgc_result_passes_the_check",  # ~25 s
     "tests/test_check_tolerance.py::test_transformer_block_b8_t256_c512_wrong_index_still_fails",
-    "tests/test_suite_compiles.py::test_every_language_suite_kernel_compiles_for_every_gpu_target[0]",  # ~110 s
+    "tests/test_suite_compiles.py::test_every_language_suite_kernel_compiles_for_every_gpu_target[0]",  # ~60 s
     "tests/test_onnx_nodes.py::test_onnx_node_conformance",  # ~77 s
-    "tests/test_suite_compiles.py::test_every_language_suite_kernel_compiles_for_every_gpu_target[1]",  # ~110 s
+    "tests/test_suite_compiles.py::test_every_language_suite_kernel_compiles_for_every_gpu_target[1]",  # ~65 s
     "tests/test_symbolic_lang.py::test_suite_programs_at_three_sizes",  # ~60 s
     "tests/test_package.py::test_every_language_suite_program_runs_from_its_package",  # both halves' packages
     "tests/test_package_symbolic.py::test_every_example_program_packaged_once_runs_at_three_sizes_in_a_fresh_process",
