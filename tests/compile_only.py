@@ -114,8 +114,8 @@ METAL_PRELUDE = "#include <metal_stdlib>\nusing namespace metal;\n"
 
 def metal_batches(report_path: str, linter: Any, lint_one: Any) -> Batches:
     """METAL's rows: each batch one clang parse (`linter.diagnostics`) of the sources that begin with
-    `METAL_PRELUDE`, the prelude once, then each source's rest as `batch_source` puts it; any diagnostic (one
-    that `lint` would raise) and each source is linted alone (`lint_one`), as are sources without the prelude."""
+    `METAL_PRELUDE`, the prelude once, then each source's rest as `batch_source` puts it; on any diagnostic (one
+    that `lint` would raise) each source is linted alone (`lint_one`), as are batches with a source without it."""
     def check_batch(sources: list[str]) -> bool:
         if not all(src.startswith(METAL_PRELUDE) for src in sources):
             return False
