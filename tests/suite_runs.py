@@ -27,7 +27,7 @@ from collections.abc import Iterator
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PARTS = 2  # the suite's files in two parts, so that two xdist workers share the work
-TIMEOUT_S = 3600  # (a part takes ~100 s of one core; the 2-core machine, shared, has taken 30 min)
+TIMEOUT_S = 3600  # (a part takes ~60 s of one core; the 2-core machine, shared, has taken 30 min)
 
 
 def gpu_targets() -> tuple[list[str], dict[str, str]]:
