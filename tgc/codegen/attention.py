@@ -12,19 +12,20 @@ index. The kernel, for every device:
         l = l * alpha + sum_j p_j; o[c] = o[c] * alpha + sum_j p_j v[j, c]
       out[i, c] = o[c] / l
 
-That is the per-row form. Without vectors (the PYTHON device, NOOPT, the GPU dialects: one thread per row, each
-block of k and v staged in shared memory by the work-group, `_stage_shared`) it is an ordinary kernel AST of
-REDUCE(ONLINE_SOFTMAX) (`online_softmax_ast`) that the pipeline's passes lower (`pipeline.lower`: `unroll_reduce`
-makes a block of keys one iteration, `linearize` writes the accumulators, the rescale and the block's second
-barrier).
+That is the per-row form: an ordinary kernel AST of REDUCE(ONLINE_SOFTMAX) (`online_softmax_ast`) that the
+pipeline's passes lower (`pipeline.lower`: `unroll_reduce` makes a block of keys one iteration, `vectorize` on
+devices with vectors takes the inner products 16 lanes at a time, the block's scores as one vector and 16 output
+columns as the REDUCE's lanes, `linearize` writes the accumulators, the rescale and, on a GPU whose work-groups
+stage each block of k and v in shared memory (`_stage_shared`), the block's second barrier). It serves the PYTHON
+device, NOOPT, the GPU dialects and, on the CPU, f16 inputs, one query row, long heads and BEAM's unoptimized
+reference.
 
-The CPU's forms are still written here as linear UOps: `build`, the per-row form with vectors (inner products 16
-lanes of the head dimension at a time; half inputs, one query row, BEAM's unoptimized reference), and
-`build_rows`, 16 query rows as the lanes of every value, with loops, not written-out terms: the row side of the
-inner products is staged once per tile of rows into a local array (head dimension x 16), each key's score is a
-16-lane REDUCE over the head dimension (a block's keys share that loop), the output row's accumulators are a
-second local array (Dv x 16) that a loop over the columns rescales and adds the block's p * v to, and the
-block's exps are one vector polynomial per key. Its size does not grow with the head dimension.
+The CPU's rows form is still written here as linear UOps: `build_rows`, 16 query rows as the lanes of every
+value, with loops, not written-out terms: the row side of the inner products is staged once per tile of rows into
+a local array (head dimension x 16), each key's score is a 16-lane REDUCE over the head dimension (a block's keys
+share that loop), the output row's accumulators are a second local array (Dv x 16) that a loop over the columns
+rescales and adds the block's p * v to, and the block's exps are one vector polynomial per key. Its size does not
+grow with the head dimension.
 
 The scores live in registers for one block and are never stored; the accumulators are updated with ACCUMULATE
 MUL then ADD (no new linear op: every renderer and the PYTHON device run it; the PYTHON device steps a loop that

@@ -1,6 +1,9 @@
 """Unrolling: UPCAST ranges become copies of the stores, UNROLL ranges copies of the reduced values.
 
-After this pass no UPCAST or UNROLL range is left; the copies differ only in constants, so the backend
+`vectorize` (devices with vectors) makes one UPCAST range of each store the lanes of vector values; a store of
+REDUCE(ONLINE_SOFTMAX) (`_vectorize_online`) also gets its inner products as vectors over their own range, a
+block's scores as one vector (`tgc.codegen.lanes.lane_sums` of the inner products) and its columns as the reduce's
+lanes. After these passes no UPCAST or UNROLL range is left; the copies differ only in constants, so the backend
 compiler (LLVM's SLP vectorizer, a GPU compiler) keeps them in registers and vectorizes them.
 """
 
@@ -265,14 +268,28 @@ _LIFTED = (Ops.ADD, Ops.SUB, Ops.MUL, Ops.MAX, Ops.FDIV, Ops.NEG, Ops.WHERE, Ops
 
 def _lift(values: list[UOp], sums: dict[UOp, UOp]) -> UOp:
     """One vector whose lane k is `values[k]`: float arithmetic of the same shape in every lane becomes vector
-    arithmetic (top down), lanes that are sums of n-lane vectors (`sums`: scalar -> its vector) one `lane_sums`;
-    integer and bool values (index math, a mask's comparison) stay scalars per lane, with their bounds."""
+    arithmetic (top down; a lane without the others' select gets one of true), lanes that are sums of n-lane
+    vectors (`sums`: scalar -> its vector) one `lane_sums`; integer and bool values (index math, a mask's
+    comparison) stay scalars per lane, with their bounds."""
     n = len(values)
     memo: dict[tuple[UOp, ...], UOp] = {}
 
-    def go(vs: tuple[UOp, ...]) -> UOp:
-        if vs in memo:
-            return memo[vs]
+    def srcs(v: UOp) -> tuple[UOp, ...]:
+        """A commutative op's sources with a constant last (`simplify` orders them by node, not by kind)."""
+        if v.op in (Ops.ADD, Ops.MUL, Ops.MAX) and len(v.src) == 2 and v.src[0].op is Ops.CONST:
+            return (v.src[1], v.src[0])
+        return v.src
+
+    def go(key: tuple[UOp, ...]) -> UOp:
+        if key in memo:
+            return memo[key]
+        vs = key
+        wheres = [v for v in vs if v.op is Ops.WHERE]
+        if wheres and len(wheres) < n and all(u.src[2] is wheres[0].src[2] for u in wheres):
+            # lanes whose select folded away (the keys of a ragged block that are always in range): a select of
+            # true there, so the lanes keep one shape
+            yes = UOp.const(dtypes.bool, True)
+            vs = tuple(v if v.op is Ops.WHERE else UOp(Ops.WHERE, v.dtype, (yes, v, wheres[0].src[2])) for v in vs)
         f = vs[0]
         if all(v is f for v in vs):
             out = splat(f, n)
@@ -281,10 +298,11 @@ def _lift(values: list[UOp], sums: dict[UOp, UOp]) -> UOp:
         elif (f.dtype is not None and f.dtype.count == 1 and f.dtype.is_float and f.op in _LIFTED
               and all(v.op is f.op and v.arg == f.arg and v.dtype == f.dtype and len(v.src) == len(f.src)
                       for v in vs)):
-            out = UOp(f.op, f.dtype.vec(n), tuple(go(tuple(v.src[i] for v in vs)) for i in range(len(f.src))), f.arg)
+            out = UOp(f.op, f.dtype.vec(n), tuple(go(tuple(srcs(v)[i] for v in vs)) for i in range(len(f.src))),
+                      f.arg)
         else:
             out = UOp(Ops.VECTORIZE, f.dtype.vec(n), vs)
-        memo[vs] = out
+        memo[key] = out
         return out
 
     return go(tuple(values))
@@ -305,18 +323,21 @@ def _vectorize_online(st: UOp, widths: tuple[int, ...]) -> list[UOp]:
         pairs = red.src[0]
         n = len(pairs.src) // 2
         scores, values = pairs.src[:n], pairs.src[n:]
-        sums: dict[UOp, UOp] = {}
         inner: dict[UOp, UOp] = {}
         for s in scores:
             inner.update(_vector_inner_products(s, w, (next_id, RangeKind.UPCAST)))
-        if inner:
-            sums = {r: hsum(v) for r, v in inner.items()}
-            scores = tuple(simplify(substitute(s, sums)) for s in scores) if sums else scores
-            sums = {hsum(v): v for v in inner.values()}
+        # each vectorized inner product a placeholder while the scores are simplified and lifted (a sum's tree of
+        # lanes would be reassociated by `simplify`), then its lanes' sum
+        holders = {r: UOp(Ops.READ_ACC, dtypes.f32, (), ("lane sum", i)) for i, r in enumerate(inner)}
+        sums = {holders[r]: v for r, v in inner.items()}
+        if holders:
+            scores = tuple(simplify(substitute(s, holders)) for s in scores)
         if n in widths and n & (n - 1) == 0:
             head: tuple[UOp, ...] = (_lift(list(scores), sums),)
         else:
             head = scores
+        if holders:
+            head = tuple(substitute(h, {ph: hsum(v) for ph, v in sums.items()}) for h in head)
         mapping[red] = UOp(Ops.REDUCE, red.dtype, (UOp(Ops.VECTORIZE, pairs.dtype, head + values), *red.src[1:]),
                            red.arg)
     st = substitute(st, mapping) if mapping else st

@@ -10,8 +10,11 @@ m (-inf) and sum l (0), shared by the group's REDUCEs of the same scores over th
 sum o (0) per REDUCE; per iteration (a block of n scores s_k and values v_k) m' = max(m, max_k s_k),
 alpha = exp(m - m'), p_k = exp(s_k - m') (exp arguments clamped at -200, a max still -inf taken as 0, so
 -inf - -inf never reaches exp), l = l * alpha + sum_k p_k, o = o * alpha + sum_k p_k v_k (ACCUMULATE MAX, MUL,
-ADD: no new linear op); after the loops its value is o / l. Its exps are polynomials where the device asks. Where
-an iteration stages values in shared memory (a BARRIER inside its loop), a second BARRIER ends the iteration.
+ADD: no new linear op); after the loops its value is o / l. Its exps are polynomials where the device asks.
+After `vectorize` (`tgc.codegen.expand`) the pairs may be (one vector of the block's n scores, n values): their
+max and sum are lane trees, their exps one vector polynomial; the values and the result may be w-lane vectors (w
+output columns: one vector o, sharing m and l). Where an iteration stages values in shared memory (a BARRIER
+inside its loop), a second BARRIER ends the iteration.
 """
 
 from __future__ import annotations
