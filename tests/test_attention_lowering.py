@@ -15,6 +15,8 @@ from test_attention_fused import program, reference
 import tgc
 from tgc.backends import get_device
 from tgc.codegen import attention as A
+from tgc.codegen import expand
+from tgc.codegen.lanes import lane_sums
 from tgc.dtype import dtypes
 from tgc.ir import uop
 from tgc.ir.kernel import INDEX
@@ -73,14 +75,17 @@ def test_a_shared_memo_gives_the_same_results_and_skips_what_it_holds(monkeypatc
 
 
 def test_the_thread_split_is_made_on_the_spec(monkeypatch):
-    """Rows path, 2 threads, a batch loop: the split happens before `build_rows` (no whole-kernel pass)."""
+    """Rows path, 2 threads, a batch loop: the split happens before `build_rows` (no whole-kernel pass); the
+    per-row form is split by the passes."""
     called = []
     monkeypatch.setattr(A, "split_threads", lambda *a: called.append(1) or (a[0], 1))
     item = attention_item(program(True), {"B": 3, "T": 40, "D": 8, "E": 8})
     low = A.lower_attention(item, CPU, "attn", opts(16, 16, 2))
     assert not called and low.launch["global_size"] == (2, 1, 1)
-    A.lower_attention(item, CPU, "attn", opts(0, 16, 2))  # the per-row form: split after
-    assert called
+    # the per-row form: the pipeline's passes split it (its THREAD opt in `apply_opts`), not this module
+    trace: list = []
+    low = A.lower_attention(item, CPU, "attn", opts(0, 16, 2), trace=trace)
+    assert not called and low.launch["global_size"] == (2, 1, 1) and "apply_opts" in dict(trace)
 
 
 @pytest.mark.parametrize(("d", "masked"), [(128, True), (96, False), (256, True)])
@@ -123,7 +128,8 @@ def test_a_computed_query_is_staged_once_per_row_tile():
 @pytest.mark.parametrize(("t", "masked"), [(37, False), (16, True), (5, True)])
 def test_one_query_row_scores_a_block_as_one_vector(t, masked, monkeypatch):
     """One query row (a decoding step: the per-row form, inner products 16 lanes of the head dimension): the 16
-    keys' lane sums are taken together (`_lane_sums`: a shuffle tree, then one permutation) and the scale and an
+    keys' lane sums are taken together (`lanes.lane_sums` in `vectorize`: a shuffle
+    tree, then one permutation) and the scale and an
     added mask computed with the keys as lanes; against numpy at a ragged, a whole and a partial block."""
     src = "q: f32[B, 1, D]\nk: f32[B, T, D]\nv: f32[B, T, E]\n" + ("m: f32[B, 1, T]\n" if masked else "") + \
         f"return softmax(q @ k.transpose(-2, -1) * 0.3{' + m' if masked else ''}, axis=-1) @ v\n"
@@ -131,8 +137,8 @@ def test_one_query_row_scores_a_block_as_one_vector(t, masked, monkeypatch):
     dims = {"B": 3, "T": t, "D": 32, "E": 16}
     item = attention_item(p, dims)
     calls = []
-    real = A._lane_sums
-    monkeypatch.setattr(A, "_lane_sums", lambda vs: calls.append(len(vs)) or real(vs))
+    real = expand.lane_sums
+    monkeypatch.setattr(expand, "lane_sums", lambda vs: calls.append(len(vs)) or real(vs))
     A.lower_attention(item, CPU, "attn")
     assert A.attention_kernel(item, CPU).choices()["rows"] == 0 and calls == [min(t, 16)] if t >= 16 else calls == []
     rng = np.random.default_rng(t)
@@ -162,10 +168,10 @@ def _value(u: UOp, memo: dict | None = None):
 
 
 def test_lane_sums_give_each_vectors_sum_in_its_lane():
-    """`_lane_sums` of 16 vectors of 16 lanes: lane i is the sum of vector i's lanes (exact on small integers)."""
+    """`lane_sums` of 16 vectors of 16 lanes: lane i is the sum of vector i's lanes (exact on small integers)."""
     vals = np.arange(256, dtype=np.float32).reshape(16, 16) % 7 - 3 + np.arange(16)[:, None] * 100
     vs = [UOp(Ops.VECTORIZE, dtypes.f32.vec(16), tuple(UOp.const(dtypes.f32, float(x)) for x in row)) for row in vals]
-    assert _value(A._lane_sums(vs)) == vals.sum(1).tolist()
+    assert _value(lane_sums(vs)) == vals.sum(1).tolist()
 
 
 def test_the_rows_kernel_counts_all_its_work():

@@ -12,19 +12,20 @@ index. The kernel, for every device:
         l = l * alpha + sum_j p_j; o[c] = o[c] * alpha + sum_j p_j v[j, c]
       out[i, c] = o[c] / l
 
-That is the per-row form. Without vectors (the PYTHON device, NOOPT, the GPU dialects: one thread per row, each
-block of k and v staged in shared memory by the work-group, `_stage_shared`) it is an ordinary kernel AST of
-REDUCE(ONLINE_SOFTMAX) (`online_softmax_ast`) that the pipeline's passes lower (`pipeline.lower`: `unroll_reduce`
-makes a block of keys one iteration, `linearize` writes the accumulators, the rescale and the block's second
-barrier).
+That is the per-row form: an ordinary kernel AST of REDUCE(ONLINE_SOFTMAX) (`online_softmax_ast`) that the
+pipeline's passes lower (`pipeline.lower`: `unroll_reduce` makes a block of keys one iteration, `vectorize` on
+devices with vectors takes the inner products 16 lanes at a time, the block's scores as one vector and 16 output
+columns as the REDUCE's lanes, `linearize` writes the accumulators, the rescale and, on a GPU whose work-groups
+stage each block of k and v in shared memory (`_stage_shared`), the block's second barrier). It serves the PYTHON
+device, NOOPT, the GPU dialects and, on the CPU, f16 inputs, one query row, long heads and BEAM's unoptimized
+reference.
 
-The CPU's forms are still written here as linear UOps: `build`, the per-row form with vectors (inner products 16
-lanes of the head dimension at a time; half inputs, one query row, BEAM's unoptimized reference), and
-`build_rows`, 16 query rows as the lanes of every value, with loops, not written-out terms: the row side of the
-inner products is staged once per tile of rows into a local array (head dimension x 16), each key's score is a
-16-lane REDUCE over the head dimension (a block's keys share that loop), the output row's accumulators are a
-second local array (Dv x 16) that a loop over the columns rescales and adds the block's p * v to, and the
-block's exps are one vector polynomial per key. Its size does not grow with the head dimension.
+The CPU's rows form is still written here as linear UOps: `build_rows`, 16 query rows as the lanes of every
+value, with loops, not written-out terms: the row side of the inner products is staged once per tile of rows into
+a local array (head dimension x 16), each key's score is a 16-lane REDUCE over the head dimension (a block's keys
+share that loop), the output row's accumulators are a second local array (Dv x 16) that a loop over the columns
+rescales and adds the block's p * v to, and the block's exps are one vector polynomial per key. Its size does not
+grow with the head dimension.
 
 The scores live in registers for one block and are never stored; the accumulators are updated with ACCUMULATE
 MUL then ADD (no new linear op: every renderer and the PYTHON device run it; the PYTHON device steps a loop that
@@ -40,6 +41,7 @@ from typing import Any
 
 from tgc.codegen.expand import _Vectorizer
 from tgc.codegen.index import narrow_index
+from tgc.codegen.lanes import splat, widen
 from tgc.codegen.legalize import HALF, legalize
 from tgc.codegen.linearize import start_linearizer
 from tgc.codegen.opt import (
@@ -59,6 +61,7 @@ from tgc.ir.kernel import INDEX
 from tgc.ir.symbolic import simplify, symbolic
 from tgc.ir.uop import Ops, RangeKind, UOp, graph_rewrite, pretty, substitute
 
+VECTOR_WIDTH = 16  # the CPU's per-row form: output columns and inner-product lanes per vector
 BLOCK = 16  # keys per block: scores held in registers at once
 SHARED_ROWS = 64  # GPU: query rows per work-group sharing each block's keys and values in shared memory
 _LOG2E = 1 / math.log(2)
@@ -80,127 +83,6 @@ def _c(v: float) -> UOp:
 
 def _exp(x: UOp) -> UOp:
     return UOp(Ops.EXP2, dtypes.f32, (UOp(Ops.MAX, dtypes.f32, (x * _c(_LOG2E), _c(_FLOOR))),))
-
-
-def _splat(u: UOp, w: int) -> UOp:
-    return u if w == 1 else UOp(Ops.VECTORIZE, u.dtype.vec(w), (u,) * w)
-
-
-def _hsum(v: UOp) -> UOp:
-    """The sum of a vector's lanes, as a balanced tree."""
-    lanes = [UOp(Ops.GEP, v.dtype.scalar(), (v,), i) for i in range(v.dtype.count)]
-    while len(lanes) > 1:
-        lanes = [lanes[i] + lanes[i + 1] if i + 1 < len(lanes) else lanes[i] for i in range(0, len(lanes), 2)]
-    return lanes[0]
-
-
-def _lanes(u: UOp, r: UOp, w: int, lane_id: int) -> UOp | None:
-    """`u` with range `r` split as r = r' * w + lane and the lane made vector lanes (contiguous loads become
-    vector loads, the `tgc.codegen.expand` vectorizer), or None where `u` does not vary with the lane."""
-    lane = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, w),), (lane_id, RangeKind.UPCAST))
-    outer = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, r.src[0].arg // w),), r.arg)
-    inner = simplify(substitute(u, {r: outer * UOp.const(INDEX, w) + lane}))
-    vz = _Vectorizer(lane)
-    vz.analyze(inner)
-    out = vz.vec(inner)
-    return out if out.dtype is not None and out.dtype.count == w else None
-
-
-def _vector_reduces(x: UOp, w: int, lane_id: int) -> dict[UOp, UOp]:
-    """Each f32 inner product of x over a multiple of `w`, as a REDUCE of `w`-lane vectors (its lanes' sum is the
-    inner product)."""
-    mapping = {}
-    for red in (u for u in x.toposort() if u.op is Ops.REDUCE):
-        if (red.arg is not Ops.ADD or red.dtype != dtypes.f32 or len(red.src) != 2
-                or red.src[1].src[0].op is not Ops.CONST or red.src[1].src[0].arg % w):
-            continue
-        vin = _lanes(red.src[0], red.src[1], w, lane_id)
-        if vin is not None:
-            outer = vin.toposort()
-            r = next(u for u in outer if u.op is Ops.RANGE and u.arg == red.src[1].arg)
-            mapping[red] = UOp(Ops.REDUCE, vin.dtype, (vin, r), Ops.ADD)
-    return mapping
-
-
-def _vector_scores(x: UOp, w: int, lane_id: int) -> UOp:
-    """x with each f32 inner product over a multiple of `w` computed `w` lanes at a time (then summed)."""
-    mapping = {red: _hsum(v) for red, v in _vector_reduces(x, w, lane_id).items()}
-    return substitute(x, mapping) if mapping else x
-
-
-def _lane_sums(vs: list[UOp]) -> UOp:
-    """n vectors of n lanes (n a power of two) -> one vector whose lane i is the sum of vs[i]'s lanes: a tree of
-    half-vector additions (each level adds the two halves of every key's lanes, two keys per shuffle pair: 2n - 2
-    shuffles and n - 1 additions in all, where n horizontal sums take n log2 n of each), then one permutation."""
-    n = len(vs)
-    items = [(v, [i] * n) for i, v in enumerate(vs)]  # each vector with the key every lane belongs to
-    h = n // 2
-    while h >= 1:
-        nxt = []
-        for (a, own_a), (b, own_b) in zip(items[0::2], items[1::2]):
-            lo, hi, own = [], [], []
-            for k in range(n // (2 * h)):
-                for src, o in ((a, own_a), (b, own_b)):
-                    lo += [UOp(Ops.GEP, dtypes.f32, (src,), k * 2 * h + i) for i in range(h)]
-                    hi += [UOp(Ops.GEP, dtypes.f32, (src,), k * 2 * h + h + i) for i in range(h)]
-                    own += [o[k * 2 * h + i] for i in range(h)]
-            vt = dtypes.f32.vec(n)
-            nxt.append((UOp(Ops.VECTORIZE, vt, tuple(lo)) + UOp(Ops.VECTORIZE, vt, tuple(hi)), own))
-        items, h = nxt, h // 2
-    v, own = items[0]
-    return UOp(Ops.VECTORIZE, dtypes.f32.vec(n), tuple(UOp(Ops.GEP, dtypes.f32, (v,), own.index(i)) for i in range(n)))
-
-
-def _hmax(v: UOp) -> UOp:
-    """The largest of a vector's lanes, as a balanced tree."""
-    lanes = [UOp(Ops.GEP, v.dtype.scalar(), (v,), i) for i in range(v.dtype.count)]
-    while len(lanes) > 1:
-        lanes = [UOp(Ops.MAX, lanes[i].dtype, (lanes[i], lanes[i + 1])) if i + 1 < len(lanes) else lanes[i]
-                 for i in range(0, len(lanes), 2)]
-    return lanes[0]
-
-
-def _key_vector_scores(sp: Any, keys: list[dict], jb: UOp, bk: int, w: int, next_id: int) -> UOp | None:
-    """The scores of a block's `bk` == `w` keys as one vector (lane jj: key jj), the per-row form with vectors:
-    each key's inner products are `w`-lane REDUCEs whose lane sums are taken together (`_lane_sums`), and the
-    rest of X (scale, mask) is computed on the keys as lanes. None where an inner product does not vectorize."""
-    reds = [u for u in sp.x.toposort() if u.op is Ops.REDUCE]
-    vmap = _vector_reduces(sp.x, w, next_id + 1)
-    if not reds or len(vmap) != len(reds) or bk != w or w & (w - 1):
-        return None
-    if any(u.dtype is not None and u.dtype.scalar() in HALF for u in sp.x.toposort()):
-        return None  # half values as vectors: not legalized here (the per-key form computes them)
-    lane = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, bk),), (next_id + 7, RangeKind.UPCAST))
-    nblocks = -(-sp.tk // bk)
-    j = simplify(jb * UOp.const(INDEX, bk) + lane) if nblocks > 1 else lane
-    ragged = sp.tk % bk != 0
-    jc = simplify((j < UOp.const(INDEX, sp.tk)).where(j, UOp.const(INDEX, sp.tk - 1))) if ragged else j
-    phs = {red: UOp(Ops.READ_ACC, dtypes.f32, (), ("attn score", i)) for i, red in enumerate(reds)}
-    vz = _row_vectorizer(lane)  # index math and masks lane by lane as scalars (with their bounds)
-    for red, ph in phs.items():
-        vz.depends.add(ph)
-        vz.memo[ph] = _lane_sums([simplify(substitute(vmap[red], key)) for key in keys])
-    xk = simplify(substitute(substitute(sp.x, phs), {sp.rj: jc}))
-    vz.analyze(xk)
-    sv = vz.broadcast(_f32(xk))
-    if ragged:
-        live = simplify(j < UOp.const(INDEX, sp.tk))
-        vz.analyze(live)
-        sv = UOp(Ops.WHERE, sv.dtype, (vz.broadcast(live), sv, _splat(_c(-math.inf), bk)))
-    return sv
-
-
-def _widen(u: UOp, z: UOp, zv: UOp, w: int) -> UOp:
-    """`u`, a function of the scalar `z`, computed on the lanes of the vector `zv` (others broadcast)."""
-    memo: dict[UOp, UOp] = {z: zv}
-    for n in u.toposort():
-        if n in memo:
-            continue
-        if not any(s in memo for s in n.src):
-            continue
-        srcs = tuple(memo[s] if s in memo else _splat(s, w) for s in n.src)
-        memo[n] = UOp(n.op, n.dtype.vec(w), srcs, n.arg)
-    return memo.get(u, _splat(u, w))
 
 
 def _staged_loads(sp: Any) -> list[tuple[UOp, list[UOp], list[int], int]]:
@@ -286,81 +168,6 @@ def _stage_shared(sp: Any, jb: UOp, bk: int, group: int, next_id: int) -> tuple:
     if live is not None:  # what is still read from global memory (q's row) only for a live row
         x, v = gate_memory(x, live, keep=(barrier,)), gate_memory(v, live, keep=(barrier,))
     return x, v, ri, rows, live, rjl, stores
-
-
-def build(sp: Any, block: int = BLOCK, width: int = 16, decompose: bool = False) -> tuple[UOp, UOp, int]:
-    """The CPU's per-row form with vectors as one SINK of its values (AST level, before the pipeline's rewrites)
-    and the key-block range: sources are [block max, alpha, sum of p, each column group's sum of p*v, then the
-    stores]. Inner products and output columns are computed `width` lanes at a time (a block of `width` keys'
-    scores as one vector, `_key_vector_scores`). Returns the SINK, the key-block range and the output columns per
-    accumulator. (Without vectors the per-row form is `online_softmax_ast`, lowered by the pipeline's passes.)"""
-    ids = [u.arg[0] for e in (sp.x, sp.v, *sp.loops) for u in e.toposort() if u.op is Ops.RANGE]
-    next_id = max(ids, default=0) + 1
-    bk = min(block, sp.tk)
-    nblocks = -(-sp.tk // bk)
-    jb = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, nblocks),), (next_id, RangeKind.REDUCE))
-    x = _vector_scores(sp.x, width, next_id + 1) if width > 1 else sp.x
-    ragged = sp.tk % bk != 0
-    scores, keys = [], []
-    for jj in range(bk):
-        j = simplify(jb * UOp.const(INDEX, bk) + UOp.const(INDEX, jj)) if nblocks > 1 else UOp.const(INDEX, jj)
-        last = UOp.const(INDEX, sp.tk - 1)
-        jc = simplify((j < UOp.const(INDEX, sp.tk)).where(j, last)) if ragged else j
-        key_sub = {sp.rj: jc}
-        s = _f32(simplify(substitute(x, key_sub)))
-        if ragged:
-            s = UOp(Ops.WHERE, dtypes.f32, (j < UOp.const(INDEX, sp.tk), s, _c(-math.inf)))
-        scores.append(s)
-        keys.append(key_sub)
-    # with vectors and a block of one vector's keys: the block's scores as one vector (lane sums taken together)
-    skeys = _key_vector_scores(sp, keys, jb, bk, width, next_id) if width > 1 else None
-    if skeys is not None:
-        bm = _hmax(skeys)
-    else:
-        bm = scores[0]
-        for s in scores[1:]:
-            bm = UOp(Ops.MAX, dtypes.f32, (bm, s))
-    m_old, m_new = _ph("m_old"), _ph("m_new")
-    m_safe = UOp(Ops.WHERE, dtypes.f32, (UOp(Ops.CMPNE, dtypes.bool, (m_new, _c(-math.inf))), m_new, _c(0.0)))
-    alpha = _exp(m_old - m_safe)
-    if width > 1 and bk == width:  # the block's exps as one vector (the polynomial, widened: `_widen`)
-        z = _ph("z")
-        pz = _exp(z)
-        if decompose:
-            pz = decompose_transcendentals(UOp(Ops.SINK, None, (pz,))).src[0]
-        sv = (UOp(Ops.VECTORIZE, dtypes.f32.vec(bk), tuple(scores)) if skeys is None else skeys) - _splat(m_safe, bk)
-        pv = _widen(pz, z, sv, bk)
-        ps = [UOp(Ops.GEP, dtypes.f32, (pv,), i) for i in range(bk)]
-        lsum = _hsum(pv)
-    else:
-        ps = [_exp(s - m_safe) for s in scores]
-        lsum = ps[0]
-        for p in ps[1:]:
-            lsum = lsum + p
-    w = width if width > 1 and sp.dv % width == 0 and sp.dtype == dtypes.f32 else 1
-    vw = _lanes(sp.v, sp.rdv, w, next_id + 2) if w > 1 else None
-    if vw is None:
-        w = 1
-    cols, stores = [], []
-    for c in range(sp.dv // w):
-        if w > 1:
-            outer = next(u for u in vw.toposort() if u.op is Ops.RANGE and u.arg == sp.rdv.arg)
-            vc = substitute(vw, {outer: UOp.const(INDEX, c)})
-        else:
-            vc = substitute(sp.v, {sp.rdv: UOp.const(INDEX, c)})
-        acc = None
-        for p, key_sub in zip(ps, keys):
-            term = _splat(p, w) * _f32(simplify(substitute(vc, key_sub))) if w == 1 else \
-                _splat(p, w) * simplify(substitute(vc, key_sub))
-            acc = term if acc is None else acc + term
-        cols.append(acc)
-        o = UOp(Ops.READ_ACC, dtypes.f32.vec(w), (), ("attn", f"o{c}"))
-        value = UOp(Ops.FDIV, dtypes.f32.vec(w), (o, _splat(_ph("l"), w)))
-        if sp.dtype != dtypes.f32:
-            value = UOp(Ops.CAST, sp.dtype, (value,))
-        idx = simplify(substitute(sp.out_index, {sp.rdv: UOp.const(INDEX, c * w)}))
-        stores.append(UOp(Ops.STORE, None, (sp.out, idx, value)))
-    return UOp(Ops.SINK, None, (bm, alpha, lsum, *cols, *stores)), jb, w
 
 
 ROW_LANES = 16  # query rows per vector on devices with vectors (`build_rows`)
@@ -503,28 +310,28 @@ def build_rows(sp: Any, decompose: bool, w: int = ROW_LANES, block: int | None =
         vz.analyze(xs)
         sv = vz.broadcast(_f32(xs))
         if ragged:
-            sv = UOp(Ops.WHERE, vf, (_splat(simp(j < UOp.const(INDEX, sp.tk)), w), sv, _splat(_c(-math.inf), w)))
+            sv = UOp(Ops.WHERE, vf, (splat(simp(j < UOp.const(INDEX, sp.tk)), w), sv, splat(_c(-math.inf), w)))
         scores.append(sv)
         keys.append(jc)
     bm = scores[0]
     for sv in scores[1:]:
         bm = UOp(Ops.MAX, vf, (bm, sv))
     m_old, m_new = _ph("m_old", w), _ph("m_new", w)
-    m_safe = UOp(Ops.WHERE, vf, (UOp(Ops.CMPNE, dtypes.bool.vec(w), (m_new, _splat(_c(-math.inf), w))), m_new,
-                                 _splat(_c(0.0), w)))
+    m_safe = UOp(Ops.WHERE, vf, (UOp(Ops.CMPNE, dtypes.bool.vec(w), (m_new, splat(_c(-math.inf), w))), m_new,
+                                 splat(_c(0.0), w)))
     z = _ph("z")
     pz = _exp(z)
     if decompose:
         pz = decompose_transcendentals(UOp(Ops.SINK, None, (pz,))).src[0]
-    alpha = _widen(pz, z, m_old - m_safe, w)
-    ps = [_widen(pz, z, sv - m_safe, w) for sv in scores]
+    alpha = widen(pz, z, m_old - m_safe, w)
+    ps = [widen(pz, z, sv - m_safe, w) for sv in scores]
     lsum = ps[0]
     for p in ps[1:]:
         lsum = lsum + p
     # the output row's accumulators: Dv x w lanes in local memory, column c at [c * w, c * w + w)
     acc = UOp(Ops.DEFINE_LOCAL, dtypes.f32.as_ptr(), (), ("o", sp.dv * w))
     rz, rc, rf = new_range(sp.dv, 3), new_range(sp.dv, 4), new_range(sp.dv, 5)
-    zero = UOp(Ops.STORE, None, (acc, simp(rz * UOp.const(INDEX, w)), _splat(_c(0.0), w)))
+    zero = UOp(Ops.STORE, None, (acc, simp(rz * UOp.const(INDEX, w)), splat(_c(0.0), w)))
     at_c = simp(rc * UOp.const(INDEX, w))
     o = UOp(Ops.LOAD, vf, (acc, at_c)) * alpha
     vc = simp(substitute(sp.v, {sp.rdv: rc, ri: rows_c}))
@@ -746,28 +553,29 @@ def lower_attention(item: Any, device: Any, name: str, opts: list[Opt] | None = 
         if ch["rows"] else None
     if by_rows is not None and shared_memory_bytes(by_rows.ast.toposort()) > launch_limits(device).shared_bytes:
         by_rows = None  # its local arrays (a long head dimension) do not fit: the per-row form
-    if by_rows is None and not vectors:
-        # the per-row form without vectors (PYTHON, NOOPT, the GPU dialects): an ordinary kernel of
-        # REDUCE(ONLINE_SOFTMAX) that the pipeline's passes lower; on a GPU each block of k and v staged into shared
-        # memory by work-groups of up to SHARED_ROWS rows, within the device's limit
+    if by_rows is None:
+        sp = item.meta["attention"]  # (not split ahead for the rows form's threads: `apply_opts` splits it)
+        # the per-row form: an ordinary kernel of REDUCE(ONLINE_SOFTMAX) that the pipeline's passes lower; on a GPU
+        # each block of k and v staged into shared memory by work-groups of up to SHARED_ROWS rows, within the
+        # device's limit; with vectors (the CPU) the output columns split so that `vectorize` takes VECTOR_WIDTH of
+        # them as lanes, and the block's keys and inner products as vectors
         group = min(SHARED_ROWS, launch_limits(device).threads) if device.caps.gpu and not env_flag("NOOPT") else 0
         block, group = _staging_plan(sp, device, ch["block"], group)
         ast = online_softmax_ast(sp, block, group) if group else None
         if ast is None or shared_memory_bytes(ast.toposort()) > launch_limits(device).shared_bytes:
-            ast = online_softmax_ast(sp, ch["block"])  # nothing staged (or a staging the plan's count missed)
-        threads = [Opt(OptOps.THREAD, 0, ch["threads"])] if k.threads_chosen and ch["threads"] else []
+            # nothing staged (or a staging the plan's count missed)
+            ast = online_softmax_ast(sp, ch["block"], width=VECTOR_WIDTH if vectors and not device.caps.gpu else 1)
+        chosen = k.threads_chosen or (vectors and not device.caps.gpu)
+        threads = [Opt(OptOps.THREAD, 0, ch["threads"])] if chosen and ch["threads"] > 1 else []
         low = lower(ast, device, list(item.bufs), name, opts=threads, trace=trace)
         low.applied = list(k.applied)
         return low
-    if by_rows is not None:
-        ast, w = by_rows.ast, 1
-    else:  # the CPU's per-row form with vectors
-        ast, jb, w = build(sp, block=ch["block"], width=16, decompose=device.caps.decompose_transcendentals)
+    ast = by_rows.ast  # the rows form (the CPU with vectors)
     ast = legalize(ast)
     if device.caps.decompose_transcendentals:
         ast = decompose_transcendentals(ast)
     launch: dict = {}
-    if presplit > 1 and by_rows is not None:
+    if presplit > 1:
         launch["global_size"] = (presplit, 1, 1)
     elif ch["threads"] > 1:
         ast, threads = split_threads(ast, ch["threads"])
@@ -776,10 +584,7 @@ def lower_attention(item: Any, device: Any, name: str, opts: list[Opt] | None = 
     bufs = list(item.bufs)
     ast, bufs = drop_unused_buffers(ast, bufs)
     ast = narrow_index(ast)
-    if by_rows is not None:
-        uops = _linearize_rows(ast, by_rows)
-    else:
-        uops = _linearize(ast, jb.arg, sp.dv // w)
+    uops = _linearize_rows(ast, by_rows)
     if debug_level() >= 6:  # the pipeline's passes do not run here: show what this lowering made
         import sys
         print(f"--- {name}: fused attention (tgc/codegen/attention.py), linear UOps\n{uops_text(uops)}",
@@ -791,7 +596,7 @@ def lower_attention(item: Any, device: Any, name: str, opts: list[Opt] | None = 
     return low
 
 
-def online_softmax_ast(sp: Any, block: int, group: int = 0) -> UOp | None:
+def online_softmax_ast(sp: Any, block: int, group: int = 0, width: int = 1) -> UOp | None:
     """The per-row form as an ordinary kernel AST that the pipeline's passes lower (`pipeline.lower`): one STORE per
     output element of REDUCE(ONLINE_SOFTMAX) over the keys, in blocks of `block` keys (a REDUCE range of blocks, an
     UNROLL range of keys in a block: `unroll_reduce` makes the block one iteration), the output columns an UPCAST
@@ -828,6 +633,10 @@ def online_softmax_ast(sp: Any, block: int, group: int = 0) -> UOp | None:
     if sp.tk % bk:
         score = UOp(Ops.WHERE, dtypes.f32, (simplify(j < UOp.const(INDEX, sp.tk)), score, _c(-math.inf)))
     col = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, sp.dv),), (next_id + 2, RangeKind.UPCAST))
+    if width > 1 and sp.dv % width == 0 and sp.dv > width:  # the columns' lanes one UPCAST of a vector width
+        lanes = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, width),), (next_id + 10, RangeKind.UPCAST))
+        col = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, sp.dv // width),), (next_id + 2, RangeKind.UPCAST)) * \
+            UOp.const(INDEX, width) + lanes
     value = _f32(simplify(substitute(v, {**key, sp.rdv: col})))
     pairs = UOp(Ops.VECTORIZE, dtypes.f32.vec(2), (score, value))
     out = UOp(Ops.REDUCE, dtypes.f32, (pairs, *parts), Ops.ONLINE_SOFTMAX)
@@ -932,58 +741,5 @@ def _linearize_rows(ast: UOp, k: RowsKernel) -> list[UOp]:
     return lin.out
 
 
-def _linearize(ast: UOp, jb_arg: Any, ncols: int) -> list[UOp]:
-    """The linear UOps of the CPU's per-row form with vectors (`build`): outer loops, the accumulators, the
-    key-block loop with the online update, the stores."""
-
-    nodes = ast.toposort()
-    bm, alpha, lsum = ast.src[:3]
-    cols = ast.src[3:3 + ncols]
-    stores = ast.src[3 + ncols:]
-    lin = start_linearizer(nodes)
-    jb = next((u for u in nodes if u.op is Ops.RANGE and u.arg == jb_arg), None)  # None: a single block
-    outer = sorted((u for u in nodes if u.op is Ops.RANGE and u.arg[1] is RangeKind.LOOP), key=lambda r: r.arg[0])
-    for r in outer:
-        lin.open_range(r)
-
-    def acc(init: float, d) -> UOp:
-        a = lin.push(UOp(Ops.DEFINE_ACC, d, (lin.emit(UOp.const(d, init)),), lin.acc_count))
-        lin.acc_count += 1
-        return a
-
-    def read(a: UOp, tag: str) -> UOp:
-        return lin.push(UOp(Ops.READ_ACC, a.dtype, (a,), tag))
-
-    def ph(name: str, d) -> UOp:
-        return UOp(Ops.READ_ACC, d, (), ("attn", name))
-
-    m, lacc = acc(-math.inf, bm.dtype), acc(0.0, lsum.dtype)
-    o = [acc(0.0, c.dtype) for c in cols]
-    if jb is not None:
-        lin.open_range(jb)
-    bm_l = lin.emit(bm)
-    lin.scopes[-1][ph("m_old", bm.dtype)] = read(m, "m_old")
-    lin.push(UOp(Ops.ACCUMULATE, m.dtype, (m, bm_l), Ops.MAX))
-    lin.scopes[-1][ph("m_new", bm.dtype)] = read(m, "m_new")
-    alpha_l, lsum_l = lin.emit(alpha), lin.emit(lsum)
-    lin.push(UOp(Ops.ACCUMULATE, lacc.dtype, (lacc, alpha_l), Ops.MUL))
-    lin.push(UOp(Ops.ACCUMULATE, lacc.dtype, (lacc, lsum_l), Ops.ADD))
-    for a, c in zip(o, cols):  # each column's sum goes into its accumulator at once (few values live)
-        c_l = lin.emit(c)
-        scale = alpha_l if a.dtype == alpha.dtype else lin.emit(_splat(alpha, a.dtype.count))
-        lin.push(UOp(Ops.ACCUMULATE, a.dtype, (a, scale), Ops.MUL))
-        lin.push(UOp(Ops.ACCUMULATE, a.dtype, (a, c_l), Ops.ADD))
-    if jb is not None:
-        lin.close_range()
-    lin.scopes[-1][ph("l", lacc.dtype)] = read(lacc, "l")
-    for i, a in enumerate(o):
-        lin.scopes[-1][ph(f"o{i}", a.dtype)] = read(a, f"o{i}")
-    for st in stores:
-        lin.emit(st)
-    while lin.open_ranges:
-        lin.close_range()
-    return lin.out
-
-
 __all__ = ["BLOCK", "MAX_BLOCK", "ROW_BLOCK_VALUES", "ROW_CHOICES", "ROW_LANES", "AttentionKernel", "attention_kernel",
-           "build", "build_rows", "lower_attention", "online_softmax_ast"]
+           "build_rows", "lower_attention", "online_softmax_ast"]

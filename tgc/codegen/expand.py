@@ -1,15 +1,21 @@
 """Unrolling: UPCAST ranges become copies of the stores, UNROLL ranges copies of the reduced values.
 
-After this pass no UPCAST or UNROLL range is left; the copies differ only in constants, so the backend
+`vectorize` (devices with vectors) makes one UPCAST range of each store the lanes of vector values; a store of
+REDUCE(ONLINE_SOFTMAX) (`_vectorize_online`) also gets its inner products as vectors over their own range, a
+block's scores as one vector (`tgc.codegen.lanes.lane_sums` of the inner products) and its columns as the reduce's
+lanes. After these passes no UPCAST or UNROLL range is left; the copies differ only in constants, so the backend
 compiler (LLVM's SLP vectorizer, a GPU compiler) keeps them in registers and vectorizes them.
 """
 
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
+from tgc.codegen.lanes import hsum, lane_sums, splat
 from tgc.codegen.opt import _stride
-from tgc.ir.symbolic import symbolic
+from tgc.dtype import dtypes
+from tgc.ir.symbolic import simplify, symbolic
 from tgc.ir.uop import Ops, PatternMatcher, RangeKind, UOp, UPat, graph_rewrite, substitute
 
 
@@ -209,10 +215,10 @@ def vectorize(ast: UOp, widths: tuple[int, ...] = (16, 8, 4)) -> UOp:
     """Turn the contiguous UPCAST range of each store into vector lanes (the other UPCASTs become copies)."""
     stores: list[UOp] = []
     for st in ast.src:
-        # an ONLINE_SOFTMAX's accumulator is per output element, not per lane (its m and l are shared by the
-        # columns its group holds): not vectorized here (the rows form with lanes is still `codegen.attention`'s)
-        online = any(u.op is Ops.REDUCE and u.arg is Ops.ONLINE_SOFTMAX for u in st.toposort())
-        lane = None if online else pick_vector_range(st, widths)
+        if any(u.op is Ops.REDUCE and u.arg is Ops.ONLINE_SOFTMAX for u in st.toposort()):
+            stores.extend(_vectorize_online(st, widths))
+            continue
+        lane = pick_vector_range(st, widths)
         if lane is None:
             stores.append(st)
             continue
@@ -223,3 +229,137 @@ def vectorize(ast: UOp, widths: tuple[int, ...] = (16, 8, 4)) -> UOp:
                 vz.vec(u)
         stores.extend(vz.store(st))
     return UOp(Ops.SINK, None, tuple(stores))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# an ONLINE_SOFTMAX store: inner products over their own range, a block's scores as lanes, the values' columns
+
+
+def _split_lanes(u: UOp, r: UOp, w: int, lane_id: Any) -> UOp | None:
+    """`u` with range `r` split as r = r' * w + lane and the lane made vector lanes (contiguous loads become
+    vector loads), or None where `u` does not come out as `w` lanes."""
+    d = r.dtype  # (the pass runs after `narrow_index`: the range's own integer type)
+    lane = UOp(Ops.RANGE, d, (UOp.const(d, w),), (lane_id, RangeKind.UPCAST))
+    outer = UOp(Ops.RANGE, d, (UOp.const(d, r.src[0].arg // w),), r.arg)
+    inner = simplify(substitute(u, {r: outer * UOp.const(d, w) + lane}))
+    vz = _Vectorizer(lane)
+    vz.analyze(inner)
+    out = vz.vec(inner)
+    return out if out.dtype is not None and out.dtype.count == w else None
+
+
+def _vector_inner_products(x: UOp, w: int, lane_id: Any) -> dict[UOp, UOp]:
+    """Each f32 REDUCE(ADD) in `x` over one range of a constant multiple of `w` -> the REDUCE of `w`-lane vectors
+    over a `w`-th of it (its lanes' sum is the inner product; LLVM does not reorder a float sum by itself)."""
+    out: dict[UOp, UOp] = {}
+    for red in (u for u in x.toposort() if u.op is Ops.REDUCE):
+        if (red.arg is not Ops.ADD or red.dtype != dtypes.f32 or len(red.src) != 2
+                or red.src[1].src[0].op is not Ops.CONST or red.src[1].src[0].arg % w):
+            continue
+        vin = _split_lanes(red.src[0], red.src[1], w, lane_id)
+        if vin is not None:
+            r = next(u for u in vin.toposort() if u.op is Ops.RANGE and u.arg == red.src[1].arg)
+            out[red] = UOp(Ops.REDUCE, vin.dtype, (vin, r), Ops.ADD)
+    return out
+
+
+_LIFTED = (Ops.ADD, Ops.SUB, Ops.MUL, Ops.MAX, Ops.FDIV, Ops.NEG, Ops.WHERE, Ops.CAST, Ops.EXP2, Ops.SQRT)
+
+
+def _lift(values: list[UOp], sums: dict[UOp, UOp]) -> UOp:
+    """One vector whose lane k is `values[k]`: float arithmetic of the same shape in every lane becomes vector
+    arithmetic (top down; a lane without the others' select gets one of true), lanes that are sums of n-lane
+    vectors (`sums`: scalar -> its vector) one `lane_sums`; integer and bool values (index math, a mask's
+    comparison) stay scalars per lane, with their bounds."""
+    n = len(values)
+    memo: dict[tuple[UOp, ...], UOp] = {}
+
+    def srcs(v: UOp) -> tuple[UOp, ...]:
+        """A commutative op's sources with a constant last (`simplify` orders them by node, not by kind)."""
+        if v.op in (Ops.ADD, Ops.MUL, Ops.MAX) and len(v.src) == 2 and v.src[0].op is Ops.CONST:
+            return (v.src[1], v.src[0])
+        return v.src
+
+    def go(key: tuple[UOp, ...]) -> UOp:
+        if key in memo:
+            return memo[key]
+        vs = key
+        wheres = [v for v in vs if v.op is Ops.WHERE]
+        if wheres and len(wheres) < n and all(u.src[2] is wheres[0].src[2] for u in wheres):
+            # lanes whose select folded away (the keys of a ragged block that are always in range): a select of
+            # true there, so the lanes keep one shape
+            yes = UOp.const(dtypes.bool, True)
+            vs = tuple(v if v.op is Ops.WHERE else UOp(Ops.WHERE, v.dtype, (yes, v, wheres[0].src[2])) for v in vs)
+        f = vs[0]
+        if all(v is f for v in vs):
+            out = splat(f, n)
+        elif all(v in sums and sums[v].dtype.count == n for v in vs):
+            out = lane_sums([sums[v] for v in vs])
+        elif (f.dtype is not None and f.dtype.count == 1 and f.dtype.is_float and f.op in _LIFTED
+              and all(v.op is f.op and v.arg == f.arg and v.dtype == f.dtype and len(v.src) == len(f.src)
+                      for v in vs)):
+            out = UOp(f.op, f.dtype.vec(n), tuple(go(tuple(srcs(v)[i] for v in vs)) for i in range(len(f.src))),
+                      f.arg)
+        else:
+            out = UOp(Ops.VECTORIZE, f.dtype.vec(n), vs)
+        memo[key] = out
+        return out
+
+    return go(tuple(values))
+
+
+def _vectorize_online(st: UOp, widths: tuple[int, ...]) -> list[UOp]:
+    """A store of ONLINE_SOFTMAX REDUCEs with vectors: (1) the inner products in the scores `w` lanes of their
+    range at a time; (2) a block of n scores (n a vector width, after `unroll_reduce`) as one n-lane vector, the
+    pairs' VECTORIZE then (scores vector, values...), whose exps the linearizer computes at once; (3) the store's
+    contiguous UPCAST range (an output column) as lanes through the reduce: its values become vectors, the REDUCE a
+    vector of as many o accumulators sharing one m and l (the scores must not vary with that range)."""
+    ids = [u.arg[0] for u in st.toposort() if u.op is Ops.RANGE]
+    next_id = max(ids, default=0) + 1
+    w = max(widths)
+    onlines = [u for u in st.toposort() if u.op is Ops.REDUCE and u.arg is Ops.ONLINE_SOFTMAX]
+    mapping: dict[UOp, UOp] = {}
+    for red in onlines:
+        pairs = red.src[0]
+        n = len(pairs.src) // 2
+        scores, values = pairs.src[:n], pairs.src[n:]
+        inner: dict[UOp, UOp] = {}
+        for s in scores:
+            inner.update(_vector_inner_products(s, w, (next_id, RangeKind.UPCAST)))
+        # each vectorized inner product a placeholder while the scores are simplified and lifted (a sum's tree of
+        # lanes would be reassociated by `simplify`), then its lanes' sum
+        holders = {r: UOp(Ops.READ_ACC, dtypes.f32, (), ("lane sum", i)) for i, r in enumerate(inner)}
+        sums = {holders[r]: v for r, v in inner.items()}
+        if holders:
+            scores = tuple(simplify(substitute(s, holders)) for s in scores)
+        if n in widths and n & (n - 1) == 0:
+            head: tuple[UOp, ...] = (_lift(list(scores), sums),)
+        else:
+            head = scores
+        if holders:
+            head = tuple(substitute(h, {ph: hsum(v) for ph, v in sums.items()}) for h in head)
+        mapping[red] = UOp(Ops.REDUCE, red.dtype, (UOp(Ops.VECTORIZE, pairs.dtype, head + values), *red.src[1:]),
+                           red.arg)
+    st = substitute(st, mapping) if mapping else st
+    lane = pick_vector_range(st, widths)
+    if lane is None or st.src[2].dtype != dtypes.f32:
+        return [st]
+    vz = _Vectorizer(lane)
+    vz.analyze(st)
+    for red in (u for u in st.toposort() if u.op is Ops.REDUCE and u.arg is Ops.ONLINE_SOFTMAX):
+        pairs = red.src[0]
+        k = 1 if pairs.src[0].dtype.count > 1 else len(pairs.src) // 2
+        if any(s in vz.depends for s in pairs.src[:k]):
+            return [st]  # scores that vary by lane: m and l would be per lane (the rows form)
+    containers = {u.src[0] for u in st.toposort() if u.op is Ops.REDUCE and u.arg is Ops.ONLINE_SOFTMAX}
+    for u in st.toposort():  # sources first: `vec` then finds every source in its memo (no recursion)
+        if u in vz.depends and u.op is not Ops.STORE and u not in containers:
+            if u.op is Ops.REDUCE and u.arg is Ops.ONLINE_SOFTMAX:
+                pairs = u.src[0]
+                k = 1 if pairs.src[0].dtype.count > 1 else len(pairs.src) // 2
+                vals = tuple(vz.broadcast(v) for v in pairs.src[k:])
+                vz.memo[u] = UOp(Ops.REDUCE, u.dtype.vec(vz.width),
+                                 (UOp(Ops.VECTORIZE, pairs.dtype, pairs.src[:k] + vals), *u.src[1:]), u.arg)
+            else:
+                vz.vec(u)
+    return vz.store(st)

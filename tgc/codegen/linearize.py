@@ -10,15 +10,20 @@ m (-inf) and sum l (0), shared by the group's REDUCEs of the same scores over th
 sum o (0) per REDUCE; per iteration (a block of n scores s_k and values v_k) m' = max(m, max_k s_k),
 alpha = exp(m - m'), p_k = exp(s_k - m') (exp arguments clamped at -200, a max still -inf taken as 0, so
 -inf - -inf never reaches exp), l = l * alpha + sum_k p_k, o = o * alpha + sum_k p_k v_k (ACCUMULATE MAX, MUL,
-ADD: no new linear op); after the loops its value is o / l. Its exps are polynomials where the device asks. Where
-an iteration stages values in shared memory (a BARRIER inside its loop), a second BARRIER ends the iteration.
+ADD: no new linear op); after the loops its value is o / l. Its exps are polynomials where the device asks.
+After `vectorize` (`tgc.codegen.expand`) the pairs may be (one vector of the block's n scores, n values): their
+max and sum are lane trees, their exps one vector polynomial; the values and the result may be w-lane vectors (w
+output columns: one vector o, sharing m and l). Where an iteration stages values in shared memory (a BARRIER
+inside its loop), a second BARRIER ends the iteration.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Generator
+from typing import Any
 
+from tgc.codegen.lanes import hmax, hsum, splat, widen
 from tgc.codegen.transcendental import decompose_transcendentals
 from tgc.dtype import dtypes
 from tgc.ir.kernel import identity
@@ -163,14 +168,21 @@ class _Linearizer:
         """An ONLINE_SOFTMAX REDUCE and the others of its group (same loops, same scores): the accumulators m, l and
         one o each, the loops, the update (see the module's docstring), then o / l per REDUCE."""
         pairs = first.src[0]
-        if pairs.op is not Ops.VECTORIZE or len(pairs.src) % 2 or pairs.dtype.scalar() != dtypes.f32 or \
-                first.dtype != dtypes.f32:
-            raise RuntimeError("an ONLINE_SOFTMAX REDUCE reduces an f32 VECTORIZE of (scores..., values...) to f32")
+        f32 = dtypes.f32
+        # the scores: n scalars, or (after `vectorize`) one vector of the block's n scores
+        k = 1 if pairs.op is Ops.VECTORIZE and pairs.src and pairs.src[0].dtype.count > 1 else len(pairs.src) // 2
+        n = pairs.src[0].dtype.count if k == 1 else k
+        w = first.dtype.count if first.dtype is not None else 0
+        if pairs.op is not Ops.VECTORIZE or len(pairs.src) != k + n or first.dtype.scalar() != f32 or \
+                any(s.dtype != f32 for s in pairs.src[:k] if k > 1) or \
+                (k == 1 and pairs.src[0].dtype != f32.vec(n)) or any(v.dtype != f32.vec(w) for v in pairs.src[k:]):
+            raise RuntimeError("an ONLINE_SOFTMAX REDUCE reduces an f32 VECTORIZE of (scores..., values...) to its "
+                               "values' type")
         ranges = first.src[1:]
-        n = len(first.src[0].src) // 2
-        scores = first.src[0].src[:n]
+        scores = pairs.src[:k]
         group = [r for r in self.reduce_groups.get(ranges, [first]) if r.arg is Ops.ONLINE_SOFTMAX
-                 and r.src[0].src[:n] == scores and len(r.src[0].src) == 2 * n and self.lookup(r) is None]
+                 and r.src[0].src[:k] == scores and len(r.src[0].src) == k + n and r.dtype == first.dtype
+                 and self.lookup(r) is None]
         if first not in group:
             group = [first]
         open_now = set(self.open_ranges)
@@ -181,12 +193,12 @@ class _Linearizer:
                     if nd.op not in (Ops.CONST, Ops.RANGE) and self.lookup(nd) is None and \
                             self.free_ranges(nd) <= open_now:
                         yield nd
-        f32 = dtypes.f32
         tag = self.acc_count
+        vt = f32.vec(w)
 
-        def acc(init: float) -> Generator[UOp, UOp, UOp]:
-            c = UOp.const(f32, init)
-            a = self.push(UOp(Ops.DEFINE_ACC, f32, (self.lookup(c) or (yield c),), self.acc_count))
+        def acc(init: float, d: Any = f32) -> Generator[UOp, UOp, UOp]:
+            c = UOp.const(d, init)
+            a = self.push(UOp(Ops.DEFINE_ACC, d, (self.lookup(c) or (yield c),), self.acc_count))
             self.acc_count += 1
             return a
 
@@ -202,13 +214,16 @@ class _Linearizer:
         lacc = yield from acc(0.0)
         os_ = []
         for _ in group:
-            os_.append((yield from acc(0.0)))
+            os_.append((yield from acc(0.0, vt)))
         for rng in ranges:
             yield from self._open_range(rng)
         start = len(self.out)
-        bm = scores[0]
-        for sc in scores[1:]:
-            bm = UOp(Ops.MAX, f32, (bm, sc))
+        if k == 1:  # the block's scores as one vector: its max, its exps at once
+            bm = hmax(scores[0])
+        else:
+            bm = scores[0]
+            for sc in scores[1:]:
+                bm = UOp(Ops.MAX, f32, (bm, sc))
         bm_l = self.lookup(bm) or (yield bm)
         m_old = read(m, "m_old")
         self.push(UOp(Ops.ACCUMULATE, f32, (m, bm_l), Ops.MAX))
@@ -216,15 +231,24 @@ class _Linearizer:
         m_safe = UOp(Ops.WHERE, f32, (UOp(Ops.CMPNE, dtypes.bool, (m_new, UOp.const(f32, -math.inf))), m_new,
                                       UOp.const(f32, 0.0)))
         alpha = self.exp(m_old - m_safe)
-        ps = [self.exp(sc - m_safe) for sc in scores]
-        lsum = ps[0]
-        for p in ps[1:]:
-            lsum = lsum + p
+        if k == 1:
+            z = UOp(Ops.READ_ACC, f32, (), ("online", tag, "z"))
+            pz = self.exp(z)
+            if self.decompose:
+                pz = decompose_transcendentals(UOp(Ops.SINK, None, (pz,))).src[0]
+            pv = widen(pz, z, scores[0] - splat(m_safe, n), n)
+            ps = [UOp(Ops.GEP, f32, (pv,), i) for i in range(n)]
+            lsum = hsum(pv)
+        else:
+            ps = [self.exp(sc - m_safe) for sc in scores]
+            lsum = ps[0]
+            for p in ps[1:]:
+                lsum = lsum + p
         cols = []
         for r in group:
             c = None
-            for p, v in zip(ps, r.src[0].src[n:]):
-                c = p * v if c is None else c + p * v
+            for p, v in zip(ps, r.src[0].src[k:]):
+                c = splat(p, w) * v if c is None else c + splat(p, w) * v
             cols.append(c)
         if self.decompose:
             sink = decompose_transcendentals(UOp(Ops.SINK, None, (alpha, lsum, *cols)))
@@ -233,10 +257,11 @@ class _Linearizer:
         lsum_l = yield lsum
         self.push(UOp(Ops.ACCUMULATE, f32, (lacc, alpha_l), Ops.MUL))
         self.push(UOp(Ops.ACCUMULATE, f32, (lacc, lsum_l), Ops.ADD))
+        scale = alpha_l if w == 1 else (yield splat(alpha, w))
         for o, c in zip(os_, cols):  # each REDUCE's sum goes into its accumulator at once (few values live)
             c_l = yield c
-            self.push(UOp(Ops.ACCUMULATE, f32, (o, alpha_l), Ops.MUL))
-            last = self.push(UOp(Ops.ACCUMULATE, f32, (o, c_l), Ops.ADD))
+            self.push(UOp(Ops.ACCUMULATE, vt, (o, scale), Ops.MUL))
+            last = self.push(UOp(Ops.ACCUMULATE, vt, (o, c_l), Ops.ADD))
         if ranges and any(u.op is Ops.BARRIER for u in self.out[start:]):
             # values staged in shared memory this iteration (the GPU's k and v): the next iteration's staging must
             # not overwrite what slower threads of the work-group still read
@@ -244,9 +269,11 @@ class _Linearizer:
         for _ in ranges:
             self.close_range()
         l_l = self.lookup(read(lacc, "l"))
+        if w > 1:
+            l_l = self.push(UOp(Ops.VECTORIZE, vt, (l_l,) * w))
         for i, (r, o) in enumerate(zip(group, os_)):
-            o_l = self.push(UOp(Ops.READ_ACC, f32, (o,), f"o{i}"))
-            self.scopes[-1][r] = self.push(UOp(Ops.FDIV, f32, (o_l, l_l)))
+            o_l = self.push(UOp(Ops.READ_ACC, vt, (o,), f"o{i}"))
+            self.scopes[-1][r] = self.push(UOp(Ops.FDIV, vt, (o_l, l_l)))
 
     @staticmethod
     def exp(x: UOp) -> UOp:
