@@ -683,6 +683,25 @@ def _compile_starts(starts: tuple[Candidate, list[Candidate]], device: Any, pool
         c.binary = binaries.get(c.src)
 
 
+def kernel_weights(items: list[ScheduleItem], keys: list[str], todo: list[int], dev: Any,
+                   measured: list[float | None] | None = None) -> dict[int, float]:
+    """Each kernel to search's weight in the budget (`todo`: indices of `items`, one per key; `keys[i]`: item i's
+    key in the store). With `measured` (per item, the seconds its default took in one run of the program; None
+    for a kernel that does not run at every call: the prelude on a model's weights, `tgc.engine.bound`), a
+    kernel weighs the time all its copies (the items of its key) take per call: what a search could win back;
+    a kernel whose copies all run once weighs 0 (not searched). The caller gives every kernel that runs at
+    every call a cost in one unit (`Program._per_call_costs`: all measured, or all estimated). Without
+    `measured` (or not one per item), every weight is the estimate (`estimate_cost` times the copies)."""
+    count = {k: keys.count(k) for k in set(keys)}
+    if measured is not None and len(measured) == len(items):
+        per_call = {}
+        for i, key in enumerate(keys):
+            if measured[i] is not None:
+                per_call[key] = per_call.get(key, 0.0) + max(float(measured[i]), 1e-9)  # (0: under the clock's tick)
+        return {i: per_call.get(keys[i], 0.0) for i in todo}
+    return {i: estimate_cost(items[i], dev) * count[keys[i]] for i in todo}
+
+
 def small_search(time_s: float | None, total_s: float) -> bool:
     """Whether a kernel whose default takes `time_s` of a program's `total_s` gets the small search: it cannot
     matter (under `SMALL_SHARE` of the program: a search could win back less than that)."""
@@ -702,14 +721,19 @@ def _budget_deadline(now: float, deadline_all: float, weight: float, weight_left
 
 def beam_items(items: list[ScheduleItem], dev: Any, width: int = 4, progress: Callable[[dict], None] | None = None,
                force: bool = False, budget_s: float | None = DEFAULT_BUDGET_S,
-               started: float | None = None) -> tuple[list[dict[str, Any]], float]:
+               started: float | None = None, measured: list[float | None] | None = None
+               ) -> tuple[list[dict[str, Any]], float]:
     """Search every kernel of a schedule on `dev`; store the winners; rows of before/after per kernel and the
     seconds it took (`Program.beam` schedules, calls this and drops its compiled kernels).
 
     Kernels with the same AST (the same key in the store: a block's two layernorms, a repeated matmul shape) are
-    searched once; the others take the first one's winner (`same_as`). Each kernel's weight is its estimated
-    cost (`estimate_cost`, times its copies); one under `SMALL_SHARE` of the program's (`small_search`) gets a
-    search of width `SMALL_WIDTH` over `SMALL_ROUNDS` rounds (`"small": true`).
+    searched once; the others take the first one's winner (`same_as`). Each kernel's weight (`kernel_weights`)
+    is the time its copies took in one run of the program where `measured` gives it (per item of `items`: its
+    default's seconds, None for a kernel that runs once, not at every call), else its estimated cost
+    (`estimate_cost`, times its copies); kernels are searched heaviest first; one of weight 0 (it runs once per
+    program: packing a weight) is not searched (`"skipped": true, "once": true`); one under `SMALL_SHARE` of the
+    program's (`small_search`) gets a search of width `SMALL_WIDTH` over `SMALL_ROUNDS` rounds
+    (`"small": true`).
 
     `budget_s` (None: no bound) bounds the time from `started` (a `time.perf_counter()` value; default: now) to
     the end of this call: each kernel searched gets the budget left times its share of the weight still to
@@ -721,7 +745,10 @@ def beam_items(items: list[ScheduleItem], dev: Any, width: int = 4, progress: Ca
         raise CompileError(dev.compile_error or f"cannot compile for {dev.kind} here, so it cannot be tuned here")
     start = time.perf_counter() if started is None else started
     deadline_all = None if budget_s is None else start + budget_s
-    items = [it for it in items if it.ast.src]
+    kept = [i for i, it in enumerate(items) if it.ast.src]
+    if measured is not None:
+        measured = [measured[i] for i in kept] if len(measured) == len(items) else None
+    items = [items[i] for i in kept]
     rows: list[dict[str, Any] | None] = [None] * len(items)
     pool = make_pool(dev)
     try:
@@ -737,10 +764,14 @@ def beam_items(items: list[ScheduleItem], dev: Any, width: int = 4, progress: Ca
                 if progress:
                     progress({"kernel": item.name, "index": i, "total": len(items), "cached": True})
         todo = [i for i in range(len(items)) if rows[i] is None and first[keys[i]] == i]
-        count = {k: keys.count(k) for k in set(keys)}
-        # each kernel's weight in the budget and in the small-search rule: its estimated cost (times its copies);
-        # the heaviest are searched first, so that a budget spent leaves out the kernels that matter least
-        weights = {i: estimate_cost(items[i], dev) * count[keys[i]] for i in todo}
+        # each kernel's weight in the budget and in the small-search rule: its time per call, measured or
+        # estimated (`kernel_weights`); the heaviest are searched first, so that a budget spent leaves out the
+        # kernels that matter least
+        weights = kernel_weights(items, keys, todo, dev, measured)
+        for i in [i for i in todo if weights[i] <= 0]:  # runs once per program, not at every call: not searched
+            rows[i] = {"name": items[i].name, "opts": [], "width": width, "tried": 0, "cached": False,
+                       "skipped": True, "once": True}
+            todo.remove(i)
         total = sum(weights.values())
         weight_left = total
         setup: list[float] = []  # the seconds each kernel searched so far took to render, compile and time its default
