@@ -110,3 +110,28 @@ def test_a_programs_costs_mark_the_prelude_and_are_measured_after_a_run(searched
     result = prog.beam("CPU", dims=dims, width=1, force=True, budget_s=None)
     assert [r["name"] for r in result["kernels"] if r.get("once")] == [items[once[0]].name]
     assert searched == [items[i].name for i in live if i not in once]
+
+
+def test_a_budget_goes_to_the_heaviest_kernels_only():
+    weights = {0: 1.0, 1: 50.0, 2: 30.0, 3: 10.0, 4: 9.0}  # 100 in all
+    assert search.budget_kernels(weights, False) == [1, 2, 3, 4, 0]  # unbounded: every kernel, heaviest first
+    assert search.budget_kernels(weights, True) == [1, 2, 3]  # the fewest that hold COVER (0.9) of the weight
+    assert search.budget_kernels({0: 1.0, 1: 1.0, 2: 1.0}, True) == [0, 1, 2]  # ties: in order
+    assert search.budget_kernels({0: 5.0}, True) == [0]
+
+
+def test_the_lightest_queued_kernels_are_dropped_until_a_share_can_try_candidates():
+    weights = {1: 50.0, 2: 30.0, 3: 10.0, 4: 9.0}
+    # 60 s left for kernel 1 (half of the 100 still queued: 30 s); it needs 36 s: kernel 4, then 3 dropped
+    assert search._drop_for_share(1, [2, 3, 4], weights, 99.0, 60.0, 36.0) == [4, 3]
+    assert search._drop_for_share(1, [2, 3, 4], weights, 99.0, 60.0, 30.0) == []  # its share suffices
+    assert search._drop_for_share(1, [2, 3, 4], weights, 99.0, 10.0, 30.0) == [4, 3, 2]  # alone, at most
+
+
+def test_kernels_the_budget_leaves_out_are_skipped_and_not_stored(searched):
+    items, cpu = _items()
+    rows, _ = search.beam_items(items, cpu, width=1, force=True, budget_s=60.0, measured=[1e-3, 30e-3, 2e-3])
+    assert searched == [items[1].name]  # 30 of 33 ms hold COVER: the other two are left out
+    assert [bool(r.get("skipped")) for r in rows] == [True, False, True]
+    assert search.lookup(search.search_ast(items[0], cpu), cpu) is None
+    assert search.lookup(search.search_ast(items[1], cpu), cpu) is not None
