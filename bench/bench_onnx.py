@@ -7,7 +7,8 @@ process's peak RSS for every runner, and for tgc its data peak (the weights, the
 run allocates from an empty pool: tracemalloc, as bench.py's workloads). Runners: tgc (`tgc.load(model).run`,
 default kernels, CPU), tgc after BEAM (`--beam`: one call to compile, then `Program.beam` within `--beam-budget`
 seconds, default BEAM_BUDGET_S; its winners then used, its first call is the first after the search; the row
-says how many kernels the budget reached), onnxruntime
+says how many of the kernels a run launches the budget reached, and how many kernels on the weights alone run
+once per program and are not searched), onnxruntime
 (CPU provider) and tinygrad's `OnnxRunner` (DEV=CPU; it needs `clang` on PATH: where it does not run, its row
 says why). Inputs: the model's own generator (arange / size, as ONNX's runner uses for the light models).
 
@@ -82,6 +83,7 @@ if runner == "tgc-beam":  # compiled first, so that the budget goes to the searc
     extra["beam_budget_s"] = budget
     extra["beam_kernels"] = len(report["kernels"])
     extra["beam_skipped"] = sum(1 for k in report["kernels"] if k.get("skipped"))
+    extra["beam_once"] = sum(1 for k in report["kernels"] if k.get("once"))  # run once per program: not searched
 t1 = time.perf_counter()
 call(feeds)
 t2 = time.perf_counter()
@@ -222,9 +224,10 @@ def print_onnx(rows: list[dict]) -> None:
                 print(f"| {row['model']} | {runner} | error: {r['error']} | | | | |")
                 continue
             ratio = f"{ort / r['median_s']:.2f}x" if ort else "-"
+            once = r.get("beam_once", 0)
             beam = f" (search {r['beam_s']:.0f} s of a {r['beam_budget_s']:.0f} s budget, " \
-                   f"{r['beam_kernels'] - r['beam_skipped']}/{r['beam_kernels']} kernels searched)" \
-                if "beam_s" in r else ""
+                   f"{r['beam_kernels'] - r['beam_skipped']}/{r['beam_kernels'] - once} kernels searched" \
+                   f"{f', {once} on weights alone run once' if once else ''})" if "beam_s" in r else ""
             print(f"| {row['model']} | {runner}{beam} | {r['first_call_s']:.2f} s | {r['first_process_s']:.2f} s | "
                   f"{r['median_s'] * 1e3:.1f} ms | {r['peak_bytes'] / 2**20:.0f} | {ratio} |")
     print("\nONNX model targets (issue 23):")

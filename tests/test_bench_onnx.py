@@ -36,6 +36,9 @@ def test_the_beam_row_and_the_targets(capsys):
     assert "default kernels >= 0.7x onnxruntime: 0.50x (NOT met)" in out
     assert "after BEAM >= 1.0x onnxruntime: 1.25x (met)" in out
     assert "limit, default kernels:" in out and "limit, after BEAM" not in out
+    runs["tgc-beam"].update(beam_skipped=7, beam_once=4)  # 4 of the 7 skipped run once (weights alone)
+    b.print_onnx([{"model": "m", "runs": runs, "targets": targets}])
+    assert "5/8 kernels searched, 4 on weights alone run once)" in capsys.readouterr().out
 
 
 def test_a_missing_beam_run_is_not_measured():
