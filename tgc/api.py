@@ -987,7 +987,6 @@ class Program:
                 "seconds": time.perf_counter() - started, "budget_s": budget_s, "class_winners": class_winners,
                 "interrupted": any(r.get("interrupted") for r in rows)}
 
-
     def _per_call_costs(self, dev: Any, dims: dict[str, int], items: list[ScheduleItem]) -> list[float | None]:
         """What each schedule item costs a run, for BEAM's budget (`search.kernel_weights`): None for a kernel that
         runs once per program, not at every call (it reads only the bound weights: `tgc.engine.bound`, e.g. a

@@ -776,10 +776,12 @@ def beam_items(items: list[ScheduleItem], dev: Any, width: int = 4, progress: Ca
     (`"small": true`).
 
     `budget_s` (None: no bound) bounds the time from `started` (a `time.perf_counter()` value; default: now) to
-    the end of this call: each kernel searched gets the budget left times its share of the weight still to
-    search (`_budget_deadline`) and renders, compiles and times its default and its candidates within it; a
-    kernel reached after the budget is spent, or whose default could not be timed within its share, is not
-    searched and not stored (`"skipped": true`: a later run searches it)."""
+    the end of this call: only the heaviest kernels holding COVER of the weight are searched (`budget_kernels`),
+    the lightest of them dropped where a share would be under SETUP_MULTIPLE setups (`_drop_for_share`); each
+    kernel searched gets the budget left times its share of the weight still to search (`_budget_deadline`)
+    and renders, compiles and times its default and its candidates within it; a kernel left out, reached after
+    the budget is spent, or whose default could not be timed within its share, is not searched and not stored
+    (`"skipped": true`: a later run searches it)."""
 
     if dev.compiler is None:
         raise CompileError(dev.compile_error or f"cannot compile for {dev.kind} here, so it cannot be tuned here")
