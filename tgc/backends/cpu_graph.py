@@ -80,6 +80,7 @@ def oversubscribed(threads: int, cores: int) -> bool:
 
 
 def _cores() -> int:
+    """The cores this process may run on (a device's `cores` may be more: `TGC_THREADS`)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
@@ -303,7 +304,7 @@ class CPUGraph:
         self.last_serial = False
         if self.threads == 1:
             self.fn(tab, self.n, 0, bar, 1)
-        elif self.serial is not None and oversubscribed(self.threads, _cores()):
+        elif self.serial is not None and oversubscribed(self.threads, max(_cores(), int(self.device.cores or 1))):
             self.last_serial = True
             self.fn(self.serial.ctypes.data, len(self.serial), 0, bar, 1)
         else:
