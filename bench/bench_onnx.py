@@ -283,9 +283,10 @@ def onnx_rows(models: list[str], repeat: int = 5, beam: bool = False, log=None,
 LIMITS = {
     "default kernels": "grouped convolutions whose channels per group are no multiple of 16 (ShuffleNet) get no "
                        "packed lane tile; pooling is one strided read per window tap; on a loaded machine each "
-                       "runner's time varies 2-5x from run to run, and the runners here run minutes apart",
-    "after BEAM": "BEAM tunes the opts of the heaviest kernels its budget reaches, not the algorithm; the runners "
-                  "run minutes apart, at different loads",
+                       "runner's time varies 2-5x from run to run (without --interleaved the runners also run "
+                       "minutes apart, at different loads)",
+    "after BEAM": "BEAM tunes the opts of the heaviest kernels its budget reaches, not the algorithm; on a loaded "
+                  "machine a kernel timed alone measures the load as much as the kernel",
     "first call": "a cold first call compiles every kernel with LLVM (hundreds for ResNet-50) on 2 cores; "
                   "another branch works on compile time",
     "data peak": "intermediates the memory plan cannot share (a launch plan keeps its buffers between runs)",
