@@ -7,7 +7,8 @@ process's peak RSS for every runner, and for tgc its data peak (the weights, the
 run allocates from an empty pool: tracemalloc, as bench.py's workloads). Runners: tgc (`tgc.load(model).run`,
 default kernels, CPU), tgc after BEAM (`--beam`: one call to compile, then `Program.beam` within `--beam-budget`
 seconds, default BEAM_BUDGET_S; its winners then used, its first call is the first after the search; the row
-says how many kernels the budget reached), onnxruntime
+says how many of the kernels a run launches the budget reached, and how many kernels on the weights alone run
+once per program and are not searched), onnxruntime
 (CPU provider) and tinygrad's `OnnxRunner` (DEV=CPU; it needs `clang` on PATH: where it does not run, its row
 says why). Inputs: the model's own generator (arange / size, as ONNX's runner uses for the light models).
 
@@ -15,7 +16,8 @@ Targets (issue 23), each printed met or not with its limit: default kernels >= 0
 speed; after BEAM >= 1.0x (measured with `--beam` only); ResNet-50's first call <= 3 s; tgc's data peak <= 1.3x
 (weights + the activations of the largest layer: its inputs and outputs, from ONNX's shape inference).
 
-    python bench/bench_onnx.py [--repeat N] [--beam [--beam-budget SECONDS]] [--all] [MODEL.onnx | LIGHT_NAME ...]
+    python bench/bench_onnx.py [--repeat N] [--beam [--beam-budget SECONDS]] [--interleaved] [--all]
+                               [MODEL.onnx | LIGHT_NAME ...]
     python bench/bench.py --only onnx [--onnx-all] [--onnx-beam [--onnx-beam-budget S]]  (the same table)
 
 Default models: the light models that compile in about a minute each here (AlexNet, SqueezeNet, ShuffleNet,
@@ -82,6 +84,7 @@ if runner == "tgc-beam":  # compiled first, so that the budget goes to the searc
     extra["beam_budget_s"] = budget
     extra["beam_kernels"] = len(report["kernels"])
     extra["beam_skipped"] = sum(1 for k in report["kernels"] if k.get("skipped"))
+    extra["beam_once"] = sum(1 for k in report["kernels"] if k.get("once"))  # run once per program: not searched
 t1 = time.perf_counter()
 call(feeds)
 t2 = time.perf_counter()
@@ -105,6 +108,73 @@ if runner.startswith("tgc"):  # the data one run allocates from an empty pool, w
 print(json.dumps({"first_call_s": t2 - t1, "first_process_s": t2 - t0, "median_s": float(np.median(times)),
                   "peak_bytes": peak, **extra}))
 """
+
+# `--interleaved`: tgc's default kernels, tgc after BEAM (with `--beam`) and onnxruntime in one process, timed run
+# by run in turn, so that on a loaded machine every runner sees the same load (one after the other, minutes apart,
+# their ratios say mostly how the load moved between them). First calls: tgc's in this fresh process, tgc-beam's
+# the first after its search; peak RSS is the one process' (not per runner), and no data peak is measured.
+CHILD_INTERLEAVED = r"""
+import json, os, resource, sys, time
+t0 = time.perf_counter()
+import numpy as np
+import tgc
+import onnxruntime as ort
+path, repeat, budget, beam = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4] == "1"
+prog = tgc.load(path)
+feeds = {}
+for d in prog.inputs:
+    shape = tuple(int(s) for s in d.shape)
+    n = int(np.prod(shape))
+    feeds[d.name] = (np.arange(n).reshape(shape) / max(n, 1)).astype(d.dtype.np)
+out = {"load": [os.getloadavg()[0]]}
+s = time.perf_counter(); prog.run(device="CPU", inputs=feeds)
+out["tgc"] = {"first_call_s": time.perf_counter() - s, "first_process_s": time.perf_counter() - t0}
+calls = {"tgc": lambda: prog.run(device="CPU", inputs=feeds)}
+if beam:
+    tuned = tgc.load(path)
+    tuned.run(device="CPU", inputs=feeds)
+    s = time.perf_counter()
+    report = tuned.beam(device="CPU", dims={}, budget_s=budget)
+    kernels = report["kernels"]
+    extra = {"beam_s": time.perf_counter() - s, "beam_budget_s": budget, "beam_kernels": len(kernels),
+             "beam_skipped": sum(1 for k in kernels if k.get("skipped")),
+             "beam_once": sum(1 for k in kernels if k.get("once"))}
+    tuned = tgc.load(path)  # (its kernels compiled with the winners stored)
+    s = time.perf_counter(); tuned.run(device="CPU", inputs=feeds)
+    out["tgc-beam"] = {"first_call_s": time.perf_counter() - s, "first_process_s": time.perf_counter() - t0, **extra}
+    calls["tgc-beam"] = lambda: tuned.run(device="CPU", inputs=feeds)
+sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+names = [i.name for i in sess.get_inputs()]
+s = time.perf_counter(); sess.run(None, {k: feeds[k] for k in names})
+out["onnxruntime"] = {"first_call_s": time.perf_counter() - s, "first_process_s": time.perf_counter() - t0}
+calls["onnxruntime"] = lambda: sess.run(None, {k: feeds[k] for k in names})
+for f in calls.values():
+    f()
+times = {k: [] for k in calls}
+for _ in range(repeat):
+    for k, f in calls.items():
+        s = time.perf_counter(); f(); times[k].append(time.perf_counter() - s)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+for k, ts in times.items():
+    out[k].update(median_s=float(np.median(ts)), min_s=min(ts), peak_bytes=peak)
+out["load"].append(os.getloadavg()[0])
+print(json.dumps(out))
+"""
+
+
+def measure_interleaved(path: str, repeat: int, beam: bool, beam_budget_s: float = BEAM_BUDGET_S) -> dict:
+    """The runners of `--interleaved` in one fresh process with an empty tgc cache: {runner: measurement,
+    "load": [the 1-minute load average before, after]}, or {"error": why}."""
+    with tempfile.TemporaryDirectory(prefix="tgc-bench-onnx-") as cache:
+        env = {**os.environ, "TGC_CACHE_DIR": cache}
+        try:
+            r = subprocess.run([sys.executable, "-c", CHILD_INTERLEAVED, path, str(repeat), str(beam_budget_s),
+                                "1" if beam else "0"], capture_output=True, text=True, env=env, timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return {"error": f"over {TIMEOUT_S} s"}
+    if r.returncode != 0:
+        return {"error": (r.stderr.strip().splitlines() or ["failed"])[-1][:160]}
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def measure(path: str, runner: str, repeat: int, beam_budget_s: float = BEAM_BUDGET_S) -> dict:
@@ -174,15 +244,23 @@ def _speed(runs: dict, runner: str, want: float, what: str) -> dict:
 
 
 def onnx_rows(models: list[str], repeat: int = 5, beam: bool = False, log=None,
-              beam_budget_s: float = BEAM_BUDGET_S) -> list[dict]:
-    """One row per model: every runner's measurement and the targets, met or not."""
+              beam_budget_s: float = BEAM_BUDGET_S, interleaved: bool = False) -> list[dict]:
+    """One row per model: every runner's measurement and the targets, met or not (`interleaved`: tgc, tgc-beam
+    and onnxruntime in one process, run by run in turn: `CHILD_INTERLEAVED`)."""
     rows = []
     for m in models:
         path = model_path(m)
         name = os.path.basename(path).removeprefix("light_").removesuffix(".onnx")
         if log:
             log(f"... onnx {name}")
-        runs = {runner: measure(path, runner, repeat, beam_budget_s) for runner in available_runners(beam)}
+        if interleaved:
+            got = measure_interleaved(path, repeat, beam, beam_budget_s)
+            wanted = ["onnxruntime", "tgc"] + (["tgc-beam"] if beam else [])
+            runs = {r: got.get(r, {"error": got.get("error", "not measured")}) for r in wanted}
+            if "load" in got:
+                runs["onnxruntime"]["load"] = got["load"]
+        else:
+            runs = {runner: measure(path, runner, repeat, beam_budget_s) for runner in available_runners(beam)}
         weights, layer = memory_budget(path)
         targets = [_speed(runs, "tgc", DEFAULT_TARGET, "default kernels"),
                    _speed(runs, "tgc-beam", BEAM_TARGET, "after BEAM")]
@@ -195,17 +273,20 @@ def onnx_rows(models: list[str], repeat: int = 5, beam: bool = False, log=None,
         targets.append({"target": f"data peak <= {MEMORY_TARGET}x (weights + largest layer: "
                                   f"{(weights + layer) / 2**20:.0f} MiB)",
                         "met": None if "data_peak_bytes" not in r else r["data_peak_bytes"] <= budget,
-                        "value": r.get("error") or f"{r['data_peak_bytes'] / (weights + layer):.2f}x"})
+                        "value": r.get("error") or (f"{r['data_peak_bytes'] / (weights + layer):.2f}x"
+                                                    if "data_peak_bytes" in r else "not measured (--interleaved)")})
         rows.append({"model": name, "runs": runs, "weights_bytes": weights, "largest_layer_bytes": layer,
                      "targets": targets})
     return rows
 
 
 LIMITS = {
-    "default kernels": "tgc's default kernels for convolutions (conv2d as a sum of strided taps, no im2col or "
-                       "tiled GEMM path) and pooling (one strided read per window tap) are slower than "
-                       "onnxruntime's MLAS; other branches work on the kernels",
-    "after BEAM": "BEAM tunes each kernel's opts but not the algorithm (the same tap-by-tap convolution)",
+    "default kernels": "grouped convolutions whose channels per group are no multiple of 16 (ShuffleNet) get no "
+                       "packed lane tile; pooling is one strided read per window tap; on a loaded machine each "
+                       "runner's time varies 2-5x from run to run (without --interleaved the runners also run "
+                       "minutes apart, at different loads)",
+    "after BEAM": "BEAM tunes the opts of the heaviest kernels its budget reaches, not the algorithm; on a loaded "
+                  "machine a kernel timed alone measures the load as much as the kernel",
     "first call": "a cold first call compiles every kernel with LLVM (hundreds for ResNet-50) on 2 cores; "
                   "another branch works on compile time",
     "data peak": "intermediates the memory plan cannot share (a launch plan keeps its buffers between runs)",
@@ -222,11 +303,16 @@ def print_onnx(rows: list[dict]) -> None:
                 print(f"| {row['model']} | {runner} | error: {r['error']} | | | | |")
                 continue
             ratio = f"{ort / r['median_s']:.2f}x" if ort else "-"
+            once = r.get("beam_once", 0)
             beam = f" (search {r['beam_s']:.0f} s of a {r['beam_budget_s']:.0f} s budget, " \
-                   f"{r['beam_kernels'] - r['beam_skipped']}/{r['beam_kernels']} kernels searched)" \
-                if "beam_s" in r else ""
+                   f"{r['beam_kernels'] - r['beam_skipped']}/{r['beam_kernels'] - once} kernels searched" \
+                   f"{f', {once} on weights alone run once' if once else ''})" if "beam_s" in r else ""
             print(f"| {row['model']} | {runner}{beam} | {r['first_call_s']:.2f} s | {r['first_process_s']:.2f} s | "
                   f"{r['median_s'] * 1e3:.1f} ms | {r['peak_bytes'] / 2**20:.0f} | {ratio} |")
+    for row in rows:
+        load = row["runs"]["onnxruntime"].get("load")
+        if load:
+            print(f"{row['model']}: runners interleaved in one process, load {load[0]:.1f} -> {load[-1]:.1f}")
     print("\nONNX model targets (issue 23):")
     missed = set()
     for row in rows:
@@ -257,9 +343,11 @@ def main() -> None:
         del args[i:i + 2]
     beam = "--beam" in args
     every = "--all" in args
-    args = [a for a in args if a not in ("--beam", "--all")]
+    interleaved = "--interleaved" in args
+    args = [a for a in args if a not in ("--beam", "--all", "--interleaved")]
     models = args or (LIGHT if every else QUICK)
-    print_onnx(onnx_rows(models, repeat, beam, log=lambda s: print(s, file=sys.stderr), beam_budget_s=budget))
+    print_onnx(onnx_rows(models, repeat, beam, log=lambda s: print(s, file=sys.stderr), beam_budget_s=budget,
+                         interleaved=interleaved))
 
 
 if __name__ == "__main__":

@@ -96,7 +96,7 @@ def test_a_kernel_that_cannot_matter_gets_a_small_search(spy, monkeypatch):
     monkeypatch.setattr(search, "estimate_cost", cost)
     p = tgc.loads(MIX)
     dims = {"M": 32, "K": 32, "N": 64}
-    result = p.beam("CPU", dims=dims, width=2, force=True)
+    result = p.beam("CPU", dims=dims, width=2, force=True, budget_s=None)  # (a budget leaves it out: COVER)
     rows = result["kernels"]
     assert len(estimated) == 2 and len(rows) == 2
     assert [r["small"] for r in rows] == [False, True]
@@ -107,7 +107,7 @@ def test_a_kernel_that_cannot_matter_gets_a_small_search(spy, monkeypatch):
     spy.clear()
     monkeypatch.setattr(search, "estimate_cost", real)
     monkeypatch.setattr(search, "small_search", lambda t, total: False)
-    p.beam("CPU", dims=dims, width=2, force=True)
+    p.beam("CPU", dims=dims, width=2, force=True, budget_s=None)
     assert spy[1][3] > small_tried
     rng = np.random.default_rng(1)
     a, b, c = (rng.standard_normal(s).astype(np.float32) for s in ((32, 32), (32, 64), (32, 64)))

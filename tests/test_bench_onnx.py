@@ -36,9 +36,35 @@ def test_the_beam_row_and_the_targets(capsys):
     assert "default kernels >= 0.7x onnxruntime: 0.50x (NOT met)" in out
     assert "after BEAM >= 1.0x onnxruntime: 1.25x (met)" in out
     assert "limit, default kernels:" in out and "limit, after BEAM" not in out
+    runs["tgc-beam"].update(beam_skipped=7, beam_once=4)  # 4 of the 7 skipped run once (weights alone)
+    b.print_onnx([{"model": "m", "runs": runs, "targets": targets}])
+    assert "5/8 kernels searched, 4 on weights alone run once)" in capsys.readouterr().out
 
 
 def test_a_missing_beam_run_is_not_measured():
     b = _bench_onnx()
     t = b._speed({"onnxruntime": _run(0.01), "tgc": _run(0.02)}, "tgc-beam", b.BEAM_TARGET, "after BEAM")
     assert t["met"] is None and t["value"] == "--beam not given"
+
+
+def test_interleaved_runners_in_one_process(tmp_path, capsys):
+    """`--interleaved` on a one-node model made here: tgc and onnxruntime timed in one process, the table and
+    the targets printed (the memory target not measured that way)."""
+    import pytest
+    pytest.importorskip("onnxruntime")
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto as TP
+    from onnx import helper as h
+    g = h.make_graph([h.make_node("Relu", ["x"], ["y"])], "g", [h.make_tensor_value_info("x", TP.FLOAT, [4, 8])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, [4, 8])])
+    path = tmp_path / "relu.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), str(path))
+    b = _bench_onnx()
+    rows = b.onnx_rows([str(path)], repeat=3, interleaved=True)
+    runs = rows[0]["runs"]
+    assert set(runs) == {"onnxruntime", "tgc"} and all(r["median_s"] > 0 for r in runs.values()), runs
+    assert len(runs["onnxruntime"]["load"]) == 2
+    b.print_onnx(rows)
+    out = capsys.readouterr().out
+    assert "relu: runners interleaved in one process, load" in out
+    assert "not measured (--interleaved)" in out

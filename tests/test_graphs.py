@@ -83,6 +83,8 @@ def test_graph_runs_match_numpy_and_per_kernel_launches(device, src, shapes, ref
 
 @pytest.mark.parametrize("threads", [2, 3])
 def test_parallel_kernels_stay_parallel_in_a_cpu_graph(threads, monkeypatch):
+    from tgc.backends import cpu_graph
+    monkeypatch.setattr(cpu_graph, "oversubscribed", lambda threads, cores: False)  # (threaded, whatever the load)
     monkeypatch.setenv("TGC_THREADS", str(threads))
     prog = tgc.loads("x: f32[N, D]\nreturn softmax(x, 1), x.T @ x, x.sum(0)")
     widths = [k.global_size[0] for k in prog.lower("CPU", {"N": 256, "D": 64}).kernels]
@@ -388,6 +390,7 @@ def test_threads_that_sleep_at_the_barrier_are_woken(monkeypatch):
     monkeypatch.setattr(cpu_graph, "SPINS", 0)
     monkeypatch.setattr(cpu_graph, "YIELDS", 0)
     monkeypatch.setattr(cpu_graph, "_RUNNER", None)  # built again with these settings (another cache key)
+    monkeypatch.setattr(cpu_graph, "oversubscribed", lambda threads, cores: False)  # (threaded, whatever the load)
     monkeypatch.setenv("TGC_THREADS", "3")
     prog = tgc.loads("x: f32[N, D]\nreturn softmax(x, 1), x.T @ x, x.sum(0)")
     for _ in range(20):

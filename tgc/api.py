@@ -46,6 +46,7 @@ from tgc.dsl.frontend import (
 )
 from tgc.dtype import DType
 from tgc.engine import bench, chunk, executable
+from tgc.engine.bound import split as bound_split
 from tgc.engine.chunk import Chunking
 from tgc.engine.conform import as_array as _as_array
 from tgc.engine.conform import check_input_names, names_hint
@@ -55,7 +56,7 @@ from tgc.engine.inputs import random_inputs
 from tgc.engine.memplan import MemoryPlan, plan_memory
 from tgc.engine.multi import build_executable
 from tgc.engine.multi import plan as plan_multi
-from tgc.engine.realize import LaunchPlans, inplace_pairs, plan_for, to_user_array
+from tgc.engine.realize import LaunchPlans, inplace_pairs, plan_for, stored_indices, to_user_array
 from tgc.engine.reference import evaluate, evaluate_with_scale
 from tgc.engine.schedule import ScheduleItem, create_schedule, split_large_reduces
 from tgc.env import debug_level, env_flag, env_int
@@ -1020,8 +1021,9 @@ class Program:
         if dev.compiler is None:
             raise CompileError(dev.compile_error or f"cannot compile for {dev.kind} here, so it cannot be tuned here")
         dims = self.resolve_dims(dims)
-        rows, _ = beam_items(self.run_schedule(dims, dev.name), dev, width, progress=progress, force=force,
-                             budget_s=search_budget, started=started)
+        items = self.run_schedule(dims, dev.name)
+        rows, _ = beam_items(items, dev, width, progress=progress, force=force, budget_s=search_budget,
+                             started=started, measured=self._per_call_costs(dev, dims, items))
         self._kernels.clear()  # later compiles pick up the stored winners
         self._chunks.clear()
         self._entries.clear()  # (the program cache's key holds the BEAM table's state: they miss)
@@ -1035,6 +1037,54 @@ class Program:
         return {"device": dev.name, "dims": dims, "width": width, "kernels": rows,
                 "seconds": time.perf_counter() - started, "budget_s": budget_s, "class_winners": class_winners,
                 "interrupted": any(r.get("interrupted") for r in rows)}
+
+    def _per_call_costs(self, dev: Any, dims: dict[str, int], items: list[ScheduleItem]) -> list[float | None]:
+        """What each schedule item costs a run, for BEAM's budget (`search.kernel_weights`): None for a kernel that
+        runs once per program, not at every call (it reads only the bound weights: `tgc.engine.bound`, e.g. a
+        convolution's weight packing); for the others the seconds of their default in a run of the program
+        (`bench.kernel_times`: two runs, every launch waited for) where this process has the program compiled
+        already (a `run` before the search), else their estimate (`search.estimate_cost`: nothing is compiled to
+        weigh). Aligned with `items`."""
+        outs, in_bufs = self._trace(dims)
+        live = [i for i, it in enumerate(items) if it.ast.src]
+        view = _ItemsView(bound=frozenset(self.weights), inputs=[(b, self._in_names[b.arg[0]]) for b in in_bufs],
+                          outputs=list(zip(self.output_names, outs)), kernels=[_ItemKernel(items[i]) for i in live])
+        prelude = set(bound_split(view).prelude)
+        once = {live[j] for j, k in enumerate(view.kernels) if k in prelude}
+        costs: list[float | None] = [None if i in once else search.estimate_cost(it, dev)
+                                     for i, it in enumerate(items)]
+        kernels = self._kernels.get((dev.name, tuple(sorted(dims.items())), env_int("BEAM", 0), True))
+        if not kernels or len(kernels) != len(live) or any(k.deferred for k in kernels) or dev.caps.gpu:
+            return costs
+        try:
+            exe = self.lower(dev.name, dims)
+            times = bench.kernel_times(exe, self.bind(random_inputs(self, dims), dims, cast=True)[1])
+        except TgcError:  # (it ran before: a failure here leaves the estimate)
+            return costs
+        measured = [None if i in once else times.get(kernels[j].name) for j, i in enumerate(live)]
+        if any(t is None for j, t in enumerate(measured) if live[j] not in once):  # (a prelude the split saw
+            return costs  # differently: the estimate, in one unit)
+        for j, i in enumerate(live):
+            costs[i] = measured[j]
+        return costs
+
+
+class _ItemKernel:
+    """A schedule item as `tgc.engine.bound.split` reads a kernel: its buffers and the ones it writes."""
+
+    def __init__(self, item: ScheduleItem):
+        self.bufs, self.ast = item.bufs, item.ast
+
+    def written(self) -> frozenset[int]:
+        return stored_indices(self.ast)
+
+
+class _ItemsView:
+    """A program's schedule as `tgc.engine.bound.split` reads an executable (its bound inputs, inputs, outputs)."""
+
+    def __init__(self, bound: frozenset, inputs: list, outputs: list, kernels: list[_ItemKernel]):
+        self.bound, self.inputs, self.outputs, self.kernels = bound, inputs, outputs, kernels
+        self.multi, self.chunks = False, None
 
 
 class SymbolicPlan:

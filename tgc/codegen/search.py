@@ -29,6 +29,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from statistics import median
 from typing import Any
 
 import numpy as np
@@ -92,6 +93,14 @@ MACHINE_BALANCE = 8.0  # FLOPs a CPU core does in the time it moves one byte fro
 # one (llama odd's 400-650 us matmuls won with one thread at load 6; BEAM 0.78x XLA vs the default's 0.94x on a
 # quiet machine)
 FEWER_THREADS_MAX_S = 100e-6
+# under a budget, only the heaviest kernels are searched (`budget_kernels`): the fewest that hold COVER of the
+# program's weight; and before each kernel's search, the lightest still queued are dropped until its share is at
+# least SETUP_MULTIPLE times the median setup of the kernels before it (rendering, compiling and timing the
+# reference and the default's prefixes), so that a share can try candidates. Spread over every kernel, a 90 s
+# search of SqueezeNet's 38 kernels (load ~6) gave each a share that its setup (2-5 s) spent: 17 of the 19
+# kernels it reached tried no candidate
+COVER = 0.9
+SETUP_MULTIPLE = 3.0
 
 
 # ------------------------------------------------------------------------------------------- another evaluator
@@ -737,6 +746,56 @@ def _compile_starts(starts: tuple[Candidate, list[Candidate]], device: Any, pool
         c.binary = binaries.get(c.src)
 
 
+def kernel_weights(items: list[ScheduleItem], keys: list[str], todo: list[int], dev: Any,
+                   measured: list[float | None] | None = None) -> dict[int, float]:
+    """Each kernel to search's weight in the budget (`todo`: indices of `items`, one per key; `keys[i]`: item i's
+    key in the store). With `measured` (per item, the seconds its default took in one run of the program; None
+    for a kernel that does not run at every call: the prelude on a model's weights, `tgc.engine.bound`), a
+    kernel weighs the time all its copies (the items of its key) take per call: what a search could win back;
+    a kernel whose copies all run once weighs 0 (not searched). The caller gives every kernel that runs at
+    every call a cost in one unit (`Program._per_call_costs`: all measured, or all estimated). Without
+    `measured` (or not one per item), every weight is the estimate (`estimate_cost` times the copies)."""
+    count = {k: keys.count(k) for k in set(keys)}
+    if measured is not None and len(measured) == len(items):
+        per_call = {}
+        for i, key in enumerate(keys):
+            if measured[i] is not None:
+                per_call[key] = per_call.get(key, 0.0) + max(float(measured[i]), 1e-9)  # (0: under the clock's tick)
+        return {i: per_call.get(keys[i], 0.0) for i in todo}
+    return {i: estimate_cost(items[i], dev) * count[keys[i]] for i in todo}
+
+
+def budget_kernels(weights: dict[int, float], bounded: bool) -> list[int]:
+    """The kernels a search reaches, heaviest first (ties: the earlier kernel): every one without a bound; under
+    a budget the fewest heaviest that hold COVER of the total weight (the lightest rest is not searched and not
+    stored: a later search with more time finds it)."""
+    order = sorted(weights, key=lambda i: (-weights[i], i))
+    if not bounded:
+        return order
+    total = sum(weights.values())
+    chosen: list[int] = []
+    held = 0.0
+    for i in order:
+        if chosen and held >= COVER * total:
+            break
+        chosen.append(i)
+        held += weights[i]
+    return chosen
+
+
+def _drop_for_share(i: int, queued: list[int], weights: dict[int, float], weight_left: float, seconds_left: float,
+                    need_s: float) -> list[int]:
+    """The kernels to drop, lightest first, from `queued` (those after kernel `i`, heaviest first) so that `i`'s
+    share of `seconds_left` (its weight over `weight_left`, its own and the queued ones') is at least `need_s`."""
+    dropped: list[int] = []
+    rest = list(queued)
+    while rest and weight_left > 0 and seconds_left * weights[i] / weight_left < need_s:
+        j = rest.pop()
+        dropped.append(j)
+        weight_left -= weights[j]
+    return dropped
+
+
 def small_search(time_s: float | None, total_s: float) -> bool:
     """Whether a kernel whose default takes `time_s` of a program's `total_s` gets the small search: it cannot
     matter (under `SMALL_SHARE` of the program: a search could win back less than that)."""
@@ -756,26 +815,36 @@ def _budget_deadline(now: float, deadline_all: float, weight: float, weight_left
 
 def beam_items(items: list[ScheduleItem], dev: Any, width: int = 4, progress: Callable[[dict], None] | None = None,
                force: bool = False, budget_s: float | None = DEFAULT_BUDGET_S,
-               started: float | None = None) -> tuple[list[dict[str, Any]], float]:
+               started: float | None = None, measured: list[float | None] | None = None
+               ) -> tuple[list[dict[str, Any]], float]:
     """Search every kernel of a schedule on `dev`; store the winners; rows of before/after per kernel and the
     seconds it took (`Program.beam` schedules, calls this and drops its compiled kernels).
 
     Kernels with the same AST (the same key in the store: a block's two layernorms, a repeated matmul shape) are
-    searched once; the others take the first one's winner (`same_as`). Each kernel's weight is its estimated
-    cost (`estimate_cost`, times its copies); one under `SMALL_SHARE` of the program's (`small_search`) gets a
-    search of width `SMALL_WIDTH` over `SMALL_ROUNDS` rounds (`"small": true`).
+    searched once; the others take the first one's winner (`same_as`). Each kernel's weight (`kernel_weights`)
+    is the time its copies took in one run of the program where `measured` gives it (per item of `items`: its
+    default's seconds, None for a kernel that runs once, not at every call), else its estimated cost
+    (`estimate_cost`, times its copies); kernels are searched heaviest first; one of weight 0 (it runs once per
+    program: packing a weight) is not searched (`"skipped": true, "once": true`); one under `SMALL_SHARE` of the
+    program's (`small_search`) gets a search of width `SMALL_WIDTH` over `SMALL_ROUNDS` rounds
+    (`"small": true`).
 
     `budget_s` (None: no bound) bounds the time from `started` (a `time.perf_counter()` value; default: now) to
-    the end of this call: each kernel searched gets the budget left times its share of the weight still to
-    search (`_budget_deadline`) and renders, compiles and times its default and its candidates within it; a
-    kernel reached after the budget is spent, or whose default could not be timed within its share, is not
-    searched and not stored (`"skipped": true`: a later run searches it)."""
+    the end of this call: only the heaviest kernels holding COVER of the weight are searched (`budget_kernels`),
+    the lightest of them dropped where a share would be under SETUP_MULTIPLE setups (`_drop_for_share`); each
+    kernel searched gets the budget left times its share of the weight still to search (`_budget_deadline`)
+    and renders, compiles and times its default and its candidates within it; a kernel left out, reached after
+    the budget is spent, or whose default could not be timed within its share, is not searched and not stored
+    (`"skipped": true`: a later run searches it)."""
 
     if dev.compiler is None:
         raise CompileError(dev.compile_error or f"cannot compile for {dev.kind} here, so it cannot be tuned here")
     start = time.perf_counter() if started is None else started
     deadline_all = None if budget_s is None else start + budget_s
-    items = [it for it in items if it.ast.src]
+    kept = [i for i, it in enumerate(items) if it.ast.src]
+    if measured is not None:
+        measured = [measured[i] for i in kept] if len(measured) == len(items) else None
+    items = [items[i] for i in kept]
     rows: list[dict[str, Any] | None] = [None] * len(items)
     pool = make_pool(dev)
     try:
@@ -791,16 +860,30 @@ def beam_items(items: list[ScheduleItem], dev: Any, width: int = 4, progress: Ca
                 if progress:
                     progress({"kernel": item.name, "index": i, "total": len(items), "cached": True})
         todo = [i for i in range(len(items)) if rows[i] is None and first[keys[i]] == i]
-        count = {k: keys.count(k) for k in set(keys)}
-        # each kernel's weight in the budget and in the small-search rule: its estimated cost (times its copies);
-        # the heaviest are searched first, so that a budget spent leaves out the kernels that matter least
-        weights = {i: estimate_cost(items[i], dev) * count[keys[i]] for i in todo}
+        # each kernel's weight in the budget and in the small-search rule: its time per call, measured or
+        # estimated (`kernel_weights`); the heaviest are searched first, so that a budget spent leaves out the
+        # kernels that matter least
+        weights = kernel_weights(items, keys, todo, dev, measured)
+        for i in [i for i in todo if weights[i] <= 0]:  # runs once per program, not at every call: not searched
+            rows[i] = {"name": items[i].name, "opts": [], "width": width, "tried": 0, "cached": False,
+                       "skipped": True, "once": True}
+            todo.remove(i)
         total = sum(weights.values())
-        weight_left = total
+        # under a budget, the heaviest kernels only, each with a share that can try candidates (`budget_kernels`,
+        # `_drop_for_share`); the others are skipped
+        order = budget_kernels({i: weights[i] for i in todo}, deadline_all is not None)
+        left_out = set(todo) - set(order)
+        weight_left = sum(weights[i] for i in order)
         setup: list[float] = []  # the seconds each kernel searched so far took to render, compile and time its default
         done = sum(1 for r in rows if r is not None)  # kernels reported so far (the progress bar's position)
-        for i in sorted(todo, key=lambda i: -weights[i]):
+        for i in sorted(todo, key=lambda i: (-weights[i], i)):
             item = items[i]
+            if deadline_all is not None and setup and i not in left_out:
+                queued = [j for j in order[order.index(i) + 1:] if j not in left_out]
+                dropped = _drop_for_share(i, queued, weights, weight_left, deadline_all - time.perf_counter(),
+                                          SETUP_MULTIPLE * median(setup))
+                left_out.update(dropped)
+                weight_left -= sum(weights[j] for j in dropped)
 
             def report(p: dict, pos=done) -> None:
                 if progress:
@@ -809,6 +892,9 @@ def beam_items(items: list[ScheduleItem], dev: Any, width: int = 4, progress: Ca
             done += 1
             small = small_search(weights[i], total)
             skipped = {"name": item.name, "opts": [], "width": width, "tried": 0, "cached": False, "skipped": True}
+            if i in left_out:  # (`budget_kernels`: the budget goes to the heavier kernels)
+                rows[i] = skipped
+                continue
             deadline = None
             if deadline_all is not None:
                 now = time.perf_counter()

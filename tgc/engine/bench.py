@@ -122,6 +122,28 @@ def bench_launches(low: Executable, arrays: dict[str, np.ndarray], repeat: int =
     return {"kernels": rows, "program": program, "peak": peak, "working_set_bytes": working_set}
 
 
+def kernel_times(low: Executable, arrays: dict[str, np.ndarray], runs: int = 2) -> dict[str, float]:
+    """Each kernel's seconds in a run of `low` (the least of `runs` runs after one untimed, every launch waited
+    for), by kernel name: only the kernels every run launches (those on bound inputs alone run once, in the
+    plan's `copy_in`, and are not in the result). BEAM's budget weighs the kernels by these times
+    (`Program.beam`): a few runs of the program, not a timing of each kernel on its own buffers."""
+    plan = LaunchPlan(low)
+    try:
+        plan.copy_in(arrays)
+        launches = [(k, k.program(), h) for k, h in zip(plan.kernels, plan.handles)]
+        best: dict[str, float] = {}
+        for r in range(max(runs, 1) + 1):
+            for k, p, handles in launches:
+                st = time.perf_counter()
+                t = p(*handles, global_size=k.global_size, local_size=k.local_size, vals=k.vals, wait=True)
+                t = t if t else time.perf_counter() - st
+                if r:  # (the first run warms the caches and the threads)
+                    best[k.name] = min(best.get(k.name, t), t)
+        return best
+    finally:
+        plan.free()
+
+
 def _labelled(**labels: Any) -> Any:
     """`Profile.labelled` while a profile records, else nothing."""
     prof = profile.active
