@@ -162,14 +162,14 @@ def test_conv_tiles_against_numpy(case, device, pack_small):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
-def test_a_conv_tile_writes_each_channel_row_as_one_vector(pack_small):
-    """The 14x14 tile (16 channels x 7 columns) stores each channel's 7 columns as one <7 x float> and reads the
-    residual's the same way; no output element is stored on its own."""
+def test_a_conv_tile_writes_each_channel_row_in_vectors(pack_small):
+    """The 14x14 tile (2 vectors of 16 channels x 7 columns): each channel's 7 columns stored as 4 lanes and 3
+    scalars (the pipeline merges at most `MERGE_MAX_LANES`), the residual read the same way."""
     src, inputs, want = _case(CASES[0])
     kernels = tgc.loads(src).compile(device="CPU", tuned=False)
     conv = kernels[-1].src
-    assert conv.count("store <7 x float>") == 32  # 2 channel vectors x 16 channels, once per tile
-    assert conv.count("load <7 x float>") == 32  # the residual
-    assert "store float " not in conv
+    assert conv.count("store <4 x float>") == 32  # once per channel row, once per tile
+    assert conv.count("store float ") == 32 * 3  # was 32 * 7
+    assert conv.count("load <4 x float>") == 32  # the residual
     got = tgc.loads(src).run(device="CPU", **inputs)["out0"]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

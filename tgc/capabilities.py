@@ -16,9 +16,6 @@ class Capabilities:
     launch: str = "cpu"
     vectors: bool = False  # vector UOps (UPCAST lanes become <N x T> operations); else every lane is scalar
     vector_widths: tuple[int, ...] = (16, 8, 4)  # the lane counts a vector UOp may have, widest first
-    # vectors of any lane count 2..max(vector_widths) render (LLVM's <7 x float>): `codegen.widen` merges a run
-    # of 7 consecutive scalar stores into one; else only into the widths above
-    any_vector_width: bool = False
     decompose_transcendentals: bool = False  # exp2/log2/sin as polynomials (vectorizable) instead of device calls
     # scheduling (tgc/engine/schedule.py): choices for a cache hierarchy walked by few threads
     fuse_rows: bool = True  # a per-row reduction broadcast along its own row stays in its consumer kernel

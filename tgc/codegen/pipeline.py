@@ -54,7 +54,7 @@ from tgc.codegen.rowreuse import resolve_row_values, tee_row_values
 from tgc.codegen.sizes import eval_int
 from tgc.codegen.spec import verify_spec
 from tgc.codegen.transcendental import decompose_transcendentals
-from tgc.codegen.widen import widen_memory
+from tgc.codegen.widen import MERGE_MAX_LANES, widen_memory
 from tgc.env import debug_level
 from tgc.errors import CompileError
 from tgc.ir.shapes import prod, shape_of
@@ -176,8 +176,7 @@ def _upcast_stores(ast: UOp, ctx: LowerCtx) -> UOp:
 
 
 def _widen_memory(ast: UOp, ctx: LowerCtx) -> UOp:
-    caps = ctx.device.caps
-    return widen_memory(ast, caps.vector_widths, caps.any_vector_width)
+    return widen_memory(ast, tuple(w for w in ctx.device.caps.vector_widths if w <= MERGE_MAX_LANES))
 
 
 PREPARE = [

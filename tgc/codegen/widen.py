@@ -11,17 +11,21 @@ store per lane and copy, and reads an epilogue operand (a residual) one scalar p
   become one vector LOAD, each former load a GEP of it. A buffer the kernel also stores to is left alone.
 
 Indices are compared structurally: the terms of their ADD trees apart from the constants (the same UOps,
-hash-consed) and the constants' sum. The lane counts of a merged op: any 2..max(vector_widths) where the renderer takes
-vectors of any length (`Capabilities.any_vector_width`: LLVM), else the widest of `vector_widths` that fit,
-greedily, the rest left scalar; 16-bit and narrower types only where any width is taken. Memory order: a merged
-store takes the place of its run's first store; a run's elements are distinct, and tgc kernels store each
-output once, so no store is reordered across another store to the same element."""
+hash-consed) and the constants' sum. A run is cut into the widest of `widths` that fit, the rest left scalar
+(`any_width`: any 2..max(widths) lanes, for renderers that take vectors of any length, as LLVM does). The
+pipeline merges at most `MERGE_MAX_LANES` (4) lanes: 8-lane rows of a 16-lane tile (a transpose across 128-bit
+halves) made LLVM compile one U-Net convolution's inner loop differently, 1.1-1.8x slower, where 4-lane rows left
+it byte-identical in effect (same results, same time) and LLVM's time fell nearly as much (docs/DESIGN.md, "Tile
+epilogues in vectors"). Memory order: a merged store takes the place of its run's first store; a run's elements
+are distinct, and tgc kernels store each output once, so no store is reordered across another store to the same
+element."""
 
 from __future__ import annotations
 
 from tgc.ir.uop import Ops, RangeKind, UOp, substitute
 
 _INNER = (RangeKind.REDUCE, RangeKind.UNROLL)
+MERGE_MAX_LANES = 4  # the widest merged load or store the pipeline asks for (see the module's docstring)
 
 
 def _split(idx: UOp) -> tuple[object, int]:
