@@ -21,6 +21,8 @@ Every kernel goes through `lower`: the heuristic (`tgc.codegen.kernel.build_kern
     unroll_reduce              rewrite   UNROLL ranges -> copies of the reduced value
     vectorize                  function  one contiguous UPCAST range -> vector lanes (renderers with vectors)
     upcast_stores              function  the remaining UPCAST ranges -> copies of the stores
+    widen_memory               function  scalar loads (outside reductions) and stores of one buffer at
+                                         consecutive indices -> one vector op (`widen.py`: a tile's epilogue)
     drop_unused_buffers        function  renumber the buffers left after folding (a substitution); last, since
                                          every pass before it may fold a buffer's loads away (an UPCAST copy's
                                          constant decides a pad's gate)
@@ -52,6 +54,7 @@ from tgc.codegen.rowreuse import resolve_row_values, tee_row_values
 from tgc.codegen.sizes import eval_int
 from tgc.codegen.spec import verify_spec
 from tgc.codegen.transcendental import decompose_transcendentals
+from tgc.codegen.widen import MERGE_MAX_LANES, widen_memory
 from tgc.env import debug_level
 from tgc.errors import CompileError
 from tgc.ir.shapes import prod, shape_of
@@ -172,6 +175,10 @@ def _upcast_stores(ast: UOp, ctx: LowerCtx) -> UOp:
     return upcast_stores(ast)
 
 
+def _widen_memory(ast: UOp, ctx: LowerCtx) -> UOp:
+    return widen_memory(ast, tuple(w for w in ctx.device.caps.vector_widths if w <= MERGE_MAX_LANES))
+
+
 PREPARE = [
     Pass("legalize_half", _legalize, "rewrite"),
     Pass("tee_row_values", _tee_rows, "function"),
@@ -190,6 +197,7 @@ TO_LINEAR = [
     Pass("unroll_reduce", _unroll_reduce, "rewrite"),
     Pass("vectorize", _vectorize, "function", lambda ctx: ctx.vectors),
     Pass("upcast_stores", _upcast_stores, "function"),
+    Pass("widen_memory", _widen_memory, "function", lambda ctx: ctx.vectors),
     Pass("drop_unused_buffers", _drop_unused, "function"),  # last: the passes above fold loads away
 ]
 PASSES = PREPARE + OPTIMIZE + TO_LINEAR  # then linearize, verify and render

@@ -1,0 +1,175 @@
+"""Wider memory ops in tile epilogues (`tgc/codegen/widen.py`): scalar stores and loads of one buffer at consecutive
+indices become vector ones. The pass on hand-built ASTs (what merges and what must not), the convolution tiles it
+changes (16 output channels as lanes, 7 or 8 image columns as copies) against numpy with residual adds, padding,
+odd sizes and gated columns, and the LLVM source those tiles get."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tgc
+from tgc.codegen.widen import widen_memory
+from tgc.dtype import dtypes
+from tgc.engine import schedule
+from tgc.ir.uop import Ops, RangeKind, UOp
+
+I32, F32 = dtypes.i32, dtypes.f32
+
+
+def _c(v: int) -> UOp:
+    return UOp.const(I32, v)
+
+
+def _buf(i: int) -> UOp:
+    return UOp(Ops.DEFINE_GLOBAL, F32.as_ptr(), (), i)
+
+
+def _range(i: int, n: int, kind: RangeKind = RangeKind.LOOP) -> UOp:
+    return UOp(Ops.RANGE, I32, (_c(n),), (i, kind))
+
+
+def _add(a: UOp, b: UOp) -> UOp:
+    return UOp(Ops.ADD, a.dtype, (a, b))
+
+
+def _stores(sink: UOp) -> list[UOp]:
+    return [s for s in sink.src if s.op is Ops.STORE]
+
+
+def test_consecutive_stores_become_one_vector_store_of_any_width():
+    out = _buf(0)
+    base = UOp(Ops.MUL, I32, (_range(0, 4), _c(16)))
+    vals = [UOp.const(F32, float(k)) for k in range(8)]
+    # columns 0..6 (a run of 7, listed out of order) and column 9 (apart)
+    offsets = [3, 0, 1, 2, 6, 4, 5, 9]
+    sink = UOp(Ops.SINK, None, tuple(UOp(Ops.STORE, None, (out, _add(base, _c(o)), vals[k]))
+                                     for k, o in enumerate(offsets)))
+    got = _stores(widen_memory(sink, (16, 8, 4), any_width=True))
+    assert [s.src[2].dtype.count for s in got] == [7, 1]
+    wide = got[0]
+    assert wide.src[1] is _add(base, _c(0))  # the run's first index
+    by_offset = dict(zip(offsets, vals))
+    assert list(wide.src[2].src) == [by_offset[o] for o in range(7)]  # lanes in index order
+    # a renderer of fixed widths: 4 lanes, the other 3 (and the one apart) scalar
+    got = _stores(widen_memory(sink, (16, 8, 4), any_width=False))
+    assert sorted(s.src[2].dtype.count for s in got) == [1, 1, 1, 1, 4]
+
+
+def test_stores_of_other_buffers_gates_or_strides_stay_apart():
+    out, other = _buf(0), _buf(1)
+    r = _range(0, 8)
+    gate = UOp(Ops.CMPLT, dtypes.bool, (r, _c(5)))
+    v = UOp.const(F32, 1.0)
+    stores = [UOp(Ops.STORE, None, (out, _add(r, _c(0)), v)),  # ungated
+              UOp(Ops.STORE, None, (out, _add(r, _c(1)), v, gate)),  # gated: not with the one before
+              UOp(Ops.STORE, None, (other, _add(r, _c(2)), v)),  # another buffer
+              UOp(Ops.STORE, None, (out, _add(r, _c(3)), v)),  # stride 3 from the first: not consecutive
+              UOp(Ops.STORE, None, (out, UOp(Ops.MUL, I32, (r, _c(2))), v))]  # another base
+    sink = UOp(Ops.SINK, None, tuple(stores))
+    assert widen_memory(sink, (16, 8, 4), any_width=True) is sink
+
+
+def test_epilogue_loads_merge_and_reduction_loads_stay_scalar():
+    out, res, x = _buf(0), _buf(1), _buf(2)
+    r, k = _range(0, 4), _range(1, 32, RangeKind.REDUCE)
+    base = UOp(Ops.MUL, I32, (r, _c(8)))
+    acc = UOp(Ops.REDUCE, F32, (UOp(Ops.LOAD, F32, (x, _add(k, _c(0)))), k), Ops.ADD)  # inside the reduction
+    loads = [UOp(Ops.LOAD, F32, (res, _add(base, _c(j)))) for j in range(4)]
+    inner = [UOp(Ops.REDUCE, F32, (UOp(Ops.LOAD, F32, (x, _add(k, _c(j)))), k), Ops.ADD) for j in range(4)]
+    sink = UOp(Ops.SINK, None, tuple(
+        UOp(Ops.STORE, None, (out, UOp(Ops.MUL, I32, (_add(base, _c(j)), _c(3))),
+                              _add(_add(loads[j], inner[j]), acc)))
+        for j in range(4)))
+    got = widen_memory(sink, (16, 8, 4), any_width=True)
+    all_loads = [u for u in got.toposort() if u.op is Ops.LOAD]
+    wide = [u for u in all_loads if u.src[0] is res]
+    assert len(wide) == 1 and wide[0].dtype.count == 4 and wide[0].src[1] is _add(base, _c(0))
+    geps = sorted(u.arg for u in got.toposort() if u.op is Ops.GEP)
+    assert geps == [0, 1, 2, 3]
+    assert all(u.dtype.count == 1 for u in all_loads if u.src[0] is x)  # a reduction's loads: untouched
+    # the stores are 3 apart: not merged
+    assert [s.src[2].dtype.count for s in _stores(got)] == [1, 1, 1, 1]
+
+
+def test_loads_of_a_buffer_the_kernel_writes_stay_scalar():
+    buf = _buf(0)
+    r = _range(0, 4)
+    base = UOp(Ops.MUL, I32, (r, _c(8)))
+    stores = [UOp(Ops.STORE, None, (buf, _add(base, _c(j + 4)), UOp(Ops.LOAD, F32, (buf, _add(base, _c(j))))))
+              for j in range(2)]
+    sink = UOp(Ops.SINK, None, tuple(stores))
+    got = widen_memory(sink, (16, 8, 4), any_width=True)
+    assert all(u.dtype.count == 1 for u in got.toposort() if u.op is Ops.LOAD)
+    assert [s.src[2].dtype.count for s in _stores(got)] == [2]
+
+
+# ------------------------------------------------------------------------------ the convolution tiles it changes
+
+
+def _conv_np(x: np.ndarray, w: np.ndarray, stride: int, pad: int) -> np.ndarray:
+    x, w = x.astype(np.float64), w.astype(np.float64)
+    kh, kw = w.shape[2:]
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    oh = (x.shape[2] + 2 * pad - kh) // stride + 1
+    ow = (x.shape[3] + 2 * pad - kw) // stride + 1
+    out = np.zeros((x.shape[0], w.shape[0], oh, ow))
+    for i in range(kh):
+        for j in range(kw):
+            patch = xp[:, :, i:i + stride * (oh - 1) + 1:stride, j:j + stride * (ow - 1) + 1:stride]
+            out += np.einsum("nchw,oc->nohw", patch, w[:, :, i, j])
+    return out
+
+
+CASES = [  # (N, C, H, W, O, K, stride, padding, residual)
+    (1, 16, 14, 14, 32, 3, 1, 1, True),  # ResNet's 3x3 at 14x14: 7 columns a tile, a residual read
+    (2, 5, 9, 11, 32, 3, 1, 1, False),  # odd sizes, 3 images' worth of padding
+    (1, 8, 13, 13, 32, 3, 1, 1, True),  # 13 columns padded to 14: the extra column's store gated off
+    (1, 24, 8, 8, 48, 1, 1, 0, True),  # 1x1 at 8 columns, 3 vectors of channels
+    (1, 4, 15, 15, 16, 3, 2, 1, False),  # stride 2, 8 output columns
+]
+
+
+@pytest.fixture
+def pack_small(monkeypatch):
+    """Pack convolutions of every size (these shapes are below the size where packing pays)."""
+    monkeypatch.setattr(schedule, "CONV_MIN_FLOPS", 0)
+
+
+def _case(case: tuple, seed: int = 0) -> tuple[str, dict[str, np.ndarray], np.ndarray]:
+    n, c, h, w, o, k, stride, pad, residual = case
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    wt = rng.standard_normal((o, c, k, k)).astype(np.float32)
+    want = _conv_np(x, wt, stride, pad)
+    src = f"x: f32[{n}, {c}, {h}, {w}]\nw: f32[{o}, {c}, {k}, {k}]\n"
+    inputs = {"x": x, "w": wt}
+    conv = f"conv2d(x, w, stride={stride}, padding={pad})"
+    if residual:
+        r = rng.standard_normal(want.shape).astype(np.float32)
+        src += f"r: f32[{', '.join(map(str, want.shape))}]\nreturn relu({conv} + r)"
+        inputs["r"] = r
+        want = np.maximum(want + r, 0)
+    else:
+        src += f"return {conv}"
+    return src, inputs, want
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[:6])) + ("_res" if c[8] else ""))
+def test_conv_tiles_against_numpy(case, device, pack_small):
+    src, inputs, want = _case(case)
+    got = tgc.loads(src).run(device=device, **inputs)["out0"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_conv_tile_writes_each_channel_row_in_vectors(pack_small):
+    """The 14x14 tile (2 vectors of 16 channels x 7 columns): each channel's 7 columns stored as 4 lanes and 3
+    scalars (the pipeline merges at most `MERGE_MAX_LANES`), the residual read the same way."""
+    src, inputs, want = _case(CASES[0])
+    kernels = tgc.loads(src).compile(device="CPU", tuned=False)
+    conv = kernels[-1].src
+    assert conv.count("store <4 x float>") == 32  # once per channel row, once per tile
+    assert conv.count("store float ") == 32 * 3  # was 32 * 7
+    assert conv.count("load <4 x float>") == 32  # the residual
+    got = tgc.loads(src).run(device="CPU", **inputs)["out0"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
