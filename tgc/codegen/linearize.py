@@ -13,8 +13,10 @@ alpha = exp(m - m'), p_k = exp(s_k - m') (exp arguments clamped at -200, a max s
 ADD: no new linear op); after the loops its value is o / l. Its exps are polynomials where the device asks.
 After `vectorize` (`tgc.codegen.expand`) the pairs may be (one vector of the block's n scores, n values): their
 max and sum are lane trees, their exps one vector polynomial; the values and the result may be w-lane vectors (w
-output columns: one vector o, sharing m and l). Where an iteration stages values in shared memory (a BARRIER
-inside its loop), a second BARRIER ends the iteration.
+output columns: one vector o, sharing m and l). Scores that vary by lane (a VECTORIZE of n score vectors then n
+value vectors, all of the REDUCE's type f32 x w: w independent rows, the rows form's query rows) give w-lane m and l
+accumulators, lane i the online softmax of lane i (`_emit_online_softmax_lanes`). Where an iteration stages values
+in shared memory (a BARRIER inside its loop), a second BARRIER ends the iteration.
 """
 
 from __future__ import annotations
@@ -169,6 +171,10 @@ class _Linearizer:
         one o each, the loops, the update (see the module's docstring), then o / l per REDUCE."""
         pairs = first.src[0]
         f32 = dtypes.f32
+        if first.dtype is not None and first.dtype.count > 1 and pairs.op is Ops.VECTORIZE and pairs.src and \
+                len(pairs.src) % 2 == 0 and all(s.dtype == first.dtype for s in pairs.src):
+            yield from self._emit_online_softmax_lanes(first)
+            return
         # the scores: n scalars, or (after `vectorize`) one vector of the block's n scores
         k = 1 if pairs.op is Ops.VECTORIZE and pairs.src and pairs.src[0].dtype.count > 1 else len(pairs.src) // 2
         n = pairs.src[0].dtype.count if k == 1 else k
@@ -274,6 +280,77 @@ class _Linearizer:
         for i, (r, o) in enumerate(zip(group, os_)):
             o_l = self.push(UOp(Ops.READ_ACC, vt, (o,), f"o{i}"))
             self.scopes[-1][r] = self.push(UOp(Ops.FDIV, vt, (o_l, l_l)))
+
+    def _emit_online_softmax_lanes(self, first: UOp) -> Generator[UOp, UOp, None]:
+        """An ONLINE_SOFTMAX REDUCE whose scores vary by lane (the rows form's query rows as lanes): its value is a
+        VECTORIZE of n score vectors then n value vectors, all of the REDUCE's type f32 x w, and lane i of the result
+        is the online softmax of lane i of every score and value. m and l are w-lane accumulators; per iteration
+        m' = max(m, s_0, ..., s_{n-1}) lane by lane, alpha and p_k one vector polynomial each, l = l * alpha +
+        sum_k p_k, o = o * alpha + sum_k p_k v_k; after the loops o / l. Each REDUCE has its own m and l (no group:
+        the output columns of the rows form are not copies sharing scores here)."""
+        f32 = dtypes.f32
+        vt = first.dtype
+        w = vt.count
+        pairs = first.src[0]
+        if vt.scalar() != f32:
+            raise RuntimeError("an ONLINE_SOFTMAX REDUCE reduces an f32 VECTORIZE of (scores..., values...) to its "
+                               "values' type")
+        n = len(pairs.src) // 2
+        scores, values = pairs.src[:n], pairs.src[n:]
+        ranges = first.src[1:]
+        open_now = set(self.open_ranges)
+        for s in pairs.src:  # what does not depend on these loops, before them
+            for nd in s.toposort():
+                if nd.op not in (Ops.CONST, Ops.RANGE) and self.lookup(nd) is None and self.free_ranges(nd) <= open_now:
+                    yield nd
+        tag = self.acc_count
+
+        def acc(init: float) -> Generator[UOp, UOp, UOp]:
+            c = splat(UOp.const(f32, init), w)
+            a = self.push(UOp(Ops.DEFINE_ACC, vt, (self.lookup(c) or (yield c),), self.acc_count))
+            self.acc_count += 1
+            return a
+
+        def read(a: UOp, name: str) -> UOp:
+            ph = UOp(Ops.READ_ACC, vt, (), ("online", tag, name))
+            self.scopes[-1][ph] = self.push(UOp(Ops.READ_ACC, vt, (a,), name))
+            return ph
+
+        m = yield from acc(-math.inf)
+        lacc = yield from acc(0.0)
+        o = yield from acc(0.0)
+        for rng in ranges:
+            yield from self._open_range(rng)
+        bm = scores[0]
+        for sc in scores[1:]:
+            bm = UOp(Ops.MAX, vt, (bm, sc))
+        bm_l = self.lookup(bm) or (yield bm)
+        m_old = read(m, "m_old")
+        self.push(UOp(Ops.ACCUMULATE, vt, (m, bm_l), Ops.MAX))
+        m_new = read(m, "m_new")
+        m_safe = UOp(Ops.WHERE, vt, (UOp(Ops.CMPNE, dtypes.bool.vec(w), (m_new, splat(UOp.const(f32, -math.inf), w))),
+                                     m_new, splat(UOp.const(f32, 0.0), w)))
+        z = UOp(Ops.READ_ACC, f32, (), ("online", tag, "z"))
+        pz = self.exp(z)
+        if self.decompose:
+            pz = decompose_transcendentals(UOp(Ops.SINK, None, (pz,))).src[0]
+        alpha = widen(pz, z, m_old - m_safe, w)
+        ps = [widen(pz, z, sc - m_safe, w) for sc in scores]
+        lsum, col = ps[0], ps[0] * values[0]
+        for p, v in zip(ps[1:], values[1:]):
+            lsum, col = lsum + p, col + p * v
+        alpha_l = yield alpha
+        lsum_l = yield lsum
+        col_l = yield col
+        self.push(UOp(Ops.ACCUMULATE, vt, (lacc, alpha_l), Ops.MUL))
+        self.push(UOp(Ops.ACCUMULATE, vt, (lacc, lsum_l), Ops.ADD))
+        self.push(UOp(Ops.ACCUMULATE, vt, (o, alpha_l), Ops.MUL))
+        self.push(UOp(Ops.ACCUMULATE, vt, (o, col_l), Ops.ADD))
+        for _ in ranges:
+            self.close_range()
+        l_l = self.push(UOp(Ops.READ_ACC, vt, (lacc,), "l"))
+        o_l = self.push(UOp(Ops.READ_ACC, vt, (o,), "o"))
+        self.scopes[-1][first] = self.push(UOp(Ops.FDIV, vt, (o_l, l_l)))
 
     @staticmethod
     def exp(x: UOp) -> UOp:
