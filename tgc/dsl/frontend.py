@@ -1015,5 +1015,5 @@ def _keyword_hint(name: str, fn: Any, kwargs: dict[str, Any]) -> str | None:
     return None
 
 
-__all__ = ["parse", "trace", "trace_onto", "function_body", "MAX_UNROLLED", "InputDecl", "Parsed", "dim_names", "concrete_shape",
-           "decl_shape", "fmt_type", "DimExpr", "DimError", "dim_value", "solve_dim"]
+__all__ = ["parse", "trace", "function_body", "MAX_UNROLLED", "InputDecl", "Parsed", "dim_names", "concrete_shape",
+           "decl_shape", "fmt_type", "DimExpr", "DimError", "dim_value", "solve_dim", "trace_onto"]
