@@ -627,6 +627,29 @@ def trace(parsed: Parsed, dims: dict[str, int], lines: dict[UOp, int] | None = N
     return outs, buffers
 
 
+def trace_onto(parsed: Parsed, env: dict[str, Any], buffers: list[UOp]) -> list[Tensor]:
+    """`trace` of a program that continues one traced before: `env` holds the names the earlier parts assigned
+    (their tensors) and `buffers` their inputs; `parsed`'s declarations (no dims) become further BUFFERs, its
+    statements extend `env`, and its return values come back as tensors. A tool that writes a program statement
+    by statement (the ONNX translator) learns each new value's type without tracing the program so far again."""
+    err = _Errors(parsed.source, parsed.filename)
+    for decl in parsed.inputs:
+        buf = UOp(Ops.BUFFER, decl.dtype, (), (len(buffers), decl.name, decl_shape(decl, {}, err)))
+        buffers.append(buf)
+        env[decl.name] = Tensor(buf)
+    ev = _Evaluator(env, err, parsed.functions)
+    ev.run_block(parsed.body)
+    outs = []
+    for r in parsed.returns:
+        v = ev.eval(r)
+        if isinstance(v, (bool, int, float)):
+            v = Tensor.const(v, Tensor.literal_dtype(v))
+        if not isinstance(v, Tensor):
+            raise err.at(r, f"cannot return {_describe(v)}: outputs are tensors")
+        outs.append(v)
+    return outs
+
+
 def _describe(v: Any) -> str:
     if isinstance(v, Tensor):
         return f"a tensor {v}"
@@ -993,4 +1016,4 @@ def _keyword_hint(name: str, fn: Any, kwargs: dict[str, Any]) -> str | None:
 
 
 __all__ = ["parse", "trace", "function_body", "MAX_UNROLLED", "InputDecl", "Parsed", "dim_names", "concrete_shape",
-           "decl_shape", "fmt_type", "DimExpr", "DimError", "dim_value", "solve_dim"]
+           "decl_shape", "fmt_type", "DimExpr", "DimError", "dim_value", "solve_dim", "trace_onto"]

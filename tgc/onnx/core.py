@@ -134,6 +134,11 @@ class Ctx:
         # (subgraph, input values) -> its output values: one pass through an If branch or a Loop/Scan step
         self.run_body: Any = None
         self.producers: dict[str, list[str]] = {}  # ONNX value -> the values it is computed from (not via Shape)
+        # the program so far as the front end traced it, for types ONNX did not give (`translate._probe`):
+        # .tg name -> tensor, the input BUFFERs, and how many of `decls` and `lines` it has taken in
+        self.traced: dict[str, Any] = {}
+        self.traced_inputs: list[Any] = []
+        self.traced_upto = (0, 0)
 
     # --- errors
     def where(self) -> str:

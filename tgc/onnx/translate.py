@@ -444,19 +444,29 @@ def _check_old_opset(model: Any, opset: int, where: str) -> None:
 
 
 def _probe(cx: Ctx, expr: str, out_name: str) -> tuple[DType, tuple]:
-    """The dtype and shape of `expr` where ONNX's shape inference gave none (inside expanded functions, say):
-    the program so far is traced by the front end (without dims: a model with symbolic dims needs inference)."""
-    from tgc.dsl.frontend import parse, trace
+    """The dtype and shape of `expr` where ONNX's shape inference gave none (inside expanded functions, an
+    unrolled Scan step, ...): traced by the front end onto the program so far, whose lines are traced once, as
+    they come (`cx.traced`), so a probe costs the lines since the last one, not the whole program (without dims:
+    a model with symbolic dims needs inference)."""
+    from tgc.dsl.frontend import parse, trace_onto
     from tgc.ir.shapes import shape_of
 
     if cx.dims:
         raise TgcError(f"the type of '{out_name}' from {cx.where()} is unknown (ONNX shape inference gave none)")
-    source = "\n".join([*cx.decls, *cx.lines, f"probe_value_ = {expr}", "return probe_value_"]) + "\n"
+    n_decls, n_lines = cx.traced_upto
+    # the new lines, then the probed expression as the one return (a name of its own, not kept in `cx.traced`)
+    source = "\n".join([*cx.decls[n_decls:], *cx.lines[n_lines:], f"return {expr}"]) + "\n"
     try:
-        outs, _ = trace(parse(source, "<onnx>"), {})
+        parsed = parse(source, "<onnx>")
+        probed = parsed.returns
+        parsed.returns = []
+        trace_onto(parsed, cx.traced, cx.traced_inputs)
+        cx.traced_upto = (len(cx.decls), len(cx.lines))
+        parsed.body, parsed.inputs, parsed.returns = [], [], probed
+        out = trace_onto(parsed, cx.traced, cx.traced_inputs)[0].uop
     except TgcError as e:
         raise TgcError(f"cannot translate {cx.where()}: {e.msg}") from None
-    return outs[0].dtype, tuple(shape_of(outs[0]))
+    return out.dtype, tuple(shape_of(out))
 
 
 FOLD_LIMIT = 1 << 16  # elements: constants up to this size are computed at load time
