@@ -190,7 +190,8 @@ class Program:
                     if (again.msg, again.line, again.col) == (e.msg, e.line, e.col):
                         raise e from None
         finally:
-            self._traces.clear()
+            if self.dim_names:  # (trial sizes; a program without dims keeps its trace: the one every run needs)
+                self._traces.clear()
 
     # --- binding inputs
     def bind(self, inputs: dict[str, Any], dims: dict[str, int] | None = None, cast: bool = False
