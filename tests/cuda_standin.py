@@ -8,9 +8,11 @@ real cubin from NVRTC and cannot run it; instead it loads a host build of the sa
 
 What runs through it is the real path of tgc's CUDA backend: the CUDA C the renderer emits (compiled by NVRTC
 to a cubin, and by g++ with tests/standin/kernel.h), the cuda-bindings calls of tgc/backends/cuda.py, their
-argument packing, the launch geometry, and the kernel's indexing, barriers and shared memory with one host
-thread per GPU thread. Not proven: the cubin itself (PTX semantics, ptxas, register or shared memory limits of
-a real GPU), warp-level behaviour, memory ordering without barriers, real asynchrony, timings.
+argument packing, the launch geometry, and the kernel's indexing, barriers and shared memory with one fiber
+per GPU thread (kernel.h: a block's threads run on the launching OS thread, each until its next barrier, in
+thread order). Not proven: the cubin itself (PTX semantics, ptxas, register or shared memory limits of a real
+GPU), warp-level behaviour, memory ordering without barriers (races show only as the fixed order reads them),
+real asynchrony, timings.
 """
 
 from __future__ import annotations

@@ -1,22 +1,131 @@
 /* Host build of a generated CUDA C kernel for the CPU stand-in driver (see libcuda.c, tests/cuda_standin.py).
- * CUDA's thread ids are thread-local variables, __shared__ arrays are statics (blocks run one at a time),
- * __syncthreads() is a pthread barrier over the threads of a block. */
+ * A launch runs on the calling OS thread: each GPU thread of a block is a fiber (a stack of its own and a
+ * hand-rolled context switch, no OS thread), CUDA's thread ids and a thread's cp.async queue live in the fiber,
+ * __shared__ arrays are statics (blocks run one at a time), and __syncthreads() is a counting barrier at which a
+ * fiber yields to the next one. The fibers run in thread order, each until its next barrier (or its end): fiber
+ * i runs ahead of fibers > i and behind fibers < i, so a read of another thread's shared memory without a
+ * barrier between it and the write reads the 0xFF-filled or an older value, deterministically. Every fiber
+ * passes the same number of barriers; one that ends while others wait at a barrier (a barrier that can never
+ * complete: a hang on a GPU) is reported and ends the process. */
 #include <math.h>
-#include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
 
 struct tgc_dim3 { unsigned x, y, z; };
 /* CUDA's 16-byte vector types (a staged tile's copies load through them) */
 struct alignas(16) float4 { float x, y, z, w; };
 struct alignas(16) int4 { int x, y, z, w; };
 struct alignas(16) uint4 { unsigned x, y, z, w; };
-static thread_local tgc_dim3 threadIdx, blockIdx;
-static tgc_dim3 blockDim, gridDim;
-static pthread_barrier_t tgc_barrier;
+struct tgc_async_copy { void *dst; const void *src; unsigned group; };
+enum { TGC_ASYNC_MAX = 1024 };  /* copies in flight per thread, more than tgc's kernels issue */
+/* one GPU thread: its saved stack pointer (or context), ids and per-thread state */
+struct tgc_fiber {
+#if defined(__x86_64__)
+  void *sp;
+#else
+  ucontext_t ctx;
+#endif
+  tgc_dim3 idx;
+  bool done;
+  unsigned shuffle_turn;
+  tgc_async_copy *async_queue;  /* TGC_ASYNC_MAX entries, allocated at the thread's first cp.async */
+  unsigned async_pending, async_group;
+};
+static tgc_fiber tgc_main_fiber;  /* a launch of one thread per block runs on the caller's stack with this one */
+static tgc_fiber *tgc_self = &tgc_main_fiber;
+#define threadIdx (tgc_self->idx)
+static tgc_dim3 blockIdx, blockDim, gridDim;
 static unsigned tgc_threads = 1;
 
-static inline void __syncthreads() { if (tgc_threads > 1) pthread_barrier_wait(&tgc_barrier); }
+/* fibers: tgc_switch(&from, to) saves the callee-saved registers on the running stack, its stack pointer in
+ * *from, and resumes `to`, a stack pointer saved the same way (or a fresh stack made by tgc_fiber_stack) */
+#if defined(__x86_64__)
+extern "C" void tgc_switch(void **from, void *to);
+extern "C" void tgc_fiber_start();
+asm(R"(
+  .text
+  .hidden tgc_switch
+  .globl tgc_switch
+  .type tgc_switch, @function
+tgc_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size tgc_switch, .-tgc_switch
+  .hidden tgc_fiber_start
+  .globl tgc_fiber_start
+  .type tgc_fiber_start, @function
+tgc_fiber_start:
+  callq *%r12
+  ud2
+  .size tgc_fiber_start, .-tgc_fiber_start
+)");
+static void *tgc_scheduler_sp;
+static inline void tgc_to_scheduler() { asm volatile("" ::: "memory"); tgc_switch(&tgc_self->sp, tgc_scheduler_sp); }
+static inline void tgc_to_fiber(tgc_fiber *f) { tgc_self = f; tgc_switch(&tgc_scheduler_sp, f->sp); }
+static void tgc_fiber_prepare(tgc_fiber *f, char *stack_top, void (*body)()) {
+  void **sp = (void **)((uintptr_t)stack_top & ~(uintptr_t)15) - 8;
+  unsigned csr[2] = {0, 0};
+  asm volatile("stmxcsr %0; fnstcw %1" : "=m"(csr[0]), "=m"(*(unsigned short *)&csr[1]));
+  memcpy(&sp[0], csr, 8);                                           /* mxcsr, x87 control word: the caller's */
+  sp[1] = nullptr; sp[2] = nullptr; sp[3] = nullptr;                /* r15, r14, r13 */
+  sp[4] = (void *)body;                                             /* r12: what tgc_fiber_start calls */
+  sp[5] = nullptr; sp[6] = nullptr;                                 /* rbx, rbp */
+  sp[7] = (void *)tgc_fiber_start;                                  /* tgc_switch's ret */
+  f->sp = sp;                                   /* tgc_fiber_start runs with rsp 16-byte aligned, as a call needs */
+}
+#else
+static ucontext_t tgc_scheduler_ctx;
+static inline void tgc_to_scheduler() { swapcontext(&tgc_self->ctx, &tgc_scheduler_ctx); }
+static inline void tgc_to_fiber(tgc_fiber *f) { tgc_self = f; swapcontext(&tgc_scheduler_ctx, &f->ctx); }
+static void tgc_fiber_prepare(tgc_fiber *f, char *stack_top, void (*body)()) {
+  getcontext(&f->ctx);
+  f->ctx.uc_stack.ss_sp = stack_top - (1 << 20) + 4096;
+  f->ctx.uc_stack.ss_size = (1 << 20) - 4096;
+  f->ctx.uc_link = nullptr;
+  makecontext(&f->ctx, body, 0);
+}
+#endif
+
+/* __syncthreads: the last thread to arrive goes on, the others yield until the barrier's generation changes */
+static unsigned tgc_arrived;
+static unsigned long tgc_barrier_generation, tgc_progress;
+static inline void __syncthreads() {
+  if (tgc_threads == 1) return;
+  tgc_progress++;
+  if (++tgc_arrived == tgc_threads) {
+    tgc_arrived = 0;
+    tgc_barrier_generation++;
+    return;
+  }
+  unsigned long generation = tgc_barrier_generation;
+  while (tgc_barrier_generation == generation) tgc_to_scheduler();
+  asm volatile("" ::: "memory");
+}
 
 /* __shfl_xor_sync: every thread of the block puts its value in its slot, then reads lane `lane ^ offset` of its
  * warp (32 lanes) after a barrier. Two sets of slots, used in turn: a thread can be at most one shuffle ahead (the
@@ -24,12 +133,12 @@ static inline void __syncthreads() { if (tgc_threads > 1) pthread_barrier_wait(&
  * a shuffle. The block's threads must all call it, as tgc's kernels do (whole warps run every shuffle); a mask
  * other than all lanes, or a block not made of whole warps, is refused. */
 static unsigned long long tgc_shuffle_slots[2][1024];
-static thread_local unsigned tgc_shuffle_turn;
+
 template <class T> static inline T __shfl_xor_sync(unsigned mask, T value, int offset) {
   static_assert(sizeof(T) <= sizeof(unsigned long long), "a shuffled value is at most 8 bytes");
   if (mask != 0xffffffffu || tgc_threads % 32 != 0 || offset <= 0 || offset >= 32) __builtin_trap();
   unsigned me = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
-  unsigned long long *slots = tgc_shuffle_slots[tgc_shuffle_turn++ & 1];
+  unsigned long long *slots = tgc_shuffle_slots[tgc_self->shuffle_turn++ & 1];
   memcpy(&slots[me], &value, sizeof value);
   __syncthreads();
   T got;
@@ -69,25 +178,26 @@ static inline unsigned short tgc_float2bf16(float f) {
  * group it will be committed in, and land when the thread waits for its group (cp.async.wait_group N: every
  * group but the N most recent), the latest a GPU may complete them: a kernel that reads a tile before waiting for
  * it and passing the barrier reads the 0xFF-filled or an older step's shared memory, and fails. */
-struct tgc_async_copy { void *dst; const void *src; unsigned group; };
-static thread_local tgc_async_copy tgc_async_queue[1024];
-static thread_local unsigned tgc_async_pending, tgc_async_group;
 static inline void tgc_cp_async_land(unsigned below) {  /* land the copies of groups < below, keep the others */
+  tgc_fiber *t = tgc_self;
   unsigned kept = 0;
-  for (unsigned i = 0; i < tgc_async_pending; i++) {
-    if (tgc_async_queue[i].group < below) memcpy(tgc_async_queue[i].dst, tgc_async_queue[i].src, 16);
-    else tgc_async_queue[kept++] = tgc_async_queue[i];
+  for (unsigned i = 0; i < t->async_pending; i++) {
+    if (t->async_queue[i].group < below) memcpy(t->async_queue[i].dst, t->async_queue[i].src, 16);
+    else t->async_queue[kept++] = t->async_queue[i];
   }
-  tgc_async_pending = kept;
+  t->async_pending = kept;
 }
-static inline void tgc_cp_async_commit() { tgc_async_group++; }
+static inline void tgc_cp_async_commit() { tgc_self->async_group++; }
 template <int N> static inline void tgc_cp_async_wait_group() {
-  tgc_cp_async_land(tgc_async_group >= N ? tgc_async_group - N : 0);
+  tgc_cp_async_land(tgc_self->async_group >= N ? tgc_self->async_group - N : 0);
 }
 static inline void tgc_cp_async16(void *dst, const void *src) {
+  tgc_fiber *t = tgc_self;
   if (((uintptr_t)dst | (uintptr_t)src) & 15) __builtin_trap();  /* cp.async's 16 bytes need 16-byte alignment */
-  if (tgc_async_pending == 1024) __builtin_trap();  /* more copies in flight than tgc's kernels issue */
-  tgc_async_queue[tgc_async_pending++] = {dst, src, tgc_async_group};
+  if (t->async_pending == TGC_ASYNC_MAX) __builtin_trap();  /* more copies in flight than tgc's kernels issue */
+  if (!t->async_queue && !(t->async_queue = (tgc_async_copy *)malloc(TGC_ASYNC_MAX * sizeof(tgc_async_copy))))
+    __builtin_trap();
+  t->async_queue[t->async_pending++] = {dst, src, t->async_group};
 }
 
 static inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
@@ -135,8 +245,6 @@ static inline float4 tgc_mma_bf16(float a0, float a1, float a2, float a3, float 
   return tgc_mma_emulate(v);
 }
 
-struct tgc_thread { void (*entry)(void **); void **params; unsigned id; };
-
 static void tgc_run_blocks(void (*entry)(void **), void **params) {
   for (unsigned z = 0; z < gridDim.z; z++)
     for (unsigned y = 0; y < gridDim.y; y++)
@@ -147,11 +255,14 @@ static void tgc_run_blocks(void (*entry)(void **), void **params) {
       }
 }
 
-static void *tgc_thread_main(void *arg) {
-  tgc_thread *t = (tgc_thread *)arg;
-  threadIdx = {t->id % blockDim.x, t->id / blockDim.x % blockDim.y, t->id / (blockDim.x * blockDim.y)};
-  tgc_run_blocks(t->entry, t->params);
-  return nullptr;
+static void (*tgc_entry)(void **);
+static void **tgc_params;
+static void tgc_fiber_main() {
+  tgc_run_blocks(tgc_entry, tgc_params);
+  tgc_self->done = true;
+  tgc_progress++;
+  tgc_to_scheduler();
+  __builtin_trap();  /* a finished fiber is never resumed */
 }
 
 static int tgc_launch_threads(void (*entry)(void **), const unsigned *g, const unsigned *b, void **params);
@@ -166,30 +277,49 @@ extern "C" int tgc_launch(void (*entry)(void **), const unsigned *g, const unsig
   return rc;
 }
 
+/* Run the blocks: each GPU thread a fiber with a 1 MiB stack (reserved, not committed; a protected page below
+ * it), resumed in thread order until all have run every block. A whole pass in which no fiber arrived at a
+ * barrier or ended is a barrier that can never complete: reported, and the process ends. */
 static int tgc_launch_threads(void (*entry)(void **), const unsigned *g, const unsigned *b, void **params) {
   gridDim = {g[0], g[1], g[2]};
   blockDim = {b[0], b[1], b[2]};
   tgc_threads = b[0] * b[1] * b[2];
+  tgc_main_fiber = tgc_fiber{};
+  tgc_self = &tgc_main_fiber;
   if (tgc_threads == 1) {
-    threadIdx = {0, 0, 0};
     tgc_run_blocks(entry, params);
+    free(tgc_main_fiber.async_queue);
     return 0;
   }
-  pthread_barrier_init(&tgc_barrier, nullptr, tgc_threads);
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setstacksize(&attr, 1 << 20);
-  tgc_thread *ts = new tgc_thread[tgc_threads];
-  pthread_t *ids = new pthread_t[tgc_threads];
-  int rc = 0;
+  const size_t stack = (size_t)1 << 20;
+  char *stacks = (char *)mmap(nullptr, stack * tgc_threads, PROT_READ | PROT_WRITE,
+                              MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (stacks == MAP_FAILED) return 1;
+  tgc_fiber *fibers = new tgc_fiber[tgc_threads]();
+  tgc_entry = entry;
+  tgc_params = params;
+  tgc_arrived = 0;
   for (unsigned i = 0; i < tgc_threads; i++) {
-    ts[i] = {entry, params, i};
-    if (pthread_create(&ids[i], &attr, tgc_thread_main, &ts[i]) != 0) { rc = 1; break; }  /* cannot recover */
+    mprotect(stacks + stack * i, 4096, PROT_NONE);  /* a stack overflow faults */
+    fibers[i].idx = {i % b[0], i / b[0] % b[1], i / (b[0] * b[1])};
+    tgc_fiber_prepare(&fibers[i], stacks + stack * (i + 1), tgc_fiber_main);
   }
-  for (unsigned i = 0; i < tgc_threads && rc == 0; i++) pthread_join(ids[i], nullptr);
-  pthread_attr_destroy(&attr);
-  pthread_barrier_destroy(&tgc_barrier);
-  delete[] ts;
-  delete[] ids;
-  return rc;
+  for (unsigned running = tgc_threads; running;) {
+    unsigned long progress = tgc_progress;
+    for (unsigned i = 0; i < tgc_threads; i++)
+      if (!fibers[i].done) tgc_to_fiber(&fibers[i]);
+    running = 0;
+    for (unsigned i = 0; i < tgc_threads; i++) running += !fibers[i].done;
+    if (running && tgc_progress == progress) {
+      fprintf(stderr, "tgc stand-in: a __syncthreads() that can never complete (%u of %u threads of a block "
+              "have ended, the others wait at a barrier)\n", tgc_threads - running, tgc_threads);
+      fflush(stderr);
+      abort();
+    }
+  }
+  for (unsigned i = 0; i < tgc_threads; i++) free(fibers[i].async_queue);
+  delete[] fibers;
+  munmap(stacks, stack * tgc_threads);
+  tgc_self = &tgc_main_fiber;
+  return 0;
 }

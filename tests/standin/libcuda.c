@@ -3,7 +3,7 @@
  * cuda-bindings loads it like the real driver (first on LD_LIBRARY_PATH) and resolves its entry points
  * through cuGetProcAddress_v2. Memory is host memory; a "module" is a host shared library built from the
  * kernel's CUDA C by tests/cuda_standin.py and found by a hash of the cubin in $TGC_STANDIN_DIR; a launch
- * runs that copy with one host thread per GPU thread of a block (blocks one after another), synchronously.
+ * runs that copy with one fiber per GPU thread of a block (kernel.h; blocks one after another), synchronously.
  *
  * Knobs for tests (environment):
  *   TGC_STANDIN_DIR             where the host-built kernels lie (<fnv1a64 of the cubin>.so)
