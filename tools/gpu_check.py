@@ -816,12 +816,12 @@ class Runner:
         proc = self.spawn(cmd, log, env)
         next_note = st + 15
         while True:
-            try:
-                rc = proc.wait(timeout=1.0)
+            try:  # (never past the limit: a part that ends after it, before a later poll, still timed out)
+                rc = proc.wait(timeout=max(0.0, min(1.0, st + limit - time.monotonic())))
                 break
             except subprocess.TimeoutExpired:
                 now = time.monotonic()
-                if now - st > limit:
+                if now - st >= limit:
                     self.kill(proc)
                     return "timed out", None, now - st, limit
                 if progress is not None and now >= next_note:
