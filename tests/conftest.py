@@ -146,3 +146,13 @@ def pytest_configure(config: pytest.Config) -> None:
     # An explicit --maxschedchunk wins.
     if config.pluginmanager.hasplugin("xdist") and config.getoption("maxschedchunk", None) is None:
         config.option.maxschedchunk = 1
+
+
+@pytest.fixture
+def python_sigint():
+    """SIGINT as Python's own Ctrl-C handler for one test (restored after): an xdist worker ignores SIGINT (execnet
+    sets it so), and a test that interrupts itself, or a server child that must stop on Ctrl-C, needs it handled."""
+    import signal
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)

@@ -635,7 +635,7 @@ def test_ctrl_c_during_a_threaded_kernel_exits_130(tmp_path):
     assert "tgc run: interrupted" in err and "Fatal Python error" not in err and "Traceback" not in err, err
 
 
-def test_an_interrupted_launch_keeps_its_code_and_buffers_alive(monkeypatch):
+def test_an_interrupted_launch_keeps_its_code_and_buffers_alive(python_sigint, monkeypatch):
     """In-process (the API): KeyboardInterrupt while the threads run; what they use stays alive and is not
     handed out again until they finish."""
     import signal
@@ -686,7 +686,7 @@ def test_a_group_alone_still_prints_its_help():
         assert "Usage:" in r.output and "error:" not in r.output, r.output
 
 
-def test_native_libraries_leave_ctrl_c_able_to_interrupt_a_wait():
+def test_native_libraries_leave_ctrl_c_able_to_interrupt_a_wait(python_sigint):
     """NVRTC re-installs SIGINT with SA_RESTART and PoCL replaces it: Ctrl-C then no longer interrupts a CPU
     launch's wait (the interrupt came only when the kernel ended). After compiling for CUDA and listing OpenCL
     devices, SIGINT must still be Python's handler, installed without SA_RESTART."""

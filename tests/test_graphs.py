@@ -328,7 +328,7 @@ def test_a_kernel_launched_on_a_view_of_a_buffer_reads_the_view():
     assert out.view(F32).tolist() == [8.0, 10.0, 12.0, 14.0]
 
 
-def test_an_interrupted_cpu_graph_keeps_its_buffers_until_its_threads_finish():
+def test_an_interrupted_cpu_graph_keeps_its_buffers_until_its_threads_finish(python_sigint):
     """Ctrl-C while a multi-thread graph's other threads still run: what they use stays alive and is not handed
     out again until they finish (as for a single interrupted launch)."""
     import signal

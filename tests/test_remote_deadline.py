@@ -308,7 +308,7 @@ def _gone(pid: int, wait: float = 10.0) -> bool:
 
 @needs_cpu
 @pytest.mark.parametrize("how", ["SIGINT", "SIGKILL"])
-def test_a_server_that_stops_mid_kernel_leaves_no_worker_running(how):
+def test_a_server_that_stops_mid_kernel_leaves_no_worker_running(python_sigint, how):
     import signal
 
     from tgc.backends.remote.process import ServerProcess

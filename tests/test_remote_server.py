@@ -535,7 +535,7 @@ def test_the_cli_words_an_api_hint_with_its_flag(monkeypatch, tmp_path):
     assert res.exit_code == 1 and "needs a server" in res.output and "--remote host:port" in res.output
 
 
-def test_server_process_exits_cleanly_on_ctrl_c():
+def test_server_process_exits_cleanly_on_ctrl_c(python_sigint):
     with ServerProcess("CPU") as srv:
         assert post(srv.port, batch())[0] == 200
         assert srv.stop(signal.SIGINT) == 0
@@ -543,6 +543,22 @@ def test_server_process_exits_cleanly_on_ctrl_c():
     assert f"serving CPU on http://127.0.0.1:{srv.port}" in err
     assert "shutting down (1 session(s) freed)" in err
     assert "Traceback" not in err
+
+
+def test_a_server_started_with_ctrl_c_ignored_still_stops_cleanly():
+    """A child started while SIGINT is ignored (an xdist worker, a shell's background job) ignores it too: `stop`
+    asks for the same clean stop with SIGTERM instead of waiting 30 s and killing it."""
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        srv = ServerProcess("CPU").start()
+    finally:
+        signal.signal(signal.SIGINT, old)
+    try:
+        assert post(srv.port, batch())[0] == 200
+        assert srv.stop(signal.SIGINT, wait=20) == 0  # (-9 where it was killed after the wait)
+        assert "shutting down (1 session(s) freed)" in srv.stderr()
+    finally:
+        srv.kill()
 
 
 def test_server_process_exits_cleanly_on_sigterm():

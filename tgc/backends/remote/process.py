@@ -28,6 +28,7 @@ class ServerProcess:
         self.port = 0
         self._log = tempfile.NamedTemporaryFile(prefix="tgc-serve-", suffix=".log", delete=False)
         self._closed_log: str | None = None  # what the log held when the context ended
+        self._sigint_ignored = False
 
     @property
     def address(self) -> str:
@@ -43,6 +44,9 @@ class ServerProcess:
         """Start the server and wait until it says where it listens."""
         cmd = [sys.executable, "-m", "tgc.cli.main", "serve", "--host", "127.0.0.1", "--port", "0", "-d", self.device,
                *self.args]
+        # a child started while this process ignores SIGINT (an xdist worker, a job a shell started in the
+        # background) ignores it too: `stop` then asks for the same clean stop with SIGTERM
+        self._sigint_ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._log,
                                      env=self.env)
         deadline = time.monotonic() + wait
@@ -58,9 +62,12 @@ class ServerProcess:
         raise DeviceError(f"the server did not start within {wait:g}s: {self.stderr().strip()}")
 
     def stop(self, sig: int = signal.SIGINT, wait: float = 30.0) -> int:
-        """Send `sig` (Ctrl-C by default) and wait for the exit status (killing it after `wait` seconds)."""
+        """Send `sig` (Ctrl-C by default) and wait for the exit status (killing it after `wait` seconds). Ctrl-C to
+        a server that inherited SIGINT ignored is SIGTERM, which the server handles as the same clean stop."""
         if self.proc is None:
             return 0
+        if sig == signal.SIGINT and self._sigint_ignored:
+            sig = signal.SIGTERM
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
             try:
