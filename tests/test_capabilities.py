@@ -136,7 +136,8 @@ def test_vector_widths_are_the_devices_declaration(monkeypatch):
     caps = dataclasses.replace(dev.renderer.caps, vector_widths=(8, 4))
     narrow = type("Narrow", (type(dev.renderer),), {"caps": caps})
     monkeypatch.setattr(dev, "_renderer", narrow())  # (the CPU makes its renderer on first use: `renderer`)
-    assert dev.caps.vector_widths == (8, 4) and widest() == 1  # 16 lanes are not a width it has: scalar copies
+    # 16 lanes are not a width it has: scalar copies (which widen_memory may merge again into a declared width)
+    assert dev.caps.vector_widths == (8, 4) and widest() in (1, 4, 8)
 
 
 def test_a_malformed_debug_setting_reads_as_zero_in_the_library(monkeypatch):

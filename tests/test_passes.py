@@ -219,7 +219,7 @@ def test_the_pipeline_is_a_list_of_named_passes_in_order():
     names = [p.name for p in PASSES]
     assert names == ["legalize_half", "tee_row_values", "decompose_transcendentals", "apply_opts",
                      "resolve_row_values", "lower_groups", "stage_tiles", "map_to_grid", "narrow_index",
-                     "unroll_reduce", "vectorize", "upcast_stores", "drop_unused_buffers"]
+                     "unroll_reduce", "vectorize", "upcast_stores", "widen_memory", "drop_unused_buffers"]
     assert {p.kind for p in PASSES} == {"rewrite", "function"}
 
 
@@ -229,7 +229,7 @@ def test_passes_text_shows_each_pass_that_ran_for_the_device():
     ran = [line.split("after ")[1] for line in cpu.splitlines() if line.startswith("--- ")]
     assert ran == ["legalize_half", "tee_row_values", "decompose_transcendentals", "apply_opts",
                    "resolve_row_values", "narrow_index", "unroll_reduce",
-                   "vectorize", "upcast_stores", "drop_unused_buffers", "linearize"]
+                   "vectorize", "upcast_stores", "widen_memory", "drop_unused_buffers", "linearize"]
     assert "UNROLL" in cpu.split("after narrow_index")[1].split("after unroll_reduce")[0]  # still there
     assert "UNROLL" not in cpu.split("after unroll_reduce")[1]  # gone after its pass
     gpu = passes_text(item.ast, get_device("CUDA"), item.bufs, opts=[])
