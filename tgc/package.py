@@ -1997,6 +1997,15 @@ def _check_text(what: str, e: Any, v: int) -> str:
         f"{sizeexpr.text(e)} <= {v}" if what == "at most" else f"{sizeexpr.text(e)} >= {v}"
 
 
+def _unserved(path: str, dims: dict[str, int], why: str, i: int, name: Any) -> PackageError:
+    """The error for kernel `i` (`name`) of a symbolic package whose launch check `why` fails at `dims`."""
+    given = ", ".join(f"{n}={v}" for n, v in dims.items())
+    return PackageError(f"{path}: at the sizes {given}, {why} (kernel {i}, {str(name)[:64]}): this package's "
+                        f"kernels do not serve these sizes",
+                        hint="compile a package for these sizes: tgc compile FILE "
+                             + " ".join(f"-D {n}={v}" for n, v in dims.items()) + " --package OUT")
+
+
 def _failed_check(checks: Any, dims: dict[str, int], i: int, path: str) -> str | None:
     """The first of kernel i's launch checks (a symbolic package's) that fails at these dims, as text (None: all
     hold)."""
@@ -2061,11 +2070,7 @@ class SizeClassPlan:
         for i, (k, (general, fast)) in enumerate(zip(doc["kernels"], self.templates)):
             why = _failed_check(k.get("checks", []), dims, i, path)
             if why is not None:
-                given = ", ".join(f"{n}={v}" for n, v in dims.items())
-                raise PackageError(f"{path}: at the sizes {given}, {why} (kernel {i}, {str(k.get('name'))[:64]}): "
-                                   f"this package's kernels do not serve these sizes",
-                                   hint="compile a package for these sizes: tgc compile FILE "
-                                        + " ".join(f"-D {n}={v}" for n, v in dims.items()) + " --package OUT")
+                raise _unserved(path, dims, why, i, k.get("name"))
             use, tmpl = k, general
             if fast is not None and _failed_check(k["fast"].get("checks"), dims, i, path) is None:
                 use, tmpl = k["fast"], fast
@@ -2258,11 +2263,7 @@ class SymbolicPackage:
             use = k
             why = failed(k.get("checks", []), i)
             if why is not None:
-                given = ", ".join(f"{n}={v}" for n, v in dims.items())
-                raise PackageError(f"{path}: at the sizes {given}, {why} (kernel {i}, {str(k.get('name'))[:64]}): "
-                                   f"this package's kernels do not serve these sizes",
-                                   hint="compile a package for these sizes: tgc compile FILE "
-                                        + " ".join(f"-D {n}={v}" for n, v in dims.items()) + " --package OUT")
+                raise _unserved(path, dims, why, i, k.get("name"))
             fast = k.get("fast")
             if fast is not None:
                 fast = _obj(fast, f"kernel {i} fast", path)

@@ -226,18 +226,25 @@ def lookup(source: str, dims: dict[str, int], device: Any, path: str | None = No
     return _load_entry(key(source, dims, device, weights), source, dims, device.name, path, multi=False)
 
 
+def _split_entry(value: bytes, field: str, expected: Any) -> tuple[dict, bytes]:
+    """An entry's (header, package bytes); ValueError unless it has the header and the header's `field` is
+    `expected` (what its key was made from)."""
+    if not value.startswith(MAGIC):
+        raise ValueError("no entry header")
+    head, _, data = value[len(MAGIC):].partition(b"\n")
+    header = json.loads(head)
+    if not isinstance(header, dict) or header.get(field) != expected:
+        raise ValueError("its header does not match its key")
+    return header, data
+
+
 def _load_entry(k: str, source: str, dims: dict[str, int], where: str, path: str | None, multi: bool
                 ) -> Entry | None:
     value = cache.get(TABLE, k)
     if value is None:
         return None
     try:
-        if not value.startswith(MAGIC):
-            raise ValueError("no entry header")
-        head, _, data = value[len(MAGIC):].partition(b"\n")
-        header = json.loads(head)
-        if not isinstance(header, dict) or header.get("dims") != {n: v for n, v in sorted(dims.items())}:
-            raise ValueError("its header does not match its key")
+        header, data = _split_entry(value, "dims", {n: v for n, v in sorted(dims.items())})
         entry = Entry(header, loads_package(data, path or "<program cache>"), source, path)
         if entry.package.symbolic:
             raise ValueError("it holds a symbolic package")
@@ -436,12 +443,7 @@ def load_symbolic(source: str, dims: dict[str, int], device: Any, path: str | No
     if value is None:
         return None
     try:
-        if not value.startswith(MAGIC):
-            raise ValueError("no entry header")
-        head, _, data = value[len(MAGIC):].partition(b"\n")
-        header = json.loads(head)
-        if not isinstance(header, dict) or header.get("class") != cls:
-            raise ValueError("its header does not match its key")
+        header, data = _split_entry(value, "class", cls)
         pkg = loads_package(data, path or "<program cache>")
         if not isinstance(pkg, SymbolicPackage) or sorted(pkg.dims_names) != sorted(dims):
             raise ValueError("it holds no symbolic package of these dims")
