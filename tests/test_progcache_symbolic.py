@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 from clikit import WARM_CLI
+from test_progcache import SOFTMAX, _softmax, fresh_cache  # noqa: F401 (fresh_cache: autouse, so each test's own cache)
 
 import tgc
 from tgc import cache, progcache
@@ -24,25 +24,7 @@ from tgc.engine import bench
 from tgc.engine.inputs import random_values
 
 ROOT = Path(__file__).resolve().parent.parent
-SOFTMAX = "x: f32[N, D]\nm = x.max(axis=1, keepdim=True)\ne = exp(x - m)\nreturn e / sum(e, axis=1, keepdim=True)\n"
 MATMUL = "x: f32[M, K]\nw: f32[K, N]\nreturn x @ w + 1.0, sum(x, axis=0)\n"
-
-
-@pytest.fixture(autouse=True)
-def fresh_cache(tmp_path, monkeypatch):
-    """A cache of this test's own, with the program cache on (the session sets TGC_VERIFY_BOUNDS, which bypasses
-    it)."""
-    monkeypatch.setenv("TGC_CACHE_DIR", str(tmp_path / "cache"))
-    for name in ("TGC_VERIFY_BOUNDS", "DISABLE_COMPILER_CACHE", "BEAM", "NOOPT", "DEBUG"):
-        monkeypatch.delenv(name, raising=False)
-    cache._reset_for_tests()
-    yield
-    cache._reset_for_tests()
-
-
-def _softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max(axis=1, keepdims=True))
-    return e / e.sum(axis=1, keepdims=True)
 
 
 def _x(shape: tuple[int, int], seed: int = 0) -> np.ndarray:
