@@ -226,6 +226,14 @@ def lookup(source: str, dims: dict[str, int], device: Any, path: str | None = No
     return _load_entry(key(source, dims, device, weights), source, dims, device.name, path, multi=False)
 
 
+def _trace_hit(fields: dict[str, Any]) -> None:
+    """A hit on a profile trace's compile track, where a profile is on (nothing is built for this run)."""
+    prof = profile.active
+    if prof is not None:
+        prof.instant(profile.HOST, prof.host_thread("compile"), "program cache hit: nothing to compile",
+                     {"cache": "hit", **fields})
+
+
 def _split_entry(value: bytes, field: str, expected: Any) -> tuple[dict, bytes]:
     """An entry's (header, package bytes); ValueError unless it has the header and the header's `field` is
     `expected` (what its key was made from)."""
@@ -253,10 +261,7 @@ def _load_entry(k: str, source: str, dims: dict[str, int], where: str, path: str
     except (ValueError, KeyError, TypeError, PackageError) as e:
         cache.invalidate(TABLE, k, f"is not a usable program ({str(e)[:120]})")
         return None
-    prof = profile.active
-    if prof is not None:  # (a profile trace's compile track: nothing is built for this run)
-        prof.instant(profile.HOST, prof.host_thread("compile"), "program cache hit: nothing to compile",
-                     {"cache": "hit", "device": where, "dims": dict(dims)})
+    _trace_hit({"device": where, "dims": dict(dims)})
     return entry
 
 
@@ -450,10 +455,7 @@ def load_symbolic(source: str, dims: dict[str, int], device: Any, path: str | No
     except (ValueError, KeyError, TypeError, PackageError) as e:
         cache.invalidate(TABLE, k, f"is not a usable program ({str(e)[:120]})")
         return None
-    prof = profile.active
-    if prof is not None:  # (a profile trace's compile track: nothing is built for this run)
-        prof.instant(profile.HOST, prof.host_thread("compile"), "program cache hit: nothing to compile",
-                     {"cache": "hit", "device": device.name, "class": cls})
+    _trace_hit({"device": device.name, "class": cls})
     return header, pkg
 
 
