@@ -97,6 +97,30 @@ def run_json(script: str, timeout: float = 600) -> object:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def run_with_opts(src: str, opts: list, inputs: dict) -> tuple[object, str]:
+    """In a stand-in script (`run_json`): run `src` on CUDA with every kernel built with `opts` (`Opt` fields, as
+    a BEAM winner stored for it would be; empty: the heuristic's). Returns its first output and its kernels'
+    CUDA sources at the inputs' dims."""
+    import tgc
+    import tgc.api as api
+    import tgc.codegen.search as search
+    from tgc.codegen.opt import Opt
+
+    orig, cur = search.lookup, [Opt(*o) for o in opts]
+    if opts:
+        search.lookup = api.lookup = lambda ast, device, width=0: cur
+    try:
+        prog = tgc.loads(src)
+        got = next(iter(prog.run(device="CUDA", **inputs).values()))
+        dims: dict[str, int] = {}
+        for line in src.splitlines()[:-1]:  # "a: f32[N, K]": the dims of input a
+            name, shape = line.split(": ")
+            dims.update(zip(shape[shape.index("[") + 1:-1].split(", "), inputs[name].shape))
+        return got, "".join(k.src for k in prog.compile("CUDA", dims=dims))
+    finally:
+        search.lookup = api.lookup = orig
+
+
 def fnv1a64(data: bytes) -> int:
     h = 1469598103934665603
     for b in data:

@@ -82,30 +82,16 @@ STANDIN = '''
 import json
 import numpy as np
 import tgc
-import tgc.api as api
 import tgc.codegen.search as search
 from tgc.backends import get_device
-from tgc.codegen.opt import Opt
 from tgc.codegen.pipeline import lower
 
 rng = np.random.default_rng(0)
-orig = search.lookup
 out = {"checks": []}
 MM = "a: f32[N, K]\\nb: f32[K, M]\\nreturn a @ b"
 
 def check(src, opts, want, **inputs):
-    if opts:
-        search.lookup = api.lookup = lambda ast, device, width=0: [Opt(*o) for o in opts]
-    try:
-        prog = tgc.loads(src)
-        got = next(iter(prog.run(device="CUDA", **inputs).values()))
-        dims = {}
-        for line in src.splitlines()[:-1]:
-            name, shape = line.split(": ")
-            dims.update(zip(shape[shape.index("[") + 1:-1].split(", "), inputs[name].shape))
-        srcs = "".join(k.src for k in prog.compile("CUDA", dims=dims))
-    finally:
-        search.lookup = api.lookup = orig
+    got, srcs = cuda_standin.run_with_opts(src, opts, inputs)
     err = float(np.max(np.abs(got - want) / (1 + np.abs(want))))
     out["checks"].append([src.splitlines()[-1], opts, err, srcs.count("tgc_cp_async16(tile"),
                           srcs.count("__shfl_xor_sync(")])
