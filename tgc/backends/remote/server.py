@@ -63,6 +63,7 @@ from tgc.backends.remote.limits import MiB as MiB
 from tgc.backends.remote.limits import Refusal as Refusal
 from tgc.backends.remote.session import Buffer as Buffer
 from tgc.backends.remote.session import Session as Session
+from tgc.backends.remote.staging import MappedBlock, mappable
 from tgc.backends.remote.transport import _Handler, _HTTPServer, _HTTPServer6
 from tgc.errors import DeviceError, TgcError
 
@@ -195,6 +196,7 @@ class RemoteServer:
         self.instance = secrets.token_hex(16)  # names this server process in clients' cache keys
         self._device: Any = None
         self._native: bool | None = None  # `uses_launch_workers`, once known
+        self._maps: bool | None = None  # `maps_buffers`, once known
         self._work_cap: tuple[int | None] | None = None  # `_max_work_items`, once known
         self._compiled: OrderedDict[str, tuple[bool, bytes | str]] = OrderedDict()  # sha256(src) -> (ok, lib|msg)
         self._known: OrderedDict[str, Known] = OrderedDict()  # sha256(binary) -> what the source said, first wins
@@ -270,6 +272,12 @@ class RemoteServer:
             n = len(self.sessions)
             for s in list(self.sessions.values()):
                 self._end_session(s)
+            for blocks in self._stage_pool.values():  # (mapped device buffers are freed here; the rest go with
+                for block in blocks:                  # the arena or the heap)
+                    if isinstance(block, MappedBlock):
+                        block.release()
+            self._stage_pool.clear()
+            self._pooled_bytes = 0
             if self._arena is not None:  # (a mapping still in use by a handle stays until that is gone)
                 self._arena.close()
                 self._arena = None
@@ -447,8 +455,12 @@ class RemoteServer:
         for block, n in spare:
             self._release_block(block, n)
         try:
-            return self.allocator.alloc(size) if self.uses_launch_workers else bytearray(size)
-        except MemoryError:
+            if self.uses_launch_workers:
+                return self.allocator.alloc(size)
+            if self.maps_buffers:
+                return MappedBlock.fresh(self.device, size)
+            return bytearray(size)
+        except Exception:  # (MemoryError; an OpenCL allocation or mapping error: the blob is read as bytes)
             with self.lock:
                 self._staged_bytes -= size
             return None
@@ -471,8 +483,18 @@ class RemoteServer:
         self._release_block(block, size)
 
     def _release_block(self, block: Any, size: int) -> None:
-        if not isinstance(block, bytearray):  # (an arena block; a host staging bytearray just goes)
+        if isinstance(block, MappedBlock):  # (a mapped device buffer: not the allocator's, freed here)
+            block.release()
+        elif not isinstance(block, bytearray):  # (an arena block; a host staging bytearray just goes)
             self.allocator.free(block, size)
+
+    @property
+    def maps_buffers(self) -> bool:
+        """Whether request blobs are received into mapped device buffers (`staging.MappedBlock`: OpenCL) that a
+        CopyIn adopts, rather than into host staging buffers."""
+        if self._maps is None:
+            self._maps = not self.uses_launch_workers and mappable(self.device)
+        return self._maps
 
     def run_batch(self, sid: str, body: bytes | tuple[dict[str, memoryview], str], client: str = "",
                   token: str | None = None, timings: list[tuple[str, int, int, int]] | None = None,
@@ -730,6 +752,19 @@ class RemoteServer:
             session.staged[req.datahash] = None  # (adopted: `run_batch` tells the caller)
             self.unstage(block, buf.size, free=False)
             self._pool_block(old, buf.size)  # (the next blob of this size is received into it)
+            return
+        if isinstance(block, MappedBlock) and buf.parent is None and not buf.views and block.size == buf.size:
+            # the same for a device buffer the blob was received into through a mapping (OpenCL): it becomes the
+            # buffer, and the old buffer, mapped, is kept for the next blob of its size
+            old, buf.handle = buf.handle, block.adopt()
+            session.staged[req.datahash] = None
+            self.unstage(block, buf.size, free=False)
+            try:
+                kept: Any = MappedBlock(self.device, old, buf.size)
+            except Exception:  # (a buffer that cannot be mapped again: back to the device's pool)
+                self.allocator.free(old, buf.size)
+                return
+            self._pool_block(kept, buf.size)
             return
         self.allocator.copyin(buf.handle, data)
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from tgc.backends.remote import protocol as P
 from tgc.backends.remote.limits import Refusal
+from tgc.backends.remote.staging import MappedBlock
 
 _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nX-Tgc-Error: busy\r\n"
          b"Content-Length: 47\r\nConnection: close\r\n\r\nthe server has too many connections; try later\n")
@@ -265,13 +266,16 @@ class _Handler(BaseHTTPRequestHandler):
         # keeps its buffers there (`RemoteServer.stage_block`): a CopyIn may adopt one as its buffer (no copy);
         # elsewhere into reused host staging buffers
         blocks: list[Any] = []
+        owners: dict[int, Any] = {}  # id of the object a staged view is of -> its block
 
         def stage(size: int) -> memoryview | None:
             block = app.stage_block(size)
             if block is None:
                 return None
             blocks.append(block)
-            return memoryview(block)
+            view = memoryview(block.host if isinstance(block, MappedBlock) else block)
+            owners[id(view.obj)] = block
+            return view
 
         staged: dict[str, Any] = {}
         offered: dict[str, Any] = {}
@@ -283,8 +287,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             except P.ProtocolError as e:  # (the rest of the body is unread: the connection cannot go on)
                 return self._refuse(Refusal(400, "protocol", str(e)), close=True)
-            ids = {id(b): b for b in blocks}
-            staged = {h: v.obj for h, v in body[0].items() if id(v.obj) in ids}
+            staged = {h: owners[id(v.obj)] for h, v in body[0].items() if id(v.obj) in owners}
             offered = dict(staged)
             self._run_batch(app, sid, body, staged)
         finally:  # every block not adopted by a buffer (`run_batch` removed those from `staged`) goes back

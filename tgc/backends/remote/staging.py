@@ -1,0 +1,70 @@
+"""Device buffers mapped into host memory, for `tgc serve` to receive a request blob straight into (OpenCL).
+
+Contract: `mappable(device)` says whether the served device's buffers can be mapped (an OpenCL device: its
+allocator hands out `cl.Buffer`s). `MappedBlock.fresh(device, size)` makes a new buffer of `size` bytes and maps
+it for writing; `MappedBlock(device, buffer, size)` maps an existing one (the buffer a CopyIn's adoption replaced,
+kept for the next blob). `host` is a writable 1-D uint8 numpy view of the mapping: the socket's bytes are received
+into it (`protocol.read_body`), and where the platform maps in place (PoCL on the CPU: the same address every time)
+that is the buffer's own memory, so no copy follows. `adopt()` unmaps and returns the buffer, now holding the
+blob, for a session's buffer to use as its handle; `release()` unmaps and frees it. A block is used by one thread
+at a time (the connection that reads into it, then the batch that adopts or copies from it); OpenCL's own calls
+are thread-safe, and the mapping waits, in the in-order queue, for every command queued before it on the buffer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def mappable(device: Any) -> bool:
+    """Whether blobs for `device` can be received into its mapped buffers (an OpenCL device)."""
+    try:
+        from tgc.backends.opencl import OpenCLAllocator
+    except Exception:  # (pyopencl missing: no OpenCL device either)
+        return False
+    return isinstance(getattr(device, "allocator", None), OpenCLAllocator)
+
+
+class MappedBlock:
+    """One device buffer of `size` bytes, mapped for writing (see the module's docstring)."""
+
+    __slots__ = ("device", "buffer", "size", "host", "_map")
+
+    def __init__(self, device: Any, buffer: Any, size: int):
+        self.device, self.buffer, self.size = device, buffer, size
+        cl = device.cl
+        # WRITE_INVALIDATE_REGION: the old bytes need not be read back (they are never shown: a blob fills the block
+        # before anyone reads it)
+        host, _ = cl.enqueue_map_buffer(device.queue, buffer, cl.map_flags.WRITE_INVALIDATE_REGION, 0, (size,),
+                                        np.uint8, is_blocking=True)
+        self.host: np.ndarray | None = host
+        self._map = host.base
+
+    @classmethod
+    def fresh(cls, device: Any, size: int) -> MappedBlock:
+        """A new buffer of `size` bytes (not from the allocator's pool, which only the batch thread touches)."""
+        return cls(device, device.allocator._alloc(size), size)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def _unmap(self) -> None:
+        if self.host is not None:
+            self.host = None
+            self._map.release(self.device.queue)
+            self.device.queue.finish()
+
+    def adopt(self) -> Any:
+        """Unmap and hand over the buffer (its bytes are the blob's); the block is spent."""
+        self._unmap()
+        buffer, self.buffer = self.buffer, None
+        return buffer
+
+    def release(self) -> None:
+        """Unmap and free the buffer."""
+        self._unmap()
+        if self.buffer is not None:
+            self.buffer.release()
+            self.buffer = None
