@@ -12,6 +12,7 @@ from tests.test_remote_ahead import _opencl_ready
 from tests.test_remote_datapath import _post, needs_cpu
 from tests.test_remote_stream import _raw_post
 from tgc.backends.remote import protocol as P
+from tgc.backends.remote import staging
 from tgc.backends.remote.client import RemoteDevice
 from tgc.backends.remote.server import serve
 from tgc.backends.remote.staging import MappedBlock
@@ -135,3 +136,26 @@ def test_a_keep_alive_connection_carries_every_round_trip():
     finally:
         dev.close()
         srv.shutdown()
+
+
+@needs_opencl
+def test_an_opencl_copy_out_is_sent_from_a_mapping_as_of_its_place_in_the_batch(cl_server, monkeypatch):
+    """A copy out that no later request of its batch can change is sent from the buffer mapped for reading (then
+    unmapped: the next batch writes the buffer); one followed by a write is copied as before."""
+    from tgc.backends.remote import server as S
+    srv, mapped = cl_server, []
+    monkeypatch.setattr(S, "map_for_reading", lambda *a: mapped.append(a[2]) or staging.map_for_reading(*a))
+    x, y = _floats(7), _floats(8)
+    hx, hy = P.blob_id(x.tobytes()), P.blob_id(y.tobytes())
+    status, body = _post(srv, P.BufferAlloc(buf=31, size=N), P.CopyIn(buf=31, datahash=hx), P.CopyOut(buf=31),
+                         blobs={hx: x.tobytes()})
+    assert status == 200 and mapped == [N], body
+    results, blobs = P.decode_results(body, verify=False)
+    np.testing.assert_array_equal(np.frombuffer(blobs[results[2]], np.float32), x)
+    status, body = _post(srv, P.CopyOut(buf=31), P.CopyIn(buf=31, datahash=hy), P.CopyOut(buf=31),
+                         blobs={hy: y.tobytes()})
+    assert status == 200 and mapped == [N, N], body  # (only the last copy out was mapped)
+    results, blobs = P.decode_results(body, verify=False)
+    np.testing.assert_array_equal(np.frombuffer(blobs[results[0]], np.float32), x)
+    np.testing.assert_array_equal(np.frombuffer(blobs[results[2]], np.float32), y)
+    assert not _session(srv).maps

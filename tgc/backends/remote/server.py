@@ -63,7 +63,7 @@ from tgc.backends.remote.limits import MiB as MiB
 from tgc.backends.remote.limits import Refusal as Refusal
 from tgc.backends.remote.session import Buffer as Buffer
 from tgc.backends.remote.session import Session as Session
-from tgc.backends.remote.staging import MappedBlock, mappable
+from tgc.backends.remote.staging import MappedBlock, map_for_reading, mappable
 from tgc.backends.remote.transport import _Handler, _HTTPServer, _HTTPServer6
 from tgc.errors import DeviceError, TgcError
 
@@ -538,42 +538,56 @@ class RemoteServer:
             session.busy += 1
         try:
             with session.lock:
-                if self.sessions.get(session.id) is not session:
-                    raise Refusal(404, "session", "the session ended while this batch waited for its turn")
-                session.alias_from = _read_only_tail(requests) if send is not None else len(requests) + 1
-                session.aliased = False
-                session.staged = {} if not staged else staged
-                if staged:
-                    uses: dict[str, int] = {}
-                    for r in requests:
-                        h = r.blob()
-                        if h is not None:
-                            uses[h] = uses.get(h, 0) + 1
-                    session.staged = {h: v for h, v in staged.items() if uses.get(h) == 1}
                 try:
-                    if self.uses_launch_workers:
-                        results, out_blobs = self._run(session, requests, blobs, timings)
-                    else:
-                        with self.device_lock:
-                            results, out_blobs = self._run(session, requests, blobs, timings)
-                finally:
-                    session.alias_from = len(requests) + 1
-                    if staged:  # (what was adopted is no longer the caller's to free)
-                        for h in [h for h in staged if h in session.staged and session.staged[h] is None]:
-                            del staged[h]
-                    session.staged = {}
-                st = time.perf_counter_ns()
-                parts = P.body_parts(out_blobs, P.to_text(results))
-                if timings is not None:
-                    timings.append(("Encode", 1, st, time.perf_counter_ns()))
-                if send is not None and session.aliased:  # views of the session's buffers: sent before it is free
-                    send(parts)
+                    parts = self._run_held(session, requests, blobs, timings, send, staged)
+                finally:  # (no later batch of the session may touch a buffer while it is mapped)
+                    maps, session.maps = session.maps, []
+                    for m in maps:
+                        m.release(self.device.queue)
         finally:
             with self.lock:
                 session.busy -= 1
                 session.last_seen = time.monotonic()
                 self._trim_pool()
         if send is not None and not session.aliased:  # (a copied answer: sent with the session free, as before)
+            send(parts)
+        return parts
+
+    def _run_held(self, session: Session, requests: list[P.Request], blobs: dict[str, memoryview],
+                  timings: list[tuple[str, int, int, int]] | None,
+                  send: Callable[[list[bytes | memoryview]], None] | None,
+                  staged: dict[str, Any] | None) -> list[bytes | memoryview]:
+        """The part of `run_batch` run with the session's lock held: the requests, and an answer that holds views of
+        the session's buffers sent."""
+        if self.sessions.get(session.id) is not session:
+            raise Refusal(404, "session", "the session ended while this batch waited for its turn")
+        session.alias_from = _read_only_tail(requests) if send is not None else len(requests) + 1
+        session.aliased = False
+        session.staged = {} if not staged else staged
+        if staged:
+            uses: dict[str, int] = {}
+            for r in requests:
+                h = r.blob()
+                if h is not None:
+                    uses[h] = uses.get(h, 0) + 1
+            session.staged = {h: v for h, v in staged.items() if uses.get(h) == 1}
+        try:
+            if self.uses_launch_workers:
+                results, out_blobs = self._run(session, requests, blobs, timings)
+            else:
+                with self.device_lock:
+                    results, out_blobs = self._run(session, requests, blobs, timings)
+        finally:
+            session.alias_from = len(requests) + 1
+            if staged:  # (what was adopted is no longer the caller's to free)
+                for h in [h for h in staged if h in session.staged and session.staged[h] is None]:
+                    del staged[h]
+            session.staged = {}
+        st = time.perf_counter_ns()
+        parts = P.body_parts(out_blobs, P.to_text(results))
+        if timings is not None:
+            timings.append(("Encode", 1, st, time.perf_counter_ns()))
+        if send is not None and session.aliased:  # views of the session's buffers: sent before it is free
             send(parts)
         return parts
 
@@ -772,6 +786,13 @@ class RemoteServer:
         buf = self._get(session.buffers, req.buf, "buffer")
         if _is_host_array(buf.handle) and session.index >= session.alias_from and buf.size >= P.LARGE_BLOB:
             data: bytes | bytearray | memoryview = memoryview(buf.handle).cast("B")  # sent from the buffer itself
+            session.aliased = True
+        elif self.maps_buffers and session.index >= session.alias_from and buf.size >= P.LARGE_BLOB:
+            # an OpenCL buffer, mapped for reading (in place where the platform maps so) and sent from the mapping,
+            # unmapped once the answer is out (`run_batch`)
+            mapped = map_for_reading(self.device, buf.handle, buf.size)
+            session.maps.append(mapped.base)
+            data = memoryview(mapped)
             session.aliased = True
         elif _is_host_array(buf.handle):  # one copy (no zeroed bytearray filled a second time)
             data = buf.handle.tobytes()

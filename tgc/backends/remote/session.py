@@ -40,6 +40,7 @@ class Session:
     alias_from: int = 1 << 62  # from this request on, a copy out may answer with a view of the buffer (`run_batch`)
     staged: dict[str, Any] = field(default_factory=dict)  # blobs the running batch's CopyIns may adopt (`run_batch`)
     aliased: bool = False  # the running batch's answer holds views of its buffers (`run_batch`)
+    maps: list[Any] = field(default_factory=list)  # device buffers mapped for that answer, unmapped once it is sent
     answer_bytes: int = 0  # bytes of ranges read in the batch running now (bounded by the body limit)
 
     @property

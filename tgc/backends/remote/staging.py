@@ -9,6 +9,8 @@ that is the buffer's own memory, so no copy follows. `adopt()` unmaps and return
 blob, for a session's buffer to use as its handle; `release()` unmaps and frees it. A block is used by one thread
 at a time (the connection that reads into it, then the batch that adopts or copies from it); OpenCL's own calls
 are thread-safe, and the mapping waits, in the in-order queue, for every command queued before it on the buffer.
+`map_for_reading` maps a session's buffer for a copy out to be sent from (the server unmaps it once the answer is
+out, with the session's lock still held).
 """
 
 from __future__ import annotations
@@ -68,3 +70,12 @@ class MappedBlock:
         if self.buffer is not None:
             self.buffer.release()
             self.buffer = None
+
+
+def map_for_reading(device: Any, buffer: Any, size: int) -> np.ndarray:
+    """The first `size` bytes of an OpenCL `buffer`, mapped for reading (blocking: commands queued before it are
+    done), as a 1-D uint8 array; its `base` is the mapping, which the caller releases (`base.release(queue)`)
+    before anything may write the buffer again."""
+    cl = device.cl
+    host, _ = cl.enqueue_map_buffer(device.queue, buffer, cl.map_flags.READ, 0, (size,), np.uint8, is_blocking=True)
+    return host
