@@ -13,7 +13,6 @@ from tgc.backends.remote import client
 from tgc.backends.remote import protocol as P
 from tgc.backends.remote.client import RemoteDevice
 from tgc.backends.remote.server import serve
-from tgc.backends.remote.staging import MappedBlock
 from tgc.errors import DeviceError
 
 AHEAD = 64 << 10  # the send-ahead threshold these tests use (the default, 1 MiB, would only make them slower)
@@ -108,20 +107,20 @@ def _opencl_ready() -> bool:
 
 
 @pytest.mark.skipif(not _opencl_ready(), reason="no OpenCL here")
-def test_large_copies_in_into_an_opencl_buffer_match_numpy_through_a_reused_mapped_buffer(ahead):
+def test_large_copies_in_into_an_opencl_buffer_match_numpy_through_a_reused_staging_buffer(ahead):
     srv = serve("127.0.0.1", 0, "OPENCL", None).start()
     dev = _device(srv)
     try:
         data = np.random.default_rng(7).standard_normal(AHEAD // 4 + 33).astype(np.float32)
         handle = dev.allocator.alloc(data.nbytes)
-        for i in range(2):  # the second blob is received into the buffer the first one replaced
+        for i in range(2):  # the second blob is received into the staging buffer the first one used
             dev.allocator.copyin(handle, memoryview(data + i).cast("B"))
             assert dev.posts_ahead == i + 1
             out = np.empty_like(data)
             dev.allocator.copyout(memoryview(out).cast("B"), handle)
             np.testing.assert_array_equal(out, data + i)
-        # the replaced device buffer is kept, mapped, for the next blob of its size; nothing is left staged
-        assert [type(b) for b in srv._stage_pool.get(data.nbytes, [])] == [MappedBlock] and srv._staged_bytes == 0
+        # the host staging buffer is kept for the next blob of its size, nothing is left staged
+        assert [type(b) for b in srv._stage_pool.get(data.nbytes, [])] == [bytearray] and srv._staged_bytes == 0
     finally:
         dev.close()
         srv.shutdown()

@@ -17,7 +17,7 @@ from tgc.backends.remote.client import RemoteDevice
 from tgc.backends.remote.server import serve
 from tgc.backends.remote.staging import MappedBlock
 
-N = P.LARGE_BLOB * 4
+N = staging.MAP_MIN  # (the smallest blob received into a mapped buffer)
 needs_opencl = pytest.mark.skipif(not _opencl_ready(), reason="no OpenCL here")
 
 

@@ -63,7 +63,7 @@ from tgc.backends.remote.limits import MiB as MiB
 from tgc.backends.remote.limits import Refusal as Refusal
 from tgc.backends.remote.session import Buffer as Buffer
 from tgc.backends.remote.session import Session as Session
-from tgc.backends.remote.staging import MappedBlock, map_for_reading, mappable
+from tgc.backends.remote.staging import MAP_MIN, MappedBlock, map_for_reading, mappable
 from tgc.backends.remote.transport import _Handler, _HTTPServer, _HTTPServer6
 from tgc.errors import DeviceError, TgcError
 
@@ -457,7 +457,7 @@ class RemoteServer:
         try:
             if self.uses_launch_workers:
                 return self.allocator.alloc(size)
-            if self.maps_buffers:
+            if self.maps_buffers and size >= MAP_MIN:
                 return MappedBlock.fresh(self.device, size)
             return bytearray(size)
         except Exception:  # (MemoryError; an OpenCL allocation or mapping error: the blob is read as bytes)
@@ -787,7 +787,7 @@ class RemoteServer:
         if _is_host_array(buf.handle) and session.index >= session.alias_from and buf.size >= P.LARGE_BLOB:
             data: bytes | bytearray | memoryview = memoryview(buf.handle).cast("B")  # sent from the buffer itself
             session.aliased = True
-        elif self.maps_buffers and session.index >= session.alias_from and buf.size >= P.LARGE_BLOB:
+        elif self.maps_buffers and session.index >= session.alias_from and buf.size >= MAP_MIN:
             # an OpenCL buffer, mapped for reading (in place where the platform maps so) and sent from the mapping,
             # unmapped once the answer is out (`run_batch`)
             mapped = map_for_reading(self.device, buf.handle, buf.size)

@@ -1,14 +1,15 @@
 """Device buffers mapped into host memory, for `tgc serve` to receive a request blob straight into (OpenCL).
 
 Contract: `mappable(device)` says whether the served device's buffers can be mapped (an OpenCL device: its
-allocator hands out `cl.Buffer`s). `MappedBlock.fresh(device, size)` makes a new buffer of `size` bytes and maps
-it for writing; `MappedBlock(device, buffer, size)` maps an existing one (the buffer a CopyIn's adoption replaced,
-kept for the next blob). `host` is a writable 1-D uint8 numpy view of the mapping: the socket's bytes are received
-into it (`protocol.read_body`), and where the platform maps in place (PoCL on the CPU: the same address every time)
-that is the buffer's own memory, so no copy follows. `adopt()` unmaps and returns the buffer, now holding the
-blob, for a session's buffer to use as its handle; `release()` unmaps and frees it. A block is used by one thread
-at a time (the connection that reads into it, then the batch that adopts or copies from it); OpenCL's own calls
-are thread-safe, and the mapping waits, in the in-order queue, for every command queued before it on the buffer.
+allocator hands out `cl.Buffer`s); only blobs of `MAP_MIN` bytes or more are. `MappedBlock.fresh(device, size)`
+makes a new buffer of `size` bytes and maps it for writing; `MappedBlock(device, buffer, size)` maps an existing one
+(the buffer a CopyIn's adoption replaced, kept for the next blob). `host` is a writable 1-D uint8 numpy view of the
+mapping: the socket's bytes are received into it (`protocol.read_body`), and where the platform maps in place (PoCL
+on the CPU: the same address every time) that is the buffer's own memory, so no copy follows. `adopt()` unmaps and
+returns the buffer, now holding the blob, for a session's buffer to use as its handle; `release()` unmaps and frees
+it. A block is used by one thread at a time (the connection that reads into it, then the batch that adopts or copies
+from it); OpenCL's own calls are thread-safe, and a mapping waits, in the in-order queue, for every command queued
+before it (an unmap needs no wait: the commands queued after it run after it).
 `map_for_reading` maps a session's buffer for a copy out to be sent from (the server unmaps it once the answer is
 out, with the session's lock still held).
 """
@@ -18,6 +19,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
+# Blobs and copies out of at least this many bytes go through a mapping; smaller ones are copied (a map and an unmap
+# cost ~20-30 us of CPU and a hand-off to the platform's worker threads on PoCL; copying 256 KiB costs about that).
+MAP_MIN = 256 << 10
 
 
 def mappable(device: Any) -> bool:
@@ -53,10 +58,9 @@ class MappedBlock:
         return self.size
 
     def _unmap(self) -> None:
-        if self.host is not None:
+        if self.host is not None:  # (later commands of the in-order queue run after the unmap: no wait)
             self.host = None
             self._map.release(self.device.queue)
-            self.device.queue.finish()
 
     def adopt(self) -> Any:
         """Unmap and hand over the buffer (its bytes are the blob's); the block is spent."""
