@@ -172,14 +172,22 @@ def main() -> int:
             kernels = len(prog.compile(device=a.device, dims=prog.bind(inputs)[0]))
             prog.run(device=a.device, **inputs)  # compile and load first
             outputs = prog.run(device="REMOTE", **inputs)
+            l0 = cpu_ns(os.getpid())
             local = timed_runs(prog, a.device, inputs, a.repeat)
+            l1 = cpu_ns(os.getpid())
+            local_cpu = None if None in (l0, l1) else (l1 - l0) / 1e9 / a.repeat
             before, ahead = remote.round_trips, getattr(remote, "posts_ahead", 0)
-            c0, s0 = cpu_ns(os.getpid()), server_cpu_ns(srv.proc.pid)
+            # (the client's CPU is read inside the server's: finding the launch workers scans /proc, which costs this
+            # process more CPU than a small run)
+            s0 = server_cpu_ns(srv.proc.pid)
+            c0 = cpu_ns(os.getpid())
             there = timed_runs(prog, "REMOTE", inputs, a.repeat)
-            c1, s1 = cpu_ns(os.getpid()), server_cpu_ns(srv.proc.pid)
+            c1 = cpu_ns(os.getpid())
+            s1 = server_cpu_ns(srv.proc.pid)
             trips = (remote.round_trips - before) / a.repeat
             ahead = (getattr(remote, "posts_ahead", 0) - ahead) / a.repeat
-            cpu = None if None in (c0, c1, s0, s1) else ((c1 - c0) / 1e9 / a.repeat, (s1 - s0) / 1e9 / a.repeat)
+            cpu = None if None in (c0, c1, s0, s1, local_cpu) else \
+                ((c1 - c0) / 1e9 / a.repeat, (s1 - s0) / 1e9 / a.repeat, local_cpu)
             nbytes = sum(x.nbytes for x in inputs.values())
             moved = nbytes + sum(np.asarray(v).nbytes for v in outputs.values())
             lm, rm = statistics.median(local), statistics.median(there)
@@ -209,10 +217,24 @@ def main() -> int:
         f"; CPU per round trip: client {client_cpu * 1e3:.2f} ms, server {server_cpu * 1e3:.2f} ms"
     print(f"data path alone: {copied / 1e9:.2f} GB/s (a 4 MiB copy in and copy out, one round trip, no kernel; "
           f"{_verdict(copied >= PAYLOAD_TARGET)}{cpu})")
-    cpu = "" if not small_cpu else (f"; CPU per run: client {statistics.median(c for c, _ in small_cpu) * 1e3:.3f} ms"
-                                    f", server {statistics.median(sv for _, sv in small_cpu) * 1e3:.3f} ms")
+    cpu = "" if not small_cpu else (
+        f"; CPU per run: client {statistics.median(c for c, _, _ in small_cpu) * 1e3:.3f} ms (a local run "
+        f"{statistics.median(lc for _, _, lc in small_cpu) * 1e3:.3f} ms), server "
+        f"{statistics.median(sv for _, sv, _ in small_cpu) * 1e3:.3f} ms")
     print(f"small-program overhead: {small * 1e3:.3f} ms (median of the small cases; target <= "
           f"{SMALL_TARGET * 1e3:g} ms): {_verdict(small <= SMALL_TARGET)}{cpu}")
+    # What the CPU times imply where nothing else runs: a small program's round trip is serial (the client waits for
+    # the server), so its overhead is the client's extra CPU plus the server's; a large copy's two sides overlap on
+    # two idle cores (the bound: the busier side), or not at all on one.
+    if small_cpu:
+        idle = statistics.median(c - lc + sv for c, sv, lc in small_cpu)
+        print(f"implied on an idle machine (CPU time, no waiting for other work): small-program overhead "
+              f"~{idle * 1e3:.3f} ms ({_verdict(idle <= SMALL_TARGET)})", end="")
+    if client_cpu and server_cpu:
+        both, alone = 2 * (4 << 20) / max(client_cpu, server_cpu), 2 * (4 << 20) / (client_cpu + server_cpu)
+        print(f"{'; d' if small_cpu else 'implied on an idle machine: d'}ata path ~{both / 1e9:.2f} GB/s with client "
+              f"and server on two cores ({_verdict(both >= PAYLOAD_TARGET)}), ~{alone / 1e9:.2f} GB/s on one", end="")
+    print()
     print(f"load average {load_before:.1f} before, {load:.1f} after ({os.cpu_count()} cores): figures taken with a "
           "load above the core count measure the machine's contention as much as the data path")
     return 0
