@@ -818,10 +818,54 @@ def decode_requests(body: bytes | memoryview, *, max_depth: int = MAX_DEPTH, max
     return parse_requests(text, max_depth=max_depth, max_nodes=max_nodes, max_text=max_text), blobs
 
 
+# A request text of flat calls whose arguments are integers, plain strings (no escapes), True/False/None and tuples of
+# integers, as `to_text` writes them (the copies, launches and frees of a run), is read without `ast`
+# (`_quick_requests`)
+_Q_INT = r"-?(?:0|[1-9][0-9]{0,18})"
+_Q_VALUE = rf"{_Q_INT}|'[A-Za-z0-9_.:-]{{0,256}}'|True|False|None|\((?:{_Q_INT}, ){{0,64}}\)"
+_Q_ARG = rf"[a-z_]{{1,32}}=(?:{_Q_VALUE})"
+_Q_CALL = rf"[A-Z][A-Za-z]{{0,31}}\((?:{_Q_ARG}(?:, {_Q_ARG})*)?\)"
+_QUICK_TEXT = re.compile(rf"\[(?:{_Q_CALL}(?:, {_Q_CALL})*)?\]")
+_QUICK_CALL = re.compile(rf"([A-Z][A-Za-z]{{0,31}})\(((?:{_Q_ARG}(?:, {_Q_ARG})*)?)\)")
+_QUICK_ARG = re.compile(rf"([a-z_]{{1,32}})=({_Q_VALUE})")
+_QUICK_LIMIT = 1 << 16  # characters: a longer text is parsed with `ast` (its regular expression is linear anyway)
+
+
+def _quick_value(word: str) -> Any:
+    if word[0] == "'":
+        return word[1:-1]
+    if word[0] == "(":
+        return tuple(int(v) for v in word[1:-1].split(", ") if v)
+    return {"True": True, "False": False, "None": None}.get(word) if word[0] in "TFN" else int(word)
+
+
+def _quick_requests(text: str, classes: Mapping[str, type]) -> list[Any] | None:
+    """The requests of a text of the quick form (see `_QUICK_TEXT`), built and checked by `build` as `parse_text`
+    builds them; None for any other text, or one the quick form reads but `ast` might not read alike (an unknown
+    request name, a repeated argument): `parse_text` then reads it, or refuses it with its message."""
+    if len(text) > _QUICK_LIMIT or not _QUICK_TEXT.fullmatch(text):
+        return None
+    out = []
+    for call in _QUICK_CALL.finditer(text):
+        cls = classes.get(call[1])
+        if cls is None:
+            return None
+        kwargs = {}
+        for arg in _QUICK_ARG.finditer(call[2]):
+            if arg[1] in kwargs:
+                return None
+            kwargs[arg[1]] = _quick_value(arg[2])
+        out.append(build(cls, kwargs))
+    return out
+
+
 def parse_requests(text: str, *, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NODES,
                    max_text: int = MAX_TEXT) -> list[Request]:
     """The requests of a body's text; ProtocolError unless it is a list of requests."""
-    value = parse_text(text, REQUESTS, max_depth=max_depth, max_nodes=max_nodes, max_text=max_text)
+    check_size(text, max_text, max_nodes)
+    value: Any = _quick_requests(text, REQUESTS) if max_depth > 3 else None  # (its values nest 4 deep)
+    if value is None:
+        value = parse_text(text, REQUESTS, max_depth=max_depth, max_nodes=max_nodes, max_text=max_text)
     if not isinstance(value, list) or not all(isinstance(r, Request) for r in value):
         raise ProtocolError("request text must be a list of requests")
     return value

@@ -1,0 +1,76 @@
+"""The server reads a request text of flat calls with integer, plain-string, boolean and integer-tuple arguments
+without `ast` (`protocol._quick_requests`): it must read every text exactly as `ast` does, and leave every other
+text (and every text `ast` refuses) to the `ast` path and its messages."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tgc.backends.remote import protocol as P
+
+HASH = "ab" * 32
+
+
+def _requests(rng: random.Random) -> list[P.Request]:
+    n = lambda: rng.choice([0, 1, 7, 4096, (1 << 40) + 3])  # noqa: E731
+    ints = lambda: tuple(n() for _ in range(rng.randint(0, 4)))  # noqa: E731
+    grid = lambda: tuple(rng.choice([1, 7, 4096]) for _ in range(rng.randint(1, 3)))  # noqa: E731
+    make = [
+        lambda: P.BufferAlloc(buf=n(), size=n()), lambda: P.BufferFree(buf=n()), lambda: P.CopyOut(buf=n()),
+        lambda: P.BufferOffset(buf=n(), size=n(), offset=n(), sub=n()), lambda: P.CopyIn(buf=n(), datahash=HASH),
+        lambda: P.ReadRange(buf=n(), offset=n(), size=n()), lambda: P.Synchronize(), lambda: P.GetProperties(),
+        lambda: P.ProgramAlloc(prog=n(), name=rng.choice(["E_4_8", "r_16_32n1", "k.0:x-y"]), datahash=HASH),
+        lambda: P.ProgramExec(prog=n(), bufs=ints(), global_size=grid(), local_size=rng.choice([None, grid()]),
+                              vals=ints(), wait=rng.random() < 0.5),
+        lambda: P.GraphExec(graph=n(), wait=rng.random() < 0.5), lambda: P.GraphFree(graph=n()),
+        lambda: P.EndSession(),
+    ]
+    return [rng.choice(make)() for _ in range(rng.randint(0, 6))]
+
+
+def test_texts_of_the_quick_form_read_exactly_as_ast_reads_them():
+    rng = random.Random(5)
+    for _ in range(300):
+        text = P.to_text(_requests(rng))
+        quick = P._quick_requests(text, P.REQUESTS)
+        assert quick is not None, text  # (every such text takes the quick path)
+        assert quick == P.parse_text(text) == P.parse_requests(text), text
+        assert [type(r) for r in quick] == [type(r) for r in P.parse_text(text)]
+
+
+@pytest.mark.parametrize("text", [
+    "[CopyOut(buf=01)]",  # a leading zero: ast refuses it
+    "[CopyOut(buf=99999999999999999999)]",  # past 64 bits
+    "[Nope(buf=1)]",  # not a request
+    "[GraphKernel(prog=1, bufs=(1, ))]",  # a request class's part, not a request
+    "[CopyOut(buf='1')]",  # a string where an integer goes
+    "[CopyIn(buf=1, datahash='xyz')]",  # not a blob id
+    "[BufferAlloc(buf=1)]",  # a missing field
+    "[CopyOut(buf=1, size=3)]",  # a field it does not have
+    "[ProgramExec(prog=1, bufs=(1, 2, ), global_size=())]",  # an empty grid
+])
+def test_texts_ast_refuses_are_refused_with_the_ast_paths_message(text):
+    with pytest.raises(P.ProtocolError) as slow:
+        _slow_requests(text)
+    with pytest.raises(P.ProtocolError) as quick:
+        P.parse_requests(text)
+    assert str(quick.value) == str(slow.value)
+
+
+def _slow_requests(text: str) -> list:
+    """`parse_requests` without the quick path."""
+    value = P.parse_text(text)
+    if not all(isinstance(r, P.Request) for r in value):
+        raise P.ProtocolError("request text must be a list of requests")
+    return value
+
+
+@pytest.mark.parametrize("text", [
+    "[CopyOut(buf=-0)]", "[CopyOut(buf=1, buf=2)]", "[ProgramExec(prog=1, bufs=())]", "[]", "[Synchronize()]",
+    "[ProgramExec(prog=1, bufs=(1, 2), vals=(3, ))]",  # no trailing ', ': ast's path reads it alike
+    "[ProgramAlloc(prog=1, name='a\\\\x41', datahash='" + HASH + "')]",  # an escape: ast's path
+])
+def test_other_well_formed_texts_read_alike_on_either_path(text):
+    assert P.parse_requests(text) == P.parse_text(text)
