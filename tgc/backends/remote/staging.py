@@ -52,7 +52,12 @@ class MappedBlock:
     @classmethod
     def fresh(cls, device: Any, size: int) -> MappedBlock:
         """A new buffer of `size` bytes (not from the allocator's pool, which only the batch thread touches)."""
-        return cls(device, device.allocator._alloc(size), size)
+        buffer = device.allocator._alloc(size)
+        try:
+            return cls(device, buffer, size)
+        except BaseException:  # (a buffer that cannot be mapped is not kept)
+            buffer.release()
+            raise
 
     def __len__(self) -> int:
         return self.size
