@@ -234,7 +234,8 @@ def main() -> int:
         both, alone = 2 * (4 << 20) / max(client_cpu, server_cpu), 2 * (4 << 20) / (client_cpu + server_cpu)
         print(f"{'; d' if small_cpu else 'implied on an idle machine: d'}ata path ~{both / 1e9:.2f} GB/s with client "
               f"and server on two cores ({_verdict(both >= PAYLOAD_TARGET)}), ~{alone / 1e9:.2f} GB/s on one", end="")
-    print()
+    if small_cpu or (client_cpu and server_cpu):
+        print()
     print(f"load average {load_before:.1f} before, {load:.1f} after ({os.cpu_count()} cores): figures taken with a "
           "load above the core count measure the machine's contention as much as the data path")
     return 0
