@@ -25,20 +25,21 @@ from tgc.ir.uop import Ops
 
 MM = "a: f32[M, K]\nb: f32[K, N]\nreturn a @ b\n"
 L2 = CacheGeometry(size=2 << 20, ways=16, line=64)  # a 2 MiB 16-way L2 of 64-byte lines
-SMALL_L2 = CacheGeometry(size=256 << 10, ways=16, line=64)  # 16 KiB between two addresses of one set
-MID_L2 = CacheGeometry(size=1 << 20, ways=16, line=64)
+MID_L2 = CacheGeometry(size=1 << 20, ways=16, line=64)  # 64 KiB between two addresses of one set
 
 
 # --- the packing rule over the cache's sets ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("k,n,fits", [
-    (1365, 512, False),  # 2048-byte stride: 64 set positions x 2 lines x 16 ways = 2048 lines < 2 x 2730
+    (1365, 512, False),  # 2048-byte stride: 64 set positions x 2 lines x 16 ways = 2048 lines < 4 x 2730
     (1024, 1024, False),  # a page of stride: 32 positions
     (768, 3072, False),  # 12288 bytes = 3 pages: 32 positions
-    (1000, 576, True),  # 2304 bytes = 9 x 256: 512 positions
-    (576, 1000, True),  # 4000 bytes: not a multiple of a line, 3 lines a row over 4096 positions
-    (384, 1536, True),  # 6144 bytes: 64 positions x 2 lines x 16 ways = 2048 lines >= 2 x 768
-    (1536, 384, True),
+    (1000, 576, True),  # 2304 bytes = 9 x 256: 512 positions x 2 lines x 16 ways = 16384 lines >= 4 x 2000
+    (576, 1000, False),  # 4000 bytes: rows not on cache lines (vector loads across two lines)
+    (512, 1365, False),
+    (384, 1536, False),  # 6144 bytes: 64 positions x 2 lines x 16 ways = 2048 lines < 4 x 768
+    (1536, 384, False),  # 1536 bytes: 256 positions: 8192 lines < 4 x 3072
+    (512, 1344, True),  # 5376 bytes: 512 positions
 ])
 def test_a_panel_fits_in_place_unless_its_stride_aliases_the_sets(k, n, fits):
     assert panel_fits_in_place(k, n, 4, L2) is fits
@@ -50,7 +51,8 @@ def test_packing_pays_for_many_rows_small_operands_and_aliased_strides():
     assert pack_pays(1000, 576, 4, 256, L2)  # many rows: the packed kernel's edge pays for the copy
     assert pack_pays(1365, 512, 4, 77, L2)  # aliased: every row block would read the panel from L3
     assert pack_pays(384, 1152, 4, 77, L2)  # 1.7 MiB < 2 MiB: no panels, each row block reads it whole
-    assert not pack_pays(384, 1536, 4, 77, L2)
+    assert pack_pays(384, 1536, 4, 77, L2)  # past the cache, but its panel takes over 1/4 of its sets' lines
+    assert not pack_pays(512, 1344, 4, 77, L2)
 
 
 def _kernels(src: str, dims: dict, device: str = "CPU") -> list:
@@ -77,12 +79,12 @@ def _run(src: str, device: str, dims: dict, arrays: dict) -> np.ndarray:
 
 
 @pytest.mark.parametrize("dims,packed", [
-    ({"M": 77, "K": 1000, "N": 288}, False),  # 1152-byte stride: fits the small L2's sets in place
-    ({"M": 77, "K": 1000, "N": 320}, True),  # 1280-byte stride: 64 positions, too few sets
+    ({"M": 77, "K": 1000, "N": 288}, False),  # 1152-byte stride: fits a 1 MiB L2's sets in place
+    ({"M": 77, "K": 1000, "N": 512}, True),  # 2048-byte stride: 32 positions, too few sets
     ({"M": 256, "K": 1000, "N": 288}, True),  # many rows: packed whatever the stride
 ], ids=lambda v: "x".join(map(str, v.values())) if isinstance(v, dict) else str(v))
 def test_packing_is_skipped_where_a_panel_fits_in_place(dims, packed, monkeypatch):
-    monkeypatch.setattr(packrule, "private_cache", lambda: SMALL_L2)
+    monkeypatch.setattr(packrule, "private_cache", lambda: MID_L2)
     items = _kernels(MM, dims)
     copies = [it for it in items if not _has_reduce(it)]
     assert len(copies) == (1 if packed else 0)
@@ -90,12 +92,12 @@ def test_packing_is_skipped_where_a_panel_fits_in_place(dims, packed, monkeypatc
 
 
 def test_a_slice_of_an_input_keeps_the_inputs_row_stride(monkeypatch):
-    # the odd-column split reads w[:, :992] and w[:, 992:] (slices of the input): the row stride is the input's
-    # 1000 columns (4000 bytes: fits in place), so neither part is packed at 77 rows; with 1024 columns (a page
-    # of stride) the main part is
+    # the odd-column split reads w[:, :1088] and w[:, 1088:] (slices of the input): the row stride is the input's
+    # 1104 columns (4416 bytes: line-aligned, fits in place), so neither part is packed at 77 rows; with 1024
+    # columns (a page of stride) the matmul's operand is
     monkeypatch.setattr(packrule, "private_cache", lambda: L2)
     src = "x: f32[T, C]\nw: f32[C, F]\nreturn relu(x @ w)\n"
-    items = _kernels(src, {"T": 77, "C": 576, "F": 1000})
+    items = _kernels(src, {"T": 77, "C": 576, "F": 1104})
     assert sum(_has_reduce(it) for it in items) == 2  # the main part and the rest (16 columns)
     assert len(items) == 3  # the two parts and the join: no packing copy
     items = _kernels(src, {"T": 77, "C": 576, "F": 1024})
@@ -124,14 +126,16 @@ def test_odd_matmuls_read_in_place_match_numpy(device, dims, monkeypatch):
 
 
 def test_odd_matmul_with_panels_in_place_matches_numpy_on_the_cpu(monkeypatch):
-    # the kernel that runs: column panels outermost (12 tiles on two cores) over an operand read in place
-    monkeypatch.setattr(packrule, "private_cache", lambda: SMALL_L2)
-    monkeypatch.setattr(heuristic, "private_cache_bytes", lambda: SMALL_L2.size)
-    dims = {"M": 197, "K": 1001, "N": 384}
-    item = _kernels(MM, dims)[-1]
+    # the kernel that runs: column panels outermost (9 tiles on two cores) over an operand read in place
+    monkeypatch.setattr(packrule, "private_cache", lambda: MID_L2)
+    monkeypatch.setattr(heuristic, "private_cache_bytes", lambda: MID_L2.size)
+    dims = {"M": 197, "K": 1001, "N": 288}
+    items = _kernels(MM, dims)
+    assert len(items) == 1  # no packing copy
+    item = items[0]
     dev = get_device("CPU")
     k = OptKernel(prepare(item.ast, dev), dev)
-    names = decide(k, Machine(private_cache=SMALL_L2.size, cores=2))
+    names = decide(k, Machine(private_cache=MID_L2.size, cores=2))
     assert "panels" in names and "padded_rows" in names
     arrays = _inputs(dims, seed=4)
     _check(_run(MM, "CPU", dims, arrays), arrays["a"].astype(np.float64) @ arrays["b"].astype(np.float64))

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 PACK_PANEL = 32  # columns of a packed panel (the register tile's columns)
 PACK_IN_PLACE_MAX_ROWS = 256  # from this many rows the packed kernel's edge pays for the copy anyway
-PANEL_SHARE = 2  # the panel may take at most 1/PANEL_SHARE of the cache lines its sets hold (the left-hand
+PANEL_SHARE = 4  # the panel may take at most 1/PANEL_SHARE of the cache lines its sets hold (the left-hand
 # side's rows and the output tile share the cache with it)
 
 
@@ -65,10 +65,13 @@ def private_cache() -> CacheGeometry:
 
 
 def panel_fits_in_place(k: int, n: int, itemsize: int, cache: CacheGeometry, panel: int = PACK_PANEL) -> bool:
-    """Whether a column panel of a k x n row-major operand (k rows of `panel` values, a row stride apart) fits
-    the cache sets its rows map to, within 1/PANEL_SHARE of their lines."""
+    """Whether a column panel of a k x n row-major operand (k rows of `panel` values, a row stride apart) is read
+    well in place: its rows start on cache lines (else every vector load of a row spans two lines), and its
+    lines fit the cache sets its rows map to, within 1/PANEL_SHARE of their lines."""
     stride = n * itemsize
-    lines_per_row = -(-panel * itemsize // cache.line) + (1 if stride % cache.line else 0)
+    if stride % cache.line:  # rows not line-aligned: vector loads across two lines (llama's 1365 columns: 1.2x)
+        return False
+    lines_per_row = -(-panel * itemsize // cache.line)
     positions = cache.period // math.gcd(stride, cache.period)  # distinct set offsets the rows start at
     sets = min(cache.period // cache.line, positions * lines_per_row)
     return k * lines_per_row * PANEL_SHARE <= sets * cache.ways
