@@ -5,15 +5,18 @@ stride n * itemsize bytes) into panels of `PACK_PANEL` columns pays for itself i
 `rows` rows (row tiles x batches). Pure arithmetic over sizes and the private cache's geometry (`CacheGeometry`,
 read once from sysfs); it opens no device and names no program.
 
-The rule (docs/DESIGN.md, "Packing by cache sets"): a register tile reads one column panel (k rows of
-`PACK_PANEL` values) once per row block, so the panel should stay in the private (L2) cache between row blocks.
-In place, the panel's rows lie a row stride apart; a stride with a large power-of-two factor maps them all to
-a few cache sets (2048 bytes: 64 of the 1024 set positions of a 2 MiB 16-way L2), which then hold too few
-lines, and every row block reads the panel from the shared cache again: packing (a contiguous panel) pays
-1.7-2.5x there (128 x 1365 x 512, 77 x 1024 x 1024, 256 x 768 x 3072, single-thread). Where the panel's lines
-fit the sets they map to in place, the copy only costs: its traffic (~15% of a 77-row matmul's time) against
-a kernel ~10% slower in place, so packing is skipped for fewer than `PACK_IN_PLACE_MAX_ROWS` rows
-(77 x 1000 x 576: 0.82x the time of copy + packed kernel; 128 x 512 x 1344: 0.93x).
+The rule (docs/DESIGN.md, "Corpus kernels single-threaded: panels with few column tiles, packing by cache
+sets"): a register tile reads one column panel (k rows of `PACK_PANEL` values) once per row block, so the panel
+should stay in the private (L2) cache between row blocks. In place, the panel's rows lie a row stride apart; a
+stride with a large power-of-two factor maps them all to a few cache sets (a 2048-byte stride: 64 of the 2048
+set offsets of a 2 MiB 16-way L2), which then hold too few lines, and every row block reads the panel from the
+shared cache again: packing (a contiguous panel) pays 1.7-2.5x there (128 x 1365 x 512, 77 x 1024 x 1024,
+256 x 768 x 3072, single-thread). Where the panel's rows start on cache lines and its lines take at most
+1/`PANEL_SHARE` of those of the sets they map to, the copy only costs: its traffic (~15-20% of a 77-row
+matmul's time) against a kernel 7-20% slower in place, so packing is skipped for fewer than
+`PACK_IN_PLACE_MAX_ROWS` rows (77 x 1000 x 576: 0.82x the time of copy + packed kernel alone, ~0.93x in the
+llama odd block; 256 rows: break-even). Operands within the private cache are always packed (no column panels
+outermost there: each row block reads the whole operand, contiguous only when packed).
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ def panel_fits_in_place(k: int, n: int, itemsize: int, cache: CacheGeometry, pan
     well in place: its rows start on cache lines (else every vector load of a row spans two lines), and its
     lines fit the cache sets its rows map to, within 1/PANEL_SHARE of their lines."""
     stride = n * itemsize
-    if stride % cache.line:  # rows not line-aligned: vector loads across two lines (llama's 1365 columns: 1.2x)
+    if stride % cache.line:  # rows not line-aligned: vector loads across two lines (llama's 1365 columns: 1.6x)
         return False
     lines_per_row = -(-panel * itemsize // cache.line)
     positions = cache.period // math.gcd(stride, cache.period)  # distinct set offsets the rows start at
