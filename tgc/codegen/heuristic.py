@@ -509,11 +509,23 @@ def _padded_rows(f: Facts, k: OptKernel) -> bool:
     return True
 
 
+PANEL_TILES_PER_CORE = 4  # column panels each core takes at least (panels outermost: the threads split them)
+
+
+def panel_tiles_min(machine: Machine) -> int:
+    """The column tiles a matmul needs for panels outermost: `PANEL_TILES_PER_CORE` per core (the threads
+    split the panels, so fewer leave cores idle or unbalanced), at most `accumulators` (the old threshold, kept
+    where the cores are many)."""
+    return min(machine.accumulators, PANEL_TILES_PER_CORE * machine.cores)
+
+
 def _panel_case(f: Facts, k: OptKernel) -> bool:
-    """Panels are wanted, the tile's rows are the axis before the columns and at least `accumulators` column
-    tiles are left (evaluated once, before the panels rule changes the kernel)."""
+    """Panels are wanted, the tile's rows are the axis before the columns and at least `panel_tiles_min`
+    column tiles are left (evaluated once, before the panels rule changes the kernel). With fewer column
+    tiles than that the rows stay outermost, and every row block streams the whole operand from the shared
+    cache (a 1536 x 384 operand, 12 tiles of 32 columns: 106 -> 165 GFLOP/s single-thread with panels)."""
     if f.panel_case is None:
-        f.panel_case = _panels_wanted(f) and _size(k.loops()[f.vec_axis]) >= f.machine.accumulators and \
+        f.panel_case = _panels_wanted(f) and _size(k.loops()[f.vec_axis]) >= panel_tiles_min(f.machine) and \
             _row_axis(f, k) == f.vec_axis - 1
     return f.panel_case
 
@@ -597,7 +609,8 @@ RULES: tuple[Rule, ...] = (
          "per iteration (a convolution's input channels)"),
     Rule("panels", "matmul", _panel_case, _panels,
          "operand too large for the private caches: column panels outermost, so each stays in cache while "
-         "every row block passes over it (rows outermost stream the whole operand once per row block)"),
+         "every row block passes over it (rows outermost stream the whole operand once per row block); from "
+         "`panel_tiles_min` column tiles (4 per core), as many as the threads can share"),
     Rule("narrow_rows", "matmul", lambda f, k: _panel_case(f, k) and "rows" not in f.done
          and "padded_rows" not in f.done, _narrow_rows,
          "rows with no divisor the tile takes: one row at a time, so 4 times the columns and 4 reduction steps "
@@ -627,5 +640,6 @@ def rule_names() -> list[str]:
 
 
 __all__ = ["LANE_TILE", "LONG_BODY", "RULES", "Facts", "Machine", "Rule", "body_ops", "classify", "decide",
-           "hand_coded", "lane_axis", "lane_tile", "long_body", "machine_of", "private_cache_bytes", "rule_names",
+           "hand_coded", "lane_axis", "lane_tile", "long_body", "machine_of", "panel_tiles_min", "private_cache_bytes",
+           "rule_names",
            "short_rows"]

@@ -23,7 +23,7 @@ from collections.abc import Generator
 
 from tgc.capabilities import Capabilities
 from tgc.dtype import DType, dtypes, min_max
-from tgc.engine import attention
+from tgc.engine import attention, packrule
 from tgc.engine.flops import attention_flops, executed_flops
 from tgc.errors import TgcError
 from tgc.ir.kernel import INDEX, ScheduleItem, flat_index, identity
@@ -499,6 +499,19 @@ def _packed_columns(b: UOp, panel: int = PACK_PANEL) -> UOp | None:
     return UOp(Ops.RESHAPE, b.dtype, (UOp(Ops.PERMUTE, b.dtype, (packed,), order),), tuple(batch) + (k, n))
 
 
+def _pack_pays(b: UOp, rows: int) -> bool:
+    """Whether packing `b` pays (`tgc.engine.packrule.pack_pays`) where it is an input read in place (a program
+    input, or a slice of one: its row stride is the input's): elsewhere the copy also realizes a computed
+    operand, which the matmul would otherwise compute again per row block, so it is kept."""
+    base = b  # (through slices, and reshapes that keep the last axis: the row stride stays the input's)
+    while base.op is Ops.SHRINK or (base.op is Ops.RESHAPE and shape_of(base)[-1:] == shape_of(base.src[0])[-1:]):
+        base = base.src[0]
+    if base.op is not Ops.BUFFER or len(shape_of(base)) < 2:
+        return True
+    k, n = shape_of(b)[-2], shape_of(base)[-1]
+    return packrule.pack_pays(k, n, b.dtype.itemsize, rows)
+
+
 def pack_matmul_operands(outputs: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp], dict[UOp, UOp]]:
     """A CPU cache choice (`caps.pack_matmul`): every large matmul reads its right-hand side from a copy packed
     into column panels (`_packed_columns`), one packing kernel per operand. Returns the new outputs, the
@@ -516,7 +529,8 @@ def pack_matmul_operands(outputs: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp],
             b = b.src[0]
         rows = prod(shape_of(node.src[0])[:-2]) // max(1, prod(shape_of(b)[:-2]))  # (batch, row) pairs per operand
         # (a transposed operand is copied whatever its rows: read in place, each column vector is a gather)
-        packed = _packed_columns(b) if rows >= PACK_MIN_ROWS or b.op is Ops.PERMUTE else None
+        packed = _packed_columns(b) if b.op is Ops.PERMUTE or (rows >= PACK_MIN_ROWS and _pack_pays(b, rows)) \
+            else None
         if packed is None:
             continue
         serves.setdefault(packed.src[0].src[0], node)
