@@ -171,6 +171,9 @@ def _stage_shared(sp: Any, jb: UOp, bk: int, group: int, next_id: int) -> tuple:
 
 
 ROW_LANES = 16  # query rows per vector on devices with vectors (`build_rows`)
+# The rows form through the pipeline's passes (`online_softmax_ast(rows=)`, `expand._vectorize_online_rows`) instead
+# of `build_rows`: not the default until its kernels are as fast ("The rows form through the passes" in DESIGN.md).
+ROWS_THROUGH_PASSES = False
 ROW_BLOCK = 16  # keys per block there
 
 
@@ -544,6 +547,13 @@ def lower_attention(item: Any, device: Any, name: str, opts: list[Opt] | None = 
     k = attention_kernel(item, device, opts)
     ch = k.choices()
     vectors = device.caps.vectors and not env_flag("NOOPT")
+    if ch["rows"] and ROWS_THROUGH_PASSES and vectors and not device.caps.gpu and _rows_apply(sp):
+        # the rows form through the pipeline's passes (`vectorize` makes the rows the lanes: per-lane m and l)
+        ast = online_softmax_ast(sp, ch["block"], rows=ch["rows"])
+        threads = [Opt(OptOps.THREAD, 0, ch["threads"])] if ch["threads"] > 1 else []
+        low = lower(ast, device, list(item.bufs), name, opts=threads, trace=trace)
+        low.applied = list(k.applied)
+        return low
     presplit = 0  # threads given their chunk of the first loop in the spec (before the kernel is written out)
     if ch["rows"] and not device.caps.gpu and ch["threads"] > 1:
         split = _split_spec(sp, ch["threads"])
@@ -596,7 +606,7 @@ def lower_attention(item: Any, device: Any, name: str, opts: list[Opt] | None = 
     return low
 
 
-def online_softmax_ast(sp: Any, block: int, group: int = 0, width: int = 1) -> UOp | None:
+def online_softmax_ast(sp: Any, block: int, group: int = 0, width: int = 1, rows: int = 0) -> UOp | None:
     """The per-row form as an ordinary kernel AST that the pipeline's passes lower (`pipeline.lower`): one STORE per
     output element of REDUCE(ONLINE_SOFTMAX) over the keys, in blocks of `block` keys (a REDUCE range of blocks, an
     UNROLL range of keys in a block: `unroll_reduce` makes the block one iteration), the output columns an UPCAST
@@ -605,7 +615,10 @@ def online_softmax_ast(sp: Any, block: int, group: int = 0, width: int = 1) -> U
     `group` > 0 (GPUs): work-groups of `group` query rows (a LOCAL range) stage each block's k and v into shared
     memory (`_stage_shared`: the staging STOREs are the sources of a BARRIER that the staged LOADs read after, so
     the linearizer writes them inside the key-block loop before the scores; it ends the loop with a second
-    BARRIER); None where nothing is staged."""
+    BARRIER); None where nothing is staged.
+    `rows` > 0 (the rows form, devices with vectors): the query row becomes a tile loop and an UPCAST range of `rows`
+    rows (a partial last tile's rows clamped to the last row: they compute and store its values again), which the
+    scores vary by, so `vectorize` makes it the lanes of the scores, the values and the REDUCE (per-lane m and l)."""
     ids = [u.arg[0] for e in (sp.x, sp.v, *sp.loops, sp.rj, sp.rdv) for u in e.toposort() if u.op is Ops.RANGE]
     next_id = max(ids, default=0) + 1
     bk = min(block, sp.tk)
@@ -629,6 +642,15 @@ def online_softmax_ast(sp: Any, block: int, group: int = 0, width: int = 1) -> U
         key[rjl] = UOp.const(INDEX, 0) if jj is None else jj
         out_index = substitute(out_index, {ri: rows})
         gate = () if live is None else (live,)
+    if rows:
+        ri = sp.loops[-1]
+        tq = ri.src[0].arg
+        tile = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, -(-tq // rows)),), ri.arg)
+        lane = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, rows),), (next_id + 11, RangeKind.UPCAST))
+        row = simplify(tile * UOp.const(INDEX, rows) + lane)
+        if tq % rows:
+            row = simplify((row < UOp.const(INDEX, tq)).where(row, UOp.const(INDEX, tq - 1)))
+        x, v, out_index = (substitute(e, {ri: row}) for e in (x, v, out_index))
     score = _f32(simplify(substitute(x, key)))
     if sp.tk % bk:
         score = UOp(Ops.WHERE, dtypes.f32, (simplify(j < UOp.const(INDEX, sp.tk)), score, _c(-math.inf)))

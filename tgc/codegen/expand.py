@@ -308,8 +308,57 @@ def _lift(values: list[UOp], sums: dict[UOp, UOp]) -> UOp:
     return go(tuple(values))
 
 
+class _LaneScalars(_Vectorizer):
+    """The vectorizer, except that integer and bool values varying by lane (index math, a causal mask's comparison)
+    are computed lane by lane as scalars: index math stays scalar, with its bounds (a clamped row's index)."""
+
+    def vec(self, u: UOp) -> UOp:
+        if (u in self.depends and u.op is not Ops.LOAD and u.dtype is not None and u.dtype.count == 1
+                and not u.dtype.is_float):
+            if u not in self.memo:
+                lanes = tuple(self.at(u, j) for j in range(self.width))
+                self.memo[u] = UOp(Ops.VECTORIZE, u.dtype.vec(self.width), lanes)
+            return self.memo[u]
+        return super().vec(u)
+
+
+def _score_lane(st: UOp, onlines: list[UOp], widths: tuple[int, ...]) -> UOp | None:
+    """The widest UPCAST range of a vector width that the scores of the store's ONLINE_SOFTMAX REDUCEs vary by (the
+    rows form's query rows), or None."""
+    in_scores: set[UOp] = set()
+    for red in onlines:
+        pairs = red.src[0]
+        for s in pairs.src[:len(pairs.src) // 2]:
+            in_scores.update(u for u in s.toposort() if u.op is Ops.RANGE and u.arg[1] is RangeKind.UPCAST)
+    cands = [r for r in in_scores if r.src[0].op is Ops.CONST and r.src[0].arg in widths]
+    return max(cands, key=lambda r: (r.src[0].arg, -r.arg[0])) if cands else None
+
+
+def _vectorize_online_rows(st: UOp, lane: UOp) -> list[UOp]:
+    """The rows form: `lane`, a range the scores vary by, becomes the lanes of everything (m and l per lane). Each
+    ONLINE_SOFTMAX REDUCE's (n scores, n values) become n score vectors then n value vectors of `lane`'s width, the
+    inner products w-lane REDUCEs (one row per lane), integer and bool values per lane as scalars, and the output
+    stored lane by lane where its index is not contiguous along the lane."""
+    vz = _LaneScalars(lane)
+    vz.analyze(st)
+    w = vz.width
+    containers = {u.src[0] for u in st.toposort() if u.op is Ops.REDUCE and u.arg is Ops.ONLINE_SOFTMAX}
+    for u in st.toposort():  # sources first: `vec` then finds every source in its memo (no recursion)
+        if u in vz.depends and u.op is not Ops.STORE and u not in containers:
+            if u.op is Ops.REDUCE and u.arg is Ops.ONLINE_SOFTMAX:
+                pairs = u.src[0]
+                srcs = tuple(vz.broadcast(s) for s in pairs.src)
+                vz.memo[u] = UOp(Ops.REDUCE, u.dtype.vec(w),
+                                 (UOp(Ops.VECTORIZE, dtypes.f32.vec(len(srcs) * w), srcs), *u.src[1:]), u.arg)
+            else:
+                vz.vec(u)
+    return vz.store(st)
+
+
 def _vectorize_online(st: UOp, widths: tuple[int, ...]) -> list[UOp]:
-    """A store of ONLINE_SOFTMAX REDUCEs with vectors: (1) the inner products in the scores `w` lanes of their
+    """A store of ONLINE_SOFTMAX REDUCEs with vectors. Where the scores vary by an UPCAST range of a vector width (the
+    rows form's query rows: `_vectorize_online_rows`), that range becomes the lanes of everything. Else: (1) the
+    inner products in the scores `w` lanes of their
     range at a time; (2) a block of n scores (n a vector width, after `unroll_reduce`) as one n-lane vector, the
     pairs' VECTORIZE then (scores vector, values...), whose exps the linearizer computes at once; (3) the store's
     contiguous UPCAST range (an output column) as lanes through the reduce: its values become vectors, the REDUCE a
@@ -318,6 +367,11 @@ def _vectorize_online(st: UOp, widths: tuple[int, ...]) -> list[UOp]:
     next_id = max(ids, default=0) + 1
     w = max(widths)
     onlines = [u for u in st.toposort() if u.op is Ops.REDUCE and u.arg is Ops.ONLINE_SOFTMAX]
+    row_lane = _score_lane(st, onlines, widths)
+    if row_lane is not None:
+        if st.src[2].dtype != dtypes.f32 or any(r.dtype != dtypes.f32 for r in onlines):
+            return [st]  # (not f32: the rows stay copies, `upcast_stores`)
+        return _vectorize_online_rows(st, row_lane)
     mapping: dict[UOp, UOp] = {}
     for red in onlines:
         pairs = red.src[0]

@@ -1,0 +1,61 @@
+"""The CPU's rows form of the fused attention lowered by the pipeline's passes (issue 20 item 4 (b), branch rows):
+`online_softmax_ast(rows=)` writes the query rows as an UPCAST range that the scores vary by, and `vectorize`
+(`expand._vectorize_online_rows`) makes it the lanes of the scores, the values and the REDUCE (per-lane m and l).
+Not the default yet (`attention.ROWS_THROUGH_PASSES`): these tests switch it on and check the kernels against numpy
+on the CPU at ragged and whole tiles of rows and blocks of keys, masked and not."""
+
+from __future__ import annotations
+
+import pytest
+from test_attention_fused import check, program
+
+from tgc.backends import get_device
+from tgc.codegen import attention as attn
+from tgc.codegen.attention import lower_attention
+from tgc.dtype import dtypes
+from tgc.ir.uop import Ops
+
+
+@pytest.fixture
+def rows_by_passes(monkeypatch) -> list:
+    """The rows form through the passes; the list gets the rows of each rows-form AST written (so a test sees that
+    its kernel was lowered here, not served from a cache)."""
+    monkeypatch.setattr(attn, "ROWS_THROUGH_PASSES", True)
+    calls: list = []
+    real = attn.online_softmax_ast
+
+    def spy(*a, **kw):
+        if kw.get("rows"):
+            calls.append(kw["rows"])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(attn, "online_softmax_ast", spy)
+    return calls
+
+
+def _item(p, dims: dict):
+    items = [it for it in p.schedule(dims=dims, device="CPU") if "attention" in it.meta]
+    assert len(items) == 1
+    return items[0]
+
+
+def test_the_rows_form_goes_through_the_passes_with_per_lane_accumulators(rows_by_passes):
+    item = _item(program(True), {"B": 2, "T": 21, "D": 32, "E": 8})
+    trace: list[tuple[str, str]] = []
+    low = lower_attention(item, get_device("CPU"), "attn", trace=trace)
+    names = [n for n, _ in trace]
+    assert "vectorize" in names and "unroll_reduce" in names and "lower_attention" not in names
+    assert rows_by_passes == [16]
+    v16 = dtypes.f32.vec(16)
+    ups = [u for u in low.uops if u.op is Ops.ACCUMULATE]
+    maxes = [u for u in ups if u.arg is Ops.MAX]
+    assert maxes and all(u.dtype == v16 for u in maxes)  # the running max is per row: one lane each
+    assert not any(u.dtype == dtypes.f32 for u in ups)  # nothing of the online softmax is a scalar
+    assert low.launch.get("global_size") in (None, (1, 1, 1), (2, 1, 1))
+
+
+@pytest.mark.parametrize("masked,b,t,d,e", [(False, 2, 21, 8, 8), (True, 1, 16, 32, 16), (True, 2, 40, 16, 8)])
+def test_the_rows_form_through_the_passes_matches_numpy(rows_by_passes, masked, b, t, d, e):
+    """A partial last tile of rows (21, 40) and a whole one (16); a ragged last block of keys (21, 40)."""
+    check(program(masked), masked, "CPU", b, t, d, e, tol=2e-5)
+    assert rows_by_passes, "the program's kernel was not lowered here (a cached kernel ran)"
