@@ -54,8 +54,22 @@ def test_the_rows_form_goes_through_the_passes_with_per_lane_accumulators(rows_b
     assert low.launch.get("global_size") in (None, (1, 1, 1), (2, 1, 1))
 
 
-@pytest.mark.parametrize("masked,b,t,d,e", [(False, 2, 21, 8, 8), (True, 1, 16, 32, 16), (True, 2, 40, 16, 8)])
+@pytest.mark.parametrize("masked,b,t,d,e", [(False, 2, 21, 8, 8), (True, 1, 16, 32, 16), (True, 2, 40, 16, 24)])
 def test_the_rows_form_through_the_passes_matches_numpy(rows_by_passes, masked, b, t, d, e):
     """A partial last tile of rows (21, 40) and a whole one (16); a ragged last block of keys (21, 40)."""
     check(program(masked), masked, "CPU", b, t, d, e, tol=2e-5)
     assert rows_by_passes, "the program's kernel was not lowered here (a cached kernel ran)"
+
+
+def test_the_columns_loop_is_interchanged_into_the_key_loop_with_o_in_local_memory(rows_by_passes):
+    """One key loop for every output column: the scores, m, l and the rescale once per block; o a local array of
+    E x 16 lanes zeroed, updated and stored by three loops over the columns."""
+    item = _item(program(False), {"B": 1, "T": 40, "D": 32, "E": 24})
+    low = lower_attention(item, get_device("CPU"), "attn")
+    locals_ = [u for u in low.uops if u.op is Ops.DEFINE_LOCAL]
+    assert [u.arg[1] for u in locals_ if u.arg[0] == "o_rows"] == [24 * 16]
+    assert sum(u.op is Ops.ACCUMULATE and u.arg is Ops.MAX for u in low.uops) == 1
+    v16 = dtypes.f32.vec(16)
+    # m and l, and one partial sum per key of the block (16) for the inner products over the head dimension
+    assert sum(u.op is Ops.DEFINE_ACC and u.dtype == v16 for u in low.uops) == 2 + 16
+    assert sum(u.op is Ops.STORE and u.src[0] in locals_ for u in low.uops) == 2  # the zeroing and the update

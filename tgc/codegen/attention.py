@@ -547,7 +547,8 @@ def lower_attention(item: Any, device: Any, name: str, opts: list[Opt] | None = 
     k = attention_kernel(item, device, opts)
     ch = k.choices()
     vectors = device.caps.vectors and not env_flag("NOOPT")
-    if ch["rows"] and ROWS_THROUGH_PASSES and vectors and not device.caps.gpu and _rows_apply(sp):
+    if ch["rows"] and ROWS_THROUGH_PASSES and vectors and not device.caps.gpu and _rows_apply(sp) and \
+            _rows_local_bytes(sp, ch["rows"]) <= launch_limits(device).shared_bytes:
         # the rows form through the pipeline's passes (`vectorize` makes the rows the lanes: per-lane m and l)
         ast = online_softmax_ast(sp, ch["block"], rows=ch["rows"])
         threads = [Opt(OptOps.THREAD, 0, ch["threads"])] if ch["threads"] > 1 else []
@@ -654,7 +655,8 @@ def online_softmax_ast(sp: Any, block: int, group: int = 0, width: int = 1, rows
     score = _f32(simplify(substitute(x, key)))
     if sp.tk % bk:
         score = UOp(Ops.WHERE, dtypes.f32, (simplify(j < UOp.const(INDEX, sp.tk)), score, _c(-math.inf)))
-    col = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, sp.dv),), (next_id + 2, RangeKind.UPCAST))
+    # the rows form's columns: a loop (the linearizer interchanges it into the key loop, o in local memory)
+    col = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, sp.dv),), (next_id + 2, RangeKind.LOOP if rows else RangeKind.UPCAST))
     if width > 1 and sp.dv % width == 0 and sp.dv > width:  # the columns' lanes one UPCAST of a vector width
         lanes = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, width),), (next_id + 10, RangeKind.UPCAST))
         col = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, sp.dv // width),), (next_id + 2, RangeKind.UPCAST)) * \
