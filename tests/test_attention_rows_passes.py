@@ -72,4 +72,37 @@ def test_the_columns_loop_is_interchanged_into_the_key_loop_with_o_in_local_memo
     v16 = dtypes.f32.vec(16)
     # m and l, and one partial sum per key of the block (16) for the inner products over the head dimension
     assert sum(u.op is Ops.DEFINE_ACC and u.dtype == v16 for u in low.uops) == 2 + 16
-    assert sum(u.op is Ops.STORE and u.src[0] in locals_ for u in low.uops) == 2  # the zeroing and the update
+    o_rows = [u for u in locals_ if u.arg[0] == "o_rows"]
+    assert sum(u.op is Ops.STORE and u.src[0] in o_rows for u in low.uops) == 2  # the zeroing and the update
+
+
+def _key_loop(uops: list) -> list:
+    """The linear UOps inside the outermost loop that holds the running max's update (the key loop)."""
+    at = next(i for i, u in enumerate(uops) if u.op is Ops.ACCUMULATE and u.arg is Ops.MAX)
+    depth, start = 0, at
+    while start > 0:  # back to the RANGE that opens the loop the update is in
+        start -= 1
+        if uops[start].op is Ops.ENDRANGE:
+            depth += 1
+        elif uops[start].op is Ops.RANGE:
+            if depth == 0:
+                break
+            depth -= 1
+    end = next(i for i in range(at, len(uops)) if uops[i].op is Ops.ENDRANGE and uops[i].src[0] is uops[start])
+    return uops[start:end]
+
+
+def test_the_row_side_of_the_inner_products_is_staged_once_per_tile(rows_by_passes):
+    """q's elements are gathered row by row once per tile of 16 rows into a local array (D x 16), before the key
+    loop; inside it the inner products read one vector of it per head-dimension index, and q is not read."""
+    item = _item(program(True), {"B": 1, "T": 40, "D": 32, "E": 24})
+    low = lower_attention(item, get_device("CPU"), "attn")
+    staged = [u for u in low.uops if u.op is Ops.DEFINE_LOCAL and u.arg[0] != "o_rows"]
+    assert [u.arg[1] for u in staged] == [32 * 16]
+    q = next(u for u in low.uops if u.op is Ops.DEFINE_GLOBAL and u.arg == 1)
+    loop = _key_loop(low.uops)
+    assert not any(u.op is Ops.LOAD and u.src[0] is q for u in loop)
+    assert sum(u.op is Ops.LOAD and u.src[0] is staged[0] and u.dtype == dtypes.f32.vec(16) for u in loop) == 1
+    assert not any(u.op is Ops.LOAD and u.src[0] is staged[0] and u.dtype == dtypes.f32 for u in low.uops)
+    at_store = next(i for i, u in enumerate(low.uops) if u.op is Ops.STORE and u.src[0] is staged[0])
+    assert at_store < low.uops.index(loop[0])  # the staging loop comes before the key loop

@@ -334,6 +334,68 @@ def _score_lane(st: UOp, onlines: list[UOp], widths: tuple[int, ...]) -> UOp | N
     return max(cands, key=lambda r: (r.src[0].arg, -r.arg[0])) if cands else None
 
 
+STAGED = "staged"  # a BARRIER's arg[0] whose STOREs run in loops of their own before first use (one thread: no wait)
+
+
+def _row_side(body: UOp, lane: UOp, r: UOp, keys: set[UOp], shared: set[UOp]) -> list[UOp]:
+    """The largest float subexpressions of an inner product's `body` that vary with the row (`lane`) and the reduced
+    index `r` but not with the keys (`keys`: the online softmax's ranges) and are in `shared` (what every score of
+    a block holds: with one block there is no key range to tell the row side by): q's element, or what it is
+    computed from. Each is staged once per tile of rows instead of gathered for every block of keys."""
+    nodes = body.toposort()
+    dep: dict[UOp, int] = {}  # bit 1: varies with the row, 2: with r, 4: with a key
+    for u in nodes:
+        bits = 1 if u is lane else 2 if u is r else 4 if u in keys else 0
+        for x in u.src:
+            bits |= dep.get(x, 0)
+        dep[u] = bits
+
+    def wanted(u: UOp) -> bool:
+        return dep[u] == 3 and u.dtype is not None and u.dtype.count == 1 and u.dtype.is_float and u in shared
+
+    users: dict[UOp, list[UOp]] = {}
+    for u in nodes:
+        for x in u.src:
+            users.setdefault(x, []).append(u)
+    return [u for u in nodes if wanted(u) and (u is body or any(not wanted(p) for p in users.get(u, [])))]
+
+
+def _stage_row_side(st: UOp, lane: UOp, onlines: list[UOp]) -> UOp:
+    """The rows form's row side staged: in each inner product (an f32 REDUCE(ADD) over one constant range r in the
+    scores), the largest float subexpressions varying with the row and r but not the keys (`_row_side`: q's
+    elements, gathered one lane at a time; shared by every score of a block) are stored once per tile, for every r, into a DEFINE_LOCAL of r x w
+    floats (one vector store per r, a loop of its own) and read back as one vector load per r. The loads take the
+    BARRIER(STAGED) of the staging stores as their ordering source: the linearizer writes the staging loop before
+    the first use of the loads outside the keys' loops (`tgc.codegen.linearize`)."""
+    keys = {r for red in onlines for r in red.src[1:]}
+    w = lane.src[0].arg
+    ids = [u.arg[0] for u in st.toposort() if u.op is Ops.RANGE]
+    next_id = max(ids, default=0) + 1
+    staged: dict[UOp, UOp] = {}
+    for red in onlines:
+        # what every score of a block shares (the row side; with one block there is no key range to tell it by)
+        n = len(red.src[0].src) // 2
+        shared = set.intersection(*(set(sc.toposort()) for sc in red.src[0].src[:n]))
+        for inner in (u for u in red.src[0].toposort() if u.op is Ops.REDUCE and u.arg is Ops.ADD):
+            if len(inner.src) != 2 or inner.src[1].src[0].op is not Ops.CONST or inner.dtype != dtypes.f32:
+                continue
+            r = inner.src[1]
+            d = r.dtype
+            for u in _row_side(inner.src[0], lane, r, keys, shared):
+                if u in staged:
+                    continue
+                rs = UOp(Ops.RANGE, d, r.src, (next_id, RangeKind.LOOP))
+                next_id += 1
+                local = UOp(Ops.DEFINE_LOCAL, u.dtype.as_ptr(), (), (f"rows{len(staged)}", r.src[0].arg * w))
+                store = UOp(Ops.STORE, None, (local, simplify(rs * UOp.const(d, w) + lane),
+                                              simplify(substitute(u, {r: rs}))))
+                vz = _LaneScalars(lane)
+                vz.analyze(store)
+                barrier = UOp(Ops.BARRIER, None, tuple(vz.store(store)), (STAGED, (rs.arg,)))
+                staged[u] = UOp(Ops.LOAD, u.dtype, (local, simplify(r * UOp.const(d, w) + lane), barrier))
+    return substitute(st, staged) if staged else st
+
+
 def _vectorize_online_rows(st: UOp, lane: UOp) -> list[UOp]:
     """The rows form: `lane`, a range the scores vary by, becomes the lanes of everything (m and l per lane). Each
     ONLINE_SOFTMAX REDUCE's (n scores, n values) become n score vectors then n value vectors of `lane`'s width, the
@@ -371,7 +433,7 @@ def _vectorize_online(st: UOp, widths: tuple[int, ...]) -> list[UOp]:
     if row_lane is not None:
         if st.src[2].dtype != dtypes.f32 or any(r.dtype != dtypes.f32 for r in onlines):
             return [st]  # (not f32: the rows stay copies, `upcast_stores`)
-        return _vectorize_online_rows(st, row_lane)
+        return _vectorize_online_rows(_stage_row_side(st, row_lane, onlines), row_lane)
     mapping: dict[UOp, UOp] = {}
     for red in onlines:
         pairs = red.src[0]

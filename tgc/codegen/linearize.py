@@ -90,6 +90,25 @@ class _Linearizer:
         if u.op is Ops.REDUCE:
             yield from self._emit_reduce_group(u)
             return self.scopes[-1][u]
+        if u.op is Ops.BARRIER and _staged(u):
+            # stores staged in loops of their own (`expand._stage_row_side`), here: one thread needs no wait
+            own = set(u.arg[1])
+            last = None
+            for st in u.src:
+                loops = sorted({r for r in st.toposort() if r.op is Ops.RANGE and r.arg in own}, key=lambda r: r.arg[0])
+                for r in loops:
+                    self.open_range(r)
+                last = self.emit(st)
+                for _ in loops:
+                    self.close_range()
+            self.scopes[-1][u] = last
+            return last
+        if u.op is Ops.LOAD and len(u.src) == 3 and u.src[2].op is Ops.BARRIER and _staged(u.src[2]):
+            self.emit(u.src[2])  # (the staging loop, once; the load itself has no gate)
+            u = u.replace(src=u.src[:2])
+            found = self.lookup(u)
+            if found is not None:
+                return found
         if u.op is Ops.REREAD:
             raise RuntimeError("REREAD left in a kernel (resolve_row_values did not run)")
         srcs = []
@@ -115,6 +134,8 @@ class _Linearizer:
                     out = frozenset().union(*(memo[s] for s in n.src)) if n.src else frozenset()
                     if n.op is Ops.REDUCE:
                         out -= set(n.src[1:])
+                    elif n.op is Ops.BARRIER and _staged(n):  # its stores' own loops
+                        out = frozenset(r for r in out if r.arg not in n.arg[1])
                 memo[n] = out
         return memo[u]
 
@@ -486,6 +507,8 @@ def linearize(ast: UOp, decompose: bool = False) -> list[UOp]:
     nodes = ast.toposort()
     lin = start_linearizer(nodes, decompose)
     reduce_ranges = {r for u in nodes if u.op is Ops.REDUCE for r in u.src[1:]}
+    staged_loops = {a for u in nodes if u.op is Ops.BARRIER and _staged(u) for a in u.arg[1]}
+    reduce_ranges |= {u for u in nodes if u.op is Ops.RANGE and u.arg in staged_loops}
     interchange = _interchanged_columns(ast, lin)
     inner = set(interchange[1]) if interchange else set()
     outer = sorted((u for u in nodes if u.op is Ops.RANGE and u not in reduce_ranges and u not in inner),
@@ -510,6 +533,11 @@ def linearize(ast: UOp, decompose: bool = False) -> list[UOp]:
     return lin.out
 
 
+def _staged(u: UOp) -> bool:
+    """A BARRIER(STAGED): stores in loops of their own (its arg's range ids) before the loads that read them."""
+    return isinstance(u.arg, tuple) and len(u.arg) == 2 and u.arg[0] == "staged"
+
+
 def _interchanged_columns(ast: UOp, lin: _Linearizer) -> tuple[UOp, list[UOp]] | None:
     """(the REDUCE, the column loops) where every store of the kernel stores one per-lane ONLINE_SOFTMAX REDUCE (n
     score vectors then n value vectors of its type) whose values vary by output loops of constant size that its
@@ -532,8 +560,9 @@ def _interchanged_columns(ast: UOp, lin: _Linearizer) -> tuple[UOp, list[UOp]] |
     if ast.src and any(st.op is not Ops.STORE or red not in st.src[2].toposort() for st in ast.src):
         return None
     # the columns must be the innermost output loops (nothing else of the kernel is computed inside them)
+    staged = {a for u in ast.toposort() if u.op is Ops.BARRIER and _staged(u) for a in u.arg[1]}
     others = [r for r in {u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] is RangeKind.LOOP}
-              if r not in cols]
+              if r not in cols and r.arg not in staged]
     if any(o.arg[0] > min(c.arg[0] for c in cols) for o in others):
         return None
     return red, cols
