@@ -639,9 +639,9 @@ def online_softmax_ast(sp: Any, block: int, group: int = 0, width: int = 1, rows
         staged = _stage_shared(sp, UOp.const(INDEX, 0) if jb is None else jb, bk, group, next_id + 3)
         if staged is None:
             return None
-        x, v, ri, rows, live, rjl, _ = staged
+        x, v, ri, group_rows, live, rjl, _ = staged
         key[rjl] = UOp.const(INDEX, 0) if jj is None else jj
-        out_index = substitute(out_index, {ri: rows})
+        out_index = substitute(out_index, {ri: group_rows})
         gate = () if live is None else (live,)
     if rows:
         ri = sp.loops[-1]

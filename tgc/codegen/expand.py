@@ -363,10 +363,10 @@ def _row_side(body: UOp, lane: UOp, r: UOp, keys: set[UOp], shared: set[UOp]) ->
 def _stage_row_side(st: UOp, lane: UOp, onlines: list[UOp]) -> UOp:
     """The rows form's row side staged: in each inner product (an f32 REDUCE(ADD) over one constant range r in the
     scores), the largest float subexpressions varying with the row and r but not the keys (`_row_side`: q's
-    elements, gathered one lane at a time; shared by every score of a block) are stored once per tile, for every r, into a DEFINE_LOCAL of r x w
-    floats (one vector store per r, a loop of its own) and read back as one vector load per r. The loads take the
-    BARRIER(STAGED) of the staging stores as their ordering source: the linearizer writes the staging loop before
-    the first use of the loads outside the keys' loops (`tgc.codegen.linearize`)."""
+    elements, gathered one lane at a time; shared by every score of a block) are stored once per tile, for every
+    r, into a DEFINE_LOCAL of r x w floats (one vector store per r, a loop of its own) and read back as one vector
+    load per r. The loads take the BARRIER(STAGED) of the staging stores as their ordering source: the linearizer
+    writes the staging loop before the first use of the loads outside the keys' loops (`tgc.codegen.linearize`)."""
     keys = {r for red in onlines for r in red.src[1:]}
     w = lane.src[0].arg
     ids = [u.arg[0] for u in st.toposort() if u.op is Ops.RANGE]
