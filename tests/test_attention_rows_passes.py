@@ -106,3 +106,20 @@ def test_the_row_side_of_the_inner_products_is_staged_once_per_tile(rows_by_pass
     assert not any(u.op is Ops.LOAD and u.src[0] is staged[0] and u.dtype == dtypes.f32 for u in low.uops)
     at_store = next(i for i, u in enumerate(low.uops) if u.op is Ops.STORE and u.src[0] is staged[0])
     assert at_store < low.uops.index(loop[0])  # the staging loop comes before the key loop
+
+
+def test_threads_are_the_pipelines_thread_opt(rows_by_passes):
+    """BEAM's THREAD(0, 2) on the rows form: `apply_opts` splits the first (batch) loop, 3 sequences in chunks of 2
+    (the second thread's chunk is short): two threads, each its chunk; checked against numpy."""
+    import numpy as np
+    from test_attention_beam import opts, run_with
+    from test_attention_fused import reference
+
+    p = program(True)
+    dims = {"B": 3, "T": 21, "D": 16, "E": 8}
+    trace: list[tuple[str, str]] = []
+    low = lower_attention(_item(p, dims), get_device("CPU"), "attn", opts(16, 8, 2), trace=trace)
+    assert low.launch["global_size"] == (2, 1, 1) and "core_id" in low.src and "apply_opts" in dict(trace)
+    (kern,), out, (q, k, v) = run_with(p, dims, opts(16, 8, 2))
+    assert kern.opts == opts(16, 8, 2)
+    np.testing.assert_allclose(out, reference(q, k, v, True), rtol=3e-5, atol=3e-5)

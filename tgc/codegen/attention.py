@@ -551,7 +551,8 @@ def lower_attention(item: Any, device: Any, name: str, opts: list[Opt] | None = 
             _rows_local_bytes(sp, ch["rows"]) <= launch_limits(device).shared_bytes:
         # the rows form through the pipeline's passes (`vectorize` makes the rows the lanes: per-lane m and l)
         ast = online_softmax_ast(sp, ch["block"], rows=ch["rows"])
-        threads = [Opt(OptOps.THREAD, 0, ch["threads"])] if ch["threads"] > 1 else []
+        # the threads this kernel chose (BEAM's THREAD, one included) or counted: `apply_opts` splits the first loop
+        threads = [Opt(OptOps.THREAD, 0, ch["threads"])] if ch["threads"] >= 1 else []
         low = lower(ast, device, list(item.bufs), name, opts=threads, trace=trace)
         low.applied = list(k.applied)
         return low
