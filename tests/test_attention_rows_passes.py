@@ -1,8 +1,9 @@
 """The CPU's rows form of the fused attention lowered by the pipeline's passes (issue 20 item 4 (b), branch rows):
 `online_softmax_ast(rows=)` writes the query rows as an UPCAST range that the scores vary by, and `vectorize`
-(`expand._vectorize_online_rows`) makes it the lanes of the scores, the values and the REDUCE (per-lane m and l).
-Not the default yet (`attention.ROWS_THROUGH_PASSES`): these tests switch it on and check the kernels against numpy
-on the CPU at ragged and whole tiles of rows and blocks of keys, masked and not."""
+(`expand._vectorize_online_rows`) makes it the lanes of the scores, the values and the REDUCE (per-lane m and l),
+staging q's side of the inner products per tile (`expand._stage_row_side`); the linearizer interchanges the output
+columns into the key loop (o in local memory); threads are the THREAD opt. Checked against numpy on the CPU at
+ragged and whole tiles of rows and blocks of keys, masked and not, and the linear UOps' structure exactly."""
 
 from __future__ import annotations
 
@@ -18,9 +19,8 @@ from tgc.ir.uop import Ops
 
 @pytest.fixture
 def rows_by_passes(monkeypatch) -> list:
-    """The rows form through the passes; the list gets the rows of each rows-form AST written (so a test sees that
-    its kernel was lowered here, not served from a cache)."""
-    monkeypatch.setattr(attn, "ROWS_THROUGH_PASSES", True)
+    """The list gets the rows of each rows-form AST written (so a test sees that its kernel was lowered here, not
+    served from a cache)."""
     calls: list = []
     real = attn.online_softmax_ast
 
