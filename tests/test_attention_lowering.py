@@ -1,9 +1,9 @@
-"""The fused attention kernel's lowering cost (issues 14 and 21): the rows form (`build_rows`) keeps the head
-dimension and the output columns as loops (the query side staged once per tile of rows into a local array,
-the output accumulators in another), so its linear UOps and the work of lowering it do not grow with the head
-dimension; one simplify memo serves the whole kernel, and threads get their chunk of the batch loop in the
-small spec. Checked exactly: the UOps and rule attempts at D=32 and D=256 are the same, the memo's results
-against fresh ones, the staged query side, and wide heads (D=128, 96, 256) against numpy, threaded and not."""
+"""The fused attention kernel's lowering cost (issues 14 and 21): the rows form (`online_softmax_ast(rows=)`
+through the pipeline's passes) keeps the head dimension and the output columns as loops (the query side staged
+once per tile of rows into a local array, the output accumulators in another), so its linear UOps and the work of
+lowering it do not grow with the head dimension; threads are the pipeline's THREAD opt. Checked exactly: the UOps
+and rule attempts at D=32 and D=256 are the same, a shared simplify memo's results against fresh ones, the staged
+query side, and wide heads (D=128, 96, 256) against numpy, threaded and not."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def test_the_rows_kernel_does_not_grow_with_the_head_dimension(masked, monkeypat
         assert low.launch["global_size"] == (2, 1, 1)
         assert "core_id" in low.src
         assert any(u.op is Ops.RANGE and u.src[0].op is Ops.CONST and u.src[0].arg == d for u in low.uops)
-        assert sorted(u.arg for u in low.uops if u.op is Ops.DEFINE_LOCAL) == [("o", d * 16), ("q0", d * 16)]
+        assert sorted(u.arg for u in low.uops if u.op is Ops.DEFINE_LOCAL) == [("o_rows", d * 16), ("rows0", d * 16)]
     assert sizes[0] == sizes[1], sizes
     assert sizes[0][1] < 10_000, sizes
 
@@ -74,23 +74,18 @@ def test_a_shared_memo_gives_the_same_results_and_skips_what_it_holds(monkeypatc
     assert simplify(substitute(exprs[1], {r: UOp.const(INDEX, 3)})) is UOp.const(INDEX, 4)
 
 
-def test_the_thread_split_is_made_on_the_spec(monkeypatch):
-    """Rows path, 2 threads, a batch loop: the split happens before `build_rows` (no whole-kernel pass); the
-    per-row form is split by the passes."""
-    called = []
-    monkeypatch.setattr(A, "split_threads", lambda *a: called.append(1) or (a[0], 1))
+def test_the_thread_split_is_the_pipelines_thread_opt():
+    """Rows form and per-row form, 2 threads, a batch loop: both split by `apply_opts` (their THREAD opt)."""
     item = attention_item(program(True), {"B": 3, "T": 40, "D": 8, "E": 8})
-    low = A.lower_attention(item, CPU, "attn", opts(16, 16, 2))
-    assert not called and low.launch["global_size"] == (2, 1, 1)
-    # the per-row form: the pipeline's passes split it (its THREAD opt in `apply_opts`), not this module
-    trace: list = []
-    low = A.lower_attention(item, CPU, "attn", opts(0, 16, 2), trace=trace)
-    assert not called and low.launch["global_size"] == (2, 1, 1) and "apply_opts" in dict(trace)
+    for o in (opts(16, 16, 2), opts(0, 16, 2)):
+        trace: list = []
+        low = A.lower_attention(item, CPU, "attn", o, trace=trace)
+        assert low.launch["global_size"] == (2, 1, 1) and "apply_opts" in dict(trace) and "core_id" in low.src
 
 
 @pytest.mark.parametrize(("d", "masked"), [(128, True), (96, False), (256, True)])
 def test_wide_heads_match_numpy(d, masked):
-    """16 rows x 16 keys, 2 threads split on the spec, a ragged last block and a partial row tile; D=256 (the
+    """16 rows x 16 keys, 2 threads, a ragged last block and a partial row tile; D=256 (the
     largest head fused) fills the CPU's 32 KiB of local arrays exactly."""
     p = program(masked)
     dims = {"B": 3, "T": 21, "D": d, "E": d}

@@ -20,12 +20,13 @@ stage each block of k and v in shared memory (`_stage_shared`), the block's seco
 device, NOOPT, the GPU dialects and, on the CPU, f16 inputs, one query row, long heads and BEAM's unoptimized
 reference.
 
-The CPU's rows form is still written here as linear UOps: `build_rows`, 16 query rows as the lanes of every
-value, with loops, not written-out terms: the row side of the inner products is staged once per tile of rows into
-a local array (head dimension x 16), each key's score is a 16-lane REDUCE over the head dimension (a block's keys
-share that loop), the output row's accumulators are a second local array (Dv x 16) that a loop over the columns
-rescales and adds the block's p * v to, and the block's exps are one vector polynomial per key. Its size does not
-grow with the head dimension.
+The CPU's rows form (`online_softmax_ast(rows=)`) goes through the same passes: 16 query rows are an UPCAST range
+the scores vary by, which `vectorize` makes the lanes of every value (per-lane m and l; the row side of the inner
+products staged once per tile into a local array, head dimension x 16, read back as one vector per element), each
+key's score a 16-lane REDUCE over the head dimension (a block's keys share that loop); the output columns are a
+loop that the linearizer interchanges into the key loop, with the output row's accumulators a local array (Dv x
+16) that a loop over the columns rescales and adds the block's p * v to; the block's exps are one vector
+polynomial per key. Its size does not grow with the head dimension.
 
 The scores live in registers for one block and are never stored; the accumulators are updated with ACCUMULATE
 MUL then ADD (no new linear op: every renderer and the PYTHON device run it; the PYTHON device steps a loop that
@@ -35,15 +36,10 @@ reads an accumulator it updates one index at a time). Keys past the end of the l
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
-from tgc.codegen.expand import _Vectorizer
-from tgc.codegen.index import narrow_index
-from tgc.codegen.lanes import splat, widen
-from tgc.codegen.legalize import HALF, legalize
-from tgc.codegen.linearize import start_linearizer
+from tgc.codegen.legalize import HALF
 from tgc.codegen.opt import (
     MIN_WORK_PER_THREAD,
     Opt,
@@ -51,26 +47,17 @@ from tgc.codegen.opt import (
     OptOps,
     gate_memory,
     launch_limits,
-    split_threads,
 )
-from tgc.codegen.pipeline import drop_unused_buffers, finish, lower, shared_memory_bytes, uops_text
-from tgc.codegen.transcendental import decompose_transcendentals
+from tgc.codegen.pipeline import lower, shared_memory_bytes
 from tgc.dtype import dtypes
-from tgc.env import debug_level, env_flag
+from tgc.env import env_flag
 from tgc.ir.kernel import INDEX
-from tgc.ir.symbolic import simplify, symbolic
-from tgc.ir.uop import Ops, RangeKind, UOp, graph_rewrite, pretty, substitute
+from tgc.ir.symbolic import simplify
+from tgc.ir.uop import Ops, RangeKind, UOp, substitute
 
 VECTOR_WIDTH = 16  # the CPU's per-row form: output columns and inner-product lanes per vector
 BLOCK = 16  # keys per block: scores held in registers at once
 SHARED_ROWS = 64  # GPU: query rows per work-group sharing each block's keys and values in shared memory
-_LOG2E = 1 / math.log(2)
-_FLOOR = -200.0  # exp2 arguments are clamped here: exp2(-200) is 0 in f32, and -inf - -inf never reaches exp2
-
-
-def _ph(name: str, w: int = 1) -> UOp:
-    """A placeholder for an accumulator's value, bound to a READ_ACC while linearizing."""
-    return UOp(Ops.READ_ACC, dtypes.f32.vec(w), (), ("attn", name))
 
 
 def _f32(u: UOp) -> UOp:
@@ -79,10 +66,6 @@ def _f32(u: UOp) -> UOp:
 
 def _c(v: float) -> UOp:
     return UOp.const(dtypes.f32, v)
-
-
-def _exp(x: UOp) -> UOp:
-    return UOp(Ops.EXP2, dtypes.f32, (UOp(Ops.MAX, dtypes.f32, (x * _c(_LOG2E), _c(_FLOOR))),))
 
 
 def _staged_loads(sp: Any) -> list[tuple[UOp, list[UOp], list[int], int]]:
@@ -170,190 +153,12 @@ def _stage_shared(sp: Any, jb: UOp, bk: int, group: int, next_id: int) -> tuple:
     return x, v, ri, rows, live, rjl, stores
 
 
-ROW_LANES = 16  # query rows per vector on devices with vectors (`build_rows`)
+ROW_LANES = 16  # query rows per vector on devices with vectors (the rows form)
 ROW_BLOCK = 16  # keys per block there
 
 
-def _row_vectorizer(lane: UOp, cache: dict | None = None, simp: Any = simplify) -> Any:
-    """The `tgc.codegen.expand` vectorizer, except that integer and bool values varying by lane (index math, a
-    causal mask's comparison) are computed lane by lane as scalars: index math stays scalar, with its bounds.
-    `simp` simplifies each lane's value (`_memo_simplify`: one memo across the kernel's expressions)."""
-
-    shared: dict = {} if cache is None else cache  # (value, lane) -> the value at that lane, across vectorizers
-
-    class _Rows(_Vectorizer):
-        def at(self, u: UOp, j: int) -> UOp:
-            key = (u, j)
-            if key not in shared:
-                shared[key] = simp(substitute(u, {self.lane: UOp.const(self.lane.dtype, j)}))
-            return shared[key]
-
-        def vec(self, u: UOp) -> UOp:
-            if (u in self.depends and u.op is not Ops.LOAD and u.dtype is not None and u.dtype.count == 1
-                    and not u.dtype.is_float):
-                if u not in self.memo:
-                    self.memo[u] = UOp(Ops.VECTORIZE, u.dtype.vec(self.width),
-                                       tuple(self.at(u, j) for j in range(self.width)))
-                return self.memo[u]
-            return super().vec(u)
-
-    return _Rows(lane)
-
-
-def _memo_simplify() -> Any:
-    """`simplify` with one memo shared by every call (node -> its simplified form): the kernel's expressions
-    share most subtrees (index math of the row tile, the key block), which are then simplified once."""
-    memo: dict[UOp, UOp] = {}
-    return lambda u: graph_rewrite(u, symbolic, memo=memo)
-
-
-@dataclasses.dataclass
-class RowsKernel:
-    """`build_rows`'s kernel: `ast` a SINK of [block max, alpha, sum of p, the output update's store, then
-    `nfinal` output stores, `nstage` staging stores, `nzero` zeroing stores]; the loops by range id: `jb` the key
-    blocks, `stage` the staging loop over the head dimension, `zero`, `update` and `final` the loops over the
-    output columns (zeroing the accumulators, adding a block to them, storing them)."""
-
-    ast: UOp
-    jb: Any
-    stage: Any
-    zero: Any
-    update: Any
-    final: Any
-    nfinal: int
-    nstage: int
-    nzero: int
-
-
-def _row_side(body: UOp, lane: UOp, r: UOp, rj: UOp) -> list[UOp]:
-    """The largest float subexpressions of an inner product's `body` that vary with the query row (`lane`) and the
-    head-dimension index `r` but not with the key `rj` (q's element, or what q is computed from): each is staged
-    once per tile of rows (`build_rows`) instead of recomputed for every key."""
-    nodes = body.toposort()
-    dep: dict[UOp, int] = {}  # bit 1: varies with the row, 2: with r, 4: with the key
-    for u in nodes:
-        bits = (1 if u is lane else 2 if u is r else 4 if u is rj else 0)
-        for s in u.src:
-            bits |= dep.get(s, 0)
-        dep[u] = bits
-
-    def wanted(u: UOp) -> bool:
-        return dep[u] == 3 and u.dtype is not None and u.dtype.count == 1 and u.dtype.is_float
-
-    users: dict[UOp, list[UOp]] = {}
-    for u in nodes:
-        for s in u.src:
-            users.setdefault(s, []).append(u)
-    return [u for u in nodes if wanted(u) and (u is body or any(not wanted(p) for p in users.get(u, [])))]
-
-
-def build_rows(sp: Any, decompose: bool, w: int = ROW_LANES, block: int | None = None) -> RowsKernel | None:
-    """The kernel with `w` query rows as the lanes of every value (devices with vectors). Loops, not written-out
-    terms: per tile of rows, what the inner products read of the query rows (`_row_side`) is staged once into
-    a DEFINE_LOCAL (head dimension x w lanes: one vector load per element after); per block of keys, each key's
-    scores are one w-lane REDUCE over the head dimension (the block's keys share that loop: one accumulator
-    each), and the output row's accumulators (Dv x w lanes) live in a second DEFINE_LOCAL that a loop over the
-    columns rescales and adds the block's p * v to. None where it does not apply (half types, one query row)."""
-    if not _rows_apply(sp):
-        return None
-    ri = sp.loops[-1]
-    simp = _memo_simplify()
-    tq = ri.src[0].arg
-    ids = [u.arg[0] for e in (sp.x, sp.v, *sp.loops) for u in e.toposort() if u.op is Ops.RANGE]
-    next_id = max(ids, default=0) + 1
-
-    def new_range(n: int, offset: int, kind: RangeKind = RangeKind.REDUCE) -> UOp:
-        return UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, n),), (next_id + offset, kind))
-
-    tile = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, -(-tq // w)),), ri.arg)
-    lane = new_range(w, 1, RangeKind.UPCAST)
-    rows = simp(tile * UOp.const(INDEX, w) + lane)
-    rows_c = simp((rows < UOp.const(INDEX, tq)).where(rows, UOp.const(INDEX, tq - 1))) if tq % w else rows
-    bk = min(ROW_BLOCK if block is None else block, sp.tk)
-    nblocks = -(-sp.tk // bk)
-    jb = new_range(nblocks, 0)
-    ragged = sp.tk % bk != 0
-    vf = dtypes.f32.vec(w)
-    lanes_at: dict = {}
-
-    def vectorizer() -> Any:
-        return _row_vectorizer(lane, lanes_at, simp)
-
-    # staging: each row-side subexpression of an inner product, for every head-dimension index, into local memory
-    x = simp(substitute(sp.x, {ri: rows_c}))
-    staged: dict[UOp, UOp] = {}
-    stage_stores: list[UOp] = []
-    stage_sizes = {r.src[0].arg for red in x.toposort() if red.op is Ops.REDUCE for r in red.src[1:]}
-    if len(stage_sizes) > 1:  # inner products of different lengths: one staging loop would not cover them
-        return None
-    rs = new_range(stage_sizes.pop() if stage_sizes else 1, 2)
-    for red in (u for u in x.toposort() if u.op is Ops.REDUCE):
-        r = red.src[1]
-        for u in _row_side(red.src[0], lane, r, sp.rj):
-            if u in staged:
-                continue
-            n = r.src[0].arg
-            local = UOp(Ops.DEFINE_LOCAL, u.dtype.as_ptr(), (), (f"q{len(staged)}", n * w))
-            vz = vectorizer()
-            st = UOp(Ops.STORE, None, (local, simp(rs * UOp.const(INDEX, w) + lane), simp(substitute(u, {r: rs}))))
-            vz.analyze(st)
-            stage_stores.extend(vz.store(st))
-            staged[u] = UOp(Ops.LOAD, u.dtype, (local, simp(r * UOp.const(INDEX, w) + lane)))
-    if staged:
-        x = substitute(x, staged)
-    scores, keys = [], []
-    for jj in range(bk):
-        j = simp(jb * UOp.const(INDEX, bk) + UOp.const(INDEX, jj)) if nblocks > 1 else UOp.const(INDEX, jj)
-        jc = simp((j < UOp.const(INDEX, sp.tk)).where(j, UOp.const(INDEX, sp.tk - 1))) if ragged else j
-        xs = simp(substitute(x, {sp.rj: jc}))
-        vz = vectorizer()
-        vz.analyze(xs)
-        sv = vz.broadcast(_f32(xs))
-        if ragged:
-            sv = UOp(Ops.WHERE, vf, (splat(simp(j < UOp.const(INDEX, sp.tk)), w), sv, splat(_c(-math.inf), w)))
-        scores.append(sv)
-        keys.append(jc)
-    bm = scores[0]
-    for sv in scores[1:]:
-        bm = UOp(Ops.MAX, vf, (bm, sv))
-    m_old, m_new = _ph("m_old", w), _ph("m_new", w)
-    m_safe = UOp(Ops.WHERE, vf, (UOp(Ops.CMPNE, dtypes.bool.vec(w), (m_new, splat(_c(-math.inf), w))), m_new,
-                                 splat(_c(0.0), w)))
-    z = _ph("z")
-    pz = _exp(z)
-    if decompose:
-        pz = decompose_transcendentals(UOp(Ops.SINK, None, (pz,))).src[0]
-    alpha = widen(pz, z, m_old - m_safe, w)
-    ps = [widen(pz, z, sv - m_safe, w) for sv in scores]
-    lsum = ps[0]
-    for p in ps[1:]:
-        lsum = lsum + p
-    # the output row's accumulators: Dv x w lanes in local memory, column c at [c * w, c * w + w)
-    acc = UOp(Ops.DEFINE_LOCAL, dtypes.f32.as_ptr(), (), ("o", sp.dv * w))
-    rz, rc, rf = new_range(sp.dv, 3), new_range(sp.dv, 4), new_range(sp.dv, 5)
-    zero = UOp(Ops.STORE, None, (acc, simp(rz * UOp.const(INDEX, w)), splat(_c(0.0), w)))
-    at_c = simp(rc * UOp.const(INDEX, w))
-    o = UOp(Ops.LOAD, vf, (acc, at_c)) * alpha
-    vc = simp(substitute(sp.v, {sp.rdv: rc, ri: rows_c}))
-    for p, jc in zip(ps, keys):
-        vk = simp(substitute(vc, {sp.rj: jc}))
-        vz = vectorizer()
-        vz.analyze(vk)
-        o = o + p * vz.broadcast(_f32(vk))
-    update = UOp(Ops.STORE, None, (acc, at_c, o))
-    value = UOp(Ops.FDIV, vf, (UOp(Ops.LOAD, vf, (acc, simp(rf * UOp.const(INDEX, w)))), _ph("l", w)))
-    # a lane past the last row computed the last row (its index is clamped): it stores that same value
-    finals = []
-    for t in range(min(w, tq)):
-        row = simp(substitute(rows_c, {lane: UOp.const(INDEX, t)}))
-        idx = simp(substitute(sp.out_index, {sp.rdv: rf, ri: row}))
-        finals.append(UOp(Ops.STORE, None, (sp.out, idx, UOp(Ops.GEP, dtypes.f32, (value,), t))))
-    ast = UOp(Ops.SINK, None, (bm, alpha, lsum, update, *finals, *stage_stores, zero))
-    return RowsKernel(ast, jb.arg, rs.arg, rz.arg, rc.arg, rf.arg, len(finals), len(stage_stores), 1)
-
-
 def _rows_local_bytes(sp: Any, w: int) -> int:
-    """The local memory `build_rows` declares at most: the staged query side (at most one array per inner product
+    """The local memory the rows form declares at most: the staged query side (at most one array per inner product
     term, head dimension x w) and the output accumulators (Dv x w), 4 bytes each."""
     d = sum(r.src[0].arg for red in sp.x.toposort() if red.op is Ops.REDUCE for r in red.src[1:])
     return 4 * w * (d + sp.dv)
@@ -362,11 +167,11 @@ def _rows_local_bytes(sp: Any, w: int) -> int:
 # The fused kernel's opts (`AttentionKernel`). In the rows form a block's scores are held in registers, rows x keys
 # values: at most ROW_BLOCK_VALUES (16 vectors of 16 lanes, the default's), as `opt.MAX_UNROLLED` bounds an
 # ordinary kernel's unrolled values; 32 rows or 32 keys of 16 rows spilled registers when measured (old grid).
-ROW_CHOICES = (8, 16)  # query rows per vector the rows form (`build_rows`) takes
+ROW_CHOICES = (8, 16)  # query rows per vector the rows form takes
 MAX_BLOCK = 64  # keys per block (the per-row form's bound; the rows form's is ROW_BLOCK_VALUES)
 ROW_BLOCK_VALUES = 256
 # A key block's size is bounded by the terms the kernel then writes out (`_terms`), as an ordinary kernel's unrolled
-# values are by `opt.MAX_UNROLLED`: the rows form (`build_rows`) writes out only the keys of a block (its head
+# values are by `opt.MAX_UNROLLED`: the rows form writes out only the keys of a block (its head
 # dimension and output columns are loops); the per-row form (`build`: GPUs, PYTHON, half inputs) writes out each
 # key's term of every output column, so a wide head's large blocks there take many seconds each to compile.
 MAX_SEARCH_TERMS = 4096
@@ -378,7 +183,7 @@ class AttentionKernel:
     output loops (the query row last, where `row_loop`), then the key axis (a reduction); its opts are ordinary
     `Opt`s on them:
 
-    - `UPCAST(row axis, n)`: n query rows per vector (the rows form, `build_rows`; the product of the UPCASTs must
+    - `UPCAST(row axis, n)`: n query rows per vector (the rows form; the product of the UPCASTs must
       be 8 or 16, and rows x keys per block at most `ROW_BLOCK_VALUES`); without it, the per-row form (`build`:
       one row at a time, inner products 16 lanes of the head dimension where the device has vectors);
     - `UNROLL(key axis, n)`: n keys per block (the product of the UNROLLs, 2..`MAX_BLOCK`, cut to the key count;
@@ -535,68 +340,42 @@ def attention_kernel(item: Any, device: Any, opts: list[Opt] | None = None) -> A
 def lower_attention(item: Any, device: Any, name: str, opts: list[Opt] | None = None,
                     trace: list[tuple[str, str]] | None = None) -> Any:
     """The fused attention kernel of `item` lowered for `device` (a `tgc.codegen.pipeline.LoweredKernel`), with the
-    opts `opts` (`AttentionKernel`: [] is the unoptimized per-row form) or the heuristic's (None). `trace`, when a
-    list, gets (step, text) as `pipeline.lower` gives it: every pass where the kernel goes through them (the
-    per-row form without vectors: PYTHON, NOOPT, the GPU dialects), else (the CPU's forms) one `lower_attention`
-    step and its linear UOps."""
+    opts `opts` (`AttentionKernel`: [] is the unoptimized per-row form) or the heuristic's (None): an ordinary AST of
+    REDUCE(ONLINE_SOFTMAX) (`online_softmax_ast`) that `pipeline.lower` takes, in every form. `trace`, when a list,
+    gets (pass name, text) for every pass, as `pipeline.lower` gives it."""
 
     sp = item.meta["attention"]
     k = attention_kernel(item, device, opts)
     ch = k.choices()
     vectors = device.caps.vectors and not env_flag("NOOPT")
-    presplit = 0  # threads given their chunk of the first loop in the spec (before the kernel is written out)
-    if ch["rows"] and not device.caps.gpu and ch["threads"] > 1:
-        split = _split_spec(sp, ch["threads"])
-        if split is not None:
-            sp, presplit = split
-    by_rows = build_rows(sp, device.caps.decompose_transcendentals, w=ch["rows"], block=ch["block"]) \
-        if ch["rows"] else None
-    if by_rows is not None and shared_memory_bytes(by_rows.ast.toposort()) > launch_limits(device).shared_bytes:
-        by_rows = None  # its local arrays (a long head dimension) do not fit: the per-row form
-    if by_rows is None:
-        sp = item.meta["attention"]  # (not split ahead for the rows form's threads: `apply_opts` splits it)
-        # the per-row form: an ordinary kernel of REDUCE(ONLINE_SOFTMAX) that the pipeline's passes lower; on a GPU
-        # each block of k and v staged into shared memory by work-groups of up to SHARED_ROWS rows, within the
-        # device's limit; with vectors (the CPU) the output columns split so that `vectorize` takes VECTOR_WIDTH of
-        # them as lanes, and the block's keys and inner products as vectors
-        group = min(SHARED_ROWS, launch_limits(device).threads) if device.caps.gpu and not env_flag("NOOPT") else 0
-        block, group = _staging_plan(sp, device, ch["block"], group)
-        ast = online_softmax_ast(sp, block, group) if group else None
-        if ast is None or shared_memory_bytes(ast.toposort()) > launch_limits(device).shared_bytes:
-            # nothing staged (or a staging the plan's count missed)
-            ast = online_softmax_ast(sp, ch["block"], width=VECTOR_WIDTH if vectors and not device.caps.gpu else 1)
-        chosen = k.threads_chosen or (vectors and not device.caps.gpu)
-        threads = [Opt(OptOps.THREAD, 0, ch["threads"])] if chosen and ch["threads"] > 1 else []
+    if ch["rows"] and vectors and not device.caps.gpu and _rows_apply(sp) and \
+            _rows_local_bytes(sp, ch["rows"]) <= launch_limits(device).shared_bytes:
+        # the rows form: `vectorize` makes the query rows the lanes (per-lane m and l) and stages q's side of the
+        # inner products per tile, the linearizer interchanges the output columns into the key loop (o in local
+        # memory); a long head whose local arrays do not fit takes the per-row form below
+        ast = online_softmax_ast(sp, ch["block"], rows=ch["rows"])
+        # the threads this kernel chose (BEAM's THREAD, one included) or counted: `apply_opts` splits the first loop
+        threads = [Opt(OptOps.THREAD, 0, ch["threads"])] if ch["threads"] >= 1 else []
         low = lower(ast, device, list(item.bufs), name, opts=threads, trace=trace)
         low.applied = list(k.applied)
         return low
-    ast = by_rows.ast  # the rows form (the CPU with vectors)
-    ast = legalize(ast)
-    if device.caps.decompose_transcendentals:
-        ast = decompose_transcendentals(ast)
-    launch: dict = {}
-    if presplit > 1:
-        launch["global_size"] = (presplit, 1, 1)
-    elif ch["threads"] > 1:
-        ast, threads = split_threads(ast, ch["threads"])
-        if threads > 1:
-            launch["global_size"] = (threads, 1, 1)
-    bufs = list(item.bufs)
-    ast, bufs = drop_unused_buffers(ast, bufs)
-    ast = narrow_index(ast)
-    uops = _linearize_rows(ast, by_rows)
-    if debug_level() >= 6:  # the pipeline's passes do not run here: show what this lowering made
-        import sys
-        print(f"--- {name}: fused attention (tgc/codegen/attention.py), linear UOps\n{uops_text(uops)}",
-              file=sys.stderr)
-    if trace is not None:
-        trace.extend([("lower_attention", pretty(ast)), ("linearize", uops_text(uops))])
-    low = finish(device, name, ast, uops, bufs, launch)
+    # the per-row form; on a GPU each block of k and v staged into shared memory by work-groups of up to SHARED_ROWS
+    # rows, within the device's limit; with vectors (the CPU) the output columns split so that `vectorize` takes
+    # VECTOR_WIDTH of them as lanes, and the block's keys and inner products as vectors
+    group = min(SHARED_ROWS, launch_limits(device).threads) if device.caps.gpu and not env_flag("NOOPT") else 0
+    block, group = _staging_plan(sp, device, ch["block"], group)
+    ast = online_softmax_ast(sp, block, group) if group else None
+    if ast is None or shared_memory_bytes(ast.toposort()) > launch_limits(device).shared_bytes:
+        # nothing staged (or a staging the plan's count missed)
+        ast = online_softmax_ast(sp, ch["block"], width=VECTOR_WIDTH if vectors and not device.caps.gpu else 1)
+    chosen = k.threads_chosen or (vectors and not device.caps.gpu)
+    threads = [Opt(OptOps.THREAD, 0, ch["threads"])] if chosen and ch["threads"] > 1 else []
+    low = lower(ast, device, list(item.bufs), name, opts=threads, trace=trace)
     low.applied = list(k.applied)
     return low
 
 
-def online_softmax_ast(sp: Any, block: int, group: int = 0, width: int = 1) -> UOp | None:
+def online_softmax_ast(sp: Any, block: int, group: int = 0, width: int = 1, rows: int = 0) -> UOp | None:
     """The per-row form as an ordinary kernel AST that the pipeline's passes lower (`pipeline.lower`): one STORE per
     output element of REDUCE(ONLINE_SOFTMAX) over the keys, in blocks of `block` keys (a REDUCE range of blocks, an
     UNROLL range of keys in a block: `unroll_reduce` makes the block one iteration), the output columns an UPCAST
@@ -605,7 +384,10 @@ def online_softmax_ast(sp: Any, block: int, group: int = 0, width: int = 1) -> U
     `group` > 0 (GPUs): work-groups of `group` query rows (a LOCAL range) stage each block's k and v into shared
     memory (`_stage_shared`: the staging STOREs are the sources of a BARRIER that the staged LOADs read after, so
     the linearizer writes them inside the key-block loop before the scores; it ends the loop with a second
-    BARRIER); None where nothing is staged."""
+    BARRIER); None where nothing is staged.
+    `rows` > 0 (the rows form, devices with vectors): the query row becomes a tile loop and an UPCAST range of `rows`
+    rows (a partial last tile's rows clamped to the last row: they compute and store its values again), which the
+    scores vary by, so `vectorize` makes it the lanes of the scores, the values and the REDUCE (per-lane m and l)."""
     ids = [u.arg[0] for e in (sp.x, sp.v, *sp.loops, sp.rj, sp.rdv) for u in e.toposort() if u.op is Ops.RANGE]
     next_id = max(ids, default=0) + 1
     bk = min(block, sp.tk)
@@ -625,14 +407,24 @@ def online_softmax_ast(sp: Any, block: int, group: int = 0, width: int = 1) -> U
         staged = _stage_shared(sp, UOp.const(INDEX, 0) if jb is None else jb, bk, group, next_id + 3)
         if staged is None:
             return None
-        x, v, ri, rows, live, rjl, _ = staged
+        x, v, ri, group_rows, live, rjl, _ = staged
         key[rjl] = UOp.const(INDEX, 0) if jj is None else jj
-        out_index = substitute(out_index, {ri: rows})
+        out_index = substitute(out_index, {ri: group_rows})
         gate = () if live is None else (live,)
+    if rows:
+        ri = sp.loops[-1]
+        tq = ri.src[0].arg
+        tile = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, -(-tq // rows)),), ri.arg)
+        lane = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, rows),), (next_id + 11, RangeKind.UPCAST))
+        row = simplify(tile * UOp.const(INDEX, rows) + lane)
+        if tq % rows:
+            row = simplify((row < UOp.const(INDEX, tq)).where(row, UOp.const(INDEX, tq - 1)))
+        x, v, out_index = (substitute(e, {ri: row}) for e in (x, v, out_index))
     score = _f32(simplify(substitute(x, key)))
     if sp.tk % bk:
         score = UOp(Ops.WHERE, dtypes.f32, (simplify(j < UOp.const(INDEX, sp.tk)), score, _c(-math.inf)))
-    col = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, sp.dv),), (next_id + 2, RangeKind.UPCAST))
+    # the rows form's columns: a loop (the linearizer interchanges it into the key loop, o in local memory)
+    col = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, sp.dv),), (next_id + 2, RangeKind.LOOP if rows else RangeKind.UPCAST))
     if width > 1 and sp.dv % width == 0 and sp.dv > width:  # the columns' lanes one UPCAST of a vector width
         lanes = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, width),), (next_id + 10, RangeKind.UPCAST))
         col = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, sp.dv // width),), (next_id + 2, RangeKind.UPCAST)) * \
@@ -664,82 +456,5 @@ def _staging_plan(sp: Any, device: Any, block: int, group: int) -> tuple[int, in
     return block, group
 
 
-def _split_spec(sp: Any, threads: int) -> tuple[Any, int] | None:
-    """`sp` with its first loop (a batch loop, not the query row) split across `threads` threads as
-    `tgc.codegen.opt.split_threads` splits it (each thread a contiguous chunk, its end depending on `core_id`),
-    done on the spec's small expressions instead of the written-out kernel; None where it does not apply."""
-    if len(sp.loops) < 2 or sp.loops[0].src[0].op is not Ops.CONST or \
-            sp.loops[0].arg[0] != min(r.arg[0] for r in sp.loops):
-        return None
-    r, n = sp.loops[0], sp.loops[0].src[0].arg
-    threads = min(threads, n)
-    if threads <= 1:
-        return None
-    chunk = -(-n // threads)
-    threads = -(-n // chunk)
-    core = UOp(Ops.DEFINE_VAR, INDEX, (), ("core_id", 0, threads - 1))
-    start = core * UOp.const(INDEX, chunk)
-    left = UOp.const(INDEX, n) - start
-    end = simplify((left < UOp.const(INDEX, chunk)).where(left, UOp.const(INDEX, chunk)))
-    inner = UOp(Ops.RANGE, INDEX, (end,), (r.arg[0], RangeKind.LOOP))
-    sub = {r: simplify(start + inner)}
-    return dataclasses.replace(sp, loops=(inner, *sp.loops[1:]), x=substitute(sp.x, sub), v=substitute(sp.v, sub),
-                               out_index=substitute(sp.out_index, sub)), threads
-
-
-def _linearize_rows(ast: UOp, k: RowsKernel) -> list[UOp]:
-    """The linear UOps of `build_rows`'s kernel (`ast` its SINK after the lowering's passes, `k` its layout): the
-    outer loops, the staging loop, the zeroing loop, the m and l accumulators, the key-block loop (the scores'
-    inner products, one loop shared by the block's keys; the online update; the loop adding the block to the
-    output accumulators), then the loop storing the output."""
-    nodes = ast.toposort()
-    bm, alpha, lsum, update = ast.src[:4]
-    finals = ast.src[4:4 + k.nfinal]
-    stages = ast.src[4 + k.nfinal:4 + k.nfinal + k.nstage]
-    zeros = ast.src[4 + k.nfinal + k.nstage:]
-    ranges = {u.arg: u for u in nodes if u.op is Ops.RANGE}
-    lin = start_linearizer(nodes)
-    for r in sorted((u for u in nodes if u.op is Ops.RANGE and u.arg[1] is RangeKind.LOOP), key=lambda r: r.arg[0]):
-        lin.open_range(r)
-
-    def loop(arg: Any, stores: tuple[UOp, ...]) -> None:
-        if arg in ranges:
-            lin.open_range(ranges[arg])
-        for st in stores:
-            lin.emit(st)
-        if arg in ranges:
-            lin.close_range()
-
-    def acc(init: float, d) -> UOp:
-        a = lin.push(UOp(Ops.DEFINE_ACC, d, (lin.emit(UOp.const(d, init)),), lin.acc_count))
-        lin.acc_count += 1
-        return a
-
-    def bind(name: str, a: UOp) -> None:
-        read = lin.push(UOp(Ops.READ_ACC, a.dtype, (a,), name))  # (the tag keeps each read its own node)
-        lin.scopes[-1][UOp(Ops.READ_ACC, a.dtype, (), ("attn", name))] = read
-
-    loop(k.stage, stages)
-    loop(k.zero, zeros)
-    m, lacc = acc(-math.inf, bm.dtype), acc(0.0, lsum.dtype)
-    if k.jb in ranges:
-        lin.open_range(ranges[k.jb])
-    bm_l = lin.emit(bm)
-    bind("m_old", m)
-    lin.push(UOp(Ops.ACCUMULATE, m.dtype, (m, bm_l), Ops.MAX))
-    bind("m_new", m)
-    alpha_l, lsum_l = lin.emit(alpha), lin.emit(lsum)
-    lin.push(UOp(Ops.ACCUMULATE, lacc.dtype, (lacc, alpha_l), Ops.MUL))
-    lin.push(UOp(Ops.ACCUMULATE, lacc.dtype, (lacc, lsum_l), Ops.ADD))
-    loop(k.update, (update,))
-    if k.jb in ranges:
-        lin.close_range()
-    bind("l", lacc)
-    loop(k.final, finals)
-    while lin.open_ranges:
-        lin.close_range()
-    return lin.out
-
-
 __all__ = ["BLOCK", "MAX_BLOCK", "ROW_BLOCK_VALUES", "ROW_CHOICES", "ROW_LANES", "AttentionKernel", "attention_kernel",
-           "build_rows", "lower_attention", "online_softmax_ast"]
+           "lower_attention", "online_softmax_ast"]

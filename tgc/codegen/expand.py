@@ -308,8 +308,119 @@ def _lift(values: list[UOp], sums: dict[UOp, UOp]) -> UOp:
     return go(tuple(values))
 
 
+class _LaneScalars(_Vectorizer):
+    """The vectorizer, except that integer and bool values varying by lane (index math, a causal mask's comparison)
+    are computed lane by lane as scalars: index math stays scalar, with its bounds (a clamped row's index)."""
+
+    def vec(self, u: UOp) -> UOp:
+        if (u in self.depends and u.op is not Ops.LOAD and u.dtype is not None and u.dtype.count == 1
+                and not u.dtype.is_float):
+            if u not in self.memo:
+                lanes = tuple(self.at(u, j) for j in range(self.width))
+                self.memo[u] = UOp(Ops.VECTORIZE, u.dtype.vec(self.width), lanes)
+            return self.memo[u]
+        return super().vec(u)
+
+
+def _score_lane(st: UOp, onlines: list[UOp], widths: tuple[int, ...]) -> UOp | None:
+    """The widest UPCAST range of a vector width that the scores of the store's ONLINE_SOFTMAX REDUCEs vary by (the
+    rows form's query rows), or None."""
+    in_scores: set[UOp] = set()
+    for red in onlines:
+        pairs = red.src[0]
+        for s in pairs.src[:len(pairs.src) // 2]:
+            in_scores.update(u for u in s.toposort() if u.op is Ops.RANGE and u.arg[1] is RangeKind.UPCAST)
+    cands = [r for r in in_scores if r.src[0].op is Ops.CONST and r.src[0].arg in widths]
+    return max(cands, key=lambda r: (r.src[0].arg, -r.arg[0])) if cands else None
+
+
+STAGED = "staged"  # a BARRIER's arg[0] whose STOREs run in loops of their own before first use (one thread: no wait)
+
+
+def _row_side(body: UOp, lane: UOp, r: UOp, keys: set[UOp], shared: set[UOp]) -> list[UOp]:
+    """The largest float subexpressions of an inner product's `body` that vary with the row (`lane`) and the reduced
+    index `r` but not with the keys (`keys`: the online softmax's ranges) and are in `shared` (what every score of
+    a block holds: with one block there is no key range to tell the row side by): q's element, or what it is
+    computed from. Each is staged once per tile of rows instead of gathered for every block of keys."""
+    nodes = body.toposort()
+    dep: dict[UOp, int] = {}  # bit 1: varies with the row, 2: with r, 4: with a key
+    for u in nodes:
+        bits = 1 if u is lane else 2 if u is r else 4 if u in keys else 0
+        for x in u.src:
+            bits |= dep.get(x, 0)
+        dep[u] = bits
+
+    def wanted(u: UOp) -> bool:
+        return dep[u] == 3 and u.dtype is not None and u.dtype.count == 1 and u.dtype.is_float and u in shared
+
+    users: dict[UOp, list[UOp]] = {}
+    for u in nodes:
+        for x in u.src:
+            users.setdefault(x, []).append(u)
+    return [u for u in nodes if wanted(u) and (u is body or any(not wanted(p) for p in users.get(u, [])))]
+
+
+def _stage_row_side(st: UOp, lane: UOp, onlines: list[UOp]) -> UOp:
+    """The rows form's row side staged: in each inner product (an f32 REDUCE(ADD) over one constant range r in the
+    scores), the largest float subexpressions varying with the row and r but not the keys (`_row_side`: q's
+    elements, gathered one lane at a time; shared by every score of a block) are stored once per tile, for every
+    r, into a DEFINE_LOCAL of r x w floats (one vector store per r, a loop of its own) and read back as one vector
+    load per r. The loads take the BARRIER(STAGED) of the staging stores as their ordering source: the linearizer
+    writes the staging loop before the first use of the loads outside the keys' loops (`tgc.codegen.linearize`)."""
+    keys = {r for red in onlines for r in red.src[1:]}
+    w = lane.src[0].arg
+    ids = [u.arg[0] for u in st.toposort() if u.op is Ops.RANGE]
+    next_id = max(ids, default=0) + 1
+    staged: dict[UOp, UOp] = {}
+    for red in onlines:
+        # what every score of a block shares (the row side; with one block there is no key range to tell it by)
+        n = len(red.src[0].src) // 2
+        shared = set.intersection(*(set(sc.toposort()) for sc in red.src[0].src[:n]))
+        for inner in (u for u in red.src[0].toposort() if u.op is Ops.REDUCE and u.arg is Ops.ADD):
+            if len(inner.src) != 2 or inner.src[1].src[0].op is not Ops.CONST or inner.dtype != dtypes.f32:
+                continue
+            r = inner.src[1]
+            d = r.dtype
+            for u in _row_side(inner.src[0], lane, r, keys, shared):
+                if u in staged:
+                    continue
+                rs = UOp(Ops.RANGE, d, r.src, (next_id, RangeKind.LOOP))
+                next_id += 1
+                local = UOp(Ops.DEFINE_LOCAL, u.dtype.as_ptr(), (), (f"rows{len(staged)}", r.src[0].arg * w))
+                store = UOp(Ops.STORE, None, (local, simplify(rs * UOp.const(d, w) + lane),
+                                              simplify(substitute(u, {r: rs}))))
+                vz = _LaneScalars(lane)
+                vz.analyze(store)
+                barrier = UOp(Ops.BARRIER, None, tuple(vz.store(store)), (STAGED, (rs.arg,)))
+                staged[u] = UOp(Ops.LOAD, u.dtype, (local, simplify(r * UOp.const(d, w) + lane), barrier))
+    return substitute(st, staged) if staged else st
+
+
+def _vectorize_online_rows(st: UOp, lane: UOp) -> list[UOp]:
+    """The rows form: `lane`, a range the scores vary by, becomes the lanes of everything (m and l per lane). Each
+    ONLINE_SOFTMAX REDUCE's (n scores, n values) become n score vectors then n value vectors of `lane`'s width, the
+    inner products w-lane REDUCEs (one row per lane), integer and bool values per lane as scalars, and the output
+    stored lane by lane where its index is not contiguous along the lane."""
+    vz = _LaneScalars(lane)
+    vz.analyze(st)
+    w = vz.width
+    containers = {u.src[0] for u in st.toposort() if u.op is Ops.REDUCE and u.arg is Ops.ONLINE_SOFTMAX}
+    for u in st.toposort():  # sources first: `vec` then finds every source in its memo (no recursion)
+        if u in vz.depends and u.op is not Ops.STORE and u not in containers:
+            if u.op is Ops.REDUCE and u.arg is Ops.ONLINE_SOFTMAX:
+                pairs = u.src[0]
+                srcs = tuple(vz.broadcast(s) for s in pairs.src)
+                vz.memo[u] = UOp(Ops.REDUCE, u.dtype.vec(w),
+                                 (UOp(Ops.VECTORIZE, dtypes.f32.vec(len(srcs) * w), srcs), *u.src[1:]), u.arg)
+            else:
+                vz.vec(u)
+    return vz.store(st)
+
+
 def _vectorize_online(st: UOp, widths: tuple[int, ...]) -> list[UOp]:
-    """A store of ONLINE_SOFTMAX REDUCEs with vectors: (1) the inner products in the scores `w` lanes of their
+    """A store of ONLINE_SOFTMAX REDUCEs with vectors. Where the scores vary by an UPCAST range of a vector width (the
+    rows form's query rows: `_vectorize_online_rows`), that range becomes the lanes of everything. Else: (1) the
+    inner products in the scores `w` lanes of their
     range at a time; (2) a block of n scores (n a vector width, after `unroll_reduce`) as one n-lane vector, the
     pairs' VECTORIZE then (scores vector, values...), whose exps the linearizer computes at once; (3) the store's
     contiguous UPCAST range (an output column) as lanes through the reduce: its values become vectors, the REDUCE a
@@ -318,6 +429,11 @@ def _vectorize_online(st: UOp, widths: tuple[int, ...]) -> list[UOp]:
     next_id = max(ids, default=0) + 1
     w = max(widths)
     onlines = [u for u in st.toposort() if u.op is Ops.REDUCE and u.arg is Ops.ONLINE_SOFTMAX]
+    row_lane = _score_lane(st, onlines, widths)
+    if row_lane is not None:
+        if st.src[2].dtype != dtypes.f32 or any(r.dtype != dtypes.f32 for r in onlines):
+            return [st]  # (not f32: the rows stay copies, `upcast_stores`)
+        return _vectorize_online_rows(_stage_row_side(st, row_lane, onlines), row_lane)
     mapping: dict[UOp, UOp] = {}
     for red in onlines:
         pairs = red.src[0]

@@ -29,7 +29,7 @@ from tgc.codegen.lanes import hmax, hsum, splat, widen
 from tgc.codegen.transcendental import decompose_transcendentals
 from tgc.dtype import dtypes
 from tgc.ir.kernel import identity
-from tgc.ir.uop import Ops, UOp, postorder
+from tgc.ir.uop import Ops, RangeKind, UOp, postorder, substitute
 from tgc.ir.walk import drive
 
 _LOG2E = 1 / math.log(2)
@@ -90,6 +90,25 @@ class _Linearizer:
         if u.op is Ops.REDUCE:
             yield from self._emit_reduce_group(u)
             return self.scopes[-1][u]
+        if u.op is Ops.BARRIER and _staged(u):
+            # stores staged in loops of their own (`expand._stage_row_side`), here: one thread needs no wait
+            own = set(u.arg[1])
+            last = None
+            for st in u.src:
+                loops = sorted({r for r in st.toposort() if r.op is Ops.RANGE and r.arg in own}, key=lambda r: r.arg[0])
+                for r in loops:
+                    self.open_range(r)
+                last = self.emit(st)
+                for _ in loops:
+                    self.close_range()
+            self.scopes[-1][u] = last
+            return last
+        if u.op is Ops.LOAD and len(u.src) == 3 and u.src[2].op is Ops.BARRIER and _staged(u.src[2]):
+            self.emit(u.src[2])  # (the staging loop, once; the load itself has no gate)
+            u = u.replace(src=u.src[:2])
+            found = self.lookup(u)
+            if found is not None:
+                return found
         if u.op is Ops.REREAD:
             raise RuntimeError("REREAD left in a kernel (resolve_row_values did not run)")
         srcs = []
@@ -115,6 +134,8 @@ class _Linearizer:
                     out = frozenset().union(*(memo[s] for s in n.src)) if n.src else frozenset()
                     if n.op is Ops.REDUCE:
                         out -= set(n.src[1:])
+                    elif n.op is Ops.BARRIER and _staged(n):  # its stores' own loops
+                        out = frozenset(r for r in out if r.arg not in n.arg[1])
                 memo[n] = out
         return memo[u]
 
@@ -352,6 +373,106 @@ class _Linearizer:
         o_l = self.push(UOp(Ops.READ_ACC, vt, (o,), "o"))
         self.scopes[-1][first] = self.push(UOp(Ops.FDIV, vt, (o_l, l_l)))
 
+    def emit_online_rows(self, red: UOp, cols: list[UOp], local: UOp, stores: list[UOp]) -> None:
+        """The stores of a per-lane ONLINE_SOFTMAX REDUCE `red` (`_emit_online_softmax_lanes`' form) whose values vary
+        by the loops `cols` (the output columns) but whose scores do not, with those loops interchanged into the key
+        loop: the REDUCE's o accumulators are the local array `local` (one w-lane vector per column), zeroed by a
+        loop over the columns before the key loop, updated by one inside each iteration (o[c] = o[c] * alpha +
+        sum_k p_k v_k[c]) and stored by one after it (o[c] / l): the scores, m, l and the rescale are computed
+        once per iteration for every column. The three loops are fresh ranges over the columns' sizes."""
+        f32 = dtypes.f32
+        vt = red.dtype
+        w = vt.count
+        pairs = red.src[0]
+        n = len(pairs.src) // 2
+        scores, values = pairs.src[:n], pairs.src[n:]
+        ranges = red.src[1:]
+        ids = max(u.arg[0] for st in stores for u in st.toposort() if u.op is Ops.RANGE) + 1
+
+        def fresh(k: int) -> list[UOp]:
+            return [c.replace(arg=(ids + k * len(cols) + i, c.arg[1])) for i, c in enumerate(cols)]
+
+        def at(cs: list[UOp]) -> UOp:
+            flat = UOp.const(cols[0].dtype, 0)
+            for c in cs:
+                flat = flat * c.src[0] + c
+            return flat * UOp.const(cols[0].dtype, w)
+
+        def loop(cs: list[UOp], body: Any) -> None:
+            for c in cs:
+                self.open_range(c)
+            body()
+            for _ in cs:
+                self.close_range()
+
+        open_now = set(self.open_ranges)
+        for s in pairs.src:  # what does not depend on the key loop or the columns, before them
+            for nd in s.toposort():
+                if nd.op not in (Ops.CONST, Ops.RANGE) and self.lookup(nd) is None and self.free_ranges(nd) <= open_now:
+                    self.emit(nd)
+        zero_cs, update_cs, final_cs = fresh(0), fresh(1), fresh(2)
+        zero = splat(UOp.const(f32, 0.0), w)
+        loop(zero_cs, lambda: self.emit(UOp(Ops.STORE, None, (local, at(zero_cs), zero))))
+        tag = self.acc_count
+
+        def acc(init: float) -> UOp:
+            a = self.push(UOp(Ops.DEFINE_ACC, vt, (self.emit(splat(UOp.const(f32, init), w)),), self.acc_count))
+            self.acc_count += 1
+            return a
+
+        def read(a: UOp, name: str) -> UOp:
+            ph = UOp(Ops.READ_ACC, vt, (), ("online", tag, name))
+            self.scopes[-1][ph] = self.push(UOp(Ops.READ_ACC, vt, (a,), name))
+            return ph
+
+        m, lacc = acc(-math.inf), acc(0.0)
+        for rng in ranges:
+            self.open_range(rng)
+        bm = scores[0]
+        for sc in scores[1:]:
+            bm = UOp(Ops.MAX, vt, (bm, sc))
+        bm_l = self.emit(bm)
+        m_old = read(m, "m_old")
+        self.push(UOp(Ops.ACCUMULATE, vt, (m, bm_l), Ops.MAX))
+        m_new = read(m, "m_new")
+        m_safe = UOp(Ops.WHERE, vt, (UOp(Ops.CMPNE, dtypes.bool.vec(w), (m_new, splat(UOp.const(f32, -math.inf), w))),
+                                     m_new, splat(UOp.const(f32, 0.0), w)))
+        z = UOp(Ops.READ_ACC, f32, (), ("online", tag, "z"))
+        pz = self.exp(z)
+        if self.decompose:
+            pz = decompose_transcendentals(UOp(Ops.SINK, None, (pz,))).src[0]
+        alpha = widen(pz, z, m_old - m_safe, w)
+        ps = [widen(pz, z, sc - m_safe, w) for sc in scores]
+        lsum = ps[0]
+        for p in ps[1:]:
+            lsum = lsum + p
+        alpha_l, lsum_l = self.emit(alpha), self.emit(lsum)
+        for p in ps:  # before the columns' loop: once per iteration
+            self.emit(p)
+        self.push(UOp(Ops.ACCUMULATE, vt, (lacc, alpha_l), Ops.MUL))
+        self.push(UOp(Ops.ACCUMULATE, vt, (lacc, lsum_l), Ops.ADD))
+
+        def update() -> None:
+            sub = dict(zip(cols, update_cs))
+            o = UOp(Ops.LOAD, vt, (local, at(update_cs))) * alpha
+            for p, v in zip(ps, values):
+                o = o + p * substitute(v, sub)
+            self.emit(UOp(Ops.STORE, None, (local, at(update_cs), o)))
+
+        loop(update_cs, update)
+        for _ in ranges:
+            self.close_range()
+        l_ph = read(lacc, "l")
+
+        def final() -> None:
+            value = UOp(Ops.READ_ACC, vt, (), ("online", tag, "o"))
+            self.scopes[-1][value] = self.emit(UOp(Ops.FDIV, vt, (UOp(Ops.LOAD, vt, (local, at(final_cs))), l_ph)))
+            sub = {red: value, **dict(zip(cols, final_cs))}
+            for st in stores:
+                self.emit(substitute(st, sub))
+
+        loop(final_cs, final)
+
     @staticmethod
     def exp(x: UOp) -> UOp:
         """exp(x) of an online softmax: exp2 of x log2(e), its argument clamped at -200."""
@@ -386,15 +507,65 @@ def linearize(ast: UOp, decompose: bool = False) -> list[UOp]:
     nodes = ast.toposort()
     lin = start_linearizer(nodes, decompose)
     reduce_ranges = {r for u in nodes if u.op is Ops.REDUCE for r in u.src[1:]}
-    outer = sorted((u for u in nodes if u.op is Ops.RANGE and u not in reduce_ranges), key=lambda r: r.arg[0])
+    staged_loops = {a for u in nodes if u.op is Ops.BARRIER and _staged(u) for a in u.arg[1]}
+    reduce_ranges |= {u for u in nodes if u.op is Ops.RANGE and u.arg in staged_loops}
+    interchange = _interchanged_columns(ast, lin)
+    inner = set(interchange[1]) if interchange else set()
+    outer = sorted((u for u in nodes if u.op is Ops.RANGE and u not in reduce_ranges and u not in inner),
+                   key=lambda r: r.arg[0])
     for r in outer:
         lin.hoist(ast)  # values that need only the loops open so far (per-row reductions) go here
         lin.open_range(r)
-    for store in ast.src:
-        lin.emit(store)
+    if interchange:
+        red, cols = interchange
+        size = red.dtype.count
+        for c in cols:
+            size *= c.src[0].arg
+        local = UOp(Ops.DEFINE_LOCAL, dtypes.f32.as_ptr(), (), ("o_rows", size))
+        lin.out.insert(next(i for i, u in enumerate(lin.out) if u.op is Ops.RANGE), local)  # declared first
+        lin.scopes[0][local] = local
+        lin.emit_online_rows(red, cols, local, list(ast.src))
+    else:
+        for store in ast.src:
+            lin.emit(store)
     while lin.open_ranges:
         lin.close_range()
     return lin.out
+
+
+def _staged(u: UOp) -> bool:
+    """A BARRIER(STAGED): stores in loops of their own (its arg's range ids) before the loads that read them."""
+    return isinstance(u.arg, tuple) and len(u.arg) == 2 and u.arg[0] == "staged"
+
+
+def _interchanged_columns(ast: UOp, lin: _Linearizer) -> tuple[UOp, list[UOp]] | None:
+    """(the REDUCE, the column loops) where every store of the kernel stores one per-lane ONLINE_SOFTMAX REDUCE (n
+    score vectors then n value vectors of its type) whose values vary by output loops of constant size that its
+    scores do not vary by (the rows form's output columns): those loops are interchanged into its key loop
+    (`emit_online_rows`). None otherwise (the loops stay outside: correct, but the scores computed per column)."""
+    reds = {u for st in ast.src for u in st.toposort() if u.op is Ops.REDUCE and u.arg is Ops.ONLINE_SOFTMAX}
+    if len(reds) != 1:
+        return None
+    red = reds.pop()
+    pairs = red.src[0]
+    if red.dtype is None or red.dtype.count == 1 or pairs.op is not Ops.VECTORIZE or len(pairs.src) % 2 or \
+            not all(s.dtype == red.dtype for s in pairs.src):
+        return None
+    n = len(pairs.src) // 2
+    in_scores = frozenset().union(*(lin.free_ranges(s) for s in pairs.src[:n]))
+    in_values = frozenset().union(*(lin.free_ranges(s) for s in pairs.src[n:]))
+    cols = sorted((r for r in in_values - in_scores if r.arg[1] is RangeKind.LOOP), key=lambda r: r.arg[0])
+    if not cols or any(c.src[0].op is not Ops.CONST for c in cols):
+        return None
+    if ast.src and any(st.op is not Ops.STORE or red not in st.src[2].toposort() for st in ast.src):
+        return None
+    # the columns must be the innermost output loops (nothing else of the kernel is computed inside them)
+    staged = {a for u in ast.toposort() if u.op is Ops.BARRIER and _staged(u) for a in u.arg[1]}
+    others = [r for r in {u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] is RangeKind.LOOP}
+              if r not in cols and r.arg not in staged]
+    if any(o.arg[0] > min(c.arg[0] for c in cols) for o in others):
+        return None
+    return red, cols
 
 
 __all__ = ["linearize", "dtypes"]
