@@ -337,9 +337,9 @@ def write(prog: Any, path: str | os.PathLike, device: str | list[str] | None = N
     elif not dims and prog.dim_names:
         from tgc.backends import one_device
         dev = one_device(names[0] if names else None)
-        if dev.caps.gpu or dev.kind not in ("CPU", "PYTHON"):
-            raise TgcError(f"a package for {dev.kind} needs every dim: kernels with symbolic sizes are built for "
-                           "the CPU and PYTHON devices only", hint="give its dims (-D NAME=INT)")
+        if dev.kind not in SYMBOLIC_KINDS:
+            raise TgcError(f"a package for {dev.kind} needs every dim: kernels with symbolic sizes are packaged for "
+                           f"{', '.join(SYMBOLIC_KINDS)} only", hint="give its dims (-D NAME=INT)")
         data = build_symbolic(prog, dev)
     else:
         data = build(prog, names[0] if names else None, dims)
@@ -1670,6 +1670,10 @@ class MultiPackage(_Signature):
 
 SYMBOLIC_VERSION = 4  # a symbolic package as written now: split kernels (derived sizes, remainder kernels), grids
 OLD_SYMBOLIC_VERSION = 2  # a symbolic package without them (read as before)
+# the devices symbolic packages are built for: a GPU kernel's grid is saved as expressions of the dims (format 4);
+# REMOTE checks each launch against the sizes its kernel's source states (the probe's); CUDA and METAL: not yet
+# run from a package here (no GPU on the project machine)
+SYMBOLIC_KINDS = ("CPU", "PYTHON", "OPENCL")
 MAX_CLASSES = 16
 MAX_ONES = 3  # programs of at most this many dims package every class of dims at 1; more: one dim at 1 at a time
 
@@ -1891,23 +1895,6 @@ def _unserved(path: str, dims: dict[str, int], why: str, i: int, name: Any) -> P
                              + " ".join(f"-D {n}={v}" for n, v in dims.items()) + " --package OUT")
 
 
-def _failed_check(checks: Any, dims: dict[str, int], i: int, path: str) -> str | None:
-    """The first of kernel i's launch checks (a symbolic package's) that fails at these dims, as text (None: all
-    hold)."""
-    for check in _list(checks, f"kernel {i} checks", path, 64):
-        check = _list(check, f"kernel {i} check", path, 3)
-        if len(check) != 3 or check[0] not in ("divides", "at least", "at most"):
-            raise _bad(path, f"kernel {i} has a malformed launch check")
-        got = _size(check[1], dims, f"kernel {i} check", path, -(1 << 62), 1 << 62)
-        value = _int(check[2], f"kernel {i} check value", path, 1, 1 << 62)
-        if not (got % value == 0 if check[0] == "divides" else got <= value if check[0] == "at most"
-                else got >= value):
-            return f"{sizeexpr.text(check[1])} = {got} " + (
-                f"passes {value}, the largest value of the type the kernel computes it in"
-                if check[0] == "at most" else f"fails the launch check {_check_text(*check)}")
-    return None
-
-
 @dataclass
 class SizeClassPlan:
     """One size class of a symbolic package: each dim "n" (its sizes `min` .. `max`), "32n" (the multiples of
@@ -2122,8 +2109,8 @@ class SymbolicPackage:
         return out
 
     def _check_split_fields(self, c: SizeClassPlan, i: int) -> None:
-        """A class's derived sizes and each kernel's `plain` and `tails` (format version 4: a version-2 class has
-        none), their shapes checked before any is evaluated."""
+        """A class's derived sizes, each kernel's launch checks and its `plain` and `tails` variants (format
+        version 4: a version-2 class has none), their shapes checked before any is evaluated."""
         path, doc = self.path, c.doc
         derived = _obj(doc.get("derived", {}), f"class {i} derived", path)
         kernels = _list(doc.get("kernels"), "kernels", path, MAX_KERNELS)
@@ -2144,10 +2131,18 @@ class SymbolicPackage:
             tails = _list(k.get("tails", []), f"kernel {j} tails", path, 8)
             if (tails or k.get("plain") is not None) and k.get("fast") is None:
                 raise _bad(path, f"kernel {j} has remainder kernels or a plain variant but no fast variant")
-            for v in [k.get("fast"), k.get("plain"), *tails]:
+            for v in [k, k.get("fast"), k.get("plain"), *tails]:
                 if v is not None:
                     v = _obj(v, f"kernel {j} variant", path)
-                    _list(v.get("checks", []), f"kernel {j} checks", path, 64)
+                    for check in _list(v.get("checks", []), f"kernel {j} checks", path, 64):
+                        check = _list(check, f"kernel {j} check", path, 3)
+                        if len(check) != 3 or check[0] not in ("divides", "at least", "at most"):
+                            raise _bad(path, f"kernel {j} has a malformed launch check")
+                        _int(check[2], f"kernel {j} check value", path, 1, 1 << 62)
+                        try:
+                            sizeexpr.validate(check[1], f"kernel {j} check")
+                        except TgcError as err:
+                            raise _bad(path, err.msg) from None
                     if v.get("skip_if_zero") is not None:
                         try:
                             sizeexpr.validate(v["skip_if_zero"], f"kernel {j} remainder")
