@@ -2338,10 +2338,14 @@ class SymbolicPackage:
                                 "checks": [_check_text(w, e, v) for w, e, v in k.get("checks", [])],
                                 "fast": None if fast is None else {
                                     "global_size": fast["global_size"], "opts": fast.get("opts", []),
-                                    "checks": [_check_text(w, e, v) for w, e, v in fast["checks"]]}})
+                                    "checks": [_check_text(w, e, v) for w, e, v in fast["checks"]],
+                                    # a split's remainder kernels (launched with it) and its unthreaded form
+                                    "tails": [{"name": t["name"], "vals": t["vals"]} for t in k.get("tails", [])],
+                                    "plain": k.get("plain") is not None}})
             mem = c.doc["memory"]
             classes.append({"class": dict(c.cls), "sizes": c.text(), "min": dict(c.min), "max": dict(c.max),
-                            "kernels": kernels,
+                            "kernels": kernels, "derived": {n: sizeexpr.text(e) for n, e in
+                                                            c.doc.get("derived", {}).items()},
                             "buffers": [{"index": i, "role": b["role"], "name": b["name"], "dtype": b["dtype"],
                                          "shape": [sizeexpr.text(e) for e in b["shape"]],
                                          "slot": mem["slot_of"][i]} for i, b in enumerate(c.doc["buffers"])],
