@@ -1906,10 +1906,11 @@ class SizeClassPlan:
     doc: dict
 
     # set when the package is loaded (after every field was validated at the class's probe and least sizes)
-    templates: list = field(default_factory=list)  # per kernel, (general, fast or None) `PackagedKernel`s
+    # per kernel, its `PackagedKernel`s by variant (`general`, `fast`, `plain`: one or None; `tails`: a list)
+    templates: list = field(default_factory=list)
     slot_of: list = field(default_factory=list)  # per buffer, its slot (-1: used by no kernel)
     inplace: list = field(default_factory=list)  # [output buffer, input buffer] pairs sharing a slot
-    chosen: list = field(default_factory=list)  # per kernel of the last `bind`: "fast" or "general"
+    chosen: list = field(default_factory=list)  # per kernel of the last `bind`: "fast", "split" or "general"
 
     def text(self) -> str:
         return ", ".join(f"{n}={self.min.get(n, 2)}..{self.max.get(n)}" if c == "n" else
