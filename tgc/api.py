@@ -1089,7 +1089,9 @@ class SymbolicPlan:
     same form), and the tensor graph's signature that a launch at dims below `trusted_from` must reproduce.
 
     `bind(prog, dims)` makes the executable at some dims by evaluating those expressions (buffer shapes, the
-    kernels' `vals`, launch sizes, flops and bytes) and picking each kernel's variant by its launch checks: it
+    kernels' `vals`, launch sizes, flops and bytes) and picking each kernel's variant by its launch checks, through
+    the one bind of a class's plan (`tgc.engine.classbind`, on `form`: the plan in the size expressions a symbolic
+    package saves, so a package's loaded plan binds by the same code): it
     traces, schedules or lowers nothing where every symbolic dim is at least `trusted_from` (at the probes every
     dim exceeds every plain constant of the graph, and so it does there). Smaller dims are checked once each
     with the source (`source_check`)."""
