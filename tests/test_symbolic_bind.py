@@ -127,7 +127,7 @@ def test_the_memory_plan_is_the_class_layout_sized_at_the_dims():
         np.testing.assert_allclose(got["out1"], h.max(axis=0), rtol=2e-5, atol=1e-6)
     # one layout per set of launches (a split's tails are not launched where its split divides): kept
     assert plan is not None and 1 <= len(plan._layouts) <= 3
-    layouts = dict(plan._layouts)
+    layouts = dict(plan._layouts._made)
     for n, d in [(9, 13), (40, 11), (11, 15)]:
         prog.lower_symbolic("CPU", {"N": n, "D": d})
-    assert all(plan._layouts[k] is v for k, v in layouts.items())
+    assert all(plan._layouts._made[k] is v for k, v in layouts.items())

@@ -20,12 +20,8 @@ from tgc.codegen.kernel import (
     build_kernel,
     build_kernels,
     build_symbolic_kernel,
-    check_failure_text,
     compile_deferred,
-    failed_check,
-    launch_allows,
     prepare_ast,
-    symbolic_grid,
     symbolic_work,
 )
 from tgc.codegen.opt import OptError, OptOps
@@ -45,7 +41,7 @@ from tgc.dsl.frontend import (
     trace,
 )
 from tgc.dtype import DType
-from tgc.engine import bench, chunk, executable
+from tgc.engine import bench, chunk, classbind, executable
 from tgc.engine.bound import split as bound_split
 from tgc.engine.chunk import Chunking
 from tgc.engine.conform import as_array as _as_array
@@ -53,7 +49,6 @@ from tgc.engine.conform import check_input_names, names_hint
 from tgc.engine.executable import Executable
 from tgc.engine.flops import recompute_factor, written_flops
 from tgc.engine.inputs import random_inputs
-from tgc.engine.memplan import MemoryPlan, plan_memory
 from tgc.engine.multi import build_executable
 from tgc.engine.multi import plan as plan_multi
 from tgc.engine.realize import LaunchPlans, inplace_pairs, plan_for, stored_indices, to_user_array
@@ -65,7 +60,7 @@ from tgc.ir.shapes import prod, shape_of
 from tgc.ir.uop import Ops, UOp
 from tgc.onnx import read_model
 from tgc.onnx import translate as translate_onnx
-from tgc.package import PackageError
+from tgc.package import PackageError, class_doc
 
 __all__ = ["Program", "Kernel", "load", "loads", "InputDecl", "devices"]
 
@@ -1094,7 +1089,9 @@ class SymbolicPlan:
     same form), and the tensor graph's signature that a launch at dims below `trusted_from` must reproduce.
 
     `bind(prog, dims)` makes the executable at some dims by evaluating those expressions (buffer shapes, the
-    kernels' `vals`, launch sizes, flops and bytes) and picking each kernel's variant by its launch checks: it
+    kernels' `vals`, launch sizes, flops and bytes) and picking each kernel's variant by its launch checks, through
+    the one bind of a class's plan (`tgc.engine.classbind`, on `form`: the plan in the size expressions a symbolic
+    package saves, so a package's loaded plan binds by the same code): it
     traces, schedules or lowers nothing where every symbolic dim is at least `trusted_from` (at the probes every
     dim exceeds every plain constant of the graph, and so it does there). Smaller dims are checked once each
     with the source (`source_check`)."""
@@ -1117,7 +1114,10 @@ class SymbolicPlan:
         self.input_shapes: list[tuple[Any, str, tuple]] = []
         self.trusted_from = sizes.trusted_from(signature)
         self._source_checked: dict[tuple, str] = {}  # dims below `trusted_from` -> "" or why not (checked once)
-        self._layouts: dict[tuple, MemoryPlan] = {}  # per set of launches, which buffers share a slot (`_memory`)
+        # which buffers share a slot, per set of launches, decided at the first probe's sizes (distinct primes:
+        # buffers of equal size there have the same size expression) and sized at each dims
+        self._layouts = classbind.Layouts(sizes.probes(cls)[0], device.allocator.features.shared_slots)
+        self._form: tuple[dict, list[dict]] | str | None = None  # (`form`)
 
     def source_check(self, prog: Program, dims: dict[str, int]) -> str:
         """"" where the program traced and scheduled at `dims` is the plan's (its graph the signature there, and
@@ -1150,94 +1150,44 @@ class SymbolicPlan:
             why = self.source_check(prog, dims)
             if why:
                 return None, why
-        in_bufs = [UOp(Ops.BUFFER, dtype, (), (j, name, tuple(sizes.mono_value(m, dims) for m in shape)))
-                   for j, (dtype, name, shape) in enumerate(self.input_shapes)]
-        nodes: list[UOp] = []
-        for i, slot in enumerate(self.slots):
-            shape = tuple(sizes.mono_value(m, dims) for m in slot.shape)
-            if slot.input is not None:
-                nodes.append(in_bufs[slot.input])
-            else:
-                nodes.append(UOp(Ops.BUFFER, slot.dtype, (), (-1 - i, f"tmp{i}", shape)))
-        env = sizes.derived_values(self.derived, dims) if self.derived else dims
-        for general in self.kernels:  # sizes it holds in a narrower type than a kernel of these sizes would
-            failed = failed_check(general, env)
-            if failed is not None:
-                return None, f"kernel {general.name}: {check_failure_text(failed)}"
-        launches = []
-        self.chosen = []
-        for general, fast, plain, tails, ks, item_bufs in zip(self.kernels, self.fast, self.unthreaded, self.tails,
-                                                              self.kernel_slots, self.item_bufs):
-            if fast is not None and plain is not None and not launch_allows(fast, env):
-                fast = plain  # a split's main kernel without threads, for sizes too small for them
-            use_fast = all(f is not None and f.binary is not None and launch_allows(f, env) for f in [fast, *tails])
-            self.chosen.append(("split" if tails else "fast") if use_fast else "general")
-            # a tail whose remainder is 0 at these sizes (a dim its splits divide) has nothing to do
-            launches += [(f, ks, item_bufs) for f in ([fast, *tails] if use_fast else [general])
-                         if not any(self.derived.get(n, ("",))[0] == "rest" and env[n] == 0 for n in f.var_names)]
-        kernels = []
-        kernel_slots: list[list[int]] = []  # per launch, its buffers as slot numbers
-        for k, ks, item_bufs in launches:
-            grid = symbolic_grid(k, dims)  # GPUs: the work-groups these dims need
-            if k.grid is not None:
-                if max(grid) > self.device.caps.max_grid:
-                    return None, (f"kernel {k.name} needs {max(grid)} work-groups at these sizes, more than the "
-                                  f"device's {self.device.caps.max_grid}")
-                if min(grid) == 0:
-                    continue  # no output at these sizes: nothing to launch
+        form = self.form(prog)
+        if isinstance(form, str):
+            return None, form
+        doc, templates = form
+        sig_inputs = {d["buffer"]: j for j, d in enumerate(doc["signature"]["inputs"])}
+
+        def make_buffer(i: int, dtype: Any, shape: tuple, nbytes: int) -> UOp:
+            j = sig_inputs.get(i)  # a declared input's node is its position and name (what `Program` binds by)
+            return UOp(Ops.BUFFER, dtype, (), (j, self.input_shapes[j][1], shape) if j is not None else
+                       (-1 - i, f"tmp{i}", shape))
+
+        def make_kernel(k: Kernel, launch: dict, bufs: list, gs: tuple, vals: tuple, env: dict) -> Kernel:
             if k.binary is not None:
                 k.program()  # load once; the copies share it
-            # the kernel's parameters: the scheduled buffers less those its code does not use (dropped)
-            idx = [ks[next(i for i, b in enumerate(item_bufs) if b is kb)] for kb in k.bufs]
-            bufs = [nodes[i] for i in idx]
-            kernels.append(BoundKernel.of(k, env, bufs=bufs, vals=tuple(env[n] for n in k.var_names),
-                                          global_size=grid))
-            kernel_slots.append(idx)
-        inputs = [(b, prog._in_names[b.arg[0]]) for b in in_bufs]
-        outputs = [(name, nodes[j]) for name, j in zip(prog.output_names, self.output_slots)]
-        memory = self._memory(kernels, kernel_slots, nodes, in_bufs, dims)
-        return Executable(self.device, kernels, inputs, outputs, memory=memory), ""
+            return BoundKernel.of(k, env, bufs=bufs, vals=vals, global_size=gs if k.grid is not None else
+                                  k.global_size)
 
-    def _buffer_bytes(self, j: int, at: dict[str, int]) -> int:
-        """Bytes of buffer j (a slot, then the declared inputs no kernel reads) at these dims."""
-        if j < len(self.slots):
-            dtype, shape = self.slots[j].dtype, self.slots[j].shape
-        else:
-            dtype, _, shape = self.input_shapes[self._unread_inputs()[j - len(self.slots)]]
-        return max(prod([sizes.mono_value(m, at) for m in shape]) * dtype.itemsize, 1)
+        try:
+            exe, self.chosen = classbind.bind(doc, templates, self.device, dims, make_buffer, make_kernel,
+                                              self._layouts, inplace_of=inplace_pairs)
+        except classbind.ClassBindError as e:
+            name = doc["kernels"][e.kernel]["name"] if e.kernel is not None else None
+            return None, f"kernel {name}: {e.msg}" if name is not None and e.reason == "check" else e.msg
+        return exe, ""
 
-    def _unread_inputs(self) -> list[int]:
-        read = {s.input for s in self.slots if s.input is not None}
-        return [j for j in range(len(self.input_shapes)) if j not in read]
-
-    def _memory(self, kernels: list[Kernel], kernel_slots: list[list[int]], nodes: list[UOp], in_bufs: list[UOp],
-                dims: dict[str, int]) -> MemoryPlan | None:
-        """The memory plan at `dims` from the class's layout: which buffers share a slot is decided once per set
-        of launches (their buffers and in-place pairs) at the first probe's sizes (distinct primes: buffers of
-        equal size there have the same size expression) and holds at every size, each slot as large as its
-        largest buffer at `dims`. None (the executable plans its own) where an in-place pair's sizes differ at
-        `dims`."""
-        keys = nodes + [in_bufs[j] for j in self._unread_inputs()]
-        position = {key: j for j, key in enumerate(keys)}
-        pairs = [(position[a], position[b]) for k in kernels for a, b in inplace_pairs(k)]
-        sig = (tuple(tuple(ks) for ks in kernel_slots), tuple(pairs))  # (all the layout depends on)
-        layout = self._layouts.get(sig)
-        if layout is None:
-            probe = sizes.probes(self.size_class)[0]
-            input_keys = [position[b] for b in in_bufs]
-            layout = self._layouts[sig] = plan_memory(
-                kernel_slots, {j: self._buffer_bytes(j, probe) for j in range(len(keys))}, input_keys,
-                list(self.output_slots), share=self.device.allocator.features.shared_slots, inplace=pairs)
-        at = {j: self._buffer_bytes(j, dims) for j in layout.slot_of}
-        if any(at[a] != at[b] for a, b in layout.inplace):
-            return None
-        slots = [1] * len(layout.slots)
-        for j, s in layout.slot_of.items():
-            slots[s] = max(slots[s], at[j])
-        return MemoryPlan(slots=slots, slot_of={keys[j]: s for j, s in layout.slot_of.items()},
-                          sizes={keys[j]: at[j] for j in layout.slot_of},
-                          lifetimes={keys[j]: span for j, span in layout.lifetimes.items()},
-                          inplace=[(keys[a], keys[b]) for a, b in layout.inplace])
+    def form(self, prog: Program) -> tuple[dict, list[dict]] | str:
+        """The plan in size expressions (`tgc.package.class_doc`, the form a symbolic package saves and
+        `tgc.engine.classbind` binds) with each kernel's compiled variants, or why it has none; made once."""
+        if self._form is None:
+            doc = class_doc(prog, self.device, self.size_class, self)
+            if isinstance(doc, str):
+                self._form = doc
+            else:
+                templates = [{"general": k["kernel"], "fast": (k["fast"] or {}).get("kernel"),
+                              "plain": (k.get("plain") or {}).get("kernel"),
+                              "tails": [t["kernel"] for t in k.get("tails", [])]} for k in doc["kernels"]]
+                self._form = (doc, templates)
+        return self._form
 
 
 class BoundKernel(Kernel):

@@ -337,9 +337,9 @@ def write(prog: Any, path: str | os.PathLike, device: str | list[str] | None = N
     elif not dims and prog.dim_names:
         from tgc.backends import one_device
         dev = one_device(names[0] if names else None)
-        if dev.caps.gpu or dev.kind not in ("CPU", "PYTHON"):
-            raise TgcError(f"a package for {dev.kind} needs every dim: kernels with symbolic sizes are built for "
-                           "the CPU and PYTHON devices only", hint="give its dims (-D NAME=INT)")
+        if dev.kind not in SYMBOLIC_KINDS:
+            raise TgcError(f"a package for {dev.kind} needs every dim: kernels with symbolic sizes are packaged for "
+                           f"{', '.join(SYMBOLIC_KINDS)} only", hint="give its dims (-D NAME=INT)")
         data = build_symbolic(prog, dev)
     else:
         data = build(prog, names[0] if names else None, dims)
@@ -394,7 +394,7 @@ def load_package(path: str | os.PathLike) -> Package:
 
 def loads_package(data: bytes, path: str = "<bytes>") -> Package | SymbolicPackage:
     manifest, members = read_members(data, path)
-    if manifest.get("format_version") == SYMBOLIC_VERSION:
+    if manifest.get("format_version") in (SYMBOLIC_VERSION, OLD_SYMBOLIC_VERSION):
         return SymbolicPackage(manifest, members, path)
     if manifest.get("format_version") == MULTI_VERSION:  # a device list's (below)
         return MultiPackage(manifest, members, path)  # type: ignore[return-value]
@@ -496,11 +496,12 @@ def _check_format(manifest: dict, path: str) -> None:
     if manifest.get("format") != FORMAT:
         raise _bad(path, "its manifest is not a tgc package's")
     version = manifest.get("format_version")
-    if version not in (FORMAT_VERSION, SYMBOLIC_VERSION, MULTI_VERSION):
+    if version not in (FORMAT_VERSION, OLD_SYMBOLIC_VERSION, MULTI_VERSION, SYMBOLIC_VERSION):
         made = manifest.get("tgc_version")
         raise PackageError(
             f"{path}: package format version {version!r} (written by tgc {str(made)[:40]}), but this tgc "
-            f"({__version__}) reads versions {FORMAT_VERSION}, {SYMBOLIC_VERSION} and {MULTI_VERSION}",
+            f"({__version__}) reads versions {FORMAT_VERSION}, {OLD_SYMBOLIC_VERSION}, {MULTI_VERSION} and "
+            f"{SYMBOLIC_VERSION}",
             hint="compile the package again with this tgc")
 
 
@@ -1667,7 +1668,12 @@ class MultiPackage(_Signature):
 # ---------------------------------------------------------------------------------------------------------------
 # symbolic packages: the program's kernels for every size of its size classes (format version 2)
 
-SYMBOLIC_VERSION = 2
+SYMBOLIC_VERSION = 4  # a symbolic package as written now: split kernels (derived sizes, remainder kernels), grids
+OLD_SYMBOLIC_VERSION = 2  # a symbolic package without them (read as before)
+# the devices symbolic packages are built for: a GPU kernel's grid is saved as expressions of the dims (format 4);
+# REMOTE checks each launch against the sizes its kernel's source states (the probe's); CUDA and METAL: not yet
+# run from a package here (no GPU on the project machine)
+SYMBOLIC_KINDS = ("CPU", "PYTHON", "OPENCL")
 MAX_CLASSES = 16
 MAX_ONES = 3  # programs of at most this many dims package every class of dims at 1; more: one dim at 1 at a time
 
@@ -1726,7 +1732,10 @@ def _uop_expr(u: Any) -> Any:
         return int(u.arg)
     if u.op is Ops.DEFINE_VAR and isinstance(u.arg, tuple) and str(u.arg[0]).startswith(VAR_PREFIX):
         return str(u.arg[0])[len(VAR_PREFIX):]
-    ops = {Ops.ADD: "+", Ops.MUL: "*", Ops.MAX: "max", Ops.IDIV: "//", Ops.MOD: "%"}
+    if u.op is Ops.NEG and len(u.src) == 1:
+        a = _uop_expr(u.src[0])
+        return None if a is None else -a if isinstance(a, int) else ["-", 0, a]
+    ops = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.MAX: "max", Ops.IDIV: "//", Ops.MOD: "%"}
     if u.op in ops and len(u.src) == 2:
         a, b = _uop_expr(u.src[0]), _uop_expr(u.src[1])
         if a is None or b is None:
@@ -1782,10 +1791,7 @@ def build_symbolic(prog: Any, dev: Any, plans: list[tuple[tuple, Any]] | None = 
     (`_class_minimum`) for the package's classes; for `plans`, the plan's `trusted_from` (the sizes below it are
     checked with the source by `SymbolicPlan.bind`, which a cache entry's Program has)."""
     from tgc.codegen import sizes
-    from tgc.codegen.kernel import symbolic_work
-    from tgc.engine.memplan import plan_memory
     from tgc.errors import CompileError
-    from tgc.ir.uop import Ops, UOp
 
     _no_bound_weights(prog)
     names = list(prog.dim_names)
@@ -1802,131 +1808,14 @@ def build_symbolic(prog: Any, dev: Any, plans: list[tuple[tuple, Any]] | None = 
 
     def one_class(cls: tuple, plan: Any) -> dict | str:
         """The package's doc of one size class, or why it is left out."""
-        p1, p2 = sizes.probes(cls)
-        rep = {n: sizes.REPRESENTATIVE[c] if c in sizes.SYMBOLIC else int(c) for n, c in cls}
+        doc = class_doc(prog, dev, cls, plan, member=member)
+        if isinstance(doc, str):
+            return doc
         sym = list(plan.symbolic)
-        # the buffers: the plan's slots, then any declared input no kernel reads
-        roles: dict[int, tuple[str, str | None]] = {}
-        bufs: list[dict] = []
-        shapes: list[list] = []
-        for s in plan.slots:
-            shapes.append([_mono_expr(m) for m in s.shape])
-            bufs.append({"dtype": s.dtype.name, "shape": shapes[-1],
-                         "nbytes": _product_expr(shapes[-1], s.dtype.itemsize)})
-        input_buf: dict[int, int] = {s.input: i for i, s in enumerate(plan.slots) if s.input is not None}
-        why = None
-        for j, d in enumerate(decls):
-            if j not in input_buf:  # (no kernel reads it: its declared shape, which must be expressible)
-                shape = _decl_shape(d.shape, [None] * len(d.shape))
-                if any(e is None for e in shape):
-                    why = f"input {d.name} is read by no kernel and its shape is not expressible"
-                    break
-                input_buf[j] = len(bufs)
-                bufs.append({"dtype": d.dtype.name, "shape": shape,
-                             "nbytes": _product_expr(shape, d.dtype.itemsize)})
-            roles[input_buf[j]] = ("input", d.name)
-        for name, j in zip(prog.output_names, plan.output_slots):
-            if j in roles:
-                why = f"output {name} is an input or another output"
-            roles[j] = ("output", name)
-        if why is not None:
-            return why
-        for i, b in enumerate(bufs):
-            b["role"], b["name"] = roles.get(i, ("temp", None))
-
-        def slot_nodes(dims: dict[str, int]) -> list:
-            return [UOp(Ops.BUFFER, s.dtype, (), (-1 - i, f"tmp{i}", tuple(sizes.mono_value(m, dims)
-                                                                            for m in s.shape)))
-                    for i, s in enumerate(plan.slots)]
-
-        nodes1, nodes2 = slot_nodes(p1), slot_nodes(p2)
-
-        def work(k: Any, idx: list[int]) -> tuple[Any, Any]:
-            """(flops, bytes) of a launch as expressions of the dims where they are one product of dims, else 0."""
-            out = []
-            for a, b in zip(symbolic_work(k, p1, [nodes1[i] for i in idx]),
-                            symbolic_work(k, p2, [nodes2[i] for i in idx])):
-                m = sizes.factor(int(a), p1, sym)
-                out.append(_mono_expr(m) if sizes.mono_value(m, p2) == b else 0)
-            return out[0], out[1]
-
-        def in_bounds(k: Any) -> bool:
-            """Whether the bounds verifier (tgc/codegen/verify.py) finds every access of a fast variant inside
-            its buffers at the first probe's sizes (its buffers' and, where the launch checks allow, its dims'): a
-            package ships no variant it flags."""
-            from tgc.codegen import verify
-            from tgc.codegen.kernel import launch_allows
-            if not launch_allows(k, p1):
-                return True  # (not verifiable at the probe; the launch checks guard it as they do for `run`)
-            try:
-                verify.verify_kernel(k.name, k.uops, k.bufs, {"global_size": k.global_size, "local_size":
-                                                             k.local_size, "vals": tuple(p1[n] for n in k.var_names)})
-            except TgcError:
-                return False
-            return True
-
-        def buf_index(k: Any, ks: list[int], item_bufs: list) -> list[int]:
-            return [ks[next(i for i, b in enumerate(item_bufs) if b is kb)] for kb in k.bufs]
-
-        def kernel_doc(k: Any, ks: list[int], item_bufs: list) -> dict:
-            idx = buf_index(k, ks, item_bufs)
-            flops, nbytes = work(k, idx)
-            return {"name": k.name, "binary": member(bytes(k.binary)), "source": member(k.src.encode()),
-                    "bufs": idx, "global_size": [int(x) for x in k.global_size],
-                    "local_size": [int(x) for x in k.local_size] if k.local_size else None,
-                    "vals": list(k.var_names), "flops": flops, "bytes": nbytes, "line": k.line,
-                    "opts": [str(o) for o in k.opts]}
-
-        kernels = []
-        for general, fast, tails, ks, item_bufs in zip(plan.kernels, plan.fast, plan.tails, plan.kernel_slots,
-                                                        plan.item_bufs):
-            doc = kernel_doc(general, ks, item_bufs)
-            doc["fast"] = None
-            if general.checks:  # sizes it holds in a narrower type (`kernel.value_checks`): refused past them
-                checks = [[what, _uop_expr(expr), int(value)] for what, expr, value in general.checks]
-                if any(c[1] is None for c in checks):
-                    return f"kernel {general.name}'s launch checks cannot be written as size expressions"
-                doc["checks"] = checks
-            # a split's main kernel covers only part of its loops (its remainder kernels the rest) and takes sizes
-            # derived at launch: not packaged (the general kernel serves those sizes)
-            if fast is not None and not tails and set(fast.var_names) <= set(prog.dim_names):
-                checks = [[what, _uop_expr(expr), int(value)] for what, expr, value in fast.checks]
-                if all(c[1] is not None for c in checks) and in_bounds(fast) and \
-                        sorted(buf_index(fast, ks, item_bufs)) == sorted(doc["bufs"]):
-                    doc["fast"] = {**kernel_doc(fast, ks, item_bufs), "checks": checks}
-            kernels.append(doc)
-        # the memory plan: which buffers share an allocation (decided at the representative size; safe at
-        # every size: an allocation is as large as its largest buffer there, an expression of the dims)
-        used = [d["bufs"] for d in kernels]
-        inputs = [input_buf[j] for j in range(len(decls))]
-        outputs = list(plan.output_slots)
-        rep_bytes = {i: max(sizeexpr.evaluate(b["nbytes"], rep), 1) for i, b in enumerate(bufs)}
-        mp = plan_memory(used, rep_bytes, inputs, outputs, share=dev.allocator.features.shared_slots)
-        slot_exprs: list[Any] = [None] * len(mp.slots)
-        slot_of = [-1] * len(bufs)
-        for i, s in mp.slot_of.items():
-            slot_of[i] = s
-            e = bufs[i]["nbytes"]
-            old = slot_exprs[s]
-            slot_exprs[s] = e if old is None or old == e else max(old, e) if isinstance(old, int) and \
-                isinstance(e, int) else ["max", old, e]
-        peak: Any = 0
-        for e in slot_exprs:
-            peak = e if peak == 0 else peak + e if isinstance(peak, int) and isinstance(e, int) else ["+", peak, e]
-        sig_in = [{"name": d.name, "dtype": d.dtype.name, "buffer": input_buf[j],
-                   "shape": _decl_shape(d.shape, bufs[input_buf[j]]["shape"])} for j, d in enumerate(decls)]
-        for d in sig_in:
-            if any(e is None for e in d["shape"]):  # a declaration this format cannot spell: the buffer's sizes
-                d["shape"] = bufs[d["buffer"]]["shape"]
-        sig_out = [{"name": name, "dtype": bufs[j]["dtype"], "shape": bufs[j]["shape"], "buffer": j}
-                   for name, j in zip(prog.output_names, plan.output_slots)]
-        return {
-            "class": dict(cls), "probe": {n: int(v) for n, v in p1.items()},
-            "min": ({n: max(2, plan.trusted_from) for n in sym} if plans is not None else
-                    _class_minimum(prog, plan, cls)) if sym else {},
-            "max": {n: int(plan.bound) for n in sym},
-            "signature": {"inputs": sig_in, "outputs": sig_out}, "buffers": bufs, "kernels": kernels,
-            "memory": {"slots": slot_exprs, "slot_of": slot_of, "peak_bytes": peak}}
+        doc["min"] = ({n: max(2, plan.trusted_from) for n in sym} if plans is not None else
+                      _class_minimum(prog, plan, cls)) if sym else {}
+        doc["max"] = {n: int(plan.bound) for n in sym}
+        return doc
 
     for cls, plan in (plans if plans is not None else [(c, None) for c in _size_classes(names)]):
         text = sizes.class_text(cls)
@@ -2006,23 +1895,6 @@ def _unserved(path: str, dims: dict[str, int], why: str, i: int, name: Any) -> P
                              + " ".join(f"-D {n}={v}" for n, v in dims.items()) + " --package OUT")
 
 
-def _failed_check(checks: Any, dims: dict[str, int], i: int, path: str) -> str | None:
-    """The first of kernel i's launch checks (a symbolic package's) that fails at these dims, as text (None: all
-    hold)."""
-    for check in _list(checks, f"kernel {i} checks", path, 64):
-        check = _list(check, f"kernel {i} check", path, 3)
-        if len(check) != 3 or check[0] not in ("divides", "at least", "at most"):
-            raise _bad(path, f"kernel {i} has a malformed launch check")
-        got = _size(check[1], dims, f"kernel {i} check", path, -(1 << 62), 1 << 62)
-        value = _int(check[2], f"kernel {i} check value", path, 1, 1 << 62)
-        if not (got % value == 0 if check[0] == "divides" else got <= value if check[0] == "at most"
-                else got >= value):
-            return f"{sizeexpr.text(check[1])} = {got} " + (
-                f"passes {value}, the largest value of the type the kernel computes it in"
-                if check[0] == "at most" else f"fails the launch check {_check_text(*check)}")
-    return None
-
-
 @dataclass
 class SizeClassPlan:
     """One size class of a symbolic package: each dim "n" (its sizes `min` .. `max`), "32n" (the multiples of
@@ -2034,10 +1906,11 @@ class SizeClassPlan:
     doc: dict
 
     # set when the package is loaded (after every field was validated at the class's probe and least sizes)
-    templates: list = field(default_factory=list)  # per kernel, (general, fast or None) `PackagedKernel`s
+    # per kernel, its `PackagedKernel`s by variant (`general`, `fast`, `plain`: one or None; `tails`: a list)
+    templates: list = field(default_factory=list)
     slot_of: list = field(default_factory=list)  # per buffer, its slot (-1: used by no kernel)
     inplace: list = field(default_factory=list)  # [output buffer, input buffer] pairs sharing a slot
-    chosen: list = field(default_factory=list)  # per kernel of the last `bind`: "fast" or "general"
+    chosen: list = field(default_factory=list)  # per kernel of the last `bind`: "fast", "split" or "general"
 
     def text(self) -> str:
         return ", ".join(f"{n}={self.min.get(n, 2)}..{self.max.get(n)}" if c == "n" else
@@ -2045,66 +1918,49 @@ class SizeClassPlan:
                          f"{n}={c}" for n, c in self.cls.items()) or "(no dims)"
 
     def bind(self, pkg: Any, dev: Any, dims: dict[str, int]) -> Any:
-        """The class's saved plan at these dims, as an `Executable`: its size expressions evaluated (buffers,
-        launch sizes, values, work), each kernel's fast variant where its launch checks hold, else its general
-        kernel, the memory layout saved with it sized at the dims (each slot its largest buffer) and checked.
-        Nothing is traced, scheduled, lowered or re-validated but what changes with the dims (`PackageError`,
-        exit 2: a general kernel's check fails, a size out of range, a launch past its kernel's grid)."""
+        """The class's saved plan at these dims, as an `Executable`, by the one bind of a size class's plan
+        (`tgc.engine.classbind.bind`, which a plan built in memory uses too): its size expressions evaluated
+        (buffers, derived sizes, launch sizes, values, work), each kernel's fast variant (with a split's remainder
+        kernels) where its launch checks hold, else its general kernel, the memory layout saved with it sized at
+        the dims (each slot its largest buffer) and checked. Nothing is traced, scheduled, lowered or
+        re-validated but what changes with the dims (`PackageError`, exit 2: a general kernel's check fails, a
+        size out of range, a launch past its kernel's grid or the device's)."""
         import dataclasses
 
-        from tgc.engine.executable import Executable
-        from tgc.engine.memplan import MemoryPlan, check_plan, lifetimes
+        from tgc.engine import classbind
 
         path, doc = pkg.path, self.doc
-        bufs = []
-        for i, b in enumerate(doc["buffers"]):
-            dt = dtypes.by_name[b["dtype"]]
-            shape = tuple(_size(e, dims, f"buffer {i} shape", path, 0, MAX_DIM) for e in b["shape"])
-            n = dt.itemsize
-            for x in shape:
-                n = min(n * x, MAX_BUFFER + 1)
-            if n > MAX_BUFFER:
-                raise PackageError(f"{path}: at these sizes buffer {i} takes more than {MAX_BUFFER} bytes")
-            bufs.append(PlanBuffer(dt, shape, i, max(n, 1), b["role"], b.get("name")))
-        kernels, self.chosen = [], []
-        for i, (k, (general, fast)) in enumerate(zip(doc["kernels"], self.templates)):
-            why = _failed_check(k.get("checks", []), dims, i, path)
-            if why is not None:
-                raise _unserved(path, dims, why, i, k.get("name"))
-            use, tmpl = k, general
-            if fast is not None and _failed_check(k["fast"].get("checks"), dims, i, path) is None:
-                use, tmpl = k["fast"], fast
-            self.chosen.append("fast" if tmpl is fast else "general")
-            where = f"kernel {i}"
-            gs = tuple(_size(e, dims, f"{where} global size", path, 1, MAX_LAUNCH) for e in use["global_size"])
+
+        def make_buffer(i: int, dtype: DType, shape: tuple, nbytes: int) -> PlanBuffer:
+            b = doc["buffers"][i]
+            return PlanBuffer(dtype, shape, i, nbytes, b["role"], b.get("name"))
+
+        def make_kernel(tmpl: PackagedKernel, launch: dict, bufs: list, gs: tuple, vals: tuple, env: dict) -> Any:
             grid = tmpl.contract_grid
             if grid is not None and any(g > c for g, c in zip(gs, grid)):
-                raise _bad(path, f"{where}'s global size {list(gs)} is larger than the kernel's {list(grid)}")
-            vals = tuple(_size(e, dims, f"{where} value", path, -(1 << 31), (1 << 31) - 1) for e in use["vals"])
+                raise _bad(path, f"kernel {launch['name']}'s global size {list(gs)} is larger than the kernel's "
+                                 f"{list(grid)}")
             if tmpl.device is not dev:
                 tmpl.device, tmpl._program = dev, None
-            kernels.append(dataclasses.replace(
-                tmpl, bufs=[bufs[j] for j in use["bufs"]], global_size=gs, vals=vals,
-                flops=_size(use["flops"], dims, f"{where} flops", path, 0, 1 << 62),
-                bytes_moved=_size(use["bytes"], dims, f"{where} bytes", path, 0, 1 << 62),
-                _program=tmpl.program()))  # (loaded once: every binding shares it)
-        inputs = [bufs[d["buffer"]] for d in doc["signature"]["inputs"]]
-        outputs = [bufs[d["buffer"]] for d in doc["signature"]["outputs"]]
-        spans = lifetimes([k.bufs for k in kernels], inputs, outputs)
-        plan = MemoryPlan(slots=[1] * (max(self.slot_of, default=-1) + 1), lifetimes=spans)
-        for buf, slot in zip(bufs, self.slot_of):
-            if buf in spans:
-                plan.slot_of[buf], plan.sizes[buf] = slot, buf.nbytes
-                plan.slots[slot] = max(plan.slots[slot], buf.nbytes)
-        plan.inplace = [(bufs[a], bufs[b]) for a, b in self.inplace]
-        why = check_plan(plan)
-        if why is not None:
-            raise PackageError(f"{path}: its memory plan is unsafe at these sizes: {why}",
-                               hint="compile a package for these sizes")
+            return dataclasses.replace(
+                tmpl, bufs=bufs, global_size=gs, vals=vals,
+                flops=_size(launch["flops"], env, f"kernel {launch['name']} flops", path, 0, 1 << 62),
+                bytes_moved=_size(launch["bytes"], env, f"kernel {launch['name']} bytes", path, 0, 1 << 62),
+                _program=tmpl.program())  # (loaded once: every binding shares it)
+
         options = {"runner_object": pkg.graph_runner, "compile_runner": False} if dev.kind == "CPU" else None
-        return Executable(dev, kernels, [(b, d["name"]) for b, d in zip(inputs, doc["signature"]["inputs"])],
-                          [(d["name"], b) for b, d in zip(outputs, doc["signature"]["outputs"])], memory=plan,
-                          graph_options=options)
+        try:
+            exe, self.chosen = classbind.bind(doc, self.templates, dev, dims, make_buffer, make_kernel,
+                                              classbind.Layouts({}, False, self.slot_of, self.inplace),
+                                              max_buffer=MAX_BUFFER, graph_options=options)
+        except classbind.ClassBindError as e:
+            if e.reason == "check":
+                raise _unserved(path, dims, e.msg, e.kernel or 0, doc["kernels"][e.kernel or 0].get("name")) \
+                    from None
+            if e.reason in ("memory", "grid"):
+                raise PackageError(f"{path}: {e.msg}", hint="compile a package for these sizes") from None
+            raise _bad(path, e.msg) from None
+        return exe
 
 
 class SymbolicPackage:
@@ -2119,6 +1975,7 @@ class SymbolicPackage:
     def __init__(self, manifest: dict, members: dict[str, bytes], path: str = "<bytes>"):
         m = _read_header(self, manifest, members, path)
         self.content_hash = m["content_hash"]
+        self.format_version = int(m["format_version"])
         if _obj(m.get("dims"), "dims", path):
             raise _bad(path, "a symbolic package fixes no dims")
         sym = _obj(m.get("symbolic"), "symbolic", path)
@@ -2182,20 +2039,25 @@ class SymbolicPackage:
             if any(probe[n] != 1 if v == "1" else not 2 <= probe[n] <= c.max[n] or (v == "32n" and probe[n] % 32)
                    for n, v in c.cls.items()):
                 raise _bad(path, f"class {i}'s probe sizes are not sizes of the class")
-            variants = []
-            for fast in (None, True):
-                self._instantiate(c, probe, force=fast, at_probe=True)
-                pkg = self._instantiate(c, dims, force=fast)
+            self._check_split_fields(c, i)
+            # every variant of every kernel validated as a package at the probe and the least sizes; the templates
+            # `bind` launches are the validated kernels (`_instantiate` says which kernel each one is)
+            c.templates = [{"general": None, "fast": None, "plain": None, "tails": [None] * len(k.get("tails", []))}
+                           for k in c.doc["kernels"]]
+            for pick in ("general", "fast", "plain"):
+                self._instantiate(c, probe, pick, at_probe=True)
+                pkg, which = self._instantiate(c, dims, pick, with_sources=True)
                 used |= {k.binary_member for k in pkg.kernels} | {k.source_member for k in pkg.kernels}
-                variants.append(pkg)
-            # the saved plan `bind` evaluates: each kernel's variants (validated above), the memory layout
-            c.templates = [(g, f if k.get("fast") is not None else None)
-                           for g, f, k in zip(variants[0].kernels, variants[1].kernels, c.doc["kernels"])]
-            for g, f in c.templates:
-                for t in (g, f):
-                    if t is not None:
-                        contract = read_contract(t.src)
-                        t.contract_grid = contract[1] if isinstance(contract, tuple) else None
+                for k, (j, variant, t) in zip(pkg.kernels, which):
+                    if variant == "tails":
+                        c.templates[j]["tails"][t] = k
+                    else:
+                        c.templates[j][variant] = k
+            for t in c.templates:
+                for k in [t["general"], t["fast"], t["plain"], *t["tails"]]:
+                    if k is not None:
+                        contract = read_contract(k.src)
+                        k.contract_grid = contract[1] if isinstance(contract, tuple) else None
             c.slot_of = [int(x) for x in c.doc["memory"]["slot_of"]]
             c.inplace = [(int(a), int(b)) for a, b in c.doc["memory"].get("inplace", [])]
         unused = set(members) - used - {RUNNER_MEMBER}
@@ -2247,32 +2109,87 @@ class SymbolicPackage:
                             hint=f"give it (-D {missing[0]}=INT)", file=self.path)
         return out
 
-    def _instantiate(self, c: SizeClassPlan, dims: dict[str, int], force: bool | None = False,
-                     at_probe: bool = False) -> Package:
+    def _check_split_fields(self, c: SizeClassPlan, i: int) -> None:
+        """A class's derived sizes, each kernel's launch checks and its `plain` and `tails` variants (format
+        version 4: a version-2 class has none), their shapes checked before any is evaluated."""
+        path, doc = self.path, c.doc
+        derived = _obj(doc.get("derived", {}), f"class {i} derived", path)
+        kernels = _list(doc.get("kernels"), "kernels", path, MAX_KERNELS)
+        split = bool(derived) or any(isinstance(k, dict) and ("plain" in k or "tails" in k) for k in kernels)
+        if split and self.format_version == OLD_SYMBOLIC_VERSION:
+            raise _bad(path, f"class {i} has split kernels, which format version {OLD_SYMBOLIC_VERSION} has not")
+        for name, e in derived.items():
+            if not isinstance(name, str) or not name.isidentifier() or name in self.dims_names:
+                raise _bad(path, f"class {i} has a derived size that is no name of its own")
+            try:
+                sizeexpr.validate(e, f"class {i} derived size {name}")
+            except TgcError as err:
+                raise _bad(path, err.msg) from None
+            if not sizeexpr.names(e) <= set(self.dims_names):
+                raise _bad(path, f"class {i}'s derived size {name} is not an expression of the dims")
+        for j, k in enumerate(kernels):
+            k = _obj(k, f"kernel {j}", path)
+            tails = _list(k.get("tails", []), f"kernel {j} tails", path, 8)
+            if (tails or k.get("plain") is not None) and k.get("fast") is None:
+                raise _bad(path, f"kernel {j} has remainder kernels or a plain variant but no fast variant")
+            for v in [k, k.get("fast"), k.get("plain"), *tails]:
+                if v is not None:
+                    v = _obj(v, f"kernel {j} variant", path)
+                    for check in _list(v.get("checks", []), f"kernel {j} checks", path, 64):
+                        check = _list(check, f"kernel {j} check", path, 3)
+                        if len(check) != 3 or check[0] not in ("divides", "at least", "at most"):
+                            raise _bad(path, f"kernel {j} has a malformed launch check")
+                        _int(check[2], f"kernel {j} check value", path, 1, 1 << 62)
+                        try:
+                            sizeexpr.validate(check[1], f"kernel {j} check")
+                        except TgcError as err:
+                            raise _bad(path, err.msg) from None
+                    if v.get("skip_if_zero") is not None:
+                        try:
+                            sizeexpr.validate(v["skip_if_zero"], f"kernel {j} remainder")
+                        except TgcError as err:
+                            raise _bad(path, err.msg) from None
+
+    def _instantiate(self, c: SizeClassPlan, dims: dict[str, int], pick: str = "auto", at_probe: bool = False,
+                     with_sources: bool = False) -> Any:
         """The class's plan at these dims written out as a package of fixed sizes and validated as any package is
-        (at load, and for `tgc inspect -D`): each kernel's fast variant where its launch checks hold (all of them
-        with `force`; none with `force=None`: to validate each variant)."""
+        (at load, and for `tgc inspect -D`). `pick`: "auto", the launches `bind` makes there (`classbind.choose`);
+        "general", every general kernel; "fast" and "plain", that variant (with its tails) wherever a kernel has
+        one, the general kernel elsewhere (to validate every variant). `with_sources`: also (kernel index,
+        variant, tail index) per packaged kernel: (package, those)."""
+        from tgc.engine import classbind
+
         doc, path = c.doc, self.path
-        kernels = []
-
-        def failed(checks: Any, i: int) -> str | None:
-            return _failed_check(checks, dims, i, path)
-
-        for i, k in enumerate(_list(doc.get("kernels"), "kernels", path, MAX_KERNELS)):
-            k = _obj(k, f"kernel {i}", path)
-            use = k
-            why = failed(k.get("checks", []), i)
-            if why is not None:
-                raise _unserved(path, dims, why, i, k.get("name"))
-            fast = k.get("fast")
-            if fast is not None:
-                fast = _obj(fast, f"kernel {i} fast", path)
-                if force is not None and (failed(fast.get("checks"), i) is None or force):
-                    use = fast
-            kernels.append({key: v for key, v in use.items() if key not in ("fast", "checks")})
+        try:
+            env = classbind.environment(doc, dims)
+            if pick == "auto":
+                launches = classbind.choose(doc, env)[0]
+            else:
+                launches = []
+                for i, k in enumerate(_list(doc.get("kernels"), "kernels", path, MAX_KERNELS)):
+                    k = _obj(k, f"kernel {i}", path)
+                    why = classbind.failed_check(_list(k.get("checks", []), f"kernel {i} checks", path, 64), env)
+                    if why is not None:
+                        raise _unserved(path, dims, why, i, k.get("name"))
+                    use = k.get(pick) if pick != "general" else None
+                    if use is None:
+                        launches.append((i, "general", -1, k))
+                        continue
+                    launches.append((i, pick, -1, _obj(use, f"kernel {i} {pick}", path)))
+                    launches += [(i, "tails", j, _obj(t, f"kernel {i} tail", path))
+                                 for j, t in enumerate(k.get("tails", []))]
+        except classbind.ClassBindError as e:
+            if e.reason == "check":
+                raise _unserved(path, dims, e.msg, e.kernel or 0, doc["kernels"][e.kernel or 0].get("name")) from None
+            raise _bad(path, e.msg) from None
+        except (TypeError, KeyError, ValueError):
+            raise _bad(path, "a launch check is malformed") from None
+        kernels = [{key: v for key, v in use.items() if key not in ("fast", "checks", "plain", "tails",
+                                                                   "skip_if_zero")}
+                   for _, _, _, use in launches]
         manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "tgc_version": self.tgc_version,
                     "device": self.manifest["device"], "program": self.manifest.get("program"),
-                    "dims": dict(dims), "signature": doc.get("signature"), "buffers": doc.get("buffers"),
+                    "dims": dict(env), "signature": doc.get("signature"), "buffers": doc.get("buffers"),
                     "kernels": kernels, "memory": doc.get("memory"), "files": self.manifest["files"],
                     "content_hash": self.content_hash}
         if self._runner_doc is not None:
@@ -2280,7 +2197,7 @@ class SymbolicPackage:
         pkg = Package(manifest, self._members, path, from_symbolic=True, contract_sizes=at_probe)
         for k, kd in zip(pkg.kernels, kernels):
             k.binary_member, k.source_member = kd["binary"], kd["source"]
-        return pkg
+        return (pkg, [(i, v, j) for i, v, j, _ in launches]) if with_sources else pkg
 
     def at(self, dims: dict[str, int], device: str | None = None) -> Any:
         """The package's saved plan bound to these dims (`bind_dims`): kept for the sizes run last."""
@@ -2422,17 +2339,21 @@ class SymbolicPackage:
                                 "checks": [_check_text(w, e, v) for w, e, v in k.get("checks", [])],
                                 "fast": None if fast is None else {
                                     "global_size": fast["global_size"], "opts": fast.get("opts", []),
-                                    "checks": [_check_text(w, e, v) for w, e, v in fast["checks"]]}})
+                                    "checks": [_check_text(w, e, v) for w, e, v in fast["checks"]],
+                                    # a split's remainder kernels (launched with it) and its unthreaded form
+                                    "tails": [{"name": t["name"], "vals": t["vals"]} for t in k.get("tails", [])],
+                                    "plain": k.get("plain") is not None}})
             mem = c.doc["memory"]
             classes.append({"class": dict(c.cls), "sizes": c.text(), "min": dict(c.min), "max": dict(c.max),
-                            "kernels": kernels,
+                            "kernels": kernels, "derived": {n: sizeexpr.text(e) for n, e in
+                                                            c.doc.get("derived", {}).items()},
                             "buffers": [{"index": i, "role": b["role"], "name": b["name"], "dtype": b["dtype"],
                                          "shape": [sizeexpr.text(e) for e in b["shape"]],
                                          "slot": mem["slot_of"][i]} for i, b in enumerate(c.doc["buffers"])],
                             "memory": {"peak_bytes": sizeexpr.text(mem["peak_bytes"]),
                                        "slots": [sizeexpr.text(e) for e in mem["slots"]]}})
         doc: dict[str, Any] = {
-            "path": self.path, "format": FORMAT, "format_version": SYMBOLIC_VERSION,
+            "path": self.path, "format": FORMAT, "format_version": self.format_version,
             "tgc_version": self.tgc_version, "content_hash": self.content_hash,
             "device": {"kind": self.device_kind, "name": self.device_name, "target": self.target,
                        "compiler": self.manifest["device"].get("compiler")},
@@ -2449,3 +2370,183 @@ class SymbolicPackage:
             dims = self.infer_dims({}, dims)
             doc["at"] = self._instantiate(self.size_class(dims), {n: dims[n] for n in self.dims_names}).describe()
         return doc
+
+
+def _derived_expr(kind: str, end: Any, m: int) -> Any:
+    """A split's derived kernel argument (`tgc.codegen.sizes.Split.derived`) as a size expression: the main part
+    of a loop of `end` iterations split by m, or its remainder; None where `end` is not expressible."""
+    e = _uop_expr(end)
+    if e is None:
+        return None
+    return (e // m * m if isinstance(e, int) else ["*", ["//", e, m], m]) if kind == "main" else \
+        (e % m if isinstance(e, int) else ["%", e, m])
+
+
+def class_doc(prog: Any, dev: Any, cls: tuple, plan: Any, member: Any = None) -> dict | str:
+    """A size class's `SymbolicPlan` in size expressions (the form `tgc.engine.classbind` binds, see there), or
+    why it has none. With `member` (a symbolic package being written: stores a blob, returns its member name) each
+    launch carries its kernel's `binary` and `source`, flops and bytes as expressions where they are one product of
+    dims, the class its `probe` and the memory layout decided at the representative size; every fast variant is
+    run through the bounds verifier at the first probe and left out if flagged. Without (the plan in memory, bound
+    by `SymbolicPlan.bind`), the launches name no member and count no work (a bound kernel counts its own), and the
+    layout is left to `classbind.Layouts` (per set of launches, with in-place pairs)."""
+    from tgc.codegen import sizes
+    from tgc.codegen.kernel import symbolic_work
+    from tgc.engine.memplan import plan_memory
+    from tgc.ir.uop import Ops, UOp
+
+    saving = member is not None
+    decls = list(prog.inputs)
+    p1, p2 = sizes.probes(cls)
+    rep = {n: sizes.REPRESENTATIVE[c] if c in sizes.SYMBOLIC else int(c) for n, c in cls}
+    sym = list(plan.symbolic)
+    # the buffers: the plan's slots, then any declared input no kernel reads
+    roles: dict[int, tuple[str, str | None]] = {}
+    bufs: list[dict] = []
+    for s in plan.slots:
+        shape = [_mono_expr(m) for m in s.shape]
+        bufs.append({"dtype": s.dtype.name, "shape": shape, "nbytes": _product_expr(shape, s.dtype.itemsize)})
+    input_buf: dict[int, int] = {s.input: i for i, s in enumerate(plan.slots) if s.input is not None}
+    for j, d in enumerate(decls):
+        if j not in input_buf:  # (no kernel reads it: its declared shape, which must be expressible)
+            shape = _decl_shape(d.shape, [None] * len(d.shape))
+            if any(e is None for e in shape):
+                return f"input {d.name} is read by no kernel and its shape is not expressible"
+            input_buf[j] = len(bufs)
+            bufs.append({"dtype": d.dtype.name, "shape": shape, "nbytes": _product_expr(shape, d.dtype.itemsize)})
+        roles[input_buf[j]] = ("input", d.name)
+    for name, j in zip(prog.output_names, plan.output_slots):
+        if j in roles:
+            return f"output {name} is an input or another output"
+        roles[j] = ("output", name)
+    for i, b in enumerate(bufs):
+        b["role"], b["name"] = roles.get(i, ("temp", None))
+    derived: dict[str, Any] = {}
+    rests = set()
+    for name, (kind, end, m) in plan.derived.items():
+        derived[name] = _derived_expr(kind, end, m)
+        if derived[name] is None:
+            return f"the size {name} of a split kernel cannot be written as a size expression"
+        if kind == "rest":
+            rests.add(name)
+
+    def slot_nodes(dims: dict[str, int]) -> list:
+        return [UOp(Ops.BUFFER, s.dtype, (), (-1 - i, f"tmp{i}", tuple(sizes.mono_value(m, dims) for m in s.shape)))
+                for i, s in enumerate(plan.slots)]
+
+    nodes1, nodes2 = (slot_nodes(p1), slot_nodes(p2)) if saving else ([], [])
+
+    def work(k: Any, idx: list[int]) -> tuple[Any, Any]:
+        """(flops, bytes) of a launch as expressions of the dims where they are one product of dims, else 0."""
+        if not saving or not set(k.var_names) <= set(prog.dim_names):
+            return 0, 0
+        out = []
+        for a, b in zip(symbolic_work(k, p1, [nodes1[i] for i in idx]),
+                        symbolic_work(k, p2, [nodes2[i] for i in idx])):
+            m = sizes.factor(int(a), p1, sym)
+            out.append(_mono_expr(m) if sizes.mono_value(m, p2) == b else 0)
+        return out[0], out[1]
+
+    def in_bounds(k: Any) -> bool:
+        """Whether the bounds verifier (tgc/codegen/verify.py) finds every access of a fast variant inside its
+        buffers at the first probe's sizes (its buffers' and, where the launch checks allow, its dims'): a package
+        ships no variant it flags."""
+        from tgc.codegen import verify
+        from tgc.codegen.kernel import launch_allows
+        if not saving:
+            return True
+        at = sizes.derived_values(plan.derived, p1) if plan.derived else p1
+        if not launch_allows(k, at):
+            return True  # (not verifiable at the probe; the launch checks guard it as they do for `run`)
+        try:
+            verify.verify_kernel(k.name, k.uops, k.bufs, {"global_size": k.global_size, "local_size": k.local_size,
+                                                         "vals": tuple(at[n] for n in k.var_names)})
+        except TgcError:
+            return False
+        return True
+
+    def launch_doc(k: Any, ks: list[int], item_bufs: list) -> dict | None:
+        """A kernel's launch in size expressions; None where one of its sizes or checks has none."""
+        idx = [ks[next(i for i, b in enumerate(item_bufs) if b is kb)] for kb in k.bufs]
+        gs: list[Any] = [int(x) for x in k.global_size]
+        if k.grid is not None:  # a GPU kernel's work-groups, expressions of its dim variables
+            gs = [_uop_expr(g) for g in k.grid]
+        checks = [[what, _uop_expr(expr), int(v)] for what, expr, v in k.checks]
+        if any(g is None for g in gs) or any(c[1] is None for c in checks):
+            return None
+        flops, nbytes = work(k, idx)
+        doc = {"name": k.name, "bufs": idx, "global_size": gs,
+               "local_size": [int(x) for x in k.local_size] if k.local_size else None,
+               "vals": list(k.var_names), "flops": flops, "bytes": nbytes, "line": k.line,
+               "opts": [str(o) for o in k.opts], "checks": checks, "_kernel": k}
+        empty = [n for n in k.var_names if n in rests]
+        if empty:
+            doc["skip_if_zero"] = _product_expr(empty, 1)
+        return doc
+
+    kernels = []
+    for i, (general, fast, tails, ks, item_bufs) in enumerate(zip(plan.kernels, plan.fast, plan.tails,
+                                                                 plan.kernel_slots, plan.item_bufs)):
+        doc = launch_doc(general, ks, item_bufs)
+        if doc is None:
+            return f"kernel {general.name}'s sizes or launch checks cannot be written as size expressions"
+        doc["fast"] = doc["plain"] = None
+        doc["tails"] = []
+        plain = plan.unthreaded[i] if i < len(plan.unthreaded) else None
+        variants = [launch_doc(v, ks, item_bufs) if v is not None and v.binary is not None else None
+                    for v in [fast, plain, *tails]]
+        if fast is not None and variants[0] is not None and all(v is not None for v in variants[2:]) and \
+                all(in_bounds(v["_kernel"]) for v in [variants[0], *variants[2:]]) and \
+                (not saving or all(set(v["bufs"]) <= set(doc["bufs"]) for v in variants if v is not None)):
+            doc["fast"], doc["tails"] = variants[0], variants[2:]
+            if variants[1] is not None and in_bounds(plain):
+                doc["plain"] = variants[1]
+        kernels.append(doc)
+    sig_in = [{"name": d.name, "dtype": d.dtype.name, "buffer": input_buf[j],
+               "shape": _decl_shape(d.shape, bufs[input_buf[j]]["shape"])} for j, d in enumerate(decls)]
+    for d in sig_in:
+        if any(e is None for e in d["shape"]):  # a declaration this format cannot spell: the buffer's sizes
+            d["shape"] = bufs[d["buffer"]]["shape"]
+    sig_out = [{"name": name, "dtype": bufs[j]["dtype"], "shape": bufs[j]["shape"], "buffer": j}
+               for name, j in zip(prog.output_names, plan.output_slots)]
+    out = {"class": dict(cls), "signature": {"inputs": sig_in, "outputs": sig_out}, "buffers": bufs,
+           "kernels": kernels}
+    if derived:
+        out["derived"] = derived
+    if saving:
+        # the memory plan: which buffers share an allocation (decided at the representative size; safe at every
+        # size: an allocation is as large as its largest buffer there, an expression of the dims)
+        used = [d["bufs"] for d in kernels]
+        inputs = [input_buf[j] for j in range(len(decls))]
+        rep_bytes = {i: max(sizeexpr.evaluate(b["nbytes"], rep), 1) for i, b in enumerate(bufs)}
+        mp = plan_memory(used, rep_bytes, inputs, list(plan.output_slots), share=dev.allocator.features.shared_slots)
+        slot_exprs: list[Any] = [None] * len(mp.slots)
+        slot_of = [-1] * len(bufs)
+        for i, s in mp.slot_of.items():
+            slot_of[i] = s
+            e = bufs[i]["nbytes"]
+            old = slot_exprs[s]
+            slot_exprs[s] = e if old is None or old == e else max(old, e) if isinstance(old, int) and \
+                isinstance(e, int) else ["max", old, e]
+        peak: Any = 0
+        for e in slot_exprs:
+            peak = e if peak == 0 else peak + e if isinstance(peak, int) and isinstance(e, int) else ["+", peak, e]
+        out["probe"] = {n: int(v) for n, v in p1.items()}
+        out["memory"] = {"slots": slot_exprs, "slot_of": slot_of, "peak_bytes": peak}
+    # every launch names its kernel's binary and source (stored now that the class is kept), or its kernel
+    for doc in kernels:
+        for launch in [doc, doc["fast"], doc["plain"], *doc["tails"]]:
+            if launch is None:
+                continue
+            k = launch.pop("_kernel")
+            if saving:
+                launch["binary"], launch["source"] = member(bytes(k.binary)), member(k.src.encode())
+            else:
+                launch["kernel"] = k
+        if doc["plain"] is None:
+            del doc["plain"]
+        if not doc["tails"]:
+            del doc["tails"]
+        if not doc["checks"] and saving:
+            del doc["checks"]
+    return out

@@ -49,7 +49,7 @@ from tgc import cache, profile, sizeexpr
 from tgc.dtype import DType, dtypes
 from tgc.env import env_int
 from tgc.errors import TgcError
-from tgc.package import Package, PackageError, SymbolicPackage, build, build_symbolic, loads_package
+from tgc.package import SYMBOLIC_KINDS, Package, PackageError, SymbolicPackage, build, build_symbolic, loads_package
 from tgc.version import __version__, code_identity
 
 TABLE = "program"
@@ -383,8 +383,7 @@ def _input_types(prog: Any, dims: dict[str, int]) -> list[tuple[DType, tuple[int
 # saved `SymbolicPlan`), keyed by the class, not the dims, so that a run at any dims of a cached class is warm
 
 
-SYMBOLIC_KINDS = ("CPU", "PYTHON")  # the devices symbolic packages are built for (`tgc.package.build_symbolic`:
-# a GPU's symbolic grid is not an expression a package stores yet)
+# (the devices symbolic packages are built for: `tgc.package.SYMBOLIC_KINDS`)
 
 
 def symbolic_class(dims: dict[str, int]) -> dict[str, str] | None:
@@ -474,7 +473,7 @@ def store_symbolic(prog: Any, device: Any, dims: dict[str, int], plan: Any) -> b
     the class's symbolic entry; False where it cannot be (as `store`: never raises for that)."""
     cls = symbolic_class(dims)
     if cls is None or usable(device) is not None or getattr(prog, "weights", None) or \
-            device.caps.gpu or device.kind not in SYMBOLIC_KINDS:
+            device.kind not in SYMBOLIC_KINDS:
         return False
     try:
         data = build_symbolic(prog, device, [(plan.size_class, plan)])
