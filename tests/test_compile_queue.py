@@ -4,14 +4,18 @@ every second source waited for that worker). A worker is held with SIGSTOP: no t
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, wait
 
 import pytest
 
-from tgc.backends.compile_worker import WorkerPool
+from tgc.backends.compile_worker import WorkerPool, compiler_of
 from tgc.backends.cpu import CPUDevice
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="needs SIGSTOP")
@@ -77,3 +81,18 @@ def test_cancelled_in_the_queue_never_compiles_and_shutdown_cancels_what_is_queu
     # the one in flight fails (its worker is gone), the queued ones are cancelled: none is left waiting
     assert _until_done(later, 4) == 4
     assert sum(f.cancelled() for f in later) >= 3
+
+
+def test_a_cpu_worker_compiles_without_importing_numpy_or_the_device():
+    """A worker only compiles: it takes the CPU's compiler (`tgc.backends.llvm_compile`) without `tgc.backends.cpu`
+    and numpy (their imports were ~0.1 s of each worker's start); the object is the device compiler's."""
+    assert compiler_of("CPU") is CPUDevice().compiler
+    src = SRC.format(n=3)
+    probe = ("import sys, runpy\nsys.argv = ['compile_worker']\n"
+             "runpy.run_module('tgc.backends.compile_worker', run_name='__main__')\n"
+             "print(json.dumps(sorted(m for m in ('numpy', 'tgc.backends.cpu') if m in sys.modules)))\n")
+    out = subprocess.run([sys.executable, "-c", "import json\n" + probe], input=json.dumps({"kind": "CPU", "src": src})
+                         + "\n", capture_output=True, text=True, timeout=HANG_GUARD_S, check=True).stdout.splitlines()
+    answer, loaded = json.loads(out[0]), json.loads(out[1])
+    assert loaded == []
+    assert answer["ok"] and base64.b64decode(answer["bin"]) == CPUDevice().compiler.compile(src)
