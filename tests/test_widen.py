@@ -164,12 +164,33 @@ def test_conv_tiles_against_numpy(case, device, pack_small):
 
 def test_a_conv_tile_writes_each_channel_row_in_vectors(pack_small):
     """The 14x14 tile (2 vectors of 16 channels x 7 columns): each channel's 7 columns stored as 4 lanes and 3
-    scalars (the pipeline merges at most `MERGE_MAX_LANES`), the residual read the same way."""
+    lanes (the pipeline merges at most `MERGE_MAX_LANES`; LLVM takes any lane count, `memory_any_width`: 3
+    scalars per row before, which were half of LLVM's time on such a kernel), the residual read the same way."""
     src, inputs, want = _case(CASES[0])
     kernels = tgc.loads(src).compile(device="CPU", tuned=False)
     conv = kernels[-1].src
     assert conv.count("store <4 x float>") == 32  # once per channel row, once per tile
-    assert conv.count("store float ") == 32 * 3  # was 32 * 7
-    assert conv.count("load <4 x float>") == 32  # the residual
+    assert conv.count("store <3 x float>") == 32
+    assert conv.count("store float ") == 0  # was 32 * 7, then 32 * 3
+    assert conv.count("load <4 x float>") == conv.count("load <3 x float>") == 32  # the residual
     got = tgc.loads(src).run(device="CPU", **inputs)["out0"]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_fixed_width_renderers_keep_the_rest_of_a_row_scalar(pack_small):
+    """A renderer without `memory_any_width` (every one but LLVM's) merges only its own widths: rendered so, the
+    same tile stores 4 lanes and 3 scalars per channel row, as before."""
+    from dataclasses import replace
+
+    from tgc.backends.llvmir import LLVMRenderer
+
+    src, inputs, want = _case(CASES[0])
+    fixed = replace(LLVMRenderer.caps, memory_any_width=False)
+    renderer_caps = LLVMRenderer.caps
+    try:
+        LLVMRenderer.caps = fixed
+        conv = tgc.loads(src).compile(device="CPU", tuned=False)[-1].src
+    finally:
+        LLVMRenderer.caps = renderer_caps
+    assert conv.count("store <4 x float>") == 32 and conv.count("store float ") == 32 * 3
+    assert "<3 x float>" not in conv

@@ -16,6 +16,9 @@ class Capabilities:
     launch: str = "cpu"
     vectors: bool = False  # vector UOps (UPCAST lanes become <N x T> operations); else every lane is scalar
     vector_widths: tuple[int, ...] = (16, 8, 4)  # the lane counts a vector UOp may have, widest first
+    # loads and stores merged by `widen_memory` may take any lane count up to its widest (LLVM: a row of 7 columns
+    # as 4 + 3 lanes, not 4 lanes and 3 scalars); else only the counts of `vector_widths`
+    memory_any_width: bool = False
     decompose_transcendentals: bool = False  # exp2/log2/sin as polynomials (vectorizable) instead of device calls
     # scheduling (tgc/engine/schedule.py): choices for a cache hierarchy walked by few threads
     fuse_rows: bool = True  # a per-row reduction broadcast along its own row stays in its consumer kernel

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import queue
 import subprocess
 import sys
 import threading
@@ -18,6 +19,16 @@ import time
 from concurrent.futures import Future
 
 from tgc.backends import get_device
+from tgc.backends.base import Compiler
+
+
+def compiler_of(kind: str) -> Compiler:
+    """The compiler of a device kind, as its device has it. The CPU's without the device: a worker only compiles,
+    and `tgc.backends.cpu` imports numpy (~0.1 s of CPU at each worker's start)."""
+    if kind == "CPU":
+        from tgc.backends.llvm_compile import COMPILER
+        return COMPILER
+    return get_device(kind).compiler
 
 
 def main() -> None:
@@ -25,7 +36,7 @@ def main() -> None:
         req = json.loads(line)
         start = time.perf_counter()
         try:
-            comp = get_device(req["kind"]).compiler
+            comp = compiler_of(req["kind"])
             if req.get("op") == "assembly":
                 lib = str(comp.assembly(req["src"])).encode("utf-8", "replace")
             else:
@@ -38,14 +49,20 @@ def main() -> None:
 
 
 class WorkerPool:
-    """N worker processes; `submit(kind, src)` returns a Future of the binary bytes (one cancelled before its
-    worker takes it is never compiled)."""
+    """N worker processes; `submit(kind, src)` returns a Future of the binary bytes (one cancelled before a worker
+    takes it is never compiled).
+
+    One queue for all workers, taken in the order submitted: the next source goes to whichever worker is free.
+    (Each source was dealt to a fixed worker in turn, so a worker dealt two long kernels still compiled while the
+    other one idled: the end of a cold compile ran on one core.)"""
 
     def __init__(self, workers: int):
         self.procs = [self._start() for _ in range(workers)]
-        self.locks = [threading.Lock() for _ in self.procs]
-        self.next = 0
-        self.threads: list[threading.Thread] = []
+        self.closed = False
+        self.jobs: queue.SimpleQueue[tuple[Future, str] | None] = queue.SimpleQueue()
+        self.threads = [threading.Thread(target=self._serve, args=(i,), daemon=True) for i in range(workers)]
+        for t in self.threads:
+            t.start()
 
     @staticmethod
     def _start() -> subprocess.Popen:
@@ -54,35 +71,38 @@ class WorkerPool:
 
     def submit(self, kind: str, src: str, op: str = "compile") -> Future:
         fut: Future = Future()
-        i = self.next % len(self.procs)
-        self.next += 1
+        self.jobs.put((fut, json.dumps({"kind": kind, "src": src, "op": op}) + "\n"))
+        return fut
 
-        def work() -> None:
-            with self.locks[i]:
-                if not fut.set_running_or_notify_cancel():  # cancelled while it waited (BEAM's deadline passed)
+    def _serve(self, i: int) -> None:
+        """Worker i's thread: takes the next request off the queue, sends it, answers its future; until shutdown."""
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                return
+            fut, request = job
+            if not fut.set_running_or_notify_cancel():  # cancelled while it waited (BEAM's deadline passed)
+                continue
+            proc = self.procs[i]
+            try:
+                proc.stdin.write(request)
+                proc.stdin.flush()
+                ans = json.loads(proc.stdout.readline())
+            except (OSError, ValueError) as e:
+                # the compiler crashed on this source (LLVM can abort on an assertion): replace the worker
+                proc.kill()
+                proc.wait()
+                if self.closed:  # (shut down meanwhile: no new worker)
+                    fut.set_exception(RuntimeError("the compile workers were shut down"))
                     return
-                proc = self.procs[i]
-                try:
-                    proc.stdin.write(json.dumps({"kind": kind, "src": src, "op": op}) + "\n")
-                    proc.stdin.flush()
-                    ans = json.loads(proc.stdout.readline())
-                except (OSError, ValueError) as e:
-                    # the compiler crashed on this source (LLVM can abort on an assertion): replace the worker
-                    proc.kill()
-                    proc.wait()
-                    self.procs[i] = self._start()
-                    fut.set_exception(RuntimeError(f"compile worker died: {e}"))
-                    return
+                self.procs[i] = self._start()
+                fut.set_exception(RuntimeError(f"compile worker died: {e}"))
+                continue
             if ans["ok"]:
                 fut.seconds = float(ans.get("seconds") or 0.0)  # type: ignore[attr-defined]
                 fut.set_result(base64.b64decode(ans["bin"]))
             else:
                 fut.set_exception(RuntimeError(ans["error"]))
-
-        t = threading.Thread(target=work, daemon=True)
-        t.start()
-        self.threads = [*(old for old in self.threads if old.is_alive()), t]
-        return fut
 
     def kill(self) -> None:
         """Kill every worker (one stuck on a source); the calls waiting on them fail and new workers start."""
@@ -90,6 +110,17 @@ class WorkerPool:
             p.kill()
 
     def shutdown(self, cancel_futures: bool = True) -> None:
+        self.closed = True
+        while cancel_futures:  # requests no worker took yet are dropped
+            try:
+                job = self.jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job[0].cancel()
+                job[0].set_running_or_notify_cancel()  # (its waiters see it done: cancelled)
+        for _ in self.threads:
+            self.jobs.put(None)
         for p in self.procs:
             try:
                 p.stdin.close()

@@ -77,7 +77,8 @@ class LLVMRenderer:
     name = "llvm"
     language = "llvm"
     # polynomial exp2/log2/sin vectorize, libm calls do not; a large matmul's operand is packed for the caches
-    caps = Capabilities(vectors=True, decompose_transcendentals=True, fuse_rows=True, pack_matmul=True)
+    caps = Capabilities(vectors=True, decompose_transcendentals=True, fuse_rows=True, pack_matmul=True,
+                        memory_any_width=True)
 
     def render(self, name: str, uops: list[UOp]) -> str:
         return _Renderer(name, uops).run()

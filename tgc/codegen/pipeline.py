@@ -176,7 +176,8 @@ def _upcast_stores(ast: UOp, ctx: LowerCtx) -> UOp:
 
 
 def _widen_memory(ast: UOp, ctx: LowerCtx) -> UOp:
-    return widen_memory(ast, tuple(w for w in ctx.device.caps.vector_widths if w <= MERGE_MAX_LANES))
+    caps = ctx.device.caps
+    return widen_memory(ast, tuple(w for w in caps.vector_widths if w <= MERGE_MAX_LANES), caps.memory_any_width)
 
 
 PREPARE = [

@@ -13,12 +13,13 @@ store per lane and copy, and reads an epilogue operand (a residual) one scalar p
 Indices are compared structurally: the terms of their ADD trees apart from the constants (the same UOps,
 hash-consed) and the constants' sum. A run is cut into the widest of `widths` that fit, the rest left scalar
 (`any_width`: any 2..max(widths) lanes, for renderers that take vectors of any length, as LLVM does). The
-pipeline merges at most `MERGE_MAX_LANES` (4) lanes: 8-lane rows of a 16-lane tile (a transpose across 128-bit
-halves) made LLVM compile one U-Net convolution's inner loop differently, 1.1-1.8x slower, where 4-lane rows left
-it byte-identical in effect (same results, same time) and LLVM's time fell nearly as much (docs/DESIGN.md, "Tile
-epilogues in vectors"). Memory order: a merged store takes the place of its run's first store; a run's elements
-are distinct, and tgc kernels store each output once, so no store is reordered across another store to the same
-element."""
+pipeline merges at most `MERGE_MAX_LANES` (4) lanes, any count up to it where the renderer takes any
+(`Capabilities.memory_any_width`: LLVM; a row of 7 is 4 + 3 lanes, no scalars): 8-lane rows of a 16-lane tile
+(a transpose across 128-bit halves) made LLVM compile one U-Net convolution's inner loop differently, 1.1-1.8x
+slower, where 4-lane rows left it byte-identical in effect (same results, same time) and LLVM's time fell nearly
+as much (docs/DESIGN.md, "Tile epilogues in vectors", "The first call"). Memory order: a merged store takes the
+place of its run's first store; a run's elements are distinct, and tgc kernels store each output once, so no store
+is reordered across another store to the same element."""
 
 from __future__ import annotations
 

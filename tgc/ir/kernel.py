@@ -29,13 +29,13 @@ class ScheduleItem:
         return self.bufs[0]
 
 
-def flat_index(idx: tuple[UOp, ...], shape: tuple[int, ...]) -> UOp:
-    """The row-major element offset of index `idx` in a tensor of `shape`."""
+def flat_index(idx: tuple[UOp, ...], shape: tuple[int, ...], memo: dict[UOp, UOp] | None = None) -> UOp:
+    """The row-major element offset of index `idx` in a tensor of `shape` (simplified; `memo`: `simplify`'s)."""
     out = UOp.const(INDEX, 0)
     for i, st, s in zip(idx, strides_for(shape), shape):
         if s != 1:
             out = out + i * UOp.const(INDEX, st)
-    return simplify(out)
+    return simplify(out, memo)
 
 
 def identity(op: Ops, dtype: DType) -> int | float | bool:

@@ -196,5 +196,8 @@ symbolic = PatternMatcher([
 ])
 
 
-def simplify(u: UOp) -> UOp:
-    return graph_rewrite(u, symbolic)
+def simplify(u: UOp, memo: dict[UOp, UOp] | None = None) -> UOp:
+    """`u` at the fixed point of the `symbolic` rules. `memo` (node -> its fixed point) may be shared by calls: the
+    rules look only at a node and its sources, so a subtree's fixed point does not depend on the graph it is met in,
+    and a subtree simplified by an earlier call is not walked again (the result is the same node either way)."""
+    return graph_rewrite(u, symbolic, memo=memo)
