@@ -109,3 +109,45 @@ def test_a_conv_whose_weight_is_a_constant_is_a_strided_reduction_and_gets_the_s
     want = conv_np(x, np.full((272, 68, 1, 1), 0.5, np.float32), 1, 0, 1, 4)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     assert any(o.op is OptOps.PADTO for o in tgc.loads(src).compile(device="CPU")[-1].opts)
+
+
+def _lrn_np(x: np.ndarray, size: int, alpha: float = 1e-4, beta: float = 0.75, bias: float = 1.0) -> np.ndarray:
+    sq = x.astype(np.float64) ** 2
+    lo = (size - 1) // 2
+    padded = np.pad(sq, ((0, 0), (lo, size - 1 - lo), (0, 0), (0, 0)))
+    sums = sum(padded[:, i:i + x.shape[1]] for i in range(size))
+    return x / (bias + alpha / size * sums) ** beta
+
+
+LRN = "x: f32[1, 8, 6, 13]\nreturn lrn(x, 5, alpha=0.01)"  # (its window sum a strided reduction)
+# LRN over 3 channels written out as slices of a padded square: one elementwise kernel, its loads gated
+NEIGHBOURS = "x: f32[8, 6, 13]\ny = pad(x * x, ((1, 1), (0, 0), (0, 0)))\nreturn x / (1 + y[:-2] + y[1:-1] + y[2:])"
+
+
+def _neighbours_np(x: np.ndarray) -> np.ndarray:
+    y = np.pad(x.astype(np.float64) ** 2, ((1, 1), (0, 0), (0, 0)))
+    return x / (1 + y[:-2] + y[1:-1] + y[2:])
+
+
+def test_an_elementwise_kernel_with_gated_loads_over_odd_image_rows_is_written_as_vectors():
+    """Loads gated at the first and last channels, 13 columns: padded to 16, one vector per row (LLVM left the
+    loop scalar, a branch per gated load)."""
+    names, opts = run(NEIGHBOURS, {})
+    assert names == ["gated_rows"] and opts == ["PADTO(2, 16)", "UPCAST(2, 16)"]
+    names, _ = run(NEIGHBOURS.replace("13]", "16]"), {})  # a whole vector: short_rows' case, not this rule's
+    assert "gated_rows" not in names
+    names, _ = run("x: f32[8, 6, 13]\ny: f32[8, 6, 13]\nreturn x + y", {})  # no gated load: LLVM's own loop
+    assert "gated_rows" not in names
+    names, opts = run(LRN, {})
+    assert names == ["strided_image_columns"] and opts[:2] == ["PADTO(2, 16)", "UPCAST(2, 16)"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gated_rows_and_lrn_over_odd_image_rows_against_numpy(device):
+    if why := device_skip_reason(device):
+        pytest.skip(why)
+    x = np.random.default_rng(7).standard_normal((1, 8, 6, 13)).astype(np.float32) * 3
+    got = tgc.loads(LRN).run(device=device, x=x)["out0"]
+    np.testing.assert_allclose(got, _lrn_np(x, 5, alpha=0.01), rtol=1e-4, atol=1e-5)
+    got = tgc.loads(NEIGHBOURS).run(device=device, x=x[0])["out0"]
+    np.testing.assert_allclose(got, _neighbours_np(x[0]), rtol=1e-4, atol=1e-5)

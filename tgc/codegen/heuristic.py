@@ -451,7 +451,8 @@ def _image_rows(f: Facts, k: OptKernel) -> bool:
     loops, reduces = k.loops(), k.reduces()
     rows, cols = loops[c - 1], loops[c]
     store = next(u for u in k.ast.toposort() if u.op is Ops.STORE)
-    operands = [ld for ld in _loads(k.ast) if cols in (t := ld.src[1].toposort()) and any(r in t for r in reduces)]
+    operands = [ld for ld in _loads(k.ast) if cols in (t := ld.src[1].toposort()) and
+                (not reduces or any(r in t for r in reduces))]
     return bool(operands) and _stride(store.src[1], rows) == f.loops[c] and \
         all(rows in ld.src[1].toposort() for ld in operands)
 
@@ -520,6 +521,19 @@ def _channel_rows(f: Facts, k: OptKernel) -> bool:
                 k.ast, k.applied, k.pads, k.assumptions = trial.ast, trial.applied, trial.pads, trial.assumptions
                 return True
     return bool(best) and _try(k, Opt(OptOps.UPCAST, axis, best))
+
+
+def _gated_image_rows(f: Facts, k: OptKernel) -> bool:
+    """An elementwise kernel over image rows (`_image_rows`) some of whose loads are gated (a pooling window or
+    LRN's neighbouring channels over a padded input): LLVM keeps each gated load a branch, so the loop stays
+    scalar (AlexNet's pooled LRN: 130 branches per output)."""
+    return bool(f.out_contiguous) and _image_rows(f, k) and any(len(ld.src) > 2 for ld in _loads(k.ast))
+
+
+def _gated_row_vectors(f: Facts, k: OptKernel) -> bool:
+    """The image row padded to whole vectors as in `image_columns` (a row that half a vector divides is left
+    to LLVM: a 56-column max pool, its loads at stride 2, measured no faster as vectors of 8)."""
+    return bool(_image_column_pad(f)) and _padded_image_columns(f, k)
 
 
 def _window_taps(f: Facts, k: OptKernel) -> bool:
@@ -676,6 +690,10 @@ RULES: tuple[Rule, ...] = (
     Rule("long_body", "elementwise", lambda f, k: "short_rows" not in f.done and body_ops(k) >= LONG_BODY, long_body,
          "LLVM's loop vectorizer takes time growing with the square of a loop body: a long elementwise body is "
          "written as vectors here (`long_body`: a compile-time cap)"),
+    Rule("gated_rows", "elementwise", lambda f, k: not {"short_rows", "long_body"} & set(f.done)
+         and _gated_image_rows(f, k), _gated_row_vectors,
+         "an elementwise kernel over image rows with gated loads (a pool, LRN over a padded input) stays scalar, a "
+         "branch per load: the row as vectors, padded where no vector divides it (AlexNet's LRN 19 -> 2 ms)"),
     Rule("lane_tile", "lanes", lambda f, k: True, _lanes,
          "weights packed a vector of channels per element: channels as lanes, inputs broadcast, a tile of "
          "`accumulators` vectors (`lane_tile`; image columns with no divisor padded to whole tiles)"),
