@@ -432,6 +432,124 @@ def _wide_columns(f: Facts) -> bool:
         f.loops[-1] >= panel * f.machine.accumulators
 
 
+COLUMN_PAD_WASTE = 4  # an image row with no vector divisor is padded where that adds at most 1/4 of its columns
+WINDOW_TAPS = 25  # a convolution window of at most this many taps (5 x 5) is unrolled under a padded image row
+
+
+def _columns(f: Facts) -> int:
+    """The output axis of vector lanes: matmul's `vec_axis`, else (a strided reduction) the first contiguous one."""
+    return f.vec_axis if f.vec_axis >= 0 else (f.out_contiguous[0] if f.out_contiguous else -1)
+
+
+def _image_rows(f: Facts, k: OptKernel) -> bool:
+    """The columns (vec_axis) are one row of an image: the axis before them is read by every operand load that
+    reads the columns (a convolution's output rows; a matmul's right-hand side does not read its rows), and
+    the store writes the rows one after the other (stride = the column count)."""
+    c = _columns(f)
+    if c < 1 or not all(f.loops):
+        return False
+    loops, reduces = k.loops(), k.reduces()
+    rows, cols = loops[c - 1], loops[c]
+    store = next(u for u in k.ast.toposort() if u.op is Ops.STORE)
+    operands = [ld for ld in _loads(k.ast) if cols in (t := ld.src[1].toposort()) and
+                (not reduces or any(r in t for r in reduces))]
+    return bool(operands) and _stride(store.src[1], rows) == f.loops[c] and \
+        all(rows in ld.src[1].toposort() for ld in operands)
+
+
+def _image_column_pad(f: Facts) -> int:
+    """The multiple (a vector, else half of one) to pad an image row to, 0 where none: the row has no divisor
+    of lanes/2 or more (14, 7, 13, 28, 55: no whole vectors, or quarter vectors only) and padding adds at most
+    1/COLUMN_PAD_WASTE of its columns."""
+    n, lanes = f.loops[_columns(f)], f.machine.lanes
+    if n % lanes == 0 or n % (lanes // 2) == 0:
+        return 0
+    return next((amt for amt in (lanes, lanes // 2) if n > amt // 2 and (-n % amt) * COLUMN_PAD_WASTE <= n), 0)
+
+
+def _padded_image_columns(f: Facts, k: OptKernel) -> bool:
+    """Pad the image row to whole vectors (PADTO: the extra columns' stores gated off, their loads clamped) and
+    make them the vector lanes, two vectors side by side where the padded row holds an even count of them."""
+    amt, c = _image_column_pad(f), _columns(f)
+    trial = k.copy()
+    if not (_try(trial, Opt(OptOps.PADTO, c, amt)) and _try(trial, Opt(OptOps.UPCAST, c, amt))):
+        return False
+    left = _size(trial.loops()[c])
+    if amt == f.machine.lanes and left and left % 2 == 0:
+        _try(trial, Opt(OptOps.UPCAST, c, 2))
+    k.ast, k.applied, k.pads, k.assumptions = trial.ast, trial.applied, trial.pads, trial.assumptions
+    return True
+
+
+CHANNEL_ROWS = (8, 4, 2)  # output channels a padded image row's tile takes side by side, widest first
+
+
+def _channel_axis(f: Facts, k: OptKernel) -> int | None:
+    """After `image_columns`: an output axis before the image rows that every operand load reading the columns
+    reads only through a division or not at all (a convolution's output channels, which read the input through
+    their group: o // (O / groups)), so each loaded image row serves several channels. None where the input is
+    read per channel (a depthwise convolution)."""
+    loops, reduces = k.loops(), k.reduces()
+    cols = loops[_columns(f)]
+    operands = [ld for ld in _loads(k.ast) if cols in (t := ld.src[1].toposort()) and any(r in t for r in reduces)]
+    found = [i for i in range(_columns(f) - 1) if _size(loops[i]) > 1 and
+             all(_only_divided(ld.src[1], loops[i]) for ld in operands)]
+    return max(found, key=lambda i: _size(loops[i])) if found else None
+
+
+def _only_divided(index: UOp, r: UOp) -> bool:
+    """`index` reads range `r` nowhere or only as `r // d` (d > 1 a constant): a group of `d` consecutive values of
+    `r` reads the same element."""
+    users = [u for u in index.toposort() if r in u.src]
+    return all(u.op is Ops.IDIV and u.src[0] is r and u.src[1].op is Ops.CONST and u.src[1].arg > 1 for u in users)
+
+
+def _channel_rows(f: Facts, k: OptKernel) -> bool:
+    """Output channels side by side over the padded image row (CHANNEL_ROWS: the widest that divides them, or
+    that padding them to adds at most 1/PAD_WASTE)."""
+    axis = _channel_axis(f, k)
+    if axis is None:
+        return False
+    n = _size(k.loops()[axis])
+    best = next((amt for amt in CHANNEL_ROWS if n % amt == 0), 0)
+    for amt in CHANNEL_ROWS:
+        if amt <= best:
+            break
+        if n % amt and (-n % amt) * PAD_WASTE <= n:
+            trial = k.copy()
+            if _try(trial, Opt(OptOps.PADTO, axis, amt)) and _try(trial, Opt(OptOps.UPCAST, axis, amt)):
+                k.ast, k.applied, k.pads, k.assumptions = trial.ast, trial.applied, trial.pads, trial.assumptions
+                return True
+    return bool(best) and _try(k, Opt(OptOps.UPCAST, axis, best))
+
+
+def _gated_image_rows(f: Facts, k: OptKernel) -> bool:
+    """An elementwise kernel over image rows (`_image_rows`) some of whose loads are gated (a pooling window or
+    LRN's neighbouring channels over a padded input): LLVM keeps each gated load a branch, so the loop stays
+    scalar (AlexNet's pooled LRN: 130 branches per output)."""
+    return bool(f.out_contiguous) and _image_rows(f, k) and any(len(ld.src) > 2 for ld in _loads(k.ast))
+
+
+def _gated_row_vectors(f: Facts, k: OptKernel) -> bool:
+    """The image row padded to whole vectors as in `image_columns` (a row that half a vector divides is left
+    to LLVM: a 56-column max pool, its loads at stride 2, measured no faster as vectors of 8)."""
+    return bool(_image_column_pad(f)) and _padded_image_columns(f, k)
+
+
+def _window_taps(f: Facts, k: OptKernel) -> bool:
+    """Unroll a convolution's window (the reduction loops after the first, of WINDOW_TAPS taps at most, or all
+    of them where the first is the window): each tap's loads then share the row's index math and the padded
+    image's gates, and the taps' FMAs go side by side."""
+    sizes = [_size(r) for r in k.reduces()]
+    taps = [j for j, n in enumerate(sizes) if 1 < n <= WINDOW_TAPS]
+    while taps and prod(sizes[j] for j in taps) > WINDOW_TAPS:
+        taps = taps[1:]
+    changed = False
+    for j in taps:
+        changed = _try(k, Opt(OptOps.UNROLL, len(k.loops()) + j, sizes[j])) or changed
+    return changed
+
+
 def _vector_axis(f: Facts, k: OptKernel) -> bool:
     amt = _first_divisor(f.loops[f.vec_axis], (f.machine.lanes, f.machine.lanes // 2, f.machine.lanes // 4))
     return bool(amt) and _try(k, Opt(OptOps.UPCAST, f.vec_axis, amt))
@@ -487,7 +605,7 @@ def _padded_rows_amount(f: Facts, k: OptKernel) -> int:
     """The tile's rows (a power of two) to pad an odd row axis to, 0 where none fits: the rows rule found no
     divisor, the axis is long enough that the padding wastes at most 1/PAD_WASTE of it."""
     axis = _row_axis(f, k)
-    if axis is None or "rows" in f.done or "vector_axis" not in f.done or not f.col_values:
+    if axis is None or "rows" in f.done or not {"vector_axis", "image_columns"} & set(f.done) or not f.col_values:
         return 0
     n = _size(k.loops()[axis])
     want = _tile_rows(f, k)
@@ -584,6 +702,10 @@ RULES: tuple[Rule, ...] = (
     Rule("long_body", "elementwise", lambda f, k: "short_rows" not in f.done and body_ops(k) >= LONG_BODY, long_body,
          "LLVM's loop vectorizer takes time growing with the square of a loop body: a long elementwise body is "
          "written as vectors here (`long_body`: a compile-time cap)"),
+    Rule("gated_rows", "elementwise", lambda f, k: not {"short_rows", "long_body"} & set(f.done)
+         and _gated_image_rows(f, k), _gated_row_vectors,
+         "an elementwise kernel over image rows with gated loads (a pool, LRN over a padded input) stays scalar, a "
+         "branch per load: the row as vectors, padded where no vector divides it (AlexNet's LRN 19 -> 10 ms median)"),
     Rule("lane_tile", "lanes", lambda f, k: True, _lanes,
          "weights packed a vector of channels per element: channels as lanes, inputs broadcast, a tile of "
          "`accumulators` vectors (`lane_tile`; image columns with no divisor padded to whole tiles)"),
@@ -591,18 +713,29 @@ RULES: tuple[Rule, ...] = (
     Rule("wide_columns", "matmul", lambda f, k: _wide_columns(f), lambda f, k: True,
          "operand too large for the private caches: 4 vectors of columns x 4 rows (the same accumulators as "
          "2 x 8) so the left-hand side, streamed from the shared cache, passes once per 4 vectors of columns"),
-    Rule("vector_axis", "matmul", lambda f, k: True, _vector_axis,
+    Rule("image_columns", "matmul", lambda f, k: not f.gathered and _image_rows(f, k) and bool(_image_column_pad(f)),
+         _padded_image_columns,
+         "an image row with no divisor of half a vector (14, 7, 28 columns: a grouped or unpacked convolution) ran "
+         "as 2 or 4 lanes at 10-30 GFLOP/s: padded to whole vectors (PADTO, at most 1/COLUMN_PAD_WASTE more), "
+         "two of them side by side where they fit"),
+    Rule("vector_axis", "matmul", lambda f, k: "image_columns" not in f.done, _vector_axis,
          "the contiguous output axis as vector lanes (the widest vector dividing it)"),
-    Rule("more_columns", "matmul", lambda f, k: not f.gathered, _more_columns,
+    Rule("more_columns", "matmul", lambda f, k: not f.gathered and "image_columns" not in f.done, _more_columns,
          "a second vector of columns (4 with wide columns): independent accumulators hide the FMA latency"),
-    Rule("rows", "matmul", lambda f, k: True, _rows,
+    Rule("channel_rows", "matmul", lambda f, k: "image_columns" in f.done, _channel_rows,
+         "a padded image row reused across output channels that read the input through their group (a grouped "
+         "or unpacked convolution): up to 8 channels side by side (the image rows instead measured 1.7x slower)"),
+    Rule("rows", "matmul", lambda f, k: "channel_rows" not in f.done, _rows,
          "the column vectors reused across rows, as many as the accumulators left (all registers for gathered "
          "vectors, the tile's values when the columns took less than a vector); a divisor smaller than that "
          "yields to padded_rows where padding fills the tile (196 rows: 4 -> 8 by padding to 200)"),
-    Rule("padded_rows", "matmul", lambda f, k: True, _padded_rows,
+    Rule("padded_rows", "matmul", lambda f, k: "channel_rows" not in f.done, _padded_rows,
          "rows with no divisor the tile takes (an odd count: 197 tokens, 77): the row loop padded to whole tiles "
          "(PADTO: the index clamped below the stores, the extra rows' stores gated off) where that adds at most "
          "1/PAD_WASTE of the rows; one row at a time (narrow_rows) measured 2.3x slower at 77 rows"),
+    Rule("window_taps", "matmul", lambda f, k: "image_columns" in f.done and len(f.reduces) >= 2, _window_taps,
+         "a short convolution window (3 x 3, a depthwise convolution's whole reduction) as loops around a padded "
+         "row recomputes the row's gates and index math per tap: unrolled (at most WINDOW_TAPS taps)"),
     Rule("unroll2", "matmul", lambda f, k: _row_axis(f, k) is not None and f.col_values < f.machine.lanes
          and not f.gathered and bool(f.reduces) and f.reduces[0] % 2 == 0 and "padded_rows" not in f.done, _unroll2,
          "a tile of less than a vector of columns does little per loop step: two steps of the outer reduction "
@@ -615,7 +748,14 @@ RULES: tuple[Rule, ...] = (
          and "padded_rows" not in f.done, _narrow_rows,
          "rows with no divisor the tile takes: one row at a time, so 4 times the columns and 4 reduction steps "
          "per iteration keep the accumulators busy"),
-    Rule("strided_outputs", "strided", lambda f, k: True, _strided_outputs,
+    # the same three for a strided reduction over image rows (a convolution whose weight folded to a constant)
+    Rule("strided_image_columns", "strided", lambda f, k: _image_rows(f, k) and bool(_image_column_pad(f)),
+         _padded_image_columns, "image_columns for a strided reduction"),
+    Rule("strided_channel_rows", "strided", lambda f, k: "strided_image_columns" in f.done, _channel_rows,
+         "channel_rows for a strided reduction"),
+    Rule("strided_window_taps", "strided", lambda f, k: "strided_image_columns" in f.done and len(f.reduces) >= 2,
+         _window_taps, "window_taps for a strided reduction"),
+    Rule("strided_outputs", "strided", lambda f, k: "strided_image_columns" not in f.done, _strided_outputs,
          "a reduction across its strided axis: contiguous outputs computed side by side as vector lanes"),
 )
 
@@ -639,7 +779,6 @@ def rule_names() -> list[str]:
     return [r.name for r in RULES]
 
 
-__all__ = ["LANE_TILE", "LONG_BODY", "RULES", "Facts", "Machine", "Rule", "body_ops", "classify", "decide",
-           "hand_coded", "lane_axis", "lane_tile", "long_body", "machine_of", "panel_tiles_min", "private_cache_bytes",
-           "rule_names",
-           "short_rows"]
+__all__ = ["CHANNEL_ROWS", "COLUMN_PAD_WASTE", "LANE_TILE", "WINDOW_TAPS", "LONG_BODY", "RULES", "Facts", "Machine",
+           "Rule", "body_ops", "classify", "decide", "hand_coded", "lane_axis", "lane_tile", "long_body",
+           "machine_of", "panel_tiles_min", "private_cache_bytes", "rule_names", "short_rows"]
