@@ -214,9 +214,17 @@ class _Linearizer:
             group = [first]
         open_now = set(self.open_ranges)
         group = [r for r in group if r is first or self.free_ranges(r) <= open_now]
-        for r in group:  # what does not depend on these loops, before them (never the pairs' VECTORIZE itself)
+        # what does not depend on these loops, before them (never the pairs' VECTORIZE itself). Each node is looked
+        # at once: the members share their scores, and the sources' graphs overlap (a GPU block's scores are
+        # inner products over the head dim), so a walk per source took time quadratic in the block. The order and
+        # what is emitted are those of the walk per source (a node seen already was emitted or left out then).
+        seen: set[UOp] = set()
+        for r in group:
             for s in r.src[0].src:
-                for nd in s.toposort():
+                if s in seen:
+                    continue
+                for nd in postorder(s, seen):  # s's order without the nodes seen (their sources are seen too)
+                    seen.add(nd)
                     if nd.op not in (Ops.CONST, Ops.RANGE) and self.lookup(nd) is None and \
                             self.free_ranges(nd) <= open_now:
                         yield nd
