@@ -112,3 +112,19 @@ def test_a_reader_that_closed_the_pipe_gets_clicks_status_and_no_traceback(tmp_p
                        text=True, cwd=ROOT, timeout=300, env={**os.environ, "TGC_CACHE_DIR": str(tmp_path / "cache")})
     assert r.stdout.split() == ["status", "1"], r.stderr
     assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr and "atexit ran" in r.stderr
+
+
+def test_the_compile_table_reads_a_programs_own_run_from_a_warm_runs_profile_trace(tmp_path):
+    import importlib.util
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location("bench_compile_table", ROOT / "bench" / "compile_table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    env = {**os.environ, "TGC_CACHE_DIR": str(tmp_path / "cache")}
+    cmd = [table._tgc_exe(), "run", str(ROOT / "kernels" / "softmax.tg"), "--random", "-D", "N=64", "-D", "D=32"]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr
+    got = table._run_s(cmd, env, str(tmp_path / "trace.json"))
+    assert isinstance(got, float) and 0 < got < 1  # (64 rows of 32: microseconds, on any machine)
+    assert table._run_s([*cmd, "-D", "N=x"], env, str(tmp_path / "bad.json")) is None  # (the run failed)
