@@ -1,10 +1,15 @@
 """The one random-input generator: `tgc run --random`, `tgc bench`, the API's bench and BEAM's correctness
 check all draw their inputs here, so the same seed gives the same values everywhere.
 
-Floats are standard normal (drawn in f32 for types of 4 bytes or fewer, then rounded; bf16 as its bits), ints
-uniform in [-8, 8] ([0, 8] unsigned), bools 50/50. Each input has its own stream, seeded by `(seed, index)`
-with `index` its position among the program's inputs (or the kernel's buffers), so giving one input from a file
-does not change the values of the others.
+Floats are uniform in [-sqrt(3), sqrt(3)): mean 0 and variance 1, the scale of the standard normal values drawn
+before (branch warmrun), at a fifth of the cost (numpy's normal draw took ~11 ns a value, ~0.05 s of CPU for
+the 4.2 M weights of kernels/transformer_block.tg, more than everything but the kernels in a warm run). A value
+is `(u - 0.5) * F32_SPREAD` with `u` numpy's `Generator.random` in the float's own precision (f32 for types of 4
+bytes or fewer, then rounded to f16 or bf16; bf16 as its bits; f64 for f64): the subtraction is exact and the
+product rounded once, so the values are the same bits on every machine. Ints uniform in [-8, 8] ([0, 8]
+unsigned), bools 50/50 (both as before). Each input has its own stream, seeded by `(seed, index)` with `index`
+its position among the program's inputs (or the kernel's buffers), so giving one input from a file does not
+change the values of the others.
 
 `random_arrays` draws several inputs at once: the large ones on several threads (numpy's generators fill an
 array without holding the GIL), with exactly the values `random_values` gives each one (its own stream).
@@ -12,6 +17,7 @@ array without holding the GIL), with exactly the values `random_values` gives ea
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -20,6 +26,9 @@ from typing import Any
 import numpy as np
 
 from tgc.dtype import DType, f32_to_bf16
+
+SPREAD = 2 * math.sqrt(3)  # the width of the floats' interval: uniform on it has variance SPREAD^2 / 12 = 1
+F32_SPREAD = np.float32(SPREAD)
 
 
 def random_values(dtype: DType, shape: Sequence[int], seed: int = 0, index: int = 0) -> np.ndarray:
@@ -31,7 +40,10 @@ def random_values(dtype: DType, shape: Sequence[int], seed: int = 0, index: int 
     if dtype.is_int:
         lo = 0 if dtype.is_unsigned else -8
         return rng.integers(lo, 9, size=shape).astype(dtype.np)
-    values = rng.standard_normal(shape, dtype=np.float32 if dtype.itemsize <= 4 else np.float64)
+    wide = dtype.itemsize > 4
+    values = rng.random(shape, dtype=np.float64 if wide else np.float32)  # [0, 1), in place from here on
+    np.subtract(values, 0.5, out=values)  # (exact: u is a multiple of 2^-24, or 2^-53)
+    np.multiply(values, SPREAD if wide else F32_SPREAD, out=values)
     if dtype.name == "bf16":
         return f32_to_bf16(values)
     return values.astype(dtype.np, copy=False)  # (f32 and f64 are drawn in their own type: no copy)
