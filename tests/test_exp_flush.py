@@ -82,15 +82,18 @@ def test_exp_flushes_exactly_where_its_exp2_argument_is_below_minus_126(device):
     _check(out, want, 1e-5, TINY, "exp")
 
 
-@pytest.mark.parametrize("fn", ["sigmoid", "tanh", "gelu"])
+@pytest.mark.parametrize("fn", ["sigmoid", "tanh", "gelu", "erf"])
 def test_activations_over_the_whole_range(device, fn):
     x = _whole_range()
     out = run(f"x: f32[{x.size}]\nreturn {fn}(x)", device, x=x)["out0"]
     x64 = x.astype(np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
         want = {"sigmoid": lambda: 1 / (1 + np.exp(-x64)), "tanh": lambda: np.tanh(x64),
-                "gelu": lambda: 0.5 * x64 * (1 + _erf(x64 / math.sqrt(2)))}[fn]()
+                "gelu": lambda: 0.5 * x64 * (1 + _erf(x64 / math.sqrt(2))), "erf": lambda: _erf(x64)}[fn]()
     _check(out, want, 1e-4, 1e-6, fn)
+    if fn == "erf":  # the rational form is accurate relatively too, down to tiny normal arguments
+        small = np.abs(x) > 1e-30
+        _check(out[small], want[small], 1e-6, 0, "erf, relative")
     if fn == "gelu":  # the erf's exp(-x^2/2) is 0, not a denormal, for |x| past ~13.2
         big = np.isfinite(x) & (x < -14)
         np.testing.assert_array_equal(out[big], 0)
@@ -108,3 +111,16 @@ def test_softmax_rows_with_wide_spreads(device):
     with np.errstate(over="ignore"):
         flushed = np.float32(rows - rows.max(-1, keepdims=True)) * LOG2E < -126
         np.testing.assert_array_equal(out[flushed], 0)
+
+
+@pytest.mark.parametrize("scale", [1.0, 20.0])
+def test_gelu_epilogue_of_a_matmul(device, scale):
+    """GELU as a matmul tile's epilogue (vectors over the tile on the CPU), at unit and 20x input scale (the
+    erf's exp was in the denormal band there) against numpy."""
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((37, 64)) * scale).astype(np.float32)
+    w = (rng.standard_normal((64, 48)) / 8).astype(np.float32)
+    b = rng.standard_normal(48).astype(np.float32)
+    out = run("x: f32[37, 64]\nw: f32[64, 48]\nb: f32[48]\nreturn gelu(x @ w + b)", device, x=x, w=w, b=b)["out0"]
+    y = x.astype(np.float64) @ w.astype(np.float64) + b
+    _check(out, 0.5 * y * (1 + _erf(y / math.sqrt(2))), 1e-4, 1e-4 * scale, "gelu epilogue")
