@@ -140,6 +140,11 @@ class CStyleRenderer:
     def fmax(self, d: DType, a: str, b: str) -> str:
         return f"fmax({a}, {b})" if d.is_float else f"max({a}, {b})"
 
+    def exp2_flushed(self, d: DType, x: str) -> str:
+        """f32 exp2 with results below 2**-126 as 0, the CPU's polynomial semantics (`transcendental.exp2_f32`):
+        exp2(x) < 2**-126 exactly where x < -126; nan and -inf go the same way as there."""
+        return f"(({x}) < {self.literal(-126.0, d)} ? {self.literal(0.0, d)} : {self.math(Ops.EXP2, d, x)})"
+
     cast_fmt = "convert_{t}({x})"  # a value `x` converted to the type `t`
     bitcast_fmt = "as_{t}({x})"  # the bits of `x` read as the type `t`
 
@@ -359,6 +364,8 @@ class CStyleRenderer:
             return f"(-{s[0]})"
         if op is Ops.NOT:
             return f"(!{s[0]})" if d.is_bool else f"(~{s[0]})"
+        if op is Ops.EXP2 and d.name == "f32":
+            return self.exp2_flushed(d, s[0])
         if op in (Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.TRUNC):
             return self.math(op, d, s[0])
         if op is Ops.RECIP:

@@ -219,7 +219,8 @@ def _padded_columns(k: OptKernel, axis: int, n: int, want: int) -> int:
 
 
 SHORT_ROW = 256  # an elementwise kernel's contiguous innermost loop up to this long is written as vectors
-PACK_ROWS = 8  # ... and this many of its rows side by side where the loads continue along an outer axis
+PACK_ROWS = 8  # ... and this many of its rows side by side where the loads continue along an outer axis (transposes)
+PACK_ROW_VECTORS = 4  # a packing copy's short row is written whole as up to this many vectors
 
 
 def short_rows(k: OptKernel, store: UOp) -> None:
@@ -245,16 +246,22 @@ def short_rows(k: OptKernel, store: UOp) -> None:
         return
     _try(k, Opt(OptOps.UPCAST, len(loops) - 1, 16))
     # an outer axis along which the loads' rows continue (stride n) while the store jumps: the packing copy's
-    # column panels. PACK_ROWS of them side by side read each source row in runs of PACK_ROWS * n contiguous
-    # elements; one panel at a time reads a short run per row, a page apart, which the prefetchers do not
-    # follow (measured 20-40% faster on one and two threads)
-    for i, r in enumerate(loops[:-1]):
-        if r.src[0].op is Ops.CONST and loads and all(_stride(ld.src[1], r) == n for ld in loads) and \
-                _stride(store.src[1], r) != n:
-            for amt in (PACK_ROWS, PACK_ROWS // 2, 2):
-                if r.src[0].arg % amt == 0 and _try(k, Opt(OptOps.UPCAST, i, amt)):
-                    return
-            return
+    # column panels. It copies at memory speed written as a plain copy of its source, front to back: each short
+    # row whole as vectors (up to PACK_ROW_VECTORS), the outer loops in the source's order (the rows, whose
+    # loads jump farther, outside the panels), so the loads stream and each step stores one row of one panel.
+    # PACK_ROWS panels side by side per step (the rule before) ran at 20-25 GB/s single-thread against 26-29
+    # for this order and for a plain copy (docs/DESIGN.md "Packing copy at memory speed")
+    panel = next((i for i, r in enumerate(loops[:-1]) if r.src[0].op is Ops.CONST and loads and
+                  all(_stride(ld.src[1], r) == n for ld in loads) and _stride(store.src[1], r) != n), None)
+    if panel is None:
+        return
+    if 1 < n // 16 <= PACK_ROW_VECTORS:
+        _try(k, Opt(OptOps.UPCAST, len(loops) - 1, n // 16))
+    strides = [[_stride(ld.src[1], r) for ld in loads] for r in loops[:-1]]
+    outer = [(max(st), j) for j, st in enumerate(strides) if j > panel and loops[j].src[0].op is Ops.CONST and
+             all(isinstance(s, int) and s > n for s in st)]
+    if outer:
+        _try(k, Opt(OptOps.SWAP, panel, max(outer)[1]))
 
 
 LONG_BODY = 256  # ALU ops from which an elementwise kernel's loop body is written as vectors here (`long_body`)

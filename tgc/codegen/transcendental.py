@@ -3,7 +3,9 @@
 LLVM turns `llvm.exp2` on a vector into one libm call per lane; these polynomial forms stay in vector
 registers. Accuracy (float32): exp2 and log2 within ~2e-7 relative, sin within ~2e-7 absolute for
 |x| < 1e9 (range reduction in f64), all well inside DSL.md's 1e-4. Special values (inf, nan, 0, negatives
-for log2, denormal inputs) follow IEEE/libm.
+for log2, denormal inputs) follow IEEE/libm, except that exp2 flushes results below 2**-126 (f32's smallest
+normal) to 0 on every device: `tgc.ir.alu` (PYTHON, constant folding) and the C-style dialects
+(`cstyle.exp2_flushed`) compute the same.
 """
 
 from __future__ import annotations
@@ -59,20 +61,20 @@ def _poly(x: UOp, coefs: list[float]) -> UOp:
 
 
 def _pow2i(e: UOp) -> UOp:
-    """2**e for an i32 e in [-126, 127], built from the exponent bits."""
+    """2**e for an i32 e in [-126, 127], built from the exponent bits (e = -127 gives 0, e = 128 +inf)."""
     return _bitcast(_alu(Ops.SHL, _add(e, _c(127, I32)), _c(23, I32)), F32)
 
 
 def exp2_f32(x: UOp) -> UOp:
-    clamped = _alu(Ops.MAX, _c(-160.0), x)
-    clamped = _where(_lt(_c(130.0), clamped), _c(130.0), clamped)
+    """2**x in f32 with results below 2**-126 flushed to 0 (as XLA/Eigen's fast exp): a denormal result is
+    slow on x86 cores without flush-to-zero and makes every later operation on it slow too. Normal results
+    are p * 2**floor(x), exact in the power of two; x < -126 gives 0, x >= 128 +inf, nan stays nan."""
+    clamped = _alu(Ops.MAX, _c(-127.0), x)  # floor -127 builds exponent bits 0: the product is 0
+    clamped = _where(_lt(_c(128.0), clamped), _c(128.0), clamped)  # floor 128 builds the bits of +inf
     xi = _floor(clamped)
     frac = _sub(clamped, xi)
     p = _poly(frac, EXP2_POLY)
-    e = _float_to_int(xi)
-    e1 = _alu(Ops.SHR, e, _c(1, I32))  # split so both factors are normal numbers
-    e2 = _sub(e, e1)
-    out = _mul(_mul(p, _pow2i(e1)), _pow2i(e2))
+    out = _mul(p, _pow2i(_float_to_int(xi)))
     return _where(_alu(Ops.CMPNE, x, x), x, out)  # nan stays nan
 
 

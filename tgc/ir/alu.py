@@ -58,6 +58,7 @@ _BOOL_BINARY: dict[Ops, Callable[[Any, Any], Any]] = {
 }
 _COMPARE = {Ops.CMPLT: np.less, Ops.CMPNE: np.not_equal, Ops.CMPEQ: np.equal}
 _BITWISE = {Ops.AND: np.bitwise_and, Ops.OR: np.bitwise_or, Ops.XOR: np.bitwise_xor}
+F32_SMALLEST_NORMAL = np.float32(2.0 ** -126)  # f32 exp2 flushes results below it to 0 (transcendental.py)
 _FLOAT_UNARY = {Ops.EXP2: np.exp2, Ops.LOG2: np.log2, Ops.SIN: np.sin, Ops.SQRT: np.sqrt, Ops.TRUNC: np.trunc}
 
 
@@ -110,7 +111,10 @@ def _unary(op: Ops, d: DType, x: Any) -> Any:
         raise AluError(f"{op.name} on {d.name}")
     if op is Ops.RECIP:
         return np.divide(d.np.type(1), x)
-    return _FLOAT_UNARY[op](x)
+    out = _FLOAT_UNARY[op](x)
+    if op is Ops.EXP2 and d.name == "f32":  # results below f32's smallest normal are 0 on every device
+        out = np.where(np.less(out, F32_SMALLEST_NORMAL), np.float32(0), out)
+    return out
 
 
 def exec_alu(op: Ops, d: DType, srcs: list[Any] | tuple[Any, ...]) -> np.ndarray:
