@@ -86,7 +86,8 @@ def _mask_offset(mask: UOp, shape: tuple, axis: int) -> int | None:
     if mask.op is not Ops.CMPLT:
         return None
     pos, bound = mask.src
-    if pos.op is not Ops.RESHAPE or pos.src[0].op is not Ops.IOTA or pos.src[0].arg != shape[axis]:
+    iota = pos.src[0] if pos.op is Ops.RESHAPE else pos
+    if iota.op is not Ops.IOTA or iota.arg != shape[axis]:
         return None
     want = tuple(shape[axis] if i == axis else 1 for i in range(len(shape)))
     c = _const_value(bound)
@@ -162,7 +163,7 @@ def concat_of(node: UOp) -> Concat | None:
 def find_concats(roots: list[UOp], outputs: list[UOp], keep: set[UOp]) -> dict[UOp, Concat]:
     """The realized concatenations among `roots` (kernel roots), each with the pieces it places (realized roots read
     by nothing but the concatenation's own PAD, no program output, none in `keep`: nodes whose kernels are
-    special, a fused attention's). A concatenation in `keep` is left whole."""
+    special, a fused attention's). A concatenation in `keep`, or with no piece to place, is left whole."""
     reader_sets: dict[UOp, set[UOp]] = {}
     for out in outputs:
         for n in out.toposort():
@@ -188,7 +189,8 @@ def find_concats(roots: list[UOp], outputs: list[UOp], keep: set[UOp]) -> dict[U
                     and concat_of(r) is None:
                 c.placed[src] = r
                 placed_anywhere.add(r)
-        found[root] = c
+        if c.placed:  # else one kernel copying every piece is as small, and one launch
+            found[root] = c
     return found
 
 
