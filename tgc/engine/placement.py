@@ -172,21 +172,18 @@ def find_concats(roots: list[UOp], outputs: list[UOp], keep: set[UOp]) -> dict[U
     readers = {u: len(r) for u, r in reader_sets.items()}
     root_set, outs = set(roots), set(outputs)
     found: dict[UOp, Concat] = {}
+    matched = {root: c for root in roots if root not in keep
+               for c in [_concat_below(root, root_set, reader_sets)] if c is not None}
     placed_anywhere: set[UOp] = set()
-    for root in roots:
-        if root in keep:
-            continue
-        c = _concat_below(root, root_set, reader_sets)
-        if c is None:
-            continue
+    for root, c in matched.items():
         pads = _pad_nodes(c.node)
         for _off, _size, src in c.pieces:
             pad_readers = [p for p in pads if p.src[0] is src]
             if len(pad_readers) != 1 or readers.get(pad_readers[0], 0) != 1:
                 continue
             r = _placed_root(src, root_set, readers)
-            if r is not None and r not in outs and r not in keep and r not in placed_anywhere \
-                    and concat_of(r) is None:
+            # (a root that is itself a concatenation keeps its buffer: its own pieces may be placed into it)
+            if r is not None and r not in outs and r not in keep and r not in placed_anywhere and r not in matched:
                 c.placed[src] = r
                 placed_anywhere.add(r)
         if c.placed:  # else one kernel copying every piece is as small, and one launch
