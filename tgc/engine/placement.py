@@ -226,6 +226,8 @@ def _concat_below(root: UOp, roots: set[UOp], readers: dict[UOp, set[UOp]]) -> C
     path = frozenset(u for u in seen if u.op in _SAME_SHAPE | {Ops.RESHAPE} and c.node in u.toposort()) | {c.node}
     if any(u is not root and not readers.get(u, set()) <= seen for u in path):
         return None  # its value is read by another kernel too
+    if any(_inline_reduction(x, roots) for u in path if u is not c.node for x in u.src if x not in path):
+        return None  # a reduction computed in the epilogue (a split's rest of steps) would join each piece's loop
     c.root, c.path = root, path
     return c
 
@@ -245,12 +247,28 @@ def _placed_root(src: UOp, roots: set[UOp], readers: dict[UOp, int]) -> UOp | No
             continue
         if u.op in _ELEMENTWISE:
             stack.extend(u.src)
+        elif _inline_reduction(u, roots):
+            return None  # a second reduction in the producer's kernel: its loops would no longer be one matmul's
     if len(found) != 1 or readers.get(found[0], 0) != 1:
         return None
     r = found[0]
     if any(u is not r and readers.get(u, 0) != 1 and r in u.toposort() for u in seen):
         return None  # the root's values reach another reader through a node on the way (a skip connection)
     return r
+
+
+def _inline_reduction(u: UOp, roots: set[UOp]) -> bool:
+    """Whether computing `u` in a kernel runs a reduction of its own (one not read from a kernel root's buffer)."""
+    stack, seen = [u], set()
+    while stack:
+        n = stack.pop()
+        if n in seen or n in roots or n.op is Ops.BUFFER:
+            continue
+        seen.add(n)
+        if n.op is Ops.REDUCE_AXIS:
+            return True
+        stack.extend(n.src)
+    return False
 
 
 def _pad_nodes(node: UOp) -> list[UOp]:
