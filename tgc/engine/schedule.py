@@ -25,6 +25,7 @@ from tgc.capabilities import Capabilities
 from tgc.dtype import DType, dtypes, min_max
 from tgc.engine import attention, packrule
 from tgc.engine.flops import attention_flops, executed_flops
+from tgc.engine.placement import find_concats
 from tgc.errors import TgcError
 from tgc.ir.kernel import INDEX, ScheduleItem, flat_index, identity
 from tgc.ir.shapes import prod, shape_of, strides_for
@@ -260,6 +261,19 @@ class _Lowerer:
         out = self.buffer(self.root)
         value = self.value(self.root, idx, UOp.const(dtypes.bool, True), top=True)
         store = UOp(Ops.STORE, None, (out, flat_index(idx, shape, self.simplified), value))
+        return UOp(Ops.SINK, None, (store,))
+
+    def build_into(self, target: UOp, axis: int, offset: int, top: bool) -> UOp:
+        """A kernel storing `root`'s values into its slice of `target` (a concatenation: `root`'s shape but along
+        `axis`, where it starts at `offset`; `tgc.engine.placement`). `top`: `root` is computed here (a placed
+        piece), else read from its buffer where it is realized."""
+        shape = shape_of(self.root)
+        idx = tuple(self.new_range(s, RangeKind.LOOP) if s != 1 else UOp.const(INDEX, 0) for s in shape)
+        self.bufs = [target]
+        out = self.buffer(target)
+        value = self.value(self.root, idx, UOp.const(dtypes.bool, True), top=top)
+        at = tuple(simplify(i + UOp.const(INDEX, offset)) if a == axis and offset else i for a, i in enumerate(idx))
+        store = UOp(Ops.STORE, None, (out, flat_index(at, shape_of(target)), value))
         return UOp(Ops.SINK, None, (store,))
 
     def value(self, node: UOp, idx: tuple[UOp, ...], valid: UOp, top: bool = False) -> UOp:
@@ -935,6 +949,33 @@ def create_schedule(outputs: list[UOp], caps: Capabilities | None = None, split_
     return items
 
 
+def _piece_copies(roots: list[UOp], lowered: dict, concats: dict, realized: set[UOp]) -> dict[int, list[ScheduleItem]]:
+    """The kernels writing the pieces of each concatenation that are not placed (`tgc.engine.placement`), keyed by
+    the position in `roots` after which each runs: right after the last other kernel reading what it copies
+    where that is before the concatenation's own position (its sources then die at the copy instead of living
+    beside the concatenated buffer), else at that position (the concatenated buffer lives the shortest)."""
+    pos = {r: i for i, r in enumerate(roots)}
+    last_read: dict[UOp, int] = {}
+    for r, (low, _ast) in lowered.items():
+        if r not in concats:
+            for b in low.bufs[1:]:
+                last_read[b] = max(last_read.get(b, -1), pos[r])
+    out: dict[int, list[ScheduleItem]] = {}
+    for c in concats.values():
+        for off, n, src in c.pieces:
+            if src in c.placed:
+                continue
+            value = c.piece_value(off, n, src)
+            low = _Lowerer(value, realized)
+            ast = low.build_into(c.root, c.root_axis, off, top=value is not src)
+            item = ScheduleItem(ast, low.bufs, name=kernel_name(ast))
+            item.meta["graph_flops"] = executed_flops(ast)
+            deps = [b for b in low.bufs[1:] if b in pos]
+            at = max((max(pos[d], last_read.get(d, -1)) for d in deps), default=pos[c.root])
+            out.setdefault(at if at < pos[c.root] else pos[c.root], []).append(item)
+    return out
+
+
 def _schedule(outputs: list[UOp], fuse_rows: bool) -> list[ScheduleItem]:
     fused = attention.find(outputs)
     forced: set[UOp] = set()
@@ -954,10 +995,28 @@ def _schedule(outputs: list[UOp], fuse_rows: bool) -> list[ScheduleItem]:
         if not recomputed:
             break
         forced |= recomputed
+    keep = {u for p, m in fused.items() for u in (p, *m.inline, *m.operands)} | \
+        {r for r in roots if attention.output_of(r, fused) is not None}
+    concats = find_concats([r for r in roots if r in lowered], outputs, keep)
+    placed_in = {c.placed[src]: (src, n, c, off) for c in concats.values() for off, n, src in c.pieces
+                 if src in c.placed}
+    copies_after = _piece_copies(roots, lowered, concats, realized)
     items: list[ScheduleItem] = []
     done: dict[UOp, ScheduleItem] = {}
-    for root in roots:
+    for i, root in enumerate(roots):
         if root in done:
+            continue
+        if root in placed_in:  # computed straight into its slice of the concatenation: no buffer of its own
+            src, n, c, off = placed_in[root]
+            low = _Lowerer(c.piece_value(off, n, src), realized - {root})
+            ast = low.build_into(c.root, c.root_axis, off, top=True)
+            item = done[root] = ScheduleItem(ast, low.bufs, name=kernel_name(ast))
+            item.meta["graph_flops"] = executed_flops(ast)
+            items.append(item)
+        elif root in concats:  # its pieces' kernels write it (`copies_after`)
+            done[root] = ScheduleItem(UOp(Ops.SINK, None, ()), [root], name="empty")
+        if root in done:
+            items.extend(copies_after.get(i, []))
             continue
         if root not in lowered:
             item = ScheduleItem(UOp(Ops.SINK, None, ()), [root], name="empty")
@@ -974,4 +1033,5 @@ def _schedule(outputs: list[UOp], fuse_rows: bool) -> list[ScheduleItem]:
                 item.meta["graph_flops"] = executed_flops(ast)
         done[root] = item
         items.append(item)
+        items.extend(copies_after.get(i, []))
     return items
