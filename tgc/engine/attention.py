@@ -22,9 +22,14 @@ terms' matmuls whose output is one score per element (q @ k^T) are computed per 
 (`inline`); anything else they read (a projection q and k are slices of, a mask) is an operand the scheduler
 realizes or reads as usual.
 
-The kernel's AST (`ScheduleItem.ast`) is the plain lowering of the chain (the row max and sum as nested
-reductions): a correct reference that `--emit schedule` shows. Its `meta["attention"]` (an `AttentionSpec`)
-holds the pieces `tgc.codegen.attention` lowers instead, as an online softmax over blocks of keys.
+The kernel's AST (`ScheduleItem.ast`, `kernel_ast`) is an ordinary kernel AST like any reduce's: one STORE per
+output element of a REDUCE(ONLINE_SOFTMAX) over the key range of (score, value) pairs,
+
+    STORE(out, out_index(loops, rdv), [CAST] REDUCE(VECTORIZE(x(loops, rj), f32(v(rj, rdv))), rj, ONLINE_SOFTMAX))
+
+with the batch axes and the query row LOOP ranges, the output column `rdv` an UPCAST range and the score's inner
+products REDUCEs over the head dimension. `tgc.codegen.attention` reads the pieces back from it (`spec_of`) and
+chooses its forms (blocks of keys, rows per vector, shared-memory staging); no `meta` entry carries them.
 
 What is not fused: a softmax over another axis, `log_softmax` itself (not followed by exp), weights not
 followed by a matmul over their last axis, a head dimension above `MAX_HEAD_DIM`, symbolic sizes, non-float
@@ -294,6 +299,54 @@ def _f32(u: UOp) -> UOp:
     return u if u.dtype == dtypes.f32 else UOp(Ops.CAST, dtypes.f32, (u,))
 
 
+def kernel_ast(sp: AttentionSpec) -> UOp:
+    """The fused kernel's AST (the module docstring's form) of the pieces `sp`; `spec_of` reads them back."""
+    pairs = UOp(Ops.VECTORIZE, dtypes.f32.vec(2), (_f32(sp.x), _f32(sp.v)))
+    out = UOp(Ops.REDUCE, dtypes.f32, (pairs, sp.rj), Ops.ONLINE_SOFTMAX)
+    if sp.dtype != dtypes.f32:
+        out = UOp(Ops.CAST, sp.dtype, (out,))
+    return UOp(Ops.SINK, None, (UOp(Ops.STORE, None, (sp.out, sp.out_index, out)),))
+
+
+def online_softmax_of(ast: UOp) -> UOp | None:
+    """The REDUCE(ONLINE_SOFTMAX) of a fused attention kernel's AST (`kernel_ast`'s form: a SINK of one STORE of
+    it, through at most one CAST, over one REDUCE range of (score, value) pairs), else None."""
+    if ast.op is not Ops.SINK or len(ast.src) != 1 or ast.src[0].op is not Ops.STORE or len(ast.src[0].src) != 3:
+        return None
+    red = ast.src[0].src[2]
+    red = red.src[0] if red.op is Ops.CAST else red
+    if red.op is not Ops.REDUCE or red.arg is not Ops.ONLINE_SOFTMAX or len(red.src) != 2:
+        return None
+    rj = red.src[1]
+    if rj.op is not Ops.RANGE or rj.arg[1] is not RangeKind.REDUCE or red.src[0].op is not Ops.VECTORIZE:
+        return None
+    return red
+
+
+def spec_of(ast: UOp) -> AttentionSpec | None:
+    """The pieces of a fused attention kernel's AST (`kernel_ast`'s form), else None. Read by rules over the AST:
+    the loops are the LOOP ranges of the output index (in range order), the output column its UPCAST range, the
+    key the REDUCE's range; the last loop is the query row (`row_loop`) where the scores vary by it and the values
+    do not (rows sharing their keys and values; one query row, a decoding step: the last loop is a batch axis
+    the values vary by)."""
+    red = online_softmax_of(ast)
+    if red is None:
+        return None
+    store = ast.src[0]
+    out, out_index, value = store.src
+    ranges = sorted({u for u in out_index.toposort() if u.op is Ops.RANGE}, key=lambda r: r.arg[0])
+    loops = tuple(r for r in ranges if r.arg[1] is RangeKind.LOOP)
+    cols = [r for r in ranges if r.arg[1] is RangeKind.UPCAST]
+    rj, (x, v) = red.src[1], red.src[0].src
+    if len(cols) != 1 or len(loops) + 1 != len(ranges) or not all(r.src[0].op is Ops.CONST for r in (*ranges, rj)):
+        return None
+    rdv = cols[0]
+    v_ranges = {u for u in v.toposort() if u.op is Ops.RANGE}
+    row_loop = bool(loops) and loops[-1] not in v_ranges and any(u is loops[-1] for u in x.toposort())
+    return AttentionSpec(loops, rj, rdv, x, v, out, out_index, rj.src[0].arg, rdv.src[0].arg, value.dtype,
+                         row_loop=row_loop)
+
+
 def spec(low, root: UOp, m: Match) -> AttentionSpec:
     """The fused kernel's pieces, written by the scheduler's lowerer `low` (which already lowered the plain AST
     of `root`, so the buffers are numbered alike)."""
@@ -320,4 +373,5 @@ def spec(low, root: UOp, m: Match) -> AttentionSpec:
                          row_loop=ri.op is Ops.RANGE)
 
 
-__all__ = ["AttentionSpec", "Match", "find", "match", "output_of", "softmax_scores", "spec"]
+__all__ = ["AttentionSpec", "Match", "find", "kernel_ast", "match", "online_softmax_of", "output_of", "softmax_scores",
+           "spec", "spec_of"]
