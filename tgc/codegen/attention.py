@@ -173,7 +173,7 @@ MAX_BLOCK = 64  # keys per block (the per-row form's bound; the rows form's is R
 ROW_BLOCK_VALUES = 256
 # A key block's size is bounded by the terms the kernel then writes out (`_terms`), as an ordinary kernel's unrolled
 # values are by `opt.MAX_UNROLLED`: the rows form writes out only the keys of a block (its head
-# dimension and output columns are loops); the per-row form (`build`: GPUs, PYTHON, half inputs) writes out each
+# dimension and output columns are loops); the per-row form (GPUs, PYTHON, half inputs) writes out each
 # key's term of every output column, so a wide head's large blocks there take many seconds each to compile.
 MAX_SEARCH_TERMS = 4096
 
@@ -185,8 +185,9 @@ class AttentionKernel:
     `Opt`s on them:
 
     - `UPCAST(row axis, n)`: n query rows per vector (the rows form; the product of the UPCASTs must
-      be 8 or 16, and rows x keys per block at most `ROW_BLOCK_VALUES`); without it, the per-row form (`build`:
-      one row at a time, inner products 16 lanes of the head dimension where the device has vectors);
+      be 8 or 16, and rows x keys per block at most `ROW_BLOCK_VALUES`); without it, the per-row form
+      (`online_softmax_ast` without rows: one row at a time, inner products 16 lanes of the head dimension where
+      the device has vectors);
     - `UNROLL(key axis, n)`: n keys per block (the product of the UNROLLs, 2..`MAX_BLOCK`, cut to the key count;
       without one, `BLOCK`), within `MAX_SEARCH_TERMS` written-out terms;
     - `THREAD(0, n)`: n CPU threads over the first output loop (without one, the automatic count, as
