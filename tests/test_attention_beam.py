@@ -18,12 +18,13 @@ from tgc.codegen import attention as A
 from tgc.codegen import kernel as kernel_mod
 from tgc.codegen import search
 from tgc.codegen.opt import Opt, OptError, OptOps
+from tgc.engine.attention import spec_of
 
 CPU = get_device("CPU")
 
 
 def attention_item(p, dims, device: str = "CPU"):
-    items = [it for it in p.schedule(dims, device) if "attention" in it.meta]
+    items = [it for it in p.schedule(dims, device) if A.is_fused_attention(it.ast)]
     assert len(items) == 1
     return items[0]
 
@@ -269,7 +270,7 @@ def test_a_wide_head_is_searched_in_the_rows_form():
     item = attention_item(program(False), {"B": 2, "T": 40, "D": 128, "E": 128})
     for block in search.UNROLL_AMOUNTS:
         k = A.attention_kernel(item, CPU, [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.UNROLL, 2, block)])
-        assert A._terms(item.meta["attention"], k.choices()) <= A.MAX_SEARCH_TERMS
+        assert A._terms(spec_of(item.ast), k.choices()) <= A.MAX_SEARCH_TERMS
 
 
 def test_a_wide_head_bounds_the_per_row_forms_block():
@@ -278,7 +279,7 @@ def test_a_wide_head_bounds_the_per_row_forms_block():
     values are; its default (no opts) is not bounded."""
     item = attention_item(program(False, "f16"), {"B": 2, "T": 40, "D": 256, "E": 256})
     k = A.AttentionKernel(item, CPU)
-    assert A._terms(item.meta["attention"], k.choices()) > A.MAX_SEARCH_TERMS
+    assert A._terms(spec_of(item.ast), k.choices()) > A.MAX_SEARCH_TERMS
     A.attention_kernel(item, CPU, [Opt(OptOps.UNROLL, 2, 4)])
     with pytest.raises(OptError, match="terms"):
         A.attention_kernel(item, CPU, [Opt(OptOps.UNROLL, 2, 8)])

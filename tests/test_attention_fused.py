@@ -10,7 +10,7 @@ import pytest
 
 import tgc
 from tgc.backends import get_device
-from tgc.codegen.attention import BLOCK
+from tgc.codegen.attention import BLOCK, is_fused_attention
 from tgc.dsl.frontend import concrete_shape
 from tgc.errors import CompileError
 
@@ -137,24 +137,26 @@ def test_softmax_over_another_axis_is_not_fused():
 ])
 def test_other_chains_keep_the_ordinary_schedule(src):
     items = tgc.loads(src).schedule({"B": 1, "T": 8, "D": 4, "E": 4})
-    assert not any("attention" in it.meta for it in items)
+    assert not any(is_fused_attention(it.ast) for it in items)
 
 
 def test_a_head_dimension_past_the_register_limit_is_not_fused():
     from tgc.engine.attention import MAX_HEAD_DIM
     p = program(False)
-    assert "attention" in p.schedule({"B": 1, "T": 8, "D": 4, "E": MAX_HEAD_DIM})[-1].meta
-    assert not any("attention" in it.meta for it in p.schedule({"B": 1, "T": 8, "D": 4, "E": MAX_HEAD_DIM + 1}))
+    assert is_fused_attention(p.schedule({"B": 1, "T": 8, "D": 4, "E": MAX_HEAD_DIM})[-1].ast)
+    assert not any(is_fused_attention(it.ast) for it in p.schedule({"B": 1, "T": 8, "D": 4, "E": MAX_HEAD_DIM + 1}))
 
 
-def test_the_plain_ast_of_the_fused_kernel_is_kept_as_its_reference():
-    """`--emit schedule` shows the chain's plain lowering (max and sum as nested reductions) for the kernel."""
+def test_the_plain_ast_of_the_fused_kernel_is_kept_for_symbolic_plans():
+    """The item's AST (`--emit schedule`) is the online softmax; the chain's plain lowering (max and sum as nested
+    reductions) is kept in `meta["unfused_ast"]` for symbolic-size plans."""
     from tgc.ir.uop import Ops
     p = program(True)
     items = p.schedule({"B": 1, "T": 9, "D": 4, "E": 4})
-    assert len(items) == 1 and "attention" in items[0].meta
-    reduces = [u.arg for u in items[0].ast.toposort() if u.op is Ops.REDUCE]
-    assert Ops.MAX in reduces and Ops.ADD in reduces
+    assert len(items) == 1 and is_fused_attention(items[0].ast)
+    assert {u.arg for u in items[0].ast.toposort() if u.op is Ops.REDUCE} == {Ops.ONLINE_SOFTMAX, Ops.ADD}
+    reduces = [u.arg for u in items[0].meta["unfused_ast"].toposort() if u.op is Ops.REDUCE]
+    assert Ops.MAX in reduces and Ops.ADD in reduces and Ops.ONLINE_SOFTMAX not in reduces
 
 
 @pytest.mark.parametrize("target", ["CUDA", "OPENCL", "METAL"])

@@ -34,7 +34,7 @@ def rows_by_passes(monkeypatch) -> list:
 
 
 def _item(p, dims: dict):
-    items = [it for it in p.schedule(dims=dims, device="CPU") if "attention" in it.meta]
+    items = [it for it in p.schedule(dims=dims, device="CPU") if attn.is_fused_attention(it.ast)]
     assert len(items) == 1
     return items[0]
 

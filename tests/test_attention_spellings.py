@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 import tgc
+from tgc.codegen.attention import is_fused_attention
 from tgc.engine import attention
+from tgc.engine.attention import spec_of
 
 HEAD = """q: f32[B, T, D]
 k: f32[B, T, D]
@@ -113,10 +115,10 @@ return softmax(s, axis=-1) @ v
     want = _numpy(*heads, False, mask=mask)
     p = tgc.loads(src)
     items = p.schedule({"B": b, "T": t, "C": c})
-    assert sum("attention" in it.meta for it in items) == 1
+    assert sum(is_fused_attention(it.ast) for it in items) == 1
     # the projection is not recomputed per score: its matmul is a kernel of its own, read by the fused one
-    fused = next(it for it in items if "attention" in it.meta)
-    assert not any(u.op.name == "REDUCE" for u in fused.meta["attention"].v.toposort())
+    fused = next(it for it in items if is_fused_attention(it.ast))
+    assert not any(u.op.name == "REDUCE" for u in spec_of(fused.ast).v.toposort())
     out = p.run(device, dims={"B": b, "T": t, "C": c}, x=x, w_qkv=w_qkv, mask=mask)[p.output_names[0]]
     np.testing.assert_allclose(out.astype(np.float64), want, rtol=3e-5, atol=3e-5)
 
@@ -140,7 +142,7 @@ return softmax(s, axis=-1) @ v
 ])
 def test_chains_that_are_not_a_softmax_are_not_fused(body):
     items = tgc.loads(HEAD + body + "return w @ v\n").schedule({"B": 1, "T": 6, "D": 4, "E": 3})
-    assert not any("attention" in it.meta for it in items)
+    assert not any(is_fused_attention(it.ast) for it in items)
 
 
 def test_the_scores_are_the_exponent_without_its_row_constants():

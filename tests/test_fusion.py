@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import tgc
+from tgc.codegen.attention import is_fused_attention
 from tgc.engine.schedule import RECOMPUTE_LIMIT
 from tgc.ir.uop import Ops
 
@@ -98,7 +99,7 @@ def test_attention_weights_are_computed_once_not_per_head_dim_column():
     src = "q: f32[H, S, D]\nk: f32[H, S, D]\nv: f32[H, S, D]\nreturn softmax(q @ k.transpose(1, 2), axis=-1) @ v\n"
     prog = tgc.loads(src)
     items = prog.schedule({"H": 2, "S": 16, "D": 32}, device="CPU")
-    assert len(items) == 1 and "attention" in items[0].meta
+    assert len(items) == 1 and is_fused_attention(items[0].ast)
     uops = prog.compile("PYTHON", dims={"H": 2, "S": 16, "D": 32})[0].uops
     assert sum(1 for u in uops if u.op in TRANSCENDENTAL) == BLOCK + 1
     rng = np.random.default_rng(5)

@@ -18,6 +18,7 @@ import pytest
 
 import tgc
 from tgc.backends import get_device
+from tgc.codegen.attention import is_fused_attention
 from tgc.dtype import dtypes
 from tgc.errors import CompileError
 from tgc.ir.uop import Ops, UOp
@@ -185,7 +186,7 @@ def attention_kernel(target: str, dims: dict[str, int]):
     """The fused attention kernel lowered for `target` (rendered, not compiled)."""
     from tgc.codegen.attention import lower_attention
     (item,) = tgc.loads(ATTENTION).schedule(dims, target)
-    assert "attention" in item.meta
+    assert is_fused_attention(item.ast)
     return lower_attention(item, get_device(target), "attn")
 
 

@@ -12,7 +12,7 @@ import pytest
 from test_attention_fused import check, program
 
 from tgc.backends import get_device
-from tgc.codegen.attention import BLOCK, AttentionKernel, lower_attention
+from tgc.codegen.attention import BLOCK, AttentionKernel, is_fused_attention, lower_attention
 from tgc.codegen.expand import unroll_reduces
 from tgc.codegen.linearize import linearize
 from tgc.codegen.opt import Opt, OptOps
@@ -25,7 +25,7 @@ SMALL = {"B": 2, "T": 21, "D": 5, "E": 3}
 
 
 def _item(p, device: str, dims: dict):
-    items = [it for it in p.schedule(dims=dims, device=device) if "attention" in it.meta]
+    items = [it for it in p.schedule(dims=dims, device=device) if is_fused_attention(it.ast)]
     assert len(items) == 1
     return items[0]
 

@@ -516,7 +516,7 @@ class Program:
             return "its operations change with the sizes (a loop over a dim is unrolled: its length depends on it)"
         for probe, outs in zip((p1, p2), traced):
             try:
-                items = [i for i in create_schedule(outs, dev.caps, split_columns=False) if i.ast.src]
+                items = [_unfused(i) for i in create_schedule(outs, dev.caps, split_columns=False) if i.ast.src]
             except TgcError as e:
                 return f"at sizes {probe}: {e.msg}"
             asts = [sizes.symbolize_ast(i.ast, probe, symbolic, bound) for i in items]
@@ -543,7 +543,7 @@ class Program:
         rep_items = None
         if not env_flag("NOOPT") and not templates_only:
             try:
-                rep_items = [i for i in create_schedule(self._trace(rep)[0], dev.caps, split_columns=False)
+                rep_items = [_unfused(i) for i in create_schedule(self._trace(rep)[0], dev.caps, split_columns=False)
                              if i.ast.src]
             except TgcError:
                 rep_items = None
@@ -1134,7 +1134,7 @@ class SymbolicPlan:
             return "the program's operations differ at these sizes (a slice or index that clamps)"
         # where the scheduler cuts the same kernels at these sizes (it may not: small matmuls are not packed,
         # which the plan's kernels still compute right), each must be the plan's kernel at these sizes
-        items = [i for i in create_schedule(outs, self.device.caps, split_columns=False) if i.ast.src]
+        items = [_unfused(i) for i in create_schedule(outs, self.device.caps, split_columns=False) if i.ast.src]
         if [sizes.name_shape(i.name) for i in items] == self.shapes:
             for item, ast in zip(items, self.asts):
                 if sizes.instantiate_ast(ast, dims) is not item.ast:
@@ -1226,6 +1226,13 @@ class BoundKernel(Kernel):
     @bytes_moved.setter
     def bytes_moved(self, v: int) -> None:
         self._counted, self._work = (self._counted[0] if self._counted else 0, v), None
+
+
+def _unfused(item: ScheduleItem) -> ScheduleItem:
+    """`item` with its plain lowering where the scheduler fused an attention (`meta["unfused_ast"]`): a symbolic
+    plan's kernels are lowered for every size, which the fused attention's lowering (constant sizes) is not."""
+    plain = item.meta.get("unfused_ast")
+    return item if plain is None else ScheduleItem(plain, item.bufs, item.name, item.line, item.meta)
 
 
 def _split_variant(item: ScheduleItem, dev: Any, cls: tuple, probe: dict[str, int], name: str, key: str,

@@ -1,8 +1,8 @@
 """Attention fusion, codegen side: one kernel computing `softmax(X) @ v` as an online softmax.
 
-The scheduler (`tgc.engine.attention`) hands a kernel whose `meta["attention"]` holds the score X at
-(query row, key j) (its inner products as REDUCEs over the head dimension), v at (j, column) and the output
-index. The kernel, for every device:
+The scheduler (`tgc.engine.attention`) hands a kernel whose AST is a REDUCE(ONLINE_SOFTMAX) over the keys of
+(score X at (query row, key j), its inner products as REDUCEs over the head dimension; v at (j, column)), stored
+at the output index; `spec_of` reads these pieces back from the AST. The kernel, for every device:
 
     for each batch index and query row i (CPU: rows split across threads; GPU: one thread per row)
       m = -inf; l = 0; o[0..Dv) = 0                 accumulators (DEFINE_ACC)
@@ -50,6 +50,7 @@ from tgc.codegen.opt import (
 )
 from tgc.codegen.pipeline import lower, shared_memory_bytes
 from tgc.dtype import dtypes
+from tgc.engine.attention import online_softmax_of, spec_of
 from tgc.env import env_flag
 from tgc.ir.kernel import INDEX
 from tgc.ir.symbolic import simplify
@@ -172,7 +173,7 @@ MAX_BLOCK = 64  # keys per block (the per-row form's bound; the rows form's is R
 ROW_BLOCK_VALUES = 256
 # A key block's size is bounded by the terms the kernel then writes out (`_terms`), as an ordinary kernel's unrolled
 # values are by `opt.MAX_UNROLLED`: the rows form writes out only the keys of a block (its head
-# dimension and output columns are loops); the per-row form (`build`: GPUs, PYTHON, half inputs) writes out each
+# dimension and output columns are loops); the per-row form (GPUs, PYTHON, half inputs) writes out each
 # key's term of every output column, so a wide head's large blocks there take many seconds each to compile.
 MAX_SEARCH_TERMS = 4096
 
@@ -184,8 +185,9 @@ class AttentionKernel:
     `Opt`s on them:
 
     - `UPCAST(row axis, n)`: n query rows per vector (the rows form; the product of the UPCASTs must
-      be 8 or 16, and rows x keys per block at most `ROW_BLOCK_VALUES`); without it, the per-row form (`build`:
-      one row at a time, inner products 16 lanes of the head dimension where the device has vectors);
+      be 8 or 16, and rows x keys per block at most `ROW_BLOCK_VALUES`); without it, the per-row form
+      (`online_softmax_ast` without rows: one row at a time, inner products 16 lanes of the head dimension where
+      the device has vectors);
     - `UNROLL(key axis, n)`: n keys per block (the product of the UNROLLs, 2..`MAX_BLOCK`, cut to the key count;
       without one, `BLOCK`), within `MAX_SEARCH_TERMS` written-out terms;
     - `THREAD(0, n)`: n CPU threads over the first output loop (without one, the automatic count, as
@@ -196,8 +198,10 @@ class AttentionKernel:
 
     def __init__(self, item: Any, device: Any):
         self.item, self.device = item, device
-        self.spec = item.meta["attention"]
-        self.base = item.ast  # what the BEAM store keys the kernel by (its plain AST)
+        self.spec = spec_of(item.ast)
+        if self.spec is None:
+            raise ValueError(f"{item.name}: not a fused attention kernel (no REDUCE(ONLINE_SOFTMAX) of keys)")
+        self.base = item.ast  # what the BEAM store keys the kernel by (its AST)
         self.applied: list[Opt] = []
         self.rows, self.block, self.threads = 0, 0, 0  # 0: not chosen (per-row form, BLOCK keys, automatic threads)
         self.threads_chosen = False
@@ -344,8 +348,8 @@ def lower_attention(item: Any, device: Any, name: str, opts: list[Opt] | None = 
     REDUCE(ONLINE_SOFTMAX) (`online_softmax_ast`) that `pipeline.lower` takes, in every form. `trace`, when a list,
     gets (pass name, text) for every pass, as `pipeline.lower` gives it."""
 
-    sp = item.meta["attention"]
     k = attention_kernel(item, device, opts)
+    sp = k.spec
     ch = k.choices()
     vectors = device.caps.vectors and not env_flag("NOOPT")
     if ch["rows"] and vectors and not device.caps.gpu and _rows_apply(sp) and \
@@ -456,5 +460,10 @@ def _staging_plan(sp: Any, device: Any, block: int, group: int) -> tuple[int, in
     return block, group
 
 
+def is_fused_attention(ast: UOp) -> bool:
+    """`ast` is a fused attention kernel's (`tgc.engine.attention.kernel_ast`: lowered by `lower_attention`)."""
+    return online_softmax_of(ast) is not None and spec_of(ast) is not None
+
+
 __all__ = ["BLOCK", "MAX_BLOCK", "ROW_BLOCK_VALUES", "ROW_CHOICES", "ROW_LANES", "AttentionKernel", "attention_kernel",
-           "lower_attention", "online_softmax_ast"]
+           "is_fused_attention", "lower_attention", "online_softmax_ast"]

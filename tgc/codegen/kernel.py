@@ -12,7 +12,7 @@ from typing import Any
 
 from tgc import cache, profile, timings
 from tgc.codegen import search
-from tgc.codegen.attention import lower_attention
+from tgc.codegen.attention import is_fused_attention, lower_attention
 from tgc.codegen.binaries import compile_key as compile_key  # re-exported
 from tgc.codegen.index import is_index
 from tgc.codegen.opt import MIN_WORK_PER_THREAD, OptError, OptKernel, OptOps
@@ -241,7 +241,7 @@ def _build_kernel(item: ScheduleItem, device: Any, beam: int, name: str, tuned: 
                   compile_src: Any = None) -> Kernel:
     """`compile_src(device, src)` -> (binary, error, cache key): `_compile_cached`, or `build_kernels`' deferral."""
     compile_src = compile_src or _compile_cached
-    fused = "attention" in item.meta  # one online-softmax kernel (tgc/codegen/attention.py)
+    fused = is_fused_attention(item.ast)  # one online-softmax kernel (tgc/codegen/attention.py)
     with timings.phase("prepare"):
         ast = search.search_ast(item, device)
     opts = None
@@ -332,7 +332,7 @@ def _same_kernel(item: ScheduleItem) -> tuple | None:
     buffer's op, dtype and shape (lowering reads nothing else of them). None (never shared) for the fused
     attention (its own lowering) and for items that pass one buffer twice (which positions a kernel keeps would
     be ambiguous)."""
-    if "attention" in item.meta or len({id(b) for b in item.bufs}) != len(item.bufs):
+    if is_fused_attention(item.ast) or len({id(b) for b in item.bufs}) != len(item.bufs):
         return None
     return item.ast, tuple((b.op, b.dtype, shape_of(b)) for b in item.bufs)
 

@@ -9,9 +9,9 @@ winner is timed again against it, alternating, before it is kept (`_confirm`): B
 slower than what a run without it gets. The winner's opts are stored in the disk cache (table `beam`)
 under the kernel's AST, device, compiler and tgc version, so later compiles reuse them.
 
-A fused attention kernel (`meta["attention"]`) is searched by this same driver: its search state is a
-`tgc.codegen.attention.AttentionKernel` (ordinary opts on its row and key axes) in place of an `OptKernel`,
-lowered by `lower_attention`, and stored under its plain AST (`search_ast`).
+A fused attention kernel (an AST of REDUCE(ONLINE_SOFTMAX) over keys: `attention.is_fused_attention`) is searched
+by this same driver: its search state is a `tgc.codegen.attention.AttentionKernel` (ordinary opts on its row and
+key axes) in place of an `OptKernel`, lowered by `lower_attention`, and stored under its AST (`search_ast`).
 
 Where a candidate evaluator is in use (`use_evaluator`: a Ray cluster, `tgc.backends.cluster`), the one search
 above hands each batch of rendered candidates to it instead of compiling and timing them here: it compiles,
@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from tgc import cache
-from tgc.codegen.attention import AttentionKernel, lower_attention
+from tgc.codegen.attention import AttentionKernel, is_fused_attention, lower_attention
 from tgc.codegen.heuristic import hand_coded
 from tgc.codegen.opt import Opt, OptError, OptKernel, OptOps, launch_limits, remember
 from tgc.codegen.pipeline import lower
@@ -142,7 +142,7 @@ def search_ast(item: ScheduleItem, device: Any) -> UOp:
     """The AST a schedule item's kernel is searched and stored under: a fused attention kernel's plain AST (the
     chain it computes, which no unfused kernel has: there the softmax's output is a buffer), else the prepared
     AST (`pipeline.prepare`)."""
-    return item.ast if "attention" in item.meta else prepare_ast(item.ast, device)
+    return item.ast if is_fused_attention(item.ast) else prepare_ast(item.ast, device)
 
 
 def lookup_entry(ast: UOp, device: Any) -> dict[str, Any] | None:
@@ -382,7 +382,8 @@ def beam_search(ast: UOp, device: Any, bufs: list[UOp], width: int, name: str = 
     (`_starts`: the reference and the default's prefixes), already rendered and perhaps compiled (by
     `beam_items`' time budget, which times the default first). `deadline` (a `time.perf_counter()` value): no
     round starts after it, and the round in progress times no more candidates. `item`: the schedule item, whose
-    fused attention (`meta["attention"]`) is searched as an `AttentionKernel` (`ast` is then its plain AST)."""
+    fused attention (`attention.is_fused_attention(item.ast)`) is searched as an `AttentionKernel` (`ast` is then
+    `item.ast`)."""
     timer = _Timer(device, bufs)
     try:
         return _search(ast, device, timer, width, name, progress, pool, rounds, starts, deadline, item)
@@ -392,7 +393,7 @@ def beam_search(ast: UOp, device: Any, bufs: list[UOp], width: int, name: str = 
 
 def _new_kernel(ast: UOp, device: Any, item: ScheduleItem | None) -> OptKernel | AttentionKernel:
     """The search state of a kernel with no opts: the fused attention's where `item` has one, else an OptKernel."""
-    if item is not None and "attention" in item.meta:
+    if item is not None and is_fused_attention(item.ast):
         return AttentionKernel(item, device)
     return OptKernel(ast, device)
 

@@ -22,9 +22,17 @@ terms' matmuls whose output is one score per element (q @ k^T) are computed per 
 (`inline`); anything else they read (a projection q and k are slices of, a mask) is an operand the scheduler
 realizes or reads as usual.
 
-The kernel's AST (`ScheduleItem.ast`) is the plain lowering of the chain (the row max and sum as nested
-reductions): a correct reference that `--emit schedule` shows. Its `meta["attention"]` (an `AttentionSpec`)
-holds the pieces `tgc.codegen.attention` lowers instead, as an online softmax over blocks of keys.
+The kernel's AST (`ScheduleItem.ast`, `kernel_ast`) is an ordinary kernel AST like any reduce's: one STORE per
+output element of a REDUCE(ONLINE_SOFTMAX) over the key range of (score, value) pairs,
+
+    STORE(out, out_index(loops, rdv), [CAST] REDUCE(VECTORIZE(x(loops, rj), f32(v(rj, rdv))), rj, ONLINE_SOFTMAX))
+
+with the batch axes, the query row and the output column `rdv` LOOP ranges (the column: the one the scores do not
+vary by) and the score's inner products REDUCEs over the head dimension. `tgc.codegen.attention` reads the
+pieces back from it (`spec_of`) and
+chooses its forms (blocks of keys, rows per vector, shared-memory staging) by rules over it. `meta["unfused_ast"]`
+keeps the plain lowering of the chain (the row max and sum as nested reductions) for symbolic-size plans only
+(`tgc.api`: the fused lowering needs constant sizes).
 
 What is not fused: a softmax over another axis, `log_softmax` itself (not followed by exp), weights not
 followed by a matmul over their last axis, a head dimension above `MAX_HEAD_DIM`, symbolic sizes, non-float
@@ -39,7 +47,7 @@ from dataclasses import dataclass
 from tgc.dtype import DType, dtypes
 from tgc.ir.kernel import INDEX, flat_index
 from tgc.ir.shapes import prod, shape_of
-from tgc.ir.uop import Ops, RangeKind, UOp
+from tgc.ir.uop import Ops, RangeKind, UOp, substitute
 
 MAX_HEAD_DIM = 256  # the output row (Dv accumulators) is held in registers
 _LN2 = math.log(2)
@@ -294,6 +302,56 @@ def _f32(u: UOp) -> UOp:
     return u if u.dtype == dtypes.f32 else UOp(Ops.CAST, dtypes.f32, (u,))
 
 
+def kernel_ast(sp: AttentionSpec) -> UOp:
+    """The fused kernel's AST (the module docstring's form) of the pieces `sp`; `spec_of` reads them back."""
+    col = UOp(Ops.RANGE, INDEX, sp.rdv.src, (sp.rdv.arg[0], RangeKind.LOOP))  # an ordinary output loop
+    v, out_index = substitute(sp.v, {sp.rdv: col}), substitute(sp.out_index, {sp.rdv: col})
+    pairs = UOp(Ops.VECTORIZE, dtypes.f32.vec(2), (_f32(sp.x), _f32(v)))
+    out = UOp(Ops.REDUCE, dtypes.f32, (pairs, sp.rj), Ops.ONLINE_SOFTMAX)
+    if sp.dtype != dtypes.f32:
+        out = UOp(Ops.CAST, sp.dtype, (out,))
+    return UOp(Ops.SINK, None, (UOp(Ops.STORE, None, (sp.out, out_index, out)),))
+
+
+def online_softmax_of(ast: UOp) -> UOp | None:
+    """The REDUCE(ONLINE_SOFTMAX) of a fused attention kernel's AST (`kernel_ast`'s form: a SINK of one STORE of
+    it, through at most one CAST, over one REDUCE range of (score, value) pairs), else None."""
+    if ast.op is not Ops.SINK or len(ast.src) != 1 or ast.src[0].op is not Ops.STORE or len(ast.src[0].src) != 3:
+        return None
+    red = ast.src[0].src[2]
+    red = red.src[0] if red.op is Ops.CAST else red
+    if red.op is not Ops.REDUCE or red.arg is not Ops.ONLINE_SOFTMAX or len(red.src) != 2:
+        return None
+    rj = red.src[1]
+    if rj.op is not Ops.RANGE or rj.arg[1] is not RangeKind.REDUCE or red.src[0].op is not Ops.VECTORIZE:
+        return None
+    return red
+
+
+def spec_of(ast: UOp) -> AttentionSpec | None:
+    """The pieces of a fused attention kernel's AST (`kernel_ast`'s form), else None. Read by rules over the AST:
+    the loops are the ranges of the output index (in range order) but the last, the output column, which the
+    scores do not vary by; the key is the REDUCE's range; the last loop is the query row (`row_loop`) where the
+    values do not vary by it (rows share their keys and values; one query row, a decoding step: the last loop
+    is a batch axis the values vary by)."""
+    red = online_softmax_of(ast)
+    if red is None:
+        return None
+    store = ast.src[0]
+    out, out_index, value = store.src
+    ranges = sorted({u for u in out_index.toposort() if u.op is Ops.RANGE}, key=lambda r: r.arg[0])
+    rj, (x, v) = red.src[1], red.src[0].src
+    x_ranges = {u for u in x.toposort() if u.op is Ops.RANGE}
+    if not ranges or ranges[-1] in x_ranges or any(r.arg[1] is not RangeKind.LOOP for r in ranges) or \
+            not all(r.src[0].op is Ops.CONST for r in (*ranges, rj)):
+        return None
+    loops, rdv = tuple(ranges[:-1]), ranges[-1]  # the output column: the last range, which the scores do not vary by
+    v_ranges = {u for u in v.toposort() if u.op is Ops.RANGE}
+    row_loop = bool(loops) and loops[-1] not in v_ranges
+    return AttentionSpec(loops, rj, rdv, x, v, out, out_index, rj.src[0].arg, rdv.src[0].arg, value.dtype,
+                         row_loop=row_loop)
+
+
 def spec(low, root: UOp, m: Match) -> AttentionSpec:
     """The fused kernel's pieces, written by the scheduler's lowerer `low` (which already lowered the plain AST
     of `root`, so the buffers are numbered alike)."""
@@ -320,4 +378,5 @@ def spec(low, root: UOp, m: Match) -> AttentionSpec:
                          row_loop=ri.op is Ops.RANGE)
 
 
-__all__ = ["AttentionSpec", "Match", "find", "match", "output_of", "softmax_scores", "spec"]
+__all__ = ["AttentionSpec", "Match", "find", "kernel_ast", "match", "online_softmax_of", "output_of", "softmax_scores",
+           "spec", "spec_of"]

@@ -1024,11 +1024,15 @@ def _schedule(outputs: list[UOp], fuse_rows: bool) -> list[ScheduleItem]:
             low, ast = lowered[root]
             item = ScheduleItem(ast, low.bufs, name=kernel_name(ast))
             p = attention.output_of(root, fused)
-            if p is not None:  # lowered as one online-softmax kernel (tgc.codegen.attention); `ast` is its reference
-                item.meta["attention"] = attention.spec(low, root, fused[p])
+            if p is not None:  # one online-softmax kernel: its AST the REDUCE(ONLINE_SOFTMAX) (tgc.engine.attention)
+                sp = attention.spec(low, root, fused[p])  # (the buffers numbered as the plain lowering's)
+                item.ast = attention.kernel_ast(sp)
+                # the plain lowering (the row max and sum as nested reductions): what a kernel for symbolic sizes
+                # compiles (`Program` symbolic plans: the fused lowering needs constant sizes)
+                item.meta["unfused_ast"] = ast
                 item.bufs = low.bufs
-                item.name = "attn_" + item.name
-                item.meta["graph_flops"] = attention_flops(item.meta["attention"], fused[p])
+                item.name = "attn_" + item.name  # (the plain lowering's name)
+                item.meta["graph_flops"] = attention_flops(sp, fused[p])
             else:
                 item.meta["graph_flops"] = executed_flops(ast)
         done[root] = item

@@ -27,7 +27,7 @@ from typing import Any
 
 from tgc.api import _device, device_names
 from tgc.codegen import search
-from tgc.codegen.attention import lower_attention
+from tgc.codegen.attention import is_fused_attention, lower_attention
 from tgc.codegen.kernel import prepare_ast
 from tgc.codegen.pipeline import lower
 from tgc.engine.bench import machine_peak
@@ -108,7 +108,7 @@ def _opts_source(item: Any, dev: Any, k: Any) -> str:
     """Where a kernel's opts came from: a stored BEAM winner, or the hand-coded heuristic."""
     if item is None:
         return "?"
-    attention = "attention" in item.meta
+    attention = is_fused_attention(item.ast)
     if dev.compiler is not None and search.lookup(search.search_ast(item, dev), dev) is not None:
         return "BEAM"
     return "heuristic" if k.opts or not attention else "defaults"
@@ -150,7 +150,7 @@ def _passes(k: Any, item: Any, dev: Any) -> list[dict[str, Any]]:
     """The kernel's AST as scheduled, after each named pass that ran, and its linear UOps; each step with the
     lines that are new since the step before (`_changed`)."""
     steps = [("scheduled", pretty(item.ast))]
-    if "attention" in item.meta:  # the fused online softmax (tgc/codegen/attention.py): the passes it went through
+    if is_fused_attention(item.ast):  # the fused online softmax (tgc/codegen/attention.py): the passes it went through
         trace = []
         try:
             lower_attention(item, dev, k.name, opts=list(getattr(k, "applied", None) or []) or None, trace=trace)
