@@ -1,0 +1,54 @@
+"""Fixes from the third review (a new user's pass over symbolic packages, attention, ONNX and REMOTE):
+each test fails on the code before its fix.
+
+- `tgc bench` of a symbolic package: a launch whose counts the package could not save as one product of dims
+  (a matmul at odd sizes, its split main part and tails) reports its GFLOP/s and GB/s as unknown (`-`, JSON
+  null), not as 0, and the program's total is unknown too rather than the sum of the counted kernels alone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tgc
+from tgc import package
+from tgc.engine.bench import rates, work_counts
+
+MATMUL = """
+a: f32[M, K]
+b: f32[K, N]
+return relu(a @ b) + 1.0
+"""
+
+
+def test_bench_of_a_symbolic_package_never_reports_a_rate_of_zero(tmp_path):
+    prog = tgc.loads(MATMUL)
+    pkg = package.write(prog, tmp_path / "mm.tgpkg", "CPU")
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((37, 53)).astype(np.float32), rng.standard_normal((53, 29)).astype(np.float32)
+    np.testing.assert_allclose(pkg.run(a=a, b=b)["out0"], np.maximum(a.astype(np.float64) @ b, 0) + 1,
+                               rtol=1e-4, atol=1e-4)
+    res = pkg.bench(inputs={"a": a, "b": b}, repeat=1)
+    for rec in [*res["kernels"], res["program"]]:
+        assert rec["gflops"] is None or rec["gflops"] > 0, rec
+        assert rec["gbps"] is None or rec["gbps"] > 0, rec
+    # the program's rate is over every kernel's count or none
+    if any(k["flops"] is None for k in res["kernels"]):
+        assert res["program"]["flops"] is None and res["program"]["gflops"] is None
+
+
+class _Launch:
+    def __init__(self, flops: int, nbytes: int):
+        self.flops, self.bytes_moved = flops, nbytes
+
+
+def test_work_counts_and_rates_of_unknown_counts():
+    assert work_counts(_Launch(0, 0)) == (None, None)  # a symbolic package's 'no expression'
+    assert work_counts(_Launch(0, 64)) == (0, 64)  # a copy kernel: no flops, some bytes
+    assert work_counts(_Launch(10, 64)) == (10, 64)
+    peak = {"gflops": 100.0, "gbps": 10.0}
+    r = rates(None, None, 1e-3, peak, working_set=1 << 30)
+    assert r["gflops"] is None and r["gbps"] is None and r["peak_share"] is None
+    r = rates(2 * 10**6, 10**6, 1e-3, peak, working_set=1 << 30)
+    assert r["gflops"] == pytest.approx(2.0) and r["gbps"] == pytest.approx(1.0) and r["bound"] == "memory"
