@@ -4,12 +4,15 @@ each test fails on the code before its fix.
 - `tgc bench` of a symbolic package: a launch whose counts the package could not save as one product of dims
   (a matmul at odd sizes, its split main part and tails) reports its GFLOP/s and GB/s as unknown (`-`, JSON
   null), not as 0, and the program's total is unknown too rather than the sum of the counted kernels alone.
+- `tgc import m.onnx -o mine.tg` never replaces a `mine.npz` of the user's (only the weights of an earlier
+  translation, beside it): exit 2, the file left as it was.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from clikit import assert_clean, invoke
 
 import tgc
 from tgc import package
@@ -52,3 +55,38 @@ def test_work_counts_and_rates_of_unknown_counts():
     assert r["gflops"] is None and r["gbps"] is None and r["peak_share"] is None
     r = rates(2 * 10**6, 10**6, 1e-3, peak, working_set=1 << 30)
     assert r["gflops"] == pytest.approx(2.0) and r["gbps"] == pytest.approx(1.0) and r["bound"] == "memory"
+
+
+def _mlp_model(path) -> None:
+    from onnx import TensorProto, helper, numpy_helper, save
+
+    w = numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(3, 4) / 10, "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
+                              "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])], [w])
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def test_import_never_replaces_a_users_npz_beside_the_program(tmp_path):
+    model = tmp_path / "m.onnx"
+    _mlp_model(model)
+    mine = tmp_path / "mine.npz"
+    np.savez(mine, keep=np.arange(3))
+    before = mine.read_bytes()
+    assert_clean(invoke("import", str(model), "-o", str(tmp_path / "mine.tg")), 2, "mine.npz exists and is not")
+    assert mine.read_bytes() == before and not (tmp_path / "mine.tg").exists()
+    # a user's program named by -o is replaced (as documented), but not the weights file beside it
+    (tmp_path / "mine.tg").write_text("x: f32[N]\nreturn x\n")
+    assert_clean(invoke("import", str(model), "-o", str(tmp_path / "mine.tg")), 2, "mine.npz exists and is not")
+    assert mine.read_bytes() == before
+    # an earlier translation and its weights are replaced, and the result runs as the model does
+    for _ in range(2):
+        r = invoke("import", str(model), "-o", str(tmp_path / "t.tg"))
+        assert r.exit_code == 0, r.stderr
+    x = np.array([[1, -2, 3], [0.5, 0.25, -1]], np.float32)
+    np.save(tmp_path / "x.npy", x)
+    r = invoke("run", str(tmp_path / "t.tg"), "--inputs", str(tmp_path / "t.npz"), "-i", f"x={tmp_path / 'x.npy'}",
+               "-o", str(tmp_path / "y.npz"))
+    assert r.exit_code == 0, r.stderr
+    ref = np.maximum(x.astype(np.float64) @ (np.arange(12).reshape(3, 4) / 10), 0)
+    np.testing.assert_allclose(np.load(tmp_path / "y.npz")["y"], ref, rtol=1e-5, atol=1e-6)
