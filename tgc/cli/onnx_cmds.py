@@ -85,7 +85,7 @@ def import_(file: str, out: str | None) -> None:
     if os.path.lexists(weights) and not (os.path.exists(out) and _replaceable(out)):
         # the weights beside a program that is not an earlier translation are not tgc's to replace
         raise TgcError(f"{weights} exists and is not the weights of an earlier translation by tgc import: it is "
-                       "left as it was", hint=f"move it, or name another program with -o PATH.tg (its weights go "
+                       "left as it was", hint="move it, or name another program with -o PATH.tg (its weights go "
                        "beside it as PATH.npz)")
     tr = translate(read_model(file), os.path.basename(file))
     try:
