@@ -6,6 +6,9 @@ each test fails on the code before its fix.
   null), not as 0, and the program's total is unknown too rather than the sum of the counted kernels alone.
 - `tgc import m.onnx -o mine.tg` never replaces a `mine.npz` of the user's (only the weights of an earlier
   translation, beside it): exit 2, the file left as it was.
+- A symbolic run (`--symbolic`, `run(symbolic=True)`) of an ONNX model, whose weights are bound at load, fills
+  the weights' buffers (the size class's plan counted only the caller's inputs and left the weights as
+  uninitialized temporaries: garbage results).
 """
 
 from __future__ import annotations
@@ -90,3 +93,43 @@ def test_import_never_replaces_a_users_npz_beside_the_program(tmp_path):
     assert r.exit_code == 0, r.stderr
     ref = np.maximum(x.astype(np.float64) @ (np.arange(12).reshape(3, 4) / 10), 0)
     np.testing.assert_allclose(np.load(tmp_path / "y.npz")["y"], ref, rtol=1e-5, atol=1e-6)
+
+
+def _two_layer_model(path):
+    from onnx import TensorProto, helper, numpy_helper, save
+
+    rng = np.random.default_rng(3)
+    ws = {"w1": rng.standard_normal((6, 10)), "b1": rng.standard_normal(10), "w2": rng.standard_normal((10, 4)),
+          "b2": rng.standard_normal(4)}
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["h1"]),
+             helper.make_node("Relu", ["h1"], ["h2"]), helper.make_node("MatMul", ["h2", "w2"], ["h3"]),
+             helper.make_node("Add", ["h3", "b2"], ["y"])]
+    graph = helper.make_graph(nodes, "mlp2", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+                              [numpy_helper.from_array(v.astype(np.float32), k) for k, v in ws.items()])
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return {k: v.astype(np.float32).astype(np.float64) for k, v in ws.items()}
+
+
+def test_a_symbolic_run_of_an_onnx_model_uses_its_weights(tmp_path, device):
+    ws = _two_layer_model(tmp_path / "m.onnx")
+    prog = tgc.load(str(tmp_path / "m.onnx"))
+    rng = np.random.default_rng(5)
+    for batch in (3, 37, 3):
+        x = rng.standard_normal((batch, 6)).astype(np.float32)
+        ref = np.maximum(x @ ws["w1"] + ws["b1"], 0) @ ws["w2"] + ws["b2"]
+        out = prog.run(x=x, device=device, symbolic=True)["y"]
+        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+    if not device.upper().startswith("REMOTE"):
+        assert prog.last_run == "symbolic"
+
+
+def test_tgc_run_symbolic_of_an_onnx_model_matches_numpy(tmp_path):
+    ws = _two_layer_model(tmp_path / "m.onnx")
+    x = np.random.default_rng(6).standard_normal((9, 6)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    r = invoke("run", str(tmp_path / "m.onnx"), "--symbolic", "-i", f"x={tmp_path / 'x.npy'}",
+               "-o", f"y={tmp_path / 'y.npy'}")
+    assert r.exit_code == 0, r.stderr
+    ref = np.maximum(x @ ws["w1"] + ws["b1"], 0) @ ws["w2"] + ws["b2"]
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), ref, rtol=1e-4, atol=1e-4)
