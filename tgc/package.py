@@ -2396,7 +2396,7 @@ def class_doc(prog: Any, dev: Any, cls: tuple, plan: Any, member: Any = None) ->
     from tgc.ir.uop import Ops, UOp
 
     saving = member is not None
-    decls = list(prog.inputs)
+    decls = _declared_inputs(prog)  # (weights bound at load included: the slots' input indices count them)
     p1, p2 = sizes.probes(cls)
     rep = {n: sizes.REPRESENTATIVE[c] if c in sizes.SYMBOLIC else int(c) for n, c in cls}
     sym = list(plan.symbolic)

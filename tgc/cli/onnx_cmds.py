@@ -81,8 +81,13 @@ def import_(file: str, out: str | None) -> None:
     if default_out and not _replaceable(out):
         raise TgcError(f"{out} exists and is not a translation by tgc import: it is left as it was",
                        hint="name the program to write with -o PATH.tg")
-    tr = translate(read_model(file), os.path.basename(file))
     weights = os.path.splitext(out)[0] + ".npz"
+    if os.path.lexists(weights) and not (os.path.exists(out) and _replaceable(out)):
+        # the weights beside a program that is not an earlier translation are not tgc's to replace
+        raise TgcError(f"{weights} exists and is not the weights of an earlier translation by tgc import: it is "
+                       "left as it was", hint="move it, or name another program with -o PATH.tg (its weights go "
+                       "beside it as PATH.npz)")
+    tr = translate(read_model(file), os.path.basename(file))
     try:
         with open(out, "w", encoding="utf-8") as f:
             f.write(tr.source)

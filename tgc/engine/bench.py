@@ -107,14 +107,15 @@ def bench_launches(low: Executable, arrays: dict[str, np.ndarray], repeat: int =
     # all the program's buffers, whole (a strided read still brings in whole cache lines)
     working_set = sum(prod(b.shape) * b.dtype.itemsize for b in buffers.values())
     rows = []
-    total_flops = sum(k.flops for k in kernels)
-    total_bytes = sum(k.bytes_moved for k in kernels)
-    for k, ts in zip(kernels, per_kernel):
+    counts = [work_counts(k) for k in kernels]
+    total_flops = None if any(f is None for f, _ in counts) else sum(f for f, _ in counts)
+    total_bytes = None if any(b is None for _, b in counts) else sum(b for _, b in counts)
+    for k, ts, (flops, nbytes) in zip(kernels, per_kernel, counts):
         st = _stats(ts)
         row = {"name": k.name, "line": k.line, "global_size": list(k.global_size),
                "local_size": list(k.local_size) if k.local_size else None, "opts": [str(o) for o in k.opts],
-               "flops": k.flops, "graph_flops": k.graph_flops, "bytes": k.bytes_moved, **st}
-        row.update(rates(k.flops, k.bytes_moved, st["median_s"], peak, working_set))
+               "flops": flops, "graph_flops": k.graph_flops, "bytes": nbytes, **st}
+        row.update(rates(flops, nbytes, st["median_s"], peak, working_set))
         rows.append(row)
     prog_stats = _stats(whole)
     program = {**prog_stats, "flops": total_flops, "bytes": total_bytes, "graph": graph is not None,
@@ -168,7 +169,7 @@ def chunked_timing(timing: dict[str, Any], whole: list[float], count: int) -> di
     one, no device graph). `program["chunks"]` says how many; its FLOP and byte counts are the chunk's times
     the count."""
     prog_stats = _stats(whole)
-    flops, nbytes = timing["program"]["flops"] * count, timing["program"]["bytes"] * count
+    flops, nbytes = (None if v is None else v * count for v in (timing["program"]["flops"], timing["program"]["bytes"]))
     timing["program"] = {**prog_stats, "flops": flops, "bytes": nbytes, "graph": False, "chunks": count,
                          **rates(flops, nbytes, prog_stats["median_s"], timing["peak"], timing["working_set_bytes"])}
     return timing
@@ -210,8 +211,18 @@ def device_model(dev) -> str:
 CACHE_FACTOR = 4  # working sets up to this many times the last-level cache count as (partly) cache-resident
 
 
-def rates(flops: int, nbytes: int, seconds: float, peak: dict, working_set: int) -> dict[str, Any]:
-    """GFLOP/s, GB/s and the share of the peak they reach (None where the peak is unknown).
+def work_counts(k: Any) -> tuple[int | None, int | None]:
+    """A launched kernel's (flops, bytes moved), None for counts that are not known. A symbolic package (or a
+    program-cache entry of a size class) saves a launch's counts only where each is one product of dims and 0
+    otherwise (a matmul at odd sizes, a GPU grid rounded up, a split kernel's main part): as a kernel that runs
+    always moves some bytes, 0 bytes means neither count is known, rather than a rate of 0."""
+    if k.bytes_moved <= 0:
+        return None, None
+    return k.flops, k.bytes_moved
+
+
+def rates(flops: int | None, nbytes: int | None, seconds: float, peak: dict, working_set: int) -> dict[str, Any]:
+    """GFLOP/s, GB/s and the share of the peak they reach (None where the peak or the count is unknown).
 
     A program whose buffers (`working_set` bytes) fit the device's last-level cache (`peak["cache_bytes"]`)
     keeps its data in that cache between the timed runs; up to CACHE_FACTOR times that size, caches that do
@@ -219,8 +230,8 @@ def rates(flops: int, nbytes: int, seconds: float, peak: dict, working_set: int)
     the memory peak: `in_cache` is set and `mem_share` is None. `peak_share` is the larger of the two
     shares, `bound` says which ("compute", "memory") or None.
     """
-    gflops = flops / seconds / 1e9 if seconds > 0 else 0.0
-    gbps = nbytes / seconds / 1e9 if seconds > 0 else 0.0
+    gflops = None if flops is None else flops / seconds / 1e9 if seconds > 0 else 0.0
+    gbps = None if nbytes is None else nbytes / seconds / 1e9 if seconds > 0 else 0.0
     cache = peak.get("cache_bytes")
     in_cache = bool(cache) and 0 < working_set <= CACHE_FACTOR * cache
     flop_share = gflops / peak["gflops"] if peak.get("gflops") and flops else None
