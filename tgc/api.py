@@ -57,7 +57,7 @@ from tgc.engine.schedule import ScheduleItem, create_schedule, kernel_name, spli
 from tgc.env import debug_level, env_flag, env_int
 from tgc.errors import BindError, CompileError, TgcError
 from tgc.ir.shapes import prod, shape_of
-from tgc.ir.symsize import NotTraceable, SymSize
+from tgc.ir.symsize import NotTraceable, SymSize, checked_at
 from tgc.ir.uop import Ops, UOp
 from tgc.onnx import read_model
 from tgc.onnx import translate as translate_onnx
@@ -618,11 +618,12 @@ class Program:
         if not symbolic or any(c != "n" for n, c in cls if c in sizes.SYMBOLIC):
             return "one trace serves classes of dims n, 0 and 1 only"
         rep = {n: sizes.REPRESENTATIVE[c] if c in sizes.SYMBOLIC else int(c) for n, c in cls}
-        p1 = sizes.probes(cls)[0]  # the sizes the one trace runs at (its decisions against numbers, as the probes')
+        p1, p2 = sizes.probes(cls)  # traced at the first; each size decision must come out the same at both
         tagged = {n: SymSize.dim(n, v) if n in symbolic else v for n, v in p1.items()}
         try:
-            outs, bufs = self._trace(tagged)
-            items = [i for i in create_schedule(outs, dev.caps, split_columns=False) if i.ast.src]
+            with checked_at((p1, p2)):
+                outs, bufs = self._trace(tagged)
+                items = [i for i in create_schedule(outs, dev.caps, split_columns=False) if i.ast.src]
             asts = [sizes.symbolize_tagged(i.ast, bound) for i in items]
             for a in asts:
                 if isinstance(a, str):

@@ -32,6 +32,12 @@ def _size(s: int) -> int:
     return s if isinstance(s, SymSize) else int(s)
 
 
+def _reciprocal(n: int) -> float:
+    """1.0 / n; of a size of the dims, the `SymFloat` that remembers them (`1.0 / n` alone is a plain float:
+    Python asks float's division first)."""
+    return n.__rtruediv__(1.0) if isinstance(n, SymSize) else 1.0 / n
+
+
 def _shape_error(msg: str) -> DslError:
     return DslError(msg, shape_dependent=True)
 
@@ -451,14 +457,14 @@ class Tensor:
         x = self if self.dtype.is_float else self.cast(dtypes.f32)
         n = prod(self.shape[a] for a in self._axes(axis))
         s = x.sum(axis, keepdim)
-        return s * (1.0 / n) if n else s * math.nan
+        return s * _reciprocal(n) if n else s * math.nan
 
     def var(self, axis=None, keepdim: bool = False, correction: int = 0) -> Tensor:
         """numpy's var: the mean squared deviation divided by n - correction (numpy's `ddof`; 0 by default)."""
         x = self if self.dtype.is_float else self.cast(dtypes.f32)
         n = prod(self.shape[a] for a in self._axes(axis))
         dev = x - x.mean(axis, keepdim=True)
-        return (dev * dev).sum(axis, keepdim) * (1.0 / max(n - correction, 0) if n - correction > 0 else math.inf)
+        return (dev * dev).sum(axis, keepdim) * (_reciprocal(max(n - correction, 0)) if n - correction > 0 else math.inf)
 
     def std(self, axis=None, keepdim: bool = False, correction: int = 0) -> Tensor:
         return self.var(axis, keepdim, correction).sqrt()
