@@ -464,7 +464,8 @@ class Tensor:
         x = self if self.dtype.is_float else self.cast(dtypes.f32)
         n = prod(self.shape[a] for a in self._axes(axis))
         dev = x - x.mean(axis, keepdim=True)
-        return (dev * dev).sum(axis, keepdim) * (_reciprocal(max(n - correction, 0)) if n - correction > 0 else math.inf)
+        scale = _reciprocal(n - correction) if n - correction > 0 else math.inf
+        return (dev * dev).sum(axis, keepdim) * scale
 
     def std(self, axis=None, keepdim: bool = False, correction: int = 0) -> Tensor:
         return self.var(axis, keepdim, correction).sqrt()
