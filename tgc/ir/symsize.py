@@ -249,6 +249,11 @@ class SymSize(int):
                 return const % other
             if other % UNIT == 0 and const == 0 and list(lead.values()) == [1] and len(next(iter(lead))) == 1:
                 return NONZERO  # a dim of class n is no multiple of 32 (those are class 32n)
+        if isinstance(other, int) and not isinstance(other, bool) and other > 0 and _POINTS.get():
+            # a remainder that is not 0 at either probe: the probe path reads it as "does not divide"
+            if all(_eval(self.terms, pt) % (_eval(other.terms, pt) if isinstance(other, SymSize) else other)
+                   for pt in _POINTS.get()):
+                return NONZERO
         return _refuse(self, "%", other)
 
     def _rquotient(self, other: Any, op: str) -> int:
