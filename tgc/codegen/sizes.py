@@ -19,6 +19,7 @@ size-specialized kernels instead.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -228,22 +229,33 @@ def symbolize_tagged(ast: UOp, bound: int) -> UOp | str:
 
 def lost_sizes(ast: UOp, rep: Mapping[str, int], symbolic: Sequence[str]) -> str | None:
     """Why a symbolic AST made by `symbolize_tagged` cannot be trusted, or None: a plain constant that is a
-    product of the representative sizes (plus a small offset), an integral float one or the reciprocal of one,
-    as the probe path would read it (a size that lost its dims through code reading the raw number)."""
+    product of the traced sizes (plus a small offset), or a float that is one times or over a small integer (1
+    to 16: `0.5 * n`, `2 / n`), as the probe path would see it change between its probes (a size that lost its
+    dims through code reading the raw number: Python's `0.5 * n` asks float's multiplication first)."""
+    def size_like(v: int) -> bool:
+        return abs(v) >= SMALLEST and bool(factor(v, rep, symbolic)[1])
+
     for u in ast.toposort():
         if u.op is not Ops.CONST or u.dtype is None or u.dtype.is_bool or u.dtype.count != 1:
             continue
         v = u.arg
-        if isinstance(v, float):
-            if v.is_integer() and abs(v) < 2 ** 53:
-                v = int(v)
-            elif (r := _reciprocal(v)) is not None:
-                v = r
-            else:
-                continue
-        if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= SMALLEST and factor(v, rep, symbolic)[1]:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or isinstance(v, (SymSize, SymFloat)):
+            continue
+        if isinstance(v, int):
+            lost = size_like(v)
+        elif not math.isfinite(v) or v == 0:
+            lost = False
+        else:
+            lost = any(_near_int(v * b, size_like) or _near_int(b / v, size_like) for b in range(1, 17))
+        if lost:
             return f"the constant {u.arg} looks like a size of the dims"
     return None
+
+
+def _near_int(w: float, test: Any) -> bool:
+    """Whether `w` is an integer up to rounding (a float computed from one) that passes `test`."""
+    r = round(w) if abs(w) < 2 ** 53 else 0
+    return bool(r) and abs(w - r) <= 1e-9 * abs(w) and test(r)
 
 
 def _holds_size(v: Any) -> bool:
