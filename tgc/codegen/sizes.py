@@ -232,8 +232,12 @@ def lost_sizes(ast: UOp, rep: Mapping[str, int], symbolic: Sequence[str]) -> str
     product of the traced sizes (plus a small offset), or a float that is one times or over a small integer (1
     to 16: `0.5 * n`, `2 / n`), as the probe path would see it change between its probes (a size that lost its
     dims through code reading the raw number: Python's `0.5 * n` asks float's multiplication first)."""
-    def size_like(v: int) -> bool:
+    def size_like(v: int) -> bool:  # a size, or a size plus a small offset (`N - 1`), as `factor` reads it
         return abs(v) >= SMALLEST and bool(factor(v, rep, symbolic)[1])
+
+    def product_like(v: int) -> bool:  # times or over a small integer: only an exact product of sizes
+        m = factor(v, rep, symbolic)
+        return abs(v) >= SMALLEST and bool(m[1]) and m[2] == 0
 
     for u in ast.toposort():
         if u.op is not Ops.CONST or u.dtype is None or u.dtype.is_bool or u.dtype.count != 1:
@@ -246,7 +250,8 @@ def lost_sizes(ast: UOp, rep: Mapping[str, int], symbolic: Sequence[str]) -> str
         elif not math.isfinite(v) or v == 0:
             lost = False
         else:
-            lost = any(_near_int(v * b, size_like) or _near_int(b / v, size_like) for b in range(1, 17))
+            lost = _near_int(v, size_like) or _near_int(1 / v, size_like) or \
+                any(_near_int(v * b, product_like) or _near_int(b / v, product_like) for b in range(2, 17))
         if lost:
             return f"the constant {u.arg} looks like a size of the dims"
     return None

@@ -53,8 +53,8 @@ class NotTraceable(Exception):
 
 
 def _terms_text(t: Terms) -> str:
-    parts = []
-    for names, coef in t:
+    parts: list[str] = []
+    for names, coef in sorted(t, key=lambda nc: (-len(nc[0]), nc[0])):  # the highest degree first
         if not names:
             parts.append(f"{coef:+d}")
             continue
