@@ -643,13 +643,18 @@ class Program:
                 i.bufs = [_at_trace_sizes(b, concrete) for b in i.bufs]
             rep_items = [ScheduleItem(sizes.instantiate_ast(a, rep), i.bufs, "", i.line, i.meta)
                          for a, i in zip(asts, items)]
+            shapes = [sizes.name_shape(kernel_name(i.ast)) for i in rep_items]
+            return self._plan_from(dev, cls, bound, templates_only, symbolic, p1, items, asts, slots, kslots,
+                                   oslots, signature, in_shapes, None if env_flag("NOOPT") else rep_items, shapes,
+                                   named=True)
         except NotTraceable as e:
             return str(e)
         except TgcError as e:
+            if isinstance(e, CompileError) and e.msg.endswith("past 64 bits"):
+                raise  # (`_build_symbolic` builds again with a smaller bound)
             return f"traced once: {e.msg}"
-        shapes = [sizes.name_shape(kernel_name(i.ast)) for i in rep_items]
-        return self._plan_from(dev, cls, bound, templates_only, symbolic, p1, items, asts, slots, kslots, oslots,
-                               signature, in_shapes, None if env_flag("NOOPT") else rep_items, shapes, named=True)
+        except Exception as e:  # noqa: BLE001 - a size that code does not expect: the probes decide, never a crash
+            return f"traced once: {type(e).__name__}: {e}"
 
     def _store_class_winners(self, dev: Any, dims: dict[str, int]) -> int:
         """After BEAM at `dims`: each kernel's stored winner also becomes the winner of its symbolic form for the
