@@ -113,6 +113,12 @@ def test_traced_once_same_kernels_and_results_as_the_probes(name, device, monkey
     assert [(s.dtype, s.shape, s.input) for s in plan.slots] == [(s.dtype, s.shape, s.input) for s in other.slots]
     assert plan.kernel_slots == other.kernel_slots and plan.input_shapes == other.input_shapes
     assert plan.shapes == other.shapes
+    # another class of the same Program (a dim of 1: the others traced at other probe sizes) is its own trace,
+    # never nodes of the first one's (kernels' launch contracts state the buffer sizes at the probes)
+    ones = ((prog.dim_names[0], "1"),) + tuple((n, "n") for n in prog.dim_names[1:])
+    assert [k.src for k in prog.compile_symbolic(device, size_class=ones).kernels] == \
+        [k.src for k in probed.compile_symbolic(device, size_class=ones).kernels]
+    assert prog.symbolic_paths[(plan.device.name, ones)] == "one trace"
 
     # results at sizes of 1, odd and large (above the trusted size) against numpy
     for size in (1, 7, 97):

@@ -4,9 +4,10 @@ A `SymSize` is an `int` (its value at the traced sizes, so code that only needs 
 also carries a polynomial of the dims with integer coefficients (`terms`: (names sorted, coef) pairs, the
 constant under `()`); a size is a monomial, `coef * product of dims + offset` (`mono`, the
 `tgc.codegen.sizes.Mono` tuple `(coef, names, offset, 1)`), while bounds of index math (`(M - 1) * N`) may be
-sums of them. It is hashable and equal only to a `SymSize` of the same polynomial, so the nodes whose args hold
-it (BUFFER shapes, RESHAPE/EXPAND shapes, PAD and SHRINK bounds, the scheduler's index constants) are the
-general nodes of the class, never merged with a literal of the same value, and two dims of equal value stay two.
+sums of them. It is hashable and equal only to a `SymSize` of the same polynomial and traced value, so the
+nodes whose args hold it (BUFFER shapes, RESHAPE/EXPAND shapes, PAD and SHRINK bounds, the scheduler's index
+constants) are the general nodes of the class, never merged with a literal of the same value, two dims of equal
+value stay two, and a trace of another class (other probe sizes) never reuses this one's nodes.
 
 The one trace runs at the size class's first probe (distinct primes of 211 and more, `sizes.probes`), and each
 size decision (an order, an equality) is answered where it is the same at both probes (`checked_at`: the
@@ -126,13 +127,14 @@ class SymSize(int):
     def value(self) -> int:
         return int.__int__(self)
 
-    # identity: by polynomial
+    # identity: by polynomial and traced value (a node interned by one trace is not another trace's, whose dims
+    # have other values: a class with a dim of 1 traces the others at other probes)
     def __hash__(self) -> int:
-        return hash(("SymSize", self.terms))
+        return hash(("SymSize", self.terms, self.value))
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, SymSize) and other.terms == self.terms:
-            return True
+            return other.value == self.value
         if not _num(other):
             return NotImplemented
         if isinstance(other, float) and not other.is_integer():
@@ -330,11 +332,11 @@ class SymFloat(float):
         return self
 
     def __hash__(self) -> int:
-        return hash(("SymFloat", self.kind, self.mono))
+        return hash(("SymFloat", self.kind, self.mono, float.__float__(self)))
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, SymFloat):
-            return (self.kind, self.mono) == (other.kind, other.mono)
+            return (self.kind, self.mono, float.__float__(self)) == (other.kind, other.mono, float.__float__(other))
         if isinstance(other, (int, float)) and not isinstance(other, bool):
             if other in (0, 1) and self.kind == "size":
                 return False  # a size is at least 2
