@@ -157,6 +157,7 @@ def test_a_class_of_multiples_of_32_keeps_the_probes(monkeypatch):
     "x: f32[N]\nreturn x * (0.5 * N)",  # a float times a dim: a tensor constant of the size, not a lost number
     "x: f32[N]\nreturn x.sum() * (1.0 / N) + x * x.shape[0]",
     "x: f32[N]\nreturn x[:5] * 2.0",  # clamps below 5: checked against the source there
+    "x: f32[N]\nreturn x[1:] - x[:-1], x[-3:] * 2.0, x[-1] + x[2], x[:, None] * x[None, :]",  # slices of a dim
 ])
 def test_sizes_read_as_numbers_trace_once_and_stay_right(source, monkeypatch):
     prog = tgc.loads(source)

@@ -27,6 +27,8 @@ def fold_constants(x: UOp) -> UOp | None:
         return None
     if not all(s.dtype is not None and s.dtype.count == 1 and (s.dtype.is_int or s.dtype.is_bool) for s in x.src):
         return None
+    if any(isinstance(s.arg, SymSize) for s in x.src):
+        return _fold_sizes(x)
     d = x.src[0].dtype if x.op in COMPARE else x.dtype  # the dtype the op computes in
     args = [const(s.arg, d) for s in x.src]
     try:
@@ -35,6 +37,20 @@ def fold_constants(x: UOp) -> UOp | None:
     except AluError:
         return None
     return UOp.const(x.dtype, truncate(value.item(), x.dtype))
+
+
+def _fold_sizes(x: UOp) -> UOp | None:
+    """`fold_constants` where a source is a size of the dims (`SymSize`, traced once): its own arithmetic and
+    comparisons (which the size class answers), for non-negative operands of a division; else not folded."""
+    a = [s.arg for s in x.src]
+    if x.op in (Ops.IDIV, Ops.MOD) and not (a[0] >= 0 and a[1] > 0):
+        return None
+    ops = {Ops.ADD: lambda: a[0] + a[1], Ops.SUB: lambda: a[0] - a[1], Ops.MUL: lambda: a[0] * a[1],
+           Ops.IDIV: lambda: a[0] // a[1], Ops.MOD: lambda: a[0] % a[1], Ops.MAX: lambda: max(a[0], a[1]),
+           Ops.NEG: lambda: -a[0], Ops.CMPLT: lambda: a[0] < a[1], Ops.CMPNE: lambda: a[0] != a[1],
+           Ops.CMPEQ: lambda: a[0] == a[1]}
+    f = ops.get(x.op)
+    return None if f is None else UOp.const(x.dtype, f())
 
 
 def _terms(u: UOp) -> tuple[list[tuple[UOp, int]], int]:
