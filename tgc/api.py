@@ -624,7 +624,7 @@ class Program:
             with checked_at((p1, p2)):
                 outs, bufs = self._trace(tagged)
                 items = [i for i in create_schedule(outs, dev.caps, split_columns=False) if i.ast.src]
-            if any("attention" in i.meta for i in items):
+            if any("attention" in i.meta or "unfused_ast" in i.meta for i in items):
                 # the fused attention's schedule at the representative size, where the heuristic picks the fast
                 # variant's opts, is not this one's (the probe path sees it by scheduling there)
                 return "a fused attention kernel is scheduled by its sizes"
