@@ -49,8 +49,8 @@ def test_binding_other_dims_traces_schedules_and_lowers_nothing(device, counted)
         want0, want1 = _want(x, w, b)
         np.testing.assert_allclose(got["out0"], want0, rtol=2e-5, atol=1e-6)
         np.testing.assert_allclose(got["out1"], want1, rtol=2e-5, atol=1e-5)
-        if seen is None:  # the first run built the class's plan (probes and the representative size)
-            assert counted["trace"] >= 2 and counted["schedule"] >= 2 and counted["lower"] >= 1
+        if seen is None:  # the first run built the class's plan (one trace here: tests/test_symbolic_onetrace.py)
+            assert counted["trace"] >= 1 and counted["schedule"] >= 1 and counted["lower"] >= 1
             seen = dict(counted)
         else:
             assert counted == seen, f"binding {n, d, k} called {counted} (after the plan: {seen})"

@@ -53,10 +53,11 @@ from tgc.engine.multi import build_executable
 from tgc.engine.multi import plan as plan_multi
 from tgc.engine.realize import LaunchPlans, inplace_pairs, plan_for, stored_indices, to_user_array
 from tgc.engine.reference import evaluate, evaluate_with_scale
-from tgc.engine.schedule import ScheduleItem, create_schedule, split_large_reduces
+from tgc.engine.schedule import ScheduleItem, create_schedule, kernel_name, split_large_reduces
 from tgc.env import debug_level, env_flag, env_int
 from tgc.errors import BindError, CompileError, TgcError
 from tgc.ir.shapes import prod, shape_of
+from tgc.ir.symsize import NotTraceable, SymSize, checked_at
 from tgc.ir.uop import Ops, UOp
 from tgc.onnx import read_model
 from tgc.onnx import translate as translate_onnx
@@ -126,6 +127,9 @@ class Program:
         self._lines: dict[UOp, int] = {}  # tensor node -> the .tg line that first computed it
         self._multi: dict[tuple, tuple[Executable, list]] = {}  # (executable, per device its items)
         self._plans: dict[tuple, SymbolicPlan | str] = {}  # (device, size class) -> symbolic kernels or why none
+        # (device, size class) -> how its plan was found: "one trace", or "probes: <why one trace did not serve>"
+        self.symbolic_paths: dict[tuple, str] = {}
+        self.one_trace = True  # False: every class through the probes (tests compare the two paths)
         self.last_run = ""  # "symbolic" or "specialized[: why]": which kernels the last `run` used
         self._chunks: dict[tuple, Chunking | None] = {}  # (device, dims, BEAM, tuned) -> how `run` chunks
         self.last_chunking: Chunking | None = None  # the chunking the last single-device `run` used, if any
@@ -499,6 +503,10 @@ class Program:
             # a REMOTE server checks every launch against the buffer sizes and grid its kernel source states
             return "kernels with symbolic sizes are not built for REMOTE devices: a server checks each launch " \
                    "against the sizes its kernel was compiled for"
+        once = self._build_one_trace(dev, cls, bound, templates_only) if self.one_trace else "one trace is off"
+        self.symbolic_paths[(dev.name, cls)] = "one trace" if not isinstance(once, str) else f"probes: {once}"
+        if not isinstance(once, str):
+            return once
         p1, p2 = sizes.probes(cls)
         symbolic = [n for n, c in cls if c in sizes.SYMBOLIC]
         runs = []
@@ -550,13 +558,25 @@ class Program:
             if rep_items is not None and [sizes.name_shape(i.name) for i in rep_items] != \
                     [sizes.name_shape(i.name) for i in items1]:
                 rep_items = None
+        return self._plan_from(dev, cls, bound, templates_only, symbolic, p1, items1, asts1, slots1, k1, o1,
+                               signature, in_shapes, rep_items, [sizes.name_shape(i.name) for i in items1])
+
+    def _plan_from(self, dev: Any, cls: tuple, bound: int, templates_only: bool, symbolic: list[str],
+                   probe: dict[str, int], items1: list[ScheduleItem], asts1: list[UOp], slots1: list, k1: list,
+                   o1: list, signature: tuple, in_shapes: list, rep_items: list[ScheduleItem] | None,
+                   shapes: list[str], named: bool = False) -> SymbolicPlan:
+        """The plan from a class's symbolic kernels (found by the probes or by one trace): each kernel's general
+        form, and its fast variant with the opts the heuristic picks for `rep_items` (the same kernels at the
+        representative size). `named`: the kernels' names already read as dims (one trace)."""
+        p1 = probe
+        rep = {n: sizes.REPRESENTATIVE[c] if c in sizes.SYMBOLIC else int(c) for n, c in cls}
         kernels, fast = [], []
         tails: list[list[Kernel]] = []  # per kernel, the tail kernels its fast variant needs (class n splits)
         alt: dict[int, Kernel | None] = {}  # per split kernel, its main kernel without threads (small sizes)
         derived: dict[str, tuple] = {}  # the splits' derived kernel arguments (`sizes.Split`)
         names: dict[str, int] = {}
         for i, (item, ast) in enumerate(zip(items1, asts1)):
-            base = sizes.symbolic_name(item.name, p1, symbolic)
+            base = item.name if named else sizes.symbolic_name(item.name, p1, symbolic)
             n = names.get(base, 0)
             names[base] = n + 1
             item.line = self.line_of(item.meta.get("serves", item.output))
@@ -580,11 +600,61 @@ class Program:
         plan = SymbolicPlan(dev, cls, kernels, slots1, k1, o1, signature, bound, symbolic, fast)
         plan.tails, plan.derived = tails, derived
         plan.unthreaded = [alt.get(i) for i in range(len(kernels))]
-        plan.shapes = [sizes.name_shape(i.name) for i in items1]
+        plan.shapes = shapes
         plan.asts = asts1
         plan.item_bufs = [list(i.bufs) for i in items1]
         plan.input_shapes = in_shapes
         return plan
+
+    def _build_one_trace(self, dev: Any, cls: tuple, bound: int, templates_only: bool = False
+                         ) -> SymbolicPlan | str:
+        """The plan for one size class from ONE trace whose dims are front-end size variables
+        (`tgc.ir.symsize.SymSize` at the representative size): shapes, slice bounds and the scheduler's index
+        constants carry their products of dims, which become the `D_<dim>` variables; the heuristic's opts are
+        picked on the same kernels at the representative size. Or why not (the probe path then runs): a class
+        with a `32n` dim, a size decision the class does not answer (`NotTraceable`: a floor division of a dim,
+        a loop over a dim, an order between unrelated dims, ...), or a size that lost its dims."""
+        symbolic = [n for n, c in cls if c in sizes.SYMBOLIC]
+        if not symbolic or any(c != "n" for n, c in cls if c in sizes.SYMBOLIC):
+            return "one trace serves classes of dims n, 0 and 1 only"
+        rep = {n: sizes.REPRESENTATIVE[c] if c in sizes.SYMBOLIC else int(c) for n, c in cls}
+        p1, p2 = sizes.probes(cls)  # traced at the first; each size decision must come out the same at both
+        tagged = {n: SymSize.dim(n, v) if n in symbolic else v for n, v in p1.items()}
+        try:
+            with checked_at((p1, p2)):
+                outs, bufs = self._trace(tagged)
+                items = [i for i in create_schedule(outs, dev.caps, split_columns=False) if i.ast.src]
+            if any("attention" in i.meta or "unfused_ast" in i.meta for i in items):
+                # the fused attention's schedule at the representative size, where the heuristic picks the fast
+                # variant's opts, is not this one's (the probe path sees it by scheduling there)
+                return "a fused attention kernel is scheduled by its sizes"
+            asts = [sizes.symbolize_tagged(i.ast, bound) for i in items]
+            for a in asts:
+                if isinstance(a, str):
+                    return a
+                if (why := sizes.lost_sizes(a, p1, symbolic)) is not None:
+                    return why
+            slots, kslots, oslots = sizes.slots_of(items, outs, p1, ())
+            signature = sizes.graph_signature(outs, p1, ())
+            in_shapes = [(b.dtype, b.arg[1], tuple(sizes.factor(s, p1, ()) for s in b.arg[2])) for b in bufs]
+            # the kernels' buffers at the traced sizes, as the probe path holds them (lowering sizes them)
+            concrete: dict[UOp, UOp] = {}
+            for i in items:
+                i.bufs = [_at_trace_sizes(b, concrete) for b in i.bufs]
+            rep_items = [ScheduleItem(sizes.instantiate_ast(a, rep), i.bufs, "", i.line, i.meta)
+                         for a, i in zip(asts, items)]
+            shapes = [sizes.name_shape(kernel_name(i.ast)) for i in rep_items]
+            return self._plan_from(dev, cls, bound, templates_only, symbolic, p1, items, asts, slots, kslots,
+                                   oslots, signature, in_shapes, None if env_flag("NOOPT") else rep_items, shapes,
+                                   named=True)
+        except NotTraceable as e:
+            return str(e)
+        except TgcError as e:
+            if isinstance(e, CompileError) and e.msg.endswith("past 64 bits"):
+                raise  # (`_build_symbolic` builds again with a smaller bound)
+            return f"traced once: {e.msg}"
+        except Exception as e:  # noqa: BLE001 - a size that code does not expect: the probes decide, never a crash
+            return f"traced once: {type(e).__name__}: {e}"
 
     def _store_class_winners(self, dev: Any, dims: dict[str, int]) -> int:
         """After BEAM at `dims`: each kernel's stored winner also becomes the winner of its symbolic form for the
@@ -1233,6 +1303,15 @@ def _unfused(item: ScheduleItem) -> ScheduleItem:
     plan's kernels are lowered for every size, which the fused attention's lowering (constant sizes) is not."""
     plain = item.meta.get("unfused_ast")
     return item if plain is None else ScheduleItem(plain, item.bufs, item.name, item.line, item.meta)
+
+def _at_trace_sizes(node: UOp, memo: dict[UOp, UOp]) -> UOp:
+    """A kernel buffer of a trace with `SymSize` dims as a node of its shape at the traced sizes (an input's
+    BUFFER as the probe's trace makes it; a computed tensor as a RESHAPE of it to plain ints), one per node."""
+    if node not in memo:
+        shape = tuple(int.__int__(s) for s in shape_of(node))
+        memo[node] = UOp(Ops.BUFFER, node.dtype, (), (node.arg[0], node.arg[1], shape)) if node.op is Ops.BUFFER \
+            else UOp(Ops.RESHAPE, node.dtype, (node,), shape)
+    return memo[node]
 
 
 def _split_variant(item: ScheduleItem, dev: Any, cls: tuple, probe: dict[str, int], name: str, key: str,

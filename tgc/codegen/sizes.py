@@ -19,6 +19,7 @@ size-specialized kernels instead.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,7 @@ from tgc.codegen.opt import OptOps
 from tgc.dtype import dtypes
 from tgc.ir.shapes import shape_of
 from tgc.ir.symbolic import simplify
+from tgc.ir.symsize import SMALLEST, SymFloat, SymSize
 from tgc.ir.uop import Ops, PatternMatcher, RangeKind, UOp, UPat, graph_rewrite, substitute
 
 INDEX = dtypes.index
@@ -110,7 +112,9 @@ def _gcd(a: int, b: int) -> int:
 def factor(v: int, probe: Mapping[str, int], symbolic: Sequence[str]) -> Mono:
     """`v` as coef * product of the symbolic dims // div + a small offset (`(v, (), 0, 1)` when it is not one;
     div > 1 only for "32n" dims, which it divides exactly). The first fit wins; a wrong one (a literal 212
-    read as N + 1) is caught by the second probe."""
+    read as N + 1) is caught by the second probe. A `SymSize` (traced once) is its own monomial."""
+    if isinstance(v, SymSize):
+        return v.mono
     for off in sorted(range(-MAX_OFFSET, MAX_OFFSET + 1), key=abs):
         coef, names, div = _product(v - off, probe, symbolic)
         if names:
@@ -202,10 +206,77 @@ def symbolize_ast(ast: UOp, probe: Mapping[str, int], symbolic: Sequence[str], b
     return substitute(ast, mapping) if mapping else ast
 
 
+def symbolize_tagged(ast: UOp, bound: int) -> UOp | str:
+    """A kernel AST scheduled from a trace whose dims are `SymSize`s (`tgc.ir.symsize`: traced once), with each
+    size constant as its expression of dim variables, written as `symbolize_ast` writes it from the probes;
+    or why it has no symbolic form: a size left in another node's arg, or a plain constant that is a product
+    of the representative sizes (a size whose dims were lost, or a literal that looks like one)."""
+    mapping: dict[UOp, UOp] = {}
+    for u in ast.toposort():
+        if u.op is not Ops.CONST:
+            if _holds_size(u.arg):
+                return f"a size of the dims is held by a {u.op.name} node's arg"
+            continue
+        v = u.arg
+        if isinstance(v, SymSize):
+            expr = _mono_uop(v.mono, bound, {})
+            mapping[u] = expr if u.dtype == INDEX else UOp(Ops.CAST, u.dtype, (expr,))
+        elif isinstance(v, SymFloat):
+            expr = UOp(Ops.CAST, u.dtype, (_mono_uop(v.mono, bound, {}),))
+            mapping[u] = expr if v.kind == "size" else UOp(Ops.FDIV, u.dtype, (UOp.const(u.dtype, 1.0), expr))
+    return substitute(ast, mapping) if mapping else ast
+
+
+def lost_sizes(ast: UOp, rep: Mapping[str, int], symbolic: Sequence[str]) -> str | None:
+    """Why a symbolic AST made by `symbolize_tagged` cannot be trusted, or None: a plain constant that is a
+    product of the traced sizes (plus a small offset), or a float that is one times or over a small integer (1
+    to 16: `0.5 * n`, `2 / n`), as the probe path would see it change between its probes (a size that lost its
+    dims through code reading the raw number: Python's `0.5 * n` asks float's multiplication first)."""
+    def size_like(v: int) -> bool:  # a size, or a size plus a small offset (`N - 1`), as `factor` reads it
+        return abs(v) >= SMALLEST and bool(factor(v, rep, symbolic)[1])
+
+    def product_like(v: int) -> bool:  # times or over a small integer: only an exact product of sizes
+        m = factor(v, rep, symbolic)
+        return abs(v) >= SMALLEST and bool(m[1]) and m[2] == 0
+
+    for u in ast.toposort():
+        if u.op is not Ops.CONST or u.dtype is None or u.dtype.is_bool or u.dtype.count != 1:
+            continue
+        v = u.arg
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or isinstance(v, (SymSize, SymFloat)):
+            continue
+        if isinstance(v, int):
+            lost = size_like(v)
+        elif not math.isfinite(v) or v == 0:
+            lost = False
+        else:
+            lost = _near_int(v, size_like) or _near_int(1 / v, size_like) or \
+                any(_near_int(v * b, product_like) or _near_int(b / v, product_like) for b in range(2, 17))
+        if lost:
+            return f"the constant {u.arg} looks like a size of the dims"
+    return None
+
+
+def _near_int(w: float, test: Any) -> bool:
+    """Whether `w` is an integer up to rounding (a float computed from one) that passes `test`."""
+    r = round(w) if abs(w) < 2 ** 53 else 0
+    return bool(r) and abs(w - r) <= 1e-9 * abs(w) and test(r)
+
+
+def _holds_size(v: Any) -> bool:
+    if isinstance(v, tuple):
+        return any(_holds_size(x) for x in v)
+    return isinstance(v, (SymSize, SymFloat))
+
+
 def symbolize_value(v: Any, probe: Mapping[str, int], symbolic: Sequence[str]) -> Any:
     """A nested arg (tuples of ints, floats, bools, strings) with every int as a Mono."""
     if isinstance(v, tuple):
         return tuple(symbolize_value(x, probe, symbolic) for x in v)
+    if isinstance(v, SymSize):
+        return ("#", v.mono)
+    if isinstance(v, SymFloat):
+        return ("#f" if v.kind == "size" else "#r", v.mono)
     if isinstance(v, int) and not isinstance(v, bool):
         return ("#", factor(v, probe, symbolic))
     if isinstance(v, float) and v.is_integer() and abs(v) < 2 ** 53 and factor(int(v), probe, symbolic)[1]:
@@ -298,7 +369,7 @@ def slots_of(items: Sequence[Any], outs: Sequence[UOp], probe: Mapping[str, int]
     def slot(node: UOp) -> int:
         if node not in index:
             index[node] = len(slots)
-            shape = tuple(factor(int(s), probe, symbolic) for s in shape_of(node))
+            shape = tuple(factor(s if isinstance(s, SymSize) else int(s), probe, symbolic) for s in shape_of(node))
             inp = node.arg[0] if node.op is Ops.BUFFER else None
             slots.append(Slot(node.dtype, shape, inp))
         return index[node]
@@ -443,5 +514,5 @@ def symbolic_name(name: str, probe: Mapping[str, int], symbolic: Sequence[str]) 
 
 __all__ = ["SizeClass", "size_class", "class_text", "probes", "var_bound", "factor", "mono_value", "symbolize_ast",
            "graph_signature", "instantiate_signature", "signature_max_constant", "trusted_from", "Slot", "slots_of",
-           "same_slots", "symbolic_name",
+           "same_slots", "symbolic_name", "symbolize_tagged", "lost_sizes",
            "VAR_PREFIX"]

@@ -23,6 +23,7 @@ from tgc.dsl import functions
 from tgc.dsl.tensor import DslError, Tensor, fmt_type
 from tgc.dtype import DType, dtypes
 from tgc.errors import TgcError, close_match
+from tgc.ir.symsize import NotTraceable, SymSize, is_symbolic
 from tgc.ir.uop import Ops, UOp, postorder
 
 # Depth of the operation graph a program may build (a chain of N statements like `y = y * 2 + 1` is 2N
@@ -115,7 +116,7 @@ def _dim_eval(d: Dim, dims: dict[str, int]) -> int:
     if isinstance(d, str):
         if d not in dims:
             raise DimError(f"dim {d} is unknown")
-        return int(dims[d])
+        return dims[d] if isinstance(dims[d], SymSize) else int(dims[d])
     a, b = _dim_eval(d.a, dims), _dim_eval(d.b, dims)
     if d.op == "//":
         if b == 0:
@@ -607,7 +608,7 @@ def trace(parsed: Parsed, dims: dict[str, int], lines: dict[UOp, int] | None = N
     buffers = []
     for name in dim_names(parsed):  # dims are integer values in expressions
         if name in dims:
-            env[name] = int(dims[name])
+            env[name] = dims[name] if isinstance(dims[name], SymSize) else int(dims[name])
     for i, decl in enumerate(parsed.inputs):
         buf = UOp(Ops.BUFFER, decl.dtype, (), (i, decl.name, decl_shape(decl, dims, err)))
         buffers.append(buf)
@@ -747,6 +748,8 @@ class _Evaluator:
             if not isinstance(v, int) or isinstance(v, bool):
                 raise self.err.at(a, f"range() takes integers, not {_describe(v)}")
             bounds.append(v)
+        if any(is_symbolic(b) for b in bounds):  # a loop over a dim: its length is the dim's value
+            raise NotTraceable("a loop runs over a dim")
         if len(bounds) == 3 and bounds[2] == 0:
             raise self.err.at(call.args[2], "range() step cannot be zero")
         var = stmt.target.id  # type: ignore[attr-defined]

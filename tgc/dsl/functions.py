@@ -13,6 +13,7 @@ from tgc.dsl import indexing, library, nnlib
 from tgc.dsl import tensor as T
 from tgc.dsl.tensor import DslError, Tensor, _pair, broadcast_shapes
 from tgc.dtype import DType, dtypes
+from tgc.ir.symsize import NotTraceable, SymSize
 
 
 def _tensor(x: Any, what: str = "argument") -> Tensor:
@@ -267,6 +268,21 @@ def index_list(values: Any) -> indexing.IndexList:
     return indexing.IndexList(values)
 
 
+def _slice_indices(it: slice, size: int) -> tuple[int, int, int]:
+    """`slice.indices(size)`; for a size of the dims (`SymSize`, traced once) the same clamps written with its
+    comparisons (which the size class answers), steps of 1 only (`slice.indices` would read the raw number)."""
+    if not isinstance(size, SymSize):
+        return it.indices(size)
+    if it.step not in (None, 1):
+        raise NotTraceable("a slice with a step over a dim")
+
+    def clamp(v: int | None, default: int) -> int:
+        if v is None:
+            return default
+        return max(v + size, 0) if v < 0 else min(v, size)
+    return clamp(it.start, 0), clamp(it.stop, size), 1
+
+
 def getitem(x: Tensor, index: Any) -> Tensor:
     """numpy indexing: ints, slices (any step), None and a single `...`; int tensors (advanced indexing,
     `tgc.dsl.indexing`)."""
@@ -298,8 +314,8 @@ def getitem(x: Tensor, index: Any) -> Tensor:
             flips.append(False)
             steps.append(1)
         else:
-            start, stop, step = it.indices(size)
-            n = len(range(start, stop, step))
+            start, stop, step = _slice_indices(it, size)
+            n = len(range(start, stop, step)) if not isinstance(size, SymSize) else max(stop - start, 0)
             if step > 0:
                 bounds.append((start, start + (n - 1) * step + 1) if n else (start, start))
                 flips.append(False)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from tgc.dtype import DType, PromotionError, dtypes, promote, sum_dtype
 from tgc.ir.shapes import prod, shape_of
+from tgc.ir.symsize import SymSize
 from tgc.ir.uop import COMPARE, Ops, UOp
 
 LOG2_E = 1.4426950408889634
@@ -29,6 +30,17 @@ class DslError(Exception):
     def __init__(self, msg: str, hint: str | None = None, shape_dependent: bool = False):
         super().__init__(msg)
         self.msg, self.hint, self.shape_dependent = msg, hint, shape_dependent
+
+
+def _size(s: int) -> int:
+    """A size as an int, a size of the dims (`SymSize`, traced once) kept as such."""
+    return s if isinstance(s, SymSize) else int(s)
+
+
+def _reciprocal(n: int) -> float:
+    """1.0 / n; of a size of the dims, the `SymFloat` that remembers them (`1.0 / n` alone is a plain float:
+    Python asks float's division first)."""
+    return n.__rtruediv__(1.0) if isinstance(n, SymSize) else 1.0 / n
 
 
 def _shape_error(msg: str) -> DslError:
@@ -82,7 +94,7 @@ class Tensor:
 
     # --- movement
     def reshape(self, shape: Sequence[int]) -> Tensor:
-        shape = tuple(int(s) for s in shape)
+        shape = tuple(_size(s) for s in shape)
         if shape.count(-1) > 1:
             raise DslError("reshape allows at most one -1")
         if -1 in shape:
@@ -106,7 +118,7 @@ class Tensor:
         return Tensor(UOp(Ops.PERMUTE, self.dtype, (self.uop,), order))
 
     def expand(self, shape: Sequence[int]) -> Tensor:
-        shape = tuple(int(s) for s in shape)
+        shape = tuple(_size(s) for s in shape)
         if len(shape) < self.ndim:
             raise _shape_error(f"cannot expand {self} to {list(shape)}")
         t = self.reshape((1,) * (len(shape) - self.ndim) + self.shape) if len(shape) > self.ndim else self
@@ -120,7 +132,7 @@ class Tensor:
         return self.expand(shape)
 
     def pad(self, pads: Sequence[tuple[int, int]], value: Scalar = 0) -> Tensor:
-        pads = tuple((int(b), int(a)) for b, a in pads)
+        pads = tuple((_size(b), _size(a)) for b, a in pads)
         if len(pads) != self.ndim:
             raise DslError(f"pad needs one (before, after) pair per axis: {self.ndim} axes, got {len(pads)}")
         t = self
@@ -133,7 +145,7 @@ class Tensor:
         return Tensor(UOp(Ops.PAD, t.dtype, (t.uop,), (pads, value)))
 
     def shrink(self, bounds: Sequence[tuple[int, int]]) -> Tensor:
-        bounds = tuple((int(b), int(e)) for b, e in bounds)
+        bounds = tuple((_size(b), _size(e)) for b, e in bounds)
         if bounds == tuple((0, s) for s in self.shape):
             return self
         return Tensor(UOp(Ops.SHRINK, self.dtype, (self.uop,), bounds))
@@ -145,7 +157,7 @@ class Tensor:
         return Tensor(UOp(Ops.FLIP, self.dtype, (self.uop,), flags)) if any(flags) else self
 
     def stride(self, steps: Sequence[int]) -> Tensor:
-        steps = tuple(int(s) for s in steps)
+        steps = tuple(_size(s) for s in steps)
         if all(s == 1 for s in steps):
             return self
         return Tensor(UOp(Ops.STRIDE, self.dtype, (self.uop,), steps))
@@ -456,14 +468,15 @@ class Tensor:
         x = self if self.dtype.is_float else self.cast(dtypes.f32)
         n = prod(self.shape[a] for a in self._axes(axis))
         s = x.sum(axis, keepdim)
-        return s * (1.0 / n) if n else s * math.nan
+        return s * _reciprocal(n) if n else s * math.nan
 
     def var(self, axis=None, keepdim: bool = False, correction: int = 0) -> Tensor:
         """numpy's var: the mean squared deviation divided by n - correction (numpy's `ddof`; 0 by default)."""
         x = self if self.dtype.is_float else self.cast(dtypes.f32)
         n = prod(self.shape[a] for a in self._axes(axis))
         dev = x - x.mean(axis, keepdim=True)
-        return (dev * dev).sum(axis, keepdim) * (1.0 / max(n - correction, 0) if n - correction > 0 else math.inf)
+        scale = _reciprocal(n - correction) if n - correction > 0 else math.inf
+        return (dev * dev).sum(axis, keepdim) * scale
 
     def std(self, axis=None, keepdim: bool = False, correction: int = 0) -> Tensor:
         return self.var(axis, keepdim, correction).sqrt()
@@ -879,7 +892,7 @@ def argmax_dtype(n: int) -> DType:
 
 
 def full(shape: Sequence[int], value: Scalar, dtype: DType | None = None) -> Tensor:
-    shape = tuple(int(s) for s in shape)
+    shape = tuple(_size(s) for s in shape)
     if any(s < 0 for s in shape):
         raise DslError(f"negative size in shape {list(shape)}")
     dtype = dtype or Tensor.literal_dtype(value)

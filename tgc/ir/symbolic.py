@@ -7,11 +7,13 @@ expression (`UOp.bounds`) to fold them back into plain loop variables where poss
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
 from tgc.dtype import DType, dtypes, truncate
 from tgc.ir.alu import AluError, const, exec_alu
+from tgc.ir.symsize import SymSize
 from tgc.ir.uop import BINARY, COMPARE, UNARY, Ops, PatternMatcher, UOp, UPat, graph_rewrite
 
 # every unary and binary op on constants except FDIV and the float transcendentals (floats are left to the backend)
@@ -25,6 +27,8 @@ def fold_constants(x: UOp) -> UOp | None:
         return None
     if not all(s.dtype is not None and s.dtype.count == 1 and (s.dtype.is_int or s.dtype.is_bool) for s in x.src):
         return None
+    if any(isinstance(s.arg, SymSize) for s in x.src):
+        return _fold_sizes(x)
     d = x.src[0].dtype if x.op in COMPARE else x.dtype  # the dtype the op computes in
     args = [const(s.arg, d) for s in x.src]
     try:
@@ -33,6 +37,20 @@ def fold_constants(x: UOp) -> UOp | None:
     except AluError:
         return None
     return UOp.const(x.dtype, truncate(value.item(), x.dtype))
+
+
+def _fold_sizes(x: UOp) -> UOp | None:
+    """`fold_constants` where a source is a size of the dims (`SymSize`, traced once): its own arithmetic and
+    comparisons (which the size class answers), for non-negative operands of a division; else not folded."""
+    a = [s.arg for s in x.src]
+    if x.op in (Ops.IDIV, Ops.MOD) and not (a[0] >= 0 and a[1] > 0):
+        return None
+    ops = {Ops.ADD: lambda: a[0] + a[1], Ops.SUB: lambda: a[0] - a[1], Ops.MUL: lambda: a[0] * a[1],
+           Ops.IDIV: lambda: a[0] // a[1], Ops.MOD: lambda: a[0] % a[1], Ops.MAX: lambda: max(a[0], a[1]),
+           Ops.NEG: lambda: -a[0], Ops.CMPLT: lambda: a[0] < a[1], Ops.CMPNE: lambda: a[0] != a[1],
+           Ops.CMPEQ: lambda: a[0] == a[1]}
+    f = ops.get(x.op)
+    return None if f is None else UOp.const(x.dtype, f())
 
 
 def _terms(u: UOp) -> tuple[list[tuple[UOp, int]], int]:
@@ -44,17 +62,22 @@ def _terms(u: UOp) -> tuple[list[tuple[UOp, int]], int]:
     while stack:
         n, coef = stack.pop()
         if n.op is Ops.CONST:
-            const += int(n.arg) * coef
+            const += _n(n.arg) * coef
         elif n.op is Ops.ADD:
             stack.append((n.src[1], coef))
             stack.append((n.src[0], coef))
         elif n.op is Ops.MUL and n.src[1].op is Ops.CONST:
-            stack.append((n.src[0], coef * int(n.src[1].arg)))
+            stack.append((n.src[0], coef * _n(n.src[1].arg)))
         elif n.op is Ops.MUL and n.src[0].op is Ops.CONST:
-            stack.append((n.src[1], coef * int(n.src[0].arg)))
+            stack.append((n.src[1], coef * _n(n.src[0].arg)))
         else:
             terms.append((n, coef))
     return terms, const
+
+
+def _n(v: Any) -> int:
+    """A constant's value as an int; a size of the dims (`tgc.ir.symsize.SymSize`, traced once) kept as such."""
+    return v if isinstance(v, SymSize) else int(v)
 
 
 def _build(terms: list[tuple[UOp, int]], const: int, dtype: DType) -> UOp:
@@ -88,7 +111,7 @@ def _split_low(terms: list[tuple[UOp, int]], const: int, d: int, dtype: DType) -
 
 
 def div_rule(x: UOp, c: UOp) -> UOp | None:
-    d = int(c.arg)
+    d = _n(c.arg)
     if d == 1:
         return x
     if d <= 0 or x.vmin < 0:
@@ -104,7 +127,7 @@ def div_rule(x: UOp, c: UOp) -> UOp | None:
         return None
     if not outer and outer_const == 0:
         if x.op is Ops.IDIV and x.src[1].op is Ops.CONST and x.src[0].vmin >= 0:  # (a // b) // d -> a // (b*d)
-            return x.src[0] // UOp.const(x.dtype, int(x.src[1].arg) * d)
+            return x.src[0] // UOp.const(x.dtype, _n(x.src[1].arg) * d)
         g = math.gcd(d, *[coef for _, coef in rest], rest_const) if rest else d
         if g > 1 and rest_const % g == 0 and all(coef % g == 0 for _, coef in rest):
             return _build([(n, coef // g) for n, coef in rest], rest_const // g, x.dtype) // UOp.const(x.dtype, d // g)
@@ -120,7 +143,7 @@ def div_rule(x: UOp, c: UOp) -> UOp | None:
 
 
 def mod_rule(x: UOp, c: UOp) -> UOp | None:
-    d = int(c.arg)
+    d = _n(c.arg)
     if d == 1:
         return UOp.const(x.dtype, 0)
     if d <= 0 or x.vmin < 0:
@@ -130,7 +153,7 @@ def mod_rule(x: UOp, c: UOp) -> UOp | None:
     terms, const = _terms(x)
     rest = [(n, coef % d) for n, coef in terms if coef % d != 0]
     if len(rest) == len(terms) and 0 <= const < d and all(coef < d for _, coef in rest):
-        if x.op is Ops.MOD and x.src[1].op is Ops.CONST and int(x.src[1].arg) % d == 0:  # (a % (k*d)) % d
+        if x.op is Ops.MOD and x.src[1].op is Ops.CONST and _n(x.src[1].arg) % d == 0:  # (a % (k*d)) % d
             return x.src[0] % c
         split = _split_low(terms, const, d, x.dtype)
         if split is not None and d // split[2] > 1:  # (g*b + s) % (g*m) with 0 <= s < g: g*(b % m) + s

@@ -14,6 +14,7 @@ from enum import Enum, auto
 from typing import Any
 
 from tgc.dtype import DType, dtypes, min_max, truncate
+from tgc.ir.symsize import SymFloat, SymSize, _refuse
 
 
 class Ops(Enum):
@@ -246,6 +247,12 @@ class UOp:
 def _normalize_const(dtype: DType, value: Any) -> Any:
     if dtype is None:
         return value
+    if isinstance(value, (SymSize, SymFloat)):  # a size of the dims (tgc.ir.symsize): kept as such
+        if dtype.is_bool:
+            return True
+        if isinstance(value, SymSize):
+            return value if dtype.is_int else value.as_float()
+        return value if not dtype.is_int else _refuse(value, "int()", None)
     if dtype.is_bool:
         return bool(value)
     if dtype.is_int:

@@ -1,0 +1,170 @@
+"""Dims as front-end size variables (`tgc.ir.symsize.SymSize`): a size class found by ONE trace and one schedule
+(`Program._build_one_trace`) instead of the probes' three, with the same kernels (the same AST nodes, sources,
+fast variants, buffers and graph signature) as the probe path and the same results as numpy at sizes of 1, odd
+and large; programs outside the rule (a loop over a dim, a floor division of a dim, a 32n class) keep the probes
+and say why."""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+import pytest
+
+import tgc
+import tgc.api as api
+from tgc.baselines.numpy_eval import numpy_program
+from tgc.codegen import sizes
+from tgc.dtype import dtypes
+from tgc.engine.compare import compare
+from tgc.engine.inputs import random_inputs
+from tgc.ir.symsize import NotTraceable, SymFloat, SymSize, checked_at
+from tgc.ir.uop import Ops, UOp
+
+KERNELS = pathlib.Path(__file__).resolve().parent.parent / "kernels"
+P = {"N": 211, "D": 223}
+Q = {"N": 223, "D": 211}
+
+
+def _counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """How many times the front end traced and the scheduler ran (patched where tgc.api calls them)."""
+    counts = {"trace": 0, "schedule": 0}
+    trace, schedule = api.trace, api.create_schedule
+
+    def counted_trace(*a, **k):
+        counts["trace"] += 1
+        return trace(*a, **k)
+
+    def counted_schedule(*a, **k):
+        counts["schedule"] += 1
+        return schedule(*a, **k)
+
+    monkeypatch.setattr(api, "trace", counted_trace)
+    monkeypatch.setattr(api, "create_schedule", counted_schedule)
+    return counts
+
+
+def _check(prog: tgc.Program, got: dict, dims: dict, inputs: dict) -> None:
+    want = numpy_program(prog, dims)(inputs)
+    for name in prog.output_names:
+        g, w = np.asarray(got[name]), np.asarray(want[name])
+        assert g.shape == w.shape, (dims, name)
+        bad, _ = compare(name, g, w, "f32")
+        assert bad is None, f"{dims}: {bad.describe()}"
+
+
+def _src(k) -> str | None:
+    return None if k is None else k.src
+
+
+def test_sizes_are_polynomials_of_the_dims():
+    n, d = SymSize.dim("N", 211), SymSize.dim("D", 223)
+    assert (n * d).mono == (1, ("D", "N"), 0, 1) and str(3 * n) == "3N" and f"r_{n}_{d}" == "r_N_D"
+    assert (n * d) // d == n and (2 * n + 4) // 2 == n + 2 and (n * d) % d == 0 and (3 * n + 5) % 3 == 2
+    assert str((n - 1) * d) == "DN-D" and n - n == 0 and type(n - n) is int
+    assert n != 212 and hash(n) != hash(211) and {n: 1}.get(211) is None  # never merged with a literal
+    assert n > 1 and n != 1 and not n == 0 and n * d > n
+    assert type(1.0 / n) is float  # Python asks float's division first: the front end writes n.__rtruediv__(1.0)
+    recip = n.__rtruediv__(1.0)
+    assert isinstance(recip, SymFloat) and recip.kind == "recip" and recip.mono == n.mono
+    assert n % 32  # a dim of class n is no multiple of 32
+    with checked_at((P, Q)):
+        assert n * d > 2 * d and n + 1 > n
+        for refused in (lambda: n < d, lambda: n // 2, lambda: n % 7 == 3, lambda: n == 211, lambda: int(n),
+                        lambda: float(n), lambda: n / 2, lambda: n ** 2, lambda: recip * 2.0):
+            with pytest.raises(NotTraceable):
+                refused()
+
+
+def test_a_lost_size_is_seen():
+    """A plain constant that is a size at the traced sizes (a dim read as a raw number) refuses the one trace."""
+    def ast(v) -> UOp:
+        return UOp(Ops.SINK, None, (UOp.const(dtypes.f32, v),))
+
+    for lost in (211.0, 0.5 * 211, 1.0 / 211, 2.0 / (211 * 223), 3 * 223 - 1):
+        assert sizes.lost_sizes(ast(lost), P, ["N", "D"]) is not None, lost
+    for kept in (17.0, 0.5, 1e-5, 3.14159):
+        assert sizes.lost_sizes(ast(kept), P, ["N", "D"]) is None, kept
+
+
+@pytest.mark.parametrize("name", ["elementwise.tg", "softmax.tg", "matmul.tg", "layernorm.tg"])
+def test_traced_once_same_kernels_and_results_as_the_probes(name, device, monkeypatch):
+    prog = tgc.load(KERNELS / name)  # (loading checks the program once at small sizes: not counted)
+    probed = tgc.load(KERNELS / name)
+    probed.one_trace = False
+    counts = _counted(monkeypatch)
+    plan = prog.compile_symbolic(device)
+    assert list(prog.symbolic_paths.values()) == ["one trace"]
+    assert counts == {"trace": 1, "schedule": 1}
+
+    counts.update(trace=0, schedule=0)
+    other = probed.compile_symbolic(device)
+    assert counts["trace"] == 3  # the two probes and the representative size
+    assert list(probed.symbolic_paths.values())[0].startswith("probes")
+
+    assert all(a is b for a, b in zip(plan.asts, other.asts)) and len(plan.asts) == len(other.asts)
+    assert [k.name for k in plan.kernels] == [k.name for k in other.kernels]
+    assert [k.src for k in plan.kernels] == [k.src for k in other.kernels]
+    assert [_src(k) for k in plan.fast] == [_src(k) for k in other.fast]
+    assert [_src(k) for k in plan.unthreaded] == [_src(k) for k in other.unthreaded]
+    assert [[k.src for k in t] for t in plan.tails] == [[k.src for k in t] for t in other.tails]
+    assert plan.derived.keys() == other.derived.keys()
+    assert plan.signature == other.signature and plan.trusted_from == other.trusted_from
+    assert [(s.dtype, s.shape, s.input) for s in plan.slots] == [(s.dtype, s.shape, s.input) for s in other.slots]
+    assert plan.kernel_slots == other.kernel_slots and plan.input_shapes == other.input_shapes
+    assert plan.shapes == other.shapes
+    # another class of the same Program (a dim of 1: the others traced at other probe sizes) is its own trace,
+    # never nodes of the first one's (kernels' launch contracts state the buffer sizes at the probes)
+    ones = ((prog.dim_names[0], "1"),) + tuple((n, "n") for n in prog.dim_names[1:])
+    if len(ones) > 1:
+        assert [k.src for k in prog.compile_symbolic(device, size_class=ones).kernels] == \
+            [k.src for k in probed.compile_symbolic(device, size_class=ones).kernels]
+        assert prog.symbolic_paths[(plan.device.name, ones)] == "one trace"
+
+    # results at sizes of 1, odd and large (above the trusted size) against numpy
+    for size in (1, 7, 97):
+        dims = {n: (size if i % 2 == 0 else 9) if size == 1 else size + i for i, n in enumerate(prog.dim_names)}
+        inputs = random_inputs(prog, dims, seed=5)
+        got = prog.run(device=device, symbolic=True, **inputs)
+        if min(dims.values()) >= plan.trusted_from or size == 1:  # (below it the source may cut other kernels)
+            assert prog.last_run == "symbolic", (dims, prog.last_run)
+        _check(prog, got, dims, inputs)
+
+
+@pytest.mark.parametrize("source, why", [
+    ("x: f32[N]\ny = x\nfor i in range(N):\n    y = y + 1.0\nreturn y", "a loop runs over a dim"),
+    ("x: f32[N]\nreturn x[: N // 2] * 2.0", "N // 2"),
+])
+def test_programs_outside_the_rule_keep_the_probes(source, why):
+    prog = tgc.loads(source)
+    for n in (3, 8):
+        inputs = {"x": np.arange(n, dtype=np.float32)}
+        got = prog.run(device="CPU", symbolic=True, **inputs)
+        _check(prog, got, {"N": n}, inputs)
+    (path,) = prog.symbolic_paths.values()
+    assert path.startswith("probes") and why in path
+
+
+def test_a_class_of_multiples_of_32_keeps_the_probes(monkeypatch):
+    prog = tgc.loads("x: f32[N]\nreturn x * 2.0")
+    counts = _counted(monkeypatch)
+    prog.compile_symbolic("CPU", size_class=(("N", "32n"),))
+    (path,) = prog.symbolic_paths.values()
+    assert path.startswith("probes") and counts["trace"] >= 2
+
+
+@pytest.mark.parametrize("source", [
+    "x: f32[N]\nreturn x * (0.5 * N)",  # a float times a dim: a tensor constant of the size, not a lost number
+    "x: f32[N]\nreturn x.sum() * (1.0 / N) + x * x.shape[0]",
+    "x: f32[N]\nreturn x[:5] * 2.0",  # clamps below 5: checked against the source there
+    "x: f32[N]\nreturn x[1:] - x[:-1], x[-3:] * 2.0, x[-1] + x[2], x[:, None] * x[None, :]",  # slices of a dim
+])
+def test_sizes_read_as_numbers_trace_once_and_stay_right(source, monkeypatch):
+    prog = tgc.loads(source)
+    counts = _counted(monkeypatch)
+    prog.compile_symbolic("CPU")
+    assert list(prog.symbolic_paths.values()) == ["one trace"] and counts["trace"] == 1
+    for n in (3, 7, 300):
+        inputs = {"x": np.linspace(-1, 1, n, dtype=np.float32)}
+        got = prog.run(device="CPU", symbolic=True, **inputs)
+        _check(prog, got, {"N": n}, inputs)

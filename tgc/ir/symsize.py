@@ -1,0 +1,400 @@
+"""Sizes that remember their dims: a program's dims as front-end variables, traced once for a size class.
+
+A `SymSize` is an `int` (its value at the traced sizes, so code that only needs a number keeps working) that
+also carries a polynomial of the dims with integer coefficients (`terms`: (names sorted, coef) pairs, the
+constant under `()`); a size is a monomial, `coef * product of dims + offset` (`mono`, the
+`tgc.codegen.sizes.Mono` tuple `(coef, names, offset, 1)`), while bounds of index math (`(M - 1) * N`) may be
+sums of them. It is hashable and equal only to a `SymSize` of the same polynomial and traced value, so the
+nodes whose args hold it (BUFFER shapes, RESHAPE/EXPAND shapes, PAD and SHRINK bounds, the scheduler's index
+constants) are the general nodes of the class, never merged with a literal of the same value, two dims of equal
+value stay two, and a trace of another class (other probe sizes) never reuses this one's nodes.
+
+The one trace runs at the size class's first probe (distinct primes of 211 and more, `sizes.probes`), and each
+size decision (an order, an equality) is answered where it is the same at both probes (`checked_at`: the
+values a second probe would have given, computed from the polynomial without tracing again), as the probe path
+answers it by agreeing; a decision the two probes answer differently is refused.
+
+Contract: `+`, `-` and `*` give a `SymSize`; `//` and `%` by an int (or a size) that divides every term exactly
+too; `float` constants of a size and `1.0 / s` are `SymFloat`s (the float a mean or a cast of a size writes).
+Every decision the class does not answer raises `NotTraceable`: a floor division of a dim that does not divide,
+an order or equality that differs between the probes, `int(s)` or `float(s)` (a size made a plain number, its
+dims lost), float arithmetic on a size. The one-trace path (`tgc.api.Program._build_one_trace`) catches it and
+takes the probe path instead; a plain constant that still equals a size (a dim lost through code that reads
+the raw number) is caught after scheduling (`tgc.codegen.sizes.lost_sizes`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+Mono = tuple[int, tuple[str, ...], int, int]  # coef * product of dims // div + offset (names sorted, repeated)
+Terms = tuple[tuple[tuple[str, ...], int], ...]  # a polynomial: (names sorted, coef), sorted, no zero coefs
+SMALLEST = 207  # the probe path's least probe (211) less its largest offset: the size every dim is assumed to pass
+UNIT = 32  # class 32n: the multiples of this (`tgc.sizeexpr.UNIT`)
+
+# the dims' values at which each decision must come out the same (the probes); empty: the traced value alone
+_POINTS: contextvars.ContextVar[tuple[Mapping[str, int], ...]] = contextvars.ContextVar("points", default=())
+
+
+@contextlib.contextmanager
+def checked_at(points: Sequence[Mapping[str, int]]) -> Iterator[None]:
+    """Within: every size decision must come out the same at each of these dims (the probes)."""
+    token = _POINTS.set(tuple(points))
+    try:
+        yield
+    finally:
+        _POINTS.reset(token)
+
+
+class NotTraceable(Exception):
+    """A size decision the size class does not answer: the program takes the probe path."""
+
+
+def _terms_text(t: Terms) -> str:
+    parts: list[str] = []
+    for names, coef in sorted(t, key=lambda nc: (-len(nc[0]), nc[0])):  # the highest degree first
+        if not names:
+            parts.append(f"{coef:+d}")
+            continue
+        text = ("-" if coef == -1 else str(coef) if coef != 1 else "") + "".join(names)
+        parts.append(text if not parts or text.startswith("-") else "+" + text)
+    return "".join(parts) or "0"
+
+
+def _terms(v: Any) -> dict[tuple[str, ...], int]:
+    if isinstance(v, SymSize):
+        return dict(v.terms)
+    return {(): int(v)} if v else {}
+
+
+def _eval(t: Terms | dict, dims: Mapping[str, int]) -> int:
+    out = 0
+    for names, coef in (t.items() if isinstance(t, dict) else t):
+        for n in names:
+            coef *= dims[n]
+        out += coef
+    return out
+
+
+def _make(value: int, t: dict[tuple[str, ...], int]) -> int:
+    """A SymSize, or a plain int where no dims are left."""
+    t = {k: c for k, c in t.items() if c}
+    if not any(k for k in t):
+        return t.get((), 0)
+    return SymSize(value, tuple(sorted(t.items())))
+
+
+def _sign(value: int, t: dict[tuple[str, ...], int], a: Any, op: str, b: Any) -> int:
+    """The sign of a polynomial (value: at the traced sizes), where it is the same at every check point."""
+    s = (value > 0) - (value < 0)
+    for pt in _POINTS.get():
+        v = _eval(t, pt)
+        if (v > 0) - (v < 0) != s:
+            return _refuse(a, op, b)
+    return s
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+class SymSize(int):
+    """An int at the traced sizes that carries its polynomial of the dims (module docstring)."""
+
+    terms: Terms
+
+    def __new__(cls, value: int, terms: Terms) -> SymSize:
+        self = super().__new__(cls, value)
+        self.terms = terms
+        return self
+
+    @staticmethod
+    def dim(name: str, value: int) -> SymSize:
+        return SymSize(value, (((name,), 1),))
+
+    @property
+    def mono(self) -> Mono:
+        """`coef * product of dims + offset` (refused for a sum of several products)."""
+        lead = [(n, c) for n, c in self.terms if n]
+        if len(lead) != 1:
+            return _refuse(self, "as a product of dims", None)
+        return (lead[0][1], lead[0][0], dict(self.terms).get((), 0), 1)
+
+    @property
+    def value(self) -> int:
+        return int.__int__(self)
+
+    # identity: by polynomial and traced value (a node interned by one trace is not another trace's, whose dims
+    # have other values: a class with a dim of 1 traces the others at other probes)
+    def __hash__(self) -> int:
+        return hash(("SymSize", self.terms, self.value))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, SymSize) and other.terms == self.terms:
+            return other.value == self.value
+        if not _num(other):
+            return NotImplemented
+        if isinstance(other, float) and not other.is_integer():
+            return False
+        diff = _terms(self)
+        for k, c in _terms(int(other) if not isinstance(other, SymSize) else other).items():
+            diff[k] = diff.get(k, 0) - c
+        value = self.value - (other.value if isinstance(other, SymSize) else int(other))
+        if value == 0 or any(_eval(diff, pt) == 0 for pt in _POINTS.get()):
+            return _refuse(self, "==", other)
+        return False
+
+    def __ne__(self, other: object) -> bool:
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    def _cmp(self, other: Any, op: str) -> int:
+        if isinstance(other, float):
+            v = float(self.value) - other
+            if _POINTS.get():
+                return _refuse(self, op, other)
+            return (v > 0) - (v < 0)
+        if not _num(other):
+            return _refuse(self, op, other)
+        diff = _terms(self)
+        for k, c in _terms(other).items():
+            diff[k] = diff.get(k, 0) - c
+        return _sign(self.value - (other.value if isinstance(other, SymSize) else int(other)), diff, self, op, other)
+
+    def __lt__(self, other: Any) -> bool: return self._cmp(other, "<") < 0
+    def __le__(self, other: Any) -> bool: return self._cmp(other, "<=") <= 0
+    def __gt__(self, other: Any) -> bool: return self._cmp(other, ">") > 0
+    def __ge__(self, other: Any) -> bool: return self._cmp(other, ">=") >= 0
+    def __bool__(self) -> bool: return self != 0
+
+    # arithmetic: polynomials
+    def __add__(self, other: Any) -> Any:
+        if isinstance(other, float):
+            return _refuse(self, "+", other)
+        if not _num(other):
+            return NotImplemented
+        t = _terms(self)
+        for k, c in _terms(other).items():
+            t[k] = t.get(k, 0) + c
+        return _make(self.value + (other.value if isinstance(other, SymSize) else int(other)), t)
+
+    __radd__ = __add__
+
+    def __neg__(self) -> Any:
+        return _make(-self.value, {k: -c for k, c in self.terms})
+
+    def __pos__(self) -> Any:
+        return self
+
+    def __sub__(self, other: Any) -> Any:
+        if not _num(other):
+            return NotImplemented
+        return self + (-other)
+
+    def __rsub__(self, other: Any) -> Any:
+        if not _num(other):
+            return NotImplemented
+        return (-self) + other
+
+    def __mul__(self, other: Any) -> Any:
+        if isinstance(other, float):
+            return _refuse(self, "*", other)
+        if not _num(other):
+            return NotImplemented
+        t: dict[tuple[str, ...], int] = {}
+        for k1, c1 in self.terms:
+            for k2, c2 in _terms(other).items():
+                k = tuple(sorted(k1 + k2))
+                t[k] = t.get(k, 0) + c1 * c2
+        return _make(self.value * (other.value if isinstance(other, SymSize) else int(other)), t)
+
+    __rmul__ = __mul__
+
+    def _divided(self, other: Any) -> dict[tuple[str, ...], int] | None:
+        """The polynomial divided by `other` (a positive int or a one-term size), where each term divides."""
+        if isinstance(other, SymSize):
+            if len(other.terms) != 1 or not other.terms[0][0] or other.terms[0][1] <= 0:
+                return None
+            (dnames, dcoef), = other.terms
+        elif isinstance(other, int) and not isinstance(other, bool) and other > 0:
+            dnames, dcoef = (), other
+        else:
+            return None
+        out = {}
+        for names, coef in self.terms:
+            rest = list(names)
+            for n in dnames:
+                if n not in rest:
+                    return None
+                rest.remove(n)
+            if coef % dcoef:
+                return None
+            out[tuple(rest)] = coef // dcoef
+        return out
+
+    def __floordiv__(self, other: Any) -> Any:
+        q = self._divided(other)
+        if q is None:
+            return _refuse(self, "//", other)
+        return _make(self.value // (other.value if isinstance(other, SymSize) else other), q)
+
+    def __mod__(self, other: Any) -> Any:
+        if self._divided(other) is not None:
+            return 0
+        if isinstance(other, int) and not isinstance(other, (bool, SymSize)) and other > 0:
+            lead = {k: c for k, c in self.terms if k}
+            const = dict(self.terms).get((), 0)
+            if all(c % other == 0 for c in lead.values()):
+                return const % other
+            if other % UNIT == 0 and const == 0 and list(lead.values()) == [1] and len(next(iter(lead))) == 1:
+                return NONZERO  # a dim of class n is no multiple of 32 (those are class 32n)
+        if isinstance(other, int) and not isinstance(other, bool) and other > 0 and _POINTS.get():
+            # a remainder that is not 0 at either probe: the probe path reads it as "does not divide"
+            if all(_eval(self.terms, pt) % (_eval(other.terms, pt) if isinstance(other, SymSize) else other)
+                   for pt in _POINTS.get()):
+                return NONZERO
+        return _refuse(self, "%", other)
+
+    def _rquotient(self, other: Any, op: str) -> int:
+        """`other // self` for a plain int, where it is the same at every check point."""
+        if not isinstance(other, int) or isinstance(other, bool) or not self:
+            return _refuse(other, op, self)
+        q = other // self.value
+        for pt in _POINTS.get():
+            d = _eval(self.terms, pt)
+            if not d or other // d != q:
+                return _refuse(other, op, self)
+        return q
+
+    def __rfloordiv__(self, other: Any) -> Any:
+        return self._rquotient(other, "//")
+
+    def __rmod__(self, other: Any) -> Any:
+        return other - self._rquotient(other, "%") * self
+
+    def __truediv__(self, other: Any) -> Any:
+        return _refuse(self, "/", other)
+
+    def __rtruediv__(self, other: Any) -> Any:
+        if _num(other) and other == 1 and len([n for n, _ in self.terms if n]) == 1 and self > 0:
+            return SymFloat(1.0 / self.value, self.mono, "recip")
+        return _refuse(other, "/", self)
+
+    def as_float(self) -> SymFloat:
+        """The float constant of this size (a size cast to a float dtype)."""
+        return SymFloat(float(self.value), self.mono, "size")
+
+    def __float__(self) -> float:
+        return _refuse(self, "float()", None)
+
+    def __int__(self) -> int:
+        return _refuse(self, "int()", None)
+
+    def __pow__(self, other: Any, mod: Any = None) -> Any:
+        return _refuse(self, "**", other)
+
+    def __abs__(self) -> Any:
+        return self if self >= 0 else -self
+
+    def __and__(self, other: Any) -> Any: return _refuse(self, "&", other)
+    def __or__(self, other: Any) -> Any: return _refuse(self, "|", other)
+    def __xor__(self, other: Any) -> Any: return _refuse(self, "^", other)
+    def __lshift__(self, other: Any) -> Any: return _refuse(self, "<<", other)
+    def __rshift__(self, other: Any) -> Any: return _refuse(self, ">>", other)
+    __rand__, __ror__, __rxor__ = __and__, __or__, __xor__
+
+    def __repr__(self) -> str:
+        """The size as the probe path names it in a kernel name (`N`, `3C`, `DN`; a sum written out)."""
+        return _terms_text(self.terms)
+
+    __str__ = __repr__
+
+    def __format__(self, spec: str) -> str:
+        return repr(self) if not spec else format(self.value, spec)
+
+    def __reduce__(self) -> Any:
+        return (SymSize, (self.value, self.terms))
+
+
+class SymFloat(float):
+    """A float made from a size: `float(n)` (kind "size") or `1.0 / n` (kind "recip", a mean's scale). Compares
+    equal only to the same kind of the same monomial; arithmetic on it is refused (`NotTraceable`)."""
+
+    mono: Mono
+    kind: str
+
+    def __new__(cls, value: float, mono: Mono, kind: str) -> SymFloat:
+        self = super().__new__(cls, value)
+        self.mono, self.kind = mono, kind
+        return self
+
+    def __hash__(self) -> int:
+        return hash(("SymFloat", self.kind, self.mono, float.__float__(self)))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, SymFloat):
+            return (self.kind, self.mono, float.__float__(self)) == (other.kind, other.mono, float.__float__(other))
+        if isinstance(other, (int, float)) and not isinstance(other, bool):
+            if other in (0, 1) and self.kind == "size":
+                return False  # a size is at least 2
+            return _refuse(self, "==", other)
+        return NotImplemented
+
+    def __ne__(self, other: object) -> bool:
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        coef, names, off, _ = self.mono
+        return ("1/" if self.kind == "recip" else "") + _terms_text(tuple(sorted({names: coef, (): off}.items())))
+
+    __str__ = __repr__
+
+    def __reduce__(self) -> Any:
+        return (SymFloat, (float.__float__(self), self.mono, self.kind))
+
+
+def _refuse_float(self: SymFloat, *args: Any) -> Any:
+    return _refuse(self, "float arithmetic", args[0] if args else None)
+
+
+for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__",
+              "__floordiv__", "__rfloordiv__", "__mod__", "__rmod__", "__pow__", "__rpow__", "__neg__", "__lt__",
+              "__le__", "__gt__", "__ge__", "__float__", "__int__", "__abs__", "__round__", "__trunc__"):
+    setattr(SymFloat, _name, _refuse_float)
+
+
+class _Nonzero:
+    """A remainder the class says is not 0 (and says nothing more of): truthy, unequal to 0, nothing else."""
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __eq__(self, other: object) -> bool:
+        return False if other == 0 else _refuse(self, "==", other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return "(a remainder that is not 0)"
+
+
+NONZERO = _Nonzero()
+def _refuse(a: Any, op: str, b: Any) -> Any:
+    raise NotTraceable(f"the size decision {a!r} {op} {b!r} depends on the dims' values")
+
+
+def is_symbolic(v: Any) -> bool:
+    return isinstance(v, (SymSize, SymFloat))
+
+
+__all__ = ["Mono", "SMALLEST", "NotTraceable", "SymSize", "SymFloat", "checked_at", "is_symbolic"]
