@@ -159,7 +159,7 @@ def div_mod_sum_rule(x: UOp) -> UOp | None:
     while again:
         again = False
         for i, (low, k) in enumerate(terms):
-            if low.op is not Ops.MOD or low.src[1].op is not Ops.CONST or low.src[0].vmin < 0:
+            if low.op is not Ops.MOD or low.src[1].op is not Ops.CONST or low.src[1].arg <= 0 or low.src[0].vmin < 0:
                 continue
             v, a = low.src[0], int(low.src[1].arg)
             for j, (high, k2) in enumerate(terms):
@@ -167,7 +167,8 @@ def div_mod_sum_rule(x: UOp) -> UOp | None:
                     continue
                 if high.op is Ops.IDIV and high.src[0] is v and high.src[1].op is Ops.CONST and high.src[1].arg == a:
                     new = v
-                elif high.op is Ops.MOD and high.src[1].op is Ops.CONST and high.src[0].op is Ops.IDIV and \
+                elif high.op is Ops.MOD and high.src[1].op is Ops.CONST and high.src[1].arg > 0 and \
+                        high.src[0].op is Ops.IDIV and \
                         high.src[0].src[0] is v and high.src[0].src[1].op is Ops.CONST and high.src[0].src[1].arg == a:
                     new = v % UOp.const(v.dtype, a * int(high.src[1].arg))
                 else:
