@@ -134,3 +134,24 @@ def test_kernels_on_inputs_of_the_caller_are_never_a_prelude():
     exe = Program(src).lower("PYTHON")
     split = bound.split(exe)
     assert not split.prelude and len(split.rest) == len(exe.kernels)
+
+
+def test_the_caller_inputs_are_built_once_and_each_call_gets_its_own_list():
+    """`Program.inputs` (read by every `bind`) lists the caller's inputs by their names, weights left out, the
+    same declarations on every call, in a list the caller may change without changing the program's."""
+    src = "x: f32[N, 4]\nw: f32[4, 3]\nb: f32[3]\nreturn x @ w + b"
+    w = np.arange(12, dtype=np.float32).reshape(4, 3)
+    prog = Program(src, weights={"w": w}, names={"x": "input.1"})
+    first = prog.inputs
+    assert [d.name for d in first] == ["input.1", "b"]
+    first.clear()
+    again = prog.inputs
+    assert [d.name for d in again] == ["input.1", "b"] and again is not first
+    assert all(a is b for a, b in zip(again, prog.inputs))  # the declarations built once
+    names = prog.dim_names
+    names.append("Z")
+    assert prog.dim_names == ["N"]
+    x = np.ones((2, 4), np.float32)
+    bias = np.array([1, 2, 3], np.float32)
+    got = prog.run(device="CPU", inputs={"input.1": x, "b": bias})
+    np.testing.assert_allclose(got["out0"], x @ w + bias, rtol=1e-6)

@@ -142,11 +142,15 @@ class Program:
 
     @property
     def inputs(self) -> list[InputDecl]:
-        """The inputs a caller passes (weights bound at load are not among them), by the caller's names."""
+        """The inputs a caller passes (weights bound at load are not among them), by the caller's names. Built
+        once (a model declares hundreds; `bind` reads them on every run): a new list of the same declarations
+        each call."""
         if not self.weights and not self.public:
             return self.parsed.inputs
-        return [_dc_replace(d, name=n) for d, n in zip(self.parsed.inputs, self._in_names) if d.name not in
-                self.weights]
+        if getattr(self, "_caller_inputs", None) is None:
+            self._caller_inputs = [_dc_replace(d, name=n) for d, n in zip(self.parsed.inputs, self._in_names)
+                                   if d.name not in self.weights]
+        return list(self._caller_inputs)
 
     @property
     def output_names(self) -> list[str]:
@@ -169,7 +173,9 @@ class Program:
 
     @property
     def dim_names(self) -> list[str]:
-        return dim_names(self.parsed)
+        if getattr(self, "_dim_names", None) is None:  # (read on every run: found once)
+            self._dim_names = dim_names(self.parsed)
+        return list(self._dim_names)
 
     def _all_decls(self) -> list[InputDecl]:
         """Every declared input, weights included, in declaration order, by the engine's names."""

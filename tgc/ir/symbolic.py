@@ -166,6 +166,44 @@ def mod_rule(x: UOp, c: UOp) -> UOp | None:
     return rest_expr if rest_expr.vmax < d else rest_expr % c
 
 
+def _is_mod_term(u: UOp) -> bool:
+    return u.op is Ops.MOD or (u.op is Ops.MUL and u.src[1].op is Ops.CONST and u.src[0].op is Ops.MOD)
+
+
+def div_mod_sum_rule(x: UOp) -> UOp | None:
+    """A sum that rebuilds a remainder or its dividend from digits (a flatten of a reshaped index: c*36 + h*6 + w
+    read as (k // 36)*36 + ((k // 6) % 6)*6 + k % 6), for a dividend v >= 0 and constants a, b:
+    ((v // a) % b)*a + v % a -> v % (a*b), and (v // a)*a + v % a -> v, each with any common coefficient, until
+    neither applies. The index is then affine in v again (a matmul reading a flattened image as a vector)."""
+    if not (_is_mod_term(x.src[0]) or _is_mod_term(x.src[1])):
+        return None
+    terms, const = _terms(x)
+    changed, again = False, True
+    while again:
+        again = False
+        for i, (low, k) in enumerate(terms):
+            if low.op is not Ops.MOD or low.src[1].op is not Ops.CONST or low.src[1].arg <= 0 or low.src[0].vmin < 0:
+                continue
+            v, a = low.src[0], int(low.src[1].arg)
+            for j, (high, k2) in enumerate(terms):
+                if j == i or k2 != k * a:
+                    continue
+                if high.op is Ops.IDIV and high.src[0] is v and high.src[1].op is Ops.CONST and high.src[1].arg == a:
+                    new = v
+                elif high.op is Ops.MOD and high.src[1].op is Ops.CONST and high.src[1].arg > 0 and \
+                        high.src[0].op is Ops.IDIV and \
+                        high.src[0].src[0] is v and high.src[0].src[1].op is Ops.CONST and high.src[0].src[1].arg == a:
+                    new = v % UOp.const(v.dtype, a * int(high.src[1].arg))
+                else:
+                    continue
+                terms = [t for n, t in enumerate(terms) if n not in (i, j)] + [(new, k)]
+                changed = again = True
+                break
+            if again:
+                break
+    return _build(terms, const, x.dtype) if changed else None
+
+
 def lt_rule(x: UOp, c: UOp) -> UOp | None:
     if x.vmax < c.arg:
         return UOp.const(dtypes.bool, True)
@@ -205,6 +243,7 @@ symbolic = PatternMatcher([
     (UPat(Ops.ADD, src=(UPat(Ops.MUL, src=(UPat(Ops.IDIV, src=(UPat.var("x"), UPat.cvar("c"))), UPat.cvar("c2"))),
                         UPat(Ops.MOD, src=(UPat.var("x"), UPat.cvar("c3"))))),
      lambda x, c, c2, c3: x if c.arg == c2.arg == c3.arg and x.vmin >= 0 else None),
+    (UPat(Ops.ADD, name="x", dtype="int"), div_mod_sum_rule),
     # index division and remainder by constants
     (UPat(Ops.IDIV, src=(UPat.var("x", "int"), UPat.cvar("c"))), div_rule),
     (UPat(Ops.MOD, src=(UPat.var("x", "int"), UPat.cvar("c"))), mod_rule),
