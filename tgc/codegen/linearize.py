@@ -357,14 +357,7 @@ class _Linearizer:
         m_old = read(m, "m_old")
         self.push(UOp(Ops.ACCUMULATE, vt, (m, bm_l), Ops.MAX))
         m_new = read(m, "m_new")
-        m_safe = UOp(Ops.WHERE, vt, (UOp(Ops.CMPNE, dtypes.bool.vec(w), (m_new, splat(UOp.const(f32, -math.inf), w))),
-                                     m_new, splat(UOp.const(f32, 0.0), w)))
-        z = UOp(Ops.READ_ACC, f32, (), ("online", tag, "z"))
-        pz = self.exp(z)
-        if self.decompose:
-            pz = decompose_transcendentals(UOp(Ops.SINK, None, (pz,))).src[0]
-        alpha = widen(pz, z, m_old - m_safe, w)
-        ps = [widen(pz, z, sc - m_safe, w) for sc in scores]
+        alpha, ps = self._lane_rescale(m_old, m_new, scores, tag)
         lsum, col = ps[0], ps[0] * values[0]
         for p, v in zip(ps[1:], values[1:]):
             lsum, col = lsum + p, col + p * v
@@ -380,6 +373,21 @@ class _Linearizer:
         l_l = self.push(UOp(Ops.READ_ACC, vt, (lacc,), "l"))
         o_l = self.push(UOp(Ops.READ_ACC, vt, (o,), "o"))
         self.scopes[-1][first] = self.push(UOp(Ops.FDIV, vt, (o_l, l_l)))
+
+    def _lane_rescale(self, m_old: UOp, m_new: UOp, scores: list[UOp] | tuple[UOp, ...], tag: int
+                      ) -> tuple[UOp, list[UOp]]:
+        """One step of a per-lane online softmax: the rescale of the old sums alpha = exp(m_old - m) and each score's
+        p_k = exp(s_k - m), lane by lane, as vector polynomials (`lanes.widen`), with m the new running max (a max
+        still -inf taken as 0, so a lane masked so far gives 0, not NaN)."""
+        f32, vt = dtypes.f32, m_new.dtype
+        w = vt.count
+        m_safe = UOp(Ops.WHERE, vt, (UOp(Ops.CMPNE, dtypes.bool.vec(w), (m_new, splat(UOp.const(f32, -math.inf), w))),
+                                     m_new, splat(UOp.const(f32, 0.0), w)))
+        z = UOp(Ops.READ_ACC, f32, (), ("online", tag, "z"))
+        pz = self.exp(z)
+        if self.decompose:
+            pz = decompose_transcendentals(UOp(Ops.SINK, None, (pz,))).src[0]
+        return widen(pz, z, m_old - m_safe, w), [widen(pz, z, sc - m_safe, w) for sc in scores]
 
     def emit_online_rows(self, red: UOp, cols: list[UOp], local: UOp, stores: list[UOp]) -> None:
         """The stores of a per-lane ONLINE_SOFTMAX REDUCE `red` (`_emit_online_softmax_lanes`' form) whose values vary
@@ -443,14 +451,7 @@ class _Linearizer:
         m_old = read(m, "m_old")
         self.push(UOp(Ops.ACCUMULATE, vt, (m, bm_l), Ops.MAX))
         m_new = read(m, "m_new")
-        m_safe = UOp(Ops.WHERE, vt, (UOp(Ops.CMPNE, dtypes.bool.vec(w), (m_new, splat(UOp.const(f32, -math.inf), w))),
-                                     m_new, splat(UOp.const(f32, 0.0), w)))
-        z = UOp(Ops.READ_ACC, f32, (), ("online", tag, "z"))
-        pz = self.exp(z)
-        if self.decompose:
-            pz = decompose_transcendentals(UOp(Ops.SINK, None, (pz,))).src[0]
-        alpha = widen(pz, z, m_old - m_safe, w)
-        ps = [widen(pz, z, sc - m_safe, w) for sc in scores]
+        alpha, ps = self._lane_rescale(m_old, m_new, scores, tag)
         lsum = ps[0]
         for p in ps[1:]:
             lsum = lsum + p
