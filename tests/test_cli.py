@@ -232,7 +232,7 @@ def test_compile_prints_sources_with_headers():
 
 
 def test_compile_writes_one_file_per_kernel(tmp_path):
-    printed = tgc("compile", *REDUCTIONS).stdout.count("; kernel ")
+    printed = tgc_here("compile", *REDUCTIONS).stdout.count("; kernel ")
     out = tmp_path / "k"
     r = tgc_here("compile", *REDUCTIONS, "-o", str(out))
     assert r.returncode == 0 and r.stdout == "", r.stderr
@@ -255,7 +255,7 @@ def test_compile_renders_where_it_cannot_compile(tmp_path):
 
 
 def test_emit_ir_is_the_optimized_ir_not_the_source():
-    src = tgc("compile", SOFTMAX, "-D", "N=4", "-D", "D=8", "-d", "CPU", "--emit", "src")
+    src = tgc_here("compile", SOFTMAX, "-D", "N=4", "-D", "D=8", "-d", "CPU", "--emit", "src")
     ir = tgc_here("compile", SOFTMAX, "-D", "N=4", "-D", "D=8", "-d", "CPU", "--emit", "ir")
     assert src.returncode == ir.returncode == 0, ir.stderr
     assert ir.stdout != src.stdout and "define" in ir.stdout
@@ -318,11 +318,11 @@ def test_devices_json():
 def test_cache_after_a_run(tmp_path):
     env = {"TGC_CACHE_DIR": str(tmp_path / "c")}
     assert tgc_here("run", SOFTMAX, "--random", "-D", "N=2", "-D", "D=2", env=env).returncode == 0
-    stats = json.loads(tgc("cache", "stats", "--json", env=env).stdout)
+    stats = json.loads(tgc_here("cache", "stats", "--json", env=env).stdout)
     assert stats["entries"]["compile"] >= 1 and stats["cache_dir"] == str(tmp_path / "c")
-    assert "compile" in tgc("cache", "list", env=env).stdout
+    assert "compile" in tgc_here("cache", "list", env=env).stdout
     assert tgc_here("cache", "clear", env=env).returncode == 0
-    assert json.loads(tgc("cache", "list", "--json", env=env).stdout) == []
+    assert json.loads(tgc_here("cache", "list", "--json", env=env).stdout) == []
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -387,10 +387,11 @@ def test_beam_json_stores_winners(tmp_path):
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["width"] == 1 and doc["kernels"] and not any(k["cached"] for k in doc["kernels"])
-    again = json.loads(tgc("beam", SOFTMAX, "-D", "N=8", "-D", "D=8", "--width", "1", "--json", env=env).stdout)
+    again = json.loads(tgc_here("beam", SOFTMAX, "-D", "N=8", "-D", "D=8", "--width", "1", "--json", env=env).stdout)
     assert all(k["cached"] for k in again["kernels"])
     # one winner per kernel, and the same winner for its symbolic form (the size class of N=8, D=8)
-    assert json.loads(tgc("cache", "stats", "--json", env=env).stdout)["entries"]["beam"] == 2 * len(doc["kernels"])
+    stats = json.loads(tgc_here("cache", "stats", "--json", env=env).stdout)
+    assert stats["entries"]["beam"] == 2 * len(doc["kernels"])
     r = tgc_here("beam", SOFTMAX, "-D", "N=8", env=env)
     assert r.returncode == 2 and "dim D is unknown" in r.stderr
 
