@@ -1,5 +1,8 @@
-"""The real `tgc` executable in a subprocess: exit status, files written, JSON that parses, and one clear
-message (never a traceback) for every kind of bad input."""
+"""The `tgc` command line: exit status, files written, JSON that parses, and one clear message (never a
+traceback) for every kind of bad input. Most tests run the command in this process (`tgc_here`: click's runner
+on `tgc.cli.main.main`, an exception fails the test); the real executable runs in a subprocess (`tgc`) where the
+process is what a test checks: the script starts, imports, a terminal, serving, and the exit status and stderr of
+the real process for a user error."""
 
 from __future__ import annotations
 
@@ -35,6 +38,23 @@ def tgc(*args: str, cwd: Path | None = None, env: dict | None = None) -> subproc
     return subprocess.run([*TGC, *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=120)
 
 
+def tgc_here(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`tgc` run in this process (`tgc.cli.main.main([...])` through click's runner): exit status, stdout
+    and stderr as from the process, for the tests that check what the command does, not the process."""
+    from click.testing import CliRunner
+
+    from tgc.cli.main import main
+    overrides: dict = {"DEBUG": None, "TGC_DEVICE": None, "FORCE_COLOR": None, "NO_COLOR": "1", **(env or {})}
+    old = os.getcwd()
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        r = CliRunner().invoke(main, list(args), env=overrides, catch_exceptions=False)
+    finally:
+        os.chdir(old)
+    return subprocess.CompletedProcess(["tgc", *args], r.exit_code, r.stdout, r.stderr)
+
+
 def dims_args(spec: str) -> list[str]:
     return [a for d in spec.split() for a in ("-D", d)]
 
@@ -61,7 +81,7 @@ def test_cli_module_imports_nothing_heavy():
 
 
 def test_run_random_prints_a_table():
-    r = tgc("run", SOFTMAX, "--random", "-D", "N=4", "-D", "D=8")
+    r = tgc_here("run", SOFTMAX, "--random", "-D", "N=4", "-D", "D=8")
     assert r.returncode == 0, r.stderr
     assert "out0" in r.stdout and "f32" in r.stdout and "(4, 8)" in r.stdout
     assert "\x1b[" not in r.stdout  # NO_COLOR and a pipe: plain text
@@ -70,7 +90,7 @@ def test_run_random_prints_a_table():
 def test_run_check_and_outputs(tmp_path):
     x = np.random.default_rng(1).standard_normal((3, 5)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
-    r = tgc("run", SOFTMAX, "-i", "x=x.npy", "--check", "-o", "all.npz", "-o", "out0=p.npy", cwd=tmp_path)
+    r = tgc_here("run", SOFTMAX, "-i", "x=x.npy", "--check", "-o", "all.npz", "-o", "out0=p.npy", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "check: ok" in r.stderr and r.stdout == ""
     e = np.exp(x - x.max(axis=1, keepdims=True))
@@ -84,14 +104,14 @@ def test_run_check_and_outputs(tmp_path):
 def test_run_check_with_bf16_inputs(tmp_path):
     """bf16 inputs are uint16 bits on the numpy side: the reference must read them as bf16, not as ints."""
     (tmp_path / "b.tg").write_text("x: bf16[N]\ny: f32[N]\nreturn x * 1, x + y\n")
-    r = tgc("run", "b.tg", "--random", "-D", "N=4", "--check", cwd=tmp_path)
+    r = tgc_here("run", "b.tg", "--random", "-D", "N=4", "--check", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "check: ok" in r.stderr
     bits = np.array([0x3F80, 0xC000, 0x4049, 0x0000], np.uint16)  # 1.0, -2.0, 3.140625, 0.0
     np.save(tmp_path / "x.npy", bits)
     np.save(tmp_path / "y.npy", np.ones(4, np.float32))
     for extra in ((), ("--cast",)):
-        r = tgc("run", "b.tg", "-i", "x=x.npy", "-i", "y=y.npy", "--check", "-o", "o.npz", *extra, cwd=tmp_path)
+        r = tgc_here("run", "b.tg", "-i", "x=x.npy", "-i", "y=y.npy", "--check", "-o", "o.npz", *extra, cwd=tmp_path)
         assert r.returncode == 0, r.stderr
         with np.load(tmp_path / "o.npz") as z:
             assert z["out0"].tolist() == [1.0, -2.0, 3.140625, 0.0]
@@ -100,12 +120,12 @@ def test_run_check_with_bf16_inputs(tmp_path):
 
 def test_run_inputs_npz_and_seed(tmp_path):
     np.savez(tmp_path / "in.npz", x=np.zeros((2, 4), np.float32))
-    r = tgc("run", SOFTMAX, "--inputs", "in.npz", "-o", "o.npz", cwd=tmp_path)
+    r = tgc_here("run", SOFTMAX, "--inputs", "in.npz", "-o", "o.npz", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     with np.load(tmp_path / "o.npz") as z:
         assert np.allclose(z["out0"], 0.25)
     for name, seed in (("a", "1"), ("b", "1"), ("c", "2")):
-        assert tgc("run", SOFTMAX, "--random", "--seed", seed, "-D", "N=3", "-D", "D=3", "-o", f"{name}.npz",
+        assert tgc_here("run", SOFTMAX, "--random", "--seed", seed, "-D", "N=3", "-D", "D=3", "-o", f"{name}.npz",
                    cwd=tmp_path).returncode == 0
     a, b, c = (np.load(tmp_path / f"{n}.npz")["out0"] for n in "abc")
     assert np.array_equal(a, b) and not np.array_equal(a, c)
@@ -113,7 +133,7 @@ def test_run_inputs_npz_and_seed(tmp_path):
 
 @pytest.mark.parametrize("name", sorted(EXAMPLE_DIMS))
 def test_example_programs_check(name):
-    r = tgc("run", str(KERNELS / f"{name}.tg"), "--random", "--check", *dims_args(EXAMPLE_DIMS[name]))
+    r = tgc_here("run", str(KERNELS / f"{name}.tg"), "--random", "--check", *dims_args(EXAMPLE_DIMS[name]))
     assert r.returncode == 0, r.stderr
     assert "check: ok" in r.stderr
 
@@ -166,7 +186,7 @@ BAD_INPUTS = [
 @pytest.mark.parametrize("args,words", BAD_INPUTS, ids=[" ".join(a[2:]) or a[0] for a, _ in BAD_INPUTS])
 def test_bad_input(tmp_path, args, words):
     _write_inputs(tmp_path)
-    r = tgc(*args, cwd=tmp_path)
+    r = tgc_here(*args, cwd=tmp_path)
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert "Traceback" not in r.stderr and r.stdout == ""
     for w in words:
@@ -175,7 +195,7 @@ def test_bad_input(tmp_path, args, words):
 
 def test_cast_fixes_the_dtype(tmp_path):
     _write_inputs(tmp_path)
-    r = tgc("run", SOFTMAX, "-i", "x=x64.npy", "--cast", "--check", cwd=tmp_path)
+    r = tgc_here("run", SOFTMAX, "-i", "x=x64.npy", "--cast", "--check", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
 
 
@@ -184,7 +204,7 @@ def test_failed_run_leaves_existing_outputs_alone(tmp_path):
     np.savez(tmp_path / "out.npz", out0=np.arange(3))
     before = (tmp_path / "out.npz").read_bytes()
     for args in (["-i", "x=text.npy"], ["-i", "x=x1d.npy"], ["-i", "x=x.npy", "-d", "NOPE"]):
-        r = tgc("run", SOFTMAX, *args, "-o", "out.npz", "-o", "out0=new.npy", cwd=tmp_path)
+        r = tgc_here("run", SOFTMAX, *args, "-o", "out.npz", "-o", "out0=new.npy", cwd=tmp_path)
         assert r.returncode == 2, r.stderr
         assert (tmp_path / "out.npz").read_bytes() == before
         assert not (tmp_path / "new.npy").exists()
@@ -204,7 +224,7 @@ REDUCTIONS = [str(KERNELS / "reductions.tg"), "-D", "M=3", "-D", "N=5"]  # four 
 
 
 def test_compile_prints_sources_with_headers():
-    r = tgc("compile", *REDUCTIONS)
+    r = tgc_here("compile", *REDUCTIONS)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("; kernel ") and "reductions.tg" in r.stdout
     assert r.stdout.count("; kernel ") == r.stdout.count("\ndefine ") >= 2
@@ -212,31 +232,31 @@ def test_compile_prints_sources_with_headers():
 
 
 def test_compile_writes_one_file_per_kernel(tmp_path):
-    printed = tgc("compile", *REDUCTIONS).stdout.count("; kernel ")
+    printed = tgc_here("compile", *REDUCTIONS).stdout.count("; kernel ")
     out = tmp_path / "k"
-    r = tgc("compile", *REDUCTIONS, "-o", str(out))
+    r = tgc_here("compile", *REDUCTIONS, "-o", str(out))
     assert r.returncode == 0 and r.stdout == "", r.stderr
     files = sorted(out.iterdir())
     assert len(files) == printed and all(f.suffix == ".ll" for f in files)
     assert files[0].name.startswith("00_") and all(f.read_text().startswith("; kernel ") for f in files)
-    r = tgc("compile", *REDUCTIONS, "--emit", "uops", "-o", str(tmp_path / "u"))
+    r = tgc_here("compile", *REDUCTIONS, "--emit", "uops", "-o", str(tmp_path / "u"))
     assert r.returncode == 0 and all(f.suffix == ".txt" for f in (tmp_path / "u").iterdir())
 
 
 @pytest.mark.skipif(sys.platform == "darwin", reason="METAL compiles on macOS")
 def test_compile_renders_where_it_cannot_compile(tmp_path):
-    r = tgc("compile", SOFTMAX, "-D", "N=4", "-D", "D=8", "-d", "METAL")
+    r = tgc_here("compile", SOFTMAX, "-D", "N=4", "-D", "D=8", "-d", "METAL")
     assert r.returncode == 0, r.stderr
     assert "note: could not compile for METAL" in r.stderr and "kernel void" in r.stdout
-    r = tgc("compile", SOFTMAX, "-D", "N=4", "-D", "D=8", "-d", "METAL", "-o", str(tmp_path / "m"))
+    r = tgc_here("compile", SOFTMAX, "-D", "N=4", "-D", "D=8", "-d", "METAL", "-o", str(tmp_path / "m"))
     assert r.returncode == 0 and {f.suffix for f in (tmp_path / "m").iterdir()} == {".metal"}
-    r = tgc("compile", SOFTMAX, "-D", "N=4", "-D", "D=8", "-d", "METAL", "--emit", "bin")
+    r = tgc_here("compile", SOFTMAX, "-D", "N=4", "-D", "D=8", "-d", "METAL", "--emit", "bin")
     assert r.returncode == 1 and "--emit bin: could not compile for METAL" in r.stderr and r.stdout == ""
 
 
 def test_emit_ir_is_the_optimized_ir_not_the_source():
-    src = tgc("compile", SOFTMAX, "-D", "N=4", "-D", "D=8", "-d", "CPU", "--emit", "src")
-    ir = tgc("compile", SOFTMAX, "-D", "N=4", "-D", "D=8", "-d", "CPU", "--emit", "ir")
+    src = tgc_here("compile", SOFTMAX, "-D", "N=4", "-D", "D=8", "-d", "CPU", "--emit", "src")
+    ir = tgc_here("compile", SOFTMAX, "-D", "N=4", "-D", "D=8", "-d", "CPU", "--emit", "ir")
     assert src.returncode == ir.returncode == 0, ir.stderr
     assert ir.stdout != src.stdout and "define" in ir.stdout
     # the IR LLVM hands back carries the function attributes its optimizer inferred; tgc never writes them
@@ -244,7 +264,7 @@ def test_emit_ir_is_the_optimized_ir_not_the_source():
 
 
 def test_compile_python_device_writes_json(tmp_path):
-    r = tgc("compile", SOFTMAX, "-D", "N=4", "-D", "D=8", "-d", "PYTHON", "-o", str(tmp_path / "p"))
+    r = tgc_here("compile", SOFTMAX, "-D", "N=4", "-D", "D=8", "-d", "PYTHON", "-o", str(tmp_path / "p"))
     assert r.returncode == 0, r.stderr
     files = sorted((tmp_path / "p").iterdir())
     assert files and all(f.suffix == ".json" and json.loads(f.read_text()) for f in files)
@@ -252,7 +272,7 @@ def test_compile_python_device_writes_json(tmp_path):
 
 @pytest.mark.parametrize("emit", ["uops", "schedule", "ir"])
 def test_compile_emits(emit):
-    r = tgc("compile", SOFTMAX, "-D", "N=4", "-D", "D=8", "--emit", emit)
+    r = tgc_here("compile", SOFTMAX, "-D", "N=4", "-D", "D=8", "--emit", emit)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip()
 
@@ -286,23 +306,23 @@ def test_compile_highlights_on_a_terminal():
 
 
 def test_devices_json():
-    r = tgc("devices", "--json")
+    r = tgc_here("devices", "--json")
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
     cpu = next(row for row in rows if row["device"] == "CPU")
     assert cpu["available"] is True and {"why_not", "renderer", "compiler", "version"} <= set(cpu)
-    r = tgc("devices")
+    r = tgc_here("devices")
     assert r.returncode == 0 and "CPU" in r.stdout
 
 
 def test_cache_after_a_run(tmp_path):
     env = {"TGC_CACHE_DIR": str(tmp_path / "c")}
-    assert tgc("run", SOFTMAX, "--random", "-D", "N=2", "-D", "D=2", env=env).returncode == 0
-    stats = json.loads(tgc("cache", "stats", "--json", env=env).stdout)
+    assert tgc_here("run", SOFTMAX, "--random", "-D", "N=2", "-D", "D=2", env=env).returncode == 0
+    stats = json.loads(tgc_here("cache", "stats", "--json", env=env).stdout)
     assert stats["entries"]["compile"] >= 1 and stats["cache_dir"] == str(tmp_path / "c")
-    assert "compile" in tgc("cache", "list", env=env).stdout
-    assert tgc("cache", "clear", env=env).returncode == 0
-    assert json.loads(tgc("cache", "list", "--json", env=env).stdout) == []
+    assert "compile" in tgc_here("cache", "list", env=env).stdout
+    assert tgc_here("cache", "clear", env=env).returncode == 0
+    assert json.loads(tgc_here("cache", "list", "--json", env=env).stdout) == []
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -310,7 +330,7 @@ def test_cache_after_a_run(tmp_path):
 
 
 def test_bench_json_and_baseline(tmp_path):
-    r = tgc("bench", SOFTMAX, "-D", "N=8", "-D", "D=16", "--repeat", "3", "--json", "--vs", "numpy")
+    r = tgc_here("bench", SOFTMAX, "-D", "N=8", "-D", "D=16", "--repeat", "3", "--json", "--vs", "numpy")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)  # stdout is one JSON document and nothing else
     assert doc["kernels"] and all(k["median_s"] > 0 and k["name"] for k in doc["kernels"])
@@ -319,10 +339,10 @@ def test_bench_json_and_baseline(tmp_path):
     fast = dict(doc, kernels=[dict(k, median_s=k["median_s"] / 1000, iqr_s=0.0) for k in doc["kernels"]],
                 program=dict(doc["program"], median_s=doc["program"]["median_s"] / 1000, iqr_s=0.0))
     (tmp_path / "old.json").write_text(json.dumps(fast))
-    r = tgc("bench", SOFTMAX, "-D", "N=8", "-D", "D=16", "--repeat", "3", "--baseline", "old.json", cwd=tmp_path)
+    r = tgc_here("bench", SOFTMAX, "-D", "N=8", "-D", "D=16", "--repeat", "3", "--baseline", "old.json", cwd=tmp_path)
     assert r.returncode == 1 and "regression" in r.stderr and "slower" in r.stdout
     (tmp_path / "junk.json").write_text("{not json")
-    r = tgc("bench", SOFTMAX, "-D", "N=8", "-D", "D=16", "--baseline", "junk.json", cwd=tmp_path)
+    r = tgc_here("bench", SOFTMAX, "-D", "N=8", "-D", "D=16", "--baseline", "junk.json", cwd=tmp_path)
     assert r.returncode == 2 and "not JSON" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -363,15 +383,16 @@ def test_serve_refuses_an_open_address_without_a_token():
 
 def test_beam_json_stores_winners(tmp_path):
     env = {"TGC_CACHE_DIR": str(tmp_path / "c")}
-    r = tgc("beam", SOFTMAX, "-D", "N=8", "-D", "D=8", "--width", "1", "--json", env=env)
+    r = tgc_here("beam", SOFTMAX, "-D", "N=8", "-D", "D=8", "--width", "1", "--json", env=env)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["width"] == 1 and doc["kernels"] and not any(k["cached"] for k in doc["kernels"])
-    again = json.loads(tgc("beam", SOFTMAX, "-D", "N=8", "-D", "D=8", "--width", "1", "--json", env=env).stdout)
+    again = json.loads(tgc_here("beam", SOFTMAX, "-D", "N=8", "-D", "D=8", "--width", "1", "--json", env=env).stdout)
     assert all(k["cached"] for k in again["kernels"])
     # one winner per kernel, and the same winner for its symbolic form (the size class of N=8, D=8)
-    assert json.loads(tgc("cache", "stats", "--json", env=env).stdout)["entries"]["beam"] == 2 * len(doc["kernels"])
-    r = tgc("beam", SOFTMAX, "-D", "N=8", env=env)
+    stats = json.loads(tgc_here("cache", "stats", "--json", env=env).stdout)
+    assert stats["entries"]["beam"] == 2 * len(doc["kernels"])
+    r = tgc_here("beam", SOFTMAX, "-D", "N=8", env=env)
     assert r.returncode == 2 and "dim D is unknown" in r.stderr
 
 
@@ -379,7 +400,7 @@ def test_run_random_draws_the_inputs_bench_and_the_api_draw(tmp_path):
     import tgc as api
     from tgc.engine.inputs import random_inputs
 
-    r = tgc("run", SOFTMAX, "-D", "N=3", "-D", "D=5", "--random", "--seed", "11", "-o", str(tmp_path / "o.npz"))
+    r = tgc_here("run", SOFTMAX, "-D", "N=3", "-D", "D=5", "--random", "--seed", "11", "-o", str(tmp_path / "o.npz"))
     assert r.returncode == 0, r.stderr
     prog = api.load(SOFTMAX)
     want = prog.run(**random_inputs(prog, {"N": 3, "D": 5}, seed=11))

@@ -400,3 +400,23 @@ def test_ten_thousand_iteration_kernels_are_fast():
     program.run(device=DEV, x=x)
     per_kernel = (time.perf_counter() - st) / len(kernels)
     assert per_kernel < 0.05, per_kernel
+
+
+def test_a_cold_compile_parses_the_kernel_once(monkeypatch):
+    """The compiler's check and the program built from its bytes share one parse; a malformed kernel is
+    rejected every time (no failure is remembered), and bytes never compiled here are parsed when loaded."""
+    calls = []
+    real = pyb.parse_program
+    monkeypatch.setattr(pyb, "parse_program", lambda text: calls.append(text) or real(text))
+    x = rng(4).standard_normal(13 * 11).astype(np.float32)
+    src = kernel(*sum_rows(13, 11))
+    out, _ = launch(src, np.zeros(13, np.float32), x)
+    close(out, x.reshape(13, 11).astype(np.float64).sum(1))
+    assert len(calls) == 1
+    dev = get_device(DEV)
+    for _ in range(2):
+        with pytest.raises(CompileError, match="does not run FROB"):
+            dev.compiler.compile(kernel(["FROB", "i32", [], 17]))
+    assert len(calls) == 3
+    dev.program("k", kernel(*sum_rows(17, 3)).encode())  # (as from the compile cache: no compile before)
+    assert len(calls) == 4

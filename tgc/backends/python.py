@@ -29,6 +29,7 @@ unless `TGC_THREADS` says otherwise, so the optimizer normally hands this device
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -307,6 +308,14 @@ def make_plan(code: list[Instr], budget: int | None = None, sequential: bool = F
     return Plan(ndim, depth, end_of, block, acc_axes, sequential)
 
 
+@functools.lru_cache(maxsize=64)
+def _parse_checked(lib: bytes) -> tuple[str, tuple[Instr, ...]]:
+    """`parse_program` of a kernel's bytes, remembered for the last 64 kernels: a cold compile checks the
+    text and the program built from the same bytes right after reuses that parse (Instrs are frozen)."""
+    name, code = parse_program(lib)
+    return name, tuple(code)
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # Running
 
@@ -320,7 +329,8 @@ class PythonProgram(Program):
 
     def __init__(self, device: PythonDevice, name: str, lib: bytes):
         super().__init__(device, name, lib)
-        self.kernel, self.code = parse_program(lib)
+        self.kernel, code = _parse_checked(bytes(lib))
+        self.code = list(code)
         self.plan = make_plan(self.code)
         self._sequential_plan: Plan | None = None
         self.vars = [ins.arg for ins in self.code if ins.op is Ops.DEFINE_VAR]
@@ -514,8 +524,9 @@ class PythonCompiler(Compiler):
     version = FORMAT
 
     def compile(self, src: str) -> bytes:
-        parse_program(src)
-        return src.encode()
+        lib = src.encode()
+        _parse_checked(lib)  # the program built from these bytes next finds them parsed
+        return lib
 
     def disassemble(self, lib: bytes) -> str:
         return lib.decode()
