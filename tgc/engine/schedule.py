@@ -406,10 +406,18 @@ def mem_dtype(d: DType) -> DType:
     return d
 
 
+def _size_in_name(size: object) -> str:
+    """A loop's size as a kernel name shows it: the number, or a size variable's product of dims (`N`, `3C`); a
+    sum of terms (`N-2`) is no part of a name (kernel names are identifiers in every dialect and in a package's
+    manifest), so it shows the size it was traced at, as the probe path's names do."""
+    text = str(size)
+    return text if text.isalnum() else str(getattr(size, "value", size))
+
+
 def kernel_name(ast: UOp) -> str:
     ranges = sorted({u for u in ast.toposort() if u.op is Ops.RANGE}, key=lambda r: r.arg[0])
     has_reduce = any(u.op is Ops.REDUCE for u in ast.toposort())
-    sizes = [str(r.src[0].arg) for r in ranges] or ["1"]
+    sizes = [_size_in_name(r.src[0].arg) for r in ranges] or ["1"]
     return ("r_" if has_reduce else "E_") + "_".join(sizes)
 
 
