@@ -30,6 +30,7 @@ from tgc.errors import TgcError
 from tgc.ir.kernel import INDEX, ScheduleItem, flat_index, identity
 from tgc.ir.shapes import prod, shape_of, strides_for
 from tgc.ir.symbolic import simplify
+from tgc.ir.symsize import SymSize
 from tgc.ir.uop import ALU, Ops, RangeKind, UOp, postorder, rebuild, substitute
 from tgc.ir.walk import drive
 
@@ -411,7 +412,7 @@ def _size_in_name(size: object) -> str:
     sum of terms (`N-2`) is no part of a name (kernel names are identifiers in every dialect and in a package's
     manifest), so it shows the size it was traced at, as the probe path's names do."""
     text = str(size)
-    return text if text.isalnum() else str(getattr(size, "value", size))
+    return text if text.isalnum() or not isinstance(size, SymSize) else str(size.value)
 
 
 def kernel_name(ast: UOp) -> str:
