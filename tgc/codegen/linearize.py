@@ -341,9 +341,7 @@ class _Linearizer:
             return a
 
         def read(a: UOp, name: str) -> UOp:
-            ph = UOp(Ops.READ_ACC, vt, (), ("online", tag, name))
-            self.scopes[-1][ph] = self.push(UOp(Ops.READ_ACC, vt, (a,), name))
-            return ph
+            return self._read_online_acc(a, name, tag)
 
         m = yield from acc(-math.inf)
         lacc = yield from acc(0.0)
@@ -373,6 +371,13 @@ class _Linearizer:
         l_l = self.push(UOp(Ops.READ_ACC, vt, (lacc,), "l"))
         o_l = self.push(UOp(Ops.READ_ACC, vt, (o,), "o"))
         self.scopes[-1][first] = self.push(UOp(Ops.FDIV, vt, (o_l, l_l)))
+
+    def _read_online_acc(self, acc: UOp, name: str, tag: int) -> UOp:
+        """A read of an online softmax's accumulator `acc` emitted now, returned as a placeholder (`("online", tag,
+        name)`) that the step's expressions use and this scope resolves to that read."""
+        ph = UOp(Ops.READ_ACC, acc.dtype, (), ("online", tag, name))
+        self.scopes[-1][ph] = self.push(UOp(Ops.READ_ACC, acc.dtype, (acc,), name))
+        return ph
 
     def _lane_rescale(self, m_old: UOp, m_new: UOp, scores: list[UOp] | tuple[UOp, ...], tag: int
                       ) -> tuple[UOp, list[UOp]]:
@@ -437,9 +442,7 @@ class _Linearizer:
             return a
 
         def read(a: UOp, name: str) -> UOp:
-            ph = UOp(Ops.READ_ACC, vt, (), ("online", tag, name))
-            self.scopes[-1][ph] = self.push(UOp(Ops.READ_ACC, vt, (a,), name))
-            return ph
+            return self._read_online_acc(a, name, tag)
 
         m, lacc = acc(-math.inf), acc(0.0)
         for rng in ranges:
