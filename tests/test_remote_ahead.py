@@ -83,11 +83,8 @@ def test_an_error_in_a_copy_sent_ahead_is_raised_at_the_next_answer_and_the_devi
 @needs_cpu
 def test_a_program_with_a_large_input_sent_ahead_matches_numpy(cpu_server, ahead, monkeypatch):
     import tgc
-    from tests.test_remote_datapath import _drop_remote_instances
-    monkeypatch.setenv("TGC_REMOTE", f"127.0.0.1:{cpu_server.port}")
-    monkeypatch.delenv("TGC_REMOTE_TOKEN", raising=False)
-    monkeypatch.delenv("TGC_REMOTE_TOKEN_FILE", raising=False)
-    _drop_remote_instances()
+    from tests.test_remote_datapath import _drop_remote_instances, _use_server_without_token
+    _use_server_without_token(monkeypatch, cpu_server.port)
     try:
         prog = tgc.loads("x: f32[N]\ny: f32[N]\nreturn x * 2 + y\n")
         x = np.random.default_rng(6).standard_normal(AHEAD // 4 + 5).astype(np.float32)

@@ -114,14 +114,20 @@ def _drop_remote_instances() -> None:
         backends._instances.pop(key).close()
 
 
+def _use_server_without_token(monkeypatch, port: int) -> None:
+    """Point REMOTE at the tokenless server on this machine's `port` (no token in the environment) and forget
+    cached REMOTE devices, so the next run connects to it."""
+    monkeypatch.setenv("TGC_REMOTE", f"127.0.0.1:{port}")
+    monkeypatch.delenv("TGC_REMOTE_TOKEN", raising=False)
+    monkeypatch.delenv("TGC_REMOTE_TOKEN_FILE", raising=False)
+    _drop_remote_instances()
+
+
 @needs_cpu
 def test_large_and_repeated_payloads_round_trip_through_remote(server, monkeypatch):
     """Inputs past LARGE_BLOB (two with equal bytes in one batch) and a large result, against numpy."""
     import tgc
-    monkeypatch.setenv("TGC_REMOTE", f"127.0.0.1:{server.port}")
-    monkeypatch.delenv("TGC_REMOTE_TOKEN", raising=False)
-    monkeypatch.delenv("TGC_REMOTE_TOKEN_FILE", raising=False)
-    _drop_remote_instances()
+    _use_server_without_token(monkeypatch, server.port)
     try:
         n = LARGE // 4 + 1000
         x = np.random.default_rng(2).standard_normal(n).astype(np.float32)

@@ -100,11 +100,8 @@ def test_a_truncated_copy_in_to_an_opencl_server_is_refused_and_leaves_the_buffe
 @needs_opencl
 def test_a_program_over_remote_opencl_reads_inputs_received_into_mapped_buffers(cl_server, monkeypatch):
     import tgc
-    from tests.test_remote_datapath import _drop_remote_instances
-    monkeypatch.setenv("TGC_REMOTE", f"127.0.0.1:{cl_server.port}")
-    monkeypatch.delenv("TGC_REMOTE_TOKEN", raising=False)
-    monkeypatch.delenv("TGC_REMOTE_TOKEN_FILE", raising=False)
-    _drop_remote_instances()
+    from tests.test_remote_datapath import _drop_remote_instances, _use_server_without_token
+    _use_server_without_token(monkeypatch, cl_server.port)
     try:
         prog = tgc.loads("x: f32[N]\ny: f32[N]\nreturn x * 2 + y\n")
         for seed in (5, 6):  # the second run's inputs land in the buffers the first run's replaced

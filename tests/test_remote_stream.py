@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.test_remote_datapath import _drop_remote_instances, _RawServer, needs_cpu
+from tests.test_remote_datapath import _drop_remote_instances, _RawServer, _use_server_without_token, needs_cpu
 from tgc.backends.remote import protocol as P
 from tgc.backends.remote.client import Connection
 from tgc.errors import DeviceError
@@ -92,10 +92,7 @@ def test_remote_copy_out_streams_into_the_result(monkeypatch):
 
     monkeypatch.setattr(client._Wire, "_streamed", counted)
     srv = serve("127.0.0.1", 0, "CPU", None).start()
-    monkeypatch.setenv("TGC_REMOTE", f"127.0.0.1:{srv.port}")
-    monkeypatch.delenv("TGC_REMOTE_TOKEN", raising=False)
-    monkeypatch.delenv("TGC_REMOTE_TOKEN_FILE", raising=False)
-    _drop_remote_instances()
+    _use_server_without_token(monkeypatch, srv.port)
     try:
         prog = tgc.loads("x: f32[N]\nreturn x * 2 + 1\n")
         x = np.random.default_rng(4).standard_normal(N // 4 + 3).astype(np.float32)
