@@ -29,7 +29,7 @@ from tgc.codegen.opt import OptOps
 from tgc.dtype import dtypes
 from tgc.ir.shapes import shape_of
 from tgc.ir.symbolic import simplify
-from tgc.ir.symsize import SMALLEST, SymFloat, SymSize
+from tgc.ir.symsize import SMALLEST, Mono, SymFloat, SymSize
 from tgc.ir.uop import Ops, PatternMatcher, RangeKind, UOp, UPat, graph_rewrite, substitute
 
 INDEX = dtypes.index
@@ -78,7 +78,6 @@ def var_bound(k: int) -> int:
     return min(2 ** 31 - 1, 2 ** (62 // max(k, 1)))
 
 
-Mono = tuple[int, tuple[str, ...], int, int]  # coef * product of dims // div + offset (names sorted, repeated)
 MAX_OFFSET = 4  # `N - 1`, `N + 2`: a product of dims plus or minus at most this much
 UNIT = sizeexpr.UNIT  # class "32n": a multiple of this, which kernels may assume (vector widths, packed layouts)
 
