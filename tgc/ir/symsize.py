@@ -2,8 +2,9 @@
 
 A `SymSize` is an `int` (its value at the traced sizes, so code that only needs a number keeps working) that
 also carries a polynomial of the dims with integer coefficients (`terms`: (names sorted, coef) pairs, the
-constant under `()`); a size is a monomial, `coef * product of dims + offset` (`mono`, the
-`Mono` tuple (defined here; `tgc.codegen.sizes` uses it) `(coef, names, offset, 1)`), while bounds of index math (`(M - 1) * N`) may be
+constant under `()`); a size is a monomial, `coef * product of dims + offset` (`mono`, the `Mono` tuple
+`(coef, names, offset, 1)`, defined here and used by `tgc.codegen.sizes`), while bounds of index math
+(`(M - 1) * N`) may be
 sums of them. It is hashable and equal only to a `SymSize` of the same polynomial and traced value, so the
 nodes whose args hold it (BUFFER shapes, RESHAPE/EXPAND shapes, PAD and SHRINK bounds, the scheduler's index
 constants) are the general nodes of the class, never merged with a literal of the same value, two dims of equal
