@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from tgc.dtype import DType, PromotionError, dtypes, promote, sum_dtype
+from tgc.dtype import DType, PromotionError, dtypes, min_max, promote, sum_dtype
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.symsize import SymSize
 from tgc.ir.uop import COMPARE, Ops, UOp
@@ -304,6 +304,8 @@ class Tensor:
         if self.dtype.is_bool:
             return self
         one, zero = Tensor.const(1, self.dtype), Tensor.const(0, self.dtype)
+        if self.dtype.is_float:  # numpy: sign(nan) is nan
+            zero = (self != self).where(self, zero)
         return (self < 0).where(-one, (self > 0).where(one, zero)) if not self.dtype.is_unsigned else \
             (self > 0).where(one, zero)
 
@@ -490,13 +492,21 @@ class Tensor:
         if n == 0:
             raise _shape_error("argmax over an axis of size 0")
         x = self if not self.dtype.is_bool else self.cast(dtypes.i32)
-        is_max = x == x.max(a, keepdim=True)
         # first index of ties: the largest (n - i) among the maxima, in the result's type: i32, or i64 for an
         # axis whose indices do not fit i32 (`argmax_dtype`); every value n - i lies in 1..n
         index = argmax_dtype(n)
         countdown = Tensor(UOp(Ops.CONST, index, (), 0)).arange_like(n, a, self.ndim, index)
-        best = is_max.where(countdown, Tensor.const(0, index)).max(a, keepdim)
-        return n - best
+        if not x.dtype.is_float:
+            best = (x == x.max(a, keepdim=True)).where(countdown, Tensor.const(0, index)).max(a, keepdim)
+            return n - best
+        # numpy: the first nan wins. The max is taken with nan as -inf (no nan reaches the reduction, whose
+        # accumulate LLVM may compile assuming none); a nan scores n - i in 1..n, a maximum -i in 1-n..0, any
+        # other element the index type's minimum, so one max finds the first nan, else the first maximum.
+        nan = x != x
+        m = nan.where(-math.inf, x).max(a, keepdim=True)
+        score = nan.where(countdown, (x == m).where(countdown - n, Tensor.const(min_max(index)[0], index)))
+        best = score.max(a, keepdim)
+        return (best > 0).where(n - best, -best)
 
     def argmin(self, axis=None, keepdim: bool = False) -> Tensor:
         if self.dtype.is_bool:

