@@ -52,3 +52,32 @@ def test_sign_of_nan_is_nan(device, dt):
     x = np.array([NAN, -2, 0, 3, -0.0, INF, -INF, 1e-30], np.float16 if dt == "f16" else np.float32)
     out = run(f"x: {dt}[8]\nreturn sign(x)", device, x=x)
     assert_exact(out["out0"], np.sign(x), dt)
+
+
+def _divmod_operands(np_dt):
+    rng = np.random.default_rng(1)  # (1e30 is inf in f16, as numpy casts it)
+    a = np.concatenate([[123456.7, -123456.7, 7.5, -7.5, 7.5, -7.5, 5, -5, 0, -0.0, 1, -1, INF, -INF, NAN, 3, 1e30,
+                         -1e30, 6, -6, 0.3, 1e-3],
+                        rng.uniform(-1e4, 1e4, 40), rng.uniform(-3, 3, 40)])
+    b = np.concatenate([[0.1, 0.1, 2, 2, -2, -2, 0, 0, 3, 3, INF, INF, 1, 1, 2, NAN, 7e-3, 3.3, 3, -3, 0.1, -7],
+                        rng.uniform(-3, 3, 40), rng.uniform(-1e4, 1e4, 40)])
+    with np.errstate(over="ignore"):
+        return a.astype(np_dt), b.astype(np_dt)
+
+
+@pytest.mark.parametrize("dt", ["f32", "f16"])
+def test_float_mod_and_floordiv_are_numpys(device, dt):
+    np_dt = np.float16 if dt == "f16" else np.float32
+    a, b = _divmod_operands(np_dt)
+    if dt == "f16":
+        a[0], a[1], a[16], a[17] = 12345.7, -12345.7, 6e4, -6e4  # within f16's range
+    n = len(a)
+    out = run(f"a: {dt}[{n}]\nb: {dt}[{n}]\nreturn a % b, a // b, a % 0.1, 123456.7 % b", device, a=a, b=b)
+    with np.errstate(all="ignore"):
+        assert_exact(out["out0"], np.mod(a, b), dt)
+        assert_exact(out["out1"], np.floor_divide(a, b), dt)
+        assert_exact(out["out2"], np.mod(a, np_dt(0.1)), dt)
+        assert_exact(out["out3"], np.mod(np_dt(123456.7), b), dt)
+    if dt == "f32":
+        assert out["out0"][0] == np.float32(0.0012853518)  # the brief's case: x - floor(x / y) * y gave 0
+

@@ -13,8 +13,9 @@ from dataclasses import replace
 
 from tgc.capabilities import Capabilities
 from tgc.codegen.opt import ASYNC_COPY, ASYNC_FIRST, ASYNC_NEXT
-from tgc.dtype import DType
+from tgc.dtype import DType, dtypes
 from tgc.errors import CompileError
+from tgc.ir import alu
 from tgc.ir.uop import Ops, UOp
 
 _BINARY_SYMBOLS = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.FDIV: "/", Ops.IDIV: "/", Ops.MOD: "%",
@@ -140,6 +141,10 @@ class CStyleRenderer:
     def fmax(self, d: DType, a: str, b: str) -> str:
         return f"fmax({a}, {b})" if d.is_float else f"max({a}, {b})"
 
+    def fmod(self, d: DType, a: str, b: str) -> str:
+        """Float MOD: C's fmod (exact, the dividend's sign)."""
+        return f"fmod({a}, {b})"
+
     def exp2_flushed(self, d: DType, x: str) -> str:
         """f32 exp2 with results below 2**-126 as 0, the CPU's polynomial semantics (`transcendental.exp2_f32`):
         exp2(x) < 2**-126 exactly where x < -126; nan and -inf go the same way as there."""
@@ -178,6 +183,8 @@ class CStyleRenderer:
 
     def float_const(self, v: float, d: DType) -> str:
         suffix = "" if d.name == "f64" else self.float_suffix
+        if d.name in ("f16", "bf16"):  # registers hold floats: a half constant is its value rounded to the half
+            v = float(alu.cast(alu.const(v, d), d, dtypes.f32))
         if math.isnan(v):
             return "NAN"
         if math.isinf(v):
@@ -351,6 +358,8 @@ class CStyleRenderer:
         op, d = u.op, u.dtype
         if op in (Ops.ADD, Ops.MUL) and d.is_bool:
             return self.combine(op, d, *s)
+        if op is Ops.MOD and d.is_float:
+            return self.fmod(d, *s)
         if op in _BINARY_SYMBOLS:
             return f"({s[0]} {_BINARY_SYMBOLS[op]} {s[1]})"
         if op is Ops.MAX:
@@ -521,6 +530,9 @@ class CUDARenderer(CStyleRenderer):
     def math(self, op: Ops, d: DType, x: str) -> str:
         fn = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt", Ops.TRUNC: "trunc"}[op]
         return f"{fn}{'' if d.name == 'f64' else 'f'}({x})"
+
+    def fmod(self, d: DType, a: str, b: str) -> str:
+        return f"fmod{'' if d.name == 'f64' else 'f'}({a}, {b})"
 
     def fmax(self, d: DType, a: str, b: str) -> str:
         if d.is_float:

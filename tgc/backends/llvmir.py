@@ -53,7 +53,8 @@ def _scalar_const(value, d: DType) -> str:
         return str(int(f32_to_bf16(np.array([value], np.float32))[0]))
     if d.is_int:
         return str(int(value))
-    if d.name == "f16":
+    if d.name == "f16":  # a finite value past f16's range is +-inf, as numpy rounds it (struct would raise)
+        value = value if not math.isfinite(value) or abs(value) < 65520.0 else math.copysign(math.inf, value)
         return "0xH" + struct.pack(">e", value).hex().upper()
     if d.name == "f32":
         value = struct.unpack("f", struct.pack("f", value))[0] if math.isfinite(value) else value
@@ -331,7 +332,7 @@ class _Renderer:
         elif op is Ops.IDIV:
             self.emit(f"{out} = {'udiv' if d.is_unsigned else 'sdiv'} {t} {a}, {b}")
         elif op is Ops.MOD:
-            self.emit(f"{out} = {'urem' if d.is_unsigned else 'srem'} {t} {a}, {b}")
+            self.emit(f"{out} = {'frem' if fl else 'urem' if d.is_unsigned else 'srem'} {t} {a}, {b}")
         elif op is Ops.MAX:
             fn = self.intrinsic("maxnum" if fl else ("umax" if d.is_unsigned else "smax"), d, 2)
             self.emit(f"{out} = call {flags if fl else ''}{t} {fn}({t} {a}, {t} {b})")

@@ -803,12 +803,33 @@ def _int_divmod(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
     return y_zero.where(zero, q), y_zero.where(zero, r)
 
 
+def _float_divmod(x: Tensor, y: Tensor, want_div: bool) -> Tensor:
+    """numpy's float floor_divide (`want_div`) or remainder, as numpy's npy_divmod computes them: from the
+    exact C fmod (float MOD), moved to the divisor's sign, so `123456.7 % 0.1` is fmod's 0.00128..., not the
+    0 of `x - floor(x / y) * y`; a zero divisor gives `x / y` and nan. Halves compute in f32, as numpy's do."""
+    if x.dtype.itemsize < 4:
+        return _float_divmod(x.cast(dtypes.f32), y.cast(dtypes.f32), want_div).cast(x.dtype)
+    zero = Tensor.const(0.0, x.dtype)
+    neg_zero = Tensor.const(-0.0, x.dtype)
+    r = Tensor(UOp(Ops.MOD, x.dtype, (x.uop, y.uop)))
+    move = (r != 0) & ((y < 0) != (r < 0))
+    if not want_div:
+        r = move.where(r + y, r)
+        return (r == 0).where((y < 0).where(neg_zero, zero), r)  # a zero remainder takes the divisor's sign
+    div = (x - r) / y
+    div = move.where(div - 1, div)
+    f = div.floor()
+    f = (div - f > 0.5).where(f + 1, f)  # (x - r) / y is within rounding of an integer: the nearest one
+    q = x / y
+    return (y == 0).where(q, (div == 0).where(q * 0, f))  # a zero quotient takes the sign of x / y
+
+
 def _floordiv(a, b) -> Tensor:
     x, y = _pair(a, b)
     if x.dtype.is_bool:
         x, y = x.cast(dtypes.i8), y.cast(dtypes.i8)
     if x.dtype.is_float:
-        return (x / y).floor()
+        return _float_divmod(x, y, True)
     return _int_divmod(x, y)[0]
 
 
@@ -817,9 +838,7 @@ def _mod(a, b) -> Tensor:
     if x.dtype.is_bool:
         x, y = x.cast(dtypes.i8), y.cast(dtypes.i8)
     if x.dtype.is_float:
-        # numpy's float remainder: the sign of the divisor
-        r = x - (x / y).floor() * y
-        return r
+        return _float_divmod(x, y, False)
     return _int_divmod(x, y)[1]
 
 

@@ -6,7 +6,8 @@ LLVM renderer's (`tgc.backends.llvmir`), which DSL.md fixes for every device:
 
 - ints wrap; IDIV/MOD are C's (truncate toward zero; a zero divisor gives 0);
 - shifts by the width or more (or by a negative amount, read as unsigned) give 0, or the sign for a signed SHR;
-- floats are IEEE in the value's dtype; float MAX is maxnum (a nan loses); RECIP is `1 / x`;
+- floats are IEEE in the value's dtype; float MAX is maxnum (a nan loses); RECIP is `1 / x`; float MOD is C's
+  fmod (exact; the front end builds numpy's floor `%` and `//` from it);
 - float -> int casts truncate and saturate to the type's range, nan -> 0; int -> int casts wrap;
 - bools: ADD/MAX/OR are `or`, MUL/AND `and`, SUB/XOR `xor` (i1 arithmetic); NEG is the identity;
 - bf16 values are their uint16 bits (`tgc.dtype.f32_to_bf16` / `bf16_to_f32`); arithmetic on them has been
@@ -82,6 +83,8 @@ def _binary(op: Ops, d: DType, a: Any, b: Any) -> Any:
     if d.is_float:
         if op is Ops.FDIV:
             return np.divide(a, b)
+        if op is Ops.MOD:
+            return np.fmod(a, b)  # C's fmod (LLVM's frem): exact, the dividend's sign; nan for a zero divisor
         raise AluError(f"{op.name} on {d.name}")
     if op in (Ops.IDIV, Ops.MOD):
         rem = np.fmod(a, b)  # C's remainder, 0 for a zero divisor
