@@ -81,3 +81,18 @@ def test_float_mod_and_floordiv_are_numpys(device, dt):
     if dt == "f32":
         assert out["out0"][0] == np.float32(0.0012853518)  # the brief's case: x - floor(x / y) * y gave 0
 
+
+def test_sigmoid_gives_no_denormal(device):
+    x = np.array([-88, -87.5, -87.3, -88.7, -89, -100, -1e4, -87, -80, -5, 0, 5, 88, 1e4, NAN, -INF, INF],
+                 np.float32)
+    out = run("x: f32[17]\nreturn sigmoid(x), tanh(x), silu(x)", device, x=x)
+    with np.errstate(over="ignore"):
+        want = 1 / (1 + np.exp(-x.astype(np.float64)))
+    got = out["out0"]
+    tiny = np.abs(got) < 2.0 ** -126
+    assert np.all(got[tiny] == 0), got  # results below f32's smallest normal are 0, as exp2's are
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=2.0 ** -126)
+    assert got[7] >= 2.0 ** -126  # -87: 1.6e-38, a normal result, is kept
+    np.testing.assert_allclose(out["out1"], np.tanh(x.astype(np.float64)), rtol=1e-6, atol=1e-6)
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_allclose(out["out2"], x * want, rtol=1e-6, atol=1e-30)  # silu(-inf) = -inf * 0: nan
