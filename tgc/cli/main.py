@@ -240,7 +240,14 @@ def _finite(ctx: click.Context, param: click.Parameter, value: float | None) -> 
 
 
 def _set_remote(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
-    if value:
+    from tgc.env import parse_address
+
+    if value is not None:  # checked before it reaches the environment (and every REMOTE device after it)
+        for part in value.split(","):
+            try:
+                parse_address(part)
+            except TgcError as e:
+                raise click.BadParameter(f"{e.msg} ({e.hint})" if e.hint else e.msg, ctx, param) from None
         os.environ["TGC_REMOTE"] = value
 
 
