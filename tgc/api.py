@@ -59,6 +59,7 @@ from tgc.errors import BindError, CompileError, TgcError
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.symsize import NotTraceable, SymSize, checked_at
 from tgc.ir.uop import Ops, UOp
+from tgc.onnx import at_node as onnx_at_node
 from tgc.onnx import read_model
 from tgc.onnx import translate as translate_onnx
 from tgc.package import PackageError, class_doc
@@ -100,7 +101,10 @@ def onnx_program(model: Any, path: str) -> Program:
     data-dependent output shape raises `tgc.onnx.NeedHost`: `tgc.staged.load` runs it in stages instead."""
     tr = translate_onnx(model, os.path.basename(path))
     names = {tg: name for name, tg in [*tr.inputs.items(), *tr.outputs.items()]}
-    prog = Program(tr.source, filename=path, weights=tr.weights, names=names)
+    try:
+        prog = Program(tr.source, filename=path, weights=tr.weights, names=names)
+    except TgcError as e:
+        raise onnx_at_node(e, tr) from None
     prog.path = path
     prog.onnx = tr
     return prog
@@ -309,7 +313,10 @@ class Program:
         key = tuple(sorted(dims.items()))
         if key not in self._traces:
             with timings.phase("trace"):
-                outs, bufs = trace(self.parsed, dims, self._lines)
+                try:
+                    outs, bufs = trace(self.parsed, dims, self._lines)
+                except TgcError as e:  # (a model's error at these dims: said of its ONNX node too)
+                    raise (onnx_at_node(e, self.onnx) if self.onnx is not None else e) from None
             outs = split_large_reduces(outs)
             # an output that is an input, or that repeats another output, still gets its own kernel
             seen: set[UOp] = set()

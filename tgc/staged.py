@@ -31,7 +31,7 @@ import numpy as np
 
 from tgc.api import Program
 from tgc.errors import BindError, TgcError
-from tgc.onnx import NeedHost, NeedStatic, translate
+from tgc.onnx import NeedHost, NeedStatic, at_node, translate
 
 __all__ = ["StagedModel", "load", "load_staged"]
 
@@ -228,7 +228,10 @@ class StagedModel:
                         continue
                     raise
                 names = {tg: n for n, tg in [*tr.inputs.items(), *tr.outputs.items()]}
-                prog = Program(tr.source, filename=self.where, weights=tr.weights, names=names)
+                try:
+                    prog = Program(tr.source, filename=self.where, weights=tr.weights, names=names)
+                except TgcError as e:
+                    raise at_node(e, tr) from None
                 if len(self._programs) >= MAX_STAGES:
                     self._programs.pop(next(iter(self._programs)))
                 self._programs[key] = prog

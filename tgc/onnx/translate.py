@@ -81,8 +81,9 @@ def check(model: Any, where: str) -> None:
     try:
         onnx.checker.check_model(model)
     except (onnx.checker.ValidationError, ValueError, RuntimeError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise TgcError(f"{where}: the ONNX checker rejects the model: {first}") from None
+        # the whole complaint on one line: the checker names the node on the lines after the first
+        said = " ".join(str(e).replace("==> Context:", ";").split()).replace(" ;", ";")[:600] or type(e).__name__
+        raise TgcError(f"{where}: the ONNX checker rejects the model: {said}") from None
 
 
 DOMAINS = ("", "ai.onnx", "ai.onnx.ml")  # ai.onnx.ml: its numeric ops (tgc/onnx/mlops.py)
@@ -248,7 +249,25 @@ def _all_nodes(g: Any) -> list:
 
 
 def translate(model: Any, where: str = "<model>") -> Translation:
-    """A checked ModelProto -> `Translation` (source, weights, name maps)."""
+    """A checked ModelProto -> `Translation` (source, weights, name maps). Every TgcError names the model file
+    `where` (and, where one node is at fault, the node)."""
+    try:
+        return _translate(model, where)
+    except TgcError as e:
+        if e.file is None and not e.msg.startswith(f"{where}:"):
+            e.msg = f"{where}: {e.msg}"  # (in place: NeedHost and NeedStatic keep their type and fields)
+        raise
+
+
+def at_node(e: TgcError, tr: Translation) -> TgcError:
+    """A source error `e` in a translation's `.tg` text, also said of the ONNX node its line translates."""
+    about = tr.nodes.get(e.line) if e.line is not None else None
+    if about and "(ONNX node " not in e.msg:
+        e.msg = f"{e.msg} (ONNX node {about})"
+    return e
+
+
+def _translate(model: Any, where: str) -> Translation:
     import onnx
 
     opset = opset_of(model)
