@@ -1,0 +1,177 @@
+"""A hostile user's pass over the command line and the API: every bad input is one clear error with the exit
+status of CLI.md (usage and input errors: 2), never a traceback, a hang or a wrong result. Each test failed
+before its fix (REMOTE addresses and settings, ONNX errors that name the model file and the node, a bench
+`--repeat` that would time for ever)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from clikit import assert_clean, invoke
+
+import tgc
+from tgc.errors import TgcError
+
+ROOT = Path(__file__).resolve().parents[1]
+SOFTMAX = str(ROOT / "kernels" / "softmax.tg")
+RUN_REMOTE = ["run", SOFTMAX, "--random", "-D", "N=4", "-D", "D=8", "-d", "REMOTE"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# REMOTE: a missing or malformed address is the user's to fix (exit 2), checked before it reaches the environment
+
+
+@pytest.fixture
+def no_remote(monkeypatch):
+    """No TGC_REMOTE, no --remote of an earlier test, no REMOTE device instance kept from one."""
+    from tgc import backends
+    from tgc.backends.remote.client import RemoteDevice
+
+    monkeypatch.delenv("TGC_REMOTE", raising=False)
+    monkeypatch.setattr(RemoteDevice, "_configured", None)
+    for key in [k for k in backends._instances if k[0] == "REMOTE"]:
+        monkeypatch.delitem(backends._instances, key)
+    yield
+    for key in [k for k in backends._instances if k[0] == "REMOTE"]:
+        backends._instances.pop(key)
+
+
+def test_remote_without_a_server_is_a_user_error(no_remote):
+    assert_clean(invoke(*RUN_REMOTE), 2, "the REMOTE device needs a server", "--remote")
+
+
+@pytest.mark.parametrize("address, words", [
+    ("http://", ["bad REMOTE address 'http://'"]),
+    ("::bad", ["bad REMOTE address '::bad'", "brackets"]),
+    ("127.0.0.1:99999", ["bad port"]),
+    ("127.0.0.1:6667,", ["bad REMOTE address ''"]),
+])
+def test_bad_remote_option_is_refused_before_it_reaches_the_environment(no_remote, address, words):
+    assert_clean(invoke(*RUN_REMOTE, "--remote", address), 2, "--remote", *words)
+    assert "TGC_REMOTE" not in os.environ
+
+
+def test_bad_tgc_remote_is_a_user_error(no_remote):
+    assert_clean(invoke(*RUN_REMOTE, env={"TGC_REMOTE": "::bad"}), 2, "TGC_REMOTE='::bad'", "brackets")
+
+
+def test_parse_address_wants_an_ipv6_address_in_brackets():
+    from tgc.env import parse_address
+
+    assert parse_address("[::1]:7002") == ("::1", 7002)
+    assert parse_address("notaurl") == ("notaurl", 6667)  # (a name: whether it resolves is known on connecting)
+    for bad in ("::bad", "::1", "fe80::1:6667"):
+        with pytest.raises(TgcError, match="bad REMOTE address") as e:
+            parse_address(bad)
+        assert "brackets" in (e.value.hint or "")
+
+
+def test_a_host_name_that_names_no_host_is_a_user_error_without_retrying(no_remote, monkeypatch):
+    from tgc.backends.remote import client
+
+    def no_such_host(address, *a, **kw):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(client.socket, "create_connection", no_such_host)
+    st = time.monotonic()
+    r = invoke(*RUN_REMOTE, "--remote", "notaurl", env={"TGC_REMOTE_RETRY": "30"})
+    assert_clean(r, 2, "bad REMOTE address notaurl:6667", "no host is called notaurl")
+    assert time.monotonic() - st < 25  # (not retried for TGC_REMOTE_RETRY's 30 s)
+
+
+def test_a_refused_connection_stays_a_device_error(no_remote):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    r = invoke(*RUN_REMOTE, "--remote", dead, env={"TGC_REMOTE_RETRY": "0"})
+    assert_clean(r, 1, f"cannot reach REMOTE server {dead}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# ONNX: every error names the model file, and the node where one node is at fault
+
+
+def _model(path: Path, nodes: list, ins: list, outs: list, inits: tuple = (), opset: int = 17) -> str:
+    import onnx
+    from onnx import helper
+
+    m = helper.make_model(helper.make_graph(nodes, "g", ins, outs, list(inits)),
+                          opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+    onnx.save(m, str(path))
+    return str(path)
+
+
+def _vi(name: str, shape: list) -> object:
+    from onnx import TensorProto, helper
+
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def test_onnx_checker_complaint_names_the_node(tmp_path):
+    from onnx import helper
+
+    # a node reading a value nothing produced: the checker names the node on its message's second line
+    f = _model(tmp_path / "dangling.onnx", [helper.make_node("Relu", ["zz"], ["y"], name="relu7")],
+               [_vi("x", [2, 3])], [_vi("y", [2, 3])])
+    for cmd in ("run", "compile"):
+        assert_clean(invoke(cmd, f, "--random") if cmd == "run" else invoke(cmd, f), 2,
+                     "dangling.onnx", "the ONNX checker rejects the model", "relu7")
+    assert_clean(invoke("inspect", f), 2, "dangling.onnx", "relu7")
+
+
+def test_onnx_unsupported_op_names_the_model_file_and_node(tmp_path):
+    from onnx import helper
+
+    f = _model(tmp_path / "strings.onnx", [helper.make_node("RandomNormalLike", ["x"], ["y"], name="rnd3")],
+               [_vi("x", [2, 3])], [_vi("y", [2, 3])])
+    assert_clean(invoke("run", f, "--random"), 2, "strings.onnx:", "unsupported op 'RandomNormalLike'", "rnd3")
+    with pytest.raises(TgcError, match=r"^strings\.onnx: unsupported op .*rnd3"):
+        tgc.load(f)
+
+
+def test_onnx_error_in_the_translated_program_names_the_node(tmp_path):
+    from onnx import helper
+
+    # a Transpose whose perm names an axis the tensor lacks, and a MatMul of mismatched operands: the checker
+    # passes both; the error is found in the translated .tg program, and said of the ONNX node
+    f = _model(tmp_path / "perm.onnx", [helper.make_node("Transpose", ["x"], ["y"], name="tr0", perm=[0, 5])],
+               [_vi("x", [2, 3])], [_vi("y", [3, 2])])
+    assert_clean(invoke("run", f, "--random"), 2, "perm.onnx:", "out of range", "ONNX node Transpose 'tr0'")
+    f = _model(tmp_path / "mm.onnx", [helper.make_node("MatMul", ["x", "x"], ["y"], name="mm0")],
+               [_vi("x", [2, 3])], [_vi("y", [2, 3])])
+    assert_clean(invoke("compile", f), 2, "mm.onnx:", "inner dims differ", "ONNX node MatMul 'mm0'")
+
+
+def test_onnx_error_at_the_run_dims_names_the_node(tmp_path):
+    from onnx import helper
+
+    # x: [N, 3] and z: [M, 3] added: fine where M == N, an error said of the Add node where they differ
+    f = _model(tmp_path / "add.onnx", [helper.make_node("Add", ["x", "z"], ["y"], name="add9")],
+               [_vi("x", ["N", 3]), _vi("z", ["M", 3])], [_vi("y", ["N", 3])])
+    prog = tgc.load(f)
+    ok = prog.run(x=np.ones((2, 3), np.float32), z=np.full((2, 3), 2, np.float32))
+    np.testing.assert_array_equal(ok["y"], np.full((2, 3), 3, np.float32))
+    r = invoke("run", f, "--random", "-D", "N=2", "-D", "M=4")
+    assert_clean(r, 2, "add.onnx", "ONNX node Add 'add9'")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# sizes that loop: a bench count past any sensible one is refused at once
+
+
+def test_bench_repeat_past_the_bound_is_refused(tmp_path):
+    from tgc.engine.executable import MAX_REPEAT
+
+    prog = tmp_path / "p.tg"
+    prog.write_text("x: f32[4]\nreturn x + 1\n")
+    st = time.monotonic()
+    assert_clean(invoke("bench", str(prog), "--repeat", str(2**63 - 1)), 2, "--repeat", str(MAX_REPEAT))
+    assert time.monotonic() - st < 60
+    with pytest.raises(TgcError, match="cannot time"):
+        tgc.loads("x: f32[4]\nreturn x + 1\n").bench(repeat=MAX_REPEAT + 1, inputs={"x": np.ones(4, np.float32)})
