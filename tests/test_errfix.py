@@ -175,3 +175,29 @@ def test_bench_repeat_past_the_bound_is_refused(tmp_path):
     assert time.monotonic() - st < 60
     with pytest.raises(TgcError, match="cannot time"):
         tgc.loads("x: f32[4]\nreturn x + 1\n").bench(repeat=MAX_REPEAT + 1, inputs={"x": np.ones(4, np.float32)})
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# DEBUG=2: a count that is not known prints `-`, not 0
+
+
+def test_debug_launch_line_prints_unknown_rates_as_a_dash(tmp_path):
+    import re
+
+    from tgc import package
+
+    # a symbolic package's matmul at odd sizes: the package could not save its launches' flops and bytes
+    src = tmp_path / "mm.tg"
+    src.write_text("a: f32[M, K]\nb: f32[K, N]\nreturn relu(a @ b) + 1.0\n")
+    package.write(tgc.load(str(src)), tmp_path / "mm.tgpkg", "CPU")
+    r = invoke("run", str(tmp_path / "mm.tgpkg"), "--random", "-D", "M=37", "-D", "K=53", "-D", "N=29",
+               env={"DEBUG": "2"})
+    assert r.exit_code == 0, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if " launch " in ln]
+    assert lines, r.stderr
+    for ln in lines:
+        assert re.search(r" - GFLOP/s +- GB/s", ln) and "0.00 GFLOP/s" not in ln, ln
+    # a kernel whose counts are known still prints its rates
+    r = invoke("run", str(src), "--random", "-D", "M=4", "-D", "K=8", "-D", "N=4", env={"DEBUG": "2"})
+    lines = [ln for ln in r.stderr.splitlines() if " launch " in ln]
+    assert lines and all(re.search(r"\d+\.\d\d GFLOP/s +\d+\.\d\d GB/s", ln) for ln in lines), r.stderr
