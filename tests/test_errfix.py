@@ -201,3 +201,43 @@ def test_debug_launch_line_prints_unknown_rates_as_a_dash(tmp_path):
     r = invoke("run", str(src), "--random", "-D", "M=4", "-D", "K=8", "-D", "N=4", env={"DEBUG": "2"})
     lines = [ln for ln in r.stderr.splitlines() if " launch " in ln]
     assert lines and all(re.search(r"\d+\.\d\d GFLOP/s +\d+\.\d\d GB/s", ln) for ln in lines), r.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# program files that are not: a device that never ends, binary data
+
+
+def test_a_program_file_that_never_ends_is_refused_not_read_into_memory(monkeypatch):
+    import tgc.api
+
+    monkeypatch.setattr(tgc.api, "MAX_SOURCE", 1 << 16)  # (the real bound, 64 Mi characters, the same way)
+    for cmd in ("run", "compile"):
+        assert_clean(invoke(cmd, "/dev/zero"), 2, "/dev/zero is not a .tg program", "over")
+
+
+def test_a_binary_file_as_a_program_says_it_is_not_one(tmp_path):
+    f = tmp_path / "x.npy"
+    np.save(f, np.ones(3, np.float32))
+    r = invoke("run", str(f), "--random")
+    assert_clean(r, 2, "x.npy is not a .tg program", "not UTF-8 text")
+    assert "codec" not in r.stderr
+
+
+def test_a_program_read_from_a_pipe_runs(tmp_path):
+    # `tgc run <(...)`: a pipe is no package, and its text is read once (not taken by a probe before the load)
+    r_fd, w_fd = os.pipe()
+    os.write(w_fd, b"x: f32[3]\nreturn x * 2.0\n")
+    os.close(w_fd)
+    try:
+        r = invoke("run", f"/dev/fd/{r_fd}", "-i", f"x={_npy(tmp_path, np.arange(3, dtype=np.float32))}",
+                   "-o", f"out0={tmp_path / 'o.npy'}")
+    finally:
+        os.close(r_fd)
+    assert r.exit_code == 0, r.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "o.npy"), np.array([0, 2, 4], np.float32))
+
+
+def _npy(tmp_path: Path, arr: np.ndarray) -> str:
+    path = tmp_path / "in.npy"
+    np.save(path, arr)
+    return str(path)

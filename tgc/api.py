@@ -68,6 +68,9 @@ __all__ = ["Program", "Kernel", "load", "loads", "InputDecl", "devices"]
 
 
 
+MAX_SOURCE = 64 << 20  # characters of a .tg file (a model's translation is a line per node: far less)
+
+
 def load(path: str | os.PathLike) -> Program:
     """A `.tg` program, or an ONNX model (`.onnx`: translated by `tgc.onnx`, its weights bound once here)."""
     path = os.fspath(path)
@@ -75,10 +78,15 @@ def load(path: str | os.PathLike) -> Program:
         return load_onnx(path)
     try:
         with open(path, encoding="utf-8-sig") as f:  # -sig: a leading byte-order mark is not source
-            source = f.read()
+            source = f.read(MAX_SOURCE + 1)  # (bounded: /dev/zero never ends)
+        if len(source) > MAX_SOURCE:
+            raise TgcError(f"{path} is not a .tg program: it is over {MAX_SOURCE >> 20} Mi characters long")
     except FileNotFoundError:
         raise TgcError(f"no such file: {path}") from None
-    except (OSError, UnicodeDecodeError) as e:
+    except UnicodeDecodeError as e:
+        raise TgcError(f"{path} is not a .tg program: byte {e.start} is not UTF-8 text",
+                       hint="tgc reads .tg programs, .onnx models and .tgpkg packages") from None
+    except OSError as e:
         raise TgcError(f"cannot read {path}: {e}") from None
     prog = loads(source, filename=path)
     prog.path = path

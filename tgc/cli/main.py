@@ -595,6 +595,8 @@ def _warm_entry(file: str, device: str | None, dims: dict[str, int], shard: dict
     listed = _is_list(device, shard)
     if (listed and (not lists or symbolic)) or is_package(file) or file.lower().endswith(".onnx"):
         return None  # (a model's warm path goes through tgc.load: its weights are part of the key)
+    if not os.path.isfile(file):  # (/dev/zero, a pipe: reading would never end; tgc.load says so)
+        return None
     try:
         with open(file, encoding="utf-8-sig") as f:
             source = f.read()
