@@ -241,3 +241,25 @@ def _npy(tmp_path: Path, arr: np.ndarray) -> str:
     path = tmp_path / "in.npy"
     np.save(path, arr)
     return str(path)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# tgc serve: a --host that is no address of this machine is a bad option
+
+
+def test_serve_on_an_address_of_another_machine_is_a_user_error(tmp_path):
+    tok = tmp_path / "token"
+    tok.write_text("0123456789abcdef0123456789abcdef\n")
+    tok.chmod(0o600)
+    # 192.0.2.1: TEST-NET-1 (RFC 5737), never an address of this machine
+    assert_clean(invoke("serve", "--host", "192.0.2.1", "--port", "0", "--token-file", str(tok)), 2,
+                 "cannot listen on 192.0.2.1", "--host names an address of this machine")
+
+
+def test_serve_on_a_port_in_use_stays_a_failure_to_serve():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = invoke("serve", "--host", "127.0.0.1", "--port", str(port))
+    assert_clean(r, 1, f"cannot listen on 127.0.0.1:{port}")
