@@ -263,3 +263,18 @@ def test_serve_on_a_port_in_use_stays_a_failure_to_serve():
         port = s.getsockname()[1]
         r = invoke("serve", "--host", "127.0.0.1", "--port", str(port))
     assert_clean(r, 1, f"cannot listen on 127.0.0.1:{port}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the Python API's dims: compile and bench check them as run does
+
+
+def test_compile_refuses_a_dim_that_is_not_an_integer():
+    prog = tgc.loads("x: f32[N]\nreturn x * 2.0\n")
+    for bad in (2.5, True, "3", -2):
+        with pytest.raises(TgcError, match="dim N must be a non-negative integer") as e:
+            prog.compile(dims={"N": bad})  # (2.5 built kernels for N=2)
+        assert e.value.kind == "user"
+    assert [k.name for k in prog.compile(dims={"N": np.int64(8)})] == [k.name for k in prog.compile(dims={"N": 8})]
+    out = prog.run(x=np.arange(3, dtype=np.float32), dims={"N": np.int32(3)})
+    np.testing.assert_array_equal(out["out0"], np.array([0, 2, 4], np.float32))

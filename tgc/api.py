@@ -68,6 +68,17 @@ __all__ = ["Program", "Kernel", "load", "loads", "InputDecl", "devices"]
 
 
 
+def _checked_dims(dims: Mapping[str, Any] | None) -> dict[str, int]:
+    """A copy of `dims`, each size a non-negative int (a numpy integer becomes one; a bool, a float or a string
+    is a TgcError)."""
+    dims = dict(dims or {})
+    for k, v in dims.items():
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 0:
+            raise TgcError(f"dim {k} must be a non-negative integer, got {v!r}")
+        dims[k] = int(v)
+    return dims
+
+
 MAX_SOURCE = 64 << 20  # characters of a .tg file (a model's translation is a line per node: far less)
 
 
@@ -214,10 +225,7 @@ class Program:
     def bind(self, inputs: dict[str, Any], dims: dict[str, int] | None = None, cast: bool = False
              ) -> tuple[dict[str, int], dict[str, np.ndarray]]:
         """Check inputs against the declarations; return (dims, arrays in the declared dtypes)."""
-        dims = dict(dims or {})
-        for k, v in dims.items():
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise TgcError(f"dim {k} must be a non-negative integer, got {v!r}")
+        dims = _checked_dims(dims)
         if self.weights:  # arrays bound here before (the weights themselves) come back: not the caller's
             inputs = {k: v for k, v in inputs.items() if self.weights.get(k) is not v}
         check_input_names(inputs, sorted(d.name for d in self.inputs), self.filename)
@@ -308,7 +316,7 @@ class Program:
                 "text": self.parsed.lines[decl.line - 1]}
 
     def resolve_dims(self, dims: dict[str, int] | None) -> dict[str, int]:
-        dims = dict(dims or {})
+        dims = _checked_dims(dims)  # (compile(dims={"N": 2.5}) built kernels for N=2)
         missing = [d for d in self.dim_names if d not in dims]
         if missing:
             raise BindError(f"dim {missing[0]} is unknown", need="dim", name=missing[0], hint="give its size in dims")
