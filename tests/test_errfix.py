@@ -278,3 +278,27 @@ def test_compile_refuses_a_dim_that_is_not_an_integer():
     assert [k.name for k in prog.compile(dims={"N": np.int64(8)})] == [k.name for k in prog.compile(dims={"N": 8})]
     out = prog.run(x=np.arange(3, dtype=np.float32), dims={"N": np.int32(3)})
     np.testing.assert_array_equal(out["out0"], np.array([0, 2, 4], np.float32))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# tgc import: the program and its weights are written together or not at all
+
+
+def test_import_that_cannot_write_its_weights_leaves_the_earlier_program(tmp_path):
+    from onnx import helper
+
+    f = _model(tmp_path / "m.onnx", [helper.make_node("Relu", ["x"], ["y"], name="r0")], [_vi("x", [2, 3])],
+               [_vi("y", [2, 3])])
+    earlier = "# translated by tgc from ONNX: an earlier model\nx: f32[2]\nreturn x\n"
+    (tmp_path / "m.tg").write_text(earlier)
+    (tmp_path / "m.npz").mkdir()  # the weights cannot be written there
+    assert_clean(invoke("import", f, "-o", str(tmp_path / "m.tg")), 2, "m.npz", "directory")
+    assert (tmp_path / "m.tg").read_text() == earlier  # (was replaced, then the weights failed)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.npz", "m.onnx", "m.tg"]  # no temporary left
+    # where both can be written, both are, and the program runs with its weights
+    (tmp_path / "m.npz").rmdir()
+    r = invoke("import", f, "-o", str(tmp_path / "m.tg"))
+    assert r.exit_code == 0, r.stderr
+    x = np.array([[-1, 2, -3], [4, -5, 6]], np.float32)
+    out = tgc.load(str(tmp_path / "m.tg")).run(x=x, **dict(np.load(tmp_path / "m.npz")))
+    np.testing.assert_array_equal(out[next(iter(out))], np.maximum(x, 0))
