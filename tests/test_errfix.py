@@ -302,3 +302,13 @@ def test_import_that_cannot_write_its_weights_leaves_the_earlier_program(tmp_pat
     x = np.array([[-1, 2, -3], [4, -5, 6]], np.float32)
     out = tgc.load(str(tmp_path / "m.tg")).run(x=x, **dict(np.load(tmp_path / "m.npz")))
     np.testing.assert_array_equal(out[next(iter(out))], np.maximum(x, 0))
+
+
+def test_bench_baseline_that_never_ends_is_refused(tmp_path, monkeypatch):
+    from tgc.cli import report
+
+    monkeypatch.setattr(report, "MAX_BASELINE", 1 << 16)  # (the real bound, 64 Mi characters, the same way)
+    prog = tmp_path / "p.tg"
+    prog.write_text("x: f32[4]\nreturn x + 1\n")
+    assert_clean(invoke("bench", str(prog), "--repeat", "1", "--baseline", "/dev/zero"), 2, "--baseline",
+                 "'/dev/zero' is over")
