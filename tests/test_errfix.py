@@ -312,3 +312,26 @@ def test_bench_baseline_that_never_ends_is_refused(tmp_path, monkeypatch):
     prog.write_text("x: f32[4]\nreturn x + 1\n")
     assert_clean(invoke("bench", str(prog), "--repeat", "1", "--baseline", "/dev/zero"), 2, "--baseline",
                  "'/dev/zero' is over")
+
+
+def test_onnx_model_whose_external_weights_are_missing_or_short(tmp_path):
+    import onnx
+    from onnx import helper, numpy_helper
+
+    w = numpy_helper.from_array(np.arange(64, dtype=np.float32).reshape(8, 8), "w")
+    m = helper.make_model(helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm0")], "g",
+                                            [_vi("x", [2, 8])], [_vi("y", [2, 8])], [w]),
+                          opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(tmp_path / "ext.onnx"), save_as_external_data=True, location="ext.data", size_threshold=0)
+    x = np.ones((2, 8), np.float32)
+    np.testing.assert_allclose(tgc.load(str(tmp_path / "ext.onnx")).run(x=x)["y"],
+                               x @ np.arange(64, dtype=np.float32).reshape(8, 8))
+    data = (tmp_path / "ext.data").read_bytes()
+    (tmp_path / "ext.data").write_bytes(data[:100])  # truncated
+    assert_clean(invoke("run", str(tmp_path / "ext.onnx"), "--random"), 2, "ext.onnx",
+                 "cannot load the model's weights (external data)", "'w'")
+    (tmp_path / "ext.data").unlink()  # missing: was 'internal error: ValidationError', exit 1
+    for cmd in ("run", "inspect", "compile"):
+        assert_clean(invoke(cmd, str(tmp_path / "ext.onnx")), 2, "ext.onnx",
+                     "cannot load the model's weights (external data)", "ext.data")

@@ -63,7 +63,11 @@ def read_model(path: str) -> Any:
         raise TgcError(f"no such file: {path}")
     try:
         model = onnx.load(path)
+    except onnx.checker.ValidationError as e:  # (its external data file is missing, or not a file)
+        raise _external_data_error(path, e) from None
     except (DecodeError, ValueError, RuntimeError, TypeError, UnicodeDecodeError) as e:
+        if str(e).lower().startswith("external data"):  # (its external data file is too short)
+            raise _external_data_error(path, e) from None
         raise TgcError(f"{path} is not an ONNX model: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
                        hint="tgc reads .onnx model files (ModelProto) and .tg programs") from None
     except OSError as e:
@@ -73,6 +77,12 @@ def read_model(path: str) -> Any:
                        hint="tgc reads .onnx model files (ModelProto) and .tg programs")
     check(model, path)
     return model
+
+
+def _external_data_error(path: str, e: Exception) -> TgcError:
+    said = " ".join(str(e).split())[:600]
+    return TgcError(f"{path}: cannot load the model's weights (external data): {said}",
+                    hint="keep the model's external data files beside it, as they were saved")
 
 
 def check(model: Any, where: str) -> None:
