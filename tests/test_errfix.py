@@ -335,3 +335,33 @@ def test_onnx_model_whose_external_weights_are_missing_or_short(tmp_path):
     for cmd in ("run", "inspect", "compile"):
         assert_clean(invoke(cmd, str(tmp_path / "ext.onnx")), 2, "ext.onnx",
                      "cannot load the model's weights (external data)", "ext.data")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# an empty path (`--package "$OUT"` with OUT unset) is a usage error, not the option left out
+
+
+@pytest.mark.parametrize("args", [
+    ["compile", "{prog}", "--package", ""],  # was: printed the sources, exit 0, no package written
+    ["compile", "{prog}", "-o", ""],
+    ["run", "{prog}", "--random", "--inputs", ""],
+    ["run", "{prog}", "--random", "--profile", ""],
+    ["bench", "{prog}", "--repeat", "1", "--baseline", ""],
+    ["viz", "{prog}", "--no-measure", "-o", ""],
+    ["run", "{prog}", "--random", "-d", "REMOTE", "--remote", ""],
+])
+def test_an_empty_path_option_is_a_usage_error(tmp_path, args):
+    prog = tmp_path / "p.tg"
+    prog.write_text("x: f32[4]\nreturn x + 1\n")
+    r = invoke(*[a.format(prog=prog) for a in args])
+    assert_clean(r, 2, "invalid value for")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.tg"]  # nothing written anywhere near
+
+
+def test_import_to_an_empty_path_is_a_usage_error(tmp_path):
+    from onnx import helper
+
+    f = _model(tmp_path / "m.onnx", [helper.make_node("Relu", ["x"], ["y"], name="r0")], [_vi("x", [2])],
+               [_vi("y", [2])])
+    assert_clean(invoke("import", f, "-o", ""), 2, "the path is empty")
+    assert not (tmp_path / "m.tg").exists()  # (was: the default m.tg written)

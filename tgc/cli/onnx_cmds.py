@@ -11,6 +11,7 @@ import os
 
 import click
 
+from tgc.cli.outputs import nonempty_path
 from tgc.errors import TgcError
 
 
@@ -64,8 +65,8 @@ def _replaceable(path: str) -> bool:
 
 @click.command("import")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
-@click.option("-o", "--output", "out", metavar="PATH.tg", help="Where to write the program (default: FILE with .tg; "
-              "the weights go to the same name with .npz).")
+@click.option("-o", "--output", "out", metavar="PATH.tg", callback=nonempty_path,
+              help="Where to write the program (default: FILE with .tg; the weights go to the same name with .npz).")
 def import_(file: str, out: str | None) -> None:
     """Translate an ONNX model to a readable .tg program, its weights to an .npz beside it."""
     import numpy as np
