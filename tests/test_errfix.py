@@ -365,3 +365,18 @@ def test_import_to_an_empty_path_is_a_usage_error(tmp_path):
                [_vi("y", [2])])
     assert_clean(invoke("import", f, "-o", ""), 2, "the path is empty")
     assert not (tmp_path / "m.tg").exists()  # (was: the default m.tg written)
+
+
+def test_api_device_and_source_of_the_wrong_type_are_one_clear_error():
+    prog = tgc.loads("x: f32[N]\nreturn x * 2.0\n")
+    x = np.ones(2, np.float32)
+    for bad in (0, b"CPU", {"CPU"}):
+        for call in (lambda d=bad: prog.run(x=x, device=d), lambda d=bad: prog.compile(device=d, dims={"N": 2}),
+                     lambda d=bad: prog.bench(device=d, inputs={"x": x}, repeat=1)):
+            with pytest.raises(TgcError, match="device must be a name") as e:
+                call()
+            assert e.value.kind == "user"
+    np.testing.assert_array_equal(prog.run(x=x, device=["CPU"])["out0"], x * 2)
+    for bad in (None, b"x: f32[2]\nreturn x\n"):
+        with pytest.raises(TgcError, match="takes the program's text"):
+            tgc.loads(bad)

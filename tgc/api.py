@@ -105,6 +105,9 @@ def load(path: str | os.PathLike) -> Program:
 
 
 def loads(source: str, filename: str = "<string>") -> Program:
+    if not isinstance(source, str):  # (None was "AttributeError: 'NoneType' object has no attribute 'removeprefix'")
+        raise TgcError(f"tgc.loads takes the program's text (a str), got {type(source).__name__}",
+                       hint="decode bytes first, or pass a path to tgc.load")
     return Program(source, filename)
 
 
@@ -1495,6 +1498,8 @@ def device_names(device: str | list[str] | tuple[str, ...] | None) -> list[str]:
     """A device or device list (`"CPU:0,CPU:1"` or a list of names; None: TGC_DEVICE or CPU) as its names."""
     if device is None:
         device = default_device()
+    if not isinstance(device, (str, list, tuple)):  # (device=0 was "TypeError: 'int' object is not iterable")
+        raise TgcError(f"device must be a name such as 'CPU' or 'CPU:0,CPU:1', or a list of names, got {device!r}")
     parts = device.split(",") if isinstance(device, str) else [str(x) for x in device]
     names = [x.strip() for x in parts]
     if not names or any(not x for x in names):
