@@ -380,3 +380,16 @@ def test_api_device_and_source_of_the_wrong_type_are_one_clear_error():
     for bad in (None, b"x: f32[2]\nreturn x\n"):
         with pytest.raises(TgcError, match="takes the program's text"):
             tgc.loads(bad)
+
+
+def test_bench_repeat_bound_holds_for_a_model_run_in_stages(tmp_path):
+    from onnx import TensorProto, helper
+
+    # NonZero: a data-dependent output shape, so the model runs in stages (tgc.staged), timed by its own loop
+    f = _model(tmp_path / "nz.onnx", [helper.make_node("NonZero", ["x"], ["y"], name="nz0")], [_vi("x", [2, 3])],
+               [helper.make_tensor_value_info("y", TensorProto.INT64, [2, None])])
+    st = time.monotonic()
+    assert_clean(invoke("bench", f, "--repeat", str(2**63 - 1)), 2, "cannot time")
+    assert time.monotonic() - st < 60
+    r = invoke("bench", f, "--repeat", "2")
+    assert r.exit_code == 0, r.stderr
