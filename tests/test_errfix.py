@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 from pathlib import Path
 
 import numpy as np
@@ -74,14 +73,16 @@ def test_parse_address_wants_an_ipv6_address_in_brackets():
 def test_a_host_name_that_names_no_host_is_a_user_error_without_retrying(no_remote, monkeypatch):
     from tgc.backends.remote import client
 
+    tries = []
+
     def no_such_host(address, *a, **kw):
+        tries.append(address)
         raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
 
     monkeypatch.setattr(client.socket, "create_connection", no_such_host)
-    st = time.monotonic()
     r = invoke(*RUN_REMOTE, "--remote", "notaurl", env={"TGC_REMOTE_RETRY": "30"})
     assert_clean(r, 2, "bad REMOTE address notaurl:6667", "no host is called notaurl")
-    assert time.monotonic() - st < 25  # (not retried for TGC_REMOTE_RETRY's 30 s)
+    assert tries == [("notaurl", 6667)]  # tried once, not retried for TGC_REMOTE_RETRY's 30 s
 
 
 def test_a_refused_connection_stays_a_device_error(no_remote):
@@ -170,9 +171,7 @@ def test_bench_repeat_past_the_bound_is_refused(tmp_path):
 
     prog = tmp_path / "p.tg"
     prog.write_text("x: f32[4]\nreturn x + 1\n")
-    st = time.monotonic()
     assert_clean(invoke("bench", str(prog), "--repeat", str(2**63 - 1)), 2, "--repeat", str(MAX_REPEAT))
-    assert time.monotonic() - st < 60
     with pytest.raises(TgcError, match="cannot time"):
         tgc.loads("x: f32[4]\nreturn x + 1\n").bench(repeat=MAX_REPEAT + 1, inputs={"x": np.ones(4, np.float32)})
 
@@ -388,8 +387,23 @@ def test_bench_repeat_bound_holds_for_a_model_run_in_stages(tmp_path):
     # NonZero: a data-dependent output shape, so the model runs in stages (tgc.staged), timed by its own loop
     f = _model(tmp_path / "nz.onnx", [helper.make_node("NonZero", ["x"], ["y"], name="nz0")], [_vi("x", [2, 3])],
                [helper.make_tensor_value_info("y", TensorProto.INT64, [2, None])])
-    st = time.monotonic()
-    assert_clean(invoke("bench", f, "--repeat", str(2**63 - 1)), 2, "cannot time")
-    assert time.monotonic() - st < 60
+    assert_clean(invoke("bench", f, "--repeat", str(2**63 - 1)), 2, "cannot time")  # (was a loop without end)
     r = invoke("bench", f, "--repeat", "2")
     assert r.exit_code == 0, r.stderr
+
+
+def test_a_loop_past_the_unroll_limit_is_refused_before_unrolling(monkeypatch):
+    from tgc.dsl import frontend
+    from tgc.dsl.frontend import MAX_UNROLLED
+
+    blocks = []
+    run_block = frontend._Evaluator.run_block
+    monkeypatch.setattr(frontend._Evaluator, "run_block",
+                        lambda self, stmts: (blocks.append(1), run_block(self, stmts)))
+    with pytest.raises(TgcError, match=f"more than {MAX_UNROLLED} statements") as e:
+        tgc.loads("x: f32[4]\nh = x\nfor i in range(100000000):\n    h = h + 1.0\nreturn h\n")
+    assert e.value.line == 4  # (the body's statement, as when found while unrolling)
+    assert len(blocks) < 10  # the body never ran (it ran 200000 times, 12 s of CPU, before the error)
+    monkeypatch.undo()
+    out = tgc.loads("x: f32[4]\nh = x\nfor i in range(3):\n    h = h + 1.0\nreturn h\n").run(x=np.zeros(4, np.float32))
+    np.testing.assert_array_equal(next(iter(out.values())), np.full(4, 3, np.float32))
