@@ -532,7 +532,8 @@ def test_the_cli_words_an_api_hint_with_its_flag(monkeypatch, tmp_path):
     monkeypatch.setattr(RemoteDevice, "_configured", None)
     (tmp_path / "p.tg").write_text("x: f32[4]\nreturn x + 1\n")
     res = CliRunner().invoke(main, ["run", str(tmp_path / "p.tg"), "-d", "REMOTE", "--random"])
-    assert res.exit_code == 1 and "needs a server" in res.output and "--remote host:port" in res.output
+    # exit 2: a setting the user has to give (tests/test_errfix.py), not a device failure
+    assert res.exit_code == 2 and "needs a server" in res.output and "--remote host:port" in res.output
 
 
 def test_server_process_exits_cleanly_on_ctrl_c(python_sigint):

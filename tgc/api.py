@@ -59,12 +59,27 @@ from tgc.errors import BindError, CompileError, TgcError
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.symsize import NotTraceable, SymSize, checked_at
 from tgc.ir.uop import Ops, UOp
+from tgc.onnx import at_node as onnx_at_node
 from tgc.onnx import read_model
 from tgc.onnx import translate as translate_onnx
 from tgc.package import PackageError, class_doc
 
 __all__ = ["Program", "Kernel", "load", "loads", "InputDecl", "devices"]
 
+
+
+def _checked_dims(dims: Mapping[str, Any] | None) -> dict[str, int]:
+    """A copy of `dims`, each size a non-negative int (a numpy integer becomes one; a bool, a float or a string
+    is a TgcError)."""
+    dims = dict(dims or {})
+    for k, v in dims.items():
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 0:
+            raise TgcError(f"dim {k} must be a non-negative integer, got {v!r}")
+        dims[k] = int(v)
+    return dims
+
+
+MAX_SOURCE = 64 << 20  # characters of a .tg file (a model's translation is a line per node: far less)
 
 
 def load(path: str | os.PathLike) -> Program:
@@ -74,10 +89,15 @@ def load(path: str | os.PathLike) -> Program:
         return load_onnx(path)
     try:
         with open(path, encoding="utf-8-sig") as f:  # -sig: a leading byte-order mark is not source
-            source = f.read()
+            source = f.read(MAX_SOURCE + 1)  # (bounded: /dev/zero never ends)
+        if len(source) > MAX_SOURCE:
+            raise TgcError(f"{path} is not a .tg program: it is over {MAX_SOURCE >> 20} Mi characters long")
     except FileNotFoundError:
         raise TgcError(f"no such file: {path}") from None
-    except (OSError, UnicodeDecodeError) as e:
+    except UnicodeDecodeError as e:
+        raise TgcError(f"{path} is not a .tg program: byte {e.start} is not UTF-8 text",
+                       hint="tgc reads .tg programs, .onnx models and .tgpkg packages") from None
+    except OSError as e:
         raise TgcError(f"cannot read {path}: {e}") from None
     prog = loads(source, filename=path)
     prog.path = path
@@ -85,6 +105,9 @@ def load(path: str | os.PathLike) -> Program:
 
 
 def loads(source: str, filename: str = "<string>") -> Program:
+    if not isinstance(source, str):  # (None was "AttributeError: 'NoneType' object has no attribute 'removeprefix'")
+        raise TgcError(f"tgc.loads takes the program's text (a str), got {type(source).__name__}",
+                       hint="decode bytes first, or pass a path to tgc.load")
     return Program(source, filename)
 
 
@@ -100,7 +123,10 @@ def onnx_program(model: Any, path: str) -> Program:
     data-dependent output shape raises `tgc.onnx.NeedHost`: `tgc.staged.load` runs it in stages instead."""
     tr = translate_onnx(model, os.path.basename(path))
     names = {tg: name for name, tg in [*tr.inputs.items(), *tr.outputs.items()]}
-    prog = Program(tr.source, filename=path, weights=tr.weights, names=names)
+    try:
+        prog = Program(tr.source, filename=path, weights=tr.weights, names=names)
+    except TgcError as e:
+        raise onnx_at_node(e, tr) from None
     prog.path = path
     prog.onnx = tr
     return prog
@@ -202,10 +228,7 @@ class Program:
     def bind(self, inputs: dict[str, Any], dims: dict[str, int] | None = None, cast: bool = False
              ) -> tuple[dict[str, int], dict[str, np.ndarray]]:
         """Check inputs against the declarations; return (dims, arrays in the declared dtypes)."""
-        dims = dict(dims or {})
-        for k, v in dims.items():
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise TgcError(f"dim {k} must be a non-negative integer, got {v!r}")
+        dims = _checked_dims(dims)
         if self.weights:  # arrays bound here before (the weights themselves) come back: not the caller's
             inputs = {k: v for k, v in inputs.items() if self.weights.get(k) is not v}
         check_input_names(inputs, sorted(d.name for d in self.inputs), self.filename)
@@ -296,7 +319,7 @@ class Program:
                 "text": self.parsed.lines[decl.line - 1]}
 
     def resolve_dims(self, dims: dict[str, int] | None) -> dict[str, int]:
-        dims = dict(dims or {})
+        dims = _checked_dims(dims)  # (compile(dims={"N": 2.5}) built kernels for N=2)
         missing = [d for d in self.dim_names if d not in dims]
         if missing:
             raise BindError(f"dim {missing[0]} is unknown", need="dim", name=missing[0], hint="give its size in dims")
@@ -309,7 +332,10 @@ class Program:
         key = tuple(sorted(dims.items()))
         if key not in self._traces:
             with timings.phase("trace"):
-                outs, bufs = trace(self.parsed, dims, self._lines)
+                try:
+                    outs, bufs = trace(self.parsed, dims, self._lines)
+                except TgcError as e:  # (a model's error at these dims: said of its ONNX node too)
+                    raise (onnx_at_node(e, self.onnx) if self.onnx is not None else e) from None
             outs = split_large_reduces(outs)
             # an output that is an input, or that repeats another output, still gets its own kernel
             seen: set[UOp] = set()
@@ -1472,6 +1498,8 @@ def device_names(device: str | list[str] | tuple[str, ...] | None) -> list[str]:
     """A device or device list (`"CPU:0,CPU:1"` or a list of names; None: TGC_DEVICE or CPU) as its names."""
     if device is None:
         device = default_device()
+    if not isinstance(device, (str, list, tuple)):  # (device=0 was "TypeError: 'int' object is not iterable")
+        raise TgcError(f"device must be a name such as 'CPU' or 'CPU:0,CPU:1', or a list of names, got {device!r}")
     parts = device.split(",") if isinstance(device, str) else [str(x) for x in device]
     names = [x.strip() for x in parts]
     if not names or any(not x for x in names):

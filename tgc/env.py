@@ -35,7 +35,7 @@ def _cuda_arch(text: str) -> None:
 
 def parse_address(text: str) -> tuple[str, int]:
     """A `TGC_REMOTE` address: `"host:port"`, `"[::1]:port"`, `"http://host:port"` or `"host"` (port 6667)
-    -> (host, port)."""
+    -> (host, port); anything else (no host, a bad port, an IPv6 address outside brackets) is a TgcError."""
     t = text.strip()
     for prefix in ("http://", "https://"):
         t = t.removeprefix(prefix)
@@ -45,6 +45,8 @@ def parse_address(text: str) -> tuple[str, int]:
         port_text = rest.removeprefix(":")
     elif t.count(":") == 1:
         host, _, port_text = t.partition(":")
+    elif ":" in t:  # (an IPv6 address without brackets: where would its port be?)
+        raise TgcError(f"bad REMOTE address '{text}'", hint="write an IPv6 address in brackets: [::1]:6667")
     else:
         host, port_text = t, ""
     if not host:
@@ -56,7 +58,8 @@ def parse_address(text: str) -> tuple[str, int]:
     return host, int(port_text)
 
 
-def _remote(text: str) -> None:
+def check_remote(text: str) -> None:
+    """A `TGC_REMOTE` (or `--remote`) value: a comma list of addresses (`parse_address`), else a TgcError."""
     for part in text.split(","):
         try:
             parse_address(part)
@@ -76,7 +79,7 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in (
     EnvVar("TGC_THREADS", "int", "threads a CPU kernel uses (an integer >= 1; default: the cores tgc may run on)"),
     EnvVar("TGC_CUDA_ARCH", "str", "the CUDA architecture to compile for where no GPU says (default sm_90)",
            _cuda_arch),
-    EnvVar("TGC_REMOTE", "str", "host:port of the REMOTE server (a comma list: REMOTE:i is the i-th)", _remote),
+    EnvVar("TGC_REMOTE", "str", "host:port of the REMOTE server (a comma list: REMOTE:i is the i-th)", check_remote),
     EnvVar("TGC_REMOTE_TOKEN", "str", "the token sent to the REMOTE server"),
     EnvVar("TGC_REMOTE_TOKEN_FILE", "str", "a file holding that token (or lines `HOST:PORT TOKEN`, one per server)"),
     EnvVar("TGC_PACKAGE_KEY", "str", "a file holding a secret key: `compile --package` signs packages with it "

@@ -97,6 +97,8 @@ def is_package(path: str | os.PathLike) -> bool:
     path = os.fspath(path)
     if path.endswith(SUFFIX):
         return True
+    if not os.path.isfile(path):  # (a pipe's open() waits for a writer; /dev/zero is no package either)
+        return False
     try:
         with open(path, "rb") as f:
             return f.read(4) == ZIP_MAGIC

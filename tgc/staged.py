@@ -31,7 +31,7 @@ import numpy as np
 
 from tgc.api import Program
 from tgc.errors import BindError, TgcError
-from tgc.onnx import NeedHost, NeedStatic, translate
+from tgc.onnx import NeedHost, NeedStatic, at_node, translate
 
 __all__ = ["StagedModel", "load", "load_staged"]
 
@@ -228,7 +228,10 @@ class StagedModel:
                         continue
                     raise
                 names = {tg: n for n, tg in [*tr.inputs.items(), *tr.outputs.items()]}
-                prog = Program(tr.source, filename=self.where, weights=tr.weights, names=names)
+                try:
+                    prog = Program(tr.source, filename=self.where, weights=tr.weights, names=names)
+                except TgcError as e:
+                    raise at_node(e, tr) from None
                 if len(self._programs) >= MAX_STAGES:
                     self._programs.pop(next(iter(self._programs)))
                 self._programs[key] = prog
@@ -355,7 +358,13 @@ class StagedModel:
               warmup: int = 1) -> dict[str, Any]:
         """The whole staged run timed `repeat` times after `warmup` runs (translation and compiles happen in the
         warm-up): {"stages": [...], "runs": repeat, "median_s", "min_s", "stage_times": {step: median_s}}
-        (stage_times: each tgc stage's program run alone on the last run's inputs)."""
+        (stage_times: each tgc stage's program run alone on the last run's inputs). The counts are bounded as
+        `tgc.engine.executable.bench`'s are."""
+        from tgc.engine.executable import MAX_REPEAT
+
+        if not 1 <= repeat <= MAX_REPEAT or not 0 <= warmup <= MAX_REPEAT:
+            raise TgcError(f"cannot time {repeat} runs after {warmup} warm-up runs: the counts are 1..{MAX_REPEAT} "
+                           f"and 0..{MAX_REPEAT}", hint="use a smaller --repeat")
         inputs = dict(inputs or {})
         for _ in range(max(1, warmup)):
             self.run(device=device, inputs=inputs)

@@ -17,6 +17,7 @@ import click
 
 from tgc.cli.cluster import cluster_option
 from tgc.cli.cluster import worker as cluster_worker
+from tgc.cli.outputs import nonempty_path
 from tgc.cli.trace import profile_option
 from tgc.env import check_all
 from tgc.env import help_text as env_help_text
@@ -240,7 +241,14 @@ def _finite(ctx: click.Context, param: click.Parameter, value: float | None) -> 
 
 
 def _set_remote(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
-    if value:
+    from tgc.env import parse_address
+
+    if value is not None:  # checked before it reaches the environment (and every REMOTE device after it)
+        for part in value.split(","):
+            try:
+                parse_address(part)
+            except TgcError as e:
+                raise click.BadParameter(f"{e.msg} ({e.hint})" if e.hint else e.msg, ctx, param) from None
         os.environ["TGC_REMOTE"] = value
 
 
@@ -295,7 +303,8 @@ def dims_option(f: Callable) -> Callable:
 
 def input_options(f: Callable) -> Callable:
     f = click.option("--cast", is_flag=True, help="Cast inputs of another dtype to the declared one (numpy).")(f)
-    f = click.option("--inputs", "npz", metavar="PATH.npz", help="Inputs from an .npz archive, by name.")(f)
+    f = click.option("--inputs", "npz", metavar="PATH.npz", callback=nonempty_path,
+                     help="Inputs from an .npz archive, by name.")(f)
     return click.option("-i", "--input", "pairs", multiple=True, metavar="NAME=PATH.npy", callback=_parse_pairs,
                         help="One input from a .npy file (repeatable; overrides --inputs).")(f)
 
@@ -588,6 +597,8 @@ def _warm_entry(file: str, device: str | None, dims: dict[str, int], shard: dict
     listed = _is_list(device, shard)
     if (listed and (not lists or symbolic)) or is_package(file) or file.lower().endswith(".onnx"):
         return None  # (a model's warm path goes through tgc.load: its weights are part of the key)
+    if not os.path.isfile(file):  # (/dev/zero, a pipe: reading would never end; tgc.load says so)
+        return None
     try:
         with open(file, encoding="utf-8-sig") as f:
             source = f.read()
@@ -679,8 +690,9 @@ def _finish_run(file: str, prog: Any, run_dims: dict[str, int], arrays: dict[str
 @dims_option
 @click.option("--emit", type=click.Choice(["src", "uops", "schedule", "ir", "asm", "bin"]), default="src",
               show_default=True, help="What to print for each kernel.")
-@click.option("-o", "--output", "outdir", metavar="DIR", help="Write one file per kernel into DIR.")
-@click.option("--package", "package", metavar="OUT.tgpkg",
+@click.option("-o", "--output", "outdir", metavar="DIR", callback=nonempty_path,
+              help="Write one file per kernel into DIR.")
+@click.option("--package", "package", metavar="OUT.tgpkg", callback=nonempty_path,
               help="Write one package file (signature, launch plan, binaries) for `tgc run`/`bench`/`inspect`.")
 @shard_option
 @click.option("--timings", "show_timings", is_flag=True,
@@ -805,7 +817,8 @@ def _compile_command(file: str, device: str | None, dims: dict[str, int], emit: 
 @click.option("--repeat", type=click.IntRange(min=1), default=20, show_default=True, help="Timed runs per kernel.")
 @click.option("--beam", type=click.IntRange(min=0), help="BEAM-search width before timing (else $BEAM).")
 @click.option("--vs", type=click.Choice(["numpy"]), help="Also time numpy on the same inputs.")
-@click.option("--baseline", metavar="OLD.json", help="Compare with a saved `tgc bench --json`; exit 1 on regression.")
+@click.option("--baseline", metavar="OLD.json", callback=nonempty_path,
+              help="Compare with a saved `tgc bench --json`; exit 1 on regression.")
 @shard_option
 @click.option("--symbolic", is_flag=True, help="Time the kernels compiled once for the sizes' class.")
 @json_option
@@ -1228,6 +1241,7 @@ def cache_clear(table: str) -> None:
 @dims_option
 @shard_option
 @click.option("-o", "--output", "out", metavar="PAGE.html", default="viz.html", show_default=True,
+              callback=nonempty_path,
               help="Where to write the page.")
 @click.option("--open", "open_browser", is_flag=True, help="Open the page in the system's browser.")
 @click.option("--serve", "port", type=click.IntRange(0, 65535), metavar="PORT",

@@ -11,6 +11,7 @@ import os
 
 import click
 
+from tgc.cli.outputs import nonempty_path
 from tgc.errors import TgcError
 
 
@@ -64,8 +65,8 @@ def _replaceable(path: str) -> bool:
 
 @click.command("import")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
-@click.option("-o", "--output", "out", metavar="PATH.tg", help="Where to write the program (default: FILE with .tg; "
-              "the weights go to the same name with .npz).")
+@click.option("-o", "--output", "out", metavar="PATH.tg", callback=nonempty_path,
+              help="Where to write the program (default: FILE with .tg; the weights go to the same name with .npz).")
 def import_(file: str, out: str | None) -> None:
     """Translate an ONNX model to a readable .tg program, its weights to an .npz beside it."""
     import numpy as np
@@ -88,12 +89,13 @@ def import_(file: str, out: str | None) -> None:
                        "left as it was", hint="move it, or name another program with -o PATH.tg (its weights go "
                        "beside it as PATH.npz)")
     tr = translate(read_model(file), os.path.basename(file))
-    try:
-        with open(out, "w", encoding="utf-8") as f:
-            f.write(tr.source)
-        np.savez(weights, **tr.weights)
-    except OSError as e:
-        raise TgcError(f"cannot write {out}: {e}") from None
+    from tgc.cli.outputs import check_writable, write_files
+
+    # both files at once (checked, staged, then renamed): a failure leaves an earlier program and its weights as
+    # they were (a program was truncated before, then its weights failed to write)
+    check_writable(out)
+    check_writable(weights)
+    write_files([(out, lambda f: f.write(tr.source.encode("utf-8"))), (weights, lambda f: np.savez(f, **tr.weights))])
     ins = " ".join(f"-i {tg}=..." for tg in tr.inputs.values())
     n = len(tr.weights)
     click.echo(f"wrote {out} ({len(tr.source.splitlines())} lines) and {weights} ({n} weight{'' if n == 1 else 's'}); "

@@ -98,6 +98,16 @@ def resolve_outs(specs: Sequence[OutSpec], output_names: Sequence[str],
     return out
 
 
+def nonempty_path(ctx: Any, param: Any, value: str | None) -> str | None:
+    """A click callback: a path option given as "" (`--package "$OUT"` with OUT unset) is a usage error (exit 2),
+    not the option left out (the command did its work and wrote nothing where the user looked)."""
+    if value is not None and not value.strip():
+        import click
+
+        raise click.BadParameter("the path is empty (an unset variable?)", ctx, param)
+    return value
+
+
 def check_writable(path: str) -> None:
     """A user error (exit 2) when `path` cannot be written: missing directory, a directory, no permission."""
     parent = os.path.dirname(os.path.abspath(path))

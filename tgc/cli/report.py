@@ -91,11 +91,18 @@ def compare_baseline(new: Mapping[str, Any], old: Mapping[str, Any], min_noise: 
     return rows
 
 
+MAX_BASELINE = 64 << 20  # characters of a --baseline file (a bench document of a thousand kernels: ~1 MiB)
+
+
 def load_baseline(path: str) -> dict[str, Any]:
     """A previous `tgc bench --json` document."""
     try:
-        with open(path) as f:
-            doc = json.load(f)
+        with open(path, encoding="utf-8") as f:
+            text = f.read(MAX_BASELINE + 1)  # (bounded: /dev/zero never ends)
+        if len(text) > MAX_BASELINE:
+            raise TgcError(f"--baseline: '{path}' is over {MAX_BASELINE >> 20} Mi characters: not a tgc bench --json "
+                           "document", hint="save one with tgc bench --json > FILE")
+        doc = json.loads(text)
     except OSError as e:
         raise TgcError(f"--baseline: cannot read '{path}': {e.strerror or e}") from None
     except ValueError as e:

@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from tgc.cli.outputs import nonempty_path
 from tgc.errors import TgcError
 
 
@@ -78,6 +79,6 @@ def profile_option(f: Callable) -> Callable:
             raise ended
         return result
 
-    return click.option("--profile", "profile_path", metavar="OUT.json",
+    return click.option("--profile", "profile_path", metavar="OUT.json", callback=nonempty_path,
                         help="Write a profile trace (Chrome trace-event JSON, for ui.perfetto.dev or chrome://tracing)"
                              " of kernel launches, copies, compiles and collectives.")(wrapper)

@@ -753,6 +753,11 @@ class _Evaluator:
         if len(bounds) == 3 and bounds[2] == 0:
             raise self.err.at(call.args[2], "range() step cannot be zero")
         var = stmt.target.id  # type: ignore[attr-defined]
+        if self.count.statements + len(range(*bounds)) * len(stmt.body) > MAX_UNROLLED:
+            # (said before unrolling: the body's statements alone are past the limit; a loop of 10^8 took 12 s)
+            raise self.err.at(stmt.body[0], f"the program runs more than {MAX_UNROLLED} statements once its loops "
+                                            "are unrolled and its functions inlined",
+                              hint="use fewer loop iterations, or split the program")
         for i in range(*bounds):
             self.env[var] = i
             self.run_block(stmt.body)

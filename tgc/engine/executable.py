@@ -79,13 +79,21 @@ def run(exe: Executable, arrays: dict[str, np.ndarray], replay: realize.LaunchPl
     return realize.run_program(exe, arrays)
 
 
+MAX_REPEAT = 1_000_000  # timed runs of one bench (a million 1 us launches take a second)
+
+
 def bench(exe: Executable, arrays: dict[str, np.ndarray], repeat: int = 10, warmup: int = 1,
           measure_peak: bool = True) -> dict[str, Any]:
     """Time `exe` as `run` runs it: each kernel on its own and the whole program (one device graph where the
     device has them, `tgc.engine.bench.bench_launches`); chunked, each kernel as it runs on one chunk and the
     whole program in chunks (`program["chunks"]`); a device list's, per device and the collectives, replayed
-    as a list run again is (`_bench_steps`; no peak figures)."""
+    as a list run again is (`_bench_steps`; no peak figures). `repeat` is 1..MAX_REPEAT, `warmup` 0..MAX_REPEAT
+    (else a TgcError, exit 2: a count past that is a typo that would time for days)."""
     from tgc.engine import bench as bench_mod  # (not on a warm run's start-up: it imports statistics)
+
+    if not 1 <= repeat <= MAX_REPEAT or not 0 <= warmup <= MAX_REPEAT:
+        raise TgcError(f"cannot time {repeat} runs after {warmup} warm-up runs: the counts are 1..{MAX_REPEAT} and "
+                       f"0..{MAX_REPEAT}", hint="use a smaller --repeat")
 
     if exe.multi:
         return _bench_steps(exe, arrays, repeat=repeat, warmup=warmup)

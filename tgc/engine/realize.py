@@ -671,9 +671,10 @@ class LaunchPlan:
             raise DeviceError(f"the graph of {_count(kernels)} ({_names(kernels)}) failed on "
                               f"{self.device.name}: {e}") from None
         if level >= 2:
-            t = t or 0.0
+            took = "time unknown" if t is None else \
+                f"{t * 1e6:9.2f} us, {t * 1e6 / max(len(kernels), 1):.2f} us per kernel"  # (None: not timed, not 0)
             print(f"*** {self.device.name:<8} graph of {_count(kernels)} ({_names(kernels)}) ran in one launch: "
-                  f"{t * 1e6:9.2f} us, {t * 1e6 / max(len(kernels), 1):.2f} us per kernel", file=sys.stderr)
+                  f"{took}", file=sys.stderr)
 
     def free(self) -> None:
         graph, self.graph = self.graph, None
@@ -884,10 +885,12 @@ def launch(k, bufs: list, handles: bool = False, in_place: bool = False) -> floa
     if not wait:
         return first
     t = once() if not in_place else first
-    gflops = k.flops / t / 1e9 if t > 0 else 0
-    gbs = k.bytes_moved / t / 1e9 if t > 0 else 0
+    # counts a symbolic package could not save are 0 bytes moved (`tgc.engine.bench.work_counts`): unknown, `-`
+    known = k.bytes_moved > 0
+    gflops = f"{k.flops / t / 1e9 if t > 0 else 0:8.2f}" if known else f"{'-':>8}"
+    gbs = f"{k.bytes_moved / t / 1e9 if t > 0 else 0:8.2f}" if known else f"{'-':>8}"
     print(f"*** {k.device.name:<8} {k.name:<28} launch {str(k.global_size):<14} {t * 1e6:9.2f} us "
-          f"{gflops:8.2f} GFLOP/s {gbs:8.2f} GB/s  " +
+          f"{gflops} GFLOP/s {gbs} GB/s  " +
           ("(in place: one cold launch)" if in_place else f"(warm; first launch {first * 1e6:.2f} us)"),
           file=sys.stderr)
     return t

@@ -63,7 +63,11 @@ def read_model(path: str) -> Any:
         raise TgcError(f"no such file: {path}")
     try:
         model = onnx.load(path)
+    except onnx.checker.ValidationError as e:  # (its external data file is missing, or not a file)
+        raise _external_data_error(path, e) from None
     except (DecodeError, ValueError, RuntimeError, TypeError, UnicodeDecodeError) as e:
+        if str(e).lower().startswith("external data"):  # (its external data file is too short)
+            raise _external_data_error(path, e) from None
         raise TgcError(f"{path} is not an ONNX model: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
                        hint="tgc reads .onnx model files (ModelProto) and .tg programs") from None
     except OSError as e:
@@ -75,14 +79,21 @@ def read_model(path: str) -> Any:
     return model
 
 
+def _external_data_error(path: str, e: Exception) -> TgcError:
+    said = " ".join(str(e).split())[:600]
+    return TgcError(f"{path}: cannot load the model's weights (external data): {said}",
+                    hint="keep the model's external data files beside it, as they were saved")
+
+
 def check(model: Any, where: str) -> None:
     import onnx
 
     try:
         onnx.checker.check_model(model)
     except (onnx.checker.ValidationError, ValueError, RuntimeError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise TgcError(f"{where}: the ONNX checker rejects the model: {first}") from None
+        # the whole complaint on one line: the checker names the node on the lines after the first
+        said = " ".join(str(e).replace("==> Context:", ";").split()).replace(" ;", ";")[:600] or type(e).__name__
+        raise TgcError(f"{where}: the ONNX checker rejects the model: {said}") from None
 
 
 DOMAINS = ("", "ai.onnx", "ai.onnx.ml")  # ai.onnx.ml: its numeric ops (tgc/onnx/mlops.py)
@@ -248,7 +259,25 @@ def _all_nodes(g: Any) -> list:
 
 
 def translate(model: Any, where: str = "<model>") -> Translation:
-    """A checked ModelProto -> `Translation` (source, weights, name maps)."""
+    """A checked ModelProto -> `Translation` (source, weights, name maps). Every TgcError names the model file
+    `where` (and, where one node is at fault, the node)."""
+    try:
+        return _translate(model, where)
+    except TgcError as e:
+        if e.file is None and not e.msg.startswith(f"{where}:"):
+            e.msg = f"{where}: {e.msg}"  # (in place: NeedHost and NeedStatic keep their type and fields)
+        raise
+
+
+def at_node(e: TgcError, tr: Translation) -> TgcError:
+    """A source error `e` in a translation's `.tg` text, also said of the ONNX node its line translates."""
+    about = tr.nodes.get(e.line) if e.line is not None else None
+    if about and "(ONNX node " not in e.msg:
+        e.msg = f"{e.msg} (ONNX node {about})"
+    return e
+
+
+def _translate(model: Any, where: str) -> Translation:
     import onnx
 
     opset = opset_of(model)

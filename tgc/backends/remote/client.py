@@ -296,6 +296,11 @@ class Connection:
                     raise
                 return _Wire(sock)
             except OSError as e:
+                if isinstance(e, socket.gaierror) and e.errno == socket.EAI_NONAME:
+                    # a host name that names no host: the address is wrong (exit 2), and retrying will not help
+                    raise DeviceError(f"bad REMOTE address {self.address}: no host is called {self.host}",
+                                      kind="user", hint=f"check the host in {ENV_ADDRESS}",
+                                      cli_hint=f"check --remote or {ENV_ADDRESS}") from None
                 if time.monotonic() + delay > deadline:
                     tried = f" (retried for {self.retry:g}s)" if self.retry else ""
                     raise DeviceError(f"cannot reach REMOTE server {self.address}: {_reason(e)}{tried}",
@@ -763,14 +768,15 @@ class RemoteDevice(Device):
         """(host, port) of the server this device talks to."""
         text = self._address or self._address_text()
         if not text:
-            raise DeviceError("the REMOTE device needs a server",
+            raise DeviceError("the REMOTE device needs a server", kind="user",  # (a setting missing: exit 2)
                               hint=f"set {ENV_ADDRESS}=host:port, the address of a running `tgc serve`",
                               cli_hint=f"set {ENV_ADDRESS}=host:port or pass --remote host:port (see `tgc serve`)")
         addrs = [a for a in (t.strip() for t in text.split(",")) if a]
         if not addrs:
-            raise DeviceError("the REMOTE device needs a server", hint=f"set {ENV_ADDRESS}=host:port")
+            raise DeviceError("the REMOTE device needs a server", hint=f"set {ENV_ADDRESS}=host:port", kind="user")
         if len(addrs) > 1 and self.index >= len(addrs):
-            raise DeviceError(f"{self.name} needs a server {self.index}, but {ENV_ADDRESS} names {len(addrs)}")
+            raise DeviceError(f"{self.name} needs a server {self.index}, but {ENV_ADDRESS} names {len(addrs)}",
+                              kind="user")
         return parse_address(addrs[self.index] if len(addrs) > 1 else addrs[0])
 
     def _connection(self) -> Connection:

@@ -37,6 +37,7 @@ request executor, `RemoteServer`, and `main_serve`), `transport` (HTTP), `sessio
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hmac
 import ipaddress
 import os
@@ -212,7 +213,13 @@ class RemoteServer:
         try:
             self.httpd = cls((host.strip("[]"), port), _Handler)
         except OSError as e:
-            raise DeviceError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+            # a --host that names no host or no address of this machine is the user's to fix (exit 2); a port
+            # in use, or one this user may not take, stays a failure to serve (exit 1)
+            bad_host = (isinstance(e, socket.gaierror) and e.errno == socket.EAI_NONAME) or \
+                e.errno == errno.EADDRNOTAVAIL
+            raise DeviceError(f"cannot listen on {host}:{port}: {e.strerror or e}", kind="user" if bad_host else
+                              "runtime", hint="--host names an address of this machine" if bad_host else None
+                              ) from None
         self.httpd.app = self
         self.host, self.port = host, self.httpd.server_address[1]
 
