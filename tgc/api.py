@@ -164,6 +164,8 @@ class Program:
         self._stored: set[tuple] = set()  # the keys of `_entries` stored after a cold run
         # the program cache's symbolic entries looked up (header, package), by (device, "symbolic", size class, BEAM)
         self._symbolic_entries: dict[tuple, tuple[dict, Any] | None] = {}
+        # what a run reuses at (device, dims, KERNEL_ENV values): the executable its first run built or loaded
+        self._ready: dict[tuple, _Ready] = {}
         self._check_without_dims()
 
     @property
@@ -785,18 +787,42 @@ class Program:
                 return executable.run(low, arrays, replay=self._launch_plans, key=key)
         else:
             self.last_run = "specialized"
+        ready, first = self._ready_for(dev, dims, arrays)
+        self.last_chunking = ready.chunking
+        out = ready.run(arrays)
+        if first:
+            self._keep_ready(dev, dims, ready)
+        return out
+
+    def _ready_key(self, dev: Any, dims: dict[str, int]) -> tuple:
+        return (dev.name, tuple(sorted(dims.items())), tuple(os.environ.get(v) for v in progcache.KERNEL_ENV))
+
+    def _ready_for(self, dev: Any, dims: dict[str, int], arrays: dict[str, np.ndarray]) -> tuple[_Ready, bool]:
+        """What a run of the program at `dims` on `dev` runs, and whether it is new: the one an earlier run here
+        built or loaded (kept by device, dims and `progcache.KERNEL_ENV`'s values: nothing traced, scheduled,
+        lowered or looked up again), else the program cache's entry (lowered once) or the program lowered now."""
+        ready = self._ready.get(self._ready_key(dev, dims))
+        if ready is not None and ready.device is dev:
+            return ready, False
         entry = self._cached_entry(dev, dims)
         if entry is not None and entry.fits(arrays):  # the program cache: nothing to lower
-            self.last_chunking = entry.chunking(dev.name)
-            return entry.run(dev.name, arrays)
-        ch = self.last_chunking = self._chunking(dev, dims, env_int("BEAM", 0), True)
+            exe, replay, key, own = entry.prepared(dev.name)
+            return _Ready(dev, exe, replay, key, entry.chunking(dev.name), own, entry), True
+        ch = self._chunking(dev, dims, env_int("BEAM", 0), True)
         if ch is not None:
-            out = executable.run(ch.executable(), arrays)
-        else:
-            key = (dev.name, tuple(sorted(dims.items())), env_int("BEAM", 0))
-            out = executable.run(self.lower(name, dims), arrays, replay=self._launch_plans, key=key)
-        self._store_entry(dev, dims, ch)
-        return out
+            return _Ready(dev, ch.executable(), None, None, ch), True
+        key = (dev.name, tuple(sorted(dims.items())), env_int("BEAM", 0))
+        return _Ready(dev, self.lower(dev.name, dims), self._launch_plans, key, None), True
+
+    MAX_READY = 16  # executables kept for reuse per program (the least recently built dropped first)
+
+    def _keep_ready(self, dev: Any, dims: dict[str, int], ready: _Ready) -> None:
+        """After a first run at a key that succeeded: keep what it ran; store a cold run in the program cache."""
+        self._ready[self._ready_key(dev, dims)] = ready
+        while len(self._ready) > self.MAX_READY:
+            self._ready.pop(next(iter(self._ready)))
+        if ready.entry is None:
+            self._store_entry(dev, dims, ready.chunking)
 
     def _run_list(self, names: list[str], dims: dict[str, int], shard: dict[str, int],
                   arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -864,6 +890,7 @@ class Program:
     def release(self) -> None:
         """Give back the device buffers that this program's launch plans keep between runs."""
         self._launch_plans.release()
+        self._ready.clear()
         for entry in self._entries.values():
             if entry is not None:
                 entry.release()
@@ -1032,10 +1059,12 @@ class Program:
         low = self.lower_symbolic(dev.name, dims)[0] if symbolic else None
         kernels_for = "size class" if low is not None else "these sizes"
         cacheable = low is None and tuned and (beam is None or beam == env_int("BEAM", 0))
-        entry = self._cached_entry(dev, dims) if cacheable else None
-        if entry is not None and entry.fits(arrays):  # the program cache: nothing to lower
+        if cacheable:  # what `run` runs at these dims (kept, from the program cache, or lowered now)
             dev.ensure_runnable()
-            timing = entry.bench(dev.name, arrays, repeat=repeat, warmup=warmup)
+            ready, first = self._ready_for(dev, dims, arrays)
+            timing = executable.bench(ready.exe, arrays, repeat=repeat, warmup=warmup)
+            if first:
+                self._keep_ready(dev, dims, ready)
         else:
             ch = self.chunking(dev.name, dims, beam=beam, tuned=tuned) if low is None else None
             if ch is not None:  # timed as `run` runs it: in chunks
@@ -1043,8 +1072,6 @@ class Program:
             elif low is None:
                 low = self.lower(dev.name, dims, beam=beam, tuned=tuned)
             timing = executable.bench(low, arrays, repeat=repeat, warmup=warmup)
-            if cacheable:
-                self._store_entry(dev, dims, ch)
         result: dict[str, Any] = {"device": dev.name, "dims": dims, "repeat": repeat, "beam": beam, **timing,
                                   "identity": self.identity(dev.name, dims), "kernels_for": kernels_for}
         if not symbolic:  # (the kernels just timed, from the compile cache)
@@ -1123,6 +1150,7 @@ class Program:
         rows, _ = beam_items(items, dev, width, progress=progress, force=force, budget_s=search_budget,
                              started=started, measured=self._per_call_costs(dev, dims, items))
         self._kernels.clear()  # later compiles pick up the stored winners
+        self._ready.clear()
         self._chunks.clear()
         self._entries.clear()  # (the program cache's key holds the BEAM table's state: they miss)
         self._stored.clear()
@@ -1165,6 +1193,24 @@ class Program:
         for j, i in enumerate(live):
             costs[i] = measured[j]
         return costs
+
+
+class _Ready:
+    """An executable a program runs again at one key (`Program._ready_for`): its device, the executable, the
+    launch plans replaying it and their key (None: run once each time, as a chunked run), its chunking, the
+    arrays a cached package binds itself, and the program-cache entry it came from (None: lowered here)."""
+
+    __slots__ = ("device", "exe", "replay", "key", "chunking", "own", "entry")
+
+    def __init__(self, device: Any, exe: Executable, replay: LaunchPlans | None, key: Any,
+                 chunking: Chunking | None, own: Mapping[str, np.ndarray] | None = None, entry: Any = None):
+        self.device, self.exe, self.replay, self.key, self.chunking = device, exe, replay, key, chunking
+        self.own, self.entry = own or {}, entry
+
+    def run(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self.own:
+            arrays = {**arrays, **self.own}
+        return executable.run(self.exe, arrays, replay=self.replay, key=self.key)
 
 
 class _ItemKernel:

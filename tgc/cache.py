@@ -14,6 +14,12 @@ Each value is stored behind a header holding the sha256 of its table, key and by
 reported as a miss (with one warning), so the caller recompiles and stores a good one. `invalidate`
 does the same for an entry whose bytes check out but cannot be used (a binary that fails to load).
 
+The tables of compiled code (`compile`, `program`) have a cap, `TGC_CACHE_MAX_BYTES` (default 4 GiB, counted
+as their values' bytes): a `put` that takes them over it removes their least recently used entries (a `get`
+marks an entry used; at most once a `TOUCH_S`) until they are under it again, never the entry just stored nor
+the last `_IN_USE_MAX` this process stored or read (in use here). Each removal is one transaction: an entry is
+there whole or not at all. `beam` and `probe` (small, and the program cache keys on the `beam` table) are never removed.
+
 Several processes may fill the cache at once: the database uses WAL journaling, a busy timeout, and
 one short autocommit transaction per call. One connection per process, opened lazily, shared by
 threads under a lock, and re-opened after a fork.
@@ -58,9 +64,13 @@ CREATE TABLE IF NOT EXISTS cache (
     value   BLOB NOT NULL,
     meta    TEXT NOT NULL DEFAULT '',
     created REAL NOT NULL,
+    used    REAL NOT NULL DEFAULT 0,
     PRIMARY KEY (tbl, key)
 )
 """
+DEFAULT_MAX_BYTES = 4 << 30  # TGC_CACHE_MAX_BYTES's default
+TOUCH_S = 1.0  # a hit marks its entry used at most once in this many seconds (not a write per hit). Tests lower it.
+_IN_USE_MAX = 64  # the entries this process stored or read last: in use here, kept from eviction
 # A stored value is _VALUE_MAGIC + sha256(table, key, value) + value.
 _VALUE_MAGIC = b"TGV1"
 _HEADER_LEN = len(_VALUE_MAGIC) + 32
@@ -76,9 +86,11 @@ _conn_pid: int | None = None
 _broken_path: Path | None = None  # the database that failed; no cache for it in this process
 _warned = False
 _warned_bad_entry = False
+_warned_cap = False  # a bad TGC_CACHE_MAX_BYTES was reported
 # Connections inherited through fork. Closing them in the child could disturb the parent's locks, and
 # letting them be garbage-collected closes them, so they are kept here and never used.
 _abandoned: list[sqlite3.Connection] = []
+_in_use: dict[tuple[str, str], None] = {}  # (table, key) stored or read here: never evicted by this process
 
 
 # ---------------------------------------------------------------------------------------------- paths
@@ -203,6 +215,12 @@ def _set_up(conn: sqlite3.Connection) -> None:
                 conn.execute("PRAGMA journal_mode=WAL")  # persistent: stored in the file
             conn.execute("PRAGMA synchronous=NORMAL")  # safe with WAL; losing the last entries on power loss is fine
             conn.execute(_SCHEMA)
+            if "used" not in {row[1] for row in conn.execute("PRAGMA table_info(cache)")}:  # (an older file)
+                try:
+                    conn.execute("ALTER TABLE cache ADD COLUMN used REAL NOT NULL DEFAULT 0")
+                except sqlite3.OperationalError as error:
+                    if "duplicate column" not in str(error):  # (another process added it first)
+                        raise
             return
         except sqlite3.OperationalError as error:
             if "locked" not in str(error) or time.monotonic() > deadline:
@@ -324,12 +342,18 @@ def get(table: str, key: str) -> bytes | None:
     """The bytes stored under `key` in `table`, or None (not stored, cache disabled, cache unusable, or an
     entry whose digest does not match its bytes: that one is deleted, with one warning)."""
     _check_table(table)
-    rows = None if _skipped(table) else _run("SELECT value FROM cache WHERE tbl = ? AND key = ?", (table, key))
+    rows = None if _skipped(table) else _run("SELECT value, used FROM cache WHERE tbl = ? AND key = ?",
+                                             (table, key))
     value = None
     if rows:
         value = _unwrap(table, key, bytes(rows[0][0]))
         if value is None:
             invalidate(table, key, "does not match its checksum (changed or damaged on disk)")
+        elif table in COMPILED_TABLES:
+            _mark_in_use(table, key)
+            now = time.time()
+            if now - float(rows[0][1] or 0) >= TOUCH_S:
+                _run("UPDATE cache SET used = ? WHERE tbl = ? AND key = ?", (now, table, key))
     with _lock:
         if value is not None:
             counters["hits"] += 1
@@ -357,11 +381,73 @@ def put(table: str, key: str, value: bytes, meta: str = "") -> None:
         raise TypeError(f"cache values are bytes, got {type(value).__name__}")
     if _skipped(table):
         return
-    rows = _run("INSERT OR REPLACE INTO cache (tbl, key, value, meta, created) VALUES (?, ?, ?, ?, ?)",
-                (table, key, _VALUE_MAGIC + _seal(table, key, bytes(value)) + bytes(value), meta, time.time()))
+    now = time.time()
+    rows = _run("INSERT OR REPLACE INTO cache (tbl, key, value, meta, created, used) VALUES (?, ?, ?, ?, ?, ?)",
+                (table, key, _VALUE_MAGIC + _seal(table, key, bytes(value)) + bytes(value), meta, now, now))
     if rows is not None:
         with _lock:
             counters["puts"] += 1
+        if table in COMPILED_TABLES:
+            _mark_in_use(table, key)
+            _evict(max_bytes())
+
+
+def max_bytes() -> int:
+    """`TGC_CACHE_MAX_BYTES`, else 4 GiB: the cap on the compiled tables' bytes. A bad value (the CLI refuses it
+    first, `tgc.env.check_all`) gives one warning and the default: the cache never breaks a run."""
+    text = os.environ.get("TGC_CACHE_MAX_BYTES", "").strip()
+    if not text:
+        return DEFAULT_MAX_BYTES
+    try:
+        value = int(text, 10)
+    except ValueError:
+        value = -1
+    if value < 0:
+        global _warned_cap
+        if not _warned_cap:
+            _warned_cap = True
+            sys.stderr.write(f"tgc: warning: TGC_CACHE_MAX_BYTES={text!r} is not a number of bytes; the cache "
+                             f"keeps the default cap ({DEFAULT_MAX_BYTES} bytes)\n")
+        return DEFAULT_MAX_BYTES
+    return value
+
+
+def _mark_in_use(table: str, key: str) -> None:
+    with _lock:
+        _in_use.pop((table, key), None)
+        _in_use[(table, key)] = None
+        while len(_in_use) > _IN_USE_MAX:
+            _in_use.pop(next(iter(_in_use)))
+
+
+def _compiled_bytes() -> int | None:
+    marks = ", ".join("?" * len(COMPILED_TABLES))
+    rows = _run(f"SELECT COALESCE(SUM(length(value)), 0) FROM cache WHERE tbl IN ({marks})", COMPILED_TABLES)
+    return None if not rows else int(rows[0][0])
+
+
+def _evict(cap: int) -> int:
+    """Remove the least recently used entries of the compiled tables, oldest use first, until their bytes are
+    at most `cap`; entries in use in this process stay. Returns how many were removed."""
+    total = _compiled_bytes()
+    if total is None or total <= cap:
+        return 0
+    marks = ", ".join("?" * len(COMPILED_TABLES))
+    rows = _run(f"SELECT tbl, key, length(value) FROM cache WHERE tbl IN ({marks}) ORDER BY used, created",
+                COMPILED_TABLES) or []
+    with _lock:
+        keep = set(_in_use)
+    removed = 0
+    for tbl, key, size in rows:
+        if total <= cap:
+            break
+        if (tbl, key) in keep:
+            continue
+        if _run("DELETE FROM cache WHERE tbl = ? AND key = ?", (tbl, key)) is None:
+            break
+        total -= int(size)
+        removed += 1
+    return removed
 
 
 def _disk_size(path: Path) -> int:
@@ -376,7 +462,8 @@ def _disk_size(path: Path) -> int:
 
 
 def stats() -> dict[str, Any]:
-    """`path`, `size` (bytes on disk), `entries` ({table: count}, always with `compile` and `beam`),
+    """`path`, `size` (bytes on disk), `entries` ({table: count}, always with `compile` and `beam`), `count`
+    (all entries), `compiled_bytes` (the compiled tables' values: what the cap counts), `max_bytes` (the cap),
     `available` (False when the database is unusable), `enabled` (see `enabled()`), and this process's
     `hits`, `misses` and `puts`."""
     rows = _run("SELECT tbl, COUNT(*) FROM cache GROUP BY tbl ORDER BY tbl")
@@ -389,7 +476,9 @@ def stats() -> dict[str, Any]:
     with _lock:
         hits, misses, puts = counters["hits"], counters["misses"], counters["puts"]
     return {"path": str(path), "size": _disk_size(path), "entries": counts, "available": rows is not None,
-            "enabled": enabled(), "hits": hits, "misses": misses, "puts": puts}
+            "enabled": enabled(), "hits": hits, "misses": misses, "puts": puts,
+            "compiled_bytes": _compiled_bytes() or 0, "max_bytes": max_bytes(),
+            "count": sum(counts.values())}
 
 
 def entries(table: str | None = None) -> list[dict[str, Any]]:
@@ -497,10 +586,11 @@ if hasattr(os, "register_at_fork"):
 
 def _reset_for_tests() -> None:
     """Close the connection and forget the warning, the broken database and the counters."""
-    global _broken_path, _warned, _warned_bad_entry
+    global _broken_path, _warned, _warned_bad_entry, _warned_cap
     with _lock:
         _drop_connection()
+        _in_use.clear()
         _broken_path = None
-        _warned = _warned_bad_entry = False
+        _warned = _warned_bad_entry = _warned_cap = False
         for name in counters:
             counters[name] = 0

@@ -76,6 +76,8 @@ def _zero_or_one(text: str) -> None:
 ENV_VARS: dict[str, EnvVar] = {v.name: v for v in (
     EnvVar("TGC_DEVICE", "str", "the default device (-d overrides it); CPU when unset"),
     EnvVar("TGC_CACHE_DIR", "str", "where the cache lives (default $XDG_CACHE_HOME/tgc, else ~/.cache/tgc)"),
+    EnvVar("TGC_CACHE_MAX_BYTES", "int", "the cap on the cache's compiled binaries and programs, in bytes (default "
+           "4 GiB): past it the least recently used are removed"),
     EnvVar("TGC_THREADS", "int", "threads a CPU kernel uses (an integer >= 1; default: the cores tgc may run on)"),
     EnvVar("TGC_CUDA_ARCH", "str", "the CUDA architecture to compile for where no GPU says (default sm_90)",
            _cuda_arch),
@@ -112,7 +114,8 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in (
 # lower bounds (inclusive unless noted) and upper bounds of the numeric variables
 _INT_RANGE: dict[str, tuple[int, int | None]] = {"TGC_THREADS": (1, 4096), "DEBUG": (0, 6), "TGC_GRAPH": (0, 1),
                                                  "TGC_CHUNK": (0, 1), "BEAM": (0, 1 << 16), "TGC_JOBS": (1, 4096),
-                                                 "TGC_VERIFY_BOUNDS_POINTS": (1, 1 << 40)}
+                                                 "TGC_VERIFY_BOUNDS_POINTS": (1, 1 << 40),
+                                                 "TGC_CACHE_MAX_BYTES": (0, 1 << 62)}
 _FLOAT_MIN: dict[str, tuple[float, bool]] = {"TGC_REMOTE_TIMEOUT": (0.0, False), "TGC_REMOTE_RETRY": (0.0, True)}
 
 

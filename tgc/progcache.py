@@ -198,6 +198,15 @@ class Entry:
             return exe
         return exe.chunked(int(self.chunk["count"]), set(self.chunk["sliced"]))
 
+    def prepared(self, device: str) -> tuple[Any, Any, Any, dict[str, np.ndarray]]:
+        """What `run` runs on `device`, lowered once: (the executable, the launch plans that replay it or None,
+        their key, the arrays the package binds itself). A Program keeps it to run the entry again without
+        lowering it (`Program._ready`)."""
+        exe = self.executable(device)
+        if self.chunk is not None:
+            return exe, None, None, {}
+        return exe, self.package._launch_plans, (exe.device.name,), self.package.weights
+
     def chunking(self, device: str) -> Any:
         """How the entry runs in chunks (`tgc.engine.chunk.Chunking`, its `low` the packaged chunk), or None."""
         if self.chunk is None:

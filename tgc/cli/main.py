@@ -1179,6 +1179,10 @@ def cache_stats(as_json: bool) -> None:
     click.echo(f"database:  {stats.get('path', c.db_path())} ({_fmt_bytes(int(stats.get('size') or 0))})")
     for table, count in (stats.get("entries") or {}).items():
         click.echo(f"{table + ':':<10} {count} entr{'y' if count == 1 else 'ies'}")
+    count = int(stats.get("count") or 0)
+    click.echo(f"compiled:  {_fmt_bytes(int(stats.get('compiled_bytes') or 0))} of a "
+               f"{_fmt_bytes(int(stats.get('max_bytes') or 0))} cap (TGC_CACHE_MAX_BYTES); "
+               f"{count} entr{'y' if count == 1 else 'ies'} in all")
     if not stats.get("available", True):
         click.echo("state:     unusable (see the warning above)")
     elif not stats.get("enabled", True):
