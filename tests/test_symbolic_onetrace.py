@@ -247,3 +247,29 @@ def test_size_decisions_bound_the_trusted_sizes():
         assert (9 * n * n) // ((n + 2) * (n + 2)) == 8  # the same quotient at both probes: a plain int
         with pytest.raises(NotTraceable):
             (n * n) // (n + 7)  # 204 at N = 211, 216 at N = 223
+
+
+def test_slices_with_a_step_of_minus_one_trace_once():
+    """A reversed slice over a dim (`x[::-1]`, `x[-2::-1]`) is traced once, as the probes' plan; one the probes
+    cannot serve (`x[:3:-1]`, `x[5:-300:-1]`: constants past the sizes) is traced once too, right at every size
+    (checked against the source where its clamps differ). A step of 2 (a floor division of the size) refuses."""
+    decl = "x: f32[N]\nm: f32[R, C]\nreturn "
+    for expr in ("x[::-1] * 2.0", "x[-2::-1] + m[::-1, 1:].sum()", "m[:, -1:0:-1] * 2.0"):
+        prog, probed = tgc.loads(decl + expr), tgc.loads(decl + expr)
+        probed.one_trace = False
+        plan, other = prog.compile_symbolic("CPU"), probed.compile_symbolic("CPU")
+        assert list(prog.symbolic_paths.values()) == ["one trace"], expr
+        _same_plan(plan, other)
+    prog = tgc.loads(decl + "x[::-1] * 2.0, x[:3:-1], x[5:-300:-1] + 1.0, m[::-1, 1:], m[:, -1:0:-1]")
+    prog.compile_symbolic("CPU")
+    assert list(prog.symbolic_paths.values()) == ["one trace"]
+    for n in (1, 2, 5, 33, 300):
+        x = np.linspace(-1, 1, n, dtype=np.float32)
+        m = np.arange(n * 7, dtype=np.float32).reshape(n, 7)
+        got = prog.run(device="CPU", symbolic=True, x=x, m=m)
+        want = [x[::-1] * 2, x[:3:-1], x[5:-300:-1] + 1, m[::-1, 1:], m[:, -1:0:-1]]
+        for i, w in enumerate(want):
+            np.testing.assert_array_equal(np.asarray(got[f"out{i}"]), w, err_msg=f"N={n} out{i}")
+    stepped = tgc.loads("x: f32[N]\nreturn x[::2] * 2.0")
+    stepped.run(device="CPU", symbolic=True, x=np.ones(5, np.float32))
+    assert "a slice with a step" in list(stepped.symbolic_paths.values())[0]
