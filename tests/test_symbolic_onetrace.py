@@ -18,7 +18,7 @@ from tgc.codegen import sizes
 from tgc.dtype import dtypes
 from tgc.engine.compare import compare
 from tgc.engine.inputs import random_inputs
-from tgc.ir.symsize import NotTraceable, SymFloat, SymSize, checked_at
+from tgc.ir.symsize import NotTraceable, SymFloat, SymSize, checked_at, decided_from
 from tgc.ir.uop import Ops, UOp
 
 KERNELS = pathlib.Path(__file__).resolve().parent.parent / "kernels"
@@ -184,3 +184,92 @@ def test_a_loop_over_a_sum_of_dims_names_its_kernel_by_an_identifier(tmp_path):
     write(prog, tmp_path / "s.tgpkg", "CPU", None)
     x = np.arange(11, dtype=np.float32)
     np.testing.assert_array_equal(tgc.load_package(tmp_path / "s.tgpkg").run(x=x)["out0"], x[2:] + x[:-2])
+
+
+def _same_plan(plan, other) -> None:
+    """The one trace's plan is the probe path's: the same AST nodes, sources, fast variants, buffers, signature."""
+    assert len(plan.asts) == len(other.asts) and all(a is b for a, b in zip(plan.asts, other.asts))
+    assert [k.name for k in plan.kernels] == [k.name for k in other.kernels]
+    assert [k.src for k in plan.kernels] == [k.src for k in other.kernels]
+    assert [_src(k) for k in plan.fast] == [_src(k) for k in other.fast]
+    assert [_src(k) for k in plan.unthreaded] == [_src(k) for k in other.unthreaded]
+    assert plan.signature == other.signature and plan.trusted_from == other.trusted_from
+    assert [(s.dtype, s.shape, s.input) for s in plan.slots] == [(s.dtype, s.shape, s.input) for s in other.slots]
+    assert plan.kernel_slots == other.kernel_slots and plan.input_shapes == other.input_shapes
+    assert plan.shapes == other.shapes
+
+
+@pytest.mark.parametrize("name, classes, runs", [
+    # argmax: its countdown is arange(K) (an integer length, no float division of the size)
+    ("argmax.tg", [(("N", "n"), ("K", "n")), (("N", "1"), ("K", "n"))],
+     [{"N": 1, "K": 33}, {"N": 33, "K": 300}, {"N": 300, "K": 7}]),
+    # conv2d: the scheduler's read count of the padded window (9HW // (H+2)(W+2)) is the same at both probes
+    ("conv2d.tg", [tuple((n, "n") for n in "NCHWO"), (("N", "1"),) + tuple((n, "n") for n in "CHWO")],
+     [{"N": 1, "C": 3, "H": 33, "W": 5, "O": 2}, {"N": 2, "C": 1, "H": 7, "W": 300, "O": 3},
+      {"N": 3, "C": 2, "H": 33, "W": 33, "O": 5}]),
+])
+def test_argmax_and_conv2d_trace_once_as_the_probes(name, classes, runs, monkeypatch):
+    prog = tgc.load(KERNELS / name)
+    probed = tgc.load(KERNELS / name)
+    probed.one_trace = False
+    for cls in classes:
+        counts = _counted(monkeypatch)
+        plan = prog.compile_symbolic("CPU", size_class=cls)
+        assert prog.symbolic_paths[("CPU", cls)] == "one trace" and counts == {"trace": 1, "schedule": 1}
+        other = probed.compile_symbolic("CPU", size_class=cls)
+        assert probed.symbolic_paths[("CPU", cls)].startswith("probes")
+        _same_plan(plan, other)
+    for dims in runs:
+        inputs = random_inputs(prog, dims, seed=3)
+        got = prog.run(device="CPU", symbolic=True, **inputs)
+        _check(prog, got, dims, inputs)
+
+
+def test_a_slice_past_both_ends_is_checked_where_it_clamps():
+    """`y[-100:100]`: traced at the probes (N > 200) it is empty, its start N - 100 and its stop 100; below
+    N = 201 those clamps differ (numpy gives all of y at 33, y[50:100] at 150): the plan is trusted only from
+    where its size decisions hold, and checked against the source below (it gave an empty array at 33)."""
+    prog = tgc.loads("y: f32[N]\nreturn y[-100:100] * 2.0")
+    plan = prog.compile_symbolic("CPU")
+    assert list(prog.symbolic_paths.values()) == ["one trace"] and plan.trusted_from > 200
+    for n in (1, 33, 100, 150, 200, 201, 300):
+        y = np.linspace(-1, 1, n, dtype=np.float32)
+        got = np.asarray(prog.run(device="CPU", symbolic=True, y=y)["out0"])
+        np.testing.assert_array_equal(got, y[-100:100] * 2, err_msg=f"N={n}")
+
+
+def test_size_decisions_bound_the_trusted_sizes():
+    n = SymSize.dim("N", 211)
+    with checked_at(({"N": 211}, {"N": 223})) as decided:
+        assert n - 100 > 0 and not 200 - n > 0 and n != 100 and n > 1 and n < 2 ** 31
+    assert decided_from(decided) == 201  # (N < 2**31 bounds from above: not counted)
+    with checked_at(({"N": 211}, {"N": 223})):
+        assert (9 * n * n) // ((n + 2) * (n + 2)) == 8  # the same quotient at both probes: a plain int
+        with pytest.raises(NotTraceable):
+            (n * n) // (n + 7)  # 204 at N = 211, 216 at N = 223
+
+
+def test_slices_with_a_step_of_minus_one_trace_once():
+    """A reversed slice over a dim (`x[::-1]`, `x[-2::-1]`) is traced once, as the probes' plan; one the probes
+    cannot serve (`x[:3:-1]`, `x[5:-300:-1]`: constants past the sizes) is traced once too, right at every size
+    (checked against the source where its clamps differ). A step of 2 (a floor division of the size) refuses."""
+    decl = "x: f32[N]\nm: f32[R, C]\nreturn "
+    for expr in ("x[::-1] * 2.0", "x[-2::-1] + m[::-1, 1:].sum()", "m[:, -1:0:-1] * 2.0"):
+        prog, probed = tgc.loads(decl + expr), tgc.loads(decl + expr)
+        probed.one_trace = False
+        plan, other = prog.compile_symbolic("CPU"), probed.compile_symbolic("CPU")
+        assert list(prog.symbolic_paths.values()) == ["one trace"], expr
+        _same_plan(plan, other)
+    prog = tgc.loads(decl + "x[::-1] * 2.0, x[:3:-1], x[5:-300:-1] + 1.0, m[::-1, 1:], m[:, -1:0:-1]")
+    prog.compile_symbolic("CPU")
+    assert list(prog.symbolic_paths.values()) == ["one trace"]
+    for n in (1, 2, 5, 33, 300):
+        x = np.linspace(-1, 1, n, dtype=np.float32)
+        m = np.arange(n * 7, dtype=np.float32).reshape(n, 7)
+        got = prog.run(device="CPU", symbolic=True, x=x, m=m)
+        want = [x[::-1] * 2, x[:3:-1], x[5:-300:-1] + 1, m[::-1, 1:], m[:, -1:0:-1]]
+        for i, w in enumerate(want):
+            np.testing.assert_array_equal(np.asarray(got[f"out{i}"]), w, err_msg=f"N={n} out{i}")
+    stepped = tgc.loads("x: f32[N]\nreturn x[::2] * 2.0")
+    stepped.run(device="CPU", symbolic=True, x=np.ones(5, np.float32))
+    assert "a slice with a step" in list(stepped.symbolic_paths.values())[0]

@@ -57,7 +57,7 @@ from tgc.engine.schedule import ScheduleItem, create_schedule, kernel_name, spli
 from tgc.env import debug_level, env_flag, env_int
 from tgc.errors import BindError, CompileError, TgcError
 from tgc.ir.shapes import prod, shape_of
-from tgc.ir.symsize import NotTraceable, SymSize, checked_at
+from tgc.ir.symsize import NotTraceable, SymSize, checked_at, decided_from
 from tgc.ir.uop import Ops, UOp
 from tgc.onnx import at_node as onnx_at_node
 from tgc.onnx import read_model
@@ -655,8 +655,9 @@ class Program:
         p1, p2 = sizes.probes(cls)  # traced at the first; each size decision must come out the same at both
         tagged = {n: SymSize.dim(n, v) if n in symbolic else v for n, v in p1.items()}
         try:
-            with checked_at((p1, p2)):
+            with checked_at((p1, p2)) as decided:
                 outs, bufs = self._trace(tagged)
+                traced_from = decided_from(decided)  # (the graph's decisions: the scheduler's are its heuristics')
                 items = [i for i in create_schedule(outs, dev.caps, split_columns=False) if i.ast.src]
             if any("attention" in i.meta or "unfused_ast" in i.meta for i in items):
                 # the fused attention's schedule at the representative size, where the heuristic picks the fast
@@ -678,9 +679,12 @@ class Program:
             rep_items = [ScheduleItem(sizes.instantiate_ast(a, rep), i.bufs, "", i.line, i.meta)
                          for a, i in zip(asts, items)]
             shapes = [sizes.name_shape(kernel_name(i.ast)) for i in rep_items]
-            return self._plan_from(dev, cls, bound, templates_only, symbolic, p1, items, asts, slots, kslots,
+            plan = self._plan_from(dev, cls, bound, templates_only, symbolic, p1, items, asts, slots, kslots,
                                    oslots, signature, in_shapes, None if env_flag("NOOPT") else rep_items, shapes,
                                    named=True)
+            # below the sizes its graph's decisions hold from (a slice's clamp at `N - 100`), the source checks it
+            plan.trusted_from = max(plan.trusted_from, traced_from)
+            return plan
         except NotTraceable as e:
             return str(e)
         except TgcError as e:

@@ -1760,7 +1760,7 @@ def _class_minimum(prog: Any, plan: Any, cls: tuple) -> dict[str, int]:
     graph, which `bind` reads as another graph, whatever the sizes."""
     from tgc.codegen import sizes
     sym = list(plan.symbolic)
-    top = sizes.trusted_from(plan.signature)
+    top = plan.trusted_from  # (one trace: raised to where its size decisions hold, `symsize.decided_from`)
     fixed = {n: int(c) for n, c in cls if c not in sizes.SYMBOLIC}
 
     def holds(dims: dict[str, int]) -> bool:

@@ -270,17 +270,20 @@ def index_list(values: Any) -> indexing.IndexList:
 
 def _slice_indices(it: slice, size: int) -> tuple[int, int, int]:
     """`slice.indices(size)`; for a size of the dims (`SymSize`, traced once) the same clamps written with its
-    comparisons (which the size class answers), steps of 1 only (`slice.indices` would read the raw number)."""
+    comparisons (which the size class answers), steps of 1 and -1 only (another step's length is a floor
+    division of the size; `slice.indices` would read the raw number)."""
     if not isinstance(size, SymSize):
         return it.indices(size)
-    if it.step not in (None, 1):
+    if it.step not in (None, 1, -1):
         raise NotTraceable("a slice with a step over a dim")
+    step = 1 if it.step is None else it.step
+    low, high = (0, size) if step > 0 else (-1, size - 1)  # as `slice.indices` clamps for the step's sign
 
     def clamp(v: int | None, default: int) -> int:
         if v is None:
             return default
-        return max(v + size, 0) if v < 0 else min(v, size)
-    return clamp(it.start, 0), clamp(it.stop, size), 1
+        return max(v + size, low) if v < 0 else min(v, high)
+    return clamp(it.start, 0 if step > 0 else size - 1), clamp(it.stop, size if step > 0 else -1), step
 
 
 def getitem(x: Tensor, index: Any) -> Tensor:
@@ -315,7 +318,7 @@ def getitem(x: Tensor, index: Any) -> Tensor:
             steps.append(1)
         else:
             start, stop, step = _slice_indices(it, size)
-            n = len(range(start, stop, step)) if not isinstance(size, SymSize) else max(stop - start, 0)
+            n = len(range(start, stop, step)) if not isinstance(size, SymSize) else max((stop - start) * step, 0)
             if step > 0:
                 bounds.append((start, start + (n - 1) * step + 1) if n else (start, start))
                 flips.append(False)

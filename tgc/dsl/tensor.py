@@ -904,7 +904,10 @@ def arange(start, stop=None, step=1, dtype: DType | None = None) -> Tensor:
         raise DslError("arange step must not be 0")
     is_float = any(isinstance(v, float) for v in (start, stop, step))
     dtype = dtype or (dtypes.f32 if is_float else dtypes.i32)
-    n = max(0, math.ceil((stop - start) / step))
+    if is_float:
+        n = max(0, math.ceil((stop - start) / step))
+    else:  # integer ceiling division: exact, and a size variable's (`SymSize`) length stays a polynomial
+        n = max(0, -((start - stop) // step))
     idx = _iota(n)
     return (idx.cast(dtype) * step + start) if (step != 1 or start != 0) else idx.cast(dtype)
 

@@ -40,14 +40,36 @@ UNIT = 32  # class 32n: the multiples of this (`tgc.sizeexpr.UNIT`)
 _POINTS: contextvars.ContextVar[tuple[Mapping[str, int], ...]] = contextvars.ContextVar("points", default=())
 
 
+# the decisions answered within `checked_at`: (the polynomial, its sign at the traced sizes and the probes)
+_DECIDED: contextvars.ContextVar[list[tuple[dict[tuple[str, ...], int], int]] | None] = \
+    contextvars.ContextVar("decided", default=None)
+
+
 @contextlib.contextmanager
-def checked_at(points: Sequence[Mapping[str, int]]) -> Iterator[None]:
-    """Within: every size decision must come out the same at each of these dims (the probes)."""
-    token = _POINTS.set(tuple(points))
+def checked_at(points: Sequence[Mapping[str, int]]) -> Iterator[list[tuple[dict[tuple[str, ...], int], int]]]:
+    """Within: every size decision must come out the same at each of these dims (the probes). Yields the list
+    of the decisions answered (a polynomial of the dims and its sign), for `decided_from`."""
+    decided: list[tuple[dict[tuple[str, ...], int], int]] = []
+    token, token2 = _POINTS.set(tuple(points)), _DECIDED.set(decided)
     try:
-        yield
+        yield decided
     finally:
         _POINTS.reset(token)
+        _DECIDED.reset(token2)
+
+
+def decided_from(decided: Sequence[tuple[Mapping[tuple[str, ...], int], int]]) -> int:
+    """The least size from which every symbolic dim keeps the answers of these decisions, as far as they are
+    bounds from below: a polynomial whose every term of the dims has the sign it had (`N - 100 > 0`, `200 - N <
+    0`, `N != 100`) keeps it wherever every dim exceeds its constant. (A slice of `y[-100:100]` clamps otherwise:
+    the plan is checked against the source below it.) Other decisions (`N < 300`, bounds from above) are not
+    bounded here."""
+    least = 2
+    for t, s in decided:
+        lead = [c for k, c in t.items() if k]
+        if s and lead and all((c > 0) == (s > 0) for c in lead):
+            least = max(least, abs(t.get((), 0)) + 1)
+    return least
 
 
 class NotTraceable(Exception):
@@ -95,7 +117,14 @@ def _sign(value: int, t: dict[tuple[str, ...], int], a: Any, op: str, b: Any) ->
         v = _eval(t, pt)
         if (v > 0) - (v < 0) != s:
             return _refuse(a, op, b)
+    _decided(t, s)
     return s
+
+
+def _decided(t: dict[tuple[str, ...], int], s: int) -> None:
+    decided = _DECIDED.get()
+    if decided is not None:
+        decided.append((dict(t), s))
 
 
 def _num(v: Any) -> bool:
@@ -146,6 +175,7 @@ class SymSize(int):
         value = self.value - (other.value if isinstance(other, SymSize) else int(other))
         if value == 0 or any(_eval(diff, pt) == 0 for pt in _POINTS.get()):
             return _refuse(self, "==", other)
+        _decided(diff, (value > 0) - (value < 0))
         return False
 
     def __ne__(self, other: object) -> bool:
@@ -239,8 +269,23 @@ class SymSize(int):
     def __floordiv__(self, other: Any) -> Any:
         q = self._divided(other)
         if q is None:
-            return _refuse(self, "//", other)
+            return self._same_quotient(other)
         return _make(self.value // (other.value if isinstance(other, SymSize) else other), q)
+
+    def _same_quotient(self, other: Any) -> int:
+        """`self // other` that does not divide exactly: a plain int where it is the same at the traced sizes
+        and at every check point (a ratio of sizes, as a heuristic's read-count, that the probes agree on); a
+        quotient that differs between them (a floor division of a dim, `N // 2`) is refused."""
+        pts = _POINTS.get()
+        positive = isinstance(other, SymSize) or (isinstance(other, int) and not isinstance(other, bool))
+        if not pts or not positive or not other > 0:
+            return _refuse(self, "//", other)
+        q = self.value // (other.value if isinstance(other, SymSize) else other)
+        for pt in pts:
+            d = _eval(other.terms, pt) if isinstance(other, SymSize) else other
+            if d <= 0 or _eval(self.terms, pt) // d != q:
+                return _refuse(self, "//", other)
+        return q
 
     def __mod__(self, other: Any) -> Any:
         if self._divided(other) is not None:
@@ -398,4 +443,4 @@ def is_symbolic(v: Any) -> bool:
     return isinstance(v, (SymSize, SymFloat))
 
 
-__all__ = ["Mono", "SMALLEST", "NotTraceable", "SymSize", "SymFloat", "checked_at", "is_symbolic"]
+__all__ = ["Mono", "SMALLEST", "NotTraceable", "SymSize", "SymFloat", "checked_at", "decided_from", "is_symbolic"]
