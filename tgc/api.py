@@ -1309,8 +1309,8 @@ class BoundKernel(Kernel):
 
 
 def _unfused(item: ScheduleItem) -> ScheduleItem:
-    """`item` with its plain lowering where the scheduler fused an attention (`meta["unfused_ast"]`): a symbolic
-    plan's kernels are lowered for every size, which the fused attention's lowering (constant sizes) is not."""
+    """`item` with its plain lowering where the scheduler fused an attention (`meta["unfused_ast"]`): what the
+    heuristic's opts are picked on for a symbolic plan's kernel that keeps the chain (`_symbolic_ast`)."""
     plain = item.meta.get("unfused_ast")
     return item if plain is None else ScheduleItem(plain, item.bufs, item.name, item.line, item.meta)
 

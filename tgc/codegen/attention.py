@@ -31,7 +31,9 @@ polynomial per key. Its size does not grow with the head dimension.
 The scores live in registers for one block and are never stored; the accumulators are updated with ACCUMULATE
 MUL then ADD (no new linear op: every renderer and the PYTHON device run it; the PYTHON device steps a loop that
 reads an accumulator it updates one index at a time). Keys past the end of the last block read the last key
-(clamped index) and get weight 0, so no load leaves its buffer.
+(clamped index) and get weight 0, so no load leaves its buffer. Where the batch axes, query rows or keys are dims
+(a symbolic plan's kernel; the head dims are constants), the last row tile and key block are always masked and
+nothing is staged in shared memory.
 """
 
 from __future__ import annotations

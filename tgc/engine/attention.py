@@ -31,11 +31,13 @@ with the batch axes, the query row and the output column `rdv` LOOP ranges (the 
 vary by) and the score's inner products REDUCEs over the head dimension. `tgc.codegen.attention` reads the
 pieces back from it (`spec_of`) and
 chooses its forms (blocks of keys, rows per vector, shared-memory staging) by rules over it. `meta["unfused_ast"]`
-keeps the plain lowering of the chain (the row max and sum as nested reductions) for symbolic-size plans only
-(`tgc.api`: the fused lowering needs constant sizes).
+keeps the plain lowering of the chain (the row max and sum as nested reductions) for symbolic-size plans whose
+head dims are dims (`tgc.api`: `spec_of` reads a kernel whose batch axes, query rows or keys are dims, not one
+whose head dims are).
 
 What is not fused: a softmax over another axis, `log_softmax` itself (not followed by exp), weights not
-followed by a matmul over their last axis, a head dimension above `MAX_HEAD_DIM`, symbolic sizes, non-float
+followed by a matmul over their last axis, a head dimension above `MAX_HEAD_DIM`, `SymSize` sizes (a symbolic
+plan's one trace; its probes, at constant sizes, fuse), non-float
 results: those keep the ordinary schedule.
 """
 
