@@ -15,6 +15,7 @@ import numpy as np
 from tgc import progcache, timings
 from tgc.backends import canonical, default_device, device_class, get_device, known_kinds, one_device
 from tgc.codegen import search, sizes
+from tgc.codegen.attention import attention_kernel, is_fused_attention
 from tgc.codegen.kernel import (
     Kernel,
     build_kernel,
@@ -24,7 +25,7 @@ from tgc.codegen.kernel import (
     prepare_ast,
     symbolic_work,
 )
-from tgc.codegen.opt import OptError, OptOps
+from tgc.codegen.opt import Opt, OptError, OptOps
 from tgc.codegen.pipeline import heuristic_opts
 from tgc.codegen.search import DEFAULT_BUDGET_S, beam_items, lookup
 from tgc.dsl.frontend import (
@@ -558,10 +559,10 @@ class Program:
             return "its operations change with the sizes (a loop over a dim is unrolled: its length depends on it)"
         for probe, outs in zip((p1, p2), traced):
             try:
-                items = [_unfused(i) for i in create_schedule(outs, dev.caps, split_columns=False) if i.ast.src]
+                items = [i for i in create_schedule(outs, dev.caps, split_columns=False) if i.ast.src]
             except TgcError as e:
                 return f"at sizes {probe}: {e.msg}"
-            asts = [sizes.symbolize_ast(i.ast, probe, symbolic, bound) for i in items]
+            asts = [_symbolic_ast(i, probe, symbolic, bound) for i in items]
             slots, kslots, oslots = sizes.slots_of(items, outs, probe, symbolic)
             runs.append((outs, items, asts, slots, kslots, oslots))
         (outs1, items1, asts1, slots1, k1, o1), (_, items2, asts2, slots2, k2, o2) = runs
@@ -620,6 +621,9 @@ class Program:
             fast.append(None)
             tails.append([])
             if templates_only:
+                continue
+            if is_fused_attention(ast):  # its fast variant: the same kernel with threads (tgc.codegen.attention)
+                fast[-1] = _fast_attention(sym_item, dev, rep, kname) if rep_items is not None else None
                 continue
             split = None
             if rep_items is not None and not dev.caps.gpu and any(c == "n" for _, c in cls):
@@ -1286,10 +1290,10 @@ class SymbolicPlan:
             return "the program's operations differ at these sizes (a slice or index that clamps)"
         # where the scheduler cuts the same kernels at these sizes (it may not: small matmuls are not packed,
         # which the plan's kernels still compute right), each must be the plan's kernel at these sizes
-        items = [_unfused(i) for i in create_schedule(outs, self.device.caps, split_columns=False) if i.ast.src]
+        items = [i for i in create_schedule(outs, self.device.caps, split_columns=False) if i.ast.src]
         if [sizes.name_shape(i.name) for i in items] == self.shapes:
             for item, ast in zip(items, self.asts):
-                if sizes.instantiate_ast(ast, dims) is not item.ast:
+                if sizes.instantiate_ast(ast, dims) not in (item.ast, item.meta.get("unfused_ast")):
                     return f"kernel {item.name} differs from the size class's kernel at these sizes"
         return ""
 
@@ -1381,10 +1385,35 @@ class BoundKernel(Kernel):
 
 
 def _unfused(item: ScheduleItem) -> ScheduleItem:
-    """`item` with its plain lowering where the scheduler fused an attention (`meta["unfused_ast"]`): a symbolic
-    plan's kernels are lowered for every size, which the fused attention's lowering (constant sizes) is not."""
+    """`item` with its plain lowering where the scheduler fused an attention (`meta["unfused_ast"]`): what the
+    heuristic's opts are picked on for a symbolic plan's kernel that keeps the chain (`_symbolic_ast`)."""
     plain = item.meta.get("unfused_ast")
     return item if plain is None else ScheduleItem(plain, item.bufs, item.name, item.line, item.meta)
+
+def _symbolic_ast(item: ScheduleItem, probe: dict[str, int], symbolic: list[str], bound: int) -> UOp:
+    """`item`'s kernel AST with its sizes dim variables (`sizes.symbolize_ast`). A fused attention keeps its
+    online-softmax kernel where its head dims are constants (`is_fused_attention` of the symbolic AST: the batch,
+    query rows and keys may be dims); where a head dim is a dim, the plain lowering (`meta["unfused_ast"]`)."""
+    ast = sizes.symbolize_ast(item.ast, probe, symbolic, bound)
+    plain = item.meta.get("unfused_ast")
+    return ast if plain is None or is_fused_attention(ast) else sizes.symbolize_ast(plain, probe, symbolic, bound)
+
+
+def _fast_attention(item: ScheduleItem, dev: Any, rep: dict[str, int], name: str) -> Kernel | None:
+    """A symbolic fused attention's fast variant: a stored BEAM winner for its class, else the heuristic's form,
+    with the CPU's threads over its first loop (launched where the dims give them enough work); None where
+    there is nothing to add (a GPU or one core without a winner) or it does not apply."""
+    opts = lookup(item.ast, dev)
+    base = list(opts) if opts is not None else attention_kernel(item, dev).applied
+    if not dev.caps.gpu and dev.cores > 1 and not any(o.op is OptOps.THREAD for o in base):
+        base.append(Opt(OptOps.THREAD, 0, dev.cores))
+    elif opts is None:
+        return None
+    try:
+        return build_symbolic_kernel(item, dev, rep, name, opts=base)
+    except (OptError, CompileError):
+        return None
+
 
 def _at_trace_sizes(node: UOp, memo: dict[UOp, UOp]) -> UOp:
     """A kernel buffer of a trace with `SymSize` dims as a node of its shape at the traced sizes (an input's

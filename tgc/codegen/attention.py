@@ -31,7 +31,9 @@ polynomial per key. Its size does not grow with the head dimension.
 The scores live in registers for one block and are never stored; the accumulators are updated with ACCUMULATE
 MUL then ADD (no new linear op: every renderer and the PYTHON device run it; the PYTHON device steps a loop that
 reads an accumulator it updates one index at a time). Keys past the end of the last block read the last key
-(clamped index) and get weight 0, so no load leaves its buffer.
+(clamped index) and get weight 0, so no load leaves its buffer. Where the batch axes, query rows or keys are dims
+(a symbolic plan's kernel; the head dims are constants), the last row tile and key block are always masked and
+nothing is staged in shared memory.
 """
 
 from __future__ import annotations
@@ -67,6 +69,28 @@ def _f32(u: UOp) -> UOp:
 
 def _c(v: float) -> UOp:
     return UOp.const(dtypes.f32, v)
+
+
+def _keys(sp: Any, block: int) -> int:
+    """Keys per block: `block`, cut to the key count where that is a constant (a dim: the last block masked)."""
+    return block if sp.tk is None else min(block, sp.tk)
+
+
+def _blocks(n: UOp, size: int) -> UOp:
+    """ceil(n / size) for a size `n` (a constant or an expression of dims)."""
+    if n.op is Ops.CONST:
+        return UOp.const(INDEX, -(-n.arg // size))
+    return simplify((n + UOp.const(INDEX, size - 1)) // UOp.const(INDEX, size))
+
+
+def _ragged(n: UOp, size: int) -> bool:
+    """Tiles of `size` leave a partial last one (always assumed where `n` is a dim)."""
+    return n.op is not Ops.CONST or n.arg % size != 0
+
+
+def _clamp(i: UOp, n: UOp) -> UOp:
+    """min(i, n - 1): an index past the end reads the last element."""
+    return simplify((i < n).where(i, simplify(n - UOp.const(INDEX, 1))))
 
 
 def _staged_loads(sp: Any) -> list[tuple[UOp, list[UOp], list[int], int]]:
@@ -248,16 +272,16 @@ class AttentionKernel:
             rows = max(self.rows, 1) * amt
             if amt < 2 or rows not in ROW_CHOICES:
                 raise OptError(f"{rows} query rows per vector: the rows form takes {ROW_CHOICES}")
-            if rows * min(self.block or ROW_BLOCK, sp.tk) > ROW_BLOCK_VALUES:
+            if rows * _keys(sp, self.block or ROW_BLOCK) > ROW_BLOCK_VALUES:
                 raise OptError(f"{rows} rows x {self.block} keys: over {ROW_BLOCK_VALUES} scores in registers")
             self.rows = rows
         elif opt.op is OptOps.UNROLL and opt.axis == self.key_axis:
             block = max(self.block, 1) * amt
             if amt < 2 or block > MAX_BLOCK:
                 raise OptError(f"{block} keys per block: a block holds 2..{MAX_BLOCK}")
-            if self.rows * min(block, sp.tk) > ROW_BLOCK_VALUES:
+            if self.rows * _keys(sp, block) > ROW_BLOCK_VALUES:
                 raise OptError(f"{self.rows} rows x {block} keys: over {ROW_BLOCK_VALUES} scores in registers")
-            if _terms(sp, {"rows": self.rows, "block": min(block, sp.tk)}) > MAX_SEARCH_TERMS:
+            if _terms(sp, {"rows": self.rows, "block": _keys(sp, block)}) > MAX_SEARCH_TERMS:
                 raise OptError(f"a block of {block} keys writes out more than {MAX_SEARCH_TERMS} terms")
             self.block = block
         elif opt.op is OptOps.THREAD and opt.axis == 0:
@@ -292,11 +316,13 @@ class AttentionKernel:
         "block": keys per block, "threads": CPU threads (0 on GPUs, under NOOPT or without loops)}."""
         sp = self.spec
         rows = self.rows
-        block = min(self.block or (ROW_BLOCK if rows else BLOCK), sp.tk)
+        block = _keys(sp, self.block or (ROW_BLOCK if rows else BLOCK))
         threads = self.threads
         if not self.threads_chosen:
             threads = 0
-            if not self.device.caps.gpu and sp.loops and not env_flag("NOOPT"):
+            fixed = sp.tk is not None and all(r.src[0].op is Ops.CONST for r in sp.loops)
+            # (sizes that are dims: threads only as an opt chooses them, a symbolic plan's fast variant)
+            if not self.device.caps.gpu and sp.loops and not env_flag("NOOPT") and fixed:
                 n = 1
                 for r in sp.loops[:-1]:
                     n *= r.src[0].arg
@@ -342,11 +368,12 @@ def attention_kernel(item: Any, device: Any, opts: list[Opt] | None = None) -> A
 
 
 def lower_attention(item: Any, device: Any, name: str, opts: list[Opt] | None = None,
-                    trace: list[tuple[str, str]] | None = None) -> Any:
+                    trace: list[tuple[str, str]] | None = None, vals: tuple[int, ...] = ()) -> Any:
     """The fused attention kernel of `item` lowered for `device` (a `tgc.codegen.pipeline.LoweredKernel`), with the
     opts `opts` (`AttentionKernel`: [] is the unoptimized per-row form) or the heuristic's (None): an ordinary AST of
     REDUCE(ONLINE_SOFTMAX) (`online_softmax_ast`) that `pipeline.lower` takes, in every form. `trace`, when a list,
-    gets (pass name, text) for every pass, as `pipeline.lower` gives it."""
+    gets (pass name, text) for every pass, as `pipeline.lower` gives it. `vals`: the dim variables' values where
+    the rows, keys or batch axes are dims (a symbolic plan's kernel: `pipeline.lower`'s)."""
 
     k = attention_kernel(item, device, opts)
     sp = k.spec
@@ -360,7 +387,7 @@ def lower_attention(item: Any, device: Any, name: str, opts: list[Opt] | None = 
         ast = online_softmax_ast(sp, ch["block"], rows=ch["rows"])
         # the threads this kernel chose (BEAM's THREAD, one included) or counted: `apply_opts` splits the first loop
         threads = [Opt(OptOps.THREAD, 0, ch["threads"])] if ch["threads"] >= 1 else []
-        low = lower(ast, device, list(item.bufs), name, opts=threads, trace=trace)
+        low = lower(ast, device, list(item.bufs), name, opts=threads, trace=trace, vals=vals)
         low.applied = list(k.applied)
         return low
     # the per-row form; on a GPU each block of k and v staged into shared memory by work-groups of up to SHARED_ROWS
@@ -374,7 +401,7 @@ def lower_attention(item: Any, device: Any, name: str, opts: list[Opt] | None = 
         ast = online_softmax_ast(sp, ch["block"], width=VECTOR_WIDTH if vectors and not device.caps.gpu else 1)
     chosen = k.threads_chosen or (vectors and not device.caps.gpu)
     threads = [Opt(OptOps.THREAD, 0, ch["threads"])] if chosen and ch["threads"] > 1 else []
-    low = lower(ast, device, list(item.bufs), name, opts=threads, trace=trace)
+    low = lower(ast, device, list(item.bufs), name, opts=threads, trace=trace, vals=vals)
     low.applied = list(k.applied)
     return low
 
@@ -394,9 +421,10 @@ def online_softmax_ast(sp: Any, block: int, group: int = 0, width: int = 1, rows
     scores vary by, so `vectorize` makes it the lanes of the scores, the values and the REDUCE (per-lane m and l)."""
     ids = [u.arg[0] for e in (sp.x, sp.v, *sp.loops, sp.rj, sp.rdv) for u in e.toposort() if u.op is Ops.RANGE]
     next_id = max(ids, default=0) + 1
-    bk = min(block, sp.tk)
-    nblocks = -(-sp.tk // bk)
-    jb = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, nblocks),), (next_id, RangeKind.REDUCE)) if nblocks > 1 else None
+    bk, tk = _keys(sp, block), sp.rj.src[0]
+    nblocks = _blocks(tk, bk)
+    jb = UOp(Ops.RANGE, INDEX, (nblocks,), (next_id, RangeKind.REDUCE)) \
+        if nblocks.op is not Ops.CONST or nblocks.arg > 1 else None
     jj = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, bk),), (next_id + 1, RangeKind.UNROLL)) if bk > 1 else None
     parts = [r for r in (jb, jj) if r is not None]
     j = UOp.const(INDEX, 0)
@@ -406,7 +434,7 @@ def online_softmax_ast(sp: Any, block: int, group: int = 0, width: int = 1, rows
         j = j + jj
     j = simplify(j)
     x, v, out_index, gate = sp.x, sp.v, sp.out_index, ()
-    key = {sp.rj: simplify((j < UOp.const(INDEX, sp.tk)).where(j, UOp.const(INDEX, sp.tk - 1))) if sp.tk % bk else j}
+    key = {sp.rj: _clamp(j, tk) if _ragged(tk, bk) else j}
     if group:
         staged = _stage_shared(sp, UOp.const(INDEX, 0) if jb is None else jb, bk, group, next_id + 3)
         if staged is None:
@@ -417,16 +445,16 @@ def online_softmax_ast(sp: Any, block: int, group: int = 0, width: int = 1, rows
         gate = () if live is None else (live,)
     if rows:
         ri = sp.loops[-1]
-        tq = ri.src[0].arg
-        tile = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, -(-tq // rows)),), ri.arg)
+        tq = ri.src[0]
+        tile = UOp(Ops.RANGE, INDEX, (_blocks(tq, rows),), ri.arg)
         lane = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, rows),), (next_id + 11, RangeKind.UPCAST))
         row = simplify(tile * UOp.const(INDEX, rows) + lane)
-        if tq % rows:
-            row = simplify((row < UOp.const(INDEX, tq)).where(row, UOp.const(INDEX, tq - 1)))
+        if _ragged(tq, rows):
+            row = _clamp(row, tq)
         x, v, out_index = (substitute(e, {ri: row}) for e in (x, v, out_index))
     score = _f32(simplify(substitute(x, key)))
-    if sp.tk % bk:
-        score = UOp(Ops.WHERE, dtypes.f32, (simplify(j < UOp.const(INDEX, sp.tk)), score, _c(-math.inf)))
+    if _ragged(tk, bk):
+        score = UOp(Ops.WHERE, dtypes.f32, (simplify(j < tk), score, _c(-math.inf)))
     # the rows form's columns: a loop (the linearizer interchanges it into the key loop, o in local memory)
     col = UOp(Ops.RANGE, INDEX, (UOp.const(INDEX, sp.dv),), (next_id + 2, RangeKind.LOOP if rows else RangeKind.UPCAST))
     if width > 1 and sp.dv % width == 0 and sp.dv > width:  # the columns' lanes one UPCAST of a vector width
@@ -451,6 +479,8 @@ def _staging_plan(sp: Any, device: Any, block: int, group: int) -> tuple[int, in
     if not (group and sp.row_loop and sp.loops and sp.loops[-1].op is Ops.RANGE
             and sp.loops[-1].arg[1] is RangeKind.LOOP):
         return block, 0  # (one query row: nothing is shared across the rows of a work-group)
+    if sp.tk is None or sp.loops[-1].src[0].op is not Ops.CONST:
+        return block, 0  # (the rows or keys a dim, a symbolic plan's kernel: every thread reads k and v itself)
     group = min(group, sp.loops[-1].src[0].arg)
     per_key = _shared_bytes_per_key(sp)
     if per_key > limit:

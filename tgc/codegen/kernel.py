@@ -12,7 +12,7 @@ from typing import Any
 
 from tgc import cache, profile, timings
 from tgc.codegen import search
-from tgc.codegen.attention import is_fused_attention, lower_attention
+from tgc.codegen.attention import attention_kernel, is_fused_attention, lower_attention
 from tgc.codegen.binaries import compile_key as compile_key  # re-exported
 from tgc.codegen.index import is_index
 from tgc.codegen.opt import MIN_WORK_PER_THREAD, OptError, OptKernel, OptOps
@@ -508,6 +508,12 @@ atexit.register(_shutdown_pools)
 os.register_at_fork(after_in_child=_POOLS.clear)
 
 
+def _var_names(nodes: list[UOp]) -> list[str]:
+    """The dim variables (not `core_id`) of a kernel's nodes, in their kernel-argument order."""
+    vs = sorted({u.arg for u in nodes if u.op is Ops.DEFINE_VAR and u.arg[0] != "core_id"}, key=str)
+    return [v[0][len(VAR_PREFIX):] for v in vs]
+
+
 def build_symbolic_kernel(item: ScheduleItem, device: Any, probe: dict[str, int], name: str,
                           opts: list | None = None, compile: bool = True) -> Kernel:
     """A kernel whose sizes are dim variables (`tgc.codegen.sizes`), checked by the bounds verifier at the
@@ -518,10 +524,8 @@ def build_symbolic_kernel(item: ScheduleItem, device: Any, probe: dict[str, int]
     OptError when an opt does not apply to the symbolic kernel. `compile=False`: lowered only (no binary: its
     template, name and source, for who needs no launch)."""
 
-    def var_names(nodes: list[UOp]) -> list[str]:
-        vs = sorted({u.arg for u in nodes if u.op is Ops.DEFINE_VAR and u.arg[0] != "core_id"}, key=str)
-        return [v[0][len(VAR_PREFIX):] for v in vs]
-
+    if is_fused_attention(item.ast):
+        return _symbolic_attention(item, device, probe, name, opts, compile)
     ast = prepare_ast(item.ast, device)
     checks: list[tuple[str, UOp, int]] = value_checks(item.ast)
     if opts:
@@ -534,9 +538,9 @@ def build_symbolic_kernel(item: ScheduleItem, device: Any, probe: dict[str, int]
             for r in OptKernel(ast, device).ranges():
                 work = work * r.src[0]
             checks.append(("at least", work, 2 * MIN_WORK_PER_THREAD))
-    names = var_names(ast.toposort())
+    names = _var_names(ast.toposort())
     low = lower(ast, device, item.bufs, name, opts=list(opts or []), vals=tuple(probe[n] for n in names))
-    final = var_names(low.uops)
+    final = _var_names(low.uops)
     if final != names:  # a pass folded a variable away: lower again with the values in their final order
         names = final
         low = lower(ast, device, item.bufs, name, opts=list(opts or []), vals=tuple(probe[n] for n in names))
@@ -549,6 +553,39 @@ def build_symbolic_kernel(item: ScheduleItem, device: Any, probe: dict[str, int]
                   device=device, opts=low.applied, cache_key=key, var_names=tuple(names), checks=checks,
                   template=ast, grid=grid)
     if grid is not None:  # the grid at the probe sizes, as `vals` holds the probe values
+        kern.global_size = symbolic_grid(kern, probe)
+    return kern
+
+
+def _symbolic_attention(item: ScheduleItem, device: Any, probe: dict[str, int], name: str, opts: list | None,
+                        compile: bool) -> Kernel:
+    """`build_symbolic_kernel` of a fused attention (`attention.is_fused_attention`: the head dims constants, the
+    batch axes, query rows or keys dims): `lower_attention`'s online-softmax kernel, whose partial row tiles and
+    key blocks are masked at any size. Without `opts` the heuristic's form without threads; with them (an
+    `AttentionKernel`'s, THREAD included) a launch checks that the work is enough for the threads."""
+    checks: list[tuple[str, UOp, int]] = value_checks(item.ast)
+    if opts and any(o.op is OptOps.THREAD for o in opts):
+        k = attention_kernel(item, device, opts)  # (OptError where one does not apply)
+        work = UOp.const(dtypes.index, 4 * max(k.spec.dv, 1))
+        for r in (*k.spec.loops, k.spec.rj):
+            work = work * r.src[0]
+        checks.append(("at least", work, 2 * MIN_WORK_PER_THREAD))
+
+    names = _var_names(item.ast.toposort())
+    low = lower_attention(item, device, name, opts or None, vals=tuple(probe[n] for n in names))
+    final = _var_names(low.uops)
+    if final != names:  # a pass folded a variable away: lower again with the values in their final order
+        names = final
+        low = lower_attention(item, device, name, opts or None, vals=tuple(probe[n] for n in names))
+    binary, err, key = _compile_cached(device, low.src) if compile else (None, "not compiled", None)
+    launch = low.launch
+    grid = launch.get("grid")
+    kern = Kernel(name=name, src=low.src, binary=binary, uops=low.uops, ast=low.ast, bufs=low.bufs,
+                  global_size=launch.get("global_size", (1, 1, 1)), local_size=launch.get("local_size"),
+                  vals=tuple(probe[n] for n in names), flops=0, bytes_moved=0, line=item.line, compile_error=err,
+                  device=device, opts=low.applied, cache_key=key, var_names=tuple(names), checks=checks,
+                  template=item.ast, grid=grid)
+    if grid is not None:
         kern.global_size = symbolic_grid(kern, probe)
     return kern
 

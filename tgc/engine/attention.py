@@ -31,11 +31,13 @@ with the batch axes, the query row and the output column `rdv` LOOP ranges (the 
 vary by) and the score's inner products REDUCEs over the head dimension. `tgc.codegen.attention` reads the
 pieces back from it (`spec_of`) and
 chooses its forms (blocks of keys, rows per vector, shared-memory staging) by rules over it. `meta["unfused_ast"]`
-keeps the plain lowering of the chain (the row max and sum as nested reductions) for symbolic-size plans only
-(`tgc.api`: the fused lowering needs constant sizes).
+keeps the plain lowering of the chain (the row max and sum as nested reductions) for symbolic-size plans whose
+head dims are dims (`tgc.api`: `spec_of` reads a kernel whose batch axes, query rows or keys are dims, not one
+whose head dims are).
 
 What is not fused: a softmax over another axis, `log_softmax` itself (not followed by exp), weights not
-followed by a matmul over their last axis, a head dimension above `MAX_HEAD_DIM`, symbolic sizes, non-float
+followed by a matmul over their last axis, a head dimension above `MAX_HEAD_DIM`, `SymSize` sizes (a symbolic
+plan's one trace; its probes, at constant sizes, fuse), non-float
 results: those keep the ordinary schedule.
 """
 
@@ -90,7 +92,7 @@ class AttentionSpec:
     v: UOp
     out: UOp
     out_index: UOp
-    tk: int
+    tk: int | None  # the key count; None where it is a dim (`rj.src[0]` its expression)
     dv: int
     dtype: DType
     row_loop: bool = True  # loops[-1] is the query row (False for one query row, a decoding step: every loop is
@@ -342,14 +344,18 @@ def spec_of(ast: UOp) -> AttentionSpec | None:
     ranges = sorted({u for u in out_index.toposort() if u.op is Ops.RANGE}, key=lambda r: r.arg[0])
     rj, (x, v) = red.src[1], red.src[0].src
     x_ranges = {u for u in x.toposort() if u.op is Ops.RANGE}
-    if not ranges or ranges[-1] in x_ranges or any(r.arg[1] is not RangeKind.LOOP for r in ranges) or \
-            not all(r.src[0].op is Ops.CONST for r in (*ranges, rj)):
+    if not ranges or ranges[-1] in x_ranges or any(r.arg[1] is not RangeKind.LOOP for r in ranges):
         return None
     loops, rdv = tuple(ranges[:-1]), ranges[-1]  # the output column: the last range, which the scores do not vary by
+    # the head dims (the output columns, the inner products' lengths) constants; the batch axes, the query rows and
+    # the keys may be dims (a symbolic plan's kernel: `tgc.codegen.sizes`)
+    heads = [u for u in x_ranges if u.arg[1] is RangeKind.REDUCE and u is not rj]
+    if any(r.src[0].op is not Ops.CONST for r in (rdv, *heads)):
+        return None
     v_ranges = {u for u in v.toposort() if u.op is Ops.RANGE}
     row_loop = bool(loops) and loops[-1] not in v_ranges
-    return AttentionSpec(loops, rj, rdv, x, v, out, out_index, rj.src[0].arg, rdv.src[0].arg, value.dtype,
-                         row_loop=row_loop)
+    tk = rj.src[0].arg if rj.src[0].op is Ops.CONST else None
+    return AttentionSpec(loops, rj, rdv, x, v, out, out_index, tk, rdv.src[0].arg, value.dtype, row_loop=row_loop)
 
 
 def spec(low, root: UOp, m: Match) -> AttentionSpec:
