@@ -56,13 +56,17 @@ def _edit(src: str, old: str, new: str, count: int = 1) -> str:
 def test_hostile_edits_of_a_proven_kernel_are_not_proven():
     (src,) = _sources(SOFTMAX, {"N": 4, "D": 8})
     assert _proof(src) is not None
-    first_ptr = re.search(r"getelementptr inbounds float, ptr %data1, i32 (%v\d+)", src).group(1)
+    gep = re.search(r"  (%v\d+) = getelementptr inbounds float, ptr %data1, i32 (%v\d+)\n", src)
+
+    def index(value: str, define: str) -> str:
+        """`src` with its first read's index replaced by `value`, defined by `define` just before."""
+        return _edit(src, gep.group(0), f"  {define}\n  {gep.group(1)} = getelementptr inbounds float, ptr %data1, "
+                                         f"i32 {value}\n")
     hostile = {
         "a row past the buffer's end": _edit(src, "icmp slt i32 %r0, 4", "icmp slt i32 %r0, 5"),
         "a contract smaller than the kernel reads": _edit(src, '"bufs":[128,128]', '"bufs":[128,124]'),
         "a store through null": _edit(src, "store float %v8, ptr %acc0", "store float %v8, ptr null"),
-        "an index read from memory": _edit(src, f"ptr %data1, i32 {first_ptr}", "ptr %data1, i32 %vload", 1)
-        .replace("  %v6 = load", "  %vload = load i32, ptr %data0, align 4\n  %v6 = load", 1),
+        "an index read from memory": index("%w", "%w = load i32, ptr %data0, align 4"),
         "an over-aligned vector load": _edit(src, "load <8 x float>, ptr %v57, align 4",
                                              "load <8 x float>, ptr %v57, align 32"),
         "a loop that never counts up": _edit(src, "add nuw nsw i32 %r1, 1", "add nuw nsw i32 %r1, 0"),
@@ -76,6 +80,16 @@ def test_hostile_edits_of_a_proven_kernel_are_not_proven():
         "a pointer stored as a value": _edit(src, "store float %v8, ptr %acc0", "store ptr %data0, ptr %acc0"),
         "a second function": src + "\ndefine void @other(ptr %data0, i32 %core_id) #0 {\nentry:\n  ret void\n}\n",
     }
+    # a store whose real address (%bad, past the buffer) a trailing comment hides behind a good one
+    hidden = _edit(src, "  store <8 x float> %v61, ptr %v62, align 4",
+                   "  %bad = getelementptr inbounds float, ptr %data0, i32 1000\n"
+                   "  store <8 x float> %v61, ptr %bad, align 4 ; , ptr %v62, align 4")
+    hostile["a store's address behind a comment"] = hidden
+    # an index of -1 (a sign-extended true), one element before the buffer
+    hostile["an index made by sign-extending an i1"] = index("%w", "%w = sext i1 true to i32")
+    assert _proof(index("%w", "%w = zext i1 true to i32")) is not None  # (index 1: inside the buffer)
+    assert _proof(index("%w", "%w = and i32 %v2, 7")) is not None  # (and bounds an index)
+    hostile["a vector too wide for the stack"] = _edit(src, "<8 x float>", "<4096 x float>", count=0)
     for what, bad in hostile.items():
         assert _proof(bad) is None, what
 

@@ -35,6 +35,9 @@ import re
 from tgc.backends.remote.contract import Contract
 
 MAX_WORK = 1 << 20  # weighted instructions (vector lanes counted) per launch, all threads together
+MAX_LINES = 1500  # lines of a function proven (its stack frame, and the proof's own time, stay small)
+MAX_LANES = 64  # lanes of a vector type
+MAX_STACK = 64 << 10  # bytes of allocas
 
 _NAME = r"%[\w.$-]+"
 _SCALAR = r"(?:i\d+|half|bfloat|float|double)"
@@ -76,7 +79,7 @@ def _size(ty: str) -> int:
     m = re.fullmatch(rf"<(\d+) x ({_SCALAR})>", ty)
     n, s = (int(m.group(1)), m.group(2)) if m else (1, ty)
     bits = {"half": 16, "bfloat": 16, "float": 32, "double": 64}.get(s) or int(s[1:])
-    if bits % 8 or n < 1:
+    if bits % 8 or not 1 <= n <= MAX_LANES or bits > 64:
         raise _No
     return n * bits // 8
 
@@ -113,8 +116,10 @@ def _prove(src: str, contract: Contract) -> int:
     if len(defines) != 1 or lines.count("}") != 1:
         raise _No
     start, end = defines[0], lines.index("}")
-    if end < start:
+    if end < start or end - start > MAX_LINES:
         raise _No
+    if any(re.search(r'[;!"#{}\\]', ln) for ln in lines[start + 1:end]):
+        raise _No  # (a trailing comment could hide what a line does from the patterns below; no metadata)
     for ln in lines[:start] + lines[end + 1:]:
         m = _DECLARE.match(ln)
         if not (m and m.group(1) in _INTRINSICS) and not _ATTRS.match(ln):
@@ -298,7 +303,10 @@ class _Prover:
         if tok in ("zeroinitializer", "null"):
             return (0, 0)
         if re.fullmatch(r"-?\d+", tok):
-            return (int(tok),) * 2
+            v, w = int(tok), int(ty[1:]) if re.fullmatch(r"i\d+", ty) else 0
+            if w > 1:  # a literal as the signed value of its width (i8 200 is -56)
+                v = (v + 2 ** (w - 1)) % 2**w - 2 ** (w - 1)
+            return (v, v)
         return None
 
     def _uses(self, text: str) -> set[str]:
@@ -342,6 +350,8 @@ class _Prover:
                 raise _No
             self.allocas[name] = am.group(1)
             self.defined.add(name)
+            if sum(_size(t) for t in self.allocas.values()) > MAX_STACK:
+                raise _No
             return 1
         if op == "getelementptr":
             gm = re.fullmatch(rf"({_TYPE}), ptr ({_NAME}), (i32|i64) (\S+)", rest)
@@ -380,7 +390,9 @@ class _Prover:
             iv = None
             if re.fullmatch(r"i\d+", src_t) and re.fullmatch(r"i\d+", dst_t) and op in ("sext", "zext", "trunc"):
                 iv = self._val(km.group(2), src_t)
-                if op == "zext" and iv is not None and iv[0] < 0:
+                if src_t == "i1":  # (i1 values are kept as 0 and 1: a sign extension makes 1 into -1)
+                    iv = None if op == "sext" else (0, 1)
+                elif op == "zext" and iv is not None and iv[0] < 0:
                     iv = (0, 2 ** int(src_t[1:]) - 1)
             self._define(name, iv, self._poisoned(names, rest) or bool(flags) or op in ("fptosi", "fptoui"),
                          int(dst_t[1:]) if re.fullmatch(r"i\d+", dst_t) else None)
