@@ -89,6 +89,10 @@ def test_hostile_edits_of_a_proven_kernel_are_not_proven():
     hostile["an index made by sign-extending an i1"] = index("%w", "%w = sext i1 true to i32")
     assert _proof(index("%w", "%w = zext i1 true to i32")) is not None  # (index 1: inside the buffer)
     assert _proof(index("%w", "%w = and i32 %v2, 7")) is not None  # (and bounds an index)
+    # a counter read after its loop, where it equals its bound (index 32 of 32 floats: one past the end)
+    hostile["a loop counter used after its loop"] = _edit(
+        src, "loop1_exit:\n", "loop1_exit:\n  %w = add i32 %v2, %r1\n"
+        "  %g = getelementptr inbounds float, ptr %data1, i32 %w\n  %u = load float, ptr %g, align 4\n")
     hostile["a vector too wide for the stack"] = _edit(src, "<8 x float>", "<4096 x float>", count=0)
     for what, bad in hostile.items():
         assert _proof(bad) is None, what

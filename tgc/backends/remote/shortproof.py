@@ -276,18 +276,16 @@ class _Prover:
     def _check_loop_uses(self) -> None:
         """A loop's counter is used only inside its loop (and by its header's compare and latch's step); its step
         only by its phi; the compare only by the header's branch."""
-        for h, (ex, _, r, n, c) in self.loops.items():
-            for b, (_, insts) in enumerate(self.blocks):
-                for ln in insts:
-                    names = set(re.findall(_NAME + r"\b", ln.split(" = ", 1)[1] if " = " in ln else ln))
-                    if b == h:
-                        continue  # (the header: the pattern checked above)
-                    if c in names:
-                        raise _No
-                    if n in names:
-                        raise _No
-                    if r in names and not (h < b < ex):
-                        raise _No
+        used: dict[str, set[int]] = {}  # name -> the blocks that use it (one pass: linear in the source)
+        for b, (_, insts) in enumerate(self.blocks):
+            for ln in insts:
+                for x in re.findall(_NAME + r"\b", ln.split(" = ", 1)[1] if " = " in ln else ln):
+                    used.setdefault(x, set()).add(b)
+        for h, (ex, _, r, n, c) in self.loops.items():  # (the header's own lines: the pattern checked above)
+            if used.get(c, set()) - {h} or used.get(n, set()) - {h}:
+                raise _No
+            if any(b != h and not h < b < ex for b in used.get(r, ())):
+                raise _No
 
     # --- instructions
 
