@@ -22,6 +22,8 @@ What it accepts (anything else: None):
   index whose interval keeps the access inside that buffer's contract size, aligned no more than its address is
   known to be. Indices that may be poison (from a load, a fast-math flag, a wrapping flagged op) are refused.
   Integer division only by a constant other than 0 and -1. Pointers are used only as those bases and addresses.
+- size: at most `MAX_LINES` lines in the function, `MAX_LANES` lanes a vector, `MAX_STACK` bytes of allocas (the
+  kernel's stack frame stays small in the server's thread); no comments, metadata or quoted text in its body.
 
 The proof rests on the source the server compiled itself (a client cannot send a binary of its own) and on the
 launch meeting the contract; the server also runs inline only launches whose buffers are distinct and 64-byte
