@@ -29,6 +29,9 @@ class Contract:
     # of different arity can compile to one binary (a kernel that ignores a buffer is the code of one without
     # it), so which contract a launch of a name may meet is decided per source, not per binary
     functions: tuple[tuple[str, int, int], ...] = ()
+    # proven (`shortproof.prove_short`) to end soon and stay inside its buffers for every launch meeting this
+    # contract: a CPU server may run such a launch inline, without a launch worker
+    inline: bool = False
 
 
 @dataclass(frozen=True)

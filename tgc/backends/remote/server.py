@@ -14,8 +14,10 @@ device raised while running), 503 busy (too many sessions, shutting down), 507 d
 The requests of a batch run in order and stop at the first failure. A session runs one batch at a time.
 For the CPU, batches of different sessions run at once: buffers live in a shared arena and launches run in
 worker processes (`launcher`), which the server kills when a kernel is still running at the batch's
-deadline. Other devices run one batch at a time (their surface is not assumed thread-safe) and stop a batch
-at its deadline between launches. Bodies are read and parsed in parallel.
+deadline; a launch of a kernel proven short and inside its buffers (`shortproof`, checked when the server compiles
+it) runs inline in the request thread instead, with no worker round trip. Other devices run one batch at a time
+(their surface is not assumed thread-safe) and stop a batch at its deadline between launches. Bodies are read
+and parsed in parallel.
 
 Sessions belong to an owner: the name of the client's token (a server may take one token per client), or
 the client's address without a token; sessions are limited per owner and per address (see `Limits`).
@@ -152,6 +154,15 @@ def _device_attrs(dev: Any) -> dict[str, bool | int | float | str]:
     return {k: v for k, v in sorted(facts.items()) if type(v) in (bool, int, float, str)}
 
 
+class _Sized:
+    """A buffer's size alone, as `breach` reads it."""
+
+    __slots__ = ("size",)
+
+    def __init__(self, size: int):
+        self.size = size
+
+
 # requests that change no buffer: a copy out after which only these follow may be answered from the buffer itself
 _READ_ONLY = (P.CopyOut, P.ReadRange, P.Synchronize, P.GetProperties)
 
@@ -203,6 +214,8 @@ class RemoteServer:
         self._known: OrderedDict[str, Known] = OrderedDict()  # sha256(binary) -> what the source said, first wins
         self._workers: Any = None  # compile worker processes (CPU), started on the first compile
         self._workers_lock = threading.Lock()
+        self._proofs: OrderedDict[str, bool] = OrderedDict()  # sha256(src) -> proven short (`shortproof`)
+        self.inline_launches = 0  # CPU launches run inline, without a launch worker (for tests and logs)
         # open connections -> the time by which the request being read (or answer being written) must be done,
         # or None while a batch runs; the watchdog closes connections past it (slow or idle peers)
         self.conns: dict[Any, float | None] = {}
@@ -955,12 +968,29 @@ class RemoteServer:
         ok, value = entry
         if not ok:
             raise Refusal(422, "compile", str(value))
+        if known.contract is not None and self.uses_launch_workers and renderer is not None \
+                and renderer.language == "llvm":
+            known = dataclasses.replace(known, contract=self._proven(key, req.src, known.contract))
         h = P.digest(value)
         remember(session.known, h, known, 4096, replace=True)
         with self._cache_lock:
             remember(self._known, h, known, 1 << 16, replace=False)
         out[h] = value
         return h
+
+    def _proven(self, key: str, src: str, contract: Contract) -> Contract:
+        """`contract`, marked `inline` when kernel `src` (sha256 `key`) is proven short and safe under it
+        (`shortproof`; the proof is kept per source)."""
+        from tgc.backends.remote.shortproof import prove_short
+        with self._cache_lock:
+            proven = self._proofs.get(key)
+        if proven is None:
+            proven = prove_short(src, contract) is not None
+            with self._cache_lock:
+                self._proofs[key] = proven
+                while len(self._proofs) > 256:
+                    self._proofs.popitem(last=False)
+        return dataclasses.replace(contract, inline=True) if proven else contract
 
     def _do_Disassemble(self, session: Session, req: P.Disassemble, blobs, out) -> str:
         comp = self._compiler()
@@ -1074,40 +1104,71 @@ class RemoteServer:
 
     def _run_in_workers(self, session: Session, launches: list, label: Callable[[int, int], str]) -> list[float]:
         """Run launches (ProgramExec or GraphKernel) in a launch worker process, checked, in slices of
-        `GRAPH_SLICE`; their times. Launches are not started past the batch's deadline, and one still running
-        then is stopped: its worker is killed (either way a 408 refusal). `label(a, b)` names launches a..b in
-        messages."""
-        from tgc.backends.remote.launcher import Launch, LaunchCrashed, LaunchFailed, LaunchTimeout
+        `GRAPH_SLICE`, except those `_inline_ok` lets run in this thread (in order with the rest); their times.
+        Launches are not started past the batch's deadline, and one still running then is stopped: its worker is
+        killed (either way a 408 refusal). `label(a, b)` names launches a..b in messages."""
+        from tgc.backends.remote.launcher import Launch
         arena, times = self.allocator, []
-        for first in range(0, len(launches), self.GRAPH_SLICE):
-            if time.monotonic() > session.deadline:
-                raise self._late(f"stopped before {label(first, first)}")
-            part = []
-            for i, k in enumerate(launches[first:first + self.GRAPH_SLICE], first):
-                try:
-                    prog, contracts, lib, name, key = self._get(session.programs, k.prog, "program")
-                    handles = self._check_launch(session, k, contracts)
-                except Refusal as e:
-                    raise Refusal(e.status, e.kind, f"{label(i, i)}: {e.msg}") from None
-                part.append(Launch(f"{key}:{name}", name, lib, [arena.offset_of(h) for h in handles],
-                                   tuple(k.global_size), tuple(k.vals)))
-            last = first + len(part) - 1
+        first, part = 0, []
+        for i, k in enumerate(launches):
             try:
-                times += self.launchers.run(part, session.deadline)
-            except LaunchTimeout as e:
-                if self.verbose:
-                    print(f"tgc serve: {label(first, last)}: {e}", file=sys.stderr, flush=True)
-                if e.stopped_before is not None:
-                    raise self._late(f"stopped before {label(first + e.stopped_before, first + e.stopped_before)}"
-                                     ) from None
-                raise self._late(f"{e} in {label(first, last)}" if e.started else
-                                 f"{e} for {label(first, last)} ({self.concurrency} batches run launches at once)"
+                prog, contracts, lib, name, key = self._get(session.programs, k.prog, "program")
+                handles = self._check_launch(session, k, contracts)
+            except Refusal as e:
+                raise Refusal(e.status, e.kind, f"{label(i, i)}: {e.msg}") from None
+            if self._inline_ok(k, contracts, handles):  # proven short: here, after the launches before it
+                times += self._worker_part(session, part, first, label)
+                if time.monotonic() > session.deadline:
+                    raise self._late(f"stopped before {label(i, i)}")
+                t = prog(*handles, global_size=tuple(k.global_size), vals=tuple(k.vals), wait=True)
+                self.inline_launches += 1
+                times.append(float(t or 0.0))
+                first, part = i + 1, []
+                continue
+            part.append(Launch(f"{key}:{name}", name, lib, [arena.offset_of(h) for h in handles],
+                               tuple(k.global_size), tuple(k.vals)))
+            if len(part) == self.GRAPH_SLICE:
+                times += self._worker_part(session, part, first, label)
+                first, part = i + 1, []
+        return times + self._worker_part(session, part, first, label)
+
+    @staticmethod
+    def _inline_ok(k: P.ProgramExec | P.GraphKernel, contracts: tuple[Contract, ...], handles: list) -> bool:
+        """Whether a checked launch may run inline: it meets a contract proven short (`shortproof`), and its buffers
+        are 64-byte aligned (as the proof assumes) and do not overlap (its parameters are `noalias`)."""
+        if not any(c.inline for c in contracts):
+            return False
+        from tgc.backends.cpu import data_address
+        spans = sorted((data_address(h), data_address(h) + h.nbytes) for h in handles)
+        if any(a % 64 for a, _ in spans) or any(spans[j][1] > spans[j + 1][0] for j in range(len(spans) - 1)):
+            return False
+        glob = tuple([*k.global_size, 1, 1][:3])
+        return any(c.inline and breach(k, [_Sized(h.nbytes) for h in handles], glob, c) is None for c in contracts)
+
+    def _worker_part(self, session: Session, part: list, first: int, label: Callable[[int, int], str]
+                     ) -> list[float]:
+        """Run launches `part` (first.. in `label`'s numbers) in a launch worker; their times (`_run_in_workers`)."""
+        from tgc.backends.remote.launcher import LaunchCrashed, LaunchFailed, LaunchTimeout
+        if not part:
+            return []
+        if time.monotonic() > session.deadline:
+            raise self._late(f"stopped before {label(first, first)}")
+        last = first + len(part) - 1
+        try:
+            return self.launchers.run(part, session.deadline)
+        except LaunchTimeout as e:
+            if self.verbose:
+                print(f"tgc serve: {label(first, last)}: {e}", file=sys.stderr, flush=True)
+            if e.stopped_before is not None:
+                raise self._late(f"stopped before {label(first + e.stopped_before, first + e.stopped_before)}"
                                  ) from None
-            except LaunchCrashed as e:
-                raise Refusal(500, "device", f"{label(first, last)}: {e}") from None
-            except LaunchFailed as e:
-                raise Refusal(400, "device", f"{label(first, last)}: {e}") from None
-        return times
+            raise self._late(f"{e} in {label(first, last)}" if e.started else
+                             f"{e} for {label(first, last)} ({self.concurrency} batches run launches at once)"
+                             ) from None
+        except LaunchCrashed as e:
+            raise Refusal(500, "device", f"{label(first, last)}: {e}") from None
+        except LaunchFailed as e:
+            raise Refusal(400, "device", f"{label(first, last)}: {e}") from None
 
     def _do_ProgramExec(self, session: Session, req: P.ProgramExec, blobs, out) -> float | None:
         return self._launch(session, req, req.wait)  # (launch workers: see `_run`, which sends runs of these)

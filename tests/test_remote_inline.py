@@ -1,0 +1,171 @@
+"""A CPU server runs launches of kernels proven short inline, without a launch worker (issue 27 item 5), and sends
+every other launch to a worker as before: the proof (`shortproof.prove_short`) against tgc's own kernels and
+against hostile edits of them, and the server's choice, with results against numpy."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from tests.test_remote_datapath import _drop_remote_instances, _use_server_without_token
+from tests.test_remote_deadline import BUSY_SRC, SPIN_SRC, _load, _ok, _ready
+from tests.test_remote_server import batch, needs_cpu, post
+from tgc.backends.remote import protocol as P
+from tgc.backends.remote.contract import parse_contract
+from tgc.backends.remote.server import serve
+from tgc.backends.remote.shortproof import MAX_WORK, prove_short
+
+SOFTMAX = "x: f32[N, D]\nm = x.max(axis=1, keepdim=True)\ne = exp(x - m)\nreturn e / sum(e, axis=1, keepdim=True)\n"
+MLP = "x: f32[N, D]\nw: f32[D, D]\nh = relu(x @ w)\nreturn h @ w\n"
+
+
+def _sources(src: str, dims: dict[str, int]) -> list[str]:
+    import tgc
+    return [k.src for k in tgc.loads(src).compile(device="CPU", dims=dims)]
+
+
+def _proof(src: str) -> int | None:
+    return prove_short(src, parse_contract(src, "llvm").contract)
+
+
+@needs_cpu
+def test_small_tgc_kernels_are_proven_and_large_ones_are_not():
+    small = _sources(SOFTMAX, {"N": 4, "D": 8}) + _sources(MLP, {"N": 16, "D": 32})
+    for src in small:
+        work = _proof(src)
+        assert work is not None and 0 < work <= MAX_WORK, src
+    (big,) = _sources(SOFTMAX, {"N": 1024, "D": 1024})
+    assert _proof(big) is None  # bounded, but far more work than an inline launch may take
+
+
+@needs_cpu
+def test_kernels_that_may_not_end_or_take_vals_are_not_proven():
+    assert _proof(SPIN_SRC) is None  # a loop without an exit
+    assert _proof(BUSY_SRC) is None  # a trip count the launch chooses
+
+
+def _edit(src: str, old: str, new: str, count: int = 1) -> str:
+    out = src.replace(old, new, count) if count else src.replace(old, new)
+    assert out != src, old  # (the edit applies: the test checks what it says)
+    return out
+
+
+@needs_cpu
+def test_hostile_edits_of_a_proven_kernel_are_not_proven():
+    (src,) = _sources(SOFTMAX, {"N": 4, "D": 8})
+    assert _proof(src) is not None
+    gep = re.search(r"  (%v\d+) = getelementptr inbounds float, ptr %data1, i32 (%v\d+)\n", src)
+
+    def index(value: str, define: str) -> str:
+        """`src` with its first read's index replaced by `value`, defined by `define` just before."""
+        return _edit(src, gep.group(0), f"  {define}\n  {gep.group(1)} = getelementptr inbounds float, ptr %data1, "
+                                         f"i32 {value}\n")
+    hostile = {
+        "a row past the buffer's end": _edit(src, "icmp slt i32 %r0, 4", "icmp slt i32 %r0, 5"),
+        "a contract smaller than the kernel reads": _edit(src, '"bufs":[128,128]', '"bufs":[128,124]'),
+        "a store through null": _edit(src, "store float %v8, ptr %acc0", "store float %v8, ptr null"),
+        "an index read from memory": index("%w", "%w = load i32, ptr %data0, align 4"),
+        "an over-aligned vector load": _edit(src, "load <8 x float>, ptr %v57, align 4",
+                                             "load <8 x float>, ptr %v57, align 32"),
+        "a loop that never counts up": _edit(src, "add nuw nsw i32 %r1, 1", "add nuw nsw i32 %r1, 0"),
+        "a call of a libc function": _edit(src, "@llvm.trunc.f32", "@sleep", count=0),
+        "a division by a variable": _edit(src, "%v2 = mul i32 %r0, 8", "%v2 = sdiv i32 8, %r0"),
+        "a back edge from outside the loop": _edit(src, "  br label %loop0_exit\nloop0_exit:",
+                                                   "  br label %loop1_body\nloop0_exit:")
+        if "  br label %loop0_exit\nloop0_exit:" in src else _edit(src, "  ret void", "  br label %loop1_body"),
+        "a stack slot read wider than it is": _edit(src, "%v7 = load float, ptr %acc0",
+                                                    "%w = load <8 x float>, ptr %acc0\n  %v7 = load float, ptr %acc0"),
+        "a pointer stored as a value": _edit(src, "store float %v8, ptr %acc0", "store ptr %data0, ptr %acc0"),
+        "a second function": src + "\ndefine void @other(ptr %data0, i32 %core_id) #0 {\nentry:\n  ret void\n}\n",
+    }
+    # a store whose real address (%bad, past the buffer) a trailing comment hides behind a good one
+    hidden = _edit(src, "  store <8 x float> %v61, ptr %v62, align 4",
+                   "  %bad = getelementptr inbounds float, ptr %data0, i32 1000\n"
+                   "  store <8 x float> %v61, ptr %bad, align 4 ; , ptr %v62, align 4")
+    hostile["a store's address behind a comment"] = hidden
+    # an index of -1 (a sign-extended true), one element before the buffer
+    hostile["an index made by sign-extending an i1"] = index("%w", "%w = sext i1 true to i32")
+    assert _proof(index("%w", "%w = zext i1 true to i32")) is not None  # (index 1: inside the buffer)
+    assert _proof(index("%w", "%w = and i32 %v2, 7")) is not None  # (and bounds an index)
+    # a counter read after its loop, where it equals its bound (index 32 of 32 floats: one past the end)
+    hostile["a loop counter used after its loop"] = _edit(
+        src, "loop1_exit:\n", "loop1_exit:\n  %w = add i32 %v2, %r1\n"
+        "  %g = getelementptr inbounds float, ptr %data1, i32 %w\n  %u = load float, ptr %g, align 4\n")
+    hostile["a vector too wide for the stack"] = _edit(src, "<8 x float>", "<4096 x float>", count=0)
+    for what, bad in hostile.items():
+        assert _proof(bad) is None, what
+
+
+@pytest.fixture
+def cpu_server():
+    srv = serve("127.0.0.1", 0, "CPU", None).start()
+    yield srv
+    srv.shutdown()
+
+
+@needs_cpu
+def test_small_programs_run_inline_with_numpy_results(cpu_server, monkeypatch):
+    import tgc
+    _use_server_without_token(monkeypatch, cpu_server.port)
+    try:
+        rng = np.random.default_rng(0)
+        x, w = rng.standard_normal((16, 32)).astype(np.float32), rng.standard_normal((32, 32)).astype(np.float32)
+        prog = tgc.loads(MLP)
+        for _ in range(3):  # (new inputs each time: the inline launches read the buffers of this run)
+            x = rng.standard_normal((16, 32)).astype(np.float32)
+            out = prog.run(device="REMOTE", x=x, w=w)["out0"]
+            np.testing.assert_allclose(out, np.maximum(x @ w, 0) @ w, rtol=1e-4, atol=1e-4)
+        assert cpu_server.inline_launches == 6  # two kernels a run, none in a worker
+        s = rng.standard_normal((4, 8)).astype(np.float32)
+        e = np.exp(s - s.max(axis=1, keepdims=True))
+        np.testing.assert_allclose(tgc.loads(SOFTMAX).run(device="REMOTE", x=s)["out0"],
+                                   e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-6)
+        assert cpu_server.inline_launches == 7
+    finally:
+        _drop_remote_instances()
+
+
+@needs_cpu
+def test_a_kernel_not_proven_short_still_runs_in_a_worker(cpu_server, monkeypatch):
+    import tgc
+    _use_server_without_token(monkeypatch, cpu_server.port)
+    try:
+        s = np.random.default_rng(1).standard_normal((256, 256)).astype(np.float32)
+        e = np.exp(s - s.max(axis=1, keepdims=True))
+        np.testing.assert_allclose(tgc.loads(SOFTMAX).run(device="REMOTE", x=s)["out0"],
+                                   e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-6)
+        assert cpu_server.inline_launches == 0
+    finally:
+        _drop_remote_instances()
+    # a launch that chooses its own trip count (vals) goes to a worker, which the deadline can stop
+    srv, sid = cpu_server, "busy-inline-0123456789"
+    _load(srv.port, sid, BUSY_SRC, "busy")
+    results, blobs = _ok(srv.port, sid, P.ProgramExec(prog=1, bufs=(1,), global_size=(1, 1, 1), vals=(1000,)),
+                         P.CopyOut(buf=1))
+    assert np.frombuffer(blobs[results[1]], np.int32)[0] == 1000
+    assert srv.inline_launches == 0
+
+
+@needs_cpu
+def test_a_hostile_kernel_in_the_form_of_a_proven_one_is_refused_inline_and_loses_only_a_worker(cpu_server):
+    (src,) = _sources(SOFTMAX, {"N": 4, "D": 8})
+    bad = _edit(src, "store float %v8, ptr %acc0", "store float %v8, ptr null")
+    name = re.search(r"define void @([\w.]+)\(", bad).group(1)
+    srv, sid = cpu_server, "null-store-0123456789"
+    (h,), blobs = _ok(srv.port, sid, P.Compile(src=bad))
+    _ok(srv.port, sid, P.ProgramAlloc(prog=1, name=name, datahash=h), P.BufferAlloc(buf=1, size=128),
+        P.BufferAlloc(buf=2, size=128), blobs={h: bytes(blobs[h])})
+    _ready(srv)
+    status, kind, body = post(srv.port, batch(P.ProgramExec(prog=1, bufs=(1, 2), global_size=(1, 1, 1), wait=True)),
+                              session=sid)
+    assert (status, kind) == (500, "device") and b"worker process died" in body, body
+    assert srv.inline_launches == 0
+    # a proven kernel launched with one buffer twice (its parameters are noalias) also goes to a worker
+    (h,), blobs = _ok(srv.port, sid, P.Compile(src=src))
+    _ok(srv.port, sid, P.ProgramAlloc(prog=2, name=name, datahash=h), blobs={h: bytes(blobs[h])})
+    _ok(srv.port, sid, P.ProgramExec(prog=2, bufs=(1, 1), global_size=(1, 1, 1)))
+    assert srv.inline_launches == 0
+    _ok(srv.port, sid, P.ProgramExec(prog=2, bufs=(1, 2), global_size=(1, 1, 1)))
+    assert srv.inline_launches == 1
