@@ -11,7 +11,12 @@ Which nodes get a buffer of their own ("realized"):
   trip through memory: its ALU cost (a transcendental counts `TRANSCENDENTAL_COST`) times the extra times it
   would be recomputed (the broadcast factor minus one) is at least `RECOMPUTE_LIMIT`. The GELU before a
   matmul (`gelu(x @ w1 + b1) @ w2`) is computed once, not once per output column; a per-row value a
-  CPU kernel computes once per row is not a recomputation.
+  CPU kernel computes once per row is not a recomputation;
+- inside a consumer's reduction (`_stored_for_reuse`): a concatenation read at moved indices or through a
+  broadcast (a pool's or a conv's window: it becomes one buffer its producers write in place,
+  `tgc.engine.placement`); the elementwise epilogue of a reduction (a conv's bias, batch norm, relu) read at
+  least `EPILOGUE_REUSE` times per element (a pool's window or slices: stored once, not recomputed per read;
+  the reduction below would get a buffer anyway).
 Everything else is fused: elementwise chains, elementwise work before a reduction (inside its loop) and
 after it (once per output), and movement ops, which become index arithmetic. Constants and broadcasts
 are never materialized.
@@ -25,7 +30,7 @@ from tgc.capabilities import Capabilities
 from tgc.dtype import DType, dtypes, min_max
 from tgc.engine import attention, packrule
 from tgc.engine.flops import attention_flops, executed_flops
-from tgc.engine.placement import find_concats
+from tgc.engine.placement import concat_of, find_concats
 from tgc.errors import TgcError
 from tgc.ir.kernel import INDEX, ScheduleItem, flat_index, identity
 from tgc.ir.shapes import prod, shape_of, strides_for
@@ -39,6 +44,7 @@ TRANSCENDENTAL_COST = 10  # exp2, log2, sin, sqrt become ~10-25 ops (polynomials
 _TRANSCENDENTAL = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT}
 RECOMPUTE_LIMIT = 64  # ALU ops recomputed per element above which the value gets its own buffer
 _REP_CAP = 1 << 20
+EPILOGUE_REUSE = 2  # reads per element of a reduction's epilogue inside a reduction above which it is stored
 
 
 def _costs_at_least(node: UOp, realized: set[UOp], need: int) -> bool:
@@ -72,6 +78,8 @@ def _broadcast_factor(node: UOp, child: UOp | None = None) -> int:
             return 1
     elif node.op not in _EXPANDING:
         return 1
+    if node.op is Ops.WINDOW:  # (a 3x3 stride-2 pool reads each element 1.5 times along its axis: twice, rounded up)
+        return max(1, -(-prod(shape_of(node)) // max(1, prod(shape_of(node.src[0])))))
     return max(1, prod(shape_of(node)) // max(1, prod(shape_of(node.src[0]))))
 
 
@@ -106,6 +114,7 @@ def find_realized(outputs: list[UOp], fuse_rows: bool = False,
     realized: set[UOp] = set(o for o in outputs)
     realized |= {n for o in outputs for n in o.toposort() if n.op is Ops.CONTIGUOUS}
     realized |= forced or set()
+    reads = _moved_reads(outputs)
     changed = True
     while changed:
         changed = False
@@ -118,6 +127,11 @@ def find_realized(outputs: list[UOp], fuse_rows: bool = False,
             seen: set[tuple[UOp, object, int]] = set()
             while stack:
                 node, state, rep = stack.pop()
+                if state == "general" and node is not root and node not in realized:
+                    if _stored_for_reuse(node, reads.get(node, 0), realized):
+                        realized.add(node)
+                        changed = True
+                        continue
                 if (node, state, rep) in seen or node.op is Ops.BUFFER:
                     continue
                 seen.add((node, state, rep))
@@ -143,6 +157,9 @@ def find_realized(outputs: list[UOp], fuse_rows: bool = False,
                     continue
                 for child in node.src:
                     child_state = _child_state(node, child, state, fuse_rows)
+                    if child_state == "general" and child not in realized and _moved_concat(node, child):
+                        realized.add(child)
+                        changed = True
                     row_fused = fuse_rows and node.op is Ops.EXPAND and _row_axes(node) is not None \
                         and child_state is None
                     factor = 1 if row_fused else _broadcast_factor(node, child)
@@ -156,6 +173,58 @@ def find_realized(outputs: list[UOp], fuse_rows: bool = False,
                 seen_nodes.add(node)
                 order.append(node)
     return order
+
+
+def _stored_for_reuse(node: UOp, reads: int, realized: set[UOp]) -> bool:
+    """Whether `node`, read inside a consumer's reduction and `reads` times per element over all its readers
+    (`_moved_reads`), gets a buffer (the module docstring's epilogue rule; the concatenation's is `_moved_concat`)."""
+    if node.op not in ALU:
+        return False
+    return reads >= EPILOGUE_REUSE and _epilogue_of_reduction(node, realized)
+
+
+_MOVEMENT = {Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.SHRINK, Ops.STRIDE, Ops.PAD, Ops.FLIP, Ops.WINDOW}
+
+
+def _moved_reads(outputs: list[UOp]) -> dict[UOp, int]:
+    """For each node read through movement ops that move or broadcast its indices: about how many times each of
+    its elements is read, summed over its readers (a 3x3 stride-2 pool of nine strided slices: nine; a window:
+    its broadcast factor, rounded up). A chain of movement ops counts once, at the node below it."""
+    out: dict[UOp, int] = {}
+    for n in {u for o in outputs for u in o.toposort()}:
+        if n.op in _MOVEMENT:
+            continue
+        for s in n.src:
+            moved, factor = False, 1
+            while s.op in _MOVEMENT:
+                moved = moved or s.op in _EXPANDING or moves_index(s)
+                factor = min(factor * _broadcast_factor(s), _REP_CAP)
+                s = s.src[0]
+            if moved and isinstance(factor, int):
+                out[s] = out.get(s, 0) + factor
+    return out
+
+
+def _moved_concat(node: UOp, child: UOp) -> bool:
+    """Whether `child` is a concatenation that `node` reads at moved indices or through a broadcast (a pad, a
+    window): it gets a buffer its pieces' producers write in place (`tgc.engine.placement`)."""
+    return (node.op in _EXPANDING or moves_index(node)) and child.op in ALU and concat_of(child) is not None
+
+
+def _epilogue_of_reduction(node: UOp, realized: set[UOp]) -> bool:
+    """Whether elementwise `node` computes over a reduction of its own (through ALU ops, casts and reshapes: a
+    conv's or a matmul's epilogue), one not already a buffer."""
+    stack, seen = [node], set()
+    while stack:
+        n = stack.pop()
+        if n in seen or n.op is Ops.BUFFER or (n in realized and n is not node):
+            continue
+        seen.add(n)
+        if n.op is Ops.REDUCE_AXIS:
+            return True
+        if n.op in ALU or n.op in (Ops.CAST, Ops.RESHAPE):
+            stack.extend(n.src)
+    return False
 
 
 def _child_state(node: UOp, child: UOp, state: object, fuse_rows: bool) -> object:
