@@ -1,0 +1,34 @@
+"""Defects found reviewing the six branches merged at e65cfa6 (NaN semantics, exact float %, CLI hardening, run
+once and the cache cap, one-trace plans, REMOTE inline launches): each test fails without its fix. Expectations
+are numpy's own results or exact values, on every device of TGC_TEST_DEVICES where a device is a parameter."""
+
+from __future__ import annotations
+
+import numpy as np
+from langkit import assert_exact, run
+
+
+def _same_bits(got: np.ndarray, want: np.ndarray) -> None:
+    """Equal values and equal signs of zero (nan where numpy has nan)."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(np.signbit(got) & ~nan, np.signbit(want) & ~nan)
+
+
+def test_negative_zero_constant_keeps_its_sign(device):
+    # -0.0 == 0.0 and they hash alike: the hash-consing table made them one node, the first one built
+    a = np.array([-1.0, 1.0, 2.0], np.float32)
+    out = run("a: f32[3]\nreturn where(a < 0, -0.0, 0.0), where(a < 0, -0.0, a)", device, a=a)
+    _same_bits(out["out0"], np.where(a < 0, np.float32(-0.0), np.float32(0.0)))
+    _same_bits(out["out1"], np.where(a < 0, np.float32(-0.0), a))
+
+
+def test_float_mod_zero_remainder_takes_divisor_sign(device):
+    # numpy: a zero remainder is copysign(0, divisor), so 4 % -2 == -0.0
+    a = np.array([4.0, -4.0, 0.0, -0.0, 3.0, 5.0], np.float32)
+    b = np.array([-2.0, -2.0, -1.0, -1.0, -1.5, 2.5], np.float32)
+    out = run("a: f32[6]\nb: f32[6]\nreturn a % b, 5.0 % b", device, a=a, b=b)
+    _same_bits(out["out0"], np.mod(a, b))
+    _same_bits(out["out1"], np.mod(np.float32(5.0), b))
+    assert_exact(out["out0"], np.mod(a, b), "f32")
