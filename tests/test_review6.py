@@ -4,8 +4,13 @@ are numpy's own results or exact values, on every device of TGC_TEST_DEVICES whe
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 from langkit import assert_exact, run
+
+from tests.test_remote_inline import SOFTMAX, _edit, _proof, _sources
+from tests.test_remote_server import needs_cpu
 
 
 def _same_bits(got: np.ndarray, want: np.ndarray) -> None:
@@ -32,3 +37,17 @@ def test_float_mod_zero_remainder_takes_divisor_sign(device):
     _same_bits(out["out0"], np.mod(a, b))
     _same_bits(out["out1"], np.mod(np.float32(5.0), b))
     assert_exact(out["out0"], np.mod(a, b), "f32")
+
+
+@needs_cpu
+def test_shortproof_sees_a_loop_counter_whose_name_ends_in_a_dot_used_after_its_loop():
+    # LLVM names may end in '.', '-' or '$': the use scan's `\b` cut `%r1.` to `%r1`, so a counter read after its
+    # loop (where it is past its interval) was proven in bounds and an inline launch read past the buffer
+    (src,) = _sources(SOFTMAX, {"N": 4, "D": 8})
+    after = _edit(src, "loop1_exit:\n", "loop1_exit:\n  %w = add i32 %v2, %r1\n"
+                  "  %g = getelementptr inbounds float, ptr %data1, i32 %w\n  %u = load float, ptr %g, align 4\n")
+    assert _proof(src) is not None and _proof(after) is None
+    for end in (".", "-", "$"):
+        bad = re.sub(r"%r1(?![\w.$-])", "%r1" + end, after)
+        assert bad != after and _proof(bad) is None, end
+        assert _proof(re.sub(r"%r1(?![\w.$-])", "%r1" + end, src)) is not None, end  # (the name alone is fine)
