@@ -51,3 +51,16 @@ def test_shortproof_sees_a_loop_counter_whose_name_ends_in_a_dot_used_after_its_
         bad = re.sub(r"%r1(?![\w.$-])", "%r1" + end, after)
         assert bad != after and _proof(bad) is None, end
         assert _proof(re.sub(r"%r1(?![\w.$-])", "%r1" + end, src)) is not None, end  # (the name alone is fine)
+
+
+def test_one_trace_plan_built_for_a_second_device_still_checks_clamping_sizes():
+    # the second device's one-trace build reused the first's kept trace, so no size decision was recorded and the
+    # plan trusted every size: y[-100:100] at N = 37 on the second device gave an empty array
+    import tgc
+
+    prog = tgc.loads("x: f32[N]\nreturn x[-100:100], x[::-1]\n")
+    for device, n in (("CPU", 300), ("PYTHON", 37), ("PYTHON", 150), ("CPU", 37)):
+        x = np.arange(n, dtype=np.float32)
+        out = prog.run(device=device, symbolic=True, x=x)
+        assert_exact(out["out0"], x[-100:100], "f32")
+        assert_exact(out["out1"], x[::-1], "f32")
