@@ -64,3 +64,17 @@ def test_one_trace_plan_built_for_a_second_device_still_checks_clamping_sizes():
         out = prog.run(device=device, symbolic=True, x=x)
         assert_exact(out["out0"], x[-100:100], "f32")
         assert_exact(out["out1"], x[::-1], "f32")
+
+
+def test_bench_counts_that_are_not_integers_are_one_tgc_error():
+    # repeat=1.5 passed the range check and failed in range() with a TypeError deep inside the timing loop
+    import pytest
+
+    import tgc
+
+    prog = tgc.loads("x: f32[4]\nreturn x * 2\n")
+    x = np.ones(4, np.float32)
+    for repeat, warmup in ((1.5, 1), (2.0, 1), (3, 0.5), (True, 1)):
+        with pytest.raises(tgc.TgcError, match="cannot time"):
+            prog.bench(device="CPU", inputs={"x": x}, repeat=repeat, warmup=warmup)
+    assert prog.bench(device="CPU", inputs={"x": x}, repeat=np.int64(2), warmup=0)["repeat"] == 2
