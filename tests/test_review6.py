@@ -77,4 +77,5 @@ def test_bench_counts_that_are_not_integers_are_one_tgc_error():
     for repeat, warmup in ((1.5, 1), (2.0, 1), (3, 0.5), (True, 1)):
         with pytest.raises(tgc.TgcError, match="cannot time"):
             prog.bench(device="CPU", inputs={"x": x}, repeat=repeat, warmup=warmup)
-    assert prog.bench(device="CPU", inputs={"x": x}, repeat=np.int64(2), warmup=0)["repeat"] == 2
+    from tgc.engine.executable import counts_ok
+    assert counts_ok(np.int64(2), 0) and counts_ok(1, np.int32(3))  # (numpy integers are counts)
