@@ -659,6 +659,9 @@ class Program:
         p1, p2 = sizes.probes(cls)  # traced at the first; each size decision must come out the same at both
         tagged = {n: SymSize.dim(n, v) if n in symbolic else v for n, v in p1.items()}
         try:
+            # traced again here, not the trace an earlier build kept (another device's, a smaller bound's): its size
+            # decisions are recorded only while it traces, and they bound the sizes the plan trusts
+            self._traces.pop(tuple(sorted(tagged.items())), None)
             with checked_at((p1, p2)) as decided:
                 outs, bufs = self._trace(tagged)
                 traced_from = decided_from(decided)  # (the graph's decisions: the scheduler's are its heuristics')

@@ -360,9 +360,9 @@ class StagedModel:
         warm-up): {"stages": [...], "runs": repeat, "median_s", "min_s", "stage_times": {step: median_s}}
         (stage_times: each tgc stage's program run alone on the last run's inputs). The counts are bounded as
         `tgc.engine.executable.bench`'s are."""
-        from tgc.engine.executable import MAX_REPEAT
+        from tgc.engine.executable import MAX_REPEAT, counts_ok
 
-        if not 1 <= repeat <= MAX_REPEAT or not 0 <= warmup <= MAX_REPEAT:
+        if not counts_ok(repeat, warmup):
             raise TgcError(f"cannot time {repeat} runs after {warmup} warm-up runs: the counts are 1..{MAX_REPEAT} "
                            f"and 0..{MAX_REPEAT}", hint="use a smaller --repeat")
         inputs = dict(inputs or {})

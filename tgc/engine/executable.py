@@ -82,6 +82,12 @@ def run(exe: Executable, arrays: dict[str, np.ndarray], replay: realize.LaunchPl
 MAX_REPEAT = 1_000_000  # timed runs of one bench (a million 1 us launches take a second)
 
 
+def counts_ok(repeat: Any, warmup: Any) -> bool:
+    """Whether `repeat` is an integer in 1..MAX_REPEAT and `warmup` one in 0..MAX_REPEAT (a float or a bool is not)."""
+    ints = all(isinstance(n, (int, np.integer)) and not isinstance(n, bool) for n in (repeat, warmup))
+    return ints and 1 <= repeat <= MAX_REPEAT and 0 <= warmup <= MAX_REPEAT
+
+
 def bench(exe: Executable, arrays: dict[str, np.ndarray], repeat: int = 10, warmup: int = 1,
           measure_peak: bool = True) -> dict[str, Any]:
     """Time `exe` as `run` runs it: each kernel on its own and the whole program (one device graph where the
@@ -91,7 +97,7 @@ def bench(exe: Executable, arrays: dict[str, np.ndarray], repeat: int = 10, warm
     (else a TgcError, exit 2: a count past that is a typo that would time for days)."""
     from tgc.engine import bench as bench_mod  # (not on a warm run's start-up: it imports statistics)
 
-    if not 1 <= repeat <= MAX_REPEAT or not 0 <= warmup <= MAX_REPEAT:
+    if not counts_ok(repeat, warmup):
         raise TgcError(f"cannot time {repeat} runs after {warmup} warm-up runs: the counts are 1..{MAX_REPEAT} and "
                        f"0..{MAX_REPEAT}", hint="use a smaller --repeat")
 

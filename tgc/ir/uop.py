@@ -11,6 +11,7 @@ import weakref
 from _weakref import _remove_dead_weakref
 from collections.abc import Callable, Container, Iterable, Sequence
 from enum import Enum, auto
+from math import copysign
 from typing import Any
 
 from tgc.dtype import DType, dtypes, min_max, truncate
@@ -157,6 +158,8 @@ class UOp:
 
     def __new__(cls, op: Ops, dtype: DType | None = None, src: tuple[UOp, ...] = (), arg: Any = None):
         key = (op, dtype, src, arg)
+        if type(arg) is float and arg == 0.0 and copysign(1.0, arg) < 0:  # -0.0 == 0.0 (same hash): its own node
+            key = (op, dtype, src, arg, "-0")
         try:
             ref = _INTERNED.get(key)
         except TypeError:  # unhashable arg

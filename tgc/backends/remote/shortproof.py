@@ -281,7 +281,7 @@ class _Prover:
         used: dict[str, set[int]] = {}  # name -> the blocks that use it (one pass: linear in the source)
         for b, (_, insts) in enumerate(self.blocks):
             for ln in insts:
-                for x in re.findall(_NAME + r"\b", ln.split(" = ", 1)[1] if " = " in ln else ln):
+                for x in re.findall(_NAME + r"(?![\w.$-])", ln.split(" = ", 1)[1] if " = " in ln else ln):
                     used.setdefault(x, set()).add(b)
         for h, (ex, _, r, n, c) in self.loops.items():  # (the header's own lines: the pattern checked above)
             if used.get(c, set()) - {h} or used.get(n, set()) - {h}:
