@@ -57,12 +57,6 @@ KNOWN_LIMITS = {
             "beside 4.2 MiB of inputs + outputs: >= 1.71x even in chunks of one image (the batch, B=2, is the only "
             "axis chunked); `up`'s conv writes straight into the concatenation, `skip` (read by the pool too) is "
             "copied in after the pool, and the plan's slots add 0.25 MiB over the most live at once",
-    "mixer": "memory: the packed copies of the channel MLP's weights (4 MiB, one slot shared by both) do not shrink "
-             "with chunks, and chunks of one image would be under MIN_CHUNK_BYTES; unpacked, the block ran 3.4x "
-             "slower",
-    "bert odd": "memory: too small to chunk (B=3: 0.5 MiB of sliced inputs + outputs per image); the packed "
-                "copy of w_fc1 (1.1 MiB slot) beside the hidden layer (0.9 MiB, the split matmul's parts written "
-                "straight into it) and the normed input is the peak: only packing less would reach 1.5x",
 }
 
 

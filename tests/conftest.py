@@ -156,3 +156,12 @@ def python_sigint():
     old = signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     signal.signal(signal.SIGINT, old)
+
+
+@pytest.fixture
+def whole_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A memory target no packed copy in a small test program exceeds: a test of the packing or tiling decisions
+    for one matmul over a large weight (whose copy alone is over 1.5x its inputs + outputs) sees the copy whole,
+    not in column parts (`tgc.engine.schedule.split_large_copies`, tests/test_copy_parts.py)."""
+    from tgc.engine import schedule
+    monkeypatch.setattr(schedule, "MEMORY_LIMIT", 100.0)

@@ -257,7 +257,9 @@ def test_a_conv_whose_weight_is_a_packed_matmul(pack_small):
     prog = tgc.loads(src)
     items = prog.schedule(device="CPU")
     copies = [i for i in items if i.output.op is Ops.CONTIGUOUS]
-    assert len(copies) == 2 and sorted(c.line for c in copies) == [4, 5]  # b's panels (line 4), w's vectors
+    # b's panels (line 4; in two column parts, branch memory: the whole 1.1 MiB copy is over the 1.5x target of
+    # this 1.2 MiB program), w's vectors (line 5)
+    assert len(copies) == 3 and sorted(c.line for c in copies) == [4, 4, 5]
     rng = np.random.default_rng(6)
     x = rng.standard_normal((1, 32, 6, 6)).astype(np.float32)
     a, b = rng.standard_normal((32, 1024)).astype(np.float32), rng.standard_normal((1024, 288)).astype(np.float32)

@@ -83,7 +83,7 @@ def _run(src: str, device: str, dims: dict, arrays: dict) -> np.ndarray:
     ({"M": 77, "K": 1000, "N": 512}, True),  # 2048-byte stride: 32 positions, too few sets
     ({"M": 256, "K": 1000, "N": 288}, True),  # many rows: packed whatever the stride
 ], ids=lambda v: "x".join(map(str, v.values())) if isinstance(v, dict) else str(v))
-def test_packing_is_skipped_where_a_panel_fits_in_place(dims, packed, monkeypatch):
+def test_packing_is_skipped_where_a_panel_fits_in_place(dims, packed, monkeypatch, whole_copies):
     monkeypatch.setattr(packrule, "private_cache", lambda: MID_L2)
     items = _kernels(MM, dims)
     copies = [it for it in items if not _has_reduce(it)]
@@ -91,7 +91,7 @@ def test_packing_is_skipped_where_a_panel_fits_in_place(dims, packed, monkeypatc
     assert len(items) == len(copies) + 1
 
 
-def test_a_slice_of_an_input_keeps_the_inputs_row_stride(monkeypatch):
+def test_a_slice_of_an_input_keeps_the_inputs_row_stride(monkeypatch, whole_copies):
     # the odd-column split reads w[:, :1088] and w[:, 1088:] (slices of the input): the row stride is the input's
     # 1104 columns (4416 bytes: line-aligned, fits in place), so neither part is packed at 77 rows; with 1024
     # columns (a page of stride) the matmul's operand is

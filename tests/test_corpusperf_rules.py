@@ -144,7 +144,7 @@ def test_a_padded_read_through_a_reshape_computes_the_convolution():
 
 
 @pytest.mark.parametrize("rows,packed", [(8, False), (15, False), (16, True), (64, True)])
-def test_a_weight_read_by_few_rows_is_not_packed(rows, packed):
+def test_a_weight_read_by_few_rows_is_not_packed(rows, packed, whole_copies):
     # a GRU step or a decode (8 rows: one register tile) reads its weight once in any layout: a packing copy
     # would only add its traffic and its memory
     prog = tgc.loads("x: f32[B, I]\nw: f32[I, N]\nreturn x @ w")
@@ -152,7 +152,7 @@ def test_a_weight_read_by_few_rows_is_not_packed(rows, packed):
     assert (len(names) == 2 and names[0].startswith("E_")) == packed, names
 
 
-def test_a_transposed_weight_is_copied_whatever_its_rows():
+def test_a_transposed_weight_is_copied_whatever_its_rows(whole_copies):
     # read in place, each column vector of `w.T` would be a gather: the copy is what makes them contiguous
     prog = tgc.loads("x: f32[B, I]\nw: f32[N, I]\nreturn x @ w.transpose(1, 0)")
     names = [it.name for it in prog.schedule({"B": 8, "I": 512, "N": 1024}, "CPU") if it.ast.src]

@@ -60,7 +60,7 @@ def test_the_panel_rule_follows_the_cache_size_not_the_matrix_size():
 
 
 @pytest.mark.parametrize("cores", [1, 2, 8])
-def test_the_panel_threshold_is_one_cores_cache_whatever_the_cores(cores):
+def test_the_panel_threshold_is_one_cores_cache_whatever_the_cores(cores, whole_copies):
     # threads split the rows of an unpanelled matmul, so each core streams the whole operand per row block: a
     # 1365 x 512 f32 operand (2.7 MiB, a SwiGLU down projection) past one core's 2 MiB gets panels on any
     # number of cores (it fits 2 cores' caches together: the old threshold left it row-major, 1.45x slower)
@@ -148,7 +148,7 @@ def test_gpu_long_reductions_into_few_outputs_are_shared_by_a_work_group():
     assert names == []
 
 
-def test_a_matmul_past_one_cores_cache_computes_the_product_with_panels():
+def test_a_matmul_past_one_cores_cache_computes_the_product_with_panels(whole_copies):
     # on this host's own machine model: a 1365 x 512 operand (2.7 MiB) is past any private cache up to 2 MiB
     # and gets panels (SWAP); the values against numpy, an odd reduction length included
     from tgc.codegen.heuristic import machine_of

@@ -156,7 +156,7 @@ def test_beam_winners_persist_and_are_reused(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("a_shape, b_shape", [((16, 512), (512, 512)), ((2, 8, 512), (512, 512)),
                                               ((2, 16, 256), (2, 256, 1024))])  # (16 rows a weight: PACK_MIN_ROWS)
-def test_large_matmuls_read_a_packed_copy_and_match_numpy(a_shape, b_shape):
+def test_large_matmuls_read_a_packed_copy_and_match_numpy(a_shape, b_shape, whole_copies):
     """Right-hand sides of >= 2^18 elements are packed into 32-column panels by a kernel of their own."""
     rng = np.random.default_rng(4)
     a, b = rng.standard_normal(a_shape).astype(np.float32), rng.standard_normal(b_shape).astype(np.float32)
@@ -471,7 +471,8 @@ def two_mib_l2(monkeypatch):
     monkeypatch.setattr(heuristic, "private_cache_bytes", lambda: 2 << 20)
 
 
-def test_heuristic_packing_copy_is_vectorized_and_large_matmuls_put_column_panels_outermost(two_mib_l2):
+def test_heuristic_packing_copy_is_vectorized_and_large_matmuls_put_column_panels_outermost(two_mib_l2,
+                                                                                         whole_copies):
     # the packing copy's rows of 32 are written as 16-wide vectors (LLVM left them mostly scalar); a right-hand
     # side past one core's private cache (4 MiB here) is walked panel by panel (SWAP), a small one (1 MiB) row
     # block by row block
@@ -520,7 +521,7 @@ def test_heuristic_opts_of_large_matmuls(m, k, n, tile, whole_rows, two_mib_l2):
     (5, 258, 4096, ["UPCAST(1, 16)", "UPCAST(1, 2)", "SWAP(0, 1)", "UPCAST(0, 4)"]),  # 4 does not divide k
     (64, 1024, 1024, ["UPCAST(1, 16)", "UPCAST(1, 4)", "UPCAST(0, 4)", "SWAP(0, 1)"]),  # rows take the tile
 ])
-def test_rows_without_a_tile_take_more_columns_and_match_numpy(m, k, n, tile, whole_rows, two_mib_l2):
+def test_rows_without_a_tile_take_more_columns_and_match_numpy(m, k, n, tile, whole_rows, two_mib_l2, whole_copies):
     """Rows with no divisor the row tile takes: padded to whole tiles where that wastes at most 1/8 of them (65,
     77); else (5) one row per step, so 4 times the columns and 4 steps of the reduction instead (BEAM's pick;
     65 x 1024 x 1024 ran 3x slower that way than 64 rows with 2 accumulators)."""

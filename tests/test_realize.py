@@ -251,7 +251,7 @@ def _columns(item) -> int:
     return max(loops, key=lambda r: r.arg[0]).src[0].arg
 
 
-def test_odd_columns_are_split_into_a_main_part_and_the_rest():
+def test_odd_columns_are_split_into_a_main_part_and_the_rest(whole_copies):
     prog = tgc.loads(ODD)
     dims = {"M": 64, "K": 256, "N": 1365}
     items = prog.schedule(dims, device="CPU")
@@ -268,7 +268,7 @@ def test_odd_columns_are_split_into_a_main_part_and_the_rest():
     assert sorted(_columns(i) for i in prog.schedule(dims, device="PYTHON") if _reduces(i)) == [32, 1344]
 
 
-def test_the_main_part_takes_the_tile_of_a_multiple_of_32():
+def test_the_main_part_takes_the_tile_of_a_multiple_of_32(whole_copies):
     """The heuristic gives the 1344 columns of a 1365-column matmul the opts it gives a 1344-column matmul."""
     def main_opts(n: int) -> list:
         ks = tgc.loads("x: f32[M, K]\nw: f32[K, N]\nreturn x @ w\n").compile("CPU", dims={"M": 64, "K": 256, "N": n},

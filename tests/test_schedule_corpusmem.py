@@ -44,10 +44,19 @@ def _numpy_attention(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return (p @ heads(v)).transpose(0, 2, 1, 3).reshape(B, T, C)
 
 
+@pytest.fixture
+def copies_whole(monkeypatch):
+    """A memory target no packed copy here exceeds: the structure these tests check is the odd split's and the
+    realize rule's, not the copies' parts (`split_large_copies`, tests/test_copy_parts.py)."""
+    from tgc.engine import schedule
+    monkeypatch.setattr(schedule, "MEMORY_LIMIT", 100.0)
+
+
 @pytest.mark.parametrize("device", ["CPU", "PYTHON"])
-def test_projection_read_by_a_fused_attention_is_split(device):
+def test_projection_read_by_a_fused_attention_is_split(device, copies_whole):
     """The projection's 900 columns run as 896 and the last 16 (before, a fused attention's operands were kept
-    whole: one untiled kernel of 4-lane vectors); the attention itself stays one fused kernel, unsplit."""
+    whole: one untiled kernel of 4-lane vectors); the attention itself stays one fused kernel, unsplit. (At the
+    default target the 896 columns' 1 MiB copy is made in 4 parts of 224: 1.35x io instead of 1.99x.)"""
     prog = tgc.loads(QKV_ATTN)
     items = [i for i in prog.schedule(DIMS, device=device) if i.ast.src]
     assert sum(i.name.startswith("attn_") for i in items) == 1
@@ -80,7 +89,7 @@ def _reduce_kernels(items) -> list:
     return [i for i in items if any(u.op is Ops.REDUCE for u in i.ast.toposort())]
 
 
-def test_matmuls_over_computed_operands_are_realized_one_by_one():
+def test_matmuls_over_computed_operands_are_realized_one_by_one(copies_whole):
     """Each product reads a packed copy (512 x 512 elements): computed in one kernel, both copies are live at
     once; realized, each matmul is a kernel of its own and the two copies share one slot of the memory plan."""
     prog = tgc.loads(TWO_PRODUCTS)

@@ -98,7 +98,7 @@ def test_graph_nodes_lines_and_kernels(tb_doc: dict) -> None:
     assert sum(1 for n in nodes if n["output"]) == 1
 
 
-def test_packed_operand_kernel() -> None:
+def test_packed_operand_kernel(whole_copies: None) -> None:
     """A matmul large enough that the CPU packs its right operand first (a copy kernel, `meta["serves"]`): the copy
     computes no op of the graph (listed on the input it reads, no recompute factor); the matmul's kernel computes
     every op, each once: 32*512*512 products, as many sums, then the bias and the ReLU (32*512 each). (32 rows:

@@ -24,10 +24,11 @@ from tgc.engine.executable import Executable
 from tgc.engine.multi import even_bounds
 from tgc.engine.multi import plan as plan_multi
 from tgc.engine.realize import buffer_nbytes, writes_in_place
+from tgc.engine.schedule import MEMORY_LIMIT
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.uop import Ops, UOp
 
-LIMIT = 1.5  # chunk where the planned peak is over this many times the inputs+outputs
+LIMIT = MEMORY_LIMIT  # chunk where the planned peak is over this many times the inputs+outputs (the target)
 # each chunk's own data (its slice of the sliced inputs and of the outputs) at least this large: smaller chunks
 # leave the kernels too little work per launch, and weights reread (and repacked) per chunk cost more
 MIN_CHUNK_BYTES = 1 << 20

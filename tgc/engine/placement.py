@@ -131,15 +131,50 @@ def _pieces(u: UOp) -> tuple[int, list[tuple[int, int, UOp]]] | None:
             return None
         return axis, got[1] + [piece]
     if u.op is Ops.ADD:
-        parts = [_pad_piece(s, add=True) for s in u.src]
-        if any(p is None for p in parts) or parts[0][0] != parts[1][0]:  # type: ignore[index]
+        parts = [_join_piece(s) for s in _sum_terms(u)]
+        if any(p is None or p[0] != parts[0][0] for p in parts):  # type: ignore[index]
             return None
         axis = parts[0][0]  # type: ignore[index]
-        pieces = sorted((p[1] for p in parts), key=lambda t: t[0])  # type: ignore[index]
-        if pieces[0][0] + pieces[0][1] != pieces[1][0]:
+        pieces = sorted((q for p in parts for q in p[1]), key=lambda t: t[0])  # type: ignore[index]
+        if any(a[0] + a[1] != b[0] for a, b in zip(pieces, pieces[1:])):
             return None
         return axis, pieces
     return None
+
+
+def _join_piece(u: UOp) -> tuple[int, list[tuple[int, int, UOp]]] | None:
+    """(axis, pieces) of one term of a join: a zero-filled PAD of one piece, or of a join along the same axis
+    covering the PAD's source (a split part split again: its own parts, at their offsets in the whole)."""
+    got = _pad_piece(u, add=True)
+    if got is None:
+        return None
+    axis, (off, size, src) = got
+    inner = _pieces(src) if src.op is Ops.ADD else None
+    if inner is None or inner[0] != axis or inner[1][0][0] != 0 or inner[1][-1][0] + inner[1][-1][1] != size:
+        return axis, [(off, size, src)]
+    return axis, [(off + o, n, s) for o, n, s in inner[1]]
+
+
+def _inner_join(u: UOp) -> UOp | None:
+    """The join that PAD `u` pads, where `_join_piece` takes its pieces apart; else None."""
+    got = _join_piece(u) if u.op is Ops.PAD and u.src[0].op is Ops.ADD else None
+    return None if got is None or got[1][0][2] is u.src[0] else u.src[0]
+
+
+def _sum_nodes(u: UOp) -> list[UOp]:
+    """The nodes of a join (`u` first): its tree of ADDs, and the PADs of joins inside it with those joins."""
+    out = [u]
+    for s in u.src:
+        if s.op is Ops.ADD:
+            out += _sum_nodes(s)
+        elif (inner := _inner_join(s)) is not None:
+            out += [s] + _sum_nodes(inner)
+    return out
+
+
+def _sum_terms(u: UOp) -> list[UOp]:
+    """The terms of a tree of ADDs (a join of more than two parts: `((p0 + p1) + p2) + ...`, each a PAD)."""
+    return [t for s in u.src for t in (_sum_terms(s) if s.op is Ops.ADD else [s])]
 
 
 def concat_of(node: UOp) -> Concat | None:
@@ -176,6 +211,8 @@ def find_concats(roots: list[UOp], outputs: list[UOp], keep: set[UOp]) -> dict[U
                for c in [_concat_below(root, root_set, reader_sets)] if c is not None}
     placed_anywhere: set[UOp] = set()
     for root, c in matched.items():
+        if c.node.op is Ops.ADD and any(readers.get(t, 0) != 1 for t in _sum_nodes(c.node) if t is not c.node):
+            continue  # a partial sum of the join read elsewhere too: its pieces keep their buffers
         pads = _pad_nodes(c.node)
         for _off, _size, src in c.pieces:
             pad_readers = [p for p in pads if p.src[0] is src]
@@ -278,6 +315,8 @@ def _pad_nodes(node: UOp) -> list[UOp]:
         u = stack.pop()
         if u.op is Ops.PAD:
             out.append(u)
+            if (inner := _inner_join(u)) is not None:  # (a join inside a join: its pieces' PADs too)
+                stack.append(inner)
         elif u.op in (Ops.WHERE, Ops.ADD):
             stack.extend(u.src[1:] if u.op is Ops.WHERE else u.src)
     return out

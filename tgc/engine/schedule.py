@@ -583,12 +583,12 @@ def _matmul_rhs(r: UOp) -> list[UOp] | None:
     return y
 
 
-def _packed_columns(b: UOp, panel: int = PACK_PANEL) -> UOp | None:
+def _packed_columns(b: UOp, panel: int = PACK_PANEL, min_elements: int = PACK_MIN_ELEMENTS) -> UOp | None:
     """`b` (..., k, n) read from a copy laid out as panels of `panel` columns, each panel contiguous over the
     rows: a matmul kernel then streams its right-hand side sequentially instead of one row stride (often a
-    page) per step. None where it is not worth its copy (small operands) or does not apply."""
+    page) per step. None where it is not worth its copy (under `min_elements`) or does not apply."""
     *batch, k, n = shape_of(b)
-    if n % panel or k * n < PACK_MIN_ELEMENTS or n == panel:
+    if n % panel or k * n < min_elements or n == panel:
         return None
     nb = len(batch)
     split = UOp(Ops.RESHAPE, b.dtype, (b,), tuple(batch) + (k, n // panel, panel))
@@ -610,38 +610,155 @@ def _pack_pays(b: UOp, rows: int) -> bool:
     return packrule.pack_pays(k, n, b.dtype.itemsize, rows)
 
 
-def pack_matmul_operands(outputs: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp], dict[UOp, UOp]]:
-    """A CPU cache choice (`caps.pack_matmul`): every large matmul reads its right-hand side from a copy packed
-    into column panels (`_packed_columns`), one packing kernel per operand. Returns the new outputs, the
-    original node of every rebuilt one, and for each packed copy the matmul it serves (for its .tg line)."""
-    replace: dict[UOp, UOp] = {}
-    serves: dict[UOp, UOp] = {}
-    for node in UOp(Ops.SINK, None, tuple(outputs)).toposort():
-        chain = _matmul_rhs(node)  # then the broadcasts and reshapes above b that keep its last two axes
-        if chain is None or chain[0] in replace:
-            continue
-        y = chain[0]
-        kn, b = shape_of(y)[-2:], chain[-1].src[0]
-        while b.op in (Ops.EXPAND, Ops.RESHAPE) and shape_of(b.src[0])[-2:] == kn:
-            chain.append(b)
-            b = b.src[0]
+def _packed_rhs(node: UOp, whole: bool = False) -> tuple[list[UOp], UOp] | None:
+    """(the broadcasts and reshapes above the right-hand side b of matmul `node`, top first; b's packed copy)
+    where `pack_matmul_operands` packs it, else None. `whole`: `node` is a part of a matmul whose copy was
+    split (`split_large_copies`): packed whatever its size, as the whole one was."""
+    chain = _matmul_rhs(node)  # then the broadcasts and reshapes above b that keep its last two axes
+    if chain is None:
+        return None
+    kn, b = shape_of(chain[0])[-2:], chain[-1].src[0]
+    while b.op in (Ops.EXPAND, Ops.RESHAPE) and shape_of(b.src[0])[-2:] == kn:
+        chain.append(b)
+        b = b.src[0]
+    if whole:
+        packed = _packed_columns(b, min_elements=0)
+    else:
         rows = prod(shape_of(node.src[0])[:-2]) // max(1, prod(shape_of(b)[:-2]))  # (batch, row) pairs per operand
         # (a transposed operand is copied whatever its rows: read in place, each column vector is a gather)
         packed = _packed_columns(b) if b.op is Ops.PERMUTE or (rows >= PACK_MIN_ROWS and _pack_pays(b, rows)) \
             else None
-        if packed is None:
+    return None if packed is None else (chain, packed)
+
+
+def pack_matmul_operands(outputs: list[UOp], whole: frozenset[UOp] = frozenset()
+                         ) -> tuple[list[UOp], dict[UOp, UOp], dict[UOp, UOp]]:
+    """A CPU cache choice (`caps.pack_matmul`): every large matmul reads its right-hand side from a copy packed
+    into column panels (`_packed_columns`), one packing kernel per operand; the column parts in `whole`
+    (`split_large_copies`) are packed whatever their size. Returns the new outputs, the original node of every
+    rebuilt one, and for each packed copy the matmul it serves (for its .tg line)."""
+    replace: dict[UOp, UOp] = {}
+    serves: dict[UOp, UOp] = {}
+    for node in UOp(Ops.SINK, None, tuple(outputs)).toposort():
+        got = _packed_rhs(node, node in whole)
+        if got is None or got[0][0] in replace:
             continue
+        chain, packed = got
         serves.setdefault(packed.src[0].src[0], node)
         new = packed
         for u in reversed(chain):
             new = u.replace(src=(new,))
-        replace[y] = new
+        replace[chain[0]] = new
     if not replace:
         return outputs, {}, {}
     memo: dict[UOp, UOp] = dict(replace)
     rebuild(UOp(Ops.SINK, None, tuple(outputs)), memo)
     original = {new: old for old, new in memo.items() if new is not old and old not in replace}
     return [memo[o] for o in outputs], original, serves
+
+
+MEMORY_LIMIT = 1.5  # the memory target: a program's planned peak at most this many times its inputs + outputs
+# (`tgc.engine.chunk` chunks a program over it); a packed copy that would take a matmul over it is made in parts
+COPY_PART_MIN_COLUMNS = 4 * PACK_PANEL  # ... of at least this many columns (narrower parts reread the left-hand
+# side too often for the memory they save): where the target needs narrower ones, the copy stays whole
+
+
+def _nbytes(u: UOp) -> int | None:
+    shape = shape_of(u)
+    return prod(shape) * u.dtype.itemsize if all(isinstance(d, int) for d in shape) and u.dtype else None
+
+
+def _read_in_place(u: UOp) -> bool:
+    """Whether `u` is a program input seen through movement ops (no buffer of its own)."""
+    while u.op in (Ops.SHRINK, Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND):
+        u = u.src[0]
+    return u.op is Ops.BUFFER
+
+
+def copy_parts(r: UOp, copy_bytes: int, io: int, is_output: bool = False) -> int:
+    """How many column parts the packed copy (`copy_bytes`) of matmul `r`'s right-hand side is made in, in a
+    program of `io` bytes of inputs + outputs: 1 where the copy fits beside what the matmul itself needs at the
+    memory target (MEMORY_LIMIT x io: io, `r`'s output unless it is a program output (`is_output`: counted in
+    io) and its left-hand side unless read in place from an input); else the fewest parts that each fit, each at
+    least COPY_PART_MIN_COLUMNS wide (1 where none would fit)."""
+    out = 0 if is_output else _nbytes(r)
+    a = _broadcast(r.src[0].src[0])[-1].src[0]  # type: ignore[index]
+    lhs = 0 if _read_in_place(a) else _nbytes(a)
+    if out is None or lhs is None:
+        return 1
+    room = int(MEMORY_LIMIT * io) - io - out - lhs
+    if copy_bytes <= room:
+        return 1
+    n = shape_of(r)[-1]
+    panels = n // PACK_PANEL
+    most = panels // (COPY_PART_MIN_COLUMNS // PACK_PANEL)  # (arithmetic only: no search over sizes)
+    parts = -(-copy_bytes // room) if room > 0 else most + 1
+    return parts if 1 < parts <= most else 1
+
+
+def _part_join(r: UOp, parts: list[UOp], bounds: list[tuple[int, int]]) -> UOp:
+    """`r` from its column parts (`bounds[i]`: part i's columns), a sum of each padded to `r`'s columns
+    (`tgc.engine.placement` stores each part straight into its slice of the joined buffer)."""
+    nd = len(shape_of(r))
+    n = shape_of(r)[-1]
+    out = None
+    for part, (lo, hi) in zip(parts, bounds):
+        pad = UOp(Ops.PAD, r.dtype, (part,), (((0, 0),) * (nd - 1) + ((lo, n - hi),), 0.0))
+        out = pad if out is None else UOp(Ops.ADD, r.dtype, (out, pad))
+    assert out is not None
+    return out
+
+
+def split_large_copies(outputs: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp], dict[UOp, UOp], frozenset[UOp]]:
+    """Every matmul whose packed right-hand side (`_packed_rhs`) would take the program over its memory target
+    (`copy_parts`) computed as column parts of whole panels, each reading a packed copy of its own columns only,
+    joined in the consumer (the parts' copies live one at a time, so the memory plan gives them one slot). A rule
+    over sizes and the memory target. Returns the new outputs, the original node of every rebuilt one, for each
+    part the matmul it computes, and the parts (`pack_matmul_operands` packs them whatever their size)."""
+    sink = UOp(Ops.SINK, None, tuple(outputs))
+    sizes = [_nbytes(u) for u in sink.toposort() if u.op is Ops.BUFFER] + [_nbytes(o) for o in outputs]
+    if any(s is None for s in sizes):
+        return outputs, {}, {}, frozenset()
+    io = sum(s for s in sizes if s is not None)
+    outs = set()  # the outputs, and what they reshape (a matmul rebuilt on split operands is another node: its
+    for o in outputs:  # output counted again, conservatively)
+        outs.add(o)
+        while o.op is Ops.RESHAPE:
+            o = o.src[0]
+            outs.add(o)
+    serves: dict[UOp, UOp] = {}
+
+    def split(new: UOp) -> UOp:
+        got = _packed_rhs(new)
+        copy = None if got is None else _nbytes(got[1])
+        if copy is None or not _splittable_columns(new):
+            return new
+        count = copy_parts(new, copy, io, new in outs)
+        if count == 1:
+            return new
+        panels = shape_of(new)[-1] // PACK_PANEL
+        per = -(-panels // count) * PACK_PANEL
+        bounds = [(lo, min(lo + per, panels * PACK_PANEL)) for lo in range(0, panels * PACK_PANEL, per)]
+        parts = [_column_part(new, lo, hi) for lo, hi in bounds]
+        for p in parts:
+            serves[p] = new
+        return _part_join(new, parts, bounds)
+
+    memo: dict[UOp, UOp] = {}
+    new_outputs = [rebuild(o, memo, split) for o in outputs]
+    if not serves:
+        return outputs, {}, {}, frozenset()
+    original = {new: old for old, new in memo.items() if new is not old}
+    return new_outputs, original, {p: original.get(r, r) for p, r in serves.items()}, frozenset(serves)
+
+
+def _splittable_columns(r: UOp) -> bool:
+    """Whether a column part of `r` can be written (`_matmul_part`): a float matmul of constant sizes whose
+    right-hand side has the column axis."""
+    if r.dtype is None or not r.dtype.is_float or not all(isinstance(d, int) for d in shape_of(r.src[0])):
+        return False
+    b = _broadcast(r.src[0].src[1])[-1].src[0]  # type: ignore[index]
+    return len(shape_of(b)) >= 2
 
 
 SPLIT_COLUMNS = 32  # a matmul's output columns that are no multiple of this are split into a part that is ...
@@ -1008,7 +1125,10 @@ def create_schedule(outputs: list[UOp], caps: Capabilities | None = None, split_
         keep = {u for m in attention.find(outputs).values() for u in (m.p, *m.inline)}
         outputs, original, serves = split_odd_sizes(outputs, keep)
     if pack_matmul:
-        outputs, original_p, serves_p = pack_matmul_operands(outputs)
+        outputs, original_m, serves_m, parts = split_large_copies(outputs)
+        original = {new: original.get(old, old) for new, old in original_m.items()} | original
+        serves |= {part: serves.get(mm) or original.get(mm, mm) for part, mm in serves_m.items()}  # (a part's)
+        outputs, original_p, serves_p = pack_matmul_operands(outputs, parts)
         original = {new: original.get(old, old) for new, old in original_p.items()} | original
         serves |= {copy: serves.get(mm) or original.get(mm, mm) for copy, mm in serves_p.items()}  # (a part's)
         if split_columns:
