@@ -115,6 +115,7 @@ def find_realized(outputs: list[UOp], fuse_rows: bool = False,
     realized |= {n for o in outputs for n in o.toposort() if n.op is Ops.CONTIGUOUS}
     realized |= forced or set()
     reads = _moved_reads(outputs)
+    pieces = _concat_pieces(outputs)
     changed = True
     while changed:
         changed = False
@@ -157,7 +158,8 @@ def find_realized(outputs: list[UOp], fuse_rows: bool = False,
                     continue
                 for child in node.src:
                     child_state = _child_state(node, child, state, fuse_rows)
-                    if child_state == "general" and child not in realized and _moved_concat(node, child):
+                    if child_state == "general" and child not in realized and child not in pieces \
+                            and _moved_concat(node, child):
                         realized.add(child)
                         changed = True
                     row_fused = fuse_rows and node.op is Ops.EXPAND and _row_axes(node) is not None \
@@ -202,6 +204,24 @@ def _moved_reads(outputs: list[UOp]) -> dict[UOp, int]:
                 s = s.src[0]
             if moved and isinstance(factor, int):
                 out[s] = out.get(s, 0) + factor
+    return out
+
+
+def _concat_pieces(outputs: list[UOp]) -> set[UOp]:
+    """The concatenations that are themselves a piece of an enclosing one (a split matmul's parts joined, then
+    joined with its remainder): read through that one's PAD, which places them (`tgc.engine.placement`), not a
+    moved read that needs a buffer of their own."""
+    out: set[UOp] = set()
+    for n in {u for o in outputs for u in o.toposort()}:
+        if n.op not in (Ops.WHERE, Ops.ADD) or concat_of(n) is None:
+            continue
+        stack = list(n.src)
+        while stack:
+            u = stack.pop()
+            if u.op in (Ops.WHERE, Ops.ADD) and shape_of(u) == shape_of(n):
+                stack.extend(u.src)
+            elif u.op is Ops.PAD and u.src[0].op in (Ops.WHERE, Ops.ADD) and concat_of(u.src[0]) is not None:
+                out.add(u.src[0])
     return out
 
 
