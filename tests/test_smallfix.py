@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from langkit import bf16_round, run1
 
 import tgc
 
@@ -91,3 +92,26 @@ def test_onnx_integer_mod_unchanged(tmp_path, fmod):
     got = tgc.load(path).run(device="CPU", a=a, b=b)["y"]
     np.testing.assert_array_equal(got, np.fmod(a, b) if fmod else np.mod(a, b))
     np.testing.assert_array_equal(got, _reference(path, a, b))
+
+
+X = [1.0, 3.0, 7.0, 1000.0, -5.0, 0.3, 2.0, -11.0]
+
+
+@pytest.mark.parametrize("c", [0.1, 0.3, 1.7])
+def test_f16_constant_is_rounded_to_f16(device, c):
+    x = np.array(X, np.float16)
+    got = run1(f"x: f16[{len(X)}]\nreturn x * {c}", device, x=x)
+    want = x * np.float16(c)  # numpy: the constant is f16's, the product rounded to f16
+    assert got.dtype == np.float16
+    np.testing.assert_array_equal(got, want)
+    got = run1(f"x: f16[{len(X)}]\nreturn x + {c}", device, x=x)
+    np.testing.assert_array_equal(got, x + np.float16(c))
+
+
+@pytest.mark.parametrize("c", [0.1, 0.3, 1.7])
+def test_bf16_constant_is_rounded_to_bf16(device, c):
+    x = bf16_round(np.array(X, np.float32))
+    got = run1(f"x: bf16[{len(X)}]\nreturn x * {c}", device, x=x)
+    # tgc's rule (DESIGN.md, `f32_to_bf16`): the constant and each op's result round to nearest bf16, ties even
+    want = bf16_round(x * bf16_round(np.float32(c)))
+    np.testing.assert_array_equal(got, want)
