@@ -1,23 +1,35 @@
 """Rewrites that make a kernel AST easy for every backend to print.
 
 - Half floats: arithmetic on f16 and bf16 runs in f32 and rounds back after each op (what numpy does);
+  a half constant is rounded to its own type before it becomes f32;
   only loads, stores and casts ever see a half type. A cast between bf16 and anything but f32 goes
   through f32, so renderers need just two bf16 conversions.
 """
 
 from __future__ import annotations
 
-from tgc.dtype import dtypes
+import numpy as np
+
+from tgc.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16
 from tgc.ir.uop import ALU, COMPARE, Ops, PatternMatcher, UOp, UPat, graph_rewrite
 
 HALF = (dtypes.f16, dtypes.bf16)
+
+
+def _round_half(d: DType, v: object) -> object:
+    """A half constant's value as its own type holds it (f16: numpy's rounding; bf16: `f32_to_bf16`, nearest
+    even), so `x_f16 * 0.1` multiplies by f16's 0.1 as numpy's `x16 * np.float16(0.1)` does, not f32's."""
+    if d not in HALF or not isinstance(v, float):
+        return v
+    with np.errstate(over="ignore"):  # a constant past the type's range is its inf
+        return float(np.float16(v)) if d == dtypes.f16 else float(bf16_to_f32(f32_to_bf16(np.float32(v))))
 
 
 def _f32(u: UOp) -> UOp:
     if u.dtype == dtypes.f32:
         return u
     if u.op is Ops.CONST:
-        return UOp.const(dtypes.f32, u.arg)
+        return UOp.const(dtypes.f32, _round_half(u.dtype, u.arg))
     return UOp(Ops.CAST, dtypes.f32, (u,))
 
 

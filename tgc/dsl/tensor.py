@@ -236,10 +236,15 @@ class Tensor:
 
     def exp(self) -> Tensor:
         x = self._fcast()
+        if x.dtype.itemsize < 4:  # log2(e) rounded to f16/bf16 would scale the argument: work in f32
+            return x.cast(dtypes.f32).exp().cast(x.dtype)
         return (x * LOG2_E).exp2()
 
     def log(self) -> Tensor:
-        return self.log2() * LN_2
+        x = self._fcast()
+        if x.dtype.itemsize < 4:  # ln(2) rounded to f16/bf16 would scale the result: work in f32
+            return x.cast(dtypes.f32).log().cast(x.dtype)
+        return x.log2() * LN_2
 
     def sin(self) -> Tensor:
         return self._fcast()._unary(Ops.SIN)

@@ -140,6 +140,8 @@ def _linear(u: UOp, row: bool = False, out: dict | None = None, coef: float = 1.
         _linear(x, row, out, coef * k)
     elif u.op is Ops.FDIV and _const(u.src[1]) not in (None, 0.0):
         _linear(u.src[0], row, out, coef / _const(u.src[1]))
+    elif u.op is Ops.CAST and u.dtype == dtypes.f32 and u.src[0].dtype in (dtypes.f16, dtypes.bf16):
+        _linear(u.src[0], row, out, coef)  # a half exp computes in f32: the widening is exact
     elif _row_broadcast(u):
         _linear(u.src[0], True, out, coef)
     elif u.op is Ops.RESHAPE and row:
@@ -155,7 +157,8 @@ def _same(a: dict, b: dict) -> bool:
 
 def _exponent(e: UOp) -> UOp | None:
     """`a` where e = exp2(a) (an f32 exp, or a cast of one)."""
-    e = e.src[0] if e.op is Ops.CAST else e
+    while e.op is Ops.CAST:  # (a half exp is a cast of an f32 one, and a sum of it casts it back to f32)
+        e = e.src[0]
     return e.src[0] if e.op is Ops.EXP2 else None
 
 

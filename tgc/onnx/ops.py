@@ -191,14 +191,14 @@ def _mod(cx, node, ins, at, opset):
     ea, eb = _operands(cx, a, b)
     if at.get("fmod", 0):  # C fmod: the sign of the dividend
         if _is_float(a.dtype):
-            r = f"({ea} - trunc({ea} / {eb}) * {eb})"  # C fmod; fmod(x, +-inf) is x for a finite x
-            return [_cast(f"where(isinf({eb}) & isfinite({ea}), {ea}, {r})", a.dtype)]
+            # the language's float `%` is exact (the ALU's fmod moved to the divisor's sign); on |x| and |y| it
+            # moves nothing, so it is fmod(|x|, |y|) exactly (nan for y = 0 or x = +-inf, |x| for y = +-inf),
+            # which takes the sign of x (a zero x keeps its own: x - m is -0 for x = -0)
+            m = cx.let(f"(abs({ea}) % abs({eb}))", "m")
+            return [_cast(f"where({ea} < 0, -{m}, where({ea} == 0, {ea} - {m}, {m}))", a.dtype)]
         r = cx.let(f"({ea} % {eb})", "r")
         return [_cast(f"where(({r} != 0) & (({ea} < 0) != ({eb} < 0)), {r} - {eb}, {r})", a.dtype)]
-    if _is_float(a.dtype):  # numpy's mod: C fmod moved to the divisor's sign (x % +-inf, x % 0 as numpy)
-        f = cx.let(f"where(isinf({eb}) & isfinite({ea}), {ea}, {ea} - trunc({ea} / {eb}) * {eb})", "r")
-        return [_cast(f"where(({f} != 0) & (({f} < 0) != ({eb} < 0)), {f} + {eb}, {f})", a.dtype)]
-    return [_cast(f"({ea} % {eb})", a.dtype)]
+    return [_cast(f"({ea} % {eb})", a.dtype)]  # floats: the language's exact `%` (numpy's mod)
 
 
 @op("Pow")
