@@ -342,7 +342,8 @@ class Program:
                 except TgcError as e:  # (a model's error at these dims: said of its ONNX node too)
                     raise (onnx_at_node(e, self.onnx) if self.onnx is not None else e) from None
                 finally:  # (kept where it refuses too: the decisions made before the refusal)
-                    self._trace_decisions[key] = front
+                    if any(isinstance(v, SymSize) for v in dims.values()):
+                        self._trace_decisions[key] = front
             outs = split_large_reduces(outs)
             # an output that is an input, or that repeats another output, still gets its own kernel
             seen: set[UOp] = set()

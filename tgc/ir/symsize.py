@@ -62,8 +62,7 @@ def decided_from(decided: Sequence[tuple[Mapping[tuple[str, ...], int], int]]) -
     """The least size from which every symbolic dim keeps the answers of these decisions, as far as they are
     bounds from below: a polynomial whose every term of the dims has the sign it had (`N - 100 > 0`, `200 - N <
     0`, `N != 100`) keeps it wherever every dim exceeds its constant. (A slice of `y[-100:100]` clamps otherwise:
-    the plan is checked against the source below it.) Other decisions (`N < 300`, bounds from above) are not
-    bounded here."""
+    the plan is checked against the source below it.) Bounds from above (`N < 300`): `decided_upto`."""
     least = 2
     for t, s in decided:
         lead = [c for k, c in t.items() if k]
