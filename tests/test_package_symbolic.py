@@ -459,3 +459,21 @@ def test_a_dim_the_program_lacks_is_a_warning_for_a_symbolic_package_as_for_a_pr
         assert r.stderr.count("the program has no dim Q") == 1 and "error" not in r.stderr, r.stderr
     r = _cli("bench", sm_pkg, "-D", "N=3", "-D", "D=4", "-D", "Q=3", "--repeat", "1")
     assert r.returncode == 0 and r.stderr.count("the program has no dim Q") == 1, r.stderr
+
+
+def test_a_slice_bounds_the_packaged_class_from_above(tmp_path):
+    """`x[:300]` is all of x at the probes: a class-n package holds only below N = 300 (it gave 400 elements
+    at N = 400); above, the size is refused (exit 2), not answered wrong."""
+    src = tmp_path / "head.tg"
+    src.write_text("x: f32[N]\nreturn x[:300] * 2.0\n")
+    path = tmp_path / "head.tgpkg"
+    r = _cli("compile", src, "--package", path)
+    assert r.returncode == 0, r.stderr
+    pkg = tgc.load_package(path)
+    for n in (1, 33, 299):
+        x = np.linspace(-1, 1, n, dtype=np.float32)
+        np.testing.assert_array_equal(pkg.run(x=x)["out0"], x[:300] * 2, err_msg=f"N={n}")
+    for n in (300, 400):
+        with pytest.raises(PackageError, match="outside the size classes") as e:
+            pkg.run(x=np.zeros(n, np.float32))
+        assert e.value.exit_code == 2

@@ -18,7 +18,7 @@ from tgc.codegen import sizes
 from tgc.dtype import dtypes
 from tgc.engine.compare import compare
 from tgc.engine.inputs import random_inputs
-from tgc.ir.symsize import NotTraceable, SymFloat, SymSize, checked_at, decided_from
+from tgc.ir.symsize import NotTraceable, SymFloat, SymSize, checked_at, decided_from, decided_upto, recording
 from tgc.ir.uop import Ops, UOp
 
 KERNELS = pathlib.Path(__file__).resolve().parent.parent / "kernels"
@@ -102,7 +102,7 @@ def test_traced_once_same_kernels_and_results_as_the_probes(name, device, monkey
 
     counts.update(trace=0, schedule=0)
     other = probed.compile_symbolic(device)
-    assert counts["trace"] == 3  # the two probes and the representative size
+    assert counts["trace"] == 4  # the two probes, the representative size and the front end's size decisions
     assert list(probed.symbolic_paths.values())[0].startswith("probes")
 
     assert all(a is b for a, b in zip(plan.asts, other.asts)) and len(plan.asts) == len(other.asts)
@@ -247,6 +247,54 @@ def test_size_decisions_bound_the_trusted_sizes():
         assert (9 * n * n) // ((n + 2) * (n + 2)) == 8  # the same quotient at both probes: a plain int
         with pytest.raises(NotTraceable):
             (n * n) // (n + 7)  # 204 at N = 211, 216 at N = 223
+
+
+@pytest.mark.parametrize("expr", ["x[:300]", "x[-300:]", "x[5:300]"])
+def test_a_slice_that_is_all_of_x_at_the_probes_is_trusted_only_below_its_constant(expr):
+    """`x[:300]` traced at the probes (N of 211, 223) is all of x: the plan held above N = 300 too and gave 400
+    elements at N = 400 (numpy: 300), on both paths. The front end's decision `N < 300` now bounds the class's
+    range from above (size-specialized kernels run above it); the scheduler's thresholds do not."""
+    for one_trace in (True, False):
+        prog = tgc.loads(f"x: f32[N]\nreturn {expr} * 2.0")
+        prog.one_trace = one_trace
+        for n in (1, 33, 299, 300, 301, 400, 1000):
+            x = np.linspace(-1, 1, n, dtype=np.float32)
+            got = np.asarray(prog.run(device="CPU", symbolic=True, x=x)["out0"])
+            want = eval(expr, {"x": x}) * 2
+            assert got.shape == want.shape, (expr, one_trace, n)
+            np.testing.assert_array_equal(got, want, err_msg=f"{expr} N={n} one_trace={one_trace}")
+        if one_trace:
+            assert prog.symbolic_paths[("CPU", (("N", "n"),))] == "one trace"
+            assert prog.compile_symbolic("CPU").bound == 299
+            assert prog.run(device="CPU", symbolic=True, x=np.ones(299, np.float32)) and prog.last_run == "symbolic"
+        else:
+            assert prog.symbolic_paths[("CPU", (("N", "n"),))].startswith("probes")
+            plan = prog._symbolic(api._device("CPU"), (("N", "n"),))
+            assert isinstance(plan, str) or plan.bound == 299  # (x[5:300]: no probe-path plan at all)
+    # a program-cache class entry (saved by the runs above) is bound by its range too
+    again = tgc.loads(f"x: f32[N]\nreturn {expr} * 2.0")
+    x = np.arange(400, dtype=np.float32)
+    np.testing.assert_array_equal(again.run(device="CPU", symbolic=True, x=x)["out0"], eval(expr) * 2)
+
+
+def test_front_end_decisions_bound_the_range_and_heuristics_do_not():
+    """`decided_upto`: a decision bounding the dims from above keeps its answer up to the largest box of dims it
+    holds on; only the front end's decisions (`recording`) are given it, not the scheduler's thresholds:
+    reductions.tg (a split-reduce threshold met in its trace) and matmul keep the whole range."""
+    n, m = SymSize.dim("N", 211), SymSize.dim("M", 223)
+    with checked_at(({"N": 211, "M": 223}, {"N": 223, "M": 211})):
+        with recording() as front:
+            assert n < 300 and not n >= 300 and n > 100
+        with recording() as both:
+            assert m * n < 65536 and 2 * n - 1000 < 0
+        with recording() as none:
+            assert n > 1 and m - n != 0
+    assert decided_upto(front) == 299 and decided_from(front) == 101
+    assert decided_upto(both) == 255  # 255 * 255 < 65536 <= 256 * 256; 2N - 1000 < 0 holds to 499
+    assert decided_upto(none) is None and decided_upto([]) is None
+    for name, dims in (("reductions.tg", 2), ("matmul.tg", 3)):
+        plan = tgc.load(KERNELS / name).compile_symbolic("CPU")
+        assert plan.bound == sizes.var_bound(dims) and plan.trusted_from < 10, name
 
 
 def test_slices_with_a_step_of_minus_one_trace_once():

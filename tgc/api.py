@@ -58,7 +58,7 @@ from tgc.engine.schedule import ScheduleItem, create_schedule, kernel_name, spli
 from tgc.env import debug_level, env_flag, env_int
 from tgc.errors import BindError, CompileError, TgcError
 from tgc.ir.shapes import prod, shape_of
-from tgc.ir.symsize import NotTraceable, SymSize, checked_at, decided_from
+from tgc.ir.symsize import NotTraceable, SymSize, checked_at, decided_from, decided_upto, recording
 from tgc.ir.uop import Ops, UOp
 from tgc.onnx import at_node as onnx_at_node
 from tgc.onnx import read_model
@@ -149,6 +149,8 @@ class Program:
         # the name each declared input has in the arrays the engine gets: the caller's name, or a weight's
         self._in_names = [self.public.get(d.name, d.name) for d in self.parsed.inputs]
         self._traces: dict[tuple, tuple[list[UOp], list[UOp]]] = {}
+        # per traced dims, the front end's size decisions (`symsize.recording`; dims that are `SymSize`s only)
+        self._trace_decisions: dict[tuple, list] = {}
         self._kernels: dict[tuple, list[Kernel]] = {}
         self._launch_plans = LaunchPlans(self.MAX_PLANS)  # by (device, dims, BEAM): see `run`
         self._lines: dict[UOp, int] = {}  # tensor node -> the .tg line that first computed it
@@ -334,11 +336,14 @@ class Program:
     def _trace(self, dims: dict[str, int]) -> tuple[list[UOp], list[UOp]]:
         key = tuple(sorted(dims.items()))
         if key not in self._traces:
-            with timings.phase("trace"):
+            with timings.phase("trace"), recording() as front:
                 try:
                     outs, bufs = trace(self.parsed, dims, self._lines)
                 except TgcError as e:  # (a model's error at these dims: said of its ONNX node too)
                     raise (onnx_at_node(e, self.onnx) if self.onnx is not None else e) from None
+                finally:  # (kept where it refuses too: the decisions made before the refusal)
+                    if any(isinstance(v, SymSize) for v in dims.values()):
+                        self._trace_decisions[key] = front
             outs = split_large_reduces(outs)
             # an output that is an input, or that repeats another output, still gets its own kernel
             seen: set[UOp] = set()
@@ -593,8 +598,10 @@ class Program:
             if rep_items is not None and [sizes.name_shape(i.name) for i in rep_items] != \
                     [sizes.name_shape(i.name) for i in items1]:
                 rep_items = None
-        return self._plan_from(dev, cls, bound, templates_only, symbolic, p1, items1, asts1, slots1, k1, o1,
+        plan = self._plan_from(dev, cls, bound, templates_only, symbolic, p1, items1, asts1, slots1, k1, o1,
                                signature, in_shapes, rep_items, [sizes.name_shape(i.name) for i in items1])
+        # the probes agree where a slice clamps the same at both (`x[:300]`): the front end's decisions bound it
+        return self._bounded_by_decisions(plan, self._front_decisions(cls))
 
     def _plan_from(self, dev: Any, cls: tuple, bound: int, templates_only: bool, symbolic: list[str],
                    probe: dict[str, int], items1: list[ScheduleItem], asts1: list[UOp], slots1: list, k1: list,
@@ -659,12 +666,8 @@ class Program:
         p1, p2 = sizes.probes(cls)  # traced at the first; each size decision must come out the same at both
         tagged = {n: SymSize.dim(n, v) if n in symbolic else v for n, v in p1.items()}
         try:
-            # traced again here, not the trace an earlier build kept (another device's, a smaller bound's): its size
-            # decisions are recorded only while it traces, and they bound the sizes the plan trusts
-            self._traces.pop(tuple(sorted(tagged.items())), None)
-            with checked_at((p1, p2)) as decided:
+            with checked_at((p1, p2)):
                 outs, bufs = self._trace(tagged)
-                traced_from = decided_from(decided)  # (the graph's decisions: the scheduler's are its heuristics')
                 items = [i for i in create_schedule(outs, dev.caps, split_columns=False) if i.ast.src]
             if any("attention" in i.meta or "unfused_ast" in i.meta for i in items):
                 # the fused attention's schedule at the representative size, where the heuristic picks the fast
@@ -689,9 +692,7 @@ class Program:
             plan = self._plan_from(dev, cls, bound, templates_only, symbolic, p1, items, asts, slots, kslots,
                                    oslots, signature, in_shapes, None if env_flag("NOOPT") else rep_items, shapes,
                                    named=True)
-            # below the sizes its graph's decisions hold from (a slice's clamp at `N - 100`), the source checks it
-            plan.trusted_from = max(plan.trusted_from, traced_from)
-            return plan
+            return self._bounded_by_decisions(plan, self._trace_decisions[tuple(sorted(tagged.items()))])
         except NotTraceable as e:
             return str(e)
         except TgcError as e:
@@ -700,6 +701,35 @@ class Program:
             return f"traced once: {e.msg}"
         except Exception as e:  # noqa: BLE001 - a size that code does not expect: the probes decide, never a crash
             return f"traced once: {type(e).__name__}: {e}"
+
+    def _front_decisions(self, cls: tuple) -> list:
+        """The front end's size decisions for a class traced at its first probe with its dims as `SymSize`s
+        (answered as the probes answer them): what the probe path, tracing at plain sizes, does not see. Where
+        the trace refuses (`NotTraceable`), the decisions made before the refusal."""
+        symbolic = [n for n, c in cls if c in sizes.SYMBOLIC]
+        p1, p2 = sizes.probes(cls)
+        tagged = {n: SymSize.dim(n, v) if n in symbolic else v for n, v in p1.items()}
+        key = tuple(sorted(tagged.items()))
+        if key not in self._trace_decisions:
+            with checked_at((p1, p2)):
+                try:
+                    self._trace(tagged)
+                except Exception:  # noqa: BLE001 - a refusal or error: the decisions made before it are kept
+                    pass
+        return self._trace_decisions.get(key, [])
+
+    @staticmethod
+    def _bounded_by_decisions(plan: SymbolicPlan, decided: list) -> SymbolicPlan:
+        """`plan` trusted only where the front end's size decisions keep their answers at the probes: from
+        where those bounding the dims from below hold (a slice's clamp at `N - 100`: checked with the source
+        below), up to where those bounding them from above hold (`x[:300]` is all of x up to N = 299: above,
+        the dims leave the class's range and run size-specialized). The scheduler's decisions are not counted:
+        its thresholds (split-reduce, packing) change the speed, not the result."""
+        plan.trusted_from = max(plan.trusted_from, decided_from(decided))
+        upto = decided_upto(decided)
+        if upto is not None:
+            plan.bound = min(plan.bound, upto)
+        return plan
 
     def _store_class_winners(self, dev: Any, dims: dict[str, int]) -> int:
         """After BEAM at `dims`: each kernel's stored winner also becomes the winner of its symbolic form for the

@@ -62,14 +62,54 @@ def decided_from(decided: Sequence[tuple[Mapping[tuple[str, ...], int], int]]) -
     """The least size from which every symbolic dim keeps the answers of these decisions, as far as they are
     bounds from below: a polynomial whose every term of the dims has the sign it had (`N - 100 > 0`, `200 - N <
     0`, `N != 100`) keeps it wherever every dim exceeds its constant. (A slice of `y[-100:100]` clamps otherwise:
-    the plan is checked against the source below it.) Other decisions (`N < 300`, bounds from above) are not
-    bounded here."""
+    the plan is checked against the source below it.) Bounds from above (`N < 300`): `decided_upto`."""
     least = 2
     for t, s in decided:
         lead = [c for k, c in t.items() if k]
         if s and lead and all((c > 0) == (s > 0) for c in lead):
             least = max(least, abs(t.get((), 0)) + 1)
     return least
+
+
+def decided_upto(decided: Sequence[tuple[Mapping[tuple[str, ...], int], int]]) -> int | None:
+    """The largest size up to which every symbolic dim keeps the answers of these decisions, as far as they are
+    bounds from above (`N - 300 < 0`: a slice `x[:300]` that is all of x at the probes; `N != 300` is read as
+    one too), or None where none bounds. A polynomial whose every term of the dims has the sign opposite to its
+    answer's keeps it on the box of dims 2..B where it keeps it with every dim at B (its terms grow with each
+    dim). Give it only the front end's decisions (`recording`): the scheduler's thresholds choose speed, not
+    the result, and must not bound the plan."""
+    top: int | None = None
+    for t, s in decided:
+        lead = [(k, c) for k, c in t.items() if k and c]
+        if not s or not lead or not all((c > 0) != (s > 0) for _, c in lead):
+            continue
+        lo, hi = 1, 1 << 64  # kept with every dim at lo (or lo = 1: none kept), not at hi
+        if _kept_at(t, s, hi):
+            continue
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if _kept_at(t, s, mid) else (lo, mid)
+        top = lo if top is None else min(top, lo)
+    return top
+
+
+def _kept_at(t: Mapping[tuple[str, ...], int], s: int, size: int) -> bool:
+    """Whether the polynomial `t` has the sign `s` with every dim at `size`."""
+    v = _eval(dict(t), {n: size for k in t for n in k})
+    return (v > 0) - (v < 0) == s
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[tuple[dict[tuple[str, ...], int], int]]]:
+    """Within: the decisions answered go to a fresh list (yielded), not to the enclosing `checked_at`'s: the
+    front end's own decisions (a slice's clamp), which change the program's meaning, told apart from the
+    scheduler's heuristics (a split-reduce threshold), which change only its speed."""
+    decided: list[tuple[dict[tuple[str, ...], int], int]] = []
+    token = _DECIDED.set(decided)
+    try:
+        yield decided
+    finally:
+        _DECIDED.reset(token)
 
 
 class NotTraceable(Exception):
@@ -443,4 +483,5 @@ def is_symbolic(v: Any) -> bool:
     return isinstance(v, (SymSize, SymFloat))
 
 
-__all__ = ["Mono", "SMALLEST", "NotTraceable", "SymSize", "SymFloat", "checked_at", "decided_from", "is_symbolic"]
+__all__ = ["Mono", "SMALLEST", "NotTraceable", "SymSize", "SymFloat", "checked_at", "decided_from", "decided_upto",
+           "is_symbolic", "recording"]
