@@ -7,6 +7,7 @@ import dataclasses
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -538,12 +539,21 @@ def build_symbolic_kernel(item: ScheduleItem, device: Any, probe: dict[str, int]
             for r in OptKernel(ast, device).ranges():
                 work = work * r.src[0]
             checks.append(("at least", work, 2 * MIN_WORK_PER_THREAD))
-    names = _var_names(ast.toposort())
-    low = lower(ast, device, item.bufs, name, opts=list(opts or []), vals=tuple(probe[n] for n in names))
+    return _symbolic_kernel(
+        lambda vals: lower(ast, device, item.bufs, name, opts=list(opts or []), vals=vals),
+        ast, item, device, probe, name, checks, compile)
+
+
+def _symbolic_kernel(lower_at: Callable[[tuple[int, ...]], Any], template: UOp, item: ScheduleItem, device: Any,
+                     probe: dict[str, int], name: str, checks: list, compile: bool) -> Kernel:
+    """A symbolic kernel from `lower_at(vals)` (a lowering at the probe's values of the template's variables, in
+    their order): lowered again when a pass folded a variable away, compiled, its grid at the probe sizes."""
+    names = _var_names(template.toposort())
+    low = lower_at(tuple(probe[n] for n in names))
     final = _var_names(low.uops)
     if final != names:  # a pass folded a variable away: lower again with the values in their final order
         names = final
-        low = lower(ast, device, item.bufs, name, opts=list(opts or []), vals=tuple(probe[n] for n in names))
+        low = lower_at(tuple(probe[n] for n in names))
     binary, err, key = _compile_cached(device, low.src) if compile else (None, "not compiled", None)
     launch = low.launch
     grid = launch.get("grid")
@@ -551,7 +561,7 @@ def build_symbolic_kernel(item: ScheduleItem, device: Any, probe: dict[str, int]
                   global_size=launch.get("global_size", (1, 1, 1)), local_size=launch.get("local_size"),
                   vals=tuple(probe[n] for n in names), flops=0, bytes_moved=0, line=item.line, compile_error=err,
                   device=device, opts=low.applied, cache_key=key, var_names=tuple(names), checks=checks,
-                  template=ast, grid=grid)
+                  template=template, grid=grid)
     if grid is not None:  # the grid at the probe sizes, as `vals` holds the probe values
         kern.global_size = symbolic_grid(kern, probe)
     return kern
@@ -570,24 +580,8 @@ def _symbolic_attention(item: ScheduleItem, device: Any, probe: dict[str, int], 
         for r in (*k.spec.loops, k.spec.rj):
             work = work * r.src[0]
         checks.append(("at least", work, 2 * MIN_WORK_PER_THREAD))
-
-    names = _var_names(item.ast.toposort())
-    low = lower_attention(item, device, name, opts or None, vals=tuple(probe[n] for n in names))
-    final = _var_names(low.uops)
-    if final != names:  # a pass folded a variable away: lower again with the values in their final order
-        names = final
-        low = lower_attention(item, device, name, opts or None, vals=tuple(probe[n] for n in names))
-    binary, err, key = _compile_cached(device, low.src) if compile else (None, "not compiled", None)
-    launch = low.launch
-    grid = launch.get("grid")
-    kern = Kernel(name=name, src=low.src, binary=binary, uops=low.uops, ast=low.ast, bufs=low.bufs,
-                  global_size=launch.get("global_size", (1, 1, 1)), local_size=launch.get("local_size"),
-                  vals=tuple(probe[n] for n in names), flops=0, bytes_moved=0, line=item.line, compile_error=err,
-                  device=device, opts=low.applied, cache_key=key, var_names=tuple(names), checks=checks,
-                  template=item.ast, grid=grid)
-    if grid is not None:
-        kern.global_size = symbolic_grid(kern, probe)
-    return kern
+    return _symbolic_kernel(lambda vals: lower_attention(item, device, name, opts or None, vals=vals),
+                            item.ast, item, device, probe, name, checks, compile)
 
 
 def symbolic_grid(k: Kernel, dims: dict[str, int]) -> tuple[int, int, int]:

@@ -1136,7 +1136,8 @@ def create_schedule(outputs: list[UOp], caps: Capabilities | None = None, split_
     """The kernels computing `outputs`, in launch order, for a device that declares `caps` (its row fusion and
     matmul packing; None: neither). The tensor graph itself is device-neutral. Each item's `bufs` are nodes
     of the graph given (a packed copy is a node of its own). `split_columns=False` keeps matmuls with odd
-    columns whole (`split_odd_columns` depends on the sizes: kernels compiled for a size class do not)."""
+    columns and packed copies whole (`split_odd_columns` and `split_large_copies` depend on the sizes: kernels
+    compiled for a size class do not)."""
     check_sizes(outputs)
     fuse_rows, pack_matmul = (caps.fuse_rows, caps.pack_matmul) if caps is not None else (False, False)
     original: dict[UOp, UOp] = {}
@@ -1145,9 +1146,11 @@ def create_schedule(outputs: list[UOp], caps: Capabilities | None = None, split_
         keep = {u for m in attention.find(outputs).values() for u in (m.p, *m.inline)}
         outputs, original, serves = split_odd_sizes(outputs, keep)
     if pack_matmul:
-        outputs, original_m, serves_m, parts = split_large_copies(outputs)
-        original = {new: original.get(old, old) for new, old in original_m.items()} | original
-        serves |= {part: serves.get(mm) or original.get(mm, mm) for part, mm in serves_m.items()}  # (a part's)
+        parts: frozenset[UOp] = frozenset()
+        if split_columns:  # (a size class's kernels keep the copy whole: the part count depends on the sizes)
+            outputs, original_m, serves_m, parts = split_large_copies(outputs)
+            original = {new: original.get(old, old) for new, old in original_m.items()} | original
+            serves |= {part: serves.get(mm) or original.get(mm, mm) for part, mm in serves_m.items()}  # (a part's)
         outputs, original_p, serves_p = pack_matmul_operands(outputs, parts)
         original = {new: original.get(old, old) for new, old in original_p.items()} | original
         serves |= {copy: serves.get(mm) or original.get(mm, mm) for copy, mm in serves_p.items()}  # (a part's)
