@@ -227,8 +227,19 @@ def _concat_pieces(outputs: list[UOp]) -> set[UOp]:
 
 def _moved_concat(node: UOp, child: UOp) -> bool:
     """Whether `child` is a concatenation that `node` reads at moved indices or through a broadcast (a pad, a
-    window): it gets a buffer its pieces' producers write in place (`tgc.engine.placement`)."""
-    return (node.op in _EXPANDING or moves_index(node)) and child.op in ALU and concat_of(child) is not None
+    window): it gets a buffer its pieces' producers write in place (`tgc.engine.placement`). Only where some piece
+    is computed: pieces that are all the program's inputs would only be copied (the reader reads them in place)."""
+    if not ((node.op in _EXPANDING or moves_index(node)) and child.op in ALU):
+        return False
+    c = concat_of(child)
+    return c is not None and any(not _stored(src) for _off, _size, src in c.pieces)
+
+
+def _stored(node: UOp) -> bool:
+    """Whether `node` is a buffer or a constant seen through movement ops (nothing to compute)."""
+    while node.op in _MOVEMENT:
+        node = node.src[0]
+    return node.op in (Ops.BUFFER, Ops.CONST)
 
 
 def _epilogue_of_reduction(node: UOp, realized: set[UOp]) -> bool:
