@@ -162,19 +162,31 @@ def _inner_join(u: UOp) -> UOp | None:
 
 
 def _sum_nodes(u: UOp) -> list[UOp]:
-    """The nodes of a join (`u` first): its tree of ADDs, and the PADs of joins inside it with those joins."""
-    out = [u]
-    for s in u.src:
+    """The nodes of a join (`u` first): its tree of ADDs, and the PADs of joins inside it with those joins (walked
+    without recursion: a long sum is a deep tree)."""
+    out, stack = [u], list(reversed(u.src))
+    while stack:
+        s = stack.pop()
         if s.op is Ops.ADD:
-            out += _sum_nodes(s)
+            out.append(s)
+            stack.extend(reversed(s.src))
         elif (inner := _inner_join(s)) is not None:
-            out += [s] + _sum_nodes(inner)
+            out += [s, inner]
+            stack.extend(reversed(inner.src))
     return out
 
 
 def _sum_terms(u: UOp) -> list[UOp]:
-    """The terms of a tree of ADDs (a join of more than two parts: `((p0 + p1) + p2) + ...`, each a PAD)."""
-    return [t for s in u.src for t in (_sum_terms(s) if s.op is Ops.ADD else [s])]
+    """The terms of a tree of ADDs (a join of more than two parts: `((p0 + p1) + p2) + ...`, each a PAD), left to
+    right (walked without recursion)."""
+    out, stack = [], list(reversed(u.src))
+    while stack:
+        s = stack.pop()
+        if s.op is Ops.ADD:
+            stack.extend(reversed(s.src))
+        else:
+            out.append(s)
+    return out
 
 
 def concat_of(node: UOp) -> Concat | None:
