@@ -213,8 +213,8 @@ def _concat_pieces(outputs: list[UOp]) -> set[UOp]:
     moved read that needs a buffer of their own."""
     out: set[UOp] = set()
     for n in {u for o in outputs for u in o.toposort()}:
-        if n.op not in (Ops.WHERE, Ops.ADD) or concat_of(n) is None:
-            continue
+        if n.op not in (Ops.WHERE, Ops.ADD) or not any(x.op is Ops.PAD for x in n.src) or concat_of(n) is None:
+            continue  # (a join's sums have a PAD term: a long sum of other terms is not walked once per ADD)
         stack = list(n.src)
         while stack:
             u = stack.pop()
