@@ -30,6 +30,11 @@ def _proof(src: str) -> int | None:
     return prove_short(src, parse_contract(src, "llvm").contract)
 
 
+def _softmax(s: np.ndarray) -> np.ndarray:
+    """numpy's row softmax (the reference for SOFTMAX)."""
+    e = np.exp(s - s.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
 @needs_cpu
 def test_small_tgc_kernels_are_proven_and_large_ones_are_not():
     small = _sources(SOFTMAX, {"N": 4, "D": 8}) + _sources(MLP, {"N": 16, "D": 32})
@@ -119,9 +124,8 @@ def test_small_programs_run_inline_with_numpy_results(cpu_server, monkeypatch):
             np.testing.assert_allclose(out, np.maximum(x @ w, 0) @ w, rtol=1e-4, atol=1e-4)
         assert cpu_server.inline_launches == 6  # two kernels a run, none in a worker
         s = rng.standard_normal((4, 8)).astype(np.float32)
-        e = np.exp(s - s.max(axis=1, keepdims=True))
-        np.testing.assert_allclose(tgc.loads(SOFTMAX).run(device="REMOTE", x=s)["out0"],
-                                   e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(tgc.loads(SOFTMAX).run(device="REMOTE", x=s)["out0"], _softmax(s),
+                                   rtol=1e-5, atol=1e-6)
         assert cpu_server.inline_launches == 7
     finally:
         _drop_remote_instances()
@@ -133,9 +137,8 @@ def test_a_kernel_not_proven_short_still_runs_in_a_worker(cpu_server, monkeypatc
     _use_server_without_token(monkeypatch, cpu_server.port)
     try:
         s = np.random.default_rng(1).standard_normal((256, 256)).astype(np.float32)
-        e = np.exp(s - s.max(axis=1, keepdims=True))
-        np.testing.assert_allclose(tgc.loads(SOFTMAX).run(device="REMOTE", x=s)["out0"],
-                                   e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(tgc.loads(SOFTMAX).run(device="REMOTE", x=s)["out0"], _softmax(s),
+                                   rtol=1e-5, atol=1e-6)
         assert cpu_server.inline_launches == 0
     finally:
         _drop_remote_instances()
