@@ -1750,6 +1750,9 @@ def _uop_expr(u: Any) -> Any:
     return None
 
 
+_SCAN_LIMIT = 4096  # the largest `trusted_from` below which `_class_minimum` checks each size with the source
+
+
 def _class_minimum(prog: Any, plan: Any, cls: tuple) -> dict[str, int]:
     """Per symbolic dim, the least size the package accepts. At the probes (primes of 211 and more) every
     symbolic dim exceeds every constant of the program, so the symbolic kernels hold wherever each dim exceeds
@@ -1769,6 +1772,8 @@ def _class_minimum(prog: Any, plan: Any, cls: tuple) -> dict[str, int]:
         except TgcError:
             return False
 
+    if top > _SCAN_LIMIT:  # (sizes below a constant this large cannot be checked one by one: none taken)
+        return {n: top for n in sym}
     least = {}
     for n in sym:
         least[n] = 2
