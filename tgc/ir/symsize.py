@@ -71,6 +71,9 @@ def decided_from(decided: Sequence[tuple[Mapping[tuple[str, ...], int], int]]) -
     return least
 
 
+INDEX_LIMIT = 2 ** 31 - 1  # decisions at this size or past it choose an index width, not a result
+
+
 def decided_upto(decided: Sequence[tuple[Mapping[tuple[str, ...], int], int]]) -> int | None:
     """The largest size up to which every symbolic dim keeps the answers of these decisions, as far as they are
     bounds from above (`N - 300 < 0`: a slice `x[:300]` that is all of x at the probes; `N != 300` is read as
@@ -83,6 +86,8 @@ def decided_upto(decided: Sequence[tuple[Mapping[tuple[str, ...], int], int]]) -
         lead = [(k, c) for k, c in t.items() if k and c]
         if not s or not lead or not all((c > 0) != (s > 0) for _, c in lead):
             continue
+        if abs(t.get((), 0)) >= INDEX_LIMIT:  # an index's width (argmax's i32 result, `N * M < 2^31`): every
+            continue  # symbolic kernel's launch checks refuse sizes whose indices pass i32 (a box bound of sqrt)
         lo, hi = 1, 1 << 64  # kept with every dim at lo (or lo = 1: none kept), not at hi
         if _kept_at(t, s, hi):
             continue
