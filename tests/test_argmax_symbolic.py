@@ -1,9 +1,10 @@
 """argmax/argmin as one symbolic plan: no constant of the formula raises the sizes the plan trusts.
 
-Its score for an element that is neither a nan nor a maximum was the index type's minimum (-2^31): the plan's
-`trusted_from` (every dim must exceed every constant of the graph) became 2^31 + 5, so every symbolic run checked
-the source, a package of `kernels/argmax.tg` refused every size, and the package builder's scan of the sizes below
-it (`_class_minimum`) ran for hours (the whole suite's CI stalled on it). The score is now -n, a size.
+Its score for an element that is neither a nan nor a maximum is the index type's minimum (-2^31): counted as a
+size constant, it raised the plan's `trusted_from` (every dim must exceed every constant of the graph) to
+2^31 + 5, so every symbolic run checked the source, a package of `kernels/argmax.tg` refused every size, and the
+package builder's scan of the sizes below it (`_class_minimum`) ran for hours (CI stalled on it). Constants at
+the i32 limit or past it are no sizes (`sizes.signature_max_constant`).
 """
 
 from __future__ import annotations

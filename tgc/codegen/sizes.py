@@ -29,7 +29,7 @@ from tgc.codegen.opt import OptOps
 from tgc.dtype import dtypes
 from tgc.ir.shapes import shape_of
 from tgc.ir.symbolic import simplify
-from tgc.ir.symsize import SMALLEST, Mono, SymFloat, SymSize
+from tgc.ir.symsize import INDEX_LIMIT, SMALLEST, Mono, SymFloat, SymSize
 from tgc.ir.uop import Ops, PatternMatcher, RangeKind, UOp, UPat, graph_rewrite, substitute
 
 INDEX = dtypes.index
@@ -321,20 +321,27 @@ def instantiate_signature(sig: tuple, dims: Mapping[str, int]) -> tuple:
 
 
 def signature_max_constant(sig: tuple) -> int:
-    """The largest plain integer (not a size of the dims) in a symbolic graph signature's arguments."""
+    """The largest plain integer (not a size of the dims) in a symbolic graph signature's arguments, below the
+    i32 limit: a constant at or past it (argmax's score for the other elements, the index type's minimum) is no
+    size a served dim reaches, and a product of dims that passes it is refused by every symbolic kernel's launch
+    checks on its indices (`symsize.INDEX_LIMIT`, as `decided_upto`)."""
     best = 0
 
-    def walk(v: Any) -> None:
+    def keep(c: int) -> None:
         nonlocal best
+        if abs(c) < INDEX_LIMIT:
+            best = max(best, abs(c))
+
+    def walk(v: Any) -> None:
         if isinstance(v, tuple) and len(v) == 2 and v[0] in ("#", "#f", "#r"):
             if not v[1][1]:  # a Mono without dims: a plain constant
-                best = max(best, abs(int(v[1][0])))
+                keep(int(v[1][0]))
             return
         if isinstance(v, tuple):
             for x in v:
                 walk(x)
         elif isinstance(v, int) and not isinstance(v, bool):
-            best = max(best, abs(v))
+            keep(v)
 
     for row in sig:
         if row[0] is Ops.BUFFER:

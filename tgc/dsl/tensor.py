@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from tgc.dtype import DType, PromotionError, dtypes, promote, sum_dtype
+from tgc.dtype import DType, PromotionError, dtypes, min_max, promote, sum_dtype
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.symsize import SymSize
 from tgc.ir.uop import COMPARE, Ops, UOp
@@ -512,11 +512,10 @@ class Tensor:
             return n - best
         # numpy: the first nan wins. The max is taken with nan as -inf (no nan reaches the reduction, whose
         # accumulate LLVM may compile assuming none); a nan scores n - i in 1..n, a maximum -i in 1-n..0, any
-        # other element -n, so one max finds the first nan, else the first maximum. (-n, not the index type's
-        # minimum: a size, so the symbolic plan's trusted sizes are not raised past every size by a constant)
+        # other element the index type's minimum, so one max finds the first nan, else the first maximum.
         nan = x != x
         m = nan.where(-math.inf, x).max(a, keepdim=True)
-        score = nan.where(countdown, (x == m).where(countdown - n, Tensor.const(-n, index)))
+        score = nan.where(countdown, (x == m).where(countdown - n, Tensor.const(min_max(index)[0], index)))
         best = score.max(a, keepdim)
         return (best > 0).where(n - best, -best)
 

@@ -488,5 +488,5 @@ def is_symbolic(v: Any) -> bool:
     return isinstance(v, (SymSize, SymFloat))
 
 
-__all__ = ["Mono", "SMALLEST", "NotTraceable", "SymSize", "SymFloat", "checked_at", "decided_from", "decided_upto",
-           "is_symbolic", "recording"]
+__all__ = ["INDEX_LIMIT", "Mono", "SMALLEST", "NotTraceable", "SymSize", "SymFloat", "checked_at", "decided_from",
+           "decided_upto", "is_symbolic", "recording"]
