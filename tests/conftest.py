@@ -25,6 +25,11 @@ sys.dont_write_bytecode = False
 # set at import time, before tgc reads them, so that no test ever touches the user's home
 _CACHE_ROOT = tempfile.mkdtemp(prefix="tgc-tests-")
 os.environ["POCL_CACHE_DIR"] = os.path.join(_CACHE_ROOT, "pocl")
+# PoCL builds a kernel's generic work-group function when tgc asks for its binary, then, by default, compiles
+# another one specialized to each launch's sizes at its first launch: ~0.2 s a kernel, a quarter of the OPENCL
+# language suite's time (each test's kernels are new). Tests launch the generic one (the same threads and
+# results; only PoCL's speed differs). Set before PoCL loads; inherited by every subprocess.
+os.environ.setdefault("POCL_WORK_GROUP_SPECIALIZATION", "0")
 os.environ["XDG_CACHE_HOME"] = _CACHE_ROOT
 # every kernel any test builds, for any device, goes through the bounds verifier (tgc/codegen/verify.py): a
 # kernel that would touch memory outside a buffer fails its test even where the hardware forgives it
