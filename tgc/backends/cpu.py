@@ -201,6 +201,7 @@ class CPUDevice(Device):
         self.allocator = CPUAllocator()
         self._pool: ThreadPoolExecutor | None = None
         self._pool_size = 0
+        self._pool_lock = threading.Lock()  # (two threads growing the pool at once would make two)
         self.share: int | None = None  # in a device list: this device's part of the cores (`shared`)
         self.graph_lock = threading.Lock()  # one multi-thread graph at a time (see tgc.backends.cpu_graph)
 
@@ -237,12 +238,15 @@ class CPUDevice(Device):
         return dev
 
     def pool(self, threads: int) -> ThreadPoolExecutor:
-        if self._pool is None or self._pool_size < threads:
-            from concurrent.futures import ThreadPoolExecutor
+        """A thread pool of at least `threads` workers, kept for the device. A smaller one is replaced, not shut
+        down: a launch on another thread may still be submitting to it (its threads end with the process)."""
+        with self._pool_lock:
+            if self._pool is None or self._pool_size < threads:
+                from concurrent.futures import ThreadPoolExecutor
 
-            self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tgc-cpu")
-            self._pool_size = threads
-        return self._pool
+                self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tgc-cpu")
+                self._pool_size = threads
+            return self._pool
 
     def binary_target(self) -> str:
         """x86-64 objects for this CPU's model and features: what `tgc.backends.elf` loads, whichever llvmlite
