@@ -57,7 +57,12 @@ def as_array(value: Any, decl: Any, cast: bool, at: dict[str, Any]) -> np.ndarra
             and not isinstance(value, np.generic):
         value = _from_array_object(value, decl.name)
     if isinstance(value, (bool, int, float, np.generic)) or (isinstance(value, (list, tuple))):
-        value = np.asarray(value)
+        try:
+            value = np.asarray(value)
+        except (ValueError, TypeError, OverflowError) as e:  # a ragged list, an int past every dtype ...
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise TgcError(f"input '{decl.name}': cannot convert the {type(value).__name__} to an array: {reason}",
+                           hint=f"give it as a numpy array ({_decl_text(decl)})") from None
         if value.dtype == np.float64 and want.is_float or value.dtype.kind in "iub" and not want.is_float:
             cast = True
     if not isinstance(value, np.ndarray):
