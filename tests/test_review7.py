@@ -1,0 +1,68 @@
+"""Defects a new user meets first (review of the CLI and the README's quick start at 4d1e156): each test fails
+without its fix. Bad input must be one clear error with CLI.md's exit status, never a traceback or an internal
+error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from clikit import assert_clean, invoke
+
+import tgc
+
+KERNELS = Path(__file__).resolve().parent.parent / "kernels"
+SOFTMAX = str(KERNELS / "softmax.tg")
+
+
+def _baseline(tmp_path: Path, doc: object) -> str:
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+GOOD_RECORD = {"name": "r_4_8_8_8", "median_s": 1e-6, "min_s": 9e-7, "max_s": 2e-6, "iqr_s": 1e-7}
+
+
+@pytest.mark.parametrize("doc, words", [
+    ({"kernels": [{**GOOD_RECORD, "median_s": "fast"}]}, ["kernels[0].median_s is \"fast\""]),
+    ({"kernels": [7]}, ["kernels[0] is 7, not an object"]),
+    ({"kernels": [GOOD_RECORD], "program": "x"}, ["'program' is \"x\", not an object"]),
+    ({"kernels": None}, ["'kernels' is null, not a list"]),
+    ({"kernels": [{**GOOD_RECORD, "iqr_s": -1}]}, ["kernels[0].iqr_s is -1"]),
+    ({"kernels": [GOOD_RECORD], "program": {**GOOD_RECORD, "max_s": True}}, ["program.max_s is true"]),
+    ({"kernels": [{**GOOD_RECORD, "name": 3}]}, ["kernels[0].name is 3, not a string"]),
+])
+def test_an_edited_bench_baseline_is_one_clear_error(tmp_path, doc, words):
+    # a hand-edited --baseline (a time as a string, a record that is not an object) was an internal error (exit 1)
+    # from compare_baseline's arithmetic after the whole bench ran
+    r = invoke("bench", SOFTMAX, "-D", "N=4", "-D", "D=8", "--repeat", "1", "--baseline", _baseline(tmp_path, doc))
+    assert_clean(r, 2, "--baseline", "is not the output of tgc bench --json", *words)
+
+
+def test_a_well_formed_baseline_is_still_compared(tmp_path):
+    # the validation must not refuse what `tgc bench --json` writes: null times (not measured) included
+    r = invoke("bench", SOFTMAX, "-D", "N=4", "-D", "D=8", "--repeat", "1", "--json")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    doc["kernels"][0]["iqr_s"] = None
+    r = invoke("bench", SOFTMAX, "-D", "N=4", "-D", "D=8", "--repeat", "1", "--json", "--baseline",
+               _baseline(tmp_path, doc))
+    assert r.exit_code in (0, 1), (r.exit_code, r.stderr)  # (1: a timing regression on a loaded machine)
+    assert "internal error" not in r.stderr and "is not the output" not in r.stderr, r.stderr
+    rows = json.loads(r.stdout)["baseline"]["rows"]
+    assert [row["name"] for row in rows] == [k["name"] for k in doc["kernels"]] + ["(program)"]
+    assert all(row["old_s"] is not None for row in rows)
+
+
+def test_a_ragged_list_input_is_a_tgc_error():
+    # README: an input may be a Python list; a ragged one raised numpy's ValueError, not tgc.TgcError
+    prog = tgc.load(SOFTMAX)
+    with pytest.raises(tgc.TgcError, match=r"input 'x': cannot convert the list to an array"):
+        prog.run(x=[[1.0, 2.0], [3.0]])
+    rows = [[float(i * 8 + j) for j in range(8)] for i in range(4)]  # a rectangular list still runs
+    x = np.array(rows, np.float32)
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(prog.run(x=rows)["out0"], e / e.sum(axis=1, keepdims=True), rtol=1e-5)
