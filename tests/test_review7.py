@@ -4,7 +4,10 @@ error."""
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -66,3 +69,30 @@ def test_a_ragged_list_input_is_a_tgc_error():
     x = np.array(rows, np.float32)
     e = np.exp(x - x.max(axis=1, keepdims=True))
     np.testing.assert_allclose(prog.run(x=rows)["out0"], e / e.sum(axis=1, keepdims=True), rtol=1e-5)
+
+
+@pytest.mark.parametrize("target", ["out0=pipe.npy", "pipe.npz"])
+def test_an_output_named_pipe_is_written_not_replaced(tmp_path, target):
+    # `-o` onto an existing FIFO (or a device such as /dev/stdout) staged a temporary file and renamed it over the
+    # target: the pipe was replaced by a regular file and its reader got nothing (as root, `-o out0=/dev/full`
+    # replaced the device node)
+    x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    pipe = tmp_path / target.split("=")[-1]
+    os.mkfifo(pipe)
+    reader = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)  # (the output is far smaller than the pipe's buffer)
+    try:
+        out = target.replace("pipe", str(tmp_path / "pipe"))
+        r = invoke("run", SOFTMAX, "-i", f"x={tmp_path / 'x.npy'}", "-o", out)
+        assert r.exit_code == 0, r.stderr
+        data = b""
+        while chunk := os.read(reader, 1 << 16):
+            data += chunk
+    finally:
+        os.close(reader)
+    assert stat.S_ISFIFO(os.stat(pipe).st_mode)
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    got = np.load(io.BytesIO(data))
+    got = got if target.endswith(".npy") else got["out0"]
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(got, e / e.sum(axis=1, keepdims=True), rtol=1e-5)
