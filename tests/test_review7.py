@@ -96,3 +96,18 @@ def test_an_output_named_pipe_is_written_not_replaced(tmp_path, target):
     got = got if target.endswith(".npy") else got["out0"]
     e = np.exp(x - x.max(axis=1, keepdims=True))
     np.testing.assert_allclose(got, e / e.sum(axis=1, keepdims=True), rtol=1e-5)
+
+
+def test_a_file_named_as_a_directory_is_named_so(tmp_path):
+    # `-o x.npy/out.npz` said "directory 'x.npy' does not exist" and `compile -o x.npy` "cannot create the
+    # directory: File exists", though x.npy exists: a file where a directory is needed
+    f = tmp_path / "x.npy"
+    np.save(f, np.ones((4, 8), np.float32))
+    before = f.read_bytes()
+    r = invoke("run", SOFTMAX, "-i", f"x={f}", "-o", f"{f}/out.npz")
+    assert_clean(r, 2, f"cannot write '{f}/out.npz': '{f}' is not a directory")
+    r = invoke("run", SOFTMAX, "-i", f"x={f}", "-o", f"{tmp_path}/nodir/out.npz")
+    assert_clean(r, 2, f"directory '{tmp_path}/nodir' does not exist")
+    r = invoke("compile", SOFTMAX, "-D", "N=4", "-D", "D=8", "-o", str(f))
+    assert_clean(r, 2, f"-o {f}: it is a file, not a directory")
+    assert f.read_bytes() == before

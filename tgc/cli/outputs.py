@@ -121,7 +121,10 @@ def check_writable(path: str) -> None:
             raise TgcError(f"cannot write '{path}': permission denied")
         return
     if not os.path.isdir(parent):
-        raise TgcError(f"cannot write '{path}': directory '{os.path.dirname(path) or parent}' does not exist")
+        where = os.path.dirname(path) or parent
+        if os.path.exists(parent):  # (a file named as a directory: -o x.npy/out.npz)
+            raise TgcError(f"cannot write '{path}': '{where}' is not a directory")
+        raise TgcError(f"cannot write '{path}': directory '{where}' does not exist")
     if not os.access(parent, os.W_OK):
         raise TgcError(f"cannot write '{path}': permission denied")
 
