@@ -111,3 +111,15 @@ def test_a_file_named_as_a_directory_is_named_so(tmp_path):
     r = invoke("compile", SOFTMAX, "-D", "N=4", "-D", "D=8", "-o", str(f))
     assert_clean(r, 2, f"-o {f}: it is a file, not a directory")
     assert f.read_bytes() == before
+
+
+@pytest.mark.parametrize("dims", [[4, 8], "N=4", 5])
+def test_dims_that_are_no_mapping_are_a_tgc_error(dims):
+    # Program.run/compile(dims=[4, 8]) or dims="N=4" raised dict()'s TypeError/ValueError, not tgc.TgcError
+    prog = tgc.load(SOFTMAX)
+    x = np.ones((4, 8), np.float32)
+    with pytest.raises(tgc.TgcError, match=r"dims must be a dict of dim name to size"):
+        prog.run(x=x, dims=dims)
+    with pytest.raises(tgc.TgcError, match=r"dims must be a dict of dim name to size"):
+        prog.compile(device="CPU", dims=dims)
+    np.testing.assert_array_equal(prog.run(x=x, dims=(("N", 4), ("D", 8)))["out0"], np.full((4, 8), 0.125, np.float32))
