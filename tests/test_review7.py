@@ -123,3 +123,21 @@ def test_dims_that_are_no_mapping_are_a_tgc_error(dims):
     with pytest.raises(tgc.TgcError, match=r"dims must be a dict of dim name to size"):
         prog.compile(device="CPU", dims=dims)
     np.testing.assert_array_equal(prog.run(x=x, dims=(("N", 4), ("D", 8)))["out0"], np.full((4, 8), 0.125, np.float32))
+
+
+def test_cast_of_values_an_int_cannot_hold_is_one_warning_line(tmp_path):
+    # `--cast` of NaN, an infinity or a float past i32's range printed numpy's RuntimeWarning with tgc's source
+    # line (conform.py:83 `value = value.astype(want.np)`); now one `tgc: warning:` line naming the input
+    prog = tmp_path / "ints.tg"
+    prog.write_text("a: i32[N]\nreturn a * 2\n")
+    bad, good = np.array([1.5, np.nan, 1e20, -np.inf]), np.array([1.5, 2.0, 3.0, -4.0])
+    np.save(tmp_path / "bad.npy", bad)
+    np.save(tmp_path / "good.npy", good)
+    r = invoke("run", str(prog), "-i", f"a={tmp_path / 'bad.npy'}", "--cast", "-o", str(tmp_path / "o.npz"))
+    assert r.exit_code == 0, r.stderr
+    assert "tgc: warning: input 'a': 3 of 4 values are NaN, infinite or outside i32's range" in r.stderr, r.stderr
+    assert "RuntimeWarning" not in r.stderr and "astype" not in r.stderr
+    assert np.load(tmp_path / "o.npz")["out0"][0] == 2  # the value i32 holds is numpy's astype's
+    r = invoke("run", str(prog), "-i", f"a={tmp_path / 'good.npy'}", "--cast", "-o", str(tmp_path / "o.npz"))
+    assert r.exit_code == 0 and "warning" not in r.stderr, r.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "o.npz")["out0"], good.astype(np.int32) * 2)

@@ -51,6 +51,26 @@ def _from_array_object(value: Any, name: str) -> np.ndarray:
     return out
 
 
+def _cast(value: np.ndarray, to: np.dtype, name: str) -> np.ndarray:
+    """numpy's `astype`, with one warning line (not numpy's RuntimeWarning and its source line) where the integer
+    dtype cannot hold some values (NaN, an infinity, out of range): numpy's cast does not keep those."""
+    to = np.dtype(to)
+    if to.kind in "iu" and value.dtype.kind in "iuf" and value.size:
+        info = np.iinfo(to)
+        with np.errstate(invalid="ignore"):
+            bad = int(np.count_nonzero(~np.isfinite(value) | (value < info.min) | (value > info.max))
+                      if value.dtype.kind == "f" else np.count_nonzero((value < info.min) | (value > info.max)))
+        if bad:
+            import sys
+
+            tgc_name = getattr(dtypes.from_numpy(to), "name", to.name)
+            sys.stderr.write(f"tgc: warning: input '{name}': {bad} of {value.size} values are NaN, infinite or outside "
+                             f"{tgc_name}'s range; numpy's cast to {tgc_name} does not keep them (NaN and infinities "
+                             "become unspecified values, integers wrap around)\n")
+    with np.errstate(invalid="ignore", over="ignore"):
+        return value.astype(to)
+
+
 def as_array(value: Any, decl: Any, cast: bool, at: dict[str, Any]) -> np.ndarray:
     want = decl.dtype
     if not isinstance(value, np.ndarray) and (hasattr(value, "__dlpack__") or hasattr(value, "__array__")) \
@@ -80,5 +100,5 @@ def as_array(value: Any, decl: Any, cast: bool, at: dict[str, Any]) -> np.ndarra
             raise BindError(f"input '{decl.name}' is {got.name if got else value.dtype}, but the program declares it "
                             f"{_decl_text(decl)}", need="cast", name=decl.name, dtype=want.name,
                             hint=f"convert the array to {want.name}, or bind with cast=True", **at)
-        value = value.astype(want.np)
+        value = _cast(value, want.np, decl.name)
     return np.require(value, requirements="C")  # (ascontiguousarray would turn a 0-d array into 1-d)
