@@ -289,6 +289,7 @@ def output_rows(outs: Mapping[str, Any], dtype_names: Mapping[str, str]) -> list
 
 def print_output_table(outs: Mapping[str, Any], dtype_names: Mapping[str, str]) -> None:
     """A table of the outputs on stdout (rich honours NO_COLOR and drops colours when piped)."""
+    from rich.markup import escape
     from rich.table import Table
 
     rows = output_rows(outs, dtype_names)
@@ -296,8 +297,8 @@ def print_output_table(outs: Mapping[str, Any], dtype_names: Mapping[str, str]) 
     for col, justify in (("output", "left"), ("dtype", "left"), ("shape", "left"), ("min", "right"),
                          ("max", "right"), ("mean", "right"), ("values", "left")):
         table.add_column(col, justify=justify, overflow="fold")
-    for row in rows:
-        table.add_row(*row.values())
+    for row in rows:  # (escaped: rich took `[inf, 1, 2]` and `[nan, ...]` for markup tags and showed nothing)
+        table.add_row(*(escape(v) for v in row.values()))
     make_console().print(table)
 
 
