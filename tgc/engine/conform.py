@@ -91,7 +91,8 @@ def as_array(value: Any, decl: Any, cast: bool, at: dict[str, Any]) -> np.ndarra
         if value.dtype == np.uint16:  # bf16 bit patterns (how tgc holds bf16), with or without cast
             return np.require(value, requirements="C")
         if value.dtype.kind == "f" or cast:
-            return f32_to_bf16(value.astype(np.float32))
+            with np.errstate(over="ignore"):  # (f64 past f32's range: inf, as bf16 holds it; no RuntimeWarning)
+                return f32_to_bf16(value.astype(np.float32))
     if value.dtype != want.np:
         if value.dtype.kind in "OVSUM" or value.dtype.kind == "c":
             raise TgcError(f"input '{decl.name}' has dtype {value.dtype}, which tgc cannot use")
