@@ -141,3 +141,27 @@ def test_cast_of_values_an_int_cannot_hold_is_one_warning_line(tmp_path):
     r = invoke("run", str(prog), "-i", f"a={tmp_path / 'good.npy'}", "--cast", "-o", str(tmp_path / "o.npz"))
     assert r.exit_code == 0 and "warning" not in r.stderr, r.stderr
     np.testing.assert_array_equal(np.load(tmp_path / "o.npz")["out0"], good.astype(np.int32) * 2)
+
+
+def test_the_output_table_shows_nan_and_inf_values(tmp_path):
+    # rich read the values cell `[nan, 2, inf, 4]` as a markup tag and printed an empty cell for any output whose
+    # first value was nan or inf
+    prog = tmp_path / "f.tg"
+    prog.write_text("b: f32[N]\nreturn b + 1\n")
+    for vals, shown in (([np.nan, 1, np.inf, 3], "[nan, 2, inf, 4]"), ([np.inf, 0], "[inf, 1]"), ([1, 2], "[2, 3]")):
+        np.save(tmp_path / "b.npy", np.array(vals, np.float32))
+        r = invoke("run", str(prog), "-i", f"b={tmp_path / 'b.npy'}")
+        assert r.exit_code == 0, r.stderr
+        assert shown in r.stdout, r.stdout
+
+
+def test_cast_of_f64_past_f32_range_to_bf16_is_inf_without_a_numpy_warning():
+    # the bf16 path's astype(np.float32) printed numpy's "RuntimeWarning: overflow encountered in cast" and tgc's
+    # source line; the value (inf, as numpy casts it) is unchanged
+    import warnings
+
+    prog = tgc.loads("b: bf16[N]\nreturn b * 1\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = prog.run(b=np.array([1e300, -1e300, 2.0]), cast=True)["out0"]
+    np.testing.assert_array_equal(out, np.array([np.inf, -np.inf, 2.0], np.float32))  # (bf16 outputs come as f32)
