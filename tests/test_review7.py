@@ -165,3 +165,15 @@ def test_cast_of_f64_past_f32_range_to_bf16_is_inf_without_a_numpy_warning():
         warnings.simplefilter("error")
         out = prog.run(b=np.array([1e300, -1e300, 2.0]), cast=True)["out0"]
     np.testing.assert_array_equal(out, np.array([np.inf, -np.inf, 2.0], np.float32))  # (bf16 outputs come as f32)
+
+
+def test_cache_list_shows_a_program_name_with_brackets(tmp_path):
+    # the `what` cell went to rich as markup: a program named `[draft]sm.tg` was listed as `sm.tg`
+    prog = tmp_path / "[draft]sm.tg"
+    prog.write_text((KERNELS / "softmax.tg").read_text())
+    env = {"TGC_CACHE_DIR": str(tmp_path / "cache"), "TGC_VERIFY_BOUNDS": None}  # (a bounds-checked run is not cached)
+    r = invoke("run", str(prog), "--random", "-D", "N=2", "-D", "D=2", env=env)
+    assert r.exit_code == 0, r.stderr
+    r = invoke("cache", "list", "--table", "program", env=env)
+    assert r.exit_code == 0, r.stderr
+    assert "[draft]sm.tg CPU D=2 N=2" in r.stdout, r.stdout

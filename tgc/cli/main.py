@@ -1205,6 +1205,7 @@ def cache_list(table: str, as_json: bool) -> None:
     if not rows:
         click.echo("the cache is empty" if table == "all" else f"no {table} entries")
         return
+    from rich.markup import escape
     from rich.table import Table
 
     from tgc.cli.outputs import make_console
@@ -1216,7 +1217,7 @@ def cache_list(table: str, as_json: bool) -> None:
     for r in rows:
         created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created"])) if r.get("created") else "-"
         t.add_row(str(r.get("table")), str(r.get("key")), _fmt_bytes(int(r.get("size") or 0)), created,
-                  str(r.get("meta") or ""))
+                  escape(str(r.get("meta") or "")))  # (a program named `[draft]sm.tg` is not markup)
     make_console().print(t)
 
 
