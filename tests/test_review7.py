@@ -177,3 +177,22 @@ def test_cache_list_shows_a_program_name_with_brackets(tmp_path):
     r = invoke("cache", "list", "--table", "program", env=env)
     assert r.exit_code == 0, r.stderr
     assert "[draft]sm.tg CPU D=2 N=2" in r.stdout, r.stdout
+
+
+def test_an_npz_given_as_the_program_is_named_no_package(tmp_path):
+    # `tgc run in.npz` (inputs given as FILE) and a .zip renamed .tgpkg said "its checksum does not match its bytes
+    # (damaged, truncated or changed)": an archive without a checksum is no package at all, not a damaged one
+    npz = tmp_path / "in.npz"
+    np.savez(npz, x=np.ones((4, 8), np.float32))
+    for cmd in (["run", str(npz), "--random"], ["inspect", str(npz)], ["bench", str(npz), "--repeat", "1"]):
+        r = invoke(*cmd)
+        assert_clean(r, 2, "not a tgc package: a zip archive without a package's checksum", "--inputs")
+    with pytest.raises(tgc.TgcError, match="not a tgc package"):
+        tgc.load_package(npz)
+    r = invoke("compile", SOFTMAX, "-D", "N=4", "-D", "D=8", "--package", str(tmp_path / "p.tgpkg"))
+    assert r.exit_code == 0, r.stderr
+    data = (tmp_path / "p.tgpkg").read_bytes()
+    (tmp_path / "cut.tgpkg").write_bytes(data[:-100])  # a truncated package is still damaged
+    assert_clean(invoke("inspect", str(tmp_path / "cut.tgpkg")), 2, "checksum does not match")
+    x = np.ones((4, 8), np.float32)
+    np.testing.assert_array_equal(tgc.load_package(tmp_path / "p.tgpkg").run(x=x)["out0"], np.full((4, 8), 0.125))
