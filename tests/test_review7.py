@@ -196,3 +196,19 @@ def test_an_npz_given_as_the_program_is_named_no_package(tmp_path):
     assert_clean(invoke("inspect", str(tmp_path / "cut.tgpkg")), 2, "checksum does not match")
     x = np.ones((4, 8), np.float32)
     np.testing.assert_array_equal(tgc.load_package(tmp_path / "p.tgpkg").run(x=x)["out0"], np.full((4, 8), 0.125))
+
+
+@pytest.mark.parametrize("cmd", ["run", "bench"])
+def test_inputs_given_twice_is_refused(tmp_path, cmd):
+    # `--inputs a.npz --inputs b.npz`: click kept b.npz and dropped a.npz without a word, so a.npz's arrays were
+    # reported missing (or, where both hold them, silently not a.npz's)
+    x = np.random.default_rng(1).standard_normal((4, 8)).astype(np.float32)
+    np.savez(tmp_path / "a.npz", x=x)
+    np.savez(tmp_path / "b.npz", x=np.zeros((4, 8), np.float32))
+    r = invoke(cmd, SOFTMAX, "--inputs", str(tmp_path / "a.npz"), "--inputs", str(tmp_path / "b.npz"))
+    assert_clean(r, 2, "--inputs", "given 2 times", "a.npz", "b.npz")
+    if cmd == "run":  # one archive still runs, with its own values
+        r = invoke("run", SOFTMAX, "--inputs", str(tmp_path / "a.npz"), "-o", str(tmp_path / "o.npz"))
+        assert r.exit_code == 0, r.stderr
+        e = np.exp(x - x.max(axis=1, keepdims=True))
+        np.testing.assert_allclose(np.load(tmp_path / "o.npz")["out0"], e / e.sum(axis=1, keepdims=True), rtol=1e-5)

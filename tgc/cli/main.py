@@ -301,9 +301,18 @@ def dims_option(f: Callable) -> Callable:
                         help="Size of a dim name (repeatable).")(f)
 
 
+def _one_npz(ctx: Any, param: Any, value: tuple[str, ...]) -> str | None:
+    """`--inputs` once at most: given twice, click kept the last archive and dropped the first without a word
+    (its arrays then 'missing')."""
+    if len(value) > 1:
+        raise click.BadParameter(f"given {len(value)} times ({', '.join(repr(v) for v in value)}); it takes one "
+                                 "archive (give other inputs with -i NAME=PATH.npy)", ctx, param)
+    return nonempty_path(ctx, param, value[0] if value else None)
+
+
 def input_options(f: Callable) -> Callable:
     f = click.option("--cast", is_flag=True, help="Cast inputs of another dtype to the declared one (numpy).")(f)
-    f = click.option("--inputs", "npz", metavar="PATH.npz", callback=nonempty_path,
+    f = click.option("--inputs", "npz", metavar="PATH.npz", multiple=True, callback=_one_npz,
                      help="Inputs from an .npz archive, by name.")(f)
     return click.option("-i", "--input", "pairs", multiple=True, metavar="NAME=PATH.npy", callback=_parse_pairs,
                         help="One input from a .npy file (repeatable; overrides --inputs).")(f)
