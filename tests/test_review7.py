@@ -212,3 +212,11 @@ def test_inputs_given_twice_is_refused(tmp_path, cmd):
         assert r.exit_code == 0, r.stderr
         e = np.exp(x - x.max(axis=1, keepdims=True))
         np.testing.assert_allclose(np.load(tmp_path / "o.npz")["out0"], e / e.sum(axis=1, keepdims=True), rtol=1e-5)
+
+
+def test_rtol_without_check_is_a_usage_error():
+    # `--rtol` without `--check` was ignored: the run exited 0 as if checked (as --seed needs --random, exit 2)
+    r = invoke("run", SOFTMAX, "--random", "-D", "N=4", "-D", "D=8", "--rtol", "0.1")
+    assert_clean(r, 2, "--rtol needs --check")
+    r = invoke("run", SOFTMAX, "--random", "-D", "N=4", "-D", "D=8", "--rtol", "0.1", "--check")
+    assert r.exit_code == 0 and "check: ok" in r.stderr, r.stderr

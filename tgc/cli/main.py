@@ -545,6 +545,8 @@ def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[s
 
     if seed is not None and not use_random:
         raise click.UsageError("--seed needs --random")
+    if rtol is not None and not check:  # (it was ignored: a run the user believed checked)
+        raise click.UsageError("--rtol needs --check")
     warm = None if pairs or npz else _warm_entry(file, device, dims, shard, lists=True, symbolic=symbolic)
     if warm is not None and (use_random or not warm[0].inputs):
         # the program cache holds this program at these dims: run it without parsing or compiling anything
