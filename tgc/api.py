@@ -72,7 +72,10 @@ __all__ = ["Program", "Kernel", "load", "loads", "InputDecl", "devices"]
 def _checked_dims(dims: Mapping[str, Any] | None) -> dict[str, int]:
     """A copy of `dims`, each size a non-negative int (a numpy integer becomes one; a bool, a float or a string
     is a TgcError)."""
-    dims = dict(dims or {})
+    try:
+        dims = dict(dims or {})
+    except (TypeError, ValueError):  # (a list of sizes, "N=4": dict() cannot pair them)
+        raise TgcError(f"dims must be a dict of dim name to size, such as {{'N': 4}}, got {dims!r}") from None
     for k, v in dims.items():
         if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 0:
             raise TgcError(f"dim {k} must be a non-negative integer, got {v!r}")

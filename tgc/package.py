@@ -409,6 +409,12 @@ def read_members(data: bytes, path: str) -> tuple[dict, dict[str, bytes]]:
         raise _bad(path, "it is too large")
     if not data.startswith(ZIP_MAGIC):
         raise _bad(path, "it is not a zip archive" if data else "it is empty")
+    if len(data) >= 22 and data[-22:-18] == b"PK\x05\x06" and data[-2:] == b"\0\0":
+        # a whole zip archive with no comment (an .npz, a .zip): not damaged, just no package (whose comment is
+        # its checksum)
+        raise PackageError(f"{path}: not a tgc package: a zip archive without a package's checksum (an .npz?)",
+                           hint="tgc compile FILE -D ... --package OUT.tgpkg writes packages; inputs in an .npz go "
+                                "to tgc run --inputs PATH.npz")
     if len(data) < CHECKSUM_LEN + 22 or data[-CHECKSUM_LEN:] != file_checksum(data):
         raise _bad(path, "its checksum does not match its bytes (damaged, truncated or changed)")
     try:

@@ -122,6 +122,9 @@ def write_dir(directory: str, emitted: Sequence[Emitted]) -> list[str]:
     try:
         os.makedirs(directory, exist_ok=True)
     except OSError as e:
+        if os.path.exists(directory) and not os.path.isdir(directory):
+            raise TgcError(f"-o {directory}: it is a file, not a directory",
+                           hint="compile -o names a directory for one file per kernel") from None
         raise TgcError(f"-o {directory}: cannot create the directory: {e.strerror or e}") from None
     if not os.access(directory, os.W_OK):
         raise TgcError(f"-o {directory}: cannot write into the directory: permission denied")

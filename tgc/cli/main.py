@@ -301,9 +301,18 @@ def dims_option(f: Callable) -> Callable:
                         help="Size of a dim name (repeatable).")(f)
 
 
+def _one_npz(ctx: Any, param: Any, value: tuple[str, ...]) -> str | None:
+    """`--inputs` once at most: given twice, click kept the last archive and dropped the first without a word
+    (its arrays then 'missing')."""
+    if len(value) > 1:
+        raise click.BadParameter(f"given {len(value)} times ({', '.join(repr(v) for v in value)}); it takes one "
+                                 "archive (give other inputs with -i NAME=PATH.npy)", ctx, param)
+    return nonempty_path(ctx, param, value[0] if value else None)
+
+
 def input_options(f: Callable) -> Callable:
     f = click.option("--cast", is_flag=True, help="Cast inputs of another dtype to the declared one (numpy).")(f)
-    f = click.option("--inputs", "npz", metavar="PATH.npz", callback=nonempty_path,
+    f = click.option("--inputs", "npz", metavar="PATH.npz", multiple=True, callback=_one_npz,
                      help="Inputs from an .npz archive, by name.")(f)
     return click.option("-i", "--input", "pairs", multiple=True, metavar="NAME=PATH.npy", callback=_parse_pairs,
                         help="One input from a .npy file (repeatable; overrides --inputs).")(f)
@@ -536,6 +545,8 @@ def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[s
 
     if seed is not None and not use_random:
         raise click.UsageError("--seed needs --random")
+    if rtol is not None and not check:  # (it was ignored: a run the user believed checked)
+        raise click.UsageError("--rtol needs --check")
     warm = None if pairs or npz else _warm_entry(file, device, dims, shard, lists=True, symbolic=symbolic)
     if warm is not None and (use_random or not warm[0].inputs):
         # the program cache holds this program at these dims: run it without parsing or compiling anything
@@ -1205,6 +1216,7 @@ def cache_list(table: str, as_json: bool) -> None:
     if not rows:
         click.echo("the cache is empty" if table == "all" else f"no {table} entries")
         return
+    from rich.markup import escape
     from rich.table import Table
 
     from tgc.cli.outputs import make_console
@@ -1216,7 +1228,7 @@ def cache_list(table: str, as_json: bool) -> None:
     for r in rows:
         created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["created"])) if r.get("created") else "-"
         t.add_row(str(r.get("table")), str(r.get("key")), _fmt_bytes(int(r.get("size") or 0)), created,
-                  str(r.get("meta") or ""))
+                  escape(str(r.get("meta") or "")))  # (a program named `[draft]sm.tg` is not markup)
     make_console().print(t)
 
 

@@ -2,7 +2,9 @@
 
 Files are written atomically: each goes to a temporary file in the target's directory, is flushed and
 fsynced, and only then renamed over the target. All files of one command are staged before any is
-renamed, so a failure leaves existing files untouched and no half-written file behind.
+renamed, so a failure leaves existing files untouched and no half-written file behind. A target that exists and
+is a FIFO or a device (`-o out0=/dev/stdout`, a named pipe) is written in place, after the regular files are
+staged: renaming over it would replace the pipe or device node with a regular file.
 
 numpy, rich and `tgc.cli.inputs` (which imports numpy) are imported inside the functions that need them: the
 CLI's start-up imports this module for option parsing and neither numpy nor rich (see tgc/cli/main.py).
@@ -13,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
@@ -113,10 +116,28 @@ def check_writable(path: str) -> None:
     parent = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         raise TgcError(f"cannot write '{path}': it is a directory")
+    if is_stream(path):  # written in place (write_files): the file itself must be writable, not its directory
+        if not os.access(path, os.W_OK):
+            raise TgcError(f"cannot write '{path}': permission denied")
+        return
     if not os.path.isdir(parent):
-        raise TgcError(f"cannot write '{path}': directory '{os.path.dirname(path) or parent}' does not exist")
+        where = os.path.dirname(path) or parent
+        if os.path.exists(parent):  # (a file named as a directory: -o x.npy/out.npz)
+            raise TgcError(f"cannot write '{path}': '{where}' is not a directory")
+        raise TgcError(f"cannot write '{path}': directory '{where}' does not exist")
     if not os.access(parent, os.W_OK):
         raise TgcError(f"cannot write '{path}': permission denied")
+
+
+def is_stream(path: str) -> bool:
+    """An existing file that is neither a regular file nor a directory: a FIFO, a character device (/dev/stdout,
+    /dev/null), a socket. It is written in place: renaming a staged file over it would replace the device node
+    or pipe with a regular file (and the reader would never see the data)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
 
 
 def _file_mode(path: str) -> int:
@@ -161,7 +182,16 @@ def write_files(files: Sequence[tuple[str, Writer]]) -> None:
     staged: list[tuple[str, str]] = []
     try:
         for path, write in files:
-            staged.append((_stage(path, write), path))
+            if not is_stream(path):
+                staged.append((_stage(path, write), path))
+        for path, write in files:  # pipes and devices last, once every regular file is staged
+            if is_stream(path):
+                import io
+
+                buf = io.BytesIO()  # (numpy's np.save asks a real file for its position: a pipe has none)
+                write(buf)
+                with open(path, "wb") as f:
+                    f.write(buf.getbuffer())
     except OSError as e:
         for tmp, _ in staged:
             with contextlib.suppress(OSError):
@@ -259,6 +289,7 @@ def output_rows(outs: Mapping[str, Any], dtype_names: Mapping[str, str]) -> list
 
 def print_output_table(outs: Mapping[str, Any], dtype_names: Mapping[str, str]) -> None:
     """A table of the outputs on stdout (rich honours NO_COLOR and drops colours when piped)."""
+    from rich.markup import escape
     from rich.table import Table
 
     rows = output_rows(outs, dtype_names)
@@ -266,8 +297,8 @@ def print_output_table(outs: Mapping[str, Any], dtype_names: Mapping[str, str]) 
     for col, justify in (("output", "left"), ("dtype", "left"), ("shape", "left"), ("min", "right"),
                          ("max", "right"), ("mean", "right"), ("values", "left")):
         table.add_column(col, justify=justify, overflow="fold")
-    for row in rows:
-        table.add_row(*row.values())
+    for row in rows:  # (escaped: rich took `[inf, 1, 2]` and `[nan, ...]` for markup tags and showed nothing)
+        table.add_row(*(escape(v) for v in row.values()))
     make_console().print(table)
 
 

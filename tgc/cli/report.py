@@ -7,6 +7,7 @@ every key but the times is optional here, so a backend that cannot count flops s
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -109,7 +110,36 @@ def load_baseline(path: str) -> dict[str, Any]:
         raise TgcError(f"--baseline: '{path}' is not JSON: {e}", hint="save one with tgc bench --json > FILE") from None
     if not isinstance(doc, dict) or "kernels" not in doc:
         raise TgcError(f"--baseline: '{path}' is not the output of tgc bench --json")
+    wrong = _baseline_fault(doc)
+    if wrong:
+        raise TgcError(f"--baseline: '{path}' is not the output of tgc bench --json: {wrong}",
+                       hint="save one with tgc bench --json > FILE")
     return doc
+
+
+_TIME_KEYS = ("median_s", "min_s", "max_s", "iqr_s")
+
+
+def _baseline_fault(doc: Mapping[str, Any]) -> str | None:
+    """What makes a --baseline document unusable for `compare_baseline` (an edited or foreign file), else None:
+    `kernels` a list of records, `program` a record or null, each record's times null or finite numbers >= 0."""
+    kernels, program = doc.get("kernels"), doc.get("program")
+    if not isinstance(kernels, list):
+        return f"'kernels' is {json.dumps(kernels)}, not a list"
+    if program is not None and not isinstance(program, dict):
+        return f"'program' is {json.dumps(program)}, not an object"
+    records = [(f"kernels[{i}]", k) for i, k in enumerate(kernels)] + ([("program", program)] if program else [])
+    for where, rec in records:
+        if not isinstance(rec, dict):
+            return f"{where} is {json.dumps(rec)}, not an object"
+        if not isinstance(rec.get("name", ""), str):
+            return f"{where}.name is {json.dumps(rec['name'])}, not a string"
+        for key in _TIME_KEYS:
+            v = rec.get(key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                                  or v < 0):
+                return f"{where}.{key} is {json.dumps(v)}, not a time in seconds"
+    return None
 
 
 _IDENTITY_WORDS = (("program_sha256", "another program"), ("dims", "other dims"), ("device", "another device"),

@@ -51,13 +51,38 @@ def _from_array_object(value: Any, name: str) -> np.ndarray:
     return out
 
 
+def _cast(value: np.ndarray, to: np.dtype, name: str) -> np.ndarray:
+    """numpy's `astype`, with one warning line (not numpy's RuntimeWarning and its source line) where the integer
+    dtype cannot hold some values (NaN, an infinity, out of range): numpy's cast does not keep those."""
+    to = np.dtype(to)
+    if to.kind in "iu" and value.dtype.kind in "iuf" and value.size:
+        info = np.iinfo(to)
+        with np.errstate(invalid="ignore"):
+            bad = int(np.count_nonzero(~np.isfinite(value) | (value < info.min) | (value > info.max))
+                      if value.dtype.kind == "f" else np.count_nonzero((value < info.min) | (value > info.max)))
+        if bad:
+            import sys
+
+            tgc_name = getattr(dtypes.from_numpy(to), "name", to.name)
+            sys.stderr.write(f"tgc: warning: input '{name}': {bad} of {value.size} values are NaN, infinite or outside "
+                             f"{tgc_name}'s range; numpy's cast to {tgc_name} does not keep them (NaN and infinities "
+                             "become unspecified values, integers wrap around)\n")
+    with np.errstate(invalid="ignore", over="ignore"):
+        return value.astype(to)
+
+
 def as_array(value: Any, decl: Any, cast: bool, at: dict[str, Any]) -> np.ndarray:
     want = decl.dtype
     if not isinstance(value, np.ndarray) and (hasattr(value, "__dlpack__") or hasattr(value, "__array__")) \
             and not isinstance(value, np.generic):
         value = _from_array_object(value, decl.name)
     if isinstance(value, (bool, int, float, np.generic)) or (isinstance(value, (list, tuple))):
-        value = np.asarray(value)
+        try:
+            value = np.asarray(value)
+        except (ValueError, TypeError, OverflowError) as e:  # a ragged list, an int past every dtype ...
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise TgcError(f"input '{decl.name}': cannot convert the {type(value).__name__} to an array: {reason}",
+                           hint=f"give it as a numpy array ({_decl_text(decl)})") from None
         if value.dtype == np.float64 and want.is_float or value.dtype.kind in "iub" and not want.is_float:
             cast = True
     if not isinstance(value, np.ndarray):
@@ -66,7 +91,8 @@ def as_array(value: Any, decl: Any, cast: bool, at: dict[str, Any]) -> np.ndarra
         if value.dtype == np.uint16:  # bf16 bit patterns (how tgc holds bf16), with or without cast
             return np.require(value, requirements="C")
         if value.dtype.kind == "f" or cast:
-            return f32_to_bf16(value.astype(np.float32))
+            with np.errstate(over="ignore"):  # (f64 past f32's range: inf, as bf16 holds it; no RuntimeWarning)
+                return f32_to_bf16(value.astype(np.float32))
     if value.dtype != want.np:
         if value.dtype.kind in "OVSUM" or value.dtype.kind == "c":
             raise TgcError(f"input '{decl.name}' has dtype {value.dtype}, which tgc cannot use")
@@ -75,5 +101,5 @@ def as_array(value: Any, decl: Any, cast: bool, at: dict[str, Any]) -> np.ndarra
             raise BindError(f"input '{decl.name}' is {got.name if got else value.dtype}, but the program declares it "
                             f"{_decl_text(decl)}", need="cast", name=decl.name, dtype=want.name,
                             hint=f"convert the array to {want.name}, or bind with cast=True", **at)
-        value = value.astype(want.np)
+        value = _cast(value, want.np, decl.name)
     return np.require(value, requirements="C")  # (ascontiguousarray would turn a 0-d array into 1-d)
