@@ -150,7 +150,7 @@ def test_the_output_table_shows_nan_and_inf_values(tmp_path):
     prog.write_text("b: f32[N]\nreturn b + 1\n")
     for vals, shown in (([np.nan, 1, np.inf, 3], "[nan, 2, inf, 4]"), ([np.inf, 0], "[inf, 1]"), ([1, 2], "[2, 3]")):
         np.save(tmp_path / "b.npy", np.array(vals, np.float32))
-        r = invoke("run", str(prog), "-i", f"b={tmp_path / 'b.npy'}")
+        r = invoke("run", str(prog), "-i", f"b={tmp_path / 'b.npy'}", env={"COLUMNS": "200"})  # (one line a row)
         assert r.exit_code == 0, r.stderr
         assert shown in r.stdout, r.stdout
 
@@ -174,7 +174,7 @@ def test_cache_list_shows_a_program_name_with_brackets(tmp_path):
     env = {"TGC_CACHE_DIR": str(tmp_path / "cache"), "TGC_VERIFY_BOUNDS": None}  # (a bounds-checked run is not cached)
     r = invoke("run", str(prog), "--random", "-D", "N=2", "-D", "D=2", env=env)
     assert r.exit_code == 0, r.stderr
-    r = invoke("cache", "list", "--table", "program", env=env)
+    r = invoke("cache", "list", "--table", "program", env={**env, "COLUMNS": "200"})  # (one line a row)
     assert r.exit_code == 0, r.stderr
     assert "[draft]sm.tg CPU D=2 N=2" in r.stdout, r.stdout
 
