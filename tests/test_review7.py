@@ -220,3 +220,16 @@ def test_rtol_without_check_is_a_usage_error():
     assert_clean(r, 2, "--rtol needs --check")
     r = invoke("run", SOFTMAX, "--random", "-D", "N=4", "-D", "D=8", "--rtol", "0.1", "--check")
     assert r.exit_code == 0 and "check: ok" in r.stderr, r.stderr
+
+
+def test_an_unknown_dim_is_warned_about_and_kept_out_of_the_program_cache(tmp_path):
+    # `-D Q=3` on a program without Q: a warning, then the run and the cache are those of the run without it (it
+    # made a second program-cache entry keyed with Q=3, compiled again)
+    env = {"TGC_CACHE_DIR": str(tmp_path / "cache"), "TGC_VERIFY_BOUNDS": None, "COLUMNS": "200"}
+    for extra in ([], ["-D", "Q=3"]):
+        r = invoke("run", SOFTMAX, "--random", "-D", "N=2", "-D", "D=2", *extra, env=env)
+        assert r.exit_code == 0, r.stderr
+    assert "the program has no dim Q" in r.stderr
+    r = invoke("cache", "list", "--table", "program", env=env)
+    assert r.exit_code == 0 and "D=2 N=2" in r.stdout, r.stdout
+    assert "Q=3" not in r.stdout and r.stdout.count("D=2 N=2") == 1, r.stdout

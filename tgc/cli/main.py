@@ -566,8 +566,9 @@ def run(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple[s
         raise TgcError("--check needs the program's source: a package holds no numpy reference",
                        hint="run --check on the .tg file")
     _warn(inp.check_dims(prog, dims, require_all=False))
-    if pkg:  # a -D the program lacks: the warning above, as for a .tg program (not an error after it)
-        dims = {k: v for k, v in dims.items() if k in prog.dim_names}
+    # a -D the program lacks: the warning above (not an error after it), then dropped, so that it is no part of the
+    # program cache's key (a run with it compiled again and stored a second entry)
+    dims = {k: v for k, v in dims.items() if k in prog.dim_names}
     specs = resolve_outs(outs, prog.output_names, input_files(pairs, npz))
     for spec in specs:
         _not_the_program(spec.path, file, "-o")
@@ -861,8 +862,9 @@ def bench(file: str, device: str | None, dims: dict[str, int], pairs: list[tuple
     if pkg and (beam or vs):
         raise click.UsageError(f"{'--beam' if beam else '--vs numpy'} needs the program's source, not a package")
     _warn(inp.check_dims(prog, dims, require_all=False))
-    if pkg:  # a -D the program lacks: the warning above, as for a .tg program (not an error after it)
-        dims = {k: v for k, v in dims.items() if k in prog.dim_names}
+    # a -D the program lacks: the warning above (not an error after it), then dropped, so that it is no part of the
+    # program cache's key (a run with it compiled again and stored a second entry)
+    dims = {k: v for k, v in dims.items() if k in prog.dim_names}
     old = report.load_baseline(baseline) if baseline else None
     notes: list[str] = []
     given = inp.gather(prog, npz, pairs, cast, notes)
