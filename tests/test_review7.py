@@ -233,3 +233,18 @@ def test_an_unknown_dim_is_warned_about_and_kept_out_of_the_program_cache(tmp_pa
     r = invoke("cache", "list", "--table", "program", env=env)
     assert r.exit_code == 0 and "D=2 N=2" in r.stdout, r.stdout
     assert "Q=3" not in r.stdout and r.stdout.count("D=2 N=2") == 1, r.stdout
+
+
+def test_viz_does_not_overwrite_a_file_that_is_not_a_page(tmp_path):
+    # `tgc viz FILE -o x.npy` replaced the user's data file with the HTML page (exit 0)
+    data = tmp_path / "x.npy"
+    np.save(data, np.arange(3.0))
+    before = data.read_bytes()
+    r = invoke("viz", SOFTMAX, "-D", "N=4", "-D", "D=8", "--no-measure", "-o", str(data))
+    assert_clean(r, 2, "the file exists and is not an HTML page")
+    assert data.read_bytes() == before
+    page = tmp_path / "page.out"  # an earlier page under any name is replaced, as is a new file
+    for _ in range(2):
+        r = invoke("viz", SOFTMAX, "-D", "N=4", "-D", "D=8", "--no-measure", "-o", str(page))
+        assert r.exit_code == 0, r.stderr
+        assert page.read_bytes().lstrip().lower().startswith(b"<!doctype html")

@@ -409,6 +409,21 @@ def _check_package_target(package: str, file: str) -> None:
                        hint="remove it first, or name another OUT.tgpkg")
 
 
+def _not_over_other_files(out: str) -> None:
+    """`tgc viz -o OUT`: an existing regular file is replaced only where it is an HTML page (an earlier viz, a
+    .html or .htm name): `-o x.npy` named the user's data, which the page overwrote (exit 0)."""
+    if not os.path.isfile(out) or out.lower().endswith((".html", ".htm")):
+        return
+    try:
+        with open(out, "rb") as f:
+            head = f.read(64).lstrip().lower()
+    except OSError:
+        return  # (check_writable has reported what the user can do about it)
+    if not head.startswith((b"<!doctype html", b"<html")):
+        raise TgcError(f"-o {out}: the file exists and is not an HTML page; not overwriting it",
+                       hint="remove it first, or name another OUT.html")
+
+
 def _device_kind(device: str | None) -> tuple[str, str]:
     """(the device name to show, its registry kind) for `-d` (first of a list) or the default device."""
     from tgc.backends import canonical, default_device
@@ -1286,6 +1301,7 @@ def viz(file: str, device: str | None, dims: dict[str, int], shard: dict[str, in
     _is_list(device, shard)  # (--shard without a device list: a usage error)
     check_writable(out)  # before the work, not after it (a missing directory, a directory, no permission)
     not_over_user_files("-o", out, [(f"the program {file}", file)])
+    _not_over_other_files(out)
     if port is not None:
         check_port(port)
     page = build_page(prog, device, dims, shard=shard or None, measure=not no_measure, repeat=repeat,
