@@ -248,3 +248,11 @@ def test_viz_does_not_overwrite_a_file_that_is_not_a_page(tmp_path):
         r = invoke("viz", SOFTMAX, "-D", "N=4", "-D", "D=8", "--no-measure", "-o", str(page))
         assert r.exit_code == 0, r.stderr
         assert page.read_bytes().lstrip().lower().startswith(b"<!doctype html")
+
+
+@pytest.mark.parametrize("value", ["1_000", "\u0664", "--4", "4.0", "0x10"])
+def test_a_dim_is_written_in_ascii_digits(value):
+    # int() read 1_000 and the Arabic-Indic digit four; the README says a -D value is written in digits
+    r = invoke("run", SOFTMAX, "--random", "-D", f"N={value}", "-D", "D=2")
+    assert_clean(r, 2, "is not an integer (write it in digits)")
+    assert invoke("run", SOFTMAX, "--random", "-D", "N=+4", "-D", "D= 2").exit_code == 0

@@ -198,11 +198,10 @@ def _parse_dims(ctx: click.Context, param: click.Parameter, values: tuple[str, .
         digits = size.lstrip("+-")
         if digits.isdigit() and len(digits) > 20:  # int() of a huge string is slow; no dim is that large
             raise click.BadParameter(f"'{text}': a dim must be below 2^{MAX_DIM_BITS}", ctx, param)
-        try:
-            value = int(size)
-        except ValueError:
-            raise click.BadParameter(f"'{text}': {size!r} is not an integer (write it in digits)", ctx,
+        if not (digits.isascii() and digits.isdigit()) or len(digits) + 1 < len(size):  # (int() also reads
+            raise click.BadParameter(f"'{text}': {size!r} is not an integer (write it in digits)", ctx,  # 1_000, ٤)
                                      param) from None
+        value = int(size)
         if value < 0:
             raise click.BadParameter(f"'{text}': a dim cannot be negative", ctx, param)
         if value >= 1 << MAX_DIM_BITS:
