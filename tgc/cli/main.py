@@ -840,7 +840,8 @@ def _compile_command(file: str, device: str | None, dims: dict[str, int], emit: 
 @dims_option
 @input_options
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the random inputs.")
-@click.option("--repeat", type=click.IntRange(min=1), default=20, show_default=True, help="Timed runs per kernel.")
+@click.option("--repeat", type=click.IntRange(1, 1_000_000), default=20, show_default=True,  # (executable.MAX_REPEAT)
+              help="Timed runs per kernel.")
 @click.option("--beam", type=click.IntRange(min=0), help="BEAM-search width before timing (else $BEAM).")
 @click.option("--vs", type=click.Choice(["numpy"]), help="Also time numpy on the same inputs.")
 @click.option("--baseline", metavar="OLD.json", callback=nonempty_path,
@@ -1278,7 +1279,8 @@ def cache_clear(table: str) -> None:
 @click.option("--open", "open_browser", is_flag=True, help="Open the page in the system's browser.")
 @click.option("--serve", "port", type=click.IntRange(0, 65535), metavar="PORT",
               help="Also serve the page on http://127.0.0.1:PORT/ until interrupted.")
-@click.option("--repeat", type=click.IntRange(min=1), default=5, show_default=True, help="Timed runs per kernel.")
+@click.option("--repeat", type=click.IntRange(1, 1_000_000), default=5, show_default=True,  # (executable.MAX_REPEAT)
+              help="Timed runs per kernel.")
 @click.option("--no-measure", is_flag=True, help="Do not run the kernels (no times, no peak measurement).")
 def viz(file: str, device: str | None, dims: dict[str, int], shard: dict[str, int], out: str,
         open_browser: bool, port: int | None, repeat: int, no_measure: bool) -> None:
