@@ -256,3 +256,16 @@ def test_a_dim_is_written_in_ascii_digits(value):
     r = invoke("run", SOFTMAX, "--random", "-D", f"N={value}", "-D", "D=2")
     assert_clean(r, 2, "is not an integer (write it in digits)")
     assert invoke("run", SOFTMAX, "--random", "-D", "N=+4", "-D", "D= 2").exit_code == 0
+
+
+def test_cache_list_and_stats_of_a_new_cache_directory_create_nothing(tmp_path):
+    # both made the directory tree and an empty cache.db: a command that only reads writes nothing
+    where = tmp_path / "new" / "cache"
+    for cmd in (["cache", "list"], ["cache", "stats"], ["cache", "stats", "--json"]):
+        r = invoke(*cmd, env={"TGC_CACHE_DIR": str(where)})
+        assert r.exit_code == 0, r.stderr
+    assert "the cache is empty" in invoke("cache", "list", env={"TGC_CACHE_DIR": str(where)}).stdout
+    assert not (tmp_path / "new").exists()
+    r = invoke("run", SOFTMAX, "--random", "-D", "N=2", "-D", "D=2", env={"TGC_CACHE_DIR": str(where)})
+    assert r.exit_code == 0 and (where / "cache.db").exists()  # a run still creates it
+    assert "compile:" in invoke("cache", "stats", env={"TGC_CACHE_DIR": str(where)}).stdout

@@ -461,12 +461,31 @@ def _disk_size(path: Path) -> int:
     return total
 
 
+def _absent() -> bool:
+    """No database yet (and none open): the read-only views (`stats`, `entries`) answer empty without creating
+    the directory and an empty database (`tgc cache list` on a new TGC_CACHE_DIR)."""
+    try:
+        path = db_path()
+    except RuntimeError:
+        return False
+    with _lock:
+        if path == _broken_path or _conn is not None and _conn_path == path and _conn_pid == os.getpid():
+            return False
+    if path.exists():
+        return False
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    return ancestor.is_dir()  # (under a file: unusable, which opening it reports)
+
+
 def stats() -> dict[str, Any]:
     """`path`, `size` (bytes on disk), `entries` ({table: count}, always with `compile` and `beam`), `count`
     (all entries), `compiled_bytes` (the compiled tables' values: what the cap counts), `max_bytes` (the cap),
     `available` (False when the database is unusable), `enabled` (see `enabled()`), and this process's
     `hits`, `misses` and `puts`."""
-    rows = _run("SELECT tbl, COUNT(*) FROM cache GROUP BY tbl ORDER BY tbl")
+    absent = _absent()
+    rows = [] if absent else _run("SELECT tbl, COUNT(*) FROM cache GROUP BY tbl ORDER BY tbl")
     counts = dict.fromkeys(TABLES, 0)
     counts.update({table: count for table, count in rows or []})
     try:
@@ -477,7 +496,7 @@ def stats() -> dict[str, Any]:
         hits, misses, puts = counters["hits"], counters["misses"], counters["puts"]
     return {"path": str(path), "size": _disk_size(path), "entries": counts, "available": rows is not None,
             "enabled": enabled(), "hits": hits, "misses": misses, "puts": puts,
-            "compiled_bytes": _compiled_bytes() or 0, "max_bytes": max_bytes(),
+            "compiled_bytes": 0 if absent else _compiled_bytes() or 0, "max_bytes": max_bytes(),
             "count": sum(counts.values())}
 
 
@@ -489,7 +508,7 @@ def entries(table: str | None = None) -> list[dict[str, Any]]:
     if table is not None:
         _check_table(table)
         query, params = query + " WHERE tbl = ?", (table,)
-    rows = _run(query + " ORDER BY created DESC, tbl, key", params) or []
+    rows = [] if _absent() else _run(query + " ORDER BY created DESC, tbl, key", params) or []
     return [{"table": tbl, "key": key[:KEY_PREFIX_LEN], "meta": meta, "size": size, "created": created}
             for tbl, key, meta, size, created in rows]
 
