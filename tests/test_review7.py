@@ -269,3 +269,14 @@ def test_cache_list_and_stats_of_a_new_cache_directory_create_nothing(tmp_path):
     r = invoke("run", SOFTMAX, "--random", "-D", "N=2", "-D", "D=2", env={"TGC_CACHE_DIR": str(where)})
     assert r.exit_code == 0 and (where / "cache.db").exists()  # a run still creates it
     assert "compile:" in invoke("cache", "stats", env={"TGC_CACHE_DIR": str(where)}).stdout
+
+
+def test_import_of_a_corrupt_model_reports_the_model_before_an_existing_weights_file(tmp_path):
+    # with the user's bad.npz beside it, `tgc import bad.onnx` reported the .npz conflict, not the corrupt model
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x08\x07garbage, not a model" * 10)
+    np.savez(tmp_path / "bad.npz", a=np.ones(2))
+    before = (tmp_path / "bad.npz").read_bytes()
+    r = invoke("import", str(bad))
+    assert r.exit_code == 2 and "bad.onnx" in r.stderr and "bad.npz" not in r.stderr, r.stderr
+    assert (tmp_path / "bad.npz").read_bytes() == before and not (tmp_path / "bad.tg").exists()

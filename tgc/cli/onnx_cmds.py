@@ -75,6 +75,7 @@ def import_(file: str, out: str | None) -> None:
 
     if not is_onnx(file):
         raise TgcError(f"{file} is not an .onnx file", hint="tgc import reads ONNX models")
+    model = read_model(file)  # (a corrupt model is the error to report, before any conflict of the outputs)
     default_out = not out
     out = out or os.path.splitext(file)[0] + ".tg"
     if not out.endswith(".tg"):
@@ -88,7 +89,7 @@ def import_(file: str, out: str | None) -> None:
         raise TgcError(f"{weights} exists and is not the weights of an earlier translation by tgc import: it is "
                        "left as it was", hint="move it, or name another program with -o PATH.tg (its weights go "
                        "beside it as PATH.npz)")
-    tr = translate(read_model(file), os.path.basename(file))
+    tr = translate(model, os.path.basename(file))
     from tgc.cli.outputs import check_writable, write_files
 
     # both files at once (checked, staged, then renamed): a failure leaves an earlier program and its weights as
