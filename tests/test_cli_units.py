@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 import tgc
+import tgc.api  # (the `fake` fixture patches tgc.api.load: imported here, not by whichever test ran first)
 from tgc.cli import check, inputs, outputs, report
 from tgc.cli.main import main
 from tgc.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16
