@@ -185,10 +185,9 @@ class CStyleRenderer:
         suffix = "" if d.name == "f64" else self.float_suffix
         if d.name in ("f16", "bf16"):  # registers hold floats: a half constant is its value rounded to the half
             v = float(alu.cast(alu.const(v, d), d, dtypes.f32))
-        if math.isnan(v):
-            return "NAN"
-        if math.isinf(v):
-            return "INFINITY" if v > 0 else "-INFINITY"
+        if not math.isfinite(v):  # NAN and INFINITY are floats: an f64 one is cast (fmod(double, float) is ambiguous)
+            text = "NAN" if math.isnan(v) else "INFINITY" if v > 0 else "-INFINITY"
+            return f"((double){text})" if d.name == "f64" else text
         if d.name != "f64":
             v = struct.unpack("f", struct.pack("f", v))[0]
         return f"{v!r}{suffix}" if "e" in repr(v) or "." in repr(v) else f"{v!r}.0{suffix}"

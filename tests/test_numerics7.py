@@ -1,0 +1,42 @@
+"""numpy's results at the edges of the numerics (float % and //, signed zeros, nan and inf constants), on CPU,
+OPENCL (PoCL) and PYTHON, each where it runs here. Expectations are numpy's own results, compared bit for bit
+(signed zeros included)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from langkit import device_skip_reason
+
+import tgc
+
+NAN, INF = np.nan, np.inf
+DEVICES = ["CPU", "OPENCL", "PYTHON"]
+
+
+def _run(src: str, device: str, **inputs) -> dict[str, np.ndarray]:
+    why = device_skip_reason(device)
+    if why:
+        pytest.skip(why)
+    return tgc.loads(src).run(device, **inputs)
+
+
+def _same(got, want) -> None:
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, got.shape, want.dtype, want.shape)
+    np.testing.assert_array_equal(got, want)
+    real = ~np.isnan(want) if want.dtype.kind == "f" else np.ones(want.shape, bool)  # (a nan's sign is not numpy's)
+    assert np.array_equal(np.signbit(got[real]), np.signbit(want[real])), (got, want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_f64_mod_by_infinite_and_nan_constants(device):
+    """An f64 program with an inf or nan constant: OpenCL C's INFINITY and NAN are floats, so `fmod(x, INFINITY)`
+    on a double did not compile on PoCL (call to fmod is ambiguous)."""
+    a = np.array([1.0, -2.0, 5.0, -0.0, 0.0, INF, NAN], np.float64)
+    out = _run("a: f64[7]\nreturn a % inf, a // -inf, a % nan, a % -inf", device, a=a)
+    with np.errstate(all="ignore"):
+        _same(out["out0"], np.mod(a, INF))
+        _same(out["out1"], np.floor_divide(a, -INF))
+        _same(out["out2"], np.mod(a, NAN))
+        _same(out["out3"], np.mod(a, -INF))
