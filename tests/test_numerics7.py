@@ -40,3 +40,19 @@ def test_f64_mod_by_infinite_and_nan_constants(device):
         _same(out["out1"], np.floor_divide(a, -INF))
         _same(out["out2"], np.mod(a, NAN))
         _same(out["out3"], np.mod(a, -INF))
+
+
+@pytest.mark.parametrize("dt", ["f32", "f64", "f16", "bf16"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_where_with_a_negative_zero_arm(device, dt):
+    """`where(x < 0, -0.0, x)` keeps x = +0.0 as +0.0 (numpy): PoCL compiled `x < 0 ? -0.0f : x` as a min that
+    gave -0.0 there."""
+    t = np.float16 if dt == "f16" else np.float64 if dt == "f64" else np.float32
+    x = np.array([0.0, -0.0, 1.0, -1.0, 2.5, -2.5, INF, -INF], t)
+    z = t(-0.0)
+    out = _run(f"x: {dt}[8]\nreturn where(x < 0, -0.0, x), where(x > 0, -0.0, x), where(x < 0, x, -0.0), "
+               "where(x > 0, 0.0, x)", device, x=x)
+    _same(out["out0"], np.where(x < 0, z, x))
+    _same(out["out1"], np.where(x > 0, z, x))
+    _same(out["out2"], np.where(x < 0, x, z))
+    _same(out["out3"], np.where(x > 0, t(0.0), x))

@@ -405,6 +405,14 @@ class OpenCLRenderer(CStyleRenderer):
         # OpenCL's integer max has one overload per type: narrow ints need both sides of that type
         return f"fmax({a}, {b})" if d.is_float else f"max(({self.ctype(d)})({a}), ({self.ctype(d)})({b}))"
 
+    def alu(self, u: UOp, s: list[str]) -> str:
+        # PoCL compiles `c ? -0.0f : x` with c = x < 0 (or 0 < x) as a min/max that gives -0.0 for x = +0.0
+        # (where(x < 0, -0.0, x) was -0.0 at 0.0, numpy 0.0); the builtin select keeps the choice exact
+        if (u.op is Ops.WHERE and u.dtype.is_float and u.dtype.count == 1
+                and any(a.op is Ops.CONST and a.arg == 0 and math.copysign(1.0, a.arg) < 0 for a in u.src[1:])):
+            return f"select({s[2]}, {s[1]}, ({'long' if u.dtype.name == 'f64' else 'int'})({s[0]}))"
+        return super().alu(u, s)
+
     def cast(self, src: DType, d: DType, x: str) -> str:
         if d.is_bool:
             return f"({x} != 0)"
