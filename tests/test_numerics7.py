@@ -56,3 +56,18 @@ def test_where_with_a_negative_zero_arm(device, dt):
     _same(out["out1"], np.where(x > 0, z, x))
     _same(out["out2"], np.where(x < 0, x, z))
     _same(out["out3"], np.where(x > 0, t(0.0), x))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_arithmetic_of_literals_is_a_weak_literal(device):
+    """`x * (0.1 + 0.2)` and `x * (1 / 3)` on f16 are numpy's `x16 * (0.1 + 0.2)`: Python's float, weak, so the
+    result stays f16; they were f32 constants (strong), so the result was f32 and `x != 1/3` compared in f32."""
+    x = np.array([0.333251953125, 0.1, -3.0, 65504.0, 0.0], np.float16)
+    out = _run("x: f16[5]\nreturn x * (0.1 + 0.2), x * (1 / 3), x != 1 / 3, x - (2.5 - 0.4) * 2, x * (2 * 3)",
+               device, x=x)
+    with np.errstate(over="ignore"):
+        _same(out["out0"], x * (0.1 + 0.2))
+        _same(out["out1"], x * (1 / 3))
+        _same(out["out2"], x != 1 / 3)
+        _same(out["out3"], x - (2.5 - 0.4) * 2)
+        _same(out["out4"], x * (2 * 3))
