@@ -185,10 +185,9 @@ class CStyleRenderer:
         suffix = "" if d.name == "f64" else self.float_suffix
         if d.name in ("f16", "bf16"):  # registers hold floats: a half constant is its value rounded to the half
             v = float(alu.cast(alu.const(v, d), d, dtypes.f32))
-        if math.isnan(v):
-            return "NAN"
-        if math.isinf(v):
-            return "INFINITY" if v > 0 else "-INFINITY"
+        if not math.isfinite(v):  # NAN and INFINITY are floats: an f64 one is cast (fmod(double, float) is ambiguous)
+            text = "NAN" if math.isnan(v) else "INFINITY" if v > 0 else "-INFINITY"
+            return f"((double){text})" if d.name == "f64" else text
         if d.name != "f64":
             v = struct.unpack("f", struct.pack("f", v))[0]
         return f"{v!r}{suffix}" if "e" in repr(v) or "." in repr(v) else f"{v!r}.0{suffix}"
@@ -405,6 +404,14 @@ class OpenCLRenderer(CStyleRenderer):
     def fmax(self, d: DType, a: str, b: str) -> str:
         # OpenCL's integer max has one overload per type: narrow ints need both sides of that type
         return f"fmax({a}, {b})" if d.is_float else f"max(({self.ctype(d)})({a}), ({self.ctype(d)})({b}))"
+
+    def alu(self, u: UOp, s: list[str]) -> str:
+        # PoCL compiles `c ? -0.0f : x` with c = x < 0 (or 0 < x) as a min/max that gives -0.0 for x = +0.0
+        # (where(x < 0, -0.0, x) was -0.0 at 0.0, numpy 0.0); the builtin select keeps the choice exact
+        if (u.op is Ops.WHERE and u.dtype.is_float and u.dtype.count == 1
+                and any(a.op is Ops.CONST and a.arg == 0 and math.copysign(1.0, a.arg) < 0 for a in u.src[1:])):
+            return f"select({s[2]}, {s[1]}, ({'long' if u.dtype.name == 'f64' else 'int'})({s[0]}))"
+        return super().alu(u, s)
 
     def cast(self, src: DType, d: DType, x: str) -> str:
         if d.is_bool:

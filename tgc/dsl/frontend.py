@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import math
 import sys
 from collections import ChainMap
 from collections.abc import Callable
@@ -661,6 +662,19 @@ def _describe(v: Any) -> str:
     return type(v).__name__
 
 
+def _literal_expr(node: ast.AST) -> bool:
+    """Whether `node` is written with number literals only (`0.1 + 0.2`, `-(1 / 3)`, `2 * pi`), no names of sizes."""
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, (int, float)) and not isinstance(node.value, bool)
+    if isinstance(node, ast.Name):
+        return node.id in ("inf", "nan", "pi", "e")
+    if isinstance(node, ast.UnaryOp):
+        return isinstance(node.op, (ast.USub, ast.UAdd)) and _literal_expr(node.operand)
+    if isinstance(node, ast.BinOp):
+        return _literal_expr(node.left) and _literal_expr(node.right)
+    return False
+
+
 _BINOPS = {ast.Add: "__add__", ast.Sub: "__sub__", ast.Mult: "__mul__", ast.Div: "__truediv__",
            ast.FloorDiv: "__floordiv__", ast.Mod: "__mod__", ast.Pow: "__pow__", ast.MatMult: "__matmul__",
            ast.BitAnd: "__and__", ast.BitOr: "__or__", ast.BitXor: "__xor__", ast.LShift: "__lshift__",
@@ -911,6 +925,15 @@ class _Evaluator:
                 return {ast.Add: left + right, ast.Sub: left - right, ast.Mult: left * right,
                         ast.FloorDiv: left // right if right else 0, ast.Mod: left % right if right else 0
                         }[type(node.op)]
+            if _literal_expr(node) and not any(isinstance(v, bool) for v in (left, right)) and isinstance(node.op, (
+                    ast.Add, ast.Sub, ast.Mult, ast.Div)) and (right != 0 or not isinstance(node.op, ast.Div)):
+                # numbers with a float or `/`: Python's float arithmetic, a weak literal as numpy's Python scalars
+                # (x_f16 * (0.1 + 0.2) stays f16); a result that is not finite is left to the tensor ops, and so
+                # are sizes (N / 4 is f32 at every N, symbolic or not)
+                value = {ast.Add: lambda: left + right, ast.Sub: lambda: left - right,
+                         ast.Mult: lambda: left * right, ast.Div: lambda: left / right}[type(node.op)]()
+                if isinstance(value, float) and math.isfinite(value):
+                    return value
             left = Tensor.const(left, Tensor.literal_dtype(left))
         if isinstance(node.op, ast.MatMult) and not (isinstance(left, Tensor) and isinstance(right, Tensor)):
             raise self.err.at(node, "@ needs two tensors")

@@ -1,0 +1,73 @@
+"""numpy's results at the edges of the numerics (float % and //, signed zeros, nan and inf constants), on CPU,
+OPENCL (PoCL) and PYTHON, each where it runs here. Expectations are numpy's own results, compared bit for bit
+(signed zeros included)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from langkit import device_skip_reason
+
+import tgc
+
+NAN, INF = np.nan, np.inf
+DEVICES = ["CPU", "OPENCL", "PYTHON"]
+
+
+def _run(src: str, device: str, **inputs) -> dict[str, np.ndarray]:
+    why = device_skip_reason(device)
+    if why:
+        pytest.skip(why)
+    return tgc.loads(src).run(device, **inputs)
+
+
+def _same(got, want) -> None:
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, got.shape, want.dtype, want.shape)
+    np.testing.assert_array_equal(got, want)
+    real = ~np.isnan(want) if want.dtype.kind == "f" else np.ones(want.shape, bool)  # (a nan's sign is not numpy's)
+    assert np.array_equal(np.signbit(got[real]), np.signbit(want[real])), (got, want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_f64_mod_by_infinite_and_nan_constants(device):
+    """An f64 program with an inf or nan constant: OpenCL C's INFINITY and NAN are floats, so `fmod(x, INFINITY)`
+    on a double did not compile on PoCL (call to fmod is ambiguous)."""
+    a = np.array([1.0, -2.0, 5.0, -0.0, 0.0, INF, NAN], np.float64)
+    out = _run("a: f64[7]\nreturn a % inf, a // -inf, a % nan, a % -inf", device, a=a)
+    with np.errstate(all="ignore"):
+        _same(out["out0"], np.mod(a, INF))
+        _same(out["out1"], np.floor_divide(a, -INF))
+        _same(out["out2"], np.mod(a, NAN))
+        _same(out["out3"], np.mod(a, -INF))
+
+
+@pytest.mark.parametrize("dt", ["f32", "f64", "f16", "bf16"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_where_with_a_negative_zero_arm(device, dt):
+    """`where(x < 0, -0.0, x)` keeps x = +0.0 as +0.0 (numpy): PoCL compiled `x < 0 ? -0.0f : x` as a min that
+    gave -0.0 there."""
+    t = np.float16 if dt == "f16" else np.float64 if dt == "f64" else np.float32
+    x = np.array([0.0, -0.0, 1.0, -1.0, 2.5, -2.5, INF, -INF], t)
+    z = t(-0.0)
+    out = _run(f"x: {dt}[8]\nreturn where(x < 0, -0.0, x), where(x > 0, -0.0, x), where(x < 0, x, -0.0), "
+               "where(x > 0, 0.0, x)", device, x=x)
+    _same(out["out0"], np.where(x < 0, z, x))
+    _same(out["out1"], np.where(x > 0, z, x))
+    _same(out["out2"], np.where(x < 0, x, z))
+    _same(out["out3"], np.where(x > 0, t(0.0), x))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_arithmetic_of_literals_is_a_weak_literal(device):
+    """`x * (0.1 + 0.2)` and `x * (1 / 3)` on f16 are numpy's `x16 * (0.1 + 0.2)`: Python's float, weak, so the
+    result stays f16; they were f32 constants (strong), so the result was f32 and `x != 1/3` compared in f32."""
+    x = np.array([0.333251953125, 0.1, -3.0, 65504.0, 0.0], np.float16)
+    out = _run("x: f16[5]\nreturn x * (0.1 + 0.2), x * (1 / 3), x != 1 / 3, x - (2.5 - 0.4) * 2, x * (2 * 3)",
+               device, x=x)
+    with np.errstate(over="ignore"):
+        _same(out["out0"], x * (0.1 + 0.2))
+        _same(out["out1"], x * (1 / 3))
+        _same(out["out2"], x != 1 / 3)
+        _same(out["out3"], x - (2.5 - 0.4) * 2)
+        _same(out["out4"], x * (2 * 3))
