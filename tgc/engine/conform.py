@@ -63,7 +63,8 @@ def _cast(value: np.ndarray, to: np.dtype, name: str) -> np.ndarray:
         if bad:
             import sys
 
-            tgc_name = getattr(dtypes.from_numpy(to), "name", to.name)
+            known = dtypes.from_numpy(to)
+            tgc_name = known.name if known is not None else to.name
             sys.stderr.write(f"tgc: warning: input '{name}': {bad} of {value.size} values are NaN, infinite or outside "
                              f"{tgc_name}'s range; numpy's cast to {tgc_name} does not keep them (NaN and infinities "
                              "become unspecified values, integers wrap around)\n")
