@@ -71,3 +71,23 @@ def test_arithmetic_of_literals_is_a_weak_literal(device):
         _same(out["out2"], x != 1 / 3)
         _same(out["out3"], x - (2.5 - 0.4) * 2)
         _same(out["out4"], x * (2 * 3))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_clip_keeps_nan(device):
+    """`clip(x, lo, hi)` of a nan is nan, as numpy's clip (and the library's clamp): on CPU the max against lo
+    turned a nan into lo. Tensor bounds, broadcast ones and int inputs unchanged."""
+    x = np.array([NAN, -5.0, 0.5, 7.0, -INF, INF, NAN, 1.0], np.float32)
+    lo = np.array([-1.0, -2.0, 0.0, 2.0, -3.0, -1.0, 0.0, NAN], np.float32)
+    i = np.array([-9, 0, 3, 9, 1, 2, -1, 5], np.int32)
+    out = _run("x: f32[8]\nlo: f32[8]\ni: i32[8]\nreturn clip(x, -1, 1), clip(x, lo, 3.0), x.clip(0, 0), "
+               "clip(i, -2, 4), clip(x[None, :], -1, 1)", device, x=x, lo=lo, i=i)
+    _same(out["out0"], np.clip(x, -1, 1))
+    want = np.clip(x, lo, np.float32(3.0))
+    got = out["out1"]
+    # numpy's clip against a nan bound is nan; only x's nans are promised here (maximum's nan is unspecified)
+    real = ~np.isnan(lo)
+    _same(got[real], want[real])
+    _same(out["out2"], np.clip(x, 0, 0))
+    _same(out["out3"], np.clip(i, -2, 4))
+    _same(out["out4"], np.clip(x[None, :], -1, 1))

@@ -361,7 +361,10 @@ class Tensor:
         return (b < a).where(b, a)
 
     def clip(self, lo, hi) -> Tensor:
-        return self.maximum(lo).minimum(hi)
+        out = self.maximum(lo).minimum(hi)
+        if not self.dtype.is_float:
+            return out
+        return (self != self).where(self, out)  # nan stays nan, as numpy's clip (maximum's nan is unspecified)
 
     def where(self, a, b) -> Tensor:
         """`self` is the condition."""
