@@ -59,6 +59,7 @@ def test_a_copy_in_lands_in_the_mapped_opencl_buffer_it_becomes_and_matches_nump
     assert status == 200, body
     results, blobs = P.decode_results(body, verify=False)
     np.testing.assert_array_equal(np.frombuffer(blobs[results[1]], np.float32), y)
+    assert _unstaged(srv)  # (the staged block goes back to the pool after the answer)
     assert buf.handle is kept and srv._stage_pool[N][0].buffer is first  # the two buffers traded places
     out = np.empty_like(y)
     srv.device.allocator.copyout(memoryview(out).cast("B"), buf.handle)  # the device's own view of the buffer
