@@ -91,3 +91,17 @@ def test_clip_keeps_nan(device):
     _same(out["out2"], np.clip(x, 0, 0))
     _same(out["out3"], np.clip(i, -2, 4))
     _same(out["out4"], np.clip(x[None, :], -1, 1))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_literal_arithmetic_that_overflows_is_a_weak_inf(device):
+    """`x_f16 * (1e300 * 1e300)` is numpy's `x16 * inf` (Python's float overflowed): f16, as `x * inf`; it was an
+    f32 constant, so the result was f32."""
+    x = np.array([1.0, -2.0, 0.0, NAN], np.float16)
+    out = _run("x: f16[4]\nreturn x * (1e300 * 1e300), x + (-1e300 * 1e300), x * (1e300 * 1e300 - 1e300 * 1e300)",
+               device, x=x)
+    with np.errstate(all="ignore"):
+        inf = 1e300 * 1e300
+        _same(out["out0"], x * inf)
+        _same(out["out1"], x + (-inf))
+        _same(out["out2"], x * (inf - inf))

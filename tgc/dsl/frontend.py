@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ast
 import inspect
-import math
 import sys
 from collections import ChainMap
 from collections.abc import Callable
@@ -928,11 +927,11 @@ class _Evaluator:
             if _literal_expr(node) and not any(isinstance(v, bool) for v in (left, right)) and isinstance(node.op, (
                     ast.Add, ast.Sub, ast.Mult, ast.Div)) and (right != 0 or not isinstance(node.op, ast.Div)):
                 # numbers with a float or `/`: Python's float arithmetic, a weak literal as numpy's Python scalars
-                # (x_f16 * (0.1 + 0.2) stays f16); a result that is not finite is left to the tensor ops, and so
-                # are sizes (N / 4 is f32 at every N, symbolic or not)
+                # (x_f16 * (0.1 + 0.2) stays f16, and so does x_f16 * (1e300 * 1e300), an inf as the literal `inf`);
+                # sizes are left to the tensor ops (N / 4 is f32 at every N, symbolic or not)
                 value = {ast.Add: lambda: left + right, ast.Sub: lambda: left - right,
                          ast.Mult: lambda: left * right, ast.Div: lambda: left / right}[type(node.op)]()
-                if isinstance(value, float) and math.isfinite(value):
+                if isinstance(value, float):
                     return value
             left = Tensor.const(left, Tensor.literal_dtype(left))
         if isinstance(node.op, ast.MatMult) and not (isinstance(left, Tensor) and isinstance(right, Tensor)):
