@@ -6,7 +6,8 @@ linear in the size of a program.
   reference evaluator of `--check`) would raise RecursionError.
 - Doubling a program (2x the chained statements; 2x the layers of a loop) at most ~2.2x its
   lowering time: trace, schedule, lower and render, without the compiler (LLVM's own time is not ours to
-  bound). The minimum of a few repeats; the one timing assert of the suite, with a generous margin.
+  bound). The median of a few alternating pairs, measured again when over; the one timing assert of the suite,
+  with a generous margin.
 """
 
 from __future__ import annotations
@@ -61,28 +62,43 @@ def _lowering_seconds(src: str, dims: dict[str, int]) -> float:
     dev = get_device("CPU")
     prog = tgc.loads(src)
     gc.collect()  # the garbage of earlier builds is not this one's cost
-    t = time.process_time()  # this process's CPU time: other work on a busy machine does not count
-    outs, _ = prog._trace(dims)
-    items = [it for it in create_schedule(outs, dev.caps) if it.ast.src]
-    for i, item in enumerate(items):
-        _build_kernel(item, dev, 0, f"k{i}", False, None, compile_src=lambda d, s: (None, None, None))
-    return time.process_time() - t
+    # Nor are the collector's full passes over the heap the earlier tests of this worker left: their cost grows
+    # with that heap, not with this program (in a full suite they made the larger build look superlinear).
+    gc.disable()
+    try:
+        t = time.process_time()  # this process's CPU time: other work on a busy machine does not count
+        outs, _ = prog._trace(dims)
+        items = [it for it in create_schedule(outs, dev.caps) if it.ast.src]
+        for i, item in enumerate(items):
+            _build_kernel(item, dev, 0, f"k{i}", False, None, compile_src=lambda d, s: (None, None, None))
+        return time.process_time() - t
+    finally:
+        gc.enable()
 
 
 def _assert_linear(small: tuple[str, dict[str, int]], large: tuple[str, dict[str, int]], what: str,
-                   repeats: int = 3) -> None:
-    """Builds of the two programs alternate (a busy machine slows both alike); the least time of each counts."""
+                   pairs: int = 5, rounds: int = 3) -> None:
+    """Builds of the two programs alternate, and each ratio is of one pair (a busy machine slows a pair alike);
+    the median of a round's ratios counts. A shared machine's CPU time still swings by half from one build to the
+    next, so a round over the bound is measured again: a lowering that grows as the square of the program (4x)
+    fails every round, noise does not."""
     _lowering_seconds(*small)  # imports and first-use caches, outside the measure
-    a = b = float("inf")
-    for _ in range(repeats):
-        a = min(a, _lowering_seconds(*small))
-        b = min(b, _lowering_seconds(*large))
-    print(f"{what}: {a:.3f} s -> {b:.3f} s ({b / a:.2f}x)")
-    assert b / a <= 2.2, f"{what}: twice the program took {b / a:.2f}x the lowering time ({a:.3f} s -> {b:.3f} s)"
+    seen = []
+    for _ in range(rounds):
+        ratios = []
+        for _ in range(pairs):
+            a = _lowering_seconds(*small)
+            ratios.append(_lowering_seconds(*large) / a)
+        seen.append(sorted(ratios)[pairs // 2])
+        print(f"{what}: {seen[-1]:.2f}x (pairs {', '.join(f'{r:.2f}' for r in ratios)})")
+        if seen[-1] <= 2.2:
+            return
+    raise AssertionError(f"{what}: twice the program took {', '.join(f'{r:.2f}x' for r in seen)} the lowering "
+                         "time (median of each round)")
 
 
 def test_twice_the_chained_statements_take_at_most_about_twice_the_lowering_time():
-    _assert_linear((_chain(250), {"N": 4}), (_chain(500), {"N": 4}), "250 -> 500 chained statements")
+    _assert_linear((_chain(400), {"N": 4}), (_chain(800), {"N": 4}), "400 -> 800 chained statements")
 
 
 LAYERS = """x: f32[B, C]
