@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 
+from tests.test_remote_datapath import _drop_remote_instances
 from tgc.backends.remote.process import ServerProcess
 from tgc.errors import CompileError, DeviceError
 
@@ -31,13 +32,6 @@ return e / sum(e, axis=1, keepdim=True)
 """
 
 
-def drop_remote_instances() -> None:
-    """Forget cached REMOTE devices so the next `get_device("REMOTE")` reads TGC_REMOTE again."""
-    from tgc import backends
-    for key in [k for k in backends._instances if k[0] == "REMOTE"]:
-        backends._instances.pop(key).close()
-
-
 @pytest.fixture(scope="module")
 def server():
     with ServerProcess("CPU") as srv:
@@ -49,10 +43,10 @@ def remote(server, monkeypatch):
     monkeypatch.setenv("TGC_REMOTE", server.address)
     monkeypatch.delenv("TGC_REMOTE_TOKEN", raising=False)
     monkeypatch.delenv("TGC_REMOTE_TOKEN_FILE", raising=False)
-    drop_remote_instances()
+    _drop_remote_instances()
     from tgc.backends import get_device
     yield get_device("REMOTE")
-    drop_remote_instances()
+    _drop_remote_instances()
 
 
 PROGRAMS = [
@@ -236,15 +230,15 @@ def test_token_file_on_both_ends(tmp_path, monkeypatch):
         monkeypatch.setenv("TGC_REMOTE", srv.address)
         monkeypatch.delenv("TGC_REMOTE_TOKEN", raising=False)
         monkeypatch.delenv("TGC_REMOTE_TOKEN_FILE", raising=False)
-        drop_remote_instances()
+        _drop_remote_instances()
         prog = tgc.loads("x: f32[N]\nreturn x * x\n")
         x = np.arange(5, dtype=np.float32)
         with pytest.raises(DeviceError, match="missing or wrong token"):
             prog.run(device="REMOTE", x=x)
         monkeypatch.setenv("TGC_REMOTE_TOKEN_FILE", str(token))
-        drop_remote_instances()
+        _drop_remote_instances()
         np.testing.assert_array_equal(prog.run(device="REMOTE", x=x)["out0"], x * x)
-        drop_remote_instances()
+        _drop_remote_instances()
         assert "(token required)" in srv.stderr()
 
 

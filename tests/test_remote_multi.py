@@ -16,6 +16,7 @@ import threading
 import numpy as np
 import pytest
 
+from tests.test_remote_datapath import _drop_remote_instances
 from tgc.backends.remote import protocol as P
 from tgc.backends.remote.process import ServerProcess
 from tgc.errors import DeviceError, TgcError
@@ -31,13 +32,6 @@ def _cpu_ready() -> bool:
 pytestmark = pytest.mark.skipif(not _cpu_ready(), reason="the CPU device is not available")
 
 
-def drop_remote_instances() -> None:
-    """Forget cached REMOTE devices so the next `get_device("REMOTE:i")` reads TGC_REMOTE again."""
-    from tgc import backends
-    for key in [k for k in backends._instances if k[0] == "REMOTE"]:
-        backends._instances.pop(key).close()
-
-
 @pytest.fixture(scope="module")
 def servers():
     with ServerProcess("CPU") as a, ServerProcess("CPU") as b:
@@ -51,10 +45,10 @@ def pair(servers, monkeypatch):
     monkeypatch.setenv("TGC_REMOTE", f"{a.address},{b.address}")
     for name in ("TGC_REMOTE_TOKEN", "TGC_REMOTE_TOKEN_FILE"):
         monkeypatch.delenv(name, raising=False)
-    drop_remote_instances()
+    _drop_remote_instances()
     from tgc.backends import get_device
     yield get_device("REMOTE:0"), get_device("REMOTE:1")
-    drop_remote_instances()
+    _drop_remote_instances()
 
 
 def _buffer(dev, data: np.ndarray) -> int:
@@ -191,7 +185,7 @@ def test_each_server_its_own_token(tmp_path, monkeypatch):
         monkeypatch.setenv("TGC_REMOTE_TOKEN_FILE", str(table))
         monkeypatch.delenv("TGC_REMOTE_TOKEN", raising=False)
         monkeypatch.setenv("TGC_REMOTE_RETRY", "0")
-        drop_remote_instances()
+        _drop_remote_instances()
         try:
             x = np.arange(5, dtype=np.float32)
             prog = tgc.loads("x: f32[N]\nreturn x - 3\n")
@@ -199,14 +193,14 @@ def test_each_server_its_own_token(tmp_path, monkeypatch):
                 np.testing.assert_array_equal(prog.run(device=name, x=x)["out0"], x - 3)
             # server b's line swapped for a's token: refused, and the hint names the line to write
             table.write_text(f"{a.address} {ta.read_text().strip()}\n* {ta.read_text().strip()}\n")
-            drop_remote_instances()
+            _drop_remote_instances()
             prog = tgc.loads("x: f32[N]\nreturn x - 3\n")  # kernels loaded on the dropped devices stay there
             np.testing.assert_array_equal(prog.run(device="REMOTE:0", x=x)["out0"], x - 3)
             with pytest.raises(DeviceError, match=f"REMOTE server {b.address} refused .* wrong token") as e:
                 prog.run(device="REMOTE:1", x=x)
             assert f"`{b.address} TOKEN`" in e.value.hint
         finally:
-            drop_remote_instances()
+            _drop_remote_instances()
 
 
 # --- copies between servers
@@ -428,7 +422,7 @@ def test_a_server_killed_mid_transfer_is_one_clear_error(servers, monkeypatch):
         monkeypatch.setenv("TGC_REMOTE_RETRY", "0.2")
         for name in ("TGC_REMOTE_TOKEN", "TGC_REMOTE_TOKEN_FILE"):
             monkeypatch.delenv(name, raising=False)
-        drop_remote_instances()
+        _drop_remote_instances()
         r0, r1 = get_device("REMOTE:0"), get_device("REMOTE:1")
         n = 8 << 20
         h0, h1 = _buffer(r0, np.ones(n, np.uint8)), _buffer(r1, np.zeros(n, np.uint8))
@@ -453,7 +447,7 @@ def test_a_server_killed_mid_transfer_is_one_clear_error(servers, monkeypatch):
         msg = errors[0].msg
         assert victim.address in msg and ("lost the connection" in msg or "cannot reach" in msg), msg
         assert "no answer within" not in msg
-        drop_remote_instances()
+        _drop_remote_instances()
 
 
 def test_cli_run_on_a_dead_server_exits_1_with_one_line(servers, tmp_path):
@@ -480,7 +474,7 @@ def test_a_stopped_server_times_out_instead_of_hanging(servers, monkeypatch):
         monkeypatch.setenv("TGC_REMOTE_TIMEOUT", "1")
         for name in ("TGC_REMOTE_TOKEN", "TGC_REMOTE_TOKEN_FILE"):
             monkeypatch.delenv(name, raising=False)
-        drop_remote_instances()
+        _drop_remote_instances()
         r1 = get_device("REMOTE:1")
         conn = r1._connection()
         assert conn.timeout == 1.0  # TGC_REMOTE_TIMEOUT's
@@ -496,7 +490,7 @@ def test_a_stopped_server_times_out_instead_of_hanging(servers, monkeypatch):
             assert e.value.exit_code == 1
         finally:
             frozen.thaw()
-            drop_remote_instances()
+            _drop_remote_instances()
 
 
 def test_a_connection_that_is_never_accepted_times_out(monkeypatch):
