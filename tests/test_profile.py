@@ -165,6 +165,18 @@ def test_cli_profile_to_a_missing_directory_is_refused_before_running(tmp_path):
     assert r.stdout == ""
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="no /proc here")
+def test_cli_profile_to_a_directory_where_no_file_can_be_made_is_refused_before_running(tmp_path):
+    """/proc takes no new file, even from root (for whom os.access says every directory is writable)."""
+    src = tmp_path / "p.tg"
+    src.write_text("x: f32[N]\nreturn x + 1\n")
+    for opt, path in (("--profile", "/proc/tgc-trace.json"), ("-o", "/proc/tgc-out.npz")):
+        r = invoke("run", str(src), "--random", "-D", "N=3", opt, path)
+        assert_clean(r, 2, f"cannot write '{path}'")
+        assert r.stdout == ""  # refused before the run
+        assert not os.path.exists(path)
+
+
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full (a file that is always full) here")
 def test_cli_profile_that_fails_to_write_keeps_the_run_output(tmp_path):
     src = tmp_path / "p.tg"

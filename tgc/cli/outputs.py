@@ -127,6 +127,17 @@ def check_writable(path: str) -> None:
         raise TgcError(f"cannot write '{path}': directory '{where}' does not exist")
     if not os.access(parent, os.W_OK):
         raise TgcError(f"cannot write '{path}': permission denied")
+    # os.access answers yes to root for any directory, /sys and /proc included, where no file can be made: make
+    # (and remove) one, so the error comes before the work instead of after it
+    try:
+        fd = os.open(os.path.join(parent, f".tgc-check-{os.getpid()}"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    except OSError as e:
+        why = (e.strerror or str(e)).lower()
+        raise TgcError(f"cannot write '{path}': no file can be made in '{parent}' ({why})") from None
+    os.close(fd)
+    os.unlink(os.path.join(parent, f".tgc-check-{os.getpid()}"))
 
 
 def is_stream(path: str) -> bool:
