@@ -22,6 +22,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 NOT_ON_THE_WARM_PATH = {
     "concurrent.futures": "the CPU's thread pool, made when a launch first uses more than one thread",
     "statistics": "profile traces (tgc.profile)",
+    "tgc.engine.multi": "device lists: their collectives and copies between devices (tgc.engine.executable)",
     "tempfile": "output files (-o), staged then renamed",
     "subprocess": "`tgc worker` (tgc.cli.cluster)",
     "tgc.backends.llvmir": "rendering LLVM IR: a cached binary is never rendered",

@@ -35,13 +35,12 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tgc import profile
 from tgc.engine import realize
-from tgc.engine.multi import Transfers, copy_between, profile_collective, run_collective
 from tgc.engine.realize import (
     Buffer,
     Chunks,
@@ -57,6 +56,9 @@ from tgc.engine.realize import (
 from tgc.env import debug_level
 from tgc.errors import DeviceError, TgcError
 from tgc.ir.shapes import prod
+
+if TYPE_CHECKING:  # (device lists only: tgc.engine.multi, ~4 ms to import, is loaded by the walk that needs it)
+    from tgc.engine.multi import Transfers
 
 
 def run(exe: Executable, arrays: dict[str, np.ndarray], replay: realize.LaunchPlans | None = None,
@@ -254,6 +256,8 @@ def _walk(exe: Executable, arrays: dict[str, np.ndarray], timed: bool, plan: Ste
     """Allocate each device's planned buffers (or use `plan`'s), copy each device's part of the inputs in, run the
     steps (launches on all devices at once; with `plan`, each device's run of launches as its graph), copy the
     outputs out, free the buffers (not a plan's)."""
+    from tgc.engine.multi import Transfers, copy_between, profile_collective, run_collective
+
     devices, n = exe.devices, len(exe.devices)
     buffers: list[dict[Any, Buffer]] = plan.buffers if plan is not None else [{} for _ in range(n)]
     stats = Transfers.for_devices(n)
