@@ -128,3 +128,24 @@ def test_the_compile_table_reads_a_programs_own_run_from_a_warm_runs_profile_tra
     got = table._run_s(cmd, env, str(tmp_path / "trace.json"))
     assert isinstance(got, float) and 0 < got < 1  # (64 rows of 32: microseconds, on any machine)
     assert table._run_s([*cmd, "-D", "N=x"], env, str(tmp_path / "bad.json")) is None  # (the run failed)
+
+
+def test_the_garbage_collector_is_off_only_for_a_warm_run_and_on_for_the_cold_path_and_other_commands(tmp_path):
+    """`TgcGroup.main` turns the cyclic collector off until the command is known; a warm `tgc run` keeps it off
+    (its objects live to the end), the cold path, --check and every other command turn it back on."""
+    code = SCRIPT.replace("atexit.register(lambda: print(\"atexit ran\"",
+                          "import gc\natexit.register(lambda: print(\"gc on\" if gc.isenabled() else \"gc off\"")
+    env = {k: v for k, v in os.environ.items() if k not in ("TGC_VERIFY_BOUNDS", "DEBUG", "BEAM", "NOOPT")}
+    env["TGC_CACHE_DIR"] = str(tmp_path / "cache")  # (without the variables that keep a run off the cache)
+    run = ["run", "kernels/softmax.tg", "--random", "-D", "N=4", "-D", "D=8"]
+    seen = []
+    for args in (run, run, [*run, "--check"], ["cache", "stats"]):  # cold (stores the entry), warm, warm --check
+        r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT,
+                           timeout=300, env=env)
+        assert r.returncode == 0, r.stderr
+        seen.append(r.stderr.split()[-2:])
+    assert seen == [["gc", "on"], ["gc", "off"], ["gc", "on"], ["gc", "on"]]
+    # the warm run's table is the cold run's (the same random inputs, the same kernels)
+    outs = [subprocess.run([sys.executable, "-c", code, *run], capture_output=True, text=True, cwd=ROOT,
+                           timeout=300, env=env).stdout for _ in range(2)]
+    assert outs[0] == outs[1] and "out0" in outs[0]
