@@ -471,6 +471,9 @@ class RemoteServer:
     # bytes of request blobs received into the shared arena at once, all connections together, and of blocks kept
     # for that (`stage_block`, `_pool_block`); the arena has this much room beyond twice the memory limit
     STAGE_LIMIT = 64 * MiB
+    # the least bytes of a blob received into a staging block: below it a blob is read as bytes and a CopyIn copies
+    # it (a copy of 64 KiB costs a few microseconds, less than taking, adopting and pooling a block under the lock)
+    STAGE_MIN = 64 << 10
 
     def stage_block(self, size: int) -> Any | None:
         """A block of `size` bytes of the shared arena for a request blob to be received into (`protocol.read_body`),
@@ -479,7 +482,7 @@ class RemoteServer:
         an arena block: a CopyIn copies it into the device buffer, so no blob costs a fresh allocation (and its
         page faults). None when `STAGE_LIMIT` bytes are staged already or the arena is full (the blob is then
         received as bytes). Give it back with `unstage` unless adopted."""
-        if size > self.limits.max_buffer:
+        if size > self.limits.max_buffer or size < self.STAGE_MIN:
             return None
         spare: list[tuple[Any, int]] = []
         with self.lock:
