@@ -196,7 +196,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _answer(self, status: int, body: bytes | list[bytes | memoryview], kind: str | None = None,
                 close: bool = False, timing: str | None = None) -> None:
         parts = [body] if isinstance(body, bytes) else body
-        self.log_request(status)
+        if self.server.app.verbose:  # (`log_message` writes only then)
+            self.log_request(status)
         head = (f"HTTP/1.1 {status} {self.responses[status][0] if status in self.responses else ''}\r\n"
                 f"Server: {self.server_version}\r\nDate: {_header_date()}\r\n"
                 f"Content-Type: {'application/octet-stream' if kind is None else 'text/plain; charset=utf-8'}\r\n"
