@@ -74,3 +74,48 @@ def _slow_requests(text: str) -> list:
 ])
 def test_other_well_formed_texts_read_alike_on_either_path(text):
     assert P.parse_requests(text) == P.parse_text(text)
+
+
+def _nodes(text: str) -> int:
+    """The node count `check_size` takes for `text`: the least `max_nodes` it lets through."""
+    lo, hi = 0, len(text)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        try:
+            P.check_size(text, max_nodes=mid)
+            hi = mid
+        except P.ProtocolError:
+            lo = mid + 1
+    return lo
+
+
+def test_the_quick_path_counts_nodes_as_check_size_does():
+    # (the quick path skips `check_size`'s pass over the text: its own count must refuse exactly what that refuses)
+    rng = random.Random(11)
+    for _ in range(100):
+        text = P.to_text(_requests(rng))
+        n = _nodes(text)
+        assert P.parse_requests(text, max_nodes=n) == P.parse_text(text), text
+        if n:
+            with pytest.raises(P.ProtocolError, match=f"more than {n - 1} nodes"):
+                P.parse_requests(text, max_nodes=n - 1)
+
+
+def test_requests_kept_from_earlier_texts_read_as_ast_reads_them():
+    # calls read before are taken from `_QUICK_BUILT`: the same requests as `ast` builds, also once it was emptied
+    rng = random.Random(7)
+    texts = [P.to_text(_requests(rng)) for _ in range(60)]
+    P._QUICK_BUILT.clear()
+    for _ in range(2):
+        for text in texts:
+            assert P.parse_requests(text) == P.parse_text(text), text
+    assert P._QUICK_BUILT and all("'" not in call for call in P._QUICK_BUILT)  # (no call with a blob id is kept)
+    keep = P._QUICK_KEEP
+    try:
+        P._QUICK_KEEP = 3
+        P._QUICK_BUILT.clear()
+        for text in texts:
+            assert P.parse_requests(text) == P.parse_text(text), text
+        assert len(P._QUICK_BUILT) <= 3
+    finally:
+        P._QUICK_KEEP = keep

@@ -12,9 +12,12 @@ import pytest
 from tests.test_remote_datapath import _drop_remote_instances, _RawServer, _use_server_without_token, needs_cpu
 from tgc.backends.remote import protocol as P
 from tgc.backends.remote.client import Connection
+from tgc.backends.remote.server import RemoteServer
 from tgc.errors import DeviceError
 
 N = P.LARGE_BLOB * 4
+# the server's tests: a blob it receives into a staging block (smaller ones are read as bytes and copied)
+NS = max(N, RemoteServer.STAGE_MIN)
 BLOB_ID = "ab" * 32
 
 
@@ -167,9 +170,9 @@ def test_server_receives_a_copy_in_into_the_buffer_it_fills(cpu_server):
     named twice is copied into both buffers; every staged block is accounted for afterwards."""
     from tests.test_remote_datapath import _post as post
     srv = cpu_server
-    data = _payload()
+    data = _payload(NS)
     h = P.blob_id(data)
-    status, body = post(srv, P.BufferAlloc(buf=1, size=N), P.BufferAlloc(buf=2, size=N), P.CopyIn(buf=1, datahash=h),
+    status, body = post(srv, P.BufferAlloc(buf=1, size=NS), P.BufferAlloc(buf=2, size=NS), P.CopyIn(buf=1, datahash=h),
                         P.CopyIn(buf=2, datahash=h), P.CopyOut(buf=1), P.CopyOut(buf=2), blobs={h: data})
     assert status == 200, body
     results, blobs = P.decode_results(body, verify=False)
@@ -190,12 +193,12 @@ def test_server_receives_a_copy_in_into_the_buffer_it_fills(cpu_server):
 def test_server_refuses_a_copy_in_of_the_wrong_size_and_frees_the_staged_block(cpu_server):
     from tests.test_remote_datapath import _post as post
     srv = cpu_server
-    assert post(srv, P.BufferAlloc(buf=1, size=N + 64), blobs={})[0] == 200
+    assert post(srv, P.BufferAlloc(buf=1, size=NS + 64), blobs={})[0] == 200
     before = _live(srv)
-    data = _payload()
+    data = _payload(NS)
     h = P.blob_id(data)
     status, body = post(srv, P.CopyIn(buf=1, datahash=h), blobs={h: data})
-    assert status == 400 and f"copying {N} bytes into buffer 1 of {N + 64} bytes".encode() in body, body
+    assert status == 400 and f"copying {NS} bytes into buffer 1 of {NS + 64} bytes".encode() in body, body
     assert _live(srv) == before and srv._staged_bytes == 0
 
 
@@ -203,19 +206,19 @@ def test_server_refuses_a_copy_in_of_the_wrong_size_and_frees_the_staged_block(c
 def test_server_closes_on_a_truncated_body_and_frees_the_staged_block(cpu_server):
     from tests.test_remote_datapath import _post as post
     srv = cpu_server
-    assert post(srv, P.BufferAlloc(buf=1, size=N), blobs={})[0] == 200
+    assert post(srv, P.BufferAlloc(buf=1, size=NS), blobs={})[0] == 200
     before = _live(srv)
-    data = _payload()
+    data = _payload(NS)
     h = P.blob_id(data)
     body = P.encode_requests([P.CopyIn(buf=1, datahash=h)], {h: data})
-    assert _raw_post(srv.port, body[:8 + 40 + N // 2], declared=len(body)) == b""  # no answer, connection closed
+    assert _raw_post(srv.port, body[:8 + 40 + NS // 2], declared=len(body)) == b""  # no answer, connection closed
     assert _live(srv) == before and srv._staged_bytes == 0
 
 
 @needs_cpu
 def test_server_refuses_a_blob_length_past_the_body_and_closes(cpu_server):
     srv = cpu_server
-    data = _payload()
+    data = _payload(NS)
     h = P.blob_id(data)
     body = bytearray(P.encode_requests([P.Synchronize()], {h: data}))
     body[8 + 32:8 + 40] = (1 << 40).to_bytes(8, "big")

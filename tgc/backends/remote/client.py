@@ -817,7 +817,7 @@ class RemoteDevice(Device):
                     raise DeviceError(f"{len(blob)} bytes do not fit in a request to the REMOTE server "
                                       f"(its body limit is {max_body} bytes)")
                 h = digest or P.blob_id(blob)  # an id a server gave for these bytes: the next one checks it
-                req = dataclasses.replace(req, datahash=h)
+                req = P.CopyIn(req.buf, h) if type(req) is P.CopyIn else dataclasses.replace(req, datahash=h)
                 if h not in self._blobs:
                     if self._queued_bytes + len(blob) > budget:
                         self.flush()

@@ -70,12 +70,12 @@ LARGE_BLOB = 1 << 12  # bytes from which a blob is named by a random id, not by 
 ATTRIBUTES: dict[str, float] = {"math.inf": math.inf, "math.nan": math.nan}
 
 
-_SESSION_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+_SESSION = re.compile(r"[A-Za-z0-9_-]{16,128}")
 
 
 def valid_session(session: str | None) -> bool:
     """A session id is 16 to 128 characters of `[A-Za-z0-9_-]` (the client picks a random one)."""
-    return session is not None and 16 <= len(session) <= 128 and set(session) <= _SESSION_CHARS
+    return type(session) is str and _SESSION.fullmatch(session) is not None
 
 
 _TOKEN_CHARS = frozenset(chr(c) for c in range(0x21, 0x7f))  # printable ASCII without spaces
@@ -560,7 +560,17 @@ def read_body(rfile: Any, n: int, stage: Any = None, max_blobs: int = MAX_BLOBS,
 
 def to_text(value: Any) -> str:
     """Write a value as text that `parse_text` reads back: literals, containers and request dataclasses."""
-    if value is None or isinstance(value, (bool, int, str)):
+    t = type(value)  # (the common kinds by their exact type first; subclasses and the rest below)
+    if t is int or t is str or value is None or t is bool:
+        return repr(value)
+    if t is list:
+        return "[" + ", ".join([to_text(v) for v in value]) + "]"
+    if t is tuple:
+        return "(" + "".join([to_text(v) + ", " for v in value]) + ")"
+    names = _WRITTEN.get(t)
+    if names is not None:
+        return t.__name__ + "(" + ", ".join([f"{name}={to_text(getattr(value, name))}" for name in names]) + ")"
+    if isinstance(value, (bool, int, str)):
         return repr(value)
     if isinstance(value, float):
         if math.isnan(value):
@@ -585,6 +595,10 @@ def to_text(value: Any) -> str:
 def _field_names(cls: type) -> tuple[str, ...] | None:
     """The fields of a request dataclass, in order (None for a class that is not a dataclass)."""
     return tuple(f.name for f in dataclasses.fields(cls)) if dataclasses.is_dataclass(cls) else None
+
+
+# the request classes and the fields `to_text` writes for each, in order
+_WRITTEN: dict[type, tuple[str, ...]] = {cls: _field_names(cls) or () for cls in REQUESTS.values()}
 
 
 @cache
@@ -651,38 +665,45 @@ def to_short(value: Any) -> str:
 
 
 @cache
-def _plan(cls: type) -> tuple[tuple[str, Any, str | None, bool], ...]:
-    """How `build` checks each field of `cls`: (name, type hint, a quick check's name or None, required)."""
+def _plan(cls: type) -> tuple[tuple[str, Any, int, bool], ...]:
+    """How `build` checks each field of `cls`: (name, type hint, a quick check, required). The quick checks: 0 none
+    (`_conform` converts the value or refuses it), 1 a 64-bit int, 2 a tuple of them, 3 a str, 4 a bool; a value that
+    passes its quick check is taken as it is, any other goes to `_conform` (which gives every message)."""
     hints = _hints(cls)
 
-    def quick(hint: Any) -> str | None:
-        if hint in (int, str, bool):
-            return hint.__name__
-        return "ints" if hint == tuple[int, ...] else None
+    def quick(hint: Any) -> int:
+        return {int: 1, str: 3, bool: 4}.get(hint, 2 if hint == tuple[int, ...] else 0)
     return tuple((f.name, hints[f.name], quick(hints[f.name]), f.default is dataclasses.MISSING)
                  for f in dataclasses.fields(cls))
 
 
-def _quick(value: Any, check: str | None) -> bool:
-    """Whether `value` passes the quick check `check` as it is (else `_conform` converts it or says why not)."""
-    if check == "int":
-        return type(value) is int and INT_MIN <= value <= INT_MAX
-    if check == "ints":
-        return type(value) is tuple and all(type(v) is int and INT_MIN <= v <= INT_MAX for v in value)
-    return check is not None and type(value).__name__ == check and type(value) in (str, bool)
+@cache
+def _field_set(cls: type) -> frozenset[str]:
+    return frozenset(_fields(cls))
 
 
 def build(cls: type, kwargs: dict[str, Any]) -> Any:
     """An instance of the dataclass `cls` from keyword arguments, type-checked and range-checked."""
     plan = _plan(cls)
-    if len(kwargs) > len(plan) or any(k not in _fields(cls) for k in kwargs):
+    if not _field_set(cls).issuperset(kwargs):
         unknown = sorted(set(kwargs) - set(_fields(cls)))
         raise ProtocolError(f"{cls.__name__} has no field '{unknown[0]}'")
     values = {}
     for name, hint, check, required in plan:
         if name in kwargs:
             value = kwargs[name]
-            values[name] = value if _quick(value, check) else _conform(value, hint, f"{cls.__name__}.{name}")
+            t = type(value)
+            if check == 1:
+                ok = t is int and INT_MIN <= value <= INT_MAX
+            elif check == 3:
+                ok = t is str
+            elif check == 4:
+                ok = t is bool
+            elif check == 2:
+                ok = t is tuple and all(type(v) is int and INT_MIN <= v <= INT_MAX for v in value)
+            else:
+                ok = False
+            values[name] = value if ok else _conform(value, hint, f"{cls.__name__}.{name}")
         elif required:
             raise ProtocolError(f"{cls.__name__} is missing the field '{name}'")
     obj = cls(**values)
@@ -827,47 +848,81 @@ _Q_ARG = rf"[a-z_]{{1,32}}=(?:{_Q_VALUE})"
 _Q_CALL = rf"[A-Z][A-Za-z]{{0,31}}\((?:{_Q_ARG}(?:, {_Q_ARG})*)?\)"
 _QUICK_TEXT = re.compile(rf"\[(?:{_Q_CALL}(?:, {_Q_CALL})*)?\]")
 _QUICK_CALL = re.compile(rf"([A-Z][A-Za-z]{{0,31}})\(((?:{_Q_ARG}(?:, {_Q_ARG})*)?)\)")
-_QUICK_ARG = re.compile(rf"([a-z_]{{1,32}})=({_Q_VALUE})")
 _QUICK_LIMIT = 1 << 16  # characters: a longer text is parsed with `ast` (its regular expression is linear anyway)
 
 
-def _quick_value(word: str) -> Any:
-    if word[0] == "'":
-        return word[1:-1]
-    if word[0] == "(":
-        return tuple(int(v) for v in word[1:-1].split(", ") if v)
-    return {"True": True, "False": False, "None": None}.get(word) if word[0] in "TFN" else int(word)
+# one argument of the quick form, its value's kind told by the group that matched: an integer, a plain string (its
+# text), a name (True, False, None) or the integers of a tuple (`1, 2, `)
+_QUICK_TYPED_ARG = re.compile(rf"([a-z_]{{1,32}})=(?:({_Q_INT})|'([A-Za-z0-9_.:-]{{0,256}})'|(True|False|None)|"
+                              rf"\(((?:{_Q_INT}, ){{0,64}})\))")
+_QUICK_NAMES = {"True": True, "False": False, "None": None}
+# Requests already built from the text of one call (`GraphExec(graph=6, wait=False)`, `CopyOut(buf=5)`: what each run
+# of a kept launch plan sends again): requests are frozen, and `build` gives the same one for the same text. Calls
+# with a string argument (a blob id, a kernel's name: seldom the same twice) are not kept. At most `_QUICK_KEEP`.
+_QUICK_BUILT: dict[str, Any] = {}
+_QUICK_KEEP = 4096
 
 
-def _quick_requests(text: str, classes: Mapping[str, type]) -> list[Any] | None:
+def _quick_requests(text: str, classes: Mapping[str, type], max_nodes: int | None = None) -> list[Any] | None:
     """The requests of a text of the quick form (see `_QUICK_TEXT`), built and checked by `build` as `parse_text`
     builds them; None for any other text, or one the quick form reads but `ast` might not read alike (an unknown
-    request name, a repeated argument): `parse_text` then reads it, or refuses it with its message."""
+    request name, a repeated argument): `parse_text` then reads it, or refuses it with its message. With
+    `max_nodes`, a text of the quick form with more nodes than that is refused with `check_size`'s message (counted
+    as it counts them: in this form no separator but `:` can stand inside a string, and `:` only there)."""
     if len(text) > _QUICK_LIMIT or not _QUICK_TEXT.fullmatch(text):
         return None
+    if max_nodes is not None and \
+            text.count(",") + text.count("(") + text.count("[") + text.count("=") > max_nodes:
+        raise ProtocolError(f"request text has more than {max_nodes} nodes")
     out = []
+    kept = classes is REQUESTS
     for call in _QUICK_CALL.finditer(text):
+        whole = call[0]
+        req = _QUICK_BUILT.get(whole) if kept else None
+        if req is not None:
+            out.append(req)
+            continue
         cls = classes.get(call[1])
         if cls is None:
             return None
-        kwargs = {}
-        for arg in _QUICK_ARG.finditer(call[2]):
-            if arg[1] in kwargs:
+        kwargs: dict[str, Any] = {}
+        for arg in _QUICK_TYPED_ARG.finditer(call[2]):
+            name = arg[1]
+            if name in kwargs:
                 return None
-            kwargs[arg[1]] = _quick_value(arg[2])
-        out.append(build(cls, kwargs))
+            if arg[2] is not None:
+                kwargs[name] = int(arg[2])
+            elif arg[3] is not None:
+                kwargs[name] = arg[3]
+            elif arg[4] is not None:
+                kwargs[name] = _QUICK_NAMES[arg[4]]
+            else:
+                kwargs[name] = tuple([int(v) for v in arg[5].split(", ") if v])
+        req = build(cls, kwargs)
+        if kept and "'" not in whole:
+            if len(_QUICK_BUILT) >= _QUICK_KEEP:
+                _QUICK_BUILT.clear()
+            _QUICK_BUILT[whole] = req
+        out.append(req)
     return out
 
 
 def parse_requests(text: str, *, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NODES,
                    max_text: int = MAX_TEXT) -> list[Request]:
     """The requests of a body's text; ProtocolError unless it is a list of requests."""
-    check_size(text, max_text, max_nodes)
-    value: Any = _quick_requests(text, REQUESTS) if max_depth > 3 else None  # (its values nest 4 deep)
+    if len(text) > max_text:
+        check_size(text, max_text, max_nodes)  # (its message)
+    # the quick form needs no `check_size` pass: it holds no string prefix, and its nodes are counted exactly as
+    # `check_size` counts them (`_quick_requests`); any other text is checked before `ast` reads it
+    value: Any = _quick_requests(text, REQUESTS, max_nodes) if max_depth > 3 else None  # (its values nest 4 deep)
     if value is None:
+        check_size(text, max_text, max_nodes)
         value = parse_text(text, REQUESTS, max_depth=max_depth, max_nodes=max_nodes, max_text=max_text)
-    if not isinstance(value, list) or not all(isinstance(r, Request) for r in value):
+    if not isinstance(value, list):
         raise ProtocolError("request text must be a list of requests")
+    for r in value:
+        if not isinstance(r, Request):
+            raise ProtocolError("request text must be a list of requests")
     return value
 
 

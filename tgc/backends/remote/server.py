@@ -175,6 +175,27 @@ def _read_only_tail(requests: Sequence[P.Request]) -> int:
     return i
 
 
+_LAZY: dict[str, Any] = {}  # what the launch path imports on first use (numpy, the CPU backend, the launcher)
+
+
+def _launch_class() -> Any:
+    """`launcher.Launch` (imported once, when a server first launches in workers)."""
+    cls = _LAZY.get("Launch")
+    if cls is None:
+        from tgc.backends.remote.launcher import Launch
+        cls = _LAZY["Launch"] = Launch
+    return cls
+
+
+def data_address(handle: Any) -> int:
+    """`tgc.backends.cpu.data_address` (imported once, when first needed)."""
+    fn = _LAZY.get("data_address")
+    if fn is None:
+        from tgc.backends.cpu import data_address as fn
+        _LAZY["data_address"] = fn
+    return fn(handle)
+
+
 def _is_host_array(handle: Any) -> bool:
     """Whether a buffer handle is a 1-D numpy byte array (host memory, `HostAllocator`)."""
     np = sys.modules.get("numpy")
@@ -375,6 +396,8 @@ class RemoteServer:
     @property
     def allocator(self) -> Any:
         """Where session buffers live: the shared arena for the CPU, else the device's allocator."""
+        if self._arena is not None:
+            return self._arena
         if not self.uses_launch_workers:
             return self.device.allocator
         with self._workers_lock:
@@ -448,6 +471,9 @@ class RemoteServer:
     # bytes of request blobs received into the shared arena at once, all connections together, and of blocks kept
     # for that (`stage_block`, `_pool_block`); the arena has this much room beyond twice the memory limit
     STAGE_LIMIT = 64 * MiB
+    # the least bytes of a blob received into a staging block: below it a blob is read as bytes and a CopyIn copies
+    # it (a copy of 64 KiB costs a few microseconds, less than taking, adopting and pooling a block under the lock)
+    STAGE_MIN = 64 << 10
 
     def stage_block(self, size: int) -> Any | None:
         """A block of `size` bytes of the shared arena for a request blob to be received into (`protocol.read_body`),
@@ -456,7 +482,7 @@ class RemoteServer:
         an arena block: a CopyIn copies it into the device buffer, so no blob costs a fresh allocation (and its
         page faults). None when `STAGE_LIMIT` bytes are staged already or the arena is full (the blob is then
         received as bytes). Give it back with `unstage` unless adopted."""
-        if size > self.limits.max_buffer:
+        if size > self.limits.max_buffer or size < self.STAGE_MIN:
             return None
         spare: list[tuple[Any, int]] = []
         with self.lock:
@@ -1052,22 +1078,31 @@ class RemoteServer:
                       contracts: tuple[Contract, ...]) -> list:
         """The buffers' handles for launch `k`, after checking it against the program's contracts (it must
         meet one of them) and the device's limits (a Refusal otherwise)."""
-        bufs = [self._get(session.buffers, b, "buffer") for b in k.bufs]
-        glob = tuple([*k.global_size, 1, 1][:3])
+        return self._checked_launch(session, k, contracts)[0]
+
+    def _checked_launch(self, session: Session, k: P.ProgramExec | P.GraphKernel,
+                        contracts: tuple[Contract, ...]) -> tuple[list, list[Buffer], Contract, tuple[int, int, int]]:
+        """`_check_launch`'s handles, with the buffers, the contract the launch met (the newest it meets) and its
+        grid as three sizes."""
+        table = session.buffers
+        bufs = [table[b] if b in table else self._get(table, b, "buffer") for b in k.bufs]
+        gs = k.global_size
+        glob = (gs[0], gs[1] if len(gs) > 1 else 1, gs[2] if len(gs) > 2 else 1)
         work = glob[0] * glob[1] * glob[2]
-        cap = self._max_work_items()
+        cap = self._work_cap[0] if self._work_cap is not None else self._max_work_items()
         if cap is not None and work > cap:
             raise Refusal(400, "limit", f"a launch of {work} work-items exceeds {self.device_name}'s limit of {cap}")
-        if any(not -(2**31) <= v < 2**31 for v in k.vals):
-            raise Refusal(400, "protocol", "vals must fit in 32 bits")
+        for v in k.vals:
+            if not -(2**31) <= v < 2**31:
+                raise Refusal(400, "protocol", "vals must fit in 32 bits")
         refusal = None
         for contract in reversed(contracts):  # the newest first: the one the client most likely compiled
             refusal = breach(k, bufs, glob, contract)
             if refusal is None:
-                break
+                return [b.handle for b in bufs], bufs, contract, glob
         if refusal is not None:
             raise refusal
-        return [b.handle for b in bufs]
+        return [b.handle for b in bufs], bufs, None, glob  # type: ignore[return-value] (no contracts: refused above)
 
     def _max_work_items(self) -> int | None:
         """The most work-items one launch may ask for: on a CPU-style device, threads (a few per core); worked out
@@ -1107,17 +1142,18 @@ class RemoteServer:
         `GRAPH_SLICE`, except those `_inline_ok` lets run in this thread (in order with the rest); their times.
         Launches are not started past the batch's deadline, and one still running then is stopped: its worker is
         killed (either way a 408 refusal). `label(a, b)` names launches a..b in messages."""
-        from tgc.backends.remote.launcher import Launch
+        Launch = _launch_class()
         arena, times = self.allocator, []
         first, part = 0, []
         for i, k in enumerate(launches):
             try:
                 prog, contracts, lib, name, key = self._get(session.programs, k.prog, "program")
-                handles = self._check_launch(session, k, contracts)
+                handles, bufs, met, glob = self._checked_launch(session, k, contracts)
             except Refusal as e:
                 raise Refusal(e.status, e.kind, f"{label(i, i)}: {e.msg}") from None
-            if self._inline_ok(k, contracts, handles):  # proven short: here, after the launches before it
-                times += self._worker_part(session, part, first, label)
+            if self._inline_ok(k, contracts, handles, bufs, met, glob):  # proven short: here, after those before it
+                if part:
+                    times += self._worker_part(session, part, first, label)
                 if time.monotonic() > session.deadline:
                     raise self._late(f"stopped before {label(i, i)}")
                 t = prog(*handles, global_size=tuple(k.global_size), vals=tuple(k.vals), wait=True)
@@ -1130,20 +1166,35 @@ class RemoteServer:
             if len(part) == self.GRAPH_SLICE:
                 times += self._worker_part(session, part, first, label)
                 first, part = i + 1, []
-        return times + self._worker_part(session, part, first, label)
+        return times + self._worker_part(session, part, first, label) if part else times
 
     @staticmethod
-    def _inline_ok(k: P.ProgramExec | P.GraphKernel, contracts: tuple[Contract, ...], handles: list) -> bool:
+    def _inline_ok(k: P.ProgramExec | P.GraphKernel, contracts: tuple[Contract, ...], handles: list,
+                   bufs: list[Buffer] | None = None, met: Contract | None = None,
+                   glob: tuple[int, int, int] | None = None) -> bool:
         """Whether a checked launch may run inline: it meets a contract proven short (`shortproof`), and its buffers
-        are 64-byte aligned (as the proof assumes) and do not overlap (its parameters are `noalias`)."""
-        if not any(c.inline for c in contracts):
+        are 64-byte aligned (as the proof assumes) and do not overlap (its parameters are `noalias`). The contract
+        is met by the handles' own sizes; `bufs`, `met` and `glob` (from `_checked_launch`: the buffers, the contract
+        they met, the grid) spare checking again what that check found, where the handles are those buffers'
+        sizes."""
+        for c in contracts:
+            if c.inline:
+                break
+        else:
             return False
-        from tgc.backends.cpu import data_address
-        spans = sorted((data_address(h), data_address(h) + h.nbytes) for h in handles)
-        if any(a % 64 for a, _ in spans) or any(spans[j][1] > spans[j + 1][0] for j in range(len(spans) - 1)):
-            return False
-        glob = tuple([*k.global_size, 1, 1][:3])
-        return any(c.inline and breach(k, [_Sized(h.nbytes) for h in handles], glob, c) is None for c in contracts)
+        spans = sorted((data_address(h), h.nbytes) for h in handles)
+        end = None
+        for a, n in spans:
+            if a % 64 or (end is not None and end > a):
+                return False
+            end = a + n
+        if glob is None:
+            glob = tuple([*k.global_size, 1, 1][:3])  # type: ignore[assignment]
+        if met is not None and met.inline and bufs is not None and \
+                all(h.nbytes == b.size for h, b in zip(handles, bufs)):
+            return True  # (the handles' sizes are what `breach` checked)
+        sized = [_Sized(h.nbytes) for h in handles]
+        return any(c.inline and breach(k, sized, glob, c) is None for c in contracts)  # type: ignore[arg-type]
 
     def _worker_part(self, session: Session, part: list, first: int, label: Callable[[int, int], str]
                      ) -> list[float]:

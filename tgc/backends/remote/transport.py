@@ -196,7 +196,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _answer(self, status: int, body: bytes | list[bytes | memoryview], kind: str | None = None,
                 close: bool = False, timing: str | None = None) -> None:
         parts = [body] if isinstance(body, bytes) else body
-        self.log_request(status)
+        if self.server.app.verbose:  # (`log_message` writes only then)
+            self.log_request(status)
         head = (f"HTTP/1.1 {status} {self.responses[status][0] if status in self.responses else ''}\r\n"
                 f"Server: {self.server_version}\r\nDate: {_header_date()}\r\n"
                 f"Content-Type: {'application/octet-stream' if kind is None else 'text/plain; charset=utf-8'}\r\n"
@@ -236,7 +237,12 @@ class _Handler(BaseHTTPRequestHandler):
         return True
 
     def _authorized(self) -> bool:
-        if self.server.app.authorized(self.headers.get("Authorization")):
+        """Whether the request carries a token the server takes (else answered 401); the token's name is kept for
+        the batch (`_token_name`: each token is compared once a request, not again for the batch's owner)."""
+        app = self.server.app
+        name = app.token_name(self.headers.get("Authorization")) if app.tokens else None
+        self._token_name = name
+        if not app.tokens or name is not None:
             return True
         keep = self._discard_body()
         self._refuse(Refusal(401, "auth", "unauthorized"), close=not keep)
@@ -313,8 +319,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self.close_connection = True
 
         try:
-            app.run_batch(sid, body, self.client_address[0], app.token_name(self.headers.get("Authorization")),
-                          timings, send, staged)
+            app.run_batch(sid, body, self.client_address[0], self._token_name, timings, send, staged)
         except Exception as e:  # never let one batch take the server down
             if sent:  # (the answer is out: nothing more may be written on this connection)
                 self.close_connection = True
