@@ -177,6 +177,33 @@ def test_cli_profile_to_a_directory_where_no_file_can_be_made_is_refused_before_
         assert not os.path.exists(path)
 
 
+def test_cli_output_named_with_a_trailing_slash_is_refused_before_running(tmp_path):
+    src = tmp_path / "p.tg"
+    src.write_text("x: f32[N]\nreturn x + 1\n")
+    r = invoke("run", str(src), "--random", "-D", "N=3", "--profile", str(tmp_path / "p.json") + "/")
+    assert_clean(r, 2, "cannot end with '/'")
+    assert r.stdout == "" and sorted(os.listdir(tmp_path)) == ["p.tg"]
+
+
+def test_a_full_disk_met_by_the_output_check_is_a_runtime_failure(tmp_path, monkeypatch):
+    """Exit 1 as when the write itself meets it (a full disk is not the user's mistake), never a probe file left."""
+    import errno
+
+    from tgc.cli import outputs
+    from tgc.errors import TgcError
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(outputs.os, "open", full)
+    with pytest.raises(TgcError, match="no space left") as e:
+        outputs.check_writable(str(tmp_path / "o.npz"))
+    assert e.value.kind == "runtime"
+    monkeypatch.undo()
+    outputs.check_writable(str(tmp_path / "o.npz"))
+    assert os.listdir(tmp_path) == []
+
+
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full (a file that is always full) here")
 def test_cli_profile_that_fails_to_write_keeps_the_run_output(tmp_path):
     src = tmp_path / "p.tg"

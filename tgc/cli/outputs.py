@@ -116,6 +116,8 @@ def check_writable(path: str) -> None:
     parent = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         raise TgcError(f"cannot write '{path}': it is a directory")
+    if path.endswith(("/", os.sep)):  # (abspath drops the slash: the probe below would try the wrong directory)
+        raise TgcError(f"cannot write '{path}': a file name cannot end with '/'")
     if is_stream(path):  # written in place (write_files): the file itself must be writable, not its directory
         if not os.access(path, os.W_OK):
             raise TgcError(f"cannot write '{path}': permission denied")
@@ -133,9 +135,10 @@ def check_writable(path: str) -> None:
         fd = os.open(os.path.join(parent, f".tgc-check-{os.getpid()}"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         return
-    except OSError as e:
+    except OSError as e:  # (a full disk is the run's failure, exit 1, as when the write itself meets it)
         why = (e.strerror or str(e)).lower()
-        raise TgcError(f"cannot write '{path}': no file can be made in '{parent}' ({why})") from None
+        raise TgcError(f"cannot write '{path}': no file can be made in '{parent}' ({why})",
+                       kind=write_error_kind(e)) from None
     os.close(fd)
     os.unlink(os.path.join(parent, f".tgc-check-{os.getpid()}"))
 
