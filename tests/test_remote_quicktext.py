@@ -119,3 +119,14 @@ def test_requests_kept_from_earlier_texts_read_as_ast_reads_them():
         assert len(P._QUICK_BUILT) <= 3
     finally:
         P._QUICK_KEEP = keep
+
+
+def test_the_quick_path_refuses_the_depth_that_ast_refuses():
+    # a negative int in a tuple is 5 levels deep for `parse_text` (the minus is a node): at a depth limit of 4
+    # the quick path must not take it
+    text = "[ProgramExec(prog=1, bufs=(1, ), vals=(-1, ))]"
+    with pytest.raises(P.ProtocolError, match="deeper"):
+        P.parse_text(text, P.REQUESTS, max_depth=4)
+    with pytest.raises(P.ProtocolError, match="deeper"):
+        P.parse_requests(text, max_depth=4)
+    assert P.parse_requests(text, max_depth=5) == P.parse_text(text)

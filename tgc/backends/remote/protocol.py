@@ -914,7 +914,7 @@ def parse_requests(text: str, *, max_depth: int = MAX_DEPTH, max_nodes: int = MA
         check_size(text, max_text, max_nodes)  # (its message)
     # the quick form needs no `check_size` pass: it holds no string prefix, and its nodes are counted exactly as
     # `check_size` counts them (`_quick_requests`); any other text is checked before `ast` reads it
-    value: Any = _quick_requests(text, REQUESTS, max_nodes) if max_depth > 3 else None  # (its values nest 4 deep)
+    value: Any = _quick_requests(text, REQUESTS, max_nodes) if max_depth > 4 else None  # (5 deep: -1 in a tuple)
     if value is None:
         check_size(text, max_text, max_nodes)
         value = parse_text(text, REQUESTS, max_depth=max_depth, max_nodes=max_nodes, max_text=max_text)
