@@ -447,3 +447,14 @@ def test_trace_timeline_draws_every_span_at_its_depth_and_refuses_other_files(tm
     bad.write_text("{}")
     assert script.main([str(bad), str(out)]) == 2
     assert "is not a readable trace" in capsys.readouterr().err
+
+
+def test_a_command_run_from_a_removed_directory_is_one_clear_error(tmp_path, monkeypatch):
+    src = tmp_path / "p.tg"
+    src.write_text("x: f32[N]\nreturn x + 1\n")
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    r = invoke("run", str(src), "--random", "-D", "N=3", "-o", "o.npz")
+    assert_clean(r, 2, "current directory no longer exists")

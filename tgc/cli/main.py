@@ -534,6 +534,11 @@ def main() -> None:
     """Compile, run and time `.tg` tensor-expression programs."""
 
     check_all()  # a bad TGC_THREADS, DEBUG, ... is one clear error (exit 2) before anything runs
+    try:
+        os.getcwd()  # (relative paths, -o's staging and the cache's defaults need it: else an internal error later)
+    except FileNotFoundError:
+        raise TgcError("the current directory no longer exists (it was removed)",
+                       hint="cd to a directory that exists and run the command again") from None
     if click.get_current_context().invoked_subcommand != "run":
         _collect()
 
