@@ -458,3 +458,12 @@ def test_a_command_run_from_a_removed_directory_is_one_clear_error(tmp_path, mon
     gone.rmdir()
     r = invoke("run", str(src), "--random", "-D", "N=3", "-o", "o.npz")
     assert_clean(r, 2, "current directory no longer exists")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="no /proc here")
+def test_compile_into_a_directory_where_no_file_can_be_made_is_refused_before_compiling(tmp_path):
+    src = tmp_path / "p.tg"
+    src.write_text("x: f32[N]\nreturn x + 1\n")
+    r = invoke("compile", str(src), "-D", "N=3", "-o", "/proc")
+    assert_clean(r, 2, "-o /proc: cannot write into the directory")
+    assert r.stdout == ""  # no kernel printed or compiled first
