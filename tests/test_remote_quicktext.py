@@ -68,7 +68,7 @@ def _slow_requests(text: str) -> list:
 
 
 @pytest.mark.parametrize("text", [
-    "[CopyOut(buf=-0)]", "[CopyOut(buf=1, buf=2)]", "[ProgramExec(prog=1, bufs=())]", "[]", "[Synchronize()]",
+    "[CopyOut(buf=-0)]", "[ProgramExec(prog=1, bufs=())]", "[]", "[Synchronize()]",
     "[ProgramExec(prog=1, bufs=(1, 2), vals=(3, ))]",  # no trailing ', ': ast's path reads it alike
     "[ProgramAlloc(prog=1, name='a\\\\x41', datahash='" + HASH + "')]",  # an escape: ast's path
 ])
@@ -130,3 +130,11 @@ def test_the_quick_path_refuses_the_depth_that_ast_refuses():
     with pytest.raises(P.ProtocolError, match="deeper"):
         P.parse_requests(text, max_depth=4)
     assert P.parse_requests(text, max_depth=5) == P.parse_text(text)
+
+
+def test_an_argument_given_twice_is_refused_on_both_paths():
+    for text in ("[GraphExec(graph=1, graph=2)]", "[Compile(src='a', src='b')]", "[CopyOut(buf=1, buf=2)]"):
+        with pytest.raises(P.ProtocolError, match="given twice"):
+            P.parse_requests(text)
+        with pytest.raises(P.ProtocolError, match="given twice"):
+            P.parse_text(text)

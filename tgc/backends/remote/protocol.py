@@ -815,6 +815,8 @@ def parse_text(text: str, classes: Mapping[str, type] = REQUESTS, *, max_depth: 
             for kw in node.keywords:
                 if kw.arg is None:
                     raise ProtocolError(f"{name}: '**' is not allowed")
+                if kw.arg in kwargs:  # (ast reads f(a=1, a=2); Python's compiler refuses it, and so do we)
+                    raise ProtocolError(f"{name}: the argument '{kw.arg}' is given twice")
                 kwargs[kw.arg] = conv(kw.value, depth + 1)
             return build(classes[name], kwargs)
         if isinstance(node, ast.Name):
