@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tgc.cli.outputs import write_files
+from tgc.cli.outputs import file_creation_error, oserror_text, write_error_kind, write_files
 from tgc.errors import TgcError
 from tgc.ir.uop import format_uops
 
@@ -117,6 +117,16 @@ def _bytes_writer(data: bytes) -> Any:
     return lambda f: f.write(data)
 
 
+def check_dir(directory: str) -> None:
+    """A TgcError unless a file can be made in the existing `directory` (`compile -o DIR`)."""
+    if not os.access(directory, os.W_OK):
+        raise TgcError(f"-o {directory}: cannot write into the directory: permission denied")
+    e = file_creation_error(directory)  # (os.access says yes to root where no file can be made: /sys, /proc)
+    if e is not None:
+        raise TgcError(f"-o {directory}: cannot write into the directory: {oserror_text(e)}",
+                       kind=write_error_kind(e))
+
+
 def write_dir(directory: str, emitted: Sequence[Emitted]) -> list[str]:
     """Write one file per kernel into `directory` (created if needed), atomically."""
     try:
@@ -126,8 +136,7 @@ def write_dir(directory: str, emitted: Sequence[Emitted]) -> list[str]:
             raise TgcError(f"-o {directory}: it is a file, not a directory",
                            hint="compile -o names a directory for one file per kernel") from None
         raise TgcError(f"-o {directory}: cannot create the directory: {e.strerror or e}") from None
-    if not os.access(directory, os.W_OK):
-        raise TgcError(f"-o {directory}: cannot write into the directory: permission denied")
+    check_dir(directory)
     files = []
     for e, name in zip(emitted, file_names(emitted)):
         if isinstance(e.body, bytes):

@@ -784,13 +784,7 @@ def _compile_command(file: str, device: str | None, dims: dict[str, int], emit: 
     if package and (outdir or emit != "src"):
         raise click.UsageError("--package writes one file: it does not combine with --emit or -o")
     if outdir and os.path.isdir(outdir):  # a directory no file can be made in is refused before the compile
-        from tgc.cli.outputs import check_writable
-
-        try:
-            check_writable(os.path.join(outdir, "kernel"))
-        except TgcError as e:
-            raise TgcError(f"-o {outdir}: cannot write into the directory: {e.msg.rsplit(': ', 1)[-1]}",
-                           kind=e.kind) from None
+        em.check_dir(outdir)
     with timings.phase("parse"):
         prog = _load(file)
     kernels: list[Any] = []

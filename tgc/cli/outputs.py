@@ -129,18 +129,31 @@ def check_writable(path: str) -> None:
         raise TgcError(f"cannot write '{path}': directory '{where}' does not exist")
     if not os.access(parent, os.W_OK):
         raise TgcError(f"cannot write '{path}': permission denied")
-    # os.access answers yes to root for any directory, /sys and /proc included, where no file can be made: make
-    # (and remove) one, so the error comes before the work instead of after it
+    e = file_creation_error(parent)
+    if e is not None:  # (a full disk is the run's failure, exit 1, as when the write itself meets it)
+        raise TgcError(f"cannot write '{path}': no file can be made in '{parent}' ({oserror_text(e)})",
+                       kind=write_error_kind(e))
+
+
+def file_creation_error(directory: str) -> OSError | None:
+    """Why no file can be made in the existing `directory`, or None when one can. os.access answers yes to root
+    for any directory, /sys and /proc included, where no file can be made: this makes (and removes) one, so the
+    error comes before the work instead of after it."""
+    probe = os.path.join(directory, f".tgc-check-{os.getpid()}")
     try:
-        fd = os.open(os.path.join(parent, f".tgc-check-{os.getpid()}"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return
-    except OSError as e:  # (a full disk is the run's failure, exit 1, as when the write itself meets it)
-        why = (e.strerror or str(e)).lower()
-        raise TgcError(f"cannot write '{path}': no file can be made in '{parent}' ({why})",
-                       kind=write_error_kind(e)) from None
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # (someone's file of that name: a file could be made there)
+        return None
+    except OSError as e:
+        return e
     os.close(fd)
-    os.unlink(os.path.join(parent, f".tgc-check-{os.getpid()}"))
+    os.unlink(probe)
+    return None
+
+
+def oserror_text(e: OSError) -> str:
+    """An OSError's reason in lower case, to follow a colon in a message."""
+    return (e.strerror or str(e)).lower()
 
 
 def is_stream(path: str) -> bool:
