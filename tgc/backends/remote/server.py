@@ -1089,7 +1089,7 @@ class RemoteServer:
         gs = k.global_size
         glob = (gs[0], gs[1] if len(gs) > 1 else 1, gs[2] if len(gs) > 2 else 1)
         work = glob[0] * glob[1] * glob[2]
-        cap = self._work_cap[0] if self._work_cap is not None else self._max_work_items()
+        cap = self._max_work_items()
         if cap is not None and work > cap:
             raise Refusal(400, "limit", f"a launch of {work} work-items exceeds {self.device_name}'s limit of {cap}")
         for v in k.vals:
@@ -1170,8 +1170,7 @@ class RemoteServer:
 
     @staticmethod
     def _inline_ok(k: P.ProgramExec | P.GraphKernel, contracts: tuple[Contract, ...], handles: list,
-                   bufs: list[Buffer] | None = None, met: Contract | None = None,
-                   glob: tuple[int, int, int] | None = None) -> bool:
+                   bufs: list[Buffer], met: Contract | None, glob: tuple[int, int, int]) -> bool:
         """Whether a checked launch may run inline: it meets a contract proven short (`shortproof`), and its buffers
         are 64-byte aligned (as the proof assumes) and do not overlap (its parameters are `noalias`). The contract
         is met by the handles' own sizes; `bufs`, `met` and `glob` (from `_checked_launch`: the buffers, the contract
@@ -1188,10 +1187,7 @@ class RemoteServer:
             if a % 64 or (end is not None and end > a):
                 return False
             end = a + n
-        if glob is None:
-            glob = tuple([*k.global_size, 1, 1][:3])  # type: ignore[assignment]
-        if met is not None and met.inline and bufs is not None and \
-                all(h.nbytes == b.size for h, b in zip(handles, bufs)):
+        if met is not None and met.inline and all(h.nbytes == b.size for h, b in zip(handles, bufs)):
             return True  # (the handles' sizes are what `breach` checked)
         sized = [_Sized(h.nbytes) for h in handles]
         return any(c.inline and breach(k, sized, glob, c) is None for c in contracts)  # type: ignore[arg-type]
