@@ -687,3 +687,20 @@ def test_bench_paired_share_uses_the_better_peak_beside_each_timing(monkeypatch)
     # default: 10/100, 20/max(150, 200), 10/max(10, 150): median 0.1; BEAM: 10/200, 5/150
     assert mod.paired_share(1e9, pairs) == pytest.approx(0.1)
     assert mod.paired_share(1e9, [[True, 0.5, 4.0]]) == pytest.approx(0.5)
+
+
+def test_a_file_name_near_the_limit_is_written_and_one_over_it_refused_before_the_work(tmp_path):
+    # a name of 250 bytes is legal (255 on common file systems): its staged twin must fit too; one of 300 is
+    # refused by check_writable (before a run), exit 2, naming its length. Nothing is left behind either way.
+    from tgc.errors import TgcError
+
+    limit = os.pathconf(tmp_path, "PC_NAME_MAX")
+    ok = tmp_path / ("a" * (limit - 5) + ".npz")
+    outputs.check_writable(str(ok))
+    outputs.write_files([(str(ok), lambda f: f.write(b"data"))])
+    assert ok.read_bytes() == b"data"
+    long = tmp_path / ("\u00e9" * limit + ".npz")  # (2 bytes a character: the limit is in bytes)
+    with pytest.raises(TgcError, match="file name too long") as e:
+        outputs.check_writable(str(long))
+    assert e.value.exit_code == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == [ok.name]

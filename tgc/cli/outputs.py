@@ -129,10 +129,21 @@ def check_writable(path: str) -> None:
         raise TgcError(f"cannot write '{path}': directory '{where}' does not exist")
     if not os.access(parent, os.W_OK):
         raise TgcError(f"cannot write '{path}': permission denied")
+    name_bytes, limit = len(os.fsencode(os.path.basename(path))), _name_max(parent)
+    if name_bytes > limit:  # (the probe below makes a name of its own: it would not see this)
+        raise TgcError(f"cannot write '{path}': file name too long ({name_bytes} bytes; at most {limit} here)")
     e = file_creation_error(parent)
     if e is not None:  # (a full disk is the run's failure, exit 1, as when the write itself meets it)
         raise TgcError(f"cannot write '{path}': no file can be made in '{parent}' ({oserror_text(e)})",
                        kind=write_error_kind(e))
+
+
+def _name_max(directory: str) -> int:
+    """The longest file name (in bytes) `directory`'s file system allows (255 where it does not say)."""
+    try:
+        return os.pathconf(directory, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):  # (AttributeError: no pathconf on this OS)
+        return 255
 
 
 def file_creation_error(directory: str) -> OSError | None:
@@ -176,11 +187,17 @@ def _file_mode(path: str) -> int:
         return 0o666 & ~umask
 
 
+STAGE_NAME_BYTES = 100
+
+
 def _stage(path: str, write: Writer) -> str:
     directory = os.path.dirname(os.path.abspath(path))
     import tempfile  # (only when a file is written: not on a warm `tgc run`'s path)
 
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    # the staged name starts with the target's (at most STAGE_NAME_BYTES of it): a target name near the file
+    # system's limit is allowed, and its staged name (14 bytes more) must fit too
+    stem = os.fsencode(os.path.basename(path))[:STAGE_NAME_BYTES].decode(errors="ignore")
+    fd, tmp = tempfile.mkstemp(prefix=f".{stem}.", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
