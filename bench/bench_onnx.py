@@ -330,24 +330,26 @@ def print_onnx(rows: list[dict]) -> None:
 
 
 def main() -> None:
-    args = sys.argv[1:]
-    repeat = 5
-    if "--repeat" in args:
-        i = args.index("--repeat")
-        repeat = int(args[i + 1])
-        del args[i:i + 2]
-    budget = BEAM_BUDGET_S
-    if "--beam-budget" in args:
-        i = args.index("--beam-budget")
-        budget = float(args[i + 1])
-        del args[i:i + 2]
-    beam = "--beam" in args
-    every = "--all" in args
-    interleaved = "--interleaved" in args
-    args = [a for a in args if a not in ("--beam", "--all", "--interleaved")]
-    models = args or (LIGHT if every else QUICK)
-    print_onnx(onnx_rows(models, repeat, beam, log=lambda s: print(s, file=sys.stderr), beam_budget_s=budget,
-                         interleaved=interleaved))
+    import argparse
+
+    ap = argparse.ArgumentParser(description="ONNX models: tgc against onnxruntime (and tinygrad's runner).")
+    ap.add_argument("models", nargs="*", metavar="MODEL", help="a .onnx file or a light model's name "
+                    f"({', '.join(LIGHT)}); default: {', '.join(QUICK)}")
+    ap.add_argument("--repeat", type=int, default=5, help="steady-state runs per runner (default 5)")
+    ap.add_argument("--beam", action="store_true", help="also tgc after `Program.beam`")
+    ap.add_argument("--beam-budget", type=float, default=BEAM_BUDGET_S, metavar="SECONDS",
+                    help=f"the search's budget (default {BEAM_BUDGET_S})")
+    ap.add_argument("--interleaved", action="store_true", help="the runners in one process, alternating")
+    ap.add_argument("--all", action="store_true", help="all nine light models")
+    args = ap.parse_args()
+    if args.repeat < 1:
+        ap.error("--repeat must be at least 1")
+    for m in args.models:
+        if not os.path.isfile(model_path(m)):
+            ap.error(f"no model '{m}': give a .onnx file or one of {', '.join(LIGHT)}")
+    models = args.models or (LIGHT if args.all else QUICK)
+    print_onnx(onnx_rows(models, args.repeat, args.beam, log=lambda s: print(s, file=sys.stderr),
+                         beam_budget_s=args.beam_budget, interleaved=args.interleaved))
 
 
 if __name__ == "__main__":
