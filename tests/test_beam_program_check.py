@@ -191,9 +191,13 @@ def test_the_search_force_searches_a_dropped_kernel_again(fresh, monkeypatch):
 
 
 def test_the_rule_on_rounds():
-    assert search.slower_in_program([1.0, 1.0, 5.0], [1.1, 1.1, 0.1])  # (medians: one outlier does not decide)
-    assert not search.slower_in_program([1.0, 1.2, 1.1], [1.0, 1.0, 9.0])
-    assert not search.slower_in_program([], [1.0])
+    # each round's pair compared within the round, the median of the rounds deciding: the load moved between
+    # rounds (4, 7, 15 ms) but the winners were slower in two of the three rounds
+    assert search.slower_in_program([4.0, 7.0, 15.0], [4.4, 7.7, 6.0])
+    assert search.paired_ratio([4.0, 7.0, 15.0], [4.4, 7.7, 6.0]) == pytest.approx(1.1)
+    # (medians of the times would say the opposite: 7.0 vs 6.0)
+    assert not search.slower_in_program([7.0, 15.0, 4.0], [6.0, 14.0, 9.0])  # (one outlier round does not decide)
+    assert not search.slower_in_program([], [1.0]) and search.paired_ratio([], []) is None
     keys = {"a": "k1", "an1": "k1", "b": "k2", "c": "k3"}
     d = [{"a": 1.0, "an1": 1.0, "b": 1.0, "c": 1.0}] * 3
     t = [{"a": 0.5, "an1": 1.6, "b": 0.9}] * 3  # k1 summed over its two kernels: 2.1 >= 2.0; c not timed
@@ -223,7 +227,8 @@ def test_the_check_line():
     skipped = {"program_check": {"skipped": "the budget was spent"}}
     assert "not timed (the budget was spent)" in report.program_check_line(skipped)
     doc = {"program_check": {"default_s": 3e-3, "tuned_s": 3.5e-3, "final_s": 2.9e-3, "retimed": True, "rounds": 5,
-                             "kept": ["r_1"], "dropped": ["E_2", "E_2n1"]}}
+                             "ratio": 1.17, "final_ratio": 0.97, "kept": ["r_1"], "dropped": ["E_2", "E_2n1"]}}
     line = report.program_check_line(doc)
     assert all(report.fmt_time(t) in line for t in (3e-3, 3.5e-3, 2.9e-3)) and "2 dropped" in line
+    assert "(1.17x)" in line and "(0.97x)" in line
     assert json.dumps(doc)  # (the --json document holds it as it is)

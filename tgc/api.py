@@ -8,7 +8,6 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import replace as _dc_replace
-from statistics import median
 from typing import Any
 
 import numpy as np
@@ -1247,8 +1246,9 @@ class Program:
         (`bench.program_rounds`); where it is slower with them, the winners of the kernels slower inside the
         program are dropped (`search.drop`), and where the program is still slower, every winner of `items`
         (`search.PROGRAM_ROUNDS`, above it). Returns what `tgc beam` prints: the program's seconds with the
-        default kernels, with the winners and with those kept (`default_s`, `tuned_s`, `final_s`: medians of the
-        rounds), the kernels kept and dropped by name, and `skipped` (why nothing was decided) where it was not
+        default kernels, with the winners and with those kept (`default_s`, `tuned_s`, `final_s`: the least of the
+        rounds), the winners' time over the default's (`ratio`, `final_ratio`: `search.paired_ratio`, what
+        decides), the kernels kept and dropped by name, and `skipped` (why nothing was decided) where it was not
         timed."""
         began = time.perf_counter()
         result = self._program_check(dev, dims, items, deadline)
@@ -1259,8 +1259,9 @@ class Program:
                        deadline: float | None) -> dict[str, Any]:
         live = [it for it in items if it.ast.src]
         asts = {name: search.search_ast(it, dev) for name, it in zip(kernel_names(live), live)}
-        result: dict[str, Any] = {"default_s": None, "tuned_s": None, "final_s": None, "kept": [], "dropped": [],
-                                  "rounds": 0, "retimed": False, "skipped": None}
+        result: dict[str, Any] = {"default_s": None, "tuned_s": None, "final_s": None, "ratio": None,
+                                  "final_ratio": None, "kept": [], "dropped": [], "rounds": 0, "retimed": False,
+                                  "skipped": None}
         if len(live) < 2:  # (`_confirm` alternated the winner and the default on the program's own buffers)
             result["skipped"] = "one kernel: the search timed its winner against its default as the program runs it"
             return result
@@ -1293,8 +1294,9 @@ class Program:
             result["skipped"] = f"it could not be run ({e.msg})"
             return result
         d_prog, t_prog = timed[0]["program"], timed[1]["program"]
-        result.update(default_s=median(d_prog), tuned_s=median(t_prog), final_s=median(t_prog),
-                      rounds=len(t_prog))
+        result.update(default_s=min(d_prog), tuned_s=min(t_prog), final_s=min(t_prog), rounds=len(t_prog),
+                      ratio=search.paired_ratio(d_prog, t_prog))
+        result["final_ratio"] = result["ratio"]
         names_of = {key: sorted(n for n, k in changed.items() if k == key) for key in set(changed.values())}
         if not search.slower_in_program(d_prog, t_prog):
             result["kept"] = sorted(changed)
@@ -1304,8 +1306,8 @@ class Program:
         slow = search.kernels_slower_in_program(timed[0]["kernels"], timed[1]["kernels"],
                                                 {n: k for n, k in changed.items() if n in timed_names})
         slow |= {k for n, k in changed.items() if n not in timed_names}  # (not timed each run: nothing says it won)
-        why = (f"the program was slower with the winners ({median(t_prog) * 1e3:.3f} ms vs "
-               f"{median(d_prog) * 1e3:.3f} ms with the default kernels)")
+        why = (f"the program was slower with the winners (x{result['ratio']:.3f} of its time with the default "
+               f"kernels, median of {len(t_prog)} rounds)")
         for key in slow:
             search.drop(key_ast[key], dev, f"{why}, and this kernel was not faster inside it", names_of[key][0])
         kept = set(names_of) - slow
@@ -1322,15 +1324,15 @@ class Program:
             again = bench.program_rounds([default, tuned], d_arrays, search.PROGRAM_ROUNDS, search.PROGRAM_RUNS,
                                          deadline, search.PROGRAM_MIN_ROUNDS)
             d2, t2 = again[0]["program"], again[1]["program"]
-            result.update(final_s=median(t2), retimed=True)
+            result.update(final_s=min(t2), final_ratio=search.paired_ratio(d2, t2), retimed=True)
             if search.slower_in_program(d2, t2):
                 for key in kept:
                     search.drop(key_ast[key], dev, f"{why}, and still slower with only the faster kernels' winners",
                                 names_of[key][0])
                 kept = set()
-                result["final_s"] = median(d2)
+                result.update(final_s=min(d2), final_ratio=1.0)
         else:
-            result["final_s"] = median(d_prog)
+            result.update(final_s=min(d_prog), final_ratio=1.0)
         result["kept"] = sorted(n for key in kept for n in names_of[key])
         result["dropped"] = sorted(n for key in set(names_of) - kept for n in names_of[key])
         return result

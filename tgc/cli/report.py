@@ -338,17 +338,22 @@ def beam_time(result: Mapping[str, Any]) -> str:
 
 def program_check_line(result: Mapping[str, Any]) -> str | None:
     """The line under `tgc beam`'s table on the program check (`Program.beam`): the whole program's time with the
-    default kernels, with every winner and with the winners kept, and which kernels' winners were dropped."""
+    default kernels, with every winner and with the winners kept (the least of the rounds; the ratio that decides:
+    the median of the rounds' winners/default), and which kernels' winners were dropped."""
     check = result.get("program_check")
     if not check:
         return None
     if check.get("skipped"):
         return f"program check: not timed ({check['skipped']}); the winners are kept"
     kept, dropped = check.get("kept") or [], check.get("dropped") or []
-    line = (f"program check ({check.get('rounds')} rounds, medians): default kernels "
-            f"{fmt_time(check.get('default_s'))}, with the winners {fmt_time(check.get('tuned_s'))}")
+
+    def ratio(r: float | None) -> str:
+        return "" if r is None else f" ({r:.2f}x)"
+
+    line = (f"program check ({check.get('rounds')} rounds): default kernels {fmt_time(check.get('default_s'))}, "
+            f"with the winners {fmt_time(check.get('tuned_s'))}{ratio(check.get('ratio'))}")
     if check.get("retimed") or dropped:
-        line += f", with those kept {fmt_time(check.get('final_s'))}"
+        line += f", with those kept {fmt_time(check.get('final_s'))}{ratio(check.get('final_ratio'))}"
     line += f"; {len(kept)} winner{'s' if len(kept) != 1 else ''} kept"
     if dropped:
         line += f", {len(dropped)} dropped (they run their default: {', '.join(dropped)})"

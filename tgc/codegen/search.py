@@ -197,8 +197,9 @@ def drop(ast: UOp, device: Any, why: str, name: str = "") -> bool:
 
 # After a search, `Program.beam` times the whole program with the winners against its default kernels
 # (`tgc.engine.bench.program_rounds`: alternating, PROGRAM_ROUNDS rounds of PROGRAM_RUNS runs, the least of a
-# round's runs counting, the median of the rounds deciding): a kernel timed alone in a hot loop (its inputs in the
-# caches, the machine's other core idle or busy by chance) can win there and lose inside the program. Where the
+# round's runs counting, the median of the rounds' ratios deciding: `paired_ratio`): a kernel timed alone in a hot
+# loop (its inputs in the caches, the machine's other core idle or busy by chance) can win there and lose inside
+# the program. Where the
 # program is slower with the winners, the winners of the kernels whose own time inside the program (each launch
 # waited for, after the kernels before it) is not less are dropped (`drop`), the program is timed again, and where
 # it is still slower every winner of this search is dropped.
@@ -212,19 +213,27 @@ PROGRAM_RUNS = 3
 CHECK_SHARE = 0.1
 
 
+def paired_ratio(default_s: list[float], tuned_s: list[float]) -> float | None:
+    """The median over rounds of a round's tuned time over its default time (`program_rounds` times the two one
+    after the other in each round): on a shared machine the load moves between rounds (the same program took 4, 7
+    or 15 ms in consecutive rounds, with the other core idle, busy, or both busy), so each round's pair is compared
+    within itself, and the median of the rounds decides. None where no round has both."""
+    pairs = [t / d for d, t in zip(default_s, tuned_s) if d > 0]
+    return median(pairs) if pairs else None
+
+
 def slower_in_program(default_s: list[float], tuned_s: list[float]) -> bool:
-    """Whether the program with the winners is slower than with its default kernels: the medians of the rounds'
-    times (`program_rounds`) compared; not slower where either has no round."""
-    if not default_s or not tuned_s:
-        return False
-    return median(tuned_s) > median(default_s)
+    """Whether the program with the winners is slower than with its default kernels (`paired_ratio` over 1); not
+    slower where no round timed both."""
+    ratio = paired_ratio(default_s, tuned_s)
+    return ratio is not None and ratio > 1.0
 
 
 def kernels_slower_in_program(default_k: list[dict[str, float]], tuned_k: list[dict[str, float]],
                               keys: dict[str, str]) -> set[str]:
     """The store keys (`keys`: a kernel's name in the program -> its key, for the kernels whose winner differs from
-    their default) whose time inside the program, summed over the kernels of the key and the median of the
-    rounds, is not less with the winner than with the default (`program_rounds`' per-kernel times). A key
+    their default) whose time inside the program, summed over the kernels of the key, is not less with the winner
+    than with the default (`paired_ratio` of the rounds' per-kernel times, `program_rounds`, at least 1). A key
     whose kernels were not timed in every round of both is counted slower (nothing says it won)."""
     def per_round(rounds: list[dict[str, float]], names: list[str]) -> list[float] | None:
         sums = []
@@ -238,7 +247,8 @@ def kernels_slower_in_program(default_k: list[dict[str, float]], tuned_k: list[d
     for key in set(keys.values()):
         names = [n for n, k in keys.items() if k == key]
         d, t = per_round(default_k, names), per_round(tuned_k, names)
-        if d is None or t is None or median(t) >= median(d):
+        ratio = None if d is None or t is None else paired_ratio(d, t)
+        if ratio is None or ratio >= 1.0:
             slower.add(key)
     return slower
 
