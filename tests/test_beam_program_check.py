@@ -126,6 +126,14 @@ def test_a_winner_faster_alone_but_slower_in_the_program_is_dropped(fresh, monke
     again = p.beam("CPU", dims=DIMS, width=1, budget_s=None)
     assert all(r["cached"] for r in again["kernels"]) and again["program_check"] is None
     assert len(calls) == 2
+    # an inline search (`BEAM=1`, `compile(beam=1)`) does not search the dropped kernel again either
+
+    def no_search(*args, **kwargs):
+        raise AssertionError("searched again")
+    monkeypatch.setattr(search, "beam_search", no_search)
+    p._kernels.clear()
+    inline = {k.name: [str(o) for o in k.opts] for k in p.compile("CPU", dims=DIMS, beam=1)}
+    assert inline[ew] == defaults[ew] and inline[mm] == tuned[mm]
 
 
 def test_still_slower_with_the_faster_kernels_winners_drops_them_all(fresh, monkeypatch):

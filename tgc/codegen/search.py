@@ -171,6 +171,13 @@ def lookup(ast: UOp, device: Any, width: int = 0) -> list[Opt] | None:
     return entry["opts"]
 
 
+def dropped(ast: UOp, device: Any, width: int = 0) -> bool:
+    """Whether the program check dropped the kernel's stored winner (`drop`) after a search at least `width` wide:
+    the kernel runs its default and an inline search (`BEAM=W`, `build_kernel`) does not search it again."""
+    entry = lookup_entry(ast, device)
+    return entry is not None and bool(entry["dropped"]) and entry["width"] >= width
+
+
 def store(ast: UOp, device: Any, opts: list[Opt], seconds: float, name: str, width: int = 0,
           dropped: str | None = None) -> None:
     """Store a kernel's winner; with `dropped` (why), a winner the program check dropped (`drop`)."""
