@@ -1306,8 +1306,8 @@ class Program:
         slow = search.kernels_slower_in_program(timed[0]["kernels"], timed[1]["kernels"],
                                                 {n: k for n, k in changed.items() if n in timed_names})
         slow |= {k for n, k in changed.items() if n not in timed_names}  # (not timed each run: nothing says it won)
-        why = (f"the program was slower with the winners (x{result['ratio']:.3f} of its time with the default "
-               f"kernels, median of {len(t_prog)} rounds)")
+        why = (f"the program was slower with the winners ({result['ratio']:.3f}x its time with the default kernels, "
+               f"median of {len(t_prog)} rounds)")
         for key in slow:
             search.drop(key_ast[key], dev, f"{why}, and this kernel was not faster inside it", names_of[key][0])
         kept = set(names_of) - slow
