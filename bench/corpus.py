@@ -72,15 +72,16 @@ def _small_of(file: str) -> dict[str, int]:
 
 
 def beam_coverage(prog: tgc.Program, dims: dict[str, int], device: str = "CPU") -> tuple[int, int]:
-    """(kernels with a winner stored by `tgc beam`, kernels) of the program at `dims`: the kernels that run (one
-    chunk's where it runs in chunks)."""
+    """(kernels with a winner stored by `tgc beam` and used, kernels) of the program at `dims`: the kernels that
+    run (one chunk's where it runs in chunks); a winner the program check dropped (`search.drop`) does not count."""
     from tgc.backends import get_device
     from tgc.codegen.search import lookup_entry, search_ast
     dev = get_device(device)
     items = [it for it in prog.run_schedule(dims, dev.name) if it.ast.src]  # (a chunk's, where it runs chunked)
     found = 0
     for it in items:
-        found += lookup_entry(search_ast(it, dev), dev) is not None
+        entry = lookup_entry(search_ast(it, dev), dev)
+        found += entry is not None and not entry["dropped"]
     return found, len(items)
 
 
@@ -140,6 +141,9 @@ def search_outcome(row: dict[str, Any] | None, budget_s: float | None) -> str:
         first = {k: v for k, v in row.items() if k != "same_as"}
         return f"searched as {row['same_as']} (the same kernel): " + search_outcome(first, budget_s)
     tried = row.get("tried", 0)
+    if row.get("dropped"):
+        return (f"its winner ({row.get('speedup', 1.0):.2f}x its default alone, after {tried} candidates) was dropped "
+                f"by the program check: the program was slower with it (it runs its default)")
     if row.get("out_of_budget"):
         return (f"its search stopped at its share of the {budget_s:.0f} s budget after {tried} candidates "
                 f"(best {row.get('speedup', 1.0):.2f}x its default); a longer --corpus-beam-budget searches further")

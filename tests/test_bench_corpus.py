@@ -98,6 +98,8 @@ def test_a_beam_miss_says_what_the_search_did_with_its_kernel():
     assert say({"same_as": "r_a", "tried": 7, "speedup": 1.5}, 60.0).startswith(
         "searched as r_a (the same kernel): BEAM's winner ran 1.50x faster")
     assert "earlier search" in say({"cached": True, "width": 4}, 60.0)
+    assert "1.30x its default alone, after 9 candidates) was dropped by the program check" in say(
+        {"tried": 9, "speedup": 1.3, "dropped": True}, 60.0)
 
     def kern(name, us, flops, opts):
         return {"name": name, "line": 3, "median_s": us * 1e-6, "gflops": flops / us / 1e3, "flops": flops,

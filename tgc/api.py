@@ -443,15 +443,11 @@ class Program:
         """The kernels computing `outs` on `dev`, in launch order."""
         with timings.phase("schedule"):
             items = create_schedule(outs, dev.caps)
-        names: dict[str, int] = {}
         items = [item for item in items if item.ast.src]  # (an empty output computes nothing)
-        named = []
         for item in items:
-            n = names.get(item.name, 0)
-            names[item.name] = n + 1
             item.line = self.line_of(item.meta.get("serves", item.output))
-            named.append((item, f"{item.name}n{n}" if n else item.name))
-        return build_kernels(named, dev, beam=beam, tuned=tuned, progress=progress, defer=defer)
+        return build_kernels(list(zip(items, kernel_names(items))), dev, beam=beam, tuned=tuned, progress=progress,
+                             defer=defer)
 
     def chunking(self, device: str | None = None, dims: dict[str, int] | None = None, beam: int | None = None,
                  tuned: bool = True) -> Chunking | None:
@@ -752,8 +748,9 @@ class Program:
         stored = 0
         for item, k in zip(items, plan.kernels):
             entry = search.lookup_entry(prepare_ast(item.ast, dev), dev)
-            if entry is not None:
-                search.store(k.template, dev, entry["opts"], entry.get("time_s") or 0.0, k.name, entry["width"])
+            if entry is not None:  # (a dropped winner stays dropped: `search.drop`)
+                search.store(k.template, dev, entry["opts"], entry.get("time_s") or 0.0, k.name, entry["width"],
+                             dropped=entry["dropped"])
                 stored += 1
         self._plans.pop((dev.name, cls), None)  # rebuilt with the class winners on its next use
         return stored
@@ -1154,7 +1151,8 @@ class Program:
         chunk's where it runs in chunks); store the winners; report before/after per kernel.
         `budget_s` bounds this call in seconds from `started` (a `time.perf_counter()` value, default now; the
         CLI passes its process start), scheduling included (None: unbounded; `tgc.codegen.search.beam_items`):
-        the search ends by `1 - search.FINISH_SHARE` of it, and the size class's winners are stored after it
+        the search ends by `1 - search.FINISH_SHARE - search.CHECK_SHARE` of it, the program check (below) by
+        `1 - search.FINISH_SHARE`, and the size class's winners are stored after it
         only where it ended in time (else a later `beam`, finding the kernels stored, stores them); on a device
         list, per device kind. The result's `seconds` is the time from `started`, `budget_s` the budget.
         On a device list: each device's per-shard kernels, searched once per device kind (on the first device
@@ -1191,22 +1189,153 @@ class Program:
             raise CompileError(dev.compile_error or f"cannot compile for {dev.kind} here, so it cannot be tuned here")
         dims = self.resolve_dims(dims)
         items = self.run_schedule(dims, dev.name)
+        if budget_s is not None:  # (one device: the program check's share comes out of the search's)
+            search_budget = budget_s * (1 - search.FINISH_SHARE - search.CHECK_SHARE)
         rows, _ = beam_items(items, dev, width, progress=progress, force=force, budget_s=search_budget,
                              started=started, measured=self._per_call_costs(dev, dims, items))
-        self._kernels.clear()  # later compiles pick up the stored winners
-        self._ready.clear()
-        self._chunks.clear()
-        self._entries.clear()  # (the program cache's key holds the BEAM table's state: they miss)
-        self._stored.clear()
+        self._forget_kernels()  # later compiles pick up the stored winners
+        interrupted = any(r.get("interrupted") for r in rows)
         in_time = search_budget is None or time.perf_counter() - started <= search_budget
+        check: dict[str, Any] | None = None
+        # (only where this search stored a winner other than a default: `_confirm` keeps the default's time for
+        # it, so a winner took less; nothing is compiled to find out that nothing changed)
+        won = [r for r in rows if not r.get("cached") and not r.get("skipped") and r.get("after_s") is not None
+               and r.get("before_s") is not None and r["after_s"] < r["before_s"]]
+        if not interrupted and won:
+            check_deadline = None if budget_s is None else started + budget_s * (1 - search.FINISH_SHARE)
+            check = self._check_in_program(dev, dims, items, check_deadline)
+            self._forget_kernels()
+            live = [it for it in items if it.ast.src]
+            if len(rows) == len(live):  # (one row per kernel, in order: `_check_in_program` names them so)
+                for row, name in zip(rows, kernel_names(live)):
+                    if name in check["dropped"]:
+                        row["dropped"] = True
         class_winners = False
-        if not dev.caps.gpu and not any(r.get("interrupted") for r in rows) and in_time:
+        if not dev.caps.gpu and not interrupted and in_time:
             self._store_class_winners(dev, dims)  # and symbolic kernels of the dims' size class
             class_winners = True
         self.release()  # (and later runs)
         return {"device": dev.name, "dims": dims, "width": width, "kernels": rows,
                 "seconds": time.perf_counter() - started, "budget_s": budget_s, "class_winners": class_winners,
-                "interrupted": any(r.get("interrupted") for r in rows)}
+                "interrupted": interrupted, "program_check": check}
+
+    def _forget_kernels(self) -> None:
+        """Drop the kernels compiled in this process (after the BEAM table changed: later compiles pick it up)."""
+        self._kernels.clear()
+        self._ready.clear()
+        self._chunks.clear()
+        self._entries.clear()  # (the program cache's key holds the BEAM table's state: they miss)
+        self._stored.clear()
+
+    def _check_timed(self, dev: Any, dims: dict[str, int], arrays: dict[str, np.ndarray], tuned: bool
+                     ) -> tuple[Executable, dict[str, np.ndarray]]:
+        """The executable `run` launches at `dims` (one chunk's where it runs in chunks, with the chunk's slices of
+        the inputs, as `executable.bench` times it), with or without the stored winners."""
+        ch = self._chunking(dev, dims, 0, tuned)
+        if ch is None:
+            return self.lower(dev.name, dims, beam=0, tuned=tuned), arrays
+        part = {}
+        for _b, name in ch.low.inputs:
+            arr = arrays[name]
+            part[name] = arr[:arr.shape[0] // ch.count] if name in ch.sliced else arr
+        return ch.low, part
+
+    def _check_in_program(self, dev: Any, dims: dict[str, int], items: list[ScheduleItem],
+                          deadline: float | None) -> dict[str, Any]:
+        """After BEAM's search: the whole program timed with the stored winners against its default kernels
+        (`bench.program_rounds`); where it is slower with them, the winners of the kernels slower inside the
+        program are dropped (`search.drop`), and where the program is still slower, every winner of `items`
+        (`search.PROGRAM_ROUNDS`, above it). Returns what `tgc beam` prints: the program's seconds with the
+        default kernels, with the winners and with those kept (`default_s`, `tuned_s`, `final_s`: the least of the
+        rounds), the winners' time over the default's (`ratio`, `final_ratio`: `search.paired_ratio`, what
+        decides), the kernels kept and dropped by name, and `skipped` (why nothing was decided) where it was not
+        timed."""
+        began = time.perf_counter()
+        result = self._program_check(dev, dims, items, deadline)
+        result["seconds"] = time.perf_counter() - began
+        return result
+
+    def _program_check(self, dev: Any, dims: dict[str, int], items: list[ScheduleItem],
+                       deadline: float | None) -> dict[str, Any]:
+        live = [it for it in items if it.ast.src]
+        asts = {name: search.search_ast(it, dev) for name, it in zip(kernel_names(live), live)}
+        result: dict[str, Any] = {"default_s": None, "tuned_s": None, "final_s": None, "ratio": None,
+                                  "final_ratio": None, "kept": [], "dropped": [], "rounds": 0, "retimed": False,
+                                  "skipped": None}
+        if len(live) < 2:  # (`_confirm` alternated the winner and the default on the program's own buffers)
+            result["skipped"] = "one kernel: the search timed its winner against its default as the program runs it"
+            return result
+        if deadline is not None and time.perf_counter() >= deadline:
+            result["skipped"] = "the budget was spent"
+            return result
+        try:
+            arrays = self.bind(random_inputs(self, dims), dims, cast=True)[1]
+            began = time.perf_counter()
+            default, d_arrays = self._check_timed(dev, dims, arrays, False)
+            tuned, t_arrays = self._check_timed(dev, dims, arrays, True)
+            result["compile_s"] = time.perf_counter() - began
+        except TgcError as e:
+            result["skipped"] = f"it could not be compiled ({e.msg})"
+            return result
+        if d_arrays.keys() != t_arrays.keys() or any(d_arrays[n].shape != t_arrays[n].shape for n in d_arrays):
+            result["skipped"] = "the default kernels and the winners run in other chunks"
+            return result
+        d_opts = {k.name: [str(o) for o in k.opts] for k in default.kernels}
+        changed = {k.name: search.beam_key(asts[k.name], dev) for k in tuned.kernels
+                   if k.name in asts and k.name in d_opts and [str(o) for o in k.opts] != d_opts[k.name]}
+        if not changed:
+            result["skipped"] = "every winner has its kernel's default opts"
+            return result
+        key_ast = {search.beam_key(a, dev): a for a in asts.values()}
+        try:
+            timed = bench.program_rounds([default, tuned], d_arrays, search.PROGRAM_ROUNDS, search.PROGRAM_RUNS,
+                                         deadline, search.PROGRAM_MIN_ROUNDS)
+        except TgcError as e:
+            result["skipped"] = f"it could not be run ({e.msg})"
+            return result
+        d_prog, t_prog = timed[0]["program"], timed[1]["program"]
+        result.update(default_s=min(d_prog), tuned_s=min(t_prog), final_s=min(t_prog), rounds=len(t_prog),
+                      ratio=search.paired_ratio(d_prog, t_prog))
+        result["final_ratio"] = result["ratio"]
+        names_of = {key: sorted(n for n, k in changed.items() if k == key) for key in set(changed.values())}
+        if not search.slower_in_program(d_prog, t_prog):
+            result["kept"] = sorted(changed)
+            return result
+        # slower with the winners: drop those whose kernels are not faster inside the program, then time again
+        timed_names = set(timed[0]["kernels"][0]) & set(timed[1]["kernels"][0])
+        slow = search.kernels_slower_in_program(timed[0]["kernels"], timed[1]["kernels"],
+                                                {n: k for n, k in changed.items() if n in timed_names})
+        slow |= {k for n, k in changed.items() if n not in timed_names}  # (not timed each run: nothing says it won)
+        why = (f"the program was slower with the winners ({result['ratio']:.3f}x its time with the default kernels, "
+               f"median of {len(t_prog)} rounds)")
+        for key in slow:
+            search.drop(key_ast[key], dev, f"{why}, and this kernel was not faster inside it", names_of[key][0])
+        kept = set(names_of) - slow
+        if kept and deadline is not None and time.perf_counter() >= deadline:
+            # no time left to time the program with only these: it was slower with them among the winners, so they
+            # are not kept on the kernels' own times (a kernel faster inside a program can still slow the others)
+            for key in kept:
+                search.drop(key_ast[key], dev, f"{why}; the budget left no time to time it with this one alone",
+                            names_of[key][0])
+            kept = set()
+        if kept:
+            self._forget_kernels()
+            tuned, t_arrays = self._check_timed(dev, dims, arrays, True)
+            again = bench.program_rounds([default, tuned], d_arrays, search.PROGRAM_ROUNDS, search.PROGRAM_RUNS,
+                                         deadline, search.PROGRAM_MIN_ROUNDS)
+            d2, t2 = again[0]["program"], again[1]["program"]
+            result.update(final_s=min(t2), final_ratio=search.paired_ratio(d2, t2), retimed=True)
+            if search.slower_in_program(d2, t2):
+                for key in kept:
+                    search.drop(key_ast[key], dev, f"{why}, and still slower with only the faster kernels' winners",
+                                names_of[key][0])
+                kept = set()
+                result.update(final_s=min(d2), final_ratio=1.0)
+        else:
+            result.update(final_s=min(d_prog), final_ratio=1.0)
+        result["kept"] = sorted(n for key in kept for n in names_of[key])
+        result["dropped"] = sorted(n for key in set(names_of) - kept for n in names_of[key])
+        return result
 
     def _per_call_costs(self, dev: Any, dims: dict[str, int], items: list[ScheduleItem]) -> list[float | None]:
         """What each schedule item costs a run, for BEAM's budget (`search.kernel_weights`): None for a kernel that
@@ -1237,6 +1366,18 @@ class Program:
         for j, i in enumerate(live):
             costs[i] = measured[j]
         return costs
+
+
+def kernel_names(items: list[ScheduleItem]) -> list[str]:
+    """The names a program's kernels get (`Program.compile`): a schedule item's name, with `n1`, `n2`, ... after
+    its repeats."""
+    seen: dict[str, int] = {}
+    names = []
+    for item in items:
+        n = seen.get(item.name, 0)
+        seen[item.name] = n + 1
+        names.append(f"{item.name}n{n}" if n else item.name)
+    return names
 
 
 class _Ready:

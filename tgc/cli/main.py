@@ -1029,6 +1029,9 @@ def beam_(file: str, device: str | None, dims: dict[str, int], width: int, force
 
         make_console().print(report.beam_table(result))
         make_console().print(report.beam_time(result))
+        check_line = report.program_check_line(result)
+        if check_line:
+            make_console().print(check_line)
     if result.get("interrupted"):
         _err("beam: interrupted; the winners found so far are stored")
         click.get_current_context().exit(130)

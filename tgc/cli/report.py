@@ -312,6 +312,8 @@ def beam_table(result: Mapping[str, Any]) -> Any:
             note += " (small search: a negligible share of the program)"
         if k.get("out_of_budget"):
             note += " (stopped at its share of the budget)"
+        if k.get("dropped"):
+            note += " (dropped: not faster inside the program; it runs its default)"
         table.add_row(str(k.get("name")), "" if k.get("line") is None else str(k.get("line")),
                       fmt_time(k.get("before_s")), fmt_time(k.get("after_s")), speedup(k),
                       "" if k.get("tried") is None else str(k["tried"]), ", ".join(str(o) for o in opts) + note)
@@ -331,6 +333,30 @@ def beam_time(result: Mapping[str, Any]) -> str:
     skipped = sum(1 for k in result.get("kernels") or [] if k.get("skipped"))
     if skipped:
         line += f"; {skipped} kernel{'s' if skipped > 1 else ''} not searched (a later `tgc beam` searches them)"
+    return line
+
+
+def program_check_line(result: Mapping[str, Any]) -> str | None:
+    """The line under `tgc beam`'s table on the program check (`Program.beam`): the whole program's time with the
+    default kernels, with every winner and with the winners kept (the least of the rounds; the ratio that decides:
+    the median of the rounds' winners/default), and which kernels' winners were dropped."""
+    check = result.get("program_check")
+    if not check:
+        return None
+    if check.get("skipped"):
+        return f"program check: not timed ({check['skipped']}); the winners are kept"
+    kept, dropped = check.get("kept") or [], check.get("dropped") or []
+
+    def ratio(r: float | None) -> str:
+        return "" if r is None else f" ({r:.2f}x)"
+
+    line = (f"program check ({check.get('rounds')} rounds): default kernels {fmt_time(check.get('default_s'))}, "
+            f"with the winners {fmt_time(check.get('tuned_s'))}{ratio(check.get('ratio'))}")
+    if check.get("retimed") or dropped:
+        line += f", with those kept {fmt_time(check.get('final_s'))}{ratio(check.get('final_ratio'))}"
+    line += f"; {len(kept)} winner{'s' if len(kept) != 1 else ''} kept"
+    if dropped:
+        line += f", {len(dropped)} dropped (they run their default: {', '.join(dropped)})"
     return line
 
 

@@ -249,7 +249,7 @@ def _build_kernel(item: ScheduleItem, device: Any, beam: int, name: str, tuned: 
     if tuned and device.compiler is not None and not env_flag("NOOPT"):
         with timings.phase("beam"):
             opts = search.lookup(ast, device, width=beam)  # a BEAM winner stored earlier (wide enough)
-            if opts is None and beam > 0:
+            if opts is None and beam > 0 and not search.dropped(ast, device, beam):  # (dropped: its default)
                 res = search.beam_search(ast, device, item.bufs, beam, name=name, progress=progress, item=item)
                 search.store(ast, device, res.opts, res.after_s, name, beam)
                 opts = res.opts

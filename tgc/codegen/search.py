@@ -154,25 +154,110 @@ def lookup_entry(ast: UOp, device: Any) -> dict[str, Any] | None:
     try:
         doc = json.loads(raw)
         width = doc.get("width", 0)
+        dropped = doc.get("dropped")
         return {"opts": [Opt.from_json(o) for o in doc["opts"]], "width": width if isinstance(width, int) else 0,
-                "time_s": doc.get("time_s")}
+                "time_s": doc.get("time_s"), "dropped": dropped if isinstance(dropped, str) else None}
     except (ValueError, KeyError, TypeError, IndexError, AttributeError):
         return None
 
 
 def lookup(ast: UOp, device: Any, width: int = 0) -> list[Opt] | None:
     """A stored winner's opts; with `width`, only one found by a search at least that wide (a narrower
-    search may have missed what a wider one finds)."""
+    search may have missed what a wider one finds). None for a winner the program check dropped (`drop`): the
+    kernel runs the heuristic's opts, as without a search."""
     entry = lookup_entry(ast, device)
-    if entry is None or (width > 0 and entry["width"] < width):
+    if entry is None or (width > 0 and entry["width"] < width) or entry["dropped"]:
         return None
     return entry["opts"]
 
 
-def store(ast: UOp, device: Any, opts: list[Opt], seconds: float, name: str, width: int = 0) -> None:
-    value = json.dumps({"opts": [o.to_json() for o in opts], "time_s": seconds, "width": width}).encode()
-    cache.put("beam", beam_key(ast, device), value,
-              meta=f"{device.kind} {name} width {width}: {' '.join(map(str, opts))}")
+def dropped(ast: UOp, device: Any, width: int = 0) -> bool:
+    """Whether the program check dropped the kernel's stored winner (`drop`) after a search at least `width` wide:
+    the kernel runs its default and an inline search (`BEAM=W`, `build_kernel`) does not search it again."""
+    entry = lookup_entry(ast, device)
+    return entry is not None and bool(entry["dropped"]) and entry["width"] >= width
+
+
+def store(ast: UOp, device: Any, opts: list[Opt], seconds: float, name: str, width: int = 0,
+          dropped: str | None = None) -> None:
+    """Store a kernel's winner; with `dropped` (why), a winner the program check dropped (`drop`)."""
+    doc: dict[str, Any] = {"opts": [o.to_json() for o in opts], "time_s": seconds, "width": width}
+    if dropped:
+        doc["dropped"] = dropped
+    cache.put("beam", beam_key(ast, device), json.dumps(doc).encode(),
+              meta=f"{device.kind} {name} width {width}: {' '.join(map(str, opts))}" + (" (dropped)" if dropped
+                                                                                         else ""))
+
+
+def drop(ast: UOp, device: Any, why: str, name: str = "") -> bool:
+    """Mark a kernel's stored winner as dropped by the program check (`Program.beam`): kept in the store (its
+    width says it was searched, so a later `tgc beam` does not search it again without --force) but not used:
+    `lookup` gives None and the kernel runs its default. False where nothing is stored."""
+    entry = lookup_entry(ast, device)
+    if entry is None:
+        return False
+    store(ast, device, entry["opts"], entry.get("time_s") or 0.0, name, entry["width"], dropped=why)
+    return True
+
+
+# ------------------------------------------------------------------------------------------- the program check
+
+# After a search, `Program.beam` times the whole program with the winners against its default kernels
+# (`tgc.engine.bench.program_rounds`: alternating, PROGRAM_ROUNDS rounds of PROGRAM_RUNS runs, the least of a
+# round's runs counting, the median of the rounds' ratios deciding: `paired_ratio`): a kernel timed alone in a hot
+# loop (its inputs in the caches, the machine's other core idle or busy by chance) can win there and lose inside
+# the program. Where the
+# program is slower with the winners, the winners of the kernels whose own time inside the program (each launch
+# waited for, after the kernels before it) is not less are dropped (`drop`), the program is timed again, and where
+# it is still slower every winner of this search is dropped.
+# Under a budget the check gets CHECK_SHARE of it (out of the search's: compiling the program twice takes most of
+# it, 2.5 s for llama odd's 20 kernels on the 2-core machine) and ends its rounds by its deadline, but never with
+# fewer than PROGRAM_MIN_ROUNDS (one round decides by chance on a shared machine; a round of a 40 ms program takes
+# about half a second, which the finish's share absorbs).
+PROGRAM_ROUNDS = 5
+PROGRAM_MIN_ROUNDS = 3
+PROGRAM_RUNS = 3
+CHECK_SHARE = 0.1
+
+
+def paired_ratio(default_s: list[float], tuned_s: list[float]) -> float | None:
+    """The median over rounds of a round's tuned time over its default time (`program_rounds` times the two one
+    after the other in each round): on a shared machine the load moves between rounds (the same program took 4, 7
+    or 15 ms in consecutive rounds, with the other core idle, busy, or both busy), so each round's pair is compared
+    within itself, and the median of the rounds decides. None where no round has both."""
+    pairs = [t / d for d, t in zip(default_s, tuned_s) if d > 0]
+    return median(pairs) if pairs else None
+
+
+def slower_in_program(default_s: list[float], tuned_s: list[float]) -> bool:
+    """Whether the program with the winners is slower than with its default kernels (`paired_ratio` over 1); not
+    slower where no round timed both."""
+    ratio = paired_ratio(default_s, tuned_s)
+    return ratio is not None and ratio > 1.0
+
+
+def kernels_slower_in_program(default_k: list[dict[str, float]], tuned_k: list[dict[str, float]],
+                              keys: dict[str, str]) -> set[str]:
+    """The store keys (`keys`: a kernel's name in the program -> its key, for the kernels whose winner differs from
+    their default) whose time inside the program, summed over the kernels of the key, is not less with the winner
+    than with the default (`paired_ratio` of the rounds' per-kernel times, `program_rounds`, at least 1). A key
+    whose kernels were not timed in every round of both is counted slower (nothing says it won)."""
+    def per_round(rounds: list[dict[str, float]], names: list[str]) -> list[float] | None:
+        sums = []
+        for r in rounds:
+            if any(n not in r for n in names):
+                return None
+            sums.append(sum(r[n] for n in names))
+        return sums or None
+
+    slower = set()
+    for key in set(keys.values()):
+        names = [n for n, k in keys.items() if k == key]
+        d, t = per_round(default_k, names), per_round(tuned_k, names)
+        ratio = None if d is None or t is None else paired_ratio(d, t)
+        if ratio is None or ratio >= 1.0:
+            slower.add(key)
+    return slower
 
 
 # ------------------------------------------------------------------------------------------- candidates

@@ -277,3 +277,61 @@ def peak_key(dev) -> str:
     return cache.make_key("peak", 4, dev.kind, dev.compiler.cache_key, dev.cores, __version__)
 
 
+
+
+def program_rounds(lows: list[Executable], arrays: dict[str, np.ndarray], rounds: int = 5, runs: int = 3,
+                   deadline: float | None = None, min_rounds: int = 1) -> list[dict[str, list]]:
+    """Several executables of one program (the same inputs and outputs: BEAM's winners and the default kernels,
+    `Program.beam`) timed against each other, alternating: each round runs every one (in turn, the order
+    reversed every other round, so that none always follows the same one) as `run` runs it (the device graph,
+    `runs` times after one untimed run, the least counting) and then each kernel launched and waited for in
+    order (`kernel_times`: its time inside the program, the other kernels' data in the caches as in a run).
+    Returns per executable {"program": [seconds per round], "kernels": [{kernel name: seconds} per round]}.
+    With a `deadline` (a `time.perf_counter()` value), a round past the first `min_rounds` starts only where the
+    last one's time fits before it."""
+    plans = []
+    out: list[dict[str, list]] = [{"program": [], "kernels": []} for _ in lows]
+    try:
+        for low in lows:
+            plan = LaunchPlan(low)
+            plans.append(plan)
+            plan.copy_in(arrays)
+        launches = [[(k, k.program(), h) for k, h in zip(p.kernels, p.handles)] for p in plans]
+        graphs = [p.capture() if graphs_enabled() else None for p in plans]
+
+        def whole(j: int) -> None:
+            if graphs[j] is not None:
+                graphs[j](wait=False)
+            else:
+                for k, p, h in launches[j]:
+                    p(*h, global_size=k.global_size, local_size=k.local_size, vals=k.vals, wait=False)
+            plans[j].device.synchronize()
+
+        last = 0.0
+        for r in range(max(rounds, 1)):
+            if r >= max(min_rounds, 1) and deadline is not None and time.perf_counter() + last > deadline:
+                break
+            began = time.perf_counter()
+            order = list(range(len(plans)))
+            for j in (order if r % 2 == 0 else order[::-1]):
+                times = []
+                for n in range(max(runs, 1) + 1):
+                    st = time.perf_counter()
+                    whole(j)
+                    if n:  # (the first run wakes the threads after the other executable's)
+                        times.append(time.perf_counter() - st)
+                out[j]["program"].append(min(times))
+                per: dict[str, float] = {}
+                for n in range(2):
+                    for k, p, h in launches[j]:
+                        st = time.perf_counter()
+                        t = p(*h, global_size=k.global_size, local_size=k.local_size, vals=k.vals, wait=True)
+                        t = t if t else time.perf_counter() - st
+                        if n:
+                            per[k.name] = t
+                out[j]["kernels"].append(per)
+            last = time.perf_counter() - began
+        return out
+    finally:
+        for p in plans:
+            p.free()
