@@ -642,8 +642,9 @@ def test_an_interrupted_launch_keeps_its_code_and_buffers_alive(python_sigint, m
     import threading
     import time
 
-    from tgc.backends import cpu, get_device
+    from tgc.backends import cpu, cpu_graph, get_device
 
+    monkeypatch.setattr(cpu_graph, "oversubscribed", lambda threads, cores: False)  # (threads, whatever the load)
     dev = get_device("CPU")
     finished, release = threading.Event(), threading.Event()
     started = threading.Barrier(3)

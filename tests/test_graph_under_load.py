@@ -75,3 +75,29 @@ def test_a_busy_machine_runs_the_graph_serially_with_the_same_bits(monkeypatch, 
     np.testing.assert_allclose(y, expect_y + expect_y.sum(axis=1), rtol=1e-4)
     m = [v for v in outs.values() if v.shape == (256,)][0]
     np.testing.assert_allclose(m, (x * 3.0).max(axis=0), rtol=1e-6)
+
+
+def test_a_busy_machine_runs_a_single_launch_on_the_calling_thread_with_the_same_bits(monkeypatch):
+    """Kernels launched one by one (the first run, `TGC_GRAPH=0`, bench's rows) follow the same rule: on a busy
+    machine every core id's chunk runs in turn on the calling thread, the device's pool is not used."""
+    from tgc.backends import cpu
+    monkeypatch.setenv("TGC_THREADS", "2")
+    monkeypatch.setenv("TGC_GRAPH", "0")
+    x = np.random.default_rng(4).standard_normal((256, 256)).astype(np.float32)
+    pools: list[int] = []
+    real_pool = cpu.CPUDevice.pool
+    monkeypatch.setattr(cpu.CPUDevice, "pool", lambda self, threads: pools.append(threads) or real_pool(self, threads))
+    results = {}
+    for busy in (False, True):
+        monkeypatch.setattr(cpu_graph, "oversubscribed", lambda threads, cores, busy=busy: busy)
+        prog = tgc.loads(SRC)
+        if max(k.global_size[0] for k in prog.lower("CPU", {"N": 256}).kernels) == 1:
+            pytest.skip("no kernel of this program runs on more than one thread here")
+        pools.clear()
+        out = prog.run(device="CPU", x=x)
+        assert bool(pools) is not busy  # threads when idle, none when busy
+        results[busy] = [out[k] for k in sorted(out)]
+    for a, b in zip(results[False], results[True]):
+        np.testing.assert_array_equal(a, b)
+    y = [v for v in results[True] if v.shape == (256, 256)][0]
+    np.testing.assert_allclose(y, np.exp(x) * 2.0 + (np.exp(x) * 2.0).sum(axis=1), rtol=1e-4)

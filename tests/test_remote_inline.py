@@ -76,7 +76,7 @@ def test_hostile_edits_of_a_proven_kernel_are_not_proven():
                                              "load <8 x float>, ptr %v57, align 32"),
         "a loop that never counts up": _edit(src, "add nuw nsw i32 %r1, 1", "add nuw nsw i32 %r1, 0"),
         "a call of a libc function": _edit(src, "@llvm.trunc.f32", "@sleep", count=0),
-        "a division by a variable": _edit(src, "%v2 = mul i32 %r0, 8", "%v2 = sdiv i32 8, %r0"),
+        "a division by a variable": _edit(src, "%v2 = mul nsw i32 %r0, 8", "%v2 = sdiv i32 8, %r0"),
         "a back edge from outside the loop": _edit(src, "  br label %loop0_exit\nloop0_exit:",
                                                    "  br label %loop1_body\nloop0_exit:")
         if "  br label %loop0_exit\nloop0_exit:" in src else _edit(src, "  ret void", "  br label %loop1_body"),

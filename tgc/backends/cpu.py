@@ -2,7 +2,8 @@
 
 Compiled objects are plain bytes (cacheable on disk); `tgc.backends.elf` loads them without llvmlite,
 so a cached run never imports LLVM. Each launch runs `global_size[0]` threads; thread i gets i as its
-last argument (`core_id`) and the kernel splits its outer loop by it.
+last argument (`core_id`) and the kernel splits its outer loop by it. On a busy machine (the rule a CPU graph runs
+serially by, `tgc.backends.cpu_graph.oversubscribed`) the calling thread runs every core id's chunk in turn instead.
 """
 
 from __future__ import annotations
@@ -138,7 +139,16 @@ def kernels_running() -> bool:
     return ABANDONED.running()
 
 
+def _busy(threads: int, device: Any) -> bool:
+    """Whether `threads` threads would oversubscribe the machine now (`tgc.backends.cpu_graph.oversubscribed`, the
+    rule a CPU graph runs serially by), compared with the cores tgc may run on or the device's, the more."""
+    from tgc.backends import cpu_graph
+    return cpu_graph.oversubscribed(threads, max(machine_cores(), int(device.cores or 1)))
+
+
 class CPUProgram(Program):
+    serial_when_busy = True  # on a busy machine, run the chunks in turn on the calling thread (`_busy`)
+
     def __init__(self, device: CPUDevice, name: str, lib: bytes):
         super().__init__(device, name, lib)
         from tgc.backends.elf import load_object
@@ -167,6 +177,11 @@ class CPUProgram(Program):
         st = time.perf_counter()
         if threads == 1:
             fn(*ptrs, *vals, 0)
+        elif self.serial_when_busy and _busy(threads, self.device):
+            # a busy machine: every core id's chunk in turn on this thread (as a CPU graph's serial table runs them:
+            # the same chunks, the same bits), not a hand-off to threads that would wait for a time slice each
+            for core in range(threads):
+                fn(*ptrs, *vals, core)
         else:
             pool = self.device.pool(threads)
             futures: list[Any] = []
