@@ -194,3 +194,68 @@ def test_fixed_width_renderers_keep_the_rest_of_a_row_scalar(pack_small):
         LLVMRenderer.caps = renderer_caps
     assert conv.count("store <4 x float>") == 32 and conv.count("store float ") == 32 * 3
     assert "<3 x float>" not in conv
+
+
+def test_a_residual_is_added_in_rows_not_gathered_into_the_columns(pack_small):
+    """A residual read in channel rows (4 + 3 lanes) was gathered lane by lane into the tile's 16-lane columns,
+    added there, and the sum scattered back into rows for the stores: two transposes. The store's value is now
+    computed in the row's orientation (`_stores_in_rows`): the residual row is added as it was loaded, and only the
+    accumulators are transposed. Same operations on the same values: the results equal the column form's bit
+    for bit (the pass left out), and numpy's."""
+    from tgc.codegen import widen
+
+    src, inputs, want = _case(CASES[0])
+    conv = tgc.loads(src).compile(device="CPU", tuned=False)[-1].src
+    assert conv.count("fadd <4 x float>") == conv.count("fadd <3 x float>") == 32  # one a channel row, a tile
+    assert conv.count("extractelement") == 32 * 7  # the accumulators' lanes only (was 32 * 7 twice)
+    got = tgc.loads(src).run(device="CPU", **inputs)["out0"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    rows = widen._stores_in_rows
+    try:
+        widen._stores_in_rows = lambda sink: sink
+        columns = tgc.loads(src)
+        assert "fadd <4 x float>" not in columns.compile(device="CPU", tuned=False)[-1].src
+        np.testing.assert_array_equal(columns.run(device="CPU", **inputs)["out0"], got)
+    finally:
+        widen._stores_in_rows = rows
+
+
+def test_rows_leave_stores_without_a_gathered_row_alone():
+    """A store of lanes of column vectors with no whole row inside (no residual: the accumulators' lanes through
+    lane-wise ops) is left as it is: computing it in rows would only add operations."""
+    from tgc.codegen.widen import _stores_in_rows
+
+    out = _buf(0)
+    r = _range(0, 4)
+    acc = [UOp(Ops.LOAD, F32.vec(16), (_buf(1), _add(UOp(Ops.MUL, I32, (r, _c(64))), _c(16 * j)))) for j in range(4)]
+    zero = UOp.const(F32.vec(16), 0.0)
+    cols = [UOp(Ops.MAX, F32.vec(16), (a, zero)) for a in acc]
+    value = UOp(Ops.VECTORIZE, F32.vec(4), tuple(UOp(Ops.GEP, F32, (c,), 3) for c in cols))
+    sink = UOp(Ops.SINK, None, (UOp(Ops.STORE, None, (out, r, value)),))
+    assert _stores_in_rows(sink) is sink
+    # with a row of 4 gathered from one vector load, the sum is computed in the row
+    row = UOp(Ops.LOAD, F32.vec(4), (_buf(2), r))
+    gathered = [UOp(Ops.VECTORIZE, F32.vec(16), tuple(UOp(Ops.GEP, F32, (row,), j) if c == 3 else UOp.const(F32, 1.0)
+                                                       for c in range(16))) for j in range(4)]
+    cols = [UOp(Ops.ADD, F32.vec(16), (a, g)) for a, g in zip(acc, gathered)]
+    value = UOp(Ops.VECTORIZE, F32.vec(4), tuple(UOp(Ops.GEP, F32, (c,), 3) for c in cols))
+    got = _stores_in_rows(UOp(Ops.SINK, None, (UOp(Ops.STORE, None, (out, r, value)),)))
+    stored = got.src[0].src[2]
+    assert stored.op is Ops.ADD and stored.dtype == F32.vec(4) and stored.src[1] is row
+    assert stored.src[0].op is Ops.VECTORIZE and [g.src[0] for g in stored.src[0].src] == acc
+
+
+def test_a_long_chain_after_the_residual_stays_in_the_columns(pack_small):
+    """Where the row form would add more lane-wise ops than the lane moves it saves (a GELU after the residual:
+    each of its ops once per 3-4-lane row instead of once per 16-lane column; the MLP-Mixer's matmul ran 1.3-1.6x
+    slower so), the store keeps the column form, and is right."""
+    import math
+
+    src, inputs, _ = _case(CASES[0])
+    src = src.replace("return relu(", "return gelu(")
+    conv = tgc.loads(src).compile(device="CPU", tuned=False)[-1].src
+    assert "fadd <4 x float>" not in conv and "fadd <3 x float>" not in conv
+    pre = _conv_np(inputs["x"], inputs["w"], 1, 1) + inputs["r"]
+    want = 0.5 * pre * (1 + np.vectorize(math.erf)(pre / math.sqrt(2)))
+    got = tgc.loads(src).run(device="CPU", **inputs)["out0"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

@@ -273,7 +273,7 @@ class CPUDevice(Device):
         return CPUProgram(self, name, lib)
 
     def canonical_source(self, src: str) -> str:
-        """The LLVM IR without comments and with its one defined function renamed: an object of one function is
+        """The LLVM IR without comments and with its one exported function renamed: an object of one function is
         loaded under any kernel's name (`CPUProgram`), so kernels equal but for their names and source lines
         share one binary and one compile. A source defining other than one function is returned as it is."""
         body = "\n".join(line for line in src.splitlines() if not line.startswith(";"))
@@ -317,6 +317,7 @@ def machine_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-_DEFINE = re.compile(r"^define [^@\n]*@([-\w.$]+)\(", re.M)  # a function the IR defines (not declares)
+# a function the IR defines (not declares) and exports: not an `internal` one (a tile's outlined epilogue, `llvmir`)
+_DEFINE = re.compile(r"^define (?!internal )[^@\n]*@([-\w.$]+)\(", re.M)
 
 _COMPILER = COMPILER

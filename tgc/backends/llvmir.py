@@ -11,6 +11,7 @@ splatted by VECTORIZE.
 from __future__ import annotations
 
 import math
+import re
 import struct
 
 from tgc.capabilities import Capabilities
@@ -29,6 +30,21 @@ _TYPES = {"bool": "i1", "i8": "i8", "u8": "i8", "i16": "i16", "u16": "i16", "i32
 PARAM_ALIGN = 16
 _CONTRACT = "contract "
 _REASSOC = "nnan reassoc nsz contract "  # max reductions vectorize only with nnan (nan handling of max is unspecified)
+# A register tile's epilogue (the straight-line code after its reduction's loops that ends the enclosing loop's body:
+# scale, bias, residual, activation, the stores) with at least this many loads and stores of buffers is rendered as
+# a function of its own (`_Renderer.outline`), called once per tile. LLVM's loop passes (IndVarSimplify, LoopIdiom,
+# LSR: scalar evolution over every address of a loop nest, a cost per memory op) no longer see those memory ops:
+# a convolution tile's channels x columns, stored in rows of 3-4 lanes (64-132 memory ops on ResNet-50), took ~35%
+# less LLVM time. A matmul tile's rows are whole vectors (8-16 stores): not worth a call, and a kernel of one
+# function is one a REMOTE server can prove short (`shortproof`).
+OUTLINE_MIN_MEMORY_OPS = 32
+_EPILOGUE_ATTRS = 'attributes #1 = { noinline nounwind "prefer-vector-width"="512" "no-trapping-math"="true" }'
+
+
+_DEF = re.compile(r"  (%[\w.]+) = ")  # a line defining a value
+_VALUE = re.compile(r"%[\w.]+")  # a local name (values only in straight-line code: no labels)
+_ACC_READ = re.compile(r"  %[\w.]+ = load [^,]+, ptr %acc\d+$")  # READ_ACC
+_MEMORY_OP = re.compile(r"  (?:%[\w.]+ = load |store |%[\w.]+ = call [^@]*@llvm\.masked\.)")
 
 
 def _vec(base: str, d: DType) -> str:
@@ -175,6 +191,9 @@ class _Renderer:
         self.loops: list[dict] = []
         self.decls: set[str] = set()
         self.range_count = 0
+        self.types: dict[str, str] = {}  # an SSA value's LLVM type, for the parameters of an outlined epilogue
+        self.exit_at: int | None = None  # where the lines of the current loop-exit block begin
+        self.functions: list[str] = []  # outlined epilogues (`outline`), after the kernel
         # gated scalar loads as a branch around the load in kernels without a reduction loop (elementwise: a pad,
         # a concatenation, the join of a split matmul's parts): LLVM's loop vectorizer turns the branch into a
         # masked vector load of consecutive elements, where the select form (index 0 where the gate is off) is a
@@ -204,25 +223,67 @@ class _Renderer:
         for u in self.uops:
             if u.op is Ops.DEFINE_GLOBAL:
                 self.names[u] = f"%data{u.arg}"
+                self.types[self.names[u]] = "ptr"
                 params.append(f"ptr noalias align {PARAM_ALIGN} %data{u.arg}")
             elif u.op is Ops.DEFINE_VAR:
                 self.names[u] = f"%{u.arg if isinstance(u.arg, str) else u.arg[0]}"
+                self.types[self.names[u]] = ltype(u.dtype)
                 params.append(f"{ltype(u.dtype)} {self.names[u]}")
                 mask = _core_mask(u)
                 if mask is not None:  # the thread index, its range stated to LLVM (see _core_mask)
                     self.entry.append(f"%core = and {ltype(u.dtype)} {self.names[u]}, {mask}")
                     self.names[u] = "%core"
+                    self.types["%core"] = ltype(u.dtype)
         if not any(u.op is Ops.DEFINE_VAR and (u.arg if isinstance(u.arg, str) else u.arg[0]) == "core_id"
                    for u in self.uops):  # the runtime passes the core index last (after dim variables)
             params.append("i32 %core_id")
+            self.types["%core_id"] = "i32"
         for u in self.uops:
             if u.op in (Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.CONST, Ops.SINK):
                 continue
             self.render_uop(u)
+            name = self.names.get(u)
+            if name is not None and name.startswith("%v") and name not in self.types:
+                self.types[name] = ltype(u.dtype)
         body = ["entry:"] + ["  " + a for a in self.allocas + self.entry] + self.lines + ["  ret void"]
         head = f'define void @{self.name}({", ".join(params)}) #0 {{'
-        attrs = 'attributes #0 = { nounwind "prefer-vector-width"="512" "no-trapping-math"="true" }'
-        return "\n".join([*sorted(self.decls), "", head, *body, "}", "", attrs, ""])
+        attrs = ['attributes #0 = { nounwind "prefer-vector-width"="512" "no-trapping-math"="true" }']
+        if self.functions:
+            attrs.append(_EPILOGUE_ATTRS)
+        return "\n".join([*sorted(self.decls), "", head, *body, "}", *self.functions, "", *attrs, ""])
+
+    def outline(self, start: int) -> None:
+        """Move the lines from `start` (a loop-exit block that ends its enclosing loop's body, before the latch's
+        increment) into an internal function the kernel calls there, where they are straight-line code of at least
+        `OUTLINE_MIN_MEMORY_OPS` buffer loads and stores: a register tile's epilogue, run once per tile. Its reads
+        of accumulators stay in the kernel (their allocas must not escape) and are passed as values, as is every
+        other value it uses from the kernel; buffers keep `noalias`. The function's one block has the exit
+        block's name (`needs_slp` reads it as code after a loop). Left in place otherwise."""
+        run = self.lines[start:]
+        if any(not ln.startswith("  ") or ln.startswith(("  br ", "  ret")) for ln in run):
+            return  # not straight-line (a gated store's or load's blocks, a loop)
+        acc_reads = [ln for ln in run if _ACC_READ.match(ln)]
+        body = [ln for ln in run if not _ACC_READ.match(ln)]
+        if any("%acc" in ln or "%local" in ln for ln in body):
+            return
+        if sum(1 for ln in body if _MEMORY_OP.match(ln)) < OUTLINE_MIN_MEMORY_OPS:
+            return
+        defined: set[str] = set()
+        used: list[str] = []
+        for ln in body:
+            m = _DEF.match(ln)
+            for v in _VALUE.findall(ln[m.end():] if m else ln):
+                if v not in defined and v not in used:
+                    used.append(v)
+            if m:
+                defined.add(m.group(1))
+        if any(v not in self.types for v in used):
+            return  # a value of unknown type: keep the code where it is
+        fn = f"@tgc_epilogue{len(self.functions)}"
+        params = ", ".join(f"{self.types[v]}{' noalias' if v.startswith('%data') else ''} {v}" for v in used)
+        args = ", ".join(f"{self.types[v]} {v}" for v in used)
+        self.functions += ["", f"define internal void {fn}({params}) #1 {{", f"{self.block}:", *body, "  ret void", "}"]
+        self.lines[start:] = [*acc_reads, f"  call void {fn}({args})"]
 
     def render_uop(self, u: UOp) -> None:
         op, d = u.op, u.dtype
@@ -239,9 +300,13 @@ class _Renderer:
             self.emit(f"br i1 {cond}, label %{label}_body, label %{label}_exit")
             self.lines.append(f"{label}_body:")
             self.loops.append({"label": label, "phi_at": phi_at, "entry_block": self.block, "var": var, "type": t})
+            self.types[var] = t
             self.block = f"{label}_body"
         elif op is Ops.ENDRANGE:
             loop = self.loops.pop()
+            if self.exit_at is not None and self.block.endswith("_exit"):
+                self.outline(self.exit_at)
+            self.exit_at = None
             nxt = self.tmp()
             self.emit(f"{nxt} = add nuw nsw {loop['type']} {loop['var']}, 1")
             self.emit(f"br label %{loop['label']}_head")
@@ -249,6 +314,7 @@ class _Renderer:
                                           f"[ {nxt}, %{self.block} ]")
             self.lines.append(f"{loop['label']}_exit:")
             self.block = f"{loop['label']}_exit"
+            self.exit_at = len(self.lines)
         elif op is Ops.DEFINE_ACC:
             name = f"%acc{u.arg}"
             self.names[u] = name
