@@ -344,6 +344,10 @@ def main() -> None:
     args = ap.parse_args()
     if args.repeat < 1:
         ap.error("--repeat must be at least 1")
+    if not args.beam_budget > 0:  # (`Program.beam(budget_s=0)` would search nothing; `tgc beam --budget 0`: none)
+        ap.error("--beam-budget must be a number of seconds above 0")
+    if args.all and args.models:
+        ap.error("give model names or --all, not both")
     for m in args.models:
         if not os.path.isfile(model_path(m)):
             ap.error(f"no model '{m}': give a .onnx file or one of {', '.join(LIGHT)}")

@@ -165,6 +165,15 @@ def test_cli_profile_to_a_missing_directory_is_refused_before_running(tmp_path):
     assert r.stdout == ""
 
 
+def test_cli_profile_named_over_the_file_systems_limit_is_refused_before_running_with_its_own_advice(tmp_path):
+    src = tmp_path / "p.tg"
+    src.write_text("x: f32[N]\nreturn x + 1\n")
+    r = invoke("run", str(src), "--random", "-D", "N=3", "--profile", str(tmp_path / ("t" * 300 + ".json")))
+    assert_clean(r, 2, "--profile", "file name too long")
+    assert "shorter file name" in r.stderr and "directory that exists" not in r.stderr
+    assert r.stdout == ""
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="no /proc here")
 def test_cli_profile_to_a_directory_where_no_file_can_be_made_is_refused_before_running(tmp_path):
     """/proc takes no new file, even from root (for whom os.access says every directory is writable)."""

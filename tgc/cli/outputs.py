@@ -131,7 +131,8 @@ def check_writable(path: str) -> None:
         raise TgcError(f"cannot write '{path}': permission denied")
     name_bytes, limit = len(os.fsencode(os.path.basename(path))), _name_max(parent)
     if name_bytes > limit:  # (the probe below makes a name of its own: it would not see this)
-        raise TgcError(f"cannot write '{path}': file name too long ({name_bytes} bytes; at most {limit} here)")
+        raise TgcError(f"cannot write '{path}': file name too long ({name_bytes} bytes; at most {limit} here)",
+                       hint="use a shorter file name")
     e = file_creation_error(parent)
     if e is not None:  # (a full disk is the run's failure, exit 1, as when the write itself meets it)
         raise TgcError(f"cannot write '{path}': no file can be made in '{parent}' ({oserror_text(e)})",

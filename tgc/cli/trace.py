@@ -56,8 +56,8 @@ def profile_option(f: Callable) -> Callable:
         try:
             check_writable(profile_path)
         except TgcError as e:
-            raise TgcError(f"--profile {e.msg}", hint="name a file in a directory that exists and can be written",
-                           kind=e.kind) from None
+            raise TgcError(f"--profile {e.msg}", kind=e.kind,
+                           hint=e.hint or "name a file in a directory that exists and can be written") from None
         not_over_user_files("--profile", profile_path, _user_files(kwargs))
         ended: click.exceptions.Exit | None = None
         with profile.profiling() as prof:
