@@ -1201,15 +1201,25 @@ class Program:
         # it, so a winner took less; nothing is compiled to find out that nothing changed)
         won = [r for r in rows if not r.get("cached") and not r.get("skipped") and r.get("after_s") is not None
                and r.get("before_s") is not None and r["after_s"] < r["before_s"]]
-        if not interrupted and won:
+        live = [it for it in items if it.ast.src]
+        if not interrupted and won and len(rows) == len(live):  # (one row per kernel, in order)
             check_deadline = None if budget_s is None else started + budget_s * (1 - search.FINISH_SHARE)
-            check = self._check_in_program(dev, dims, items, check_deadline)
+            # only the winners this search stored are judged: those an earlier check kept, or an earlier search
+            # found, stay as they are (`_program_check`)
+            keys = [search.beam_key(search.search_ast(it, dev), dev) for it in live]
+            fresh = {key for key, row in zip(keys, rows) if any(row is r for r in won)}
+            # skipped where the time left is less than it is estimated to cost (`search.check_cost`)
+            setups = [r["setup_s"] for r in rows if r.get("setup_s") is not None]
+            estimate = search.check_cost(setups, len(set(keys)), search.program_seconds(rows))
+            try:
+                check = self._check_in_program(dev, dims, items, check_deadline, fresh, estimate)
+            except KeyboardInterrupt:  # (Ctrl-C: no decision; the table and JSON are still printed, exit 130)
+                check = {**_no_check(), "skipped": "interrupted"}
+                interrupted = True
             self._forget_kernels()
-            live = [it for it in items if it.ast.src]
-            if len(rows) == len(live):  # (one row per kernel, in order: `_check_in_program` names them so)
-                for row, name in zip(rows, kernel_names(live)):
-                    if name in check["dropped"]:
-                        row["dropped"] = True
+            for row, name in zip(rows, kernel_names(live)):
+                if name in check["dropped"]:
+                    row["dropped"] = True
         class_winners = False
         if not dev.caps.gpu and not interrupted and in_time:
             self._store_class_winners(dev, dims)  # and symbolic kernels of the dims' size class
@@ -1241,7 +1251,8 @@ class Program:
         return ch.low, part
 
     def _check_in_program(self, dev: Any, dims: dict[str, int], items: list[ScheduleItem],
-                          deadline: float | None) -> dict[str, Any]:
+                          deadline: float | None, fresh: set[str] | None = None, estimate_s: float = 0.0
+                          ) -> dict[str, Any]:
         """After BEAM's search: the whole program timed with the stored winners against its default kernels
         (`bench.program_rounds`); where it is slower with them, the winners of the kernels slower inside the
         program are dropped (`search.drop`), and where the program is still slower, every winner of `items`
@@ -1249,24 +1260,31 @@ class Program:
         default kernels, with the winners and with those kept (`default_s`, `tuned_s`, `final_s`: the least of the
         rounds), the winners' time over the default's (`ratio`, `final_ratio`: `search.paired_ratio`, what
         decides), the kernels kept and dropped by name, and `skipped` (why nothing was decided) where it was not
-        timed."""
+        timed. Only the winners whose store key is in `fresh` (those this search stored; None: every winner) are
+        judged; the check is skipped where less than `estimate_s` (`search.check_cost`) is left before
+        `deadline`. The program is slower only beyond the noise (`search.slower_in_program`). A
+        KeyboardInterrupt leaves the store as it was before the check (drops made for the second timing are
+        undone) and propagates."""
         began = time.perf_counter()
-        result = self._program_check(dev, dims, items, deadline)
+        result = self._program_check(dev, dims, items, deadline, fresh, estimate_s)
         result["seconds"] = time.perf_counter() - began
         return result
 
     def _program_check(self, dev: Any, dims: dict[str, int], items: list[ScheduleItem],
-                       deadline: float | None) -> dict[str, Any]:
+                       deadline: float | None, fresh: set[str] | None = None, estimate_s: float = 0.0
+                       ) -> dict[str, Any]:
         live = [it for it in items if it.ast.src]
         asts = {name: search.search_ast(it, dev) for name, it in zip(kernel_names(live), live)}
-        result: dict[str, Any] = {"default_s": None, "tuned_s": None, "final_s": None, "ratio": None,
-                                  "final_ratio": None, "kept": [], "dropped": [], "rounds": 0, "retimed": False,
-                                  "skipped": None}
+        result = _no_check()
         if len(live) < 2:  # (`_confirm` alternated the winner and the default on the program's own buffers)
             result["skipped"] = "one kernel: the search timed its winner against its default as the program runs it"
             return result
         if deadline is not None and time.perf_counter() >= deadline:
             result["skipped"] = "the budget was spent"
+            return result
+        if deadline is not None and deadline - time.perf_counter() < estimate_s:
+            result["skipped"] = (f"the budget left {max(deadline - time.perf_counter(), 0.0):.1f} s for it, "
+                                 f"it is estimated to take {estimate_s:.1f} s")
             return result
         try:
             arrays = self.bind(random_inputs(self, dims), dims, cast=True)[1]
@@ -1283,8 +1301,9 @@ class Program:
         d_opts = {k.name: [str(o) for o in k.opts] for k in default.kernels}
         changed = {k.name: search.beam_key(asts[k.name], dev) for k in tuned.kernels
                    if k.name in asts and k.name in d_opts and [str(o) for o in k.opts] != d_opts[k.name]}
+        changed = {n: k for n, k in changed.items() if fresh is None or k in fresh}
         if not changed:
-            result["skipped"] = "every winner has its kernel's default opts"
+            result["skipped"] = "every winner of this search has its kernel's default opts"
             return result
         key_ast = {search.beam_key(a, dev): a for a in asts.values()}
         try:
@@ -1308,31 +1327,36 @@ class Program:
         slow |= {k for n, k in changed.items() if n not in timed_names}  # (not timed each run: nothing says it won)
         why = (f"the program was slower with the winners ({result['ratio']:.3f}x its time with the default kernels, "
                f"median of {len(t_prog)} rounds)")
-        for key in slow:
-            search.drop(key_ast[key], dev, f"{why}, and this kernel was not faster inside it", names_of[key][0])
+        # decided first, written together at the end; only the drops the second timing needs (it compiles the
+        # program with the winners still stored) are written before it, and undone where it is interrupted
+        drops = {key: f"{why}, and this kernel was not faster inside it" for key in slow}
         kept = set(names_of) - slow
         if kept and deadline is not None and time.perf_counter() >= deadline:
             # no time left to time the program with only these: it was slower with them among the winners, so they
             # are not kept on the kernels' own times (a kernel faster inside a program can still slow the others)
-            for key in kept:
-                search.drop(key_ast[key], dev, f"{why}; the budget left no time to time it with this one alone",
-                            names_of[key][0])
+            drops.update({key: f"{why}; the budget left no time to time it with this one alone" for key in kept})
             kept = set()
         if kept:
-            self._forget_kernels()
-            tuned, t_arrays = self._check_timed(dev, dims, arrays, True)
-            again = bench.program_rounds([default, tuned], d_arrays, search.PROGRAM_ROUNDS, search.PROGRAM_RUNS,
-                                         deadline, search.PROGRAM_MIN_ROUNDS)
+            for key in slow:
+                search.drop(key_ast[key], dev, drops[key], names_of[key][0])
+            try:
+                self._forget_kernels()
+                tuned, t_arrays = self._check_timed(dev, dims, arrays, True)
+                again = bench.program_rounds([default, tuned], d_arrays, search.PROGRAM_ROUNDS, search.PROGRAM_RUNS,
+                                             deadline, search.PROGRAM_MIN_ROUNDS)
+            except BaseException:  # (Ctrl-C, or it could not be run: the winners stay as this search stored them)
+                for key in slow:
+                    search.undrop(key_ast[key], dev, names_of[key][0])
+                raise
             d2, t2 = again[0]["program"], again[1]["program"]
             result.update(final_s=min(t2), final_ratio=search.paired_ratio(d2, t2), retimed=True)
             if search.slower_in_program(d2, t2):
-                for key in kept:
-                    search.drop(key_ast[key], dev, f"{why}, and still slower with only the faster kernels' winners",
-                                names_of[key][0])
+                drops.update({key: f"{why}, and still slower with only the faster kernels' winners" for key in kept})
                 kept = set()
-                result.update(final_s=min(d2), final_ratio=1.0)
-        else:
-            result.update(final_s=min(d_prog), final_ratio=1.0)
+        for key, reason in drops.items():
+            search.drop(key_ast[key], dev, reason, names_of[key][0])
+        if not kept:  # (all dropped: the program runs its default kernels, as first timed)
+            result.update(final_s=result["default_s"], final_ratio=1.0)
         result["kept"] = sorted(n for key in kept for n in names_of[key])
         result["dropped"] = sorted(n for key in set(names_of) - kept for n in names_of[key])
         return result
@@ -1366,6 +1390,12 @@ class Program:
         for j, i in enumerate(live):
             costs[i] = measured[j]
         return costs
+
+
+def _no_check() -> dict[str, Any]:
+    """The program check's result (`Program._check_in_program`) before anything is timed or decided."""
+    return {"default_s": None, "tuned_s": None, "final_s": None, "ratio": None, "final_ratio": None, "kept": [],
+            "dropped": [], "rounds": 0, "retimed": False, "skipped": None}
 
 
 def kernel_names(items: list[ScheduleItem]) -> list[str]:

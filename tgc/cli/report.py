@@ -313,7 +313,7 @@ def beam_table(result: Mapping[str, Any]) -> Any:
         if k.get("out_of_budget"):
             note += " (stopped at its share of the budget)"
         if k.get("dropped"):
-            note += " (dropped: not faster inside the program; it runs its default)"
+            note += " (dropped: runs its default)"  # (by a program check, this one's or an earlier one's)
         table.add_row(str(k.get("name")), "" if k.get("line") is None else str(k.get("line")),
                       fmt_time(k.get("before_s")), fmt_time(k.get("after_s")), speedup(k),
                       "" if k.get("tried") is None else str(k["tried"]), ", ".join(str(o) for o in opts) + note)
@@ -352,7 +352,9 @@ def program_check_line(result: Mapping[str, Any]) -> str | None:
 
     line = (f"program check ({check.get('rounds')} rounds): default kernels {fmt_time(check.get('default_s'))}, "
             f"with the winners {fmt_time(check.get('tuned_s'))}{ratio(check.get('ratio'))}")
-    if check.get("retimed") or dropped:
+    if dropped and not kept:
+        line += f", all dropped: the default kernels {fmt_time(check.get('default_s'))}"
+    elif check.get("retimed") or dropped:
         line += f", with those kept {fmt_time(check.get('final_s'))}{ratio(check.get('final_ratio'))}"
     line += f"; {len(kept)} winner{'s' if len(kept) != 1 else ''} kept"
     if dropped:

@@ -22,6 +22,7 @@ computed here, and the winner is still timed again here against the default (`_c
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -147,7 +148,9 @@ def search_ast(item: ScheduleItem, device: Any) -> UOp:
 
 def lookup_entry(ast: UOp, device: Any) -> dict[str, Any] | None:
     """The stored winner of a kernel: {"opts": [Opt, ...], "width": the beam width searched (0 when an
-    older entry did not record it), "time_s": ...}, or None."""
+    older entry did not record it), "time_s": ..., "dropped": why the program check dropped it, or None}, or
+    None. A `"dropped"` that is present but not a non-empty string (True, 5, a list: not written by `store`) counts
+    as dropped: the kernel runs its default."""
     raw = cache.get("beam", beam_key(ast, device))
     if raw is None:
         return None
@@ -155,6 +158,10 @@ def lookup_entry(ast: UOp, device: Any) -> dict[str, Any] | None:
         doc = json.loads(raw)
         width = doc.get("width", 0)
         dropped = doc.get("dropped")
+        if "dropped" in doc and not (isinstance(dropped, str) and dropped):
+            # (written by something else than `store`: a flag that says nothing is taken as dropped, the
+            # conservative reading: the kernel runs its default rather than a winner the check may have refused)
+            dropped = f"dropped (the stored flag {json.dumps(dropped)[:40]} gives no reason)"
         return {"opts": [Opt.from_json(o) for o in doc["opts"]], "width": width if isinstance(width, int) else 0,
                 "time_s": doc.get("time_s"), "dropped": dropped if isinstance(dropped, str) else None}
     except (ValueError, KeyError, TypeError, IndexError, AttributeError):
@@ -200,6 +207,13 @@ def drop(ast: UOp, device: Any, why: str, name: str = "") -> bool:
     return True
 
 
+def undrop(ast: UOp, device: Any, name: str = "") -> None:
+    """Undo `drop` (a program check interrupted between its two timings: no half decision is left stored)."""
+    entry = lookup_entry(ast, device)
+    if entry is not None:
+        store(ast, device, entry["opts"], entry.get("time_s") or 0.0, name, entry["width"])
+
+
 # ------------------------------------------------------------------------------------------- the program check
 
 # After a search, `Program.beam` times the whole program with the winners against its default kernels
@@ -214,10 +228,18 @@ def drop(ast: UOp, device: Any, why: str, name: str = "") -> bool:
 # it, 2.5 s for llama odd's 20 kernels on the 2-core machine) and ends its rounds by its deadline, but never with
 # fewer than PROGRAM_MIN_ROUNDS (one round decides by chance on a shared machine; a round of a 40 ms program takes
 # about half a second, which the finish's share absorbs).
+# The program counts as slower with the winners only where the paired ratio is over 1 + NOISE_MARGIN: on the
+# shared 2-core machine the same unchanged cache checked 4 times read 1.004, 0.866, 0.925 and 1.022, and winners
+# that differ from the defaults by nothing read 0.98-1.05x (docs/DESIGN.md, "BEAM's program check"); a drop is
+# permanent, so noise must not decide it.
 PROGRAM_ROUNDS = 5
 PROGRAM_MIN_ROUNDS = 3
 PROGRAM_RUNS = 3
 CHECK_SHARE = 0.1
+NOISE_MARGIN = 0.05
+# what one round of the check runs, in runs of the program: per executable one untimed run, PROGRAM_RUNS timed
+# ones and the kernels launched one by one (about one run)
+CHECK_ROUND_RUNS = 2 * (PROGRAM_RUNS + 2)
 
 
 def paired_ratio(default_s: list[float], tuned_s: list[float]) -> float | None:
@@ -230,10 +252,28 @@ def paired_ratio(default_s: list[float], tuned_s: list[float]) -> float | None:
 
 
 def slower_in_program(default_s: list[float], tuned_s: list[float]) -> bool:
-    """Whether the program with the winners is slower than with its default kernels (`paired_ratio` over 1); not
-    slower where no round timed both."""
+    """Whether the program with the winners is slower than with its default kernels beyond the noise
+    (`paired_ratio` over 1 + NOISE_MARGIN); not slower where no round timed both."""
     ratio = paired_ratio(default_s, tuned_s)
-    return ratio is not None and ratio > 1.0
+    return ratio is not None and ratio > 1.0 + NOISE_MARGIN
+
+
+def program_seconds(rows: list[dict[str, Any]]) -> float:
+    """An estimate of one run of the program from `beam_items`'s rows: each kernel's default timed alone
+    (`before_s`), the median of those for a kernel not timed (cached, not searched), nothing for one that runs
+    once per program."""
+    timed = [r["before_s"] for r in rows if isinstance(r.get("before_s"), float) and math.isfinite(r["before_s"])]
+    untimed = sum(1 for r in rows if r.get("before_s") is None and not r.get("once"))
+    return sum(timed) + (median(timed) * untimed if timed else 0.0)
+
+
+def check_cost(setup_s: list[float], kernels: int, program_s: float) -> float:
+    """An estimate of the program check's seconds, before it starts: compiling the program twice (`kernels`
+    distinct kernels, each at the median of what the search took to compile and time a kernel's default:
+    `setup_s`, an over-estimate where the compile cache has them) and PROGRAM_MIN_ROUNDS rounds of a program
+    whose run takes `program_s` (CHECK_ROUND_RUNS runs a round)."""
+    per_kernel = median(setup_s) if setup_s else 0.0
+    return 2 * per_kernel * kernels + PROGRAM_MIN_ROUNDS * CHECK_ROUND_RUNS * program_s
 
 
 def kernels_slower_in_program(default_k: list[dict[str, float]], tuned_k: list[dict[str, float]],
@@ -943,6 +983,8 @@ def beam_items(items: list[ScheduleItem], dev: Any, width: int = 4, progress: Ca
             if entry is not None and entry["width"] >= width:
                 rows[i] = {"name": item.name, "opts": [str(o) for o in entry["opts"]], "cached": True,
                            "width": entry["width"]}
+                if entry["dropped"]:  # (a program check dropped it: the kernel runs its default)
+                    rows[i]["dropped"] = True
                 if progress:
                     progress({"kernel": item.name, "index": i, "total": len(items), "cached": True})
         todo = [i for i in range(len(items)) if rows[i] is None and first[keys[i]] == i]
@@ -1015,7 +1057,7 @@ def beam_items(items: list[ScheduleItem], dev: Any, width: int = 4, progress: Ca
                        "speedup": res.before_s / res.after_s if res.after_s else 0.0,
                        "tried": res.tried, "rejected": res.rejected, "failed": res.failed, "cached": False,
                        "reference": res.reference, "small": small, "out_of_budget": res.out_of_budget,
-                       "interrupted": res.interrupted}
+                       "interrupted": res.interrupted, "setup_s": res.setup_s}
             if res.interrupted:
                 break
         for i, item in enumerate(items):  # the same kernel as one searched in this run: its winner
