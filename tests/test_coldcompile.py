@@ -287,3 +287,18 @@ def test_a_kernel_of_no_group_is_rendered_under_its_own_name_only(monkeypatch):
     prog = tgc.loads("x: f32[N, N]\nw: f32[N, N]\nreturn relu(x @ w), sum(x, axis=1)\n")
     kernels = prog.compile("PYTHON", DIMS)
     assert len(kernels) >= 2 and sorted(renders) == sorted(k.name for k in kernels)
+
+
+def test_compile_key_with_the_canonical_source_given_is_the_same_key():
+    """`_Compiles` passes the canonical source it has to `compile_key`: the key must be the one computed from the
+    source alone (a cache written by either finds the other's binaries), and differ for another kernel."""
+    from tgc.backends import get_device
+    from tgc.codegen.binaries import compile_key
+
+    dev = get_device("CPU")
+    kernels = tgc.loads(LAYERS).compile("CPU", DIMS)
+    srcs = [k.src for k in kernels]
+    for src in srcs:
+        assert compile_key(dev, src, dev.canonical_source(src)) == compile_key(dev, src)
+    other = tgc.loads("x: f32[N, N]\nreturn x * 2.0\n").compile("CPU", DIMS)[0].src
+    assert compile_key(dev, other, dev.canonical_source(other)) != compile_key(dev, srcs[0])

@@ -429,7 +429,7 @@ class _Compiles:
         small = len(src) < PARALLEL_MIN_SOURCE and not self.waiting
         if self.cluster_pool is None and (jobs <= 1 or small):
             return _compile_cached(dev, src)
-        key = compile_key(dev, src)
+        key = compile_key(dev, src, canon)
         hit = cache.get("compile", key) if key is not None else None
         if hit is not None:
             timings.cache_result(True)
