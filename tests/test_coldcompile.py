@@ -256,8 +256,9 @@ def test_a_group_of_identical_kernels_renders_once_and_each_source_is_its_own_re
     kernels = prog.compile("PYTHON", DIMS)
     layers = _matmul_kernels(kernels)
     assert len(layers) == 3 and len({k.name for k in layers}) == 3
-    # the first layer is rendered when lowered, the other two from one template (not under their own names)
-    assert pipeline.NAME_SLOT in renders and not {k.name for k in layers[1:]} & set(renders)
+    # the group is rendered once, as its template, when its first layer is lowered: no layer is rendered under its
+    # own name
+    assert renders.count(pipeline.NAME_SLOT) == 1 and not {k.name for k in layers} & set(renders)
     first = layers[0]
     launch = {"global_size": first.global_size, "vals": first.vals}
     for renderer in (LLVMRenderer(), OpenCLRenderer(), CUDARenderer(), MetalRenderer(), PythonRenderer()):
@@ -273,3 +274,31 @@ def test_a_group_of_identical_kernels_renders_once_and_each_source_is_its_own_re
             real(dev, odd, first.uops, first.bufs, launch)
     for k in layers:  # the sources the program got are each kernel's own render
         assert k.src == real(k.device, k.name, k.uops, k.bufs, launch)
+
+
+def test_a_kernel_of_no_group_is_rendered_under_its_own_name_only(monkeypatch):
+    """Only a kernel whose `_same_kernel` key recurs renders a template: a program of distinct kernels renders
+    each once, under its own name."""
+    from tgc.codegen import pipeline
+
+    renders: list[str] = []
+    real = pipeline.render_kernel
+    monkeypatch.setattr(pipeline, "render_kernel", lambda dev, name, *a: renders.append(name) or real(dev, name, *a))
+    prog = tgc.loads("x: f32[N, N]\nw: f32[N, N]\nreturn relu(x @ w), sum(x, axis=1)\n")
+    kernels = prog.compile("PYTHON", DIMS)
+    assert len(kernels) >= 2 and sorted(renders) == sorted(k.name for k in kernels)
+
+
+def test_compile_key_with_the_canonical_source_given_is_the_same_key():
+    """`_Compiles` passes the canonical source it has to `compile_key`: the key must be the one computed from the
+    source alone (a cache written by either finds the other's binaries), and differ for another kernel."""
+    from tgc.backends import get_device
+    from tgc.codegen.binaries import compile_key
+
+    dev = get_device("CPU")
+    kernels = tgc.loads(LAYERS).compile("CPU", DIMS)
+    srcs = [k.src for k in kernels]
+    for src in srcs:
+        assert compile_key(dev, src, dev.canonical_source(src)) == compile_key(dev, src)
+    other = tgc.loads("x: f32[N, N]\nreturn x * 2.0\n").compile("CPU", DIMS)[0].src
+    assert compile_key(dev, other, dev.canonical_source(other)) != compile_key(dev, srcs[0])

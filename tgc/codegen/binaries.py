@@ -10,8 +10,9 @@ from tgc.env import env_flag
 from tgc.version import __version__
 
 
-def compile_key(device: Any, src: str) -> str | None:
-    """The disk-cache key of `src` compiled for `device`, or None when the compile cache is off.
+def compile_key(device: Any, src: str, canonical: str | None = None) -> str | None:
+    """The disk-cache key of `src` compiled for `device`, or None when the compile cache is off. `canonical`:
+    `device.canonical_source(src)` where the caller has it already (`build_kernels`: a model's sources are long).
 
     It names the compiler and its version, and for a device that compiles elsewhere (REMOTE) the
     identity of that compiler (`cache_identity`: the server's address, compiler and version as it reports
@@ -21,7 +22,8 @@ def compile_key(device: Any, src: str) -> str | None:
         return None
     comp = device.compiler
     # identical kernels under other names (ResNet's repeated blocks) share one binary where the device allows
-    parts: list[Any] = [device.kind, comp.name, comp.cache_key, __version__, device.canonical_source(src)]
+    parts: list[Any] = [device.kind, comp.name, comp.cache_key, __version__,
+                        device.canonical_source(src) if canonical is None else canonical]
     if comp.cache_identity is not None:
         parts.append(comp.cache_identity)
     return cache.make_key(*parts)

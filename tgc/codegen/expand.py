@@ -16,7 +16,7 @@ from tgc.codegen.lanes import hsum, lane_sums, splat
 from tgc.codegen.opt import _stride
 from tgc.dtype import dtypes
 from tgc.ir.symbolic import simplify, symbolic
-from tgc.ir.uop import Ops, PatternMatcher, RangeKind, UOp, UPat, graph_rewrite, substitute
+from tgc.ir.uop import Ops, PatternMatcher, RangeKind, UOp, UPat, graph_rewrite, rebuild, rewrite_step, substitute
 
 
 def _ranges_of(u: UOp, kinds: tuple[RangeKind, ...]) -> list[UOp]:
@@ -35,13 +35,22 @@ def _copies(u: UOp, ranges: list[UOp]) -> list[UOp]:
             depends.add(n)
             order.append(n)
     memo: dict[UOp, UOp] = {}
+    step = rewrite_step(symbolic, None, memo)
+
+    def simplified(s: UOp) -> UOp:  # a node the ranges do not reach: its fixed point, once for every copy
+        return rebuild(s, memo, step)
+
     out = []
     for values in itertools.product(*(range(r.src[0].arg) for r in ranges)):
-        sub: dict[UOp, UOp] = {r: UOp.const(r.dtype, v) for r, v in zip(ranges, values)}
+        # each copy built on its sources' fixed points and simplified node by node, as `graph_rewrite` would
+        # rebuild it (the same nodes come out), without first building the copy unsimplified and walking it again
+        sub: dict[UOp, UOp] = {r: step(UOp.const(r.dtype, v)) for r, v in zip(ranges, values)}
         for n in order:
             if n not in sub:
-                sub[n] = UOp(n.op, n.dtype, tuple(sub.get(s, s) for s in n.src), n.arg)
-        out.append(graph_rewrite(sub.get(u, u), symbolic, memo=memo))
+                new = UOp(n.op, n.dtype, tuple(sub[s] if s in sub else simplified(s) for s in n.src), n.arg)
+                sub[n] = result = step(new)
+                memo.setdefault(new, result)  # (a node of some of the ranges recurs in the copies of the others)
+        out.append(sub[u] if u in sub else simplified(u))
     return out
 
 

@@ -7,6 +7,7 @@ import dataclasses
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -239,8 +240,10 @@ def build_kernel(item: ScheduleItem, device: Any, beam: int = 0, name: str | Non
 
 
 def _build_kernel(item: ScheduleItem, device: Any, beam: int, name: str, tuned: bool, progress: Any,
-                  compile_src: Any = None) -> Kernel:
-    """`compile_src(device, src)` -> (binary, error, cache key): `_compile_cached`, or `build_kernels`' deferral."""
+                  compile_src: Any = None, templates: dict | None = None, same: tuple | None = None) -> Kernel:
+    """`compile_src(device, src)` -> (binary, error, cache key): `_compile_cached`, or `build_kernels`' deferral.
+    With `templates`, the kernel's source template (`pipeline.render_template`) is kept there under `same`: the
+    first kernel of a group of identical ones renders it, the others (`_renamed`) only put their names in."""
     compile_src = compile_src or _compile_cached
     fused = is_fused_attention(item.ast)  # one online-softmax kernel (tgc/codegen/attention.py)
     with timings.phase("prepare"):
@@ -268,7 +271,9 @@ def _build_kernel(item: ScheduleItem, device: Any, beam: int, name: str, tuned: 
                       vals=low.launch.get("vals", ()), flops=flops, bytes_moved=nbytes, line=item.line,
                       graph_flops=item.meta.get("graph_flops", 0),
                       compile_error=err, device=device, opts=low.applied, cache_key=key)
-    low = lower(ast, device, item.bufs, name, opts=opts)
+    low = lower(ast, device, item.bufs, name, opts=opts, template=templates is not None)
+    if templates is not None:
+        templates[same] = low.template
     binary, err, key = compile_src(device, low.src)
     with timings.phase("count"):
         nbytes = bytes_touched(low.ast, [b if b in low.bufs else None for b in low.ast_bufs])
@@ -306,17 +311,21 @@ def build_kernels(items: list[tuple[ScheduleItem, str]], device: Any, beam: int 
 
     lowered: dict[tuple, tuple[ScheduleItem, Kernel]] = {}  # `_same_kernel` key -> the first item and kernel
     templates: dict[tuple, str | None] = {}  # `_same_kernel` key -> its kernels' source template (`_renamed`)
+    keys = [_same_kernel(item) for item, _ in items]
+    # the keys of more than one item: their first kernel's source is rendered as the group's template (once,
+    # rather than again under a placeholder name when the second kernel of the group comes)
+    repeated = {key for key, n in Counter(k for k in keys if k is not None).items() if n > 1}
     for i, (item, name) in enumerate(items):
         def report(event: dict, i: int = i) -> None:
             progress({**event, "index": i, "total": total})
 
-        same = _same_kernel(item)
+        same = keys[i]
         with timings.kernel(name) as rec:
             if same in lowered:  # lowered already under another name (ResNet's repeated blocks): renamed
                 kernels.append(_renamed(*lowered[same], item, name, compile_src, templates, same))
             else:
                 kernels.append(_build_kernel(item, device, beam, name, tuned, report if progress else None,
-                                             compile_src))
+                                             compile_src, templates if same in repeated else None, same))
                 if same is not None:
                     lowered[same] = (item, kernels[-1])
         kernels[-1].deferred = defer and device.compiler is not None
@@ -420,7 +429,7 @@ class _Compiles:
         small = len(src) < PARALLEL_MIN_SOURCE and not self.waiting
         if self.cluster_pool is None and (jobs <= 1 or small):
             return _compile_cached(dev, src)
-        key = compile_key(dev, src)
+        key = compile_key(dev, src, canon)
         hit = cache.get("compile", key) if key is not None else None
         if hit is not None:
             timings.cache_result(True)

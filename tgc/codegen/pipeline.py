@@ -105,6 +105,9 @@ class LoweredKernel:
     launch: dict
     applied: list
     ast_bufs: list[UOp] = field(default_factory=list)
+    # `lower(template=True)`: the source with `NAME_SLOT` where its name goes (`render_template`), or None where the
+    # renderer gave none (each kernel of its group is then rendered under its own name)
+    template: str | None = None
 
 
 # ---------------------------------------------------------------------------------------------------- the passes
@@ -240,11 +243,14 @@ def prepare(ast: UOp, device: Any) -> UOp:
 
 
 def lower(ast: UOp, device: Any, bufs: list[UOp], name: str, opts: list | None = None,
-          trace: list[tuple[str, str]] | None = None, vals: tuple[int, ...] = ()) -> LoweredKernel:
+          trace: list[tuple[str, str]] | None = None, vals: tuple[int, ...] = (),
+          template: bool = False) -> LoweredKernel:
     """Kernel AST (as scheduled, or already prepared) -> linear UOps and source for `device`. `opts` replays a
     list of opts (BEAM's); None runs the hand-coded heuristic (nothing with NOOPT). `trace`, when a list, gets
     (pass name, text after the pass) for every pass that ran. `vals`: the values of the kernel's dim variables
-    (DEFINE_VARs other than core_id, in their linear order) that the bounds verifier checks the kernel at."""
+    (DEFINE_VARs other than core_id, in their linear order) that the bounds verifier checks the kernel at.
+    `template`: the kernel's source is rendered once as its group's template (`LoweredKernel.template`: kernels
+    identical but for their names, `codegen.kernel._renamed`), its own source that template with `name` put in."""
     ctx = LowerCtx(device, name, list(bufs), opts=None if opts is None else list(opts), trace=trace)
     if vals:
         ctx.launch["vals"] = tuple(vals)
@@ -263,11 +269,11 @@ def lower(ast: UOp, device: Any, bufs: list[UOp], name: str, opts: list | None =
     check_parameters(name, uops, ctx.bufs)
     if ctx.trace is not None or debug_level() >= 6:
         _show(ctx, "linearize", uops_text(uops))
-    return finish(device, name, optimized, uops, ctx.bufs, ctx.launch, list(ctx.applied), ast_bufs)
+    return finish(device, name, optimized, uops, ctx.bufs, ctx.launch, list(ctx.applied), ast_bufs, template)
 
 
 def finish(device: Any, name: str, ast: UOp, uops: list[UOp], bufs: list[UOp], launch: dict,
-           applied: list | None = None, ast_bufs: list[UOp] | None = None) -> LoweredKernel:
+           applied: list | None = None, ast_bufs: list[UOp] | None = None, template: bool = False) -> LoweredKernel:
     """Linear UOps -> a `LoweredKernel`: the spec and bounds verifiers (`TGC_VERIFY_BOUNDS=1`), then the
     renderer's source with its launch contract. The end of `lower`, and of the kernels written as linear UOps
     directly (the fused attention, `tgc.codegen.attention`)."""
@@ -276,10 +282,14 @@ def finish(device: Any, name: str, ast: UOp, uops: list[UOp], bufs: list[UOp], l
             verify_spec(name, uops)
             verify.verify_kernel(name, uops, bufs, _launch_at_vals(launch, uops))
     check_shared_memory(device, name, uops)
-    with timings.phase("render"):
-        src = render_kernel(device, name, uops, bufs, launch)
+    slot = render_template(device, uops, bufs, launch) if template else None
+    if slot is not None and name.isidentifier() and NAME_SLOT not in name:
+        src = render_renamed(device, name, uops, bufs, launch, slot)
+    else:
+        with timings.phase("render"):
+            src = render_kernel(device, name, uops, bufs, launch)
     return LoweredKernel(name, ast, uops, src, bufs, launch, list(applied or []),
-                   list(bufs) if ast_bufs is None else ast_bufs)
+                   list(bufs) if ast_bufs is None else ast_bufs, slot)
 
 
 def shared_memory_bytes(nodes: list[UOp]) -> int:

@@ -413,21 +413,42 @@ class PatternMatcher:
         for pat, fn in rules:
             for op in (pat.ops or [None]):
                 self.by_op.setdefault(op, []).append((pat, fn))
-        # the rules tried on a node of each op, in order: those of its op, then those of any op (built once)
+        # the rules tried on a node of each op, in order: those of its op, then those of any op (built once), each
+        # with the ops its pattern's sources must have (`_source_ops`)
         anyop = self.by_op.get(None, [])
-        self._tried: dict[Ops, list[tuple[UPat, Callable]]] = {op: self.by_op.get(op, []) + anyop for op in Ops}
+        self._tried: dict[Ops, list[tuple[UPat, Callable, tuple | None]]] = {
+            op: [(pat, fn, _source_ops(pat)) for pat, fn in self.by_op.get(op, []) + anyop] for op in Ops}
 
     def __add__(self, other: PatternMatcher) -> PatternMatcher:
         return PatternMatcher(self.rules + other.rules)
 
     def rewrite(self, u: UOp, ctx: Any = None) -> UOp | None:
-        for pat, fn in self._tried[u.op]:
+        src = u.src
+        for pat, fn, want in self._tried[u.op]:
+            if want is not None:  # a pattern whose sources cannot match (their count, their ops) is not tried:
+                # `UPat.match` would refuse it; most nodes a rule set sees match none of its sourced patterns
+                if len(src) != len(want):
+                    continue
+                if len(want) == 2 and u.op in COMMUTATIVE:  # (either order, as `match` tries)
+                    a, b = want
+                    x, y = src[0].op, src[1].op
+                    if not (((a is None or x in a) and (b is None or y in b))
+                            or ((a is None or y in a) and (b is None or x in b))):
+                        continue
+                elif any(w is not None and s.op not in w for w, s in zip(want, src)):
+                    continue
             bound: dict[str, UOp] = {}
             if pat.match(u, bound):
                 out = fn(ctx, **bound) if ctx is not None else fn(**bound)
                 if out is not None and out is not u:
                     return out
         return None
+
+
+def _source_ops(pat: UPat) -> tuple[frozenset[Ops] | None, ...] | None:
+    """What `pat` needs of a node's sources before `match` is worth calling: one entry per source, the ops that
+    source must have (None: any), or None where the pattern says nothing of the sources."""
+    return None if pat.src is None else tuple(p.ops for p in pat.src)
 
 
 _NOTHING: frozenset = frozenset()
@@ -483,6 +504,14 @@ def graph_rewrite(root: UOp, pm: PatternMatcher, ctx: Any = None, memo: dict[UOp
     """Rewrite bottom-up until no rule applies anywhere (a fixed point). `memo` (node -> its fixed point) may be
     shared by calls with the same `pm` and `ctx`: subtrees rewritten by an earlier call are not walked again."""
     memo = {} if memo is None else memo
+    return rebuild(root, memo, rewrite_step(pm, ctx, memo))
+
+
+def rewrite_step(pm: PatternMatcher, ctx: Any, memo: dict[UOp, UOp]) -> Callable[[UOp], UOp]:
+    """`graph_rewrite`'s step: a node whose sources are at their fixed points -> its own fixed point (recorded in
+    `memo`, as `graph_rewrite` with that memo records it). For a caller that builds such nodes itself
+    (`expand._copies`: a graph's copies with constants in, built on the fixed points of their sources, without
+    first building each copy as it is and walking it again)."""
     depth = [0]  # rewrites of rewrites' results in progress: rules that never settle must not overflow the stack
 
     def settle(u: UOp) -> UOp:
@@ -505,7 +534,7 @@ def graph_rewrite(root: UOp, pm: PatternMatcher, ctx: Any = None, memo: dict[UOp
         memo.setdefault(result, result)
         return result
 
-    return rebuild(root, memo, step)
+    return step
 
 
 def substitute(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
