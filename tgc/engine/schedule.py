@@ -1071,7 +1071,7 @@ def _reading_padded_copy(r: UOp, x: UOp, inside: dict[UOp, UOp]) -> UOp:
     memo: dict[UOp, UOp] = {x: UOp(Ops.CONTIGUOUS, x.dtype, (x,))}
     out = rebuild(r, memo)
     for old, new in memo.items():
-        if new is not old and old is not x:
+        if new is not old:  # (the copy stands for the pad: its kernel writes the pad's values, the conv reads them)
             inside[new] = inside.get(old, old)
     return out
 
