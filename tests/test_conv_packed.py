@@ -81,7 +81,12 @@ def test_conv2d_against_numpy_on_the_cpu(shape, pack_small):
     packed = shape[4] // groups % 16 == 0
     # odd channels of one group: 16s and the last 16, each packed, joined (schedule.split_odd_channels)
     split = groups == 1 and shape[4] > 16 and shape[4] % 16
-    assert len(kernels) == (5 if split else 2 if packed else 1)  # the packing copy of the weight, then the conv
+    # a packed conv over a padded input reads a padded copy of it (one kernel, shared by a split conv's parts)
+    copied = bool((packed or split) and pad)
+    assert len(kernels) == (5 if split else 2 if packed else 1) + copied  # the weight's packing copy, the conv
+    h, w = shape[2] + 2 * pad, shape[3] + 2 * pad
+    assert [kk.name for kk in kernels if kk.name.startswith("E_") and kk.name.endswith(f"_{h}_{w}")] == (
+        [kernels[0].name] if copied else [])  # the padded copy, first, (N,) C, H + 2 pad, W + 2 pad
     if packed:
         conv = kernels[-1]
         assert conv.opts[0].op is OptOps.UPCAST and conv.opts[0].amount == 16  # output channels as 16 lanes
@@ -95,7 +100,7 @@ def test_packed_conv_kernels_on_the_python_device(shape, pack_small, monkeypatch
     *_, k, stride, pad, dil, groups = shape
     prog = tgc.loads(_src(k, stride, pad, dil, groups))
     dims, inputs = _inputs(shape, seed=1)
-    assert len(prog.schedule(dims, device="PYTHON")) == 2
+    assert len(prog.schedule(dims, device="PYTHON")) == 3  # the padded input's copy, the weight's, the conv
     got = prog.run(device="PYTHON", dims=dims, **inputs)["out0"]
     np.testing.assert_allclose(got, conv_np(inputs["x"], inputs["w"], stride, pad, dil, groups), rtol=1e-4, atol=1e-4)
 
@@ -122,7 +127,9 @@ def test_the_packing_copy_happens_once_per_weight(pack_small):
            "return conv2d(x, w, padding=1) + conv2d(y, w, padding=1)")
     items = tgc.loads(src).schedule(device="CPU")
     copies = [i for i in items if i.output.op is Ops.CONTIGUOUS]
-    assert len(copies) == 1 and len(items) == 2  # one packing kernel; both convolutions fuse into one kernel
+    pads = [i.name for i in items if i.output.op is Ops.PAD]  # a padded copy of each input (its kernel writes the pad)
+    # one packing kernel and the padded copies of x and y (2 x 8 x 12 x 12); both convolutions fuse into one kernel
+    assert len(copies) == 1 and pads == ["E_2_8_12_12", "E_2_8_12_12"] and len(items) == 4
     assert items[0].line == 4  # the copy is named after the line of the conv it serves
 
 
@@ -131,7 +138,8 @@ def test_a_conv_of_a_conv_packs_both_weights_and_keeps_its_outputs(pack_small):
            "h = conv2d(x, w1, padding=1)\nreturn conv2d(h, w2, padding=1), h")
     prog = tgc.loads(src)
     items = prog.schedule(device="CPU")
-    assert sum(i.output.op is Ops.CONTIGUOUS for i in items) == 2 and len(items) == 4
+    assert sum(i.output.op is Ops.CONTIGUOUS for i in items) == 2 and len(items) == 6  # (and 2 padded copies)
+    assert sum(i.output.op is Ops.PAD for i in items) == 2
     outs, _ = prog._trace({})
     assert {i.output for i in items} >= set(outs)  # outputs keep their node: the realizer finds them
     rng = np.random.default_rng(2)
@@ -146,7 +154,7 @@ def test_small_convs_and_other_devices_are_not_packed():
     src = "x: f32[1, 8, 8, 8]\nw: f32[16, 8, 3, 3]\nreturn conv2d(x, w, padding=1)"
     assert len(tgc.loads(src).schedule(device="CPU")) == 1  # below CONV_MIN_FLOPS: no copy
     big = "x: f32[8, 64, 56, 56]\nw: f32[64, 64, 3, 3]\nreturn conv2d(x, w, padding=1)"
-    assert len(tgc.loads(big).schedule(device="CPU")) == 2
+    assert len(tgc.loads(big).schedule(device="CPU")) == 3  # the padded input's copy, the weight's, the conv
     for device in ("PYTHON", "CUDA", "OPENCL", "METAL"):
         assert len(tgc.loads(big).schedule(device=device)) == 1
 
@@ -165,7 +173,7 @@ def test_conv2d_of_other_dtypes(dtype, np_dtype, pack_small):
     rng = np.random.default_rng(3)
     x = (rng.standard_normal((2, 5, 9, 7)) * 3).astype(np_dtype)
     w = (rng.standard_normal((32, 5, 3, 3)) * 3).astype(np_dtype)
-    assert len(prog.compile(device="CPU")) == 2  # packed (half floats: the product is summed in f32)
+    assert len(prog.compile(device="CPU")) == 3  # packed, padded (half floats: the product is summed in f32)
     got = prog.run(device="CPU", x=x, w=w)["out0"].astype(np.float64)
     want = conv_np(x, w, 1, 1, 1, 1)
     if dtype == "i32":
@@ -228,7 +236,7 @@ def test_packed_conv_with_an_epilogue_on_two_devices_and_in_a_package(pack_small
     b = rng.standard_normal(32).astype(np.float32)
     want = np.maximum(conv_np(x, w, 1, 1, 1, 1) + b.reshape(1, 32, 1, 1), 0)
     prog = tgc.loads(src)
-    assert len(prog.compile(device="CPU")) == 2
+    assert len(prog.compile(device="CPU")) == 3  # the padded input's copy, the weight's, the conv
     np.testing.assert_allclose(prog.run(device="CPU", x=x, w=w, b=b)["out0"], want, rtol=1e-4, atol=1e-4)
     got = prog.run(device=["CPU:0", "CPU:1"], shard={"x": 0}, x=x, w=w, b=b)["out0"]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
@@ -260,6 +268,7 @@ def test_a_conv_whose_weight_is_a_packed_matmul(pack_small):
     # b's panels (line 4; in two column parts, branch memory: the whole 1.1 MiB copy is over the 1.5x target of
     # this 1.2 MiB program), w's vectors (line 5)
     assert len(copies) == 3 and sorted(c.line for c in copies) == [4, 4, 5]
+    assert [i.line for i in items if i.output.op is Ops.PAD] == [5]  # x's padded copy
     rng = np.random.default_rng(6)
     x = rng.standard_normal((1, 32, 6, 6)).astype(np.float32)
     a, b = rng.standard_normal((32, 1024)).astype(np.float32), rng.standard_normal((1024, 288)).astype(np.float32)

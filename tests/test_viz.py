@@ -113,20 +113,21 @@ def test_packed_operand_kernel(whole_copies: None) -> None:
 
 def test_kernels_the_scheduler_rebuilt() -> None:
     """Two convs whose weights are the same constant-filled node (as ResNet's light model's are): the weight is
-    packed once (one copy kernel, then the two convs), and the scheduler maps the nodes it rebuilt back to the
-    traced graph: the first conv and its ReLU are computed by the first conv kernel, the second conv by the last,
-    each node once (not every node by the last kernel)."""
+    packed once (one copy kernel, then the two convs, each after a padded copy of its input), and the scheduler maps
+    the nodes it rebuilt back to the traced graph: x's pad by its copy, the first conv by the first conv kernel,
+    the ReLU and the second pad by the second copy, the second conv by the last, each node once (not every node
+    by the last kernel)."""
     pad = "((0, 0), (0, 0), (1, 1), (1, 1))"
     w = "full((32, 32, 3, 3), 0.5, dtype=f32)"
     prog = tgc.loads(f"x: f32[1, 32, 64, 64]\na = relu(conv2d(pad(x, {pad}), {w}))\n"
                      f"return conv2d(pad(a, {pad}), {w})\n")
     doc = collect(prog, "CPU", None, measure=False)
-    convs = [i for i, k in enumerate(doc["kernels"]) if k["graph_ops"]]
-    assert len(convs) == 2 and len(doc["kernels"]) == 3
+    names = [k["name"] for k in doc["kernels"]]
+    assert names == ["E_32_66_66", "E_2_32_3_3_16", "r_32_64_64_32_3_3", "E_32_66_66n1", "r_32_64_64_32_3_3n1"]
     ops = [(n["op"], n["kernels"]) for n in doc["graph"]["nodes"] if not n["input"]]
-    first = ops.index(("MAX", [convs[0]]))  # the ReLU, in the first conv's kernel
-    assert all(k == [convs[0]] for _, k in ops[:first + 1]) and all(k == [convs[1]] for _, k in ops[first + 1:])
-    assert [doc["kernels"][i]["recompute"] for i in convs] == [1.0, 1.0]
+    assert ops == [("PAD", [0])] + [(op, [2]) for op in ("WINDOW", "WINDOW", "PERMUTE", "MUL", "REDUCE_AXIS")] + \
+        [("MAX", [3]), ("PAD", [3])] + [(op, [4]) for op in ("WINDOW", "WINDOW", "PERMUTE", "MUL", "REDUCE_AXIS")]
+    assert [doc["kernels"][i]["recompute"] for i in (2, 4)] == [1.0, 1.0]
 
 
 def test_device_that_cannot_run_here() -> None:
