@@ -188,3 +188,13 @@ def test_a_broadcast_weight_stays_whole_per_shard_and_sharded_runs_stay_right():
     w = rng.standard_normal((5, 6)).astype(np.float32)
     got = prog.run(device="CPU:0,CPU:1", dims=dims, shard={"x": 0}, x=x, w=w)[prog.output_names[0]]
     np.testing.assert_allclose(got, (x.astype(np.float64) @ w) * 2.0, rtol=1e-5, atol=1e-5)
+
+
+def test_divisors_of_a_dim_match_every_count_tried_and_a_huge_dims_are_found_by_its_square_root():
+    for n in (1, 2, 7, 12, 36, 97, 360, 1024, 9973, 65536):
+        for most in (1, 5, 64, n):
+            assert chunk.divisors(n, most) == [c for c in range(1, n + 1) if n % c == 0 and c <= most]
+    # a dim of 2^31 + 5 rows: O(sqrt(n)) steps (trying every count up to n took minutes of a first run)
+    n = 2**31 + 5  # = 7^2 * 43826197 (a prime)
+    assert chunk.divisors(n, n) == [1, 7, 49, 43826197, 7 * 43826197, n]
+    assert chunk.divisors(n, 10**6) == [1, 7, 49]

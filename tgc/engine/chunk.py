@@ -16,6 +16,7 @@ Whether to chunk comes from the memory plans (`choose`): only where the whole pr
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -118,6 +119,18 @@ def chunked_peak(low: Executable, whole_io: int) -> int:
     return whole_io + sum(s for i, s in enumerate(plan.slots) if i not in io_slots)
 
 
+def divisors(n: int, most: int) -> list[int]:
+    """The divisors of `n` (a positive int) up to `most`, ascending: O(sqrt(n)) steps (a dim of 2^31 rows is
+    46341 of them; trying every count up to `n` took minutes of a first run)."""
+    small, large = [], []
+    for i in range(1, math.isqrt(n) + 1):
+        if n % i == 0:
+            small.append(i)
+            if i != n // i:
+                large.append(n // i)
+    return [d for d in small + large[::-1] if d <= most]
+
+
 def chunk_counts(decls: list[Any], dims: dict[str, int], outs: list[UOp], in_bufs: list[UOp]
                  ) -> dict[str, list[int]]:
     """For each dim `choose` may chunk along: the chunk counts it allows (divisors of the dim's size, 2 and up,
@@ -134,7 +147,8 @@ def chunk_counts(decls: list[Any], dims: dict[str, int], outs: list[UOp], in_buf
             continue
         per_row = sum(buffer_nbytes(b) for b in in_bufs if b.arg[0] in shard) + \
             sum(buffer_nbytes(o) for o in outs)
-        counts = [c for c in range(2, size + 1) if not size % c and per_row // c >= MIN_CHUNK_BYTES]
+        most = per_row // MIN_CHUNK_BYTES if MIN_CHUNK_BYTES > 0 else size  # (per_row // c >= MIN_CHUNK_BYTES)
+        counts = [c for c in divisors(size, most) if c >= 2]
         if counts:
             out[dim] = counts
     return out
