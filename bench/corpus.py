@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models  # noqa: E402
 
 import tgc  # noqa: E402
+from tgc.api import kernel_names  # noqa: E402  (the names a program's kernels carry)
 from tgc.codegen.search import SMALL_SHARE  # noqa: E402
 from tgc.engine.inputs import random_inputs  # noqa: E402
 
@@ -114,18 +115,6 @@ def _top_kernel(result: dict[str, Any]) -> str:
 
 def _top(result: dict[str, Any]) -> dict[str, Any]:
     return max(result["kernels"], key=lambda k: k["median_s"])
-
-
-def kernel_names(items: list[Any]) -> list[str]:
-    """The names a program's timed kernels carry (`Program._build_kernels`: a repeated name gets `n1`, `n2`, ...),
-    for its schedule items in order."""
-    seen: dict[str, int] = {}
-    names = []
-    for it in items:
-        n = seen.get(it.name, 0)
-        seen[it.name] = n + 1
-        names.append(f"{it.name}n{n}" if n else it.name)
-    return names
 
 
 def search_outcome(row: dict[str, Any] | None, budget_s: float | None) -> str:

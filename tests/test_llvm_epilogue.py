@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import tgc
+from tests.test_widen import _conv_np
 from tgc.backends import llvmir
 from tgc.engine import schedule
 
@@ -19,20 +20,6 @@ from tgc.engine import schedule
 def pack_small(monkeypatch):
     """Pack convolutions of every size (these shapes are below the size where packing pays): register tiles."""
     monkeypatch.setattr(schedule, "CONV_MIN_FLOPS", 0)
-
-
-def _conv_np(x: np.ndarray, w: np.ndarray, stride: int, pad: int) -> np.ndarray:
-    x, w = x.astype(np.float64), w.astype(np.float64)
-    kh, kw = w.shape[2:]
-    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
-    oh = (x.shape[2] + 2 * pad - kh) // stride + 1
-    ow = (x.shape[3] + 2 * pad - kw) // stride + 1
-    out = np.zeros((x.shape[0], w.shape[0], oh, ow))
-    for i in range(kh):
-        for j in range(kw):
-            patch = xp[:, :, i:i + stride * (oh - 1) + 1:stride, j:j + stride * (ow - 1) + 1:stride]
-            out += np.einsum("nchw,oc->nohw", patch, w[:, :, i, j])
-    return out
 
 
 def _case(n: int, c: int, hw: int, o: int, k: int, stride: int, pad: int, residual: bool, dims: bool = False,
