@@ -153,6 +153,29 @@ def test_the_table_says_which_kernels_took_another_s_winner_or_a_small_search():
     assert "same kernel" not in next(x for x in lines if "r_a" in x and "r_b" not in x)
 
 
+def test_a_kernel_left_out_for_heavier_ones_is_not_said_to_have_spent_the_budget(fake_clock, monkeypatch,
+                                                                                tmp_path):
+    """Under a budget the lightest kernels past COVER of the work are not searched (`budget_kernels`): the table
+    says the budget went to heavier kernels, not that it was spent (a review found it said so at 6 s of 30)."""
+    import io
+
+    from rich.console import Console
+
+    from tgc.cli import report
+    monkeypatch.setenv("TGC_CACHE_DIR", str(tmp_path))
+    items, cpu = _mix_items()
+    monkeypatch.setattr(search, "estimate_cost", lambda item, dev: 30.0 if item is items[0] else 1.0)
+    rows, _ = search.beam_items(items, cpu, width=2, force=True, budget_s=600.0, started=0.0)
+    assert not rows[0].get("skipped") and rows[1].get("skipped") and rows[1].get("lighter")
+    spent = {**rows[1], "lighter": False}
+    out = io.StringIO()
+    Console(file=out, width=300).print(report.beam_table({"device": "CPU", "width": 2, "kernels": [rows[1]]}))
+    Console(file=out, width=300).print(report.beam_table({"device": "CPU", "width": 2, "kernels": [spent]}))
+    lines = [x for x in out.getvalue().splitlines() if "not searched" in x]
+    assert "heavier kernels" in lines[0] and "was spent" not in lines[0]
+    assert "budget was spent" in lines[1]
+
+
 @pytest.mark.parametrize("limit,more_rounds", [(0.0, False), (1e9, True)])
 def test_no_new_round_after_the_time_limit(monkeypatch, limit, more_rounds):
     """Every opt makes a candidate 20% faster (the search would go on): with the limit already spent, only the

@@ -306,6 +306,8 @@ def beam_table(result: Mapping[str, Any]) -> Any:
         note = (f" (cached, width {k['width']})" if k.get("width") else " (cached)") if k.get("cached") else ""
         if k.get("same_as"):
             note += f" (same kernel as {k['same_as']})"
+        elif k.get("skipped") and k.get("lighter"):  # (`search.budget_kernels`: a light share of the program)
+            note += " (not searched: the budget went to heavier kernels; a later `tgc beam` searches it)"
         elif k.get("skipped"):
             note += " (not searched: the budget was spent; a later `tgc beam` searches it)"
         elif k.get("small"):

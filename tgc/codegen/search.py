@@ -1021,7 +1021,7 @@ def beam_items(items: list[ScheduleItem], dev: Any, width: int = 4, progress: Ca
             small = small_search(weights[i], total)
             skipped = {"name": item.name, "opts": [], "width": width, "tried": 0, "cached": False, "skipped": True}
             if i in left_out:  # (`budget_kernels`: the budget goes to the heavier kernels)
-                rows[i] = skipped
+                rows[i] = {**skipped, "lighter": True}
                 continue
             deadline = None
             if deadline_all is not None:
