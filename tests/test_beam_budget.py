@@ -109,7 +109,12 @@ def test_a_kernel_that_cannot_matter_gets_a_small_search(spy, monkeypatch):
     monkeypatch.setattr(search, "small_search", lambda t, total: False)
     p.beam("CPU", dims=dims, width=2, force=True, budget_s=None)
     assert spy[1][3] > small_tried
-    rng = np.random.default_rng(1)
+    matches_numpy(p, seed=1)
+
+
+def matches_numpy(p, seed: int) -> None:
+    """The two-output program (`a @ b + c`, `c * 2`) recompiled (its stored winners picked up) against numpy."""
+    rng = np.random.default_rng(seed)
     a, b, c = (rng.standard_normal(s).astype(np.float32) for s in ((32, 32), (32, 64), (32, 64)))
     p._kernels.clear()
     out = p.run(a=a, b=b, c=c)

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 from click.testing import CliRunner
 
 import tgc
+from tests.test_beam_budget import matches_numpy
 from tgc import cache
 from tgc.api import _device
 from tgc.cli import report
@@ -71,13 +71,7 @@ def entries(p) -> dict[str, dict]:
 
 
 def check_numpy(p) -> None:
-    rng = np.random.default_rng(3)
-    a, b, c = (rng.standard_normal(s).astype(np.float32) for s in ((32, 32), (32, 64), (32, 64)))
-    p._kernels.clear()
-    out = p.run(a=a, b=b, c=c)
-    got = list(out.values()) if isinstance(out, dict) else list(out)
-    np.testing.assert_allclose(got[0], a @ b + c, rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(got[1], c * 2.0, rtol=1e-6)
+    matches_numpy(p, seed=3)
 
 
 def matmul_and_copy(names):
