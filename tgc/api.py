@@ -47,7 +47,7 @@ from tgc.engine.bound import split as bound_split
 from tgc.engine.chunk import Chunking
 from tgc.engine.conform import as_array as _as_array
 from tgc.engine.conform import check_input_names, names_hint
-from tgc.engine.executable import Executable
+from tgc.engine.executable import Executable, first_chunk_inputs
 from tgc.engine.flops import recompute_factor, written_flops
 from tgc.engine.inputs import random_inputs
 from tgc.engine.multi import build_executable
@@ -1244,11 +1244,7 @@ class Program:
         ch = self._chunking(dev, dims, 0, tuned)
         if ch is None:
             return self.lower(dev.name, dims, beam=0, tuned=tuned), arrays
-        part = {}
-        for _b, name in ch.low.inputs:
-            arr = arrays[name]
-            part[name] = arr[:arr.shape[0] // ch.count] if name in ch.sliced else arr
-        return ch.low, part
+        return ch.low, first_chunk_inputs(ch.low.inputs, arrays, ch.count, ch.sliced)
 
     def _check_in_program(self, dev: Any, dims: dict[str, int], items: list[ScheduleItem],
                           deadline: float | None, fresh: set[str] | None = None, estimate_s: float = 0.0

@@ -90,6 +90,16 @@ def counts_ok(repeat: Any, warmup: Any) -> bool:
     return ints and 1 <= repeat <= MAX_REPEAT and 0 <= warmup <= MAX_REPEAT
 
 
+def first_chunk_inputs(inputs: Any, arrays: dict[str, Any], count: int, sliced: Any) -> dict[str, Any]:
+    """The inputs of a program's first chunk of `count`: `arrays` by the names of `inputs` (`(buffer, name)`
+    pairs), the `sliced` ones cut to their first `1/count` rows (views), the rest whole."""
+    part = {}
+    for _b, name in inputs:
+        arr = arrays[name]
+        part[name] = arr[:arr.shape[0] // count] if name in sliced else arr
+    return part
+
+
 def bench(exe: Executable, arrays: dict[str, np.ndarray], repeat: int = 10, warmup: int = 1,
           measure_peak: bool = True) -> dict[str, Any]:
     """Time `exe` as `run` runs it: each kernel on its own and the whole program (one device graph where the
@@ -107,11 +117,8 @@ def bench(exe: Executable, arrays: dict[str, np.ndarray], repeat: int = 10, warm
         return _bench_steps(exe, arrays, repeat=repeat, warmup=warmup)
     if exe.chunks is None:
         return bench_mod.bench_launches(exe, arrays, repeat=repeat, warmup=warmup, measure_peak=measure_peak)
-    count, sliced = exe.chunks.count, exe.chunks.sliced
-    part = {}
-    for _b, name in exe.inputs:
-        arr = arrays[name]
-        part[name] = arr[:arr.shape[0] // count] if name in sliced else arr
+    count = exe.chunks.count
+    part = first_chunk_inputs(exe.inputs, arrays, count, exe.chunks.sliced)
     timing = bench_mod.bench_launches(exe.one_chunk(), part, repeat=repeat, warmup=warmup,
                                       measure_peak=measure_peak)
     whole = bench_mod.timed_runs(lambda: run(exe, arrays), repeat, warmup)
