@@ -704,3 +704,25 @@ def test_a_file_name_near_the_limit_is_written_and_one_over_it_refused_before_th
         outputs.check_writable(str(long))
     assert e.value.exit_code == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == [ok.name]
+
+
+def test_a_directory_path_over_path_max_is_said_too_long_not_missing(tmp_path):
+    # an existing directory whose path is longer than PATH_MAX: os.path.isdir says False for it as for a missing
+    # one; the message must give the real reason (the path is too long), exit 2, nothing written
+    from tgc.errors import TgcError
+
+    deep, depth = str(tmp_path), 0
+    fd = os.open(deep, os.O_RDONLY)
+    try:
+        while len(deep) <= os.pathconf(tmp_path, "PC_PATH_MAX"):  # (made relative to a descriptor: no long path)
+            os.mkdir("d" * 200, dir_fd=fd)
+            nxt = os.open("d" * 200, os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd, deep, depth = nxt, deep + "/" + "d" * 200, depth + 1
+    finally:
+        os.close(fd)
+    with pytest.raises(TgcError, match="cannot be reached .file name too long") as e:
+        outputs.check_writable(deep + "/out.npz")
+    assert e.value.exit_code == 2 and "does not exist" not in str(e.value)
+    with pytest.raises(TgcError, match="does not exist"):  # a missing directory is still said so
+        outputs.check_writable(str(tmp_path / "missing" / "out.npz"))

@@ -124,9 +124,14 @@ def check_writable(path: str) -> None:
         return
     if not os.path.isdir(parent):
         where = os.path.dirname(path) or parent
-        if os.path.exists(parent):  # (a file named as a directory: -o x.npy/out.npz)
-            raise TgcError(f"cannot write '{path}': '{where}' is not a directory")
-        raise TgcError(f"cannot write '{path}': directory '{where}' does not exist")
+        try:
+            os.stat(parent)
+        except FileNotFoundError:
+            raise TgcError(f"cannot write '{path}': directory '{where}' does not exist") from None
+        except OSError as e:  # (a path over PATH_MAX, a symlink loop: isdir says False, as for a missing one)
+            raise TgcError(f"cannot write '{path}': directory '{where}' cannot be reached ({oserror_text(e)})",
+                           hint="use a shorter path" if e.errno == errno.ENAMETOOLONG else None) from None
+        raise TgcError(f"cannot write '{path}': '{where}' is not a directory")  # (a file: -o x.npy/out.npz)
     if not os.access(parent, os.W_OK):
         raise TgcError(f"cannot write '{path}': permission denied")
     name_bytes, limit = len(os.fsencode(os.path.basename(path))), _name_max(parent)
