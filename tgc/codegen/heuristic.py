@@ -856,7 +856,7 @@ def rule_names() -> list[str]:
     return [r.name for r in RULES]
 
 
-__all__ = ["CHANNEL_ROWS", "COLUMN_PAD_WASTE", "LANE_TILE", "LLVM_ROW_VECTORS", "WINDOW_TAPS", "LONG_BODY", "RULES",
-           "Facts", "Machine",
+__all__ = ["CHANNEL_ROWS", "COLUMN_PAD_WASTE", "LANE_TILE", "LINE_VALUES", "LLVM_ROW_VECTORS", "SQUARE_TILE_STEPS",
+           "WINDOW_TAPS", "LONG_BODY", "RULES", "Facts", "Machine",
            "Rule", "body_ops", "classify", "decide", "hand_coded", "lane_axis", "lane_tile", "long_body",
-           "machine_of", "panel_tiles_min", "private_cache_bytes", "rule_names", "short_rows"]
+           "machine_of", "one_tap_steps", "panel_tiles_min", "private_cache_bytes", "rule_names", "short_rows"]
