@@ -113,6 +113,10 @@ print(json.dumps({"first_call_s": t2 - t1, "first_process_s": t2 - t0, "median_s
 # by run in turn, so that on a loaded machine every runner sees the same load (one after the other, minutes apart,
 # their ratios say mostly how the load moved between them). First calls: tgc's in this fresh process, tgc-beam's
 # the first after its search; peak RSS is the one process' (not per runner), and no data peak is measured.
+# After each timed run the process sleeps SETTLE_S (untimed): onnxruntime's pool threads spin for a while after
+# its run, and the next runner timed beside them lost a core (SqueezeNet's tgc median 30-41 ms beside a spinning
+# pool, 14-16 ms beside a quiet one, at load 5-6); every runner gets the same pause, none is reconfigured.
+SETTLE_S = 0.05
 CHILD_INTERLEAVED = r"""
 import json, os, resource, sys, time
 t0 = time.perf_counter()
@@ -120,6 +124,7 @@ import numpy as np
 import tgc
 import onnxruntime as ort
 path, repeat, budget, beam = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4] == "1"
+SETTLE_S = float(sys.argv[5])
 prog = tgc.load(path)
 feeds = {}
 for d in prog.inputs:
@@ -154,6 +159,7 @@ times = {k: [] for k in calls}
 for _ in range(repeat):
     for k, f in calls.items():
         s = time.perf_counter(); f(); times[k].append(time.perf_counter() - s)
+        time.sleep(SETTLE_S)
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 for k, ts in times.items():
     out[k].update(median_s=float(np.median(ts)), min_s=min(ts), peak_bytes=peak)
@@ -169,7 +175,8 @@ def measure_interleaved(path: str, repeat: int, beam: bool, beam_budget_s: float
         env = {**os.environ, "TGC_CACHE_DIR": cache}
         try:
             r = subprocess.run([sys.executable, "-c", CHILD_INTERLEAVED, path, str(repeat), str(beam_budget_s),
-                                "1" if beam else "0"], capture_output=True, text=True, env=env, timeout=TIMEOUT_S)
+                                "1" if beam else "0", str(SETTLE_S)],
+                               capture_output=True, text=True, env=env, timeout=TIMEOUT_S)
         except subprocess.TimeoutExpired:
             return {"error": f"over {TIMEOUT_S} s"}
     if r.returncode != 0:
