@@ -300,7 +300,10 @@ def build_kernels(items: list[tuple[ScheduleItem, str]], device: Any, beam: int 
     lowered ("lowered") and compiled in a worker ("compiled"). `defer=True` lowers and renders only: the
     kernels are `deferred` until `compile_deferred` (a memory plan needs no binaries)."""
     total = len(items)
-    compiles = _Compiles(device, jobs)
+    keys = [_same_kernel(item) for item, _ in items]
+    # (None keys are never shared: each is a kernel of its own)
+    distinct = len({key for key in keys if key is not None}) + sum(key is None for key in keys)
+    compiles = _Compiles(device, jobs, distinct)
     records: list[timings.KernelTimes | None] = []
     kernels: list[Kernel] = []
 
@@ -311,7 +314,6 @@ def build_kernels(items: list[tuple[ScheduleItem, str]], device: Any, beam: int 
 
     lowered: dict[tuple, tuple[ScheduleItem, Kernel]] = {}  # `_same_kernel` key -> the first item and kernel
     templates: dict[tuple, str | None] = {}  # `_same_kernel` key -> its kernels' source template (`_renamed`)
-    keys = [_same_kernel(item) for item, _ in items]
     # the keys of more than one item: their first kernel's source is rendered as the group's template (once,
     # rather than again under a placeholder name when the second kernel of the group comes)
     repeated = {key for key, n in Counter(k for k in keys if k is not None).items() if n > 1}
@@ -389,9 +391,12 @@ class _Compiles:
     kernel's source here, finds it in the disk cache or in this program's earlier kernels, or sends it to a worker
     (then (None, None, None)); `finish` waits for the workers and fills in their binaries."""
 
-    def __init__(self, device: Any, jobs: int | None) -> None:
+    def __init__(self, device: Any, jobs: int | None, distinct: int = 0) -> None:
         self.device = device
         self.jobs = search.compile_jobs() if jobs is None else jobs
+        # a program of many distinct kernels: its first source the disk cache lacks starts the workers, and every
+        # source from then on (small ones too) goes to them (`_new`)
+        self.many = distinct >= MANY_KERNELS
         self.pool: Any = None
         # a cluster's workers (`search.use_evaluator`) compile every source the disk cache lacks, small ones too
         evaluator = search.current_evaluator()
@@ -426,7 +431,9 @@ class _Compiles:
         # a small source compiles here, unless this program has sent a large one to the workers already: then
         # its small ones follow (a model's weight packings and fills: ~1.4 s of ResNet-50's LLVM, which kept
         # this process, the one lowering, busiest while the workers waited)
-        small = len(src) < PARALLEL_MIN_SOURCE and not self.waiting
+        # (and a program of `MANY_KERNELS` distinct kernels or more sends them all, from its first miss on: their
+        # compiles before its first large one, ~0.3 s of ResNet-50's LLVM, ran here while the other cores idled)
+        small = len(src) < PARALLEL_MIN_SOURCE and not self.waiting and not self.many
         if self.cluster_pool is None and (jobs <= 1 or small):
             return _compile_cached(dev, src)
         key = compile_key(dev, src, canon)
@@ -436,8 +443,10 @@ class _Compiles:
             return hit, None, key
         if self.pool is None and self.cluster_pool is not None:
             self.pool = self.cluster_pool
-        if self.pool is None:  # workers already running, else from the second large miss on (one compiled here)
-            self.pool = _POOLS.get((dev.kind, jobs)) or (_shared_pool(dev, jobs) if self.misses else None)
+        if self.pool is None:  # workers already running, else from the second large miss on (one compiled here),
+            # or from a program of many kernels' first miss (its workers start while it lowers the next kernels)
+            self.pool = _POOLS.get((dev.kind, jobs)) or (_shared_pool(dev, jobs) if self.misses or self.many
+                                                         else None)
         if self.pool is None:
             self.misses += 1
             return _compile_cached(dev, src)
@@ -490,6 +499,13 @@ class _Compiles:
 # sources shorter than this compile in this process (LLVM takes ~10-20 ms on them: less than sending them to a
 # worker and back on a busy machine); the large ones (matmul tiles, the fused attention) go to the workers
 PARALLEL_MIN_SOURCE = 16 << 10
+
+# a program lowering at least this many distinct kernels (`_same_kernel` keys) sends every source the disk cache
+# lacks to the workers, small ones and its first large one too, starting them at its first miss: a model's compiles
+# then start while it lowers (ResNet-50's first large source came ~0.5 s into its lowering, after ~0.3 s of LLVM
+# here on its padding, weight packing and first convolution while the other core idled); a smaller program (the
+# language suite's, `kernels/*.tg`) keeps the rules above and starts no worker for a few small kernels
+MANY_KERNELS = 8
 
 # the worker processes of `build_kernels`, by (device kind, jobs): started on first need and kept for the process
 # (a test session or a program compiling many programs starts them once); forgotten in a forked child (their pipes
