@@ -125,11 +125,11 @@ def test_small_sources_follow_a_large_one_to_the_workers(monkeypatch):
     np.testing.assert_allclose(got[prog.output_names[1]], (y @ ins["w"]).max(1), rtol=1e-4, atol=1e-4)
 
 
-def test_a_program_of_many_kernels_sends_every_source_from_its_first_miss(monkeypatch):
-    """A program of at least `MANY_KERNELS` distinct kernels starts the workers at its first source the disk
-    cache lacks and sends them every source, small ones and the first large one too (nothing compiles in the
-    process that lowers); below that count, the first large source compiles here and the small ones before the
-    first sent one too. With one job, everything compiles here. The binaries are the serial compile's."""
+def test_a_program_of_many_kernels_sends_its_first_large_source_to_the_workers(monkeypatch):
+    """A program of at least `MANY_KERNELS` distinct kernels starts the workers at its first large source the
+    disk cache lacks and sends it to them (the small ones after it follow); below that count, the first large
+    source compiles here, and the small one after it too. A program with no large source starts no worker, however
+    many kernels it has. With one job, everything compiles here. The binaries are the serial compile's."""
     from tgc.codegen import kernel
 
     monkeypatch.setenv("DISABLE_COMPILER_CACHE", "1")  # every source is compiled, none found on disk
@@ -162,6 +162,13 @@ def test_a_program_of_many_kernels_sends_every_source_from_its_first_miss(monkey
     assert here == []
     assert ("CPU", 2) in kernel._POOLS
     assert [k.binary for k in many] == [k.binary for k in serial]
+
+    here.clear()
+    kernel._shutdown_pools()
+    monkeypatch.setattr(kernel, "PARALLEL_MIN_SOURCE", max(sizes) + 1)  # nothing large: many, but all here
+    tgc.loads(TWO).compile("CPU", dims)
+    assert sorted(here) == sorted(k.src for k in serial)
+    assert ("CPU", 2) not in kernel._POOLS  # no worker started
 
     here.clear()
     monkeypatch.setenv("TGC_JOBS", "1")  # one job: no workers, however many kernels

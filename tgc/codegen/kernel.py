@@ -394,8 +394,8 @@ class _Compiles:
     def __init__(self, device: Any, jobs: int | None, distinct: int = 0) -> None:
         self.device = device
         self.jobs = search.compile_jobs() if jobs is None else jobs
-        # a program of many distinct kernels: its first source the disk cache lacks starts the workers, and every
-        # source from then on (small ones too) goes to them (`_new`)
+        # a program of many distinct kernels: its first large source the disk cache lacks starts the workers and
+        # goes to them (`_new`), as the small ones after it
         self.many = distinct >= MANY_KERNELS
         self.pool: Any = None
         # a cluster's workers (`search.use_evaluator`) compile every source the disk cache lacks, small ones too
@@ -431,9 +431,7 @@ class _Compiles:
         # a small source compiles here, unless this program has sent a large one to the workers already: then
         # its small ones follow (a model's weight packings and fills: ~1.4 s of ResNet-50's LLVM, which kept
         # this process, the one lowering, busiest while the workers waited)
-        # (and a program of `MANY_KERNELS` distinct kernels or more sends them all, from its first miss on: their
-        # compiles before its first large one, ~0.3 s of ResNet-50's LLVM, ran here while the other cores idled)
-        small = len(src) < PARALLEL_MIN_SOURCE and not self.waiting and not self.many
+        small = len(src) < PARALLEL_MIN_SOURCE and not self.waiting
         if self.cluster_pool is None and (jobs <= 1 or small):
             return _compile_cached(dev, src)
         key = compile_key(dev, src, canon)
@@ -444,7 +442,7 @@ class _Compiles:
         if self.pool is None and self.cluster_pool is not None:
             self.pool = self.cluster_pool
         if self.pool is None:  # workers already running, else from the second large miss on (one compiled here),
-            # or from a program of many kernels' first miss (its workers start while it lowers the next kernels)
+            # or from the first in a program of many kernels (its workers start while it lowers the next kernels)
             self.pool = _POOLS.get((dev.kind, jobs)) or (_shared_pool(dev, jobs) if self.misses or self.many
                                                          else None)
         if self.pool is None:
@@ -500,11 +498,12 @@ class _Compiles:
 # worker and back on a busy machine); the large ones (matmul tiles, the fused attention) go to the workers
 PARALLEL_MIN_SOURCE = 16 << 10
 
-# a program lowering at least this many distinct kernels (`_same_kernel` keys) sends every source the disk cache
-# lacks to the workers, small ones and its first large one too, starting them at its first miss: a model's compiles
-# then start while it lowers (ResNet-50's first large source came ~0.5 s into its lowering, after ~0.3 s of LLVM
-# here on its padding, weight packing and first convolution while the other core idled); a smaller program (the
-# language suite's, `kernels/*.tg`) keeps the rules above and starts no worker for a few small kernels
+# a program lowering at least this many distinct kernels (`_same_kernel` keys) sends its first large source the
+# disk cache lacks to the workers too, starting them then: with that many kernels to lower, the workers' start
+# overlaps their lowering (ResNet-50's first convolution, ~0.1 s of LLVM, compiled here while the other core
+# idled). A program of fewer keeps the rule above (one large kernel never waits for a worker's start); a program
+# with no large source starts no worker whatever its count (the workers' start, ~0.1 s of CPU each, costs more
+# than its small compiles: `kernels/small_kernels.tg`'s 20, all sent, took 0.2-0.3 s more CPU in all)
 MANY_KERNELS = 8
 
 # the worker processes of `build_kernels`, by (device kind, jobs): started on first need and kept for the process
