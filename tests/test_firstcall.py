@@ -125,6 +125,58 @@ def test_small_sources_follow_a_large_one_to_the_workers(monkeypatch):
     np.testing.assert_allclose(got[prog.output_names[1]], (y @ ins["w"]).max(1), rtol=1e-4, atol=1e-4)
 
 
+def test_a_program_of_many_kernels_sends_its_first_large_source_to_the_workers(monkeypatch):
+    """A program of at least `MANY_KERNELS` distinct kernels starts the workers at its first large source the
+    disk cache lacks and sends it to them (the small ones after it follow); below that count, the first large
+    source compiles here, and the small one after it too. A program with no large source starts no worker, however
+    many kernels it has. With one job, everything compiles here. The binaries are the serial compile's."""
+    from tgc.codegen import kernel
+
+    monkeypatch.setenv("DISABLE_COMPILER_CACHE", "1")  # every source is compiled, none found on disk
+    monkeypatch.setenv("TGC_JOBS", "1")
+    dims = {"N": 64}
+    serial = tgc.loads(TWO).compile("CPU", dims)
+    sizes = [len(k.src) for k in serial]
+    assert len(set(k.src for k in serial)) == 4  # four distinct kernels: tile, reduction, tile, reduction
+    monkeypatch.setattr(kernel, "PARALLEL_MIN_SOURCE", sizes[0])  # the tiles large, the reductions small
+
+    here: list[str] = []
+    orig = kernel._compile_cached
+
+    def spy(device, src):
+        here.append(src)
+        return orig(device, src)
+
+    monkeypatch.setattr(kernel, "_compile_cached", spy)
+    monkeypatch.setenv("TGC_JOBS", "2")
+    kernel._shutdown_pools()  # no workers running: the rules decide when they start
+    monkeypatch.setattr(kernel, "MANY_KERNELS", 5)  # four kernels are few: the first tile and the reduction
+    few = tgc.loads(TWO).compile("CPU", dims)  # after it compile here, the workers start at the second tile
+    assert here == [serial[0].src, serial[1].src]
+    assert [k.binary for k in few] == [k.binary for k in serial]
+
+    here.clear()
+    kernel._shutdown_pools()
+    monkeypatch.setattr(kernel, "MANY_KERNELS", 4)  # four are many: every source to the workers
+    many = tgc.loads(TWO).compile("CPU", dims)
+    assert here == []
+    assert ("CPU", 2) in kernel._POOLS
+    assert [k.binary for k in many] == [k.binary for k in serial]
+
+    here.clear()
+    kernel._shutdown_pools()
+    monkeypatch.setattr(kernel, "PARALLEL_MIN_SOURCE", max(sizes) + 1)  # nothing large: many, but all here
+    tgc.loads(TWO).compile("CPU", dims)
+    assert sorted(here) == sorted(k.src for k in serial)
+    assert ("CPU", 2) not in kernel._POOLS  # no worker started
+
+    here.clear()
+    monkeypatch.setenv("TGC_JOBS", "1")  # one job: no workers, however many kernels
+    tgc.loads(TWO).compile("CPU", dims)
+    assert sorted(here) == sorted(k.src for k in serial)
+    kernel._shutdown_pools()
+
+
 FILLS = "x: f32[N]\nreturn x * 2.0, full((64, 256), 0.5), arange(0, 4096) * 3\n"
 
 

@@ -65,6 +65,35 @@ def test_a_run_stores_the_program_and_a_new_program_object_runs_it_without_lower
         np.testing.assert_allclose(prog.run(x=_x(seed))["out0"], _softmax(_x(seed)), rtol=1e-5)
 
 
+def test_the_entry_a_run_stores_is_built_on_the_runs_memory_plan_and_equals_a_fresh_build(monkeypatch):
+    """A cold run stores its entry from the executable it ran (its memory plan planned once, not again for the
+    package); the entry's bytes are those of a package built from the program lowered afresh."""
+    from tgc.engine import realize
+
+    stored: list[bytes] = []
+    orig_put = cache.put
+
+    def put(table, key, value, **kw):
+        if table == progcache.TABLE:
+            stored.append(value)
+        return orig_put(table, key, value, **kw)
+
+    plans = [0]
+    orig_plan = realize.plan_for
+
+    def plan_for(*a, **kw):
+        plans[0] += 1
+        return orig_plan(*a, **kw)
+
+    monkeypatch.setattr(cache, "put", put)
+    monkeypatch.setattr(realize, "plan_for", plan_for)
+    prog = _stored_run()
+    assert len(stored) == 1 and plans[0] == 1  # planned for the run only
+    # the same program's entry built afresh (lowered again, planned again): the same bytes
+    progcache.store(prog, get_device("CPU"), prog.resolve_dims(DIMS))
+    assert plans[0] == 2 and len(stored) == 2 and stored[1] == stored[0]
+
+
 def test_the_key_misses_on_another_source_dim_device_compiler_or_version(monkeypatch):
     _stored_run()
     cpu = get_device("CPU")

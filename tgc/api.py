@@ -863,7 +863,7 @@ class Program:
         while len(self._ready) > self.MAX_READY:
             self._ready.pop(next(iter(self._ready)))
         if ready.entry is None:
-            self._store_entry(dev, dims, ready.chunking)
+            self._store_entry(dev, dims, ready.chunking, ready.exe)
 
     def _run_list(self, names: list[str], dims: dict[str, int], shard: dict[str, int],
                   arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -919,12 +919,14 @@ class Program:
                     print(f"*** chunk: {entry.chunking(dev.name).line()}", file=sys.stderr)
         return self._entries[key]
 
-    def _store_entry(self, dev: Any, dims: dict[str, int], chunking: Chunking | None) -> None:
-        """After a cold run: store the program as built (once per program, dims, device and BEAM)."""
+    def _store_entry(self, dev: Any, dims: dict[str, int], chunking: Chunking | None,
+                     ran: Executable | None = None) -> None:
+        """After a cold run: store the program as built (once per program, dims, device and BEAM); `ran`, the
+        executable the run ran (the whole program's: its memory plan is the one the entry holds, planned once)."""
         key = (dev.name, tuple(sorted(dims.items())), env_int("BEAM", 0))
         if self._entries.get(key, False) is None and key not in self._stored:
             self._stored.add(key)
-            progcache.store(self, dev, dims, chunking)
+            progcache.store(self, dev, dims, chunking, low=ran if chunking is None else None)
 
     MAX_PLANS = 4  # launch plans (with their device buffers) kept per program, for the sizes run last
 

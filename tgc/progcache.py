@@ -350,10 +350,11 @@ def store_list(prog: Any, devices: list[Any], names: list[str], dims: dict[str, 
     return True
 
 
-def store(prog: Any, device: Any, dims: dict[str, int], chunking: Any = None) -> bool:
+def store(prog: Any, device: Any, dims: dict[str, int], chunking: Any = None, low: Any = None) -> bool:
     """Package what `prog` built for `device` at `dims` (the whole program, or with `chunking` one chunk's
     program and how it is chunked) and store it; False where it cannot be (a kernel without a binary, a program
-    this format cannot hold). Never raises for that: the cache is an optimization."""
+    this format cannot hold). Never raises for that: the cache is an optimization. `low`: the whole program as
+    `prog.lower(device, dims)` gives it, already lowered (the run's: its memory plan is not planned again)."""
     if usable(device) is not None:
         return False
     try:
@@ -365,7 +366,8 @@ def store(prog: Any, device: Any, dims: dict[str, int], chunking: Any = None) ->
         if bound:  # a model's weights: the Program binds them at every run, the entry does not repeat them
             header["weights"] = sorted(bound)
         if chunking is None:
-            data = build(prog, device.name, dims, weights=False)
+            data = build(prog, device.name, prog.resolve_dims(dims) if low is not None else dims, low=low,
+                         weights=False)
         else:
             c = chunking
             chunk_dims = {**dims, c.dim: c.size // c.count}

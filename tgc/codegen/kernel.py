@@ -300,7 +300,10 @@ def build_kernels(items: list[tuple[ScheduleItem, str]], device: Any, beam: int 
     lowered ("lowered") and compiled in a worker ("compiled"). `defer=True` lowers and renders only: the
     kernels are `deferred` until `compile_deferred` (a memory plan needs no binaries)."""
     total = len(items)
-    compiles = _Compiles(device, jobs)
+    keys = [_same_kernel(item) for item, _ in items]
+    # (None keys are never shared: each is a kernel of its own)
+    distinct = len({key for key in keys if key is not None}) + sum(key is None for key in keys)
+    compiles = _Compiles(device, jobs, distinct)
     records: list[timings.KernelTimes | None] = []
     kernels: list[Kernel] = []
 
@@ -311,7 +314,6 @@ def build_kernels(items: list[tuple[ScheduleItem, str]], device: Any, beam: int 
 
     lowered: dict[tuple, tuple[ScheduleItem, Kernel]] = {}  # `_same_kernel` key -> the first item and kernel
     templates: dict[tuple, str | None] = {}  # `_same_kernel` key -> its kernels' source template (`_renamed`)
-    keys = [_same_kernel(item) for item, _ in items]
     # the keys of more than one item: their first kernel's source is rendered as the group's template (once,
     # rather than again under a placeholder name when the second kernel of the group comes)
     repeated = {key for key, n in Counter(k for k in keys if k is not None).items() if n > 1}
@@ -389,9 +391,12 @@ class _Compiles:
     kernel's source here, finds it in the disk cache or in this program's earlier kernels, or sends it to a worker
     (then (None, None, None)); `finish` waits for the workers and fills in their binaries."""
 
-    def __init__(self, device: Any, jobs: int | None) -> None:
+    def __init__(self, device: Any, jobs: int | None, distinct: int = 0) -> None:
         self.device = device
         self.jobs = search.compile_jobs() if jobs is None else jobs
+        # a program of many distinct kernels: its first large source the disk cache lacks starts the workers and
+        # goes to them (`_new`), as the small ones after it
+        self.many = distinct >= MANY_KERNELS
         self.pool: Any = None
         # a cluster's workers (`search.use_evaluator`) compile every source the disk cache lacks, small ones too
         evaluator = search.current_evaluator()
@@ -436,8 +441,10 @@ class _Compiles:
             return hit, None, key
         if self.pool is None and self.cluster_pool is not None:
             self.pool = self.cluster_pool
-        if self.pool is None:  # workers already running, else from the second large miss on (one compiled here)
-            self.pool = _POOLS.get((dev.kind, jobs)) or (_shared_pool(dev, jobs) if self.misses else None)
+        if self.pool is None:  # workers already running, else from the second large miss on (one compiled here),
+            # or from the first in a program of many kernels (its workers start while it lowers the next kernels)
+            self.pool = _POOLS.get((dev.kind, jobs)) or (_shared_pool(dev, jobs) if self.misses or self.many
+                                                         else None)
         if self.pool is None:
             self.misses += 1
             return _compile_cached(dev, src)
@@ -490,6 +497,14 @@ class _Compiles:
 # sources shorter than this compile in this process (LLVM takes ~10-20 ms on them: less than sending them to a
 # worker and back on a busy machine); the large ones (matmul tiles, the fused attention) go to the workers
 PARALLEL_MIN_SOURCE = 16 << 10
+
+# a program lowering at least this many distinct kernels (`_same_kernel` keys) sends its first large source the
+# disk cache lacks to the workers too, starting them then: with that many kernels to lower, the workers' start
+# overlaps their lowering (ResNet-50's first convolution, ~0.1 s of LLVM, compiled here while the other core
+# idled). A program of fewer keeps the rule above (one large kernel never waits for a worker's start); a program
+# with no large source starts no worker whatever its count (the workers' start, ~0.1 s of CPU each, costs more
+# than its small compiles: `kernels/small_kernels.tg`'s 20, all sent, took 0.2-0.3 s more CPU in all)
+MANY_KERNELS = 8
 
 # the worker processes of `build_kernels`, by (device kind, jobs): started on first need and kept for the process
 # (a test session or a program compiling many programs starts them once); forgotten in a forked child (their pipes
