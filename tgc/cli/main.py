@@ -1033,7 +1033,8 @@ def beam_(file: str, device: str | None, dims: dict[str, int], width: int, force
         if check_line:
             make_console().print(check_line)
     if result.get("interrupted"):
-        _err("beam: interrupted; the winners found so far are stored")
+        _err("beam: interrupted; the winners found so far are stored (as partial: the next `tgc beam` searches "
+             "those kernels again)")
         click.get_current_context().exit(130)
 
 
