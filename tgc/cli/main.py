@@ -783,8 +783,8 @@ def _compile_command(file: str, device: str | None, dims: dict[str, int], emit: 
 
     if package and (outdir or emit != "src"):
         raise click.UsageError("--package writes one file: it does not combine with --emit or -o")
-    if outdir and os.path.isdir(outdir):  # a directory no file can be made in is refused before the compile
-        em.check_dir(outdir)
+    if outdir:  # a directory that cannot be made, or no file can be made in, is refused before the compile
+        em.check_outdir(outdir)
     with timings.phase("parse"):
         prog = _load(file)
     kernels: list[Any] = []
