@@ -225,8 +225,9 @@ def store_result(ast: UOp, device: Any, res: SearchResult, name: str, width: int
 
 def drop(ast: UOp, device: Any, why: str, name: str = "") -> bool:
     """Mark a kernel's stored winner as dropped by the program check (`Program.beam`): kept in the store (its
-    width says it was searched, so a later `tgc beam` does not search it again without --force) but not used:
-    `lookup` gives None and the kernel runs its default. False where nothing is stored."""
+    width says it was searched, so a later `tgc beam` does not search it again without --force, unless the search
+    was cut short: `"partial"` is kept) but not used: `lookup` gives None and the kernel runs its default. False
+    where nothing is stored."""
     entry = lookup_entry(ast, device)
     if entry is None:
         return False
