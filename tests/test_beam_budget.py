@@ -380,6 +380,61 @@ def test_a_search_stopped_by_its_share_is_stored_as_partial_and_searched_again(f
     assert third[0]["cached"] and third[0]["width"] == 2
 
 
+def test_a_search_after_a_partial_one_resumes_from_its_winner(fake_clock, monkeypatch, tmp_path):
+    """Every opt makes a kernel 10% faster (`fake_clock`): a search cut short by an 80 s budget stores a shallow
+    winner as partial; a deeper winner stored as partial (as a longer search cut short would have) is a candidate
+    of the next search, under the same budget, which keeps it or goes deeper from it, instead of the shallow
+    winner its own few candidates reach (the partial store first replaced a 1.43x winner of an interrupted
+    search by the default of a budgeted one). A stored winner that no longer applies is left out."""
+    monkeypatch.setenv("TGC_CACHE_DIR", str(tmp_path))
+    items, cpu = _mix_items()
+    monkeypatch.setattr(search, "estimate_cost", lambda item, dev: 3.0 if item is items[0] else 1.0)
+    ast = search.search_ast(items[0], cpu)
+    shallow, _ = search.beam_items(items, cpu, width=2, budget_s=80.0, started=0.0)
+    assert shallow[0]["partial"]  # (what a cut-short search alone finds)
+    k = search.OptKernel(ast, cpu)  # a winner 3 opts deeper than that, as a longer search would have found
+    for o in search.lookup_entry(ast, cpu)["opts"]:
+        k.apply(o)
+    for _ in range(3):
+        for o in search.actions(k):
+            try:
+                deeper = k.copy()
+                deeper.apply(o)
+            except search.OptError:
+                continue
+            k = deeper
+            break
+    deep = list(k.applied)
+    assert len(deep) == len(shallow[0]["opts"]) + 3
+    search.store(ast, cpu, deep, 1.0, items[0].name, 2, partial=True)
+    fake_clock.now = 0.0
+    rows, _ = search.beam_items(items, cpu, width=2, budget_s=80.0, started=0.0)
+    assert not rows[0]["cached"] and rows[0]["tried"] > 0
+    assert search.lookup_entry(ast, cpu)["opts"][:len(deep)] == deep  # (kept, or a deeper one from it)
+    search.store(ast, cpu, deep + [deep[0]] * 20, 1.0, items[0].name, 2, partial=True)  # (does not apply)
+    fake_clock.now = 0.0
+    rows, _ = search.beam_items(items, cpu, width=2, budget_s=80.0, started=0.0)
+    assert rows[0]["tried"] > 0 and search.lookup_entry(ast, cpu)["opts"] != deep + [deep[0]] * 20
+
+
+def test_a_resumed_winner_of_a_kernel_with_no_default_opts_leaves_the_default_last():
+    """The default is the search's last first candidate (`_search_from`); where the heuristic picks no opts there
+    were none, and the default was the reference: with a winner to resume from, the reference is added as the
+    last one, so the default stays a kernel with no opts, and the resumed winner is searched from."""
+    from tgc.backends import get_device
+    from tgc.codegen.opt import Opt, OptOps
+    cpu = get_device("CPU")
+    item = next(i for i in tgc.loads("a: f32[N, M]\nreturn a * 2").schedule({"N": 3, "M": 5}, "CPU") if i.ast.src)
+    ast = search.search_ast(item, cpu)
+    assert search._starts(ast, cpu, "k", item.bufs)[1] == []  # (the heuristic picks nothing here)
+    base, seeds = search._starts(ast, cpu, "k", item.bufs, resume=[Opt(OptOps.UPCAST, 0, 3)])
+    assert [[str(o) for o in c.opts] for c in seeds] == [["UPCAST(0, 3)"], []] and seeds[1].src == base.src
+    assert search._starts(ast, cpu, "k", item.bufs, resume=[Opt(OptOps.UPCAST, 0, 7)])[1] == []  # (no longer applies)
+    res = search.beam_search(ast, cpu, item.bufs, 2, name="k", rounds=1,
+                             starts=search._starts(ast, cpu, "k", item.bufs, resume=[Opt(OptOps.UPCAST, 0, 3)]))
+    assert res.before_s < float("inf") and res.after_s <= res.before_s
+
+
 def test_an_interrupted_search_is_stored_as_partial(fake_clock, monkeypatch, tmp_path):
     """Ctrl-C during a kernel's search after some candidates: its best so far is stored as partial (the next
     search searches it again) and the run stops there; Ctrl-C before its default was timed stores nothing."""

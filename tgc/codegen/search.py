@@ -552,11 +552,12 @@ def _new_kernel(ast: UOp, device: Any, item: ScheduleItem | None) -> OptKernel |
     return OptKernel(ast, device)
 
 
-def _starts(ast: UOp, device: Any, name: str, bufs: list[UOp], item: ScheduleItem | None = None
-            ) -> tuple[Candidate, list[Candidate]]:
+def _starts(ast: UOp, device: Any, name: str, bufs: list[UOp], item: ScheduleItem | None = None,
+            resume: list[Opt] | None = None) -> tuple[Candidate, list[Candidate]]:
     """The search's first candidates, rendered (not compiled): the reference (the unoptimized kernel, or the
     hand-coded one where the unoptimized would take many seconds) and the hand-coded heuristic's choice with its
-    prefixes (the last one is the default: what a run without BEAM gets)."""
+    prefixes (the last one is the default: what a run without BEAM gets); with `resume` (the winner of an earlier
+    search cut short: `store_result`), that winner first, where it applies and is none of those."""
     base = Candidate([], _new_kernel(ast, device, item))
     seed = _new_kernel(ast, device, item)
     if isinstance(seed, AttentionKernel):
@@ -582,6 +583,20 @@ def _starts(ast: UOp, device: Any, name: str, bufs: list[UOp], item: ScheduleIte
         c = Candidate(list(seed.applied[:n]), k)
         _render(c, device, name, bufs)
         seeds.append(c)
+    if resume and tuple(resume) not in {tuple(c.opts) for c in [base, *seeds]}:
+        # (its neighbours are where the search left off; a search cut short again keeps it where nothing beat it)
+        try:
+            k = _new_kernel(ast, device, item)
+            for o in resume:
+                k.apply(o)
+            c = Candidate(list(resume), k)
+            _render(c, device, name, bufs)
+            if not seeds:  # (the default is the last seed: here the reference, which has no opts)
+                seeds.append(Candidate(list(base.opts), base.kernel, src=base.src, name=base.name,
+                                       launch=base.launch, buf_index=base.buf_index, binary=base.binary))
+            seeds.insert(0, c)
+        except Exception:  # noqa: BLE001 - a stored winner this version does not apply: the search without it
+            pass
     return base, seeds
 
 
@@ -1063,8 +1078,11 @@ def beam_items(items: list[ScheduleItem], dev: Any, width: int = 4, progress: Ca
                     rows[i] = skipped
                     continue
             began = time.perf_counter()
+            # a winner of an earlier search cut short (not one the program check dropped) is where this one resumes
+            prior = lookup_entry(asts[i], dev)
+            resume = prior["opts"] if prior is not None and prior["partial"] and not prior["dropped"] else None
             try:
-                starts = _starts(asts[i], dev, item.name, item.bufs, item)
+                starts = _starts(asts[i], dev, item.name, item.bufs, item, resume)
             except Exception:  # noqa: BLE001 - the search renders it again and reports what fails
                 starts = None
             if starts is not None:
