@@ -417,6 +417,33 @@ def test_a_search_after_a_partial_one_resumes_from_its_winner(fake_clock, monkey
     assert rows[0]["tried"] > 0 and search.lookup_entry(ast, cpu)["opts"] != deep + [deep[0]] * 20
 
 
+def test_a_cut_short_search_whose_best_could_not_be_confirmed_stores_nothing(fake_clock, monkeypatch, tmp_path):
+    """The heavy kernel's first candidate (faster alone) takes its timing past its share's deadline: no confirm
+    round fits, so the default is kept for the run, but nothing showed it faster than the candidate: nothing is
+    stored, and a partial winner stored earlier stays (a budgeted run on a loaded machine replaced a 1.43x
+    partial winner with the default this way); the table says why."""
+    monkeypatch.setenv("TGC_CACHE_DIR", str(tmp_path))
+    items, cpu = _mix_items()
+    monkeypatch.setattr(search, "estimate_cost", lambda item, dev: 3.0 if item is items[0] else 1.0)
+    ast = search.search_ast(items[0], cpu)
+    n_default = len(search._starts(ast, cpu, "k", items[0].bufs)[1][-1].opts)
+
+    def run(self, cand, best, runs=3):  # a round's candidate (deeper than the default) overruns the share
+        t = 3.0 * 0.9 ** len(cand.opts)
+        fake_clock.now += t + (100.0 if len(cand.opts) > n_default else 0.0)
+        return t
+    monkeypatch.setattr(search._Timer, "run", run)
+    rows, _ = search.beam_items(items, cpu, width=2, budget_s=80.0, started=0.0)
+    assert rows[0]["out_of_budget"] and rows[0]["tried"] == 1 and rows[0]["after_s"] == rows[0]["before_s"]
+    assert search.lookup_entry(ast, cpu) is None and rows[0]["stored"] is False
+    assert "before its best could be confirmed: not stored" in _table_line(rows[0])
+    prior = search._starts(ast, cpu, "k", items[0].bufs)[1][0].opts  # (a partial winner of an earlier search)
+    search.store(ast, cpu, prior, 1.0, items[0].name, 2, partial=True)
+    fake_clock.now = 0.0
+    rows, _ = search.beam_items(items, cpu, width=2, budget_s=80.0, started=0.0)
+    assert rows[0]["stored"] is False and search.lookup_entry(ast, cpu)["opts"] == prior
+
+
 def test_a_resumed_winner_of_a_kernel_with_no_default_opts_leaves_the_default_last():
     """The default is the search's last first candidate (`_search_from`); where the heuristic picks no opts there
     were none, and the default was the reference: with a winner to resume from, the reference is added as the

@@ -315,7 +315,8 @@ def beam_table(result: Mapping[str, Any]) -> Any:
         if (k.get("out_of_budget") or k.get("interrupted")) and not k.get("skipped"):  # (`search.store_result`)
             cut = "stopped at its share of the budget" if k.get("out_of_budget") else "interrupted"
             if k.get("stored") is False:
-                note += f" ({cut} before trying a candidate: not stored; a later `tgc beam` searches it)"
+                when = "before trying a candidate" if not k.get("tried") else "before its best could be confirmed"
+                note += f" ({cut} {when}: not stored; a later `tgc beam` searches it)"
             elif k.get("partial"):
                 note += f" ({cut}: stored as partial; a later `tgc beam` searches it again)"
             else:

@@ -214,11 +214,11 @@ def store_result(ast: UOp, device: Any, res: SearchResult, name: str, width: int
     """Store a search's winner under `width`. A search cut short (its share of the budget spent:
     `res.out_of_budget`; Ctrl-C: `res.interrupted`) is not a finished search of that width: its winner (the
     default unless it beat it on the confirm's timing) is stored as partial (`lookup` with no width uses it; the
-    next `tgc beam` or `BEAM=W` searches the kernel again), and nothing is stored where it tried no candidate.
-    False where nothing was stored."""
+    next `tgc beam` or `BEAM=W` searches the kernel again, from it), and nothing is stored where it tried no
+    candidate or its best could not be confirmed (`res.unconfirmed`). False where nothing was stored."""
     partial = res.out_of_budget or res.interrupted
-    if partial and res.tried == 0:
-        return False
+    if partial and (res.tried == 0 or res.unconfirmed):  # (it showed nothing: an earlier partial winner stays,
+        return False  # and the next search resumes from it)
     store(ast, device, res.opts, res.after_s, name, width, partial=partial)
     return True
 
@@ -507,6 +507,9 @@ class SearchResult:
     out_of_budget: bool = False  # the kernel's share of the budget ran out: the search stopped early
     started: float = 0.0  # when the search began (`time.perf_counter()`)
     setup_s: float | None = None  # seconds from then until its default was timed (None: it never was)
+    # a winner over the default that the confirm had no time (its deadline) or was interrupted before it could time
+    # against the default: the default is kept, though nothing showed it faster (`store_result` stores nothing)
+    unconfirmed: bool = False
 
 
 def _time_candidate(timer: _Timer, c: Candidate, best_s: float, result: SearchResult) -> bool:
@@ -730,10 +733,14 @@ def _search_from(ast, device, timer: _Timer, width, name, progress, pool, rounds
         _compile_here(default, device)
         default.time_s = timer.run(default, float("inf"))
         result.before_s = result.after_s = default.time_s
+    contender = best is not default and best.opts != default.opts
+    result.unconfirmed = contender and deadline is not None and \
+        time.perf_counter() + default.time_s + best.time_s > deadline  # (`_confirm` times no round)
     try:
         best, result.before_s, result.after_s = _confirm(timer, best, default, deadline)
     except KeyboardInterrupt:  # interrupted while confirming: the default is the safe choice
         result.interrupted = True
+        result.unconfirmed = contender
         best, result.after_s = default, default.time_s
     result.opts = best.opts
     return result
