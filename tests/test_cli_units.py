@@ -765,3 +765,16 @@ def test_a_directory_path_over_path_max_is_said_too_long_not_missing(tmp_path):
     assert e.value.exit_code == 2 and "does not exist" not in str(e.value)
     with pytest.raises(TgcError, match="does not exist"):  # a missing directory is still said so
         outputs.check_writable(str(tmp_path / "missing" / "out.npz"))
+
+
+def test_check_outdir_with_the_working_directory_gone_refuses_and_ends(tmp_path, monkeypatch):
+    # (the CLI refuses a removed working directory at its start; the check itself must end too, not climb '.')
+    from tgc.cli.emit import check_outdir
+    from tgc.errors import TgcError
+
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    with pytest.raises(TgcError, match="working directory cannot be reached"):
+        check_outdir("a/b")

@@ -155,6 +155,8 @@ def check_outdir(directory: str) -> None:
                 raise TgcError(f"-o {directory}: cannot create the directory: '{cur}' cannot be reached")
             cur = head
             continue
+        if cur == os.curdir:  # (the working directory itself is gone: no ancestor to find)
+            raise TgcError(f"-o {directory}: cannot create the directory: the working directory cannot be reached")
         missing.append(tail)
         cur = head or os.curdir
     if not missing:
