@@ -155,8 +155,6 @@ def check_outdir(directory: str) -> None:
                 raise TgcError(f"-o {directory}: cannot create the directory: '{cur}' cannot be reached")
             cur = head
             continue
-        if cur == os.curdir:  # (the working directory itself is gone: no ancestor to find)
-            raise TgcError(f"-o {directory}: cannot create the directory: the working directory cannot be reached")
         missing.append(tail)
         cur = head or os.curdir
     if not missing:
@@ -177,10 +175,14 @@ def check_outdir(directory: str) -> None:
         path_max = os.pathconf(cur, "PC_PATH_MAX")
     except (OSError, ValueError, AttributeError):
         path_max = 4096
-    if len(os.fsencode(os.path.abspath(directory))) >= path_max:
+    try:
+        full = len(os.fsencode(os.path.abspath(directory)))
+    except OSError:  # (os.getcwd: the working directory was removed; the CLI refuses that at its start)
+        raise TgcError(f"-o {directory}: cannot create the directory: the working directory cannot be "
+                       "reached") from None
+    if full >= path_max:
         raise TgcError(f"-o {directory}: cannot create the directory: the path is too long "
-                       f"({len(os.fsencode(os.path.abspath(directory)))} bytes; at most {path_max - 1} here)",
-                       hint="use a shorter path")
+                       f"({full} bytes; at most {path_max - 1} here)", hint="use a shorter path")
     if not os.access(cur, os.W_OK):
         raise TgcError(f"-o {directory}: cannot create the directory: '{cur}': permission denied")
     e = file_creation_error(cur)  # (os.access says yes to root where nothing can be made: /sys, /proc)
