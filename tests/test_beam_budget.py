@@ -417,6 +417,40 @@ def test_a_search_after_a_partial_one_resumes_from_its_winner(fake_clock, monkey
     assert rows[0]["tried"] > 0 and search.lookup_entry(ast, cpu)["opts"] != deep + [deep[0]] * 20
 
 
+def test_a_cut_short_search_keeps_a_finished_winner_stored_before(fake_clock, monkeypatch, tmp_path):
+    """A finished width-1 search's winner is stored; a width-2 search cut short by its share (and a --force one)
+    is confirmed against the default only: it must not replace that winner (a review saw a 1.42x width-1 winner
+    replaced by the default, stored as partial), and it starts from it; the table says the winner is kept."""
+    monkeypatch.setenv("TGC_CACHE_DIR", str(tmp_path))
+    items, cpu = _mix_items()
+    monkeypatch.setattr(search, "estimate_cost", lambda item, dev: 3.0 if item is items[0] else 1.0)
+    ast = search.search_ast(items[0], cpu)
+    default = search._starts(ast, cpu, "k", items[0].bufs)[1][-1].opts
+    finished = search._starts(ast, cpu, "k", items[0].bufs)[1][0].opts  # (a shallower kernel than the default)
+    assert finished != default
+    search.store(ast, cpu, finished, 1.0, items[0].name, 1)
+    seen: list = []
+    real = search._starts
+
+    def starts(*a, **kw):
+        if a[0] is ast:
+            seen.append(a[5] if len(a) > 5 else kw.get("resume"))
+        return real(*a, **kw)
+    monkeypatch.setattr(search, "_starts", starts)
+    for force in (False, True):
+        fake_clock.now = 0.0
+        rows, _ = search.beam_items(items, cpu, width=2, budget_s=80.0, started=0.0, force=force)
+        assert rows[0]["out_of_budget"] and rows[0]["tried"] > 0 and rows[0]["stored"] is False and rows[0]["kept"]
+        entry = search.lookup_entry(ast, cpu)
+        assert entry["opts"] == finished and entry["width"] == 1 and not entry["partial"]
+        assert seen[-1] == finished  # (the search started from it)
+        assert "an earlier finished search's winner is kept" in _table_line(rows[0])
+    fake_clock.now = 0.0
+    rows, _ = search.beam_items(items, cpu, width=2, budget_s=None, started=0.0)  # one that finishes replaces it
+    assert not rows[0]["out_of_budget"] and rows[0]["stored"]
+    assert search.lookup_entry(ast, cpu)["width"] == 2 and not search.lookup_entry(ast, cpu)["partial"]
+
+
 def test_a_cut_short_search_whose_best_could_not_be_confirmed_stores_nothing(fake_clock, monkeypatch, tmp_path):
     """The heavy kernel's first candidate (faster alone) takes its timing past its share's deadline: no confirm
     round fits, so the default is kept for the run, but nothing showed it faster than the candidate: nothing is

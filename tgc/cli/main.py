@@ -1033,8 +1033,8 @@ def beam_(file: str, device: str | None, dims: dict[str, int], width: int, force
         if check_line:
             make_console().print(check_line)
     if result.get("interrupted"):
-        _err("beam: interrupted; the winners found so far are stored (as partial: the next `tgc beam` searches "
-             "those kernels again)")
+        _err("beam: interrupted (the table says what each kernel stored; the next `tgc beam` searches the kernels "
+             "whose search did not finish)")
         click.get_current_context().exit(130)
 
 

@@ -314,7 +314,9 @@ def beam_table(result: Mapping[str, Any]) -> Any:
             note += " (small search: a negligible share of the program)"
         if (k.get("out_of_budget") or k.get("interrupted")) and not k.get("skipped"):  # (`search.store_result`)
             cut = "stopped at its share of the budget" if k.get("out_of_budget") else "interrupted"
-            if k.get("stored") is False:
+            if k.get("kept"):
+                note += f" ({cut}: an earlier finished search's winner is kept; a later `tgc beam` searches it)"
+            elif k.get("stored") is False:
                 when = "before trying a candidate" if not k.get("tried") else "before its best could be confirmed"
                 note += f" ({cut} {when}: not stored; a later `tgc beam` searches it)"
             elif k.get("partial"):

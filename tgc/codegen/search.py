@@ -215,10 +215,17 @@ def store_result(ast: UOp, device: Any, res: SearchResult, name: str, width: int
     `res.out_of_budget`; Ctrl-C: `res.interrupted`) is not a finished search of that width: its winner (the
     default unless it beat it on the confirm's timing) is stored as partial (`lookup` with no width uses it; the
     next `tgc beam` or `BEAM=W` searches the kernel again, from it), and nothing is stored where it tried no
-    candidate or its best could not be confirmed (`res.unconfirmed`). False where nothing was stored."""
+    candidate or its best could not be confirmed (`res.unconfirmed`), or where a finished search's winner is
+    stored (a narrower width's: it stays). False where nothing was stored."""
     partial = res.out_of_budget or res.interrupted
     if partial and (res.tried == 0 or res.unconfirmed):  # (it showed nothing: an earlier partial winner stays,
         return False  # and the next search resumes from it)
+    prior = lookup_entry(ast, device) if partial else None
+    if prior is not None and not prior["partial"] and not prior["dropped"]:
+        # a finished search's winner (a narrower width's, or the one `--force` searches again) stays: this one,
+        # cut short, was confirmed against the default only (a review saw a 1.42x width-1 winner replaced by the
+        # default); the next search resumes from it (`beam_items`), and one that finishes replaces it
+        return False
     store(ast, device, res.opts, res.after_s, name, width, partial=partial)
     return True
 
@@ -1085,9 +1092,10 @@ def beam_items(items: list[ScheduleItem], dev: Any, width: int = 4, progress: Ca
                     rows[i] = skipped
                     continue
             began = time.perf_counter()
-            # a winner of an earlier search cut short (not one the program check dropped) is where this one resumes
+            # a stored winner (of a search cut short, or a finished narrower one, or the one --force searches
+            # again; not one the program check dropped) is one of this search's first candidates
             prior = lookup_entry(asts[i], dev)
-            resume = prior["opts"] if prior is not None and prior["partial"] and not prior["dropped"] else None
+            resume = prior["opts"] if prior is not None and not prior["dropped"] else None
             try:
                 starts = _starts(asts[i], dev, item.name, item.bufs, item, resume)
             except Exception:  # noqa: BLE001 - the search renders it again and reports what fails
@@ -1109,6 +1117,9 @@ def beam_items(items: list[ScheduleItem], dev: Any, width: int = 4, progress: Ca
             stored = store_result(asts[i], dev, res, item.name, width)
             rows[i] = {"name": item.name, "opts": [str(o) for o in res.opts], "width": width, "stored": stored,
                        "partial": stored and (res.out_of_budget or res.interrupted),
+                       # (cut short, not stored: a finished search's winner stays, `store_result`)
+                       "kept": not stored and prior is not None and not prior["partial"] and not prior["dropped"]
+                       and res.tried > 0 and not res.unconfirmed,
                        "before_s": res.before_s, "after_s": res.after_s,
                        "speedup": res.before_s / res.after_s if res.after_s else 0.0,
                        "tried": res.tried, "rejected": res.rejected, "failed": res.failed, "cached": False,
