@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -778,3 +779,53 @@ def test_check_outdir_with_the_working_directory_gone_refuses_and_ends(tmp_path,
     gone.rmdir()
     with pytest.raises(TgcError, match="working directory cannot be reached"):
         check_outdir("a/b")
+
+
+def _wait_for_interrupt(seconds: float = 10.0) -> None:
+    import time
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(0.001)
+
+
+def test_ctrl_c_inside_a_weakref_callback_or_del_is_raised_after_it_returns(monkeypatch):
+    # Python drops an exception raised inside a weakref callback or __del__ ("Exception ignored"): the CLI's
+    # handler raises the signal again there, so KeyboardInterrupt reaches the code around it (a review saw Ctrl-C
+    # swallowed in the node table's callback and `tgc beam` run on to exit 0)
+    import signal
+    import weakref
+
+    from tgc.cli import main as cli_main
+    from tgc.ir import uop
+
+    assert uop._forget in uop.WEAKREF_CALLBACKS
+    old = signal.signal(signal.SIGINT, cli_main._on_sigint)
+    try:
+        class Dying:
+            def __del__(self):
+                cli_main._on_sigint(signal.SIGINT, sys._getframe())  # (as if Ctrl-C came here)
+
+        after_del = []
+        with pytest.raises(KeyboardInterrupt):
+            d = Dying()
+            del d
+            after_del.append(True)  # (reached: the interrupt is raised after __del__ returned)
+            _wait_for_interrupt()
+        assert after_del == [True]
+
+        class Node:
+            pass
+
+        def callback(ref):  # a weakref callback registered as the node table's are
+            cli_main._on_sigint(signal.SIGINT, sys._getframe())
+        monkeypatch.setattr(uop, "WEAKREF_CALLBACKS", (callback,))
+        with pytest.raises(KeyboardInterrupt):
+            n = Node()
+            r = weakref.ref(n, callback)
+            del n
+            _wait_for_interrupt()
+        assert r() is None
+        with pytest.raises(KeyboardInterrupt):  # elsewhere: at once, as Python's own handler
+            cli_main._on_sigint(signal.SIGINT, sys._getframe())
+    finally:
+        signal.signal(signal.SIGINT, old)

@@ -125,6 +125,41 @@ def exit_now(code: Any) -> None:
     os._exit(status & 0xFF)
 
 
+def _on_sigint(signum: int, frame: Any) -> None:
+    """Ctrl-C: KeyboardInterrupt, as Python's own handler raises it, but never inside a function Python calls where
+    an exception is lost: a weakref callback (the node table's `tgc.ir.uop.WEAKREF_CALLBACKS`, the standard
+    library's) or a `__del__`, directly or below one. Raised there it was printed as "Exception ignored" and the
+    command ran on (a review saw `tgc beam` run 85 s more, exit 0, and store the interrupted search as
+    finished). There the signal is sent again a millisecond later, from a timer thread (`signal.raise_signal`
+    would run this handler again at once, inside the same function): Python handles it in whatever runs then,
+    normally that function's caller once it has returned (if not, it is sent again)."""
+    import signal
+    import threading
+
+    uop = sys.modules.get("tgc.ir.uop")
+    lost = {f.__code__ for f in uop.WEAKREF_CALLBACKS} if uop is not None else set()
+    f = frame
+    while f is not None:
+        code = f.f_code
+        if code in lost or code.co_name == "__del__" or (code.co_name == "remove"
+                                                         and code.co_filename.endswith("weakref.py")):
+            timer = threading.Timer(0.001, os.kill, (os.getpid(), signal.SIGINT))
+            timer.daemon = True
+            timer.start()
+            return
+        f = f.f_back
+    signal.default_int_handler(signum, frame)
+
+
+def install_sigint_handler() -> None:
+    """`_on_sigint` for SIGINT, where Python's own handler is in place (a process started ignoring SIGINT, a job
+    a shell put in the background, keeps ignoring it). Main thread only, as any handler."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _on_sigint)
+
+
 class TgcGroup(click.Group):
     """Turns errors into one message on stderr: `TgcError.format()` with its exit code, or an internal error.
     click's usage errors keep their exit code (2) and get the same `error:`/`help:` style."""
@@ -142,6 +177,7 @@ class TgcGroup(click.Group):
         # takes the cold path or --check (parsing, lowering, compiling: cyclic garbage), turns it back on
         # (`_collect`). The process ends through `exit_now`, so nothing outlives it.
         gc.disable()
+        install_sigint_handler()
         try:
             super().main(None, prog_name, complete_var, True, **extra)
         except SystemExit as e:

@@ -147,6 +147,11 @@ def _forget(ref: _KeyedRef, _remove: Callable = _remove_dead_weakref, _table: di
     _remove(_table, ref.key)
 
 
+# the functions Python calls as weakref callbacks: an exception raised inside one is printed and lost, so the CLI's
+# Ctrl-C handler (`tgc.cli.main._on_sigint`) does not raise KeyboardInterrupt there
+WEAKREF_CALLBACKS = (_forget,)
+
+
 class UOp:
     """An immutable, hash-consed node. Build with `UOp(op, dtype, src, arg)`; equal nodes are the same object."""
 
