@@ -829,3 +829,17 @@ def test_ctrl_c_inside_a_weakref_callback_or_del_is_raised_after_it_returns(monk
             cli_main._on_sigint(signal.SIGINT, sys._getframe())
     finally:
         signal.signal(signal.SIGINT, old)
+
+
+def test_compile_o_through_a_dangling_symlink_is_refused_before_the_work(tmp_path):
+    # `-o link` and `-o link/sub` where link points nowhere: os.stat says ENOENT as for a missing name, and
+    # os.makedirs failed only after the compile (exit 1 for `-o link`); refused first, exit 2, nothing made
+    from tgc.cli.emit import check_outdir
+
+    link = tmp_path / "dangling"
+    link.symlink_to(tmp_path / "nowhere" / "x")
+    for target in (link, link / "sub"):
+        with pytest.raises(TgcError, match="symbolic link to .*which does not exist") as e:
+            check_outdir(str(target))
+        assert e.value.exit_code == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling"]

@@ -149,6 +149,9 @@ def check_outdir(directory: str) -> None:
             if e.errno not in (errno.ENOENT, errno.ENAMETOOLONG, errno.ENOTDIR):
                 raise TgcError(f"-o {directory}: cannot create the directory: '{cur}' cannot be reached "
                                f"({oserror_text(e)})") from None
+            if e.errno == errno.ENOENT and os.path.islink(cur):  # (makedirs fails on it after the compile)
+                raise TgcError(f"-o {directory}: cannot create the directory: '{cur}' is a symbolic link to "
+                               f"'{os.readlink(cur)}', which does not exist") from None
         head, tail = os.path.split(cur)
         if not tail:  # ('a//', or a root that cannot be reached)
             if head == cur:
