@@ -38,6 +38,18 @@ def test_a_padded_copy_against_numpy(c, h, w, p):
     assert verify.STATS["unverified"] == before.get("unverified", 0)  # every masked lane was enumerated
 
 
+@pytest.mark.parametrize("dtype,np_dtype", [("bool", np.bool_), ("f16", np.float16), ("i32", np.int32),
+                                             ("u8", np.uint8)])
+def test_masked_rows_of_other_dtypes_against_numpy(dtype, np_dtype):
+    """Booleans are stored as bytes (the masked store widens the i1 lanes, as a plain store does)."""
+    x = (np.random.default_rng(2).standard_normal((8, 56, 56)) * 5).astype(np_dtype)
+    src = f"x: {dtype}[8, 56, 56]\nreturn pad(x, ((0, 0), (1, 1), (1, 1)))"
+    k = tgc.loads(src).compile(device="CPU")[-1]
+    assert _masked_loads(k)
+    got = tgc.loads(src).run(device="CPU", x=x)["out0"]
+    np.testing.assert_array_equal(got, np.pad(x, ((0, 0), (1, 1), (1, 1))))
+
+
 def test_the_row_is_masked_vectors_not_a_branch_per_lane():
     """58 columns padded to 64 (PADTO, 2 vectors of 16): one masked load and one masked store per vector, the
     loads' gates per lane; LLVM IR without the per-lane load blocks."""

@@ -450,7 +450,12 @@ class _Renderer:
             vd, ptr = val.dtype, self.tmp()
             self.emit(f"{ptr} = getelementptr {mtype(vd.scalar())}, ptr {self.ref(buf)}, {ltype(idx.dtype)} "
                       f"{self.ref(idx)}")
-            self.emit(f"call void {self.masked('store', vd)}({mtype(vd)} {self.ref(val)}, ptr {ptr}, "
+            v = self.ref(val)
+            if vd.is_bool:
+                z = self.tmp()
+                self.emit(f"{z} = zext {ltype(vd)} {v} to {mtype(vd)}")
+                v = z
+            self.emit(f"call void {self.masked('store', vd)}({mtype(vd)} {v}, ptr {ptr}, "
                       f"i32 {vd.itemsize}, <{vd.count} x i1> {self.ref(gate)})")
             return
         done = ""
