@@ -127,7 +127,7 @@ def test_python_gated_store_writes_only_where_the_gate_is_on():
 
 def test_vectorize_keeps_a_store_gate():
     """A gated store whose contiguous lanes become one vector store keeps its gate; one whose gate varies with
-    the lane becomes scalar stores, each with its lane's gate."""
+    the lane becomes one vector store gated lane by lane (a masked store)."""
     from tgc.codegen.expand import vectorize
     out = UOp(Ops.DEFINE_GLOBAL, F32.as_ptr(), (), 0)
     inp = UOp(Ops.DEFINE_GLOBAL, F32.as_ptr(), (), 1)
@@ -135,10 +135,9 @@ def test_vectorize_keeps_a_store_gate():
     lane = UOp(Ops.RANGE, I32, (_c(4),), (1, RangeKind.UPCAST))
     idx = UOp(Ops.ADD, I32, (UOp(Ops.MUL, I32, (row, _c(4))), lane))
     val = UOp(Ops.LOAD, F32, (inp, idx))
-    for gate, stores in ((UOp(Ops.CMPLT, dtypes.bool, (row, _c(2))), 1),
-                         (UOp(Ops.CMPLT, dtypes.bool, (lane, _c(2))), 4)):
+    for gate, gate_dtype in ((UOp(Ops.CMPLT, dtypes.bool, (row, _c(2))), dtypes.bool),
+                             (UOp(Ops.CMPLT, dtypes.bool, (lane, _c(2))), dtypes.bool.vec(4))):
         ast = UOp(Ops.SINK, None, (UOp(Ops.STORE, None, (out, idx, val, gate)),))
         got = vectorize(ast).src
-        assert len(got) == stores and all(len(s.src) == 4 and s.src[3].dtype == dtypes.bool for s in got)
-        if stores == 4:  # each lane's own gate: lanes 0, 1 on, 2, 3 off
-            assert [s.src[3].arg for s in got] == [True, True, False, False]
+        assert len(got) == 1 and len(got[0].src) == 4 and got[0].src[3].dtype == gate_dtype
+        assert got[0].src[2].dtype == F32.vec(4)

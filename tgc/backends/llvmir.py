@@ -393,14 +393,18 @@ class _Renderer:
         d = u.dtype
         if gate is not None and d.count == 1 and self.branch_loads:
             return self.branch_load(buf, idx, it, gate, d)
-        if gate is not None:
+        lane_gates = gate is not None and gate.dtype.count > 1
+        if gate is not None and not lane_gates:
             safe = self.tmp()
             self.emit(f"{safe} = select i1 {self.ref(gate)}, {it} {idx}, {it} 0")
             idx = safe
         ptr, val = self.tmp(), self.tmp()
-        self.emit(f"{ptr} = getelementptr inbounds {mtype(d.scalar())}, ptr {self.ref(buf)}, {it} {idx}")
+        # a gate per lane (a padded row's border): the masked-off lanes' addresses may lie outside the buffer,
+        # never read, so the address is a plain (wrapping) getelementptr, not an inbounds one
+        self.emit(f"{ptr} = getelementptr{'' if lane_gates else ' inbounds'} {mtype(d.scalar())}, "
+                  f"ptr {self.ref(buf)}, {it} {idx}")
         if gate is not None and d.count > 1:
-            mask = self.splat_gate(gate, d.count)
+            mask = self.ref(gate) if lane_gates else self.splat_gate(gate, d.count)
             self.emit(f"{val} = call {mtype(d)} {self.masked('load', d)}(ptr {ptr}, i32 {d.itemsize}, "
                       f"<{d.count} x i1> {mask}, {mtype(d)} zeroinitializer)")
         else:
@@ -442,6 +446,18 @@ class _Renderer:
         address is formed, where the gate is off."""
         buf, idx, val = u.src[:3]
         gate = u.src[3] if len(u.src) > 3 else None
+        if gate is not None and gate.dtype.count > 1:  # a gate per lane: a masked store (nothing where it is off)
+            vd, ptr = val.dtype, self.tmp()
+            self.emit(f"{ptr} = getelementptr {mtype(vd.scalar())}, ptr {self.ref(buf)}, {ltype(idx.dtype)} "
+                      f"{self.ref(idx)}")
+            v = self.ref(val)
+            if vd.is_bool:
+                z = self.tmp()
+                self.emit(f"{z} = zext {ltype(vd)} {v} to {mtype(vd)}")
+                v = z
+            self.emit(f"call void {self.masked('store', vd)}({mtype(vd)} {v}, ptr {ptr}, "
+                      f"i32 {vd.itemsize}, <{vd.count} x i1> {self.ref(gate)})")
+            return
         done = ""
         if gate is not None:
             label = f"store{self.counter + 1}"

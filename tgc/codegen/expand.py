@@ -195,6 +195,13 @@ class _Vectorizer:
         """The index at lane 0 when the lanes of `idx` are consecutive, else None."""
         return self.at(idx, 0) if _stride(idx, self.lane) == 1 else None
 
+    def masked_base(self, idx: UOp) -> UOp | None:
+        """`contiguous_base`, also through subtractions (a padded image's `column - pad`): for a load whose
+        lanes are gated one by one, so it becomes one masked vector load instead of a branch per lane."""
+        neg = rebuild(idx, {}, lambda u: UOp(Ops.ADD, u.dtype, (u.src[0], UOp(Ops.MUL, u.dtype, (
+            u.src[1], UOp.const(u.dtype, -1))))) if u.op is Ops.SUB else u)
+        return self.at(idx, 0) if _stride(neg, self.lane) == 1 else None
+
     def broadcast(self, u: UOp) -> UOp:
         if u in self.depends or u.dtype is None or u.dtype.count > 1:
             return self.vec(u)
@@ -213,6 +220,9 @@ class _Vectorizer:
             gate_ok = len(u.src) == 2 or u.src[2] not in self.depends
             if base is not None and gate_ok:
                 out = UOp(Ops.LOAD, u.dtype.vec(w), (u.src[0], base, *u.src[2:]))
+            elif (masked := self.masked_base(u.src[1])) is not None and u.dtype.count == 1:
+                # a gate of each lane's own (a padded row's border): one masked vector load
+                out = UOp(Ops.LOAD, u.dtype.vec(w), (u.src[0], masked, self.vec(u.src[2])))
             else:  # a gather: one scalar load per lane
                 out = UOp(Ops.VECTORIZE, u.dtype.vec(w), tuple(self.at(u, j) for j in range(w)))
         elif u.op is Ops.REDUCE:
@@ -231,6 +241,8 @@ class _Vectorizer:
         value = self.broadcast(val)
         if base is not None and not (gate and gate[0] in self.depends):
             return [UOp(Ops.STORE, None, (buf, base, value, *gate))]
+        if base is not None and len(gate) == 1 and val.dtype.count == 1:  # a gate per lane: one masked store
+            return [UOp(Ops.STORE, None, (buf, base, value, self.vec(gate[0])))]
         return [UOp(Ops.STORE, None, (buf, self.at(idx, j), UOp(Ops.GEP, val.dtype, (value,), j),
                                       *(self.at(g, j) for g in gate)))
                 for j in range(self.width)]

@@ -437,7 +437,15 @@ def pad_loop(ast: UOp, r: UOp, new: UOp) -> UOp:
     last = UOp.const(INDEX, r.src[0].arg - 1)
     clamped = UOp(Ops.WHERE, INDEX, (UOp(Ops.CMPLT, dtypes.bool, (new, last)), new, last))
     live = UOp(Ops.CMPLT, dtypes.bool, (new, UOp.const(INDEX, r.src[0].arg)))
-    body = substitute(ast, {r: clamped})
+    # a load gated already and outside every reduction (a pad copy's, a pool's over a padded input) reads the
+    # loop's index unclamped, gated by `live` as well: its index stays affine in the loop, so a row of it is
+    # one masked vector load (`expand._Vectorizer`), not a branch per lane
+    unclamped = {u: UOp(Ops.LOAD, u.dtype, (u.src[0], substitute(u.src[1], {r: new}),
+                                           UOp(Ops.AND, dtypes.bool, (substitute(u.src[2], {r: new}), live))))
+                 for u in ast.toposort() if u.op is Ops.LOAD and len(u.src) == 3 and r in u.toposort()
+                 and not any(x.op is Ops.RANGE and x.arg[1] is RangeKind.REDUCE or x.op is Ops.LOAD and x is not u
+                             for x in u.toposort())}
+    body = substitute(ast, {**unclamped, r: clamped})
 
     def gate(u: UOp) -> UOp:
         if u.op is not Ops.STORE:

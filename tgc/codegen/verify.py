@@ -340,6 +340,13 @@ class _Verifier:
         idx = srcs[1]
         gate_u = _gate(u)
         gate = srcs[2 if u.op is Ops.LOAD else 3] if gate_u is not None else None
+        lane_gates = None
+        if isinstance(gate, list) and not isinstance(idx, list) and len(gate) == width and \
+                not any(isinstance(g, list) or g is DATA or g is TOO_BIG for g in gate):
+            # a gate per lane (a masked vector access: a padded row's border): lane j reads index + j where
+            # gate[j] holds, each lane checked on its own
+            lane_gates, gate = gate, None
+            idx = idx if idx is DATA or idx is TOO_BIG else [np.asarray(idx) + j for j in range(width)]
         parts = [idx, *([gate] if gate is not None else []), *masks]
         lanes = idx if isinstance(idx, list) else None
         data = any(p is DATA for p in parts) or any(isinstance(p, list) for p in parts[1:])
@@ -362,6 +369,8 @@ class _Verifier:
             bad = (ix < 0) | (ix > n - (1 if lanes is not None else width))
             if live is not None:
                 bad = np.logical_and(bad, live)
+            if lane_gates is not None:
+                bad = np.logical_and(bad, lane_gates[lane])
             if np.any(bad):
                 shape = np.shape(bad)
                 at = tuple(int(c[0]) for c in np.nonzero(bad)) if shape else ()
