@@ -18,7 +18,16 @@ from tgc.codegen import sizes
 from tgc.dtype import dtypes
 from tgc.engine.compare import compare
 from tgc.engine.inputs import random_inputs
-from tgc.ir.symsize import NotTraceable, SymFloat, SymSize, checked_at, decided_from, decided_upto, recording
+from tgc.ir.symsize import (
+    NotTraceable,
+    SymFloat,
+    SymSize,
+    checked_at,
+    decided_across,
+    decided_from,
+    decided_upto,
+    recording,
+)
 from tgc.ir.uop import Ops, UOp
 
 KERNELS = pathlib.Path(__file__).resolve().parent.parent / "kernels"
@@ -321,3 +330,37 @@ def test_slices_with_a_step_of_minus_one_trace_once():
     stepped = tgc.loads("x: f32[N]\nreturn x[::2] * 2.0")
     stepped.run(device="CPU", symbolic=True, x=np.ones(5, np.float32))
     assert "a slice with a step" in list(stepped.symbolic_paths.values())[0]
+
+
+@pytest.mark.parametrize("expr, numpy_expr", [
+    ("x[:2 * M] * 2.0 + y.sum()", lambda x, y: x[:2 * len(y)] * 2 + y.sum()),  # 2M - N > 0 at both probes
+    ("(x * 2.0 if M == N else x * 3.0) + y.sum()", lambda x, y: x * (2 if len(x) == len(y) else 3) + y.sum()),
+])
+def test_a_decision_comparing_dims_has_no_symbolic_form(expr, numpy_expr):
+    """A front-end decision whose dim terms have both signs (`2M - N > 0`: `x[:2 * M]` is all of x at the probes;
+    `M == N`, false at the probes) holds on no range of sizes: both paths gave the probes' answer where it flips
+    (100 elements at N = 100, M = 30, numpy 60; `x * 3` at M = N = 50). The class now has no symbolic form and
+    size-specialized kernels run."""
+    for one_trace in (True, False):
+        prog = tgc.loads(f"x: f32[N]\ny: f32[M]\nreturn {expr}")
+        prog.one_trace = one_trace
+        for n, m in ((100, 30), (50, 50), (1000, 300), (5, 3), (7, 9)):
+            x, y = np.linspace(-1, 1, n, dtype=np.float32), np.linspace(0, 1, m, dtype=np.float32)
+            got = np.asarray(prog.run(device="CPU", symbolic=True, x=x, y=y)["out0"])
+            want = numpy_expr(x, y)
+            assert got.shape == want.shape, (expr, one_trace, n, m)
+            np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=f"{expr} N={n} M={m}")
+            assert prog.last_run.startswith("specialized") and "compares dims" in prog.last_run
+        path = prog.symbolic_paths[("CPU", (("N", "n"), ("M", "n")))]
+        assert path.startswith("probes") and ("compares dims" in path) == one_trace
+    n, m = SymSize.dim("N", 211), SymSize.dim("M", 223)
+    with checked_at(({"N": 211, "M": 223}, {"N": 227, "M": 229})) as decided:
+        assert 2 * m - n > 0 and n > 100
+    assert decided_across(decided) == "a size decision on 2M-N compares dims with each other (no range of sizes " \
+        "keeps its answer)"
+    assert decided_across(decided[1:]) is None and decided_across([({(): -2, ("N",): 0}, -1)]) is None  # (a bound)
+    # terms of both signs that grow together over the class (dims >= 2) bound it as one sign does: N(M - 1) - 100
+    # > 0 holds from every dim at 11 (11 * 10 - 100 > 0), N(M - 1) < 300 up to 17 (17 * 16 < 300 <= 18 * 17)
+    grows, shrinks = {("M", "N"): 1, ("N",): -1, (): -100}, {("M", "N"): 1, ("N",): -1, (): -300}
+    assert decided_across([(grows, 1), (shrinks, -1)]) is None
+    assert decided_from([(grows, 1)]) == 11 and decided_upto([(shrinks, -1)]) == 17

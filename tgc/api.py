@@ -58,7 +58,7 @@ from tgc.engine.schedule import ScheduleItem, create_schedule, kernel_name, spli
 from tgc.env import debug_level, env_flag, env_int
 from tgc.errors import BindError, CompileError, TgcError
 from tgc.ir.shapes import prod, shape_of
-from tgc.ir.symsize import NotTraceable, SymSize, checked_at, decided_from, decided_upto, recording
+from tgc.ir.symsize import NotTraceable, SymSize, checked_at, decided_across, decided_from, decided_upto, recording
 from tgc.ir.uop import Ops, UOp
 from tgc.onnx import at_node as onnx_at_node
 from tgc.onnx import read_model
@@ -718,12 +718,16 @@ class Program:
         return self._trace_decisions.get(key, [])
 
     @staticmethod
-    def _bounded_by_decisions(plan: SymbolicPlan, decided: list) -> SymbolicPlan:
+    def _bounded_by_decisions(plan: SymbolicPlan, decided: list) -> SymbolicPlan | str:
         """`plan` trusted only where the front end's size decisions keep their answers at the probes: from
         where those bounding the dims from below hold (a slice's clamp at `N - 100`: checked with the source
         below), up to where those bounding them from above hold (`x[:300]` is all of x up to N = 299: above,
-        the dims leave the class's range and run size-specialized). The scheduler's decisions are not counted:
-        its thresholds (split-reduce, packing) change the speed, not the result."""
+        the dims leave the class's range and run size-specialized). A decision comparing dims with each other
+        (`2M - N > 0`, `M == N`) bounds no range: the class has no symbolic form (why, `decided_across`). The
+        scheduler's decisions are not counted: its thresholds (split-reduce, packing) change the speed, not the
+        result."""
+        if (why := decided_across(decided)) is not None:
+            return why
         plan.trusted_from = max(plan.trusted_from, decided_from(decided))
         upto = decided_upto(decided)
         if upto is not None:

@@ -68,7 +68,37 @@ def decided_from(decided: Sequence[tuple[Mapping[tuple[str, ...], int], int]]) -
         lead = [c for k, c in t.items() if k]
         if s and lead and all((c > 0) == (s > 0) for c in lead):
             least = max(least, abs(t.get((), 0)) + 1)
+        elif s and any(c for c in lead) and _monotone(t) == s:
+            # terms of both signs that grow together in the answer's direction over the class (`MN - N - 100`:
+            # N(M - 1) - 100): kept from the least size that keeps it with every dim there
+            lo, hi = 1, 1 << 40  # not kept with every dim at lo (or lo = 1), kept at hi (as at the probes)
+            if not _kept_at(t, s, hi):
+                continue
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (lo, mid) if _kept_at(t, s, mid) else (mid, hi)
+            least = max(least, hi)
     return least
+
+
+def _monotone(t: Mapping[tuple[str, ...], int]) -> int:
+    """1 (-1) where the polynomial grows (shrinks) with each dim over the class's sizes (every dim at least 2):
+    its terms, each dim written as 2 plus a variable from 0 (`N = 2 + n`), all of that sign but the constant;
+    else 0. (`MN - N` is `2 + 2m + n + mn`: 1; `2M - N` is `2 + 2m - n`: 0.)"""
+    out: dict[tuple[str, ...], int] = {}
+    for names, coef in t.items():
+        terms: dict[tuple[str, ...], int] = {(): coef}
+        for n in names:
+            nxt: dict[tuple[str, ...], int] = {}
+            for k, c in terms.items():
+                nxt[k] = nxt.get(k, 0) + c * 2
+                k2 = tuple(sorted(k + (n,)))
+                nxt[k2] = nxt.get(k2, 0) + c
+            terms = nxt
+        for k, c in terms.items():
+            out[k] = out.get(k, 0) + c
+    signs = {c > 0 for k, c in out.items() if k and c}
+    return 0 if len(signs) != 1 else (1 if signs == {True} else -1)
 
 
 INDEX_LIMIT = 2 ** 31 - 1  # decisions at this size or past it choose an index width, not a result
@@ -84,7 +114,7 @@ def decided_upto(decided: Sequence[tuple[Mapping[tuple[str, ...], int], int]]) -
     top: int | None = None
     for t, s in decided:
         lead = [(k, c) for k, c in t.items() if k and c]
-        if not s or not lead or not all((c > 0) != (s > 0) for _, c in lead):
+        if not s or not lead or not (all((c > 0) != (s > 0) for _, c in lead) or _monotone(t) == -s):
             continue
         if abs(t.get((), 0)) >= INDEX_LIMIT:  # an index's width (argmax's i32 result, `N * M < 2^31`): every
             continue  # symbolic kernel's launch checks refuse sizes whose indices pass i32 (a box bound of sqrt)
@@ -96,6 +126,22 @@ def decided_upto(decided: Sequence[tuple[Mapping[tuple[str, ...], int], int]]) -
             lo, hi = (mid, hi) if _kept_at(t, s, mid) else (lo, mid)
         top = lo if top is None else min(top, lo)
     return top
+
+
+def decided_across(decided: Sequence[tuple[Mapping[tuple[str, ...], int], int]]) -> str | None:
+    """Why no range of sizes keeps these decisions' answers, or None: a decision whose dim terms have both signs
+    (`2M - N > 0` of `x[:2 * M]` from a tensor of N; `M == N` in `a if M == N else b`) holds on no box of dims
+    from 2 up nor from a size up (at M = 2, N = B it is false for every large B), so `decided_from` and
+    `decided_upto` cannot bound it and the plan would give the probes' answer where it flips (`x[:2 * M]` was
+    all of x at N = 100, M = 30: 100 elements, numpy 60). Not one whose terms grow together over the class
+    (`MN - N`, `N(M - 1)`: `_monotone`), which `decided_from` and `decided_upto` bound. Give it only the front
+    end's decisions (`recording`)."""
+    for t, _ in decided:
+        lead = [c for k, c in t.items() if k and c]
+        if any(c > 0 for c in lead) and any(c < 0 for c in lead) and not _monotone(t):
+            poly = _terms_text(tuple(sorted((k, c) for k, c in t.items() if c)))
+            return f"a size decision on {poly} compares dims with each other (no range of sizes keeps its answer)"
+    return None
 
 
 def _kept_at(t: Mapping[tuple[str, ...], int], s: int, size: int) -> bool:
@@ -489,4 +535,4 @@ def is_symbolic(v: Any) -> bool:
 
 
 __all__ = ["INDEX_LIMIT", "Mono", "SMALLEST", "NotTraceable", "SymSize", "SymFloat", "checked_at", "decided_from",
-           "decided_upto", "is_symbolic", "recording"]
+           "decided_across", "decided_upto", "is_symbolic", "recording"]
