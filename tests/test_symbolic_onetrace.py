@@ -24,6 +24,7 @@ from tgc.ir.symsize import (
     SymSize,
     checked_at,
     decided_across,
+    decided_by_remainder,
     decided_from,
     decided_upto,
     recording,
@@ -79,7 +80,7 @@ def test_sizes_are_polynomials_of_the_dims():
     assert n % 32  # a dim of class n is no multiple of 32
     with checked_at((P, Q)):
         assert n * d > 2 * d and n + 1 > n
-        for refused in (lambda: n < d, lambda: n // 2, lambda: n % 7 == 3, lambda: n == 211, lambda: int(n),
+        for refused in (lambda: n < d, lambda: (n * n) // 2, lambda: n % 7 == 3, lambda: n == 211, lambda: int(n),
                         lambda: float(n), lambda: n / 2, lambda: n ** 2, lambda: recip * 2.0):
             with pytest.raises(NotTraceable):
                 refused()
@@ -145,7 +146,9 @@ def test_traced_once_same_kernels_and_results_as_the_probes(name, device, monkey
 
 @pytest.mark.parametrize("source, why", [
     ("x: f32[N]\ny = x\nfor i in range(N):\n    y = y + 1.0\nreturn y", "a loop runs over a dim"),
-    ("x: f32[N]\nreturn x[: N // 2] * 2.0", "N // 2"),
+    # N // 2 is a variable of its own (`symsize.atom`), but the slice's clamp compares it with N: a decision on
+    # a dim and its floor division is refused (coarse: `N//2 < N` holds at every N, `2(N//2) < N` at odd N only)
+    ("x: f32[N]\nreturn x[: N // 2] * 2.0", "a remainder of a dim"),
 ])
 def test_programs_outside_the_rule_keep_the_probes(source, why):
     prog = tgc.loads(source)
@@ -309,7 +312,7 @@ def test_front_end_decisions_bound_the_range_and_heuristics_do_not():
 def test_slices_with_a_step_of_minus_one_trace_once():
     """A reversed slice over a dim (`x[::-1]`, `x[-2::-1]`) is traced once, as the probes' plan; one the probes
     cannot serve (`x[:3:-1]`, `x[5:-300:-1]`: constants past the sizes) is traced once too, right at every size
-    (checked against the source where its clamps differ). A step of 2 (a floor division of the size) refuses."""
+    (checked against the source where its clamps differ)."""
     decl = "x: f32[N]\nm: f32[R, C]\nreturn "
     for expr in ("x[::-1] * 2.0", "x[-2::-1] + m[::-1, 1:].sum()", "m[:, -1:0:-1] * 2.0"):
         prog, probed = tgc.loads(decl + expr), tgc.loads(decl + expr)
@@ -327,9 +330,8 @@ def test_slices_with_a_step_of_minus_one_trace_once():
         want = [x[::-1] * 2, x[:3:-1], x[5:-300:-1] + 1, m[::-1, 1:], m[:, -1:0:-1]]
         for i, w in enumerate(want):
             np.testing.assert_array_equal(np.asarray(got[f"out{i}"]), w, err_msg=f"N={n} out{i}")
-    stepped = tgc.loads("x: f32[N]\nreturn x[::2] * 2.0")
-    stepped.run(device="CPU", symbolic=True, x=np.ones(5, np.float32))
-    assert "a slice with a step" in list(stepped.symbolic_paths.values())[0]
+    # a step of 2: its length is a floor division of the size (`(N + 1) // 2`), traced once since onetrace3
+    # (`test_floor_divisions_of_a_dim_trace_once`)
 
 
 @pytest.mark.parametrize("expr, numpy_expr", [
@@ -364,3 +366,56 @@ def test_a_decision_comparing_dims_has_no_symbolic_form(expr, numpy_expr):
     grows, shrinks = {("M", "N"): 1, ("N",): -1, (): -100}, {("M", "N"): 1, ("N",): -1, (): -300}
     assert decided_across([(grows, 1), (shrinks, -1)]) is None
     assert decided_from([(grows, 1)]) == 11 and decided_upto([(shrinks, -1)]) == 17
+
+
+def test_a_floor_division_of_a_dim_is_a_variable_of_its_own():
+    """`symsize.atom`: `(a * N + r) // k` for a dim N, a variable of the polynomials whose value at any dims is
+    known; a decision that compares it with its dim depends on a remainder and refuses."""
+    h, c = SymSize.dim("H", 211), SymSize.dim("C", 223)
+    with checked_at(({"H": 211, "C": 223}, {"H": 229, "C": 227})) as decided:
+        pooled = (h - 2) // 2 + 1  # a 2x2 window of stride 2
+        half = (c + 1) // 2  # the length of `m[:, ::2]`
+        assert pooled.terms == ((("(1*H+0)//2",), 1),) and pooled.value == 105 and half.value == 112
+        assert (2 * h + 1) // 2 == h and (-h) // 2 == h // 2 - h and ((-h) // 2).value == -106
+        assert (3 * h + 4) // 2 == h + (h // 2) + 2 and sizes.mono_value(half.mono, {"C": 10}) == 5
+        assert pooled * c > pooled and pooled > 3
+        with pytest.raises(NotTraceable):
+            bool(2 * half - 1 == c)  # true at the odd probes only: refused as any equality that holds there
+        with pytest.raises(NotTraceable):
+            (h * c) // 2  # a product of dims is no atom
+        assert h - 2 * (h // 2) > 0  # (true at both probes: an odd H's remainder)
+    assert decided_by_remainder(decided) == \
+        "a size decision on -2(1*H+0)//2+H depends on a remainder of a dim"
+    assert decided_by_remainder(decided[:-1]) is None
+    assert decided_from([({("(1*H+0)//2",): 1, (): -3}, 1)]) == 8  # H//2 > 3 holds from H = 8 (not 4)
+    assert decided_upto([({("(1*H+0)//2",): 1, (): -300}, -1)]) == 599  # H//2 < 300 holds up to H = 599
+
+
+@pytest.mark.parametrize("name, runs", [
+    ("pooling.tg", [{"N": 2, "C": 3, "H": 4, "W": 5}, {"N": 3, "C": 2, "H": 7, "W": 2},
+                    {"N": 1, "C": 3, "H": 9, "W": 6}, {"N": 2, "C": 2, "H": 66, "W": 71}]),
+    ("slicing.tg", [{"N": 5, "R": 4, "C": 7}, {"N": 9, "R": 2, "C": 8}, {"N": 1, "R": 1, "C": 2},
+                    {"N": 300, "R": 5, "C": 301}]),
+])
+def test_floor_divisions_of_a_dim_trace_once(name, runs, monkeypatch):
+    """Pooling's `(H - 2) // 2 + 1` and a slice's length `(C + 1) // 2` (`m[:, ::2]`) are atoms (`H//2`,
+    `(C+1)//2`): the programs trace once (the probe path had no symbolic form for them) and are right at sizes of
+    1, odd, even and large against numpy, with the dims below `trusted_from` checked against the source."""
+    prog = tgc.load(KERNELS / name)
+    counts = _counted(monkeypatch)
+    plan = prog.compile_symbolic("CPU")
+    assert list(prog.symbolic_paths.values()) == ["one trace"] and counts == {"trace": 1, "schedule": 1}
+    # an atom of k = 2 exceeds the graph's constants from twice the size a dim does
+    assert sizes.signature_divisor(plan.signature, plan.slots) == 2
+    assert plan.trusted_from >= 2 * (sizes.signature_max_constant(plan.signature) + 5)
+    probed = tgc.load(KERNELS / name)
+    probed.one_trace = False
+    with pytest.raises(tgc.TgcError, match="no kernels valid for every size"):
+        probed.compile_symbolic("CPU")
+    ran = []
+    for dims in runs:
+        inputs = random_inputs(prog, dims, seed=7)
+        got = prog.run(device="CPU", symbolic=True, **inputs)
+        ran.append(prog.last_run)
+        _check(prog, got, dims, inputs)
+    assert ran.count("symbolic") >= 3, ran

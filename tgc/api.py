@@ -58,7 +58,16 @@ from tgc.engine.schedule import ScheduleItem, create_schedule, kernel_name, spli
 from tgc.env import debug_level, env_flag, env_int
 from tgc.errors import BindError, CompileError, TgcError
 from tgc.ir.shapes import prod, shape_of
-from tgc.ir.symsize import NotTraceable, SymSize, checked_at, decided_across, decided_from, decided_upto, recording
+from tgc.ir.symsize import (
+    NotTraceable,
+    SymSize,
+    checked_at,
+    decided_across,
+    decided_by_remainder,
+    decided_from,
+    decided_upto,
+    recording,
+)
 from tgc.ir.uop import Ops, UOp
 from tgc.onnx import at_node as onnx_at_node
 from tgc.onnx import read_model
@@ -665,9 +674,11 @@ class Program:
         p1, p2 = sizes.probes(cls)  # traced at the first; each size decision must come out the same at both
         tagged = {n: SymSize.dim(n, v) if n in symbolic else v for n, v in p1.items()}
         try:
-            with checked_at((p1, p2)):
+            with checked_at((p1, p2)) as decided:
                 outs, bufs = self._trace(tagged)
                 items = [i for i in create_schedule(outs, dev.caps, split_columns=False) if i.ast.src]
+            if (why := decided_by_remainder(decided)) is not None:
+                return why
             if any("attention" in i.meta or "unfused_ast" in i.meta for i in items):
                 # the fused attention's schedule at the representative size, where the heuristic picks the fast
                 # variant's opts, is not this one's (the probe path sees it by scheduling there)
@@ -1477,7 +1488,7 @@ class SymbolicPlan:
         self.item_bufs: list[list[UOp]] = []  # per kernel, the probe's buffer nodes (kernel_slots' order)
         # per declared input, (dtype, name, shape as Monos); the least size trusted without the source
         self.input_shapes: list[tuple[Any, str, tuple]] = []
-        self.trusted_from = sizes.trusted_from(signature)
+        self.trusted_from = sizes.trusted_from(signature, slots)
         self._source_checked: dict[tuple, str] = {}  # dims below `trusted_from` -> "" or why not (checked once)
         # which buffers share a slot, per set of launches, decided at the first probe's sizes (distinct primes:
         # buffers of equal size there have the same size expression) and sized at each dims
@@ -1504,6 +1515,10 @@ class SymbolicPlan:
             for item, ast in zip(items, self.asts):
                 if sizes.instantiate_ast(ast, dims) not in (item.ast, item.meta.get("unfused_ast")):
                     return f"kernel {item.name} differs from the size class's kernel at these sizes"
+        elif sizes.signature_divisor(self.signature, self.slots) > 1:
+            # a floor division of a dim (`H//2`) may be 0 or 1 here, which no probe saw: only the kernels the
+            # scheduler cuts at these sizes vouch for the plan's
+            return "the scheduler cuts other kernels at these sizes"
         return ""
 
     def bind(self, prog: Program, dims: dict[str, int]) -> tuple[Executable | None, str]:

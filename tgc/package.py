@@ -51,6 +51,7 @@ from tgc.dtype import DType, dtypes
 from tgc.engine.conform import as_array, check_input_names
 from tgc.errors import BindError, TgcError
 from tgc.interfaces import BufferSpec, LaunchableKernel
+from tgc.ir.symsize import atom_parts
 from tgc.version import __version__
 
 FORMAT = "tgpkg"
@@ -1716,7 +1717,8 @@ def _mono_expr(m: tuple) -> Any:
     coef, names, off, div = m
     e: Any = 1
     for n in names:
-        e = _mul(e, n)
+        parts = atom_parts(n) if "/" in n else None  # (a floor division of a dim: `symsize.atom`)
+        e = _mul(e, n if parts is None else ["//", ["+", _mul(parts[0], parts[1]), parts[2]], parts[3]])
     e = _mul(coef, e)
     if div != 1:
         e = e // div if isinstance(e, int) else ["//", e, div]

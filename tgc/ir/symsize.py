@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -67,7 +69,9 @@ def decided_from(decided: Sequence[tuple[Mapping[tuple[str, ...], int], int]]) -
     for t, s in decided:
         lead = [c for k, c in t.items() if k]
         if s and lead and all((c > 0) == (s > 0) for c in lead):
-            least = max(least, abs(t.get((), 0)) + 1)
+            # (an atom `(a * N + r) // k` exceeds the constant where N exceeds k times it)
+            scale = max([_divisor(k) for k, c in t.items() if k and c] or [1])
+            least = max(least, scale * (abs(t.get((), 0)) + 1))
         elif s and any(c for c in lead) and _monotone(t) == s:
             # terms of both signs that grow together in the answer's direction over the class (`MN - N - 100`:
             # N(M - 1) - 100): kept from the least size that keeps it with every dim there
@@ -83,15 +87,17 @@ def decided_from(decided: Sequence[tuple[Mapping[tuple[str, ...], int], int]]) -
 
 def _monotone(t: Mapping[tuple[str, ...], int]) -> int:
     """1 (-1) where the polynomial grows (shrinks) with each dim over the class's sizes (every dim at least 2):
-    its terms, each dim written as 2 plus a variable from 0 (`N = 2 + n`), all of that sign but the constant;
-    else 0. (`MN - N` is `2 + 2m + n + mn`: 1; `2M - N` is `2 + 2m - n`: 0.)"""
+    its terms, each variable written as its least value in the class plus a variable from 0 (`N = 2 + n`; an
+    atom, nondecreasing in its dim, at its value there), all of that sign but the constant; else 0. (`MN - N` is
+    `2 + 2m + n + mn`: 1; `2M - N` is `2 + 2m - n`: 0.)"""
     out: dict[tuple[str, ...], int] = {}
     for names, coef in t.items():
         terms: dict[tuple[str, ...], int] = {(): coef}
         for n in names:
+            low = value_of(n, {base_dim(n): 2})
             nxt: dict[tuple[str, ...], int] = {}
             for k, c in terms.items():
-                nxt[k] = nxt.get(k, 0) + c * 2
+                nxt[k] = nxt.get(k, 0) + c * low
                 k2 = tuple(sorted(k + (n,)))
                 nxt[k2] = nxt.get(k2, 0) + c
             terms = nxt
@@ -144,9 +150,29 @@ def decided_across(decided: Sequence[tuple[Mapping[tuple[str, ...], int], int]])
     return None
 
 
+def decided_by_remainder(decided: Sequence[tuple[Mapping[tuple[str, ...], int], int]]) -> str | None:
+    """Why a decision may depend on a remainder, or None: one with dim terms of both signs that holds a
+    floor division of a dim (`atom`) with that dim or another of its floor divisions (`H - 2 * (H//2) > 0` is
+    true at the odd probes, false at every even H). Any decision of the trace counts (the scheduler's and the
+    simplifier's too: a gate dropped by one is a wrong result at the sizes where it flips)."""
+    for t, _ in decided:
+        lead = [(k, c) for k, c in t.items() if k and c]
+        if not (any(c > 0 for _, c in lead) and any(c < 0 for _, c in lead)):
+            continue
+        names = {n for k, _ in lead for n in k}
+        atoms: dict[str, set[str]] = {}
+        for n in names:
+            if "/" in n:
+                atoms.setdefault(base_dim(n), set()).add(n)
+        if any(b in names or len(over) > 1 for b, over in atoms.items()):
+            poly = _terms_text(tuple(sorted((k, c) for k, c in t.items() if c)))
+            return f"a size decision on {poly} depends on a remainder of a dim"
+    return None
+
+
 def _kept_at(t: Mapping[tuple[str, ...], int], s: int, size: int) -> bool:
     """Whether the polynomial `t` has the sign `s` with every dim at `size`."""
-    v = _eval(dict(t), {n: size for k in t for n in k})
+    v = _eval(dict(t), {base_dim(n): size for k in t for n in k})
     return (v > 0) - (v < 0) == s
 
 
@@ -184,11 +210,53 @@ def _terms(v: Any) -> dict[tuple[str, ...], int]:
     return {(): int(v)} if v else {}
 
 
+_ATOM = re.compile(r"\((\d+)\*([A-Za-z_][A-Za-z0-9_]*)\+(\d+)\)//(\d+)")
+
+
+def atom(a: int, dim: str, r: int, k: int) -> str:
+    """The name of the size `(a * dim + r) // k` (1 <= a < k, 0 <= r < k): a floor division of a dim by a
+    constant, a variable of the polynomials of its own whose value at any dims is known (`atom_parts`)."""
+    return f"({a}*{dim}+{r})//{k}"
+
+
+@functools.cache
+def atom_parts(name: str) -> tuple[int, str, int, int] | None:
+    """(a, dim, r, k) of an `atom` name, or None for a dim's own name."""
+    m = _ATOM.fullmatch(name)
+    return None if m is None else (int(m[1]), m[2], int(m[3]), int(m[4]))
+
+
+def value_of(name: str, dims: Mapping[str, int]) -> int:
+    """A dim's or an atom's value at these dims."""
+    parts = atom_parts(name) if "/" in name else None
+    if parts is None:
+        return dims[name]
+    a, dim, r, k = parts
+    return (a * dims[dim] + r) // k
+
+
+def base_dim(name: str) -> str:
+    """The dim an atom divides (a dim itself)."""
+    parts = atom_parts(name) if "/" in name else None
+    return name if parts is None else parts[1]
+
+
+def _divisor(names: Sequence[str]) -> int:
+    """The product of the divisors of these names' atoms (1 for dims): how much larger the dims must be than a
+    bound on the product."""
+    out = 1
+    for n in names:
+        parts = atom_parts(n) if "/" in n else None
+        if parts is not None:
+            out *= parts[3]
+    return out
+
+
 def _eval(t: Terms | dict, dims: Mapping[str, int]) -> int:
     out = 0
     for names, coef in (t.items() if isinstance(t, dict) else t):
         for n in names:
-            coef *= dims[n]
+            coef *= value_of(n, dims)
         out += coef
     return out
 
@@ -359,9 +427,41 @@ class SymSize(int):
 
     def __floordiv__(self, other: Any) -> Any:
         q = self._divided(other)
-        if q is None:
-            return self._same_quotient(other)
-        return _make(self.value // (other.value if isinstance(other, SymSize) else other), q)
+        if q is not None:
+            return _make(self.value // (other.value if isinstance(other, SymSize) else other), q)
+        if isinstance(other, int) and not isinstance(other, (bool, SymSize)) and other > 0:
+            pts = _POINTS.get()
+            value = self.value // other
+            if pts and all(_eval(self.terms, pt) // other == value for pt in pts):
+                return value  # (the same quotient everywhere it is asked: as `_same_quotient`)
+            floor = self._floor_atom(other)
+            if floor is not None:
+                return floor
+        return self._same_quotient(other)
+
+    def _floor_atom(self, k: int) -> Any:
+        """`self // k` for an int k that does not divide every term: the terms k divides, divided, plus an
+        `atom` `(a * N + r) // k` for the rest, where the rest is one dim times a coefficient plus a constant
+        (`(H - 2) // 2` is `H//2 - 1`, a slice's length `(C + 1) // 2`); else None."""
+        whole: dict[tuple[str, ...], int] = {}
+        rest: list[tuple[tuple[str, ...], int]] = []
+        const_r = 0
+        for names, coef in self.terms:
+            q, r = divmod(coef, k)
+            if q:
+                whole[names] = q
+            if r and names:
+                rest.append((names, r))
+            elif r:
+                const_r = r
+        if not rest:  # (`(2N + 1) // 2` is N: the constant's remainder is below k)
+            return _make(self.value // k, whole)
+        if len(rest) != 1 or len(rest[0][0]) != 1 or "/" in rest[0][0][0]:
+            return None
+        (dim,), a = rest[0]
+        name = atom(a, dim, const_r, k)
+        whole[(name,)] = whole.get((name,), 0) + 1
+        return _make(self.value // k, whole)
 
     def _same_quotient(self, other: Any) -> int:
         """`self // other` that does not divide exactly: a plain int where it is the same at the traced sizes
@@ -535,4 +635,4 @@ def is_symbolic(v: Any) -> bool:
 
 
 __all__ = ["INDEX_LIMIT", "Mono", "SMALLEST", "NotTraceable", "SymSize", "SymFloat", "checked_at", "decided_from",
-           "decided_across", "decided_upto", "is_symbolic", "recording"]
+           "decided_across", "decided_by_remainder", "decided_upto", "is_symbolic", "recording"]
