@@ -146,9 +146,10 @@ def test_traced_once_same_kernels_and_results_as_the_probes(name, device, monkey
 
 @pytest.mark.parametrize("source, why", [
     ("x: f32[N]\ny = x\nfor i in range(N):\n    y = y + 1.0\nreturn y", "a loop runs over a dim"),
-    # N // 2 is a variable of its own (`symsize.atom`), but the slice's clamp compares it with N: a decision on
-    # a dim and its floor division is refused (coarse: `N//2 < N` holds at every N, `2(N//2) < N` at odd N only)
-    ("x: f32[N]\nreturn x[: N // 2] * 2.0", "a remainder of a dim"),
+    # N // 2 is a variable of its own (`symsize.atom`), but the length N - N//2 is 1 at N = 2 and 3, which the
+    # scheduler's `> 1` decision meets: a decision on a dim and its floor division that does not hold at every
+    # size is refused (`x[: N // 2]`, whose clamp `N//2 < N` holds everywhere, traces once)
+    ("x: f32[N]\nreturn x[N // 2:] * 2.0", "a remainder of a dim"),
 ])
 def test_programs_outside_the_rule_keep_the_probes(source, why):
     prog = tgc.loads(source)
@@ -384,9 +385,10 @@ def test_a_floor_division_of_a_dim_is_a_variable_of_its_own():
         with pytest.raises(NotTraceable):
             (h * c) // 2  # a product of dims is no atom
         assert h - 2 * (h // 2) > 0  # (true at both probes: an odd H's remainder)
+        assert h // 2 < h and h // 2 - h < 2 ** 62  # (at every size: their bounds H/2 - H and (H - 1)/2 - H)
     assert decided_by_remainder(decided) == \
         "a size decision on -2(1*H+0)//2+H depends on a remainder of a dim"
-    assert decided_by_remainder(decided[:-1]) is None
+    assert decided_by_remainder(decided[:-3]) is None and decided_by_remainder(decided[-2:]) is None
     assert decided_from([({("(1*H+0)//2",): 1, (): -3}, 1)]) == 8  # H//2 > 3 holds from H = 8 (not 4)
     assert decided_upto([({("(1*H+0)//2",): 1, (): -300}, -1)]) == 599  # H//2 < 300 holds up to H = 599
 
@@ -419,3 +421,17 @@ def test_floor_divisions_of_a_dim_trace_once(name, runs, monkeypatch):
         ran.append(prog.last_run)
         _check(prog, got, dims, inputs)
     assert ran.count("symbolic") >= 3, ran
+
+
+def test_the_first_half_of_a_dim_traces_once():
+    """`x[: N // 2]`: its clamp compares N//2 with N, which holds at every size (its bound N/2 - N < 0), so it
+    traces once; right at every size from 1 to 301 (even and odd) against numpy."""
+    prog = tgc.loads("x: f32[N]\nreturn x[: N // 2] * 2.0, x[: N // 3].sum() + x[: N // 2]")
+    prog.compile_symbolic("CPU")
+    assert list(prog.symbolic_paths.values()) == ["one trace"]
+    for n in (1, 2, 3, 4, 5, 6, 7, 12, 33, 64, 300, 301):
+        x = np.linspace(-1, 1, n, dtype=np.float32)
+        got = prog.run(device="CPU", symbolic=True, x=x)
+        np.testing.assert_allclose(np.asarray(got["out0"]), x[: n // 2] * 2, err_msg=f"N={n}")
+        np.testing.assert_allclose(np.asarray(got["out1"]), x[: n // 3].sum() + x[: n // 2], rtol=1e-5,
+                                   atol=1e-6, err_msg=f"N={n}")

@@ -142,9 +142,10 @@ def decided_across(decided: Sequence[tuple[Mapping[tuple[str, ...], int], int]])
     all of x at N = 100, M = 30: 100 elements, numpy 60). Not one whose terms grow together over the class
     (`MN - N`, `N(M - 1)`: `_monotone`), which `decided_from` and `decided_upto` bound. Give it only the front
     end's decisions (`recording`)."""
-    for t, _ in decided:
+    for t, s in decided:
         lead = [c for k, c in t.items() if k and c]
-        if any(c > 0 for c in lead) and any(c < 0 for c in lead) and not _monotone(t):
+        if any(c > 0 for c in lead) and any(c < 0 for c in lead) and not _monotone(t) \
+                and not _holds_everywhere(t, s):
             poly = _terms_text(tuple(sorted((k, c) for k, c in t.items() if c)))
             return f"a size decision on {poly} compares dims with each other (no range of sizes keeps its answer)"
     return None
@@ -155,9 +156,9 @@ def decided_by_remainder(decided: Sequence[tuple[Mapping[tuple[str, ...], int], 
     floor division of a dim (`atom`) with that dim or another of its floor divisions (`H - 2 * (H//2) > 0` is
     true at the odd probes, false at every even H). Any decision of the trace counts (the scheduler's and the
     simplifier's too: a gate dropped by one is a wrong result at the sizes where it flips)."""
-    for t, _ in decided:
+    for t, s in decided:
         lead = [(k, c) for k, c in t.items() if k and c]
-        if not (any(c > 0 for _, c in lead) and any(c < 0 for _, c in lead)):
+        if not (any(c > 0 for _, c in lead) and any(c < 0 for _, c in lead)) or _holds_everywhere(t, s):
             continue
         names = {n for k, _ in lead for n in k}
         atoms: dict[str, set[str]] = {}
@@ -168,6 +169,48 @@ def decided_by_remainder(decided: Sequence[tuple[Mapping[tuple[str, ...], int], 
             poly = _terms_text(tuple(sorted((k, c) for k, c in t.items() if c)))
             return f"a size decision on {poly} depends on a remainder of a dim"
     return None
+
+
+def _atom_bound(t: Mapping[tuple[str, ...], int], s: int) -> dict[tuple[str, ...], int] | None:
+    """A polynomial of the dims alone, times the product of the atoms' divisors, that bounds `t` on the side of
+    its answer `s` (below it for s > 0, above for s < 0) at every size: each atom `(a * N + r) // k` in a term
+    replaced by its least value `(a * N + r - k + 1) / k` where the term works for the answer, by `(a * N + r)
+    / k` where it works against it (the other factors of a term are dims, positive); None where a term holds
+    more than one atom."""
+    ks = sorted({atom_parts(n)[3] for k in t for n in k if "/" in n})  # type: ignore[index]
+    scale = 1
+    for k in ks:
+        scale *= k
+    out: dict[tuple[str, ...], int] = {}
+    for names, coef in t.items():
+        at = [n for n in names if "/" in n]
+        if len(at) > 1:
+            return None
+        rest = tuple(n for n in names if "/" not in n)
+        if not at:
+            out[rest] = out.get(rest, 0) + coef * scale
+            continue
+        a, dim, r, k = atom_parts(at[0])  # type: ignore[misc]
+        e = k - 1 if coef * s > 0 else 0
+        c = coef * (scale // k)
+        k1 = tuple(sorted(rest + (dim,)))
+        out[k1] = out.get(k1, 0) + c * a
+        out[rest] = out.get(rest, 0) + c * (r - e)
+    return {k: c for k, c in out.items() if c}
+
+
+def _holds_everywhere(t: Mapping[tuple[str, ...], int], s: int) -> bool:
+    """Whether a decision on atoms keeps its answer `s` at every size of the class: its bound (`_atom_bound`)
+    moves with every dim in the answer's direction (`_monotone`) and keeps it with every dim at 2 (`N//2 - N <
+    0`: its bound N/2 - N; not `H - 2(H//2) > 0`, whose bound is 0), or against it and keeps it with every dim
+    at `INDEX_LIMIT`, past every dim a plan serves (an index width's check, `N - N//2 < 2^63 - 1`)."""
+    if not s or not any("/" in n for k in t for n in k):
+        return False
+    b = _atom_bound(t, s)
+    if b is None or not any(k for k in b):
+        return False
+    way = _monotone(b)
+    return (way == s and _kept_at(b, s, 2)) or (way == -s and _kept_at(b, s, INDEX_LIMIT))
 
 
 def _kept_at(t: Mapping[tuple[str, ...], int], s: int, size: int) -> bool:
