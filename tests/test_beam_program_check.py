@@ -439,3 +439,39 @@ def test_a_wrong_typed_dropped_flag_counts_as_dropped(fresh, flag):
     del doc["dropped"]  # (absent: a winner in use)
     cache.put("beam", search.beam_key(ast, dev), json.dumps(doc).encode())
     assert search.lookup(ast, dev) == [] and not search.dropped(ast, dev)
+
+
+def test_drop_and_undrop_keep_a_partial_winner_partial(fresh):
+    """The program check re-stores an entry to drop it (`search.drop`) or undo that (`undrop`): a winner of a
+    search cut short (`"partial"`, `search.store_result`) stays partial, so the next `tgc beam` searches it again
+    (dropped or not), and an inline `BEAM=W` does too (`dropped` is False for it); a finished one stays finished."""
+    p = tgc.loads(MIX)
+    dev = _device("CPU")
+    ast = search.search_ast(p.schedule(DIMS, "CPU")[0], dev)
+    search.store(ast, dev, [], 1e-3, "k", 4, partial=True)
+    assert search.drop(ast, dev, "slower", "k")
+    entry = search.lookup_entry(ast, dev)
+    assert entry["partial"] and entry["dropped"] == "slower" and entry["width"] == 4
+    assert not search.dropped(ast, dev, 4) and search.dropped(ast, dev)
+    search.undrop(ast, dev, "k")
+    entry = search.lookup_entry(ast, dev)
+    assert entry["partial"] and entry["dropped"] is None and search.lookup(ast, dev) == []
+    assert search.lookup(ast, dev, 4) is None
+    search.store(ast, dev, [], 1e-3, "k", 4)
+    assert search.drop(ast, dev, "slower", "k") and not search.lookup_entry(ast, dev)["partial"]
+    assert search.dropped(ast, dev, 4)
+
+
+@pytest.mark.parametrize("flag", [1, "yes", None, [], True])
+def test_a_partial_flag_not_false_counts_as_partial(fresh, flag):
+    """A stored `"partial"` other than false (not written by `search.store`) is read as partial: the kernel is
+    searched again rather than taken as a finished search; absent or false, the entry is finished."""
+    dev = _device("CPU")
+    ast = search.search_ast(tgc.loads(MIX).schedule(DIMS, "CPU")[0], dev)
+    doc = {"opts": [], "time_s": 1e-3, "width": 4, "partial": flag}
+    cache.put("beam", search.beam_key(ast, dev), json.dumps(doc).encode())
+    assert search.lookup_entry(ast, dev)["partial"] and search.lookup(ast, dev, 4) is None
+    for finished in ({"partial": False}, {}):
+        doc = {"opts": [], "time_s": 1e-3, "width": 4, **finished}
+        cache.put("beam", search.beam_key(ast, dev), json.dumps(doc).encode())
+        assert not search.lookup_entry(ast, dev)["partial"] and search.lookup(ast, dev, 4) == []

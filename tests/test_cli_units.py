@@ -706,6 +706,45 @@ def test_a_file_name_near_the_limit_is_written_and_one_over_it_refused_before_th
     assert sorted(p.name for p in tmp_path.iterdir()) == [ok.name]
 
 
+def test_compile_o_a_directory_that_cannot_be_made_is_refused_before_the_work(fake, monkeypatch, tmp_path):
+    # `compile -o DIR` with a name over NAME_MAX failed only after the compile ("cannot create the directory: File
+    # name too long"), and `-o missing_parent/<256 bytes>` left missing_parent/ behind (os.makedirs made it first):
+    # now refused before the program is even loaded, exit 2, in check_writable's words, nothing made
+    from tgc.cli import emit
+
+    real_load = tgc.api.load
+
+    def no_work(path):
+        raise AssertionError("the program was loaded: the -o check came after the work")
+    monkeypatch.setattr(tgc.api, "load", no_work)
+    limit = os.pathconf(tmp_path, "PC_NAME_MAX")
+    (tmp_path / "f.txt").write_text("x")
+    before = sorted(os.listdir(tmp_path))
+    long, longer = "d" * (limit + 1), "\u00e9" * (limit // 2 + 3)  # (2 bytes a character: the limit is in bytes)
+    cases = [(long, f"file name too long ({limit + 1} bytes; at most {limit} here)"),
+             ("missing_parent/" + long, f"file name too long ({limit + 1} bytes; at most {limit} here)"),
+             (f"mp/{longer}/x", f"file name too long ('{longer[:40]}...': {2 * len(longer)} bytes; at most {limit}"),
+             ("f.txt/x", "'f.txt' is not a directory"),
+             ("f.txt", "it is a file, not a directory")]
+    for out, words in cases:
+        r = invoke("compile", "fake.tg", "-D", "N=2", "-D", "D=3", "-o", out)
+        assert r.exit_code == 2 and r.stderr.startswith("error: -o ") and words in r.stderr, (out, r.stderr)
+        assert "Traceback" not in r.stderr and "File name" not in r.stderr
+        assert sorted(os.listdir(tmp_path)) == before, out
+    assert "use a shorter directory name" in invoke("compile", "fake.tg", "-o", long).stderr
+    real_access = os.access  # an ancestor that cannot be written (a plain user's read-only directory)
+    monkeypatch.setattr(os, "access", lambda p, mode, **k: False if (mode & os.W_OK and str(p) == str(tmp_path))
+                        else real_access(p, mode, **k))
+    with pytest.raises(TgcError, match="permission denied") as e:
+        emit.check_outdir(str(tmp_path / "new" / "sub"))
+    assert e.value.exit_code == 2 and sorted(os.listdir(tmp_path)) == before
+    monkeypatch.setattr(os, "access", real_access)
+    monkeypatch.setattr(tgc.api, "load", real_load)  # (the fake program) a name within the limits is made
+    r = invoke("compile", "fake.tg", "-d", "OPENCL", "-D", "N=2", "-D", "D=3", "-o", "new/" + "s" * limit)
+    assert r.exit_code == 0, r.stderr
+    assert sorted(os.listdir(tmp_path / "new" / ("s" * limit))) == ["00_E_0.cl", "01_E_1.cl"]
+
+
 def test_a_directory_path_over_path_max_is_said_too_long_not_missing(tmp_path):
     # an existing directory whose path is longer than PATH_MAX: os.path.isdir says False for it as for a missing
     # one; the message must give the real reason (the path is too long), exit 2, nothing written

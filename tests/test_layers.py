@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent / "tgc"
 # bottom to top; a module belongs to the longest prefix listed
 LAYERS: list[tuple[str, ...]] = [
     ("tgc.errors", "tgc.dtype", "tgc.env", "tgc.cache", "tgc.version", "tgc.capabilities", "tgc.sizeexpr",
-     "tgc.timings", "tgc.profile", "tgc.interfaces"),  # 0
+     "tgc.timings", "tgc.profile", "tgc.interfaces", "tgc.files"),  # 0
     ("tgc.ir",),  # 1 UOps, the pattern matcher, symbolic folding, kernel ASTs
     ("tgc.dsl", "tgc.onnx"),  # 2 front ends: .tg source -> tensor graph; ONNX models -> .tg source + weights
     ("tgc.engine", "tgc.baselines"),  # 3 scheduler, realizer (on a lowered program), bench timing, references;

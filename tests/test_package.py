@@ -568,6 +568,28 @@ def test_compile_package_never_overwrites_the_program_or_a_file_that_is_not_a_pa
     assert tgc.load_package(pkg).run(x=np.zeros((2, 3), np.float32))["out0"].shape == (2, 3)
 
 
+def test_compile_package_writes_any_name_the_file_system_allows(tmp_path):
+    """A package name of NAME_MAX bytes is legal (`check_writable` accepts it): it is written (staged under a
+    shortened name, `tgc.files.stage`, as every output file is; the package writer's `NAME.tmpPID` was up to 11
+    bytes longer and failed after the whole compile: "File name too long"), nothing else is left in the
+    directory, a package written over keeps the file's mode, and it runs (softmax, against numpy)."""
+    src = tmp_path / "sm.tg"
+    src.write_text((ROOT / "kernels" / "softmax.tg").read_text())
+    limit = os.pathconf(tmp_path, "PC_NAME_MAX")
+    pkg = tmp_path / ("p" * (limit - len(".tgpkg")) + ".tgpkg")
+    assert len(os.fsencode(pkg.name)) == limit
+    for _ in range(2):  # (the second writes over the first)
+        r = _cli("compile", str(src), "-D", "N=2", "-D", "D=3", "--package", str(pkg))
+        assert r.returncode == 0, r.stderr
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted([src.name, pkg.name])
+        pkg.chmod(0o640)
+    assert pkg.stat().st_mode & 0o777 == 0o640
+    x = np.random.default_rng(1).standard_normal((2, 3)).astype(np.float32)
+    want = np.exp(x - x.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(tgc.load_package(pkg).run(x=x)["out0"], want / want.sum(axis=1, keepdims=True),
+                               rtol=1e-5, atol=1e-7)
+
+
 def test_compile_package_warns_once_about_a_dim_the_program_lacks(tmp_path):
     r = _cli("compile", str(ROOT / "kernels" / "softmax.tg"), "-D", "N=2", "-D", "D=3", "-D", "Q=3",
              "--package", str(tmp_path / "p.tgpkg"))

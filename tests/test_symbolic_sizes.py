@@ -447,6 +447,30 @@ def test_no_symbolic_form_names_the_dims_to_give(tmp_path):
         assert e.value.cli_hint == f"give its dims to {what} it for one size: -D B=INT -D T=INT -D C=INT"
 
 
+def test_a_partial_winner_is_stored_for_its_class_as_partial(tmp_path, monkeypatch):
+    """A winner of a search cut short (`search.store_result`: `"partial"`) becomes its size class's winner as
+    partial too, so a search of the class's kernel is not taken as finished; a finished one stays finished."""
+    from tgc.backends import get_device
+    from tgc.codegen import search
+    from tgc.codegen.kernel import prepare_ast
+    from tgc.codegen.opt import Opt, OptOps
+    monkeypatch.setenv("TGC_CACHE_DIR", str(tmp_path))
+    dev = get_device("CPU")
+    path = tmp_path / "scale.tg"
+    path.write_text("x: f32[N, D]\nreturn x * 2 + 1\n")
+    prog = tgc.load(path)
+    dims = {"N": 64, "D": 64}
+    (item,) = [i for i in prog.schedule(dims, "CPU") if i.ast.src]
+    (k,) = prog._build_symbolic(dev, sizes.size_class(prog.dim_names, dims), templates_only=True).kernels
+    for partial in (True, False):
+        search.store(prepare_ast(item.ast, dev), dev, [Opt(OptOps.UPCAST, 1, 8)], 1e-3, item.name, 2, partial=partial)
+        assert prog._store_class_winners(dev, dims) == 1
+        entry = search.lookup_entry(k.template, dev)
+        assert entry["partial"] is partial and entry["width"] == 2
+        assert [str(o) for o in entry["opts"]] == ["UPCAST(1, 8)"]
+        assert (search.lookup(k.template, dev, 2) is None) is partial
+
+
 def test_class_winners_are_stored_without_compiling_the_symbolic_plan(tmp_path, monkeypatch):
     from tgc.backends import get_device
     from tgc.codegen import kernel, search

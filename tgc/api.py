@@ -763,9 +763,9 @@ class Program:
         stored = 0
         for item, k in zip(items, plan.kernels):
             entry = search.lookup_entry(prepare_ast(item.ast, dev), dev)
-            if entry is not None:  # (a dropped winner stays dropped: `search.drop`)
+            if entry is not None:  # (a dropped winner stays dropped: `search.drop`; a partial one partial)
                 search.store(k.template, dev, entry["opts"], entry.get("time_s") or 0.0, k.name, entry["width"],
-                             dropped=entry["dropped"])
+                             dropped=entry["dropped"], partial=entry["partial"])
                 stored += 1
         self._plans.pop((dev.name, cls), None)  # rebuilt with the class winners on its next use
         return stored
@@ -1216,7 +1216,8 @@ class Program:
         check: dict[str, Any] | None = None
         # (only where this search stored a winner other than a default: `_confirm` keeps the default's time for
         # it, so a winner took less; nothing is compiled to find out that nothing changed)
-        won = [r for r in rows if not r.get("cached") and not r.get("skipped") and r.get("after_s") is not None
+        won = [r for r in rows if not r.get("cached") and not r.get("skipped") and r.get("stored", True)
+               and r.get("after_s") is not None
                and r.get("before_s") is not None and r["after_s"] < r["before_s"]]
         live = [it for it in items if it.ast.src]
         if not interrupted and won and len(rows) == len(live):  # (one row per kernel, in order)

@@ -50,6 +50,7 @@ from tgc import sizeexpr
 from tgc.dtype import DType, dtypes
 from tgc.engine.conform import as_array, check_input_names
 from tgc.errors import BindError, TgcError
+from tgc.files import stage
 from tgc.interfaces import BufferSpec, LaunchableKernel
 from tgc.ir.symsize import atom_parts
 from tgc.version import __version__
@@ -353,17 +354,19 @@ def write(prog: Any, path: str | os.PathLike, device: str | list[str] | None = N
         raise TgcError(f"internal error: the package built for {path} fails the checks of loading it, so it was "
                        f"not written: {e.msg}", kind="runtime",
                        hint="please report it; meanwhile give every dim (-D) or run the .tg program") from None
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
+    tmp = None
+    try:  # (staged as every output file is, `tgc.files.stage`: any name the file system allows can be written)
+        tmp = stage(path, lambda f: f.write(data))
         os.replace(tmp, path)
-    except OSError as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise TgcError(f"cannot write {path}: {e.strerror or e}") from None
+    except BaseException as e:  # (Ctrl-C between the two included: no temporary file is left)
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        if isinstance(e, OSError):
+            raise TgcError(f"cannot write {path}: {e.strerror or e}") from None
+        raise
     return pkg
 
 

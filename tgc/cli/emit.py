@@ -3,6 +3,7 @@ start-up imports neither numpy nor rich: see tgc/cli/main.py)."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
@@ -10,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tgc.cli.outputs import file_creation_error, oserror_text, write_error_kind, write_files
+from tgc.cli.outputs import _name_max, file_creation_error, oserror_text, write_error_kind, write_files
 from tgc.errors import TgcError
 from tgc.ir.uop import format_uops
 
@@ -127,15 +128,75 @@ def check_dir(directory: str) -> None:
                        kind=write_error_kind(e))
 
 
+def _not_a_directory(directory: str) -> TgcError:
+    return TgcError(f"-o {directory}: it is a file, not a directory",
+                    hint="compile -o names a directory for one file per kernel")
+
+
+def check_outdir(directory: str) -> None:
+    """Before the work (`compile -o DIR`): a TgcError (exit 2, nothing made) unless `directory` is a directory a
+    file can be made in (`check_dir`), or one `write_dir` can create: below its nearest existing ancestor (a
+    directory, writable), each missing name within that file system's NAME_MAX and the path within its PATH_MAX,
+    as `check_writable` checks a file's name (os.makedirs met them only after the compile, and left the parents
+    it had made)."""
+    missing: list[str] = []
+    cur = directory
+    while True:
+        try:
+            os.stat(cur)
+            break
+        except OSError as e:  # (a name too long, or a file on the way, is reported below, where it is known)
+            if e.errno not in (errno.ENOENT, errno.ENAMETOOLONG, errno.ENOTDIR):
+                raise TgcError(f"-o {directory}: cannot create the directory: '{cur}' cannot be reached "
+                               f"({oserror_text(e)})") from None
+        head, tail = os.path.split(cur)
+        if not tail:  # ('a//', or a root that cannot be reached)
+            if head == cur:
+                raise TgcError(f"-o {directory}: cannot create the directory: '{cur}' cannot be reached")
+            cur = head
+            continue
+        missing.append(tail)
+        cur = head or os.curdir
+    if not missing:
+        if not os.path.isdir(directory):
+            raise _not_a_directory(directory)
+        check_dir(directory)
+        return
+    if not os.path.isdir(cur):
+        raise TgcError(f"-o {directory}: cannot create the directory: '{cur}' is not a directory")
+    limit = _name_max(cur)
+    for name in reversed(missing):
+        n = len(os.fsencode(name))
+        if n > limit:
+            what = "" if name == missing[0] else f"'{name[:40]}{'...' if len(name) > 40 else ''}': "
+            raise TgcError(f"-o {directory}: cannot create the directory: file name too long ({what}{n} bytes; "
+                           f"at most {limit} here)", hint="use a shorter directory name")
+    try:
+        path_max = os.pathconf(cur, "PC_PATH_MAX")
+    except (OSError, ValueError, AttributeError):
+        path_max = 4096
+    if len(os.fsencode(os.path.abspath(directory))) >= path_max:
+        raise TgcError(f"-o {directory}: cannot create the directory: the path is too long "
+                       f"({len(os.fsencode(os.path.abspath(directory)))} bytes; at most {path_max - 1} here)",
+                       hint="use a shorter path")
+    if not os.access(cur, os.W_OK):
+        raise TgcError(f"-o {directory}: cannot create the directory: '{cur}': permission denied")
+    e = file_creation_error(cur)  # (os.access says yes to root where nothing can be made: /sys, /proc)
+    if e is not None:
+        raise TgcError(f"-o {directory}: cannot create the directory in '{cur}': {oserror_text(e)}",
+                       kind=write_error_kind(e))
+
+
 def write_dir(directory: str, emitted: Sequence[Emitted]) -> list[str]:
-    """Write one file per kernel into `directory` (created if needed), atomically."""
+    """Write one file per kernel into `directory` (created if needed), atomically (`check_outdir` checked it
+    before the work)."""
     try:
         os.makedirs(directory, exist_ok=True)
     except OSError as e:
         if os.path.exists(directory) and not os.path.isdir(directory):
-            raise TgcError(f"-o {directory}: it is a file, not a directory",
-                           hint="compile -o names a directory for one file per kernel") from None
-        raise TgcError(f"-o {directory}: cannot create the directory: {e.strerror or e}") from None
+            raise _not_a_directory(directory) from None
+        raise TgcError(f"-o {directory}: cannot create the directory: {oserror_text(e)}",
+                       kind=write_error_kind(e)) from None
     check_dir(directory)
     files = []
     for e, name in zip(emitted, file_names(emitted)):

@@ -783,8 +783,8 @@ def _compile_command(file: str, device: str | None, dims: dict[str, int], emit: 
 
     if package and (outdir or emit != "src"):
         raise click.UsageError("--package writes one file: it does not combine with --emit or -o")
-    if outdir and os.path.isdir(outdir):  # a directory no file can be made in is refused before the compile
-        em.check_dir(outdir)
+    if outdir:  # a directory that cannot be made, or no file can be made in, is refused before the compile
+        em.check_outdir(outdir)
     with timings.phase("parse"):
         prog = _load(file)
     kernels: list[Any] = []
@@ -1033,7 +1033,8 @@ def beam_(file: str, device: str | None, dims: dict[str, int], width: int, force
         if check_line:
             make_console().print(check_line)
     if result.get("interrupted"):
-        _err("beam: interrupted; the winners found so far are stored")
+        _err("beam: interrupted; the winners found so far are stored (as partial: the next `tgc beam` searches "
+             "those kernels again)")
         click.get_current_context().exit(130)
 
 

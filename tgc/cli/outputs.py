@@ -16,13 +16,12 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
 from tgc.errors import TgcError
-
-Writer = Callable[[IO[bytes]], None]
+from tgc.files import Writer, stage  # (the staging rule every written file follows: a package's too)
 
 
 @dataclass(frozen=True)
@@ -184,39 +183,6 @@ def is_stream(path: str) -> bool:
     return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
 
 
-def _file_mode(path: str) -> int:
-    try:
-        return os.stat(path).st_mode & 0o777
-    except OSError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
-
-
-STAGE_NAME_BYTES = 100
-
-
-def _stage(path: str, write: Writer) -> str:
-    directory = os.path.dirname(os.path.abspath(path))
-    import tempfile  # (only when a file is written: not on a warm `tgc run`'s path)
-
-    # the staged name starts with the target's (at most STAGE_NAME_BYTES of it): a target name near the file
-    # system's limit is allowed, and its staged name (14 bytes more) must fit too
-    stem = os.fsencode(os.path.basename(path))[:STAGE_NAME_BYTES].decode(errors="ignore")
-    fd, tmp = tempfile.mkstemp(prefix=f".{stem}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, _file_mode(path))
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return tmp
-
-
 # a path the user named cannot be written (exit 2); other failures (disk full, I/O error) are runtime ones
 _USER_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT, errno.ENOTDIR, errno.EISDIR,
                 errno.ENAMETOOLONG}
@@ -233,7 +199,7 @@ def write_files(files: Sequence[tuple[str, Writer]]) -> None:
     try:
         for path, write in files:
             if not is_stream(path):
-                staged.append((_stage(path, write), path))
+                staged.append((stage(path, write), path))
         for path, write in files:  # pipes and devices last, once every regular file is staged
             if is_stream(path):
                 import io

@@ -312,8 +312,15 @@ def beam_table(result: Mapping[str, Any]) -> Any:
             note += " (not searched: the budget was spent; a later `tgc beam` searches it)"
         elif k.get("small"):
             note += " (small search: a negligible share of the program)"
-        if k.get("out_of_budget"):
-            note += " (stopped at its share of the budget)"
+        if (k.get("out_of_budget") or k.get("interrupted")) and not k.get("skipped"):  # (`search.store_result`)
+            cut = "stopped at its share of the budget" if k.get("out_of_budget") else "interrupted"
+            if k.get("stored") is False:
+                when = "before trying a candidate" if not k.get("tried") else "before its best could be confirmed"
+                note += f" ({cut} {when}: not stored; a later `tgc beam` searches it)"
+            elif k.get("partial"):
+                note += f" ({cut}: stored as partial; a later `tgc beam` searches it again)"
+            else:
+                note += f" ({cut})"
         if k.get("dropped"):
             note += " (dropped: runs its default)"  # (by a program check, this one's or an earlier one's)
         table.add_row(str(k.get("name")), "" if k.get("line") is None else str(k.get("line")),

@@ -254,7 +254,7 @@ def _build_kernel(item: ScheduleItem, device: Any, beam: int, name: str, tuned: 
             opts = search.lookup(ast, device, width=beam)  # a BEAM winner stored earlier (wide enough)
             if opts is None and beam > 0 and not search.dropped(ast, device, beam):  # (dropped: its default)
                 res = search.beam_search(ast, device, item.bufs, beam, name=name, progress=progress, item=item)
-                search.store(ast, device, res.opts, res.after_s, name, beam)
+                search.store_result(ast, device, res, name, beam)  # (Ctrl-C: partial, or nothing)
                 opts = res.opts
             elif opts is not None and progress is not None:
                 progress({"kernel": name, "cached": True})

@@ -148,9 +148,10 @@ def search_ast(item: ScheduleItem, device: Any) -> UOp:
 
 def lookup_entry(ast: UOp, device: Any) -> dict[str, Any] | None:
     """The stored winner of a kernel: {"opts": [Opt, ...], "width": the beam width searched (0 when an
-    older entry did not record it), "time_s": ..., "dropped": why the program check dropped it, or None}, or
-    None. A `"dropped"` that is present but not a non-empty string (True, 5, a list: not written by `store`) counts
-    as dropped: the kernel runs its default."""
+    older entry did not record it), "time_s": ..., "dropped": why the program check dropped it, or None,
+    "partial": whether the search was cut short (`store_result`)}, or None. A `"dropped"` that is present but not a
+    non-empty string (True, 5, a list: not written by `store`) counts as dropped: the kernel runs its default; a
+    `"partial"` that is present and not false counts as partial: the kernel is searched again."""
     raw = cache.get("beam", beam_key(ast, device))
     if raw is None:
         return None
@@ -163,47 +164,75 @@ def lookup_entry(ast: UOp, device: Any) -> dict[str, Any] | None:
             # conservative reading: the kernel runs its default rather than a winner the check may have refused)
             dropped = f"dropped (the stored flag {json.dumps(dropped)[:40]} gives no reason)"
         return {"opts": [Opt.from_json(o) for o in doc["opts"]], "width": width if isinstance(width, int) else 0,
-                "time_s": doc.get("time_s"), "dropped": dropped if isinstance(dropped, str) else None}
+                "time_s": doc.get("time_s"), "dropped": dropped if isinstance(dropped, str) else None,
+                "partial": "partial" in doc and doc["partial"] is not False}
     except (ValueError, KeyError, TypeError, IndexError, AttributeError):
         return None
 
 
+def finished(entry: dict[str, Any], width: int) -> bool:
+    """Whether a stored entry (`lookup_entry`) stands for a finished search at least `width` wide (any entry for
+    `width` 0): one cut short (`"partial"`: its share of the budget spent, or Ctrl-C) is searched again."""
+    return width <= 0 or (entry["width"] >= width and not entry["partial"])
+
+
 def lookup(ast: UOp, device: Any, width: int = 0) -> list[Opt] | None:
-    """A stored winner's opts; with `width`, only one found by a search at least that wide (a narrower
-    search may have missed what a wider one finds). None for a winner the program check dropped (`drop`): the
-    kernel runs the heuristic's opts, as without a search."""
+    """A stored winner's opts; with `width`, only one found by a finished search at least that wide (a narrower
+    search may have missed what a wider one finds, a search cut short what the rest of it finds: `finished`).
+    None for a winner the program check dropped (`drop`): the kernel runs the heuristic's opts, as without a
+    search."""
     entry = lookup_entry(ast, device)
-    if entry is None or (width > 0 and entry["width"] < width) or entry["dropped"]:
+    if entry is None or not finished(entry, width) or entry["dropped"]:
         return None
     return entry["opts"]
 
 
 def dropped(ast: UOp, device: Any, width: int = 0) -> bool:
-    """Whether the program check dropped the kernel's stored winner (`drop`) after a search at least `width` wide:
-    the kernel runs its default and an inline search (`BEAM=W`, `build_kernel`) does not search it again."""
+    """Whether the program check dropped the kernel's stored winner (`drop`) after a finished search at least
+    `width` wide: the kernel runs its default and an inline search (`BEAM=W`, `build_kernel`) does not search it
+    again."""
     entry = lookup_entry(ast, device)
-    return entry is not None and bool(entry["dropped"]) and entry["width"] >= width
+    return entry is not None and bool(entry["dropped"]) and finished(entry, width)
 
 
 def store(ast: UOp, device: Any, opts: list[Opt], seconds: float, name: str, width: int = 0,
-          dropped: str | None = None) -> None:
-    """Store a kernel's winner; with `dropped` (why), a winner the program check dropped (`drop`)."""
+          dropped: str | None = None, partial: bool = False) -> None:
+    """Store a kernel's winner; with `dropped` (why), a winner the program check dropped (`drop`); `partial`: the
+    winner of a search cut short (`store_result`), used but searched again by the next search of its width."""
     doc: dict[str, Any] = {"opts": [o.to_json() for o in opts], "time_s": seconds, "width": width}
     if dropped:
         doc["dropped"] = dropped
+    if partial:
+        doc["partial"] = True
     cache.put("beam", beam_key(ast, device), json.dumps(doc).encode(),
               meta=f"{device.kind} {name} width {width}: {' '.join(map(str, opts))}" + (" (dropped)" if dropped
-                                                                                         else ""))
+                                                                                         else "")
+              + (" (partial)" if partial else ""))
+
+
+def store_result(ast: UOp, device: Any, res: SearchResult, name: str, width: int) -> bool:
+    """Store a search's winner under `width`. A search cut short (its share of the budget spent:
+    `res.out_of_budget`; Ctrl-C: `res.interrupted`) is not a finished search of that width: its winner (the
+    default unless it beat it on the confirm's timing) is stored as partial (`lookup` with no width uses it; the
+    next `tgc beam` or `BEAM=W` searches the kernel again, from it), and nothing is stored where it tried no
+    candidate or its best could not be confirmed (`res.unconfirmed`). False where nothing was stored."""
+    partial = res.out_of_budget or res.interrupted
+    if partial and (res.tried == 0 or res.unconfirmed):  # (it showed nothing: an earlier partial winner stays,
+        return False  # and the next search resumes from it)
+    store(ast, device, res.opts, res.after_s, name, width, partial=partial)
+    return True
 
 
 def drop(ast: UOp, device: Any, why: str, name: str = "") -> bool:
     """Mark a kernel's stored winner as dropped by the program check (`Program.beam`): kept in the store (its
-    width says it was searched, so a later `tgc beam` does not search it again without --force) but not used:
-    `lookup` gives None and the kernel runs its default. False where nothing is stored."""
+    width says it was searched, so a later `tgc beam` does not search it again without --force, unless the search
+    was cut short: `"partial"` is kept) but not used: `lookup` gives None and the kernel runs its default. False
+    where nothing is stored."""
     entry = lookup_entry(ast, device)
     if entry is None:
         return False
-    store(ast, device, entry["opts"], entry.get("time_s") or 0.0, name, entry["width"], dropped=why)
+    store(ast, device, entry["opts"], entry.get("time_s") or 0.0, name, entry["width"], dropped=why,
+          partial=entry["partial"])
     return True
 
 
@@ -211,7 +240,7 @@ def undrop(ast: UOp, device: Any, name: str = "") -> None:
     """Undo `drop` (a program check interrupted between its two timings: no half decision is left stored)."""
     entry = lookup_entry(ast, device)
     if entry is not None:
-        store(ast, device, entry["opts"], entry.get("time_s") or 0.0, name, entry["width"])
+        store(ast, device, entry["opts"], entry.get("time_s") or 0.0, name, entry["width"], partial=entry["partial"])
 
 
 # ------------------------------------------------------------------------------------------- the program check
@@ -478,6 +507,9 @@ class SearchResult:
     out_of_budget: bool = False  # the kernel's share of the budget ran out: the search stopped early
     started: float = 0.0  # when the search began (`time.perf_counter()`)
     setup_s: float | None = None  # seconds from then until its default was timed (None: it never was)
+    # a winner over the default that the confirm had no time (its deadline) or was interrupted before it could time
+    # against the default: the default is kept, though nothing showed it faster (`store_result` stores nothing)
+    unconfirmed: bool = False
 
 
 def _time_candidate(timer: _Timer, c: Candidate, best_s: float, result: SearchResult) -> bool:
@@ -523,11 +555,12 @@ def _new_kernel(ast: UOp, device: Any, item: ScheduleItem | None) -> OptKernel |
     return OptKernel(ast, device)
 
 
-def _starts(ast: UOp, device: Any, name: str, bufs: list[UOp], item: ScheduleItem | None = None
-            ) -> tuple[Candidate, list[Candidate]]:
+def _starts(ast: UOp, device: Any, name: str, bufs: list[UOp], item: ScheduleItem | None = None,
+            resume: list[Opt] | None = None) -> tuple[Candidate, list[Candidate]]:
     """The search's first candidates, rendered (not compiled): the reference (the unoptimized kernel, or the
     hand-coded one where the unoptimized would take many seconds) and the hand-coded heuristic's choice with its
-    prefixes (the last one is the default: what a run without BEAM gets)."""
+    prefixes (the last one is the default: what a run without BEAM gets); with `resume` (the winner of an earlier
+    search cut short: `store_result`), that winner first, where it applies and is none of those."""
     base = Candidate([], _new_kernel(ast, device, item))
     seed = _new_kernel(ast, device, item)
     if isinstance(seed, AttentionKernel):
@@ -553,6 +586,20 @@ def _starts(ast: UOp, device: Any, name: str, bufs: list[UOp], item: ScheduleIte
         c = Candidate(list(seed.applied[:n]), k)
         _render(c, device, name, bufs)
         seeds.append(c)
+    if resume and tuple(resume) not in {tuple(c.opts) for c in [base, *seeds]}:
+        # (its neighbours are where the search left off; a search cut short again keeps it where nothing beat it)
+        try:
+            k = _new_kernel(ast, device, item)
+            for o in resume:
+                k.apply(o)
+            c = Candidate(list(resume), k)
+            _render(c, device, name, bufs)
+            if not seeds:  # (the default is the last seed: here the reference, which has no opts)
+                seeds.append(Candidate(list(base.opts), base.kernel, src=base.src, name=base.name,
+                                       launch=base.launch, buf_index=base.buf_index, binary=base.binary))
+            seeds.insert(0, c)
+        except Exception:  # noqa: BLE001 - a stored winner this version does not apply: the search without it
+            pass
     return base, seeds
 
 
@@ -686,10 +733,14 @@ def _search_from(ast, device, timer: _Timer, width, name, progress, pool, rounds
         _compile_here(default, device)
         default.time_s = timer.run(default, float("inf"))
         result.before_s = result.after_s = default.time_s
+    contender = best is not default and best.opts != default.opts
+    result.unconfirmed = contender and deadline is not None and \
+        time.perf_counter() + default.time_s + best.time_s > deadline  # (`_confirm` times no round)
     try:
         best, result.before_s, result.after_s = _confirm(timer, best, default, deadline)
     except KeyboardInterrupt:  # interrupted while confirming: the default is the safe choice
         result.interrupted = True
+        result.unconfirmed = contender
         best, result.after_s = default, default.time_s
     result.opts = best.opts
     return result
@@ -980,7 +1031,7 @@ def beam_items(items: list[ScheduleItem], dev: Any, width: int = 4, progress: Ca
         for i, item in enumerate(items):
             first.setdefault(keys[i], i)
             entry = None if force else lookup_entry(asts[i], dev)
-            if entry is not None and entry["width"] >= width:
+            if entry is not None and finished(entry, width):  # (one cut short, `"partial"`, is searched again)
                 rows[i] = {"name": item.name, "opts": [str(o) for o in entry["opts"]], "cached": True,
                            "width": entry["width"]}
                 if entry["dropped"]:  # (a program check dropped it: the kernel runs its default)
@@ -1034,8 +1085,11 @@ def beam_items(items: list[ScheduleItem], dev: Any, width: int = 4, progress: Ca
                     rows[i] = skipped
                     continue
             began = time.perf_counter()
+            # a winner of an earlier search cut short (not one the program check dropped) is where this one resumes
+            prior = lookup_entry(asts[i], dev)
+            resume = prior["opts"] if prior is not None and prior["partial"] and not prior["dropped"] else None
             try:
-                starts = _starts(asts[i], dev, item.name, item.bufs, item)
+                starts = _starts(asts[i], dev, item.name, item.bufs, item, resume)
             except Exception:  # noqa: BLE001 - the search renders it again and reports what fails
                 starts = None
             if starts is not None:
@@ -1050,9 +1104,11 @@ def beam_items(items: list[ScheduleItem], dev: Any, width: int = 4, progress: Ca
                 if res.interrupted:
                     break
                 continue
-            # stored under the width asked: the small search is what this width gives a kernel that cannot matter
-            store(asts[i], dev, res.opts, res.after_s, item.name, width)
-            rows[i] = {"name": item.name, "opts": [str(o) for o in res.opts], "width": width,
+            # stored under the width asked: the small search is what this width gives a kernel that cannot matter;
+            # one cut short as partial (searched again by the next run), or not at all where it tried nothing
+            stored = store_result(asts[i], dev, res, item.name, width)
+            rows[i] = {"name": item.name, "opts": [str(o) for o in res.opts], "width": width, "stored": stored,
+                       "partial": stored and (res.out_of_budget or res.interrupted),
                        "before_s": res.before_s, "after_s": res.after_s,
                        "speedup": res.before_s / res.after_s if res.after_s else 0.0,
                        "tried": res.tried, "rejected": res.rejected, "failed": res.failed, "cached": False,
