@@ -435,3 +435,77 @@ def test_the_first_half_of_a_dim_traces_once():
         np.testing.assert_allclose(np.asarray(got["out0"]), x[: n // 2] * 2, err_msg=f"N={n}")
         np.testing.assert_allclose(np.asarray(got["out1"]), x[: n // 3].sum() + x[: n // 2], rtol=1e-5,
                                    atol=1e-6, err_msg=f"N={n}")
+
+
+@pytest.mark.parametrize("expr, numpy_expr, bound, sizes_run", [
+    ("x[:N // 1000 + 3] * 2.0", lambda x: x[:len(x) // 1000 + 3] * 2, 999, (999, 1000, 2500)),
+    ("x * (N // 1000)", lambda x: x * (len(x) // 1000), 999, (1000,)),
+    ("x * 2.0 if N // 300 == 0 else x * 3.0", lambda x: x * (2 if len(x) // 300 == 0 else 3), 299, (300,)),
+    ("x[::500] * 2.0", lambda x: x[::500] * 2, 500, (1000,)),
+    ("x[::-300] + 1.0", lambda x: x[::-300] + 1, 300, (1000,)),
+    ("x[::250].sum()", lambda x: x[::250].sum(), 250, (251, 255)),
+])
+def test_a_quotient_the_same_at_both_probes_bounds_the_plan(expr, numpy_expr, bound, sizes_run):
+    """A floor division of a dim that is the same at both probes (`N // 1000` is 0 at 211 and 223; the length
+    `(N + 499) // 500` of `x[::500]` is 1) was a plain int with no decision recorded: the plan gave 3 elements of
+    `x[:N // 1000 + 3]` at N = 1000 (numpy 4), zeros for `x * (N // 1000)`, one element of `x[::500]` at N = 1000
+    (numpy 2), and `x[::250].sum()` summed x[0] alone from N = 251 (a regression of the slice bounds at 251..254,
+    on the one trace). Now the quotient's bounds (`q * k <= N < (q + 1) * k`) are front-end decisions: the plan
+    stops where the quotient changes (both paths), and larger sizes run size-specialized, right."""
+    for one_trace in (True, False):
+        prog = tgc.loads(f"x: f32[N]\nreturn {expr}")
+        prog.one_trace = one_trace
+        assert prog.compile_symbolic("CPU").bound == bound, (expr, one_trace)
+    for n in sizes_run:  # (the last program: one trace)
+        x = np.linspace(-1, 1, n, dtype=np.float32) ** 3 + 0.25
+        got = np.asarray(prog.run(device="CPU", symbolic=True, x=x)["out0"])
+        want = np.asarray(numpy_expr(x), dtype=np.float32)
+        assert got.shape == want.shape, (expr, n)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=f"{expr} N={n}")
+        assert (prog.last_run == "symbolic") == (n <= bound), (expr, n, prog.last_run)
+    n = SymSize.dim("N", 211)
+    with checked_at(({"N": 211}, {"N": 223})), recording() as front:
+        assert n // 1000 == 0 and n // 64 == 3 and 1000 // n == 4
+    assert decided_upto(front) == 250 and decided_from(front) == 1001  # (5N - 1000 > 0 read as N > 1000: kept)
+    with checked_at(({"N": 211}, {"N": 223})) as heuristic:  # a scheduler's ratio of sizes: no bound
+        assert n // 1000 == 0
+    assert heuristic == []
+
+
+@pytest.mark.parametrize("expr, numpy_expr, runs", [
+    ("x * 2.0 if N % 3 == 0 else x * 3.0", lambda x: x * (2 if len(x) % 3 == 0 else 3), (12, 7)),
+    ("x * 2.0 if N % 2 else x * 3.0", lambda x: x * (2 if len(x) % 2 else 3), (12,)),
+    ("x[:N // 4 * 4] * 2.0", lambda x: x[:len(x) // 4 * 4] * 2, (8, 33)),
+    ("x[:N - N % 4] * 2.0", lambda x: x[:len(x) - len(x) % 4] * 2, (8,)),
+    ("x[N // 2 * 2:] * 2.0", lambda x: x[len(x) // 2 * 2:] * 2, (8,)),
+])
+def test_a_remainder_of_a_dim_has_no_symbolic_form(expr, numpy_expr, runs):
+    """A decision on `N % k`, or a floor division of a dim the trace refuses (`N // 4 * 4`), depends on the
+    residue of N, and the probes 211 and 223 (primes, 12 apart) share theirs modulo 2, 3 and 4: `N % 3 == 0` was
+    false at N = 12, `if N % 2` true at every even N, and the probe path read `N // 4 * 4` as `N - 3` (5 elements
+    at N = 8, numpy 8). The front end records it (`symsize.Unanswered`): the class has no symbolic form on either
+    path, and size-specialized kernels run, right."""
+    for one_trace in (True, False):
+        prog = tgc.loads(f"x: f32[N]\nreturn {expr}")
+        prog.one_trace = one_trace
+        with pytest.raises(tgc.TgcError, match="remainder of a dim"):
+            prog.compile_symbolic("CPU")
+        for n in runs:
+            x = np.linspace(-1, 1, n, dtype=np.float32)
+            got = np.asarray(prog.run(device="CPU", symbolic=True, x=x)["out0"])
+            want = np.asarray(numpy_expr(x), dtype=np.float32)
+            assert got.shape == want.shape, (expr, one_trace, n)
+            np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=f"{expr} N={n}")
+            assert prog.last_run.startswith("specialized") and "remainder of a dim" in prog.last_run
+            assert "_Nonzero" not in prog.last_run
+
+
+def test_a_source_check_refuses_where_the_scheduler_cuts_other_kernels():
+    """Below `trusted_from` a plan is checked against the source; where the scheduler cuts other kernels there
+    (`x[::250].sum()` at N = 251: a copy of x[0], no reduce) its graph signature may still match the plan's (the
+    slice's bounds a no-op), so nothing vouches for the plan's kernels: refused, whatever the signature's
+    divisor."""
+    prog = tgc.loads("x: f32[N]\nreturn x[::250].sum()")
+    plan = prog.compile_symbolic("CPU")
+    assert plan.trusted_from > 251
+    assert plan.source_check(prog, {"N": 251}) == "the scheduler cuts other kernels at these sizes"

@@ -13,7 +13,7 @@ from tgc.dsl import indexing, library, nnlib
 from tgc.dsl import tensor as T
 from tgc.dsl.tensor import DslError, Tensor, _pair, broadcast_shapes
 from tgc.dtype import DType, dtypes
-from tgc.ir.symsize import NotTraceable, SymSize
+from tgc.ir.symsize import NotTraceable, SymSize, type_text
 
 
 def _tensor(x: Any, what: str = "argument") -> Tensor:
@@ -21,7 +21,7 @@ def _tensor(x: Any, what: str = "argument") -> Tensor:
         return x
     if isinstance(x, (bool, int, float)):
         return Tensor.const(x, Tensor.literal_dtype(x))
-    raise DslError(f"{what} must be a tensor or a number, got {type(x).__name__}")
+    raise DslError(f"{what} must be a tensor or a number, got {type_text(x)}")
 
 
 def _shape_arg(args: tuple) -> tuple[int, ...]:

@@ -42,6 +42,9 @@ UNIT = 32  # class 32n: the multiples of this (`tgc.sizeexpr.UNIT`)
 _POINTS: contextvars.ContextVar[tuple[Mapping[str, int], ...]] = contextvars.ContextVar("points", default=())
 
 
+# within `recording`: the front end's decisions (a quotient kept the same is a bound there: `_kept_quotient`)
+_FRONT: contextvars.ContextVar[bool] = contextvars.ContextVar("front", default=False)
+
 # the decisions answered within `checked_at`: (the polynomial, its sign at the traced sizes and the probes)
 _DECIDED: contextvars.ContextVar[list[tuple[dict[tuple[str, ...], int], int]] | None] = \
     contextvars.ContextVar("decided", default=None)
@@ -134,18 +137,41 @@ def decided_upto(decided: Sequence[tuple[Mapping[tuple[str, ...], int], int]]) -
     return top
 
 
+class Unanswered(dict):  # type: ignore[type-arg]
+    """A decision list's marker (an empty polynomial, skipped by the bounds) for a size decision the probes
+    cannot stand for: a remainder of a dim (`N % 3`, 0 at N = 12 where both probes, primes, say not), or a floor
+    division of a dim the trace refused (`N // 4 * 4`, which the probes 211 and 223 read as `N - 3`). In the
+    front end's decisions it leaves the class without a symbolic form (`decided_across`), on the probe path
+    too."""
+
+    def __init__(self, why: str):
+        super().__init__()
+        self.why = why
+
+
+def _unanswered(why: str) -> None:
+    decided = _DECIDED.get()
+    if decided is not None:
+        decided.append((Unanswered(why), 0))
+
+
 def decided_across(decided: Sequence[tuple[Mapping[tuple[str, ...], int], int]]) -> str | None:
     """Why no range of sizes keeps these decisions' answers, or None: a decision whose dim terms have both signs
     (`2M - N > 0` of `x[:2 * M]` from a tensor of N; `M == N` in `a if M == N else b`) holds on no box of dims
     from 2 up nor from a size up (at M = 2, N = B it is false for every large B), so `decided_from` and
     `decided_upto` cannot bound it and the plan would give the probes' answer where it flips (`x[:2 * M]` was
     all of x at N = 100, M = 30: 100 elements, numpy 60). Not one whose terms grow together over the class
-    (`MN - N`, `N(M - 1)`: `_monotone`), which `decided_from` and `decided_upto` bound. Give it only the front
-    end's decisions (`recording`)."""
+    (`MN - N`, `N(M - 1)`: `_monotone`), which `decided_from` and `decided_upto` bound. A remainder of a dim or a
+    refused floor division (`Unanswered`) holds on no range either. Give it only the front end's decisions
+    (`recording`)."""
     for t, s in decided:
+        if isinstance(t, Unanswered):
+            return t.why
         lead = [c for k, c in t.items() if k and c]
         if any(c > 0 for c in lead) and any(c < 0 for c in lead) and not _monotone(t) \
                 and not _holds_everywhere(t, s):
+            if (why := decided_by_remainder([(t, s)])) is not None:
+                return why  # (a dim with its own floor division: `N - 4 * (N//4)`)
             poly = _terms_text(tuple(sorted((k, c) for k, c in t.items() if c)))
             return f"a size decision on {poly} compares dims with each other (no range of sizes keeps its answer)"
     return None
@@ -225,11 +251,12 @@ def recording() -> Iterator[list[tuple[dict[tuple[str, ...], int], int]]]:
     front end's own decisions (a slice's clamp), which change the program's meaning, told apart from the
     scheduler's heuristics (a split-reduce threshold), which change only its speed."""
     decided: list[tuple[dict[tuple[str, ...], int], int]] = []
-    token = _DECIDED.set(decided)
+    token, token2 = _DECIDED.set(decided), _FRONT.set(True)
     try:
         yield decided
     finally:
         _DECIDED.reset(token)
+        _FRONT.reset(token2)
 
 
 class NotTraceable(Exception):
@@ -476,7 +503,7 @@ class SymSize(int):
             pts = _POINTS.get()
             value = self.value // other
             if pts and all(_eval(self.terms, pt) // other == value for pt in pts):
-                return value  # (the same quotient everywhere it is asked: as `_same_quotient`)
+                return _kept_quotient(self, other, value)  # (as `_same_quotient`)
             floor = self._floor_atom(other)
             if floor is not None:
                 return floor
@@ -519,7 +546,7 @@ class SymSize(int):
             d = _eval(other.terms, pt) if isinstance(other, SymSize) else other
             if d <= 0 or _eval(self.terms, pt) // d != q:
                 return _refuse(self, "//", other)
-        return q
+        return _kept_quotient(self, other, q)
 
     def __mod__(self, other: Any) -> Any:
         if self._divided(other) is not None:
@@ -535,6 +562,8 @@ class SymSize(int):
             # a remainder that is not 0 at either probe: the probe path reads it as "does not divide"
             if all(_eval(self.terms, pt) % (_eval(other.terms, pt) if isinstance(other, SymSize) else other)
                    for pt in _POINTS.get()):
+                # (only a heuristic may read it: in the front end, the class has no symbolic form)
+                _unanswered(f"a size decision on {self!r} % {other!r} depends on a remainder of a dim")
                 return NONZERO
         return _refuse(self, "%", other)
 
@@ -547,7 +576,7 @@ class SymSize(int):
             d = _eval(self.terms, pt)
             if not d or other // d != q:
                 return _refuse(other, op, self)
-        return q
+        return _kept_quotient(other, self, q) if self.value > 0 else q
 
     def __rfloordiv__(self, other: Any) -> Any:
         return self._rquotient(other, "//")
@@ -669,8 +698,40 @@ class _Nonzero:
 
 
 NONZERO = _Nonzero()
+
+
+def type_text(v: Any) -> str:
+    """A value's kind in a message (a remainder the class answers only as not 0, not the class's name)."""
+    return "a remainder of a dim (a size % a number)" if isinstance(v, _Nonzero) else type(v).__name__
+
+
+def _kept_quotient(a: Any, b: Any, q: int) -> int:
+    """`a // b` (sizes or ints, b positive), the same int `q` at the traced sizes and every check point: q,
+    with the decisions that keep it recorded (`q * b <= a < (q + 1) * b`), so a plan is trusted only where
+    they hold (`N // 1000` is 0 at the probes: the plan stops at N = 999; `decided_upto`). In the front end
+    only: a heuristic's ratio of sizes (`W // (2 * (W//2))`) chooses the speed, not the result."""
+    if not _FRONT.get():
+        return q
+    lo = a - q * b + 1  # (> 0: a >= q * b)
+    hi = (q + 1) * b - a  # (> 0)
+    for t in (lo, hi):
+        if isinstance(t, SymSize):
+            _decided(_terms(t), 1)
+    return q
+
+
 def _refuse(a: Any, op: str, b: Any) -> Any:
-    raise NotTraceable(f"the size decision {a!r} {op} {b!r} depends on the dims' values")
+    why = f"the size decision {_text(a)} {op}{'' if b is None else ' ' + _text(b)} depends on the dims' values"
+    if op in ("//", "%") or any(isinstance(v, _Nonzero) or (isinstance(v, SymSize) and any(
+            "/" in n for k, _ in v.terms for n in k)) for v in (a, b)):
+        _unanswered(why)  # (a remainder or a floor division: the probes would read it as a size: `N // 4 * 4`)
+    raise NotTraceable(why)
+
+
+def _text(v: Any) -> str:
+    """A size in a reason: a sum in brackets (`((1*N+1)//2+1) // 2`)."""
+    t = repr(v)
+    return f"({t})" if isinstance(v, SymSize) and len(v.terms) > 1 else t
 
 
 def is_symbolic(v: Any) -> bool:
@@ -678,4 +739,4 @@ def is_symbolic(v: Any) -> bool:
 
 
 __all__ = ["INDEX_LIMIT", "Mono", "SMALLEST", "NotTraceable", "SymSize", "SymFloat", "checked_at", "decided_from",
-           "decided_across", "decided_by_remainder", "decided_upto", "is_symbolic", "recording"]
+           "decided_across", "decided_by_remainder", "decided_upto", "is_symbolic", "recording", "type_text"]
