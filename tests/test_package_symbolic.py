@@ -478,3 +478,18 @@ def test_a_slice_bounds_the_packaged_class_from_above(tmp_path):
         with pytest.raises(PackageError, match="outside the size classes") as e:
             pkg.run(x=np.zeros(n, np.float32))
         assert e.value.exit_code == 2
+
+
+def test_an_input_empty_at_a_dim_of_one_packages(tmp_path):
+    """`y: f32[N // 2]` is empty in the class N = 1: its memory slot was 0 bytes, which the loader's check
+    refuses, so `tgc compile --package` failed with an internal error (exit 2). The slot takes a byte, as the
+    allocator gives it; the package runs at N = 1 and at sizes of its class n."""
+    src = tmp_path / "half.tg"
+    src.write_text("x: f32[N]\ny: f32[N // 2]\nreturn y * 2.0\n")
+    path = tmp_path / "half.tgpkg"
+    r = _cli("compile", src, "--package", path)
+    assert r.returncode == 0 and "internal error" not in r.stderr, r.stderr
+    pkg = tgc.load_package(path)
+    for n in (1, 8, 33):
+        x, y = np.zeros(n, np.float32), np.linspace(-1, 1, n // 2, dtype=np.float32)
+        np.testing.assert_array_equal(pkg.run(x=x, y=y)["out0"], y * 2, err_msg=f"N={n}")

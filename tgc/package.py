@@ -2546,6 +2546,10 @@ def class_doc(prog: Any, dev: Any, cls: tuple, plan: Any, member: Any = None) ->
             old = slot_exprs[s]
             slot_exprs[s] = e if old is None or old == e else max(old, e) if isinstance(old, int) and \
                 isinstance(e, int) else ["max", old, e]
+        # (a buffer empty at every size of the class, `y: f32[N // 2]` at N = 1, still takes a byte: as the
+        # allocator allocates it, and as the loader checks a slot)
+        slot_exprs = [max(e, 1) if isinstance(e, int) else ["max", e, 1] if sizeexpr.evaluate(e, p1) < 1 else e
+                      for e in slot_exprs]
         peak: Any = 0
         for e in slot_exprs:
             peak = e if peak == 0 else peak + e if isinstance(peak, int) and isinstance(e, int) else ["+", peak, e]
