@@ -493,3 +493,18 @@ def test_an_input_empty_at_a_dim_of_one_packages(tmp_path):
     for n in (1, 8, 33):
         x, y = np.zeros(n, np.float32), np.linspace(-1, 1, n // 2, dtype=np.float32)
         np.testing.assert_array_equal(pkg.run(x=x, y=y)["out0"], y * 2, err_msg=f"N={n}")
+
+
+def test_random_inputs_of_a_size_expression_in_a_package(tmp_path):
+    """`y: f32[(N + 1) // 2]` is stored as an expression (its shape entry "?"), which `--random` read as a dim
+    named "?" ("dim ? is unknown", exit 2): it is evaluated at the dims given."""
+    src = tmp_path / "half.tg"
+    src.write_text("x: f32[N]\ny: f32[(N + 1) // 2]\nreturn x[::2] * y\n")
+    path = tmp_path / "half.tgpkg"
+    assert _cli("compile", src, "--package", path).returncode == 0
+    out = tmp_path / "out.npz"
+    r = _cli("run", path, "-D", "N=101", "--random", "-o", out)
+    assert r.returncode == 0, r.stderr
+    assert np.load(out)["out0"].shape == (51,)
+    r = _cli("run", path, "--random")
+    assert r.returncode == 2 and "dim N is unknown" in r.stderr
