@@ -509,3 +509,27 @@ def test_a_source_check_refuses_where_the_scheduler_cuts_other_kernels():
     plan = prog.compile_symbolic("CPU")
     assert plan.trusted_from > 251
     assert plan.source_check(prog, {"N": 251}) == "the scheduler cuts other kernels at these sizes"
+    # the other way: the plan reduces 4 elements of `x[::64]` (its length at the probes), the source copies
+    # one at N = 2 (it read past x: 6.9e34) and reduces one at N = 63
+    prog = tgc.loads("x: f32[N]\nreturn x[::64].sum()")
+    for n in (2, 63):
+        x = np.linspace(-1, 1, n, dtype=np.float32) + 2
+        got = np.asarray(prog.run(device="CPU", symbolic=True, x=x)["out0"])
+        np.testing.assert_allclose(got, x[::64].sum(), rtol=1e-6, err_msg=f"N={n}")
+        assert prog.last_run == "specialized: the scheduler cuts other kernels at these sizes", (n, prog.last_run)
+
+
+def test_a_floor_division_exact_in_a_class_of_multiples_of_32_keeps_its_plan():
+    """In a `32n` class `C // 4` and `N // 2` leave no remainder: a refusal or a decision on them is not one
+    of a remainder (`symsize._exact_atom`: the atom written as `C / 4`), so the probe path's plan still runs
+    there (transformer_block's heads), right against numpy."""
+    cases = [("x: f32[T, C]\nreturn reshape(x, (T, 4, C // 4)).sum(axis=2)",
+              lambda x: x.reshape(x.shape[0], 4, -1).sum(axis=2), (5, 64)),
+             ("x: f32[N]\nreturn x[N // 2 - 1 : N // 2 + 1] * 2.0", lambda x: x[len(x) // 2 - 1: len(x) // 2 + 1] * 2,
+              (96,))]
+    for src, numpy_fn, shape in cases:
+        prog = tgc.loads(src)
+        x = np.linspace(-1, 1, int(np.prod(shape)), dtype=np.float32).reshape(shape)
+        got = np.asarray(prog.run(device="CPU", symbolic=True, x=x)["out0"])
+        np.testing.assert_allclose(got, numpy_fn(x), rtol=1e-5, atol=1e-6, err_msg=src)
+        assert prog.last_run == "symbolic", (src, prog.last_run)

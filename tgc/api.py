@@ -1518,10 +1518,11 @@ class SymbolicPlan:
                 if sizes.instantiate_ast(ast, dims) not in (item.ast, item.meta.get("unfused_ast")):
                     return f"kernel {item.name} differs from the size class's kernel at these sizes"
         elif sizes.signature_divisor(self.signature, self.slots) > 1 or \
-                sum(s.startswith("r") for s in shapes) > sum(s.startswith("r") for s in self.shapes):
-            # a floor division of a dim (`H//2`) may be 0 or 1 here, which no probe saw; a reduce the plan lacks
-            # (`x[::250].sum()` at N = 251: the plan's kernel copied x[0], whose graph signature matched, the
-            # slice's bounds a no-op there): only the kernels the scheduler cuts at these sizes vouch for the plan's
+                sum(s.startswith("r") for s in shapes) != sum(s.startswith("r") for s in self.shapes):
+            # a floor division of a dim (`H//2`) may be 0 or 1 here, which no probe saw; a reduce that one side
+            # lacks (an axis of length 1 on it: `x[::250].sum()` at N = 251, the plan's kernel a copy of x[0];
+            # `x[::64].sum()` at N = 2, the plan's reduce reading 4 elements), where the graph's signature matches
+            # the plan's (the slice's bounds a no-op): only the kernels the scheduler cuts here vouch for the plan's
             return "the scheduler cuts other kernels at these sizes"
         return ""
 

@@ -353,7 +353,7 @@ def _sign(value: int, t: dict[tuple[str, ...], int], a: Any, op: str, b: Any) ->
 def _decided(t: dict[tuple[str, ...], int], s: int) -> None:
     decided = _DECIDED.get()
     if decided is not None:
-        decided.append((dict(t), s))
+        decided.append((_exact(dict(t)), s))
 
 
 def _num(v: Any) -> bool:
@@ -722,10 +722,60 @@ def _kept_quotient(a: Any, b: Any, q: int) -> int:
 
 def _refuse(a: Any, op: str, b: Any) -> Any:
     why = f"the size decision {_text(a)} {op}{'' if b is None else ' ' + _text(b)} depends on the dims' values"
-    if op in ("//", "%") or any(isinstance(v, _Nonzero) or (isinstance(v, SymSize) and any(
-            "/" in n for k, _ in v.terms for n in k)) for v in (a, b)):
+    if (op in ("//", "%") or any(isinstance(v, _Nonzero) or (isinstance(v, SymSize) and any(
+            "/" in n for k, _ in v.terms for n in k)) for v in (a, b))) and not _of_units(a, op, b):
         _unanswered(why)  # (a remainder or a floor division: the probes would read it as a size: `N // 4 * 4`)
     raise NotTraceable(why)
+
+
+def _unit_dim(name: str) -> bool:
+    """Whether a dim is a multiple of `UNIT` at every probe (a `32n` class: its probes are, and so is every
+    size it serves; a class n's probes are primes)."""
+    pts = _POINTS.get()
+    return bool(pts) and all(pt.get(name, 1) % UNIT == 0 for pt in pts)
+
+
+def _exact_atom(name: str) -> bool:
+    """An atom `(a * N + r) // k` that is `a * N / k` at every size of the class: N of a `32n` class, k one
+    of UNIT's divisors (`C // 4` heads at C = 32n)."""
+    parts = atom_parts(name) if "/" in name else None
+    return parts is not None and UNIT % parts[3] == 0 and _unit_dim(parts[1])
+
+
+def _of_units(a: Any, op: str, b: Any) -> bool:
+    """Whether the class answers this refused decision as the probes do, no remainder left: every atom in it
+    exact (`_exact_atom`), and for `//` or `%` by an int k of UNIT's divisors, every term that k does not
+    divide holds a dim of a `32n` class."""
+    for v in (a, b):
+        if isinstance(v, _Nonzero):
+            return False
+        if isinstance(v, SymSize) and not all(_exact_atom(n) for k, _ in v.terms for n in k if "/" in n):
+            return False
+    if op in ("//", "%"):
+        if not isinstance(b, int) or isinstance(b, SymSize) or b <= 0 or UNIT % b or not isinstance(a, SymSize):
+            return False
+        return all(c % b == 0 or any(_unit_dim(base_dim(n)) for n in k) for k, c in a.terms)
+    return any(isinstance(v, SymSize) for v in (a, b))
+
+
+def _exact(t: dict[tuple[str, ...], int]) -> dict[tuple[str, ...], int]:
+    """`t` with each exact atom (`_exact_atom`) written as its dim, the polynomial times the atoms' divisors
+    (the same sign): what a decision of a `32n` class says of its dims."""
+    while True:
+        name = next((n for k in t for n in k if "/" in n and _exact_atom(n)), None)
+        if name is None:
+            return t
+        a, dim, _, k = atom_parts(name)  # type: ignore[misc]
+        out: dict[tuple[str, ...], int] = {}
+        for names, coef in t.items():
+            if name in names:
+                rest = list(names)
+                rest.remove(name)
+                key, c = tuple(sorted(rest + [dim])), coef * a
+            else:
+                key, c = names, coef * k
+            out[key] = out.get(key, 0) + c
+        t = {key: c for key, c in out.items() if c}
 
 
 def _text(v: Any) -> str:
