@@ -18,7 +18,17 @@ from tgc.codegen import sizes
 from tgc.dtype import dtypes
 from tgc.engine.compare import compare
 from tgc.engine.inputs import random_inputs
-from tgc.ir.symsize import NotTraceable, SymFloat, SymSize, checked_at, decided_from, decided_upto, recording
+from tgc.ir.symsize import (
+    NotTraceable,
+    SymFloat,
+    SymSize,
+    checked_at,
+    decided_across,
+    decided_by_remainder,
+    decided_from,
+    decided_upto,
+    recording,
+)
 from tgc.ir.uop import Ops, UOp
 
 KERNELS = pathlib.Path(__file__).resolve().parent.parent / "kernels"
@@ -70,7 +80,7 @@ def test_sizes_are_polynomials_of_the_dims():
     assert n % 32  # a dim of class n is no multiple of 32
     with checked_at((P, Q)):
         assert n * d > 2 * d and n + 1 > n
-        for refused in (lambda: n < d, lambda: n // 2, lambda: n % 7 == 3, lambda: n == 211, lambda: int(n),
+        for refused in (lambda: n < d, lambda: (n * n) // 2, lambda: n % 7 == 3, lambda: n == 211, lambda: int(n),
                         lambda: float(n), lambda: n / 2, lambda: n ** 2, lambda: recip * 2.0):
             with pytest.raises(NotTraceable):
                 refused()
@@ -136,7 +146,10 @@ def test_traced_once_same_kernels_and_results_as_the_probes(name, device, monkey
 
 @pytest.mark.parametrize("source, why", [
     ("x: f32[N]\ny = x\nfor i in range(N):\n    y = y + 1.0\nreturn y", "a loop runs over a dim"),
-    ("x: f32[N]\nreturn x[: N // 2] * 2.0", "N // 2"),
+    # N // 2 is a variable of its own (`symsize.atom`), but the length N - N//2 is 1 at N = 2 and 3, which the
+    # scheduler's `> 1` decision meets: a decision on a dim and its floor division that does not hold at every
+    # size is refused (`x[: N // 2]`, whose clamp `N//2 < N` holds everywhere, traces once)
+    ("x: f32[N]\nreturn x[N // 2:] * 2.0", "a remainder of a dim"),
 ])
 def test_programs_outside_the_rule_keep_the_probes(source, why):
     prog = tgc.loads(source)
@@ -300,7 +313,7 @@ def test_front_end_decisions_bound_the_range_and_heuristics_do_not():
 def test_slices_with_a_step_of_minus_one_trace_once():
     """A reversed slice over a dim (`x[::-1]`, `x[-2::-1]`) is traced once, as the probes' plan; one the probes
     cannot serve (`x[:3:-1]`, `x[5:-300:-1]`: constants past the sizes) is traced once too, right at every size
-    (checked against the source where its clamps differ). A step of 2 (a floor division of the size) refuses."""
+    (checked against the source where its clamps differ)."""
     decl = "x: f32[N]\nm: f32[R, C]\nreturn "
     for expr in ("x[::-1] * 2.0", "x[-2::-1] + m[::-1, 1:].sum()", "m[:, -1:0:-1] * 2.0"):
         prog, probed = tgc.loads(decl + expr), tgc.loads(decl + expr)
@@ -318,6 +331,205 @@ def test_slices_with_a_step_of_minus_one_trace_once():
         want = [x[::-1] * 2, x[:3:-1], x[5:-300:-1] + 1, m[::-1, 1:], m[:, -1:0:-1]]
         for i, w in enumerate(want):
             np.testing.assert_array_equal(np.asarray(got[f"out{i}"]), w, err_msg=f"N={n} out{i}")
-    stepped = tgc.loads("x: f32[N]\nreturn x[::2] * 2.0")
-    stepped.run(device="CPU", symbolic=True, x=np.ones(5, np.float32))
-    assert "a slice with a step" in list(stepped.symbolic_paths.values())[0]
+    # a step of 2: its length is a floor division of the size (`(N + 1) // 2`), traced once since onetrace3
+    # (`test_floor_divisions_of_a_dim_trace_once`)
+
+
+@pytest.mark.parametrize("expr, numpy_expr", [
+    ("x[:2 * M] * 2.0 + y.sum()", lambda x, y: x[:2 * len(y)] * 2 + y.sum()),  # 2M - N > 0 at both probes
+    ("(x * 2.0 if M == N else x * 3.0) + y.sum()", lambda x, y: x * (2 if len(x) == len(y) else 3) + y.sum()),
+])
+def test_a_decision_comparing_dims_has_no_symbolic_form(expr, numpy_expr):
+    """A front-end decision whose dim terms have both signs (`2M - N > 0`: `x[:2 * M]` is all of x at the probes;
+    `M == N`, false at the probes) holds on no range of sizes: both paths gave the probes' answer where it flips
+    (100 elements at N = 100, M = 30, numpy 60; `x * 3` at M = N = 50). The class now has no symbolic form and
+    size-specialized kernels run."""
+    for one_trace in (True, False):
+        prog = tgc.loads(f"x: f32[N]\ny: f32[M]\nreturn {expr}")
+        prog.one_trace = one_trace
+        for n, m in ((100, 30), (50, 50), (1000, 300), (5, 3), (7, 9)):
+            x, y = np.linspace(-1, 1, n, dtype=np.float32), np.linspace(0, 1, m, dtype=np.float32)
+            got = np.asarray(prog.run(device="CPU", symbolic=True, x=x, y=y)["out0"])
+            want = numpy_expr(x, y)
+            assert got.shape == want.shape, (expr, one_trace, n, m)
+            np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=f"{expr} N={n} M={m}")
+            assert prog.last_run.startswith("specialized") and "compares dims" in prog.last_run
+        path = prog.symbolic_paths[("CPU", (("N", "n"), ("M", "n")))]
+        assert path.startswith("probes") and ("compares dims" in path) == one_trace
+    n, m = SymSize.dim("N", 211), SymSize.dim("M", 223)
+    with checked_at(({"N": 211, "M": 223}, {"N": 227, "M": 229})) as decided:
+        assert 2 * m - n > 0 and n > 100
+    assert decided_across(decided) == "a size decision on 2M-N compares dims with each other (no range of sizes " \
+        "keeps its answer)"
+    assert decided_across(decided[1:]) is None and decided_across([({(): -2, ("N",): 0}, -1)]) is None  # (a bound)
+    # terms of both signs that grow together over the class (dims >= 2) bound it as one sign does: N(M - 1) - 100
+    # > 0 holds from every dim at 11 (11 * 10 - 100 > 0), N(M - 1) < 300 up to 17 (17 * 16 < 300 <= 18 * 17)
+    grows, shrinks = {("M", "N"): 1, ("N",): -1, (): -100}, {("M", "N"): 1, ("N",): -1, (): -300}
+    assert decided_across([(grows, 1), (shrinks, -1)]) is None
+    assert decided_from([(grows, 1)]) == 11 and decided_upto([(shrinks, -1)]) == 17
+
+
+def test_a_floor_division_of_a_dim_is_a_variable_of_its_own():
+    """`symsize.atom`: `(a * N + r) // k` for a dim N, a variable of the polynomials whose value at any dims is
+    known; a decision that compares it with its dim depends on a remainder and refuses."""
+    h, c = SymSize.dim("H", 211), SymSize.dim("C", 223)
+    with checked_at(({"H": 211, "C": 223}, {"H": 229, "C": 227})) as decided:
+        pooled = (h - 2) // 2 + 1  # a 2x2 window of stride 2
+        half = (c + 1) // 2  # the length of `m[:, ::2]`
+        assert pooled.terms == ((("(1*H+0)//2",), 1),) and pooled.value == 105 and half.value == 112
+        assert (2 * h + 1) // 2 == h and (-h) // 2 == h // 2 - h and ((-h) // 2).value == -106
+        assert (3 * h + 4) // 2 == h + (h // 2) + 2 and sizes.mono_value(half.mono, {"C": 10}) == 5
+        assert pooled * c > pooled and pooled > 3
+        with pytest.raises(NotTraceable):
+            bool(2 * half - 1 == c)  # true at the odd probes only: refused as any equality that holds there
+        with pytest.raises(NotTraceable):
+            (h * c) // 2  # a product of dims is no atom
+        assert h - 2 * (h // 2) > 0  # (true at both probes: an odd H's remainder)
+        assert h // 2 < h and h // 2 - h < 2 ** 62  # (at every size: their bounds H/2 - H and (H - 1)/2 - H)
+    assert decided_by_remainder(decided) == \
+        "a size decision on -2(1*H+0)//2+H depends on a remainder of a dim"
+    assert decided_by_remainder(decided[:-3]) is None and decided_by_remainder(decided[-2:]) is None
+    assert decided_from([({("(1*H+0)//2",): 1, (): -3}, 1)]) == 8  # H//2 > 3 holds from H = 8 (not 4)
+    assert decided_upto([({("(1*H+0)//2",): 1, (): -300}, -1)]) == 599  # H//2 < 300 holds up to H = 599
+
+
+@pytest.mark.parametrize("name, runs", [
+    ("pooling.tg", [{"N": 2, "C": 3, "H": 4, "W": 5}, {"N": 3, "C": 2, "H": 7, "W": 2},
+                    {"N": 1, "C": 3, "H": 9, "W": 6}, {"N": 2, "C": 2, "H": 66, "W": 71}]),
+    ("slicing.tg", [{"N": 5, "R": 4, "C": 7}, {"N": 9, "R": 2, "C": 8}, {"N": 1, "R": 1, "C": 2},
+                    {"N": 300, "R": 5, "C": 301}]),
+])
+def test_floor_divisions_of_a_dim_trace_once(name, runs, monkeypatch):
+    """Pooling's `(H - 2) // 2 + 1` and a slice's length `(C + 1) // 2` (`m[:, ::2]`) are atoms (`H//2`,
+    `(C+1)//2`): the programs trace once (the probe path had no symbolic form for them) and are right at sizes of
+    1, odd, even and large against numpy, with the dims below `trusted_from` checked against the source."""
+    prog = tgc.load(KERNELS / name)
+    counts = _counted(monkeypatch)
+    plan = prog.compile_symbolic("CPU")
+    assert list(prog.symbolic_paths.values()) == ["one trace"] and counts == {"trace": 1, "schedule": 1}
+    # an atom of k = 2 exceeds the graph's constants from twice the size a dim does
+    assert sizes.signature_divisor(plan.signature, plan.slots) == 2
+    assert plan.trusted_from >= 2 * (sizes.signature_max_constant(plan.signature) + 5)
+    probed = tgc.load(KERNELS / name)
+    probed.one_trace = False
+    with pytest.raises(tgc.TgcError, match="no kernels valid for every size"):
+        probed.compile_symbolic("CPU")
+    ran = []
+    for dims in runs:
+        inputs = random_inputs(prog, dims, seed=7)
+        got = prog.run(device="CPU", symbolic=True, **inputs)
+        ran.append(prog.last_run)
+        _check(prog, got, dims, inputs)
+    assert ran.count("symbolic") >= 3, ran
+
+
+def test_the_first_half_of_a_dim_traces_once():
+    """`x[: N // 2]`: its clamp compares N//2 with N, which holds at every size (its bound N/2 - N < 0), so it
+    traces once; right at every size from 1 to 301 (even and odd) against numpy."""
+    prog = tgc.loads("x: f32[N]\nreturn x[: N // 2] * 2.0, x[: N // 3].sum() + x[: N // 2]")
+    prog.compile_symbolic("CPU")
+    assert list(prog.symbolic_paths.values()) == ["one trace"]
+    for n in (1, 2, 3, 4, 5, 6, 7, 12, 33, 64, 300, 301):
+        x = np.linspace(-1, 1, n, dtype=np.float32)
+        got = prog.run(device="CPU", symbolic=True, x=x)
+        np.testing.assert_allclose(np.asarray(got["out0"]), x[: n // 2] * 2, err_msg=f"N={n}")
+        np.testing.assert_allclose(np.asarray(got["out1"]), x[: n // 3].sum() + x[: n // 2], rtol=1e-5,
+                                   atol=1e-6, err_msg=f"N={n}")
+
+
+@pytest.mark.parametrize("expr, numpy_expr, bound, sizes_run", [
+    ("x[:N // 1000 + 3] * 2.0", lambda x: x[:len(x) // 1000 + 3] * 2, 999, (999, 1000, 2500)),
+    ("x * (N // 1000)", lambda x: x * (len(x) // 1000), 999, (1000,)),
+    ("x * 2.0 if N // 300 == 0 else x * 3.0", lambda x: x * (2 if len(x) // 300 == 0 else 3), 299, (300,)),
+    ("x[::500] * 2.0", lambda x: x[::500] * 2, 500, (1000,)),
+    ("x[::-300] + 1.0", lambda x: x[::-300] + 1, 300, (1000,)),
+    ("x[::250].sum()", lambda x: x[::250].sum(), 250, (251, 255)),
+])
+def test_a_quotient_the_same_at_both_probes_bounds_the_plan(expr, numpy_expr, bound, sizes_run):
+    """A floor division of a dim that is the same at both probes (`N // 1000` is 0 at 211 and 223; the length
+    `(N + 499) // 500` of `x[::500]` is 1) was a plain int with no decision recorded: the plan gave 3 elements of
+    `x[:N // 1000 + 3]` at N = 1000 (numpy 4), zeros for `x * (N // 1000)`, one element of `x[::500]` at N = 1000
+    (numpy 2), and `x[::250].sum()` summed x[0] alone from N = 251 (a regression of the slice bounds at 251..254,
+    on the one trace). Now the quotient's bounds (`q * k <= N < (q + 1) * k`) are front-end decisions: the plan
+    stops where the quotient changes (both paths), and larger sizes run size-specialized, right."""
+    for one_trace in (True, False):
+        prog = tgc.loads(f"x: f32[N]\nreturn {expr}")
+        prog.one_trace = one_trace
+        assert prog.compile_symbolic("CPU").bound == bound, (expr, one_trace)
+    for n in sizes_run:  # (the last program: one trace)
+        x = np.linspace(-1, 1, n, dtype=np.float32) ** 3 + 0.25
+        got = np.asarray(prog.run(device="CPU", symbolic=True, x=x)["out0"])
+        want = np.asarray(numpy_expr(x), dtype=np.float32)
+        assert got.shape == want.shape, (expr, n)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=f"{expr} N={n}")
+        assert (prog.last_run == "symbolic") == (n <= bound), (expr, n, prog.last_run)
+    n = SymSize.dim("N", 211)
+    with checked_at(({"N": 211}, {"N": 223})), recording() as front:
+        assert n // 1000 == 0 and n // 64 == 3 and 1000 // n == 4
+    assert decided_upto(front) == 250 and decided_from(front) == 1001  # (5N - 1000 > 0 read as N > 1000: kept)
+    with checked_at(({"N": 211}, {"N": 223})) as heuristic:  # a scheduler's ratio of sizes: no bound
+        assert n // 1000 == 0
+    assert heuristic == []
+
+
+@pytest.mark.parametrize("expr, numpy_expr, runs", [
+    ("x * 2.0 if N % 3 == 0 else x * 3.0", lambda x: x * (2 if len(x) % 3 == 0 else 3), (12, 7)),
+    ("x * 2.0 if N % 2 else x * 3.0", lambda x: x * (2 if len(x) % 2 else 3), (12,)),
+    ("x[:N // 4 * 4] * 2.0", lambda x: x[:len(x) // 4 * 4] * 2, (8, 33)),
+    ("x[:N - N % 4] * 2.0", lambda x: x[:len(x) - len(x) % 4] * 2, (8,)),
+    ("x[N // 2 * 2:] * 2.0", lambda x: x[len(x) // 2 * 2:] * 2, (8,)),
+])
+def test_a_remainder_of_a_dim_has_no_symbolic_form(expr, numpy_expr, runs):
+    """A decision on `N % k`, or a floor division of a dim the trace refuses (`N // 4 * 4`), depends on the
+    residue of N, and the probes 211 and 223 (primes, 12 apart) share theirs modulo 2, 3 and 4: `N % 3 == 0` was
+    false at N = 12, `if N % 2` true at every even N, and the probe path read `N // 4 * 4` as `N - 3` (5 elements
+    at N = 8, numpy 8). The front end records it (`symsize.Unanswered`): the class has no symbolic form on either
+    path, and size-specialized kernels run, right."""
+    for one_trace in (True, False):
+        prog = tgc.loads(f"x: f32[N]\nreturn {expr}")
+        prog.one_trace = one_trace
+        with pytest.raises(tgc.TgcError, match="remainder of a dim"):
+            prog.compile_symbolic("CPU")
+        for n in runs:
+            x = np.linspace(-1, 1, n, dtype=np.float32)
+            got = np.asarray(prog.run(device="CPU", symbolic=True, x=x)["out0"])
+            want = np.asarray(numpy_expr(x), dtype=np.float32)
+            assert got.shape == want.shape, (expr, one_trace, n)
+            np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=f"{expr} N={n}")
+            assert prog.last_run.startswith("specialized") and "remainder of a dim" in prog.last_run
+            assert "_Nonzero" not in prog.last_run
+
+
+def test_a_source_check_refuses_where_the_scheduler_cuts_other_kernels():
+    """Below `trusted_from` a plan is checked against the source; where the scheduler cuts other kernels there
+    (`x[::250].sum()` at N = 251: a copy of x[0], no reduce) its graph signature may still match the plan's (the
+    slice's bounds a no-op), so nothing vouches for the plan's kernels: refused, whatever the signature's
+    divisor."""
+    prog = tgc.loads("x: f32[N]\nreturn x[::250].sum()")
+    plan = prog.compile_symbolic("CPU")
+    assert plan.trusted_from > 251
+    assert plan.source_check(prog, {"N": 251}) == "the scheduler cuts other kernels at these sizes"
+    # the other way: the plan reduces 4 elements of `x[::64]` (its length at the probes), the source copies
+    # one at N = 2 (it read past x: 6.9e34) and reduces one at N = 63
+    prog = tgc.loads("x: f32[N]\nreturn x[::64].sum()")
+    for n in (2, 63):
+        x = np.linspace(-1, 1, n, dtype=np.float32) + 2
+        got = np.asarray(prog.run(device="CPU", symbolic=True, x=x)["out0"])
+        np.testing.assert_allclose(got, x[::64].sum(), rtol=1e-6, err_msg=f"N={n}")
+        assert prog.last_run == "specialized: the scheduler cuts other kernels at these sizes", (n, prog.last_run)
+
+
+def test_a_floor_division_exact_in_a_class_of_multiples_of_32_keeps_its_plan():
+    """In a `32n` class `C // 4` and `N // 2` leave no remainder: a refusal or a decision on them is not one
+    of a remainder (`symsize._exact_atom`: the atom written as `C / 4`), so the probe path's plan still runs
+    there (transformer_block's heads), right against numpy."""
+    cases = [("x: f32[T, C]\nreturn reshape(x, (T, 4, C // 4)).sum(axis=2)",
+              lambda x: x.reshape(x.shape[0], 4, -1).sum(axis=2), (5, 64)),
+             ("x: f32[N]\nreturn x[N // 2 - 1 : N // 2 + 1] * 2.0", lambda x: x[len(x) // 2 - 1: len(x) // 2 + 1] * 2,
+              (96,))]
+    for src, numpy_fn, shape in cases:
+        prog = tgc.loads(src)
+        x = np.linspace(-1, 1, int(np.prod(shape)), dtype=np.float32).reshape(shape)
+        got = np.asarray(prog.run(device="CPU", symbolic=True, x=x)["out0"])
+        np.testing.assert_allclose(got, numpy_fn(x), rtol=1e-5, atol=1e-6, err_msg=src)
+        assert prog.last_run == "symbolic", (src, prog.last_run)

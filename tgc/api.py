@@ -58,7 +58,16 @@ from tgc.engine.schedule import ScheduleItem, create_schedule, kernel_name, spli
 from tgc.env import debug_level, env_flag, env_int
 from tgc.errors import BindError, CompileError, TgcError
 from tgc.ir.shapes import prod, shape_of
-from tgc.ir.symsize import NotTraceable, SymSize, checked_at, decided_from, decided_upto, recording
+from tgc.ir.symsize import (
+    NotTraceable,
+    SymSize,
+    checked_at,
+    decided_across,
+    decided_by_remainder,
+    decided_from,
+    decided_upto,
+    recording,
+)
 from tgc.ir.uop import Ops, UOp
 from tgc.onnx import at_node as onnx_at_node
 from tgc.onnx import read_model
@@ -665,9 +674,11 @@ class Program:
         p1, p2 = sizes.probes(cls)  # traced at the first; each size decision must come out the same at both
         tagged = {n: SymSize.dim(n, v) if n in symbolic else v for n, v in p1.items()}
         try:
-            with checked_at((p1, p2)):
+            with checked_at((p1, p2)) as decided:
                 outs, bufs = self._trace(tagged)
                 items = [i for i in create_schedule(outs, dev.caps, split_columns=False) if i.ast.src]
+            if (why := decided_by_remainder(decided)) is not None:
+                return why
             if any("attention" in i.meta or "unfused_ast" in i.meta for i in items):
                 # the fused attention's schedule at the representative size, where the heuristic picks the fast
                 # variant's opts, is not this one's (the probe path sees it by scheduling there)
@@ -718,12 +729,16 @@ class Program:
         return self._trace_decisions.get(key, [])
 
     @staticmethod
-    def _bounded_by_decisions(plan: SymbolicPlan, decided: list) -> SymbolicPlan:
+    def _bounded_by_decisions(plan: SymbolicPlan, decided: list) -> SymbolicPlan | str:
         """`plan` trusted only where the front end's size decisions keep their answers at the probes: from
         where those bounding the dims from below hold (a slice's clamp at `N - 100`: checked with the source
         below), up to where those bounding them from above hold (`x[:300]` is all of x up to N = 299: above,
-        the dims leave the class's range and run size-specialized). The scheduler's decisions are not counted:
-        its thresholds (split-reduce, packing) change the speed, not the result."""
+        the dims leave the class's range and run size-specialized). A decision comparing dims with each other
+        (`2M - N > 0`, `M == N`) bounds no range: the class has no symbolic form (why, `decided_across`). The
+        scheduler's decisions are not counted: its thresholds (split-reduce, packing) change the speed, not the
+        result."""
+        if (why := decided_across(decided)) is not None:
+            return why
         plan.trusted_from = max(plan.trusted_from, decided_from(decided))
         upto = decided_upto(decided)
         if upto is not None:
@@ -1474,7 +1489,7 @@ class SymbolicPlan:
         self.item_bufs: list[list[UOp]] = []  # per kernel, the probe's buffer nodes (kernel_slots' order)
         # per declared input, (dtype, name, shape as Monos); the least size trusted without the source
         self.input_shapes: list[tuple[Any, str, tuple]] = []
-        self.trusted_from = sizes.trusted_from(signature)
+        self.trusted_from = sizes.trusted_from(signature, slots)
         self._source_checked: dict[tuple, str] = {}  # dims below `trusted_from` -> "" or why not (checked once)
         # which buffers share a slot, per set of launches, decided at the first probe's sizes (distinct primes:
         # buffers of equal size there have the same size expression) and sized at each dims
@@ -1497,10 +1512,18 @@ class SymbolicPlan:
         # where the scheduler cuts the same kernels at these sizes (it may not: small matmuls are not packed,
         # which the plan's kernels still compute right), each must be the plan's kernel at these sizes
         items = [i for i in create_schedule(outs, self.device.caps, split_columns=False) if i.ast.src]
-        if [sizes.name_shape(i.name) for i in items] == self.shapes:
+        shapes = [sizes.name_shape(i.name) for i in items]
+        if shapes == self.shapes:
             for item, ast in zip(items, self.asts):
                 if sizes.instantiate_ast(ast, dims) not in (item.ast, item.meta.get("unfused_ast")):
                     return f"kernel {item.name} differs from the size class's kernel at these sizes"
+        elif sizes.signature_divisor(self.signature, self.slots) > 1 or \
+                sum(s.startswith("r") for s in shapes) != sum(s.startswith("r") for s in self.shapes):
+            # a floor division of a dim (`H//2`) may be 0 or 1 here, which no probe saw; a reduce that one side
+            # lacks (an axis of length 1 on it: `x[::250].sum()` at N = 251, the plan's kernel a copy of x[0];
+            # `x[::64].sum()` at N = 2, the plan's reduce reading 4 elements), where the graph's signature matches
+            # the plan's (the slice's bounds a no-op): only the kernels the scheduler cuts here vouch for the plan's
+            return "the scheduler cuts other kernels at these sizes"
         return ""
 
     def bind(self, prog: Program, dims: dict[str, int]) -> tuple[Executable | None, str]:

@@ -52,6 +52,7 @@ from tgc.engine.conform import as_array, check_input_names
 from tgc.errors import BindError, TgcError
 from tgc.files import stage
 from tgc.interfaces import BufferSpec, LaunchableKernel
+from tgc.ir.symsize import atom_parts
 from tgc.version import __version__
 
 FORMAT = "tgpkg"
@@ -1719,7 +1720,8 @@ def _mono_expr(m: tuple) -> Any:
     coef, names, off, div = m
     e: Any = 1
     for n in names:
-        e = _mul(e, n)
+        parts = atom_parts(n) if "/" in n else None  # (a floor division of a dim: `symsize.atom`)
+        e = _mul(e, n if parts is None else ["//", ["+", _mul(parts[0], parts[1]), parts[2]], parts[3]])
     e = _mul(coef, e)
     if div != 1:
         e = e // div if isinstance(e, int) else ["//", e, div]
@@ -2544,6 +2546,10 @@ def class_doc(prog: Any, dev: Any, cls: tuple, plan: Any, member: Any = None) ->
             old = slot_exprs[s]
             slot_exprs[s] = e if old is None or old == e else max(old, e) if isinstance(old, int) and \
                 isinstance(e, int) else ["max", old, e]
+        # (a buffer empty at every size of the class, `y: f32[N // 2]` at N = 1, still takes a byte: as the
+        # allocator allocates it, and as the loader checks a slot)
+        slot_exprs = [max(e, 1) if isinstance(e, int) else ["max", e, 1] if sizeexpr.evaluate(e, p1) < 1 else e
+                      for e in slot_exprs]
         peak: Any = 0
         for e in slot_exprs:
             peak = e if peak == 0 else peak + e if isinstance(peak, int) and isinstance(e, int) else ["+", peak, e]

@@ -281,9 +281,19 @@ def draw_random(todo: list[tuple[Any, list[int], int]], seed: int) -> dict[str, 
 
 def random_shape(decl: Any, dims: Mapping[str, int]) -> list[int]:
     """The shape of a random input at `dims`; an unknown dim or a size that does not evaluate is an error."""
+    from tgc import sizeexpr
     from tgc.dsl.frontend import DimError, DimExpr, dim_value
+    from tgc.package import PackageInput
     shape = []
-    for size in decl.shape:
+    for i, size in enumerate(decl.shape):
+        if isinstance(decl, PackageInput) and size == "?":  # a package's size expression (`(N + 1) // 2`)
+            e = decl.expr[i]
+            for name in sorted(sizeexpr.names(e)):
+                if name not in dims:
+                    raise TgcError(f"dim {name} is unknown: give -D {name}=...",
+                                   hint=f"the random input '{decl.name}' is {decl_type(decl)}")
+            shape.append(sizeexpr.evaluate(e, dims, f"the random input '{decl.name}'"))
+            continue
         for name in ([size] if isinstance(size, str) else size.names() if isinstance(size, DimExpr) else []):
             if name not in dims:
                 raise TgcError(f"dim {name} is unknown: give -D {name}=...",

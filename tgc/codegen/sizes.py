@@ -29,7 +29,7 @@ from tgc.codegen.opt import OptOps
 from tgc.dtype import dtypes
 from tgc.ir.shapes import shape_of
 from tgc.ir.symbolic import simplify
-from tgc.ir.symsize import INDEX_LIMIT, SMALLEST, Mono, SymFloat, SymSize
+from tgc.ir.symsize import INDEX_LIMIT, SMALLEST, Mono, SymFloat, SymSize, atom_parts, value_of
 from tgc.ir.uop import Ops, PatternMatcher, RangeKind, UOp, UPat, graph_rewrite, substitute
 
 INDEX = dtypes.index
@@ -153,7 +153,7 @@ def _cdiv(a: int, b: int) -> int | None:
 def mono_value(m: Mono, dims: Mapping[str, int]) -> int:
     out = m[0]
     for n in m[1]:
-        out *= dims[n]
+        out *= value_of(n, dims)  # (a dim, or a floor division of one: `symsize.atom`)
     return out // m[3] + m[2]
 
 
@@ -161,10 +161,21 @@ def dim_var(name: str, bound: int, low: int = 2) -> UOp:
     return UOp(Ops.DEFINE_VAR, INDEX, (), (VAR_PREFIX + name, low, bound))
 
 
+def _name_uop(name: str, bound: int, lows: Mapping[str, int]) -> UOp:
+    """A dim's variable, or an atom's expression of it (`(a * D_N + r) // k`, `symsize.atom`)."""
+    parts = atom_parts(name) if "/" in name else None
+    if parts is None:
+        return dim_var(name, bound, lows.get(name, 2))
+    a, dim, r, k = parts
+    v = dim_var(dim, bound, lows.get(dim, 2))
+    v = v if a == 1 else v * UOp.const(INDEX, a)
+    return (v if r == 0 else v + UOp.const(INDEX, r)) // UOp.const(INDEX, k)
+
+
 def _mono_uop(m: Mono, bound: int, lows: Mapping[str, int]) -> UOp:
-    out = dim_var(m[1][0], bound, lows.get(m[1][0], 2))
+    out = _name_uop(m[1][0], bound, lows)
     for n in m[1][1:]:
-        out = out * dim_var(n, bound, lows.get(n, 2))
+        out = out * _name_uop(n, bound, lows)
     out = out if m[0] == 1 else out * UOp.const(INDEX, m[0])
     out = out if m[3] == 1 else out // UOp.const(INDEX, m[3])
     return out if m[2] == 0 else out + UOp.const(INDEX, m[2])
@@ -351,11 +362,39 @@ def signature_max_constant(sig: tuple) -> int:
     return best
 
 
-def trusted_from(sig: tuple) -> int:
+def trusted_from(sig: tuple, slots: Sequence[Slot] = ()) -> int:
     """The least size from which every symbolic dim is trusted without the source (`T`): at the probes (primes of
     211 and more) every dim exceeds every plain constant of the graph and every size offset, and so it does at
-    every size of at least T. Below T a slice or index may clamp, or the scheduler cut another kernel."""
-    return max(2, signature_max_constant(sig) + MAX_OFFSET + 1)
+    every size of at least T. Below T a slice or index may clamp, or the scheduler cut another kernel. A floor
+    division of a dim by k among the buffers' sizes (`symsize.atom`, traced once: pooling's `H//2`) exceeds
+    them from k * T on (`slots`: the plan's `Slot`s)."""
+    return max(2, signature_max_constant(sig) + MAX_OFFSET + 1) * signature_divisor(sig, slots)
+
+
+def signature_divisor(sig: tuple, slots: Sequence[Slot] = ()) -> int:
+    """The largest divisor of a floor division of a dim (`symsize.atom`) among a signature's sizes and these
+    buffers' shapes, else 1."""
+    best = 1
+    for slot in slots:
+        for m in slot.shape:
+            for n in m[1]:
+                parts = atom_parts(n) if "/" in n else None
+                best = max(best, parts[3] if parts is not None else 1)
+
+    def walk(v: Any) -> None:
+        nonlocal best
+        if isinstance(v, tuple) and len(v) == 2 and v[0] in ("#", "#f", "#r"):
+            for n in v[1][1]:
+                parts = atom_parts(n) if "/" in n else None
+                best = max(best, parts[3] if parts is not None else 1)
+        elif isinstance(v, tuple):
+            for x in v:
+                walk(x)
+
+    for row in sig:
+        if row[0] != "outs":
+            walk(row[2])
+    return best
 
 
 @dataclass
@@ -413,7 +452,18 @@ def _recip_const(x: UOp, one: UOp, c: UOp) -> UOp | None:
     return UOp.const(x.dtype, 1.0 / c.arg) if one.arg == 1.0 and c.arg else None
 
 
+def _size_const(x: UOp, a: UOp, b: UOp) -> UOp | None:
+    """A size expression of the dims substituted (`D_H * D_W`, `(D_H + 0) // 2`) as its constant, so a size
+    cast to a float (a mean's `1 / (H * W)`) folds as the scheduler folded it."""
+    if x.dtype != INDEX or not isinstance(a.arg, int) or not isinstance(b.arg, int):
+        return None
+    if x.op is Ops.IDIV:
+        return UOp.const(INDEX, a.arg // b.arg) if b.arg > 0 and a.arg >= 0 else None
+    return UOp.const(INDEX, a.arg * b.arg if x.op is Ops.MUL else a.arg + b.arg)
+
+
 _fold_casts = PatternMatcher([
+    (UPat((Ops.MUL, Ops.ADD, Ops.IDIV), src=(UPat.cvar("a"), UPat.cvar("b")), name="x"), _size_const),
     (UPat(Ops.CAST, src=(UPat.cvar("c"),), name="x"), _cast_const),
     (UPat(Ops.FDIV, src=(UPat.cvar("one"), UPat.cvar("c")), name="x"), _recip_const),
 ])

@@ -23,7 +23,7 @@ from tgc.dsl import functions
 from tgc.dsl.tensor import DslError, Tensor, fmt_type
 from tgc.dtype import DType, dtypes
 from tgc.errors import TgcError, close_match
-from tgc.ir.symsize import NotTraceable, SymSize, is_symbolic
+from tgc.ir.symsize import NotTraceable, SymSize, is_symbolic, type_text
 from tgc.ir.uop import Ops, UOp, postorder
 
 # Depth of the operation graph a program may build (a chain of N statements like `y = y * 2 + 1` is 2N
@@ -658,7 +658,7 @@ def _describe(v: Any) -> str:
         return f"the dtype {v.name}"
     if isinstance(v, tuple):
         return "a tuple"
-    return type(v).__name__
+    return type_text(v)
 
 
 def _literal_expr(node: ast.AST) -> bool:
@@ -921,9 +921,9 @@ class _Evaluator:
                                                                              ast.FloorDiv, ast.Mod)):
                 if isinstance(node.op, (ast.FloorDiv, ast.Mod)) and right == 0:
                     return 0
-                return {ast.Add: left + right, ast.Sub: left - right, ast.Mult: left * right,
-                        ast.FloorDiv: left // right if right else 0, ast.Mod: left % right if right else 0
-                        }[type(node.op)]
+                # (only the operation asked: a size's `%` is a decision of its own, `symsize.Unanswered`)
+                return {ast.Add: lambda: left + right, ast.Sub: lambda: left - right, ast.Mult: lambda: left * right,
+                        ast.FloorDiv: lambda: left // right, ast.Mod: lambda: left % right}[type(node.op)]()
             if _literal_expr(node) and not any(isinstance(v, bool) for v in (left, right)) and isinstance(node.op, (
                     ast.Add, ast.Sub, ast.Mult, ast.Div)) and (right != 0 or not isinstance(node.op, ast.Div)):
                 # numbers with a float or `/`: Python's float arithmetic, a weak literal as numpy's Python scalars

@@ -13,7 +13,7 @@ from tgc.dsl import indexing, library, nnlib
 from tgc.dsl import tensor as T
 from tgc.dsl.tensor import DslError, Tensor, _pair, broadcast_shapes
 from tgc.dtype import DType, dtypes
-from tgc.ir.symsize import NotTraceable, SymSize
+from tgc.ir.symsize import NotTraceable, SymSize, type_text
 
 
 def _tensor(x: Any, what: str = "argument") -> Tensor:
@@ -21,7 +21,7 @@ def _tensor(x: Any, what: str = "argument") -> Tensor:
         return x
     if isinstance(x, (bool, int, float)):
         return Tensor.const(x, Tensor.literal_dtype(x))
-    raise DslError(f"{what} must be a tensor or a number, got {type(x).__name__}")
+    raise DslError(f"{what} must be a tensor or a number, got {type_text(x)}")
 
 
 def _shape_arg(args: tuple) -> tuple[int, ...]:
@@ -268,15 +268,22 @@ def index_list(values: Any) -> indexing.IndexList:
     return indexing.IndexList(values)
 
 
+def _slice_length(start: int, stop: int, step: int) -> int:
+    """`len(range(start, stop, step))` of sizes of the dims: a floor division by the step (`(C + 1) // 2` for
+    `m[:, ::2]`, a `symsize.atom`), 0 where the range is empty."""
+    span = stop - start if step > 0 else start - stop
+    return max((span + abs(step) - 1) // abs(step), 0)
+
+
 def _slice_indices(it: slice, size: int) -> tuple[int, int, int]:
     """`slice.indices(size)`; for a size of the dims (`SymSize`, traced once) the same clamps written with its
-    comparisons (which the size class answers), steps of 1 and -1 only (another step's length is a floor
-    division of the size; `slice.indices` would read the raw number)."""
+    comparisons (which the size class answers; `slice.indices` would read the raw number). A step other than
+    1 and -1 clamps as they do; its length is a floor division of the size (`_slice_length`)."""
     if not isinstance(size, SymSize):
         return it.indices(size)
-    if it.step not in (None, 1, -1):
-        raise NotTraceable("a slice with a step over a dim")
     step = 1 if it.step is None else it.step
+    if not isinstance(step, int) or isinstance(step, (bool, SymSize)) or step == 0:
+        raise NotTraceable("a slice with a step that is no constant")
     low, high = (0, size) if step > 0 else (-1, size - 1)  # as `slice.indices` clamps for the step's sign
 
     def clamp(v: int | None, default: int) -> int:
@@ -318,13 +325,16 @@ def getitem(x: Tensor, index: Any) -> Tensor:
             steps.append(1)
         else:
             start, stop, step = _slice_indices(it, size)
-            n = len(range(start, stop, step)) if not isinstance(size, SymSize) else max((stop - start) * step, 0)
+            n = len(range(start, stop, step)) if not isinstance(size, SymSize) else _slice_length(start, stop, step)
+            # (the stride takes every step-th element of the range from its start: the range's length is n
+            # after it; ending the range at its stop, not after its last element, keeps a size's stop a size,
+            # where `start + (n - 1) * step + 1` would ask whether a floor division divides)
             if step > 0:
-                bounds.append((start, start + (n - 1) * step + 1) if n else (start, start))
+                bounds.append((start, stop) if n else (start, start))
                 flips.append(False)
             else:
                 first = size - 1 - start  # position of `start` once the axis is flipped
-                bounds.append((first, first + (n - 1) * (-step) + 1) if n else (0, 0))
+                bounds.append((first, size - 1 - stop) if n else (0, 0))
                 flips.append(True)
             steps.append(abs(step))
             out_shape.append(n)

@@ -20,6 +20,7 @@ from typing import Any
 from tgc.dsl import indexing
 from tgc.dsl.tensor import DslError, Tensor, _pair, _shape_error
 from tgc.dtype import DType, dtypes, promote, sum_dtype
+from tgc.ir.symsize import type_text
 from tgc.ir.uop import Ops, UOp
 
 SCAN_BLOCK = 32  # cumsum/cumprod: rows up to this long are one masked reduction; longer ones are blocked
@@ -30,7 +31,7 @@ def _tensor(x: Any, what: str = "argument") -> Tensor:
         return x
     if isinstance(x, (bool, int, float)):
         return Tensor.const(x, Tensor.literal_dtype(x))
-    raise DslError(f"{what} must be a tensor or a number, got {type(x).__name__}")
+    raise DslError(f"{what} must be a tensor or a number, got {type_text(x)}")
 
 
 def _number(v: Any, name: str) -> float:

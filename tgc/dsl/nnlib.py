@@ -27,6 +27,7 @@ from tgc.dsl.tensor import DslError, Tensor, _shape_error
 from tgc.dtype import DType, dtypes, promote
 from tgc.errors import close_match
 from tgc.ir.shapes import prod
+from tgc.ir.symsize import type_text
 from tgc.ir.uop import Ops, UOp
 
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
@@ -40,7 +41,7 @@ def _tensor(x: Any, what: str = "argument") -> Tensor:
         return x
     if isinstance(x, (bool, int, float)):
         return Tensor.const(x, Tensor.literal_dtype(x))
-    raise DslError(f"{what} must be a tensor or a number, got {type(x).__name__}")
+    raise DslError(f"{what} must be a tensor or a number, got {type_text(x)}")
 
 
 def _int(v: Any, name: str) -> int:

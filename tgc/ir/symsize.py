@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -39,6 +41,9 @@ UNIT = 32  # class 32n: the multiples of this (`tgc.sizeexpr.UNIT`)
 # the dims' values at which each decision must come out the same (the probes); empty: the traced value alone
 _POINTS: contextvars.ContextVar[tuple[Mapping[str, int], ...]] = contextvars.ContextVar("points", default=())
 
+
+# within `recording`: the front end's decisions (a quotient kept the same is a bound there: `_kept_quotient`)
+_FRONT: contextvars.ContextVar[bool] = contextvars.ContextVar("front", default=False)
 
 # the decisions answered within `checked_at`: (the polynomial, its sign at the traced sizes and the probes)
 _DECIDED: contextvars.ContextVar[list[tuple[dict[tuple[str, ...], int], int]] | None] = \
@@ -67,8 +72,42 @@ def decided_from(decided: Sequence[tuple[Mapping[tuple[str, ...], int], int]]) -
     for t, s in decided:
         lead = [c for k, c in t.items() if k]
         if s and lead and all((c > 0) == (s > 0) for c in lead):
-            least = max(least, abs(t.get((), 0)) + 1)
+            # (an atom `(a * N + r) // k` exceeds the constant where N exceeds k times it)
+            scale = max([_divisor(k) for k, c in t.items() if k and c] or [1])
+            least = max(least, scale * (abs(t.get((), 0)) + 1))
+        elif s and any(c for c in lead) and _monotone(t) == s:
+            # terms of both signs that grow together in the answer's direction over the class (`MN - N - 100`:
+            # N(M - 1) - 100): kept from the least size that keeps it with every dim there
+            lo, hi = 1, 1 << 40  # not kept with every dim at lo (or lo = 1), kept at hi (as at the probes)
+            if not _kept_at(t, s, hi):
+                continue
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (lo, mid) if _kept_at(t, s, mid) else (mid, hi)
+            least = max(least, hi)
     return least
+
+
+def _monotone(t: Mapping[tuple[str, ...], int]) -> int:
+    """1 (-1) where the polynomial grows (shrinks) with each dim over the class's sizes (every dim at least 2):
+    its terms, each variable written as its least value in the class plus a variable from 0 (`N = 2 + n`; an
+    atom, nondecreasing in its dim, at its value there), all of that sign but the constant; else 0. (`MN - N` is
+    `2 + 2m + n + mn`: 1; `2M - N` is `2 + 2m - n`: 0.)"""
+    out: dict[tuple[str, ...], int] = {}
+    for names, coef in t.items():
+        terms: dict[tuple[str, ...], int] = {(): coef}
+        for n in names:
+            low = value_of(n, {base_dim(n): 2})
+            nxt: dict[tuple[str, ...], int] = {}
+            for k, c in terms.items():
+                nxt[k] = nxt.get(k, 0) + c * low
+                k2 = tuple(sorted(k + (n,)))
+                nxt[k2] = nxt.get(k2, 0) + c
+            terms = nxt
+        for k, c in terms.items():
+            out[k] = out.get(k, 0) + c
+    signs = {c > 0 for k, c in out.items() if k and c}
+    return 0 if len(signs) != 1 else (1 if signs == {True} else -1)
 
 
 INDEX_LIMIT = 2 ** 31 - 1  # decisions at this size or past it choose an index width, not a result
@@ -84,7 +123,7 @@ def decided_upto(decided: Sequence[tuple[Mapping[tuple[str, ...], int], int]]) -
     top: int | None = None
     for t, s in decided:
         lead = [(k, c) for k, c in t.items() if k and c]
-        if not s or not lead or not all((c > 0) != (s > 0) for _, c in lead):
+        if not s or not lead or not (all((c > 0) != (s > 0) for _, c in lead) or _monotone(t) == -s):
             continue
         if abs(t.get((), 0)) >= INDEX_LIMIT:  # an index's width (argmax's i32 result, `N * M < 2^31`): every
             continue  # symbolic kernel's launch checks refuse sizes whose indices pass i32 (a box bound of sqrt)
@@ -98,9 +137,111 @@ def decided_upto(decided: Sequence[tuple[Mapping[tuple[str, ...], int], int]]) -
     return top
 
 
+class Unanswered(dict):  # type: ignore[type-arg]
+    """A decision list's marker (an empty polynomial, skipped by the bounds) for a size decision the probes
+    cannot stand for: a remainder of a dim (`N % 3`, 0 at N = 12 where both probes, primes, say not), or a floor
+    division of a dim the trace refused (`N // 4 * 4`, which the probes 211 and 223 read as `N - 3`). In the
+    front end's decisions it leaves the class without a symbolic form (`decided_across`), on the probe path
+    too."""
+
+    def __init__(self, why: str):
+        super().__init__()
+        self.why = why
+
+
+def _unanswered(why: str) -> None:
+    decided = _DECIDED.get()
+    if decided is not None:
+        decided.append((Unanswered(why), 0))
+
+
+def decided_across(decided: Sequence[tuple[Mapping[tuple[str, ...], int], int]]) -> str | None:
+    """Why no range of sizes keeps these decisions' answers, or None: a decision whose dim terms have both signs
+    (`2M - N > 0` of `x[:2 * M]` from a tensor of N; `M == N` in `a if M == N else b`) holds on no box of dims
+    from 2 up nor from a size up (at M = 2, N = B it is false for every large B), so `decided_from` and
+    `decided_upto` cannot bound it and the plan would give the probes' answer where it flips (`x[:2 * M]` was
+    all of x at N = 100, M = 30: 100 elements, numpy 60). Not one whose terms grow together over the class
+    (`MN - N`, `N(M - 1)`: `_monotone`), which `decided_from` and `decided_upto` bound. A remainder of a dim or a
+    refused floor division (`Unanswered`) holds on no range either. Give it only the front end's decisions
+    (`recording`)."""
+    for t, s in decided:
+        if isinstance(t, Unanswered):
+            return t.why
+        lead = [c for k, c in t.items() if k and c]
+        if any(c > 0 for c in lead) and any(c < 0 for c in lead) and not _monotone(t) \
+                and not _holds_everywhere(t, s):
+            if (why := decided_by_remainder([(t, s)])) is not None:
+                return why  # (a dim with its own floor division: `N - 4 * (N//4)`)
+            poly = _terms_text(tuple(sorted((k, c) for k, c in t.items() if c)))
+            return f"a size decision on {poly} compares dims with each other (no range of sizes keeps its answer)"
+    return None
+
+
+def decided_by_remainder(decided: Sequence[tuple[Mapping[tuple[str, ...], int], int]]) -> str | None:
+    """Why a decision may depend on a remainder, or None: one with dim terms of both signs that holds a
+    floor division of a dim (`atom`) with that dim or another of its floor divisions (`H - 2 * (H//2) > 0` is
+    true at the odd probes, false at every even H). Any decision of the trace counts (the scheduler's and the
+    simplifier's too: a gate dropped by one is a wrong result at the sizes where it flips)."""
+    for t, s in decided:
+        lead = [(k, c) for k, c in t.items() if k and c]
+        if not (any(c > 0 for _, c in lead) and any(c < 0 for _, c in lead)) or _holds_everywhere(t, s):
+            continue
+        names = {n for k, _ in lead for n in k}
+        atoms: dict[str, set[str]] = {}
+        for n in names:
+            if "/" in n:
+                atoms.setdefault(base_dim(n), set()).add(n)
+        if any(b in names or len(over) > 1 for b, over in atoms.items()):
+            poly = _terms_text(tuple(sorted((k, c) for k, c in t.items() if c)))
+            return f"a size decision on {poly} depends on a remainder of a dim"
+    return None
+
+
+def _atom_bound(t: Mapping[tuple[str, ...], int], s: int) -> dict[tuple[str, ...], int] | None:
+    """A polynomial of the dims alone, times the product of the atoms' divisors, that bounds `t` on the side of
+    its answer `s` (below it for s > 0, above for s < 0) at every size: each atom `(a * N + r) // k` in a term
+    replaced by its least value `(a * N + r - k + 1) / k` where the term works for the answer, by `(a * N + r)
+    / k` where it works against it (the other factors of a term are dims, positive); None where a term holds
+    more than one atom."""
+    ks = sorted({atom_parts(n)[3] for k in t for n in k if "/" in n})  # type: ignore[index]
+    scale = 1
+    for k in ks:
+        scale *= k
+    out: dict[tuple[str, ...], int] = {}
+    for names, coef in t.items():
+        at = [n for n in names if "/" in n]
+        if len(at) > 1:
+            return None
+        rest = tuple(n for n in names if "/" not in n)
+        if not at:
+            out[rest] = out.get(rest, 0) + coef * scale
+            continue
+        a, dim, r, k = atom_parts(at[0])  # type: ignore[misc]
+        e = k - 1 if coef * s > 0 else 0
+        c = coef * (scale // k)
+        k1 = tuple(sorted(rest + (dim,)))
+        out[k1] = out.get(k1, 0) + c * a
+        out[rest] = out.get(rest, 0) + c * (r - e)
+    return {k: c for k, c in out.items() if c}
+
+
+def _holds_everywhere(t: Mapping[tuple[str, ...], int], s: int) -> bool:
+    """Whether a decision on atoms keeps its answer `s` at every size of the class: its bound (`_atom_bound`)
+    moves with every dim in the answer's direction (`_monotone`) and keeps it with every dim at 2 (`N//2 - N <
+    0`: its bound N/2 - N; not `H - 2(H//2) > 0`, whose bound is 0), or against it and keeps it with every dim
+    at `INDEX_LIMIT`, past every dim a plan serves (an index width's check, `N - N//2 < 2^63 - 1`)."""
+    if not s or not any("/" in n for k in t for n in k):
+        return False
+    b = _atom_bound(t, s)
+    if b is None or not any(k for k in b):
+        return False
+    way = _monotone(b)
+    return (way == s and _kept_at(b, s, 2)) or (way == -s and _kept_at(b, s, INDEX_LIMIT))
+
+
 def _kept_at(t: Mapping[tuple[str, ...], int], s: int, size: int) -> bool:
     """Whether the polynomial `t` has the sign `s` with every dim at `size`."""
-    v = _eval(dict(t), {n: size for k in t for n in k})
+    v = _eval(dict(t), {base_dim(n): size for k in t for n in k})
     return (v > 0) - (v < 0) == s
 
 
@@ -110,11 +251,12 @@ def recording() -> Iterator[list[tuple[dict[tuple[str, ...], int], int]]]:
     front end's own decisions (a slice's clamp), which change the program's meaning, told apart from the
     scheduler's heuristics (a split-reduce threshold), which change only its speed."""
     decided: list[tuple[dict[tuple[str, ...], int], int]] = []
-    token = _DECIDED.set(decided)
+    token, token2 = _DECIDED.set(decided), _FRONT.set(True)
     try:
         yield decided
     finally:
         _DECIDED.reset(token)
+        _FRONT.reset(token2)
 
 
 class NotTraceable(Exception):
@@ -138,11 +280,53 @@ def _terms(v: Any) -> dict[tuple[str, ...], int]:
     return {(): int(v)} if v else {}
 
 
+_ATOM = re.compile(r"\((\d+)\*([A-Za-z_][A-Za-z0-9_]*)\+(\d+)\)//(\d+)")
+
+
+def atom(a: int, dim: str, r: int, k: int) -> str:
+    """The name of the size `(a * dim + r) // k` (1 <= a < k, 0 <= r < k): a floor division of a dim by a
+    constant, a variable of the polynomials of its own whose value at any dims is known (`atom_parts`)."""
+    return f"({a}*{dim}+{r})//{k}"
+
+
+@functools.cache
+def atom_parts(name: str) -> tuple[int, str, int, int] | None:
+    """(a, dim, r, k) of an `atom` name, or None for a dim's own name."""
+    m = _ATOM.fullmatch(name)
+    return None if m is None else (int(m[1]), m[2], int(m[3]), int(m[4]))
+
+
+def value_of(name: str, dims: Mapping[str, int]) -> int:
+    """A dim's or an atom's value at these dims."""
+    parts = atom_parts(name) if "/" in name else None
+    if parts is None:
+        return dims[name]
+    a, dim, r, k = parts
+    return (a * dims[dim] + r) // k
+
+
+def base_dim(name: str) -> str:
+    """The dim an atom divides (a dim itself)."""
+    parts = atom_parts(name) if "/" in name else None
+    return name if parts is None else parts[1]
+
+
+def _divisor(names: Sequence[str]) -> int:
+    """The product of the divisors of these names' atoms (1 for dims): how much larger the dims must be than a
+    bound on the product."""
+    out = 1
+    for n in names:
+        parts = atom_parts(n) if "/" in n else None
+        if parts is not None:
+            out *= parts[3]
+    return out
+
+
 def _eval(t: Terms | dict, dims: Mapping[str, int]) -> int:
     out = 0
     for names, coef in (t.items() if isinstance(t, dict) else t):
         for n in names:
-            coef *= dims[n]
+            coef *= value_of(n, dims)
         out += coef
     return out
 
@@ -169,7 +353,7 @@ def _sign(value: int, t: dict[tuple[str, ...], int], a: Any, op: str, b: Any) ->
 def _decided(t: dict[tuple[str, ...], int], s: int) -> None:
     decided = _DECIDED.get()
     if decided is not None:
-        decided.append((dict(t), s))
+        decided.append((_exact(dict(t)), s))
 
 
 def _num(v: Any) -> bool:
@@ -313,9 +497,41 @@ class SymSize(int):
 
     def __floordiv__(self, other: Any) -> Any:
         q = self._divided(other)
-        if q is None:
-            return self._same_quotient(other)
-        return _make(self.value // (other.value if isinstance(other, SymSize) else other), q)
+        if q is not None:
+            return _make(self.value // (other.value if isinstance(other, SymSize) else other), q)
+        if isinstance(other, int) and not isinstance(other, (bool, SymSize)) and other > 0:
+            pts = _POINTS.get()
+            value = self.value // other
+            if pts and all(_eval(self.terms, pt) // other == value for pt in pts):
+                return _kept_quotient(self, other, value)  # (as `_same_quotient`)
+            floor = self._floor_atom(other)
+            if floor is not None:
+                return floor
+        return self._same_quotient(other)
+
+    def _floor_atom(self, k: int) -> Any:
+        """`self // k` for an int k that does not divide every term: the terms k divides, divided, plus an
+        `atom` `(a * N + r) // k` for the rest, where the rest is one dim times a coefficient plus a constant
+        (`(H - 2) // 2` is `H//2 - 1`, a slice's length `(C + 1) // 2`); else None."""
+        whole: dict[tuple[str, ...], int] = {}
+        rest: list[tuple[tuple[str, ...], int]] = []
+        const_r = 0
+        for names, coef in self.terms:
+            q, r = divmod(coef, k)
+            if q:
+                whole[names] = q
+            if r and names:
+                rest.append((names, r))
+            elif r:
+                const_r = r
+        if not rest:  # (`(2N + 1) // 2` is N: the constant's remainder is below k)
+            return _make(self.value // k, whole)
+        if len(rest) != 1 or len(rest[0][0]) != 1 or "/" in rest[0][0][0]:
+            return None
+        (dim,), a = rest[0]
+        name = atom(a, dim, const_r, k)
+        whole[(name,)] = whole.get((name,), 0) + 1
+        return _make(self.value // k, whole)
 
     def _same_quotient(self, other: Any) -> int:
         """`self // other` that does not divide exactly: a plain int where it is the same at the traced sizes
@@ -330,7 +546,7 @@ class SymSize(int):
             d = _eval(other.terms, pt) if isinstance(other, SymSize) else other
             if d <= 0 or _eval(self.terms, pt) // d != q:
                 return _refuse(self, "//", other)
-        return q
+        return _kept_quotient(self, other, q)
 
     def __mod__(self, other: Any) -> Any:
         if self._divided(other) is not None:
@@ -346,6 +562,8 @@ class SymSize(int):
             # a remainder that is not 0 at either probe: the probe path reads it as "does not divide"
             if all(_eval(self.terms, pt) % (_eval(other.terms, pt) if isinstance(other, SymSize) else other)
                    for pt in _POINTS.get()):
+                # (only a heuristic may read it: in the front end, the class has no symbolic form)
+                _unanswered(f"a size decision on {self!r} % {other!r} depends on a remainder of a dim")
                 return NONZERO
         return _refuse(self, "%", other)
 
@@ -358,7 +576,7 @@ class SymSize(int):
             d = _eval(self.terms, pt)
             if not d or other // d != q:
                 return _refuse(other, op, self)
-        return q
+        return _kept_quotient(other, self, q) if self.value > 0 else q
 
     def __rfloordiv__(self, other: Any) -> Any:
         return self._rquotient(other, "//")
@@ -480,8 +698,90 @@ class _Nonzero:
 
 
 NONZERO = _Nonzero()
+
+
+def type_text(v: Any) -> str:
+    """A value's kind in a message (a remainder the class answers only as not 0, not the class's name)."""
+    return "a remainder of a dim (a size % a number)" if isinstance(v, _Nonzero) else type(v).__name__
+
+
+def _kept_quotient(a: Any, b: Any, q: int) -> int:
+    """`a // b` (sizes or ints, b positive), the same int `q` at the traced sizes and every check point: q,
+    with the decisions that keep it recorded (`q * b <= a < (q + 1) * b`), so a plan is trusted only where
+    they hold (`N // 1000` is 0 at the probes: the plan stops at N = 999; `decided_upto`). In the front end
+    only: a heuristic's ratio of sizes (`W // (2 * (W//2))`) chooses the speed, not the result."""
+    if not _FRONT.get():
+        return q
+    lo = a - q * b + 1  # (> 0: a >= q * b)
+    hi = (q + 1) * b - a  # (> 0)
+    for t in (lo, hi):
+        if isinstance(t, SymSize):
+            _decided(_terms(t), 1)
+    return q
+
+
 def _refuse(a: Any, op: str, b: Any) -> Any:
-    raise NotTraceable(f"the size decision {a!r} {op} {b!r} depends on the dims' values")
+    why = f"the size decision {_text(a)} {op}{'' if b is None else ' ' + _text(b)} depends on the dims' values"
+    if (op in ("//", "%") or any(isinstance(v, _Nonzero) or (isinstance(v, SymSize) and any(
+            "/" in n for k, _ in v.terms for n in k)) for v in (a, b))) and not _of_units(a, op, b):
+        _unanswered(why)  # (a remainder or a floor division: the probes would read it as a size: `N // 4 * 4`)
+    raise NotTraceable(why)
+
+
+def _unit_dim(name: str) -> bool:
+    """Whether a dim is a multiple of `UNIT` at every probe (a `32n` class: its probes are, and so is every
+    size it serves; a class n's probes are primes)."""
+    pts = _POINTS.get()
+    return bool(pts) and all(pt.get(name, 1) % UNIT == 0 for pt in pts)
+
+
+def _exact_atom(name: str) -> bool:
+    """An atom `(a * N + r) // k` that is `a * N / k` at every size of the class: N of a `32n` class, k one
+    of UNIT's divisors (`C // 4` heads at C = 32n)."""
+    parts = atom_parts(name) if "/" in name else None
+    return parts is not None and UNIT % parts[3] == 0 and _unit_dim(parts[1])
+
+
+def _of_units(a: Any, op: str, b: Any) -> bool:
+    """Whether the class answers this refused decision as the probes do, no remainder left: every atom in it
+    exact (`_exact_atom`), and for `//` or `%` by an int k of UNIT's divisors, every term that k does not
+    divide holds a dim of a `32n` class."""
+    for v in (a, b):
+        if isinstance(v, _Nonzero):
+            return False
+        if isinstance(v, SymSize) and not all(_exact_atom(n) for k, _ in v.terms for n in k if "/" in n):
+            return False
+    if op in ("//", "%"):
+        if not isinstance(b, int) or isinstance(b, SymSize) or b <= 0 or UNIT % b or not isinstance(a, SymSize):
+            return False
+        return all(c % b == 0 or any(_unit_dim(base_dim(n)) for n in k) for k, c in a.terms)
+    return any(isinstance(v, SymSize) for v in (a, b))
+
+
+def _exact(t: dict[tuple[str, ...], int]) -> dict[tuple[str, ...], int]:
+    """`t` with each exact atom (`_exact_atom`) written as its dim, the polynomial times the atoms' divisors
+    (the same sign): what a decision of a `32n` class says of its dims."""
+    while True:
+        name = next((n for k in t for n in k if "/" in n and _exact_atom(n)), None)
+        if name is None:
+            return t
+        a, dim, _, k = atom_parts(name)  # type: ignore[misc]
+        out: dict[tuple[str, ...], int] = {}
+        for names, coef in t.items():
+            if name in names:
+                rest = list(names)
+                rest.remove(name)
+                key, c = tuple(sorted(rest + [dim])), coef * a
+            else:
+                key, c = names, coef * k
+            out[key] = out.get(key, 0) + c
+        t = {key: c for key, c in out.items() if c}
+
+
+def _text(v: Any) -> str:
+    """A size in a reason: a sum in brackets (`((1*N+1)//2+1) // 2`)."""
+    t = repr(v)
+    return f"({t})" if isinstance(v, SymSize) and len(v.terms) > 1 else t
 
 
 def is_symbolic(v: Any) -> bool:
@@ -489,4 +789,4 @@ def is_symbolic(v: Any) -> bool:
 
 
 __all__ = ["INDEX_LIMIT", "Mono", "SMALLEST", "NotTraceable", "SymSize", "SymFloat", "checked_at", "decided_from",
-           "decided_upto", "is_symbolic", "recording"]
+           "decided_across", "decided_by_remainder", "decided_upto", "is_symbolic", "recording", "type_text"]
