@@ -441,20 +441,26 @@ class _Renderer:
         self.emit(f"{out} = phi {ltype(d)} [ {val}, %{label} ], [ zeroinitializer, %{before} ]")
         return out
 
+    def _store_operands(self, buf: UOp, idx: UOp, val: UOp, inbounds: bool) -> tuple[str, str]:
+        """A store's address (`inbounds` unless masked-off lanes may lie outside the buffer) and its value as
+        memory holds it (bools widened to bytes)."""
+        vd, ptr = val.dtype, self.tmp()
+        self.emit(f"{ptr} = getelementptr{' inbounds' if inbounds else ''} {mtype(vd.scalar())}, "
+                  f"ptr {self.ref(buf)}, {ltype(idx.dtype)} {self.ref(idx)}")
+        v = self.ref(val)
+        if vd.is_bool:
+            z = self.tmp()
+            self.emit(f"{z} = zext {ltype(vd)} {v} to {mtype(vd)}")
+            v = z
+        return ptr, v
     def store(self, u: UOp) -> None:
         """A gated store (a fourth source) runs in a block its gate branches to: nothing is written, and no
         address is formed, where the gate is off."""
         buf, idx, val = u.src[:3]
         gate = u.src[3] if len(u.src) > 3 else None
+        vd = val.dtype
         if gate is not None and gate.dtype.count > 1:  # a gate per lane: a masked store (nothing where it is off)
-            vd, ptr = val.dtype, self.tmp()
-            self.emit(f"{ptr} = getelementptr {mtype(vd.scalar())}, ptr {self.ref(buf)}, {ltype(idx.dtype)} "
-                      f"{self.ref(idx)}")
-            v = self.ref(val)
-            if vd.is_bool:
-                z = self.tmp()
-                self.emit(f"{z} = zext {ltype(vd)} {v} to {mtype(vd)}")
-                v = z
+            ptr, v = self._store_operands(buf, idx, val, inbounds=False)
             self.emit(f"call void {self.masked('store', vd)}({mtype(vd)} {v}, ptr {ptr}, "
                       f"i32 {vd.itemsize}, <{vd.count} x i1> {self.ref(gate)})")
             return
@@ -465,15 +471,7 @@ class _Renderer:
             done = f"{label}_done"
             self.emit(f"br i1 {self.ref(gate)}, label %{label}, label %{done}")
             self.lines.append(f"{label}:")
-        vd = val.dtype
-        ptr = self.tmp()
-        self.emit(f"{ptr} = getelementptr inbounds {mtype(vd.scalar())}, ptr {self.ref(buf)}, {ltype(idx.dtype)} "
-                  f"{self.ref(idx)}")
-        v = self.ref(val)
-        if vd.is_bool:
-            z = self.tmp()
-            self.emit(f"{z} = zext {ltype(vd)} {v} to {mtype(vd)}")
-            v = z
+        ptr, v = self._store_operands(buf, idx, val, inbounds=True)
         self.emit(f"store {mtype(vd)} {v}, ptr {ptr}, align {vd.itemsize}")
         if gate is not None:
             self.emit(f"br label %{done}")
