@@ -508,3 +508,18 @@ def test_random_inputs_of_a_size_expression_in_a_package(tmp_path):
     assert np.load(out)["out0"].shape == (51,)
     r = _cli("run", path, "--random")
     assert r.returncode == 2 and "dim N is unknown" in r.stderr
+
+
+def test_a_plan_bounded_below_where_it_is_trusted_packages_its_checked_sizes():
+    # x[::250]: one element up to N = 250 (a front-end quotient bounds the plan there) but trusted without the
+    # source only from 255: the class's least size was scanned with the other dims above the bound, came out
+    # above the maximum, and the package failed its own load check (internal error, exit 1). Now N=2..250 is
+    # packaged (the source check held there) and right; N = 251 is outside the class (exit 2)
+    data = package.build_symbolic(tgc.loads("x: f32[N]\nreturn x[::250].sum()\n"), tgc.api._device("CPU"))
+    pkg = loads_package(data, "s.tgpkg")
+    for n in (2, 3, 100, 249, 250):
+        x = np.random.default_rng(n).standard_normal(n).astype(np.float32)
+        np.testing.assert_allclose(pkg.run(x=x)["out0"], x[::250].sum(), rtol=1e-6)
+    with pytest.raises(PackageError, match="outside the size classes") as e:
+        pkg.run(x=np.zeros(251, np.float32))
+    assert e.value.exit_code == 2

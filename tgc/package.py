@@ -1785,11 +1785,16 @@ def _class_minimum(prog: Any, plan: Any, cls: tuple) -> dict[str, int]:
 
     if top > _SCAN_LIMIT:  # (sizes below a constant this large cannot be checked one by one: none taken)
         return {n: top for n in sym}
+    # the other dims held where the plan holds without the source: from T up, but within its bound (a plan
+    # bounded by a decision of the front end, `x[::250]`'s step count, may be trusted from above its bound: there
+    # the source check is what holds below T)
+    bound = int(plan.bound)
+    held = [top + j if top + len(sym) <= bound else max(2, bound - j) for j in range(len(sym))]
     least = {}
     for n in sym:
         least[n] = 2
-        for v in range(2, top):
-            if not holds({m: (v if m == n else top + j) for j, m in enumerate(sym)}):
+        for v in range(2, min(top, bound + 1)):
+            if not holds({m: (v if m == n else held[j]) for j, m in enumerate(sym)}):
                 least[n] = v + 1
     taken: set[int] = set()
     together = {}
@@ -1833,6 +1838,9 @@ def build_symbolic(prog: Any, dev: Any, plans: list[tuple[tuple, Any]] | None = 
         doc["min"] = ({n: max(2, plan.trusted_from) for n in sym} if plans is not None else
                       _class_minimum(prog, plan, cls)) if sym else {}
         doc["max"] = {n: int(plan.bound) for n in sym}
+        if any(doc["min"][n] > doc["max"][n] for n in sym):  # (no size the plan holds at: the class is left out)
+            return (f"its kernels hold at no size: from {min(doc['min'].values())} without the source, but only up "
+                    f"to {max(doc['max'].values())}")
         return doc
 
     for cls, plan in (plans if plans is not None else [(c, None) for c in _size_classes(names)]):
