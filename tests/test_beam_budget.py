@@ -420,7 +420,8 @@ def test_a_search_after_a_partial_one_resumes_from_its_winner(fake_clock, monkey
 def test_a_cut_short_search_keeps_a_finished_winner_stored_before(fake_clock, monkeypatch, tmp_path):
     """A finished width-1 search's winner is stored; a width-2 search cut short by its share (and a --force one)
     is confirmed against the default only: it must not replace that winner (a review saw a 1.42x width-1 winner
-    replaced by the default, stored as partial), and it starts from it; the table says the winner is kept."""
+    replaced by the default, stored as partial); it starts from it (--force from the start); the table says the
+    winner is kept."""
     monkeypatch.setenv("TGC_CACHE_DIR", str(tmp_path))
     items, cpu = _mix_items()
     monkeypatch.setattr(search, "estimate_cost", lambda item, dev: 3.0 if item is items[0] else 1.0)
@@ -443,7 +444,7 @@ def test_a_cut_short_search_keeps_a_finished_winner_stored_before(fake_clock, mo
         assert rows[0]["out_of_budget"] and rows[0]["tried"] > 0 and rows[0]["stored"] is False and rows[0]["kept"]
         entry = search.lookup_entry(ast, cpu)
         assert entry["opts"] == finished and entry["width"] == 1 and not entry["partial"]
-        assert seen[-1] == finished  # (the search started from it)
+        assert seen[-1] == (None if force else finished)  # (it started from it, --force from the start)
         assert "an earlier finished search's winner is kept" in _table_line(rows[0])
     fake_clock.now = 0.0
     rows, _ = search.beam_items(items, cpu, width=2, budget_s=None, started=0.0)  # one that finishes replaces it

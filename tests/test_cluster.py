@@ -120,7 +120,9 @@ def ray_cluster():
 def test_beam_on_a_cluster_survives_a_node_killed_mid_search(ray_cluster):
     dims = {"M": 48, "N": 64, "K": 64}
     prog = tgc.load(MATMUL)
-    local = prog.beam(device="CPU", dims=dims, width=2, force=True)["kernels"][0]
+    # (no budget: a search cut short by its share on a loaded machine keeps the winner stored before it, and the
+    # stored-winner check below is about a finished search)
+    local = prog.beam(device="CPU", dims=dims, width=2, force=True, budget_s=None)["kernels"][0]
     killed = {}
 
     def progress(event: dict) -> None:
@@ -132,7 +134,8 @@ def test_beam_on_a_cluster_survives_a_node_killed_mid_search(ray_cluster):
     session = cl.ClusterSession(ray_cluster["address"], TOKEN)
     try:
         with use_evaluator(session):
-            res = tgc.load(MATMUL).beam(device="CPU", dims=dims, width=2, force=True, progress=progress)
+            res = tgc.load(MATMUL).beam(device="CPU", dims=dims, width=2, force=True, progress=progress,
+                                        budget_s=None)
         second_id, wrong_id = ray_cluster["second"].node_id, ray_cluster["wrong"].node_id
         stats = session.stats
     finally:

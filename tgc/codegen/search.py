@@ -1092,10 +1092,11 @@ def beam_items(items: list[ScheduleItem], dev: Any, width: int = 4, progress: Ca
                     rows[i] = skipped
                     continue
             began = time.perf_counter()
-            # a stored winner (of a search cut short, or a finished narrower one, or the one --force searches
-            # again; not one the program check dropped) is one of this search's first candidates
+            # a stored winner (of a search cut short, or a finished narrower one; not one the program check
+            # dropped) is one of this search's first candidates; --force searches from the start (the winner it
+            # searches again is kept where this search is cut short: `store_result`)
             prior = lookup_entry(asts[i], dev)
-            resume = prior["opts"] if prior is not None and not prior["dropped"] else None
+            resume = prior["opts"] if prior is not None and not prior["dropped"] and not force else None
             try:
                 starts = _starts(asts[i], dev, item.name, item.bufs, item, resume)
             except Exception:  # noqa: BLE001 - the search renders it again and reports what fails
