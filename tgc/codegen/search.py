@@ -210,24 +210,24 @@ def store(ast: UOp, device: Any, opts: list[Opt], seconds: float, name: str, wid
               + (" (partial)" if partial else ""))
 
 
-def store_result(ast: UOp, device: Any, res: SearchResult, name: str, width: int) -> bool:
-    """Store a search's winner under `width`. A search cut short (its share of the budget spent:
-    `res.out_of_budget`; Ctrl-C: `res.interrupted`) is not a finished search of that width: its winner (the
-    default unless it beat it on the confirm's timing) is stored as partial (`lookup` with no width uses it; the
-    next `tgc beam` or `BEAM=W` searches the kernel again, from it), and nothing is stored where it tried no
-    candidate or its best could not be confirmed (`res.unconfirmed`), or where a finished search's winner is
-    stored (a narrower width's: it stays). False where nothing was stored."""
+def store_result(ast: UOp, device: Any, res: SearchResult, name: str, width: int) -> str:
+    """Store a search's winner under `width`; what was done: "finished" (stored), "partial", "kept" or "nothing".
+    A search cut short (its share of the budget spent: `res.out_of_budget`; Ctrl-C: `res.interrupted`) is not a
+    finished search of that width: its winner (the default unless it beat it on the confirm's timing) is stored
+    as "partial" (`lookup` with no width uses it; the next `tgc beam` or `BEAM=W` searches the kernel again, from
+    it); "nothing" is stored where it tried no candidate or its best could not be confirmed (`res.unconfirmed`),
+    and a finished search's winner stored before (a narrower width's) is "kept"."""
     partial = res.out_of_budget or res.interrupted
     if partial and (res.tried == 0 or res.unconfirmed):  # (it showed nothing: an earlier partial winner stays,
-        return False  # and the next search resumes from it)
+        return "nothing"  # and the next search resumes from it)
     prior = lookup_entry(ast, device) if partial else None
     if prior is not None and not prior["partial"] and not prior["dropped"]:
         # a finished search's winner (a narrower width's, or the one `--force` searches again) stays: this one,
         # cut short, was confirmed against the default only (a review saw a 1.42x width-1 winner replaced by the
         # default); the next search resumes from it (`beam_items`), and one that finishes replaces it
-        return False
+        return "kept"
     store(ast, device, res.opts, res.after_s, name, width, partial=partial)
-    return True
+    return "partial" if partial else "finished"
 
 
 def drop(ast: UOp, device: Any, why: str, name: str = "") -> bool:
@@ -1116,11 +1116,9 @@ def beam_items(items: list[ScheduleItem], dev: Any, width: int = 4, progress: Ca
             # stored under the width asked: the small search is what this width gives a kernel that cannot matter;
             # one cut short as partial (searched again by the next run), or not at all where it tried nothing
             stored = store_result(asts[i], dev, res, item.name, width)
-            rows[i] = {"name": item.name, "opts": [str(o) for o in res.opts], "width": width, "stored": stored,
-                       "partial": stored and (res.out_of_budget or res.interrupted),
-                       # (cut short, not stored: a finished search's winner stays, `store_result`)
-                       "kept": not stored and prior is not None and not prior["partial"] and not prior["dropped"]
-                       and res.tried > 0 and not res.unconfirmed,
+            rows[i] = {"name": item.name, "opts": [str(o) for o in res.opts], "width": width,
+                       "stored": stored in ("finished", "partial"), "partial": stored == "partial",
+                       "kept": stored == "kept",  # (cut short, not stored: a finished search's winner stays)
                        "before_s": res.before_s, "after_s": res.after_s,
                        "speedup": res.before_s / res.after_s if res.after_s else 0.0,
                        "tried": res.tried, "rejected": res.rejected, "failed": res.failed, "cached": False,
