@@ -36,6 +36,21 @@ def _inputs(b: int, n: int) -> dict[str, np.ndarray]:
             "w": (rng.standard_normal((n, n)) * 0.1).astype(np.float32)}
 
 
+
+def _sources_compiled_here(monkeypatch) -> list[str]:
+    """The sources the lowering process compiles itself (`kernel._compile_cached`), in order, as they come."""
+    from tgc.codegen import kernel
+
+    here: list[str] = []
+    orig = kernel._compile_cached
+
+    def spy(device, src):
+        here.append(src)
+        return orig(device, src)
+
+    monkeypatch.setattr(kernel, "_compile_cached", spy)
+    return here
+
 def test_chunk_counts_need_a_batch_dim_with_chunks_large_enough(monkeypatch):
     prog = tgc.loads(SRC)
     decls = prog._all_decls()
@@ -97,14 +112,7 @@ def test_small_sources_follow_a_large_one_to_the_workers(monkeypatch):
     assert large == [True, False, True, False], sizes
     monkeypatch.setattr(kernel, "PARALLEL_MIN_SOURCE", threshold)
 
-    here: list[str] = []
-    orig = kernel._compile_cached
-
-    def spy(device, src):
-        here.append(src)
-        return orig(device, src)
-
-    monkeypatch.setattr(kernel, "_compile_cached", spy)
+    here = _sources_compiled_here(monkeypatch)
     monkeypatch.setenv("TGC_JOBS", "2")
     kernel._shutdown_pools()
     kernel._shared_pool(get_device("CPU"), 2)  # workers running: the first large source goes to them at once
@@ -140,14 +148,7 @@ def test_a_program_of_many_kernels_sends_its_first_large_source_to_the_workers(m
     assert len(set(k.src for k in serial)) == 4  # four distinct kernels: tile, reduction, tile, reduction
     monkeypatch.setattr(kernel, "PARALLEL_MIN_SOURCE", sizes[0])  # the tiles large, the reductions small
 
-    here: list[str] = []
-    orig = kernel._compile_cached
-
-    def spy(device, src):
-        here.append(src)
-        return orig(device, src)
-
-    monkeypatch.setattr(kernel, "_compile_cached", spy)
+    here = _sources_compiled_here(monkeypatch)
     monkeypatch.setenv("TGC_JOBS", "2")
     kernel._shutdown_pools()  # no workers running: the rules decide when they start
     monkeypatch.setattr(kernel, "MANY_KERNELS", 5)  # four kernels are few: the first tile and the reduction
