@@ -387,7 +387,7 @@ def test_a_floor_division_of_a_dim_is_a_variable_of_its_own():
         assert h - 2 * (h // 2) > 0  # (true at both probes: an odd H's remainder)
         assert h // 2 < h and h // 2 - h < 2 ** 62  # (at every size: their bounds H/2 - H and (H - 1)/2 - H)
     assert decided_by_remainder(decided) == \
-        "a size decision on -2(1*H+0)//2+H depends on a remainder of a dim"
+        "a size decision on -2(H//2)+H depends on a remainder of a dim"
     assert decided_by_remainder(decided[:-3]) is None and decided_by_remainder(decided[-2:]) is None
     assert decided_from([({("(1*H+0)//2",): 1, (): -3}, 1)]) == 8  # H//2 > 3 holds from H = 8 (not 4)
     assert decided_upto([({("(1*H+0)//2",): 1, (): -300}, -1)]) == 599  # H//2 < 300 holds up to H = 599
@@ -533,3 +533,51 @@ def test_a_floor_division_exact_in_a_class_of_multiples_of_32_keeps_its_plan():
         got = np.asarray(prog.run(device="CPU", symbolic=True, x=x)["out0"])
         np.testing.assert_allclose(got, numpy_fn(x), rtol=1e-5, atol=1e-6, err_msg=src)
         assert prog.last_run == "symbolic", (src, prog.last_run)
+
+
+def _readable(reason: str) -> bool:
+    """A reason a user reads: no `_`-prefixed name, no exception class, no object repr, no polynomial variable."""
+    import re
+    return not re.search(r"(^|[^A-Za-z0-9])_[A-Za-z]|Error|Exception|<[A-Za-z]|\(1\*|\+0\)", reason)
+
+
+@pytest.mark.parametrize("source, says", [
+    ("x: f32[N]\nreturn x[N // 2:] * 2.0", "remainder of a dim"),
+    ("x: f32[N]\nreturn x[:N // 4 * 4] * 2.0", "4(N//4)-N"),
+    ("x: f32[N]\nreturn x[N // 2 * 2:] * 2.0", "(N//2)"),
+    ("x: f32[N]\nreturn x * 2.0 if N % 2 else x * 3.0", "remainder of a dim"),
+    ("x: f32[N]\nreturn x * (N % 3 + 1)", "remainder of a dim"),
+    ("x: f32[N]\nreturn x * (2 ** N)", "N is read as a plain float"),
+    ("x: f32[N]\nreturn reshape(x, (N // 2, 2))", "[N//2, 2] (2(N//2) elements)"),
+    # an index width check with two floor divisions in a term: not quoted as a remainder
+    ("x: f32[N, M]\nreturn x[N//2:, M//2:] * 2.0", "an index width check (whether (M//2)(N//2)"),
+])
+def test_one_trace_reasons_read_as_a_user_reads_them(source, says):
+    """The one trace's reasons (`symbolic_paths`, and through the probe path `last_run` and errors) name the
+    sizes as the program writes them (`N//2`, not the polynomials' variable `(1*N+0)//2`), say an index width
+    check is one, and name no internal class (`_Nonzero`, `SymFloat`) or exception."""
+    prog = tgc.loads(source)
+    try:
+        prog.compile_symbolic("CPU")
+        msg = ""
+    except tgc.TgcError as e:  # (the probe path finds no symbolic form either: its error, readable too)
+        msg = e.msg
+    (path,) = prog.symbolic_paths.values()
+    assert path.startswith("probes: ") and says in path, path
+    assert _readable(path) and _readable(msg), (path, msg)
+
+
+def test_an_internal_error_of_the_one_trace_is_no_reason_text(monkeypatch, capsys):
+    """Code that fails on a symbolic size (a Python TypeError) sends the class to the probes; its reason says so
+    without quoting the exception, which DEBUG=2 prints."""
+    def broken(*args, **kwargs):
+        raise TypeError("unsupported operand type(s) for +: 'SymSize' and '_Nonzero'")
+
+    prog = tgc.loads("x: f32[N]\nreturn x * 2.0")
+    monkeypatch.setattr(api, "create_schedule", broken)
+    monkeypatch.setenv("DEBUG", "2")
+    assert isinstance(prog._symbolic(api._device("CPU"), (("N", "n"),)), str)
+    (path,) = prog.symbolic_paths.values()
+    assert path.startswith("probes: ") and "internal error" in path and _readable(path), path
+    assert "TypeError: unsupported operand" in capsys.readouterr().err
+    assert all(_readable(why) for why in prog._plans.values()), prog._plans

@@ -526,7 +526,8 @@ class Program:
             try:
                 self._plans[key] = self._build_symbolic(dev, cls)
             except Exception as e:  # noqa: BLE001 - no symbolic form is a reason to compile per size, not a crash
-                self._plans[key] = f"its symbolic kernels could not be built ({type(e).__name__}: {e})"
+                self._plans[key] = "its symbolic kernels could not be built (an internal error: DEBUG=2 prints it)"
+                _internal_reason(e, "its symbolic kernels")
         return self._plans[key]
 
     def _build_symbolic(self, dev: Any, cls: tuple, templates_only: bool = False) -> SymbolicPlan | str:
@@ -710,7 +711,8 @@ class Program:
                 raise  # (`_build_symbolic` builds again with a smaller bound)
             return f"traced once: {e.msg}"
         except Exception as e:  # noqa: BLE001 - a size that code does not expect: the probes decide, never a crash
-            return f"traced once: {type(e).__name__}: {e}"
+            _internal_reason(e, "the one trace")
+            return "the one trace met code that takes no symbolic size (an internal error: DEBUG=2 prints it)"
 
     def _front_decisions(self, cls: tuple) -> list:
         """The front end's size decisions for a class traced at its first probe with its dims as `SymSize`s
@@ -1410,6 +1412,13 @@ def _no_check() -> dict[str, Any]:
     """The program check's result (`Program._check_in_program`) before anything is timed or decided."""
     return {"default_s": None, "tuned_s": None, "final_s": None, "ratio": None, "final_ratio": None, "kept": [],
             "dropped": [], "rounds": 0, "retimed": False, "skipped": None}
+
+
+def _internal_reason(e: Exception, what: str) -> None:
+    """An internal error behind a symbolic path's reason, printed at DEBUG=2 (a reason a user reads names no
+    exception class and quotes no exception text)."""
+    if debug_level() >= 2:
+        print(f"*** symbolic: {what} stopped at {type(e).__name__}: {e}", file=sys.stderr)
 
 
 def kernel_names(items: list[ScheduleItem]) -> list[str]:

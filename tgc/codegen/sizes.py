@@ -225,7 +225,8 @@ def symbolize_tagged(ast: UOp, bound: int) -> UOp | str:
     for u in ast.toposort():
         if u.op is not Ops.CONST:
             if _holds_size(u.arg):
-                return f"a size of the dims is held by a {u.op.name} node's arg"
+                return "a kernel holds a size of the dims in an operation's fixed settings, where no dim variable " \
+                       "can stand"
             continue
         v = u.arg
         if isinstance(v, SymSize):
@@ -263,7 +264,8 @@ def lost_sizes(ast: UOp, rep: Mapping[str, int], symbolic: Sequence[str]) -> str
             lost = _near_int(v, size_like) or _near_int(1 / v, size_like) or \
                 any(_near_int(v * b, product_like) or _near_int(b / v, product_like) for b in range(2, 17))
         if lost:
-            return f"the constant {u.arg} looks like a size of the dims"
+            return f"a kernel's constant {u.arg} equals a size of the dims at the traced sizes (a size read as a " \
+                   "plain number loses its dims)"
     return None
 
 

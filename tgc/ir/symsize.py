@@ -192,9 +192,18 @@ def decided_by_remainder(decided: Sequence[tuple[Mapping[tuple[str, ...], int], 
             if "/" in n:
                 atoms.setdefault(base_dim(n), set()).add(n)
         if any(b in names or len(over) > 1 for b, over in atoms.items()):
+            if abs(t.get((), 0)) >= INDEX_LIMIT:  # (an index's width, not a size decision of the program)
+                poly = _terms_text(tuple(sorted((k, c) for k, c in t.items() if c and k)))
+                return f"an index width check (whether {poly} stays below {_limit_text(abs(t[()]))}) holds " \
+                       "floor divisions of a dim that no range of sizes bounds"
             poly = _terms_text(tuple(sorted((k, c) for k, c in t.items() if c)))
             return f"a size decision on {poly} depends on a remainder of a dim"
     return None
+
+
+def _limit_text(c: int) -> str:
+    """An index width's limit as it reads in a message: `2^31`, `2^63` (the constant is 2^k - 1)."""
+    return f"2^{(c + 1).bit_length() - 1}" if (c + 1) & c == 0 else str(c)
 
 
 def _atom_bound(t: Mapping[tuple[str, ...], int], s: int) -> dict[tuple[str, ...], int] | None:
@@ -269,9 +278,29 @@ def _terms_text(t: Terms) -> str:
         if not names:
             parts.append(f"{coef:+d}")
             continue
-        text = ("-" if coef == -1 else str(coef) if coef != 1 else "") + "".join(names)
+        text = ("-" if coef == -1 else str(coef) if coef != 1 else "") + _product_text(names, coef)
         parts.append(text if not parts or text.startswith("-") else "+" + text)
     return "".join(parts) or "0"
+
+
+def _product_text(names: tuple[str, ...], coef: int) -> str:
+    """A product of dims and floor divisions of dims as a user reads it: `MN`, `M(N//2)`, `(N+1)//2` (an
+    atom's name, `(1*N+1)//2`, is the polynomials' variable, not a text for a message)."""
+    dims = [n for n in names if "/" not in n]
+    atoms = [_atom_text(n) for n in names if "/" in n]
+    if len(atoms) == 1 and not dims and coef == 1:
+        return atoms[0]
+    return "".join(dims) + "".join(f"({a})" for a in atoms)
+
+
+def _atom_text(name: str) -> str:
+    """`(a * N + r) // k` as it reads in a program: `N//2`, `(N+1)//2`, `(2N+1)//3`."""
+    parts = atom_parts(name)
+    if parts is None:
+        return name
+    a, dim, r, k = parts
+    head = (str(a) if a != 1 else "") + dim
+    return f"{head}//{k}" if not r and a == 1 else f"({head}{'+' + str(r) if r else ''})//{k}"
 
 
 def _terms(v: Any) -> dict[tuple[str, ...], int]:
@@ -702,7 +731,11 @@ NONZERO = _Nonzero()
 
 def type_text(v: Any) -> str:
     """A value's kind in a message (a remainder the class answers only as not 0, not the class's name)."""
-    return "a remainder of a dim (a size % a number)" if isinstance(v, _Nonzero) else type(v).__name__
+    if isinstance(v, _Nonzero):
+        return "a remainder of a dim (a size % a number)"
+    if isinstance(v, SymFloat):
+        return f"the float {v!r} of a size"
+    return "a size of the dims" if isinstance(v, SymSize) else type(v).__name__
 
 
 def _kept_quotient(a: Any, b: Any, q: int) -> int:
@@ -720,8 +753,17 @@ def _kept_quotient(a: Any, b: Any, q: int) -> int:
     return q
 
 
+_USES = {"float()": "read as a plain float", "int()": "read as a plain int", "float arithmetic": "used in float "
+         "arithmetic", "as a product of dims": "used where a product of dims is needed"}
+
+
 def _refuse(a: Any, op: str, b: Any) -> Any:
-    why = f"the size decision {_text(a)} {op}{'' if b is None else ' ' + _text(b)} depends on the dims' values"
+    if b is None:  # (a use of one size, not a decision between two values)
+        why = f"the size {_text(a)} is {_USES.get(op, op)}, which loses its dims"
+    elif op == "float arithmetic":
+        why = f"float arithmetic on {_text(a)} and {_text(b)} depends on the dims' values"
+    else:
+        why = f"the size decision {_text(a)} {op} {_text(b)} depends on the dims' values"
     if (op in ("//", "%") or any(isinstance(v, _Nonzero) or (isinstance(v, SymSize) and any(
             "/" in n for k, _ in v.terms for n in k)) for v in (a, b))) and not _of_units(a, op, b):
         _unanswered(why)  # (a remainder or a floor division: the probes would read it as a size: `N // 4 * 4`)
