@@ -581,3 +581,42 @@ def test_an_internal_error_of_the_one_trace_is_no_reason_text(monkeypatch, capsy
     assert path.startswith("probes: ") and "internal error" in path and _readable(path), path
     assert "TypeError: unsupported operand" in capsys.readouterr().err
     assert all(_readable(why) for why in prog._plans.values()), prog._plans
+
+
+def test_an_error_at_a_probe_size_names_the_class_not_the_probe(tmp_path):
+    """A program that fails at the sizes the compiler tries for a class (a reshape into [N // 2, 2] needs N even;
+    211 is not) said `at sizes {'N': 211}: cannot reshape f32[211] ...`, as if the user had given N = 211. Now
+    the error names the class and the condition in dims (the one trace's error), and where only the probe's
+    error is known it says its sizes are ones the compiler tried. `tgc compile` exits 2 (a user error: give
+    dims); `tgc run --symbolic` at an even N runs the size-specialized kernels (exit 0) and says why."""
+    import subprocess
+    import sys
+    src = "x: f32[N]\nreturn reshape(x, (N // 2, 2)) * 2.0\n"
+    for one_trace in (True, False):
+        prog = tgc.loads(src)
+        prog.one_trace = one_trace
+        with pytest.raises(tgc.TgcError) as err:
+            prog.compile_symbolic("CPU")
+        msg = err.value.msg
+        assert err.value.kind == "user" and "(N >= 2)" in msg and "{'N'" not in msg, msg
+        if one_trace:
+            assert "into [N//2, 2]" in msg and "(at N=211, sizes the compiler tried for the class)" in msg, msg
+        else:
+            assert "at N=211, sizes the compiler tried for the class (not sizes given): cannot reshape" in msg, msg
+        x = np.arange(8, dtype=np.float32)
+        got = prog.run(device="CPU", symbolic=True, x=x)["out0"]
+        np.testing.assert_array_equal(np.asarray(got), x.reshape(4, 2) * 2)
+        assert prog.last_run.startswith("specialized: no kernels valid for every size (N >= 2): "), prog.last_run
+    path = tmp_path / "half.tg"
+    path.write_text(src)
+    root = pathlib.Path(__file__).resolve().parent.parent
+    env = {"NO_COLOR": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(root), "TGC_CACHE_DIR": str(tmp_path / "c")}
+    cli = [sys.executable, "-m", "tgc.cli.main"]
+    r = subprocess.run([*cli, "compile", str(path), "-d", "CPU"], capture_output=True, text=True, timeout=120,
+                       env=env)
+    assert r.returncode == 2 and "(N >= 2)" in r.stderr and "N//2" in r.stderr and "{'N'" not in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    r = subprocess.run([*cli, "run", str(path), "-d", "CPU", "--random", "-D", "N=8", "--symbolic"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0 and "note: ran kernels compiled for these sizes (no kernels valid for every size " \
+        "(N >= 2)" in r.stderr and "{'N'" not in r.stderr, r.stderr

@@ -564,7 +564,7 @@ class Program:
             try:
                 traced.append(self._trace(probe)[0])
             except TgcError as e:
-                return f"at sizes {probe}: {e.msg}"
+                return _failed_at_probe(probe, e.msg, once if probe is p1 else None)
         # a graph of another size at the two probes (a loop over a dim, unrolled) has no symbolic form: found
         # before scheduling it (a loop of 227 layers takes minutes to schedule); `graph_signature` below checks the
         # graphs of equal size
@@ -575,7 +575,7 @@ class Program:
             try:
                 items = [i for i in create_schedule(outs, dev.caps, split_columns=False) if i.ast.src]
             except TgcError as e:
-                return f"at sizes {probe}: {e.msg}"
+                return _failed_at_probe(probe, e.msg, None)
             asts = [_symbolic_ast(i, probe, symbolic, bound) for i in items]
             slots, kslots, oslots = sizes.slots_of(items, outs, probe, symbolic)
             runs.append((outs, items, asts, slots, kslots, oslots))
@@ -709,7 +709,7 @@ class Program:
         except TgcError as e:
             if isinstance(e, CompileError) and e.msg.endswith("past 64 bits"):
                 raise  # (`_build_symbolic` builds again with a smaller bound)
-            return f"traced once: {e.msg}"
+            return f"{TRACED_ONCE}{e.msg}"
         except Exception as e:  # noqa: BLE001 - a size that code does not expect: the probes decide, never a crash
             _internal_reason(e, "the one trace")
             return "the one trace met code that takes no symbolic size (an internal error: DEBUG=2 prints it)"
@@ -790,7 +790,7 @@ class Program:
                 pass  # (a check the saved kernels fail at these dims: the plan below says what runs instead)
         plan = self._symbolic(dev, cls)
         if isinstance(plan, str):
-            return None, plan
+            return None, f"no kernels valid for every size ({sizes.class_text(cls)}): {plan}"
         low, why = plan.bind(self, dims)
         key = (dev.name, "symbolic", tuple(sorted(cls)), env_int("BEAM", 0))
         # (stored once the class's lookup missed and some dims bind: the entry's plan is the class's, not the dims')
@@ -1412,6 +1412,20 @@ def _no_check() -> dict[str, Any]:
     """The program check's result (`Program._check_in_program`) before anything is timed or decided."""
     return {"default_s": None, "tuned_s": None, "final_s": None, "ratio": None, "final_ratio": None, "kept": [],
             "dropped": [], "rounds": 0, "retimed": False, "skipped": None}
+
+
+TRACED_ONCE = "traced once: "  # (a reason's head: the one trace failed with this error of the program, in dims)
+
+
+def _failed_at_probe(probe: dict[str, int], msg: str, once: Any) -> str:
+    """Why a class has no symbolic form where the program fails at one of its probes (sizes the compiler
+    chose: a reshape that needs N even fails at 211): the one trace's error where it failed at the same sizes
+    (`once`), which names the dims (`[N//2, 2]`); the probe's error says its sizes are ones tried for the
+    class, never as if they were the dims a user gave."""
+    tried = ", ".join(f"{n}={v}" for n, v in probe.items())
+    if isinstance(once, str) and once.startswith(TRACED_ONCE):
+        return f"{once[len(TRACED_ONCE):]} (at {tried}, sizes the compiler tried for the class)"
+    return f"at {tried}, sizes the compiler tried for the class (not sizes given): {msg}"
 
 
 def _internal_reason(e: Exception, what: str) -> None:
