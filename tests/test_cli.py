@@ -231,16 +231,23 @@ def test_compile_prints_sources_with_headers():
     assert "\x1b[" not in r.stdout
 
 
+def _kernel_files(directory: Path) -> list[Path]:
+    """The kernel files `compile -o` wrote (besides its manifest of them, `emit.MANIFEST`)."""
+    files = sorted(directory.iterdir())
+    assert files[0].name == ".tgc-compile.json", files
+    return files[1:]
+
+
 def test_compile_writes_one_file_per_kernel(tmp_path):
     printed = tgc_here("compile", *REDUCTIONS).stdout.count("; kernel ")
     out = tmp_path / "k"
     r = tgc_here("compile", *REDUCTIONS, "-o", str(out))
     assert r.returncode == 0 and r.stdout == "", r.stderr
-    files = sorted(out.iterdir())
+    files = _kernel_files(out)
     assert len(files) == printed and all(f.suffix == ".ll" for f in files)
     assert files[0].name.startswith("00_") and all(f.read_text().startswith("; kernel ") for f in files)
     r = tgc_here("compile", *REDUCTIONS, "--emit", "uops", "-o", str(tmp_path / "u"))
-    assert r.returncode == 0 and all(f.suffix == ".txt" for f in (tmp_path / "u").iterdir())
+    assert r.returncode == 0 and all(f.suffix == ".txt" for f in _kernel_files(tmp_path / "u"))
 
 
 @pytest.mark.skipif(sys.platform == "darwin", reason="METAL compiles on macOS")
@@ -249,7 +256,7 @@ def test_compile_renders_where_it_cannot_compile(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "note: could not compile for METAL" in r.stderr and "kernel void" in r.stdout
     r = tgc_here("compile", SOFTMAX, "-D", "N=4", "-D", "D=8", "-d", "METAL", "-o", str(tmp_path / "m"))
-    assert r.returncode == 0 and {f.suffix for f in (tmp_path / "m").iterdir()} == {".metal"}
+    assert r.returncode == 0 and {f.suffix for f in _kernel_files(tmp_path / "m")} == {".metal"}
     r = tgc_here("compile", SOFTMAX, "-D", "N=4", "-D", "D=8", "-d", "METAL", "--emit", "bin")
     assert r.returncode == 1 and "--emit bin: could not compile for METAL" in r.stderr and r.stdout == ""
 
@@ -266,7 +273,7 @@ def test_emit_ir_is_the_optimized_ir_not_the_source():
 def test_compile_python_device_writes_json(tmp_path):
     r = tgc_here("compile", SOFTMAX, "-D", "N=4", "-D", "D=8", "-d", "PYTHON", "-o", str(tmp_path / "p"))
     assert r.returncode == 0, r.stderr
-    files = sorted((tmp_path / "p").iterdir())
+    files = _kernel_files(tmp_path / "p")
     assert files and all(f.suffix == ".json" and json.loads(f.read_text()) for f in files)
 
 
@@ -406,3 +413,46 @@ def test_run_random_draws_the_inputs_bench_and_the_api_draw(tmp_path):
     want = prog.run(**random_inputs(prog, {"N": 3, "D": 5}, seed=11))
     with np.load(tmp_path / "o.npz") as z:
         assert set(z.files) == set(want) and all(np.array_equal(z[k], want[k]) for k in want)
+
+
+def test_compile_into_a_directory_of_an_earlier_compile_leaves_only_this_ones_files(tmp_path):
+    """`compile -o DIR` into a directory an earlier compile wrote: the directory held the old program's kernels
+    beside the new one's (no longer one program). Now it holds exactly this compile's files: the earlier
+    compile's files (its manifest, `.tgc-compile.json`, name and sha256) that this one does not write are
+    removed where they are unchanged; a file the user changed since, or one tgc never wrote, is kept."""
+    import hashlib
+    out = tmp_path / "k"
+    softmax = ["compile", SOFTMAX, "-D", "N=4", "-D", "D=8", "-d", "CPU", "-o", str(out)]
+    elementwise = ["compile", str(KERNELS / "elementwise.tg"), "-D", "N=10", "-d", "CPU", "-o", str(out)]
+    assert tgc_here(*softmax).returncode == 0
+    first = [f.name for f in _kernel_files(out)]
+    (out / "notes.txt").write_text("mine")  # the user's own files, one named like a kernel's
+    (out / "07_r_mine.ll").write_text("mine")
+    r = tgc_here(*elementwise)
+    assert r.returncode == 0 and f"(removed {len(first)} file" in r.stderr, r.stderr
+    printed = tgc_here(*elementwise[:-2]).stdout.count("; kernel ")
+    kernels = [f.name for f in _kernel_files(out) if f.name not in ("notes.txt", "07_r_mine.ll")]
+    assert len(kernels) == printed and not set(kernels) & set(first), (kernels, first)
+    assert (out / "notes.txt").read_text() == (out / "07_r_mine.ll").read_text() == "mine"
+    manifest = json.loads((out / ".tgc-compile.json").read_text())["files"]
+    assert manifest == {n: hashlib.sha256((out / n).read_bytes()).hexdigest() for n in kernels}
+    # a kernel file the user changed since tgc wrote it is theirs now: kept, and said
+    edited = out / kernels[0]
+    edited.write_text(edited.read_text() + "; my note\n")
+    r = tgc_here(*softmax)
+    assert r.returncode == 0 and f"note: kept {edited}: an earlier compile wrote it" in r.stderr, r.stderr
+    assert edited.exists() and {f.name for f in _kernel_files(out)} == {*first, edited.name, "notes.txt",
+                                                                        "07_r_mine.ll"}
+    # a manifest names only files of its own directory, regular ones: no path, no link is followed or removed
+    outside = tmp_path / "outside.ll"
+    outside.write_text("x")
+    (out / "link.ll").symlink_to(outside)
+    digest = hashlib.sha256(b"x").hexdigest()
+    (out / ".tgc-compile.json").write_text(json.dumps({"files": {"../outside.ll": digest, "link.ll": digest,
+                                                                 str(outside): digest}}))
+    assert tgc_here(*elementwise).returncode == 0
+    assert outside.read_text() == "x" and (out / "link.ll").is_symlink()
+    # a directory of a compile without a manifest (an older tgc): nothing of it is known to be tgc's, none removed
+    (out / ".tgc-compile.json").unlink()
+    before = {f.name for f in out.iterdir()}
+    assert tgc_here(*softmax).returncode == 0 and before <= {f.name for f in out.iterdir()}

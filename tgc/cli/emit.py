@@ -194,9 +194,63 @@ def check_outdir(directory: str) -> None:
                        kind=write_error_kind(e))
 
 
-def write_dir(directory: str, emitted: Sequence[Emitted]) -> list[str]:
+MANIFEST = ".tgc-compile.json"  # in a `compile -o DIR`: the files that compile wrote there, with their sha256
+
+
+@dataclass
+class Written:
+    """What `write_dir` did: the files it wrote, the files of an earlier compile it removed, and the files of
+    an earlier compile it kept because they changed since (the user's now)."""
+
+    paths: list[str]
+    removed: list[str]
+    kept: list[str]
+
+
+def _manifest(directory: str) -> dict[str, str]:
+    """The files an earlier `compile -o` wrote into `directory` ({name: sha256}), or {} where there is no
+    manifest or it does not read as one (nothing is then known to be tgc's)."""
+    import json
+
+    try:
+        with open(os.path.join(directory, MANIFEST), encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    files = doc.get("files") if isinstance(doc, dict) else None
+    if not isinstance(files, dict):
+        return {}
+    return {n: h for n, h in files.items() if isinstance(n, str) and isinstance(h, str) and n == os.path.basename(n)
+            and n not in ("", ".", "..", MANIFEST)}
+
+
+def _manifest_writer(files: dict[str, str]) -> Any:
+    import json
+
+    doc = {"written_by": "tgc compile -o", "format": 1, "files": dict(sorted(files.items()))}
+    return _bytes_writer((json.dumps(doc, indent=1) + "\n").encode())
+
+
+def _unchanged(path: str, digest: str) -> bool:
+    """Whether `path` is a regular file (not a link) whose content still has the sha256 tgc wrote."""
+    import stat
+
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return False
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest() == digest
+    except OSError:
+        return False
+
+
+def write_dir(directory: str, emitted: Sequence[Emitted]) -> Written:
     """Write one file per kernel into `directory` (created if needed), atomically (`check_outdir` checked it
-    before the work)."""
+    before the work), so that the directory holds exactly this compile's files besides the user's own: every
+    file is staged and renamed over its name, with the manifest (`MANIFEST`: name and sha256 of each file
+    written); then the files an earlier compile wrote there (its manifest) that this one did not are removed,
+    each only where its content is still what tgc wrote (one the user changed is kept, and reported). A file
+    tgc did not write is never removed (one of a kernel's name is replaced, as before)."""
     try:
         os.makedirs(directory, exist_ok=True)
     except OSError as e:
@@ -205,15 +259,34 @@ def write_dir(directory: str, emitted: Sequence[Emitted]) -> list[str]:
         raise TgcError(f"-o {directory}: cannot create the directory: {oserror_text(e)}",
                        kind=write_error_kind(e)) from None
     check_dir(directory)
-    files = []
+    earlier = _manifest(directory)
+    files, digests = [], {}
     for e, name in zip(emitted, file_names(emitted)):
         if isinstance(e.body, bytes):
             data = e.body
         else:  # JSON has no comments: its file goes without the header line
             data = ("" if e.lexer == "json" else e.header + "\n").encode() + (e.body.rstrip("\n") + "\n").encode()
         files.append((os.path.join(directory, name), _bytes_writer(data)))
-    write_files(files)
-    return [p for p, _ in files]
+        digests[name] = hashlib.sha256(data).hexdigest()
+    stale = {n: h for n, h in earlier.items() if n not in digests}
+    manifest = os.path.join(directory, MANIFEST)
+    # (the manifest lists the stale files until they are gone: a compile cut short here removes them next time)
+    write_files([*files, (manifest, _manifest_writer({**stale, **digests}))])
+    removed, kept = [], []
+    for name, digest in sorted(stale.items()):
+        path = os.path.join(directory, name)
+        if not _unchanged(path, digest):
+            if os.path.lexists(path):
+                kept.append(path)
+            continue
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            kept.append(path)
+    if stale:
+        write_files([(manifest, _manifest_writer(digests))])
+    return Written([p for p, _ in files], removed, kept)
 
 
 def show(emitted: Sequence[Emitted], color: bool) -> None:

@@ -882,8 +882,12 @@ def _compile_command(file: str, device: str | None, dims: dict[str, int], emit: 
         if failed is not None:
             _err(f"note: could not compile for {name}: {failed.compile_error or 'no compiler on this machine'}")
     if outdir:
-        paths = em.write_dir(outdir, emitted)
-        _err(f"wrote {len(paths)} file{'s' if len(paths) != 1 else ''} to {outdir}")
+        done = em.write_dir(outdir, emitted)
+        n, gone = len(done.paths), len(done.removed)
+        _err(f"wrote {n} file{'s' if n != 1 else ''} to {outdir}"
+             + (f" (removed {gone} file{'s' if gone != 1 else ''} of an earlier compile there)" if gone else ""))
+        for path in done.kept:
+            _err(f"note: kept {path}: an earlier compile wrote it, and it has changed since")
     elif show:
         em.show(emitted, _color_stdout())
     return kernels
