@@ -105,6 +105,34 @@ def test_written_and_executed_counts_of_a_matmul_are_exact():
     assert executed_flops(item.ast) == 2 * 3 * 7 * 5
 
 
+def test_index_arithmetic_counts_nothing_whichever_index_dtype_object_made_it():
+    """Index math (strides, offsets, padding gates) is not the graph's ops. It was told by `dtype is INDEX`, but
+    a node is hash-consed by an equal dtype: one made first with a derived INDEX (`INDEX.vec(1)`, equal, another
+    object) is what every later construction with INDEX gets, and its index math counted (30, not 10)."""
+    from tgc.dtype import dtypes
+    from tgc.ir.kernel import INDEX
+    from tgc.ir.uop import RangeKind, UOp
+
+    def kernel(idx):  # out[r] = where(r < 3, x[r * 7907 + 13], 0) * 3 + 1 over r < 5: 2 float ops a row
+        f32 = dtypes.f32
+        out, x = UOp(Ops.DEFINE_GLOBAL, f32.as_ptr(), (), 0), UOp(Ops.DEFINE_GLOBAL, f32.as_ptr(), (), 1)
+        r = UOp(Ops.RANGE, idx, (UOp.const(idx, 5),), (0, RangeKind.LOOP))
+        i = UOp(Ops.ADD, idx, (UOp(Ops.MUL, idx, (r, UOp.const(idx, 7907))), UOp.const(idx, 13)))
+        v = UOp(Ops.WHERE, f32, (UOp(Ops.CMPLT, dtypes.bool, (r, UOp.const(idx, 3))),
+                                 UOp(Ops.LOAD, f32, (x, i)), UOp.const(f32, 0.0)))
+        y = UOp(Ops.ADD, f32, (UOp(Ops.MUL, f32, (v, UOp.const(f32, 3.0))), UOp.const(f32, 1.0)))
+        return UOp(Ops.SINK, None, (UOp(Ops.STORE, None, (out, r, y)),))
+
+    derived = INDEX.vec(1)
+    assert derived == INDEX and derived is not INDEX
+    assert executed_flops(kernel(derived)) == executed_flops(kernel(INDEX)) == 5 * 2
+    # a strided, offset, gated program: the float ops per output element alone (a multiply and an add)
+    prog = tgc.loads("x: f32[N, M]\nreturn x[1::2, ::3] * 2.0 + x[::2, 1::3]\n")
+    dims = {"N": 8, "M": 9}
+    assert sum(executed_flops(item.ast) for item in prog.schedule(dims, device="CPU")) == 4 * 3 * 2
+    assert prog.recompute("CPU", dims) == {"written": 24, "executed": 24, "factor": 1.0}
+
+
 def test_executed_count_sees_a_broadcast_recomputation():
     """y = x * 2 is fused into both reads of an outer sum: computed once per element of the output."""
     prog = tgc.loads("x: f32[N]\ny = x * 2\nreturn y[:, None] + y[None, :]\n")

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from tgc.dtype import dtypes
 from tgc.ir.kernel import INDEX
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.uop import ALU, Ops, RangeKind, UOp
@@ -54,12 +53,15 @@ def written_flops(outputs: list[UOp], exclude: set[UOp] | None = None) -> int:
 
 
 def _index_valued(u: UOp, memo: dict[UOp, bool]) -> bool:
-    """Index arithmetic: INDEX values, and bools computed only from them (bounds and padding conditions)."""
+    """Index arithmetic: INDEX values, and bools computed only from them (bounds and padding conditions). By
+    equality of the scalar type, not identity: a node is hash-consed by an equal dtype (`UOp.__new__`), so one
+    made first with a derived INDEX (`INDEX.vec(1)`, `.scalar()`: equal, another object) is the node every later
+    construction with INDEX gets, and its index math counted as the graph's ops (3x the hand count)."""
     got = memo.get(u)
     if got is None:
-        if u.dtype is INDEX or u.op is Ops.RANGE:
+        if (u.dtype is not None and u.dtype.scalar() == INDEX) or u.op is Ops.RANGE:
             got = True
-        elif u.dtype is not None and u.dtype is dtypes.bool and u.op is not Ops.LOAD:
+        elif u.dtype is not None and u.dtype.is_bool and u.op is not Ops.LOAD:
             got = all(_index_valued(s, memo) for s in u.src)
         else:
             got = False
