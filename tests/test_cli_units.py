@@ -844,3 +844,46 @@ def test_compile_o_through_a_dangling_symlink_is_refused_before_the_work(tmp_pat
             check_outdir(str(target))
         assert e.value.exit_code == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling"]
+
+
+def test_the_output_checks_share_one_directory_check_and_keep_their_messages(tmp_path, monkeypatch):
+    """`check_writable` (a file), `emit.check_outdir` on an existing directory and on one to create share
+    `outputs.check_dir_writable` (os.access, then a probe file) and `name_too_long`: each keeps its own words,
+    a refused access is a user error (exit 2), a full disk met by the probe a runtime one (exit 1)."""
+    import errno
+
+    from tgc.cli import emit, outputs
+
+    out, new = str(tmp_path / "o.npz"), str(tmp_path / "new")
+    real_access, real_open = os.access, os.open
+    monkeypatch.setattr(os, "access", lambda p, mode, **k: False if mode & os.W_OK else real_access(p, mode, **k))
+    for refuse, arg, words in ((outputs.check_writable, out, f"cannot write '{out}': permission denied"),
+                              (emit.check_outdir, str(tmp_path), f"-o {tmp_path}: cannot write into the directory: "
+                                                                 "permission denied"),
+                              (emit.check_outdir, new, f"-o {new}: cannot create the directory: '{tmp_path}': "
+                                                       "permission denied")):
+        with pytest.raises(TgcError) as e:
+            refuse(arg)
+        assert e.value.msg == words and e.value.exit_code == 2
+    monkeypatch.setattr(os, "access", real_access)
+
+    def full(path, *a, **k):
+        if ".tgc-check-" in str(path):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr(outputs.os, "open", full)
+    for refuse, arg, words in ((outputs.check_writable, out, f"cannot write '{out}': no file can be made in "
+                                                           f"'{tmp_path}' (no space left on device)"),
+                              (emit.check_outdir, str(tmp_path), f"-o {tmp_path}: cannot write into the directory: "
+                                                                 "no space left on device"),
+                              (emit.check_outdir, new, f"-o {new}: cannot create the directory in '{tmp_path}': no "
+                                                       "space left on device")):
+        with pytest.raises(TgcError) as e:
+            refuse(arg)
+        assert e.value.msg == words and e.value.kind == "runtime"
+    monkeypatch.setattr(outputs.os, "open", real_open)
+    limit = outputs._name_max(str(tmp_path))
+    assert outputs.name_too_long("a" * limit, str(tmp_path)) is None
+    assert outputs.name_too_long("é" * limit, str(tmp_path)) == (2 * limit, limit)  # (bytes, not characters)
+    assert os.listdir(tmp_path) == []

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tgc.cli.outputs import _name_max, file_creation_error, oserror_text, write_error_kind, write_files
+from tgc.cli.outputs import check_dir_writable, name_too_long, oserror_text, write_error_kind, write_files
 from tgc.errors import TgcError
 from tgc.ir.uop import format_uops
 
@@ -120,12 +120,8 @@ def _bytes_writer(data: bytes) -> Any:
 
 def check_dir(directory: str) -> None:
     """A TgcError unless a file can be made in the existing `directory` (`compile -o DIR`)."""
-    if not os.access(directory, os.W_OK):
-        raise TgcError(f"-o {directory}: cannot write into the directory: permission denied")
-    e = file_creation_error(directory)  # (os.access says yes to root where no file can be made: /sys, /proc)
-    if e is not None:
-        raise TgcError(f"-o {directory}: cannot write into the directory: {oserror_text(e)}",
-                       kind=write_error_kind(e))
+    check_dir_writable(directory, f"-o {directory}: cannot write into the directory: permission denied",
+                       lambda e: f"-o {directory}: cannot write into the directory: {oserror_text(e)}")
 
 
 def _not_a_directory(directory: str) -> TgcError:
@@ -167,13 +163,12 @@ def check_outdir(directory: str) -> None:
         return
     if not os.path.isdir(cur):
         raise TgcError(f"-o {directory}: cannot create the directory: '{cur}' is not a directory")
-    limit = _name_max(cur)
     for name in reversed(missing):
-        n = len(os.fsencode(name))
-        if n > limit:
+        long = name_too_long(name, cur)
+        if long is not None:
             what = "" if name == missing[0] else f"'{name[:40]}{'...' if len(name) > 40 else ''}': "
-            raise TgcError(f"-o {directory}: cannot create the directory: file name too long ({what}{n} bytes; "
-                           f"at most {limit} here)", hint="use a shorter directory name")
+            raise TgcError(f"-o {directory}: cannot create the directory: file name too long ({what}{long[0]} "
+                           f"bytes; at most {long[1]} here)", hint="use a shorter directory name")
     try:
         path_max = os.pathconf(cur, "PC_PATH_MAX")
     except (OSError, ValueError, AttributeError):
@@ -186,12 +181,8 @@ def check_outdir(directory: str) -> None:
     if full >= path_max:
         raise TgcError(f"-o {directory}: cannot create the directory: the path is too long "
                        f"({full} bytes; at most {path_max - 1} here)", hint="use a shorter path")
-    if not os.access(cur, os.W_OK):
-        raise TgcError(f"-o {directory}: cannot create the directory: '{cur}': permission denied")
-    e = file_creation_error(cur)  # (os.access says yes to root where nothing can be made: /sys, /proc)
-    if e is not None:
-        raise TgcError(f"-o {directory}: cannot create the directory in '{cur}': {oserror_text(e)}",
-                       kind=write_error_kind(e))
+    check_dir_writable(cur, f"-o {directory}: cannot create the directory: '{cur}': permission denied",
+                       lambda e: f"-o {directory}: cannot create the directory in '{cur}': {oserror_text(e)}")
 
 
 MANIFEST = ".tgc-compile.json"  # in a `compile -o DIR`: the files that compile wrote there, with their sha256

@@ -16,7 +16,7 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -131,16 +131,31 @@ def check_writable(path: str) -> None:
             raise TgcError(f"cannot write '{path}': directory '{where}' cannot be reached ({oserror_text(e)})",
                            hint="use a shorter path" if e.errno == errno.ENAMETOOLONG else None) from None
         raise TgcError(f"cannot write '{path}': '{where}' is not a directory")  # (a file: -o x.npy/out.npz)
-    if not os.access(parent, os.W_OK):
-        raise TgcError(f"cannot write '{path}': permission denied")
-    name_bytes, limit = len(os.fsencode(os.path.basename(path))), _name_max(parent)
-    if name_bytes > limit:  # (the probe below makes a name of its own: it would not see this)
-        raise TgcError(f"cannot write '{path}': file name too long ({name_bytes} bytes; at most {limit} here)",
+    long = name_too_long(os.path.basename(path), parent)
+    if long is not None:  # (the probe below makes a name of its own: it would not see this)
+        raise TgcError(f"cannot write '{path}': file name too long ({long[0]} bytes; at most {long[1]} here)",
                        hint="use a shorter file name")
-    e = file_creation_error(parent)
-    if e is not None:  # (a full disk is the run's failure, exit 1, as when the write itself meets it)
-        raise TgcError(f"cannot write '{path}': no file can be made in '{parent}' ({oserror_text(e)})",
-                       kind=write_error_kind(e))
+    check_dir_writable(parent, f"cannot write '{path}': permission denied",
+                       lambda e: f"cannot write '{path}': no file can be made in '{parent}' ({oserror_text(e)})")
+
+
+def name_too_long(name: str, directory: str) -> tuple[int, int] | None:
+    """(its length in bytes, the limit) where the file name `name` is longer than `directory`'s file system
+    allows (`_name_max`), else None."""
+    n, limit = len(os.fsencode(name)), _name_max(directory)
+    return (n, limit) if n > limit else None
+
+
+def check_dir_writable(directory: str, denied: str, cannot: Callable[[OSError], str]) -> None:
+    """A TgcError unless a file can be made in the existing `directory`: `denied` (a user error) where os.access
+    says no, else `cannot(e)` where making one fails (`file_creation_error`: os.access answers yes to root where
+    none can be made, /sys, /proc), of that error's kind (a full disk is the run's failure, exit 1, as when the
+    write itself meets it)."""
+    if not os.access(directory, os.W_OK):
+        raise TgcError(denied)
+    e = file_creation_error(directory)
+    if e is not None:
+        raise TgcError(cannot(e), kind=write_error_kind(e))
 
 
 def _name_max(directory: str) -> int:
