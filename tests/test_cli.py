@@ -232,10 +232,10 @@ def test_compile_prints_sources_with_headers():
 
 
 def _kernel_files(directory: Path) -> list[Path]:
-    """The kernel files `compile -o` wrote (besides its manifest of them, `emit.MANIFEST`)."""
+    """The kernel files `compile -o` wrote (besides its manifest of them, `emit.MANIFEST`, and its lock)."""
     files = sorted(directory.iterdir())
-    assert files[0].name == ".tgc-compile.json", files
-    return files[1:]
+    assert [f.name for f in files[:2]] == [".tgc-compile.json", ".tgc-compile.lock"], files
+    return files[2:]
 
 
 def test_compile_writes_one_file_per_kernel(tmp_path):

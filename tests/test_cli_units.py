@@ -571,7 +571,8 @@ def test_compile_renders_without_a_compiler(fake, tmp_path):
     assert "note: could not compile for OPENCL: no OpenCL compiler here" in r.stderr
     assert "// kernel E_0 (fake.tg:5)" in r.stdout and "__kernel void E_1" in r.stdout
     r = invoke("compile", "fake.tg", "-d", "OPENCL", "-D", "N=2", "-D", "D=3", "-o", "out")
-    assert r.exit_code == 0 and sorted(os.listdir(tmp_path / "out")) == [".tgc-compile.json", "00_E_0.cl", "01_E_1.cl"]
+    assert r.exit_code == 0 and sorted(os.listdir(tmp_path / "out")) == [".tgc-compile.json", ".tgc-compile.lock",
+                                                                          "00_E_0.cl", "01_E_1.cl"]
     for emit in ("bin", "asm"):
         r = invoke("compile", "fake.tg", "-d", "OPENCL", "-D", "N=2", "-D", "D=3", "--emit", emit)
         assert r.exit_code == 1 and f"--emit {emit}: could not compile for OPENCL" in r.stderr
@@ -743,8 +744,8 @@ def test_compile_o_a_directory_that_cannot_be_made_is_refused_before_the_work(fa
     monkeypatch.setattr(tgc.api, "load", real_load)  # (the fake program) a name within the limits is made
     r = invoke("compile", "fake.tg", "-d", "OPENCL", "-D", "N=2", "-D", "D=3", "-o", "new/" + "s" * limit)
     assert r.exit_code == 0, r.stderr
-    assert sorted(os.listdir(tmp_path / "new" / ("s" * limit))) == [".tgc-compile.json", "00_E_0.cl",
-                                                                     "01_E_1.cl"]
+    assert sorted(os.listdir(tmp_path / "new" / ("s" * limit))) == [".tgc-compile.json", ".tgc-compile.lock",
+                                                                     "00_E_0.cl", "01_E_1.cl"]
 
 
 def test_a_directory_path_over_path_max_is_said_too_long_not_missing(tmp_path):

@@ -18,20 +18,28 @@ Writer = Callable[[IO[bytes]], None]
 STAGE_NAME_BYTES = 100
 
 
-def file_mode(path: str) -> int:
-    """The mode a file written at `path` gets: the existing file's, else what the umask leaves of 0o666."""
+def file_mode(path: str, follow: bool = True) -> int:
+    """The mode a file written at `path` gets: the existing file's, else what the umask leaves of 0o666. With
+    `follow` False, a link (or anything not a regular file) there counts as none: its target's mode (a
+    device's 0o666) is not taken."""
+    import stat
+
     try:
-        return os.stat(path).st_mode & 0o777
+        st = os.stat(path) if follow else os.lstat(path)
+        if not follow and not stat.S_ISREG(st.st_mode):
+            raise FileNotFoundError(path)
+        return st.st_mode & 0o777
     except OSError:
         umask = os.umask(0)
         os.umask(umask)
         return 0o666 & ~umask
 
 
-def stage(path: str, write: Writer) -> str:
+def stage(path: str, write: Writer, follow: bool = True) -> str:
     """Write a temporary file next to `path` with `write(f)`, flushed, fsynced and given `path`'s mode
-    (`file_mode`); return its path, for the caller to rename over `path`. On any failure nothing is left
-    behind and the error (an OSError for the file system's) propagates."""
+    (`file_mode`, following a link there unless `follow` is False); return its path, for the caller to rename
+    over `path`. On any failure nothing is left behind and the error (an OSError for the file system's)
+    propagates."""
     directory = os.path.dirname(os.path.abspath(path))
     import tempfile  # (only when a file is written: not on a warm `tgc run`'s path)
 
@@ -44,7 +52,7 @@ def stage(path: str, write: Writer) -> str:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, file_mode(path))
+        os.chmod(tmp, file_mode(path, follow))
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)

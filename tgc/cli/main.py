@@ -888,6 +888,12 @@ def _compile_command(file: str, device: str | None, dims: dict[str, int], emit: 
              + (f" (removed {gone} file{'s' if gone != 1 else ''} of an earlier compile there)" if gone else ""))
         for path in done.kept:
             _err(f"note: kept {path}: an earlier compile wrote it, and it has changed since")
+        for path, reason in done.unremoved:
+            _err(f"note: {path}, of an earlier compile, could not be removed: {reason} (a later compile "
+                 "tries again)")
+        for path, backup in done.set_aside:
+            _err(f"note: moved {path} to {backup}: tgc had not written it, or it has changed since; this "
+                 "compile's file took its name")
     elif show:
         em.show(emitted, _color_stdout())
     return kernels

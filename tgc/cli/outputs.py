@@ -236,12 +236,20 @@ def write_files(files: Sequence[tuple[str, Writer]]) -> None:
     for i, (tmp, path) in enumerate(staged):
         try:
             os.replace(tmp, path)
-        except OSError as e:  # (a directory of that name appeared since the checks): no temporary file left
-            for left, _ in staged[i:]:
+        except BaseException as e:  # (a directory of that name appeared since the checks; Ctrl-C): no temporary
+            for left, _ in staged[i:]:  # file left
                 with contextlib.suppress(OSError):
                     os.unlink(left)
-            raise TgcError(f"cannot write '{path}': {e.strerror or e}", kind=write_error_kind(e)) from None
-        _fsync_dir(os.path.dirname(os.path.abspath(path)))
+            if isinstance(e, OSError):
+                raise TgcError(f"cannot write '{path}': {e.strerror or e}", kind=write_error_kind(e)) from None
+            raise
+        try:
+            _fsync_dir(os.path.dirname(os.path.abspath(path)))
+        except BaseException:
+            for left, _ in staged[i + 1:]:
+                with contextlib.suppress(OSError):
+                    os.unlink(left)
+            raise
 
 
 def _fsync_dir(directory: str) -> None:
