@@ -620,3 +620,49 @@ def test_an_error_at_a_probe_size_names_the_class_not_the_probe(tmp_path):
                        capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0 and "note: ran kernels compiled for these sizes (no kernels valid for every size " \
         "(N >= 2)" in r.stderr and "{'N'" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("source, texts", [
+    # a product of dims whose names are longer than one letter ran together: `HIDSEQ`, `4SEQ(HID//4)`, `AABB`
+    ("x: f32[SEQ, HID]\nreturn reshape(x, (SEQ, 4, HID // 4)) * 2.0", ["(HID*SEQ elements)",
+                                                                       "(4*SEQ*(HID//4) elements)"]),
+    ("x: f32[A, B, AB]\nreturn reshape(x, (A, B, 3, AB // 3)) * 2.0", ["(A*AB*B elements)",
+                                                                       "(3*A*B*(AB//3) elements)"]),
+    ("x: f32[n_tok, d_model]\nreturn reshape(x, (n_tok, 4, d_model // 4)) * 2.0", ["(d_model*n_tok elements)"]),
+    ("x: f32[B, T]\nreturn reshape(x, (B, 4, T // 4)) * 2.0", ["(BT elements)", "(4B(T//4) elements)"]),
+])
+def test_a_product_of_dims_with_long_names_is_written_with_stars(source, texts):
+    prog = tgc.loads(source)
+    with pytest.raises(tgc.TgcError) as e:
+        prog.compile_symbolic("CPU")
+    assert all(t in str(e.value) for t in texts), str(e.value)
+
+
+def test_a_kernel_name_keeps_a_product_of_long_dim_names_as_an_identifier():
+    prog = tgc.loads("x: f32[SEQ, HID]\nreturn reshape(x, (SEQ * HID,)) * 2.0")
+    assert [k.name for k in prog.compile_symbolic("CPU").kernels] == ["E_HIDSEQ"]
+
+
+def test_a_remainder_below_its_divisor_is_answered_and_another_refused_with_its_text(monkeypatch):
+    """`x[N - 1] + x[-N]`: (N - 1) % N was a remainder known only as not 0 (`_Nonzero`), which the trace then
+    added 1 to (a TypeError inside the one trace), and the reason read `N-1 % N`. It is N - 1 at every size of
+    the class (N >= 2); a remainder the class does not answer is refused naming it."""
+    from tgc.ir.symsize import NotTraceable, _Nonzero
+
+    prog = tgc.loads("x: f32[N]\nreturn x[N - 1] + x[-N]")
+    counts = _counted(monkeypatch)
+    prog.compile_symbolic("CPU")
+    assert list(prog.symbolic_paths.values()) == ["one trace"] and counts["trace"] == 1
+    for n in (2, 3, 7):
+        inputs = {"x": np.linspace(-1, 1, n, dtype=np.float32)}
+        got = prog.run(device="CPU", symbolic=True, **inputs)
+        assert prog.last_run == "symbolic"
+        _check(prog, got, {"N": n}, inputs)
+    prog = tgc.loads("x: f32[N]\nreturn x[(N + 1) % N] + x")
+    with pytest.raises(tgc.TgcError) as e:
+        prog.compile_symbolic("CPU")
+    assert "a size decision on (N+1) % N depends on a remainder" in str(e.value), str(e.value)
+    (path,) = prog.symbolic_paths.values()
+    assert "(N+1) % N" in path, path
+    with pytest.raises(NotTraceable, match=r"the remainder \(N\+1\) % N is used as a number"):
+        _Nonzero("(N+1) % N") + 1

@@ -283,7 +283,7 @@ def _slice_indices(it: slice, size: int) -> tuple[int, int, int]:
         return it.indices(size)
     step = 1 if it.step is None else it.step
     if not isinstance(step, int) or isinstance(step, (bool, SymSize)) or step == 0:
-        raise NotTraceable("a slice with a step that is no constant")
+        raise NotTraceable("a slice with a step that is not a constant")
     low, high = (0, size) if step > 0 else (-1, size - 1)  # as `slice.indices` clamps for the step's sign
 
     def clamp(v: int | None, default: int) -> int:

@@ -510,8 +510,9 @@ def mem_dtype(d: DType) -> DType:
 def _size_in_name(size: object) -> str:
     """A loop's size as a kernel name shows it: the number, or a size variable's product of dims (`N`, `3C`); a
     sum of terms (`N-2`) is no part of a name (kernel names are identifiers in every dialect and in a package's
-    manifest), so it shows the size it was traced at, as the probe path's names do."""
-    text = str(size)
+    manifest), so it shows the size it was traced at, as the probe path's names do. A product of dims with a
+    name longer than one letter, which a message writes `HID*SEQ`, is `HIDSEQ` in a name, as before."""
+    text = str(size).replace("*", "") if isinstance(size, SymSize) else str(size)
     return text if text.isalnum() or not isinstance(size, SymSize) else str(size.value)
 
 

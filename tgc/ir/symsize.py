@@ -278,19 +278,40 @@ def _terms_text(t: Terms) -> str:
         if not names:
             parts.append(f"{coef:+d}")
             continue
-        text = ("-" if coef == -1 else str(coef) if coef != 1 else "") + _product_text(names, coef)
+        product = _product_text(names, coef)
+        starred = "*" in product or any(len(n) > 1 for n in names if "/" not in n)  # (`4*SEQ`, as `HID*SEQ`)
+        text = ("-" if coef == -1 else (f"{coef}*" if starred else str(coef)) if coef != 1 else "") + product
         parts.append(text if not parts or text.startswith("-") else "+" + text)
     return "".join(parts) or "0"
 
 
 def _product_text(names: tuple[str, ...], coef: int) -> str:
     """A product of dims and floor divisions of dims as a user reads it: `MN`, `M(N//2)`, `(N+1)//2` (an
-    atom's name, `(1*N+1)//2`, is the polynomials' variable, not a text for a message)."""
+    atom's name, `(1*N+1)//2`, is the polynomials' variable, not a text for a message). Where a dim's name is
+    longer than one letter, the factors are joined with `*` (`HID*SEQ`, `SEQ*(HID//4)`: `HIDSEQ` read as one
+    name, and dims A, B and AB made `AABB`)."""
     dims = [n for n in names if "/" not in n]
     atoms = [_atom_text(n) for n in names if "/" in n]
     if len(atoms) == 1 and not dims and coef == 1:
         return atoms[0]
+    if _long_names(names):
+        return "*".join([*dims, *(f"({a})" for a in atoms)])
     return "".join(dims) + "".join(f"({a})" for a in atoms)
+
+
+def _long_names(names: tuple[str, ...]) -> bool:
+    """Whether a product of `names` is written with `*`: one of its dims' names, or of the traced class's (the
+    check points'), is longer than one letter (with dims A, B and AB, A*B is not `AB`)."""
+    return any(len(base_dim(n) if "/" in n else n) > 1 for n in names) or \
+        any(len(d) > 1 for pt in _POINTS.get()[:1] for d in pt)
+
+
+def _positive_everywhere(t: Mapping[tuple[str, ...], int]) -> bool:
+    """Whether the polynomial `t` is above 0 at every size of the class (every dim at least 2): a constant above
+    0, or one that grows with every dim (`_monotone`) and is above 0 with every dim at 2 (`N - 1`)."""
+    if not any(k and c for k, c in t.items()):
+        return t.get((), 0) > 0
+    return _monotone(t) == 1 and _kept_at(t, 1, 2)
 
 
 def _atom_text(name: str) -> str:
@@ -299,7 +320,7 @@ def _atom_text(name: str) -> str:
     if parts is None:
         return name
     a, dim, r, k = parts
-    head = (str(a) if a != 1 else "") + dim
+    head = dim if a == 1 else f"{a}*{dim}" if len(dim) > 1 else f"{a}{dim}"
     return f"{head}//{k}" if not r and a == 1 else f"({head}{'+' + str(r) if r else ''})//{k}"
 
 
@@ -580,6 +601,9 @@ class SymSize(int):
     def __mod__(self, other: Any) -> Any:
         if self._divided(other) is not None:
             return 0
+        if isinstance(other, SymSize) and _positive_everywhere(_terms(self)) \
+                and _positive_everywhere(_terms(other - self)):
+            return self  # (0 < self < other at every size of the class: `(N - 1) % N` is N - 1 for N >= 2)
         if isinstance(other, int) and not isinstance(other, (bool, SymSize)) and other > 0:
             lead = {k: c for k, c in self.terms if k}
             const = dict(self.terms).get((), 0)
@@ -592,8 +616,8 @@ class SymSize(int):
             if all(_eval(self.terms, pt) % (_eval(other.terms, pt) if isinstance(other, SymSize) else other)
                    for pt in _POINTS.get()):
                 # (only a heuristic may read it: in the front end, the class has no symbolic form)
-                _unanswered(f"a size decision on {self!r} % {other!r} depends on a remainder of a dim")
-                return NONZERO
+                _unanswered(f"a size decision on {_text(self)} % {_text(other)} depends on a remainder of a dim")
+                return _Nonzero(f"{_text(self)} % {_text(other)}")
         return _refuse(self, "%", other)
 
     def _rquotient(self, other: Any, op: str) -> int:
@@ -709,7 +733,21 @@ for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__
 
 
 class _Nonzero:
-    """A remainder the class says is not 0 (and says nothing more of): truthy, unequal to 0, nothing else."""
+    """A remainder the class says is not 0 (and says nothing more of): truthy, unequal to 0, nothing else; any
+    arithmetic on it, a comparison or a use as a number is refused (`NotTraceable`, with the remainder's text),
+    not a TypeError inside the trace (`x[N - 1] + x[-N]` added 1 to it)."""
+
+    def __init__(self, text: str = "a size % a number") -> None:
+        self.text = text
+
+    def _use(self, *args: Any) -> Any:
+        why = f"the remainder {self.text} is used as a number, and the class says only that it is not 0"
+        _unanswered(why)
+        raise NotTraceable(why)
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __floordiv__ = __rfloordiv__ = _use
+    __mod__ = __rmod__ = __truediv__ = __rtruediv__ = __neg__ = __pos__ = __abs__ = __index__ = __int__ = _use
+    __float__ = __lt__ = __le__ = __gt__ = __ge__ = __and__ = __or__ = __lshift__ = __rshift__ = _use
 
     def __bool__(self) -> bool:
         return True
@@ -732,7 +770,7 @@ NONZERO = _Nonzero()
 def type_text(v: Any) -> str:
     """A value's kind in a message (a remainder the class answers only as not 0, not the class's name)."""
     if isinstance(v, _Nonzero):
-        return "a remainder of a dim (a size % a number)"
+        return f"a remainder of a dim ({v.text})"
     if isinstance(v, SymFloat):
         return f"the float {v!r} of a size"
     return "a size of the dims" if isinstance(v, SymSize) else type(v).__name__
