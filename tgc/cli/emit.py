@@ -409,8 +409,7 @@ def write_dir(directory: str, emitted: Sequence[Emitted]) -> Written:
                     with contextlib.suppress(OSError):
                         os.unlink(tmp)
         except OSError as e:
-            raise TgcError(f"-o {directory}: cannot write '{target}': {oserror_text(e)}",
-                           kind=write_error_kind(e)) from None
+            raise TgcError(f"cannot write '{target}': {e.strerror or e}", kind=write_error_kind(e)) from None
         _fsync_dir(directory)
         removed, kept, unremoved = [], [], []
         left = {n: {d} for n, d in digests.items()}
@@ -433,8 +432,7 @@ def write_dir(directory: str, emitted: Sequence[Emitted]) -> Written:
         try:
             os.replace(stage(manifest, _manifest_writer({n: frozenset(h) for n, h in left.items()})), manifest)
         except OSError as e:
-            raise TgcError(f"-o {directory}: cannot write '{manifest}': {oserror_text(e)}",
-                           kind=write_error_kind(e)) from None
+            raise TgcError(f"cannot write '{manifest}': {e.strerror or e}", kind=write_error_kind(e)) from None
     return Written([os.path.join(directory, n) for n in datas], removed, kept, unremoved, set_aside)
 
 
