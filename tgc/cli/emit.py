@@ -327,7 +327,6 @@ class _Locked:
         self.path, self.fd = os.path.join(directory, LOCK), -1
 
     def __enter__(self) -> None:
-        import fcntl
         import stat
 
         try:  # (O_NOFOLLOW, O_NONBLOCK: a link or a FIFO raced in after check_own_files is not opened or waited on)
@@ -338,8 +337,10 @@ class _Locked:
             self.__exit__()
             raise TgcError(f"cannot write '{self.path}': {oserror_text(e)}", kind=write_error_kind(e)) from None
         try:
+            import fcntl
+
             fcntl.flock(self.fd, fcntl.LOCK_EX)
-        except OSError:  # (ENOLCK: no locks here)
+        except (OSError, ImportError):  # (ENOLCK: no locks on this file system; no fcntl on this OS)
             pass
 
     def __exit__(self, *exc: object) -> None:
