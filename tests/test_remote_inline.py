@@ -172,3 +172,29 @@ def test_a_hostile_kernel_in_the_form_of_a_proven_one_is_refused_inline_and_lose
     assert srv.inline_launches == 0
     _ok(srv.port, sid, P.ProgramExec(prog=2, bufs=(1, 2), global_size=(1, 1, 1)))
     assert srv.inline_launches == 1
+
+
+ELEMENTWISE = "x: f32[N]\na: f32[N]\nb: f32\nreturn square(relu(a * x + b)) + x.sin()\n"
+
+
+@needs_cpu
+def test_a_kernel_with_fneg_is_proven_and_runs_inline_with_numpy_results(cpu_server, monkeypatch):
+    # sin and abs lower to `fneg` (a sign flip: no trap, never an index); an fneg of anything but floats is refused
+    (src,) = _sources(ELEMENTWISE, {"N": 64})
+    assert "fneg float" in src and _proof(src) is not None
+    assert _proof(_edit(src, "fneg float", "fneg i32")) is None
+    assert _proof(_edit(src, "fneg float %v5", "fneg float %data1")) is None  # (a pointer where a value goes)
+    import tgc
+    _use_server_without_token(monkeypatch, cpu_server.port)
+    try:
+        rng = np.random.default_rng(1)
+        prog = tgc.loads(ELEMENTWISE)
+        before = cpu_server.inline_launches
+        for _ in range(4):  # (new inputs each run: the same request text but for its blob ids)
+            x, a = rng.standard_normal(64).astype(np.float32), rng.standard_normal(64).astype(np.float32)
+            b = np.float32(rng.standard_normal())
+            out = prog.run(device="REMOTE", x=x, a=a, b=b)["out0"]
+            np.testing.assert_allclose(out, np.maximum(a * x + b, 0) ** 2 + np.sin(x), rtol=1e-5, atol=1e-5)
+        assert cpu_server.inline_launches == before + 4
+    finally:
+        _drop_remote_instances()

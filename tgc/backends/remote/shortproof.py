@@ -430,6 +430,13 @@ class _Prover:
                 poison = True  # (a shift by the width or more is poison)
             self._define(name, iv, poison, width)
             return 1
+        if op == "fneg":  # (a sign flip: cannot trap; a float is never an index)
+            fm = re.fullmatch(r"((?:half|bfloat|float|double)|<\d+ x (?:half|bfloat|float|double)>) (\S+)", rest)
+            if fm is None:
+                raise _No
+            names = self._uses(fm.group(2))
+            self._define(name, None, self._poisoned(names, rest) or bool(set(flags) & {"nnan", "ninf", "fast"}))
+            return _lanes(fm.group(1))
         if op in ("icmp", "fcmp"):
             names = self._uses(rest)
             self._define(name, (0, 1), self._poisoned(names, rest) or bool(set(flags) & {"nnan", "ninf", "fast"}))
