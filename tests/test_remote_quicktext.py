@@ -138,3 +138,77 @@ def test_an_argument_given_twice_is_refused_on_both_paths():
             P.parse_requests(text)
         with pytest.raises(P.ProtocolError, match="given twice"):
             P.parse_text(text)
+
+
+def _hash(i: int) -> str:
+    return f"{i:064x}"
+
+
+def test_a_kept_plan_with_other_blob_ids_reads_as_ast_reads_it(monkeypatch):
+    # `_PLANS` keeps a text's requests under the text with its blob ids blanked: a later text that differs only in
+    # those ids gets its own ids back, in their places; any other change is parsed afresh
+    P._PLANS.clear()
+    plan = ("[CopyIn(buf=6, datahash='{}'), WriteRange(buf=7, offset=4, datahash='{}'), "
+            "ProgramAlloc(prog=2, name='E_4', datahash='{}'), GraphExec(graph=10, wait=False), CopyOut(buf=9)]")
+    first = plan.format(_hash(1), _hash(2), _hash(3))
+    assert P.parse_requests(first) == P.parse_text(first)
+    assert len(P._PLANS) == 1
+    quick = P._quick_requests
+    with monkeypatch.context() as m:
+        m.setattr(P, "_quick_requests", lambda *a: pytest.fail("not served from the kept plan"))
+        for ids in ((4, 5, 6), (1, 1, 1), (9, 2, 3)):
+            text = plan.format(*map(_hash, ids))
+            got = P.parse_requests(text)
+            assert got == P.parse_text(text), text
+            assert [r.blob() for r in got if r.blob()] == [_hash(i) for i in ids]
+    assert P._quick_requests is quick
+    for changed in (first.replace("buf=6", "buf=8"), first.replace("offset=4", "offset=5"),
+                    first.replace("'E_4'", "'E_5'"), first.replace("wait=False", "wait=True"),
+                    first.replace("CopyOut(buf=9)", "CopyOut(buf=9), Synchronize()")):
+        assert P.parse_requests(changed) == P.parse_text(changed), changed  # (a changed request: parsed, not kept)
+    assert len(P._PLANS) == 6
+
+
+@pytest.mark.parametrize("text", [
+    "[CopyIn(buf=6, datahash=''), CopyOut(buf=9)]",  # the blanked key itself: not a blob id
+    "[CopyIn(buf=6, datahash='" + "A" * 64 + "'), CopyOut(buf=9)]",  # upper case: not an id
+    "[CopyIn(buf='6', datahash='" + HASH + "'), CopyOut(buf=9)]",  # a string where an integer goes
+    "[CopyIn(buf=6, datahash='" + HASH + "'), CopyOut(buf=9), CopyOut(buf=9, x=1)]",
+])
+def test_a_bad_text_like_a_kept_plan_is_still_refused(text):
+    P._PLANS.clear()
+    good = "[CopyIn(buf=6, datahash='" + _hash(1) + "'), CopyOut(buf=9)]"
+    assert P.parse_requests(good) == P.parse_text(good)
+    assert P._PLANS
+    with pytest.raises(P.ProtocolError) as slow:
+        _slow_requests(text)
+    with pytest.raises(P.ProtocolError) as quick:
+        P.parse_requests(text)
+    assert str(quick.value) == str(slow.value)
+
+
+def test_a_kept_plan_counts_its_nodes_against_each_limit():
+    P._PLANS.clear()
+    text = "[CopyIn(buf=6, datahash='" + _hash(1) + "'), GraphExec(graph=3, wait=False), CopyOut(buf=9)]"
+    n = _nodes(text)
+    assert P.parse_requests(text, max_nodes=n) == P.parse_text(text)  # (kept now)
+    again = text.replace(_hash(1), _hash(2))
+    with pytest.raises(P.ProtocolError, match=f"more than {n - 1} nodes"):
+        P.parse_requests(again, max_nodes=n - 1)
+    assert P.parse_requests(again, max_nodes=n) == P.parse_text(again)
+
+
+def test_kept_plans_are_bounded():
+    keep = P._PLAN_KEEP
+    try:
+        P._PLAN_KEEP = 3
+        P._PLANS.clear()
+        for i in range(10):
+            text = f"[CopyIn(buf={i}, datahash='{_hash(i)}')]"
+            assert P.parse_requests(text) == P.parse_text(text)
+            assert len(P._PLANS) <= 3
+        long = "[" + ", ".join(f"CopyOut(buf={i})" for i in range(400)) + "]"  # (past `_PLAN_TEXT`: not kept)
+        P._PLANS.clear()
+        assert P.parse_requests(long) == P.parse_text(long) and not P._PLANS
+    finally:
+        P._PLAN_KEEP = keep

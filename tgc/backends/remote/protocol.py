@@ -909,14 +909,63 @@ def _quick_requests(text: str, classes: Mapping[str, type], max_nodes: int | Non
     return out
 
 
+# A kept plan sends the same request text on every run but for the ids of the small blobs it copies in
+# (`datahash='<sha256 of the bytes>'`): the requests of a quick-form text are kept under the text with those ids blanked
+# (`_PLANS`), with where each id goes, and a later text that blanks to the same key with as many ids gets them back
+# with its own ids. A text of the quick form never holds `datahash=''` (refused: not 64 hex digits), so equal keys
+# with equal id counts mean the same text but for the ids, in the same places; the requests are frozen and every
+# other field was built and checked from the same characters. At most `_PLAN_KEEP` texts of `_PLAN_TEXT` characters.
+_PLAN_ID = re.compile(r"datahash='([0-9a-f]{64})'")
+_PLANS: dict[str, tuple[tuple[Any, ...], tuple[int, ...], int]] = {}  # key -> (requests, slots, nodes)
+_PLAN_KEEP = 256
+_PLAN_TEXT = 4096
+
+
+def _planned(text: str, max_nodes: int | None) -> list[Any] | None:
+    """The requests of `text` from `_PLANS`, or None (not kept: parse it)."""
+    if len(text) > _PLAN_TEXT:
+        return None
+    ids = _PLAN_ID.findall(text)
+    kept = _PLANS.get(_PLAN_ID.sub("datahash=''", text) if ids else text)
+    if kept is None or len(kept[1]) != len(ids):
+        return None
+    if max_nodes is not None and kept[2] > max_nodes:
+        raise ProtocolError(f"request text has more than {max_nodes} nodes")
+    out = list(kept[0])
+    for i, h in zip(kept[1], ids):
+        r = out[i]
+        out[i] = CopyIn(r.buf, h) if type(r) is CopyIn else dataclasses.replace(r, datahash=h)
+    return out
+
+
+def _keep_plan(text: str, requests: list[Any]) -> None:
+    """Keep the requests just built from the quick-form `text` for `_planned`."""
+    if len(text) > _PLAN_TEXT:
+        return
+    ids = _PLAN_ID.findall(text)
+    slots = tuple(i for i, r in enumerate(requests) if r.blob() is not None)
+    if [requests[i].blob() for i in slots] != ids:  # (every id where a request's datahash is, in order)
+        return
+    if len(_PLANS) >= _PLAN_KEEP:
+        _PLANS.clear()
+    nodes = text.count(",") + text.count("(") + text.count("[") + text.count("=")
+    _PLANS[_PLAN_ID.sub("datahash=''", text) if ids else text] = (tuple(requests), slots, nodes)
+
+
 def parse_requests(text: str, *, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NODES,
                    max_text: int = MAX_TEXT) -> list[Request]:
     """The requests of a body's text; ProtocolError unless it is a list of requests."""
     if len(text) > max_text:
         check_size(text, max_text, max_nodes)  # (its message)
+    if max_depth > 4:  # (a kept plan's text again, but for its blob ids: `_planned`)
+        planned = _planned(text, max_nodes)
+        if planned is not None:
+            return planned
     # the quick form needs no `check_size` pass: it holds no string prefix, and its nodes are counted exactly as
     # `check_size` counts them (`_quick_requests`); any other text is checked before `ast` reads it
     value: Any = _quick_requests(text, REQUESTS, max_nodes) if max_depth > 4 else None  # (5 deep: -1 in a tuple)
+    if value is not None and all(isinstance(r, Request) for r in value):
+        _keep_plan(text, value)
     if value is None:
         check_size(text, max_text, max_nodes)
         value = parse_text(text, REQUESTS, max_depth=max_depth, max_nodes=max_nodes, max_text=max_text)
