@@ -198,3 +198,32 @@ def test_a_kernel_with_fneg_is_proven_and_runs_inline_with_numpy_results(cpu_ser
         assert cpu_server.inline_launches == before + 4
     finally:
         _drop_remote_instances()
+
+
+ARGMAX = "x: f32[N, K]\nreturn argmax(x, axis=1)\n"
+
+
+@needs_cpu
+def test_a_kernel_with_integer_max_is_proven_and_runs_inline_with_numpy_results(cpu_server, monkeypatch):
+    # argmax lowers to `llvm.smax` (no trap, no poison of its own): proven, its result an unknown value, so an
+    # index computed by it is refused
+    (src,) = _sources(ARGMAX, {"N": 8, "K": 8})
+    assert "@llvm.smax" in src and _proof(src) is not None
+    (ew,) = _sources(ELEMENTWISE, {"N": 64})
+    gep = "%v2 = getelementptr inbounds float, ptr %data1, i32 %r0"
+    hostile = _edit(_edit(ew, gep, "%vx = call i32 @llvm.smax.i32(i32 %r0, i32 0)\n  "
+                                   "%v2 = getelementptr inbounds float, ptr %data1, i32 %vx"),
+                    "define void", "declare i32 @llvm.smax.i32(i32, i32)\n\ndefine void")
+    assert _proof(hostile) is None
+    import tgc
+    _use_server_without_token(monkeypatch, cpu_server.port)
+    try:
+        rng = np.random.default_rng(2)
+        prog = tgc.loads(ARGMAX)
+        before = cpu_server.inline_launches
+        for _ in range(3):
+            x = rng.standard_normal((8, 8)).astype(np.float32)
+            np.testing.assert_array_equal(prog.run(device="REMOTE", x=x)["out0"], np.argmax(x, axis=1))
+        assert cpu_server.inline_launches == before + 3
+    finally:
+        _drop_remote_instances()

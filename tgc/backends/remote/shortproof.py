@@ -45,7 +45,8 @@ _NAME = r"%[\w.$-]+"
 _SCALAR = r"(?:i\d+|half|bfloat|float|double)"
 _TYPE = rf"(?:{_SCALAR}|<\d+ x {_SCALAR}>)"
 _INTRINSICS = {"maxnum", "minnum", "maximum", "minimum", "trunc", "floor", "ceil", "round", "rint", "nearbyint",
-               "sqrt", "fabs", "exp", "exp2", "log", "log2", "sin", "cos", "fma", "fmuladd", "copysign", "pow"}
+               "sqrt", "fabs", "exp", "exp2", "log", "log2", "sin", "cos", "fma", "fmuladd", "copysign", "pow",
+               "smax", "smin", "umax", "umin"}  # (integer max/min: no trap, no poison of their own; results unknown)
 _ATTRS = re.compile(r'^attributes #0 = \{(?: nounwind| "prefer-vector-width"="\d+"| "no-trapping-math"="true")* \}$')
 _DECLARE = re.compile(rf"^declare {_TYPE} @llvm\.(\w+)\.[\w.]+\(({_TYPE}(?:, {_TYPE})*)\)$")
 _DEFINE = re.compile(r"^define void @[\w.$-]+\((.*)\) #0 \{$")
