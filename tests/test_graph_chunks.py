@@ -77,6 +77,32 @@ def test_a_late_worker_is_not_waited_for(threaded, monkeypatch):
     np.testing.assert_array_equal(buf.view(np.float32), np.full(N, 10 * ROWS, np.float32))
 
 
+def test_ctrl_c_inside_the_hand_off_leaves_no_chunk_running(threaded, monkeypatch):
+    """A Ctrl-C that surfaces on the calling thread inside `pool.submit` after its work was queued (a SIGINT
+    delivered to another thread of the process): the call raises only after its run is whole and closed, so no
+    kernel runs after it, and the next run at once is right."""
+    graph, buf = _increment_graph(monkeypatch, 8, 2)
+    real = type(graph.device).pool
+
+    class Interrupted:
+        def __init__(self, pool):
+            self.pool = pool
+
+        def submit(self, *args):
+            self.pool.submit(*args)  # (queued) ...
+            raise KeyboardInterrupt  # ... then the interrupt surfaces
+
+    monkeypatch.setattr(type(graph.device), "pool", lambda self, threads: Interrupted(real(self, threads)))
+    with pytest.raises(KeyboardInterrupt):
+        graph()
+    after = buf.view(np.float32).copy()
+    assert graph.state[0] == 0 and graph.state[1] == graph.ticket + 1  # no worker in; the run closed
+    np.testing.assert_array_equal(after, np.full(N, ROWS, np.float32))  # the whole run, once
+    monkeypatch.setattr(type(graph.device), "pool", real)
+    graph()
+    np.testing.assert_array_equal(buf.view(np.float32), np.full(N, 2 * ROWS, np.float32))
+
+
 def test_a_graph_run_from_two_python_threads(threaded, monkeypatch):
     graph, buf = _increment_graph(monkeypatch, 8, 2)
     errors: list[BaseException] = []

@@ -405,12 +405,17 @@ class CPUGraph:
             self.state[STATE_ROW:] = 0  # (every thread of the last run is out of it: see the module docstring)
             self.state[1] = ticket  # the run is open
             with self.defer_sigint():
-                for core in range(1, t):
-                    try:
-                        pool.submit(_work, self.fn, tab, self.n, core, self._state, ticket, self.state)
-                    except RuntimeError:  # a pool shut down (the interpreter's exit): this thread claims the rest
-                        break
-                self.fn(tab, self.n, 0, self._state, ticket)
+                try:
+                    for core in range(1, t):
+                        try:
+                            pool.submit(_work, self.fn, tab, self.n, core, self._state, ticket, self.state)
+                        except RuntimeError:  # a pool shut down (the interpreter's exit): this thread claims the rest
+                            break
+                finally:
+                    # (a Ctrl-C delivered to another thread of the process surfaces here at Python's next check,
+                    # possibly inside `submit` after its work was queued: this thread still claims what is left,
+                    # closes the run and waits for its workers, so no chunk runs after the call is gone)
+                    self.fn(tab, self.n, 0, self._state, ticket)
 
     def free(self) -> None:
         pass
