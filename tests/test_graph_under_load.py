@@ -1,5 +1,5 @@
-"""A CPU graph on a busy machine runs on the calling thread alone (`tgc.backends.cpu_graph.oversubscribed`): a
-kernel of T threads is T rows of a serial table, one per core id, no barriers. The results are the same bits
+"""A CPU graph on a busy machine runs on the calling thread alone (`tgc.backends.cpu_graph.oversubscribed`): it
+walks the table alone, a kernel of T chunks called with each core id in turn, no waits. The results are the same bits
 as the threaded run's (the same kernels on the same chunks) and match numpy; whether the machine is busy is
 decided from `/proc/loadavg`'s runnable tasks, here given (no timing, no dependence on the machine's load)."""
 
@@ -66,8 +66,6 @@ def test_a_busy_machine_runs_the_graph_serially_with_the_same_bits(monkeypatch, 
         if g.threads == 1:
             pytest.skip("no kernel of this program runs on more than one thread here")
         assert serial is busy
-        assert g.serial is not None and len(g.serial) == sum(int(t) for t in g.table[:g.n, 1])
-        assert not g.serial[:, 2].any()  # no barriers
     for a, b in zip(results[False], results[True]):
         np.testing.assert_array_equal(a, b)
     outs = dict(zip(sorted(out), results[True]))

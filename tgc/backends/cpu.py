@@ -178,7 +178,7 @@ class CPUProgram(Program):
         if threads == 1:
             fn(*ptrs, *vals, 0)
         elif self.serial_when_busy and _busy(threads, self.device):
-            # a busy machine: every core id's chunk in turn on this thread (as a CPU graph's serial table runs them:
+            # a busy machine: every core id's chunk in turn on this thread (as a CPU graph run alone calls them:
             # the same chunks, the same bits), not a hand-off to threads that would wait for a time slice each
             for core in range(threads):
                 fn(*ptrs, *vals, core)

@@ -3,29 +3,42 @@
 One small function, `tgc_graph_run`, written here in LLVM IR and compiled once per machine (then loaded from
 the disk cache like a kernel, so a cached run never imports llvmlite), walks a table of launches:
 
-    row i = [entry address, threads, barrier before?, nargs, arg 0, ..., arg MAX_ARGS-1]   (int64 words)
+    row i = [entry address, chunks, after the previous row?, nargs, arg 0, ..., arg MAX_ARGS-1]   (int64 words)
 
 and calls each kernel as `entry(arg 0, ..., arg nargs-1, core_id)`. It calls every entry with MAX_ARGS 64-bit
 arguments, the core id stored into slot `nargs`: under the x86-64 System V ABI the caller owns the stack
 arguments and a callee reads only its own (an `i32` from the low half of its slot), so one compiled function
 calls kernels of any arity up to MAX_ARGS - 1. Kernels with more arguments make no graph (per-kernel launches).
 
-Parallel kernels stay parallel: a graph whose widest kernel runs on T threads is run by T threads at once,
-each calling `tgc_graph_run` with its core id (core 0 on the calling thread, the others on the device's pool,
-one hand-off per graph run instead of one per kernel). Thread c runs the kernels with more than c threads;
-a barrier (a counter and a generation word; spinning with `pause`, then yielding, then sleeping on a futex,
-so that threads oversubscribing the cores do not spin away the time of the thread they wait for) separates two kernels
-unless both run on core 0 alone. Only one multi-thread graph runs at a time on a device: two graphs sharing
-the pool could otherwise each hold workers that wait at a barrier for a thread queued behind the other.
+Parallel kernels stay parallel: a graph whose widest kernel is split in C chunks (its global size, the core ids
+it splits its outer loop by) is run by T = min(C, the device's cores) threads at once, each calling
+`tgc_graph_run` with its core id (core 0 on the calling thread, the others on the device's pool, one hand-off
+per graph run instead of one per kernel). The chunks are claimed, not assigned: each row has a run state of
+three counters (chunks claimed, chunks done, threads asleep waiting for them), and a thread at a row claims
+chunk ids with an atomic add until none is left, calling the kernel with each (every chunk id runs exactly once,
+by whichever thread claims it: the same kernels on the same chunks, so the same bits). Before claiming from a
+row, a thread waits until the previous row's chunks are all done (not until every thread arrives: a thread late
+by a time slice holds up the others only when it holds a chunk); it waits spinning with `pause`, then yielding,
+then sleeping on the done counter's futex (so that threads oversubscribing the cores do not spin away the time of
+the thread they wait for), woken by whoever finishes the row's last chunk.
+
+A run's state is zeroed and the run opened (its ticket, odd, stored in the gate) by the calling thread before it
+hands out the workers. A worker enters by counting itself in the gate, then reading the ticket: a worker that
+starts after its run closed (its pool thread was busy or descheduled) finds another ticket, counts itself out
+and returns, having touched nothing else (the pool's task keeps the state's array alive). The calling thread,
+done with the last row, closes the gate (ticket + 1) and waits until no worker is counted in: when
+`tgc_graph_run` returns on it, every chunk is done and no thread touches this run's table or counters, so the
+next run (or a Ctrl-C, held back on the calling thread during the native call) finds nothing running. Only one
+multi-thread graph runs at a time on a device (the device's `graph_lock`); a run from another Python thread
+waits for it.
 
 On a busy machine a graph runs on the calling thread alone (`oversubscribed`): while the other runnable tasks
 (`/proc/loadavg`'s count, sampled at most every LOAD_SAMPLE_S) and the graph's threads together exceed the
-cores, each barrier would wait for a thread the kernel's scheduler has put aside, often for a whole time
-slice. The graph then walks a second table (`serial`) in which a kernel of T threads is T rows, one per core
-id (the id stored as the row's last argument, so the same compiled `tgc_graph_run` calls it: the core id it
-injects lands one slot past what the kernel reads), with no barriers: the same kernels on the same chunks in
-the same order, so the results are the same bits. SqueezeNet at load ~13 on 2 cores, runs interleaved in one
-process: median 131 ms threaded, 35 ms serial (onnxruntime 38 ms).
+cores, a worker would often start a time slice late or lose its core while holding a chunk. The calling thread
+then walks the same table alone (ticket 0: no gate, no counters), calling each kernel with every core id in turn:
+the same kernels on the same chunks in the same order, so the results are the same bits. SqueezeNet at load ~13
+on 2 cores, runs interleaved in one process (with the barrier this replaced): median 131 ms threaded, 35 ms
+serial (onnxruntime 38 ms).
 """
 
 from __future__ import annotations
@@ -39,11 +52,12 @@ from typing import Any
 import numpy as np
 
 MAX_ARGS = 64
-HEAD = 4  # entry, threads, barrier before, nargs
+HEAD = 4  # entry, chunks, after the previous row, nargs
 ROW = HEAD + MAX_ARGS
-IR_VERSION = 2  # bump when the IR below changes (the compiled object is cached under it)
-# the barrier's wait: SPINS rounds of `pause`, then sched_yield until YIELDS rounds, then sleep on a futex
-# (Linux x86-64: syscall 202; FUTEX_WAIT/WAKE with FUTEX_PRIVATE_FLAG) until the generation word changes
+STATE_ROW = 16  # int32 words of a run's state per row (claimed, done, sleepers; a cache line), and its head
+IR_VERSION = 3  # bump when the IR below changes (the compiled object is cached under it)
+# a wait (for a row's chunks done, for the workers to leave a run): SPINS rounds of `pause`, then sched_yield until
+# YIELDS rounds, then sleep on a futex (Linux x86-64: syscall 202; FUTEX_WAIT/WAKE with FUTEX_PRIVATE_FLAG)
 SPINS, YIELDS = 64, 96
 SYS_FUTEX, FUTEX_WAIT, FUTEX_WAKE = 202, 128, 129
 SYMBOL = "tgc_graph_run"
@@ -84,48 +98,19 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def graph_ir() -> str:
-    """The LLVM IR of `tgc_graph_run(ptr table, i64 n, i64 core, ptr barrier, i64 nthreads)`."""
-    args = []
-    lines = []
-    for j in range(MAX_ARGS):
-        lines += [f"  %p{j} = getelementptr i64, ptr %row, i64 {HEAD + j}",
-                  f"  %r{j} = load i64, ptr %p{j}, align 8",
-                  f"  %is{j} = icmp eq i64 %na, {j}",
-                  f"  %a{j} = select i1 %is{j}, i64 %core, i64 %r{j}"]
-        args.append(f"i64 %a{j}")
-    loads = "\n".join(lines)
+def _wait_ir(name: str, ok: str) -> str:
+    """The IR of `name(ptr word, i32 need, ptr sleepers)`: a wait until `ok` holds of %cur (the word's value):
+    SPINS rounds of `pause`, then sched_yield until YIELDS rounds, then sleep on the word's futex (the sleepers
+    word counted up while asleep, for whoever changes the word to see and wake)."""
     return f"""
-declare i32 @sched_yield()
-declare i64 @syscall(i64, ...)
-declare void @llvm.x86.sse2.pause()
-
-define internal void @tgc_barrier(ptr %bar, i64 %n) {{
+define internal void @{name}(ptr %word, i32 %need, ptr %sleepp) {{
 entry:
-  %genp = getelementptr i32, ptr %bar, i64 1
-  %sleepp = getelementptr i32, ptr %bar, i64 2
-  %g = load atomic i32, ptr %genp acquire, align 4
-  %old = atomicrmw add ptr %bar, i32 1 acq_rel
-  %n32 = trunc i64 %n to i32
-  %last = sub i32 %n32, 1
-  %islast = icmp eq i32 %old, %last
-  br i1 %islast, label %release, label %spin
-release:
-  store atomic i32 0, ptr %bar monotonic, align 4
-  %x = atomicrmw add ptr %genp, i32 1 seq_cst
-  %sleepers = load atomic i32, ptr %sleepp seq_cst, align 4
-  %anyone = icmp ne i32 %sleepers, 0
-  br i1 %anyone, label %wake, label %done
-wake:
-  %w = call i64 (i64, ...) @syscall(i64 {SYS_FUTEX}, ptr %genp, i32 {FUTEX_WAKE}, i32 2147483647)
-  br label %done
-done:
-  ret void
+  br label %spin
 spin:
   %k = phi i32 [0, %entry], [%k1, %again]
-  %cur = load atomic i32, ptr %genp acquire, align 4
-  %same = icmp eq i32 %cur, %g
-  br i1 %same, label %wait, label %out
+  %cur = load atomic i32, ptr %word acquire, align 4
+  %ok = {ok}
+  br i1 %ok, label %out, label %wait
 wait:
   %k1 = add i32 %k, 1
   %few = icmp ult i32 %k1, {SPINS}
@@ -141,7 +126,7 @@ yield:
   br label %again
 sleep:
   %s0 = atomicrmw add ptr %sleepp, i32 1 seq_cst
-  %z = call i64 (i64, ...) @syscall(i64 {SYS_FUTEX}, ptr %genp, i32 {FUTEX_WAIT}, i32 %g, ptr null)
+  %z = call i64 (i64, ...) @syscall(i64 {SYS_FUTEX}, ptr %word, i32 {FUTEX_WAIT}, i32 %cur, ptr null)
   %s1 = atomicrmw sub ptr %sleepp, i32 1 seq_cst
   br label %again
 again:
@@ -149,40 +134,141 @@ again:
 out:
   ret void
 }}
+"""
 
-define void @{SYMBOL}(ptr %tab, i64 %n, i64 %core, ptr %bar, i64 %nthreads) {{
+
+def graph_ir() -> str:
+    """The LLVM IR of `tgc_graph_run(ptr table, i64 n, i64 core, ptr state, i64 ticket)` (module docstring)."""
+    args = []
+    lines = []
+    for j in range(MAX_ARGS):
+        lines += [f"  %p{j} = getelementptr i64, ptr %row, i64 {HEAD + j}",
+                  f"  %r{j} = load i64, ptr %p{j}, align 8",
+                  f"  %is{j} = icmp eq i64 %na, {j}",
+                  f"  %a{j} = select i1 %is{j}, i64 %chunk, i64 %r{j}"]
+        args.append(f"i64 %a{j}")
+    loads = "\n".join(lines)
+    wake = f"call i64 (i64, ...) @syscall(i64 {SYS_FUTEX}, ptr %%W, i32 {FUTEX_WAKE}, i32 2147483647)"
+    return f"""
+declare i32 @sched_yield()
+declare i64 @syscall(i64, ...)
+declare void @llvm.x86.sse2.pause()
+{_wait_ir("tgc_wait_done", "icmp sge i32 %cur, %need")}
+{_wait_ir("tgc_wait_left", "icmp eq i32 %cur, 0")}
+define internal void @tgc_call(ptr %row, i64 %chunk) {{
 entry:
-  br label %loop
-loop:
-  %i = phi i64 [0, %entry], [%inext, %next]
-  %done = icmp uge i64 %i, %n
-  br i1 %done, label %exit, label %body
-body:
-  %off = mul i64 %i, {ROW}
-  %row0 = getelementptr i64, ptr %tab, i64 %off
-  %bp = getelementptr i64, ptr %row0, i64 2
-  %bb = load i64, ptr %bp, align 8
-  %needb = icmp ne i64 %bb, 0
-  br i1 %needb, label %barrier, label %run
-barrier:
-  call void @tgc_barrier(ptr %bar, i64 %nthreads)
-  br label %run
-run:
-  %tp = getelementptr i64, ptr %row0, i64 1
-  %thr = load i64, ptr %tp, align 8
-  %mine = icmp ult i64 %core, %thr
-  br i1 %mine, label %call, label %next
-call:
-  %row = getelementptr i64, ptr %tab, i64 %off
   %fnp = load ptr, ptr %row, align 8
   %nap = getelementptr i64, ptr %row, i64 3
   %na = load i64, ptr %nap, align 8
 {loads}
   call void %fnp({", ".join(args)})
-  br label %next
+  ret void
+}}
+
+define void @{SYMBOL}(ptr %tab, i64 %n, i64 %core, ptr %st, i64 %ticket) {{
+entry:
+  %alone = icmp eq i64 %ticket, 0
+  br i1 %alone, label %aloop, label %enter
+aloop:
+  %ai = phi i64 [0, %entry], [%ainext, %anext]
+  %adone = icmp uge i64 %ai, %n
+  br i1 %adone, label %exit, label %abody
+abody:
+  %aoff = mul i64 %ai, {ROW}
+  %arow = getelementptr i64, ptr %tab, i64 %aoff
+  %atp = getelementptr i64, ptr %arow, i64 1
+  %athr = load i64, ptr %atp, align 8
+  br label %aclaim
+aclaim:
+  %ac = phi i64 [0, %abody], [%acn, %acall]
+  %amore = icmp ult i64 %ac, %athr
+  br i1 %amore, label %acall, label %anext
+acall:
+  call void @tgc_call(ptr %arow, i64 %ac)
+  %acn = add i64 %ac, 1
+  br label %aclaim
+anext:
+  %ainext = add i64 %ai, 1
+  br label %aloop
+enter:
+  %t32 = trunc i64 %ticket to i32
+  %genp = getelementptr i32, ptr %st, i64 1
+  %closerp = getelementptr i32, ptr %st, i64 2
+  %worker = icmp ne i64 %core, 0
+  br i1 %worker, label %register, label %loop
+register:
+  %e0 = atomicrmw add ptr %st, i32 1 seq_cst
+  %g = load atomic i32, ptr %genp seq_cst, align 4
+  %open = icmp eq i32 %g, %t32
+  br i1 %open, label %loop, label %leave
+loop:
+  %i = phi i64 [0, %enter], [0, %register], [%inext, %next]
+  %end = icmp uge i64 %i, %n
+  br i1 %end, label %finish, label %body
+body:
+  %off = mul i64 %i, {ROW}
+  %row = getelementptr i64, ptr %tab, i64 %off
+  %tp = getelementptr i64, ptr %row, i64 1
+  %chunks = load i64, ptr %tp, align 8
+  %c32 = trunc i64 %chunks to i32
+  %cw = mul i64 %i, {STATE_ROW}
+  %cw1 = add i64 %cw, {STATE_ROW}
+  %claimp = getelementptr i32, ptr %st, i64 %cw1
+  %donep = getelementptr i32, ptr %claimp, i64 1
+  %sleepp = getelementptr i32, ptr %claimp, i64 2
+  %bp = getelementptr i64, ptr %row, i64 2
+  %bb = load i64, ptr %bp, align 8
+  %after = icmp ne i64 %bb, 0
+  br i1 %after, label %waitprev, label %claim
+waitprev:
+  %pdone = getelementptr i32, ptr %claimp, i64 {1 - STATE_ROW}
+  %psleep = getelementptr i32, ptr %claimp, i64 {2 - STATE_ROW}
+  %poff = sub i64 %off, {ROW}
+  %ptp = getelementptr i64, ptr %tab, i64 %poff
+  %ptp1 = getelementptr i64, ptr %ptp, i64 1
+  %pchunks = load i64, ptr %ptp1, align 8
+  %pc32 = trunc i64 %pchunks to i32
+  call void @tgc_wait_done(ptr %pdone, i32 %pc32, ptr %psleep)
+  br label %claim
+claim:
+  %c = atomicrmw add ptr %claimp, i32 1 seq_cst
+  %more = icmp slt i32 %c, %c32
+  br i1 %more, label %call, label %next
+call:
+  %c64 = sext i32 %c to i64
+  call void @tgc_call(ptr %row, i64 %c64)
+  %old = atomicrmw add ptr %donep, i32 1 seq_cst
+  %old1 = add i32 %old, 1
+  %last = icmp eq i32 %old1, %c32
+  br i1 %last, label %wakeq, label %claim
+wakeq:
+  %sl = load atomic i32, ptr %sleepp seq_cst, align 4
+  %anysl = icmp ne i32 %sl, 0
+  br i1 %anysl, label %wake, label %claim
+wake:
+  %w = {wake.replace("%%W", "%donep")}
+  br label %claim
 next:
   %inext = add i64 %i, 1
   br label %loop
+finish:
+  br i1 %worker, label %leave, label %close
+leave:
+  %lo = atomicrmw sub ptr %st, i32 1 seq_cst
+  %lastout = icmp eq i32 %lo, 1
+  br i1 %lastout, label %leaveq, label %exit
+leaveq:
+  %cs = load atomic i32, ptr %closerp seq_cst, align 4
+  %anyc = icmp ne i32 %cs, 0
+  br i1 %anyc, label %lwake, label %exit
+lwake:
+  %lw = {wake.replace("%%W", "%st")}
+  br label %exit
+close:
+  %shut = add i32 %t32, 1
+  store atomic i32 %shut, ptr %genp seq_cst, align 4
+  call void @tgc_wait_left(ptr %st, i32 0, ptr %closerp)
+  br label %exit
 exit:
   ret void
 }}
@@ -251,13 +337,19 @@ def runner(compiler: Any, obj: bytes | None = None, may_compile: bool = True) ->
         return _RUNNER[1]
 
 
+def _work(fn: Any, tab: int, n: int, core: int, state: int, ticket: int, keep: np.ndarray) -> None:
+    """A pool worker's part of a graph run. `keep` (the run state's array) stays alive while the worker is
+    queued: one that starts after its run ended still reads the state's gate (module docstring)."""
+    fn(tab, n, core, state, ticket)
+
+
 class CPUGraph:
     """A fixed list of CPU launches `(program, buffers, global_size, local_size, vals)` run by one native call per
     thread. The buffers are bound when the graph is built: it must be built again for other buffers.
-    `abandoned` and `defer_sigint` are tgc.backends.cpu's ABANDONED and _sigint_deferred (Ctrl-C handling),
+    `abandoned` and `defer_sigint` are tgc.backends.cpu's ABANDONED and _sigint_deferred (Ctrl-C handling: a
+    run's threads are out of it when the native call on the calling thread returns, so nothing is abandoned),
     `address` its `data_address` (a buffer handle's data address)."""
 
-    serial: np.ndarray | None = None  # the launches as rows for the calling thread alone (module docstring)
     last_serial = False  # whether the last run went serially (a busy machine)
 
     def __init__(self, device: Any, launches: list[tuple], abandoned: Any, defer_sigint: Any, address: Any,
@@ -268,66 +360,62 @@ class CPUGraph:
         self.bufs = [b for launch in launches for b in launch[1]]
         n = len(launches)
         table = np.zeros((max(n, 1), ROW), dtype=np.int64)
-        threads = [max(1, int(gs[0])) for _, _, gs, _, _ in launches]
-        self.threads = max(threads, default=1)
+        chunks = [max(1, int(gs[0])) for _, _, gs, _, _ in launches]
+        self.chunks = max(chunks, default=1)
+        # the threads that claim the chunks: as many as the widest kernel's, at most the device's cores (a kernel
+        # split in more chunks than that is claimed chunk by chunk all the same)
+        self.threads = max(1, min(self.chunks, int(device.cores or 1)))
         for i, (prog, bufs, _gs, _ls, vals) in enumerate(launches):
             args = [address(b) for b in bufs] + [int(v) for v in vals]
             if len(args) >= MAX_ARGS:
                 raise ValueError(f"kernel {prog.name} takes {len(args) + 1} arguments; a CPU graph calls at most "
                                  f"{MAX_ARGS}")
             table[i, 0] = prog.address
-            table[i, 1] = threads[i]
-            table[i, 2] = int(self.threads > 1 and i > 0 and not (threads[i - 1] == 1 and threads[i] == 1))
+            table[i, 1] = chunks[i]
+            table[i, 2] = int(i > 0)
             table[i, 3] = len(args)
             table[i, HEAD:HEAD + len(args)] = np.array(args, dtype=np.uint64).view(np.int64)
         self.table, self.n = table, n
-        self.barrier = np.zeros(4, dtype=np.int32)  # arrivals, generation, sleepers
+        # a run's state (module docstring): the gate (threads in the run, the open run's ticket, the closer
+        # asleep), then per row its claimed chunks, its chunks done and the threads asleep waiting for them
+        self.state = np.zeros(STATE_ROW * (n + 1), dtype=np.int32)
+        self.ticket = 1  # odd: the open run's; ticket + 1 once it closed
         self.kernels = n
         self._args = (table.ctypes.data, n)  # (numpy's .ctypes costs a microsecond a call: taken once)
-        self._bar = self.barrier.ctypes.data
-        # the same launches on the calling thread alone (module docstring): a row per kernel and core id
-        if self.threads > 1 and all(table[i, 3] + 1 < MAX_ARGS for i in range(n)):
-            rows = []
-            for i in range(n):
-                for core in range(threads[i]):
-                    row = table[i].copy()
-                    row[1], row[2] = 1, 0
-                    if threads[i] > 1:
-                        row[HEAD + row[3]] = core
-                        row[3] += 1
-                    rows.append(row)
-            self.serial = np.stack(rows)
+        self._state = self.state.ctypes.data
 
     def __call__(self, wait: bool = False) -> float | None:
         st = time.perf_counter()
-        tab, bar = self._args[0], self._bar
+        tab = self._args[0]
         self.last_serial = False
         if self.threads == 1:
-            self.fn(tab, self.n, 0, bar, 1)
-        elif self.serial is not None and oversubscribed(self.threads, max(_cores(), int(self.device.cores or 1))):
+            self.fn(tab, self.n, 0, self._state, 0)
+        elif oversubscribed(self.threads, max(_cores(), int(self.device.cores or 1))):
             self.last_serial = True
-            self.fn(self.serial.ctypes.data, len(self.serial), 0, bar, 1)
+            self.fn(tab, self.n, 0, self._state, 0)
         else:
-            self._parallel(tab, bar)
+            self._parallel(tab)
         return time.perf_counter() - st if wait else None
 
-    def _parallel(self, tab: int, bar: int) -> None:
+    def _parallel(self, tab: int) -> None:
         dev, t = self.device, self.threads
         with dev.graph_lock:
             pool = dev.pool(t)
-            futures: list[Any] = []
-            try:
-                with self.defer_sigint():
+            self.ticket = ticket = (self.ticket + 2) & 0x3FFFFFFF  # (stays odd)
+            self.state[STATE_ROW:] = 0  # (every thread of the last run is out of it: see the module docstring)
+            self.state[1] = ticket  # the run is open
+            with self.defer_sigint():
+                try:
                     for core in range(1, t):
-                        futures.append(pool.submit(self.fn, tab, self.n, core, bar, t))
-                    self.fn(tab, self.n, 0, bar, t)
-                for f in futures:
-                    f.result()
-            except BaseException:  # Ctrl-C while waiting: the threads run on; keep what they use alive
-                running = [f for f in futures if not f.done()]
-                if running:
-                    self.abandoned.add(self, list(self.bufs), running)
-                raise
+                        try:
+                            pool.submit(_work, self.fn, tab, self.n, core, self._state, ticket, self.state)
+                        except RuntimeError:  # a pool shut down (the interpreter's exit): this thread claims the rest
+                            break
+                finally:
+                    # (a Ctrl-C delivered to another thread of the process surfaces here at Python's next check,
+                    # possibly inside `submit` after its work was queued: this thread still claims what is left,
+                    # closes the run and waits for its workers, so no chunk runs after the call is gone)
+                    self.fn(tab, self.n, 0, self._state, ticket)
 
     def free(self) -> None:
         pass
