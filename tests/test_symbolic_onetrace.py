@@ -161,12 +161,100 @@ def test_programs_outside_the_rule_keep_the_probes(source, why):
     assert path.startswith("probes") and why in path
 
 
-def test_a_class_of_multiples_of_32_keeps_the_probes(monkeypatch):
-    prog = tgc.loads("x: f32[N]\nreturn x * 2.0")
-    counts = _counted(monkeypatch)
-    prog.compile_symbolic("CPU", size_class=(("N", "32n"),))
-    (path,) = prog.symbolic_paths.values()
-    assert path.startswith("probes") and counts["trace"] >= 2
+@pytest.mark.parametrize("name, runs", [
+    ("elementwise.tg", [{"N": 32}, {"N": 96}, {"N": 320}]),
+    ("softmax.tg", [{"N": 32, "D": 32}, {"N": 64, "D": 96}, {"N": 320, "D": 32}, {"N": 7, "D": 64}]),
+    ("layernorm.tg", [{"N": 32, "D": 64}, {"N": 96, "D": 32}, {"N": 1, "D": 320}, {"N": 64, "D": 45}]),
+    # packed panels of N // 32 (exact in the class: `Nd32` in the probe path's names and shapes)
+    ("matmul.tg", [{"M": 32, "K": 32, "N": 32}, {"M": 96, "K": 64, "N": 160}, {"M": 7, "K": 32, "N": 64},
+                   {"M": 1, "K": 96, "N": 32}, {"M": 320, "K": 288, "N": 352}]),
+    ("batched_matmul.tg", [{"B": 32, "M": 32, "K": 32, "N": 32}, {"B": 3, "M": 64, "K": 96, "N": 32}]),
+])
+def test_a_class_of_multiples_of_32_traces_once_as_the_probes(name, runs, monkeypatch):
+    """A `32n` class (every dim a multiple of 32, or some of them) traces once: the probe path's plan (the same
+    AST nodes, names, sources, fast variants, buffers, signature and trusted size), and numpy's results at its
+    smallest members (32), odd multiples, mixed with n and 1 dims, and large."""
+    prog = tgc.load(KERNELS / name)
+    probed = tgc.load(KERNELS / name)
+    probed.one_trace = False
+    classes = [tuple((n, "32n") for n in prog.dim_names)]
+    if len(prog.dim_names) > 1:
+        classes.append(((prog.dim_names[0], "n"),) + tuple((n, "32n") for n in prog.dim_names[1:]))
+    for cls in classes:
+        counts = _counted(monkeypatch)
+        plan = prog.compile_symbolic("CPU", size_class=cls)
+        assert prog.symbolic_paths[("CPU", cls)] == "one trace" and counts == {"trace": 1, "schedule": 1}, cls
+        other = probed.compile_symbolic("CPU", size_class=cls)
+        assert probed.symbolic_paths[("CPU", cls)].startswith("probes")
+        _same_plan(plan, other)
+        assert plan.bound == other.bound and plan.derived.keys() == other.derived.keys()
+    for dims in runs:
+        inputs = random_inputs(prog, dims, seed=4)
+        got = prog.run(device="CPU", symbolic=True, **inputs)
+        _check(prog, got, dims, inputs)
+        if min(dims.values()) >= 32:
+            assert prog.last_run == "symbolic", (dims, prog.last_run)
+
+
+@pytest.mark.parametrize("src, numpy_fn, shapes, path", [
+    # an exact floor division standing alone in a size: `N / 2` as the probe path writes it
+    ("x: f32[N]\nreturn x[N // 2 - 1 : N // 2 + 1] * 2.0", lambda x: x[len(x) // 2 - 1: len(x) // 2 + 1] * 2,
+     [(32,), (96,), (640,)], "one trace"),
+    ("x: f32[N]\nreturn x[: N // 32] * 2.0", lambda x: x[: len(x) // 32] * 2, [(32,), (96,), (640,)], "one trace"),
+    ("x: f32[N, M]\nreturn avg_pool2d(reshape(x, (1, 1, N, M)), 2)", None, [(32, 64), (96, 32), (64, 160)],
+     "one trace"),
+    # by a number that is no divisor of 32 (a remainder): the probes, with no plan; the heads' `C // 4` meets
+    # the simplifier's `(C//4) % C`, a remainder the class does not answer: the probes, with their plan
+    ("x: f32[N]\nreturn x[: N // 3] * 2.0", lambda x: x[: len(x) // 3] * 2, [(32,), (96,), (64,)], "probes"),
+    ("x: f32[T, C]\nreturn reshape(x, (T, 4, C // 4)).sum(axis=2)", lambda x: x.reshape(x.shape[0], 4, -1).sum(axis=2),
+     [(5, 64), (32, 32), (3, 320)], "probes"),
+])
+def test_floor_divisions_of_a_32n_dim(src, numpy_fn, shapes, path, monkeypatch):
+    """`N // k` of a dim of a `32n` class is exact for k a divisor of 32 (`a * N / k`): alone in a size it
+    traces once with the probe path's kernels; in a product of sizes (written otherwise by the probe path), or
+    by another k (a remainder), the probes decide. Right against numpy either way."""
+    prog = tgc.loads(src)
+    probed = tgc.loads(src)
+    probed.one_trace = False
+    cls = tuple((n, "32n") for n in prog.dim_names)
+    plan = prog.compile_symbolic("CPU", size_class=cls) if path == "one trace" else None
+    if plan is not None:
+        _same_plan(plan, probed.compile_symbolic("CPU", size_class=cls))
+    for shape in shapes:
+        x = np.linspace(-1, 1, int(np.prod(shape)), dtype=np.float32).reshape(shape)
+        got = prog.run(device="CPU", symbolic=True, x=x)
+        dims = dict(zip(prog.dim_names, shape))
+        if numpy_fn is None:
+            _check(prog, got, dims, {"x": x})
+        else:
+            np.testing.assert_allclose(np.asarray(got["out0"]), numpy_fn(x), rtol=1e-5, atol=1e-6, err_msg=src)
+    assert prog.symbolic_paths[("CPU", cls)].startswith(path), prog.symbolic_paths
+
+
+@pytest.mark.parametrize("expr, numpy_expr, symbolic", [
+    # N % 32 is 0 at every size of the class: answered exactly (a dim of class n answers "not 0")
+    ("x * 2.0 if N % 32 == 0 else x * 3.0", lambda x: x * (2 if len(x) % 32 == 0 else 3), True),
+    ("x[: N - N % 32 + 1] * 2.0", lambda x: x[: len(x) - len(x) % 32 + 1] * 2, True),
+    # N % 64 is 32 at both probes (odd multiples of 32), 0 at N = 64: a remainder, no symbolic form
+    ("x * 2.0 if N % 64 == 0 else x * 3.0", lambda x: x * (2 if len(x) % 64 == 0 else 3), False),
+    ("x * 2.0 if N % 64 else x * 3.0", lambda x: x * (2 if len(x) % 64 else 3), False),
+])
+def test_remainders_in_a_class_of_multiples_of_32(expr, numpy_expr, symbolic):
+    for one_trace in (True, False):
+        prog = tgc.loads(f"x: f32[N]\nreturn {expr}")
+        prog.one_trace = one_trace
+        for n in (32, 64, 96, 128):
+            x = np.linspace(-1, 1, n, dtype=np.float32)
+            got = np.asarray(prog.run(device="CPU", symbolic=True, x=x)["out0"])
+            want = np.asarray(numpy_expr(x), dtype=np.float32)
+            assert got.shape == want.shape, (expr, one_trace, n)
+            np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=f"{expr} N={n} one_trace={one_trace}")
+            if symbolic:
+                assert prog.last_run == "symbolic", (expr, n, prog.last_run)
+            else:
+                assert prog.last_run.startswith("specialized") and "remainder of a dim" in prog.last_run
+        if one_trace and symbolic:
+            assert prog.symbolic_paths[("CPU", (("N", "32n"),))] == "one trace"
 
 
 @pytest.mark.parametrize("source", [

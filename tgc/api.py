@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import sys
 import time
@@ -60,7 +61,10 @@ from tgc.errors import BindError, CompileError, TgcError
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.symsize import (
     NotTraceable,
+    SymFloat,
     SymSize,
+    atom_parts,
+    base_dim,
     checked_at,
     decided_across,
     decided_by_remainder,
@@ -668,8 +672,10 @@ class Program:
         with a `32n` dim, a size decision the class does not answer (`NotTraceable`: a floor division of a dim,
         a loop over a dim, an order between unrelated dims, ...), or a size that lost its dims."""
         symbolic = [n for n, c in cls if c in sizes.SYMBOLIC]
-        if not symbolic or any(c != "n" for n, c in cls if c in sizes.SYMBOLIC):
-            return "one trace serves classes of dims n, 0 and 1 only"
+        if not symbolic:
+            return "one trace serves classes with a dim of n or 32n"
+        units = {n for n, c in cls if c == "32n"}  # (their variables start at 32, as the probe path writes them)
+        lows = {n: sizes.UNIT for n in units}
         rep = {n: sizes.REPRESENTATIVE[c] if c in sizes.SYMBOLIC else int(c) for n, c in cls}
         p1, p2 = sizes.probes(cls)  # traced at the first; each size decision must come out the same at both
         tagged = {n: SymSize.dim(n, v) if n in symbolic else v for n, v in p1.items()}
@@ -683,7 +689,7 @@ class Program:
                 # the fused attention's schedule at the representative size, where the heuristic picks the fast
                 # variant's opts, is not this one's (the probe path sees it by scheduling there)
                 return "a fused attention kernel is scheduled by its sizes"
-            asts = [sizes.symbolize_tagged(i.ast, bound) for i in items]
+            asts = [sizes.symbolize_tagged(i.ast, bound, lows) for i in items]
             for a in asts:
                 if isinstance(a, str):
                     return a
@@ -692,6 +698,8 @@ class Program:
             slots, kslots, oslots = sizes.slots_of(items, outs, p1, ())
             signature = sizes.graph_signature(outs, p1, ())
             in_shapes = [(b.dtype, b.arg[1], tuple(sizes.factor(s, p1, ()) for s in b.arg[2])) for b in bufs]
+            if units and isinstance(signature := _unit_atoms(items, slots, in_shapes, signature, units), str):
+                return signature
             # the kernels' buffers at the traced sizes, as the probe path holds them (lowering sizes them)
             concrete: dict[UOp, UOp] = {}
             for i in items:
@@ -1642,6 +1650,50 @@ def _fast_attention(item: ScheduleItem, dev: Any, rep: dict[str, int], name: str
         return build_symbolic_kernel(item, dev, rep, name, opts=base)
     except (OptError, CompileError):
         return None
+
+
+def _unit_atoms(items: list[ScheduleItem], slots: list, in_shapes: list, signature: tuple, units: set[str]
+                ) -> tuple | str:
+    """For a one trace of a class with `32n` dims: why it is refused, or the graph signature, with it and the
+    buffers' shapes written as the probe path writes them. A floor division of a 32n dim by one of 32's
+    divisors (`N // 32`, `C // 4`) is exact there (`a * N / k`), and the trace holds it as an atom `(a*N+0)//k`:
+    where it stands alone in a size (`(a*N+0)//k + offset`, a and k coprime) its kernel expression `(D_N * a)
+    // k` is the probe path's, and its size is the probe path's `(a, (N,), offset, k)`. A product with it (`K *
+    (N // 32)`), another divisor (`N // 3`: a remainder, no plan on the probe path either) or a remainder in it
+    is refused."""
+    def unit_atom(n: str) -> bool:
+        return "/" in n and base_dim(n) in units
+
+    def plain(m: tuple) -> bool:  # the exact atom alone, as the probe path writes it
+        parts = atom_parts(m[1][0]) if len(m[1]) == 1 else None
+        return m[0] == 1 and m[3] == 1 and parts is not None and parts[2] == 0 and sizes.UNIT % parts[3] == 0 \
+            and math.gcd(parts[0], parts[3]) == 1
+
+    def norm(m: tuple) -> tuple:
+        if not any(unit_atom(n) for n in m[1]):
+            return m
+        if not plain(m):
+            raise NotTraceable("a floor division of a 32n dim in a product, by a number that does not divide 32, "
+                               "or with a remainder (the probe path writes it otherwise)")
+        a, dim, _, k = atom_parts(m[1][0])  # type: ignore[misc]
+        return (a, (dim,), m[2], k)
+
+    def norm_value(v: Any) -> Any:  # a signature's arg (`sizes.symbolize_value`: ("#", mono) for a size)
+        if isinstance(v, tuple) and len(v) == 2 and v[0] in ("#", "#f", "#r") and isinstance(v[1], tuple):
+            return (v[0], norm(v[1]))
+        return tuple(norm_value(x) for x in v) if isinstance(v, tuple) else v
+
+    try:
+        for i in items:
+            for u in i.ast.toposort():
+                if u.op is Ops.CONST and isinstance(u.arg, (SymSize, SymFloat)):
+                    norm(u.arg.mono)
+        for slot in slots:
+            slot.shape = tuple(norm(m) for m in slot.shape)
+        in_shapes[:] = [(d, name, tuple(norm(m) for m in ms)) for d, name, ms in in_shapes]
+        return tuple(row[:2] + (norm_value(row[2]),) + row[3:] if row[0] != "outs" else row for row in signature)
+    except NotTraceable as e:
+        return str(e)
 
 
 def _at_trace_sizes(node: UOp, memo: dict[UOp, UOp]) -> UOp:

@@ -333,10 +333,31 @@ def _eval(t: Terms | dict, dims: Mapping[str, int]) -> int:
 
 def _make(value: int, t: dict[tuple[str, ...], int]) -> int:
     """A SymSize, or a plain int where no dims are left."""
-    t = {k: c for k, c in t.items() if c}
+    t = _whole_units({k: c for k, c in t.items() if c})
     if not any(k for k in t):
         return t.get((), 0)
     return SymSize(value, tuple(sorted(t.items())))
+
+
+def _whole_units(t: dict[tuple[str, ...], int]) -> dict[tuple[str, ...], int]:
+    """`t` with each exact atom (`_exact_atom`: `(a * N + 0) // k` of a `32n` dim N, k one of UNIT's divisors,
+    which is `a * N / k` at every size of the class) in a term whose coefficient k divides written as its dim:
+    `32 * (N // 32)` is N, so `(N // 32) * 32 % N` is 0 there as at every probe."""
+    if not _POINTS.get() or not any("/" in n for k in t for n in k):
+        return t
+    while True:
+        hit = next(((k, c, n) for k, c in t.items() for n in k if "/" in n and _exact_atom(n)
+                    and c % atom_parts(n)[3] == 0 and atom_parts(n)[2] == 0), None)  # type: ignore[index]
+        if hit is None:
+            return t
+        names, coef, name = hit
+        a, dim, _, k = atom_parts(name)  # type: ignore[misc]
+        rest = list(names)
+        rest.remove(name)
+        key = tuple(sorted(rest + [dim]))
+        del t[names]
+        t[key] = t.get(key, 0) + coef // k * a
+        t = {key2: c for key2, c in t.items() if c}
 
 
 def _sign(value: int, t: dict[tuple[str, ...], int], a: Any, op: str, b: Any) -> int:
@@ -556,8 +577,11 @@ class SymSize(int):
             const = dict(self.terms).get((), 0)
             if all(c % other == 0 for c in lead.values()):
                 return const % other
-            if other % UNIT == 0 and const == 0 and list(lead.values()) == [1] and len(next(iter(lead))) == 1:
-                return NONZERO  # a dim of class n is no multiple of 32 (those are class 32n)
+            if all(c * _unit_of(k) % other == 0 for k, c in lead.items()):
+                return const % other  # (every term a multiple of 32 times its coefficient: a dim of class 32n)
+            if other % UNIT == 0 and const == 0 and list(lead.values()) == [1] and len(next(iter(lead))) == 1 \
+                    and "/" not in next(iter(lead))[0] and not _unit_dim(next(iter(lead))[0]):
+                return NONZERO  # a dim of class n is no multiple of 32 (those are class 32n; an atom may be)
         if isinstance(other, int) and not isinstance(other, bool) and other > 0 and _POINTS.get():
             # a remainder that is not 0 at either probe: the probe path reads it as "does not divide"
             if all(_eval(self.terms, pt) % (_eval(other.terms, pt) if isinstance(other, SymSize) else other)
@@ -735,6 +759,20 @@ def _unit_dim(name: str) -> bool:
     return bool(pts) and all(pt.get(name, 1) % UNIT == 0 for pt in pts)
 
 
+def _unit_of(names: Sequence[str]) -> int:
+    """What a product of these dims is a multiple of at every size of the class: UNIT for each dim of a `32n`
+    class in it (`_unit_dim`), 32a/k for an exact atom of one (`C // 4` at C = 32n: 8), 1 for the others (`N % 32`
+    is 0 at N = 32n, `NM % 64` too where both are)."""
+    out = 1
+    for n in names:
+        if "/" not in n and _unit_dim(n):
+            out *= UNIT
+        elif "/" in n and _exact_atom(n):  # (`a * N / k`: a multiple of 32 * a / k)
+            a, _, _, k = atom_parts(n)  # type: ignore[misc]
+            out *= UNIT * a // k
+    return out
+
+
 def _exact_atom(name: str) -> bool:
     """An atom `(a * N + r) // k` that is `a * N / k` at every size of the class: N of a `32n` class, k one
     of UNIT's divisors (`C // 4` heads at C = 32n)."""
@@ -756,6 +794,18 @@ def _of_units(a: Any, op: str, b: Any) -> bool:
             return False
         return all(c % b == 0 or any(_unit_dim(base_dim(n)) for n in k) for k, c in a.terms)
     return any(isinstance(v, SymSize) for v in (a, b))
+
+
+def unit_name(v: Any) -> str | None:
+    """`Nd32` for `N // 32` of a dim of a `32n` class (exact there: `_exact_atom`), as the probe path names the
+    size `N / 32` in a kernel name (`sizes.symbolic_name`); else None."""
+    if not isinstance(v, SymSize) or len(v.terms) != 1 or v.terms[0][1] != 1 or len(v.terms[0][0]) != 1:
+        return None
+    name = v.terms[0][0][0]
+    parts = atom_parts(name) if "/" in name else None
+    if parts is None or parts[0] != 1 or parts[2] != 0 or parts[3] != UNIT or not _exact_atom(name):
+        return None
+    return f"{parts[1]}d{UNIT}"
 
 
 def _exact(t: dict[tuple[str, ...], int]) -> dict[tuple[str, ...], int]:
@@ -789,4 +839,5 @@ def is_symbolic(v: Any) -> bool:
 
 
 __all__ = ["INDEX_LIMIT", "Mono", "SMALLEST", "NotTraceable", "SymSize", "SymFloat", "checked_at", "decided_from",
-           "decided_across", "decided_by_remainder", "decided_upto", "is_symbolic", "recording", "type_text"]
+           "decided_across", "decided_by_remainder", "decided_upto", "is_symbolic", "recording", "type_text",
+           "unit_name"]
