@@ -1,8 +1,8 @@
 """Dims as front-end size variables (`tgc.ir.symsize.SymSize`): a size class found by ONE trace and one schedule
 (`Program._build_one_trace`) instead of the probes' three, with the same kernels (the same AST nodes, sources,
 fast variants, buffers and graph signature) as the probe path and the same results as numpy at sizes of 1, odd
-and large; programs outside the rule (a loop over a dim, a floor division of a dim, a 32n class) keep the probes
-and say why."""
+and large, in classes n and 32n; programs outside the rule (a loop over a dim, a floor division of a dim in a
+product of sizes of a 32n class, a remainder) keep the probes and say why."""
 
 from __future__ import annotations
 

@@ -668,9 +668,10 @@ class Program:
         """The plan for one size class from ONE trace whose dims are front-end size variables
         (`tgc.ir.symsize.SymSize` at the representative size): shapes, slice bounds and the scheduler's index
         constants carry their products of dims, which become the `D_<dim>` variables; the heuristic's opts are
-        picked on the same kernels at the representative size. Or why not (the probe path then runs): a class
-        with a `32n` dim, a size decision the class does not answer (`NotTraceable`: a floor division of a dim,
-        a loop over a dim, an order between unrelated dims, ...), or a size that lost its dims."""
+        picked on the same kernels at the representative size. Or why not (the probe path then runs): a floor
+        division of a `32n` dim the probe path writes otherwise (`_unit_atoms`), a size decision the class does
+        not answer (`NotTraceable`: a floor division of a dim, a loop over a dim, an order between unrelated
+        dims, ...), or a size that lost its dims."""
         symbolic = [n for n, c in cls if c in sizes.SYMBOLIC]
         if not symbolic:
             return "one trace serves classes with a dim of n or 32n"
