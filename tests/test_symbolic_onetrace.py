@@ -563,6 +563,8 @@ def test_a_quotient_the_same_at_both_probes_bounds_the_plan(expr, numpy_expr, bo
 @pytest.mark.parametrize("expr, numpy_expr, runs", [
     ("x * 2.0 if N % 3 == 0 else x * 3.0", lambda x: x * (2 if len(x) % 3 == 0 else 3), (12, 7)),
     ("x * 2.0 if N % 2 else x * 3.0", lambda x: x * (2 if len(x) % 2 else 3), (12,)),
+    # a remainder of a floor division of a dim (32 at N = 129: 0): was read as "not 0", x * 3
+    ("x * 2.0 if (N // 4) % 32 == 0 else x * 3.0", lambda x: x * (2 if len(x) // 4 % 32 == 0 else 3), (129, 133)),
     ("x[:N // 4 * 4] * 2.0", lambda x: x[:len(x) // 4 * 4] * 2, (8, 33)),
     ("x[:N - N % 4] * 2.0", lambda x: x[:len(x) - len(x) % 4] * 2, (8,)),
     ("x[N // 2 * 2:] * 2.0", lambda x: x[len(x) // 2 * 2:] * 2, (8,)),
