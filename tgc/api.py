@@ -61,7 +61,6 @@ from tgc.errors import BindError, CompileError, TgcError
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.symsize import (
     NotTraceable,
-    SymFloat,
     SymSize,
     atom_parts,
     base_dim,
@@ -669,7 +668,7 @@ class Program:
         (`tgc.ir.symsize.SymSize` at the representative size): shapes, slice bounds and the scheduler's index
         constants carry their products of dims, which become the `D_<dim>` variables; the heuristic's opts are
         picked on the same kernels at the representative size. Or why not (the probe path then runs): a floor
-        division of a `32n` dim the probe path writes otherwise (`_unit_atoms`), a size decision the class does
+        division of a `32n` dim that is not exact (`_unit_mono`), a size decision the class does
         not answer (`NotTraceable`: a floor division of a dim, a loop over a dim, an order between unrelated
         dims, ...), or a size that lost its dims."""
         symbolic = [n for n, c in cls if c in sizes.SYMBOLIC]
@@ -690,7 +689,8 @@ class Program:
                 # the fused attention's schedule at the representative size, where the heuristic picks the fast
                 # variant's opts, is not this one's (the probe path sees it by scheduling there)
                 return "a fused attention kernel is scheduled by its sizes"
-            asts = [sizes.symbolize_tagged(i.ast, bound, lows) for i in items]
+            asts = [sizes.symbolize_tagged(i.ast, bound, lows, (lambda m: _unit_mono(m, units)) if units else None)
+                    for i in items]
             for a in asts:
                 if isinstance(a, str):
                     return a
@@ -699,8 +699,8 @@ class Program:
             slots, kslots, oslots = sizes.slots_of(items, outs, p1, ())
             signature = sizes.graph_signature(outs, p1, ())
             in_shapes = [(b.dtype, b.arg[1], tuple(sizes.factor(s, p1, ()) for s in b.arg[2])) for b in bufs]
-            if units and isinstance(signature := _unit_atoms(items, slots, in_shapes, signature, units), str):
-                return signature
+            if units:
+                signature = _unit_atoms(slots, in_shapes, signature, units)
             # the kernels' buffers at the traced sizes, as the probe path holds them (lowering sizes them)
             concrete: dict[UOp, UOp] = {}
             for i in items:
@@ -1653,48 +1653,40 @@ def _fast_attention(item: ScheduleItem, dev: Any, rep: dict[str, int], name: str
         return None
 
 
-def _unit_atoms(items: list[ScheduleItem], slots: list, in_shapes: list, signature: tuple, units: set[str]
-                ) -> tuple | str:
-    """For a one trace of a class with `32n` dims: why it is refused, or the graph signature, with it and the
-    buffers' shapes written as the probe path writes them. A floor division of a 32n dim by one of 32's
-    divisors (`N // 32`, `C // 4`) is exact there (`a * N / k`), and the trace holds it as an atom `(a*N+0)//k`:
-    where it stands alone in a size (`(a*N+0)//k + offset`, a and k coprime) its kernel expression `(D_N * a)
-    // k` is the probe path's, and its size is the probe path's `(a, (N,), offset, k)`. A product with it (`K *
-    (N // 32)`), another divisor (`N // 3`: a remainder, no plan on the probe path either) or a remainder in it
-    is refused."""
-    def unit_atom(n: str) -> bool:
-        return "/" in n and base_dim(n) in units
+def _unit_mono(m: tuple, units: set[str]) -> tuple:
+    """A size of a class with `32n` dims as the probe path writes it. A floor division of a 32n dim by one of
+    32's divisors is exact there (`a * N / k`; `symsize._exact_atom`), and the trace holds it as an atom
+    `(a*N+0)//k`; a size with such atoms, `coef * atoms * dims + offset`, is `(coef * a.., dims.., offset, k..)`
+    reduced by the common divisor of its coefficient and divisor, as `sizes.factor` reads it from the probes
+    (`4 * (M//32) * (N//32)` is `(1, (M, N), 0, 256)`; an atom's remainder r < k adds nothing there). A floor
+    division of a dim of class n is kept; one of a 32n dim by a number that does not divide 32 is refused."""
+    atoms = [n for n in m[1] if "/" in n and base_dim(n) in units]
+    if not atoms:
+        return m
+    coef, names, div = m[0], [n for n in m[1] if n not in atoms], m[3]
+    for n in atoms:
+        a, dim, r, k = atom_parts(n)  # type: ignore[misc]
+        if sizes.UNIT % k:  # (a remainder 0 <= r < k adds nothing: `(32c + 1) // 2` is 16c)
+            raise NotTraceable(f"a floor division of a 32n dim, {n}, is not exact (by a number that does not "
+                               "divide 32)")
+        coef, div = coef * a, div * k
+        names.append(dim)
+    g = math.gcd(coef, div) or 1
+    return (coef // g, tuple(sorted(names)), m[2], div // g)
 
-    def plain(m: tuple) -> bool:  # the exact atom alone, as the probe path writes it
-        parts = atom_parts(m[1][0]) if len(m[1]) == 1 else None
-        return m[0] == 1 and m[3] == 1 and parts is not None and parts[2] == 0 and sizes.UNIT % parts[3] == 0 \
-            and math.gcd(parts[0], parts[3]) == 1
 
-    def norm(m: tuple) -> tuple:
-        if not any(unit_atom(n) for n in m[1]):
-            return m
-        if not plain(m):
-            raise NotTraceable("a floor division of a 32n dim in a product, by a number that does not divide 32, "
-                               "or with a remainder (the probe path writes it otherwise)")
-        a, dim, _, k = atom_parts(m[1][0])  # type: ignore[misc]
-        return (a, (dim,), m[2], k)
-
+def _unit_atoms(slots: list, in_shapes: list, signature: tuple, units: set[str]) -> tuple:
+    """The buffers' shapes and the graph signature of a one trace of a class with `32n` dims written as the probe
+    path writes them (`_unit_mono`); returns the signature. NotTraceable where a size is not exact."""
     def norm_value(v: Any) -> Any:  # a signature's arg (`sizes.symbolize_value`: ("#", mono) for a size)
         if isinstance(v, tuple) and len(v) == 2 and v[0] in ("#", "#f", "#r") and isinstance(v[1], tuple):
-            return (v[0], norm(v[1]))
+            return (v[0], _unit_mono(v[1], units))
         return tuple(norm_value(x) for x in v) if isinstance(v, tuple) else v
 
-    try:
-        for i in items:
-            for u in i.ast.toposort():
-                if u.op is Ops.CONST and isinstance(u.arg, (SymSize, SymFloat)):
-                    norm(u.arg.mono)
-        for slot in slots:
-            slot.shape = tuple(norm(m) for m in slot.shape)
-        in_shapes[:] = [(d, name, tuple(norm(m) for m in ms)) for d, name, ms in in_shapes]
-        return tuple(row[:2] + (norm_value(row[2]),) + row[3:] if row[0] != "outs" else row for row in signature)
-    except NotTraceable as e:
-        return str(e)
+    for slot in slots:
+        slot.shape = tuple(_unit_mono(m, units) for m in slot.shape)
+    in_shapes[:] = [(d, name, tuple(_unit_mono(m, units) for m in ms)) for d, name, ms in in_shapes]
+    return tuple(row[:2] + (norm_value(row[2]),) + row[3:] if row[0] != "outs" else row for row in signature)
 
 
 def _at_trace_sizes(node: UOp, memo: dict[UOp, UOp]) -> UOp:

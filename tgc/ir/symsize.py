@@ -526,9 +526,32 @@ class SymSize(int):
             if pts and all(_eval(self.terms, pt) // other == value for pt in pts):
                 return _kept_quotient(self, other, value)  # (as `_same_quotient`)
             floor = self._floor_atom(other)
+            if floor is None:
+                floor = self._unit_quotient(other)
             if floor is not None:
                 return floor
         return self._same_quotient(other)
+
+    def _unit_quotient(self, k: int) -> Any:
+        """`self // k` exact in a class of `32n` dims (`_unit_of`: `MN // 256` at M, N = 32m, 32n): each 32n dim
+        written as 32 times its exact atom `(1*N+0)//32`, the coefficients divided by k, and the atoms folded
+        back into their dims where 32 divides (`_whole_units`): `4 * (M//32) * (N//32)`; else None."""
+        if not all((c * _unit_of(names)) % k == 0 for names, c in self.terms):
+            return None
+        t: dict[tuple[str, ...], int] = {}
+        for names, coef in self.terms:
+            out = []
+            for n in names:
+                if "/" not in n and _unit_dim(n):
+                    out.append(atom(1, n, 0, UNIT))
+                    coef *= UNIT
+                else:
+                    out.append(n)
+            key = tuple(sorted(out))
+            if coef % k:
+                return None  # (an atom of an atom: `_unit_of` counted it, the substitution does not reach it)
+            t[key] = t.get(key, 0) + coef // k
+        return _make(self.value // k, t)
 
     def _floor_atom(self, k: int) -> Any:
         """`self // k` for an int k that does not divide every term: the terms k divides, divided, plus an
@@ -803,7 +826,7 @@ def unit_name(v: Any) -> str | None:
         return None
     name = v.terms[0][0][0]
     parts = atom_parts(name) if "/" in name else None
-    if parts is None or parts[0] != 1 or parts[2] != 0 or parts[3] != UNIT or not _exact_atom(name):
+    if parts is None or parts[0] != 1 or parts[3] != UNIT or not _exact_atom(name):
         return None
     return f"{parts[1]}d{UNIT}"
 
