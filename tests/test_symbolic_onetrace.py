@@ -22,6 +22,7 @@ from tgc.ir.symsize import (
     NotTraceable,
     SymFloat,
     SymSize,
+    answering_at,
     checked_at,
     decided_across,
     decided_by_remainder,
@@ -232,6 +233,55 @@ def test_floor_divisions_of_a_32n_dim(src, numpy_fn, shapes, path, monkeypatch):
         else:
             np.testing.assert_allclose(np.asarray(got["out0"]), numpy_fn(x), rtol=1e-5, atol=1e-6, err_msg=src)
     assert prog.symbolic_paths[("CPU", cls)].startswith(path), prog.symbolic_paths
+
+
+ATTENTION_64 = """q: f32[B, T, 64]
+k: f32[B, T, 64]
+v: f32[B, T, 64]
+return softmax(q @ k.transpose(-2, -1) * 0.125, axis=-1) @ v
+"""
+
+
+@pytest.mark.parametrize("source, classes, runs", [
+    # the head dim a dim: the plain lowering (as the probe path's `_symbolic_ast`); at the representative size
+    # (509 > MAX_HEAD_DIM) the scheduler fuses no attention: no fast variants, as the probe path finds there
+    ((KERNELS / "attention.tg").read_text(), [tuple((n, "n") for n in "BHTD"), (("B", "1"),) +
+                                             tuple((n, "n") for n in "HTD")],
+     [{"B": 1, "H": 2, "T": 7, "D": 5}, {"B": 2, "H": 3, "T": 33, "D": 16}]),
+    # a constant head dim: the fused online-softmax kernel and its fast variant (fused at 509 too)
+    (ATTENTION_64, [(("B", "n"), ("T", "n")), (("B", "1"), ("T", "n"))], [{"B": 1, "T": 7}, {"B": 3, "T": 300}]),
+])
+def test_a_fused_attention_traces_once_as_the_probes(source, classes, runs, monkeypatch):
+    """A fused attention traces once: its kernel (fused, or its plain lowering where a head dim is a dim) and
+    its fast variant's opts where the scheduler's fusion rule, answered at the representative size
+    (`symsize.answering_at`), fuses the same attentions there; the probe path's plan, and numpy's results."""
+    prog = tgc.loads(source)
+    probed = tgc.loads(source)
+    probed.one_trace = False
+    for cls in classes:
+        counts = _counted(monkeypatch)
+        plan = prog.compile_symbolic("CPU", size_class=cls)
+        # (ATTENTION_64's index T * T * 64 passes 64 bits at the first bound: scheduled again at a smaller one,
+        # from the same trace; the probe path does so too)
+        assert prog.symbolic_paths[("CPU", cls)] == "one trace" and counts["trace"] == 1, cls
+        assert counts["schedule"] == 1 or (source == ATTENTION_64 and counts["schedule"] == 2), (cls, counts)
+        other = probed.compile_symbolic("CPU", size_class=cls)
+        assert probed.symbolic_paths[("CPU", cls)].startswith("probes")
+        _same_plan(plan, other)
+        assert plan.bound == other.bound and [k is None for k in plan.fast] == [k is None for k in other.fast]
+    for dims in runs:
+        inputs = random_inputs(prog, dims, seed=8)
+        got = prog.run(device="CPU", symbolic=True, **inputs)
+        _check(prog, got, dims, inputs)
+
+
+def test_sizes_answered_at_other_dims():
+    n, d = SymSize.dim("N", 211), SymSize.dim("D", 223)
+    with checked_at(({"N": 211, "D": 223}, {"N": 223, "D": 211})):
+        assert n < 256 and d < 256 and n != d
+        with answering_at({"N": 509, "D": 509}):
+            assert not n < 256 and n > 256 and n == d and n * d == 509 * 509
+        assert n < 256  # (the context reset)
 
 
 @pytest.mark.parametrize("expr, numpy_expr, symbolic", [

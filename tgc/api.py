@@ -44,6 +44,7 @@ from tgc.dsl.frontend import (
 )
 from tgc.dtype import DType
 from tgc.engine import bench, chunk, classbind, executable
+from tgc.engine.attention import find as attention_find
 from tgc.engine.bound import split as bound_split
 from tgc.engine.chunk import Chunking
 from tgc.engine.conform import as_array as _as_array
@@ -62,6 +63,7 @@ from tgc.ir.shapes import prod, shape_of
 from tgc.ir.symsize import (
     NotTraceable,
     SymSize,
+    answering_at,
     atom_parts,
     base_dim,
     checked_at,
@@ -685,12 +687,10 @@ class Program:
                 items = [i for i in create_schedule(outs, dev.caps, split_columns=False) if i.ast.src]
             if (why := decided_by_remainder(decided)) is not None:
                 return why
-            if any("attention" in i.meta or "unfused_ast" in i.meta for i in items):
-                # the fused attention's schedule at the representative size, where the heuristic picks the fast
-                # variant's opts, is not this one's (the probe path sees it by scheduling there)
+            if any("attention" in i.meta for i in items):
                 return "a fused attention kernel is scheduled by its sizes"
-            asts = [sizes.symbolize_tagged(i.ast, bound, lows, (lambda m: _unit_mono(m, units)) if units else None)
-                    for i in items]
+            mono = (lambda m: _unit_mono(m, units)) if units else None
+            asts = [_tagged_ast(i, bound, lows, mono) for i in items]
             for a in asts:
                 if isinstance(a, str):
                     return a
@@ -705,9 +705,20 @@ class Program:
             concrete: dict[UOp, UOp] = {}
             for i in items:
                 i.bufs = [_at_trace_sizes(b, concrete) for b in i.bufs]
-            rep_items = [ScheduleItem(sizes.instantiate_ast(a, rep), i.bufs, "", i.line, i.meta)
-                         for a, i in zip(asts, items)]
-            shapes = [sizes.name_shape(kernel_name(i.ast)) for i in rep_items]
+            # each kernel at the representative size, where the heuristic picks the fast variants' opts (a fused
+            # attention: its plain lowering, `_unfused`), and its name's shape there (`attn_` the fused one's)
+            plains = [a if "unfused_ast" not in i.meta or not isinstance(a, UOp) or not is_fused_attention(a)
+                      else sizes.symbolize_tagged(i.meta["unfused_ast"], bound, lows, mono)
+                      for a, i in zip(asts, items)]
+            rep_items: list[ScheduleItem] | None = [
+                ScheduleItem(sizes.instantiate_ast(a, rep), i.bufs, "", i.line, i.meta) for a, i in zip(plains, items)]
+            shapes = [sizes.name_shape(("attn_" if "unfused_ast" in i.meta else "") + kernel_name(r.ast))
+                      for i, r in zip(items, rep_items or [])]
+            if not _fuses_alike(outs, rep):
+                # the scheduler fuses attentions by their sizes (a head dim of at most 256): where it fuses others
+                # at the representative size, its kernels there are not these, and the probe path, scheduling
+                # there, picks no fast variants
+                rep_items = None
             plan = self._plan_from(dev, cls, bound, templates_only, symbolic, p1, items, asts, slots, kslots,
                                    oslots, signature, in_shapes, None if env_flag("NOOPT") else rep_items, shapes,
                                    named=True)
@@ -1635,6 +1646,25 @@ def _symbolic_ast(item: ScheduleItem, probe: dict[str, int], symbolic: list[str]
     ast = sizes.symbolize_ast(item.ast, probe, symbolic, bound)
     plain = item.meta.get("unfused_ast")
     return ast if plain is None or is_fused_attention(ast) else sizes.symbolize_ast(plain, probe, symbolic, bound)
+
+
+def _fuses_alike(outs: list[UOp], dims: dict[str, int]) -> bool:
+    """Whether the scheduler's rule fuses the same attentions of a graph traced once (`SymSize` dims) at these
+    dims as at the traced sizes (`engine.attention.find`, its size decisions answered there)."""
+    here = attention_find(outs)
+    with answering_at(dims):
+        there = attention_find(outs)
+    return here.keys() == there.keys() and all(here[k].inline == there[k].inline for k in here)
+
+
+def _tagged_ast(item: ScheduleItem, bound: int, lows: dict[str, int], mono: Any) -> UOp | str:
+    """`_symbolic_ast` of a one trace (`sizes.symbolize_tagged`): a fused attention keeps its online-softmax
+    kernel where its head dims are constants; where a head dim is a dim, the plain lowering."""
+    ast = sizes.symbolize_tagged(item.ast, bound, lows, mono)
+    plain = item.meta.get("unfused_ast")
+    if plain is None or isinstance(ast, str) or is_fused_attention(ast):
+        return ast
+    return sizes.symbolize_tagged(plain, bound, lows, mono)
 
 
 def _fast_attention(item: ScheduleItem, dev: Any, rep: dict[str, int], name: str) -> Kernel | None:

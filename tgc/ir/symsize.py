@@ -45,6 +45,9 @@ _POINTS: contextvars.ContextVar[tuple[Mapping[str, int], ...]] = contextvars.Con
 # within `recording`: the front end's decisions (a quotient kept the same is a bound there: `_kept_quotient`)
 _FRONT: contextvars.ContextVar[bool] = contextvars.ContextVar("front", default=False)
 
+# within `answering_at`: the dims at which every size decision is answered instead (nothing checked or recorded)
+_AT: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar("at", default=None)
+
 # the decisions answered within `checked_at`: (the polynomial, its sign at the traced sizes and the probes)
 _DECIDED: contextvars.ContextVar[list[tuple[dict[tuple[str, ...], int], int]] | None] = \
     contextvars.ContextVar("decided", default=None)
@@ -259,6 +262,18 @@ def recording() -> Iterator[list[tuple[dict[tuple[str, ...], int], int]]]:
         _FRONT.reset(token2)
 
 
+@contextlib.contextmanager
+def answering_at(dims: Mapping[str, int]) -> Iterator[None]:
+    """Within: each order or equality of sizes is answered at these dims (nothing checked at the probes,
+    nothing recorded): what a scheduler rule would decide there (which attentions fuse at the representative
+    size), without tracing there."""
+    token = _AT.set(dict(dims))
+    try:
+        yield
+    finally:
+        _AT.reset(token)
+
+
 class NotTraceable(Exception):
     """A size decision the size class does not answer: the program takes the probe path."""
 
@@ -362,6 +377,9 @@ def _whole_units(t: dict[tuple[str, ...], int]) -> dict[tuple[str, ...], int]:
 
 def _sign(value: int, t: dict[tuple[str, ...], int], a: Any, op: str, b: Any) -> int:
     """The sign of a polynomial (value: at the traced sizes), where it is the same at every check point."""
+    if (at := _AT.get()) is not None:
+        v = _eval(t, at)
+        return (v > 0) - (v < 0)
     s = (value > 0) - (value < 0)
     for pt in _POINTS.get():
         v = _eval(t, pt)
@@ -422,6 +440,8 @@ class SymSize(int):
         diff = _terms(self)
         for k, c in _terms(int(other) if not isinstance(other, SymSize) else other).items():
             diff[k] = diff.get(k, 0) - c
+        if (at := _AT.get()) is not None:
+            return _eval(diff, at) == 0
         value = self.value - (other.value if isinstance(other, SymSize) else int(other))
         if value == 0 or any(_eval(diff, pt) == 0 for pt in _POINTS.get()):
             return _refuse(self, "==", other)
@@ -862,5 +882,5 @@ def is_symbolic(v: Any) -> bool:
 
 
 __all__ = ["INDEX_LIMIT", "Mono", "SMALLEST", "NotTraceable", "SymSize", "SymFloat", "checked_at", "decided_from",
-           "decided_across", "decided_by_remainder", "decided_upto", "is_symbolic", "recording", "type_text",
-           "unit_name"]
+           "decided_across", "decided_by_remainder", "decided_upto", "answering_at", "is_symbolic",
+           "recording", "type_text", "unit_name"]
