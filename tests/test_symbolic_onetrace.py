@@ -275,6 +275,24 @@ def test_a_fused_attention_traces_once_as_the_probes(source, classes, runs, monk
         _check(prog, got, dims, inputs)
 
 
+def test_a_matmul_of_no_softmax_makes_no_fusion_decision(monkeypatch):
+    """The scheduler's attention rule compared a matmul's last dim with MAX_HEAD_DIM (256) before it saw no
+    softmax there: mixer_block's token mixing (S = 227 and 257 at the probes) kept the probes. Now the rule
+    reads the softmax first: one trace, the probe path's plan, numpy's results."""
+    model = KERNELS.parent / "bench" / "models" / "mixer_block.tg"
+    prog, probed = tgc.load(model), tgc.load(model)
+    probed.one_trace = False
+    cls = tuple((n, "n") for n in prog.dim_names)
+    counts = _counted(monkeypatch)
+    plan = prog.compile_symbolic("CPU", size_class=cls)
+    assert prog.symbolic_paths[("CPU", cls)] == "one trace" and counts == {"trace": 1, "schedule": 1}
+    _same_plan(plan, probed.compile_symbolic("CPU", size_class=cls))
+    for dims in ({"B": 2, "S": 7, "C": 5, "DS": 3, "DC": 9}, {"B": 3, "S": 300, "C": 4, "DS": 2, "DC": 5}):
+        dims = {n: dims[n] for n in prog.dim_names}
+        inputs = random_inputs(prog, dims, seed=9)
+        _check(prog, prog.run(device="CPU", symbolic=True, **inputs), dims, inputs)
+
+
 def test_sizes_answered_at_other_dims():
     n, d = SymSize.dim("N", 211), SymSize.dim("D", 223)
     with checked_at(({"N": 211, "D": 223}, {"N": 223, "D": 211})):
