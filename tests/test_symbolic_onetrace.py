@@ -235,6 +235,20 @@ def test_floor_divisions_of_a_32n_dim(src, numpy_fn, shapes, path, monkeypatch):
     assert prog.symbolic_paths[("CPU", cls)].startswith(path), prog.symbolic_paths
 
 
+def test_a_clamp_bounds_a_32n_class_as_a_class_n():
+    """`x[:300]` is 300 elements at the 32n probes (6752, 7136): the clamp's decision `N > 300` bounds the plan
+    from below (trusted from 305; below, the source is checked and the sizes run specialized), right at the
+    class's smallest member, at both sides of the clamp and large."""
+    prog = tgc.loads("x: f32[N]\nreturn x[:300] * 2.0")
+    plan = prog.compile_symbolic("CPU", size_class=(("N", "32n"),))
+    assert prog.symbolic_paths[("CPU", (("N", "32n"),))] == "one trace" and plan.trusted_from > 300
+    for n in (32, 288, 320, 640):
+        x = np.linspace(-1, 1, n, dtype=np.float32)
+        got = np.asarray(prog.run(device="CPU", symbolic=True, x=x)["out0"])
+        np.testing.assert_allclose(got, x[:300] * 2, rtol=1e-6, err_msg=f"N={n}")
+        assert (prog.last_run == "symbolic") == (n > 300), (n, prog.last_run)
+
+
 ATTENTION_64 = """q: f32[B, T, 64]
 k: f32[B, T, 64]
 v: f32[B, T, 64]
