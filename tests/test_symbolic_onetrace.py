@@ -1,8 +1,8 @@
 """Dims as front-end size variables (`tgc.ir.symsize.SymSize`): a size class found by ONE trace and one schedule
 (`Program._build_one_trace`) instead of the probes' three, with the same kernels (the same AST nodes, sources,
 fast variants, buffers and graph signature) as the probe path and the same results as numpy at sizes of 1, odd
-and large; programs outside the rule (a loop over a dim, a floor division of a dim, a 32n class) keep the probes
-and say why."""
+and large, in classes n and 32n; programs outside the rule (a loop over a dim, a floor division of a dim in a
+product of sizes of a 32n class, a remainder) keep the probes and say why."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from tgc.ir.symsize import (
     NotTraceable,
     SymFloat,
     SymSize,
+    answering_at,
     checked_at,
     decided_across,
     decided_by_remainder,
@@ -161,12 +162,184 @@ def test_programs_outside_the_rule_keep_the_probes(source, why):
     assert path.startswith("probes") and why in path
 
 
-def test_a_class_of_multiples_of_32_keeps_the_probes(monkeypatch):
-    prog = tgc.loads("x: f32[N]\nreturn x * 2.0")
+@pytest.mark.parametrize("name, runs", [
+    ("elementwise.tg", [{"N": 32}, {"N": 96}, {"N": 320}]),
+    ("softmax.tg", [{"N": 32, "D": 32}, {"N": 64, "D": 96}, {"N": 320, "D": 32}, {"N": 7, "D": 64}]),
+    ("layernorm.tg", [{"N": 32, "D": 64}, {"N": 96, "D": 32}, {"N": 1, "D": 320}, {"N": 64, "D": 45}]),
+    # packed panels of N // 32 (exact in the class: `Nd32` in the probe path's names and shapes)
+    ("matmul.tg", [{"M": 32, "K": 32, "N": 32}, {"M": 96, "K": 64, "N": 160}, {"M": 7, "K": 32, "N": 64},
+                   {"M": 1, "K": 96, "N": 32}, {"M": 320, "K": 288, "N": 352}]),
+    ("batched_matmul.tg", [{"B": 32, "M": 32, "K": 32, "N": 32}, {"B": 3, "M": 64, "K": 96, "N": 32}]),
+    # windows of H // 2 and a slice's (C + 1) // 2: exact, N / 2 and C / 2 as the probe path writes them
+    ("pooling.tg", [{"N": 32, "C": 32, "H": 32, "W": 64}, {"N": 3, "C": 32, "H": 96, "W": 32}]),
+    ("slicing.tg", [{"N": 32, "R": 32, "C": 32}, {"N": 640, "R": 64, "C": 96}]),
+])
+def test_a_class_of_multiples_of_32_traces_once_as_the_probes(name, runs, monkeypatch):
+    """A `32n` class (every dim a multiple of 32, or some of them) traces once: the probe path's plan (the same
+    AST nodes, names, sources, fast variants, buffers, signature and trusted size), and numpy's results at its
+    smallest members (32), odd multiples, mixed with n and 1 dims, and large."""
+    prog = tgc.load(KERNELS / name)
+    probed = tgc.load(KERNELS / name)
+    probed.one_trace = False
+    classes = [tuple((n, "32n") for n in prog.dim_names)]
+    if len(prog.dim_names) > 1 and name not in ("pooling.tg", "slicing.tg"):  # (their five kernels: < 20 s)
+        classes.append(((prog.dim_names[0], "n"),) + tuple((n, "32n") for n in prog.dim_names[1:]))
+    for cls in classes:
+        counts = _counted(monkeypatch)
+        plan = prog.compile_symbolic("CPU", size_class=cls)
+        assert prog.symbolic_paths[("CPU", cls)] == "one trace" and counts == {"trace": 1, "schedule": 1}, cls
+        other = probed.compile_symbolic("CPU", size_class=cls)
+        assert probed.symbolic_paths[("CPU", cls)].startswith("probes")
+        _same_plan(plan, other)
+        assert plan.bound == other.bound and plan.derived.keys() == other.derived.keys()
+    for dims in runs:
+        inputs = random_inputs(prog, dims, seed=4)
+        got = prog.run(device="CPU", symbolic=True, **inputs)
+        _check(prog, got, dims, inputs)
+        if min(dims.values()) >= 32:
+            assert prog.last_run == "symbolic", (dims, prog.last_run)
+
+
+@pytest.mark.parametrize("src, numpy_fn, shapes, path", [
+    # an exact floor division standing alone in a size: `N / 2` as the probe path writes it
+    ("x: f32[N]\nreturn x[N // 2 - 1 : N // 2 + 1] * 2.0", lambda x: x[len(x) // 2 - 1: len(x) // 2 + 1] * 2,
+     [(32,), (96,), (640,)], "one trace"),
+    ("x: f32[N]\nreturn x[: N // 32] * 2.0", lambda x: x[: len(x) // 32] * 2, [(32,), (96,), (640,)], "one trace"),
+    ("x: f32[N, M]\nreturn avg_pool2d(reshape(x, (1, 1, N, M)), 2)", None, [(32, 64), (96, 32), (64, 160)],
+     "one trace"),
+    # by a number that is no divisor of 32 (a remainder): the probes, with no plan; the heads' `C // 4` meets
+    # the simplifier's `(C//4) % C`, a remainder the class does not answer: the probes, with their plan
+    ("x: f32[N]\nreturn x[: N // 3] * 2.0", lambda x: x[: len(x) // 3] * 2, [(32,), (96,), (64,)], "probes"),
+    ("x: f32[T, C]\nreturn reshape(x, (T, 4, C // 4)).sum(axis=2)", lambda x: x.reshape(x.shape[0], 4, -1).sum(axis=2),
+     [(5, 64), (32, 32), (3, 320)], "probes"),
+])
+def test_floor_divisions_of_a_32n_dim(src, numpy_fn, shapes, path, monkeypatch):
+    """`N // k` of a dim of a `32n` class is exact for k a divisor of 32 (`a * N / k`): alone in a size it
+    traces once with the probe path's kernels; in a product of sizes (written otherwise by the probe path), or
+    by another k (a remainder), the probes decide. Right against numpy either way."""
+    prog = tgc.loads(src)
+    probed = tgc.loads(src)
+    probed.one_trace = False
+    cls = tuple((n, "32n") for n in prog.dim_names)
+    plan = prog.compile_symbolic("CPU", size_class=cls) if path == "one trace" else None
+    if plan is not None:
+        _same_plan(plan, probed.compile_symbolic("CPU", size_class=cls))
+    for shape in shapes:
+        x = np.linspace(-1, 1, int(np.prod(shape)), dtype=np.float32).reshape(shape)
+        got = prog.run(device="CPU", symbolic=True, x=x)
+        dims = dict(zip(prog.dim_names, shape))
+        if numpy_fn is None:
+            _check(prog, got, dims, {"x": x})
+        else:
+            np.testing.assert_allclose(np.asarray(got["out0"]), numpy_fn(x), rtol=1e-5, atol=1e-6, err_msg=src)
+    assert prog.symbolic_paths[("CPU", cls)].startswith(path), prog.symbolic_paths
+
+
+def test_a_clamp_bounds_a_32n_class_as_a_class_n():
+    """`x[:300]` is 300 elements at the 32n probes (6752, 7136): the clamp's decision `N > 300` bounds the plan
+    from below (trusted from 305; below, the source is checked and the sizes run specialized), right at the
+    class's smallest member, at both sides of the clamp and large."""
+    prog = tgc.loads("x: f32[N]\nreturn x[:300] * 2.0")
+    plan = prog.compile_symbolic("CPU", size_class=(("N", "32n"),))
+    assert prog.symbolic_paths[("CPU", (("N", "32n"),))] == "one trace" and plan.trusted_from > 300
+    for n in (32, 288, 320, 640):
+        x = np.linspace(-1, 1, n, dtype=np.float32)
+        got = np.asarray(prog.run(device="CPU", symbolic=True, x=x)["out0"])
+        np.testing.assert_allclose(got, x[:300] * 2, rtol=1e-6, err_msg=f"N={n}")
+        assert (prog.last_run == "symbolic") == (n > 300), (n, prog.last_run)
+
+
+ATTENTION_64 = """q: f32[B, T, 64]
+k: f32[B, T, 64]
+v: f32[B, T, 64]
+return softmax(q @ k.transpose(-2, -1) * 0.125, axis=-1) @ v
+"""
+
+
+@pytest.mark.parametrize("source, classes, runs", [
+    # the head dim a dim: the plain lowering (as the probe path's `_symbolic_ast`); at the representative size
+    # (509 > MAX_HEAD_DIM) the scheduler fuses no attention: no fast variants, as the probe path finds there
+    ((KERNELS / "attention.tg").read_text(), [tuple((n, "n") for n in "BHTD"), (("B", "1"),) +
+                                             tuple((n, "n") for n in "HTD")],
+     [{"B": 1, "H": 2, "T": 7, "D": 5}, {"B": 2, "H": 3, "T": 33, "D": 16}]),
+    # a constant head dim: the fused online-softmax kernel and its fast variant (fused at 509 too)
+    (ATTENTION_64, [(("B", "n"), ("T", "n")), (("B", "1"), ("T", "n"))], [{"B": 1, "T": 7}, {"B": 3, "T": 300}]),
+])
+def test_a_fused_attention_traces_once_as_the_probes(source, classes, runs, monkeypatch):
+    """A fused attention traces once: its kernel (fused, or its plain lowering where a head dim is a dim) and
+    its fast variant's opts where the scheduler's fusion rule, answered at the representative size
+    (`symsize.answering_at`), fuses the same attentions there; the probe path's plan, and numpy's results."""
+    prog = tgc.loads(source)
+    probed = tgc.loads(source)
+    probed.one_trace = False
+    for cls in classes:
+        counts = _counted(monkeypatch)
+        plan = prog.compile_symbolic("CPU", size_class=cls)
+        # (ATTENTION_64's index T * T * 64 passes 64 bits at the first bound: scheduled again at a smaller one,
+        # from the same trace; the probe path does so too)
+        assert prog.symbolic_paths[("CPU", cls)] == "one trace" and counts["trace"] == 1, cls
+        assert counts["schedule"] == 1 or (source == ATTENTION_64 and counts["schedule"] == 2), (cls, counts)
+        other = probed.compile_symbolic("CPU", size_class=cls)
+        assert probed.symbolic_paths[("CPU", cls)].startswith("probes")
+        _same_plan(plan, other)
+        assert plan.bound == other.bound and [k is None for k in plan.fast] == [k is None for k in other.fast]
+    for dims in runs:
+        inputs = random_inputs(prog, dims, seed=8)
+        got = prog.run(device="CPU", symbolic=True, **inputs)
+        _check(prog, got, dims, inputs)
+
+
+def test_a_matmul_of_no_softmax_makes_no_fusion_decision(monkeypatch):
+    """The scheduler's attention rule compared a matmul's last dim with MAX_HEAD_DIM (256) before it saw no
+    softmax there: mixer_block's token mixing (S = 227 and 257 at the probes) kept the probes. Now the rule
+    reads the softmax first: one trace, the probe path's plan, numpy's results."""
+    model = KERNELS.parent / "bench" / "models" / "mixer_block.tg"
+    prog, probed = tgc.load(model), tgc.load(model)
+    probed.one_trace = False
+    cls = tuple((n, "n") for n in prog.dim_names)
     counts = _counted(monkeypatch)
-    prog.compile_symbolic("CPU", size_class=(("N", "32n"),))
-    (path,) = prog.symbolic_paths.values()
-    assert path.startswith("probes") and counts["trace"] >= 2
+    plan = prog.compile_symbolic("CPU", size_class=cls)
+    assert prog.symbolic_paths[("CPU", cls)] == "one trace" and counts == {"trace": 1, "schedule": 1}
+    _same_plan(plan, probed.compile_symbolic("CPU", size_class=cls))
+    for dims in ({"B": 2, "S": 7, "C": 5, "DS": 3, "DC": 9}, {"B": 3, "S": 300, "C": 4, "DS": 2, "DC": 5}):
+        dims = {n: dims[n] for n in prog.dim_names}
+        inputs = random_inputs(prog, dims, seed=9)
+        _check(prog, prog.run(device="CPU", symbolic=True, **inputs), dims, inputs)
+
+
+def test_sizes_answered_at_other_dims():
+    n, d = SymSize.dim("N", 211), SymSize.dim("D", 223)
+    with checked_at(({"N": 211, "D": 223}, {"N": 223, "D": 211})):
+        assert n < 256 and d < 256 and n != d
+        with answering_at({"N": 509, "D": 509}):
+            assert not n < 256 and n > 256 and n == d and n * d == 509 * 509
+        assert n < 256  # (the context reset)
+
+
+@pytest.mark.parametrize("expr, numpy_expr, symbolic", [
+    # N % 32 is 0 at every size of the class: answered exactly (a dim of class n answers "not 0")
+    ("x * 2.0 if N % 32 == 0 else x * 3.0", lambda x: x * (2 if len(x) % 32 == 0 else 3), True),
+    ("x[: N - N % 32 + 1] * 2.0", lambda x: x[: len(x) - len(x) % 32 + 1] * 2, True),
+    # N % 64 is 32 at both probes (odd multiples of 32), 0 at N = 64: a remainder, no symbolic form
+    ("x * 2.0 if N % 64 == 0 else x * 3.0", lambda x: x * (2 if len(x) % 64 == 0 else 3), False),
+    ("x * 2.0 if N % 64 else x * 3.0", lambda x: x * (2 if len(x) % 64 else 3), False),
+])
+def test_remainders_in_a_class_of_multiples_of_32(expr, numpy_expr, symbolic):
+    for one_trace in (True, False):
+        prog = tgc.loads(f"x: f32[N]\nreturn {expr}")
+        prog.one_trace = one_trace
+        for n in (32, 64, 96, 128):
+            x = np.linspace(-1, 1, n, dtype=np.float32)
+            got = np.asarray(prog.run(device="CPU", symbolic=True, x=x)["out0"])
+            want = np.asarray(numpy_expr(x), dtype=np.float32)
+            assert got.shape == want.shape, (expr, one_trace, n)
+            np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=f"{expr} N={n} one_trace={one_trace}")
+            if symbolic:
+                assert prog.last_run == "symbolic", (expr, n, prog.last_run)
+            else:
+                assert prog.last_run.startswith("specialized") and "remainder of a dim" in prog.last_run
+        if one_trace and symbolic:
+            assert prog.symbolic_paths[("CPU", (("N", "32n"),))] == "one trace"
 
 
 @pytest.mark.parametrize("source", [
@@ -475,6 +648,8 @@ def test_a_quotient_the_same_at_both_probes_bounds_the_plan(expr, numpy_expr, bo
 @pytest.mark.parametrize("expr, numpy_expr, runs", [
     ("x * 2.0 if N % 3 == 0 else x * 3.0", lambda x: x * (2 if len(x) % 3 == 0 else 3), (12, 7)),
     ("x * 2.0 if N % 2 else x * 3.0", lambda x: x * (2 if len(x) % 2 else 3), (12,)),
+    # a remainder of a floor division of a dim (32 at N = 129: 0): was read as "not 0", x * 3
+    ("x * 2.0 if (N // 4) % 32 == 0 else x * 3.0", lambda x: x * (2 if len(x) // 4 % 32 == 0 else 3), (129, 133)),
     ("x[:N // 4 * 4] * 2.0", lambda x: x[:len(x) // 4 * 4] * 2, (8, 33)),
     ("x[:N - N % 4] * 2.0", lambda x: x[:len(x) - len(x) % 4] * 2, (8,)),
     ("x[N // 2 * 2:] * 2.0", lambda x: x[len(x) // 2 * 2:] * 2, (8,)),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import sys
 import time
@@ -43,6 +44,7 @@ from tgc.dsl.frontend import (
 )
 from tgc.dtype import DType
 from tgc.engine import bench, chunk, classbind, executable
+from tgc.engine.attention import find as attention_find
 from tgc.engine.bound import split as bound_split
 from tgc.engine.chunk import Chunking
 from tgc.engine.conform import as_array as _as_array
@@ -61,6 +63,9 @@ from tgc.ir.shapes import prod, shape_of
 from tgc.ir.symsize import (
     NotTraceable,
     SymSize,
+    answering_at,
+    atom_parts,
+    base_dim,
     checked_at,
     decided_across,
     decided_by_remainder,
@@ -665,12 +670,15 @@ class Program:
         """The plan for one size class from ONE trace whose dims are front-end size variables
         (`tgc.ir.symsize.SymSize` at the representative size): shapes, slice bounds and the scheduler's index
         constants carry their products of dims, which become the `D_<dim>` variables; the heuristic's opts are
-        picked on the same kernels at the representative size. Or why not (the probe path then runs): a class
-        with a `32n` dim, a size decision the class does not answer (`NotTraceable`: a floor division of a dim,
-        a loop over a dim, an order between unrelated dims, ...), or a size that lost its dims."""
+        picked on the same kernels at the representative size. Or why not (the probe path then runs): a floor
+        division of a `32n` dim that is not exact (`_unit_mono`), a size decision the class does
+        not answer (`NotTraceable`: a floor division of a dim, a loop over a dim, an order between unrelated
+        dims, ...), or a size that lost its dims."""
         symbolic = [n for n, c in cls if c in sizes.SYMBOLIC]
-        if not symbolic or any(c != "n" for n, c in cls if c in sizes.SYMBOLIC):
-            return "one trace serves classes of dims n, 0 and 1 only"
+        if not symbolic:
+            return "one trace serves classes with a dim of n or 32n"
+        units = {n for n, c in cls if c == "32n"}  # (their variables start at 32, as the probe path writes them)
+        lows = {n: sizes.UNIT for n in units}
         rep = {n: sizes.REPRESENTATIVE[c] if c in sizes.SYMBOLIC else int(c) for n, c in cls}
         p1, p2 = sizes.probes(cls)  # traced at the first; each size decision must come out the same at both
         tagged = {n: SymSize.dim(n, v) if n in symbolic else v for n, v in p1.items()}
@@ -680,11 +688,10 @@ class Program:
                 items = [i for i in create_schedule(outs, dev.caps, split_columns=False) if i.ast.src]
             if (why := decided_by_remainder(decided)) is not None:
                 return why
-            if any("attention" in i.meta or "unfused_ast" in i.meta for i in items):
-                # the fused attention's schedule at the representative size, where the heuristic picks the fast
-                # variant's opts, is not this one's (the probe path sees it by scheduling there)
+            if any("attention" in i.meta for i in items):
                 return "a fused attention kernel is scheduled by its sizes"
-            asts = [sizes.symbolize_tagged(i.ast, bound) for i in items]
+            mono = (lambda m: _unit_mono(m, units)) if units else None
+            asts = [_tagged_ast(i, bound, lows, mono) for i in items]
             for a in asts:
                 if isinstance(a, str):
                     return a
@@ -693,13 +700,26 @@ class Program:
             slots, kslots, oslots = sizes.slots_of(items, outs, p1, ())
             signature = sizes.graph_signature(outs, p1, ())
             in_shapes = [(b.dtype, b.arg[1], tuple(sizes.factor(s, p1, ()) for s in b.arg[2])) for b in bufs]
+            if units:
+                signature = _unit_atoms(slots, in_shapes, signature, units)
             # the kernels' buffers at the traced sizes, as the probe path holds them (lowering sizes them)
             concrete: dict[UOp, UOp] = {}
             for i in items:
                 i.bufs = [_at_trace_sizes(b, concrete) for b in i.bufs]
-            rep_items = [ScheduleItem(sizes.instantiate_ast(a, rep), i.bufs, "", i.line, i.meta)
-                         for a, i in zip(asts, items)]
-            shapes = [sizes.name_shape(kernel_name(i.ast)) for i in rep_items]
+            # each kernel at the representative size, where the heuristic picks the fast variants' opts (a fused
+            # attention: its plain lowering, `_unfused`), and its name's shape there (`attn_` the fused one's)
+            plains = [a if "unfused_ast" not in i.meta or not isinstance(a, UOp) or not is_fused_attention(a)
+                      else sizes.symbolize_tagged(i.meta["unfused_ast"], bound, lows, mono)
+                      for a, i in zip(asts, items)]
+            rep_items: list[ScheduleItem] | None = [
+                ScheduleItem(sizes.instantiate_ast(a, rep), i.bufs, "", i.line, i.meta) for a, i in zip(plains, items)]
+            shapes = [sizes.name_shape(("attn_" if "unfused_ast" in i.meta else "") + kernel_name(r.ast))
+                      for i, r in zip(items, rep_items or [])]
+            if not _fuses_alike(outs, rep):
+                # the scheduler fuses attentions by their sizes (a head dim of at most 256): where it fuses others
+                # at the representative size, its kernels there are not these, and the probe path, scheduling
+                # there, picks no fast variants
+                rep_items = None
             plan = self._plan_from(dev, cls, bound, templates_only, symbolic, p1, items, asts, slots, kslots,
                                    oslots, signature, in_shapes, None if env_flag("NOOPT") else rep_items, shapes,
                                    named=True)
@@ -1651,6 +1671,25 @@ def _symbolic_ast(item: ScheduleItem, probe: dict[str, int], symbolic: list[str]
     return ast if plain is None or is_fused_attention(ast) else sizes.symbolize_ast(plain, probe, symbolic, bound)
 
 
+def _fuses_alike(outs: list[UOp], dims: dict[str, int]) -> bool:
+    """Whether the scheduler's rule fuses the same attentions of a graph traced once (`SymSize` dims) at these
+    dims as at the traced sizes (`engine.attention.find`, its size decisions answered there)."""
+    here = attention_find(outs)
+    with answering_at(dims):
+        there = attention_find(outs)
+    return here.keys() == there.keys() and all(here[k].inline == there[k].inline for k in here)
+
+
+def _tagged_ast(item: ScheduleItem, bound: int, lows: dict[str, int], mono: Any) -> UOp | str:
+    """`_symbolic_ast` of a one trace (`sizes.symbolize_tagged`): a fused attention keeps its online-softmax
+    kernel where its head dims are constants; where a head dim is a dim, the plain lowering."""
+    ast = sizes.symbolize_tagged(item.ast, bound, lows, mono)
+    plain = item.meta.get("unfused_ast")
+    if plain is None or isinstance(ast, str) or is_fused_attention(ast):
+        return ast
+    return sizes.symbolize_tagged(plain, bound, lows, mono)
+
+
 def _fast_attention(item: ScheduleItem, dev: Any, rep: dict[str, int], name: str) -> Kernel | None:
     """A symbolic fused attention's fast variant: a stored BEAM winner for its class, else the heuristic's form,
     with the CPU's threads over its first loop (launched where the dims give them enough work); None where
@@ -1665,6 +1704,42 @@ def _fast_attention(item: ScheduleItem, dev: Any, rep: dict[str, int], name: str
         return build_symbolic_kernel(item, dev, rep, name, opts=base)
     except (OptError, CompileError):
         return None
+
+
+def _unit_mono(m: tuple, units: set[str]) -> tuple:
+    """A size of a class with `32n` dims as the probe path writes it. A floor division of a 32n dim by one of
+    32's divisors is exact there (`a * N / k`; `symsize._exact_atom`), and the trace holds it as an atom
+    `(a*N+0)//k`; a size with such atoms, `coef * atoms * dims + offset`, is `(coef * a.., dims.., offset, k..)`
+    reduced by the common divisor of its coefficient and divisor, as `sizes.factor` reads it from the probes
+    (`4 * (M//32) * (N//32)` is `(1, (M, N), 0, 256)`; an atom's remainder r < k adds nothing there). A floor
+    division of a dim of class n is kept; one of a 32n dim by a number that does not divide 32 is refused."""
+    atoms = [n for n in m[1] if "/" in n and base_dim(n) in units]
+    if not atoms:
+        return m
+    coef, names, div = m[0], [n for n in m[1] if n not in atoms], m[3]
+    for n in atoms:
+        a, dim, r, k = atom_parts(n)  # type: ignore[misc]
+        if sizes.UNIT % k:  # (a remainder 0 <= r < k adds nothing: `(32c + 1) // 2` is 16c)
+            raise NotTraceable(f"a floor division of a 32n dim, {n}, is not exact (by a number that does not "
+                               "divide 32)")
+        coef, div = coef * a, div * k
+        names.append(dim)
+    g = math.gcd(coef, div) or 1
+    return (coef // g, tuple(sorted(names)), m[2], div // g)
+
+
+def _unit_atoms(slots: list, in_shapes: list, signature: tuple, units: set[str]) -> tuple:
+    """The buffers' shapes and the graph signature of a one trace of a class with `32n` dims written as the probe
+    path writes them (`_unit_mono`); returns the signature. NotTraceable where a size is not exact."""
+    def norm_value(v: Any) -> Any:  # a signature's arg (`sizes.symbolize_value`: ("#", mono) for a size)
+        if isinstance(v, tuple) and len(v) == 2 and v[0] in ("#", "#f", "#r") and isinstance(v[1], tuple):
+            return (v[0], _unit_mono(v[1], units))
+        return tuple(norm_value(x) for x in v) if isinstance(v, tuple) else v
+
+    for slot in slots:
+        slot.shape = tuple(_unit_mono(m, units) for m in slot.shape)
+    in_shapes[:] = [(d, name, tuple(_unit_mono(m, units) for m in ms)) for d, name, ms in in_shapes]
+    return tuple(row[:2] + (norm_value(row[2]),) + row[3:] if row[0] != "outs" else row for row in signature)
 
 
 def _at_trace_sizes(node: UOp, memo: dict[UOp, UOp]) -> UOp:

@@ -20,7 +20,7 @@ size-specialized kernels instead.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -216,11 +216,16 @@ def symbolize_ast(ast: UOp, probe: Mapping[str, int], symbolic: Sequence[str], b
     return substitute(ast, mapping) if mapping else ast
 
 
-def symbolize_tagged(ast: UOp, bound: int) -> UOp | str:
+def symbolize_tagged(ast: UOp, bound: int, lows: Mapping[str, int] | None = None,
+                     mono: Callable[[Mono], Mono] | None = None) -> UOp | str:
     """A kernel AST scheduled from a trace whose dims are `SymSize`s (`tgc.ir.symsize`: traced once), with each
     size constant as its expression of dim variables, written as `symbolize_ast` writes it from the probes;
     or why it has no symbolic form: a size left in another node's arg, or a plain constant that is a product
-    of the representative sizes (a size whose dims were lost, or a literal that looks like one)."""
+    of the representative sizes (a size whose dims were lost, or a literal that looks like one). `lows`: each
+    dim's least size where it is not 2 (a `32n` dim's variable starts at 32, as `symbolize_ast` writes it).
+    `mono`: each size's monomial as the probe path writes it (a `32n` class: `N // 32` is `N / 32`)."""
+    lows = lows or {}
+    mono = mono or (lambda m: m)
     mapping: dict[UOp, UOp] = {}
     for u in ast.toposort():
         if u.op is not Ops.CONST:
@@ -230,10 +235,10 @@ def symbolize_tagged(ast: UOp, bound: int) -> UOp | str:
             continue
         v = u.arg
         if isinstance(v, SymSize):
-            expr = _mono_uop(v.mono, bound, {})
+            expr = _mono_uop(mono(v.mono), bound, lows)
             mapping[u] = expr if u.dtype == INDEX else UOp(Ops.CAST, u.dtype, (expr,))
         elif isinstance(v, SymFloat):
-            expr = UOp(Ops.CAST, u.dtype, (_mono_uop(v.mono, bound, {}),))
+            expr = UOp(Ops.CAST, u.dtype, (_mono_uop(mono(v.mono), bound, lows),))
             mapping[u] = expr if v.kind == "size" else UOp(Ops.FDIV, u.dtype, (UOp.const(u.dtype, 1.0), expr))
     return substitute(ast, mapping) if mapping else ast
 

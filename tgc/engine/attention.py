@@ -254,10 +254,8 @@ def match(p: UOp) -> Match | None:
         return None
     if not all(isinstance(n, int) for n in pshape + wshape):  # symbolic sizes: not fused (yet)
         return None
-    if pshape[-1] > MAX_HEAD_DIM or wshape[-1] < 1:
-        return None
-    scores = softmax_scores(w)
-    if scores is None:
+    scores = softmax_scores(w)  # (first: a matmul of no softmax makes no size decision, `tgc.ir.symsize`)
+    if scores is None or pshape[-1] > MAX_HEAD_DIM or wshape[-1] < 1:
         return None
     inline: set[UOp] = set()
     operands: list[UOp] = [vb]

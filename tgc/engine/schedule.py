@@ -35,7 +35,7 @@ from tgc.errors import TgcError
 from tgc.ir.kernel import INDEX, ScheduleItem, flat_index, identity
 from tgc.ir.shapes import prod, shape_of, strides_for
 from tgc.ir.symbolic import simplify
-from tgc.ir.symsize import SymSize
+from tgc.ir.symsize import SymSize, unit_name
 from tgc.ir.uop import ALU, Ops, RangeKind, UOp, postorder, rebuild, substitute
 from tgc.ir.walk import drive
 
@@ -512,6 +512,8 @@ def _size_in_name(size: object) -> str:
     sum of terms (`N-2`) is no part of a name (kernel names are identifiers in every dialect and in a package's
     manifest), so it shows the size it was traced at, as the probe path's names do. A product of dims with a
     name longer than one letter, which a message writes `HID*SEQ`, is `HIDSEQ` in a name, as before."""
+    if (unit := unit_name(size)) is not None:
+        return unit  # (`N // 32` of a 32n dim: the probe path's `Nd32`)
     text = str(size).replace("*", "") if isinstance(size, SymSize) else str(size)
     return text if text.isalnum() or not isinstance(size, SymSize) else str(size.value)
 

@@ -45,6 +45,9 @@ _POINTS: contextvars.ContextVar[tuple[Mapping[str, int], ...]] = contextvars.Con
 # within `recording`: the front end's decisions (a quotient kept the same is a bound there: `_kept_quotient`)
 _FRONT: contextvars.ContextVar[bool] = contextvars.ContextVar("front", default=False)
 
+# within `answering_at`: the dims at which every size decision is answered instead (nothing checked or recorded)
+_AT: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar("at", default=None)
+
 # the decisions answered within `checked_at`: (the polynomial, its sign at the traced sizes and the probes)
 _DECIDED: contextvars.ContextVar[list[tuple[dict[tuple[str, ...], int], int]] | None] = \
     contextvars.ContextVar("decided", default=None)
@@ -268,6 +271,18 @@ def recording() -> Iterator[list[tuple[dict[tuple[str, ...], int], int]]]:
         _FRONT.reset(token2)
 
 
+@contextlib.contextmanager
+def answering_at(dims: Mapping[str, int]) -> Iterator[None]:
+    """Within: each order or equality of sizes is answered at these dims (nothing checked at the probes,
+    nothing recorded): what a scheduler rule would decide there (which attentions fuse at the representative
+    size), without tracing there."""
+    token = _AT.set(dict(dims))
+    try:
+        yield
+    finally:
+        _AT.reset(token)
+
+
 class NotTraceable(Exception):
     """A size decision the size class does not answer: the program takes the probe path."""
 
@@ -383,14 +398,38 @@ def _eval(t: Terms | dict, dims: Mapping[str, int]) -> int:
 
 def _make(value: int, t: dict[tuple[str, ...], int]) -> int:
     """A SymSize, or a plain int where no dims are left."""
-    t = {k: c for k, c in t.items() if c}
+    t = _whole_units({k: c for k, c in t.items() if c})
     if not any(k for k in t):
         return t.get((), 0)
     return SymSize(value, tuple(sorted(t.items())))
 
 
+def _whole_units(t: dict[tuple[str, ...], int]) -> dict[tuple[str, ...], int]:
+    """`t` with each exact atom (`_exact_atom`: `(a * N + 0) // k` of a `32n` dim N, k one of UNIT's divisors,
+    which is `a * N / k` at every size of the class) in a term whose coefficient k divides written as its dim:
+    `32 * (N // 32)` is N, so `(N // 32) * 32 % N` is 0 there as at every probe."""
+    if not _POINTS.get() or not any("/" in n for k in t for n in k):
+        return t
+    while True:
+        hit = next(((k, c, n) for k, c in t.items() for n in k if "/" in n and _exact_atom(n)
+                    and c % atom_parts(n)[3] == 0 and atom_parts(n)[2] == 0), None)  # type: ignore[index]
+        if hit is None:
+            return t
+        names, coef, name = hit
+        a, dim, _, k = atom_parts(name)  # type: ignore[misc]
+        rest = list(names)
+        rest.remove(name)
+        key = tuple(sorted(rest + [dim]))
+        del t[names]
+        t[key] = t.get(key, 0) + coef // k * a
+        t = {key2: c for key2, c in t.items() if c}
+
+
 def _sign(value: int, t: dict[tuple[str, ...], int], a: Any, op: str, b: Any) -> int:
     """The sign of a polynomial (value: at the traced sizes), where it is the same at every check point."""
+    if (at := _AT.get()) is not None:
+        v = _eval(t, at)
+        return (v > 0) - (v < 0)
     s = (value > 0) - (value < 0)
     for pt in _POINTS.get():
         v = _eval(t, pt)
@@ -451,6 +490,8 @@ class SymSize(int):
         diff = _terms(self)
         for k, c in _terms(int(other) if not isinstance(other, SymSize) else other).items():
             diff[k] = diff.get(k, 0) - c
+        if (at := _AT.get()) is not None:
+            return _eval(diff, at) == 0
         value = self.value - (other.value if isinstance(other, SymSize) else int(other))
         if value == 0 or any(_eval(diff, pt) == 0 for pt in _POINTS.get()):
             return _refuse(self, "==", other)
@@ -555,9 +596,32 @@ class SymSize(int):
             if pts and all(_eval(self.terms, pt) // other == value for pt in pts):
                 return _kept_quotient(self, other, value)  # (as `_same_quotient`)
             floor = self._floor_atom(other)
+            if floor is None:
+                floor = self._unit_quotient(other)
             if floor is not None:
                 return floor
         return self._same_quotient(other)
+
+    def _unit_quotient(self, k: int) -> Any:
+        """`self // k` exact in a class of `32n` dims (`_unit_of`: `MN // 256` at M, N = 32m, 32n): each 32n dim
+        written as 32 times its exact atom `(1*N+0)//32`, the coefficients divided by k, and the atoms folded
+        back into their dims where 32 divides (`_whole_units`): `4 * (M//32) * (N//32)`; else None."""
+        if not all((c * _unit_of(names)) % k == 0 for names, c in self.terms):
+            return None
+        t: dict[tuple[str, ...], int] = {}
+        for names, coef in self.terms:
+            out = []
+            for n in names:
+                if "/" not in n and _unit_dim(n):
+                    out.append(atom(1, n, 0, UNIT))
+                    coef *= UNIT
+                else:
+                    out.append(n)
+            key = tuple(sorted(out))
+            if coef % k:
+                return None  # (an atom of an atom: `_unit_of` counted it, the substitution does not reach it)
+            t[key] = t.get(key, 0) + coef // k
+        return _make(self.value // k, t)
 
     def _floor_atom(self, k: int) -> Any:
         """`self // k` for an int k that does not divide every term: the terms k divides, divided, plus an
@@ -609,8 +673,11 @@ class SymSize(int):
             const = dict(self.terms).get((), 0)
             if all(c % other == 0 for c in lead.values()):
                 return const % other
-            if other % UNIT == 0 and const == 0 and list(lead.values()) == [1] and len(next(iter(lead))) == 1:
-                return NONZERO  # a dim of class n is no multiple of 32 (those are class 32n)
+            if all(c * _unit_of(k) % other == 0 for k, c in lead.items()):
+                return const % other  # (every term a multiple of 32 times its coefficient: a dim of class 32n)
+            if other % UNIT == 0 and const == 0 and list(lead.values()) == [1] and len(next(iter(lead))) == 1 \
+                    and "/" not in next(iter(lead))[0] and not _unit_dim(next(iter(lead))[0]):
+                return NONZERO  # a dim of class n is no multiple of 32 (those are class 32n; an atom may be)
         if isinstance(other, int) and not isinstance(other, bool) and other > 0 and _POINTS.get():
             # a remainder that is not 0 at either probe: the probe path reads it as "does not divide"
             if all(_eval(self.terms, pt) % (_eval(other.terms, pt) if isinstance(other, SymSize) else other)
@@ -815,6 +882,20 @@ def _unit_dim(name: str) -> bool:
     return bool(pts) and all(pt.get(name, 1) % UNIT == 0 for pt in pts)
 
 
+def _unit_of(names: Sequence[str]) -> int:
+    """What a product of these dims is a multiple of at every size of the class: UNIT for each dim of a `32n`
+    class in it (`_unit_dim`), 32a/k for an exact atom of one (`C // 4` at C = 32n: 8), 1 for the others (`N % 32`
+    is 0 at N = 32n, `NM % 64` too where both are)."""
+    out = 1
+    for n in names:
+        if "/" not in n and _unit_dim(n):
+            out *= UNIT
+        elif "/" in n and _exact_atom(n):  # (`a * N / k`: a multiple of 32 * a / k)
+            a, _, _, k = atom_parts(n)  # type: ignore[misc]
+            out *= UNIT * a // k
+    return out
+
+
 def _exact_atom(name: str) -> bool:
     """An atom `(a * N + r) // k` that is `a * N / k` at every size of the class: N of a `32n` class, k one
     of UNIT's divisors (`C // 4` heads at C = 32n)."""
@@ -836,6 +917,18 @@ def _of_units(a: Any, op: str, b: Any) -> bool:
             return False
         return all(c % b == 0 or any(_unit_dim(base_dim(n)) for n in k) for k, c in a.terms)
     return any(isinstance(v, SymSize) for v in (a, b))
+
+
+def unit_name(v: Any) -> str | None:
+    """`Nd32` for `N // 32` of a dim of a `32n` class (exact there: `_exact_atom`), as the probe path names the
+    size `N / 32` in a kernel name (`sizes.symbolic_name`); else None."""
+    if not isinstance(v, SymSize) or len(v.terms) != 1 or v.terms[0][1] != 1 or len(v.terms[0][0]) != 1:
+        return None
+    name = v.terms[0][0][0]
+    parts = atom_parts(name) if "/" in name else None
+    if parts is None or parts[0] != 1 or parts[3] != UNIT or not _exact_atom(name):
+        return None
+    return f"{parts[1]}d{UNIT}"
 
 
 def _exact(t: dict[tuple[str, ...], int]) -> dict[tuple[str, ...], int]:
@@ -869,4 +962,5 @@ def is_symbolic(v: Any) -> bool:
 
 
 __all__ = ["INDEX_LIMIT", "Mono", "SMALLEST", "NotTraceable", "SymSize", "SymFloat", "checked_at", "decided_from",
-           "decided_across", "decided_by_remainder", "decided_upto", "is_symbolic", "recording", "type_text"]
+           "decided_across", "decided_by_remainder", "decided_upto", "answering_at", "is_symbolic",
+           "recording", "type_text", "unit_name"]
