@@ -841,3 +841,29 @@ def test_a_remainder_below_its_divisor_is_answered_and_another_refused_with_its_
     assert "(N+1) % N" in path, path
     with pytest.raises(NotTraceable, match=r"the remainder \(N\+1\) % N is used as a number"):
         _Nonzero("(N+1) % N") + 1
+
+
+@pytest.mark.parametrize("expr", ["x[:, : N // 32]", "x[:, N // 32 :]", "x[:, -(N // 32):]", "x[:, : N - 200]",
+                                  "x[:, N // 32 :: 3]", "x[:32][: N // 8 + 1]"])
+def test_a_fixed_axis_sliced_by_sizes_of_the_dims_keeps_them(expr):
+    """`x[:, :N // 32]` of an f32[N, 64]: the slice's bounds are sizes of the dims on an axis of fixed size.
+    `slice.indices` read them as the traced numbers, so one length was baked into the plan (class n and 32n:
+    the full 64 columns at N = 320, 11 columns of `: N - 200` at every N)."""
+    prog = tgc.loads(f"x: f32[N, 64]\nreturn {expr} * 2.0")
+    for n in (64, 96, 203, 250, 320, 1024, 2048):
+        inputs = {"x": np.random.default_rng(n).random((n, 64), dtype=np.float32)}
+        _check(prog, prog.run(device="CPU", symbolic=True, **inputs), {"N": n}, inputs)
+
+
+@pytest.mark.parametrize("expr", ["x[:: N // 32 + 1]", "x[N // 32 :: N // 32 + 1]"])
+def test_a_step_that_depends_on_the_dims_gets_no_plan(expr):
+    """A step of `N // 32 + 1` makes the length `(N - 1) // (N // 32 + 1) + 1`: 32 at both probes of the 32n
+    class, 22 at N = 64. The one trace refuses it, and the probe path (which accepted the class on its two
+    probes) is not tried: the class runs size-specialized kernels."""
+    prog = tgc.loads(f"x: f32[N]\nreturn {expr} * 2.0")
+    for n in (64, 96, 320, 1024, 7, 250):
+        inputs = {"x": np.random.default_rng(n).random(n, dtype=np.float32)}
+        _check(prog, prog.run(device="CPU", symbolic=True, **inputs), {"N": n}, inputs)
+    # (in class n the probes' quotient is one number, 6, that bounds the plan: a constant step there)
+    assert prog.symbolic_paths[("CPU", (("N", "32n"),))].startswith(
+        "none: a slice with a step that depends on the dims"), prog.symbolic_paths

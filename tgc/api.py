@@ -61,6 +61,7 @@ from tgc.env import debug_level, env_flag, env_int
 from tgc.errors import BindError, CompileError, TgcError
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.symsize import (
+    NotProbeable,
     NotTraceable,
     SymSize,
     answering_at,
@@ -558,6 +559,9 @@ class Program:
             return "kernels with symbolic sizes are not built for REMOTE devices: a server checks each launch " \
                    "against the sizes its kernel was compiled for"
         once = self._build_one_trace(dev, cls, bound, templates_only) if self.one_trace else "one trace is off"
+        if isinstance(once, _NotProbeable):  # (no plan: the probes would accept what they cannot check)
+            self.symbolic_paths[(dev.name, cls)] = f"none: {once}"
+            return f"{once}, which the sizes tried for the class cannot check"
         self.symbolic_paths[(dev.name, cls)] = "one trace" if not isinstance(once, str) else f"probes: {once}"
         if not isinstance(once, str):
             return once
@@ -724,6 +728,8 @@ class Program:
                                    oslots, signature, in_shapes, None if env_flag("NOOPT") else rep_items, shapes,
                                    named=True)
             return self._bounded_by_decisions(plan, self._trace_decisions[tuple(sorted(tagged.items()))])
+        except NotProbeable as e:
+            return _NotProbeable(str(e))
         except NotTraceable as e:
             return str(e)
         except TgcError as e:
@@ -1432,6 +1438,11 @@ def _no_check() -> dict[str, Any]:
     """The program check's result (`Program._check_in_program`) before anything is timed or decided."""
     return {"default_s": None, "tuned_s": None, "final_s": None, "ratio": None, "final_ratio": None, "kept": [],
             "dropped": [], "rounds": 0, "retimed": False, "skipped": None}
+
+
+class _NotProbeable(str):
+    """Why the one trace refused a class, where the probe path cannot check the size at fault either
+    (`symsize.NotProbeable`): the class gets no plan."""
 
 
 TRACED_ONCE = "traced once: "  # (a reason's head: the one trace failed with this error of the program, in dims)

@@ -13,7 +13,7 @@ from tgc.dsl import indexing, library, nnlib
 from tgc.dsl import tensor as T
 from tgc.dsl.tensor import DslError, Tensor, _pair, broadcast_shapes
 from tgc.dtype import DType, dtypes
-from tgc.ir.symsize import NotTraceable, SymSize, type_text
+from tgc.ir.symsize import NotProbeable, NotTraceable, SymSize, type_text
 
 
 def _tensor(x: Any, what: str = "argument") -> Tensor:
@@ -279,10 +279,14 @@ def _slice_indices(it: slice, size: int) -> tuple[int, int, int]:
     """`slice.indices(size)`; for a size of the dims (`SymSize`, traced once) the same clamps written with its
     comparisons (which the size class answers; `slice.indices` would read the raw number). A step other than
     1 and -1 clamps as they do; its length is a floor division of the size (`_slice_length`)."""
-    if not isinstance(size, SymSize):
+    if not any(isinstance(v, SymSize) for v in (size, it.start, it.stop, it.step)):
         return it.indices(size)
+    # (a fixed axis sliced by sizes of the dims, `x[:, :N // 32]` of an f32[N, 64]: the same clamps, so that the
+    # class answers them; `slice.indices` would read the sizes' raw numbers and bake one length in)
     step = 1 if it.step is None else it.step
-    if not isinstance(step, int) or isinstance(step, (bool, SymSize)) or step == 0:
+    if isinstance(step, SymSize):
+        raise NotProbeable("a slice with a step that depends on the dims")
+    if not isinstance(step, int) or isinstance(step, bool) or step == 0:
         raise NotTraceable("a slice with a step that is not a constant")
     low, high = (0, size) if step > 0 else (-1, size - 1)  # as `slice.indices` clamps for the step's sign
 
@@ -325,7 +329,8 @@ def getitem(x: Tensor, index: Any) -> Tensor:
             steps.append(1)
         else:
             start, stop, step = _slice_indices(it, size)
-            n = len(range(start, stop, step)) if not isinstance(size, SymSize) else _slice_length(start, stop, step)
+            symbolic = any(isinstance(v, SymSize) for v in (size, start, stop))
+            n = _slice_length(start, stop, step) if symbolic else len(range(start, stop, step))
             # (the stride takes every step-th element of the range from its start: the range's length is n
             # after it; ending the range at its stop, not after its last element, keeps a size's stop a size,
             # where `start + (n - 1) * step + 1` would ask whether a floor division divides)

@@ -287,6 +287,12 @@ class NotTraceable(Exception):
     """A size decision the size class does not answer: the program takes the probe path."""
 
 
+class NotProbeable(NotTraceable):
+    """A size the probe path cannot check either (a slice's step that depends on the dims: its length,
+    `(N - 1) // (N // 32 + 1) + 1`, can be the same at both probes and differ below them): the class runs
+    size-specialized kernels."""
+
+
 def _terms_text(t: Terms) -> str:
     parts: list[str] = []
     for names, coef in sorted(t, key=lambda nc: (-len(nc[0]), nc[0])):  # the highest degree first
@@ -961,6 +967,7 @@ def is_symbolic(v: Any) -> bool:
     return isinstance(v, (SymSize, SymFloat))
 
 
-__all__ = ["INDEX_LIMIT", "Mono", "SMALLEST", "NotTraceable", "SymSize", "SymFloat", "checked_at", "decided_from",
+__all__ = ["INDEX_LIMIT", "Mono", "SMALLEST", "NotProbeable", "NotTraceable", "SymSize", "SymFloat", "checked_at",
+           "decided_from",
            "decided_across", "decided_by_remainder", "decided_upto", "answering_at", "is_symbolic",
            "recording", "type_text", "unit_name"]
