@@ -183,15 +183,18 @@ class CPUProgram(Program):
             for core in range(threads):
                 fn(*ptrs, *vals, core)
         else:
+            from concurrent.futures import Future
+
             pool = self.device.pool(threads)
-            futures: list[Any] = []
+            # each chunk's future is made before its hand-off, so every chunk that may run is known when a
+            # Ctrl-C arrives: held back while the threads are handed their work, it can still surface inside
+            # `submit` after the work was queued where the SIGINT went to another thread of the process (a
+            # future returned by `submit` would then be lost, and the buffers freed under its thread)
+            futures: list[Any] = [Future() for _ in range(threads)]
             try:
-                # Ctrl-C is held back while the threads are handed their work, so that it arrives while waiting
-                # below, when every running thread's future is known (a future lost between submit() and
-                # append() would let the buffers be freed under its thread)
                 with _sigint_deferred():
-                    for core in range(threads):
-                        futures.append(pool.submit(fn, *ptrs, *vals, core))
+                    for core, f in enumerate(futures):
+                        pool.submit(_chunk, fn, ptrs, vals, core, f)
                 for f in futures:
                     f.result()
             except BaseException:  # Ctrl-C while waiting: the threads run on; keep what they use alive
@@ -202,6 +205,19 @@ class CPUProgram(Program):
                     ABANDONED.add(self, list(bufs), running)
                 raise
         return time.perf_counter() - st if wait else None
+
+
+def _chunk(fn: Any, ptrs: list[int], vals: tuple, core: int, future: Any) -> None:
+    """One chunk of a threaded launch on a pool thread, its outcome set on `future` (made by the launcher); a
+    chunk whose future was cancelled before it started (an interrupted launch) does not run."""
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        fn(*ptrs, *vals, core)
+    except BaseException as e:  # noqa: BLE001 - handed to the launcher through its future
+        future.set_exception(e)
+    else:
+        future.set_result(None)
 
 
 class CPUDevice(Device):
