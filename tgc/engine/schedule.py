@@ -794,15 +794,14 @@ def _splittable_columns(r: UOp) -> bool:
 
 
 SPLIT_COLUMNS = 32  # a matmul's output columns that are no multiple of this are split into a part that is ...
-SPLIT_ROWS = 8  # ... (its rows: the register tile's 8) ...
 SPLIT_REDUCE = 8  # ... (its reduction: a vector's worth of steps, where it has at most ...
 SPLIT_REDUCE_MAX_OUTPUTS = 4096  # ... this many outputs: a reduction-bound matmul, its steps shared by threads) ...
 SPLIT_MIN_PRODUCTS = 1 << 22  # ... and the rest, for a matmul of at least this many multiply-adds
 REST_COLUMNS = 16  # the rest is computed as this many columns (or twice), the last ones of the matmul
-REST_ROWS = 8  # the rest of the rows is computed as the last this many rows of the matmul ...
-SPLIT_ROWS_MIN = 256  # ... where it has at least this many rows: the rest part reads the whole right-hand side
-# again for its 8 rows, small next to the main part's work only over many rows (77 rows: the rest took 40% of
-# the main part's time). Fewer odd rows stay whole: the CPU's register tile pads them (heuristic `padded_rows`)
+# Odd rows are not split: the CPU's register tile pads them to whole tiles (heuristic `padded_rows`, at most 7 rows
+# wasted of 64 or more) and a GPU's grid rounds them up. The row split it replaced (rows 0..m - m % 8 and the last
+# 8, joined) cost a second pass over the packed operand for 8 rows plus a join over the whole output
+# (1365x512x512, one thread: 4.6 ms split, 4.3 ms padded; 1365x1000x197: 5.1 ms, 3.8 ms).
 
 
 def _matmul_part(r: UOp, rows: tuple[int, int] | None = None, steps: tuple[int, int] | None = None,
@@ -882,15 +881,14 @@ def split_odd_matmul(r: UOp, serves: dict[UOp, UOp], top: UOp | None = None) -> 
       k at full speed and the rest's extra pass over the outputs is pure cost (a third of a 1365x1000x197
       matmul's time on the CPU);
     - odd output columns n (no multiple of SPLIT_COLUMNS, more than that): the columns 0..n - n % 32 and the
-      rest computed as the last 16 or 32 columns (a vector's worth, overlapping the main part's last ones);
-    - odd output rows m (no multiple of SPLIT_ROWS, at least SPLIT_ROWS_MIN): the rows 0..m - m % 8 and the
-      last 8 rows (overlapping).
-    Columns and rows are joined by pads and an add in the consumer (`_join`). Each part goes through the same
-    rules (a part of odd columns with odd rows is split by its rows)."""
+      rest computed as the last 16 or 32 columns (a vector's worth, overlapping the main part's last ones),
+      joined by pads and an add (`_join`, which `tgc.engine.placement` writes in place).
+    Odd rows are never split (the kernel's padding takes them: see above REST_COLUMNS). Each part goes through
+    the same rules (the reduction's main part with odd columns is split by its columns)."""
     if not _splittable(r):
         return r
     top = top if top is not None else r
-    m, k, n = shape_of(r.src[0])[-3:]
+    _, k, n = shape_of(r.src[0])[-3:]
     nd = len(shape_of(r))
     if k > SPLIT_REDUCE and k % SPLIT_REDUCE and prod(shape_of(r)) <= SPLIT_REDUCE_MAX_OUTPUTS:
         main = k - k % SPLIT_REDUCE
@@ -902,8 +900,6 @@ def split_odd_matmul(r: UOp, serves: dict[UOp, UOp], top: UOp | None = None) -> 
     if n > SPLIT_COLUMNS and n % SPLIT_COLUMNS:
         wide = -(-(n % SPLIT_COLUMNS) // REST_COLUMNS) * REST_COLUMNS  # a multiple of 16 (a vector)
         return _split_in_two(r, serves, top, "columns", nd - 1, n, n - n % SPLIT_COLUMNS, wide)
-    if m >= SPLIT_ROWS_MIN and m > SPLIT_ROWS and m % SPLIT_ROWS:
-        return _split_in_two(r, serves, top, "rows", nd - 3, m, m - m % SPLIT_ROWS, REST_ROWS)
     return r
 
 
