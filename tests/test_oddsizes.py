@@ -197,8 +197,21 @@ def test_odd_parts_store_into_the_output(device, kind, src, dims, monkeypatch):
 def test_large_odd_matmul_has_no_join_pass():
     """1365 x 1000 x 197 on the CPU, as the output and under an epilogue: the main part (992 columns, all 1365 rows:
     the kernel pads the rows) stores into the output, the rest's last 8 columns are copied in; no kernel reads the
-    parts back to join them (the row split did: a pass over the whole output, a quarter of the time)."""
+    parts back to join them (the row split did: a pass over the whole output, a quarter of the time). The main
+    part's 197 x 992 operand (under PACK_MIN_ELEMENTS) is packed: its rows (1000 floats apart) start off cache
+    lines."""
     for _, src in PROGRAMS:
         prog = tgc.loads(src)
         items = prog.schedule({"M": 1365, "N": 1000, "K": 197}, device="CPU")
-        assert [i.name for i in items] == ["r_1365_992_197", "r_1365_16_197", "E_1365_8"]
+        assert [i.name for i in items] == ["E_31_197_32", "r_1365_992_197", "r_1365_16_197", "E_1365_8"]
+        # the same operand on line-aligned rows (992 columns) is read in place
+        assert [i.name for i in prog.schedule({"M": 1365, "N": 992, "K": 197}, device="CPU")] == ["r_1365_992_197"]
+        # few rows: the copy would not pay (`packrule.PACK_IN_PLACE_MAX_ROWS`)
+        assert [i.name for i in prog.schedule({"M": 200, "N": 1000, "K": 197}, device="CPU")][0] == "r_200_992_197"
+
+
+def test_rows_on_lines():
+    from tgc.engine.packrule import CacheGeometry, rows_on_lines
+    cache = CacheGeometry(size=1 << 20, ways=16, line=64)
+    assert rows_on_lines(992, 4, cache) and rows_on_lines(32, 2, cache)
+    assert not rows_on_lines(1000, 4, cache) and not rows_on_lines(196, 4, cache)
