@@ -208,6 +208,11 @@ def test_large_odd_matmul_has_no_join_pass():
         assert [i.name for i in prog.schedule({"M": 1365, "N": 992, "K": 197}, device="CPU")] == ["r_1365_992_197"]
         # few rows: the copy would not pay (`packrule.PACK_IN_PLACE_MAX_ROWS`)
         assert [i.name for i in prog.schedule({"M": 200, "N": 1000, "K": 197}, device="CPU")][0] == "r_200_992_197"
+    prog = tgc.loads(PROGRAMS[1][1])  # the values, with the packed copy and the padded rows
+    dims = {"M": 1365, "N": 1000, "K": 197}
+    inputs = random_inputs(prog, dims, seed=12)
+    a, b = inputs["a"].astype(np.float64), inputs["b"].astype(np.float64)
+    _check(prog.run(device="CPU", **inputs)["out0"], np.maximum(a @ b + inputs["bias"], 0))
 
 
 def test_rows_on_lines():
