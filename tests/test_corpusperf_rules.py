@@ -32,15 +32,7 @@ def rules(src: str, dims: dict, index: int = -1) -> tuple[list[str], list[str]]:
     return names, [str(o) for o in k.applied]
 
 
-@pytest.fixture
-def no_row_split(monkeypatch):
-    # the scheduler splits large odd-row matmuls into a multiple of 8 and a rest (`split_odd_matmul`); off,
-    # the kernel keeps its odd rows whole, as a fused attention's projection does
-    from tgc.engine import schedule
-    monkeypatch.setattr(schedule, "SPLIT_ROWS", 1)
-
-
-def test_odd_rows_are_padded_to_whole_tiles(no_row_split):
+def test_odd_rows_are_padded_to_whole_tiles():
     names, opts = rules(MATMUL, {"M": 197, "K": 384, "N": 384})
     assert names == ["vector_axis", "more_columns", "padded_rows"]
     assert opts == ["UPCAST(1, 16)", "UPCAST(1, 2)", "PADTO(0, 8)", "UPCAST(0, 8)"]
@@ -56,12 +48,12 @@ def test_odd_rows_under_panels_are_padded_too(rows):
 
 
 @pytest.mark.parametrize("rows", [7, 9, 12])
-def test_rows_are_not_padded_where_the_padding_wastes_too_much_or_a_divisor_fits(rows, no_row_split):
+def test_rows_are_not_padded_where_the_padding_wastes_too_much_or_a_divisor_fits(rows):
     names, _ = rules(MATMUL, {"M": rows, "K": 64, "N": 64})
     assert "padded_rows" not in names  # 7 -> 8 and 9 -> 16 waste more than 1/8; 12 takes rows of 4
 
 
-def test_padded_rows_compute_the_matmul(no_row_split):
+def test_padded_rows_compute_the_matmul():
     rng = np.random.default_rng(0)
     src = "a: f32[M, K]\nb: f32[K, N]\nc: f32[N]\nreturn relu(a @ b + c)"
     k = kernels(src, {"M": 37, "K": 24, "N": 64})[-1]
@@ -177,7 +169,7 @@ def test_a_residual_added_after_the_matmul_keeps_the_panels():
 
 
 @pytest.mark.parametrize("rows", [196, 100])
-def test_rows_with_a_small_divisor_are_padded_to_a_full_tile(rows, no_row_split):
+def test_rows_with_a_small_divisor_are_padded_to_a_full_tile(rows):
     # 196 rows divide by 4 but not 8: four rows x 2 vectors fill half the accumulators; padded to 200 (2% more
     # rows) the tile is 8 x 2 (measured 8-9% faster: 4 x 196 x 2048 x 512, 196 x 512 x 512, 100 x 768 x 768)
     names, opts = rules(MATMUL, {"M": rows, "K": 256, "N": 256})
@@ -185,14 +177,14 @@ def test_rows_with_a_small_divisor_are_padded_to_a_full_tile(rows, no_row_split)
     assert opts == ["UPCAST(1, 16)", "UPCAST(1, 2)", "PADTO(0, 8)", "UPCAST(0, 8)"]
 
 
-def test_a_small_divisor_is_kept_where_padding_wastes_too_much(no_row_split):
+def test_a_small_divisor_is_kept_where_padding_wastes_too_much():
     # 12 rows: padding to 16 adds a third of them; the tile takes the divisor 4
     names, opts = rules(MATMUL, {"M": 12, "K": 256, "N": 256})
     assert names == ["vector_axis", "more_columns", "rows"]
     assert opts == ["UPCAST(1, 16)", "UPCAST(1, 2)", "UPCAST(0, 4)"]
 
 
-def test_rows_padded_to_a_full_tile_compute_the_matmul(no_row_split):
+def test_rows_padded_to_a_full_tile_compute_the_matmul():
     rng = np.random.default_rng(1)
     src = "a: f32[M, K]\nb: f32[K, N]\nc: f32[M, N]\nreturn a @ b + c"
     k = kernels(src, {"M": 36, "K": 40, "N": 64})[-1]

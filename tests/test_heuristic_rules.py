@@ -73,12 +73,9 @@ def test_the_panel_threshold_is_one_cores_cache_whatever_the_cores(cores, whole_
 
 
 @pytest.mark.parametrize("rows", [7, 9, 13])
-def test_rows_with_no_divisor_widen_the_columns_instead(rows, monkeypatch):
+def test_rows_with_no_divisor_widen_the_columns_instead(rows):
     # the rule for a kernel of such rows where padding them to a tile wastes too much (`padded_rows` pads
-    # 65, 77, 97 rows: tests/test_corpusperf_rules.py; the scheduler splits large ones into a multiple of 8 and
-    # a rest: `schedule.split_odd_matmul`)
-    from tgc.engine import schedule
-    monkeypatch.setattr(schedule, "SPLIT_ROWS", 1)
+    # 65, 77, 97 rows: tests/test_corpusperf_rules.py; the scheduler never splits odd rows)
     names, opts = run(MATMUL, {"M": rows, "K": 1024, "N": 1024})
     assert names == ["vector_axis", "more_columns", "panels", "narrow_rows"]
     assert opts == ["UPCAST(1, 16)", "UPCAST(1, 2)", "SWAP(0, 1)", "UPCAST(0, 4)", "UNROLL(2, 4)"]

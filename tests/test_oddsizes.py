@@ -36,15 +36,14 @@ def _check(out: np.ndarray, want: np.ndarray) -> None:
 
 
 # (M, N, K) -> the matmul kernels (rows, columns, steps): the reduction's rest is a kernel of its own only
-# where the consumer is that kernel (here the program's output); rows rest = the last 8 rows, columns rest =
-# the last 16 or 32 columns
+# where the consumer is that kernel (here the program's output); columns rest = the last 16 or 32 columns; odd
+# rows are never split (the kernel pads them to whole register tiles)
 DECISIONS = [
-    ({"M": 1365, "N": 64, "K": 64}, [(1360, 64, 64), (8, 64, 64)]),  # odd rows
+    ({"M": 1365, "N": 64, "K": 64}, [(1365, 64, 64)]),  # odd rows: whole
     ({"M": 64, "N": 1000, "K": 128}, [(64, 992, 128), (64, 16, 128)]),  # odd columns
     ({"M": 64, "N": 64, "K": 1365}, [(64, 64, 1360), (64, 64, 5)]),  # odd reduction, few outputs: 1360 + 5
     ({"M": 128, "N": 256, "K": 197}, [(128, 256, 197)]),  # odd reduction, many outputs: whole
-    # the columns' rest (1365 x 16 x 197) is still large enough to split by its rows
-    ({"M": 1365, "N": 1000, "K": 197}, [(1360, 992, 197), (8, 992, 197), (1360, 16, 197), (8, 16, 197)]),
+    ({"M": 1365, "N": 1000, "K": 197}, [(1365, 992, 197), (1365, 16, 197)]),  # columns only
     # 4081 outputs: the reduction, then its main part's columns (32 and the last 32: too small to split again)
     ({"M": 77, "N": 53, "K": 1365}, [(77, 32, 1360), (77, 32, 1360), (77, 53, 5)]),
     ({"M": 64, "N": 64, "K": 1024}, [(64, 64, 1024)]),  # multiples: one kernel
@@ -76,9 +75,9 @@ SMALL = [("odd rows", {"M": 29, "N": 32, "K": 16}), ("odd columns", {"M": 16, "N
 @pytest.mark.parametrize("dims", [d for _, d in SMALL], ids=[n for n, _ in SMALL])
 def test_odd_matmuls_match_numpy(device, dims, monkeypatch):
     monkeypatch.setattr(schedule, "SPLIT_MIN_PRODUCTS", 1)
-    monkeypatch.setattr(schedule, "SPLIT_ROWS_MIN", 1)  # (rows split at any count: the split's values)
     prog = tgc.loads("a: f32[M, K]\nb: f32[K, N]\nbias: f32[N]\nreturn relu(a @ b + bias) * 2\n")
-    assert len(_matmul_shapes(prog, dims, device)) > 1  # split
+    # split by columns (+1 kernel) and by steps (+1), never by rows
+    assert len(_matmul_shapes(prog, dims, device)) == 1 + (dims["N"] % 32 > 0) + (dims["K"] % 8 > 0)
     inputs = random_inputs(prog, dims, seed=3)
     a, b, bias = (inputs[n].astype(np.float64) for n in ("a", "b", "bias"))
     _check(prog.run(device=device, **inputs)["out0"], np.maximum(a @ b + bias, 0) * 2)
@@ -87,17 +86,17 @@ def test_odd_matmuls_match_numpy(device, dims, monkeypatch):
 def test_odd_batched_matmul_matches_numpy(device, monkeypatch):
     """A batch of matmuls with a broadcast left-hand side, odd in all three sizes."""
     monkeypatch.setattr(schedule, "SPLIT_MIN_PRODUCTS", 1)
-    monkeypatch.setattr(schedule, "SPLIT_ROWS_MIN", 1)
     prog = tgc.loads("a: f32[M, K]\nb: f32[B, K, N]\nreturn a @ b\n")
     dims = {"B": 2, "M": 21, "N": 35, "K": 13}
-    assert len(_matmul_shapes(prog, dims, device)) == 5  # (16 + 5 rows) x (32 + 3 columns), the corner unsplit
+    # 8 steps as 32 + the last 16 columns, then the 5 remaining steps summed by the output's own kernel
+    assert _matmul_shapes(prog, dims, device) == [(2, 21, 32, 8), (2, 21, 16, 8), (2, 21, 35, 5)]
     inputs = random_inputs(prog, dims, seed=4)
     _check(prog.run(device=device, **inputs)["out0"], inputs["a"].astype(np.float64) @ inputs["b"])
 
 
 def test_large_odd_matmul_matches_numpy_on_the_cpu():
     """At the real threshold: 77 rows, 197 columns, 1365 steps (each odd) on the CPU's packed, tiled kernels:
-    the columns split; 77 rows (under SPLIT_ROWS_MIN) stay whole, padded to whole tiles in the kernel."""
+    the columns split; 77 rows stay whole, padded to whole tiles in the kernel."""
     prog = tgc.loads(MM)
     dims = {"M": 77, "N": 197, "K": 1365}
     assert _matmul_shapes(prog, dims, "CPU") == [(77, 192, 1365), (77, 16, 1365)]
@@ -160,3 +159,64 @@ def test_split_conv_matches_numpy(device, monkeypatch):
     inputs = random_inputs(prog, dims, seed=9)
     x, w, b = (inputs[n].astype(np.float64) for n in ("x", "w", "b"))
     _check(prog.run(device=device, **inputs)["out0"], np.maximum(_conv_np(x, w) + b.reshape(1, -1, 1, 1), 0))
+
+
+def _stored_elements(item) -> int:
+    """Elements a kernel that runs no reduction stores (the product of its loops), 0 for one that reduces."""
+    ranges = [u for u in item.ast.toposort() if u.op is Ops.RANGE]
+    if any(r.arg[1].name == "REDUCE" for r in ranges):
+        return 0
+    return int(np.prod([r.src[0].arg for r in ranges if r.arg[1].name == "LOOP"], dtype=np.int64))
+
+
+PROGRAMS = [("output", MM), ("consumer", "a: f32[M, K]\nb: f32[K, N]\nbias: f32[N]\nreturn relu(a @ b + bias)\n")]
+
+
+@pytest.mark.parametrize("kind,src", PROGRAMS, ids=[k for k, _ in PROGRAMS])
+@pytest.mark.parametrize("dims", [{"M": 27, "N": 45, "K": 24}, {"M": 29, "N": 45, "K": 19},
+                                  {"M": 21, "N": 77, "K": 197}], ids=lambda d: "x".join(map(str, d.values())))
+def test_odd_parts_store_into_the_output(device, kind, src, dims, monkeypatch):
+    """Odd rows, columns and steps, as the program's output or under an epilogue: the parts write the one output
+    buffer themselves. No kernel passes over the whole output to join them: the only kernel that reduces nothing
+    copies the columns' rest (its last n % 32 columns) into place. (An odd k of few outputs: the last kernel sums
+    the remaining steps while it reads the parts, by design.)"""
+    monkeypatch.setattr(schedule, "SPLIT_MIN_PRODUCTS", 1)
+    prog = tgc.loads(src)
+    m, n = dims["M"], dims["N"]
+    items = prog.schedule(dims, device=device)
+    assert len(_matmul_shapes(prog, dims, device)) >= 2  # split
+    out = next(i.bufs[0] for i in items if not _stored_elements(i))  # the main part's: stored into the output
+    copies = [_stored_elements(i) for i in items if i.bufs[0] is out and _stored_elements(i)]
+    assert all(c <= m * (n % 32) for c in copies), [i.name for i in items]
+    inputs = random_inputs(prog, dims, seed=11)
+    a, b = inputs["a"].astype(np.float64), inputs["b"].astype(np.float64)
+    want = a @ b if kind == "output" else np.maximum(a @ b + inputs["bias"], 0)
+    _check(prog.run(device=device, **inputs)["out0"], want)
+
+
+def test_large_odd_matmul_has_no_join_pass():
+    """1365 x 1000 x 197 on the CPU, as the output and under an epilogue: the main part (992 columns, all 1365 rows:
+    the kernel pads the rows) stores into the output, the rest's last 8 columns are copied in; no kernel reads the
+    parts back to join them (the row split did: a pass over the whole output, a quarter of the time). The main
+    part's 197 x 992 operand (under PACK_MIN_ELEMENTS) is packed: its rows (1000 floats apart) start off cache
+    lines."""
+    for _, src in PROGRAMS:
+        prog = tgc.loads(src)
+        items = prog.schedule({"M": 1365, "N": 1000, "K": 197}, device="CPU")
+        assert [i.name for i in items] == ["E_31_197_32", "r_1365_992_197", "r_1365_16_197", "E_1365_8"]
+        # the same operand on line-aligned rows (992 columns) is read in place
+        assert [i.name for i in prog.schedule({"M": 1365, "N": 992, "K": 197}, device="CPU")] == ["r_1365_992_197"]
+        # few rows: the copy would not pay (`packrule.PACK_IN_PLACE_MAX_ROWS`)
+        assert [i.name for i in prog.schedule({"M": 200, "N": 1000, "K": 197}, device="CPU")][0] == "r_200_992_197"
+    prog = tgc.loads(PROGRAMS[1][1])  # the values, with the packed copy and the padded rows
+    dims = {"M": 1365, "N": 1000, "K": 197}
+    inputs = random_inputs(prog, dims, seed=12)
+    a, b = inputs["a"].astype(np.float64), inputs["b"].astype(np.float64)
+    _check(prog.run(device="CPU", **inputs)["out0"], np.maximum(a @ b + inputs["bias"], 0))
+
+
+def test_rows_on_lines():
+    from tgc.engine.packrule import CacheGeometry, rows_on_lines
+    cache = CacheGeometry(size=1 << 20, ways=16, line=64)
+    assert rows_on_lines(992, 4, cache) and rows_on_lines(32, 2, cache)
+    assert not rows_on_lines(1000, 4, cache) and not rows_on_lines(196, 4, cache)

@@ -16,7 +16,6 @@ from tgc.capabilities import Capabilities
 from tgc.codegen import heuristic
 from tgc.codegen.kernel import prepare_ast
 from tgc.codegen.opt import Opt, OptError, OptKernel
-from tgc.engine import schedule
 
 RUN = """
 import json, sys, numpy as np, tgc
@@ -487,13 +486,6 @@ def test_heuristic_packing_copy_is_vectorized_and_large_matmuls_put_column_panel
         np.testing.assert_allclose(prog.run(a=a, b=b)["out0"], a @ b, rtol=1e-4, atol=1e-3)
 
 
-@pytest.fixture
-def whole_rows(monkeypatch):
-    """Odd row counts compiled as one kernel (the scheduler splits them: `schedule.split_odd_matmul`), so that
-    the heuristic's own choices for such rows are what is tested (it still meets them in small matmuls)."""
-    monkeypatch.setattr(schedule, "SPLIT_ROWS", 1)
-
-
 @pytest.mark.parametrize("m, k, n, tile", [
     # what `make bench`'s matmul 2048^3 runs with default kernels: a 4 x 64 register tile, column panels outermost
     (2048, 2048, 2048, ["UPCAST(1, 16)", "UPCAST(1, 4)", "UPCAST(0, 4)", "SWAP(0, 1)"]),
@@ -505,7 +497,7 @@ def whole_rows(monkeypatch):
     # 4 does not divide m: padded to 2056 rows for the full 8-row tile (not 2 rows, a quarter of the accumulators)
     (2050, 1024, 2048, ["UPCAST(1, 16)", "UPCAST(1, 2)", "PADTO(0, 8)", "UPCAST(0, 8)", "SWAP(0, 1)"]),
 ])
-def test_heuristic_opts_of_large_matmuls(m, k, n, tile, whole_rows, two_mib_l2):
+def test_heuristic_opts_of_large_matmuls(m, k, n, tile, two_mib_l2):
     # the packing copy is a plain copy of b, front to back (each row's panels in turn); the matmul keeps 16
     # accumulators, as 4 rows x 64 columns where its column panels go outermost (the left-hand side then
     # streams once per 64 columns), else 8 x 32
@@ -521,7 +513,7 @@ def test_heuristic_opts_of_large_matmuls(m, k, n, tile, whole_rows, two_mib_l2):
     (5, 258, 4096, ["UPCAST(1, 16)", "UPCAST(1, 2)", "SWAP(0, 1)", "UPCAST(0, 4)"]),  # 4 does not divide k
     (64, 1024, 1024, ["UPCAST(1, 16)", "UPCAST(1, 4)", "UPCAST(0, 4)", "SWAP(0, 1)"]),  # rows take the tile
 ])
-def test_rows_without_a_tile_take_more_columns_and_match_numpy(m, k, n, tile, whole_rows, two_mib_l2, whole_copies):
+def test_rows_without_a_tile_take_more_columns_and_match_numpy(m, k, n, tile, two_mib_l2, whole_copies):
     """Rows with no divisor the row tile takes: padded to whole tiles where that wastes at most 1/8 of them (65,
     77); else (5) one row per step, so 4 times the columns and 4 steps of the reduction instead (BEAM's pick;
     65 x 1024 x 1024 ran 3x slower that way than 64 rows with 2 accumulators)."""
@@ -535,7 +527,7 @@ def test_rows_without_a_tile_take_more_columns_and_match_numpy(m, k, n, tile, wh
 
 
 @pytest.mark.parametrize("m, k, n", [(4, 1024, 1024), (12, 2048, 1024), (2052, 512, 2048)])
-def test_wide_register_tile_matches_numpy(m, k, n, whole_rows):
+def test_wide_register_tile_matches_numpy(m, k, n):
     rng = np.random.default_rng(7)
     a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
     prog = tgc.loads(MATMUL)

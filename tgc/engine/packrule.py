@@ -67,6 +67,12 @@ def private_cache() -> CacheGeometry:
     return CacheGeometry()
 
 
+def rows_on_lines(n: int, itemsize: int, cache: CacheGeometry | None = None) -> bool:
+    """Whether the rows of a row-major operand of `n` columns start on cache lines (row stride a multiple of the
+    line): else every vector load of a row spans two lines."""
+    return (n * itemsize) % (cache or private_cache()).line == 0
+
+
 def panel_fits_in_place(k: int, n: int, itemsize: int, cache: CacheGeometry, panel: int = PACK_PANEL) -> bool:
     """Whether a column panel of a k x n row-major operand (k rows of `panel` values, a row stride apart) is read
     well in place: its rows start on cache lines (else every vector load of a row spans two lines), and its
@@ -92,4 +98,4 @@ def pack_pays(k: int, n: int, itemsize: int, rows: int, cache: CacheGeometry | N
 
 
 __all__ = ["PACK_IN_PLACE_MAX_ROWS", "PACK_PANEL", "CacheGeometry", "pack_pays", "panel_fits_in_place",
-           "private_cache"]
+           "private_cache", "rows_on_lines"]

@@ -644,6 +644,23 @@ def _pack_pays(b: UOp, rows: int) -> bool:
     return packrule.pack_pays(k, n, b.dtype.itemsize, rows)
 
 
+def _in_place_base(b: UOp) -> UOp:
+    """The node `b` reads in place through slices and reshapes that keep its last axis (its row stride is the
+    base's)."""
+    while b.op is Ops.SHRINK or (b.op is Ops.RESHAPE and shape_of(b)[-1:] == shape_of(b.src[0])[-1:]):
+        b = b.src[0]
+    return b
+
+
+def _rows_off_lines(b: UOp) -> bool:
+    """Whether `b` is read in place from a program input whose rows do not start on cache lines (its row stride
+    no multiple of the private cache's line: `packrule.rows_on_lines`)."""
+    base = _in_place_base(b)
+    if base.op is not Ops.BUFFER or len(shape_of(base)) < 2 or not isinstance(shape_of(base)[-1], int):
+        return False
+    return not packrule.rows_on_lines(shape_of(base)[-1], b.dtype.itemsize)
+
+
 def _packed_rhs(node: UOp, whole: bool = False) -> tuple[list[UOp], UOp] | None:
     """(the broadcasts and reshapes above the right-hand side b of matmul `node`, top first; b's packed copy)
     where `pack_matmul_operands` packs it, else None. `whole`: `node` is a part of a matmul whose copy was
@@ -660,8 +677,11 @@ def _packed_rhs(node: UOp, whole: bool = False) -> tuple[list[UOp], UOp] | None:
     else:
         rows = prod(shape_of(node.src[0])[:-2]) // max(1, prod(shape_of(b)[:-2]))  # (batch, row) pairs per operand
         # (a transposed operand is copied whatever its rows: read in place, each column vector is a gather)
-        packed = _packed_columns(b) if b.op is Ops.PERMUTE or (rows >= PACK_MIN_ROWS and _pack_pays(b, rows)) \
-            else None
+        # (an operand whose rows start off cache lines, read by many rows, is packed whatever its size: read in
+        # place, each vector load of a row spans two lines; 1365 x 1000 x 197's 992 columns: 3.85 -> 3.27 ms)
+        floor = 0 if rows >= packrule.PACK_IN_PLACE_MAX_ROWS and _rows_off_lines(b) else PACK_MIN_ELEMENTS
+        packed = _packed_columns(b, min_elements=floor) if b.op is Ops.PERMUTE or \
+            (rows >= PACK_MIN_ROWS and _pack_pays(b, rows)) else None
     return None if packed is None else (chain, packed)
 
 
@@ -796,15 +816,14 @@ def _splittable_columns(r: UOp) -> bool:
 
 
 SPLIT_COLUMNS = 32  # a matmul's output columns that are no multiple of this are split into a part that is ...
-SPLIT_ROWS = 8  # ... (its rows: the register tile's 8) ...
 SPLIT_REDUCE = 8  # ... (its reduction: a vector's worth of steps, where it has at most ...
 SPLIT_REDUCE_MAX_OUTPUTS = 4096  # ... this many outputs: a reduction-bound matmul, its steps shared by threads) ...
 SPLIT_MIN_PRODUCTS = 1 << 22  # ... and the rest, for a matmul of at least this many multiply-adds
 REST_COLUMNS = 16  # the rest is computed as this many columns (or twice), the last ones of the matmul
-REST_ROWS = 8  # the rest of the rows is computed as the last this many rows of the matmul ...
-SPLIT_ROWS_MIN = 256  # ... where it has at least this many rows: the rest part reads the whole right-hand side
-# again for its 8 rows, small next to the main part's work only over many rows (77 rows: the rest took 40% of
-# the main part's time). Fewer odd rows stay whole: the CPU's register tile pads them (heuristic `padded_rows`)
+# Odd rows are not split: the CPU's register tile pads them to whole tiles (heuristic `padded_rows`, at most 7 rows
+# wasted of 64 or more) and a GPU's grid rounds them up. The row split it replaced (rows 0..m - m % 8 and the last
+# 8, joined) cost a second pass over the packed operand for 8 rows plus a join over the whole output
+# (1365x512x512, one thread: 4.6 ms split, 4.3 ms padded; 1365x1000x197: 5.1 ms, 3.8 ms).
 
 
 def _matmul_part(r: UOp, rows: tuple[int, int] | None = None, steps: tuple[int, int] | None = None,
@@ -884,15 +903,14 @@ def split_odd_matmul(r: UOp, serves: dict[UOp, UOp], top: UOp | None = None) -> 
       k at full speed and the rest's extra pass over the outputs is pure cost (a third of a 1365x1000x197
       matmul's time on the CPU);
     - odd output columns n (no multiple of SPLIT_COLUMNS, more than that): the columns 0..n - n % 32 and the
-      rest computed as the last 16 or 32 columns (a vector's worth, overlapping the main part's last ones);
-    - odd output rows m (no multiple of SPLIT_ROWS, at least SPLIT_ROWS_MIN): the rows 0..m - m % 8 and the
-      last 8 rows (overlapping).
-    Columns and rows are joined by pads and an add in the consumer (`_join`). Each part goes through the same
-    rules (a part of odd columns with odd rows is split by its rows)."""
+      rest computed as the last 16 or 32 columns (a vector's worth, overlapping the main part's last ones),
+      joined by pads and an add (`_join`, which `tgc.engine.placement` writes in place).
+    Odd rows are never split (the kernel's padding takes them: see above REST_COLUMNS). Each part goes through
+    the same rules (the reduction's main part with odd columns is split by its columns)."""
     if not _splittable(r):
         return r
     top = top if top is not None else r
-    m, k, n = shape_of(r.src[0])[-3:]
+    _, k, n = shape_of(r.src[0])[-3:]
     nd = len(shape_of(r))
     if k > SPLIT_REDUCE and k % SPLIT_REDUCE and prod(shape_of(r)) <= SPLIT_REDUCE_MAX_OUTPUTS:
         main = k - k % SPLIT_REDUCE
@@ -904,8 +922,6 @@ def split_odd_matmul(r: UOp, serves: dict[UOp, UOp], top: UOp | None = None) -> 
     if n > SPLIT_COLUMNS and n % SPLIT_COLUMNS:
         wide = -(-(n % SPLIT_COLUMNS) // REST_COLUMNS) * REST_COLUMNS  # a multiple of 16 (a vector)
         return _split_in_two(r, serves, top, "columns", nd - 1, n, n - n % SPLIT_COLUMNS, wide)
-    if m >= SPLIT_ROWS_MIN and m > SPLIT_ROWS and m % SPLIT_ROWS:
-        return _split_in_two(r, serves, top, "rows", nd - 3, m, m - m % SPLIT_ROWS, REST_ROWS)
     return r
 
 
