@@ -17,6 +17,19 @@ from tgc.cli.emit import LOCK, MANIFEST, Emitted, write_dir
 from tgc.errors import TgcError
 
 
+@pytest.fixture(autouse=True)
+def own_key(tmp_path, monkeypatch):
+    """Each test its own cache directory, and so its own key for signing manifests."""
+    monkeypatch.setenv("TGC_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def signed(d, doc: dict) -> str:
+    """`doc` as a manifest tgc wrote into `d` (signed with this user's key): for the tests of what tgc does with
+    the entries of its own manifest."""
+    files = doc["files"]
+    return json.dumps({**doc, "hmac": emit._mac(emit._key(create=True), str(d), files)})
+
+
 def kernels(*names: str, text: str = "") -> list[Emitted]:
     return [Emitted(n, f"; kernel {n}", f"define void @{n}() {{ ret void }} ; {text}", "llvm", ".ll") for n in names]
 
@@ -52,7 +65,7 @@ def test_a_manifest_removes_only_files_of_names_tgc_writes(tmp_path):
         (d / n).write_bytes(b)
     (d / "05_old.ll").write_bytes(b"old\n")  # a name tgc writes, with the sha256 the manifest gives: tgc's
     doc = {"files": {**{n: sha(b) for n, b in mine.items()}, "05_old.ll": sha(b"old\n")}}
-    (d / MANIFEST).write_text(json.dumps(doc))
+    (d / MANIFEST).write_text(signed(d, doc))
     done = write_dir(str(d), kernels("k"))
     assert done.removed == [str(d / "05_old.ll")] and done.kept == []
     assert {n: (d / n).read_bytes() for n in mine} == mine
@@ -73,7 +86,12 @@ def test_a_broken_or_hostile_manifest_is_no_manifest_not_a_crash(tmp_path, doc):
     d = tmp_path / "d"
     d.mkdir()
     (d / "01_x.ll").write_bytes(b"x\n")
-    (d / MANIFEST).write_text(doc.replace("%s", sha(b"x\n")), encoding="utf-8", errors="surrogatepass")
+    text = doc.replace("%s", sha(b"x\n"))
+    try:  # (as tgc's own, signed, where it reads as JSON)
+        text = signed(d, json.loads(text))
+    except (ValueError, RecursionError):
+        pass
+    (d / MANIFEST).write_text(text, encoding="utf-8", errors="surrogatepass")
     done = write_dir(str(d), kernels("k"))
     assert done.paths == [str(d / "00_k.ll")]
     if doc.startswith('{"files": {"01_x.ll": ['):  # (the one good sha256 of a list counts)
@@ -208,12 +226,16 @@ def test_two_compiles_into_one_directory_take_turns(tmp_path):
     write_dir(str(d), kernels("a"))
     fd = os.open(d / LOCK, os.O_RDWR)
     fcntl.flock(fd, fcntl.LOCK_EX)  # (another compile holds the directory)
-    t = threading.Thread(target=write_dir, args=(str(d), kernels("b", "c")))
-    t.start()
-    time.sleep(0.5)
-    assert own(d) == {"00_a.ll"} and t.is_alive()
-    os.close(fd)
+    # (a daemon, and the lock let go whatever the assertion says: a failing check never hangs the run)
+    t = threading.Thread(target=write_dir, args=(str(d), kernels("b", "c")), daemon=True)
+    try:
+        t.start()
+        time.sleep(0.5)
+        assert own(d) == {"00_a.ll"} and t.is_alive()
+    finally:
+        os.close(fd)
     t.join(10)
+    assert not t.is_alive()
     assert own(d) == {"00_b.ll", "01_c.ll"} and set(listed(d)) == {"00_b.ll", "01_c.ll"}
 
 
@@ -260,3 +282,173 @@ def test_staged_files_of_a_killed_compile_are_removed_by_the_next(tmp_path):
         m.write_text("mine")
     write_dir(str(d), kernels("k"))
     assert not any(os.path.exists(p) for p in left) and all(m.exists() for m in mine)
+
+
+def test_a_manifest_tgc_did_not_write_removes_and_overwrites_nothing(tmp_path, monkeypatch):
+    """N1 (review10): a crafted manifest listing ordinary names of the kernel-file form (2024_report.txt,
+    01_config.json) with their sha256s had them removed; one listing the user's own 00_k.ll with its sha256 had
+    it overwritten with no .orig. A manifest counts only where this user's key signed it for this directory."""
+    d = tmp_path / "d"
+    d.mkdir()
+    mine = {"2024_report.txt": b"report\n", "01_config.json": b"{}\n", "00_k.ll": b"my kernel\n"}
+    for n, b in mine.items():
+        (d / n).write_bytes(b)
+    crafted = {"format": 2, "files": {"2024_report.txt": [sha(mine["2024_report.txt"]), "0" * 64],
+                                      "01_config.json": sha(mine["01_config.json"]), "00_k.ll": sha(mine["00_k.ll"])}}
+    other_key = emit._mac(b"f" * 64, str(d), crafted["files"])
+    elsewhere = tmp_path / "elsewhere"  # (signed by this user, for another directory, copied here)
+    for doc in (crafted, {**crafted, "hmac": other_key}, json.loads(signed(elsewhere, crafted))):
+        (d / MANIFEST).write_text(json.dumps(doc))
+        done = write_dir(str(d), kernels("k"))
+        assert done.removed == [] and done.kept == []
+        assert done.set_aside == [(str(d / "00_k.ll"), str(d / "00_k.ll.orig"))]
+        assert {n: (d / n).read_bytes() for n in ("2024_report.txt", "01_config.json")} == {
+            n: mine[n] for n in ("2024_report.txt", "01_config.json")}
+        assert (d / "00_k.ll.orig").read_bytes() == mine["00_k.ll"]
+        os.replace(d / "00_k.ll.orig", d / "00_k.ll")
+    # tgc's own manifest: a recompile removes the stale kernels, and replaces its own files without a .orig
+    e = tmp_path / "e"
+    write_dir(str(e), kernels("k", "old", text="first"))
+    done = write_dir(str(e), kernels("k", text="second"))
+    assert done.removed == [str(e / "01_old.ll")] and done.set_aside == [] and own(e) == {"00_k.ll"}
+    # no key (cleared, or another cache directory): nothing is known to be tgc's; nothing removed
+    write_dir(str(e), kernels("k", "old", text="first"))
+    monkeypatch.setenv("TGC_CACHE_DIR", str(tmp_path / "cache2"))
+    done = write_dir(str(e), kernels("k", text="second"))
+    assert done.removed == [] and done.set_aside == [(str(e / "00_k.ll"), str(e / "00_k.ll.orig"))]
+    assert own(e) == {"00_k.ll", "00_k.ll.orig", "01_old.ll"}
+    key = tmp_path / "cache2" / emit.KEY_FILE
+    assert key.stat().st_mode & 0o777 == 0o600
+    os.chmod(key, 0o644)  # (a key others can read is no key)
+    assert emit._key(create=False) is None and emit._manifest(str(e)) == {}
+
+
+def test_a_lock_that_cannot_be_opened_for_writing_is_locked_read_only(tmp_path, monkeypatch):
+    """N2 (review10): another user's lock (or one at 0444) in a shared directory failed every compile, after the
+    work: flock works on a read-only fd. One that cannot be opened at all is refused by check_outdir, exit 2."""
+    d = tmp_path / "d"
+    write_dir(str(d), kernels("a"))
+    real = os.open
+
+    def no_write(path, flags, *a):  # (as for a non-root user: the lock is not writable)
+        if str(path).endswith(LOCK) and flags & (os.O_RDWR | os.O_WRONLY):
+            raise PermissionError(13, "Permission denied", path)
+        return real(path, flags, *a)
+
+    monkeypatch.setattr(os, "open", no_write)
+    emit.check_outdir(str(d))
+    assert write_dir(str(d), kernels("b")).removed == [str(d / "00_a.ll")] and own(d) == {"00_b.ll"}
+
+    def none(path, flags, *a):
+        if str(path).endswith(LOCK):
+            raise PermissionError(13, "Permission denied", path)
+        return real(path, flags, *a)
+
+    monkeypatch.setattr(os, "open", none)
+    with pytest.raises(TgcError) as e:
+        emit.check_outdir(str(d))
+    assert e.value.kind == "user" and f"cannot use '{d / LOCK}'" in e.value.msg and "permission denied" in e.value.msg
+
+
+def test_a_backup_name_fits_name_max(tmp_path):
+    """N3 (review10): the user's file at a kernel name near NAME_MAX could not be set aside (NAME.orig too
+    long): exit 2 after the manifest and earlier kernels were renamed in, every time."""
+    from tgc.cli.outputs import _name_max
+
+    d = tmp_path / "d"
+    d.mkdir()
+    limit = _name_max(str(d))
+    long = "N" * (limit - len("00_.ll"))
+    names = emit.file_names(kernels("a", long, long[:-1] + "M"))
+    for n in names:
+        (d / n).write_text(f"user {n}\n")
+    done = write_dir(str(d), kernels("a", long, long[:-1] + "M"))
+    backups = [b for _, b in done.set_aside]
+    assert len(backups) == 3 and len(set(backups)) == 3
+    assert all(len(os.path.basename(b).encode()) <= limit for b in backups)
+    assert [(d / b).read_text() for b in backups] == [f"user {n}\n" for n in names]
+    assert not any(emit.KERNEL_FILE.fullmatch(os.path.basename(b)) for b in backups)
+    (d / names[1]).write_text("user again\n")  # (a second backup of that name: a new name, the first kept)
+    done = write_dir(str(d), kernels("a", long, long[:-1] + "M"))
+    assert len(done.set_aside) == 1 and done.set_aside[0][1] not in backups
+    assert (d / done.set_aside[0][1]).read_text() == "user again\n"
+
+
+def test_staged_files_of_long_names_are_removed_after_a_kill(tmp_path):
+    """N4 (review10): a staged name is cut to STAGE_NAME_BYTES: for a kernel name over it, the cleanup's
+    pattern (the whole name) never matched, and the file stayed forever."""
+    from tgc.files import stage
+
+    d = tmp_path / "d"
+    long = "E_" + "N" * 200
+    write_dir(str(d), kernels(long))
+    left = stage(str(d / emit.file_names(kernels(long))[0]), lambda f: f.write(b"x"))
+    mine = d / (".00_" + "x" * 96 + ".notes.abcdefgh.tmp")  # (100-byte stems that no kernel name begins with)
+    mine2 = d / (".notes" + "x" * 94 + ".abcdefgh.tmp")
+    for m in (mine, mine2):
+        m.write_text("mine")
+    write_dir(str(d), kernels(long))
+    assert not os.path.exists(left) and mine.exists() and mine2.exists()
+
+
+def test_a_held_lock_is_said_and_the_probe_and_set_aside_notes_survive_ctrl_c(tmp_path, monkeypatch, capsys):
+    """N5 (review10): (a) a compile waited silently on a held lock; (b) Ctrl-C during the writability probe
+    left .tgc-check-PID; (c) Ctrl-C after a file was set aside: no note; (d) the new kernel file took the mode
+    of the file it displaced (0444); (e) a directory at a kernel's name failed after the manifest was written."""
+    import fcntl
+
+    from tgc.cli import outputs
+
+    d = tmp_path / "d"
+    write_dir(str(d), kernels("a"))
+    fd = os.open(d / LOCK, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    t = threading.Thread(target=write_dir, args=(str(d), kernels("a")))
+    t.start()
+    time.sleep(emit.WAIT_NOTE_S + 0.5)
+    os.close(fd)
+    t.join(10)
+    assert capsys.readouterr().err.count(f"waiting for another compile into {d}") == 1
+    # (b)
+    real_close = os.close
+
+    def cut_close(f):
+        real_close(f)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "close", cut_close)
+    with pytest.raises(KeyboardInterrupt):
+        outputs.file_creation_error(str(d))
+    monkeypatch.setattr(os, "close", real_close)
+    assert not [n for n in os.listdir(d) if n.startswith(".tgc-check-")]
+    # (c), (d)
+    (d / "00_a.ll").write_text("mine\n")
+    os.chmod(d / "00_a.ll", 0o444)
+    real_replace, n = os.replace, [0]
+
+    def cut(a, b):
+        n[0] += 1
+        if n[0] == 2:  # (the manifest is renamed in, then the file is set aside, then Ctrl-C)
+            raise KeyboardInterrupt
+        return real_replace(a, b)
+
+    monkeypatch.setattr(os, "replace", cut)
+    with pytest.raises(KeyboardInterrupt):
+        write_dir(str(d), kernels("a", text="new"))
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert f"note: moved {d / '00_a.ll'} to {d / '00_a.ll.orig'}" in capsys.readouterr().err
+    assert (d / "00_a.ll.orig").read_text() == "mine\n"
+    (d / "00_b.ll").write_text("mine\n")
+    os.chmod(d / "00_b.ll", 0o400)
+    write_dir(str(d), kernels("b"))
+    from tgc.files import default_mode
+
+    assert (d / "00_b.ll.orig").stat().st_mode & 0o777 == 0o400
+    assert (d / "00_b.ll").stat().st_mode & 0o777 == default_mode()
+    # (e)
+    (d / "00_c.ll").mkdir()
+    before = {n: (d / n).read_bytes() for n in os.listdir(d) if (d / n).is_file()}
+    with pytest.raises(TgcError) as e:
+        write_dir(str(d), kernels("c"))
+    assert e.value.kind == "user" and f"cannot write '{d / '00_c.ll'}': it is a directory" in e.value.msg
+    assert {n: (d / n).read_bytes() for n in os.listdir(d) if (d / n).is_file()} == before

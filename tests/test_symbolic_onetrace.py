@@ -742,6 +742,26 @@ def test_one_trace_reasons_read_as_a_user_reads_them(source, says):
     assert _readable(path) and _readable(msg), (path, msg)
 
 
+@pytest.mark.parametrize("expr, numpy_expr, says", [
+    # `N//32 % 2` reads as N // (32 % 2); the quotient's decision read `-63(N//64)+N-62`, not what was written
+    ("x * 2.0 if (N // 32) % 2 == 0 else x * 3.0", lambda x: x * (2 if (len(x) // 32) % 2 == 0 else 3),
+     "a size decision on (N//32) % 2 depends on a remainder of a dim"),
+    ("x * 2.0 if N // (N // 64 + 1) > 40 else x * 3.0", lambda x: x * (2 if len(x) // (len(x) // 64 + 1) > 40
+                                                                       else 3),
+     "a size decision on N // (N//64+1) (which is 63 at the traced sizes) depends on a remainder of a dim"),
+])
+def test_a_decision_on_a_floor_division_reads_as_written(expr, numpy_expr, says):
+    """review10: a class 32n's reasons for these (`tgc run --symbolic` notes) are written as the program writes
+    them."""
+    prog = tgc.loads(f"x: f32[N]\nreturn {expr}")
+    for n in (32, 64, 4096):
+        x = np.linspace(-1, 1, n, dtype=np.float32)
+        got = np.asarray(prog.run(device="CPU", symbolic=True, x=x)["out0"])
+        np.testing.assert_allclose(got, np.asarray(numpy_expr(x), dtype=np.float32), rtol=1e-6)
+        assert prog.last_run.startswith("specialized") and says in prog.last_run, prog.last_run
+        assert _readable(prog.last_run), prog.last_run
+
+
 def test_an_internal_error_of_the_one_trace_is_no_reason_text(monkeypatch, capsys):
     """Code that fails on a symbolic size (a Python TypeError) sends the class to the probes; its reason says so
     without quoting the exception, which DEBUG=2 prints."""

@@ -10,12 +10,28 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Callable
 from typing import IO
 
 Writer = Callable[[IO[bytes]], None]
 
 STAGE_NAME_BYTES = 100
+
+
+def staged_pattern(names: str, cut: str) -> re.Pattern[str]:
+    """The names `stage` gives the staged files of targets whose names match the regex `names` (ASCII names):
+    `.NAME.XXXXXXXX.tmp`, where a NAME over STAGE_NAME_BYTES is cut to that many bytes, and must then match `cut`
+    (the regex of such a name's beginnings). A cleanup that looked for the whole name missed those."""
+    tail = r"\.[a-z0-9_]{8}\.tmp"
+    return re.compile(rf"\.(?:(?:{names})|(?=.{{{STAGE_NAME_BYTES}}}{tail}$)(?:{cut})){tail}")
+
+
+def default_mode() -> int:
+    """What the umask leaves of 0o666: the mode of a new file."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def file_mode(path: str, follow: bool = True) -> int:
@@ -30,16 +46,14 @@ def file_mode(path: str, follow: bool = True) -> int:
             raise FileNotFoundError(path)
         return st.st_mode & 0o777
     except OSError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
+        return default_mode()
 
 
-def stage(path: str, write: Writer, follow: bool = True) -> str:
+def stage(path: str, write: Writer, follow: bool = True, mode: int | None = None) -> str:
     """Write a temporary file next to `path` with `write(f)`, flushed, fsynced and given `path`'s mode
     (`file_mode`, following a link there unless `follow` is False); return its path, for the caller to rename
-    over `path`. On any failure nothing is left behind and the error (an OSError for the file system's)
-    propagates."""
+    over `path` (`mode`: this mode instead). On any failure nothing is left behind and the error (an OSError
+    for the file system's) propagates."""
     directory = os.path.dirname(os.path.abspath(path))
     import tempfile  # (only when a file is written: not on a warm `tgc run`'s path)
 
@@ -52,7 +66,7 @@ def stage(path: str, write: Writer, follow: bool = True) -> str:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, file_mode(path, follow))
+        os.chmod(tmp, file_mode(path, follow) if mode is None else mode)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)

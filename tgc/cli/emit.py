@@ -14,6 +14,7 @@ from typing import Any
 
 from tgc.cli.outputs import _fsync_dir, check_dir_writable, name_too_long, oserror_text, write_error_kind
 from tgc.errors import TgcError
+from tgc.files import staged_pattern
 from tgc.ir.uop import format_uops
 
 # device kind -> (source language for highlighting, file extension of its source)
@@ -202,7 +203,8 @@ MANIFEST_MAX_BYTES = 16 << 20  # a manifest larger than this is no manifest (rea
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 # a file `tgc.files.stage` made for one of them (`.NAME.XXXXXXXX.tmp`): found while the lock is held, it was left
 # by a compile killed (SIGKILL, SIGTERM) between staging and renaming, and is removed
-_STAGED = re.compile(rf"\.(?:{KERNEL_FILE.pattern}|{re.escape(MANIFEST)})\.[a-z0-9_]{{8}}\.tmp")
+# (a name over STAGE_NAME_BYTES is cut: `staged_pattern`)
+_STAGED = staged_pattern(rf"{KERNEL_FILE.pattern}|{re.escape(MANIFEST)}", f"[0-9]{{2,}}_[{_NAME_CHARS}]*")
 
 
 def check_own_files(directory: str) -> None:
@@ -221,6 +223,13 @@ def check_own_files(directory: str) -> None:
         except OSError as e:
             raise TgcError(f"-o {directory}: cannot write '{path}': {oserror_text(e)}",
                            kind=write_error_kind(e)) from None
+        if stat.S_ISREG(mode) and name == LOCK:  # (opened for writing, else for reading: `_open_lock`)
+            try:
+                os.close(_open_lock(path))
+            except OSError as e:
+                raise TgcError(f"-o {directory}: cannot use '{path}', {what}: {oserror_text(e)}",
+                               kind=write_error_kind(e), hint="make it readable, or remove it") from None
+            continue
         if stat.S_ISREG(mode) or (stat.S_ISLNK(mode) and name == MANIFEST):
             continue
         kind = ("a directory" if stat.S_ISDIR(mode) else "a symbolic link" if stat.S_ISLNK(mode)
@@ -243,11 +252,77 @@ class Written:
     set_aside: list[tuple[str, str]]
 
 
+KEY_FILE = "compile-o.key"  # in tgc's cache directory: the per-user key that signs every manifest (HMAC-SHA256)
+
+
+def _key(create: bool) -> bytes | None:
+    """The user's key for signing manifests (`KEY_FILE` in `tgc.cache.cache_dir()`: 32 random bytes as hex, a
+    regular file of this user's, mode 0600), made where missing and `create`; None where there is none or it
+    cannot be read or made (a manifest is then no manifest: tgc removes nothing and sets aside every file at a
+    kernel's name)."""
+    import secrets
+    import stat
+
+    from tgc.cache import cache_dir
+
+    try:
+        path = os.path.join(cache_dir(), KEY_FILE)
+    except (RuntimeError, KeyError, OSError):  # (Path.home(): no home directory)
+        return None
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if not create:
+                return None
+            try:
+                os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            except FileExistsError:  # (another compile made it just now: read that one)
+                continue
+            except OSError:
+                return None
+            key = secrets.token_hex(32).encode()
+            try:
+                os.write(fd, key)
+                os.fsync(fd)
+            except OSError:
+                return None
+            finally:
+                os.close(fd)
+            return key
+        except OSError:
+            return None
+        with os.fdopen(fd, "rb") as f:
+            try:
+                st = os.fstat(f.fileno())
+                key = f.read(65)
+            except OSError:
+                return None
+        good = stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077
+        return key if good and len(key) == 64 and all(c in b"0123456789abcdef" for c in key) else None
+    return None
+
+
+def _mac(key: bytes, directory: str, files: Any) -> str:
+    """HMAC-SHA256 of a manifest's `files` (as JSON, canonical) and the resolved path of its directory."""
+    import hmac
+    import json
+
+    text = json.dumps({"directory": os.path.realpath(directory), "files": files}, sort_keys=True,
+                      separators=(",", ":"), ensure_ascii=True)
+    return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
+
+
 def _manifest(directory: str) -> dict[str, frozenset[str]]:
     """The files an earlier `compile -o` wrote into `directory` ({name: the sha256s it may have}), or {} where
-    there is no manifest or it does not read as one (nothing is then known to be tgc's). Only names tgc writes
-    (`KERNEL_FILE`) with sha256s count: another entry is dropped, whatever the file says. The manifest is read
-    only where it is a regular file (not followed if a link, never a FIFO), up to `MANIFEST_MAX_BYTES`."""
+    there is no manifest or it does not read as one (nothing is then known to be tgc's). A manifest counts only
+    where its `hmac` is the one this user's key (`_key`) gives its files and the directory's resolved path: one
+    tgc did not write (shipped in a tarball, crafted, another user's, copied from another directory) is no
+    manifest, whatever it lists. Only names tgc writes (`KERNEL_FILE`) with sha256s count: another entry is
+    dropped. The manifest is read only where it is a regular file (not followed if a link, never a FIFO), up to
+    `MANIFEST_MAX_BYTES`."""
+    import hmac
     import json
     import stat
 
@@ -263,10 +338,14 @@ def _manifest(directory: str) -> dict[str, frozenset[str]]:
         if len(raw) > MANIFEST_MAX_BYTES:
             return {}
         doc = json.loads(raw.decode("utf-8"))
+        files = doc.get("files") if isinstance(doc, dict) else None
+        mac = doc.get("hmac") if isinstance(doc, dict) else None
+        if not isinstance(files, dict) or not isinstance(mac, str):
+            return {}
+        key = _key(create=False)
+        if key is None or not hmac.compare_digest(_mac(key, directory, files), mac):
+            return {}
     except (OSError, ValueError, RecursionError):  # (ValueError: not UTF-8, not JSON; RecursionError: nested)
-        return {}
-    files = doc.get("files") if isinstance(doc, dict) else None
-    if not isinstance(files, dict):
         return {}
     out = {}
     for name, h in files.items():
@@ -277,11 +356,14 @@ def _manifest(directory: str) -> dict[str, frozenset[str]]:
     return out
 
 
-def _manifest_writer(files: dict[str, frozenset[str]]) -> Any:
+def _manifest_writer(directory: str, files: dict[str, frozenset[str]], key: bytes | None) -> Any:
+    """The manifest, signed with `key` (`_mac`); without a key it is written unsigned (and so not trusted)."""
     import json
 
-    doc = {"written_by": "tgc compile -o", "format": 2,
-           "files": {n: sorted(h)[0] if len(h) == 1 else sorted(h) for n, h in sorted(files.items())}}
+    listed = {n: sorted(h)[0] if len(h) == 1 else sorted(h) for n, h in sorted(files.items())}
+    doc: dict[str, Any] = {"written_by": "tgc compile -o", "format": 3, "files": listed}
+    if key is not None:
+        doc["hmac"] = _mac(key, directory, listed)
     return _bytes_writer((json.dumps(doc, indent=1) + "\n").encode())
 
 
@@ -305,43 +387,107 @@ def _digest(path: str) -> str | None:
     return h.hexdigest()
 
 
+def backup_name(path: str, i: int) -> str:
+    """The `i`th name `_set_aside` tries for what is at `path`: `path.orig`, `path.orig.1`, ...; where that is
+    longer than the file system's NAME_MAX, the file name is cut (by bytes) to fit, and a `~` marks the cut."""
+    from tgc.cli.outputs import _name_max
+
+    directory, base = os.path.split(path)
+    suffix = ".orig" if i == 0 else f".orig.{i}"
+    raw, limit = os.fsencode(base), _name_max(directory or os.curdir)
+    if len(raw) + len(suffix) <= limit:
+        return path + suffix
+    stem = raw[:max(1, limit - len(suffix) - 1)].decode(errors="ignore")
+    return os.path.join(directory, f"{stem}~{suffix}")
+
+
 def _set_aside(path: str, ours: frozenset[str]) -> str | None:
     """Before a new file is renamed over `path`: where something is there that is not a file tgc wrote (its
-    sha256 is none of `ours`: the user's own, one they edited, a link, a directory), rename it to the first free
-    `path.orig`, `path.orig.1`, ... (kept whole, never overwritten) and return that name; else None."""
+    sha256 is none of `ours`: the user's own, one they edited, a link, a FIFO), rename it to the first free
+    `backup_name` (`path.orig`, `path.orig.1`, ..., cut to fit NAME_MAX; kept whole, never overwritten) and
+    return that name; else None. (A directory there is refused before: `check_targets`.)"""
     if not os.path.lexists(path) or _digest(path) in ours:
         return None
-    backup, i = f"{path}.orig", 0
-    while os.path.lexists(backup):
+    i = 0
+    while os.path.lexists(backup := backup_name(path, i)):
         i += 1
-        backup = f"{path}.orig.{i}"
     os.rename(path, backup)
     return backup
 
 
+def check_targets(directory: str, names: Sequence[str]) -> None:
+    """A TgcError (exit 2), before anything in `directory` is touched, where a kernel's file name is taken by a
+    directory: it is neither overwritten nor moved aside (a directory of the user's is left as it is)."""
+    for name in names:
+        path = os.path.join(directory, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            raise TgcError(f"-o {directory}: cannot write '{path}': it is a directory",
+                           hint="move it away, or compile into another directory")
+
+
+def _open_lock(path: str) -> int:
+    """An fd of the lock file `path` (made if missing, 0o666 less the umask, so that another user who may write
+    into the directory may lock it too): opened for reading and writing, else, where that is denied (another
+    user's lock, one at 0444), for reading: flock works on either. An OSError where neither can be, or it is
+    not a regular file (O_NOFOLLOW, O_NONBLOCK: a link or a FIFO is not opened or waited on)."""
+    import stat
+
+    flags = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | flags, 0o666)
+    except OSError as e:
+        if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+        fd = os.open(path, os.O_RDONLY | flags)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+WAIT_NOTE_S = 1.0  # a compile that has waited this long for another's lock says so (once)
+
+
 class _Locked:
     """`flock` on `DIR/LOCK` (made if missing, never removed): one `compile -o` at a time reads the manifest,
-    writes and cleans up in a directory. Where the file system has no locks, the compile goes on unlocked."""
+    writes and cleans up in a directory; one that waits over `WAIT_NOTE_S` says so on stderr. Where the file
+    system has no locks, the compile goes on unlocked."""
 
     def __init__(self, directory: str):
-        self.path, self.fd = os.path.join(directory, LOCK), -1
+        self.directory, self.path, self.fd = directory, os.path.join(directory, LOCK), -1
 
     def __enter__(self) -> None:
-        import stat
+        import time
 
-        try:  # (O_NOFOLLOW, O_NONBLOCK: a link or a FIFO raced in after check_own_files is not opened or waited on)
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
-            if not stat.S_ISREG(os.fstat(self.fd).st_mode):
-                raise OSError(errno.EINVAL, "not a regular file")
+        try:
+            self.fd = _open_lock(self.path)
         except OSError as e:
-            self.__exit__()
-            raise TgcError(f"cannot write '{self.path}': {oserror_text(e)}", kind=write_error_kind(e)) from None
+            raise TgcError(f"cannot use '{self.path}': {oserror_text(e)}", kind=write_error_kind(e)) from None
         try:
             import fcntl
 
+            deadline = time.monotonic() + WAIT_NOTE_S
+            while True:
+                try:
+                    fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        break
+                    time.sleep(0.05)
+            import sys
+
+            sys.stderr.write(f"waiting for another compile into {self.directory} (it holds {self.path})\n")
+            sys.stderr.flush()
             fcntl.flock(self.fd, fcntl.LOCK_EX)
         except (OSError, ImportError):  # (ENOLCK: no locks on this file system; no fcntl on this OS)
             pass
+        except BaseException:
+            self.__exit__()
+            raise
 
     def __exit__(self, *exc: object) -> None:
         if self.fd >= 0:
@@ -355,12 +501,15 @@ def write_dir(directory: str, emitted: Sequence[Emitted]) -> Written:
     manifest, writes and cleans up. Every file is staged first (nothing touched on a failure there); then the
     manifest (`MANIFEST`) is renamed in, listing each name with the sha256 it had and the one it gets (a compile
     cut short among the renames leaves files the next one still knows as tgc's); then each file is renamed over
-    its name, where what is there is set aside as NAME.orig unless tgc wrote it (`_set_aside`); then the files
+    its name, with the default mode (the umask's, never the mode of what was there), where what is there is set
+    aside as NAME.orig unless tgc wrote it (`_set_aside`; each said on stderr at once where the compile is cut
+    short after it, Ctrl-C included; a directory at a kernel's name is refused before anything is touched,
+    `check_targets`); then the files
     the earlier compile wrote (its manifest) that this one did not are removed, each only where its content is
     still what tgc wrote (one the user changed is kept, and reported; one that cannot be removed stays listed);
     last the manifest is written again, listing this compile's files and those left to remove. Only names tgc
     writes (`KERNEL_FILE`) are ever removed, whatever the manifest says."""
-    from tgc.files import stage
+    from tgc.files import default_mode, stage
 
     try:
         os.makedirs(directory, exist_ok=True)
@@ -379,6 +528,8 @@ def write_dir(directory: str, emitted: Sequence[Emitted]) -> Written:
         else:  # JSON has no comments: its file goes without the header line
             data = ("" if e.lexer == "json" else e.header + "\n").encode() + (e.body.rstrip("\n") + "\n").encode()
         datas[name], digests[name] = data, hashlib.sha256(data).hexdigest()
+    check_targets(directory, list(datas))
+    key, new_mode = _key(create=True), default_mode()
     with _Locked(directory):
         earlier = _manifest(directory)
         with contextlib.suppress(OSError):
@@ -392,10 +543,11 @@ def write_dir(directory: str, emitted: Sequence[Emitted]) -> Written:
         target = manifest
         try:
             try:
-                pending.append((stage(manifest, _manifest_writer(during), follow=False), MANIFEST))
+                pending.append((stage(manifest, _manifest_writer(directory, during, key), follow=False,
+                                      mode=new_mode), MANIFEST))
                 for name, data in datas.items():
                     target = os.path.join(directory, name)
-                    pending.append((stage(target, _bytes_writer(data), follow=False), name))
+                    pending.append((stage(target, _bytes_writer(data), follow=False, mode=new_mode), name))
                 while pending:
                     tmp, name = pending[0]
                     target = os.path.join(directory, name)
@@ -409,7 +561,13 @@ def write_dir(directory: str, emitted: Sequence[Emitted]) -> Written:
                 for tmp, _ in pending:
                     with contextlib.suppress(OSError):
                         os.unlink(tmp)
-        except OSError as e:
+        except BaseException as e:  # (cut short: the files already set aside are said here, the caller never is)
+            import sys
+
+            for path, backup in set_aside:
+                sys.stderr.write(f"note: {set_aside_note(path, backup)}\n")
+            if not isinstance(e, OSError):
+                raise
             raise TgcError(f"cannot write '{target}': {e.strerror or e}", kind=write_error_kind(e)) from None
         _fsync_dir(directory)
         removed, kept, unremoved = [], [], []
@@ -431,10 +589,17 @@ def write_dir(directory: str, emitted: Sequence[Emitted]) -> Written:
                     unremoved.append((path, oserror_text(e)))
                     left[name] = set(hashes)
         try:
-            os.replace(stage(manifest, _manifest_writer({n: frozenset(h) for n, h in left.items()})), manifest)
+            final = _manifest_writer(directory, {n: frozenset(h) for n, h in left.items()}, key)
+            os.replace(stage(manifest, final, follow=False, mode=new_mode), manifest)
         except OSError as e:
             raise TgcError(f"cannot write '{manifest}': {e.strerror or e}", kind=write_error_kind(e)) from None
     return Written([os.path.join(directory, n) for n in datas], removed, kept, unremoved, set_aside)
+
+
+def set_aside_note(path: str, backup: str) -> str:
+    """What the CLI says of a file `write_dir` set aside (after "note: ")."""
+    return (f"moved {path} to {backup}: tgc had not written it, or it has changed since; this compile's file "
+            "took its name")
 
 
 def show(emitted: Sequence[Emitted], color: bool) -> None:

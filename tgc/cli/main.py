@@ -892,8 +892,7 @@ def _compile_command(file: str, device: str | None, dims: dict[str, int], emit: 
             _err(f"note: {path}, of an earlier compile, could not be removed: {reason} (a later compile "
                  "tries again)")
         for path, backup in done.set_aside:
-            _err(f"note: moved {path} to {backup}: tgc had not written it, or it has changed since; this "
-                 "compile's file took its name")
+            _err(f"note: {em.set_aside_note(path, backup)}")
     elif show:
         em.show(emitted, _color_stdout())
     return kernels

@@ -177,8 +177,11 @@ def file_creation_error(directory: str) -> OSError | None:
         return None
     except OSError as e:
         return e
-    os.close(fd)
-    os.unlink(probe)
+    try:
+        os.close(fd)
+    finally:  # (Ctrl-C here too: the probe is never left behind)
+        with contextlib.suppress(OSError):
+            os.unlink(probe)
     return None
 
 

@@ -158,6 +158,23 @@ def _unanswered(why: str) -> None:
         decided.append((Unanswered(why), 0))
 
 
+class Written(dict):  # type: ignore[type-arg]
+    """A recorded decision's polynomial that also carries how the decision reads in the program (`text`, e.g.
+    `N // (N//64+1)` for the decisions that keep a quotient): a reason names that, not the polynomial
+    (`-63(N//64)+N-62`)."""
+
+    def __init__(self, t: Mapping[tuple[str, ...], int], text: str):
+        super().__init__(t)
+        self.text = text
+
+
+def _decision_text(t: Mapping[tuple[str, ...], int], consts: bool = True) -> str:
+    """A recorded decision as a reason names it: its `Written` text, else its polynomial."""
+    if isinstance(t, Written):
+        return t.text
+    return _terms_text(tuple(sorted((k, c) for k, c in t.items() if c and (consts or k))))
+
+
 def decided_across(decided: Sequence[tuple[Mapping[tuple[str, ...], int], int]]) -> str | None:
     """Why no range of sizes keeps these decisions' answers, or None: a decision whose dim terms have both signs
     (`2M - N > 0` of `x[:2 * M]` from a tensor of N; `M == N` in `a if M == N else b`) holds on no box of dims
@@ -175,8 +192,8 @@ def decided_across(decided: Sequence[tuple[Mapping[tuple[str, ...], int], int]])
                 and not _holds_everywhere(t, s):
             if (why := decided_by_remainder([(t, s)])) is not None:
                 return why  # (a dim with its own floor division: `N - 4 * (N//4)`)
-            poly = _terms_text(tuple(sorted((k, c) for k, c in t.items() if c)))
-            return f"a size decision on {poly} compares dims with each other (no range of sizes keeps its answer)"
+            return f"a size decision on {_decision_text(t)} compares dims with each other (no range of sizes " \
+                   "keeps its answer)"
     return None
 
 
@@ -196,11 +213,10 @@ def decided_by_remainder(decided: Sequence[tuple[Mapping[tuple[str, ...], int], 
                 atoms.setdefault(base_dim(n), set()).add(n)
         if any(b in names or len(over) > 1 for b, over in atoms.items()):
             if abs(t.get((), 0)) >= INDEX_LIMIT:  # (an index's width, not a size decision of the program)
-                poly = _terms_text(tuple(sorted((k, c) for k, c in t.items() if c and k)))
+                poly = _decision_text(t, consts=False)
                 return f"an index width check (whether {poly} stays below {_limit_text(abs(t[()]))}) holds " \
                        "floor divisions of a dim that no range of sizes bounds"
-            poly = _terms_text(tuple(sorted((k, c) for k, c in t.items() if c)))
-            return f"a size decision on {poly} depends on a remainder of a dim"
+            return f"a size decision on {_decision_text(t)} depends on a remainder of a dim"
     return None
 
 
@@ -445,10 +461,12 @@ def _sign(value: int, t: dict[tuple[str, ...], int], a: Any, op: str, b: Any) ->
     return s
 
 
-def _decided(t: dict[tuple[str, ...], int], s: int) -> None:
+def _decided(t: dict[tuple[str, ...], int], s: int, text: str | None = None) -> None:
+    """Record the decision `t` > 0 (s 1), < 0 (-1) or == 0 (0); `text`: how it reads in the program."""
     decided = _DECIDED.get()
     if decided is not None:
-        decided.append((_exact(dict(t)), s))
+        exact = _exact(dict(t))
+        decided.append((exact if text is None else Written(exact, text), s))
 
 
 def _num(v: Any) -> bool:
@@ -860,7 +878,7 @@ def _kept_quotient(a: Any, b: Any, q: int) -> int:
     hi = (q + 1) * b - a  # (> 0)
     for t in (lo, hi):
         if isinstance(t, SymSize):
-            _decided(_terms(t), 1)
+            _decided(_terms(t), 1, f"{_text(a)} // {_text(b)} (which is {q} at the traced sizes)")
     return q
 
 
@@ -870,7 +888,7 @@ _USES = {"float()": "read as a plain float", "int()": "read as a plain int", "fl
 
 def _refuse(a: Any, op: str, b: Any) -> Any:
     if b is None:  # (a use of one size, not a decision between two values)
-        why = f"the size {_text(a)} is {_USES.get(op, op)}, which loses its dims"
+        why = f"the size {_text(a, operand=False)} is {_USES.get(op, op)}, which loses its dims"
     elif op == "float arithmetic":
         why = f"float arithmetic on {_text(a)} and {_text(b)} depends on the dims' values"
     else:
@@ -957,10 +975,11 @@ def _exact(t: dict[tuple[str, ...], int]) -> dict[tuple[str, ...], int]:
         t = {key: c for key, c in out.items() if c}
 
 
-def _text(v: Any) -> str:
-    """A size in a reason: a sum in brackets (`((1*N+1)//2+1) // 2`)."""
+def _text(v: Any, operand: bool = True) -> str:
+    """A size in a reason, as the program writes it: a sum in brackets, and a floor division too where it is an
+    `operand` (`((N+1)//2+1) // 2`, `(N//32) % 2`: `N//32 % 2` read as N // (32 % 2))."""
     t = repr(v)
-    return f"({t})" if isinstance(v, SymSize) and len(v.terms) > 1 else t
+    return f"({t})" if isinstance(v, SymSize) and (len(v.terms) > 1 or (operand and "//" in t)) else t
 
 
 def is_symbolic(v: Any) -> bool:
