@@ -452,3 +452,32 @@ def test_a_held_lock_is_said_and_the_probe_and_set_aside_notes_survive_ctrl_c(tm
         write_dir(str(d), kernels("c"))
     assert e.value.kind == "user" and f"cannot write '{d / '00_c.ll'}': it is a directory" in e.value.msg
     assert {n: (d / n).read_bytes() for n in os.listdir(d) if (d / n).is_file()} == before
+
+
+def test_a_compile_that_cannot_keep_its_key_says_so(tmp_path, monkeypatch):
+    """Where tgc's cache directory cannot hold the key (a file in its place here), the manifest goes unsigned and
+    a later compile sets the files aside instead of replacing them: the compile says why, once; with a key, no
+    such note."""
+    import pathlib
+    import subprocess
+    import sys
+
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("x")
+    prog = tmp_path / "p.tg"
+    prog.write_text("x: f32[N]\nreturn x * 2.0\n")
+
+    def compile_into(cache) -> subprocess.CompletedProcess:
+        env = {**os.environ, "TGC_CACHE_DIR": str(cache)}
+        script = pathlib.Path(sys.executable).parent / "tgc"
+        tgc_cmd = [str(script)] if script.exists() else [sys.executable, "-m", "tgc.cli.main"]
+        return subprocess.run([*tgc_cmd, "compile", str(prog), "-o", str(tmp_path / "out")], env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    first = compile_into(blocked / "cache")
+    assert first.returncode == 0, first.stderr
+    assert first.stderr.count("could not keep its key") == 1 and "not-a-dir" in first.stderr
+    again = compile_into(blocked / "cache")
+    assert "set aside" in again.stderr or ".orig" in again.stderr  # (the unsigned files: not known as tgc's)
+    fine = compile_into(tmp_path / "cache-ok")
+    assert fine.returncode == 0 and "could not keep its key" not in fine.stderr

@@ -250,9 +250,20 @@ class Written:
     kept: list[str]
     unremoved: list[tuple[str, str]]
     set_aside: list[tuple[str, str]]
+    unsigned: bool = False  # no key could be kept (`_key`): the manifest is not trusted by a later compile
 
 
 KEY_FILE = "compile-o.key"  # in tgc's cache directory: the per-user key that signs every manifest (HMAC-SHA256)
+
+
+def key_path() -> str | None:
+    """Where the user's key for signing manifests lives (`_key`), or None where no path can be made."""
+    from tgc.cache import cache_dir
+
+    try:
+        return os.path.join(cache_dir(), KEY_FILE)
+    except (RuntimeError, KeyError, OSError):  # (Path.home(): no home directory)
+        return None
 
 
 def _key(create: bool) -> bytes | None:
@@ -263,11 +274,8 @@ def _key(create: bool) -> bytes | None:
     import secrets
     import stat
 
-    from tgc.cache import cache_dir
-
-    try:
-        path = os.path.join(cache_dir(), KEY_FILE)
-    except (RuntimeError, KeyError, OSError):  # (Path.home(): no home directory)
+    path = key_path()
+    if path is None:
         return None
     for _ in range(2):
         try:
@@ -593,7 +601,7 @@ def write_dir(directory: str, emitted: Sequence[Emitted]) -> Written:
             os.replace(stage(manifest, final, follow=False, mode=new_mode), manifest)
         except OSError as e:
             raise TgcError(f"cannot write '{manifest}': {e.strerror or e}", kind=write_error_kind(e)) from None
-    return Written([os.path.join(directory, n) for n in datas], removed, kept, unremoved, set_aside)
+    return Written([os.path.join(directory, n) for n in datas], removed, kept, unremoved, set_aside, key is None)
 
 
 def set_aside_note(path: str, backup: str) -> str:

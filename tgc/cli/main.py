@@ -893,6 +893,11 @@ def _compile_command(file: str, device: str | None, dims: dict[str, int], emit: 
                  "tries again)")
         for path, backup in done.set_aside:
             _err(f"note: {em.set_aside_note(path, backup)}")
+        if done.unsigned:
+            where = em.key_path() or "its cache directory"
+            _err(f"note: tgc could not keep its key in {where} (not writable), so a later compile into {outdir} "
+                 "will not know these files as tgc's: it sets them aside as .orig instead of replacing or removing "
+                 "them")
     elif show:
         em.show(emitted, _color_stdout())
     return kernels
