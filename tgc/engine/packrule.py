@@ -77,9 +77,9 @@ def panel_fits_in_place(k: int, n: int, itemsize: int, cache: CacheGeometry, pan
     """Whether a column panel of a k x n row-major operand (k rows of `panel` values, a row stride apart) is read
     well in place: its rows start on cache lines (else every vector load of a row spans two lines), and its
     lines fit the cache sets its rows map to, within 1/PANEL_SHARE of their lines."""
-    stride = n * itemsize
-    if stride % cache.line:  # rows not line-aligned: vector loads across two lines (llama's 1365 columns: 1.6x)
+    if not rows_on_lines(n, itemsize, cache):  # vector loads across two lines (llama's 1365 columns: 1.6x)
         return False
+    stride = n * itemsize
     lines_per_row = -(-panel * itemsize // cache.line)
     positions = cache.period // math.gcd(stride, cache.period)  # distinct set offsets the rows start at
     sets = min(cache.period // cache.line, positions * lines_per_row)

@@ -826,16 +826,15 @@ REST_COLUMNS = 16  # the rest is computed as this many columns (or twice), the l
 # (1365x512x512, one thread: 4.6 ms split, 4.3 ms padded; 1365x1000x197: 5.1 ms, 3.8 ms).
 
 
-def _matmul_part(r: UOp, rows: tuple[int, int] | None = None, steps: tuple[int, int] | None = None,
-                 columns: tuple[int, int] | None = None) -> UOp:
-    """The matmul `r` (as `_matmul_rhs` recognises it) over its output rows, reduction steps and output columns
-    in the given ranges only (None: all): the same product of the left-hand side's rows and steps with the
-    right-hand side's steps and columns, written as `Tensor.matmul` writes one."""
+def _matmul_part(r: UOp, steps: tuple[int, int] | None = None, columns: tuple[int, int] | None = None) -> UOp:
+    """The matmul `r` (as `_matmul_rhs` recognises it) over its reduction steps and output columns in the given
+    ranges only (None: all; its rows are never split): the same product of the left-hand side's rows and steps
+    with the right-hand side's steps and columns, written as `Tensor.matmul` writes one."""
     mul = r.src[0]
     x, y = _broadcast(mul.src[0]), _broadcast(mul.src[1])
     shape = shape_of(mul)
     m, k, n = shape[-3:]
-    rows, steps, columns = rows or (0, m), steps or (0, k), columns or (0, n)
+    rows, steps, columns = (0, m), steps or (0, k), columns or (0, n)
     full = shape[:-3] + (rows[1] - rows[0], steps[1] - steps[0], columns[1] - columns[0])
 
     def shrunk(u: UOp, last_two: tuple[tuple[int, int], tuple[int, int]]) -> UOp:
@@ -911,7 +910,6 @@ def split_odd_matmul(r: UOp, serves: dict[UOp, UOp], top: UOp | None = None) -> 
         return r
     top = top if top is not None else r
     _, k, n = shape_of(r.src[0])[-3:]
-    nd = len(shape_of(r))
     if k > SPLIT_REDUCE and k % SPLIT_REDUCE and prod(shape_of(r)) <= SPLIT_REDUCE_MAX_OUTPUTS:
         main = k - k % SPLIT_REDUCE
         head = split_odd_matmul(_matmul_part(r, steps=(0, main)), serves, top)
@@ -921,20 +919,19 @@ def split_odd_matmul(r: UOp, serves: dict[UOp, UOp], top: UOp | None = None) -> 
         return UOp(Ops.ADD, r.dtype, (head, _matmul_part(r, steps=(main, k))))
     if n > SPLIT_COLUMNS and n % SPLIT_COLUMNS:
         wide = -(-(n % SPLIT_COLUMNS) // REST_COLUMNS) * REST_COLUMNS  # a multiple of 16 (a vector)
-        return _split_in_two(r, serves, top, "columns", nd - 1, n, n - n % SPLIT_COLUMNS, wide)
+        return _split_in_two(r, serves, top, n, n - n % SPLIT_COLUMNS, wide)
     return r
 
 
-def _split_in_two(r: UOp, serves: dict[UOp, UOp], top: UOp, along: str, axis: int, size: int, main: int,
-                  rest: int) -> UOp:
-    """Matmul `r` as its first `main` rows or columns (`along`, output axis `axis` of `size`) and its last `rest`
-    ones, each split further (`split_odd_matmul`) and joined; a part that is a reduction serves `top`."""
-    first = split_odd_matmul(_matmul_part(r, **{along: (0, main)}), serves, top)
-    last = split_odd_matmul(_matmul_part(r, **{along: (size - rest, size)}), serves, top)
+def _split_in_two(r: UOp, serves: dict[UOp, UOp], top: UOp, size: int, main: int, rest: int) -> UOp:
+    """Matmul `r` as its first `main` output columns (of `size`) and its last `rest` ones, each split further
+    (`split_odd_matmul`) and joined; a part that is a reduction serves `top`."""
+    first = split_odd_matmul(_column_part(r, 0, main), serves, top)
+    last = split_odd_matmul(_column_part(r, size - rest, size), serves, top)
     for part in (first, last):
         if part.op is Ops.REDUCE_AXIS:
             serves[part] = top
-    return _join(r, axis, first, last, main, size, rest)
+    return _join(r, len(shape_of(r)) - 1, first, last, main, size, rest)
 
 
 def split_odd_sizes(outputs: list[UOp], keep: set[UOp]) -> tuple[list[UOp], dict[UOp, UOp], dict[UOp, UOp]]:
