@@ -302,7 +302,7 @@ class CPUDevice(Device):
         """One native call running every kernel of `launches` in order (tgc.backends.cpu_graph); a package
         passes the runner's object it ships and `compile_runner=False` (it never compiles)."""
         from tgc.backends.cpu_graph import CPUGraph
-        return CPUGraph(self, launches, ABANDONED, _sigint_deferred, data_address, runner_object, compile_runner)
+        return CPUGraph(self, launches, _sigint_deferred, data_address, runner_object, compile_runner)
 
     def compile_pool(self, workers: int) -> Any:
         """LLVM compiles in worker processes (a fatal LLVM error kills only a worker)."""

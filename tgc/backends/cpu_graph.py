@@ -346,15 +346,15 @@ def _work(fn: Any, tab: int, n: int, core: int, state: int, ticket: int, keep: n
 class CPUGraph:
     """A fixed list of CPU launches `(program, buffers, global_size, local_size, vals)` run by one native call per
     thread. The buffers are bound when the graph is built: it must be built again for other buffers.
-    `abandoned` and `defer_sigint` are tgc.backends.cpu's ABANDONED and _sigint_deferred (Ctrl-C handling: a
-    run's threads are out of it when the native call on the calling thread returns, so nothing is abandoned),
-    `address` its `data_address` (a buffer handle's data address)."""
+    `defer_sigint` is tgc.backends.cpu's _sigint_deferred (Ctrl-C handling: a run's threads are out of it when
+    the native call on the calling thread returns, so nothing is left running, unlike a launch's threads,
+    `ABANDONED`), `address` its `data_address` (a buffer handle's data address)."""
 
     last_serial = False  # whether the last run went serially (a busy machine)
 
-    def __init__(self, device: Any, launches: list[tuple], abandoned: Any, defer_sigint: Any, address: Any,
+    def __init__(self, device: Any, launches: list[tuple], defer_sigint: Any, address: Any,
                  runner_object: bytes | None = None, compile_runner: bool = True):
-        self.device, self.abandoned, self.defer_sigint = device, abandoned, defer_sigint
+        self.device, self.defer_sigint = device, defer_sigint
         self.fn = runner(device.compiler, runner_object, compile_runner)
         self.programs = [launch[0] for launch in launches]  # keep the loaded code alive while the graph lives
         self.bufs = [b for launch in launches for b in launch[1]]
