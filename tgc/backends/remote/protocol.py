@@ -921,12 +921,18 @@ _PLAN_KEEP = 256
 _PLAN_TEXT = 4096
 
 
+def _plan_key(text: str) -> tuple[str, list[str]]:
+    """A kept plan's key for a quick-form `text` (its blob ids blanked) and those ids, in order."""
+    ids = _PLAN_ID.findall(text)
+    return (_PLAN_ID.sub("datahash=''", text) if ids else text), ids
+
+
 def _planned(text: str, max_nodes: int | None) -> list[Any] | None:
     """The requests of `text` from `_PLANS`, or None (not kept: parse it)."""
     if len(text) > _PLAN_TEXT:
         return None
-    ids = _PLAN_ID.findall(text)
-    kept = _PLANS.get(_PLAN_ID.sub("datahash=''", text) if ids else text)
+    key, ids = _plan_key(text)
+    kept = _PLANS.get(key)
     if kept is None or len(kept[1]) != len(ids):
         return None
     if max_nodes is not None and kept[2] > max_nodes:
@@ -942,14 +948,14 @@ def _keep_plan(text: str, requests: list[Any]) -> None:
     """Keep the requests just built from the quick-form `text` for `_planned`."""
     if len(text) > _PLAN_TEXT:
         return
-    ids = _PLAN_ID.findall(text)
+    key, ids = _plan_key(text)
     slots = tuple(i for i, r in enumerate(requests) if r.blob() is not None)
     if [requests[i].blob() for i in slots] != ids:  # (every id where a request's datahash is, in order)
         return
     if len(_PLANS) >= _PLAN_KEEP:
         _PLANS.clear()
     nodes = text.count(",") + text.count("(") + text.count("[") + text.count("=")
-    _PLANS[_PLAN_ID.sub("datahash=''", text) if ids else text] = (tuple(requests), slots, nodes)
+    _PLANS[key] = (tuple(requests), slots, nodes)
 
 
 def parse_requests(text: str, *, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NODES,
