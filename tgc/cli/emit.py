@@ -332,16 +332,12 @@ def _manifest(directory: str) -> dict[str, frozenset[str]]:
     `MANIFEST_MAX_BYTES`."""
     import hmac
     import json
-    import stat
 
-    try:
-        fd = os.open(os.path.join(directory, MANIFEST), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+    f = _open_regular(os.path.join(directory, MANIFEST))
+    if f is None:
         return {}
     try:
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                return {}
+        with f:
             raw = f.read(MANIFEST_MAX_BYTES + 1)
         if len(raw) > MANIFEST_MAX_BYTES:
             return {}
@@ -375,18 +371,32 @@ def _manifest_writer(directory: str, files: dict[str, frozenset[str]], key: byte
     return _bytes_writer((json.dumps(doc, indent=1) + "\n").encode())
 
 
-def _digest(path: str) -> str | None:
-    """The sha256 of `path` where it is a regular file (not a link) that can be read, else None."""
+def _open_regular(path: str) -> Any:
+    """`path` opened for reading (binary) where it is a regular file: not followed if a link, a FIFO not waited
+    on (O_NOFOLLOW, O_NONBLOCK); else None."""
     import stat
 
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
-    with os.fdopen(fd, "rb") as f:
+    f = os.fdopen(fd, "rb")
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return f
+    except OSError:
+        pass
+    f.close()
+    return None
+
+
+def _digest(path: str) -> str | None:
+    """The sha256 of `path` where it is a regular file (not a link) that can be read, else None."""
+    f = _open_regular(path)
+    if f is None:
+        return None
+    with f:
         try:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                return None
             h = hashlib.sha256()
             while chunk := f.read(1 << 20):
                 h.update(chunk)
