@@ -381,19 +381,11 @@ def trusted_from(sig: tuple, slots: Sequence[Slot] = ()) -> int:
 def signature_divisor(sig: tuple, slots: Sequence[Slot] = ()) -> int:
     """The largest divisor of a floor division of a dim (`symsize.atom`) among a signature's sizes and these
     buffers' shapes, else 1."""
-    best = 1
-    for slot in slots:
-        for m in slot.shape:
-            for n in m[1]:
-                parts = atom_parts(n) if "/" in n else None
-                best = max(best, parts[3] if parts is not None else 1)
+    monos = [m for slot in slots for m in slot.shape]
 
-    def walk(v: Any) -> None:
-        nonlocal best
+    def walk(v: Any) -> None:  # (a signature's arg: ("#", mono) for a size, `symbolize_value`)
         if isinstance(v, tuple) and len(v) == 2 and v[0] in ("#", "#f", "#r"):
-            for n in v[1][1]:
-                parts = atom_parts(n) if "/" in n else None
-                best = max(best, parts[3] if parts is not None else 1)
+            monos.append(v[1])
         elif isinstance(v, tuple):
             for x in v:
                 walk(x)
@@ -401,7 +393,8 @@ def signature_divisor(sig: tuple, slots: Sequence[Slot] = ()) -> int:
     for row in sig:
         if row[0] != "outs":
             walk(row[2])
-    return best
+    divisors = [atom_parts(n)[3] for m in monos for n in m[1] if "/" in n and atom_parts(n) is not None]
+    return max(divisors, default=1)
 
 
 @dataclass
