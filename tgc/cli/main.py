@@ -774,7 +774,9 @@ def _finish_run(file: str, prog: Any, run_dims: dict[str, int], arrays: dict[str
 @click.option("--emit", type=click.Choice(["src", "uops", "schedule", "ir", "asm", "bin"]), default="src",
               show_default=True, help="What to print for each kernel.")
 @click.option("-o", "--output", "outdir", metavar="DIR", callback=nonempty_path,
-              help="Write one file per kernel into DIR.")
+              help="Write one file per kernel into DIR; an earlier compile's files there that this one does not "
+                   "write are removed (only tgc's own, unchanged), a file of yours at a kernel's name is kept as "
+                   "NAME.orig.")
 @click.option("--package", "package", metavar="OUT.tgpkg", callback=nonempty_path,
               help="Write one package file (signature, launch plan, binaries) for `tgc run`/`bench`/`inspect`.")
 @shard_option
