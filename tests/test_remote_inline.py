@@ -227,3 +227,70 @@ def test_a_kernel_with_integer_max_is_proven_and_runs_inline_with_numpy_results(
         assert cpu_server.inline_launches == before + 3
     finally:
         _drop_remote_instances()
+
+
+def _affine_graph(srv, sid: str, n: int = 16) -> None:
+    """Session `sid`: `x * 2 + 1` over n floats as program 1 (proven short), buffers 1 (out) and 2 (x), and graph 1
+    launching it on them."""
+    import tgc
+    (k,) = tgc.loads("x: f32[N]\nreturn x * 2.0 + 1.0\n").compile(device="CPU", dims={"N": n})
+    assert _proof(k.src) is not None
+    (h,), blobs = _ok(srv.port, sid, P.Compile(src=k.src))
+    _ok(srv.port, sid, P.ProgramAlloc(prog=1, name=k.name, datahash=h), P.BufferAlloc(buf=1, size=4 * n),
+        P.BufferAlloc(buf=2, size=4 * n), blobs={h: bytes(blobs[h])})
+    _ok(srv.port, sid, P.GraphAlloc(graph=1, kernels=(P.GraphKernel(prog=1, bufs=(1, 2), global_size=(1, 1, 1)),)))
+
+
+def _affine_run(srv, sid: str, x: np.ndarray) -> np.ndarray:
+    data = x.tobytes()
+    h = P.blob_id(data)
+    results, blobs = _ok(srv.port, sid, P.CopyIn(buf=2, datahash=h), P.GraphExec(graph=1, wait=True),
+                         P.CopyOut(buf=1), blobs={h: data})
+    return np.frombuffer(blobs[results[-1]], np.float32)
+
+
+@needs_cpu
+def test_a_kept_graphs_launch_check_is_reused_only_for_the_very_buffers_and_program_it_checked(cpu_server):
+    srv, sid, rng = cpu_server, "checked-once-0123456789", np.random.default_rng(3)
+    _affine_graph(srv, sid)
+    for _ in range(3):  # (checked once, then reused: new inputs each run, numpy's results)
+        x = rng.standard_normal(16).astype(np.float32)
+        np.testing.assert_allclose(_affine_run(srv, sid, x), x * 2 + 1, rtol=1e-6)
+    assert srv.inline_launches == 3
+    session = srv.sessions[sid]
+    assert len(session.checked) == 1
+    # buffer 2 freed and made again smaller under the same number: the graph's launch is checked again and refused
+    _ok(srv.port, sid, P.BufferFree(buf=2), P.BufferAlloc(buf=2, size=32))
+    status, kind, body = post(srv.port, batch(P.GraphExec(graph=1, wait=True)), session=sid)
+    assert (status, kind) == (400, "protocol") and b"buffer 2 has 32 bytes" in body, body
+    # ... and again at its size: a fresh check, and the launch reads the new buffer
+    _ok(srv.port, sid, P.BufferFree(buf=2), P.BufferAlloc(buf=2, size=64))
+    x = rng.standard_normal(16).astype(np.float32)
+    np.testing.assert_allclose(_affine_run(srv, sid, x), x * 2 + 1, rtol=1e-6)
+    # the program freed: the launch is refused, not served from what was checked before
+    _ok(srv.port, sid, P.ProgramFree(prog=1))
+    status, kind, body = post(srv.port, batch(P.GraphExec(graph=1, wait=True)), session=sid)
+    assert (status, kind) == (404, "session") and b"no program 1" in body, body
+    # a freed graph forgets its checks
+    _ok(srv.port, sid, P.GraphFree(graph=1))
+    assert session.checked == {}
+    assert srv.inline_launches == 4
+
+
+@needs_cpu
+def test_another_sessions_kept_graph_is_checked_on_its_own(cpu_server):
+    srv, rng = cpu_server, np.random.default_rng(4)
+    _affine_graph(srv, "first-session-0123456789")
+    x = rng.standard_normal(16).astype(np.float32)
+    np.testing.assert_allclose(_affine_run(srv, "first-session-0123456789", x), x * 2 + 1, rtol=1e-6)
+    # the same requests in another session whose buffer 1 is too small: refused there, though the first session's
+    # launch of the same text was checked and kept
+    other = "second-session-0123456789"
+    _affine_graph(srv, other, n=16)
+    _ok(srv.port, other, P.BufferFree(buf=1), P.BufferAlloc(buf=1, size=16))
+    status, kind, body = post(srv.port, batch(P.GraphExec(graph=1, wait=True)), session=other)
+    assert (status, kind) == (400, "protocol") and b"buffer 1 has 16 bytes" in body, body
+    assert srv.sessions[other].checked == {}
+    x = rng.standard_normal(16).astype(np.float32)  # (the first session's kept check still serves it)
+    np.testing.assert_allclose(_affine_run(srv, "first-session-0123456789", x), x * 2 + 1, rtol=1e-6)
+    assert srv.inline_launches == 2

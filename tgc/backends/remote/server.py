@@ -1145,13 +1145,28 @@ class RemoteServer:
         Launch = _launch_class()
         arena, times = self.allocator, []
         first, part = 0, []
+        checked, table, programs = session.checked, session.buffers, session.programs
         for i, k in enumerate(launches):
-            try:
-                prog, contracts, lib, name, key = self._get(session.programs, k.prog, "program")
-                handles, bufs, met, glob = self._checked_launch(session, k, contracts)
-            except Refusal as e:
-                raise Refusal(e.status, e.kind, f"{label(i, i)}: {e.msg}") from None
-            if self._inline_ok(k, contracts, handles, bufs, met, glob):  # proven short: here, after those before it
+            hit = checked.get(id(k))
+            if hit is not None and hit[0] is k and programs.get(k.prog) is hit[1] and all(
+                    table.get(b) is buf and buf.handle is h for b, buf, h in zip(k.bufs, hit[2], hit[3])):
+                # (a kept graph's kernel, checked before against these very objects: the same program entry,
+                # Buffers and handles, so the same contract, sizes, addresses and answer)
+                entry, handles, inline = hit[1], hit[3], hit[4]
+                prog, contracts, lib, name, key = entry
+            else:
+                try:
+                    entry = self._get(programs, k.prog, "program")
+                    prog, contracts, lib, name, key = entry
+                    handles, bufs, met, glob = self._checked_launch(session, k, contracts)
+                except Refusal as e:
+                    raise Refusal(e.status, e.kind, f"{label(i, i)}: {e.msg}") from None
+                inline = self._inline_ok(k, contracts, handles, bufs, met, glob)
+                if type(k) is P.GraphKernel:
+                    if len(checked) >= self.limits.max_objects:
+                        checked.clear()
+                    checked[id(k)] = (k, entry, tuple(bufs), tuple(handles), inline)
+            if inline:  # proven short: here, after those before it
                 if part:
                     times += self._worker_part(session, part, first, label)
                 if time.monotonic() > session.deadline:
@@ -1255,8 +1270,10 @@ class RemoteServer:
         return total or time.perf_counter() - start
 
     def _do_GraphFree(self, session: Session, req: P.GraphFree, blobs, out) -> None:
-        self._get(session.graphs, req.graph, "graph")
+        kernels = self._get(session.graphs, req.graph, "graph")
         del session.graphs[req.graph]
+        for k in kernels:
+            session.checked.pop(id(k), None)
 
     def _do_Synchronize(self, session: Session, req: P.Synchronize, blobs, out) -> None:
         if not self.uses_launch_workers:  # (a worker's launches are done when it answers)
@@ -1269,6 +1286,7 @@ class RemoteServer:
         """Free everything a session holds and forget it (errors while freeing are skipped)."""
         self.sessions.pop(session.id, None)
         session.graphs.clear()
+        session.checked.clear()
         session.programs.clear()
         for num in [n for n, b in session.buffers.items() if b.parent is None]:
             try:

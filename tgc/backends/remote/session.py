@@ -42,6 +42,10 @@ class Session:
     aliased: bool = False  # the running batch's answer holds views of its buffers (`run_batch`)
     maps: list[Any] = field(default_factory=list)  # device buffers mapped for that answer, unmapped once it is sent
     answer_bytes: int = 0  # bytes of ranges read in the batch running now (bounded by the body limit)
+    # graph kernels' launches as last checked (`RemoteServer._run_in_workers`), by id of the kernel: (the kernel, its
+    # program's entry, its Buffers, their handles, the launch may run inline); used again only while the kernel, the
+    # program entry, every Buffer in the table and every handle are the very objects checked
+    checked: dict[int, tuple] = field(default_factory=dict)
 
     @property
     def objects(self) -> int:
