@@ -261,6 +261,7 @@ class Connection:
 
     def __init__(self, host: str, port: int, token: str | None, session: str, timeout: float, retry: float):
         self.host, self.port, self.token, self.session = host, port, token, session
+        self._fixed: tuple[tuple, str] | None = None  # (host, port, session, token) and the head's lines of them
         self.timeout, self.retry = timeout, retry
         self._conn: _Wire | None = None
         self.server_timing: str | None = None  # the server's timing header of the last answer (`post(timing=...)`)
@@ -312,15 +313,18 @@ class Connection:
                 delay = min(delay * 2, 1.0)
 
     def _head(self, parts: Sequence[bytes | memoryview], timing: bool = False) -> bytes:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        head = (f"POST {P.BATCH_PATH} HTTP/1.1\r\nHost: {host}:{self.port}\r\n"
-                f"Content-Type: application/octet-stream\r\n{P.SESSION_HEADER}: {self.session}\r\n"
-                f"Content-Length: {sum(len(p) for p in parts)}\r\n")
-        if self.token:
-            head += f"Authorization: Bearer {self.token}\r\n"
-        if timing:
-            head += f"{P.PROFILE_HEADER}: 1\r\n"
-        return (head + "\r\n").encode("latin-1")
+        fixed = (self.host, self.port, self.session, self.token)
+        if self._fixed is None or self._fixed[0] != fixed:  # (the lines that are the same in every request: once)
+            host = f"[{self.host}]" if ":" in self.host else self.host
+            auth = f"Authorization: Bearer {self.token}\r\n" if self.token else ""
+            self._fixed = (fixed, f"POST {P.BATCH_PATH} HTTP/1.1\r\nHost: {host}:{self.port}\r\n"
+                                  f"Content-Type: application/octet-stream\r\n{P.SESSION_HEADER}: {self.session}\r\n"
+                                  f"{auth}Content-Length: ")
+        size = 0
+        for p in parts:
+            size += len(p)
+        tail = f"\r\n{P.PROFILE_HEADER}: 1\r\n\r\n" if timing else "\r\n\r\n"
+        return (self._fixed[1] + str(size) + tail).encode("latin-1")
 
     def send_ahead(self, parts: list[bytes | memoryview], limit: int) -> None:
         """Send one batch body now and read its answer later, before the next answer (`post`, `drain`): HTTP/1.1
@@ -882,12 +886,19 @@ class RemoteDevice(Device):
         self._used["used"] = True
         self.round_trips += 1
         limit = ANSWER_BASE + ANSWER_PER_REQUEST * len(reqs)
-        for r in reqs:
-            if isinstance(r, P.CopyOut):
+        pending = self._pending_launches  # launches not yet known to be finished once this batch is answered:
+        for r in reqs:  # those after the last copy out/wait/sync
+            t = type(r)
+            if t is P.CopyOut:
                 limit += 40 + self._sizes.get(r.buf, 0)
-            elif isinstance(r, P.ReadRange):
+                pending = False
+            elif t is P.GraphExec or t is P.ProgramExec:
+                pending = not r.wait
+            elif t is P.Synchronize:
+                pending = False
+            elif t is P.ReadRange:
                 limit += 40 + r.size
-            elif isinstance(r, LISTINGS):
+            elif t in LISTINGS:
                 limit += ANSWER_PER_LISTING
         prof = profile.active
         if prof is None:
@@ -904,11 +915,7 @@ class RemoteDevice(Device):
             out_blobs[streamed[1]] = streamed[2]
         if len(results) != len(reqs):
             raise DeviceError(f"REMOTE server {conn.address} answered {len(results)} of {len(reqs)} requests")
-        for r in reqs:  # launches not yet known to be finished: those after the last copy out/wait/sync
-            if isinstance(r, (P.ProgramExec, P.GraphExec)):
-                self._pending_launches = not r.wait
-            elif isinstance(r, (P.CopyOut, P.Synchronize)):
-                self._pending_launches = False
+        self._pending_launches = pending
         return results, out_blobs
 
     def _post_profiled(self, prof: Any, conn: Connection, body: list[bytes | memoryview], limit: int,

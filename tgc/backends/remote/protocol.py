@@ -568,8 +568,14 @@ def to_text(value: Any) -> str:
     if t is tuple:
         return "(" + "".join([to_text(v) + ", " for v in value]) + ")"
     names = _WRITTEN.get(t)
-    if names is not None:
-        return t.__name__ + "(" + ", ".join([f"{name}={to_text(getattr(value, name))}" for name in names]) + ")"
+    if names is not None:  # (a field of an int, a str or None, as most are, written here: no call for it)
+        fields = []
+        for name in names:
+            v = getattr(value, name)
+            tv = type(v)
+            plain = tv is int or tv is str or tv is bool or v is None
+            fields.append(f"{name}={v!r}" if plain else f"{name}={to_text(v)}")
+        return t.__name__ + "(" + ", ".join(fields) + ")"
     if isinstance(value, (bool, int, str)):
         return repr(value)
     if isinstance(value, float):
