@@ -294,3 +294,94 @@ def test_another_sessions_kept_graph_is_checked_on_its_own(cpu_server):
     x = rng.standard_normal(16).astype(np.float32)  # (the first session's kept check still serves it)
     np.testing.assert_allclose(_affine_run(srv, "first-session-0123456789", x), x * 2 + 1, rtol=1e-6)
     assert srv.inline_launches == 2
+
+
+ARRAY_SRC = """define void @arr(ptr noalias align 64 %data0, ptr noalias align 64 %data1, i32 %core_id) #0 {
+entry:
+  %local0 = alloca [16 x float], align 64
+  br label %loop0_head
+loop0_head:
+  %r0 = phi i32 [ 0, %entry ], [ %v3, %loop0_body ]
+  %v0 = icmp slt i32 %r0, 16
+  br i1 %v0, label %loop0_body, label %loop0_exit
+loop0_body:
+  %v1 = getelementptr inbounds float, ptr %data1, i32 %r0
+  %v2 = load float, ptr %v1, align 4
+  %g = getelementptr inbounds float, ptr %local0, i32 %r0
+  store float %v2, ptr %g, align 4
+  %v3 = add nuw nsw i32 %r0, 1
+  br label %loop0_head
+loop0_exit:
+  %h = getelementptr inbounds float, ptr %local0, i32 8
+  %v4 = load <8 x float>, ptr %h, align 4
+  %v5 = load <8 x float>, ptr %local0, align 64
+  %v6 = fadd <8 x float> %v4, %v5
+  store <8 x float> %v6, ptr %data0, align 64
+  ret void
+}
+
+attributes #0 = { nounwind }
+; tgc-launch: {"bufs":[32,64],"global_size":[1,1,1],"local_size":null,"vals":0}
+"""
+
+
+def test_array_allocas_are_proven_like_buffers_and_hostile_ones_are_not():
+    assert _proof(ARRAY_SRC) is not None
+    for dims in ({"B": 1, "H": 2, "T": 4, "D": 4}, {"B": 4, "H": 4, "T": 4, "D": 4}):  # (local memory arrays)
+        (src,) = _sources(open("kernels/attention.tg").read(), dims)
+        assert "alloca [" in src and _proof(src) is not None, dims
+    hostile = {
+        "a store past the array": _edit(ARRAY_SRC, "ptr %local0, i32 %r0", "ptr %local0, i32 %w", count=0).replace(
+            "  %g = ", "  %w = add nuw nsw i32 %r0, 1\n  %g = "),
+        "an array smaller than its use": _edit(ARRAY_SRC, "[16 x float], align 64", "[15 x float], align 64"),
+        "a read past the array": _edit(ARRAY_SRC, "i32 8\n", "i32 9\n"),
+        "an over-aligned read of the array": _edit(ARRAY_SRC, "[16 x float], align 64", "[16 x float], align 16"),
+        "an over-aligned read of an element": _edit(ARRAY_SRC, "ptr %h, align 4", "ptr %h, align 8"),
+        "an array's address stored": _edit(ARRAY_SRC, "  ret void", "  store ptr %local0, ptr %data0, align 8\n"
+                                                                    "  ret void"),
+        "an array's address compared": _edit(ARRAY_SRC, "  ret void", "  %c = icmp eq ptr %local0, %data0\n"
+                                                                      "  ret void"),
+        "a getelementptr of a getelementptr": _edit(ARRAY_SRC, "ptr %local0, i32 8", "ptr %g, i32 8"),
+        "an array outside the entry block": _edit(
+            _edit(ARRAY_SRC, "  %local0 = alloca [16 x float], align 64\n", ""), "loop0_body:\n",
+            "loop0_body:\n  %local0 = alloca [16 x float], align 64\n"),
+        "an array of i1": _edit(ARRAY_SRC, "[16 x float], align 64", "[16 x i1], align 64"),
+        "an alignment that is not a power of two": _edit(ARRAY_SRC, "[16 x float], align 64", "[16 x float], align 48"),
+        "an array past the stack limit": _edit(ARRAY_SRC, "[16 x float]", "[100000 x float]"),
+        "an array without its alignment": _edit(ARRAY_SRC, "[16 x float], align 64", "[16 x float]"),
+        "an index read from the array": _edit(
+            ARRAY_SRC, "  %h = getelementptr inbounds float, ptr %local0, i32 8\n",
+            "  %w = load i32, ptr %local0, align 4\n  %h = getelementptr inbounds float, ptr %local0, i32 %w\n"),
+    }
+    for what, bad in hostile.items():
+        assert _proof(bad) is None, what
+
+
+@needs_cpu
+def test_a_kernel_with_an_array_alloca_runs_inline_with_numpy_results(cpu_server):
+    srv, sid = cpu_server, "array-inline-0123456789"
+    (h,), blobs = _ok(srv.port, sid, P.Compile(src=ARRAY_SRC))
+    _ok(srv.port, sid, P.ProgramAlloc(prog=1, name="arr", datahash=h), P.BufferAlloc(buf=1, size=32),
+        P.BufferAlloc(buf=2, size=64), blobs={h: bytes(blobs[h])})
+    x = np.random.default_rng(5).standard_normal(16).astype(np.float32)
+    data = x.tobytes()
+    results, out = _ok(srv.port, sid, P.CopyIn(buf=2, datahash=P.blob_id(data)),
+                       P.ProgramExec(prog=1, bufs=(1, 2), global_size=(1, 1, 1), wait=True), P.CopyOut(buf=1),
+                       blobs={P.blob_id(data): data})
+    np.testing.assert_array_equal(np.frombuffer(out[results[-1]], np.float32), x[8:] + x[:8])
+    assert srv.inline_launches == 1
+
+
+@needs_cpu
+def test_attention_with_local_memory_runs_inline_with_numpy_results(cpu_server, monkeypatch):
+    import tgc
+    _use_server_without_token(monkeypatch, cpu_server.port)
+    try:
+        rng = np.random.default_rng(6)
+        q, k, v = (rng.standard_normal((1, 2, 4, 4)).astype(np.float32) for _ in range(3))
+        out = tgc.load("kernels/attention.tg").run(device="REMOTE", q=q, k=k, v=v)["attn"]
+        w = np.exp(q @ k.transpose(0, 1, 3, 2) / 2.0)
+        np.testing.assert_allclose(out, (w / w.sum(-1, keepdims=True)) @ v, rtol=1e-5, atol=1e-6)
+        assert cpu_server.inline_launches == 1  # (its one kernel, with two `[N x float]` arrays: not in a worker)
+    finally:
+        _drop_remote_instances()
