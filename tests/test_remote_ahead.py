@@ -159,6 +159,45 @@ def test_lowercase_session_and_length_headers_are_the_same_headers(cpu_server):
     assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"[None]"), answer[-200:]
 
 
+def test_request_and_header_lines_read_before_are_kept_by_their_bytes_and_only_when_they_parsed(cpu_server):
+    from tgc.backends.remote import transport as T
+    T._HEADER_LINES.clear()
+    T._REQUEST_LINES.clear()
+    for _ in range(2):  # (the second time from the kept lines)
+        answer = _raw_http(cpu_server.port, _head(b"X-Kept: yes \r\n"))
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    assert T._REQUEST_LINES[b"POST /batch HTTP/1.1\r\n"][1:] == ("POST", "/batch", "HTTP/1.1", 1, 1)
+    assert T._HEADER_LINES[b"X-Kept: yes \r\n"] == ("x-kept", "yes ")  # (the name lowered, trailing space kept)
+    # lines that differ from a kept one by a byte are read afresh (and refused where they are bad); refused ones are
+    # never kept, so they are refused again
+    for _ in range(2):
+        for extra, line, status in [(b"X Kept: yes \r\n", b"POST /batch HTTP/1.1", b"400"),
+                                    (b"X-Kept:yes\r\n", b"POST /batch HTTP/1.1", b"200"),
+                                    (b"", b"POST /batch HTTP/2.1", b"505"), (b"", b"POST  /batch", b"400")]:
+            answer = _raw_http(cpu_server.port, _head(extra, line))
+            assert answer.startswith(b"HTTP/1.1 " + status), (extra, line, answer[:200])
+    assert not [k for k in T._HEADER_LINES if k.startswith(b"X Kept")]
+    assert set(T._REQUEST_LINES) == {b"POST /batch HTTP/1.1\r\n"}
+    # a token line read before does not stand for another: a wrong token is refused after a right one
+    cpu_server.tokens = {"right-token-0123456789": "t"}
+    try:
+        for token, status in [("right-token-0123456789", b"200"), ("wrong-token-0123456789", b"401"),
+                              ("right-token-0123456789", b"200"), ("right-token-0123456789 ", b"401")]:
+            head = _head(f"Authorization: Bearer {token}\r\n".encode())
+            head = head.replace(SESSION.encode(), b"with-a-token-0123456789")  # (a session of that token)
+            answer = _raw_http(cpu_server.port, head)
+            assert answer.startswith(b"HTTP/1.1 " + status), (token, answer[:200])
+    finally:
+        cpu_server.tokens = {}
+    # at most MAX_KEPT_LINES kept (emptied when full), and no line longer than KEPT_LINE
+    _raw_http(cpu_server.port, _head(b"".join(f"X-{i}: {i}\r\n".encode() for i in range(90))
+                                     + b"X-Long: " + b"v" * T.KEPT_LINE + b"\r\n"))
+    assert len(T._HEADER_LINES) <= T.MAX_KEPT_LINES and not [k for k in T._HEADER_LINES if len(k) > T.KEPT_LINE]
+    for n in range(T.MAX_KEPT_LINES // 90 + 2):
+        _raw_http(cpu_server.port, _head(b"".join(f"X-{n}-{i}: {i}\r\n".encode() for i in range(90))))
+        assert len(T._HEADER_LINES) <= T.MAX_KEPT_LINES
+
+
 # --- result texts read without ast
 
 

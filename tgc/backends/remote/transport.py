@@ -85,6 +85,14 @@ class _Headers:
     def add(self, name: str, value: str) -> None:
         self._values.setdefault(name.lower(), []).append(value)
 
+    def add_lower(self, name: str, value: str) -> None:
+        """`add` of a name already in lower case."""
+        values = self._values.get(name)
+        if values is None:
+            self._values[name] = [value]
+        else:
+            values.append(value)
+
     def get(self, name: str, default: Any = None) -> Any:
         values = self._values.get(name.lower())
         return values[0] if values else default
@@ -92,6 +100,23 @@ class _Headers:
     def get_all(self, name: str, default: Any = None) -> Any:
         values = self._values.get(name.lower())
         return list(values) if values else default
+
+
+# The request lines and header lines parsed so far, by their exact bytes (CR LF included): a client sends the same
+# lines with every request (its session, its token, the host), and parsing is a pure function of the bytes. Only
+# lines that parsed are kept (an error is always found again), at most `MAX_KEPT_LINES` of at most `KEPT_LINE` bytes;
+# each table is emptied when full. Shared by every connection: equal bytes give an equal result whoever sent them.
+_REQUEST_LINES: dict[bytes, tuple[str, str, str, str, int, int]] = {}  # -> (line, command, path, version, major, minor)
+_HEADER_LINES: dict[bytes, tuple[str, str]] = {}  # -> (name in lower case, value)
+MAX_KEPT_LINES = 1024
+KEPT_LINE = 512
+
+
+def _keep_line(table: dict[bytes, Any], raw: bytes, parsed: tuple) -> None:
+    if len(raw) <= KEPT_LINE:
+        if len(table) >= MAX_KEPT_LINES:
+            table.clear()
+        table[raw] = parsed
 
 
 def _header_date() -> str:
@@ -126,28 +151,38 @@ class _Handler(BaseHTTPRequestHandler):
         self.command = None
         self.request_version = "HTTP/0.9"  # (until the line is read: an error is then answered in HTTP/1.1)
         self.close_connection = True
-        line = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
+        parsed = _REQUEST_LINES.get(self.raw_requestline)  # (a line read before: the same bytes parse the same)
+        if parsed is None:
+            line = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
+            self.requestline = line
+            words = line.split()
+            if not words:
+                return False
+            if len(words) != 3:
+                self.send_error(400, f"Bad request syntax ({P.to_short(line)})")
+                return False
+            version = _VERSION.fullmatch(words[2])
+            if version is None:
+                self.send_error(400, f"Bad request version ({P.to_short(words[2])})")
+                return False
+            major, minor = int(version[1]), int(version[2])
+            if major >= 2:
+                self.send_error(505, f"Invalid HTTP version ({major}.{minor})")
+                return False
+            parsed = (line, words[0], words[1], words[2], major, minor)
+            _keep_line(_REQUEST_LINES, self.raw_requestline, parsed)
+        line, command, path, version_text, major, minor = parsed
         self.requestline = line
-        words = line.split()
-        if not words:
-            return False
-        if len(words) != 3:
-            self.send_error(400, f"Bad request syntax ({P.to_short(line)})")
-            return False
-        version = _VERSION.fullmatch(words[2])
-        if version is None:
-            self.send_error(400, f"Bad request version ({P.to_short(words[2])})")
-            return False
-        major, minor = int(version[1]), int(version[2])
-        if major >= 2:
-            self.send_error(505, f"Invalid HTTP version ({major}.{minor})")
-            return False
-        self.request_version = words[2]
+        self.request_version = version_text
         self.close_connection = (major, minor) < (1, 1)
-        self.command, self.path = words[0], words[1]
+        self.command, self.path = command, path
         headers = self.headers = _Headers()
         for _ in range(MAX_HEADERS + 1):
             raw = self.rfile.readline(MAX_LINE + 1)
+            field = _HEADER_LINES.get(raw)
+            if field is not None:  # (a header line read before: its name in lower case and its value)
+                headers.add_lower(*field)
+                continue
             if len(raw) > MAX_LINE:
                 self.send_error(431, "Line too long")
                 return False
@@ -158,7 +193,9 @@ class _Handler(BaseHTTPRequestHandler):
             if not colon or not _NAME.fullmatch(name):
                 self.send_error(400, f"Bad header line ({P.to_short(text)})")
                 return False
-            headers.add(name, value.lstrip(" \t"))  # (trailing spaces kept, as the standard library does)
+            field = (name.lower(), value.lstrip(" \t"))  # (trailing spaces kept, as the standard library does)
+            headers.add_lower(*field)
+            _keep_line(_HEADER_LINES, raw, field)
         else:
             self.send_error(431, f"Too many headers (more than {MAX_HEADERS})")
             return False
