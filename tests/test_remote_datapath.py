@@ -3,7 +3,9 @@ and not hashed, and a server that never trusts a large blob's id."""
 
 from __future__ import annotations
 
+import http.client
 import importlib.util
+import io
 import socket
 import threading
 
@@ -238,3 +240,35 @@ def test_both_ends_of_a_connection_get_fixed_socket_buffers(server):
         assert served.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) >= P.SOCKET_BUFFER
     finally:
         dev.close()
+
+
+def test_answer_header_lines_are_kept_by_their_bytes_and_read_alike():
+    """The client keeps answer header lines it read (by their exact bytes): the same answer read again gives the same
+    headers, a line that differs by a byte is read afresh, and a malformed one is never kept (refused again)."""
+    from tgc.backends.remote import client as C
+    C._ANSWER_LINES.clear()
+
+    def read(answer: bytes) -> tuple:
+        w = C._Wire.__new__(C._Wire)
+        w.rfile = io.BufferedReader(io.BytesIO(answer))
+        return w.receive(1 << 20, 1 << 16)
+
+    def answer(*lines: bytes) -> bytes:
+        return b"HTTP/1.1 200 OK\r\n" + b"".join(x + b"\r\n" for x in lines) + b"\r\n" + _OK_BODY
+
+    length = b"Content-Length: " + str(len(_OK_BODY)).encode()
+    first = read(answer(b"X-Tgc-Timing:  a;1 ", length))
+    assert first[1] == {"x-tgc-timing": "a;1", "content-length": str(len(_OK_BODY))} and first[2] == _OK_BODY
+    assert read(answer(b"X-Tgc-Timing:  a;1 ", length))[1] == first[1]  # (from the kept lines)
+    assert C._ANSWER_LINES[b"X-Tgc-Timing:  a;1 \r\n"] == ("x-tgc-timing", "a;1")
+    assert read(answer(b"X-Tgc-Timing:  a;2 ", length))[1]["x-tgc-timing"] == "a;2"
+    for _ in range(2):  # (a malformed line is refused each time: never kept)
+        with pytest.raises(http.client.HTTPException, match="malformed header line"):
+            read(answer(b"No colon here", length))
+    assert b"No colon here\r\n" not in C._ANSWER_LINES
+    for _ in range(2):  # two different Content-Lengths are refused though both lines were read before
+        with pytest.raises(http.client.HTTPException, match="two different Content-Length"):
+            read(answer(length, b"Content-Length: 1"))
+    for i in range(600):  # (bounded: emptied when full)
+        read(answer(f"X-{i}: {i}".encode(), length))
+        assert len(C._ANSWER_LINES) <= 256

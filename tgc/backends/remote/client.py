@@ -197,12 +197,19 @@ class _Wire:
         status, headers = int(words[1]), {}
         for _ in range(MAX_HEADERS + 1):
             line = self._line()
-            if line in (b"\r\n", b"\n", b""):
-                break
-            name, colon, value = line.decode("latin-1").partition(":")
-            if not colon:
-                raise http.client.HTTPException(f"a malformed header line: {P.to_short(line)}")
-            name, value = name.strip().lower(), value.strip()
+            field = _ANSWER_LINES.get(line)  # (a line read before: the same bytes read the same)
+            if field is None:
+                if line in (b"\r\n", b"\n", b""):
+                    break
+                name, colon, value = line.decode("latin-1").partition(":")
+                if not colon:
+                    raise http.client.HTTPException(f"a malformed header line: {P.to_short(line)}")
+                field = (name.strip().lower(), value.strip())
+                if len(line) <= 512:
+                    if len(_ANSWER_LINES) >= 256:
+                        _ANSWER_LINES.clear()
+                    _ANSWER_LINES[line] = field
+            name, value = field
             if name == "content-length" and headers.get(name, value) != value:
                 raise http.client.HTTPException("two different Content-Length headers")
             headers[name] = value
@@ -249,6 +256,11 @@ class _Wire:
             got += k
         text = self._read(length - 48 - n)
         return P.MAGIC + bytes(4) + text, blob_head[:32].hex(), sink
+
+
+# answer header lines read so far, by their exact bytes -> (name in lower case, value): a server sends most of them
+# with every answer; only lines that read are kept (at most 256 of at most 512 bytes, emptied when full)
+_ANSWER_LINES: dict[bytes, tuple[str, str]] = {}
 
 
 class Connection:
