@@ -28,13 +28,15 @@ def _cpu_ready() -> bool:
 needs_cpu = pytest.mark.skipif(not _cpu_ready(), reason="the CPU device is not available")
 
 
-def test_send_all_writes_every_part_in_order_through_partial_sends():
+@pytest.mark.parametrize("timeout", [None, 30.0])  # (with a timeout the first write is a non-blocking writev)
+def test_send_all_writes_every_part_in_order_through_partial_sends(timeout):
     rng = np.random.default_rng(1)
     parts = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in (0, 1, 7, 300_000, 5, 1_000_000, 3)]
     parts.append(memoryview(np.arange(1000, dtype=np.float32)))  # a non-byte view is sent as its bytes
     want = b"".join(bytes(memoryview(p).cast("B")) for p in parts)
     a, b = socket.socketpair()
     a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # small buffers: sendmsg returns partial counts
+    a.settimeout(timeout)
     got = bytearray()
 
     def read() -> None:
