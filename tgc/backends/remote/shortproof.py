@@ -20,11 +20,8 @@ What it accepts (anything else: None):
   anything that may wrap, or a loaded value, is unknown). Every load and store goes through an alloca of exactly
   its type (allocas in the entry block, scalar or vector) or a `getelementptr` of a pointer parameter with one
   index whose interval keeps the access inside that buffer's contract size, aligned no more than its address is
-  known to be. An array alloca (`[N x T], align A`, in the entry block: the renderer's local memory) is such a
-  buffer of N * sizeof(T) bytes whose address is a multiple of A (at most 64): reached at its start or through one
-  `getelementptr` of it, its pointer never used as a value. Indices that may be poison (from a load, a fast-math
-  flag, a wrapping flagged op) are refused. Integer division only by a constant other than 0 and -1. Pointers are
-  used only as those bases and addresses.
+  known to be. Indices that may be poison (from a load, a fast-math flag, a wrapping flagged op) are refused.
+  Integer division only by a constant other than 0 and -1. Pointers are used only as those bases and addresses.
 - size: at most `MAX_LINES` lines in the function, `MAX_LANES` lanes a vector, `MAX_STACK` bytes of allocas (the
   kernel's stack frame stays small in the server's thread); no comments, metadata or quoted text in its body.
 
@@ -166,9 +163,7 @@ class _Prover:
         self.poison: set[str] = set()
         self.defined = {"%core_id", *ptrs}
         self.allocas: dict[str, str] = {}  # alloca -> its type
-        self.arrays: dict[str, tuple[int, int]] = {}  # array alloca `[N x T]` -> (its bytes, its alignment)
-        # gep -> (buffer, or the array it is of, lo byte, hi byte, alignment)
-        self.geps: dict[str, tuple[int | str, int, int, int]] = {}
+        self.geps: dict[str, tuple[int, int, int, int]] = {}  # gep -> (buffer, lo byte, hi byte, alignment)
         self.loops: dict[int, tuple[int, int, str, str, str]] = {}  # header -> (exit, latch, r, n, c)
         self.c: dict[int, tuple[int, str, int, bool]] = {}  # header -> (first, bound, preheader, unsigned)
 
@@ -301,8 +296,7 @@ class _Prover:
         """The interval of an integer operand (None when unknown); refuses a name not defined before."""
         tok = tok.strip()
         if tok.startswith("%"):
-            if tok not in self.defined or tok in self.ptrs or tok in self.allocas or tok in self.arrays \
-                    or tok in self.geps:
+            if tok not in self.defined or tok in self.ptrs or tok in self.allocas or tok in self.geps:
                 raise _No
             return self.iv.get(tok)
         if tok in ("true", "false"):
@@ -321,7 +315,7 @@ class _Prover:
         for x in names:
             if x not in self.defined:
                 raise _No
-            if x in self.ptrs or x in self.allocas or x in self.arrays or x in self.geps:
+            if x in self.ptrs or x in self.allocas or x in self.geps:
                 raise _No  # a pointer where only values may go
         return names
 
@@ -352,28 +346,17 @@ class _Prover:
         if any(f not in _FLAGS for f in flags):
             raise _No
         if op == "alloca":
-            if b != 0:
-                raise _No
             am = re.fullmatch(rf"({_TYPE})(?:, align (\d+))?", rest)
-            # an array (the renderer's local memory): `[N x T], align A`, reached only through a getelementptr of it
-            # (or at its start) like a buffer of N * sizeof(T) bytes whose address is a multiple of A
-            arr = re.fullmatch(rf"\[(\d+) x ({_SCALAR})\], align (\d+)", rest)
-            if arr is not None:
-                count, align = int(arr.group(1)), int(arr.group(3))
-                if not 1 <= count <= MAX_STACK or align & (align - 1) or not _abi_align(arr.group(2)) <= align <= 64:
-                    raise _No
-                self.arrays[name] = (count * _size(arr.group(2)), align)
-            elif am is None or (am.group(2) and int(am.group(2)) < _abi_align(am.group(1))):
+            if b != 0 or am is None or (am.group(2) and int(am.group(2)) < _abi_align(am.group(1))):
                 raise _No
-            else:
-                self.allocas[name] = am.group(1)
+            self.allocas[name] = am.group(1)
             self.defined.add(name)
-            if sum(_size(t) for t in self.allocas.values()) + sum(n for n, _ in self.arrays.values()) > MAX_STACK:
+            if sum(_size(t) for t in self.allocas.values()) > MAX_STACK:
                 raise _No
             return 1
         if op == "getelementptr":
             gm = re.fullmatch(rf"({_TYPE}), ptr ({_NAME}), (i32|i64) (\S+)", rest)
-            if gm is None or (gm.group(2) not in self.ptrs and gm.group(2) not in self.arrays):
+            if gm is None or gm.group(2) not in self.ptrs:
                 raise _No
             idx = gm.group(4)
             if idx.startswith("%") and (idx in self.poison or idx not in self.defined):
@@ -381,11 +364,8 @@ class _Prover:
             iv = self._val(idx, gm.group(3))
             if iv is None:
                 raise _No
-            size, base = _size(gm.group(1)), gm.group(2)
-            if base in self.arrays:  # (an array's geps are named by the array; its alignment bounds theirs)
-                self.geps[name] = (base, iv[0] * size, iv[1] * size, min(_pow2_part(size), self.arrays[base][1]))
-            else:
-                self.geps[name] = (self.ptrs[base], iv[0] * size, iv[1] * size, _pow2_part(size))
+            size = _size(gm.group(1))
+            self.geps[name] = (self.ptrs[gm.group(2)], iv[0] * size, iv[1] * size, _pow2_part(size))
             self.defined.add(name)
             return 1
         if op == "load":
@@ -502,17 +482,13 @@ class _Prover:
             if self.allocas[ptr] != ty or need > _abi_align(ty):
                 raise _No
             return
-        buf: int | str
         if ptr in self.ptrs:
             buf, lo, hi, known = self.ptrs[ptr], 0, 0, 64
-        elif ptr in self.arrays:
-            buf, lo, hi, known = ptr, 0, 0, self.arrays[ptr][1]
         elif ptr in self.geps:
             buf, lo, hi, known = self.geps[ptr]
         else:
             raise _No
-        limit = self.arrays[buf][0] if isinstance(buf, str) else self.contract.bufs[buf]
-        if lo < 0 or hi + _size(ty) > limit or need > known or need & (need - 1):
+        if lo < 0 or hi + _size(ty) > self.contract.bufs[buf] or need > known or need & (need - 1):
             raise _No
 
 
