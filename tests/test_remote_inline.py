@@ -103,6 +103,56 @@ def test_hostile_edits_of_a_proven_kernel_are_not_proven():
         assert _proof(bad) is None, what
 
 
+# copies 16 elements of type T from data1 to data0 (a loop of the renderer's form); the contract's sizes are the
+# elements' packed sizes, which is what the proof reads (review 11)
+_STRIDED = """define void @strided(ptr noalias align 64 %data0, ptr noalias align 64 %data1, i32 %core_id) #0 {
+entry:
+  br label %loop0_head
+loop0_head:
+  %r0 = phi i32 [ 0, %entry ], [ %v3, %loop0_body ]
+  %v0 = icmp slt i32 %r0, 16
+  br i1 %v0, label %loop0_body, label %loop0_exit
+loop0_body:
+  %v1 = getelementptr inbounds T, ptr %data1, i32 %r0
+  %v2 = load T, ptr %v1, align 4
+  %g = getelementptr inbounds T, ptr %data0, i32 %r0
+  store T %v2, ptr %g, align 4
+  %v3 = add nuw nsw i32 %r0, 1
+  br label %loop0_head
+loop0_exit:
+  ret void
+}
+
+attributes #0 = { nounwind }
+; tgc-launch: {"bufs":[BYTES,BYTES],"global_size":[1,1,1],"local_size":null,"vals":0}
+"""
+
+
+@needs_cpu
+def test_types_whose_stride_is_not_their_size_are_not_proven():
+    """LLVM steps a getelementptr by a type's alloc size (`<3 x float>`: 16 bytes for 12 stored), so a proof that
+    sized the stride by the stored bytes let a kernel run inline past its buffers (review 11: the next buffer in the
+    arena overwritten, and through an array alloca the server's stack: a crash)."""
+    def kernel(ty: str, size: int) -> str:
+        return _STRIDED.replace("BYTES", str(16 * size)).replace("T", ty)
+    for ty, size in (("<4 x float>", 16), ("float", 4), ("<2 x double>", 16), ("i32", 4)):
+        assert _proof(kernel(ty, size)) is not None, ty  # (the same kernel of a power-of-two size is proven)
+    for ty, size in (("<3 x float>", 12), ("<5 x float>", 20), ("<6 x half>", 12), ("<3 x double>", 24),
+                     ("i24", 3), ("i48", 6), ("<3 x i8>", 3)):
+        assert _proof(kernel(ty, size)) is None, ty
+
+
+@needs_cpu
+def test_array_allocas_are_not_proven():
+    """A local array read where it was not written gives the server thread's old stack (review 11: pointers of the
+    server's own memory in the answer), so a kernel with one runs in a worker."""
+    src = _STRIDED.replace("BYTES", "64").replace("T", "float")
+    assert _proof(src) is not None
+    local = _edit(src, "entry:\n", "entry:\n  %local0 = alloca [64 x float], align 64\n")
+    local = _edit(local, "ptr %data1, i32 %r0", "ptr %local0, i32 %r0")
+    assert _proof(local) is None
+
+
 @pytest.fixture
 def cpu_server():
     srv = serve("127.0.0.1", 0, "CPU", None).start()

@@ -78,13 +78,19 @@ def _split(text: str) -> list[str]:
 
 
 def _size(ty: str) -> int:
-    """Bytes of a scalar or vector type in memory (i1 elements refused)."""
+    """Bytes of a scalar or vector type in memory (i1 elements refused). Only types whose packed size is a power of
+    two are accepted: LLVM steps a `getelementptr` (and lays out an alloca) by the type's alloc size, the packed size
+    rounded up to its alignment (`<3 x float>`: 12 bytes stored, a 16-byte stride; `i24`: 3 and 4), so for any other
+    type the bytes a load or store touches and the stride between elements differ, and the bounds would not hold."""
     m = re.fullmatch(rf"<(\d+) x ({_SCALAR})>", ty)
     n, s = (int(m.group(1)), m.group(2)) if m else (1, ty)
     bits = {"half": 16, "bfloat": 16, "float": 32, "double": 64}.get(s) or int(s[1:])
     if bits % 8 or not 1 <= n <= MAX_LANES or bits > 64:
         raise _No
-    return n * bits // 8
+    size = n * bits // 8
+    if size & (size - 1):
+        raise _No
+    return size
 
 
 def _abi_align(ty: str) -> int:
