@@ -153,6 +153,72 @@ def test_array_allocas_are_not_proven():
     assert _proof(local) is None
 
 
+def _kernel(body: str, nbytes: int) -> str:
+    """A hand-written kernel of one buffer of `nbytes` (the client's side of the protocol writes any IR)."""
+    return (f"define void @k(ptr noalias align 64 %data0, i32 %core_id) #0 {{\n{body.strip()}\n}}\n\n"
+            f"attributes #0 = {{ nounwind }}\n"
+            f'; tgc-launch: {{"bufs":[{nbytes}],"global_size":[1,1,1],"local_size":null,"vals":0}}\n')
+
+
+_COUNTED = """
+entry:
+  br label %h
+h:
+  %r = phi i32 [ START, %entry ], [ %n, %h.body ]
+  %c = icmp slt i32 %r, END
+  br i1 %c, label %h.body, label %x
+h.body:
+  %i = add nsw i32 %r, SHIFT
+  %g = getelementptr inbounds float, ptr %data0, i32 %i
+  store float 1.0, ptr %g, align 4
+  %n = add FLAGS i32 %r, 1
+  br label %h
+x:
+  ret void"""
+
+
+@needs_cpu
+def test_a_loop_step_that_may_wrap_is_not_proven():
+    """`add nuw` of a counter that starts below 0 wraps (as unsigned) at -1: a poison step, and LLVM made the loop
+    endless, writing across the arena inline (review 13: the server died after ~20 s)."""
+    def loop(start: int, flags: str) -> str:
+        body = _COUNTED.replace("START", str(start)).replace("END", str(start + 8)).replace("SHIFT", str(-start))
+        return _kernel(body.replace("FLAGS", flags), 32)
+    for flags in ("nuw nsw", "nuw", "nsw"):
+        assert _proof(loop(0, flags)) is not None, flags
+    assert _proof(loop(-3, "nsw")) is not None
+    assert _proof(loop(-3, "nuw")) is None
+    assert _proof(loop(-3, "nuw nsw")) is None
+
+
+@needs_cpu
+def test_a_second_instruction_on_a_line_is_not_proven():
+    """LLVM IR does not end an instruction at a line break, and the proof reads one a line: a second instruction
+    of constant operands rode along unseen (review 13: a store to an address of the client's choosing, a call to
+    one, an endless self call), as did a constant expression (the kernel's own address stored into a buffer)."""
+    plain = "entry:\n  %c = icmp eq i32 1, 2\n  store float 2.0, ptr %data0, align 4\n  ret void"
+    assert _proof(_kernel(plain, 4)) is not None
+    hidden = {
+        "a store after a store": "store float 2.0, ptr %data0, align 4",
+        "a call after a compare": "%c = icmp eq i32 1, 2 call void @k(ptr null, i32 0)",
+        "a jump after a compare": "%c = icmp eq i32 1, 2 call void inttoptr (i64 4096 to ptr)()",
+        "a store to an address": "%c = icmp eq i32 1, 2 store i64 1, ptr inttoptr (i64 4096 to ptr)",
+        "an address stored": "%c = icmp eq i32 1, 2",
+        "a store after an add": "%a = add i32 1, 2 store float 1.0, ptr inttoptr (i64 4096 to ptr)",
+    }
+    edits = {
+        "a store after a store": ("store float 2.0, ptr %data0, align 4",
+                                  "store float 1.0, ptr inttoptr (i64 4096 to ptr) store float 2.0, ptr %data0, "
+                                  "align 4"),
+        "an address stored": ("store float 2.0, ptr %data0, align 4",
+                              "store i64 ptrtoint (ptr @k to i64), ptr %data0, align 8"),
+    }
+    for what, line in hidden.items():
+        old, new = edits.get(what, ("%c = icmp eq i32 1, 2", line))
+        bad = _edit(plain, old, new)
+        assert _proof(_kernel(bad, 8)) is None, what
+
+
 @pytest.fixture
 def cpu_server():
     srv = serve("127.0.0.1", 0, "CPU", None).start()
