@@ -78,6 +78,8 @@ def test_a_batch_is_one_build_and_each_kernel_runs_from_its_binary(dev, monkeypa
     a = np.linspace(-3, 3, 64, dtype=np.float32)
     for (name, (_, want)), lib in zip(exprs.items(), libs):
         np.testing.assert_array_equal(run_kernel(dev, name, lib, a), want(a))
+    assert dev.loaded(libs[0]) is dev.loaded(libs[2])  # one load serves the batch's kernels
+    np.testing.assert_array_equal(run_kernel(dev, "b1", bytearray(libs[1]), a), a + 1)  # (not a dict key itself)
     ir = dev.compiler.disassemble(libs[1], src=kernel_src("b1", "tg_plus1(x)"))
     if ir.startswith("define"):  # LLVM IR from PoCL's binary: only this kernel's function
         assert "@b1(" in ir and "@b0(" not in ir and "@b2(" not in ir

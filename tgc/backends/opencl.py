@@ -15,6 +15,7 @@ import functools
 import os
 import re
 import struct
+import threading
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -488,6 +489,7 @@ class OpenCLDevice(Device):
         self._opened: dict[str, Any] | None = None
         self._compiler: OpenCLCompiler | None = None
         self._loaded: dict[bytes, Any] = {}  # program binary -> its cl.Program (`loaded`)
+        self._loaded_lock = threading.Lock()
         try:
             found = _all_devices()
         except DeviceError:
@@ -585,12 +587,15 @@ class OpenCLDevice(Device):
     def loaded(self, lib: bytes) -> cl.Program:
         """The program binary `lib` built (loaded) on the device, once for the kernels it holds: the binary of a
         batch (`OpenCLCompiler.compile_batch`) holds up to `batch_max` kernels; the last LOADED_KEEP are kept."""
-        prg = self._loaded.pop(lib, None)
+        key = lib if isinstance(lib, bytes) else bytes(lib)  # (a bytearray or memoryview is no dict key)
+        with self._loaded_lock:
+            prg = self._loaded.pop(key, None)
         if prg is None:
-            prg = self.cl.Program(self.context, [self.cl_device], [lib]).build()
-        self._loaded[lib] = prg  # (most recent last)
-        while len(self._loaded) > LOADED_KEEP:
-            del self._loaded[next(iter(self._loaded))]
+            prg = self.cl.Program(self.context, [self.cl_device], [key]).build()
+        with self._loaded_lock:
+            self._loaded[key] = prg  # (most recent last)
+            while len(self._loaded) > LOADED_KEEP:
+                del self._loaded[next(iter(self._loaded))]
         return prg
 
     def synchronize(self) -> None:
