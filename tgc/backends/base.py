@@ -207,8 +207,18 @@ class Compiler:
     cache_identity: tuple[str, ...] | None = None
     source_assembly = False  # `assembly(src)` lists the assembly from the source (else: `disassemble(binary)`)
 
+    # how many kernel sources `compile_batch` builds together at most (`tgc.codegen.kernel.build_kernels` sends a
+    # program's cache misses in groups of this size); 1: each source is compiled alone
+    batch_max = 1
+
     def compile(self, src: str) -> bytes:
         raise NotImplementedError
+
+    def compile_batch(self, srcs: list[str]) -> list[bytes]:
+        """The binaries of `srcs` (one kernel each), in order, as `compile` gives them, raising as `compile` does
+        for the first source that does not compile. A compiler whose builds have a large fixed cost (PoCL) builds
+        them as one program: each binary may then hold the other kernels too, and loads its own by name."""
+        return [self.compile(src) for src in srcs]
 
     def disassemble(self, lib: bytes) -> str:
         """Human-readable assembly of a compiled binary (for `--emit asm`)."""

@@ -15,6 +15,7 @@ import functools
 import os
 import re
 import struct
+import threading
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -74,6 +75,12 @@ class OpenCLCompiler(Compiler):
         # The device name is part of the version so a binary never loads on a different device.
         self.version = f"{cl_dev.driver_version.strip()} {cl_dev.opencl_c_version.strip()} ({cl_dev.name.strip()})"
 
+    # PoCL spends ~0.15 s of CPU on any build, however small its kernels (its builtin library linked and compiled
+    # in, the program's binary written), and ~0.01-0.03 s more per small kernel: 8 kernels built as one program
+    # take ~0.35 s, one by one ~1.2 s. Each binary of a batch holds the batch's kernels (~14 KiB each in PoCL's
+    # binary, which the disk cache stores once per kernel): 8 bounds that.
+    batch_max = 8
+
     def compile(self, src: str) -> bytes:
         """Build `src` for the device; a failed build raises CompileError carrying the build log."""
         cl = self.device.cl
@@ -85,6 +92,20 @@ class OpenCLCompiler(Compiler):
             raise CompileError(f"OpenCL build failed on {self.device.cl_device.name.strip()}:\n{log.strip()}") from e
         return prg.binaries[0]
 
+    def compile_batch(self, srcs: list[str]) -> list[bytes]:
+        """`srcs` built as one OpenCL program (`joined_source`): every binary is that program's, each kernel loads
+        by its name. Where they do not join, or the joined build fails, each is built alone (a failure raises for
+        its own source, as `compile`)."""
+        joined = joined_source(srcs) if len(srcs) > 1 else None
+        if joined is not None:
+            try:
+                lib = self.compile(joined)
+            except CompileError:
+                pass
+            else:
+                return [lib] * len(srcs)
+        return [self.compile(src) for src in srcs]
+
     def _build_log(self, prg: cl.Program) -> str:
         cl = self.device.cl
         try:
@@ -94,20 +115,23 @@ class OpenCLCompiler(Compiler):
         except cl.Error:
             return ""
 
-    def disassemble(self, lib: bytes) -> str:
-        """LLVM IR of the kernels in the binary.
+    def disassemble(self, lib: bytes, src: str | None = None) -> str:
+        """LLVM IR of the kernels in the binary (with `src`, only the kernel it defines: a binary built with
+        other kernels, `compile_batch`, holds theirs too).
 
         A PoCL binary embeds the program's LLVM bitcode (its `program.bc`), which llvmlite can print. Other
         drivers' binaries (or bitcode llvmlite cannot read) come back as the printable text found in the bytes.
         """
-        ir = _pocl_bitcode_ir(lib)
+        m = KERNEL_NAME.search(src) if src is not None else None
+        ir = _pocl_bitcode_ir(lib, m.group(1) if m else None)
         if ir is not None:
             return ir
         return "; no disassembler for this OpenCL binary; printable strings follow\n" + _printable_strings(lib)
 
 
-def _pocl_bitcode_ir(lib: bytes) -> str | None:
-    """The kernel functions of the bitcode a PoCL binary holds, as LLVM IR text; None if there is none."""
+def _pocl_bitcode_ir(lib: bytes, kernel: str | None = None) -> str | None:
+    """The kernel functions of the bitcode a PoCL binary holds (with `kernel`, that one where the binary has it), as
+    LLVM IR text; None if there is none."""
     at = lib.find(LLVM_BITCODE_MAGIC)
     if not lib.startswith(b"poclbin") or at < 4:
         return None
@@ -120,7 +144,41 @@ def _pocl_bitcode_ir(lib: bytes) -> str | None:
         return None
     defined = [fn for fn in module.functions if not fn.is_declaration]
     kernels = [fn for fn in defined if "spir_kernel" in str(fn).split("{", 1)[0]]
+    if kernel is not None and any(fn.name == kernel for fn in kernels):
+        kernels = [fn for fn in kernels if fn.name == kernel]
     return "\n".join(str(fn) for fn in (kernels or defined))
+
+
+KERNEL_NAME = re.compile(r"^__kernel\s+void\s+(\w+)\s*\(", re.M)
+
+
+def joined_source(srcs: list[str]) -> str | None:
+    """Kernel sources (each: a prelude of directives and one-line helper definitions, then one `__kernel`
+    function) as one OpenCL C source: each source's directives kept in its place (a pragma holds from there on,
+    so every kernel still follows its own), each helper definition written once (at its first source: a later
+    source's equal line would redefine it). None where a source is not of that form (a helper over several
+    lines, no kernel, more than one) or two define kernels of one name."""
+    out: list[str] = []
+    helpers: set[str] = set()
+    names: set[str] = set()
+    for src in srcs:
+        found = KERNEL_NAME.findall(src)
+        if len(found) != 1 or found[0] in names:
+            return None
+        names.add(found[0])
+        lines = src.split("\n")
+        start = next(i for i, line in enumerate(lines) if KERNEL_NAME.match(line))
+        for line in lines[:start]:
+            text = line.strip()
+            if not text or text.startswith(("#", "//")):
+                out.append(line)
+            elif line[0].isspace() or not text.endswith("}") or text.count("{") != text.count("}"):
+                return None
+            elif line not in helpers:
+                helpers.add(line)
+                out.append(line)
+        out.extend(lines[start:])
+    return "\n".join(out)
 
 
 def _printable_strings(lib: bytes, min_len: int = 4) -> str:
@@ -189,7 +247,7 @@ class OpenCLProgram(Program):
         super().__init__(device, name, lib)
         cl = device.cl
         try:
-            self.program = cl.Program(device.context, [device.cl_device], [lib]).build()
+            self.program = device.loaded(lib)
         except cl.Error as e:
             raise DeviceError(f"OpenCL could not load the binary of '{name}': {e}") from e
         try:
@@ -408,6 +466,10 @@ def _device_limit(cl_device: Any, name: str) -> int | None:
     return value if value > 0 else None
 
 
+# program binaries `OpenCLDevice.loaded` keeps loaded (a batch's kernels load one after the other)
+LOADED_KEEP = 16
+
+
 class OpenCLDevice(Device):
     """`OPENCL:i`: the i-th OpenCL device over all platforms.
 
@@ -426,6 +488,8 @@ class OpenCLDevice(Device):
         super().__init__(index)
         self._opened: dict[str, Any] | None = None
         self._compiler: OpenCLCompiler | None = None
+        self._loaded: dict[bytes, Any] = {}  # program binary -> its cl.Program (`loaded`)
+        self._loaded_lock = threading.Lock()
         try:
             found = _all_devices()
         except DeviceError:
@@ -519,6 +583,20 @@ class OpenCLDevice(Device):
     def program(self, name: str, lib: bytes) -> OpenCLProgram:
         self.ensure_runnable()
         return OpenCLProgram(self, name, lib)
+
+    def loaded(self, lib: bytes) -> cl.Program:
+        """The program binary `lib` built (loaded) on the device, once for the kernels it holds: the binary of a
+        batch (`OpenCLCompiler.compile_batch`) holds up to `batch_max` kernels; the last LOADED_KEEP are kept."""
+        key = lib if isinstance(lib, bytes) else bytes(lib)  # (a bytearray or memoryview is no dict key)
+        with self._loaded_lock:
+            prg = self._loaded.pop(key, None)
+        if prg is None:
+            prg = self.cl.Program(self.context, [self.cl_device], [key]).build()
+        with self._loaded_lock:
+            self._loaded[key] = prg  # (most recent last)
+            while len(self._loaded) > LOADED_KEEP:
+                del self._loaded[next(iter(self._loaded))]
+        return prg
 
     def synchronize(self) -> None:
         if self._opened is not None:

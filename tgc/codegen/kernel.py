@@ -389,7 +389,8 @@ def compile_deferred(kernels: list[Kernel], jobs: int | None = None) -> None:
 class _Compiles:
     """The compiles of one program's kernels (`build_kernels`): `submit(src, index)` compiles the `index`-th
     kernel's source here, finds it in the disk cache or in this program's earlier kernels, or sends it to a worker
-    (then (None, None, None)); `finish` waits for the workers and fills in their binaries."""
+    or, for a compiler that builds several sources at once (`Compiler.batch_max`: PoCL), keeps it for a batch (then
+    (None, None, None)); `finish` builds the batches, waits for the workers and fills in their binaries."""
 
     def __init__(self, device: Any, jobs: int | None, distinct: int = 0) -> None:
         self.device = device
@@ -407,6 +408,9 @@ class _Compiles:
         # (future, kernel indices, cache key, the source sent)
         self.waiting: dict[str, tuple[Any, list[int], str | None, str]] = {}
         self.done: dict[str, tuple[bytes | None, str | None, str | None]] = {}  # canonical source -> result
+        # a compiler with batches: the cache misses wait in `waiting` (with no future) for `finish` to build them
+        # `batch_max` at a time (a cluster's workers compile each source on its own)
+        self.batch = device.compiler.batch_max if device.compiler is not None and self.cluster_pool is None else 1
 
     def submit(self, src: str, index: int) -> tuple[bytes | None, str | None, str | None]:
         """(binary, error, cache key of a hit) as `_compile_cached`, or (None, None, None) while a worker has it."""
@@ -432,13 +436,17 @@ class _Compiles:
         # its small ones follow (a model's weight packings and fills: ~1.4 s of ResNet-50's LLVM, which kept
         # this process, the one lowering, busiest while the workers waited)
         small = len(src) < PARALLEL_MIN_SOURCE and not self.waiting
-        if self.cluster_pool is None and (jobs <= 1 or small):
+        if self.cluster_pool is None and self.batch <= 1 and (jobs <= 1 or small):
             return _compile_cached(dev, src)
         key = compile_key(dev, src, canon)
         hit = cache.get("compile", key) if key is not None else None
         if hit is not None:
             timings.cache_result(True)
             return hit, None, key
+        if self.batch > 1:
+            timings.cache_result(False)
+            self.waiting[canon] = (None, [index], key, src)
+            return None, None, None
         if self.pool is None and self.cluster_pool is not None:
             self.pool = self.cluster_pool
         if self.pool is None:  # workers already running, else from the second large miss on (one compiled here),
@@ -452,9 +460,44 @@ class _Compiles:
         self.waiting[canon] = (self.pool.submit(dev.kind, src), [index], key, src)
         return None, None, None
 
+    def _build_batches(self) -> dict[str, tuple[bytes, float]]:
+        """The sources waiting for a batch (`submit`), built `batch` at a time: canonical source -> (binary, its
+        share of the batch's seconds), each binary stored in the disk cache under its own source's key."""
+        todo = [(canon, key, src) for canon, (fut, _, key, src) in self.waiting.items() if fut is None]
+        built: dict[str, tuple[bytes, float]] = {}
+        for at in range(0, len(todo), self.batch):
+            group = todo[at:at + self.batch]
+            start = time.perf_counter_ns()
+            libs = self.device.compiler.compile_batch([src for _, _, src in group])
+            end = time.perf_counter_ns()
+            seconds = (end - start) / 1e9 / len(group)
+            if profile.active is not None:  # the compile track of a profile trace, as `timings.phase` writes it
+                prof = profile.active
+                prof.span(profile.HOST, prof.host_thread("compile"), "compile", start, end, "compile",
+                          {"kernels": len(group)})
+            COMPILE_COUNTER["compiles"] += len(group)
+            for (canon, key, src), lib in zip(group, libs):
+                if key is not None:
+                    cache.put("compile", key, lib, meta=_meta(self.device, src))
+                built[canon] = (lib, seconds)
+            if debug_level() >= 2:
+                print(f"*** compiled {len(group)} kernels as one build: {timings.fmt_s(seconds * len(group))}",
+                      file=sys.stderr)
+        return built
+
     def finish(self, kernels: list[Kernel], records: list[timings.KernelTimes | None], progress: Any) -> None:
         device = self.device
-        for n, (fut, indices, key, src) in enumerate(self.waiting.values()):
+        built = self._build_batches()
+        for n, (canon, (fut, indices, key, src)) in enumerate(self.waiting.items()):
+            if fut is None:  # built in a batch, here
+                lib, seconds = built[canon]
+                for j in indices:
+                    kernels[j].binary = lib
+                    rec = records[j]
+                    if rec is not None:
+                        rec.phases["compile"] = rec.phases.get("compile", 0.0) + seconds
+                        rec.total += seconds
+                continue
             why = ""
             waited = time.perf_counter_ns()
             try:
