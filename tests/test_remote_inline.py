@@ -219,6 +219,34 @@ def test_a_second_instruction_on_a_line_is_not_proven():
         assert _proof(_kernel(bad, 8)) is None, what
 
 
+@needs_cpu
+def test_lines_and_tokens_are_read_as_llvm_reads_them():
+    """Review 14: a line break Python's `splitlines` sees but LLVM does not (`\\x0c` in a comment line) defined a
+    value only the proof saw, and an opcode glued to a literal (`0store`, `2.0unreachable`, `%0unreachable`) was one
+    token to the proof, two to LLVM: an index anywhere near a buffer (another session's read and overwritten), an
+    `unreachable` that killed the server, a hidden back edge that never returned."""
+    numbered = "entry:\n  %0 = and i32 %core_id, 0\n  %p = getelementptr float, ptr %data0, i32 %0\n" \
+               "  store float 2.0, ptr %p, align 4\n  ret void"
+    assert _proof(_kernel(numbered, 4)) is not None
+    hidden = "entry:\n; c\x0c%0 = and i32 %core_id, 0\n  %c = icmp eq i32 %core_id, 0add i32 %core_id, 64\n" \
+             "  %p = getelementptr float, ptr %data0, i32 %0\n  store float 2.0, ptr %p, align 4\n  ret void"
+    for sep in ("\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029", "\r"):
+        assert _proof(_kernel(hidden.replace("\x0c", sep), 4)) is None, repr(sep)
+    store = "entry:\n  %x = OP\n  store float 2.0, ptr %data0, align 4\n  ret void"
+    assert _proof(_kernel(store.replace("OP", "add i32 %core_id, 1"), 4)) is not None
+    for glued in ("add i32 %core_id, 1unreachable", "fadd float 1.0, 2.0unreachable",
+                  "select i1 true, i32 1, i32 0unreachable", "icmp eq i32 %core_id, 0store i32 0, ptr null",
+                  "insertelement <4 x float> zeroinitializer, float 1.0, i32 0unreachable",
+                  "add i32 %core_id, 0ret void 1b:", "add i32 %core_id, 0x1unreachable"):
+        assert _proof(_kernel(store.replace("OP", glued), 4)) is None, glued
+    name = "entry:\n  %0unreachable = add i32 %core_id, 1\n  store float 2.0, ptr %data0, align 4\n  ret void"
+    assert _proof(_kernel(name, 4)) is None
+    over = "entry:\n  %a = alloca float, align A\n  store float 2.0, ptr %a, align 4\n" \
+           "  store float 2.0, ptr %data0, align 4\n  ret void"
+    assert _proof(_kernel(over.replace("A", "64"), 4)) is not None
+    assert _proof(_kernel(over.replace("A", "4294967296"), 4)) is None
+
+
 @pytest.fixture
 def cpu_server():
     srv = serve("127.0.0.1", 0, "CPU", None).start()

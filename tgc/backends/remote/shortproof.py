@@ -60,8 +60,8 @@ _FLAGS = {"nuw", "nsw", "exact", "disjoint", "nneg", "nnan", "ninf", "nsz", "arc
 _OPCODES = frozenset("""ret br switch indirectbr invoke resume unreachable cleanupret catchret catchswitch callbr fneg
     add fadd sub fsub mul fmul udiv sdiv fdiv urem srem frem shl lshr ashr and or xor extractelement insertelement
     shufflevector extractvalue insertvalue alloca load store fence cmpxchg atomicrmw getelementptr trunc zext sext
-    fptrunc fpext fptoui fptosi uitofp sitofp ptrtoint inttoptr bitcast addrspacecast icmp fcmp phi select freeze
-    call va_arg landingpad catchpad cleanuppad tail musttail notail blockaddress dso_local_equivalent no_cfi asm
+    fptrunc fpext fptoui fptosi uitofp sitofp ptrtoint ptrtoaddr inttoptr bitcast addrspacecast icmp fcmp phi select
+    freeze call va_arg landingpad catchpad cleanuppad tail musttail notail blockaddress dso_local_equivalent no_cfi asm
     sideeffect""".split())
 _INT_OPS = {"add", "sub", "mul", "shl", "lshr", "ashr", "and", "or", "xor", "sdiv", "udiv", "srem", "urem"}
 _FLOAT_OPS = {"fadd", "fsub", "fmul", "fdiv", "frem"}
@@ -129,7 +129,10 @@ def prove_short(src: str, contract: Contract) -> int | None:
 def _prove(src: str, contract: Contract) -> int:
     if contract.vals or contract.local_size is not None:
         raise _No
-    lines = [ln.strip() for ln in src.splitlines()]
+    if re.search(r"[^\t\n\x20-\x7e]", src):
+        raise _No  # (Python's `splitlines` also breaks at \x0b, \x0c, \x1c-\x1e, \x85, \u2028..., LLVM's comments
+        # end only at \n or \r: text after one of those in a comment line was an instruction here, a comment there)
+    lines = [ln.strip(" \t") for ln in src.split("\n")]
     lines = [ln for ln in lines if ln and not ln.startswith(";")]
     defines = [i for i, ln in enumerate(lines) if ln.startswith("define")]
     if len(defines) != 1 or lines.count("}") != 1:
@@ -160,14 +163,34 @@ def _prove(src: str, contract: Contract) -> int:
     return _Prover(lines[start + 1:end], ptrs, contract).run()
 
 
+# LLVM's tokens, as its lexer splits them: a name (`%x.1`, or a number `%0`), a numeric literal, a keyword or type,
+# punctuation, blanks. A name, literal or word must end at a blank, punctuation or the line's end: LLVM reads `0store`
+# as `0` then `store` and `%0ret` as `%0` then `ret`, where a pattern reading names and words greedily saw one token
+_LEX = re.compile(r"""(?P<tok>[%@](?:[A-Za-z$._-][A-Za-z0-9$._-]*|[0-9]+)
+                   |[-+]?(?:0x[KLMHR]?[0-9A-Fa-f]+|[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)
+                   |(?P<word>[A-Za-z_][A-Za-z0-9_.]*))
+                  |[,()\[\]<>{}=]|[ \t]+""", re.X)
+_ENDS = frozenset(" \t,()[]<>{}=")
+
+
 def _one_instruction(ln: str) -> None:
-    """Refuses a line that is not exactly one instruction of plain operands: one opcode word (names aside), no
-    constant expression, and no global (`@`) but an intrinsic's name as a call's callee."""
+    """Refuses a line that is not exactly one instruction of plain operands, read as LLVM's lexer reads it: only
+    its tokens (`_LEX`), one opcode word, no constant expression, and no global (`@`) but an intrinsic's name as a
+    call's callee."""
+    words, at = [], 0
+    while at < len(ln):
+        m = _LEX.match(ln, at)
+        if m is None:
+            raise _No
+        at = m.end()
+        if m.group("tok") is not None and at < len(ln) and ln[at] not in _ENDS:
+            raise _No
+        if m.group("word") is not None:
+            words.append(m.group("word"))
     globals_ = re.findall(r"@[\w.$-]+", ln)
     if globals_ and not (len(globals_) == 1 and globals_[0].startswith("@llvm.")
                          and re.match(rf"(?:{_NAME} = )?call ", ln)):
         raise _No
-    words = re.findall(r"(?<![\w.$%@-])[A-Za-z_][\w.]*", ln)
     if sum(w in _OPCODES for w in words) != 1:
         raise _No
 
@@ -380,7 +403,7 @@ class _Prover:
             raise _No
         if op == "alloca":
             am = re.fullmatch(rf"({_TYPE})(?:, align (\d+))?", rest)
-            if b != 0 or am is None or (am.group(2) and int(am.group(2)) < _abi_align(am.group(1))):
+            if b != 0 or am is None or (am.group(2) and not _abi_align(am.group(1)) <= int(am.group(2)) <= 64):
                 raise _No
             self.allocas[name] = am.group(1)
             self.defined.add(name)
