@@ -35,7 +35,7 @@ from tgc.errors import TgcError
 from tgc.ir.kernel import INDEX, ScheduleItem, flat_index, identity
 from tgc.ir.shapes import prod, shape_of, strides_for
 from tgc.ir.symbolic import simplify
-from tgc.ir.symsize import SymSize, unit_name
+from tgc.ir.symsize import SymSize, fits, unit_name
 from tgc.ir.uop import ALU, Ops, RangeKind, UOp, postorder, rebuild, substitute
 from tgc.ir.walk import drive
 
@@ -547,7 +547,9 @@ def _split_reduce(new: UOp) -> UOp:
     shape = shape_of(src)
     op, axes = new.arg
     n = prod(shape[a] for a in axes)
-    groups = _split_size(n) if n >= SPLIT_REDUCE_MIN and prod(shape_of(new)) <= SPLIT_REDUCE_MAX_OUTPUTS else 0
+    # (the outputs' count first: a convolution's `9C >= 65536` differs between a 32n class's probes, while its
+    # thousands of outputs are no split's at any size; the same answer for every concrete size)
+    groups = _split_size(n) if prod(shape_of(new)) <= SPLIT_REDUCE_MAX_OUTPUTS and n >= SPLIT_REDUCE_MIN else 0
     if not groups:
         return new
     keep = [i for i in range(len(shape)) if i not in axes]
@@ -579,7 +581,7 @@ def check_sizes(outputs: list[UOp]) -> None:
                 continue
             seen.add(node)
             shape = shape_of(node)
-            if prod(shape) > MAX_ELEMENTS:
+            if not fits(prod(shape), MAX_ELEMENTS):  # (a size of a class: answered up to a cap, `symsize.fits`)
                 raise TgcError(f"a tensor of shape {list(shape)} has {prod(shape)} elements, more than the "
                                f"2^63 - 1 that tgc can index", hint="use smaller dims")
 
