@@ -987,62 +987,11 @@ def test_exact_cancels_trace_a_class_of_multiples_of_32_once(name, runs, monkeyp
             assert prog.last_run == "symbolic", (dims, prog.last_run)
 
 
-def test_a_tensor_count_is_answered_by_the_class_up_to_a_cap():
-    """`check_sizes` asks whether a tensor's element count fits 2^63 - 1; at a 32n class's probes (6752 and
-    more) five dims' product does not, while the class starts at 32. Within `capping` (the one trace) the count
-    is answered for every size up to the largest B with the count at every dim = B within the limit (it grows
-    with every dim), and B is the cap; a count past the limit at the class's least sizes is refused, and a
-    count that does not grow with every dim is decided as before."""
-    from tgc.ir.symsize import capping, fits
-
-    limit = (1 << 63) - 1
-    b, h, t, d = (SymSize.dim(n, 32 * p) for n, p in zip("BHTD", (211, 223, 227, 229)))
-    pts = ({"B": 32 * 211, "H": 32 * 223, "T": 32 * 227, "D": 32 * 229},
-           {"B": 32 * 239, "H": 32 * 233, "T": 32 * 241, "D": 32 * 251})
-    with checked_at(pts):
-        count = b * h * t * d * t
-        assert count > limit  # (at the traced sizes)
-        with capping() as caps:
-            assert fits(count, limit) and fits(b * t, limit)  # (B*T fits at the traced sizes: no cap)
-            assert not fits((1 << 60) * b, limit)  # (32 * 2^60 at B = 32: no size of the class)
-        cap = max(x for x in range(32, 1 << 14) if x ** 5 <= limit)
-        assert caps == [cap] and cap == 6208
-        assert not fits(count, limit)  # (outside `capping`: the traced sizes' answer)
-    # conv2d at 32n no longer stops at the split-reduce threshold `9C >= 65536` (the outputs' count is asked
-    # first: thousands of outputs are no split's at any size; the same answer at every concrete size)
+def test_conv2d_at_32n_asks_the_outputs_count_before_the_split_reduce_threshold():
+    """conv2d at 32n no longer stops at the split-reduce threshold `9C >= 65536`, which its two probes answer
+    differently: the outputs' count is asked first (thousands of outputs are no split's at any size; the same
+    answer at every concrete size). It stops later, at a padded stride that is a sum of sizes."""
     conv = tgc.load(KERNELS / "conv2d.tg")
     with pytest.raises(tgc.TgcError):
         conv.compile_symbolic("CPU", size_class=tuple((n, "32n") for n in conv.dim_names))
     assert "65536" not in next(iter(conv.symbolic_paths.values()))
-
-
-@pytest.mark.parametrize("name, runs", [
-    # [B, H, T, D, T] of q @ k^T has 2^64 elements at the probes
-    ("attention.tg", [{"B": 32, "H": 32, "T": 32, "D": 32}, {"B": 1, "H": 64, "T": 96, "D": 32}]),
-    ("../bench/models/mobilenet_block.tg", [{"B": 32, "C": 32, "S": 32, "O": 32}, {"B": 1, "C": 64, "S": 32, "O": 96},
-                                            {"B": 3, "C": 32, "S": 7, "O": 64}]),
-])
-def test_a_class_whose_probes_pass_2_to_63_elements_traces_once_up_to_a_cap(name, runs, monkeypatch):
-    """attention.tg and mobilenet_block.tg at 32n: no plan on the probe path (a tensor past 2^63 elements at its
-    probes); the one trace's plan serves each dim up to the cap where every tensor is countable (6208), gives
-    numpy's results at members of the class and next to it, and refuses dims past the cap (size-specialized
-    kernels then run, which check the tensor themselves)."""
-    prog = tgc.load(KERNELS / name)
-    cls = tuple((n, "32n") for n in prog.dim_names)
-    counts = _counted(monkeypatch)
-    plan = prog.compile_symbolic("CPU", size_class=cls)
-    assert prog.symbolic_paths[("CPU", cls)] == "one trace" and counts["trace"] == 1
-    assert plan.bound == 6208
-    for dims in runs:
-        inputs = random_inputs(prog, dims, seed=7)
-        got = prog.run(device="CPU", symbolic=True, **inputs)
-        _check(prog, got, dims, inputs)
-        if all(v % 32 == 0 for v in dims.values()) and min(dims.values()) >= plan.trusted_from:
-            assert prog.last_run == "symbolic", (dims, prog.last_run)
-    past = {n: 32 for n in prog.dim_names} | {prog.dim_names[-1]: 6240}
-    low, why = plan.bind(prog, past)
-    assert low is None and "outside the symbolic kernels' range" in why
-    probed = tgc.load(KERNELS / name)
-    probed.one_trace = False
-    with pytest.raises(tgc.TgcError, match="2\\^63"):
-        probed.compile_symbolic("CPU", size_class=cls)

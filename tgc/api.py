@@ -67,7 +67,6 @@ from tgc.ir.symsize import (
     answering_at,
     atom_parts,
     base_dim,
-    capping,
     checked_at,
     decided_across,
     decided_by_remainder,
@@ -688,7 +687,7 @@ class Program:
         p1, p2 = sizes.probes(cls)  # traced at the first; each size decision must come out the same at both
         tagged = {n: SymSize.dim(n, v) if n in symbolic else v for n, v in p1.items()}
         try:
-            with checked_at((p1, p2)) as decided, capping() as caps:
+            with checked_at((p1, p2)) as decided:
                 outs, bufs = self._trace(tagged)
                 items = [i for i in create_schedule(outs, dev.caps, split_columns=False) if i.ast.src]
             if (why := decided_by_remainder(decided)) is not None:
@@ -728,8 +727,6 @@ class Program:
             plan = self._plan_from(dev, cls, bound, templates_only, symbolic, p1, items, asts, slots, kslots,
                                    oslots, signature, in_shapes, None if env_flag("NOOPT") else rep_items, shapes,
                                    named=True)
-            if caps:  # (every tensor countable up to there: `symsize.fits`)
-                plan.bound = min(plan.bound, min(caps))
             return self._bounded_by_decisions(plan, self._trace_decisions[tuple(sorted(tagged.items()))])
         except NotProbeable as e:
             return _NotProbeable(str(e))

@@ -301,55 +301,6 @@ def answering_at(dims: Mapping[str, int]) -> Iterator[None]:
         _AT.reset(token)
 
 
-# within `capping`: the largest size every symbolic dim may take for each tensor to stay countable (`fits`)
-_CAPS: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("caps", default=None)
-
-
-@contextlib.contextmanager
-def capping() -> Iterator[list[int]]:
-    """Within: `fits` answers a tensor's element count by the class, each cap it needs appended to the list
-    yielded (the one trace bounds its plan by the least: `Program._build_one_trace`)."""
-    caps: list[int] = []
-    token = _CAPS.set(caps)
-    try:
-        yield caps
-    finally:
-        _CAPS.reset(token)
-
-
-def fits(count: Any, limit: int) -> bool:
-    """Whether a tensor's element count is at most `limit` (the scheduler's `check_sizes`). A size within
-    `capping` (the one trace) is answered by the class, not at the traced sizes (32n probes of 6752 and more
-    make five dims' product pass 2^63 while the class starts at 32): where its polynomial grows with every dim
-    (`_monotone`, as a product of sizes does), its largest value on the box of dims from their least (2, or 32
-    in 32n) up to B is its value with every dim at B; so it is at most `limit` at every size with each dim at
-    most the largest such B, which is appended to the caps (the plan's `bound` is capped by it: larger dims run
-    size-specialized kernels, which refuse the tensor themselves). False where it passes `limit` with every dim
-    at its least (no size of the class has the tensor). Elsewhere (and where the traced sizes fit, so that the
-    plan stays the probe path's), the decision as any other."""
-    caps = _CAPS.get()
-    if not isinstance(count, SymSize) or caps is None or _AT.get() is not None or count.value <= limit:
-        return bool(count <= limit)  # (where the traced sizes fit: as the probe path, its plan and bound)
-    t = dict(count.terms)
-    if _monotone(t) != 1:
-        return bool(count <= limit)
-    least = {base_dim(n): UNIT if _unit_dim(base_dim(n)) else 2 for k in t for n in k}
-
-    def at(b: int) -> int:
-        return _eval(t, {d: max(b, low) for d, low in least.items()})
-
-    if at(0) > limit:
-        return False
-    lo, hi = max(least.values()), 1 << 64  # fits with every dim at lo, not at hi
-    if at(hi) <= limit:
-        return True
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if at(mid) <= limit else (lo, mid)
-    caps.append(lo)
-    return True
-
-
 class NotTraceable(Exception):
     """A size decision the size class does not answer: the program takes the probe path."""
 
