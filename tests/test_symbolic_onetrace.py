@@ -207,11 +207,12 @@ def test_a_class_of_multiples_of_32_traces_once_as_the_probes(name, runs, monkey
     ("x: f32[N]\nreturn x[: N // 32] * 2.0", lambda x: x[: len(x) // 32] * 2, [(32,), (96,), (640,)], "one trace"),
     ("x: f32[N, M]\nreturn avg_pool2d(reshape(x, (1, 1, N, M)), 2)", None, [(32, 64), (96, 32), (64, 160)],
      "one trace"),
-    # by a number that is no divisor of 32 (a remainder): the probes, with no plan; the heads' `C // 4` meets
-    # the simplifier's `(C//4) % C`, a remainder the class does not answer: the probes, with their plan
+    # by a number that is no divisor of 32 (a remainder): the probes, with no plan
     ("x: f32[N]\nreturn x[: N // 3] * 2.0", lambda x: x[: len(x) // 3] * 2, [(32,), (96,), (64,)], "probes"),
+    # the heads' `C // 4`: the simplifier's `CT % T(C//4)` is 0, `C` and `C//4` both multiples of `C//32` with
+    # the common factor `T(C//32)` cancelled exactly (`SymSize._cancelled`): one trace, the probe path's plan
     ("x: f32[T, C]\nreturn reshape(x, (T, 4, C // 4)).sum(axis=2)", lambda x: x.reshape(x.shape[0], 4, -1).sum(axis=2),
-     [(5, 64), (32, 32), (3, 320)], "probes"),
+     [(5, 64), (32, 32), (3, 320), (96, 256)], "one trace"),
 ])
 def test_floor_divisions_of_a_32n_dim(src, numpy_fn, shapes, path, monkeypatch):
     """`N // k` of a dim of a `32n` class is exact for k a divisor of 32 (`a * N / k`): alone in a size it
@@ -853,12 +854,20 @@ def test_a_remainder_below_its_divisor_is_answered_and_another_refused_with_its_
         got = prog.run(device="CPU", symbolic=True, **inputs)
         assert prog.last_run == "symbolic"
         _check(prog, got, {"N": n}, inputs)
+    # (N + 1) % N is 1 at every N >= 2 (`SymSize._cancelled`: N + 1 is 1 * N + 1, and 0 <= 1 < 2 <= N)
     prog = tgc.loads("x: f32[N]\nreturn x[(N + 1) % N] + x")
+    prog.compile_symbolic("CPU")
+    assert list(prog.symbolic_paths.values()) == ["one trace"]
+    for n in (2, 3, 7, 300):
+        inputs = {"x": np.linspace(-1, 1, n, dtype=np.float32)}
+        _check(prog, prog.run(device="CPU", symbolic=True, **inputs), {"N": n}, inputs)
+    # (N + 5) % N is 1 at N = 2, 0 at N = 5, 5 from N = 6: refused, named
+    prog = tgc.loads("x: f32[N]\nreturn x[(N + 5) % N] + x")
     with pytest.raises(tgc.TgcError) as e:
         prog.compile_symbolic("CPU")
-    assert "a size decision on (N+1) % N depends on a remainder" in str(e.value), str(e.value)
+    assert "a size decision on (N+5) % N depends on a remainder" in str(e.value), str(e.value)
     (path,) = prog.symbolic_paths.values()
-    assert "(N+1) % N" in path, path
+    assert "(N+5) % N" in path, path
     with pytest.raises(NotTraceable, match=r"the remainder \(N\+1\) % N is used as a number"):
         _Nonzero("(N+1) % N") + 1
 
@@ -887,3 +896,102 @@ def test_a_step_that_depends_on_the_dims_gets_no_plan(expr):
     # (in class n the probes' quotient is one number, 6, that bounds the plan: a constant step there)
     assert prog.symbolic_paths[("CPU", (("N", "32n"),))].startswith(
         "none: a slice with a step that depends on the dims"), prog.symbolic_paths
+
+
+P32 = ({"M": 32 * 211, "N": 32 * 223, "C": 32 * 227}, {"M": 32 * 233, "N": 32 * 229, "C": 32 * 239})
+
+
+def _at(v, dims: dict[str, int]) -> int:
+    """A size (or a plain int) at these dims."""
+    from tgc.ir.symsize import _eval
+    return _eval(v.terms, dims) if isinstance(v, SymSize) else int(v)
+
+
+def test_a_common_factor_cancels_exactly():
+    """`(a * m + r) // (b * m)` with m a product of dims (at least 1 over the class) is `a // b` (r = 0), or `a/b`
+    (-1) where 0 <= r < b m (-b m <= r < 0) at every size: each answer, evaluated at members of the class from its
+    least up, is Python's floor division and remainder of the concrete sizes; a common factor that may be 0 and
+    a remainder that is not below the divisor everywhere refuse."""
+    from tgc.ir.symsize import _Nonzero, gcd
+
+    m, n, c = (SymSize.dim(d, P32[0][d]) for d in "MNC")
+    members = [{"M": 32 * i, "N": 32 * j, "C": 32 * k} for i in (1, 2, 3, 8, 16, 40) for j in (1, 3, 4, 7)
+               for k in (1, 2, 9)]
+    with checked_at(P32):
+        cases = [(m * c * n * n, 4 * m * n * n), (c * n, n * (c // 4)), (m * n - 1, n), (m * n + 31, 32 * n),
+                 (4 * (m // 32) * (n // 32), n // 8), (3 * m * n - 5, 3 * n), (5 * m * n, 2 * n)]
+        for a, b in cases:
+            q, r = a // b, a % b
+            for dims in members:
+                assert _at(q, dims) == _at(a, dims) // _at(b, dims), (a, b, dims)
+                if not isinstance(r, _Nonzero):
+                    assert _at(r, dims) == _at(a, dims) % _at(b, dims), (a, b, dims)
+        assert str(m * c * n * n // (4 * m * n * n)) == "C//4" and c * n % (n * (c // 4)) == 0
+        assert str((m * n - 1) // n) == "M-1" and str((m * n - 1) % n) == "N-1"
+        # int's own divmod and gcd read the traced values (the dims lost): both keep them
+        q, r = divmod(c, 3 * c)
+        assert q == 0 and isinstance(r, SymSize) and r.terms == c.terms
+        g = gcd(4 * (m // 32) * (n // 32), 4 * (n // 32))
+        assert isinstance(g, SymSize) and g == 4 * (n // 32) and gcd(12, 18) == 6
+        # a remainder the class knows only as not 0 (4M//32 % 32: 0 at M = 256) is below its divisor, no more
+        rest = (4 * (m // 32) * (n // 32)) % n
+        assert isinstance(rest, _Nonzero) and rest < n and rest >= 0
+        with pytest.raises(NotTraceable):
+            assert rest < m
+    n1, d1 = SymSize.dim("N", 211), SymSize.dim("D", 223)
+    with checked_at((P, Q)):
+        assert (n1 * d1 + 1) // n1 == d1 and (n1 + 1) % n1 == 1 and (n1 - 1) // n1 == 0
+        assert str((n1 * d1) // (2 * n1)) == "D//2"
+        for dims in ({"N": 2, "D": 2}, {"N": 3, "D": 7}, {"N": 5, "D": 300}):
+            assert _at((n1 * d1) // (2 * n1), dims) == dims["D"] // 2
+        # N//4 is 0 at N = 2, 3 (class n from 2): not cancelled; N * D + 5 over N is D + 1 at N = 3, D from 6
+        for refused in (lambda: (n1 * (n1 // 4)) // (2 * (n1 // 4)), lambda: (n1 * d1 + 5) // n1):
+            with pytest.raises(NotTraceable):
+                refused()
+        # (N * D + 2) % N is 0 at N = 2: known only as not 0 at the probes, never as a number
+        assert isinstance((n1 * d1 + 2) % n1, _Nonzero)
+
+
+@pytest.mark.parametrize("name, runs", [
+    # the heads' broadcast factor `BCTT // 4BTT` is C // 4 and the simplifier's `CT % T(C//4)` 0 (`_cancelled`);
+    # a constant of C in an index no longer loses its dims through int's divmod
+    ("transformer_block.tg", [{"B": 32, "T": 32, "C": 32}, {"B": 32, "T": 64, "C": 96},
+                              {"B": 64, "T": 32, "C": 128}, {"B": 1, "T": 32, "C": 160}]),
+    # the split reduction's index over 256 groups of 4(M//32)(N//32): its gcds (was a plain 892 at the probe)
+    # and `(4(M//32)(N//32)) % N`, below N but 0 at M = 256 (the plan keeps the remainder: right there too)
+    ("reductions.tg", [{"M": 32, "N": 32}, {"M": 288, "N": 288}, {"M": 512, "N": 288}, {"M": 288, "N": 1024},
+                       {"M": 1, "N": 320}, {"M": 7, "N": 64}]),
+])
+def test_exact_cancels_trace_a_class_of_multiples_of_32_once(name, runs, monkeypatch):
+    """transformer_block.tg and reductions.tg at 32n trace once with the probe path's plan (AST nodes, names,
+    general, fast, unthreaded and tail sources, buffers, signature, trusted size, bound), and give numpy's
+    results at the class's smallest member, above and below its trusted size, where a remainder the class does
+    not answer is 0, and in the classes of a dim of 1 and of n next to it."""
+    prog = tgc.load(KERNELS / name)
+    probed = tgc.load(KERNELS / name)
+    probed.one_trace = False
+    cls = tuple((n, "32n") for n in prog.dim_names)
+    counts = _counted(monkeypatch)
+    plan = prog.compile_symbolic("CPU", size_class=cls)
+    assert prog.symbolic_paths[("CPU", cls)] == "one trace" and counts == {"trace": 1, "schedule": 1}
+    other = probed.compile_symbolic("CPU", size_class=cls)
+    assert probed.symbolic_paths[("CPU", cls)].startswith("probes")
+    _same_plan(plan, other)
+    assert plan.bound == other.bound and plan.derived.keys() == other.derived.keys()
+    assert [[k.src for k in t] for t in plan.tails] == [[k.src for k in t] for t in other.tails]
+    for dims in runs:
+        inputs = random_inputs(prog, dims, seed=6)
+        got = prog.run(device="CPU", symbolic=True, **inputs)
+        _check(prog, got, dims, inputs)
+        if min(dims.values()) >= max(plan.trusted_from, 32) and all(v % 32 == 0 for v in dims.values()):
+            assert prog.last_run == "symbolic", (dims, prog.last_run)
+
+
+def test_conv2d_at_32n_asks_the_outputs_count_before_the_split_reduce_threshold():
+    """conv2d at 32n no longer stops at the split-reduce threshold `9C >= 65536`, which its two probes answer
+    differently: the outputs' count is asked first (thousands of outputs are no split's at any size; the same
+    answer at every concrete size). It stops later, at a padded stride that is a sum of sizes."""
+    conv = tgc.load(KERNELS / "conv2d.tg")
+    with pytest.raises(tgc.TgcError):
+        conv.compile_symbolic("CPU", size_class=tuple((n, "32n") for n in conv.dim_names))
+    assert "65536" not in next(iter(conv.symbolic_paths.values()))

@@ -547,7 +547,9 @@ def _split_reduce(new: UOp) -> UOp:
     shape = shape_of(src)
     op, axes = new.arg
     n = prod(shape[a] for a in axes)
-    groups = _split_size(n) if n >= SPLIT_REDUCE_MIN and prod(shape_of(new)) <= SPLIT_REDUCE_MAX_OUTPUTS else 0
+    # (the outputs' count first: a convolution's `9C >= 65536` differs between a 32n class's probes, while its
+    # thousands of outputs are no split's at any size; the same answer for every concrete size)
+    groups = _split_size(n) if prod(shape_of(new)) <= SPLIT_REDUCE_MAX_OUTPUTS and n >= SPLIT_REDUCE_MIN else 0
     if not groups:
         return new
     keep = [i for i in range(len(shape)) if i not in axes]

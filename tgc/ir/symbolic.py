@@ -6,14 +6,13 @@ expression (`UOp.bounds`) to fold them back into plain loop variables where poss
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 
 from tgc.dtype import DType, dtypes, truncate
 from tgc.ir.alu import AluError, const, exec_alu
-from tgc.ir.symsize import SymSize
+from tgc.ir.symsize import SymSize, gcd
 from tgc.ir.uop import BINARY, COMPARE, UNARY, Ops, PatternMatcher, UOp, UPat, graph_rewrite
 
 # every unary and binary op on constants except FDIV and the float transcendentals (floats are left to the backend)
@@ -99,7 +98,7 @@ def _split_low(terms: list[tuple[UOp, int]], const: int, d: int, dtype: DType) -
     """x = g*high + low with g > 1 dividing d, high >= 0 and 0 <= low < g (from x's affine terms), or None: a
     16-lane split (16*a + i) of a channel read as (channel // 32, channel % 32) becomes (a // 2, 16*(a % 2) + i),
     where i stays a lane of stride 1."""
-    for g in sorted({math.gcd(d, abs(coef)) for _, coef in terms} - {1}, reverse=True):
+    for g in sorted({gcd(d, abs(coef)) for _, coef in terms} - {1}, reverse=True):
         high = [(n, coef // g) for n, coef in terms if coef % g == 0]
         low = [(n, coef) for n, coef in terms if coef % g != 0]
         if not high:
@@ -128,7 +127,7 @@ def div_rule(x: UOp, c: UOp) -> UOp | None:
     if not outer and outer_const == 0:
         if x.op is Ops.IDIV and x.src[1].op is Ops.CONST and x.src[0].vmin >= 0:  # (a // b) // d -> a // (b*d)
             return x.src[0] // UOp.const(x.dtype, _n(x.src[1].arg) * d)
-        g = math.gcd(d, *[coef for _, coef in rest], rest_const) if rest else d
+        g = gcd(d, *[coef for _, coef in rest], rest_const) if rest else d
         if g > 1 and rest_const % g == 0 and all(coef % g == 0 for _, coef in rest):
             return _build([(n, coef // g) for n, coef in rest], rest_const // g, x.dtype) // UOp.const(x.dtype, d // g)
         split = _split_low(terms, const, d, x.dtype)
@@ -184,7 +183,7 @@ def div_mod_sum_rule(x: UOp) -> UOp | None:
         for i, (low, k) in enumerate(terms):
             if low.op is not Ops.MOD or low.src[1].op is not Ops.CONST or low.src[1].arg <= 0 or low.src[0].vmin < 0:
                 continue
-            v, a = low.src[0], int(low.src[1].arg)
+            v, a = low.src[0], _n(low.src[1].arg)
             for j, (high, k2) in enumerate(terms):
                 if j == i or k2 != k * a:
                     continue
@@ -193,7 +192,7 @@ def div_mod_sum_rule(x: UOp) -> UOp | None:
                 elif high.op is Ops.MOD and high.src[1].op is Ops.CONST and high.src[1].arg > 0 and \
                         high.src[0].op is Ops.IDIV and \
                         high.src[0].src[0] is v and high.src[0].src[1].op is Ops.CONST and high.src[0].src[1].arg == a:
-                    new = v % UOp.const(v.dtype, a * int(high.src[1].arg))
+                    new = v % UOp.const(v.dtype, a * _n(high.src[1].arg))
                 else:
                     continue
                 terms = [t for n, t in enumerate(terms) if n not in (i, j)] + [(new, k)]

@@ -26,9 +26,11 @@ the raw number) is caught after scheduling (`tgc.codegen.sizes.lost_sizes`).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 import functools
+import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -418,6 +420,82 @@ def _eval(t: Terms | dict, dims: Mapping[str, int]) -> int:
     return out
 
 
+def _in_units(t: dict[tuple[str, ...], int]) -> dict[tuple[str, ...], int]:
+    """`t` with each dim of a `32n` class and each exact atom of one (`_exact_atom`) written as its multiple of
+    the unit `N // 32`: N is `32 * (N//32)` and `(a*N+r) // k` (k dividing 32) is `(32a/k) * (N//32)` at every
+    size of the class, exactly (N a multiple of 32). So `CT % T(C//4)` is `32uT % 8uT` with u = C//32, whose
+    common factor uT cancels (`SymSize._cancelled`). Unchanged in a class of no 32n dims."""
+    if not _POINTS.get():
+        return t
+    out: dict[tuple[str, ...], int] = {}
+    for names, coef in t.items():
+        key = []
+        for n in names:
+            if "/" not in n and _unit_dim(n):
+                key.append(atom(1, n, 0, UNIT))
+                coef *= UNIT
+            elif "/" in n and _exact_atom(n):
+                a, dim, _, k = atom_parts(n)  # type: ignore[misc]
+                key.append(atom(1, dim, 0, UNIT))
+                coef *= UNIT * a // k
+            else:
+                key.append(n)
+        k2 = tuple(sorted(key))
+        out[k2] = out.get(k2, 0) + coef
+    return {k: c for k, c in out.items() if c}
+
+
+def _from_units(t: dict[tuple[str, ...], int]) -> dict[tuple[str, ...], int]:
+    """`t` of `_in_units` written with the atoms the front end writes: `32 * (N//32)` is N (`_whole_units`), and
+    `g * (N//32)` for g dividing 32 is `N // (32/g)` (`8 * (C//32)` is `C//4`, the heads' atom), exact at every
+    size of the class (N a multiple of 32)."""
+    t = _whole_units(dict(t))
+    out: dict[tuple[str, ...], int] = {}
+    for names, coef in t.items():
+        key = []
+        for n in names:
+            parts = atom_parts(n) if "/" in n else None
+            g = math.gcd(coef, UNIT)
+            if parts is not None and parts[0] == 1 and parts[2] == 0 and parts[3] == UNIT and g > 1 \
+                    and _exact_atom(n):
+                key.append(atom(1, parts[1], 0, UNIT // g))
+                coef //= g
+            else:
+                key.append(n)
+        k2 = tuple(sorted(key))
+        out[k2] = out.get(k2, 0) + coef
+    return {k: c for k, c in out.items() if c}
+
+
+def gcd(*values: Any) -> Any:
+    """A common divisor of ints and sizes, positive (0 where all are 0): `math.gcd` where no size is among them
+    (int's own would read a size's traced value: `gcd(4(M//32)(N//32), 4(N//32))` was the plain 892 at the
+    probe, and the simplifier then divided by it); else the gcd of every coefficient times the dims and atoms
+    common to every term (`_in_units` first: `C` and `C//4` of a 32n C share `C//32`). It divides each value at
+    every size of the class: each term is its coefficient, a multiple of the gcd, times a product holding the
+    common factors, and the factors are integers (an atom is a floor). It may be smaller than the greatest
+    there (`gcd(N, 6)` is 1, 6 at N = 12), which the simplifier's rules take as any common divisor: `(g * a)
+    // (g * b)` is `a // b` for every g > 0. An atom that may be 0 in the class (`N//4` of a class-n N at 2) is
+    left out, so the divisor is at least 1."""
+    if not any(isinstance(v, SymSize) for v in values):
+        return math.gcd(*values)
+    polys = [p for p in (_in_units(_terms(v)) for v in values) if p]
+    g, common = 0, None
+    for p in polys:
+        for names, c in p.items():
+            g = math.gcd(g, c)
+            counts = collections.Counter(names)
+            common = counts if common is None else common & counts
+    names = tuple(sorted(n for n in (common or collections.Counter()).elements()
+                         if "/" not in n or value_of(n, {base_dim(n): UNIT if _unit_dim(base_dim(n)) else 2}) >= 1))
+    pts = _POINTS.get()
+    if not names or not g:
+        return g
+    if not pts or any(isinstance(v, SymSize) and _eval(v.terms, pts[0]) != v.value for v in values):
+        return _refuse(values[0], "gcd", values[1] if len(values) > 1 else None)  # (not at the traced sizes)
+    return _make(_eval({names: g}, pts[0]), {names: g})
+
+
 def _make(value: int, t: dict[tuple[str, ...], int]) -> int:
     """A SymSize, or a plain int where no dims are left."""
     t = _whole_units({k: c for k, c in t.items() if c})
@@ -624,7 +702,58 @@ class SymSize(int):
                 floor = self._unit_quotient(other)
             if floor is not None:
                 return floor
+        if (common := self._cancelled(other)) is not None:  # (proof: `_cancelled`)
+            a, b, _, r, _ = common
+            return a // b if not r else a // b + (0 if r > 0 else -1)
         return self._same_quotient(other)
+
+    def _cancelled(self, other: Any) -> tuple[Any, int, Any, int, int] | None:
+        """`(a, b, m, r, least)` where `self` is `a * m + r` and `other` is `b * m`: b a positive int, m a product
+        of dims and atoms (other's, whole; `_in_units` first, so `C` and `C//4` of a 32n C are multiples of
+        `C//32`), r a constant (0 unless b divides every coefficient of a), and `least` the least value of
+        `b * m` over the class (at least b); else None. Every dim of m is at least 2 over the class (class n; a
+        dim of 0 or 1 is a class of its own, a constant in the trace), and a unit `N//32` of a 32n dim at least
+        1; an atom `(a * N + r) // k` is nondecreasing in N, so its least is its value at the least N, and an
+        m holding an atom that may be 0 (`N//4` of a class-n N, 0 at N = 2) gives None. With m >= 1, at every
+        size of the class (callers: `__floordiv__`, `__mod__`):
+        - r = 0: floor(a * m / (b * m)) = floor(a / b) for every integer a (m > 0 cancels from the ratio of
+          reals), and a * m - b * m * floor(a / b) = (a % b) * m. (`BCTT // 4BTT` is `C // 4`.)
+        - a = b * a': (b a' m + r) // (b m) = a' + r // (b m), and r // (b m) is 0 where 0 <= r < least <= b m,
+          -1 where -least <= r < 0 (then -b m <= r < 0); the remainder is r, or r + b m. (`(MN - 1) // N`,
+          a bound of an index, is M - 1 at every N >= 2.)"""
+        if not isinstance(other, SymSize):
+            return None
+        dterms, terms = _in_units(dict(other.terms)), _in_units(dict(self.terms))
+        if len(dterms) != 1:
+            return None
+        (dnames, dcoef), = dterms.items()
+        if not dnames or dcoef <= 0:
+            return None
+        least = dcoef
+        for n in dnames:
+            low = value_of(n, {base_dim(n): UNIT if _unit_dim(base_dim(n)) else 2}) if "/" in n else 2
+            if low < 1:
+                return None
+            least *= low
+        t: dict[tuple[str, ...], int] = {}
+        r = terms.pop((), 0)
+        for names, coef in terms.items():
+            rest = list(names)
+            for n in dnames:
+                if n not in rest:
+                    return None
+                rest.remove(n)
+            t[tuple(rest)] = coef
+        if r and (any(c % dcoef for c in t.values()) or not -least <= r < least):
+            return None
+        m_value = other.value // dcoef
+        if m_value <= 0 or (self.value - r) % m_value:
+            return None  # (not the traced sizes' product: never, for a size of these terms)
+        a_value = (self.value - r) // m_value
+        if r or not any(c % dcoef for c in t.values()):  # (a // b exactly: divided here, in units)
+            t, a_value, dcoef = {k: c // dcoef for k, c in t.items()}, a_value // dcoef, 1
+        m = _make(m_value, _from_units({dnames: 1}))
+        return _make(a_value, _from_units(t)), dcoef, m, r, least
 
     def _unit_quotient(self, k: int) -> Any:
         """`self // k` exact in a class of `32n` dims (`_unit_of`: `MN // 256` at M, N = 32m, 32n): each 32n dim
@@ -689,6 +818,12 @@ class SymSize(int):
     def __mod__(self, other: Any) -> Any:
         if self._divided(other) is not None:
             return 0
+        if (common := self._cancelled(other)) is not None:  # (proof: `_cancelled`)
+            a, b, m, r, _ = common
+            if r:
+                return r if r > 0 else other + r
+            rest = a % b  # (a remainder the class knows only as not 0 stays that: m >= 1, below `other`)
+            return _Nonzero(f"{_text(self)} % {_text(other)}", other) if isinstance(rest, _Nonzero) else rest * m
         if isinstance(other, SymSize) and _positive_everywhere(_terms(self)) \
                 and _positive_everywhere(_terms(other - self)):
             return self  # (0 < self < other at every size of the class: `(N - 1) % N` is N - 1 for N >= 2)
@@ -727,6 +862,25 @@ class SymSize(int):
 
     def __rmod__(self, other: Any) -> Any:
         return other - self._rquotient(other, "%") * self
+
+    # (int's own divmod would give the traced sizes' plain ints, the dims lost: the simplifier's `divmod(const,
+    # d)` of an index's constant C by a size 3C made a plain 7264, `C` at the probe, in a kernel's index bounds)
+    def __divmod__(self, other: Any) -> Any:
+        return self // other, self % other
+
+    def __rdivmod__(self, other: Any) -> Any:
+        return other // self, other % self
+
+    def __invert__(self) -> Any:
+        return _refuse(self, "~", None)
+
+    def __trunc__(self) -> Any:
+        return self
+
+    __floor__ = __ceil__ = __trunc__
+
+    def __round__(self, ndigits: Any = None) -> Any:
+        return self if ndigits is None or ndigits >= 0 else _refuse(self, "round()", ndigits)
 
     def __truediv__(self, other: Any) -> Any:
         return _refuse(self, "/", other)
@@ -828,8 +982,8 @@ class _Nonzero:
     arithmetic on it, a comparison or a use as a number is refused (`NotTraceable`, with the remainder's text),
     not a TypeError inside the trace (`x[N - 1] + x[-N]` added 1 to it)."""
 
-    def __init__(self, text: str = "a size % a number") -> None:
-        self.text = text
+    def __init__(self, text: str = "a size % a number", below: Any = None) -> None:
+        self.text, self.below = text, below  # (below: its divisor, positive at every size of the class)
 
     def _use(self, *args: Any) -> Any:
         why = f"the remainder {self.text} is used as a number, and the class says only that it is not 0"
@@ -838,7 +992,20 @@ class _Nonzero:
 
     __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __floordiv__ = __rfloordiv__ = _use
     __mod__ = __rmod__ = __truediv__ = __rtruediv__ = __neg__ = __pos__ = __abs__ = __index__ = __int__ = _use
-    __float__ = __lt__ = __le__ = __gt__ = __ge__ = __and__ = __or__ = __lshift__ = __rshift__ = _use
+    __float__ = __le__ = __gt__ = __and__ = __or__ = __lshift__ = __rshift__ = _use
+
+    def __lt__(self, other: Any) -> bool:
+        """Below its own divisor (the simplifier's `coef % d < d`): a remainder `a % b` of a b > 0 is in [0, b)
+        at every size, whatever it is; no other order is answered."""
+        if self.below is not None and type(other) is type(self.below) and other == self.below:
+            return True
+        return self._use(other)
+
+    def __ge__(self, other: Any) -> bool:
+        """At least 0 (a remainder by a positive divisor, as `__lt__`)."""
+        if self.below is not None and type(other) is int and other == 0:
+            return True
+        return self._use(other)
 
     def __bool__(self) -> bool:
         return True
