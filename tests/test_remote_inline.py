@@ -247,6 +247,29 @@ def test_lines_and_tokens_are_read_as_llvm_reads_them():
     assert _proof(_kernel(over.replace("A", "4294967296"), 4)) is None
 
 
+@needs_cpu
+def test_names_wide_integers_and_stack_vectors_that_run_long_or_leak_are_not_proven():
+    """Review 15: a kernel named after a C library function (`sin`) answered LLVM's own call of it (recursion until
+    the server died); an `udiv i16384` of weight 1 ran for seconds; a lane of a huge vector read at a variable index
+    came from the server thread's stack."""
+    body = "entry:\n  %x = load double, ptr %data0, align 8\n  %y = call double @llvm.sin.f64(double %x)\n" \
+           "  store double %y, ptr %data0, align 8\n  ret void"
+    named = _kernel(body, 8) + "declare double @llvm.sin.f64(double)\n"
+    assert _proof(named.replace("@k(", "@E_4_8(")) is not None
+    for name in ("sin", "fmod", "exp", "memset", "_k", "k.1"):
+        assert _proof(named.replace("@k(", f"@{name}(")) is None, name
+    wide = "entry:\n  %a = zext i32 %core_id to iW\n  %q = udiv iW %a, 3\n  %t = trunc iW %q to i32\n" \
+           "  store i32 %t, ptr %data0, align 4\n  ret void"
+    assert _proof(_kernel(wide.replace("iW", "i64"), 4)) is not None
+    for width in ("i128", "i16384", "i24"):
+        assert _proof(_kernel(wide.replace("iW", width), 4)) is None, width
+    lanes = "entry:\n  %v = insertelement <N x i64> poison, i64 1, i32 0\n  %e = extractelement <N x i64> %v, IDX\n" \
+            "  store i64 %e, ptr %data0, align 8\n  ret void"
+    assert _proof(_kernel(lanes.replace("N", "8").replace("IDX", "i32 0"), 8)) is not None
+    for n, idx in (("8", "i32 %core_id"), ("8", "i32 8"), ("4096", "i32 0")):
+        assert _proof(_kernel(lanes.replace("N", n).replace("IDX", idx), 8)) is None, (n, idx)
+
+
 @pytest.fixture
 def cpu_server():
     srv = serve("127.0.0.1", 0, "CPU", None).start()

@@ -42,14 +42,14 @@ MAX_LANES = 64  # lanes of a vector type
 MAX_STACK = 64 << 10  # bytes of allocas
 
 _NAME = r"%[\w.$-]+"
-_SCALAR = r"(?:i\d+|half|bfloat|float|double)"
+_SCALAR = r"(?:i(?:1|8|16|32|64)|half|bfloat|float|double)"  # (wider integers: see `_one_instruction`)
 _TYPE = rf"(?:{_SCALAR}|<\d+ x {_SCALAR}>)"
 _INTRINSICS = {"maxnum", "minnum", "maximum", "minimum", "trunc", "floor", "ceil", "round", "rint", "nearbyint",
                "sqrt", "fabs", "exp", "exp2", "log", "log2", "sin", "cos", "fma", "fmuladd", "copysign", "pow",
                "smax", "smin", "umax", "umin"}  # (integer max/min: no trap, no poison of their own; results unknown)
 _ATTRS = re.compile(r'^attributes #0 = \{(?: nounwind| "prefer-vector-width"="\d+"| "no-trapping-math"="true")* \}$')
 _DECLARE = re.compile(rf"^declare {_TYPE} @llvm\.(\w+)\.[\w.]+\(({_TYPE}(?:, {_TYPE})*)\)$")
-_DEFINE = re.compile(r"^define void @[\w.$-]+\((.*)\) #0 \{$")
+_DEFINE = re.compile(r"^define void @([A-Za-z][A-Za-z0-9_]*)\((.*)\) #0 \{$")
 _PARAM = re.compile(rf"^ptr(?: noalias)?(?: align (\d+))? ({_NAME})$")
 _FLAGS = {"nuw", "nsw", "exact", "disjoint", "nneg", "nnan", "ninf", "nsz", "arcp", "contract", "afn", "reassoc",
           "fast", "inbounds"}
@@ -147,9 +147,9 @@ def _prove(src: str, contract: Contract) -> int:
         if not (m and m.group(1) in _INTRINSICS) and not _ATTRS.match(ln):
             raise _No
     m = _DEFINE.match(lines[start])
-    if not m:
+    if not m or _a_library_function(m.group(1)):
         raise _No
-    params = _split(m.group(1))
+    params = _split(m.group(2))
     if params[-1] != "i32 %core_id":
         raise _No
     ptrs: dict[str, int] = {}  # pointer parameter -> its buffer index
@@ -173,6 +173,18 @@ _LEX = re.compile(r"""(?P<tok>[%@](?:[A-Za-z$._-][A-Za-z0-9$._-]*|[0-9]+)
 _ENDS = frozenset(" \t,()[]<>{}=")
 
 
+def _a_library_function(name: str) -> bool:
+    """Whether a kernel named `name` would take the place of a function the process has (`sin`, `fmod`, `memset`):
+    LLVM lowers intrinsics and some loops to calls of the C library, by name, and the kernel's own symbol answered
+    them (review 15: `@sin` calling `llvm.sin.f64` recursed until the server died)."""
+    import ctypes
+    try:
+        ctypes.CDLL(None)[name]
+    except (AttributeError, OSError):
+        return False
+    return True
+
+
 def _one_instruction(ln: str) -> None:
     """Refuses a line that is not exactly one instruction of plain operands, read as LLVM's lexer reads it: only
     its tokens (`_LEX`), one opcode word, no constant expression, and no global (`@`) but an intrinsic's name as a
@@ -187,6 +199,11 @@ def _one_instruction(ln: str) -> None:
             raise _No
         if m.group("word") is not None:
             words.append(m.group("word"))
+            if re.fullmatch(r"i[0-9]+", m.group("word")) and m.group("word") not in ("i1", "i8", "i16", "i32", "i64"):
+                raise _No  # (LLVM expands a division wider than 128 bits into a loop of one step a bit: review 15
+                # ran an `udiv i16384` of weight 1 for seconds inline)
+    if any(int(n) > MAX_LANES for n in re.findall(r"<\s*([0-9]+)\s*x\b", ln)):
+        raise _No  # (a vector of thousands of lanes lives in stack slots no alloca counts)
     globals_ = re.findall(r"@[\w.$-]+", ln)
     if globals_ and not (len(globals_) == 1 and globals_[0].startswith("@llvm.")
                          and re.match(rf"(?:{_NAME} = )?call ", ln)):
@@ -495,6 +512,8 @@ class _Prover:
             self._define(name, None, self._poisoned(names, rest) or bool(set(flags) & {"nnan", "ninf", "fast"}))
             return _lanes(fm.group(1))
         if op in ("icmp", "fcmp"):
+            if rest.startswith("samesign"):
+                raise _No  # (poison where the signs differ: not modelled)
             names = self._uses(rest)
             self._define(name, (0, 1), self._poisoned(names, rest) or bool(set(flags) & {"nnan", "ninf", "fast"}))
             return 1
@@ -519,6 +538,11 @@ class _Prover:
             return _lanes(ty)
         if op in ("insertelement", "extractelement", "shufflevector"):
             self._uses(rest)
+            if op != "shufflevector":  # (a lane read at a variable index reads a stack slot: of a partly poison
+                # vector, the server thread's old stack; review 15) -- a literal lane of the vector only
+                em = re.fullmatch(r"<([0-9]+) x .*, i(?:32|64) ([0-9]+)", rest)
+                if em is None or int(em.group(2)) >= int(em.group(1)):
+                    raise _No
             self._define(name, None, True)
             return 1
         raise _No
