@@ -361,6 +361,8 @@ class _Verifier:
             return
         if self.only is None:
             STATS["enumerated"] += 1
+        if self.in_range(lanes if lanes is not None else [idx], n - (1 if lanes is not None else width)):
+            return  # every index in bounds, live or not: no mask to compute
         live = None
         for m in parts[1:]:
             live = m if live is None else np.logical_and(live, m)
@@ -382,6 +384,19 @@ class _Verifier:
                 lane_txt = f" lane {lane}" if lanes is not None else ""
                 raise BoundsError(f"kernel {self.name}: {u.op.name} (uop {i}){lane_txt} of {what} at {span}, "
                                   f"outside [0, {n})" + (f" (at {where})" if where else ""))
+
+    @staticmethod
+    def in_range(indices: list[Any], hi: int) -> bool:
+        """Whether every value of these integer index arrays lies in [0, hi]: then no iteration is out of bounds,
+        whatever the gates and loop bounds (two reductions per array, in its own dtype: the check below widens
+        each index to int64 and masks it, ~4x the work, only where some value is outside)."""
+        for ix in indices:
+            ix = np.asarray(ix)
+            if ix.dtype.kind not in "iub":
+                return False
+            if ix.size and (int(ix.min()) < 0 or int(ix.max()) > hi):
+                return False
+        return True
 
     def by_bounds(self, i: int, u: UOp, idx: UOp, n: int, width: int, what: str) -> bool:
         """Too big to enumerate, or data-dependent: whether the index's symbolic bounds prove it in bounds (an
