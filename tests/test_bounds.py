@@ -244,3 +244,15 @@ def test_a_kernel_without_loops_is_checked_too():
     verify_kernel(k.name, k.uops, k.bufs, {})
     with pytest.raises(BoundsError, match=r"LOAD .* of buffer 1 \(x: f32\[3\]\) at index 3, outside \[0, 3\)$"):
         verify_kernel(k.name, _rebuild(k.uops, _shift_index(Ops.LOAD, 1)), k.bufs, {})
+
+
+@pytest.mark.parametrize("shift", [2**31 - 1, -2**31])
+def test_an_i32_index_that_wraps_is_caught_in_any_buffer(shift):
+    """The address `index + shift` in i32 wraps negative (or stays negative): out of bounds even where the buffer
+    is longer than i32 reaches (sizes as given, no allocation), though the unwrapped sum would fit it."""
+    k = _kernel("x: f32[3]\nreturn x[2] + 1")
+    bad = _rebuild(k.uops, _shift_index(Ops.LOAD, shift))
+    assert any(u.op is Ops.ADD and u.dtype == dtypes.i32 for u in bad)
+    with pytest.raises(BoundsError, match=r"LOAD .* at index -\d+, outside \[0, 8589934592\)$"):
+        verify_bounds(k.name, bad, [3, 2**33], (1, 1, 1), None, ())
+    verify_bounds(k.name, _rebuild(k.uops, _shift_index(Ops.LOAD, -2)), [3, 2**33], (1, 1, 1), None, ())

@@ -154,6 +154,44 @@ def verify_bounds(name: str, uops: list[UOp], buffer_sizes: list[int], global_si
     STATS["enumerated"] += len(set(deferred) - left)
 
 
+class _IndexSum:
+    """An address `a + b` (two integer arrays, broadcast) that only accesses read as their index, left unbuilt:
+    the grid of every iteration's address is the largest array of most passes, and its bounds are
+    min(a) + min(b) .. max(a) + max(b). Where those lie in the buffer (and in the dtype: nothing wraps) the access
+    passes without it; elsewhere (`np.asarray`) it is built as the ALU computes it and checked point by point."""
+
+    __slots__ = ("a", "b", "make", "shape", "dtype", "_built")
+
+    def __init__(self, a: np.ndarray, b: np.ndarray, dtype: np.dtype, make: Any):
+        self.a, self.b, self.dtype, self.make = a, b, dtype, make
+        self.shape = np.broadcast_shapes(a.shape, b.shape)
+        self._built: np.ndarray | None = None
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        if self._built is None:
+            self._built = np.asarray(self.make())
+        return self._built if dtype is None else self._built.astype(dtype)
+
+    def bounds(self) -> tuple[int, int] | None:
+        """(lowest, highest) value, or None where some value could wrap (or there are none)."""
+        if self.a.size == 0 or self.b.size == 0:
+            return None
+        lo, hi = int(self.a.min()) + int(self.b.min()), int(self.a.max()) + int(self.b.max())
+        info = np.iinfo(self.dtype)
+        return (lo, hi) if info.min <= lo and hi <= info.max else None
+
+
+def _index_only(uops: list[UOp], src_pos: list[list[int | None]]) -> set[int]:
+    """Positions of the values that every reader reads as a LOAD's or STORE's index (source 1), and only so."""
+    ok: dict[int, bool] = {}
+    for i, js in enumerate(src_pos):
+        access = uops[i].op in (Ops.LOAD, Ops.STORE)
+        for k, j in enumerate(js):
+            if j is not None:
+                ok[j] = ok.get(j, True) and access and k == 1
+    return {j for j, v in ok.items() if v}
+
+
 class _Verifier:
     def __init__(self, name: str, uops: list[UOp], sizes: list[int], global_size: tuple[int, ...],
                  local_size: tuple[int, ...] | None, vals: tuple[int, ...], names: list[str] | None, points: int,
@@ -171,6 +209,7 @@ class _Verifier:
         self.axis_of: dict[int, int] = {}  # uop position -> its axis
         # the ndim of every value: one axis per RANGE, SPECIAL and enumerated DEFINE_VAR
         self.ndim = sum(1 for u in uops if u.op in (Ops.RANGE, Ops.SPECIAL, Ops.DEFINE_VAR))
+        self.index_only: set[int] = set()  # values only read as indices (`_index_only`, set by `run`)
 
     # --- values
 
@@ -199,12 +238,19 @@ class _Verifier:
         self.spent += size
         return False
 
-    def evaluate(self, u: UOp, srcs: list[Value]) -> Value:
+    def evaluate(self, u: UOp, srcs: list[Value], lazy: bool = False) -> Value:
         op, d = u.op, u.dtype
         if any(s is DATA for s in srcs):
             return DATA
         if any(s is TOO_BIG for s in srcs):
             return TOO_BIG
+        if lazy and op is Ops.ADD and d is not None and d.count == 1 and \
+                all(isinstance(s, np.ndarray) for s in srcs):
+            want = self.interp.reg_dtype(d)
+            if want.kind in "iu" and all(s.dtype.kind in "iu" for s in srcs):
+                if self.too_big(*srcs):
+                    return TOO_BIG
+                return _IndexSum(srcs[0], srcs[1], want, lambda: self.interp.exec_alu(op, d, srcs))
         if op is Ops.CONST:
             return self.interp.const(u.arg, d.scalar())
         if op is Ops.VECTORIZE:
@@ -253,6 +299,7 @@ class _Verifier:
         uops = self.uops
         src_pos = _sources(uops)
         need = _needed(uops, src_pos)
+        self.index_only = _index_only(uops, src_pos)
         env: dict[int, Value] = {}
         masks: list[Value] = []  # loop bounds that hold around the current uop
         open_masks: list[int] = []  # how many masks each open RANGE pushed
@@ -280,7 +327,7 @@ class _Verifier:
                     self.check(i, u, srcs, masks)
                 elif i in need and (u.op in ALU or u.op in (Ops.CONST, Ops.CAST, Ops.BITCAST, Ops.VECTORIZE,
                                                             Ops.GEP)):
-                    env[i] = self.evaluate(u, srcs)
+                    env[i] = self.evaluate(u, srcs, lazy=i in self.index_only)
                 for j in src_pos[i]:  # values no later uop reads are freed (they may be large)
                     if j is not None and last_use.get(j) == i:
                         env.pop(j, None)
@@ -361,6 +408,8 @@ class _Verifier:
             return
         if self.only is None:
             STATS["enumerated"] += 1
+        if self.in_range(lanes if lanes is not None else [idx], n - (1 if lanes is not None else width)):
+            return  # every index in bounds, live or not: no mask to compute
         live = None
         for m in parts[1:]:
             live = m if live is None else np.logical_and(live, m)
@@ -382,6 +431,23 @@ class _Verifier:
                 lane_txt = f" lane {lane}" if lanes is not None else ""
                 raise BoundsError(f"kernel {self.name}: {u.op.name} (uop {i}){lane_txt} of {what} at {span}, "
                                   f"outside [0, {n})" + (f" (at {where})" if where else ""))
+
+    @staticmethod
+    def in_range(indices: list[Any], hi: int) -> bool:
+        """Whether every value of these integer index arrays lies in [0, hi]: then no iteration is out of bounds,
+        whatever the gates and loop bounds (two reductions per array, in its own dtype: the check below widens
+        each index to int64 and masks it, ~4x the work, only where some value is outside)."""
+        for ix in indices:
+            if isinstance(ix, _IndexSum):
+                b = ix.bounds()
+                if b is not None and b[0] >= 0 and b[1] <= hi:
+                    continue
+            ix = np.asarray(ix)
+            if ix.dtype.kind not in "iub":
+                return False
+            if ix.size and (int(ix.min()) < 0 or int(ix.max()) > hi):
+                return False
+        return True
 
     def by_bounds(self, i: int, u: UOp, idx: UOp, n: int, width: int, what: str) -> bool:
         """Too big to enumerate, or data-dependent: whether the index's symbolic bounds prove it in bounds (an
