@@ -299,6 +299,24 @@ def test_small_programs_run_inline_with_numpy_results(cpu_server, monkeypatch):
 
 
 @needs_cpu
+def test_a_server_told_not_to_runs_every_launch_in_a_worker(monkeypatch):
+    """`tgc serve --no-inline` (`Limits.inline`): the same small program as above, right, and no launch inline."""
+    import tgc
+    from tgc.backends.remote.limits import Limits
+    srv = serve("127.0.0.1", 0, "CPU", None, Limits(inline=False)).start()
+    _use_server_without_token(monkeypatch, srv.port)
+    try:
+        rng = np.random.default_rng(1)
+        x, w = rng.standard_normal((16, 32)).astype(np.float32), rng.standard_normal((32, 32)).astype(np.float32)
+        out = tgc.loads(MLP).run(device="REMOTE", x=x, w=w)["out0"]
+        np.testing.assert_allclose(out, np.maximum(x @ w, 0) @ w, rtol=1e-4, atol=1e-4)
+        assert srv.inline_launches == 0
+    finally:
+        _drop_remote_instances()
+        srv.shutdown()
+
+
+@needs_cpu
 def test_a_kernel_not_proven_short_still_runs_in_a_worker(cpu_server, monkeypatch):
     import tgc
     _use_server_without_token(monkeypatch, cpu_server.port)

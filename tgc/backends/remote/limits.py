@@ -29,6 +29,8 @@ class Limits:
     max_objects: int = 1 << 16  # buffers + programs + graphs of one session
     max_text: int = P.MAX_TEXT  # characters of one request text (the request list and kernel sources)
     max_nodes: int = P.MAX_NODES  # syntax nodes of one request text
+    inline: bool = True  # a CPU kernel proven short (`shortproof`) runs in the request thread; False: every launch
+    # goes to a launch worker (`tgc serve --no-inline`: no client-compiled code runs in the server's own process)
 
 
 class Refusal(Exception):

@@ -994,7 +994,7 @@ class RemoteServer:
         ok, value = entry
         if not ok:
             raise Refusal(422, "compile", str(value))
-        if known.contract is not None and self.uses_launch_workers and renderer is not None \
+        if known.contract is not None and self.uses_launch_workers and self.limits.inline and renderer is not None \
                 and renderer.language == "llvm":
             known = dataclasses.replace(known, contract=self._proven(key, req.src, known.contract))
         h = P.digest(value)
@@ -1308,7 +1308,8 @@ def main_serve(host: str = "127.0.0.1", port: int = P.DEFAULT_PORT, device: str 
                max_buffer: int | None = None, max_session_memory: int | None = None,
                request_time: float | None = None, max_sessions: int | None = None, verbose: bool = False,
                max_memory: int | None = None, max_connections: int | None = None,
-               max_sessions_per_client: int | None = None, max_sessions_per_token: int | None = None) -> int:
+               max_sessions_per_client: int | None = None, max_sessions_per_token: int | None = None,
+               inline: bool = True) -> int:
     """What `tgc serve` runs: open the device, print `serving DEVICE on http://host:port` to stderr, serve
     until Ctrl-C or SIGTERM, free every session and return 0.
 
@@ -1339,7 +1340,7 @@ def main_serve(host: str = "127.0.0.1", port: int = P.DEFAULT_PORT, device: str 
               "max_session_memory": max_session_memory, "request_time": request_time, "max_sessions": max_sessions,
               "max_memory": max_memory, "max_connections": max_connections,
               "max_sessions_per_client": max_sessions_per_client, "max_sessions_per_token": max_sessions_per_token}
-    limits = Limits(**{k: v for k, v in chosen.items() if v is not None})
+    limits = Limits(**{k: v for k, v in chosen.items() if v is not None}, inline=inline)
     server = serve(host, port, name, token, limits, verbose)
     try:
         try:
