@@ -108,8 +108,11 @@ def test_a_program_of_many_kernels_builds_its_cache_misses_in_batches(dev, monke
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal(37).astype(np.float32), rng.standard_normal(37).astype(np.float32)
     prog = tgc.loads(src)
-    kernels = prog.compile(device="OPENCL", dims={"N": 37})
+    events = []
+    kernels = prog.compile(device="OPENCL", dims={"N": 37}, progress=events.append)
     assert len(kernels) == 11
+    # (a progress bar hears of each batched kernel's compile, as of a worker's)
+    assert len([e for e in events if e.get("stage") == "compiled"]) == 11
     assert 1 < OpenCLCompiler.batch_max < 11 and len(builds) == -(-11 // OpenCLCompiler.batch_max)
     got = prog.run(device="OPENCL", a=a, b=b)
     for k, name in enumerate(got):

@@ -491,12 +491,10 @@ class _Compiles:
         for n, (canon, (fut, indices, key, src)) in enumerate(self.waiting.items()):
             if fut is None:  # built in a batch, here
                 lib, seconds = built[canon]
-                for j in indices:
-                    kernels[j].binary = lib
-                    rec = records[j]
-                    if rec is not None:
-                        rec.phases["compile"] = rec.phases.get("compile", 0.0) + seconds
-                        rec.total += seconds
+                _deliver(kernels, records, indices, lib, seconds)
+                if progress is not None:
+                    progress({"kernel": kernels[indices[0]].name, "index": n, "total": len(self.waiting),
+                              "stage": "compiled"})
                 continue
             why = ""
             waited = time.perf_counter_ns()
@@ -523,18 +521,24 @@ class _Compiles:
                 prof.span(profile.HOST, prof.host_thread("compile"),
                           f"compiled in a worker: {kernels[indices[0]].name}", waited, time.perf_counter_ns(),
                           "compile", {"cache": "miss", "worker_ms": seconds * 1e3})
-            for j in indices:
-                kernels[j].binary = lib
-                rec = records[j]
-                if rec is not None:
-                    rec.phases["compile"] = rec.phases.get("compile", 0.0) + seconds
-                    rec.total += seconds
+            _deliver(kernels, records, indices, lib, seconds)
             if progress is not None:
                 progress({"kernel": kernels[indices[0]].name, "index": n, "total": len(self.waiting),
                           "stage": "compiled"})
             if debug_level() >= 2:
                 print(f"*** compiled {kernels[indices[0]].name} in a worker process: {timings.fmt_s(seconds)}",
                       file=sys.stderr)
+
+
+def _deliver(kernels: list[Kernel], records: list[timings.KernelTimes | None], indices: list[int], lib: bytes,
+             seconds: float) -> None:
+    """Gives the kernels at `indices` (one source) their binary and adds its compile seconds to their records."""
+    for j in indices:
+        kernels[j].binary = lib
+        rec = records[j]
+        if rec is not None:
+            rec.phases["compile"] = rec.phases.get("compile", 0.0) + seconds
+            rec.total += seconds
 
 
 # sources shorter than this compile in this process (LLVM takes ~10-20 ms on them: less than sending them to a
