@@ -185,12 +185,7 @@ def test_a_class_of_multiples_of_32_traces_once_as_the_probes(name, runs, monkey
     if len(prog.dim_names) > 1 and name not in ("pooling.tg", "slicing.tg"):  # (their five kernels: < 20 s)
         classes.append(((prog.dim_names[0], "n"),) + tuple((n, "32n") for n in prog.dim_names[1:]))
     for cls in classes:
-        counts = _counted(monkeypatch)
-        plan = prog.compile_symbolic("CPU", size_class=cls)
-        assert prog.symbolic_paths[("CPU", cls)] == "one trace" and counts == {"trace": 1, "schedule": 1}, cls
-        other = probed.compile_symbolic("CPU", size_class=cls)
-        assert probed.symbolic_paths[("CPU", cls)].startswith("probes")
-        _same_plan(plan, other)
+        plan, other = _traced_once_like_the_probes(prog, probed, cls, monkeypatch)
         assert plan.bound == other.bound and plan.derived.keys() == other.derived.keys()
     for dims in runs:
         inputs = random_inputs(prog, dims, seed=4)
@@ -386,6 +381,18 @@ def _same_plan(plan, other) -> None:
     assert plan.shapes == other.shapes
 
 
+def _traced_once_like_the_probes(prog, probed, cls, monkeypatch: pytest.MonkeyPatch) -> tuple:
+    """(plan, the probe path's plan) of class `cls`: `prog` traced and scheduled once, `probed` (`one_trace`
+    off) on the probes, and the two plans the same (`_same_plan`)."""
+    counts = _counted(monkeypatch)
+    plan = prog.compile_symbolic("CPU", size_class=cls)
+    assert prog.symbolic_paths[("CPU", cls)] == "one trace" and counts == {"trace": 1, "schedule": 1}, cls
+    other = probed.compile_symbolic("CPU", size_class=cls)
+    assert probed.symbolic_paths[("CPU", cls)].startswith("probes")
+    _same_plan(plan, other)
+    return plan, other
+
+
 @pytest.mark.parametrize("name, classes, runs", [
     # argmax: its countdown is arange(K) (an integer length, no float division of the size)
     ("argmax.tg", [(("N", "n"), ("K", "n")), (("N", "1"), ("K", "n"))],
@@ -400,12 +407,7 @@ def test_argmax_and_conv2d_trace_once_as_the_probes(name, classes, runs, monkeyp
     probed = tgc.load(KERNELS / name)
     probed.one_trace = False
     for cls in classes:
-        counts = _counted(monkeypatch)
-        plan = prog.compile_symbolic("CPU", size_class=cls)
-        assert prog.symbolic_paths[("CPU", cls)] == "one trace" and counts == {"trace": 1, "schedule": 1}
-        other = probed.compile_symbolic("CPU", size_class=cls)
-        assert probed.symbolic_paths[("CPU", cls)].startswith("probes")
-        _same_plan(plan, other)
+        _traced_once_like_the_probes(prog, probed, cls, monkeypatch)
     for dims in runs:
         inputs = random_inputs(prog, dims, seed=3)
         got = prog.run(device="CPU", symbolic=True, **inputs)
@@ -971,12 +973,7 @@ def test_exact_cancels_trace_a_class_of_multiples_of_32_once(name, runs, monkeyp
     probed = tgc.load(KERNELS / name)
     probed.one_trace = False
     cls = tuple((n, "32n") for n in prog.dim_names)
-    counts = _counted(monkeypatch)
-    plan = prog.compile_symbolic("CPU", size_class=cls)
-    assert prog.symbolic_paths[("CPU", cls)] == "one trace" and counts == {"trace": 1, "schedule": 1}
-    other = probed.compile_symbolic("CPU", size_class=cls)
-    assert probed.symbolic_paths[("CPU", cls)].startswith("probes")
-    _same_plan(plan, other)
+    plan, other = _traced_once_like_the_probes(prog, probed, cls, monkeypatch)
     assert plan.bound == other.bound and plan.derived.keys() == other.derived.keys()
     assert [[k.src for k in t] for t in plan.tails] == [[k.src for k in t] for t in other.tails]
     for dims in runs:
