@@ -205,10 +205,7 @@ class _Wire:
                 if not colon:
                     raise http.client.HTTPException(f"a malformed header line: {P.to_short(line)}")
                 field = (name.strip().lower(), value.strip())
-                if len(line) <= 512:
-                    if len(_ANSWER_LINES) >= 256:
-                        _ANSWER_LINES.clear()
-                    _ANSWER_LINES[line] = field
+                P.keep_line(_ANSWER_LINES, line, field, 256, 512)
             name, value = field
             if name == "content-length" and headers.get(name, value) != value:
                 raise http.client.HTTPException("two different Content-Length headers")

@@ -467,6 +467,16 @@ def send_all(sock: socket.socket, parts: Sequence[bytes | memoryview]) -> None:
 _WRITEV = os.writev if os.name == "posix" else None
 
 
+def keep_line(table: dict[bytes, Any], raw: bytes, parsed: Any, most: int, longest: int) -> None:
+    """Keeps `parsed`, what an HTTP line of exactly the bytes `raw` reads as, in `table` (the lines both ends send
+    with every message are then not read again): lines up to `longest` bytes, at most `most` of them (the table is
+    emptied when full). Only lines that read are given: an error is always found again."""
+    if len(raw) <= longest:
+        if len(table) >= most:
+            table.clear()
+        table[raw] = parsed
+
+
 def encode_body(blobs: Mapping[str, bytes | memoryview], text: str) -> bytes:
     """Blobs (hex digest -> bytes) and text as one body."""
     return b"".join(body_parts(blobs, text))

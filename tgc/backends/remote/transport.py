@@ -112,13 +112,6 @@ MAX_KEPT_LINES = 1024
 KEPT_LINE = 512
 
 
-def _keep_line(table: dict[bytes, Any], raw: bytes, parsed: tuple) -> None:
-    if len(raw) <= KEPT_LINE:
-        if len(table) >= MAX_KEPT_LINES:
-            table.clear()
-        table[raw] = parsed
-
-
 def _header_date() -> str:
     """The Date header's value, formatted once a second."""
     now = int(time.time())
@@ -170,7 +163,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self.send_error(505, f"Invalid HTTP version ({major}.{minor})")
                 return False
             parsed = (line, words[0], words[1], words[2], major, minor)
-            _keep_line(_REQUEST_LINES, self.raw_requestline, parsed)
+            P.keep_line(_REQUEST_LINES, self.raw_requestline, parsed, MAX_KEPT_LINES, KEPT_LINE)
         line, command, path, version_text, major, minor = parsed
         self.requestline = line
         self.request_version = version_text
@@ -195,7 +188,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return False
             field = (name.lower(), value.lstrip(" \t"))  # (trailing spaces kept, as the standard library does)
             headers.add_lower(*field)
-            _keep_line(_HEADER_LINES, raw, field)
+            P.keep_line(_HEADER_LINES, raw, field, MAX_KEPT_LINES, KEPT_LINE)
         else:
             self.send_error(431, f"Too many headers (more than {MAX_HEADERS})")
             return False
