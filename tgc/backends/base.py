@@ -220,8 +220,9 @@ class Compiler:
         them as one program: each binary may then hold the other kernels too, and loads its own by name."""
         return [self.compile(src) for src in srcs]
 
-    def disassemble(self, lib: bytes) -> str:
-        """Human-readable assembly of a compiled binary (for `--emit asm`)."""
+    def disassemble(self, lib: bytes, src: str | None = None) -> str:
+        """Human-readable assembly of a compiled binary (for `--emit asm`); `src`, the kernel's source, for
+        compilers that need it (a binary holding several kernels, a listing regenerated from the source)."""
         raise NotImplementedError
 
     def assembly(self, src: str) -> str:

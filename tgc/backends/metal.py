@@ -176,7 +176,7 @@ class XcrunMetalCompiler(Compiler):
             _xcrun(["metallib", str(d / "kernel.air"), "-o", str(d / "kernel.metallib")], "metallib (xcrun)")
             return (d / "kernel.metallib").read_bytes()
 
-    def disassemble(self, lib: bytes) -> str:
+    def disassemble(self, lib: bytes, src: str | None = None) -> str:
         """The AIR (LLVM IR) of the library, when Xcode's `metal-objdump` can print it."""
         with tempfile.TemporaryDirectory(prefix="tgc-metal-") as tmp:
             path = Path(tmp) / "kernel.metallib"
@@ -209,7 +209,7 @@ class MetalSourceCompiler(Compiler):
         self.device.library_from_source(src)
         return SOURCE_LIB_MAGIC + src.encode("utf-8")
 
-    def disassemble(self, lib: bytes) -> str:
+    def disassemble(self, lib: bytes, src: str | None = None) -> str:
         return "// the Metal framework compiles at load time and keeps no assembly; the source follows\n" + \
             lib[len(SOURCE_LIB_MAGIC):].decode("utf-8")
 

@@ -528,7 +528,7 @@ class PythonCompiler(Compiler):
         _parse_checked(lib)  # the program built from these bytes next finds them parsed
         return lib
 
-    def disassemble(self, lib: bytes) -> str:
+    def disassemble(self, lib: bytes, src: str | None = None) -> str:
         return lib.decode()
 
 

@@ -102,10 +102,7 @@ class Kernel(LaunchableKernel):
             return comp.assembly(self.src)
         if self.binary is None:
             raise CompileError(self.compile_error or "not compiled")
-        try:
-            return comp.disassemble(self.binary, src=self.src)  # compilers that regenerate text from source
-        except TypeError:
-            return comp.disassemble(self.binary)
+        return comp.disassemble(self.binary, src=self.src)
 
 
 def count_work(uops: list[UOp], env: dict[str, int] | None = None, groups: bool = True) -> float:

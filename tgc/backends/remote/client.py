@@ -558,7 +558,7 @@ class RemoteCompiler(Compiler):
             raise DeviceError("REMOTE server answered a compile without a binary")
         return bytes(blobs[h])
 
-    def disassemble(self, lib: bytes) -> str:
+    def disassemble(self, lib: bytes, src: str | None = None) -> str:
         results, _ = self.device._submit(P.Disassemble(datahash=""), lib)
         return P.safe_text(results[-1], limit=None)
 
