@@ -546,6 +546,11 @@ def test_constant_expressions_attributes_and_layouts_are_read_as_llvm_printed_th
         + "attributes #1 = { noreturn }\n"
     assert "noreturn" not in COMPILER.printed(marked) and _proof(marked) is not None
     assert _proof(_edit(marked, "(double %x)\n", "(double %x) #1\n")) is None
+    # an argument attribute: `noundef` makes a poison argument undefined behaviour (LLVM deleted the whole body of
+    # such a kernel), `nofpclass(nan)` a NaN one; plain constants and poison are fine (the result is poison)
+    for arg, proven in (("noundef %x", False), ("noundef poison", False), ("nofpclass(nan) %x", False),
+                        ("poison", True), ("1.5", True)):
+        assert (_proof(_edit(sin, "(double %x)", f"(double {arg})")) is not None) == proven, arg
     assert _proof(_edit(sin, "{ nounwind }", '{ nounwind "frame-pointer"="all" }')) is None
     assert _proof(_edit(sin, "{ nounwind }", "{ nounwind noreturn }")) is None
     # numbered values are LLVM's own spelling; an entry block without a name (LLVM prints no label) is refused

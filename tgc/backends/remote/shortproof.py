@@ -80,6 +80,11 @@ _HEADER = re.compile(r"""^(?:; ModuleID = '[^'\\]*'|; Function Attrs: [\w() "=.-
 # a block's label as LLVM prints it: its name, and a comment of its predecessors
 _LABEL = re.compile(r"^([\w.$-]+):(?: +; (?:preds = %[\w.$-]+(?:, %[\w.$-]+)*|No predecessors!))?$")
 _PARAM = re.compile(rf"^ptr(?: noalias)?(?: align (\d+))? ({_NAME})$")
+# an intrinsic call's argument: a type and a value, no attribute (`noundef` makes a poison argument undefined
+# behaviour, and LLVM then deletes the code around the call; `nofpclass(nan)` the same for a NaN)
+_LITERAL = r"[-+]?[0-9][\w.+-]*"
+_ARG = re.compile(rf"{_TYPE} (?:{_NAME}|{_LITERAL}|true|false|zeroinitializer|poison|undef"
+                  rf"|splat \({_SCALAR} {_LITERAL}\)|<{_SCALAR} {_LITERAL}(?:, {_SCALAR} {_LITERAL})*>)")
 _FLAGS = {"nuw", "nsw", "exact", "disjoint", "nneg", "nnan", "ninf", "nsz", "arcp", "contract", "afn", "reassoc",
           "fast", "inbounds"}
 # every LLVM instruction opcode, and the words that start a constant expression or an inline asm: LLVM IR does not
@@ -526,7 +531,7 @@ class _Prover:
             return _lanes(lm.group(1))
         if op == "call":
             cm = re.fullmatch(rf"({_TYPE}) @llvm\.(\w+)\.[\w.]+\((.*)\)", rest)
-            if cm is None or cm.group(2) not in _INTRINSICS:
+            if cm is None or cm.group(2) not in _INTRINSICS or not all(_ARG.fullmatch(a) for a in _split(cm.group(3))):
                 raise _No
             self._uses(cm.group(3))
             self._define(name, None, True)
