@@ -479,3 +479,121 @@ def test_another_sessions_kept_graph_is_checked_on_its_own(cpu_server):
     x = rng.standard_normal(16).astype(np.float32)  # (the first session's kept check still serves it)
     np.testing.assert_allclose(_affine_run(srv, "first-session-0123456789", x), x * 2 + 1, rtol=1e-6)
     assert srv.inline_launches == 2
+
+
+# hostile spellings LLVM reads otherwise than a line-by-line reading would; IDX: an element index into the kernel's
+# one buffer of 4 bytes (0: inside it, 1000: far past it)
+_SPELLINGS = {
+    "an instruction split across lines":
+        "entry:\n  %g = getelementptr inbounds float,\n      ptr %data0,\n   i32 IDX\n"
+        "  store float 1.0, ptr %g, align 4\n  ret void",
+    "a constant expression LLVM folds":
+        "entry:\n  %g = getelementptr inbounds float, ptr %data0, i32 add (i32 IDX, i32 0)\n"
+        "  store float 1.0, ptr %g, align 4\n  ret void",
+    "odd whitespace":
+        "entry:\n\t%i\t=\tadd   i32\t%core_id ,IDX\n  %g = getelementptr inbounds float, ptr %data0, i32 %i\n"
+        "  store float 1.0, ptr %g , align 4\n  ret void",
+    "a comment hiding text":
+        "entry:\n  %i = add i32 %core_id, IDX ; %i = add i32 %core_id, 0\n"
+        "  %g = getelementptr inbounds float, ptr %data0, i32 %i\n  store float 1.0, ptr %g, align 4\n  ret void",
+    "a hexadecimal literal":
+        "entry:\n  %g = getelementptr inbounds float, ptr %data0, i32 u0xHEX\n"
+        "  store float 1.0, ptr %g, align 4\n  ret void",
+}
+
+
+@needs_cpu
+def test_the_proof_reads_llvms_print_of_a_hostile_spelling():
+    """The proof reads LLVM's print of the module it parsed (one instruction a line, LLVM's spelling, the source's
+    comments and blanks gone), not the client's text: each spelling above is proven where its index is inside the
+    buffer and refused where it is not, as LLVM read it (the print shows the index LLVM will compile)."""
+    from tgc.backends.llvm_compile import COMPILER
+    for what, body in _SPELLINGS.items():
+        for idx, inside in ((0, True), (1000, False)):
+            src = _kernel(body.replace("IDX", str(idx)).replace("HEX", f"{idx:X}"), 4)
+            printed = COMPILER.printed(src)
+            assert re.search(rf"getelementptr inbounds float, ptr %data0, i32 (%i|{idx})\n", printed), (what, printed)
+            assert f"add i32 %core_id, {idx}\n" in printed or "%i" not in printed, (what, printed)
+            assert (_proof(src) is not None) == inside, (what, idx)
+
+
+@needs_cpu
+def test_constant_expressions_attributes_and_layouts_are_read_as_llvm_printed_them():
+    from tgc.backends.llvm_compile import COMPILER
+    store = "entry:\n  %g = getelementptr inbounds T, ptr %data0, i32 IDX\n  %v = load T, ptr %gALIGN\n" \
+            "  store T %v, ptr %data0, align 4\n  ret void"
+    plain = store.replace("T", "i32").replace("ALIGN", ", align 4")
+    assert _proof(_kernel(plain.replace("IDX", "1"), 8)) is not None
+    # a constant expression LLVM keeps (the kernel's own address as an index): the proof knows no interval of it
+    assert _proof(_kernel(plain.replace("IDX", "ptrtoint (ptr @k to i32)"), 8)) is None
+    # an alignment the source's own data layout implies (i32 at 64 bytes): LLVM writes it on the load when it
+    # parses, keeps it when the compile sets the server's layout, and the print shows it: the second element of a
+    # 64-byte aligned buffer is not 64-byte aligned
+    layout = 'target datalayout = "e-i32:512"\n'
+    for ptr, proven in (("%data0", True), ("%g", False)):
+        src = layout + _kernel(store.replace("T", "i32").replace("IDX", "1").replace("ptr %gALIGN", f"ptr {ptr}"), 8)
+        printed = COMPILER.printed(src)
+        assert f"load i32, ptr {ptr}, align 64" in printed and 'e-i32:512"' not in printed, printed
+        assert (_proof(src) is not None) == proven, ptr
+    # attributes as LLVM prints them in its groups: an intrinsic's declaration marked `noreturn` gets LLVM's own
+    # attributes instead (proven, as LLVM compiles it); a call marked `noreturn` (LLVM would drop what follows it),
+    # a kernel with an attribute other than the renderer's: refused
+    body = "entry:\n  %x = load double, ptr %data0, align 8\n  %y = call double @llvm.sin.f64(double %x)\n" \
+           "  store double %y, ptr %data0, align 8\n  ret void"
+    sin = _kernel(body, 8) + "declare double @llvm.sin.f64(double)\n"
+    assert _proof(sin) is not None
+    marked = _edit(sin, "declare double @llvm.sin.f64(double)", "declare double @llvm.sin.f64(double) #1") \
+        + "attributes #1 = { noreturn }\n"
+    assert "noreturn" not in COMPILER.printed(marked) and _proof(marked) is not None
+    assert _proof(_edit(marked, "(double %x)\n", "(double %x) #1\n")) is None
+    # an argument attribute: `noundef` makes a poison argument undefined behaviour (LLVM deleted the whole body of
+    # such a kernel), `nofpclass(nan)` a NaN one; plain constants and poison are fine (the result is poison)
+    for arg, proven in (("noundef %x", False), ("noundef poison", False), ("nofpclass(nan) %x", False),
+                        ("poison", True), ("1.5", True)):
+        assert (_proof(_edit(sin, "(double %x)", f"(double {arg})")) is not None) == proven, arg
+    assert _proof(_edit(sin, "{ nounwind }", '{ nounwind "frame-pointer"="all" }')) is None
+    assert _proof(_edit(sin, "{ nounwind }", "{ nounwind noreturn }")) is None
+    # numbered values are LLVM's own spelling; an entry block without a name (LLVM prints no label) is refused
+    numbered = "entry:\n  %0 = add i32 %core_id, 0\n  %1 = getelementptr inbounds float, ptr %data0, i32 %0\n" \
+               "  store float 1.0, ptr %1, align 4\n  ret void"
+    assert _proof(_kernel(numbered, 4)) is not None
+    assert _proof(_kernel(numbered.replace("entry:\n", ""), 4)) is None
+
+
+@needs_cpu
+def test_text_llvm_refuses_is_not_proven_and_raises_nothing():
+    from tgc.backends.remote.shortproof import prove_printed
+    plain = "entry:\n  store float 2.0, ptr %data0, align 4\n  ret void"
+    assert _proof(_kernel(plain, 4)) is not None
+    contract = parse_contract(_kernel(plain, 4), "llvm").contract
+    for bad in ("entry:\n  store float 2.0, ptr %nowhere, align 4\n  ret void",  # an undefined value
+                "entry:\n  store i32 2.0, ptr %data0, align 4\n  ret void",  # a type error
+                "entry:\n  store float 2.0, ptr %data0, align 4\n",  # a block without a terminator (the verifier)
+                "entry:\n  %x = add i32 %x, 1\n  ret void",  # a value that uses itself (the verifier)
+                "entry:\n  store float 2.0, ptr %data0, align 4\n  ret void\n}\n}"):
+        assert _proof(_kernel(bad, 4)) is None, bad
+    for text in ("", "}", "define", "\x00", "attributes #0 = {", _kernel(plain, 4) * 2):
+        assert prove_short(text, contract) is None and prove_printed(text, contract) is None, text
+
+
+@needs_cpu
+def test_a_server_proves_the_module_it_compiled(cpu_server):
+    """The server's compile worker returns the object and LLVM's print of the very module it compiled; the proof
+    reads that print: a kernel whose index is split across lines is proven and runs inline (its result read back),
+    the same with an index past the buffer is not."""
+    from tgc.backends.llvm_compile import COMPILER
+    body = _SPELLINGS["an instruction split across lines"].replace("1.0", "2.5")
+    src = _kernel(body.replace("IDX", "0"), 4)
+    lib, printed = COMPILER.compile_printed(src)
+    assert lib == COMPILER.compile(src) and printed == COMPILER.printed(src)
+    srv, sid = cpu_server, "split-index-0123456789"
+    _load(srv.port, sid, src, "k")
+    _ready(srv)
+    results, blobs = _ok(srv.port, sid, P.ProgramExec(prog=1, bufs=(1,), global_size=(1, 1, 1), wait=True),
+                         P.CopyOut(buf=1))
+    assert np.frombuffer(blobs[results[-1]], np.float32)[0] == 2.5
+    assert srv.inline_launches == 1
+    far = _kernel(body.replace("IDX", "1000"), 4)
+    _ok(srv.port, sid, P.Compile(src=far))
+    assert srv._compiled[P.digest(src.encode())][2] is True
+    assert srv._compiled[P.digest(far.encode())][2] is False

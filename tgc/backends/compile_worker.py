@@ -2,7 +2,9 @@
 
 Request: {"kind": "CPU", "src": "..."}; answer: {"ok": true, "bin": base64, "seconds": compile time} or
 {"ok": false, "error": "..."}. A future's `seconds` holds the compile time (`tgc compile --timings`).
-With `"op": "assembly"` the answer's `bin` holds the compiler's assembly listing (UTF-8). A compiler that
+With `"op": "assembly"` the answer's `bin` holds the compiler's assembly listing (UTF-8); with `"op": "printed"`
+(LLVM IR) the answer also has `text`, LLVM's print of the module compiled as parsed (the future's result is then
+`(bin, text)`: what `remote.shortproof` proves is what was compiled). A compiler that
 aborts (LLVM's fatal errors) kills only the worker; the pool starts a new one.
 Plain subprocesses (not multiprocessing) so that the parent's `__main__` and threads never matter.
 """
@@ -37,11 +39,16 @@ def main() -> None:
         start = time.perf_counter()
         try:
             comp = compiler_of(req["kind"])
+            text = None
             if req.get("op") == "assembly":
                 lib = str(comp.assembly(req["src"])).encode("utf-8", "replace")
+            elif req.get("op") == "printed":  # (LLVM's compiler: the object and its module's print, as parsed)
+                lib, text = comp.compile_printed(req["src"])  # type: ignore[attr-defined]
             else:
                 lib = comp.compile(req["src"])
             ans = {"ok": True, "bin": base64.b64encode(lib).decode(), "seconds": time.perf_counter() - start}
+            if text is not None:
+                ans["text"] = text
         except Exception as e:  # reported to the parent, which counts the candidate as failed
             ans = {"ok": False, "error": getattr(e, "msg", None) or str(e) or type(e).__name__}
         sys.stdout.write(json.dumps(ans) + "\n")
@@ -100,7 +107,8 @@ class WorkerPool:
                 continue
             if ans["ok"]:
                 fut.seconds = float(ans.get("seconds") or 0.0)  # type: ignore[attr-defined]
-                fut.set_result(base64.b64decode(ans["bin"]))
+                lib = base64.b64decode(ans["bin"])
+                fut.set_result((lib, ans["text"]) if "text" in ans else lib)
             else:
                 fut.set_exception(RuntimeError(ans["error"]))
 

@@ -59,7 +59,8 @@ class LLVMCompiler(Compiler):
             self._tm = make_target_machine(opt=3)
         return self._tm
 
-    def _module(self, src: str):
+    def _parsed(self, src: str):
+        """`src` parsed, given this machine's triple and data layout, and verified: the module `compile` optimizes."""
         import llvmlite.binding as llvm
         tm = self._target_machine()
         try:
@@ -69,11 +70,20 @@ class LLVMCompiler(Compiler):
             mod.verify()
         except RuntimeError as e:
             raise CompileError(f"LLVM rejected the kernel: {e}") from None
+        return mod
+
+    def _module(self, src: str, printed: list[str] | None = None):
+        """`src` parsed (`_parsed`) and optimized; LLVM's print of it as parsed, before the optimizer, appended to
+        `printed` if given."""
+        import llvmlite.binding as llvm
+        mod = self._parsed(src)
+        if printed is not None:
+            printed.append(str(mod))
         pto = llvm.create_pipeline_tuning_options(speed_level=3)
         pto.loop_vectorization = True
         pto.slp_vectorization = needs_slp(src)
         pto.loop_unrolling = needs_unroll(src)
-        pb = llvm.create_pass_builder(tm, pto)
+        pb = llvm.create_pass_builder(self._target_machine(), pto)
         pb.getModulePassManager().run(mod, pb)
         return mod
 
@@ -81,6 +91,20 @@ class LLVMCompiler(Compiler):
         with self._lock:  # llvmlite's target machine is not thread-safe
             mod = self._module(src)
             return bytes(self._target_machine().emit_object(mod))
+
+    def compile_printed(self, src: str) -> tuple[bytes, str]:
+        """`compile(src)`, and LLVM's print of the very module it compiled as parsed (canonical text: one
+        instruction a line, LLVM's spelling; `remote.shortproof` proves that text, not the client's)."""
+        with self._lock:
+            printed: list[str] = []
+            mod = self._module(src, printed)
+            return bytes(self._target_machine().emit_object(mod)), printed[0]
+
+    def printed(self, src: str) -> str:
+        """LLVM's print of `src` as `compile` parses it (`_parsed`), before the optimizer; CompileError if LLVM
+        refuses the text."""
+        with self._lock:
+            return str(self._parsed(src))
 
     def optimized_ir(self, src: str) -> str:
         with self._lock:

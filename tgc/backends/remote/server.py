@@ -231,11 +231,11 @@ class RemoteServer:
         self._native: bool | None = None  # `uses_launch_workers`, once known
         self._maps: bool | None = None  # `maps_buffers`, once known
         self._work_cap: tuple[int | None] | None = None  # `_max_work_items`, once known
-        self._compiled: OrderedDict[str, tuple[bool, bytes | str]] = OrderedDict()  # sha256(src) -> (ok, lib|msg)
+        # sha256(src) -> (ok, lib|msg, proven short (`shortproof`; None: not asked))
+        self._compiled: OrderedDict[str, tuple[bool, bytes | str, bool | None]] = OrderedDict()
         self._known: OrderedDict[str, Known] = OrderedDict()  # sha256(binary) -> what the source said, first wins
         self._workers: Any = None  # compile worker processes (CPU), started on the first compile
         self._workers_lock = threading.Lock()
-        self._proofs: OrderedDict[str, bool] = OrderedDict()  # sha256(src) -> proven short (`shortproof`)
         self.inline_launches = 0  # CPU launches run inline, without a launch worker (for tests and logs)
         # open connections -> the time by which the request being read (or answer being written) must be done,
         # or None while a batch runs; the watchdog closes connections past it (slow or idle peers)
@@ -936,9 +936,19 @@ class RemoteServer:
     def _compile_text(self, src: str, op: str = "compile", deadline: float | None = None) -> bytes:
         """Compile (or list the assembly of) `src` with the device's compiler. For the CPU it runs in a worker
         process, so that a compiler that aborts (LLVM's fatal errors) loses that process, not the server."""
+        return self._run_compiler(src, op, deadline)
+
+    def _compile_printed(self, src: str, deadline: float | None = None) -> tuple[bytes, str]:
+        """LLVM IR `src` compiled (as `_compile_text`), and LLVM's print of the module compiled, as parsed (the
+        text `shortproof` proves: the parse, like the compile, in the worker process)."""
+        return self._run_compiler(src, "printed", deadline)
+
+    def _run_compiler(self, src: str, op: str, deadline: float | None) -> Any:
         dev = self.device
         comp = dev.compiler
         if not dev.runtime.native_launch:
+            if op == "printed":
+                return comp.compile_printed(src)
             return bytes(comp.compile(src)) if op == "compile" else str(comp.assembly(src)).encode()
         from tgc.backends.compile_worker import WorkerPool
         with self._workers_lock:
@@ -975,28 +985,37 @@ class RemoteServer:
         except ValueError as e:
             raise Refusal(422, "compile", str(e)) from None
         key = P.digest(req.src.encode("utf-8", "surrogatepass"))
+        # a kernel that may run inline: compiled with LLVM's print of the module compiled, which the proof reads
+        provable = known.contract is not None and self.uses_launch_workers and self.limits.inline \
+            and renderer is not None and renderer.language == "llvm"
         with self._cache_lock:
             entry = self._compiled.get(key)
-        if entry is None:  # (compiled outside the lock: two sessions compiling one source both get it)
+        if entry is None or provable and entry[0] and entry[2] is None:
+            # (compiled outside the lock: two sessions compiling one source both get it)
             try:
-                entry = (True, self._compile_text(req.src, deadline=session.deadline))
+                if provable:
+                    lib, printed = self._compile_printed(req.src, deadline=session.deadline)
+                    entry = (True, lib, printed)
+                else:
+                    entry = (True, self._compile_text(req.src, deadline=session.deadline), None)
             except Refusal as r:
                 if r.kind != "compile" or r.msg.startswith("the compiler crashed"):  # (not kept: maybe another's)
                     raise
-                entry = (False, r.msg)
+                entry = (False, r.msg, None)
             except Exception as e:  # the compiler's message goes back as is
-                entry = (False, e.msg if isinstance(e, TgcError) else str(e) or type(e).__name__)
+                entry = (False, e.msg if isinstance(e, TgcError) else str(e) or type(e).__name__, None)
+            if isinstance(entry[2], str):  # (the proof reads the print; the cache keeps only its answer)
+                entry = (True, entry[1], self._proven(req.src, entry[2], known.contract))  # type: ignore[arg-type]
         with self._cache_lock:
             self._compiled[key] = entry
             self._compiled.move_to_end(key)
             while len(self._compiled) > 256:
                 self._compiled.popitem(last=False)
-        ok, value = entry
+        ok, value, proven = entry
         if not ok:
             raise Refusal(422, "compile", str(value))
-        if known.contract is not None and self.uses_launch_workers and self.limits.inline and renderer is not None \
-                and renderer.language == "llvm":
-            known = dataclasses.replace(known, contract=self._proven(key, req.src, known.contract))
+        if provable and proven and known.contract is not None:
+            known = dataclasses.replace(known, contract=dataclasses.replace(known.contract, inline=True))
         h = P.digest(value)
         remember(session.known, h, known, 4096, replace=True)
         with self._cache_lock:
@@ -1004,19 +1023,15 @@ class RemoteServer:
         out[h] = value
         return h
 
-    def _proven(self, key: str, src: str, contract: Contract) -> Contract:
-        """`contract`, marked `inline` when kernel `src` (sha256 `key`) is proven short and safe under it
-        (`shortproof`; the proof is kept per source)."""
+    @staticmethod
+    def _proven(src: str, printed: str, contract: Contract) -> bool:
+        """Whether kernel `src`, whose module compiled LLVM printed as `printed` (`_compile_printed`), is proven
+        short and safe under `contract` (`shortproof`, on `printed`; kept with the compiled source in `_compiled`)."""
         from tgc.backends.remote.shortproof import prove_short
-        with self._cache_lock:
-            proven = self._proofs.get(key)
-        if proven is None:
-            proven = prove_short(src, contract) is not None
-            with self._cache_lock:
-                self._proofs[key] = proven
-                while len(self._proofs) > 256:
-                    self._proofs.popitem(last=False)
-        return dataclasses.replace(contract, inline=True) if proven else contract
+        try:
+            return prove_short(src, contract, printed) is not None
+        except Exception:  # (a proof that fails is no proof: the launches go to a worker, the server goes on)
+            return False
 
     def _do_Disassemble(self, session: Session, req: P.Disassemble, blobs, out) -> str:
         comp = self._compiler()

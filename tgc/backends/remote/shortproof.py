@@ -7,10 +7,25 @@ prove, for every launch that meets `contract`, to terminate within `MAX_WORK` we
 to touch only the bytes of their own buffers, with no undefined behaviour that could let the compiler do anything
 else. It returns the work bound, or None (the launch goes to a worker, as before) when any part is not certain.
 
+The text proven is LLVM's, not the client's: the source parsed, given the server's triple and data layout and
+verified, exactly as the compile does it, then printed back (`str(module)`, `LLVMCompiler.compile_printed`: the
+server's compile worker returns the object and the print of the very module it compiled; `prove_short` without a
+print parses here, `LLVMCompiler.printed`). In that print every instruction is on a line of its own, in LLVM's
+spelling (`align` written out, constants folded as LLVM folded them, numbered values `%0`), names that need quotes
+are quoted, and the only comments are LLVM's own (`; preds = ...`, `; Function Attrs: ...`): a source's line
+breaks, blanks, comments and constant expressions LLVM folds cannot show the proof one kernel and the compile
+another (reviews 13-15 found such holes in a proof of the client's text). Text LLVM refuses is not proven. The
+lexical checks kept from then (the client's text only tab, line feed and printable ASCII; each body line lexed
+as LLVM does, one opcode word, no constant expression, no global but an intrinsic callee, integers at most 64 bits,
+vectors at most `MAX_LANES` lanes) still run, on the print, as a second line of defence.
+
 What it accepts (anything else: None):
-- one `define void @f(ptr ... %p0, ..., i32 %core_id)`: pointer parameters (alignment at most 64, the arena's), then
-  only `core_id` (no dimension variables); `declare`s of whitelisted pure `llvm.*` math intrinsics only; the
-  attribute group only `nounwind`, `"prefer-vector-width"`, `"no-trapping-math"`.
+- outside the function only LLVM's header lines (`; ModuleID`, `source_filename`, `target datalayout/triple`: the
+  server's, set by the compile), `declare`s of whitelisted pure `llvm.*` math intrinsics whose attribute group holds
+  only the attributes LLVM gives those, and attribute groups (`attributes #N = { ... }`).
+- one `define void @f(ptr ... %p0, ..., i32 %core_id) #N`: pointer parameters (alignment at most 64, the arena's),
+  then only `core_id` (no dimension variables); its attribute group only `nounwind`, `"prefer-vector-width"`,
+  `"no-trapping-math"`.
 - control flow: forward unconditional branches, and loops of the form the renderer writes: a header block holding
   `%r = phi i32 [C0, %pre], [%n, %latch]`, `%c = icmp slt|ult i32 %r, C1`, `br i1 %c, label %body, label %exit`
   (body right after the header, exit after the body), one back edge `br label %header` from the latch, whose
@@ -23,7 +38,8 @@ What it accepts (anything else: None):
   known to be. Indices that may be poison (from a load, a fast-math flag, a wrapping flagged op) are refused.
   Integer division only by a constant other than 0 and -1. Pointers are used only as those bases and addresses.
 - size: at most `MAX_LINES` lines in the function, `MAX_LANES` lanes a vector, `MAX_STACK` bytes of allocas (the
-  kernel's stack frame stays small in the server's thread); no comments, metadata or quoted text in its body.
+  kernel's stack frame stays small in the server's thread); no metadata, quoted names, call-site attribute groups
+  or comments (but LLVM's on a block's label) in its body.
 
 The proof rests on the source the server compiled itself (a client cannot send a binary of its own) and on the
 launch meeting the contract; the server also runs inline only launches whose buffers are distinct and 64-byte
@@ -47,16 +63,36 @@ _TYPE = rf"(?:{_SCALAR}|<\d+ x {_SCALAR}>)"
 _INTRINSICS = {"maxnum", "minnum", "maximum", "minimum", "trunc", "floor", "ceil", "round", "rint", "nearbyint",
                "sqrt", "fabs", "exp", "exp2", "log", "log2", "sin", "cos", "fma", "fmuladd", "copysign", "pow",
                "smax", "smin", "umax", "umin"}  # (integer max/min: no trap, no poison of their own; results unknown)
-_ATTRS = re.compile(r'^attributes #0 = \{(?: nounwind| "prefer-vector-width"="\d+"| "no-trapping-math"="true")* \}$')
-_DECLARE = re.compile(rf"^declare {_TYPE} @llvm\.(\w+)\.[\w.]+\(({_TYPE}(?:, {_TYPE})*)\)$")
-_DEFINE = re.compile(r"^define void @([A-Za-z][A-Za-z0-9_]*)\((.*)\) #0 \{$")
+# attribute groups (`attributes #N = { ... }`, LLVM's spelling): the kernel's may hold only these; an intrinsic's
+# declaration only the attributes LLVM gives the pure math intrinsics above (a source could add one such as
+# `noreturn` to a declaration, and LLVM would then drop whatever follows a call of it)
+_KERNEL_ATTRS = re.compile(r'nounwind|"prefer-vector-width"="\d+"|"no-trapping-math"="true"')
+_INTRINSIC_ATTRS = frozenset({"nocallback", "nocreateundeforpoison", "nofree", "nosync", "nounwind", "speculatable",
+                              "willreturn", "memory(none)"})
+_ATTR_GROUP = re.compile(r"^attributes #(\d+) = \{ (.*) \}$")
+_ATTR = re.compile(r'"[\w.-]*"="[\w.-]*"|[\w()]+')
+_DECLARE = re.compile(rf"^declare {_TYPE} @llvm\.(\w+)\.[\w.]+\(({_TYPE}(?:, {_TYPE})*)\)(?: #(\d+))?$")
+_DEFINE = re.compile(r"^define void @([A-Za-z][A-Za-z0-9_]*)\((.*)\) #(\d+) \{$")
+# the other lines LLVM prints outside a function: its comments (`; ModuleID = '<string>'`, `; Function Attrs: ...`)
+# and the module's name, data layout and triple (those two set by the compile over whatever the source said)
+_HEADER = re.compile(r"""^(?:; ModuleID = '[^'\\]*'|; Function Attrs: [\w() "=.-]*|source_filename = "[^"\\]*"|"""
+                     r"""target (?:datalayout|triple) = "[^"\\]*")$""")
+# a block's label as LLVM prints it: its name, and a comment of its predecessors
+_LABEL = re.compile(r"^([\w.$-]+):(?: +; (?:preds = %[\w.$-]+(?:, %[\w.$-]+)*|No predecessors!))?$")
 _PARAM = re.compile(rf"^ptr(?: noalias)?(?: align (\d+))? ({_NAME})$")
+# an intrinsic call's argument: a type and a value, no attribute (`noundef` makes a poison argument undefined
+# behaviour, and LLVM then deletes the code around the call; `nofpclass(nan)` the same for a NaN)
+_LITERAL = r"[-+]?[0-9][\w.+-]*"
+_ARG = re.compile(rf"{_TYPE} (?:{_NAME}|{_LITERAL}|true|false|zeroinitializer|poison|undef"
+                  rf"|splat \({_SCALAR} {_LITERAL}\)|<{_SCALAR} {_LITERAL}(?:, {_SCALAR} {_LITERAL})*>)")
 _FLAGS = {"nuw", "nsw", "exact", "disjoint", "nneg", "nnan", "ninf", "nsz", "arcp", "contract", "afn", "reassoc",
           "fast", "inbounds"}
 # every LLVM instruction opcode, and the words that start a constant expression or an inline asm: LLVM IR does not
 # end an instruction at a line break, so a line could carry a second instruction (or an operand could be a constant
 # expression such as `inttoptr (i64 4096 to ptr)`) that the patterns below, reading one instruction a line, never
 # see (review 13: a hidden store to an address of the client's choosing, a hidden call); a line holds exactly one
+# (the proof now reads LLVM's print, one instruction a line by construction: this stays as a second check, and still
+# refuses constant expressions LLVM keeps)
 _OPCODES = frozenset("""ret br switch indirectbr invoke resume unreachable cleanupret catchret catchswitch callbr fneg
     add fadd sub fsub mul fmul udiv sdiv fdiv urem srem frem shl lshr ashr and or xor extractelement insertelement
     shufflevector extractvalue insertvalue alloca load store fence cmpxchg atomicrmw getelementptr trunc zext sext
@@ -116,38 +152,74 @@ def _pow2_part(n: int) -> int:
     return min(64, n & -n)
 
 
-def prove_short(src: str, contract: Contract) -> int | None:
+def prove_short(src: str, contract: Contract, printed: str | None = None) -> int | None:
     """The work bound (weighted instructions of one launch, all threads) when kernel `src` (LLVM IR) provably ends
-    within `MAX_WORK` and stays inside its buffers for every launch meeting `contract`; else None."""
+    within `MAX_WORK` and stays inside its buffers for every launch meeting `contract`; else None. The proof reads
+    `printed`, LLVM's print of the module compiled from `src` (`LLVMCompiler.compile_printed`: the server has it
+    from its compile worker), by default `src` parsed and verified here as the compile parses it
+    (`LLVMCompiler.printed`); text LLVM refuses is not proven. The client's own text must also be plain (tab, line
+    feed, printable ASCII), a check of the source as sent kept besides the proof (review 14's line breaks)."""
+    if re.search(r"[^\t\n\x20-\x7e]", src):
+        return None
+    if printed is None:
+        from tgc.backends.llvm_compile import COMPILER
+        from tgc.errors import CompileError
+        try:
+            printed = COMPILER.printed(src)
+        except CompileError:
+            return None
+    return prove_printed(printed, contract)
+
+
+def prove_printed(printed: str, contract: Contract) -> int | None:
+    """`prove_short` of the kernel whose module LLVM printed as `printed` (`str(module)` of the module compiled:
+    the server has it from its compile worker, `LLVMCompiler.compile_printed`)."""
     try:
-        work = _prove(src, contract)
+        work = _prove(printed, contract)
     except (_No, ValueError, KeyError, IndexError, OverflowError):
         return None
     return work if work <= MAX_WORK else None
 
 
+def _attr_groups(lines: list[str]) -> dict[str, set[str]]:
+    """Attribute group number -> its attributes, of the module's `attributes #N = { ... }` lines (each listed once,
+    each attribute one of `_ATTR`'s spellings)."""
+    groups: dict[str, set[str]] = {}
+    for ln in lines:
+        m = _ATTR_GROUP.match(ln)
+        if m:
+            attrs = m.group(2).split(" ")
+            if m.group(1) in groups or not all(_ATTR.fullmatch(a) for a in attrs):
+                raise _No
+            groups[m.group(1)] = set(attrs)
+    return groups
+
+
 def _prove(src: str, contract: Contract) -> int:
+    """The work bound of the kernel LLVM printed as `src`: LLVM's own spelling, one instruction a line, every
+    comment LLVM's (a source's comments, line breaks and blanks are gone in the print), which the patterns below
+    read; the lexical checks of `_one_instruction` stay as a second line of defence."""
     if contract.vals or contract.local_size is not None:
         raise _No
     if re.search(r"[^\t\n\x20-\x7e]", src):
-        raise _No  # (Python's `splitlines` also breaks at \x0b, \x0c, \x1c-\x1e, \x85, \u2028..., LLVM's comments
-        # end only at \n or \r: text after one of those in a comment line was an instruction here, a comment there)
-    lines = [ln.strip(" \t") for ln in src.split("\n")]
-    lines = [ln for ln in lines if ln and not ln.startswith(";")]
+        raise _No  # (LLVM prints names and strings with escapes: only ASCII; kept from when the client's text was read)
+    lines = [ln.rstrip(" \t") for ln in src.split("\n")]
+    lines = [ln for ln in lines if ln]
     defines = [i for i, ln in enumerate(lines) if ln.startswith("define")]
     if len(defines) != 1 or lines.count("}") != 1:
         raise _No
     start, end = defines[0], lines.index("}")
     if end < start or end - start > MAX_LINES:
         raise _No
-    if any(re.search(r'[;!"#{}\\]', ln) for ln in lines[start + 1:end]):
-        raise _No  # (a trailing comment could hide what a line does from the patterns below; no metadata)
+    groups = _attr_groups(lines[:start] + lines[end + 1:])
     for ln in lines[:start] + lines[end + 1:]:
+        if _HEADER.match(ln) or _ATTR_GROUP.match(ln):
+            continue
         m = _DECLARE.match(ln)
-        if not (m and m.group(1) in _INTRINSICS) and not _ATTRS.match(ln):
+        if not (m and m.group(1) in _INTRINSICS) or m.group(3) and not groups[m.group(3)] <= _INTRINSIC_ATTRS:
             raise _No
     m = _DEFINE.match(lines[start])
-    if not m or _a_library_function(m.group(1)):
+    if not m or _a_library_function(m.group(1)) or not all(_KERNEL_ATTRS.fullmatch(a) for a in groups[m.group(3)]):
         raise _No
     params = _split(m.group(2))
     if params[-1] != "i32 %core_id":
@@ -160,7 +232,16 @@ def _prove(src: str, contract: Contract) -> int:
         ptrs[pm.group(2)] = len(ptrs)
     if len(ptrs) != len(contract.bufs):
         raise _No
-    return _Prover(lines[start + 1:end], ptrs, contract).run()
+    body = []
+    for ln in lines[start + 1:end]:
+        lm = _LABEL.match(ln)
+        if lm:
+            body.append(lm.group(1) + ":")  # (LLVM's comment of its predecessors dropped: the proof finds the edges)
+        elif re.search(r'[;!"#{}\\]', ln):
+            raise _No  # (no comment, metadata, quoted name, attribute group or braces on an instruction's line)
+        else:
+            body.append(ln.strip(" "))
+    return _Prover(body, ptrs, contract).run()
 
 
 # LLVM's tokens, as its lexer splits them: a name (`%x.1`, or a number `%0`), a numeric literal, a keyword or type,
@@ -217,7 +298,7 @@ class _Prover:
         self.ptrs, self.contract = ptrs, contract
         self.blocks: list[tuple[str, list[str]]] = []
         for ln in body:
-            if ln.endswith(":") and re.fullmatch(r"[\w.$-]+:", ln):
+            if re.fullmatch(r"[\w.$-]+:", ln):
                 self.blocks.append((ln[:-1], []))
             elif not self.blocks:
                 raise _No
@@ -450,7 +531,7 @@ class _Prover:
             return _lanes(lm.group(1))
         if op == "call":
             cm = re.fullmatch(rf"({_TYPE}) @llvm\.(\w+)\.[\w.]+\((.*)\)", rest)
-            if cm is None or cm.group(2) not in _INTRINSICS:
+            if cm is None or cm.group(2) not in _INTRINSICS or not all(_ARG.fullmatch(a) for a in _split(cm.group(3))):
                 raise _No
             self._uses(cm.group(3))
             self._define(name, None, True)
