@@ -105,6 +105,10 @@ def plan_memory(kernel_bufs: Sequence[Sequence[Hashable]], sizes: dict, inputs: 
         if best is None or sum(got[0]) < sum(best[0]):
             best = got
     assert best is not None
+    if len(units) <= SEARCH_UNITS:
+        got = _searched(units, fixed, sum(best[0]))
+        if got is not None:
+            best = got
     slots, slot_of_unit = best
     first: dict[int, int] = {}  # slots numbered in order of first use (inputs first)
     for u, start, _end, _size in units:
@@ -142,6 +146,80 @@ def _largest_first(units: list, fixed: set) -> tuple[list[int], dict]:
                 own.add(slot)
         held[slot].append((start, end))
         slot_of[u] = slot
+    return slots, slot_of
+
+
+SEARCH_UNITS = 96  # up to this many buffers a bounded search looks for a smaller plan than the greedy ones
+SEARCH_STEPS = 8000  # ... placing at most this many units into slots in all
+
+
+def _searched(units: list, fixed: set, bound: int) -> tuple[list[int], dict] | None:
+    """A plan whose slots sum to less than `bound` (the greedy placements' best), or None. The choices are
+    `_largest_first`'s (each unit, largest first, into any slot whose units' lifetimes it does not overlap, or
+    a new slot): starting from its greedy choices (the newest fitting slot), each try changes one unit's choice
+    and places the units after it greedily; a try that makes the slots' sum smaller becomes the base, until
+    none does, the sum is the floor (the most bytes live at one kernel: no plan is below it), or SEARCH_STEPS
+    placements are spent. Greedy placement wastes a slot where an early choice (a buffer into the newest
+    fitting slot) leaves a later buffer no free slot that fits: the U-Net's hidden layer took the slot that
+    its next layer's output could have used, which then needed a slot of its own."""
+    n = len(units)
+    order = sorted(range(n), key=lambda i: (-units[i][3], units[i][1], i))
+    masks = [((1 << (units[i][2] - units[i][1] + 1)) - 1) << (units[i][1] + 1) for i in order]
+    sizes = [units[i][3] for i in order]
+    own = [units[i][0] in fixed for i in order]
+    live: dict[int, int] = {}  # kernel index -> bytes of the units live there
+    for _u, start, end, size in units:
+        for t in range(start, end + 1):
+            live[t] = live.get(t, 0) + size
+    floor = max(live.values(), default=0)
+    if bound <= floor:
+        return None
+    steps = 0
+
+    def run(prefix: list[int]) -> tuple[int, list[int], list[list[int]]]:
+        """(sum of slots, each unit's slot, each unit's other choices) placing units by `prefix`, then greedily."""
+        nonlocal steps
+        held: list[int] = []  # per slot: the kernel indices its units hold (a bit each)
+        taking: list[bool] = []  # whether the slot takes more units (an input's slot never does)
+        cost, choice, others = 0, [], []
+        for k in range(n):
+            fits = [] if own[k] else [s for s in reversed(range(len(held))) if taking[s] and not held[s] & masks[k]]
+            opts = fits + [len(held)]
+            c = prefix[k] if k < len(prefix) else opts[0]
+            if c == len(held):
+                held.append(masks[k])
+                taking.append(not own[k])
+                cost += sizes[k]
+            else:
+                held[c] |= masks[k]
+            choice.append(c)
+            others.append([o for o in opts if o != c])
+        steps += n
+        return cost, choice, others
+
+    best, base, others = run([])
+    found = False
+    improved = True
+    while improved and best > floor and steps < SEARCH_STEPS:
+        improved = False
+        for k in range(n):
+            for alt in others[k]:
+                if steps >= SEARCH_STEPS:
+                    break
+                cost, choice, alts = run(base[:k] + [alt])
+                if cost < best:
+                    best, base, others, improved, found = cost, choice, alts, True, True
+                    break
+            if improved:
+                break
+    if not found or best >= bound:
+        return None
+    slots: list[int] = []
+    slot_of: dict = {}
+    for k, i in enumerate(order):
+        if base[k] == len(slots):
+            slots.append(sizes[k])
+        slot_of[units[i][0]] = base[k]
     return slots, slot_of
 
 
