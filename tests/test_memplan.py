@@ -231,3 +231,23 @@ def test_a_unet_images_planned_intermediates_are_at_most_the_hand_computed_floor
     assert check_plan(plan) is None
     io_slots = {plan.slot_of[k] for k, _ in exe.inputs} | {plan.slot_of[k] for _, k in exe.outputs}
     assert sum(size for s, size in enumerate(plan.slots) if s not in io_slots) <= _UNET_IMAGE_FLOOR
+
+
+def test_a_host_slot_is_its_own_size_and_holds_only_smaller_buffers_that_die_before_it():
+    # big [0,1] 64 bytes, a [1,2] 32, b [2,3] 16, host out [4,5] 32 (a chunk's output): b and a may use out's
+    # memory (they die before kernel 4) but not big (larger: the slot would outgrow the output's part)
+    kb = [["big"], ["big", "a"], ["a", "b"], ["b"], ["out"]]
+    sizes = {"big": 64, "a": 32, "b": 16, "out": 32}
+    plan = plan_memory(kb, sizes, outputs=["out"], hosts=["out"])
+    assert check_plan(plan) is None
+    host = plan.slot_of["out"]
+    assert plan.slots[host] == 32 and plan.slot_of["big"] != host
+    assert plan.slot_of["a"] == host or plan.slot_of["b"] == host
+    assert plan.peak_bytes == 64 + 32  # big's slot takes what out's does not
+    # a buffer live beside the output never shares its slot; nor does an in-place pair with the host in it
+    kb2 = [["t"], ["out", "t"], ["out"]]
+    plan2 = plan_memory(kb2, {"t": 32, "out": 32}, outputs=["out"], hosts=["out"], inplace=[("out", "t")])
+    assert plan2.slot_of["t"] != plan2.slot_of["out"] and plan2.inplace == [] and check_plan(plan2) is None
+    # an input named as a host stays an input (a slot of its own, shared with nothing)
+    plan3 = plan_memory([["x", "t"], ["t"]], {"x": 32, "t": 16}, inputs=["x"], hosts=["x"])
+    assert plan3.slot_of["t"] != plan3.slot_of["x"]
