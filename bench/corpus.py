@@ -54,10 +54,11 @@ KNOWN_LIMITS = {
                  "realizing the concatenated caches (a 2 MiB copy per step) gives 1.00 but measured slower "
                  "(RECOMPUTE_LIMIT=1: the kernels 1.23-1.31 ms against 1.01-1.03 ms, best of 200 alternating "
                  "rounds), so the select stays fused",
-    "unet": "memory: one image's conv over `cat(up, skip)` needs its input (2 MiB) and output (1 MiB) at once, "
-            "beside 4.2 MiB of inputs + outputs: >= 1.71x even in chunks of one image (the batch, B=2, is the only "
-            "axis chunked); `up`'s conv writes straight into the concatenation, `skip` (read by the pool too) is "
-            "copied in after the pool, and the plan's slots add 0.25 MiB over the most live at once",
+    "unet": "memory: per image (B=2 is the only axis chunked), `cat(up, skip)` (2 MiB) lives beside the padded "
+            "copy of the upsampled `bottom` that `up`'s conv reads (2.13 MiB, 4x what it copies), then beside "
+            "its own padded copy (2.13 MiB); 1.5x leaves 2.1 MiB per image, less than the concatenation alone: "
+            "chunks inside an image (rows of the convs) would be needed; `up`'s conv without the copy (through "
+            "the pad's gates) measured 3.6 -> 7.3 ms, through a copy of the padded `bottom` 9.4 ms",
 }
 
 

@@ -198,3 +198,51 @@ def test_divisors_of_a_dim_match_every_count_tried_and_a_huge_dims_are_found_by_
     n = 2**31 + 5  # = 7^2 * 43826197 (a prime)
     assert chunk.divisors(n, n) == [1, 7, 49, 43826197, 7 * 43826197, n]
     assert chunk.divisors(n, 10**6) == [1, 7, 49]
+
+
+def _three_live() -> tgc.Program:
+    """x[B, N] -> t1 = exp(flip(x) / 2), t2 = exp(flip(t1) / 2 - 1/4), t3 = flip(t1) + flip(t2), out = 2 flip(t3)
+    (flips: nothing runs in place): t1, t2 and t3 are live together at t3's kernel, and t1 and t2 die before the
+    output's kernel."""
+    prog = tgc.loads("x: f32[B, N]\nreturn x * 2.0\n")
+    _, bufs = prog._trace(DIMS)
+    x = Tensor(bufs[0])
+    t1 = (x.flip(1) * 0.5).exp().contiguous()
+    t2 = (t1.flip(1) * 0.5 - 0.25).exp().contiguous()
+    t3 = (t1.flip(1) + t2.flip(1)).contiguous()
+    prog._traces[tuple(sorted(DIMS.items()))] = ([(t3.flip(1) * 2.0).uop], bufs)
+    return prog
+
+
+def test_a_chunks_output_part_holds_intermediates_that_die_before_it_is_written(monkeypatch):
+    prog = _three_live()
+    ch = prog.chunking("CPU", DIMS)
+    io = 2 * X
+    # whole: x, and t1, t2, t3 at once (the output takes t1's dead slot): 4X = 2x io. A chunk of c images needs
+    # three slots of X / c, or two with t1 (or t2) in the chunk's part of the output, which is only written by
+    # the last kernel: 2 chunks are then within 1.5x (io + X), where 4 were needed (io + 3X / 4)
+    assert ch is not None and (ch.count, ch.before, ch.after) == (2, 4 * X, io + X)
+    plan = ch.low.memory_plan()
+    out_key = ch.low.outputs[0][1]
+    host = plan.slot_of[out_key]
+    shared = [k for k, s in plan.slot_of.items() if s == host and k is not out_key]
+    assert len(shared) == 1 and plan.lifetimes[shared[0]][1] < plan.lifetimes[out_key][0]
+    assert plan.slots[host] == plan.sizes[out_key] == X // 2
+    alloc = tgc.api._device("CPU").allocator
+    x = _x(4)
+    want = np.exp(x[:, ::-1].astype(np.float64) * 0.5)
+    t2 = np.exp(want[:, ::-1] * 0.5 - 0.25)
+    want = 2 * (want[:, ::-1] + t2[:, ::-1])[:, ::-1]
+    for _ in range(2):  # (the second run takes the intermediates from the pool)
+        got = prog.run(dims=DIMS, x=x)[prog.output_names[0]]
+        assert prog.last_chunking is ch
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    alloc.free_cache()
+    borrowed = x.ctypes.data % alloc.zero_copy_align == 0  # else each chunk's slice is copied in
+    alloc.reset_peak()
+    base = alloc.live_bytes
+    got = prog.run(dims=DIMS, x=x)[prog.output_names[0]]
+    assert alloc.peak_bytes - base == ch.after - X + (0 if borrowed else X // 2)  # the whole output, 2 slots of X/2
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    monkeypatch.setenv("TGC_CHUNK", "0")
+    np.testing.assert_allclose(prog.run(dims=DIMS, x=x)[prog.output_names[0]], want, rtol=1e-5, atol=1e-5)

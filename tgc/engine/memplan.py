@@ -64,7 +64,7 @@ LARGEST_FIRST_UNITS = 256  # above this many buffers only the first-use placemen
 
 def plan_memory(kernel_bufs: Sequence[Sequence[Hashable]], sizes: dict, inputs: Sequence[Hashable] = (),
                 outputs: Sequence[Hashable] = (), share: bool = True,
-                inplace: Sequence[tuple[Hashable, Hashable]] = ()) -> MemoryPlan:
+                inplace: Sequence[tuple[Hashable, Hashable]] = (), hosts: Sequence[Hashable] = ()) -> MemoryPlan:
     """Assign each buffer (a key of `sizes`, bytes >= 1) to a slot: the better (smaller sum of slots) of two
     greedy placements, largest buffer first (each into the smallest slot that is free for its whole lifetime)
     and first use first (each into a free slot, grown where none holds it). `share=False`: one slot per buffer.
@@ -72,10 +72,16 @@ def plan_memory(kernel_bufs: Sequence[Sequence[Hashable]], sizes: dict, inputs: 
     `inplace`: (output, input) pairs that may share memory although both are live at one kernel: an elementwise
     kernel that reads `input` only at exactly the index it writes `output`, where `input` dies (see
     `tgc.engine.realize.inplace_pairs`). A pair is kept (`plan.inplace`) where the input is no input of the
-    plan, its last kernel is the output's first and both have the same size; the two are then one buffer."""
+    plan, its last kernel is the output's first and both have the same size; the two are then one buffer.
+
+    `hosts`: buffers whose memory is given (a chunk's outputs, written into their part of the whole output: see
+    `tgc.engine.realize.run_chunked`): each opens a slot of its own size that no larger buffer joins, and that
+    buffers no larger whose lives end before the host's begins may share (the output's memory holds them
+    before the output is written). No in-place pair has a host in it."""
     spans = lifetimes(kernel_bufs, inputs, outputs)
     plan = MemoryPlan(sizes={k: int(sizes[k]) for k in spans}, lifetimes=spans)
     fixed = set(inputs)
+    hosts = {k for k in hosts if k not in fixed}
     if not share:
         for key in spans:
             plan.slot_of[key] = len(plan.slots)
@@ -86,7 +92,8 @@ def plan_memory(kernel_bufs: Sequence[Sequence[Hashable]], sizes: dict, inputs: 
     members: dict = {key: [key] for key in spans}
     paired: set = set()  # inputs of the pairs kept
     for out, src in inplace:
-        if out not in spans or src not in spans or out in fixed or src in fixed or unit_of[src] == unit_of[out] \
+        if out not in spans or src not in spans or out in fixed | hosts or src in fixed | hosts \
+                or unit_of[src] == unit_of[out] \
                 or plan.sizes[out] != plan.sizes[src] or spans[src][1] != spans[out][0] \
                 or unit_of[out] != out or src in paired:
             continue
@@ -101,10 +108,14 @@ def plan_memory(kernel_bufs: Sequence[Sequence[Hashable]], sizes: dict, inputs: 
     best: tuple[list[int], dict] | None = None
     placements = (_largest_first, _first_use_first) if len(units) <= LARGEST_FIRST_UNITS else (_first_use_first,)
     for place in placements:
-        got = place(units, fixed)
+        got = place(units, fixed, hosts)
         if best is None or sum(got[0]) < sum(best[0]):
             best = got
     assert best is not None
+    if len(units) <= SEARCH_UNITS:
+        got = _searched(units, fixed, hosts, sum(best[0]))
+        if got is not None:
+            best = got
     slots, slot_of_unit = best
     first: dict[int, int] = {}  # slots numbered in order of first use (inputs first)
     for u, start, _end, _size in units:
@@ -118,18 +129,19 @@ def plan_memory(kernel_bufs: Sequence[Sequence[Hashable]], sizes: dict, inputs: 
     return plan
 
 
-def _largest_first(units: list, fixed: set) -> tuple[list[int], dict]:
+def _largest_first(units: list, fixed: set, hosts: set = frozenset()) -> tuple[list[int], dict]:
     """Largest unit first, each into the smallest slot no unit of an overlapping lifetime holds (a slot only
-    takes units no larger than its first, so none grows), else a new slot. Inputs get slots of their own.
+    takes units no larger than its first, so none grows), else a new slot. Inputs get slots of their own;
+    a host opens a slot that later (no larger) units may join (a host comes first among units of its size).
     Slots are made in order of non-increasing size, so the newest that is free is the smallest."""
     slots: list[int] = []
     held: list[list[tuple[int, int]]] = []  # per slot: the (first, last) of its units
     slot_of: dict = {}
     own: set[int] = set()
-    for i in sorted(range(len(units)), key=lambda i: (-units[i][3], units[i][1], i)):
+    for i in sorted(range(len(units)), key=lambda i: (-units[i][3], units[i][0] not in hosts, units[i][1], i)):
         u, start, end, size = units[i]
         slot = None
-        if u not in fixed:
+        if u not in fixed and u not in hosts:
             for s in reversed(range(len(slots))):
                 if s not in own and all(end < a or b < start for a, b in held[s]):
                     slot = s
@@ -145,9 +157,85 @@ def _largest_first(units: list, fixed: set) -> tuple[list[int], dict]:
     return slots, slot_of
 
 
-def _first_use_first(units: list, fixed: set) -> tuple[list[int], dict]:
+SEARCH_UNITS = 96  # up to this many buffers a bounded search looks for a smaller plan than the greedy ones
+SEARCH_STEPS = 8000  # ... placing at most this many units into slots in all
+
+
+def _searched(units: list, fixed: set, hosts: set, bound: int) -> tuple[list[int], dict] | None:
+    """A plan whose slots sum to less than `bound` (the greedy placements' best), or None. The choices are
+    `_largest_first`'s (each unit, largest first, into any slot whose units' lifetimes it does not overlap, or
+    a new slot): starting from its greedy choices (the newest fitting slot), each try changes one unit's choice
+    and places the units after it greedily; a try that makes the slots' sum smaller becomes the base, until
+    none does, the sum is the floor (the most bytes live at one kernel: no plan is below it), or SEARCH_STEPS
+    placements are spent. Greedy placement wastes a slot where an early choice (a buffer into the newest
+    fitting slot) leaves a later buffer no free slot that fits: the U-Net's hidden layer took the slot that
+    its next layer's output could have used, which then needed a slot of its own."""
+    n = len(units)
+    order = sorted(range(n), key=lambda i: (-units[i][3], units[i][0] not in hosts, units[i][1], i))
+    masks = [((1 << (units[i][2] - units[i][1] + 1)) - 1) << (units[i][1] + 1) for i in order]
+    sizes = [units[i][3] for i in order]
+    own = [units[i][0] in fixed for i in order]  # a slot of its own
+    opens = [units[i][0] in fixed or units[i][0] in hosts for i in order]  # opens a slot (others may join a host's)
+    live: dict[int, int] = {}  # kernel index -> bytes of the units live there
+    for _u, start, end, size in units:
+        for t in range(start, end + 1):
+            live[t] = live.get(t, 0) + size
+    floor = max(live.values(), default=0)
+    if bound <= floor:
+        return None
+    steps = 0
+
+    def run(prefix: list[int]) -> tuple[int, list[int], list[list[int]]]:
+        """(sum of slots, each unit's slot, each unit's other choices) placing units by `prefix`, then greedily."""
+        nonlocal steps
+        held: list[int] = []  # per slot: the kernel indices its units hold (a bit each)
+        taking: list[bool] = []  # whether the slot takes more units (an input's slot never does)
+        cost, choice, others = 0, [], []
+        for k in range(n):
+            fits = [] if opens[k] else [s for s in reversed(range(len(held))) if taking[s] and not held[s] & masks[k]]
+            opts = fits + [len(held)]
+            c = prefix[k] if k < len(prefix) else opts[0]
+            if c == len(held):
+                held.append(masks[k])
+                taking.append(not own[k])
+                cost += sizes[k]
+            else:
+                held[c] |= masks[k]
+            choice.append(c)
+            others.append([o for o in opts if o != c])
+        steps += n
+        return cost, choice, others
+
+    best, base, others = run([])
+    found = False
+    improved = True
+    while improved and best > floor and steps < SEARCH_STEPS:
+        improved = False
+        for k in range(n):
+            for alt in others[k]:
+                if steps >= SEARCH_STEPS:
+                    break
+                cost, choice, alts = run(base[:k] + [alt])
+                if cost < best:
+                    best, base, others, improved, found = cost, choice, alts, True, True
+                    break
+            if improved:
+                break
+    if not found or best >= bound:
+        return None
+    slots: list[int] = []
+    slot_of: dict = {}
+    for k, i in enumerate(order):
+        if base[k] == len(slots):
+            slots.append(sizes[k])
+        slot_of[units[i][0]] = base[k]
+    return slots, slot_of
+
+
+def _first_use_first(units: list, fixed: set, hosts: set = frozenset()) -> tuple[list[int], dict]:
     """In order of first use: the smallest free slot that holds the unit, else the largest free slot (which
-    grows to fit), else a new slot. A slot is free once its last unit's lifetime has ended."""
+    grows to fit), else a new slot. A slot is free once its last unit's lifetime has ended. Hosts are placed
+    as inputs are (slots of their own: a slot here may grow, a host's may not)."""
     import heapq
 
     slots: list[int] = []
@@ -158,7 +246,7 @@ def _first_use_first(units: list, fixed: set) -> tuple[list[int], dict]:
         while busy and busy[0][0] < start:
             free.append(heapq.heappop(busy)[1])
         slot = None
-        if u not in fixed and free:
+        if u not in fixed and u not in hosts and free:
             fits = [s for s in free if slots[s] >= size]
             if fits:
                 slot = min(fits, key=lambda s: (slots[s], s))

@@ -54,8 +54,18 @@ class Slot:
                               hint="use smaller tensors, or a device without this limit (CPU, CUDA)")
         self.handle = device.allocator.alloc(nbytes)
         self.given = False  # handed to the user as an output's memory (zero-copy): never freed into the pool
+        self.foreign = False  # memory the allocator did not allocate (`borrowed`): never freed here
+
+    @classmethod
+    def borrowed(cls, device: Any, handle: Any, nbytes: int) -> Slot:
+        """A slot on memory that is not the allocator's (a chunk's part of a whole output): never freed here."""
+        slot = cls.__new__(cls)
+        slot.device, slot.nbytes, slot.handle, slot.given, slot.foreign = device, nbytes, handle, False, True
+        return slot
 
     def free(self) -> None:
+        if self.foreign:
+            return
         if not self.given:
             self.device.allocator.free(self.handle, self.nbytes)
         else:
@@ -331,15 +341,16 @@ def plan_for(device: Any, kernels: list, inputs: list[tuple[Any, str]], outputs:
              fixed_outputs: bool = False) -> MemoryPlan:
     """The memory plan of an executable's kernels: its buffers share slots where the device's allocator can hand a
     buffer the start of a larger allocation (`shared_slots`, true unless the allocator says otherwise).
-    `fixed_outputs`: outputs are placed as inputs are (own slots, never shared; a chunked run writes them
-    into the whole output array, `run_chunked`)."""
+    `fixed_outputs`: outputs open slots of their own size, never grown nor shared with a buffer live beside
+    them (a chunked run writes them into the whole output array, `run_chunked`); buffers no larger that die
+    before an output is first written may use its memory (`plan_memory`'s `hosts`)."""
     kernel_bufs = [list(k.bufs) for k in kernels]
     keys = {key: None for key, _ in inputs} | {key: None for bufs in kernel_bufs for key in bufs}
-    fixed = list(dict.fromkeys([key for key, _ in inputs] +
-                               ([key for _, key in outputs if key in keys] if fixed_outputs else [])))
+    fixed = list(dict.fromkeys([key for key, _ in inputs]))
+    hosts = list(dict.fromkeys([key for _, key in outputs if key in keys])) if fixed_outputs else []
     return plan_memory(kernel_bufs, {key: buffer_nbytes(key) for key in keys}, fixed,
                        [key for _, key in outputs], share=device.allocator.features.shared_slots,
-                       inplace=[pair for k in kernels for pair in inplace_pairs(k)])
+                       inplace=[pair for k in kernels for pair in inplace_pairs(k)], hosts=hosts)
 
 
 _SHARED = {Ops.DEFINE_LOCAL, Ops.BARRIER}  # threads that share work (a work-group reduction)
@@ -456,6 +467,8 @@ def run_chunked(low: Executable, count: int, sliced: set[str], arrays: dict[str,
 def _run_chunked(low: Executable, count: int, sliced: set[str], arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     dev = low.device
     alloc = dev.allocator
+    plan = low.memory_plan()
+    inputs = {b for b, _ in low.inputs}
     wholes: dict[str, Buffer] = {}
     try:
         for name, node in low.outputs:
@@ -472,15 +485,22 @@ def _run_chunked(low: Executable, count: int, sliced: set[str], arrays: dict[str
             buffers: dict[Any, Buffer] = {}
             copies = []  # (chunk output buffer, whole output handle slice) where the slice cannot be used in place
             try:
+                given: dict[int, Slot] = {}  # an output's part of the whole output: its slot of the plan, which
+                # buffers that die before it is written share (`plan_for`'s `fixed_outputs`)
                 for name, node in low.outputs:
                     n = buffer_nbytes(node)
                     dest = wholes[name].handle[i * n:(i + 1) * n]
                     handle = alloc.wrap(dest) if writes_in_place(alloc, n) else None
-                    if handle is not None:
+                    slot = plan.slot_of.get(node)
+                    if handle is not None and slot is not None and plan.slots[slot] == n and slot not in given \
+                            and node not in inputs:
+                        given[slot] = Slot.borrowed(dev, handle, n)
+                        buffers[node] = Buffer(dev, node, given[slot], owns=False)
+                    elif handle is not None:
                         buffers[node] = Buffer(dev, node, handle=handle)
                     else:
                         copies.append((node, dest))
-                allocate(low, part, buffers)
+                allocate(low, part, buffers, given=given)
                 for k in low.kernels:
                     launch(k, [buffers[n] for n in k.bufs])
                 for node, dest in copies:
@@ -773,12 +793,13 @@ def to_user_array(arr: np.ndarray, dtype: DType) -> np.ndarray:
 
 
 def allocate(low: Executable, arrays: dict[str, np.ndarray] | None, buffers: dict[Any, Buffer],
-             skip: set | frozenset = frozenset()) -> None:
+             skip: set | frozenset = frozenset(), given: dict[int, Slot] | None = None) -> None:
     """Device buffers for a program's inputs (filled from `arrays`, unless None) and for every kernel's outputs, into
     `buffers` (passed in so that the caller can free whatever was allocated if this fails midway): the slots of
-    the memory plan, each allocated once and owned (freed) by the first buffer placed in it; inputs borrowed in
-    place where the device allows (zero-copy CPU buffers) allocate nothing."""
-    place = _placer(low.device, low.memory_plan(), buffers)
+    the memory plan, each allocated once and owned (freed) by the first buffer placed in it (`given`: slots whose
+    memory is given, owned by no buffer); inputs borrowed in place where the device allows (zero-copy CPU
+    buffers) allocate nothing."""
+    place = _placer(low.device, low.memory_plan(), buffers, given)
 
     # an input runs in place (no copy) where the device allows it (`Buffer.borrow`) and no kernel stores to it;
     # a kernel that did would write the user's array, so such an input gets its own copy
@@ -800,10 +821,10 @@ def allocate(low: Executable, arrays: dict[str, np.ndarray] | None, buffers: dic
                 place(node)
 
 
-def _placer(device: Any, plan: MemoryPlan, buffers: dict[Any, Buffer]) -> Any:
+def _placer(device: Any, plan: MemoryPlan, buffers: dict[Any, Buffer], given: dict[int, Slot] | None = None) -> Any:
     """`place(key)`: put buffer `key` into `buffers`, in its slot of `plan` on `device` (each slot allocated
-    once, owned by the first buffer placed in it)."""
-    slots: dict[int, Slot] = {}
+    once, owned by the first buffer placed in it; a `given` slot is not allocated and no buffer owns it)."""
+    slots: dict[int, Slot] = dict(given or {})
     largest: dict[int, Any] = {}  # per slot, its largest buffer (what a too-large allocation is reported as)
     for k, i in plan.slot_of.items():
         if i not in largest or plan.sizes[k] > plan.sizes[largest[i]]:
