@@ -64,7 +64,7 @@ def test_a_separable_chain_runs_in_the_fewest_chunks_within_the_bound(device):
     assert ch is not None and (ch.dim, ch.count, ch.sliced) == ("B", 4, {"x"})
     # each chunk's 2 output rows (8 bytes) are no whole aligned part of the output: a slot of their own, copied
     assert (ch.io, ch.before, ch.after) == (io, 3 * X, io + 2 * X // 4 + 8)
-    for seed in range(3):  # the same chunked path every time (no launch plan, no graph)
+    for seed in range(3):  # the same chunked path every time (no launch plan kept between runs)
         x = _x(seed)
         before = x.copy()
         got = prog.run(device=device, dims=DIMS, x=x)[prog.output_names[0]]
@@ -164,6 +164,60 @@ def test_a_small_transformer_block_chunked_matches_numpy_and_the_whole_run(monke
     monkeypatch.setenv("TGC_CHUNK", "0")
     whole = prog.run(dims=dims, inputs=inputs)[prog.output_names[0]]
     np.testing.assert_allclose(got, whole, rtol=1e-5, atol=1e-5)
+
+
+def _launch_spy(monkeypatch, fail: bool = False) -> dict[str, int]:
+    """Counts, from now on, of the CPU device graphs built (and the kernels in them) and of the kernels launched
+    on their own (`realize.launch`); with `fail` every graph fails to be built (as one over a kernel of too many
+    arguments does)."""
+    from tgc.engine import realize
+    dev = tgc.api._device("CPU")
+    seen = {"graphs": 0, "graph_kernels": 0, "launches": 0}
+    make, one = dev.graph, realize.launch
+
+    def graph(launches, **kw):
+        if fail:
+            raise ValueError("no graph here")
+        seen["graphs"] += 1
+        seen["graph_kernels"] += len(launches)
+        return make(launches, **kw)
+
+    def launch(k, bufs, *a, **kw):
+        seen["launches"] += 1
+        return one(k, bufs, *a, **kw)
+
+    monkeypatch.setattr(dev, "graph", graph)
+    monkeypatch.setattr(realize, "launch", launch)
+    return seen
+
+
+def test_each_chunk_runs_as_one_cpu_graph_and_one_by_one_without_graphs(monkeypatch):
+    """A chunked run on the CPU launches each chunk's kernels as one device graph (one native call: no thread
+    hand-off per kernel); TGC_GRAPH=0, DEBUG=2 (a line per kernel) and a device that cannot make the graph
+    launch them one by one; the outputs are numpy's every way."""
+    prog = _chain()
+    ch = prog.chunking("CPU", DIMS)
+    n = len(ch.low.kernels)
+    assert ch.count == 4 and n > 1
+    x = _x(7)
+    prog.run(dims=DIMS, x=x)  # (compiled before counting)
+    seen = _launch_spy(monkeypatch)
+    for _ in range(2):
+        got = prog.run(dims=DIMS, x=x)[prog.output_names[0]]
+        np.testing.assert_allclose(got, _want(x), rtol=1e-4, atol=1e-4)
+    assert prog.last_chunking is ch
+    assert seen == {"graphs": 2 * ch.count, "graph_kernels": 2 * ch.count * n, "launches": 0}
+    for env, value in (("TGC_GRAPH", "0"), ("DEBUG", "2")):
+        with monkeypatch.context() as m:
+            m.setenv(env, value)
+            seen.update(graphs=0, graph_kernels=0, launches=0)
+            got = prog.run(dims=DIMS, x=x)[prog.output_names[0]]
+            np.testing.assert_allclose(got, _want(x), rtol=1e-4, atol=1e-4)
+            assert seen == {"graphs": 0, "graph_kernels": 0, "launches": ch.count * n}, env
+    seen = _launch_spy(monkeypatch, fail=True)
+    got = prog.run(dims=DIMS, x=x)[prog.output_names[0]]
+    np.testing.assert_allclose(got, _want(x), rtol=1e-4, atol=1e-4)
+    assert seen == {"graphs": 0, "graph_kernels": 0, "launches": ch.count * n}
 
 
 def test_bench_times_the_chunked_run(monkeypatch):

@@ -165,8 +165,9 @@ def timed_runs(fn: Callable[[], Any], repeat: int, warmup: int) -> list[float]:
 
 def chunked_timing(timing: dict[str, Any], whole: list[float], count: int) -> dict[str, Any]:
     """A chunked run's timing (`tgc.engine.executable.bench`): `timing` of one chunk's launches, with the whole
-    program's times `whole` (every chunk, from the user's arrays to the whole outputs, kernels launched one by
-    one, no device graph). `program["chunks"]` says how many; its FLOP and byte counts are the chunk's times
+    program's times `whole` (every chunk, from the user's arrays to the whole outputs, each chunk's kernels as
+    one device graph where the device has them, `realize.launch_all`; `program["graph"]` stays False: no launch
+    plan's graph is replayed). `program["chunks"]` says how many; its FLOP and byte counts are the chunk's times
     the count."""
     prog_stats = _stats(whole)
     flops, nbytes = (None if v is None else v * count for v in (timing["program"]["flops"], timing["program"]["bytes"]))

@@ -457,7 +457,8 @@ def run_chunked(low: Executable, count: int, sliced: set[str], arrays: dict[str,
     place where the device allows), the others (weights) are whole; each chunk's outputs are written straight
     into their slice of the whole output arrays (allocated once, handed to the user as `run_program` does).
     Each chunk's intermediates go back to the allocator's pool and the next chunk takes the same ones. A host
-    allocator only (the buffers are numpy arrays); launch plans and device graphs are not used."""
+    allocator only (the buffers are numpy arrays); no launch plan is kept, but each chunk's kernels run as one
+    device graph built for that chunk's buffers where the device has graphs (`launch_all`)."""
     if profile.active is None:
         return _run_chunked(low, count, sliced, arrays)
     with profile.host_span(f"run on {low.device.name}", {"kernels": len(low.kernels), "as": f"{count} chunks"}):
@@ -501,8 +502,7 @@ def _run_chunked(low: Executable, count: int, sliced: set[str], arrays: dict[str
                     else:
                         copies.append((node, dest))
                 allocate(low, part, buffers, given=given)
-                for k in low.kernels:
-                    launch(k, [buffers[n] for n in k.bufs])
+                launch_all(low, buffers)
                 for node, dest in copies:
                     if profile.active is None:
                         alloc.copyout(memoryview(dest), buffers[node].handle)
@@ -520,6 +520,35 @@ def _run_chunked(low: Executable, count: int, sliced: set[str], arrays: dict[str
     finally:
         for buf in wholes.values():
             buf.free()
+
+
+def launch_all(low: Executable, buffers: dict[Any, Buffer]) -> None:
+    """Launch every kernel of `low` once on `buffers` (by key), in order: as one device graph built for these
+    buffers where the device has graphs (a chunked run's chunk: one native call, the threads handing each kernel
+    to the next inside it, instead of a thread hand-off per kernel launched from Python), else one by one, as
+    also with DEBUG>=2 (a line per kernel), while a profile records (a record per launch) and with TGC_GRAPH=0."""
+    kernels = low.kernels
+    graph = None
+    if len(kernels) > 1 and graphs_enabled() and profile.active is None and debug_level() < 2:
+        launches = [(k.program(), [buffers[n].handle for n in k.bufs], k.global_size, k.local_size, k.vals)
+                    for k in kernels]
+        try:
+            graph = low.device.graph(launches, **(low.graph_options or {}))
+        except Exception:  # no graph (a kernel with too many arguments, no runner): each kernel on its own
+            graph = None
+    if graph is None:
+        for k in kernels:
+            launch(k, [buffers[n] for n in k.bufs])
+        return
+    try:
+        graph()
+    except TgcError:
+        raise
+    except Exception as e:  # a device failure is a runtime error, not a crash
+        raise DeviceError(f"the graph of {_count(kernels)} ({_names(kernels)}) failed on "
+                          f"{low.device.name}: {e}") from None
+    finally:
+        graph.free()
 
 
 def graphs_enabled() -> bool:
