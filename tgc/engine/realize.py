@@ -491,10 +491,12 @@ def _run_chunked(low: Executable, count: int, sliced: set[str], arrays: dict[str
                 for name, node in low.outputs:
                     n = buffer_nbytes(node)
                     dest = wholes[name].handle[i * n:(i + 1) * n]
+                    if node in buffers or node in inputs:  # (a node returned twice, an input returned as is:
+                        copies.append((node, dest))      # the kernels write one buffer; copied after them)
+                        continue
                     handle = alloc.wrap(dest) if writes_in_place(alloc, n) else None
                     slot = plan.slot_of.get(node)
-                    if handle is not None and slot is not None and plan.slots[slot] == n and slot not in given \
-                            and node not in inputs:
+                    if handle is not None and slot is not None and plan.slots[slot] == n and slot not in given:
                         given[slot] = Slot.borrowed(dev, handle, n)
                         buffers[node] = Buffer(dev, node, given[slot], owns=False)
                     elif handle is not None:
