@@ -251,3 +251,18 @@ def test_a_host_slot_is_its_own_size_and_holds_only_smaller_buffers_that_die_bef
     # an input named as a host stays an input (a slot of its own, shared with nothing)
     plan3 = plan_memory([["x", "t"], ["t"]], {"x": 32, "t": 16}, inputs=["x"], hosts=["x"])
     assert plan3.slot_of["t"] != plan3.slot_of["x"]
+
+
+def test_in_place_chains_never_put_two_live_buffers_in_one_slot_and_check_plan_reads_pairs_either_way():
+    """Review 17: z -> a -> b in place, `a` written and read by one kernel, kept both pairs and put z beside b
+    (both live at kernel 1); check_plan refused a valid pair of one-kernel lives listed the other way round."""
+    from tgc.engine.memplan import check_plan
+    sizes = {k: 64 for k in "zab"}
+    for pairs in ([("a", "z"), ("b", "a")], [("b", "a"), ("a", "z")]):
+        plan = plan_memory([["z"], ["z", "a", "b"], ["b"]], sizes, inplace=pairs)
+        assert check_plan(plan) is None and len(plan.inplace) == 1
+        plan = plan_memory([["z"], ["z", "a"], ["a", "b"], ["b"]], sizes, inplace=pairs)  # a chain that is fine
+        assert check_plan(plan) is None and len(plan.inplace) == 2 and len(plan.slots) == 1
+    for kernels in ([["b", "a"]], [["a", "b"]]):
+        plan = plan_memory(kernels, {"a": 64, "b": 64}, inplace=[("b", "a")])
+        assert plan.inplace == [("b", "a")] and check_plan(plan) is None

@@ -92,16 +92,25 @@ def plan_memory(kernel_bufs: Sequence[Sequence[Hashable]], sizes: dict, inputs: 
     unit_of: dict = {key: key for key in spans}
     members: dict = {key: [key] for key in spans}
     paired: set = set()  # inputs of the pairs kept
+    # per unit, its two latest ends and (negated) two earliest starts, with their buffers
+    ends: dict = {key: [(spans[key][1], key)] for key in spans}
+    starts: dict = {key: [(-spans[key][0], key)] for key in spans}
     for out, src in inplace:
         if out not in spans or src not in spans or out in fixed | hosts or src in fixed | hosts \
                 or unit_of[src] == unit_of[out] \
                 or plan.sizes[out] != plan.sizes[src] or spans[src][1] != spans[out][0] \
-                or unit_of[out] != out or src in paired:
-            continue
+                or unit_of[out] != out or src in paired \
+                or _latest_but(ends[unit_of[src]], src) >= spans[out][0] \
+                or -_latest_but(starts[out], out) <= spans[src][1]:
+            continue  # (last two: the rest of src's unit ends before `out` begins, the rest of out's begins after
+            # src ends; only the pair touches: a chain z -> a -> b where a lives at one kernel would put z beside
+            # b: review 17)
         u = unit_of[src]
         for key in members.pop(out):
             unit_of[key] = u
             members[u].append(key)
+        ends[u] = sorted(ends[u] + ends.pop(out), reverse=True)[:2]
+        starts[u] = sorted(starts[u] + starts.pop(out), reverse=True)[:2]
         plan.inplace.append((out, src))
         paired.add(src)
     units = [(u, min(spans[k][0] for k in ks), max(spans[k][1] for k in ks), max(plan.sizes[k] for k in ks))
@@ -128,6 +137,12 @@ def plan_memory(kernel_bufs: Sequence[Sequence[Hashable]], sizes: dict, inputs: 
     for key in spans:
         plan.slot_of[key] = renumber[slot_of_unit[unit_of[key]]]
     return plan
+
+
+def _latest_but(tops: list, key: Hashable) -> int:
+    """The largest value of `tops` (a unit's two largest (value, buffer), largest first) of a buffer other
+    than `key`, or -2**62 where there is none."""
+    return next((v for v, k in tops if k != key), -(1 << 62))
 
 
 def _largest_first(units: list, fixed: set, hosts: set = frozenset()) -> tuple[list[int], dict]:
@@ -288,8 +303,10 @@ def check_plan(plan: MemoryPlan) -> str | None:
         spans = sorted((plan.lifetimes[k], i, k) for i, k in enumerate(keys))
         last_key = None
         for (first, last), _, key in spans:
-            if last_key is not None and first <= plan.lifetimes[last_key][1] \
-                    and not ((key, last_key) in pairs and first == plan.lifetimes[last_key][1]):
+            # (a pair whose two lives are the same one kernel may sort either way round: review 17)
+            touch = (key, last_key) in pairs and first == plan.lifetimes[last_key][1] \
+                or (last_key, key) in pairs and plan.lifetimes[key] == plan.lifetimes[last_key] == (first, first)
+            if last_key is not None and first <= plan.lifetimes[last_key][1] and not touch:
                 return f"slot {slot} holds buffers that are needed at the same time"
             if last_key is None or last > plan.lifetimes[last_key][1]:
                 last_key = key
