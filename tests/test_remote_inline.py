@@ -553,6 +553,9 @@ def test_constant_expressions_attributes_and_layouts_are_read_as_llvm_printed_th
         assert (_proof(_edit(sin, "(double %x)", f"(double {arg})")) is not None) == proven, arg
     assert _proof(_edit(sin, "{ nounwind }", '{ nounwind "frame-pointer"="all" }')) is None
     assert _proof(_edit(sin, "{ nounwind }", "{ nounwind noreturn }")) is None
+    for width, proven in (("512", True), ("256", True), ("99999999999999999999", False), ("0", False)):
+        assert (_proof(_edit(sin, "{ nounwind }", f'{{ nounwind "prefer-vector-width"="{width}" }}')) is not None) \
+            == proven, width
     # numbered values are LLVM's own spelling; an entry block without a name (LLVM prints no label) is refused
     numbered = "entry:\n  %0 = add i32 %core_id, 0\n  %1 = getelementptr inbounds float, ptr %data0, i32 %0\n" \
                "  store float 1.0, ptr %1, align 4\n  ret void"

@@ -66,7 +66,8 @@ _INTRINSICS = {"maxnum", "minnum", "maximum", "minimum", "trunc", "floor", "ceil
 # attribute groups (`attributes #N = { ... }`, LLVM's spelling): the kernel's may hold only these; an intrinsic's
 # declaration only the attributes LLVM gives the pure math intrinsics above (a source could add one such as
 # `noreturn` to a declaration, and LLVM would then drop whatever follows a call of it)
-_KERNEL_ATTRS = re.compile(r'nounwind|"prefer-vector-width"="\d+"|"no-trapping-math"="true"')
+# (the vector widths a renderer writes: review 16 found any digits accepted)
+_KERNEL_ATTRS = re.compile(r'nounwind|"prefer-vector-width"="(?:64|128|256|512)"|"no-trapping-math"="true"')
 _INTRINSIC_ATTRS = frozenset({"nocallback", "nocreateundeforpoison", "nofree", "nosync", "nounwind", "speculatable",
                               "willreturn", "memory(none)"})
 _ATTR_GROUP = re.compile(r"^attributes #(\d+) = \{ (.*) \}$")
