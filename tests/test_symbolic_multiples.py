@@ -133,3 +133,12 @@ def test_a_taken_name_keeps_todays_error():
     prog = tgc.loads(HEADS_DIM.replace("x: f32[T, C]", "x: f32[T, C]\ny: f32[C_D]"))
     with pytest.raises(TgcError, match="no kernels valid for every size"):
         prog.compile_symbolic("CPU")
+
+
+def test_hidden_dims_are_resolved_whatever_order_they_were_made_in():
+    # (`_hidden` is the program's, shared by its classes: a class of D = 1 may make D_2 before another makes C_D)
+    prog = tgc.loads("x: f32[N]\nreturn x")
+    prog._hidden = {"D_2": ("D", 2), "C_D": ("C", "D"), "C_D_KH": ("C_D", "KH")}
+    assert prog._program_dims({"C_D": 3, "D_2": 5, "B": 1}) == {"B": 1, "D": 10, "C": 30}
+    assert prog._program_dims({"C_D_KH": 3, "KH": 2, "D": 7}) == {"KH": 2, "D": 7, "C": 42}
+    assert prog._program_dims({"C": 42, "C_D": 99, "D": 7}) == {"C": 42, "D": 7}  # (a caller's C is kept)

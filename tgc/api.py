@@ -357,14 +357,18 @@ class Program:
     def _program_dims(self, dims: Mapping[str, Any]) -> dict[str, Any]:
         """`dims` with each hidden dim of a class (`_hidden`: X traced as Q * Y, Y a dim or an int) replaced by the
         dim X it makes where X is not given (innermost first: `C // D // KH` makes C_D from C_D_KH, then C from
-        C_D). A plan's bind passes X with its Q (`SymbolicPlan.class_dims`, Q = X // Y); a trace, Q alone."""
-        d = dict(dims)
-        for name in reversed(list(self._hidden)):
-            if name in d:
-                x, y = self._hidden[name]
-                v = d.pop(name) * (d[y] if isinstance(y, str) else y)
-                d.setdefault(x, v)  # (X given: the dims' own, never replaced by a name a caller passed)
-        return d
+        C_D; a Y made of a hidden dim first). A plan's bind passes X with its Q (`SymbolicPlan.class_dims`, Q = X
+        // Y); a trace, Q alone."""
+        d, done = dict(dims), set()
+        while True:  # (each step one hidden dim whose Y is known: `D_2` before `C_D` where D = D_2 * 2)
+            name = next((n for n, (_, y) in self._hidden.items() if n in d and n not in done and
+                         (not isinstance(y, str) or y in d)), None)
+            if name is None:
+                return {n: v for n, v in d.items() if n not in done}
+            done.add(name)
+            x, y = self._hidden[name]
+            d.setdefault(x, d[name] * (d[y] if isinstance(y, str) else y))  # (X given: the dims' own, never
+            # replaced by a name a caller passed)
 
     def _trace(self, dims: dict[str, int]) -> tuple[list[UOp], list[UOp]]:
         key = tuple(sorted(dims.items()))
