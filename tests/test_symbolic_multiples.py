@@ -47,6 +47,15 @@ k = repeat(kv, H // KH, axis=1)
 return reshape(q * k, (T, C))
 """
 
+# vit's patches as a reshape: IMG // P patches a side
+PATCHES = """
+x: f32[B, IMG, IMG]
+w: f32[P, P, C]
+n = IMG // P
+t = permute(reshape(x, (B, n, P, n, P)), (0, 1, 3, 2, 4))
+return reshape(t, (B, n * n, P * P)) @ reshape(w, (P * P, C))
+"""
+
 
 def _run(prog: tgc.Program, dims: dict[str, int]) -> str:
     """Run symbolically at `dims`, check against numpy, and say which kernels ran (`Program.last_run`)."""
@@ -142,3 +151,14 @@ def test_hidden_dims_are_resolved_whatever_order_they_were_made_in():
     assert prog._program_dims({"C_D": 3, "D_2": 5, "B": 1}) == {"B": 1, "D": 10, "C": 30}
     assert prog._program_dims({"C_D_KH": 3, "KH": 2, "D": 7}) == {"KH": 2, "D": 7, "C": 42}
     assert prog._program_dims({"C": 42, "C_D": 99, "D": 7}) == {"C": 42, "D": 7}  # (a caller's C is kept)
+
+
+def test_patches_of_a_dim():
+    prog = tgc.loads(PATCHES)
+    plan = prog.compile_symbolic("CPU")
+    assert plan.multiples == [("IMG", "P", "IMG_P")]
+    tf = plan.trusted_from
+    for b, q, p, c in [(tf, tf, tf, tf), (tf + 1, tf + 2, tf, tf + 4), (tf, 3 * tf, tf + 2, 5)]:
+        assert _run(prog, {"B": b, "IMG": q * p, "P": p, "C": c}) == "symbolic"
+    assert _run(prog, {"B": 2, "IMG": 4, "P": 2, "C": 3}).split(":")[0] in ("symbolic", "specialized")
+    assert _run(prog, {"B": 3, "IMG": 5, "P": 5, "C": 3}).startswith("specialized: IMG // P = 1 is outside")
