@@ -20,7 +20,9 @@ KERNELS = sorted(pathlib.Path(__file__).resolve().parent.parent.joinpath("kernel
 # programs without a symbolic form: sizes that need divisibility (4 heads of C // 4) and loops over a dim (their
 # unrolled length depends on it) run size-specialized kernels, and say so (floor divisions of a dim, pooling
 # windows and slicing halves, are traced once since branch onetrace3: `symsize.atom`)
-NOT_SYMBOLIC = {"transformer_block.tg", "tiny_gpt.tg", "mlp_stack.tg"}
+NOT_SYMBOLIC = {"tiny_gpt.tg", "mlp_stack.tg"}
+# `C // 4` heads: compiled for C a multiple of 4 (branch heads); its small sizes are checked with the source
+NARROWED = {"transformer_block.tg": [("C", 4, "C_4")]}
 # the scheduler realizes a broadcast mean or recomputes it depending on the sizes: at small sizes it cuts other
 # kernels than the size class's, which the launch check sees (and runs specialized kernels); large sizes match
 SCHEDULE_BY_SIZE = {"small_kernels.tg": {"R": 301, "N": 303}}
@@ -60,6 +62,7 @@ def test_example_compiled_once_runs_at_every_size(path):
     else:
         plan = prog.compile_symbolic("CPU")
         assert all(k.binary is not None for k in plan.kernels)
+        assert plan.multiples == NARROWED.get(path.name, [])
     ran = []
     for table in (ODD, OTHER, ONES):
         dims = _dims(prog, path, table)
@@ -69,6 +72,8 @@ def test_example_compiled_once_runs_at_every_size(path):
         _check(prog, got, dims, inputs, f"{path.name} at {dims}")
     if path.name in NOT_SYMBOLIC:
         assert all(r.startswith("specialized") for r in ran)
+    elif path.name in NARROWED:
+        assert all(r == "symbolic" or r.startswith("specialized") for r in ran), ran
     elif path.name in ONE_ELEMENT_SLICES:
         assert ran[0].startswith("specialized: the program's operations differ") and ran[1:] == ["symbolic"] * 2
     elif path.name in SCHEDULE_BY_SIZE:
@@ -264,13 +269,19 @@ def test_cli_compile_without_dims_compiles_for_every_size():
     assert r.returncode == 0, r.stderr
     assert "; kernel r_N_D_D_D" in r.stdout and "i32 %D_N" in r.stdout
     assert "compiled for every size (N >= 2, D >= 2)" in r.stderr
-    # (pooling.tg, `H // 2`, is compiled for every size since branch onetrace3: a program of `C // 4` heads,
-    # whose reshape needs C to divide, has no symbolic form)
+    # (pooling.tg, `H // 2`, is compiled for every size since branch onetrace3; a program of `C // 4` heads,
+    # whose reshape needs C to divide, for C a multiple of 4 since branch heads; a loop over a dim has no symbolic
+    # form)
     r = subprocess.run([sys.executable, "-m", "tgc.cli.main", "compile",
                         str(root / "kernels" / "transformer_block.tg"), "-d", "CPU"],
                        capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0 and "note: compiled for every size (B >= 2, T >= 2, C >= 2, with C a multiple of 4 " \
+        "(C // 4 >= 2 and no multiple of 32))" in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-m", "tgc.cli.main", "compile",
+                        str(root / "kernels" / "mlp_stack.tg"), "-d", "CPU"],
+                       capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 2 and "no kernels valid for every size" in r.stderr
-    assert "help: give its dims to compile it for one size: -D B=INT -D T=INT -D C=INT" in r.stderr
+    assert "help: give its dims to compile it for one size: -D B=INT -D C=INT -D L=INT" in r.stderr
     assert "Traceback" not in r.stderr
 
 
@@ -329,10 +340,12 @@ def test_cli_run_and_bench_symbolic():
                         "-D", "N=3", "--symbolic", "--check", "-d", "CPU"], capture_output=True, text=True,
                        timeout=120, env=env)
     assert r.returncode == 0 and "check: ok" in r.stderr and "note:" not in r.stderr, r.stderr
+    # (C // 4 = 1: outside the class compiled for C a multiple of 4, branch heads)
     r = subprocess.run([*cli, "run", str(root / "kernels" / "transformer_block.tg"), "--random", "-D", "B=2",
-                        "-D", "T=3", "-D", "C=8", "--symbolic", "--check", "-d", "CPU"], capture_output=True,
+                        "-D", "T=3", "-D", "C=4", "--symbolic", "--check", "-d", "CPU"], capture_output=True,
                        text=True, timeout=120, env=env)
-    assert r.returncode == 0 and "note: ran kernels compiled for these sizes" in r.stderr, r.stderr
+    assert r.returncode == 0 and "note: ran kernels compiled for these sizes" in r.stderr and \
+        "C // 4 = 1 is outside" in r.stderr, r.stderr
     r = subprocess.run([*cli, "bench", str(root / "kernels" / "softmax.tg"), "-D", "N=64", "-D", "D=64",
                         "--symbolic", "--repeat", "2", "--json", "-d", "CPU"], capture_output=True, text=True,
                        timeout=120, env=env)
@@ -437,14 +450,19 @@ def test_kernel_names_read_multiples_of_dims_not_probe_sizes():
 def test_no_symbolic_form_names_the_dims_to_give(tmp_path):
     from tgc.package import write
 
-    prog = tgc.load(pathlib.Path(__file__).resolve().parent.parent / "kernels" / "transformer_block.tg")
-    for what, call in (("compile", lambda: prog.compile_symbolic("CPU")),
+    # (transformer_block compiles for C a multiple of 4 since branch heads, which packages do not record)
+    kernels = pathlib.Path(__file__).resolve().parent.parent / "kernels"
+    prog = tgc.load(kernels / "transformer_block.tg")
+    for what, call in (("compile", lambda: tgc.load(kernels / "mlp_stack.tg").compile_symbolic("CPU")),
                        ("package", lambda: write(prog, tmp_path / "s.tgpkg", "CPU"))):
         with pytest.raises(tgc.TgcError, match="no kernels valid for every size") as e:
             call()
+        dims = "B, C, L" if what == "compile" else "B, T, C"
         assert e.value.exit_code == 2
-        assert e.value.hint == f"give its dims (B, T, C) to {what} it for one size"
-        assert e.value.cli_hint == f"give its dims to {what} it for one size: -D B=INT -D T=INT -D C=INT"
+        assert e.value.hint == f"give its dims ({dims}) to {what} it for one size"
+        assert e.value.cli_hint == f"give its dims to {what} it for one size: " + \
+            " ".join(f"-D {n}=INT" for n in dims.split(", "))
+    assert "with C a multiple of 4" in e.value.msg
 
 
 def test_a_partial_winner_is_stored_for_its_class_as_partial(tmp_path, monkeypatch):

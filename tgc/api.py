@@ -73,6 +73,7 @@ from tgc.ir.symsize import (
     decided_from,
     decided_upto,
     recording,
+    wanted_multiples,
 )
 from tgc.ir.uop import Ops, UOp
 from tgc.onnx import at_node as onnx_at_node
@@ -177,6 +178,8 @@ class Program:
         # (device, size class) -> how its plan was found: "one trace", or "probes: <why one trace did not serve>"
         self.symbolic_paths: dict[tuple, str] = {}
         self.one_trace = True  # False: every class through the probes (tests compare the two paths)
+        # a class's hidden dims (`_with_multiples`): name -> (X, Y), the dim X traced as name * Y (Y a dim or an int)
+        self._hidden: dict[str, tuple[str, str | int]] = {}
         self.last_run = ""  # "symbolic" or "specialized[: why]": which kernels the last `run` used
         self._chunks: dict[tuple, Chunking | None] = {}  # (device, dims, BEAM, tuned) -> how `run` chunks
         self.last_chunking: Chunking | None = None  # the chunking the last single-device `run` used, if any
@@ -351,12 +354,29 @@ class Program:
         return dims
 
     # --- tracing, scheduling, compiling
+    def _program_dims(self, dims: Mapping[str, Any]) -> dict[str, Any]:
+        """`dims` with each hidden dim of a class (`_hidden`: X traced as Q * Y, Y a dim or an int) replaced by the
+        dim X it makes where X is not given (innermost first: `C // D // KH` makes C_D from C_D_KH, then C from
+        C_D; a Y made of a hidden dim first). A plan's bind passes X with its Q (`SymbolicPlan.class_dims`, Q = X
+        // Y); a trace, Q alone."""
+        d, done = dict(dims), set()
+        while True:  # (each step one hidden dim whose Y is known: `D_2` before `C_D` where D = D_2 * 2)
+            name = next((n for n, (_, y) in self._hidden.items() if n in d and n not in done and
+                         (not isinstance(y, str) or y in d)), None)
+            if name is None:
+                return {n: v for n, v in d.items() if n not in done}
+            done.add(name)
+            x, y = self._hidden[name]
+            d.setdefault(x, d[name] * (d[y] if isinstance(y, str) else y))  # (X given: the dims' own, never
+            # replaced by a name a caller passed)
+
     def _trace(self, dims: dict[str, int]) -> tuple[list[UOp], list[UOp]]:
         key = tuple(sorted(dims.items()))
         if key not in self._traces:
             with timings.phase("trace"), recording() as front:
                 try:
-                    outs, bufs = trace(self.parsed, dims, self._lines)
+                    outs, bufs = trace(self.parsed, self._program_dims(dims) if self._hidden else dims,
+                                       self._lines)
                 except TgcError as e:  # (a model's error at these dims: said of its ONNX node too)
                     raise (onnx_at_node(e, self.onnx) if self.onnx is not None else e) from None
                 finally:  # (kept where it refuses too: the decisions made before the refusal)
@@ -543,6 +563,58 @@ class Program:
         built again with a smaller bound (larger sizes run size-specialized kernels, checked at launch).
         `templates_only`: each kernel's general form lowered, not compiled, and no fast variants: a plan that
         cannot launch, for its kernels' templates and names (`_store_class_winners`); never kept in `_plans`."""
+        with wanted_multiples() as wanted:
+            plan = self._build_symbolic_bounded(dev, cls, templates_only)
+        multiples: list[tuple[str, str | int, str]] = []
+        cls2, path = cls, self.symbolic_paths.get((dev.name, cls), "")
+        for _ in range(3):  # (a quotient of a quotient, `C // D // KH`, is met once `C // D` is exact)
+            if not isinstance(plan, str):
+                break
+            # a constant divisor (`C // 12`) only where the program fails in the class (it is no size of the
+            # program there: `cannot reshape`), or within a class already narrowed; `x[N // 2:]`, refused for a
+            # remainder, is right at every N and keeps its reason
+            failed = path.startswith(f"probes: {TRACED_ONCE}")
+            more = self._with_multiples(cls2, multiples, wanted, constants=failed or bool(multiples))
+            if more is None:
+                break
+            cls2, multiples = more
+            with wanted_multiples() as wanted:
+                plan2 = self._build_symbolic_bounded(dev, cls2, templates_only)
+            path = self.symbolic_paths.pop((dev.name, cls2), "")  # (the program's classes only: said below)
+            if isinstance(plan2, str):
+                continue  # (today's reason is kept: the narrower class has no plan either)
+            plan2.multiples = list(multiples)
+            plan2.user_class = cls
+            plan = plan2
+            first = self.symbolic_paths.get((dev.name, cls), "")
+            self.symbolic_paths[(dev.name, cls)] = f"{first}; with {plan.class_text().split(', with ', 1)[1]}: {path}"
+        return plan
+
+    def _with_multiples(self, cls: tuple, multiples: list[tuple[str, str | int, str]],
+                        wanted: list[tuple[str, str | int]], constants: bool = True
+                        ) -> tuple[tuple, list[tuple[str, str | int, str]]] | None:
+        """The class that makes the floor divisions the trace met (`symsize.wanted_multiples`) exact: each dim X of
+        class n that the program divides by a dim Y of class n (`C // D`; by a constant k where no dim divides
+        one, `C // 12`) traced as a hidden dim Q times Y, Q of class n (`_hidden`: `C = C_D * D`, so `C // D` is
+        C_D, exact), with the multiples so far; or None (nothing to add, or a name taken)."""
+        cur = dict(cls)
+        by_dims = [(x, y) for x, y in wanted if isinstance(y, str)]
+        new = [(x, y) for x, y in (by_dims or (wanted if constants else [])) if cur.get(x) == "n" and
+               (cur.get(y) == "n" if isinstance(y, str) else y % sizes.UNIT != 0)]
+        if not new:
+            return None
+        out, added = list(cls), list(multiples)
+        for x, y in new:
+            q = f"{x}_{y}"
+            if q in self.dim_names or (q in self._hidden and self._hidden[q] != (x, y)) or \
+                    any(n == q for n, _ in out) or all(n != x for n, _ in out):
+                return None
+            self._hidden[q] = (x, y)
+            out = [(q, "n") if n == x else (n, c) for n, c in out]
+            added.append((x, y, q))
+        return tuple(out), added
+
+    def _build_symbolic_bounded(self, dev: Any, cls: tuple, templates_only: bool) -> SymbolicPlan | str:
         bound = sizes.var_bound(sum(1 for _, c in cls if c in sizes.SYMBOLIC))
         while True:
             try:
@@ -1549,6 +1621,45 @@ class SymbolicPlan:
         # buffers of equal size there have the same size expression) and sized at each dims
         self._layouts = classbind.Layouts(sizes.probes(cls)[0], device.allocator.features.shared_slots)
         self._form: tuple[dict, list[dict]] | str | None = None  # (`form`)
+        # (X, Y, Q): the class's dim X is a multiple of Y (a dim or an int), traced as the hidden dim Q (= X // Y,
+        # of class n) times Y (`Program._with_multiples`); `size_class` is then over the hidden dims and
+        # `user_class` the class the plan serves (over the program's dims)
+        self.multiples: list[tuple[str, str | int, str]] = []
+        self.user_class: tuple | None = None
+
+    def class_text(self) -> str:
+        """The sizes the plan serves, as a user reads them: `B >= 2, C >= 2, D >= 2, with C a multiple of D
+        (C // D >= 2 and no multiple of 32)`."""
+        if not self.multiples:
+            return sizes.class_text(self.size_class)
+        written: dict[str, str] = {}  # a hidden dim as the program's dims write it (`C // D // KH`)
+        parts = []
+        for x, y, q in self.multiples:
+            x = written.get(x, x)
+            written[q] = f"{x} // {y}"
+            parts.append(f"{x} a multiple of {y} ({x} // {y} >= 2 and no multiple of {sizes.UNIT})")
+        return f"{sizes.class_text(self.user_class or ())}, with {' and '.join(parts)}"
+
+    def class_dims(self, dims: Mapping[str, int]) -> tuple[dict[str, int] | None, str]:
+        """The program's dims as the plan's class names them (each hidden dim Q = X // Y added, X kept), or
+        (None, why) where they are outside it: X no multiple of Y, or a quotient outside class n (below 2, or a
+        multiple of 32, which the class's remainders read as not 0)."""
+        d = dict(dims)
+        written: dict[str, str] = {}
+        for x, y, q in self.multiples:
+            xv, yv = d[x], (d[y] if isinstance(y, str) else y)
+            x = written.get(x, x)
+            written[q] = f"{x} // {y}"
+            if yv <= 0 or xv % yv:
+                return None, f"{x} = {xv} is not a multiple of {y}" + (f" = {yv}" if isinstance(y, str) else "") + \
+                    f": the symbolic kernels were compiled for {self.class_text()}"
+            d[q] = xv // yv
+        names = [n for n, _ in self.size_class]
+        if sizes.size_class(names, d) != self.size_class:
+            q = next((m[2] for m in self.multiples if sizes.size_class([m[2]], d) != ((m[2], "n"),)), None)
+            what = "these sizes are" if q is None else f"{written[q]} = {d[q]} is"
+            return None, f"{what} outside the symbolic kernels' class ({self.class_text()})"
+        return d, ""
 
     def source_check(self, prog: Program, dims: dict[str, int]) -> str:
         """"" where the program traced and scheduled at `dims` is the plan's (its graph the signature there, and
@@ -1582,6 +1693,11 @@ class SymbolicPlan:
 
     def bind(self, prog: Program, dims: dict[str, int]) -> tuple[Executable | None, str]:
         """The launch-time checks, then the kernels bound to `dims`: (Executable, "") or (None, why not)."""
+        if self.multiples:  # (the program's dims: the class's hidden dims computed from them, checked)
+            at, why = self.class_dims(dims)
+            if at is None:
+                return None, why
+            dims = at
         for n in self.symbolic:
             if not 2 <= dims[n] <= self.bound:
                 return None, f"dim {n} = {dims[n]} is outside the symbolic kernels' range 2..{self.bound}"

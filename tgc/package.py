@@ -1854,6 +1854,16 @@ def build_symbolic(prog: Any, dev: Any, plans: list[tuple[tuple, Any]] | None = 
                                         + " ".join(f"-D {n}=INT" for n in names))
             skipped.append({"class": dict(cls), "why": plan[:300]})
             continue
+        if plan.multiples and not all(c == "n" for _, c in cls):  # (as a class with no plan: left out)
+            skipped.append({"class": dict(cls), "why": f"its kernels need {plan.class_text()}, which symbolic "
+                                                       "packages do not record"})
+            continue
+        if plan.multiples:  # (`SymbolicPlan.multiples`: no package format checks them yet)
+            raise TgcError(f"the program has no kernels valid for every size that a package records ({text}): they "
+                           f"need {plan.class_text()}, which symbolic packages do not record yet", kind="user",
+                           hint=f"give its dims ({', '.join(names)}) to package it for one size",
+                           cli_hint="give its dims to package it for one size: "
+                                    + " ".join(f"-D {n}=INT" for n in names))
         bad = next((k for k in [*plan.kernels, *[f for f in plan.fast if f]] if k.binary is None), None)
         if bad is not None:
             raise CompileError(f"cannot package for {dev.name}: kernel {bad.name} could not be compiled here: "
@@ -2422,6 +2432,8 @@ def class_doc(prog: Any, dev: Any, cls: tuple, plan: Any, member: Any = None) ->
     from tgc.ir.uop import Ops, UOp
 
     saving = member is not None
+    if saving and plan.multiples:  # (a package would not check them at load: never written)
+        return f"its kernels need {plan.class_text()}, which symbolic packages do not record"
     decls = _declared_inputs(prog)  # (weights bound at load included: the slots' input indices count them)
     p1, p2 = sizes.probes(cls)
     rep = {n: sizes.REPRESENTATIVE[c] if c in sizes.SYMBOLIC else int(c) for n, c in cls}

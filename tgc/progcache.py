@@ -483,6 +483,8 @@ def store_symbolic(prog: Any, device: Any, dims: dict[str, int], plan: Any) -> b
     """Save `plan` (the `SymbolicPlan` of the size class of `dims`, as `Program.run(symbolic=True)` built it) as
     the class's symbolic entry; False where it cannot be (as `store`: never raises for that)."""
     cls = symbolic_class(dims)
+    if plan.multiples:  # (X a multiple of Y: packages do not record it, so neither do cache entries)
+        return False
     if cls is None or usable(device) is not None or getattr(prog, "weights", None) or \
             device.kind not in SYMBOLIC_KINDS:
         return False

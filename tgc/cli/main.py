@@ -857,10 +857,9 @@ def _compile_command(file: str, device: str | None, dims: dict[str, int], emit: 
         symbolic = False
         _warn(check_dims(prog, dims, require_all=True))
     if symbolic:
-        from tgc.codegen.sizes import class_text
         plan = prog.compile_symbolic(device=device)
         kernels = plan.kernels
-        _err(f"note: compiled for every size ({class_text(plan.size_class)}): sizes are kernel arguments; "
+        _err(f"note: compiled for every size ({plan.class_text()}): sizes are kernel arguments; "
              "give -D NAME=INT for kernels specialized to one size")
         emitted = em.emit_kernels(kernels, emit, name, kind, file)
         failed = next((k for k in kernels if k.binary is None), None)

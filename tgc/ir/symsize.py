@@ -54,6 +54,45 @@ _AT: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar("at"
 _DECIDED: contextvars.ContextVar[list[tuple[dict[tuple[str, ...], int], int]] | None] = \
     contextvars.ContextVar("decided", default=None)
 
+# within `wanted_multiples`: each floor division `X // Y` of a plain dim X by another dim Y, or by a constant k > 1,
+# that the trace asked (`(X, Y)`, `(X, k)`): the divisibility a class would need for it to be exact
+_WANTED: contextvars.ContextVar[list[tuple[str, str | int]] | None] = contextvars.ContextVar("wanted", default=None)
+
+
+@contextlib.contextmanager
+def wanted_multiples() -> Iterator[list[tuple[str, str | int]]]:
+    """Within: the floor divisions of a dim by a dim or a constant that the trace meets (`_WANTED`) go to the
+    list yielded, in the order met (`tgc.api.Program._build_symbolic` retries a class that has no plan with X a
+    multiple of Y: `C // D` heads)."""
+    token = _WANTED.set([])
+    try:
+        yield _WANTED.get()  # type: ignore[misc]
+    finally:
+        _WANTED.reset(token)
+
+
+def _want(a: Any, b: Any) -> None:
+    """Record `a // b` in `_WANTED` where the program divides (the front end, `recording`; the scheduler's
+    divisions choose the speed) one plain dim a (`C`, not `2C`, `C + 1` or an atom) by another plain dim or an int
+    above 1."""
+    out = _WANTED.get()
+    if out is None or not _FRONT.get() or not isinstance(a, SymSize) or len(a.terms) != 1:  # (the program's own)
+        return
+    (names, coef), = a.terms
+    if coef != 1 or len(names) != 1 or "/" in names[0]:
+        return
+    if isinstance(b, SymSize):
+        if len(b.terms) != 1 or b.terms[0][1] != 1 or len(b.terms[0][0]) != 1 or "/" in b.terms[0][0][0] \
+                or b.terms[0][0][0] == names[0]:
+            return
+        want: tuple[str, str | int] = (names[0], b.terms[0][0][0])
+    elif isinstance(b, int) and not isinstance(b, bool) and b > 1:
+        want = (names[0], int(b))
+    else:
+        return
+    if want not in out:
+        out.append(want)
+
 
 @contextlib.contextmanager
 def checked_at(points: Sequence[Mapping[str, int]]) -> Iterator[list[tuple[dict[tuple[str, ...], int], int]]]:
@@ -692,6 +731,7 @@ class SymSize(int):
         q = self._divided(other)
         if q is not None:
             return _make(self.value // (other.value if isinstance(other, SymSize) else other), q)
+        _want(self, other)  # (not exact: a class where self is a multiple of other would make it so)
         if isinstance(other, int) and not isinstance(other, (bool, SymSize)) and other > 0:
             pts = _POINTS.get()
             value = self.value // other
