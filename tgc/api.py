@@ -1044,6 +1044,7 @@ class Program:
         index = {n: i for i, n in enumerate(self._in_names)}
         p = plan_multi(outs, in_bufs, {index[k]: v for k, v in shard.items()}, len(devs))
         memo: dict[tuple, Kernel] = {}
+        alike: dict[tuple, Kernel] = {}  # (`_lowers_alike(dev)`, ast, bufs) -> the first device's kernel
         items_of: list[list[ScheduleItem]] = [[] for _ in devs]
         # one name per distinct kernel code across the executable (the same AST on two devices keeps one name;
         # two different kernels of the same shape get `r_6_4`, `r_6_4n1`, as on one device)
@@ -1069,7 +1070,12 @@ class Program:
                 item.line = None
                 mk = (id(dev), item.ast, tuple(item.bufs))  # (equal ASTs may read different buffers)
                 if mk not in memo:
-                    memo[mk] = build_kernel(item, dev, beam=beam, name=unique_name(item), tuned=tuned)
+                    # a device that lowers and compiles alike (`_lowers_alike`: CPU:0 and CPU:1, equal shards)
+                    # takes the kernel built for the first one, bound to itself
+                    twin = alike.get((_lowers_alike(dev), *mk[1:]))
+                    memo[mk] = build_kernel(item, dev, beam=beam, name=unique_name(item), tuned=tuned) \
+                        if twin is None else _dc_replace(twin, device=dev, _program=None)
+                    alike.setdefault((_lowers_alike(dev), *mk[1:]), memo[mk])
                 kernels.append(memo[mk])
             return [split.get(n, n) for n in nodes], kernels
 
@@ -1680,6 +1686,15 @@ def _symbolic_ast(item: ScheduleItem, probe: dict[str, int], symbolic: list[str]
     ast = sizes.symbolize_ast(item.ast, probe, symbolic, bound)
     plain = item.meta.get("unfused_ast")
     return ast if plain is None or is_fused_attention(ast) else sizes.symbolize_ast(plain, probe, symbolic, bound)
+
+
+def _lowers_alike(dev: Any) -> tuple:
+    """What a kernel's lowering and binary depend on in a device: its class, kind, capabilities and compiler
+    (name, version key, and where it compiles). Devices with equal tuples (CPU:0 and CPU:1) give the same
+    kernel for the same AST and buffers; only the device it launches on differs."""
+    comp = dev.compiler
+    return (type(dev), dev.kind, dev.caps,
+            None if comp is None else (type(comp), comp.name, comp.cache_key, comp.cache_identity))
 
 
 def _fuses_alike(outs: list[UOp], dims: dict[str, int]) -> bool:
