@@ -1045,6 +1045,7 @@ class Program:
         p = plan_multi(outs, in_bufs, {index[k]: v for k, v in shard.items()}, len(devs))
         memo: dict[tuple, Kernel] = {}
         alike: dict[tuple, Kernel] = {}  # (`_lowers_alike(dev)`, ast, bufs) -> the first device's kernel
+        schedules: dict[tuple, tuple[dict, list[ScheduleItem]]] = {}  # (`_lowers_alike(dev)`, nodes) -> schedule
         items_of: list[list[ScheduleItem]] = [[] for _ in devs]
         # one name per distinct kernel code across the executable (the same AST on two devices keeps one name;
         # two different kernels of the same shape get `r_6_4`, `r_6_4n1`, as on one device)
@@ -1062,8 +1063,12 @@ class Program:
             """Device d's kernels computing `nodes`; the nodes that then hold them (split reductions differ)."""
             dev = devs[d]
             todo = [n for n in dict.fromkeys(nodes) if n.op is not Ops.BUFFER]
-            split = dict(zip(todo, split_large_reduces(todo))) if todo else {}
-            items = [it for it in create_schedule(list(dict.fromkeys(split.values())), dev.caps) if it.ast.src]
+            sk = (_lowers_alike(dev), tuple(todo))  # (equal shards on devices alike: one schedule)
+            if sk not in schedules:
+                split = dict(zip(todo, split_large_reduces(todo))) if todo else {}
+                schedules[sk] = split, [it for it in create_schedule(list(dict.fromkeys(split.values())), dev.caps)
+                                        if it.ast.src]
+            split, items = schedules[sk]
             items_of[d].extend(items)
             kernels = []
             for item in items:
