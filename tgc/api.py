@@ -1025,8 +1025,9 @@ class Program:
     def lower_multi(self, devices: list[str], dims: dict[str, int], shard: dict[str, int], beam: int | None = None,
                     tuned: bool = True) -> Executable:
         """The program planned across a device list (`tgc.engine.multi.plan`) with each device's part compiled
-        through the single-device pipeline (kernels compiled once per device and distinct kernel), made one
-        `Executable` (`tgc.engine.multi.build_executable`)."""
+        through the single-device pipeline (each distinct shard scheduled, and each distinct kernel lowered and
+        compiled, once per group of devices that lower alike, `_lowers_alike`: CPU:0 and CPU:1 share them; each
+        device launches its own copy), made one `Executable` (`tgc.engine.multi.build_executable`)."""
         return self._lower_multi(devices, dims, shard, beam, tuned)[0]
 
     def _lower_multi(self, devices: list[str], dims: dict[str, int], shard: dict[str, int], beam: int | None = None,
