@@ -107,3 +107,25 @@ def test_cache_stats_shows_size_cap_and_count(monkeypatch, cache_dir):
     assert stats["max_bytes"] == 5000 and stats["count"] == 2 and 1000 <= stats["compiled_bytes"] < 1100
     r = CliRunner().invoke(cli, ["cache", "stats"])
     assert r.exit_code == 0 and "of a 4.9 KiB cap" in r.output and "2 entries in all" in r.output, r.output
+
+
+def test_a_put_under_the_cap_sums_no_lengths(monkeypatch):
+    """Under the cap a put looks at the database's pages in use (`_used_bytes`: one header), which bound the
+    compiled tables' bytes from above; only a file over the cap has every length summed."""
+    monkeypatch.setattr(cache, "_IN_USE_MAX", 64)
+    for i in range(20):
+        cache.put("compile", f"k{i}", _value(i, 3000))
+    assert cache._used_bytes() >= cache._compiled_bytes() >= 20 * 3000  # a bound from above, WAL pages included
+    summed = []
+    plain = cache._compiled_bytes
+    monkeypatch.setattr(cache, "_compiled_bytes", lambda: summed.append(1) or plain())
+    cache.put("compile", "under", _value(1))  # the default cap, 4 GiB: nothing summed
+    assert summed == [] and "under" in _keys()
+    monkeypatch.setenv("TGC_CACHE_MAX_BYTES", str(cache._used_bytes() - 1))  # the file over the cap: summed
+    cache.put("compile", "over", _value(2))
+    assert summed and len(_keys()) == 22  # (the file's pages over the cap, the values under it: none removed)
+    monkeypatch.setattr(cache, "_IN_USE_MAX", 1)
+    cache._in_use.clear()
+    monkeypatch.setenv("TGC_CACHE_MAX_BYTES", str(5 * 1100))
+    cache.put("compile", "last", _value(3))
+    assert "last" in _keys() and cache._compiled_bytes() <= 5 * 1100

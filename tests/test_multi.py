@@ -475,3 +475,42 @@ def test_debug_2_names_each_transfer_between_host_and_devices_with_its_bytes(mon
     assert "copy in  a (rows 3:5 of axis 0): 24 B host -> CPU:1" in err
     assert "copy in  b (replicated): 24 B host -> CPU:1" in err
     assert "copy out out0: 24 B CPU:0 -> host" in err and "copy out out0: 16 B CPU:1 -> host" in err
+
+
+# --- devices that lower alike share their kernels' builds
+
+
+def test_devices_that_lower_alike_build_each_kernel_once(monkeypatch):
+    """CPU:0 and CPU:1 (same class, capabilities and compiler) take one build of each distinct kernel of equal
+    shards, each launching its own copy on its own device; CPU with PYTHON builds for each. Results vs numpy."""
+    import tgc.api
+    from tgc.engine.realize import Launch
+
+    built = []
+    plain = tgc.api.build_kernel
+
+    def build_kernel(item, dev, **kw):
+        built.append(dev)
+        return plain(item, dev, **kw)
+    monkeypatch.setattr(tgc.api, "build_kernel", build_kernel)
+    scheduled = []
+    plain_schedule = tgc.api.create_schedule
+    monkeypatch.setattr(tgc.api, "create_schedule", lambda *a, **kw: scheduled.append(1) or plain_schedule(*a, **kw))
+    x = np.random.default_rng(3).uniform(-1, 1, (6, 7)).astype(np.float32)
+    y = np.random.default_rng(4).uniform(-1, 1, (6, 7)).astype(np.float32)
+    prog = tgc.loads("x: f32[6, 7]\ny: f32[6, 7]\nreturn exp(x) * y + 1, (x * y).sum(axis=1)")
+    for devices, builds in (("CPU:0,CPU:1", 2), ("CPU:0,CPU:1,CPU:2", 2), ("CPU:0,PYTHON:1", 4)):
+        built.clear()
+        scheduled.clear()
+        out = prog.run(device=devices, shard={"x": 0, "y": 0}, x=x, y=y)
+        np.testing.assert_allclose(out["out0"], np.exp(x) * y + 1, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(out["out1"], (x.astype(np.float64) * y).sum(axis=1), rtol=1e-4, atol=1e-5)
+        assert len(built) == builds, devices
+        assert len(scheduled) == builds // 2, devices  # (one schedule of both outputs per distinct shard)
+        exe = prog.lower_multi(devices.split(","), {}, {"x": 0, "y": 0})
+        names = devices.split(",")
+        launches = [s for s in exe.steps if isinstance(s, Launch)]
+        assert len(launches) == 2 * len(names)
+        for s in launches:  # each device launches a kernel bound to itself, never another device's
+            assert s.kernel.device is exe.devices[s.device]
+        assert len({id(s.kernel) for s in launches}) == len(launches)

@@ -1097,8 +1097,9 @@ class Program:
     def lower_multi(self, devices: list[str], dims: dict[str, int], shard: dict[str, int], beam: int | None = None,
                     tuned: bool = True) -> Executable:
         """The program planned across a device list (`tgc.engine.multi.plan`) with each device's part compiled
-        through the single-device pipeline (kernels compiled once per device and distinct kernel), made one
-        `Executable` (`tgc.engine.multi.build_executable`)."""
+        through the single-device pipeline (each distinct shard scheduled, and each distinct kernel lowered and
+        compiled, once per group of devices that lower alike, `_lowers_alike`: CPU:0 and CPU:1 share them; each
+        device launches its own copy), made one `Executable` (`tgc.engine.multi.build_executable`)."""
         return self._lower_multi(devices, dims, shard, beam, tuned)[0]
 
     def _lower_multi(self, devices: list[str], dims: dict[str, int], shard: dict[str, int], beam: int | None = None,
@@ -1116,6 +1117,8 @@ class Program:
         index = {n: i for i, n in enumerate(self._in_names)}
         p = plan_multi(outs, in_bufs, {index[k]: v for k, v in shard.items()}, len(devs))
         memo: dict[tuple, Kernel] = {}
+        alike: dict[tuple, Kernel] = {}  # (`_lowers_alike(dev)`, ast, bufs) -> the first device's kernel
+        schedules: dict[tuple, tuple[dict, list[ScheduleItem]]] = {}  # (`_lowers_alike(dev)`, nodes) -> schedule
         items_of: list[list[ScheduleItem]] = [[] for _ in devs]
         # one name per distinct kernel code across the executable (the same AST on two devices keeps one name;
         # two different kernels of the same shape get `r_6_4`, `r_6_4n1`, as on one device)
@@ -1133,15 +1136,24 @@ class Program:
             """Device d's kernels computing `nodes`; the nodes that then hold them (split reductions differ)."""
             dev = devs[d]
             todo = [n for n in dict.fromkeys(nodes) if n.op is not Ops.BUFFER]
-            split = dict(zip(todo, split_large_reduces(todo))) if todo else {}
-            items = [it for it in create_schedule(list(dict.fromkeys(split.values())), dev.caps) if it.ast.src]
+            sk = (_lowers_alike(dev), tuple(todo))  # (equal shards on devices alike: one schedule)
+            if sk not in schedules:
+                split = dict(zip(todo, split_large_reduces(todo))) if todo else {}
+                schedules[sk] = split, [it for it in create_schedule(list(dict.fromkeys(split.values())), dev.caps)
+                                        if it.ast.src]
+            split, items = schedules[sk]
             items_of[d].extend(items)
             kernels = []
             for item in items:
                 item.line = None
                 mk = (id(dev), item.ast, tuple(item.bufs))  # (equal ASTs may read different buffers)
                 if mk not in memo:
-                    memo[mk] = build_kernel(item, dev, beam=beam, name=unique_name(item), tuned=tuned)
+                    # a device that lowers and compiles alike (`_lowers_alike`: CPU:0 and CPU:1, equal shards)
+                    # takes the kernel built for the first one, bound to itself
+                    twin = alike.get((_lowers_alike(dev), *mk[1:]))
+                    memo[mk] = build_kernel(item, dev, beam=beam, name=unique_name(item), tuned=tuned) \
+                        if twin is None else _dc_replace(twin, device=dev, _program=None)
+                    alike.setdefault((_lowers_alike(dev), *mk[1:]), memo[mk])
                 kernels.append(memo[mk])
             return [split.get(n, n) for n in nodes], kernels
 
@@ -1796,6 +1808,15 @@ def _symbolic_ast(item: ScheduleItem, probe: dict[str, int], symbolic: list[str]
     ast = sizes.symbolize_ast(item.ast, probe, symbolic, bound)
     plain = item.meta.get("unfused_ast")
     return ast if plain is None or is_fused_attention(ast) else sizes.symbolize_ast(plain, probe, symbolic, bound)
+
+
+def _lowers_alike(dev: Any) -> tuple:
+    """What a kernel's lowering and binary depend on in a device: its class, kind, capabilities and compiler
+    (name, version key, and where it compiles). Devices with equal tuples (CPU:0 and CPU:1) give the same
+    kernel for the same AST and buffers; only the device it launches on differs."""
+    comp = dev.compiler
+    return (type(dev), dev.kind, dev.caps,
+            None if comp is None else (type(comp), comp.name, comp.cache_key, comp.cache_identity))
 
 
 def _fuses_alike(outs: list[UOp], dims: dict[str, int]) -> bool:

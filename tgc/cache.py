@@ -426,9 +426,23 @@ def _compiled_bytes() -> int | None:
     return None if not rows else int(rows[0][0])
 
 
+def _used_bytes() -> int | None:
+    """The bytes of the database's pages in use (its size less its free pages, the WAL's pages included): at
+    least the compiled tables' bytes, since every value is stored whole in them. One look at the file's header,
+    where `_compiled_bytes` reads every entry's length."""
+    rows = _run("SELECT (p.page_count - f.freelist_count) * s.page_size "
+                "FROM pragma_page_count() p, pragma_freelist_count() f, pragma_page_size() s")
+    return None if not rows else int(rows[0][0])
+
+
 def _evict(cap: int) -> int:
     """Remove the least recently used entries of the compiled tables, oldest use first, until their bytes are
-    at most `cap`; entries in use in this process stay. Returns how many were removed."""
+    at most `cap`; entries in use in this process stay. Returns how many were removed. Where the whole
+    database's pages in use are within the cap (`_used_bytes`), so are the compiled tables, and nothing is
+    summed (a put into a database of n entries reads one header, not n lengths)."""
+    used = _used_bytes()
+    if used is not None and used <= cap:
+        return 0
     total = _compiled_bytes()
     if total is None or total <= cap:
         return 0
