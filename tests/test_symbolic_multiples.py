@@ -162,3 +162,18 @@ def test_patches_of_a_dim():
         assert _run(prog, {"B": b, "IMG": q * p, "P": p, "C": c}) == "symbolic"
     assert _run(prog, {"B": 2, "IMG": 4, "P": 2, "C": 3}).split(":")[0] in ("symbolic", "specialized")
     assert _run(prog, {"B": 3, "IMG": 5, "P": 5, "C": 3}).startswith("specialized: IMG // P = 1 is outside")
+
+
+def test_an_input_no_kernel_reads_and_an_empty_class_bind_and_texts_name_the_programs_dims():
+    """Review 18: a declared input no kernel reads (shaped in C, not C_D * D), or a class with an empty dim, made
+    every bind fail ("dim C is unknown"); a divisor that is itself a quotient was named by its hidden dim `D_2`."""
+    prog = tgc.loads("x: f32[T, C]\nw: f32[C]\nd: f32[D]\nreturn sum(reshape(x, (T, C // D, D)), axis=2)\n")
+    assert _run(prog, {"T": 3, "C": 15, "D": 5}) == "symbolic"
+    assert _run(prog, {"T": 0, "C": 6, "D": 3}) == "symbolic"
+    prog = tgc.loads("x: f32[T, D]\ny: f32[T, C]\na = reshape(x, (T, 2, D // 2))\n"
+                     "b = reshape(y, (T, C // (D // 2), D // 2))\nreturn sum(a, axis=1), sum(b, axis=1)\n")
+    plan = prog.compile_symbolic("CPU")
+    assert "C a multiple of (D // 2)" in plan.class_text() and "D_2" not in plan.class_text()
+    why = plan.bind(prog, {"T": 3, "C": 8, "D": 6})[1]
+    assert why.startswith("C = 8 is not a multiple of (D // 2) = 3") and "D_2" not in why
+    assert _run(prog, {"T": 3, "C": 9, "D": 6}) == "symbolic"

@@ -584,6 +584,10 @@ class Program:
             if isinstance(plan2, str):
                 continue  # (today's reason is kept: the narrower class has no plan either)
             plan2.multiples = list(multiples)
+            # (its layouts sized at the probe with the program's dims too: a declared input no kernel reads is
+            # shaped in them, `C`, not `C_D * D`; review 18: every bind failed, "dim C is unknown")
+            probe = sizes.probes(cls2)[0]
+            plan2._layouts = classbind.Layouts({**probe, **self._program_dims(probe)}, plan2._layouts.share)
             plan2.user_class = cls
             plan = plan2
             first = self.symbolic_paths.get((dev.name, cls), "")
@@ -1647,7 +1651,7 @@ class SymbolicPlan:
         written: dict[str, str] = {}  # a hidden dim as the program's dims write it (`C // D // KH`)
         parts = []
         for x, y, q in self.multiples:
-            x = written.get(x, x)
+            x, y = written.get(x, x), _divisor_text(written, y)
             written[q] = f"{x} // {y}"
             parts.append(f"{x} a multiple of {y} ({x} // {y} >= 2 and no multiple of {sizes.UNIT})")
         return f"{sizes.class_text(self.user_class or ())}, with {' and '.join(parts)}"
@@ -1660,7 +1664,7 @@ class SymbolicPlan:
         written: dict[str, str] = {}
         for x, y, q in self.multiples:
             xv, yv = d[x], (d[y] if isinstance(y, str) else y)
-            x = written.get(x, x)
+            x, y = written.get(x, x), _divisor_text(written, y)
             written[q] = f"{x} // {y}"
             if yv <= 0 or xv % yv:
                 return None, f"{x} = {xv} is not a multiple of {y}" + (f" = {yv}" if isinstance(y, str) else "") + \
@@ -1808,6 +1812,12 @@ def _symbolic_ast(item: ScheduleItem, probe: dict[str, int], symbolic: list[str]
     ast = sizes.symbolize_ast(item.ast, probe, symbolic, bound)
     plain = item.meta.get("unfused_ast")
     return ast if plain is None or is_fused_attention(ast) else sizes.symbolize_ast(plain, probe, symbolic, bound)
+
+
+def _divisor_text(written: dict[str, str], y: str | int) -> str | int:
+    """A multiple's divisor as the program writes it: a hidden dim (`D_2`) as its quotient, parenthesized
+    (`(D // 2)`); a program dim or an int as is (review 18: messages named `D_2`, which no program writes)."""
+    return f"({written[y]})" if isinstance(y, str) and y in written else y
 
 
 def _lowers_alike(dev: Any) -> tuple:
