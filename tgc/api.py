@@ -551,6 +551,8 @@ class Program:
         if key not in self._plans:
             try:
                 self._plans[key] = self._build_symbolic(dev, cls)
+            except TgcError as e:  # (the compiler's own reason, e.g. an index past 64 bits at every bound tried)
+                self._plans[key] = f"its symbolic kernels could not be built: {e.msg}"
             except Exception as e:  # noqa: BLE001 - no symbolic form is a reason to compile per size, not a crash
                 self._plans[key] = "its symbolic kernels could not be built (an internal error: DEBUG=2 prints it)"
                 _internal_reason(e, "its symbolic kernels")
