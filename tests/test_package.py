@@ -217,9 +217,9 @@ def test_wrong_device_target_and_format_version(mlp_pkg):
         loads_package(_rezip(data, target)).run()
 
     def version(m):
-        m["format_version"] = 5  # (3 is a device list's package: tgc.package.MultiPackage; 4 a symbolic one's)
+        m["format_version"] = 6  # (3 is a device list's package: tgc.package.MultiPackage; 2, 4 and 5 symbolic)
 
-    _refused(_rezip(data, version), "package format version 5")
+    _refused(_rezip(data, version), "package format version 6")
     _refused(_rezip(data, lambda m: m.update(format="zip")), "not a tgc package")
 
 

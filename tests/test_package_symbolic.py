@@ -19,6 +19,7 @@ import pytest
 
 import tgc
 from tgc import package, sizeexpr
+from tgc.engine.compare import compare
 from tgc.package import PackageError, content_hash, loads_package
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -289,7 +290,7 @@ for path in sorted(glob.glob(os.path.join(d, "*.tgpkg"))):
     name = os.path.basename(path)[:-6]
     pkg = tgc.load_package(path)
     rows = []
-    for i in range(3):
+    for i in range(4):
         f = os.path.join(d, f"{name}.{i}.in.npz")
         if not os.path.exists(f):
             rows.append("no reference")
@@ -326,18 +327,26 @@ def test_every_example_program_packaged_once_runs_at_three_sizes_in_a_fresh_proc
             assert e.exit_code == 2 and "no kernels valid for every size" in e.msg
             no_form.append(path.stem)
             continue
-        for i, s in enumerate(sizes):
+        narrowed = [m for c in tgc.load_package(tmp_path / f"{path.stem}.tgpkg").classes for m in c.multiples]
+        for i, s in enumerate([*sizes, [10, 12, 14, 16, 18, 20, 22, 24, 26]] if narrowed else sizes):
             dims = dict(zip(prog.dim_names, s))
+            if i == 3:  # (a narrowed class's sizes: each X a multiple of its Y, X // Y = 11)
+                made = dict(dims)
+                for _, _, q in narrowed:
+                    made[q] = 11
+                for x, y, q in reversed(narrowed):
+                    made[x] = made[q] * (made[y] if isinstance(y, str) else y)
+                dims = {n: made[n] for n in prog.dim_names}
             try:
                 arrays = prog.bind(random_inputs(prog, dims, i), dims)[1]
                 want[path.stem, i] = prog.reference(dims=dims, **arrays)
             except tgc.TgcError:
                 continue  # sizes this program does not take (a divisibility, a kernel size)
             np.savez(tmp_path / f"{path.stem}.{i}.in.npz", **{"a_" + k: v for k, v in arrays.items()})
-    # the programs without a symbolic form: divisibility of dims (heads of C // 4), or a loop over a dim
-    # (mlp_stack, tiny_gpt: unrolled L times); every other example packages (pooling and slicing, floor divisions
-    # of a dim, since branch onetrace3)
-    assert set(no_form) <= {"mlp_stack", "tiny_gpt", "transformer_block"}, no_form
+    # the programs without a symbolic form: a loop over a dim (mlp_stack, tiny_gpt: unrolled L times); every
+    # other example packages (pooling and slicing, floor divisions of a dim, since branch onetrace3; heads of
+    # C // 4, a class narrowed to C a multiple of 4, at sizes of that class, since branch heads2)
+    assert set(no_form) <= {"mlp_stack", "tiny_gpt"}, no_form
     env = _env(TGC_CACHE_DIR=str(tmp_path / "empty-cache"))
     proc = subprocess.run([sys.executable, "-c", _SUITE_RUN, str(tmp_path)], capture_output=True, text=True,
                           env=env, timeout=300)
@@ -351,6 +360,11 @@ def test_every_example_program_packaged_once_runs_at_three_sizes_in_a_fresh_proc
             if row == "ran":
                 with np.load(tmp_path / f"{name}.{i}.got.npz") as z:
                     for k, ref in want[name, i].items():
+                        if i == 3:  # (transformer_block's outputs reach 363: the f32 comparison scaled by them;
+                            # its size-specialized kernels are off by 1.2e-3 there too)
+                            bad = compare(k, z["a_" + k], ref, "f32")[0]
+                            assert bad is None, f"{name} {i} {k}: {bad.describe()}"
+                            continue
                         np.testing.assert_allclose(np.asarray(z["a_" + k], np.float64), np.asarray(ref, np.float64),
                                                    rtol=2e-3, atol=1e-4, equal_nan=True, err_msg=f"{name} {i} {k}")
             elif row.startswith("refused: "):

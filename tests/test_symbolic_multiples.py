@@ -2,21 +2,26 @@
 where the division is exact: the class is narrowed to C a multiple of D, traced with C as a hidden dim C_D times
 D (`Program._with_multiples`, `SymbolicPlan.multiples`), so `C // D` is C_D, exact. Checked against numpy at
 sizes in the class (smallest, odd multiples, larger); sizes outside it run size-specialized kernels with the
-reason; packages refuse such a class (they do not record the constraint) and the program cache skips it."""
+reason. Symbolic packages (format 5) and the program cache keep such a class with its constraint, checked at
+each bind before any size is evaluated."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
+from test_package_symbolic import _rezip
 
 import tgc
-from tgc import progcache
+from tgc import cache, package
 from tgc.api import _device
 from tgc.baselines.numpy_eval import numpy_program
 from tgc.engine.compare import compare
 from tgc.engine.inputs import random_inputs
 from tgc.errors import TgcError
-from tgc.package import build_symbolic
+from tgc.package import PackageError, build_symbolic, loads_package
 
 # heads of a dim D: C // D of them (llama's `reshape(h @ wq, (B, T, C // D, D))`)
 HEADS_DIM = """
@@ -128,13 +133,104 @@ def test_constant_heads_and_heads_of_heads():
     assert why.startswith(f"C // D = {3 * tf} is not a multiple of KH = {2 * tf}")
 
 
-def test_packages_and_the_cache_do_not_keep_the_constraint(tmp_path, monkeypatch):
+def _numpy_check(prog: tgc.Program, got: dict, inputs: dict, dims: dict[str, int]) -> None:
+    want = numpy_program(prog, dims)(inputs)
+    for name in prog.output_names:
+        g, w = np.asarray(got[name]), np.asarray(want[name])
+        assert g.shape == w.shape, (dims, name)
+        bad, _ = compare(name, g, w, "f32")
+        assert bad is None, f"{dims}: {bad.describe()}"
+
+
+def test_a_package_records_the_constraint_and_serves_only_its_class(tmp_path):
     prog = tgc.loads(HEADS_DIM)
-    with pytest.raises(TgcError, match="need T >= 2, C >= 2, D >= 2, with C a multiple of D .* which symbolic "
-                                       "packages do not record"):
-        build_symbolic(prog, _device("CPU"))
-    plan = prog.compile_symbolic("CPU")
-    assert not progcache.store_symbolic(prog, _device("CPU"), {"T": 9, "C": 81, "D": 9}, plan)
+    path = tmp_path / "heads.tgpkg"
+    path.write_bytes(build_symbolic(prog, _device("CPU")))
+    pkg = tgc.load_package(path)  # (no Program: the package's own plan, bound at each dims)
+    assert pkg.format_version == package.SYMBOLIC_VERSION == 5
+    c = pkg.size_class({"T": 9, "C": 81, "D": 9})
+    assert c.multiples == [("C", "D", "C_D")] and c.cls == {"T": "n", "C": "n", "D": "n"}
+    lo = max(c.min.values())
+    for t, q, d in [(lo, lo, lo), (lo + 2, lo + 4, lo), (lo + 1, lo, 2 * lo + 1), (33, 3 * lo, 40)]:
+        dims = {"T": t, "C": q * d, "D": d}
+        inputs = random_inputs(prog, dims, seed=q + d)
+        _numpy_check(prog, pkg.run(**inputs), inputs, dims)
+        assert pkg.output_types(dims)[0][2] == (t, q * d)
+    # outside the constraint: refused with the reason before any size is evaluated, never run
+    for dims, why in [({"T": 9, "C": 50, "D": 8}, "C = 50 is not a multiple of D = 8"),
+                      ({"T": 9, "C": 9, "D": 9}, "C_D = 1 is outside its class"),
+                      ({"T": 9, "C": 9 * 64, "D": 9}, "C_D = 64 is outside its class"),
+                      ({"T": 9, "C": 9 * 96, "D": 96}, "D = 96 is outside its class")]:
+        with pytest.raises(PackageError, match=why) as e:
+            pkg.lower("CPU", dims)
+        assert e.value.exit_code == 2
+        with pytest.raises(PackageError, match=why):
+            pkg.run(dims=dims, **random_inputs(prog, dims, seed=1)) if dims["C"] % dims["D"] == 0 else \
+                pkg.output_types(dims)
+    # and a fresh process running the file from the CLI: right at a size of the class, refused outside
+    dims = {"T": lo, "C": lo * (lo + 2), "D": lo + 2}
+    inputs = random_inputs(prog, dims, seed=5)
+    args = []
+    for name, arr in inputs.items():
+        np.save(tmp_path / f"{name}.npy", arr)
+        args += ["-i", f"{name}={tmp_path / f'{name}.npy'}"]
+    run = [sys.executable, "-m", "tgc.cli.main", "run", str(path), *args]
+    r = subprocess.run([*run, "-o", str(tmp_path / "out.npz")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    _numpy_check(prog, {"out0": np.load(tmp_path / "out.npz")["out0"]}, inputs, dims)
+    for name, arr in random_inputs(prog, {"T": lo, "C": 50, "D": 8}, seed=1).items():
+        np.save(tmp_path / f"{name}.npy", arr)  # (C = 50 heads of D = 8: no size of the class)
+    r = subprocess.run(run, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "C = 50 is not a multiple of D = 8" in r.stderr, r.stderr
+
+
+def test_a_tampered_or_older_package_of_a_narrowed_class_is_refused():
+    prog = tgc.loads(HEADS_DIM)
+    data = build_symbolic(prog, _device("CPU"))
+
+    def multiples(m: dict, value) -> None:
+        for c in m["symbolic"]["classes"]:
+            if "multiples" in c:
+                if value is None:
+                    del c["multiples"]
+                else:
+                    c["multiples"] = value
+
+    # bytes changed: the checksum
+    raw = bytearray(data)
+    raw[len(data) // 3] ^= 1
+    with pytest.raises(PackageError):
+        loads_package(bytes(raw))
+    # the manifest rewritten with its hashes made again: its sizes no longer agree with the constraint
+    for value in (None, [["C", "T", "C_D"]], [["C", 3, "C_D"]], [["T", "D", "C_D"]], [], [["C", "D", "C"]]):
+        with pytest.raises(PackageError, match="not a usable package"):
+            loads_package(_rezip(data, lambda m, v=value: multiples(m, v)))
+    # a version-4 package has no multiples: one that says so is refused, not read without them
+    with pytest.raises(PackageError, match="format version 4 has not"):
+        loads_package(_rezip(data, lambda m: m.update(format_version=4)))
+
+
+def test_the_cache_keeps_a_narrowed_class_and_a_warm_run_compiles_nothing(monkeypatch, tmp_path):
+    monkeypatch.setenv("TGC_CACHE_DIR", str(tmp_path / "cache"))
+    for name in ("TGC_VERIFY_BOUNDS", "DISABLE_COMPILER_CACHE", "BEAM", "NOOPT", "DEBUG"):
+        monkeypatch.delenv(name, raising=False)  # (the program cache on: as tests/test_progcache.py's)
+    cache._reset_for_tests()
+    try:
+        lo = tgc.loads(HEADS_DIM).compile_symbolic("CPU").trusted_from
+        prog = tgc.loads(HEADS_DIM)  # (its first symbolic run misses the cache, builds the plan and stores it)
+        assert _run(prog, {"T": lo, "C": lo * lo, "D": lo}) == "symbolic"
+        assert [e["meta"] for e in cache.entries("program")] == ["<string> CPU symbolic C=n D=n T=n"]
+        warm = tgc.loads(HEADS_DIM)
+        called = []
+        monkeypatch.setattr(tgc.api.Program, "_build_symbolic", lambda *a, **k: called.append(a) or "refused")
+        for t, q, d in [(lo, lo + 2, lo + 1), (lo + 3, 2 * lo + 1, lo)]:
+            assert _run(warm, {"T": t, "C": q * d, "D": d}) == "symbolic"
+        assert called == [] and warm._plans == {}  # (the entry's saved plan was bound: nothing traced or built)
+        # outside the constraint the entry serves nothing: the cold path (here refused) says why; never a result
+        # of the entry's kernels
+        assert _run(warm, {"T": lo, "C": 50, "D": 10}).startswith("specialized")
+    finally:
+        cache._reset_for_tests()
 
 
 def test_a_taken_name_keeps_todays_error():

@@ -400,7 +400,7 @@ def load_package(path: str | os.PathLike) -> Package:
 
 def loads_package(data: bytes, path: str = "<bytes>") -> Package | SymbolicPackage:
     manifest, members = read_members(data, path)
-    if manifest.get("format_version") in (SYMBOLIC_VERSION, OLD_SYMBOLIC_VERSION):
+    if manifest.get("format_version") in (SYMBOLIC_VERSION, SPLIT_SYMBOLIC_VERSION, OLD_SYMBOLIC_VERSION):
         return SymbolicPackage(manifest, members, path)
     if manifest.get("format_version") == MULTI_VERSION:  # a device list's (below)
         return MultiPackage(manifest, members, path)  # type: ignore[return-value]
@@ -508,12 +508,12 @@ def _check_format(manifest: dict, path: str) -> None:
     if manifest.get("format") != FORMAT:
         raise _bad(path, "its manifest is not a tgc package's")
     version = manifest.get("format_version")
-    if version not in (FORMAT_VERSION, OLD_SYMBOLIC_VERSION, MULTI_VERSION, SYMBOLIC_VERSION):
+    if version not in (FORMAT_VERSION, OLD_SYMBOLIC_VERSION, MULTI_VERSION, SPLIT_SYMBOLIC_VERSION, SYMBOLIC_VERSION):
         made = manifest.get("tgc_version")
         raise PackageError(
             f"{path}: package format version {version!r} (written by tgc {str(made)[:40]}), but this tgc "
-            f"({__version__}) reads versions {FORMAT_VERSION}, {OLD_SYMBOLIC_VERSION}, {MULTI_VERSION} and "
-            f"{SYMBOLIC_VERSION}",
+            f"({__version__}) reads versions {FORMAT_VERSION}, {OLD_SYMBOLIC_VERSION}, {MULTI_VERSION}, "
+            f"{SPLIT_SYMBOLIC_VERSION} and {SYMBOLIC_VERSION}",
             hint="compile the package again with this tgc")
 
 
@@ -1680,8 +1680,9 @@ class MultiPackage(_Signature):
 # ---------------------------------------------------------------------------------------------------------------
 # symbolic packages: the program's kernels for every size of its size classes (format version 2)
 
-SYMBOLIC_VERSION = 4  # a symbolic package as written now: split kernels (derived sizes, remainder kernels), grids
-OLD_SYMBOLIC_VERSION = 2  # a symbolic package without them (read as before)
+SYMBOLIC_VERSION = 5  # a symbolic package as written now: a class may be narrowed ("multiples": X a multiple of Y)
+SPLIT_SYMBOLIC_VERSION = 4  # one without narrowed classes: split kernels (derived sizes, remainder kernels), grids
+OLD_SYMBOLIC_VERSION = 2  # a symbolic package without either (read as before)
 # the devices symbolic packages are built for: a GPU kernel's grid is saved as expressions of the dims (format 4);
 # REMOTE checks each launch against the sizes its kernel's source states (the probe's); CUDA and METAL: not yet
 # run from a package here (no GPU on the project machine)
@@ -1778,8 +1779,11 @@ def _class_minimum(prog: Any, plan: Any, cls: tuple) -> dict[str, int]:
     fixed = {n: int(c) for n, c in cls if c not in sizes.SYMBOLIC}
 
     def holds(dims: dict[str, int]) -> bool:
+        at = {**fixed, **dims}
+        if plan.multiples:  # (a narrowed class, `sym` its hidden dims: bound at the program's dims they make)
+            at = {n: v for n, v in prog._program_dims(at).items() if n in prog.dim_names}
         try:
-            return plan.bind(prog, {**fixed, **dims})[0] is not None
+            return plan.bind(prog, at)[0] is not None
         except TgcError:
             return False
 
@@ -1831,10 +1835,15 @@ def build_symbolic(prog: Any, dev: Any, plans: list[tuple[tuple, Any]] | None = 
 
     def one_class(cls: tuple, plan: Any) -> dict | str:
         """The package's doc of one size class, or why it is left out."""
+        cls = plan.size_class if plan.multiples else cls  # (a narrowed class: over its kernels' dims)
         doc = class_doc(prog, dev, cls, plan, member=member)
         if isinstance(doc, str):
             return doc
         sym = list(plan.symbolic)
+        if plan.multiples:  # (a narrowed class: the program's class, its multiples and the hidden dims' sizes,
+            # from where the plan holds without the source; `SizeClassPlan.class_dims` checks them at each bind)
+            doc["class"] = dict(plan.user_class)
+            doc["multiples"] = [[x, y, q] for x, y, q in plan.multiples]
         doc["min"] = ({n: max(2, plan.trusted_from) for n in sym} if plans is not None else
                       _class_minimum(prog, plan, cls)) if sym else {}
         doc["max"] = {n: int(plan.bound) for n in sym}
@@ -1854,16 +1863,6 @@ def build_symbolic(prog: Any, dev: Any, plans: list[tuple[tuple, Any]] | None = 
                                         + " ".join(f"-D {n}=INT" for n in names))
             skipped.append({"class": dict(cls), "why": plan[:300]})
             continue
-        if plan.multiples and not all(c == "n" for _, c in cls):  # (as a class with no plan: left out)
-            skipped.append({"class": dict(cls), "why": f"its kernels need {plan.class_text()}, which symbolic "
-                                                       "packages do not record"})
-            continue
-        if plan.multiples:  # (`SymbolicPlan.multiples`: no package format checks them yet)
-            raise TgcError(f"the program has no kernels valid for every size that a package records ({text}): they "
-                           f"need {plan.class_text()}, which symbolic packages do not record yet", kind="user",
-                           hint=f"give its dims ({', '.join(names)}) to package it for one size",
-                           cli_hint="give its dims to package it for one size: "
-                                    + " ".join(f"-D {n}=INT" for n in names))
         bad = next((k for k in [*plan.kernels, *[f for f in plan.fast if f]] if k.binary is None), None)
         if bad is not None:
             raise CompileError(f"cannot package for {dev.name}: kernel {bad.name} could not be compiled here: "
@@ -1940,6 +1939,11 @@ class SizeClassPlan:
     min: dict[str, int]
     max: dict[str, int]
     doc: dict
+    # a narrowed class (format 5, `SymbolicPlan.multiples`): (X, Y, Q), X a multiple of Y (a dim or an int), Q = X // Y
+    # a hidden dim; `hidden` the class of the dims its kernels were built for (each X replaced by its Q), over
+    # which `min` and `max` are; without multiples, `cls`
+    multiples: list = field(default_factory=list)
+    hidden: dict = field(default_factory=dict)
 
     # set when the package is loaded (after every field was validated at the class's probe and least sizes)
     # per kernel, its `PackagedKernel`s by variant (`general`, `fast`, `plain`: one or None; `tails`: a list)
@@ -1949,9 +1953,35 @@ class SizeClassPlan:
     chosen: list = field(default_factory=list)  # per kernel of the last `bind`: "fast", "split" or "general"
 
     def text(self) -> str:
-        return ", ".join(f"{n}={self.min.get(n, 2)}..{self.max.get(n)}" if c == "n" else
-                         f"{n}={self.min.get(n, 32)}..{self.max.get(n)} (multiples of 32)" if c == "32n" else
-                         f"{n}={c}" for n, c in self.cls.items()) or "(no dims)"
+        out = ", ".join(f"{n}={self.min.get(n, 2)}..{self.max.get(n)}" if c == "n" else
+                        f"{n}={self.min.get(n, 32)}..{self.max.get(n)} (multiples of 32)" if c == "32n" else
+                        f"{n}={c}" for n, c in (self.hidden or self.cls).items()) or "(no dims)"
+        if self.multiples:
+            out += ", with " + " and ".join(f"{x} a multiple of {y} ({q} = {x} // {y}, no multiple of 32)"
+                                            for x, y, q in self.multiples)
+        return out
+
+    def class_dims(self, dims: dict[str, int], ranges: bool = True) -> tuple[dict[str, int] | None, str]:
+        """The dims as the class's kernels name them (each hidden dim Q = X // Y added, X kept), or (None, why)
+        where they are outside the class: the check `SymbolicPlan.class_dims` makes in memory (Y divides X, the
+        dims of the class's kernels exactly of their class: a Q below 2 or a multiple of 32 is not), then each
+        of them within the class's sizes (`min` .. `max`). Made before any size expression is evaluated."""
+        d = {n: int(dims[n]) for n in self.cls}
+        for x, y, q in self.multiples:
+            xv, yv = d[x], (d[y] if isinstance(y, str) else y)
+            if yv <= 0 or xv % yv:
+                return None, f"{x} = {xv} is not a multiple of {y}" + (f" = {yv}" if isinstance(y, str) else "")
+            d[q] = xv // yv
+        cls = self.hidden or self.cls
+        got = dict(sizeexpr.size_class(list(cls), d))
+        for n, c in cls.items():
+            if got[n] != c and (self.multiples or c != "n" or got[n] != "32n"):
+                # (a plain class's "n" kernels serve multiples of 32 too; a narrowed class's exactly its class)
+                want = " >= 2, no multiple of 32" if c == "n" else " a multiple of 32" if c == "32n" else f" = {c}"
+                return None, f"{n} = {d[n]} is outside its class ({n}{want})"
+            if ranges and c in ("n", "32n") and not self.min[n] <= d[n] <= self.max[n]:
+                return None, f"{n} = {d[n]} is outside its sizes {self.min[n]}..{self.max[n]}"
+        return d, ""
 
     def bind(self, pkg: Any, dev: Any, dims: dict[str, int]) -> Any:
         """The class's saved plan at these dims, as an `Executable`, by the one bind of a size class's plan
@@ -1966,6 +1996,12 @@ class SizeClassPlan:
         from tgc.engine import classbind
 
         path, doc = pkg.path, self.doc
+        at, why = self.class_dims(dims)  # (before any size expression is evaluated)
+        if at is None:
+            raise PackageError(f"{path}: at the sizes {', '.join(f'{n}={v}' for n, v in dims.items())}, {why}: "
+                               f"this package's kernels do not serve these sizes ({self.text()})",
+                               hint="compile a package for these sizes")
+        dims = at
 
         def make_buffer(i: int, dtype: DType, shape: tuple, nbytes: int) -> PlanBuffer:
             b = doc["buffers"][i]
@@ -2042,12 +2078,13 @@ class SymbolicPackage:
             if set(cls) != set(self.dims_names) or any(v not in ("n", "32n", "1") for v in cls.values()):
                 raise _bad(path, f"class {i} is not a size class of the dims")
             cls = {n: cls[n] for n in self.dims_names}
+            multiples, hidden = self._read_multiples(c, cls, i)
             lo = {n: _int(v, f"class {i} min", path, 2, MAX_DIM) for n, v in _obj(c.get("min"), "min", path).items()}
             hi = {n: _int(v, f"class {i} max", path, 2, MAX_DIM) for n, v in _obj(c.get("max"), "max", path).items()}
-            want = {n for n, v in cls.items() if v in ("n", "32n")}
+            want = {n for n, v in (hidden or cls).items() if v in ("n", "32n")}
             if set(lo) != want or set(hi) != want or any(lo[n] > hi[n] for n in want):
                 raise _bad(path, f"class {i}'s size ranges do not match its dims")
-            self.classes.append(SizeClassPlan(dict(cls), lo, hi, c))
+            self.classes.append(SizeClassPlan(dict(cls), lo, hi, c, multiples, hidden))
         if not self.classes or len({tuple(c.cls.values()) for c in self.classes}) != len(self.classes):
             raise _bad(path, "its size classes are missing or repeated")
         self.skipped = [{"class": str(_obj(s, "skipped", path).get("class"))[:200], "why": str(s.get("why"))[:300]}
@@ -2062,18 +2099,24 @@ class SymbolicPackage:
         pkg: Package | None = None
         for i, c in enumerate(self.classes):
             dims = {n: (c.min[n] if v == "n" else -(-c.min[n] // 32) * 32 if v == "32n" else 1)
-                    for n, v in c.cls.items()}
+                    for n, v in (c.hidden or c.cls).items()}
             if any(dims[n] > c.max[n] for n in c.max):
                 raise _bad(path, f"class {i}'s size ranges hold no size")
+            if c.multiples:  # (the least sizes of the program's dims: each X = Q * Y, checked as a bind checks)
+                dims = {n: v + 1 if v % 32 == 0 and v < c.max.get(n, 0) else v for n, v in dims.items()}
+                dims = self._program_dims(c, dims, f"class {i}'s least sizes")
             # at the probe sizes the kernels were built at, every buffer must hold what their launch contracts state
             if "probe" not in c.doc:  # (symbolic packages written before the probe was recorded)
                 raise PackageError(f"{path}: not a usable package: class {i} does not record the sizes its kernels "
                                    "were built at, which are checked against their launch contracts",
                                    hint="compile the package again with this tgc")
             probe = _obj(c.doc.get("probe"), f"class {i} probe", path)
-            probe = {n: _int(probe.get(n), f"class {i} probe {n}", path, 1, MAX_DIM) for n in self.dims_names}
+            probe = {n: _int(probe.get(n), f"class {i} probe {n}", path, 1, MAX_DIM)
+                     for n in dict.fromkeys([*self.dims_names, *c.hidden])}
             if any(probe[n] != 1 if v == "1" else not 2 <= probe[n] <= c.max[n] or (v == "32n" and probe[n] % 32)
-                   for n, v in c.cls.items()):
+                   for n, v in (c.hidden or c.cls).items()) or \
+                    (c.multiples and any(self._program_dims(c, probe, f"class {i}'s probe", ranges=False)[n] != v
+                                         for n, v in probe.items())):
                 raise _bad(path, f"class {i}'s probe sizes are not sizes of the class")
             self._check_split_fields(c, i)
             # every variant of every kernel validated as a package at the probe and the least sizes; the templates
@@ -2101,22 +2144,79 @@ class SymbolicPackage:
             raise _bad(path, f"member {sorted(unused)[0]} is used by no kernel")
         self.graph_runner = pkg.graph_runner if pkg is not None else None
 
+    def _read_multiples(self, c: dict, cls: dict[str, str], i: int) -> tuple[list, dict]:
+        """A narrowed class's multiples ([X, Y, Q]: X a dim of class n or an earlier Q, Y one (not X) or an int
+        of 2 or more, Q a new name) and the class of its kernels' dims (each X replaced by its Q, of class n);
+        ([], {}) for a class of the program's dims. Format 5 only: an older reader refuses the version."""
+        path = self.path
+        if "multiples" not in c:
+            return [], {}
+        if self.format_version != SYMBOLIC_VERSION:
+            raise _bad(path, f"class {i} is narrowed (multiples), which format version {self.format_version} has not")
+        raw = _list(c.get("multiples"), f"class {i} multiples", path, 8)
+        if not raw:
+            raise _bad(path, f"class {i}'s multiples are empty")
+        hidden, out = dict(cls), []
+        for m in raw:
+            m = _list(m, f"class {i} multiple", path, 3)
+            if len(m) != 3:
+                raise _bad(path, f"class {i} has a malformed multiple")
+            x, q = _name(m[0], "a multiple's dim", path), _name(m[2], "a hidden dim", path)
+            y = m[1] if isinstance(m[1], int) and not isinstance(m[1], bool) else _name(m[1], "a divisor", path)
+            if hidden.get(x) != "n" or q in hidden or q in self.dims_names or \
+                    (isinstance(y, int) and not 2 <= y <= MAX_DIM) or (isinstance(y, str) and
+                                                                      (y == x or hidden.get(y) != "n")):
+                raise _bad(path, f"class {i}'s multiple {str(m)[:80]} is not one of its dims")
+            hidden = {(q if n == x else n): v for n, v in hidden.items()}
+            out.append((x, y, q))
+        return out, hidden
+
+    def _program_dims(self, c: SizeClassPlan, dims: dict[str, int], what: str, ranges: bool = True
+                      ) -> dict[str, int]:
+        """A narrowed class's dims (over its kernels' dims) with each X = Q * Y made (a Y that is itself
+        made first), checked as a bind checks them (`class_dims`): the dims as a bind makes them."""
+        d = {n: v for n, v in dims.items() if n in c.hidden}
+        todo = list(c.multiples)
+        while todo:
+            ready = [m for m in todo if m[2] in d and (not isinstance(m[1], str) or m[1] in d)]
+            if not ready:
+                raise _bad(self.path, f"{what}: its multiples make no sizes of the program's dims")
+            x, y, q = ready[-1]
+            d[x] = d[q] * (d[y] if isinstance(y, str) else y)
+            todo.remove(ready[-1])
+        at, why = c.class_dims({n: d[n] for n in self.dims_names}, ranges)
+        if at is None:
+            raise _bad(self.path, f"{what} are outside the class: {why}")
+        return at
+
     # --- the size classes
     def size_class(self, dims: dict[str, int]) -> SizeClassPlan:
-        """The class holding these dims; PackageError (exit 2) for sizes outside every packaged class."""
-        def holds(c: SizeClassPlan) -> bool:
-            return all(dims[n] == 1 if v == "1" else c.min[n] <= dims[n] <= c.max[n] and
-                       (v == "n" or dims[n] % 32 == 0) for n, v in c.cls.items())
-
+        """The class holding these dims (`SizeClassPlan.class_dims`: a narrowed class's multiples checked);
+        PackageError (exit 2) for sizes outside every packaged class, with a narrowed class's reason."""
         given = ", ".join(f"{n}={dims[n]}" for n in self.dims_names)
         classes = "; ".join(c.text() for c in self.classes)
-        held = [c for c in self.classes if holds(c)]
+        held, whys = [], []
+        for c in self.classes:
+            at, why = c.class_dims(dims)
+            if at is not None:
+                held.append(c)
+            elif c.multiples and all(dims[n] >= 2 if v == "n" else dims[n] % 32 == 0 if v == "32n" else
+                                     dims[n] == int(v) for n, v in c.cls.items()):
+                whys.append(why)  # (the class of the dims, narrowed: why not)
         if held:  # (a class of multiples of 32, where one holds them, before "n": its kernels assume them)
             return max(held, key=lambda c: sum(v == "32n" for v in c.cls.values()))
         raise PackageError(f"{self.path}: the sizes {given} are outside the size classes this package holds "
-                           f"({classes})",
+                           f"({classes}){': ' + '; '.join(whys) if whys else ''}",
                            hint="compile a package for these sizes: tgc compile FILE "
                                 + " ".join(f"-D {n}={dims[n]}" for n in self.dims_names) + " --package OUT")
+
+    def class_dims(self, c: SizeClassPlan, dims: dict[str, int]) -> dict[str, int]:
+        """The dims as class `c`'s size expressions name them (`SizeClassPlan.class_dims`), or PackageError."""
+        at, why = c.class_dims(dims)
+        if at is None:
+            raise PackageError(f"{self.path}: {why}: this package's kernels do not serve these sizes ({c.text()})",
+                               hint="compile a package for these sizes")
+        return at
 
     def infer_dims(self, arrays: dict[str, np.ndarray], dims: dict[str, int] | None = None) -> dict[str, int]:
         """The dims: given ones, then each input axis declared by a dim name gives its size."""
@@ -2154,14 +2254,15 @@ class SymbolicPackage:
         split = bool(derived) or any(isinstance(k, dict) and ("plain" in k or "tails" in k) for k in kernels)
         if split and self.format_version == OLD_SYMBOLIC_VERSION:
             raise _bad(path, f"class {i} has split kernels, which format version {OLD_SYMBOLIC_VERSION} has not")
+        names = {*self.dims_names, *(q for _, _, q in c.multiples)}  # (a narrowed class's hidden dims too)
         for name, e in derived.items():
-            if not isinstance(name, str) or not name.isidentifier() or name in self.dims_names:
+            if not isinstance(name, str) or not name.isidentifier() or name in names:
                 raise _bad(path, f"class {i} has a derived size that is no name of its own")
             try:
                 sizeexpr.validate(e, f"class {i} derived size {name}")
             except TgcError as err:
                 raise _bad(path, err.msg) from None
-            if not sizeexpr.names(e) <= set(self.dims_names):
+            if not sizeexpr.names(e) <= names:
                 raise _bad(path, f"class {i}'s derived size {name} is not an expression of the dims")
         for j, k in enumerate(kernels):
             k = _obj(k, f"kernel {j}", path)
@@ -2260,6 +2361,7 @@ class SymbolicPackage:
     def _check_shapes(self, arrays: dict[str, np.ndarray], dims: dict[str, int]) -> None:
         """Every input's shape against its class's buffer at these dims (the words of a fixed-size package)."""
         c = self.size_class(dims)
+        dims = self.class_dims(c, dims)
         for d in c.doc["signature"]["inputs"]:
             arr = arrays.get(d["name"])
             if arr is None:
@@ -2318,6 +2420,7 @@ class SymbolicPackage:
     def output_types(self, dims: dict[str, int] | None = None) -> list[tuple[str, DType, tuple[int, ...]]]:
         dims = self.infer_dims({}, dims)
         c = self.size_class(dims)
+        dims = self.class_dims(c, dims)
         return [(d["name"], dtypes.by_name[d["dtype"]], tuple(sizeexpr.evaluate(e, dims) for e in d["shape"]))
                 for d in c.doc["signature"]["outputs"]]
 
@@ -2344,7 +2447,8 @@ class SymbolicPackage:
             from tgc.engine.inputs import random_values
 
             at = self.infer_dims({}, dims)
-            sig = self.size_class(at).doc["signature"]["inputs"]
+            c = self.size_class(at)
+            sig, at = c.doc["signature"]["inputs"], self.class_dims(c, at)
             inputs = {d["name"]: random_values(dtypes.by_name[d["dtype"]],
                                                tuple(sizeexpr.evaluate(e, at) for e in d["shape"]), 0, i)
                       for i, d in enumerate(sig)}
@@ -2381,6 +2485,7 @@ class SymbolicPackage:
                                     "plain": k.get("plain") is not None}})
             mem = c.doc["memory"]
             classes.append({"class": dict(c.cls), "sizes": c.text(), "min": dict(c.min), "max": dict(c.max),
+                            "multiples": [list(m) for m in c.multiples],
                             "kernels": kernels, "derived": {n: sizeexpr.text(e) for n, e in
                                                             c.doc.get("derived", {}).items()},
                             "buffers": [{"index": i, "role": b["role"], "name": b["name"], "dtype": b["dtype"],
@@ -2404,7 +2509,8 @@ class SymbolicPackage:
         }
         if dims:  # (inspect only: the class's plan written out as a fixed-size package at these dims, validated)
             dims = self.infer_dims({}, dims)
-            doc["at"] = self._instantiate(self.size_class(dims), {n: dims[n] for n in self.dims_names}).describe()
+            c = self.size_class(dims)
+            doc["at"] = self._instantiate(c, self.class_dims(c, {n: dims[n] for n in self.dims_names})).describe()
         return doc
 
 
@@ -2432,11 +2538,12 @@ def class_doc(prog: Any, dev: Any, cls: tuple, plan: Any, member: Any = None) ->
     from tgc.ir.uop import Ops, UOp
 
     saving = member is not None
-    if saving and plan.multiples:  # (a package would not check them at load: never written)
-        return f"its kernels need {plan.class_text()}, which symbolic packages do not record"
     decls = _declared_inputs(prog)  # (weights bound at load included: the slots' input indices count them)
     p1, p2 = sizes.probes(cls)
     rep = {n: sizes.REPRESENTATIVE[c] if c in sizes.SYMBOLIC else int(c) for n, c in cls}
+    if plan.multiples:  # (a narrowed class, `cls` over its hidden dims: each X = Q * Y too, which a declared
+        # input's shape may name)
+        p1, p2, rep = ({**p, **prog._program_dims(p)} for p in (p1, p2, rep))
     sym = list(plan.symbolic)
     # the buffers: the plan's slots, then any declared input no kernel reads
     roles: dict[int, tuple[str, str | None]] = {}
@@ -2476,7 +2583,7 @@ def class_doc(prog: Any, dev: Any, cls: tuple, plan: Any, member: Any = None) ->
 
     def work(k: Any, idx: list[int]) -> tuple[Any, Any]:
         """(flops, bytes) of a launch as expressions of the dims where they are one product of dims, else 0."""
-        if not saving or not set(k.var_names) <= set(prog.dim_names):
+        if not saving or not set(k.var_names) <= set(prog.dim_names) | set(p1):
             return 0, 0
         out = []
         for a, b in zip(symbolic_work(k, p1, [nodes1[i] for i in idx]),

@@ -416,12 +416,13 @@ class SymbolicEntry(Entry):
 
     def __init__(self, header: dict, package: SymbolicPackage, source: str, path: str | None,
                  dims: dict[str, int]):
-        c = package.size_class(dims)  # (PackageError: dims below the class's least trusted size, or past its max)
-        sig = c.doc["signature"]
+        c = package.size_class(dims)  # (PackageError: dims below the class's least trusted size, or past its max,
+        # or outside a narrowed class: X no multiple of Y)
+        sig, at = c.doc["signature"], package.class_dims(c, dims)
 
         def whole(d: dict) -> dict:
             return {"name": d["name"], "dtype": d["dtype"],
-                    "shape": [sizeexpr.evaluate(e, dims) for e in d["shape"]]}
+                    "shape": [sizeexpr.evaluate(e, at) for e in d["shape"]]}
 
         super().__init__({**header, "dims": dict(sorted(dims.items())), "inputs": [whole(d) for d in sig["inputs"]],
                           "outputs": [whole(d) for d in sig["outputs"]]}, package, source, path)  # type: ignore
@@ -483,8 +484,6 @@ def store_symbolic(prog: Any, device: Any, dims: dict[str, int], plan: Any) -> b
     """Save `plan` (the `SymbolicPlan` of the size class of `dims`, as `Program.run(symbolic=True)` built it) as
     the class's symbolic entry; False where it cannot be (as `store`: never raises for that)."""
     cls = symbolic_class(dims)
-    if plan.multiples:  # (X a multiple of Y: packages do not record it, so neither do cache entries)
-        return False
     if cls is None or usable(device) is not None or getattr(prog, "weights", None) or \
             device.kind not in SYMBOLIC_KINDS:
         return False
