@@ -222,13 +222,14 @@ def test_the_cache_keeps_a_narrowed_class_and_a_warm_run_compiles_nothing(monkey
         assert [e["meta"] for e in cache.entries("program")] == ["<string> CPU symbolic C=n D=n T=n"]
         warm = tgc.loads(HEADS_DIM)
         called = []
-        monkeypatch.setattr(tgc.api.Program, "_build_symbolic", lambda *a, **k: called.append(a) or "refused")
-        for t, q, d in [(lo, lo + 2, lo + 1), (lo + 3, 2 * lo + 1, lo)]:
-            assert _run(warm, {"T": t, "C": q * d, "D": d}) == "symbolic"
+        with monkeypatch.context() as m:
+            m.setattr(tgc.api.Program, "_build_symbolic", lambda *a, **k: called.append(a) or "refused")
+            for t, q, d in [(lo, lo + 2, lo + 1), (lo + 3, 2 * lo + 1, lo)]:
+                assert _run(warm, {"T": t, "C": q * d, "D": d}) == "symbolic"
         assert called == [] and warm._plans == {}  # (the entry's saved plan was bound: nothing traced or built)
-        # outside the constraint the entry serves nothing: the cold path (here refused) says why; never a result
-        # of the entry's kernels
-        assert _run(warm, {"T": lo, "C": 50, "D": 10}).startswith("specialized")
+        # outside the constraint (one head) the entry serves nothing: the class's plan, built here, says why and
+        # size-specialized kernels run; never the entry's kernels
+        assert _run(warm, {"T": lo, "C": 9, "D": 9}).startswith("specialized: C // D = 1 is outside")
     finally:
         cache._reset_for_tests()
 
