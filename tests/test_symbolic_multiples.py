@@ -290,3 +290,26 @@ def test_kernel_names_of_a_narrowed_class_read_as_the_programs_dims():
     probe = {"T": 211, "C_D_KH": 223, "KH": 227, "D": 229}
     name = f"r_211_223_{223 * 227}_{223 * 227 * 229}_{2 * 223 * 227}_229"
     assert sizes.symbolic_name(name, probe, list(probe), hidden) == "r_T_CdDdKH_CdD_C_2CdD_D"
+
+
+def test_heads_of_a_reshape_to_minus_one_are_narrowed_as_c_over_d():
+    # `reshape(x, (T, -1, D))`: the -1 is C // D (the shared T cancelled, `tensor._uncommon`), recorded as the
+    # spelled division is, so the class narrows the same way (it had no plan: "cannot reshape ... (T, -1, D)")
+    prog = tgc.loads(HEADS_DIM.replace("(T, C // D, D)", "(T, -1, D)"))
+    plan = prog.compile_symbolic("CPU")
+    assert plan.multiples == [("C", "D", "C_D")]
+    assert plan.class_text() == "T >= 2, C >= 2, D >= 2, with C a multiple of D (C // D >= 2 and no multiple of 32)"
+    assert [k.name for k in plan.kernels] == ["r_T_CdD_D_C", "attn_r_CdD_T_D_T_D_T_D_T_D", "E_T_C"]
+    tf = plan.trusted_from
+    for t, q, d in [(tf, tf, tf), (tf + 2, tf + 4, tf), (tf + 1, tf, 2 * tf + 1)]:
+        assert _run(prog, {"T": t, "C": q * d, "D": d}) == "symbolic", (t, q, d)
+    exe, why = plan.bind(prog, {"T": 9, "C": 50, "D": 8})
+    assert exe is None and why.startswith("C = 50 is not a multiple of D = 8: the symbolic kernels were compiled "
+                                          "for T >= 2, C >= 2, D >= 2, with C a multiple of D")
+    assert _run(prog, {"T": 5, "C": 7, "D": 7}).startswith("specialized: C // D = 1 is outside")
+    # a -1 that is a product divided (T * C // D: [T, C] to (-1, D)) narrows nothing, as spelled: no plan
+    prog = tgc.loads("x: f32[T, C]\nw: f32[D]\nreturn reshape(x, (-1, D)) * w")
+    with pytest.raises(TgcError, match="no kernels valid for every size"):
+        prog.compile_symbolic("CPU")
+    assert prog.symbolic_paths[("CPU", (("T", "n"), ("C", "n"), ("D", "n")))] == \
+        "probes: the size decision CT // D depends on the dims' values"
