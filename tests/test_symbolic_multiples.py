@@ -18,6 +18,7 @@ import tgc
 from tgc import cache, package
 from tgc.api import _device
 from tgc.baselines.numpy_eval import numpy_program
+from tgc.codegen import sizes
 from tgc.engine.compare import compare
 from tgc.engine.inputs import random_inputs
 from tgc.errors import TgcError
@@ -274,3 +275,41 @@ def test_an_input_no_kernel_reads_and_an_empty_class_bind_and_texts_name_the_pro
     why = plan.bind(prog, {"T": 3, "C": 8, "D": 6})[1]
     assert why.startswith("C = 8 is not a multiple of (D // 2) = 3") and "D_2" not in why
     assert _run(prog, {"T": 3, "C": 9, "D": 6}) == "symbolic"
+
+
+def test_kernel_names_of_a_narrowed_class_read_as_the_programs_dims():
+    # (review 18: `r_T_223_D_50621`, the probe values of C_D and of C_D * D) C where the size is C_D * D, the
+    # quotient spelled `CdD` (`C_D` would read as two sizes: names separate sizes by `_`), as `Nd32` is N // 32
+    names = {src: [k.name for k in tgc.loads(src).compile_symbolic("CPU").kernels]
+             for src in (HEADS_DIM, HEADS_CONST, PATCHES)}
+    assert names[HEADS_DIM] == ["r_T_CdD_D_C", "attn_r_CdD_T_D_T_D_T_D_T_D", "E_T_C"]
+    assert names[HEADS_CONST] == ["r_T_C_C", "attn_r_4_T_Cd4_T_Cd4_T_Cd4_T_Cd4", "E_T_C"]
+    assert names[PATCHES] == ["r_B_IMGdPIMGdP_C_PP"]
+    # the probe path's names (a narrowed class the one trace refuses): the same spelling from the probe values
+    hidden = {"C_D": ("C", "D"), "C_D_KH": ("C_D", "KH")}
+    probe = {"T": 211, "C_D_KH": 223, "KH": 227, "D": 229}
+    name = f"r_211_223_{223 * 227}_{223 * 227 * 229}_{2 * 223 * 227}_229"
+    assert sizes.symbolic_name(name, probe, list(probe), hidden) == "r_T_CdDdKH_CdD_C_2CdD_D"
+
+
+def test_heads_of_a_reshape_to_minus_one_are_narrowed_as_c_over_d():
+    # `reshape(x, (T, -1, D))`: the -1 is C // D (the shared T cancelled, `tensor._uncommon`), recorded as the
+    # spelled division is, so the class narrows the same way (it had no plan: "cannot reshape ... (T, -1, D)")
+    prog = tgc.loads(HEADS_DIM.replace("(T, C // D, D)", "(T, -1, D)"))
+    plan = prog.compile_symbolic("CPU")
+    assert plan.multiples == [("C", "D", "C_D")]
+    assert plan.class_text() == "T >= 2, C >= 2, D >= 2, with C a multiple of D (C // D >= 2 and no multiple of 32)"
+    assert [k.name for k in plan.kernels] == ["r_T_CdD_D_C", "attn_r_CdD_T_D_T_D_T_D_T_D", "E_T_C"]
+    tf = plan.trusted_from
+    for t, q, d in [(tf, tf, tf), (tf + 2, tf + 4, tf), (tf + 1, tf, 2 * tf + 1)]:
+        assert _run(prog, {"T": t, "C": q * d, "D": d}) == "symbolic", (t, q, d)
+    exe, why = plan.bind(prog, {"T": 9, "C": 50, "D": 8})
+    assert exe is None and why.startswith("C = 50 is not a multiple of D = 8: the symbolic kernels were compiled "
+                                          "for T >= 2, C >= 2, D >= 2, with C a multiple of D")
+    assert _run(prog, {"T": 5, "C": 7, "D": 7}).startswith("specialized: C // D = 1 is outside")
+    # a -1 that is a product divided (T * C // D: [T, C] to (-1, D)) narrows nothing, as spelled: no plan
+    prog = tgc.loads("x: f32[T, C]\nw: f32[D]\nreturn reshape(x, (-1, D)) * w")
+    with pytest.raises(TgcError, match="no kernels valid for every size"):
+        prog.compile_symbolic("CPU")
+    assert prog.symbolic_paths[("CPU", (("T", "n"), ("C", "n"), ("D", "n")))] == \
+        "probes: the size decision CT // D depends on the dims' values"

@@ -714,7 +714,7 @@ class Program:
         derived: dict[str, tuple] = {}  # the splits' derived kernel arguments (`sizes.Split`)
         names: dict[str, int] = {}
         for i, (item, ast) in enumerate(zip(items1, asts1)):
-            base = item.name if named else sizes.symbolic_name(item.name, p1, symbolic)
+            base = item.name if named else sizes.symbolic_name(item.name, p1, symbolic, self._hidden)
             n = names.get(base, 0)
             names[base] = n + 1
             item.line = self.line_of(item.meta.get("serves", item.output))
@@ -768,6 +768,9 @@ class Program:
             with checked_at((p1, p2)) as decided:
                 outs, bufs = self._trace(tagged)
                 items = [i for i in create_schedule(outs, dev.caps, split_columns=False) if i.ast.src]
+            for i in items if self._hidden else ():  # (a narrowed class's names: C, not `C_D * D`'s probe value)
+                i.name = ("attn_" if "unfused_ast" in i.meta else "") + \
+                    kernel_name(i.meta.get("unfused_ast", i.ast), self._hidden)
             if (why := decided_by_remainder(decided)) is not None:
                 return why
             if any("attention" in i.meta for i in items):

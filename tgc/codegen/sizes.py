@@ -29,7 +29,17 @@ from tgc.codegen.opt import OptOps
 from tgc.dtype import dtypes
 from tgc.ir.shapes import shape_of
 from tgc.ir.symbolic import simplify
-from tgc.ir.symsize import INDEX_LIMIT, SMALLEST, Mono, SymFloat, SymSize, atom_parts, value_of
+from tgc.ir.symsize import (
+    INDEX_LIMIT,
+    SMALLEST,
+    Mono,
+    SymFloat,
+    SymSize,
+    atom_parts,
+    hidden_named,
+    hidden_spelling,
+    value_of,
+)
 from tgc.ir.uop import Ops, PatternMatcher, RangeKind, UOp, UPat, graph_rewrite, substitute
 
 INDEX = dtypes.index
@@ -553,9 +563,12 @@ def name_shape(name: str) -> str:
     return "_".join("#" if part.isdigit() else part for part in name.split("_"))
 
 
-def symbolic_name(name: str, probe: Mapping[str, int], symbolic: Sequence[str]) -> str:
-    """A kernel name whose probe sizes read as the dims' names (`r_101_103` -> `r_N_D`)."""
-    by_value = {str(probe[n]): n for n in symbolic}
+def symbolic_name(name: str, probe: Mapping[str, int], symbolic: Sequence[str],
+                  hidden: Mapping[str, tuple[str, str | int]] | None = None) -> str:
+    """A kernel name whose probe sizes read as the dims' names (`r_101_103` -> `r_N_D`); `hidden`: a narrowed
+    class's hidden dims, read as the program's (`symsize.hidden_named`: `C_D * D` is C, `C_D` alone `CdD`)."""
+    hidden = hidden or {}
+    by_value = {str(probe[n]): hidden_spelling(n, hidden) for n in symbolic}
     by_value.update({str(probe[n] // UNIT): f"{n}d{UNIT}" for n in symbolic if probe[n] % UNIT == 0})
 
     def part_name(part: str) -> str:
@@ -564,6 +577,8 @@ def symbolic_name(name: str, probe: Mapping[str, int], symbolic: Sequence[str]) 
         coef, names, off, div = factor(int(part), probe, symbolic)  # `3 * C` at the probe: `3C`, not `669`
         if not names or off or div != 1 or coef <= 0:
             return part
+        if hidden:
+            ((names, coef),) = hidden_named(SymSize(int(part), ((tuple(names), coef),)), hidden).terms
         return (str(coef) if coef != 1 else "") + "".join(names)
     return "_".join(part_name(part) for part in name.split("_"))
 

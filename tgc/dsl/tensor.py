@@ -37,6 +37,23 @@ def _size(s: int) -> int:
     return s if isinstance(s, SymSize) else int(s)
 
 
+def _uncommon(have: Sequence[int], want: Sequence[int]) -> tuple[list[int], list[int]]:
+    """`have` and `want` less the sizes they share (the same int, or the same product of dims): where the shared
+    product g is not 0 (`want`'s product is not), prod(have) = g * prod(rest) is a multiple of prod(want) = g *
+    prod(rest') exactly where the rests' are, with the same quotient. A -1 reshape of [T, C] to (T, -1, D) then
+    divides C by D, a division of dims the trace records (`symsize._want`), not T*C by T*D."""
+    rest = list(want)
+    kept = []
+    for s in have:
+        same = next((i for i, w in enumerate(rest) if type(w) is type(s) and (
+            w.terms == s.terms and w.value == s.value if isinstance(s, SymSize) else w == s)), None)
+        if same is None:
+            kept.append(s)
+        else:
+            del rest[same]
+    return kept, rest
+
+
 def _reciprocal(n: int) -> float:
     """1.0 / n; of a size of the dims, the `SymFloat` that remembers them (`1.0 / n` alone is a plain float:
     Python asks float's division first)."""
@@ -99,9 +116,13 @@ class Tensor:
             raise DslError("reshape allows at most one -1")
         if -1 in shape:
             known = prod(s for s in shape if s != -1)
-            if known == 0 or self.numel % known:
+            if known == 0:
                 raise _shape_error(f"cannot reshape {self} into {shape}")
-            shape = tuple(self.numel // known if s == -1 else s for s in shape)
+            have, want = _uncommon(self.shape, [s for s in shape if s != -1])
+            missing = prod(have) // prod(want)  # (`(T, -1, D)` of [T, C]: the program's `C // D`, whose class
+            if prod(have) % prod(want):         # is narrowed as the spelled one's, `symsize._want`)
+                raise _shape_error(f"cannot reshape {self} into {shape}")
+            shape = tuple(missing if s == -1 else s for s in shape)
         if any(s < 0 for s in shape):
             raise DslError(f"negative size in reshape {shape}")
         if prod(shape) != self.numel:

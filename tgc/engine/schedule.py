@@ -24,7 +24,7 @@ are never materialized.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 
 from tgc.capabilities import Capabilities
 from tgc.dtype import DType, dtypes, min_max
@@ -35,7 +35,7 @@ from tgc.errors import TgcError
 from tgc.ir.kernel import INDEX, ScheduleItem, flat_index, identity
 from tgc.ir.shapes import prod, shape_of, strides_for
 from tgc.ir.symbolic import simplify
-from tgc.ir.symsize import SymSize, unit_name
+from tgc.ir.symsize import SymSize, hidden_named, unit_name
 from tgc.ir.uop import ALU, Ops, RangeKind, UOp, postorder, rebuild, substitute
 from tgc.ir.walk import drive
 
@@ -507,21 +507,25 @@ def mem_dtype(d: DType) -> DType:
     return d
 
 
-def _size_in_name(size: object) -> str:
+def _size_in_name(size: object, hidden: Mapping[str, tuple[str, str | int]] | None = None) -> str:
     """A loop's size as a kernel name shows it: the number, or a size variable's product of dims (`N`, `3C`); a
     sum of terms (`N-2`) is no part of a name (kernel names are identifiers in every dialect and in a package's
     manifest), so it shows the size it was traced at, as the probe path's names do. A product of dims with a
-    name longer than one letter, which a message writes `HID*SEQ`, is `HIDSEQ` in a name, as before."""
+    name longer than one letter, which a message writes `HID*SEQ`, is `HIDSEQ` in a name, as before. `hidden`:
+    a narrowed class's hidden dims (`symsize.hidden_named`: `C_D * D` shows as C, `C_D` as `CdD`)."""
     if (unit := unit_name(size)) is not None:
         return unit  # (`N // 32` of a 32n dim: the probe path's `Nd32`)
+    if hidden and isinstance(size, SymSize):
+        size = hidden_named(size, hidden)
     text = str(size).replace("*", "") if isinstance(size, SymSize) else str(size)
     return text if text.isalnum() or not isinstance(size, SymSize) else str(size.value)
 
 
-def kernel_name(ast: UOp) -> str:
+def kernel_name(ast: UOp, hidden: Mapping[str, tuple[str, str | int]] | None = None) -> str:
+    """`r_`/`E_` and the loops' sizes (`_size_in_name`; `hidden`: a narrowed class's hidden dims)."""
     ranges = sorted({u for u in ast.toposort() if u.op is Ops.RANGE}, key=lambda r: r.arg[0])
     has_reduce = any(u.op is Ops.REDUCE for u in ast.toposort())
-    sizes = [_size_in_name(r.src[0].arg) for r in ranges] or ["1"]
+    sizes = [_size_in_name(r.src[0].arg, hidden) for r in ranges] or ["1"]
     return ("r_" if has_reduce else "E_") + "_".join(sizes)
 
 

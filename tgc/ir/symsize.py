@@ -1162,6 +1162,39 @@ def unit_name(v: Any) -> str | None:
     return f"{parts[1]}d{UNIT}"
 
 
+def hidden_spelling(name: str, hidden: Mapping[str, tuple[str, str | int]]) -> str:
+    """A hidden dim Q of a narrowed class (`hidden[Q] = (X, Y)`: X traced as Q * Y) as a kernel name spells it:
+    `XdY` (`CdD` for `C // D`, `Cd12` for `C // 12`, `CdDdKH` for `C // D // KH`), as the probe path spells
+    `N // 32` (`Nd32`); the hidden name `C_D` would read as two sizes in a name whose sizes `_` separates."""
+    if name not in hidden:
+        return name
+    x, y = hidden[name]
+    return f"{hidden_spelling(x, hidden)}d{hidden_spelling(y, hidden) if isinstance(y, str) else y}"
+
+
+def hidden_named(v: SymSize, hidden: Mapping[str, tuple[str, str | int]]) -> SymSize:
+    """`v` with its products of a narrowed class's hidden dims written as the program's dims: Q * Y as X (`C_D *
+    D` is C; `C_12 * 12` is C), a Q left over as `hidden_spelling` (`CdD`): what a kernel name shows."""
+    terms: dict[tuple[str, ...], int] = {}
+    for names, coef in v.terms:
+        rest = list(names)
+        changed = True
+        while changed:
+            changed = False
+            for q, (x, y) in hidden.items():
+                if q in rest and (y in rest if isinstance(y, str) else coef % y == 0):
+                    rest.remove(q)
+                    if isinstance(y, str):
+                        rest.remove(y)
+                    else:
+                        coef //= y
+                    rest.append(x)
+                    changed = True
+        key = tuple(sorted(hidden_spelling(n, hidden) for n in rest))
+        terms[key] = terms.get(key, 0) + coef
+    return SymSize(v.value, tuple(sorted((k, c) for k, c in terms.items() if c)))
+
+
 def _exact(t: dict[tuple[str, ...], int]) -> dict[tuple[str, ...], int]:
     """`t` with each exact atom (`_exact_atom`) written as its dim, the polynomial times the atoms' divisors
     (the same sign): what a decision of a `32n` class says of its dims."""
@@ -1196,4 +1229,4 @@ def is_symbolic(v: Any) -> bool:
 __all__ = ["INDEX_LIMIT", "Mono", "SMALLEST", "NotProbeable", "NotTraceable", "SymSize", "SymFloat", "checked_at",
            "decided_from",
            "decided_across", "decided_by_remainder", "decided_upto", "answering_at", "is_symbolic",
-           "recording", "type_text", "unit_name"]
+           "recording", "type_text", "unit_name", "hidden_named", "hidden_spelling"]

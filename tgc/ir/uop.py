@@ -307,6 +307,17 @@ def _bounds(u: UOp) -> tuple[Any, Any]:
             return a0 // b1, a1 // b0
         if u.op is Ops.MOD and b0 > 0 and a0 >= 0:
             return 0, min(a1, b1 - 1)
+        # an index of any other sign (a GPU grid index divided by a size `C - 100`, whose variable's range reaches
+        # 0 and below while a launch only divides by a size it has threads for): |a // b| <= |a| for every b != 0,
+        # floor or truncate, and |a % b| < |b| (floor's sign of b, truncate's of a); an index never divides by 0
+        # (data may: its division keeps its dtype's range)
+        if u.dtype.scalar() == dtypes.index:
+            m = max(-a0, a1)
+            if u.op is Ops.IDIV and m < INF:
+                return -m if a0 < 0 or b0 < 0 else 0, m if a1 > 0 or b0 < 0 else 0
+            if u.op is Ops.MOD and max(-b0, b1) < INF:
+                k = max(max(-b0, b1) - 1, 0)
+                return -k if a0 < 0 or b0 < 0 else 0, k if a1 > 0 or b1 > 0 else 0
     if u.op is Ops.WHERE:
         (a0, a1), (b0, b1) = u.src[1].bounds, u.src[2].bounds
         c = u.src[0]
