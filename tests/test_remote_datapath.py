@@ -274,3 +274,41 @@ def test_answer_header_lines_are_kept_by_their_bytes_and_read_alike():
     for i in range(600):  # (bounded: emptied when full)
         read(answer(f"X-{i}: {i}".encode(), length))
         assert len(C._ANSWER_LINES) <= 256
+
+
+@needs_cpu
+@pytest.mark.parametrize("nbytes, hashed", [
+    (4 << 20, []),  # a payload (>= LARGE_BLOB): named by a random id, hashed by nobody on either side
+    (100, [100, 100, 100]),  # a small blob: the client names its copy in, the server checks that id against the
+    # bytes and names its answer (the client keeps that id unchecked: a server it sends the bytes to checks it)
+])
+def test_a_copy_in_and_out_hashes_each_small_blob_once_a_step_and_no_payload(server, monkeypatch, nbytes, hashed):
+    """Every sha256 of a copy in and a copy out through an in-process server (client and server share `protocol`'s
+    `hashlib`), counted with the length hashed: exactly the hashes the blob-id rules need, none twice."""
+    import hashlib
+    import types
+
+    from tgc.backends import get_device
+    calls: list[int] = []
+
+    def sha256(data=b"", *args, **kwargs):
+        calls.append(memoryview(data).nbytes)
+        return hashlib.sha256(data, *args, **kwargs)
+
+    _use_server_without_token(monkeypatch, server.port)
+    try:
+        alloc = get_device("REMOTE").allocator
+        handle = alloc.alloc(nbytes)
+        src = np.random.default_rng(3).integers(0, 256, nbytes, dtype=np.uint8)
+        dst = np.zeros(nbytes, np.uint8)
+        alloc.copyin(handle, memoryview(np.zeros(nbytes, np.uint8)))  # (the first round trip: session, connection)
+        alloc.copyout(memoryview(dst), handle)
+        monkeypatch.setattr(P, "hashlib", types.SimpleNamespace(sha256=sha256))
+        alloc.copyin(handle, memoryview(src))
+        alloc.copyout(memoryview(dst), handle)
+        monkeypatch.setattr(P, "hashlib", hashlib)
+        np.testing.assert_array_equal(dst, src)
+        assert calls == hashed
+        alloc.free(handle, nbytes)
+    finally:
+        _drop_remote_instances()
