@@ -13,11 +13,11 @@ import sys
 import numpy as np
 import pytest
 from test_package_symbolic import _rezip
+from test_symbolic_onetrace import _check
 
 import tgc
 from tgc import cache, package
 from tgc.api import _device
-from tgc.baselines.numpy_eval import numpy_program
 from tgc.codegen import sizes
 from tgc.engine.compare import compare
 from tgc.engine.inputs import random_inputs
@@ -67,12 +67,7 @@ def _run(prog: tgc.Program, dims: dict[str, int]) -> str:
     """Run symbolically at `dims`, check against numpy, and say which kernels ran (`Program.last_run`)."""
     inputs = random_inputs(prog, dims, seed=sum(dims.values()))
     got = prog.run("CPU", dims=dims, symbolic=True, **inputs)
-    want = numpy_program(prog, dims)(inputs)
-    for name in prog.output_names:
-        g, w = np.asarray(got[name]), np.asarray(want[name])
-        assert g.shape == w.shape, (dims, name)
-        bad, _ = compare(name, g, w, "f32")
-        assert bad is None, f"{dims}: {bad.describe()}"
+    _check(prog, got, dims, inputs)
     return prog.last_run
 
 
@@ -134,15 +129,6 @@ def test_constant_heads_and_heads_of_heads():
     assert why.startswith(f"C // D = {3 * tf} is not a multiple of KH = {2 * tf}")
 
 
-def _numpy_check(prog: tgc.Program, got: dict, inputs: dict, dims: dict[str, int]) -> None:
-    want = numpy_program(prog, dims)(inputs)
-    for name in prog.output_names:
-        g, w = np.asarray(got[name]), np.asarray(want[name])
-        assert g.shape == w.shape, (dims, name)
-        bad, _ = compare(name, g, w, "f32")
-        assert bad is None, f"{dims}: {bad.describe()}"
-
-
 def test_a_package_records_the_constraint_and_serves_only_its_class(tmp_path):
     prog = tgc.loads(HEADS_DIM)
     path = tmp_path / "heads.tgpkg"
@@ -155,7 +141,7 @@ def test_a_package_records_the_constraint_and_serves_only_its_class(tmp_path):
     for t, q, d in [(lo, lo, lo), (lo + 2, lo + 4, lo), (lo + 1, lo, 2 * lo + 1), (33, 3 * lo, 40)]:
         dims = {"T": t, "C": q * d, "D": d}
         inputs = random_inputs(prog, dims, seed=q + d)
-        _numpy_check(prog, pkg.run(**inputs), inputs, dims)
+        _check(prog, pkg.run(**inputs), dims, inputs)
         assert pkg.output_types(dims)[0][2] == (t, q * d)
     # outside the constraint: refused with the reason before any size is evaluated, never run
     for dims, why in [({"T": 9, "C": 50, "D": 8}, "C = 50 is not a multiple of D = 8"),
@@ -178,7 +164,7 @@ def test_a_package_records_the_constraint_and_serves_only_its_class(tmp_path):
     run = [sys.executable, "-m", "tgc.cli.main", "run", str(path), *args]
     r = subprocess.run([*run, "-o", str(tmp_path / "out.npz")], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    _numpy_check(prog, {"out0": np.load(tmp_path / "out.npz")["out0"]}, inputs, dims)
+    _check(prog, {"out0": np.load(tmp_path / "out.npz")["out0"]}, dims, inputs)
     for name, arr in random_inputs(prog, {"T": lo, "C": 50, "D": 8}, seed=1).items():
         np.save(tmp_path / f"{name}.npy", arr)  # (C = 50 heads of D = 8: no size of the class)
     r = subprocess.run(run, capture_output=True, text=True, timeout=120)
