@@ -299,3 +299,12 @@ def test_heads_of_a_reshape_to_minus_one_are_narrowed_as_c_over_d():
         prog.compile_symbolic("CPU")
     assert prog.symbolic_paths[("CPU", (("T", "n"), ("C", "n"), ("D", "n")))] == \
         "probes: the size decision CT // D depends on the dims' values"
+
+
+def test_heads_at_a_width_that_is_a_multiple_of_32_run_on_the_narrowed_class():
+    """A new-user trial: C = 64 of D = 8 heads (C of class 32n, which has no plan) fell back to size-specialized
+    kernels, though C_D = 8 and D = 8 are the narrowed class-n plan's (a package of it served them)."""
+    prog = tgc.loads(HEADS_DIM)
+    assert _run(prog, {"T": 5, "C": 64, "D": 8}) == "symbolic"
+    assert _run(prog, {"T": 7, "C": 96, "D": 12}) == "symbolic"
+    assert _run(prog, {"T": 5, "C": 96, "D": 3}).startswith("specialized")  # (C // D = 32: outside the class)

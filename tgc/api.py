@@ -180,6 +180,7 @@ class Program:
         self.one_trace = True  # False: every class through the probes (tests compare the two paths)
         # a class's hidden dims (`_with_multiples`): name -> (X, Y), the dim X traced as name * Y (Y a dim or an int)
         self._hidden: dict[str, tuple[str, str | int]] = {}
+        self._divided_dims: set[tuple] = set()  # (device, class) with no plan whose trace divided a dim by a dim
         self.last_run = ""  # "symbolic" or "specialized[: why]": which kernels the last `run` used
         self._chunks: dict[tuple, Chunking | None] = {}  # (device, dims, BEAM, tuned) -> how `run` chunks
         self.last_chunking: Chunking | None = None  # the chunking the last single-device `run` used, if any
@@ -567,6 +568,8 @@ class Program:
         cannot launch, for its kernels' templates and names (`_store_class_winners`); never kept in `_plans`."""
         with wanted_multiples() as wanted:
             plan = self._build_symbolic_bounded(dev, cls, templates_only)
+        if isinstance(plan, str) and any(isinstance(y, str) for _, y in wanted):
+            self._divided_dims.add((dev.name, cls))  # (`lower_symbolic`: a class-n narrowing may serve these dims)
         multiples: list[tuple[str, str | int, str]] = []
         cls2, path = cls, self.symbolic_paths.get((dev.name, cls), "")
         for _ in range(3):  # (a quotient of a quotient, `C // D // KH`, is met once `C // D` is exact)
@@ -896,6 +899,15 @@ class Program:
             except PackageError:
                 pass  # (a check the saved kernels fail at these dims: the plan below says what runs instead)
         plan = self._symbolic(dev, cls)
+        if isinstance(plan, str) and (dev.name, cls) in self._divided_dims:
+            # a narrowed class of the same dims in class n serves multiples of 32 where its hidden dims are exactly
+            # of their class (`SymbolicPlan.class_dims`: C = 64 of D = 8 heads is C_D = 8, D = 8), as a package's
+            # class lookup does; not stored under this class in the program cache
+            alt = self._symbolic(dev, tuple((n, "n" if c == "32n" else c) for n, c in cls))
+            if not isinstance(alt, str) and alt.multiples:
+                low, _ = alt.bind(self, dims)
+                if low is not None:
+                    return low, ""
         if isinstance(plan, str):
             return None, f"no kernels valid for every size ({sizes.class_text(cls)}): {plan}"
         low, why = plan.bind(self, dims)
