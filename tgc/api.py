@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from tgc import progcache, timings
+from tgc import progcache, sizeexpr, timings
 from tgc.backends import canonical, default_device, device_class, get_device, known_kinds, one_device
 from tgc.codegen import search, sizes
 from tgc.codegen.attention import attention_kernel, is_fused_attention
@@ -1171,10 +1171,10 @@ class Program:
                 if mk not in memo:
                     # a device that lowers and compiles alike (`_lowers_alike`: CPU:0 and CPU:1, equal shards)
                     # takes the kernel built for the first one, bound to itself
-                    twin = alike.get((_lowers_alike(dev), *mk[1:]))
+                    ak = (_lowers_alike(dev), *mk[1:])
                     memo[mk] = build_kernel(item, dev, beam=beam, name=unique_name(item), tuned=tuned) \
-                        if twin is None else _dc_replace(twin, device=dev, _program=None)
-                    alike.setdefault((_lowers_alike(dev), *mk[1:]), memo[mk])
+                        if ak not in alike else _dc_replace(alike[ak], device=dev, _program=None)
+                    alike.setdefault(ak, memo[mk])
                 kernels.append(memo[mk])
             return [split.get(n, n) for n in nodes], kernels
 
@@ -1660,37 +1660,40 @@ class SymbolicPlan:
         self.multiples: list[tuple[str, str | int, str]] = []
         self.user_class: tuple | None = None
 
+    def _written(self) -> list[tuple[str, str | int]]:
+        """Per multiple (X, Y, Q), X and Y as the program's dims write them (a hidden dim as its quotient: `C // D`
+        for C_D, a divisor `(D // 2)` for D_2; review 18: messages named hidden dims no program writes)."""
+        written: dict[str, str] = {}
+        out = []
+        for x, y, q in self.multiples:
+            x, y = written.get(x, x), f"({written[y]})" if isinstance(y, str) and y in written else y
+            written[q] = f"{x} // {y}"
+            out.append((x, y))
+        return out
+
     def class_text(self) -> str:
         """The sizes the plan serves, as a user reads them: `B >= 2, C >= 2, D >= 2, with C a multiple of D
         (C // D >= 2 and no multiple of 32)`."""
         if not self.multiples:
             return sizes.class_text(self.size_class)
-        written: dict[str, str] = {}  # a hidden dim as the program's dims write it (`C // D // KH`)
-        parts = []
-        for x, y, q in self.multiples:
-            x, y = written.get(x, x), _divisor_text(written, y)
-            written[q] = f"{x} // {y}"
-            parts.append(f"{x} a multiple of {y} ({x} // {y} >= 2 and no multiple of {sizes.UNIT})")
+        parts = [f"{x} a multiple of {y} ({x} // {y} >= 2 and no multiple of {sizes.UNIT})" for x, y in self._written()]
         return f"{sizes.class_text(self.user_class or ())}, with {' and '.join(parts)}"
 
     def class_dims(self, dims: Mapping[str, int]) -> tuple[dict[str, int] | None, str]:
         """The program's dims as the plan's class names them (each hidden dim Q = X // Y added, X kept), or
         (None, why) where they are outside it: X no multiple of Y, or a quotient outside class n (below 2, or a
         multiple of 32, which the class's remainders read as not 0)."""
-        d = dict(dims)
-        written: dict[str, str] = {}
-        for x, y, q in self.multiples:
-            xv, yv = d[x], (d[y] if isinstance(y, str) else y)
-            x, y = written.get(x, x), _divisor_text(written, y)
-            written[q] = f"{x} // {y}"
-            if yv <= 0 or xv % yv:
-                return None, f"{x} = {xv} is not a multiple of {y}" + (f" = {yv}" if isinstance(y, str) else "") + \
-                    f": the symbolic kernels were compiled for {self.class_text()}"
-            d[q] = xv // yv
+        d, bad = sizeexpr.with_quotients(self.multiples, dims)
+        written = self._written()
+        if bad is not None:
+            (x, y, _), (xs, ys) = self.multiples[bad], written[bad]
+            return None, f"{xs} = {d[x]} is not a multiple of {ys}" + (f" = {d[y]}" if isinstance(y, str) else "") + \
+                f": the symbolic kernels were compiled for {self.class_text()}"
         names = [n for n, _ in self.size_class]
         if sizes.size_class(names, d) != self.size_class:
-            q = next((m[2] for m in self.multiples if sizes.size_class([m[2]], d) != ((m[2], "n"),)), None)
-            what = "these sizes are" if q is None else f"{written[q]} = {d[q]} is"
+            i = next((i for i, m in enumerate(self.multiples) if sizes.size_class([m[2]], d) != ((m[2], "n"),)), None)
+            what = "these sizes are" if i is None else \
+                f"{written[i][0]} // {written[i][1]} = {d[self.multiples[i][2]]} is"
             return None, f"{what} outside the symbolic kernels' class ({self.class_text()})"
         return d, ""
 
@@ -1829,12 +1832,6 @@ def _symbolic_ast(item: ScheduleItem, probe: dict[str, int], symbolic: list[str]
     ast = sizes.symbolize_ast(item.ast, probe, symbolic, bound)
     plain = item.meta.get("unfused_ast")
     return ast if plain is None or is_fused_attention(ast) else sizes.symbolize_ast(plain, probe, symbolic, bound)
-
-
-def _divisor_text(written: dict[str, str], y: str | int) -> str | int:
-    """A multiple's divisor as the program writes it: a hidden dim (`D_2`) as its quotient, parenthesized
-    (`(D // 2)`); a program dim or an int as is (review 18: messages named `D_2`, which no program writes)."""
-    return f"({written[y]})" if isinstance(y, str) and y in written else y
 
 
 def _lowers_alike(dev: Any) -> tuple:

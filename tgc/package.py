@@ -1966,12 +1966,10 @@ class SizeClassPlan:
         where they are outside the class: the check `SymbolicPlan.class_dims` makes in memory (Y divides X, the
         dims of the class's kernels exactly of their class: a Q below 2 or a multiple of 32 is not), then each
         of them within the class's sizes (`min` .. `max`). Made before any size expression is evaluated."""
-        d = {n: int(dims[n]) for n in self.cls}
-        for x, y, q in self.multiples:
-            xv, yv = d[x], (d[y] if isinstance(y, str) else y)
-            if yv <= 0 or xv % yv:
-                return None, f"{x} = {xv} is not a multiple of {y}" + (f" = {yv}" if isinstance(y, str) else "")
-            d[q] = xv // yv
+        d, bad = sizeexpr.with_quotients(self.multiples, {n: int(dims[n]) for n in self.cls})
+        if bad is not None:
+            x, y, _ = self.multiples[bad]
+            return None, f"{x} = {d[x]} is not a multiple of {y}" + (f" = {d[y]}" if isinstance(y, str) else "")
         cls = self.hidden or self.cls
         got = dict(sizeexpr.size_class(list(cls), d))
         for n, c in cls.items():

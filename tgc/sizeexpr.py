@@ -112,3 +112,17 @@ def size_class(names: Any, dims: Mapping[str, int]) -> tuple[tuple[str, str], ..
     warm path, which keys a symbolic entry by it)."""
     return tuple((n, "0" if dims[n] == 0 else "1" if dims[n] == 1 else "32n" if dims[n] % UNIT == 0 else "n")
                  for n in names)
+
+
+def with_quotients(multiples: Any, dims: Mapping[str, int]) -> tuple[dict[str, int], int | None]:
+    """A narrowed class's dims (`multiples`: (X, Y, Q), X a multiple of Y, a dim or an int, Q = X // Y a hidden
+    dim, in the order made) from the program's: `dims` with each Q added, and None; or, where a Y does not
+    divide its X (or is not positive), the dims so far and that multiple's index. The one check of a narrowed
+    class, in memory (`tgc.api.SymbolicPlan.class_dims`) and in a package (`tgc.package.SizeClassPlan`)."""
+    d = dict(dims)
+    for i, (x, y, q) in enumerate(multiples):
+        xv, yv = d[x], (d[y] if isinstance(y, str) else y)
+        if yv <= 0 or xv % yv:
+            return d, i
+        d[q] = xv // yv
+    return d, None
