@@ -47,6 +47,7 @@ def sm_pkg(tmp_path_factory) -> pathlib.Path:
     r = _cli("compile", SOFTMAX, "--package", path)
     assert r.returncode == 0, r.stderr
     assert "for every size of 4 size classes" in r.stderr
+    (path.parent / "stderr.txt").write_text(r.stderr)  # (test_compile_package_prints_one_short_line_per_class)
     return path
 
 
@@ -112,6 +113,103 @@ def test_the_fast_variant_runs_only_where_its_launch_checks_hold(sm_pkg):
         np.testing.assert_allclose(pkg.run(x=x)["out0"], _softmax(x), rtol=1e-5, atol=1e-6)
     text = _cli("inspect", sm_pkg)
     assert text.returncode == 0
+
+
+def test_compile_package_prints_one_short_line_per_class(sm_pkg, tmp_path):
+    # a new-user trial: without -D, `tgc compile --package` printed every class and every planned peak as one
+    # line of nested expressions (2.5-5 KB for transformer_block, llama_block); now a line per class with its
+    # kernels and the peak as a short sum, the full expression at DEBUG and in `tgc inspect`
+    lines = (sm_pkg.parent / "stderr.txt").read_text().splitlines()
+    assert lines == [f"wrote {sm_pkg}: 6 kernels for CPU for every size of 4 size classes (`tgc inspect {sm_pkg}` "
+                     "shows each in full):",
+                     "  N=2..2147483647, D=2..2147483647: 1 kernel, peak 8*N*D bytes",
+                     "  N=1, D=2..2147483647: 1 kernel, peak 8*D bytes",
+                     "  N=2..2147483647, D=1: 2 kernels, peak 12*N bytes",
+                     "  N=1, D=1: 2 kernels, peak 12 bytes"], lines
+    # a narrowed class (C a multiple of 4, traced as C_4 = C // 4) and one left out (C = 1: C // 4 is 0)
+    src = tmp_path / "heads.tg"
+    src.write_text("x: f32[T, C]\nreturn reshape(reshape(x, (T, 4, C // 4)) * 2.0, (T, C))\n")
+    path = tmp_path / "heads.tgpkg"
+    r = _cli("compile", src, "--package", path, DEBUG="1")
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    assert lines[1].startswith("  T=") and lines[1].endswith(
+        ", with C a multiple of 4, C_4 (= C // 4) no multiple of 32: 1 kernel, peak 32*T*C_4 bytes"), lines
+    assert lines[2] == "    planned peak (bytes): ((4 * T) * (4 * C_4)) + ((4 * T) * (4 * C_4))", lines
+    assert lines[-1] == "  not packaged (`tgc inspect` says why): T >= 2, C=1; T=1, C=1", lines
+    r = _cli("inspect", path)
+    assert r.returncode == 0, r.stderr
+    assert "  memory: planned peak 32*T*C_4 bytes in 2 allocations" in r.stdout.splitlines(), r.stdout
+    assert "    (as the plan writes it: ((4 * T) * (4 * C_4)) + ((4 * T) * (4 * C_4)))" in r.stdout, r.stdout
+    skipped = [line for line in r.stdout.splitlines() if line.startswith("not packaged")]
+    assert len(skipped) == 2 and skipped[0].startswith("not packaged: T >= 2, C=1: cannot reshape") and \
+        skipped[1].startswith("not packaged: T=1, C=1: "), skipped
+    doc = json.loads(_cli("inspect", path, "--json").stdout)
+    assert [(x["class"], x["sizes"]) for x in doc["skipped"]] == [({"T": "n", "C": "1"}, "T >= 2, C=1"),
+                                                                 ({"T": "1", "C": "1"}, "T=1, C=1")]
+    # a refusal: the reason first, then the class of those sizes
+    x = np.zeros((3, 6), np.float32)
+    with pytest.raises(PackageError) as e:
+        tgc.load_package(path).run(x=x)
+    assert str(e.value).startswith(f"{path}: C = 6 is not a multiple of 4, so the sizes T=3, C=6 are outside the "
+                                   "size classes this package holds (their class: T=2.."), str(e.value)
+    with pytest.raises(PackageError) as e:
+        tgc.load_package(path).run(x=np.zeros((3, 1), np.float32))
+    assert str(e.value).startswith(f"{path}: their size class (T >= 2, C=1) was not packaged: cannot reshape"), \
+        str(e.value)
+    with pytest.raises(PackageError) as e:
+        tgc.load_package(path).run(x=np.zeros((3, 128), np.float32))
+    assert str(e.value).startswith(f"{path}: C_4 (= C // 4) = 32 is outside its class (C_4 >= 2, no multiple of "
+                                   "32), so the sizes T=3, C=128"), str(e.value)
+    np.save(tmp_path / "x.npy", x)
+    r = _cli("run", path, "-i", f"x={tmp_path / 'x.npy'}")
+    assert r.returncode == 2 and r.stderr.startswith(f"error: {path}: C = 6 is not a multiple of 4, so"), r.stderr
+    assert len(r.stderr.splitlines()) == 2 and "Traceback" not in r.stderr, r.stderr  # (the error and its help)
+    for t, c in ((3, 8), (1, 12), (5, 36)):
+        x = np.arange(t * c, dtype=np.float32).reshape(t, c)
+        np.testing.assert_array_equal(tgc.load_package(path).run(x=x)["out0"], x * 2)
+
+
+def test_a_partial_dims_package_suggests_giving_none(tmp_path):
+    # a new-user trial: `tgc compile --package` with some of the dims said only to give the others
+    r = _cli("compile", MLP, "--package", tmp_path / "m.tgpkg", "-D", "B=2")
+    assert r.returncode == 2 and not (tmp_path / "m.tgpkg").exists()
+    assert r.stderr.splitlines() == ["error: dim IN is unknown", "  help: give it with -D IN=SIZE, or give no -D to "
+                                     "package it for every size (the sizes then come from the inputs at each run)"]
+    r = _cli("compile", MLP, "-D", "B=2")  # (no package: every dim, as before)
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == ["error: dim IN is unknown", "  help: give it with -D IN=SIZE"]
+
+
+@pytest.mark.parametrize("positive", [(), ("N", "D", "C")])
+def test_short_text_of_a_size_expression_is_its_value(positive):
+    e = ["+", ["*", ["*", 4, "N"], "D"], ["*", ["*", 4, "N"], "D"]]
+    assert sizeexpr.short_text(e, positive=("N", "D")) == "8*N*D"
+    big = ["max", ["*", 16, "N"], ["max", ["*", ["*", 16, "N"], "C"], ["*", 16, "N"]]]
+    assert sizeexpr.short_text(big, positive=positive) == ("16*N*C" if positive else "max(16*N, 16*C*N)")
+    assert sizeexpr.short_text(["min", ["-", "N", 1], "N"], positive=positive) == "N - 1"
+    assert sizeexpr.short_text(["*", ["//", "N", 4], ["//", "N", 4]]) == "(N // 4)^2"
+    assert sizeexpr.short_text(["//", ["*", 2, "N"], ["*", 2, "D"]]) == "(2*N // (2*D))"
+    assert sizeexpr.short_text(["*", ["+", "N", "D"], ["+", "N", "D"]], limit=10) is None  # (N^2 + 2*N*D + D^2)
+    # against evaluate: random expressions at random sizes (each in `positive` at least 1, the others 0 too)
+    rng = np.random.default_rng(len(positive))
+    names = ["N", "D", "C"]
+
+    def rand(depth: int):
+        if depth == 0 or rng.random() < 0.25:
+            return names[rng.integers(3)] if rng.random() < 0.6 else int(rng.integers(0, 5))
+        op = ["+", "-", "*", "max", "min", "//", "%"][rng.integers(7)]
+        return [op, rand(depth - 1), rand(depth - 1) if op not in ("//", "%") else int(rng.integers(1, 5))]
+
+    for _ in range(300):
+        e = rand(5)
+        text = sizeexpr.short_text(e, limit=10_000, positive=positive)
+        assert text is not None, e
+        for _ in range(5):
+            dims = {n: int(rng.integers(1 if n in positive else 0, 7)) for n in names}
+            want = sizeexpr.evaluate(e, dims)
+            assert eval(text.replace("^", "**"), {"__builtins__": {}, "max": max, "min": min}, dict(dims)) == want, \
+                (e, text, dims)
 
 
 def test_launch_checks_become_size_expressions():

@@ -1663,13 +1663,7 @@ class SymbolicPlan:
     def _written(self) -> list[tuple[str, str | int]]:
         """Per multiple (X, Y, Q), X and Y as the program's dims write them (a hidden dim as its quotient: `C // D`
         for C_D, a divisor `(D // 2)` for D_2; review 18: messages named hidden dims no program writes)."""
-        written: dict[str, str] = {}
-        out = []
-        for x, y, q in self.multiples:
-            x, y = written.get(x, x), f"({written[y]})" if isinstance(y, str) and y in written else y
-            written[q] = f"{x} // {y}"
-            out.append((x, y))
-        return out
+        return sizeexpr.written(self.multiples)
 
     def class_text(self) -> str:
         """The sizes the plan serves, as a user reads them: `B >= 2, C >= 2, D >= 2, with C a multiple of D

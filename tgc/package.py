@@ -1956,10 +1956,33 @@ class SizeClassPlan:
         out = ", ".join(f"{n}={self.min.get(n, 2)}..{self.max.get(n)}" if c == "n" else
                         f"{n}={self.min.get(n, 32)}..{self.max.get(n)} (multiples of 32)" if c == "32n" else
                         f"{n}={c}" for n, c in (self.hidden or self.cls).items()) or "(no dims)"
-        if self.multiples:
-            out += ", with " + " and ".join(f"{x} a multiple of {y} ({q} = {x} // {y}, no multiple of 32)"
-                                            for x, y, q in self.multiples)
+        if self.multiples:  # (each quotient named with what it is and its class: C_D (= C // D) no multiple of 32)
+            cls = self.hidden or self.cls
+            out += ", with " + ", and ".join(
+                f"{xs} a multiple of {ys}, {q} (= {xs} // {ys}) "
+                + ("a multiple of 32" if cls.get(q) == "32n" else "no multiple of 32")
+                for (xs, ys), (_, _, q) in zip(sizeexpr.written(self.multiples), self.multiples))
         return out
+
+    def short(self) -> str:
+        """The class in short: its dims' classes and multiples, no sizes (`B >= 2, T=1, C a multiple of 4`)."""
+        cls = {n: "n" if any(x == n for x, _, _ in self.multiples) else v for n, v in self.cls.items()}
+        out = sizeexpr.class_text(cls.items())
+        return out + "".join(f", {xs} a multiple of {ys}" for xs, ys in sizeexpr.written(self.multiples))
+
+    def peak_text(self, limit: int | None = 100) -> str | None:
+        """The planned peak bytes as a short sum of products of the class's dims (`sizeexpr.short_text`: every
+        one at least 1 here), or None where it is longer than `limit` characters (None: any length)."""
+        return sizeexpr.short_text(self.doc["memory"]["peak_bytes"], limit if limit is not None else 1 << 20,
+                                   positive=list(self.hidden or self.cls))
+
+    def least(self) -> dict[str, int]:
+        """The program's dims at the class's least sizes (each hidden dim at its least, X = Q * Y made from it)."""
+        d = {n: self.min.get(n, 2) if c in ("n", "32n") else int(c)
+             for n, c in (self.hidden or self.cls).items()}
+        for x, y, q in reversed(self.multiples):
+            d[x] = d[q] * (d[y] if isinstance(y, str) else y)
+        return {n: d[n] for n in self.cls}
 
     def class_dims(self, dims: dict[str, int], ranges: bool = True) -> tuple[dict[str, int] | None, str]:
         """The dims as the class's kernels name them (each hidden dim Q = X // Y added, X kept), or (None, why)
@@ -1972,13 +1995,15 @@ class SizeClassPlan:
             return None, f"{x} = {d[x]} is not a multiple of {y}" + (f" = {d[y]}" if isinstance(y, str) else "")
         cls = self.hidden or self.cls
         got = dict(sizeexpr.size_class(list(cls), d))
+        quotients = {q: f"{q} (= {xs} // {ys})" for (xs, ys), (_, _, q) in
+                     zip(sizeexpr.written(self.multiples), self.multiples)}  # (a hidden dim named with what it is)
         for n, c in cls.items():
             if got[n] != c and (self.multiples or c != "n" or got[n] != "32n"):
                 # (a plain class's "n" kernels serve multiples of 32 too; a narrowed class's exactly its class)
                 want = " >= 2, no multiple of 32" if c == "n" else " a multiple of 32" if c == "32n" else f" = {c}"
-                return None, f"{n} = {d[n]} is outside its class ({n}{want})"
+                return None, f"{quotients.get(n, n)} = {d[n]} is outside its class ({n}{want})"
             if ranges and c in ("n", "32n") and not self.min[n] <= d[n] <= self.max[n]:
-                return None, f"{n} = {d[n]} is outside its sizes {self.min[n]}..{self.max[n]}"
+                return None, f"{quotients.get(n, n)} = {d[n]} is outside the class's sizes {self.min[n]}..{self.max[n]}"
         return d, ""
 
     def bind(self, pkg: Any, dev: Any, dims: dict[str, int]) -> Any:
@@ -2085,8 +2110,15 @@ class SymbolicPackage:
             self.classes.append(SizeClassPlan(dict(cls), lo, hi, c, multiples, hidden))
         if not self.classes or len({tuple(c.cls.values()) for c in self.classes}) != len(self.classes):
             raise _bad(path, "its size classes are missing or repeated")
-        self.skipped = [{"class": str(_obj(s, "skipped", path).get("class"))[:200], "why": str(s.get("why"))[:300]}
-                        for s in _list(sym.get("skipped", []), "symbolic.skipped", path, MAX_CLASSES)]
+        self.skipped = []  # (the class as the dims' classes where it reads as one, else its text)
+        for s in _list(sym.get("skipped", []), "symbolic.skipped", path, MAX_CLASSES):
+            cls = _obj(s, "skipped", path).get("class")
+            if isinstance(cls, dict) and set(cls) == set(self.dims_names) and \
+                    all(v in ("n", "32n", "1") for v in cls.values()):
+                cls = {n: cls[n] for n in self.dims_names}
+            else:
+                cls = str(cls)[:200]
+            self.skipped.append({"class": cls, "why": str(s.get("why"))[:300]})
         runner = m.get("graph_runner")
         self._runner_doc = runner
         self._bound: dict[tuple, Any] = {}  # (device, dims) -> the executable bound there (the sizes run last)
@@ -2192,21 +2224,41 @@ class SymbolicPackage:
         """The class holding these dims (`SizeClassPlan.class_dims`: a narrowed class's multiples checked);
         PackageError (exit 2) for sizes outside every packaged class, with a narrowed class's reason."""
         given = ", ".join(f"{n}={dims[n]}" for n in self.dims_names)
-        classes = "; ".join(c.text() for c in self.classes)
         held, whys = [], []
         for c in self.classes:
             at, why = c.class_dims(dims)
             if at is not None:
                 held.append(c)
-            elif c.multiples and all(dims[n] >= 2 if v == "n" else dims[n] % 32 == 0 if v == "32n" else
-                                     dims[n] == int(v) for n, v in c.cls.items()):
-                whys.append(why)  # (the class of the dims, narrowed: why not)
+            elif all(dims[n] >= 2 if v == "n" else dims[n] % 32 == 0 if v == "32n" else dims[n] == int(v)
+                     for n, v in c.cls.items()):
+                whys.append((why, c))  # (a class of the dims: why not)
         if held:  # (a class of multiples of 32, where one holds them, before "n": its kernels assume them)
             return max(held, key=lambda c: sum(v == "32n" for v in c.cls.values()))
-        raise PackageError(f"{self.path}: the sizes {given} are outside the size classes this package holds "
-                           f"({classes}){': ' + '; '.join(whys) if whys else ''}",
+        # the reason first, then the class of these sizes (or every class, each in short, where none is theirs)
+        n = len(self.classes)
+        if whys:
+            why, c = whys[0]
+            where = f"their class: {c.text()}" + (f"; `tgc inspect` lists all {n}" if n > 1 else "")
+        else:
+            why = self._missing_class(dims)
+            where = "; ".join(c.short() for c in self.classes)
+        raise PackageError(f"{self.path}: {why}, so the sizes {given} are outside the size classes this package "
+                           f"holds ({where})",
                            hint="compile a package for these sizes: tgc compile FILE "
                                 + " ".join(f"-D {n}={dims[n]}" for n in self.dims_names) + " --package OUT")
+
+    def _missing_class(self, dims: dict[str, int]) -> str:
+        """Why no class of the package is that of `dims`: a dim of 0, a class not packaged (and why), or left out
+        of the classes tried (`_size_classes`)."""
+        zero = [n for n in self.dims_names if dims[n] == 0]
+        if zero:
+            return f"{zero[0]} = 0 is in no size class (a symbolic package holds no empty dim)"
+        theirs = {n: "1" if dims[n] == 1 else "n" for n in self.dims_names}
+        text = sizeexpr.class_text(theirs.items())
+        for s in self.skipped:
+            if s["class"] == theirs:
+                return f"their size class ({text}) was not packaged: {s['why']}"
+        return f"their size class ({text}) is not one this package holds"
 
     def class_dims(self, c: SizeClassPlan, dims: dict[str, int]) -> dict[str, int]:
         """The dims as class `c`'s size expressions name them (`SizeClassPlan.class_dims`), or PackageError."""
@@ -2490,6 +2542,7 @@ class SymbolicPackage:
                                          "shape": [sizeexpr.text(e) for e in b["shape"]],
                                          "slot": mem["slot_of"][i]} for i, b in enumerate(c.doc["buffers"])],
                             "memory": {"peak_bytes": sizeexpr.text(mem["peak_bytes"]),
+                                       "peak_short": c.peak_text(None),
                                        "slots": [sizeexpr.text(e) for e in mem["slots"]]}})
         doc: dict[str, Any] = {
             "path": self.path, "format": FORMAT, "format_version": self.format_version,
@@ -2503,7 +2556,9 @@ class SymbolicPackage:
                         "declared": [sizeexpr.text(e) if e is not None else "?" for e in d.expr]}
                        for d in self.inputs],
             "outputs": [{"name": n} for n in self.output_names],
-            "classes": classes, "skipped": self.skipped,
+            "classes": classes,
+            "skipped": [{**x, "sizes": x["class"] if isinstance(x["class"], str) else
+                         sizeexpr.class_text(x["class"].items())} for x in self.skipped],
         }
         if dims:  # (inspect only: the class's plan written out as a fixed-size package at these dims, validated)
             dims = self.infer_dims({}, dims)

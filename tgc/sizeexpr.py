@@ -126,3 +126,136 @@ def with_quotients(multiples: Any, dims: Mapping[str, int]) -> tuple[dict[str, i
             return d, i
         d[q] = xv // yv
     return d, None
+
+
+
+def written(multiples: Any) -> list[tuple[str, str | int]]:
+    """Per multiple (X, Y, Q) of a narrowed class (`with_quotients`), X and Y as the program's dims write them: a
+    hidden dim as its quotient (`C // D` for C_D), a divisor that is one in parentheses (`(D // 2)` for D_2)."""
+    spelled: dict[str, str] = {}
+    out = []
+    for x, y, q in multiples:
+        x, y = spelled.get(x, x), f"({spelled[y]})" if isinstance(y, str) and y in spelled else y
+        spelled[q] = f"{x} // {y}"
+        out.append((x, y))
+    return out
+
+def class_text(cls: Any) -> str:
+    """A size class ((name, "1" | "n" | "32n" | size), ...) as people read it: `B >= 2, C=1, T a multiple of 32`
+    (`tgc.codegen.sizes.class_text`; here, below the compiler, for a loaded package's classes)."""
+    words = {"n": " >= 2", "32n": " a multiple of 32"}
+    return ", ".join(f"{n}{words.get(c, '=' + str(c))}" for n, c in cls) or "(no dims)"
+
+
+def short_text(e: Expr, limit: int = 120, positive: Any = ()) -> str | None:
+    """`e` as a sum of products (`64*B*T*C_4 + 1024*C_4^2 + 16`), or None where that is longer than `limit`
+    characters. Every dim is a size (at least 0), those in `positive` at least 1 (and a product's factors written
+    in their order): a `max` (`min`) keeps only the
+    terms no other is provably at least (at most), a product being at least another it contains times sizes of
+    at least 1; a `max`, `min`, `//` or `%` that stays is written as one term."""
+    Poly = dict[tuple[str, ...], int]
+    sizes: set[str] = set()  # the dims and the terms kept whole that are at least 0
+    ones: set[str] = set(positive)  # (those at least 1)
+    rank = {n: i for i, n in enumerate(positive)}  # (a product's factors in this order, then by name)
+
+    def key(t: str) -> tuple[int, str]:
+        return rank.get(t, len(rank)), t
+
+    def add(a: Poly, b: Poly, sign: int = 1) -> Poly:
+        out = dict(a)
+        for m, c in b.items():
+            out[m] = out.get(m, 0) + sign * c
+        return {m: c for m, c in out.items() if c}
+
+    def mul(a: Poly, b: Poly) -> Poly:
+        if len(a) * len(b) > MAX_NODES:  # (a product of long sums: no short text)
+            raise ExprError("too many terms")
+        out: Poly = {}
+        for ma, ca in a.items():
+            for mb, cb in b.items():
+                m = tuple(sorted(ma + mb, key=key))
+                out[m] = out.get(m, 0) + ca * cb
+        return {m: c for m, c in out.items() if c}
+
+    def contains(m: tuple[str, ...], sub: tuple[str, ...]) -> bool:  # m = sub times factors of at least 1
+        rest = list(m)
+        for t in sub:
+            if t not in rest:
+                return False
+            rest.remove(t)
+        return all(t in ones for t in rest)
+
+    def at_least(a: Poly, b: Poly) -> bool:
+        """a >= b at every size: each negative term of a - b covered by positive ones that contain it."""
+        d = add(a, b, -1)
+        pos = {m: c for m, c in d.items() if c > 0}
+        for m, c in sorted(((m, -c) for m, c in d.items() if c < 0), key=lambda mc: -len(mc[0])):
+            if any(t not in sizes for t in m):
+                return False
+            for big in [b for b in pos if contains(b, m)]:
+                used = min(pos[big], c)
+                pos[big] -= used
+                c -= used
+            if c:
+                return False
+        return all(t in sizes for m in pos for t in m)
+
+    def at_least_0(p: Poly) -> bool:  # (no negative coefficient, every term a product of sizes)
+        return all(c > 0 and all(t in sizes for t in m) for m, c in p.items())
+
+    def term(t: str, known_at_least_0: bool) -> Poly:
+        if known_at_least_0:
+            sizes.add(t)
+        return {(t,): 1}
+
+    def flat(op: str, x: Expr) -> list[Expr]:
+        return flat(op, x[1]) + flat(op, x[2]) if isinstance(x, list) and x[0] == op else [x]
+
+    def poly(x: Expr) -> Poly:
+        if isinstance(x, int):
+            return {(): x} if x else {}
+        if isinstance(x, str):
+            return term(x, True)
+        op = x[0]
+        if op in ("max", "min"):
+            keep: list[Poly] = []
+            for p in (poly(y) for y in flat(op, x)):
+                if any(at_least(k, p) if op == "max" else at_least(p, k) for k in keep):
+                    continue
+                keep = [k for k in keep if not (at_least(p, k) if op == "max" else at_least(k, p))] + [p]
+            if len(keep) == 1:
+                return keep[0]
+            return term(f"{op}({', '.join(poly_text(k) for k in keep)})",
+                        (any if op == "max" else all)(at_least_0(k) for k in keep))
+        a, b = poly(x[1]), poly(x[2])
+        if op == "+":
+            return add(a, b)
+        if op == "-":
+            return add(a, b, -1)
+        if op == "*":
+            return mul(a, b)
+        # (a product before `//` reads as one operand, as in Python; after it, only a constant or one term does)
+        left = poly_text(a) if len(a) <= 1 else f"({poly_text(a)})"
+        right = poly_text(b) if len(b) == 1 and [(m, c) for m, c in b.items() if m == () or c == 1 and len(m) == 1] \
+            else f"({poly_text(b)})"
+        return term(f"({left} {op} {right})", at_least_0(a) and at_least_0(b) and bool(b))
+
+    def mono_text(m: tuple[str, ...], c: int) -> str:
+        names = [t if m.count(t) == 1 else f"{t}^{m.count(t)}" for t in dict.fromkeys(m)]
+        return "*".join(([str(c)] if c != 1 or not m else []) + names)
+
+    def poly_text(p: Poly) -> str:
+        if not p:
+            return "0"
+        order = sorted(p, key=lambda m: (-len(m), [key(t) for t in m]))
+        out = mono_text(order[0], p[order[0]]) if p[order[0]] > 0 else "-" + mono_text(order[0], -p[order[0]])
+        for m in order[1:]:
+            out += (" + " + mono_text(m, p[m])) if p[m] > 0 else (" - " + mono_text(m, -p[m]))
+        return out
+
+    try:
+        validate(e)
+        s = poly_text(poly(e))
+    except (ExprError, RecursionError):
+        return None
+    return s if len(s) <= limit else None

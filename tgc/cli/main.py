@@ -812,6 +812,36 @@ def compile_(file: str, device: str | None, dims: dict[str, int], emit: str, out
         _err(timings_text(rec, wall))
 
 
+def _symbolic_package_note(path: str, pkg: Any) -> None:
+    """What `tgc compile --package` says of a symbolic package: one line per size class (its sizes, kernels and
+    planned peak as a short expression, else in bytes at its least sizes), the classes left out; the peak's full
+    expression at DEBUG (`tgc inspect` prints it too)."""
+    from tgc.cli.report import fmt_bytes
+    from tgc.sizeexpr import class_text, evaluate, text
+
+    n, k = len(pkg.kernels), len(pkg.classes)
+    _err(f"wrote {path}: {n} kernel{'s' if n != 1 else ''} for {pkg.device_name} for every size of {k} size "
+         f"class{'es' if k != 1 else ''} (`tgc inspect {path}` shows each in full):")
+    for c in pkg.classes:
+        nk, peak = len(c.doc["kernels"]), c.peak_text()
+        if peak is not None:
+            peak += " bytes"
+        else:  # (a long expression: its value where the class starts)
+            least = c.least()
+            at, _ = c.class_dims(least, ranges=False)
+            try:
+                peak = f"{fmt_bytes(evaluate(c.doc['memory']['peak_bytes'], at or least))} at its least sizes " + \
+                    ", ".join(f"{d}={v}" for d, v in least.items())
+            except TgcError:
+                peak = "as `tgc inspect` shows"
+        _err(f"  {c.text()}: {nk} kernel{'s' if nk != 1 else ''}, peak {peak}")
+        if _debug():
+            _err(f"    planned peak (bytes): {text(c.doc['memory']['peak_bytes'])}")
+    if pkg.skipped:
+        _err("  not packaged (`tgc inspect` says why): " + "; ".join(
+            s["class"] if isinstance(s["class"], str) else class_text(s["class"].items()) for s in pkg.skipped))
+
+
 def _compile_command(file: str, device: str | None, dims: dict[str, int], emit: str, outdir: str | None,
                      package: str | None, shard: dict[str, int], show: bool) -> list[Any]:
     """`tgc compile` without --timings/--json: the kernels compiled (none for --package or --emit schedule)."""
@@ -828,7 +858,15 @@ def _compile_command(file: str, device: str | None, dims: dict[str, int], emit: 
     kernels: list[Any] = []
     symbolic = not dims and bool(prog.dim_names) and emit != "schedule"
     if not symbolic:
-        _warn(check_dims(prog, dims, require_all=True))
+        try:
+            _warn(check_dims(prog, dims, require_all=True))
+        except TgcError as e:  # (some dims given to --package: all of them, or none for every size)
+            from tgc.package import SYMBOLIC_KINDS
+
+            if package and dims and not _is_list(device, shard) and _device_kind(device)[1] in SYMBOLIC_KINDS:
+                e.hint = f"{e.hint}, or give no -D to package it for every size (the sizes then come from the " \
+                    "inputs at each run)" if e.hint else "give no -D to package it for every size"
+            raise
     name, kind = _device_kind(device)
     if package:
         if _is_list(device, shard) and not dims and prog.dim_names:
@@ -836,7 +874,6 @@ def _compile_command(file: str, device: str | None, dims: dict[str, int], emit: 
         _check_package_target(package, file)
         from tgc.cli.report import fmt_bytes
         from tgc.package import write
-        from tgc.sizeexpr import text as sizeexpr_text
 
         if dims or not prog.dim_names:  # a package holds kernels for the sizes given (dims checked above)
             _search_with_progress(prog, device, dims, None, running=False)
@@ -845,10 +882,7 @@ def _compile_command(file: str, device: str | None, dims: dict[str, int], emit: 
         pkg = write(prog, package, device if listed else name, dims, shard=shard if listed else None)
         n = len(pkg.kernels)
         if pkg.symbolic:
-            _err(f"wrote {package}: {n} kernel{'s' if n != 1 else ''} for {pkg.device_name} for every size of "
-                 f"{len(pkg.classes)} size class{'es' if len(pkg.classes) != 1 else ''} "
-                 f"({'; '.join(c.text() for c in pkg.classes)}); planned peak memory "
-                 "(bytes): " + "; ".join(sizeexpr_text(c.doc["memory"]["peak_bytes"]) for c in pkg.classes))
+            _symbolic_package_note(package, pkg)
             return kernels
         _err(f"wrote {package}: {n} kernel{'s' if n != 1 else ''} for {pkg.device_name}, "
              f"planned peak memory {fmt_bytes(pkg.peak_bytes)}")
@@ -1208,10 +1242,13 @@ def _inspect_symbolic(file: str, doc: dict) -> None:
         for b in c["buffers"]:
             click.echo(f"      buffer {b['index']:>3} {b['role']:<6} {b['name'] or '':<12} {b['dtype']}"
                        f"[{', '.join(b['shape'])}] allocation {b['slot']}")
-        click.echo(f"  memory: planned peak {c['memory']['peak_bytes']} bytes in {len(c['memory']['slots'])} "
-                   "allocations")
+        mem = c["memory"]
+        short = mem.get("peak_short")
+        click.echo(f"  memory: planned peak {short or mem['peak_bytes']} bytes in {len(mem['slots'])} allocations")
+        if short and short != mem["peak_bytes"]:
+            click.echo(f"    (as the plan writes it: {mem['peak_bytes']})")
     for s in doc["skipped"]:
-        click.echo(f"not packaged: {s['class']}: {s['why']}")
+        click.echo(f"not packaged: {s['sizes']}: {s['why']}")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -67,8 +67,7 @@ def size_class(names: Sequence[str], dims: Mapping[str, int]) -> SizeClass:
 
 
 def class_text(cls: SizeClass) -> str:
-    words = {"n": " >= 2", "32n": " a multiple of 32"}
-    return ", ".join(f"{n}{words.get(c, '=' + c)}" for n, c in cls) or "(no dims)"
+    return sizeexpr.class_text(cls)
 
 
 def probes(cls: SizeClass) -> tuple[dict[str, int], dict[str, int]]:
