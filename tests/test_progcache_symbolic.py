@@ -146,3 +146,20 @@ def test_warm_tgc_run_and_bench_symbolic_at_new_dims_import_no_compiler_nor_fron
     listed = subprocess.run([sys.executable, "-m", "tgc.cli.main", "cache", "list", "--table", "program", "--json"],
                             env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert "softmax.tg CPU symbolic D=n N=n" in listed.stdout
+
+
+def test_cache_list_shows_a_narrowed_class_with_its_constraint():
+    # a new-user trial: the entry of a class narrowed to C a multiple of D was listed as `C=n D=n T=n`, as if it
+    # served every C; `tgc cache list` now says the constraint (the entry serves only those dims)
+    from clikit import invoke
+
+    prog = tgc.loads("x: f32[T, C]\nc: f32[D]\nreturn reshape(reshape(x, (T, C // D, D)) * c, (T, C))\n",
+                     filename="h.tg")
+    x, c = _x((9, 99)), np.arange(9, dtype=np.float32)
+    out = prog.run(x=x, c=c, symbolic=True)
+    assert prog.last_run == "symbolic"
+    np.testing.assert_array_equal(out["out0"], (x.reshape(9, 11, 9) * c).reshape(9, 99))
+    metas = [e["meta"] for e in cache.entries("program")]
+    assert metas == ["h.tg CPU symbolic C=n D=n T=n, C a multiple of D"], metas
+    r = invoke("cache", "list", "--table", "program", env={"COLUMNS": "200"})
+    assert r.exit_code == 0 and "symbolic C=n D=n T=n, C a multiple of D" in r.stdout, r.stdout

@@ -494,7 +494,8 @@ def store_symbolic(prog: Any, device: Any, dims: dict[str, int], plan: Any) -> b
         return False
     header = {"class": cls, "inputs": [d.name for d in prog.inputs], "outputs": list(prog.output_names)}
     name = os.path.basename(getattr(prog, "path", None) or getattr(prog, "filename", "") or "<string>")
-    meta = f"{name} {device.name} symbolic " + " ".join(f"{n}={c}" for n, c in sorted(cls.items()))
+    meta = f"{name} {device.name} symbolic " + " ".join(f"{n}={c}" for n, c in sorted(cls.items())) + \
+        "".join(f", {x} a multiple of {y}" for x, y in sizeexpr.written(plan.multiples))  # (a narrowed class)
     value = MAGIC + json.dumps(header, sort_keys=True, separators=(",", ":")).encode() + b"\n" + data
     cache.put(TABLE, symbolic_key(prog.source, cls, device, getattr(prog, "weights_digest", "")), value,
               meta=meta.strip())
