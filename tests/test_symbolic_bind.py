@@ -4,6 +4,8 @@ neither the front end, the scheduler nor the lowering. Results against numpy on 
 
 from __future__ import annotations
 
+import pathlib
+
 import numpy as np
 import pytest
 
@@ -96,6 +98,24 @@ def test_small_dims_are_checked_with_the_source_once_each(counted):
     assert plan._source_checked[(("N", 7),)] == ""
 
 
+def test_equal_dims_below_the_trusted_size_run_the_class_plan():
+    """Two dims of the same size merge equal operations of the traced graph (`cast(T)` and `cast(D)` one constant
+    at T = D = 3), which the source check read as another graph, "a slice or index that clamps" (a new-user
+    trial: llama_block at T = D = 16). The graphs are compared with equal operations merged (`sizes.same_graph`):
+    the plan runs there; a slice that does clamp is still refused, saying from where the check is not made."""
+    prog = tgc.loads("x: f32[T, D]\nreturn x * cast(T, f32) + cast(D, f32)\n")
+    for t, d in ((3, 3), (2, 2), (3, 4), (12, 12)):
+        x = np.arange(t * d, dtype=np.float32).reshape(t, d)
+        np.testing.assert_array_equal(prog.run(device="CPU", symbolic=True, x=x)["out0"], x * t + d)
+        assert prog.last_run == "symbolic", (t, d, prog.last_run)
+    prog = tgc.loads("x: f32[T, D]\nreturn x[:5] * cast(T, f32) + cast(D, f32)\n")
+    x = np.arange(9, dtype=np.float32).reshape(3, 3)
+    np.testing.assert_array_equal(prog.run(device="CPU", symbolic=True, x=x)["out0"], x[:5] * 3 + 3)
+    assert prog.last_run == "specialized: the program's operations differ at these sizes (a slice or index that " \
+        "clamps, or another decision on the sizes); the class's kernels run unchecked where T and D are at least " \
+        "10 (here T = 3, D = 3)", prog.last_run
+
+
 def test_the_memory_plan_is_the_class_layout_sized_at_the_dims():
     """Which buffers share a slot is decided once for the class; each slot is as large as its largest buffer at
     the dims bound, and no slot holds two buffers alive at once (but an in-place pair at its one kernel)."""
@@ -131,3 +151,18 @@ def test_the_memory_plan_is_the_class_layout_sized_at_the_dims():
     for n, d in [(9, 13), (40, 11), (11, 15)]:
         prog.lower_symbolic("CPU", {"N": n, "D": d})
     assert all(plan._layouts._made[k] is v for k, v in layouts.items())
+
+
+def test_a_fallback_below_the_trusted_size_says_what_the_scheduler_cut():
+    """llama_block below its trusted size (8): at B = 2 the scheduler fuses the attention (its head dim a
+    constant there), which the size class's plan (the head dim D = 2 * D_2 a dim) computes unfused, so the run
+    falls back; the reason says so and from where the class's kernels run unchecked (it said "a slice or index
+    that clamps" at T = D = 16, where nothing clamps)."""
+    prog = tgc.load(str(pathlib.Path(__file__).resolve().parent.parent / "bench" / "models" / "llama_block.tg"))
+    tail = "; the class's kernels run unchecked where B, T, C // D, D // 2 and F are at least 8 (here B = 2)"
+    for dims in ({"B": 2, "T": 16, "C": 176, "D": 16, "F": 43}, {"B": 2, "T": 17, "C": 176, "D": 16, "F": 43}):
+        exe, why = prog.lower_symbolic("CPU", dims)
+        assert exe is None and why == "the scheduler cuts other kernels at these sizes (11 kernels, one a fused " \
+            "attention, where the size class has 15 kernels)" + tail, why
+    exe, why = prog.lower_symbolic("CPU", {"B": 8, "T": 16, "C": 176, "D": 16, "F": 43})
+    assert exe is not None, why

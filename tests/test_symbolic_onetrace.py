@@ -686,7 +686,9 @@ def test_a_source_check_refuses_where_the_scheduler_cuts_other_kernels():
     prog = tgc.loads("x: f32[N]\nreturn x[::250].sum()")
     plan = prog.compile_symbolic("CPU")
     assert plan.trusted_from > 251
-    assert plan.source_check(prog, {"N": 251}) == "the scheduler cuts other kernels at these sizes"
+    assert plan.source_check(prog, {"N": 251}) == "the scheduler cuts other kernels at these sizes (1 kernel, 1 " \
+        f"reduction, where the size class has 1 kernel, 0 reductions); the class's kernels run unchecked where N is " \
+        f"at least {plan.trusted_from} (here N = 251)"
     # the other way: the plan reduces 4 elements of `x[::64]` (its length at the probes), the source copies
     # one at N = 2 (it read past x: 6.9e34) and reduces one at N = 63
     prog = tgc.loads("x: f32[N]\nreturn x[::64].sum()")
@@ -694,7 +696,9 @@ def test_a_source_check_refuses_where_the_scheduler_cuts_other_kernels():
         x = np.linspace(-1, 1, n, dtype=np.float32) + 2
         got = np.asarray(prog.run(device="CPU", symbolic=True, x=x)["out0"])
         np.testing.assert_allclose(got, x[::64].sum(), rtol=1e-6, err_msg=f"N={n}")
-        assert prog.last_run == "specialized: the scheduler cuts other kernels at these sizes", (n, prog.last_run)
+        assert prog.last_run.startswith("specialized: the scheduler cuts other kernels at these sizes (1 kernel, "
+                                        "0 reductions, where the size class has 1 kernel, 1 reduction); the class's "
+                                        "kernels run unchecked where N is at least "), (n, prog.last_run)
 
 
 def test_a_floor_division_exact_in_a_class_of_multiples_of_32_keeps_its_plan():

@@ -1702,8 +1702,10 @@ class SymbolicPlan:
 
     def _check_source(self, prog: Program, dims: dict[str, int]) -> str:
         outs, _ = prog._trace(dims)
-        if sizes.instantiate_signature(self.signature, dims) != sizes.graph_signature(outs):
-            return "the program's operations differ at these sizes (a slice or index that clamps)"
+        want, got = sizes.instantiate_signature(self.signature, dims), sizes.graph_signature(outs)
+        if want != got and not sizes.same_graph(want, got):  # (equal dims merge equal operations: the same graph)
+            return "the program's operations differ at these sizes (a slice or index that clamps, or another " \
+                f"decision on the sizes){self._unchecked_from(dims)}"
         # where the scheduler cuts the same kernels at these sizes (it may not: small matmuls are not packed,
         # which the plan's kernels still compute right), each must be the plan's kernel at these sizes
         items = [i for i in create_schedule(outs, self.device.caps, split_columns=False) if i.ast.src]
@@ -1711,15 +1713,41 @@ class SymbolicPlan:
         if shapes == self.shapes:
             for item, ast in zip(items, self.asts):
                 if sizes.instantiate_ast(ast, dims) not in (item.ast, item.meta.get("unfused_ast")):
-                    return f"kernel {item.name} differs from the size class's kernel at these sizes"
+                    return f"kernel {item.name} differs from the size class's kernel at these sizes" + \
+                        self._unchecked_from(dims)
         elif sizes.signature_divisor(self.signature, self.slots) > 1 or \
                 sum(s.startswith("r") for s in shapes) != sum(s.startswith("r") for s in self.shapes):
             # a floor division of a dim (`H//2`) may be 0 or 1 here, which no probe saw; a reduce that one side
             # lacks (an axis of length 1 on it: `x[::250].sum()` at N = 251, the plan's kernel a copy of x[0];
             # `x[::64].sum()` at N = 2, the plan's reduce reading 4 elements), where the graph's signature matches
             # the plan's (the slice's bounds a no-op): only the kernels the scheduler cuts here vouch for the plan's
-            return "the scheduler cuts other kernels at these sizes"
+            return f"the scheduler cuts other kernels at these sizes ({self._cut_text(shapes)})" + \
+                self._unchecked_from(dims)
         return ""
+
+    def _cut_text(self, shapes: list[str]) -> str:
+        """How the kernels cut at some sizes (`shapes`) differ from the plan's: their count (with the fused
+        attentions, which a plan whose head dim is a dim has not), or of the same count, their reductions."""
+        def count(n: int, what: str) -> str:
+            return f"{n} {what}{'' if n == 1 else 's'}"
+
+        fused = sum(s.startswith("attn_") for s in shapes) - sum(s.startswith("attn_") for s in self.shapes)
+        here, there = count(len(shapes), "kernel"), count(len(self.shapes), "kernel")
+        if fused > 0:
+            here += ", one a fused attention" if fused == 1 else f", {fused} fused attentions"
+        if len(shapes) == len(self.shapes):
+            here += ", " + count(sum(s.startswith("r") for s in shapes), "reduction")
+            there += ", " + count(sum(s.startswith("r") for s in self.shapes), "reduction")
+        return f"{here}, where the size class has {there}"
+
+    def _unchecked_from(self, dims: dict[str, int]) -> str:
+        """What the reasons above add: the sizes from which the class's kernels run without this check."""
+        spelled = {q: f"{x} // {y}" for (x, y), (_, _, q) in zip(self._written(), self.multiples)}
+        names = [spelled.get(n, n) for n in self.symbolic]
+        low = [f"{spelled.get(n, n)} = {dims[n]}" for n in self.symbolic if dims[n] < self.trusted_from]
+        return (f"; the class's kernels run unchecked where {', '.join(names[:-1])}"
+                f"{' and ' if len(names) > 1 else ''}{names[-1]} {'are' if len(names) > 1 else 'is'} at least "
+                f"{self.trusted_from} (here {', '.join(low)})") if names and low else ""
 
     def bind(self, prog: Program, dims: dict[str, int]) -> tuple[Executable | None, str]:
         """The launch-time checks, then the kernels bound to `dims`: (Executable, "") or (None, why not)."""

@@ -347,6 +347,24 @@ def instantiate_signature(sig: tuple, dims: Mapping[str, int]) -> tuple:
     return tuple(r if r[0] == "outs" else (r[0], r[1], instantiate_value(r[2], dims), r[3]) for r in sig)
 
 
+def same_graph(a: tuple, b: tuple) -> bool:
+    """Whether two graph signatures are one graph once the operations equal on each are merged: the plan's
+    signature at dims where two dims are equal (T = D = 16) has two rows that the graph traced there holds as
+    one node (`cast(D)` and `cast(T)` the same constant), and merging them changes no value."""
+    table: dict[tuple, int] = {}
+
+    def outs(sig: tuple) -> tuple | None:
+        ids: list[int] = []
+        for r in sig:
+            if r[0] == "outs":
+                return tuple(ids[i] for i in r[1])
+            ids.append(table.setdefault((r[0], r[1], r[2], tuple(ids[i] for i in r[3])), len(table)))
+        return None
+
+    got = outs(a)
+    return got is not None and got == outs(b)
+
+
 def signature_max_constant(sig: tuple) -> int:
     """The largest plain integer (not a size of the dims) in a symbolic graph signature's arguments, below the
     i32 limit: a constant at or past it (argmax's score for the other elements, the index type's minimum) is no
@@ -584,5 +602,5 @@ def symbolic_name(name: str, probe: Mapping[str, int], symbolic: Sequence[str],
 
 __all__ = ["SizeClass", "size_class", "class_text", "probes", "var_bound", "factor", "mono_value", "symbolize_ast",
            "graph_signature", "instantiate_signature", "signature_max_constant", "trusted_from", "Slot", "slots_of",
-           "same_slots", "symbolic_name", "symbolize_tagged", "lost_sizes",
+           "same_graph", "same_slots", "symbolic_name", "symbolize_tagged", "lost_sizes",
            "VAR_PREFIX"]
