@@ -180,7 +180,13 @@ class Program:
         self.one_trace = True  # False: every class through the probes (tests compare the two paths)
         # a class's hidden dims (`_with_multiples`): name -> (X, Y), the dim X traced as name * Y (Y a dim or an int)
         self._hidden: dict[str, tuple[str, str | int]] = {}
-        self._divided_dims: set[tuple] = set()  # (device, class) with no plan whose trace divided a dim by a dim
+        self._divided_dims: set[tuple] = set()  # (device, class) with no plan whose trace divided a dim
+        # (device, hidden class) -> a narrowed plan whose hidden dims may be of class 32n, or why none
+        # (`_narrowed_for`: made from the class-n narrowing's multiples at the dims of a run)
+        self._narrowed: dict[tuple, SymbolicPlan | str] = {}
+        # (device, size class of the dims) -> the narrowed plans that served dims of that class in this process
+        # (stored together as the class's program-cache entry)
+        self._served: dict[tuple, list[SymbolicPlan]] = {}
         self.last_run = ""  # "symbolic" or "specialized[: why]": which kernels the last `run` used
         self._chunks: dict[tuple, Chunking | None] = {}  # (device, dims, BEAM, tuned) -> how `run` chunks
         self.last_chunking: Chunking | None = None  # the chunking the last single-device `run` used, if any
@@ -568,7 +574,7 @@ class Program:
         cannot launch, for its kernels' templates and names (`_store_class_winners`); never kept in `_plans`."""
         with wanted_multiples() as wanted:
             plan = self._build_symbolic_bounded(dev, cls, templates_only)
-        if isinstance(plan, str) and any(isinstance(y, str) for _, y in wanted):
+        if isinstance(plan, str) and wanted:
             self._divided_dims.add((dev.name, cls))  # (`lower_symbolic`: a class-n narrowing may serve these dims)
         multiples: list[tuple[str, str | int, str]] = []
         cls2, path = cls, self.symbolic_paths.get((dev.name, cls), "")
@@ -899,17 +905,22 @@ class Program:
             except PackageError:
                 pass  # (a check the saved kernels fail at these dims: the plan below says what runs instead)
         plan = self._symbolic(dev, cls)
+        narrowed_why = ""
         if isinstance(plan, str) and (dev.name, cls) in self._divided_dims:
-            # a narrowed class of the same dims in class n serves multiples of 32 where its hidden dims are exactly
-            # of their class (`SymbolicPlan.class_dims`: C = 64 of D = 8 heads is C_D = 8, D = 8), as a package's
-            # class lookup does; not stored under this class in the program cache
-            alt = self._symbolic(dev, tuple((n, "n" if c == "32n" else c) for n, c in cls))
-            if not isinstance(alt, str) and alt.multiples:
-                low, _ = alt.bind(self, dims)
+            # a class with 32n dims and no plan, whose trace divided a dim: the class-n narrowing's multiples at
+            # these dims (`_narrowed_for`: its plan where the hidden dims are of class n, else a plan built for
+            # the hidden dims' own classes, C_D of class n and D of 32n at C = 768, D = 64)
+            alt = self._narrowed_for(dev, cls, dims)
+            if not isinstance(alt, str):
+                low, narrowed_why = alt.bind(self, dims)
                 if low is not None:
+                    self._store_narrowed(dev, dims, cls, alt)
                     return low, ""
+            else:
+                narrowed_why = alt
         if isinstance(plan, str):
-            return None, f"no kernels valid for every size ({sizes.class_text(cls)}): {plan}"
+            return None, f"no kernels valid for every size ({sizes.class_text(cls)}): {plan}" + \
+                (f"; narrowed: {narrowed_why}" if narrowed_why else "")
         low, why = plan.bind(self, dims)
         key = (dev.name, "symbolic", tuple(sorted(cls)), env_int("BEAM", 0))
         # (stored once the class's lookup missed and some dims bind: the entry's plan is the class's, not the dims')
@@ -917,6 +928,88 @@ class Program:
             self._stored.add(key)
             progcache.store_symbolic(self, dev, dims, plan)
         return low, why
+
+    def _narrowed_for(self, dev: Any, cls: tuple, dims: dict[str, int]) -> SymbolicPlan | str:
+        """For dims whose class `cls` (with 32n dims) has no plan: the narrowed plan serving them, or why none
+        ("" where nothing narrows). The class with each 32n dim read as n is narrowed as ever (`_build_symbolic`:
+        X traced as Q * Y, Q and Y of class n); its multiples give the hidden dims' values at `dims` (Y divides
+        X: else that plan, whose bind says why), and their classes, each exactly of its class, pick the plan: that
+        one where every hidden dim is of class n (C = 64 of D = 8 heads), else one built for those classes (C =
+        768, D = 64: C_D of class n, D of 32n; C = 2048: both 32n; cached per hidden class). A plan built for a
+        class is exact over it (every size of it is X = Q * Y with Q and Y of their classes), and its bind
+        (`SymbolicPlan.class_dims`) accepts only dims whose hidden dims are exactly of that class."""
+        base = self._symbolic(dev, tuple((n, "n" if c == "32n" else c) for n, c in cls))
+        if isinstance(base, str) or not base.multiples:
+            return ""
+        d, bad = sizeexpr.with_quotients(base.multiples, dims)
+        hidden = [(n, c if c not in sizes.SYMBOLIC else "1" if d[n] < 2 else sizeexpr.size_class([n], d)[0][1])
+                  for n, c in base.size_class] if bad is None else []
+        if bad is not None or any(c == "1" for (_, c), (_, b) in zip(hidden, base.size_class) if b != "1"):
+            return base  # (its bind says why: X no multiple of Y, or a quotient below 2)
+        hidden_cls = tuple(hidden)
+        if hidden_cls == base.size_class:
+            return base
+        return self._narrowed_plan(dev, base, hidden_cls)
+
+    def _narrowed_plan(self, dev: Any, base: SymbolicPlan, hidden: tuple) -> SymbolicPlan | str:
+        """The plan of `base`'s multiples built for the hidden class `hidden` (its Qs and Ys of class n or 32n),
+        or why none; built once per device and class."""
+        key = (dev.name, hidden)
+        if key not in self._narrowed:
+            try:
+                plan = self._build_symbolic_bounded(dev, hidden, False)
+            except TgcError as e:
+                plan = f"its symbolic kernels could not be built: {e.msg}"
+            except Exception as e:  # noqa: BLE001 - as `_symbolic`: no plan, size-specialized kernels run
+                plan = "its symbolic kernels could not be built (an internal error: DEBUG=2 prints it)"
+                _internal_reason(e, "its symbolic kernels")
+            self.symbolic_paths.pop((dev.name, hidden), None)  # (the program's classes only)
+            if not isinstance(plan, str):
+                plan.multiples = list(base.multiples)
+                probe = sizes.probes(hidden)[0]
+                plan._layouts = classbind.Layouts({**probe, **self._program_dims(probe)}, plan._layouts.share)
+                classes = dict(hidden)  # (the program's dims' classes the hidden ones make: X = Q * Y)
+                for x, y, q in reversed(plan.multiples):
+                    cy = classes[y] if isinstance(y, str) else "32n" if y % sizes.UNIT == 0 else "n"
+                    classes[x] = "32n" if "32n" in (classes[q], cy) else "n"
+                plan.user_class = tuple((n, classes[n]) for n, _ in base.user_class or ())
+            else:
+                written = {q: f"{x} // {y}" for (x, y), (_, _, q) in zip(base._written(), base.multiples)}
+                wide = [written.get(n, n) for (n, c), (_, b) in zip(hidden, base.size_class) if c != b]
+                plan = f"with {' and '.join(f'{x} a multiple of {y}' for x, y in base._written())}, " \
+                       f"{' and '.join(wide)} a multiple of {sizes.UNIT}: {plan}"
+            self._narrowed[key] = plan
+        return self._narrowed[key]
+
+    def narrowed_variants(self, dev: Any, base: SymbolicPlan, room: int = 1 << 30) -> list[SymbolicPlan | str]:
+        """The plans (or why none) of `base`'s multiples for each hidden class whose Qs and dim Ys are of class
+        n or 32n (some 32n), every other dim as in `base` (`tgc.package.build_symbolic`: a package of a narrowed
+        class holds them, so C = 768 of D = 64 heads is served): one build per class, none built once `room`
+        plans were."""
+        from itertools import product
+        free = [n for n in dict.fromkeys([*(q for _, _, q in base.multiples),
+                                           *(y for _, y, _ in base.multiples if isinstance(y, str))])
+                if dict(base.size_class).get(n) == "n"]
+        out: list[SymbolicPlan | str] = []
+        for pick in product(("n", "32n"), repeat=len(free)):
+            if "32n" in pick and sum(not isinstance(p, str) for p in out) < room:
+                at = dict(zip(free, pick))
+                out.append(self._narrowed_plan(dev, base, tuple((n, at.get(n, c)) for n, c in base.size_class)))
+        return out
+
+    def _store_narrowed(self, dev: Any, dims: dict[str, int], cls: tuple, plan: SymbolicPlan) -> None:
+        """A narrowed plan bound at dims of class `cls` (with 32n dims): stored with the others that served this
+        class in this process as the class's program-cache entry (one symbolic package holding each), where the
+        class's entry missed or does not hold it."""
+        served = self._served.setdefault((dev.name, cls), [])
+        if any(p is plan for p in served):
+            return
+        served.append(plan)
+        key = (dev.name, "symbolic", tuple(sorted(cls)), env_int("BEAM", 0))
+        found = self._symbolic_entries.get(key)
+        if found is not None and any((c.hidden or c.cls) == dict(plan.size_class) for c in found[1].classes):
+            return
+        progcache.store_symbolic(self, dev, dims, served[0], more=served[1:])
 
     def _cached_symbolic(self, dev: Any, dims: dict[str, int]) -> tuple[dict, Any] | None:
         """The program cache's symbolic entry for the size class of `dims` on `dev` (loaded once per program,
@@ -1670,7 +1763,10 @@ class SymbolicPlan:
         (C // D >= 2 and no multiple of 32)`."""
         if not self.multiples:
             return sizes.class_text(self.size_class)
-        parts = [f"{x} a multiple of {y} ({x} // {y} >= 2 and no multiple of {sizes.UNIT})" for x, y in self._written()]
+        cls = dict(self.size_class)
+        parts = [f"{x} a multiple of {y} ({x} // {y} " + (f"a multiple of {sizes.UNIT})" if cls.get(q) == "32n" else
+                                                          f">= 2 and no multiple of {sizes.UNIT})")
+                 for (x, y), (_, _, q) in zip(self._written(), self.multiples)]
         return f"{sizes.class_text(self.user_class or ())}, with {' and '.join(parts)}"
 
     def class_dims(self, dims: Mapping[str, int]) -> tuple[dict[str, int] | None, str]:
@@ -1684,8 +1780,10 @@ class SymbolicPlan:
             return None, f"{xs} = {d[x]} is not a multiple of {ys}" + (f" = {d[y]}" if isinstance(y, str) else "") + \
                 f": the symbolic kernels were compiled for {self.class_text()}"
         names = [n for n, _ in self.size_class]
-        if sizes.size_class(names, d) != self.size_class:
-            i = next((i for i, m in enumerate(self.multiples) if sizes.size_class([m[2]], d) != ((m[2], "n"),)), None)
+        if sizes.size_class(names, d) != self.size_class:  # (each of the kernels' dims exactly of its class)
+            cls = dict(self.size_class)
+            i = next((i for i, m in enumerate(self.multiples) if m[2] in cls and
+                      sizes.size_class([m[2]], d) != ((m[2], cls[m[2]]),)), None)
             what = "these sizes are" if i is None else \
                 f"{written[i][0]} // {written[i][1]} = {d[self.multiples[i][2]]} is"
             return None, f"{what} outside the symbolic kernels' class ({self.class_text()})"

@@ -1793,22 +1793,54 @@ def _class_minimum(prog: Any, plan: Any, cls: tuple) -> dict[str, int]:
     # bounded by a decision of the front end, `x[::250]`'s step count, may be trusted from above its bound: there
     # the source check is what holds below T)
     bound = int(plan.bound)
-    held = [top + j if top + len(sym) <= bound else max(2, bound - j) for j in range(len(sym))]
+    # (a narrowed class's dims are exactly of their class: a 32n dim at multiples of 32, an n dim at no multiple)
+    wide = {n for n, c in cls if c == "32n"}
+    step = {n: 32 if n in wide else 1 for n in sym}
+
+    def fits(n: str, v: int) -> bool:
+        return v % 32 == 0 if n in wide else not (plan.multiples and v % 32 == 0)
+
+    held: list[int] = []
+    for j, n in enumerate(sym):
+        v = top + j if top + len(sym) <= bound else max(2, bound - j)
+        while not fits(n, v) or v in held:
+            v += 1
+        held.append(v)
     least = {}
     for n in sym:
-        least[n] = 2
-        for v in range(2, min(top, bound + 1)):
-            if not holds({m: (v if m == n else held[j]) for j, m in enumerate(sym)}):
-                least[n] = v + 1
+        least[n] = step[n] if n in wide else 2
+        for v in range(least[n], min(top, bound + 1), step[n]):
+            if fits(n, v) and not holds({m: (v if m == n else held[j]) for j, m in enumerate(sym)}):
+                least[n] = v + step[n]
     taken: set[int] = set()
     together = {}
     for n in sym:  # every dim at its least size at once, distinct
         v = least[n]
-        while v in taken:
+        while v in taken or not fits(n, v):
             v += 1
         taken.add(v)
         together[n] = v
     return least if holds(together) else {n: top for n in sym}
+
+
+def _past_max_buffer(doc: dict) -> str:
+    """Why a class's doc cannot be packaged where a buffer at its probe sizes takes more than `MAX_BUFFER` bytes
+    (the loader validates every buffer there: a narrowed class of hidden dims of class 32n, whose probes are
+    primes times 32, may pass it: C = C_D * D at 223 * 32 and 227 * 32 is 5e7, a weight of C * C past 2^48
+    bytes), else ""."""
+    from tgc.engine import classbind
+    try:
+        env = classbind.environment(doc, doc["probe"])
+        for b in doc["buffers"]:
+            n = dtypes.by_name[b["dtype"]].itemsize
+            for e in b["shape"]:
+                n *= sizeexpr.evaluate(e, env)
+            if n > MAX_BUFFER:
+                return (f"its kernels were built at sizes ({', '.join(f'{k}={v}' for k, v in doc['probe'].items())})"
+                        f" where a buffer takes more than {MAX_BUFFER} bytes, past what a package holds")
+    except (TgcError, KeyError, TypeError, ValueError) as e:
+        return f"its sizes at the probe could not be checked ({type(e).__name__})"
+    return ""
 
 
 def build_symbolic(prog: Any, dev: Any, plans: list[tuple[tuple, Any]] | None = None) -> bytes:
@@ -1826,6 +1858,7 @@ def build_symbolic(prog: Any, dev: Any, plans: list[tuple[tuple, Any]] | None = 
     files: dict[str, dict] = {}
     blobs: dict[str, bytes] = {}
     classes, skipped = [], []
+    narrowed: list[tuple[tuple, Any]] = []  # (class, its narrowed plan): their 32n variants go after
 
     def member(data: bytes) -> str:
         name = f"kernels/{len(blobs)}.{'bin' if len(blobs) % 2 == 0 else 'src'}"
@@ -1834,7 +1867,15 @@ def build_symbolic(prog: Any, dev: Any, plans: list[tuple[tuple, Any]] | None = 
         return name
 
     def one_class(cls: tuple, plan: Any) -> dict | str:
-        """The package's doc of one size class, or why it is left out."""
+        """The package's doc of one size class, or why it is left out (with the blobs it wrote)."""
+        before = set(blobs)
+        doc = _one_class(cls, plan)
+        if isinstance(doc, str):
+            for name in set(blobs) - before:
+                del blobs[name], files[name]
+        return doc
+
+    def _one_class(cls: tuple, plan: Any) -> dict | str:
         cls = plan.size_class if plan.multiples else cls  # (a narrowed class: over its kernels' dims)
         doc = class_doc(prog, dev, cls, plan, member=member)
         if isinstance(doc, str):
@@ -1844,6 +1885,11 @@ def build_symbolic(prog: Any, dev: Any, plans: list[tuple[tuple, Any]] | None = 
             # from where the plan holds without the source; `SizeClassPlan.class_dims` checks them at each bind)
             doc["class"] = dict(plan.user_class)
             doc["multiples"] = [[x, y, q] for x, y, q in plan.multiples]
+            if "32n" in dict(plan.size_class).values() or "32n" in doc["class"].values():
+                doc["hidden"] = dict(plan.size_class)  # (the classes of its kernels' dims: some of 32n)
+        too_large = _past_max_buffer(doc)
+        if too_large:  # (the loader checks every buffer at the probe: a class of such probes cannot load)
+            return too_large
         doc["min"] = ({n: max(2, plan.trusted_from) for n in sym} if plans is not None else
                       _class_minimum(prog, plan, cls)) if sym else {}
         doc["max"] = {n: int(plan.bound) for n in sym}
@@ -1872,6 +1918,18 @@ def build_symbolic(prog: Any, dev: Any, plans: list[tuple[tuple, Any]] | None = 
             skipped.append({"class": dict(cls), "why": doc})
         else:
             classes.append(doc)
+        if plans is None and plan.multiples:
+            narrowed.append((cls, plan))
+    # a narrowed class's hidden dims of class 32n too (C = 768 of D = 64 heads: C_D of class n, D of 32n), each
+    # its own class, after the program's classes, while the package has room for them
+    for cls, plan in narrowed:
+        for wide in prog.narrowed_variants(dev, plan, room=MAX_CLASSES - len(classes)):
+            doc = wide if isinstance(wide, str) else one_class(wide.size_class, wide)
+            if isinstance(doc, str):
+                skipped.append({"class": dict(cls), "why": doc[:300]})
+            else:
+                classes.append(doc)
+    skipped = skipped[:MAX_CLASSES]
     return _archive(prog, dev, SYMBOLIC_VERSION, {
         "dims": {},
         "symbolic": {"dims": names, "classes": classes, "skipped": skipped},
@@ -2108,7 +2166,8 @@ class SymbolicPackage:
             if set(lo) != want or set(hi) != want or any(lo[n] > hi[n] for n in want):
                 raise _bad(path, f"class {i}'s size ranges do not match its dims")
             self.classes.append(SizeClassPlan(dict(cls), lo, hi, c, multiples, hidden))
-        if not self.classes or len({tuple(c.cls.values()) for c in self.classes}) != len(self.classes):
+        if not self.classes or len({(tuple(c.cls.values()), tuple(c.hidden.items())) for c in self.classes}) != \
+                len(self.classes):  # (a narrowed class may be there once per hidden class)
             raise _bad(path, "its size classes are missing or repeated")
         self.skipped = []  # (the class as the dims' classes where it reads as one, else its text)
         for s in _list(sym.get("skipped", []), "symbolic.skipped", path, MAX_CLASSES):
@@ -2133,7 +2192,8 @@ class SymbolicPackage:
             if any(dims[n] > c.max[n] for n in c.max):
                 raise _bad(path, f"class {i}'s size ranges hold no size")
             if c.multiples:  # (the least sizes of the program's dims: each X = Q * Y, checked as a bind checks)
-                dims = {n: v + 1 if v % 32 == 0 and v < c.max.get(n, 0) else v for n, v in dims.items()}
+                dims = {n: v + 1 if c.hidden[n] == "n" and v % 32 == 0 and v < c.max.get(n, 0) else v
+                        for n, v in dims.items()}
                 dims = self._program_dims(c, dims, f"class {i}'s least sizes")
             # at the probe sizes the kernels were built at, every buffer must hold what their launch contracts state
             if "probe" not in c.doc:  # (symbolic packages written before the probe was recorded)
@@ -2175,17 +2235,28 @@ class SymbolicPackage:
         self.graph_runner = pkg.graph_runner if pkg is not None else None
 
     def _read_multiples(self, c: dict, cls: dict[str, str], i: int) -> tuple[list, dict]:
-        """A narrowed class's multiples ([X, Y, Q]: X a dim of class n or an earlier Q, Y one (not X) or an int
-        of 2 or more, Q a new name) and the class of its kernels' dims (each X replaced by its Q, of class n);
-        ([], {}) for a class of the program's dims. Format 5 only: an older reader refuses the version."""
+        """A narrowed class's multiples ([X, Y, Q]: X a dim or an earlier Q, Y one (not X) or an int of 2 or more,
+        Q a new name) and the class of its kernels' dims (each X replaced by its Q); ([], {}) for a class of the
+        program's dims. Without `hidden`, X, Y and Q are of class n (as written before hidden dims of class 32n);
+        with it (`hidden`: the kernels' dims' classes), each Q and dim Y of class n or 32n and X of class 32n
+        wherever Q or Y is, `hidden` exactly the classes the multiples make. Format 5 only: an older reader
+        refuses the version (a reader without `hidden` refuses such a class: its X is of class 32n)."""
         path = self.path
         if "multiples" not in c:
+            if "hidden" in c:
+                raise _bad(path, f"class {i} has hidden dims but no multiples")
             return [], {}
         if self.format_version != SYMBOLIC_VERSION:
             raise _bad(path, f"class {i} is narrowed (multiples), which format version {self.format_version} has not")
         raw = _list(c.get("multiples"), f"class {i} multiples", path, 8)
         if not raw:
             raise _bad(path, f"class {i}'s multiples are empty")
+        given = None
+        if "hidden" in c:
+            given = _obj(c.get("hidden"), f"class {i} hidden", path)
+            if any(not isinstance(v, str) or v not in ("n", "32n", "1") for v in given.values()):
+                raise _bad(path, f"class {i}'s hidden dims are not of size classes")
+        wide = ("n", "32n") if given is not None else ("n",)
         hidden, out = dict(cls), []
         for m in raw:
             m = _list(m, f"class {i} multiple", path, 3)
@@ -2193,12 +2264,17 @@ class SymbolicPackage:
                 raise _bad(path, f"class {i} has a malformed multiple")
             x, q = _name(m[0], "a multiple's dim", path), _name(m[2], "a hidden dim", path)
             y = m[1] if isinstance(m[1], int) and not isinstance(m[1], bool) else _name(m[1], "a divisor", path)
-            if hidden.get(x) != "n" or q in hidden or q in self.dims_names or \
+            cq = given.get(q) if given is not None else hidden.get(x)
+            cy = hidden.get(y) if isinstance(y, str) else "32n" if isinstance(y, int) and y % 32 == 0 else "n"
+            if hidden.get(x) not in wide or cq not in wide or q in hidden or q in self.dims_names or \
                     (isinstance(y, int) and not 2 <= y <= MAX_DIM) or (isinstance(y, str) and
-                                                                      (y == x or hidden.get(y) != "n")):
+                                                                      (y == x or hidden.get(y) not in wide)) or \
+                    ("32n" in (cq, cy) and hidden.get(x) != "32n"):
                 raise _bad(path, f"class {i}'s multiple {str(m)[:80]} is not one of its dims")
-            hidden = {(q if n == x else n): v for n, v in hidden.items()}
+            hidden = {(q if n == x else n): (cq if n == x else v) for n, v in hidden.items()}
             out.append((x, y, q))
+        if given is not None and given != hidden:
+            raise _bad(path, f"class {i}'s hidden dims are not the ones its multiples make")
         return out, hidden
 
     def _program_dims(self, c: SizeClassPlan, dims: dict[str, int], what: str, ranges: bool = True

@@ -480,15 +480,17 @@ def bind_symbolic(found: tuple[dict, SymbolicPackage], source: str, dims: dict[s
         return None
 
 
-def store_symbolic(prog: Any, device: Any, dims: dict[str, int], plan: Any) -> bool:
+def store_symbolic(prog: Any, device: Any, dims: dict[str, int], plan: Any, more: Any = ()) -> bool:
     """Save `plan` (the `SymbolicPlan` of the size class of `dims`, as `Program.run(symbolic=True)` built it) as
-    the class's symbolic entry; False where it cannot be (as `store`: never raises for that)."""
+    the class's symbolic entry, with the plans `more` (narrowed plans of other hidden classes that served dims of
+    that class: one package holding each, its lookup picking the one whose hidden classes the dims have); False
+    where it cannot be (as `store`: never raises for that)."""
     cls = symbolic_class(dims)
     if cls is None or usable(device) is not None or getattr(prog, "weights", None) or \
             device.kind not in SYMBOLIC_KINDS:
         return False
     try:
-        data = build_symbolic(prog, device, [(plan.size_class, plan)])
+        data = build_symbolic(prog, device, [(p.size_class, p) for p in [plan, *more]])
         loads_package(data)  # what a warm run will load must load
     except (TgcError, ValueError, KeyError, TypeError):
         return False
