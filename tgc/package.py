@@ -1918,10 +1918,11 @@ def build_symbolic(prog: Any, dev: Any, plans: list[tuple[tuple, Any]] | None = 
             skipped.append({"class": dict(cls), "why": doc})
         else:
             classes.append(doc)
-        if plans is None and plan.multiples:
+        if plans is None and plan.multiples and all(c == "n" for _, c in cls):
             narrowed.append((cls, plan))
-    # a narrowed class's hidden dims of class 32n too (C = 768 of D = 64 heads: C_D of class n, D of 32n), each
-    # its own class, after the program's classes, while the package has room for them
+    # the narrowed class of every dim 2 or more with hidden dims of class 32n too (C = 768 of D = 64 heads: C_D of
+    # class n, D of 32n), each its own class, after the program's classes, while the package has room for them
+    # (only that class's: each is a compile of the program, which for llama_block takes seconds)
     for cls, plan in narrowed:
         for wide in prog.narrowed_variants(dev, plan, room=MAX_CLASSES - len(classes)):
             doc = wide if isinstance(wide, str) else one_class(wide.size_class, wide)
