@@ -97,8 +97,8 @@ def test_a_package_holds_the_32n_narrowed_classes_and_checks_them(tmp_path):
         _check(prog, pkg.run(**inputs), dims, inputs)
         assert pkg.size_class(dims).hidden["D"] == "32n"
     # outside: refused with the reason, before any size is evaluated
-    for dims, why in [({"T": 9, "C": 96, "D": 3}, "C_D = 32 is outside its class"),
-                      ({"T": 9, "C": 64, "D": 64}, "C_D = 1 is outside its class"),
+    for dims, why in [({"T": 9, "C": 96, "D": 3}, r"C_D \(= C // D\) = 32 is outside its class"),
+                      ({"T": 9, "C": 64, "D": 64}, r"C_D \(= C // D\) = 1 is outside its class"),
                       ({"T": 64, "C": 768, "D": 64}, "T = 64 is outside its class"),
                       ({"T": 1, "C": 768, "D": 64}, "D = 64 is outside its class"),  # (T = 1: no 32n variant)
                       ({"T": 9, "C": 800, "D": 64}, "C = 800 is not a multiple of D = 64")]:
@@ -141,7 +141,7 @@ def test_the_cache_keeps_the_32n_narrowed_plans_of_a_class(monkeypatch, tmp_path
     try:
         prog = tgc.loads(HEADS_DIM)
         assert _run(prog, {"T": 9, "C": 768, "D": 64}) == "symbolic"
-        assert [e["meta"] for e in cache.entries("program")] == ["<string> CPU symbolic C=32n D=32n T=n"]
+        assert [e["meta"] for e in cache.entries("program")] == ["<string> CPU symbolic C=32n D=32n T=n, C a multiple of D"]
         warm = tgc.loads(HEADS_DIM)
         called = []
         with monkeypatch.context() as m:
