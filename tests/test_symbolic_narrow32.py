@@ -141,7 +141,8 @@ def test_the_cache_keeps_the_32n_narrowed_plans_of_a_class(monkeypatch, tmp_path
     try:
         prog = tgc.loads(HEADS_DIM)
         assert _run(prog, {"T": 9, "C": 768, "D": 64}) == "symbolic"
-        assert [e["meta"] for e in cache.entries("program")] == ["<string> CPU symbolic C=32n D=32n T=n, C a multiple of D"]
+        assert [e["meta"] for e in cache.entries("program")] == \
+            ["<string> CPU symbolic C=32n D=32n T=n, C a multiple of D"]
         warm = tgc.loads(HEADS_DIM)
         called = []
         with monkeypatch.context() as m:

@@ -968,11 +968,7 @@ class Program:
                 plan.multiples = list(base.multiples)
                 probe = sizes.probes(hidden)[0]
                 plan._layouts = classbind.Layouts({**probe, **self._program_dims(probe)}, plan._layouts.share)
-                classes = dict(hidden)  # (the program's dims' classes the hidden ones make: X = Q * Y)
-                for x, y, q in reversed(plan.multiples):
-                    cy = classes[y] if isinstance(y, str) else "32n" if y % sizes.UNIT == 0 else "n"
-                    classes[x] = "32n" if "32n" in (classes[q], cy) else "n"
-                plan.user_class = tuple((n, classes[n]) for n, _ in base.user_class or ())
+                plan.user_class = _made_class(base, hidden)
             else:
                 written = {q: f"{x} // {y}" for (x, y), (_, _, q) in zip(base._written(), base.multiples)}
                 wide = [written.get(n, n) for (n, c), (_, b) in zip(hidden, base.size_class) if c != b]
@@ -981,20 +977,22 @@ class Program:
             self._narrowed[key] = plan
         return self._narrowed[key]
 
-    def narrowed_variants(self, dev: Any, base: SymbolicPlan, room: int = 1 << 30) -> list[SymbolicPlan | str]:
+    def narrowed_variants(self, dev: Any, base: SymbolicPlan, room: int = 1 << 30
+                          ) -> list[tuple[tuple, SymbolicPlan | str]]:
         """The plans (or why none) of `base`'s multiples for each hidden class whose Qs and dim Ys are of class
         n or 32n (some 32n), every other dim as in `base` (`tgc.package.build_symbolic`: a package of a narrowed
-        class holds them, so C = 768 of D = 64 heads is served): one build per class, none built once `room`
-        plans were."""
+        class holds them, so C = 768 of D = 64 heads is served), each with the class of the program's dims it
+        makes: one build per class, none built once `room` plans were."""
         from itertools import product
         free = [n for n in dict.fromkeys([*(q for _, _, q in base.multiples),
                                            *(y for _, y, _ in base.multiples if isinstance(y, str))])
                 if dict(base.size_class).get(n) == "n"]
-        out: list[SymbolicPlan | str] = []
+        out: list[tuple[tuple, SymbolicPlan | str]] = []
         for pick in product(("n", "32n"), repeat=len(free)):
-            if "32n" in pick and sum(not isinstance(p, str) for p in out) < room:
+            if "32n" in pick and sum(not isinstance(p, str) for _, p in out) < room:
                 at = dict(zip(free, pick))
-                out.append(self._narrowed_plan(dev, base, tuple((n, at.get(n, c)) for n, c in base.size_class)))
+                hidden = tuple((n, at.get(n, c)) for n, c in base.size_class)
+                out.append((_made_class(base, hidden), self._narrowed_plan(dev, base, hidden)))
         return out
 
     def _store_narrowed(self, dev: Any, dims: dict[str, int], cls: tuple, plan: SymbolicPlan) -> None:
@@ -1644,6 +1642,16 @@ class _NotProbeable(str):
 
 
 TRACED_ONCE = "traced once: "  # (a reason's head: the one trace failed with this error of the program, in dims)
+
+
+def _made_class(base: SymbolicPlan, hidden: tuple) -> tuple:
+    """The class of the program's dims (`base.user_class`'s order) that the hidden class `hidden` of `base`'s
+    multiples makes: each X = Q * Y of class 32n where Q or Y is (a constant Y where 32 divides it), else n."""
+    classes = dict(hidden)
+    for x, y, q in reversed(base.multiples):
+        cy = classes[y] if isinstance(y, str) else "32n" if y % sizes.UNIT == 0 else "n"
+        classes[x] = "32n" if "32n" in (classes[q], cy) else "n"
+    return tuple((n, classes[n]) for n, _ in base.user_class or ())
 
 
 def _failed_at_probe(probe: dict[str, int], msg: str, once: Any) -> str:

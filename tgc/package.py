@@ -1858,7 +1858,7 @@ def build_symbolic(prog: Any, dev: Any, plans: list[tuple[tuple, Any]] | None = 
     files: dict[str, dict] = {}
     blobs: dict[str, bytes] = {}
     classes, skipped = [], []
-    narrowed: list[tuple[tuple, Any]] = []  # (class, its narrowed plan): their 32n variants go after
+    narrowed: list[Any] = []  # the narrowed plan of the class of every dim >= 2: its 32n variants go after
 
     def member(data: bytes) -> str:
         name = f"kernels/{len(blobs)}.{'bin' if len(blobs) % 2 == 0 else 'src'}"
@@ -1919,15 +1919,15 @@ def build_symbolic(prog: Any, dev: Any, plans: list[tuple[tuple, Any]] | None = 
         else:
             classes.append(doc)
         if plans is None and plan.multiples and all(c == "n" for _, c in cls):
-            narrowed.append((cls, plan))
+            narrowed.append(plan)
     # the narrowed class of every dim 2 or more with hidden dims of class 32n too (C = 768 of D = 64 heads: C_D of
     # class n, D of 32n), each its own class, after the program's classes, while the package has room for them
     # (only that class's: each is a compile of the program, which for llama_block takes seconds)
-    for cls, plan in narrowed:
-        for wide in prog.narrowed_variants(dev, plan, room=MAX_CLASSES - len(classes)):
+    for plan in narrowed:
+        for made, wide in prog.narrowed_variants(dev, plan, room=MAX_CLASSES - len(classes)):
             doc = wide if isinstance(wide, str) else one_class(wide.size_class, wide)
-            if isinstance(doc, str):
-                skipped.append({"class": dict(cls), "why": doc[:300]})
+            if isinstance(doc, str):  # (said as the class of the program's dims it makes: C and D of 32n)
+                skipped.append({"class": dict(made), "why": doc[:300]})
             else:
                 classes.append(doc)
     skipped = skipped[:MAX_CLASSES]
