@@ -157,15 +157,15 @@ def test_compile_package_prints_one_short_line_per_class(sm_pkg, tmp_path):
         tgc.load_package(path).run(x=np.zeros((3, 1), np.float32))
     assert str(e.value).startswith(f"{path}: their size class (T >= 2, C=1) was not packaged: cannot reshape"), \
         str(e.value)
-    with pytest.raises(PackageError) as e:
-        tgc.load_package(path).run(x=np.zeros((3, 128), np.float32))
-    assert str(e.value).startswith(f"{path}: C_4 (= C // 4) = 32 is outside its class (C_4 >= 2, no multiple of "
-                                   "32), so the sizes T=3, C=128"), str(e.value)
+    with pytest.raises(PackageError) as e:  # (C = 128, C_4 = 32: the class of C_4 a multiple of 32 serves it)
+        tgc.load_package(path).run(x=np.zeros((64, 12), np.float32))
+    assert str(e.value).startswith(f"{path}: T = 64 is outside its class (T >= 2, no multiple of 32), so the sizes "
+                                   "T=64, C=12"), str(e.value)
     np.save(tmp_path / "x.npy", x)
     r = _cli("run", path, "-i", f"x={tmp_path / 'x.npy'}")
     assert r.returncode == 2 and r.stderr.startswith(f"error: {path}: C = 6 is not a multiple of 4, so"), r.stderr
     assert len(r.stderr.splitlines()) == 2 and "Traceback" not in r.stderr, r.stderr  # (the error and its help)
-    for t, c in ((3, 8), (1, 12), (5, 36)):
+    for t, c in ((3, 8), (1, 12), (5, 36), (3, 128)):
         x = np.arange(t * c, dtype=np.float32).reshape(t, c)
         np.testing.assert_array_equal(tgc.load_package(path).run(x=x)["out0"], x * 2)
 

@@ -1007,7 +1007,8 @@ class Program:
         found = self._symbolic_entries.get(key)
         if found is not None and any((c.hidden or c.cls) == dict(plan.size_class) for c in found[1].classes):
             return
-        progcache.store_symbolic(self, dev, dims, served[0], more=served[1:])
+        # (the latest 8: a package holds at most `MAX_CLASSES`, and the entry is written again for each new one)
+        progcache.store_symbolic(self, dev, dims, plan, more=served[-8:-1])
 
     def _cached_symbolic(self, dev: Any, dims: dict[str, int]) -> tuple[dict, Any] | None:
         """The program cache's symbolic entry for the size class of `dims` on `dev` (loaded once per program,
