@@ -1,8 +1,8 @@
-"""The lane tile's wide shape (tgc/codegen/heuristic.py `_vector_tile`): a packed convolution whose image columns
-(and rows) leave 2 lane vectors' tile half empty or less (27 columns: tiles of 3, 6 of LANE_TILE accumulators)
-takes 4 lane vectors instead where the output channels hold 4 of them and the reduction has WIDE_TILE_STEPS
-steps or more (4 x 3 = 12 accumulators). A short reduction, channels of 2 vectors, or columns that fill the tile
-keep 2 vectors. The choices as exact opts, every result against a float64 numpy convolution."""
+"""The lane tile of a half-empty tile (tgc/codegen/heuristic.py `_vector_tile`): a packed convolution whose image
+columns (and rows) leave 2 lane vectors' tile half empty or less (27 columns: tiles of 3, 6 of 16 accumulators)
+takes the fuller of: its columns padded to whole tiles (27 -> 28, tiles of 7), or 4 lane vectors where the
+output channels hold 4 of them and the reduction has WIDE_TILE_STEPS steps or more. Columns that fill more than
+half the tile keep it. The choices as exact opts, every result against a float64 numpy convolution."""
 
 from __future__ import annotations
 
@@ -36,14 +36,15 @@ def conv_np(x: np.ndarray, w: np.ndarray, stride: int, pad: int) -> np.ndarray:
     return out
 
 
-CASES = [  # (N, C, H, W, O, window, stride, padding), the tile's upcasts
-    ((1, 32, 3, 27, 128, 3, 1, 1), [16, 4, 3]),  # 27 columns, 3 rows: 2 x 3 -> 4 x 3 accumulators
-    ((1, 32, 3, 27, 64, 3, 1, 1), [16, 4, 3]),  # all 4 vectors of the channels in one tile
-    ((1, 16, 7, 223, 64, 3, 2, 0), [16, 4, 3]),  # stride 2, 111 columns: 144 reduction steps
-    ((1, 3, 7, 223, 64, 3, 2, 0), [16, 2, 3]),  # 3 x 3 x 3 = 27 steps: short of WIDE_TILE_STEPS
-    ((1, 32, 3, 27, 32, 3, 1, 1), [16, 2, 3]),  # 2 vectors of channels: no 4
-    ((1, 32, 3, 55, 64, 3, 1, 1), [16, 2, 5]),  # 55 columns: 2 x 5 leaves less than half the tile
-    ((1, 32, 4, 27, 64, 3, 1, 1), [16, 2, 3, 2]),  # 4 rows: 2 of them fill the 2-vector tile
+CASES = [  # (N, C, H, W, O, window, stride, padding), the tile's upcasts and paddings
+    ((1, 32, 3, 27, 128, 3, 1, 1), ["U16", "U2", "P7", "U7"]),  # 27 columns, 3 rows: 2 x 3 -> 2 x 7 of 28
+    ((1, 32, 3, 27, 64, 3, 1, 1), ["U16", "U2", "P7", "U7"]),
+    ((1, 3, 7, 223, 64, 3, 2, 0), ["U16", "U2", "P8", "U8"]),  # stride 2, 111 columns: 2 x 8 of 112
+    ((1, 32, 3, 9, 64, 3, 1, 1), ["U16", "U4", "U3"]),  # 9 columns: 2 x 5 of 10 < 4 vectors x 3
+    ((1, 3, 3, 9, 64, 3, 1, 1), ["U16", "U2", "P5", "U5"]),  # 3 x 3 x 3 = 27 steps: no 4 vectors
+    ((1, 32, 3, 9, 32, 3, 1, 1), ["U16", "U2", "P5", "U5"]),  # 2 vectors of channels: no 4
+    ((1, 32, 3, 55, 64, 3, 1, 1), ["U16", "U2", "U5"]),  # 55 columns: 2 x 5 fills more than half the tile
+    ((1, 32, 4, 27, 64, 3, 1, 1), ["U16", "U2", "U3", "U2"]),  # 4 rows: 2 of them fill the tile
 ]
 
 
@@ -54,7 +55,7 @@ def test_the_tile_width_and_the_result(case):
     dims = {"N": n, "C": c, "H": h, "W": w, "O": o}
     convs = [kn for kn in prog.compile(device="CPU", dims=dims, tuned=False) if kn.name.startswith("r_")]
     assert len(convs) == 1
-    assert [op.amount for op in convs[0].opts if op.op is OptOps.UPCAST] == want
+    assert [f"{op.name[0]}{op.amount}" for op in convs[0].opts if op.op in (OptOps.UPCAST, OptOps.PADTO)] == want
     rng = np.random.default_rng(c + w + o)
     x = rng.standard_normal((n, c, h, w)).astype(np.float32)
     wt = rng.standard_normal((o, c, k, k)).astype(np.float32)
