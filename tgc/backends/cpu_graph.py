@@ -338,9 +338,10 @@ def runner(compiler: Any, obj: bytes | None = None, may_compile: bool = True) ->
         return _RUNNER[1]
 
 
-def _work(fn: Any, tab: int, n: int, core: int, state: int, ticket: int, keep: np.ndarray) -> None:
-    """A pool worker's part of a graph run. `keep` (the run state's array) stays alive while the worker is
-    queued: one that starts after its run ended still reads the state's gate (module docstring)."""
+def _work(fn: Any, tab: int, n: int, core: int, state: int, ticket: int, keep: tuple) -> None:
+    """A pool worker's part of a graph run. `keep` (the run state's array and the runner's loaded object) stays
+    alive while the worker is queued: one that starts after its run ended still runs the runner's code, which
+    reads the state's gate (module docstring)."""
     fn(tab, n, core, state, ticket)
 
 
@@ -357,6 +358,9 @@ class CPUGraph:
                  runner_object: bytes | None = None, compile_runner: bool = True):
         self.device, self.defer_sigint = device, defer_sigint
         self.fn = runner(device.compiler, runner_object, compile_runner)
+        # the loaded code `fn` runs, held by every worker this graph queues (`_work`): a worker that starts after
+        # the graph is gone, or after the process's runner was built again (tests do), still calls it
+        self.runner_image = _RUNNER[0] if _RUNNER is not None and _RUNNER[1] is self.fn else None
         self.programs = [launch[0] for launch in launches]  # keep the loaded code alive while the graph lives
         self.bufs = [b for launch in launches for b in launch[1]]
         n = len(launches)
@@ -415,7 +419,8 @@ class CPUGraph:
                 try:
                     for core in range(1, t):
                         try:
-                            pool.submit(_work, self.fn, tab, self.n, core, self._state, ticket, self.state)
+                            pool.submit(_work, self.fn, tab, self.n, core, self._state, ticket,
+                                        (self.state, self.runner_image))
                         except RuntimeError:  # a pool shut down (the interpreter's exit): this thread claims the rest
                             break
                 finally:
