@@ -158,3 +158,43 @@ def test_the_runner_claims_chunks_and_waits_for_chunks_done():
     ir = cpu_graph.graph_ir()
     assert "atomicrmw add ptr %claimp" in ir and "@tgc_wait_done" in ir and "@tgc_wait_left" in ir
     assert cpu_graph.IR_VERSION >= 3
+
+
+LATE_WORKER_AFTER_A_NEW_RUNNER = """
+import gc, os, threading
+from concurrent.futures import ThreadPoolExecutor
+import numpy as np
+import tgc
+from tgc.backends import cpu_graph, get_device
+cpu_graph.oversubscribed = lambda threads, cores: False
+os.environ["TGC_THREADS"] = "2"
+(k,) = tgc.loads("x: f32[N]\\nreturn x + 1.0").lower("CPU", {"N": 1 << 18}).kernels
+assert k.global_size[0] == 2, k.global_size
+dev = get_device("CPU")
+buf = dev.allocator.alloc(4 << 18)
+buf.view(np.float32)[:] = 0.0
+pool, release = ThreadPoolExecutor(max_workers=1), threading.Event()
+type(dev).pool = lambda self, threads: pool
+held = pool.submit(release.wait, 30)
+graph = dev.graph([(k.program(), [buf, buf], k.global_size, k.local_size, k.vals)])
+graph()  # the calling thread runs both chunks; the worker's part waits behind `held`
+del graph
+cpu_graph._RUNNER = None  # the process's runner dropped (a test builds it again with other settings)
+gc.collect()
+release.set()
+pool.shutdown(wait=True)  # the late worker runs the first runner's code: still mapped
+assert (buf.view(np.float32) == 1.0).all()
+print("late worker ok")
+"""
+
+
+def test_a_late_worker_runs_code_that_is_still_loaded():
+    """A worker queued behind other work starts after its graph is gone and the process's runner was dropped (as a
+    test that builds it again with other settings does): it still runs that runner's code (to find its run closed),
+    so the graph's workers hold the code's loaded object (before, the worker crashed: SIGSEGV). In a process of its
+    own."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", LATE_WORKER_AFTER_A_NEW_RUNNER], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and "late worker ok" in r.stdout, r.stderr[-2000:]

@@ -403,3 +403,33 @@ def test_symbolic_runs_repeated_run_as_a_graph(monkeypatch, capsys):
         assert prog.last_run == "symbolic"
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert "ran in one launch" in capsys.readouterr().err
+
+
+def test_a_cpu_graph_table_holds_each_kernels_entry_chunks_and_arguments():
+    """The table a CPU graph builds (cpu_graph's module docstring: entry, chunks, after the previous row, nargs,
+    then the arguments): a buffer two kernels read and a view give their own addresses in every row, the kernels'
+    values follow the buffers, and the rest of a row is zero. Then the graph runs: numpy's results."""
+    from tgc.backends import get_device
+    from tgc.backends.cpu import data_address
+    dev = get_device("CPU")
+    (k,) = tgc.loads("x: f32[N]\nreturn x * 2.0").compile(device="CPU", dims={"N": 4})
+    src, mid, out = dev.allocator.alloc(32), dev.allocator.alloc(16), dev.allocator.alloc(16)
+    try:
+        src.view(F32)[:] = np.arange(8, dtype=F32)
+        view = src[16:]  # (no address of its own: numpy's)
+        launches = [(k.program(), [mid, view], k.global_size, k.local_size, [7, 9]),
+                    (k.program(), [out, mid], k.global_size, k.local_size, [])]
+        graph = dev.graph([(p, b, g, lo, ()) for p, b, g, lo, _ in launches])
+        graph()
+        assert out.view(F32).tolist() == [16.0, 20.0, 24.0, 28.0]
+        graph = dev.graph(launches)  # (the values are only written here: these kernels take none)
+        table = graph.table.view(np.uint64)
+        entry, chunks = k.program().address, max(1, int(k.global_size[0]))
+        want = [[entry, chunks, 0, 4, data_address(mid), data_address(view), 7, 9],
+                [entry, chunks, 1, 2, data_address(out), data_address(mid)]]
+        assert data_address(view) == src.address + 16
+        for row, words in zip(table, want):
+            assert row[:len(words)].tolist() == words and not row[len(words):].any()
+    finally:
+        for h, n in ((src, 32), (mid, 16), (out, 16)):
+            dev.allocator.free(h, n)

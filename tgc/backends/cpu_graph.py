@@ -47,6 +47,7 @@ import ctypes
 import os
 import threading
 import time
+from array import array
 from typing import Any
 
 import numpy as np
@@ -337,9 +338,10 @@ def runner(compiler: Any, obj: bytes | None = None, may_compile: bool = True) ->
         return _RUNNER[1]
 
 
-def _work(fn: Any, tab: int, n: int, core: int, state: int, ticket: int, keep: np.ndarray) -> None:
-    """A pool worker's part of a graph run. `keep` (the run state's array) stays alive while the worker is
-    queued: one that starts after its run ended still reads the state's gate (module docstring)."""
+def _work(fn: Any, tab: int, n: int, core: int, state: int, ticket: int, keep: tuple) -> None:
+    """A pool worker's part of a graph run. `keep` (the run state's array and the runner's loaded object) stays
+    alive while the worker is queued: one that starts after its run ended still runs the runner's code, which
+    reads the state's gate (module docstring)."""
     fn(tab, n, core, state, ticket)
 
 
@@ -356,6 +358,9 @@ class CPUGraph:
                  runner_object: bytes | None = None, compile_runner: bool = True):
         self.device, self.defer_sigint = device, defer_sigint
         self.fn = runner(device.compiler, runner_object, compile_runner)
+        # the loaded code `fn` runs, held by every worker this graph queues (`_work`): a worker that starts after
+        # the graph is gone, or after the process's runner was built again (tests do), still calls it
+        self.runner_image = _RUNNER[0] if _RUNNER is not None and _RUNNER[1] is self.fn else None
         self.programs = [launch[0] for launch in launches]  # keep the loaded code alive while the graph lives
         self.bufs = [b for launch in launches for b in launch[1]]
         n = len(launches)
@@ -365,16 +370,22 @@ class CPUGraph:
         # the threads that claim the chunks: as many as the widest kernel's, at most the device's cores (a kernel
         # split in more chunks than that is claimed chunk by chunk all the same)
         self.threads = max(1, min(self.chunks, int(device.cores or 1)))
+        # the rows' words as Python ints, made one array at once (a row's `np.array` cost more than its kernel's
+        # launch); each buffer's address taken once: a buffer read by several kernels (a weight, an intermediate)
+        # and a view, whose address is numpy's `.ctypes.data` (microseconds a call), come back for every kernel
+        addrs: dict[int, int] = {}
+        rows = []
         for i, (prog, bufs, _gs, _ls, vals) in enumerate(launches):
-            args = [address(b) for b in bufs] + [int(v) for v in vals]
+            args = [addrs[id(b)] if id(b) in addrs else addrs.setdefault(id(b), address(b)) for b in bufs] + \
+                [int(v) for v in vals]
             if len(args) >= MAX_ARGS:
                 raise ValueError(f"kernel {prog.name} takes {len(args) + 1} arguments; a CPU graph calls at most "
                                  f"{MAX_ARGS}")
-            table[i, 0] = prog.address
-            table[i, 1] = chunks[i]
-            table[i, 2] = int(i > 0)
-            table[i, 3] = len(args)
-            table[i, HEAD:HEAD + len(args)] = np.array(args, dtype=np.uint64).view(np.int64)
+            rows.append([prog.address, chunks[i], int(i > 0), len(args), *args])
+        if rows:
+            width = max(len(r) for r in rows)
+            words = array("Q", [w for r in rows for w in r + [0] * (width - len(r))])
+            table[:n, :width] = np.frombuffer(words, dtype=np.int64).reshape(n, width)
         self.table, self.n = table, n
         # a run's state (module docstring): the gate (threads in the run, the open run's ticket, the closer
         # asleep), then per row its claimed chunks, its chunks done and the threads asleep waiting for them
@@ -408,7 +419,8 @@ class CPUGraph:
                 try:
                     for core in range(1, t):
                         try:
-                            pool.submit(_work, self.fn, tab, self.n, core, self._state, ticket, self.state)
+                            pool.submit(_work, self.fn, tab, self.n, core, self._state, ticket,
+                                        (self.state, self.runner_image))
                         except RuntimeError:  # a pool shut down (the interpreter's exit): this thread claims the rest
                             break
                 finally:
