@@ -155,3 +155,37 @@ def test_the_cache_keeps_the_32n_narrowed_plans_of_a_class(monkeypatch, tmp_path
             assert _run(warm, {"T": 9, "C": 64, "D": 64}).startswith("specialized")
     finally:
         cache._reset_for_tests()
+
+
+# heads of heads: a quotient of a quotient (C // D // KH), its middle quotient C_D replaced by C_D_KH
+QUOTIENT_OF_QUOTIENT = """
+x: f32[T, C]
+k: f32[KH, D]
+q = reshape(x, (T, C // D // KH, KH, D)) * reshape(k, (1, KH, D))
+return sum(q, axis=2)
+"""
+
+
+def test_a_package_of_a_quotient_of_a_quotient_holds_its_32n_classes():
+    # the loader derives the middle quotient's class (C_D, which `hidden` does not name) from the later multiple
+    prog = tgc.loads(QUOTIENT_OF_QUOTIENT)
+    data = build_symbolic(prog, _device("CPU"))
+    pkg = loads_package(data)
+    for dims, hidden in [({"T": 4, "C": 3 * 32 * 5, "KH": 32, "D": 5}, {"C_D_KH": "n", "KH": "32n", "D": "n"}),
+                         ({"T": 3, "C": 32 * 3 * 32, "KH": 3, "D": 32}, {"C_D_KH": "32n", "KH": "n", "D": "32n"}),
+                         ({"T": 5, "C": 3 * 5 * 7, "KH": 5, "D": 7}, {"C_D_KH": "n", "KH": "n", "D": "n"})]:
+        inputs = random_inputs(prog, dims, seed=dims["C"])
+        _check(prog, pkg.run(**inputs), dims, inputs)
+        assert {n: pkg.size_class(dims).hidden[n] for n in hidden} == hidden, dims
+    for dims, why in [({"T": 4, "C": 160, "KH": 32, "D": 5}, r"C_D_KH \(= C // D // KH\) = 1 is outside"),
+                      ({"T": 4, "C": 161, "KH": 32, "D": 5}, "C = 161 is not a multiple of D = 5")]:
+        with pytest.raises(PackageError, match=why) as e:
+            pkg.lower("CPU", dims)
+        assert e.value.exit_code == 2
+
+    def middle(m: dict) -> None:  # (a class's hidden dims made of the middle quotient's class: not what they make)
+        c = next(c for c in m["symbolic"]["classes"] if c.get("hidden", {}).get("KH") == "32n")
+        c["hidden"]["KH"] = "n"
+
+    with pytest.raises(PackageError, match="not a usable package"):
+        loads_package(_rezip(data, middle))

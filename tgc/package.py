@@ -2258,19 +2258,28 @@ class SymbolicPackage:
             if any(not isinstance(v, str) or v not in ("n", "32n", "1") for v in given.values()):
                 raise _bad(path, f"class {i}'s hidden dims are not of size classes")
         wide = ("n", "32n") if given is not None else ("n",)
-        hidden, out = dict(cls), []
+        parsed = []
         for m in raw:
             m = _list(m, f"class {i} multiple", path, 3)
             if len(m) != 3:
                 raise _bad(path, f"class {i} has a malformed multiple")
             x, q = _name(m[0], "a multiple's dim", path), _name(m[2], "a hidden dim", path)
             y = m[1] if isinstance(m[1], int) and not isinstance(m[1], bool) else _name(m[1], "a divisor", path)
-            cq = given.get(q) if given is not None else hidden.get(x)
+            parsed.append((m, x, y, q))
+        # with `hidden`: every dim's class made from the last multiple back (as `api._made_class`), so a middle
+        # quotient (C_D of `C // D // KH`, replaced in `hidden` by C_D_KH) has the class its own multiple makes
+        made = dict(given) if given is not None else {}
+        for _m, x, y, q in reversed(parsed) if given is not None else ():
+            cy = made.get(y) if isinstance(y, str) else "32n" if y % 32 == 0 else "n"
+            made[x] = "32n" if "32n" in (made.get(q), cy) else "n" if made.get(q) in wide and cy in wide else None
+        hidden, out = dict(cls), []
+        for m, x, y, q in parsed:
+            cq = made.get(q) if given is not None else hidden.get(x)
             cy = hidden.get(y) if isinstance(y, str) else "32n" if isinstance(y, int) and y % 32 == 0 else "n"
             if hidden.get(x) not in wide or cq not in wide or q in hidden or q in self.dims_names or \
                     (isinstance(y, int) and not 2 <= y <= MAX_DIM) or (isinstance(y, str) and
                                                                       (y == x or hidden.get(y) not in wide)) or \
-                    ("32n" in (cq, cy) and hidden.get(x) != "32n"):
+                    (given is not None and made.get(x) != hidden.get(x)):
                 raise _bad(path, f"class {i}'s multiple {str(m)[:80]} is not one of its dims")
             hidden = {(q if n == x else n): (cq if n == x else v) for n, v in hidden.items()}
             out.append((x, y, q))
