@@ -153,6 +153,9 @@ def test_the_cache_keeps_the_32n_narrowed_plans_of_a_class(monkeypatch, tmp_path
             assert called == [] and warm._plans == {} and warm._narrowed == {}
             # dims of the class the entry does not hold (C // D = 1): the cold path, which says why
             assert _run(warm, {"T": 9, "C": 64, "D": 64}).startswith("specialized")
+            # the class's failure text kept from that run does not hide the entry from its later runs (no rebuild)
+            called.clear()
+            assert _run(warm, {"T": 9, "C": 768, "D": 64}) == "symbolic" and called == []
     finally:
         cache._reset_for_tests()
 

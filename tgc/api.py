@@ -895,7 +895,8 @@ class Program:
         dev = _device(device)
         dims = self.resolve_dims(dims)
         cls = sizes.size_class(self.dim_names, dims)
-        built = (dev.name, cls) in self._plans
+        # (a failure text, a 32n class's without a plan of its own, is not built: its entry holds narrowed plans)
+        built = not isinstance(self._plans.get((dev.name, cls), ""), str)
         if not built:  # the program cache's entry for the class (the saved plan): bound here, nothing traced
             found = self._cached_symbolic(dev, dims)
             entry = None if found is None else progcache.bind_symbolic(found, self.source, dims, self.path)
