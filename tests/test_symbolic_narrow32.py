@@ -192,3 +192,29 @@ def test_a_package_of_a_quotient_of_a_quotient_holds_its_32n_classes():
 
     with pytest.raises(PackageError, match="not a usable package"):
         loads_package(_rezip(data, middle))
+
+
+def test_the_cache_entry_of_a_class_keeps_the_plans_other_processes_stored(monkeypatch, tmp_path):
+    # two processes (Programs with their own in-memory caches) at different hidden classes of one class: the
+    # second's entry keeps the first's plan (copied, not built again), and a third builds nothing
+    monkeypatch.setenv("TGC_CACHE_DIR", str(tmp_path / "cache"))
+    for name in ("TGC_VERIFY_BOUNDS", "DISABLE_COMPILER_CACHE", "BEAM", "NOOPT", "DEBUG"):
+        monkeypatch.delenv(name, raising=False)
+    cache._reset_for_tests()
+    first, second = {"T": 33, "C": 384}, {"T": 9, "C": 96}  # (C // 12 = 32 of class 32n, then 8 of class n)
+    try:
+        for dims in (first, second):
+            assert _run(tgc.loads(HEADS_12), dims) == "symbolic", dims
+        assert len(cache.entries("program")) == 1
+        warm = tgc.loads(HEADS_12)
+        called = []
+        with monkeypatch.context() as m:
+            m.setattr(tgc.api.Program, "_build_symbolic", lambda *a, **k: called.append(a) or "refused")
+            m.setattr(tgc.api.Program, "_build_symbolic_bounded", lambda *a, **k: called.append(a) or "refused")
+            for dims in (first, {"T": 20, "C": 288}, {"T": 18, "C": 480}):  # (C // 12 = 8: below the trusted sizes)
+                assert _run(warm, dims) == "symbolic", dims
+            assert called == [] and warm._narrowed == {}
+        found = warm._symbolic_entries[("CPU", "symbolic", (("C", "32n"), ("T", "n")), 0)]
+        assert sorted(c.hidden["C_12"] for c in found[1].classes) == ["32n", "n"]
+    finally:
+        cache._reset_for_tests()

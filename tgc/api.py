@@ -999,17 +999,20 @@ class Program:
     def _store_narrowed(self, dev: Any, dims: dict[str, int], cls: tuple, plan: SymbolicPlan) -> None:
         """A narrowed plan bound at dims of class `cls` (with 32n dims): stored with the others that served this
         class in this process as the class's program-cache entry (one symbolic package holding each), where the
-        class's entry missed or does not hold it."""
+        class's entry, loaded again now (another process may have written it since), does not hold it; the
+        entry's other classes are kept (copied, not built again)."""
         served = self._served.setdefault((dev.name, cls), [])
-        if any(p is plan for p in served):
+        if any(p is plan for p in served) or self.weights:
             return
         served.append(plan)
         key = (dev.name, "symbolic", tuple(sorted(cls)), env_int("BEAM", 0))
-        found = self._symbolic_entries.get(key)
+        found = progcache.load_symbolic(self.source, dims, dev, self.path, self.weights_digest)
+        self._symbolic_entries[key] = found
         if found is not None and any((c.hidden or c.cls) == dict(plan.size_class) for c in found[1].classes):
             return
-        # (the latest 8: a package holds at most `MAX_CLASSES`, and the entry is written again for each new one)
-        progcache.store_symbolic(self, dev, dims, plan, more=served[-8:-1])
+        # (8 at most: this process's latest, then the entry's; a package holds at most `MAX_CLASSES`, and the
+        # entry is written again for each new one)
+        progcache.store_symbolic(self, dev, dims, plan, more=served[-8:-1], held=found)
 
     def _cached_symbolic(self, dev: Any, dims: dict[str, int]) -> tuple[dict, Any] | None:
         """The program cache's symbolic entry for the size class of `dims` on `dev` (loaded once per program,

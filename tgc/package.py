@@ -1843,12 +1843,15 @@ def _past_max_buffer(doc: dict) -> str:
     return ""
 
 
-def build_symbolic(prog: Any, dev: Any, plans: list[tuple[tuple, Any]] | None = None) -> bytes:
+def build_symbolic(prog: Any, dev: Any, plans: list[tuple[tuple, Any]] | None = None,
+                   held: Any = None) -> bytes:
     """The symbolic package of a program (no dims given) for a CPU or PYTHON device, as bytes: the saved
     `SymbolicPlan` of each of its size classes (`_size_classes`), or of the classes `plans` gives ((class,
     plan) pairs: a program-cache entry's one class). A class's least sizes (`min`) are sampled with the source
     (`_class_minimum`) for the package's classes; for `plans`, the plan's `trusted_from` (the sizes below it are
-    checked with the source by `SymbolicPlan.bind`, which a cache entry's Program has)."""
+    checked with the source by `SymbolicPlan.bind`, which a cache entry's Program has). `held`: classes of a
+    loaded package of the same program (`SizeClassPlan`s, with their package's members) copied after `plans`'s
+    as they are (a cache entry's narrowed classes that other processes built: nothing rebuilt)."""
     from tgc.codegen import sizes
     from tgc.errors import CompileError
 
@@ -1920,6 +1923,14 @@ def build_symbolic(prog: Any, dev: Any, plans: list[tuple[tuple, Any]] | None = 
             classes.append(doc)
         if plans is None and plan.multiples and all(c == "n" for _, c in cls):
             narrowed.append(plan)
+    for c, members in held or ():  # (each launch's binary and source stored again under this package's names)
+        doc = json.loads(json.dumps(c.doc))
+        for k in doc["kernels"]:
+            for launch in [k, k.get("fast"), k.get("plain"), *k.get("tails", [])]:
+                if launch is not None:
+                    launch["binary"] = member(members[launch["binary"]])
+                    launch["source"] = member(members[launch["source"]])
+        classes.append(doc)
     # the narrowed class of every dim 2 or more with hidden dims of class 32n too (C = 768 of D = 64 heads: C_D of
     # class n, D of 32n), each its own class, after the program's classes, while the package has room for them
     # (only that class's: each is a compile of the program, which for llama_block takes seconds)

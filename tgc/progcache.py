@@ -480,17 +480,23 @@ def bind_symbolic(found: tuple[dict, SymbolicPackage], source: str, dims: dict[s
         return None
 
 
-def store_symbolic(prog: Any, device: Any, dims: dict[str, int], plan: Any, more: Any = ()) -> bool:
+def store_symbolic(prog: Any, device: Any, dims: dict[str, int], plan: Any, more: Any = (),
+                   held: tuple[dict, SymbolicPackage] | None = None, most: int = 8) -> bool:
     """Save `plan` (the `SymbolicPlan` of the size class of `dims`, as `Program.run(symbolic=True)` built it) as
     the class's symbolic entry, with the plans `more` (narrowed plans of other hidden classes that served dims of
-    that class: one package holding each, its lookup picking the one whose hidden classes the dims have); False
-    where it cannot be (as `store`: never raises for that)."""
+    that class: one package holding each, its lookup picking the one whose hidden classes the dims have) and the
+    classes of `held` (the entry as loaded just before: `load_symbolic`) that none of them is, copied as they
+    are, `most` classes in all (a package holds at most `MAX_CLASSES`); False where it cannot be (as `store`:
+    never raises for that)."""
     cls = symbolic_class(dims)
     if cls is None or usable(device) is not None or getattr(prog, "weights", None) or \
             device.kind not in SYMBOLIC_KINDS:
         return False
+    plans = [plan, *more][:most]
+    new = [dict(p.size_class) for p in plans]
+    kept = [] if held is None else [(c, held[1]._members) for c in held[1].classes if (c.hidden or c.cls) not in new]
     try:
-        data = build_symbolic(prog, device, [(p.size_class, p) for p in [plan, *more]])
+        data = build_symbolic(prog, device, [(p.size_class, p) for p in plans], held=kept[:most - len(plans)])
         loads_package(data)  # what a warm run will load must load
     except (TgcError, ValueError, KeyError, TypeError):
         return False
