@@ -101,6 +101,9 @@ def test_a_package_holds_the_32n_narrowed_classes_and_checks_them(tmp_path):
                       ({"T": 9, "C": 64, "D": 64}, r"C_D \(= C // D\) = 1 is outside its class"),
                       ({"T": 64, "C": 768, "D": 64}, "T = 64 is outside its class"),
                       ({"T": 1, "C": 768, "D": 64}, "D = 64 is outside its class"),  # (T = 1: no 32n variant)
+                      # (the 32n variant's reason, not that of the class n whose rules C = 224, D = 32 also fit)
+                      ({"T": 6, "C": 224, "D": 32}, "T = 6 is outside the class's sizes 7..[0-9]+, so"),
+                      ({"T": 7, "C": 192, "D": 32}, r"C_D \(= C // D\) = 6 is outside the class's sizes 7\."),
                       ({"T": 9, "C": 800, "D": 64}, "C = 800 is not a multiple of D = 64")]:
         with pytest.raises(PackageError, match=why) as e:
             pkg.lower("CPU", dims)

@@ -2331,10 +2331,12 @@ class SymbolicPackage:
                 whys.append((why, c))  # (a class of the dims: why not)
         if held:  # (a class of multiples of 32, where one holds them, before "n": its kernels assume them)
             return max(held, key=lambda c: sum(v == "32n" for v in c.cls.values()))
-        # the reason first, then the class of these sizes (or every class, each in short, where none is theirs)
+        # the reason first, then the class of these sizes (or every class, each in short, where none is theirs):
+        # that of a class whose hidden dims' classes (and program dims' classes) the dims have first, a 32n
+        # variant's (C // 12 = 32: T below its least size) before the narrowed class n whose rules they also fit
         n = len(self.classes)
         if whys:
-            why, c = whys[0]
+            why, c = next((w for w in whys if self._dims_of_class(w[1], dims)), whys[0])
             where = f"their class: {c.text()}" + (f"; `tgc inspect` lists all {n}" if n > 1 else "")
         else:
             why = self._missing_class(dims)
@@ -2343,6 +2345,13 @@ class SymbolicPackage:
                            f"holds ({where})",
                            hint="compile a package for these sizes: tgc compile FILE "
                                 + " ".join(f"-D {n}={dims[n]}" for n in self.dims_names) + " --package OUT")
+
+    @staticmethod
+    def _dims_of_class(c: SizeClassPlan, dims: dict[str, int]) -> bool:
+        """Whether each of the dims (and of a narrowed class's hidden dims, made by its multiples) is of its
+        class in `c`, whatever its ranges."""
+        d, bad = sizeexpr.with_quotients(c.multiples, dims)
+        return bad is None and all(dict(sizeexpr.size_class([n], d))[n] == v for n, v in (c.hidden or c.cls).items())
 
     def _missing_class(self, dims: dict[str, int]) -> str:
         """Why no class of the package is that of `dims`: a dim of 0, a class not packaged (and why), or left out
