@@ -183,11 +183,19 @@ def test_a_package_of_a_quotient_of_a_quotient_holds_its_32n_classes():
         inputs = random_inputs(prog, dims, seed=dims["C"])
         _check(prog, pkg.run(**inputs), dims, inputs)
         assert {n: pkg.size_class(dims).hidden[n] for n in hidden} == hidden, dims
+        # the middle quotient's class in the text: C // D = 96 of 32n, where KH or C // D // KH is
+        middle = "no multiple" if dims["C"] == 105 else "a multiple"
+        assert f"C_D (= C // D) {middle} of 32, and C // D a multiple of KH" in pkg.size_class(dims).text()
     for dims, why in [({"T": 4, "C": 160, "KH": 32, "D": 5}, r"C_D_KH \(= C // D // KH\) = 1 is outside"),
                       ({"T": 4, "C": 161, "KH": 32, "D": 5}, "C = 161 is not a multiple of D = 5")]:
         with pytest.raises(PackageError, match=why) as e:
             pkg.lower("CPU", dims)
         assert e.value.exit_code == 2
+
+    # and in memory: the plan of that hidden class, its text naming the middle quotient's class
+    assert _run(prog, {"T": 4, "C": 3 * 32 * 5, "KH": 32, "D": 5}) == "symbolic"
+    plan = prog._narrowed[("CPU", (("T", "n"), ("C_D_KH", "n"), ("KH", "32n"), ("D", "n")))]
+    assert "C a multiple of D (C // D a multiple of 32)" in plan.class_text()
 
     def middle(m: dict) -> None:  # (a class's hidden dims made of the middle quotient's class: not what they make)
         c = next(c for c in m["symbolic"]["classes"] if c.get("hidden", {}).get("KH") == "32n")

@@ -1776,7 +1776,7 @@ class SymbolicPlan:
         (C // D >= 2 and no multiple of 32)`."""
         if not self.multiples:
             return sizes.class_text(self.size_class)
-        cls = dict(self.size_class)
+        cls = sizeexpr.made_classes(self.multiples, dict(self.size_class))  # (a middle quotient's class too)
         parts = [f"{x} a multiple of {y} ({x} // {y} " + (f"a multiple of {sizes.UNIT})" if cls.get(q) == "32n" else
                                                           f">= 2 and no multiple of {sizes.UNIT})")
                  for (x, y), (_, _, q) in zip(self._written(), self.multiples)]

@@ -2027,7 +2027,7 @@ class SizeClassPlan:
                         f"{n}={self.min.get(n, 32)}..{self.max.get(n)} (multiples of 32)" if c == "32n" else
                         f"{n}={c}" for n, c in (self.hidden or self.cls).items()) or "(no dims)"
         if self.multiples:  # (each quotient named with what it is and its class: C_D (= C // D) no multiple of 32)
-            cls = self.hidden or self.cls
+            cls = sizeexpr.made_classes(self.multiples, self.hidden or self.cls)  # (a middle quotient's too)
             out += ", with " + ", and ".join(
                 f"{xs} a multiple of {ys}, {q} (= {xs} // {ys}) "
                 + ("a multiple of 32" if cls.get(q) == "32n" else "no multiple of 32")

@@ -129,6 +129,17 @@ def with_quotients(multiples: Any, dims: Mapping[str, int]) -> tuple[dict[str, i
 
 
 
+def made_classes(multiples: Any, hidden: Mapping[str, str]) -> dict[str, str]:
+    """The class of every dim of a narrowed class (`multiples` as `with_quotients`), its kernels' dims' classes
+    `hidden` given: each X, a middle quotient too (C_D of `C // D // KH`, replaced by C_D_KH), "32n" where its
+    Q or Y is (a constant Y where `UNIT` divides it), else "n"."""
+    classes = dict(hidden)
+    for x, y, q in reversed(list(multiples)):
+        cy = classes.get(y) if isinstance(y, str) else "32n" if y % UNIT == 0 else "n"
+        classes[x] = "32n" if "32n" in (classes.get(q), cy) else "n"
+    return classes
+
+
 def written(multiples: Any) -> list[tuple[str, str | int]]:
     """Per multiple (X, Y, Q) of a narrowed class (`with_quotients`), X and Y as the program's dims write them: a
     hidden dim as its quotient (`C // D` for C_D), a divisor that is one in parentheses (`(D // 2)` for D_2)."""
