@@ -461,3 +461,21 @@ def test_a_dropped_chunked_program_gives_its_kept_buffers_back():
     del prog
     gc.collect()
     assert alloc.live_bytes == base
+
+
+def test_a_chunked_run_holds_no_output_array_after_it_returns():
+    """The kept graphs point at each run's output parts only while it runs: an output the user drops is freed."""
+    import gc
+    import weakref
+
+    prog = _three_live()  # (its chunks' output parts are aligned: the graphs write them in place)
+    assert prog.chunking("CPU", DIMS).count == 2
+    for seed in range(50, 53):  # (the first run builds the graphs on its output parts)
+        got = prog.run(dims=DIMS, x=_x(seed))[prog.output_names[0]]
+        root = got
+        while root.base is not None:
+            root = root.base
+        ref = weakref.ref(root)
+        del got, root
+        gc.collect()
+        assert ref() is None

@@ -1074,7 +1074,7 @@ class Program:
     MAX_PLANS = 4  # launch plans (with their device buffers) kept per program, for the sizes run last
 
     def release(self) -> None:
-        """Give back the device buffers that this program's launch plans keep between runs."""
+        """Give back the device buffers that this program's launch plans (and chunked runs) keep between runs."""
         self._launch_plans.release()
         for ready in self._ready.values():
             release_kept(ready.exe)

@@ -79,8 +79,9 @@ class RuntimeFeatures:
     - `max_work_items`: the most work-items one GPU-style launch may ask for; None: no stated limit.
     - `rebind_graphs`: a device graph (`graph(...)`) can be pointed at other buffers between runs
       (`group = graph.bind_args(uses, handle)`: the buffer arguments (launch i, argument j) in `uses`, all on
-      `handle`, as one group; `graph.rebind(group, handle)` points them at another buffer as large): a chunked
-      run keeps its chunks' graphs and patches the inputs' and outputs' addresses."""
+      `handle`, as one group holding that buffer alive in `group.handle`, which the caller may set to None once
+      it will rebind the group before the next run; `graph.rebind(group, handle)` points them at another buffer
+      as large): a chunked run keeps its chunks' graphs and patches the inputs' and outputs' addresses."""
 
     native_launch: bool = False
     direct_copies: bool = False

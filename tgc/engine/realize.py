@@ -668,6 +668,9 @@ class ChunkRuns:
                     ch.buffers[b].copyin(arr)
                 _run_graph(low, ch.graph)
                 ch.last = wholes_in
+                for source, group in ch.groups.items():  # (the user's output arrays are not held here after
+                    if source[0] == "out":                # the run: every run points these at its own first)
+                        group.handle = None
                 for j, (_name, node) in enumerate(low.outputs):
                     if outs[j] != "copy":
                         continue
@@ -675,7 +678,9 @@ class ChunkRuns:
                                 for k, (b, _n) in enumerate(low.inputs) if b is node and ins[k]), None)
                     if src is None:
                         src = next((handles[("out", k)] for k, (_n, o) in enumerate(low.outputs[:j])
-                                    if o is node and ("out", k) in handles), ch.buffers[node].handle)
+                                    if o is node and ("out", k) in handles), None)
+                    if src is None:
+                        src = ch.buffers[node].handle
                     alloc.copyout(memoryview(dests[j]), src)
             result = {name: to_user_array(wholes[name].numpy(give=True), buffer_type(node)[0])
                       for name, node in low.outputs}
@@ -742,6 +747,8 @@ class ChunkRuns:
             self.free()
             return None
         self.graphs_built += 1
+        for key in source:  # (each run's own memory: held by the graph's groups while it runs, not kept here)
+            del buffers[key]
         return _Chunk(sig, graph, buffers, uses, handles)
 
     def free(self) -> None:
