@@ -479,3 +479,26 @@ def test_a_chunked_run_holds_no_output_array_after_it_returns():
         del got, root
         gc.collect()
         assert ref() is None
+
+
+def test_a_chunked_run_while_another_holds_the_kept_graphs_runs_on_its_own_buffers(monkeypatch):
+    """While one run holds the executable's kept graphs (`ChunkRuns.lock`), another runs its chunks as before
+    (buffers from the pool, a graph built per chunk) and leaves the kept ones alone."""
+    prog = _chain()
+    ch = prog.chunking("CPU", DIMS)
+    prog.run(dims=DIMS, x=_x(60))
+    kept = prog._ready[prog._ready_key(tgc.api._device("CPU"), DIMS)].exe.kept
+    graphs = {i: c.graph for i, c in kept.chunks.items()}
+    seen = _launch_spy(monkeypatch)
+    assert kept.lock.acquire(blocking=False)
+    try:
+        x = _x(61)
+        got = prog.run(dims=DIMS, x=x)[prog.output_names[0]]
+    finally:
+        kept.lock.release()
+    np.testing.assert_allclose(got, _want(x), rtol=1e-4, atol=1e-4)
+    assert seen["graphs"] == ch.count and kept.graphs_built == ch.count  # (built for that run, not kept)
+    assert {i: c.graph for i, c in kept.chunks.items()} == graphs
+    x = _x(62)
+    np.testing.assert_allclose(prog.run(dims=DIMS, x=x)[prog.output_names[0]], _want(x), rtol=1e-4, atol=1e-4)
+    assert seen["graphs"] == ch.count  # (the kept graphs again)
