@@ -564,9 +564,6 @@ class _Chunk:
                  handles: dict[tuple, Any]):
         self.sig, self.graph, self.buffers, self.uses = sig, graph, buffers, uses
         self.groups = {source: graph.bind_args(u, handles[source]) for source, u in uses.items()}
-        # the user's (whole) input arrays the graph last ran on: the same array object again is at the same
-        # address, placed the same way (these references keep it so), so its part needs no new look
-        self.last: list | None = None
 
 
 class ChunkRuns:
@@ -615,14 +612,7 @@ class ChunkRuns:
                 fill: list[tuple[Any, np.ndarray]] = []  # (input key, slice) copied in
                 ins = []
                 ch = self.chunks.get(i)
-                last = ch.last if ch is not None else None
                 for j, (b, _name) in enumerate(low.inputs):
-                    if last is not None and last[j] is wholes_in[j]:  # the array of this chunk's last run (held
-                        borrowed = ch.sig[0][j]  # there): its part is where the graph has it, placed as then
-                        if not borrowed:
-                            fill.append((b, part(j, i)))
-                        ins.append(borrowed)
-                        continue
                     arr = part(j, i)
                     h = borrowable(dev, b, arr) if b not in written else None
                     if h is None:
@@ -663,14 +653,11 @@ class ChunkRuns:
                     for source, group in ch.groups.items():
                         if source in handles:
                             ch.graph.rebind(group, handles[source])
-                ch.last = None  # (until the graph has run on this run's memory)
                 for b, arr in fill:
                     ch.buffers[b].copyin(arr)
                 _run_graph(low, ch.graph)
-                ch.last = wholes_in
-                for source, group in ch.groups.items():  # (the user's output arrays are not held here after
-                    if source[0] == "out":                # the run: every run points these at its own first)
-                        group.handle = None
+                for group in ch.groups.values():  # (no user array, input or output, is held here after the
+                    group.handle = None              # run: every run points the groups at its own memory first)
                 for j, (_name, node) in enumerate(low.outputs):
                     if outs[j] != "copy":
                         continue
