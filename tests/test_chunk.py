@@ -481,6 +481,27 @@ def test_a_chunked_run_holds_no_output_array_after_it_returns():
         assert ref() is None
 
 
+def test_a_chunked_run_holds_no_input_array_after_it_returns():
+    """Nor the user's inputs (review 21: the last run's inputs were held until the next run, so `x.resize`
+    refused and their memory stayed): after a run the input is freed, resizable, and the next run reads a new
+    array at its own address."""
+    import gc
+    import weakref
+
+    prog = _three_live()
+    assert prog.chunking("CPU", DIMS).count == 2
+    for seed in range(60, 63):
+        x = _x(seed)
+        got = prog.run(dims=DIMS, x=x)[prog.output_names[0]]
+        np.testing.assert_allclose(got, prog.run(device="PYTHON", dims=DIMS, x=x)[prog.output_names[0]],
+                                   rtol=1e-5, atol=1e-5)
+        x.resize((2 * x.shape[0],) + x.shape[1:])  # (raises where an array references it)
+        ref = weakref.ref(x)
+        del x
+        gc.collect()
+        assert ref() is None
+
+
 def test_a_chunked_run_while_another_holds_the_kept_graphs_runs_on_its_own_buffers(monkeypatch):
     """While one run holds the executable's kept graphs (`ChunkRuns.lock`), another runs its chunks as before
     (buffers from the pool, a graph built per chunk) and leaves the kept ones alone."""
