@@ -93,7 +93,8 @@ def test_the_measured_peak_of_a_chunked_run_is_its_plan(monkeypatch):
     ch = prog.chunking("CPU", DIMS)
     alloc = tgc.api._device("CPU").allocator
     x = _x(2)
-    prog.run(dims=DIMS, x=x)  # (the pool then holds one chunk's intermediates)
+    prog.run(dims=DIMS, x=x)  # (compiles; the executable then keeps one chunk's intermediates)
+    prog.release()  # (gives them back)
     alloc.free_cache()
     borrowed = X if x.ctypes.data % alloc.zero_copy_align == 0 else 0  # else each chunk's slice is copied in
     copied = 0 if borrowed else X // ch.count
@@ -101,6 +102,15 @@ def test_the_measured_peak_of_a_chunked_run_is_its_plan(monkeypatch):
     base = alloc.live_bytes
     prog.run(dims=DIMS, x=x)
     assert alloc.peak_bytes - base == ch.after - X + copied == B * 4 + 2 * X // 4 + 8 + copied
+    # kept for the next run (`realize.ChunkRuns`): one chunk's intermediates, the chunk's 8-byte output slot and
+    # the slot its input is copied into; the whole output (B * 4) went to the user. A run again adds only that
+    assert alloc.live_bytes - base == 2 * X // 4 + 8 + copied
+    alloc.reset_peak()
+    kept = alloc.live_bytes
+    prog.run(dims=DIMS, x=x)
+    assert alloc.peak_bytes - kept == B * 4 and alloc.live_bytes == kept
+    prog.release()
+    assert alloc.live_bytes == base
     # unchunked, the run allocates the two intermediates whole (the output in a dead one): X + X / 2 less chunked
     assert ch.before - ch.after == 2 * X - (2 * X // 4 + B * 4 + 8)
     monkeypatch.setenv("TGC_CHUNK", "0")
@@ -170,10 +180,15 @@ def _launch_spy(monkeypatch, fail: bool = False) -> dict[str, int]:
     """Counts, from now on, of the CPU device graphs built (and the kernels in them) and of the kernels launched
     on their own (`realize.launch`); with `fail` every graph fails to be built (as one over a kernel of too many
     arguments does)."""
+    from tgc.backends.cpu_graph import CPUGraph
     from tgc.engine import realize
     dev = tgc.api._device("CPU")
-    seen = {"graphs": 0, "graph_kernels": 0, "launches": 0}
-    make, one = dev.graph, realize.launch
+    seen = {"graphs": 0, "graph_kernels": 0, "launches": 0, "graph_runs": 0}
+    make, one, call = dev.graph, realize.launch, CPUGraph.__call__
+
+    def run(self, *a, **kw):
+        seen["graph_runs"] += 1
+        return call(self, *a, **kw)
 
     def graph(launches, **kw):
         if fail:
@@ -188,36 +203,42 @@ def _launch_spy(monkeypatch, fail: bool = False) -> dict[str, int]:
 
     monkeypatch.setattr(dev, "graph", graph)
     monkeypatch.setattr(realize, "launch", launch)
+    monkeypatch.setattr(CPUGraph, "__call__", run)
     return seen
 
 
 def test_each_chunk_runs_as_one_cpu_graph_and_one_by_one_without_graphs(monkeypatch):
     """A chunked run on the CPU launches each chunk's kernels as one device graph (one native call: no thread
     hand-off per kernel); TGC_GRAPH=0, DEBUG=2 (a line per kernel) and a device that cannot make the graph
-    launch them one by one; the outputs are numpy's every way."""
+    launch them one by one; the outputs are numpy's every way. The chunks' graphs are built at the first run and
+    kept (`realize.ChunkRuns`): a run again builds none."""
     prog = _chain()
     ch = prog.chunking("CPU", DIMS)
     n = len(ch.low.kernels)
     assert ch.count == 4 and n > 1
-    x = _x(7)
-    prog.run(dims=DIMS, x=x)  # (compiled before counting)
     seen = _launch_spy(monkeypatch)
-    for _ in range(2):
+    x = _x(7)
+    prog.run(dims=DIMS, x=x)  # (compiles; builds each chunk's graph)
+    assert seen == {"graphs": ch.count, "graph_kernels": ch.count * n, "launches": 0, "graph_runs": ch.count}
+    seen.update(graphs=0, graph_kernels=0, graph_runs=0)
+    for seed in range(2):
+        x = _x(8 + seed)
         got = prog.run(dims=DIMS, x=x)[prog.output_names[0]]
         np.testing.assert_allclose(got, _want(x), rtol=1e-4, atol=1e-4)
     assert prog.last_chunking is ch
-    assert seen == {"graphs": 2 * ch.count, "graph_kernels": 2 * ch.count * n, "launches": 0}
+    assert seen == {"graphs": 0, "graph_kernels": 0, "launches": 0, "graph_runs": 2 * ch.count}
     for env, value in (("TGC_GRAPH", "0"), ("DEBUG", "2")):
         with monkeypatch.context() as m:
             m.setenv(env, value)
-            seen.update(graphs=0, graph_kernels=0, launches=0)
+            seen.update(graphs=0, graph_kernels=0, launches=0, graph_runs=0)
             got = prog.run(dims=DIMS, x=x)[prog.output_names[0]]
             np.testing.assert_allclose(got, _want(x), rtol=1e-4, atol=1e-4)
-            assert seen == {"graphs": 0, "graph_kernels": 0, "launches": ch.count * n}, env
+            assert seen == {"graphs": 0, "graph_kernels": 0, "launches": ch.count * n, "graph_runs": 0}, env
+    prog.release()  # (the kept graphs dropped: the next run builds them, and cannot)
     seen = _launch_spy(monkeypatch, fail=True)
     got = prog.run(dims=DIMS, x=x)[prog.output_names[0]]
     np.testing.assert_allclose(got, _want(x), rtol=1e-4, atol=1e-4)
-    assert seen == {"graphs": 0, "graph_kernels": 0, "launches": ch.count * n}
+    assert seen == {"graphs": 0, "graph_kernels": 0, "launches": ch.count * n, "graph_runs": 0}
 
 
 def test_bench_times_the_chunked_run(monkeypatch):
@@ -287,16 +308,23 @@ def test_a_chunks_output_part_holds_intermediates_that_die_before_it_is_written(
     want = np.exp(x[:, ::-1].astype(np.float64) * 0.5)
     t2 = np.exp(want[:, ::-1] * 0.5 - 0.25)
     want = 2 * (want[:, ::-1] + t2[:, ::-1])[:, ::-1]
-    for _ in range(2):  # (the second run takes the intermediates from the pool)
+    for _ in range(2):  # (the second run runs the chunks' kept graphs on the kept intermediates)
         got = prog.run(dims=DIMS, x=x)[prog.output_names[0]]
         assert prog.last_chunking is ch
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    prog.release()  # (the kept intermediates given back: the next run allocates them)
     alloc.free_cache()
     borrowed = x.ctypes.data % alloc.zero_copy_align == 0  # else each chunk's slice is copied in
     alloc.reset_peak()
     base = alloc.live_bytes
     got = prog.run(dims=DIMS, x=x)[prog.output_names[0]]
     assert alloc.peak_bytes - base == ch.after - X + (0 if borrowed else X // 2)  # the whole output, 2 slots of X/2
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert alloc.live_bytes - base == X + (0 if borrowed else X // 2)  # kept: the 2 slots (and the copied input's)
+    alloc.reset_peak()
+    kept = alloc.live_bytes
+    got = prog.run(dims=DIMS, x=x)[prog.output_names[0]]
+    assert alloc.peak_bytes - kept == X and alloc.live_bytes == kept  # a run again: only the whole output
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     monkeypatch.setenv("TGC_CHUNK", "0")
     np.testing.assert_allclose(prog.run(dims=DIMS, x=x)[prog.output_names[0]], want, rtol=1e-5, atol=1e-5)
@@ -319,14 +347,179 @@ def test_a_chunked_run_fills_every_output_when_one_node_is_two_outputs_or_an_inp
     prog._traces[tuple(sorted(DIMS.items()))] = ([o.uop for o in outs], bufs)
     ch = prog.chunking("CPU", DIMS)
     assert ch is not None and ch.count > 1
-    xin = _x(5)
-    t1 = np.exp(xin[:, ::-1].astype(np.float64) * 0.5)
-    t2 = np.exp(t1[:, ::-1] * 0.5 - 0.25)
-    t4 = np.exp(t2[:, ::-1] * 0.3)
-    t5 = np.exp(t4[:, ::-1] * 0.2 + t1)
-    want = [2 * (t1[:, ::-1] + t2[:, ::-1] + t4[:, ::-1] + t5[:, ::-1])[:, ::-1]]
-    want.append(want[0] if case == "node_twice" else xin)
-    for _ in range(2):  # (the second run takes the intermediates from the pool: old bytes where unwritten)
+    for seed in range(5, 8):  # (a run again reuses the kept intermediates: old bytes where unwritten)
+        xin = _x(seed)
+        t1 = np.exp(xin[:, ::-1].astype(np.float64) * 0.5)
+        t2 = np.exp(t1[:, ::-1] * 0.5 - 0.25)
+        t4 = np.exp(t2[:, ::-1] * 0.3)
+        t5 = np.exp(t4[:, ::-1] * 0.2 + t1)
+        want = [2 * (t1[:, ::-1] + t2[:, ::-1] + t4[:, ::-1] + t5[:, ::-1])[:, ::-1]]
+        want.append(want[0] if case == "node_twice" else xin)
         got = prog.run(dims=DIMS, x=xin)
         for name, w in zip(prog.output_names, want):
-            np.testing.assert_allclose(got[name], w, rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(got[name], w, rtol=1e-4, atol=1e-5)  # (exp of exp: up to 1e19 in f32)
+
+
+def _alloc_spy(monkeypatch) -> list[int]:
+    """The sizes of the CPU allocator's allocations from now on (pooled or not)."""
+    alloc = tgc.api._device("CPU").allocator
+    sizes: list[int] = []
+    make = alloc.alloc
+
+    def counted(nbytes):
+        sizes.append(nbytes)
+        return make(nbytes)
+
+    monkeypatch.setattr(alloc, "alloc", counted)
+    return sizes
+
+
+def _misaligned(x: np.ndarray) -> np.ndarray:
+    """`x`'s values in an array whose data starts 4 bytes past an aligned address (copied in, not borrowed)."""
+    align = tgc.api._device("CPU").allocator.zero_copy_align
+    raw = np.empty(x.size + 2 * align, dtype=x.dtype)
+    skip = (-raw.ctypes.data % align) // x.itemsize + 1
+    out = raw[skip:skip + x.size].reshape(x.shape)
+    out[...] = x
+    assert out.ctypes.data % align
+    return out
+
+
+def test_a_chunked_run_again_builds_no_graph_and_allocates_only_its_outputs(monkeypatch):
+    """`realize.ChunkRuns`: the chunks' graphs and planned buffers are kept between runs; a run again points each
+    chunk's graph at its input slices and output parts and allocates only the whole output. An input that comes
+    misaligned (so copied into a slot) rebuilds the chunks' graphs once, and an aligned one again; results are
+    numpy's on every run, inputs different each time."""
+    prog = _chain()
+    ch = prog.chunking("CPU", DIMS)
+    assert ch.count == 4
+    seen = _launch_spy(monkeypatch)
+    sizes = _alloc_spy(monkeypatch)
+    prog.run(dims=DIMS, x=_x(20))  # (compiles, builds the graphs, allocates the kept slots)
+    assert seen["graphs"] == ch.count
+    kept = prog._ready[prog._ready_key(tgc.api._device("CPU"), DIMS)].exe.kept
+    assert kept is not None and kept.graphs_built == ch.count and len(kept.chunks) == ch.count
+    for seed, placed in ((21, "aligned"), (22, "aligned"), (23, "misaligned"), (24, "misaligned"),
+                         (25, "aligned"), (26, "aligned")):
+        x = _x(seed)
+        if placed == "misaligned":
+            x = _misaligned(x)
+        elif x.ctypes.data % tgc.api._device("CPU").allocator.zero_copy_align:
+            continue  # (numpy gave an unaligned array: nothing to check here)
+        before = x.copy()
+        seen.update(graphs=0, graph_kernels=0, launches=0, graph_runs=0)
+        sizes.clear()
+        builds = kept.graphs_built
+        got = prog.run(dims=DIMS, x=x)[prog.output_names[0]]
+        np.testing.assert_allclose(got, _want(before), rtol=1e-4, atol=1e-4)
+        np.testing.assert_array_equal(x, before)
+        assert seen["launches"] == 0 and seen["graph_runs"] == ch.count
+        changed = seed in (23, 25)  # (the first run of each placement after the other)
+        assert kept.graphs_built - builds == seen["graphs"] == (ch.count if changed else 0), seed
+        # the whole output, and the first time an input is copied in, its slot (the next copied chunks reuse it)
+        assert sizes == ([B * 4, X // ch.count] if seed == 23 else [B * 4]), (seed, sizes)
+
+
+def test_a_chunked_program_run_from_two_threads_at_once():
+    """Two threads running one chunked Program: one runs the kept graphs, the other meanwhile the chunks on
+    buffers of its own (`ChunkRuns.lock`); every result is numpy's."""
+    import threading
+
+    prog = _chain()
+    prog.run(dims=DIMS, x=_x(30))
+    errors: list[BaseException] = []
+
+    def work(base: int) -> None:
+        try:
+            for seed in range(base, base + 15):
+                x = _x(seed)
+                got = prog.run(dims=DIMS, x=x)[prog.output_names[0]]
+                np.testing.assert_allclose(got, _want(x), rtol=1e-4, atol=1e-4)
+        except BaseException as e:  # (reported on the main thread)
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(100 * (t + 1),)) for t in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+def test_a_dropped_chunked_program_gives_its_kept_buffers_back():
+    import gc
+
+    alloc = tgc.api._device("CPU").allocator
+    prog = _chain()
+    prog.run(dims=DIMS, x=_x(40))  # (compiles)
+    prog.release()
+    gc.collect()  # (other tests' programs dropped: what they kept given back)
+    base = alloc.live_bytes
+    for seed in range(3):
+        prog.run(dims=DIMS, x=_x(41 + seed))
+    assert alloc.live_bytes > base  # (one chunk's intermediates kept)
+    del prog
+    gc.collect()
+    assert alloc.live_bytes == base
+
+
+def test_a_chunked_run_holds_no_output_array_after_it_returns():
+    """The kept graphs point at each run's output parts only while it runs: an output the user drops is freed."""
+    import gc
+    import weakref
+
+    prog = _three_live()  # (its chunks' output parts are aligned: the graphs write them in place)
+    assert prog.chunking("CPU", DIMS).count == 2
+    for seed in range(50, 53):  # (the first run builds the graphs on its output parts)
+        got = prog.run(dims=DIMS, x=_x(seed))[prog.output_names[0]]
+        root = got
+        while root.base is not None:
+            root = root.base
+        ref = weakref.ref(root)
+        del got, root
+        gc.collect()
+        assert ref() is None
+
+
+def test_a_chunked_run_holds_no_input_array_after_it_returns():
+    """Nor the user's inputs (review 21: the last run's inputs were held until the next run, so `x.resize`
+    refused and their memory stayed): after a run the input is freed, resizable, and the next run reads a new
+    array at its own address."""
+    import gc
+    import weakref
+
+    prog = _three_live()
+    assert prog.chunking("CPU", DIMS).count == 2
+    for seed in range(60, 63):
+        x = _x(seed)
+        got = prog.run(dims=DIMS, x=x)[prog.output_names[0]]
+        np.testing.assert_allclose(got, prog.run(device="PYTHON", dims=DIMS, x=x)[prog.output_names[0]],
+                                   rtol=1e-5, atol=1e-5)
+        x.resize((2 * x.shape[0],) + x.shape[1:])  # (raises where an array references it)
+        ref = weakref.ref(x)
+        del x
+        gc.collect()
+        assert ref() is None
+
+
+def test_a_chunked_run_while_another_holds_the_kept_graphs_runs_on_its_own_buffers(monkeypatch):
+    """While one run holds the executable's kept graphs (`ChunkRuns.lock`), another runs its chunks as before
+    (buffers from the pool, a graph built per chunk) and leaves the kept ones alone."""
+    prog = _chain()
+    ch = prog.chunking("CPU", DIMS)
+    prog.run(dims=DIMS, x=_x(60))
+    kept = prog._ready[prog._ready_key(tgc.api._device("CPU"), DIMS)].exe.kept
+    graphs = {i: c.graph for i, c in kept.chunks.items()}
+    seen = _launch_spy(monkeypatch)
+    assert kept.lock.acquire(blocking=False)
+    try:
+        x = _x(61)
+        got = prog.run(dims=DIMS, x=x)[prog.output_names[0]]
+    finally:
+        kept.lock.release()
+    np.testing.assert_allclose(got, _want(x), rtol=1e-4, atol=1e-4)
+    assert seen["graphs"] == ch.count and kept.graphs_built == ch.count  # (built for that run, not kept)
+    assert {i: c.graph for i, c in kept.chunks.items()} == graphs
+    x = _x(62)
+    np.testing.assert_allclose(prog.run(dims=DIMS, x=x)[prog.output_names[0]], _want(x), rtol=1e-4, atol=1e-4)
+    assert seen["graphs"] == ch.count  # (the kept graphs again)

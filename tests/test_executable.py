@@ -92,7 +92,7 @@ def test_zero_copy_follows_the_declaration():
 def test_devices_declare_their_runtime():
     from tgc.backends.remote.client import RemoteDevice
 
-    assert get_device("CPU").runtime == RuntimeFeatures(native_launch=True)
+    assert get_device("CPU").runtime == RuntimeFeatures(native_launch=True, rebind_graphs=True)
     assert get_device("PYTHON").runtime == RuntimeFeatures()
     assert RemoteDevice.runtime.batched_copies and RemoteDevice.runtime.direct_copies
     # the defaults decline, so the engine copies through host memory

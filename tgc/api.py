@@ -54,7 +54,14 @@ from tgc.engine.flops import recompute_factor, written_flops
 from tgc.engine.inputs import random_inputs
 from tgc.engine.multi import build_executable
 from tgc.engine.multi import plan as plan_multi
-from tgc.engine.realize import LaunchPlans, inplace_pairs, plan_for, stored_indices, to_user_array
+from tgc.engine.realize import (
+    LaunchPlans,
+    inplace_pairs,
+    plan_for,
+    release_kept,
+    stored_indices,
+    to_user_array,
+)
 from tgc.engine.reference import evaluate, evaluate_with_scale
 from tgc.engine.schedule import ScheduleItem, create_schedule, kernel_name, split_large_reduces
 from tgc.env import debug_level, env_flag, env_int
@@ -1163,8 +1170,10 @@ class Program:
     MAX_PLANS = 4  # launch plans (with their device buffers) kept per program, for the sizes run last
 
     def release(self) -> None:
-        """Give back the device buffers that this program's launch plans keep between runs."""
+        """Give back the device buffers that this program's launch plans (and chunked runs) keep between runs."""
         self._launch_plans.release()
+        for ready in self._ready.values():
+            release_kept(ready.exe)
         self._ready.clear()
         for entry in self._entries.values():
             if entry is not None:

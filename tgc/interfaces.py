@@ -76,13 +76,19 @@ class RuntimeFeatures:
     - `direct_copies`: `copy_to(...)` copies between two devices without host memory (it may still decline).
     - `batched_copies` / `batched_reduces`: the device class does a whole collective step's copies
       (`copy_batch`) or reductions (`reduce_batch`) in one call (it may still decline).
-    - `max_work_items`: the most work-items one GPU-style launch may ask for; None: no stated limit."""
+    - `max_work_items`: the most work-items one GPU-style launch may ask for; None: no stated limit.
+    - `rebind_graphs`: a device graph (`graph(...)`) can be pointed at other buffers between runs
+      (`group = graph.bind_args(uses, handle)`: the buffer arguments (launch i, argument j) in `uses`, all on
+      `handle`, as one group holding that buffer alive in `group.handle`, which the caller may set to None once
+      it will rebind the group before the next run; `graph.rebind(group, handle)` points them at another buffer
+      as large): a chunked run keeps its chunks' graphs and patches the inputs' and outputs' addresses."""
 
     native_launch: bool = False
     direct_copies: bool = False
     batched_copies: bool = False
     batched_reduces: bool = False
     max_work_items: int | None = None
+    rebind_graphs: bool = False
 
 
 class Runtime(Protocol):

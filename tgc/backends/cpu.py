@@ -223,7 +223,8 @@ def _chunk(fn: Any, ptrs: list[int], vals: tuple, core: int, future: Any) -> Non
 class CPUDevice(Device):
     kind = "CPU"
     launch_style = "cpu"
-    runtime = RuntimeFeatures(native_launch=True)  # kernels run as native code here: `tgc serve` checks every launch
+    # kernels run as native code here (`tgc serve` checks every launch); a CPU graph's addresses can be patched
+    runtime = RuntimeFeatures(native_launch=True, rebind_graphs=True)
 
     def __init__(self, index: int = 0):
         super().__init__(index)

@@ -345,6 +345,16 @@ def _work(fn: Any, tab: int, n: int, core: int, state: int, ticket: int, keep: t
     fn(tab, n, core, state, ticket)
 
 
+class ArgGroup:
+    """Buffer arguments of a graph that always point at one buffer (`CPUGraph.bind_args`): their table words and
+    the buffer they point at now (held alive here)."""
+
+    __slots__ = ("words", "handle")
+
+    def __init__(self, words: np.ndarray, handle: Any):
+        self.words, self.handle = words, handle
+
+
 class CPUGraph:
     """A fixed list of CPU launches `(program, buffers, global_size, local_size, vals)` run by one native call per
     thread. The buffers are bound when the graph is built: it must be built again for other buffers.
@@ -362,7 +372,9 @@ class CPUGraph:
         # the graph is gone, or after the process's runner was built again (tests do), still calls it
         self.runner_image = _RUNNER[0] if _RUNNER is not None and _RUNNER[1] is self.fn else None
         self.programs = [launch[0] for launch in launches]  # keep the loaded code alive while the graph lives
-        self.bufs = [b for launch in launches for b in launch[1]]
+        # each launch's buffers (kept alive while the graph may run them; `rebind` replaces some)
+        self.launch_bufs = [list(launch[1]) for launch in launches]
+        self.address = address
         n = len(launches)
         table = np.zeros((max(n, 1), ROW), dtype=np.int64)
         chunks = [max(1, int(gs[0])) for _, _, gs, _, _ in launches]
@@ -387,6 +399,7 @@ class CPUGraph:
             words = array("Q", [w for r in rows for w in r + [0] * (width - len(r))])
             table[:n, :width] = np.frombuffer(words, dtype=np.int64).reshape(n, width)
         self.table, self.n = table, n
+        self.words = table.reshape(-1)  # (the table's words in one row: `rebind` writes some)
         # a run's state (module docstring): the gate (threads in the run, the open run's ticket, the closer
         # asleep), then per row its claimed chunks, its chunks done and the threads asleep waiting for them
         self.state = np.zeros(STATE_ROW * (n + 1), dtype=np.int32)
@@ -428,6 +441,21 @@ class CPUGraph:
                     # possibly inside `submit` after its work was queued: this thread still claims what is left,
                     # closes the run and waits for its workers, so no chunk runs after the call is gone)
                     self.fn(tab, self.n, 0, self._state, ticket)
+
+    def bind_args(self, uses: list[tuple[int, int]], handle: Any) -> Any:
+        """Buffer arguments `uses` ((launch, argument) pairs, all on `handle` now) as one group for `rebind`
+        (their table words; the group, not the graph, holds the handle alive from now on)."""
+        group = ArgGroup(np.array([i * ROW + HEAD + j for i, j in uses], dtype=np.intp), handle)
+        for i, j in uses:
+            self.launch_bufs[i][j] = None
+        return group
+
+    def rebind(self, group: Any, handle: Any) -> None:
+        """Point a group of buffer arguments (`bind_args`) at `handle` (a buffer as large as the one it replaces):
+        the next run reads or writes it there. Only between runs (the caller's run holds the graph: a chunked
+        run's `realize.ChunkRuns` lock)."""
+        self.words[group.words] = self.address(handle)
+        group.handle = handle
 
     def free(self) -> None:
         pass

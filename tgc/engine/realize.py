@@ -72,6 +72,18 @@ class Slot:
             self.device.allocator.disown(self.handle, self.nbytes)
 
 
+def borrowable(device: Any, node: Any, arr: np.ndarray) -> Any:
+    """A device handle on `arr`'s own memory for buffer `node` (`Buffer.borrow`), or None where it must be copied
+    in (the device copies, or `arr` is misaligned, strided, empty, or not laid out as the node's dtype)."""
+    alloc = device.allocator
+    if alloc.features.zero_copy_align is None:
+        return None
+    dtype, shape = buffer_type(node)
+    if arr.dtype != dtype.np or arr.nbytes != prod(shape) * dtype.itemsize:
+        return None
+    return alloc.wrap(arr)
+
+
 class Buffer:
     """Device memory holding one tensor's values (contiguous): the start of a memory-plan slot, which it frees
     if it `owns` it (one buffer per slot does).
@@ -98,13 +110,7 @@ class Buffer:
     def borrow(cls, device: Any, node: Any, arr: np.ndarray) -> Buffer | None:
         """A buffer on `arr`'s own memory, or None where it must be copied in (the device copies, or `arr` is
         misaligned, strided, empty, or not laid out as the node's dtype)."""
-        alloc = device.allocator
-        if alloc.features.zero_copy_align is None:
-            return None
-        dtype, shape = buffer_type(node)
-        if arr.dtype != dtype.np or arr.nbytes != prod(shape) * dtype.itemsize:
-            return None
-        handle = alloc.wrap(arr)
+        handle = borrowable(device, node, arr)
         if handle is None:
             return None
         buf = cls(device, node, handle=handle)
@@ -251,6 +257,8 @@ class Executable:
         # names of inputs bound at load (a model's weights): the same arrays every run, so the kernels reading only
         # them run once per launch plan (`tgc.engine.bound`)
         self.bound: frozenset[str] = frozenset()
+        # a chunked run's buffers and chunk graphs kept between its runs (`run_chunked`; made at the first run)
+        self.kept: ChunkRuns | None = None
 
     @classmethod
     def across(cls, devices: list[Runtime], steps: list[Step], inputs: list[InputPart],
@@ -457,9 +465,28 @@ def run_chunked(low: Executable, count: int, sliced: set[str], arrays: dict[str,
     place where the device allows), the others (weights) are whole; each chunk's outputs are written straight
     into their slice of the whole output arrays (allocated once, handed to the user as `run_program` does).
     Each chunk's intermediates go back to the allocator's pool and the next chunk takes the same ones. A host
-    allocator only (the buffers are numpy arrays); no launch plan is kept, but each chunk's kernels run as one
-    device graph built for that chunk's buffers where the device has graphs (`launch_all`)."""
+    allocator only (the buffers are numpy arrays); each chunk's kernels run as one device graph where the device
+    has graphs. Where they can be pointed at other buffers (`RuntimeFeatures.rebind_graphs`, the CPU) the
+    executable keeps its chunks' graphs and planned buffers between runs (`ChunkRuns`: a run again patches the
+    inputs' and outputs' addresses and allocates only the whole outputs); elsewhere, while a profile records,
+    with DEBUG>=2 or TGC_GRAPH=0, or while another thread runs the same executable, each chunk's buffers come
+    from the pool and its graph is built for them (`launch_all`)."""
     if profile.active is None:
+        if len(low.kernels) > 1 and low.device.runtime.rebind_graphs and graphs_enabled() and debug_level() < 2:
+            kept = low.kept
+            if kept is None:
+                with _KEPT_LOCK:
+                    if low.kept is None:
+                        low.kept = ChunkRuns()
+                    kept = low.kept
+            assert kept is not None
+            if not kept.off and kept.lock.acquire(blocking=False):
+                try:
+                    got = kept.run(low, count, sliced, arrays)
+                finally:
+                    kept.lock.release()
+                if got is not None:
+                    return got
         return _run_chunked(low, count, sliced, arrays)
     with profile.host_span(f"run on {low.device.name}", {"kernels": len(low.kernels), "as": f"{count} chunks"}):
         return _run_chunked(low, count, sliced, arrays)
@@ -522,6 +549,237 @@ def _run_chunked(low: Executable, count: int, sliced: set[str], arrays: dict[str
     finally:
         for buf in wholes.values():
             buf.free()
+
+
+_KEPT_LOCK = threading.Lock()
+
+
+class _Chunk:
+    """One chunk's part of `ChunkRuns`: the graph of its kernels over its buffers, the buffers (by key), and where
+    each run's own memory goes into the graph: `uses[source]`, the (launch, buffer argument) pairs of input
+    `("in", i)` (the user's slice, used in place) or output `("out", i)` (its part of the whole output, and
+    every buffer planned into that part's slot), bound as one group each (`groups`, `graph.bind_args`)."""
+
+    def __init__(self, sig: tuple, graph: Any, buffers: dict[Any, Buffer], uses: dict[tuple, list],
+                 handles: dict[tuple, Any]):
+        self.sig, self.graph, self.buffers, self.uses = sig, graph, buffers, uses
+        self.groups = {source: graph.bind_args(u, handles[source]) for source, u in uses.items()}
+
+
+class ChunkRuns:
+    """What a chunked executable keeps between its runs (`run_chunked`, a device with `rebind_graphs`): the memory
+    plan's slots that are not the run's own memory (the intermediates, inputs copied in), allocated at the first
+    run and kept, and per chunk its device graph over them (`_Chunk`). A run again allocates only the whole
+    outputs (handed to the user) and, per chunk, points its graph at that run's input slices and output parts
+    (`graph.rebind`) and runs it: nothing is planned, placed or built again. A chunk whose inputs or outputs
+    come otherwise placed (an input now misaligned, so copied in) gets its graph built again. One run at a time
+    (`lock`; another thread's run meanwhile runs as before, `_run_chunked`); `free()` (also when the executable
+    is dropped) gives the slots back to the allocator. `graphs_built` counts the graphs built (tests)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.slots: dict[int, Slot] = {}  # the plan's slots allocated here, by index
+        self.chunks: dict[int, _Chunk] = {}
+        self.off = False  # no graph could be made for these kernels: every run as before
+        self.graphs_built = 0
+        self.written: set | None = None  # the buffers the kernels write (an input among them is copied in)
+
+    def run(self, low: Executable, count: int, sliced: set[str], arrays: dict[str, np.ndarray]
+            ) -> dict[str, np.ndarray] | None:
+        """One chunked run (as `_run_chunked`), or None where no graph could be made (nothing ran; `off` is set)."""
+        dev = low.device
+        alloc = dev.allocator
+        plan = low.memory_plan()
+        if self.written is None:
+            self.written = {k.bufs[i] for k in low.kernels for i in written_indices(k) if i < len(k.bufs)}
+        inputs, written = {b for b, _ in low.inputs}, self.written
+        wholes: dict[str, Buffer] = {}
+        try:
+            for name, node in low.outputs:
+                dtype, shape = buffer_type(node)
+                wholes[name] = Buffer(dev, BufferSpec(dtype, (shape[0] * count,) + tuple(shape[1:])))
+            wholes_in = [arrays[name] for _b, name in low.inputs]
+
+            def part(j: int, i: int) -> np.ndarray:  # input j's slice for chunk i
+                arr = wholes_in[j]
+                if low.inputs[j][1] in sliced:
+                    rows = arr.shape[0] // count
+                    arr = arr[i * rows:(i + 1) * rows]
+                return arr
+
+            for i in range(count):
+                handles: dict[tuple, Any] = {}  # this chunk's own memory, by source (`_Chunk`), where it changed
+                fill: list[tuple[Any, np.ndarray]] = []  # (input key, slice) copied in
+                ins = []
+                ch = self.chunks.get(i)
+                for j, (b, _name) in enumerate(low.inputs):
+                    arr = part(j, i)
+                    h = borrowable(dev, b, arr) if b not in written else None
+                    if h is None:
+                        fill.append((b, arr))
+                    else:
+                        handles[("in", j)] = h
+                    ins.append(h is not None)
+                outs, dests, hosted = [], [], set()
+                for j, (name, node) in enumerate(low.outputs):
+                    n = buffer_nbytes(node)
+                    dest = wholes[name].handle[i * n:(i + 1) * n]
+                    dests.append(dest)
+                    if node in inputs or any(node is o for _, o in low.outputs[:j]):
+                        outs.append("copy")  # (as `_run_chunked`: copied after the kernels)
+                        continue
+                    h = alloc.wrap(dest) if writes_in_place(alloc, n) else None
+                    slot = plan.slot_of.get(node)
+                    if h is not None and slot is not None and plan.slots[slot] == n and slot not in hosted:
+                        hosted.add(slot)
+                        outs.append(("host", slot))
+                    else:
+                        outs.append("own" if h is not None else "copy")
+                    if h is not None:
+                        handles[("out", j)] = h
+                sig = (tuple(ins), tuple(outs))
+                if ch is None or ch.sig != sig:
+                    if ch is not None:
+                        del self.chunks[i]
+                        ch.graph.free()
+                    for j, (b, _name) in enumerate(low.inputs):  # (every borrowed input's memory: a new graph)
+                        if ins[j] and ("in", j) not in handles:
+                            handles[("in", j)] = borrowable(dev, b, part(j, i))
+                    ch = self._build(low, plan, sig, handles)
+                    if ch is None:
+                        return None
+                    self.chunks[i] = ch
+                else:
+                    for source, group in ch.groups.items():
+                        if source in handles:
+                            ch.graph.rebind(group, handles[source])
+                for b, arr in fill:
+                    ch.buffers[b].copyin(arr)
+                _run_graph(low, ch.graph)
+                for group in ch.groups.values():  # (no user array, input or output, is held here after the
+                    group.handle = None              # run: every run points the groups at its own memory first)
+                for j, (_name, node) in enumerate(low.outputs):
+                    if outs[j] != "copy":
+                        continue
+                    src = next((handles.get(("in", k)) or alloc.wrap(part(k, i))
+                                for k, (b, _n) in enumerate(low.inputs) if b is node and ins[k]), None)
+                    if src is None:
+                        src = next((handles[("out", k)] for k, (_n, o) in enumerate(low.outputs[:j])
+                                    if o is node and ("out", k) in handles), None)
+                    if src is None:
+                        src = ch.buffers[node].handle
+                    alloc.copyout(memoryview(dests[j]), src)
+            result = {name: to_user_array(wholes[name].numpy(give=True), buffer_type(node)[0])
+                      for name, node in low.outputs}
+            dev.synchronize()
+            return result
+        except BaseException:
+            self.free()  # (a failed run may leave a graph half pointed at this run's memory: all built again)
+            raise
+        finally:
+            for buf in wholes.values():
+                buf.free()
+
+    def _build(self, low: Executable, plan: MemoryPlan, sig: tuple, handles: dict[tuple, Any]) -> _Chunk | None:
+        """A chunk's buffers (its own memory from `handles`, the rest in the kept slots) and its graph."""
+        dev = low.device
+        largest: dict[int, Any] = {}
+        for k, i in plan.slot_of.items():
+            if i not in largest or plan.sizes[k] > plan.sizes[largest[i]]:
+                largest[i] = k
+        ins, outs = sig
+        source: dict[Any, tuple] = {}  # buffer key -> the source of its memory this run
+        given: dict[int, Slot] = {}
+        buffers: dict[Any, Buffer] = {}
+        for j, (b, _name) in enumerate(low.inputs):
+            if ins[j]:
+                source[b] = ("in", j)
+                buffers[b] = Buffer(dev, b, handle=handles[("in", j)])
+        for j, (_name, node) in enumerate(low.outputs):
+            how = outs[j]
+            if how == "own":
+                source[node] = ("out", j)
+                buffers[node] = Buffer(dev, node, handle=handles[("out", j)])
+            elif how != "copy":
+                given[how[1]] = Slot.borrowed(dev, handles[("out", j)], plan.slots[how[1]])
+                source.update((k, ("out", j)) for k, s in plan.slot_of.items() if s == how[1])
+
+        def place(key: Any) -> None:
+            index = plan.slot_of[key]
+            slot = given.get(index) or self.slots.get(index)
+            if slot is None:
+                slot = self.slots[index] = Slot(dev, plan.slots[index], largest[index])
+            buffers[key] = Buffer(dev, key, slot, owns=False)
+
+        for b, _name in low.inputs:
+            if b not in buffers:
+                place(b)
+        for k in low.kernels:
+            for key in k.bufs:
+                if key not in buffers:
+                    place(key)
+        uses: dict[tuple, list] = {}
+        for li, k in enumerate(low.kernels):
+            for j, key in enumerate(k.bufs):
+                if key in source:
+                    uses.setdefault(source[key], []).append((li, j))
+        launches = [(k.program(), [buffers[n].handle for n in k.bufs], k.global_size, k.local_size, k.vals)
+                    for k in low.kernels]
+        try:
+            graph = dev.graph(launches, **(low.graph_options or {}))
+        except Exception:  # no graph (a kernel with too many arguments, no runner): every run as before
+            graph = None
+        if graph is None:
+            self.off = True
+            self.free()
+            return None
+        self.graphs_built += 1
+        for key in source:  # (each run's own memory: held by the graph's groups while it runs, not kept here)
+            del buffers[key]
+        return _Chunk(sig, graph, buffers, uses, handles)
+
+    def free(self) -> None:
+        """Give the kept slots back and drop the chunks' graphs (a later run builds them again)."""
+        chunks, self.chunks = self.chunks, {}
+        for ch in chunks.values():
+            try:
+                ch.graph.free()
+            except Exception:
+                pass
+        slots, self.slots = self.slots, {}
+        for slot in slots.values():
+            try:
+                slot.free()
+            except Exception:  # a device that lost its memory: nothing to give back
+                pass
+
+    def __del__(self) -> None:  # (the executable dropped: its program released, or gone)
+        try:
+            self.free()
+        except Exception:  # interpreter shutdown
+            pass
+
+
+def release_kept(exe: Executable) -> None:
+    """Give back what a chunked executable keeps between runs (`ChunkRuns`), unless a run holds it now (then it
+    goes with the executable)."""
+    kept = exe.kept
+    if kept is not None and kept.lock.acquire(blocking=False):
+        try:
+            kept.free()
+        finally:
+            kept.lock.release()
+
+
+def _run_graph(low: Executable, graph: Any) -> None:
+    kernels = low.kernels
+    try:
+        graph()
+    except TgcError:
+        raise
+    except Exception as e:  # a device failure is a runtime error, not a crash
+        raise DeviceError(f"the graph of {_count(kernels)} ({_names(kernels)}) failed on "
+                          f"{low.device.name}: {e}") from None
 
 
 def launch_all(low: Executable, buffers: dict[Any, Buffer]) -> None:
