@@ -130,3 +130,33 @@ def test_mixer_at_the_bench_dims_runs_whole_and_matches_numpy(fresh_cache):
     want = entry["model"](np, *[inputs[d.name].astype(np.float64) for d in prog.inputs])
     got = prog.run(dims=dims, inputs=inputs)["out0"]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_a_clamped_load_matches_a_store_only_where_the_clamp_is_the_identity():
+    """`realize._unclamped`: the load's `where(r < 195, r, 195)` is taken off for a store at r whose lanes never
+    pass 195 (r's bound) or whose gate is r < 196; not for a store gated r < 197 (a live row 196 would read row
+    195's element) nor for an ungated store whose r reaches 199."""
+    from tgc.dtype import dtypes
+    from tgc.engine.realize import _unclamped
+    from tgc.ir.uop import Ops, RangeKind, UOp
+
+    def idx(n: int, k: int) -> UOp:  # row 8 * tile + k of tiles 0 .. n - 1
+        rng = UOp(Ops.RANGE, dtypes.index, (UOp.const(dtypes.index, n),), (0, RangeKind.LOOP))
+        return rng.alu(Ops.MUL, UOp.const(dtypes.index, 8)).alu(Ops.ADD, UOp.const(dtypes.index, k))
+
+    def clamped(r: UOp, c: int = 195) -> UOp:
+        cc = UOp.const(dtypes.index, c)
+        return r.alu(Ops.CMPLT, cc).alu(Ops.WHERE, r, cc).alu(Ops.MUL, UOp.const(dtypes.index, 512))
+
+    def at(r: UOp) -> UOp:
+        return r.alu(Ops.MUL, UOp.const(dtypes.index, 512))
+
+    def lt(r: UOp, c: int) -> UOp:
+        return r.alu(Ops.CMPLT, UOp.const(dtypes.index, c))
+
+    r3, r4 = idx(25, 3), idx(25, 4)  # rows up to 195 and up to 196
+    assert _unclamped(clamped(r3), {at(r3): UOp.const(dtypes.bool, True)}) is at(r3)  # r3 <= 195 always
+    assert _unclamped(clamped(r4), {at(r4): lt(r4, 196)}) is at(r4)  # live lanes: r4 <= 195
+    assert _unclamped(clamped(r4), {at(r4): lt(r4, 197)}) is clamped(r4)  # r4 = 196 live: not the same element
+    assert _unclamped(clamped(r4), {at(r4): None}) is clamped(r4)  # ungated, r4 reaches 196
+    assert _unclamped(at(r4), {at(r4): None}) is at(r4)  # (no clamp: itself)
