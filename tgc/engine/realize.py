@@ -27,7 +27,7 @@ from tgc.env import debug_level, env_int
 from tgc.errors import DeviceError, TgcError
 from tgc.interfaces import BufferSpec, LaunchableKernel, Runtime
 from tgc.ir.shapes import prod, shape_of
-from tgc.ir.uop import Ops, RangeKind
+from tgc.ir.uop import Ops, RangeKind, substitute
 
 
 def buffer_type(key: Any) -> tuple[DType, tuple[int, ...]]:
@@ -365,6 +365,40 @@ _SHARED = {Ops.DEFINE_LOCAL, Ops.BARRIER}  # threads that share work (a work-gro
 _PER_ITERATION = (RangeKind.LOOP, RangeKind.UPCAST, RangeKind.REDUCE, RangeKind.UNROLL)
 
 
+_MIXED = object()  # `inplace_pairs`: the stores are under several gates
+
+
+def _gate_ok(load: Any, at: Any, gate: Any, store_gate: dict[Any, Any], feeds: dict[Any, set[Any]]) -> bool:
+    """Whether `load` (at the index `at` of a store) is gated as `inplace_pairs` needs: under the stores' one
+    gate; or, where the stores have several, ungated or under its store's gate with its value reaching no store
+    but those at `at` (where that store is gated off, what it read is dropped, whatever was there)."""
+    own = load.src[2] if len(load.src) > 2 else None
+    if gate is not _MIXED:
+        return own == gate
+    return own in (None, store_gate[at]) and feeds.get(load, set()) <= {at}
+
+
+def _unclamped(index: Any, store_gate: dict[Any, Any]) -> Any:
+    """`index` with its clamps `where(e < c, e, c)` (a padded row's load clamped onto the last live row) taken
+    off where that gives a store's index at whose live lanes each clamp is `e`: e is never over c, or the
+    store's gate is `e < c2` with c2 <= c + 1. Else `index` itself."""
+    clamps = {w: w.src[1] for w in index.toposort() if w.op is Ops.WHERE and w.src[0].op is Ops.CMPLT
+              and w.src[0].src[0] is w.src[1] and w.src[0].src[1] is w.src[2] and w.src[2].op is Ops.CONST}
+    if not clamps:
+        return index
+    at = substitute(index, clamps)
+    if at not in store_gate:
+        return index
+    g = store_gate[at]
+    for w, e in clamps.items():
+        c = w.src[2].arg
+        if not (isinstance(e.vmax, int) and e.vmax <= c) and not (
+                g is not None and g.op is Ops.CMPLT and g.src[0] is e and g.src[1].op is Ops.CONST
+                and g.src[1].arg <= c + 1):
+            return index
+    return at
+
+
 def inplace_pairs(k: Any) -> list[tuple[Any, Any]]:
     """(output, input) buffers of kernel `k` that may share memory (the memory plan keeps a pair only where the
     input dies at `k`). Read from the kernel's linear UOps (what runs): no thread shares work with another
@@ -375,11 +409,16 @@ def inplace_pairs(k: Any) -> list[tuple[Any, Any]]:
     or a reduction's epilogue, e.g. the residual added after a matmul), before that element is written:
     writing the output over the input changes no value the kernel reads. The one gate is a GPU grid's
     (`tgc.codegen.opt.gate_memory`): the threads past the end of a rounded-up grid neither read nor write, so
-    they touch no element a live thread owns. Kernels without UOps (a package's): none."""
+    they touch no element a live thread owns. Stores under several gates (a CPU matmul's rows padded to whole
+    tiles, the extra rows' stores gated off and their index clamped onto a live row's) are accepted where each
+    load of the input is ungated or under its store's gate and its value reaches only the stores at its own
+    index (`_gate_ok`): a gated-off store drops what its load read. Kernels without UOps (a package's): none."""
     uops = k.linear_uops()
     if not uops:
         return []
     stores: dict[Any, tuple[int, Any]] = {}  # index UOp -> (position of its first store, stored dtype)
+    store_gate: dict[Any, Any] = {}  # index UOp -> its stores' gate (None: ungated)
+    feeds: dict[Any, set[Any]] = {}  # LOAD -> the index UOps of the stores whose values it reaches
     out = None
     gates = set()  # the stores' gates (None: ungated)
     for pos, u in enumerate(uops):
@@ -389,11 +428,20 @@ def inplace_pairs(k: Any) -> list[tuple[Any, Any]]:
             if u.src[0].op is not Ops.DEFINE_GLOBAL or out not in (None, u.src[0]):
                 return []
             out = u.src[0]
-            gates.add(u.src[3] if len(u.src) > 3 else None)
+            g = u.src[3] if len(u.src) > 3 else None
+            gates.add(g)
+            if store_gate.setdefault(u.src[1], g) is not g:
+                return []
             stores.setdefault(u.src[1], (pos, u.src[2].dtype))
-    if len(gates) > 1:
+    if out is None or not isinstance(out.arg, int) or not 0 <= out.arg < len(k.bufs):
         return []
-    gate = next(iter(gates), None)
+    gate = next(iter(gates), None) if len(gates) == 1 else _MIXED
+    if gate is _MIXED:  # stores under several gates (a CPU tile's padded rows: `padded_rows`)
+        for u in uops:
+            if u.op is Ops.STORE:
+                for v in u.src[2].toposort():
+                    if v.op is Ops.LOAD:
+                        feeds.setdefault(v, set()).add(u.src[1])
     if out is None or not isinstance(out.arg, int) or not 0 <= out.arg < len(k.bufs):
         return []
     loads: dict[Any, bool] = {}  # DEFINE_GLOBAL -> read only at its store indices
@@ -405,8 +453,9 @@ def inplace_pairs(k: Any) -> list[tuple[Any, Any]]:
                 return []
             if g is out:
                 continue
-            ok = u.op is Ops.LOAD and j == 0 and (u.src[2] if len(u.src) > 2 else None) == gate \
-                and u.src[1] in stores and pos < stores[u.src[1]][0] and u.dtype == stores[u.src[1]][1]
+            at = u.src[1] if u.op is not Ops.LOAD or gate is not _MIXED else _unclamped(u.src[1], store_gate)
+            ok = u.op is Ops.LOAD and j == 0 and at in stores and pos < stores[at][0] \
+                and u.dtype == stores[at][1] and _gate_ok(u, at, gate, store_gate, feeds)
             loads[g] = loads.get(g, True) and ok
     dst = k.bufs[out.arg]
     pairs = []

@@ -812,6 +812,163 @@ def split_large_copies(outputs: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp], d
     return new_outputs, original, {p: original.get(r, r) for p, r in serves.items()}, frozenset(serves)
 
 
+HIDDEN_PART_MIN = COPY_PART_MIN_COLUMNS  # a hidden-dim part (`split_hidden_chains`) at least this wide
+
+
+def _consumers(outputs: list[UOp]) -> dict[UOp, list[UOp]]:
+    """Every node's users in the graph of `outputs` (each user once)."""
+    users: dict[UOp, list[UOp]] = {}
+    for node in UOp(Ops.SINK, None, tuple(outputs)).toposort():
+        for s in dict.fromkeys(node.src):
+            users.setdefault(s, []).append(node)
+    return users
+
+
+def _hidden_chain(r2: UOp, users: dict[UOp, list[UOp]], outs: set[UOp]) -> tuple[UOp, UOp, set[UOp]] | None:
+    """(H, R1, f's nodes) where matmul `r2` reads as its left-hand side H = f(R1), R1 = X @ W1 a matmul and f
+    elementwise per element (ALU ops and casts of H's shape down to R1; every other leaf free of reductions, read
+    at the element's own index), with H, R1 and f's nodes read nowhere else and no program output; else None."""
+    x = _broadcast(r2.src[0].src[0])
+    if x is None:
+        return None
+    h = x[-1].src[0]
+    shape = shape_of(h)
+    if h in outs or len(users.get(h, [])) != 1 or any(len(users.get(u, [])) != 1 for u in x):
+        return None
+    region: set[UOp] = set()
+    r1 = None
+    stack = [h]
+    while stack:
+        node = stack.pop()
+        if node in region:
+            continue
+        if node.op is Ops.RESHAPE and _matmul_rhs(node.src[0]) is not None and shape_of(node) == shape \
+                and shape_of(node.src[0])[-1] == shape[-1]:  # (the matmul's (..., m, 1, n) as (..., m, n))
+            if r1 not in (None, node.src[0]):
+                return None  # (two matmuls: not one chain)
+            r1 = node.src[0]
+            region.add(node)
+        elif (node.op in ALU or node.op is Ops.CAST) and shape_of(node) == shape:
+            stack.extend(node.src)
+            region.add(node)
+            continue
+        elif any(u.op is Ops.REDUCE_AXIS for u in node.toposort()):
+            return None  # (a leaf with a reduction: a softmax or a norm over the hidden axis is not per element)
+    if r1 is None or not _splittable_columns(r1):
+        return None
+    inner = region | {r1}
+    for u in inner:
+        if u in outs or any(v not in region and v is not x[-1] for v in users.get(u, [])):
+            return None  # (read elsewhere too: it would be needed whole)
+    return h, r1, region
+
+
+def _hidden_part(h: UOp, r1: UOp, region: set[UOp], lo: int, hi: int) -> UOp:
+    """H = f(R1) over its last axis lo..hi only: R1's column part, every other leaf of f shrunk."""
+    shape = shape_of(h)
+    bounds = tuple((0, d) for d in shape[:-1]) + ((lo, hi),)
+    memo: dict[UOp, UOp] = {r1: _column_part(r1, lo, hi)}
+    for node in h.toposort():
+        if node in memo:
+            continue
+        if node in region and node.op is Ops.RESHAPE:  # (R1's reshape to H's shape)
+            memo[node] = UOp(Ops.RESHAPE, node.dtype, (memo[node.src[0]],), shape[:-1] + (hi - lo,))
+        elif node in region:
+            memo[node] = UOp(node.op, node.dtype, tuple(memo[s] for s in node.src), node.arg)
+        else:  # (a leaf of f: of H's shape, as every operand of an elementwise op)
+            memo[node] = UOp(Ops.SHRINK, node.dtype, (node,), bounds)
+    return memo[h]
+
+
+def hidden_parts(h_bytes: int, copy_bytes: int, room: int, width: int) -> int:
+    """How many parts of its hidden axis (`width` wide) a chain H = f(X @ W1), H @ W2 is computed in: 1 where H
+    (`h_bytes`) fits in `room` (what the memory target leaves beside the chain's other buffers); else the fewest
+    parts whose hidden part and the larger packed weight part (`copy_bytes` whole) fit, each at least
+    HIDDEN_PART_MIN wide (1 where none would fit)."""
+    if h_bytes <= room:
+        return 1
+    most = width // HIDDEN_PART_MIN
+    parts = -(-(h_bytes + copy_bytes) // room) if room > 0 else most + 1
+    return parts if 1 < parts <= most else 1
+
+
+def split_hidden_chains(outputs: list[UOp]) -> tuple[list[UOp], dict[UOp, UOp], frozenset[UOp]]:
+    """Every chain OUT = f(X @ W1) @ W2 (f elementwise per element, its result H read only by the second matmul)
+    whose H would take the program over its memory target computed in parts of the hidden axis: part p's
+    H_p = f(X @ W1[:, p]) is consumed by H_p @ W2[p, :] added onto the previous parts' sum (a realized buffer the
+    next part's matmul reads in its epilogue at the index it writes: the memory plan writes it in place) before
+    part p + 1 is computed, so one H_p lives at a time. A rule over sizes and the memory target (`hidden_parts`).
+    Returns the new outputs, the original node of every rebuilt one and the matmul parts (packed whatever their
+    size, as the whole was)."""
+    sink = UOp(Ops.SINK, None, tuple(outputs))
+    sizes = [_nbytes(u) for u in sink.toposort() if u.op is Ops.BUFFER] + [_nbytes(o) for o in outputs]
+    if any(s is None for s in sizes):
+        return outputs, {}, frozenset()
+    io = sum(s for s in sizes if s is not None)
+    parts_made: set[UOp] = set()
+    original: dict[UOp, UOp] = {}
+    while True:  # one chain at a time (a chain's X may hold another chain: the graph is walked again)
+        got = _split_one_chain(outputs, io)
+        if got is None:
+            return outputs, original, frozenset(parts_made)
+        outputs, original_c, made = got
+        original = {new: original.get(old, old) for new, old in original_c.items()} | original
+        parts_made |= made
+
+
+def _split_one_chain(outputs: list[UOp], io: int) -> tuple[list[UOp], dict[UOp, UOp], set[UOp]] | None:
+    """The first chain (`split_hidden_chains`) to split, split: the new outputs, the original node of every rebuilt
+    one and its matmul parts; else None."""
+    outs = set()  # the outputs, and what they reshape
+    for o in outputs:
+        outs.add(o)
+        while o.op is Ops.RESHAPE:
+            o = o.src[0]
+            outs.add(o)
+    users = _consumers(outputs)
+    parts_made: set[UOp] = set()
+    for r2 in UOp(Ops.SINK, None, tuple(outputs)).toposort():
+        if _matmul_rhs(r2) is None or r2.dtype is None or not r2.dtype.is_float:
+            continue
+        if shape_of(r2)[-1] % SPLIT_COLUMNS:  # (odd output columns: each part's sum would be a join of column
+            continue  # pieces (`split_odd_sizes`), not read in place; mixer's token MLP split: 1.43x -> 1.52x)
+        got = _hidden_chain(r2, users, outs)
+        if got is None:
+            continue
+        h, r1, region = got
+        width = shape_of(h)[-1]
+        a = _broadcast(r1.src[0].src[0])[-1].src[0]  # type: ignore[index]
+        out, hb, lhs = _nbytes(r2), _nbytes(h), 0 if _read_in_place(a) else _nbytes(a)
+        if out is None or hb is None or lhs is None:
+            continue
+        packed = [_packed_rhs(r) for r in (r1, r2)]
+        copies = max((_nbytes(p[1]) or 0) if p is not None else 0 for p in packed)
+        # (beside the part: the left-hand side X, the parts' sum so far and the next one, unless an output)
+        room = int(MEMORY_LIMIT * io) - io - out - (0 if r2 in outs else out) - lhs
+        count = hidden_parts(hb, copies, room, width)
+        if count == 1:
+            continue
+        per = -(-width // (count * PACK_PANEL)) * PACK_PANEL  # (whole panels; the last part may be odd)
+        acc = None
+        for lo in range(0, width, per):
+            hi = min(lo + per, width)
+            hp = _hidden_part(h, r1, region, lo, hi)
+            part = _matmul_part(r2, steps=(lo, hi))
+            bounds = tuple((0, d) for d in shape_of(h)[:-1]) + ((lo, hi),)
+            part = substitute(part, {UOp(Ops.SHRINK, h.dtype, (h,), bounds): hp})
+            if h in part.toposort():  # (not read through the slice `_matmul_part` makes: leave the chain whole)
+                acc = None
+                break
+            parts_made |= {p for p, whole in ((part, packed[1]), (_column_part(r1, lo, hi), packed[0])) if whole}
+            acc = part if acc is None else UOp(Ops.ADD, r2.dtype, (UOp(Ops.CONTIGUOUS, r2.dtype, (acc,)), part))
+        if acc is None:
+            continue
+        memo = {r2: acc}
+        new_outputs = [rebuild(o, memo) for o in outputs]
+        return new_outputs, {new: old for old, new in memo.items() if new is not old}, parts_made
+    return None
+
+
 def _splittable_columns(r: UOp) -> bool:
     """Whether a column part of `r` can be written (`_matmul_part`): a float matmul of constant sizes whose
     right-hand side has the column axis."""
@@ -1193,13 +1350,19 @@ def create_schedule(outputs: list[UOp], caps: Capabilities | None = None, split_
     fuse_rows, pack_matmul = (caps.fuse_rows, caps.pack_matmul) if caps is not None else (False, False)
     original: dict[UOp, UOp] = {}
     serves: dict[UOp, UOp] = {}
+    hidden: frozenset[UOp] = frozenset()
+    if pack_matmul and split_columns:  # (a host's memory target: before the odd split, which splits odd parts)
+        outputs, original, hidden = split_hidden_chains(outputs)
     if split_columns:  # every device: a rule over sizes (tgc.codegen.opt's tiles want divisors everywhere)
         keep = {u for m in attention.find(outputs).values() for u in (m.p, *m.inline)}
-        outputs, original, serves = split_odd_sizes(outputs, keep)
+        outputs, original_o, serves = split_odd_sizes(outputs, keep)
+        original = {new: original.get(old, old) for new, old in original_o.items()} | original
+        hidden = hidden | {new for new, old in original_o.items() if old in hidden}  # (rebuilt on new operands)
     if pack_matmul:
         parts: frozenset[UOp] = frozenset()
         if split_columns:  # (a size class's kernels keep the copy whole: the part count depends on the sizes)
             outputs, original_m, serves_m, parts = split_large_copies(outputs)
+            parts |= hidden | {new for new, old in original_m.items() if old in hidden}
             original = {new: original.get(old, old) for new, old in original_m.items()} | original
             serves |= {part: serves.get(mm) or original.get(mm, mm) for part, mm in serves_m.items()}  # (a part's)
         outputs, original_p, serves_p = pack_matmul_operands(outputs, parts)
