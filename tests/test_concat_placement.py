@@ -97,6 +97,22 @@ def test_a_split_matmul_at_odd_columns_and_rows_writes_its_parts_into_one_output
         assert _squeeze(shape_of(rest)) == (dims["M"], 16)
 
 
+@pytest.mark.parametrize("tail", ["h + flip(h, axis=1)", "h * flip(h, axis=1)", "h + flip(h, axis=0)",
+                                  "relu(h) + h[:, 0:1]"])
+def test_a_split_matmul_read_at_other_positions_above_its_join_keeps_the_join(device, monkeypatch, tail):
+    """Work above a join that reads it at other positions (`flip`, a column broadcast) is no elementwise tail: each
+    piece's kernel would read the other piece's region, which no buffer holds (review 20: NaN and garbage at
+    196 x 64 x 1000 on every device). The join stays a buffer; results match numpy."""
+    monkeypatch.setattr(schedule, "SPLIT_MIN_PRODUCTS", 1)
+    src = f"x: f32[M, K]\nw: f32[K, N]\nh = x @ w\nreturn {tail}\n"
+    dims = {"M": 6, "K": 8, "N": 37}
+    x, out, _ = _run(src, dims, device)
+    h = x["x"].astype(np.float64) @ x["w"]
+    want = {"h + flip(h, axis=1)": h + h[:, ::-1], "h * flip(h, axis=1)": h * h[:, ::-1],
+            "h + flip(h, axis=0)": h + h[::-1], "relu(h) + h[:, 0:1]": np.maximum(h, 0) + h[:, :1]}[tail]
+    np.testing.assert_allclose(out["out0"], want, rtol=1e-4, atol=1e-4)
+
+
 def test_the_planned_peak_is_the_concatenation_alone():
     # a [8, 16], w1 w2 [16, 16], w3 [32, 16]: both products are stored into cat's [8, 32] buffer, which is read by
     # the last matmul into out [8, 16]: inputs + cat + out, nothing else (too few rows to pack an operand)

@@ -273,8 +273,10 @@ def _concat_below(root: UOp, roots: set[UOp], readers: dict[UOp, set[UOp]]) -> C
         return None
     c = found[0]
     path = frozenset(u for u in seen if u.op in _SAME_SHAPE | {Ops.RESHAPE} and c.node in u.toposort()) | {c.node}
-    if any(u is not root and not readers.get(u, set()) <= seen for u in path):
-        return None  # its value is read by another kernel too
+    if any(u is not root and not readers.get(u, set()) <= path for u in path):
+        # its value is read by another kernel too, or in this kernel at other positions than its own (review 20:
+        # `h + flip(h)` over a split matmul's join read the other piece's region, which no buffer then held)
+        return None
     if any(_inline_reduction(x, roots) for u in path if u is not c.node for x in u.src if x not in path):
         return None  # a reduction computed in the epilogue (a split's rest of steps) would join each piece's loop
     c.root, c.path = root, path
