@@ -850,12 +850,7 @@ def launch_all(low: Executable, buffers: dict[Any, Buffer]) -> None:
             launch(k, [buffers[n] for n in k.bufs])
         return
     try:
-        graph()
-    except TgcError:
-        raise
-    except Exception as e:  # a device failure is a runtime error, not a crash
-        raise DeviceError(f"the graph of {_count(kernels)} ({_names(kernels)}) failed on "
-                          f"{low.device.name}: {e}") from None
+        _run_graph(low, graph)
     finally:
         graph.free()
 
