@@ -868,16 +868,13 @@ def _hidden_part(h: UOp, r1: UOp, region: set[UOp], lo: int, hi: int) -> UOp:
     shape = shape_of(h)
     bounds = tuple((0, d) for d in shape[:-1]) + ((lo, hi),)
     memo: dict[UOp, UOp] = {r1: _column_part(r1, lo, hi)}
-    for node in h.toposort():
-        if node in memo:
-            continue
-        if node in region and node.op is Ops.RESHAPE:  # (R1's reshape to H's shape)
+    for node in region:
+        for s in node.src:  # (a leaf of f: of H's shape, as every operand of an elementwise op)
+            if s not in region and s is not r1 and s not in memo:
+                memo[s] = UOp(Ops.SHRINK, s.dtype, (s,), bounds)
+        if node.op is Ops.RESHAPE:  # (R1's reshape to H's shape)
             memo[node] = UOp(Ops.RESHAPE, node.dtype, (memo[node.src[0]],), shape[:-1] + (hi - lo,))
-        elif node in region:
-            memo[node] = UOp(node.op, node.dtype, tuple(memo[s] for s in node.src), node.arg)
-        else:  # (a leaf of f: of H's shape, as every operand of an elementwise op)
-            memo[node] = UOp(Ops.SHRINK, node.dtype, (node,), bounds)
-    return memo[h]
+    return rebuild(h, memo)  # (f's own nodes on the parts)
 
 
 def hidden_parts(h_bytes: int, copy_bytes: int, room: int, width: int) -> int:
