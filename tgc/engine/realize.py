@@ -442,8 +442,6 @@ def inplace_pairs(k: Any) -> list[tuple[Any, Any]]:
                 for v in u.src[2].toposort():
                     if v.op is Ops.LOAD:
                         feeds.setdefault(v, set()).add(u.src[1])
-    if out is None or not isinstance(out.arg, int) or not 0 <= out.arg < len(k.bufs):
-        return []
     loads: dict[Any, bool] = {}  # DEFINE_GLOBAL -> read only at its store indices
     for pos, u in enumerate(uops):
         for j, g in enumerate(u.src):
@@ -657,7 +655,7 @@ class ChunkRuns:
                 return arr
 
             for i in range(count):
-                handles: dict[tuple, Any] = {}  # this chunk's own memory, by source (`_Chunk`), where it changed
+                handles: dict[tuple, Any] = {}  # this run's own memory for the chunk, by source (`_Chunk`)
                 fill: list[tuple[Any, np.ndarray]] = []  # (input key, slice) copied in
                 ins = []
                 ch = self.chunks.get(i)
@@ -691,9 +689,6 @@ class ChunkRuns:
                     if ch is not None:
                         del self.chunks[i]
                         ch.graph.free()
-                    for j, (b, _name) in enumerate(low.inputs):  # (every borrowed input's memory: a new graph)
-                        if ins[j] and ("in", j) not in handles:
-                            handles[("in", j)] = borrowable(dev, b, part(j, i))
                     ch = self._build(low, plan, sig, handles)
                     if ch is None:
                         return None
@@ -710,8 +705,8 @@ class ChunkRuns:
                 for j, (_name, node) in enumerate(low.outputs):
                     if outs[j] != "copy":
                         continue
-                    src = next((handles.get(("in", k)) or alloc.wrap(part(k, i))
-                                for k, (b, _n) in enumerate(low.inputs) if b is node and ins[k]), None)
+                    src = next((handles[("in", k)] for k, (b, _n) in enumerate(low.inputs) if b is node and ins[k]),
+                               None)
                     if src is None:
                         src = next((handles[("out", k)] for k, (_n, o) in enumerate(low.outputs[:j])
                                     if o is node and ("out", k) in handles), None)
