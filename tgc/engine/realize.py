@@ -539,44 +539,75 @@ def run_chunked(low: Executable, count: int, sliced: set[str], arrays: dict[str,
         return _run_chunked(low, count, sliced, arrays)
 
 
-def _run_chunked(low: Executable, count: int, sliced: set[str], arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    dev = low.device
-    alloc = dev.allocator
-    plan = low.memory_plan()
-    inputs = {b for b, _ in low.inputs}
+def _whole_outputs(low: Executable, count: int) -> dict[str, Buffer]:
+    """A chunked run's whole outputs (`count` chunks' parts each), by name: handed to the user after the run."""
     wholes: dict[str, Buffer] = {}
     try:
         for name, node in low.outputs:
             dtype, shape = buffer_type(node)
-            wholes[name] = Buffer(dev, BufferSpec(dtype, (shape[0] * count,) + tuple(shape[1:])))
+            wholes[name] = Buffer(low.device, BufferSpec(dtype, (shape[0] * count,) + tuple(shape[1:])))
+    except BaseException:
+        for buf in wholes.values():
+            buf.free()
+        raise
+    return wholes
+
+
+def _input_part(arr: np.ndarray, name: str, sliced: set[str], count: int, i: int) -> np.ndarray:
+    """Input `name`'s array for chunk `i` of `count`: its rows' slice where it is sliced, else whole (a weight)."""
+    if name not in sliced:
+        return arr
+    rows = arr.shape[0] // count
+    return arr[i * rows:(i + 1) * rows]
+
+
+def _output_places(low: Executable, plan: MemoryPlan, wholes: dict[str, Buffer], i: int
+                   ) -> list[tuple[np.ndarray, Any, Any]]:
+    """Per output of chunk `i`, (its part of the whole output, how the kernels write it, the device handle on that
+    part or None): ("host", slot) where the part is the output's planned slot (buffers that die before it is
+    written share it: `plan_for`'s `fixed_outputs`), "own" where it is the output's buffer alone, "copy" where
+    the kernels write a buffer of their own copied in after them (a part the device cannot write in place, a
+    node returned twice, an input returned as is)."""
+    alloc = low.device.allocator
+    inputs = {b for b, _ in low.inputs}
+    out: list[tuple[np.ndarray, Any, Any]] = []
+    hosted: set[int] = set()
+    for j, (name, node) in enumerate(low.outputs):
+        n = buffer_nbytes(node)
+        dest = wholes[name].handle[i * n:(i + 1) * n]
+        if node in inputs or any(node is o for _, o in low.outputs[:j]):
+            out.append((dest, "copy", None))
+            continue
+        h = alloc.wrap(dest) if writes_in_place(alloc, n) else None
+        slot = plan.slot_of.get(node)
+        if h is not None and slot is not None and plan.slots[slot] == n and slot not in hosted:
+            hosted.add(slot)
+            out.append((dest, ("host", slot), h))
+        else:
+            out.append((dest, "own" if h is not None else "copy", h))
+    return out
+
+
+def _run_chunked(low: Executable, count: int, sliced: set[str], arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    dev = low.device
+    alloc = dev.allocator
+    plan = low.memory_plan()
+    wholes = _whole_outputs(low, count)
+    try:
         for i in range(count):
-            part = {}
-            for _b, name in low.inputs:
-                arr = arrays[name]
-                if name in sliced:
-                    rows = arr.shape[0] // count
-                    arr = arr[i * rows:(i + 1) * rows]
-                part[name] = arr
+            part = {name: _input_part(arrays[name], name, sliced, count, i) for _b, name in low.inputs}
             buffers: dict[Any, Buffer] = {}
             copies = []  # (chunk output buffer, whole output handle slice) where the slice cannot be used in place
             try:
-                given: dict[int, Slot] = {}  # an output's part of the whole output: its slot of the plan, which
-                # buffers that die before it is written share (`plan_for`'s `fixed_outputs`)
-                for name, node in low.outputs:
-                    n = buffer_nbytes(node)
-                    dest = wholes[name].handle[i * n:(i + 1) * n]
-                    if node in buffers or node in inputs:  # (a node returned twice, an input returned as is:
-                        copies.append((node, dest))      # the kernels write one buffer; copied after them)
-                        continue
-                    handle = alloc.wrap(dest) if writes_in_place(alloc, n) else None
-                    slot = plan.slot_of.get(node)
-                    if handle is not None and slot is not None and plan.slots[slot] == n and slot not in given:
-                        given[slot] = Slot.borrowed(dev, handle, n)
-                        buffers[node] = Buffer(dev, node, given[slot], owns=False)
-                    elif handle is not None:
+                given: dict[int, Slot] = {}  # an output's part of the whole output: its slot of the plan
+                for (_name, node), (dest, how, handle) in zip(low.outputs, _output_places(low, plan, wholes, i)):
+                    if how == "copy":
+                        copies.append((node, dest))
+                    elif how == "own":
                         buffers[node] = Buffer(dev, node, handle=handle)
                     else:
-                        copies.append((node, dest))
+                        given[how[1]] = Slot.borrowed(dev, handle, plan.slots[how[1]])
+                        buffers[node] = Buffer(dev, node, given[how[1]], owns=False)
                 allocate(low, part, buffers, given=given)
                 launch_all(low, buffers)
                 for node, dest in copies:
@@ -639,20 +670,13 @@ class ChunkRuns:
         plan = low.memory_plan()
         if self.written is None:
             self.written = {k.bufs[i] for k in low.kernels for i in written_indices(k) if i < len(k.bufs)}
-        inputs, written = {b for b, _ in low.inputs}, self.written
-        wholes: dict[str, Buffer] = {}
+        written = self.written
+        wholes = _whole_outputs(low, count)
         try:
-            for name, node in low.outputs:
-                dtype, shape = buffer_type(node)
-                wholes[name] = Buffer(dev, BufferSpec(dtype, (shape[0] * count,) + tuple(shape[1:])))
             wholes_in = [arrays[name] for _b, name in low.inputs]
 
             def part(j: int, i: int) -> np.ndarray:  # input j's slice for chunk i
-                arr = wholes_in[j]
-                if low.inputs[j][1] in sliced:
-                    rows = arr.shape[0] // count
-                    arr = arr[i * rows:(i + 1) * rows]
-                return arr
+                return _input_part(wholes_in[j], low.inputs[j][1], sliced, count, i)
 
             for i in range(count):
                 handles: dict[tuple, Any] = {}  # this run's own memory for the chunk, by source (`_Chunk`)
@@ -667,23 +691,10 @@ class ChunkRuns:
                     else:
                         handles[("in", j)] = h
                     ins.append(h is not None)
-                outs, dests, hosted = [], [], set()
-                for j, (name, node) in enumerate(low.outputs):
-                    n = buffer_nbytes(node)
-                    dest = wholes[name].handle[i * n:(i + 1) * n]
-                    dests.append(dest)
-                    if node in inputs or any(node is o for _, o in low.outputs[:j]):
-                        outs.append("copy")  # (as `_run_chunked`: copied after the kernels)
-                        continue
-                    h = alloc.wrap(dest) if writes_in_place(alloc, n) else None
-                    slot = plan.slot_of.get(node)
-                    if h is not None and slot is not None and plan.slots[slot] == n and slot not in hosted:
-                        hosted.add(slot)
-                        outs.append(("host", slot))
-                    else:
-                        outs.append("own" if h is not None else "copy")
-                    if h is not None:
-                        handles[("out", j)] = h
+                places = _output_places(low, plan, wholes, i)
+                outs = [how for _dest, how, _h in places]
+                dests = [dest for dest, _how, _h in places]
+                handles.update((("out", j), h) for j, (_dest, _how, h) in enumerate(places) if h is not None)
                 sig = (tuple(ins), tuple(outs))
                 if ch is None or ch.sig != sig:
                     if ch is not None:
