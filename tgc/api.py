@@ -978,7 +978,7 @@ class Program:
                 plan._layouts = classbind.Layouts({**probe, **self._program_dims(probe)}, plan._layouts.share)
                 plan.user_class = _made_class(base, hidden)
             else:
-                written = {q: f"{x} // {y}" for (x, y), (_, _, q) in zip(base._written(), base.multiples)}
+                written = sizeexpr.quotients(base.multiples)
                 wide = [written.get(n, n) for (n, c), (_, b) in zip(hidden, base.size_class) if c != b]
                 plan = f"with {' and '.join(f'{x} a multiple of {y}' for x, y in base._written())}, " \
                        f"{' and '.join(wide)} a multiple of {sizes.UNIT}: {plan}"
@@ -1660,11 +1660,8 @@ TRACED_ONCE = "traced once: "  # (a reason's head: the one trace failed with thi
 
 def _made_class(base: SymbolicPlan, hidden: tuple) -> tuple:
     """The class of the program's dims (`base.user_class`'s order) that the hidden class `hidden` of `base`'s
-    multiples makes: each X = Q * Y of class 32n where Q or Y is (a constant Y where 32 divides it), else n."""
-    classes = dict(hidden)
-    for x, y, q in reversed(base.multiples):
-        cy = classes[y] if isinstance(y, str) else "32n" if y % sizes.UNIT == 0 else "n"
-        classes[x] = "32n" if "32n" in (classes[q], cy) else "n"
+    multiples makes (`sizeexpr.made_classes`: each X of class 32n where its Q or Y is, else n)."""
+    classes = sizeexpr.made_classes(base.multiples, dict(hidden))
     return tuple((n, classes[n]) for n, _ in base.user_class or ())
 
 
@@ -1862,7 +1859,7 @@ class SymbolicPlan:
 
     def _unchecked_from(self, dims: dict[str, int]) -> str:
         """What the reasons above add: the sizes from which the class's kernels run without this check."""
-        spelled = {q: f"{x} // {y}" for (x, y), (_, _, q) in zip(self._written(), self.multiples)}
+        spelled = sizeexpr.quotients(self.multiples)
         names = [spelled.get(n, n) for n in self.symbolic]
         low = [f"{spelled.get(n, n)} = {dims[n]}" for n in self.symbolic if dims[n] < self.trusted_from]
         return (f"; the class's kernels run unchecked where {', '.join(names[:-1])}"

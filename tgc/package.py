@@ -2065,8 +2065,8 @@ class SizeClassPlan:
             return None, f"{x} = {d[x]} is not a multiple of {y}" + (f" = {d[y]}" if isinstance(y, str) else "")
         cls = self.hidden or self.cls
         got = dict(sizeexpr.size_class(list(cls), d))
-        quotients = {q: f"{q} (= {xs} // {ys})" for (xs, ys), (_, _, q) in
-                     zip(sizeexpr.written(self.multiples), self.multiples)}  # (a hidden dim named with what it is)
+        # (a hidden dim named with what it is: `C_D (= C // D)`)
+        quotients = {q: f"{q} (= {x})" for q, x in sizeexpr.quotients(self.multiples).items()}
         for n, c in cls.items():
             if got[n] != c and (self.multiples or c != "n" or got[n] != "32n"):
                 # (a plain class's "n" kernels serve multiples of 32 too; a narrowed class's exactly its class)

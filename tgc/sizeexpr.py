@@ -128,7 +128,6 @@ def with_quotients(multiples: Any, dims: Mapping[str, int]) -> tuple[dict[str, i
     return d, None
 
 
-
 def made_classes(multiples: Any, hidden: Mapping[str, str]) -> dict[str, str]:
     """The class of every dim of a narrowed class (`multiples` as `with_quotients`), its kernels' dims' classes
     `hidden` given: each X, a middle quotient too (C_D of `C // D // KH`, replaced by C_D_KH), "32n" where its
@@ -150,6 +149,12 @@ def written(multiples: Any) -> list[tuple[str, str | int]]:
         spelled[q] = f"{x} // {y}"
         out.append((x, y))
     return out
+
+
+def quotients(multiples: Any) -> dict[str, str]:
+    """Each hidden dim Q of a narrowed class as the program's dims write it (`written`): `C // D` for C_D."""
+    return {q: f"{x} // {y}" for (x, y), (_, _, q) in zip(written(multiples), multiples)}
+
 
 def class_text(cls: Any) -> str:
     """A size class ((name, "1" | "n" | "32n" | size), ...) as people read it: `B >= 2, C=1, T a multiple of 32`
