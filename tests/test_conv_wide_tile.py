@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from convkit import conv_np
 
 import tgc
 from tgc.codegen.opt import OptOps
@@ -21,19 +22,6 @@ CONV = ("x: f32[N, C, H, W]\nw: f32[O, C, {k}, {k}]\nb: f32[O]\n"
 def pack_small(monkeypatch):
     """Pack convolutions of every size (the test shapes are below the size where packing pays)."""
     monkeypatch.setattr(schedule, "CONV_MIN_FLOPS", 0)
-
-
-def conv_np(x: np.ndarray, w: np.ndarray, stride: int, pad: int) -> np.ndarray:
-    x, w = x.astype(np.float64), w.astype(np.float64)
-    o, _, kh, kw = w.shape
-    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
-    oh, ow = (xp.shape[2] - kh) // stride + 1, (xp.shape[3] - kw) // stride + 1
-    out = np.zeros((x.shape[0], o, oh, ow))
-    for i in range(kh):
-        for j in range(kw):
-            patch = xp[:, :, i:i + stride * (oh - 1) + 1:stride, j:j + stride * (ow - 1) + 1:stride]
-            out += np.einsum("nchw,oc->nohw", patch, w[:, :, i, j])
-    return out
 
 
 CASES = [  # (N, C, H, W, O, window, stride, padding), the tile's upcasts and paddings

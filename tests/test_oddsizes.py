@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from convkit import conv_np
 
 import tgc
 from tgc.engine import schedule
@@ -104,25 +105,13 @@ def test_large_odd_matmul_matches_numpy_on_the_cpu():
     _check(prog.run(device="CPU", **inputs)["out0"], inputs["a"].astype(np.float64) @ inputs["b"])
 
 
-def _conv_np(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """conv2d with padding 1 (NCHW, OIHW), float64."""
-    n, c, h, wd = x.shape
-    o, _, kh, kw = w.shape
-    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
-    out = np.zeros((n, o, h, wd))
-    for i in range(kh):
-        for j in range(kw):
-            out += np.einsum("nchw,oc->nohw", xp[:, :, i:i + h, j:j + wd], w[:, :, i, j])
-    return out
-
-
 def test_odd_conv_and_reductions_match_numpy(device):
     """Odd channels, image sizes and reduction lengths under every threshold (values only)."""
     conv = tgc.loads("x: f32[N, C, H, W]\nw: f32[O, C, 3, 3]\nreturn relu(conv2d(x, w, padding=1))\n")
     dims = {"N": 1, "C": 5, "H": 13, "W": 11, "O": 7}
     inputs = random_inputs(conv, dims, seed=7)
     x, w = (inputs[n].astype(np.float64) for n in ("x", "w"))
-    _check(conv.run(device=device, **inputs)["out0"], np.maximum(_conv_np(x, w), 0))
+    _check(conv.run(device=device, **inputs)["out0"], np.maximum(conv_np(x, w, 1, 1), 0))
     red = tgc.loads("x: f32[M, N]\nreturn x.sum(axis=1), x.max(axis=0), x.mean()\n")
     dims = {"M": 33, "N": 197}
     inputs = random_inputs(red, dims, seed=8)
@@ -158,7 +147,7 @@ def test_split_conv_matches_numpy(device, monkeypatch):
         assert len(_matmul_shapes(prog, dims, device)) == 2
     inputs = random_inputs(prog, dims, seed=9)
     x, w, b = (inputs[n].astype(np.float64) for n in ("x", "w", "b"))
-    _check(prog.run(device=device, **inputs)["out0"], np.maximum(_conv_np(x, w) + b.reshape(1, -1, 1, 1), 0))
+    _check(prog.run(device=device, **inputs)["out0"], np.maximum(conv_np(x, w, 1, 1) + b.reshape(1, -1, 1, 1), 0))
 
 
 def _stored_elements(item) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from convkit import conv_np
 
 import tgc
 from tgc.codegen.widen import widen_memory
@@ -107,20 +108,6 @@ def test_loads_of_a_buffer_the_kernel_writes_stay_scalar():
 # ------------------------------------------------------------------------------ the convolution tiles it changes
 
 
-def _conv_np(x: np.ndarray, w: np.ndarray, stride: int, pad: int) -> np.ndarray:
-    x, w = x.astype(np.float64), w.astype(np.float64)
-    kh, kw = w.shape[2:]
-    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
-    oh = (x.shape[2] + 2 * pad - kh) // stride + 1
-    ow = (x.shape[3] + 2 * pad - kw) // stride + 1
-    out = np.zeros((x.shape[0], w.shape[0], oh, ow))
-    for i in range(kh):
-        for j in range(kw):
-            patch = xp[:, :, i:i + stride * (oh - 1) + 1:stride, j:j + stride * (ow - 1) + 1:stride]
-            out += np.einsum("nchw,oc->nohw", patch, w[:, :, i, j])
-    return out
-
-
 CASES = [  # (N, C, H, W, O, K, stride, padding, residual)
     (1, 16, 14, 14, 32, 3, 1, 1, True),  # ResNet's 3x3 at 14x14: 7 columns a tile, a residual read
     (2, 5, 9, 11, 32, 3, 1, 1, False),  # odd sizes, 3 images' worth of padding
@@ -141,7 +128,7 @@ def _case(case: tuple, seed: int = 0) -> tuple[str, dict[str, np.ndarray], np.nd
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((n, c, h, w)).astype(np.float32)
     wt = rng.standard_normal((o, c, k, k)).astype(np.float32)
-    want = _conv_np(x, wt, stride, pad)
+    want = conv_np(x, wt, stride, pad)
     src = f"x: f32[{n}, {c}, {h}, {w}]\nw: f32[{o}, {c}, {k}, {k}]\n"
     inputs = {"x": x, "w": wt}
     conv = f"conv2d(x, w, stride={stride}, padding={pad})"
@@ -255,7 +242,7 @@ def test_a_long_chain_after_the_residual_stays_in_the_columns(pack_small):
     src = src.replace("return relu(", "return gelu(")
     conv = tgc.loads(src).compile(device="CPU", tuned=False)[-1].src
     assert "fadd <4 x float>" not in conv and "fadd <3 x float>" not in conv
-    pre = _conv_np(inputs["x"], inputs["w"], 1, 1) + inputs["r"]
+    pre = conv_np(inputs["x"], inputs["w"], 1, 1) + inputs["r"]
     want = 0.5 * pre * (1 + np.vectorize(math.erf)(pre / math.sqrt(2)))
     got = tgc.loads(src).run(device="CPU", **inputs)["out0"]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
