@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from convkit import conv_np
 from langkit import device_skip_reason
-from test_conv_packed import conv_np
 from test_heuristic_rules import ZEN4, kernel, run
 
 import tgc

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_conv_packed import conv_np
+from convkit import conv_np
 
 import tgc
 from tgc.api import _device

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from convkit import conv_np
 
 import tgc
-from tests.test_widen import _conv_np
 from tgc.backends import llvmir
 from tgc.engine import schedule
 
@@ -28,7 +28,7 @@ def _case(n: int, c: int, hw: int, o: int, k: int, stride: int, pad: int, residu
     x = rng.standard_normal((n, c, hw, hw)).astype(np.float32)
     w = rng.standard_normal((o, c, k, k)).astype(np.float32)
     b = rng.standard_normal(o).astype(np.float32)
-    want = _conv_np(x, w, stride, pad) + b.reshape(1, -1, 1, 1)
+    want = conv_np(x, w, stride, pad) + b.reshape(1, -1, 1, 1)
     batch = "N" if dims else str(n)
     src = f"x: f32[{batch}, {c}, {hw}, {hw}]\nw: f32[{o}, {c}, {k}, {k}]\nb: f32[{o}]\n"
     y = f"conv2d(x, w, stride={stride}, padding={pad}) + b.reshape(1, -1, 1, 1)"
@@ -135,6 +135,6 @@ def test_kernels_equal_but_for_their_names_share_one_binary(pack_small):
     canon = {get_device("CPU").canonical_source(k.src) for k in convs}
     assert len(canon) == 1 and "@tgc_kernel(" in next(iter(canon))
     assert convs[0].binary == convs[1].binary
-    h = np.maximum(_conv_np(x, w, 1, 0) + b.reshape(1, -1, 1, 1) + r, 0)
-    want = np.maximum(_conv_np(h.astype(np.float32), w, 1, 0) + b.reshape(1, -1, 1, 1) + r, 0)
+    h = np.maximum(conv_np(x, w, 1, 0) + b.reshape(1, -1, 1, 1) + r, 0)
+    want = np.maximum(conv_np(h.astype(np.float32), w, 1, 0) + b.reshape(1, -1, 1, 1) + r, 0)
     np.testing.assert_allclose(prog.run(device="CPU", x=x, w=w, b=b, r=r)["out0"], want, rtol=1e-4, atol=1e-4)
