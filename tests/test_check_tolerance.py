@@ -146,3 +146,27 @@ def test_error_scale_of_a_matmul_stays_near_the_inputs_size():
     # each product and each of the K partial sums rounds: (K + 1) * sum of squared products, root of it
     np.testing.assert_allclose(scale["out0"], np.sqrt((n + 1) * ((a64 * a64) @ (b64 * b64))), rtol=1e-9)
     np.testing.assert_allclose(ref["out0"], a64 @ b64, rtol=1e-12, atol=1e-12)
+
+
+def test_a_masked_softmax_keeps_its_rounding_scale():
+    """A causal mask's `-inf` constant: its square (inf) times exp's derivative at -inf (0) made the scale nan,
+    read as 0, so every element after the mask was checked with no rounding allowance at all."""
+    prog = tgc.loads("q: f32[T, D]\nk: f32[T, D]\n"
+                     "return softmax(where(tril(ones(T, T, dtype=bool)), q @ k.T, -inf), axis=-1) @ k")
+    rng = np.random.default_rng(0)
+    q, k = (rng.standard_normal((8, 4)).astype(np.float32) for _ in range(2))
+    ref, scale = prog.reference_with_scale(q=q, k=k)
+    s = scale["out0"]
+    assert np.all(np.isfinite(s)) and np.all(s > 0)
+    qd, kd = q.astype(np.float64), k.astype(np.float64)
+    logits = np.where(np.tril(np.ones((8, 8), dtype=bool)), qd @ kd.T, -np.inf)
+    p = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    want = (p / p.sum(axis=-1, keepdims=True)) @ kd
+    np.testing.assert_allclose(ref["out0"], want, rtol=1e-12, atol=1e-12)
+    assert np.all(s <= 8 * np.abs(kd).max())  # about the size of the values averaged, not inflated
+    got = prog.run(device="CPU", q=q, k=k)["out0"]
+    assert compare("o", got, ref["out0"], "f32", scale=s)[0] is None
+    wrong = got.copy()
+    wrong[5, 2] += 1e-2 * max(1.0, abs(wrong[5, 2]))  # a 1% error in one element still fails
+    m = compare("o", wrong, ref["out0"], "f32", scale=s)[0]
+    assert m is not None and m.bad == 1

@@ -49,13 +49,29 @@ def _walk(root: UOp, env: dict[UOp, np.ndarray], with_scale: bool) -> tuple[np.n
                 x, y = memo[mul.src[0]], memo[mul.src[1]]
                 memo[node] = _contract(x, y, node.arg[1], _np_dtype(node.dtype))
                 if with_scale:
-                    var[node] = _contraction_variance(node, x, y, var[mul.src[0]], var[mul.src[1]])
+                    var[node] = _exact_where_not_finite(
+                        memo[node], _contraction_variance(node, x, y, var[mul.src[0]], var[mul.src[1]]))
             else:
                 srcs = [memo[s] for s in node.src]
                 memo[node] = _eval(node, srcs, env)
                 if with_scale:
-                    var[node] = _variance(node, memo[node], srcs, [var[s] for s in node.src])
+                    c = _variance(node, memo[node], srcs, [var[s] for s in node.src])
+                    var[node] = c if node.op in _MOVES else _exact_where_not_finite(memo[node], c)
     return memo[root], var.get(root)
+
+
+# movement ops move the values' variances with them: a non-finite value's was cleared where it was computed
+_MOVES = (Ops.CONTIGUOUS, Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.SHRINK, Ops.FLIP, Ops.STRIDE, Ops.WINDOW, Ops.PAD)
+
+
+def _exact_where_not_finite(v: np.ndarray, var: np.ndarray) -> np.ndarray:
+    """A value that is inf or nan carries no variance: it is compared exactly, and its square (inf) must not
+    reach the finite values computed from it (a causal mask's `-inf` through `exp`: 0 * inf made their variance
+    nan, which the scale reads as 0, so a masked softmax was checked without its rounding)."""
+    if var.ndim == 0 and var == 0:  # (nothing to clear; and a moved value is often a broadcast view, whose
+        return var                   # isfinite would allocate every element it repeats)
+    finite = np.isfinite(v)
+    return var if finite.all() else np.where(finite, var, 0.0)
 
 
 # ------------------------------------------------------------------------------------------- contractions
