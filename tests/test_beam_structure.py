@@ -15,6 +15,7 @@ import pytest
 import tgc
 from tgc.api import kernel_names
 from tgc.backends import get_device
+from tgc.cli import report
 from tgc.codegen import search
 from tgc.codegen.opt import Opt, OptOps
 from tgc.engine.inputs import random_inputs
@@ -81,6 +82,10 @@ def test_a_winner_that_cannot_write_in_place_is_dropped(fresh_cache):
     assert search.lookup(asts[acc.name], CPU) is None  # runs its default
     assert "over its input" in search.lookup_entry(asts[acc.name], CPU)["dropped"]
     assert all(search.lookup(a, CPU) is not None for n, a in asts.items() if n != acc.name)
+
+    line = report.structure_check_line(result)
+    assert line is not None and line.startswith("memory-plan check: 1 winner dropped") and acc.name in line
+    assert report.structure_check_line({"structure_check": {}}) is None
 
     after = prog.lower("CPU", DIMS, tuned=True)
     assert [k.name for k in after.kernels] == [k.name for k in default.kernels]

@@ -134,3 +134,24 @@ def test_search_rows_are_found_under_the_names_the_kernels_run_as():
     assert found[ran[twin]]["tried"] == names.index(names[twin]) and found[ran[twin]]["same_as"] == names[twin]
     assert corpus.search_rows(prog, dims, {"kernels": rows[:-1]}) == {}  # rows that do not match: none
     assert corpus.search_rows(prog, dims, None) == {}
+
+
+def test_the_beam_column_times_one_executable_where_no_winner_changes_a_kernel(monkeypatch, tmp_path):
+    """`same_program`: no winner, or every winner its kernel's default opts, is the default program (timed once for
+    both columns); a winner with other opts is another program."""
+    import tgc
+    from tgc.backends import get_device
+    from tgc.codegen import search
+    from tgc.codegen.opt import Opt, OptOps
+    monkeypatch.setenv("TGC_CACHE_DIR", str(tmp_path))
+    corpus = _bench_module("corpus")
+    cpu = get_device("CPU")
+    src, dims = "a: f32[M, K]\nb: f32[K, N]\nreturn a @ b", {"M": 16, "K": 32, "N": 64}
+    assert corpus.same_program(tgc.loads(src), dims)  # nothing stored
+    (item,) = [it for it in tgc.loads(src).schedule(dims, "CPU") if it.ast.src]
+    (kern,) = tgc.loads(src).compile("CPU", dims=dims, tuned=False)
+    own = [o for o in kern.opts if o.op is not OptOps.THREAD]
+    search.store(search.search_ast(item, cpu), cpu, own, 1e-5, item.name, width=4)
+    assert corpus.same_program(tgc.loads(src), dims)  # its default's opts: the same source
+    search.store(search.search_ast(item, cpu), cpu, [Opt(OptOps.UPCAST, 1, 4)], 1e-5, item.name, width=4)
+    assert not corpus.same_program(tgc.loads(src), dims)
