@@ -674,20 +674,20 @@ def _search_from(ast, device, timer: _Timer, width, name, progress, pool, rounds
         for c in seeds:
             if c in ok and c.time_s < best.time_s and not fewer_threads(c, default, default.time_s, device):
                 best = c
-    # the default first: a kernel whose share of a budget runs out has what a run without BEAM gets, and the
-    # others are judged against its threads (`fewer_threads`)
-    for c in seeds[-1:] + seeds[:-1] if batch is None else []:
+    # under a budget the default first, so that a kernel whose share runs out has what a run without BEAM gets
+    order = seeds if deadline is None else seeds[-1:] + seeds[:-1]
+    for c in order if batch is None else []:
         if c.binary is None and c.src == base.src:
             c.binary = base.binary
         if _past(deadline):  # its share is spent: the default, if timed, is its best so far
             break
-        if c is not default and fewer_threads(c, default, default.time_s, device):
-            c.excluded = True
-            continue
         _compile_here(c, device)
         c.time_s = timer.run(c, best.time_s)
         if c.time_s < best.time_s and _matches(timer.checked_output(c), timer.reference, timer.bufs[0].dtype):
             best = c
+    if best is not default and best is not base and default.time_s < float("inf") \
+            and fewer_threads(best, default, default.time_s, device):  # (a prefix of the default on fewer threads)
+        best = default
     beam = sorted(seeds, key=lambda c: c.time_s)[:width] if seeds else [base]
     seen = {tuple(c.opts) for c in [base, *seeds]}
     sources = {c.src for c in [base, *seeds]}  # every source rendered so far: another opt order that gives one
