@@ -1403,7 +1403,9 @@ class Program:
              progress: Any = None, force: bool = False, shard: dict[str, int] | None = None,
              budget_s: float | None = DEFAULT_BUDGET_S, started: float | None = None) -> dict[str, Any]:
         """Search every kernel of the program (BEAM): on one device the kernels `run` launches (`run_schedule`: a
-        chunk's where it runs in chunks); store the winners; report before/after per kernel.
+        chunk's where it runs in chunks); store the winners; report before/after per kernel. On one device the
+        winners in use are then checked against the memory plan (`_check_structure`: the result's
+        `structure_check`, kernel name -> why its winner was dropped) and timed in the program (below).
         `budget_s` bounds this call in seconds from `started` (a `time.perf_counter()` value, default now; the
         CLI passes its process start), scheduling included (None: unbounded; `tgc.codegen.search.beam_items`):
         the search ends by `1 - search.FINISH_SHARE - search.CHECK_SHARE` of it, the program check (below) by
