@@ -14,8 +14,15 @@ share of the time in kernels that compute nothing (copies: packed weights, joins
 reading a model's kernels found.
 
 Timing on a shared machine: default kernels, BEAM kernels and XLA alternate `ROUNDS` times in one run, each
-round's median of a few runs; the best round of each counts (all three see the same load). The load average at
-the start and end of a model's rounds is kept in its row.
+round's median of a few runs, default and BEAM in turn first (the order reversed every other round); the best
+round of each counts (all three see the same load). The load average at the start and end of a model's rounds is
+kept in its row. Where the stored winners leave every kernel as the default renders it (each winner is its
+kernel's default, or none is stored: `same_program`), the program is one executable and is timed once for both
+columns (`beam_same`): timing it twice measured only the load (gru with its 2 winners both the default's opts:
+1.59 ms default, 11.75 ms "tuned" in one run at load 3.4). Else the BEAM column is the default's time times the
+paired ratio of the two programs (`paired_ratio`: `beam_paired_ratio`; the best of the BEAM rounds alone is kept
+as `beam_rounds_ms`): the load moves between a program's rounds by more than winners change it (llama odd's
+winners read 0.64x the default's speed in one table and 0.995x paired, 30 rounds, the same cache).
 
     corpus_rows(quick, beam_search, peak_memory, xla_timer, timeit, beam_budget_s=...) -> rows;  print_corpus(rows)
 """
@@ -42,6 +49,10 @@ BEAM_TARGET = 1.0  # after `tgc beam`
 RECOMPUTE_TARGET = 1.05
 MEMORY_TARGET = 1.5  # peak memory / (inputs + outputs + weights)
 ROUNDS = 3  # default, BEAM and XLA timings alternate this many times, the best of each counts
+# the BEAM column where a winner changed a kernel: the default's time x the median of this many rounds' paired
+# ratios (`paired_ratio`: both executables bound at once, alternating run by run, as `tgc beam`'s program check
+# times them); each program's best of ROUNDS rounds alone read the same executable at 1.59 and 11.75 ms (load 3.4)
+PAIRED_ROUNDS = 7
 # `--corpus-beam`'s search per model (`Program.beam(budget_s=)`, `python bench/bench.py --corpus-beam-budget`):
 # longer than `tgc beam`'s default (search.DEFAULT_BUDGET_S, 20 s): the larger blocks have 12-22 distinct kernels,
 # and at 20 s (load 6) llama odd reached 9 of its 13 distinct kernels, 6 of them stopping at their share
@@ -85,6 +96,38 @@ def beam_coverage(prog: tgc.Program, dims: dict[str, int], device: str = "CPU") 
         entry = lookup_entry(search_ast(it, dev), dev)
         found += entry is not None and not entry["dropped"]
     return found, len(items)
+
+
+def same_program(prog: tgc.Program, dims: dict[str, int], device: str = "CPU") -> bool:
+    """Whether the program runs the same kernels with the stored winners as without (same sources, in the same
+    chunks): then `tuned=True` and `tuned=False` time one executable."""
+    runs = []
+    for tuned in (False, True):
+        ch = prog.chunking(device, dims, tuned=tuned)
+        exe = ch.low if ch is not None else prog.lower(device, dims=dims, tuned=tuned, defer=True)
+        runs.append(((ch.dim, ch.count) if ch is not None else None, [k.src for k in exe.kernels]))
+    return runs[0] == runs[1]
+
+
+def paired_ratio(prog: tgc.Program, dims: dict[str, int], inputs: dict[str, Any], rounds: int = PAIRED_ROUNDS,
+                 device: str = "CPU") -> float | None:
+    """The program's time with the stored winners over its time with the default kernels, paired: both
+    executables as `run` launches them (one chunk's, on the first chunk's inputs, where it runs in chunks) bound
+    at once and timed alternating (`tgc.engine.bench.program_rounds`, 3 runs a round, the order reversed every
+    other round), the median of the rounds' ratios (`search.paired_ratio`). None where the two run in other
+    chunks (nothing to pair)."""
+    from tgc.codegen.search import paired_ratio as median_ratio
+    from tgc.engine import bench as tgc_bench
+    from tgc.engine.executable import first_chunk_inputs
+    dims, arrays = prog.bind(inputs, dims, cast=True)
+    chs = [prog.chunking(device, dims, tuned=tuned) for tuned in (False, True)]
+    if len({None if ch is None else (ch.dim, ch.count) for ch in chs}) > 1:
+        return None
+    lows = [prog.lower(device, dims=dims, tuned=tuned) if ch is None else ch.low
+            for tuned, ch in zip((False, True), chs)]
+    part = arrays if chs[0] is None else first_chunk_inputs(chs[0].low.inputs, arrays, chs[0].count, chs[0].sliced)
+    timed = tgc_bench.program_rounds(lows, part, rounds, 3)
+    return median_ratio(timed[0]["program"], timed[1]["program"])
 
 
 def largest_intermediates(prog: tgc.Program, dims: dict[str, int], top: int = 3) -> str:
@@ -210,24 +253,31 @@ def corpus_rows(quick: bool, beam_search: bool, peak_memory: Callable, xla_timer
             searched = search_rows(prog, dims, found)
         have, kernels = beam_coverage(prog, dims)
         xla = xla_timer(lambda xp, *a, fn=e["model"]: fn(xp, *a), inputs, names) if xla_timer else None
+        same = same_program(prog, dims)
         load = [os.getloadavg()[0]]
         results: dict[bool, dict] = {}
         xla_s = None
-        for _ in range(ROUNDS):  # alternate: all three see the same load on a shared machine
-            for tuned in (False, True):
+        for i in range(ROUNDS):  # alternate: all three see the same load on a shared machine
+            for tuned in ((False,) if same else (False, True) if i % 2 == 0 else (True, False)):
                 r = prog.bench(inputs=inputs, dims=dims, repeat=5, tuned=tuned)
                 if tuned not in results or r["program"]["median_s"] < results[tuned]["program"]["median_s"]:
                     results[tuned] = r
             if xla is not None:
                 t = timeit(xla)
                 xla_s = t if xla_s is None else min(xla_s, t)
-        load.append(os.getloadavg()[0])
+        if same:  # (one executable: its time is both columns')
+            results[True] = results[False]
         default_s = results[False]["program"]["median_s"]
-        beam_time = results[True]["program"]["median_s"]
+        beam_rounds_s = beam_time = results[True]["program"]["median_s"]
+        paired = None if same else paired_ratio(prog, dims, inputs)
+        if paired is not None:
+            beam_time = default_s * paired
+        load.append(os.getloadavg()[0])
         mem, io = peak_memory(prog, inputs, dims)
         rec = results[False]["recompute"]["factor"]
         row = {"name": e["name"], "file": e["file"], "dims": dims, "xla_ms": None if xla_s is None else xla_s * 1e3,
                "default_ms": default_s * 1e3, "beam_ms": beam_time * 1e3, "beam_kernels": [have, kernels],
+               "beam_same": same, "beam_paired_ratio": paired, "beam_rounds_ms": beam_rounds_s * 1e3,
                "beam_search_s": beam_s, "beam_budget_s": beam_budget_s if beam_search else None,
                "recompute": rec, "recompute_beam": results[True]["recompute"]["factor"],
                "peak_mem_ratio": mem / io, "load": load,
@@ -242,8 +292,9 @@ def corpus_rows(quick: bool, beam_search: bool, peak_memory: Callable, xla_timer
             limits.append(f"default: {_top_kernel(results[False])}")
         if checks["beam"] is False:
             budget = beam_budget_s if beam_search else None
+            same_note = "; every winner is its kernel's default: the default kernels' time" if same else ""
             limits.append(f"beam ({have}/{kernels} kernels tuned): "
-                          f"{beam_limit(results[False], results[True], searched, budget)}")
+                          f"{beam_limit(results[False], results[True], searched, budget)}{same_note}")
         if checks["recompute"] is False:
             limits.append(f"recompute {rec:.3f}: executed {results[False]['recompute']['executed']} ops for "
                           f"{results[False]['recompute']['written']} written")
@@ -279,8 +330,10 @@ def print_corpus(rows: list[dict[str, Any]], quick: bool = False) -> None:
     for r in rows:
         m = r["met"]
         dims = " ".join(f"{k}={v}" for k, v in r["dims"].items())
+        same = ", the default's kernels" if r.get("beam_same") else ""
         print(f"| {r['name']} | {dims} | {ms(r['xla_ms'])} | {ms(r['default_ms'])} | {ms(r['beam_ms'])} "
-              f"({r['beam_kernels'][0]}/{r['beam_kernels'][1]}) | {x(r['default_ratio'])} | {x(r['beam_ratio'])} | "
+              f"({r['beam_kernels'][0]}/{r['beam_kernels'][1]}{same}) | {x(r['default_ratio'])} | "
+              f"{x(r['beam_ratio'])} | "
               f"{r['recompute']:.3f} | {r['peak_mem_ratio']:.2f} | {_yes(m['default'])}, {_yes(m['beam'])}, "
               f"{_yes(m['recompute'])}, {_yes(m['memory'])} |")
     missed = [r for r in rows if r["limit"]]
@@ -295,8 +348,10 @@ def print_corpus(rows: list[dict[str, Any]], quick: bool = False) -> None:
     loads = [v for r in rows for v in r.get("load", [])]
     if loads:
         print(f"Load average (1 min) during the timings: {min(loads):.1f}-{max(loads):.1f}; default, BEAM and XLA "
-              f"alternate {ROUNDS} times per model, the best of each counts")
+              f"alternate {ROUNDS} times per model, the best of each counts; the BEAM column is the default's time "
+              f"x the paired ratio of {PAIRED_ROUNDS} alternating rounds of both programs (\"the default's "
+              f"kernels\": every winner renders its kernel's default, one executable timed once)")
 
 
-__all__ = ["corpus_dims", "corpus_rows", "print_corpus", "beam_coverage", "largest_intermediates", "search_outcome",
-           "search_rows", "kernel_names", "copy_share", "beam_limit"]
+__all__ = ["corpus_dims", "corpus_rows", "same_program", "paired_ratio", "print_corpus", "beam_coverage",
+           "largest_intermediates", "search_outcome", "search_rows", "kernel_names", "copy_share", "beam_limit"]

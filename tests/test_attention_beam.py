@@ -200,7 +200,8 @@ def test_beam_searches_the_attention_kernel_and_its_winner_is_reused(monkeypatch
     heuristic = HEURISTIC
     # the reference (unoptimized: the per-row form), then the default's prefixes (8 rows, then 16: the default)
     assert seen[:3] == [[], heuristic[:1], heuristic]
-    assert all(o[:1] == heuristic[:1] for o in seen[3:]) and len(seen) > 3  # then their neighbours
+    # then their neighbours (and, after the search, the default kernel lowered by the memory-plan check: opts None)
+    assert all(o is None or o[:1] == heuristic[:1] for o in seen[3:]) and len(seen) > 3
     assert row["reference"] == "unoptimized" and not row["cached"]
     stored = search.lookup(item.ast, CPU)  # the plain AST's key, the one key form
     assert stored is not None and [str(o) for o in stored] == row["opts"] and stored in seen
@@ -210,7 +211,8 @@ def test_beam_searches_the_attention_kernel_and_its_winner_is_reused(monkeypatch
     (kern,) = p.compile("CPU", dims=dims)
     assert kern.opts == stored and seen == [stored]
     again = p.beam("CPU", dims=dims, width=1)
-    assert [r["cached"] for r in again["kernels"]] == [True] and seen == [stored]
+    # (the memory-plan check lowers the default, opts None, and the winner again: nothing else)
+    assert [r["cached"] for r in again["kernels"]] == [True] and all(o is None or o == stored for o in seen)
     # tuned=False (what bench shows as 'tgc default') ignores the winner
     (default,) = p.compile("CPU", dims=dims, tuned=False)
     assert default.opts == heuristic

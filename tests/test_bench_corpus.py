@@ -134,3 +134,51 @@ def test_search_rows_are_found_under_the_names_the_kernels_run_as():
     assert found[ran[twin]]["tried"] == names.index(names[twin]) and found[ran[twin]]["same_as"] == names[twin]
     assert corpus.search_rows(prog, dims, {"kernels": rows[:-1]}) == {}  # rows that do not match: none
     assert corpus.search_rows(prog, dims, None) == {}
+
+
+def test_the_beam_column_times_one_executable_where_no_winner_changes_a_kernel(monkeypatch, tmp_path):
+    """`same_program`: no winner, or every winner its kernel's default opts, is the default program (timed once for
+    both columns); a winner with other opts is another program."""
+    import tgc
+    from tgc.backends import get_device
+    from tgc.codegen import search
+    from tgc.codegen.opt import Opt, OptOps
+    monkeypatch.setenv("TGC_CACHE_DIR", str(tmp_path))
+    corpus = _bench_module("corpus")
+    cpu = get_device("CPU")
+    src, dims = "a: f32[M, K]\nb: f32[K, N]\nreturn a @ b", {"M": 16, "K": 32, "N": 64}
+    assert corpus.same_program(tgc.loads(src), dims)  # nothing stored
+    (item,) = [it for it in tgc.loads(src).schedule(dims, "CPU") if it.ast.src]
+    (kern,) = tgc.loads(src).compile("CPU", dims=dims, tuned=False)
+    own = [o for o in kern.opts if o.op is not OptOps.THREAD]
+    search.store(search.search_ast(item, cpu), cpu, own, 1e-5, item.name, width=4)
+    assert corpus.same_program(tgc.loads(src), dims)  # its default's opts: the same source
+    search.store(search.search_ast(item, cpu), cpu, [Opt(OptOps.UPCAST, 1, 4)], 1e-5, item.name, width=4)
+    assert not corpus.same_program(tgc.loads(src), dims)
+
+
+def test_the_paired_ratio_times_both_programs_or_says_none(monkeypatch, tmp_path):
+    """`paired_ratio`: a positive ratio where the default and the winners run in the same chunks; None where a
+    winner put the program in other chunks (nothing to pair)."""
+    import tgc
+    from tgc.backends import get_device
+    from tgc.codegen import search
+    from tgc.codegen.opt import Opt, OptOps
+    from tgc.engine.inputs import random_inputs
+    monkeypatch.setenv("TGC_CACHE_DIR", str(tmp_path))
+    corpus = _bench_module("corpus")
+    cpu = get_device("CPU")
+    src, dims = "a: f32[M, K]\nb: f32[K, N]\nreturn a @ b", {"M": 16, "K": 32, "N": 64}
+    (item,) = [it for it in tgc.loads(src).schedule(dims, "CPU") if it.ast.src]
+    search.store(search.search_ast(item, cpu), cpu, [Opt(OptOps.UPCAST, 1, 4)], 1e-5, item.name, width=4)
+    prog = tgc.loads(src)
+    inputs = random_inputs(prog, dims, seed=0)
+    ratio = corpus.paired_ratio(prog, dims, inputs, rounds=2)
+    assert isinstance(ratio, float) and ratio > 0
+    calls = []
+
+    def chunking(device, dims, tuned=True):  # (the winners' program in chunks, the default's whole)
+        calls.append(tuned)
+        return None if not tuned else type("Ch", (), {"dim": "M", "count": 2, "low": None, "sliced": set()})()
+    monkeypatch.setattr(prog, "chunking", chunking)
+    assert corpus.paired_ratio(prog, dims, inputs, rounds=2) is None and calls == [False, True]

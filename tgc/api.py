@@ -1403,7 +1403,9 @@ class Program:
              progress: Any = None, force: bool = False, shard: dict[str, int] | None = None,
              budget_s: float | None = DEFAULT_BUDGET_S, started: float | None = None) -> dict[str, Any]:
         """Search every kernel of the program (BEAM): on one device the kernels `run` launches (`run_schedule`: a
-        chunk's where it runs in chunks); store the winners; report before/after per kernel.
+        chunk's where it runs in chunks); store the winners; report before/after per kernel. On one device the
+        winners in use are then checked against the memory plan (`_check_structure`: the result's
+        `structure_check`, kernel name -> why its winner was dropped) and timed in the program (below).
         `budget_s` bounds this call in seconds from `started` (a `time.perf_counter()` value, default now; the
         CLI passes its process start), scheduling included (None: unbounded; `tgc.codegen.search.beam_items`):
         the search ends by `1 - search.FINISH_SHARE - search.CHECK_SHARE` of it, the program check (below) by
@@ -1451,13 +1453,25 @@ class Program:
         self._forget_kernels()  # later compiles pick up the stored winners
         interrupted = any(r.get("interrupted") for r in rows)
         in_time = search_budget is None or time.perf_counter() - started <= search_budget
+        live = [it for it in items if it.ast.src]
+        structure: dict[str, str] = {}
+        if not interrupted and any(search.lookup(search.search_ast(it, dev), dev) is not None for it in live):
+            try:
+                structure = self._check_structure(dev, dims, items)
+            except TgcError:  # (it could not be lowered: the first run says why)
+                structure = {}
+            except KeyboardInterrupt:  # (no decision: nothing is dropped before both plans are known)
+                interrupted = True
+            if len(rows) == len(live):
+                for row, name in zip(rows, kernel_names(live)):
+                    if name in structure:
+                        row["dropped"] = True
         check: dict[str, Any] | None = None
         # (only where this search stored a winner other than a default: `_confirm` keeps the default's time for
         # it, so a winner took less; nothing is compiled to find out that nothing changed)
         won = [r for r in rows if not r.get("cached") and not r.get("skipped") and r.get("stored", True)
                and r.get("after_s") is not None
                and r.get("before_s") is not None and r["after_s"] < r["before_s"]]
-        live = [it for it in items if it.ast.src]
         if not interrupted and won and len(rows) == len(live):  # (one row per kernel, in order)
             check_deadline = None if budget_s is None else started + budget_s * (1 - search.FINISH_SHARE)
             # only the winners this search stored are judged: those an earlier check kept, or an earlier search
@@ -1483,7 +1497,61 @@ class Program:
         self.release()  # (and later runs)
         return {"device": dev.name, "dims": dims, "width": width, "kernels": rows,
                 "seconds": time.perf_counter() - started, "budget_s": budget_s, "class_winners": class_winners,
-                "interrupted": interrupted, "program_check": check}
+                "interrupted": interrupted, "program_check": check, "structure_check": structure}
+
+    def _check_structure(self, dev: Any, dims: dict[str, int], items: list[ScheduleItem]) -> dict[str, str]:
+        """After BEAM's search, before the program is timed (`_check_in_program`): the stored winners of `items`
+        (the kernels `run` launches) checked against the program's memory plan, which a search timing a kernel
+        alone cannot see. (1) A winner whose kernel cannot write its output over an input where the default
+        kernel's plan does (`plan.inplace`, from `inplace_pairs` of the linear UOps: a matmul part accumulating
+        into the partial sum it reads) is dropped: with it the plan keeps both buffers, grows, and can pass the
+        chunking limit (mixer's channel parts with a PADTO winner: 1.56x planned, run in 2 chunks, against its
+        default's 1.35x whole). (2) Where the program still runs in other chunks with the winners than with its
+        default kernels, every winner in use among its kernels is dropped (the timing check cannot pair them).
+        Deterministic, so every winner in use is judged, not only this search's. Returns {kernel name: why} of
+        the drops, stored (`search.drop`)."""
+        live = [it for it in items if it.ast.src]
+        asts = {n: search.search_ast(it, dev) for n, it in zip(kernel_names(live), live)}
+        before = self._chunking(dev, dims, 0, False)
+        default, tuned, kept = self._plan_kernels(dev, dims, before)
+        if [k.name for k in default] != [k.name for k in tuned]:  # (one schedule: never seen)
+            return {}
+        drops: dict[str, str] = {}
+        for d, t in zip(default, tuned):
+            if d.name not in asts or [str(o) for o in d.opts] == [str(o) for o in t.opts]:
+                continue
+            own = inplace_pairs(t)
+            if any(p in kept and p not in own for p in inplace_pairs(d)):
+                drops[d.name] = ("its kernel cannot write its output over its input as the default's does: the "
+                                 "program's memory plan would keep both")
+        for name, why in drops.items():
+            search.drop(asts[name], dev, why, name)
+        if drops:
+            self._forget_kernels()
+        after = self._chunking(dev, dims, 0, True)
+        if (before is None) != (after is None) or (before is not None and after is not None
+                                                   and (before.count, before.dim) != (after.count, after.dim)):
+            why = (f"with the winners the program runs {after.line() if after is not None else 'whole'}, with its "
+                   f"default kernels {before.line() if before is not None else 'whole'}")
+            for d, t in zip(default, tuned):
+                if d.name in asts and d.name not in drops and [str(o) for o in d.opts] != [str(o) for o in t.opts]:
+                    drops[d.name] = why
+                    search.drop(asts[d.name], dev, why, d.name)
+            self._forget_kernels()
+        return drops
+
+    def _plan_kernels(self, dev: Any, dims: dict[str, int], ch: Chunking | None
+                      ) -> tuple[list[Kernel], list[Kernel], list[tuple[Any, Any]]]:
+        """(the default kernels `run` launches, the same kernels with the stored winners, the default plan's
+        in-place pairs): the whole program's, or one chunk's where the default runs in chunks (`ch`). Lowered,
+        not compiled (`defer`)."""
+        if ch is None:
+            low = self.lower(dev.name, dims, beam=0, tuned=False, defer=True)
+            tuned = self.compile(device=dev.name, dims=dims, beam=0, tuned=True, defer=True)
+        else:
+            low = ch.low
+            tuned = self._build_kernels(dev, [u for _, u in low.outputs], 0, True, defer=True)
+        return list(low.kernels), tuned, list(low.memory_plan().inplace)
 
     def _forget_kernels(self) -> None:
         """Drop the kernels compiled in this process (after the BEAM table changed: later compiles pick it up)."""

@@ -1114,9 +1114,9 @@ def beam_(file: str, device: str | None, dims: dict[str, int], width: int, force
 
         make_console().print(report.beam_table(result))
         make_console().print(report.beam_time(result))
-        check_line = report.program_check_line(result)
-        if check_line:
-            make_console().print(check_line)
+        for line in (report.structure_check_line(result), report.program_check_line(result)):
+            if line:
+                make_console().print(line)
     if result.get("interrupted"):
         _err("beam: interrupted (the table says what each kernel stored; the next `tgc beam` searches the kernels "
              "whose search did not finish)")

@@ -373,6 +373,19 @@ def program_check_line(result: Mapping[str, Any]) -> str | None:
     return line
 
 
+def structure_check_line(result: Mapping[str, Any]) -> str | None:
+    """The line under `tgc beam`'s table on the winners the memory-plan check dropped (`Program._check_structure`:
+    a kernel that no longer writes in place, a program that then runs in other chunks), or None."""
+    drops = result.get("structure_check") or {}
+    if not drops:
+        return None
+    whys: dict[str, list[str]] = {}
+    for name, why in drops.items():
+        whys.setdefault(why, []).append(name)
+    return (f"memory-plan check: {len(drops)} winner{'s' if len(drops) != 1 else ''} dropped (they run their "
+            f"default): " + "; ".join(f"{', '.join(names)}: {why}" for why, names in whys.items()))
+
+
 def progress_bar(enabled: bool) -> tuple[Callable[[Mapping[str, Any]], None], Callable[[], None]]:
     """A `progress(event)` callback for `Program.beam` and `Program.compile` drawing a bar on stderr, and a
     function that closes it.

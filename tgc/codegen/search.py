@@ -133,10 +133,17 @@ def current_evaluator() -> Any:
 # ------------------------------------------------------------------------------------------- the winners' store
 
 
+# the rules a stored winner was searched under, in its key: winners of older rules are a clean miss (searched again).
+# 2: a candidate on fewer CPU threads than the default is not timed for a long kernel (`fewer_threads`), and the
+# winners are checked against the program's memory plan after the search (`Program.beam`: in-place writes)
+WINNER_RULES = 2
+
+
 def beam_key(ast: UOp, device: Any) -> str:
     """A kernel's key in the `beam` table (`search_ast` says which AST)."""
     comp = device.compiler
-    return cache.make_key("beam", device.kind, comp.cache_key if comp else "none", __version__, pretty(ast))
+    return cache.make_key("beam", device.kind, comp.cache_key if comp else "none", __version__, WINNER_RULES,
+                          pretty(ast))
 
 
 def search_ast(item: ScheduleItem, device: Any) -> UOp:
@@ -403,6 +410,22 @@ def round_actions(k: OptKernel | AttentionKernel, default_s: float) -> list[Opt]
     return acts
 
 
+def launch_threads(c: Candidate) -> int:
+    """The CPU threads a rendered candidate runs on (its launch's first global size: `pipeline`'s `(threads, 1,
+    1)`, none for one thread)."""
+    return int(c.launch.get("global_size", (1, 1, 1))[0])
+
+
+def fewer_threads(c: Candidate, default: Candidate, default_s: float, device: Any) -> bool:
+    """Whether a rendered candidate runs on fewer CPU threads than the default kernel where the default takes over
+    `FEWER_THREADS_MAX_S`: not timed (`round_actions` leaves out THREAD for such a kernel, but other opts can take
+    the threads too: UPCASTs that consume the whole outer axis leave one thread. gru's r_8_3072_1024 upcast its 8
+    rows to run on one thread, 1.30x faster alone at load ~3, 1.66x slower inside the program)."""
+    if device.caps.gpu or default_s <= FEWER_THREADS_MAX_S or not c.src or not default.src:
+        return False
+    return launch_threads(c) < launch_threads(default)
+
+
 def thread_amounts(cores: int) -> list[int]:
     """The CPU thread counts a round tries besides the automatic one (which a kernel without THREAD gets): one
     thread and half the cores (a small kernel, or a machine whose other cores are busy, can be faster with fewer;
@@ -421,6 +444,7 @@ class Candidate:
     binary: bytes | None = None
     time_s: float = float("inf")
     duplicate: bool = False  # renders the same source as a candidate the search already has: not run again
+    excluded: bool = False  # on fewer threads than the default of a long kernel (`fewer_threads`): not run
 
 
 def _render(cand: Candidate, device: Any, name: str, bufs: list[UOp]) -> None:
@@ -638,6 +662,7 @@ def _search(ast, device, timer: _Timer, width, name, progress, pool, rounds: int
 def _search_from(ast, device, timer: _Timer, width, name, progress, pool, rounds: int, start: float,
                  base: Candidate, seeds: list[Candidate], batch: Any, deadline: float | None = None) -> SearchResult:
     best = base
+    default = seeds[-1] if seeds else base  # what a run without BEAM gets: always a candidate
     # start from the hand-coded heuristic's choice and its prefixes: their neighbours are the promising ones
     # (the unoptimized kernel's neighbours are mostly as slow as it is, and each costs a full run)
     if batch is not None:  # timed where the round's candidates are, the reference included, so that times compare
@@ -647,7 +672,7 @@ def _search_from(ast, device, timer: _Timer, width, name, progress, pool, rounds
         ok: list[Candidate] = []
         batch.evaluate([base, *seeds], lambda: float("inf"), lambda c, status: ok.append(c) if status == "ok" else 0)
         for c in seeds:
-            if c in ok and c.time_s < best.time_s:
+            if c in ok and c.time_s < best.time_s and not fewer_threads(c, default, default.time_s, device):
                 best = c
     # under a budget the default first, so that a kernel whose share runs out has what a run without BEAM gets
     order = seeds if deadline is None else seeds[-1:] + seeds[:-1]
@@ -660,11 +685,16 @@ def _search_from(ast, device, timer: _Timer, width, name, progress, pool, rounds
         c.time_s = timer.run(c, best.time_s)
         if c.time_s < best.time_s and _matches(timer.checked_output(c), timer.reference, timer.bufs[0].dtype):
             best = c
+    if best is not default and best is not base and default.time_s < float("inf") \
+            and fewer_threads(best, default, default.time_s, device):  # (a prefix of the default on fewer threads)
+        best = default
     beam = sorted(seeds, key=lambda c: c.time_s)[:width] if seeds else [base]
     seen = {tuple(c.opts) for c in [base, *seeds]}
     sources = {c.src for c in [base, *seeds]}  # every source rendered so far: another opt order that gives one
-    default = seeds[-1] if seeds else base  # what a run without BEAM gets: always a candidate
     default_s = default.time_s
+
+    def exclude(c: Candidate) -> bool:
+        return fewer_threads(c, default, default_s, device)
     result = SearchResult(list(base.opts), default_s, default_s, reference="unoptimized" if not base.opts
                           else "hand-coded")
     result.started = start
@@ -701,7 +731,7 @@ def _search_from(ast, device, timer: _Timer, width, name, progress, pool, rounds
                 break
             if batch is not None:
                 best = _evaluate_round(batch, cands, device, name, timer.bufs, sources, best, result,
-                                       progress, _round, base, start)
+                                       progress, _round, base, start, exclude)
             # under a budget, compiled and timed one candidate per compile worker at a time (never both at once:
             # the workers would load the cores while a candidate is timed): a deadline reached while a round
             # compiles keeps the candidates timed so far, where compiling the whole round first (40-90 candidates:
@@ -709,9 +739,10 @@ def _search_from(ast, device, timer: _Timer, width, name, progress, pool, rounds
             # whole round is compiled at once (the workers never wait for a timing)
             group = candidate_group(pool) if timing_deadline is not None else max(len(cands), 1)
             for g in range(0, len(cands) if batch is None else 0, group):
-                _render_compile(cands[g:g + group], device, name, timer.bufs, pool, sources, timing_deadline)
+                _render_compile(cands[g:g + group], device, name, timer.bufs, pool, sources, timing_deadline,
+                                exclude)
                 for i, c in enumerate(cands[g:g + group], start=g):
-                    if c.duplicate:
+                    if c.duplicate or c.excluded:
                         continue
                     if _past(timing_deadline):  # its share is spent: stop at once with the best so far
                         result.out_of_budget = True
@@ -755,9 +786,11 @@ def _search_from(ast, device, timer: _Timer, width, name, progress, pool, rounds
 
 def _evaluate_round(batch: Any, cands: list[Candidate], device: Any, name: str, bufs: list[UOp], sources: set[str],
                     best: Candidate, result: SearchResult, progress: Callable[[dict], None] | None, round_: int,
-                    base: Candidate, start: float) -> Candidate:
+                    base: Candidate, start: float,
+                    exclude: Callable[[Candidate], bool] | None = None) -> Candidate:
     """One round's candidates rendered here and evaluated by `batch` (another evaluator: `use_evaluator`), counted
-    in `result` as the local round counts them; returns the best candidate so far."""
+    in `result` as the local round counts them; returns the best candidate so far. A candidate `exclude` names
+    (`fewer_threads`) is not sent."""
     for c in cands:
         try:
             _render(c, device, name, bufs)
@@ -768,7 +801,8 @@ def _evaluate_round(batch: Any, cands: list[Candidate], device: Any, name: str, 
             c.duplicate = True
             continue
         sources.add(c.src)
-    live = [c for c in cands if not c.duplicate]
+        c.excluded = exclude is not None and exclude(c)
+    live = [c for c in cands if not c.duplicate and not c.excluded]
     state = {"best": best, "done": 0}
 
     def on_result(c: Candidate, status: str) -> None:
@@ -822,11 +856,13 @@ def _confirm(timer: _Timer, best: Candidate, default: Candidate,
 
 
 def _render_compile(cands: list[Candidate], device: Any, name: str, bufs: list[UOp], pool: Any,
-                    sources: set[str], deadline: float | None = None) -> None:
+                    sources: set[str], deadline: float | None = None,
+                    exclude: Callable[[Candidate], bool] | None = None) -> None:
     """Render every candidate (in this process) and hand each to the compile workers as soon as it is rendered,
     so that rendering overlaps compiling. A candidate whose source is in `sources` (rendered before, from
-    another order of the same opts) is marked `duplicate` and neither compiled nor run; `sources` grows. Past
-    `deadline` no more candidates are rendered and no compile is waited for (those left have no binary)."""
+    another order of the same opts) is marked `duplicate` and neither compiled nor run; `sources` grows; one
+    `exclude` names (`fewer_threads`) is marked `excluded`, neither compiled nor run. Past `deadline` no more
+    candidates are rendered and no compile is waited for (those left have no binary)."""
     futures = []
     for c in cands:
         if _past(deadline):
@@ -840,10 +876,13 @@ def _render_compile(cands: list[Candidate], device: Any, name: str, bufs: list[U
             c.duplicate = True
             continue
         sources.add(c.src)
+        if exclude is not None and exclude(c):
+            c.excluded = True
+            continue
         if pool is not None:
             futures.append((c, pool.submit(device.kind, c.src)))
     if pool is None:
-        _compile_all([c for c in cands if not c.duplicate], device, None, deadline=deadline)
+        _compile_all([c for c in cands if not c.duplicate and not c.excluded], device, None, deadline=deadline)
         return
     for c, fut in futures:
         c.binary = _wait(fut, deadline)
