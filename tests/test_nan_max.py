@@ -108,7 +108,8 @@ def test_max_pool2d_with_one_nan(device):
                       for i in range(6)], -2)
     assert_exact(got["out0"], want2, "f32")
     assert_exact(got["out1"], want3, "f32")
-    assert np.isnan(got["out0"]).sum() == 2 and np.isnan(got["out1"]).sum() == 9 + 1  # 3x3 windows over (3, 5) and (0, 0)
+    assert np.isnan(got["out0"]).sum() == 2
+    assert np.isnan(got["out1"]).sum() == 9 + 1  # the 3x3 windows over (3, 5) and (0, 0)
 
 
 def test_matmul_bias_relu_with_a_nan_in_the_bias(device):
