@@ -139,7 +139,8 @@ class CStyleRenderer:
         return f"{fn}({x})"
 
     def fmax(self, d: DType, a: str, b: str) -> str:
-        return f"fmax({a}, {b})" if d.is_float else f"max({a}, {b})"
+        """Integer MAX (a float MAX is `combine`'s nan-propagating select)."""
+        return f"max({a}, {b})"
 
     def fmod(self, d: DType, a: str, b: str) -> str:
         """Float MOD: C's fmod (exact, the dividend's sign)."""
@@ -351,6 +352,8 @@ class CStyleRenderer:
             return f"({a} || {b})" if d.is_bool else f"({a} + {b})"
         if op is Ops.MUL:
             return f"({a} && {b})" if d.is_bool else f"({a} * {b})"
+        if d.is_float:  # numpy's maximum: a nan on either side wins (C's fmax drops it); operands are names
+            return f"((({a}) > ({b}) || ({a}) != ({a})) ? ({a}) : ({b}))"  # or literals, so no double evaluation
         return f"({a} || {b})" if d.is_bool else self.fmax(d, a, b)
 
     def alu(self, u: UOp, s: list[str]) -> str:
@@ -403,7 +406,7 @@ class OpenCLRenderer(CStyleRenderer):
 
     def fmax(self, d: DType, a: str, b: str) -> str:
         # OpenCL's integer max has one overload per type: narrow ints need both sides of that type
-        return f"fmax({a}, {b})" if d.is_float else f"max(({self.ctype(d)})({a}), ({self.ctype(d)})({b}))"
+        return f"max(({self.ctype(d)})({a}), ({self.ctype(d)})({b}))"
 
     def alu(self, u: UOp, s: list[str]) -> str:
         # PoCL compiles `c ? -0.0f : x` with c = x < 0 (or 0 < x) as a min/max that gives -0.0 for x = +0.0
@@ -542,8 +545,6 @@ class CUDARenderer(CStyleRenderer):
         return f"fmod{'' if d.name == 'f64' else 'f'}({a}, {b})"
 
     def fmax(self, d: DType, a: str, b: str) -> str:
-        if d.is_float:
-            return f"fmax{'' if d.name == 'f64' else 'f'}({a}, {b})"
         return f"({a} > {b} ? {a} : {b})"
 
     def float_const(self, v: float, d: DType) -> str:
@@ -664,8 +665,6 @@ class MetalRenderer(CStyleRenderer):
         return super().math(op, d, x)
 
     def fmax(self, d: DType, a: str, b: str) -> str:
-        if d.is_float:
-            return f"fmax({a}, {b})"
         t = self.ctype(d)  # Metal's max takes one integer type: an int literal next to a char does not deduce
         return f"max({t}({a}), {t}({b}))"
 

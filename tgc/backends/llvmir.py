@@ -29,7 +29,12 @@ _TYPES = {"bool": "i1", "i8": "i8", "u8": "i8", "i16": "i16", "u16": "i16", "i32
 # address is a multiple of it (`CPUAllocator.zero_copy_align`), else it copies
 PARAM_ALIGN = 16
 _CONTRACT = "contract "
-_REASSOC = "nnan reassoc nsz contract "  # max reductions vectorize only with nnan (nan handling of max is unspecified)
+# No `nnan` anywhere: a max must give nan wherever a nan is among its elements (DSL semantics, numpy's max), and
+# with `nnan` LLVM may take any value for one (maxnum's or poison), fold a later `x != x` check of an accumulated
+# value to false, and a max reduction's answer depended on where the nan sat. Float MAX is `llvm.maximum` (nan-
+# propagating): LLVM's loop vectorizer reduces it without `nnan` (an fmaximum recurrence); `nsz` stays (which zero
+# max(-0.0, 0.0) gives is unspecified), so x86 lowers max(x, 0.0) to one vmaxps.
+_REASSOC = "reassoc nsz contract "
 # A register tile's epilogue (the straight-line code after its reduction's loops that ends the enclosing loop's body:
 # scale, bias, residual, activation, the stores) with at least this many loads and stores of buffers is rendered as
 # a function of its own (`_Renderer.outline`), called once per tile. LLVM's loop passes (IndVarSimplify, LoopIdiom,
@@ -497,8 +502,8 @@ class _Renderer:
         elif op is Ops.MOD:
             self.emit(f"{out} = {'frem' if fl else 'urem' if d.is_unsigned else 'srem'} {t} {a}, {b}")
         elif op is Ops.MAX:
-            fn = self.intrinsic("maxnum" if fl else ("umax" if d.is_unsigned else "smax"), d, 2)
-            self.emit(f"{out} = call {flags if fl else ''}{t} {fn}({t} {a}, {t} {b})")
+            fn = self.intrinsic("maximum" if fl else ("umax" if d.is_unsigned else "smax"), d, 2)
+            self.emit(f"{out} = call {'nsz ' if fl else ''}{t} {fn}({t} {a}, {t} {b})")  # never nnan (_REASSOC)
         elif op in (Ops.AND, Ops.OR, Ops.XOR):
             self.emit(f"{out} = {op.name.lower()} {t} {a}, {b}")
         elif op in (Ops.SHL, Ops.SHR):

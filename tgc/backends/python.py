@@ -18,7 +18,7 @@ buffer it writes runs one iteration at a time; where two STOREs write one buffer
 address written twice and, if one is, runs again one iteration at a time.
 
 Semantics: every ALU op, cast and reduction is evaluated by the one ALU table (`tgc/ir/alu.py`, the LLVM
-renderer's semantics: wrapping ints, C division, saturating float->int casts, maxnum, bf16 as bits), which
+renderer's semantics: wrapping ints, C division, saturating float->int casts, nan-propagating max, bf16 as bits), which
 constant folding and the float64 reference use too. Bools are bytes in memory; a gated LOAD reads 0 where its
 gate is false. A LOAD or STORE outside its buffer (in a lane that runs) is a `DeviceError` naming the kernel,
 the UOp and the index, not a crash: that is a lowering bug.

@@ -379,13 +379,12 @@ class Tensor:
         a, b = _pair(self, other)
         if a.dtype.is_bool:
             return a & b
+        if a.dtype.is_float:  # numpy's minimum: a nan on either side wins (b < a alone gave a where b is nan)
+            return ((b < a) | (b != b)).where(b, a)
         return (b < a).where(b, a)
 
     def clip(self, lo, hi) -> Tensor:
-        out = self.maximum(lo).minimum(hi)
-        if not self.dtype.is_float:
-            return out
-        return (self != self).where(self, out)  # nan stays nan, as numpy's clip (maximum's nan is unspecified)
+        return self.maximum(lo).minimum(hi)  # nan stays nan, as numpy's clip (maximum and minimum propagate it)
 
     def where(self, a, b) -> Tensor:
         """`self` is the condition."""

@@ -384,14 +384,14 @@ REDUCE_OPS = {"sum": Ops.ADD, "prod": Ops.MUL, "max": Ops.MAX, "min": None}
 
 
 def _combine(op: Ops | str, dtype: DType, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """a op b elementwise on raw bytes of `dtype` (the ALU table's reducers; min is fmin / minimum / and)."""
+    """a op b elementwise on raw bytes of `dtype` (the ALU table's reducers; min is minimum / and: nan wins)."""
     if dtype == dtypes.bf16:
         x, y = bf16_to_f32(a.view(np.uint16)), bf16_to_f32(b.view(np.uint16))
         return f32_to_bf16(_combine(op, dtypes.f32, x.view(np.uint8), y.view(np.uint8)).view(np.float32)).view(
             np.uint8)
     x, y = a.view(dtype.np), b.view(dtype.np)
     if op == "min":
-        fn = np.logical_and if dtype.is_bool else (np.fmin if dtype.is_float else np.minimum)
+        fn = np.logical_and if dtype.is_bool else np.minimum
     else:
         fn, _ = reducer(REDUCE_OPS.get(op, op) if isinstance(op, str) else op, dtype)
     with np.errstate(all="ignore"):

@@ -6,7 +6,8 @@ LLVM renderer's (`tgc.backends.llvmir`), which DSL.md fixes for every device:
 
 - ints wrap; IDIV/MOD are C's (truncate toward zero; a zero divisor gives 0);
 - shifts by the width or more (or by a negative amount, read as unsigned) give 0, or the sign for a signed SHR;
-- floats are IEEE in the value's dtype; float MAX is maxnum (a nan loses); RECIP is `1 / x`; float MOD is C's
+- floats are IEEE in the value's dtype; float MAX is numpy's maximum (a nan on either side wins, as
+  `llvm.maximum`; which zero max(-0.0, 0.0) gives is unspecified); RECIP is `1 / x`; float MOD is C's
   fmod (exact; the front end builds numpy's floor `%` and `//` from it);
 - float -> int casts truncate and saturate to the type's range, nan -> 0; int -> int casts wrap;
 - bools: ADD/MAX/OR are `or`, MUL/AND `and`, SUB/XOR `xor` (i1 arithmetic); NEG is the identity;
@@ -79,7 +80,7 @@ def _binary(op: Ops, d: DType, a: Any, b: Any) -> Any:
     if op is Ops.MUL:
         return np.multiply(a, b)
     if op is Ops.MAX:
-        return np.fmax(a, b) if d.is_float else np.maximum(a, b)
+        return np.maximum(a, b)  # floats: a nan on either side wins (numpy's maximum, LLVM's llvm.maximum)
     if d.is_float:
         if op is Ops.FDIV:
             return np.divide(a, b)
@@ -174,14 +175,14 @@ _REDUCERS: dict[tuple[Ops, str], tuple[np.ufunc, Callable[[DType], Any]]] = {
     (Ops.MAX, "bool"): (np.logical_or, lambda d: False),
     (Ops.ADD, "num"): (np.add, lambda d: d.np.type(0)),
     (Ops.MUL, "num"): (np.multiply, lambda d: d.np.type(1)),
-    (Ops.MAX, "float"): (np.fmax, lambda d: d.np.type(-np.inf)),
+    (Ops.MAX, "float"): (np.maximum, lambda d: d.np.type(-np.inf)),  # a nan anywhere gives nan
     (Ops.MAX, "int"): (np.maximum, lambda d: d.np.type(min_max(d)[0])),
 }
 
 
 def reducer(op: Ops, d: DType) -> tuple[np.ufunc, Any]:
     """(ufunc, identity) of a reduction by `op` (ADD, MUL or MAX) in `d`: the binary op above, so bool ADD/MAX
-    are `or`, MUL `and`; float MAX is maxnum."""
+    are `or`, MUL `and`; float MAX propagates nan (numpy's max)."""
     if d.name == "bf16":
         raise AluError("a reduction on bf16 bits (it is computed in f32)")
     if op not in (Ops.ADD, Ops.MUL, Ops.MAX):

@@ -228,10 +228,7 @@ def _variadic(cx, node, ins, at, opset):
     acc = cx.tensor(vals[0])
     for v in vals[1:]:
         e = cx.tensor(v)
-        acc = f"{fn}({acc}, {e})" if fn else f"({acc} + {e})"
-    if fn and _is_float(dt) and len(vals) > 1:  # nan propagates (numpy's maximum)
-        anynan = " | ".join(f"isnan({cx.tensor(v)})" for v in vals)
-        acc = f"where({anynan}, {_num(float('nan'), dt)}, {acc})"
+        acc = f"{fn}({acc}, {e})" if fn else f"({acc} + {e})"  # maximum/minimum propagate nan (numpy's)
     if node.op_type == "Mean":
         acc = f"({acc} / {len(vals)})"
     return [_cast(acc, dt)]
