@@ -195,14 +195,15 @@ def search_rows(prog: tgc.Program, dims: dict[str, int], result: dict[str, Any] 
         return {}
     items = [it for it in prog.run_schedule(dims, "CPU") if it.ast.src]
     rows = result.get("kernels", [])
-    if len(rows) != len(items) or any(r["name"] != it.name for r, it in zip(rows, items)):
+    names = kernel_names(items)
+    if len(rows) != len(items) or any(r["name"] != n for r, n in zip(rows, names)):
         return {}
     searched: dict[str, dict] = {}  # a name's first row that was searched (a copy's row has tried = 0)
     for r in rows:
         if not r.get("same_as"):
             searched.setdefault(r["name"], r)
     rows = [{**searched[r["same_as"]], "same_as": r["same_as"]} if r.get("same_as") in searched else r for r in rows]
-    return dict(zip(kernel_names(items), rows))
+    return dict(zip(names, rows))
 
 
 def copy_share(result: dict[str, Any]) -> float:

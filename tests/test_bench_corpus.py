@@ -123,15 +123,17 @@ def test_search_rows_are_found_under_the_names_the_kernels_run_as():
     items = [it for it in prog.schedule(dims, "CPU") if it.ast.src]
     ran = [k.name for k in prog.compile("CPU", dims=dims)]
     assert corpus.kernel_names(items) == ran and len(set(ran)) == len(ran) > 1
-    rows = [{"name": it.name, "tried": i} for i, it in enumerate(items)]
+    rows = [{"name": n, "tried": i} for i, n in enumerate(ran)]  # (`Program.beam`'s rows carry the run names)
     found = corpus.search_rows(prog, dims, {"kernels": rows})
     assert [found[n]["tried"] for n in ran] == list(range(len(items)))
-    # a kernel that took another's winner (`same_as`) is described by that kernel's search
+    # a kernel that took another's winner (`same_as`: that kernel's run name) is described by that kernel's search
     names = [it.name for it in items]
     twin = next(i for i in range(1, len(names)) if names[i] in names[:i])
-    rows[twin] = {"name": names[twin], "tried": 0, "same_as": names[twin]}
+    first = ran[names.index(names[twin])]
+    rows[twin] = {"name": ran[twin], "tried": 0, "same_as": first}
     found = corpus.search_rows(prog, dims, {"kernels": rows})
-    assert found[ran[twin]]["tried"] == names.index(names[twin]) and found[ran[twin]]["same_as"] == names[twin]
+    assert found[ran[twin]]["tried"] == names.index(names[twin]) and found[ran[twin]]["same_as"] == first
+    assert corpus.search_rows(prog, dims, {"kernels": [{**r, "name": it.name} for r, it in zip(rows, items)]}) == {}
     assert corpus.search_rows(prog, dims, {"kernels": rows[:-1]}) == {}  # rows that do not match: none
     assert corpus.search_rows(prog, dims, None) == {}
 

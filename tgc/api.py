@@ -66,6 +66,7 @@ from tgc.engine.reference import evaluate, evaluate_with_scale
 from tgc.engine.schedule import ScheduleItem, create_schedule, kernel_name, split_large_reduces
 from tgc.env import debug_level, env_flag, env_int
 from tgc.errors import BindError, CompileError, TgcError
+from tgc.ir.kernel import kernel_names
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.symsize import (
     NotProbeable,
@@ -1749,18 +1750,6 @@ def _internal_reason(e: Exception, what: str) -> None:
     exception class and quotes no exception text)."""
     if debug_level() >= 2:
         print(f"*** symbolic: {what} stopped at {type(e).__name__}: {e}", file=sys.stderr)
-
-
-def kernel_names(items: list[ScheduleItem]) -> list[str]:
-    """The names a program's kernels get (`Program.compile`): a schedule item's name, with `n1`, `n2`, ... after
-    its repeats."""
-    seen: dict[str, int] = {}
-    names = []
-    for item in items:
-        n = seen.get(item.name, 0)
-        seen[item.name] = n + 1
-        names.append(f"{item.name}n{n}" if n else item.name)
-    return names
 
 
 class _Ready:

@@ -47,7 +47,7 @@ from tgc.engine.flops import executed_flops
 from tgc.engine.inputs import random_values
 from tgc.env import env_int
 from tgc.errors import CompileError
-from tgc.ir.kernel import ScheduleItem
+from tgc.ir.kernel import ScheduleItem, kernel_names
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.uop import RangeKind, UOp, pretty
 from tgc.version import __version__
@@ -1172,4 +1172,12 @@ def beam_items(items: list[ScheduleItem], dev: Any, width: int = 4, progress: Ca
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
+    # each row under the name its kernel runs by (`kernel_names`: a repeated name gets n1, n2, ...), and a copy's
+    # `same_as` names the row it copies the same way
+    names = kernel_names(items)
+    for i, row in enumerate(rows):
+        if row is not None:
+            row["name"] = names[i]
+            if row.get("same_as"):
+                row["same_as"] = names[first[keys[i]]]
     return [r for r in rows if r is not None], time.perf_counter() - start

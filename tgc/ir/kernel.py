@@ -29,6 +29,18 @@ class ScheduleItem:
         return self.bufs[0]
 
 
+def kernel_names(items: list[ScheduleItem]) -> list[str]:
+    """The names a program's kernels get (`Program.compile`, `tgc beam`'s rows, profiles): a schedule item's name,
+    with `n1`, `n2`, ... after its repeats."""
+    seen: dict[str, int] = {}
+    names = []
+    for item in items:
+        n = seen.get(item.name, 0)
+        seen[item.name] = n + 1
+        names.append(f"{item.name}n{n}" if n else item.name)
+    return names
+
+
 def flat_index(idx: tuple[UOp, ...], shape: tuple[int, ...], memo: dict[UOp, UOp] | None = None) -> UOp:
     """The row-major element offset of index `idx` in a tensor of `shape` (simplified; `memo`: `simplify`'s)."""
     out = UOp.const(INDEX, 0)
