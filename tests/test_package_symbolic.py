@@ -256,9 +256,12 @@ def test_inspect_shows_symbolic_shapes_and_the_peak_as_an_expression(sm_pkg):
     r = _cli("inspect", sm_pkg, "--json", "-D", "N=3", "-D", "D=5")
     at = json.loads(r.stdout)["at"]
     assert at["dims"] == {"N": 3, "D": 5} and at["memory"]["peak_bytes"] == 2 * 4 * 3 * 5
+    assert at["format_version"] == package.SYMBOLIC_VERSION  # the file's format, not a fixed-size package's 1
     text = _cli("inspect", sm_pkg, "-D", "N=3", "-D", "D=5")
     assert text.returncode == 0 and "size class N=2.." in text.stdout and "planned peak" in text.stdout
     assert "at N=3, D=5" in text.stdout and "120 B" in text.stdout
+    headers = [ln for ln in text.stdout.splitlines() if ln.startswith("package: ")]
+    assert len(headers) == 2 and all(f"(format {package.SYMBOLIC_VERSION}," in h for h in headers), headers
 
 
 def test_the_planned_peak_expression_is_what_a_run_allocates(sm_pkg):

@@ -2669,7 +2669,9 @@ class SymbolicPackage:
         if dims:  # (inspect only: the class's plan written out as a fixed-size package at these dims, validated)
             dims = self.infer_dims({}, dims)
             c = self.size_class(dims)
-            doc["at"] = self._instantiate(c, self.class_dims(c, {n: dims[n] for n in self.dims_names})).describe()
+            at = self._instantiate(c, self.class_dims(c, {n: dims[n] for n in self.dims_names})).describe()
+            at["format_version"] = self.format_version  # (the file's: the in-memory plan is no format-1 package)
+            doc["at"] = at
         return doc
 
 
