@@ -1165,7 +1165,11 @@ class Program:
         key = (dev.name, tuple(sorted(dims.items())), env_int("BEAM", 0))
         if self._entries.get(key, False) is None and key not in self._stored:
             self._stored.add(key)
-            progcache.store(self, dev, dims, chunking, low=ran if chunking is None else None)
+            # the recompute factor where the whole program's kernels at these dims are built already (a warm
+            # `tgc bench` reports it from the entry); not where only a chunk's are (nothing compiled for it)
+            kernels = self._kernels.get((dev.name, tuple(sorted(dims.items())), key[2], True))
+            rec = None if kernels is None else self._recompute(kernels, self._trace(dims)[0])
+            progcache.store(self, dev, dims, chunking, low=ran if chunking is None else None, recompute=rec)
 
     MAX_PLANS = 4  # launch plans (with their device buffers) kept per program, for the sizes run last
 
@@ -1355,11 +1359,16 @@ class Program:
         low = self.lower_symbolic(dev.name, dims)[0] if symbolic else None
         kernels_for = "size class" if low is not None else "these sizes"
         cacheable = low is None and tuned and (beam is None or beam == env_int("BEAM", 0))
+        rec = None  # the recompute factor: a program-cache entry's, or computed (before the entry is stored: it
+        # keeps it for a warm `tgc bench`)
         if cacheable:  # what `run` runs at these dims (kept, from the program cache, or lowered now)
             dev.ensure_runnable()
             ready, first = self._ready_for(dev, dims, arrays)
             timing = executable.bench(ready.exe, arrays, repeat=repeat, warmup=warmup)
+            rec = ready.entry.recompute if ready.entry is not None else None
             if first:
+                if ready.entry is None and not symbolic:
+                    rec = self.recompute(dev.name, dims, beam=beam, tuned=tuned)
                 self._keep_ready(dev, dims, ready)
         else:
             ch = self.chunking(dev.name, dims, beam=beam, tuned=tuned) if low is None else None
@@ -1371,7 +1380,7 @@ class Program:
         result: dict[str, Any] = {"device": dev.name, "dims": dims, "repeat": repeat, "beam": beam, **timing,
                                   "identity": self.identity(dev.name, dims), "kernels_for": kernels_for}
         if not symbolic:  # (the kernels just timed, from the compile cache)
-            result["recompute"] = self.recompute(dev.name, dims, beam=beam, tuned=tuned)
+            result["recompute"] = rec if rec is not None else self.recompute(dev.name, dims, beam=beam, tuned=tuned)
         return result
 
     def _bench_list(self, names: list[str], dims: dict[str, int], shard: dict[str, int],

@@ -1042,6 +1042,8 @@ def _bench_report(result: dict[str, Any], old: dict | None, baseline: str | None
             console.print(report.peak_note(result), highlight=False, style="dim")
         if result.get("recompute"):
             console.print(report.recompute_note(result["recompute"]), highlight=False)
+        elif "recompute" in result:  # (a warm run whose program-cache entry does not hold it)
+            console.print(report.RECOMPUTE_UNKNOWN, highlight=False)
         ratio = report.numpy_ratio(result)
         if ratio is not None:
             word = "faster" if ratio >= 1 else "slower"
