@@ -56,6 +56,21 @@ def test_every_variable_read_is_documented_in_help_and_readme():
         assert f"`{name}`" in readme, f"{name} is not in the README"
 
 
+def test_help_and_readme_state_each_bounded_integer_variables_range():
+    """Where the help or README says what integers a variable takes, it is the range `env_int` accepts."""
+    from tgc.env import _INT_RANGE, ENV_VARS
+
+    help_text = " ".join(invoke("--help").stdout.split())
+    readme = (ROOT / "README.md").read_text()
+    for name, (lo, hi) in _INT_RANGE.items():
+        rows = [line for line in readme.splitlines() if line.startswith(f"| `{name}`")]
+        for text in (ENV_VARS[name].help, *rows):
+            if "an integer" in text:
+                assert f"an integer from {lo} to {hi}" in text or (hi is not None and hi >= 1 << 30), (name, text)
+        if name in ("TGC_THREADS", "TGC_JOBS", "BEAM"):
+            assert re.search(rf"\b{name}\b.{{0,120}}an integer from {lo} to {hi}", help_text), name
+
+
 @pytest.mark.parametrize("name, value", [
     ("TGC_THREADS", "abc"), ("TGC_THREADS", "0"), ("TGC_THREADS", "1.5"), ("DEBUG", "x"), ("BEAM", "-1"),
     ("BEAM", "wide"), ("TGC_REMOTE_TIMEOUT", "nan"), ("TGC_REMOTE_TIMEOUT", "inf"), ("TGC_REMOTE_TIMEOUT", "0"),
