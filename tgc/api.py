@@ -65,7 +65,7 @@ from tgc.engine.realize import (
 from tgc.engine.reference import evaluate, evaluate_with_scale
 from tgc.engine.schedule import ScheduleItem, create_schedule, kernel_name, split_large_reduces
 from tgc.env import debug_level, env_flag, env_int
-from tgc.errors import BindError, CompileError, TgcError
+from tgc.errors import BindError, CompileError, TgcError, unknown_dims
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.symsize import (
     NotProbeable,
@@ -362,7 +362,8 @@ class Program:
         dims = _checked_dims(dims)  # (compile(dims={"N": 2.5}) built kernels for N=2)
         missing = [d for d in self.dim_names if d not in dims]
         if missing:
-            raise BindError(f"dim {missing[0]} is unknown", need="dim", name=missing[0], hint="give its size in dims")
+            raise BindError(unknown_dims(missing), need="dim", name=missing[0], names=missing,
+                            hint=f"give {'its size' if len(missing) == 1 else 'their sizes'} in dims")
         for decl in self.inputs:  # every expression dim has a size (no division by zero, nothing negative)
             decl_shape(decl, dims, filename=self.filename, lines=self.parsed.lines)
         return dims
