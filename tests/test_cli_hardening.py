@@ -360,6 +360,60 @@ def test_cache_clear_on_a_read_only_database_fails(fresh_cache, monkeypatch):
     assert fresh_cache.clear(strict=True) == 1
 
 
+@pytest.mark.parametrize("under", ["", "sub"])
+def test_cache_commands_on_a_path_through_a_file_are_one_error(tmp_path, monkeypatch, under):
+    from tgc import cache
+
+    (tmp_path / "f").write_text("x")
+    monkeypatch.setenv("TGC_CACHE_DIR", str(tmp_path / "f" / under))
+    cache._reset_for_tests()
+    try:
+        for args in (("stats",), ("stats", "--json"), ("list",), ("clear",), ("clear", "--table", "beam")):
+            r = invoke("cache", *args)
+            assert_clean(r, 2, f"the cache at {tmp_path / 'f' / under} cannot be used", str(tmp_path / "f"),
+                         "set TGC_CACHE_DIR")
+            assert "warning" not in r.stderr and len(r.stderr.splitlines()) == 2 and r.stdout == "", r.stderr
+    finally:
+        cache._reset_for_tests()
+
+
+def test_cache_commands_on_a_directory_without_permission_are_one_error(fresh_cache, monkeypatch, tmp_path):
+    (tmp_path / "cache").mkdir()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == tmp_path / "cache" else real(p, mode))
+    for args in (("stats",), ("list",), ("clear",)):  # (not "0 entries, exit 0" as from an empty cache)
+        assert_clean(invoke("cache", *args), 2, "cannot read and write the directory", "permission denied")
+
+
+def test_cache_clear_on_a_missing_directory_has_nothing_to_clear(fresh_cache, tmp_path):
+    r = invoke("cache", "clear")
+    assert r.exit_code == 0 and r.stdout == f"nothing to clear: no cache at {tmp_path / 'cache'}\n", r.output
+    assert not (tmp_path / "cache").exists()  # (nothing created)
+    r = invoke("cache", "stats")
+    assert r.exit_code == 0 and "0 entries in all" in r.stdout and r.stderr == ""
+
+
+def test_cache_stats_and_list_on_a_corrupt_database_are_one_error(fresh_cache, tmp_path):
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "cache.db").write_bytes(b"not a database" * 400)
+    for args in (("stats",), ("list",)):
+        r = invoke("cache", *args)
+        assert_clean(r, 1, "is corrupt", "tgc cache clear")
+        assert "warning" not in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+    r = invoke("cache", "clear")
+    assert r.exit_code == 0 and invoke("cache", "stats").exit_code == 0
+
+
+def test_cache_list_names_each_compiled_kernel_and_help_names_every_table(fresh_cache):
+    kernels = tgc.loads("x: f32[N, D]\nreturn exp(x - x.max(axis=1, keepdim=True)) * 3\n").compile(
+        "CPU", {"N": 5, "D": 7})
+    rows = [r["meta"] for r in fresh_cache.entries("compile")]
+    assert {f"CPU {k.name}" for k in kernels} <= set(rows), rows
+    assert not any(m.startswith(("CPU declare", "CPU ;", "CPU target")) for m in rows), rows
+    text = invoke("cache", "--help").stdout
+    assert all(t in text for t in ("compile", "program", "beam", "peak", "probe")), text
+
+
 def test_cache_clear_table_peak(fresh_cache):
     fresh_cache.put("peak", "k", b"{}")
     fresh_cache.put("beam", "k", b"{}")
