@@ -414,6 +414,27 @@ def test_cache_list_names_each_compiled_kernel_and_help_names_every_table(fresh_
     assert all(t in text for t in ("compile", "program", "beam", "peak", "probe")), text
 
 
+def test_devices_shows_the_cpu_peak_tgc_bench_measured(fresh_cache):
+    import json
+
+    from tgc.backends import get_device
+    from tgc.engine import bench
+
+    def cpu_row():
+        r = invoke("devices", "--json")
+        assert r.exit_code == 0, r.stderr
+        return next(row for row in json.loads(r.stdout) if row["device"] == "CPU")
+
+    row = cpu_row()
+    assert row["peak_gflops"] is None and row["peak_source"] is None  # nothing measured yet: "-"
+    fresh_cache.put("peak", bench.peak_key(get_device("CPU")), b'{"gflops": 123.4, "gbps": 45.6}')
+    row = cpu_row()
+    assert (row["peak_gflops"], row["peak_gbps"], row["peak_source"]) == (123.4, 45.6, "measured")
+    assert isinstance(row["peak_measured"], float)
+    text = invoke("devices", env={"COLUMNS": "300"}).stdout
+    assert "123.4 GFLOP/s, 45.6 GB/s (measured 20" in text, text
+
+
 def test_cache_clear_table_peak(fresh_cache):
     fresh_cache.put("peak", "k", b"{}")
     fresh_cache.put("beam", "k", b"{}")

@@ -2150,7 +2150,8 @@ def devices(info: bool = True) -> list[dict[str, Any]]:
     rows = []
     for kind in known_kinds():
         row: dict[str, Any] = {"device": kind, "available": False, "why_not": "", "renderer": None,
-                               "compiler": None, "version": None, "peak_gflops": None, "peak_gbps": None, "info": {}}
+                               "compiler": None, "version": None, "peak_gflops": None, "peak_gbps": None,
+                               "peak_source": None, "info": {}}
         try:
             cls = device_class(kind)
             ok, why = cls.probe()
@@ -2174,6 +2175,11 @@ def devices(info: bool = True) -> list[dict[str, Any]]:
                         row["why_not"] = dev.compile_error or ""
                 row["peak_gflops"] = facts.get("peak_gflops")
                 row["peak_gbps"] = facts.get("peak_gbps")
+                row["peak_source"] = "device" if row["peak_gflops"] or row["peak_gbps"] else None
+                stored = bench.stored_peak(dev) if dev is not None and not row["peak_source"] else None
+                if stored is not None:  # (the CPU's: measured by an earlier `tgc bench`, kept in the cache)
+                    row.update(peak_gflops=stored["gflops"], peak_gbps=stored["gbps"], peak_source="measured",
+                               peak_measured=stored["measured"])
                 row["info"] = facts
             except Exception as e:
                 row["why_not"] = row["why_not"] or f"{type(e).__name__}: {e}"

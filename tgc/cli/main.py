@@ -1260,7 +1260,10 @@ def _inspect_symbolic(file: str, doc: dict) -> None:
 @main.command()
 @json_option
 def devices(as_json: bool) -> None:
-    """List every backend: available or not (and why), renderer, compiler, version, peak figures."""
+    """List every backend: available or not (and why), renderer, compiler, version, peak figures (a GPU's from
+    its clocks; the CPU's as `tgc bench` measured it, once it has)."""
+    import time
+
     from tgc.api import devices as list_devices
 
     rows = list_devices(info=True)
@@ -1276,8 +1279,11 @@ def devices(as_json: bool) -> None:
     for col in ("device", "available", "why not", "renderer", "compiler", "version", "peak"):
         table.add_column(col, overflow="fold")
     for r in rows:
-        peak = ", ".join(p for p in (f"{r['peak_gflops']:g} GFLOP/s" if r["peak_gflops"] else "",
-                                     f"{r['peak_gbps']:g} GB/s" if r["peak_gbps"] else "") if p)
+        peak = ", ".join(p for p in (f"{r['peak_gflops']:.4g} GFLOP/s" if r["peak_gflops"] else "",
+                                     f"{r['peak_gbps']:.4g} GB/s" if r["peak_gbps"] else "") if p)
+        if peak and r.get("peak_source") == "measured":  # (the CPU's, from an earlier `tgc bench`)
+            when = r.get("peak_measured")
+            peak += f" (measured{time.strftime(' %Y-%m-%d', time.localtime(when)) if when else ''})"
         cells = [str(c) for c in (r["why_not"], r["renderer"] or "-", r["compiler"] or "-", r["version"] or "-")]
         device = f"{r['device']} ({r['server']})" if r.get("server") else r["device"]  # one of several servers
         table.add_row(escape(device), "[green]yes[/green]" if r["available"] else "[red]no[/red]",
