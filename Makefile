@@ -21,7 +21,7 @@ $(STAMP): setup.cfg pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev,opencl,cuda,metal]'
-	# Ray (the cluster extra) where it installs: tests/test_cluster.py skips, with the reason, where it does not
+# (Ray, the cluster extra, where it installs: tests/test_cluster.py skips, with the reason, where it does not)
 	$(BIN)/pip install -q -e '.[cluster]' || echo "Ray could not be installed here: the cluster tests will skip"
 	touch $(STAMP)
 

@@ -180,6 +180,12 @@ BAD_INPUTS = [
     (["run", SOFTMAX, "-i", "x.npy"], ["NAME=PATH.npy"]),
     (["run", "missing.tg"], ["missing.tg"]),
     (["compile", SOFTMAX, "-D", "N=4"], ["dim D is unknown"]),
+    # every missing dim in one error, with every flag to give
+    (["run", str(KERNELS / "attention.tg"), "--random", "-D", "T=3"],
+     ["dims B, H and D are unknown: give -D B=... -D H=... -D D=...", "random inputs: 'q' f32[B, H, T, D]"]),
+    (["bench", str(KERNELS / "mlp.tg")], ["dims B, IN, HID and OUT are unknown"]),
+    (["compile", str(KERNELS / "attention.tg"), "-D", "B=2"], ["dims H, T and D are unknown",
+                                                                "give them with -D H=SIZE -D T=SIZE -D D=SIZE"]),
 ]
 
 

@@ -56,6 +56,21 @@ def test_every_variable_read_is_documented_in_help_and_readme():
         assert f"`{name}`" in readme, f"{name} is not in the README"
 
 
+def test_help_and_readme_state_each_bounded_integer_variables_range():
+    """Where the help or README says what integers a variable takes, it is the range `env_int` accepts."""
+    from tgc.env import _INT_RANGE, ENV_VARS
+
+    help_text = " ".join(invoke("--help").stdout.split())
+    readme = (ROOT / "README.md").read_text()
+    for name, (lo, hi) in _INT_RANGE.items():
+        rows = [line for line in readme.splitlines() if line.startswith(f"| `{name}`")]
+        for text in (ENV_VARS[name].help, *rows):
+            if "an integer" in text:
+                assert f"an integer from {lo} to {hi}" in text or (hi is not None and hi >= 1 << 30), (name, text)
+        if name in ("TGC_THREADS", "TGC_JOBS", "BEAM"):
+            assert re.search(rf"\b{name}\b.{{0,120}}an integer from {lo} to {hi}", help_text), name
+
+
 @pytest.mark.parametrize("name, value", [
     ("TGC_THREADS", "abc"), ("TGC_THREADS", "0"), ("TGC_THREADS", "1.5"), ("DEBUG", "x"), ("BEAM", "-1"),
     ("BEAM", "wide"), ("TGC_REMOTE_TIMEOUT", "nan"), ("TGC_REMOTE_TIMEOUT", "inf"), ("TGC_REMOTE_TIMEOUT", "0"),
@@ -343,6 +358,81 @@ def test_cache_clear_on_a_read_only_database_fails(fresh_cache, monkeypatch):
     fresh_cache._reset_for_tests()
     assert fresh_cache.get("beam", "k") == b"v"  # nothing was removed
     assert fresh_cache.clear(strict=True) == 1
+
+
+@pytest.mark.parametrize("under", ["", "sub"])
+def test_cache_commands_on_a_path_through_a_file_are_one_error(tmp_path, monkeypatch, under):
+    from tgc import cache
+
+    (tmp_path / "f").write_text("x")
+    monkeypatch.setenv("TGC_CACHE_DIR", str(tmp_path / "f" / under))
+    cache._reset_for_tests()
+    try:
+        for args in (("stats",), ("stats", "--json"), ("list",), ("clear",), ("clear", "--table", "beam")):
+            r = invoke("cache", *args)
+            assert_clean(r, 2, f"the cache at {tmp_path / 'f' / under} cannot be used", str(tmp_path / "f"),
+                         "set TGC_CACHE_DIR")
+            assert "warning" not in r.stderr and len(r.stderr.splitlines()) == 2 and r.stdout == "", r.stderr
+    finally:
+        cache._reset_for_tests()
+
+
+def test_cache_commands_on_a_directory_without_permission_are_one_error(fresh_cache, monkeypatch, tmp_path):
+    (tmp_path / "cache").mkdir()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == tmp_path / "cache" else real(p, mode))
+    for args in (("stats",), ("list",), ("clear",)):  # (not "0 entries, exit 0" as from an empty cache)
+        assert_clean(invoke("cache", *args), 2, "cannot read and write the directory", "permission denied")
+
+
+def test_cache_clear_on_a_missing_directory_has_nothing_to_clear(fresh_cache, tmp_path):
+    r = invoke("cache", "clear")
+    assert r.exit_code == 0 and r.stdout == f"nothing to clear: no cache at {tmp_path / 'cache'}\n", r.output
+    assert not (tmp_path / "cache").exists()  # (nothing created)
+    r = invoke("cache", "stats")
+    assert r.exit_code == 0 and "0 entries in all" in r.stdout and r.stderr == ""
+
+
+def test_cache_stats_and_list_on_a_corrupt_database_are_one_error(fresh_cache, tmp_path):
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "cache.db").write_bytes(b"not a database" * 400)
+    for args in (("stats",), ("list",)):
+        r = invoke("cache", *args)
+        assert_clean(r, 1, "is corrupt", "tgc cache clear")
+        assert "warning" not in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+    r = invoke("cache", "clear")
+    assert r.exit_code == 0 and invoke("cache", "stats").exit_code == 0
+
+
+def test_cache_list_names_each_compiled_kernel_and_help_names_every_table(fresh_cache):
+    kernels = tgc.loads("x: f32[N, D]\nreturn exp(x - x.max(axis=1, keepdim=True)) * 3\n").compile(
+        "CPU", {"N": 5, "D": 7})
+    rows = [r["meta"] for r in fresh_cache.entries("compile")]
+    assert {f"CPU {k.name}" for k in kernels} <= set(rows), rows
+    assert not any(m.startswith(("CPU declare", "CPU ;", "CPU target")) for m in rows), rows
+    text = invoke("cache", "--help").stdout
+    assert all(t in text for t in ("compile", "program", "beam", "peak", "probe")), text
+
+
+def test_devices_shows_the_cpu_peak_tgc_bench_measured(fresh_cache):
+    import json
+
+    from tgc.backends import get_device
+    from tgc.engine import bench
+
+    def cpu_row():
+        r = invoke("devices", "--json")
+        assert r.exit_code == 0, r.stderr
+        return next(row for row in json.loads(r.stdout) if row["device"] == "CPU")
+
+    row = cpu_row()
+    assert row["peak_gflops"] is None and row["peak_source"] is None  # nothing measured yet: "-"
+    fresh_cache.put("peak", bench.peak_key(get_device("CPU")), b'{"gflops": 123.4, "gbps": 45.6}')
+    row = cpu_row()
+    assert (row["peak_gflops"], row["peak_gbps"], row["peak_source"]) == (123.4, 45.6, "measured")
+    assert isinstance(row["peak_measured"], float)
+    text = invoke("devices", env={"COLUMNS": "300"}).stdout
+    assert "123.4 GFLOP/s, 45.6 GB/s (measured 20" in text, text
 
 
 def test_cache_clear_table_peak(fresh_cache):

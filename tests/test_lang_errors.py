@@ -54,6 +54,17 @@ def test_unknown_functions(src, line, col, name):
     assert f"'{name}'" in e.msg and ("function" in e.msg or "method" in e.msg)
 
 
+@pytest.mark.parametrize("src, want", [
+    ("x: f32[4]\nreturn concat(x, x)", "cat"), ("x: f32[4]\nreturn concatenate(x, x, axis=0)", "cat"),
+    ("x: f32[4]\nreturn x.concat(x)", "cat"), ("x: f32[2, 3]\nreturn x.amax(axis=1)", "max"),
+    ("x: f32[2, 3]\nreturn swapaxes(x, 0, 1)", "transpose"), ("x: f32[4]\nreturn x.view(2, 2)", "reshape"),
+])
+def test_other_libraries_names_suggest_the_languages(src, want):
+    """numpy's and PyTorch's names for a function get a did-you-mean of the language's own (not an alias)."""
+    e = source_error(src)
+    assert "unknown" in e.msg and e.hint == f"did you mean '{want}'?", (e.msg, e.hint)
+
+
 @pytest.mark.parametrize("src, line, col, word", [
     ("x: f32[4]\nif x:\n    y = x\nreturn x", 2, 1, "if"),
     ("x: f32[4]\nasync def f(v):\n    return v\nreturn x", 2, 1, "function"),

@@ -174,9 +174,11 @@ def test_a_partial_dims_package_suggests_giving_none(tmp_path):
     # a new-user trial: `tgc compile --package` with some of the dims said only to give the others
     r = _cli("compile", MLP, "--package", tmp_path / "m.tgpkg", "-D", "B=2")
     assert r.returncode == 2 and not (tmp_path / "m.tgpkg").exists()
-    assert r.stderr.splitlines() == ["error: dim IN is unknown", "  help: give it with -D IN=SIZE, or give no -D to "
+    # every missing dim in one error (a 6-dim model took 6 runs when it named one at a time)
+    assert r.stderr.splitlines() == ["error: dims IN, HID and OUT are unknown",
+                                     "  help: give them with -D IN=SIZE -D HID=SIZE -D OUT=SIZE, or give no -D to "
                                      "package it for every size (the sizes then come from the inputs at each run)"]
-    r = _cli("compile", MLP, "-D", "B=2")  # (no package: every dim, as before)
+    r = _cli("compile", MLP, "-D", "B=2", "-D", "HID=3", "-D", "OUT=4")  # (no package: every dim, as before)
     assert r.returncode == 2
     assert r.stderr.splitlines() == ["error: dim IN is unknown", "  help: give it with -D IN=SIZE"]
 
@@ -256,9 +258,12 @@ def test_inspect_shows_symbolic_shapes_and_the_peak_as_an_expression(sm_pkg):
     r = _cli("inspect", sm_pkg, "--json", "-D", "N=3", "-D", "D=5")
     at = json.loads(r.stdout)["at"]
     assert at["dims"] == {"N": 3, "D": 5} and at["memory"]["peak_bytes"] == 2 * 4 * 3 * 5
+    assert at["format_version"] == package.SYMBOLIC_VERSION  # the file's format, not a fixed-size package's 1
     text = _cli("inspect", sm_pkg, "-D", "N=3", "-D", "D=5")
     assert text.returncode == 0 and "size class N=2.." in text.stdout and "planned peak" in text.stdout
     assert "at N=3, D=5" in text.stdout and "120 B" in text.stdout
+    headers = [ln for ln in text.stdout.splitlines() if ln.startswith("package: ")]
+    assert len(headers) == 2 and all(f"(format {package.SYMBOLIC_VERSION}," in h for h in headers), headers
 
 
 def test_the_planned_peak_expression_is_what_a_run_allocates(sm_pkg):

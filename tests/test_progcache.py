@@ -90,7 +90,7 @@ def test_the_entry_a_run_stores_is_built_on_the_runs_memory_plan_and_equals_a_fr
     prog = _stored_run()
     assert len(stored) == 1 and plans[0] == 1  # planned for the run only
     # the same program's entry built afresh (lowered again, planned again): the same bytes
-    progcache.store(prog, get_device("CPU"), prog.resolve_dims(DIMS))
+    progcache.store(prog, get_device("CPU"), prog.resolve_dims(DIMS), recompute=prog.recompute("CPU", DIMS))
     assert plans[0] == 2 and len(stored) == 2 and stored[1] == stored[0]
 
 
@@ -197,6 +197,8 @@ def test_a_chunked_program_is_stored_as_its_chunk_and_runs_in_chunks(monkeypatch
     assert cold.last_chunking is not None
     entry = progcache.lookup(src, dims, get_device("CPU"))
     assert entry is not None and entry.chunk["count"] == cold.last_chunking.count
+    # (the run planned the whole program before chunking it: the entry keeps its recompute factor)
+    assert entry.recompute == cold.recompute("CPU", dims) and entry.recompute["factor"] == 1.0
     pkg = entry.package  # the package holds one chunk
     assert pkg.buffers[pkg.inputs[0].buffer].plan_shape == (256 // cold.last_chunking.count, 8)
     warm = tgc.loads(src)
@@ -354,6 +356,30 @@ def test_a_warm_tgc_bench_keeps_the_identity_a_baseline_compares(tmp_path):
     doc = json.loads(warm.stdout)
     assert doc["identity"] == json.loads(cold.stdout)["identity"]
     assert [k["name"] for k in doc["kernels"]] == [k["name"] for k in json.loads(cold.stdout)["kernels"]]
+    # the recompute factor as the cold run computed it (softmax at N=4, D=8: 6 ops per element, none twice)
+    assert doc["recompute"] == json.loads(cold.stdout)["recompute"] == {"written": 6 * 32, "executed": 6 * 32,
+                                                                        "factor": 1.0}
+    text = _tgc(args[:-1], env)
+    assert "HEAVY \n" in text.stderr and "recompute factor 1.000 (" in text.stdout, text.stdout
+
+
+def test_a_warm_tgc_bench_from_an_entry_without_the_recompute_factor_says_it_is_unknown(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("TGC_VERIFY_BOUNDS", "DEBUG", "BEAM", "NOOPT")}
+    env["TGC_CACHE_DIR"] = str(tmp_path / "cache")  # (the fixture's cache: this process rewrites the entry)
+    args = ["bench", "kernels/softmax.tg", "-D", "N=4", "-D", "D=8", "--repeat", "3"]
+    assert _tgc(["run", "kernels/softmax.tg", "--random", "-D", "N=4", "-D", "D=8"], env).returncode == 0
+    [row] = cache.entries("program")
+    k = progcache.key((ROOT / "kernels" / "softmax.tg").read_text(), DIMS, get_device("CPU"))
+    value = cache.get("program", k)
+    head, _, data = value[len(progcache.MAGIC):].partition(b"\n")
+    header = json.loads(head)
+    assert header.pop("recompute")["factor"] == 1.0  # (a cold `tgc run` keeps it too)
+    cache.put("program", k, progcache.MAGIC + json.dumps(header).encode() + b"\n" + data, row["meta"])
+    doc = json.loads(_tgc([*args, "--json"], env).stdout)  # (the first bench measures the CPU's peak: llvmlite)
+    assert "recompute" in doc and doc["recompute"] is None
+    warm = _tgc(args, env)
+    assert warm.returncode == 0 and "HEAVY \n" in warm.stderr, warm.stderr  # (timed from the entry)
+    assert "recompute factor unknown (" in warm.stdout and "recompute factor 1" not in warm.stdout, warm.stdout
 
 
 def test_the_compile_progress_bar_shows_only_after_its_delay(monkeypatch):

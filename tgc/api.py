@@ -65,7 +65,7 @@ from tgc.engine.realize import (
 from tgc.engine.reference import evaluate, evaluate_with_scale
 from tgc.engine.schedule import ScheduleItem, create_schedule, kernel_name, split_large_reduces
 from tgc.env import debug_level, env_flag, env_int
-from tgc.errors import BindError, CompileError, TgcError
+from tgc.errors import BindError, CompileError, TgcError, unknown_dims
 from tgc.ir.kernel import kernel_names
 from tgc.ir.shapes import prod, shape_of
 from tgc.ir.symsize import (
@@ -363,7 +363,8 @@ class Program:
         dims = _checked_dims(dims)  # (compile(dims={"N": 2.5}) built kernels for N=2)
         missing = [d for d in self.dim_names if d not in dims]
         if missing:
-            raise BindError(f"dim {missing[0]} is unknown", need="dim", name=missing[0], hint="give its size in dims")
+            raise BindError(unknown_dims(missing), need="dim", name=missing[0], names=missing,
+                            hint=f"give {'its size' if len(missing) == 1 else 'their sizes'} in dims")
         for decl in self.inputs:  # every expression dim has a size (no division by zero, nothing negative)
             decl_shape(decl, dims, filename=self.filename, lines=self.parsed.lines)
         return dims
@@ -1166,7 +1167,11 @@ class Program:
         key = (dev.name, tuple(sorted(dims.items())), env_int("BEAM", 0))
         if self._entries.get(key, False) is None and key not in self._stored:
             self._stored.add(key)
-            progcache.store(self, dev, dims, chunking, low=ran if chunking is None else None)
+            # the recompute factor where the whole program's kernels at these dims are built already (a warm
+            # `tgc bench` reports it from the entry); not where only a chunk's are (nothing compiled for it)
+            kernels = self._kernels.get((dev.name, tuple(sorted(dims.items())), key[2], True))
+            rec = None if kernels is None else self._recompute(kernels, self._trace(dims)[0])
+            progcache.store(self, dev, dims, chunking, low=ran if chunking is None else None, recompute=rec)
 
     MAX_PLANS = 4  # launch plans (with their device buffers) kept per program, for the sizes run last
 
@@ -1356,11 +1361,16 @@ class Program:
         low = self.lower_symbolic(dev.name, dims)[0] if symbolic else None
         kernels_for = "size class" if low is not None else "these sizes"
         cacheable = low is None and tuned and (beam is None or beam == env_int("BEAM", 0))
+        rec = None  # the recompute factor: a program-cache entry's, or computed (before the entry is stored: it
+        # keeps it for a warm `tgc bench`)
         if cacheable:  # what `run` runs at these dims (kept, from the program cache, or lowered now)
             dev.ensure_runnable()
             ready, first = self._ready_for(dev, dims, arrays)
             timing = executable.bench(ready.exe, arrays, repeat=repeat, warmup=warmup)
+            rec = ready.entry.recompute if ready.entry is not None else None
             if first:
+                if ready.entry is None and not symbolic:
+                    rec = self.recompute(dev.name, dims, beam=beam, tuned=tuned)
                 self._keep_ready(dev, dims, ready)
         else:
             ch = self.chunking(dev.name, dims, beam=beam, tuned=tuned) if low is None else None
@@ -1372,7 +1382,7 @@ class Program:
         result: dict[str, Any] = {"device": dev.name, "dims": dims, "repeat": repeat, "beam": beam, **timing,
                                   "identity": self.identity(dev.name, dims), "kernels_for": kernels_for}
         if not symbolic:  # (the kernels just timed, from the compile cache)
-            result["recompute"] = self.recompute(dev.name, dims, beam=beam, tuned=tuned)
+            result["recompute"] = rec if rec is not None else self.recompute(dev.name, dims, beam=beam, tuned=tuned)
         return result
 
     def _bench_list(self, names: list[str], dims: dict[str, int], shard: dict[str, int],
@@ -2197,7 +2207,8 @@ def devices(info: bool = True) -> list[dict[str, Any]]:
     rows = []
     for kind in known_kinds():
         row: dict[str, Any] = {"device": kind, "available": False, "why_not": "", "renderer": None,
-                               "compiler": None, "version": None, "peak_gflops": None, "peak_gbps": None, "info": {}}
+                               "compiler": None, "version": None, "peak_gflops": None, "peak_gbps": None,
+                               "peak_source": None, "info": {}}
         try:
             cls = device_class(kind)
             ok, why = cls.probe()
@@ -2221,6 +2232,11 @@ def devices(info: bool = True) -> list[dict[str, Any]]:
                         row["why_not"] = dev.compile_error or ""
                 row["peak_gflops"] = facts.get("peak_gflops")
                 row["peak_gbps"] = facts.get("peak_gbps")
+                row["peak_source"] = "device" if row["peak_gflops"] or row["peak_gbps"] else None
+                stored = bench.stored_peak(dev) if dev is not None and not row["peak_source"] else None
+                if stored is not None:  # (the CPU's: measured by an earlier `tgc bench`, kept in the cache)
+                    row.update(peak_gflops=stored["gflops"], peak_gbps=stored["gbps"], peak_source="measured",
+                               peak_measured=stored["measured"])
                 row["info"] = facts
             except Exception as e:
                 row["why_not"] = row["why_not"] or f"{type(e).__name__}: {e}"

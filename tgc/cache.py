@@ -42,7 +42,8 @@ from typing import Any
 
 __all__ = [
     "COMPILED_TABLES", "TABLES", "ClearError", "busy_timeout_s", "cache_dir", "clear", "counters", "db_path",
-    "enabled", "entries", "get", "get_json", "invalidate", "make_key", "put", "stats", "table_state",
+    "absent", "enabled", "entries", "get", "get_json", "invalidate", "last_problem", "make_key", "problem", "put",
+    "quiet", "stats", "table_state",
 ]
 
 DB_NAME = "cache.db"
@@ -85,6 +86,8 @@ _conn_path: Path | None = None
 _conn_pid: int | None = None
 _broken_path: Path | None = None  # the database that failed; no cache for it in this process
 _warned = False
+_quiet = False  # (`quiet()`: a failure is kept in `_last_problem` for the caller to report, not warned about)
+_last_problem: str | None = None
 _warned_bad_entry = False
 _warned_cap = False  # a bad TGC_CACHE_MAX_BYTES was reported
 # Connections inherited through fork. Closing them in the child could disturb the parent's locks, and
@@ -167,7 +170,10 @@ def make_key(*parts: object) -> str:
 
 
 def _warn_once(message: str) -> None:
-    global _warned
+    global _warned, _last_problem
+    _last_problem = message
+    if _quiet:
+        return
     if not _warned:
         _warned = True
         sys.stderr.write(f"tgc: warning: {message}; continuing without the on-disk cache\n")
@@ -182,6 +188,65 @@ def _describe(path: Path, error: BaseException) -> str:
         return (f"the cache database {path} is corrupt ({error}); it was left in place, "
                 f"run `tgc cache clear` or delete the file to fix it")
     return f"cannot use the cache database {path} ({error}); set TGC_CACHE_DIR to a writable directory"
+
+
+class quiet:  # noqa: N801 - used as `with cache.quiet():`
+    """Within it, a database that cannot be used is not warned about: `last_problem()` says why (the `tgc cache`
+    commands report it as their one error)."""
+
+    def __enter__(self) -> None:
+        global _quiet, _last_problem, _broken_path
+        with _lock:  # (a database found unusable earlier in this process is tried again: the caller reports it)
+            _quiet, _last_problem, _broken_path = True, None, None
+
+    def __exit__(self, *exc: object) -> None:
+        global _quiet
+        _quiet = False
+
+
+def last_problem() -> str | None:
+    """Why the cache was last found unusable in this process (the text of its warning), or None."""
+    return _last_problem
+
+
+def problem() -> str | None:
+    """Why the cache's location cannot hold a cache, found without creating anything, or None: a path to it
+    that runs through a file, or a directory this user may not read and write (or, where it does not exist yet,
+    create). A database that fails when opened (locked, corrupt) is found by using it (`stats()["available"]`)."""
+    try:
+        path = db_path()
+    except RuntimeError as error:
+        return f"cannot find a cache directory ({error})"
+    directory, probe = path.parent, path.parent
+    while True:
+        try:
+            st = probe.stat()
+            break
+        except (FileNotFoundError, NotADirectoryError):  # (a file above: found when its own stat succeeds)
+            if probe == probe.parent:
+                return None
+            probe = probe.parent
+        except PermissionError:
+            return f"cannot reach {probe}: permission denied"
+        except (OSError, ValueError) as error:
+            return f"cannot use {probe} ({error})"
+    import stat as stat_
+
+    if not stat_.S_ISDIR(st.st_mode):
+        return f"{probe} is not a directory" if probe == directory else f"{directory} is under a file, {probe}"
+    if probe != directory:
+        return None if os.access(probe, os.W_OK | os.X_OK) else \
+            f"cannot create {directory}: permission denied in {probe}"
+    if not os.access(directory, os.R_OK | os.W_OK | os.X_OK):
+        return f"cannot read and write the directory {directory}: permission denied"
+    if path.exists() and not os.access(path, os.R_OK | os.W_OK):
+        return f"cannot read and write {path}: permission denied"
+    return None
+
+
+def absent() -> bool:
+    """No cache database (nor one open) where the cache lives: nothing to list or clear."""
+    return _absent()
 
 
 def _is_corrupt(error: BaseException) -> bool:

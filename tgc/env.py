@@ -78,7 +78,8 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in (
     EnvVar("TGC_CACHE_DIR", "str", "where the cache lives (default $XDG_CACHE_HOME/tgc, else ~/.cache/tgc)"),
     EnvVar("TGC_CACHE_MAX_BYTES", "int", "the cap on the cache's compiled binaries and programs, in bytes (default "
            "4 GiB): past it the least recently used are removed"),
-    EnvVar("TGC_THREADS", "int", "threads a CPU kernel uses (an integer >= 1; default: the cores tgc may run on)"),
+    EnvVar("TGC_THREADS", "int", "threads a CPU kernel uses (an integer from 1 to 4096; default: the cores tgc may "
+           "run on)"),
     EnvVar("TGC_CUDA_ARCH", "str", "the CUDA architecture to compile for where no GPU says (default sm_90)",
            _cuda_arch),
     EnvVar("TGC_REMOTE", "str", "host:port of the REMOTE server (a comma list: REMOTE:i is the i-th)", check_remote),
@@ -95,9 +96,9 @@ ENV_VARS: dict[str, EnvVar] = {v.name: v for v in (
            "device graph where the device has them"),
     EnvVar("TGC_CHUNK", "int", "0: never run a program in chunks; 1 (default): a program separable along a batch "
            "axis whose planned peak memory is over 1.5x its inputs+outputs runs in chunks of that axis"),
-    EnvVar("BEAM", "int", "BEAM width for every run and bench (an integer >= 0; 0: off)"),
+    EnvVar("BEAM", "int", "BEAM width for every run and bench (an integer from 0 to 65536; 0: off)"),
     EnvVar("TGC_JOBS", "int", "worker processes that compile a program's kernels (and BEAM's candidates) at once (an "
-           "integer >= 1; 1: compile in this process; default: the cores tgc may run on, at most 8)"),
+           "integer from 1 to 4096; 1: compile in this process; default: the cores tgc may run on, at most 8)"),
     EnvVar("TGC_CLUSTER", "str", "a Ray cluster's address ('local': one on this machine) whose tgc workers compile "
            "and BEAM-time for `beam`, `compile` and `run` (as --cluster)"),
     EnvVar("TGC_CLUSTER_TOKEN", "str", "the token of that cluster's tgc workers (`tgc worker --token`)"),

@@ -53,9 +53,23 @@ class BindError(TgcError):
     input `name`; "dim": the size of dim `name`; "cast": input `name` converted to `dtype`), so that a front
     end can word the hint in its own terms (the command line names its flags); the API's hint is neutral."""
 
-    def __init__(self, msg: str, *, need: str, name: str, dtype: str | None = None, **kw):
+    def __init__(self, msg: str, *, need: str, name: str, dtype: str | None = None, names: list[str] | None = None,
+                 **kw):
         super().__init__(msg, **kw)
         self.need, self.name, self.dtype = need, name, dtype
+        self.names = names or [name]  # every dim missing ("dim"), all said in one error
+
+
+def unknown_dims(names: list[str]) -> str:
+    """`dim B is unknown`, or for several `dims B, H and T are unknown`: one error names every missing dim."""
+    if len(names) == 1:
+        return f"dim {names[0]} is unknown"
+    return f"dims {', '.join(names[:-1])} and {names[-1]} are unknown"
+
+
+def dim_flags(names: list[str], value: str = "SIZE") -> str:
+    """`-D B=SIZE -D H=SIZE`: the flags that give `names`."""
+    return " ".join(f"-D {n}={value}" for n in names)
 
 
 class CompileError(TgcError):

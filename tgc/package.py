@@ -49,7 +49,7 @@ import numpy as np
 from tgc import sizeexpr
 from tgc.dtype import DType, dtypes
 from tgc.engine.conform import as_array, check_input_names
-from tgc.errors import BindError, TgcError
+from tgc.errors import BindError, TgcError, dim_flags, unknown_dims
 from tgc.files import stage
 from tgc.interfaces import BufferSpec, LaunchableKernel
 from tgc.ir.symsize import atom_parts
@@ -2397,8 +2397,10 @@ class SymbolicPackage:
                                        file=self.path, hint=f"give arrays whose sizes agree on {e}")
         missing = [n for n in self.dims_names if n not in out]
         if missing:
-            raise BindError(f"dim {missing[0]} is unknown: no input's shape gives it", need="dim", name=missing[0],
-                            hint=f"give it (-D {missing[0]}=INT)", file=self.path)
+            raise BindError(f"{unknown_dims(missing)}: no input's shape gives {'it' if len(missing) == 1 else 'them'}",
+                            need="dim", name=missing[0], names=missing,
+                            hint=f"give {'it' if len(missing) == 1 else 'them'} ({dim_flags(missing, 'INT')})",
+                            file=self.path)
         return out
 
     def _check_split_fields(self, c: SizeClassPlan, i: int) -> None:
@@ -2503,8 +2505,10 @@ class SymbolicPackage:
         dims = {n: int((dims or {})[n]) for n in self.dims_names if n in (dims or {})}
         missing = [n for n in self.dims_names if n not in dims]
         if missing:
-            raise BindError(f"dim {missing[0]} is unknown: no input's shape gives it", need="dim", name=missing[0],
-                            hint=f"give it (-D {missing[0]}=INT)", file=self.path)
+            raise BindError(f"{unknown_dims(missing)}: no input's shape gives {'it' if len(missing) == 1 else 'them'}",
+                            need="dim", name=missing[0], names=missing,
+                            hint=f"give {'it' if len(missing) == 1 else 'them'} ({dim_flags(missing, 'INT')})",
+                            file=self.path)
         key = (dev.name, tuple(dims[n] for n in self.dims_names))
         exe = self._bound.pop(key, None)
         if exe is None:
@@ -2669,7 +2673,9 @@ class SymbolicPackage:
         if dims:  # (inspect only: the class's plan written out as a fixed-size package at these dims, validated)
             dims = self.infer_dims({}, dims)
             c = self.size_class(dims)
-            doc["at"] = self._instantiate(c, self.class_dims(c, {n: dims[n] for n in self.dims_names})).describe()
+            at = self._instantiate(c, self.class_dims(c, {n: dims[n] for n in self.dims_names})).describe()
+            at["format_version"] = self.format_version  # (the file's: the in-memory plan is no format-1 package)
+            doc["at"] = at
         return doc
 
 

@@ -176,8 +176,20 @@ class Entry:
         if self.shard is not None:
             return {"device": device, "dims": dict(self.dims), "repeat": repeat, "beam": None, "shard": self.shard,
                     **timing, "identity": self.identity(device)}
+        # the recompute factor as the cold run that stored the entry computed it; None where that run had not
+        # compiled the whole program at these dims (a run in chunks): `tgc bench` then says it is unknown
         return {"device": device, "dims": dict(self.dims), "repeat": repeat, "beam": None, **timing,
-                "identity": self.identity(device), "kernels_for": "these sizes"}
+                "identity": self.identity(device), "kernels_for": "these sizes",
+                "recompute": self.recompute}
+
+    @property
+    def recompute(self) -> dict[str, Any] | None:
+        """The program's recompute factor ({written, executed, factor}) stored with the entry, or None."""
+        rec = self.header.get("recompute")
+        if not isinstance(rec, dict) or not all(isinstance(rec.get(k), (int, float)) for k in
+                                                ("written", "executed", "factor")):
+            return None
+        return {"written": int(rec["written"]), "executed": int(rec["executed"]), "factor": float(rec["factor"])}
 
     def identity(self, device: str) -> dict[str, Any]:
         """`Program.identity`: the same for the warm and the cold path (`tgc bench --baseline` compares it); on
@@ -350,11 +362,13 @@ def store_list(prog: Any, devices: list[Any], names: list[str], dims: dict[str, 
     return True
 
 
-def store(prog: Any, device: Any, dims: dict[str, int], chunking: Any = None, low: Any = None) -> bool:
+def store(prog: Any, device: Any, dims: dict[str, int], chunking: Any = None, low: Any = None,
+          recompute: dict[str, Any] | None = None) -> bool:
     """Package what `prog` built for `device` at `dims` (the whole program, or with `chunking` one chunk's
     program and how it is chunked) and store it; False where it cannot be (a kernel without a binary, a program
     this format cannot hold). Never raises for that: the cache is an optimization. `low`: the whole program as
-    `prog.lower(device, dims)` gives it, already lowered (the run's: its memory plan is not planned again)."""
+    `prog.lower(device, dims)` gives it, already lowered (the run's: its memory plan is not planned again).
+    `recompute`: the program's recompute factor at `dims` (`Program.recompute`), kept for a warm `tgc bench`."""
     if usable(device) is not None:
         return False
     try:
@@ -362,6 +376,8 @@ def store(prog: Any, device: Any, dims: dict[str, int], chunking: Any = None, lo
                   zip(prog.inputs, _input_types(prog, dims))]
         outputs = [{"name": n, "dtype": dt.name, "shape": list(shape)} for n, dt, shape in prog.output_types(dims)]
         header: dict[str, Any] = {"dims": dict(sorted(dims.items())), "inputs": inputs, "outputs": outputs}
+        if recompute is not None:
+            header["recompute"] = {k: recompute[k] for k in ("written", "executed", "factor")}
         bound = getattr(prog, "weights", None)
         if bound:  # a model's weights: the Program binds them at every run, the entry does not repeat them
             header["weights"] = sorted(bound)
@@ -435,7 +451,9 @@ class SymbolicEntry(Entry):
         return self.package.lower(device, self.dims)
 
     def bench_result(self, device: str, arrays: dict[str, np.ndarray], repeat: int) -> dict[str, Any]:
-        return {**super().bench_result(device, arrays, repeat), "kernels_for": "size class"}
+        result = {**super().bench_result(device, arrays, repeat), "kernels_for": "size class"}
+        result.pop("recompute")  # (no factor for symbolic kernels, as a cold `tgc bench --symbolic`)
+        return result
 
 
 def lookup_symbolic(source: str, dims: dict[str, int], device: Any, path: str | None = None, weights: str = ""

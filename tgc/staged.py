@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from tgc.api import Program
-from tgc.errors import BindError, TgcError
+from tgc.errors import BindError, TgcError, unknown_dims
 from tgc.onnx import NeedHost, NeedStatic, at_node, translate
 
 __all__ = ["StagedModel", "load", "load_staged"]
@@ -309,12 +309,15 @@ class StagedModel:
         shapes depend on the inputs' values raises a TgcError saying so."""
         from tgc.onnx import NeedHost, NeedStatic
 
+        missing = [s for d in self.inputs for s in d.shape if isinstance(s, str) and s not in (dims or {})]
+        if missing:
+            missing = list(dict.fromkeys(missing))
+            raise BindError(unknown_dims(missing), need="dim", name=missing[0], names=missing,
+                            hint="give their sizes (-D)" if len(missing) > 1 else "give its size (-D)")
         placeholders = {}
         for d in self.inputs:
             shape = []
             for s in d.shape:
-                if isinstance(s, str) and s not in (dims or {}):
-                    raise BindError(f"dim {s} is unknown", need="dim", name=s, hint="give its size (-D)")
                 shape.append(dims[s] if isinstance(s, str) else s)  # type: ignore[index]
             placeholders[d.name] = np.zeros(shape, d.dtype.np)
         nodes = list(self.model.graph.node)

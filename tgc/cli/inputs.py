@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from tgc.engine.inputs import DrawError, random_arrays
-from tgc.errors import BindError, TgcError, close_match
+from tgc.errors import BindError, TgcError, close_match, dim_flags, unknown_dims
 
 NPY_MAGIC = b"\x93NUMPY"
 # a zip archive starts with a local file header; an empty one (`numpy.savez` of no arrays, as `tgc import` writes for
@@ -151,7 +151,7 @@ def flag_hint(e: BindError) -> BindError:
     """The API's error with the command line's words for the fix: the flags that give an input, a dim or a cast."""
     hints = {"input": f"give it with -i {e.name}=PATH.npy or --inputs PATH.npz, "
                       "or pass --random to fill it with random values",
-             "dim": f"give it with -D {e.name}=SIZE",
+             "dim": f"give {'it' if len(e.names) == 1 else 'them'} with {dim_flags(e.names)}",
              "cast": f"convert the array to {e.dtype}, or pass --cast to cast it with numpy"}
     e.hint = hints.get(e.need, e.hint)
     return e
@@ -279,25 +279,35 @@ def draw_random(todo: list[tuple[Any, list[int], int]], seed: int) -> dict[str, 
     return {decl.name: a for (decl, _, _), a in zip(todo, arrays)}
 
 
+def _missing_dims(decl: Any, dims: Mapping[str, int]) -> list[str]:
+    """The dims of `decl`'s shape that `dims` does not give, in the order the shape names them."""
+    from tgc import sizeexpr
+    from tgc.dsl.frontend import DimExpr
+    from tgc.package import PackageInput
+    out: list[str] = []
+    for i, size in enumerate(decl.shape):
+        if isinstance(decl, PackageInput) and size == "?":
+            names = sorted(sizeexpr.names(decl.expr[i]))
+        else:
+            names = [size] if isinstance(size, str) else size.names() if isinstance(size, DimExpr) else []
+        out += [n for n in names if n not in dims and n not in out]
+    return out
+
+
 def random_shape(decl: Any, dims: Mapping[str, int]) -> list[int]:
     """The shape of a random input at `dims`; an unknown dim or a size that does not evaluate is an error."""
     from tgc import sizeexpr
-    from tgc.dsl.frontend import DimError, DimExpr, dim_value
+    from tgc.dsl.frontend import DimError, dim_value
     from tgc.package import PackageInput
+    missing = _missing_dims(decl, dims)
+    if missing:
+        raise TgcError(f"{unknown_dims(missing)}: give {dim_flags(missing, '...')}",
+                       hint=f"the random input '{decl.name}' is {decl_type(decl)}")
     shape = []
     for i, size in enumerate(decl.shape):
         if isinstance(decl, PackageInput) and size == "?":  # a package's size expression (`(N + 1) // 2`)
-            e = decl.expr[i]
-            for name in sorted(sizeexpr.names(e)):
-                if name not in dims:
-                    raise TgcError(f"dim {name} is unknown: give -D {name}=...",
-                                   hint=f"the random input '{decl.name}' is {decl_type(decl)}")
-            shape.append(sizeexpr.evaluate(e, dims, f"the random input '{decl.name}'"))
+            shape.append(sizeexpr.evaluate(decl.expr[i], dims, f"the random input '{decl.name}'"))
             continue
-        for name in ([size] if isinstance(size, str) else size.names() if isinstance(size, DimExpr) else []):
-            if name not in dims:
-                raise TgcError(f"dim {name} is unknown: give -D {name}=...",
-                               hint=f"the random input '{decl.name}' is {decl_type(decl)}")
         try:
             shape.append(dim_value(size, dict(dims)))
         except DimError as e:
@@ -341,6 +351,18 @@ def fill_random(prog: Any, given: dict[str, np.ndarray], dims: Mapping[str, int]
     """`given` plus a random array for every missing input."""
     _check_ranks(prog, given)
     resolved = known_dims(prog, given, dims)
+    randoms = [decl for decl in prog.inputs if decl.name not in given]
+    missing: dict[str, list[str]] = {}  # every dim a random input needs and -D did not give, in one error
+    for decl in randoms:
+        for name in _missing_dims(decl, resolved):
+            missing.setdefault(name, []).append(decl.name)
+    if missing:
+        names = list(missing)
+        decls = [d for d in randoms if any(d.name in v for v in missing.values())]
+        said = ", ".join(f"'{d.name}' {decl_type(d)}" for d in decls[:3]) + (", ..." if len(decls) > 3 else "")
+        raise TgcError(f"{unknown_dims(names)}: give {dim_flags(names, '...')}",
+                       hint=f"the random input '{decls[0].name}' is {decl_type(decls[0])}" if len(decls) == 1 else
+                       f"the random inputs: {said}")
     todo = [(decl, random_shape(decl, resolved), index) for index, decl in enumerate(prog.inputs)
             if decl.name not in given]
     return {**given, **draw_random(todo, seed)}

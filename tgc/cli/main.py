@@ -1042,6 +1042,8 @@ def _bench_report(result: dict[str, Any], old: dict | None, baseline: str | None
             console.print(report.peak_note(result), highlight=False, style="dim")
         if result.get("recompute"):
             console.print(report.recompute_note(result["recompute"]), highlight=False)
+        elif "recompute" in result:  # (a warm run whose program-cache entry does not hold it)
+            console.print(report.RECOMPUTE_UNKNOWN, highlight=False)
         ratio = report.numpy_ratio(result)
         if ratio is not None:
             word = "faster" if ratio >= 1 else "slower"
@@ -1258,7 +1260,10 @@ def _inspect_symbolic(file: str, doc: dict) -> None:
 @main.command()
 @json_option
 def devices(as_json: bool) -> None:
-    """List every backend: available or not (and why), renderer, compiler, version, peak figures."""
+    """List every backend: available or not (and why), renderer, compiler, version, peak figures (a GPU's from
+    its clocks; the CPU's as `tgc bench` measured it, once it has)."""
+    import time
+
     from tgc.api import devices as list_devices
 
     rows = list_devices(info=True)
@@ -1274,8 +1279,11 @@ def devices(as_json: bool) -> None:
     for col in ("device", "available", "why not", "renderer", "compiler", "version", "peak"):
         table.add_column(col, overflow="fold")
     for r in rows:
-        peak = ", ".join(p for p in (f"{r['peak_gflops']:g} GFLOP/s" if r["peak_gflops"] else "",
-                                     f"{r['peak_gbps']:g} GB/s" if r["peak_gbps"] else "") if p)
+        peak = ", ".join(p for p in (f"{r['peak_gflops']:.4g} GFLOP/s" if r["peak_gflops"] else "",
+                                     f"{r['peak_gbps']:.4g} GB/s" if r["peak_gbps"] else "") if p)
+        if peak and r.get("peak_source") == "measured":  # (the CPU's, from an earlier `tgc bench`)
+            when = r.get("peak_measured")
+            peak += f" (measured{time.strftime(' %Y-%m-%d', time.localtime(when)) if when else ''})"
         cells = [str(c) for c in (r["why_not"], r["renderer"] or "-", r["compiler"] or "-", r["version"] or "-")]
         device = f"{r['device']} ({r['server']})" if r.get("server") else r["device"]  # one of several servers
         table.add_row(escape(device), "[green]yes[/green]" if r["available"] else "[red]no[/red]",
@@ -1295,7 +1303,26 @@ CACHE_TABLES = ("compile", "beam", "peak", "probe", "program")
 
 @main.group()
 def cache() -> None:
-    """The on-disk cache of compiled binaries and BEAM results ($TGC_CACHE_DIR)."""
+    """The on-disk cache ($TGC_CACHE_DIR): compiled kernels, whole programs, BEAM results, measured peaks.
+
+    Tables: compile (compiled kernels), program (whole programs compiled for a device and dims: a warm run
+    compiles nothing), beam (BEAM winners), peak (measured device peaks), probe (device probes)."""
+
+
+def _usable_cache() -> None:
+    """A cache location that cannot hold a cache (a path through a file, a directory without permission) is the
+    command's one error (exit 2: the setting is at fault)."""
+    from tgc import cache as c
+
+    why = c.problem()
+    if why is not None:
+        raise TgcError(f"the cache at {c.cache_dir()} cannot be used: {why}",
+                       hint="set TGC_CACHE_DIR to a directory you can write (it is created where missing)")
+
+
+def _unusable(c: Any) -> TgcError:
+    """A database that failed when used (locked, corrupt): the command's one error (exit 1)."""
+    return TgcError(c.last_problem() or f"cannot use the cache database {c.db_path()}", kind="runtime")
 
 
 def _table_option(f: Callable) -> Callable:
@@ -1314,7 +1341,11 @@ def cache_stats(as_json: bool) -> None:
     """Where the cache is, its size, and how many entries each table holds."""
     from tgc import cache as c
 
-    stats = c.stats()
+    _usable_cache()
+    with c.quiet():
+        stats = c.stats()
+    if not stats.get("available", True):
+        raise _unusable(c)
     if as_json:
         _echo_json({"cache_dir": str(c.cache_dir()), **stats})
         return
@@ -1326,9 +1357,7 @@ def cache_stats(as_json: bool) -> None:
     click.echo(f"compiled:  {_fmt_bytes(int(stats.get('compiled_bytes') or 0))} of a "
                f"{_fmt_bytes(int(stats.get('max_bytes') or 0))} cap (TGC_CACHE_MAX_BYTES); "
                f"{count} entr{'y' if count == 1 else 'ies'} in all")
-    if not stats.get("available", True):
-        click.echo("state:     unusable (see the warning above)")
-    elif not stats.get("enabled", True):
+    if not stats.get("enabled", True):
         click.echo("state:     compile cache off (DISABLE_COMPILER_CACHE)")
 
 
@@ -1341,7 +1370,11 @@ def cache_list(table: str, as_json: bool) -> None:
 
     from tgc import cache as c
 
-    rows = list(c.entries(None if table == "all" else table))
+    _usable_cache()
+    with c.quiet():
+        rows = list(c.entries(None if table == "all" else table))
+    if c.last_problem() is not None:
+        raise _unusable(c)
     if as_json:
         _echo_json(rows)
         return
@@ -1370,11 +1403,17 @@ def cache_clear(table: str) -> None:
     """Delete cache entries (all of them, or one table's)."""
     from tgc import cache as c
 
+    _usable_cache()
+    if c.absent():
+        click.echo(f"nothing to clear: no cache at {c.cache_dir()}")
+        return
     try:
         removed = c.clear(None if table == "all" else table, strict=True)
     except c.ClearError as e:
-        raise TgcError(str(e), kind="runtime",
-                       hint="check the file's permissions, or wait for the process that holds it") from None
+        why = str(e)
+        hint = ("wait for the process that holds it" if "locked" in why else
+                "check the file's permissions" if "readonly" in why or "ermission" in why else None)
+        raise TgcError(why, kind="runtime", hint=hint) from None
     what = "the cache" if table == "all" else f"the {table} table"
     click.echo(f"cleared {what}: {removed} entr{'y' if removed == 1 else 'ies'} removed")
 

@@ -278,6 +278,11 @@ def peak_note(result: Mapping[str, Any]) -> str:
     return note
 
 
+RECOMPUTE_UNKNOWN = ("recompute factor unknown (the program cache's entry was stored by a run that had not "
+                     "compiled the whole program at these sizes, as a run in chunks; `DISABLE_COMPILER_CACHE=1 "
+                     "tgc bench ...` computes it)")
+
+
 def recompute_note(rec: Mapping[str, Any]) -> str:
     """`recompute factor 1.00 (...)`: the ops the kernels execute over the program's ops as written."""
     return (f"recompute factor {rec['factor']:.3f} (the kernels execute {fmt_num(rec['executed'] / 1e6, 4)} M ops; "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import os
+import re
 import sys
 import time
 from collections import Counter
@@ -784,8 +785,18 @@ INF = float("inf")
 COMPILE_COUNTER = {"compiles": 0}
 
 
+# a kernel's name in its source: the PYTHON device's JSON, LLVM IR's kernel (helpers are `define internal`), or
+# an OpenCL, CUDA or Metal kernel function
+_KERNEL_NAME = re.compile(r'"kernel":\s*"([^"\\]+)"|^define void @"?([\w.$]+)"?\s*\(|'
+                          r'(?:__kernel|__global__|\bkernel)\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s+)?(\w+)\s*\(',
+                          re.M)
+
+
 def _meta(device: Any, src: str) -> str:
-    return f"{device.kind} {src[:60].splitlines()[0] if src else ''}"
+    """What `tgc cache list` shows of a compiled kernel: its device and name (else its source's first line)."""
+    m = _KERNEL_NAME.search(src or "")
+    name = next((g for g in m.groups() if g), "") if m else ""
+    return f"{device.kind} {name or (src[:60].splitlines()[0] if src else '')}"
 
 
 def recompile(device: Any, src: str, key: str, why: str) -> bytes:

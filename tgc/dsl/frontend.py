@@ -969,7 +969,8 @@ class _Evaluator:
                 return value.numel
             if node.attr in functions.FUNCTIONS:
                 raise self.err.at(node, f"'{node.attr}' is a method", hint=f"call it: .{node.attr}(...)")
-        close = close_match(node.attr, ["T", "shape", "ndim", "dtype", *functions.FUNCTIONS])
+        close = functions.ALIASES.get(node.attr) or close_match(node.attr, ["T", "shape", "ndim", "dtype",
+                                                                            *functions.FUNCTIONS])
         raise self.err.at(node, f"{_describe(value)} has no attribute '{node.attr}'",
                           hint=f"did you mean '{close}'?" if close else None)
 
@@ -991,7 +992,8 @@ class _Evaluator:
             raise self.err.at(node.func, "only named functions can be called")
         fn = functions.FUNCTIONS.get(name)
         if fn is None:
-            close = close_match(name, list(functions.FUNCTIONS) + ([] if args else list(self.functions)))
+            close = functions.ALIASES.get(name) or close_match(name, list(functions.FUNCTIONS) +
+                                                                ([] if args else list(self.functions)))
             kind = "method" if args else "function"
             raise self.err.at(fn_node, f"unknown {kind} '{name}'",
                               hint=f"did you mean '{close}'?" if close else None)

@@ -364,8 +364,15 @@ FUNCTIONS: dict[str, Callable] = {
     **library.FUNCTIONS,
     **nnlib.FUNCTIONS,
 }
+# other libraries' names of these functions (numpy, PyTorch): only what an unknown function's did-you-mean
+# suggests, never names of the language (`concatenate(a, b)` is an error whose hint is `cat`)
+ALIASES: dict[str, str] = {
+    "concat": "cat", "concatenate": "cat", "amax": "max", "amin": "min", "power": "pow", "absolute": "abs",
+    "reciprocal": "recip", "view": "reshape", "swapaxes": "transpose", "expand_dims": "unsqueeze",
+    "broadcast_to": "expand", "mm": "matmul", "bmm": "matmul",
+}
 # functions whose first argument is not a tensor: no method form (`x.cat(y, axis=1)` is cat(x, y, axis=1))
 NOT_METHODS = {"zeros", "ones", "full", "arange", "eye", *library.NOT_METHODS}
 TAKES_STRINGS = library.TAKES_STRINGS | nnlib.TAKES_STRINGS  # the only functions a string literal may be passed to
 
-__all__ = ["FUNCTIONS", "NOT_METHODS", "TAKES_STRINGS", "getitem", "where", "broadcast_shapes"]
+__all__ = ["ALIASES", "FUNCTIONS", "NOT_METHODS", "TAKES_STRINGS", "getitem", "where", "broadcast_shapes"]

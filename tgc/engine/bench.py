@@ -272,6 +272,19 @@ def machine_peak(dev, measure: bool = True) -> dict[str, Any]:
     return {**peak, "cache_bytes": dev.cache_bytes()}
 
 
+def stored_peak(dev) -> dict[str, Any] | None:
+    """The CPU peak an earlier `tgc bench` measured and stored on this machine (`machine_peak`), with `measured`
+    (when: Unix time), or None: none stored (nothing is measured here, and no cache is created)."""
+    if dev.kind != "CPU" or dev.compiler is None or cache.absent():
+        return None
+    key = peak_key(dev)
+    peak = cache.get_json("peak", key, valid_peak)
+    if peak is None:
+        return None
+    when = next((r["created"] for r in cache.entries("peak") if key.startswith(r["key"])), None)
+    return {"gflops": peak["gflops"], "gbps": peak["gbps"], "measured": when}
+
+
 def peak_key(dev) -> str:
     """The cache key of a CPU device's measured peak (4: `gbps` is the copy's, bytes read plus written, of a
     buffer 8 times the last-level cache)."""
