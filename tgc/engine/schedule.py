@@ -1433,6 +1433,8 @@ def _schedule(outputs: list[UOp], fuse_rows: bool) -> list[ScheduleItem]:
     placed_in = {c.placed[src]: (src, n, c, off) for c in concats.values() for off, n, src in c.pieces
                  if src in c.placed}
     copies_after = _piece_copies(roots, lowered, concats, realized)
+    pos = {r: i for i, r in enumerate(roots)}
+    waiting: dict[int, list[ScheduleItem]] = {}  # placed pieces' kernels launched after the root at that position
     items: list[ScheduleItem] = []
     done: dict[UOp, ScheduleItem] = {}
     for i, root in enumerate(roots):
@@ -1444,11 +1446,19 @@ def _schedule(outputs: list[UOp], fuse_rows: bool) -> list[ScheduleItem]:
             ast = low.build_into(c.root, c.root_axis, off, top=True)
             item = done[root] = ScheduleItem(ast, low.bufs, name=kernel_name(ast))
             item.meta["graph_flops"] = executed_flops(ast)
-            items.append(item)
+            # the epilogue above the join reads other kernels' buffers (`x @ w2 + a`: `a`), which may come later in
+            # `roots` than this piece's own root: launched after the last of them (each before `c.root`, which reads
+            # them too), behind the copies run there (a concatenation read is whole once its position and the
+            # copies after it are passed: its placed pieces wait only for roots before it)
+            at = max([i] + [pos[b] for b in low.bufs[1:] if b in pos])
+            if at == i:
+                items.append(item)
+            else:
+                waiting.setdefault(at, []).append(item)
         elif root in concats:  # its pieces' kernels write it (`copies_after`)
             done[root] = ScheduleItem(UOp(Ops.SINK, None, ()), [root], name="empty")
         if root in done:
-            items.extend(copies_after.get(i, []))
+            items.extend(copies_after.get(i, []) + waiting.get(i, []))
             continue
         if root not in lowered:
             item = ScheduleItem(UOp(Ops.SINK, None, ()), [root], name="empty")
@@ -1469,5 +1479,5 @@ def _schedule(outputs: list[UOp], fuse_rows: bool) -> list[ScheduleItem]:
                 item.meta["graph_flops"] = executed_flops(ast)
         done[root] = item
         items.append(item)
-        items.extend(copies_after.get(i, []))
+        items.extend(copies_after.get(i, []) + waiting.get(i, []))
     return items
