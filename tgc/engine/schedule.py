@@ -1439,6 +1439,7 @@ def _schedule(outputs: list[UOp], fuse_rows: bool) -> list[ScheduleItem]:
     done: dict[UOp, ScheduleItem] = {}
     for i, root in enumerate(roots):
         if root in done:
+            items.extend(waiting.pop(i, []))
             continue
         if root in placed_in:  # computed straight into its slice of the concatenation: no buffer of its own
             src, n, c, off = placed_in[root]
@@ -1458,7 +1459,7 @@ def _schedule(outputs: list[UOp], fuse_rows: bool) -> list[ScheduleItem]:
         elif root in concats:  # its pieces' kernels write it (`copies_after`)
             done[root] = ScheduleItem(UOp(Ops.SINK, None, ()), [root], name="empty")
         if root in done:
-            items.extend(copies_after.get(i, []) + waiting.get(i, []))
+            items.extend(copies_after.get(i, []) + waiting.pop(i, []))
             continue
         if root not in lowered:
             item = ScheduleItem(UOp(Ops.SINK, None, ()), [root], name="empty")
@@ -1479,5 +1480,6 @@ def _schedule(outputs: list[UOp], fuse_rows: bool) -> list[ScheduleItem]:
                 item.meta["graph_flops"] = executed_flops(ast)
         done[root] = item
         items.append(item)
-        items.extend(copies_after.get(i, []) + waiting.get(i, []))
+        items.extend(copies_after.get(i, []) + waiting.pop(i, []))
+    assert not waiting, "a placed piece's kernel was never launched"  # (each waits for a position the walk passes)
     return items
