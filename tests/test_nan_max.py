@@ -7,12 +7,15 @@ emulator's np.fmax never did, and `tgc run --check` compared against np.fmax."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from langkit import assert_close, assert_exact, run
+
+import tgc
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -144,3 +147,13 @@ def test_run_check_with_a_nan_input_passes_and_prints_nan(tmp_path):
     np.testing.assert_array_equal(got["out1"], [NAN, 0, 2, NAN, 5])
     r = tgc_here("run", "m.tg", "-i", "x=x.npy", "--check", cwd=tmp_path)
     assert r.returncode == 0 and "nan" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_literal_on_the_left_of_a_gpu_max_is_tested_once():
+    """A literal left operand's `a != a` is a constant, which PoCL warns of (`||` with a constant operand): the
+    renderer tests `a > b` alone (a nan b fails it: b wins), and a nan literal is the result itself."""
+    srcs = [k.src for k in tgc.loads("x: f32[3]\nreturn x + maximum(nan, 1.0), maximum(x, 2.0)").compile("OPENCL")]
+    text = "\n".join(srcs)
+    assert "(1.0f) != (1.0f)" not in text and "(NAN) != (NAN)" not in text, text
+    assert re.search(r"\(\(\(1\.0f\) > \(NAN\)\) \? \(1\.0f\) : \(NAN\)\)", text), text
+    assert re.search(r"\|\| \((v\d+)\) != \(\1\)\) \?", text), text  # a name on the left keeps its nan test

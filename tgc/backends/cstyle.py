@@ -364,6 +364,11 @@ class CStyleRenderer:
             return self.fmod(d, *s)
         if op in _BINARY_SYMBOLS:
             return f"({s[0]} {_BINARY_SYMBOLS[op]} {s[1]})"
+        if op is Ops.MAX and d.is_float and u.src[0].op is Ops.CONST and isinstance(u.src[0].arg, (int, float)):
+            # a literal on the left: its `a != a` is a constant (PoCL warns of `||` with one)
+            if u.src[0].arg != u.src[0].arg:
+                return s[0]  # nan wins
+            return f"((({s[0]}) > ({s[1]})) ? ({s[0]}) : ({s[1]}))"  # (a nan b fails the test: b wins)
         if op is Ops.MAX:
             return self.combine(op, d, *s)
         if op in (Ops.SHL, Ops.SHR):
