@@ -170,7 +170,7 @@ BAD_INPUTS = [
     (["run", SOFTMAX, "-i", "x=obj.npy"], ["input 'x'", "pickled"]),
     (["run", SOFTMAX, "-i", "x=nope.npy"], ["input 'x'", "no such file 'nope.npy'"]),
     (["run", SOFTMAX, "--inputs", "x.npy"], ["--inputs", "not an .npz"]),
-    (["run", SOFTMAX, "--random", "-D", "N=4"], ["dim D is unknown: give -D D=..."]),
+    (["run", SOFTMAX, "--random", "-D", "N=4"], ["dim D is unknown: give -D D=INT"]),
     (["run", "bad.tg", "--random", "-D", "N=3"], ["bad.tg:2:", "error:", "^"]),
     (["run", "shape.tg", "--random", "-D", "N=3", "-D", "M=4"], ["shape.tg:3:", "error:", "broadcast"]),
     (["run", SOFTMAX, "--random", "-D", "N=2", "-D", "D=2", "-d", "CPUU"], ["unknown device 'CPUU'", "did you mean"]),
@@ -182,10 +182,10 @@ BAD_INPUTS = [
     (["compile", SOFTMAX, "-D", "N=4"], ["dim D is unknown"]),
     # every missing dim in one error, with every flag to give
     (["run", str(KERNELS / "attention.tg"), "--random", "-D", "T=3"],
-     ["dims B, H and D are unknown: give -D B=... -D H=... -D D=...", "random inputs: 'q' f32[B, H, T, D]"]),
+     ["dims B, H and D are unknown: give -D B=INT -D H=INT -D D=INT", "random inputs: 'q' f32[B, H, T, D]"]),
     (["bench", str(KERNELS / "mlp.tg")], ["dims B, IN, HID and OUT are unknown"]),
     (["compile", str(KERNELS / "attention.tg"), "-D", "B=2"], ["dims H, T and D are unknown",
-                                                                "give them with -D H=SIZE -D T=SIZE -D D=SIZE"]),
+                                                                "give them with -D H=INT -D T=INT -D D=INT"]),
 ]
 
 

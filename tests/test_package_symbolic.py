@@ -176,11 +176,11 @@ def test_a_partial_dims_package_suggests_giving_none(tmp_path):
     assert r.returncode == 2 and not (tmp_path / "m.tgpkg").exists()
     # every missing dim in one error (a 6-dim model took 6 runs when it named one at a time)
     assert r.stderr.splitlines() == ["error: dims IN, HID and OUT are unknown",
-                                     "  help: give them with -D IN=SIZE -D HID=SIZE -D OUT=SIZE, or give no -D to "
+                                     "  help: give them with -D IN=INT -D HID=INT -D OUT=INT, or give no -D to "
                                      "package it for every size (the sizes then come from the inputs at each run)"]
     r = _cli("compile", MLP, "-D", "B=2", "-D", "HID=3", "-D", "OUT=4")  # (no package: every dim, as before)
     assert r.returncode == 2
-    assert r.stderr.splitlines() == ["error: dim IN is unknown", "  help: give it with -D IN=SIZE"]
+    assert r.stderr.splitlines() == ["error: dim IN is unknown", "  help: give it with -D IN=INT"]
 
 
 @pytest.mark.parametrize("positive", [(), ("N", "D", "C")])

@@ -67,8 +67,8 @@ def unknown_dims(names: list[str]) -> str:
     return f"dims {', '.join(names[:-1])} and {names[-1]} are unknown"
 
 
-def dim_flags(names: list[str], value: str = "SIZE") -> str:
-    """`-D B=SIZE -D H=SIZE`: the flags that give `names`."""
+def dim_flags(names: list[str], value: str = "INT") -> str:
+    """`-D B=INT -D H=INT` (the CLI's NAME=INT): the flags that give `names`."""
     return " ".join(f"-D {n}={value}" for n in names)
 
 

@@ -2399,7 +2399,7 @@ class SymbolicPackage:
         if missing:
             raise BindError(f"{unknown_dims(missing)}: no input's shape gives {'it' if len(missing) == 1 else 'them'}",
                             need="dim", name=missing[0], names=missing,
-                            hint=f"give {'it' if len(missing) == 1 else 'them'} ({dim_flags(missing, 'INT')})",
+                            hint=f"give {'it' if len(missing) == 1 else 'them'} ({dim_flags(missing)})",
                             file=self.path)
         return out
 
@@ -2507,7 +2507,7 @@ class SymbolicPackage:
         if missing:
             raise BindError(f"{unknown_dims(missing)}: no input's shape gives {'it' if len(missing) == 1 else 'them'}",
                             need="dim", name=missing[0], names=missing,
-                            hint=f"give {'it' if len(missing) == 1 else 'them'} ({dim_flags(missing, 'INT')})",
+                            hint=f"give {'it' if len(missing) == 1 else 'them'} ({dim_flags(missing)})",
                             file=self.path)
         key = (dev.name, tuple(dims[n] for n in self.dims_names))
         exe = self._bound.pop(key, None)

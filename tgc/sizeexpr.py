@@ -66,7 +66,7 @@ def evaluate(e: Expr, dims: Mapping[str, int], where: str = "size") -> int:
             return x
         if isinstance(x, str):
             if x not in dims:
-                raise ExprError(f"{where}: dim {x} is unknown", hint=f"give its size (-D {x}=...)")
+                raise ExprError(f"{where}: dim {x} is unknown", hint=f"give its size (-D {x}=INT)")
             return int(dims[x])
         op, a, b = x[0], ev(x[1]), ev(x[2])
         if op in ("//", "%") and b == 0:

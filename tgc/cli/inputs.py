@@ -301,7 +301,7 @@ def random_shape(decl: Any, dims: Mapping[str, int]) -> list[int]:
     from tgc.package import PackageInput
     missing = _missing_dims(decl, dims)
     if missing:
-        raise TgcError(f"{unknown_dims(missing)}: give {dim_flags(missing, '...')}",
+        raise TgcError(f"{unknown_dims(missing)}: give {dim_flags(missing)}",
                        hint=f"the random input '{decl.name}' is {decl_type(decl)}")
     shape = []
     for i, size in enumerate(decl.shape):
@@ -360,7 +360,7 @@ def fill_random(prog: Any, given: dict[str, np.ndarray], dims: Mapping[str, int]
         names = list(missing)
         decls = [d for d in randoms if any(d.name in v for v in missing.values())]
         said = ", ".join(f"'{d.name}' {decl_type(d)}" for d in decls[:3]) + (", ..." if len(decls) > 3 else "")
-        raise TgcError(f"{unknown_dims(names)}: give {dim_flags(names, '...')}",
+        raise TgcError(f"{unknown_dims(names)}: give {dim_flags(names)}",
                        hint=f"the random input '{decls[0].name}' is {decl_type(decls[0])}" if len(decls) == 1 else
                        f"the random inputs: {said}")
     todo = [(decl, random_shape(decl, resolved), index) for index, decl in enumerate(prog.inputs)

@@ -203,7 +203,7 @@ def _beam(model: Any, p: dict[str, Any]) -> None:
     missing = [d for d in model.dim_names if d not in (p.get("dims") or {})]
     if missing:
         raise TgcError(f"dim {missing[0]} is unknown: tgc beam runs the model once with random inputs to reach "
-                       f"its stages", hint=f"give -D {missing[0]}=...")
+                       f"its stages", hint=f"give -D {missing[0]}=INT")
     arrays = _inputs(model, {**p, "seed": 0}, True)
     progress, close = report.progress_bar(False)
     try:
