@@ -624,19 +624,20 @@ def _pad(cx, node, ins, at, opset):
     for i, a in enumerate(axes):
         before[a], after[a] = pads[i], pads[i + k]
     e = cx.tensor(x)
-    if any(p < 0 for p in before + after):  # negative pads crop
+    shape = list(x.shape)
+    if any(p < 0 for p in before + after):  # negative pads crop (numpy: crop first, then pad the cropped sizes)
         idx = [f"{max(-b, 0)}:{s - max(-a_, 0)}" for b, a_, s in zip(before, after, x.shape)]
         e = cx.let(f"{e}[{', '.join(idx)}]", "crop")
+        shape = [s - max(-b, 0) - max(-a_, 0) for b, a_, s in zip(before, after, x.shape)]
         before, after = [max(b, 0) for b in before], [max(a_, 0) for a_ in after]
     if mode == "constant":
         pairs = ", ".join(f"({b}, {a_})" for b, a_ in zip(before, after))
         if value is None:
-            inside = f"pad(full({shape_text(x.shape)}, True, dtype=bool), ({pairs},), value=False)"
+            inside = f"pad(full({shape_text(shape)}, True, dtype=bool), ({pairs},), value=False)"
             return [f"where({inside}, pad({e}, ({pairs},)), reshape({cx.tensor(cv)}, ()))"]
         val = _num(value, x.dtype) if x.dtype != dtypes.bool else str(bool(value))
         return [f"pad({e}, ({pairs},), value={val})"]
     # edge / reflect / wrap: concatenate slices axis by axis
-    shape = list(x.shape)
     for ax in range(r):
         b, a_ = before[ax], after[ax]
         if not b and not a_:
