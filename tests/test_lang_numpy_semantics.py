@@ -95,3 +95,16 @@ def test_softmax_of_large_logits_keeps_its_largest_element(device):
     assert_close(out["out0"], e / e.sum(axis=1, keepdims=True), "f32")
     t = x.astype(np.float32) * np.float32(3e9)
     assert_close(out["out1"], np.exp((t - t.max(axis=1, keepdims=True)).astype(np.float64)), "f32")
+
+
+def test_f16_mean_var_std_compute_in_f32(device):
+    """numpy's mean of f16 sums and divides in f32: 4000 values near 20 sum past f16's 65504 but their mean is an
+    ordinary f16 number (the f16 sum, numpy's too, is inf). var/std likewise in f32, rounded once."""
+    x = (np.random.default_rng(3).standard_normal((2, 4000)) + 20).astype(np.float16)
+    out = run("x: f16[2, 4000]\nreturn mean(x, axis=1), var(x, axis=1), std(x, axis=1, ddof=1), sum(x, axis=1), "
+              "x.mean()", device, x=x)
+    v = x.astype(np.float64)
+    for k, want in [("out0", v.mean(1)), ("out1", v.var(1)), ("out2", v.std(1, ddof=1)), ("out4", v.mean())]:
+        assert out[k].dtype == np.float16
+        np.testing.assert_allclose(out[k].astype(np.float64), want, rtol=2e-3)
+    assert np.array_equal(out["out3"], np.full(2, np.inf, np.float16))  # the sum: inf, as numpy's f16 sum

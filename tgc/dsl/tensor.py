@@ -501,13 +501,19 @@ class Tensor:
         return -((-self).max(axis, keepdim))
 
     def mean(self, axis=None, keepdim: bool = False) -> Tensor:
+        if self.dtype in (dtypes.f16, dtypes.bf16):  # numpy's mean of f16: sum and divide in f32, round once
+            return self.cast(dtypes.f32).mean(axis, keepdim).cast(self.dtype)
         x = self if self.dtype.is_float else self.cast(dtypes.f32)
         n = prod(self.shape[a] for a in self._axes(axis))
         s = x.sum(axis, keepdim)
         return s * _reciprocal(n) if n else s * math.nan
 
     def var(self, axis=None, keepdim: bool = False, correction: int = 0) -> Tensor:
-        """numpy's var: the mean squared deviation divided by n - correction (numpy's `ddof`; 0 by default)."""
+        """numpy's var: the mean squared deviation divided by n - correction (numpy's `ddof`; 0 by default).
+
+        f16/bf16 compute in f32 and round once (numpy's f16 sums of squares overflow to inf from ~65504)."""
+        if self.dtype in (dtypes.f16, dtypes.bf16):
+            return self.cast(dtypes.f32).var(axis, keepdim, correction).cast(self.dtype)
         x = self if self.dtype.is_float else self.cast(dtypes.f32)
         n = prod(self.shape[a] for a in self._axes(axis))
         dev = x - x.mean(axis, keepdim=True)

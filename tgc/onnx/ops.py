@@ -770,6 +770,8 @@ def _reduce(cx, node, ins, at, opset):
         else:
             v = big if _is_float(x.dtype) else (np.iinfo(x.dtype.np).max if big > 0 else np.iinfo(x.dtype.np).min)
         return [_const(np.full(shape, v), x.dtype, node.output[0])]  # (the identity of an empty max/min)
+    if node.op_type not in ("ReduceMax", "ReduceMin"):  # f16/bf16 sums in f32, rounded once (as onnxruntime):
+        e = _wide(e, x.dtype)  # a mean, L2 or log-sum of many f16 values would pass 65504 and give inf
     inner = fmt.format(e)
     # put the axis/keepdim arguments into the outermost reduction of the format
     name = inner.split("(", 1)[0]
@@ -1158,6 +1160,7 @@ def _global_pool(cx, node, ins, at, opset):
     if node.op_type == "GlobalMaxPool":
         return [f"max({e}, axis={axes}, keepdim=True)"]
     p = int(at.get("p", 2))
+    e = _wide(e, x.dtype)  # f16/bf16: the sum of powers in f32 (it passes 65504 long before the result does)
     return [_cast(f"pow(sum(pow(abs({e}), {p}.0), axis={axes}, keepdim=True), {1.0 / p!r})", x.dtype)]
 
 
