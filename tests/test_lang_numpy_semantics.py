@@ -108,3 +108,13 @@ def test_f16_mean_var_std_compute_in_f32(device):
         assert out[k].dtype == np.float16
         np.testing.assert_allclose(out[k].astype(np.float64), want, rtol=2e-3)
     assert np.array_equal(out["out3"], np.full(2, np.inf, np.float16))  # the sum: inf, as numpy's f16 sum
+
+
+@pytest.mark.parametrize("dt, rtol", [("f32", 1e-6), ("f64", 2e-15)])
+def test_tanh_keeps_relative_precision_near_zero(device, dt, rtol):
+    """tanh(x) ~ x for small x: 2 sigmoid(2x) - 1 cancelled there (tanh(1e-3) 7e-5 off in f32, tanh(3e-8) = 0)."""
+    np_dt = np.float32 if dt == "f32" else np.float64
+    x = np.concatenate([np.logspace(-30, 1.3, 400), -np.logspace(-30, 1.3, 400), [0.0, 0.25, -0.25]]).astype(np_dt)
+    out = run(f"x: {dt}[{x.size}]\nreturn tanh(x)", device, x=x)
+    want = np.tanh(x.astype(np.float64)).astype(np_dt)
+    np.testing.assert_allclose(out["out0"].astype(np.float64), want.astype(np.float64), rtol=rtol, atol=0)
