@@ -43,3 +43,32 @@ def test_pad_with_negative_pads_crops_then_pads(tmp_path, mode):
     got = _run(tmp_path, "Pad", {"x": x}, {"p": np.array(pads, np.int64)}, mode=mode)
     want = _np_pad(x, pads, mode)
     assert got.shape == want.shape and np.array_equal(got, want)
+
+
+def _softplus(v: np.ndarray) -> np.ndarray:
+    return np.logaddexp(0, v)
+
+
+_FNS = {"Softplus": _softplus, "Mish": lambda v: v * np.tanh(_softplus(v)), "Sinh": np.sinh, "Cosh": np.cosh,
+        "Asinh": np.arcsinh, "Acosh": np.arccosh, "Atanh": np.arctanh}
+
+
+@pytest.mark.parametrize("dt", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("op", list(_FNS))
+def test_unary_stable_over_a_wide_range(tmp_path, op, dt):
+    """Softplus, Mish and the hyperbolic functions where their plain formulas overflow (exp(89), x * x of 1e20,
+    exp(12) in f16) or cancel (1 + 1e-7, exp(x) - exp(-x) near 0): numpy's f64 value rounded to the dtype."""
+    mag = np.logspace(-8, 30, 120)
+    x = np.concatenate([-mag, mag, [0.0, 0.5, -0.5, 1.0, -1.0, 20.0, 88.5, 89.0, -1e5, 1e20, -1000.0, 12.0]])
+    if op == "Atanh":
+        x = np.concatenate([np.linspace(-1, 1, 201), [1e-7, -3e-6, 0.9975, -0.9999, 1.5]])
+    if op == "Acosh":
+        x = np.concatenate([1 + mag, [0.5, 1.0, 1e20, 1e30]])
+    with np.errstate(all="ignore"):
+        x = x.astype(dt)
+        want = _FNS[op](x.astype(np.float64)).astype(dt).astype(np.float64)
+    got = _run(tmp_path, op, {"x": x})
+    assert got.dtype == dt
+    rtol, atol = {np.float16: (1e-3, 0.0), np.float32: (3e-6, 1e-37), np.float64: (1e-13, 1e-300)}[dt]
+    # (f32's subnormal results, below 1.2e-38, may flush to 0)
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=rtol, atol=atol, equal_nan=True)

@@ -95,16 +95,35 @@ def _wide(expr: str, dt: DType) -> str:
 
 # --- elementwise -------------------------------------------------------------------------------------------------
 
+# Stable forms of the functions whose plain formulas overflow or cancel where the result is ordinary. Above
+# 2**28, sqrt(x*x +- 1) is |x| to f64's precision (and x*x overflows f32 from 1.8e19): log(|x|) + ln 2. Above
+# |x| = 20, exp(-|x|) is below f64's precision next to exp(|x|): exp(|x| / 2) squared (no overflow of exp(|x|)
+# where the halved result is still finite). Small |x| use log1p/expm1 (no cancellation of 1 + tiny).
+_LN2 = "0.6931471805599453"
+_SOFTPLUS = "(maximum({0}, 0) + log1p(exp(-abs({0}))))"
+_ASINH_ABS = (f"where(abs({{0}}) > 268435456.0, log(abs({{0}})) + {_LN2}, "
+              "log1p(abs({0}) + {0} * {0} / (1 + sqrt({0} * {0} + 1))))")
+_ACOSH = f"where({{0}} > 268435456.0, log({{0}}) + {_LN2}, log1p(({{0}} - 1) + sqrt(({{0}} - 1) * ({{0}} + 1))))"
+_HALF_EXP_SQ = "(exp(abs({0}) * 0.5) * (exp(abs({0}) * 0.5) * 0.5))"
+_SINH_ABS = (f"where(abs({{0}}) > 20, {_HALF_EXP_SQ}, "
+             "(expm1(abs({0})) + expm1(abs({0})) / (expm1(abs({0})) + 1)) * 0.5)")
+_COSH = f"where(abs({{0}}) > 20, {_HALF_EXP_SQ}, (exp(abs({{0}})) + exp(-abs({{0}}))) * 0.5)"
+# Mish: tanh(softplus(x)) = n / (n + 2) with n = e^x (e^x + 2), no cancellation for small e^x (tanh's does)
+_MISH = "where({0} > 20, {0}, {0} * (exp({0}) * (exp({0}) + 2)) / (exp({0}) * (exp({0}) + 2) + 2))"
+
 _UNARY = {"Abs": "abs({})", "Neg": "(-{})", "Exp": "exp({})", "Log": "log({})", "Sqrt": "sqrt({})",
           "Sin": "sin({})", "Cos": "cos({})", "Tan": "tan({})", "Tanh": "tanh({})", "Sigmoid": "sigmoid({})",
           "Relu": "relu({})", "Floor": "floor({})", "Ceil": "ceil({})", "Sign": "sign({})", "Erf": "erf({})",
           "Reciprocal": "recip({})", "Atan": "atan({})", "IsNaN": "isnan({})", "Not": "(~{})",
           "BitwiseNot": "(~{})", "Softsign": "({0} / (1 + abs({0})))", "Identity": "{}",
-          "Sinh": "((exp({0}) - exp(-{0})) / 2)", "Cosh": "((exp({0}) + exp(-{0})) / 2)",
-          "Asinh": "log({0} + sqrt({0} * {0} + 1))", "Acosh": "log({0} + sqrt({0} * {0} - 1))",
-          "Atanh": "(log((1 + {0}) / (1 - {0})) / 2)",
+          "Sinh": "where({0} < 0, -{S}, {S})".replace("{S}", _SINH_ABS), "Cosh": _COSH,
+          "Asinh": "where({0} < 0, -{A}, {A})".replace("{A}", _ASINH_ABS), "Acosh": _ACOSH,
+          "Atanh": "(0.5 * (log1p({0}) - log1p(-{0})))",
           "Asin": "atan2({0}, sqrt((1 - {0}) * (1 + {0})))", "Acos": "atan2(sqrt((1 - {0}) * (1 + {0})), {0})",
-          "Round": "round({})", "Softplus": "log(exp({0}) + 1)", "Mish": "({0} * tanh(log(exp({0}) + 1)))"}
+          "Round": "round({})", "Softplus": _SOFTPLUS, "Mish": _MISH}
+# computed in f32 for an f16/bf16 input (rounded once at the end), as onnxruntime: their intermediate values
+# (exp, x * x) leave f16's range long before their results do
+_UNARY_IN_F32 = {"Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Softplus", "Mish"}
 
 _NP_UNARY = {"Abs": np.abs, "Neg": np.negative, "Sqrt": np.sqrt, "Floor": np.floor, "Ceil": np.ceil,
              "Identity": lambda x: x, "Not": np.logical_not, "Sign": np.sign, "Reciprocal": np.reciprocal}
@@ -117,12 +136,14 @@ def _unary(cx: Ctx, node: Any, ins: list, at: dict, opset: int) -> list:
     if node.op_type in ("Identity",) and x.const is None:
         return [Value(node.output[0], x.dtype, x.shape, expr=x.expr)]
     e = cx.tensor(x)
+    if node.op_type in _UNARY_IN_F32 and x.dtype in (dtypes.f16, dtypes.bf16):
+        e = cx.let(_wide(e, x.dtype), "wide")
     out = _UNARY[node.op_type].format(e)
     if node.op_type == "Round" and _is_float(x.dtype):  # numpy's round: half to even
         out = f"round({e})"
     if node.op_type == "Abs" and x.dtype.name.startswith("u"):
         out = e
-    if node.op_type in ("Softplus", "Mish") or (node.op_type == "Identity"):
+    if node.op_type == "Identity":
         return [out]
     return [_cast(out, x.dtype) if node.op_type not in ("IsNaN", "Not", "BitwiseNot") else out]
 
