@@ -72,3 +72,19 @@ def test_unary_stable_over_a_wide_range(tmp_path, op, dt):
     rtol, atol = {np.float16: (1e-3, 0.0), np.float32: (3e-6, 1e-37), np.float64: (1e-13, 1e-300)}[dt]
     # (f32's subnormal results, below 1.2e-38, may flush to 0)
     np.testing.assert_allclose(got.astype(np.float64), want, rtol=rtol, atol=atol, equal_nan=True)
+
+
+@pytest.mark.parametrize("bdt", [np.int64, np.int32])
+def test_int_pow_is_exact(tmp_path, bdt):
+    """Integer Pow by square and multiply: 10**18, 7**21, 3**39 exact (round(pow(f64, f64)) gave 999999999999997312
+    for 10**18); a negative exponent gives the integer part, as C's pow cast to int (2**-1 is 0, (-1)**-3 is -1)."""
+    a = np.array([10, 7, 3, 2, -3, 5, 2, -1, 1, 0], np.int64)
+    b = np.array([18, 21, 39, 62, 39, 0, -1, -3, -7, 5], bdt)
+    got = _run(tmp_path, "Pow", {"a": a, "b": b})
+    want = [10 ** 18, 7 ** 21, 3 ** 39, 2 ** 62, (-3) ** 39, 1, 0, -1, 1, 0]
+    assert got.dtype == np.int64 and got.tolist() == want
+    a32 = np.array([3, -2, 46340], np.int32)
+    got = _run(tmp_path, "Pow", {"a": a32}, {"b": np.array(2, bdt)})  # (a constant exponent 2: a * a)
+    assert got.dtype == np.int32 and got.tolist() == [9, 4, 46340 ** 2]
+    got = _run(tmp_path, "Pow", {"a": a32}, {"b": np.array([19, 31, 1], bdt)})
+    assert got.dtype == np.int32 and got.tolist() == [3 ** 19, (-2) ** 31, 46340]

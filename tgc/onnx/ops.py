@@ -229,6 +229,8 @@ def _pow(cx, node, ins, at, opset):
     if b.const is not None and b.const.ndim == 0 and float(b.const) == 2.0:
         return [_cast(f"({ea} * {ea})", a.dtype)]
     eb = cx.tensor(b)
+    if _is_int(a.dtype) and _is_int(b.dtype):  # the language's exact integer power (square and multiply), in
+        return [f"pow({ea}, cast({eb}, {a.dtype.name}))"]  # a's type: 10**18 and 3**39 exact (f64's were not)
     if _is_int(a.dtype):
         return [_cast(f"round(pow(cast({ea}, f64), cast({eb}, f64)))", a.dtype)]  # (exp/log's 728.99 is 729)
     return [_cast(f"pow({ea}, cast({eb}, {a.dtype.name}))", a.dtype)]
