@@ -88,3 +88,27 @@ def test_int_pow_is_exact(tmp_path, bdt):
     assert got.dtype == np.int32 and got.tolist() == [9, 4, 46340 ** 2]
     got = _run(tmp_path, "Pow", {"a": a32}, {"b": np.array([19, 31, 1], bdt)})
     assert got.dtype == np.int32 and got.tolist() == [3 ** 19, (-2) ** 31, 46340]
+
+
+@pytest.mark.parametrize("op, extra, attrs", [
+    ("Gather", {"i": np.array([0, 1], np.int64)}, {"axis": 1}),
+    ("Pad", {"p": np.array([0, 1, 0, 2], np.int64)}, {"mode": "edge"}),
+    ("ArgMax", {}, {"axis": 1, "select_last_index": 1}),
+])
+def test_symbolic_dim_an_op_needs_as_a_number_is_one_clear_error(tmp_path, op, extra, attrs):
+    """A dim_param on an axis whose size the op's translation computes with: one error naming the node, the op,
+    the input's axis and the dim_param (was a leaked "bad operand type for unary -: 'str'"), exit 2."""
+    from clikit import assert_clean, invoke
+
+    g = h.make_graph([h.make_node(op, ["x", *extra], ["z"], name="the_node", **attrs)], "g",
+                     [h.make_tensor_value_info("x", TP.FLOAT, [2, "n"])],
+                     [h.make_tensor_value_info("z", TP.INT64 if op == "ArgMax" else TP.FLOAT, [None, None])],
+                     [nh.from_array(v, k) for k, v in extra.items()])
+    path = tmp_path / "m.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 18)]), str(path))
+    with pytest.raises(tgc.TgcError) as e:
+        tgc.load(str(path))
+    for w in ("the_node", op, "axis 1 of 'x' is 'n'", "dim_param"):
+        assert w in e.value.msg
+    assert "TypeError" not in e.value.msg
+    assert_clean(invoke("run", str(path), "--random", "-D", "n=3"), 2, "the_node", "'n'")
