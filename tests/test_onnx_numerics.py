@@ -112,3 +112,29 @@ def test_symbolic_dim_an_op_needs_as_a_number_is_one_clear_error(tmp_path, op, e
         assert w in e.value.msg
     assert "TypeError" not in e.value.msg
     assert_clean(invoke("run", str(path), "--random", "-D", "n=3"), 2, "the_node", "'n'")
+
+
+def test_pad_constant_with_a_computed_value_and_a_crop(tmp_path):
+    """A pad value from the graph (not a constant) with a negative pad: the mask of the inside has the cropped
+    sizes (it had the input's)."""
+    x = np.arange(20, dtype=np.float32).reshape(4, 5)
+    v = np.array(-7.0, np.float32)
+    pads = [-1, 2, 1, -2]
+    g = h.make_graph([h.make_node("Pad", ["x", "p", "v"], ["z"], mode="constant")], "g",
+                     [h.make_tensor_value_info("x", TP.FLOAT, [4, 5]), h.make_tensor_value_info("v", TP.FLOAT, [])],
+                     [h.make_tensor_value_info("z", TP.FLOAT, [4, 5])], [nh.from_array(np.array(pads, np.int64), "p")])
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 18)]), str(tmp_path / "m.onnx"))
+    got = np.asarray(tgc.load(str(tmp_path / "m.onnx")).run(device="CPU", inputs={"x": x, "v": v})["z"])
+    want = np.pad(x[1:, :3], [(0, 1), (2, 0)], constant_values=-7.0)
+    assert got.shape == want.shape and np.array_equal(got, want)
+
+
+def test_rnn_softplus_activation_is_stable(tmp_path):
+    """An RNN with a Softplus activation: h = softplus(x W^T + h R^T), finite where exp(x W^T) overflows f32."""
+    x = np.array([[[100.0, -100.0]], [[-30.0, 95.0]]], np.float32)  # (seq 2, batch 1, input 2)
+    w = np.array([[[1.0, 0.0], [0.0, 1.0]]], np.float32)  # (1, hidden 2, input 2)
+    r = np.zeros((1, 2, 2), np.float32)
+    got = _run(tmp_path, "RNN", {"x": x}, {"w": w, "r": r}, hidden_size=2, activations=["Softplus"])
+    want = np.logaddexp(0, x.astype(np.float64)).reshape(2, 1, 1, 2)  # (R = 0: each step is softplus(x W^T))
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=3e-6, atol=1e-37)  # (exp(-30) in f32: ~1e-6)
