@@ -95,3 +95,26 @@ def test_softmax_of_large_logits_keeps_its_largest_element(device):
     assert_close(out["out0"], e / e.sum(axis=1, keepdims=True), "f32")
     t = x.astype(np.float32) * np.float32(3e9)
     assert_close(out["out1"], np.exp((t - t.max(axis=1, keepdims=True)).astype(np.float64)), "f32")
+
+
+def test_f16_mean_var_std_compute_in_f32(device):
+    """numpy's mean of f16 sums and divides in f32: 4000 values near 20 sum past f16's 65504 but their mean is an
+    ordinary f16 number (the f16 sum, numpy's too, is inf). var/std likewise in f32, rounded once."""
+    x = (np.random.default_rng(3).standard_normal((2, 4000)) + 20).astype(np.float16)
+    out = run("x: f16[2, 4000]\nreturn mean(x, axis=1), var(x, axis=1), std(x, axis=1, ddof=1), sum(x, axis=1), "
+              "x.mean()", device, x=x)
+    v = x.astype(np.float64)
+    for k, want in [("out0", v.mean(1)), ("out1", v.var(1)), ("out2", v.std(1, ddof=1)), ("out4", v.mean())]:
+        assert out[k].dtype == np.float16
+        np.testing.assert_allclose(out[k].astype(np.float64), want, rtol=2e-3)
+    assert np.array_equal(out["out3"], np.full(2, np.inf, np.float16))  # the sum: inf, as numpy's f16 sum
+
+
+@pytest.mark.parametrize("dt, rtol", [("f32", 1e-6), ("f64", 2e-15)])
+def test_tanh_keeps_relative_precision_near_zero(device, dt, rtol):
+    """tanh(x) ~ x for small x: 2 sigmoid(2x) - 1 cancelled there (tanh(1e-3) 7e-5 off in f32, tanh(3e-8) = 0)."""
+    np_dt = np.float32 if dt == "f32" else np.float64
+    x = np.concatenate([np.logspace(-30, 1.3, 400), -np.logspace(-30, 1.3, 400), [0.0, 0.25, -0.25]]).astype(np_dt)
+    out = run(f"x: {dt}[{x.size}]\nreturn tanh(x)", device, x=x)
+    want = np.tanh(x.astype(np.float64)).astype(np_dt)
+    np.testing.assert_allclose(out["out0"].astype(np.float64), want.astype(np.float64), rtol=rtol, atol=0)

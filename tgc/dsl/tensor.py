@@ -71,6 +71,11 @@ def fmt_type(dtype: DType, shape: tuple[int, ...]) -> str:
 Scalar = int | float | bool
 
 
+# tanh x = x * sum(c_k x^(2k)): the Taylor coefficients 2^(2k+2) (2^(2k+2) - 1) B_(2k+2) / (2k+2)!
+_TANH_TAYLOR = (1.0, -1 / 3, 2 / 15, -17 / 315, 62 / 2835, -1382 / 155925, 21844 / 6081075, -929569 / 638512875,
+                6404582 / 10854718875, -443861162 / 1856156927625, 18888466084 / 194896477400625)
+
+
 class Tensor:
     __slots__ = ("uop",)
 
@@ -303,7 +308,14 @@ class Tensor:
 
     def tanh(self) -> Tensor:
         x = self._fcast()
-        return 2 * (2 * x).sigmoid() - 1
+        big = 2 * (2 * x).sigmoid() - 1
+        # |x| < 0.25: 2 sigmoid(2x) - 1 cancels (tanh(1e-3) was 7e-5 off, tanh(3e-8) was 0); tanh's Taylor series
+        # does not: its terms shrink by (x / (pi/2))^2 < 0.026, 6 terms reach f32's precision, 11 f64's
+        z = x * x
+        poly = Tensor.const(_TANH_TAYLOR[-1] if x.dtype == dtypes.f64 else _TANH_TAYLOR[5], x.dtype)
+        for c in reversed(_TANH_TAYLOR[:-1] if x.dtype == dtypes.f64 else _TANH_TAYLOR[:5]):
+            poly = poly * z + c
+        return (x.abs() < 0.25).where(x * poly, big)
 
     def relu(self) -> Tensor:
         return self.maximum(0)
@@ -501,13 +513,19 @@ class Tensor:
         return -((-self).max(axis, keepdim))
 
     def mean(self, axis=None, keepdim: bool = False) -> Tensor:
+        if self.dtype in (dtypes.f16, dtypes.bf16):  # numpy's mean of f16: sum and divide in f32, round once
+            return self.cast(dtypes.f32).mean(axis, keepdim).cast(self.dtype)
         x = self if self.dtype.is_float else self.cast(dtypes.f32)
         n = prod(self.shape[a] for a in self._axes(axis))
         s = x.sum(axis, keepdim)
         return s * _reciprocal(n) if n else s * math.nan
 
     def var(self, axis=None, keepdim: bool = False, correction: int = 0) -> Tensor:
-        """numpy's var: the mean squared deviation divided by n - correction (numpy's `ddof`; 0 by default)."""
+        """numpy's var: the mean squared deviation divided by n - correction (numpy's `ddof`; 0 by default).
+
+        f16/bf16 compute in f32 and round once (numpy's f16 sums of squares overflow to inf from ~65504)."""
+        if self.dtype in (dtypes.f16, dtypes.bf16):
+            return self.cast(dtypes.f32).var(axis, keepdim, correction).cast(self.dtype)
         x = self if self.dtype.is_float else self.cast(dtypes.f32)
         n = prod(self.shape[a] for a in self._axes(axis))
         dev = x - x.mean(axis, keepdim=True)

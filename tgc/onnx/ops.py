@@ -95,16 +95,35 @@ def _wide(expr: str, dt: DType) -> str:
 
 # --- elementwise -------------------------------------------------------------------------------------------------
 
+# Stable forms of the functions whose plain formulas overflow or cancel where the result is ordinary. Above
+# 2**28, sqrt(x*x +- 1) is |x| to f64's precision (and x*x overflows f32 from 1.8e19): log(|x|) + ln 2. Above
+# |x| = 20, exp(-|x|) is below f64's precision next to exp(|x|): exp(|x| / 2) squared (no overflow of exp(|x|)
+# where the halved result is still finite). Small |x| use log1p/expm1 (no cancellation of 1 + tiny).
+_LN2 = "0.6931471805599453"
+_SOFTPLUS = "(maximum({0}, 0) + log1p(exp(-abs({0}))))"
+_ASINH_ABS = (f"where(abs({{0}}) > 268435456.0, log(abs({{0}})) + {_LN2}, "
+              "log1p(abs({0}) + {0} * {0} / (1 + sqrt({0} * {0} + 1))))")
+_ACOSH = f"where({{0}} > 268435456.0, log({{0}}) + {_LN2}, log1p(({{0}} - 1) + sqrt(({{0}} - 1) * ({{0}} + 1))))"
+_HALF_EXP_SQ = "(exp(abs({0}) * 0.5) * (exp(abs({0}) * 0.5) * 0.5))"
+_SINH_ABS = (f"where(abs({{0}}) > 20, {_HALF_EXP_SQ}, "
+             "(expm1(abs({0})) + expm1(abs({0})) / (expm1(abs({0})) + 1)) * 0.5)")
+_COSH = f"where(abs({{0}}) > 20, {_HALF_EXP_SQ}, (exp(abs({{0}})) + exp(-abs({{0}}))) * 0.5)"
+# Mish: tanh(softplus(x)) = n / (n + 2) with n = e^x (e^x + 2), no cancellation for small e^x (tanh's does)
+_MISH = "where({0} > 20, {0}, {0} * (exp({0}) * (exp({0}) + 2)) / (exp({0}) * (exp({0}) + 2) + 2))"
+
 _UNARY = {"Abs": "abs({})", "Neg": "(-{})", "Exp": "exp({})", "Log": "log({})", "Sqrt": "sqrt({})",
           "Sin": "sin({})", "Cos": "cos({})", "Tan": "tan({})", "Tanh": "tanh({})", "Sigmoid": "sigmoid({})",
           "Relu": "relu({})", "Floor": "floor({})", "Ceil": "ceil({})", "Sign": "sign({})", "Erf": "erf({})",
           "Reciprocal": "recip({})", "Atan": "atan({})", "IsNaN": "isnan({})", "Not": "(~{})",
           "BitwiseNot": "(~{})", "Softsign": "({0} / (1 + abs({0})))", "Identity": "{}",
-          "Sinh": "((exp({0}) - exp(-{0})) / 2)", "Cosh": "((exp({0}) + exp(-{0})) / 2)",
-          "Asinh": "log({0} + sqrt({0} * {0} + 1))", "Acosh": "log({0} + sqrt({0} * {0} - 1))",
-          "Atanh": "(log((1 + {0}) / (1 - {0})) / 2)",
+          "Sinh": "where({0} < 0, -{S}, {S})".replace("{S}", _SINH_ABS), "Cosh": _COSH,
+          "Asinh": "where({0} < 0, -{A}, {A})".replace("{A}", _ASINH_ABS), "Acosh": _ACOSH,
+          "Atanh": "(0.5 * (log1p({0}) - log1p(-{0})))",
           "Asin": "atan2({0}, sqrt((1 - {0}) * (1 + {0})))", "Acos": "atan2(sqrt((1 - {0}) * (1 + {0})), {0})",
-          "Round": "round({})", "Softplus": "log(exp({0}) + 1)", "Mish": "({0} * tanh(log(exp({0}) + 1)))"}
+          "Round": "round({})", "Softplus": _SOFTPLUS, "Mish": _MISH}
+# computed in f32 for an f16/bf16 input (rounded once at the end), as onnxruntime: their intermediate values
+# (exp, x * x) leave f16's range long before their results do
+_UNARY_IN_F32 = {"Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Softplus", "Mish"}
 
 _NP_UNARY = {"Abs": np.abs, "Neg": np.negative, "Sqrt": np.sqrt, "Floor": np.floor, "Ceil": np.ceil,
              "Identity": lambda x: x, "Not": np.logical_not, "Sign": np.sign, "Reciprocal": np.reciprocal}
@@ -117,12 +136,14 @@ def _unary(cx: Ctx, node: Any, ins: list, at: dict, opset: int) -> list:
     if node.op_type in ("Identity",) and x.const is None:
         return [Value(node.output[0], x.dtype, x.shape, expr=x.expr)]
     e = cx.tensor(x)
+    if node.op_type in _UNARY_IN_F32 and x.dtype in (dtypes.f16, dtypes.bf16):
+        e = cx.let(_wide(e, x.dtype), "wide")
     out = _UNARY[node.op_type].format(e)
     if node.op_type == "Round" and _is_float(x.dtype):  # numpy's round: half to even
         out = f"round({e})"
     if node.op_type == "Abs" and x.dtype.name.startswith("u"):
         out = e
-    if node.op_type in ("Softplus", "Mish") or (node.op_type == "Identity"):
+    if node.op_type == "Identity":
         return [out]
     return [_cast(out, x.dtype) if node.op_type not in ("IsNaN", "Not", "BitwiseNot") else out]
 
@@ -208,6 +229,8 @@ def _pow(cx, node, ins, at, opset):
     if b.const is not None and b.const.ndim == 0 and float(b.const) == 2.0:
         return [_cast(f"({ea} * {ea})", a.dtype)]
     eb = cx.tensor(b)
+    if _is_int(a.dtype) and _is_int(b.dtype):  # the language's exact integer power (square and multiply), in
+        return [f"pow({ea}, cast({eb}, {a.dtype.name}))"]  # a's type: 10**18 and 3**39 exact (f64's were not)
     if _is_int(a.dtype):
         return [_cast(f"round(pow(cast({ea}, f64), cast({eb}, f64)))", a.dtype)]  # (exp/log's 728.99 is 729)
     return [_cast(f"pow({ea}, cast({eb}, {a.dtype.name}))", a.dtype)]
@@ -624,19 +647,20 @@ def _pad(cx, node, ins, at, opset):
     for i, a in enumerate(axes):
         before[a], after[a] = pads[i], pads[i + k]
     e = cx.tensor(x)
-    if any(p < 0 for p in before + after):  # negative pads crop
+    shape = list(x.shape)
+    if any(p < 0 for p in before + after):  # negative pads crop (numpy: crop first, then pad the cropped sizes)
         idx = [f"{max(-b, 0)}:{s - max(-a_, 0)}" for b, a_, s in zip(before, after, x.shape)]
         e = cx.let(f"{e}[{', '.join(idx)}]", "crop")
+        shape = [s - max(-b, 0) - max(-a_, 0) for b, a_, s in zip(before, after, x.shape)]
         before, after = [max(b, 0) for b in before], [max(a_, 0) for a_ in after]
     if mode == "constant":
         pairs = ", ".join(f"({b}, {a_})" for b, a_ in zip(before, after))
         if value is None:
-            inside = f"pad(full({shape_text(x.shape)}, True, dtype=bool), ({pairs},), value=False)"
+            inside = f"pad(full({shape_text(shape)}, True, dtype=bool), ({pairs},), value=False)"
             return [f"where({inside}, pad({e}, ({pairs},)), reshape({cx.tensor(cv)}, ()))"]
         val = _num(value, x.dtype) if x.dtype != dtypes.bool else str(bool(value))
         return [f"pad({e}, ({pairs},), value={val})"]
     # edge / reflect / wrap: concatenate slices axis by axis
-    shape = list(x.shape)
     for ax in range(r):
         b, a_ = before[ax], after[ax]
         if not b and not a_:
@@ -769,6 +793,8 @@ def _reduce(cx, node, ins, at, opset):
         else:
             v = big if _is_float(x.dtype) else (np.iinfo(x.dtype.np).max if big > 0 else np.iinfo(x.dtype.np).min)
         return [_const(np.full(shape, v), x.dtype, node.output[0])]  # (the identity of an empty max/min)
+    if node.op_type not in ("ReduceMax", "ReduceMin"):  # f16/bf16 sums in f32, rounded once (as onnxruntime):
+        e = _wide(e, x.dtype)  # a mean, L2 or log-sum of many f16 values would pass 65504 and give inf
     inner = fmt.format(e)
     # put the axis/keepdim arguments into the outermost reduction of the format
     name = inner.split("(", 1)[0]
@@ -1157,6 +1183,7 @@ def _global_pool(cx, node, ins, at, opset):
     if node.op_type == "GlobalMaxPool":
         return [f"max({e}, axis={axes}, keepdim=True)"]
     p = int(at.get("p", 2))
+    e = _wide(e, x.dtype)  # f16/bf16: the sum of powers in f32 (it passes 65504 long before the result does)
     return [_cast(f"pow(sum(pow(abs({e}), {p}.0), axis={axes}, keepdim=True), {1.0 / p!r})", x.dtype)]
 
 

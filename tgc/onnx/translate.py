@@ -420,6 +420,16 @@ def _run_nodes(cx: Ctx, nodes: list, used: set[str], ops_used: list[str]) -> Non
                 raise
             except (TypeError, KeyError, IndexError, ValueError, AttributeError, ZeroDivisionError) as e:
                 # an input of unknown shape, an attribute combination the op function does not handle
+                sym = [(v.name, ax, d) for v in ins if v is not None and v.shape
+                       for ax, d in enumerate(v.shape) if isinstance(d, str)]
+                if sym and isinstance(e, TypeError):  # (arithmetic on a dim name: the op needs that size's value)
+                    param = {tg: p for p, tg in cx.dims.items()}
+                    what = ", ".join(f"axis {ax} of '{n}' is '{param.get(d, d)}'" for n, ax, d in sym)
+                    raise TgcError(f"cannot translate {cx.where()}: it needs its inputs' sizes as numbers here, "
+                                   f"but {what} (an ONNX dim_param, a symbolic size)",
+                                   hint="give that dim a fixed size in the model (dim_value; e.g. onnx.tools."
+                                   "update_model_dims.update_inputs_outputs_dims): -D sets a dim at run time, "
+                                   "after the translation") from None
                 raise TgcError(f"cannot translate {cx.where()}: {type(e).__name__}: {e}",
                                hint="an op's inputs may need shapes that ONNX shape inference did not give") from None
         for i, out_name in enumerate(node.output):
