@@ -164,7 +164,7 @@ def test_symbolic_package_page(tmp_path: Path) -> None:
     doc = collect(load_package(path), None, {"N": 3, "D": 5}, repeat=1, filename=str(path))
     assert doc["dims"] == {"N": 3, "D": 5} and doc["kernels"]
     assert all("N" in k["name"] and k["time_s"] > 0 and k["opts_from"] == "package" for k in doc["kernels"])
-    with pytest.raises(TgcError, match="dim N is unknown"):
+    with pytest.raises(TgcError, match="dims N and D are unknown"):
         collect(load_package(path), None, None, measure=False)
 
 
