@@ -20,9 +20,11 @@ bytecode: $(STAMP)
 $(STAMP): setup.cfg pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,opencl,cuda,metal]'
+# (UserWarnings off: setuptools' editable install warns, in a 10-line box, that a folder named tgc in the working
+# directory takes precedence, which is the point of an editable install here)
+	PYTHONWARNINGS=ignore::UserWarning $(BIN)/pip install -q -e '.[dev,opencl,cuda,metal]'
 # (Ray, the cluster extra, where it installs: tests/test_cluster.py skips, with the reason, where it does not)
-	$(BIN)/pip install -q -e '.[cluster]' || echo "Ray could not be installed here: the cluster tests will skip"
+	PYTHONWARNINGS=ignore::UserWarning $(BIN)/pip install -q -e '.[cluster]' || echo "Ray could not be installed here: the cluster tests will skip"
 	touch $(STAMP)
 
 # headless Chromium and its driver for the `tgc viz` browser tests (tests/test_viz.py): nothing to do where both are
