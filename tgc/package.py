@@ -2277,16 +2277,13 @@ class SymbolicPackage:
             x, q = _name(m[0], "a multiple's dim", path), _name(m[2], "a hidden dim", path)
             y = m[1] if isinstance(m[1], int) and not isinstance(m[1], bool) else _name(m[1], "a divisor", path)
             parsed.append((m, x, y, q))
-        # with `hidden`: every dim's class made from the last multiple back (as `api._made_class`), so a middle
-        # quotient (C_D of `C // D // KH`, replaced in `hidden` by C_D_KH) has the class its own multiple makes
-        made = dict(given) if given is not None else {}
-        for _m, x, y, q in reversed(parsed) if given is not None else ():
-            cy = made.get(y) if isinstance(y, str) else "32n" if y % 32 == 0 else "n"
-            made[x] = "32n" if "32n" in (made.get(q), cy) else "n" if made.get(q) in wide and cy in wide else None
+        # with `hidden`: every dim's class made from the last multiple back (`sizeexpr.made_classes`), so a middle
+        # quotient (C_D of `C // D // KH`, replaced in `hidden` by C_D_KH) has the class its own multiple makes; a
+        # leaf of another class than n or 32n is refused below (its multiple's Q or Y check, or `given != hidden`)
+        made = sizeexpr.made_classes([(x, y, q) for _m, x, y, q in parsed], given) if given is not None else {}
         hidden, out = dict(cls), []
         for m, x, y, q in parsed:
             cq = made.get(q) if given is not None else hidden.get(x)
-            cy = hidden.get(y) if isinstance(y, str) else "32n" if isinstance(y, int) and y % 32 == 0 else "n"
             if hidden.get(x) not in wide or cq not in wide or q in hidden or q in self.dims_names or \
                     (isinstance(y, int) and not 2 <= y <= MAX_DIM) or (isinstance(y, str) and
                                                                       (y == x or hidden.get(y) not in wide)) or \
