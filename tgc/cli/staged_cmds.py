@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from tgc.errors import TgcError
+from tgc.errors import TgcError, dim_flags, unknown_dims
 
 _COMPILE_INPUTS = "tgc.staged.compile_inputs"  # ctx.meta key: tgc compile's input options
 
@@ -202,8 +202,8 @@ def _beam(model: Any, p: dict[str, Any]) -> None:
 
     missing = [d for d in model.dim_names if d not in (p.get("dims") or {})]
     if missing:
-        raise TgcError(f"dim {missing[0]} is unknown: tgc beam runs the model once with random inputs to reach "
-                       f"its stages", hint=f"give -D {missing[0]}=INT")
+        raise TgcError(f"{unknown_dims(missing)}: tgc beam runs the model once with random inputs to reach its "
+                       f"stages", hint=f"give {dim_flags(missing)}")
     arrays = _inputs(model, {**p, "seed": 0}, True)
     progress, close = report.progress_bar(False)
     try:
