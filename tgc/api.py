@@ -1098,13 +1098,15 @@ class Program:
 
     MAX_READY = 16  # executables kept for reuse per program (the least recently built dropped first)
 
-    def _keep_ready(self, dev: Any, dims: dict[str, int], ready: _Ready) -> None:
-        """After a first run at a key that succeeded: keep what it ran; store a cold run in the program cache."""
+    def _keep_ready(self, dev: Any, dims: dict[str, int], ready: _Ready,
+                    recompute: dict[str, Any] | None = None) -> None:
+        """After a first run at a key that succeeded: keep what it ran; store a cold run in the program cache
+        (with `recompute`, the recompute factor where the caller has it: `_store_entry`)."""
         self._ready[self._ready_key(dev, dims)] = ready
         while len(self._ready) > self.MAX_READY:
             self._ready.pop(next(iter(self._ready)))
         if ready.entry is None:
-            self._store_entry(dev, dims, ready.chunking, ready.exe)
+            self._store_entry(dev, dims, ready.chunking, ready.exe, recompute)
 
     def _run_list(self, names: list[str], dims: dict[str, int], shard: dict[str, int],
                   arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -1161,7 +1163,7 @@ class Program:
         return self._entries[key]
 
     def _store_entry(self, dev: Any, dims: dict[str, int], chunking: Chunking | None,
-                     ran: Executable | None = None) -> None:
+                     ran: Executable | None = None, recompute: dict[str, Any] | None = None) -> None:
         """After a cold run: store the program as built (once per program, dims, device and BEAM); `ran`, the
         executable the run ran (the whole program's: its memory plan is the one the entry holds, planned once)."""
         key = (dev.name, tuple(sorted(dims.items())), env_int("BEAM", 0))
@@ -1169,8 +1171,10 @@ class Program:
             self._stored.add(key)
             # the recompute factor where the whole program's kernels at these dims are built already (a warm
             # `tgc bench` reports it from the entry); not where only a chunk's are (nothing compiled for it)
-            kernels = self._kernels.get((dev.name, tuple(sorted(dims.items())), key[2], True))
-            rec = None if kernels is None else self._recompute(kernels, self._trace(dims)[0])
+            rec = recompute
+            if rec is None:
+                kernels = self._kernels.get((dev.name, tuple(sorted(dims.items())), key[2], True))
+                rec = None if kernels is None else self._recompute(kernels, self._trace(dims)[0])
             progcache.store(self, dev, dims, chunking, low=ran if chunking is None else None, recompute=rec)
 
     MAX_PLANS = 4  # launch plans (with their device buffers) kept per program, for the sizes run last
@@ -1371,7 +1375,7 @@ class Program:
             if first:
                 if ready.entry is None and not symbolic:
                     rec = self.recompute(dev.name, dims, beam=beam, tuned=tuned)
-                self._keep_ready(dev, dims, ready)
+                self._keep_ready(dev, dims, ready, rec)
         else:
             ch = self.chunking(dev.name, dims, beam=beam, tuned=tuned) if low is None else None
             if ch is not None:  # timed as `run` runs it: in chunks
