@@ -312,8 +312,9 @@ class Tensor:
         # |x| < 0.25: 2 sigmoid(2x) - 1 cancels (tanh(1e-3) was 7e-5 off, tanh(3e-8) was 0); tanh's Taylor series
         # does not: its terms shrink by (x / (pi/2))^2 < 0.026, 6 terms reach f32's precision, 11 f64's
         z = x * x
-        poly = Tensor.const(_TANH_TAYLOR[-1] if x.dtype == dtypes.f64 else _TANH_TAYLOR[5], x.dtype)
-        for c in reversed(_TANH_TAYLOR[:-1] if x.dtype == dtypes.f64 else _TANH_TAYLOR[:5]):
+        terms = _TANH_TAYLOR if x.dtype == dtypes.f64 else _TANH_TAYLOR[:6]
+        poly = Tensor.const(terms[-1], x.dtype)
+        for c in reversed(terms[:-1]):
             poly = poly * z + c
         return (x.abs() < 0.25).where(x * poly, big)
 
