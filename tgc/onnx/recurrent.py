@@ -13,11 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 from tgc.onnx.core import Ctx, Value, shape_text
-from tgc.onnx.ops import _num, op
+from tgc.onnx.ops import _SOFTPLUS, _num, op
 
 # activation -> (format, uses alpha, uses beta, default alpha, default beta)
 _ACTS = {"Sigmoid": ("sigmoid({x})", 0), "Tanh": ("tanh({x})", 0), "Relu": ("relu({x})", 0),
-         "Softsign": ("({x} / (1 + abs({x})))", 0), "Softplus": ("(maximum({x}, 0) + log1p(exp(-abs({x}))))", 0),
+         "Softsign": ("({x} / (1 + abs({x})))", 0), "Softplus": (_SOFTPLUS.format("{x}"), 0),
          "Affine": ("({a} * {x} + {b})", 2), "LeakyRelu": ("where({x} < 0, {a} * {x}, {x})", 1),
          "ThresholdedRelu": ("where({x} > {a}, {x}, 0)", 1), "ScaledTanh": ("({a} * tanh({b} * {x}))", 2),
          "HardSigmoid": ("maximum(0, minimum(1, {a} * {x} + {b}))", 2),
