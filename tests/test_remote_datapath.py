@@ -7,6 +7,7 @@ import http.client
 import importlib.util
 import io
 import socket
+import sys
 import threading
 
 import numpy as np
@@ -227,21 +228,52 @@ def test_a_well_formed_answer_is_read_whole_and_its_headers_kept():
         srv.close()
 
 
-def test_both_ends_of_a_connection_get_fixed_socket_buffers(server):
-    """`protocol.tune_socket` on both ends (Linux reports twice the size set; the autotuned default starts at
-    128 KiB)."""
+def test_both_ends_of_a_connection_get_tuned_socket_buffers(server):
+    """`protocol.tune_socket` on both ends: the receive buffer fixed at `SOCKET_BUFFER`, the send buffer sized to
+    the loopback round trip (a few microseconds: `SEND_BUFFER_MIN`). Linux reports twice the size set; the
+    autotuned default starts at 128 KiB (receive) and 16 KiB (send), so a missing call fails."""
     from tgc.backends.remote.client import RemoteDevice
     dev = RemoteDevice(address=f"127.0.0.1:{server.port}", retry=0.0, timeout=60.0)
     try:
         dev._submit(P.Synchronize())
         sock = dev._conn._conn.sock
-        for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-            assert sock.getsockopt(socket.SOL_SOCKET, opt) >= P.SOCKET_BUFFER
         with server.conn_lock:
             (served,) = list(server.conns)
-        assert served.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) >= P.SOCKET_BUFFER
+        for end in (sock, served):
+            assert end.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) >= P.SOCKET_BUFFER
+            if sys.platform.startswith("linux"):
+                assert P.round_trip_us(end) is not None
+                with open("/proc/sys/net/core/wmem_max") as f:  # the most a process may set
+                    most = int(f.read())
+                assert end.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) == 2 * min(P.SEND_BUFFER_MIN, most)
     finally:
         dev.close()
+
+
+def test_send_buffer_follows_the_bandwidth_delay_product():
+    """`send_buffer`: LINK_RATE x round trip / 1.5 rounded up to 64 KiB, at least SEND_BUFFER_MIN, autotuning (None)
+    past SEND_BUFFER_MAX, SOCKET_BUFFER when the round trip is unknown."""
+    assert P.send_buffer(None) == P.SOCKET_BUFFER
+    assert P.send_buffer(1) == P.SEND_BUFFER_MIN == 256 << 10
+    assert P.send_buffer(30) == 256 << 10  # 12.5 GB/s x 30 us / 1.5 = 250,000 bytes
+    assert P.send_buffer(32) == 320 << 10  # 266,667 bytes: five 64 KiB pieces
+    assert P.send_buffer(100) == 832 << 10  # 833,334 bytes -> 13 pieces of 64 KiB
+    assert P.send_buffer(500) == 4 << 20 == P.SEND_BUFFER_MAX  # 4,166,667 bytes: 64 pieces exactly
+    assert P.send_buffer(504) is None
+    assert P.send_buffer(10_000) is None
+
+
+def test_round_trip_of_a_socket_that_cannot_say_is_unknown():
+    """`round_trip_us` of a socket that is not TCP (or not connected to anything that measured) is None, and
+    `tune_socket` then still sets both buffers."""
+    a, b = socket.socketpair()
+    try:
+        assert P.round_trip_us(a) is None
+        P.tune_socket(a)
+        assert a.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) >= P.SOCKET_BUFFER
+    finally:
+        a.close()
+        b.close()
 
 
 def test_answer_header_lines_are_kept_by_their_bytes_and_read_alike():
