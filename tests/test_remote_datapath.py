@@ -230,19 +230,25 @@ def test_a_well_formed_answer_is_read_whole_and_its_headers_kept():
 
 def test_both_ends_of_a_connection_get_tuned_socket_buffers(server):
     """`protocol.tune_socket` on both ends: the receive buffer fixed at `SOCKET_BUFFER`, the send buffer sized to
-    the loopback round trip (a few microseconds: `SEND_BUFFER_MIN`). Linux reports twice the size set; the
-    autotuned default starts at 128 KiB (receive) and 16 KiB (send), so a missing call fails."""
+    the loopback round trip (after a large copy each way, microseconds: `SEND_BUFFER_MIN`). Linux reports twice the
+    size set; the autotuned default starts at 128 KiB (receive) and 16 KiB (send), so a missing call fails."""
     from tgc.backends.remote.client import RemoteDevice
     dev = RemoteDevice(address=f"127.0.0.1:{server.port}", retry=0.0, timeout=60.0)
     try:
-        dev._submit(P.Synchronize())
+        n = 2 * P.SEND_BUFFER_MIN
+        handle = dev.allocator.alloc(n)
+        src, dst = np.arange(n, dtype=np.uint8), np.zeros(n, np.uint8)
+        dev.allocator.copyin(handle, memoryview(src))
+        dev.allocator.copyout(memoryview(dst), handle)
+        assert np.array_equal(src, dst)
         sock = dev._conn._conn.sock
         with server.conn_lock:
             (served,) = list(server.conns)
         for end in (sock, served):
             assert end.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) >= P.SOCKET_BUFFER
             if sys.platform.startswith("linux"):
-                assert P.round_trip_us(end) is not None
+                rtt = P.round_trip_us(end)
+                assert rtt is not None and P.send_buffer(rtt) == P.SEND_BUFFER_MIN, rtt
                 with open("/proc/sys/net/core/wmem_max") as f:  # the most a process may set
                     most = int(f.read())
                 assert end.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) == 2 * min(P.SEND_BUFFER_MIN, most)
@@ -261,6 +267,67 @@ def test_send_buffer_follows_the_bandwidth_delay_product():
     assert P.send_buffer(500) == 4 << 20 == P.SEND_BUFFER_MAX  # 4,166,667 bytes: 64 pieces exactly
     assert P.send_buffer(504) is None
     assert P.send_buffer(10_000) is None
+
+
+@pytest.mark.parametrize("rtt, most, expected", [
+    (100, 4 << 20, 832 << 10),  # the bandwidth-delay product, allowed
+    (100, 212992, None),  # more than the system lets a process set: autotuning, not a silent cut to 208 KiB
+    (3, 212992, 256 << 10),  # the floor: set (the system cuts it), as any short path
+    (100, None, 832 << 10),  # the system's cap unknown: set
+])
+def test_a_send_buffer_past_what_the_system_allows_is_left_to_autotuning(monkeypatch, rtt, most, expected):
+    monkeypatch.setattr(P, "round_trip_us", lambda sock: rtt)
+    monkeypatch.setattr(P, "most_send_buffer", lambda: most)
+    calls = []
+
+    class Sock:
+        def setsockopt(self, level, opt, size):
+            calls.append((opt, size))
+
+    P.tune_socket(Sock())  # type: ignore[arg-type]
+    sent = [size for opt, size in calls if opt == socket.SO_SNDBUF]
+    assert sent == ([] if expected is None else [expected])
+    assert (socket.SO_RCVBUF, P.SOCKET_BUFFER) in calls
+
+
+def test_a_large_write_sets_the_send_buffer_again_for_the_least_round_trip_seen(monkeypatch):
+    """A connection tuned for a slow handshake (100 us: 832 KiB) gets SEND_BUFFER_MIN at its next write of more than
+    SEND_BUFFER_MIN once the least round trip is 3 us; a smaller write does not look; every byte arrives."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        conn = socket.create_connection(listener.getsockname())
+        served, _ = listener.accept()
+    try:
+        with open("/proc/sys/net/core/wmem_max") as f:
+            if int(f.read()) < (832 << 10):
+                pytest.skip("this system caps SO_SNDBUF below 832 KiB")
+        rtts = [100]
+        looked = []
+        monkeypatch.setattr(P, "round_trip_us", lambda sock: looked.append(1) or rtts[0])
+        P.tune_socket(conn)
+        assert conn.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) == 2 * (832 << 10)
+        rtts[0] = 3
+        got = bytearray()
+
+        def read() -> None:
+            while len(got) < P.SEND_BUFFER_MIN + 2:
+                chunk = served.recv(1 << 20)
+                if not chunk:
+                    return
+                got.extend(chunk)
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        looked.clear()
+        P.send_all(conn, [b"x"])
+        assert looked == [] and conn.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) == 2 * (832 << 10)
+        data = np.random.default_rng(4).integers(0, 256, P.SEND_BUFFER_MIN + 1, dtype=np.uint8).tobytes()
+        P.send_all(conn, [data])
+        reader.join(30)
+        assert looked and conn.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) == 2 * P.SEND_BUFFER_MIN
+        assert bytes(got) == b"x" + data
+    finally:
+        conn.close()
+        served.close()
 
 
 def test_round_trip_of_a_socket_that_cannot_say_is_unknown():

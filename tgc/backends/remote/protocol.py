@@ -420,15 +420,17 @@ def body_parts(blobs: Mapping[str, bytes | memoryview], text: str) -> list[bytes
 
 # Socket buffers. The receive buffer (SO_RCVBUF) is fixed at `SOCKET_BUFFER`, not autotuned: on loopback the
 # kernel's autotuning grows it to megabytes. The send buffer (SO_SNDBUF) bounds how far a sender runs ahead of its
-# receiver, and is sized to the connection's bandwidth-delay product (`send_buffer`): on a short path (loopback, a
-# rack) `SEND_BUFFER_MIN`, so the receiver copies each piece out while it is still in the caches (a 4 MiB copy in
-# and out over loopback took ~1.0 ms of CPU a side at 256 KiB against ~2.0 ms at 1 MiB, and less wall time); on a
-# longer one enough to keep a `LINK_RATE` link busy, and past `SEND_BUFFER_MAX` the kernel's autotuning.
+# receiver, and is sized to the connection's bandwidth-delay product (`send_buffer` of the least round trip the
+# kernel has seen, set again before each large write: `retune_send`): on a short path (loopback, a rack)
+# `SEND_BUFFER_MIN`, so the receiver copies each piece out while it is still in the caches (a 4 MiB copy in and out
+# over loopback took ~1.0 ms of CPU a side at 256 KiB against ~2.0 ms at 1 MiB, and less wall time); on a longer
+# one enough to keep a `LINK_RATE` link busy, and past `SEND_BUFFER_MAX` the kernel's autotuning.
 SOCKET_BUFFER = 1 << 20
 SEND_BUFFER_MIN = 256 << 10
 SEND_BUFFER_MAX = 4 << 20
 LINK_RATE = 12.5e9  # bytes per second: 100 Gbit/s, the fastest link issue 27 names
 _TCP_INFO_RTT = 68  # offset of `tcpi_rtt` (smoothed round trip, microseconds) in Linux's `struct tcp_info`
+_TCP_INFO_MIN_RTT = 148  # offset of `tcpi_min_rtt` (the least round trip seen, microseconds; Linux 4.6 on)
 
 
 def send_buffer(rtt_us: int | None) -> int | None:
@@ -443,32 +445,77 @@ def send_buffer(rtt_us: int | None) -> int | None:
 
 
 def round_trip_us(sock: socket.socket) -> int | None:
-    """The kernel's smoothed round-trip time of a connected TCP socket in microseconds (its handshake's, on a
-    fresh connection: measured by the kernel, not slowed by a busy process); None where not available."""
+    """The least round-trip time the kernel has seen on a connected TCP socket, in microseconds (Linux's
+    `tcpi_min_rtt`; on a fresh connection its handshake's; the smoothed `tcpi_rtt` on kernels without it): the
+    path's own delay, not the time a busy receiver took to read (which the smoothed one grows with: 109 us against
+    a least 2 us after 50 loopback transfers of 300 KB here). None where not available."""
     if not hasattr(socket, "TCP_INFO"):
         return None
     try:
-        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
     except OSError:
         return None
-    if len(info) < _TCP_INFO_RTT + 4:
+    for at in (_TCP_INFO_MIN_RTT, _TCP_INFO_RTT):
+        if len(info) >= at + 4:
+            rtt = int.from_bytes(info[at:at + 4], sys.byteorder)
+            if 0 < rtt < 0xFFFFFFFF:  # (no sample yet: 0 or ~0)
+                return rtt
+    return None
+
+
+@cache
+def most_send_buffer() -> int | None:
+    """The largest SO_SNDBUF a process may set (Linux `net.core.wmem_max`; None where not known). A larger size is
+    cut to it silently, while autotuning may still grow an unset buffer up to `net.ipv4.tcp_wmem`'s maximum."""
+    try:
+        with open("/proc/sys/net/core/wmem_max") as f:
+            return int(f.read())
+    except (OSError, ValueError):
         return None
-    rtt = int.from_bytes(info[_TCP_INFO_RTT:_TCP_INFO_RTT + 4], sys.byteorder)
-    return rtt or None
+
+
+def _send_size(sock: socket.socket) -> tuple[int | None, int | None]:
+    """(the SO_SNDBUF to set for `sock`'s round trip so far or None to leave it to autotuning, the round trip)."""
+    rtt = round_trip_us(sock)
+    send = send_buffer(rtt)
+    most = most_send_buffer()
+    if send is not None and most is not None and send > max(most, SEND_BUFFER_MIN):
+        send = None
+    return send, rtt
 
 
 def tune_socket(sock: socket.socket) -> None:
-    """Set a connected socket's buffers: receive `SOCKET_BUFFER`, send `send_buffer` of its round trip (each
-    ignored where the system refuses)."""
+    """Set a connected socket's buffers: receive `SOCKET_BUFFER`, send `send_buffer` of its round trip (left to
+    autotuning where that is more than `most_send_buffer` allows above `SEND_BUFFER_MIN`; each ignored where the
+    system refuses). `send_all` sets the send buffer again before a large write (`retune_send`)."""
     if SOCKET_BUFFER <= 0:
         return
-    for opt, size in ((socket.SO_SNDBUF, send_buffer(round_trip_us(sock))), (socket.SO_RCVBUF, SOCKET_BUFFER)):
+    send, _ = _send_size(sock)
+    for opt, size in ((socket.SO_SNDBUF, send), (socket.SO_RCVBUF, SOCKET_BUFFER)):
         if size is None:
             continue
         try:
             sock.setsockopt(socket.SOL_SOCKET, opt, size)
         except OSError:
             pass
+
+
+def retune_send(sock: socket.socket) -> None:
+    """Set `sock`'s send buffer again for the least round trip seen so far, where that asks for another size than the
+    buffer has (Linux reports twice the size set). A fresh connection's round trip is its handshake's, which a busy
+    machine can make tens of microseconds on loopback (a send buffer past `SEND_BUFFER_MIN`); the data's own round
+    trips bring it down. Not where the round trip is unknown, nor to autotuning (a set buffer stays set)."""
+    if SOCKET_BUFFER <= 0:
+        return
+    send, rtt = _send_size(sock)
+    if send is None or rtt is None:
+        return
+    most = most_send_buffer()
+    try:
+        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) != 2 * (send if most is None else min(send, most)):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send)
+    except OSError:
+        pass
 
 
 def send_all(sock: socket.socket, parts: Sequence[bytes | memoryview]) -> None:
@@ -479,6 +526,8 @@ def send_all(sock: socket.socket, parts: Sequence[bytes | memoryview]) -> None:
     small program's request and answer); what it could not take (`EAGAIN`: the buffer full) goes by `sendmsg`,
     which waits for room within the socket's timeout."""
     views = [memoryview(p).cast("B") for p in parts if len(p)]
+    if isinstance(sock, socket.socket) and sum(len(v) for v in views) > SEND_BUFFER_MIN:
+        retune_send(sock)
     if not hasattr(sock, "sendmsg"):  # (not on every platform)
         for v in views:
             sock.sendall(v)
