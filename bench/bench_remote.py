@@ -72,7 +72,7 @@ def loopback_rate(nbytes: int = 4 << 20, repeat: int = 20) -> float:
     import socket
     import subprocess
 
-    from tgc.backends.remote.protocol import SOCKET_BUFFER, tune_socket
+    from tgc.backends.remote.protocol import SOCKET_BUFFER, send_all, tune_socket
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen(1)
@@ -86,7 +86,7 @@ def loopback_rate(nbytes: int = 4 << 20, repeat: int = 20) -> float:
             times = []
             for _ in range(repeat):
                 st = time.perf_counter()
-                conn.sendall(data)
+                send_all(conn, [data])  # (as REMOTE writes: the send buffer set again for the round trip seen)
                 conn.recv(1)
                 times.append(time.perf_counter() - st)
     finally:
