@@ -421,7 +421,7 @@ def body_parts(blobs: Mapping[str, bytes | memoryview], text: str) -> list[bytes
 # Socket buffers. The receive buffer (SO_RCVBUF) is fixed at `SOCKET_BUFFER`, not autotuned: on loopback the
 # kernel's autotuning grows it to megabytes. The send buffer (SO_SNDBUF) bounds how far a sender runs ahead of its
 # receiver, and is sized to the connection's bandwidth-delay product (`send_buffer` of the least round trip the
-# kernel has seen, set again before each large write: `retune_send`): on a short path (loopback, a rack)
+# kernel has seen, set again before each large write: `retune_send`): on a short path (loopback, up to ~30 us)
 # `SEND_BUFFER_MIN`, so the receiver copies each piece out while it is still in the caches (a 4 MiB copy in and out
 # over loopback took ~1.0 ms of CPU a side at 256 KiB against ~2.0 ms at 1 MiB, and less wall time); on a longer
 # one enough to keep a `LINK_RATE` link busy, and past `SEND_BUFFER_MAX` the kernel's autotuning.
@@ -434,7 +434,7 @@ _TCP_INFO_MIN_RTT = 148  # offset of `tcpi_min_rtt` (the least round trip seen, 
 
 
 def send_buffer(rtt_us: int | None) -> int | None:
-    """The SO_SNDBUF to set for a connection whose smoothed round trip is `rtt_us` microseconds (None: unknown):
+    """The SO_SNDBUF to set for a connection whose least round trip is `rtt_us` microseconds (None: unknown):
     `LINK_RATE` times the round trip, over 1.5 (Linux doubles the size set, and about 3/4 of the buffer holds
     payload), rounded up to 64 KiB, at least `SEND_BUFFER_MIN`; None (leave it to the kernel's autotuning) past
     `SEND_BUFFER_MAX`. An unknown round trip gets `SOCKET_BUFFER`."""
