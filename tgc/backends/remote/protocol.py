@@ -448,8 +448,9 @@ def round_trip_us(sock: socket.socket) -> int | None:
     """The least round-trip time the kernel has seen on a connected TCP socket, in microseconds (Linux's
     `tcpi_min_rtt`; on a fresh connection its handshake's; the smoothed `tcpi_rtt` on kernels without it): the
     path's own delay, not the time a busy receiver took to read (which the smoothed one grows with: 109 us against
-    a least 2 us after 50 loopback transfers of 300 KB here). None where not available."""
-    if not hasattr(socket, "TCP_INFO"):
+    a least 2 us after 50 loopback transfers of 300 KB here). None where not available, and off Linux (other systems
+    lay `struct tcp_info` out differently)."""
+    if not sys.platform.startswith("linux") or not hasattr(socket, "TCP_INFO"):  # (the offsets are Linux's)
         return None
     try:
         info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
