@@ -50,6 +50,18 @@ class NeedStatic(TgcError):
         self.name = name
 
 
+class NeedDims(TgcError):
+    """A node needs the value of a symbolic dim (an ONNX `dim_param`) as a number: a shape computed from the
+    inputs' sizes (Shape -> Gather -> ... -> Slice's ends, TopK's k, Range's limit, Resize's sizes, an unrolled
+    recurrence) that the one symbolic `.tg` program cannot express. The model is translated per size instead,
+    once the dims are known (`tgc.staged.StagedModel`, one stage); its symbolic path (`--symbolic`, symbolic
+    packages) is refused with this message. `dims`: the dim_params of the model's inputs."""
+
+    def __init__(self, msg: str, dims: list[str], **kw: Any):
+        super().__init__(msg, **kw)
+        self.dims = dims
+
+
 class NeedHost(TgcError):
     """A node whose output shape depends on input values (NonZero, Unique, NonMaxSuppression) has inputs that are
     not known at load. The model cannot be one static `.tg` program: `tgc.staged.StagedModel` runs it in stages
@@ -144,6 +156,11 @@ class Ctx:
     def where(self) -> str:
         n = self.node
         return f"node '{n.name or n.output[0]}' ({n.op_type}, opset {self.opset})" if n is not None else "the graph"
+
+    def need_dims(self, what: str) -> NeedDims:
+        """`what` in this node needs a symbolic dim's value (see NeedDims)."""
+        return NeedDims(f"{self.where()} needs {what} as a number, but the model's inputs have symbolic sizes "
+                        f"({', '.join(self.dims)})", list(self.dims))
 
     def unsupported(self, what: str) -> TgcError:
         n = self.node

@@ -57,6 +57,16 @@ def _ints(v: Any) -> list[int]:
     return [int(x) for x in np.asarray(v).reshape(-1)]
 
 
+def _sized_by_dims(cx: Ctx, node: Any, v: Value | None) -> tuple | None:
+    """The output shape of a node whose shape argument `v` is computed at run time from the inputs' symbolic
+    sizes (Shape -> Gather -> Concat -> ...), where ONNX's shape inference (with data propagation) gave it in
+    the model's dims and constants: the node then translates with that shape, a `.tg` size expression, and
+    the program stays symbolic. None where `v` is a constant or the shape is not known so."""
+    if v is None or v.const is not None or not cx.dims:
+        return None
+    return _out_type(cx, node)[1]
+
+
 def _all_const(ins: list) -> bool:
     return all(v is None or v.const is not None for v in ins) and any(v is not None for v in ins)
 
@@ -423,10 +433,11 @@ def _constant(cx, node, ins, at, opset):
 
 @op("ConstantOfShape")
 def _constant_of_shape(cx, node, ins, at, opset):
-    shape = _ints(cx.static(ins[0], "the shape"))
+    sized = _sized_by_dims(cx, node, ins[0])
+    shape = list(sized) if sized is not None else _ints(cx.static(ins[0], "the shape"))
     v = at.get("value")
     dt, val = (v.dtype, v.const.reshape(-1)[0]) if v is not None else (dtypes.f32, 0.0)
-    if math.prod(shape) <= 4096 and dt != dtypes.bf16:
+    if sized is None and math.prod(shape) <= 4096 and dt != dtypes.bf16:
         return [_const(np.full(shape, val, dt.np), dt, node.output[0])]
     return [Value(node.output[0], dt, tuple(shape), expr=cx.let(
         f"full({shape_text(shape)}, {_num(val, dt)}, dtype={dt.name})", node.output[0]))]
@@ -460,6 +471,9 @@ def _reshape(cx, node, ins, at, opset):
     if opset < 5:
         want = at["shape"]
     else:
+        sized = _sized_by_dims(cx, node, ins[1])
+        if sized is not None:
+            return [_reshape_to(cx, x, sized, node.output[0])]
         want = _ints(cx.static(ins[1], "the shape"))
     return [_reshape_to(cx, x, _reshape_target(cx, node, x, want, bool(at.get("allowzero", 0))), node.output[0])]
 
@@ -548,7 +562,7 @@ def _slice(cx, node, ins, at, opset):
         ax = _axis(ax, r)
         dim = x.shape[ax]
         if not isinstance(dim, int):
-            raise cx.unsupported("Slice of a symbolic axis")
+            raise cx.need_dims(f"the size of axis {ax} ('{dim}')")
         st = st + dim if st < 0 else st
         en = en + dim if en < 0 else en
         if sp > 0:
@@ -596,8 +610,9 @@ def _split(cx, node, ins, at, opset):
 @op("Expand")
 def _expand(cx, node, ins, at, opset):
     x = ins[0]
-    want = _ints(cx.static(ins[1], "the shape"))
-    shape = _out_type(cx, node)[1]
+    shape = _sized_by_dims(cx, node, ins[1])
+    want = _ints(cx.static(ins[1], "the shape")) if shape is None else []
+    shape = shape or _out_type(cx, node)[1]
     if shape is None:
         shape = tuple(np.broadcast_shapes(tuple(x.shape), tuple(want)))
     e = cx.tensor(x)
@@ -872,7 +887,15 @@ def _topk(cx, node, ins, at, opset):
     ax = _axis(at.get("axis", -1), x.rank)
     largest = bool(at.get("largest", 1))
     t = cx.let(f"topk({cx.tensor(x)}, {k}, axis={ax}, largest={largest})", "topk")
-    return [f"{t}[0]", f"cast({t}[1], i64)"]
+    outs: list = [f"{t}[0]", f"cast({t}[1], i64)"]
+    if x.shape is not None:  # typed here: ONNX's inference gives none for a k computed by a node
+        shape = tuple(k if i == ax else s for i, s in enumerate(x.shape))
+        for i, dt in ((0, x.dtype), (1, dtypes.i64)):
+            if i < len(node.output) and node.output[i] and _out_type(cx, node, i)[1] is None:
+                name = cx.out_names.pop(node.output[i], None) or cx.names.new(node.output[i], "t")
+                cx.lines.append(f"{name} = {outs[i]}")
+                outs[i] = Value(node.output[i], dt, shape, expr=name)
+    return outs
 
 
 # --- normalization -----------------------------------------------------------------------------------------------

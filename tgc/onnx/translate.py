@@ -30,6 +30,7 @@ from tgc.onnx.core import (
     MIN_OPSET,
     Ctx,
     Names,
+    NeedDims,
     NeedHost,
     NeedStatic,
     Value,
@@ -355,6 +356,12 @@ def _translate(model: Any, where: str) -> Translation:
         if e.name in tr_inputs:
             raise
         sources = _data_sources(cx.producers, e.name, set(tr_inputs))
+        if not sources and cx.dims:  # computed from the inputs' sizes alone: known once the dims are
+            raise NeedDims(f"{e.msg.split(' must be a constant')[0]} needs the values of the symbolic dims "
+                           f"{', '.join(cx.dims)} (it is computed from the inputs' sizes, beyond what tgc keeps "
+                           "as size expressions)",
+                           list(cx.dims), hint="it runs with the dims known (-D or the inputs' arrays), "
+                           "translated per size") from None
         if not sources:
             raise
         raise NeedStatic(f"{e.msg}; it is computed from the input(s) {', '.join(sources)}", sources[0],
@@ -425,11 +432,10 @@ def _run_nodes(cx: Ctx, nodes: list, used: set[str], ops_used: list[str]) -> Non
                 if sym and isinstance(e, TypeError):  # (arithmetic on a dim name: the op needs that size's value)
                     param = {tg: p for p, tg in cx.dims.items()}
                     what = ", ".join(f"axis {ax} of '{n}' is '{param.get(d, d)}'" for n, ax, d in sym)
-                    raise TgcError(f"cannot translate {cx.where()}: it needs its inputs' sizes as numbers here, "
-                                   f"but {what} (an ONNX dim_param, a symbolic size)",
-                                   hint="give that dim a fixed size in the model (dim_value; e.g. onnx.tools."
-                                   "update_model_dims.update_inputs_outputs_dims): -D sets a dim at run time, "
-                                   "after the translation") from None
+                    raise NeedDims(f"cannot translate {cx.where()} symbolically: it needs its inputs' sizes as "
+                                   f"numbers here, but {what} (an ONNX dim_param, a symbolic size)", list(cx.dims),
+                                   hint="it runs with the dims known (-D or the inputs' arrays), translated per "
+                                   "size") from None
                 raise TgcError(f"cannot translate {cx.where()}: {type(e).__name__}: {e}",
                                hint="an op's inputs may need shapes that ONNX shape inference did not give") from None
         for i, out_name in enumerate(node.output):
@@ -491,7 +497,9 @@ def _probe(cx: Ctx, expr: str, out_name: str) -> tuple[DType, tuple]:
     from tgc.ir.shapes import shape_of
 
     if cx.dims:
-        raise TgcError(f"the type of '{out_name}' from {cx.where()} is unknown (ONNX shape inference gave none)")
+        raise NeedDims(f"the type of '{out_name}' from {cx.where()} is unknown (ONNX shape inference gave none, "
+                       f"and the model's inputs have symbolic sizes: {', '.join(cx.dims)})", list(cx.dims),
+                       hint="it runs with the dims known (-D or the inputs' arrays), translated per size")
     n_decls, n_lines = cx.traced_upto
     # the new lines, then the probed expression as the one return (a name of its own, not kept in `cx.traced`)
     source = "\n".join([*cx.decls[n_decls:], *cx.lines[n_lines:], f"return {expr}"]) + "\n"
