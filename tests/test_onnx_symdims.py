@@ -173,22 +173,59 @@ def _per_size_models(tmp_path):
     return out
 
 
-def test_shape_values_as_numbers_translate_per_size(tmp_path):
-    """Range, Tile, Slice, TopK's k and Resize's sizes from the shape: translated per size once the arrays give
-    the dims, equal to numpy at each size; the symbolic path is one clear error naming the node and op."""
+def test_shape_values_as_numbers(tmp_path):
+    """Range(0, seq), Tile by [batch, 2] and TopK's k = seq // 2 from the shape are size expressions: one Program,
+    plain and symbolic runs equal numpy (a symbolic run may fall back to size-specialized kernels: `last_run`
+    says so). Slice's end seq - 1 and Resize's sizes need the dims' values: translated per size once the arrays
+    give them, equal to numpy at each size; their symbolic path is one clear error naming the node and op."""
+    kinds = {"range_tile": Program, "topk": Program, "slice": StagedModel, "resize": StagedModel}
     for path, make, ref in _per_size_models(tmp_path):
         m = tgc.load(path)
-        assert isinstance(m, StagedModel) and m.per_size, path
+        kind = kinds[path.rsplit("/", 1)[1][:-5]]
+        assert isinstance(m, kind), path
         for b, n in ((1, 4), (2, 5), (3, 2)):
             arrays = make(b, n)
-            got, want = m.run(device="CPU", inputs=arrays), ref(arrays)
-            for k, w in want.items():
-                assert got[k].shape == w.shape, (path, k)
-                np.testing.assert_allclose(got[k], w, rtol=1e-6, err_msg=f"{path} {k}")
-        with pytest.raises(tgc.TgcError, match="symbolic sizes are not available .*opset 17"):
-            m.run(device="CPU", inputs=arrays, symbolic=True)
-        with pytest.raises(tgc.TgcError, match="symbolic sizes are not available"):
-            m.compile_symbolic()
+            want = ref(arrays)
+            for sym in (False, True) if kind is Program else (False,):
+                got = m.run(device="CPU", inputs=arrays, symbolic=sym)
+                for k, w in want.items():
+                    assert got[k].shape == w.shape, (path, k)
+                    np.testing.assert_allclose(got[k], w, rtol=1e-6, err_msg=f"{path} {k}")
+        if kind is StagedModel:
+            assert m.per_size
+            with pytest.raises(tgc.TgcError, match="symbolic sizes are not available .*opset 17"):
+                m.run(device="CPU", inputs=arrays, symbolic=True)
+            with pytest.raises(tgc.TgcError, match="symbolic sizes are not available"):
+                m.compile_symbolic()
+
+
+def test_exported_reshape_patterns_stay_symbolic(tmp_path):
+    """PyTorch's exporter writes view(b, s, -1) as Concat(b, s, [-1]) and expand's sizes through
+    Where(Equal(shape, -1), 1, shape): ONNX's inference leaves both unknown; tgc follows them, so the model is
+    one symbolic Program and the MatMul after the Reshape is typed in the dims."""
+    w = RNG.standard_normal((32, 5)).astype(np.float32)
+    i64 = np.int64
+    nodes = [h.make_node("Shape", ["x"], ["s"]), _c("i0", np.array([0], i64)), _c("i1", np.array([1], i64)),
+             h.make_node("Gather", ["s", "i0"], ["b"]), h.make_node("Gather", ["s", "i1"], ["q"]),
+             _c("m1", np.array([-1], i64)), h.make_node("Concat", ["b", "q", "m1"], ["shp"], axis=0),
+             h.make_node("Reshape", ["x", "shp"], ["r"]), h.make_node("MatMul", ["r", "w"], ["y"]),
+             _c("z", np.array([0, 0, 32], i64)), h.make_node("Reshape", ["x", "z"], ["y2"]),
+             _c("m11", np.array([-1, -1], i64)), h.make_node("Concat", ["b", "q"], ["bq"], axis=0),
+             h.make_node("Equal", ["bq", "m11"], ["eq"]), _c("ones", np.array([1, 1], i64)),
+             h.make_node("Where", ["eq", "ones", "bq"], ["bq2"]), h.make_node("Expand", ["v", "bq2"], ["y3"])]
+    path = _save(tmp_path, "exported", nodes, [_vi("x", ["batch", "seq", 4, 8]), _vi("v", [1, 1])],
+                 [_vi("y", 3), _vi("y2", 3), _vi("y3", 2)], [nh.from_array(w, "w")])
+    prog = tgc.load(path)
+    assert isinstance(prog, Program) and "reshape(x, (batch, seq, 32))" in prog.source
+    for b, n in ((1, 3), (2, 5)):
+        x = RNG.standard_normal((b, n, 4, 8)).astype(np.float32)
+        v = np.full((1, 1), 3.0, np.float32)
+        for sym in (False, True):
+            got = prog.run(device="CPU", x=x, v=v, symbolic=sym)
+            np.testing.assert_allclose(got["y"], x.reshape(b, n, 32) @ w, rtol=1e-5, atol=1e-5)
+            np.testing.assert_array_equal(got["y2"], x.reshape(b, n, 32))
+            np.testing.assert_array_equal(got["y3"], np.full((b, n), 3.0, np.float32))
+        assert prog.last_run == "symbolic"
 
 
 def test_cli_run_with_and_without_dims(tmp_path):
@@ -226,3 +263,22 @@ def test_a_shape_from_data_stays_one_clear_error(tmp_path):
     with pytest.raises(tgc.TgcError, match="node 'rs' \\(Reshape, opset 17\\).*input\\(s\\) d"):
         tgc.load(path)
     assert_clean(invoke("run", path, "--random", "-D", "batch=2"), 2, "'rs'", "Reshape")
+
+
+def test_size_arithmetic_is_exact_or_unknown():
+    """`tgc.onnx.symshapes`: products of dims stay products, -1 in a Reshape is solved by cancelling dims, a
+    division is kept only where it is exact (or a product of dims by a positive int, as `//`), and Equal decides
+    only what holds at every size (a size is never -1)."""
+    from tgc.onnx import symshapes as ss
+
+    b, s = ss.Mono(1, ("B",)), ss.Mono(1, ("S",))
+    assert ss.mul(b, 4) == ss.Mono(4, ("B",)) and ss.text(ss.mul(ss.mul(b, s), 2)) == "2*B*S"
+    assert ss.div(ss.Mono(8, ("B", "S")), ss.Mono(2, ("S",))) == ss.Mono(4, ("B",))
+    assert ss.div(b, s) is None and ss.div(ss.sub(s, 1), 2) is None  # (not exact; seq - 1 may be negative)
+    assert ss.text(ss.div(s, 2)) == "(S // 2)" and ss.div(-7, 2) == -3  # (ONNX's Div truncates)
+    assert ss.text(ss.sub(s, 1)) == "(S - 1)" and ss.sub(s, s) == 0 and ss.add(b, b) == ss.Mono(2, ("B",))
+    assert ss._reshape([b, s, 4, 8], [0, 0, -1], False) == [b, s, 32]
+    assert ss._reshape([b, s, 4, 8], [-1, 8], False) == [ss.Mono(4, ("B", "S")), 8]
+    assert ss._reshape([b, s, 3], [-1, 2], False) is None  # (3 * B * S is not known to be even)
+    assert ss._equal(b, -1) is False and ss._equal(b, 1) is None and ss._equal(b, b) is True
+    assert ss._broadcast([1, s], [b, 1]) == [b, s] and ss._broadcast([b], [s]) is None

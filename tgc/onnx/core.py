@@ -145,6 +145,9 @@ class Ctx:
         self.out_names: dict[str, str] = {}  # graph outputs not yet computed -> their reserved .tg names
         # (subgraph, input values) -> its output values: one pass through an If branch or a Loop/Scan step
         self.run_body: Any = None
+        # small integer values known as size expressions of the dims (`tgc.onnx.symshapes`): value -> (rank,
+        # its elements as ints and .tg texts), for the ops whose k, repeats or limit come from the inputs' sizes
+        self.size_values: dict[str, tuple[int, list]] = {}
         self.producers: dict[str, list[str]] = {}  # ONNX value -> the values it is computed from (not via Shape)
         # the program so far as the front end traced it, for types ONNX did not give (`translate._probe`):
         # .tg name -> tensor, the input BUFFERs, and how many of `decls` and `lines` it has taken in

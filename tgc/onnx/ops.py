@@ -67,6 +67,14 @@ def _sized_by_dims(cx: Ctx, node: Any, v: Value | None) -> tuple | None:
     return _out_type(cx, node)[1]
 
 
+def _size_value(cx: Ctx, v: Value | None) -> list | None:
+    """The elements of a small integer value computed from the inputs' symbolic sizes, as `.tg` size texts and
+    ints (`Ctx.size_values`), where the value is not a constant and its output shapes are typed; else None."""
+    if v is None or v.const is not None or v.name not in cx.size_values:
+        return None
+    return cx.size_values[v.name][1]
+
+
 def _all_const(ins: list) -> bool:
     return all(v is None or v.const is not None for v in ins) and any(v is not None for v in ins)
 
@@ -623,12 +631,25 @@ def _expand(cx, node, ins, at, opset):
 
 @op("Tile")
 def _tile(cx, node, ins, at, opset):
-    reps = _ints(cx.static(ins[1], "the repeats"))
+    reps = _size_value(cx, ins[1]) if _out_type(cx, node)[1] is not None else None
+    if reps is None:
+        reps = _ints(cx.static(ins[1], "the repeats"))
     return [f"tile({cx.tensor(ins[0])}, {shape_text(reps)})"]
 
 
 @op("Range")
 def _range(cx, node, ins, at, opset):
+    shape = _out_type(cx, node)[1]
+    sized = [_size_value(cx, v) for v in ins] if shape is not None and isinstance(shape[0], str) else [None]
+    if any(v is not None for v in sized):  # a length from the inputs' sizes: arange of that size
+        start, delta = (sz[0] if sz is not None else int(cx.static(v, w).reshape(-1)[0])
+                        for sz, v, w in ((sized[0], ins[0], "the start"), (sized[2], ins[2], "the delta")))
+        e = f"arange({shape[0]})"
+        if delta != 1:
+            e = f"({e} * {delta})"
+        if start != 0:
+            e = f"({e} + {start})"
+        return [Value(node.output[0], ins[0].dtype, shape, expr=cx.let(_cast(e, ins[0].dtype), node.output[0]))]
     start, limit, delta = (cx.static(v, w) for v, w in zip(ins, ("the start", "the limit", "the delta")))
     dt = ins[0].dtype
     if dt.name == "bf16":  # (bf16 constants are uint16 bits: compute on the values in f32, round back to bits)
@@ -883,7 +904,11 @@ def _hardmax(cx, node, ins, at, opset):
 @op("TopK")
 def _topk(cx, node, ins, at, opset):
     x = ins[0]
-    k = int(cx.static(ins[1], "k").reshape(-1)[0]) if opset >= 10 else at["k"]
+    sized = _size_value(cx, ins[1]) if opset >= 10 and _out_type(cx, node)[1] is not None else None
+    if sized is not None:
+        k = sized[0]
+    else:
+        k = int(cx.static(ins[1], "k").reshape(-1)[0]) if opset >= 10 else at["k"]
     ax = _axis(at.get("axis", -1), x.rank)
     largest = bool(at.get("largest", 1))
     t = cx.let(f"topk({cx.tensor(x)}, {k}, axis={ax}, largest={largest})", "topk")

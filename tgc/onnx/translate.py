@@ -305,13 +305,18 @@ def _translate(model: Any, where: str) -> Translation:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
     except Exception:  # noqa: BLE001 - a model inference cannot handle still translates where shapes are known
         inferred = model
+    size_values: dict[str, tuple[int, list]] = {}
+    exprs: dict[str, str] = {}  # a dim_param tgc made for a computed size -> its .tg text
+    if dims:
+        inferred, exprs, size_values = _sized_shapes(model, inferred, dims)
     types: dict[str, tuple[DType, tuple | None]] = {}
     for vi in _all_value_infos(inferred.graph):
-        t = _type_of(vi, dims)
+        t = _type_of(vi, {**dims, **exprs})
         if t is not None and (vi.name not in types or types[vi.name][1] is None):
             types[vi.name] = t
     cx = Ctx(opset, types, dims)
     cx.names = names
+    cx.size_values = size_values
     out_names = {o.name: names.new(o.name, "y") for o in g.output if o.name not in {v.name for v in g.input}}
     cx.out_names = dict(out_names)
     tr_inputs: dict[str, str] = {}
@@ -386,6 +391,75 @@ def _translate(model: Any, where: str) -> Translation:
     first = len(head) + len(cx.decls) + 1  # the source line of cx.lines[0]
     return Translation(source, cx.weights, tr_inputs, tr_outputs, dims, opset, ops_used,
                        {first + i: about for i, about in line_nodes.items()})
+
+
+def _sized_shapes(model: Any, inferred: Any, dims: dict[str, str]) -> tuple[Any, dict[str, str], dict]:
+    """ONNX's inference `inferred` of a model with symbolic dims, again with the shapes `symshapes.propagate`
+    computes from the inputs' sizes pinned (the outputs of Reshape, Expand, ... by a shape from Shape), so the
+    values after them are typed in the dims: (the inferred model, {dim_param tgc made: its .tg text}, {value:
+    (rank, its sizes as .tg text and ints)} for the op functions). A few rounds, as a pinned shape may type a
+    Shape the next round follows."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from tgc.onnx import symshapes
+
+    consts: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for n in model.graph.node:
+        if n.op_type == "Constant" and n.output and any(a.name == "value" for a in n.attribute):
+            consts[n.output[0]] = numpy_helper.to_array(next(a.t for a in n.attribute if a.name == "value"))
+    param_of = {tg: p for p, tg in dims.items()}
+    taken = {d.dim_param for vi in _all_value_infos(inferred.graph) for d in vi.type.tensor_type.shape.dim}
+    exprs: dict[str, str] = {}
+    size_of: dict[str, Any] = {}  # a .tg text in a shape -> its symshapes size
+    pinned: dict[str, list] = {}
+    known: dict[str, tuple[int, list]] = {}
+    for _ in range(4):
+        shapes: dict[str, tuple | None] = {}
+        elem: dict[str, int] = {}
+        for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
+            t = _type_of(vi, {**dims, **exprs})
+            elem[vi.name] = vi.type.tensor_type.elem_type
+            if t is not None and t[1] is not None:
+                shapes[vi.name] = tuple(size_of.get(d, d) if isinstance(d, str) else d for d in t[1])
+        known, out_shapes = symshapes.propagate(model.graph, shapes, consts)
+        new = {o: sh for o, sh in out_shapes.items()
+               if o not in pinned and o not in shapes and sh is not None and elem.get(o)}
+        if not new:
+            break
+        pinned.update(new)
+        m2 = onnx.ModelProto()
+        m2.CopyFrom(model)
+        outputs = {o.name: o for o in m2.graph.output}
+        for name, sh in pinned.items():
+            entries: list = []
+            for v in sh:
+                if isinstance(v, int):
+                    entries.append(v)
+                elif isinstance(v, symshapes.Mono) and v.coef == 1 and len(v.names) == 1 and v.names[0] in param_of:
+                    entries.append(param_of[v.names[0]])
+                else:
+                    text = symshapes.text(v)
+                    param = next((p for p, t in exprs.items() if t == text), None)
+                    if param is None:
+                        param = f"tgc_size_{len(exprs)}"
+                        while param in taken:
+                            param += "_"
+                        exprs[param] = text
+                        size_of[text] = v
+                    entries.append(param)
+            vi = helper.make_tensor_value_info(name, elem[name], entries)
+            if name in outputs:
+                outputs[name].type.CopyFrom(vi.type)
+            else:
+                m2.graph.value_info.append(vi)
+        try:
+            inferred = onnx.shape_inference.infer_shapes(m2, strict_mode=False, data_prop=True)
+        except Exception:  # noqa: BLE001 - the pinned shapes conflict with ONNX's: keep what it gave before
+            break
+    values = {name: (rank, [symshapes.text(v) if not isinstance(v, (int, bool)) else v for v in vals])
+              for name, (rank, vals) in known.items()}
+    return inferred, exprs, values
 
 
 def _run_nodes(cx: Ctx, nodes: list, used: set[str], ops_used: list[str]) -> None:
