@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -383,6 +384,8 @@ def _translate(model: Any, where: str) -> Translation:
             cx.lines.append(f"{tg} = {expr}")
         tr_outputs[o.name] = tg
         rets.append(tg)
+    if dims:  # shape arithmetic whose consumers took size expressions instead is dead: not in the text
+        line_nodes = _drop_dead(cx, rets, line_nodes)
     head = [f"# translated by tgc from ONNX: {where} (opset {opset}, {len(g.node)} nodes)"]
     renamed = [(k, v) for k, v in [*tr_inputs.items(), *tr_outputs.items()] if k != v]
     for k, v in renamed:
@@ -391,6 +394,28 @@ def _translate(model: Any, where: str) -> Translation:
     first = len(head) + len(cx.decls) + 1  # the source line of cx.lines[0]
     return Translation(source, cx.weights, tr_inputs, tr_outputs, dims, opset, ops_used,
                        {first + i: about for i, about in line_nodes.items()})
+
+
+_IDENT = re.compile(r"[A-Za-z_]\w*")
+
+
+def _drop_dead(cx: Ctx, rets: list[str], line_nodes: dict[int, str]) -> dict[int, str]:
+    """Drop the lines of `cx` no return value depends on, and the weights only they read (each line assigns a
+    fresh name, so a name's one line; any identifier in a line's text counts as read, which keeps a line at
+    worst). The model's inputs stay declared. Returns `line_nodes` for the lines kept."""
+    live = set(rets)
+    keep = []
+    for i in range(len(cx.lines) - 1, -1, -1):
+        name, _, expr = cx.lines[i].partition(" = ")
+        if name in live:
+            keep.append(i)
+            live.update(_IDENT.findall(expr))
+    keep.reverse()
+    cx.lines = [cx.lines[i] for i in keep]
+    dead = {w for w in cx.weights if w not in live}
+    cx.weights = {w: a for w, a in cx.weights.items() if w not in dead}
+    cx.decls = [d for d in cx.decls if d.partition(":")[0] not in dead]
+    return {j: line_nodes[i] for j, i in enumerate(keep) if i in line_nodes}
 
 
 def _sized_shapes(model: Any, inferred: Any, dims: dict[str, str]) -> tuple[Any, dict[str, str], dict]:
