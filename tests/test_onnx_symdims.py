@@ -284,3 +284,46 @@ def test_size_arithmetic_is_exact_or_unknown():
     assert ss._reshape([b, s, 3], [-1, 2], False) is None  # (3 * B * S is not known to be even)
     assert ss._equal(b, -1) is False and ss._equal(b, 1) is None and ss._equal(b, b) is True
     assert ss._broadcast([1, s], [b, 1]) == [b, s] and ss._broadcast([b], [s]) is None
+
+
+def test_import_with_dims_fixed(tmp_path):
+    """`tgc import -D seq=5` fixes that dim_param: the Slice whose end is seq - 1 is then x[:, 0:4] (typed, the
+    batch still a dim), where without -D the import is one clear error; a -D the model has no dim of: exit 2."""
+    (path, make, ref), = [m for m in _per_size_models(tmp_path) if m[0].endswith("slice.onnx")]
+    out = str(tmp_path / "s.tg")
+    assert_clean(invoke("import", path, "-o", out), 2, "node 'y' (Slice, opset 17)", "batch, seq")
+    r = invoke("import", path, "-o", out, "-D", "seq=5")
+    assert r.exit_code == 0, r.output
+    text = open(out).read()
+    assert "x: f32[batch, 5]" in text and "x[:, 0:4]" in text
+    for b in (2, 3):
+        x = make(b, 5)["x"]
+        np.save(tmp_path / "x.npy", x)
+        r = invoke("run", out, "--inputs", str(tmp_path / "s.npz"), "-i", f"x={tmp_path / 'x.npy'}",
+                   "-o", str(tmp_path / "o.npz"))
+        assert r.exit_code == 0, r.output
+        np.testing.assert_array_equal(np.load(tmp_path / "o.npz")["y"], x[:, :4])
+    assert_clean(invoke("import", path, "-o", out, "-D", "sequence=5"), 2, "sequence", "batch, seq")
+
+
+def test_slice_bounds_from_fixed_sizes_of_a_symbolic_input(tmp_path):
+    """Bounds computed from an input's fixed axis (Shape(x)[1] = 6, batch symbolic) are numbers: a reversed Slice
+    whose start is 6 * -20 and end 6 * -40 clamps as ONNX's spec and onnxruntime say (start to 0, end to before
+    0: one element; onnx.reference gives none), and the program stays symbolic in batch."""
+    i64 = np.int64
+    nodes = [h.make_node("Shape", ["x"], ["s"]), _c("i1", np.array([1], i64)),
+             h.make_node("Gather", ["s", "i1"], ["n"]), _c("m", np.array([-20], i64)),
+             h.make_node("Mul", ["n", "m"], ["st"]), _c("two", np.array([2], i64)),
+             h.make_node("Mul", ["st", "two"], ["en"]), _c("ax", np.array([1], i64)),
+             _c("step", np.array([-1], i64)), h.make_node("Slice", ["x", "st", "en", "ax", "step"], ["y"]),
+             _c("one", np.array([1], i64)), h.make_node("Sub", ["n", "one"], ["e2"]),
+             h.make_node("Slice", ["x", "one", "e2", "ax"], ["y2"])]
+    path = _save(tmp_path, "sl2", nodes, [_vi("x", ["batch", 6])], [_vi("y", 2), _vi("y2", 2)])
+    prog = tgc.load(path)
+    assert isinstance(prog, Program) and "batch" in prog.dim_names
+    for b in (1, 3):
+        x = RNG.standard_normal((b, 6)).astype(np.float32)
+        for sym in (False, True):
+            got = prog.run(device="CPU", x=x, symbolic=sym)
+            np.testing.assert_array_equal(got["y"], x[:, 0:1])
+            np.testing.assert_array_equal(got["y2"], x[:, 1:5])

@@ -206,6 +206,10 @@ class Ctx:
         """The load-time value of an input that decides shapes (None for an absent optional input)."""
         if v is None:
             return None
+        known = self.size_values.get(v.name) if v.const is None else None
+        if known is not None and all(isinstance(e, (int, bool)) for e in known[1]):
+            # computed from the inputs' fixed sizes only (Shape(x)[1] where axis 1 is not symbolic): a number
+            return np.array(known[1], v.dtype.np).reshape(() if known[0] == 0 else (-1,))
         if v.const is None:
             raise NeedStatic(f"{what} ('{v.name}') of {self.where()} must be a constant (an initializer): tgc "
                              "compiles for static shapes", v.name,

@@ -232,6 +232,26 @@ def _node(op: str, ins: list, at: dict, sizes: Any, shape_sizes: Any) -> tuple |
         st, en = s[1][1][0], s[2][1][0]
         step = s[4][1][0] if len(s) > 4 else 1
         return (1, s[0][1][slice(st, en, step)]), None
+    if op == "Slice" and len(ins) >= 3 and all(s[i] is not None for i in range(1, len(ins)) if ins[i]):
+        # every bound known as an int, every sliced axis of a fixed size: ONNX's clamping, as ops._slice does
+        sh = shape_sizes(ins[0])
+        vals = [v[1] if v is not None else None for v in s[1:]] + [None] * (5 - len(s))
+        starts, ends, axes, steps = vals[0], vals[1], vals[2], vals[3]
+        if sh is None or any(not isinstance(x, int) for v in (starts, ends, axes, steps) if v for x in v):
+            return None
+        axes = axes if axes is not None else list(range(len(starts)))
+        steps = steps if steps is not None else [1] * len(starts)
+        out = list(sh)
+        for st, en, ax, sp in zip(starts, ends, axes, steps):
+            ax = ax + len(sh) if ax < 0 else ax
+            if not isinstance(sh[ax], int) or sp == 0:
+                return None
+            d = sh[ax]
+            st, en = (st + d if st < 0 else st), (en + d if en < 0 else en)
+            st, en = (min(max(st, 0), d), min(max(en, 0), d)) if sp > 0 else (min(max(st, 0), d - 1),
+                                                                                min(max(en, -1), d - 1))
+            out[ax] = len(range(st, en, sp))
+        return None, [out]
     if op in ("Mul", "Add", "Sub", "Div") and s[0] is not None and s[1] is not None:
         vals = _binary(op, s[0][1], s[1][1])
         return ((max(s[0][0], s[1][0]), vals), None) if vals is not None else None
