@@ -284,6 +284,9 @@ def test_size_arithmetic_is_exact_or_unknown():
     assert ss._reshape([b, s, 3], [-1, 2], False) is None  # (3 * B * S is not known to be even)
     assert ss._equal(b, -1) is False and ss._equal(b, 1) is None and ss._equal(b, b) is True
     assert ss._broadcast([1, s], [b, 1]) == [b, s] and ss._broadcast([b], [s]) is None
+    sizes = {"e": (1, [True, False])}.get
+    (rank, vals), _ = ss._node("Cast", ["e"], {"to": h.make_attribute("to", TP.INT64)}, sizes, lambda n: None)
+    assert [ss.text(v) for v in vals] == ["1", "0"]  # (Equal's bools cast to ints are numbers, not "True")
 
 
 def test_import_with_dims_fixed(tmp_path):

@@ -213,7 +213,7 @@ def _node(op: str, ins: list, at: dict, sizes: Any, shape_sizes: Any) -> tuple |
     if op in ("Identity", "Cast"):
         if s[0] is None or (op == "Cast" and _ival(at["to"]) not in (6, 7)):  # (to int32, int64)
             return None
-        return s[0], None
+        return (s[0][0], [int(v) if isinstance(v, bool) else v for v in s[0][1]]), None  # (bool to 0/1)
     if op == "Gather" and s[0] is not None and s[0][0] == 1 and s[1] is not None:
         axis = _ival(at["axis"]) if "axis" in at else 0
         if axis not in (0, -1):
