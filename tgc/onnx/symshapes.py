@@ -179,7 +179,7 @@ def propagate(graph: Any, shapes: dict[str, tuple | None], consts: dict[str, np.
         at = {a.name: a for a in node.attribute}
         try:
             got = _node(op, ins, at, sizes, shape_sizes)
-        except (ValueError, IndexError, TypeError, KeyError, ZeroDivisionError):
+        except (ValueError, IndexError, TypeError, KeyError, ZeroDivisionError, AttributeError):
             got = None
         if got is None:
             continue
