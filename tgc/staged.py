@@ -31,7 +31,7 @@ import numpy as np
 
 from tgc.api import Program
 from tgc.errors import BindError, TgcError, unknown_dims
-from tgc.onnx import NeedHost, NeedStatic, at_node, translate
+from tgc.onnx import NeedDims, NeedHost, NeedStatic, at_node, translate
 
 __all__ = ["StagedModel", "load", "load_staged"]
 
@@ -73,9 +73,11 @@ def load(path: str) -> Program | StagedModel:
     model = read_model(path)
     try:
         return onnx_program(model, path)
-    except NeedHost:
+    except (NeedHost, NeedDims) as e:
         staged = StagedModel(model, os.path.basename(path))
         staged.path = path
+        if isinstance(e, NeedDims):
+            staged.per_size = e.msg
         return staged
 
 
@@ -107,6 +109,13 @@ class StagedModel:
         self._last_programs: list[tuple[str, Program]] = []  # the last run's tgc stages: (step, program)
 
     staged = True  # (a Program is not: the commands ask)
+    # why a model without host steps is one: its shapes need its dims' values (NeedDims' message), so it is
+    # translated per size, once its inputs are known; None for a model with data-dependent output shapes
+    per_size: str | None = None
+
+    def kind(self) -> str:
+        """What the commands call this model in their messages."""
+        return "a model translated per size" if self.per_size else "a model run in stages"
 
     @property
     def inputs(self) -> list[Any]:
@@ -142,9 +151,12 @@ class StagedModel:
         return self._conform(name, arr)
 
     def run(self, device: str | None = None, dims: dict[str, int] | None = None, inputs: dict[str, Any] | None = None,
-            **kw_inputs: Any) -> dict[str, np.ndarray]:
+            symbolic: bool = False, **kw_inputs: Any) -> dict[str, np.ndarray]:
         """{ONNX output name: array} for the model's inputs given by their ONNX names. `dims`, where given, must
-        agree with the inputs' sizes (the arrays decide every size)."""
+        agree with the inputs' sizes (the arrays decide every size). `symbolic=True` is refused (a TgcError
+        saying why): a staged or per-size model has no kernels for all sizes."""
+        if symbolic:
+            self.compile_symbolic()
         given = {**(inputs or {}), **kw_inputs}
         for name in self.input_names:
             if name not in given:
@@ -296,6 +308,13 @@ class StagedModel:
             if o:
                 values[o] = np.asarray(a)
         self.stages.append(f"host {node.op_type}")
+
+    def compile_symbolic(self, *args: Any, **kw: Any) -> Any:
+        """Refused: one TgcError saying why this model has no symbolic kernels (a plain `run` works)."""
+        why = (self.per_size if self.per_size else "its later stages are translated at run time, once their "
+               "sizes are known")
+        raise TgcError(f"symbolic sizes are not available for {self.kind()}: {why}",
+                       hint="run it without symbolic sizes: it is translated and compiled for the sizes given")
 
     # --- the rest of a Program's interface (the commands' needs)
     def stage_programs(self) -> list[tuple[str, Program]]:

@@ -1522,8 +1522,10 @@ def serve(host: str, port: int, device: str | None, token_file: str | None, idle
 
 main.add_command(cluster_worker)
 def _add_onnx_commands() -> None:
-    from tgc.cli.onnx_cmds import import_
+    from tgc.cli.onnx_cmds import IMPORT_DIMS_HELP, import_
 
+    import_.params.append(click.Option(["-D", "dims"], multiple=True, metavar="NAME=INT", callback=_parse_dims,
+                                       help=IMPORT_DIMS_HELP))
     main.add_command(import_)  # `tgc import model.onnx -o model.tg`
     from tgc.cli.staged_cmds import add_compile_inputs
 

@@ -8,6 +8,7 @@ opset, inputs, outputs, the ops used and any op tgc lacks, before anything is tr
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import click
 
@@ -63,12 +64,35 @@ def _replaceable(path: str) -> bool:
         return False  # (a directory, no permission: not replaced either)
 
 
+IMPORT_DIMS_HELP = ("Fix a dim_param of the inputs to a size (repeatable): for a model whose shapes need the "
+                    "dims' values, or a program of fixed sizes.")
+
+
+def fix_dims(model: Any, dims: dict[str, int]) -> None:
+    """Give the inputs' `dim_param`s named in `dims` their sizes (dim_value), in place; a name the model has no
+    dim of is a TgcError listing its dims."""
+    params = [d.dim_param for v in model.graph.input for d in v.type.tensor_type.shape.dim
+              if not d.HasField("dim_value") and d.dim_param]
+    unknown = sorted(set(dims) - set(params))
+    if unknown:
+        raise TgcError(f"-D {', '.join(unknown)}: the model has no such dim",
+                       hint=f"its dims: {', '.join(dict.fromkeys(params))}" if params else "its inputs' sizes are "
+                       "all fixed")
+    for v in model.graph.input:
+        for d in v.type.tensor_type.shape.dim:
+            if not d.HasField("dim_value") and d.dim_param in dims:
+                d.dim_value = dims[d.dim_param]
+
+
 @click.command("import")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @click.option("-o", "--output", "out", metavar="PATH.tg", callback=nonempty_path,
               help="Where to write the program (default: FILE with .tg; the weights go to the same name with .npz).")
-def import_(file: str, out: str | None) -> None:
-    """Translate an ONNX model to a readable .tg program, its weights to an .npz beside it."""
+def import_(file: str, out: str | None, dims: dict[str, int] | None = None) -> None:
+    """Translate an ONNX model to a readable .tg program, its weights to an .npz beside it.
+
+    \f
+    (`-D`, parsed by the commands' one parser, is added where tgc.cli.main registers the command.)"""
     import numpy as np
 
     from tgc.onnx import read_model, translate
@@ -76,6 +100,8 @@ def import_(file: str, out: str | None) -> None:
     if not is_onnx(file):
         raise TgcError(f"{file} is not an .onnx file", hint="tgc import reads ONNX models")
     model = read_model(file)  # (a corrupt model is the error to report, before any conflict of the outputs)
+    if dims:
+        fix_dims(model, dims)
     default_out = not out
     out = out or os.path.splitext(file)[0] + ".tg"
     if not out.endswith(".tg"):

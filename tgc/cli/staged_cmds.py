@@ -59,26 +59,30 @@ def after_load(ctx: click.Context, prog: Any) -> None:
     command = ctx.info_name
     handlers = {"run": _run, "compile": _compile, "bench": _bench, "beam": _beam}
     if command not in handlers:
-        raise TgcError(f"tgc {command} does not take a model with data-dependent output shapes (run in stages)",
-                       hint="tgc run, compile, bench, beam and inspect do")
+        what = ("a model whose shapes are computed from its dims' values (translated per size)" if prog.per_size
+                else "a model with data-dependent output shapes (run in stages)")
+        raise TgcError(f"tgc {command} does not take {what}", hint="tgc run, compile, bench, beam and inspect do")
     params = dict(ctx.params)
     if command == "compile":
         params.update(pairs=pairs, npz=npz, use_random=use_random, cast=False, seed=0)
-    _refuse(params)
+    _refuse(params, prog.per_size)
     handlers[command](prog, params)
     ctx.exit(0)
 
 
-def _refuse(p: dict[str, Any]) -> None:
-    """Options a staged run does not have: one usage error each."""
+def _refuse(p: dict[str, Any], per_size: str | None = None) -> None:
+    """Options a staged run does not have: one usage error each (`per_size`: why the model is translated per
+    size, see `StagedModel.per_size`)."""
+    what = "a model translated per size" if per_size else "a model run in stages"
+    why = (f"{per_size}; it runs at the sizes given, translated and compiled for each" if per_size else
+           "its later stages are compiled at run time, once their sizes are known")
     if p.get("shard") or "," in (p.get("device") or ""):
-        raise click.UsageError("a model run in stages runs on one device, not a device list")
+        raise click.UsageError(f"{what} runs on one device, not a device list ({why})")
     for flag, key in (("--symbolic", "symbolic"), ("--package", "package"), ("--vs", "vs"),
                       ("--baseline", "baseline"), ("--emit", "emit"), ("compile -o", "outdir")):
         value = p.get(key)
         if value and not (key == "emit" and value == "src"):
-            raise click.UsageError(f"{flag} is not available for a model run in stages (its later stages are "
-                                   "compiled at run time, once their sizes are known)")
+            raise click.UsageError(f"{flag} is not available for {what} ({why})")
 
 
 def _inputs(model: Any, p: dict[str, Any], use_random: bool) -> dict[str, Any]:
@@ -103,6 +107,8 @@ def _check_dims_given(model: Any, dims: dict[str, int]) -> None:
 
 
 def _stages_line(model: Any) -> str:
+    if model.per_size:  # (one stage: the whole model, translated for the sizes of this run)
+        return "one program, translated for these sizes (its shapes are computed from its dims' values)"
     return "stages: " + ", ".join(model.stages)
 
 
@@ -175,7 +181,7 @@ def _compile(model: Any, p: dict[str, Any]) -> None:
         click.echo(json.dumps({"file": model.where, "staged": True, "stages": shown, "later": later}, indent=1))
     elif note:
         click.echo(f"note: {note}", err=True)
-    else:
+    elif model.stages or model.per_size:
         click.echo(_stages_line(model), err=True)
 
 
@@ -190,7 +196,8 @@ def _bench(model: Any, p: dict[str, Any]) -> None:
         click.echo(json.dumps(result, indent=1))
         return
     click.echo(_stages_line(model))
-    click.echo(f"whole run (host steps included): median {result['median_s'] * 1e3:.3f} ms, "
+    what = "whole run" if model.per_size else "whole run (host steps included)"
+    click.echo(f"{what}: median {result['median_s'] * 1e3:.3f} ms, "
                f"min {result['min_s'] * 1e3:.3f} ms over {result['runs']} runs")
 
 

@@ -9,8 +9,8 @@ error in the translated text names its node too (`at_node`). This package is a f
 end (layer 2): it knows nothing of devices; `tgc.api.load` turns a translation into a `Program`.
 """
 
-from tgc.onnx.core import NeedHost, NeedStatic
+from tgc.onnx.core import NeedDims, NeedHost, NeedStatic
 from tgc.onnx.translate import Translation, at_node, inspect_model, read_model, supported_ops, translate
 
-__all__ = ["NeedHost", "NeedStatic", "Translation", "at_node", "inspect_model", "read_model", "supported_ops",
-           "translate"]
+__all__ = ["NeedDims", "NeedHost", "NeedStatic", "Translation", "at_node", "inspect_model", "read_model",
+           "supported_ops", "translate"]

@@ -54,8 +54,10 @@ def _if(cx, node, ins, at, opset):
 def _scan_once(cx: Ctx, body: Any, states: list[Value], scans: list[Value], in_axes: list[int],
                in_rev: list[int], out_axes: list[int], out_rev: list[int], node: Any) -> list[Value]:
     steps = {s.shape[a] for s, a in zip(scans, in_axes)}
-    if len(steps) != 1 or not isinstance(next(iter(steps)), int):
-        raise cx.unsupported("scan inputs of different or symbolic lengths")
+    if len(steps) == 1 and not isinstance(next(iter(steps)), int):
+        raise cx.need_dims("its scan length (the loop is unrolled)")
+    if len(steps) != 1:
+        raise cx.unsupported("scan inputs of different lengths")
     n = next(iter(steps))
     if n > MAX_UNROLL or n == 0:
         raise cx.unsupported(f"a scan of {n} steps (unrolled: 1 to {MAX_UNROLL})")

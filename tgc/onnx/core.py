@@ -50,6 +50,18 @@ class NeedStatic(TgcError):
         self.name = name
 
 
+class NeedDims(TgcError):
+    """A node needs the value of a symbolic dim (an ONNX `dim_param`) as a number: a shape computed from the
+    inputs' sizes (Shape -> Gather -> ... -> Slice's ends, TopK's k, Range's limit, Resize's sizes, an unrolled
+    recurrence) that the one symbolic `.tg` program cannot express. The model is translated per size instead,
+    once the dims are known (`tgc.staged.StagedModel`, one stage); its symbolic path (`--symbolic`, symbolic
+    packages) is refused with this message. `dims`: the dim_params of the model's inputs."""
+
+    def __init__(self, msg: str, dims: list[str], **kw: Any):
+        super().__init__(msg, **kw)
+        self.dims = dims
+
+
 class NeedHost(TgcError):
     """A node whose output shape depends on input values (NonZero, Unique, NonMaxSuppression) has inputs that are
     not known at load. The model cannot be one static `.tg` program: `tgc.staged.StagedModel` runs it in stages
@@ -133,6 +145,9 @@ class Ctx:
         self.out_names: dict[str, str] = {}  # graph outputs not yet computed -> their reserved .tg names
         # (subgraph, input values) -> its output values: one pass through an If branch or a Loop/Scan step
         self.run_body: Any = None
+        # small integer values known as size expressions of the dims (`tgc.onnx.symshapes`): value -> (rank,
+        # its elements as ints and .tg texts), for the ops whose k, repeats or limit come from the inputs' sizes
+        self.size_values: dict[str, tuple[int, list]] = {}
         self.producers: dict[str, list[str]] = {}  # ONNX value -> the values it is computed from (not via Shape)
         # the program so far as the front end traced it, for types ONNX did not give (`translate._probe`):
         # .tg name -> tensor, the input BUFFERs, and how many of `decls` and `lines` it has taken in
@@ -144,6 +159,11 @@ class Ctx:
     def where(self) -> str:
         n = self.node
         return f"node '{n.name or n.output[0]}' ({n.op_type}, opset {self.opset})" if n is not None else "the graph"
+
+    def need_dims(self, what: str) -> NeedDims:
+        """`what` in this node needs a symbolic dim's value (see NeedDims)."""
+        return NeedDims(f"{self.where()} needs {what} as a number, but the model's inputs have symbolic sizes "
+                        f"({', '.join(self.dims)})", list(self.dims))
 
     def unsupported(self, what: str) -> TgcError:
         n = self.node
@@ -186,6 +206,10 @@ class Ctx:
         """The load-time value of an input that decides shapes (None for an absent optional input)."""
         if v is None:
             return None
+        known = self.size_values.get(v.name) if v.const is None else None
+        if known is not None and all(isinstance(e, (int, bool)) for e in known[1]):
+            # computed from the inputs' fixed sizes only (Shape(x)[1] where axis 1 is not symbolic): a number
+            return np.array(known[1], v.dtype.np).reshape(() if known[0] == 0 else (-1,))
         if v.const is None:
             raise NeedStatic(f"{what} ('{v.name}') of {self.where()} must be a constant (an initializer): tgc "
                              "compiles for static shapes", v.name,

@@ -57,6 +57,24 @@ def _ints(v: Any) -> list[int]:
     return [int(x) for x in np.asarray(v).reshape(-1)]
 
 
+def _sized_by_dims(cx: Ctx, node: Any, v: Value | None) -> tuple | None:
+    """The output shape of a node whose shape argument `v` is computed at run time from the inputs' symbolic
+    sizes (Shape -> Gather -> Concat -> ...), where ONNX's shape inference (with data propagation) gave it in
+    the model's dims and constants: the node then translates with that shape, a `.tg` size expression, and
+    the program stays symbolic. None where `v` is a constant or the shape is not known so."""
+    if v is None or v.const is not None or not cx.dims:
+        return None
+    return _out_type(cx, node)[1]
+
+
+def _size_value(cx: Ctx, v: Value | None) -> list | None:
+    """The elements of a small integer value computed from the inputs' symbolic sizes, as `.tg` size texts and
+    ints (`Ctx.size_values`), where the value is not a constant and its output shapes are typed; else None."""
+    if v is None or v.const is not None or v.name not in cx.size_values:
+        return None
+    return cx.size_values[v.name][1]
+
+
 def _all_const(ins: list) -> bool:
     return all(v is None or v.const is not None for v in ins) and any(v is not None for v in ins)
 
@@ -423,10 +441,11 @@ def _constant(cx, node, ins, at, opset):
 
 @op("ConstantOfShape")
 def _constant_of_shape(cx, node, ins, at, opset):
-    shape = _ints(cx.static(ins[0], "the shape"))
+    sized = _sized_by_dims(cx, node, ins[0])
+    shape = list(sized) if sized is not None else _ints(cx.static(ins[0], "the shape"))
     v = at.get("value")
     dt, val = (v.dtype, v.const.reshape(-1)[0]) if v is not None else (dtypes.f32, 0.0)
-    if math.prod(shape) <= 4096 and dt != dtypes.bf16:
+    if sized is None and math.prod(shape) <= 4096 and dt != dtypes.bf16:
         return [_const(np.full(shape, val, dt.np), dt, node.output[0])]
     return [Value(node.output[0], dt, tuple(shape), expr=cx.let(
         f"full({shape_text(shape)}, {_num(val, dt)}, dtype={dt.name})", node.output[0]))]
@@ -460,6 +479,9 @@ def _reshape(cx, node, ins, at, opset):
     if opset < 5:
         want = at["shape"]
     else:
+        sized = _sized_by_dims(cx, node, ins[1])
+        if sized is not None:
+            return [_reshape_to(cx, x, sized, node.output[0])]
         want = _ints(cx.static(ins[1], "the shape"))
     return [_reshape_to(cx, x, _reshape_target(cx, node, x, want, bool(at.get("allowzero", 0))), node.output[0])]
 
@@ -548,7 +570,7 @@ def _slice(cx, node, ins, at, opset):
         ax = _axis(ax, r)
         dim = x.shape[ax]
         if not isinstance(dim, int):
-            raise cx.unsupported("Slice of a symbolic axis")
+            raise cx.need_dims(f"the size of axis {ax} ('{dim}')")
         st = st + dim if st < 0 else st
         en = en + dim if en < 0 else en
         if sp > 0:
@@ -596,8 +618,9 @@ def _split(cx, node, ins, at, opset):
 @op("Expand")
 def _expand(cx, node, ins, at, opset):
     x = ins[0]
-    want = _ints(cx.static(ins[1], "the shape"))
-    shape = _out_type(cx, node)[1]
+    shape = _sized_by_dims(cx, node, ins[1])
+    want = _ints(cx.static(ins[1], "the shape")) if shape is None else []
+    shape = shape or _out_type(cx, node)[1]
     if shape is None:
         shape = tuple(np.broadcast_shapes(tuple(x.shape), tuple(want)))
     e = cx.tensor(x)
@@ -608,12 +631,25 @@ def _expand(cx, node, ins, at, opset):
 
 @op("Tile")
 def _tile(cx, node, ins, at, opset):
-    reps = _ints(cx.static(ins[1], "the repeats"))
+    reps = _size_value(cx, ins[1]) if _out_type(cx, node)[1] is not None else None
+    if reps is None:
+        reps = _ints(cx.static(ins[1], "the repeats"))
     return [f"tile({cx.tensor(ins[0])}, {shape_text(reps)})"]
 
 
 @op("Range")
 def _range(cx, node, ins, at, opset):
+    shape = _out_type(cx, node)[1]
+    sized = [_size_value(cx, v) for v in ins] if shape is not None and isinstance(shape[0], str) else [None]
+    if any(v is not None for v in sized):  # a length from the inputs' sizes: arange of that size
+        start, delta = (sz[0] if sz is not None else int(cx.static(v, w).reshape(-1)[0])
+                        for sz, v, w in ((sized[0], ins[0], "the start"), (sized[2], ins[2], "the delta")))
+        e = f"arange({shape[0]})"
+        if delta != 1:
+            e = f"({e} * {delta})"
+        if start != 0:
+            e = f"({e} + {start})"
+        return [Value(node.output[0], ins[0].dtype, shape, expr=cx.let(_cast(e, ins[0].dtype), node.output[0]))]
     start, limit, delta = (cx.static(v, w) for v, w in zip(ins, ("the start", "the limit", "the delta")))
     dt = ins[0].dtype
     if dt.name == "bf16":  # (bf16 constants are uint16 bits: compute on the values in f32, round back to bits)
@@ -868,11 +904,23 @@ def _hardmax(cx, node, ins, at, opset):
 @op("TopK")
 def _topk(cx, node, ins, at, opset):
     x = ins[0]
-    k = int(cx.static(ins[1], "k").reshape(-1)[0]) if opset >= 10 else at["k"]
+    sized = _size_value(cx, ins[1]) if opset >= 10 and _out_type(cx, node)[1] is not None else None
+    if sized is not None:
+        k = sized[0]
+    else:
+        k = int(cx.static(ins[1], "k").reshape(-1)[0]) if opset >= 10 else at["k"]
     ax = _axis(at.get("axis", -1), x.rank)
     largest = bool(at.get("largest", 1))
     t = cx.let(f"topk({cx.tensor(x)}, {k}, axis={ax}, largest={largest})", "topk")
-    return [f"{t}[0]", f"cast({t}[1], i64)"]
+    outs: list = [f"{t}[0]", f"cast({t}[1], i64)"]
+    if x.shape is not None:  # typed here: ONNX's inference gives none for a k computed by a node
+        shape = tuple(k if i == ax else s for i, s in enumerate(x.shape))
+        for i, dt in ((0, x.dtype), (1, dtypes.i64)):
+            if i < len(node.output) and node.output[i] and _out_type(cx, node, i)[1] is None:
+                name = cx.out_names.pop(node.output[i], None) or cx.names.new(node.output[i], "t")
+                cx.lines.append(f"{name} = {outs[i]}")
+                outs[i] = Value(node.output[i], dt, shape, expr=name)
+    return outs
 
 
 # --- normalization -----------------------------------------------------------------------------------------------

@@ -73,7 +73,7 @@ def _recurrent(cx, node, ins, at, opset):
         ex = cx.let(f"permute({ex}, (1, 0, 2))", "x_seq")
     steps, batch = (x.shape[1], x.shape[0]) if layout else (x.shape[0], x.shape[1])
     if not isinstance(steps, int):
-        raise cx.unsupported("a symbolic sequence length (the loop is unrolled)")
+        raise cx.need_dims("its sequence length (the loop is unrolled)")
     g = _GATES[kind]
     ew, er = cx.tensor(w), cx.tensor(r)
     eb = cx.tensor(bias) if bias is not None else None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,7 @@ from tgc.onnx.core import (
     MIN_OPSET,
     Ctx,
     Names,
+    NeedDims,
     NeedHost,
     NeedStatic,
     Value,
@@ -304,13 +306,18 @@ def _translate(model: Any, where: str) -> Translation:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
     except Exception:  # noqa: BLE001 - a model inference cannot handle still translates where shapes are known
         inferred = model
+    size_values: dict[str, tuple[int, list]] = {}
+    exprs: dict[str, str] = {}  # a dim_param tgc made for a computed size -> its .tg text
+    if dims:
+        inferred, exprs, size_values = _sized_shapes(model, inferred, dims)
     types: dict[str, tuple[DType, tuple | None]] = {}
     for vi in _all_value_infos(inferred.graph):
-        t = _type_of(vi, dims)
+        t = _type_of(vi, {**dims, **exprs})
         if t is not None and (vi.name not in types or types[vi.name][1] is None):
             types[vi.name] = t
     cx = Ctx(opset, types, dims)
     cx.names = names
+    cx.size_values = size_values
     out_names = {o.name: names.new(o.name, "y") for o in g.output if o.name not in {v.name for v in g.input}}
     cx.out_names = dict(out_names)
     tr_inputs: dict[str, str] = {}
@@ -355,6 +362,12 @@ def _translate(model: Any, where: str) -> Translation:
         if e.name in tr_inputs:
             raise
         sources = _data_sources(cx.producers, e.name, set(tr_inputs))
+        if not sources and cx.dims:  # computed from the inputs' sizes alone: known once the dims are
+            raise NeedDims(f"{e.msg.split(' must be a constant')[0]} needs the values of the symbolic dims "
+                           f"{', '.join(cx.dims)} (it is computed from the inputs' sizes, beyond what tgc keeps "
+                           "as size expressions)",
+                           list(cx.dims), hint="it runs with the dims known (-D or the inputs' arrays), "
+                           "translated per size") from None
         if not sources:
             raise
         raise NeedStatic(f"{e.msg}; it is computed from the input(s) {', '.join(sources)}", sources[0],
@@ -371,6 +384,8 @@ def _translate(model: Any, where: str) -> Translation:
             cx.lines.append(f"{tg} = {expr}")
         tr_outputs[o.name] = tg
         rets.append(tg)
+    if dims:  # shape arithmetic whose consumers took size expressions instead is dead: not in the text
+        line_nodes = _drop_dead(cx, rets, line_nodes)
     head = [f"# translated by tgc from ONNX: {where} (opset {opset}, {len(g.node)} nodes)"]
     renamed = [(k, v) for k, v in [*tr_inputs.items(), *tr_outputs.items()] if k != v]
     for k, v in renamed:
@@ -379,6 +394,122 @@ def _translate(model: Any, where: str) -> Translation:
     first = len(head) + len(cx.decls) + 1  # the source line of cx.lines[0]
     return Translation(source, cx.weights, tr_inputs, tr_outputs, dims, opset, ops_used,
                        {first + i: about for i, about in line_nodes.items()})
+
+
+_IDENT = re.compile(r"[A-Za-z_]\w*")
+
+
+def _drop_dead(cx: Ctx, rets: list[str], line_nodes: dict[int, str]) -> dict[int, str]:
+    """Drop the lines of `cx` no return value depends on, and the weights only they read (each line assigns a
+    fresh name, so a name's one line; any identifier in a line's text counts as read, which keeps a line at
+    worst). The model's inputs stay declared. Returns `line_nodes` for the lines kept."""
+    live = set(rets)
+    keep = []
+    for i in range(len(cx.lines) - 1, -1, -1):
+        name, _, expr = cx.lines[i].partition(" = ")
+        if name in live:
+            keep.append(i)
+            live.update(_IDENT.findall(expr))
+    keep.reverse()
+    cx.lines = [cx.lines[i] for i in keep]
+    dead = {w for w in cx.weights if w not in live}
+    cx.weights = {w: a for w, a in cx.weights.items() if w not in dead}
+    cx.decls = [d for d in cx.decls if d.partition(":")[0] not in dead]
+    return {j: line_nodes[i] for j, i in enumerate(keep) if i in line_nodes}
+
+
+def _sized_shapes(model: Any, inferred: Any, dims: dict[str, str]) -> tuple[Any, dict[str, str], dict]:
+    """ONNX's inference `inferred` of a model with symbolic dims, again with the shapes `symshapes.propagate`
+    computes from the inputs' sizes pinned (the outputs of Reshape, Expand, ... by a shape from Shape), so the
+    values after them are typed in the dims: (the inferred model, {dim_param tgc made: its .tg text}, {value:
+    (rank, its sizes as .tg text and ints)} for the op functions). A few rounds, as a pinned shape may type a
+    Shape the next round follows."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from tgc.onnx import symshapes
+
+    consts: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for n in model.graph.node:
+        if n.op_type == "Constant" and n.output and any(a.name == "value" for a in n.attribute):
+            consts[n.output[0]] = numpy_helper.to_array(next(a.t for a in n.attribute if a.name == "value"))
+    param_of = {tg: p for p, tg in dims.items()}
+    taken = {d.dim_param for vi in _all_value_infos(inferred.graph) for d in vi.type.tensor_type.shape.dim}
+    # the model as inference needs it: a big initializer (a weight, not a shape) as a typed graph input, so a
+    # round copies and infers the structure, not the weights (64 MB of weights: 0.59 -> 0.32 s CPU to translate)
+    light = onnx.ModelProto()
+    _without_big_weights(model, light)
+    exprs: dict[str, str] = {}
+    size_of: dict[str, Any] = {}  # a .tg text in a shape -> its symshapes size
+    pinned: dict[str, list] = {}
+    known: dict[str, tuple[int, list]] = {}
+    for _ in range(4):
+        shapes: dict[str, tuple | None] = {}
+        elem: dict[str, int] = {}
+        for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
+            t = _type_of(vi, {**dims, **exprs})
+            elem[vi.name] = vi.type.tensor_type.elem_type
+            if t is not None and t[1] is not None:
+                shapes[vi.name] = tuple(size_of.get(d, d) if isinstance(d, str) else d for d in t[1])
+        known, out_shapes = symshapes.propagate(model.graph, shapes, consts)
+        new = {o: sh for o, sh in out_shapes.items()
+               if o not in pinned and o not in shapes and sh is not None and elem.get(o)}
+        if not new:
+            break
+        pinned.update(new)
+        m2 = onnx.ModelProto()
+        m2.CopyFrom(light)
+        outputs = {o.name: o for o in m2.graph.output}
+        for name, sh in pinned.items():
+            entries: list = []
+            for v in sh:
+                if isinstance(v, int):
+                    entries.append(v)
+                elif isinstance(v, symshapes.Mono) and v.coef == 1 and len(v.names) == 1 and v.names[0] in param_of:
+                    entries.append(param_of[v.names[0]])
+                else:
+                    text = symshapes.text(v)
+                    param = next((p for p, t in exprs.items() if t == text), None)
+                    if param is None:
+                        param = f"tgc_size_{len(exprs)}"
+                        while param in taken:
+                            param += "_"
+                        exprs[param] = text
+                        size_of[text] = v
+                    entries.append(param)
+            vi = helper.make_tensor_value_info(name, elem[name], entries)
+            if name in outputs:
+                outputs[name].type.CopyFrom(vi.type)
+            else:
+                m2.graph.value_info.append(vi)
+        try:
+            inferred = onnx.shape_inference.infer_shapes(m2, strict_mode=False, data_prop=True)
+        except Exception:  # noqa: BLE001 - the pinned shapes conflict with ONNX's: keep what it gave before
+            break
+    values = {name: (rank, [symshapes.text(v) if not isinstance(v, (int, bool)) else v for v in vals])
+              for name, (rank, vals) in known.items()}
+    return inferred, exprs, values
+
+
+def _without_big_weights(model: Any, out: Any, limit: int = 4096) -> None:
+    """`model` into `out` with each initializer of more than `limit` elements, or of a float type, replaced by
+    a graph input of its type and shape (shape inference reads the values of small integer ones only)."""
+    from onnx import helper
+
+    small, big = [], []
+    for t in model.graph.initializer:
+        n = math.prod(t.dims) if len(t.dims) else 1
+        (small if n <= limit and t.data_type in (6, 7) else big).append(t)  # (INT32, INT64)
+    g = model.graph
+    keep = helper.make_graph([], g.name, list(g.input), list(g.output), small, value_info=list(g.value_info))
+    keep.node.extend(g.node)
+    names = {v.name for v in g.input}
+    keep.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in big
+                      if t.name not in names)
+    out.ir_version, out.producer_name = model.ir_version, model.producer_name
+    out.opset_import.extend(model.opset_import)
+    out.functions.extend(model.functions)
+    out.graph.CopyFrom(keep)
 
 
 def _run_nodes(cx: Ctx, nodes: list, used: set[str], ops_used: list[str]) -> None:
@@ -425,11 +556,10 @@ def _run_nodes(cx: Ctx, nodes: list, used: set[str], ops_used: list[str]) -> Non
                 if sym and isinstance(e, TypeError):  # (arithmetic on a dim name: the op needs that size's value)
                     param = {tg: p for p, tg in cx.dims.items()}
                     what = ", ".join(f"axis {ax} of '{n}' is '{param.get(d, d)}'" for n, ax, d in sym)
-                    raise TgcError(f"cannot translate {cx.where()}: it needs its inputs' sizes as numbers here, "
-                                   f"but {what} (an ONNX dim_param, a symbolic size)",
-                                   hint="give that dim a fixed size in the model (dim_value; e.g. onnx.tools."
-                                   "update_model_dims.update_inputs_outputs_dims): -D sets a dim at run time, "
-                                   "after the translation") from None
+                    raise NeedDims(f"cannot translate {cx.where()} symbolically: it needs its inputs' sizes as "
+                                   f"numbers here, but {what} (an ONNX dim_param, a symbolic size)", list(cx.dims),
+                                   hint="it runs with the dims known (-D or the inputs' arrays), translated per "
+                                   "size") from None
                 raise TgcError(f"cannot translate {cx.where()}: {type(e).__name__}: {e}",
                                hint="an op's inputs may need shapes that ONNX shape inference did not give") from None
         for i, out_name in enumerate(node.output):
@@ -491,7 +621,9 @@ def _probe(cx: Ctx, expr: str, out_name: str) -> tuple[DType, tuple]:
     from tgc.ir.shapes import shape_of
 
     if cx.dims:
-        raise TgcError(f"the type of '{out_name}' from {cx.where()} is unknown (ONNX shape inference gave none)")
+        raise NeedDims(f"the type of '{out_name}' from {cx.where()} is unknown (ONNX shape inference gave none, "
+                       f"and the model's inputs have symbolic sizes: {', '.join(cx.dims)})", list(cx.dims),
+                       hint="it runs with the dims known (-D or the inputs' arrays), translated per size")
     n_decls, n_lines = cx.traced_upto
     # the new lines, then the probed expression as the one return (a name of its own, not kept in `cx.traced`)
     source = "\n".join([*cx.decls[n_decls:], *cx.lines[n_lines:], f"return {expr}"]) + "\n"
