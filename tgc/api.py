@@ -81,6 +81,7 @@ from tgc.ir.symsize import (
     decided_from,
     decided_upto,
     recording,
+    representative,
     wanted_multiples,
 )
 from tgc.ir.uop import Ops, UOp
@@ -785,7 +786,8 @@ class Program:
         try:
             with checked_at((p1, p2)) as decided:
                 outs, bufs = self._trace(tagged)
-                items = [i for i in create_schedule(outs, dev.caps, split_columns=False) if i.ast.src]
+                with representative(rep):  # (the scheduler's speed choices answered there: `speed_choice`)
+                    items = [i for i in create_schedule(outs, dev.caps, split_columns=False) if i.ast.src]
             for i in items if self._hidden else ():  # (a narrowed class's names: C, not `C_D * D`'s probe value)
                 i.name = ("attn_" if "unfused_ast" in i.meta else "") + \
                     kernel_name(i.meta.get("unfused_ast", i.ast), self._hidden)
