@@ -888,6 +888,13 @@ class SymSize(int):
         """`self // k` exact in a class of `32n` dims (`_unit_of`: `MN // 256` at M, N = 32m, 32n): each 32n dim
         written as 32 times its exact atom `(1*N+0)//32`, the coefficients divided by k, and the atoms folded
         back into their dims where 32 divides (`_whole_units`): `4 * (M//32) * (N//32)`; else None."""
+        r = dict(self.terms).get((), 0)
+        if r % k:  # (`(64m - 1) // 32` is `2m - 1`: the rest a multiple of k at every size, the constant floored)
+            if not all((c * _unit_of(names)) % k == 0 for names, c in self.terms if names):
+                return None
+            rest = _make(self.value - r, {n: c for n, c in self.terms if n})
+            q = rest._unit_quotient(k) if isinstance(rest, SymSize) else None
+            return None if q is None else q + r // k
         if not all((c * _unit_of(names)) % k == 0 for names, c in self.terms):
             return None
         t: dict[tuple[str, ...], int] = {}
