@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Mapping
@@ -81,6 +82,7 @@ from tgc.ir.symsize import (
     decided_from,
     decided_upto,
     recording,
+    representative,
     wanted_multiples,
 )
 from tgc.ir.uop import Ops, UOp
@@ -646,7 +648,7 @@ class Program:
             except CompileError as e:
                 if not e.msg.endswith("past 64 bits") or bound < 2 ** 8:
                     raise
-                bound = 2 ** (2 * (bound.bit_length() - 1) // 3)
+                bound = 2 ** _smaller_exponent(bound.bit_length() - 1, e.msg)
 
     def _build_symbolic_at(self, dev: Any, cls: tuple, bound: int, templates_only: bool = False
                            ) -> SymbolicPlan | str:
@@ -785,7 +787,8 @@ class Program:
         try:
             with checked_at((p1, p2)) as decided:
                 outs, bufs = self._trace(tagged)
-                items = [i for i in create_schedule(outs, dev.caps, split_columns=False) if i.ast.src]
+                with representative(rep):  # (the scheduler's speed choices answered there: `speed_choice`)
+                    items = [i for i in create_schedule(outs, dev.caps, split_columns=False) if i.ast.src]
             for i in items if self._hidden else ():  # (a narrowed class's names: C, not `C_D * D`'s probe value)
                 i.name = ("attn_" if "unfused_ast" in i.meta else "") + \
                     kernel_name(i.meta.get("unfused_ast", i.ast), self._hidden)
@@ -1739,6 +1742,18 @@ class _NotProbeable(str):
 
 
 TRACED_ONCE = "traced once: "  # (a reason's head: the one trace failed with this error of the program, in dims)
+
+
+def _smaller_exponent(e: int, msg: str) -> int:
+    """The next dim bound's exponent after an index ranged past 64 bits with every dim up to 2^e (`index_width`'s
+    message: `ranges over [lo, hi]`): an index of k bits at 2^e grows as about 2^(k/e) per unit of the exponent
+    (a product of dims, each at the bound), so 62 * e // k fits where that holds; at least one less than e, and
+    two thirds of e where the range is not given (the rule before)."""
+    found = re.search(r"ranges over \[(-?\d+), (-?\d+)\]", msg)
+    if found is None:
+        return 2 * e // 3
+    bits = max(abs(int(found.group(1))), abs(int(found.group(2)))).bit_length()
+    return max(1, min(e - 1, 62 * e // max(bits, 1)))
 
 
 def _made_class(base: SymbolicPlan, hidden: tuple) -> tuple:

@@ -190,6 +190,22 @@ def _mono_uop(m: Mono, bound: int, lows: Mapping[str, int]) -> UOp:
     return out if m[2] == 0 else out + UOp.const(INDEX, m[2])
 
 
+def _terms_uop(terms: Sequence[tuple[tuple[str, ...], int]], bound: int, lows: Mapping[str, int],
+               mono: Callable[[Mono], Mono]) -> UOp:
+    """A polynomial of the dims (a `SymSize`'s `terms`) as the sum of its products' expressions, each written as
+    a monomial is (`mono`: in a class with 32n dims, in units, each exact at every size of the class)."""
+    out: UOp | None = None
+    const = 0
+    for names, coef in terms:
+        if not names:
+            const = coef
+            continue
+        m = _mono_uop(mono((coef, names, 0, 1)), bound, lows)
+        out = m if out is None else out + m
+    assert out is not None
+    return out if const == 0 else out + UOp.const(INDEX, const)
+
+
 def _reciprocal(v: float) -> int | None:
     """m when v is exactly the double 1.0 / m (how the front end writes a mean's 1 / n)."""
     if not 0 < abs(v) < 1:
@@ -244,7 +260,10 @@ def symbolize_tagged(ast: UOp, bound: int, lows: Mapping[str, int] | None = None
             continue
         v = u.arg
         if isinstance(v, SymSize):
-            expr = _mono_uop(mono(v.mono), bound, lows)
+            if sum(1 for n, _ in v.terms if n) > 1:  # a sum of products (a stride T*C, T = IMG_P*IMG_P + 1)
+                expr = _terms_uop(v.terms, bound, lows, mono)
+            else:
+                expr = _mono_uop(mono(v.mono), bound, lows)
             mapping[u] = expr if u.dtype == INDEX else UOp(Ops.CAST, u.dtype, (expr,))
         elif isinstance(v, SymFloat):
             expr = UOp(Ops.CAST, u.dtype, (_mono_uop(mono(v.mono), bound, lows),))

@@ -673,6 +673,11 @@ class Tensor:
         x = self.cast(dtype).pad(((0, 0), (0, 0), (ph, ph), (pw, pw)))
         wt = weight.cast(dtype)
         dh, dw = _pair2(dilation)
+        sh, sw = _pair2(stride)
+        if isinstance(sh, SymSize) or isinstance(sw, SymSize):
+            # (traced once: the windows' count first, `(IMG - P) // P`, so a class where it is exact is asked for,
+            # `symsize.wanted_multiples`, before the kernel's size is compared with the input's)
+            _ = (x.shape[2] - dh * (kh - 1) - 1) // sh, (x.shape[3] - dw * (kw - 1) - 1) // sw
         if dh * (kh - 1) + 1 > x.shape[2] or dw * (kw - 1) + 1 > x.shape[3]:
             raise _shape_error("conv2d: the kernel is larger than the padded input")
         win = x._pool_windows((kh, kw), _pair2(stride), (dh, dw))  # (N, C, OH, OW, KH, KW)
@@ -937,8 +942,8 @@ def _pair2(v) -> tuple[int, int]:
     if isinstance(v, (list, tuple)):
         if len(v) != 2:
             raise DslError(f"expected an int or a pair of ints, got {v!r}")
-        return int(v[0]), int(v[1])
-    return int(v), int(v)
+        return _size(v[0]), _size(v[1])
+    return _size(v), _size(v)  # (a dim kept a size: vit's `conv2d(img, w, stride=P)`, traced once)
 
 
 # --- creation

@@ -35,7 +35,7 @@ from tgc.errors import TgcError
 from tgc.ir.kernel import INDEX, ScheduleItem, flat_index, identity
 from tgc.ir.shapes import prod, shape_of, strides_for
 from tgc.ir.symbolic import simplify
-from tgc.ir.symsize import SymSize, hidden_named, unit_name
+from tgc.ir.symsize import SymSize, hidden_named, multiple_at_every_size, speed_choice, unit_name
 from tgc.ir.uop import ALU, Ops, RangeKind, UOp, postorder, rebuild, substitute
 from tgc.ir.walk import drive
 
@@ -538,7 +538,9 @@ SPLIT_REDUCE_MAX_OUTPUTS = 16
 def _split_size(n: int) -> int:
     """How many partial results to make of n elements: a divisor of n, at most 256, rows of >= 1024."""
     for groups in range(256, 1, -1):
-        if n % groups == 0 and n // groups >= 1024:
+        # (traced once: only a divisor at every size of the class, so the split is exact there; not splitting is
+        # right at every size)
+        if multiple_at_every_size(n, groups) and n // groups >= 1024:
             return groups
     return 0
 
@@ -585,6 +587,12 @@ def check_sizes(outputs: list[UOp]) -> None:
                 continue
             seen.add(node)
             shape = shape_of(node)
+            if isinstance(prod(shape), SymSize):
+                # (traced once: the count is a polynomial of the dims, past 2^63 at the probes of a class whose
+                # width is a product of three dims, `C = C_D_KH * KH * D`. Not decided: a symbolic kernel's index
+                # math is proved to fit 64 bits over its dims' whole range (`codegen.index.index_width`, which
+                # cuts the plan's bound where it does not), so no count is indexed modulo 2^64 there either)
+                continue
             if prod(shape) > MAX_ELEMENTS:
                 raise TgcError(f"a tensor of shape {list(shape)} has {prod(shape)} elements, more than the "
                                f"2^63 - 1 that tgc can index", hint="use smaller dims")
@@ -685,9 +693,10 @@ def _packed_rhs(node: UOp, whole: bool = False) -> tuple[list[UOp], UOp] | None:
         # (a transposed operand is copied whatever its rows: read in place, each column vector is a gather)
         # (an operand whose rows start off cache lines, read by many rows, is packed whatever its size: read in
         # place, each vector load of a row spans two lines; 1365 x 1000 x 197's 992 columns: 3.85 -> 3.27 ms)
-        floor = 0 if rows >= packrule.PACK_IN_PLACE_MAX_ROWS and _rows_off_lines(b) else PACK_MIN_ELEMENTS
-        packed = _packed_columns(b, min_elements=floor) if b.op is Ops.PERMUTE or \
-            (rows >= PACK_MIN_ROWS and _pack_pays(b, rows)) else None
+        with speed_choice():  # (traced once: answered at the representative size; speed only)
+            floor = 0 if rows >= packrule.PACK_IN_PLACE_MAX_ROWS and _rows_off_lines(b) else PACK_MIN_ELEMENTS
+            pack = b.op is Ops.PERMUTE or (rows >= PACK_MIN_ROWS and _pack_pays(b, rows))
+        packed = _packed_columns(b, min_elements=floor) if pack else None
     return None if packed is None else (chain, packed)
 
 

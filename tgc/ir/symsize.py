@@ -73,23 +73,28 @@ def wanted_multiples() -> Iterator[list[tuple[str, str | int]]]:
 
 def _want(a: Any, b: Any) -> None:
     """Record `a // b` in `_WANTED` where the program divides (the front end, `recording`; the scheduler's
-    divisions choose the speed) one plain dim a (`C`, not `2C`, `C + 1` or an atom) by another plain dim or an int
-    above 1."""
+    divisions choose the speed) a size by a plain dim Y or an int k above 1, and X a multiple of it would make the
+    division exact: `X // Y` and `(X + Y * ...) // Y` (a stride-P window's count `(IMG - P) // P + 1`) for a plain
+    dim X; `(a * X + r) // k` (a pooling's `(S - 2) // 2 + 1`: `a * Q + r // k` with X = Q * k)."""
     out = _WANTED.get()
-    if out is None or not _FRONT.get() or not isinstance(a, SymSize) or len(a.terms) != 1:  # (the program's own)
+    if out is None or not _FRONT.get() or not isinstance(a, SymSize):  # (the program's own)
         return
-    (names, coef), = a.terms
-    if coef != 1 or len(names) != 1 or "/" in names[0]:
-        return
+    y = None
     if isinstance(b, SymSize):
-        if len(b.terms) != 1 or b.terms[0][1] != 1 or len(b.terms[0][0]) != 1 or "/" in b.terms[0][0][0] \
-                or b.terms[0][0][0] == names[0]:
+        if len(b.terms) != 1 or b.terms[0][1] != 1 or len(b.terms[0][0]) != 1 or "/" in b.terms[0][0][0]:
             return
-        want: tuple[str, str | int] = (names[0], b.terms[0][0][0])
-    elif isinstance(b, int) and not isinstance(b, bool) and b > 1:
-        want = (names[0], int(b))
-    else:
+        y = b.terms[0][0][0]
+        if dict(a.terms).get((), 0):
+            return  # (a constant over a dim: exact at no multiple)
+    elif not isinstance(b, int) or isinstance(b, bool) or b <= 1:
         return
+    lead = [(names, coef) for names, coef in a.terms if names and (y is None or y not in names)]
+    if len(lead) != 1:
+        return
+    (names, coef), = lead
+    if len(names) != 1 or "/" in names[0] or names[0] == y or (coef != 1 if y is not None else coef % b == 0):
+        return
+    want: tuple[str, str | int] = (names[0], y if y is not None else int(b))
     if want not in out:
         out.append(want)
 
@@ -338,6 +343,35 @@ def answering_at(dims: Mapping[str, int]) -> Iterator[None]:
         yield
     finally:
         _AT.reset(token)
+
+
+# within `representative`: the dims at which `speed_choice` answers a heuristic's size decisions (the one trace)
+_REP: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar("rep", default=None)
+
+
+@contextlib.contextmanager
+def representative(dims: Mapping[str, int]) -> Iterator[None]:
+    """Within: `speed_choice` answers at these dims (the class's representative size, as the heuristic picks
+    the fast variants' opts there)."""
+    token = _REP.set(dict(dims))
+    try:
+        yield
+    finally:
+        _REP.reset(token)
+
+
+@contextlib.contextmanager
+def speed_choice() -> Iterator[None]:
+    """Within: a rule that only chooses the speed (the scheduler's matmul packing: `T >= 256` rows, a copy that
+    pays) answers its size decisions at the representative size where one is given (`representative`), nothing
+    checked or recorded, as `answering_at`: its answer may differ between the probes (T at 223 and 269) while
+    either answer computes the same values at every size of the class. Elsewhere, as every decision."""
+    rep = _REP.get()
+    if rep is None:
+        yield
+        return
+    with answering_at(rep):
+        yield
 
 
 class NotTraceable(Exception):
@@ -706,7 +740,11 @@ class SymSize(int):
     __rmul__ = __mul__
 
     def _divided(self, other: Any) -> dict[tuple[str, ...], int] | None:
-        """The polynomial divided by `other` (a positive int or a one-term size), where each term divides."""
+        """The polynomial divided by `other` (a positive int or a one-term size), where each term divides; or by a
+        size of several terms where the polynomial is it times one term (`6BF(T + 1) // 6B(T + 1)`, a broadcast's
+        read count over a token count `IMG_P*IMG_P + 1`: F at every size where the divisor is not 0)."""
+        if isinstance(other, SymSize) and len(other.terms) > 1:
+            return self._multiple_of(other)
         if isinstance(other, SymSize):
             if len(other.terms) != 1 or not other.terms[0][0] or other.terms[0][1] <= 0:
                 return None
@@ -727,6 +765,34 @@ class SymSize(int):
             out[tuple(rest)] = coef // dcoef
         return out
 
+    def _multiple_of(self, other: SymSize) -> dict[tuple[str, ...], int] | None:
+        """The polynomial q with `self` = q * `other` exactly, integer coefficients (so `self // other` is q and
+        `self % other` is 0 wherever `other` is not 0: a ratio of products of shapes, `(T*T*X) // (T*X)` with T =
+        IMG_P*IMG_P + 1), or None: long division in the lexicographic order of the dims' exponents (a monomial
+        order, so each step removes self's leading term), none left over."""
+        names = sorted({n for k, _ in self.terms + other.terms for n in k})
+
+        def key(k: tuple[str, ...]) -> tuple[int, ...]:
+            return tuple(k.count(n) for n in names)
+
+        (lnames, lcoef) = max(other.terms, key=lambda kc: key(kc[0]))
+        rest, q = dict(self.terms), {}
+        for _ in range(64):  # (a quotient of more terms than a program's sizes hold: refused)
+            if not rest:
+                return q
+            tnames, tcoef = max(rest.items(), key=lambda kc: key(kc[0]))
+            left = list(tnames)
+            if tcoef % lcoef or any(n not in left or left.remove(n) for n in lnames):  # type: ignore[func-returns-value]
+                return None
+            qn, qc = tuple(left), tcoef // lcoef
+            q[qn] = q.get(qn, 0) + qc
+            for names_o, coef_o in other.terms:
+                k = tuple(sorted(names_o + qn))
+                rest[k] = rest.get(k, 0) - coef_o * qc
+                if not rest[k]:
+                    del rest[k]
+        return None
+
     def __floordiv__(self, other: Any) -> Any:
         q = self._divided(other)
         if q is not None:
@@ -745,7 +811,30 @@ class SymSize(int):
         if (common := self._cancelled(other)) is not None:  # (proof: `_cancelled`)
             a, b, _, r, _ = common
             return a // b if not r else a // b + (0 if r > 0 else -1)
+        if (poly := self._over_sum(other)) is not None:  # (proof: `_over_sum`)
+            q, r = poly
+            return q if r >= 0 else q - 1
         return self._same_quotient(other)
+
+    def _over_sum(self, other: Any) -> tuple[Any, int] | None:
+        """`(q, r)` where `self` is `q * other + r` as polynomials, `other` a sum of products of plain dims with
+        positive coefficients (an index bound's `(KH * C_D_KH * (P + 1) - 1) // (C_D_KH * (P + 1))`), r a
+        constant with -least <= r < least, least the value of `other` with every dim at its least size in the
+        class (2; 32 for a dim of a `32n` class): `other` grows with every dim, so least <= other at every
+        size. Then, as in `_cancelled`, `self // other` is q where r >= 0 and q - 1 where r < 0 (-other <= r <
+        0), and `self % other` is r, or r + other. Else None."""
+        if not isinstance(other, SymSize) or sum(1 for k, _ in other.terms if k) < 2:
+            return None
+        if any(c <= 0 or any("/" in n for n in k) for k, c in other.terms):
+            return None
+        least = _eval(dict(other.terms), {n: UNIT if _unit_dim(n) else 2 for k, _ in other.terms for n in k})
+        r = dict(self.terms).get((), 0)
+        if not -least <= r < least:
+            return None
+        rest = _make(self.value - r, {k: c for k, c in self.terms if k})
+        if not isinstance(rest, SymSize) or (q := rest._multiple_of(other)) is None:
+            return None
+        return _make((self.value - r) // other.value, q), r
 
     def _cancelled(self, other: Any) -> tuple[Any, int, Any, int, int] | None:
         """`(a, b, m, r, least)` where `self` is `a * m + r` and `other` is `b * m`: b a positive int, m a product
@@ -799,6 +888,13 @@ class SymSize(int):
         """`self // k` exact in a class of `32n` dims (`_unit_of`: `MN // 256` at M, N = 32m, 32n): each 32n dim
         written as 32 times its exact atom `(1*N+0)//32`, the coefficients divided by k, and the atoms folded
         back into their dims where 32 divides (`_whole_units`): `4 * (M//32) * (N//32)`; else None."""
+        r = dict(self.terms).get((), 0)
+        if r % k:  # (`(64m - 1) // 32` is `2m - 1`: the rest a multiple of k at every size, the constant floored)
+            if not all((c * _unit_of(names)) % k == 0 for names, c in self.terms if names):
+                return None
+            rest = _make(self.value - r, {n: c for n, c in self.terms if n})
+            q = rest._unit_quotient(k) if isinstance(rest, SymSize) else None
+            return None if q is None else q + r // k
         if not all((c * _unit_of(names)) % k == 0 for names, c in self.terms):
             return None
         t: dict[tuple[str, ...], int] = {}
@@ -864,6 +960,8 @@ class SymSize(int):
                 return r if r > 0 else other + r
             rest = a % b  # (a remainder the class knows only as not 0 stays that: m >= 1, below `other`)
             return _Nonzero(f"{_text(self)} % {_text(other)}", other) if isinstance(rest, _Nonzero) else rest * m
+        if (poly := self._over_sum(other)) is not None:  # (proof: `_over_sum`)
+            return poly[1] if poly[1] >= 0 else other + poly[1]
         if isinstance(other, SymSize) and _positive_everywhere(_terms(self)) \
                 and _positive_everywhere(_terms(other - self)):
             return self  # (0 < self < other at every size of the class: `(N - 1) % N` is N - 1 for N >= 2)
@@ -1111,6 +1209,16 @@ def _unit_dim(name: str) -> bool:
     size it serves; a class n's probes are primes)."""
     pts = _POINTS.get()
     return bool(pts) and all(pt.get(name, 1) % UNIT == 0 for pt in pts)
+
+
+def multiple_at_every_size(n: Any, k: int) -> bool:
+    """Whether the size `n` is a multiple of the int k > 0 at every size of the class (each term a multiple of
+    k, a dim of a `32n` class counted as a multiple of 32: `_unit_of`), asking nothing of the probes; a plain
+    int, whether k divides it. A remainder the class does not know (`2 * C_D_KH * D_2 * KH % 251`: 0 at one
+    probe) is False: a rule that only needs some divisor (`schedule._split_size`) then takes another."""
+    if not isinstance(n, SymSize):
+        return int(n) % k == 0
+    return all((c * _unit_of(names) if names else c) % k == 0 for names, c in n.terms)
 
 
 def _unit_of(names: Sequence[str]) -> int:
