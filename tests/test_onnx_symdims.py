@@ -279,6 +279,9 @@ def test_size_arithmetic_is_exact_or_unknown():
     assert ss.div(b, s) is None and ss.div(ss.sub(s, 1), 2) is None  # (not exact; seq - 1 may be negative)
     assert ss.text(ss.div(s, 2)) == "(S // 2)" and ss.div(-7, 2) == -3  # (ONNX's Div truncates)
     assert ss.text(ss.sub(s, 1)) == "(S - 1)" and ss.sub(s, s) == 0 and ss.add(b, b) == ss.Mono(2, ("B",))
+    assert ss.sub(ss.add(b, s), b) == s and ss.text(ss.sub(3, ss.add(b, s))) == "(3 - B - S)"  # (like terms)
+    assert ss.lower(ss.sub(s, 1)) == -1 and ss.lower(ss.sub(1, s)) is None and ss.lower(ss.add(b, 2)) == 2
+    assert ss.lower(ss.mul(ss.add(b, 1), ss.add(s, 2))) == 2 and ss.lower(ss.div(s, 2)) == 0  # (a dim may be 0)
     assert ss._reshape([b, s, 4, 8], [0, 0, -1], False) == [b, s, 32]
     assert ss._reshape([b, s, 4, 8], [-1, 8], False) == [ss.Mono(4, ("B", "S")), 8]
     assert ss._reshape([b, s, 3], [-1, 2], False) is None  # (3 * B * S is not known to be even)
@@ -330,3 +333,43 @@ def test_slice_bounds_from_fixed_sizes_of_a_symbolic_input(tmp_path):
             got = prog.run(device="CPU", x=x, symbolic=sym)
             np.testing.assert_array_equal(got["y"], x[:, 0:1])
             np.testing.assert_array_equal(got["y2"], x[:, 1:5])
+
+
+def test_range_count_negative_at_small_sizes_is_zero(tmp_path):
+    """Range's count is max(ceil((limit - start) / delta), 0): Range(0, seq - 3) and Range(seq - 3, 0) are empty
+    at seq = 2 (Size 0, Shape [0], ConstantOfShape and Expand by that shape empty), as onnxruntime gives; such a
+    count is not a size at every seq, so the model is translated per size. Range(past, past + seq) stays one
+    symbolic program ((past + seq) - past is seq, at least 0)."""
+    i64 = np.int64
+    nodes = [h.make_node("Shape", ["x"], ["s"]), _c("i1", np.array(1, i64)), h.make_node("Gather", ["s", "i1"], ["n"]),
+             _c("three", np.array(3, i64)), h.make_node("Sub", ["n", "three"], ["m"]), _c("zero", np.array(0, i64)),
+             _c("one", np.array(1, i64)), h.make_node("Range", ["zero", "m", "one"], ["r"]),
+             h.make_node("Size", ["r"], ["sz"]), h.make_node("Shape", ["r"], ["rs"]),
+             h.make_node("ConstantOfShape", ["rs"], ["c"], value=nh.from_array(np.array([5.0], np.float32))),
+             h.make_node("Range", ["m", "zero", "one"], ["r2"]), h.make_node("Shape", ["r2"], ["rs2"]),
+             h.make_node("Expand", ["v", "rs2"], ["e"])]
+    path = _save(tmp_path, "rneg", nodes, [_vi("x", ["batch", "seq"]), _vi("v", [1])],
+                 [_vi("r", 1, TP.INT64), _vi("sz", 0, TP.INT64), _vi("rs", 1, TP.INT64), _vi("c", 1), _vi("e", 1)])
+    m = tgc.load(path)
+    v = np.array([1.5], np.float32)
+    for n in (5, 2, 1, 3):
+        got = m.run(device="CPU", x=np.zeros((1, n), np.float32), v=v)
+        cnt, cnt2 = max(n - 3, 0), max(3 - n, 0)
+        np.testing.assert_array_equal(got["r"], np.arange(cnt))
+        assert int(got["sz"]) == cnt and list(got["rs"]) == [cnt]
+        np.testing.assert_array_equal(got["c"], np.full(cnt, 5.0, np.float32))
+        np.testing.assert_array_equal(got["e"], np.full(cnt2, 1.5, np.float32))
+    nodes = [h.make_node("Shape", ["x"], ["s"]), _c("i1", np.array(1, i64)), h.make_node("Gather", ["s", "i1"], ["n"]),
+             h.make_node("Shape", ["pk"], ["ps"]), _c("i0", np.array(0, i64)),
+             h.make_node("Gather", ["ps", "i0"], ["p"]),
+             h.make_node("Add", ["p", "n"], ["pn"]), _c("one", np.array(1, i64)),
+             h.make_node("Range", ["p", "pn", "one"], ["pos"]), h.make_node("Cast", ["pos"], ["pf"], to=TP.FLOAT),
+             h.make_node("Add", ["x", "pf"], ["y"])]
+    path = _save(tmp_path, "pos", nodes, [_vi("x", ["batch", "seq"]), _vi("pk", ["past", 2])], [_vi("y", 2)])
+    prog = tgc.load(path)
+    assert isinstance(prog, Program)
+    for b, n, p in ((2, 3, 4), (1, 1, 0)):
+        x, pk = RNG.standard_normal((b, n)).astype(np.float32), np.zeros((p, 2), np.float32)
+        for sym in (False, True):
+            np.testing.assert_allclose(prog.run(device="CPU", x=x, pk=pk, symbolic=sym)["y"],
+                                       x + np.arange(p, p + n, dtype=np.float32), rtol=1e-6)
