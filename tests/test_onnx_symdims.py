@@ -373,3 +373,20 @@ def test_range_count_negative_at_small_sizes_is_zero(tmp_path):
         for sym in (False, True):
             np.testing.assert_allclose(prog.run(device="CPU", x=x, pk=pk, symbolic=sym)["y"],
                                        x + np.arange(p, p + n, dtype=np.float32), rtol=1e-6)
+
+
+def test_squeeze_without_axes_on_symbolic_dims(tmp_path):
+    """Squeeze without axes drops the axes of size 1, which the sizes decide: x[batch, one, 3] is translated per
+    size (it kept all three axes at (3, 1, 3)); numpy's squeeze at each size, and the symbolic path one clear
+    error naming the need."""
+    path = _save(tmp_path, "sq", [h.make_node("Squeeze", ["x"], ["y"])], [_vi("x", ["batch", "one", 3])],
+                 [_vi("y", 2)])
+    m = tgc.load(path)
+    assert isinstance(m, StagedModel)
+    for shape in ((3, 1, 3), (1, 1, 3), (2, 2, 3)):
+        x = RNG.standard_normal(shape).astype(np.float32)
+        got = m.run(device="CPU", x=x)["y"]
+        assert got.shape == np.squeeze(x).shape
+        np.testing.assert_array_equal(got, np.squeeze(x))
+    with pytest.raises(tgc.TgcError, match="Squeeze without axes drops those of size 1"):
+        m.run(device="CPU", x=x, symbolic=True)

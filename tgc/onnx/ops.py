@@ -507,6 +507,8 @@ def _squeeze(cx, node, ins, at, opset):
     x = ins[0]
     axes = _axes_arg(cx, ins, at, opset, 13)
     r = x.rank
+    if axes is None and any(not isinstance(s, int) for s in x.shape):  # (which axes are 1 is decided by the sizes)
+        raise cx.need_dims("each axis's size (a Squeeze without axes drops those of size 1)")
     axes = [_axis(a, r) for a in axes] if axes is not None else [i for i, s in enumerate(x.shape) if s == 1]
     shape = tuple(s for i, s in enumerate(x.shape) if i not in axes)
     return [_reshape_to(cx, x, shape, node.output[0])]
