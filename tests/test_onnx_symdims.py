@@ -390,3 +390,27 @@ def test_squeeze_without_axes_on_symbolic_dims(tmp_path):
         np.testing.assert_array_equal(got, np.squeeze(x))
     with pytest.raises(tgc.TgcError, match="Squeeze without axes drops those of size 1"):
         m.run(device="CPU", x=x, symbolic=True)
+
+
+def test_per_size_model_checks_a_shared_dim(tmp_path):
+    """Two inputs sharing a dim_param given different sizes: a per-size model says which (as a Program does:
+    `dim seq mismatch: ...`), exit 2 on the CLI; consistent sizes run and equal numpy."""
+    i64 = np.int64
+    nodes = [h.make_node("Shape", ["x"], ["s"]), _c("i1", np.array([1], i64)),
+             h.make_node("Gather", ["s", "i1"], ["n"]), _c("one", np.array([1], i64)),
+             h.make_node("Sub", ["n", "one"], ["e"]), _c("z", np.array([0], i64)),
+             h.make_node("Slice", ["v", "z", "e", "one"], ["y"])]
+    path = _save(tmp_path, "shared", nodes, [_vi("x", ["batch", "seq"]), _vi("v", [2, "seq"])], [_vi("y", 2)])
+    m = tgc.load(path)
+    assert isinstance(m, StagedModel) and m.per_size
+    x, v = np.zeros((1, 4), np.float32), RNG.standard_normal((2, 4)).astype(np.float32)
+    np.testing.assert_array_equal(m.run(device="CPU", x=x, v=v)["y"], v[:, :3])
+    for x2, v2 in ((x, RNG.standard_normal((2, 6)).astype(np.float32)), (np.zeros((1, 6), np.float32), v)):
+        with pytest.raises(tgc.TgcError, match="dim seq mismatch: input 'v' axis 1 has size .*from input 'x'"):
+            m.run(device="CPU", x=x2, v=v2)
+    with pytest.raises(tgc.TgcError, match="dim seq mismatch: input 'x' axis 1 has size 4, but seq = 5 from the"):
+        m.run(device="CPU", x=x, v=v, dims={"seq": 5})
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "v.npy", np.zeros((2, 6), np.float32))
+    assert_clean(invoke("run", path, "-i", f"x={tmp_path / 'x.npy'}", "-i", f"v={tmp_path / 'v.npy'}"), 2,
+                 "dim seq mismatch", "input 'v'")
