@@ -414,3 +414,39 @@ def test_per_size_model_checks_a_shared_dim(tmp_path):
     np.save(tmp_path / "v.npy", np.zeros((2, 6), np.float32))
     assert_clean(invoke("run", path, "-i", f"x={tmp_path / 'x.npy'}", "-i", f"v={tmp_path / 'v.npy'}"), 2,
                  "dim seq mismatch", "input 'v'")
+
+
+def test_resize_by_float_scales_beside_a_reshape_by_shape(tmp_path, monkeypatch):
+    """A Resize of a fixed-size input by a float scales initializer, beside a Reshape by Shape (which makes the
+    translation re-run ONNX's inference without the weights): the Resize keeps its type (it lost it: the model
+    went per size), one symbolic Program equal to numpy; also where the re-inference has no initializer values
+    at all (the first inference's types are kept)."""
+    import importlib
+
+    tr_mod = importlib.import_module("tgc.onnx.translate")  # (tgc.onnx.translate is also the function)
+    keep = tr_mod._without_big_weights
+
+    def no_values(m, out):
+        keep(m, out)
+        del out.graph.initializer[:]
+    i64 = np.int64
+    nodes = [h.make_node("Shape", ["x"], ["s"]), _c("i0", np.array([0], i64)),
+             h.make_node("Gather", ["s", "i0"], ["b"]), _c("m1", np.array([-1], i64)),
+             h.make_node("Concat", ["b", "m1"], ["shp"], axis=0), h.make_node("Reshape", ["x", "shp"], ["y"]),
+             h.make_node("Resize", ["z", "", "scales"], ["rs"], mode="nearest"), h.make_node("Relu", ["rs"], ["y2"])]
+    path = _save(tmp_path, "rsz", nodes, [_vi("x", ["batch", 8, 3]), _vi("z", [1, 2, 4, 3])],
+                 [_vi("y", 2), _vi("y2", 4)],
+                 [nh.from_array(np.array([1, 1, 2, 2], np.float32), "scales")])
+    z = RNG.standard_normal((1, 2, 4, 3)).astype(np.float32)
+    want2 = np.maximum(z.repeat(2, axis=2).repeat(2, axis=3), 0)
+    for weightless in (False, True):
+        if weightless:
+            monkeypatch.setattr(tr_mod, "_without_big_weights", no_values)
+        prog = tgc.load(path)
+        assert isinstance(prog, Program), weightless
+        for b in (2, 1):
+            x = RNG.standard_normal((b, 8, 3)).astype(np.float32)
+            for sym in (False, True):
+                got = prog.run(device="CPU", x=x, z=z, symbolic=sym)
+                np.testing.assert_array_equal(got["y"], x.reshape(b, -1))
+                np.testing.assert_array_equal(got["y2"], want2)
