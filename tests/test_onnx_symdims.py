@@ -450,3 +450,21 @@ def test_resize_by_float_scales_beside_a_reshape_by_shape(tmp_path, monkeypatch)
                 got = prog.run(device="CPU", x=x, z=z, symbolic=sym)
                 np.testing.assert_array_equal(got["y"], x.reshape(b, -1))
                 np.testing.assert_array_equal(got["y2"], want2)
+
+
+@pytest.mark.parametrize("dt,val", [(np.float32, np.nan), (np.float32, -np.inf), (np.float16, np.inf),
+                                    (np.float64, np.nan)])
+def test_constant_of_shape_nan_and_inf_in_the_dims(tmp_path, dt, val):
+    """ConstantOfShape(Shape(x)) of nan or +-inf: `full((batch, seq), nan, ...)` in the .tg (`(0.0 / 0.0)` was a
+    tensor, which `full` refuses); plain and symbolic runs give numpy's full."""
+    nodes = [h.make_node("Shape", ["x"], ["s"]),
+             h.make_node("ConstantOfShape", ["s"], ["y"], value=nh.from_array(np.array([val], dt)))]
+    path = _save(tmp_path, "cnan", nodes, [_vi("x", ["batch", "seq"])],
+                 [_vi("y", 2, h.np_dtype_to_tensor_dtype(np.dtype(dt)))])
+    prog = tgc.load(path)
+    assert isinstance(prog, Program)
+    for b, n in ((2, 3), (1, 5)):
+        for sym in (False, True):
+            got = prog.run(device="CPU", x=np.zeros((b, n), np.float32), symbolic=sym)["y"]
+            assert got.dtype == dt
+            np.testing.assert_array_equal(got, np.full((b, n), val, dt))

@@ -89,10 +89,9 @@ def _const(arr: Any, dt: DType, name: str = "c") -> Value:
 def _num(x: float, dt: DType) -> str:
     lit = _literal(x, dt)
     if lit is None:
-        if _is_float(dt):
-            if math.isnan(x):
-                return "(0.0 / 0.0)"
-            return "(1e300 * 1e300)" if x > 0 else "(-1e300 * 1e300)"
+        if _is_float(dt):  # (the DSL's names `nan` and `inf`: numbers, as `full` takes; the translation's names
+            # never shadow them)
+            return "nan" if math.isnan(x) else "inf" if x > 0 else "(-inf)"
         return str(int(x))
     return lit if not lit.startswith("-") else f"({lit})"
 
