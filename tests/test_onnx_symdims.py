@@ -468,3 +468,29 @@ def test_constant_of_shape_nan_and_inf_in_the_dims(tmp_path, dt, val):
             got = prog.run(device="CPU", x=np.zeros((b, n), np.float32), symbolic=sym)["y"]
             assert got.dtype == dt
             np.testing.assert_array_equal(got, np.full((b, n), val, dt))
+
+
+def test_a_long_chain_of_reshapes_by_shape_stays_symbolic(tmp_path):
+    """Six layers of view(b, s, -1, 2) by Shape -> Gather -> Concat, then TopK's k = Shape[1] // 2: each pinned
+    shape types the next layer's Shape, one round each; the rounds go on until nothing new is pinned (four
+    rounds stopped at the fifth layer: per size). One Program, equal to numpy, plain and symbolic."""
+    i64 = np.int64
+    nodes, cur = [], "x"
+    for i in range(6):
+        nodes += [h.make_node("Shape", [cur], [f"s{i}"]), _c(f"i{i}", np.array([0, 1], i64)),
+                  h.make_node("Gather", [f"s{i}", f"i{i}"], [f"g{i}"]), _c(f"m{i}", np.array([-1, 2], i64)),
+                  h.make_node("Concat", [f"g{i}", f"m{i}"], [f"shp{i}"], axis=0),
+                  h.make_node("Reshape", [cur, f"shp{i}"], [f"r{i}"]), h.make_node("Relu", [f"r{i}"], [f"a{i}"])]
+        cur = f"a{i}"
+    nodes += [h.make_node("Shape", [cur], ["sl"]), _c("il", np.array([1], i64)),
+              h.make_node("Gather", ["sl", "il"], ["k"]), _c("two", np.array([2], i64)),
+              h.make_node("Div", ["k", "two"], ["k2"]),
+              h.make_node("TopK", [cur, "k2"], ["y", "yi"], axis=1)]
+    path = _save(tmp_path, "chain", nodes, [_vi("x", ["batch", "seq", 4, 2])], [_vi("y", 4)])
+    prog = tgc.load(path)
+    assert isinstance(prog, Program)
+    for b, n in ((2, 4), (1, 5)):
+        x = RNG.standard_normal((b, n, 4, 2)).astype(np.float32)
+        want = -np.sort(-np.maximum(x, 0), axis=1, kind="stable")[:, :n // 2]
+        for sym in (False, True):
+            np.testing.assert_array_equal(prog.run(device="CPU", x=x, symbolic=sym)["y"], want)

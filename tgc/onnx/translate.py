@@ -422,8 +422,8 @@ def _sized_shapes(model: Any, inferred: Any, dims: dict[str, str]) -> tuple[Any,
     """ONNX's inference `inferred` of a model with symbolic dims, again with the shapes `symshapes.propagate`
     computes from the inputs' sizes pinned (the outputs of Reshape, Expand, ... by a shape from Shape), so the
     values after them are typed in the dims: (the inferred model, {dim_param tgc made: its .tg text}, {value:
-    (rank, its sizes as .tg text and ints)} for the op functions). A few rounds, as a pinned shape may type a
-    Shape the next round follows."""
+    (rank, its sizes as .tg text and ints)} for the op functions). Rounds until one pins nothing new, as a
+    pinned shape may type a Shape the next round follows (a chain of view(b, s, -1) pins one layer a round)."""
     import onnx
     from onnx import helper, numpy_helper
 
@@ -443,7 +443,7 @@ def _sized_shapes(model: Any, inferred: Any, dims: dict[str, str]) -> tuple[Any,
     size_of: dict[str, Any] = {}  # a .tg text in a shape -> its symshapes size
     pinned: dict[str, list] = {}
     known: dict[str, tuple[int, list]] = {}
-    for _ in range(4):
+    for _ in range(len(model.graph.node) + 1):  # (until a round pins nothing new: each pins at least one output)
         shapes: dict[str, tuple | None] = {}
         elem: dict[str, int] = {}
         for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
