@@ -494,3 +494,26 @@ def test_a_long_chain_of_reshapes_by_shape_stays_symbolic(tmp_path):
         want = -np.sort(-np.maximum(x, 0), axis=1, kind="stable")[:, :n // 2]
         for sym in (False, True):
             np.testing.assert_array_equal(prog.run(device="CPU", x=x, symbolic=sym)["y"], want)
+
+
+def test_pytorch_expand_with_constant_of_shape_ones(tmp_path):
+    """PyTorch's expand(b, -1, s): size = Concat(b, [-1], s); ones = ConstantOfShape(Shape(size), 1);
+    Where(Equal(size, ones * -1), ones, size) -> Expand. The ones are values (a small int list), so the shape is
+    [batch, 1, seq] and the model one symbolic Program (it went per size), equal to numpy's broadcast."""
+    i64 = np.int64
+    nodes = [h.make_node("Shape", ["x"], ["s"]), _c("i0", np.array([0], i64)), _c("i1", np.array([1], i64)),
+             h.make_node("Gather", ["s", "i0"], ["b"]), h.make_node("Gather", ["s", "i1"], ["n"]),
+             _c("m1", np.array([-1], i64)), h.make_node("Concat", ["b", "m1", "n"], ["size"], axis=0),
+             h.make_node("Shape", ["size"], ["ss"]),
+             h.make_node("ConstantOfShape", ["ss"], ["ones"], value=nh.from_array(np.array([1], i64))),
+             _c("neg", np.array(-1, i64)), h.make_node("Mul", ["ones", "neg"], ["negones"]),
+             h.make_node("Equal", ["size", "negones"], ["eq"]), h.make_node("Where", ["eq", "ones", "size"], ["size2"]),
+             h.make_node("Expand", ["m", "size2"], ["y"])]
+    path = _save(tmp_path, "texp", nodes, [_vi("x", ["batch", "seq"]), _vi("m", [1, 3, 1])], [_vi("y", 3)])
+    prog = tgc.load(path)
+    assert isinstance(prog, Program)
+    m = RNG.standard_normal((1, 3, 1)).astype(np.float32)
+    for b, n in ((2, 4), (1, 1)):
+        for sym in (False, True):
+            got = prog.run(device="CPU", x=np.zeros((b, n), np.float32), m=m, symbolic=sym)["y"]
+            np.testing.assert_array_equal(got, np.broadcast_to(m, (b, 3, n)))

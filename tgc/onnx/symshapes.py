@@ -322,7 +322,8 @@ def _node(op: str, ins: list, at: dict, sizes: Any, shape_sizes: Any) -> tuple |
     if op == "Expand" and s[1] is not None:
         return None, [_broadcast(shape_sizes(ins[0]), s[1][1])]
     if op == "ConstantOfShape" and s[0] is not None:
-        return None, [list(s[0][1])]
+        shape = list(s[0][1])
+        return (_filled(shape, at.get("value")), [shape])
     if op == "Tile" and s[1] is not None:
         sh = shape_sizes(ins[0])
         return None, [[mul(d, r) for d, r in zip(sh, s[1][1])] if sh is not None and len(sh) == len(s[1][1])
@@ -344,6 +345,20 @@ def _node(op: str, ins: list, at: dict, sizes: Any, shape_sizes: Any) -> tuple |
         shape = [s[1][1][0] if i == axis else d for i, d in enumerate(sh)]
         return None, [shape, list(shape)]
     return None
+
+
+def _filled(shape: list, value: Any) -> tuple[int, list] | None:
+    """The values of ConstantOfShape's small integer output (PyTorch's expand writes ConstantOfShape(Shape(size),
+    1) and compares the sizes with it times -1), where `shape` is a rank-0 or rank-1 int list; else None."""
+    from onnx import numpy_helper
+
+    if len(shape) > 1 or any(not isinstance(d, int) for d in shape) or value is None:
+        return None
+    v = numpy_helper.to_array(value.t).reshape(-1)
+    if v.size != 1 or v.dtype.kind not in "iub" or (shape and shape[0] > 64):
+        return None
+    x = bool(v[0]) if v.dtype.kind == "b" else int(v[0])
+    return len(shape), [x] * (shape[0] if shape else 1)
 
 
 def _prod(sh: list) -> Size:
