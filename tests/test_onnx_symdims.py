@@ -359,6 +359,9 @@ def test_range_count_negative_at_small_sizes_is_zero(tmp_path):
         assert int(got["sz"]) == cnt and list(got["rs"]) == [cnt]
         np.testing.assert_array_equal(got["c"], np.full(cnt, 5.0, np.float32))
         np.testing.assert_array_equal(got["e"], np.full(cnt2, 1.5, np.float32))
+    with pytest.raises(tgc.TgcError, match=r"the limit \('m'\) of node 'r' \(Range, opset 17\): computed from the "
+                       r"inputs' sizes .*; the translation takes the values of the symbolic dims batch, seq"):
+        m.run(device="CPU", x=np.zeros((1, 5), np.float32), v=v, symbolic=True)
     nodes = [h.make_node("Shape", ["x"], ["s"]), _c("i1", np.array(1, i64)), h.make_node("Gather", ["s", "i1"], ["n"]),
              h.make_node("Shape", ["pk"], ["ps"]), _c("i0", np.array(0, i64)),
              h.make_node("Gather", ["ps", "i0"], ["p"]),

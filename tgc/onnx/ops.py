@@ -742,7 +742,7 @@ def _gather_elements(cx, node, ins, at, opset):
 
 @op("Trilu")
 def _trilu(cx, node, ins, at, opset):
-    k = int(cx.static(ins[1], "k").reshape(-1)[0]) if len(ins) > 1 and ins[1] is not None else 0
+    k = int(cx.static(ins[1], "the k").reshape(-1)[0]) if len(ins) > 1 and ins[1] is not None else 0
     fn = "triu" if at.get("upper", 1) else "tril"
     return [f"{fn}({cx.tensor(ins[0])}, {k})"]
 
@@ -909,7 +909,7 @@ def _topk(cx, node, ins, at, opset):
     if sized is not None:
         k = sized[0]
     else:
-        k = int(cx.static(ins[1], "k").reshape(-1)[0]) if opset >= 10 else at["k"]
+        k = int(cx.static(ins[1], "the k").reshape(-1)[0]) if opset >= 10 else at["k"]
     ax = _axis(at.get("axis", -1), x.rank)
     largest = bool(at.get("largest", 1))
     t = cx.let(f"topk({cx.tensor(x)}, {k}, axis={ax}, largest={largest})", "topk")

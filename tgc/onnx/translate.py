@@ -363,9 +363,9 @@ def _translate(model: Any, where: str) -> Translation:
             raise
         sources = _data_sources(cx.producers, e.name, set(tr_inputs))
         if not sources and cx.dims:  # computed from the inputs' sizes alone: known once the dims are
-            raise NeedDims(f"{e.msg.split(' must be a constant')[0]} needs the values of the symbolic dims "
-                           f"{', '.join(cx.dims)} (it is computed from the inputs' sizes, beyond what tgc keeps "
-                           "as size expressions)",
+            raise NeedDims(f"{e.msg.split(' must be a constant')[0]}: computed from the inputs' sizes beyond "
+                           "what tgc keeps as size expressions; the translation takes the values of the symbolic "
+                           f"dims {', '.join(cx.dims)}",
                            list(cx.dims), hint="it runs with the dims known (-D or the inputs' arrays), "
                            "translated per size") from None
         if not sources:
