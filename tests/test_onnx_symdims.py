@@ -520,3 +520,21 @@ def test_pytorch_expand_with_constant_of_shape_ones(tmp_path):
         for sym in (False, True):
             got = prog.run(device="CPU", x=np.zeros((b, n), np.float32), m=m, symbolic=sym)["y"]
             np.testing.assert_array_equal(got, np.broadcast_to(m, (b, 3, n)))
+
+
+def test_package_a_per_size_model_at_the_sizes_given(tmp_path):
+    """`tgc compile --package` of a per-size model with every dim given (-D) translates it at those sizes and
+    packages it (a note says so); the package runs at those sizes, equal to numpy; with a dim missing, the
+    refusal says how (exit 2)."""
+    (path, make, ref), = [m for m in _per_size_models(tmp_path) if m[0].endswith("slice.onnx")]
+    pkg = str(tmp_path / "s.tgpkg")
+    r = invoke("compile", path, "-D", "batch=2", "-D", "seq=5", "--package", pkg)
+    assert r.exit_code == 0, r.output
+    assert "packaged at batch=2, seq=5" in r.output
+    x = make(2, 5)["x"]
+    np.save(tmp_path / "x.npy", x)
+    r = invoke("run", pkg, "-i", f"x={tmp_path / 'x.npy'}", "-o", str(tmp_path / "o.npz"))
+    assert r.exit_code == 0, r.output
+    np.testing.assert_array_equal(np.load(tmp_path / "o.npz")["y"], x[:, :4])
+    assert_clean(invoke("compile", path, "-D", "batch=2", "--package", str(tmp_path / "t.tgpkg")), 2,
+                 "--package is not available", "with every dim given")
