@@ -538,3 +538,21 @@ def test_package_a_per_size_model_at_the_sizes_given(tmp_path):
     np.testing.assert_array_equal(np.load(tmp_path / "o.npz")["y"], x[:, :4])
     assert_clean(invoke("compile", path, "-D", "batch=2", "--package", str(tmp_path / "t.tgpkg")), 2,
                  "--package is not available", "with every dim given")
+
+
+def test_range_of_a_fixed_count_from_a_size(tmp_path):
+    """Range(seq, seq + 5): its count is 5 at every size and its start is seq: `arange(5) + seq`, one symbolic
+    Program (it went per size), equal to numpy."""
+    i64 = np.int64
+    nodes = [h.make_node("Shape", ["x"], ["s"]), _c("i1", np.array(1, i64)), h.make_node("Gather", ["s", "i1"], ["n"]),
+             _c("five", np.array(5, i64)), h.make_node("Add", ["n", "five"], ["n5"]), _c("one", np.array(1, i64)),
+             h.make_node("Range", ["n", "n5", "one"], ["r"]), _c("v", np.arange(5, dtype=i64) * 10),
+             h.make_node("Add", ["r", "v"], ["y"])]
+    path = _save(tmp_path, "rfix", nodes, [_vi("x", ["batch", "seq"])], [_vi("y", 1, TP.INT64)])
+    prog = tgc.load(path)
+    assert isinstance(prog, Program)
+    for n in (3, 7):
+        for sym in (False, True):
+            got = prog.run(device="CPU", x=np.zeros((2, n), np.float32), symbolic=sym)["y"]
+            assert got.dtype == np.int64
+            np.testing.assert_array_equal(got, np.arange(n, n + 5) + np.arange(5) * 10)

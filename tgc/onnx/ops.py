@@ -641,8 +641,9 @@ def _tile(cx, node, ins, at, opset):
 @op("Range")
 def _range(cx, node, ins, at, opset):
     shape = _out_type(cx, node)[1]
-    sized = [_size_value(cx, v) for v in ins] if shape is not None and isinstance(shape[0], str) else [None]
-    if any(v is not None for v in sized):  # a length from the inputs' sizes: arange of that size
+    sized = [_size_value(cx, v) for v in ins] if shape is not None and len(shape) == 1 else [None]
+    if any(v is not None and (isinstance(shape[0], str) or any(isinstance(e, str) for e in v)) for v in sized):
+        # a length or a start from the inputs' sizes (Range(seq, seq + 5): 5 from seq): arange of that size
         start, delta = (sz[0] if sz is not None else int(cx.static(v, w).reshape(-1)[0])
                         for sz, v, w in ((sized[0], ins[0], "the start"), (sized[2], ins[2], "the delta")))
         e = f"arange({shape[0]})"
