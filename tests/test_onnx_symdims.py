@@ -279,6 +279,9 @@ def test_size_arithmetic_is_exact_or_unknown():
     assert ss.div(b, s) is None and ss.div(ss.sub(s, 1), 2) is None  # (not exact; seq - 1 may be negative)
     assert ss.text(ss.div(s, 2)) == "(S // 2)" and ss.div(-7, 2) == -3  # (ONNX's Div truncates)
     assert ss.text(ss.sub(s, 1)) == "(S - 1)" and ss.sub(s, s) == 0 and ss.add(b, b) == ss.Mono(2, ("B",))
+    assert ss.sub(ss.add(b, s), b) == s and ss.text(ss.sub(3, ss.add(b, s))) == "(3 - B - S)"  # (like terms)
+    assert ss.lower(ss.sub(s, 1)) == -1 and ss.lower(ss.sub(1, s)) is None and ss.lower(ss.add(b, 2)) == 2
+    assert ss.lower(ss.mul(ss.add(b, 1), ss.add(s, 2))) == 2 and ss.lower(ss.div(s, 2)) == 0  # (a dim may be 0)
     assert ss._reshape([b, s, 4, 8], [0, 0, -1], False) == [b, s, 32]
     assert ss._reshape([b, s, 4, 8], [-1, 8], False) == [ss.Mono(4, ("B", "S")), 8]
     assert ss._reshape([b, s, 3], [-1, 2], False) is None  # (3 * B * S is not known to be even)
@@ -330,3 +333,226 @@ def test_slice_bounds_from_fixed_sizes_of_a_symbolic_input(tmp_path):
             got = prog.run(device="CPU", x=x, symbolic=sym)
             np.testing.assert_array_equal(got["y"], x[:, 0:1])
             np.testing.assert_array_equal(got["y2"], x[:, 1:5])
+
+
+def test_range_count_negative_at_small_sizes_is_zero(tmp_path):
+    """Range's count is max(ceil((limit - start) / delta), 0): Range(0, seq - 3) and Range(seq - 3, 0) are empty
+    at seq = 2 (Size 0, Shape [0], ConstantOfShape and Expand by that shape empty), as onnxruntime gives; such a
+    count is not a size at every seq, so the model is translated per size. Range(past, past + seq) stays one
+    symbolic program ((past + seq) - past is seq, at least 0)."""
+    i64 = np.int64
+    nodes = [h.make_node("Shape", ["x"], ["s"]), _c("i1", np.array(1, i64)), h.make_node("Gather", ["s", "i1"], ["n"]),
+             _c("three", np.array(3, i64)), h.make_node("Sub", ["n", "three"], ["m"]), _c("zero", np.array(0, i64)),
+             _c("one", np.array(1, i64)), h.make_node("Range", ["zero", "m", "one"], ["r"]),
+             h.make_node("Size", ["r"], ["sz"]), h.make_node("Shape", ["r"], ["rs"]),
+             h.make_node("ConstantOfShape", ["rs"], ["c"], value=nh.from_array(np.array([5.0], np.float32))),
+             h.make_node("Range", ["m", "zero", "one"], ["r2"]), h.make_node("Shape", ["r2"], ["rs2"]),
+             h.make_node("Expand", ["v", "rs2"], ["e"])]
+    path = _save(tmp_path, "rneg", nodes, [_vi("x", ["batch", "seq"]), _vi("v", [1])],
+                 [_vi("r", 1, TP.INT64), _vi("sz", 0, TP.INT64), _vi("rs", 1, TP.INT64), _vi("c", 1), _vi("e", 1)])
+    m = tgc.load(path)
+    v = np.array([1.5], np.float32)
+    for n in (5, 2, 1, 3):
+        got = m.run(device="CPU", x=np.zeros((1, n), np.float32), v=v)
+        cnt, cnt2 = max(n - 3, 0), max(3 - n, 0)
+        np.testing.assert_array_equal(got["r"], np.arange(cnt))
+        assert int(got["sz"]) == cnt and list(got["rs"]) == [cnt]
+        np.testing.assert_array_equal(got["c"], np.full(cnt, 5.0, np.float32))
+        np.testing.assert_array_equal(got["e"], np.full(cnt2, 1.5, np.float32))
+    with pytest.raises(tgc.TgcError, match=r"the limit \('m'\) of node 'r' \(Range, opset 17\): computed from the "
+                       r"inputs' sizes .*; the translation takes the values of the symbolic dims batch, seq"):
+        m.run(device="CPU", x=np.zeros((1, 5), np.float32), v=v, symbolic=True)
+    nodes = [h.make_node("Shape", ["x"], ["s"]), _c("i1", np.array(1, i64)), h.make_node("Gather", ["s", "i1"], ["n"]),
+             h.make_node("Shape", ["pk"], ["ps"]), _c("i0", np.array(0, i64)),
+             h.make_node("Gather", ["ps", "i0"], ["p"]),
+             h.make_node("Add", ["p", "n"], ["pn"]), _c("one", np.array(1, i64)),
+             h.make_node("Range", ["p", "pn", "one"], ["pos"]), h.make_node("Cast", ["pos"], ["pf"], to=TP.FLOAT),
+             h.make_node("Add", ["x", "pf"], ["y"])]
+    path = _save(tmp_path, "pos", nodes, [_vi("x", ["batch", "seq"]), _vi("pk", ["past", 2])], [_vi("y", 2)])
+    prog = tgc.load(path)
+    assert isinstance(prog, Program)
+    for b, n, p in ((2, 3, 4), (1, 1, 0)):
+        x, pk = RNG.standard_normal((b, n)).astype(np.float32), np.zeros((p, 2), np.float32)
+        for sym in (False, True):
+            np.testing.assert_allclose(prog.run(device="CPU", x=x, pk=pk, symbolic=sym)["y"],
+                                       x + np.arange(p, p + n, dtype=np.float32), rtol=1e-6)
+
+
+def test_squeeze_without_axes_on_symbolic_dims(tmp_path):
+    """Squeeze without axes drops the axes of size 1, which the sizes decide: x[batch, one, 3] is translated per
+    size (it kept all three axes at (3, 1, 3)); numpy's squeeze at each size, and the symbolic path one clear
+    error naming the need."""
+    path = _save(tmp_path, "sq", [h.make_node("Squeeze", ["x"], ["y"])], [_vi("x", ["batch", "one", 3])],
+                 [_vi("y", 2)])
+    m = tgc.load(path)
+    assert isinstance(m, StagedModel)
+    for shape in ((3, 1, 3), (1, 1, 3), (2, 2, 3)):
+        x = RNG.standard_normal(shape).astype(np.float32)
+        got = m.run(device="CPU", x=x)["y"]
+        assert got.shape == np.squeeze(x).shape
+        np.testing.assert_array_equal(got, np.squeeze(x))
+    with pytest.raises(tgc.TgcError, match="Squeeze without axes drops those of size 1"):
+        m.run(device="CPU", x=x, symbolic=True)
+
+
+def test_per_size_model_checks_a_shared_dim(tmp_path):
+    """Two inputs sharing a dim_param given different sizes: a per-size model says which (as a Program does:
+    `dim seq mismatch: ...`), exit 2 on the CLI; consistent sizes run and equal numpy."""
+    i64 = np.int64
+    nodes = [h.make_node("Shape", ["x"], ["s"]), _c("i1", np.array([1], i64)),
+             h.make_node("Gather", ["s", "i1"], ["n"]), _c("one", np.array([1], i64)),
+             h.make_node("Sub", ["n", "one"], ["e"]), _c("z", np.array([0], i64)),
+             h.make_node("Slice", ["v", "z", "e", "one"], ["y"])]
+    path = _save(tmp_path, "shared", nodes, [_vi("x", ["batch", "seq"]), _vi("v", [2, "seq"])], [_vi("y", 2)])
+    m = tgc.load(path)
+    assert isinstance(m, StagedModel) and m.per_size
+    x, v = np.zeros((1, 4), np.float32), RNG.standard_normal((2, 4)).astype(np.float32)
+    np.testing.assert_array_equal(m.run(device="CPU", x=x, v=v)["y"], v[:, :3])
+    for x2, v2 in ((x, RNG.standard_normal((2, 6)).astype(np.float32)), (np.zeros((1, 6), np.float32), v)):
+        with pytest.raises(tgc.TgcError, match="dim seq mismatch: input 'v' axis 1 has size .*from input 'x'"):
+            m.run(device="CPU", x=x2, v=v2)
+    with pytest.raises(tgc.TgcError, match="dim seq mismatch: input 'x' axis 1 has size 4, but seq = 5 from the"):
+        m.run(device="CPU", x=x, v=v, dims={"seq": 5})
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "v.npy", np.zeros((2, 6), np.float32))
+    assert_clean(invoke("run", path, "-i", f"x={tmp_path / 'x.npy'}", "-i", f"v={tmp_path / 'v.npy'}"), 2,
+                 "dim seq mismatch", "input 'v'")
+
+
+def test_resize_by_float_scales_beside_a_reshape_by_shape(tmp_path, monkeypatch):
+    """A Resize of a fixed-size input by a float scales initializer, beside a Reshape by Shape (which makes the
+    translation re-run ONNX's inference without the weights): the Resize keeps its type (it lost it: the model
+    went per size), one symbolic Program equal to numpy; also where the re-inference has no initializer values
+    at all (the first inference's types are kept)."""
+    import importlib
+
+    tr_mod = importlib.import_module("tgc.onnx.translate")  # (tgc.onnx.translate is also the function)
+    keep = tr_mod._without_big_weights
+
+    def no_values(m, out):
+        keep(m, out)
+        del out.graph.initializer[:]
+    i64 = np.int64
+    nodes = [h.make_node("Shape", ["x"], ["s"]), _c("i0", np.array([0], i64)),
+             h.make_node("Gather", ["s", "i0"], ["b"]), _c("m1", np.array([-1], i64)),
+             h.make_node("Concat", ["b", "m1"], ["shp"], axis=0), h.make_node("Reshape", ["x", "shp"], ["y"]),
+             h.make_node("Resize", ["z", "", "scales"], ["rs"], mode="nearest"), h.make_node("Relu", ["rs"], ["y2"])]
+    path = _save(tmp_path, "rsz", nodes, [_vi("x", ["batch", 8, 3]), _vi("z", [1, 2, 4, 3])],
+                 [_vi("y", 2), _vi("y2", 4)],
+                 [nh.from_array(np.array([1, 1, 2, 2], np.float32), "scales")])
+    z = RNG.standard_normal((1, 2, 4, 3)).astype(np.float32)
+    want2 = np.maximum(z.repeat(2, axis=2).repeat(2, axis=3), 0)
+    for weightless in (False, True):
+        if weightless:
+            monkeypatch.setattr(tr_mod, "_without_big_weights", no_values)
+        prog = tgc.load(path)
+        assert isinstance(prog, Program), weightless
+        for b in (2, 1):
+            x = RNG.standard_normal((b, 8, 3)).astype(np.float32)
+            for sym in (False, True):
+                got = prog.run(device="CPU", x=x, z=z, symbolic=sym)
+                np.testing.assert_array_equal(got["y"], x.reshape(b, -1))
+                np.testing.assert_array_equal(got["y2"], want2)
+
+
+@pytest.mark.parametrize("dt,val", [(np.float32, np.nan), (np.float32, -np.inf), (np.float16, np.inf),
+                                    (np.float64, np.nan)])
+def test_constant_of_shape_nan_and_inf_in_the_dims(tmp_path, dt, val):
+    """ConstantOfShape(Shape(x)) of nan or +-inf: `full((batch, seq), nan, ...)` in the .tg (`(0.0 / 0.0)` was a
+    tensor, which `full` refuses); plain and symbolic runs give numpy's full."""
+    nodes = [h.make_node("Shape", ["x"], ["s"]),
+             h.make_node("ConstantOfShape", ["s"], ["y"], value=nh.from_array(np.array([val], dt)))]
+    path = _save(tmp_path, "cnan", nodes, [_vi("x", ["batch", "seq"])],
+                 [_vi("y", 2, h.np_dtype_to_tensor_dtype(np.dtype(dt)))])
+    prog = tgc.load(path)
+    assert isinstance(prog, Program)
+    for b, n in ((2, 3), (1, 5)):
+        for sym in (False, True):
+            got = prog.run(device="CPU", x=np.zeros((b, n), np.float32), symbolic=sym)["y"]
+            assert got.dtype == dt
+            np.testing.assert_array_equal(got, np.full((b, n), val, dt))
+
+
+def test_a_long_chain_of_reshapes_by_shape_stays_symbolic(tmp_path):
+    """Six layers of view(b, s, -1, 2) by Shape -> Gather -> Concat, then TopK's k = Shape[1] // 2: each pinned
+    shape types the next layer's Shape, one round each; the rounds go on until nothing new is pinned (four
+    rounds stopped at the fifth layer: per size). One Program, equal to numpy, plain and symbolic."""
+    i64 = np.int64
+    nodes, cur = [], "x"
+    for i in range(6):
+        nodes += [h.make_node("Shape", [cur], [f"s{i}"]), _c(f"i{i}", np.array([0, 1], i64)),
+                  h.make_node("Gather", [f"s{i}", f"i{i}"], [f"g{i}"]), _c(f"m{i}", np.array([-1, 2], i64)),
+                  h.make_node("Concat", [f"g{i}", f"m{i}"], [f"shp{i}"], axis=0),
+                  h.make_node("Reshape", [cur, f"shp{i}"], [f"r{i}"]), h.make_node("Relu", [f"r{i}"], [f"a{i}"])]
+        cur = f"a{i}"
+    nodes += [h.make_node("Shape", [cur], ["sl"]), _c("il", np.array([1], i64)),
+              h.make_node("Gather", ["sl", "il"], ["k"]), _c("two", np.array([2], i64)),
+              h.make_node("Div", ["k", "two"], ["k2"]),
+              h.make_node("TopK", [cur, "k2"], ["y", "yi"], axis=1)]
+    path = _save(tmp_path, "chain", nodes, [_vi("x", ["batch", "seq", 4, 2])], [_vi("y", 4)])
+    prog = tgc.load(path)
+    assert isinstance(prog, Program)
+    for b, n in ((2, 4), (1, 5)):
+        x = RNG.standard_normal((b, n, 4, 2)).astype(np.float32)
+        want = -np.sort(-np.maximum(x, 0), axis=1, kind="stable")[:, :n // 2]
+        for sym in (False, True):
+            np.testing.assert_array_equal(prog.run(device="CPU", x=x, symbolic=sym)["y"], want)
+
+
+def test_pytorch_expand_with_constant_of_shape_ones(tmp_path):
+    """PyTorch's expand(b, -1, s): size = Concat(b, [-1], s); ones = ConstantOfShape(Shape(size), 1);
+    Where(Equal(size, ones * -1), ones, size) -> Expand. The ones are values (a small int list), so the shape is
+    [batch, 1, seq] and the model one symbolic Program (it went per size), equal to numpy's broadcast."""
+    i64 = np.int64
+    nodes = [h.make_node("Shape", ["x"], ["s"]), _c("i0", np.array([0], i64)), _c("i1", np.array([1], i64)),
+             h.make_node("Gather", ["s", "i0"], ["b"]), h.make_node("Gather", ["s", "i1"], ["n"]),
+             _c("m1", np.array([-1], i64)), h.make_node("Concat", ["b", "m1", "n"], ["size"], axis=0),
+             h.make_node("Shape", ["size"], ["ss"]),
+             h.make_node("ConstantOfShape", ["ss"], ["ones"], value=nh.from_array(np.array([1], i64))),
+             _c("neg", np.array(-1, i64)), h.make_node("Mul", ["ones", "neg"], ["negones"]),
+             h.make_node("Equal", ["size", "negones"], ["eq"]), h.make_node("Where", ["eq", "ones", "size"], ["size2"]),
+             h.make_node("Expand", ["m", "size2"], ["y"])]
+    path = _save(tmp_path, "texp", nodes, [_vi("x", ["batch", "seq"]), _vi("m", [1, 3, 1])], [_vi("y", 3)])
+    prog = tgc.load(path)
+    assert isinstance(prog, Program)
+    m = RNG.standard_normal((1, 3, 1)).astype(np.float32)
+    for b, n in ((2, 4), (1, 1)):
+        for sym in (False, True):
+            got = prog.run(device="CPU", x=np.zeros((b, n), np.float32), m=m, symbolic=sym)["y"]
+            np.testing.assert_array_equal(got, np.broadcast_to(m, (b, 3, n)))
+
+
+def test_package_a_per_size_model_at_the_sizes_given(tmp_path):
+    """`tgc compile --package` of a per-size model with every dim given (-D) translates it at those sizes and
+    packages it (a note says so); the package runs at those sizes, equal to numpy; with a dim missing, the
+    refusal says how (exit 2)."""
+    (path, make, ref), = [m for m in _per_size_models(tmp_path) if m[0].endswith("slice.onnx")]
+    pkg = str(tmp_path / "s.tgpkg")
+    r = invoke("compile", path, "-D", "batch=2", "-D", "seq=5", "--package", pkg)
+    assert r.exit_code == 0, r.output
+    assert "packaged at batch=2, seq=5" in r.output
+    x = make(2, 5)["x"]
+    np.save(tmp_path / "x.npy", x)
+    r = invoke("run", pkg, "-i", f"x={tmp_path / 'x.npy'}", "-o", str(tmp_path / "o.npz"))
+    assert r.exit_code == 0, r.output
+    np.testing.assert_array_equal(np.load(tmp_path / "o.npz")["y"], x[:, :4])
+    assert_clean(invoke("compile", path, "-D", "batch=2", "--package", str(tmp_path / "t.tgpkg")), 2,
+                 "--package is not available", "with every dim given")
+
+
+def test_range_of_a_fixed_count_from_a_size(tmp_path):
+    """Range(seq, seq + 5): its count is 5 at every size and its start is seq: `arange(5) + seq`, one symbolic
+    Program (it went per size), equal to numpy."""
+    i64 = np.int64
+    nodes = [h.make_node("Shape", ["x"], ["s"]), _c("i1", np.array(1, i64)), h.make_node("Gather", ["s", "i1"], ["n"]),
+             _c("five", np.array(5, i64)), h.make_node("Add", ["n", "five"], ["n5"]), _c("one", np.array(1, i64)),
+             h.make_node("Range", ["n", "n5", "one"], ["r"]), _c("v", np.arange(5, dtype=i64) * 10),
+             h.make_node("Add", ["r", "v"], ["y"])]
+    path = _save(tmp_path, "rfix", nodes, [_vi("x", ["batch", "seq"])], [_vi("y", 1, TP.INT64)])
+    prog = tgc.load(path)
+    assert isinstance(prog, Program)
+    for n in (3, 7):
+        for sym in (False, True):
+            got = prog.run(device="CPU", x=np.zeros((2, n), np.float32), symbolic=sym)["y"]
+            assert got.dtype == np.int64
+            np.testing.assert_array_equal(got, np.arange(n, n + 5) + np.arange(5) * 10)

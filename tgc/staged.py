@@ -166,11 +166,17 @@ class StagedModel:
             raise TgcError(f"unknown input(s) {', '.join(extra)}: the model's inputs are "
                            f"{', '.join(self.input_names)}")
         values = {k: self._conform(k, np.asarray(given[k])) for k in self.input_names}
-        for decl in self.inputs:
+        bound: dict[str, tuple[int, str]] = {k: (v, "the dims given") for k, v in (dims or {}).items()}
+        for decl in self.inputs:  # (a dim_param shared by inputs: one size, as a Program checks its dims)
             for axis, size in enumerate(decl.shape):
-                if isinstance(size, str) and dims and size in dims and dims[size] != values[decl.name].shape[axis]:
-                    raise TgcError(f"dim {size} is {dims[size]}, but input '{decl.name}' has "
-                                   f"{values[decl.name].shape[axis]} on axis {axis}")
+                if not isinstance(size, str):
+                    continue
+                have = values[decl.name].shape[axis]
+                if size not in bound:
+                    bound[size] = (have, f"input '{decl.name}'")
+                elif bound[size][0] != have:
+                    raise TgcError(f"dim {size} mismatch: input '{decl.name}' axis {axis} has size {have}, but "
+                                   f"{size} = {bound[size][0]} from {bound[size][1]}")
         self.stages, self._last_programs = [], []
         self._run_span(list(self.model.graph.node), set(self.output_names), values, set(), device)
         out = {o: values[o] if o in values else self.inits[o] for o in self.output_names}

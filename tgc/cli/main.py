@@ -379,8 +379,7 @@ def _load(path: str) -> Any:
     ctx.meta["tgc.source"] = getattr(prog, "source", None)
     from tgc.cli.staged_cmds import after_load
 
-    after_load(ctx, prog)  # an ONNX model run in stages: its command is done there (and ends)
-    return prog
+    return after_load(ctx, prog)  # an ONNX model run in stages: its command is done there (and ends)
 
 
 def _load_any(path: str) -> Any:
@@ -855,6 +854,10 @@ def _compile_command(file: str, device: str | None, dims: dict[str, int], emit: 
         em.check_outdir(outdir)
     with timings.phase("parse"):
         prog = _load(file)
+    from tgc.cli.staged_cmds import FIXED_DIMS
+
+    if click.get_current_context().meta.get(FIXED_DIMS):  # (a per-size ONNX model translated at the -D sizes)
+        dims = {}
     kernels: list[Any] = []
     symbolic = not dims and bool(prog.dim_names) and emit != "schedule"
     if not symbolic:

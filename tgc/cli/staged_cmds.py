@@ -48,15 +48,21 @@ def add_compile_inputs(cmd: click.Command) -> None:
     cmd.callback = wrapped
 
 
-def after_load(ctx: click.Context, prog: Any) -> None:
-    """Do the command for a staged model and end it; for any other program refuse compile's input options."""
+def after_load(ctx: click.Context, prog: Any) -> Any:
+    """Do the command for a staged model and end it; for any other program refuse compile's input options.
+    `tgc compile --package` of a model translated per size with every dim given (-D): the Program translated
+    at those sizes (returned; `ctx.meta[FIXED_DIMS]` says the dims are in it), packaged as any fixed-size one."""
     pairs, npz, use_random = ctx.meta.get(_COMPILE_INPUTS, ((), None, False))
     if not getattr(prog, "staged", False):
         if pairs or npz or use_random:
             raise click.UsageError("-i, --inputs and --random of tgc compile are for ONNX models with data-dependent "
                                    "shapes (run in stages): this program compiles from its dims alone")
-        return
+        return prog
     command = ctx.info_name
+    dims = dict(ctx.params.get("dims") or {})
+    if (command == "compile" and prog.per_size and ctx.params.get("package") and prog.dim_names
+            and set(prog.dim_names) <= set(dims) and not (pairs or npz or use_random)):
+        return _at_sizes(ctx, prog, dims)
     handlers = {"run": _run, "compile": _compile, "bench": _bench, "beam": _beam}
     if command not in handlers:
         what = ("a model whose shapes are computed from its dims' values (translated per size)" if prog.per_size
@@ -68,6 +74,27 @@ def after_load(ctx: click.Context, prog: Any) -> None:
     _refuse(params, prog.per_size)
     handlers[command](prog, params)
     ctx.exit(0)
+
+
+FIXED_DIMS = "tgc.staged.fixed_dims"  # ctx.meta key: the -D sizes a per-size model was translated at
+
+
+def _at_sizes(ctx: click.Context, model: Any, dims: dict[str, int]) -> Any:
+    """A per-size model translated with its dims fixed to `dims` (as `tgc import -D` does): a Program."""
+    import copy
+
+    from tgc.api import onnx_program
+    from tgc.cli.onnx_cmds import fix_dims
+
+    fixed = copy.deepcopy(model.model)
+    _check_dims_given(model, dims)
+    fix_dims(fixed, {k: v for k, v in dims.items() if k in model.dim_names})
+    prog = onnx_program(fixed, model.path or model.where)
+    ctx.meta[FIXED_DIMS] = dims
+    click.echo(f"note: {model.where} is translated per size: packaged at "
+               f"{', '.join(f'{k}={v}' for k, v in dims.items() if k in model.dim_names)} (the package runs at those "
+               "sizes only)", err=True)
+    return prog
 
 
 def _refuse(p: dict[str, Any], per_size: str | None = None) -> None:
@@ -82,7 +109,9 @@ def _refuse(p: dict[str, Any], per_size: str | None = None) -> None:
                       ("--baseline", "baseline"), ("--emit", "emit"), ("compile -o", "outdir")):
         value = p.get(key)
         if value and not (key == "emit" and value == "src"):
-            raise click.UsageError(f"{flag} is not available for {what} ({why})")
+            also = "; with every dim given (-D NAME=INT), tgc compile --package packages it at those sizes" \
+                if per_size and key == "package" else ""
+            raise click.UsageError(f"{flag} is not available for {what} ({why}){also}")
 
 
 def _inputs(model: Any, p: dict[str, Any], use_random: bool) -> dict[str, Any]:

@@ -89,10 +89,9 @@ def _const(arr: Any, dt: DType, name: str = "c") -> Value:
 def _num(x: float, dt: DType) -> str:
     lit = _literal(x, dt)
     if lit is None:
-        if _is_float(dt):
-            if math.isnan(x):
-                return "(0.0 / 0.0)"
-            return "(1e300 * 1e300)" if x > 0 else "(-1e300 * 1e300)"
+        if _is_float(dt):  # (the DSL's names `nan` and `inf`: numbers, as `full` takes; the translation's names
+            # never shadow them)
+            return "nan" if math.isnan(x) else "inf" if x > 0 else "(-inf)"
         return str(int(x))
     return lit if not lit.startswith("-") else f"({lit})"
 
@@ -507,6 +506,8 @@ def _squeeze(cx, node, ins, at, opset):
     x = ins[0]
     axes = _axes_arg(cx, ins, at, opset, 13)
     r = x.rank
+    if axes is None and any(not isinstance(s, int) for s in x.shape):  # (which axes are 1 is decided by the sizes)
+        raise cx.need_dims("each axis's size (a Squeeze without axes drops those of size 1)")
     axes = [_axis(a, r) for a in axes] if axes is not None else [i for i, s in enumerate(x.shape) if s == 1]
     shape = tuple(s for i, s in enumerate(x.shape) if i not in axes)
     return [_reshape_to(cx, x, shape, node.output[0])]
@@ -640,8 +641,9 @@ def _tile(cx, node, ins, at, opset):
 @op("Range")
 def _range(cx, node, ins, at, opset):
     shape = _out_type(cx, node)[1]
-    sized = [_size_value(cx, v) for v in ins] if shape is not None and isinstance(shape[0], str) else [None]
-    if any(v is not None for v in sized):  # a length from the inputs' sizes: arange of that size
+    sized = [_size_value(cx, v) for v in ins] if shape is not None and len(shape) == 1 else [None]
+    if any(v is not None and (isinstance(shape[0], str) or any(isinstance(e, str) for e in v)) for v in sized):
+        # a length or a start from the inputs' sizes (Range(seq, seq + 5): 5 from seq): arange of that size
         start, delta = (sz[0] if sz is not None else int(cx.static(v, w).reshape(-1)[0])
                         for sz, v, w in ((sized[0], ins[0], "the start"), (sized[2], ins[2], "the delta")))
         e = f"arange({shape[0]})"
@@ -741,7 +743,7 @@ def _gather_elements(cx, node, ins, at, opset):
 
 @op("Trilu")
 def _trilu(cx, node, ins, at, opset):
-    k = int(cx.static(ins[1], "k").reshape(-1)[0]) if len(ins) > 1 and ins[1] is not None else 0
+    k = int(cx.static(ins[1], "the k").reshape(-1)[0]) if len(ins) > 1 and ins[1] is not None else 0
     fn = "triu" if at.get("upper", 1) else "tril"
     return [f"{fn}({cx.tensor(ins[0])}, {k})"]
 
@@ -908,7 +910,7 @@ def _topk(cx, node, ins, at, opset):
     if sized is not None:
         k = sized[0]
     else:
-        k = int(cx.static(ins[1], "k").reshape(-1)[0]) if opset >= 10 else at["k"]
+        k = int(cx.static(ins[1], "the k").reshape(-1)[0]) if opset >= 10 else at["k"]
     ax = _axis(at.get("axis", -1), x.rank)
     largest = bool(at.get("largest", 1))
     t = cx.let(f"topk({cx.tensor(x)}, {k}, axis={ax}, largest={largest})", "topk")

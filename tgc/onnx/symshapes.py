@@ -20,7 +20,7 @@ negative (Equal(size, -1) is false: PyTorch's exporter writes that test).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -40,9 +40,13 @@ class Mono:
 
 @dataclass(frozen=True)
 class Text:
-    """Any other exact size expression, as parenthesized `.tg` text."""
+    """Any other exact size expression, as parenthesized `.tg` text. `terms`: where it is a sum, its terms
+    ((names, coef), ...; names () for the constant), so sums combine like terms (`(past + seq) - past` is
+    `seq`); `lo`: a lower bound at every size (dims at least 0), where one is known. Equality is by the text."""
 
     text: str
+    terms: tuple | None = field(default=None, compare=False)
+    lo: int | None = field(default=None, compare=False)
 
 
 Size = Any  # int | Mono | Text
@@ -66,7 +70,46 @@ def mul(a: Size, b: Size) -> Size:
     ma, mb = _mono(a), _mono(b)
     if ma is not None and mb is not None:
         return norm(Mono(ma.coef * mb.coef, tuple(sorted(ma.names + mb.names))))
-    return Text(f"({text(a)} * {text(b)})")
+    la, lb = lower(a), lower(b)
+    return Text(f"({text(a)} * {text(b)})", lo=la * lb if la is not None and lb is not None and min(la, lb) >= 0
+                else None)
+
+
+def lower(v: Size) -> int | None:
+    """A lower bound of `v` at every size (each dim at least 0; a dim may be 0), or None where none is known."""
+    if isinstance(v, int):
+        return v
+    if isinstance(v, Mono):
+        return 0 if v.coef >= 0 else None
+    return v.lo
+
+
+def _terms(v: Size) -> dict | None:
+    if isinstance(v, int):
+        return {(): v}
+    if isinstance(v, Mono):
+        return {v.names: v.coef}
+    return dict(v.terms) if v.terms is not None else None
+
+
+def _sum(terms: dict) -> Size:
+    """The size of a sum of terms: an int or a Mono where one term is left, else a Text with its terms."""
+    terms = {n: c for n, c in terms.items() if c}
+    if not terms:
+        return 0
+    if len(terms) == 1:
+        (names, coef), = terms.items()
+        return norm(Mono(coef, names))
+    monos = [(n, c) for n, c in terms.items() if n]
+    const = terms.get((), 0)
+    order = [m for m in monos if m[1] > 0] + [m for m in monos if m[1] < 0]
+    order = order + [((), const)] if const and order[0][1] > 0 else ([((), const)] if const else []) + order
+    out = ""
+    for i, (n, c) in enumerate(order):
+        t = text(norm(Mono(abs(c) if i else c, n)))
+        out = t if not i else f"{out} {'-' if c < 0 else '+'} {t}"
+    lo = const if all(c > 0 for n, c in monos) else None
+    return Text(f"({out})", tuple(order), lo)
 
 
 def add(a: Size, b: Size) -> Size:
@@ -76,12 +119,16 @@ def add(a: Size, b: Size) -> Size:
         return a
     if a == 0:
         return b
-    ma, mb = _mono(a), _mono(b)
-    if ma is not None and mb is not None and ma.names == mb.names:
-        return norm(Mono(ma.coef + mb.coef, ma.names))
+    ta, tb = _terms(a), _terms(b)
+    if ta is not None and tb is not None:  # (a sum of monomials: like terms combined)
+        for n, c in tb.items():
+            ta[n] = ta.get(n, 0) + c
+        return _sum(ta)
+    la, lb = lower(a), lower(b)
+    lo = la + lb if la is not None and lb is not None else None
     if isinstance(b, int) and b < 0:
-        return Text(f"({text(a)} - {-b})")
-    return Text(f"({text(a)} + {text(b)})")
+        return Text(f"({text(a)} - {-b})", lo=lo)
+    return Text(f"({text(a)} + {text(b)})", lo=lo)
 
 
 def sub(a: Size, b: Size) -> Size:
@@ -90,6 +137,9 @@ def sub(a: Size, b: Size) -> Size:
     mb = _mono(b)
     if mb is not None:
         return add(a, Mono(-mb.coef, mb.names)) if a != 0 else norm(Mono(-mb.coef, mb.names))
+    tb = _terms(b)
+    if tb is not None:
+        return add(a, _sum({n: -c for n, c in tb.items()}))
     return Text(f"({text(a)} - {text(b)})")
 
 
@@ -104,7 +154,7 @@ def div(a: Size, b: Size, exact: bool = False) -> Size | None:
         return q if (a >= 0) == (b > 0) else -q
     ma, mb = _mono(a), _mono(b)
     if not exact and ma is not None and ma.coef > 0 and isinstance(b, int) and b > 0 and ma.coef % b:
-        return Text(f"({text(a)} // {b})")  # (a nonnegative size by a positive int: truncation is the floor)
+        return Text(f"({text(a)} // {b})", lo=0)  # (a nonnegative size by a positive int: truncation is the floor)
     if ma is None or mb is None or mb.coef == 0 or ma.coef % mb.coef:
         return None
     names = list(ma.names)
@@ -272,7 +322,8 @@ def _node(op: str, ins: list, at: dict, sizes: Any, shape_sizes: Any) -> tuple |
     if op == "Expand" and s[1] is not None:
         return None, [_broadcast(shape_sizes(ins[0]), s[1][1])]
     if op == "ConstantOfShape" and s[0] is not None:
-        return None, [list(s[0][1])]
+        shape = list(s[0][1])
+        return (_filled(shape, at.get("value")), [shape])
     if op == "Tile" and s[1] is not None:
         sh = shape_sizes(ins[0])
         return None, [[mul(d, r) for d, r in zip(sh, s[1][1])] if sh is not None and len(sh) == len(s[1][1])
@@ -280,8 +331,9 @@ def _node(op: str, ins: list, at: dict, sizes: Any, shape_sizes: Any) -> tuple |
     if op == "Range" and all(v is not None and v[0] == 0 for v in s):
         start, limit, delta = (v[1][0] for v in s)
         n = div(sub(limit, start), delta, exact=True) if delta != 1 else sub(limit, start)  # (its count is a
-        # ceiling: known where it divides)
-        if n is None or (isinstance(n, int) and n < 0):
+        # ceiling, known where it divides, and max(count, 0): a size only where it is at least 0 at every size)
+        lo = lower(n) if n is not None else None
+        if lo is None or lo < 0:
             return None
         return None, [[n]]
     if op == "TopK" and len(ins) > 1 and s[1] is not None and len(s[1][1]) == 1:
@@ -293,6 +345,20 @@ def _node(op: str, ins: list, at: dict, sizes: Any, shape_sizes: Any) -> tuple |
         shape = [s[1][1][0] if i == axis else d for i, d in enumerate(sh)]
         return None, [shape, list(shape)]
     return None
+
+
+def _filled(shape: list, value: Any) -> tuple[int, list] | None:
+    """The values of ConstantOfShape's small integer output (PyTorch's expand writes ConstantOfShape(Shape(size),
+    1) and compares the sizes with it times -1), where `shape` is a rank-0 or rank-1 int list; else None."""
+    from onnx import numpy_helper
+
+    if len(shape) > 1 or any(not isinstance(d, int) for d in shape) or value is None:
+        return None
+    v = numpy_helper.to_array(value.t).reshape(-1)
+    if v.size != 1 or v.dtype.kind not in "iub" or (shape and shape[0] > 64):
+        return None
+    x = bool(v[0]) if v.dtype.kind == "b" else int(v[0])
+    return len(shape), [x] * (shape[0] if shape else 1)
 
 
 def _prod(sh: list) -> Size:

@@ -363,9 +363,9 @@ def _translate(model: Any, where: str) -> Translation:
             raise
         sources = _data_sources(cx.producers, e.name, set(tr_inputs))
         if not sources and cx.dims:  # computed from the inputs' sizes alone: known once the dims are
-            raise NeedDims(f"{e.msg.split(' must be a constant')[0]} needs the values of the symbolic dims "
-                           f"{', '.join(cx.dims)} (it is computed from the inputs' sizes, beyond what tgc keeps "
-                           "as size expressions)",
+            raise NeedDims(f"{e.msg.split(' must be a constant')[0]}: computed from the inputs' sizes beyond "
+                           "what tgc keeps as size expressions; the translation takes the values of the symbolic "
+                           f"dims {', '.join(cx.dims)}",
                            list(cx.dims), hint="it runs with the dims known (-D or the inputs' arrays), "
                            "translated per size") from None
         if not sources:
@@ -422,8 +422,8 @@ def _sized_shapes(model: Any, inferred: Any, dims: dict[str, str]) -> tuple[Any,
     """ONNX's inference `inferred` of a model with symbolic dims, again with the shapes `symshapes.propagate`
     computes from the inputs' sizes pinned (the outputs of Reshape, Expand, ... by a shape from Shape), so the
     values after them are typed in the dims: (the inferred model, {dim_param tgc made: its .tg text}, {value:
-    (rank, its sizes as .tg text and ints)} for the op functions). A few rounds, as a pinned shape may type a
-    Shape the next round follows."""
+    (rank, its sizes as .tg text and ints)} for the op functions). Rounds until one pins nothing new, as a
+    pinned shape may type a Shape the next round follows (a chain of view(b, s, -1) pins one layer a round)."""
     import onnx
     from onnx import helper, numpy_helper
 
@@ -443,7 +443,7 @@ def _sized_shapes(model: Any, inferred: Any, dims: dict[str, str]) -> tuple[Any,
     size_of: dict[str, Any] = {}  # a .tg text in a shape -> its symshapes size
     pinned: dict[str, list] = {}
     known: dict[str, tuple[int, list]] = {}
-    for _ in range(4):
+    for _ in range(len(model.graph.node) + 1):  # (until a round pins nothing new: each pins at least one output)
         shapes: dict[str, tuple | None] = {}
         elem: dict[str, int] = {}
         for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
@@ -483,23 +483,39 @@ def _sized_shapes(model: Any, inferred: Any, dims: dict[str, str]) -> tuple[Any,
             else:
                 m2.graph.value_info.append(vi)
         try:
-            inferred = onnx.shape_inference.infer_shapes(m2, strict_mode=False, data_prop=True)
+            again = onnx.shape_inference.infer_shapes(m2, strict_mode=False, data_prop=True)
         except Exception:  # noqa: BLE001 - the pinned shapes conflict with ONNX's: keep what it gave before
             break
+        inferred = _keep_types(inferred, again, {**dims, **exprs})
     values = {name: (rank, [symshapes.text(v) if not isinstance(v, (int, bool)) else v for v in vals])
               for name, (rank, vals) in known.items()}
     return inferred, exprs, values
 
 
+def _keep_types(before: Any, after: Any, dims: dict[str, str]) -> Any:
+    """`after` (a round's inference, the model without its weights) with the shapes `before` had for the values
+    it leaves untyped (a Resize by a float scales initializer, typed only with the values), appended to its
+    value_info (the translation takes a value's first typed entry)."""
+    typed = {vi.name for vi in [*after.graph.input, *after.graph.value_info, *after.graph.output]
+             if (t := _type_of(vi, dims)) is not None and t[1] is not None}
+    for vi in [*before.graph.value_info, *before.graph.output]:
+        t = _type_of(vi, dims)
+        if vi.name not in typed and t is not None and t[1] is not None:
+            after.graph.value_info.append(vi)
+            typed.add(vi.name)
+    return after
+
+
 def _without_big_weights(model: Any, out: Any, limit: int = 4096) -> None:
-    """`model` into `out` with each initializer of more than `limit` elements, or of a float type, replaced by
-    a graph input of its type and shape (shape inference reads the values of small integer ones only)."""
+    """`model` into `out` with each initializer of more than `limit` elements, or of a float type and more
+    than 64 elements, replaced by a graph input of its type and shape (shape inference reads the values of
+    small ones only: integer shapes, a Resize's scales)."""
     from onnx import helper
 
     small, big = [], []
     for t in model.graph.initializer:
         n = math.prod(t.dims) if len(t.dims) else 1
-        (small if n <= limit and t.data_type in (6, 7) else big).append(t)  # (INT32, INT64)
+        (small if n <= 64 or (n <= limit and t.data_type in (6, 7)) else big).append(t)  # (INT32, INT64)
     g = model.graph
     keep = helper.make_graph([], g.name, list(g.input), list(g.output), small, value_info=list(g.value_info))
     keep.node.extend(g.node)
