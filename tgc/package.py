@@ -34,12 +34,14 @@ This module imports neither the compiler nor llvmlite on the load path (`load_pa
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import io
 import json
 import os
 import re
+import stat
 import zipfile
 from dataclasses import dataclass, field
 from typing import Any
@@ -354,6 +356,14 @@ def write(prog: Any, path: str | os.PathLike, device: str | list[str] | None = N
         raise TgcError(f"internal error: the package built for {path} fails the checks of loading it, so it was "
                        f"not written: {e.msg}", kind="runtime",
                        hint="please report it; meanwhile give every dim (-D) or run the .tg program") from None
+    if _is_stream(path):  # a pipe or a device (/dev/stdout): written in place, as `tgc run -o` writes one
+        try:
+            with open(path, "wb") as f:
+                f.write(data)
+        except OSError as e:  # (/dev/full: the disk's failure, exit 1, not the user's)
+            kind = "user" if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS) else "runtime"
+            raise TgcError(f"cannot write {path}: {e.strerror or e}", kind=kind) from None
+        return pkg
     tmp = None
     try:  # (staged as every output file is, `tgc.files.stage`: any name the file system allows can be written)
         tmp = stage(path, lambda f: f.write(data))
@@ -372,6 +382,16 @@ def write(prog: Any, path: str | os.PathLike, device: str | list[str] | None = N
 
 # ---------------------------------------------------------------------------------------------------------------
 # reading and validating
+
+
+def _is_stream(path: str) -> bool:
+    """An existing file that is neither a regular file nor a directory (a FIFO, a character device): renaming a
+    staged file over it would replace the pipe or the device node itself."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
 
 
 def _bad(path: str, why: str) -> PackageError:

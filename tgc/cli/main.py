@@ -439,6 +439,8 @@ def _check_package_target(package: str, file: str) -> None:
     if not os.path.exists(package):
         return
     _not_the_program(package, file, "--package")
+    if not os.path.isfile(package):  # a pipe or a device: written in place, as `run -o` writes one, and never
+        return                       # read as a zip first (/dev/zero read forever; a FIFO waited for a writer)
     ours = package.endswith(".tgpkg")  # (a damaged package is replaced too)
     try:
         with zipfile.ZipFile(package) as z:

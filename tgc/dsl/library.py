@@ -250,12 +250,25 @@ def _axis_opt(axis):
 
 def any_(x, axis=None, keepdim=False):
     t = _tensor(x)
-    return (t if t.dtype.is_bool else t != 0).max(_axis_opt(axis), _keep(keepdim))
+    empty = _over_empty(t, _axis_opt(axis), _keep(keepdim), False)
+    return empty if empty is not None else (t if t.dtype.is_bool else t != 0).max(_axis_opt(axis), _keep(keepdim))
 
 
 def all_(x, axis=None, keepdim=False):
     t = _tensor(x)
-    return (t if t.dtype.is_bool else t != 0).min(_axis_opt(axis), _keep(keepdim))
+    empty = _over_empty(t, _axis_opt(axis), _keep(keepdim), True)
+    return empty if empty is not None else (t if t.dtype.is_bool else t != 0).min(_axis_opt(axis), _keep(keepdim))
+
+
+def _over_empty(t: Tensor, axis, keepdim: bool, value: bool) -> Tensor | None:
+    """any/all over an axis of size 0: numpy's answer (False for any, True for all) in the reduced shape; None
+    where every reduced axis has elements (max/min, which have no identity there, do the work)."""
+    axes = t._axes(axis)
+    if not any(t.shape[a] == 0 for a in axes):
+        return None
+    shape = tuple(1 if i in axes else n for i, n in enumerate(t.shape)) if keepdim else \
+        tuple(n for i, n in enumerate(t.shape) if i not in axes)
+    return Tensor.const(value, dtypes.bool, shape)
 
 
 def _keep(v: Any) -> bool:

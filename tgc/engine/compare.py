@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from tgc.dtype import bf16_to_f32, f32_to_bf16
+
 RTOL = {"f16": 1e-2, "bf16": 1e-2, "f32": 1e-4, "f64": 1e-7}
 # the unit roundoff of each float dtype, and how many times the error scale's estimate a result may be off
 UNIT_ROUNDOFF = {"f16": 2.0 ** -11, "bf16": 2.0 ** -8, "f32": 2.0 ** -24, "f64": 2.0 ** -53}
@@ -78,7 +80,7 @@ def compare(name: str, got: np.ndarray, ref: np.ndarray, dtype_name: str, rtol: 
     stat = ERROR_FACTOR * UNIT_ROUNDOFF[dtype_name] * (1.0 if rtol is None else rtol / RTOL[dtype_name])
     rtol = RTOL[dtype_name] if rtol is None else rtol
     with np.errstate(all="ignore"):
-        g, r = got.astype(np.float64), ref.astype(np.float64)
+        g, r = got.astype(np.float64), _rounded(ref, dtype_name)
         finite = np.abs(r[np.isfinite(r)])
         top = max(1.0, float(finite.max()) if finite.size else 0.0)
         tol = rtol * (np.abs(r) + top)
@@ -99,6 +101,18 @@ def compare(name: str, got: np.ndarray, ref: np.ndarray, dtype_name: str, rtol: 
             float(ratio.reshape(-1)[worst]))
 
 
+
+
+def _rounded(ref: np.ndarray, dtype_name: str) -> np.ndarray:
+    """A wider reference rounded to the output's dtype (as float64): 1e40 for an f32 output is inf, as the
+    device's is. bf16 by round to nearest even from f32, as the kernels convert."""
+    r = ref.astype(np.float64)
+    if ref.dtype.kind != "f" or dtype_name == "f64":
+        return r
+    if dtype_name == "bf16":
+        return bf16_to_f32(f32_to_bf16(r.astype(np.float32))).astype(np.float64)
+    nd = np.dtype(np.float16 if dtype_name == "f16" else np.float32)
+    return r if ref.dtype.itemsize <= nd.itemsize else r.astype(nd).astype(np.float64)
 
 
 def matches(got: np.ndarray, ref: np.ndarray, dtype_name: str, rtol: float | None = None,

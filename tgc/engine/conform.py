@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from tgc.dtype import dtypes, f32_to_bf16
+from tgc.dtype import DType, bf16_to_f32, dtypes, f32_to_bf16
 from tgc.errors import BindError, TgcError, close_match
 
 
@@ -72,6 +72,38 @@ def _cast(value: np.ndarray, to: np.dtype, name: str) -> np.ndarray:
         return value.astype(to)
 
 
+def _ints_exact_in(value: np.ndarray, want: DType, decl: Any) -> bool:
+    """True (convert them) where every int of a Python list or scalar is exactly a value of the float dtype `want`;
+    else a TgcError naming the first that is not (2**24 + 1 in f32 would silently become 2**24)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        f = f32_to_bf16(value.astype(np.float32)) if want == dtypes.bf16 else value.astype(want.np)
+        back = bf16_to_f32(f) if want == dtypes.bf16 else f
+        ok = np.isfinite(back) & (back.astype(np.float64) == value.astype(np.float64)) & \
+            (np.abs(value.astype(np.float64)) < 2.0 ** 63)  # (f64 holds none exactly past 2**53: compare as ints)
+        if ok.all():
+            ok = back.astype(np.float64).astype(value.dtype) == value
+    if ok.all():
+        return True
+    first = value.reshape(-1)[int(np.argmin(ok.reshape(-1)))]
+    raise TgcError(f"input '{decl.name}': the int {int(first)} is not exactly representable in {want.name}, as "
+                   f"the program declares it ({_decl_text(decl)})",
+                   hint=f"give the values as floats, or a numpy array converted to {want.name} as you mean it")
+
+
+def _from_ml_bfloat16(value: np.ndarray, want: DType, name: str) -> np.ndarray:
+    """An ml_dtypes bfloat16 array: its bits (uint16, how tgc holds bf16) for a bf16 input, else its values as
+    float32 (a float input then converts them as from any float array). Read only where ml_dtypes is importable
+    (no dependency on it): another 2-byte type named bfloat16 is refused as before."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise TgcError(f"input '{name}' has dtype {value.dtype}, which tgc cannot use",
+                       hint="give bf16 inputs as float32 arrays or uint16 bit patterns") from None
+    if value.dtype != np.dtype(ml_dtypes.bfloat16):
+        raise TgcError(f"input '{name}' has dtype {value.dtype}, which tgc cannot use")
+    return value.view(np.uint16) if want == dtypes.bf16 else value.astype(np.float32)
+
+
 def as_array(value: Any, decl: Any, cast: bool, at: dict[str, Any]) -> np.ndarray:
     want = decl.dtype
     if not isinstance(value, np.ndarray) and (hasattr(value, "__dlpack__") or hasattr(value, "__array__")) \
@@ -86,8 +118,12 @@ def as_array(value: Any, decl: Any, cast: bool, at: dict[str, Any]) -> np.ndarra
                            hint=f"give it as a numpy array ({_decl_text(decl)})") from None
         if value.dtype == np.float64 and want.is_float or value.dtype.kind in "iub" and not want.is_float:
             cast = True
+        elif value.dtype.kind in "iu" and want.is_float:  # Python ints for a float input: numpy's conversion
+            cast = _ints_exact_in(value, want, decl)       # where every one is exact there, else an error
     if not isinstance(value, np.ndarray):
         raise TgcError(f"input '{decl.name}' must be a numpy array, got {type(value).__name__}")
+    if value.dtype.kind == "V" and value.dtype.itemsize == 2 and value.dtype.name == "bfloat16":
+        value = _from_ml_bfloat16(value, want, decl.name)
     if want == dtypes.bf16:
         if value.dtype == np.uint16:  # bf16 bit patterns (how tgc holds bf16), with or without cast
             return np.require(value, requirements="C")

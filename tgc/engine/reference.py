@@ -1,4 +1,5 @@
-"""A numpy evaluation of a tensor graph in float64 (ints exact): the reference behind `tgc run --check`.
+"""A numpy evaluation of a tensor graph in float64 (ints exact), each float result rounded once to its own dtype
+(`_round_to`: a narrowing cast narrows, f32's overflow is inf): the reference behind `tgc run --check`.
 
 It reads the same tensor-level UOps the compiler does, so it checks lowering, optimization and the
 backends; the front end's own decompositions (floor division, argmax, ...) are checked against plain
@@ -47,17 +48,31 @@ def _walk(root: UOp, env: dict[UOp, np.ndarray], with_scale: bool) -> tuple[np.n
             if chain is not None:
                 mul = chain[-1]
                 x, y = memo[mul.src[0]], memo[mul.src[1]]
-                memo[node] = _contract(x, y, node.arg[1], _np_dtype(node.dtype))
+                memo[node] = _round_to(_contract(x, y, node.arg[1], _np_dtype(node.dtype)), node.dtype)
                 if with_scale:
                     var[node] = _exact_where_not_finite(
                         memo[node], _contraction_variance(node, x, y, var[mul.src[0]], var[mul.src[1]]))
             else:
                 srcs = [memo[s] for s in node.src]
                 memo[node] = _eval(node, srcs, env)
+                if node.op not in _MOVES and node.op is not Ops.BUFFER:
+                    memo[node] = _round_to(memo[node], node.dtype)
                 if with_scale:
                     c = _variance(node, memo[node], srcs, [var[s] for s in node.src])
                     var[node] = c if node.op in _MOVES else _exact_where_not_finite(memo[node], c)
     return memo[root], var.get(root)
+
+
+def _round_to(v: np.ndarray, d: DType | None) -> np.ndarray:
+    """A float64 value rounded to the float dtype `d` it stands for (held as float64 again): every op's result is
+    rounded once to its own dtype, as the kernels do (half floats are computed in f32 and rounded after each op,
+    DESIGN.md), so a narrowing cast, a value that overflows its type (1e20 * 1e20 in f32 is inf) and an int
+    computed from a rounded float (cast(x + 1.0, i32)) agree with them. f64 and non-float values as they are."""
+    if d is None or not d.is_float or d.itemsize >= 8:
+        return v
+    if d.name == "bf16":  # round to nearest even from f32, as the kernels' conversion does
+        return bf16_to_f32(f32_to_bf16(v.astype(np.float32))).astype(np.float64)
+    return v.astype(d.np).astype(np.float64)
 
 
 # movement ops move the values' variances with them: a non-finite value's was cleared where it was computed
