@@ -96,3 +96,20 @@ def test_sigmoid_gives_no_denormal(device):
     np.testing.assert_allclose(out["out1"], np.tanh(x.astype(np.float64)), rtol=1e-6, atol=1e-6)
     with np.errstate(invalid="ignore"):
         np.testing.assert_allclose(out["out2"], x * want, rtol=1e-6, atol=1e-30)  # silu(-inf) = -inf * 0: nan
+
+
+def test_a_nan_constant_keeps_the_graph_equal_to_itself():
+    # (a symbolic run below the trusted size compares the graph traced there with the plan's: NaN == NaN is
+    # False, so a NaN constant made every such graph "differ" and the check stopped before the kernels)
+    import tgc
+    from tgc.codegen import sizes
+
+    prog = tgc.loads("x: f32[N, D]\nreturn where(x > 0, x, nan) * 2\n")
+    sig = [sizes.graph_signature(prog._trace({"N": 5, "D": 7})[0]) for _ in range(2)]
+    assert any(isinstance(a, float) and a != a for r in sig[0][:-1] for a in (r[2] if isinstance(r[2], tuple)
+                                                                             else (r[2],)))
+    assert sig[0] == sig[1] and sizes.same_graph(sig[0], sig[1])
+    x = np.array([[1, -1, NAN, 0, 2, -3, 4]] * 5, np.float32)
+    got = prog.run(x=x, symbolic=True)["out0"]
+    np.testing.assert_array_equal(got, np.where(x > 0, x, NAN) * 2)
+    assert "operations differ" not in prog.last_run

@@ -345,10 +345,22 @@ def instantiate_value(v: Any, dims: Mapping[str, int]) -> Any:
     return v
 
 
+_NAN = float("nan")  # (every NaN of a signature is this one object: tuples compare items by identity first)
+
+
+def _same_nan(v: Any) -> Any:
+    """`v` with each float NaN in it replaced by `_NAN`, so two signatures holding a NaN constant (a mask's fill,
+    ONNX's `ConstantOfShape(nan)`) compare equal: NaN == NaN is False, `_NAN is _NAN` is True."""
+    if isinstance(v, tuple):
+        return tuple(_same_nan(x) for x in v)
+    return _NAN if isinstance(v, float) and v != v else v
+
+
 def graph_signature(outs: Sequence[UOp], probe: Mapping[str, int] | None = None,
                     symbolic: Sequence[str] = ()) -> tuple:
     """The tensor graph as a tuple of (op, dtype, arg, sources by position) in topological order; with a
-    probe, every int in the args as a Mono (so the signature holds for every size of the class)."""
+    probe, every int in the args as a Mono (so the signature holds for every size of the class). Every NaN in
+    an arg is one object (`_same_nan`), so a graph with a NaN constant equals itself."""
     order: dict[UOp, int] = {}
     rows = []
     for o in outs:
@@ -356,7 +368,7 @@ def graph_signature(outs: Sequence[UOp], probe: Mapping[str, int] | None = None,
             if u in order:
                 continue
             order[u] = len(order)
-            arg = u.arg if probe is None else symbolize_value(u.arg, probe, symbolic)
+            arg = _same_nan(u.arg if probe is None else symbolize_value(u.arg, probe, symbolic))
             rows.append((u.op, u.dtype, arg, tuple(order[s] for s in u.src)))
     rows.append(("outs", tuple(order[o] for o in outs)))
     return tuple(rows)
