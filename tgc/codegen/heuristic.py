@@ -331,7 +331,10 @@ def short_rows(k: OptKernel, store: UOp) -> None:
         return
     last = loops[-1]
     n = last.src[0].arg
-    if n % 16 or n > SHORT_ROW or _stride(store.src[1], last) != 1:
+    if n % 16 or _stride(store.src[1], last) != 1:
+        return
+    if n > SHORT_ROW:
+        _transposed_tile(k, loops)
         return
     loads = [ld for ld in _loads(k.ast) if last in ld.src[1].toposort()]
     if not all(_stride(ld.src[1], last) == 1 for ld in loads):
@@ -361,6 +364,29 @@ def short_rows(k: OptKernel, store: UOp) -> None:
              all(isinstance(s, int) and s > n for s in st)]
     if outer:
         _try(k, Opt(OptOps.SWAP, panel, max(outer)[1]))
+
+
+def _transposed_tile(k: OptKernel, loops: list[UOp]) -> None:
+    """A long contiguous store row (LLVM vectorizes it itself) whose other loads read a transpose: each such load
+    steps by a row per element along the store's row (a cache line per value, gathered lane by lane) and is
+    contiguous along one outer axis instead (a value realized in its readers' order from a transposed one,
+    `tgc.engine.schedule._transposed_read`). A tile of 16 of the row by up to PACK_ROWS of that axis (its
+    largest divisor among 8, 4, 2): each line loaded gives that many values, and LLVM writes the tile with
+    vector loads and shuffles."""
+    last = loops[-1]
+    moved = [ld for ld in _loads(k.ast) if last in ld.src[1].toposort() and _stride(ld.src[1], last) != 1]
+    if not moved:
+        return
+    # (a load whose index has no constant stride there, such as a join's piece under its gate, does not decide)
+    along = [i for i, r in enumerate(loops[:-1]) if r.src[0].op is Ops.CONST
+             and any(_stride(ld.src[1], r) == 1 for ld in moved)
+             and all(_stride(ld.src[1], r) in (1, None) for ld in moved)]
+    if not along:
+        return
+    size = loops[along[0]].src[0].arg
+    amt = next((a for a in (PACK_ROWS, PACK_ROWS // 2, PACK_ROWS // 4) if size % a == 0), 0)
+    if amt and _try(k, Opt(OptOps.UPCAST, len(loops) - 1, 16)):
+        _try(k, Opt(OptOps.UPCAST, along[0], amt))
 
 
 LONG_BODY = 256  # ALU ops from which an elementwise kernel's loop body is written as vectors here (`long_body`)
