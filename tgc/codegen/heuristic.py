@@ -325,7 +325,8 @@ PACK_ROW_VECTORS = 4  # a packing copy's short row is written whole as up to thi
 def short_rows(k: OptKernel, store: UOp) -> None:
     """An elementwise kernel whose innermost loop is short and contiguous for the store and every load on it
     (matmul's packing copy: rows of 32): one 16-wide vector per step. LLVM's loop vectorizer leaves such short
-    inner loops mostly scalar (measured up to 20x slower); long loops it vectorizes itself."""
+    inner loops mostly scalar (measured up to 20x slower); long loops it vectorizes itself, except where loads
+    read a transpose (`_transposed_tile`)."""
     loops = k.loops()
     if len(loops) < 2:
         return
@@ -844,7 +845,8 @@ RULES: tuple[Rule, ...] = (
          "shared-memory tree"),
     Rule("short_rows", "elementwise", lambda f, k: True, _short_rows,
          "LLVM's loop vectorizer leaves short contiguous inner loops (<= SHORT_ROW) mostly scalar: write them as "
-         "vectors; a transpose's tile or a panel copy's rows side by side (`short_rows`)"),
+         "vectors; a transpose's tile or a panel copy's rows side by side (`short_rows`); a long row read from a "
+         "transpose is tiled too (`_transposed_tile`)"),
     Rule("long_body", "elementwise", lambda f, k: "short_rows" not in f.done and body_ops(k) >= LONG_BODY, long_body,
          "LLVM's loop vectorizer takes time growing with the square of a loop body: a long elementwise body is "
          "written as vectors here (`long_body`: a compile-time cap)"),

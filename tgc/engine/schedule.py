@@ -17,6 +17,9 @@ Which nodes get a buffer of their own ("realized"):
   `tgc.engine.placement`); the elementwise epilogue of a reduction (a conv's bias, batch norm, relu) read at
   least `EPILOGUE_REUSE` times per element (a pool's window or slices: stored once, not recomputed per read;
   the reduction below would get a buffer anyway).
+- elementwise work over a transpose that two or more kernels compute, of at least `TRANSPOSED_MIN_ELEMENTS`
+  elements (`_transposed_shared`): stored once in its readers' order instead of read at a stride of a row per
+  element by each (the MLP-Mixer's `x + token_mlp(...).transpose(1, 2)`, read by a layernorm and a residual).
 Everything else is fused: elementwise chains, elementwise work before a reduction (inside its loop) and
 after it (once per output), and movement ops, which become index arithmetic. Constants and broadcasts
 are never materialized.
