@@ -111,3 +111,23 @@ def test_small_sizes_with_the_rule_forced_match_numpy(fresh_cache, monkeypatch, 
     assert "r_2_36_16_8" in _names(TWO_READERS, dims)
     prog = tgc.loads(TWO_READERS)
     _check(prog, random_inputs(prog, dims, seed=3), device)
+
+
+TRANSPOSED_LHS = "a: f32[B, S, C]\nw: f32[S, K]\nreturn a.transpose(1, 2) @ w\n"
+
+
+@pytest.mark.parametrize("k_cols, lanes", [(64, False), (40, True)])
+def test_a_transposed_lhs_matmul_takes_the_columns_as_lanes(fresh_cache, k_cols, lanes):
+    """`a^T @ w` with `a` [S, C]: the channels are contiguous in `a` (a `lane_axis`), but the output's columns (K)
+    are two whole vectors read contiguously from `w`: a plain matmul tile, columns as lanes, stored as vectors
+    (`heuristic._whole_vector_columns`); 40 columns are not, and the lanes' tile stays."""
+    dims = {"B": 2, "S": 196, "C": 128, "K": k_cols}
+    prog = tgc.loads(TRANSPOSED_LHS)
+    exe = prog.lower("CPU", dims=dims)
+    (k,) = [k for k in exe.kernels if k.name.startswith("r_")]
+    first = next(o for o in k.opts if o.op is OptOps.UPCAST)
+    assert (first.axis, first.amount) == ((1, 16) if lanes else (2, 16)), k.opts
+    inputs = random_inputs(prog, dims, seed=5)
+    want = np.swapaxes(inputs["a"].astype(np.float64), 1, 2) @ inputs["w"].astype(np.float64)
+    got = prog.run(**inputs)["out0"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
