@@ -104,12 +104,17 @@ def _row_axes(e: UOp) -> tuple[int, ...] | None:
 
 
 def find_realized(outputs: list[UOp], fuse_rows: bool = False,
-                  fused: dict[UOp, attention.Match] | None = None, forced: set[UOp] | None = None) -> list[UOp]:
+                  fused: dict[UOp, attention.Match] | None = None, forced: set[UOp] | None = None,
+                  sized: bool = True) -> list[UOp]:
     """Kernel roots in dependency order (each after the roots it reads): `_find_realized`'s, then, where some
     elementwise value over a transpose is read by several of those kernels (`_transposed_shared`), made again with
     it (and the concatenation its transpose reads, if any) realized: its readers then read it in their own
-    order, and a reduction below it that several kernels read through it is computed in its kernel."""
+    order, and a reduction below it that several kernels read through it is computed in its kernel. Not for a
+    size class's kernels (`sized=False`: `create_schedule`'s `split_columns=False`): the rule is a speed choice
+    over sizes, and their plan is the same at every size of the class."""
     roots = _find_realized(outputs, fuse_rows, fused, forced)
+    if not sized:
+        return roots
     shared = _transposed_shared(roots, _concat_pieces(outputs))
     return _find_realized(outputs, fuse_rows, fused, (forced or set()) | shared) if shared else roots
 
@@ -221,7 +226,7 @@ def _find_realized(outputs: list[UOp], fuse_rows: bool = False,
 def _mapped_axis(shape: tuple, new_shape: tuple, axis: int) -> int | None:
     """The axis of `shape` that a RESHAPE to `new_shape` keeps whole as its `axis` (the same size after the same
     number of elements), or None where the reshape splits or merges it."""
-    if not all(isinstance(s, int) for s in (*shape, *new_shape)):
+    if not all(type(s) is int for s in (*shape, *new_shape)):  # (a symbolic size decides nothing here)
         return None
     before = prod(new_shape[:axis])
     for i, s in enumerate(shape):
@@ -245,7 +250,9 @@ def _transposed_read(node: UOp, realized: set[UOp], memo: dict[UOp, bool], joins
         return memo[node]
     shape = shape_of(node)
     out = False
-    if shape and all(isinstance(s, int) for s in shape) and prod(shape) >= TRANSPOSED_MIN_ELEMENTS \
+    # (a speed choice over concrete sizes only: with symbolic ones (a SymSize is an int) every comparison would
+    # be a size decision of the class's trace, so a symbolic plan keeps the value fused, as it computes the same)
+    if shape and all(type(s) is int for s in shape) and prod(shape) >= TRANSPOSED_MIN_ELEMENTS \
             and shape[-1] > 1:
         # (n, the axis of n along node's innermost one, whether a PERMUTE on the way moved it): the computed
         # values above the transpose are the readers' own, so until one is crossed only movement ops are followed
@@ -257,6 +264,8 @@ def _transposed_read(node: UOp, realized: set[UOp], memo: dict[UOp, bool], joins
                 continue
             seen.add((n, axis, crossed))
             sh = shape_of(n)
+            if not all(type(s) is int for s in sh):
+                continue
             if n.op is Ops.BUFFER or n.op is Ops.REDUCE_AXIS or n in realized:
                 inner = max((i for i, s in enumerate(sh) if s != 1), default=axis)
                 out = crossed and axis != inner
@@ -1478,7 +1487,7 @@ def create_schedule(outputs: list[UOp], caps: Capabilities | None = None, split_
         original = {new: original.get(old, old) for new, old in original_c.items()} | original
         serves |= {copy: serves.get(conv) or original.get(conv, conv)  # (a part's: its conv's line)
                    for copy, conv in serves_c.items()}  # through both maps
-    items = _schedule(outputs, fuse_rows)
+    items = _schedule(outputs, fuse_rows, split_columns)
     for item in items:
         item.bufs = [original.get(b, b) for b in item.bufs]
         if item.output in serves:
@@ -1513,11 +1522,11 @@ def _piece_copies(roots: list[UOp], lowered: dict, concats: dict, realized: set[
     return out
 
 
-def _schedule(outputs: list[UOp], fuse_rows: bool) -> list[ScheduleItem]:
+def _schedule(outputs: list[UOp], fuse_rows: bool, sized: bool = True) -> list[ScheduleItem]:
     fused = attention.find(outputs)
     forced: set[UOp] = set()
     while True:  # a reduction a kernel would compute at two indices gets a buffer; then the kernels again
-        roots = find_realized(outputs, fuse_rows, fused, forced)
+        roots = find_realized(outputs, fuse_rows, fused, forced, sized)
         realized = set(roots)
         lowered: dict[UOp, tuple[_Lowerer, UOp]] = {}
         recomputed: set[UOp] = set()
