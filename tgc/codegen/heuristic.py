@@ -123,10 +123,10 @@ def classify(k: OptKernel, machine: Machine) -> Facts:
     if not reduces:
         facts.kind = "elementwise"
         return facts
-    if lane_axis(k, store) is not None:
+    loads = _loads(k.ast)
+    if lane_axis(k, store) is not None and not _whole_vector_columns(k, store, loads, machine):
         facts.kind = "lanes"
         return facts
-    loads = _loads(k.ast)
     facts.reuse = [i for i, r in enumerate(loops) if _size(r) != 1
                    and any(r not in ld.src[1].toposort() for ld in loads)
                    and any(r in ld.src[1].toposort() for ld in loads)]
@@ -147,6 +147,28 @@ def classify(k: OptKernel, machine: Machine) -> Facts:
     if facts.out_contiguous and not any(_stride(ld.src[1], r) == 1 for ld in loads for r in reduces):
         facts.kind = "strided"
     return facts
+
+
+def _whole_vector_columns(k: OptKernel, store: UOp, loads: list[UOp], machine: Machine) -> bool:
+    """Whether the store's contiguous output axis could be the vector lanes of a plain matmul tile instead of a
+    `lane_axis`: two whole vectors divide it, every load inside the reduction that reads it reads it contiguously
+    (no gather), some load inside the reduction reads it (a right-hand side's columns), and the reduction is one
+    loop (a matmul's, not a window's). Then the lanes'
+    stores (each lane to its own row: 16 scattered stores a vector) are not needed: the transposed operand's
+    contiguous axis (a `[S, C]` activation read as `C x S`) is broadcast from a line instead (the MLP-Mixer's
+    first token matmul, `r_4_512_256_196`: 1415 -> 1089 us single kernel, program_rounds min of 7)."""
+    reduces = set(k.reduces())
+    if len(reduces) != 1:  # (a convolution's window: its taps reuse the input's lines, the lanes' tile measured
+        return False       # 1.2-1.6x faster over U-Net's 64-column images than this one)
+    inner = [ld for ld in loads if reduces & set(ld.src[1].toposort())]
+    for r in k.loops():
+        n = _size(r)
+        if not n or n % (2 * machine.lanes) or _stride(store.src[1], r) != 1:
+            continue
+        on = [ld for ld in inner if r in ld.src[1].toposort()]
+        if on and all(_stride(ld.src[1], r) == 1 for ld in on):
+            return True
+    return False
 
 
 # ------------------------------------------------------------------------------------ rules with more steps
@@ -325,13 +347,17 @@ PACK_ROW_VECTORS = 4  # a packing copy's short row is written whole as up to thi
 def short_rows(k: OptKernel, store: UOp) -> None:
     """An elementwise kernel whose innermost loop is short and contiguous for the store and every load on it
     (matmul's packing copy: rows of 32): one 16-wide vector per step. LLVM's loop vectorizer leaves such short
-    inner loops mostly scalar (measured up to 20x slower); long loops it vectorizes itself."""
+    inner loops mostly scalar (measured up to 20x slower); long loops it vectorizes itself, except where loads
+    read a transpose (`_transposed_tile`)."""
     loops = k.loops()
     if len(loops) < 2:
         return
     last = loops[-1]
     n = last.src[0].arg
-    if n % 16 or n > SHORT_ROW or _stride(store.src[1], last) != 1:
+    if n % 16 or _stride(store.src[1], last) != 1:
+        return
+    if n > SHORT_ROW:
+        _transposed_tile(k, loops)
         return
     loads = [ld for ld in _loads(k.ast) if last in ld.src[1].toposort()]
     if not all(_stride(ld.src[1], last) == 1 for ld in loads):
@@ -361,6 +387,29 @@ def short_rows(k: OptKernel, store: UOp) -> None:
              all(isinstance(s, int) and s > n for s in st)]
     if outer:
         _try(k, Opt(OptOps.SWAP, panel, max(outer)[1]))
+
+
+def _transposed_tile(k: OptKernel, loops: list[UOp]) -> None:
+    """A long contiguous store row (LLVM vectorizes it itself) whose other loads read a transpose: each such load
+    steps by a row per element along the store's row (a cache line per value, gathered lane by lane) and is
+    contiguous along one outer axis instead (a value realized in its readers' order from a transposed one,
+    `tgc.engine.schedule._transposed_read`). A tile of 16 of the row by up to PACK_ROWS of that axis (its
+    largest divisor among 8, 4, 2): each line loaded gives that many values, and LLVM writes the tile with
+    vector loads and shuffles."""
+    last = loops[-1]
+    moved = [ld for ld in _loads(k.ast) if last in ld.src[1].toposort() and _stride(ld.src[1], last) != 1]
+    if not moved:
+        return
+    # (a load whose index has no constant stride there, such as a join's piece under its gate, does not decide)
+    along = [i for i, r in enumerate(loops[:-1]) if r.src[0].op is Ops.CONST
+             and any(_stride(ld.src[1], r) == 1 for ld in moved)
+             and all(_stride(ld.src[1], r) in (1, None) for ld in moved)]
+    if not along:
+        return
+    size = loops[along[0]].src[0].arg
+    amt = next((a for a in (PACK_ROWS, PACK_ROWS // 2, PACK_ROWS // 4) if size % a == 0), 0)
+    if amt and _try(k, Opt(OptOps.UPCAST, len(loops) - 1, 16)):
+        _try(k, Opt(OptOps.UPCAST, along[0], amt))
 
 
 LONG_BODY = 256  # ALU ops from which an elementwise kernel's loop body is written as vectors here (`long_body`)
@@ -818,7 +867,8 @@ RULES: tuple[Rule, ...] = (
          "shared-memory tree"),
     Rule("short_rows", "elementwise", lambda f, k: True, _short_rows,
          "LLVM's loop vectorizer leaves short contiguous inner loops (<= SHORT_ROW) mostly scalar: write them as "
-         "vectors; a transpose's tile or a panel copy's rows side by side (`short_rows`)"),
+         "vectors; a transpose's tile or a panel copy's rows side by side (`short_rows`); a long row read from a "
+         "transpose is tiled too (`_transposed_tile`)"),
     Rule("long_body", "elementwise", lambda f, k: "short_rows" not in f.done and body_ops(k) >= LONG_BODY, long_body,
          "LLVM's loop vectorizer takes time growing with the square of a loop body: a long elementwise body is "
          "written as vectors here (`long_body`: a compile-time cap)"),

@@ -17,6 +17,9 @@ Which nodes get a buffer of their own ("realized"):
   `tgc.engine.placement`); the elementwise epilogue of a reduction (a conv's bias, batch norm, relu) read at
   least `EPILOGUE_REUSE` times per element (a pool's window or slices: stored once, not recomputed per read;
   the reduction below would get a buffer anyway).
+- elementwise work over a transpose that two or more kernels compute, of at least `TRANSPOSED_MIN_ELEMENTS`
+  elements (`_transposed_shared`): stored once in its readers' order instead of read at a stride of a row per
+  element by each (the MLP-Mixer's `x + token_mlp(...).transpose(1, 2)`, read by a layernorm and a residual).
 Everything else is fused: elementwise chains, elementwise work before a reduction (inside its loop) and
 after it (once per output), and movement ops, which become index arithmetic. Constants and broadcasts
 are never materialized.
@@ -45,6 +48,7 @@ _TRANSCENDENTAL = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT}
 RECOMPUTE_LIMIT = 64  # ALU ops recomputed per element above which the value gets its own buffer
 _REP_CAP = 1 << 20
 EPILOGUE_REUSE = 2  # reads per element of a reduction's epilogue inside a reduction above which it is stored
+TRANSPOSED_MIN_ELEMENTS = 1 << 16  # elements of a transposed value read by several kernels from which it is stored
 
 
 def _costs_at_least(node: UOp, realized: set[UOp], need: int) -> bool:
@@ -100,8 +104,50 @@ def _row_axes(e: UOp) -> tuple[int, ...] | None:
 
 
 def find_realized(outputs: list[UOp], fuse_rows: bool = False,
-                  fused: dict[UOp, attention.Match] | None = None, forced: set[UOp] | None = None) -> list[UOp]:
-    """Kernel roots in dependency order (each after the roots it reads).
+                  fused: dict[UOp, attention.Match] | None = None, forced: set[UOp] | None = None,
+                  sized: bool = True) -> list[UOp]:
+    """Kernel roots in dependency order (each after the roots it reads): `_find_realized`'s, then, where some
+    elementwise value over a transpose is read by several of those kernels (`_transposed_shared`), made again with
+    it (and the concatenation its transpose reads, if any) realized: its readers then read it in their own
+    order, and a reduction below it that several kernels read through it is computed in its kernel. Not for a
+    size class's kernels (`sized=False`: `create_schedule`'s `split_columns=False`): the rule is a speed choice
+    over sizes, and their plan is the same at every size of the class."""
+    roots = _find_realized(outputs, fuse_rows, fused, forced)
+    if not sized:
+        return roots
+    shared = _transposed_shared(roots, _concat_pieces(outputs))
+    return _find_realized(outputs, fuse_rows, fused, (forced or set()) | shared) if shared else roots
+
+
+def _transposed_shared(roots: list[UOp], pieces: set[UOp]) -> set[UOp]:
+    """The elementwise nodes over a transpose (`_transposed_read`) that two or more of the kernels rooted at
+    `roots` compute, with the concatenations of computed pieces their transposes read (each becomes one buffer
+    its pieces write in place, so the node's kernel reads no gated pieces)."""
+    realized = set(roots)
+    reached: dict[UOp, int] = {}
+    memo: dict[UOp, bool] = {}
+    for root in roots:
+        stack, seen = [root], set()
+        while stack:
+            n = stack.pop()
+            if n in seen or n.op is Ops.BUFFER or (n in realized and n is not root):
+                continue
+            seen.add(n)
+            if n is not root and n.op in ALU and _transposed_read(n, realized, memo):
+                reached[n] = reached.get(n, 0) + 1
+            stack.extend(n.src)
+    out: set[UOp] = set()
+    for n, count in reached.items():
+        if count > 1:
+            joins: set[UOp] = set()
+            _transposed_read(n, realized, {}, joins)
+            out |= {n} | (joins - pieces)
+    return out
+
+
+def _find_realized(outputs: list[UOp], fuse_rows: bool = False,
+                   fused: dict[UOp, attention.Match] | None = None, forced: set[UOp] | None = None) -> list[UOp]:
+    """Kernel roots in dependency order (each after the roots it reads), by the module docstring's rules.
 
     With `fuse_rows` (CPU-style devices, where a kernel's outer loops run in order), a per-row reduction
     that is broadcast back along its own row stays in the consumer's kernel: the linearizer computes it
@@ -175,6 +221,74 @@ def find_realized(outputs: list[UOp], fuse_rows: bool = False,
                 seen_nodes.add(node)
                 order.append(node)
     return order
+
+
+def _mapped_axis(shape: tuple, new_shape: tuple, axis: int) -> int | None:
+    """The axis of `shape` that a RESHAPE to `new_shape` keeps whole as its `axis` (the same size after the same
+    number of elements), or None where the reshape splits or merges it."""
+    if not all(type(s) is int for s in (*shape, *new_shape)):  # (a symbolic size decides nothing here)
+        return None
+    before = prod(new_shape[:axis])
+    for i, s in enumerate(shape):
+        if s == new_shape[axis] and prod(shape[:i]) == before:
+            return i
+    return None
+
+
+def _computed_join(n: UOp) -> bool:
+    """Whether `n` is a concatenation with a computed piece (a split matmul's parts joined)."""
+    c = concat_of(n)
+    return c is not None and any(not _stored(src) for _off, _size, src in c.pieces)
+
+
+def _transposed_read(node: UOp, realized: set[UOp], memo: dict[UOp, bool], joins: set[UOp] | None = None) -> bool:
+    """Whether elementwise `node`, of at least TRANSPOSED_MIN_ELEMENTS elements, reads a stored value (a buffer, a
+    realized node or a reduction, which gets one) whose innermost axis is not the one along `node`'s innermost
+    axis (a transpose of it): each kernel reading `node` along its rows would step through that value at a
+    stride of a row per element (a cache line each). A broadcast along the innermost axis reads one element."""
+    if node in memo and joins is None:
+        return memo[node]
+    shape = shape_of(node)
+    out = False
+    # (a speed choice over concrete sizes only: with symbolic ones (a SymSize is an int) every comparison would
+    # be a size decision of the class's trace, so a symbolic plan keeps the value fused, as it computes the same)
+    if shape and all(type(s) is int for s in shape) and prod(shape) >= TRANSPOSED_MIN_ELEMENTS \
+            and shape[-1] > 1:
+        # (n, the axis of n along node's innermost one, whether a PERMUTE on the way moved it): the computed
+        # values above the transpose are the readers' own, so until one is crossed only movement ops are followed
+        # (the lowest elementwise node over the transpose is the one stored, whatever order the walk takes)
+        stack, seen = [(s, len(shape) - 1, False) for s in node.src if shape_of(s) == shape], set()
+        while stack and not out:
+            n, axis, crossed = stack.pop()
+            if (n, axis, crossed) in seen:
+                continue
+            seen.add((n, axis, crossed))
+            sh = shape_of(n)
+            if not all(type(s) is int for s in sh):
+                continue
+            if n.op is Ops.BUFFER or n.op is Ops.REDUCE_AXIS or n in realized:
+                inner = max((i for i, s in enumerate(sh) if s != 1), default=axis)
+                out = crossed and axis != inner
+            elif n.op in ALU or n.op is Ops.CAST:
+                if crossed and joins is not None and n.op in (Ops.WHERE, Ops.ADD) and _computed_join(n):
+                    joins.add(n)  # (one buffer its pieces write in place: its reader then reads no gated pieces)
+                    out = True
+                elif crossed:
+                    stack.extend((s, axis, True) for s in n.src if s.op is not Ops.CONST and shape_of(s) == sh)
+            elif n.op is Ops.PERMUTE:
+                a = n.arg[axis]
+                stack.append((n.src[0], a, crossed or a != len(sh) - 1))
+            elif n.op is Ops.EXPAND:
+                if shape_of(n.src[0])[axis] != 1:  # (broadcast along it: one element per row, nothing to step)
+                    stack.append((n.src[0], axis, crossed))
+            elif n.op in (Ops.SHRINK, Ops.PAD, Ops.FLIP, Ops.STRIDE):
+                stack.append((n.src[0], axis, crossed))
+            elif n.op is Ops.RESHAPE:
+                a = _mapped_axis(shape_of(n.src[0]), sh, axis)
+                if a is not None:
+                    stack.append((n.src[0], a, crossed))
+    memo[node] = out
+    return out
 
 
 def _stored_for_reuse(node: UOp, reads: int, realized: set[UOp]) -> bool:
@@ -1382,7 +1496,7 @@ def create_schedule(outputs: list[UOp], caps: Capabilities | None = None, split_
         original = {new: original.get(old, old) for new, old in original_c.items()} | original
         serves |= {copy: serves.get(conv) or original.get(conv, conv)  # (a part's: its conv's line)
                    for copy, conv in serves_c.items()}  # through both maps
-    items = _schedule(outputs, fuse_rows)
+    items = _schedule(outputs, fuse_rows, split_columns)
     for item in items:
         item.bufs = [original.get(b, b) for b in item.bufs]
         if item.output in serves:
@@ -1417,11 +1531,11 @@ def _piece_copies(roots: list[UOp], lowered: dict, concats: dict, realized: set[
     return out
 
 
-def _schedule(outputs: list[UOp], fuse_rows: bool) -> list[ScheduleItem]:
+def _schedule(outputs: list[UOp], fuse_rows: bool, sized: bool = True) -> list[ScheduleItem]:
     fused = attention.find(outputs)
     forced: set[UOp] = set()
     while True:  # a reduction a kernel would compute at two indices gets a buffer; then the kernels again
-        roots = find_realized(outputs, fuse_rows, fused, forced)
+        roots = find_realized(outputs, fuse_rows, fused, forced, sized)
         realized = set(roots)
         lowered: dict[UOp, tuple[_Lowerer, UOp]] = {}
         recomputed: set[UOp] = set()
