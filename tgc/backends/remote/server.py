@@ -436,8 +436,8 @@ class RemoteServer:
             return s
         gone = self._expired.get(sid)
         if gone is not None and gone[0] == owner:
-            raise Refusal(404, "session", f"{gone[1]}: its buffers, programs and graphs are gone; start a new "
-                                          "session (a new process or REMOTE device), or serve with a longer "
+            raise Refusal(404, "session", f"{gone[1]}: its buffers, programs and graphs are gone; run again (a "
+                                          "new process starts a new session), or serve with a longer "
                                           "--idle-timeout")
         lim = self.limits
         when = (f"all used in the last {lim.evict_after:g}s; end one (a client ends its session when it closes) "
