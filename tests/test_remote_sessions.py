@@ -211,3 +211,102 @@ def test_a_connection_the_server_closed_while_idle_is_reopened_without_an_error(
     finally:
         conn.close()
         fake.sock.close()
+
+
+# --- connections, bodies and the compile cache are bounded
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> bool:
+    """Whether the server closes `sock` (nothing read) within `seconds`."""
+    sock.settimeout(seconds)
+    try:
+        return sock.recv(1) == b""
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def test_a_connection_that_sends_no_request_is_closed_after_the_header_time():
+    """128 connections of nobody, sending nothing, once held every slot for the request time (60 s)."""
+    s = serve("127.0.0.1", 0, "CPU", "t0ken-0123456789", Limits(header_time=1.0, request_time=60.0)).start()
+    try:
+        start = time.monotonic()
+        with socket.create_connection(("127.0.0.1", s.port)) as idle:
+            assert _closed_within(idle, 10.0) and time.monotonic() - start < 5.0
+        with socket.create_connection(("127.0.0.1", s.port)) as slow:  # a request line, headers never ended
+            slow.sendall(b"POST /batch HTTP/1.1\r\nHost: x\r\n")
+            assert _closed_within(slow, 10.0)
+        # a client that showed the token keeps its connection open for its next request
+        with socket.create_connection(("127.0.0.1", s.port)) as good:
+            body = batch()
+            head = (f"POST /batch HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t0ken-0123456789\r\n"
+                    f"{P.SESSION_HEADER}: keep-0123456789ab\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+            for _ in range(2):
+                good.sendall(head + body)
+                good.settimeout(10)
+                assert good.recv(65536).startswith(b"HTTP/1.1 200")
+                assert not _closed_within(good, 2.5)
+    finally:
+        s.shutdown()
+
+
+def test_connections_of_one_address_are_capped():
+    s = serve("127.0.0.1", 0, "CPU", None, Limits(max_connections=10, max_connections_per_client=2)).start()
+    try:
+        idle = [socket.create_connection(("127.0.0.1", s.port), timeout=10) for _ in range(2)]
+        deadline = time.monotonic() + 10
+        while len(s.conns) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with socket.create_connection(("127.0.0.1", s.port), timeout=10) as third:
+            answer = third.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 503") and b"this client address has too many connections" in answer
+        for c in idle:
+            c.close()
+        deadline = time.monotonic() + 10
+        while s.conns and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert post(s.port, batch())[0] == 200
+    finally:
+        s.shutdown()
+
+
+def test_request_bodies_held_at_once_are_bounded():
+    """Bodies were held whole per connection whatever --max-memory: many stalled ones held gigabytes."""
+    n = 1 << 20
+    s = serve("127.0.0.1", 0, "CPU", None, Limits(max_memory=n, max_body=n)).start()
+    try:
+        with socket.create_connection(("127.0.0.1", s.port), timeout=10) as stalled:
+            stalled.sendall((f"POST /batch HTTP/1.1\r\nHost: x\r\n{P.SESSION_HEADER}: stall-0123456789ab\r\n"
+                             f"Content-Length: {n}\r\n\r\n").encode() + b"TGC1")
+            deadline = time.monotonic() + 10
+            while s.body_bytes < n and time.monotonic() < deadline:
+                time.sleep(0.01)
+            status, kind, body = post(s.port, batch())
+            assert (status, kind) == (503, "busy") and b"bytes of request bodies" in body
+        deadline = time.monotonic() + 10
+        while s.body_bytes and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert s.body_bytes == 0 and post(s.port, batch())[0] == 200
+    finally:
+        s.shutdown()
+
+
+def test_the_compile_cache_is_bounded_in_bytes():
+    s = serve("127.0.0.1", 0, "CPU", None, Limits(compile_cache_bytes=100))
+    try:
+        for k in range(3):
+            s._keep_compiled(f"k{k}", (True, bytes(40), None))
+        assert list(s._compiled) == ["k1", "k2"] and s._compiled_bytes == 80
+        s._keep_compiled("k1", (False, "x" * 10, None))  # (kept again: counted once, newest last)
+        assert list(s._compiled) == ["k2", "k1"] and s._compiled_bytes == 50
+        s._keep_compiled("huge", (True, bytes(101), None))  # more than the whole cache: not kept
+        assert "huge" not in s._compiled and s._compiled_bytes == 50
+    finally:
+        s.close()
+
+
+def test_serve_refuses_a_request_time_of_zero():
+    from tests.clikit import invoke
+    r = invoke("serve", "--request-time", "0", "--port", "0")
+    assert r.exit_code == 2 and "--request-time" in r.output

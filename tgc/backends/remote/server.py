@@ -236,6 +236,8 @@ class RemoteServer:
         self._work_cap: tuple[int | None] | None = None  # `_max_work_items`, once known
         # sha256(src) -> (ok, lib|msg, proven short (`shortproof`; None: not asked))
         self._compiled: OrderedDict[str, tuple[bool, bytes | str, bool | None]] = OrderedDict()
+        self._compiled_bytes = 0  # what `_compiled` holds, in bytes of binaries and messages (`_keep_compiled`)
+        self.body_bytes = 0  # bytes of request bodies being received or run now, all connections (`transport`)
         self._known: OrderedDict[str, Known] = OrderedDict()  # sha256(binary) -> what the source said, first wins
         self._workers: Any = None  # compile worker processes (CPU), started on the first compile
         self._workers_lock = threading.Lock()
@@ -243,6 +245,7 @@ class RemoteServer:
         # open connections -> the time by which the request being read (or answer being written) must be done,
         # or None while a batch runs; the watchdog closes connections past it (slow or idle peers)
         self.conns: dict[Any, float | None] = {}
+        self.conn_peers: dict[Any, str] = {}  # open connections -> the client's address (`max_connections_per_client`)
         self.conn_lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -1053,11 +1056,7 @@ class RemoteServer:
                 entry = (False, e.msg if isinstance(e, TgcError) else str(e) or type(e).__name__, None)
             if isinstance(entry[2], str):  # (the proof reads the print; the cache keeps only its answer)
                 entry = (True, entry[1], self._proven(req.src, entry[2], known.contract))  # type: ignore[arg-type]
-        with self._cache_lock:
-            self._compiled[key] = entry
-            self._compiled.move_to_end(key)
-            while len(self._compiled) > 256:
-                self._compiled.popitem(last=False)
+        self._keep_compiled(key, entry)
         ok, value, proven = entry
         if not ok:
             raise Refusal(422, "compile", str(value))
@@ -1069,6 +1068,24 @@ class RemoteServer:
             remember(self._known, h, known, 1 << 16, replace=False)
         out[h] = value
         return h
+
+    # most sources whose compiled binaries (or errors) the server keeps (`_keep_compiled`)
+    MAX_COMPILED = 256
+
+    def _keep_compiled(self, key: str, entry: tuple[bool, bytes | str, bool | None]) -> None:
+        """Keep a compile's answer for other sessions compiling the same source: at most `MAX_COMPILED` of them and
+        `compile_cache_bytes` in all (the least recently compiled go first; one bigger than that is not kept)."""
+        size = len(entry[1])
+        with self._cache_lock:
+            old = self._compiled.pop(key, None)
+            if old is not None:
+                self._compiled_bytes -= len(old[1])
+            if size > self.limits.compile_cache_bytes:
+                return
+            self._compiled[key] = entry
+            self._compiled_bytes += size
+            while len(self._compiled) > self.MAX_COMPILED or self._compiled_bytes > self.limits.compile_cache_bytes:
+                self._compiled_bytes -= len(self._compiled.popitem(last=False)[1][1])
 
     @staticmethod
     def _proven(src: str, printed: str, contract: Contract) -> bool:
@@ -1371,7 +1388,7 @@ def main_serve(host: str = "127.0.0.1", port: int = P.DEFAULT_PORT, device: str 
                request_time: float | None = None, max_sessions: int | None = None, verbose: bool = False,
                max_memory: int | None = None, max_connections: int | None = None,
                max_sessions_per_client: int | None = None, max_sessions_per_token: int | None = None,
-               inline: bool = True) -> int:
+               inline: bool = True, max_connections_per_client: int | None = None) -> int:
     """What `tgc serve` runs: open the device, print `serving DEVICE on http://host:port` to stderr, serve
     until Ctrl-C or SIGTERM, free every session and return 0.
 
@@ -1401,7 +1418,8 @@ def main_serve(host: str = "127.0.0.1", port: int = P.DEFAULT_PORT, device: str 
     chosen = {"idle_timeout": idle_timeout, "max_body": max_body, "max_buffer": max_buffer,
               "max_session_memory": max_session_memory, "request_time": request_time, "max_sessions": max_sessions,
               "max_memory": max_memory, "max_connections": max_connections,
-              "max_sessions_per_client": max_sessions_per_client, "max_sessions_per_token": max_sessions_per_token}
+              "max_sessions_per_client": max_sessions_per_client, "max_sessions_per_token": max_sessions_per_token,
+              "max_connections_per_client": max_connections_per_client}
     limits = Limits(**{k: v for k, v in chosen.items() if v is not None}, inline=inline)
     server = serve(host, port, name, token, limits, verbose)
     try:
