@@ -605,8 +605,14 @@ class RemoteServer:
             raise Refusal(400, "protocol", str(e)) from None
         if timings is not None:
             timings.append(("Decode", 1, start, time.perf_counter_ns()))
-        for i, r in enumerate(requests[:-1]):  # (a request after it would run on a session no longer in the table,
-            if type(r) is P.EndSession:        # whose buffers nothing frees or counts)
+        # the sessions the batch Transfers into (locked with its own: see below); EndSession must end its batch (a
+        # request after it would run on a session no longer in the table, whose buffers nothing frees or counts)
+        dests, last = set(), len(requests) - 1
+        for i, r in enumerate(requests):
+            kind = type(r)
+            if kind is P.Transfer:
+                dests.add(r.dest_session)
+            elif kind is P.EndSession and i < last:
                 raise Refusal(400, "protocol", f"request {i + 1} ({type(requests[i + 1]).__name__}) follows "
                                                f"EndSession (request {i}): EndSession must end its batch")
         with self.lock:
@@ -616,7 +622,7 @@ class RemoteServer:
             # the owner's other sessions this batch Transfers into: counted busy (never reaped or evicted meanwhile)
             # and locked with this one, all in the order of their ids (no deadlock between two batches that
             # transfer into each other's sessions), so that no batch of theirs frees or reuses a buffer meanwhile
-            peers = {x: self.sessions[x] for x in {r.dest_session for r in requests if type(r) is P.Transfer}
+            peers = {x: self.sessions[x] for x in dests
                      if x != sid and x in self.sessions and self.sessions[x].owner == session.owner}
             for held in (session, *peers.values()):
                 held.busy += 1
