@@ -439,7 +439,7 @@ def test_idle_sessions_are_freed():
             time.sleep(0.05)
         assert dev.session not in srv.sessions
         assert srv.allocator.live == 0  # the memory went back to the arena
-        with pytest.raises(DeviceError, match=f"no buffer {h}"):
+        with pytest.raises(DeviceError, match="freed this session after .* idle"):
             dev.allocator.copyout(memoryview(bytearray(size)), h)
     finally:
         srv.shutdown()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import threading
 from functools import cache
 from typing import Any
 
@@ -58,33 +59,52 @@ def device_class(kind: str) -> type:
 
 
 _instances: dict[tuple[str, int], object] = {}
+# one lock per device name, so that threads asking for one device at once make one instance (a second REMOTE
+# instance would be a second session on the server, and its buffers and programs would be another's); different
+# devices are still opened at once. `_locks_lock` guards the table of locks only.
+_locks: dict[tuple[str, int], threading.RLock] = {}
+_locks_lock = threading.Lock()
 
 
 def get_device(name: str):
-    """The (cached) device instance for a name such as `CPU`, `OPENCL:0`.
+    """The (cached) device instance for a name such as `CPU`, `OPENCL:0`; one instance per name, also when
+    threads ask for it at once (double-checked under a lock per name).
 
     An index beyond the devices of its kind is a user error (exit 2): checked against the class's
     `device_count()` where it has one, else by the constructor failing for `KIND:i` where `KIND:0` works.
     """
     key = canonical(name)
-    if key not in _instances:
-        kind, idx = key
-        cls = device_class(kind)
-        counter = getattr(cls, "device_count", None)
-        count = counter() if counter is not None else None
-        if count is not None and idx >= count:
-            raise _index_error(name, kind, count)
-        try:
-            _instances[key] = cls(idx)
-        except TgcError as e:
-            if idx == 0 or e.kind == "user":
-                raise
-            try:
-                get_device(kind)
-            except Exception:
-                raise e from None  # the kind itself does not work here: its own (runtime) error
-            raise TgcError(e.msg, hint=e.hint or f"{kind}:0 works on this machine") from None
+    dev = _instances.get(key)
+    if dev is not None:
+        return dev
+    with _locks_lock:
+        lock = _locks.get(key)
+        if lock is None:
+            lock = _locks[key] = threading.RLock()
+    with lock:
+        if key not in _instances:
+            _make_device(name, key)
     return _instances[key]
+
+
+def _make_device(name: str, key: tuple[str, int]) -> None:
+    """Open device `key` (named `name` by the caller) into `_instances` (`get_device` holds its lock)."""
+    kind, idx = key
+    cls = device_class(kind)
+    counter = getattr(cls, "device_count", None)
+    count = counter() if counter is not None else None
+    if count is not None and idx >= count:
+        raise _index_error(name, kind, count)
+    try:
+        _instances[key] = cls(idx)
+    except TgcError as e:
+        if idx == 0 or e.kind == "user":
+            raise
+        try:
+            get_device(kind)
+        except Exception:
+            raise e from None  # the kind itself does not work here: its own (runtime) error
+        raise TgcError(e.msg, hint=e.hint or f"{kind}:0 works on this machine") from None
 
 
 def _index_error(name: str, kind: str, count: int) -> TgcError:

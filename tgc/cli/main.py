@@ -1492,8 +1492,9 @@ def viz(file: str, device: str | None, dims: dict[str, int], shard: dict[str, in
 @click.option("--max-buffer", type=click.IntRange(min=1), metavar="BYTES", help="Largest single buffer.")
 @click.option("--max-session-memory", type=click.IntRange(min=1), metavar="BYTES",
               help="Most live device memory per client session.")
-@click.option("--request-time", type=click.FloatRange(min=0), metavar="SECONDS",
-              help="Deadline of one request: reading it, running its batch (kernels included) and answering.")
+@click.option("--request-time", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="Deadline of one request: reading it, running its batch (kernels included) and answering "
+                   "(more than 0).")
 @click.option("--max-memory", type=click.IntRange(min=1), metavar="BYTES",
               help="Most live device memory of all sessions together.")
 @click.option("--max-sessions-per-client", type=click.IntRange(min=1), metavar="N",
@@ -1501,13 +1502,16 @@ def viz(file: str, device: str | None, dims: dict[str, int], shard: dict[str, in
 @click.option("--max-sessions-per-token", type=click.IntRange(min=1), metavar="N",
               help="Most sessions of one token (of one address when serving without a token).")
 @click.option("--max-connections", type=click.IntRange(min=1), metavar="N", help="Most open connections.")
+@click.option("--max-connections-per-client", type=click.IntRange(min=1), metavar="N",
+              help="Most open connections of one client address.")
 @click.option("--no-inline", is_flag=True,
               help="Run every CPU launch in a launch worker, none proven short in the server's own process.")
 @click.option("-v", "--verbose", is_flag=True, help="Log each request to stderr.")
 def serve(host: str, port: int, device: str | None, token_file: str | None, idle_timeout: float | None,
           max_sessions: int | None, max_body: int | None, max_buffer: int | None, max_session_memory: int | None,
           request_time: float | None, max_memory: int | None, max_sessions_per_client: int | None,
-          max_sessions_per_token: int | None, max_connections: int | None, no_inline: bool, verbose: bool) -> None:
+          max_sessions_per_token: int | None, max_connections: int | None, max_connections_per_client: int | None,
+          no_inline: bool, verbose: bool) -> None:
     """Serve a device over HTTP for the REMOTE device of other machines (until Ctrl-C)."""
     from tgc.backends.remote.server import main_serve
 
@@ -1517,7 +1521,8 @@ def serve(host: str, port: int, device: str | None, token_file: str | None, idle
                         max_session_memory=max_session_memory, request_time=request_time, verbose=verbose,
                         max_memory=max_memory, max_sessions_per_client=max_sessions_per_client,
                         max_sessions_per_token=max_sessions_per_token,
-                        max_connections=max_connections, inline=not no_inline)
+                        max_connections=max_connections, max_connections_per_client=max_connections_per_client,
+                        inline=not no_inline)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM before the serve loop took over: still a clean stop
         _err("tgc serve: interrupted")
         rc = 0

@@ -159,16 +159,6 @@ class _Wire:
             raise http.client.LineTooLong("header line")
         return line
 
-    def exchange(self, head: bytes, parts: Sequence[bytes | memoryview], cap: int, error_cap: int,
-                 sink: memoryview | None = None) -> tuple[int, dict[str, str], Any, int | None, bool]:
-        """Send one request; (status, headers by lowercase name, body, declared length, whether the server
-        closes the connection after it). The body is None when the declared length passes the cap (`cap` for a
-        200, else `error_cap`): refused before it is read. An undeclared body holds up to cap + 1 bytes.
-        With a `sink` (a writable byte view of at least `LARGE_BLOB` bytes), a 200 answer of one blob of exactly
-        `len(sink)` bytes is received into it: the body is then `(body without the blob, blob id, sink)`."""
-        P.send_all(self.sock, [head, *parts])
-        return self.receive(cap, error_cap, sink)
-
     def readable(self) -> bool:
         """Whether the socket holds bytes (or the server's close) to read, without waiting for any."""
         try:
@@ -187,7 +177,11 @@ class _Wire:
 
     def receive(self, cap: int, error_cap: int, sink: memoryview | None = None
                 ) -> tuple[int, dict[str, str], Any, int | None, bool]:
-        """Read one answer (see `exchange`)."""
+        """Read the answer to one request sent; (status, headers by lowercase name, body, declared length, whether
+        the server closes the connection after it). The body is None when the declared length passes the cap (`cap`
+        for a 200, else `error_cap`): refused before it is read. An undeclared body holds up to cap + 1 bytes.
+        With a `sink` (a writable byte view of at least `LARGE_BLOB` bytes), a 200 answer of one blob of exactly
+        `len(sink)` bytes is received into it: the body is then `(body without the blob, blob id, sink)`."""
         line = self._line()
         if not line:
             raise http.client.RemoteDisconnected("the server closed the connection without an answer")
@@ -264,8 +258,10 @@ class Connection:
     """One kept-alive HTTP connection to a server.
 
     Connecting is retried with exponential backoff for `retry` seconds. Once a body is sent, a failure is
-    not retried (the server may have run part of it), except on a kept-alive connection that the server
-    had already closed, which is reopened once. Every failure is one DeviceError.
+    not retried (the server may have run it): a request is sent again only where it provably never reached the
+    server, on a kept-alive connection that the server had already closed (seen closed before sending, or the
+    send itself failing: a body the server did not receive whole is never run), reopened once. Every failure is
+    one DeviceError.
     """
 
     def __init__(self, host: str, port: int, token: str | None, session: str, timeout: float, retry: float):
@@ -386,7 +382,7 @@ class Connection:
         """Send one batch body (or its parts); the response body, or a DeviceError/CompileError with the
         server's message. An answer longer than `limit` bytes (what the requests can need) is refused
         before it is read. `timing` asks the server for its timing of the batch (a profile trace), which
-        `server_timing` then holds (`protocol.parse_timing`). `sink`: see `_Wire.exchange` (the answer is then
+        `server_timing` then holds (`protocol.parse_timing`). `sink`: see `_Wire.receive` (the answer is then
         that tuple when its one blob went into the sink)."""
         parts = [body] if isinstance(body, bytes) else body
         request = self._head(parts, timing)
@@ -398,8 +394,12 @@ class Connection:
                 if self._conn is not None and self._conn.peer_closed():
                     self.close()  # (the server closed the idle connection after answering)
             ahead = bool(self.pending)  # (answers still owed: this one is read after them)
+            if self._conn is not None and not ahead and self._conn.peer_closed():
+                self.close()  # (the server closed the idle connection: a fresh one, nothing sent on this one)
+                reused = False
             if self._conn is None:
                 self._conn = self._connect()
+            sent = False  # (whether the whole request was written: the server may then have run it)
             try:
                 if ahead:
                     try:
@@ -417,13 +417,15 @@ class Connection:
                                           "connection before answering")
                     status, headers, data, length, close = self._conn.receive(limit, ERROR_LIMIT, sink)
                 else:
-                    status, headers, data, length, close = self._conn.exchange(request, parts, limit, ERROR_LIMIT,
-                                                                               sink)
+                    P.send_all(self._conn.sock, [request, *parts])
+                    sent = True
+                    status, headers, data, length, close = self._conn.receive(limit, ERROR_LIMIT, sink)
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as e:
                 self.close()
-                if reused and attempt == 0 and not ahead:  # the server closed an idle connection: open a fresh one
-                    continue
-                raise DeviceError(f"lost the connection to REMOTE server {self.address}: {_reason(e)}") from None
+                if reused and attempt == 0 and not ahead and not sent:
+                    continue  # (the server had closed the idle connection: the body never reached it whole)
+                what = _reason(e) + ("; the server may have run this batch, so it is not sent again" if sent else "")
+                raise DeviceError(f"lost the connection to REMOTE server {self.address}: {what}") from None
             except (OSError, http.client.HTTPException) as e:
                 self.close()
                 what = f"no answer within {self.timeout:g}s" if isinstance(e, TimeoutError) else _reason(e)
@@ -497,7 +499,7 @@ class RemoteAllocator(Allocator):
 
     def copyout(self, dest: memoryview, handle: int) -> None:
         out = dest if dest.format == "B" and dest.ndim == 1 else dest.cast("B")
-        # a large contiguous destination receives the bytes straight from the socket (`_Wire.exchange`'s sink)
+        # a large contiguous destination receives the bytes straight from the socket (`_Wire.receive`'s sink)
         sink = out if len(out) >= P.LARGE_BLOB and out.contiguous and not out.readonly else None
         results, blobs = self.device._submit(P.CopyOut(buf=handle), sink=sink)
         data = blobs.get(results[-1]) if isinstance(results[-1], str) else None

@@ -26,6 +26,9 @@ class Limits:
     max_memory: int = 4096 * MiB  # live buffers of all sessions together
     max_pooled: int = 256 * MiB  # freed memory the device may keep for reuse; beyond it, the pool is released
     max_connections: int = 128  # open connections; more are answered 503 and closed
+    max_connections_per_client: int = 64  # open connections of one client address (the rest stay for others)
+    header_time: float = 5.0  # a new connection's request line and headers (before any token is checked)
+    compile_cache_bytes: int = 256 * MiB  # compiled binaries (and compile errors) the server keeps, all together
     max_objects: int = 1 << 16  # buffers + programs + graphs of one session
     max_text: int = P.MAX_TEXT  # characters of one request text (the request list and kernel sources)
     max_nodes: int = P.MAX_NODES  # syntax nodes of one request text

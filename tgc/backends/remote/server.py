@@ -226,6 +226,9 @@ class RemoteServer:
         self.launchers: Any = None  # CPU: the launch worker processes (`launcher.LaunchWorkers`)
         self._cache_lock = threading.Lock()  # the compiled and known tables below
         self.sessions: dict[str, Session] = {}
+        # ids of sessions the server freed on its own (idle, evicted) -> (owner, why): a later batch of one is refused
+        # with that reason, rather than run on a fresh empty session whose buffers and programs it does not know
+        self._expired: OrderedDict[str, tuple[str, str]] = OrderedDict()
         self.instance = secrets.token_hex(16)  # names this server process in clients' cache keys
         self._device: Any = None
         self._native: bool | None = None  # `uses_launch_workers`, once known
@@ -233,6 +236,8 @@ class RemoteServer:
         self._work_cap: tuple[int | None] | None = None  # `_max_work_items`, once known
         # sha256(src) -> (ok, lib|msg, proven short (`shortproof`; None: not asked))
         self._compiled: OrderedDict[str, tuple[bool, bytes | str, bool | None]] = OrderedDict()
+        self._compiled_bytes = 0  # what `_compiled` holds, in bytes of binaries and messages (`_keep_compiled`)
+        self.body_bytes = 0  # bytes of request bodies being received or run now, all connections (`transport`)
         self._known: OrderedDict[str, Known] = OrderedDict()  # sha256(binary) -> what the source said, first wins
         self._workers: Any = None  # compile worker processes (CPU), started on the first compile
         self._workers_lock = threading.Lock()
@@ -240,6 +245,7 @@ class RemoteServer:
         # open connections -> the time by which the request being read (or answer being written) must be done,
         # or None while a batch runs; the watchdog closes connections past it (slow or idle peers)
         self.conns: dict[Any, float | None] = {}
+        self.conn_peers: dict[Any, str] = {}  # open connections -> the client's address (`max_connections_per_client`)
         self.conn_lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -362,7 +368,8 @@ class RemoteServer:
             idle = [s for s in self.sessions.values()
                     if not s.busy and now - s.last_seen > self.limits.idle_timeout]
             for s in idle:
-                self._end_session(s)
+                self._forget(s, f"the server freed this session after {now - s.last_seen:.0f}s idle (its "
+                                f"--idle-timeout is {self.limits.idle_timeout:g}s)")
             if idle:
                 self._trim_pool()
         if idle and self.verbose:
@@ -430,6 +437,11 @@ class RemoteServer:
             if s.owner != owner:
                 raise Refusal(403, "auth", "this session id belongs to another client's token; pick another id")
             return s
+        gone = self._expired.get(sid)
+        if gone is not None and gone[0] == owner:
+            raise Refusal(404, "session", f"{gone[1]}: its buffers, programs and graphs are gone; run again (a "
+                                          "new process starts a new session), or serve with a longer "
+                                          "--idle-timeout")
         lim = self.limits
         when = (f"all used in the last {lim.evict_after:g}s; end one (a client ends its session when it closes) "
                 f"or retry when one has been idle {lim.evict_after:g}s")
@@ -450,6 +462,21 @@ class RemoteServer:
         s = self.sessions[sid] = Session(sid, client=client, owner=owner)
         return s
 
+    # how many ids of sessions freed by the server it remembers (`_forget`)
+    MAX_EXPIRED = 4096
+
+    def _forget(self, session: Session, why: str) -> None:
+        """End a session the server frees on its own (idle, evicted), remembering its id and `why` where it held
+        something (caller holds `lock`)."""
+        held = session.objects
+        self._end_session(session)
+        if not held:  # (an empty session lost nothing: it may simply start again)
+            return
+        self._expired[session.id] = (session.owner, why)
+        self._expired.move_to_end(session.id)
+        while len(self._expired) > self.MAX_EXPIRED:
+            self._expired.popitem(last=False)
+
     def _evict(self, candidates: list[Session]) -> bool:
         """Free one of `candidates` to make room: an empty one, else the one idle longest (at least
         `evict_after` seconds). False when none may go."""
@@ -463,7 +490,8 @@ class RemoteServer:
             victim = next((s for s in idle if now - s.last_seen >= self.limits.evict_after), None)
         if victim is None:
             return False
-        self._end_session(victim)
+        self._forget(victim, f"the server freed this session, idle for {now - victim.last_seen:.0f}s, to make room "
+                             "for another (its session limits)")
         if self.verbose:
             print("tgc serve: evicted an idle session to make room", file=sys.stderr, flush=True)
         return True
@@ -577,23 +605,49 @@ class RemoteServer:
             raise Refusal(400, "protocol", str(e)) from None
         if timings is not None:
             timings.append(("Decode", 1, start, time.perf_counter_ns()))
+        # the sessions the batch Transfers into (locked with its own: see below); EndSession must end its batch (a
+        # request after it would run on a session no longer in the table, whose buffers nothing frees or counts)
+        dests, last = set(), len(requests) - 1
+        for i, r in enumerate(requests):
+            kind = type(r)
+            if kind is P.Transfer:
+                dests.add(r.dest_session)
+            elif kind is P.EndSession and i < last:
+                raise Refusal(400, "protocol", f"request {i + 1} ({type(requests[i + 1]).__name__}) follows "
+                                               f"EndSession (request {i}): EndSession must end its batch")
         with self.lock:
             if self._stop.is_set():
                 raise Refusal(503, "busy", "the server is shutting down")
             session = self._session(sid, client, token)
-            session.busy += 1
+            # the owner's other sessions this batch Transfers into: counted busy (never reaped or evicted meanwhile)
+            # and locked with this one, all in the order of their ids (no deadlock between two batches that
+            # transfer into each other's sessions), so that no batch of theirs frees or reuses a buffer meanwhile
+            peers = {x: self.sessions[x] for x in dests
+                     if x != sid and x in self.sessions and self.sessions[x].owner == session.owner}
+            for held in (session, *peers.values()):
+                held.busy += 1
+        locks = [x.lock for x in sorted((session, *peers.values()), key=lambda x: x.id)]
+        taken: list[threading.Lock] = []
         try:
-            with session.lock:
-                try:
-                    parts = self._run_held(session, requests, blobs, timings, send, staged)
-                finally:  # (no later batch of the session may touch a buffer while it is mapped)
-                    maps, session.maps = session.maps, []
-                    for m in maps:
-                        m.release(self.device.queue)
+            for lock in locks:
+                lock.acquire()
+                taken.append(lock)
+            session.peers = peers
+            try:
+                parts = self._run_held(session, requests, blobs, timings, send, staged)
+            finally:  # (no later batch of the session may touch a buffer while it is mapped)
+                session.peers = {}
+                maps, session.maps = session.maps, []
+                for m in maps:
+                    m.release(self.device.queue)
         finally:
+            for lock in reversed(taken):
+                lock.release()
             with self.lock:
                 session.busy -= 1
                 session.last_seen = time.monotonic()
+                for held in peers.values():
+                    held.busy -= 1
                 self._trim_pool()
         if send is not None and not session.aliased:  # (a copied answer: sent with the session free, as before)
             send(parts)
@@ -923,8 +977,10 @@ class RemoteServer:
 
     def _do_Transfer(self, session: Session, req: P.Transfer, blobs, out) -> None:
         src = self._get(session.buffers, req.buf, "buffer")
-        dest_session = self.sessions.get(req.dest_session)
-        if dest_session is None or dest_session.owner != session.owner:
+        # a session of this owner locked for this batch (`run_batch`), still in the table: none of its batches
+        # runs now, so its buffer, checked here, cannot be freed (and its memory given to another) while written
+        dest_session = session if req.dest_session == session.id else session.peers.get(req.dest_session)
+        if dest_session is None or self.sessions.get(req.dest_session) is not dest_session:
             raise Refusal(404, "session", "no such destination session")
         dest = self._get(dest_session.buffers, req.dest_buf, "destination buffer")
         if dest.size != src.size:
@@ -1006,11 +1062,7 @@ class RemoteServer:
                 entry = (False, e.msg if isinstance(e, TgcError) else str(e) or type(e).__name__, None)
             if isinstance(entry[2], str):  # (the proof reads the print; the cache keeps only its answer)
                 entry = (True, entry[1], self._proven(req.src, entry[2], known.contract))  # type: ignore[arg-type]
-        with self._cache_lock:
-            self._compiled[key] = entry
-            self._compiled.move_to_end(key)
-            while len(self._compiled) > 256:
-                self._compiled.popitem(last=False)
+        self._keep_compiled(key, entry)
         ok, value, proven = entry
         if not ok:
             raise Refusal(422, "compile", str(value))
@@ -1022,6 +1074,24 @@ class RemoteServer:
             remember(self._known, h, known, 1 << 16, replace=False)
         out[h] = value
         return h
+
+    # most sources whose compiled binaries (or errors) the server keeps (`_keep_compiled`)
+    MAX_COMPILED = 256
+
+    def _keep_compiled(self, key: str, entry: tuple[bool, bytes | str, bool | None]) -> None:
+        """Keep a compile's answer for other sessions compiling the same source: at most `MAX_COMPILED` of them and
+        `compile_cache_bytes` in all (the least recently compiled go first; one bigger than that is not kept)."""
+        size = len(entry[1])
+        with self._cache_lock:
+            old = self._compiled.pop(key, None)
+            if old is not None:
+                self._compiled_bytes -= len(old[1])
+            if size > self.limits.compile_cache_bytes:
+                return
+            self._compiled[key] = entry
+            self._compiled_bytes += size
+            while len(self._compiled) > self.MAX_COMPILED or self._compiled_bytes > self.limits.compile_cache_bytes:
+                self._compiled_bytes -= len(self._compiled.popitem(last=False)[1][1])
 
     @staticmethod
     def _proven(src: str, printed: str, contract: Contract) -> bool:
@@ -1324,7 +1394,7 @@ def main_serve(host: str = "127.0.0.1", port: int = P.DEFAULT_PORT, device: str 
                request_time: float | None = None, max_sessions: int | None = None, verbose: bool = False,
                max_memory: int | None = None, max_connections: int | None = None,
                max_sessions_per_client: int | None = None, max_sessions_per_token: int | None = None,
-               inline: bool = True) -> int:
+               inline: bool = True, max_connections_per_client: int | None = None) -> int:
     """What `tgc serve` runs: open the device, print `serving DEVICE on http://host:port` to stderr, serve
     until Ctrl-C or SIGTERM, free every session and return 0.
 
@@ -1354,7 +1424,8 @@ def main_serve(host: str = "127.0.0.1", port: int = P.DEFAULT_PORT, device: str 
     chosen = {"idle_timeout": idle_timeout, "max_body": max_body, "max_buffer": max_buffer,
               "max_session_memory": max_session_memory, "request_time": request_time, "max_sessions": max_sessions,
               "max_memory": max_memory, "max_connections": max_connections,
-              "max_sessions_per_client": max_sessions_per_client, "max_sessions_per_token": max_sessions_per_token}
+              "max_sessions_per_client": max_sessions_per_client, "max_sessions_per_token": max_sessions_per_token,
+              "max_connections_per_client": max_connections_per_client}
     limits = Limits(**{k: v for k, v in chosen.items() if v is not None}, inline=inline)
     server = serve(host, port, name, token, limits, verbose)
     try:

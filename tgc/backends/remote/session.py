@@ -46,6 +46,8 @@ class Session:
     # program's entry, its Buffers, their handles, the launch may run inline); used again only while the kernel, the
     # program entry, every Buffer in the table and every handle are the very objects checked
     checked: dict[int, tuple] = field(default_factory=dict)
+    # the owner's other sessions the running batch Transfers into, locked with this one (`RemoteServer.run_batch`)
+    peers: dict[str, Session] = field(default_factory=dict)
 
     @property
     def objects(self) -> int:

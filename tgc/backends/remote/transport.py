@@ -24,8 +24,15 @@ from tgc.backends.remote import protocol as P
 from tgc.backends.remote.limits import Refusal
 from tgc.backends.remote.staging import MappedBlock
 
-_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nX-Tgc-Error: busy\r\n"
-         b"Content-Length: 47\r\nConnection: close\r\n\r\nthe server has too many connections; try later\n")
+
+def _busy(text: str) -> bytes:
+    body = (text + "\n").encode()
+    return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nX-Tgc-Error: busy\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body)) + body
+
+
+_BUSY = _busy("the server has too many connections; try later")
+_BUSY_PEER = _busy("this client address has too many connections open to the server; try later")
 
 
 class _HTTPServer(ThreadingHTTPServer):
@@ -37,14 +44,21 @@ class _HTTPServer(ThreadingHTTPServer):
     app: Any  # the RemoteServer whose batches this server carries
 
     def verify_request(self, request: Any, client_address: Any) -> bool:
-        """Take a connection only while fewer than `max_connections` are open (else answer 503 and close)."""
-        with self.app.conn_lock:
-            if len(self.app.conns) < self.app.limits.max_connections:
-                self.app.conns[request] = time.monotonic() + max(self.app.limits.request_time, 1.0)
+        """Take a connection only while fewer than `max_connections` are open, and fewer than
+        `max_connections_per_client` of its address (else answer 503 and close). Until its request line and headers
+        are read it has `header_time` (`_Handler.handle_one_request`)."""
+        app, peer = self.app, str(client_address[0]) if client_address else ""
+        lim = app.limits
+        with app.conn_lock:
+            full = len(app.conns) >= lim.max_connections
+            mine = 0 if full else sum(1 for p in app.conn_peers.values() if p == peer)
+            if not full and mine < lim.max_connections_per_client:
+                app.conns[request] = time.monotonic() + max(min(lim.header_time, lim.request_time), 1.0)
+                app.conn_peers[request] = peer
                 return True
         try:
             request.setblocking(False)
-            request.send(_BUSY)
+            request.send(_BUSY if full else _BUSY_PEER)
         except OSError:
             pass
         return False
@@ -52,6 +66,7 @@ class _HTTPServer(ThreadingHTTPServer):
     def shutdown_request(self, request: Any) -> None:
         with self.app.conn_lock:
             self.app.conns.pop(request, None)
+            self.app.conn_peers.pop(request, None)
         super().shutdown_request(request)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -132,6 +147,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         self.timeout = max(self.server.app.limits.request_time, 1.0)  # socket reads; ends slow or idle peers
+        self._trusted = False  # whether a request on this connection carried a token the server takes
         super().setup()
         P.tune_socket(self.connection)
 
@@ -202,8 +218,13 @@ class _Handler(BaseHTTPRequestHandler):
         return True
 
     def handle_one_request(self) -> None:
-        # reading the next request (and waiting for it on a kept-alive connection) has `request_time` in all
-        self.server.app.set_deadline(self.connection, self.server.app.limits.request_time)
+        # the request line and headers: `header_time` on a connection that has not yet shown a token the server
+        # takes (idle or slow connections of nobody cannot hold the connection slots), else `request_time` (a
+        # client's kept-alive connection waits that long for its next request); once the request is authorized,
+        # reading its body has `request_time` (`_authorized`)
+        lim = self.server.app.limits
+        self.server.app.set_deadline(self.connection, lim.request_time if self._trusted else
+                                     min(lim.header_time, lim.request_time))
         super().handle_one_request()
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
@@ -273,6 +294,8 @@ class _Handler(BaseHTTPRequestHandler):
         name = app.token_name(self.headers.get("Authorization")) if app.tokens else None
         self._token_name = name
         if not app.tokens or name is not None:
+            self._trusted = True
+            app.set_deadline(self.connection, app.limits.request_time)  # (the body: see `handle_one_request`)
             return True
         keep = self._discard_body()
         self._refuse(Refusal(401, "auth", "unauthorized"), close=not keep)
@@ -298,6 +321,23 @@ class _Handler(BaseHTTPRequestHandler):
         if n > app.limits.max_body:
             return self._refuse(Refusal(413, "limit", f"a request body of {n} bytes exceeds the limit of "
                                                       f"{app.limits.max_body} bytes"), close=True)
+        # bodies held at once, all connections together, are bounded (the larger of the memory limit and one body)
+        cap = max(app.limits.max_memory, app.limits.max_body)
+        with app.lock:
+            room = app.body_bytes + n <= cap
+            if room:
+                app.body_bytes += n
+        if not room:
+            return self._refuse(Refusal(503, "busy", f"the server is receiving {app.body_bytes} bytes of request "
+                                                     f"bodies, its limit is {cap}; try later"), close=True)
+        try:
+            self._receive_and_run(app, sid, n)
+        finally:
+            with app.lock:
+                app.body_bytes -= n
+
+    def _receive_and_run(self, app: Any, sid: str, n: int) -> None:
+        """Read a body of `n` bytes (its large blobs into staging blocks) and run its batch (`do_POST`)."""
         # blobs of LARGE_BLOB bytes or more are received straight into blocks of the shared arena where the device
         # keeps its buffers there (`RemoteServer.stage_block`): a CopyIn may adopt one as its buffer (no copy);
         # elsewhere into reused host staging buffers
