@@ -185,6 +185,7 @@ class Program:
         self._lines: dict[UOp, int] = {}  # tensor node -> the .tg line that first computed it
         self._multi: dict[tuple, tuple[Executable, list]] = {}  # (executable, per device its items)
         self._plans: dict[tuple, SymbolicPlan | str] = {}  # (device, size class) -> symbolic kernels or why none
+        self._fitted_bound = 0  # (the dim bound of the symbolic build in progress: `_build_symbolic_bounded`)
         # (device, size class) -> how its plan was found: "one trace", or "probes: <why one trace did not serve>"
         self.symbolic_paths: dict[tuple, str] = {}
         self.one_trace = True  # False: every class through the probes (tests compare the two paths)
@@ -641,11 +642,18 @@ class Program:
         return tuple(out), added
 
     def _build_symbolic_bounded(self, dev: Any, cls: tuple, templates_only: bool) -> SymbolicPlan | str:
-        bound = sizes.var_bound(sum(1 for _, c in cls if c in sizes.SYMBOLIC))
+        # the first bound: `var_bound(k)` for k dims, raised to 2^15 where that is less (a product of two dims at
+        # 2^15 is still a 32-bit launch value: the odd-size splits' derived arguments of a loop over two dims stay
+        # within it; above, `fitted_bound` could raise further but those splits would be dropped); then lowered to
+        # what the kernels' index math fits in 64 bits: by `sizes.fitted_bound` on the symbolic ASTs and, where
+        # lowering still passes it, by the loop below
+        bound = max(sizes.var_bound(sum(1 for _, c in cls if c in sizes.SYMBOLIC)), min(sizes.var_bound(1), 1 << 15))
         while True:
+            self._fitted_bound = bound  # (the bound the kernels were lowered at: `_build_symbolic_at` lowers it)
             try:
                 return self._build_symbolic_at(dev, cls, bound, templates_only)
             except CompileError as e:
+                bound = self._fitted_bound
                 if not e.msg.endswith("past 64 bits") or bound < 2 ** 8:
                     raise
                 bound = 2 ** _smaller_exponent(bound.bit_length() - 1, e.msg)
@@ -689,6 +697,8 @@ class Program:
         (outs1, items1, asts1, slots1, k1, o1), (_, items2, asts2, slots2, k2, o2) = runs
         if len(items1) != len(items2) or any(a is not b for a, b in zip(asts1, asts2)):
             return "its kernels change with the sizes in ways that are not products of dims"
+        bound, asts1 = sizes.fitted_bound(asts1, bound)  # (the products of dims the kernels form set it)
+        self._fitted_bound = bound
         if not sizes.same_slots(slots1, slots2) or k1 != k2 or o1 != o2:
             return "its buffers change with the sizes in ways that are not products of dims"
         signature = sizes.graph_signature(outs1, p1, symbolic)
@@ -803,6 +813,9 @@ class Program:
                     return a
                 if (why := sizes.lost_sizes(a, p1, symbolic)) is not None:
                     return why
+            bound, fitted = sizes.fitted_bound([a for a in asts if isinstance(a, UOp)], bound)
+            asts = list(fitted)  # (the products of dims the kernels form set the bound: `sizes.fitted_bound`)
+            self._fitted_bound = bound
             slots, kslots, oslots = sizes.slots_of(items, outs, p1, ())
             signature = sizes.graph_signature(outs, p1, ())
             in_shapes = [(b.dtype, b.arg[1], tuple(sizes.factor(s, p1, ()) for s in b.arg[2])) for b in bufs]

@@ -87,6 +87,50 @@ def var_bound(k: int) -> int:
     return min(2 ** 31 - 1, 2 ** (62 // max(k, 1)))
 
 
+def _with_bound(asts: Sequence[UOp], bound: int) -> list[UOp]:
+    """`asts` with every dim variable's upper end `bound` (its least size kept)."""
+    out = []
+    for ast in asts:
+        mapping = {u: UOp(Ops.DEFINE_VAR, u.dtype, u.src, (u.arg[0], u.arg[1], bound)) for u in ast.toposort()
+                   if u.op is Ops.DEFINE_VAR and isinstance(u.arg, tuple) and str(u.arg[0]).startswith(VAR_PREFIX)
+                   and u.arg[2] != bound}
+        out.append(substitute(ast, mapping) if mapping else ast)
+    return out
+
+
+def _index_fits(asts: Sequence[UOp], limit: int) -> bool:
+    for ast in asts:
+        for u in ast.toposort():
+            if u.dtype is not None and u.dtype.scalar() == INDEX and u.dtype.count == 1:
+                lo, hi = u.bounds
+                if max(abs(lo), abs(hi)) > limit:
+                    return False
+    return True
+
+
+def fitted_bound(asts: Sequence[UOp], bound: int) -> tuple[int, list[UOp]]:
+    """(the dim variables' bound, `asts` with it): the largest power of two up to `bound` (`bound` itself where
+    it fits) at which every index value of the symbolic kernel ASTs (buffer sizes, strides, loop ends and the
+    address sums of loop indices times strides, by their `vmin`/`vmax` with every dim at the bound) fits 64 bits,
+    as `codegen.index.index_width` checks each lowered kernel. So the bound is set by the products of dims the kernels
+    really form, not by the count of dims: six dims whose indexes multiply at most three get 2^20, not 2^10.
+    At least 2 (an index past 64 bits even there is `index_width`'s error, as ever). Lowering checks each
+    kernel again (`codegen.index.index_width`): an index past 64 bits there cuts the bound further
+    (`Program._build_symbolic_bounded`)."""
+    limit = (1 << 63) - 1
+    if _index_fits(_with_bound(asts, bound), limit):
+        return bound, _with_bound(asts, bound)
+    lo, hi = 1, max(1, (bound - 1).bit_length() - 1)  # (2^hi: the largest power of two below `bound`)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if _index_fits(_with_bound(asts, 1 << mid), limit):
+            lo = mid
+        else:
+            hi = mid - 1
+    chosen = min(bound, max(2, 1 << lo))
+    return chosen, _with_bound(asts, chosen)
+
+
 MAX_OFFSET = 4  # `N - 1`, `N + 2`: a product of dims plus or minus at most this much
 UNIT = sizeexpr.UNIT  # class "32n": a multiple of this, which kernels may assume (vector widths, packed layouts)
 
@@ -631,7 +675,8 @@ def symbolic_name(name: str, probe: Mapping[str, int], symbolic: Sequence[str],
     return "_".join(part_name(part) for part in name.split("_"))
 
 
-__all__ = ["SizeClass", "size_class", "class_text", "probes", "var_bound", "factor", "mono_value", "symbolize_ast",
+__all__ = ["SizeClass", "size_class", "class_text", "probes", "var_bound", "fitted_bound", "factor", "mono_value",
+           "symbolize_ast",
            "graph_signature", "instantiate_signature", "signature_max_constant", "trusted_from", "Slot", "slots_of",
            "same_graph", "same_slots", "symbolic_name", "symbolize_tagged", "lost_sizes",
            "VAR_PREFIX"]
