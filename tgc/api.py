@@ -185,7 +185,8 @@ class Program:
         self._lines: dict[UOp, int] = {}  # tensor node -> the .tg line that first computed it
         self._multi: dict[tuple, tuple[Executable, list]] = {}  # (executable, per device its items)
         self._plans: dict[tuple, SymbolicPlan | str] = {}  # (device, size class) -> symbolic kernels or why none
-        self._fitted_bound = 0  # (the dim bound of the symbolic build in progress: `_build_symbolic_bounded`)
+        # the dim bounds of the symbolic build in progress (`_build_symbolic_bounded`, `sizes.fitted_bound`)
+        self._fitted_bound, self._raised, self._raise_dims = 0, {}, True
         # (device, size class) -> how its plan was found: "one trace", or "probes: <why one trace did not serve>"
         self.symbolic_paths: dict[tuple, str] = {}
         self.one_trace = True  # False: every class through the probes (tests compare the two paths)
@@ -648,13 +649,24 @@ class Program:
         # what the kernels' index math fits in 64 bits: by `sizes.fitted_bound` on the symbolic ASTs and, where
         # lowering still passes it, by the loop below
         bound = max(sizes.var_bound(sum(1 for _, c in cls if c in sizes.SYMBOLIC)), min(sizes.var_bound(1), 1 << 15))
+        self._raise_dims = True
         while True:
-            self._fitted_bound = bound  # (the bound the kernels were lowered at: `_build_symbolic_at` lowers it)
+            # (the bounds the kernels were lowered at: `_build_symbolic_at` sets them by `sizes.fitted_bound`)
+            self._fitted_bound, self._raised = bound, {}
             try:
-                return self._build_symbolic_at(dev, cls, bound, templates_only)
+                plan = self._build_symbolic_at(dev, cls, bound, templates_only)
+                if not isinstance(plan, str):
+                    # (none where the front end's decisions cut the common bound: `_bounded_by_decisions`)
+                    plan.dim_bounds = dict(self._raised) if plan.bound == self._fitted_bound else {}
+                return plan
             except CompileError as e:
+                if not e.msg.endswith("past 64 bits"):
+                    raise
+                if self._raised:  # (an index past 64 bits with dims raised: the common bound alone, as before)
+                    self._raise_dims, bound = False, self._fitted_bound
+                    continue
                 bound = self._fitted_bound
-                if not e.msg.endswith("past 64 bits") or bound < 2 ** 8:
+                if bound < 2 ** 8:
                     raise
                 bound = 2 ** _smaller_exponent(bound.bit_length() - 1, e.msg)
 
@@ -697,8 +709,8 @@ class Program:
         (outs1, items1, asts1, slots1, k1, o1), (_, items2, asts2, slots2, k2, o2) = runs
         if len(items1) != len(items2) or any(a is not b for a, b in zip(asts1, asts2)):
             return "its kernels change with the sizes in ways that are not products of dims"
-        bound, asts1 = sizes.fitted_bound(asts1, bound)  # (the products of dims the kernels form set it)
-        self._fitted_bound = bound
+        bound, raised, asts1 = sizes.fitted_bound(asts1, bound, self._raise_dims)  # (set by the products of dims)
+        self._fitted_bound, self._raised = bound, raised
         if not sizes.same_slots(slots1, slots2) or k1 != k2 or o1 != o2:
             return "its buffers change with the sizes in ways that are not products of dims"
         signature = sizes.graph_signature(outs1, p1, symbolic)
@@ -813,9 +825,10 @@ class Program:
                     return a
                 if (why := sizes.lost_sizes(a, p1, symbolic)) is not None:
                     return why
-            bound, fitted = sizes.fitted_bound([a for a in asts if isinstance(a, UOp)], bound)
-            asts = list(fitted)  # (the products of dims the kernels form set the bound: `sizes.fitted_bound`)
-            self._fitted_bound = bound
+            bound, raised, fitted = sizes.fitted_bound([a for a in asts if isinstance(a, UOp)], bound,
+                                                       self._raise_dims)
+            asts = list(fitted)  # (the products of dims the kernels form set the bounds: `sizes.fitted_bound`)
+            self._fitted_bound, self._raised = bound, raised
             slots, kslots, oslots = sizes.slots_of(items, outs, p1, ())
             signature = sizes.graph_signature(outs, p1, ())
             in_shapes = [(b.dtype, b.arg[1], tuple(sizes.factor(s, p1, ()) for s in b.arg[2])) for b in bufs]
@@ -886,6 +899,7 @@ class Program:
         upto = decided_upto(decided)
         if upto is not None:
             plan.bound = min(plan.bound, upto)
+            plan.dim_bounds = {n: min(b, upto) for n, b in plan.dim_bounds.items()}
         return plan
 
     def _store_class_winners(self, dev: Any, dims: dict[str, int]) -> int:
@@ -1849,6 +1863,9 @@ class SymbolicPlan:
         self.device, self.size_class, self.kernels, self.slots = device, cls, kernels, slots
         self.kernel_slots, self.output_slots, self.signature = kernel_slots, output_slots, signature
         self.bound, self.symbolic = bound, symbolic
+        # dims whose own bound is above `bound` (`sizes.fitted_bound`: only smaller products of dims hold them);
+        # the kernels were lowered with them (packages keep `bound` for every dim)
+        self.dim_bounds: dict[str, int] = {}
         self.fast = fast or [None] * len(kernels)  # per kernel, its optimized variant (launch-checked) or None
         self.tails: list[list[Kernel]] = [[] for _ in kernels]  # per kernel, its fast variant's tail kernels
         self.derived: dict[str, tuple] = {}  # the tails' derived kernel arguments (`sizes.Split.derived`)
@@ -1973,8 +1990,9 @@ class SymbolicPlan:
                 return None, why
             dims = at
         for n in self.symbolic:
-            if not 2 <= dims[n] <= self.bound:
-                return None, f"dim {n} = {dims[n]} is outside the symbolic kernels' range 2..{self.bound}"
+            if not 2 <= dims[n] <= self.dim_bounds.get(n, self.bound):
+                return None, f"dim {n} = {dims[n]} is outside the symbolic kernels' range " \
+                    f"2..{self.dim_bounds.get(n, self.bound)}"
         if any(dims[n] < self.trusted_from for n in self.symbolic):
             why = self.source_check(prog, dims)
             if why:

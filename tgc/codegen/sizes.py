@@ -87,48 +87,102 @@ def var_bound(k: int) -> int:
     return min(2 ** 31 - 1, 2 ** (62 // max(k, 1)))
 
 
-def _with_bound(asts: Sequence[UOp], bound: int) -> list[UOp]:
-    """`asts` with every dim variable's upper end `bound` (its least size kept)."""
+def _with_bound(asts: Sequence[UOp], bound: int, raised: Mapping[str, int] | None = None) -> list[UOp]:
+    """`asts` with every dim variable's upper end `bound`, or its own in `raised` (its least size kept)."""
+    raised = raised or {}
     out = []
     for ast in asts:
-        mapping = {u: UOp(Ops.DEFINE_VAR, u.dtype, u.src, (u.arg[0], u.arg[1], bound)) for u in ast.toposort()
-                   if u.op is Ops.DEFINE_VAR and isinstance(u.arg, tuple) and str(u.arg[0]).startswith(VAR_PREFIX)
-                   and u.arg[2] != bound}
+        mapping = {}
+        for u in ast.toposort():
+            if u.op is Ops.DEFINE_VAR and isinstance(u.arg, tuple) and str(u.arg[0]).startswith(VAR_PREFIX):
+                hi = raised.get(u.arg[0][len(VAR_PREFIX):], bound)
+                if u.arg[2] != hi:
+                    mapping[u] = UOp(Ops.DEFINE_VAR, u.dtype, u.src, (u.arg[0], u.arg[1], hi))
         out.append(substitute(ast, mapping) if mapping else ast)
     return out
 
 
-def _index_fits(asts: Sequence[UOp], limit: int) -> bool:
+def _index_fits(asts: Sequence[UOp], limit: int = (1 << 63) - 1) -> bool:
+    return all(widest <= limit for widest, _ in _index_ranges(asts))
+
+
+def _index_ranges(asts: Sequence[UOp]) -> list[tuple[int, int]]:
+    """Per AST, (the largest magnitude of an index value, of a loop's end)."""
+    out = []
     for ast in asts:
+        widest = ends = 0
         for u in ast.toposort():
             if u.dtype is not None and u.dtype.scalar() == INDEX and u.dtype.count == 1:
                 lo, hi = u.bounds
-                if max(abs(lo), abs(hi)) > limit:
-                    return False
-    return True
+                widest = max(widest, abs(lo), abs(hi))
+                if u.op is Ops.RANGE:
+                    ends = max(ends, abs(u.src[0].vmax))
+        out.append((widest, ends))
+    return out
 
 
-def fitted_bound(asts: Sequence[UOp], bound: int) -> tuple[int, list[UOp]]:
-    """(the dim variables' bound, `asts` with it): the largest power of two up to `bound` (`bound` itself where
-    it fits) at which every index value of the symbolic kernel ASTs (buffer sizes, strides, loop ends and the
-    address sums of loop indices times strides, by their `vmin`/`vmax` with every dim at the bound) fits 64 bits,
-    as `codegen.index.index_width` checks each lowered kernel. So the bound is set by the products of dims the kernels
-    really form, not by the count of dims: six dims whose indexes multiply at most three get 2^20, not 2^10.
-    At least 2 (an index past 64 bits even there is `index_width`'s error, as ever). Lowering checks each
-    kernel again (`codegen.index.index_width`): an index past 64 bits there cuts the bound further
-    (`Program._build_symbolic_bounded`)."""
-    limit = (1 << 63) - 1
-    if _index_fits(_with_bound(asts, bound), limit):
-        return bound, _with_bound(asts, bound)
-    lo, hi = 1, max(1, (bound - 1).bit_length() - 1)  # (2^hi: the largest power of two below `bound`)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if _index_fits(_with_bound(asts, 1 << mid), limit):
-            lo = mid
-        else:
-            hi = mid - 1
-    chosen = min(bound, max(2, 1 << lo))
-    return chosen, _with_bound(asts, chosen)
+def _keeps_widths(before: list[tuple[int, int]], after: list[tuple[int, int]]) -> bool:
+    """Every index value within `RAISE_MARGIN` after; each AST's loop ends that were 32-bit before still 32-bit (a
+    split loop's derived kernel argument is a 32-bit launch value: `split_remainders`)."""
+    i32 = (1 << 31) - 1
+    return all(w1 <= RAISE_MARGIN and (e0 > i32 or e1 <= i32)
+               for (w0, e0), (w1, e1) in zip(before, after))
+
+
+RAISE_LIMIT = 1 << 15  # a dim raised above the common bound stays at most this (see `fitted_bound`)
+# a raised dim keeps its kernels' index values within 2^62 (lowering adds to them: a tail kernel's loop shifted by
+# its main part passed 2^63 where the AST's values were just within it, and a fast variant or tail that does not
+# lower is dropped, not an error)
+RAISE_MARGIN = 1 << 62
+
+
+def fitted_bound(asts: Sequence[UOp], bound: int, raise_dims: bool = True
+                 ) -> tuple[int, dict[str, int], list[UOp]]:
+    """(the dim variables' common bound, the dims raised above it with their own bounds, `asts` with them).
+
+    The common bound: the largest power of two up to `bound` (`bound` itself where it fits) at which every index
+    value of the symbolic kernel ASTs (buffer sizes, strides, loop ends and the address sums of loop indices
+    times strides, by their `vmin`/`vmax` with every dim at the bound) fits 64 bits, as
+    `codegen.index.index_width` checks each lowered kernel: the bound is set by the products of dims the
+    kernels really form, not by the count of dims. At least 2 (an index past 64 bits even there is
+    `index_width`'s error, as ever).
+
+    Then (`raise_dims`, where the common bound is below `RAISE_LIMIT`) each dim's own bound is raised one bit
+    at a time, round robin in name order, while every index value still fits 64 bits with the other dims at
+    theirs and a kernel whose index values (or loop ends) were 32-bit at the common bound keeps them 32-bit (its
+    i32 narrowing, and the odd-size splits' derived loop ends, 32-bit launch values), up to `RAISE_LIMIT`
+    (2^15): a dim that the largest products hold to the common bound stays there, one that
+    only smaller products form gets more (llama_gqa_block: `wq: [C, C]` with C = 2 * (C // D // KH) * KH * (D //
+    2) multiplies six dims, which hold the common bound at 2^10, while F appears only in products with C and
+    B * T). Lowering checks each kernel again (`codegen.index.index_width`): an index past 64 bits there
+    drops the raised bounds, then cuts the common one (`Program._build_symbolic_bounded`)."""
+    if _index_fits(_with_bound(asts, bound)):
+        chosen = bound
+    else:
+        lo, hi = 1, max(1, (bound - 1).bit_length() - 1)  # (2^hi: the largest power of two below `bound`)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if _index_fits(_with_bound(asts, 1 << mid)):
+                lo = mid
+            else:
+                hi = mid - 1
+        chosen = min(bound, max(2, 1 << lo))
+    raised: dict[str, int] = {}
+    if raise_dims and chosen < RAISE_LIMIT:
+        names = sorted({u.arg[0][len(VAR_PREFIX):] for a in asts for u in a.toposort()
+                        if u.op is Ops.DEFINE_VAR and isinstance(u.arg, tuple) and
+                        str(u.arg[0]).startswith(VAR_PREFIX)})
+        growing = list(names)
+        base = _index_ranges(_with_bound(asts, chosen))
+        while growing:
+            for n in list(growing):
+                up = min(RAISE_LIMIT, 2 * raised.get(n, chosen))
+                if up > raised.get(n, chosen) and \
+                        _keeps_widths(base, _index_ranges(_with_bound(asts, chosen, {**raised, n: up}))):
+                    raised[n] = up
+                if raised.get(n, chosen) >= RAISE_LIMIT or raised.get(n, chosen) != up:
+                    growing.remove(n)
+    return chosen, raised, _with_bound(asts, chosen, raised)
 
 
 MAX_OFFSET = 4  # `N - 1`, `N + 2`: a product of dims plus or minus at most this much
