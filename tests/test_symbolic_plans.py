@@ -13,6 +13,7 @@ from test_symbolic_multiples import _run
 
 import tgc
 from tgc.baselines.numpy_eval import numpy_program
+from tgc.codegen import sizes
 from tgc.engine.inputs import random_inputs
 from tgc.engine.schedule import _split_size
 from tgc.ir.symsize import SymSize, checked_at, decided_by_remainder, multiple_at_every_size
@@ -157,3 +158,46 @@ def test_vit_at_its_width_a_multiple_of_32_runs_the_narrowed_variant():
     F of 32n, its kernels indexing with sums of products in units."""
     prog = tgc.load("bench/models/vit_block.tg")
     assert _check_f64(prog, {"B": 2, "IMG": 64, "C": 96, "P": 16, "F": 64}) == "symbolic"
+
+
+def test_the_bound_comes_from_the_products_of_dims_the_kernels_form():
+    """Issue 21 (branch symbound): the bound was 2^(62 // k) for k dims, so six dims served sizes up to 1024 although
+    no index multiplies more than two of them. Now `sizes.fitted_bound` sets it from the index values the kernels
+    form (2^15 here, the first bound tried where 2^(62 // k) is less), and the dims run at sizes above the old
+    bound, right."""
+    prog = tgc.loads("x: f32[A, B]\ny: f32[C, D]\nz: f32[E, F]\nreturn x * 2.0, y + 1.0, z.sum(axis=1)")
+    plan = prog.compile_symbolic("CPU")
+    assert plan.bound == 2 ** 15 > sizes.var_bound(6), plan.bound
+    rng = np.random.default_rng(3)
+    dims = {"A": 1500, "B": 3, "C": 2, "D": 1111, "E": 1025, "F": 7}
+    x, y, z = (rng.standard_normal(s).astype(np.float32) for s in [(1500, 3), (2, 1111), (1025, 7)])
+    out = prog.run("CPU", dims=dims, symbolic=True, x=x, y=y, z=z)
+    assert prog.last_run == "symbolic", prog.last_run
+    np.testing.assert_array_equal(out["out0"], x * 2)
+    np.testing.assert_array_equal(out["out1"], y + 1)
+    np.testing.assert_allclose(out["out2"], z.astype(np.float64).sum(axis=1), rtol=1e-5, atol=1e-5)
+
+
+def test_a_product_of_many_dims_keeps_a_small_bound_and_other_dims_are_raised():
+    """An index over x: [A, B, C, D, E, F] multiplies six dims: the common bound stays 2^10 (2^60 elements), and a
+    size above a dim's bound falls back to size-specialized kernels, saying why, with the right result. Raised
+    one bit at a time in name order while x's index stays within 2^62: A and B to 2^11, the others not; G, which
+    forms no product with them, to 2^15 (`SymbolicPlan.dim_bounds`), and runs symbolically above 2^10."""
+    prog = tgc.loads("x: f32[A, B, C, D, E, F]\nw: f32[G]\nreturn x.sum(axis=0) * 2.0, w * 3.0")
+    plan = prog.compile_symbolic("CPU")
+    assert plan.bound == 2 ** 10 and plan.dim_bounds == {"A": 2 ** 11, "B": 2 ** 11, "G": 2 ** 15}, \
+        (plan.bound, plan.dim_bounds)
+    small = dict.fromkeys("ABCDEFG", 2)
+    for n, v, hi in (("A", 2049, 2048), ("C", 1025, 1024), ("F", 1025, 1024), ("G", 32769, 32768)):
+        assert plan.bind(prog, {**small, n: v})[1] == f"dim {n} = {v} is outside the symbolic kernels' range 2..{hi}"
+    rng = np.random.default_rng(4)
+    for dims, how in (({"A": 3, "B": 2, "C": 5, "D": 2, "E": 3, "F": 2, "G": 5000}, "symbolic"),
+                      ({"A": 1100, "B": 2, "C": 3, "D": 2, "E": 2, "F": 2, "G": 9}, "symbolic"),
+                      ({"A": 2, "B": 3, "C": 1100, "D": 2, "E": 2, "F": 2, "G": 9},
+                       "specialized: dim C = 1100 is outside the symbolic kernels' range 2..1024")):
+        x = rng.standard_normal([dims[n] for n in "ABCDEF"]).astype(np.float32)
+        w = rng.standard_normal(dims["G"]).astype(np.float32)
+        out = prog.run("CPU", dims=dims, symbolic=True, x=x, w=w)
+        assert prog.last_run == how, prog.last_run
+        np.testing.assert_allclose(out["out0"], x.astype(np.float64).sum(axis=0) * 2, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(out["out1"], w * 3)

@@ -12,9 +12,9 @@ program has no symbolic form and is compiled per size, as before.
 
 Size classes: each dim is `0`, `1` or `n` (2 or more). Dims of size 0 or 1 change the program's graph
 (broadcasting a size-1 axis needs no EXPAND), so they are part of the class and compiled as constants; every
-size of 2 or more of a dim shares one kernel. A dim variable is bounded by `var_bound(k)` (the product of the
-program's k symbolic dims must fit the 64-bit index math); a larger size is checked at launch and runs the
-size-specialized kernels instead.
+size of 2 or more of a dim shares one kernel. A dim variable is bounded by `fitted_bound` (the products of dims
+the kernels form must fit the 64-bit index math; some dims get a bound of their own above the common one); a
+larger size is checked at launch and runs the size-specialized kernels instead.
 """
 
 from __future__ import annotations
