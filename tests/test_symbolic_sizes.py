@@ -140,11 +140,15 @@ def test_a_size_beyond_the_variables_bound_falls_back():
     src = "a: f32[A, B, C, D, E]\nreturn a.sum(axis=0) * 2"
     prog = tgc.loads(src)
     plan = prog.compile_symbolic("CPU")
-    assert plan.bound == 2 ** 12
-    a = np.ones((4100, 2, 2, 2, 2), np.float32)
+    # (A and B raised one bit each, in name order, while the product of the five stays within 2^62)
+    assert plan.bound == 2 ** 12 and plan.dim_bounds == {"A": 2 ** 13, "B": 2 ** 13}
+    a = np.ones((8200, 2, 2, 2, 2), np.float32)
     out = prog.run(device="CPU", symbolic=True, a=a)["out0"]
-    np.testing.assert_array_equal(out, np.full((2, 2, 2, 2), 8200, np.float32))
-    assert prog.last_run.startswith("specialized: dim A = 4100 is outside the symbolic kernels' range")
+    np.testing.assert_array_equal(out, np.full((2, 2, 2, 2), 16400, np.float32))
+    assert prog.last_run.startswith("specialized: dim A = 8200 is outside the symbolic kernels' range 2..8192")
+    out = prog.run(device="CPU", symbolic=True, a=np.ones((2, 2, 4100, 2, 2), np.float32))["out0"]
+    np.testing.assert_array_equal(out, np.full((2, 4100, 2, 2), 4, np.float32))
+    assert prog.last_run.startswith("specialized: dim C = 4100 is outside the symbolic kernels' range 2..4096")
     out = prog.run(device="CPU", symbolic=True, a=a[:7])["out0"]
     np.testing.assert_array_equal(out, np.full((2, 2, 2, 2), 14, np.float32))
     assert prog.last_run == "symbolic"
