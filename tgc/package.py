@@ -1900,7 +1900,12 @@ def build_symbolic(prog: Any, dev: Any, plans: list[tuple[tuple, Any]] | None = 
 
     def _one_class(cls: tuple, plan: Any) -> dict | str:
         cls = plan.size_class if plan.multiples else cls  # (a narrowed class: over its kernels' dims)
-        doc = class_doc(prog, dev, cls, plan, member=member)
+        try:
+            doc = class_doc(prog, dev, cls, plan, member=member)
+        except sizeexpr.ExprError:  # (a buffer's size past 2^62 at the class's probes: vit's 32n variant, IMG of
+            # IMG_P * P at two probe primes of ~7000 each; the loader could not evaluate it either)
+            at = ", ".join(f"{k}={v}" for k, v in sizes.probes(cls)[0].items())
+            return f"its kernels were built at sizes ({at}) where a buffer's size passes what a package holds"
         if isinstance(doc, str):
             return doc
         sym = list(plan.symbolic)
