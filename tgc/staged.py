@@ -293,7 +293,7 @@ class StagedModel:
         h.update(f"{outs}|{','.join(feeds)};".encode())
         for n in feeds:
             if n in values:
-                a = np.ascontiguousarray(values[n])
+                a = np.require(values[n], requirements="C")  # (0-d stays 0-d: () and (1,) differ)
                 h.update(f"{n}:{a.dtype.str}:{a.shape};".encode())
                 if n in consts:
                     h.update(a.reshape(-1).view(np.uint8))

@@ -1,0 +1,67 @@
+"""What a new user's PyTorch-style GPT exported to ONNX ran into: a scalar ONNX constant packaged as a weight, a
+symbolic package of a program with many weight inputs, the CLI's output piped into `head`, and repeat runs of a
+per-size ONNX model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+
+from clikit import invoke  # noqa: E402
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+import tgc  # noqa: E402
+from tgc import sizeexpr  # noqa: E402
+
+
+def _max_model(path) -> None:
+    """`Max(x, Constant(2.5))`: a 0-d constant, which the import binds as a weight `f32` (no dims)."""
+    c = helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(np.array(2.5, np.float32), "c"))
+    m = helper.make_node("Max", ["x", "c"], ["y"])
+    g = helper.make_graph([c, m], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def test_a_scalar_constant_weight_packages_and_runs(tmp_path):
+    _max_model(tmp_path / "m.onnx")
+    r = invoke("compile", str(tmp_path / "m.onnx"), "--package", str(tmp_path / "m.tgpkg"))
+    assert r.exit_code == 0, r.stderr
+    pkg = tgc.load_package(tmp_path / "m.tgpkg")
+    x = np.array([[1, 2, 3], [-4, 2.5, 9]], np.float32)
+    out = pkg.run(x=x)
+    np.testing.assert_array_equal(next(iter(out.values())), np.maximum(x, np.float32(2.5)))
+
+
+def test_combine_keeps_any_number_of_terms_shallow():
+    terms = ["N"] + [16] * 300 + [["*", "N", 4]] * 3 + [f"D{i}" for i in range(200)]
+    e = sizeexpr.combine("+", terms)
+    sizeexpr.validate(e)  # (a left-deep chain of 504 terms is far past MAX_DEPTH)
+    dims = {"N": 7, **{f"D{i}": i for i in range(200)}}
+    assert sizeexpr.evaluate(e, dims) == 7 + 16 * 300 + 3 * 28 + sum(range(200))
+    m = sizeexpr.combine("max", [3, "N", 9, "N", ["*", "N", 2]] + [f"D{i}" for i in range(100)])
+    sizeexpr.validate(m)
+    assert sizeexpr.evaluate(m, dims) == 99 and sizeexpr.evaluate(m, {**dims, "N": 60}) == 120
+    assert sizeexpr.combine("+", [1, 2]) == 3 and sizeexpr.combine("+", ["N", 0]) == "N"
+    assert sizeexpr.combine("max", [0, 5]) == 5 and sizeexpr.combine("+", [0]) == 0
+
+
+def test_a_symbolic_package_with_60_weight_inputs(tmp_path):
+    n = 60
+    src = "x: f32[N, 4]\n" + "".join(f"w{i}: f32[4]\n" for i in range(n)) + \
+        "y = (x + " + " + ".join(f"w{i}" for i in range(n)) + ")\nreturn y\n"
+    (tmp_path / "w.tg").write_text(src)
+    r = invoke("compile", str(tmp_path / "w.tg"), "--package", str(tmp_path / "w.tgpkg"))
+    assert r.exit_code == 0, r.stderr
+    pkg = tgc.load_package(tmp_path / "w.tgpkg")
+    rng = np.random.default_rng(0)
+    ws = {f"w{i}": rng.standard_normal(4).astype(np.float32) for i in range(n)}
+    for rows in (1, 5):
+        x = rng.standard_normal((rows, 4)).astype(np.float32)
+        want = x.copy()
+        for i in range(n):
+            want = want + ws[f"w{i}"]
+        out = pkg.run(x=x, **ws)
+        np.testing.assert_allclose(next(iter(out.values())), want, rtol=1e-5, atol=1e-5)
