@@ -65,3 +65,32 @@ def test_a_symbolic_package_with_60_weight_inputs(tmp_path):
             want = want + ws[f"w{i}"]
         out = pkg.run(x=x, **ws)
         np.testing.assert_allclose(next(iter(out.values())), want, rtol=1e-5, atol=1e-5)
+
+
+MLP_D = ["-D", "B=4", "-D", "IN=8", "-D", "HID=16", "-D", "OUT=8"]
+
+
+@pytest.mark.parametrize("args", [["compile", "kernels/mlp.tg", *MLP_D], ["run", "kernels/mlp.tg", "--random", *MLP_D],
+                                  ["bench", "kernels/mlp.tg", "--repeat", "1", *MLP_D], ["inspect", "PKG"],
+                                  ["cache", "list"]], ids=lambda a: a[0])
+def test_stdout_closed_by_its_reader_ends_quietly_with_exit_0(args, tmp_path):
+    """`tgc ... | head -3`: the reader took what it wanted; no traceback, no error, exit 0 (as `git log | head`).
+    The read end is closed before the command writes anything, so every print meets a closed pipe."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    if args == ["inspect", "PKG"]:
+        _max_model(tmp_path / "m.onnx")
+        assert invoke("compile", str(tmp_path / "m.onnx"), "--package", str(tmp_path / "m.tgpkg")).exit_code == 0
+        args = ["inspect", str(tmp_path / "m.tgpkg")]
+    env = {**os.environ, "PYTHONPATH": str(root), "TGC_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("DEBUG", None)
+    p = subprocess.Popen([sys.executable, "-m", "tgc.cli.main", *args], cwd=root, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 0, err
+    assert err == "", err

@@ -160,6 +160,21 @@ def install_sigint_handler() -> None:
         signal.signal(signal.SIGINT, _on_sigint)
 
 
+def _reader_gone(ctx: click.Context) -> None:
+    """stdout's reader closed the pipe (`tgc compile ... | head -3`): it took what it wanted, so the command stops
+    writing quietly and exits 0, no traceback, as `git log | head` does. stdout then points at /dev/null, so
+    that what is still buffered, flushed at exit, goes nowhere instead of failing again."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):  # (not a file: click's test runner)
+        fd = -1
+    if fd >= 0:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, fd)
+        os.close(null)
+    ctx.exit(0)
+
+
 class TgcGroup(click.Group):
     """Turns errors into one message on stderr: `TgcError.format()` with its exit code, or an internal error.
     click's usage errors keep their exit code (2) and get the same `error:`/`help:` style."""
@@ -212,7 +227,7 @@ class TgcGroup(click.Group):
             ctx.exit(1)
         except Exception as e:
             if isinstance(e, OSError) and e.errno == errno.EPIPE:
-                raise  # click closes quietly on a broken pipe (`tgc ... | head`)
+                _reader_gone(ctx)
             if _debug():
                 import traceback
 
