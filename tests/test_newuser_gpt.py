@@ -94,3 +94,55 @@ def test_stdout_closed_by_its_reader_ends_quietly_with_exit_0(args, tmp_path):
     err = p.stderr.read().decode()
     assert p.wait(timeout=120) == 0, err
     assert err == "", err
+
+
+def _i64(name: str, v) -> object:
+    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.array(v, np.int64), name))
+
+
+def _vi(name: str, shape, t=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, t, shape)
+
+
+def _save(path, nodes, inputs, outputs) -> str:
+    g = helper.make_graph(nodes, "g", inputs, outputs)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return str(path)
+
+
+def test_a_per_size_model_reruns_a_seen_size_straight_from_its_program(tmp_path, monkeypatch):
+    """`x[:, :seq - 1]` (a per-size model): the first run at a size translates; a repeat run at it builds no
+    submodel and no key; a new size translates again; results equal numpy at every size."""
+    from tgc.staged import StagedModel
+
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), _i64("i1", 1), helper.make_node("Gather", ["s", "i1"], ["n"]),
+             _i64("one", 1), helper.make_node("Sub", ["n", "one"], ["m"]), _i64("ax0", [0]),
+             helper.make_node("Unsqueeze", ["m", "ax0"], ["end"]), _i64("st", [0]), _i64("axes", [1]),
+             helper.make_node("Slice", ["x", "st", "end", "axes"], ["y"])]
+    m = tgc.load(_save(tmp_path / "slice.onnx", nodes, [_vi("x", ["batch", "seq"])], [_vi("y", ["batch", "s1"])]))
+    assert isinstance(m, StagedModel) and m.per_size
+    calls = []
+    for fn in ("_submodel", "_key"):
+        orig = getattr(StagedModel, fn)
+        monkeypatch.setattr(StagedModel, fn, lambda self, *a, _o=orig, _n=fn: calls.append(_n) or _o(self, *a))
+    rng = np.random.default_rng(1)
+    for shape, translated in (((2, 5), True), ((2, 5), False), ((3, 4), True), ((2, 5), False), ((3, 4), False)):
+        calls.clear()
+        x = rng.standard_normal(shape).astype(np.float32)
+        np.testing.assert_array_equal(m.run(device="CPU", x=x)["y"], x[:, :-1])
+        assert ("_submodel" in calls) == translated and bool(calls) == translated, (shape, calls)
+        assert len(m.stages) == 1 and len(m.stage_programs()) == 1
+
+
+def test_a_stage_whose_shape_an_input_value_decides_is_not_reused_by_size(tmp_path):
+    """Slice's end from an input's values: the same sizes with another end give another program, never the
+    one a run before kept for those sizes."""
+    nodes = [_i64("st", [0]), _i64("axes", [1]), helper.make_node("Slice", ["x", "st", "e", "axes"], ["y"])]
+    from tgc.staged import load_staged
+
+    m = load_staged(_save(tmp_path / "sl.onnx", nodes, [_vi("x", [2, 6]), _vi("e", [1], TensorProto.INT64)],
+                       [_vi("y", [2, "k"])]))
+    x = np.arange(12, dtype=np.float32).reshape(2, 6)
+    for end in (2, 2, 5, 3, 5):
+        got = m.run(device="CPU", x=x, e=np.array([end], np.int64))["y"]
+        np.testing.assert_array_equal(got, x[:, :end])
