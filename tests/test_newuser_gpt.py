@@ -146,3 +146,45 @@ def test_a_stage_whose_shape_an_input_value_decides_is_not_reused_by_size(tmp_pa
     for end in (2, 2, 5, 3, 5):
         got = m.run(device="CPU", x=x, e=np.array([end], np.int64))["y"]
         np.testing.assert_array_equal(got, x[:, :end])
+
+
+def _slice_model(tmp_path) -> str:
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), _i64("i1", 1), helper.make_node("Gather", ["s", "i1"], ["n"]),
+             _i64("one", 1), helper.make_node("Sub", ["n", "one"], ["m"]), _i64("ax0", [0]),
+             helper.make_node("Unsqueeze", ["m", "ax0"], ["end"]), _i64("st", [0]), _i64("axes", [1]),
+             helper.make_node("Slice", ["x", "st", "end", "axes"], ["y"])]
+    return _save(tmp_path / "slice.onnx", nodes, [_vi("x", ["batch", "seq"])], [_vi("y", ["batch", "s1"])])
+
+
+def test_compile_of_a_per_size_model_with_every_dim_writes_and_emits(tmp_path):
+    """-o DIR and --emit bin of a per-size model with every dim given: translated at those sizes and compiled as
+    a Program; with a dim missing, one usage error saying every dim compiles it. Its printed kernels are headed
+    as a Program's (no `// first stage:` label: it is one program)."""
+    from clikit import assert_clean
+
+    path = _slice_model(tmp_path)
+    r = invoke("compile", path, "-D", "batch=2", "-D", "seq=5", "-o", str(tmp_path / "out"))
+    assert r.exit_code == 0, r.stderr
+    assert "translated per size: compiled at batch=2, seq=5" in r.stderr
+    assert any(p.suffix == ".ll" for p in (tmp_path / "out").iterdir())
+    r = invoke("compile", path, "-D", "batch=2", "-D", "seq=5", "--emit", "bin")
+    assert r.exit_code == 0 and "bytes, sha256" in r.stdout, r.stderr
+    for extra in (["--emit", "bin"], ["-o", str(tmp_path / "o2")]):
+        assert_clean(invoke("compile", path, "-D", "batch=2", *extra), 2, "with every dim given", "at those sizes")
+    r = invoke("compile", path, "-D", "batch=2", "-D", "seq=5")
+    assert r.exit_code == 0, r.stderr
+    assert "first stage" not in r.stdout and r.stdout.startswith("; kernel "), r.stdout[:200]
+
+
+def test_a_package_hint_for_an_onnx_model_never_offers_a_symbolic_package(tmp_path):
+    """An ONNX model with weights has no symbolic package: `-D batch=2 --package` asks for every dim, not
+    for none."""
+    from clikit import assert_clean
+
+    w = numpy_helper.from_array(np.ones((4, 3), np.float32), "w")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g", [_vi("x", ["batch", "seq", 4])],
+                          [_vi("y", ["batch", "seq", 3])], initializer=[w])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "mm.onnx"))
+    r = invoke("compile", str(tmp_path / "mm.onnx"), "-D", "batch=2", "--package", str(tmp_path / "mm.tgpkg"))
+    assert_clean(r, 2, "seq", "needs every dim")
+    assert "give no -D" not in r.stderr, r.stderr

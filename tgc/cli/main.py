@@ -883,7 +883,10 @@ def _compile_command(file: str, device: str | None, dims: dict[str, int], emit: 
         except TgcError as e:  # (some dims given to --package: all of them, or none for every size)
             from tgc.package import SYMBOLIC_KINDS
 
-            if package and dims and not _is_list(device, shard) and _device_kind(device)[1] in SYMBOLIC_KINDS:
+            if package and dims and prog.weights:  # (an ONNX model: no symbolic package, see _no_bound_weights)
+                e.hint = f"{e.hint}: a package of a model with weights bound at load (ONNX) holds them at fixed " \
+                    "sizes, so it needs every dim" if e.hint else "give every dim (-D NAME=INT)"
+            elif package and dims and not _is_list(device, shard) and _device_kind(device)[1] in SYMBOLIC_KINDS:
                 e.hint = f"{e.hint}, or give no -D to package it for every size (the sizes then come from the " \
                     "inputs at each run)" if e.hint else "give no -D to package it for every size"
             raise
