@@ -115,8 +115,8 @@ def _refuse(p: dict[str, Any], per_size: str | None = None) -> None:
                       ("--baseline", "baseline"), ("--emit", "emit"), ("compile -o", "outdir")):
         value = p.get(key)
         if value and not (key == "emit" and value == "src"):
-            also = f"; with every dim given (-D NAME=INT), tgc compile {flag.replace('compile ', '')} compiles it at those sizes" \
-                if per_size and key in ("package", "outdir", "emit") else ""
+            also = f"; with every dim given (-D NAME=INT), tgc compile {flag.replace('compile ', '')} compiles " \
+                "it at those sizes" if per_size and key in ("package", "outdir", "emit") else ""
             raise click.UsageError(f"{flag} is not available for {what} ({why}){also}")
 
 
