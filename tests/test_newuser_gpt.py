@@ -188,3 +188,21 @@ def test_a_package_hint_for_an_onnx_model_never_offers_a_symbolic_package(tmp_pa
     r = invoke("compile", str(tmp_path / "mm.onnx"), "-D", "batch=2", "--package", str(tmp_path / "mm.tgpkg"))
     assert_clean(r, 2, "seq", "needs every dim")
     assert "give no -D" not in r.stderr, r.stderr
+
+
+def test_import_of_a_per_size_model_names_only_the_dim_it_needs(tmp_path):
+    """`x[:, :seq - 1]`: its import needs seq's value, not batch's: the hint says `tgc import -D seq=INT`; a
+    --symbolic run is refused saying to drop it; a plain run's note says why it is translated per size."""
+    from clikit import assert_clean
+
+    path = _slice_model(tmp_path)
+    r = invoke("import", path, "-o", str(tmp_path / "s.tg"))
+    assert_clean(r, 2, "tgc import -D seq=INT (the other dims stay symbolic)")
+    assert "batch=INT" not in r.stderr, r.stderr
+    assert invoke("import", path, "-D", "seq=5", "-o", str(tmp_path / "s.tg")).exit_code == 0
+    assert_clean(invoke("run", path, "--random", "-D", "batch=2", "-D", "seq=5", "--symbolic"), 2,
+                 "drop --symbolic, or give -D")
+    r = invoke("run", path, "--random", "-D", "batch=2", "-D", "seq=5")
+    assert r.exit_code == 0, r.stderr
+    assert "note: one program, translated for these sizes, as its shapes need the dims' values: " in r.stderr
+    assert "node 'y' (Slice" in r.stderr, r.stderr

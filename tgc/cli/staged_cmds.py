@@ -117,6 +117,8 @@ def _refuse(p: dict[str, Any], per_size: str | None = None) -> None:
         if value and not (key == "emit" and value == "src"):
             also = f"; with every dim given (-D NAME=INT), tgc compile {flag.replace('compile ', '')} compiles " \
                 "it at those sizes" if per_size and key in ("package", "outdir", "emit") else ""
+            if key == "symbolic":
+                also = "; drop --symbolic, or give -D NAME=INT, to run it at the sizes given"
             raise click.UsageError(f"{flag} is not available for {what} ({why}){also}")
 
 
@@ -143,7 +145,7 @@ def _check_dims_given(model: Any, dims: dict[str, int]) -> None:
 
 def _stages_line(model: Any) -> str:
     if model.per_size:  # (one stage: the whole model, translated for the sizes of this run)
-        return "one program, translated for these sizes (its shapes are computed from its dims' values)"
+        return f"note: one program, translated for these sizes, as its shapes need the dims' values: {model.per_size}"
     return "stages: " + ", ".join(model.stages)
 
 
