@@ -201,3 +201,19 @@ def test_a_product_of_many_dims_keeps_a_small_bound_and_other_dims_are_raised():
         assert prog.last_run == how, prog.last_run
         np.testing.assert_allclose(out["out0"], x.astype(np.float64).sum(axis=0) * 2, rtol=1e-5, atol=1e-5)
         np.testing.assert_array_equal(out["out1"], w * 3)
+
+
+@pytest.mark.slow
+def test_a_class_whose_probes_pass_a_package_is_left_out_not_a_crash():
+    # the stride-P convolution's narrowed 32n variant is built at probes (IMG_P, P ~ 7000 each) where the input's
+    # size passes 2^62: `tgc compile --package` stopped with "size: the size is out of range" and wrote nothing.
+    # Now that class is listed as not packaged and the others run, right against numpy
+    from tgc import package
+
+    data = package.build_symbolic(tgc.loads(PATCH_CONV), tgc.api._device("CPU"))
+    pkg = package.loads_package(data, "patch.tgpkg")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 12, 12)).astype(np.float32)
+    w = rng.standard_normal((5, 3, 3, 3)).astype(np.float32)
+    want = np.einsum("bchpwq,kcpq->bkhw", x.astype(np.float64).reshape(2, 3, 4, 3, 4, 3), w.astype(np.float64))
+    np.testing.assert_allclose(pkg.run(x=x, w=w)["out0"], want, rtol=1e-4, atol=1e-4)

@@ -236,7 +236,7 @@ class Program:
         if getattr(self, "_weights_digest", None) is None:
             h = hashlib.sha256()
             for name, arr in sorted(self.weights.items()):
-                a = np.ascontiguousarray(arr)
+                a = np.require(arr, requirements="C")  # (0-d stays 0-d: () and (1,) differ)
                 h.update(f"{name}:{a.dtype.str}:{a.shape};".encode())
                 h.update(a.reshape(-1).view(np.uint8))
             self._weights_digest = h.hexdigest()

@@ -171,7 +171,7 @@ def _weight_members(prog: Any, blobs: dict[str, bytes], files: dict[str, dict]) 
     out = []
     for i, (name, arr) in enumerate(sorted(prog.weights.items())):
         f = io.BytesIO()
-        np.save(f, np.ascontiguousarray(arr), allow_pickle=False)
+        np.save(f, np.require(arr, requirements="C"), allow_pickle=False)  # (0-d stays 0-d)
         member = f"weights/{i}.npy"
         blobs[member] = f.getvalue()
         files[member] = {"size": len(blobs[member]), "sha256": hashlib.sha256(blobs[member]).hexdigest()}
@@ -1900,7 +1900,12 @@ def build_symbolic(prog: Any, dev: Any, plans: list[tuple[tuple, Any]] | None = 
 
     def _one_class(cls: tuple, plan: Any) -> dict | str:
         cls = plan.size_class if plan.multiples else cls  # (a narrowed class: over its kernels' dims)
-        doc = class_doc(prog, dev, cls, plan, member=member)
+        try:
+            doc = class_doc(prog, dev, cls, plan, member=member)
+        except sizeexpr.ExprError:  # (a buffer's size past 2^62 at the class's probes: vit's 32n variant, IMG of
+            # IMG_P * P at two probe primes of ~7000 each; the loader could not evaluate it either)
+            at = ", ".join(f"{k}={v}" for k, v in sizes.probes(cls)[0].items())
+            return f"its kernels were built at sizes ({at}) where a buffer's size passes what a package holds"
         if isinstance(doc, str):
             return doc
         sym = list(plan.symbolic)
@@ -2847,21 +2852,18 @@ def class_doc(prog: Any, dev: Any, cls: tuple, plan: Any, member: Any = None) ->
         inputs = [input_buf[j] for j in range(len(decls))]
         rep_bytes = {i: max(sizeexpr.evaluate(b["nbytes"], rep), 1) for i, b in enumerate(bufs)}
         mp = plan_memory(used, rep_bytes, inputs, list(plan.output_slots), share=dev.allocator.features.shared_slots)
-        slot_exprs: list[Any] = [None] * len(mp.slots)
+        sharing: list[list[Any]] = [[] for _ in mp.slots]
         slot_of = [-1] * len(bufs)
         for i, s in mp.slot_of.items():
             slot_of[i] = s
-            e = bufs[i]["nbytes"]
-            old = slot_exprs[s]
-            slot_exprs[s] = e if old is None or old == e else max(old, e) if isinstance(old, int) and \
-                isinstance(e, int) else ["max", old, e]
+            sharing[s].append(bufs[i]["nbytes"])
+        # (one shallow expression however many buffers share a slot or the plan has: `sizeexpr.combine`)
+        slot_exprs: list[Any] = [sizeexpr.combine("max", es) if es else None for es in sharing]
         # (a buffer empty at every size of the class, `y: f32[N // 2]` at N = 1, still takes a byte: as the
         # allocator allocates it, and as the loader checks a slot)
         slot_exprs = [max(e, 1) if isinstance(e, int) else ["max", e, 1] if sizeexpr.evaluate(e, p1) < 1 else e
                       for e in slot_exprs]
-        peak: Any = 0
-        for e in slot_exprs:
-            peak = e if peak == 0 else peak + e if isinstance(peak, int) and isinstance(e, int) else ["+", peak, e]
+        peak: Any = sizeexpr.combine("+", slot_exprs) if slot_exprs else 0
         out["probe"] = {n: int(v) for n, v in p1.items()}
         out["memory"] = {"slots": slot_exprs, "slot_of": slot_of, "peak_bytes": peak}
     # every launch names its kernel's binary and source (stored now that the class is kept), or its kernel

@@ -80,6 +80,30 @@ def evaluate(e: Expr, dims: Mapping[str, int], where: str = "size") -> int:
     return ev(e)
 
 
+def combine(op: str, terms: list[Expr]) -> Expr:
+    """The `+` (or `max`) of `terms` as one expression that stays shallow for any number of terms: the integer
+    terms folded into one, equal terms counted once for `max` (and as `term * count` for `+`), the rest joined
+    as a balanced tree (a left-deep chain of hundreds of buffers would pass `MAX_DEPTH`)."""
+    assert op in ("+", "max") and terms
+    const: int | None = None
+    rest: list[Expr] = []
+    counts: list[int] = []
+    for t in terms:
+        if isinstance(t, int):
+            const = t if const is None else const + t if op == "+" else max(const, t)
+        elif t in rest:
+            counts[rest.index(t)] += 1
+        else:
+            rest.append(t)
+            counts.append(1)
+    parts: list[Expr] = [t if op == "max" or c == 1 else ["*", t, c] for t, c in zip(rest, counts)]
+    if const is not None and (op == "max" or const != 0 or not parts):
+        parts.append(const)
+    while len(parts) > 1:
+        parts = [[op, parts[i], parts[i + 1]] if i + 1 < len(parts) else parts[i] for i in range(0, len(parts), 2)]
+    return parts[0]
+
+
 def names(e: Expr) -> set[str]:
     """The dim names an expression uses."""
     if isinstance(e, str):

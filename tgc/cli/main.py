@@ -160,6 +160,21 @@ def install_sigint_handler() -> None:
         signal.signal(signal.SIGINT, _on_sigint)
 
 
+def _reader_gone(ctx: click.Context) -> None:
+    """stdout's reader closed the pipe (`tgc compile ... | head -3`): it took what it wanted, so the command stops
+    writing quietly and exits 0, no traceback, as `git log | head` does. stdout then points at /dev/null, so
+    that what is still buffered, flushed at exit, goes nowhere instead of failing again."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):  # (not a file: click's test runner)
+        fd = -1
+    if fd >= 0:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, fd)
+        os.close(null)
+    ctx.exit(0)
+
+
 class TgcGroup(click.Group):
     """Turns errors into one message on stderr: `TgcError.format()` with its exit code, or an internal error.
     click's usage errors keep their exit code (2) and get the same `error:`/`help:` style."""
@@ -212,7 +227,7 @@ class TgcGroup(click.Group):
             ctx.exit(1)
         except Exception as e:
             if isinstance(e, OSError) and e.errno == errno.EPIPE:
-                raise  # click closes quietly on a broken pipe (`tgc ... | head`)
+                _reader_gone(ctx)
             if _debug():
                 import traceback
 
@@ -868,7 +883,10 @@ def _compile_command(file: str, device: str | None, dims: dict[str, int], emit: 
         except TgcError as e:  # (some dims given to --package: all of them, or none for every size)
             from tgc.package import SYMBOLIC_KINDS
 
-            if package and dims and not _is_list(device, shard) and _device_kind(device)[1] in SYMBOLIC_KINDS:
+            if package and dims and prog.weights:  # (an ONNX model: no symbolic package, see _no_bound_weights)
+                e.hint = f"{e.hint}: a package of a model with weights bound at load (ONNX) holds them at fixed " \
+                    "sizes, so it needs every dim" if e.hint else "give every dim (-D NAME=INT)"
+            elif package and dims and not _is_list(device, shard) and _device_kind(device)[1] in SYMBOLIC_KINDS:
                 e.hint = f"{e.hint}, or give no -D to package it for every size (the sizes then come from the " \
                     "inputs at each run)" if e.hint else "give no -D to package it for every size"
             raise

@@ -84,6 +84,26 @@ def fix_dims(model: Any, dims: dict[str, int]) -> None:
                 d.dim_value = dims[d.dim_param]
 
 
+def _dims_needed(model: Any, dims: list[str], where: str, probe: int = 8) -> list[str]:
+    """The dims a per-size model's import needs fixed: one of `dims` alone where fixing it (to `probe`) lets the
+    rest translate symbolically (a causal mask `bias[:, :, :T, :T]` needs only T), else all of them. At most one
+    translation per dim, and only when the import has already failed."""
+    import copy
+
+    from tgc.onnx import translate
+
+    if len(dims) > 1:
+        for d in dims[::-1]:  # (the later dims first: a sequence length more often than a batch)
+            trial = copy.deepcopy(model)
+            fix_dims(trial, {d: probe})
+            try:
+                translate(trial, where)
+            except TgcError:
+                continue
+            return [d]
+    return list(dims)
+
+
 @click.command("import")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @click.option("-o", "--output", "out", metavar="PATH.tg", callback=nonempty_path,
@@ -95,7 +115,7 @@ def import_(file: str, out: str | None, dims: dict[str, int] | None = None) -> N
     (`-D`, parsed by the commands' one parser, is added where tgc.cli.main registers the command.)"""
     import numpy as np
 
-    from tgc.onnx import read_model, translate
+    from tgc.onnx import NeedDims, read_model, translate
 
     if not is_onnx(file):
         raise TgcError(f"{file} is not an .onnx file", hint="tgc import reads ONNX models")
@@ -115,7 +135,14 @@ def import_(file: str, out: str | None, dims: dict[str, int] | None = None) -> N
         raise TgcError(f"{weights} exists and is not the weights of an earlier translation by tgc import: it is "
                        "left as it was", hint="move it, or name another program with -o PATH.tg (its weights go "
                        "beside it as PATH.npz)")
-    tr = translate(model, os.path.basename(file))
+    try:
+        tr = translate(model, os.path.basename(file))
+    except NeedDims as e:
+        need = _dims_needed(model, e.dims, os.path.basename(file))
+        e.hint = f"give {'its size' if len(need) == 1 else 'their sizes'}: tgc import " + \
+            " ".join(f"-D {d}=INT" for d in need) + (" (the other dims stay symbolic)" if len(need) < len(e.dims)
+                                                      else "")
+        raise
     from tgc.cli.outputs import check_writable, write_files
 
     # both files at once (checked, staged, then renamed): a failure leaves an earlier program and its weights as

@@ -349,5 +349,12 @@ def make_console(stderr: bool = False) -> Any:
     tables stay readable in logs."""
     from rich.console import Console
 
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            """The reader closed the pipe: rich's own exits 1; the CLI's error handler (`_reader_gone`) ends the
+            command quietly with exit 0, as for any print."""
+            self.quiet = True
+            raise BrokenPipeError(errno.EPIPE, "the reader closed stdout")
+
     piped = not os.isatty(2 if stderr else 1) and "COLUMNS" not in os.environ
-    return Console(stderr=stderr, width=160 if piped else None)
+    return _Console(stderr=stderr, width=160 if piped else None)

@@ -60,7 +60,9 @@ def after_load(ctx: click.Context, prog: Any) -> Any:
         return prog
     command = ctx.info_name
     dims = dict(ctx.params.get("dims") or {})
-    if (command == "compile" and prog.per_size and ctx.params.get("package") and prog.dim_names
+    emit = ctx.params.get("emit")
+    built = ctx.params.get("package") or ctx.params.get("outdir") or (emit and emit != "src")
+    if (command == "compile" and prog.per_size and built and prog.dim_names
             and set(prog.dim_names) <= set(dims) and not (pairs or npz or use_random)):
         return _at_sizes(ctx, prog, dims)
     handlers = {"run": _run, "compile": _compile, "bench": _bench, "beam": _beam}
@@ -80,7 +82,8 @@ FIXED_DIMS = "tgc.staged.fixed_dims"  # ctx.meta key: the -D sizes a per-size mo
 
 
 def _at_sizes(ctx: click.Context, model: Any, dims: dict[str, int]) -> Any:
-    """A per-size model translated with its dims fixed to `dims` (as `tgc import -D` does): a Program."""
+    """A per-size model translated with its dims fixed to `dims` (as `tgc import -D` does): a Program, which
+    `tgc compile` then packages (--package), writes (-o) or emits (--emit) as any fixed-size one."""
     import copy
 
     from tgc.api import onnx_program
@@ -91,9 +94,12 @@ def _at_sizes(ctx: click.Context, model: Any, dims: dict[str, int]) -> Any:
     fix_dims(fixed, {k: v for k, v in dims.items() if k in model.dim_names})
     prog = onnx_program(fixed, model.path or model.where)
     ctx.meta[FIXED_DIMS] = dims
-    click.echo(f"note: {model.where} is translated per size: packaged at "
-               f"{', '.join(f'{k}={v}' for k, v in dims.items() if k in model.dim_names)} (the package runs at those "
-               "sizes only)", err=True)
+    at = ', '.join(f'{k}={v}' for k, v in dims.items() if k in model.dim_names)
+    if ctx.params.get("package"):
+        click.echo(f"note: {model.where} is translated per size: packaged at {at} (the package runs at those "
+                   "sizes only)", err=True)
+    else:
+        click.echo(f"note: {model.where} is translated per size: compiled at {at}", err=True)
     return prog
 
 
@@ -109,8 +115,10 @@ def _refuse(p: dict[str, Any], per_size: str | None = None) -> None:
                       ("--baseline", "baseline"), ("--emit", "emit"), ("compile -o", "outdir")):
         value = p.get(key)
         if value and not (key == "emit" and value == "src"):
-            also = "; with every dim given (-D NAME=INT), tgc compile --package packages it at those sizes" \
-                if per_size and key == "package" else ""
+            also = f"; with every dim given (-D NAME=INT), tgc compile {flag.replace('compile ', '')} compiles " \
+                "it at those sizes" if per_size and key in ("package", "outdir", "emit") else ""
+            if key == "symbolic":
+                also = "; drop --symbolic, or give -D NAME=INT, to run it at the sizes given"
             raise click.UsageError(f"{flag} is not available for {what} ({why}){also}")
 
 
@@ -137,7 +145,7 @@ def _check_dims_given(model: Any, dims: dict[str, int]) -> None:
 
 def _stages_line(model: Any) -> str:
     if model.per_size:  # (one stage: the whole model, translated for the sizes of this run)
-        return "one program, translated for these sizes (its shapes are computed from its dims' values)"
+        return f"note: one program, translated for these sizes, as its shapes need the dims' values: {model.per_size}"
     return "stages: " + ", ".join(model.stages)
 
 
@@ -200,7 +208,12 @@ def _compile(model: Any, p: dict[str, Any]) -> None:
                                                   for k in kernels]})
         if not p.get("as_json"):
             for k in kernels:
-                click.echo(f"// {step}: {k.name}")
+                if model.per_size:  # (one program: its kernels headed as a Program's, no stage named)
+                    from tgc.cli.emit import header, source_kind
+
+                    click.echo(header(k, model.where, source_kind("", k.src)[0]))
+                else:
+                    click.echo(f"// {step}: {k.name}")
                 click.echo(k.src)
     note = ""
     if later:
