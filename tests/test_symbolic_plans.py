@@ -217,3 +217,22 @@ def test_a_class_whose_probes_pass_a_package_is_left_out_not_a_crash():
     w = rng.standard_normal((5, 3, 3, 3)).astype(np.float32)
     want = np.einsum("bchpwq,kcpq->bkhw", x.astype(np.float64).reshape(2, 3, 4, 3, 4, 3), w.astype(np.float64))
     np.testing.assert_allclose(pkg.run(x=x, w=w)["out0"], want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_raised_dim_bound_is_capped_by_a_slice_at_a_constant():
+    # six dims hold the common bound at 2^10 and G alone is raised (only `w` has it); `w[:2000]` is all of w only
+    # up to G = 2000, a decision that caps the bounds: the raised G kept 2^15 and G = 2001 ran the class's
+    # kernels, summing all of w (and `w[-3000:]` gave G elements) with no error
+    prog = tgc.loads("x: f32[A, B, C, D, E, F]\nw: f32[G]\nreturn x.sum(axis=0) * 2.0, w[:2000].sum(), "
+                     "w[-3000:] * 3.0\n")
+    plan = prog.compile_symbolic("CPU")
+    assert plan.bound < 2000 and all(b < 2000 for b in plan.dim_bounds.values()), plan.dim_bounds
+    rng = np.random.default_rng(0)
+    for g in (1500, 2001, 3001):
+        dims = dict.fromkeys("ABCDEF", 6) | {"G": g}
+        x = rng.standard_normal([6] * 6).astype(np.float32)
+        w = rng.standard_normal(g).astype(np.float32)
+        out = prog.run("CPU", dims=dims, symbolic=True, x=x, w=w)
+        np.testing.assert_allclose(out["out1"], w[:2000].astype(np.float64).sum(), rtol=1e-5, atol=1e-4)
+        np.testing.assert_allclose(out["out2"], w[-3000:] * 3.0, rtol=1e-6)
+        assert g == 1500 and prog.last_run == "symbolic" or "outside the symbolic kernels' range" in prog.last_run

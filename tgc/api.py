@@ -657,7 +657,11 @@ class Program:
                 plan = self._build_symbolic_at(dev, cls, bound, templates_only)
                 if not isinstance(plan, str):
                     # (none where the front end's decisions cut the common bound: `_bounded_by_decisions`)
-                    plan.dim_bounds = dict(self._raised) if plan.bound == self._fitted_bound else {}
+                    # (a raised dim is capped by the decisions too: `w[:2000]` at a raised G of 2^15 is all of
+                    # w only up to G = 2000, above it the class's kernels would read all of w)
+                    upto = plan.decided_upto
+                    plan.dim_bounds = {n: b if upto is None else min(b, upto) for n, b in self._raised.items()} \
+                        if plan.bound == self._fitted_bound else {}
                 return plan
             except CompileError as e:
                 if not e.msg.endswith("past 64 bits"):
@@ -899,6 +903,7 @@ class Program:
         upto = decided_upto(decided)
         if upto is not None:
             plan.bound = min(plan.bound, upto)
+            plan.decided_upto = upto if plan.decided_upto is None else min(plan.decided_upto, upto)
             plan.dim_bounds = {n: min(b, upto) for n, b in plan.dim_bounds.items()}
         return plan
 
@@ -1866,6 +1871,9 @@ class SymbolicPlan:
         # dims whose own bound is above `bound` (`sizes.fitted_bound`: only smaller products of dims hold them);
         # the kernels were lowered with them (packages keep `bound` for every dim)
         self.dim_bounds: dict[str, int] = {}
+        # the largest size the front end's decisions leave every dim (`x[:2000]`: 2000), or None: caps
+        # `dim_bounds` too (`_build_symbolic_bounded` sets those after `_bounded_by_decisions` ran)
+        self.decided_upto: int | None = None
         self.fast = fast or [None] * len(kernels)  # per kernel, its optimized variant (launch-checked) or None
         self.tails: list[list[Kernel]] = [[] for _ in kernels]  # per kernel, its fast variant's tail kernels
         self.derived: dict[str, tuple] = {}  # the tails' derived kernel arguments (`sizes.Split.derived`)
