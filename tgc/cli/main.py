@@ -1512,7 +1512,7 @@ def _finite_seconds(ctx: click.Context, param: click.Parameter, value: float | N
               help="Most sessions of one token (of one address when serving without a token).")
 @click.option("--max-connections", type=click.IntRange(min=1), metavar="N", help="Most open connections.")
 @click.option("--max-connections-per-client", type=click.IntRange(min=1), metavar="N",
-              help="Most open connections of one client address.")
+              help="Most open connections of one client address that have not yet shown a token.")
 @click.option("--no-inline", is_flag=True,
               help="Run every CPU launch in a launch worker, none proven short in the server's own process.")
 @click.option("-v", "--verbose", is_flag=True, help="Log each request to stderr.")
