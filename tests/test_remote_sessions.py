@@ -461,8 +461,9 @@ def test_tokenless_connections_from_several_addresses_cannot_shut_out_a_client_w
         for c in full:
             c.post(batch())
         assert _wait(lambda: len(s.conns) == 8 and not s.conn_peers)
-        status, kind, body = post(s.port, batch(), token=token)
-        assert (status, kind) == (503, "busy") and b"too many connections" in body
+        with socket.create_connection(("127.0.0.1", s.port), timeout=10) as late:  # (answered before any request)
+            answer = late.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 503") and b"the server has too many connections" in answer
         for c in full:
             c.close()
     finally:
@@ -532,3 +533,27 @@ def test_the_reaper_goes_on_after_a_failed_pass(monkeypatch, capsys):
     finally:
         s.shutdown()
     assert "one bad pass" in capsys.readouterr().err
+
+
+def test_one_token_holds_at_most_half_of_the_request_body_budget():
+    """The bytes of request bodies held at once were one budget for all tokens: one token's stalled bodies
+    (declared, never sent) shut every other token out."""
+    n = 1 << 20
+    tokens = {"a" * 32: "alice", "b" * 32: "bob"}
+    s = serve("127.0.0.1", 0, "CPU", tokens, Limits(max_memory=4 * n, max_body=n)).start()
+    stalled = []
+    try:
+        for i in range(2):  # alice: 2 MiB of bodies still being received, half of the 4 MiB budget
+            c = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+            c.sendall((f"POST /batch HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {'a' * 32}\r\n"
+                       f"{P.SESSION_HEADER}: stall-{i}-0123456789ab\r\nContent-Length: {n}\r\n\r\n").encode() + b"TGC1")
+            stalled.append(c)
+        assert _wait(lambda: s.body_bytes == 2 * n)
+        status, kind, body = post(s.port, batch(), token="a" * 32, session="alice-0123456789ab")
+        assert (status, kind) == (503, "busy") and b"this token is sending" in body
+        assert post(s.port, batch(), token="b" * 32, session="bob-0123456789abcd")[0] == 200
+    finally:
+        for c in stalled:
+            c.close()
+        s.shutdown()
+    assert _wait(lambda: s.body_bytes == 0 and not s.body_owners)

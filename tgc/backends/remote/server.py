@@ -238,6 +238,7 @@ class RemoteServer:
         self._compiled: OrderedDict[str, tuple[bool, bytes | str, bool | None]] = OrderedDict()
         self._compiled_bytes = 0  # what `_compiled` holds, in bytes of binaries and messages (`_keep_compiled`)
         self.body_bytes = 0  # bytes of request bodies being received or run now, all connections (`transport`)
+        self.body_owners: dict[str | None, int] = {}  # of them, by owner (token name, or address): at most half each
         self._known: OrderedDict[str, Known] = OrderedDict()  # sha256(binary) -> what the source said, first wins
         self._workers: Any = None  # compile worker processes (CPU), started on the first compile
         self._workers_lock = threading.Lock()

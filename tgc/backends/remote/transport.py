@@ -355,20 +355,33 @@ class _Handler(BaseHTTPRequestHandler):
         if n > app.limits.max_body:
             return self._refuse(Refusal(413, "limit", f"a request body of {n} bytes exceeds the limit of "
                                                       f"{app.limits.max_body} bytes"), close=True)
-        # bodies held at once, all connections together, are bounded (the larger of the memory limit and one body)
+        # bodies held at once, all connections together, are bounded (the larger of the memory limit and one body),
+        # and one owner (token, or address without tokens) holds at most half of that beside its first body, so
+        # one token's stalled bodies cannot shut out the others
         cap = max(app.limits.max_memory, app.limits.max_body)
+        owner = self._token_name if app.tokens else f"address {self.client_address[0]}"
         with app.lock:
+            held = app.body_owners.get(owner, 0)
             room = app.body_bytes + n <= cap
-            if room:
+            fair = held == 0 or held + n <= cap // 2
+            if room and fair:
                 app.body_bytes += n
+                app.body_owners[owner] = held + n
         if not room:
             return self._refuse(Refusal(503, "busy", f"the server is receiving {app.body_bytes} bytes of request "
                                                      f"bodies, its limit is {cap}; try later"), close=True)
+        if not fair:
+            whose = "this token" if app.tokens else "this address"
+            return self._refuse(Refusal(503, "busy", f"{whose} is sending {held} bytes of request bodies, half the "
+                                                     f"server's limit of {cap}; try later"), close=True)
         try:
             self._receive_and_run(app, sid, n)
         finally:
             with app.lock:
                 app.body_bytes -= n
+                left = app.body_owners.pop(owner, 0) - n
+                if left > 0:
+                    app.body_owners[owner] = left
 
     def _receive_and_run(self, app: Any, sid: str, n: int) -> None:
         """Read a body of `n` bytes (its large blobs into staging blocks) and run its batch (`do_POST`)."""
