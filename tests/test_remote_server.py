@@ -847,12 +847,13 @@ def test_a_slow_client_is_cut_off_by_the_request_deadline_while_others_are_serve
 
 
 def test_connections_beyond_the_cap_get_503():
+    from tgc.backends.remote.client import Connection
     srv = serve("127.0.0.1", 0, "CPU", None, Limits(max_connections=3)).start()
-    try:
-        idle = [socket.create_connection(("127.0.0.1", srv.port), timeout=10) for _ in range(3)]
-        deadline = time.monotonic() + 10
-        while len(srv.conns) < 3 and time.monotonic() < deadline:
-            time.sleep(0.01)
+    try:  # (connections that showed their (empty) token: idle ones that never did give way to new ones instead)
+        idle = [Connection("127.0.0.1", srv.port, None, f"cap{i}-0123456789abc", timeout=10, retry=0)
+                for i in range(3)]
+        for c in idle:
+            assert c.post(batch()) is not None
         answer = _raw_http(srv.port, b"")
         assert answer.startswith(b"HTTP/1.1 503") and b"too many connections" in answer
         for s in idle:

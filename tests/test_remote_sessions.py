@@ -310,3 +310,250 @@ def test_serve_refuses_a_request_time_of_zero():
     from tests.clikit import invoke
     r = invoke("serve", "--request-time", "0", "--port", "0")
     assert r.exit_code == 2 and "--request-time" in r.output
+
+
+# --- second review: descriptors past 1024, the idle close in flight, caps that count only tokenless connections
+
+
+def test_the_idle_checks_work_for_descriptors_past_1024():
+    """`select.select` refuses a descriptor >= 1024 (ValueError), which read as 'the server closed it': a client
+    with many files open opened a new connection for every batch."""
+    import resource
+
+    from tgc.backends.remote.client import _Wire
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200 and hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip("the hard limit on open files is under 1200")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held = []
+    try:
+        while True:
+            a, b = socket.socketpair()
+            held += [a, b]
+            if a.fileno() >= 1024:
+                break
+        wire = _Wire(a)
+        assert not wire.readable() and not wire.peer_closed()  # (open, nothing to read)
+        b.sendall(b"x")
+        assert wire.readable() and not wire.peer_closed()
+        b.close()
+        wire.rfile.read(1)
+        assert wire.peer_closed()
+    finally:
+        for s in held:
+            s.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+class _ClosesWhenIdle(_CloseOnce):
+    """A fake server that reads a request arriving on a connection idle for `idle` seconds or more and closes
+    without an answer: as a server whose close of the idle connection was on its way when the batch was sent."""
+
+    def __init__(self, idle: float):
+        self.idle, self.connections = idle, 0
+        super().__init__(drop=-1)
+
+    def _one(self, conn: socket.socket) -> None:
+        self.connections += 1
+        f = conn.makefile("rb")
+        last = time.monotonic()
+        with conn, f:
+            while True:
+                head = b""
+                while not head.endswith(b"\r\n\r\n"):
+                    line = f.readline()
+                    if not line:
+                        return
+                    head += line
+                n = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                f.read(n)
+                self.seen += 1
+                if time.monotonic() - last >= self.idle:
+                    conn.shutdown(socket.SHUT_RDWR)
+                    return
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                last = time.monotonic()
+
+
+def test_a_connection_idle_for_nearly_the_servers_request_time_is_not_reused():
+    fake = _ClosesWhenIdle(idle=0.5)
+    conn = Connection("127.0.0.1", fake.port, None, "stale-0123456789ab", timeout=10.0, retry=0.0)
+    conn.reuse_within(1.0)  # (a request time of 1 s: reused for less than 0.5 s idle)
+    try:
+        assert conn.reuse_for == 0.5
+        assert conn.post(b"first") == b"ok"
+        time.sleep(0.05)
+        assert conn.post(b"soon after") == b"ok" and fake.connections == 1  # (kept alive)
+        time.sleep(0.6)
+        assert conn.post(b"after a pause") == b"ok" and fake.connections == 2 and fake.seen == 3
+    finally:
+        conn.close()
+        fake.sock.close()
+    assert Connection("h", 1, None, "s" * 16, 1.0, 0.0).reuse_for is None  # (no request time known: kept)
+
+
+def test_a_remote_device_reuses_its_connection_only_within_the_servers_request_time():
+    s = serve("127.0.0.1", 0, "CPU", None, Limits(request_time=20.0)).start()
+    try:
+        dev = client(s)
+        assert dev.properties["request_time"] == 20.0
+        assert dev._connection().reuse_for == 18.0  # (20 s less 10%)
+        dev.close()
+    finally:
+        s.shutdown()
+
+
+def _wait(cond, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return cond()
+
+
+def test_connections_that_showed_the_token_do_not_count_against_the_per_address_cap():
+    """Two processes of 32 REMOTE devices each (64 kept-alive connections) were refused by a per-address cap of
+    64 all connections: the cap counts only connections that have not yet shown a token."""
+    token = "t0ken-0123456789abcdef"
+    s = serve("127.0.0.1", 0, "CPU", token, Limits(max_connections=32, max_connections_per_client=2)).start()
+    conns = [Connection("127.0.0.1", s.port, token, f"many-{i}-0123456789ab", timeout=10, retry=0) for i in range(6)]
+    try:
+        for c in conns:
+            assert c.post(batch()) is not None
+        assert _wait(lambda: not s.conn_peers) and len(s.conns) == 6
+        idle = [socket.create_connection(("127.0.0.1", s.port), timeout=10) for _ in range(2)]
+        assert _wait(lambda: len(s.conn_peers) == 2)
+        with socket.create_connection(("127.0.0.1", s.port), timeout=10) as third:
+            answer = third.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 503") and b"have not yet shown a token" in answer
+        for c in conns:  # (the kept-alive ones still work)
+            assert c.post(batch()) is not None
+        for i in idle:  # closed by the client: no longer counted, at once
+            i.close()
+        assert _wait(lambda: not s.conn_peers, 2.0)
+        with socket.create_connection(("127.0.0.1", s.port), timeout=10):
+            assert _wait(lambda: len(s.conn_peers) == 1, 2.0)
+    finally:
+        for c in conns:
+            c.close()
+        s.shutdown()
+
+
+def test_tokenless_connections_from_several_addresses_cannot_shut_out_a_client_with_the_token():
+    """Idle connections from two addresses filled `max_connections`: a client with the token found no room."""
+    token = "t0ken-0123456789abcdef"
+    s = serve("127.0.0.1", 0, "CPU", token, Limits(max_connections=8, max_connections_per_client=4)).start()
+    held = []
+    try:
+        for src in ("127.0.0.2", "127.0.0.3"):
+            for _ in range(4):
+                c = socket.socket()
+                c.bind((src, 0))
+                c.connect(("127.0.0.1", s.port))
+                held.append(c)
+        assert _wait(lambda: s.httpd is not None and len(s.conn_peers) == 2)  # (a quarter of 8 at most)
+        time.sleep(0.2)
+        assert len(s.conn_peers) <= 2 and len(s.conns) <= 8
+        for i in range(3):
+            assert post(s.port, batch(), token=token, session=f"legit-{i}-0123456789")[0] == 200
+        # all connections trusted and open: a new one is refused as busy (there is no untrusted one to give way)
+        full = [Connection("127.0.0.1", s.port, token, f"full-{i}-0123456789ab", timeout=10, retry=0)
+                for i in range(8)]
+        for c in full:
+            c.post(batch())
+        assert _wait(lambda: len(s.conns) == 8 and not s.conn_peers)
+        with socket.create_connection(("127.0.0.1", s.port), timeout=10) as late:  # (answered before any request)
+            answer = late.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 503") and b"the server has too many connections" in answer
+        for c in full:
+            c.close()
+    finally:
+        for c in held:
+            c.close()
+        s.shutdown()
+
+
+def test_a_device_list_does_not_probe_its_remote_servers_again(monkeypatch):
+    """A REMOTE device with its server's properties was probed again (REMOTE:0, two more connections): a refusal
+    of that probe read 'device REMOTE:0 ... is not available here'."""
+    from tests.test_remote_datapath import _drop_remote_instances, _use_server_without_token
+    from tgc.api import device_list
+    from tgc.backends import get_device
+    s = serve("127.0.0.1", 0, "CPU", None, Limits(max_connections_per_client=2)).start()
+    _use_server_without_token(monkeypatch, s.port)
+    idle = []
+    try:
+        dev = get_device("REMOTE:0")
+        assert dev.properties["kind"] == "CPU"
+        idle = [socket.create_connection(("127.0.0.1", s.port), timeout=10) for _ in range(2)]
+        assert _wait(lambda: len(s.conn_peers) == 2)
+        assert [d.kind for d in device_list(["REMOTE:0"])] == ["REMOTE"]
+    finally:
+        for c in idle:
+            c.close()
+        _drop_remote_instances()
+        s.shutdown()
+
+
+def test_serve_refuses_times_that_are_not_finite():
+    from tests.clikit import invoke
+    for option, value in (("--request-time", "nan"), ("--request-time", "inf"), ("--idle-timeout", "nan"),
+                          ("--idle-timeout", "inf")):
+        r = invoke("serve", option, value, "--port", "0")
+        assert r.exit_code == 2 and option in r.output and "finite" in r.output, (option, value, r.output)
+    for name in ("request_time", "idle_timeout", "header_time", "evict_after"):
+        for value in (float("nan"), float("inf"), -1.0):
+            with pytest.raises(ValueError, match=name):
+                Limits(**{name: value})
+
+
+def test_an_evicted_session_names_the_session_limits_not_the_idle_timeout(srv):
+    sid = "evicted-0123456789"
+    assert post(srv.port, batch(P.BufferAlloc(buf=1, size=8)), session=sid)[0] == 200
+    with srv.lock:
+        srv.sessions[sid].last_seen -= 3600
+        assert srv._evict([srv.sessions[sid]])
+    status, kind, body = post(srv.port, batch(), session=sid)
+    assert (status, kind) == (404, "session") and b"to make room" in body
+    assert b"--max-sessions" in body and b"--idle-timeout" not in body
+
+
+def test_the_reaper_goes_on_after_a_failed_pass(monkeypatch, capsys):
+    s = serve("127.0.0.1", 0, "CPU", None, Limits(idle_timeout=0.2, request_time=1.0))
+    calls = []
+
+    def flaky(now=None):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("one bad pass")
+        return 0
+    monkeypatch.setattr(s, "close_late_connections", flaky)
+    try:
+        s.start()
+        assert _wait(lambda: len(calls) >= 3, 10.0)
+    finally:
+        s.shutdown()
+    assert "one bad pass" in capsys.readouterr().err
+
+
+def test_one_token_holds_at_most_half_of_the_request_body_budget():
+    """The bytes of request bodies held at once were one budget for all tokens: one token's stalled bodies
+    (declared, never sent) shut every other token out."""
+    n = 1 << 20
+    tokens = {"a" * 32: "alice", "b" * 32: "bob"}
+    s = serve("127.0.0.1", 0, "CPU", tokens, Limits(max_memory=4 * n, max_body=n)).start()
+    stalled = []
+    try:
+        for i in range(2):  # alice: 2 MiB of bodies still being received, half of the 4 MiB budget
+            c = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+            c.sendall((f"POST /batch HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {'a' * 32}\r\n"
+                       f"{P.SESSION_HEADER}: stall-{i}-0123456789ab\r\nContent-Length: {n}\r\n\r\n").encode() + b"TGC1")
+            stalled.append(c)
+        assert _wait(lambda: s.body_bytes == 2 * n)
+        status, kind, body = post(s.port, batch(), token="a" * 32, session="alice-0123456789ab")
+        assert (status, kind) == (503, "busy") and b"this token is sending" in body
+        assert post(s.port, batch(), token="b" * 32, session="bob-0123456789abcd")[0] == 200
+    finally:
+        for c in stalled:
+            c.close()
+        s.shutdown()
+    assert _wait(lambda: s.body_bytes == 0 and not s.body_owners)

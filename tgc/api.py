@@ -2372,7 +2372,9 @@ def device_list(names: list[str]) -> list[Any]:
             raise TgcError(f"device {name} in the device list is not available here: TGC_REMOTE is not set",
                            hint="set TGC_REMOTE=host1:port,host2:port (the servers of REMOTE:0, REMOTE:1, ...) "
                                 "or pass --remote")
-        if dev.compiler is None or not device_class(dev.kind).probe()[0]:
+        # (a REMOTE device that has its server's properties has shown the server answers with this token: the
+        # class's probe, of REMOTE:0 on two more connections, adds nothing and could be refused as busy)
+        if dev.compiler is None or (dev.kind != "REMOTE" and not device_class(dev.kind).probe()[0]):
             why = dev.compile_error or device_class(dev.kind).probe()[1]
             raise TgcError(f"device {name} in the device list is not available here: {why}",
                            hint="list only devices that `tgc devices` shows as available")

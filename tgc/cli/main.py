@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import gc
 import json
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -1496,6 +1497,13 @@ def viz(file: str, device: str | None, dims: dict[str, int], shard: dict[str, in
         serve(page, port, ready=lambda url: _err(f"serving {out} at {url} (Ctrl-C stops)"))
 
 
+def _finite_seconds(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """A time option's value, refused (exit 2) when it is nan or inf: such a time never ends anything."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a finite number of seconds")
+    return value
+
+
 @main.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=6667, show_default=True, help="Port to listen on.")
@@ -1503,7 +1511,7 @@ def viz(file: str, device: str | None, dims: dict[str, int], shard: dict[str, in
 @click.option("--token-file", metavar="F",
               help="File holding the token clients must send, or one 'NAME TOKEN' line per client (else "
                    "$TGC_REMOTE_TOKEN).")
-@click.option("--idle-timeout", type=click.FloatRange(min=0), metavar="SECONDS",
+@click.option("--idle-timeout", type=click.FloatRange(min=0), metavar="SECONDS", callback=_finite_seconds,
               help="Drop a client session idle this long.")
 @click.option("--max-sessions", type=click.IntRange(min=1), metavar="N", help="Most client sessions at once.")
 @click.option("--max-body", type=click.IntRange(min=1), metavar="BYTES", help="Largest request body.")
@@ -1511,6 +1519,7 @@ def viz(file: str, device: str | None, dims: dict[str, int], shard: dict[str, in
 @click.option("--max-session-memory", type=click.IntRange(min=1), metavar="BYTES",
               help="Most live device memory per client session.")
 @click.option("--request-time", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              callback=_finite_seconds,
               help="Deadline of one request: reading it, running its batch (kernels included) and answering "
                    "(more than 0).")
 @click.option("--max-memory", type=click.IntRange(min=1), metavar="BYTES",
@@ -1521,7 +1530,7 @@ def viz(file: str, device: str | None, dims: dict[str, int], shard: dict[str, in
               help="Most sessions of one token (of one address when serving without a token).")
 @click.option("--max-connections", type=click.IntRange(min=1), metavar="N", help="Most open connections.")
 @click.option("--max-connections-per-client", type=click.IntRange(min=1), metavar="N",
-              help="Most open connections of one client address.")
+              help="Most open connections of one client address that have not yet shown a token.")
 @click.option("--no-inline", is_flag=True,
               help="Run every CPU launch in a launch worker, none proven short in the server's own process.")
 @click.option("-v", "--verbose", is_flag=True, help="Log each request to stderr.")

@@ -161,15 +161,17 @@ class _Wire:
 
     def readable(self) -> bool:
         """Whether the socket holds bytes (or the server's close) to read, without waiting for any."""
-        try:
-            return bool(select.select([self.sock], [], [], 0)[0])
+        try:  # (poll, not select: select refuses descriptors >= 1024, which a process with many files open has)
+            poller = select.poll()
+            poller.register(self.sock, select.POLLIN)
+            return bool(poller.poll(0))
         except (ValueError, OSError):
             return True
 
     def peer_closed(self) -> bool:
         """Whether the server has closed this (idle) connection: it is readable with nothing to read (or reset)."""
         try:  # (a socket with a timeout waits for data before any recv: ask whether it is readable first)
-            if not select.select([self.sock], [], [], 0)[0]:
+            if not self.readable():
                 return False
             return self.sock.recv(1, socket.MSG_PEEK) == b""
         except (ValueError, OSError):
@@ -271,6 +273,10 @@ class Connection:
         self._conn: _Wire | None = None
         self.server_timing: str | None = None  # the server's timing header of the last answer (`post(timing=...)`)
         self.pending: list[int] = []  # answer caps of requests sent ahead (`send_ahead`) whose answers are unread
+        # how long a kept-alive connection may sit idle and still carry the next batch (`reuse_within`; None: no
+        # limit known), and when its last answer was read
+        self.reuse_for: float | None = None
+        self._last_answer = 0.0
 
     @property
     def address(self) -> str:
@@ -281,6 +287,17 @@ class Connection:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+    def reuse_within(self, request_time: float) -> None:
+        """Reuse a kept-alive connection only while it has been idle for less than the server's `request_time`
+        (after which the server closes it) less a margin of max(0.5 s, 10%): a batch sent just as the server's close
+        is on its way would be lost with the connection, and may not be sent again (the server may have read it).
+        An older connection is closed and a fresh one opened instead."""
+        self.reuse_for = max(0.0, request_time - max(0.5, request_time / 10))
+
+    def _stale(self) -> bool:
+        """Whether the open connection, with no answers owed, has been idle too long to carry another batch."""
+        return self.reuse_for is not None and time.monotonic() - self._last_answer >= self.reuse_for
 
     def set_timeout(self, seconds: float) -> None:
         """Wait `seconds` for an answer from now on: on the open connection and on any opened later."""
@@ -337,7 +354,7 @@ class Connection:
         before this returns (a large copy in goes from the caller's memory straight to the socket: nothing need
         keep a copy). `limit`: what the answer may hold. A kept-alive connection that the server closed while idle
         is reopened first; a failure once bytes may have reached the server is one DeviceError."""
-        if self._conn is not None and not self.pending and self._conn.peer_closed():
+        if self._conn is not None and not self.pending and (self._stale() or self._conn.peer_closed()):
             self.close()
         if self._conn is None:
             self._conn = self._connect()
@@ -358,6 +375,7 @@ class Connection:
             cap = self.pending.pop(0)
             try:
                 status, headers, data, length, close = self._conn.receive(cap, ERROR_LIMIT)
+                self._last_answer = time.monotonic()
             except (OSError, http.client.HTTPException) as e:
                 self.close()
                 what = f"no answer within {self.timeout:g}s" if isinstance(e, TimeoutError) else _reason(e)
@@ -394,8 +412,8 @@ class Connection:
                 if self._conn is not None and self._conn.peer_closed():
                     self.close()  # (the server closed the idle connection after answering)
             ahead = bool(self.pending)  # (answers still owed: this one is read after them)
-            if self._conn is not None and not ahead and self._conn.peer_closed():
-                self.close()  # (the server closed the idle connection: a fresh one, nothing sent on this one)
+            if self._conn is not None and not ahead and (self._stale() or self._conn.peer_closed()):
+                self.close()  # (the server closed the idle connection, or may be closing it: a fresh one)
                 reused = False
             if self._conn is None:
                 self._conn = self._connect()
@@ -420,6 +438,7 @@ class Connection:
                     P.send_all(self._conn.sock, [request, *parts])
                     sent = True
                     status, headers, data, length, close = self._conn.receive(limit, ERROR_LIMIT, sink)
+                self._last_answer = time.monotonic()
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as e:
                 self.close()
                 if reused and attempt == 0 and not ahead and not sent:
@@ -1149,6 +1168,8 @@ class RemoteDevice(Device):
             if self._props is None:
                 results, _ = self._submit(P.GetProperties())
                 self._props = checked_properties(results[-1], self._connection().address)
+                if "request_time" in self._props:  # (the server closes a connection idle that long)
+                    self._connection().reuse_within(float(self._props["request_time"]))
             return self._props
 
     @property

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from tgc.backends.remote import protocol as P
@@ -26,7 +27,9 @@ class Limits:
     max_memory: int = 4096 * MiB  # live buffers of all sessions together
     max_pooled: int = 256 * MiB  # freed memory the device may keep for reuse; beyond it, the pool is released
     max_connections: int = 128  # open connections; more are answered 503 and closed
-    max_connections_per_client: int = 64  # open connections of one client address (the rest stay for others)
+    # open connections of one client address that have not yet shown a token (connections that have count only
+    # against `max_connections`); all addresses together may hold a quarter of `max_connections` such connections
+    max_connections_per_client: int = 16
     header_time: float = 5.0  # a new connection's request line and headers (before any token is checked)
     compile_cache_bytes: int = 256 * MiB  # compiled binaries (and compile errors) the server keeps, all together
     max_objects: int = 1 << 16  # buffers + programs + graphs of one session
@@ -34,6 +37,13 @@ class Limits:
     max_nodes: int = P.MAX_NODES  # syntax nodes of one request text
     inline: bool = True  # a CPU kernel proven short (`shortproof`) runs in the request thread; False: every launch
     # goes to a launch worker (`tgc serve --no-inline`: no client-compiled code runs in the server's own process)
+
+    def __post_init__(self) -> None:
+        # a time of nan or inf would never end a request or free a session (nan compares false with everything)
+        for name in ("request_time", "idle_timeout", "header_time", "evict_after"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"Limits.{name} must be a finite number of seconds >= 0, not {value!r}")
 
 
 class Refusal(Exception):

@@ -228,7 +228,7 @@ class RemoteServer:
         self.sessions: dict[str, Session] = {}
         # ids of sessions the server freed on its own (idle, evicted) -> (owner, why): a later batch of one is refused
         # with that reason, rather than run on a fresh empty session whose buffers and programs it does not know
-        self._expired: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        self._expired: OrderedDict[str, tuple[str, str, bool]] = OrderedDict()
         self.instance = secrets.token_hex(16)  # names this server process in clients' cache keys
         self._device: Any = None
         self._native: bool | None = None  # `uses_launch_workers`, once known
@@ -238,6 +238,7 @@ class RemoteServer:
         self._compiled: OrderedDict[str, tuple[bool, bytes | str, bool | None]] = OrderedDict()
         self._compiled_bytes = 0  # what `_compiled` holds, in bytes of binaries and messages (`_keep_compiled`)
         self.body_bytes = 0  # bytes of request bodies being received or run now, all connections (`transport`)
+        self.body_owners: dict[str | None, int] = {}  # of them, by owner (token name, or address): at most half each
         self._known: OrderedDict[str, Known] = OrderedDict()  # sha256(binary) -> what the source said, first wins
         self._workers: Any = None  # compile worker processes (CPU), started on the first compile
         self._workers_lock = threading.Lock()
@@ -245,7 +246,9 @@ class RemoteServer:
         # open connections -> the time by which the request being read (or answer being written) must be done,
         # or None while a batch runs; the watchdog closes connections past it (slow or idle peers)
         self.conns: dict[Any, float | None] = {}
-        self.conn_peers: dict[Any, str] = {}  # open connections -> the client's address (`max_connections_per_client`)
+        # open connections that have not yet shown a token the server takes -> the client's address, oldest first
+        # (`max_connections_per_client`, `transport.max_untrusted`)
+        self.conn_peers: dict[Any, str] = {}
         self.conn_lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -337,8 +340,12 @@ class RemoteServer:
 
         def loop() -> None:
             while not self._stop.wait(period):
-                self.close_late_connections()
-                self.reap_idle()
+                try:  # (one failed pass must not end the reaping: slow peers and idle sessions would stay forever)
+                    self.close_late_connections()
+                    self.reap_idle()
+                except Exception as e:
+                    print(f"tgc serve: the reaper's pass failed: {type(e).__name__}: {e}", file=sys.stderr,
+                          flush=True)
         t = threading.Thread(target=loop, name="tgc-serve-reaper", daemon=True)
         t.start()
         self._threads.append(t)
@@ -355,6 +362,11 @@ class RemoteServer:
             except OSError:
                 pass
         return len(late)
+
+    def trust(self, conn: Any) -> None:
+        """A request on `conn` showed a token the server takes: it no longer counts as untrusted."""
+        with self.conn_lock:
+            self.conn_peers.pop(conn, None)
 
     def set_deadline(self, conn: Any, seconds: float | None) -> None:
         with self.conn_lock:
@@ -439,9 +451,10 @@ class RemoteServer:
             return s
         gone = self._expired.get(sid)
         if gone is not None and gone[0] == owner:
+            fix = ("serve with a larger --max-sessions, --max-sessions-per-token or --max-sessions-per-client"
+                   if gone[2] else "serve with a longer --idle-timeout")
             raise Refusal(404, "session", f"{gone[1]}: its buffers, programs and graphs are gone; run again (a "
-                                          "new process starts a new session), or serve with a longer "
-                                          "--idle-timeout")
+                                          f"new process starts a new session), or {fix}")
         lim = self.limits
         when = (f"all used in the last {lim.evict_after:g}s; end one (a client ends its session when it closes) "
                 f"or retry when one has been idle {lim.evict_after:g}s")
@@ -465,14 +478,14 @@ class RemoteServer:
     # how many ids of sessions freed by the server it remembers (`_forget`)
     MAX_EXPIRED = 4096
 
-    def _forget(self, session: Session, why: str) -> None:
-        """End a session the server frees on its own (idle, evicted), remembering its id and `why` where it held
-        something (caller holds `lock`)."""
+    def _forget(self, session: Session, why: str, evicted: bool = False) -> None:
+        """End a session the server frees on its own (idle, or `evicted` to make room), remembering its id and
+        `why` where it held something (caller holds `lock`)."""
         held = session.objects
         self._end_session(session)
         if not held:  # (an empty session lost nothing: it may simply start again)
             return
-        self._expired[session.id] = (session.owner, why)
+        self._expired[session.id] = (session.owner, why, evicted)
         self._expired.move_to_end(session.id)
         while len(self._expired) > self.MAX_EXPIRED:
             self._expired.popitem(last=False)
@@ -491,7 +504,7 @@ class RemoteServer:
         if victim is None:
             return False
         self._forget(victim, f"the server freed this session, idle for {now - victim.last_seen:.0f}s, to make room "
-                             "for another (its session limits)")
+                             "for another (its session limits)", evicted=True)
         if self.verbose:
             print("tgc serve: evicted an idle session to make room", file=sys.stderr, flush=True)
         return True
@@ -622,8 +635,8 @@ class RemoteServer:
             # the owner's other sessions this batch Transfers into: counted busy (never reaped or evicted meanwhile)
             # and locked with this one, all in the order of their ids (no deadlock between two batches that
             # transfer into each other's sessions), so that no batch of theirs frees or reuses a buffer meanwhile
-            peers = {x: self.sessions[x] for x in dests
-                     if x != sid and x in self.sessions and self.sessions[x].owner == session.owner}
+            peers = {x: p for x in dests
+                     if x != sid and (p := self.sessions.get(x)) is not None and p.owner == session.owner}
             for held in (session, *peers.values()):
                 held.busy += 1
         locks = [x.lock for x in sorted((session, *peers.values()), key=lambda x: x.id)]
@@ -1369,7 +1382,8 @@ class RemoteServer:
 
     def _end_session(self, session: Session) -> None:
         """Free everything a session holds and forget it (errors while freeing are skipped)."""
-        self.sessions.pop(session.id, None)
+        with self.lock:  # (the table changes only under `lock`; an EndSession batch does not hold it otherwise)
+            self.sessions.pop(session.id, None)
         session.graphs.clear()
         session.checked.clear()
         session.programs.clear()

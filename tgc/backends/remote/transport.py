@@ -32,7 +32,13 @@ def _busy(text: str) -> bytes:
 
 
 _BUSY = _busy("the server has too many connections; try later")
-_BUSY_PEER = _busy("this client address has too many connections open to the server; try later")
+_BUSY_PEER = _busy("this client address has too many connections open to the server that have not yet shown a "
+                   "token; try later")
+
+
+def max_untrusted(limits: Any) -> int:
+    """How many connections that have not yet shown a token may be open at once, all addresses together."""
+    return max(1, limits.max_connections // 4)
 
 
 class _HTTPServer(ThreadingHTTPServer):
@@ -44,21 +50,47 @@ class _HTTPServer(ThreadingHTTPServer):
     app: Any  # the RemoteServer whose batches this server carries
 
     def verify_request(self, request: Any, client_address: Any) -> bool:
-        """Take a connection only while fewer than `max_connections` are open, and fewer than
-        `max_connections_per_client` of its address (else answer 503 and close). Until its request line and headers
-        are read it has `header_time` (`_Handler.handle_one_request`)."""
+        """Take a connection while fewer than `max_connections` are open. Until a request on it shows a token the
+        server takes (`RemoteServer.trust`) it is untrusted: it has `header_time` for its request line and headers
+        (`_Handler.handle_one_request`), its address may hold at most `max_connections_per_client` untrusted ones,
+        and all addresses together at most `max_untrusted` (a quarter of `max_connections`). A connection past the
+        per-address cap is answered 503 and closed; one under it that finds the untrusted connections (or all
+        connections) at their cap takes the place of the oldest untrusted connection of the address holding the
+        most, which is closed: tokenless connections from a few addresses cannot shut out a client with the
+        token, whose connection is trusted as soon as its first request's headers are read."""
         app, peer = self.app, str(client_address[0]) if client_address else ""
         lim = app.limits
+        evicted = None
         with app.conn_lock:
-            full = len(app.conns) >= lim.max_connections
-            mine = 0 if full else sum(1 for p in app.conn_peers.values() if p == peer)
-            if not full and mine < lim.max_connections_per_client:
+            untrusted = app.conn_peers
+            mine = sum(1 for p in untrusted.values() if p == peer)
+            if mine >= lim.max_connections_per_client:
+                answer = _BUSY_PEER
+            elif len(app.conns) < lim.max_connections and len(untrusted) < max_untrusted(lim):
+                answer = None
+            else:  # (full: the oldest untrusted connection of the address with the most of them makes room)
+                counts: dict[str, int] = {}
+                for p in untrusted.values():
+                    counts[p] = counts.get(p, 0) + 1
+                most = max(counts.values(), default=0)
+                evicted = next((c for c, p in untrusted.items() if counts[p] == most), None)
+                answer = _BUSY if evicted is None else None
+                if evicted is not None:
+                    app.conns.pop(evicted, None)
+                    untrusted.pop(evicted, None)
+            if answer is None:
                 app.conns[request] = time.monotonic() + max(min(lim.header_time, lim.request_time), 1.0)
-                app.conn_peers[request] = peer
-                return True
+                untrusted[request] = peer
+        if evicted is not None:
+            try:
+                evicted.shutdown(socket.SHUT_RDWR)  # (its handler thread sees the end and goes)
+            except OSError:
+                pass
+        if answer is None:
+            return True
         try:
             request.setblocking(False)
-            request.send(_BUSY if full else _BUSY_PEER)
+            request.send(answer)
         except OSError:
             pass
         return False
@@ -294,7 +326,9 @@ class _Handler(BaseHTTPRequestHandler):
         name = app.token_name(self.headers.get("Authorization")) if app.tokens else None
         self._token_name = name
         if not app.tokens or name is not None:
-            self._trusted = True
+            if not self._trusted:
+                self._trusted = True
+                app.trust(self.connection)  # (no longer counted against the caps of untrusted connections)
             app.set_deadline(self.connection, app.limits.request_time)  # (the body: see `handle_one_request`)
             return True
         keep = self._discard_body()
@@ -321,20 +355,33 @@ class _Handler(BaseHTTPRequestHandler):
         if n > app.limits.max_body:
             return self._refuse(Refusal(413, "limit", f"a request body of {n} bytes exceeds the limit of "
                                                       f"{app.limits.max_body} bytes"), close=True)
-        # bodies held at once, all connections together, are bounded (the larger of the memory limit and one body)
+        # bodies held at once, all connections together, are bounded (the larger of the memory limit and one body),
+        # and one owner (token, or address without tokens) holds at most half of that beside its first body, so
+        # one token's stalled bodies cannot shut out the others
         cap = max(app.limits.max_memory, app.limits.max_body)
+        owner = self._token_name if app.tokens else f"address {self.client_address[0]}"
         with app.lock:
+            held = app.body_owners.get(owner, 0)
             room = app.body_bytes + n <= cap
-            if room:
+            fair = held == 0 or held + n <= cap // 2
+            if room and fair:
                 app.body_bytes += n
+                app.body_owners[owner] = held + n
         if not room:
             return self._refuse(Refusal(503, "busy", f"the server is receiving {app.body_bytes} bytes of request "
                                                      f"bodies, its limit is {cap}; try later"), close=True)
+        if not fair:
+            whose = "this token" if app.tokens else "this address"
+            return self._refuse(Refusal(503, "busy", f"{whose} is sending {held} bytes of request bodies, half the "
+                                                     f"server's limit of {cap}; try later"), close=True)
         try:
             self._receive_and_run(app, sid, n)
         finally:
             with app.lock:
                 app.body_bytes -= n
+                left = app.body_owners.pop(owner, 0) - n
+                if left > 0:
+                    app.body_owners[owner] = left
 
     def _receive_and_run(self, app: Any, sid: str, n: int) -> None:
         """Read a body of `n` bytes (its large blobs into staging blocks) and run its batch (`do_POST`)."""
