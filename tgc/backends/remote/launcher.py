@@ -192,9 +192,11 @@ class _Worker:
         """The worker's answer, or None when the deadline passes first. EOFError when the worker died."""
         assert self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
+        poll = select.poll()  # (not select.select: a server with 1024 or more descriptors open refuses it)
+        poll.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
         while b"\n" not in self.pending:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
+            if left <= 0 or not poll.poll(max(1, int(left * 1000))):
                 return None
             chunk = os.read(fd, 1 << 16)
             if not chunk:
