@@ -201,7 +201,7 @@ def test_import_of_a_per_size_model_names_only_the_dim_it_needs(tmp_path):
     assert "batch=INT" not in r.stderr, r.stderr
     assert invoke("import", path, "-D", "seq=5", "-o", str(tmp_path / "s.tg")).exit_code == 0
     assert_clean(invoke("run", path, "--random", "-D", "batch=2", "-D", "seq=5", "--symbolic"), 2,
-                 "drop --symbolic, or give -D")
+                 "drop --symbolic to run it at the sizes given")
     r = invoke("run", path, "--random", "-D", "batch=2", "-D", "seq=5")
     assert r.exit_code == 0, r.stderr
     assert "note: one program, translated for these sizes, as its shapes need the dims' values: " in r.stderr

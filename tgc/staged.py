@@ -343,8 +343,7 @@ class StagedModel:
         why = (self.per_size if self.per_size else "its later stages are translated at run time, once their "
                "sizes are known")
         raise TgcError(f"symbolic sizes are not available for {self.kind()}: {why}",
-                       hint="drop --symbolic (symbolic=True), or give -D: it is translated and compiled for the "
-                       "sizes given")
+                       hint="drop --symbolic (symbolic=True): it is translated and compiled for the sizes given")
 
     # --- the rest of a Program's interface (the commands' needs)
     def stage_programs(self) -> list[tuple[str, Program]]:

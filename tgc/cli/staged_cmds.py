@@ -118,7 +118,7 @@ def _refuse(p: dict[str, Any], per_size: str | None = None) -> None:
             also = f"; with every dim given (-D NAME=INT), tgc compile {flag.replace('compile ', '')} compiles " \
                 "it at those sizes" if per_size and key in ("package", "outdir", "emit") else ""
             if key == "symbolic":
-                also = "; drop --symbolic, or give -D NAME=INT, to run it at the sizes given"
+                also = "; drop --symbolic to run it at the sizes given"
             raise click.UsageError(f"{flag} is not available for {what} ({why}){also}")
 
 
