@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -166,18 +167,22 @@ class _CloseOnce:
                 return
             threading.Thread(target=self._one, args=(conn,), daemon=True).start()
 
+    @staticmethod
+    def _read_request(f: Any) -> bool:
+        """Read one request (head and body) from `f`; False where the client closed first."""
+        head = b""
+        while not head.endswith(b"\r\n\r\n"):
+            line = f.readline()
+            if not line:
+                return False
+            head += line
+        f.read(int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0]))
+        return True
+
     def _one(self, conn: socket.socket) -> None:
         f = conn.makefile("rb")
         with conn, f:
-            while True:
-                head = b""
-                while not head.endswith(b"\r\n\r\n"):
-                    line = f.readline()
-                    if not line:
-                        return
-                    head += line
-                n = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-                f.read(n)
+            while self._read_request(f):
                 k, self.seen = self.seen, self.seen + 1
                 if k == self.drop:
                     conn.shutdown(socket.SHUT_RDWR)
@@ -358,15 +363,7 @@ class _ClosesWhenIdle(_CloseOnce):
         f = conn.makefile("rb")
         last = time.monotonic()
         with conn, f:
-            while True:
-                head = b""
-                while not head.endswith(b"\r\n\r\n"):
-                    line = f.readline()
-                    if not line:
-                        return
-                    head += line
-                n = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-                f.read(n)
+            while self._read_request(f):
                 self.seen += 1
                 if time.monotonic() - last >= self.idle:
                     conn.shutdown(socket.SHUT_RDWR)
