@@ -112,11 +112,12 @@ def find_realized(outputs: list[UOp], fuse_rows: bool = False,
     order, and a reduction below it that several kernels read through it is computed in its kernel. Not for a
     size class's kernels (`sized=False`: `create_schedule`'s `split_columns=False`): the rule is a speed choice
     over sizes, and their plan is the same at every size of the class."""
-    roots = _find_realized(outputs, fuse_rows, fused, forced)
+    pieces = _concat_pieces(outputs)
+    roots = _find_realized(outputs, pieces, fuse_rows, fused, forced)
     if not sized:
         return roots
-    shared = _transposed_shared(roots, _concat_pieces(outputs))
-    return _find_realized(outputs, fuse_rows, fused, (forced or set()) | shared) if shared else roots
+    shared = _transposed_shared(roots, pieces)
+    return _find_realized(outputs, pieces, fuse_rows, fused, (forced or set()) | shared) if shared else roots
 
 
 def _transposed_shared(roots: list[UOp], pieces: set[UOp]) -> set[UOp]:
@@ -145,9 +146,10 @@ def _transposed_shared(roots: list[UOp], pieces: set[UOp]) -> set[UOp]:
     return out
 
 
-def _find_realized(outputs: list[UOp], fuse_rows: bool = False,
+def _find_realized(outputs: list[UOp], pieces: set[UOp], fuse_rows: bool = False,
                    fused: dict[UOp, attention.Match] | None = None, forced: set[UOp] | None = None) -> list[UOp]:
     """Kernel roots in dependency order (each after the roots it reads), by the module docstring's rules.
+    `pieces`: `_concat_pieces(outputs)` (found once by the caller, which walks twice where it stores a value).
 
     With `fuse_rows` (CPU-style devices, where a kernel's outer loops run in order), a per-row reduction
     that is broadcast back along its own row stays in the consumer's kernel: the linearizer computes it
@@ -161,7 +163,6 @@ def _find_realized(outputs: list[UOp], fuse_rows: bool = False,
     realized |= {n for o in outputs for n in o.toposort() if n.op is Ops.CONTIGUOUS}
     realized |= forced or set()
     reads = _moved_reads(outputs)
-    pieces = _concat_pieces(outputs)
     changed = True
     while changed:
         changed = False
