@@ -87,6 +87,13 @@ def var_bound(k: int) -> int:
     return min(2 ** 31 - 1, 2 ** (62 // max(k, 1)))
 
 
+def _dim_of(u: UOp) -> str | None:
+    """The dim a kernel's dim variable (`D_name`) stands for; None for any other node."""
+    if u.op is Ops.DEFINE_VAR and isinstance(u.arg, tuple) and str(u.arg[0]).startswith(VAR_PREFIX):
+        return str(u.arg[0])[len(VAR_PREFIX):]
+    return None
+
+
 def _with_bound(asts: Sequence[UOp], bound: int, raised: Mapping[str, int] | None = None) -> list[UOp]:
     """`asts` with every dim variable's upper end `bound`, or its own in `raised` (its least size kept)."""
     raised = raised or {}
@@ -94,8 +101,8 @@ def _with_bound(asts: Sequence[UOp], bound: int, raised: Mapping[str, int] | Non
     for ast in asts:
         mapping = {}
         for u in ast.toposort():
-            if u.op is Ops.DEFINE_VAR and isinstance(u.arg, tuple) and str(u.arg[0]).startswith(VAR_PREFIX):
-                hi = raised.get(u.arg[0][len(VAR_PREFIX):], bound)
+            if (dim := _dim_of(u)) is not None:
+                hi = raised.get(dim, bound)
                 if u.arg[2] != hi:
                     mapping[u] = UOp(Ops.DEFINE_VAR, u.dtype, u.src, (u.arg[0], u.arg[1], hi))
         out.append(substitute(ast, mapping) if mapping else ast)
@@ -169,10 +176,7 @@ def fitted_bound(asts: Sequence[UOp], bound: int, raise_dims: bool = True
         chosen = min(bound, max(2, 1 << lo))
     raised: dict[str, int] = {}
     if raise_dims and chosen < RAISE_LIMIT:
-        names = sorted({u.arg[0][len(VAR_PREFIX):] for a in asts for u in a.toposort()
-                        if u.op is Ops.DEFINE_VAR and isinstance(u.arg, tuple) and
-                        str(u.arg[0]).startswith(VAR_PREFIX)})
-        growing = list(names)
+        growing = sorted({d for a in asts for u in a.toposort() if (d := _dim_of(u)) is not None})
         base = _index_ranges(_with_bound(asts, chosen))
         while growing:
             for n in list(growing):
