@@ -904,7 +904,6 @@ class Program:
         if upto is not None:
             plan.bound = min(plan.bound, upto)
             plan.decided_upto = upto if plan.decided_upto is None else min(plan.decided_upto, upto)
-            plan.dim_bounds = {n: min(b, upto) for n, b in plan.dim_bounds.items()}
         return plan
 
     def _store_class_winners(self, dev: Any, dims: dict[str, int]) -> int:
